@@ -1,0 +1,47 @@
+"""The runtime's error classes. Every refusal the runtime makes is one of these.
+
+Each class carries an ``exit_code`` so the command line maps a class of error to a distinct
+process exit status; the message is one line that names the thing and the fix.
+"""
+
+
+class MlcpackError(Exception):
+    """Base of every error mlcpack raises on purpose (bad input, refused bundle...)."""
+
+    exit_code = 1
+
+
+class BundleError(MlcpackError):
+    """The bundle file is missing, truncated, corrupted, or of an unsupported format."""
+
+    exit_code = 3
+
+
+class FormatVersionError(BundleError):
+    """The bundle's format major (or a newer minor) is not one this runtime reads."""
+
+    exit_code = 4
+
+
+class CpuFeatureError(MlcpackError):
+    """The bundle's code needs CPU features (or an architecture) this host lacks."""
+
+    exit_code = 5
+
+
+class CodeLoadError(BundleError):
+    """The object code in a bundle could not be mapped (bad ELF, unknown relocation...)."""
+
+    exit_code = 6
+
+
+class InputError(MlcpackError):
+    """An input given to a model has the wrong name, rank, shape or dtype, or cannot be read."""
+
+    exit_code = 7
+
+
+class LibraryFunctionError(MlcpackError):
+    """A library function the bundle calls by name is not registered in this process."""
+
+    exit_code = 8
