@@ -1,0 +1,204 @@
+"""The graph-level IR: an IRModule of graph functions and primitive tensor functions.
+
+A graph ``Function`` holds dataflow blocks of bindings ``var = value``; a value is a call of a
+high-level operator (``Call``, e.g. ``nn.conv2d``), a destination-passing call of a primitive
+function in the same module (``CallTIR``), a call of a named library function that the runtime
+resolves at load (``CallLibrary``, e.g. ``env.linear``), or a ``Constant``. Primitive functions
+(``PrimFunc``) are written with the tensor-expression DSL in ``te``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterator, Sequence, Union
+
+import numpy as np
+
+from . import te
+
+
+@dataclass(frozen=True)
+class TensorType:
+    shape: tuple[int, ...]
+    dtype: str
+
+    @property
+    def nbytes(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64)) * np.dtype(self.dtype).itemsize
+
+    def __str__(self) -> str:
+        return f"Tensor({self.shape!r}, \"{self.dtype}\")"
+
+
+class Value:
+    """Anything that can stand as an argument in the graph IR."""
+
+    type: TensorType
+
+
+@dataclass(eq=False)
+class Var(Value):
+    name: str
+    type: TensorType
+
+    __hash__ = object.__hash__
+
+
+@dataclass(eq=False)
+class Constant(Value):
+    """A tensor bound into the module (a weight); ``name`` is what the printer and bundle show."""
+
+    name: str
+    data: np.ndarray
+
+    @property
+    def type(self) -> TensorType:  # type: ignore[override]
+        return TensorType(tuple(self.data.shape), str(self.data.dtype))
+
+    __hash__ = object.__hash__
+
+
+@dataclass(eq=False)
+class Call:
+    """A high-level operator, before legalization (``op`` names an entry of ``ops.OPS``)."""
+
+    op: str
+    args: list[Value]
+    attrs: dict
+    type: TensorType
+
+
+@dataclass(eq=False)
+class CallTIR:
+    """Destination-passing call: the caller allocates an output of ``type``, ``func`` fills it."""
+
+    func: str
+    args: list[Value]
+    type: TensorType
+
+
+@dataclass(eq=False)
+class CallLibrary:
+    """Destination-passing call of a library function the runtime resolves by name."""
+
+    func: str
+    args: list[Value]
+    attrs: dict
+    type: TensorType
+
+
+Expr = Union[Call, CallTIR, CallLibrary, Var, Constant]
+
+
+@dataclass(eq=False)
+class Binding:
+    var: Var
+    value: Expr
+
+
+@dataclass(eq=False)
+class DataflowBlock:
+    bindings: list[Binding] = field(default_factory=list)
+
+
+@dataclass(eq=False)
+class Function:
+    """A graph-level function: pure inside its dataflow blocks, returns ``outputs``."""
+
+    name: str
+    params: list[Var]
+    blocks: list[DataflowBlock]
+    outputs: list[Value]
+    output_names: list[str] = field(default_factory=list)
+
+    def bindings(self) -> Iterator[Binding]:
+        for block in self.blocks:
+            yield from block.bindings
+
+
+@dataclass(eq=False)
+class PrimFunc:
+    """A primitive tensor function in destination-passing style: ``inputs`` -> ``outputs``."""
+
+    name: str
+    inputs: list[te.Tensor]
+    outputs: list[te.Tensor]
+    attrs: dict = field(default_factory=dict)
+
+    @property
+    def is_elementwise(self) -> bool:
+        """True when every stage reads each tensor either at the stage's own indices or broadcast."""
+        for stage in te.stages(self.outputs):
+            if stage.body is None:
+                continue
+            if any(isinstance(n, te.Reduce) for n in _walk(stage.body)):
+                return False
+            for r in te.reads(stage.body):
+                if not _is_broadcast_read(stage, r):
+                    return False
+        return True
+
+
+def _walk(e: te.Expr) -> Iterator[te.Expr]:
+    stack = [e]
+    while stack:
+        node = stack.pop()
+        yield node
+        stack.extend(te.children(node))
+
+
+def _is_broadcast_read(stage: te.Tensor, r: te.Read) -> bool:
+    # Reads of the form t[i_k, ..., 0, i_m] aligned to the stage's trailing axes (numpy broadcast).
+    offset = len(stage.axes) - len(r.indices)
+    if offset < 0:
+        return False
+    for d, idx in enumerate(r.indices):
+        axis = stage.axes[offset + d]
+        if idx is axis:
+            continue
+        if isinstance(idx, te.Const) and idx.value == 0 and r.tensor.shape[d] == 1:
+            continue
+        return False
+    return True
+
+
+@dataclass(eq=False)
+class IRModule:
+    """Named graph functions and primitive functions; ``main`` is the entry point."""
+
+    functions: dict[str, Union[Function, PrimFunc]] = field(default_factory=dict)
+
+    @property
+    def main(self) -> Function:
+        fn = self.functions.get("main")
+        if not isinstance(fn, Function):
+            raise KeyError("module has no graph function 'main'")
+        return fn
+
+    def prim_funcs(self) -> dict[str, PrimFunc]:
+        return {k: f for k, f in self.functions.items() if isinstance(f, PrimFunc)}
+
+    def unique_name(self, base: str) -> str:
+        name, n = base, 1
+        while name in self.functions:
+            name = f"{base}{n}"
+            n += 1
+        return name
+
+    def add_prim_func(self, func: PrimFunc) -> str:
+        """Add ``func`` under a fresh name derived from its own; return the name used."""
+        func.name = self.unique_name(func.name)
+        self.functions[func.name] = func
+        return func.name
+
+    def copy(self) -> IRModule:
+        return IRModule(dict(self.functions))
+
+
+def used_values(value: Expr) -> Sequence[Value]:
+    """The arguments a binding's value reads."""
+    if isinstance(value, (Call, CallTIR, CallLibrary)):
+        return value.args
+    if isinstance(value, Var):
+        return [value]
+    return []

@@ -1,0 +1,100 @@
+"""Elementwise operators: broadcasting binary arithmetic and unary activations."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..ir import te
+from ..ir.graph import TensorType
+from .registry import ELEMWISE, broadcast_shape, register_op
+
+
+def broadcast_read(t: te.Tensor, axes: tuple[te.IndexVar, ...]) -> te.Read:
+    """Read ``t`` at output indices ``axes`` with numpy broadcasting (size-1 dims read index 0)."""
+    offset = len(axes) - t.ndim
+    idx = [axes[offset + d] if t.shape[d] != 1 or axes[offset + d].extent == 1 else 0
+           for d in range(t.ndim)]
+    return t[tuple(idx)]
+
+
+def _infer_broadcast(a: TensorType, b: TensorType, **attrs: object) -> TensorType:
+    if a.dtype != b.dtype:
+        raise ValueError(f"operands have different dtypes: {a.dtype} and {b.dtype}")
+    return TensorType(broadcast_shape(a.shape, b.shape), a.dtype)
+
+
+def _infer_unary(a: TensorType, **attrs: object) -> TensorType:
+    return a
+
+
+def _binary_legalizer(fn):
+    def legalize(a: te.Tensor, b: te.Tensor, out_type: TensorType, name: str) -> te.Tensor:
+        return te.compute(out_type.shape,
+                          lambda *i: fn(broadcast_read(a, i), broadcast_read(b, i)), name=name)
+    return legalize
+
+
+def _unary_legalizer(fn):
+    def legalize(a: te.Tensor, out_type: TensorType, name: str, **attrs: object) -> te.Tensor:
+        return te.compute(out_type.shape, lambda *i: fn(a[i], **attrs), name=name)
+    return legalize
+
+
+_BINARY = {
+    "add": (lambda x, y: x + y, np.add),
+    "subtract": (lambda x, y: x - y, np.subtract),
+    "multiply": (lambda x, y: x * y, np.multiply),
+    "divide": (lambda x, y: x / y, np.divide),
+    "maximum": (te.maximum, np.maximum),
+    "minimum": (te.minimum, np.minimum),
+}
+
+for _name, (_te_fn, _np_fn) in _BINARY.items():
+    register_op(_name, ELEMWISE, _infer_broadcast, _binary_legalizer(_te_fn))(
+        lambda a, b, _f=_np_fn: _f(a, b))
+
+
+def _erf_np(x: np.ndarray) -> np.ndarray:
+    return np.vectorize(math.erf, otypes=[np.float64])(x).astype(x.dtype)
+
+
+def _sigmoid_np(x: np.ndarray) -> np.ndarray:
+    return (1.0 / (1.0 + np.exp(-x.astype(np.float64)))).astype(x.dtype)
+
+
+def _gelu_np(x: np.ndarray) -> np.ndarray:
+    return (0.5 * x * (1.0 + _erf_np(x / np.sqrt(2.0)))).astype(x.dtype)
+
+
+# name: (tensor-expression body, numpy reference); attrs pass through to both.
+_UNARY = {
+    "relu": (lambda x: te.maximum(x, 0.0), lambda x: np.maximum(x, 0).astype(x.dtype)),
+    "negative": (lambda x: -x, np.negative),
+    "abs": (lambda x: te.math("abs", x), np.abs),
+    "exp": (te.exp, np.exp),
+    "log": (te.log, np.log),
+    "sqrt": (te.sqrt, np.sqrt),
+    "tanh": (te.tanh, np.tanh),
+    "erf": (te.erf, _erf_np),
+    "sigmoid": (te.sigmoid, _sigmoid_np),
+    "gelu": (lambda x: 0.5 * x * (1.0 + te.erf(x * (1.0 / math.sqrt(2.0)))), _gelu_np),
+    "silu": (lambda x: x * te.sigmoid(x), lambda x: x * _sigmoid_np(x)),
+}
+
+for _name, (_te_fn, _np_fn) in _UNARY.items():
+    register_op(_name, ELEMWISE, _infer_unary, _unary_legalizer(_te_fn))(
+        lambda a, _f=_np_fn: _f(a))
+
+
+@register_op("clip", ELEMWISE, _infer_unary,
+             _unary_legalizer(lambda x, min, max: te.minimum(te.maximum(x, float(min)), float(max))))
+def clip(a: np.ndarray, min: float, max: float) -> np.ndarray:
+    return np.clip(a, min, max).astype(a.dtype)
+
+
+@register_op("leaky_relu", ELEMWISE, _infer_unary,
+             _unary_legalizer(lambda x, alpha: te.if_then_else(x > 0.0, x, x * float(alpha))))
+def leaky_relu(a: np.ndarray, alpha: float) -> np.ndarray:
+    return np.where(a > 0, a, a * np.float32(alpha)).astype(a.dtype)

@@ -1,0 +1,59 @@
+"""Helpers the graph passes share: rewriting a function's bindings with substitutions."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from ..ir.graph import (Binding, Call, CallLibrary, CallTIR, Constant, DataflowBlock, Expr,
+                        Function, IRModule, Value, Var)
+
+
+def with_args(value: Expr, args: list[Value]) -> Expr:
+    if isinstance(value, Call):
+        return Call(value.op, args, value.attrs, value.type)
+    if isinstance(value, CallTIR):
+        return CallTIR(value.func, args, value.type)
+    if isinstance(value, CallLibrary):
+        return CallLibrary(value.func, args, value.attrs, value.type)
+    return value
+
+
+def rewrite_function(fn: Function,
+                     visit: Callable[[Binding, Callable[[Value], Value]], Expr | Value | None],
+                     subst: dict[int, Value] | None = None) -> Function:
+    """Rebuild ``fn`` binding by binding. ``visit(binding, lookup)`` returns the new value for a
+    binding (a Value to substitute the var everywhere, an Expr to rebind it, or None to keep it
+    with its arguments substituted). ``lookup(v)`` maps a value to its substitute so far;
+    ``subst`` seeds that map (keyed by ``id`` of the replaced value)."""
+    subst = dict(subst or {})
+
+    def lookup(v: Value) -> Value:
+        return subst.get(id(v), v)
+
+    blocks = []
+    for block in fn.blocks:
+        new_block = DataflowBlock()
+        for b in block.bindings:
+            args = [lookup(a) for a in getattr(b.value, "args", [])]
+            current = Binding(b.var, with_args(b.value, args) if args else b.value)
+            if isinstance(current.value, Var):
+                subst[id(b.var)] = lookup(current.value)
+                continue
+            result = visit(current, lookup)
+            if isinstance(result, (Var, Constant)):
+                subst[id(b.var)] = result
+            elif result is None:
+                new_block.bindings.append(current)
+            else:
+                new_block.bindings.append(Binding(b.var, result))
+        blocks.append(new_block)
+    return Function(fn.name, list(fn.params), blocks, [lookup(o) for o in fn.outputs],
+                    list(fn.output_names))
+
+
+def map_functions(mod: IRModule, fn_pass: Callable[[Function], Function]) -> IRModule:
+    out = mod.copy()
+    for name, fn in mod.functions.items():
+        if isinstance(fn, Function):
+            out.functions[name] = fn_pass(fn)
+    return out

@@ -1,0 +1,43 @@
+"""Pipelines are named lists of passes, each a function from IRModule to IRModule."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+from ..ir.graph import IRModule
+from ..ir.printer import module_text
+from ..ir.verify import verify_module
+from .fuse import fuse_ops
+from .legalize import legalize
+from .simplify import eliminate_dead_code, fold_constants
+
+
+@dataclass(frozen=True)
+class Pass:
+    name: str
+    run: Callable[[IRModule], IRModule]
+
+
+DEFAULT_PIPELINE: tuple[Pass, ...] = (
+    Pass("fold_constants", fold_constants),
+    Pass("eliminate_dead_code", eliminate_dead_code),
+    Pass("legalize", legalize),
+    Pass("fuse_ops", fuse_ops),
+    Pass("eliminate_dead_code", eliminate_dead_code),
+)
+
+
+def run_pipeline(mod: IRModule, passes: Sequence[Pass] = DEFAULT_PIPELINE, verify: bool = False,
+                 trace: Callable[[str, str], None] | None = None) -> IRModule:
+    """Run ``passes`` in order; ``verify`` checks IR invariants after each one; ``trace(name,
+    text)`` receives the printed module after each pass (for ``--dump-ir``-style debugging)."""
+    if verify:
+        verify_module(mod)
+    for p in passes:
+        mod = p.run(mod)
+        if verify:
+            verify_module(mod)
+        if trace is not None:
+            trace(p.name, module_text(mod))
+    return mod

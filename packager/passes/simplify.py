@@ -1,0 +1,76 @@
+"""Graph passes that change no computation: binding parameters, folding constants, removing dead
+bindings and unused primitive functions."""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+import numpy as np
+
+from ..ir.graph import Call, CallTIR, Constant, Function, IRModule, used_values
+from ..ops import get_op
+from .common import map_functions, rewrite_function
+
+
+class BindError(Exception):
+    """A parameter given to ``bind_params`` does not match the function's declared type."""
+
+
+def bind_params(mod: IRModule, params: Mapping[str, np.ndarray], func: str = "main") -> IRModule:
+    """Replace the parameters of ``func`` named in ``params`` by constants (BindParams)."""
+    fn = mod.functions[func]
+    assert isinstance(fn, Function)
+    subst: dict[int, Constant] = {}
+    kept = []
+    for p in fn.params:
+        if p.name not in params:
+            kept.append(p)
+            continue
+        data = np.ascontiguousarray(params[p.name])
+        if tuple(data.shape) != p.type.shape or str(data.dtype) != p.type.dtype:
+            raise BindError(f"parameter {p.name} is declared {p.type}, given {data.shape} "
+                            f"{data.dtype}")
+        subst[id(p)] = Constant(p.name, data)
+    rewritten = rewrite_function(Function(fn.name, kept, fn.blocks, fn.outputs, fn.output_names),
+                                 lambda b, lookup: None, subst)
+    out = mod.copy()
+    out.functions[func] = rewritten
+    return out
+
+
+def fold_constants(mod: IRModule) -> IRModule:
+    """Evaluate every high-level call whose arguments are all constants, with its numpy reference."""
+
+    def visit(b, lookup):
+        v = b.value
+        if isinstance(v, Call) and v.args and all(isinstance(a, Constant) for a in v.args):
+            data = get_op(v.op).reference(*(a.data for a in v.args), **v.attrs)
+            return Constant(b.var.name, np.ascontiguousarray(data, dtype=v.type.dtype))
+        return None
+
+    return map_functions(mod, lambda fn: rewrite_function(fn, visit))
+
+
+def eliminate_dead_code(mod: IRModule) -> IRModule:
+    """Drop bindings no output depends on, then primitive functions nothing calls."""
+    out = mod.copy()
+    called: set[str] = set()
+    for name, fn in mod.functions.items():
+        if not isinstance(fn, Function):
+            continue
+        live = {id(o) for o in fn.outputs}
+        kept_rev = []
+        for b in reversed(list(fn.bindings())):
+            if id(b.var) in live:
+                kept_rev.append(b)
+                live.update(id(a) for a in used_values(b.value))
+                if isinstance(b.value, CallTIR):
+                    called.add(b.value.func)
+        new_fn = Function(fn.name, fn.params, [type(fn.blocks[0])(list(reversed(kept_rev)))]
+                          if fn.blocks else [], fn.outputs, fn.output_names)
+        out.functions[name] = new_fn
+    for name in list(out.prim_funcs()):
+        if name not in called:
+            del out.functions[name]
+    return out
+
