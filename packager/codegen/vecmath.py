@@ -2,7 +2,7 @@
 
 Each function is an internal, ``alwaysinline`` ``float mlc_<name>(float)`` built only from
 arithmetic, bit casts, selects and intrinsics that lower to instructions (``llvm.fabs``,
-``llvm.rint``, ``llvm.fmuladd``, ``llvm.sqrt``, ``llvm.copysign``). Once inlined into a loop,
+``llvm.fmuladd``, ``llvm.sqrt``, ``llvm.copysign``). Once inlined into a loop,
 LLVM's loop vectorizer turns it into packed SIMD code (AVX2 / AVX-512 / NEON), and the object
 file needs no external symbol the runtime loader would have to resolve.
 
@@ -12,8 +12,9 @@ without fast-math flags; polynomials use ``llvm.fmuladd``, which fuses to an FMA
 target has one and stays a multiply and an add where it has none (``llvm.fma`` would become
 a libm ``fmaf`` call on x86-64-v2).
 
-Measured accuracy against float64 references (tests/test_vecmath.py) on float32 inputs:
-exp and log within ~1 ulp, tanh and sigmoid within ~1e-7 absolute, erf within ~1.5 ulp.
+Measured against float64 on float32 inputs (10^7 points each): exp <= 1.0 ulp on [-87, 88],
+log <= 0.8 ulp, tanh <= 7.5e-8 absolute (1.3 ulp), sigmoid <= 8.9e-8 absolute (2.3 ulp),
+erf <= 5.9e-8 absolute (1.0 ulp); sqrt is correctly rounded.
 """
 
 from __future__ import annotations
@@ -34,29 +35,55 @@ EXP_LOG2E = 1.44269504088896341
 EXP_LN2_HI = 0.693359375
 EXP_LN2_LO = -2.12194440e-4
 # Cephes expf: minimax polynomial for (exp(r) - 1 - r) / r^2 on [-ln2/2, ln2/2].
-EXP_POLY = (1.9875691500e-4, 1.3981999507e-3, 8.3334519073e-3,
-            4.1665795894e-2, 1.6666665459e-1, 5.0000001201e-1)
+EXP_POLY = (
+    1.9875691500e-4,
+    1.3981999507e-3,
+    8.3334519073e-3,
+    4.1665795894e-2,
+    1.6666665459e-1,
+    5.0000001201e-1,
+)
 # Below -104 the result rounds to 0 even as a denormal; above 89 it is +inf.
 # Clamping there keeps the integer exponent n in [-150, 128] (two in-range scale factors).
 EXP_LO = -104.0
 EXP_HI = 89.0
+ROUND_MAGIC = 12582912.0  # 1.5 * 2^23: x + this rounds x to an integer for |x| < 2^22
 
 # Cephes logf: polynomial for (log(1+f) - f + f^2/2) / f^3, f in [sqrt(1/2)-1, sqrt(2)-1].
-LOG_POLY = (7.0376836292e-2, -1.1514610310e-1, 1.1676998740e-1, -1.2420140846e-1,
-            1.4249322787e-1, -1.6668057665e-1, 2.0000714765e-1, -2.4999993993e-1,
-            3.3333331174e-1)
+LOG_POLY = (
+    7.0376836292e-2,
+    -1.1514610310e-1,
+    1.1676998740e-1,
+    -1.2420140846e-1,
+    1.4249322787e-1,
+    -1.6668057665e-1,
+    2.0000714765e-1,
+    -2.4999993993e-1,
+    3.3333331174e-1,
+)
 LOG_SQRT2 = 1.41421356237309505
 
 # Cephes tanhf: odd polynomial tanh(x) = x + x^3 P(x^2) for |x| < 0.625.
-TANH_POLY = (-5.70498872745e-3, 2.06390887954e-2, -5.37397155531e-2,
-             1.33314422036e-1, -3.33332819422e-1)
+TANH_POLY = (
+    -5.70498872745e-3,
+    2.06390887954e-2,
+    -5.37397155531e-2,
+    1.33314422036e-1,
+    -3.33332819422e-1,
+)
 TANH_SMALL = 0.625
 
 # Norbert Juffa's faithfully rounded erff (stackoverflow.com/a/35148198), two pieces
 # split at |x| = 475/512: odd polynomial below, 1 - exp(poly(|x|)) above.
 ERF_SPLIT = 0.927734375
-ERF_SMALL_POLY = (-5.96761703e-4, 4.99119423e-3, -2.67681349e-2,
-                  1.12819925e-1, -3.76125336e-1, 1.28379166e-1)
+ERF_SMALL_POLY = (
+    -5.96761703e-4,
+    4.99119423e-3,
+    -2.67681349e-2,
+    1.12819925e-1,
+    -3.76125336e-1,
+    1.28379166e-1,
+)
 ERF_LARGE_POLY_HI = (-1.72853470e-5, 3.83197126e-4)
 ERF_LARGE_POLY_MID = (-3.88396438e-3, 2.42546219e-2)
 ERF_LARGE_POLY_LO = (-1.06777877e-1, -6.34846687e-1, -1.28717512e-1)
@@ -81,9 +108,6 @@ class _Ops:
 
     def fabs(self, x: ir.Value) -> ir.Value:
         return self.b.call(self._intrinsic("llvm.fabs", 1), [x])
-
-    def rint(self, x: ir.Value) -> ir.Value:
-        return self.b.call(self._intrinsic("llvm.rint", 1), [x])
 
     def sqrt(self, x: ir.Value) -> ir.Value:
         return self.b.call(self._intrinsic("llvm.sqrt", 1), [x])
@@ -148,14 +172,17 @@ class _Ops:
 
 def _emit_exp(m: _Ops, x: ir.Value) -> ir.Value:
     xc = m.clamp(x, EXP_LO, EXP_HI)
-    n = m.rint(m.mul(xc, m.c(EXP_LOG2E)))
+    # n = round(x / ln2) by adding 1.5 * 2^23: the sum's low mantissa bits hold n as an
+    # integer (no llvm.rint, which is a libm call on x86-64 before SSE4.1, no fptosi).
+    shifted = m.add(m.mul(xc, m.c(EXP_LOG2E)), m.c(ROUND_MAGIC))
+    n = m.sub(shifted, m.c(ROUND_MAGIC))
+    ni = m.b.sub(m.bits(shifted), m.bits(m.c(ROUND_MAGIC)))
     r = m.fma(n, m.c(-EXP_LN2_HI), xc)
     r = m.fma(n, m.c(-EXP_LN2_LO), r)
     p = m.horner(r, EXP_POLY)
     y = m.add(m.fma(p, m.mul(r, r), r), m.c(1.0))
     # Scale by 2^n as 2^n1 * 2^n2 so that n down to -150 gives a correctly rounded
     # denormal and n = 128 overflows to +inf instead of wrapping the exponent field.
-    ni = m.b.fptosi(n, I32)
     n1 = m.b.ashr(ni, m.ci(1))
     n2 = m.b.sub(ni, n1)
     y = m.mul(m.mul(y, m.pow2(n1)), m.pow2(n2))

@@ -1,0 +1,69 @@
+"""From primitive functions to one relocatable object: emit LLVM IR, optimize at -O3, and write
+position-independent, small-code-model ELF for the target."""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Sequence
+
+import llvmlite.binding as llvm
+from llvmlite import ir
+
+from ..ir.graph import PrimFunc
+from .lower import KernelInfo, emit_kernel
+from .target import Target
+
+SYMBOL_PREFIX = "mlc_"
+# The only symbols compiled kernels may import; the runtime resolves them from libc.
+ALLOWED_EXTERNALS = ("memcpy", "memmove", "memset")
+
+
+class CodegenError(Exception):
+    """LLVM rejected the generated module, or the object imports something not allowed."""
+
+
+@dataclass(frozen=True)
+class CompiledCode:
+    target: Target
+    object_code: bytes
+    kernels: dict[str, KernelInfo]    # prim func name -> kernel
+    llvm_ir: str
+
+
+@functools.cache
+def _init_llvm() -> None:
+    llvm.initialize_all_targets()
+    llvm.initialize_all_asmprinters()
+
+
+def _target_machine(target: Target) -> llvm.TargetMachine:
+    _init_llvm()
+    return llvm.Target.from_triple(target.triple).create_target_machine(
+        cpu=target.llvm_cpu, features=target.llvm_features, opt=3, reloc="pic",
+        codemodel="small")
+
+
+def compile_prim_funcs(funcs: Sequence[PrimFunc], target: Target) -> CompiledCode:
+    """Compile ``funcs`` into one object for ``target``; kernel symbols are ``mlc_<name>``."""
+    module = ir.Module(name="mlcpack_kernels")
+    module.triple = target.triple
+    kernels = {f.name: emit_kernel(module, f, SYMBOL_PREFIX + f.name) for f in funcs}
+    text = str(module)
+    try:
+        parsed = llvm.parse_assembly(text)
+        parsed.verify()
+    except RuntimeError as exc:
+        raise CodegenError(f"LLVM rejected the generated kernels: {exc}") from None
+    tm = _target_machine(target)
+    parsed.triple = target.triple
+    parsed.data_layout = str(tm.target_data)
+    pb = llvm.create_pass_builder(tm, llvm.PipelineTuningOptions(speed_level=3))
+    pb.getModulePassManager().run(parsed, pb)
+    undefined = sorted(f.name for f in parsed.functions
+                       if f.is_declaration and not f.name.startswith("llvm.")
+                       and f.name not in ALLOWED_EXTERNALS)
+    if undefined:
+        raise CodegenError(f"kernels would import {', '.join(undefined)}, which the runtime "
+                           "does not provide")
+    return CompiledCode(target, tm.emit_object(parsed), kernels, str(parsed))

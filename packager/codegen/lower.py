@@ -1,0 +1,372 @@
+"""Lowering of a primitive function (tensor expressions) to one LLVM kernel.
+
+Every kernel has the same C signature, so the runtime calls all of them the same way::
+
+    void kernel(void **args, int64_t task, int64_t ntasks);
+
+``args`` holds the input pointers, then the output pointers, then (when the kernel needs scratch
+memory) a workspace pointer. ``task``/``ntasks`` split the outermost parallel loop, so a runtime
+can run one kernel on several threads; a kernel with ``parallel == False`` must get ntasks == 1.
+
+How stages become loops:
+- a stage without a reduction that is not an output is *inlined* into its readers;
+- a reduction stage read once by an output at that output's own indices becomes the output's
+  accumulator (``matmul`` followed by ``+ bias`` and ``relu`` is one loop nest);
+- any other reduction stage is *materialized* into the workspace before the outputs.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+
+import numpy as np
+from llvmlite import ir
+
+from ..ir import te
+from ..ir.graph import PrimFunc
+from . import vecmath
+from .helpers import (ARITH_FLAGS, F32, F64, I1, I8, I64, LLVM_TYPES, REDUCE_FLAGS, STORAGE_TYPES,
+                      VOID, alloca_once, const_i64, for_range, intrinsic, type_suffix)
+
+WORKSPACE_ALIGN = 64
+
+
+@dataclass(frozen=True)
+class KernelInfo:
+    symbol: str
+    num_inputs: int
+    num_outputs: int
+    workspace_bytes: int
+    parallel: bool
+
+
+class LoweringError(Exception):
+    """A primitive function uses a construct the code generator cannot lower."""
+
+
+def _has_reduce(e: te.Expr) -> bool:
+    stack = [e]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, te.Reduce):
+            return True
+        stack.extend(te.children(node))
+    return False
+
+
+def _inline_reads(e: te.Expr, inline: dict[int, te.Tensor]) -> te.Expr:
+    """Substitute reads of inlined stages by their bodies (recursively)."""
+
+    def fn(n: te.Expr) -> te.Expr | None:
+        if isinstance(n, te.Read) and n.tensor.uid in inline:
+            stage = inline[n.tensor.uid]
+            body = te.substitute(stage.body, dict(zip(stage.axes, n.indices)))
+            return _inline_reads(body, inline)
+        return None
+
+    return te.rewrite(e, fn)
+
+
+def _plan_stages(func: PrimFunc) -> tuple[list[tuple[te.Tensor, te.Expr]], list[tuple[te.Tensor,
+                                                                                       te.Expr]]]:
+    """Decide which stages are materialized; return (materialized, outputs), each a list of
+    (stage, body with inlined reads)."""
+    outputs = {t.uid for t in func.outputs}
+    all_stages = [s for s in te.stages(func.outputs) if s.body is not None]
+    inline = {s.uid: s for s in all_stages if s.uid not in outputs and not _has_reduce(s.body)}
+    bodies = {s.uid: _inline_reads(s.body, inline) for s in all_stages if s.uid not in inline}
+
+    reducers = {s.uid: s for s in all_stages if s.uid not in inline and s.uid not in outputs}
+    read_count = Counter(r.tensor.uid for b in bodies.values() for r in te.reads(b))
+    fused: set[int] = set()
+    for out in func.outputs:
+        body = bodies[out.uid]
+        for r in te.reads(body):
+            red = reducers.get(r.tensor.uid)
+            if (red is not None and read_count[red.uid] == 1 and red.shape == out.shape
+                    and all(i is a for i, a in zip(r.indices, out.axes))):
+                fused.add(red.uid)
+        if fused:
+            def splice(n: te.Expr) -> te.Expr | None:
+                if isinstance(n, te.Read) and n.tensor.uid in fused:
+                    red = reducers[n.tensor.uid]
+                    return te.substitute(bodies[red.uid], dict(zip(red.axes, n.indices)))
+                return None
+            bodies[out.uid] = te.rewrite(body, splice)
+    materialized = [(s, bodies[s.uid]) for s in all_stages
+                    if s.uid in reducers and s.uid not in fused]
+    return materialized, [(t, bodies[t.uid]) for t in func.outputs]
+
+
+class KernelEmitter:
+    """Emits one kernel into an LLVM module."""
+
+    def __init__(self, module: ir.Module, func: PrimFunc, symbol: str) -> None:
+        self.module = module
+        self.func = func
+        self.symbol = symbol
+        self.buffers: dict[int, ir.Value] = {}
+
+    def emit(self) -> KernelInfo:
+        func = self.func
+        for t in func.inputs + func.outputs:
+            if t.dtype not in LLVM_TYPES:
+                raise LoweringError(f"{func.name}: dtype {t.dtype} is not supported")
+        materialized, outputs = _plan_stages(func)
+        offsets, workspace = [], 0
+        for stage, _ in materialized:
+            offsets.append(workspace)
+            nbytes = int(np.prod(stage.shape, dtype=np.int64)) * np.dtype(stage.dtype).itemsize
+            workspace += -(-nbytes // WORKSPACE_ALIGN) * WORKSPACE_ALIGN
+        params = func.inputs + func.outputs
+        n_ptrs = len(params) + (1 if workspace else 0)
+
+        # The body takes noalias pointers; the exported entry unpacks void** and calls it, so the
+        # inliner turns noalias into alias scopes the vectorizer can use.
+        ptr_types = [STORAGE_TYPES[t.dtype].as_pointer() for t in params]
+        if workspace:
+            ptr_types.append(I8.as_pointer())
+        body_fn = ir.Function(self.module, ir.FunctionType(VOID, ptr_types + [I64, I64]),
+                              name=f"{self.symbol}.body")
+        body_fn.linkage = "internal"
+        body_fn.attributes.add("alwaysinline")
+        body_fn.attributes.add("nounwind")
+        for i, arg in enumerate(body_fn.args[:n_ptrs]):
+            arg.add_attribute("noalias")
+            arg.name = params[i].name if i < len(params) else "workspace"
+        task, ntasks = body_fn.args[n_ptrs], body_fn.args[n_ptrs + 1]
+        b = ir.IRBuilder(body_fn.append_basic_block("entry"))
+        self.builder = b
+        for t, arg in zip(params, body_fn.args):
+            self.buffers[t.uid] = arg
+        if workspace:
+            ws = body_fn.args[len(params)]
+            for (stage, _), off in zip(materialized, offsets):
+                ptr = b.gep(ws, [const_i64(off)], inbounds=True)
+                self.buffers[stage.uid] = b.bitcast(ptr, STORAGE_TYPES[stage.dtype].as_pointer())
+        parallel = not materialized
+        for stage, body in materialized:
+            self._emit_stage(stage, body, None, None)
+        for stage, body in outputs:
+            if parallel:
+                self._emit_stage(stage, body, task, ntasks)
+            else:
+                self._emit_stage(stage, body, None, None)
+        b.ret_void()
+        self._emit_entry(body_fn, n_ptrs, ptr_types)
+        return KernelInfo(self.symbol, len(func.inputs), len(func.outputs), workspace, parallel)
+
+    def _emit_entry(self, body_fn: ir.Function, n_ptrs: int, ptr_types: list[ir.Type]) -> None:
+        void_pp = I8.as_pointer().as_pointer()
+        entry = ir.Function(self.module, ir.FunctionType(VOID, [void_pp, I64, I64]),
+                            name=self.symbol)
+        entry.attributes.add("nounwind")
+        b = ir.IRBuilder(entry.append_basic_block("entry"))
+        args, task, ntasks = entry.args
+        ptrs = []
+        for i in range(n_ptrs):
+            raw = b.load(b.gep(args, [const_i64(i)], inbounds=True))
+            ptrs.append(b.bitcast(raw, ptr_types[i]))
+        b.call(body_fn, ptrs + [task, ntasks])
+        b.ret_void()
+
+    # ---- loop nests ---------------------------------------------------------------------------
+
+    def _emit_stage(self, stage: te.Tensor, body: te.Expr, task: ir.Value | None,
+                    ntasks: ir.Value | None) -> None:
+        b = self.builder
+        out_ptr = self.buffers[stage.uid]
+        env: dict[int, ir.Value] = {}
+        split = next((d for d, n in enumerate(stage.shape) if n > 1), None) if task is not None else None
+
+        def nest(d: int) -> None:
+            if d == len(stage.shape):
+                value = self._value(body, env)
+                self._store(out_ptr, stage, [env[id(a)] for a in stage.axes], value)
+                return
+            extent = const_i64(stage.shape[d])
+            lo: ir.Value = const_i64(0)
+            hi: ir.Value = extent
+            if d == split:
+                lo = b.sdiv(b.mul(task, extent), ntasks)
+                hi = b.sdiv(b.mul(b.add(task, const_i64(1)), extent), ntasks)
+            with for_range(b, lo, hi, stage.axes[d].name) as idx:
+                env[id(stage.axes[d])] = idx
+                nest(d + 1)
+
+        nest(0)
+
+    def _offset(self, tensor: te.Tensor, indices: list[ir.Value]) -> ir.Value:
+        b = self.builder
+        offset: ir.Value | None = None
+        stride = 1
+        for idx, n in reversed(list(zip(indices, tensor.shape))):
+            term = idx if stride == 1 else b.mul(idx, const_i64(stride), flags=("nsw",))
+            offset = term if offset is None else b.add(offset, term, flags=("nsw",))
+            stride *= n
+        return const_i64(0) if offset is None else offset
+
+    def _store(self, ptr: ir.Value, tensor: te.Tensor, indices: list[ir.Value], value: ir.Value
+               ) -> None:
+        b = self.builder
+        if tensor.dtype == "bool":
+            value = b.zext(value, I8)
+        b.store(value, b.gep(ptr, [self._offset(tensor, indices)], inbounds=True))
+
+    # ---- expressions --------------------------------------------------------------------------
+
+    def _value(self, e: te.Expr, env: dict[int, ir.Value]) -> ir.Value:
+        b = self.builder
+        if isinstance(e, te.IndexVar):
+            try:
+                return env[id(e)]
+            except KeyError:
+                raise LoweringError(f"{self.func.name}: index {e.name} used outside its loop")
+        if isinstance(e, te.Const):
+            ty = LLVM_TYPES[e.dtype]
+            return ir.Constant(ty, float(e.value) if e.dtype.startswith("float") else int(e.value))
+        if isinstance(e, te.Read):
+            ptr = self.buffers.get(e.tensor.uid)
+            if ptr is None:
+                raise LoweringError(f"{self.func.name}: {e.tensor.name} has no buffer")
+            indices = [self._value(i, env) for i in e.indices]
+            value = b.load(b.gep(ptr, [self._offset(e.tensor, indices)], inbounds=True))
+            return b.trunc(value, I1) if e.dtype == "bool" else value
+        if isinstance(e, te.Binary):
+            return self._binary(e.op, self._value(e.a, env), self._value(e.b, env), e.dtype)
+        if isinstance(e, te.Compare):
+            return self._compare(e.op, self._value(e.a, env), self._value(e.b, env), e.a.dtype)
+        if isinstance(e, te.Select):
+            return b.select(self._value(e.cond, env), self._value(e.a, env),
+                            self._value(e.b, env))
+        if isinstance(e, te.Cast):
+            return self._cast(self._value(e.value, env), e.value.dtype, e.dtype)
+        if isinstance(e, te.MathCall):
+            return self._math(e.name, self._value(e.arg, env))
+        if isinstance(e, te.Reduce):
+            return self._reduce(e, env)
+        raise LoweringError(f"{self.func.name}: cannot lower {type(e).__name__}")
+
+    def _reduce(self, e: te.Reduce, env: dict[int, ir.Value]) -> ir.Value:
+        b = self.builder
+        ty = LLVM_TYPES[e.dtype]
+        is_float = e.dtype.startswith("float")
+        if e.combiner == "sum":
+            init = ir.Constant(ty, 0.0 if is_float else 0)
+        else:
+            sign = -1 if e.combiner == "max" else 1
+            if is_float:
+                init = ir.Constant(ty, sign * float("inf"))
+            else:
+                info = np.iinfo(e.dtype)
+                init = ir.Constant(ty, int(info.min if sign < 0 else info.max))
+        acc = alloca_once(b, ty, name=f"acc.{e.combiner}")
+        b.store(init, acc)
+
+        def nest(d: int) -> None:
+            if d == len(e.axes):
+                value = self._value(e.body, env)
+                current = b.load(acc)
+                if e.combiner == "sum":
+                    new = (b.fadd(current, value, flags=REDUCE_FLAGS) if is_float
+                           else b.add(current, value))
+                else:
+                    new = self._binary(e.combiner, current, value, e.dtype, REDUCE_FLAGS)
+                b.store(new, acc)
+                return
+            axis = e.axes[d]
+            with for_range(b, const_i64(0), const_i64(axis.extent), axis.name) as idx:
+                env[id(axis)] = idx
+                nest(d + 1)
+
+        nest(0)
+        return b.load(acc)
+
+    def _binary(self, op: str, x: ir.Value, y: ir.Value, dtype: str,
+                flags: tuple[str, ...] = ARITH_FLAGS) -> ir.Value:
+        b = self.builder
+        if dtype.startswith("float"):
+            if op in ("max", "min"):
+                name = f"llvm.{'maximum' if op == 'max' else 'minimum'}.{type_suffix(x.type)}"
+                return b.call(intrinsic(self.module, name, x.type, [x.type, x.type]), [x, y])
+            method = {"add": b.fadd, "sub": b.fsub, "mul": b.fmul, "div": b.fdiv,
+                      "mod": b.frem}.get(op)
+            if method is None:
+                raise LoweringError(f"{self.func.name}: float op {op} is not supported")
+            return method(x, y, flags=flags)
+        if dtype == "bool":
+            return {"and": b.and_, "or": b.or_}[op](x, y)
+        signed = not dtype.startswith("uint")
+        if op in ("max", "min"):
+            less = b.icmp_signed("<", x, y) if signed else b.icmp_unsigned("<", x, y)
+            return b.select(less, y, x) if op == "max" else b.select(less, x, y)
+        if op in ("add", "sub", "mul"):
+            return {"add": b.add, "sub": b.sub, "mul": b.mul}[op](x, y)
+        if op in ("div", "floordiv") and not signed:
+            return b.udiv(x, y)
+        if op == "mod" and not signed:
+            return b.urem(x, y)
+        if op in ("div", "floordiv", "mod"):
+            return self._floor_divmod(x, y, op)
+        raise LoweringError(f"{self.func.name}: integer op {op} is not supported")
+
+    def _floor_divmod(self, x: ir.Value, y: ir.Value, op: str) -> ir.Value:
+        # Python semantics: the quotient rounds toward -inf and the remainder has y's sign.
+        b = self.builder
+        zero = ir.Constant(x.type, 0)
+        q, r = b.sdiv(x, y), b.srem(x, y)
+        adjust = b.and_(b.icmp_signed("!=", r, zero),
+                        b.icmp_signed("!=", b.icmp_signed("<", r, zero),
+                                      b.icmp_signed("<", y, zero)))
+        if op == "mod":
+            return b.select(adjust, b.add(r, y), r)
+        return b.select(adjust, b.sub(q, ir.Constant(x.type, 1)), q)
+
+    def _compare(self, op: str, x: ir.Value, y: ir.Value, dtype: str) -> ir.Value:
+        b = self.builder
+        sym = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!="}[op]
+        if dtype.startswith("float"):
+            return b.fcmp_unordered(sym, x, y) if op == "ne" else b.fcmp_ordered(sym, x, y)
+        if dtype.startswith("uint") or dtype == "bool":
+            return b.icmp_unsigned(sym, x, y)
+        return b.icmp_signed(sym, x, y)
+
+    def _cast(self, v: ir.Value, src: str, dst: str) -> ir.Value:
+        b = self.builder
+        if src == dst:
+            return v
+        to = LLVM_TYPES[dst]
+        src_f, dst_f = src.startswith("float"), dst.startswith("float")
+        if dst == "bool":
+            zero = ir.Constant(v.type, 0.0 if src_f else 0)
+            return b.fcmp_unordered("!=", v, zero) if src_f else b.icmp_unsigned("!=", v, zero)
+        if src_f and dst_f:
+            return b.fpext(v, to) if to == F64 else b.fptrunc(v, to)
+        if src_f:
+            return b.fptoui(v, to) if dst.startswith("uint") else b.fptosi(v, to)
+        unsigned = src.startswith("uint") or src == "bool"
+        if dst_f:
+            return b.uitofp(v, to) if unsigned else b.sitofp(v, to)
+        if to.width > v.type.width:
+            return b.zext(v, to) if unsigned else b.sext(v, to)
+        return b.trunc(v, to) if to.width < v.type.width else v
+
+    _INTRINSIC_MATH = {"abs": "fabs", "floor": "floor", "ceil": "ceil", "round": "roundeven"}
+
+    def _math(self, name: str, x: ir.Value) -> ir.Value:
+        b = self.builder
+        if x.type not in (F32, F64):
+            raise LoweringError(f"{self.func.name}: {name} needs a float argument")
+        if name in self._INTRINSIC_MATH:
+            fn = intrinsic(self.module, f"llvm.{self._INTRINSIC_MATH[name]}.{type_suffix(x.type)}",
+                           x.type, [x.type])
+            return b.call(fn, [x])
+        if x.type == F64:
+            raise LoweringError(f"{self.func.name}: {name} is only generated for float32")
+        return vecmath.call_math(b, name, x)
+
+
+def emit_kernel(module: ir.Module, func: PrimFunc, symbol: str) -> KernelInfo:
+    """Emit ``func`` into ``module`` as the exported function ``symbol``."""
+    return KernelEmitter(module, func, symbol).emit()

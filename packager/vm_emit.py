@@ -1,0 +1,140 @@
+"""Lowers the graph function ``main`` (after the pass pipeline) to VM bytecode over a static
+memory plan.
+
+Instruction set (little-endian int32 words; the runtime's ``vm.py`` documents the same):
+
+    CALL_KERNEL  1, kernel, n, t_1 .. t_n   call kernel number ``kernel`` with tensors t_1..t_n
+                                            (inputs, outputs, then its workspace if it has one)
+    CALL_LIB     2, site, n, t_1 .. t_n     call library function of call site ``site``
+                                            (inputs then the output, destination-passing)
+    COPY         3, src, dst                copy tensor ``src`` into ``dst`` (same byte size)
+
+Tensors are rows of a table: ``[0, arena offset, shape, dtype]`` or ``[1, constant, shape,
+dtype]``. A reshape is a second row over the same bytes, so it costs no instruction.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass, field
+
+from .codegen.lower import KernelInfo
+from .ir.graph import (Call, CallLibrary, CallTIR, Constant, Function, IRModule, TensorType, Value,
+                       Var)
+from .ops import get_op
+from .ops.registry import VIEW
+from .passes.memory_plan import Buffer, plan_memory
+
+OP_CALL_KERNEL, OP_CALL_LIB, OP_COPY = 1, 2, 3
+ARENA, CONST = 0, 1
+
+
+class VMEmitError(Exception):
+    """The graph function has a form the VM cannot run (e.g. a high-level op left unlegalized)."""
+
+
+@dataclass
+class Program:
+    tensors: list[list] = field(default_factory=list)
+    instructions: list[list[int]] = field(default_factory=list)
+    constants: list[Constant] = field(default_factory=list)
+    kernels: list[str] = field(default_factory=list)       # prim func names, by kernel index
+    library_calls: list[dict] = field(default_factory=list)
+    inputs: list[dict] = field(default_factory=list)
+    outputs: list[dict] = field(default_factory=list)
+    arena_bytes: int = 0
+    intermediate_bytes: int = 0   # what the tensors would take with no reuse
+
+    @property
+    def bytecode(self) -> bytes:
+        words = [w for ins in self.instructions for w in ins]
+        return struct.pack(f"<{len(words)}i", *words)
+
+
+def emit_program(mod: IRModule, kernels: dict[str, KernelInfo], func: str = "main") -> Program:
+    fn = mod.functions[func]
+    if not isinstance(fn, Function):
+        raise VMEmitError(f"{func} is not a graph function")
+    prog = Program()
+    tensor_of: dict[int, int] = {}          # id(value) -> tensor row
+    storage_of_tensor: dict[int, int] = {}  # tensor row -> storage id (arena rows only)
+    buffers: dict[int, Buffer] = {}
+    kernel_index: dict[str, int] = {}
+    const_index: dict[int, int] = {}
+
+    def new_storage(ttype: TensorType, step: int) -> int:
+        sid = len(buffers)
+        buffers[sid] = Buffer(sid, ttype.nbytes, step, step)
+        return sid
+
+    def arena_tensor(ttype: TensorType, sid: int) -> int:
+        prog.tensors.append([ARENA, sid, list(ttype.shape), ttype.dtype])
+        storage_of_tensor[len(prog.tensors) - 1] = sid
+        return len(prog.tensors) - 1
+
+    def use(v: Value, step: int) -> int:
+        if isinstance(v, Constant):
+            if id(v) not in const_index:
+                const_index[id(v)] = len(prog.constants)
+                prog.constants.append(v)
+                prog.tensors.append([CONST, const_index[id(v)], list(v.type.shape), v.type.dtype])
+                tensor_of[id(v)] = len(prog.tensors) - 1
+            return tensor_of[id(v)]
+        t = tensor_of.get(id(v))
+        if t is None:
+            raise VMEmitError(f"{getattr(v, 'name', v)} is used before it is defined")
+        sid = storage_of_tensor.get(t)
+        if sid is not None:
+            buffers[sid].end = max(buffers[sid].end, step)
+        return t
+
+    for p in fn.params:
+        t = arena_tensor(p.type, new_storage(p.type, 0))
+        tensor_of[id(p)] = t
+        prog.inputs.append({"name": p.name, "shape": list(p.type.shape), "dtype": p.type.dtype,
+                            "tensor": t})
+
+    for step, b in enumerate(fn.bindings(), start=1):
+        v = b.value
+        if isinstance(v, Call) and get_op(v.op).kind == VIEW:
+            src = use(v.args[0], step)
+            if prog.tensors[src][0] == CONST:
+                raise VMEmitError(f"{b.var.name}: view of a constant should have been folded")
+            tensor_of[id(b.var)] = arena_tensor(b.var.type, storage_of_tensor[src])
+            continue
+        if isinstance(v, (Var, Constant)):
+            tensor_of[id(b.var)] = use(v, step)
+            continue
+        args = [use(a, step) for a in v.args]
+        out = arena_tensor(v.type, new_storage(v.type, step))
+        tensor_of[id(b.var)] = out
+        if isinstance(v, CallTIR):
+            info = kernels[v.func]
+            k = kernel_index.setdefault(v.func, len(prog.kernels))
+            if k == len(prog.kernels):
+                prog.kernels.append(v.func)
+            operands = args + [out]
+            if info.workspace_bytes:
+                ws = TensorType((info.workspace_bytes,), "uint8")
+                operands.append(arena_tensor(ws, new_storage(ws, step)))
+            prog.instructions.append([OP_CALL_KERNEL, k, len(operands), *operands])
+        elif isinstance(v, CallLibrary):
+            prog.library_calls.append({"func": v.func, "attrs": v.attrs})
+            operands = args + [out]
+            prog.instructions.append([OP_CALL_LIB, len(prog.library_calls) - 1, len(operands),
+                                      *operands])
+        else:
+            raise VMEmitError(f"{b.var.name}: operator {getattr(v, 'op', v)} was not legalized")
+
+    end = len(list(fn.bindings())) + 1
+    for name, o in zip(fn.output_names, fn.outputs):
+        t = use(o, end)
+        prog.outputs.append({"name": name, "shape": list(o.type.shape), "dtype": o.type.dtype,
+                             "tensor": t})
+
+    offsets, prog.arena_bytes = plan_memory(list(buffers.values()))
+    prog.intermediate_bytes = sum(b.size for b in buffers.values())
+    for row in prog.tensors:
+        if row[0] == ARENA:
+            row[1] = offsets[row[1]]
+    return prog

@@ -1,0 +1,213 @@
+"""The bundle file format (``.mlc``) and its reader.
+
+A bundle is one msgpack map with three keys, in this order::
+
+    {"mlcpack": <header map>, "sha256": <32-byte bin>, "data": <bin32 payload area>}
+
+so any msgpack reader can open it. The header says where every payload (weights, object code,
+bytecode, IR text) lives as ``{"offset", "size"}`` relative to the start of the payload area, which
+begins at a 64-byte-aligned file offset; every payload is 64-byte aligned too. The digest is
+SHA-256 over the file's bytes before the ``"sha256"`` key followed by the payload area, so a flipped
+bit anywhere is caught. The reader maps the file and hands out views; nothing large is copied.
+
+Format versions: ``format = [major, minor]``. A runtime reads bundles of its own major and any
+minor up to its own; a bundle of a newer minor loads only if its ``min_reader`` (the oldest
+[major, minor] that can run it) is not newer than this runtime.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import mmap
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import msgpack
+import numpy as np
+
+from .errors import BundleError, FormatVersionError
+
+FORMAT_MAJOR = 1
+FORMAT_MINOR = 0
+MAGIC = b"\x83\xa7mlcpack"          # fixmap(3) then the 7-char key "mlcpack"
+DIGEST_KEY = b"\xa6sha256\xc4\x20"  # fixstr "sha256", then bin8 of 32 bytes
+DATA_KEY = b"\xa4data\xc6"          # fixstr "data", then bin32 (4-byte big-endian length follows)
+TRAILER_BYTES = len(DIGEST_KEY) + 32 + len(DATA_KEY) + 4
+ALIGN = 64
+DTYPES = frozenset({"float32", "float64", "int8", "int16", "int32", "int64", "uint8", "uint16",
+                    "uint32", "uint64", "bool"})
+MAX_HEADER_BYTES = 64 << 20
+
+
+@dataclass(frozen=True)
+class PayloadRef:
+    offset: int
+    size: int
+
+
+def payload_ref(obj: Any, what: str, data_size: int) -> PayloadRef:
+    """Validate a ``{"offset", "size"}`` record against the payload area."""
+    if not isinstance(obj, dict):
+        raise BundleError(f"bundle header: {what} is not a payload record")
+    off, size = obj.get("offset"), obj.get("size")
+    if not isinstance(off, int) or not isinstance(size, int) or off < 0 or size < 0:
+        raise BundleError(f"bundle header: {what} has an invalid offset/size")
+    if off % ALIGN:
+        raise BundleError(f"bundle header: {what} is not {ALIGN}-byte aligned")
+    if off + size > data_size:
+        raise BundleError(f"bundle header: {what} points past the end of the file "
+                          f"({off}+{size} > {data_size})")
+    return PayloadRef(off, size)
+
+
+def check_shape(shape: Any, what: str) -> tuple[int, ...]:
+    if not isinstance(shape, (list, tuple)) or len(shape) > 16:
+        raise BundleError(f"bundle header: {what} has an invalid shape")
+    if not all(isinstance(d, int) and 0 <= d < 1 << 40 for d in shape):
+        raise BundleError(f"bundle header: {what} has an invalid shape {shape!r}")
+    return tuple(shape)
+
+
+def check_dtype(dtype: Any, what: str) -> str:
+    if dtype not in DTYPES:
+        raise BundleError(f"bundle header: {what} has an unsupported dtype {dtype!r}")
+    return dtype
+
+
+def nbytes_of(shape: tuple[int, ...], dtype: str) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n * np.dtype(dtype).itemsize
+
+
+class BundleReader:
+    """An open bundle: ``header`` (dict) and zero-copy ``payload(ref)`` views of the file."""
+
+    def __init__(self, path: str | os.PathLike, verify: bool = True) -> None:
+        self.path = os.fspath(path)
+        self.name = os.path.basename(self.path)
+        self._mmap: mmap.mmap | None = None
+        try:
+            with open(self.path, "rb") as f:
+                size = os.fstat(f.fileno()).st_size
+                if size < len(MAGIC) + TRAILER_BYTES:
+                    raise BundleError(f"{self.name} is too small to be an mlcpack bundle "
+                                      f"({size} bytes)")
+                self._mmap = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        except FileNotFoundError:
+            raise BundleError(f"{self.path}: no such file") from None
+        except IsADirectoryError:
+            raise BundleError(f"{self.path} is a directory, not a bundle") from None
+        except PermissionError:
+            raise BundleError(f"{self.path}: permission denied") from None
+        except (OSError, ValueError) as exc:
+            raise BundleError(f"{self.path} cannot be read: {exc}") from None
+        try:
+            self._parse(verify)
+        except BaseException:
+            self.close()
+            raise
+
+    def _parse(self, verify: bool) -> None:
+        mm = self._mmap
+        assert mm is not None
+        size = len(mm)
+        if mm[:len(MAGIC)] != MAGIC:
+            raise BundleError(f"{self.name} is not an mlcpack bundle (bad magic); "
+                              "export one with `mlcpack export`")
+        mm.seek(len(MAGIC))
+        limit = min(size, MAX_HEADER_BYTES)
+        unpacker = msgpack.Unpacker(mm, read_size=1 << 16, raw=False, strict_map_key=True,
+                                    max_buffer_size=limit, max_str_len=limit, max_bin_len=limit,
+                                    max_array_len=limit, max_map_len=limit, max_ext_len=0)
+        try:
+            header = unpacker.unpack()
+        except Exception as exc:  # msgpack raises many types for malformed input
+            raise BundleError(f"{self.name}: header is corrupted ({type(exc).__name__}); "
+                              "the file is damaged or truncated: export it again") from None
+        if not isinstance(header, dict):
+            raise BundleError(f"{self.name}: header is not a map")
+        header_end = len(MAGIC) + unpacker.tell()
+        self._check_version(header)
+        trailer = mm[header_end:header_end + TRAILER_BYTES]
+        if (len(trailer) != TRAILER_BYTES or not trailer.startswith(DIGEST_KEY)
+                or trailer[len(DIGEST_KEY) + 32:-4] != DATA_KEY):
+            raise BundleError(f"{self.name} is truncated or damaged after its header; "
+                              "export it again")
+        digest = trailer[len(DIGEST_KEY):len(DIGEST_KEY) + 32]
+        data_size = int.from_bytes(trailer[-4:], "big")
+        data_start = header_end + TRAILER_BYTES
+        if data_start + data_size != size:
+            raise BundleError(f"{self.name} is truncated or has trailing bytes "
+                              f"(payload area says {data_size} bytes, file has "
+                              f"{size - data_start}); export it again")
+        if data_start % ALIGN:
+            raise BundleError(f"{self.name}: payload area is not aligned")
+        if verify:
+            h = hashlib.sha256()
+            view = memoryview(mm)
+            try:
+                h.update(view[:header_end])
+                h.update(view[data_start:])
+            finally:
+                view.release()
+            if h.digest() != digest:
+                raise BundleError(f"{self.name} failed its content check (SHA-256 mismatch): "
+                                  "the file is corrupted; copy or export it again")
+        self.header = header
+        self.data_start = data_start
+        self.data_size = data_size
+
+    def _check_version(self, header: dict) -> None:
+        fmt = header.get("format")
+        if (not isinstance(fmt, list) or len(fmt) != 2
+                or not all(isinstance(v, int) for v in fmt)):
+            raise BundleError(f"{self.name}: header has no valid format version")
+        major, minor = fmt
+        compiler = header.get("compiler", {})
+        made_by = compiler.get("version", "?") if isinstance(compiler, dict) else "?"
+        if major != FORMAT_MAJOR:
+            newer = major > FORMAT_MAJOR
+            raise FormatVersionError(
+                f"{self.name} has bundle format {major}.{minor} (mlcpack {made_by}); this runtime "
+                f"reads format {FORMAT_MAJOR}.x: " + ("upgrade the runtime" if newer else
+                                                      "export the model again"))
+        if minor > FORMAT_MINOR:
+            need = header.get("min_reader", fmt)
+            if (not isinstance(need, list) or len(need) != 2
+                    or tuple(need) > (FORMAT_MAJOR, FORMAT_MINOR)):
+                raise FormatVersionError(
+                    f"{self.name} has bundle format {major}.{minor} and needs a runtime that reads "
+                    f"{need}; this one reads {FORMAT_MAJOR}.{FORMAT_MINOR}: upgrade the runtime")
+
+    def payload(self, ref: PayloadRef) -> memoryview:
+        """A read-only view of a payload (no copy)."""
+        assert self._mmap is not None
+        start = self.data_start + ref.offset
+        return memoryview(self._mmap)[start:start + ref.size]
+
+    def array(self, ref: PayloadRef, shape: tuple[int, ...], dtype: str) -> np.ndarray:
+        """A read-only numpy view of a payload holding a C-contiguous array."""
+        if ref.size != nbytes_of(shape, dtype):
+            raise BundleError(f"{self.name}: payload size {ref.size} does not match "
+                              f"{shape} {dtype}")
+        assert self._mmap is not None
+        arr = np.frombuffer(self._mmap, dtype=dtype, count=ref.size // np.dtype(dtype).itemsize,
+                            offset=self.data_start + ref.offset)
+        return arr.reshape(shape)
+
+    def close(self) -> None:
+        if self._mmap is not None:
+            try:
+                self._mmap.close()
+            except BufferError:
+                pass  # numpy views still use the mapping; it is released with them
+            self._mmap = None
+
+    def __enter__(self) -> BundleReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
