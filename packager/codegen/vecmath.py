@@ -1,10 +1,11 @@
 """Float32 math functions generated as LLVM IR, so that kernels never call scalar libm.
 
-Each function is an internal, ``alwaysinline`` ``float mlc_<name>(float)`` built only from
-arithmetic, bit casts, selects and intrinsics that lower to instructions (``llvm.fabs``,
-``llvm.fmuladd``, ``llvm.sqrt``, ``llvm.copysign``). Once inlined into a loop,
-LLVM's loop vectorizer turns it into packed SIMD code (AVX2 / AVX-512 / NEON), and the object
-file needs no external symbol the runtime loader would have to resolve.
+Each function is an internal, ``alwaysinline`` ``float @"mlc.math.<name>"(float)`` built only
+from arithmetic, bit casts, selects and intrinsics that lower to instructions (``llvm.fabs``,
+``llvm.fmuladd``, ``llvm.sqrt``, ``llvm.copysign``). Once inlined into a loop, LLVM's loop
+vectorizer turns it into packed SIMD code (AVX2 / AVX-512 / NEON), and the object file needs
+no external symbol the runtime loader would have to resolve. The dotted name cannot collide
+with a kernel symbol ``mlc_<prim func>`` (a kernel legalized from ``tanh`` is ``mlc_tanh``).
 
 Every body is branch-free: both sides of a piecewise approximation are computed and a
 ``select`` picks one, which is what the vectorizer wants. NaN and infinities propagate
@@ -263,10 +264,11 @@ _EMITTERS: dict[str, Callable[[_Ops, ir.Value], ir.Value]] = {
 }
 
 SUPPORTED: frozenset[str] = frozenset(_EMITTERS)
+SYMBOL_PREFIX = "mlc.math."
 
 
 def math_function(module: ir.Module, name: str) -> ir.Function:
-    """Return ``float mlc_<name>(float)`` in ``module``, defining it on first use.
+    """Return ``float @"mlc.math.<name>"(float)`` in ``module``, defining it on first use.
 
     The function is internal and ``alwaysinline``; name is one of ``SUPPORTED``.
     Raises ValueError for an unknown name.
@@ -275,7 +277,7 @@ def math_function(module: ir.Module, name: str) -> ir.Function:
         raise ValueError(
             f"no vector math function {name!r}; supported: {', '.join(sorted(SUPPORTED))}"
         )
-    symbol = f"mlc_{name}"
+    symbol = f"{SYMBOL_PREFIX}{name}"
     existing = module.globals.get(symbol)
     if existing is not None:
         return existing
@@ -289,5 +291,5 @@ def math_function(module: ir.Module, name: str) -> ir.Function:
 
 
 def call_math(builder: ir.IRBuilder, name: str, x: ir.Value) -> ir.Value:
-    """Emit ``mlc_<name>(x)`` at the builder's position and return the float32 result."""
+    """Emit a call of ``mlc.math.<name>`` on ``x`` at the builder's position and return the float32 result."""
     return builder.call(math_function(builder.module, name), [x])

@@ -1,0 +1,304 @@
+"""mlc.math.<name> functions: accuracy against float64 numpy, special values, vectorization."""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import math
+import platform
+import re
+
+import llvmlite.binding as llvm
+import numpy as np
+import pytest
+from llvmlite import ir
+from mlcpack.packager.codegen.vecmath import SUPPORTED, call_math, math_function
+
+F32 = ir.FloatType()
+I64 = ir.IntType(64)
+TINY = np.finfo(np.float32).tiny
+
+SPECIALS = np.array(
+    [0.0, -0.0, 1e-45, -1e-45, 1e-40, -1e-40, TINY, -TINY, 1e-30, -1e-30]  # zeros, denormals
+    + [1.0, -1.0, 0.5, -0.5, 88.72, 88.73, 89.0, -87.3, -103.0, -104.0, -105.0]  # exp edges
+    + [1e10, -1e10, 3.4e38, -3.4e38, np.inf, -np.inf, np.nan],
+    dtype=np.float32,
+)
+
+
+@functools.cache
+def _initialize_llvm() -> None:
+    llvm.initialize_all_targets()
+    llvm.initialize_all_asmprinters()
+    llvm.initialize_native_target()
+    llvm.initialize_native_asmprinter()
+
+
+def _host_target_machine() -> llvm.TargetMachine:
+    """A new machine each time: an MCJIT engine takes ownership of (and frees) its own."""
+    _initialize_llvm()
+    target = llvm.Target.from_default_triple()
+    return target.create_target_machine(
+        cpu=llvm.get_host_cpu_name(), features=llvm.get_host_cpu_features().flatten(), opt=3
+    )
+
+
+def _unary_kernel_ir(name: str, triple: str | None = None) -> str:
+    """void k(float* noalias x, float* noalias y, i64 n): y[i] = mlc.math.<name>(x[i])."""
+    module = ir.Module(name=f"vecmath_{name}")
+    module.triple = triple or llvm.get_default_triple()
+    ptr = F32.as_pointer()
+    fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [ptr, ptr, I64]), name="k")
+    for arg in fn.args[:2]:
+        arg.add_attribute("noalias")
+    x, y, n = fn.args
+    entry = fn.append_basic_block("entry")
+    loop = fn.append_basic_block("loop")
+    done = fn.append_basic_block("done")
+    builder = ir.IRBuilder(entry)
+    builder.cbranch(builder.icmp_signed(">", n, I64(0)), loop, done)
+    builder.position_at_end(loop)
+    i = builder.phi(I64)
+    i.add_incoming(I64(0), entry)
+    value = builder.load(builder.gep(x, [i]))
+    builder.store(call_math(builder, name, value), builder.gep(y, [i]))
+    i_next = builder.add(i, I64(1))
+    i.add_incoming(i_next, loop)
+    builder.cbranch(builder.icmp_signed("<", i_next, n), loop, done)
+    builder.position_at_end(done)
+    builder.ret_void()
+    return str(module)
+
+
+class _Kernel:
+    def __init__(self, name: str) -> None:
+        tm = _host_target_machine()
+        mod = llvm.parse_assembly(_unary_kernel_ir(name))
+        mod.verify()
+        pb = llvm.create_pass_builder(tm, llvm.PipelineTuningOptions(speed_level=3))
+        pb.getModulePassManager().run(mod, pb)
+        self.asm = tm.emit_assembly(mod)
+        self.engine = llvm.create_mcjit_compiler(mod, _host_target_machine())
+        self.engine.finalize_object()
+        proto = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64)
+        self.fn = proto(self.engine.get_function_address("k"))
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        x = np.ascontiguousarray(x, dtype=np.float32)
+        y = np.empty_like(x)
+        self.fn(x.ctypes.data, y.ctypes.data, x.size)
+        return y
+
+
+@functools.cache
+def kernel(name: str) -> _Kernel:
+    return _Kernel(name)
+
+
+def _sample(lo: float, hi: float, n: int = 100_000, seed: int = 0) -> np.ndarray:
+    """Uniform points plus log-spaced magnitudes of both signs inside [lo, hi]."""
+    rng = np.random.default_rng(seed)
+    uniform = rng.uniform(lo, hi, n // 2)
+    mags = np.exp(rng.uniform(np.log(1e-38), np.log(max(abs(lo), abs(hi))), n - n // 2))
+    signed = mags * rng.choice([-1.0, 1.0], mags.size)
+    points = np.concatenate([uniform, signed[(signed >= lo) & (signed <= hi)]])
+    return points.astype(np.float32)
+
+
+def _erf64(x: np.ndarray) -> np.ndarray:
+    return np.vectorize(math.erf, otypes=[np.float64])(x)
+
+
+def _sigmoid64(x: np.ndarray) -> np.ndarray:
+    e = np.exp(-np.abs(x))
+    return np.where(x >= 0, 1.0 / (1.0 + e), e / (1.0 + e))
+
+
+REFERENCES = {
+    "exp": np.exp,
+    "log": np.log,
+    "tanh": np.tanh,
+    "sigmoid": _sigmoid64,
+    "erf": _erf64,
+    "sqrt": np.sqrt,
+}
+
+
+def _errors(name: str, x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(result, absolute error, relative error) of mlc.math.<name> against float64."""
+    got = kernel(name)(x).astype(np.float64)
+    with np.errstate(all="ignore"):
+        want = REFERENCES[name](x.astype(np.float64))
+        abs_err = np.abs(got - want)
+        rel_err = abs_err / np.abs(want)
+    return got, abs_err, rel_err
+
+
+def test_kernel_named_like_the_function_does_not_collide():
+    """codegen/build.py names kernels mlc_<prim func>; a prim func legalized from tanh is tanh."""
+    module = ir.Module()
+    kernel_fn = ir.Function(module, ir.FunctionType(F32, [F32]), name="mlc_tanh")
+    builder = ir.IRBuilder(kernel_fn.append_basic_block("entry"))
+    builder.ret(call_math(builder, "tanh", kernel_fn.args[0]))
+    llvm.parse_assembly(str(module)).verify()
+
+
+def test_unknown_name_is_refused():
+    with pytest.raises(ValueError, match="supported: erf, exp"):
+        math_function(ir.Module(), "expm1")
+
+
+def test_defined_once_per_module_internal_alwaysinline():
+    module = ir.Module()
+    fn = math_function(module, "tanh")
+    assert math_function(module, "tanh") is fn
+    assert fn.name == "mlc.math.tanh" and fn.linkage == "internal"
+    assert "alwaysinline" in fn.attributes
+    text = str(module)
+    assert text.count('define internal float @"mlc.math.exp"(') == 1  # tanh reuses it
+    assert re.search(r"declare .*@(expf|logf|tanhf|erff|exp|fmaf)\(", text) is None
+
+
+def test_exp():
+    x = _sample(-87.0, 88.0)
+    _, _, rel = _errors("exp", x)
+    assert rel.max() <= 3e-7
+    below = kernel("exp")(np.array([-104.0, -110.0, -1e30, -np.inf], dtype=np.float32))
+    assert np.all(below == 0.0)
+    above = kernel("exp")(np.array([88.73, 89.0, 100.0, 1e30, np.inf], dtype=np.float32))
+    assert np.all(above == np.inf)
+    assert kernel("exp")(np.array([88.72], dtype=np.float32))[0] < np.inf
+    # Between -87.3 and -104 the result is a denormal; accept one denormal ulp of error.
+    x = np.linspace(-103.9, -87.4, 10_000, dtype=np.float32)
+    _, abs_err, _ = _errors("exp", x)
+    assert abs_err.max() <= 2.0**-149
+    assert np.isnan(kernel("exp")(np.array([np.nan], dtype=np.float32))[0])
+
+
+def test_log():
+    x = np.abs(_sample(TINY, 3.4e38))
+    x = x[x >= TINY]
+    _, _, rel = _errors("log", x)
+    assert rel.max() <= 3e-7
+    near_one = np.linspace(0.5, 2.0, 50_000, dtype=np.float32)
+    _, abs_err, rel = _errors("log", near_one)
+    assert np.max(np.where(near_one == 1.0, abs_err, rel)) <= 3e-7
+    denormal = np.array([1e-45, 1e-40, 1e-39], dtype=np.float32)
+    _, _, rel = _errors("log", denormal)
+    assert rel.max() <= 3e-7
+    special = kernel("log")(np.array([0.0, -0.0, -1.0, -np.inf, np.inf, np.nan], np.float32))
+    np.testing.assert_array_equal(special, [-np.inf, -np.inf, np.nan, np.nan, np.inf, np.nan])
+
+
+def test_tanh():
+    x = _sample(-20.0, 20.0)
+    _, abs_err, rel = _errors("tanh", x)
+    assert abs_err.max() <= 2e-7
+    small = np.abs(x) < 1.0
+    assert rel[small & (x != 0)].max() <= 1e-6
+    special = kernel("tanh")(
+        np.array([0.0, -0.0, 50.0, -50.0, 1e30, np.inf, -np.inf, np.nan], dtype=np.float32)
+    )
+    np.testing.assert_array_equal(special, [0.0, -0.0, 1.0, -1.0, 1.0, 1.0, -1.0, np.nan])
+    assert np.signbit(special[1])
+
+
+def test_sigmoid():
+    x = _sample(-100.0, 100.0)
+    _, abs_err, rel = _errors("sigmoid", x)
+    assert abs_err.max() <= 2e-7
+    normal = _sigmoid64(x.astype(np.float64)) >= TINY
+    assert rel[normal].max() <= 1e-6
+    special = kernel("sigmoid")(
+        np.array([0.0, np.inf, -np.inf, -200.0, 200.0, np.nan], dtype=np.float32)
+    )
+    np.testing.assert_array_equal(special, [0.5, 1.0, 0.0, 0.0, 1.0, np.nan])
+
+
+def test_erf():
+    x = _sample(-6.0, 6.0)
+    _, abs_err, rel = _errors("erf", x)
+    assert abs_err.max() <= 5e-7
+    small = (np.abs(x) < 0.9) & (x != 0)
+    assert rel[small].max() <= 1e-6
+    special = kernel("erf")(
+        np.array([0.0, -0.0, 10.0, -10.0, np.inf, -np.inf, np.nan], dtype=np.float32)
+    )
+    np.testing.assert_array_equal(special, [0.0, -0.0, 1.0, -1.0, 1.0, -1.0, np.nan])
+    assert np.signbit(special[1])
+
+
+def test_sqrt():
+    x = np.abs(_sample(0.0, 3.4e38))
+    got = kernel("sqrt")(x)
+    np.testing.assert_array_equal(got, np.sqrt(x))
+    special = kernel("sqrt")(np.array([-0.0, -1.0, np.inf, np.nan], dtype=np.float32))
+    np.testing.assert_array_equal(special, [-0.0, np.nan, np.inf, np.nan])
+
+
+@pytest.mark.parametrize("name", sorted(SUPPORTED))
+def test_special_values_match_numpy(name):
+    """On every special value the result is finite/inf/nan exactly where the reference is."""
+    got, _, _ = _errors(name, SPECIALS)
+    with np.errstate(all="ignore"):
+        want = REFERENCES[name](SPECIALS.astype(np.float64)).astype(np.float32)
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    inf = np.isinf(want)
+    np.testing.assert_array_equal(got[inf], want[inf])
+
+
+# A call to a named symbol: the runtime's loader would have to resolve it.
+SYMBOL_CALL = re.compile(r"^\s*(call\w*|jmp\w*|bl|b)\s+[A-Za-z_\"]", re.MULTILINE)
+
+
+@pytest.mark.parametrize("name", sorted(SUPPORTED))
+def test_no_calls_after_optimization(name):
+    """Everything is inlined: no libm call, no call to mlc.math.<name>, no call at all."""
+    asm = kernel(name).asm
+    assert SYMBOL_CALL.search(asm) is None
+    assert re.search(r"\b(expf|logf|tanhf|erff|fmaf|rintf|sqrtf)\b|mlc\.math", asm) is None
+
+
+@pytest.mark.parametrize(
+    ("triple", "cpu", "check_packed"),
+    [
+        # Baseline x86-64 only has to call nothing: its cost model keeps sqrt scalar.
+        ("x86_64-unknown-linux-gnu", "x86-64", False),
+        ("x86_64-unknown-linux-gnu", "x86-64-v2", True),
+        ("x86_64-unknown-linux-gnu", "x86-64-v3", True),
+        ("x86_64-unknown-linux-gnu", "x86-64-v4", True),
+        ("aarch64-unknown-linux-gnu", "generic", True),
+    ],
+)
+def test_no_calls_on_every_target(triple, cpu, check_packed):
+    """Position-independent code for each target level calls nothing and is vectorized."""
+    _initialize_llvm()
+    for name in sorted(SUPPORTED):
+        tm = llvm.Target.from_triple(triple).create_target_machine(
+            cpu=cpu, opt=3, reloc="pic", codemodel="small"
+        )
+        mod = llvm.parse_assembly(_unary_kernel_ir(name, triple))
+        pb = llvm.create_pass_builder(tm, llvm.PipelineTuningOptions(speed_level=3))
+        pb.getModulePassManager().run(mod, pb)
+        asm = tm.emit_assembly(mod)
+        assert SYMBOL_CALL.search(asm) is None, f"mlc.math.{name} calls a symbol on {cpu}"
+        packed = r"\b(v?(mul|add|sub|sqrt)ps\s|f(mul|add|sub|sqrt)\s+v\d+\.4s)"
+        if check_packed:
+            assert re.search(packed, asm), f"mlc.math.{name} loop not vectorized on {cpu}"
+
+
+@pytest.mark.parametrize("name", sorted(SUPPORTED))
+def test_loop_vectorized(name):
+    """The loop body became packed arithmetic (ps on ymm/zmm, or .4s on NEON), not scalar."""
+    asm = kernel(name).asm
+    machine = platform.machine().lower()
+    arith = r"\bv?(fmadd\d*|mul|add|sub|div|sqrt)ps\s+"
+    if machine in ("x86_64", "amd64"):
+        if "+avx" in llvm.get_host_cpu_features().flatten():
+            arith += r".*%[yz]mm"
+        packed = re.search(arith, asm)
+    elif machine in ("aarch64", "arm64"):
+        packed = re.search(r"\bf(mla|mul|add|sub|div|sqrt)\s+v\d+\.4s", asm)
+    else:
+        pytest.skip(f"no packed-instruction pattern for {machine}")
+    assert packed is not None, f"the loop applying mlc.math.{name} was not vectorized"
