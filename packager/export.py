@@ -16,6 +16,7 @@ from ..runtime.errors import MlcpackError
 from .bundle_writer import BundleWriteError, BundleWriter
 from .codegen.build import ALLOWED_EXTERNALS, CodegenError, compile_prim_funcs
 from .codegen.lower import LoweringError
+from .codegen.objinfo import function_sizes
 from .codegen.target import Target, TargetError, resolve_target
 from .ir.builder import BuilderError
 from .ir.graph import IRModule
@@ -28,7 +29,7 @@ from .vm_emit import Program, VMEmitError, emit_program
 class ExportError(MlcpackError):
     """The model could not be exported; the message says why and what to change."""
 
-    exit_code = 2
+    exit_code = 11
 
 
 @dataclass
@@ -106,6 +107,8 @@ def export_module(mod: IRModule, path: str | os.PathLike, options: ExportOptions
         **compiled.target.to_record(),
         "object": writer.add(compiled.object_code),
         "externals": list(ALLOWED_EXTERNALS),
+        "code_sizes": {k.symbol: function_sizes(compiled.object_code).get(k.symbol, 0)
+                       for k in kernel_infos},
     }
     ir_text = module_text(optimized)
     header = {

@@ -1,0 +1,106 @@
+"""What ``mlcpack inspect`` shows: a bundle's header summarized, read without mapping its code."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from . import cpu
+from .bundle import BundleReader, nbytes_of, payload_ref
+from .errors import MlcpackError
+
+
+def describe(path: str | os.PathLike) -> dict[str, Any]:
+    """A plain dict (JSON-ready) describing the bundle at ``path``."""
+    with BundleReader(path) as reader:
+        h = reader.header
+        variants = h.get("code", [])
+        try:
+            chosen: int | None = cpu.pick_variant(variants, reader.name)
+            refusal = None
+        except MlcpackError as exc:
+            chosen, refusal = None, str(exc)
+        code = []
+        for i, v in enumerate(variants):
+            level = v.get("level")
+            try:
+                flags = sorted(cpu.level(level).flags | set(v.get("features", [])))
+            except KeyError:
+                flags = list(v.get("features", []))
+            code.append({"arch": v.get("arch"), "level": level, "triple": v.get("triple"),
+                         "cpu": v.get("cpu"), "features": flags,
+                         "object_bytes": v.get("object", {}).get("size"),
+                         "code_sizes": v.get("code_sizes", {}), "selected": i == chosen})
+        constants = h.get("constants", [])
+        weights = sum(nbytes_of(tuple(c["shape"]), c["dtype"]) for c in constants)
+        return {
+            "file": os.fspath(path),
+            "bytes": os.path.getsize(path),
+            "format": ".".join(map(str, h.get("format", []))),
+            "compiler": h.get("compiler"),
+            "model": h.get("model"),
+            "inputs": h.get("inputs"),
+            "outputs": h.get("outputs"),
+            "preprocess": h.get("preprocess"),
+            "labels": len(h.get("labels") or []),
+            "code": code,
+            "runs_here": refusal is None,
+            "refusal": refusal,
+            "kernels": h.get("kernels", []),
+            "library_functions": sorted({c["func"] for c in h.get("library_calls", [])}),
+            "weights": {"count": len(constants), "bytes": weights},
+            "memory_plan": h.get("memory_plan"),
+            "vm_instructions": h.get("vm", {}).get("instructions"),
+        }
+
+
+def ir_text(path: str | os.PathLike) -> str:
+    """The IRModule text the compiler stored in the bundle."""
+    with BundleReader(path) as reader:
+        ref = payload_ref(reader.header.get("ir"), "IR text", reader.data_size)
+        return bytes(reader.payload(ref)).decode("utf-8", errors="replace")
+
+
+def _kib(n: int | None) -> str:
+    return "?" if n is None else f"{n / 1024:.1f} KiB"
+
+
+def describe_text(info: dict[str, Any]) -> str:
+    lines = [f"{info['file']}  ({_kib(info['bytes'])}, bundle format {info['format']}, made by "
+             f"mlcpack {info['compiler'].get('version')} with llvmlite "
+             f"{info['compiler'].get('llvmlite')})"]
+    model = info.get("model") or {}
+    if model.get("source"):
+        lines.append(f"model: {model.get('name')} from {model['source']}")
+    for kind in ("inputs", "outputs"):
+        for t in info[kind]:
+            lines.append(f"{kind[:-1]:>6}: {t['name']} {t['shape']} {t['dtype']}")
+    if info.get("preprocess"):
+        p = info["preprocess"]
+        lines.append(f"preprocess: {p.get('size')} {p.get('color')} x{p.get('scale'):.6g} "
+                     f"mean {p.get('mean')} std {p.get('std')} layout {p.get('layout')}")
+    if info["labels"]:
+        lines.append(f"labels: {info['labels']}")
+    for v in info["code"]:
+        mark = " (selected on this machine)" if v["selected"] else ""
+        lines.append(f"target: {v['triple']} level {v['level']} (LLVM cpu {v['cpu']}){mark}")
+        lines.append(f"  features: {' '.join(v['features'])}")
+        lines.append(f"  object code: {v['object_bytes']} bytes")
+    if not info["runs_here"]:
+        lines.append(f"this machine cannot run it: {info['refusal']}")
+    lines.append(f"kernels: {len(info['kernels'])}")
+    sizes = info["code"][0]["code_sizes"] if info["code"] else {}
+    for k in info["kernels"]:
+        extra = f", workspace {k['workspace_bytes']} B" if k.get("workspace_bytes") else ""
+        lines.append(f"  {k['name']:<40} {sizes.get(k['symbol'], '?'):>7} B code"
+                     f"{', parallel' if k.get('parallel') else ''}{extra}")
+    if info["library_functions"]:
+        lines.append(f"library functions: {', '.join(info['library_functions'])}")
+    w = info["weights"]
+    lines.append(f"weights: {w['count']} tensors, {_kib(w['bytes'])}")
+    plan = info.get("memory_plan") or {}
+    arena, total = plan.get("arena_bytes"), plan.get("intermediate_bytes")
+    saved = f" ({100 * (1 - arena / total):.0f}% saved by reuse)" if arena and total else ""
+    lines.append(f"memory plan: arena {_kib(arena)} vs {_kib(total)} for all tensors{saved}")
+    lines.append(f"vm: {info['vm_instructions']} instructions")
+    return "\n".join(lines)
