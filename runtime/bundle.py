@@ -119,7 +119,8 @@ class BundleReader:
                               "export one with `mlcpack export`")
         mm.seek(len(MAGIC))
         limit = min(size, MAX_HEADER_BYTES)
-        unpacker = msgpack.Unpacker(mm, read_size=1 << 16, raw=False, strict_map_key=True,
+        unpacker = msgpack.Unpacker(mm, read_size=min(1 << 16, limit), raw=False,
+                                    strict_map_key=True,
                                     max_buffer_size=limit, max_str_len=limit, max_bin_len=limit,
                                     max_array_len=limit, max_map_len=limit, max_ext_len=0)
         try:

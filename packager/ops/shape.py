@@ -52,10 +52,12 @@ def _infer_concat(*xs: TensorType, axis: int = 0) -> TensorType:
 def _legalize_concat(*xs: te.Tensor, out_type: TensorType, name: str, axis: int = 0) -> te.Tensor:
     axis %= xs[0].ndim
 
+    starts = np.cumsum([0] + [t.shape[axis] for t in xs])
+
     def body(*i):
-        starts = np.cumsum([0] + [t.shape[axis] for t in xs])
+        # Later inputs win from their start offset on: select(i >= start_k, x_k[...], earlier).
         value: te.Expr | None = None
-        for t, start in reversed(list(zip(xs, starts[:-1]))):
+        for t, start in zip(xs, starts[:-1]):
             local = i[axis] - int(start)
             idx = tuple(te.minimum(te.maximum(local, 0), t.shape[axis] - 1) if d == axis else v
                         for d, v in enumerate(i))

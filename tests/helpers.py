@@ -1,0 +1,48 @@
+"""Shared test helpers: build a one-op model, export it, run it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from mlcpack.packager.export import ExportOptions, export_module
+from mlcpack.packager.ir import BlockBuilder
+from mlcpack.runtime import load
+
+
+def build_op_module(op: str, inputs: Sequence[np.ndarray], const_mask: Sequence[bool] | None = None,
+                    **attrs):
+    """``main`` calling ``op`` once; inputs marked in ``const_mask`` become bound constants."""
+    const_mask = const_mask or [False] * len(inputs)
+    bb = BlockBuilder()
+    params, args = [], []
+    for i, (arr, is_const) in enumerate(zip(inputs, const_mask)):
+        if is_const:
+            args.append(bb.constant(arr, f"c{i}"))
+        else:
+            v = bb.input(f"x{i}", arr.shape, str(arr.dtype))
+            params.append(v)
+            args.append(v)
+    with bb.function("main", params):
+        with bb.dataflow():
+            out = bb.emit_output(bb.emit_op(op, *args, **attrs))
+        bb.emit_func_output(out, names=["y"])
+    return bb.get()
+
+
+def compile_and_run(mod, feeds: dict, tmp_path: Path, target: str | None = None,
+                    name: str = "m.mlc", threads: int | None = None) -> dict:
+    path = tmp_path / name
+    export_module(mod, path, ExportOptions(target=target))
+    with load(path, threads=threads) as model:
+        return model.run(feeds)
+
+
+def run_op(op: str, inputs: Sequence[np.ndarray], tmp_path: Path,
+           const_mask: Sequence[bool] | None = None, **attrs) -> np.ndarray:
+    mod = build_op_module(op, inputs, const_mask, **attrs)
+    const_mask = const_mask or [False] * len(inputs)
+    feeds = {f"x{i}": a for i, (a, c) in enumerate(zip(inputs, const_mask)) if not c}
+    return compile_and_run(mod, feeds, tmp_path)["y"]

@@ -1,0 +1,112 @@
+"""Every compiled kernel against its operator's numpy reference, on odd shapes."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from mlcpack.packager.ops import get_op
+
+from helpers import run_op
+
+RNG = np.random.default_rng(0)
+
+
+def rand(*shape: int) -> np.ndarray:
+    return RNG.standard_normal(shape).astype(np.float32)
+
+
+def check(op: str, inputs, tmp_path, rtol=1e-5, atol=1e-5, const_mask=None, **attrs):
+    got = run_op(op, inputs, tmp_path, const_mask=const_mask, **attrs)
+    want = get_op(op).reference(*inputs, **attrs)
+    assert got.shape == want.shape
+    np.testing.assert_allclose(got, want, rtol=rtol, atol=atol)
+
+
+@pytest.mark.parametrize("op", ["add", "subtract", "multiply", "divide", "maximum", "minimum"])
+@pytest.mark.parametrize("shapes", [((3, 17), (3, 17)), ((2, 3, 5), (5,)), ((4, 1, 6), (1, 7, 1))])
+def test_binary_broadcast(op, shapes, tmp_path):
+    a, b = rand(*shapes[0]), rand(*shapes[1])
+    if op == "divide":
+        b = np.where(np.abs(b) < 0.1, 0.5, b).astype(np.float32)
+    check(op, [a, b], tmp_path)
+
+
+@pytest.mark.parametrize("op", ["relu", "negative", "abs", "exp", "tanh", "sigmoid", "erf", "gelu",
+                                "silu"])
+def test_unary(op, tmp_path):
+    x = (rand(5, 37) * 4).astype(np.float32)
+    check(op, [x], tmp_path, rtol=2e-6, atol=2e-6)
+
+
+def test_log_sqrt(tmp_path):
+    x = (np.abs(rand(3, 41)) + 0.01).astype(np.float32)
+    check("log", [x], tmp_path, rtol=1e-6, atol=1e-6)
+    check("sqrt", [x], tmp_path, rtol=1e-6, atol=1e-6)
+
+
+def test_clip_leaky_relu(tmp_path):
+    x = rand(2, 33)
+    check("clip", [x], tmp_path, min=-0.5, max=0.75)
+    check("leaky_relu", [x], tmp_path, alpha=0.1)
+
+
+def test_nan_propagates_through_relu_and_max(tmp_path):
+    x = rand(1, 8)
+    x[0, 3] = np.nan
+    got = run_op("relu", [x], tmp_path)
+    assert np.isnan(got[0, 3]) and not np.isnan(np.delete(got, 3)).any()
+
+
+@pytest.mark.parametrize("shapes,transpose_b", [
+    (((1, 784), (128, 784)), True),
+    (((7, 13), (13, 5)), False),
+    (((2, 3, 9, 4), (4, 11)), False),
+    (((3, 1, 5, 6), (2, 6, 7)), False),
+    (((2, 5, 8), (2, 3, 8)), True),
+])
+def test_matmul(shapes, transpose_b, tmp_path):
+    a, b = rand(*shapes[0]), rand(*shapes[1])
+    check("matmul", [a, b], tmp_path, rtol=1e-4, atol=1e-4, const_mask=[False, True],
+          transpose_b=transpose_b)
+
+
+@pytest.mark.parametrize("cfg", [
+    dict(x=(1, 3, 9, 9), w=(4, 3, 1, 1)),
+    dict(x=(1, 3, 15, 13), w=(5, 3, 7, 7), strides=(2, 2), padding=(3, 3, 3, 3)),
+    dict(x=(2, 4, 10, 11), w=(6, 2, 3, 3), groups=2, padding=(1, 0, 2, 1)),
+    dict(x=(1, 6, 9, 9), w=(6, 1, 3, 3), groups=6, padding=(1, 1, 1, 1)),
+    dict(x=(1, 2, 12, 12), w=(3, 2, 3, 3), dilation=(2, 2), strides=(1, 2)),
+])
+def test_conv2d(cfg, tmp_path):
+    cfg = dict(cfg)
+    x, w = rand(*cfg.pop("x")), rand(*cfg.pop("w"))
+    check("nn.conv2d", [x, w], tmp_path, rtol=1e-4, atol=1e-4, const_mask=[False, True], **cfg)
+
+
+@pytest.mark.parametrize("op", ["nn.max_pool2d", "nn.avg_pool2d"])
+@pytest.mark.parametrize("cfg", [
+    dict(kernel=(2, 2), strides=(2, 2)),
+    dict(kernel=(3, 3), strides=(2, 2), padding=(1, 1, 1, 1)),
+    dict(kernel=(3, 3), strides=(2, 2), padding=(1, 1, 1, 1), ceil_mode=True),
+    dict(kernel=(3, 2), strides=(1, 2), padding=(1, 0, 1, 1), count_include_pad=True),
+])
+def test_pools(op, cfg, tmp_path):
+    check(op, [rand(1, 3, 11, 10)], tmp_path, **cfg)
+
+
+@pytest.mark.parametrize("op", ["sum", "mean", "max", "min"])
+@pytest.mark.parametrize("axes,keepdims", [((1,), True), ((0, 2), False), (None, True)])
+def test_reductions(op, axes, keepdims, tmp_path):
+    check(op, [rand(3, 17, 5)], tmp_path, rtol=1e-5, atol=1e-5, axes=axes, keepdims=keepdims)
+
+
+@pytest.mark.parametrize("op", ["nn.softmax", "nn.log_softmax"])
+@pytest.mark.parametrize("axis", [-1, 1])
+def test_softmax(op, axis, tmp_path):
+    check(op, [rand(2, 19, 3) * 5], tmp_path, rtol=1e-5, atol=1e-6, axis=axis)
+
+
+def test_transpose_concat(tmp_path):
+    check("transpose", [rand(2, 3, 5)], tmp_path, axes=(2, 0, 1))
+    check("concat", [rand(2, 3), rand(2, 5), rand(2, 1)], tmp_path, axis=1)
