@@ -361,7 +361,7 @@ def _parse_sections(mv: memoryview, arch: str) -> list[_Section]:
         raise CodeLoadError(f"section name table index {e_shstrndx} is out of range")
     rows = np.frombuffer(mv, _SHDR, e_shnum, e_shoff).tolist()
     sections = []
-    for i, (name, typ, flags, _addr, off, size, link, info, align, entsize) in enumerate(rows):
+    for i, (_name, typ, flags, _addr, off, size, link, info, align, entsize) in enumerate(rows):
         if typ != _SHT_NOBITS and off + size > n:
             raise CodeLoadError(f"section {i} ({off}+{size} bytes) runs past the end ({n} bytes)")
         if align & (align - 1) or align > _MAX_ALIGN:

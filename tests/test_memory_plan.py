@@ -28,7 +28,7 @@ def assert_no_live_overlap(buffers: list[Buffer], offsets: dict[int, int], arena
 
 def test_random_lifetimes_never_overlap():
     rng = random.Random(0)
-    for trial in range(300):
+    for _ in range(300):
         n = rng.randint(1, 40)
         bufs = []
         for i in range(n):
@@ -62,7 +62,7 @@ def random_graph_module(rng: random.Random, n_nodes: int):
 def test_random_graphs_plan_and_run_correctly(tmp_path):
     rng = random.Random(1)
     target = resolve_target(None)
-    for trial in range(12):
+    for _ in range(12):
         mod = run_pipeline(random_graph_module(rng, rng.randint(3, 25)), verify=True)
         compiled = compile_prim_funcs(list(mod.prim_funcs().values()), target)
         prog = emit_program(mod, compiled.kernels)

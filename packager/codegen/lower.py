@@ -222,7 +222,7 @@ class KernelEmitter:
             try:
                 return env[id(e)]
             except KeyError:
-                raise LoweringError(f"{self.func.name}: index {e.name} used outside its loop")
+                raise LoweringError(f"{self.func.name}: index {e.name} used outside its loop") from None
         if isinstance(e, te.Const):
             ty = LLVM_TYPES[e.dtype]
             return ir.Constant(ty, float(e.value) if e.dtype.startswith("float") else int(e.value))
