@@ -80,7 +80,7 @@ class Model:
         self.name = name
         tensors = h.get("tensors")
         if not isinstance(tensors, list):
-            raise BundleError(f"bundle header: tensors must be a list")
+            raise BundleError("bundle header: tensors must be a list")
         self.inputs = _specs(h.get("inputs"), "inputs", len(tensors))
         self.outputs = _specs(h.get("outputs"), "outputs", len(tensors))
         self.labels = h.get("labels") if isinstance(h.get("labels"), list) else None
@@ -91,13 +91,13 @@ class Model:
         # CPU features are checked before any code is mapped.
         variants = h.get("code")
         if not isinstance(variants, list) or not variants:
-            raise BundleError(f"bundle header: code must be a non-empty list")
+            raise BundleError("bundle header: code must be a non-empty list")
         chosen = cpu.pick_variant(variants, name)
         self.code_variant = variants[chosen]
         kernels_meta = h.get("kernels")
         sites = h.get("library_calls", [])
         if not isinstance(kernels_meta, list) or not isinstance(sites, list):
-            raise BundleError(f"bundle header: kernels and library_calls must be lists")
+            raise BundleError("bundle header: kernels and library_calls must be lists")
         site_list = self._sites(sites, library_functions)
 
         obj = payload_ref(self.code_variant.get("object"), "code object", reader.data_size)
