@@ -64,13 +64,14 @@ def payload_ref(obj: Any, what: str, data_size: int) -> PayloadRef:
 def check_shape(shape: Any, what: str) -> tuple[int, ...]:
     if not isinstance(shape, (list, tuple)) or len(shape) > 16:
         raise BundleError(f"bundle header: {what} has an invalid shape")
-    if not all(isinstance(d, int) and 0 <= d < 1 << 40 for d in shape):
+    if not all(isinstance(d, int) and not isinstance(d, bool) and 0 <= d < 1 << 40
+               for d in shape):
         raise BundleError(f"bundle header: {what} has an invalid shape {shape!r}")
     return tuple(shape)
 
 
 def check_dtype(dtype: Any, what: str) -> str:
-    if dtype not in DTYPES:
+    if not isinstance(dtype, str) or dtype not in DTYPES:
         raise BundleError(f"bundle header: {what} has an unsupported dtype {dtype!r}")
     return dtype
 
@@ -178,6 +179,7 @@ class BundleReader:
         if minor > FORMAT_MINOR:
             need = header.get("min_reader", fmt)
             if (not isinstance(need, list) or len(need) != 2
+                    or not all(isinstance(v, int) for v in need)
                     or tuple(need) > (FORMAT_MAJOR, FORMAT_MINOR)):
                 raise FormatVersionError(
                     f"{self.name} has bundle format {major}.{minor} and needs a runtime that reads "

@@ -105,7 +105,9 @@ class Model:
                                       arch=self.code_variant.get("arch"))
         kernels = []
         for i, k in enumerate(kernels_meta):
-            if not isinstance(k, dict) or not isinstance(k.get("symbol"), str):
+            if not isinstance(k, dict) or not isinstance(k.get("symbol"), str) \
+                    or not all(isinstance(k.get(f, 0), int) and k.get(f, 0) >= 0
+                               for f in ("num_inputs", "num_outputs", "workspace_bytes")):
                 raise BundleError(f"bundle header: kernel {i} is malformed")
             kernels.append((self._image.address(k["symbol"]), bool(k.get("parallel", False))))
 
