@@ -61,6 +61,15 @@ def payload_ref(obj: Any, what: str, data_size: int) -> PayloadRef:
     return PayloadRef(off, size)
 
 
+def check_disjoint(refs: list[tuple[str, PayloadRef]], bundle_name: str) -> None:
+    """Refuse payload records that overlap in part (identical records may share a payload)."""
+    spans = sorted((r.offset, r.offset + r.size, what) for what, r in refs if r.size)
+    for (s0, e0, w0), (s1, e1, w1) in zip(spans, spans[1:]):
+        if s1 < e0 and (s0, e0) != (s1, e1):
+            raise BundleError(f"{bundle_name}: the payloads of {w0} and {w1} overlap; "
+                              "the bundle is malformed: export it again")
+
+
 def check_shape(shape: Any, what: str) -> tuple[int, ...]:
     if not isinstance(shape, (list, tuple)) or len(shape) > 16:
         raise BundleError(f"bundle header: {what} has an invalid shape")

@@ -15,7 +15,8 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from . import cpu, elf, library, vm
-from .bundle import BundleReader, check_dtype, check_shape, nbytes_of, payload_ref
+from .bundle import (BundleReader, check_disjoint, check_dtype, check_shape, nbytes_of,
+                     payload_ref)
 from .errors import BundleError, InputError
 
 ARENA_ALIGN = 64
@@ -101,6 +102,11 @@ class Model:
         site_list = self._sites(sites, library_functions)
 
         obj = payload_ref(self.code_variant.get("object"), "code object", reader.data_size)
+        bytecode = payload_ref(h.get("vm", {}).get("bytecode") if isinstance(h.get("vm"), dict)
+                               else None, "bytecode", reader.data_size)
+        check_disjoint([("code object", obj), ("bytecode", bytecode)]
+                       + [(f"constant {i}", ref) for i, ref in enumerate(self._constant_refs)],
+                       name)
         self._image = elf.load_object(reader.payload(obj), elf.default_externals(),
                                       arch=self.code_variant.get("arch"))
         kernels = []
@@ -117,8 +123,6 @@ class Model:
         self._arena = raw[start:start + arena_bytes]
         views, addresses = self._tensor_views(tensors, constants, arena_bytes)
         self._views = views
-        bytecode = payload_ref(h.get("vm", {}).get("bytecode") if isinstance(h.get("vm"), dict)
-                               else None, "bytecode", reader.data_size)
         program = vm.decode(reader.payload(bytecode), len(tensors), len(kernels), len(site_list),
                             name)
         self._check_arity(program, kernels_meta, tensors)
@@ -129,12 +133,14 @@ class Model:
         if not isinstance(rows, list):
             raise BundleError("bundle header: constants must be a list")
         out = []
+        self._constant_refs = []
         for i, c in enumerate(rows):
             if not isinstance(c, dict):
                 raise BundleError(f"bundle header: constant {i} is malformed")
             shape = check_shape(c.get("shape"), f"constant {i}")
             dtype = check_dtype(c.get("dtype"), f"constant {i}")
             ref = payload_ref(c.get("data"), f"constant {i}", self._reader.data_size)
+            self._constant_refs.append(ref)
             out.append(self._reader.array(ref, shape, dtype))
         return out
 
