@@ -1,0 +1,137 @@
+"""Shared fixtures: the demo MLP exported once per session, an export helper for weights, and a
+runner for the real ``mlcpack`` executable."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Callable, Mapping, Sequence
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+ARTIFACTS = ROOT / "artifacts"
+SAMPLES = ARTIFACTS / "samples"
+MLP_PICKLE = ARTIFACTS / "mlp_params.pkl"
+LABELS = ARTIFACTS / "labels.txt"
+BIN = Path(sys.executable).parent
+MLCPACK_EXE = BIN / "mlcpack"
+
+# cpuinfo flag sets of the x86-64 levels, as MLCPACK_CPU_FEATURES spells them.
+X86_V2 = "fpu,cx8,cmov,fxsr,mmx,sse,sse2,cx16,lahf_lm,popcnt,sse4_1,sse4_2,ssse3,pni"
+X86_V3 = X86_V2 + ",avx,avx2,bmi1,bmi2,f16c,fma,abm,movbe,xsave"
+X86_V4 = X86_V3 + ",avx512f,avx512bw,avx512cd,avx512dq,avx512vl"
+
+
+def mlp_reference(weights: Mapping[str, np.ndarray], x: np.ndarray) -> np.ndarray:
+    """The float64 numpy reference of the MLP that keys w0, b0, ..., wN, bN describe."""
+    h = np.asarray(x, dtype=np.float64)
+    n = sum(1 for k in weights if k.startswith("w"))
+    for i in range(n):
+        h = h @ weights[f"w{i}"].astype(np.float64).T + weights[f"b{i}"].astype(np.float64)
+        if i < n - 1:
+            h = np.maximum(h, 0.0)
+    return h
+
+
+def _export_weights(weights: Mapping[str, np.ndarray], path: str | os.PathLike, *,
+                    spec: dict | None = None, input_shape: tuple[int, ...] | None = None,
+                    target: str | None = None, labels: Sequence[str] | None = None) -> Path:
+    """Export ``weights`` (an inferred MLP, or ``spec``) to ``path`` the way the CLI does."""
+    from mlcpack.frontends.arch import build_from_spec, infer_mlp_spec
+    from mlcpack.packager.export import ExportOptions, export_module
+    from mlcpack.runtime.model import TensorSpec
+    from mlcpack.runtime.preprocess import default_preprocess
+
+    spec = spec if spec is not None else infer_mlp_spec(weights)
+    mod = build_from_spec(spec, weights, input_shape)
+    first = mod.main.params[0]
+    pre = default_preprocess(TensorSpec(first.name, first.type.shape, first.type.dtype, 0))
+    export_module(mod, path, ExportOptions(target=target, preprocess=pre, labels=labels,
+                                           model_name=Path(path).stem))
+    return Path(path)
+
+
+@pytest.fixture(scope="session")
+def export_weights() -> Callable[..., Path]:
+    """``export_weights(weights, path, spec=None, input_shape=None, target=None, labels=None)``."""
+    return _export_weights
+
+
+@pytest.fixture(scope="session")
+def mlp_weights() -> dict[str, np.ndarray]:
+    from mlcpack.frontends.weights import load_weights
+
+    return load_weights(MLP_PICKLE)
+
+
+@pytest.fixture(scope="session")
+def mlp_bundle(tmp_path_factory: pytest.TempPathFactory, mlp_weights: dict[str, np.ndarray]
+               ) -> tuple[Path, dict[str, np.ndarray]]:
+    """The demo MLP (artifacts/mlp_params.pkl) exported once for this machine, with labels:
+    ``(bundle path, weights)``. Tests must not modify the file (copy it first)."""
+    labels = [line.strip() for line in LABELS.read_text().splitlines() if line.strip()]
+    path = tmp_path_factory.mktemp("mlp") / "mlp.mlc"
+    _export_weights(mlp_weights, path, labels=labels)
+    return path, mlp_weights
+
+
+@pytest.fixture(scope="session")
+def mlp_bundle_bytes(mlp_bundle: tuple[Path, dict]) -> bytes:
+    return mlp_bundle[0].read_bytes()
+
+
+def _run_cli(*args: str | os.PathLike, env: Mapping[str, str] | None = None,
+             cwd: str | os.PathLike | None = None, timeout: float = 60,
+             module: bool = False) -> subprocess.CompletedProcess:
+    """Run the real ``mlcpack`` executable (or ``python -m mlcpack.packager.cli`` when
+    ``module``) with ``env`` added to this process's environment."""
+    full_env = dict(os.environ)
+    for key in ("MLCPACK_CPU_FEATURES", "MLCPACK_CPU_ARCH", "MLCPACK_NUM_THREADS"):
+        full_env.pop(key, None)
+    full_env.update(env or {})
+    cmd = ([sys.executable, "-m", "mlcpack.packager.cli"] if module else [str(MLCPACK_EXE)])
+    return subprocess.run(cmd + [os.fspath(a) for a in args], capture_output=True, text=True,
+                          env=full_env, cwd=cwd, timeout=timeout)
+
+
+@pytest.fixture(scope="session")
+def run_cli() -> Callable[..., subprocess.CompletedProcess]:
+    """``run_cli("infer", bundle, image, env={...}, cwd=...)`` -> CompletedProcess (text)."""
+    return _run_cli
+
+
+def assert_one_line_error(proc: subprocess.CompletedProcess) -> str:
+    """The process failed with exactly one stderr line "error: ..." and no traceback."""
+    assert proc.returncode != 0, proc
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("error: "), proc.stderr
+    assert "Traceback" not in proc.stderr + proc.stdout
+    return lines[0]
+
+
+@pytest.fixture(scope="session")
+def one_line_error() -> Callable[[subprocess.CompletedProcess], str]:
+    return assert_one_line_error
+
+
+@pytest.fixture(scope="session")
+def reference_mlp() -> Callable[[Mapping[str, np.ndarray], np.ndarray], np.ndarray]:
+    """``reference_mlp(weights, x)``: the float64 numpy MLP reference."""
+    return mlp_reference
+
+
+@pytest.fixture(scope="session")
+def x86_levels() -> dict[str, str]:
+    """MLCPACK_CPU_FEATURES values for x86-64-v2/v3/v4 hosts."""
+    return {"x86-64-v2": X86_V2, "x86-64-v3": X86_V3, "x86-64-v4": X86_V4}
+
+
+@pytest.fixture(scope="session")
+def paths() -> dict[str, Path]:
+    return {"root": ROOT, "artifacts": ARTIFACTS, "samples": SAMPLES, "mlp_pickle": MLP_PICKLE,
+            "labels": LABELS, "mlcpack": MLCPACK_EXE}

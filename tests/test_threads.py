@@ -1,0 +1,83 @@
+"""Threads: parallel kernels give bit-identical results, and one model is safe to call from many
+Python threads at once."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+from mlcpack.runtime import load
+
+
+@pytest.fixture(scope="module")
+def batch_bundle(tmp_path_factory, mlp_weights, export_weights):
+    """The demo MLP over a batch of 16, so parallel kernels have work to split."""
+    return export_weights(mlp_weights, tmp_path_factory.mktemp("threads") / "batch.mlc",
+                          input_shape=(16, 784))
+
+
+@pytest.mark.parametrize("which", ["single", "batch"])
+def test_threads_give_bit_identical_results(which, mlp_bundle, batch_bundle, reference_mlp,
+                                            mlp_weights) -> None:
+    path = mlp_bundle[0] if which == "single" else batch_bundle
+    rng = np.random.default_rng(3)
+    models = {n: load(path, threads=n) for n in (1, 2, 3, 8)}
+    try:
+        assert models[2]._executor.threads == 2
+        assert any(k.get("parallel") for k in models[2].header["kernels"])
+        shape = models[1].inputs[0].shape
+        for _ in range(5):
+            x = rng.standard_normal(shape).astype(np.float32)
+            y1 = models[1](x)
+            np.testing.assert_allclose(y1, reference_mlp(mlp_weights, x), rtol=1e-5, atol=1e-5)
+            for n in (2, 3, 8):
+                assert models[n](x).tobytes() == y1.tobytes(), n
+    finally:
+        for m in models.values():
+            m.close()
+
+
+def test_threads_from_environment(monkeypatch, mlp_bundle) -> None:
+    monkeypatch.setenv("MLCPACK_NUM_THREADS", "2")
+    with load(mlp_bundle[0]) as model:
+        assert model._executor.threads == 2
+    monkeypatch.setenv("MLCPACK_NUM_THREADS", "not a number")
+    with load(mlp_bundle[0]) as model:
+        assert model._executor.threads == 1
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_one_model_many_python_threads(threads, batch_bundle) -> None:
+    n_threads, calls = 8, 50
+    rng = np.random.default_rng(4)
+    with load(batch_bundle, threads=threads) as model:
+        shape = model.inputs[0].shape
+        inputs = [rng.standard_normal(shape).astype(np.float32) for _ in range(n_threads)]
+        expected = [model(x).tobytes() for x in inputs]
+        assert len(set(expected)) == n_threads  # every thread's answer is distinguishable
+        results: list[list[tuple[int, bytes]]] = [[] for _ in range(n_threads)]
+        errors: list[BaseException] = []
+        barrier = threading.Barrier(n_threads)
+
+        def work(i: int) -> None:
+            try:
+                barrier.wait()
+                for k in range(calls):
+                    # Alternate between own input and a neighbour's to interleave differently.
+                    j = i if k % 2 == 0 else (i + 1) % n_threads
+                    results[i].append((j, model(inputs[j]).tobytes()))
+            except BaseException as exc:  # noqa: BLE001 - reported below
+                errors.append(exc)
+
+        workers = [threading.Thread(target=work, args=(i,)) for i in range(n_threads)]
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join(timeout=60)
+        assert not any(w.is_alive() for w in workers)
+        assert not errors, errors
+        for i in range(n_threads):
+            assert len(results[i]) == calls
+            for j, got in results[i]:
+                assert got == expected[j], (i, j)
