@@ -1,0 +1,279 @@
+"""Converters for elementwise ONNX operators: arithmetic, activations, Clip, Pow."""
+
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import numpy as np
+
+from ...packager.ir.graph import Value
+from .registry import NodeContext, converter
+
+# ---- unary activations that are one row of the op table ---------------------------------------
+
+# ONNX op_type: (high-level op, first opset)
+_UNARY = {
+    "Relu": ("relu", 1),
+    "Sigmoid": ("sigmoid", 1),
+    "Tanh": ("tanh", 1),
+    "Exp": ("exp", 1),
+    "Log": ("log", 1),
+    "Sqrt": ("sqrt", 1),
+    "Abs": ("abs", 1),
+    "Neg": ("negative", 1),
+    "Erf": ("erf", 9),
+}
+
+
+def _unary(op: str) -> Callable[[NodeContext], Value]:
+    def convert(ctx: NodeContext) -> Value:
+        return ctx.emit(op, ctx.input(0))
+    return convert
+
+
+for _op_type, (_op, _since) in _UNARY.items():
+    converter(_op_type, since=_since)(_unary(_op))
+
+
+# ---- binary arithmetic --------------------------------------------------------------------------
+
+_BINARY = {"Add": "add", "Sub": "subtract", "Mul": "multiply", "Div": "divide"}
+
+
+def _int_divide(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    # ONNX integer Div truncates toward zero (C semantics); numpy's // floors.
+    q = np.abs(a) // np.abs(b)
+    return (q * np.sign(a) * np.sign(b)).astype(np.result_type(a, b))
+
+
+def _legacy_broadcast(ctx: NodeContext, a: Value, b: Value) -> Value:
+    """Opset < 7: with ``broadcast=1``, B's dims match A's starting at ``axis`` (default: the
+    trailing dims); give B trailing ones so numpy broadcasting lines it up the same way."""
+    if not ctx.attrs["broadcast"]:
+        if a.type.shape != b.type.shape:
+            raise ctx.error(f"shapes {a.type.shape} and {b.type.shape} differ and broadcast=0")
+        return b
+    rank_a, rank_b = len(a.type.shape), len(b.type.shape)
+    axis = ctx.attrs["axis"]
+    if axis is None:
+        return b
+    axis %= rank_a
+    trailing = rank_a - axis - rank_b
+    if trailing < 0:
+        raise ctx.error(f"B {b.type.shape} does not fit A {a.type.shape} at axis {axis}")
+    return ctx.reshape(b, b.type.shape + (1,) * trailing)
+
+
+def _binary(op: str, legacy: bool) -> Callable[[NodeContext], Value]:
+    def convert(ctx: NodeContext) -> Value:
+        a, b = ctx.input(0), ctx.input(1)
+        if legacy:
+            b = _legacy_broadcast(ctx, a, b)
+        ca, cb = ctx.const(0), ctx.const(1)
+        if (op == "divide" and ca is not None and cb is not None
+                and np.issubdtype(ca.dtype, np.integer)):
+            return ctx.constant(_int_divide(ca, cb), "div")
+        return ctx.emit(op, a, b)
+    return convert
+
+
+_LEGACY_BINARY_ATTRS = {"broadcast": 0, "axis": None}
+
+for _op_type, _op in _BINARY.items():
+    converter(_op_type, since=1, attrs=_LEGACY_BINARY_ATTRS)(_binary(_op, legacy=True))
+    converter(_op_type, since=7)(_binary(_op, legacy=False))
+
+
+def _variadic(op: str, mean: bool = False) -> Callable[[NodeContext], Value]:
+    def convert(ctx: NodeContext) -> Value:
+        operands = [ctx.input(i) for i in range(ctx.num_inputs)]
+        out = operands[0]
+        for x in operands[1:]:
+            out = ctx.emit(op, out, x)
+        if mean and len(operands) > 1:
+            out = ctx.emit("divide", out, ctx.scalar(len(operands), out))
+        return out
+    return convert
+
+
+converter("Max", since=1)(_variadic("maximum"))
+converter("Min", since=1)(_variadic("minimum"))
+converter("Sum", since=1)(_variadic("add"))
+converter("Mean", since=1)(_variadic("add", mean=True))
+
+
+# ---- parameterized activations ------------------------------------------------------------------
+
+@converter("LeakyRelu", since=1, attrs={"alpha": 0.01})
+def _leaky_relu(ctx: NodeContext) -> Value:
+    return ctx.emit("leaky_relu", ctx.input(0), alpha=float(ctx.attrs["alpha"]))
+
+
+_FLOAT_MAX = float(np.finfo(np.float32).max)
+
+
+def _clip(ctx: NodeContext, x: Value, low: Value | float | None, high: Value | float | None
+          ) -> Value:
+    """Clip with bounds that are numbers (one ``clip`` op) or run-time values (max/min ops)."""
+    if not isinstance(low, Value) and not isinstance(high, Value):
+        lo = -_FLOAT_MAX if low is None else float(low)
+        hi = _FLOAT_MAX if high is None else float(high)
+        return ctx.emit("clip", x, min=lo, max=hi)
+    out = x
+    if low is not None:
+        out = ctx.emit("maximum", out, low if isinstance(low, Value) else ctx.scalar(low, x))
+    if high is not None:
+        out = ctx.emit("minimum", out, high if isinstance(high, Value) else ctx.scalar(high, x))
+    return out
+
+
+@converter("Clip", since=1, attrs={"min": None, "max": None})
+def _clip_v1(ctx: NodeContext) -> Value:
+    return _clip(ctx, ctx.input(0), ctx.attrs["min"], ctx.attrs["max"])
+
+
+@converter("Clip", since=11)
+def _clip_v11(ctx: NodeContext) -> Value:
+    bounds: list[Value | float | None] = []
+    for i in (1, 2):
+        if not ctx.has_input(i):
+            bounds.append(None)
+            continue
+        data = ctx.const(i)
+        if data is not None and data.size == 1:
+            bounds.append(float(data.reshape(())))
+        else:
+            bounds.append(ctx.input(i))
+    return _clip(ctx, ctx.input(0), bounds[0], bounds[1])
+
+
+@converter("Elu", since=1, attrs={"alpha": 1.0})
+def _elu(ctx: NodeContext) -> Value:
+    # elu(x) = max(x, 0) + alpha * (exp(min(x, 0)) - 1), exact on both sides of zero.
+    x = ctx.input(0)
+    return _elu_of(ctx, x, float(ctx.attrs["alpha"]))
+
+
+def _elu_of(ctx: NodeContext, x: Value, alpha: float) -> Value:
+    pos = ctx.emit("relu", x)
+    neg = ctx.emit("exp", ctx.emit("minimum", x, ctx.scalar(0.0, x)))
+    neg = ctx.emit("multiply", ctx.emit("subtract", neg, ctx.scalar(1.0, x)), ctx.scalar(alpha, x))
+    return ctx.emit("add", pos, neg)
+
+
+@converter("Selu", since=1, attrs={"alpha": 1.67326319217681884765625,
+                                   "gamma": 1.05070102214813232421875})
+def _selu(ctx: NodeContext) -> Value:
+    x = ctx.input(0)
+    return ctx.emit("multiply", _elu_of(ctx, x, float(ctx.attrs["alpha"])),
+                    ctx.scalar(float(ctx.attrs["gamma"]), x))
+
+
+def _hard_sigmoid_of(ctx: NodeContext, x: Value, alpha: float, beta: float) -> Value:
+    y = ctx.emit("add", ctx.emit("multiply", x, ctx.scalar(alpha, x)), ctx.scalar(beta, x))
+    return ctx.emit("clip", y, min=0.0, max=1.0)
+
+
+@converter("HardSigmoid", since=1, attrs={"alpha": 0.2, "beta": 0.5})
+def _hard_sigmoid(ctx: NodeContext) -> Value:
+    return _hard_sigmoid_of(ctx, ctx.input(0), float(ctx.attrs["alpha"]), float(ctx.attrs["beta"]))
+
+
+@converter("HardSwish", since=14)
+def _hard_swish(ctx: NodeContext) -> Value:
+    x = ctx.input(0)
+    return ctx.emit("multiply", x, _hard_sigmoid_of(ctx, x, 1.0 / 6.0, 0.5))
+
+
+def _softplus_of(ctx: NodeContext, x: Value) -> Value:
+    # log(1 + exp(x)) = max(x, 0) + log(1 + exp(-|x|)): no overflow for large x.
+    tail = ctx.emit("exp", ctx.emit("negative", ctx.emit("abs", x)))
+    tail = ctx.emit("log", ctx.emit("add", tail, ctx.scalar(1.0, x)))
+    return ctx.emit("add", ctx.emit("relu", x), tail)
+
+
+@converter("Softplus", since=1)
+def _softplus(ctx: NodeContext) -> Value:
+    return _softplus_of(ctx, ctx.input(0))
+
+
+@converter("Softsign", since=1)
+def _softsign(ctx: NodeContext) -> Value:
+    x = ctx.input(0)
+    return ctx.emit("divide", x, ctx.emit("add", ctx.emit("abs", x), ctx.scalar(1.0, x)))
+
+
+@converter("Mish", since=18)
+def _mish(ctx: NodeContext) -> Value:
+    x = ctx.input(0)
+    return ctx.emit("multiply", x, ctx.emit("tanh", _softplus_of(ctx, x)))
+
+
+def _prelu(ctx: NodeContext) -> Value:
+    x, slope = ctx.input(0), ctx.input(1)
+    shape = x.type.shape
+    if ctx.opset < 7 and len(slope.type.shape) == 1 and len(shape) >= 2 \
+            and slope.type.shape[0] == shape[1] != shape[-1]:
+        # Opset < 7: a [C] slope is per channel (axis 1), not numpy-aligned to the last axis.
+        slope = ctx.reshape(slope, (shape[1],) + (1,) * (len(shape) - 2))
+    neg = ctx.emit("multiply", ctx.emit("minimum", x, ctx.scalar(0.0, x)), slope)
+    return ctx.emit("add", ctx.emit("relu", x), neg)
+
+
+converter("PRelu", since=1)(_prelu)
+converter("PRelu", since=7)(_prelu)
+
+
+@converter("Reciprocal", since=1)
+def _reciprocal(ctx: NodeContext) -> Value:
+    x = ctx.input(0)
+    return ctx.emit("divide", ctx.scalar(1.0, x), x)
+
+
+@converter("Gelu", since=20, attrs={"approximate": "none"})
+def _gelu(ctx: NodeContext) -> Value:
+    x = ctx.input(0)
+    mode = ctx.attrs["approximate"]
+    if mode == "none":
+        return ctx.emit("gelu", x)
+    if mode != "tanh":
+        raise ctx.error(f"approximate={mode!r} is not one of 'none', 'tanh'")
+    # 0.5 * x * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 * x^3)))
+    cube = ctx.emit("multiply", ctx.emit("multiply", x, x), x)
+    inner = ctx.emit("add", x, ctx.emit("multiply", cube, ctx.scalar(0.044715, x)))
+    inner = ctx.emit("multiply", inner, ctx.scalar(math.sqrt(2.0 / math.pi), x))
+    half = ctx.emit("multiply", x, ctx.scalar(0.5, x))
+    return ctx.emit("multiply", half, ctx.emit("add", ctx.emit("tanh", inner), ctx.scalar(1.0, x)))
+
+
+# ---- Pow: exponents that the op table can express -----------------------------------------------
+
+def _pow(ctx: NodeContext) -> Value:
+    x = ctx.input(0)
+    base, exponent = ctx.const(0), ctx.const(1)
+    if base is not None and exponent is not None:
+        return ctx.constant(np.power(base, exponent).astype(base.dtype), "pow")
+    if exponent is None or exponent.size != 1:
+        raise ctx.error("only a constant scalar exponent is supported "
+                        "(mlcpack's operator table has no general power)")
+    p = float(exponent.reshape(()))
+    if p == 1.0:
+        return x
+    if p == 0.5:
+        return ctx.emit("sqrt", x)
+    if p == -0.5:
+        return ctx.emit("divide", ctx.scalar(1.0, x), ctx.emit("sqrt", x))
+    if p.is_integer() and 0 < abs(p) <= 4:
+        out = x
+        for _ in range(int(abs(p)) - 1):
+            out = ctx.emit("multiply", out, x)
+        return ctx.emit("divide", ctx.scalar(1.0, x), out) if p < 0 else out
+    if p == 0.0:
+        return ctx.constant(np.ones(x.type.shape, dtype=x.type.dtype), "ones")
+    raise ctx.error(f"exponent {p} is not supported (only 0, +-0.5 and integers up to 4; "
+                    "mlcpack's operator table has no general power)")
+
+
+converter("Pow", since=1, attrs=_LEGACY_BINARY_ATTRS)(_pow)
+converter("Pow", since=7)(_pow)

@@ -1,0 +1,314 @@
+"""ONNX model -> IRModule.
+
+``import_onnx`` loads the model, refuses it at once with every operator it cannot convert
+listed, runs the ONNX checker, makes graph inputs parameters of ``main`` (shapes static, from the
+file or ``input_shapes``) and initializers constants, then converts node by node with the
+converter each node's opset selects. Output types come from our own operator table
+(``emit_op`` infers them); shapes recorded in the ONNX file are never trusted past the inputs.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+import onnx
+import onnx.inliner
+from google.protobuf.message import DecodeError
+from onnx import helper, numpy_helper
+
+from ...packager.export import ExportError
+from ...packager.ir.builder import BlockBuilder, BuilderError
+from ...packager.ir.graph import Constant, IRModule, Value, Var
+from . import elementwise, nn, shape  # noqa: F401  (registration side effect)
+from .registry import (IGNORED_ATTRIBUTES, NodeContext, lookup, make_constant, normalize_domain,
+                       op_label)
+
+RUNTIME_DTYPES = ("float32",)
+
+
+@dataclass
+class ImportInfo:
+    """What the import found, for reports and the command line."""
+
+    source: str                                  # file name, or the graph's name
+    opsets: dict[str, int]                       # domain ("" for ONNX) -> version
+    producer: str                                # e.g. "pytorch 2.4.0"
+    input_names: dict[str, str]                  # ONNX input name -> bundle input name
+    input_shapes: dict[str, tuple[int, ...]]     # ONNX input name -> static shape used
+    output_names: list[str]
+    op_counts: dict[str, int] = field(default_factory=dict)
+    folded_nodes: int = 0                        # nodes computed at import (shape arithmetic)
+
+    @property
+    def renamed_inputs(self) -> dict[str, str]:
+        """Inputs whose bundle name differs from the ONNX name (not a valid identifier)."""
+        return {k: v for k, v in self.input_names.items() if k != v}
+
+
+def import_onnx(model_or_path: str | os.PathLike | onnx.ModelProto,
+                input_shapes: Mapping[str, Sequence[int]] | None = None
+                ) -> tuple[IRModule, ImportInfo]:
+    """Convert an ONNX model (a path or a loaded ``ModelProto``) to an IRModule whose ``main``
+    takes the graph's inputs (by their ONNX names) and returns its outputs (by their ONNX
+    names). ``input_shapes`` gives static shapes for inputs with symbolic or unknown dims.
+    Raises ``ExportError`` (one line) for anything it cannot convert."""
+    model, source = _load(model_or_path)
+    if model.functions:
+        model = onnx.inliner.inline_local_functions(model)
+    opsets = _opsets(model)
+    check_supported(model.graph, opsets, source)
+    _check_model(model, model_or_path, source)
+    graph = model.graph
+
+    initializer_names = {t.name for t in graph.initializer}
+    runtime_inputs = [vi for vi in graph.input if vi.name not in initializer_names]
+    shapes = _input_shapes(runtime_inputs, dict(input_shapes or {}), source)
+
+    if not runtime_inputs:
+        raise ExportError(f"{source} has no run-time inputs (its outputs are constants); a "
+                          "bundle needs at least one input")
+    bb = BlockBuilder()
+    params = _make_params(bb, runtime_inputs, shapes, source)
+    values: dict[str, Value] = dict(params)
+    for init in graph.initializer:
+        values[init.name] = make_constant(bb, _tensor_array(init, source), init.name)
+
+    converter = _GraphConverter(bb, values, opsets, source)
+    with bb.function("main", list(params.values())):
+        with bb.dataflow():
+            for node in graph.node:
+                converter.convert(node)
+            outputs = [bb.emit_output(converter.value(o.name, "graph output")) for o in graph.output]
+        bb.emit_func_output(outputs, names=[o.name for o in graph.output])
+
+    info = ImportInfo(
+        source=source, opsets=opsets,
+        producer=" ".join(p for p in (model.producer_name, model.producer_version) if p),
+        input_names={name: v.name for name, v in params.items()},
+        input_shapes={name: v.type.shape for name, v in params.items()},
+        output_names=[o.name for o in graph.output],
+        op_counts=dict(Counter(op_label(n.domain, n.op_type) for n in graph.node)),
+        folded_nodes=converter.folded_nodes)
+    return bb.get(), info
+
+
+# ---- loading and checking -----------------------------------------------------------------------
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return text if len(text) <= 300 else text[:297] + "..."
+
+
+def _load(model_or_path: str | os.PathLike | onnx.ModelProto) -> tuple[onnx.ModelProto, str]:
+    if isinstance(model_or_path, onnx.ModelProto):
+        return model_or_path, model_or_path.graph.name or "the ONNX model"
+    source = os.path.basename(os.fspath(model_or_path))
+    if not os.path.isfile(model_or_path):
+        raise ExportError(f"{source}: no such file ({os.fspath(model_or_path)})")
+    try:
+        model = onnx.load(model_or_path)
+    except (DecodeError, ValueError, RuntimeError, OSError, onnx.checker.ValidationError) as exc:
+        raise ExportError(f"{source} is not a valid ONNX file: {_one_line(exc)}") from None
+    if not model.HasField("graph") or model.ir_version <= 0:
+        raise ExportError(f"{source} is not a valid ONNX file: it has no graph or no IR version")
+    return model, source
+
+
+def _opsets(model: onnx.ModelProto) -> dict[str, int]:
+    opsets: dict[str, int] = {}
+    for entry in model.opset_import:
+        opsets[normalize_domain(entry.domain)] = int(entry.version)
+    if model.ir_version < 3 and "" not in opsets:
+        opsets[""] = 1  # IR version 1 and 2 models predate opset_import
+    return opsets
+
+
+def check_supported(graph: onnx.GraphProto, opsets: Mapping[str, int], source: str) -> None:
+    """Raise one ExportError naming every (domain, op_type, opset) the graph uses that no
+    converter handles, before anything is converted."""
+    missing: dict[tuple[str, str, int | None], None] = {}
+    for node in graph.node:
+        domain = normalize_domain(node.domain)
+        opset = opsets.get(domain)
+        if lookup(domain, node.op_type, opset) is None:
+            missing[(domain, node.op_type, opset)] = None
+    if not missing:
+        return
+    listed = ", ".join(f"{op_label(d, op)} (opset {v})" if v is not None
+                       else f"{op_label(d, op)} (domain {d or 'ai.onnx'!r} not imported)"
+                       for d, op, v in missing)
+    count = len(missing)
+    raise ExportError(f"{source} uses {count} operator{'s' if count > 1 else ''} mlcpack does not "
+                      f"support: {listed}")
+
+
+def _check_model(model: onnx.ModelProto, original: Any, source: str) -> None:
+    """The ONNX checker, lenient about what mlcpack never reads: graph inputs and outputs may
+    lack shapes (we infer every shape ourselves; inputs then need ``input_shapes``)."""
+    graph = model.graph
+    shapeless = [vi.type.tensor_type for vi in list(graph.input) + list(graph.output)
+                 if vi.type.HasField("tensor_type") and not vi.type.tensor_type.HasField("shape")]
+    target: onnx.ModelProto | str = model
+    if not isinstance(original, onnx.ModelProto) and model.ByteSize() > (1 << 31) - 1:
+        target = os.fspath(original)  # models over 2 GB can only be checked from their path
+    for tt in shapeless:
+        tt.shape.SetInParent()  # present but empty, for the checker only
+    try:
+        onnx.checker.check_model(target)
+    except (onnx.checker.ValidationError, ValueError) as exc:
+        raise ExportError(f"{source} is not a valid ONNX model: {_one_line(exc)}") from None
+    finally:
+        for tt in shapeless:
+            tt.ClearField("shape")
+
+
+def _tensor_array(tensor: onnx.TensorProto, source: str) -> np.ndarray:
+    try:
+        return numpy_helper.to_array(tensor)
+    except (ValueError, TypeError, OSError) as exc:
+        raise ExportError(f"{source}: initializer {tensor.name!r} cannot be read: "
+                          f"{_one_line(exc)}") from None
+
+
+# ---- inputs -------------------------------------------------------------------------------------
+
+def _flag_example(name: str, dims: Sequence[int | None]) -> str:
+    shown = ",".join(str(d) if d is not None else "1" for d in dims) or "1,3,224,224"
+    return f"--input-shape {name}={shown}"
+
+
+def _input_shapes(inputs: Sequence[onnx.ValueInfoProto], given: dict[str, Sequence[int]],
+                  source: str) -> dict[str, tuple[int, ...]]:
+    names = [vi.name for vi in inputs]
+    unknown = [k for k in given if k not in names]
+    if unknown:
+        raise ExportError(f"--input-shape names {', '.join(map(repr, unknown))}, which "
+                          f"{'is' if len(unknown) == 1 else 'are'} not an input of {source} "
+                          f"(inputs: {', '.join(names) or 'none'})")
+    shapes = {}
+    for vi in inputs:
+        tt = vi.type.tensor_type
+        if not vi.type.HasField("tensor_type"):
+            raise ExportError(f"{source}: input {vi.name!r} is not a tensor; only tensor inputs "
+                              "are supported")
+        has_shape = tt.HasField("shape")
+        dims: list[int | None] = [d.dim_value if d.HasField("dim_value") and d.dim_value >= 0
+                                  else None for d in tt.shape.dim]
+        if vi.name in given:
+            shapes[vi.name] = _given_shape(vi.name, dims if has_shape else None,
+                                           given[vi.name], source)
+            continue
+        if not has_shape:
+            raise ExportError(f"{source}: input {vi.name!r} has no declared shape: give it with "
+                              f"{_flag_example(vi.name, [])}")
+        for axis, (d, proto) in enumerate(zip(dims, tt.shape.dim)):
+            if d is None:
+                what = repr(proto.dim_param) if proto.dim_param else "an unknown size"
+                raise ExportError(f"{source}: input {vi.name!r} has {what} at axis {axis}: "
+                                  f"give its shape with {_flag_example(vi.name, dims)}")
+        shapes[vi.name] = tuple(int(d) for d in dims)  # type: ignore[arg-type]
+    return shapes
+
+
+def _given_shape(name: str, declared: list[int | None] | None, given: Sequence[int],
+                 source: str) -> tuple[int, ...]:
+    try:
+        shape = tuple(int(d) for d in given)
+    except (TypeError, ValueError):
+        raise ExportError(f"--input-shape {name}: {given!r} is not a list of sizes") from None
+    if any(d < 0 for d in shape):
+        raise ExportError(f"--input-shape {name}={','.join(map(str, shape))}: sizes must be >= 0")
+    if declared is not None:
+        shown = "[" + ", ".join("?" if d is None else str(d) for d in declared) + "]"
+        if len(declared) != len(shape) or any(d is not None and d != s
+                                              for d, s in zip(declared, shape)):
+            raise ExportError(f"--input-shape {name}={','.join(map(str, shape))} does not match "
+                              f"the shape {source} declares, {shown}")
+    return shape
+
+
+def _make_params(bb: BlockBuilder, inputs: Sequence[onnx.ValueInfoProto],
+                 shapes: Mapping[str, tuple[int, ...]], source: str) -> dict[str, Var]:
+    """One ``main`` parameter per graph input, in graph order, named exactly as in ONNX when that
+    name is an identifier (those are created first, so sanitized names cannot take them)."""
+    made: dict[str, Var] = {}
+    ordered = sorted(inputs, key=lambda vi: not vi.name.isidentifier())
+    for vi in ordered:
+        elem = vi.type.tensor_type.elem_type
+        dtype = str(np.dtype(helper.tensor_dtype_to_np_dtype(elem))) if elem else "undefined"
+        if dtype not in RUNTIME_DTYPES:
+            raise ExportError(f"{source}: input {vi.name!r} is {dtype}: {dtype} tensors at run time "
+                              "are not supported yet (only float32)")
+        made[vi.name] = bb.input(vi.name, shapes[vi.name], dtype)
+    return {vi.name: made[vi.name] for vi in inputs}
+
+
+# ---- nodes --------------------------------------------------------------------------------------
+
+def _attribute_value(attr: onnx.AttributeProto) -> Any:
+    value = helper.get_attribute_value(attr)
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    if isinstance(value, onnx.TensorProto):
+        return numpy_helper.to_array(value)
+    if isinstance(value, list) and value and isinstance(value[0], bytes):
+        return [v.decode("utf-8", "replace") for v in value]
+    return value
+
+
+class _GraphConverter:
+    """Converts nodes in graph order, keeping the ONNX name -> IR value map."""
+
+    def __init__(self, bb: BlockBuilder, values: dict[str, Value], opsets: Mapping[str, int],
+                 source: str) -> None:
+        self.bb = bb
+        self.values = values
+        self.opsets = opsets
+        self.source = source
+        self.unavailable: dict[str, str] = {}   # output name -> why there is no value
+        self.folded_nodes = 0
+
+    def value(self, name: str, user: str) -> Value:
+        if name in self.values:
+            return self.values[name]
+        if name in self.unavailable:
+            raise ExportError(f"{self.source}: {user} uses {name!r}, {self.unavailable[name]}")
+        raise ExportError(f"{self.source}: {user} uses {name!r}, which no node, input or "
+                          "initializer defines")
+
+    def convert(self, node: onnx.NodeProto) -> None:
+        domain = normalize_domain(node.domain)
+        opset = self.opsets[domain]
+        conv = lookup(domain, node.op_type, opset)
+        assert conv is not None, "check_supported runs first"
+        label = op_label(domain, node.op_type)
+        who = f"{label} node {node.name or node.output[0]!r}"
+        attrs = dict(conv.attrs)
+        for a in node.attribute:
+            if a.name in IGNORED_ATTRIBUTES:
+                continue
+            if a.name not in conv.attrs:
+                raise ExportError(f"{self.source}: {who} (opset {opset}) sets attribute "
+                                  f"{a.name!r}, which mlcpack does not handle")
+            attrs[a.name] = _attribute_value(a)
+        inputs = [self.value(name, who) if name else None for name in node.input]
+        ctx = NodeContext(self.bb, node, opset, inputs, attrs, self.source)
+        try:
+            result = conv.convert(ctx)
+        except (BuilderError, ValueError) as exc:  # shape or attribute values the ops refuse
+            raise ctx.error(_one_line(exc)) from None
+        outs = list(result) if isinstance(result, (list, tuple)) else [result]
+        for i, name in enumerate(node.output):
+            if not name:
+                continue
+            if i < len(outs):
+                self.values[name] = outs[i]
+            else:
+                self.unavailable[name] = (f"output {i} of {who}, which mlcpack does not compute "
+                                          "(only inference outputs are supported)")
+        if outs and all(isinstance(v, Constant) for v in outs):
+            self.folded_nodes += 1

@@ -1,0 +1,342 @@
+"""Converters for neural-network ONNX operators: convolution, pooling, Gemm/MatMul,
+normalization, softmax, dropout and reductions."""
+
+from __future__ import annotations
+
+import math
+from typing import Callable, Sequence
+
+import numpy as np
+
+from ...packager.ir.graph import Value
+from .registry import NodeContext, converter
+
+# ---- convolution and pooling --------------------------------------------------------------------
+
+_WINDOW_ATTRS = {"auto_pad": "NOTSET", "kernel_shape": None, "pads": None, "strides": None,
+                 "dilations": None}
+
+
+def _resolve_pads(ctx: NodeContext, sizes: Sequence[int], kernel: Sequence[int],
+                  strides: Sequence[int], dilations: Sequence[int]
+                  ) -> tuple[list[int], list[int]]:
+    """(pads at the start, pads at the end) per spatial axis, from ``pads`` or ``auto_pad``."""
+    n = len(sizes)
+    mode = ctx.attrs["auto_pad"]
+    if mode == "NOTSET":
+        pads = list(ctx.attrs["pads"] or [0] * (2 * n))
+        if len(pads) != 2 * n:
+            raise ctx.error(f"pads {pads} should have {2 * n} values")
+        return pads[:n], pads[n:]
+    if mode == "VALID":
+        return [0] * n, [0] * n
+    if mode not in ("SAME_UPPER", "SAME_LOWER"):
+        raise ctx.error(f"auto_pad={mode!r} is not NOTSET, VALID, SAME_UPPER or SAME_LOWER")
+    begin, end = [], []
+    for size, k, s, d in zip(sizes, kernel, strides, dilations):
+        out = -(-size // s)
+        total = max(0, (out - 1) * s + (k - 1) * d + 1 - size)
+        small, big = total // 2, total - total // 2
+        begin.append(small if mode == "SAME_UPPER" else big)
+        end.append(big if mode == "SAME_UPPER" else small)
+    return begin, end
+
+
+class _Window:
+    """Kernel, strides, dilations and pads of a Conv or pooling node, as 2-D values (a 1-D
+    node becomes 2-D with a height of one)."""
+
+    def __init__(self, ctx: NodeContext, x: Value, kernel: Sequence[int]) -> None:
+        spatial = len(x.type.shape) - 2
+        if spatial not in (1, 2):
+            raise ctx.error(f"input of shape {x.type.shape}: only 1-D and 2-D windows "
+                            "(rank 3 or 4 inputs) are supported")
+        kernel = list(kernel)
+        strides = list(ctx.attrs["strides"] or [1] * spatial)
+        dilations = list(ctx.attrs.get("dilations") or [1] * spatial)
+        if len(kernel) != spatial or len(strides) != spatial or len(dilations) != spatial:
+            raise ctx.error(f"kernel {kernel}, strides {strides} and dilations {dilations} "
+                            f"should each have {spatial} values")
+        begin, end = _resolve_pads(ctx, x.type.shape[2:], kernel, strides, dilations)
+        self.one_d = spatial == 1
+        lift = (lambda v, fill: [fill] + list(v)) if self.one_d else (lambda v, fill: list(v))
+        self.kernel = tuple(lift(kernel, 1))
+        self.strides = tuple(lift(strides, 1))
+        self.dilation = tuple(lift(dilations, 1))
+        b, e = lift(begin, 0), lift(end, 0)
+        self.padding = (b[0], b[1], e[0], e[1])
+
+    def to_2d(self, ctx: NodeContext, x: Value) -> Value:
+        if not self.one_d:
+            return x
+        n, c, length = x.type.shape
+        return ctx.reshape(x, (n, c, 1, length))
+
+    def from_2d(self, ctx: NodeContext, y: Value) -> Value:
+        if not self.one_d:
+            return y
+        n, c, _, length = y.type.shape
+        return ctx.reshape(y, (n, c, length))
+
+
+def _channel_shaped(ctx: NodeContext, v: Value, rank: int) -> Value:
+    """A per-channel vector [C] as [1, C, 1, ...] so it broadcasts over NC... data."""
+    return ctx.reshape(v, (1, v.type.shape[0]) + (1,) * (rank - 2))
+
+
+@converter("Conv", since=1, attrs={**_WINDOW_ATTRS, "group": 1})
+def _conv(ctx: NodeContext) -> Value:
+    x, w = ctx.input(0), ctx.input(1)
+    kernel = w.type.shape[2:]
+    given = ctx.attrs["kernel_shape"]
+    if given is not None and tuple(given) != tuple(kernel):
+        raise ctx.error(f"kernel_shape {list(given)} differs from the weight's {list(kernel)}")
+    win = _Window(ctx, x, kernel)
+    w2 = ctx.reshape(w, w.type.shape[:2] + (1,) + w.type.shape[2:]) if win.one_d else w
+    y = ctx.emit("nn.conv2d", win.to_2d(ctx, x), w2, strides=win.strides, padding=win.padding,
+                 dilation=win.dilation, groups=int(ctx.attrs["group"]))
+    if ctx.has_input(2):
+        y = ctx.emit("add", y, _channel_shaped(ctx, ctx.input(2), 4))
+    return win.from_2d(ctx, y)
+
+
+def _pool_kernel(ctx: NodeContext) -> list[int]:
+    kernel = ctx.attrs["kernel_shape"]
+    if not kernel:
+        raise ctx.error("kernel_shape is required")
+    return list(kernel)
+
+
+@converter("MaxPool", since=1, attrs={**_WINDOW_ATTRS, "ceil_mode": 0, "storage_order": 0})
+def _max_pool(ctx: NodeContext) -> Value:
+    x = ctx.input(0)
+    win = _Window(ctx, x, _pool_kernel(ctx))
+    y = ctx.emit("nn.max_pool2d", win.to_2d(ctx, x), kernel=win.kernel, strides=win.strides,
+                 padding=win.padding, dilation=win.dilation,
+                 ceil_mode=bool(ctx.attrs["ceil_mode"]))
+    return win.from_2d(ctx, y)  # the optional Indices output is not provided
+
+
+@converter("AveragePool", since=1, attrs={**_WINDOW_ATTRS, "ceil_mode": 0,
+                                           "count_include_pad": 0})
+def _avg_pool(ctx: NodeContext) -> Value:
+    x = ctx.input(0)
+    win = _Window(ctx, x, _pool_kernel(ctx))
+    if any(d != 1 for d in win.dilation):
+        raise ctx.error(f"dilations {list(ctx.attrs['dilations'])} are not supported "
+                        "(nn.avg_pool2d has no dilation)")
+    y = ctx.emit("nn.avg_pool2d", win.to_2d(ctx, x), kernel=win.kernel, strides=win.strides,
+                 padding=win.padding, ceil_mode=bool(ctx.attrs["ceil_mode"]),
+                 count_include_pad=bool(ctx.attrs["count_include_pad"]))
+    return win.from_2d(ctx, y)
+
+
+def _global_pool(op: str) -> Callable[[NodeContext], Value]:
+    def convert(ctx: NodeContext) -> Value:
+        x = ctx.input(0)
+        rank = len(x.type.shape)
+        if rank < 3:
+            raise ctx.error(f"input of shape {x.type.shape} has no spatial axes")
+        return ctx.emit(op, x, axes=tuple(range(2, rank)), keepdims=True)
+    return convert
+
+
+converter("GlobalAveragePool", since=1)(_global_pool("mean"))
+converter("GlobalMaxPool", since=1)(_global_pool("max"))
+
+
+# ---- Gemm and MatMul ----------------------------------------------------------------------------
+
+def _scaled(ctx: NodeContext, v: Value, factor: float) -> Value:
+    if factor == 1.0:
+        return v
+    return ctx.emit("multiply", v, ctx.scalar(factor, v))
+
+
+@converter("Gemm", since=1, attrs={"alpha": 1.0, "beta": 1.0, "transA": 0, "transB": 0,
+                                    "broadcast": 0})
+def _gemm(ctx: NodeContext) -> Value:
+    a, b = ctx.input(0), ctx.input(1)
+    alpha, beta = float(ctx.attrs["alpha"]), float(ctx.attrs["beta"])
+    if len(a.type.shape) != 2 or len(b.type.shape) != 2:
+        raise ctx.error(f"A {a.type.shape} and B {b.type.shape} must be 2-D")
+    if ctx.attrs["transA"]:
+        a = ctx.emit("transpose", a, axes=(1, 0))
+    b = _scaled(ctx, b, alpha)  # folded into the weights when B is a constant
+    y = ctx.emit("matmul", a, b, transpose_b=bool(ctx.attrs["transB"]))
+    if ctx.has_input(2) and beta != 0.0:
+        y = ctx.emit("add", y, _scaled(ctx, ctx.input(2), beta))
+    return y
+
+
+@converter("MatMul", since=1)
+def _matmul(ctx: NodeContext) -> Value:
+    a, b = ctx.input(0), ctx.input(1)
+    a_vec, b_vec = len(a.type.shape) == 1, len(b.type.shape) == 1
+    # numpy semantics for 1-D operands: a vector becomes a row (a) or a column (b), then goes.
+    if a_vec:
+        a = ctx.reshape(a, (1,) + a.type.shape)
+    if b_vec:
+        b = ctx.reshape(b, b.type.shape + (1,))
+    y = ctx.emit("matmul", a, b)
+    shape = y.type.shape
+    if a_vec:
+        shape = shape[:-2] + shape[-1:]
+    if b_vec:
+        shape = shape[:-1]
+    return ctx.reshape(y, shape)
+
+
+# ---- normalization, softmax, dropout ------------------------------------------------------------
+
+@converter("BatchNormalization", since=1, attrs={"epsilon": 1e-5, "momentum": 0.9, "spatial": 1,
+                                                 "is_test": 0, "training_mode": 0})
+def _batch_norm(ctx: NodeContext) -> Value:
+    x = ctx.input(0)
+    if ctx.attrs["training_mode"]:
+        raise ctx.error("training_mode=1 is not supported: export the model in eval mode")
+    if not ctx.attrs["spatial"]:
+        raise ctx.error("spatial=0 (per-activation statistics) is not supported")
+    rank = len(x.type.shape)
+    shape = (1, x.type.shape[1]) + (1,) * (rank - 2)
+    eps = float(ctx.attrs["epsilon"])
+    # y = (x - mean) / sqrt(var + eps) * scale + bias = x * s + t
+    params = [ctx.const(i) for i in range(1, 5)]
+    if all(p is not None for p in params):
+        scale, bias, mean, var = (p.astype(np.float64) for p in params)
+        s = scale / np.sqrt(var + eps)
+        t = bias - mean * s
+        dtype = x.type.dtype
+        s_val = ctx.constant(s.astype(dtype).reshape(shape), "bn_scale")
+        t_val = ctx.constant(t.astype(dtype).reshape(shape), "bn_shift")
+    else:  # statistics computed at run time: the same formula with operators
+        scale, bias, mean, var = (ctx.reshape(ctx.input(i), shape) for i in range(1, 5))
+        std = ctx.emit("sqrt", ctx.emit("add", var, ctx.scalar(eps, var)))
+        s_val = ctx.emit("divide", scale, std)
+        t_val = ctx.emit("subtract", bias, ctx.emit("multiply", mean, s_val))
+    return ctx.emit("add", ctx.emit("multiply", x, s_val), t_val)
+
+
+def _normalize(ctx: NodeContext, x: Value, axes: tuple[int, ...], eps: float
+               ) -> tuple[Value, Value, Value]:
+    """(x - mean) / sqrt(var + eps) over ``axes``; also returns the mean and 1/sqrt(var + eps)."""
+    mean = ctx.emit("mean", x, axes=axes, keepdims=True)
+    centered = ctx.emit("subtract", x, mean)
+    var = ctx.emit("mean", ctx.emit("multiply", centered, centered), axes=axes, keepdims=True)
+    inv_std = ctx.emit("divide", ctx.scalar(1.0, var),
+                       ctx.emit("sqrt", ctx.emit("add", var, ctx.scalar(eps, var))))
+    return ctx.emit("multiply", centered, inv_std), mean, inv_std
+
+
+@converter("LayerNormalization", since=17, attrs={"axis": -1, "epsilon": 1e-5, "stash_type": 1})
+def _layer_norm(ctx: NodeContext) -> list[Value]:
+    x = ctx.input(0)
+    rank = len(x.type.shape)
+    axis = int(ctx.attrs["axis"]) % rank
+    y, mean, inv_std = _normalize(ctx, x, tuple(range(axis, rank)), float(ctx.attrs["epsilon"]))
+    y = ctx.emit("multiply", y, ctx.input(1))  # scale and bias broadcast over x.shape[axis:]
+    if ctx.has_input(2):
+        y = ctx.emit("add", y, ctx.input(2))
+    return [y, mean, inv_std]
+
+
+@converter("InstanceNormalization", since=1, attrs={"epsilon": 1e-5})
+def _instance_norm(ctx: NodeContext) -> Value:
+    x = ctx.input(0)
+    rank = len(x.type.shape)
+    y, _, _ = _normalize(ctx, x, tuple(range(2, rank)), float(ctx.attrs["epsilon"]))
+    y = ctx.emit("multiply", y, _channel_shaped(ctx, ctx.input(1), rank))
+    return ctx.emit("add", y, _channel_shaped(ctx, ctx.input(2), rank))
+
+
+def _softmax(op: str, coerce_2d: bool) -> Callable[[NodeContext], Value]:
+    def convert(ctx: NodeContext) -> Value:
+        x = ctx.input(0)
+        shape = x.type.shape
+        rank = len(shape)
+        axis = int(ctx.attrs["axis"]) % max(rank, 1)
+        if not coerce_2d or axis == rank - 1:
+            return ctx.emit(op, x, axis=axis)
+        # Opset < 13: the input is seen as 2-D [prod(shape[:axis]), prod(shape[axis:])].
+        rows, cols = math.prod(shape[:axis]), math.prod(shape[axis:])
+        y = ctx.emit(op, ctx.reshape(x, (rows, cols)), axis=-1)
+        return ctx.reshape(y, shape)
+    return convert
+
+
+for _op_type, _op in {"Softmax": "nn.softmax", "LogSoftmax": "nn.log_softmax"}.items():
+    converter(_op_type, since=1, attrs={"axis": 1})(_softmax(_op, coerce_2d=True))
+    converter(_op_type, since=13, attrs={"axis": -1})(_softmax(_op, coerce_2d=False))
+
+
+@converter("Dropout", since=1, attrs={"ratio": 0.5, "seed": None, "is_test": 0})
+def _dropout(ctx: NodeContext) -> Value:
+    if ctx.has_input(2):
+        training = ctx.require_const(2, "training_mode")
+        if bool(training.reshape(())):
+            raise ctx.error("training_mode=true is not supported: export the model in eval mode")
+    return ctx.input(0)  # inference: identity; the optional mask output is not provided
+
+
+# ---- reductions ---------------------------------------------------------------------------------
+
+def _reduce_axes(ctx: NodeContext, from_input: bool) -> tuple[int, ...] | None:
+    """The axes to reduce, or None for all; () means 'no reduction' (noop_with_empty_axes)."""
+    if from_input:
+        axes = ctx.require_const(1, "axes").tolist() if ctx.has_input(1) else []
+    else:
+        axes = ctx.attrs["axes"] or []
+    if axes:
+        return tuple(int(a) for a in axes)
+    return () if ctx.attrs.get("noop_with_empty_axes") else None
+
+
+def _reduce_body(op: str, before: str | None = None, after: str | None = None
+                 ) -> Callable[[NodeContext, Value, tuple[int, ...] | None, bool], Value]:
+    def body(ctx: NodeContext, x: Value, axes: tuple[int, ...] | None, keep: bool) -> Value:
+        if before == "square":
+            x = ctx.emit("multiply", x, x)
+        elif before is not None:
+            x = ctx.emit(before, x)
+        y = ctx.emit(op, x, axes=axes, keepdims=keep)
+        return ctx.emit(after, y) if after else y
+    return body
+
+
+def _log_sum_exp(ctx: NodeContext, x: Value, axes: tuple[int, ...] | None, keep: bool) -> Value:
+    # log(sum(exp(x - m))) + m, with m the max, so large inputs do not overflow.
+    m = ctx.emit("max", x, axes=axes, keepdims=True)
+    total = ctx.emit("sum", ctx.emit("exp", ctx.emit("subtract", x, m)), axes=axes, keepdims=keep)
+    y = ctx.emit("log", total)
+    return ctx.emit("add", y, ctx.reshape(m, y.type.shape))
+
+
+# ONNX op_type: (body, the opset where axes moved from an attribute to an input)
+_REDUCE = {
+    "ReduceSum": (_reduce_body("sum"), 13),
+    "ReduceMean": (_reduce_body("mean"), 18),
+    "ReduceMax": (_reduce_body("max"), 18),
+    "ReduceMin": (_reduce_body("min"), 18),
+    "ReduceL1": (_reduce_body("sum", before="abs"), 18),
+    "ReduceL2": (_reduce_body("sum", before="square", after="sqrt"), 18),
+    "ReduceSumSquare": (_reduce_body("sum", before="square"), 18),
+    "ReduceLogSum": (_reduce_body("sum", after="log"), 18),
+    "ReduceLogSumExp": (_log_sum_exp, 18),
+}
+
+
+def _reduce(body: Callable, from_input: bool) -> Callable[[NodeContext], Value]:
+    def convert(ctx: NodeContext) -> Value:
+        x = ctx.input(0)
+        axes = _reduce_axes(ctx, from_input)
+        if axes == ():
+            return x
+        return body(ctx, x, axes, bool(ctx.attrs["keepdims"]))
+    return convert
+
+
+for _op_type, (_body, _axes_input_since) in _REDUCE.items():
+    converter(_op_type, since=1, attrs={"axes": None, "keepdims": 1})(
+        _reduce(_body, from_input=False))
+    converter(_op_type, since=_axes_input_since, attrs={"keepdims": 1, "noop_with_empty_axes": 0}
+              )(_reduce(_body, from_input=True))

@@ -1,0 +1,351 @@
+"""Converters for shape and data-movement ONNX operators, and for the constant-only operators
+that shape arithmetic uses (Shape, Gather, Cast, Slice...): those are computed with numpy at
+import, so ``Shape -> Gather -> Concat -> Reshape`` chains fold away."""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Sequence
+
+import numpy as np
+import onnx
+from onnx import helper
+
+from ...packager.ir.graph import Constant, Value
+from .registry import NodeContext, converter
+
+
+def _run_time_unsupported(ctx: NodeContext, missing: str) -> Exception:
+    return ctx.error(f"only constant inputs are supported: on a run-time tensor it needs an "
+                     f"operator mlcpack lacks ({missing})")
+
+
+# ---- reshapes -----------------------------------------------------------------------------------
+
+@converter("Flatten", since=1, attrs={"axis": 1})
+def _flatten(ctx: NodeContext) -> Value:
+    x = ctx.input(0)
+    shape = x.type.shape
+    axis = int(ctx.attrs["axis"])
+    if not -len(shape) <= axis <= len(shape):
+        raise ctx.error(f"axis {axis} is out of range for shape {shape}")
+    if axis < 0:
+        axis += len(shape)
+    return ctx.reshape(x, (math.prod(shape[:axis]), math.prod(shape[axis:])))
+
+
+def reshape_target(ctx: NodeContext, in_shape: Sequence[int], shape: Sequence[int],
+                   allowzero: bool) -> tuple[int, ...]:
+    """ONNX Reshape's target: 0 copies the input's dim (unless ``allowzero``), -1 is inferred."""
+    out = []
+    for i, d in enumerate(int(d) for d in shape):
+        if d == 0 and not allowzero:
+            if i >= len(in_shape):
+                raise ctx.error(f"shape {list(shape)} copies dim {i} of a rank-{len(in_shape)} "
+                                "input")
+            d = in_shape[i]
+        out.append(d)
+    if out.count(-1) > 1:
+        raise ctx.error(f"shape {list(shape)} has more than one -1")
+    if -1 in out:
+        known = math.prod(d for d in out if d != -1)
+        total = math.prod(in_shape)
+        if known == 0 or total % known:
+            raise ctx.error(f"cannot reshape {tuple(in_shape)} to {list(shape)}")
+        out[out.index(-1)] = total // known
+    if math.prod(out) != math.prod(in_shape) or any(d < 0 for d in out):
+        raise ctx.error(f"cannot reshape {tuple(in_shape)} to {list(shape)}")
+    return tuple(out)
+
+
+@converter("Reshape", since=1, attrs={"shape": None})
+def _reshape_v1(ctx: NodeContext) -> Value:
+    x = ctx.input(0)
+    return ctx.reshape(x, reshape_target(ctx, x.type.shape, ctx.attrs["shape"] or [], False))
+
+
+@converter("Reshape", since=5, attrs={"allowzero": 0})
+def _reshape_v5(ctx: NodeContext) -> Value:
+    x = ctx.input(0)
+    shape = ctx.require_const(1, "the target shape").reshape(-1).tolist()
+    return ctx.reshape(x, reshape_target(ctx, x.type.shape, shape, bool(ctx.attrs["allowzero"])))
+
+
+def _normalized_axes(ctx: NodeContext, axes: Sequence[int], rank: int) -> list[int]:
+    out = []
+    for a in axes:
+        if not -rank <= int(a) < rank:
+            raise ctx.error(f"axis {a} is out of range for rank {rank}")
+        out.append(int(a) % rank)
+    if len(set(out)) != len(out):
+        raise ctx.error(f"axes {list(axes)} repeat an axis")
+    return out
+
+
+def _unsqueeze(ctx: NodeContext, axes: Sequence[int]) -> Value:
+    x = ctx.input(0)
+    rank = len(x.type.shape) + len(axes)
+    new_axes = set(_normalized_axes(ctx, axes, rank))
+    dims = iter(x.type.shape)
+    return ctx.reshape(x, tuple(1 if d in new_axes else next(dims) for d in range(rank)))
+
+
+def _squeeze(ctx: NodeContext, axes: Sequence[int] | None) -> Value:
+    x = ctx.input(0)
+    shape = x.type.shape
+    if axes is None or len(axes) == 0:
+        drop = {d for d, n in enumerate(shape) if n == 1}
+    else:
+        drop = set(_normalized_axes(ctx, axes, len(shape)))
+        wrong = [d for d in drop if shape[d] != 1]
+        if wrong:
+            raise ctx.error(f"cannot squeeze axes {wrong} of shape {shape}: size is not 1")
+    return ctx.reshape(x, tuple(n for d, n in enumerate(shape) if d not in drop))
+
+
+@converter("Unsqueeze", since=1, attrs={"axes": None})
+def _unsqueeze_v1(ctx: NodeContext) -> Value:
+    return _unsqueeze(ctx, ctx.attrs["axes"] or [])
+
+
+@converter("Unsqueeze", since=13)
+def _unsqueeze_v13(ctx: NodeContext) -> Value:
+    return _unsqueeze(ctx, ctx.require_const(1, "axes").reshape(-1).tolist())
+
+
+@converter("Squeeze", since=1, attrs={"axes": None})
+def _squeeze_v1(ctx: NodeContext) -> Value:
+    return _squeeze(ctx, ctx.attrs["axes"])
+
+
+@converter("Squeeze", since=13)
+def _squeeze_v13(ctx: NodeContext) -> Value:
+    axes = ctx.require_const(1, "axes").reshape(-1).tolist() if ctx.has_input(1) else None
+    return _squeeze(ctx, axes)
+
+
+# ---- data movement ------------------------------------------------------------------------------
+
+@converter("Transpose", since=1, attrs={"perm": None})
+def _transpose(ctx: NodeContext) -> Value:
+    x = ctx.input(0)
+    rank = len(x.type.shape)
+    perm = ctx.attrs["perm"]
+    perm = list(reversed(range(rank))) if perm is None else [int(p) for p in perm]
+    if sorted(perm) != list(range(rank)):
+        raise ctx.error(f"perm {perm} is not a permutation of {rank} axes")
+    if perm == list(range(rank)):
+        return x
+    return ctx.emit("transpose", x, axes=tuple(perm))
+
+
+@converter("Concat", since=1, attrs={"axis": 1})
+def _concat(ctx: NodeContext) -> Value:
+    values = [ctx.input(i) for i in range(ctx.num_inputs) if ctx.has_input(i)]
+    axis = int(ctx.attrs["axis"])
+    if len(values) == 1:
+        return values[0]
+    if all(isinstance(v, Constant) for v in values):  # shape arithmetic, any dtype
+        return ctx.constant(np.concatenate([v.data for v in values], axis=axis), "concat")
+    return ctx.emit("concat", *values, axis=axis)
+
+
+@converter("Identity", since=1)
+def _identity(ctx: NodeContext) -> Value:
+    return ctx.input(0)
+
+
+@converter("Expand", since=8)
+def _expand(ctx: NodeContext) -> Value:
+    x = ctx.input(0)
+    shape = ctx.require_const(1, "the target shape").reshape(-1).tolist()
+    try:
+        out = tuple(int(d) for d in np.broadcast_shapes(x.type.shape, tuple(shape)))
+    except ValueError:
+        raise ctx.error(f"shape {x.type.shape} does not broadcast to {shape}") from None
+    if out == x.type.shape:
+        return x
+    if isinstance(x, Constant):
+        return ctx.constant(np.broadcast_to(x.data, out).copy(), "expand")
+    # Bidirectional broadcasting is exactly what adding zeros of the target shape does.
+    return ctx.emit("add", x, ctx.constant(np.zeros(out, dtype=x.type.dtype), "zeros"))
+
+
+def _pad(ctx: NodeContext, pads: Sequence[int], mode: str, fill: float,
+         axes: Sequence[int] | None = None) -> Value:
+    """Constant padding as a concat with filled blocks on each padded axis."""
+    x = ctx.input(0)
+    shape = x.type.shape
+    rank = len(shape)
+    axes = list(range(rank)) if axes is None else _normalized_axes(ctx, axes, rank)
+    if len(pads) != 2 * len(axes):
+        raise ctx.error(f"pads {list(pads)} should have {2 * len(axes)} values")
+    if mode != "constant":
+        raise ctx.error(f"mode={mode!r} is not supported (only 'constant'; mlcpack's operator "
+                        "table has no reflect/edge padding)")
+    if any(int(p) < 0 for p in pads):
+        raise ctx.error(f"negative pads {list(pads)} (cropping) are not supported")
+    out = x
+    for i, axis in enumerate(axes):
+        before, after = int(pads[i]), int(pads[i + len(axes)])
+        if not before and not after:
+            continue
+        parts = []
+        for n in (before, after):
+            block = list(out.type.shape)
+            block[axis] = n
+            parts.append(ctx.constant(np.full(block, fill, dtype=x.type.dtype), "pad") if n
+                         else None)
+        pieces = [p for p in (parts[0], out, parts[1]) if p is not None]
+        out = ctx.emit("concat", *pieces, axis=axis)
+    return out
+
+
+@converter("Pad", since=1, attrs={"paddings": None, "mode": "constant", "value": 0.0})
+def _pad_v1(ctx: NodeContext) -> Value:
+    return _pad(ctx, ctx.attrs["paddings"] or [], ctx.attrs["mode"], float(ctx.attrs["value"]))
+
+
+@converter("Pad", since=2, attrs={"pads": None, "mode": "constant", "value": 0.0})
+def _pad_v2(ctx: NodeContext) -> Value:
+    return _pad(ctx, ctx.attrs["pads"] or [], ctx.attrs["mode"], float(ctx.attrs["value"]))
+
+
+@converter("Pad", since=11, attrs={"mode": "constant"})
+def _pad_v11(ctx: NodeContext) -> Value:
+    pads = ctx.require_const(1, "pads").reshape(-1).tolist()
+    fill = 0.0
+    if ctx.has_input(2):
+        value = ctx.require_const(2, "constant_value")
+        fill = float(value.reshape(-1)[0]) if value.size else 0.0
+    axes = ctx.require_const(3, "axes").reshape(-1).tolist() if ctx.has_input(3) else None
+    return _pad(ctx, pads, ctx.attrs["mode"], fill, axes)
+
+
+# ---- constants and shape arithmetic (computed at import) ----------------------------------------
+
+_CONSTANT_ATTRS: dict[str, Any] = {
+    "value": None, "value_float": None, "value_floats": None, "value_int": None,
+    "value_ints": None, "sparse_value": None, "value_string": None, "value_strings": None}
+
+
+@converter("Constant", since=1, attrs=_CONSTANT_ATTRS)
+def _constant(ctx: NodeContext) -> Value:
+    a = ctx.attrs
+    if a["value"] is not None:
+        return ctx.constant(a["value"], "const")
+    if a["value_float"] is not None:
+        return ctx.constant(np.array(a["value_float"], dtype=np.float32), "const")
+    if a["value_floats"] is not None:
+        return ctx.constant(np.array(a["value_floats"], dtype=np.float32), "const")
+    if a["value_int"] is not None:
+        return ctx.constant(np.array(a["value_int"], dtype=np.int64), "const")
+    if a["value_ints"] is not None:
+        return ctx.constant(np.array(a["value_ints"], dtype=np.int64), "const")
+    if a["sparse_value"] is not None:
+        raise ctx.error("sparse_value is not supported")
+    raise ctx.error("string constants are not supported")
+
+
+@converter("Shape", since=1, attrs={"start": 0, "end": None})
+def _shape(ctx: NodeContext) -> Value:
+    shape = ctx.input(0).type.shape
+    start, end = ctx.attrs["start"], ctx.attrs["end"]
+    return ctx.constant(np.array(shape[start:end], dtype=np.int64), "shape")
+
+
+@converter("Size", since=1)
+def _size(ctx: NodeContext) -> Value:
+    return ctx.constant(np.array(math.prod(ctx.input(0).type.shape), dtype=np.int64), "size")
+
+
+@converter("Gather", since=1, attrs={"axis": 0})
+def _gather(ctx: NodeContext) -> Value:
+    data, indices = ctx.const(0), ctx.const(1)
+    if data is None or indices is None:
+        raise _run_time_unsupported(ctx, "take")
+    axis = int(ctx.attrs["axis"])
+    size = data.shape[axis]
+    if np.any(indices >= size) or np.any(indices < -size):
+        raise ctx.error(f"indices {indices.tolist()} are out of range for size {size}")
+    return ctx.constant(np.take(data, indices.astype(np.int64), axis=axis), "gather")
+
+
+def _onnx_dtype(ctx: NodeContext, to: int | str) -> np.dtype:
+    if isinstance(to, str):  # opset 1 names the type: "FLOAT"
+        to = onnx.TensorProto.DataType.Value(to.upper())
+    try:
+        return np.dtype(helper.tensor_dtype_to_np_dtype(int(to)))
+    except (KeyError, TypeError, ValueError):
+        raise ctx.error(f"cast to {onnx.TensorProto.DataType.Name(int(to))} is not "
+                        "supported") from None
+
+
+@converter("Cast", since=1, attrs={"to": None, "saturate": 1, "round_mode": "up"})
+def _cast(ctx: NodeContext) -> Value:
+    x = ctx.input(0)
+    dtype = _onnx_dtype(ctx, ctx.attrs["to"])
+    if isinstance(x, Constant):
+        return ctx.constant(x.data.astype(dtype), "cast")
+    if np.dtype(x.type.dtype) == dtype:
+        return x
+    raise ctx.error(f"casting a run-time tensor from {x.type.dtype} to {dtype}: {dtype} tensors "
+                    "at run time are not supported yet")
+
+
+@converter("ConstantOfShape", since=9, attrs={"value": None})
+def _constant_of_shape(ctx: NodeContext) -> Value:
+    shape = ctx.require_const(0, "the shape").reshape(-1).tolist()
+    fill = ctx.attrs["value"]
+    fill = np.zeros(1, np.float32) if fill is None else fill.reshape(-1)
+    return ctx.constant(np.full(shape, fill[0], dtype=fill.dtype), "filled")
+
+
+@converter("Range", since=11)
+def _range(ctx: NodeContext) -> Value:
+    start, limit, delta = (ctx.require_const(i, n).reshape(())
+                           for i, n in enumerate(("start", "limit", "delta")))
+    return ctx.constant(np.arange(start, limit, delta, dtype=start.dtype), "range")
+
+
+def _slice_const(ctx: NodeContext, starts: Sequence[int], ends: Sequence[int],
+                 axes: Sequence[int] | None, steps: Sequence[int] | None) -> Value:
+    data = ctx.const(0)
+    if data is None:
+        x = ctx.input(0)
+        whole = _is_whole_slice(x.type.shape, starts, ends, axes, steps)
+        if whole:
+            return x
+        raise _run_time_unsupported(ctx, "strided_slice")
+    axes = list(range(len(starts))) if axes is None else [int(a) for a in axes]
+    steps = [1] * len(starts) if steps is None else [int(s) for s in steps]
+    index = [slice(None)] * data.ndim
+    for a, s, e, st in zip(axes, starts, ends, steps):
+        # numpy clamps out-of-range starts and ends the way ONNX does (INT64_MAX means "to end")
+        index[a] = slice(int(s), int(e), st)
+    return ctx.constant(np.ascontiguousarray(data[tuple(index)]), "slice")
+
+
+def _is_whole_slice(shape: Sequence[int], starts: Sequence[int], ends: Sequence[int],
+                    axes: Sequence[int] | None, steps: Sequence[int] | None) -> bool:
+    axes = list(range(len(starts))) if axes is None else list(axes)
+    steps = [1] * len(starts) if steps is None else list(steps)
+    return all(int(s) == 0 and int(e) >= shape[int(a)] and int(st) == 1
+               for a, s, e, st in zip(axes, starts, ends, steps))
+
+
+@converter("Slice", since=1, attrs={"starts": None, "ends": None, "axes": None})
+def _slice_v1(ctx: NodeContext) -> Value:
+    a = ctx.attrs
+    return _slice_const(ctx, a["starts"] or [], a["ends"] or [], a["axes"], None)
+
+
+@converter("Slice", since=10)
+def _slice_v10(ctx: NodeContext) -> Value:
+    def ints(i: int, what: str) -> list[int] | None:
+        if not ctx.has_input(i):
+            return None
+        return ctx.require_const(i, what).reshape(-1).tolist()
+
+    starts, ends = ints(1, "starts"), ints(2, "ends")
+    return _slice_const(ctx, starts or [], ends or [], ints(3, "axes"), ints(4, "steps"))
