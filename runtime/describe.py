@@ -7,51 +7,60 @@ from typing import Any
 
 from . import cpu
 from .bundle import BundleReader, nbytes_of, payload_ref
-from .errors import MlcpackError
+from .errors import BundleError, MlcpackError
 
 
 def describe(path: str | os.PathLike) -> dict[str, Any]:
-    """A plain dict (JSON-ready) describing the bundle at ``path``."""
+    """A plain dict (JSON-ready) describing the bundle at ``path``; a header too malformed to
+    summarize raises ``BundleError``."""
     with BundleReader(path) as reader:
-        h = reader.header
-        variants = h.get("code", [])
         try:
-            chosen: int | None = cpu.pick_variant(variants, reader.name)
-            refusal = None
-        except MlcpackError as exc:
-            chosen, refusal = None, str(exc)
-        code = []
-        for i, v in enumerate(variants):
-            level = v.get("level")
-            try:
-                flags = sorted(cpu.level(level).flags | set(v.get("features", [])))
-            except KeyError:
-                flags = list(v.get("features", []))
-            code.append({"arch": v.get("arch"), "level": level, "triple": v.get("triple"),
-                         "cpu": v.get("cpu"), "features": flags,
-                         "object_bytes": v.get("object", {}).get("size"),
-                         "code_sizes": v.get("code_sizes", {}), "selected": i == chosen})
-        constants = h.get("constants", [])
-        weights = sum(nbytes_of(tuple(c["shape"]), c["dtype"]) for c in constants)
-        return {
-            "file": os.fspath(path),
-            "bytes": os.path.getsize(path),
-            "format": ".".join(map(str, h.get("format", []))),
-            "compiler": h.get("compiler"),
-            "model": h.get("model"),
-            "inputs": h.get("inputs"),
-            "outputs": h.get("outputs"),
-            "preprocess": h.get("preprocess"),
-            "labels": len(h.get("labels") or []),
-            "code": code,
-            "runs_here": refusal is None,
-            "refusal": refusal,
-            "kernels": h.get("kernels", []),
-            "library_functions": sorted({c["func"] for c in h.get("library_calls", [])}),
-            "weights": {"count": len(constants), "bytes": weights},
-            "memory_plan": h.get("memory_plan"),
-            "vm_instructions": h.get("vm", {}).get("instructions"),
-        }
+            return _summarize(path, reader)
+        except (TypeError, KeyError, AttributeError, ValueError, IndexError) as exc:
+            raise BundleError(f"{reader.name}: header is malformed ({type(exc).__name__}: {exc}); "
+                              "export it again") from None
+
+
+def _summarize(path: str | os.PathLike, reader: BundleReader) -> dict[str, Any]:
+    h = reader.header
+    variants = h.get("code", [])
+    try:
+        chosen: int | None = cpu.pick_variant(variants, reader.name)
+        refusal = None
+    except MlcpackError as exc:
+        chosen, refusal = None, str(exc)
+    code = []
+    for i, v in enumerate(variants):
+        level = v.get("level")
+        try:
+            flags = sorted(cpu.level(level).flags | set(v.get("features", [])))
+        except KeyError:
+            flags = list(v.get("features", []))
+        code.append({"arch": v.get("arch"), "level": level, "triple": v.get("triple"),
+                     "cpu": v.get("cpu"), "features": flags,
+                     "object_bytes": v.get("object", {}).get("size"),
+                     "code_sizes": v.get("code_sizes", {}), "selected": i == chosen})
+    constants = h.get("constants", [])
+    weights = sum(nbytes_of(tuple(c["shape"]), c["dtype"]) for c in constants)
+    return {
+        "file": os.fspath(path),
+        "bytes": os.path.getsize(path),
+        "format": ".".join(map(str, h.get("format", []))),
+        "compiler": h.get("compiler"),
+        "model": h.get("model"),
+        "inputs": h.get("inputs"),
+        "outputs": h.get("outputs"),
+        "preprocess": h.get("preprocess"),
+        "labels": len(h.get("labels") or []),
+        "code": code,
+        "runs_here": refusal is None,
+        "refusal": refusal,
+        "kernels": h.get("kernels", []),
+        "library_functions": sorted({c["func"] for c in h.get("library_calls", [])}),
+        "weights": {"count": len(constants), "bytes": weights},
+        "memory_plan": h.get("memory_plan"),
+        "vm_instructions": h.get("vm", {}).get("instructions"),
+    }
 
 
 def ir_text(path: str | os.PathLike) -> str:
@@ -66,6 +75,14 @@ def _kib(n: int | None) -> str:
 
 
 def describe_text(info: dict[str, Any]) -> str:
+    try:
+        return _text(info)
+    except (TypeError, KeyError, AttributeError, ValueError, IndexError) as exc:
+        raise BundleError(f"{info.get('file')}: header is malformed ({type(exc).__name__}: "
+                          f"{exc}); export it again") from None
+
+
+def _text(info: dict[str, Any]) -> str:
     lines = [f"{info['file']}  ({_kib(info['bytes'])}, bundle format {info['format']}, made by "
              f"mlcpack {info['compiler'].get('version')} with llvmlite "
              f"{info['compiler'].get('llvmlite')})"]
