@@ -99,7 +99,7 @@ def export_module(mod: IRModule, path: str | os.PathLike, options: ExportOptions
     writer = BundleWriter()
     constants = []
     for c in program.constants:
-        data = np.ascontiguousarray(c.data)
+        data = np.asarray(c.data, order="C")
         constants.append({"name": c.name, "shape": list(data.shape), "dtype": str(data.dtype),
                           "data": writer.add(data)})
     kernel_infos = [compiled.kernels[name] for name in program.kernels]

@@ -83,7 +83,7 @@ class BlockBuilder:
         return Var(self.fresh_name(name), TensorType(tuple(int(s) for s in shape), dtype))
 
     def constant(self, data: np.ndarray, name: str = "const") -> Constant:
-        return Constant(self.fresh_name(name), np.ascontiguousarray(data))
+        return Constant(self.fresh_name(name), np.asarray(data, order="C"))
 
     def _require_block(self) -> DataflowBlock:
         if self._block is None:

@@ -34,7 +34,7 @@ def _legalize_transpose(x: te.Tensor, out_type: TensorType, name: str, axes=None
 
 @register_op("transpose", INJECTIVE, _infer_transpose, _legalize_transpose)
 def transpose(x: np.ndarray, axes=None) -> np.ndarray:
-    return np.ascontiguousarray(np.transpose(x, axes))
+    return np.asarray(np.transpose(x, axes), order="C")
 
 
 def _infer_concat(*xs: TensorType, axis: int = 0) -> TensorType:

@@ -26,7 +26,7 @@ def bind_params(mod: IRModule, params: Mapping[str, np.ndarray], func: str = "ma
         if p.name not in params:
             kept.append(p)
             continue
-        data = np.ascontiguousarray(params[p.name])
+        data = np.asarray(params[p.name], order="C")
         if tuple(data.shape) != p.type.shape or str(data.dtype) != p.type.dtype:
             raise BindError(f"parameter {p.name} is declared {p.type}, given {data.shape} "
                             f"{data.dtype}")
@@ -45,7 +45,7 @@ def fold_constants(mod: IRModule) -> IRModule:
         v = b.value
         if isinstance(v, Call) and v.args and all(isinstance(a, Constant) for a in v.args):
             data = get_op(v.op).reference(*(a.data for a in v.args), **v.attrs)
-            return Constant(b.var.name, np.ascontiguousarray(data, dtype=v.type.dtype))
+            return Constant(b.var.name, np.asarray(data, dtype=v.type.dtype, order="C"))
         return None
 
     return map_functions(mod, lambda fn: rewrite_function(fn, visit))
