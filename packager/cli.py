@@ -226,6 +226,25 @@ def inspect(
     _guarded(debug, run)
 
 
+@app.command()
+def bench(
+    bundle: Path = typer.Argument(..., help="the .mlc bundle"),
+    runs: Optional[int] = typer.Option(None, help="timed runs (default: about one second)"),
+    threads: int = typer.Option(1, help="threads for parallel kernels"),
+    debug: bool = typer.Option(False, help="show tracebacks"),
+) -> None:
+    """Time a bundle on random inputs: load, first inference, steady-state latency."""
+    def run() -> None:
+        from ..runtime.bench import bench as time_bundle
+
+        t = time_bundle(bundle, runs, threads)
+        typer.echo(f"{bundle.name}: load {t.load_ms:.2f} ms, first {t.first_ms:.2f} ms, "
+                   f"median {t.median_us:.1f} us, min {t.min_us:.1f} us ({t.runs} runs, "
+                   f"{threads} thread{'s' if threads > 1 else ''})")
+
+    _guarded(debug, run)
+
+
 def main() -> None:
     app(prog_name="mlcpack")
 

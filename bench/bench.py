@@ -1,0 +1,209 @@
+"""mlcpack against ONNX Runtime (and numpy where it applies), one process per model.
+
+Run: .venv/bin/python bench/bench.py [model ...] [--budget SECONDS] [--markdown]
+Models: mlp_b1 mlp_b64 resnet18 mobilenet_v2 transformer (default: all). Each model is built
+with torch (random weights) into bench/.cache/<name>.onnx, exported with mlcpack, and both
+engines run the same ONNX file on the same input. Per engine: load time, first inference,
+steady-state median and min latency, GFLOP/s (from the ONNX graph's Conv/Gemm/MatMul MACs), and
+mlcpack/ORT ratios. With several models, each runs in its own subprocess.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+CACHE = os.path.join(HERE, ".cache")
+ALL = ("mlp_b1", "mlp_b64", "resnet18", "mobilenet_v2", "transformer")
+
+
+def onnx_flops(path: str) -> float:
+    """2 × multiply-accumulates of every Conv, Gemm and MatMul node (shapes inferred)."""
+    import onnx
+    from onnx import numpy_helper, shape_inference
+
+    model = shape_inference.infer_shapes(onnx.load(path))
+    g = model.graph
+    shapes = {}
+    for vi in list(g.value_info) + list(g.input) + list(g.output):
+        dims = [d.dim_value for d in vi.type.tensor_type.shape.dim]
+        shapes[vi.name] = dims
+    for init in g.initializer:
+        shapes[init.name] = list(numpy_helper.to_array(init).shape)
+    total = 0.0
+    for node in g.node:
+        if node.op_type == "Conv":
+            w, y = shapes[node.input[1]], shapes[node.output[0]]
+            total += np.prod(y) * np.prod(w[1:])
+        elif node.op_type in ("Gemm", "MatMul"):
+            a, y = shapes[node.input[0]], shapes[node.output[0]]
+            trans_a = any(at.name == "transA" and at.i for at in node.attribute)
+            total += np.prod(y) * (a[-2] if trans_a else a[-1])
+    return 2.0 * float(total)
+
+
+def run_model(name: str, budget: float) -> dict:
+    import onnxruntime as ort
+
+    from mlcpack.packager.export import export_module
+    from mlcpack.frontends.onnx import import_onnx
+    from mlcpack.runtime import load
+    from mlcpack.runtime.bench import time_runs
+
+    os.makedirs(CACHE, exist_ok=True)
+    path = os.path.join(CACHE, f"{name}.onnx")
+    if not os.path.exists(path):
+        sys.path.insert(0, HERE)
+        from models import build
+        build(name, path)
+    flops = onnx_flops(path)
+    result: dict = {"model": name, "gflop": flops / 1e9, "rows": []}
+
+    # ONNX Runtime, 1 and 2 intra-op threads.
+    x = None
+    for threads in (1, 2):
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads = threads
+        opts.inter_op_num_threads = 1
+        opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        t0 = time.perf_counter()
+        sess = ort.InferenceSession(path, opts, providers=["CPUExecutionProvider"])
+        load_ms = (time.perf_counter() - t0) * 1e3
+        inp = sess.get_inputs()[0]
+        if x is None:
+            x = np.random.default_rng(0).standard_normal(inp.shape).astype(np.float32)
+        t0 = time.perf_counter()
+        ref = sess.run(None, {inp.name: x})[0]
+        first_ms = (time.perf_counter() - t0) * 1e3
+        med, best, n = time_runs(lambda: sess.run(None, {inp.name: x}), budget_s=budget)
+        result["rows"].append({"engine": f"ort t{threads}", "load_ms": load_ms,
+                               "first_ms": first_ms, "median_us": med, "min_us": best, "runs": n})
+        if threads == 1:
+            expected = ref
+
+    # mlcpack: export, then load and run with 1 and 2 threads.
+    bundle = os.path.join(CACHE, f"{name}.mlc")
+    t0 = time.perf_counter()
+    try:
+        mod, _ = import_onnx(path)
+        export_module(mod, bundle)
+    except Exception as exc:  # an unsupported model is a row, not a crash
+        result["unsupported"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}"
+        return result
+    result["export_s"] = time.perf_counter() - t0
+    for threads in (1, 2):
+        t0 = time.perf_counter()
+        model = load(bundle, threads=threads)
+        load_ms = (time.perf_counter() - t0) * 1e3
+        feeds = {model.inputs[0].name: x}
+        t0 = time.perf_counter()
+        got = next(iter(model.run(feeds).values()))
+        first_ms = (time.perf_counter() - t0) * 1e3
+        err = float(np.max(np.abs(got - expected)) / (np.max(np.abs(expected)) + 1e-12))
+        med, best, n = time_runs(lambda: model.run(feeds), budget_s=budget)
+        model.close()
+        result["rows"].append({"engine": f"mlcpack t{threads}", "load_ms": load_ms,
+                               "first_ms": first_ms, "median_us": med, "min_us": best, "runs": n,
+                               "max_rel_err": err})
+
+    # numpy, for the MLP: the same two matmuls with the ONNX file's weights.
+    if name.startswith("mlp"):
+        import onnx
+        from onnx import numpy_helper
+        w = {i.name: numpy_helper.to_array(i) for i in onnx.load(path).graph.initializer}
+        mats = [v for v in w.values() if v.ndim == 2]
+        biases = [v for v in w.values() if v.ndim == 1]
+
+        def numpy_mlp() -> np.ndarray:
+            h = np.maximum(x @ mats[0].T + biases[0], 0)
+            return h @ mats[1].T + biases[1]
+
+        numpy_mlp()
+        med, best, n = time_runs(numpy_mlp, budget_s=budget)
+        result["rows"].append({"engine": "numpy", "load_ms": 0.0, "first_ms": 0.0,
+                               "median_us": med, "min_us": best, "runs": n})
+    return result
+
+
+def print_result(r: dict) -> None:
+    print(f"\n== {r['model']}  ({r['gflop']:.3f} GFLOP per inference"
+          + (f", mlcpack export {r['export_s']:.1f} s" if "export_s" in r else "") + ")")
+    print(f"{'engine':<12} {'load ms':>9} {'first ms':>9} {'median µs':>11} {'min µs':>10} "
+          f"{'GFLOP/s':>8} {'runs':>6}")
+    for row in r["rows"]:
+        gfs = r["gflop"] * 1e9 / (row["median_us"] * 1e-6) / 1e9
+        print(f"{row['engine']:<12} {row['load_ms']:>9.2f} {row['first_ms']:>9.2f} "
+              f"{row['median_us']:>11.1f} {row['min_us']:>10.1f} {gfs:>8.1f} {row['runs']:>6}")
+    if "unsupported" in r:
+        print(f"mlcpack: unsupported: {r['unsupported']}")
+        return
+    by = {row["engine"]: row for row in r["rows"]}
+    for t in (1, 2):
+        m, o = by[f"mlcpack t{t}"], by[f"ort t{t}"]
+        print(f"ratio mlcpack/ORT, {t} thread{'s' if t > 1 else ''}: median "
+              f"{m['median_us'] / o['median_us']:.2f}, min {m['min_us'] / o['min_us']:.2f}")
+    print(f"mlcpack 2 threads speed-up: {by['mlcpack t1']['median_us'] / by['mlcpack t2']['median_us']:.2f}x;"
+          f" max relative error vs ORT {by['mlcpack t1']['max_rel_err']:.1e}")
+
+
+def markdown(results: list[dict]) -> str:
+    lines = ["| model | GFLOP | engine | load ms | first ms | median µs | min µs | GFLOP/s "
+             "| ratio vs ORT (median) |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in results:
+        by = {row["engine"]: row for row in r["rows"]}
+        for row in r["rows"]:
+            gfs = r["gflop"] * 1e6 / row["median_us"]
+            t = row["engine"][-1]
+            ratio = ""
+            if row["engine"].startswith("mlcpack"):
+                ratio = f"{row['median_us'] / by['ort t' + t]['median_us']:.2f}"
+            lines.append(f"| {r['model']} | {r['gflop']:.3f} | {row['engine']} | "
+                         f"{row['load_ms']:.1f} | {row['first_ms']:.2f} | {row['median_us']:.1f} | "
+                         f"{row['min_us']:.1f} | {gfs:.1f} | {ratio} |")
+        if "unsupported" in r:
+            lines.append(f"| {r['model']} | {r['gflop']:.3f} | mlcpack | unsupported: "
+                         f"{r['unsupported']} | | | | | |")
+        elif "export_s" in r:
+            lines.append(f"| {r['model']} | | mlcpack export | {r['export_s']:.1f} s | | | | | |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("models", nargs="*", default=list(ALL))
+    ap.add_argument("--budget", type=float, default=2.0, help="seconds of timed runs per row")
+    ap.add_argument("--markdown", action="store_true", help="also print a markdown table")
+    ap.add_argument("--json-out", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if len(args.models) == 1 and args.json_out:
+        r = run_model(args.models[0], args.budget)
+        with open(args.json_out, "w") as f:
+            json.dump(r, f)
+        return
+    results = []
+    for name in args.models:
+        out = os.path.join(CACHE, f"{name}.json")
+        os.makedirs(CACHE, exist_ok=True)
+        proc = subprocess.run([sys.executable, __file__, name, "--budget", str(args.budget),
+                               "--json-out", out])
+        if proc.returncode != 0:
+            print(f"\n== {name}: failed (exit {proc.returncode})")
+            continue
+        with open(out) as f:
+            r = json.load(f)
+        print_result(r)
+        sys.stdout.flush()
+        results.append(r)
+    if args.markdown:
+        print("\n" + markdown(results))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,69 @@
+"""Timing a bundle with the runtime alone (``mlcpack bench model.mlc``): load time, first
+inference, then steady-state latency over repeated runs on random inputs."""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from .model import load
+
+
+@dataclass(frozen=True)
+class Timing:
+    load_ms: float
+    first_ms: float
+    median_us: float
+    min_us: float
+    runs: int
+
+
+def time_runs(fn: Callable[[], object], runs: int | None = None, budget_s: float = 1.0,
+              min_runs: int = 5) -> tuple[float, float, int]:
+    """Call ``fn`` repeatedly (``runs`` times, or until ``budget_s`` has passed and at least
+    ``min_runs`` ran); return (median µs, min µs, number of runs)."""
+    times = []
+    deadline = time.perf_counter() + budget_s
+    while True:
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+        n = len(times)
+        if runs is not None:
+            if n >= runs:
+                break
+        elif n >= min_runs and time.perf_counter() > deadline:
+            break
+    return float(np.median(times)) * 1e6, float(np.min(times)) * 1e6, len(times)
+
+
+def random_feeds(model) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(0)
+    feeds = {}
+    for spec in model.inputs:
+        if spec.dtype.startswith("float"):
+            feeds[spec.name] = rng.standard_normal(spec.shape).astype(spec.dtype)
+        else:
+            feeds[spec.name] = np.zeros(spec.shape, dtype=spec.dtype)
+    return feeds
+
+
+def bench(model_path: str | os.PathLike, runs: int | None = None, threads: int = 1,
+          budget_s: float = 1.0) -> Timing:
+    """Load ``model_path`` with ``threads`` threads and time it on random inputs."""
+    t0 = time.perf_counter()
+    model = load(model_path, threads=threads)
+    load_ms = (time.perf_counter() - t0) * 1e3
+    try:
+        feeds = random_feeds(model)
+        t0 = time.perf_counter()
+        model.run(feeds)
+        first_ms = (time.perf_counter() - t0) * 1e3
+        median, best, n = time_runs(lambda: model.run(feeds), runs, budget_s)
+    finally:
+        model.close()
+    return Timing(load_ms, first_ms, median, best, n)
