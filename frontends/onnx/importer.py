@@ -63,6 +63,7 @@ def import_onnx(model_or_path: str | os.PathLike | onnx.ModelProto,
     check_supported(model.graph, opsets, source)
     _check_model(model, model_or_path, source)
     graph = model.graph
+    _check_unique_outputs(graph, source)
 
     initializer_names = {t.name for t in graph.initializer}
     runtime_inputs = [vi for vi in graph.input if vi.name not in initializer_names]
@@ -164,6 +165,15 @@ def _check_model(model: onnx.ModelProto, original: Any, source: str) -> None:
     finally:
         for tt in shapeless:
             tt.ClearField("shape")
+
+
+def _check_unique_outputs(graph: onnx.GraphProto, source: str) -> None:
+    # The checker allows a graph output listed twice; a bundle's outputs are looked up by name.
+    counts = Counter(o.name for o in graph.output)
+    repeated = sorted(name for name, n in counts.items() if n > 1)
+    if repeated:
+        raise ExportError(f"{source} lists graph output {', '.join(map(repr, repeated))} more than "
+                          "once; outputs must have distinct names: remove the duplicate")
 
 
 def _tensor_array(tensor: onnx.TensorProto, source: str) -> np.ndarray:
