@@ -118,7 +118,11 @@ class Model:
             kernels.append((self._image.address(k["symbol"]), bool(k.get("parallel", False))))
 
         # The arena holds inputs, intermediates and outputs at the offsets the plan fixed.
-        raw = np.zeros(arena_bytes + ARENA_ALIGN, dtype=np.uint8)
+        try:
+            raw = np.zeros(arena_bytes + ARENA_ALIGN, dtype=np.uint8)
+        except MemoryError:  # a damaged or hostile plan may declare an absurd arena
+            raise BundleError(f"{name}: its memory plan asks for a {arena_bytes}-byte arena, "
+                              "which cannot be allocated here") from None
         start = -raw.ctypes.data % ARENA_ALIGN
         self._arena = raw[start:start + arena_bytes]
         views, addresses = self._tensor_views(tensors, constants, arena_bytes)
