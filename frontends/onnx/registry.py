@@ -26,6 +26,16 @@ from ...packager.ops import get_op
 IGNORED_ATTRIBUTES = frozenset({"consumed_inputs"})
 
 
+class NeedsConstantError(ExportError):
+    """A node input must be known at export (a shape, axes, pads...) but is computed at run time
+    or fed as a graph input; ``value_name`` is its ONNX name, so a caller that knows the value
+    (a test harness, ``--input-shape``-like flags) can bind it as a constant and try again."""
+
+    def __init__(self, message: str, value_name: str) -> None:
+        super().__init__(message)
+        self.value_name = value_name
+
+
 @dataclass(frozen=True)
 class ConverterDef:
     domain: str
@@ -133,8 +143,9 @@ class NodeContext:
     def require_const(self, i: int, what: str) -> np.ndarray:
         data = self.const(i)
         if data is None:
-            raise self.error(f"{what} (input {i}) must be a constant known at export, "
-                             "not computed at run time")
+            message = str(self.error(f"{what} (input {i}) must be a constant known at export, "
+                                     "not computed at run time"))
+            raise NeedsConstantError(message, self.node.input[i])
         return data
 
     def error(self, message: str) -> ExportError:

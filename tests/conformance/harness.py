@@ -1,0 +1,338 @@
+"""The ONNX backend test suite run through mlcpack: export, run the bundle, compare.
+
+The data is what the pinned ``onnx`` wheel (1.22.0, the last to ship it) installs under
+``onnx/backend/test/data``. Each case is exported with ``import_onnx`` + ``export_module``, its
+bundle loaded with the runtime and run on every ``test_data_set_*``; outputs are compared the
+way ONNX's backend runner does (same shape, same dtype, ``assert_allclose`` with the case's
+``rtol``/``atol``, by default 1e-3 / 1e-7). A case ends as one of:
+
+- ``passed``: every output of every data set matches;
+- ``unsupported``: mlcpack refused it with a one-line ``ExportError`` (an operator, attribute or
+  run-time dtype it lacks), or its inputs/outputs are not plain tensors (sequences, optionals,
+  strings);
+- ``failed``: it exported but gave wrong numbers, shapes or dtypes, or something crashed.
+
+Inputs a static-shape compiler must know at export (a Reshape's shape, a Pad's pads, TopK's k:
+a converter raises ``NeedsConstantError`` naming the value) are bound as constants from the
+data set and the export is tried again, as ``--input-shape`` does for dims; such passes are
+counted in the ``frozen`` column. Everything else is fed at run time.
+
+``light`` cases are the model-zoo architectures of ``data/real`` with constant weights
+(``data/light/*.onnx``); their input is the runner's dummy input (``arange / n``) and their
+expected output ships beside the model.
+
+Run ``python tests/conformance/harness.py`` to print the table and rewrite
+``tests/conformance/passing.txt`` (the cases CI runs), ``failing.txt`` (known wrong answers) and
+``docs/conformance.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+DATA = Path(onnx.__file__).parent / "backend" / "test" / "data"
+CATEGORIES = ("node", "pytorch-converted", "pytorch-operator", "simple", "light")
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent.parent
+PASSING_LIST = HERE / "passing.txt"
+FAILING_LIST = HERE / "failing.txt"
+REPORT = ROOT / "docs" / "conformance.md"
+DEFAULT_RTOL, DEFAULT_ATOL = 1e-3, 1e-7
+MAX_FREEZES = 8
+
+
+@dataclass(frozen=True)
+class Case:
+    category: str
+    name: str
+    model: Path
+    data_sets: tuple[tuple[tuple[Path, ...], tuple[Path, ...]], ...]  # (inputs, outputs) per set
+    rtol: float = DEFAULT_RTOL
+    atol: float = DEFAULT_ATOL
+
+    @property
+    def key(self) -> str:
+        return f"{self.category}/{self.name}"
+
+
+@dataclass
+class Result:
+    key: str
+    status: str                      # passed, failed, unsupported
+    reason: str = ""
+    frozen: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+def _tolerances(folder: Path) -> tuple[float, float]:
+    meta = folder / "data.json"
+    if meta.is_file():
+        data = json.loads(meta.read_text())
+        return float(data.get("rtol", DEFAULT_RTOL)), float(data.get("atol", DEFAULT_ATOL))
+    return DEFAULT_RTOL, DEFAULT_ATOL
+
+
+def _data_sets(folder: Path) -> tuple[tuple[tuple[Path, ...], tuple[Path, ...]], ...]:
+    sets = []
+    for d in sorted(folder.glob("test_data_set_*")):
+        ins = tuple(sorted(d.glob("input_*.pb"), key=lambda p: int(p.stem.split("_")[1])))
+        outs = tuple(sorted(d.glob("output_*.pb"), key=lambda p: int(p.stem.split("_")[1])))
+        sets.append((ins, outs))
+    return tuple(sets)
+
+
+def discover(categories: Sequence[str] = CATEGORIES) -> list[Case]:
+    """Every case of ``categories`` shipped in the onnx wheel, sorted by category then name."""
+    cases = []
+    for cat in categories:
+        if cat == "light":
+            for folder in sorted((DATA / "real").glob("test_*")):
+                meta = json.loads((folder / "data.json").read_text())
+                model = DATA.parent.parent.parent.parent / meta["url"]
+                outs = tuple(sorted(model.parent.glob(f"{model.stem}_output_*.pb")))
+                cases.append(Case(cat, folder.name, model, (((), outs),),
+                                  float(meta.get("rtol", DEFAULT_RTOL)),
+                                  float(meta.get("atol", DEFAULT_ATOL))))
+            continue
+        for folder in sorted((DATA / cat).glob("test_*")):
+            rtol, atol = _tolerances(folder)
+            cases.append(Case(cat, folder.name, folder / "model.onnx", _data_sets(folder),
+                              rtol, atol))
+    return cases
+
+
+def _dummy_input(vi: onnx.ValueInfoProto) -> np.ndarray:
+    """The backend runner's input for light models: ``arange(n) / n`` in the declared shape."""
+    shape = tuple(d.dim_value if d.HasField("dim_value") else 1
+                  for d in vi.type.tensor_type.shape.dim)
+    n = int(np.prod(shape))
+    return (np.arange(n).reshape(shape) / n).astype(np.float32)
+
+
+class NotATensor(Exception):
+    """A case input or output that is a sequence, optional or map, not a plain tensor."""
+
+
+def _load_tensor(path: Path) -> np.ndarray:
+    try:
+        value = numpy_helper.to_array(onnx.load_tensor(str(path)))
+    except Exception as exc:  # noqa: BLE001  (sequence/optional protos fail to parse as tensors)
+        raise NotATensor(f"{path.name} is not a plain tensor") from exc
+    if value.dtype == object:
+        raise NotATensor(f"{path.name} holds strings")
+    return value
+
+
+def _one_line(text: str, limit: int = 200) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def _compare(got: np.ndarray, ref: np.ndarray, case: Case, what: str) -> str | None:
+    if got.shape != ref.shape:
+        return f"{what}: shape {got.shape}, expected {ref.shape}"
+    if got.dtype != ref.dtype:
+        return f"{what}: dtype {got.dtype}, expected {ref.dtype}"
+    try:
+        np.testing.assert_allclose(got, ref, rtol=case.rtol, atol=case.atol)
+    except AssertionError as exc:
+        lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip().startswith("Max")]
+        return f"{what}: values differ ({'; '.join(lines) or 'mismatch'})"
+    return None
+
+
+def _freeze(model: onnx.ModelProto, name: str, value: np.ndarray) -> None:
+    """Make graph input ``name`` an initializer holding ``value``."""
+    model.graph.initializer.append(numpy_helper.from_array(value, name))
+
+
+def run_case(case: Case, workdir: str | os.PathLike | None = None) -> Result:
+    """Export, run and compare one case; never raises."""
+    from mlcpack.frontends.onnx import import_onnx
+    from mlcpack.frontends.onnx.registry import NeedsConstantError
+    from mlcpack.packager.export import ExportError, export_module
+    from mlcpack.runtime import load
+
+    t0 = time.perf_counter()
+    result = Result(case.key, "failed")
+    try:
+        model = onnx.load(str(case.model))
+        init_names = {t.name for t in model.graph.initializer}
+        graph_inputs = [vi for vi in model.graph.input if vi.name not in init_names]
+        sets = []
+        for ins, outs in case.data_sets:
+            if case.category == "light":
+                inputs = [_dummy_input(vi) for vi in graph_inputs]
+            else:
+                inputs = [_load_tensor(p) for p in ins]
+            sets.append((dict(zip([vi.name for vi in graph_inputs], inputs)),
+                         [_load_tensor(p) for p in outs]))
+        if not sets:
+            result.status, result.reason = "unsupported", "no test data"
+            return result
+        frozen: list[str] = []
+        while True:
+            try:
+                mod, info = import_onnx(model)
+                break
+            except NeedsConstantError as exc:
+                name = exc.value_name
+                if name in frozen or name not in sets[0][0] or len(frozen) >= MAX_FREEZES \
+                        or len(sets) > 1:
+                    raise
+                _freeze(model, name, sets[0][0][name])
+                frozen.append(name)
+            except ExportError as exc:
+                if "has no run-time inputs" not in str(exc):
+                    raise
+                # Every input is known at export: the outputs are constants. A bundle still
+                # needs an input, so give it one that nothing reads.
+                model.graph.input.append(helper.make_tensor_value_info(
+                    "unused_input", onnx.TensorProto.FLOAT, [1]))
+                for feeds, _ in sets:
+                    feeds["unused_input"] = np.zeros(1, np.float32)
+        result.frozen = frozen
+        with tempfile.TemporaryDirectory(dir=workdir) as tmp:
+            path = Path(tmp) / "case.mlc"
+            export_module(mod, path)
+            bundle = load(path)
+            for k, (feeds, expected) in enumerate(sets):
+                run_feeds = {info.input_names[n]: v for n, v in feeds.items() if n not in frozen}
+                got = bundle.run(run_feeds)
+                if len(expected) != len(info.output_names):
+                    result.reason = (f"{len(info.output_names)} outputs, expected "
+                                     f"{len(expected)}")
+                    return result
+                for name, ref in zip(info.output_names, expected):
+                    problem = _compare(got[name], ref, case, f"set {k} output {name!r}")
+                    if problem:
+                        result.reason = problem
+                        return result
+        result.status = "passed"
+    except NotATensor as exc:
+        result.status, result.reason = "unsupported", str(exc)
+    except ExportError as exc:
+        result.status = "unsupported"
+        message = str(exc)
+        if message.startswith(case.model.name + ": ") or message.startswith(case.name + ": "):
+            message = message.split(": ", 1)[1]
+        result.reason = _one_line(message)
+    except Exception as exc:  # noqa: BLE001  (a crash is a failure to report, not to stop on)
+        result.reason = _one_line(f"{type(exc).__name__}: {exc}")
+    finally:
+        result.seconds = time.perf_counter() - t0
+    return result
+
+
+def _run_one(case: Case) -> Result:
+    return run_case(case)
+
+
+def run_all(cases: Sequence[Case], jobs: int = 1) -> list[Result]:
+    if jobs <= 1:
+        return [run_case(c) for c in cases]
+    import multiprocessing
+
+    with multiprocessing.get_context("fork").Pool(jobs, maxtasksperchild=200) as pool:
+        return pool.map(_run_one, cases, chunksize=4)
+
+
+def table(results: Sequence[Result]) -> str:
+    """A markdown table: passed / failed / unsupported per category."""
+    rows = ["| category | cases | passed | (frozen inputs) | failed | unsupported |",
+            "|---|---:|---:|---:|---:|---:|"]
+    totals = Counter()
+    for cat in CATEGORIES:
+        mine = [r for r in results if r.key.split("/")[0] == cat]
+        if not mine:
+            continue
+        c = Counter(r.status for r in mine)
+        frozen = sum(1 for r in mine if r.status == "passed" and r.frozen)
+        rows.append(f"| {cat} | {len(mine)} | {c['passed']} | {frozen} | {c['failed']} | "
+                    f"{c['unsupported']} |")
+        totals.update(c)
+        totals["cases"] += len(mine)
+        totals["frozen"] += frozen
+    rows.append(f"| **all** | {totals['cases']} | {totals['passed']} | {totals['frozen']} | "
+                f"{totals['failed']} | {totals['unsupported']} |")
+    return "\n".join(rows)
+
+
+def _reason_kind(reason: str) -> str:
+    """A short grouping key for a refusal or failure reason."""
+    if "operator" in reason and "does not support" in reason:
+        return "operator not supported: " + reason.split("support: ", 1)[1].split(" (opset")[0]
+    if "not supported yet" in reason and "tensors at run time" in reason:
+        return "non-float32 tensors at run time"
+    if "must be a constant known at export" in reason:
+        return "value needed at export is computed at run time"
+    if "values differ" in reason:
+        return "wrong values"
+    return reason.split(":")[0][:80]
+
+
+def write_report(results: Sequence[Result], path: Path = REPORT) -> None:
+    lines = ["# ONNX backend test suite: conformance", "",
+             "Generated by `python tests/conformance/harness.py` from the test data of the pinned "
+             f"`onnx` {onnx.__version__} wheel (rtol/atol as ONNX's runner: 1e-3/1e-7 unless a "
+             "case's `data.json` says otherwise). CI runs every passing case "
+             "(`tests/test_onnx_conformance.py`, list in `tests/conformance/passing.txt`).",
+             "", table(results), "",
+             "*frozen inputs*: passes where a graph input that must be known at export (a shape, "
+             "axes, pads, k) was bound as a constant from the data set, as `--input-shape` does "
+             "for dims; every other input is fed at run time.", ""]
+    rest = [r for r in results if r.status != "passed"]
+    kinds = Counter(_reason_kind(r.reason) for r in rest)
+    lines += ["## Why the others do not pass (grouped)", "", "| reason | cases |", "|---|---:|"]
+    lines += [f"| {k.replace('|', '/')} | {n} |" for k, n in kinds.most_common()]
+    lines += ["", "## Every case that does not pass", "", "| case | status | reason |",
+              "|---|---|---|"]
+    lines += [f"| {r.key} | {r.status} | {r.reason.replace('|', '/')} |" for r in rest]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(lines) + "\n")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--category", action="append", choices=CATEGORIES)
+    parser.add_argument("-k", dest="pattern", help="only cases whose name contains this")
+    parser.add_argument("-j", "--jobs", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--no-write", action="store_true",
+                        help="print only; do not rewrite passing.txt and docs/conformance.md")
+    parser.add_argument("-v", "--verbose", action="store_true", help="print every case")
+    args = parser.parse_args(argv)
+    cases = discover(args.category or CATEGORIES)
+    if args.pattern:
+        cases = [c for c in cases if args.pattern in c.name]
+    t0 = time.perf_counter()
+    results = run_all(cases, args.jobs)
+    if args.verbose:
+        for r in results:
+            print(f"{r.status:12s} {r.key}  {r.reason}")
+    print(table(results))
+    print(f"{len(results)} cases in {time.perf_counter() - t0:.1f} s")
+    partial = bool(args.pattern or args.category)
+    if not args.no_write and not partial:
+        PASSING_LIST.write_text("".join(f"{r.key}\n" for r in results if r.status == "passed"))
+        FAILING_LIST.write_text("".join(f"{r.key}\n" for r in results if r.status == "failed"))
+        write_report(results)
+        print(f"wrote {PASSING_LIST.relative_to(ROOT)}, {FAILING_LIST.name} and "
+              f"{REPORT.relative_to(ROOT)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
