@@ -412,10 +412,14 @@ def test_missing_file(tmp_path: Path) -> None:
         import_onnx(tmp_path / "nothere.onnx")
 
 
-def test_run_time_tensor_needing_missing_operator_is_refused() -> None:
-    model = make_model([node("Gather", ["x", "idx"], ["y"], axis=1)], {"x": [2, 3]}, ["y"],
-                       {"idx": np.array([0, 2], np.int64)})
-    with pytest.raises(ExportError, match=r"Gather node 'y' \(opset 17\): only constant inputs"):
+def test_shape_computed_at_run_time_is_refused() -> None:
+    graph = helper.make_graph([node("Reshape", ["x", "shape"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3]),
+                               helper.make_tensor_value_info("shape", TensorProto.INT64, [2])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    with pytest.raises(ExportError, match=r"Reshape node 'y' \(opset 17\): the target shape "
+                                          r"\(input 1\) must be a constant known at export"):
         import_onnx(model)
 
 
@@ -431,11 +435,11 @@ def test_unhandled_attribute_and_unused_output_refused() -> None:
         import_onnx(bad)
 
 
-def test_non_float_inputs_refused() -> None:
+def test_float16_inputs_refused() -> None:
     graph = helper.make_graph([node("Identity", ["ids"], ["y"])], "g",
-                              [helper.make_tensor_value_info("ids", TensorProto.INT64, [4])],
-                              [helper.make_tensor_value_info("y", TensorProto.INT64, [4])])
-    with pytest.raises(ExportError, match="int64 tensors at run time are not supported yet"):
+                              [helper.make_tensor_value_info("ids", TensorProto.FLOAT16, [4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT16, [4])])
+    with pytest.raises(ExportError, match="float16 tensors at run time are not supported yet"):
         import_onnx(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
 
 
@@ -460,62 +464,3 @@ def test_supported_ops_lists_core_operators() -> None:
     names = {s.op_type for s in supported_ops()}
     assert {"Conv", "Gemm", "MatMul", "Relu", "MaxPool", "Softmax", "Reshape", "Flatten",
             "BatchNormalization", "Concat", "Shape", "Gather"} <= names
-
-
-# ---- ONNX's own node tests (shipped in the onnx wheel) ------------------------------------------
-
-NODE_TESTS = Path(onnx.__file__).parent / "backend" / "test" / "data" / "node"
-
-
-def _node_test_cases() -> list[str]:
-    """Node test cases whose operators all have a converter at the case's opset."""
-    cases = []
-    for case in sorted(NODE_TESTS.glob("test_*")) if NODE_TESTS.is_dir() else []:
-        try:
-            model = onnx.load(case / "model.onnx", load_external_data=False)
-        except Exception:  # noqa: BLE001  (a few cases are not plain models)
-            continue
-        try:
-            for f in (case / "test_data_set_0").glob("*put_*.pb"):
-                numpy_helper.to_array(onnx.load_tensor(f))
-        except Exception:  # noqa: BLE001  (sequence or optional values are not plain tensors)
-            continue
-        opsets = {normalize_domain(o.domain): o.version for o in model.opset_import}
-        if model.graph.node and all(lookup(n.domain, n.op_type, opsets.get(normalize_domain(n.domain)))
-                                    for n in model.graph.node):
-            cases.append(case.name)
-    return cases
-
-
-@pytest.mark.parametrize("case", _node_test_cases())
-def test_onnx_node_cases(tmp_path: Path, case: str) -> None:
-    """Every case either matches ONNX's expected outputs or is refused with a one-line
-    ExportError that says why (the conformance table of what passes comes with the harness).
-    Small integer inputs (axes, shapes, pads) become initializers, as they are in real models."""
-    folder = NODE_TESTS / case
-    model = onnx.load(folder / "model.onnx")
-    data = folder / "test_data_set_0"
-    inputs = [numpy_helper.to_array(onnx.load_tensor(f)) for f in sorted(data.glob("input_*.pb"))]
-    expected = [numpy_helper.to_array(onnx.load_tensor(f))
-                for f in sorted(data.glob("output_*.pb"))]
-    init_names = {t.name for t in model.graph.initializer}
-    graph_inputs = [vi for vi in model.graph.input if vi.name not in init_names]
-    feeds = {}
-    for vi, value in zip(graph_inputs, inputs):
-        if value.dtype.kind in "iub" and value.size <= 16:
-            model.graph.initializer.append(numpy_helper.from_array(value, vi.name))
-        else:
-            feeds[vi.name] = value
-    if not feeds:
-        model.graph.input.append(helper.make_tensor_value_info("unused", TensorProto.FLOAT, [1]))
-        feeds["unused"] = np.zeros(1, np.float32)
-    try:
-        got = run_bundle(model, feeds, tmp_path)
-    except ExportError as exc:
-        message = str(exc)
-        assert "\n" not in message and message.startswith(f"{case}: "), message
-        return
-    for out, ref in zip(model.graph.output, expected):
-        assert got[out.name].shape == ref.shape, out.name
-        assert got[out.name].dtype == ref.dtype, out.name
-        np.testing.assert_allclose(got[out.name], ref, **TOL, err_msg=out.name)

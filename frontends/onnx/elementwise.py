@@ -47,7 +47,7 @@ def _int_divide(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return (q * np.sign(a) * np.sign(b)).astype(np.result_type(a, b))
 
 
-def _legacy_broadcast(ctx: NodeContext, a: Value, b: Value) -> Value:
+def legacy_broadcast(ctx: NodeContext, a: Value, b: Value) -> Value:
     """Opset < 7: with ``broadcast=1``, B's dims match A's starting at ``axis`` (default: the
     trailing dims); give B trailing ones so numpy broadcasting lines it up the same way."""
     if not ctx.attrs["broadcast"]:
@@ -69,7 +69,7 @@ def _binary(op: str, legacy: bool) -> Callable[[NodeContext], Value]:
     def convert(ctx: NodeContext) -> Value:
         a, b = ctx.input(0), ctx.input(1)
         if legacy:
-            b = _legacy_broadcast(ctx, a, b)
+            b = legacy_broadcast(ctx, a, b)
         ca, cb = ctx.const(0), ctx.const(1)
         if (op == "divide" and ca is not None and cb is not None
                 and np.issubdtype(ca.dtype, np.integer)):
@@ -117,8 +117,11 @@ def _clip(ctx: NodeContext, x: Value, low: Value | float | None, high: Value | f
           ) -> Value:
     """Clip with bounds that are numbers (one ``clip`` op) or run-time values (max/min ops)."""
     if not isinstance(low, Value) and not isinstance(high, Value):
-        lo = -_FLOAT_MAX if low is None else float(low)
-        hi = _FLOAT_MAX if high is None else float(high)
+        dtype = np.dtype(x.type.dtype)
+        floor, ceiling = ((-_FLOAT_MAX, _FLOAT_MAX) if dtype.kind == "f"
+                          else (int(np.iinfo(dtype).min), int(np.iinfo(dtype).max)))
+        lo = floor if low is None else float(low)
+        hi = ceiling if high is None else float(high)
         return ctx.emit("clip", x, min=lo, max=hi)
     out = x
     if low is not None:
@@ -255,8 +258,7 @@ def _pow(ctx: NodeContext) -> Value:
     if base is not None and exponent is not None:
         return ctx.constant(np.power(base, exponent).astype(base.dtype), "pow")
     if exponent is None or exponent.size != 1:
-        raise ctx.error("only a constant scalar exponent is supported "
-                        "(mlcpack's operator table has no general power)")
+        return _general_pow(ctx, x, ctx.input(1))
     p = float(exponent.reshape(()))
     if p == 1.0:
         return x
@@ -264,15 +266,25 @@ def _pow(ctx: NodeContext) -> Value:
         return ctx.emit("sqrt", x)
     if p == -0.5:
         return ctx.emit("divide", ctx.scalar(1.0, x), ctx.emit("sqrt", x))
-    if p.is_integer() and 0 < abs(p) <= 4:
+    if p.is_integer() and 0 < abs(p) <= 4 and (p > 0 or x.type.dtype.startswith("float")):
         out = x
         for _ in range(int(abs(p)) - 1):
             out = ctx.emit("multiply", out, x)
         return ctx.emit("divide", ctx.scalar(1.0, x), out) if p < 0 else out
     if p == 0.0:
         return ctx.constant(np.ones(x.type.shape, dtype=x.type.dtype), "ones")
-    raise ctx.error(f"exponent {p} is not supported (only 0, +-0.5 and integers up to 4; "
-                    "mlcpack's operator table has no general power)")
+    return _general_pow(ctx, x, ctx.input(1))
+
+
+def _general_pow(ctx: NodeContext, x: Value, y: Value) -> Value:
+    """x ** y elementwise; integer tensors go through float32 and are rounded back."""
+    from .logic import cast_to
+
+    dtype = x.type.dtype
+    if dtype in ("float32", "float64"):
+        return ctx.emit("power", x, cast_to(ctx, y, dtype))
+    xf, yf = cast_to(ctx, x, "float32"), cast_to(ctx, y, "float32")
+    return cast_to(ctx, ctx.emit("round", ctx.emit("power", xf, yf)), dtype)
 
 
 converter("Pow", since=1, attrs=_LEGACY_BINARY_ATTRS)(_pow)

@@ -23,11 +23,13 @@ from onnx import helper, numpy_helper
 from ...packager.export import ExportError
 from ...packager.ir.builder import BlockBuilder, BuilderError
 from ...packager.ir.graph import Constant, IRModule, Value, Var
-from . import elementwise, nn, shape  # noqa: F401  (registration side effect)
+from . import elementwise, index, logic, nn, shape  # noqa: F401  (registration side effect)
 from .registry import (IGNORED_ATTRIBUTES, NodeContext, lookup, make_constant, normalize_domain,
                        op_label)
 
-RUNTIME_DTYPES = ("float32",)
+# Tensor dtypes a bundle can take and return at run time (the runtime's and the code generator's).
+RUNTIME_DTYPES = ("float32", "float64", "int8", "int16", "int32", "int64", "uint8", "uint16",
+                  "uint32", "uint64", "bool")
 
 
 @dataclass
@@ -252,7 +254,7 @@ def _make_params(bb: BlockBuilder, inputs: Sequence[onnx.ValueInfoProto],
         dtype = str(np.dtype(helper.tensor_dtype_to_np_dtype(elem))) if elem else "undefined"
         if dtype not in RUNTIME_DTYPES:
             raise ExportError(f"{source}: input {vi.name!r} is {dtype}: {dtype} tensors at run time "
-                              "are not supported yet (only float32)")
+                              f"are not supported yet (only {', '.join(RUNTIME_DTYPES)})")
         made[vi.name] = bb.input(vi.name, shapes[vi.name], dtype)
     return {vi.name: made[vi.name] for vi in inputs}
 

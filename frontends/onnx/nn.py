@@ -331,6 +331,9 @@ def _reduce(body: Callable, from_input: bool) -> Callable[[NodeContext], Value]:
         axes = _reduce_axes(ctx, from_input)
         if axes == ():
             return x
+        if x.type.dtype == "bool":  # max is any, min is all: reduce 0/1 bytes
+            y = body(ctx, ctx.emit("cast", x, dtype="uint8"), axes, bool(ctx.attrs["keepdims"]))
+            return ctx.emit("cast", y, dtype="bool")
         return body(ctx, x, axes, bool(ctx.attrs["keepdims"]))
     return convert
 

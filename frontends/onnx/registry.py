@@ -97,7 +97,7 @@ class SupportedOp:
 
 def supported_ops() -> list[SupportedOp]:
     """Every ONNX operator mlcpack converts, sorted by domain and name."""
-    from . import elementwise, nn, shape  # noqa: F401  (registration side effect)
+    from . import elementwise, index, logic, nn, shape  # noqa: F401  (registration side effect)
 
     return [SupportedOp(d, op, tuple(sorted(_TABLE[(d, op)]))) for d, op in sorted(_TABLE)]
 

@@ -12,12 +12,8 @@ import onnx
 from onnx import helper
 
 from ...packager.ir.graph import Constant, Value
+from .logic import cast_to
 from .registry import NodeContext, converter
-
-
-def _run_time_unsupported(ctx: NodeContext, missing: str) -> Exception:
-    return ctx.error(f"only constant inputs are supported: on a run-time tensor it needs an "
-                     f"operator mlcpack lacks ({missing})")
 
 
 # ---- reshapes -----------------------------------------------------------------------------------
@@ -167,38 +163,25 @@ def _expand(ctx: NodeContext) -> Value:
         return x
     if isinstance(x, Constant):
         return ctx.constant(np.broadcast_to(x.data, out).copy(), "expand")
-    # Bidirectional broadcasting is exactly what adding zeros of the target shape does.
-    return ctx.emit("add", x, ctx.constant(np.zeros(out, dtype=x.type.dtype), "zeros"))
+    if len(out) > len(x.type.shape):
+        x = ctx.reshape(x, (1,) * (len(out) - len(x.type.shape)) + x.type.shape)
+    return ctx.emit("broadcast_to", x, shape=out)
 
 
 def _pad(ctx: NodeContext, pads: Sequence[int], mode: str, fill: float,
          axes: Sequence[int] | None = None) -> Value:
-    """Constant padding as a concat with filled blocks on each padded axis."""
+    """Pad ``x`` (constant, edge, reflect or wrap); negative pads crop."""
     x = ctx.input(0)
-    shape = x.type.shape
-    rank = len(shape)
+    rank = len(x.type.shape)
     axes = list(range(rank)) if axes is None else _normalized_axes(ctx, axes, rank)
     if len(pads) != 2 * len(axes):
         raise ctx.error(f"pads {list(pads)} should have {2 * len(axes)} values")
-    if mode != "constant":
-        raise ctx.error(f"mode={mode!r} is not supported (only 'constant'; mlcpack's operator "
-                        "table has no reflect/edge padding)")
-    if any(int(p) < 0 for p in pads):
-        raise ctx.error(f"negative pads {list(pads)} (cropping) are not supported")
-    out = x
+    full = [0] * (2 * rank)
     for i, axis in enumerate(axes):
-        before, after = int(pads[i]), int(pads[i + len(axes)])
-        if not before and not after:
-            continue
-        parts = []
-        for n in (before, after):
-            block = list(out.type.shape)
-            block[axis] = n
-            parts.append(ctx.constant(np.full(block, fill, dtype=x.type.dtype), "pad") if n
-                         else None)
-        pieces = [p for p in (parts[0], out, parts[1]) if p is not None]
-        out = ctx.emit("concat", *pieces, axis=axis)
-    return out
+        full[axis], full[axis + rank] = int(pads[i]), int(pads[i + len(axes)])
+    if not any(full):
+        return x
+    return ctx.emit("pad", x, pads=tuple(full), mode=mode, value=fill)
 
 
 @converter("Pad", since=1, attrs={"paddings": None, "mode": "constant", "value": 0.0})
@@ -262,13 +245,16 @@ def _size(ctx: NodeContext) -> Value:
 @converter("Gather", since=1, attrs={"axis": 0})
 def _gather(ctx: NodeContext) -> Value:
     data, indices = ctx.const(0), ctx.const(1)
-    if data is None or indices is None:
-        raise _run_time_unsupported(ctx, "take")
+    x = ctx.input(0)
     axis = int(ctx.attrs["axis"])
-    size = data.shape[axis]
-    if np.any(indices >= size) or np.any(indices < -size):
+    if not -len(x.type.shape) <= axis < len(x.type.shape):
+        raise ctx.error(f"axis {axis} is out of range for shape {x.type.shape}")
+    size = x.type.shape[axis]
+    if indices is not None and (np.any(indices >= size) or np.any(indices < -size)):
         raise ctx.error(f"indices {indices.tolist()} are out of range for size {size}")
-    return ctx.constant(np.take(data, indices.astype(np.int64), axis=axis), "gather")
+    if data is not None and indices is not None:
+        return ctx.constant(np.take(data, indices.astype(np.int64), axis=axis), "gather")
+    return ctx.emit("take", x, ctx.input(1), axis=axis % len(x.type.shape))
 
 
 def _onnx_dtype(ctx: NodeContext, to: int | str) -> np.dtype:
@@ -287,10 +273,7 @@ def _cast(ctx: NodeContext) -> Value:
     dtype = _onnx_dtype(ctx, ctx.attrs["to"])
     if isinstance(x, Constant):
         return ctx.constant(x.data.astype(dtype), "cast")
-    if np.dtype(x.type.dtype) == dtype:
-        return x
-    raise ctx.error(f"casting a run-time tensor from {x.type.dtype} to {dtype}: {dtype} tensors "
-                    "at run time are not supported yet")
+    return cast_to(ctx, x, dtype)
 
 
 @converter("ConstantOfShape", since=9, attrs={"value": None})
@@ -316,7 +299,11 @@ def _slice_const(ctx: NodeContext, starts: Sequence[int], ends: Sequence[int],
         whole = _is_whole_slice(x.type.shape, starts, ends, axes, steps)
         if whole:
             return x
-        raise _run_time_unsupported(ctx, "strided_slice")
+        rank = len(x.type.shape)
+        axes = list(range(len(starts))) if axes is None else [int(a) % rank for a in axes]
+        steps = [1] * len(starts) if steps is None else [int(st) for st in steps]
+        return ctx.emit("strided_slice", x, starts=tuple(int(v) for v in starts),
+                        ends=tuple(int(v) for v in ends), axes=tuple(axes), steps=tuple(steps))
     axes = list(range(len(starts))) if axes is None else [int(a) for a in axes]
     steps = [1] * len(starts) if steps is None else [int(s) for s in steps]
     index = [slice(None)] * data.ndim

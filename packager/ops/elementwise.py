@@ -29,6 +29,33 @@ def _infer_unary(a: TensorType, **attrs: object) -> TensorType:
     return a
 
 
+def scalar_of(value: float, dtype: str) -> te.Const:
+    """A constant of ``dtype`` (integer dtypes truncate ``value``)."""
+    if dtype == "bool":
+        return te.const(bool(value), dtype)
+    if dtype in te.FLOAT_DTYPES:
+        return te.const(float(value), dtype)
+    return te.const(int(value), dtype)
+
+
+def _divide(x: te.Expr, y: te.Expr) -> te.Expr:
+    if x.dtype in te.FLOAT_DTYPES:
+        return x / y
+    # Integers: truncate toward zero, as C and ONNX do (te's integer div floors, as Python).
+    q = x // y
+    zero = scalar_of(0, x.dtype)
+    inexact = te.ne(x - q * y, zero)
+    signs_differ = te.ne(x < zero, y < zero)
+    return te.if_then_else(te.logical_and(inexact, signs_differ), q + scalar_of(1, x.dtype), q)
+
+
+def _int_divide_np(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    if a.dtype.kind in "iu":
+        q = np.abs(a.astype(np.int64)) // np.abs(b.astype(np.int64))
+        return (q * np.sign(a) * np.sign(b)).astype(a.dtype)
+    return np.divide(a, b)
+
+
 def _binary_legalizer(fn):
     def legalize(a: te.Tensor, b: te.Tensor, out_type: TensorType, name: str) -> te.Tensor:
         return te.compute(out_type.shape,
@@ -46,7 +73,7 @@ _BINARY = {
     "add": (lambda x, y: x + y, np.add),
     "subtract": (lambda x, y: x - y, np.subtract),
     "multiply": (lambda x, y: x * y, np.multiply),
-    "divide": (lambda x, y: x / y, np.divide),
+    "divide": (_divide, _int_divide_np),
     "maximum": (te.maximum, np.maximum),
     "minimum": (te.minimum, np.minimum),
 }
@@ -70,9 +97,18 @@ def _gelu_np(x: np.ndarray) -> np.ndarray:
 
 # name: (tensor-expression body, numpy reference); attrs pass through to both.
 _UNARY = {
-    "relu": (lambda x: te.maximum(x, 0.0), lambda x: np.maximum(x, 0).astype(x.dtype)),
+    "relu": (lambda x: te.maximum(x, scalar_of(0, x.dtype)),
+             lambda x: np.maximum(x, 0).astype(x.dtype)),
     "negative": (lambda x: -x, np.negative),
-    "abs": (lambda x: te.math("abs", x), np.abs),
+    "abs": (lambda x: te.math("abs", x) if x.dtype in te.FLOAT_DTYPES
+            else te.if_then_else(x < scalar_of(0, x.dtype), -x, x), np.abs),
+    "floor": (lambda x: te.math("floor", x), np.floor),
+    "ceil": (lambda x: te.math("ceil", x), np.ceil),
+    "round": (lambda x: te.math("round", x), np.round),   # half to even, as ONNX Round
+    "sign": (lambda x: te.if_then_else(x > scalar_of(0, x.dtype), scalar_of(1, x.dtype),
+                                       te.if_then_else(x < scalar_of(0, x.dtype),
+                                                       scalar_of(-1, x.dtype),
+                                                       scalar_of(0, x.dtype))), np.sign),
     "exp": (te.exp, np.exp),
     "log": (te.log, np.log),
     "sqrt": (te.sqrt, np.sqrt),
@@ -89,7 +125,8 @@ for _name, (_te_fn, _np_fn) in _UNARY.items():
 
 
 @register_op("clip", ELEMWISE, _infer_unary,
-             _unary_legalizer(lambda x, min, max: te.minimum(te.maximum(x, float(min)), float(max))))
+             _unary_legalizer(lambda x, min, max: te.minimum(te.maximum(x, scalar_of(min, x.dtype)),
+                                                             scalar_of(max, x.dtype))))
 def clip(a: np.ndarray, min: float, max: float) -> np.ndarray:
     return np.clip(a, min, max).astype(a.dtype)
 

@@ -6,6 +6,7 @@ import numpy as np
 
 from ..ir import te
 from ..ir.graph import TensorType
+from ..ir.patterns import tag_reduction
 from .registry import COMPLEX, REDUCTION, broadcast_shape, register_op
 
 
@@ -34,6 +35,7 @@ def _batch_index(t: te.Tensor, batch_axes: tuple[te.IndexVar, ...]) -> tuple:
 def _legalize_matmul(a: te.Tensor, b: te.Tensor, out_type: TensorType, name: str,
                      transpose_b: bool = False) -> te.Tensor:
     k = te.reduce_axis(a.shape[-1], "k")
+    tag_reduction(k, "matmul", (a, b), transpose_b=transpose_b)
 
     def body(*i: te.IndexVar) -> te.Expr:
         batch, m, n = i[:-2], i[-2], i[-1]
@@ -90,6 +92,8 @@ def _legalize_conv2d(x: te.Tensor, w: te.Tensor, out_type: TensorType, name: str
     og = o // groups
     rc, ry, rx = te.reduce_axis(cg, "rc"), te.reduce_axis(kh, "ry"), te.reduce_axis(kw, "rx")
     padded = any(padding)
+    tag_reduction(rc, "conv2d", (x, w), strides=tuple(strides), padding=tuple(padding),
+                  dilation=tuple(dilation), groups=groups)
 
     def body(n: te.IndexVar, oc: te.IndexVar, y: te.IndexVar, xx: te.IndexVar) -> te.Expr:
         ic = rc if groups == 1 else (oc // og) * cg + rc
@@ -143,12 +147,14 @@ def _legalize_max_pool(x: te.Tensor, out_type: TensorType, name: str, kernel=(1,
                        ceil_mode: bool = False, count_include_pad: bool = False) -> te.Tensor:
     _, _, h, w = x.shape
     ry, rx = te.reduce_axis(kernel[0], "ry"), te.reduce_axis(kernel[1], "rx")
+    lowest = (te.const(float("-inf"), x.dtype) if x.dtype in te.FLOAT_DTYPES
+              else te.const(int(np.iinfo(x.dtype).min), x.dtype))
 
     def body(n, c, y, xx):
         iy = y * strides[0] - padding[0] + ry * dilation[0]
         ix = xx * strides[1] - padding[1] + rx * dilation[1]
         value = te.if_then_else(te.logical_and(_in_bounds(iy, h), _in_bounds(ix, w)),
-                                x[n, c, _clamped(iy, h), _clamped(ix, w)], float("-inf"))
+                                x[n, c, _clamped(iy, h), _clamped(ix, w)], lowest)
         return te.max_of(value, (ry, rx))
 
     return te.compute(out_type.shape, body, name=name)

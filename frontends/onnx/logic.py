@@ -1,0 +1,121 @@
+"""Converters for comparison, logical, selection and rounding ONNX operators, Cast/CastLike on
+run-time tensors, Mod, and the integer-friendly forms of the reductions."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+
+from ...packager.ir.graph import Value
+from .registry import NodeContext, converter
+
+# ONNX op_type: (op, first opset)
+_COMPARE = {
+    "Equal": ("equal", 1),
+    "Less": ("less", 1),
+    "Greater": ("greater", 1),
+    "LessOrEqual": ("less_equal", 12),
+    "GreaterOrEqual": ("greater_equal", 12),
+    "And": ("logical_and", 1),
+    "Or": ("logical_or", 1),
+    "Xor": ("logical_xor", 1),
+}
+
+_LEGACY_ATTRS = {"broadcast": 0, "axis": None}
+
+
+def _pairwise(op: str) -> Callable[[NodeContext], Value]:
+    def convert(ctx: NodeContext) -> Value:
+        from .elementwise import legacy_broadcast  # shared opset < 7 broadcasting rule
+
+        a, b = ctx.input(0), ctx.input(1)
+        if ctx.opset < 7:
+            b = legacy_broadcast(ctx, a, b)
+        return ctx.emit(op, a, b)
+    return convert
+
+
+for _op_type, (_op, _since) in _COMPARE.items():
+    if _since < 7:
+        converter(_op_type, since=_since, attrs=_LEGACY_ATTRS)(_pairwise(_op))
+        converter(_op_type, since=7)(_pairwise(_op))
+    else:
+        converter(_op_type, since=_since)(_pairwise(_op))
+
+
+@converter("Not", since=1)
+def _not(ctx: NodeContext) -> Value:
+    return ctx.emit("logical_not", ctx.input(0))
+
+
+@converter("Where", since=9)
+def _where(ctx: NodeContext) -> Value:
+    return ctx.emit("where", ctx.input(0), ctx.input(1), ctx.input(2))
+
+
+def _unary(op: str, float_only: bool = False) -> Callable[[NodeContext], Value]:
+    def convert(ctx: NodeContext) -> Value:
+        x = ctx.input(0)
+        if x.type.dtype not in ("float32", "float64") and op in ("floor", "ceil", "round"):
+            return x  # rounding an integer changes nothing
+        return ctx.emit(op, x)
+    return convert
+
+
+converter("Floor", since=1)(_unary("floor"))
+converter("Ceil", since=1)(_unary("ceil"))
+converter("Round", since=11)(_unary("round"))
+converter("Sign", since=9)(_unary("sign"))
+
+
+@converter("Mod", since=10, attrs={"fmod": 0})
+def _mod(ctx: NodeContext) -> Value:
+    a, b = ctx.input(0), ctx.input(1)
+    fmod = bool(ctx.attrs["fmod"])
+    if a.type.dtype.startswith("float") and not fmod:
+        raise ctx.error("fmod=0 on floats is not allowed by ONNX")
+    return ctx.emit("mod", a, b, fmod=fmod)
+
+
+@converter("IsNaN", since=9)
+def _isnan(ctx: NodeContext) -> Value:
+    x = ctx.input(0)
+    return ctx.emit("not_equal", x, x)
+
+
+@converter("IsInf", since=10, attrs={"detect_negative": 1, "detect_positive": 1})
+def _isinf(ctx: NodeContext) -> Value:
+    x = ctx.input(0)
+    pos = ctx.emit("equal", x, ctx.scalar(np.inf, x))
+    neg = ctx.emit("equal", x, ctx.scalar(-np.inf, x))
+    if ctx.attrs["detect_positive"] and ctx.attrs["detect_negative"]:
+        return ctx.emit("logical_or", pos, neg)
+    if ctx.attrs["detect_positive"]:
+        return pos
+    if ctx.attrs["detect_negative"]:
+        return neg
+    return ctx.emit("logical_and", pos, neg)  # all false
+
+
+def cast_to(ctx: NodeContext, x: Value, dtype: np.dtype | str) -> Value:
+    """``x`` as ``dtype``: folded for constants, a ``cast`` op at run time."""
+    dtype = str(np.dtype(dtype))
+    if x.type.dtype == dtype:
+        return x
+    from .importer import RUNTIME_DTYPES
+
+    if dtype not in RUNTIME_DTYPES or x.type.dtype not in RUNTIME_DTYPES:
+        raise ctx.error(f"casting a run-time tensor from {x.type.dtype} to {dtype}: only "
+                        f"{', '.join(RUNTIME_DTYPES)} are supported at run time")
+    return ctx.emit("cast", x, dtype=dtype)
+
+
+@converter("CastLike", since=15, attrs={"saturate": 1, "round_mode": "up"})
+def _cast_like(ctx: NodeContext) -> Value:
+    x, like = ctx.input(0), ctx.input(1)
+    from ...packager.ir.graph import Constant
+
+    if isinstance(x, Constant):
+        return ctx.constant(x.data.astype(like.type.dtype), "cast")
+    return cast_to(ctx, x, like.type.dtype)
