@@ -11,6 +11,7 @@ import llvmlite.binding as llvm
 from llvmlite import ir
 
 from ..ir.graph import PrimFunc
+from .gemm import emit_contraction, vector_width
 from .lower import KernelInfo, emit_kernel
 from .target import Target
 
@@ -44,11 +45,24 @@ def _target_machine(target: Target) -> llvm.TargetMachine:
         codemodel="small")
 
 
+# Specialized kernels, tried in order; the generic loop-nest lowering is the fallback.
+KERNEL_RULES = (emit_contraction,)
+
+
+def _emit(module: ir.Module, func: PrimFunc, symbol: str, vl: int) -> KernelInfo:
+    for rule in KERNEL_RULES:
+        info = rule(module, func, symbol, vl)
+        if info is not None:
+            return info
+    return emit_kernel(module, func, symbol)
+
+
 def compile_prim_funcs(funcs: Sequence[PrimFunc], target: Target) -> CompiledCode:
     """Compile ``funcs`` into one object for ``target``; kernel symbols are ``mlc_<name>``."""
     module = ir.Module(name="mlcpack_kernels")
     module.triple = target.triple
-    kernels = {f.name: emit_kernel(module, f, SYMBOL_PREFIX + f.name) for f in funcs}
+    vl = vector_width(target.name)
+    kernels = {f.name: _emit(module, f, SYMBOL_PREFIX + f.name, vl) for f in funcs}
     text = str(module)
     try:
         parsed = llvm.parse_assembly(text)

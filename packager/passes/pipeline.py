@@ -9,6 +9,7 @@ from ..ir.graph import IRModule
 from ..ir.printer import module_text
 from ..ir.verify import verify_module
 from .fuse import fuse_ops
+from .layout import pretranspose_weights
 from .legalize import legalize
 from .simplify import eliminate_dead_code, fold_constants
 
@@ -22,6 +23,7 @@ class Pass:
 DEFAULT_PIPELINE: tuple[Pass, ...] = (
     Pass("fold_constants", fold_constants),
     Pass("eliminate_dead_code", eliminate_dead_code),
+    Pass("pretranspose_weights", pretranspose_weights),
     Pass("legalize", legalize),
     Pass("fuse_ops", fuse_ops),
     Pass("eliminate_dead_code", eliminate_dead_code),

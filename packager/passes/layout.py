@@ -1,0 +1,24 @@
+"""Layout of constant weights for the fast kernels: a ``matmul(a, W, transpose_b=True)`` whose W
+is a constant (ONNX Gemm with transB, i.e. every torch Linear) gets W transposed once at export,
+so the kernel reads contiguous rows of the output's width."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..ir.graph import Call, Constant, IRModule
+from .common import map_functions, rewrite_function
+
+
+def pretranspose_weights(mod: IRModule) -> IRModule:
+    def visit(b, lookup):
+        v = b.value
+        if (isinstance(v, Call) and v.op == "matmul" and v.attrs.get("transpose_b")
+                and isinstance(v.args[1], Constant) and v.args[1].data.ndim >= 2):
+            w = v.args[1]
+            data = np.ascontiguousarray(np.swapaxes(w.data, -1, -2))
+            attrs = {**v.attrs, "transpose_b": False}
+            return Call(v.op, [v.args[0], Constant(f"{w.name}_t", data)], attrs, v.type)
+        return None
+
+    return map_functions(mod, lambda fn: rewrite_function(fn, visit))
