@@ -7,7 +7,6 @@ import numpy as np
 from ..ir import te
 from ..ir.graph import TensorType
 from ..ir.patterns import tag_reduction
-from ..ir.patterns import tag_reduction
 from .registry import COMPLEX, REDUCTION, broadcast_shape, register_op
 
 
@@ -93,8 +92,6 @@ def _legalize_conv2d(x: te.Tensor, w: te.Tensor, out_type: TensorType, name: str
     og = o // groups
     rc, ry, rx = te.reduce_axis(cg, "rc"), te.reduce_axis(kh, "ry"), te.reduce_axis(kw, "rx")
     padded = any(padding)
-    tag_reduction(rc, "conv2d", (x, w), strides=tuple(strides), padding=tuple(padding),
-                  dilation=tuple(dilation), groups=groups)
     tag_reduction(rc, "conv2d", (x, w), strides=tuple(strides), padding=tuple(padding),
                   dilation=tuple(dilation), groups=groups)
 
