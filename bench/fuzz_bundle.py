@@ -1,0 +1,174 @@
+"""Fuzz the bundle reader, the header validation and the ELF loader with 100 000+ mutations of a
+real bundle (outside CI; ``tests/test_fuzz_bundle.py`` runs a short version).
+
+    .venv/bin/python bench/fuzz_bundle.py                      # 100 000 mutations, all cores
+    .venv/bin/python bench/fuzz_bundle.py --mutations 20000 --bundle my.mlc --json out.json
+
+Batches run in worker processes (``faulthandler`` on), so a segfault, an abort or a hang in one
+batch is seen and reported with the batch seed and the index of the case it was running, instead
+of taking the whole run down. The mutations and the property are in ``tests/fuzzing.py``. Exit
+status 1 if any case broke the property, crashed or hung.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import ctypes
+import faulthandler
+import json
+import mmap
+import os
+import random
+import shutil
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+
+
+def _tiny_bundle(folder: Path) -> Path:
+    """A 6-5-3 MLP (a few KB), so one load costs well under a millisecond."""
+    import numpy as np
+    from mlcpack.frontends.arch import build_from_spec, infer_mlp_spec
+    from mlcpack.packager.export import ExportOptions, export_module
+
+    rng = np.random.default_rng(0)
+    weights = {"w0": rng.standard_normal((5, 6)).astype(np.float32),
+               "b0": rng.standard_normal(5).astype(np.float32),
+               "w1": rng.standard_normal((3, 5)).astype(np.float32),
+               "b1": rng.standard_normal(3).astype(np.float32)}
+    path = folder / "tiny.mlc"
+    mod = build_from_spec(infer_mlp_spec(weights), weights, None)
+    export_module(mod, path, ExportOptions(labels=["a", "b", "c"], model_name="tiny"))
+    return path
+
+
+# ---- worker ---------------------------------------------------------------------------------
+
+def run_worker(bundle: Path, batch_seed: int, count: int, progress: Path, scratch: Path) -> None:
+    import fuzzing
+
+    faulthandler.enable()
+    seed = fuzzing.make_seed(bundle)
+    paths = fuzzing.header_paths(seed.header)
+    rng = random.Random(batch_seed)
+    outcomes: collections.Counter = collections.Counter()
+    violations: list[str] = []
+    crash_at = int(os.environ.get("MLCPACK_FUZZ_CRASH_AT", "-1"))  # tests the crash report
+    with open(progress, "r+b") as f, mmap.mmap(f.fileno(), 8) as mark:
+        for i in range(count):
+            mark[:8] = struct.pack("<q", i)  # survives a crash: the parent reads it
+            if i == crash_at:
+                ctypes.string_at(0)  # a real SIGSEGV
+            header = rng.random() < 0.5
+            case = None
+            while case is None:
+                case = (fuzzing.random_header_case(seed, rng, paths) if header
+                        else fuzzing.random_byte_case(seed, rng))
+            family = "header" if header else "bytes"
+            try:
+                outcomes[f"{family}:{fuzzing.check(seed, case, scratch)}"] += 1
+            except fuzzing.PropertyViolation as exc:
+                outcomes[f"{family}:VIOLATION"] += 1
+                if len(violations) < 20:
+                    violations.append(f"batch {batch_seed} case {i}: {exc}")
+    json.dump({"outcomes": outcomes, "violations": violations}, sys.stdout)
+
+
+# ---- parent ---------------------------------------------------------------------------------
+
+def run(mutations: int, batch: int, workers: int, bundle: Path | None, seed: int,
+        timeout: float) -> dict:
+    work = Path(tempfile.mkdtemp(prefix="mlcfuzz-", dir="/dev/shm" if os.path.isdir("/dev/shm")
+                                 else None))
+    try:
+        return _run(work, bundle or _tiny_bundle(work), mutations, batch, workers, seed, timeout)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _run(work: Path, bundle: Path, mutations: int, batch: int, workers: int, seed: int,
+         timeout: float) -> dict:
+    batches = [(seed * 1_000_003 + b, min(batch, mutations - b * batch))
+               for b in range((mutations + batch - 1) // batch)]
+    pending = list(batches)
+    running: list[tuple[subprocess.Popen, int, int, Path, float]] = []
+    outcomes: collections.Counter = collections.Counter()
+    violations: list[str] = []
+    crashes: list[str] = []
+    t0 = time.perf_counter()
+    while pending or running:
+        while pending and len(running) < workers:
+            bseed, n = pending.pop(0)
+            progress = work / f"progress-{bseed}"
+            progress.write_bytes(b"\xff" * 8)
+            cmd = [sys.executable, __file__, "--worker", "--bundle", str(bundle),
+                   "--batch-seed", str(bseed), "--count", str(n), "--progress", str(progress),
+                   "--scratch", str(work / f"case-{bseed}.mlc")]
+            proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            running.append((proc, bseed, n, progress, time.perf_counter()))
+        time.sleep(0.02)
+        for item in list(running):
+            proc, bseed, n, progress, started = item
+            if proc.poll() is None and time.perf_counter() - started < timeout:
+                continue
+            running.remove(item)
+            hung = proc.poll() is None
+            if hung:
+                proc.kill()
+            out, err = proc.communicate()
+            (at,) = struct.unpack("<q", progress.read_bytes()[:8])
+            if hung or proc.returncode != 0:
+                what = "hung" if hung else f"exit {proc.returncode}"
+                crashes.append(f"batch {bseed}: {what} at case {at}: {err.strip()[-2000:]}")
+                outcomes["CRASH" if not hung else "HANG"] += 1
+                continue
+            result = json.loads(out)
+            outcomes.update(result["outcomes"])
+            violations += result["violations"]
+    seconds = time.perf_counter() - t0
+    return {"mutations": mutations, "seconds": round(seconds, 2),
+            "per_second": round(mutations / seconds, 1), "workers": workers,
+            "bundle_bytes": bundle.stat().st_size, "outcomes": dict(sorted(outcomes.items())),
+            "violations": violations, "crashes": crashes}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--mutations", type=int, default=100_000)
+    ap.add_argument("--batch", type=int, default=5000, help="mutations per worker process")
+    ap.add_argument("--workers", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--bundle", type=Path, help="bundle to mutate (default: a tiny MLP)")
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--timeout", type=float, default=300, help="seconds before a batch is hung")
+    ap.add_argument("--json", type=Path, help="also write the report here")
+    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--batch-seed", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--count", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--progress", type=Path, help=argparse.SUPPRESS)
+    ap.add_argument("--scratch", type=Path, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.worker:
+        run_worker(args.bundle, args.batch_seed, args.count, args.progress, args.scratch)
+        return 0
+    report = run(args.mutations, args.batch, args.workers, args.bundle, args.seed, args.timeout)
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=2))
+    print(f"{report['mutations']} mutations in {report['seconds']} s "
+          f"({report['per_second']}/s, {report['workers']} workers, bundle "
+          f"{report['bundle_bytes']} bytes)")
+    for key, n in report["outcomes"].items():
+        print(f"  {key:<28} {n:>8}")
+    for line in report["violations"] + report["crashes"]:
+        print("FAIL:", line)
+    return 1 if report["violations"] or report["crashes"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

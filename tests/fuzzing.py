@@ -1,0 +1,280 @@
+"""Bundle mutations and the property each must keep, shared by ``tests/test_fuzz_bundle.py`` (a
+short hypothesis run in CI) and ``bench/fuzz_bundle.py`` (100 000+ random mutations).
+
+The property: a mutated bundle either loads (and, where it is safe to run, gives exactly the
+original answer) or ``load`` raises an ``MlcpackError`` with a one-line message; never another
+exception, a crash or a hang.
+
+Two families of mutations:
+
+- byte mutations of the file (bit flip, byte set, overwrite, insertion, deletion, truncation),
+  loaded with the SHA-256 check (so a load means the content is intact: it is run) or without it
+  (so only the structural checks stand between the bytes and the loader: never run);
+- header mutations re-packed as valid msgpack with a recomputed SHA-256, so the structural
+  validation is what refuses them. Kernels trust the shapes, offsets and indices of the header, so
+  a bundle whose tensor table, kernels, code, plan or bytecode record was mutated is only loaded
+  and closed, never run; one where only descriptive fields changed is run and checked.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import math
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import msgpack
+import numpy as np
+from mlcpack.runtime import load
+from mlcpack.runtime.bundle import ALIGN, DATA_KEY, DIGEST_KEY, MAGIC, BundleReader, PayloadRef
+from mlcpack.runtime.errors import MlcpackError
+
+# Top-level header keys that no kernel depends on: a bundle mutated only there may be run.
+RUN_SAFE_KEYS = frozenset({"compiler", "model", "labels", "preprocess", "ir", "pad", "format",
+                           "min_reader"})
+BYTE_KINDS = ("flip", "set", "overwrite", "insert", "delete", "truncate")
+HEADER_OPS = ("replace", "delete", "add_key", "nudge", "swap", "duplicate", "drop")
+
+_VALUES: list[Any] = [None, True, False, 0, 1, -1, 2, 3, 63, 64, 65, 4096, 1 << 31, (1 << 32) - 1,
+                      1 << 32, 1 << 40, (1 << 63) - 1, -(1 << 63), (1 << 64) - 1, 1.5, -0.0,
+                      math.nan, math.inf, "", "x", "float32", "int8", "bool", "float64",
+                      "uint64", "env.linear", "env.relu", "x86_64", "aarch64", "x86-64-v2",
+                      "é" * 3, "a" * 300, b"", b"\0" * 8, [], [0], [1, 784],
+                      [0, 0, 0, 0], [[]], {}, {"offset": 0, "size": 0},
+                      {"offset": 64, "size": 1 << 40}, {1: 2}, {"": None}]
+
+
+@dataclass
+class Seed:
+    """The bundle every mutation starts from, and its right answer."""
+
+    data: bytes
+    header: dict                 # without the writer's "pad"
+    payloads: list[bytes]        # in file order
+    data_start: int
+    input_name: str
+    x: np.ndarray
+    expected: bytes              # the first output's bytes for ``x``
+
+
+@dataclass
+class Case:
+    what: str                    # a short description, for reports
+    blob: bytes
+    verify: bool
+    may_run: bool
+
+
+def make_seed(path: str | Path) -> Seed:
+    """Read a real bundle, run it once on a fixed input and keep its answer."""
+    with BundleReader(path) as reader:
+        header = copy.deepcopy(reader.header)
+        header.pop("pad", None)
+        refs = sorted({(r["offset"], r["size"]) for r in payload_records(header)})
+        payloads = [bytes(reader.payload(PayloadRef(o, s))) for o, s in refs]
+        data_start = reader.data_start
+    with load(path) as model:
+        spec = model.inputs[0]
+        x = np.random.default_rng(0).standard_normal(spec.shape).astype(spec.dtype)
+        expected = model(x)
+        expected = (expected[0] if isinstance(expected, tuple) else expected).tobytes()
+    return Seed(Path(path).read_bytes(), header, payloads, data_start, spec.name, x, expected)
+
+
+def payload_records(obj: Any) -> list[dict]:
+    if isinstance(obj, dict):
+        if set(obj) == {"offset", "size"} and all(isinstance(v, int) for v in obj.values()):
+            return [obj]
+        return [r for v in obj.values() for r in payload_records(v)]
+    if isinstance(obj, list):
+        return [r for v in obj for r in payload_records(v)]
+    return []
+
+
+def pack(header: dict, payloads: list[bytes]) -> bytes:
+    """A bundle of ``header`` (keys in its own order, nothing added) over ``payloads``, with the
+    payload area aligned and a correct SHA-256."""
+    body = b"".join(p + b"\0" * (-len(p) % ALIGN) for p in payloads)
+    for n in range(2 * ALIGN):
+        packed = msgpack.packb({**header, "pad": b"\0" * n}, use_bin_type=True)
+        if (len(MAGIC) + len(packed) + len(DIGEST_KEY) + 32 + len(DATA_KEY) + 4) % ALIGN == 0:
+            break
+    head = MAGIC + packed
+    digest = hashlib.sha256(head + body).digest()
+    return head + DIGEST_KEY + digest + DATA_KEY + len(body).to_bytes(4, "big") + body
+
+
+# ---- byte mutations ---------------------------------------------------------------------------
+
+def mutate_bytes(data: bytes, kind: str, pos: int, arg: int, chunk: bytes = b"") -> bytes:
+    """One byte-level mutation at ``pos`` (taken modulo the length)."""
+    pos %= max(len(data), 1)
+    out = bytearray(data)
+    if kind == "flip":
+        out[pos] ^= 1 << (arg % 8)
+    elif kind == "set":
+        out[pos] = arg % 256
+    elif kind == "overwrite":
+        out[pos:pos + len(chunk)] = chunk
+        del out[len(data):]
+    elif kind == "insert":
+        out[pos:pos] = chunk or b"\0"
+    elif kind == "delete":
+        del out[pos:pos + max(arg % 64, 1)]
+    elif kind == "truncate":
+        del out[pos:]
+    else:
+        raise ValueError(kind)
+    return bytes(out)
+
+
+def random_byte_case(seed: Seed, rng: random.Random) -> Case:
+    kind = rng.choice(BYTE_KINDS)
+    region = rng.random()
+    if region < 0.5:                  # the header: what the structural checks parse
+        pos = rng.randrange(seed.data_start)
+    elif region < 0.6:                # digest, data key and payload length
+        pos = seed.data_start - 1 - rng.randrange(45)
+    else:
+        pos = rng.randrange(len(seed.data))
+    chunk = bytes(rng.randrange(256) for _ in range(rng.choice((1, 2, 4, 8, 16))))
+    if rng.random() < 0.3:            # msgpack type bytes that claim huge lengths
+        chunk = rng.choice((b"\xdf\xff\xff\xff\xff", b"\xdd\x7f\xff\xff\xff", b"\xc6\xff\xff\xff\xf0",
+                            b"\xdb\x7f\xff\xff\xff", b"\xcf" + b"\xff" * 8, b"\xc1", b"\xd9\xff"))
+    verify = rng.random() < 0.7
+    blob = mutate_bytes(seed.data, kind, pos, rng.randrange(256), chunk)
+    return Case(f"{kind}@{pos % max(len(seed.data), 1)} verify={verify}", blob, verify,
+                may_run=verify)
+
+
+# ---- header mutations (valid msgpack, recomputed SHA-256) --------------------------------------
+
+def header_paths(obj: Any, prefix: tuple = ()) -> list[tuple]:
+    out = [prefix] if prefix else []
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            out += header_paths(v, prefix + (k,))
+    elif isinstance(obj, list):
+        for i, v in enumerate(obj):
+            out += header_paths(v, prefix + (i,))
+    return out
+
+
+def mutate_header(header: dict, path: tuple, op: str, value: Any, rng: random.Random
+                  ) -> dict | None:
+    """Apply ``op`` at ``path`` of a copy of ``header``; None when the op does not apply."""
+    h = copy.deepcopy(header)
+    parent: Any = h
+    for key in path[:-1]:
+        parent = parent[key]
+    key = path[-1]
+    old = parent[key]
+    if op == "replace":
+        parent[key] = value
+    elif op == "delete":
+        if isinstance(parent, dict):
+            del parent[key]
+        else:
+            parent.pop(key)
+    elif op == "add_key":
+        if not isinstance(old, dict):
+            return None
+        old[rng.choice(("extra", "offset", "size", "name", "tensor", 7))] = value
+    elif op == "nudge":
+        if not isinstance(old, int) or isinstance(old, bool):
+            return None
+        parent[key] = old + rng.choice((-64, -8, -4, -1, 1, 4, 8, 64, 4096, old, -old - 1))
+    elif op == "swap":
+        if not isinstance(old, list) or len(old) < 2:
+            return None
+        i, j = rng.sample(range(len(old)), 2)
+        old[i], old[j] = old[j], old[i]
+    elif op == "duplicate":
+        if not isinstance(old, list) or not old:
+            return None
+        old.append(copy.deepcopy(rng.choice(old)))
+    elif op == "drop":
+        if not isinstance(old, list) or not old:
+            return None
+        old.pop(rng.randrange(len(old)))
+    else:
+        raise ValueError(op)
+    return h
+
+
+def header_case(seed: Seed, path: tuple, op: str, value: Any, rng: random.Random
+                ) -> Case | None:
+    h = mutate_header(seed.header, path, op, value, rng)
+    if h is None:
+        return None
+    try:
+        blob = pack(h, seed.payloads)
+    except (OverflowError, TypeError, ValueError):  # not representable in msgpack: no case
+        return None
+    return Case(f"{op} {'/'.join(map(str, path))} = {value!r:.40}", blob, verify=True,
+                may_run=path[0] in RUN_SAFE_KEYS)
+
+
+def applicable_ops(value: Any) -> list[str]:
+    """The header ops that change ``value`` (every op applies to some value)."""
+    ops = ["replace", "delete"]
+    if isinstance(value, int) and not isinstance(value, bool):
+        ops.append("nudge")
+    if isinstance(value, list) and value:
+        ops += ["swap", "duplicate", "drop"] if len(value) > 1 else ["duplicate", "drop"]
+    if isinstance(value, dict):
+        ops.append("add_key")
+    return ops
+
+
+def random_header_case(seed: Seed, rng: random.Random, paths: list[tuple] | None = None
+                       ) -> Case | None:
+    paths = paths or header_paths(seed.header)
+    path = rng.choice(paths)
+    op = rng.choice(applicable_ops(_lookup(seed.header, path)))
+    value = rng.choice(_VALUES) if rng.random() < 0.8 else copy.deepcopy(
+        _lookup(seed.header, rng.choice(paths)))  # a value from elsewhere in the header
+    return header_case(seed, path, op, value, rng)
+
+
+def _lookup(obj: Any, path: tuple) -> Any:
+    for key in path:
+        obj = obj[key]
+    return obj
+
+
+# ---- the property -----------------------------------------------------------------------------
+
+class PropertyViolation(AssertionError):
+    """A mutation gave another exception than MlcpackError, a multi-line message, or a wrong
+    answer."""
+
+
+def check(seed: Seed, case: Case, path: Path) -> str:
+    """Write ``case`` to ``path``, load it and (if allowed) run it. Returns the outcome: "ran",
+    "loaded" or the MlcpackError class name; raises PropertyViolation otherwise."""
+    path.write_bytes(case.blob)
+    try:
+        model = load(path, verify=case.verify)
+    except MlcpackError as exc:
+        if "\n" in str(exc) or not str(exc):
+            raise PropertyViolation(f"{case.what}: message is not one line: {exc!r}") from None
+        return type(exc).__name__
+    except Exception as exc:  # noqa: BLE001 - the property is that nothing else escapes
+        raise PropertyViolation(f"{case.what}: {type(exc).__name__}: {exc}") from exc
+    try:
+        if not case.may_run:
+            return "loaded"
+        try:
+            out = model.run({seed.input_name: seed.x})
+        except MlcpackError as exc:
+            raise PropertyViolation(f"{case.what}: loaded but refused to run: {exc}") from None
+        first = out[model.outputs[0].name]
+        if first.tobytes() != seed.expected:
+            raise PropertyViolation(f"{case.what}: loaded and ran with a different answer")
+        return "ran"
+    finally:
+        model.close()
