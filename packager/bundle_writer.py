@@ -15,6 +15,8 @@ import msgpack
 import numpy as np
 
 from ..runtime.bundle import ALIGN, DATA_KEY, DIGEST_KEY, FORMAT_MAJOR, FORMAT_MINOR, MAGIC
+from ..runtime.signing import (ALGORITHM, SIG_FIELD, SIGNATURE_BYTES, SIGNATURE_KEY,
+                               signed_message)
 
 
 class BundleWriteError(Exception):
@@ -51,14 +53,34 @@ class BundleWriter:
                 return packed
         raise AssertionError("no header padding aligns the payload area")
 
-    def write(self, path: str | os.PathLike, header: dict[str, Any]) -> int:
-        """Write the bundle to ``path`` atomically; return its size in bytes."""
-        header = {"format": [FORMAT_MAJOR, FORMAT_MINOR],
-                  "min_reader": [FORMAT_MAJOR, FORMAT_MINOR], **header}
-        head = MAGIC + self._header_bytes(header)
+    def _digest(self, head: bytes) -> Any:
         digest = hashlib.sha256(head)
         for chunk in self._chunks:
             digest.update(chunk)
+        return digest
+
+    def _signed(self, head: bytes, signer: Any) -> bytes:
+        # Sign the digest taken with a zero signature in place, then put the signature there
+        # (same length: nothing moves). runtime/signing.py describes the check.
+        placeholder = SIG_FIELD + bytes(SIGNATURE_BYTES)
+        at = head.find(placeholder)
+        assert at >= 0 and head.find(placeholder, at + 1) < 0, "signature placeholder not unique"
+        sig = signer.sign(signed_message(self._digest(head).digest()))
+        assert len(sig) == SIGNATURE_BYTES
+        return head[:at + len(SIG_FIELD)] + sig + head[at + len(placeholder):]
+
+    def write(self, path: str | os.PathLike, header: dict[str, Any], signer: Any = None) -> int:
+        """Write the bundle to ``path`` atomically; return its size in bytes. ``signer``
+        (``packager.signing.Signer``) adds an Ed25519 signature to the header."""
+        header = {"format": [FORMAT_MAJOR, FORMAT_MINOR],
+                  "min_reader": [FORMAT_MAJOR, FORMAT_MINOR], **header}
+        if signer is not None:
+            header[SIGNATURE_KEY] = {"alg": ALGORITHM, "key": signer.public_key,
+                                     "sig": bytes(SIGNATURE_BYTES)}
+        head = MAGIC + self._header_bytes(header)
+        if signer is not None:
+            head = self._signed(head, signer)
+        digest = self._digest(head)
         trailer = DIGEST_KEY + digest.digest() + DATA_KEY + self._size.to_bytes(4, "big")
         if self._size >= 1 << 32:
             raise BundleWriteError("payloads exceed 4 GiB, the format's limit")

@@ -116,6 +116,7 @@ def export(
     mean: Optional[str] = typer.Option(None, help="per-channel mean to record, e.g. 0.485,0.456,0.406"),
     std: Optional[str] = typer.Option(None, help="per-channel std to record"),
     layout: Optional[str] = typer.Option(None, help="image layout: NCHW, NHWC or flat"),
+    sign: Optional[Path] = typer.Option(None, help="Ed25519 private key (PEM) to sign with"),
     debug: bool = typer.Option(False, help="show tracebacks"),
 ) -> None:
     """Compile a model into one .mlc bundle."""
@@ -145,7 +146,7 @@ def export(
                 _fail("--input-size is needed to record image preprocessing for this input", 2)
         opts = ExportOptions(target=target, preprocess=pre, labels=_labels(labels),
                              model_name=model.stem, source=model.name,
-                             source_sha256=file_sha256(model))
+                             source_sha256=file_sha256(model), sign_key=sign)
         report = export_module(mod, out, opts)
         typer.echo(f"wrote {report.path} ({report.bundle_bytes / 1024:.1f} KiB) in "
                    f"{report.seconds:.2f} s: {report.kernels} kernels, {report.instructions} VM "
@@ -171,6 +172,8 @@ def infer(
     top_k: int = typer.Option(5, "--top-k", "-k", help="how many classes to print"),
     as_json: bool = typer.Option(False, "--json", help="print machine-readable JSON"),
     threads: Optional[int] = typer.Option(None, help="threads (default MLCPACK_NUM_THREADS or 1)"),
+    trusted_key: list[Path] = typer.Option([], help="run only if signed by this Ed25519 "
+                                                    "public key (PEM); repeatable"),
     debug: bool = typer.Option(False, help="show tracebacks"),
 ) -> None:
     """Run a bundle on an input and print the top-k classes."""
@@ -179,7 +182,7 @@ def infer(
         from ..runtime.errors import InputError
         from ..runtime.preprocess import load_input
 
-        with load(bundle, threads=threads) as model:
+        with load(bundle, threads=threads, trusted_keys=trusted_key or None) as model:
             if len(inputs) != len(model.inputs):
                 raise InputError(f"{bundle.name} takes {len(model.inputs)} input(s) "
                                  f"({', '.join(s.name for s in model.inputs)}); got {len(inputs)}")
@@ -241,6 +244,22 @@ def bench(
         typer.echo(f"{bundle.name}: load {t.load_ms:.2f} ms, first {t.first_ms:.2f} ms, "
                    f"median {t.median_us:.1f} us, min {t.min_us:.1f} us ({t.runs} runs, "
                    f"{threads} thread{'s' if threads > 1 else ''})")
+
+    _guarded(debug, run)
+
+
+@app.command()
+def keygen(
+    key: Path = typer.Argument(..., help="private key file to create (its public key goes to KEY.pub)"),
+    debug: bool = typer.Option(False, help="show tracebacks"),
+) -> None:
+    """Make an Ed25519 key pair for `export --sign KEY` and `infer --trusted-key KEY.pub`."""
+    def run() -> None:
+        from .signing import generate_key
+
+        private, public, fp = generate_key(key)
+        typer.echo(f"wrote {private} (private, keep it secret) and {public} (public); "
+                   f"key {fp}")
 
     _guarded(debug, run)
 

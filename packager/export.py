@@ -41,6 +41,7 @@ class ExportOptions:
     source: str | None = None                 # the file the model came from (name only)
     source_sha256: str | None = None
     verify_ir: bool = True
+    sign_key: str | os.PathLike | None = None  # Ed25519 private key file: sign the bundle
 
 
 @dataclass
@@ -91,6 +92,10 @@ def export_module(mod: IRModule, path: str | os.PathLike, options: ExportOptions
     """Compile ``mod`` (binding ``params`` to its ``main`` parameters) and write a bundle."""
     opts = options or ExportOptions()
     t0 = time.perf_counter()
+    signer = None
+    if opts.sign_key is not None:  # read the key first: a bad key fails before compiling
+        from .signing import load_signer
+        signer = load_signer(opts.sign_key)
     optimized, compiled, program = compile_module(mod, params, opts.target, opts.verify_ir,
                                                   on_stage)
     _check_library_names(program)
@@ -134,7 +139,7 @@ def export_module(mod: IRModule, path: str | os.PathLike, options: ExportOptions
         "ir": writer.add(ir_text.encode()),
     }
     try:
-        size = writer.write(path, header)
+        size = writer.write(path, header, signer=signer)
     except BundleWriteError as exc:
         raise ExportError(str(exc)) from None
     return ExportReport(

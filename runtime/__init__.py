@@ -7,10 +7,10 @@ library only. It never imports the compiler (packager/, frontends/, llvmlite, on
 """
 
 from .errors import (BundleError, CodeLoadError, CpuFeatureError, FormatVersionError, InputError,
-                     LibraryFunctionError, MlcpackError)
+                     LibraryFunctionError, MlcpackError, SignatureError)
 from .library import register_library_function
 from .model import Model, TensorSpec, load
 
 __all__ = ["BundleError", "CodeLoadError", "CpuFeatureError", "FormatVersionError", "InputError",
-           "LibraryFunctionError", "MlcpackError", "Model", "TensorSpec", "load",
+           "LibraryFunctionError", "MlcpackError", "Model", "SignatureError", "TensorSpec", "load",
            "register_library_function"]

@@ -168,6 +168,7 @@ class BundleReader:
                 raise BundleError(f"{self.name} failed its content check (SHA-256 mismatch): "
                                   "the file is corrupted; copy or export it again")
         self.header = header
+        self.header_end = header_end
         self.data_start = data_start
         self.data_size = data_size
 

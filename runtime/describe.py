@@ -8,6 +8,7 @@ from typing import Any
 from . import cpu
 from .bundle import BundleReader, nbytes_of, payload_ref
 from .errors import BundleError, MlcpackError
+from .signing import fingerprint
 
 
 def describe(path: str | os.PathLike) -> dict[str, Any]:
@@ -40,6 +41,9 @@ def _summarize(path: str | os.PathLike, reader: BundleReader) -> dict[str, Any]:
                      "cpu": v.get("cpu"), "features": flags,
                      "object_bytes": v.get("object", {}).get("size"),
                      "code_sizes": v.get("code_sizes", {}), "selected": i == chosen})
+    sig = h.get("signature")
+    signed_by = (fingerprint(sig["key"]) if isinstance(sig, dict) and isinstance(sig.get("key"), bytes)
+                 else None)
     constants = h.get("constants", [])
     weights = sum(nbytes_of(tuple(c["shape"]), c["dtype"]) for c in constants)
     return {
@@ -60,6 +64,7 @@ def _summarize(path: str | os.PathLike, reader: BundleReader) -> dict[str, Any]:
         "weights": {"count": len(constants), "bytes": weights},
         "memory_plan": h.get("memory_plan"),
         "vm_instructions": h.get("vm", {}).get("instructions"),
+        "signed_by": signed_by,
     }
 
 
@@ -120,4 +125,7 @@ def _text(info: dict[str, Any]) -> str:
     saved = f" ({100 * (1 - arena / total):.0f}% saved by reuse)" if arena and total else ""
     lines.append(f"memory plan: arena {_kib(arena)} vs {_kib(total)} for all tensors{saved}")
     lines.append(f"vm: {info['vm_instructions']} instructions")
+    if info.get("signed_by"):
+        lines.append(f"signature: ed25519 key {info['signed_by']} (checked when loaded with "
+                     "trusted keys, e.g. infer --trusted-key)")
     return "\n".join(lines)

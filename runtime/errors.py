@@ -45,3 +45,10 @@ class LibraryFunctionError(MlcpackError):
     """A library function the bundle calls by name is not registered in this process."""
 
     exit_code = 8
+
+
+class SignatureError(BundleError):
+    """Trusted keys were given and the bundle is unsigned, signed by another key, or its
+    signature does not verify."""
+
+    exit_code = 12

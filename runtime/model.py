@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import threading
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -61,11 +61,15 @@ class Model:
 
     def __init__(self, path: str | os.PathLike, *, verify: bool = True,
                  library_functions: Mapping[str, library.LibraryFunction] | None = None,
-                 threads: int | None = None) -> None:
+                 threads: int | None = None, trusted_keys: Iterable[Any] | None = None) -> None:
         self._reader = BundleReader(path, verify=verify)
         self._image: elf.CodeImage | None = None
         self._executor: vm.Executor | None = None
+        self.signed_by: str | None = None
         try:
+            if trusted_keys is not None:  # before anything in the bundle is used
+                from .signing import check_signature
+                self.signed_by = check_signature(self._reader, trusted_keys)
             self._load(library_functions, threads or _threads_from_env())
         except BaseException:
             self.close()
@@ -275,11 +279,15 @@ class Model:
 
 
 def load(path: str | os.PathLike, *, verify: bool = True,
-         library: Mapping[str, Any] | None = None, threads: int | None = None) -> Model:
+         library: Mapping[str, Any] | None = None, threads: int | None = None,
+         trusted_keys: Iterable[Any] | None = None) -> Model:
     """Load a bundle. ``verify`` checks its SHA-256 content hash; ``library`` supplies library
     functions by name; ``threads`` (default ``MLCPACK_NUM_THREADS`` or 1) runs parallel kernels
-    on that many threads."""
-    return Model(path, verify=verify, library_functions=library, threads=threads)
+    on that many threads; ``trusted_keys`` (Ed25519 public keys: key objects, raw 32 bytes, PEM
+    or OpenSSH text, or key file paths) refuses, with SignatureError, any bundle not signed by
+    one of them (an empty list trusts nothing). Needs ``cryptography`` only when given."""
+    return Model(path, verify=verify, library_functions=library, threads=threads,
+                 trusted_keys=trusted_keys)
 
 
 def model_inputs_summary(specs: Sequence[TensorSpec]) -> str:

@@ -16,7 +16,7 @@ from mlcpack.frontends.weights import WeightsError
 from mlcpack.packager.export import ExportError
 from mlcpack.runtime.errors import (BundleError, CodeLoadError, CpuFeatureError,
                                     FormatVersionError, InputError, LibraryFunctionError,
-                                    MlcpackError)
+                                    MlcpackError, SignatureError)
 from test_bundle_integrity import read_parts, write_parts
 
 USAGE = 2
@@ -79,6 +79,9 @@ def cases(tmp_path_factory, mlp_bundle, paths) -> dict[str, tuple[list, dict, in
     good.write_bytes(pickle.dumps({"w0": np.zeros((4, 6), np.float32)}))
     out = folder / "out.mlc"
     (folder / "model.xyz").write_bytes(b"\0" * 8)
+    from mlcpack.packager.signing import generate_key
+
+    _, trusted, _ = generate_key(folder / "app.pem")  # the bundle is not signed with it
     return {
         "usage": (["export", folder / "model.xyz"], {}, USAGE, "unknown model type"),
         "BundleError": (["infer", folder / "missing.mlc", npy], {}, BundleError.exit_code,
@@ -98,11 +101,14 @@ def cases(tmp_path_factory, mlp_bundle, paths) -> dict[str, tuple[list, dict, in
         "ArchError": (["export", nochain, "-o", out], {}, ArchError.exit_code, "w1"),
         "ExportError": (["export", good, "--target", "pentium4", "-o", out], {},
                         ExportError.exit_code, "pentium4"),
+        "SignatureError": (["infer", bundle, npy, "--trusted-key", trusted], {},
+                           SignatureError.exit_code, "is not signed"),
     }
 
 
 CLASS_NAMES = ["usage", "BundleError", "FormatVersionError", "CpuFeatureError", "CodeLoadError",
-               "InputError", "LibraryFunctionError", "WeightsError", "ArchError", "ExportError"]
+               "InputError", "LibraryFunctionError", "WeightsError", "ArchError", "ExportError",
+               "SignatureError"]
 
 
 @pytest.fixture(scope="module")
@@ -120,7 +126,7 @@ def results(cases, run_cli) -> dict[tuple[str, bool], subprocess.CompletedProces
 def test_every_error_class_has_a_case() -> None:
     classes = {c.__name__ for c in (BundleError, FormatVersionError, CpuFeatureError,
                                     CodeLoadError, InputError, LibraryFunctionError, WeightsError,
-                                    ArchError, ExportError)}
+                                    ArchError, ExportError, SignatureError)}
     assert classes <= set(CLASS_NAMES)
     assert all(issubclass(c, MlcpackError) for c in (WeightsError, ArchError, ExportError))
 
