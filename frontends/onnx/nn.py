@@ -343,3 +343,71 @@ for _op_type, (_body, _axes_input_since) in _REDUCE.items():
         _reduce(_body, from_input=False))
     converter(_op_type, since=_axes_input_since, attrs={"keepdims": 1, "noop_with_empty_axes": 0}
               )(_reduce(_body, from_input=True))
+
+
+@converter("RMSNormalization", since=23, attrs={"axis": -1, "epsilon": 1e-5, "stash_type": 1})
+def _rms_norm(ctx: NodeContext) -> Value:
+    x = ctx.input(0)
+    rank = len(x.type.shape)
+    axis = int(ctx.attrs["axis"]) % rank
+    axes = tuple(range(axis, rank))
+    mean_square = ctx.emit("mean", ctx.emit("multiply", x, x), axes=axes, keepdims=True)
+    eps = ctx.scalar(float(ctx.attrs["epsilon"]), mean_square)
+    inv_rms = ctx.emit("divide", ctx.scalar(1.0, mean_square),
+                       ctx.emit("sqrt", ctx.emit("add", mean_square, eps)))
+    return ctx.emit("multiply", ctx.emit("multiply", x, inv_rms), ctx.input(1))
+
+
+# ---- losses (inference form) --------------------------------------------------------------------
+
+def _nll(ctx: NodeContext, logp: Value, target: Value, weight: Value | None, reduction: str,
+         ignore_index: int | None) -> Value:
+    """NegativeLogLikelihoodLoss with a one-hot of the target over the class axis (1)."""
+    shape = logp.type.shape
+    classes = shape[1]
+    dtype = logp.type.dtype
+    ids = np.arange(classes, dtype=target.type.dtype).reshape((1, classes) + (1,) * (len(shape) - 2))
+    t = ctx.reshape(target, (shape[0], 1) + target.type.shape[1:])
+    onehot = ctx.emit("equal", t, ctx.constant(ids, "class_ids"))
+    zero = ctx.constant(np.zeros((1,) * len(shape), dtype), "zero")
+    picked = ctx.emit("sum", ctx.emit("where", onehot, logp, zero), axes=(1,), keepdims=False)
+    if weight is not None:
+        w = ctx.reshape(weight, (1, classes) + (1,) * (len(shape) - 2))
+        w_t = ctx.emit("sum", ctx.emit("where", onehot, w, zero), axes=(1,), keepdims=False)
+    else:
+        w_t = ctx.constant(np.ones(picked.type.shape, dtype), "ones")
+    if ignore_index is not None:
+        keep = ctx.emit("not_equal", target,
+                        ctx.constant(np.full((1,) * len(target.type.shape), ignore_index,
+                                             target.type.dtype), "ignore_index"))
+        w_t = ctx.emit("where", keep, w_t, ctx.constant(np.zeros((1,) * len(w_t.type.shape),
+                                                                 dtype), "zero"))
+    loss = ctx.emit("negative", ctx.emit("multiply", picked, w_t))
+    if reduction == "none":
+        return loss
+    total = ctx.emit("sum", loss, axes=None, keepdims=False)
+    if reduction == "sum":
+        return total
+    if reduction != "mean":
+        raise ctx.error(f"reduction={reduction!r} is not one of none, sum, mean")
+    return ctx.emit("divide", total, ctx.emit("sum", w_t, axes=None, keepdims=False))
+
+
+@converter("NegativeLogLikelihoodLoss", since=12, attrs={"reduction": "mean",
+                                                         "ignore_index": None})
+def _nll_loss(ctx: NodeContext) -> Value:
+    weight = ctx.input(2) if ctx.has_input(2) else None
+    ii = ctx.attrs["ignore_index"]
+    return _nll(ctx, ctx.input(0), ctx.input(1), weight, ctx.attrs["reduction"],
+                None if ii is None else int(ii))
+
+
+@converter("SoftmaxCrossEntropyLoss", since=12, attrs={"reduction": "mean",
+                                                       "ignore_index": None})
+def _softmax_cross_entropy(ctx: NodeContext) -> list[Value]:
+    logp = ctx.emit("nn.log_softmax", ctx.input(0), axis=1)
+    weight = ctx.input(2) if ctx.has_input(2) else None
+    ii = ctx.attrs["ignore_index"]
+    loss = _nll(ctx, logp, ctx.input(1), weight, ctx.attrs["reduction"],
+                None if ii is None else int(ii))
+    return [loss, logp]

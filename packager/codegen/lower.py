@@ -363,7 +363,8 @@ class KernelEmitter:
                            x.type, [x.type])
             return b.call(fn, [x])
         if x.type == F64:
-            raise LoweringError(f"{self.func.name}: {name} is only generated for float32")
+            # float64 exp/log/tanh/erf... go through the float32 kernels: float32 precision, not libm.
+            return b.fpext(vecmath.call_math(b, name, b.fptrunc(x, F32)), F64)
         return vecmath.call_math(b, name, x)
 
 
