@@ -276,7 +276,7 @@ def _reason_kind(reason: str) -> str:
     if "operator" in reason and "does not support" in reason:
         return "operator not supported: " + reason.split("support: ", 1)[1].split(" (opset")[0]
     if "not supported yet" in reason and "tensors at run time" in reason:
-        return "non-float32 tensors at run time"
+        return "dtype not supported at run time (float16, bfloat16, float8, 4-bit...)"
     if "must be a constant known at export" in reason:
         return "value needed at export is computed at run time"
     if "values differ" in reason:
