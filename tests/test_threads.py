@@ -25,7 +25,9 @@ def test_threads_give_bit_identical_results(which, mlp_bundle, batch_bundle, ref
     models = {n: load(path, threads=n) for n in (1, 2, 3, 8)}
     try:
         assert models[2]._executor.threads == 2
-        assert any(k.get("parallel") for k in models[2].header["kernels"])
+        # small kernels stay on one thread (a hand-off costs more than their work)
+        if which == "batch":
+            assert any(k.get("parallel") for k in models[2].header["kernels"])
         shape = models[1].inputs[0].shape
         for _ in range(5):
             x = rng.standard_normal(shape).astype(np.float32)

@@ -31,6 +31,11 @@ from .helpers import F32, I1, I32, I64, STORAGE_TYPES, alloca_once, const_i64, f
 from .lower import WORKSPACE_ALIGN, KernelEmitter, KernelInfo, _plan_stages
 
 
+# Below this many multiply-adds (~10 µs on one core) a kernel runs on one thread: handing work
+# to another thread costs tens of microseconds in the runtime.
+PARALLEL_MIN_MACS = 1 << 20
+
+
 @dataclass(frozen=True)
 class Contraction:
     out: te.Tensor
@@ -119,7 +124,16 @@ class ContractionEmitter(KernelEmitter):
         self.builder.ret_void()
         self._emit_entry(body_fn, n_ptrs, ptr_types)
         return KernelInfo(self.symbol, len(self.func.inputs), len(self.func.outputs), workspace,
-                          True)
+                          self._macs() >= PARALLEL_MIN_MACS)
+
+    def _macs(self) -> int:
+        out, red = self.match.out, self.match.reduce
+        n = 1
+        for d in out.shape:
+            n *= d
+        for a in red.axes:
+            n *= a.extent
+        return n
 
     # ---- shared pieces --------------------------------------------------------------------------
 
@@ -318,27 +332,37 @@ class ContractionEmitter(KernelEmitter):
                 for px in range(g["sw"]):
                     base = b.mul(b.add(b.mul(ic, const_i64(g["sh"] * g["sw"])),
                                        const_i64(py * g["sw"] + px)), const_i64(g["hq"] * g["wq"]))
+                    # columns v whose source x = v*sw + px - pl lies inside the row
+                    v_lo = min(g["wq"], max(0, -(-(g["pl"] - px) // g["sw"])))
+                    v_hi = max(v_lo, min(g["wq"], (g["w"] - 1 + g["pl"] - px) // g["sw"] + 1))
                     with for_range(b, const_i64(0), const_i64(g["hq"]), "pu") as u:
                         yy = b.sub(b.add(b.mul(u, const_i64(g["sh"])), const_i64(py)),
                                    const_i64(g["pt"]))
                         row_ok = b.and_(b.icmp_signed(">=", yy, const_i64(0)),
                                         b.icmp_signed("<", yy, const_i64(g["h"])))
-                        yc = b.select(row_ok, yy, const_i64(0))
-                        src_row = b.add(b.mul(ic, const_i64(g["h"] * g["w"])),
-                                        b.mul(yc, const_i64(g["w"])))
                         dst_row = b.add(base, b.mul(u, const_i64(g["wq"])))
-                        with for_range(b, const_i64(0), const_i64(g["wq"]), "pv") as v:
-                            xx = b.sub(b.add(b.mul(v, const_i64(g["sw"])), const_i64(px)),
-                                       const_i64(g["pl"]))
-                            ok = b.and_(row_ok, b.and_(b.icmp_signed(">=", xx, const_i64(0)),
-                                                       b.icmp_signed("<", xx, const_i64(g["w"]))))
-                            xc = b.select(ok, xx, const_i64(0))
-                            val = b.load(b.gep(x_img, [b.add(src_row, xc)], inbounds=True))
-                            b.store(b.select(ok, val, zero),
-                                    b.gep(planes, [b.add(dst_row, v)], inbounds=True))
+                        with b.if_else(row_ok) as (inside, outside):
+                            with inside:
+                                src_row = b.add(b.mul(ic, const_i64(g["h"] * g["w"])),
+                                                b.mul(yy, const_i64(g["w"])))
+                                self._zero_run(planes, dst_row, 0, v_lo)
+                                with for_range(b, const_i64(v_lo), const_i64(v_hi), "pv") as v:
+                                    xx = b.add(b.mul(v, const_i64(g["sw"])),
+                                               const_i64(px - g["pl"]))
+                                    val = b.load(b.gep(x_img, [b.add(src_row, xx)], inbounds=True))
+                                    b.store(val, b.gep(planes, [b.add(dst_row, v)], inbounds=True))
+                                self._zero_run(planes, dst_row, v_hi, g["wq"])
+                            with outside:
+                                self._zero_run(planes, dst_row, 0, g["wq"])
         # the slack after the last plane is read only by dropped columns; keep it finite
         with for_range(b, const_i64(0), const_i64(g["slack"]), "ps") as s:
             b.store(zero, b.gep(planes, [b.add(const_i64(g["planes_floats"]), s)], inbounds=True))
+
+    def _zero_run(self, ptr: ir.Value, row: ir.Value, lo: int, hi: int) -> None:
+        b = self.builder
+        if hi > lo:
+            with for_range(b, const_i64(lo), const_i64(hi), "pz") as v:
+                b.store(ir.Constant(F32, 0.0), b.gep(ptr, [b.add(row, v)], inbounds=True))
 
     def _emit_conv(self, ws: ir.Value, task: ir.Value, ntasks: ir.Value) -> None:
         b = self.builder
