@@ -33,7 +33,8 @@ class BundleWriter:
     def add(self, data: bytes | memoryview | np.ndarray) -> dict[str, int]:
         """Append a payload; return its ``{"offset", "size"}`` record for the header."""
         if isinstance(data, np.ndarray):
-            data = memoryview(np.ascontiguousarray(data)).cast("B")
+            # Flatten to bytes through numpy: memoryview.cast refuses zero-size shapes.
+            data = memoryview(np.ascontiguousarray(data).reshape(-1).view(np.uint8))
         view = memoryview(data).cast("B")
         record = {"offset": self._size, "size": view.nbytes}
         self._chunks.append(view)
