@@ -110,3 +110,21 @@ def test_softmax(op, axis, tmp_path):
 def test_transpose_concat(tmp_path):
     check("transpose", [rand(2, 3, 5)], tmp_path, axes=(2, 0, 1))
     check("concat", [rand(2, 3), rand(2, 5), rand(2, 1)], tmp_path, axis=1)
+
+
+def test_float_mod_has_c_fmod_semantics_without_libm(tmp_path):
+    from mlcpack.packager.ir import BlockBuilder, prim_func, te
+
+    from helpers import compile_and_run
+
+    bb = BlockBuilder()
+    x = bb.input("x", (67,))
+    a = te.placeholder((67,), name="a")
+    out = te.compute((67,), lambda i: a[i] % 0.75, name="m")
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            y = bb.emit_output(bb.call_tir(prim_func("fmod", [a], out), [x]))
+        bb.emit_func_output(y, names=["y"])
+    v = RNG.uniform(-5, 5, 67).astype(np.float32)
+    got = compile_and_run(bb.get(), {"x": v}, tmp_path)["y"]
+    np.testing.assert_allclose(got, np.fmod(v, np.float32(0.75)), atol=1e-6)

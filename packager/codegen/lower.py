@@ -290,8 +290,12 @@ class KernelEmitter:
             if op in ("max", "min"):
                 name = f"llvm.{'maximum' if op == 'max' else 'minimum'}.{type_suffix(x.type)}"
                 return b.call(intrinsic(self.module, name, x.type, [x.type, x.type]), [x, y])
-            method = {"add": b.fadd, "sub": b.fsub, "mul": b.fmul, "div": b.fdiv,
-                      "mod": b.frem}.get(op)
+            if op == "mod":
+                # frem becomes a libm fmodf call the runtime does not resolve: x - trunc(x/y)*y.
+                trunc = intrinsic(self.module, f"llvm.trunc.{type_suffix(x.type)}", x.type,
+                                  [x.type])
+                return b.fsub(x, b.fmul(b.call(trunc, [b.fdiv(x, y)]), y))
+            method = {"add": b.fadd, "sub": b.fsub, "mul": b.fmul, "div": b.fdiv}.get(op)
             if method is None:
                 raise LoweringError(f"{self.func.name}: float op {op} is not supported")
             return method(x, y, flags=flags)
