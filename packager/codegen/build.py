@@ -13,6 +13,7 @@ from llvmlite import ir
 from ..ir.graph import PrimFunc
 from .gemm import emit_contraction, vector_width
 from .lower import KernelInfo, emit_kernel
+from .objinfo import undefined_symbols
 from .target import Target
 
 SYMBOL_PREFIX = "mlc_"
@@ -80,4 +81,9 @@ def compile_prim_funcs(funcs: Sequence[PrimFunc], target: Target) -> CompiledCod
     if undefined:
         raise CodegenError(f"kernels would import {', '.join(undefined)}, which the runtime "
                            "does not provide")
-    return CompiledCode(target, tm.emit_object(parsed), kernels, str(parsed))
+    obj = tm.emit_object(parsed)
+    imported = sorted(undefined_symbols(obj) - set(ALLOWED_EXTERNALS))
+    if imported:
+        raise CodegenError(f"kernels for {target.name} would import {', '.join(imported)}, "
+                           "which the runtime does not provide")
+    return CompiledCode(target, obj, kernels, str(parsed))
