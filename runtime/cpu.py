@@ -92,8 +92,38 @@ def host_arch() -> str:
     return _normalize_arch(platform.machine())
 
 
+# AArch64 Linux hwcap bits (asm/hwcap.h) in cpuinfo naming: AT_HWCAP, then AT_HWCAP2.
+_HWCAP = {0: "fp", 1: "asimd", 3: "aes", 4: "pmull", 5: "sha1", 6: "sha2", 7: "crc32",
+          8: "atomics", 9: "fphp", 10: "asimdhp", 12: "asimdrdm", 13: "jscvt", 14: "fcma",
+          15: "lrcpc", 17: "sha3", 20: "asimddp", 21: "sha512", 22: "sve", 23: "asimdfhm"}
+_HWCAP2 = {1: "sve2", 13: "i8mm", 14: "bf16"}
+_AT_HWCAP, _AT_HWCAP2 = 16, 26
+
+
+def _aarch64_hwcaps() -> frozenset[str]:
+    """Features from the kernel's auxiliary vector: what AArch64 code should trust (Android may
+    hide /proc/cpuinfo, and qemu-user shows the host's file but emulates the hwcaps)."""
+    import ctypes
+
+    try:
+        getauxval = ctypes.CDLL(None).getauxval
+    except (OSError, AttributeError):
+        return frozenset()
+    getauxval.restype = ctypes.c_ulong
+    getauxval.argtypes = [ctypes.c_ulong]
+    found = set()
+    for at, table in ((_AT_HWCAP, _HWCAP), (_AT_HWCAP2, _HWCAP2)):
+        bits = getauxval(at)
+        found.update(name for bit, name in table.items() if bits >> bit & 1)
+    return frozenset(found)
+
+
 @functools.cache
 def _detected_features() -> frozenset[str]:
+    if _normalize_arch(platform.machine()) == "aarch64":
+        hwcaps = _aarch64_hwcaps()
+        if hwcaps:
+            return hwcaps
     try:
         with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
             text = f.read()
