@@ -107,7 +107,9 @@ def export(
     output: Optional[Path] = typer.Option(None, "-o", "--output",
                                           help="bundle to write (default: MODEL's name .mlc)"),
     arch: Optional[Path] = typer.Option(None, help="architecture spec (.toml/.json) for weights"),
-    target: Optional[str] = typer.Option(None, help="host (default), x86-64-v2/v3/v4, aarch64"),
+    target: Optional[str] = typer.Option(None, help="host (default), x86-64-v2/v3/v4, aarch64, "
+                                         "aarch64+dotprod; several, comma-separated, make a fat "
+                                         "bundle whose runtime picks the best"),
     input_shape: list[str] = typer.Option([], help="fix an input's shape: name=1,3,224,224"),
     labels: Optional[str] = typer.Option(None, help="labels file (one a line) or a,b,c"),
     input_size: Optional[str] = typer.Option(None, help="image size HxW to record, e.g. 28x28"),
@@ -150,7 +152,7 @@ def export(
         report = export_module(mod, out, opts)
         typer.echo(f"wrote {report.path} ({report.bundle_bytes / 1024:.1f} KiB) in "
                    f"{report.seconds:.2f} s: {report.kernels} kernels, {report.instructions} VM "
-                   f"instructions, target {report.target.name}, weights "
+                   f"instructions, target {','.join(t.name for t in report.targets)}, weights "
                    f"{report.weights_bytes / 1024:.1f} KiB, arena {report.arena_bytes} B "
                    f"(tensors {report.intermediate_bytes} B)")
 

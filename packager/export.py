@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 import time
@@ -14,10 +15,10 @@ import numpy as np
 from .. import packager
 from ..runtime.errors import MlcpackError
 from .bundle_writer import BundleWriteError, BundleWriter
-from .codegen.build import ALLOWED_EXTERNALS, CodegenError, compile_prim_funcs
-from .codegen.lower import LoweringError
+from .codegen.build import ALLOWED_EXTERNALS, CodegenError, CompiledCode, compile_prim_funcs
+from .codegen.lower import KernelInfo, LoweringError
 from .codegen.objinfo import function_sizes
-from .codegen.target import Target, TargetError, resolve_target
+from .codegen.target import Target, TargetError, resolve_targets
 from .ir.builder import BuilderError
 from .ir.graph import IRModule
 from .ir.printer import module_text
@@ -34,7 +35,7 @@ class ExportError(MlcpackError):
 
 @dataclass
 class ExportOptions:
-    target: str | None = None                 # level name, or None for this host's best level
+    target: str | None = None                 # level name(s), comma-separated; None: host's best
     preprocess: dict | None = None            # recorded for `mlcpack infer` on images
     labels: Sequence[str] | None = None
     model_name: str = "model"
@@ -48,7 +49,7 @@ class ExportOptions:
 class ExportReport:
     path: str
     bundle_bytes: int
-    target: Target
+    target: Target                            # the first target (the only one unless fat)
     kernels: int
     instructions: int
     weights_bytes: int
@@ -56,27 +57,54 @@ class ExportReport:
     intermediate_bytes: int
     seconds: float
     stages: dict[str, float] = field(default_factory=dict)
+    targets: list[Target] = field(default_factory=list)  # one code variant each
 
 
 def compile_module(mod: IRModule, params: Mapping[str, np.ndarray] | None = None,
                    target: str | None = None, verify_ir: bool = True,
                    on_stage: Callable[[str], None] | None = None
                    ) -> tuple[IRModule, Any, Program]:
-    """Run the pipeline and code generation; return (optimized module, compiled code, program)."""
+    """Run the pipeline and code generation; return (optimized module, compiled code, program).
+    With several targets, the compiled code is the first target's (see ``compile_variants``)."""
+    optimized, variants, program = compile_variants(mod, params, target, verify_ir, on_stage)
+    return optimized, variants[0], program
+
+
+def compile_variants(mod: IRModule, params: Mapping[str, np.ndarray] | None = None,
+                     target: str | None = None, verify_ir: bool = True,
+                     on_stage: Callable[[str], None] | None = None
+                     ) -> tuple[IRModule, list[CompiledCode], Program]:
+    """Like ``compile_module`` for a comma-separated list of targets: one object per target,
+    and one VM program (and memory plan) that every object serves."""
     note = on_stage or (lambda s: None)
     try:
-        tgt = resolve_target(target)
+        targets = resolve_targets(target)
         if params:
             mod = bind_params(mod, params)
         note("passes")
         mod = run_pipeline(mod, DEFAULT_PIPELINE, verify=verify_ir)
         note("codegen")
-        compiled = compile_prim_funcs(list(mod.prim_funcs().values()), tgt)
+        funcs = list(mod.prim_funcs().values())
+        variants = [compile_prim_funcs(funcs, tgt) for tgt in targets]
         note("vm")
-        program = emit_program(mod, compiled.kernels)
+        program = emit_program(mod, _common_kernels(variants))
     except (TargetError, CodegenError, LoweringError, VMEmitError, BindError, BuilderError) as exc:
         raise ExportError(str(exc)) from None
-    return mod, compiled, program
+    return mod, variants, program
+
+
+def _common_kernels(variants: list[CompiledCode]) -> dict[str, KernelInfo]:
+    """Kernel facts every variant agrees with: the same signature, and the largest workspace
+    (a kernel's scratch size may depend on the target's vector width)."""
+    merged = {}
+    for name, info in variants[0].kernels.items():
+        infos = [v.kernels[name] for v in variants]
+        if len({(k.symbol, k.num_inputs, k.num_outputs, k.parallel) for k in infos}) != 1:
+            raise CodegenError(f"kernel {name} differs between targets "
+                               f"{', '.join(v.target.name for v in variants)}; export them apart")
+        merged[name] = dataclasses.replace(info, workspace_bytes=max(k.workspace_bytes
+                                                                     for k in infos))
+    return merged
 
 
 def _check_library_names(program: Program) -> None:
@@ -96,8 +124,9 @@ def export_module(mod: IRModule, path: str | os.PathLike, options: ExportOptions
     if opts.sign_key is not None:  # read the key first: a bad key fails before compiling
         from .signing import load_signer
         signer = load_signer(opts.sign_key)
-    optimized, compiled, program = compile_module(mod, params, opts.target, opts.verify_ir,
-                                                  on_stage)
+    optimized, variants, program = compile_variants(mod, params, opts.target, opts.verify_ir,
+                                                    on_stage)
+    kernels = _common_kernels(variants)
     _check_library_names(program)
     if on_stage:
         on_stage("write")
@@ -107,14 +136,14 @@ def export_module(mod: IRModule, path: str | os.PathLike, options: ExportOptions
         data = np.asarray(c.data, order="C")
         constants.append({"name": c.name, "shape": list(data.shape), "dtype": str(data.dtype),
                           "data": writer.add(data)})
-    kernel_infos = [compiled.kernels[name] for name in program.kernels]
-    code = {
-        **compiled.target.to_record(),
-        "object": writer.add(compiled.object_code),
-        "externals": list(ALLOWED_EXTERNALS),
-        "code_sizes": {k.symbol: function_sizes(compiled.object_code).get(k.symbol, 0)
-                       for k in kernel_infos},
-    }
+    kernel_infos = [kernels[name] for name in program.kernels]
+    code = []
+    for compiled in variants:  # the weights, plan and bytecode below are shared by all
+        sizes = function_sizes(compiled.object_code)
+        code.append({**compiled.target.to_record(),
+                     "object": writer.add(compiled.object_code),
+                     "externals": list(ALLOWED_EXTERNALS),
+                     "code_sizes": {k.symbol: sizes.get(k.symbol, 0) for k in kernel_infos}})
     ir_text = module_text(optimized)
     header = {
         "compiler": {"name": "mlcpack", "version": packager.__version__,
@@ -129,7 +158,7 @@ def export_module(mod: IRModule, path: str | os.PathLike, options: ExportOptions
         "kernels": [{"name": name, "symbol": k.symbol, "num_inputs": k.num_inputs,
                      "num_outputs": k.num_outputs, "workspace_bytes": k.workspace_bytes,
                      "parallel": k.parallel} for name, k in zip(program.kernels, kernel_infos)],
-        "code": [code],
+        "code": code,
         "library_calls": program.library_calls,
         "tensors": program.tensors,
         "vm": {"bytecode": writer.add(program.bytecode),
@@ -143,11 +172,11 @@ def export_module(mod: IRModule, path: str | os.PathLike, options: ExportOptions
     except BundleWriteError as exc:
         raise ExportError(str(exc)) from None
     return ExportReport(
-        path=os.fspath(path), bundle_bytes=size, target=compiled.target,
+        path=os.fspath(path), bundle_bytes=size, target=variants[0].target,
         kernels=len(program.kernels), instructions=len(program.instructions),
         weights_bytes=sum(c.data.nbytes for c in program.constants),
         arena_bytes=program.arena_bytes, intermediate_bytes=program.intermediate_bytes,
-        seconds=time.perf_counter() - t0)
+        seconds=time.perf_counter() - t0, targets=[v.target for v in variants])
 
 
 def file_sha256(path: str | os.PathLike) -> str:

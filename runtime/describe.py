@@ -110,8 +110,10 @@ def _text(info: dict[str, Any]) -> str:
         lines.append(f"  object code: {v['object_bytes']} bytes")
     if not info["runs_here"]:
         lines.append(f"this machine cannot run it: {info['refusal']}")
-    lines.append(f"kernels: {len(info['kernels'])}")
-    sizes = info["code"][0]["code_sizes"] if info["code"] else {}
+    shown = [v for v in info["code"] if v["selected"]] or info["code"][:1]
+    which = f" (code sizes for {shown[0]['level']})" if len(info["code"]) > 1 and shown else ""
+    lines.append(f"kernels: {len(info['kernels'])}{which}")
+    sizes = shown[0]["code_sizes"] if shown else {}
     for k in info["kernels"]:
         extra = f", workspace {k['workspace_bytes']} B" if k.get("workspace_bytes") else ""
         lines.append(f"  {k['name']:<40} {sizes.get(k['symbol'], '?'):>7} B code"

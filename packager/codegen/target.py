@@ -54,3 +54,18 @@ def resolve_target(name: str | None) -> Target:
     if name not in LEVEL_NAMES:
         raise TargetError(f"unknown target {name!r}; choose one of: host, {', '.join(LEVEL_NAMES)}")
     return _from_level(name)
+
+
+def resolve_targets(spec: str | None) -> list[Target]:
+    """Targets for a comma-separated ``spec`` ("x86-64-v2,x86-64-v3,aarch64"), in order and
+    without repeats; ``None`` or "host" is this machine's best level. A bundle carries one code
+    variant per target, and the runtime picks the best its host supports."""
+    names = [n.strip() for n in (spec or "host").split(",")]
+    if not all(names):
+        raise TargetError(f"--target {spec!r} has an empty entry; write e.g. x86-64-v2,x86-64-v3")
+    targets: list[Target] = []
+    for name in names:
+        target = resolve_target(name)
+        if target not in targets:
+            targets.append(target)
+    return targets
