@@ -135,3 +135,20 @@ def x86_levels() -> dict[str, str]:
 def paths() -> dict[str, Path]:
     return {"root": ROOT, "artifacts": ARTIFACTS, "samples": SAMPLES, "mlp_pickle": MLP_PICKLE,
             "labels": LABELS, "mlcpack": MLCPACK_EXE}
+
+
+@pytest.fixture()
+def mapped(monkeypatch) -> list:
+    """Records every call of ``elf.load_object`` (still loading, so good bundles run): a test
+    can then show that a refused bundle never had its code mapped."""
+    from mlcpack.runtime import elf
+
+    calls: list = []
+    real = elf.load_object
+
+    def spy(*args, **kwargs):
+        calls.append(args)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(elf, "load_object", spy)
+    return calls

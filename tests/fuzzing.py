@@ -19,18 +19,18 @@ Two families of mutations:
 from __future__ import annotations
 
 import copy
-import hashlib
 import math
 import random
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import msgpack
 import numpy as np
 from mlcpack.runtime import load
-from mlcpack.runtime.bundle import ALIGN, DATA_KEY, DIGEST_KEY, MAGIC, BundleReader, PayloadRef
+from mlcpack.runtime.bundle import BundleReader
 from mlcpack.runtime.errors import MlcpackError
+
+from bundle_parts import pack, read_parts
 
 # Top-level header keys that no kernel depends on: a bundle mutated only there may be run.
 RUN_SAFE_KEYS = frozenset({"compiler", "model", "labels", "preprocess", "ir", "pad", "format",
@@ -70,11 +70,8 @@ class Case:
 
 def make_seed(path: str | Path) -> Seed:
     """Read a real bundle, run it once on a fixed input and keep its answer."""
+    header, payloads = read_parts(path)
     with BundleReader(path) as reader:
-        header = copy.deepcopy(reader.header)
-        header.pop("pad", None)
-        refs = sorted({(r["offset"], r["size"]) for r in payload_records(header)})
-        payloads = [bytes(reader.payload(PayloadRef(o, s))) for o, s in refs]
         data_start = reader.data_start
     with load(path) as model:
         spec = model.inputs[0]
@@ -82,29 +79,6 @@ def make_seed(path: str | Path) -> Seed:
         expected = model(x)
         expected = (expected[0] if isinstance(expected, tuple) else expected).tobytes()
     return Seed(Path(path).read_bytes(), header, payloads, data_start, spec.name, x, expected)
-
-
-def payload_records(obj: Any) -> list[dict]:
-    if isinstance(obj, dict):
-        if set(obj) == {"offset", "size"} and all(isinstance(v, int) for v in obj.values()):
-            return [obj]
-        return [r for v in obj.values() for r in payload_records(v)]
-    if isinstance(obj, list):
-        return [r for v in obj for r in payload_records(v)]
-    return []
-
-
-def pack(header: dict, payloads: list[bytes]) -> bytes:
-    """A bundle of ``header`` (keys in its own order, nothing added) over ``payloads``, with the
-    payload area aligned and a correct SHA-256."""
-    body = b"".join(p + b"\0" * (-len(p) % ALIGN) for p in payloads)
-    for n in range(2 * ALIGN):
-        packed = msgpack.packb({**header, "pad": b"\0" * n}, use_bin_type=True)
-        if (len(MAGIC) + len(packed) + len(DIGEST_KEY) + 32 + len(DATA_KEY) + 4) % ALIGN == 0:
-            break
-    head = MAGIC + packed
-    digest = hashlib.sha256(head + body).digest()
-    return head + DIGEST_KEY + digest + DATA_KEY + len(body).to_bytes(4, "big") + body
 
 
 # ---- byte mutations ---------------------------------------------------------------------------

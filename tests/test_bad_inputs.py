@@ -26,7 +26,7 @@ from mlcpack.runtime.model import TensorSpec
 from mlcpack.runtime.preprocess import load_input
 from onnx import TensorProto, helper
 from PIL import Image
-from test_bundle_integrity import read_parts, write_parts
+from bundle_parts import payload_spans, read_parts, write_parts
 
 # ---- ONNX graphs the checker or the importer must refuse -----------------------------------------
 
@@ -276,7 +276,7 @@ def test_huge_values_in_a_valid_header(tmp_path, tiny_bundle, where, value, word
 def test_garbage_code_object_is_a_code_load_error(tmp_path, tiny_bundle) -> None:
     header, payloads = read_parts(tiny_bundle)
     code = header["code"][0]["object"]
-    refs = sorted({(r["offset"], r["size"]) for r in _records(header)})
+    refs = payload_spans(header)
     i = refs.index((code["offset"], code["size"]))
     for garbage in (b"\x7fELF" + b"\xff" * (code["size"] - 4), b"\0" * code["size"]):
         parts = list(payloads)
@@ -285,16 +285,6 @@ def test_garbage_code_object_is_a_code_load_error(tmp_path, tiny_bundle) -> None
         with pytest.raises(CodeLoadError) as info:
             load(path).close()
         assert "\n" not in str(info.value)
-
-
-def _records(obj) -> list[dict]:
-    if isinstance(obj, dict):
-        if set(obj) == {"offset", "size"}:
-            return [obj]
-        return [r for v in obj.values() for r in _records(v)]
-    if isinstance(obj, list):
-        return [r for v in obj for r in _records(v)]
-    return []
 
 
 # ---- inputs ----------------------------------------------------------------------------------

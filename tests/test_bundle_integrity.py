@@ -11,49 +11,13 @@ from typing import Any
 
 import numpy as np
 import pytest
-from mlcpack.packager.bundle_writer import BundleWriter
 from mlcpack.packager.export import ExportError
 from mlcpack.runtime import bundle as bundle_format
 from mlcpack.runtime import load
 from mlcpack.runtime.bundle import ALIGN, MAGIC, BundleReader, PayloadRef
 from mlcpack.runtime.errors import BundleError, FormatVersionError, MlcpackError
 
-
-# ---- helpers: take a bundle apart and write it again through BundleWriter ----------------------
-
-def _payload_records(obj: Any, out: list[dict]) -> list[dict]:
-    if isinstance(obj, dict):
-        if set(obj) == {"offset", "size"} and all(isinstance(v, int) for v in obj.values()):
-            out.append(obj)
-        else:
-            for v in obj.values():
-                _payload_records(v, out)
-    elif isinstance(obj, list):
-        for v in obj:
-            _payload_records(v, out)
-    return out
-
-
-def read_parts(path: Path) -> tuple[dict, list[bytes]]:
-    """The header (without the writer's padding) and the payloads in file order."""
-    with BundleReader(path) as reader:
-        header = copy.deepcopy(reader.header)
-        header.pop("pad", None)
-        refs = sorted({(r["offset"], r["size"]) for r in _payload_records(header, [])})
-        payloads = [bytes(reader.payload(PayloadRef(o, s))) for o, s in refs]
-    return header, payloads
-
-
-def write_parts(path: Path, header: dict, payloads: list[bytes]) -> Path:
-    """Write ``header`` over ``payloads`` with a valid digest: the offsets the writer gives back
-    are the ones the original header holds."""
-    writer = BundleWriter()
-    offset = 0
-    for data in payloads:
-        assert writer.add(data) == {"offset": offset, "size": len(data)}
-        offset += len(data) + (-len(data) % ALIGN)
-    writer.write(path, header)
-    return path
+from bundle_parts import read_parts, write_parts
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,7 @@ from mlcpack.packager.export import ExportError
 from mlcpack.runtime.errors import (BundleError, CodeLoadError, CpuFeatureError,
                                     FormatVersionError, InputError, LibraryFunctionError,
                                     MlcpackError, SignatureError)
-from test_bundle_integrity import read_parts, write_parts
+from bundle_parts import payload_spans, read_parts, write_parts
 
 USAGE = 2
 
@@ -42,21 +42,11 @@ def _library_bundle(folder: Path) -> Path:
 def _garbage_code_bundle(source: Path, folder: Path) -> Path:
     header, payloads = read_parts(source)
     code = header["code"][0]["object"]
-    offsets = sorted({(r["offset"], r["size"]) for r in _records(header)})
+    offsets = payload_spans(header)
     i = offsets.index((code["offset"], code["size"]))
     payloads = list(payloads)
     payloads[i] = b"\x7fELF" + b"\xff" * (code["size"] - 4)
     return write_parts(folder / "badcode.mlc", header, payloads)
-
-
-def _records(obj) -> list[dict]:
-    if isinstance(obj, dict):
-        if set(obj) == {"offset", "size"}:
-            return [obj]
-        return [r for v in obj.values() for r in _records(v)]
-    if isinstance(obj, list):
-        return [r for v in obj for r in _records(v)]
-    return []
 
 
 @pytest.fixture(scope="module")

@@ -30,20 +30,6 @@ def v3_host(monkeypatch, x86_levels) -> str:
     return x86_levels["x86-64-v3"]
 
 
-@pytest.fixture()
-def mapped(monkeypatch) -> list:
-    """Records every call of ``elf.load_object`` (still loading, so good bundles run)."""
-    calls: list = []
-    real = elf.load_object
-
-    def spy(*args, **kwargs):
-        calls.append(args)
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(elf, "load_object", spy)
-    return calls
-
-
 def test_bundles_record_their_level(level_bundles) -> None:
     from mlcpack.runtime.bundle import BundleReader
 

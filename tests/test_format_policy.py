@@ -13,7 +13,7 @@ from mlcpack.runtime import bundle as bundle_format
 from mlcpack.runtime import load
 from mlcpack.runtime.bundle import BundleReader
 from mlcpack.runtime.errors import FormatVersionError
-from test_bundle_integrity import read_parts, write_parts
+from bundle_parts import pack, read_parts, write_parts
 
 
 @pytest.fixture(scope="module")
@@ -103,21 +103,10 @@ def test_newer_minor_follows_min_reader(tmp_path, parts, tiny_policy_bundle) -> 
 
 def _pack_without_min_reader(tmp_path, header, payloads):
     """Re-pack the bundle with no ``min_reader`` key (as a writer of format 1.0 might)."""
-    import hashlib
-
-    import msgpack
-    from mlcpack.runtime.bundle import ALIGN, DATA_KEY, DIGEST_KEY, MAGIC
-
-    body = b"".join(p + b"\0" * (-len(p) % ALIGN) for p in payloads)
-    for n in range(2 * ALIGN):
-        packed = msgpack.packb({**header, "pad": b"\0" * n}, use_bin_type=True)
-        if (len(MAGIC) + len(packed) + len(DIGEST_KEY) + 32 + len(DATA_KEY) + 4) % ALIGN == 0:
-            break
-    head = MAGIC + packed
-    digest = hashlib.sha256(head + body).digest()
+    head_len = len(pack(header, []))  # the header part does not depend on the payloads
     out = tmp_path / "nomin.mlc"
-    out.write_bytes(head + DIGEST_KEY + digest + DATA_KEY + len(body).to_bytes(4, "big") + body)
-    assert b"min_reader" not in out.read_bytes()[:len(head)]
+    out.write_bytes(pack(header, payloads))
+    assert b"min_reader" not in out.read_bytes()[:head_len]
     return out
 
 

@@ -13,7 +13,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from mlcpack.frontends.onnx import import_onnx, supported_ops
-from mlcpack.frontends.onnx.registry import converter, lookup, normalize_domain
+from mlcpack.frontends.onnx.registry import converter, lookup
 from mlcpack.packager.export import ExportError, export_module
 from mlcpack.packager.ir import Call, module_text
 from mlcpack.runtime import load

@@ -12,7 +12,7 @@ import sys
 import msgpack
 import numpy as np
 import pytest
-from mlcpack.runtime import SignatureError, elf, load
+from mlcpack.runtime import SignatureError, load
 from mlcpack.runtime.bundle import DIGEST_KEY, BundleReader
 from mlcpack.runtime.errors import BundleError, MlcpackError
 from mlcpack.runtime.signing import SIG_FIELD, fingerprint, signed_message
@@ -21,8 +21,7 @@ crypto = pytest.importorskip("cryptography")
 from cryptography.hazmat.primitives import serialization  # noqa: E402
 from cryptography.hazmat.primitives.asymmetric import ed25519  # noqa: E402
 
-from fuzzing import pack  # noqa: E402
-from test_bundle_integrity import read_parts  # noqa: E402
+from bundle_parts import pack, read_parts  # noqa: E402
 
 WEIGHTS_SEED = 21
 
@@ -63,19 +62,6 @@ def bundles(tmp_path_factory, keys):
 
 
 X = np.linspace(-1, 1, 6, dtype=np.float32).reshape(1, 6)
-
-
-@pytest.fixture()
-def mapped(monkeypatch) -> list:
-    calls: list = []
-    real = elf.load_object
-
-    def spy(*args, **kwargs):
-        calls.append(args)
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(elf, "load_object", spy)
-    return calls
 
 
 def _public(path):
