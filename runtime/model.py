@@ -131,6 +131,10 @@ class Model:
         self._arena = raw[start:start + arena_bytes]
         views, addresses = self._tensor_views(tensors, constants, arena_bytes)
         self._views = views
+        # Per-call work stays small: the name set and the I/O views are fixed at load.
+        self._input_names = frozenset(s.name for s in self.inputs)
+        self._input_views = [(s, views[s.tensor]) for s in self.inputs]
+        self._output_views = [(s.name, views[s.tensor]) for s in self.outputs]
         program = vm.decode(reader.payload(bytecode), len(tensors), len(kernels), len(site_list),
                             name)
         self._check_arity(program, kernels_meta, tensors)
@@ -227,20 +231,20 @@ class Model:
         """Run once on ``feeds`` (input name -> array); return output name -> new array."""
         if self._executor is None:
             raise InputError(f"{self.name} is closed")
-        names = {s.name for s in self.inputs}
-        unknown = sorted(set(feeds) - names)
-        missing = [s.name for s in self.inputs if s.name not in feeds]
-        if unknown or missing:
-            raise InputError(f"{self.name} takes inputs {sorted(names)}; "
+        if feeds.keys() != self._input_names:
+            unknown = sorted(set(feeds) - self._input_names)
+            missing = [s.name for s in self.inputs if s.name not in feeds]
+            raise InputError(f"{self.name} takes inputs {sorted(self._input_names)}; "
                              + (f"unknown: {unknown}" if unknown else "")
                              + ("; " if unknown and missing else "")
                              + (f"missing: {missing}" if missing else ""))
-        checked = [(s, self._check_input(s, feeds[s.name])) for s in self.inputs]
+        checked = [(view, self._check_input(s, feeds[s.name]))
+                   for s, view in self._input_views]
         with self._lock:
-            for spec, value in checked:
-                np.copyto(self._views[spec.tensor], value)
+            for view, value in checked:
+                np.copyto(view, value)
             self._executor.run()
-            return {s.name: self._views[s.tensor].copy() for s in self.outputs}
+            return {name: view.copy() for name, view in self._output_views}
 
     def __call__(self, *args: Any, **kwargs: Any) -> np.ndarray | tuple[np.ndarray, ...]:
         """``model(x)`` / ``model(x=x)``: the output array, or a tuple for several outputs."""
@@ -263,7 +267,7 @@ class Model:
         if getattr(self, "_image", None) is not None:
             self._image.close()
             self._image = None
-        self._views = []
+        self._views, self._input_views, self._output_views = [], [], []
         self._reader.close()
 
     def __enter__(self) -> Model:
