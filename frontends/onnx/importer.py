@@ -23,7 +23,8 @@ from onnx import helper, numpy_helper
 from ...packager.export import ExportError
 from ...packager.ir.builder import BlockBuilder, BuilderError
 from ...packager.ir.graph import Constant, IRModule, Value, Var
-from . import elementwise, index, logic, nn, shape  # noqa: F401  (registration side effect)
+from . import (attention, elementwise, index, logic, nn, quant, resize,  # noqa: F401
+               rnn, shape)  # (registration side effect)
 from .registry import (IGNORED_ATTRIBUTES, NodeContext, lookup, make_constant, normalize_domain,
                        op_label)
 

@@ -1,0 +1,4 @@
+"""Converters for attention and contraction ONNX operators (Attention, Einsum...), decomposed
+into the operator table's rows."""
+
+from __future__ import annotations

@@ -1,0 +1,4 @@
+"""Converters for reduced-precision and quantization ONNX operators (QuantizeLinear,
+DequantizeLinear...)."""
+
+from __future__ import annotations

@@ -1,0 +1,3 @@
+"""Converters for resampling ONNX operators (Resize, Upsample, GridSample...)."""
+
+from __future__ import annotations
