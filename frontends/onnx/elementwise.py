@@ -289,3 +289,133 @@ def _general_pow(ctx: NodeContext, x: Value, y: Value) -> Value:
 
 converter("Pow", since=1, attrs=_LEGACY_BINARY_ATTRS)(_pow)
 converter("Pow", since=7)(_pow)
+
+
+# ---- trigonometric and hyperbolic functions -----------------------------------------------------
+
+_TRIG = {
+    "Sin": ("sin", 7), "Cos": ("cos", 7), "Tan": ("tan", 7),
+    "Asin": ("asin", 7), "Acos": ("acos", 7), "Atan": ("atan", 7),
+    "Sinh": ("sinh", 9), "Cosh": ("cosh", 9),
+    "Asinh": ("asinh", 9), "Acosh": ("acosh", 9), "Atanh": ("atanh", 9),
+}
+
+
+def _float_unary(op: str) -> Callable[[NodeContext], Value]:
+    def convert(ctx: NodeContext) -> Value:
+        x = ctx.input(0)
+        if x.type.dtype not in ("float32", "float64", "float16", "bfloat16"):
+            raise ctx.error(f"takes a float tensor, not {x.type.dtype}")
+        return ctx.emit(op, x)
+    return convert
+
+
+for _op_type, (_op, _since) in _TRIG.items():
+    converter(_op_type, since=_since)(_float_unary(_op))
+
+
+# ---- bitwise operators --------------------------------------------------------------------------
+
+_INT_DTYPES = ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64")
+
+
+def _bitwise(op: str) -> Callable[[NodeContext], Value]:
+    def convert(ctx: NodeContext) -> Value:
+        a, b = ctx.input(0), ctx.input(1)
+        if a.type.dtype not in _INT_DTYPES or a.type.dtype != b.type.dtype:
+            raise ctx.error(f"needs two integer tensors of one dtype, got {a.type.dtype} and "
+                            f"{b.type.dtype}")
+        return ctx.emit(op, a, b)
+    return convert
+
+
+for _op_type, _op in {"BitwiseAnd": "bitwise_and", "BitwiseOr": "bitwise_or",
+                      "BitwiseXor": "bitwise_xor"}.items():
+    converter(_op_type, since=18)(_bitwise(_op))
+
+
+@converter("BitwiseNot", since=18)
+def _bitwise_not(ctx: NodeContext) -> Value:
+    x = ctx.input(0)
+    if x.type.dtype not in _INT_DTYPES:
+        raise ctx.error(f"needs an integer tensor, not {x.type.dtype}")
+    return ctx.emit("bitwise_not", x)
+
+
+@converter("BitShift", since=11, attrs={"direction": None})
+def _bit_shift(ctx: NodeContext) -> Value:
+    direction = ctx.attrs["direction"]
+    if isinstance(direction, bytes):
+        direction = direction.decode()
+    if direction not in ("LEFT", "RIGHT"):
+        raise ctx.error(f"direction {direction!r} is not 'LEFT' or 'RIGHT'")
+    return _bitwise("left_shift" if direction == "LEFT" else "right_shift")(ctx)
+
+
+# ---- more activations ---------------------------------------------------------------------------
+
+@converter("Shrink", since=9, attrs={"lambd": 0.5, "bias": 0.0})
+def _shrink(ctx: NodeContext) -> Value:
+    return ctx.emit("shrink", ctx.input(0), lambd=float(ctx.attrs["lambd"]),
+                    bias=float(ctx.attrs["bias"]))
+
+
+@converter("ThresholdedRelu", since=10, attrs={"alpha": 1.0})
+def _thresholded_relu(ctx: NodeContext) -> Value:
+    return ctx.emit("thresholded_relu", ctx.input(0), alpha=float(ctx.attrs["alpha"]))
+
+
+@converter("Celu", since=12, attrs={"alpha": 1.0})
+def _celu(ctx: NodeContext) -> Value:
+    # max(0, x) + min(0, alpha * (exp(x / alpha) - 1))
+    x = ctx.input(0)
+    alpha = float(ctx.attrs["alpha"])
+    if alpha == 0.0:
+        raise ctx.error("alpha must not be 0")
+    scaled = ctx.emit("multiply", x, ctx.scalar(1.0 / alpha, x))
+    neg = ctx.emit("exp", ctx.emit("minimum", scaled, ctx.scalar(0.0, x)))
+    neg = ctx.emit("multiply", ctx.emit("subtract", neg, ctx.scalar(1.0, x)), ctx.scalar(alpha, x))
+    return ctx.emit("add", ctx.emit("relu", x), neg)
+
+
+@converter("Swish", since=24, attrs={"alpha": 1.0})
+def _swish(ctx: NodeContext) -> Value:
+    x = ctx.input(0)
+    alpha = float(ctx.attrs["alpha"])
+    inner = x if alpha == 1.0 else ctx.emit("multiply", x, ctx.scalar(alpha, x))
+    return ctx.emit("multiply", x, ctx.emit("sigmoid", inner))
+
+
+# ---- normalizations built from reductions -------------------------------------------------------
+
+@converter("LpNormalization", since=1, attrs={"axis": -1, "p": 2})
+def _lp_normalization(ctx: NodeContext) -> Value:
+    x = ctx.input(0)
+    rank = len(x.type.shape)
+    axis = int(ctx.attrs["axis"])
+    if not -rank <= axis < rank:
+        raise ctx.error(f"axis {axis} is out of range for rank {rank}")
+    p = int(ctx.attrs["p"])
+    if p == 1:
+        norm = ctx.emit("sum", ctx.emit("abs", x), axes=(axis % rank,), keepdims=True)
+    elif p == 2:
+        norm = ctx.emit("sqrt", ctx.emit("sum", ctx.emit("multiply", x, x), axes=(axis % rank,),
+                                         keepdims=True))
+    else:
+        raise ctx.error(f"p={p} is not 1 or 2")
+    return ctx.emit("divide", x, norm)
+
+
+def _mvn(ctx: NodeContext) -> Value:
+    x = ctx.input(0)
+    rank = len(x.type.shape)
+    axes = tuple(int(a) % rank for a in (ctx.attrs["axes"] or (0, 2, 3)))
+    mean = ctx.emit("mean", x, axes=axes, keepdims=True)
+    centered = ctx.emit("subtract", x, mean)
+    var = ctx.emit("mean", ctx.emit("multiply", centered, centered), axes=axes, keepdims=True)
+    std = ctx.emit("add", ctx.emit("sqrt", var), ctx.scalar(1e-9, x))  # as ONNX's function body
+    return ctx.emit("divide", centered, std)
+
+
+converter("MeanVarianceNormalization", since=9, attrs={"axes": None})(_mvn)
+converter("MeanVarianceNormalization", since=13, attrs={"axes": None})(_mvn)

@@ -153,3 +153,184 @@ def _space_to_depth(ctx: NodeContext) -> Value:
     t = ctx.reshape(x, (n, c, h // b, b, w // b, b))
     t = ctx.emit("transpose", t, axes=(0, 3, 5, 1, 2, 4))
     return ctx.reshape(t, (n, c * b * b, h // b, w // b))
+
+
+def _axis(ctx: NodeContext, axis: int, rank: int) -> int:
+    if not -rank <= axis < rank:
+        raise ctx.error(f"axis {axis} is out of range for rank {rank}")
+    return axis % rank
+
+
+# ---- CumProd, Hardmax, TopK ---------------------------------------------------------------------
+
+@converter("CumProd", since=26, attrs={"exclusive": 0, "reverse": 0})
+def _cumprod(ctx: NodeContext) -> Value:
+    x = ctx.input(0)
+    axis = _axis(ctx, int(ctx.require_const(1, "axis").reshape(())), len(x.type.shape))
+    return ctx.emit("cumprod", x, axis=axis, exclusive=bool(ctx.attrs["exclusive"]),
+                    reverse=bool(ctx.attrs["reverse"]))
+
+
+@converter("Hardmax", since=1, attrs={"axis": 1})
+def _hardmax_v1(ctx: NodeContext) -> Value:
+    # Before opset 13 the input is seen as 2-D: [prod(shape[:axis]), prod(shape[axis:])].
+    x = ctx.input(0)
+    shape = x.type.shape
+    axis = _axis(ctx, int(ctx.attrs["axis"]), len(shape))
+    flat = ctx.reshape(x, (int(np.prod(shape[:axis], dtype=np.int64)),
+                           int(np.prod(shape[axis:], dtype=np.int64))))
+    return ctx.reshape(ctx.emit("hardmax", flat, axis=1), shape)
+
+
+@converter("Hardmax", since=13, attrs={"axis": -1})
+def _hardmax(ctx: NodeContext) -> Value:
+    x = ctx.input(0)
+    return ctx.emit("hardmax", x, axis=_axis(ctx, int(ctx.attrs["axis"]), len(x.type.shape)))
+
+
+def _topk(ctx: NodeContext, k: int) -> list[Value]:
+    x = ctx.input(0)
+    axis = _axis(ctx, int(ctx.attrs["axis"]), len(x.type.shape))
+    if not 0 <= k <= x.type.shape[axis]:
+        raise ctx.error(f"k={k} is not in [0, {x.type.shape[axis]}] for axis {axis}")
+    indices = ctx.emit("topk", x, k=k, axis=axis, largest=bool(ctx.attrs.get("largest", 1)))
+    return [ctx.emit("gather_elements", x, indices, axis=axis), indices]
+
+
+@converter("TopK", since=1, attrs={"axis": -1, "k": None})
+def _topk_v1(ctx: NodeContext) -> list[Value]:
+    return _topk(ctx, int(ctx.attrs["k"]))
+
+
+@converter("TopK", since=10, attrs={"axis": -1})
+def _topk_v10(ctx: NodeContext) -> list[Value]:
+    return _topk(ctx, int(ctx.require_const(1, "k").reshape(-1)[0]))
+
+
+@converter("TopK", since=11, attrs={"axis": -1, "largest": 1, "sorted": 1})
+def _topk_v11(ctx: NodeContext) -> list[Value]:
+    # sorted=0 lets any order through; sorted order is one of them.
+    return _topk(ctx, int(ctx.require_const(1, "k").reshape(-1)[0]))
+
+
+# ---- ScatterElements / Scatter, ScatterND, GatherND ---------------------------------------------
+
+def _reduction(ctx: NodeContext, allowed: tuple[str, ...]) -> str:
+    reduction = ctx.attrs.get("reduction", "none")
+    if isinstance(reduction, bytes):
+        reduction = reduction.decode()
+    if reduction not in allowed:
+        raise ctx.error(f"reduction {reduction!r} is not one of {', '.join(allowed)}")
+    return reduction
+
+
+def _check_indices(ctx: NodeContext, indices: Value) -> None:
+    if indices.type.dtype not in ("int32", "int64"):
+        raise ctx.error(f"indices must be int32 or int64, not {indices.type.dtype}")
+
+
+def _scatter_elements(allowed: tuple[str, ...]) -> Callable[[NodeContext], Value]:
+    def convert(ctx: NodeContext) -> Value:
+        data, indices, updates = ctx.input(0), ctx.input(1), ctx.input(2)
+        _check_indices(ctx, indices)
+        rank = len(data.type.shape)
+        if len(indices.type.shape) != rank or indices.type.shape != updates.type.shape:
+            raise ctx.error(f"indices {indices.type.shape} and updates {updates.type.shape} must "
+                            f"have one shape of the rank of data {data.type.shape}")
+        return ctx.emit("scatter_elements", data, indices, updates,
+                        axis=_axis(ctx, int(ctx.attrs["axis"]), rank),
+                        reduction=_reduction(ctx, allowed))
+    return convert
+
+
+converter("Scatter", since=9, attrs={"axis": 0})(_scatter_elements(("none",)))
+converter("ScatterElements", since=11, attrs={"axis": 0})(_scatter_elements(("none",)))
+converter("ScatterElements", since=16, attrs={"axis": 0, "reduction": "none"})(
+    _scatter_elements(("none", "add", "mul")))
+converter("ScatterElements", since=18, attrs={"axis": 0, "reduction": "none"})(
+    _scatter_elements(("none", "add", "mul", "max", "min")))
+
+
+def _scatter_nd(allowed: tuple[str, ...]) -> Callable[[NodeContext], Value]:
+    def convert(ctx: NodeContext) -> Value:
+        data, indices, updates = ctx.input(0), ctx.input(1), ctx.input(2)
+        _check_indices(ctx, indices)
+        ishape, dshape = indices.type.shape, data.type.shape
+        if not ishape or ishape[-1] > len(dshape) or \
+                updates.type.shape != ishape[:-1] + dshape[ishape[-1]:]:
+            raise ctx.error(f"indices {ishape} and updates {updates.type.shape} do not fit "
+                            f"data {dshape}")
+        return ctx.emit("scatter_nd", data, indices, updates, reduction=_reduction(ctx, allowed))
+    return convert
+
+
+converter("ScatterND", since=11)(_scatter_nd(("none",)))
+converter("ScatterND", since=16, attrs={"reduction": "none"})(_scatter_nd(("none", "add", "mul")))
+converter("ScatterND", since=18, attrs={"reduction": "none"})(
+    _scatter_nd(("none", "add", "mul", "max", "min")))
+
+
+def _gather_nd(ctx: NodeContext) -> Value:
+    data, indices = ctx.input(0), ctx.input(1)
+    _check_indices(ctx, indices)
+    b = int(ctx.attrs.get("batch_dims", 0))
+    ishape, dshape = indices.type.shape, data.type.shape
+    if not ishape or b < 0 or b + ishape[-1] > len(dshape) or ishape[:b] != dshape[:b]:
+        raise ctx.error(f"indices {ishape} do not fit data {dshape} with batch_dims={b}")
+    return ctx.emit("gather_nd", data, indices, batch_dims=b)
+
+
+converter("GatherND", since=11)(_gather_nd)
+converter("GatherND", since=12, attrs={"batch_dims": 0})(_gather_nd)
+
+
+# ---- OneHot, EyeLike, Compress ------------------------------------------------------------------
+
+@converter("OneHot", since=9, attrs={"axis": -1})
+def _one_hot(ctx: NodeContext) -> Value:
+    indices, values = ctx.input(0), ctx.input(2)
+    depth = int(np.asarray(ctx.require_const(1, "depth")).reshape(-1)[0])
+    if depth < 1:
+        raise ctx.error(f"depth {depth} must be positive")
+    if values.type.shape not in ((2,), (1, 2)) and int(np.prod(values.type.shape)) != 2:
+        raise ctx.error(f"values must hold two elements [off, on], not {values.type.shape}")
+    values = ctx.reshape(values, (2,))
+    if indices.type.dtype not in ("float32", "float64", "int8", "int16", "int32", "int64",
+                                  "uint8", "uint16", "uint32", "uint64"):
+        raise ctx.error(f"indices of dtype {indices.type.dtype} are not supported")
+    rank = len(indices.type.shape) + 1
+    return ctx.emit("one_hot", indices, values, depth=depth,
+                    axis=_axis(ctx, int(ctx.attrs["axis"]), rank))
+
+
+@converter("EyeLike", since=9, attrs={"dtype": None, "k": 0})
+def _eye_like(ctx: NodeContext) -> Value:
+    import onnx
+
+    x = ctx.input(0)
+    if len(x.type.shape) != 2:
+        raise ctx.error(f"input must be 2-D, not {x.type.shape}")
+    code = ctx.attrs["dtype"]
+    dtype = onnx.helper.tensor_dtype_to_np_dtype(int(code)) if code is not None \
+        else np.dtype(x.type.dtype)
+    rows, cols = x.type.shape
+    return ctx.constant(np.eye(rows, cols, k=int(ctx.attrs["k"]), dtype=dtype), "eye")
+
+
+@converter("Compress", since=9, attrs={"axis": None})
+def _compress(ctx: NodeContext) -> Value:
+    x = ctx.input(0)
+    condition = ctx.require_const(1, "condition").reshape(-1).astype(bool)
+    axis = ctx.attrs["axis"]
+    if axis is None:
+        x = ctx.reshape(x, (int(np.prod(x.type.shape, dtype=np.int64)),))
+        axis = 0
+    axis = _axis(ctx, int(axis), len(x.type.shape))
+    if condition.size > x.type.shape[axis]:
+        raise ctx.error(f"condition has {condition.size} entries for an axis of "
+                        f"{x.type.shape[axis]}")
+    keep = np.nonzero(condition)[0].astype(np.int64)
+    return ctx.emit("take", x, ctx.constant(keep, "keep"), axis=axis)
+
+
+converter("Compress", since=11, attrs={"axis": None})(_compress)

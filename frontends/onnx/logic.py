@@ -119,3 +119,27 @@ def _cast_like(ctx: NodeContext) -> Value:
     if isinstance(x, Constant):
         return ctx.constant(x.data.astype(like.type.dtype), "cast")
     return cast_to(ctx, x, like.type.dtype)
+
+
+# ---- ReduceProd ---------------------------------------------------------------------------------
+
+def _reduce_prod(from_input: bool) -> Callable[[NodeContext], Value]:
+    def convert(ctx: NodeContext) -> Value:
+        from .nn import _reduce_axes
+
+        x = ctx.input(0)
+        axes = _reduce_axes(ctx, from_input)
+        if axes == ():
+            return x
+        if x.type.dtype == "bool":
+            raise ctx.error("ReduceProd of a bool tensor is not supported")
+        rank = len(x.type.shape)
+        if axes is not None and not all(-rank <= a < rank for a in axes):
+            raise ctx.error(f"axes {list(axes)} are out of range for rank {rank}")
+        return ctx.emit("prod", x, axes=axes, keepdims=bool(ctx.attrs["keepdims"]))
+    return convert
+
+
+converter("ReduceProd", since=1, attrs={"axes": None, "keepdims": 1})(_reduce_prod(False))
+converter("ReduceProd", since=18, attrs={"keepdims": 1, "noop_with_empty_axes": 0})(
+    _reduce_prod(True))

@@ -252,8 +252,9 @@ class KernelEmitter:
         b = self.builder
         ty = LLVM_TYPES[e.dtype]
         is_float = e.dtype.startswith("float")
-        if e.combiner == "sum":
-            init = ir.Constant(ty, 0.0 if is_float else 0)
+        if e.combiner in ("sum", "prod"):
+            unit = 0 if e.combiner == "sum" else 1
+            init = ir.Constant(ty, float(unit) if is_float else unit)
         else:
             sign = -1 if e.combiner == "max" else 1
             if is_float:
@@ -272,7 +273,8 @@ class KernelEmitter:
                     new = (b.fadd(current, value, flags=REDUCE_FLAGS) if is_float
                            else b.add(current, value))
                 else:
-                    new = self._binary(e.combiner, current, value, e.dtype, REDUCE_FLAGS)
+                    op = "mul" if e.combiner == "prod" else e.combiner
+                    new = self._binary(op, current, value, e.dtype, REDUCE_FLAGS)
                 b.store(new, acc)
                 return
             axis = e.axes[d]
@@ -299,9 +301,14 @@ class KernelEmitter:
             if method is None:
                 raise LoweringError(f"{self.func.name}: float op {op} is not supported")
             return method(x, y, flags=flags)
-        if dtype == "bool":
-            return {"and": b.and_, "or": b.or_}[op](x, y)
+        if op in ("and", "or", "xor"):  # logical on bool, bitwise on integers
+            return {"and": b.and_, "or": b.or_, "xor": b.xor}[op](x, y)
         signed = not dtype.startswith("uint")
+        if op in ("shl", "shr"):
+            # A shift by the bit width or more gives 0 (LLVM would make it poison).
+            shifted = b.shl(x, y) if op == "shl" else (b.ashr(x, y) if signed else b.lshr(x, y))
+            too_far = b.icmp_unsigned(">=", y, ir.Constant(x.type, x.type.width))
+            return b.select(too_far, ir.Constant(x.type, 0), shifted)
         if op in ("max", "min"):
             less = b.icmp_signed("<", x, y) if signed else b.icmp_unsigned("<", x, y)
             return b.select(less, y, x) if op == "max" else b.select(less, x, y)

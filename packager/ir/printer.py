@@ -11,7 +11,7 @@ from .graph import (Call, CallLibrary, CallTIR, Constant, Function, IRModule, Pr
                     TensorType, Value, Var)
 
 _BIN_SYMBOL = {"add": "+", "sub": "-", "mul": "*", "div": "/", "floordiv": "//", "mod": "%",
-               "and": "&&", "or": "||"}
+               "and": "&&", "or": "||", "xor": "^", "shl": "<<", "shr": ">>"}
 _CMP_SYMBOL = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!="}
 
 

@@ -135,3 +135,103 @@ def clip(a: np.ndarray, min: float, max: float) -> np.ndarray:
              _unary_legalizer(lambda x, alpha: te.if_then_else(x > 0.0, x, x * float(alpha))))
 def leaky_relu(a: np.ndarray, alpha: float) -> np.ndarray:
     return np.where(a > 0, a, a * np.float32(alpha)).astype(a.dtype)
+
+
+# ---- trigonometric and hyperbolic functions (vecmath kernels, no libm) --------------------------
+
+def _vector_math(name: str):
+    # A MathCall the code generator sends to packager/codegen/vecmath.py (mlc.math.<name>).
+    return lambda x: te.MathCall(name, x, x.dtype)
+
+
+_TRIG = {
+    "sin": np.sin, "cos": np.cos, "tan": np.tan,
+    "asin": np.arcsin, "acos": np.arccos, "atan": np.arctan,
+    "sinh": np.sinh, "cosh": np.cosh,
+    "asinh": np.arcsinh, "acosh": np.arccosh, "atanh": np.arctanh,
+}
+
+
+def _float_math_np(fn):
+    def reference(a: np.ndarray) -> np.ndarray:
+        with np.errstate(all="ignore"):
+            return fn(a.astype(np.float64)).astype(a.dtype)
+    return reference
+
+
+def _infer_float_unary(a: TensorType, **attrs: object) -> TensorType:
+    if a.dtype not in te.FLOAT_DTYPES:
+        raise ValueError(f"takes a float tensor, not {a.dtype}")
+    return a
+
+
+for _name, _np_fn in _TRIG.items():
+    register_op(_name, ELEMWISE, _infer_float_unary, _unary_legalizer(_vector_math(_name)))(
+        _float_math_np(_np_fn))
+
+
+# ---- bitwise operators on integers --------------------------------------------------------------
+
+def _infer_int_binary(a: TensorType, b: TensorType, **attrs: object) -> TensorType:
+    if a.dtype != b.dtype:
+        raise ValueError(f"operands have different dtypes: {a.dtype} and {b.dtype}")
+    if a.dtype not in te.INT_DTYPES:
+        raise ValueError(f"bitwise operators take integer tensors, not {a.dtype}")
+    return TensorType(broadcast_shape(a.shape, b.shape), a.dtype)
+
+
+def _shift_np(a: np.ndarray, b: np.ndarray, left: bool) -> np.ndarray:
+    bits = a.dtype.itemsize * 8
+    amount = b.astype(np.uint64)
+    too_far = amount >= bits
+    safe = np.where(too_far, 0, amount).astype(a.dtype)
+    out = np.left_shift(a, safe) if left else np.right_shift(a, safe)
+    return np.where(too_far, np.zeros_like(out), out).astype(a.dtype)
+
+
+_BITWISE = {
+    "bitwise_and": ("and", np.bitwise_and),
+    "bitwise_or": ("or", np.bitwise_or),
+    "bitwise_xor": ("xor", np.bitwise_xor),
+    "left_shift": ("shl", lambda a, b: _shift_np(a, b, left=True)),
+    "right_shift": ("shr", lambda a, b: _shift_np(a, b, left=False)),
+}
+
+for _name, (_te_op, _np_fn) in _BITWISE.items():
+    register_op(_name, ELEMWISE, _infer_int_binary,
+                _binary_legalizer(lambda x, y, _op=_te_op: te.Binary(_op, x, y, x.dtype)))(
+        lambda a, b, _f=_np_fn: _f(a, b).astype(a.dtype))
+
+
+def _infer_int_unary(a: TensorType) -> TensorType:
+    if a.dtype not in te.INT_DTYPES:
+        raise ValueError(f"bitwise_not takes an integer tensor, not {a.dtype}")
+    return a
+
+
+@register_op("bitwise_not", ELEMWISE, _infer_int_unary,
+             _unary_legalizer(lambda x: te.Binary("xor", x, te.const(-1, x.dtype), x.dtype)))
+def bitwise_not(a: np.ndarray) -> np.ndarray:
+    return np.invert(a)
+
+
+# ---- Shrink, ThresholdedRelu --------------------------------------------------------------------
+
+def _shrink_expr(x: te.Expr, lambd: float = 0.5, bias: float = 0.0) -> te.Expr:
+    lo, hi = scalar_of(-lambd, x.dtype), scalar_of(lambd, x.dtype)
+    b = scalar_of(bias, x.dtype)
+    return te.if_then_else(x < lo, x + b,
+                           te.if_then_else(x > hi, x - b, scalar_of(0, x.dtype)))
+
+
+@register_op("shrink", ELEMWISE, _infer_unary, _unary_legalizer(_shrink_expr))
+def shrink(a: np.ndarray, lambd: float = 0.5, bias: float = 0.0) -> np.ndarray:
+    lo, hi, b = (np.asarray(v).astype(a.dtype) for v in (-lambd, lambd, bias))
+    return np.where(a < lo, a + b, np.where(a > hi, a - b, 0)).astype(a.dtype)
+
+
+@register_op("thresholded_relu", ELEMWISE, _infer_unary,
+             _unary_legalizer(lambda x, alpha=1.0: te.if_then_else(
+                 x > scalar_of(alpha, x.dtype), x, scalar_of(0, x.dtype))))
+def thresholded_relu(a: np.ndarray, alpha: float = 1.0) -> np.ndarray:
+    return np.where(a > np.asarray(alpha).astype(a.dtype), a, 0).astype(a.dtype)
