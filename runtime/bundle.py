@@ -35,8 +35,19 @@ DIGEST_KEY = b"\xa6sha256\xc4\x20"  # fixstr "sha256", then bin8 of 32 bytes
 DATA_KEY = b"\xa4data\xc6"          # fixstr "data", then bin32 (4-byte big-endian length follows)
 TRAILER_BYTES = len(DIGEST_KEY) + 32 + len(DATA_KEY) + 4
 ALIGN = 64
-DTYPES = frozenset({"float32", "float64", "int8", "int16", "int32", "int64", "uint8", "uint16",
-                    "uint32", "uint64", "bool"})
+# Dtypes numpy lacks are carried as unsigned bits of their width: a bfloat16 tensor is a uint16
+# array holding the top 16 bits of each float32; float8 (ml_dtypes' names) one byte each; 4- and
+# 2-bit integers one per byte in the low bits. ml_dtypes arrays of these dtypes are accepted too.
+STORAGE_DTYPES = {"bfloat16": "uint16", "float8_e4m3fn": "uint8", "float8_e4m3fnuz": "uint8",
+                  "float8_e5m2": "uint8", "float8_e5m2fnuz": "uint8", "int4": "uint8",
+                  "uint4": "uint8", "int2": "uint8", "uint2": "uint8"}
+DTYPES = frozenset({"float32", "float64", "float16", "int8", "int16", "int32", "int64", "uint8",
+                    "uint16", "uint32", "uint64", "bool", *STORAGE_DTYPES})
+
+
+def storage_dtype(dtype: str) -> np.dtype:
+    """The numpy dtype a bundle dtype is stored as in memory."""
+    return np.dtype(STORAGE_DTYPES.get(dtype, dtype))
 MAX_HEADER_BYTES = 64 << 20
 
 
@@ -89,7 +100,7 @@ def nbytes_of(shape: tuple[int, ...], dtype: str) -> int:
     n = 1
     for d in shape:
         n *= d
-    return n * np.dtype(dtype).itemsize
+    return n * storage_dtype(dtype).itemsize
 
 
 class BundleReader:
@@ -207,7 +218,8 @@ class BundleReader:
             raise BundleError(f"{self.name}: payload size {ref.size} does not match "
                               f"{shape} {dtype}")
         assert self._mmap is not None
-        arr = np.frombuffer(self._mmap, dtype=dtype, count=ref.size // np.dtype(dtype).itemsize,
+        store = storage_dtype(dtype)
+        arr = np.frombuffer(self._mmap, dtype=store, count=ref.size // store.itemsize,
                             offset=self.data_start + ref.offset)
         return arr.reshape(shape)
 

@@ -15,8 +15,8 @@ from typing import Any, Iterable, Mapping, Sequence
 import numpy as np
 
 from . import cpu, elf, library, vm
-from .bundle import (BundleReader, check_disjoint, check_dtype, check_shape, nbytes_of,
-                     payload_ref)
+from .bundle import (STORAGE_DTYPES, BundleReader, check_disjoint, check_dtype, check_shape,
+                     nbytes_of, payload_ref, storage_dtype)
 from .errors import BundleError, InputError
 
 ARENA_ALIGN = 64
@@ -181,9 +181,10 @@ class Model:
             shape, dtype = check_shape(row[2], f"tensor {i}"), check_dtype(row[3], f"tensor {i}")
             size = nbytes_of(shape, dtype)
             if kind == 0 and isinstance(ref, int) and 0 <= ref and ref + size <= arena_bytes:
-                view = self._arena[ref:ref + size].view(dtype).reshape(shape)
+                view = self._arena[ref:ref + size].view(storage_dtype(dtype)).reshape(shape)
             elif kind == 1 and isinstance(ref, int) and 0 <= ref < len(constants) \
-                    and constants[ref].nbytes == size and str(constants[ref].dtype) == dtype:
+                    and constants[ref].nbytes == size \
+                    and constants[ref].dtype == storage_dtype(dtype):
                 view = constants[ref].reshape(shape)
             else:
                 raise BundleError(f"bundle header: tensor {i} lies outside its storage")
@@ -215,7 +216,15 @@ class Model:
                 value = np.asarray(value)
             except Exception:
                 raise InputError(f"input {spec.name!r} is not array-like") from None
-        if value.dtype.name != spec.dtype:
+        if spec.dtype in STORAGE_DTYPES:  # bfloat16: its uint16 bits, or an ml_dtypes array
+            store = storage_dtype(spec.dtype)
+            if value.dtype.name == spec.dtype and value.dtype.itemsize == store.itemsize:
+                value = value.view(store)
+            elif value.dtype != store:
+                raise InputError(f"input {spec.name!r} has dtype {value.dtype.name}; the model "
+                                 f"takes {spec.dtype}, fed as {store.name} bits (or an ml_dtypes "
+                                 f"{spec.dtype} array)")
+        elif value.dtype.name != spec.dtype:
             raise InputError(f"input {spec.name!r} has dtype {value.dtype.name}; the model takes "
                              f"{spec.dtype}: convert it with .astype(np.{spec.dtype})")
         if value.ndim != len(spec.shape):

@@ -29,8 +29,12 @@ from .registry import (IGNORED_ATTRIBUTES, NodeContext, lookup, make_constant, n
                        op_label)
 
 # Tensor dtypes a bundle can take and return at run time (the runtime's and the code generator's).
-RUNTIME_DTYPES = ("float32", "float64", "int8", "int16", "int32", "int64", "uint8", "uint16",
-                  "uint32", "uint64", "bool")
+# float16/bfloat16/float8 are stored narrow and computed in float32; the runtime carries the dtypes
+# numpy lacks (bfloat16, float8_*, int4/uint4/int2/uint2) as their unsigned bits (uint16/uint8)
+# and takes ml_dtypes arrays of them as well.
+RUNTIME_DTYPES = ("float32", "float64", "float16", "bfloat16", "float8_e4m3fn", "float8_e4m3fnuz",
+                  "float8_e5m2", "float8_e5m2fnuz", "int8", "int16", "int32", "int64", "uint8",
+                  "uint16", "uint32", "uint64", "int4", "uint4", "int2", "uint2", "bool")
 
 
 @dataclass
@@ -310,6 +314,7 @@ class _GraphConverter:
             attrs[a.name] = _attribute_value(a)
         inputs = [self.value(name, who) if name else None for name in node.input]
         ctx = NodeContext(self.bb, node, opset, inputs, attrs, self.source)
+        ctx.scope = self  # If/Loop/Scan convert their subgraphs against this graph's values
         try:
             result = conv.convert(ctx)
         except (BuilderError, ValueError) as exc:  # shape or attribute values the ops refuse

@@ -116,9 +116,12 @@ def _cast_like(ctx: NodeContext) -> Value:
     x, like = ctx.input(0), ctx.input(1)
     from ...packager.ir.graph import Constant
 
+    from .quant import fold_cast, saturate_for
+
+    saturate = bool(ctx.attrs["saturate"])
     if isinstance(x, Constant):
-        return ctx.constant(x.data.astype(like.type.dtype), "cast")
-    return cast_to(ctx, x, like.type.dtype)
+        return ctx.constant(fold_cast(x.data, like.type.dtype, saturate), "cast")
+    return cast_to(ctx, saturate_for(ctx, x, like.type.dtype, saturate), like.type.dtype)
 
 
 # ---- ReduceProd ---------------------------------------------------------------------------------

@@ -12,6 +12,7 @@ import onnx
 from onnx import helper
 
 from ...packager.ir.graph import Constant, Value
+from . import quant
 from .logic import cast_to
 from .registry import NodeContext, converter
 
@@ -271,9 +272,10 @@ def _onnx_dtype(ctx: NodeContext, to: int | str) -> np.dtype:
 def _cast(ctx: NodeContext) -> Value:
     x = ctx.input(0)
     dtype = _onnx_dtype(ctx, ctx.attrs["to"])
+    saturate = bool(ctx.attrs["saturate"])
     if isinstance(x, Constant):
-        return ctx.constant(x.data.astype(dtype), "cast")
-    return cast_to(ctx, x, dtype)
+        return ctx.constant(quant.fold_cast(x.data, dtype, saturate), "cast")
+    return cast_to(ctx, quant.saturate_for(ctx, x, str(dtype), saturate), dtype)
 
 
 @converter("ConstantOfShape", since=9, attrs={"value": None})

@@ -26,8 +26,9 @@ from llvmlite import ir
 from ..ir import te
 from ..ir.graph import PrimFunc
 from . import vecmath
-from .helpers import (ARITH_FLAGS, F32, F64, I1, I8, I64, LLVM_TYPES, REDUCE_FLAGS, STORAGE_TYPES,
-                      VOID, alloca_once, const_i64, for_range, intrinsic, type_suffix)
+from .helpers import (ARITH_FLAGS, F32, F64, I8, I64, LLVM_TYPES, REDUCE_FLAGS, STORAGE_TYPES,
+                      VOID, alloca_once, const_i64, for_range, intrinsic, load_converted, round_to,
+                      store_converted, type_suffix)
 
 WORKSPACE_ALIGN = 64
 
@@ -117,7 +118,7 @@ class KernelEmitter:
         offsets, workspace = [], 0
         for stage, _ in materialized:
             offsets.append(workspace)
-            nbytes = int(np.prod(stage.shape, dtype=np.int64)) * np.dtype(stage.dtype).itemsize
+            nbytes = int(np.prod(stage.shape, dtype=np.int64)) * te.itemsize(stage.dtype)
             workspace += -(-nbytes // WORKSPACE_ALIGN) * WORKSPACE_ALIGN
         params = func.inputs + func.outputs
         n_ptrs = len(params) + (1 if workspace else 0)
@@ -210,8 +211,7 @@ class KernelEmitter:
     def _store(self, ptr: ir.Value, tensor: te.Tensor, indices: list[ir.Value], value: ir.Value
                ) -> None:
         b = self.builder
-        if tensor.dtype == "bool":
-            value = b.zext(value, I8)
+        value = store_converted(b, value, tensor.dtype)
         b.store(value, b.gep(ptr, [self._offset(tensor, indices)], inbounds=True))
 
     # ---- expressions --------------------------------------------------------------------------
@@ -225,14 +225,16 @@ class KernelEmitter:
                 raise LoweringError(f"{self.func.name}: index {e.name} used outside its loop") from None
         if isinstance(e, te.Const):
             ty = LLVM_TYPES[e.dtype]
-            return ir.Constant(ty, float(e.value) if e.dtype.startswith("float") else int(e.value))
+            if e.dtype in te.REDUCED_FLOAT_DTYPES:  # the value the dtype can hold
+                return ir.Constant(ty, float(np.asarray(float(e.value), dtype=e.dtype)))
+            return ir.Constant(ty, float(e.value) if te.is_float(e.dtype) else int(e.value))
         if isinstance(e, te.Read):
             ptr = self.buffers.get(e.tensor.uid)
             if ptr is None:
                 raise LoweringError(f"{self.func.name}: {e.tensor.name} has no buffer")
             indices = [self._value(i, env) for i in e.indices]
             value = b.load(b.gep(ptr, [self._offset(e.tensor, indices)], inbounds=True))
-            return b.trunc(value, I1) if e.dtype == "bool" else value
+            return load_converted(b, value, e.dtype)
         if isinstance(e, te.Binary):
             return self._binary(e.op, self._value(e.a, env), self._value(e.b, env), e.dtype)
         if isinstance(e, te.Compare):
@@ -251,7 +253,7 @@ class KernelEmitter:
     def _reduce(self, e: te.Reduce, env: dict[int, ir.Value]) -> ir.Value:
         b = self.builder
         ty = LLVM_TYPES[e.dtype]
-        is_float = e.dtype.startswith("float")
+        is_float = te.is_float(e.dtype)
         if e.combiner in ("sum", "prod"):
             unit = 0 if e.combiner == "sum" else 1
             init = ir.Constant(ty, float(unit) if is_float else unit)
@@ -288,7 +290,7 @@ class KernelEmitter:
     def _binary(self, op: str, x: ir.Value, y: ir.Value, dtype: str,
                 flags: tuple[str, ...] = ARITH_FLAGS) -> ir.Value:
         b = self.builder
-        if dtype.startswith("float"):
+        if te.is_float(dtype):
             if op in ("max", "min"):
                 name = f"llvm.{'maximum' if op == 'max' else 'minimum'}.{type_suffix(x.type)}"
                 return b.call(intrinsic(self.module, name, x.type, [x.type, x.type]), [x, y])
@@ -337,7 +339,7 @@ class KernelEmitter:
     def _compare(self, op: str, x: ir.Value, y: ir.Value, dtype: str) -> ir.Value:
         b = self.builder
         sym = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!="}[op]
-        if dtype.startswith("float"):
+        if te.is_float(dtype):
             return b.fcmp_unordered(sym, x, y) if op == "ne" else b.fcmp_ordered(sym, x, y)
         if dtype.startswith("uint") or dtype == "bool":
             return b.icmp_unsigned(sym, x, y)
@@ -348,17 +350,24 @@ class KernelEmitter:
         if src == dst:
             return v
         to = LLVM_TYPES[dst]
-        src_f, dst_f = src.startswith("float"), dst.startswith("float")
+        src_f, dst_f = te.is_float(src), te.is_float(dst)
         if dst == "bool":
             zero = ir.Constant(v.type, 0.0 if src_f else 0)
             return b.fcmp_unordered("!=", v, zero) if src_f else b.icmp_unsigned("!=", v, zero)
         if src_f and dst_f:
-            return b.fpext(v, to) if to == F64 else b.fptrunc(v, to)
+            if v.type != to:
+                v = b.fpext(v, to) if to == F64 else b.fptrunc(v, to)
+            # float16/bfloat16 compute in float32: a cast to one rounds to what it can hold
+            return round_to(b, v, dst) if dst in te.REDUCED_FLOAT_DTYPES else v
+        if dst in te.SUBBYTE_INT_DTYPES:  # wraps, as ONNX's Cast to int4/uint4/int2/uint2
+            wide = self._cast(v, src, "int32")
+            return round_to(b, b.trunc(wide, to), dst)
         if src_f:
             return b.fptoui(v, to) if dst.startswith("uint") else b.fptosi(v, to)
         unsigned = src.startswith("uint") or src == "bool"
         if dst_f:
-            return b.uitofp(v, to) if unsigned else b.sitofp(v, to)
+            v = b.uitofp(v, to) if unsigned else b.sitofp(v, to)
+            return round_to(b, v, dst) if dst in te.REDUCED_FLOAT_DTYPES else v
         if to.width > v.type.width:
             return b.zext(v, to) if unsigned else b.sext(v, to)
         return b.trunc(v, to) if to.width < v.type.width else v

@@ -17,9 +17,31 @@ import itertools
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
-FLOAT_DTYPES = frozenset({"float32", "float64"})
+import ml_dtypes  # noqa: F401  (registers numpy's "bfloat16" dtype name)
+import numpy as np
+
+# float16 and bfloat16 are storage formats: kernels load them into float32, compute in float32
+# and round back (to nearest even) when they store; the conversions are integer IR, no libcalls.
+# numpy has no bfloat16: the packager uses ml_dtypes' (an onnx dependency) for constants.
+# The float8 formats (ml_dtypes' names) are stored as one byte the same way; 4- and 2-bit integers
+# one per byte (the low bits, as ml_dtypes lays them out), computed as int8.
+FLOAT8_DTYPES = frozenset({"float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz"})
+REDUCED_FLOAT_DTYPES = frozenset({"float16", "bfloat16"}) | FLOAT8_DTYPES
+FLOAT_DTYPES = frozenset({"float32", "float64"}) | REDUCED_FLOAT_DTYPES
 INT_DTYPES = frozenset({"int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64"})
-DTYPES = FLOAT_DTYPES | INT_DTYPES | {"bool"}
+SUBBYTE_INT_DTYPES = frozenset({"int4", "uint4", "int2", "uint2"})
+DTYPES = FLOAT_DTYPES | INT_DTYPES | SUBBYTE_INT_DTYPES | {"bool"}
+
+
+def itemsize(dtype: str) -> int:
+    """Bytes per element of ``dtype`` as stored in memory (bool: 1, bfloat16: 2, int4: 1)."""
+    if dtype in FLOAT8_DTYPES or dtype in SUBBYTE_INT_DTYPES:
+        return 1
+    return 2 if dtype == "bfloat16" else np.dtype(dtype).itemsize
+
+
+def is_float(dtype: str) -> bool:
+    return dtype in FLOAT_DTYPES
 
 _ids = itertools.count()
 
