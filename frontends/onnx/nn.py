@@ -48,9 +48,9 @@ class _Window:
 
     def __init__(self, ctx: NodeContext, x: Value, kernel: Sequence[int]) -> None:
         spatial = len(x.type.shape) - 2
-        if spatial not in (1, 2):
-            raise ctx.error(f"input of shape {x.type.shape}: only 1-D and 2-D windows "
-                            "(rank 3 or 4 inputs) are supported")
+        if spatial not in (1, 2, 3):
+            raise ctx.error(f"input of shape {x.type.shape}: only 1-D, 2-D and 3-D windows "
+                            "(rank 3, 4 or 5 inputs) are supported")
         kernel = list(kernel)
         strides = list(ctx.attrs["strides"] or [1] * spatial)
         dilations = list(ctx.attrs.get("dilations") or [1] * spatial)
@@ -58,6 +58,12 @@ class _Window:
             raise ctx.error(f"kernel {kernel}, strides {strides} and dilations {dilations} "
                             f"should each have {spatial} values")
         begin, end = _resolve_pads(ctx, x.type.shape[2:], kernel, strides, dilations)
+        # N-D form (any rank) for the nn.pool / nn.conv rows; 2-D form for the 2-D rows.
+        self.nd = dict(kernel=tuple(kernel), strides=tuple(strides), dilation=tuple(dilations),
+                       padding=tuple(begin) + tuple(end))
+        self.three_d = spatial == 3
+        if self.three_d:
+            return
         self.one_d = spatial == 1
         lift = (lambda v, fill: [fill] + list(v)) if self.one_d else (lambda v, fill: list(v))
         self.kernel = tuple(lift(kernel, 1))
@@ -92,6 +98,13 @@ def _conv(ctx: NodeContext) -> Value:
     if given is not None and tuple(given) != tuple(kernel):
         raise ctx.error(f"kernel_shape {list(given)} differs from the weight's {list(kernel)}")
     win = _Window(ctx, x, kernel)
+    if win.three_d:
+        nd = win.nd
+        y = ctx.emit("nn.conv", x, w, strides=nd["strides"], padding=nd["padding"],
+                     dilation=nd["dilation"], groups=int(ctx.attrs["group"]))
+        if ctx.has_input(2):
+            y = ctx.emit("add", y, _channel_shaped(ctx, ctx.input(2), 5))
+        return y
     w2 = ctx.reshape(w, w.type.shape[:2] + (1,) + w.type.shape[2:]) if win.one_d else w
     y = ctx.emit("nn.conv2d", win.to_2d(ctx, x), w2, strides=win.strides, padding=win.padding,
                  dilation=win.dilation, groups=int(ctx.attrs["group"]))
@@ -107,14 +120,26 @@ def _pool_kernel(ctx: NodeContext) -> list[int]:
     return list(kernel)
 
 
+def _wants_output(ctx: NodeContext, i: int) -> bool:
+    return len(ctx.node.output) > i and bool(ctx.node.output[i])
+
+
 @converter("MaxPool", since=1, attrs={**_WINDOW_ATTRS, "ceil_mode": 0, "storage_order": 0})
-def _max_pool(ctx: NodeContext) -> Value:
+def _max_pool(ctx: NodeContext) -> Value | list[Value]:
     x = ctx.input(0)
     win = _Window(ctx, x, _pool_kernel(ctx))
-    y = ctx.emit("nn.max_pool2d", win.to_2d(ctx, x), kernel=win.kernel, strides=win.strides,
-                 padding=win.padding, dilation=win.dilation,
-                 ceil_mode=bool(ctx.attrs["ceil_mode"]))
-    return win.from_2d(ctx, y)  # the optional Indices output is not provided
+    ceil_mode = bool(ctx.attrs["ceil_mode"])
+    if win.three_d:
+        y = ctx.emit("nn.pool", x, mode="max", ceil_mode=ceil_mode, **win.nd)
+    else:
+        y = win.from_2d(ctx, ctx.emit("nn.max_pool2d", win.to_2d(ctx, x), kernel=win.kernel,
+                                      strides=win.strides, padding=win.padding,
+                                      dilation=win.dilation, ceil_mode=ceil_mode))
+    if not _wants_output(ctx, 1):
+        return y
+    indices = ctx.emit("nn.max_pool_indices", x, ceil_mode=ceil_mode,
+                       storage_order=int(ctx.attrs["storage_order"]), **win.nd)
+    return [y, indices]
 
 
 @converter("AveragePool", since=1, attrs={**_WINDOW_ATTRS, "ceil_mode": 0,
@@ -122,9 +147,9 @@ def _max_pool(ctx: NodeContext) -> Value:
 def _avg_pool(ctx: NodeContext) -> Value:
     x = ctx.input(0)
     win = _Window(ctx, x, _pool_kernel(ctx))
-    if any(d != 1 for d in win.dilation):
-        raise ctx.error(f"dilations {list(ctx.attrs['dilations'])} are not supported "
-                        "(nn.avg_pool2d has no dilation)")
+    if win.three_d or any(d != 1 for d in win.nd["dilation"]):
+        return ctx.emit("nn.pool", x, mode="avg", ceil_mode=bool(ctx.attrs["ceil_mode"]),
+                        count_include_pad=bool(ctx.attrs["count_include_pad"]), **win.nd)
     y = ctx.emit("nn.avg_pool2d", win.to_2d(ctx, x), kernel=win.kernel, strides=win.strides,
                  padding=win.padding, ceil_mode=bool(ctx.attrs["ceil_mode"]),
                  count_include_pad=bool(ctx.attrs["count_include_pad"]))
@@ -143,6 +168,90 @@ def _global_pool(op: str) -> Callable[[NodeContext], Value]:
 
 converter("GlobalAveragePool", since=1)(_global_pool("mean"))
 converter("GlobalMaxPool", since=1)(_global_pool("max"))
+
+
+@converter("LpPool", since=1, attrs={**_WINDOW_ATTRS, "ceil_mode": 0, "p": 2})
+def _lp_pool(ctx: NodeContext) -> Value:
+    x = ctx.input(0)
+    win = _Window(ctx, x, _pool_kernel(ctx))
+    p = ctx.attrs["p"]
+    if p is None or float(p) <= 0:
+        raise ctx.error(f"p={p} must be positive")
+    return ctx.emit("nn.pool", x, mode="lp", p=float(p), ceil_mode=bool(ctx.attrs["ceil_mode"]),
+                    **win.nd)
+
+
+@converter("GlobalLpPool", since=1, attrs={"p": 2})
+def _global_lp_pool(ctx: NodeContext) -> Value:
+    x = ctx.input(0)
+    spatial = x.type.shape[2:]
+    if not spatial:
+        raise ctx.error(f"input of shape {x.type.shape} has no spatial axes")
+    n = len(spatial)
+    return ctx.emit("nn.pool", x, mode="lp", p=float(ctx.attrs["p"]), kernel=tuple(spatial),
+                    strides=(1,) * n, padding=(0,) * (2 * n), dilation=(1,) * n)
+
+
+@converter("ConvTranspose", since=1, attrs={**_WINDOW_ATTRS, "group": 1, "output_padding": None,
+                                             "output_shape": None})
+def _conv_transpose(ctx: NodeContext) -> Value:
+    x, w = ctx.input(0), ctx.input(1)
+    spatial = x.type.shape[2:]
+    n = len(spatial)
+    if n < 1 or len(w.type.shape) != n + 2:
+        raise ctx.error(f"input {x.type.shape} and weight {w.type.shape} need the same rank >= 3")
+    kernel = list(w.type.shape[2:])
+    given = ctx.attrs["kernel_shape"]
+    if given is not None and list(given) != kernel:
+        raise ctx.error(f"kernel_shape {list(given)} differs from the weight's {kernel}")
+    strides = list(ctx.attrs["strides"] or [1] * n)
+    dilations = list(ctx.attrs["dilations"] or [1] * n)
+    out_pad = list(ctx.attrs["output_padding"] or [0] * n)
+    if len(strides) != n or len(dilations) != n or len(out_pad) != n:
+        raise ctx.error(f"strides {strides}, dilations {dilations} and output_padding {out_pad} "
+                        f"should each have {n} values")
+    mode = ctx.attrs["auto_pad"]
+    out_shape = ctx.attrs["output_shape"]
+    if mode not in ("NOTSET", "VALID", "SAME_UPPER", "SAME_LOWER"):
+        raise ctx.error(f"auto_pad={mode!r} is not NOTSET, VALID, SAME_UPPER or SAME_LOWER")
+    full = [strides[d] * (spatial[d] - 1) + out_pad[d] + (kernel[d] - 1) * dilations[d] + 1
+            for d in range(n)]
+    if out_shape is not None or mode in ("SAME_UPPER", "SAME_LOWER"):
+        if out_shape is None:
+            out_shape = [spatial[d] * strides[d] for d in range(n)]
+        out_shape = list(out_shape)[-n:]
+        if len(out_shape) != n:
+            raise ctx.error(f"output_shape {list(out_shape)} should have {n} values")
+        total = [full[d] - int(out_shape[d]) for d in range(n)]
+        if mode == "SAME_UPPER":
+            begin, end = [t // 2 for t in total], [t - t // 2 for t in total]
+        else:
+            begin, end = [t - t // 2 for t in total], [t // 2 for t in total]
+        pads = begin + end
+    elif mode == "VALID":
+        pads = [0] * (2 * n)
+    else:
+        pads = list(ctx.attrs["pads"] or [0] * (2 * n))
+        if len(pads) != 2 * n:
+            raise ctx.error(f"pads {pads} should have {2 * n} values")
+    y = ctx.emit("nn.conv_transpose", x, w, strides=tuple(strides), padding=tuple(pads),
+                 dilation=tuple(dilations), output_padding=tuple(out_pad),
+                 groups=int(ctx.attrs["group"]))
+    if ctx.has_input(2):
+        y = ctx.emit("add", y, _channel_shaped(ctx, ctx.input(2), n + 2))
+    return y
+
+
+@converter("LRN", since=1, attrs={"size": None, "alpha": 1e-4, "beta": 0.75, "bias": 1.0})
+def _lrn(ctx: NodeContext) -> Value:
+    size = ctx.attrs["size"]
+    if size is None or int(size) < 1:
+        raise ctx.error(f"size={size} must be a positive integer")
+    x = ctx.input(0)
+    if len(x.type.shape) < 3:
+        raise ctx.error(f"input of shape {x.type.shape} needs a channel axis and spatial axes")
+    return ctx.emit("nn.lrn", x, size=int(size), alpha=float(ctx.attrs["alpha"]),
+                    beta=float(ctx.attrs["beta"]), bias=float(ctx.attrs["bias"]))
 
 
 # ---- Gemm and MatMul ----------------------------------------------------------------------------
@@ -191,10 +300,10 @@ def _matmul(ctx: NodeContext) -> Value:
 
 @converter("BatchNormalization", since=1, attrs={"epsilon": 1e-5, "momentum": 0.9, "spatial": 1,
                                                  "is_test": 0, "training_mode": 0})
-def _batch_norm(ctx: NodeContext) -> Value:
+def _batch_norm(ctx: NodeContext) -> Value | list[Value]:
     x = ctx.input(0)
     if ctx.attrs["training_mode"]:
-        raise ctx.error("training_mode=1 is not supported: export the model in eval mode")
+        return _batch_norm_training(ctx, x)
     if not ctx.attrs["spatial"]:
         raise ctx.error("spatial=0 (per-activation statistics) is not supported")
     rank = len(x.type.shape)
@@ -215,6 +324,29 @@ def _batch_norm(ctx: NodeContext) -> Value:
         s_val = ctx.emit("divide", scale, std)
         t_val = ctx.emit("subtract", bias, ctx.emit("multiply", mean, s_val))
     return ctx.emit("add", ctx.emit("multiply", x, s_val), t_val)
+
+
+def _batch_norm_training(ctx: NodeContext, x: Value) -> list[Value]:
+    """training_mode=1 (opset 14+): normalize with the batch's own statistics and return the
+    running mean and variance updated with ``momentum`` (no state is kept between runs)."""
+    if not ctx.attrs["spatial"]:
+        raise ctx.error("spatial=0 (per-activation statistics) is not supported")
+    rank = len(x.type.shape)
+    shape = (1, x.type.shape[1]) + (1,) * (rank - 2)
+    axes = (0,) + tuple(range(2, rank))
+    eps, momentum = float(ctx.attrs["epsilon"]), float(ctx.attrs["momentum"])
+    normalized, mean, inv_std = _normalize(ctx, x, axes, eps)
+    scale, bias = (ctx.reshape(ctx.input(i), shape) for i in (1, 2))
+    y = ctx.emit("add", ctx.emit("multiply", normalized, scale), bias)
+    centered = ctx.emit("subtract", x, mean)
+    var = ctx.emit("mean", ctx.emit("multiply", centered, centered), axes=axes, keepdims=False)
+    mean = ctx.reshape(mean, (x.type.shape[1],))
+
+    def running(i: int, batch: Value) -> Value:
+        old = ctx.emit("multiply", ctx.input(i), ctx.scalar(momentum, batch))
+        return ctx.emit("add", old, ctx.emit("multiply", batch, ctx.scalar(1.0 - momentum, batch)))
+
+    return [y, running(3, mean), running(4, var)]
 
 
 def _normalize(ctx: NodeContext, x: Value, axes: tuple[int, ...], eps: float
@@ -270,12 +402,52 @@ for _op_type, _op in {"Softmax": "nn.softmax", "LogSoftmax": "nn.log_softmax"}.i
 
 
 @converter("Dropout", since=1, attrs={"ratio": 0.5, "seed": None, "is_test": 0})
-def _dropout(ctx: NodeContext) -> Value:
+def _dropout(ctx: NodeContext) -> Value | list[Value]:
+    x = ctx.input(0)
     if ctx.has_input(2):
         training = ctx.require_const(2, "training_mode")
         if bool(training.reshape(())):
-            raise ctx.error("training_mode=true is not supported: export the model in eval mode")
-    return ctx.input(0)  # inference: identity; the optional mask output is not provided
+            # Training mode drops at random, except with ratio 0, where it is the identity.
+            ratio = ctx.require_const(1, "ratio") if ctx.has_input(1) else np.array(0.5)
+            if float(ratio.reshape(())) != 0.0:
+                raise ctx.error("training_mode=true with a nonzero ratio drops at random: "
+                                "export the model in eval mode")
+    if not _wants_output(ctx, 1):
+        return x
+    # Inference keeps every element: the mask is all true (bool; opset < 10 typed it as x).
+    dtype = "bool" if ctx.opset >= 10 else x.type.dtype
+    return [x, ctx.constant(np.ones(x.type.shape, dtype=dtype), "dropout_mask")]
+
+
+def _group_norm(per_channel: bool) -> Callable[[NodeContext], Value]:
+    def convert(ctx: NodeContext) -> Value:
+        x = ctx.input(0)
+        shape = x.type.shape
+        rank = len(shape)
+        if rank < 3:
+            raise ctx.error(f"input of shape {shape} needs a channel axis and spatial axes")
+        groups = ctx.attrs["num_groups"]
+        channels = shape[1]
+        if groups is None or int(groups) < 1 or channels % int(groups):
+            raise ctx.error(f"num_groups={groups} does not divide the {channels} channels")
+        groups = int(groups)
+        grouped = ctx.reshape(x, (shape[0], groups, channels // groups) + shape[2:])
+        y, _, _ = _normalize(ctx, grouped, tuple(range(2, rank + 1)), float(ctx.attrs["epsilon"]))
+        if per_channel:  # opset 21: scale and bias per channel
+            y = ctx.reshape(y, shape)
+            y = ctx.emit("multiply", y, _channel_shaped(ctx, ctx.input(1), rank))
+            return ctx.emit("add", y, _channel_shaped(ctx, ctx.input(2), rank))
+        # opset 18: scale and bias per group
+        y = ctx.emit("multiply", y, _channel_shaped(ctx, ctx.input(1), rank + 1))
+        y = ctx.emit("add", y, _channel_shaped(ctx, ctx.input(2), rank + 1))
+        return ctx.reshape(y, shape)
+    return convert
+
+
+converter("GroupNormalization", since=18, attrs={"num_groups": None, "epsilon": 1e-5})(
+    _group_norm(per_channel=False))
+converter("GroupNormalization", since=21, attrs={"num_groups": None, "epsilon": 1e-5,
+                                                 "stash_type": 1})(_group_norm(per_channel=True))
 
 
 # ---- reductions ---------------------------------------------------------------------------------
@@ -411,3 +583,21 @@ def _softmax_cross_entropy(ctx: NodeContext) -> list[Value]:
     loss = _nll(ctx, logp, ctx.input(1), weight, ctx.attrs["reduction"],
                 None if ii is None else int(ii))
     return [loss, logp]
+
+
+@converter("Col2Im", since=18, attrs={"dilations": None, "pads": None, "strides": None})
+def _col2im(ctx: NodeContext) -> Value:
+    x = ctx.input(0)
+    image = [int(v) for v in ctx.require_const(1, "image_shape").reshape(-1)]
+    block = [int(v) for v in ctx.require_const(2, "block_shape").reshape(-1)]
+    n = len(image)
+    if len(block) != n or n < 1:
+        raise ctx.error(f"image_shape {image} and block_shape {block} need the same length")
+    strides = list(ctx.attrs["strides"] or [1] * n)
+    dilations = list(ctx.attrs["dilations"] or [1] * n)
+    pads = list(ctx.attrs["pads"] or [0] * (2 * n))
+    if len(strides) != n or len(dilations) != n or len(pads) != 2 * n:
+        raise ctx.error(f"strides {strides}, dilations {dilations} and pads {pads} do not fit "
+                        f"{n} spatial axes")
+    return ctx.emit("nn.col2im", x, image_shape=tuple(image), block_shape=tuple(block),
+                    strides=tuple(strides), padding=tuple(pads), dilation=tuple(dilations))

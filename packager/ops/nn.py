@@ -1,6 +1,9 @@
-"""Neural-network operators: matmul, convolution, pooling, softmax and reductions."""
+"""Neural-network operators: matmul, convolution (2-D, N-D, transposed), pooling (2-D and N-D
+max/avg/lp, max indices), LRN, col2im, softmax and reductions."""
 
 from __future__ import annotations
+
+import itertools
 
 import numpy as np
 
@@ -306,3 +309,464 @@ def softmax(x: np.ndarray, axis: int = -1) -> np.ndarray:
 def log_softmax(x: np.ndarray, axis: int = -1) -> np.ndarray:
     s = x - x.max(axis=axis, keepdims=True)
     return (s - np.log(np.exp(s).sum(axis=axis, keepdims=True))).astype(x.dtype)
+
+
+# ---- N-D windows (1-, 2- and 3-D): pooling, convolution, transposed convolution ---------------
+# ``padding`` is ONNX's order: the begin pads of every spatial axis, then the end pads.
+
+def _nd_check(kind: str, spatial: tuple[int, ...], **params) -> None:
+    n = len(spatial)
+    if n < 1:
+        raise ValueError(f"{kind}: input needs at least one spatial axis")
+    for key, value in params.items():
+        want = 2 * n if key in ("padding",) else n
+        if len(value) != want:
+            raise ValueError(f"{kind}: {key} {list(value)} should have {want} values for "
+                             f"{n} spatial axes")
+
+
+def _nd_out_sizes(spatial, kernel, strides, padding, dilation, ceil_mode=False) -> tuple[int, ...]:
+    n = len(spatial)
+    return tuple(_out_size(spatial[d], kernel[d], strides[d], padding[d], padding[n + d],
+                           dilation[d], ceil_mode) for d in range(n))
+
+
+def _all_of(conds: list[te.Expr]) -> te.Expr:
+    out = conds[0]
+    for c in conds[1:]:
+        out = te.logical_and(out, c)
+    return out
+
+
+def _lowest(dtype: str) -> te.Expr:
+    if dtype in te.FLOAT_DTYPES:
+        return te.const(float("-inf"), dtype)
+    return te.const(int(np.iinfo(dtype).min), dtype)
+
+
+def _infer_pool_nd(x: TensorType, mode: str = "max", kernel=(), strides=(), padding=(),
+                   dilation=(), ceil_mode: bool = False, count_include_pad: bool = False,
+                   p: float = 2) -> TensorType:
+    if mode not in ("max", "avg", "lp"):
+        raise ValueError(f"pool: mode {mode!r} is not max, avg or lp")
+    spatial = x.shape[2:]
+    _nd_check("pool", spatial, kernel=kernel, strides=strides, padding=padding,
+              dilation=dilation)
+    return TensorType(x.shape[:2] + _nd_out_sizes(spatial, kernel, strides, padding, dilation,
+                                                  ceil_mode), x.dtype)
+
+
+def _window_positions(o, kernel_axes, strides, padding, dilation):
+    return [o[d] * strides[d] - padding[d] + kernel_axes[d] * dilation[d]
+            for d in range(len(kernel_axes))]
+
+
+def _power(v: te.Expr, p: float) -> te.Expr:
+    """|v| ** p for v >= 0 (written with exp/log; 0 stays 0)."""
+    if p == 1:
+        return v
+    if p == 2:
+        return v * v
+    safe = te.maximum(v, te.const(1e-30, v.dtype))
+    return te.if_then_else(v > te.const(0.0, v.dtype), te.exp(te.log(safe) * p),
+                           te.const(0.0, v.dtype))
+
+
+def _legalize_pool_nd(x: te.Tensor, out_type: TensorType, name: str, mode: str = "max",
+                      kernel=(), strides=(), padding=(), dilation=(), ceil_mode: bool = False,
+                      count_include_pad: bool = False, p: float = 2) -> te.Tensor:
+    spatial = x.shape[2:]
+    n = len(spatial)
+    rs = tuple(te.reduce_axis(k, f"r{d}") for d, k in enumerate(kernel))
+
+    def body(b, c, *o):
+        pos = _window_positions(o, rs, strides, padding, dilation)
+        inside = _all_of([_in_bounds(pos[d], spatial[d]) for d in range(n)])
+        read = x[(b, c) + tuple(_clamped(pos[d], spatial[d]) for d in range(n))]
+        if mode == "max":
+            return te.max_of(te.if_then_else(inside, read, _lowest(x.dtype)), rs)
+        value = te.if_then_else(inside, read, te.const(0.0, x.dtype))
+        if mode == "lp":
+            total = te.sum_of(_power(te.math("abs", value), p), rs)
+            return _power(total, 1.0 / p)
+        # avg: the window's element count, a sum of per-tap indicators per axis (no division
+        # of negative numbers), multiplied over the axes.
+        count: te.Expr | None = None
+        for d in range(n):
+            lo, hi = (-padding[d], spatial[d] + padding[n + d]) if count_include_pad \
+                else (0, spatial[d])
+            start = o[d] * strides[d] - padding[d]
+            taps: te.Expr | None = None
+            for k in range(kernel[d]):
+                at = start + k * dilation[d]
+                one = te.if_then_else(te.logical_and(at >= lo, at < hi), te.const(1, "int64"),
+                                      te.const(0, "int64"))
+                taps = one if taps is None else taps + one
+            count = taps if count is None else count * taps
+        count = te.maximum(count, te.const(1, "int64"))
+        return te.sum_of(value, rs) / te.cast(count, x.dtype)
+
+    return te.compute(out_type.shape, body, name=name)
+
+
+def _nd_taps(spatial, kernel, strides, padding, dilation, outs):
+    """For every kernel offset: per-axis (clipped positions, in-bounds mask, raw positions)."""
+    n = len(spatial)
+    for offs in itertools.product(*[range(k) for k in kernel]):
+        per_axis = []
+        for d in range(n):
+            pos = np.arange(outs[d]) * strides[d] - padding[d] + offs[d] * dilation[d]
+            per_axis.append((np.clip(pos, 0, spatial[d] - 1), (pos >= 0) & (pos < spatial[d]),
+                             pos))
+        yield offs, per_axis
+
+
+def _gather_nd_window(x: np.ndarray, per_axis) -> tuple[np.ndarray, np.ndarray]:
+    n = len(per_axis)
+    grids = np.ix_(*[a[0] for a in per_axis])
+    vals = x[(slice(None), slice(None)) + grids]
+    mask = np.ones([len(a[1]) for a in per_axis], dtype=bool)
+    for d, a in enumerate(per_axis):
+        mask = mask & a[1].reshape([-1 if e == d else 1 for e in range(n)])
+    return vals, mask
+
+
+@register_op("nn.pool", REDUCTION, _infer_pool_nd, _legalize_pool_nd)
+def pool(x: np.ndarray, mode: str = "max", kernel=(), strides=(), padding=(), dilation=(),
+         ceil_mode: bool = False, count_include_pad: bool = False, p: float = 2) -> np.ndarray:
+    spatial = x.shape[2:]
+    n = len(spatial)
+    outs = _nd_out_sizes(spatial, kernel, strides, padding, dilation, ceil_mode)
+    shape = x.shape[:2] + outs
+    if mode == "max":
+        acc = np.full(shape, -np.inf)
+    else:
+        acc = np.zeros(shape)
+    count = np.zeros(outs)
+    for _, per_axis in _nd_taps(spatial, kernel, strides, padding, dilation, outs):
+        vals, mask = _gather_nd_window(x.astype(np.float64), per_axis)
+        if mode == "max":
+            acc = np.maximum(acc, np.where(mask, vals, -np.inf))
+        elif mode == "lp":
+            acc += np.where(mask, np.abs(vals) ** p, 0.0)
+        else:
+            acc += np.where(mask, vals, 0.0)
+            if count_include_pad:
+                inc = np.ones(outs, dtype=bool)
+                for d, a in enumerate(per_axis):
+                    ok = (a[2] >= -padding[d]) & (a[2] < spatial[d] + padding[n + d])
+                    inc = inc & ok.reshape([-1 if e == d else 1 for e in range(n)])
+                count += inc
+            else:
+                count += mask
+    if mode == "lp":
+        acc = acc ** (1.0 / p)
+    elif mode == "avg":
+        acc = acc / np.maximum(count, 1)
+    return acc.astype(x.dtype)
+
+
+# ---- max pool indices (ONNX MaxPool's second output) --------------------------------------------
+
+def _infer_pool_indices(x: TensorType, kernel=(), strides=(), padding=(), dilation=(),
+                        ceil_mode: bool = False, storage_order: int = 0) -> TensorType:
+    t = _infer_pool_nd(x, "max", kernel, strides, padding, dilation, ceil_mode)
+    return TensorType(t.shape, "int64")
+
+
+def _flat_index(b, c, pos, channels: int, spatial, storage_order: int):
+    """ONNX's index of an input element: row-major over (N, C, spatial), or with the spatial
+    axes column-major when storage_order is 1."""
+    index = (b * channels + c) * int(np.prod(spatial))
+    order = range(len(spatial)) if storage_order == 0 else reversed(range(len(spatial)))
+    inner = None
+    for d in order:
+        inner = pos[d] if inner is None else inner * spatial[d] + pos[d]
+    return index + inner
+
+
+def _legalize_pool_indices(x: te.Tensor, out_type: TensorType, name: str, kernel=(),
+                           strides=(), padding=(), dilation=(), ceil_mode: bool = False,
+                           storage_order: int = 0) -> te.Tensor:
+    spatial = x.shape[2:]
+    n = len(spatial)
+    best = _legalize_pool_nd(x, TensorType(out_type.shape, x.dtype), f"{name}_max", "max",
+                             kernel, strides, padding, dilation, ceil_mode)
+    rs = tuple(te.reduce_axis(k, f"q{d}") for d, k in enumerate(kernel))
+    big = te.const(int(np.prod(x.shape)), "int64")
+
+    def body(b, c, *o):
+        pos = _window_positions(o, rs, strides, padding, dilation)
+        clamped = [_clamped(pos[d], spatial[d]) for d in range(n)]
+        inside = _all_of([_in_bounds(pos[d], spatial[d]) for d in range(n)])
+        hit = te.logical_and(inside, te.eq(x[(b, c) + tuple(clamped)], best[(b, c) + tuple(o)]))
+        flat = _flat_index(b, c, clamped, x.shape[1], spatial, storage_order)
+        return te.min_of(te.if_then_else(hit, flat, big), rs)
+
+    return te.compute(out_type.shape, body, name=name, dtype="int64")
+
+
+@register_op("nn.max_pool_indices", REDUCTION, _infer_pool_indices, _legalize_pool_indices)
+def max_pool_indices(x: np.ndarray, kernel=(), strides=(), padding=(), dilation=(),
+                     ceil_mode: bool = False, storage_order: int = 0) -> np.ndarray:
+    spatial = x.shape[2:]
+    outs = _nd_out_sizes(spatial, kernel, strides, padding, dilation, ceil_mode)
+    best = np.full(x.shape[:2] + outs, -np.inf)
+    index = np.zeros(x.shape[:2] + outs, dtype=np.int64)
+    bc = (np.arange(x.shape[0])[:, None] * x.shape[1] + np.arange(x.shape[1])[None, :])
+    bc = bc.reshape(x.shape[:2] + (1,) * len(spatial)) * int(np.prod(spatial))
+    for _, per_axis in _nd_taps(spatial, kernel, strides, padding, dilation, outs):
+        vals, mask = _gather_nd_window(x.astype(np.float64), per_axis)
+        vals = np.where(mask, vals, -np.inf)
+        grids = np.ix_(*[a[0] for a in per_axis])
+        order = range(len(spatial)) if storage_order == 0 else reversed(range(len(spatial)))
+        inner = 0
+        for d in order:
+            inner = inner * spatial[d] + grids[d]
+        better = vals > best
+        best = np.where(better, vals, best)
+        index = np.where(better, bc + inner, index)
+    return index
+
+
+# ---- N-D convolution ----------------------------------------------------------------------------
+
+def _infer_conv_nd(x: TensorType, w: TensorType, strides=(), padding=(), dilation=(),
+                   groups: int = 1) -> TensorType:
+    spatial = x.shape[2:]
+    _nd_check("conv", spatial, strides=strides, padding=padding, dilation=dilation)
+    if len(w.shape) != len(x.shape):
+        raise ValueError(f"conv: weight {w.shape} and input {x.shape} ranks differ")
+    c, o, cg = x.shape[1], w.shape[0], w.shape[1]
+    if c != cg * groups or o % groups:
+        raise ValueError(f"conv: input channels {c} and weight {w.shape} with groups={groups} "
+                         "do not match")
+    return TensorType((x.shape[0], o) + _nd_out_sizes(spatial, w.shape[2:], strides, padding,
+                                                      dilation), x.dtype)
+
+
+def _legalize_conv_nd(x: te.Tensor, w: te.Tensor, out_type: TensorType, name: str, strides=(),
+                      padding=(), dilation=(), groups: int = 1) -> te.Tensor:
+    spatial = x.shape[2:]
+    n = len(spatial)
+    o, cg = w.shape[0], w.shape[1]
+    og = o // groups
+    rc = te.reduce_axis(cg, "rc")
+    rs = tuple(te.reduce_axis(k, f"r{d}") for d, k in enumerate(w.shape[2:]))
+
+    def body(b, oc, *out):
+        ic = rc if groups == 1 else (oc // og) * cg + rc
+        pos = _window_positions(out, rs, strides, padding, dilation)
+        inside = _all_of([_in_bounds(pos[d], spatial[d]) for d in range(n)])
+        read = x[(b, ic) + tuple(_clamped(pos[d], spatial[d]) for d in range(n))]
+        value = te.if_then_else(inside, read, te.const(0.0, x.dtype)) if any(padding) else \
+            x[(b, ic) + tuple(pos)]
+        return te.sum_of(value * w[(oc, rc) + rs], (rc,) + rs)
+
+    return te.compute(out_type.shape, body, name=name)
+
+
+@register_op("nn.conv", COMPLEX, _infer_conv_nd, _legalize_conv_nd)
+def conv(x: np.ndarray, w: np.ndarray, strides=(), padding=(), dilation=(),
+         groups: int = 1) -> np.ndarray:
+    spatial = x.shape[2:]
+    kernel = w.shape[2:]
+    outs = _nd_out_sizes(spatial, kernel, strides, padding, dilation)
+    o, cg = w.shape[0], w.shape[1]
+    og = o // groups
+    out = np.zeros((x.shape[0], o) + outs)
+    for offs, per_axis in _nd_taps(spatial, kernel, strides, padding, dilation, outs):
+        vals, mask = _gather_nd_window(x.astype(np.float64), per_axis)
+        vals = np.where(mask, vals, 0.0)
+        for g in range(groups):
+            wk = w[(slice(g * og, (g + 1) * og), slice(None)) + offs].astype(np.float64)
+            out[:, g * og:(g + 1) * og] += np.einsum("nc...,oc->no...",
+                                                      vals[:, g * cg:(g + 1) * cg], wk)
+    return out.astype(x.dtype)
+
+
+# ---- N-D transposed convolution -----------------------------------------------------------------
+
+def _conv_transpose_sizes(spatial, kernel, strides, padding, dilation, output_padding):
+    n = len(spatial)
+    outs = tuple(strides[d] * (spatial[d] - 1) + output_padding[d] + (kernel[d] - 1) * dilation[d]
+                 + 1 - padding[d] - padding[n + d] for d in range(n))
+    if any(s < 1 for s in outs):
+        raise ValueError(f"conv_transpose: output size {outs} is empty")
+    return outs
+
+
+def _infer_conv_transpose(x: TensorType, w: TensorType, strides=(), padding=(), dilation=(),
+                          output_padding=(), groups: int = 1) -> TensorType:
+    spatial = x.shape[2:]
+    _nd_check("conv_transpose", spatial, strides=strides, padding=padding, dilation=dilation,
+              output_padding=output_padding)
+    if len(w.shape) != len(x.shape) or w.shape[0] != x.shape[1] or x.shape[1] % groups:
+        raise ValueError(f"conv_transpose: weight {w.shape} does not fit input {x.shape} with "
+                         f"groups={groups} (weight is [C_in, C_out/groups, k...])")
+    outs = _conv_transpose_sizes(spatial, w.shape[2:], strides, padding, dilation,
+                                 output_padding)
+    return TensorType((x.shape[0], w.shape[1] * groups) + outs, x.dtype)
+
+
+def _legalize_conv_transpose(x: te.Tensor, w: te.Tensor, out_type: TensorType, name: str,
+                             strides=(), padding=(), dilation=(), output_padding=(),
+                             groups: int = 1) -> te.Tensor:
+    spatial = x.shape[2:]
+    n = len(spatial)
+    cg = x.shape[1] // groups
+    og = w.shape[1]
+    rc = te.reduce_axis(cg, "rc")
+    rs = tuple(te.reduce_axis(k, f"r{d}") for d, k in enumerate(w.shape[2:]))
+
+    def body(b, oc, *out):
+        ic = rc if groups == 1 else (oc // og) * cg + rc
+        woc = oc if groups == 1 else oc % og
+        conds, idx = [], []
+        for d in range(n):
+            t = out[d] + padding[d] - rs[d] * dilation[d]
+            i = t // strides[d] if strides[d] > 1 else t
+            conds.append(_in_bounds(i, spatial[d]))
+            if strides[d] > 1:
+                conds.append(te.eq(t % strides[d], 0))
+            idx.append(_clamped(i, spatial[d]))
+        value = te.if_then_else(_all_of(conds), x[(b, ic) + tuple(idx)], te.const(0.0, x.dtype))
+        return te.sum_of(value * w[(ic, woc) + rs], (rc,) + rs)
+
+    return te.compute(out_type.shape, body, name=name)
+
+
+@register_op("nn.conv_transpose", COMPLEX, _infer_conv_transpose, _legalize_conv_transpose)
+def conv_transpose(x: np.ndarray, w: np.ndarray, strides=(), padding=(), dilation=(),
+                   output_padding=(), groups: int = 1) -> np.ndarray:
+    spatial = x.shape[2:]
+    n = len(spatial)
+    kernel = w.shape[2:]
+    outs = _conv_transpose_sizes(spatial, kernel, strides, padding, dilation, output_padding)
+    cg, og = x.shape[1] // groups, w.shape[1]
+    # Scatter in full coordinates (input i, tap k land at i * stride + k * dilation) on a
+    # canvas [lo, hi) that also covers every output position o (at o + pad_begin).
+    lo = [min(0, padding[d]) for d in range(n)]
+    hi = [max((spatial[d] - 1) * strides[d] + (kernel[d] - 1) * dilation[d] + 1,
+              outs[d] + padding[d]) for d in range(n)]
+    canvas = np.zeros((x.shape[0], og * groups) + tuple(h - l for l, h in zip(lo, hi)))
+    for offs in itertools.product(*[range(k) for k in kernel]):
+        where = tuple(slice(offs[d] * dilation[d] - lo[d],
+                            offs[d] * dilation[d] - lo[d] + (spatial[d] - 1) * strides[d] + 1,
+                            strides[d]) for d in range(n))
+        for g in range(groups):
+            wk = w[(slice(g * cg, (g + 1) * cg), slice(None)) + offs].astype(np.float64)
+            canvas[(slice(None), slice(g * og, (g + 1) * og)) + where] += np.einsum(
+                "nc...,co->no...", x[:, g * cg:(g + 1) * cg].astype(np.float64), wk)
+    crop = tuple(slice(padding[d] - lo[d], padding[d] - lo[d] + outs[d]) for d in range(n))
+    return canvas[(slice(None), slice(None)) + crop].astype(x.dtype)
+
+
+# ---- local response normalization ---------------------------------------------------------------
+
+def _infer_lrn(x: TensorType, size: int = 1, alpha: float = 1e-4, beta: float = 0.75,
+               bias: float = 1.0) -> TensorType:
+    if len(x.shape) < 3:
+        raise ValueError(f"lrn: input {x.shape} needs a channel axis and spatial axes")
+    if size < 1:
+        raise ValueError(f"lrn: size {size} must be positive")
+    return x
+
+
+def _legalize_lrn(x: te.Tensor, out_type: TensorType, name: str, size: int = 1,
+                  alpha: float = 1e-4, beta: float = 0.75, bias: float = 1.0) -> te.Tensor:
+    channels = x.shape[1]
+    before = (size - 1) // 2
+    r = te.reduce_axis(size, "r")
+
+    def square_sum(b, c, *rest):
+        ch = c - before + r
+        v = te.if_then_else(_in_bounds(ch, channels), x[(b, _clamped(ch, channels)) + rest],
+                            te.const(0.0, x.dtype))
+        return te.sum_of(v * v, r)
+
+    sq = te.compute(x.shape, square_sum, name=f"{name}_sq")
+
+    def body(*i):
+        base = te.const(bias, x.dtype) + te.const(alpha / size, x.dtype) * sq[i]
+        return x[i] * te.exp(te.log(base) * te.const(-beta, x.dtype))
+
+    return te.compute(x.shape, body, name=name)
+
+
+@register_op("nn.lrn", REDUCTION, _infer_lrn, _legalize_lrn)
+def lrn(x: np.ndarray, size: int = 1, alpha: float = 1e-4, beta: float = 0.75,
+        bias: float = 1.0) -> np.ndarray:
+    channels = x.shape[1]
+    before, after = (size - 1) // 2, size - 1 - (size - 1) // 2
+    sq = np.zeros(x.shape)
+    x64 = x.astype(np.float64)
+    for c in range(channels):
+        sq[:, c] = (x64[:, max(0, c - before):min(channels, c + after + 1)] ** 2).sum(axis=1)
+    return (x64 / (bias + alpha / size * sq) ** beta).astype(x.dtype)
+
+
+# ---- col2im (ONNX Col2Im): sum sliding blocks back into an image --------------------------------
+
+def _col2im_blocks(image, block, strides, padding, dilation) -> tuple[int, ...]:
+    n = len(image)
+    return tuple((image[d] + padding[d] + padding[n + d] - dilation[d] * (block[d] - 1) - 1)
+                 // strides[d] + 1 for d in range(n))
+
+
+def _infer_col2im(x: TensorType, image_shape=(), block_shape=(), strides=(), padding=(),
+                  dilation=()) -> TensorType:
+    _nd_check("col2im", tuple(image_shape), block_shape=block_shape, strides=strides,
+              padding=padding, dilation=dilation)
+    if len(x.shape) != 3:
+        raise ValueError(f"col2im: input {x.shape} must be [N, C * prod(block), L]")
+    k = int(np.prod(block_shape))
+    blocks = _col2im_blocks(image_shape, block_shape, strides, padding, dilation)
+    if x.shape[1] % k or x.shape[2] != int(np.prod(blocks)) or min(blocks) < 1:
+        raise ValueError(f"col2im: input {x.shape} does not hold {list(blocks)} blocks of "
+                         f"{list(block_shape)} over an image {list(image_shape)}")
+    return TensorType((x.shape[0], x.shape[1] // k) + tuple(int(v) for v in image_shape),
+                      x.dtype)
+
+
+def _legalize_col2im(x: te.Tensor, out_type: TensorType, name: str, image_shape=(),
+                     block_shape=(), strides=(), padding=(), dilation=()) -> te.Tensor:
+    n = len(image_shape)
+    blocks = _col2im_blocks(image_shape, block_shape, strides, padding, dilation)
+    rs = tuple(te.reduce_axis(k, f"r{d}") for d, k in enumerate(block_shape))
+
+    def body(b, ch, *p):
+        conds, row, col = [], None, None
+        for d in range(n):
+            t = p[d] + padding[d] - rs[d] * dilation[d]
+            i = t // strides[d] if strides[d] > 1 else t
+            conds.append(_in_bounds(i, blocks[d]))
+            if strides[d] > 1:
+                conds.append(te.eq(t % strides[d], 0))
+            i = _clamped(i, blocks[d])
+            row = rs[d] if row is None else row * block_shape[d] + rs[d]
+            col = i if col is None else col * blocks[d] + i
+        k = int(np.prod(block_shape))
+        value = x[b, ch * k + row, col]
+        return te.sum_of(te.if_then_else(_all_of(conds), value, te.const(0.0, x.dtype)), rs)
+
+    return te.compute(out_type.shape, body, name=name)
+
+
+@register_op("nn.col2im", REDUCTION, _infer_col2im, _legalize_col2im)
+def col2im(x: np.ndarray, image_shape=(), block_shape=(), strides=(), padding=(),
+           dilation=()) -> np.ndarray:
+    n = len(image_shape)
+    blocks = _col2im_blocks(image_shape, block_shape, strides, padding, dilation)
+    k = int(np.prod(block_shape))
+    cols = x.astype(np.float64).reshape((x.shape[0], x.shape[1] // k) + tuple(block_shape)
+                                        + tuple(blocks))
+    padded = np.zeros(x.shape[:1] + (x.shape[1] // k,)
+                      + tuple(image_shape[d] + padding[d] + padding[n + d] for d in range(n)))
+    for offs in itertools.product(*[range(b) for b in block_shape]):
+        where = tuple(slice(offs[d] * dilation[d],
+                            offs[d] * dilation[d] + (blocks[d] - 1) * strides[d] + 1, strides[d])
+                      for d in range(n))
+        padded[(slice(None), slice(None)) + where] += cols[(slice(None), slice(None)) + offs]
+    crop = tuple(slice(padding[d], padding[d] + image_shape[d]) for d in range(n))
+    return padded[(slice(None), slice(None)) + crop].astype(x.dtype)
