@@ -1,6 +1,6 @@
-"""The ``mlcpack`` command line: export, infer, inspect.
+"""The ``mlcpack`` command line: export, infer, inspect, verify, bench, keygen.
 
-``infer`` and ``inspect`` import only the runtime, so they work where llvmlite and onnx are not
+``infer``, ``inspect`` and ``verify`` import only the runtime, so they work where llvmlite and onnx are not
 installed; ``export`` imports the compiler when it runs. User mistakes print one line on stderr
 and exit with the error class's code (``--debug`` shows the traceback).
 """
@@ -48,17 +48,63 @@ def _guarded(debug: bool, fn: Callable[[], Any]) -> Any:
               "traceback, and please report it)", EXIT_INTERNAL)
 
 
-def _parse_shapes(values: list[str]) -> dict[str, tuple[int, ...]]:
-    shapes = {}
+def _parse_shapes(values: list[str]) -> dict[str, tuple[int | None, ...]]:
+    """``name=1,3,224,224``; a first dim that is a name (``N``) is the batch (None here)."""
+    shapes: dict[str, tuple[int | None, ...]] = {}
     for item in values:
         name, sep, dims = item.partition("=")
         try:
             if not sep or not name:
                 raise ValueError
-            shapes[name] = tuple(int(d) for d in dims.replace("x", ",").split(","))
+            parts = [d.strip() for d in dims.replace("x", ",").split(",")]
+            first: int | None = None if parts[0].isidentifier() else int(parts[0])
+            shapes[name] = (first, *(int(d) for d in parts[1:]))
         except ValueError:
-            _fail(f"--input-shape {item!r} should look like name=1,3,224,224", 2)
+            _fail(f"--input-shape {item!r} should look like name=1,3,224,224 (or name=N,3,224,224 "
+                  "with --batch-sizes)", 2)
     return shapes
+
+
+def _parse_batch_sizes(text: Optional[str]) -> Optional[list[int]]:
+    if text is None:
+        return None
+    try:
+        sizes = sorted({int(v) for v in text.split(",")})
+        if not sizes or sizes[0] < 1:
+            raise ValueError
+    except ValueError:
+        _fail(f"--batch-sizes {text!r} should be positive integers, e.g. 1,8,32", 2)
+    return sizes
+
+
+def _at_batch(shapes: dict[str, tuple[int | None, ...]], batch: Optional[int]
+              ) -> dict[str, tuple[int, ...]]:
+    if batch is None:
+        symbolic = [k for k, v in shapes.items() if v[0] is None]
+        if symbolic:
+            _fail(f"--input-shape {symbolic[0]}: a named first dimension (the batch) needs "
+                  "--batch-sizes, e.g. --batch-sizes 1,8,32", 2)
+    return {k: tuple(batch if d is None else d for d in v) for k, v in shapes.items()}
+
+
+def _parse_check_inputs(values: list[str]) -> Optional[dict[str, np.ndarray]]:
+    if not values:
+        return None
+    from ..runtime.errors import InputError
+
+    feeds = {}
+    for item in values:
+        name, sep, file = item.partition("=")
+        if not sep or not name or not file:
+            _fail(f"--check-input {item!r} should look like name=file.npy", 2)
+        if not os.path.isfile(file):
+            raise InputError(f"--check-input {name}: {file}: no such file")
+        try:
+            feeds[name] = np.load(file, allow_pickle=False)
+        except (ValueError, OSError, EOFError) as exc:
+            raise InputError(f"--check-input {name}: {file} is not a readable .npy file "
+                             f"({exc})") from None
+    return feeds
 
 
 def _floats(text: Optional[str], flag: str) -> Optional[list[float]]:
@@ -80,25 +126,93 @@ def _labels(text: Optional[str]) -> Optional[list[str]]:
     return [t.strip() for t in text.split(",")]
 
 
-def _build_module(model: Path, arch: Optional[Path], shapes: dict[str, tuple[int, ...]]):
+def _build_module(model: Path, arch: Optional[Path], shapes: dict[str, tuple[int | None, ...]],
+                  batch_sizes: Optional[list[int]] = None, check: bool = True):
+    """(modules by batch size (key None: one fixed-shape module), a golden-check reference
+    or None, the reference's name)."""
     suffix = model.suffix.lower()
     if not model.exists():
         _fail(f"{model}: no such file", 3)
     if model.is_dir():
         _fail(f"{model} is a directory; give a .onnx, .pkl or .npz file", 3)
+    sizes: list[Optional[int]] = list(batch_sizes) if batch_sizes else [None]
     if suffix == ".onnx":
         from ..frontends.onnx import import_onnx
-        mod, _ = import_onnx(str(model), input_shapes=shapes or None)
-        return mod
+        from .golden import onnx_reference
+        if not batch_sizes:
+            mod, info = import_onnx(str(model), input_shapes=_at_batch(shapes, None) or None)
+            if not check:
+                return {None: mod}, None, None
+            reference, name = onnx_reference(model, info.input_names)
+            return {None: mod}, reference, name
+        proto, batch_inputs = _onnx_batched(model, shapes)
+        mods, info = {}, None
+        for b in sizes:
+            given = _at_batch(shapes, b)
+            for name in batch_inputs:  # a symbolic first dim kept from the ONNX model
+                given.setdefault(name, batch_inputs[name](b))
+            mods[b], info = import_onnx(proto, input_shapes=given or None)
+        if not check:
+            return mods, None, None
+        reference, name = onnx_reference(proto.SerializeToString(), info.input_names)
+        return mods, reference, name
     if suffix in (".pkl", ".pickle", ".npz"):
         from ..frontends.arch import build_from_spec, infer_mlp_spec, read_spec
         from ..frontends.weights import load_weights
         weights = load_weights(model)
         spec = read_spec(arch) if arch else infer_mlp_spec(weights)
-        shape = next(iter(shapes.values())) if shapes else None
-        return build_from_spec(spec, weights, shape)
+        mods = {}
+        for b in sizes:
+            given = _at_batch(shapes, b)
+            shape = next(iter(given.values())) if given else None
+            if shape is None and b is not None:
+                default = tuple((spec.get("input") or {}).get("shape") or ())
+                shape = (b, *default[1:]) if default else None
+            mods[b] = build_from_spec(spec, weights, shape)
+        return mods, None, None
     _fail(f"{model}: unknown model type {suffix or '(no suffix)'}; mlcpack exports .onnx files "
           "and pickled weights (.pkl, .npz)", 2)
+
+
+def _onnx_batched(model: Path, shapes: dict) -> tuple[Any, dict[str, Callable[[int], tuple]]]:
+    """The ONNX model made batch-generic, and its inputs whose first dim is the batch without
+    --input-shape naming them. An input named ``x=N,...`` whose declared first dim is fixed
+    (exporters often write 1) gets a symbolic one, as do the graph outputs with that same
+    fixed first dim; intermediate shape hints are dropped (they would pin the old batch)."""
+    import onnx
+
+    from .export import ExportError
+    try:
+        proto = onnx.load(str(model))
+    except Exception as exc:
+        raise ExportError(f"{model.name} is not a valid ONNX file: "
+                          f"{' '.join(str(exc).split())[:200]}") from None
+    inits = {t.name for t in proto.graph.initializer}
+    out: dict[str, Callable[[int], tuple]] = {}
+    pinned = set()
+    for vi in proto.graph.input:
+        if vi.name in inits or not vi.type.HasField("tensor_type"):
+            continue
+        dims = vi.type.tensor_type.shape.dim
+        if vi.name in shapes:
+            if shapes[vi.name][0] is None and len(dims) and dims[0].HasField("dim_value"):
+                pinned.add(dims[0].dim_value)
+                dims[0].dim_param = "N"
+            continue
+        known = [d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else None
+                 for d in dims]
+        if known and known[0] is None and all(d is not None for d in known[1:]):
+            out[vi.name] = lambda b, rest=tuple(known[1:]): (b, *rest)
+    if not out and not any(v[0] is None for v in shapes.values()):
+        raise ExportError(f"--batch-sizes: no input of {model.name} has a symbolic first "
+                          "dimension; name the batch with --input-shape x=N,...")
+    if pinned:
+        for vi in proto.graph.output:
+            dims = vi.type.tensor_type.shape.dim
+            if len(dims) and dims[0].HasField("dim_value") and dims[0].dim_value in pinned:
+                dims[0].dim_param = "N"
+        del proto.graph.value_info[:]
+    return proto, out
 
 
 @app.command()
@@ -119,17 +233,35 @@ def export(
     std: Optional[str] = typer.Option(None, help="per-channel std to record"),
     layout: Optional[str] = typer.Option(None, help="image layout: NCHW, NHWC or flat"),
     sign: Optional[Path] = typer.Option(None, help="Ed25519 private key (PEM) to sign with"),
+    batch_sizes: Optional[str] = typer.Option(None, help="compile one plan per batch size, e.g. "
+                                              "1,8,32: the bundle runs any batch (padded to the "
+                                              "next plan, or in chunks of the largest); the "
+                                              "batch is the first dim named in --input-shape "
+                                              "(x=N,3,224,224) or symbolic in the ONNX model"),
+    check: bool = typer.Option(True, "--check/--no-check", help="run the model once with a "
+                               "reference and with the bundle, embed the pair, fail on a "
+                               "mismatch (default on)"),
+    check_input: list[str] = typer.Option([], help="input for the check: name=file.npy "
+                                          "(repeatable; default seeded random)"),
+    check_rtol: float = typer.Option(1e-3, help="golden check relative tolerance"),
+    check_atol: float = typer.Option(1e-4, help="golden check absolute tolerance, times the "
+                                     "output's largest |value|"),
     debug: bool = typer.Option(False, help="show tracebacks"),
 ) -> None:
     """Compile a model into one .mlc bundle."""
     def run() -> None:
         from ..runtime.model import TensorSpec
         from ..runtime.preprocess import default_preprocess
-        from .export import ExportOptions, export_module, file_sha256
+        from .export import ExportOptions, export_batched, export_module, file_sha256
 
         shapes = _parse_shapes(input_shape)
+        sizes = _parse_batch_sizes(batch_sizes)
+        if check_rtol < 0 or check_atol < 0:
+            _fail("--check-rtol and --check-atol must be >= 0", 2)
+        check_inputs = _parse_check_inputs(check_input) if check else None
         out = output or Path(model.stem + ".mlc")
-        mod = _build_module(model, arch, shapes)
+        mods, reference, reference_name = _build_module(model, arch, shapes, sizes, check)
+        mod = mods[min(mods)] if sizes else mods[None]
         first = mod.main.params[0]
         pre = default_preprocess(TensorSpec(first.name, first.type.shape, first.type.dtype, 0))
         if any(v is not None for v in (input_size, color, scale, mean, std, layout)):
@@ -148,13 +280,20 @@ def export(
                 _fail("--input-size is needed to record image preprocessing for this input", 2)
         opts = ExportOptions(target=target, preprocess=pre, labels=_labels(labels),
                              model_name=model.stem, source=model.name,
-                             source_sha256=file_sha256(model), sign_key=sign)
-        report = export_module(mod, out, opts)
+                             source_sha256=file_sha256(model), sign_key=sign,
+                             check=check, check_inputs=check_inputs, check_rtol=check_rtol,
+                             check_atol=check_atol, reference=reference,
+                             reference_name=reference_name)
+        report = (export_batched(mods, out, opts) if sizes else export_module(mod, out, opts))
         typer.echo(f"wrote {report.path} ({report.bundle_bytes / 1024:.1f} KiB) in "
                    f"{report.seconds:.2f} s: {report.kernels} kernels, {report.instructions} VM "
                    f"instructions, target {','.join(t.name for t in report.targets)}, weights "
                    f"{report.weights_bytes / 1024:.1f} KiB, arena {report.arena_bytes} B "
                    f"(tensors {report.intermediate_bytes} B)")
+        for p in report.plans:
+            typer.echo(f"  plan batch {p['batch']}: arena {p['arena_bytes']} B, {p['kernels']} "
+                       f"kernels, {p['instructions']} VM instructions, code {p['code_bytes']} B")
+        typer.echo(report.check or "golden check: off (--no-check)")
 
     _guarded(debug, run)
 
@@ -246,6 +385,33 @@ def bench(
         typer.echo(f"{bundle.name}: load {t.load_ms:.2f} ms, first {t.first_ms:.2f} ms, "
                    f"median {t.median_us:.1f} us, min {t.min_us:.1f} us ({t.runs} runs, "
                    f"{threads} thread{'s' if threads > 1 else ''})")
+
+    _guarded(debug, run)
+
+
+@app.command()
+def verify(
+    bundle: Path = typer.Argument(..., help="the .mlc bundle"),
+    rtol: Optional[float] = typer.Option(None, help="override the recorded relative tolerance"),
+    atol: Optional[float] = typer.Option(None, help="override the recorded absolute tolerance"),
+    threads: Optional[int] = typer.Option(None, help="threads (default MLCPACK_NUM_THREADS or 1)"),
+    debug: bool = typer.Option(False, help="show tracebacks"),
+) -> None:
+    """Re-run the golden input embedded at export with the runtime alone; PASS (exit 0) or
+    FAIL (exit 13; 14 when the bundle has no golden data)."""
+    def run() -> None:
+        from ..runtime.verify import GoldenMismatchError, verify as verify_bundle
+
+        result = verify_bundle(bundle, threads=threads, rtol=rtol, atol=atol)
+        runs = sorted({c.batch for c in result.checks if c.batch is not None})
+        extra = f", also its first {', '.join(map(str, runs))} rows" if runs else ""
+        typer.echo(f"{bundle.name}: {len(result.checks)} output checks{extra}; "
+                   f"{result.summary()}")
+        if not result.ok:
+            typer.echo("FAIL")
+            raise GoldenMismatchError(f"{bundle.name} does not reproduce its golden output: "
+                                      f"{result.summary()}")
+        typer.echo("PASS")
 
     _guarded(debug, run)
 

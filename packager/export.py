@@ -14,6 +14,7 @@ import numpy as np
 
 from .. import packager
 from ..runtime.errors import MlcpackError
+from ..runtime.bundle import FORMAT_MAJOR
 from .bundle_writer import BundleWriteError, BundleWriter
 from .codegen.build import ALLOWED_EXTERNALS, CodegenError, CompiledCode, compile_prim_funcs
 from .codegen.lower import KernelInfo, LoweringError
@@ -43,6 +44,17 @@ class ExportOptions:
     source_sha256: str | None = None
     verify_ir: bool = True
     sign_key: str | os.PathLike | None = None  # Ed25519 private key file: sign the bundle
+    # The golden check (packager/golden.py): run the model once with a reference and with the
+    # exported bundle, embed the pair, and refuse the export when they disagree. Off by
+    # default in the API (the conformance tests compare themselves); on in `mlcpack export`.
+    check: bool = False
+    check_inputs: Mapping[str, np.ndarray] | None = None   # default: seeded random inputs
+    check_seed: int = 0
+    check_rtol: float = 1e-3
+    check_atol: float = 1e-4                  # times the output's scale (its largest |value|)
+    # feeds (bundle input names) -> outputs (bundle output names); None: the IR's numpy reference
+    reference: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]] | None = None
+    reference_name: str | None = None
 
 
 @dataclass
@@ -58,6 +70,8 @@ class ExportReport:
     seconds: float
     stages: dict[str, float] = field(default_factory=dict)
     targets: list[Target] = field(default_factory=list)  # one code variant each
+    plans: list[dict] = field(default_factory=list)  # per batch size (dynamic batch bundles)
+    check: str | None = None                  # what the golden check did, one line
 
 
 def compile_module(mod: IRModule, params: Mapping[str, np.ndarray] | None = None,
@@ -118,65 +132,179 @@ def export_module(mod: IRModule, path: str | os.PathLike, options: ExportOptions
                   params: Mapping[str, np.ndarray] | None = None,
                   on_stage: Callable[[str], None] | None = None) -> ExportReport:
     """Compile ``mod`` (binding ``params`` to its ``main`` parameters) and write a bundle."""
+    return _export({None: mod}, path, options, params, on_stage)
+
+
+def export_batched(mods: Mapping[int, IRModule], path: str | os.PathLike,
+                   options: ExportOptions | None = None,
+                   params: Mapping[str, np.ndarray] | None = None,
+                   on_stage: Callable[[str], None] | None = None) -> ExportReport:
+    """One bundle serving several batch sizes: ``mods`` maps each batch size to the module
+    built for it (the same model, its batched inputs and outputs with that first dimension).
+    Each size gets its own plan (memory plan, bytecode, kernels per target); the weights are
+    stored once. The runtime runs any batch: the smallest plan that holds it, padded, or
+    chunks of the largest."""
+    if not mods or not all(isinstance(b, int) and b > 0 for b in mods):
+        raise ExportError("batch sizes must be positive integers")
+    return _export(dict(sorted(mods.items())), path, options, params, on_stage)
+
+
+def _constant_key(data: np.ndarray) -> tuple:
+    return (str(data.dtype), data.shape, hashlib.sha256(data.tobytes()).digest())
+
+
+def _batched_names(rows_by_batch: dict[int, list[dict]], what: str) -> list[str]:
+    """The names of the rows (inputs or outputs) whose first dimension is the batch in every
+    plan; the other rows must be identical in every plan."""
+    sizes = list(rows_by_batch)
+    first = rows_by_batch[sizes[0]]
+    if len({len(rows) for rows in rows_by_batch.values()}) != 1:
+        raise ExportError(f"the modules built for batch sizes {sizes} have different {what}s; "
+                          "they must be the same model")
+    batched = []
+    for i, row in enumerate(first):
+        others = [rows_by_batch[b][i] for b in sizes]
+        if any(o["name"] != row["name"] or o["dtype"] != row["dtype"]
+               or len(o["shape"]) != len(row["shape"]) for o in others):
+            raise ExportError(f"the modules built for batch sizes {sizes} differ in {what} "
+                              f"{row['name']!r}; they must be the same model")
+        if all(o["shape"] and o["shape"][0] == b and o["shape"][1:] == row["shape"][1:]
+               for b, o in zip(sizes, others)):
+            batched.append(row["name"])
+        elif any(o["shape"] != row["shape"] for o in others):
+            shapes = ", ".join(f"{o['shape']} at batch {b}" for b, o in zip(sizes, others))
+            raise ExportError(f"{what} {row['name']!r} changes with the batch but not as its "
+                              f"first dimension ({shapes}); dynamic batch needs it there")
+    return batched
+
+
+def _export(mods: dict[int | None, IRModule], path: str | os.PathLike,
+            options: ExportOptions | None, params: Mapping[str, np.ndarray] | None,
+            on_stage: Callable[[str], None] | None) -> ExportReport:
     opts = options or ExportOptions()
     t0 = time.perf_counter()
     signer = None
     if opts.sign_key is not None:  # read the key first: a bad key fails before compiling
         from .signing import load_signer
         signer = load_signer(opts.sign_key)
-    optimized, variants, program = compile_variants(mod, params, opts.target, opts.verify_ir,
-                                                    on_stage)
-    kernels = _common_kernels(variants)
-    _check_library_names(program)
-    if on_stage:
-        on_stage("write")
+    batched = None not in mods
+    largest = max(mods) if batched else None
+    golden = None
+    if opts.check:  # the reference runs on the source model, before anything is compiled
+        from .golden import prepare_golden
+        golden = prepare_golden(mods[largest], params, opts)
+
     writer = BundleWriter()
-    constants = []
-    for c in program.constants:
-        data = np.asarray(c.data, order="C")
-        constants.append({"name": c.name, "shape": list(data.shape), "dtype": str(data.dtype),
-                          "data": writer.add(data)})
-    kernel_infos = [kernels[name] for name in program.kernels]
-    code = []
-    for compiled in variants:  # the weights, plan and bytecode below are shared by all
-        sizes = function_sizes(compiled.object_code)
-        code.append({**compiled.target.to_record(),
-                     "object": writer.add(compiled.object_code),
-                     "externals": list(ALLOWED_EXTERNALS),
-                     "code_sizes": {k.symbol: sizes.get(k.symbol, 0) for k in kernel_infos}})
-    ir_text = module_text(optimized)
-    header = {
+    constants: list[dict] = []
+    const_ids: dict[tuple, int] = {}
+    weights_bytes = 0
+    plans: list[dict] = []
+    reports: list[dict] = []
+    ir_text = None
+    first_targets: list[Target] = []
+    for batch, mod in mods.items():
+        optimized, variants, program = compile_variants(mod, params, opts.target, opts.verify_ir,
+                                                        on_stage)
+        kernels = _common_kernels(variants)
+        _check_library_names(program)
+        if on_stage:
+            on_stage("write")
+        remap = {}
+        for i, c in enumerate(program.constants):  # weights are stored once for every plan
+            data = np.asarray(c.data, order="C")
+            key = _constant_key(data)
+            if key not in const_ids:
+                const_ids[key] = len(constants)
+                constants.append({"name": c.name, "shape": list(data.shape),
+                                  "dtype": str(data.dtype), "data": writer.add(data)})
+                weights_bytes += data.nbytes
+            remap[i] = const_ids[key]
+        tensors = [[row[0], remap[row[1]], *row[2:]] if row[0] == 1 else row
+                   for row in program.tensors]
+        kernel_infos = [kernels[name] for name in program.kernels]
+        code = []
+        for compiled in variants:  # the weights, plan and bytecode below are shared by all
+            sizes = function_sizes(compiled.object_code)
+            code.append({**compiled.target.to_record(),
+                         "object": writer.add(compiled.object_code),
+                         "externals": list(ALLOWED_EXTERNALS),
+                         "code_sizes": {k.symbol: sizes.get(k.symbol, 0) for k in kernel_infos}})
+        plan = {
+            "inputs": program.inputs,
+            "outputs": program.outputs,
+            "kernels": [{"name": name, "symbol": k.symbol, "num_inputs": k.num_inputs,
+                         "num_outputs": k.num_outputs, "workspace_bytes": k.workspace_bytes,
+                         "parallel": k.parallel} for name, k in zip(program.kernels, kernel_infos)],
+            "code": code,
+            "library_calls": program.library_calls,
+            "tensors": tensors,
+            "vm": {"bytecode": writer.add(program.bytecode),
+                   "instructions": len(program.instructions)},
+            "memory_plan": {"arena_bytes": program.arena_bytes,
+                            "intermediate_bytes": program.intermediate_bytes},
+        }
+        plans.append({"batch": batch, **plan} if batched else plan)
+        reports.append({"batch": batch, "arena_bytes": program.arena_bytes,
+                        "intermediate_bytes": program.intermediate_bytes,
+                        "kernels": len(program.kernels),
+                        "instructions": len(program.instructions),
+                        "code_bytes": sum(len(v.object_code) for v in variants)})
+        if batch == largest:
+            ir_text = module_text(optimized)
+            first_targets = [v.target for v in variants]
+    top = plans[-1]  # the largest batch: what a reader of format 1.0 runs
+    header: dict[str, Any] = {
+        # Readers of format 1.0 run every bundle this writes (a dynamic-batch bundle at its
+        # largest batch, golden data ignored), so min_reader stays 1.0 (docs/bad-inputs.md).
+        "min_reader": [FORMAT_MAJOR, 0],
         "compiler": {"name": "mlcpack", "version": packager.__version__,
                      "llvmlite": llvmlite.__version__},
         "model": {"name": opts.model_name, "source": opts.source,
                   "source_sha256": opts.source_sha256},
-        "inputs": program.inputs,
-        "outputs": program.outputs,
+        "inputs": top["inputs"],
+        "outputs": top["outputs"],
         "preprocess": opts.preprocess,
         "labels": list(opts.labels) if opts.labels else None,
         "constants": constants,
-        "kernels": [{"name": name, "symbol": k.symbol, "num_inputs": k.num_inputs,
-                     "num_outputs": k.num_outputs, "workspace_bytes": k.workspace_bytes,
-                     "parallel": k.parallel} for name, k in zip(program.kernels, kernel_infos)],
-        "code": code,
-        "library_calls": program.library_calls,
-        "tensors": program.tensors,
-        "vm": {"bytecode": writer.add(program.bytecode),
-               "instructions": len(program.instructions)},
-        "memory_plan": {"arena_bytes": program.arena_bytes,
-                        "intermediate_bytes": program.intermediate_bytes},
+        **{k: top[k] for k in ("kernels", "code", "library_calls", "tensors", "vm",
+                               "memory_plan")},
         "ir": writer.add(ir_text.encode()),
     }
+    if batched:
+        sizes = list(mods)
+        header["batch"] = {
+            "sizes": sizes,
+            "inputs": _batched_names({p["batch"]: p["inputs"] for p in plans}, "input"),
+            "outputs": _batched_names({p["batch"]: p["outputs"] for p in plans}, "output")}
+        if not header["batch"]["inputs"]:
+            raise ExportError("no input has the batch as its first dimension; dynamic batch "
+                              "needs one (mark it with --input-shape x=N,...)")
+        if len(header["batch"]["outputs"]) != len(top["outputs"]):
+            fixed = [o["name"] for o in top["outputs"]
+                     if o["name"] not in header["batch"]["outputs"]]
+            raise ExportError(f"output(s) {fixed} do not grow with the batch; dynamic batch "
+                              "needs every output to have the batch as its first dimension")
+        header["plans"] = plans
+    check_note = None
+    if golden is not None:
+        from .golden import embed_golden
+        check_note = embed_golden(golden, writer, header)
     try:
-        size = writer.write(path, header, signer=signer)
+        if golden is None:
+            size = writer.write(path, header, signer=signer)
+        else:
+            from .golden import write_checked
+            size, check_note = write_checked(writer, path, header, signer, golden, check_note)
     except BundleWriteError as exc:
         raise ExportError(str(exc)) from None
     return ExportReport(
-        path=os.fspath(path), bundle_bytes=size, target=variants[0].target,
-        kernels=len(program.kernels), instructions=len(program.instructions),
-        weights_bytes=sum(c.data.nbytes for c in program.constants),
-        arena_bytes=program.arena_bytes, intermediate_bytes=program.intermediate_bytes,
-        seconds=time.perf_counter() - t0, targets=[v.target for v in variants])
+        path=os.fspath(path), bundle_bytes=size, target=first_targets[0],
+        kernels=reports[-1]["kernels"], instructions=reports[-1]["instructions"],
+        weights_bytes=weights_bytes,
+        arena_bytes=reports[-1]["arena_bytes"],
+        intermediate_bytes=reports[-1]["intermediate_bytes"],
+        seconds=time.perf_counter() - t0, targets=first_targets,
+        plans=reports if batched else [], check=check_note)
 
 
 def file_sha256(path: str | os.PathLike) -> str:

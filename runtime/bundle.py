@@ -29,7 +29,7 @@ import numpy as np
 from .errors import BundleError, FormatVersionError
 
 FORMAT_MAJOR = 1
-FORMAT_MINOR = 0
+FORMAT_MINOR = 1
 MAGIC = b"\x83\xa7mlcpack"          # fixmap(3) then the 7-char key "mlcpack"
 DIGEST_KEY = b"\xa6sha256\xc4\x20"  # fixstr "sha256", then bin8 of 32 bytes
 DATA_KEY = b"\xa4data\xc6"          # fixstr "data", then bin32 (4-byte big-endian length follows)

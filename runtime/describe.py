@@ -65,7 +65,37 @@ def _summarize(path: str | os.PathLike, reader: BundleReader) -> dict[str, Any]:
         "memory_plan": h.get("memory_plan"),
         "vm_instructions": h.get("vm", {}).get("instructions"),
         "signed_by": signed_by,
+        "plans": _plans(h, chosen),
+        "golden": _golden(h),
     }
+
+
+def _plans(h: dict[str, Any], chosen: int | None) -> list[dict[str, Any]] | None:
+    """Dynamic-batch bundles: one row per plan (batch size)."""
+    if "plans" not in h:
+        return None
+    out = []
+    for p in h["plans"]:
+        code = p.get("code", [])
+        which = code[chosen] if chosen is not None and chosen < len(code) else code[0]
+        out.append({"batch": p.get("batch"),
+                    "arena_bytes": p.get("memory_plan", {}).get("arena_bytes"),
+                    "kernels": len(p.get("kernels", [])),
+                    "vm_instructions": p.get("vm", {}).get("instructions"),
+                    "object_bytes": which.get("object", {}).get("size")})
+    return out
+
+
+def _golden(h: dict[str, Any]) -> dict[str, Any] | None:
+    g = h.get("golden")
+    if not isinstance(g, dict):
+        return None
+    return {"inputs": [{"name": r.get("name"), "shape": r.get("shape"), "dtype": r.get("dtype")}
+                       for r in g.get("inputs", [])],
+            "reference": g.get("reference"), "seed": g.get("seed"),
+            "rtol": g.get("rtol"), "atol": g.get("atol"),
+            "bytes": sum(r.get("data", {}).get("size", 0)
+                         for r in g.get("inputs", []) + g.get("outputs", []))}
 
 
 def ir_text(path: str | os.PathLike) -> str:
@@ -127,6 +157,23 @@ def _text(info: dict[str, Any]) -> str:
     saved = f" ({100 * (1 - arena / total):.0f}% saved by reuse)" if arena and total else ""
     lines.append(f"memory plan: arena {_kib(arena)} vs {_kib(total)} for all tensors{saved}")
     lines.append(f"vm: {info['vm_instructions']} instructions")
+    if info.get("plans"):
+        sizes = ", ".join(str(p["batch"]) for p in info["plans"])
+        lines.append(f"batch plans: {sizes} (any batch runs: padded up to the next plan, or in "
+                     f"chunks of {info['plans'][-1]['batch']}; the figures above are the largest "
+                     "plan's)")
+        for p in info["plans"]:
+            lines.append(f"  batch {p['batch']:>5}: arena {_kib(p['arena_bytes'])}, "
+                         f"{p['kernels']} kernels, {p['vm_instructions']} instructions, code "
+                         f"{_kib(p['object_bytes'])}")
+    g = info.get("golden")
+    if g:
+        ins = ", ".join(f"{r['name']} {r['shape']}" for r in g["inputs"])
+        seed = f" seed {g['seed']}" if g.get("seed") is not None else ""
+        lines.append(f"golden check: {ins} vs {g['reference']}{seed}, rtol {g['rtol']:g} atol "
+                     f"{g['atol']:g} ({_kib(g['bytes'])}; `mlcpack verify` re-runs it)")
+    else:
+        lines.append("golden check: none embedded")
     if info.get("signed_by"):
         lines.append(f"signature: ed25519 key {info['signed_by']} (checked when loaded with "
                      "trusted keys, e.g. infer --trusted-key)")

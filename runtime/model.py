@@ -45,6 +45,76 @@ def _specs(rows: Any, what: str, num_tensors: int) -> list[TensorSpec]:
     return out
 
 
+@dataclass(frozen=True)
+class BatchInfo:
+    """A dynamic-batch bundle's plan sizes (ascending) and its batched inputs and outputs."""
+    sizes: tuple[int, ...]
+    inputs: frozenset[str]
+    outputs: frozenset[str]
+
+
+@dataclass
+class _Plan:
+    batch: int | None
+    inputs: list[TensorSpec]
+    outputs: list[TensorSpec]
+    input_views: list[tuple[TensorSpec, np.ndarray]]
+    output_views: list[tuple[str, np.ndarray]]
+    executor: Any
+    instructions: int
+    arena_bytes: int
+    views: list[np.ndarray]
+
+    def input_spec(self, name: str) -> TensorSpec:
+        return next(s for s in self.inputs if s.name == name)
+
+
+def _shape_text(shape: tuple) -> str:
+    return "(" + ", ".join(map(str, shape)) + ("," if len(shape) == 1 else "") + ")"
+
+
+def _plan_rows(h: dict, name: str) -> tuple[list[dict], BatchInfo | None]:
+    """The plan rows of a header (the header itself for a one-plan bundle) and the batch info."""
+    if "plans" not in h and "batch" not in h:
+        return [h], None
+    plans, batch = h.get("plans"), h.get("batch")
+    if not isinstance(plans, list) or not plans or len(plans) > 64 \
+            or not all(isinstance(p, dict) for p in plans) or not isinstance(batch, dict):
+        raise BundleError(f"{name}: bundle header: plans/batch are malformed")
+    sizes = [p.get("batch") for p in plans]
+    if not all(isinstance(b, int) and not isinstance(b, bool) and 0 < b < 1 << 31
+               for b in sizes) or sizes != sorted(set(sizes)) or batch.get("sizes") != sizes:
+        raise BundleError(f"{name}: bundle header: plan batch sizes {sizes!r} are malformed")
+    names = [batch.get("inputs"), batch.get("outputs")]
+    if not all(isinstance(v, list) and all(isinstance(x, str) for x in v) for v in names) \
+            or not names[0]:
+        raise BundleError(f"{name}: bundle header: batched inputs/outputs are malformed")
+    return plans, BatchInfo(tuple(sizes), frozenset(names[0]), frozenset(names[1]))
+
+
+def _check_batch_specs(batch: BatchInfo, specs: list[tuple[list[TensorSpec], list[TensorSpec]]]
+                       ) -> None:
+    """Every plan has the same inputs and outputs, every output and each batched input has the
+    plan's batch first, and the other dims agree between plans."""
+    ref_in, ref_out = specs[0]
+    for b, (inputs, outputs) in zip(batch.sizes, specs):
+        for mine, ref, what, batched in ((inputs, ref_in, "input", batch.inputs),
+                                          (outputs, ref_out, "output", batch.outputs)):
+            if [(s.name, s.dtype, len(s.shape)) for s in mine] != \
+                    [(s.name, s.dtype, len(s.shape)) for s in ref]:
+                raise BundleError(f"bundle header: the plans' {what}s differ")
+            for s, r in zip(mine, ref):
+                if s.name in batched or what == "output":
+                    if s.name not in batched or not s.shape or s.shape[0] != b \
+                            or s.shape[1:] != r.shape[1:]:
+                        raise BundleError(f"bundle header: {what} {s.name!r} of the batch-{b} "
+                                          f"plan does not have the batch first")
+                elif s.shape != r.shape:
+                    raise BundleError(f"bundle header: {what} {s.name!r} differs between plans")
+    if not batch.inputs <= {s.name for s in ref_in}:
+        raise BundleError("bundle header: batched inputs name no input")
+
+
 def _threads_from_env() -> int:
     value = os.environ.get("MLCPACK_NUM_THREADS", "1")
     try:
@@ -65,6 +135,10 @@ class Model:
         self._reader = BundleReader(path, verify=verify)
         self._image: elf.CodeImage | None = None
         self._executor: vm.Executor | None = None
+        self._images: list[elf.CodeImage] = []
+        self._executors: list[vm.Executor] = []
+        self._plans: list[_Plan] = []
+        self.batch: BatchInfo | None = None
         self.signed_by: str | None = None
         try:
             if trusted_keys is not None:  # before anything in the bundle is used
@@ -83,45 +157,52 @@ class Model:
         h = reader.header
         self.header = h
         self.name = name
-        tensors = h.get("tensors")
-        if not isinstance(tensors, list):
-            raise BundleError("bundle header: tensors must be a list")
-        self.inputs = _specs(h.get("inputs"), "inputs", len(tensors))
-        self.outputs = _specs(h.get("outputs"), "outputs", len(tensors))
         self.labels = h.get("labels") if isinstance(h.get("labels"), list) else None
         self.preprocess = h.get("preprocess") if isinstance(h.get("preprocess"), dict) else None
         constants = self._constants(h.get("constants"))
-        arena_bytes = self._arena_size(h.get("memory_plan"))
+        # A dynamic-batch bundle (format 1.1) holds one plan per batch size under "plans"; an
+        # older bundle is one plan, the header itself.
+        rows, self.batch = _plan_rows(h, name)
+        metas = []
+        for row in rows:
+            tensors = row.get("tensors")
+            if not isinstance(tensors, list):
+                raise BundleError("bundle header: tensors must be a list")
+            metas.append((tensors, _specs(row.get("inputs"), "inputs", len(tensors)),
+                          _specs(row.get("outputs"), "outputs", len(tensors)),
+                          self._arena_size(row.get("memory_plan"))))
+        if self.batch is not None:
+            _check_batch_specs(self.batch, [(m[1], m[2]) for m in metas])
 
-        # CPU features are checked before any code is mapped.
-        variants = h.get("code")
-        if not isinstance(variants, list) or not variants:
-            raise BundleError("bundle header: code must be a non-empty list")
-        chosen = cpu.pick_variant(variants, name)
-        self.code_variant = variants[chosen]
-        kernels_meta = h.get("kernels")
-        sites = h.get("library_calls", [])
-        if not isinstance(kernels_meta, list) or not isinstance(sites, list):
-            raise BundleError("bundle header: kernels and library_calls must be lists")
-        site_list = self._sites(sites, library_functions)
+        # CPU features are checked before any code is mapped (every plan's code).
+        chosen = []
+        for row in rows:
+            variants = row.get("code")
+            if not isinstance(variants, list) or not variants:
+                raise BundleError("bundle header: code must be a non-empty list")
+            chosen.append(variants[cpu.pick_variant(variants, name)])
+        self.code_variant = chosen[-1]
+        refs: list[tuple[str, Any]] = [(f"constant {i}", ref)
+                                       for i, ref in enumerate(self._constant_refs)]
+        prepared = []
+        for p, (row, variant) in enumerate(zip(rows, chosen)):
+            kernels_meta = row.get("kernels")
+            sites = row.get("library_calls", [])
+            if not isinstance(kernels_meta, list) or not isinstance(sites, list):
+                raise BundleError("bundle header: kernels and library_calls must be lists")
+            site_list = self._sites(sites, library_functions)
+            vm_row = row.get("vm")
+            obj = payload_ref(variant.get("object"), "code object", reader.data_size)
+            bytecode = payload_ref(vm_row.get("bytecode") if isinstance(vm_row, dict) else None,
+                                   "bytecode", reader.data_size)
+            what = f" of plan {p}" if self.batch is not None else ""
+            refs += [(f"code object{what}", obj), (f"bytecode{what}", bytecode)]
+            prepared.append((kernels_meta, site_list, obj, bytecode))
+        check_disjoint(refs, name)
 
-        obj = payload_ref(self.code_variant.get("object"), "code object", reader.data_size)
-        bytecode = payload_ref(h.get("vm", {}).get("bytecode") if isinstance(h.get("vm"), dict)
-                               else None, "bytecode", reader.data_size)
-        check_disjoint([("code object", obj), ("bytecode", bytecode)]
-                       + [(f"constant {i}", ref) for i, ref in enumerate(self._constant_refs)],
-                       name)
-        self._image = elf.load_object(reader.payload(obj), elf.default_externals(),
-                                      arch=self.code_variant.get("arch"))
-        kernels = []
-        for i, k in enumerate(kernels_meta):
-            if not isinstance(k, dict) or not isinstance(k.get("symbol"), str) \
-                    or not all(isinstance(k.get(f, 0), int) and k.get(f, 0) >= 0
-                               for f in ("num_inputs", "num_outputs", "workspace_bytes")):
-                raise BundleError(f"bundle header: kernel {i} is malformed")
-            kernels.append((self._image.address(k["symbol"]), bool(k.get("parallel", False))))
-
-        # The arena holds inputs, intermediates and outputs at the offsets the plan fixed.
+        # One arena, as large as the largest plan needs: calls are serialized, so the plans
+        # take turns in it. It holds inputs, intermediates and outputs at the plan's offsets.
+        arena_bytes = max(m[3] for m in metas)
         try:
             raw = np.zeros(arena_bytes + ARENA_ALIGN, dtype=np.uint8)
         except MemoryError:  # a damaged or hostile plan may declare an absurd arena
@@ -129,17 +210,42 @@ class Model:
                               "which cannot be allocated here") from None
         start = -raw.ctypes.data % ARENA_ALIGN
         self._arena = raw[start:start + arena_bytes]
-        views, addresses = self._tensor_views(tensors, constants, arena_bytes)
-        self._views = views
-        # Per-call work stays small: the name set and the I/O views are fixed at load.
+        self._plans = []
+        for (tensors, inputs, outputs, plan_arena), (kernels_meta, site_list, obj, bytecode), \
+                variant, row in zip(metas, prepared, chosen, rows):
+            image = elf.load_object(reader.payload(obj), elf.default_externals(),
+                                    arch=variant.get("arch"))
+            self._images.append(image)
+            kernels = []
+            for i, k in enumerate(kernels_meta):
+                if not isinstance(k, dict) or not isinstance(k.get("symbol"), str) \
+                        or not all(isinstance(k.get(f, 0), int) and k.get(f, 0) >= 0
+                                   for f in ("num_inputs", "num_outputs", "workspace_bytes")):
+                    raise BundleError(f"bundle header: kernel {i} is malformed")
+                kernels.append((image.address(k["symbol"]), bool(k.get("parallel", False))))
+            views, addresses = self._tensor_views(tensors, constants, plan_arena)
+            program = vm.decode(reader.payload(bytecode), len(tensors), len(kernels),
+                                len(site_list), name)
+            self._check_arity(program, kernels_meta, tensors)
+            executor = vm.Executor(program, kernels, site_list, addresses, views, threads)
+            self._executors.append(executor)
+            self._plans.append(_Plan(
+                batch=row.get("batch") if self.batch is not None else None,
+                inputs=inputs, outputs=outputs,
+                # Per-call work stays small: the I/O views are fixed at load.
+                input_views=[(s, views[s.tensor]) for s in inputs],
+                output_views=[(s.name, views[s.tensor]) for s in outputs],
+                executor=executor, instructions=len(program), arena_bytes=plan_arena,
+                views=views))
+        first, last = self._plans[0], self._plans[-1]
+        self._image = self._images[-1]
+        self._executor = last.executor
+        self._views = last.views
+        # model.inputs/outputs: the smallest plan's (batch 1 when the bundle has it).
+        self.inputs, self.outputs = first.inputs, first.outputs
         self._input_names = frozenset(s.name for s in self.inputs)
-        self._input_views = [(s, views[s.tensor]) for s in self.inputs]
-        self._output_views = [(s.name, views[s.tensor]) for s in self.outputs]
-        program = vm.decode(reader.payload(bytecode), len(tensors), len(kernels), len(site_list),
-                            name)
-        self._check_arity(program, kernels_meta, tensors)
-        self._executor = vm.Executor(program, kernels, site_list, addresses, views, threads)
-        self.num_instructions = len(program)
+        self._input_views, self._output_views = last.input_views, last.output_views
+        self.num_instructions = last.instructions
 
     def _constants(self, rows: Any) -> list[np.ndarray]:
         if not isinstance(rows, list):
@@ -247,6 +353,8 @@ class Model:
                              + (f"unknown: {unknown}" if unknown else "")
                              + ("; " if unknown and missing else "")
                              + (f"missing: {missing}" if missing else ""))
+        if self.batch is not None:
+            return self._run_batched(feeds)
         checked = [(view, self._check_input(s, feeds[s.name]))
                    for s, view in self._input_views]
         with self._lock:
@@ -254,6 +362,65 @@ class Model:
                 np.copyto(view, value)
             self._executor.run()
             return {name: view.copy() for name, view in self._output_views}
+
+    def _run_batched(self, feeds: Mapping[str, Any]) -> dict[str, np.ndarray]:
+        """Any batch from 1 up: chunks of the largest plan, the rest on the smallest plan that
+        holds it, its input rows padded with zeros and its output rows cut off."""
+        batch = self.batch
+        assert batch is not None
+        values, n = {}, None
+        for spec in self._plans[0].inputs:
+            value = feeds[spec.name]
+            if spec.name not in batch.inputs:
+                values[spec.name] = self._check_input(self._plans[-1].input_spec(spec.name),
+                                                      value)
+                continue
+            value = self._check_batched_input(spec, value)
+            if n is not None and value.shape[0] != n:
+                raise InputError(f"input {spec.name!r} has batch {value.shape[0]}, another "
+                                 f"input has {n}: the batched inputs must agree")
+            n = value.shape[0]
+            values[spec.name] = value
+        assert n is not None
+        parts: dict[str, list[np.ndarray]] = {s.name: [] for s in self.outputs}
+        largest = self._plans[-1]
+        with self._lock:
+            done = 0
+            while done < n:
+                m = min(n - done, largest.batch)
+                plan = next(p for p in self._plans if p.batch >= m)
+                for spec, view in plan.input_views:
+                    value = values[spec.name]
+                    if spec.name not in batch.inputs:
+                        np.copyto(view, value)
+                        continue
+                    np.copyto(view[:m], value[done:done + m])
+                    if m < plan.batch:
+                        view[m:] = 0
+                plan.executor.run()
+                for name, view in plan.output_views:
+                    parts[name].append(view[:m].copy())
+                done += m
+        return {name: (chunks[0] if len(chunks) == 1 else np.concatenate(chunks))
+                for name, chunks in parts.items()}
+
+    def _check_batched_input(self, spec: TensorSpec, value: Any) -> np.ndarray:
+        if not isinstance(value, np.ndarray):
+            try:
+                value = np.asarray(value)
+            except Exception:
+                raise InputError(f"input {spec.name!r} is not array-like") from None
+        want = ("N",) + tuple(spec.shape[1:])
+        if value.dtype.name != spec.dtype:
+            raise InputError(f"input {spec.name!r} has dtype {value.dtype.name}; the model takes "
+                             f"{spec.dtype}: convert it with .astype(np.{spec.dtype})")
+        if value.ndim != len(spec.shape) or tuple(value.shape[1:]) != tuple(spec.shape[1:]):
+            raise InputError(f"input {spec.name!r} has shape {tuple(value.shape)}; the model "
+                             f"takes {_shape_text(want)} for any batch N >= 1")
+        if value.shape[0] == 0:
+            raise InputError(f"input {spec.name!r} has a batch of 0; the model takes "
+                             f"{_shape_text(want)} for any batch N >= 1")
+        return value
 
     def __call__(self, *args: Any, **kwargs: Any) -> np.ndarray | tuple[np.ndarray, ...]:
         """``model(x)`` / ``model(x=x)``: the output array, or a tuple for several outputs."""
@@ -270,12 +437,13 @@ class Model:
 
     def close(self) -> None:
         """Release the code mapping and the file; the model cannot run afterwards."""
-        if getattr(self, "_executor", None) is not None:
-            self._executor.close()
-            self._executor = None
-        if getattr(self, "_image", None) is not None:
-            self._image.close()
-            self._image = None
+        for executor in getattr(self, "_executors", []):
+            executor.close()
+        for image in getattr(self, "_images", []):
+            image.close()
+        self._executors, self._images, self._plans = [], [], []
+        self._executor = None
+        self._image = None
         self._views, self._input_views, self._output_views = [], [], []
         self._reader.close()
 
