@@ -1,4 +1,684 @@
 """Converters for recurrent and control-flow ONNX operators (LSTM, GRU, RNN, If...) with a
-sequence length and conditions fixed at export."""
+sequence length and conditions fixed at export.
+
+The recurrent operators are unrolled over the (static) sequence length: the input projection of
+every step is one matmul over the whole sequence, then each step is a small matmul with the
+recurrence weights plus elementwise gates. ``sequence_lens`` given at run time is honoured with
+selects: a step past a batch row's length keeps that row's state and writes zeros to ``Y``.
+"""
 
 from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import numpy as np
+
+from ...packager.ir.graph import Value
+from .registry import NodeContext, converter
+
+# ---- activations --------------------------------------------------------------------------------
+
+# name: (default alpha, default beta)
+_ACTIVATION_DEFAULTS = {
+    "sigmoid": (None, None), "tanh": (None, None), "relu": (None, None),
+    "leakyrelu": (0.01, None), "hardsigmoid": (0.2, 0.5), "affine": (1.0, 0.0),
+    "scaledtanh": (1.0, 1.0), "softsign": (None, None), "softplus": (None, None),
+    "elu": (1.0, None), "thresholdedrelu": (1.0, None),
+}
+
+
+def _activation(ctx: NodeContext, name: str, alpha: float | None, beta: float | None
+                ) -> Callable[[Value], Value]:
+    key = name.lower()
+    if key not in _ACTIVATION_DEFAULTS:
+        raise ctx.error(f"activation {name!r} is not supported (supported: Sigmoid, Tanh, Relu, "
+                        "LeakyRelu, HardSigmoid, Affine, ScaledTanh, Softsign, Softplus, Elu, "
+                        "ThresholdedRelu)")
+    da, db = _ACTIVATION_DEFAULTS[key]
+    a = da if alpha is None else alpha
+    b = db if beta is None else beta
+
+    def mul(x: Value, f: float) -> Value:
+        return ctx.emit("multiply", x, ctx.scalar(f, x))
+
+    def add(x: Value, f: float) -> Value:
+        return ctx.emit("add", x, ctx.scalar(f, x))
+
+    def apply(x: Value) -> Value:
+        if key in ("sigmoid", "tanh", "relu"):
+            return ctx.emit(key, x)
+        if key == "leakyrelu":
+            return ctx.emit("leaky_relu", x, alpha=float(a))
+        if key == "hardsigmoid":
+            return ctx.emit("clip", add(mul(x, a), b), min=0.0, max=1.0)
+        if key == "affine":
+            return add(mul(x, a), b)
+        if key == "scaledtanh":
+            return mul(ctx.emit("tanh", mul(x, b)), a)
+        if key == "softsign":
+            return ctx.emit("divide", x, add(ctx.emit("abs", x), 1.0))
+        if key == "softplus":
+            return ctx.emit("log", add(ctx.emit("exp", x), 1.0))
+        if key == "elu":
+            neg = mul(add(ctx.emit("exp", x), -1.0), a)
+            return ctx.emit("where", ctx.emit("greater", x, ctx.scalar(0.0, x)), x, neg)
+        # thresholdedrelu
+        return ctx.emit("where", ctx.emit("greater", x, ctx.scalar(a, x)), x, ctx.scalar(0.0, x))
+
+    return apply
+
+
+# ---- shared unrolling ---------------------------------------------------------------------------
+
+_RNN_ATTRS = {"activation_alpha": None, "activation_beta": None, "activations": None,
+              "clip": None, "direction": "forward", "hidden_size": None, "layout": 0}
+
+
+def _slice(ctx: NodeContext, x: Value, axis: int, start: int, end: int) -> Value:
+    return ctx.emit("strided_slice", x, starts=(start,), ends=(end,), axes=(axis,), steps=(1,))
+
+
+def _take(ctx: NodeContext, x: Value, axis: int, index: int) -> Value:
+    """``x`` at ``index`` along ``axis``, that axis dropped."""
+    part = _slice(ctx, x, axis, index, index + 1)
+    shape = x.type.shape[:axis] + x.type.shape[axis + 1:]
+    return ctx.reshape(part, shape)
+
+
+class _Recurrence:
+    """What every recurrent operator shares: attributes, shapes, directions, activations, the
+    input projection, ``sequence_lens`` masks and the Y / Y_h outputs."""
+
+    def __init__(self, ctx: NodeContext, gates: int, default_acts: Sequence[str]) -> None:
+        self.ctx = ctx
+        a = ctx.attrs
+        direction = a["direction"]
+        if direction not in ("forward", "reverse", "bidirectional"):
+            raise ctx.error(f"direction={direction!r} is not forward, reverse or bidirectional")
+        self.reverse = [direction == "reverse"] if direction != "bidirectional" else [False, True]
+        self.num_dir = len(self.reverse)
+        self.layout = int(a["layout"] or 0)
+        x, w, r = ctx.input(0), ctx.input(1), ctx.input(2)
+        self.dtype = x.type.dtype
+        if self.dtype not in ("float32", "float64"):
+            raise ctx.error(f"X is {self.dtype}: only float32 and float64 are supported")
+        if len(x.type.shape) != 3:
+            raise ctx.error(f"X has shape {x.type.shape}; it must be 3-D")
+        if self.layout == 1:
+            x = ctx.emit("transpose", x, axes=(1, 0, 2))
+        self.x = x
+        self.seq, self.batch, self.input_size = x.type.shape
+        hidden = a["hidden_size"]
+        self.hidden = int(hidden) if hidden else r.type.shape[-1]
+        self.gates = gates
+        gh = gates * self.hidden
+        if w.type.shape != (self.num_dir, gh, self.input_size):
+            raise ctx.error(f"W has shape {w.type.shape}, expected "
+                            f"{(self.num_dir, gh, self.input_size)}")
+        if r.type.shape != (self.num_dir, gh, self.hidden):
+            raise ctx.error(f"R has shape {r.type.shape}, expected "
+                            f"{(self.num_dir, gh, self.hidden)}")
+        self.w, self.r = w, r
+        self.b = ctx.input(3) if ctx.has_input(3) else None
+        if self.b is not None and self.b.type.shape != (self.num_dir, 2 * gh):
+            raise ctx.error(f"B has shape {self.b.type.shape}, expected "
+                            f"{(self.num_dir, 2 * gh)}")
+        clip = a["clip"]
+        self.clip = float(clip) if clip is not None else None
+
+        names = list(a["activations"] or [])
+        per_dir = len(default_acts)
+        if not names:
+            names = list(default_acts) * self.num_dir
+        elif len(names) == per_dir and self.num_dir == 2:
+            names = names * 2
+        if len(names) != per_dir * self.num_dir:
+            raise ctx.error(f"{len(names)} activations given; expected {per_dir} per direction")
+        alphas = list(a["activation_alpha"] or [])
+        betas = list(a["activation_beta"] or [])
+        self.acts = [[_activation(ctx, names[d * per_dir + j],
+                                  alphas[d * per_dir + j] if d * per_dir + j < len(alphas) else None,
+                                  betas[d * per_dir + j] if d * per_dir + j < len(betas) else None)
+                      for j in range(per_dir)] for d in range(self.num_dir)]
+        self.masks = self._masks()
+
+    # -- inputs --
+    def state(self, index: int, name: str) -> Value | None:
+        """An initial state input [D, B, H] (layout 0) / [B, D, H] (layout 1) as [D, B, H]."""
+        ctx = self.ctx
+        if not ctx.has_input(index):
+            return None
+        s = ctx.input(index)
+        want = ((self.num_dir, self.batch, self.hidden) if self.layout == 0
+                else (self.batch, self.num_dir, self.hidden))
+        if s.type.shape != want:
+            raise ctx.error(f"{name} has shape {s.type.shape}, expected {want}")
+        return s if self.layout == 0 else ctx.emit("transpose", s, axes=(1, 0, 2))
+
+    def initial(self, states: Value | None, d: int) -> Value:
+        if states is None:
+            return self.ctx.constant(np.zeros((self.batch, self.hidden), self.dtype), "h0")
+        return _take(self.ctx, states, 0, d)
+
+    def _masks(self) -> list[Value] | None:
+        """Per step, a [B, 1] bool 'this row is still inside its sequence', or None when every
+        row runs the whole sequence."""
+        ctx = self.ctx
+        if not ctx.has_input(4):
+            return None
+        lens = ctx.input(4)
+        if lens.type.shape != (self.batch,):
+            raise ctx.error(f"sequence_lens has shape {lens.type.shape}, expected ({self.batch},)")
+        known = ctx.const(4)
+        if known is not None:
+            if np.any(known < 0) or np.any(known > self.seq):
+                raise ctx.error(f"sequence_lens {known.tolist()} must lie in [0, {self.seq}]")
+            if np.all(known == self.seq):
+                return None
+        lens2 = ctx.reshape(lens, (self.batch, 1))
+        return [ctx.emit("less", ctx.constant(np.full((1, 1), t, lens.type.dtype), "step"), lens2)
+                for t in range(self.seq)]
+
+    def weight(self, v: Value, d: int, start: int, end: int) -> Value:
+        """Rows [start, end) of direction d of W or R: [end - start, K]."""
+        part = _take(self.ctx, v, 0, d)
+        if start == 0 and end == part.type.shape[0]:
+            return part
+        return _slice(self.ctx, part, 0, start, end)
+
+    def bias(self, d: int, start: int, end: int) -> Value | None:
+        """Elements [start, end) of direction d's 2*G*H bias vector."""
+        if self.b is None:
+            return None
+        return _slice(self.ctx, _take(self.ctx, self.b, 0, d), 0, start, end)
+
+    def projected(self, d: int, bias: Value | None) -> list[Value]:
+        """X @ W[d]^T (+ bias), one [B, G*H] value per step: a single matmul over all steps."""
+        ctx = self.ctx
+        x2 = ctx.reshape(self.x, (self.seq * self.batch, self.input_size))
+        xw = ctx.emit("matmul", x2, self.weight(self.w, d, 0, self.gates * self.hidden),
+                      transpose_b=True)
+        if bias is not None:
+            xw = ctx.emit("add", xw, bias)
+        xw = ctx.reshape(xw, (self.seq, self.batch, self.gates * self.hidden))
+        return [_take(ctx, xw, 0, t) for t in range(self.seq)]
+
+    def gate(self, pre: Value, index: int) -> Value:
+        """Gate ``index`` ([B, H]) of a [B, G*H] pre-activation."""
+        h = self.hidden
+        return _slice(self.ctx, pre, 1, index * h, (index + 1) * h)
+
+    def clipped(self, v: Value) -> Value:
+        if self.clip is None:
+            return v
+        return self.ctx.emit("clip", v, min=-self.clip, max=self.clip)
+
+    def steps(self, d: int) -> list[int]:
+        return list(range(self.seq - 1, -1, -1)) if self.reverse[d] else list(range(self.seq))
+
+    def hold(self, t: int, new: Value, old: Value) -> Value:
+        """The new state where row t is inside its sequence, else the old one."""
+        if self.masks is None:
+            return new
+        return self.ctx.emit("where", self.masks[t], new, old)
+
+    def y_step(self, t: int, h: Value) -> Value:
+        if self.masks is None:
+            return h
+        return self.ctx.emit("where", self.masks[t], h, self.ctx.scalar(0.0, h))
+
+    # -- outputs --
+    def outputs(self, ys: list[dict[int, Value]], finals: list[list[Value]]) -> list[Value | None]:
+        """Y [T, D, B, H] (layout 1: [B, T, D, H]) from each direction's per-step outputs, and
+        one [D, B, H] (layout 1: [B, D, H]) value per final-state list."""
+        ctx = self.ctx
+        out: list[Value | None] = []
+        if ctx.node.output and ctx.node.output[0]:
+            shape4 = (1, 1, self.batch, self.hidden)
+            per_dir = [ctx.emit("concat", *[ctx.reshape(ys[d][t], shape4) for t in range(self.seq)],
+                                axis=0) if self.seq > 1 else ctx.reshape(ys[d][0], shape4)
+                       for d in range(self.num_dir)]
+            y = per_dir[0] if self.num_dir == 1 else ctx.emit("concat", *per_dir, axis=1)
+            if self.layout == 1:
+                y = ctx.emit("transpose", y, axes=(2, 0, 1, 3))
+            out.append(y)
+        else:
+            out.append(None)
+        for states in finals:
+            shape3 = (1, self.batch, self.hidden)
+            parts = [ctx.reshape(s, shape3) for s in states]
+            yh = parts[0] if self.num_dir == 1 else ctx.emit("concat", *parts, axis=0)
+            if self.layout == 1:
+                yh = ctx.emit("transpose", yh, axes=(1, 0, 2))
+            out.append(yh)
+        return out
+
+
+def _add_bias(ctx: NodeContext, a: Value | None, b: Value | None) -> Value | None:
+    if a is None:
+        return b
+    if b is None:
+        return a
+    return ctx.emit("add", a, b)
+
+
+# ---- RNN ----------------------------------------------------------------------------------------
+
+@converter("RNN", since=1, attrs=_RNN_ATTRS)
+def _rnn(ctx: NodeContext) -> list[Value | None]:
+    rec = _Recurrence(ctx, 1, ["Tanh"])
+    h0 = rec.state(5, "initial_h")
+    hsz = rec.hidden
+    ys, finals = [], []
+    for d in range(rec.num_dir):
+        bias = _add_bias(ctx, rec.bias(d, 0, hsz), rec.bias(d, hsz, 2 * hsz))
+        xw = rec.projected(d, bias)
+        r = rec.weight(rec.r, d, 0, hsz)
+        (f,) = rec.acts[d]
+        h = rec.initial(h0, d)
+        y = {}
+        for t in rec.steps(d):
+            pre = ctx.emit("add", xw[t], ctx.emit("matmul", h, r, transpose_b=True))
+            h = rec.hold(t, f(rec.clipped(pre)), h)
+            y[t] = rec.y_step(t, h)
+        ys.append(y)
+        finals.append(h)
+    return rec.outputs(ys, [finals])
+
+
+# ---- GRU ----------------------------------------------------------------------------------------
+
+@converter("GRU", since=1, attrs={**_RNN_ATTRS, "linear_before_reset": 0})
+def _gru(ctx: NodeContext) -> list[Value | None]:
+    rec = _Recurrence(ctx, 3, ["Sigmoid", "Tanh"])
+    h0 = rec.state(5, "initial_h")
+    hsz = rec.hidden
+    linear = bool(ctx.attrs["linear_before_reset"])
+    one = ctx.constant(np.ones((1, 1), rec.dtype), "one")
+    ys, finals = [], []
+    for d in range(rec.num_dir):
+        # W biases of all three gates and R biases of z and r (of h too unless it is applied
+        # before the reset) add to the input projection once.
+        wb = rec.bias(d, 0, 3 * hsz)
+        rb_zr = rec.bias(d, 3 * hsz, 5 * hsz)
+        rb_h = rec.bias(d, 5 * hsz, 6 * hsz)
+        if rb_zr is not None:
+            rb_all = ctx.emit("concat", rb_zr, rb_h if not linear else
+                              ctx.constant(np.zeros((hsz,), rec.dtype), "zero"), axis=0)
+            bias = ctx.emit("add", wb, rb_all)
+        else:
+            bias = None
+        xw = rec.projected(d, bias)
+        r_zr = rec.weight(rec.r, d, 0, 2 * hsz)
+        r_h = rec.weight(rec.r, d, 2 * hsz, 3 * hsz)
+        f, g = rec.acts[d]
+        h = rec.initial(h0, d)
+        y = {}
+        for t in rec.steps(d):
+            x_zr = _slice(ctx, xw[t], 1, 0, 2 * hsz)
+            x_h = rec.gate(xw[t], 2)
+            zr = ctx.emit("add", x_zr, ctx.emit("matmul", h, r_zr, transpose_b=True))
+            z = f(rec.clipped(rec.gate(zr, 0)))
+            rr = f(rec.clipped(rec.gate(zr, 1)))
+            if linear:
+                hr = ctx.emit("matmul", h, r_h, transpose_b=True)
+                if rb_h is not None:
+                    hr = ctx.emit("add", hr, rb_h)
+                pre = ctx.emit("add", x_h, ctx.emit("multiply", rr, hr))
+            else:
+                pre = ctx.emit("add", x_h, ctx.emit("matmul", ctx.emit("multiply", rr, h), r_h,
+                                                    transpose_b=True))
+            cand = g(rec.clipped(pre))
+            # H = (1 - z) * cand + z * H
+            new = ctx.emit("add", ctx.emit("multiply", ctx.emit("subtract", one, z), cand),
+                           ctx.emit("multiply", z, h))
+            h = rec.hold(t, new, h)
+            y[t] = rec.y_step(t, h)
+        ys.append(y)
+        finals.append(h)
+    return rec.outputs(ys, [finals])
+
+
+# ---- LSTM ---------------------------------------------------------------------------------------
+
+@converter("LSTM", since=1, attrs={**_RNN_ATTRS, "input_forget": 0})
+def _lstm(ctx: NodeContext) -> list[Value | None]:
+    rec = _Recurrence(ctx, 4, ["Sigmoid", "Tanh", "Tanh"])
+    h0 = rec.state(5, "initial_h")
+    c0 = rec.state(6, "initial_c")
+    hsz = rec.hidden
+    coupled = bool(ctx.attrs["input_forget"])
+    peep = ctx.input(7) if ctx.has_input(7) else None
+    if peep is not None and peep.type.shape != (rec.num_dir, 3 * hsz):
+        raise ctx.error(f"P has shape {peep.type.shape}, expected {(rec.num_dir, 3 * hsz)}")
+    one = ctx.constant(np.ones((1, 1), rec.dtype), "one")
+    ys, finals_h, finals_c = [], [], []
+    for d in range(rec.num_dir):
+        bias = _add_bias(ctx, rec.bias(d, 0, 4 * hsz), rec.bias(d, 4 * hsz, 8 * hsz))
+        xw = rec.projected(d, bias)
+        r = rec.weight(rec.r, d, 0, 4 * hsz)
+        if peep is not None:
+            pd = _take(ctx, peep, 0, d)
+            p_i, p_o, p_f = (_slice(ctx, pd, 0, k * hsz, (k + 1) * hsz) for k in range(3))
+        f, g, hact = rec.acts[d]
+        h = rec.initial(h0, d)
+        c = rec.initial(c0, d)
+        y = {}
+        for t in rec.steps(d):
+            pre = ctx.emit("add", xw[t], ctx.emit("matmul", h, r, transpose_b=True))
+            i_pre, o_pre, f_pre, c_pre = (rec.gate(pre, k) for k in range(4))
+            if peep is not None:
+                i_pre = ctx.emit("add", i_pre, ctx.emit("multiply", p_i, c))
+                f_pre = ctx.emit("add", f_pre, ctx.emit("multiply", p_f, c))
+            i = f(rec.clipped(i_pre))
+            fg = ctx.emit("subtract", one, i) if coupled else f(rec.clipped(f_pre))
+            cand = g(rec.clipped(c_pre))
+            c_new = ctx.emit("add", ctx.emit("multiply", fg, c), ctx.emit("multiply", i, cand))
+            if peep is not None:
+                o_pre = ctx.emit("add", o_pre, ctx.emit("multiply", p_o, c_new))
+            o = f(rec.clipped(o_pre))
+            h_new = ctx.emit("multiply", o, hact(c_new))
+            h = rec.hold(t, h_new, h)
+            c = rec.hold(t, c_new, c)
+            y[t] = rec.y_step(t, h)
+        ys.append(y)
+        finals_h.append(h)
+        finals_c.append(c)
+    return rec.outputs(ys, [finals_h, finals_c])
+
+
+# ---- control flow: subgraphs inlined at export ---------------------------------------------------
+
+_MAX_UNROLL = 4096   # iterations a Loop or Scan may be unrolled into
+
+
+def _inline(ctx: NodeContext, graph, bound: Sequence[Value],
+            isolated: dict[str, Value] | None = None,
+            opsets: dict[str, int] | None = None) -> list[Value]:
+    """Convert subgraph ``graph`` in place: its inputs bound to ``bound`` (in order), names of
+    the enclosing graphs visible (only ``isolated``'s names instead, for a function body), its
+    nodes emitted into the current function. Returns its outputs."""
+    from .importer import _GraphConverter, _tensor_array, check_supported  # (import cycle)
+    from .registry import make_constant
+
+    scope = getattr(ctx, "scope", None)
+    if scope is None:
+        raise ctx.error("subgraphs can only be converted by the ONNX importer")
+    if len(graph.input) != len(bound):
+        raise ctx.error(f"subgraph {graph.name!r} takes {len(graph.input)} inputs, "
+                        f"{len(bound)} given")
+    opsets = dict(scope.opsets, **(opsets or {}))
+    check_supported(graph, opsets, scope.source)
+    values = dict(scope.values) if isolated is None else dict(isolated)
+    for init in graph.initializer:
+        values[init.name] = make_constant(ctx.bb, _tensor_array(init, scope.source), init.name)
+    for vi, v in zip(graph.input, bound):
+        values[vi.name] = v
+    inner = _GraphConverter(ctx.bb, values, opsets, scope.source)
+    if isolated is None:
+        inner.unavailable = dict(scope.unavailable)
+    for node in graph.node:
+        inner.convert(node)
+    return [inner.value(o.name, f"subgraph {graph.name!r} output") for o in graph.output]
+
+
+def _bool_const(ctx: NodeContext, v: Value, what: str) -> bool | None:
+    data = v.data if hasattr(v, "data") else None
+    if data is None:
+        return None
+    if data.size != 1:
+        raise ctx.error(f"{what} has {data.size} elements; it must hold one")
+    return bool(data.reshape(()))
+
+
+@converter("If", since=1, attrs={"then_branch": None, "else_branch": None})
+def _if(ctx: NodeContext) -> list[Value]:
+    """A condition known at export inlines one branch; a run-time one computes both branches
+    and selects with ``where`` (both must give the same shapes and dtypes)."""
+    then_g, else_g = ctx.attrs["then_branch"], ctx.attrs["else_branch"]
+    if then_g is None or else_g is None:
+        raise ctx.error("then_branch and else_branch are required")
+    cond = ctx.input(0)
+    known = _bool_const(ctx, cond, "the condition")
+    if known is not None:
+        return _inline(ctx, then_g if known else else_g, [])
+    if cond.type.dtype != "bool":
+        raise ctx.error(f"the condition is {cond.type.dtype}, not bool")
+    if cond.type.shape not in ((), (1,)):
+        raise ctx.error(f"the condition has shape {cond.type.shape}; it must hold one value")
+    yes, no = _inline(ctx, then_g, []), _inline(ctx, else_g, [])
+    if len(yes) != len(no):
+        raise ctx.error("the branches give different numbers of outputs")
+    out = []
+    for i, (a, b) in enumerate(zip(yes, no)):
+        if a.type != b.type:
+            raise ctx.error(f"output {i}: the branches give {a.type.dtype}{list(a.type.shape)} "
+                            f"and {b.type.dtype}{list(b.type.shape)}; with a condition computed "
+                            "at run time both must match (shapes are static)")
+        c = ctx.reshape(cond, (1,) * len(a.type.shape)) if a.type.shape else ctx.reshape(cond, ())
+        out.append(ctx.emit("where", c, a, b))
+    return out
+
+
+def _stack(ctx: NodeContext, parts: list[Value], axis: int) -> Value:
+    """Stack same-shaped values along a new ``axis``."""
+    shape = parts[0].type.shape
+    axis %= len(shape) + 1
+    lifted = [ctx.reshape(p, shape[:axis] + (1,) + shape[axis:]) for p in parts]
+    return lifted[0] if len(lifted) == 1 else ctx.emit("concat", *lifted, axis=axis)
+
+
+def _scan_steps(ctx: NodeContext, body, states: list[Value], scans: list[Value],
+                in_axes: Sequence[int], in_rev: Sequence[int], out_axes: Sequence[int],
+                out_rev: Sequence[int]) -> list[Value]:
+    """Unroll one Scan (opset 9 semantics) over static trip counts."""
+    lengths = {x.type.shape[a] for x, a in zip(scans, in_axes)}
+    if len(lengths) != 1:
+        raise ctx.error(f"scan inputs have different lengths along their axes: {sorted(lengths)}")
+    (steps,) = lengths
+    if steps > _MAX_UNROLL:
+        raise ctx.error(f"{steps} iterations: at most {_MAX_UNROLL} are unrolled")
+    n_state = len(states)
+    per_step: list[list[Value]] = []
+    for t in range(steps):
+        slices = [_take(ctx, x, a, steps - 1 - t if r else t)
+                  for x, a, r in zip(scans, in_axes, in_rev)]
+        outs = _inline(ctx, body, states + slices)
+        states = outs[:n_state]
+        per_step.append(outs[n_state:])
+    n_out = len(per_step[0]) if per_step else len(body.output) - n_state
+    if steps == 0:
+        raise ctx.error("a scan over zero steps is not supported")
+    results = list(states)
+    for j in range(n_out):
+        parts = [step[j] for step in per_step]
+        if out_rev[j]:
+            parts = parts[::-1]
+        results.append(_stack(ctx, parts, out_axes[j]))
+    return results
+
+
+def _scan_attrs(ctx: NodeContext, n_scan: int, n_out: int, opset8: bool = False
+                ) -> tuple[list[int], list[int], list[int], list[int]]:
+    a = ctx.attrs
+    in_axes = list(a.get("scan_input_axes") or [0] * n_scan)
+    in_rev = list(a.get("scan_input_directions") or a.get("directions") or [0] * n_scan)
+    out_axes = list(a.get("scan_output_axes") or [0] * n_out)
+    out_rev = list(a.get("scan_output_directions") or [0] * n_out)
+    if len(in_axes) != n_scan or len(in_rev) != n_scan or len(out_axes) != n_out or \
+            len(out_rev) != n_out:
+        raise ctx.error("scan axes/directions attributes do not match the number of scan "
+                        "inputs and outputs")
+    return in_axes, in_rev, out_axes, out_rev
+
+
+@converter("Scan", since=8, attrs={"body": None, "num_scan_inputs": None, "directions": None})
+def _scan_v8(ctx: NodeContext) -> list[Value]:
+    body, m = ctx.attrs["body"], int(ctx.attrs["num_scan_inputs"])
+    if ctx.has_input(0):
+        lens = ctx.const(0)
+        if lens is None:
+            raise ctx.error("sequence_lens must be known at export")
+    rest = [ctx.input(i) for i in range(1, ctx.num_inputs)]
+    states, scans = rest[:len(rest) - m], rest[len(rest) - m:]
+    batch = (states + scans)[0].type.shape[0]
+    if ctx.has_input(0):
+        seq = scans[0].type.shape[1]
+        if np.any(ctx.const(0) != seq):
+            raise ctx.error("sequence_lens shorter than the scan inputs is not supported")
+    n_out = len(body.output) - len(states)
+    _, in_rev, _, _ = _scan_attrs(ctx, m, n_out)
+    per_batch = []
+    for b in range(batch):
+        per_batch.append(_scan_steps(ctx, body, [_take(ctx, s, 0, b) for s in states],
+                                     [_take(ctx, x, 0, b) for x in scans], [0] * m, in_rev,
+                                     [0] * n_out, [0] * n_out))
+    return [_stack(ctx, [pb[j] for pb in per_batch], 0) for j in range(len(per_batch[0]))]
+
+
+@converter("Scan", since=9, attrs={"body": None, "num_scan_inputs": None,
+                                    "scan_input_axes": None, "scan_input_directions": None,
+                                    "scan_output_axes": None, "scan_output_directions": None})
+def _scan_v9(ctx: NodeContext) -> list[Value]:
+    body, m = ctx.attrs["body"], int(ctx.attrs["num_scan_inputs"])
+    xs = [ctx.input(i) for i in range(ctx.num_inputs)]
+    states, scans = xs[:len(xs) - m], xs[len(xs) - m:]
+    n_out = len(body.output) - len(states)
+    in_axes, in_rev, out_axes, out_rev = _scan_attrs(ctx, m, n_out)
+    in_axes = [a % len(x.type.shape) for a, x in zip(in_axes, scans)]
+    return _scan_steps(ctx, body, states, scans, in_axes, in_rev, out_axes, out_rev)
+
+
+@converter("Loop", since=1, attrs={"body": None})
+def _loop(ctx: NodeContext) -> list[Value]:
+    """A loop whose trip count and condition are known at export, unrolled."""
+    body = ctx.attrs["body"]
+    trip = None
+    if ctx.has_input(0):
+        trip = int(np.asarray(ctx.require_const(0, "the trip count")).reshape(()))
+    cond = True
+    if ctx.has_input(1):
+        known = _bool_const(ctx, ctx.input(1), "the condition")
+        if known is None:
+            ctx.require_const(1, "the loop condition")
+        cond = bool(known)
+    if trip is None:
+        trip = _MAX_UNROLL + 1
+    carried = [ctx.input(i) for i in range(2, ctx.num_inputs)]
+    n_carried = len(carried)
+    scans: list[list[Value]] = []
+    it = 0
+    while cond and it < trip:
+        if it >= _MAX_UNROLL:
+            raise ctx.error(f"the loop runs more than {_MAX_UNROLL} iterations")
+        outs = _inline(ctx, body, [ctx.constant(np.array(it, np.int64), "iter"),
+                                   ctx.constant(np.array(cond), "cond")] + carried)
+        known = _bool_const(ctx, outs[0], "the body's condition")
+        if known is None:
+            raise ctx.error("the loop condition computed by the body must be known at export")
+        cond = known
+        carried = outs[1:1 + n_carried]
+        scans.append(outs[1 + n_carried:])
+        it += 1
+    n_scan = len(body.output) - 1 - n_carried
+    if n_scan and not scans:
+        raise ctx.error("a loop with scan outputs that runs zero iterations is not supported")
+    return carried + [_stack(ctx, [s[j] for s in scans], 0) for j in range(n_scan)]
+
+
+# ---- operators defined by an ONNX function body --------------------------------------------------
+
+_ONNX_DTYPES = {"float32": 1, "uint8": 2, "int8": 3, "uint16": 4, "int16": 5, "int32": 6,
+                "int64": 7, "bool": 9, "float16": 10, "float64": 11, "uint32": 12, "uint64": 13,
+                "bfloat16": 16}
+
+
+def _resolve_refs(node, attrs: dict, missing: set[str]):
+    """A copy of function-body ``node`` with attribute references replaced by the calling node's
+    attributes and inputs the caller left out blanked, also inside its subgraphs."""
+    import onnx
+
+    out = onnx.NodeProto()
+    out.CopyFrom(node)
+    del out.input[:]
+    out.input.extend("" if name in missing else name for name in node.input)
+    del out.attribute[:]
+    for a in node.attribute:
+        if a.HasField("ref_attr_name"):
+            if a.ref_attr_name in attrs:
+                new = onnx.AttributeProto()
+                new.CopyFrom(attrs[a.ref_attr_name])
+                new.name = a.name
+                out.attribute.append(new)
+            continue
+        new = onnx.AttributeProto()
+        new.CopyFrom(a)
+        graphs = [new.g] if new.type == onnx.AttributeProto.GRAPH else list(new.graphs)
+        for g in graphs:
+            nodes = [_resolve_refs(n, attrs, missing) for n in g.node]
+            del g.node[:]
+            g.node.extend(nodes)
+        out.attribute.append(new)
+    return out
+
+
+def expand_function(ctx: NodeContext) -> list[Value | None]:
+    """Convert a node through the function body its ONNX schema defines (fixed for the node's
+    input types when the body depends on them), as ONNX's ``*_expanded`` test models do."""
+    import onnx
+    from onnx import defs, helper
+
+    node = ctx.node
+    try:
+        schema = defs.get_schema(node.op_type, ctx.opset, node.domain)
+    except defs.SchemaError:
+        raise ctx.error("no ONNX schema defines this operator") from None
+    attrs = {a.name: a for a in node.attribute}
+    full = onnx.NodeProto()
+    full.CopyFrom(node)
+    for name, attr in schema.attributes.items():
+        if name not in attrs and attr.default_value and attr.default_value.type:
+            full.attribute.append(attr.default_value)
+            attrs[name] = attr.default_value
+    types = []
+    for v in ctx.inputs:
+        if v is None:
+            types.append(onnx.TypeProto())
+        else:
+            types.append(helper.make_tensor_type_proto(_ONNX_DTYPES[v.type.dtype],
+                                                       list(v.type.shape)))
+    fproto = onnx.FunctionProto()
+    if schema.has_function:
+        versions = [v for v in schema.function_opset_versions if v <= ctx.opset]
+        if not versions:
+            raise ctx.error("its ONNX function body needs a newer opset")
+        fproto.ParseFromString(schema.get_function_with_opset_version(max(versions)))
+    elif schema.has_context_dependent_function:
+        versions = [v for v in schema.context_dependent_function_opset_versions
+                    if v <= ctx.opset]
+        if not versions:
+            raise ctx.error("its ONNX function body needs a newer opset")
+        body = schema.get_context_dependent_function_with_opset_version(
+            max(versions), full.SerializeToString(), [t.SerializeToString() for t in types])
+        if not body:
+            raise ctx.error("ONNX defines no function body for these input types")
+        fproto.ParseFromString(body)
+    else:
+        raise ctx.error("ONNX defines no function body for this operator")
+    values: dict[str, Value] = {}
+    missing: set[str] = set()
+    for i, name in enumerate(fproto.input):
+        if i < len(ctx.inputs) and ctx.inputs[i] is not None:
+            values[name] = ctx.inputs[i]
+        else:
+            missing.add(name)
+    nodes = [_resolve_refs(n, attrs, missing) for n in fproto.node]
+    wanted = [name for i, name in enumerate(fproto.output)
+              if i < len(node.output) and node.output[i]]
+    graph = helper.make_graph(nodes, f"{node.op_type}_function", [],
+                              [helper.make_value_info(name, onnx.TypeProto()) for name in wanted])
+    opsets = {("" if o.domain in ("", "ai.onnx") else o.domain): o.version
+              for o in fproto.opset_import}
+    got = iter(_inline(ctx, graph, [], isolated=values, opsets=opsets))
+    return [next(got) if i < len(node.output) and node.output[i] else None
+            for i in range(len(fproto.output))]
