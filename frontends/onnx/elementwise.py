@@ -403,7 +403,11 @@ def _lp_normalization(ctx: NodeContext) -> Value:
                                          keepdims=True))
     else:
         raise ctx.error(f"p={p} is not 1 or 2")
-    return ctx.emit("divide", x, norm)
+    # A zero norm means the whole slice is zero: divide it by 1 so it stays 0 (as ONNX's
+    # reference), not 0/0 = NaN.
+    zero = ctx.emit("equal", norm, ctx.scalar(0.0, norm))
+    safe = ctx.emit("where", zero, ctx.scalar(1.0, norm), norm)
+    return ctx.emit("divide", x, safe)
 
 
 def _mvn(ctx: NodeContext) -> Value:
