@@ -151,3 +151,48 @@ def build(name: str, path: str) -> None:
     with torch.no_grad():
         torch.onnx.export(net, (x,), path, input_names=["x"], output_names=["y"],
                           opset_version=17, dynamo=False)
+
+
+# ---- YOLO-style detector (Conv-BN-SiLU blocks, a C2f split, an FPN upsample, two heads) --------
+
+def _cbs(cin: int, cout: int, k: int = 1, stride: int = 1) -> nn.Sequential:
+    """Conv, BatchNorm, SiLU: the block every YOLOv5/v8 layer is made of."""
+    return nn.Sequential(nn.Conv2d(cin, cout, k, stride, k // 2, bias=False), nn.BatchNorm2d(cout),
+                         nn.SiLU())
+
+
+class YoloHead(nn.Module):
+    """A small YOLOv8-shaped detector: a stride-8/16 backbone, a C2f block (Split, a bottleneck
+    on one half, Concat), a feature-pyramid step (nearest 2x upsample, Concat with the stride-8
+    map) and one 1x1 detection conv per scale. Output ``[N, 4 + classes, anchors]``: box
+    regressions as they are, class scores through a sigmoid (Split by [4, classes], Concat)."""
+
+    def __init__(self, width: int = 16, classes: int = 4) -> None:
+        super().__init__()
+        c = width
+        self.stem = _cbs(3, c, 3, 2)
+        self.down8 = _cbs(c, 2 * c, 3, 2)
+        self.down16 = _cbs(2 * c, 4 * c, 3, 2)
+        self.c2f_in = _cbs(4 * c, 4 * c)
+        self.c2f_m = _cbs(2 * c, 2 * c, 3)
+        self.c2f_out = _cbs(6 * c, 4 * c)
+        self.up = nn.Upsample(scale_factor=2, mode="nearest")
+        self.fpn = _cbs(6 * c, 2 * c, 3)
+        self.det16 = nn.Conv2d(4 * c, 4 + classes, 1)
+        self.det8 = nn.Conv2d(2 * c, 4 + classes, 1)
+        self.classes = classes
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        p8 = self.down8(self.stem(x))
+        p16 = self.down16(p8)
+        a, b = self.c2f_in(p16).chunk(2, 1)
+        p16 = self.c2f_out(torch.cat([a, b, self.c2f_m(b)], 1))
+        p8 = self.fpn(torch.cat([self.up(p16), p8], 1))
+        out = torch.cat([self.det16(p16).flatten(2), self.det8(p8).flatten(2)], 2)
+        box, cls = out.split([4, self.classes], 1)
+        return torch.cat([box, cls.sigmoid()], 1)
+
+
+def yolo_head(batch: int = 1, size: int = 64, width: int = 16, classes: int = 4
+              ) -> tuple[nn.Module, torch.Tensor]:
+    return YoloHead(width, classes), torch.randn(batch, 3, size, size)

@@ -1,6 +1,9 @@
-"""Models as real exporters write them: symbolic or -1 dims fixed with --input-shape, NHWC
-inputs, declared output shapes that are wrong, several inputs and outputs, int32/int64 inputs.
-Each is built to show the habit, exported, run by the runtime and compared with ONNX Runtime."""
+"""Models as real exporters write them: weights and shapes as Constant nodes, Identity chains,
+shape arithmetic (Shape -> Gather -> Unsqueeze -> Concat -> Reshape) on a symbolic batch,
+symbolic or -1 dims fixed with --input-shape, NHWC inputs, declared output (and intermediate)
+shapes that are wrong, several inputs and outputs, int32/int64 inputs. Each is built to show the
+habit, exported, run by the runtime and compared with ONNX Runtime. (tests/test_pytorch_models.py
+runs what torch.onnx.export really writes.)"""
 
 from __future__ import annotations
 
@@ -14,7 +17,7 @@ from onnx import TensorProto, helper, numpy_helper
 from mlcpack.frontends.onnx import import_onnx
 from mlcpack.packager.export import ExportError
 from mlcpack.runtime import load
-from test_onnx_frontend import check_against_ort, make_model, node, rand
+from test_onnx_frontend import check_against_ort, main_ops, make_model, node, rand
 
 ort = pytest.importorskip("onnxruntime")
 
@@ -27,6 +30,89 @@ def _model(nodes, inputs, outputs, inits=None, opset=17) -> onnx.ModelProto:
         [helper.make_tensor_value_info(n, t, s) for n, (t, s) in outputs.items()],
         [numpy_helper.from_array(np.asarray(v), k) for k, v in (inits or {}).items()])
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=8)
+
+
+def test_weights_and_shapes_as_constant_nodes(tmp_path: Path) -> None:
+    # tf2onnx, and torch with do_constant_folding=False, write weights and literals as Constant
+    # nodes of every attribute kind instead of initializers; all of them become bound constants
+    # (the Cast of one is folded at import) and the bundle takes only the real input.
+    w = rand(4, 2, 3, 3, seed=1)
+    model = make_model(
+        [node("Constant", [], ["w"], value=numpy_helper.from_array(w)),
+         node("Constant", [], ["target"], value_ints=[2, 4, 12]),
+         node("Constant", [], ["gain"], value_floats=[0.5, -2.0, 1.5, 1.0]),
+         node("Constant", [], ["shift"], value_float=0.25),
+         node("Constant", [], ["one"], value_int=1),
+         node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1], strides=[2, 2]),
+         node("Reshape", ["c", "target"], ["r"]),
+         node("Transpose", ["r"], ["t"], perm=[0, 2, 1]),
+         node("Mul", ["t", "gain"], ["m"]),
+         node("Cast", ["one"], ["onef"], to=TensorProto.FLOAT),
+         node("Add", ["m", "shift"], ["a"]),
+         node("Sub", ["a", "onef"], ["y"])],
+        {"x": [2, 2, 6, 8]}, ["y"])
+    mod, info = import_onnx(model)
+    assert [p.name for p in mod.main.params] == ["x"]
+    assert info.folded_nodes >= 1
+    assert main_ops(model) == ["nn.conv2d", "reshape", "transpose", "multiply", "add", "subtract"]
+    got = check_against_ort(model, {"x": rand(2, 2, 6, 8)}, tmp_path)
+    assert got["y"].shape == (2, 12, 4)
+
+
+def test_identity_chains_tied_weights_and_pass_through_outputs(tmp_path: Path) -> None:
+    # torch writes an Identity for a parameter used twice (tied embeddings), tf2onnx chains of
+    # Identity before outputs; a graph may also return an input unchanged and the same tensor
+    # under two output names. No Identity survives as a kernel; every output is still returned.
+    w = rand(5, 3, seed=1)
+    model = _model(
+        [node("Identity", ["w"], ["w_tied"]), node("Identity", ["w_tied"], ["w_tied2"]),
+         node("Gemm", ["x", "w"], ["h"], transB=1),
+         node("MatMul", ["h", "w_tied2"], ["back"]),
+         node("Identity", ["back"], ["i1"]), node("Identity", ["i1"], ["y"]),
+         node("Identity", ["back"], ["y_again"]),
+         node("Identity", ["x"], ["x_out"])],
+        {"x": (TensorProto.FLOAT, [2, 3])},
+        {"y": (TensorProto.FLOAT, None), "y_again": (TensorProto.FLOAT, None),
+         "x_out": (TensorProto.FLOAT, None), "x": (TensorProto.FLOAT, None)},
+        {"w": w})
+    assert "identity" not in main_ops(model)
+    x = rand(2, 3, seed=2)
+    got = check_against_ort(model, {"x": x}, tmp_path)
+    assert list(got) == ["y", "y_again", "x_out", "x"]
+    np.testing.assert_array_equal(got["x_out"], x)
+    np.testing.assert_array_equal(got["x"], x)
+    np.testing.assert_array_equal(got["y"], got["y_again"])
+
+
+def test_shape_arithmetic_on_a_symbolic_batch_folds_once_fixed(tmp_path: Path) -> None:
+    # torch's x.view(x.size(0), -1) and x.reshape(b, h, -1) with dynamic_axes: the target shape
+    # is computed from Shape(x) at run time in the file. With --input-shape every shape is known,
+    # so the whole chain (Shape, Gather, Unsqueeze, Concat, Div) is computed at import and the
+    # bundle does only the reshapes.
+    model = _model(
+        [node("Shape", ["x"], ["shape"]),
+         node("Gather", ["shape", "zero"], ["batch"], axis=0),
+         node("Gather", ["shape", "one"], ["chan"], axis=0),
+         node("Div", ["chan", "two"], ["half"]),
+         node("Unsqueeze", ["batch", "axes"], ["batch1"]),
+         node("Unsqueeze", ["half", "axes"], ["half1"]),
+         node("Concat", ["batch1", "half1", "minus_one"], ["target"], axis=0),
+         node("Reshape", ["x", "target"], ["split"]),
+         node("Concat", ["batch1", "minus_one"], ["flat_shape"], axis=0),
+         node("Relu", ["split"], ["r"]),
+         node("Reshape", ["r", "flat_shape"], ["y"])],
+        {"x": (TensorProto.FLOAT, ["batch", 4, 3])},
+        {"y": (TensorProto.FLOAT, ["batch", 12])},
+        {"zero": np.array(0, np.int64), "one": np.array(1, np.int64),
+         "two": np.array(2, np.int64), "axes": np.array([0], np.int64),
+         "minus_one": np.array([-1], np.int64)}, opset=13)
+    with pytest.raises(ExportError, match=r"--input-shape x=1,4,3"):
+        import_onnx(model)
+    mod, info = import_onnx(model, {"x": (5, 4, 3)})
+    assert main_ops(model, input_shapes={"x": (5, 4, 3)}) == ["reshape", "relu", "reshape"]
+    assert info.folded_nodes == 8
+    got = check_against_ort(model, {"x": rand(5, 4, 3)}, tmp_path, input_shapes={"x": (5, 4, 3)})
+    assert got["y"].shape == (5, 12)
 
 
 def test_dim_value_minus_one_fixed_by_input_shape(tmp_path: Path) -> None:
@@ -76,6 +162,17 @@ def test_declared_output_shape_is_wrong_and_ignored(tmp_path: Path) -> None:
 
     got = run_bundle(model, {"a": rand(2, 3)}, tmp_path)
     np.testing.assert_allclose(got["y"], rand(2, 3) @ rand(3, 5, seed=1), rtol=1e-5)
+
+
+def test_declared_intermediate_shapes_are_wrong_and_ignored(tmp_path: Path) -> None:
+    # Exporters also write value_info for intermediate tensors; a stale one (here from a model
+    # edited after export) must not change what mlcpack infers.
+    model = _model([node("MatMul", ["a", "w"], ["h"]), node("Relu", ["h"], ["y"])],
+                   {"a": (TensorProto.FLOAT, [2, 3])}, {"y": (TensorProto.FLOAT, None)},
+                   {"w": rand(3, 5, seed=1)})
+    model.graph.value_info.append(helper.make_tensor_value_info("h", TensorProto.FLOAT, [9, 1]))
+    got = check_against_ort(model, {"a": rand(2, 3)}, tmp_path)
+    assert got["y"].shape == (2, 5)
 
 
 def test_several_inputs_and_outputs(tmp_path: Path) -> None:
