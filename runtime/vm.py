@@ -11,13 +11,20 @@ Instruction set (little-endian int32 words):
 Every kernel has the C signature ``void k(void **args, int64_t task, int64_t ntasks)``. Tensor
 addresses are fixed by the static memory plan, so each call's ``void*[]`` is built once here and
 an inference is a loop of ctypes calls (which release the GIL) with no per-call allocation.
+
+With ``threads`` > 1, a parallel kernel runs task 0 on the calling thread and tasks 1..n-1 on
+persistent workers. A hand-off is one lock release to wake a worker and one acquire to wait for
+it (no futures, queues or per-call objects): the cost that decides which kernels are worth
+splitting (see ``PARALLEL_MIN_MACS`` in the packager).
 """
 
 from __future__ import annotations
 
+import _thread
 import ctypes
 import struct
-from concurrent.futures import ThreadPoolExecutor
+import threading
+import weakref
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -87,7 +94,9 @@ class Executor:
         self._keep: list[Any] = []  # ctypes arrays the prepared calls point into
         self._steps: list[Callable[[], Any]] = []
         self.threads = max(1, int(threads))
-        self._pool = ThreadPoolExecutor(self.threads - 1) if self.threads > 1 else None
+        self._workers = [_Worker() for _ in range(self.threads - 1)]
+        # An executor dropped without close() still stops its workers.
+        self._finalizer = weakref.finalize(self, _stop_workers, self._workers)
         for ins in program:
             if ins.opcode == OP_CALL_KERNEL:
                 address, parallel = kernels[ins.target]
@@ -106,15 +115,18 @@ class Executor:
         args = (ctypes.c_void_p * len(pointers))(*pointers)
         self._keep.append(args)
         args_address = ctypes.addressof(args)
-        pool, n = self._pool, self.threads
-        if pool is None or not parallel:
+        workers, n = self._workers, self.threads
+        if not workers or not parallel:
             return lambda: fn(args_address, 0, 1)
+        jobs = [(w, (fn, args_address, t, n)) for t, w in enumerate(workers, start=1)]
 
         def run_tasks() -> None:
-            futures = [pool.submit(fn, args_address, t, n) for t in range(1, n)]
+            for w, job in jobs:
+                w.job = job
+                w.start.release()
             fn(args_address, 0, n)
-            for f in futures:
-                f.result()
+            for w, _ in jobs:
+                w.done.acquire()
         return run_tasks
 
     def run(self) -> None:
@@ -122,9 +134,44 @@ class Executor:
             step()
 
     def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=True)
-            self._pool = None
+        self._finalizer()
+
+
+class _Worker:
+    """A thread that runs one kernel task each time ``start`` is released, then releases
+    ``done``. Both are plain locks used as binary semaphores (held = nothing to do)."""
+
+    def __init__(self) -> None:
+        self.start = _thread.allocate_lock()
+        self.done = _thread.allocate_lock()
+        self.start.acquire()
+        self.done.acquire()
+        self.job: tuple | None = None
+        self.thread = threading.Thread(target=self._loop, name="mlcpack-worker", daemon=True)
+        self.thread.start()
+
+    def _loop(self) -> None:
+        start, done = self.start, self.done
+        while True:
+            start.acquire()
+            job = self.job
+            if job is None:
+                return
+            fn, args, task, ntasks = job
+            fn(args, task, ntasks)
+            done.release()
+
+    def stop(self) -> None:
+        self.job = None
+        self.start.release()
+        if self.thread is not threading.current_thread():
+            self.thread.join()
+
+
+def _stop_workers(workers: list[_Worker]) -> None:
+    for w in workers:
+        w.stop()
+    workers.clear()
 
 
 def _library_step(fn: Callable[..., Any], inputs: list[np.ndarray], out: np.ndarray,

@@ -42,6 +42,19 @@ CONVS = [
     dict(x=(1, 16, 9, 9), w=(33, 16, 1, 1), strides=(2, 2)),                  # 1x1 s2 downsample
     dict(x=(1, 5, 40, 37), w=(7, 5, 3, 3), padding=(1, 1, 1, 1)),            # many panels
     dict(x=(1, 2, 6, 6), w=(3, 2, 5, 2), padding=(0, 2, 1, 0)),              # rectangular window
+    # 1x1 stride 1 unpadded on a large image reads the input in place (no plane copy)
+    dict(x=(1, 13, 17, 19), w=(7, 13, 1, 1)),                                 # partial last panel
+    dict(x=(1, 9, 16, 32), w=(10, 9, 1, 1)),                                  # exact panels
+    dict(x=(2, 8, 24, 24), w=(8, 2, 1, 1), groups=4),                         # groups, batch 2
+    dict(x=(1, 1, 5, 7), w=(3, 1, 1, 1)),                         # one channel: only the tail
+    dict(x=(2, 37, 7, 7), w=(70, 37, 1, 1)),                      # 7x7: one partial panel
+    # >= 16 groups: each task copies one group's planes at a time into its own region
+    dict(x=(1, 16, 11, 9), w=(32, 1, 3, 3), groups=16, padding=(1, 1, 1, 1)),  # multiplier 2
+    dict(x=(2, 18, 13, 12), w=(18, 1, 5, 5), groups=18, strides=(2, 2), padding=(2, 1, 2, 2)),
+    # the 4 x 4-vector register block (AVX-512) with a partial block row and panel
+    dict(x=(1, 3, 20, 20), w=(10, 3, 3, 3), padding=(1, 1, 1, 1)),
+    # planes larger than the L2 reuse bound, small weights: block rows innermost
+    dict(x=(1, 64, 48, 48), w=(8, 64, 3, 3), padding=(1, 1, 1, 1)),
 ]
 
 
@@ -88,6 +101,76 @@ def test_conv_fused_epilogue(threads, target, tmp_path):
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+def test_pointwise_in_place_fused_epilogue(threads, tmp_path):
+    x, w = rand(1, 19, 20, 21), rand(11, 19, 1, 1)
+    bias, scale, shift = rand(1, 11, 1, 1), rand(1, 11, 1, 1), rand(1, 11, 1, 1)
+    residual = rand(1, 11, 20, 21)
+    mod = _conv_block(x, w, bias, scale, shift, residual)
+    got = run(mod, {"x": x}, tmp_path, threads=threads)
+    conv = get_op("nn.conv2d").reference(x, w)
+    want = np.maximum(((conv + bias) * scale + shift) + residual, 0)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("threads", [2, 3, 9])
+def test_depthwise_task_regions(threads, tmp_path):
+    """More tasks than workspace regions: the extra tasks get no groups (1.25 M MACs, above
+    the threshold for running on several threads)."""
+    x, w = rand(1, 20, 60, 58), rand(40, 1, 3, 3)
+    bias, scale, shift = rand(1, 40, 1, 1), rand(1, 40, 1, 1), rand(1, 40, 1, 1)
+    attrs = dict(groups=20, padding=(1, 1, 1, 1))
+    mod = _conv_block(x, w, bias, scale, shift, None, **attrs)
+    got = run(mod, {"x": x}, tmp_path, threads=threads)
+    conv = get_op("nn.conv2d").reference(x, w, **attrs)
+    np.testing.assert_allclose(got, np.maximum((conv + bias) * scale + shift, 0),
+                               rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("act", ["sigmoid", "clip"])
+def test_conv_epilogue_scalar_and_vector_paths(act, tmp_path):
+    """A math call in the epilogue (sigmoid) takes the scalar path, a clip the vector one; a
+    residual read on rows that end mid-vector (masked lanes)."""
+    x, w, bias = rand(1, 5, 13, 11), rand(9, 5, 3, 3), rand(1, 9, 1, 1)
+    residual = rand(1, 9, 13, 11)
+    bb = BlockBuilder()
+    xv = bb.input("x", x.shape, "float32")
+    with bb.function("main", [xv]):
+        with bb.dataflow():
+            y = bb.emit_op("nn.conv2d", xv, bb.constant(w, "w"), padding=(1, 1, 1, 1))
+            y = bb.emit_op("add", y, bb.constant(bias, "b"))
+            y = bb.emit_op("add", y, bb.constant(residual, "r"))
+            if act == "clip":
+                y = bb.emit_op("clip", y, min=-0.5, max=0.75)
+            else:
+                y = bb.emit_op(act, y)
+            y = bb.emit_output(y)
+        bb.emit_func_output(y, names=["y"])
+    mod = bb.get()
+    funcs = run_pipeline(mod, DEFAULT_PIPELINE).prim_funcs().values()
+    assert len([f for f in funcs if match_contraction(f) is not None]) == 1
+    got = run(mod, {"x": x}, tmp_path)
+    z = get_op("nn.conv2d").reference(x, w, padding=(1, 1, 1, 1)) + bias + residual
+    want = np.clip(z, -0.5, 0.75) if act == "clip" else 1 / (1 + np.exp(-z))
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+def test_pointwise_epilogue_row_broadcast(tmp_path):
+    """An addend broadcast across rows (shape 1 x C x 1 x W) is not contiguous across row ends:
+    the in-place 1x1 kernel's epilogue goes row by row."""
+    x, w, r = rand(1, 6, 9, 21), rand(11, 6, 1, 1), rand(1, 11, 1, 21)
+    bb = BlockBuilder()
+    xv = bb.input("x", x.shape, "float32")
+    with bb.function("main", [xv]):
+        with bb.dataflow():
+            y = bb.emit_op("nn.conv2d", xv, bb.constant(w, "w"))
+            y = bb.emit_output(bb.emit_op("add", y, bb.constant(r, "r")))
+        bb.emit_func_output(y, names=["y"])
+    got = run(bb.get(), {"x": x}, tmp_path)
+    np.testing.assert_allclose(got, get_op("nn.conv2d").reference(x, w) + r, rtol=1e-4,
+                               atol=1e-4)
+
+
 MATMULS = [
     ((1, 784), (784, 128)),
     ((1, 13), (13, 5)),
@@ -96,6 +179,8 @@ MATMULS = [
     ((2, 3, 9, 4), (4, 11)),
     ((3, 1, 5, 6), (2, 6, 7)),
     ((1, 4, 19, 8), (1, 4, 8, 19)),
+    ((10, 33), (33, 64)),           # 4 x 4-vector block, partial block row
+    ((8, 17), (17, 200)),           # 4 x 4-vector block, partial panel
 ]
 
 

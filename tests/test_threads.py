@@ -83,3 +83,25 @@ def test_one_model_many_python_threads(threads, batch_bundle) -> None:
             assert len(results[i]) == calls
             for j, got in results[i]:
                 assert got == expected[j], (i, j)
+
+
+def _workers() -> int:
+    return sum(t.name == "mlcpack-worker" for t in threading.enumerate())
+
+
+def test_worker_threads_stop_on_close_and_when_dropped(batch_bundle) -> None:
+    import gc
+
+    before = _workers()
+    model = load(batch_bundle, threads=3)
+    assert _workers() >= before + 2
+    x = np.ones(model.inputs[0].shape, np.float32)
+    y = model(x)
+    model.close()
+    model.close()  # closing twice is harmless
+    assert _workers() == before
+    model = load(batch_bundle, threads=3)
+    assert model(x).tobytes() == y.tobytes()
+    del model  # never closed: its executors' finalizers stop the workers
+    gc.collect()
+    assert _workers() == before

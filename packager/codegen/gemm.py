@@ -13,9 +13,16 @@ target's vector width) and, for every step k of the reduction, loads NR contiguo
   convolution becomes a GEMM ``out[oc, p] = sum_k w[oc, k] * planes[off(k) + p]`` with no
   bounds checks. Columns with ox >= OW are computed and dropped.
 
+  A 1x1, stride-1, unpadded convolution on a large image reads its input in place; one with
+  many groups (depthwise) copies one group at a time into a workspace region of its own task.
+
 After each block, the fused epilogue (bias, BatchNorm scale/shift, activation, residual add) is
-evaluated by the generic expression lowering on the block, with the contraction's value read
-from the register tile: loops over contiguous output runs, which LLVM vectorizes.
+evaluated on the register tile a vector at a time along the output's last axis (masked at the
+ends of rows and panels) when it is plain float32 arithmetic; otherwise (math calls, casts) by
+the generic scalar expression lowering, element by element.
+
+Only the last, partial panel of a matmul (or in-place convolution) uses masked loads in the
+reduction loop: masked loads there cost ~25 % of the kernel's speed on Zen 4.
 """
 
 from __future__ import annotations
@@ -34,6 +41,12 @@ from .lower import WORKSPACE_ALIGN, KernelEmitter, KernelInfo, _plan_stages
 # Below this many multiply-adds (~10 µs on one core) a kernel runs on one thread: handing work
 # to another thread costs tens of microseconds in the runtime.
 PARALLEL_MIN_MACS = 1 << 20
+# An operand re-read by an inner loop is cheap to re-read while it fits in (half of) L2.
+L2_REUSE_BYTES = 512 * 1024
+# Convolutions with at least this many groups copy their input one group at a time, each task
+# into its own workspace region; tasks beyond MAX_TASK_REGIONS get no work.
+GROUPED_MIN_GROUPS = 16
+MAX_TASK_REGIONS = 8
 
 
 @dataclass(frozen=True)
@@ -67,12 +80,49 @@ def match_contraction(func: PrimFunc) -> Contraction | None:
     return Contraction(out, body, reduces[0], tag)
 
 
-def _walk(e: te.Expr):
+def _walk(e: te.Expr, skip: te.Expr | None = None):
+    """The nodes of ``e``, leaving out the subtree ``skip``."""
     stack = [e]
     while stack:
         node = stack.pop()
+        if node is skip:
+            continue
         yield node
         stack.extend(te.children(node))
+
+
+_VECTOR_BINARY = ("add", "sub", "mul", "div", "max", "min")
+
+
+def _index_used_as_value(body: te.Expr, skip: te.Expr) -> bool:
+    """Some loop index appears in ``body`` (outside ``skip``) other than as a Read index."""
+    stack = [body]
+    while stack:
+        node = stack.pop()
+        if node is skip:
+            continue
+        if isinstance(node, te.IndexVar):
+            return True
+        if isinstance(node, te.Read):
+            continue   # its indices were checked to be plain index variables or constants
+        stack.extend(te.children(node))
+    return False
+
+
+def _pick_tile(rows: int, cols: int, vl: int) -> tuple[int, int]:
+    """Register block (rows, vectors per row) for a rows x cols output. Fewer than 4 rows: all
+    of them, 4 vectors wide. Otherwise 6 x 2 vectors (12 accumulators), or with AVX-512's 32
+    registers 4 x 4 (16 accumulators, 4 broadcasts per 16 FMAs instead of 6 per 12; measured
+    4-10 % faster) unless it computes more padding elements than 6 x 2."""
+    if rows < 4:
+        return rows, 4
+    if vl < 16:  # 16 vector registers: 4 x 4 would spill
+        return 6, 2
+
+    def computed(mr: int, nv: int) -> int:
+        return -(-rows // mr) * mr * -(-cols // (nv * vl)) * nv * vl
+
+    return (6, 2) if computed(6, 2) < computed(4, 4) else (4, 4)
 
 
 def vector_width(target_name: str) -> int:
@@ -176,33 +226,138 @@ class ContractionEmitter(KernelEmitter):
                 b.sdiv(b.mul(b.add(task, const_i64(1)), t), ntasks))
 
     def _microkernel(self, mr: int, nv: int, k_extent: int, a_scalar, b_vector,
-                     unroll: list | None = None) -> ir.Value:
+                     unroll: list | None = None, b_last=None) -> ir.Value:
         """Accumulate an mr x (nv vectors) block over ``k_extent`` steps (times the ``unroll``
         list of unrolled sub-steps); ``a_scalar(k, u, i)`` gives row i's value, ``b_vector(k, u,
-        v)`` the v-th vector of the wide operand. Returns the tile (an alloca of mr*nv vectors)."""
+        v)`` the v-th vector of the wide operand; ``b_last``, if given, loads the wide operand
+        in the last step instead (which is peeled off the loop). Returns the tile (an alloca of
+        mr*nv vectors)."""
         b = self.builder
         accs = [alloca_once(b, self.vty, name=f"acc{i}_{v}") for i in range(mr) for v in range(nv)]
         zero = ir.Constant(self.vty, [0.0] * self.vl)
         for a in accs:
             b.store(zero, a)
         steps = unroll or [None]
-        with for_range(b, const_i64(0), const_i64(k_extent), "k") as k:
+
+        def step(k, load) -> None:
             vals = [b.load(a) for a in accs]
             for u in steps:
-                bv = [b_vector(k, u, v) for v in range(nv)]
+                bv = [load(k, u, v) for v in range(nv)]
                 for i in range(mr):
                     ai = self._splat(a_scalar(k, u, i))
                     for v in range(nv):
                         vals[i * nv + v] = self._fma(ai, bv[v], vals[i * nv + v])
             for a, val in zip(accs, vals):
                 b.store(val, a)
-        tile = alloca_once(b, ir.ArrayType(F32, mr * nv * self.vl), name="tile")
+
+        loop_end = k_extent - (1 if b_last is not None else 0)
+        if loop_end > 0:
+            with for_range(b, const_i64(0), const_i64(loop_end), "k") as k:
+                step(k, b_vector)
+        if b_last is not None:
+            step(const_i64(k_extent - 1), b_last)
+        # one vector of padding: the vectorized epilogue may load a vector from any element
+        tile = alloca_once(b, ir.ArrayType(F32, (mr * nv + 1) * self.vl), name="tile")
         tile_f = b.bitcast(tile, F32.as_pointer())
         for i in range(mr):
             for v in range(nv):
                 b.store(b.load(accs[i * nv + v]),
                         self._vec_ptr(tile_f, const_i64((i * nv + v) * self.vl)), align=4)
         return tile_f
+
+    # ---- vectorized epilogue -------------------------------------------------------------------
+
+    def _vector_epilogue_ok(self) -> bool:
+        """The epilogue can be evaluated a vector at a time along the output's last axis: only
+        float32 arithmetic, compares and selects, and reads of float32 tensors whose indices are
+        plain output loop indices or constants, the last axis (if read) as their last index."""
+        out, last = self.match.out, self.match.out.axes[-1]
+        axes = {id(a) for a in out.axes}
+        for node in _walk(self.match.body, skip=self.match.reduce):
+            if isinstance(node, te.Binary):
+                if node.dtype != "float32" or node.op not in _VECTOR_BINARY:
+                    return False
+            elif isinstance(node, te.Compare):
+                if node.a.dtype != "float32":
+                    return False
+            elif isinstance(node, te.Read):
+                if node.dtype != "float32" or node.tensor.dtype != "float32":
+                    return False
+                for d, idx in enumerate(node.indices):
+                    if isinstance(idx, te.IndexVar):
+                        if id(idx) not in axes or (idx is last and d != len(node.indices) - 1):
+                            return False
+                    elif not isinstance(idx, te.Const):
+                        return False
+            elif not isinstance(node, (te.Select, te.Const, te.IndexVar)):
+                return False   # casts, math calls, other reductions: the scalar epilogue
+        return not _index_used_as_value(self.match.body, self.match.reduce)
+
+    def _rows_contiguous(self) -> bool:
+        """Every read along the output's last axis also reads along the one before it, in its
+        last two dimensions, with the output's row length: consecutive outputs across a row end
+        are then consecutive elements of that tensor too."""
+        out = self.match.out
+        for node in _walk(self.match.body, skip=self.match.reduce):
+            if isinstance(node, te.Read) and node.indices and node.indices[-1] is out.axes[-1]:
+                if (len(node.indices) < 2 or node.indices[-2] is not out.axes[-2]
+                        or node.tensor.shape[-1] != out.shape[-1]):
+                    return False
+        return True
+
+    def _vvalue(self, e: te.Expr, env: dict, mask: ir.Value | None) -> ir.Value:
+        """``e`` for the vl consecutive outputs starting at ``env``'s indices (the last axis
+        varying across lanes); ``mask`` (or None: all lanes) limits the loads."""
+        b = self.builder
+        if e is self.match.reduce:
+            return self._tile_value
+        if isinstance(e, te.Const):
+            if e.dtype == "bool":
+                return ir.Constant(ir.VectorType(I1, self.vl), [bool(e.value)] * self.vl)
+            return ir.Constant(self.vty, [float(e.value)] * self.vl)
+        if isinstance(e, te.Read):
+            last = self.match.out.axes[-1]
+            idx = [const_i64(int(i.value)) if isinstance(i, te.Const) else env[id(i)]
+                   for i in e.indices]
+            ptr = b.gep(self.buffers[e.tensor.uid], [self._offset(e.tensor, idx)], inbounds=True)
+            if e.indices and e.indices[-1] is last:
+                vptr = b.bitcast(ptr, self.vty.as_pointer())
+                if mask is None:
+                    return b.load(vptr, align=4)
+                return self._masked_load(vptr, mask)
+            return self._splat(b.load(ptr))
+        if isinstance(e, te.Binary):
+            x, y = self._vvalue(e.a, env, mask), self._vvalue(e.b, env, mask)
+            if e.op in ("max", "min"):
+                name = f"llvm.{'maximum' if e.op == 'max' else 'minimum'}.v{self.vl}f32"
+                return b.call(intrinsic(self.module, name, self.vty, [self.vty] * 2), [x, y])
+            return {"add": b.fadd, "sub": b.fsub, "mul": b.fmul, "div": b.fdiv}[e.op](x, y)
+        if isinstance(e, te.Compare):
+            return self._compare(e.op, self._vvalue(e.a, env, mask),
+                                 self._vvalue(e.b, env, mask), e.a.dtype)
+        if isinstance(e, te.Select):
+            return b.select(self._vvalue(e.cond, env, mask), self._vvalue(e.a, env, mask),
+                            self._vvalue(e.b, env, mask))
+        raise AssertionError(f"not vectorizable: {type(e).__name__}")
+
+    def _store_vector(self, env: dict, tile_f: ir.Value, tile_index: ir.Value,
+                      mask: ir.Value | None) -> None:
+        """Evaluate the epilogue for vl consecutive outputs (tile elements from ``tile_index``)
+        and store the lanes ``mask`` selects (None: all)."""
+        b = self.builder
+        out = self.match.out
+        self._tile_value = b.load(self._vec_ptr(tile_f, tile_index), align=4)
+        value = self._vvalue(self.match.body, env, mask)
+        self._tile_value = None
+        ptr = b.gep(self.buffers[out.uid], [self._offset(out, [env[id(a)] for a in out.axes])],
+                    inbounds=True)
+        vptr = b.bitcast(ptr, self.vty.as_pointer())
+        if mask is None:
+            b.store(value, vptr, align=4)
+            return
+        fn = intrinsic(self.module, f"llvm.masked.store.v{self.vl}f32.p0", ir.VoidType(),
+                       [self.vty, self.vty.as_pointer(), I32, ir.VectorType(I1, self.vl)])
+        b.call(fn, [value, vptr, ir.Constant(I32, 4), mask])
 
     def _store_epilogue(self, env: dict, tile_f: ir.Value, tile_index: ir.Value) -> None:
         b = self.builder
@@ -226,7 +381,9 @@ class ContractionEmitter(KernelEmitter):
         if self.match.tag.kind != "conv2d":
             return 0
         g = self._conv_geometry()
-        nbytes = (g["planes_floats"] + g["slack"]) * 4
+        if g["direct"]:
+            return 0
+        nbytes = (g["planes_floats"] + g["slack_total"]) * 4
         return -(-nbytes // WORKSPACE_ALIGN) * WORKSPACE_ALIGN
 
     def _batch_offset(self, t: te.Tensor, bidx: list[ir.Value]) -> ir.Value:
@@ -243,16 +400,21 @@ class ContractionEmitter(KernelEmitter):
             stride *= t.shape[d]
         return offset
 
+    def _matmul_tile(self) -> tuple[int, int]:
+        """(rows, vectors per row) of the register block."""
+        _, M, K, N = self._matmul_shape()
+        if M >= 4:
+            return _pick_tile(M, N, self.vl)
+        return M, max(1, min(8 // M, -(-N // self.vl)))
+
     def _emit_matmul(self, task: ir.Value, ntasks: ir.Value) -> None:
         b = self.builder
         out = self.match.out
         a_t, b_t = self.match.tag.operands
         batch, M, K, N = self._matmul_shape()
-        mr = min(M, 6)
-        nv = 2 if M >= 4 else max(1, 8 // mr)
-        nv = max(1, min(nv, -(-N // self.vl)))
+        mr, nv = self._matmul_tile()
         nr = nv * self.vl
-        mblocks, panels = -(-M // mr), -(-N // nr)
+        panels = -(-N // nr)
         a_ptr, b_ptr = self.buffers[a_t.uid], self.buffers[b_t.uid]
         lo, hi = self._split(batch * panels, task, ntasks)
         with for_range(b, lo, hi, "work") as work:
@@ -269,31 +431,59 @@ class ContractionEmitter(KernelEmitter):
             n0 = b.mul(jp, const_i64(nr))
             remaining = b.sub(const_i64(N), n0)
             masks = [self._lane_mask(remaining, v) for v in range(nv)]
-            with for_range(b, const_i64(0), const_i64(mblocks), "mb") as mb:
-                m0 = b.mul(mb, const_i64(mr))
+            if N % nr == 0:
+                self._matmul_panel(a_base, b_base, bidx, n0, remaining, masks, False)
+            else:  # plain loads on full panels, masked ones on the last, partial panel
+                with b.if_else(b.icmp_signed(">=", remaining, const_i64(nr))) as (full, part):
+                    with full:
+                        self._matmul_panel(a_base, b_base, bidx, n0, remaining, masks, False)
+                    with part:
+                        self._matmul_panel(a_base, b_base, bidx, n0, remaining, masks, True)
 
-                def a_scalar(k, u, i):
-                    row = b.select(b.icmp_signed("<", b.add(m0, const_i64(i)), const_i64(M)),
-                                   b.add(m0, const_i64(i)), const_i64(M - 1))
-                    return b.load(b.gep(a_base, [b.add(b.mul(row, const_i64(K)), k)],
-                                        inbounds=True))
+    def _matmul_panel(self, a_base, b_base, bidx, n0, remaining, masks, masked: bool) -> None:
+        b = self.builder
+        out = self.match.out
+        batch, M, K, N = self._matmul_shape()
+        mr, nv = self._matmul_tile()
+        nr = nv * self.vl
+        mblocks = -(-M // mr)
+        with for_range(b, const_i64(0), const_i64(mblocks), "mb") as mb:
+            m0 = b.mul(mb, const_i64(mr))
 
-                def b_vector(k, u, v):
-                    off = b.add(b.add(b.mul(k, const_i64(N)), n0), const_i64(v * self.vl))
-                    ptr = self._vec_ptr(b_base, off)
+            def a_scalar(k, u, i):
+                row = b.select(b.icmp_signed("<", b.add(m0, const_i64(i)), const_i64(M)),
+                               b.add(m0, const_i64(i)), const_i64(M - 1))
+                return b.load(b.gep(a_base, [b.add(b.mul(row, const_i64(K)), k)],
+                                    inbounds=True))
+
+            def b_vector(k, u, v):
+                off = b.add(b.add(b.mul(k, const_i64(N)), n0), const_i64(v * self.vl))
+                ptr = self._vec_ptr(b_base, off)
+                if masked:
                     return self._masked_load(ptr, masks[v])
+                return b.load(ptr, align=4)
 
-                tile = self._microkernel(mr, nv, K, a_scalar, b_vector)
-                env = {id(ax): idx for ax, idx in zip(out.axes[:-2], bidx)}
-                rows = b.select(b.icmp_signed("<", b.sub(const_i64(M), m0), const_i64(mr)),
-                                b.sub(const_i64(M), m0), const_i64(mr))
-                cols = b.select(b.icmp_signed("<", remaining, const_i64(nr)), remaining,
-                                const_i64(nr))
-                with for_range(b, const_i64(0), rows, "ti") as i:
+            tile = self._microkernel(mr, nv, K, a_scalar, b_vector)
+            env = {id(ax): idx for ax, idx in zip(out.axes[:-2], bidx)}
+            rows = b.select(b.icmp_signed("<", b.sub(const_i64(M), m0), const_i64(mr)),
+                            b.sub(const_i64(M), m0), const_i64(mr))
+            cols = b.select(b.icmp_signed("<", remaining, const_i64(nr)), remaining,
+                            const_i64(nr))
+            vector = self._vector_epilogue_ok()
+            with for_range(b, const_i64(0), rows, "ti") as i:
+                env[id(out.axes[-2])] = b.add(m0, i)
+                if not vector:
                     with for_range(b, const_i64(0), cols, "tj") as j:
-                        env[id(out.axes[-2])] = b.add(m0, i)
                         env[id(out.axes[-1])] = b.add(n0, j)
                         self._store_epilogue(env, tile, b.add(b.mul(i, const_i64(nr)), j))
+                for v in range(nv if vector else 0):
+                    env[id(out.axes[-1])] = b.add(n0, const_i64(v * self.vl))
+                    t_idx = b.add(b.mul(i, const_i64(nr)), const_i64(v * self.vl))
+                    if not masked:
+                        self._store_vector(env, tile, t_idx, None)
+                        continue
+                    with b.if_then(b.icmp_signed(">", remaining, const_i64(v * self.vl))):
+                        self._store_vector(env, tile, t_idx, masks[v])
 
     # ---- conv2d -------------------------------------------------------------------------------
 
@@ -312,51 +502,102 @@ class ContractionEmitter(KernelEmitter):
         groups = attrs["groups"]
         og = o // groups
         pflat = oh * wq                              # flattened outputs computed per channel
-        mr = min(og, 6)
-        nv = 2 if og >= 4 else 4
+        mr, nv = _pick_tile(og, pflat, self.vl)
         nr = nv * self.vl
         panels = -(-pflat // nr)
         shift_max = ((kh - 1) // sh) * wq + (kw - 1) // sw
-        planes = c * sh * sw * hq * wq
-        slack = max(0, shift_max + panels * nr - hq * wq) + nr
+        # A 1x1, stride-1, unpadded convolution reads its input as the planes: no copy (in
+        # the last, partial panel, the last channel's loads are masked instead of reading zero
+        # slack; masked loads are slower than plain ones).
+        direct = (kh, kw, sh, sw) == (1, 1, 1, 1) and not any(attrs["padding"])
+        planes = 0 if direct else c * sh * sw * hq * wq
+        slack = 0 if direct else max(0, shift_max + panels * nr - hq * wq) + nr
+        # Loop order: with the panel innermost, each weight block is read once and the planes
+        # once per block row; with the block row innermost, each planes panel is read once and
+        # the weights once per panel. Re-reads of an operand that stays in L2 are cheap.
+        mblocks = -(-og // mr)
+        plane_bytes = 4 * cg * sh * sw * hq * wq
+        weight_bytes = 4 * og * cg * kh * kw
+        if plane_bytes <= L2_REUSE_BYTES:
+            panel_outer = False
+        elif weight_bytes <= L2_REUSE_BYTES:
+            panel_outer = True
+        else:
+            panel_outer = (plane_bytes + panels * weight_bytes
+                           < weight_bytes + mblocks * plane_bytes)
+        # Many groups (depthwise): each task copies one group's planes at a time into a
+        # region of its own, right before using them (cache-hot, no task copies them all).
+        per_group = not direct and groups >= GROUPED_MIN_GROUPS
+        region = -(-(cg * sh * sw * hq * wq + slack) // 16) * 16
+        if per_group:
+            planes = region * MAX_TASK_REGIONS
+            slack_total = 0
+        else:
+            slack_total = slack
         return dict(c=c, h=h, w=wd, o=o, cg=cg, kh=kh, kw=kw, oh=oh, ow=ow, sh=sh, sw=sw,
+                    per_group=per_group, region=region, slack_total=slack_total,
                     pt=pt, pl=pl, hq=hq, wq=wq, groups=groups, og=og, pflat=pflat, mr=mr, nv=nv,
-                    nr=nr, panels=panels, planes_floats=planes, slack=slack)
+                    nr=nr, panels=panels, planes_floats=planes, slack=slack, direct=direct,
+                    panel_outer=panel_outer)
 
-    def _fill_planes(self, g: dict, x_img: ir.Value, planes: ir.Value) -> None:
-        """planes[ic, py, px, u, v] = x[ic, u*sh + py - pt, v*sw + px - pl], 0 outside."""
+    def _fill_planes(self, g: dict, x_img: ir.Value, planes: ir.Value,
+                     nchan: int | None = None) -> None:
+        """planes[ic, py, px, u, v] = x[ic, u*sh + py - pt, v*sw + px - pl], 0 outside, for
+        the first ``nchan`` channels of ``x_img`` (default all), then zero slack after them."""
         b = self.builder
         zero = ir.Constant(F32, 0.0)
-        with for_range(b, const_i64(0), const_i64(g["c"]), "pc") as ic:
-            for py in range(g["sh"]):
-                for px in range(g["sw"]):
-                    base = b.mul(b.add(b.mul(ic, const_i64(g["sh"] * g["sw"])),
-                                       const_i64(py * g["sw"] + px)), const_i64(g["hq"] * g["wq"]))
-                    # columns v whose source x = v*sw + px - pl lies inside the row
-                    v_lo = min(g["wq"], max(0, -(-(g["pl"] - px) // g["sw"])))
-                    v_hi = max(v_lo, min(g["wq"], (g["w"] - 1 + g["pl"] - px) // g["sw"] + 1))
-                    with for_range(b, const_i64(0), const_i64(g["hq"]), "pu") as u:
-                        yy = b.sub(b.add(b.mul(u, const_i64(g["sh"])), const_i64(py)),
-                                   const_i64(g["pt"]))
-                        row_ok = b.and_(b.icmp_signed(">=", yy, const_i64(0)),
-                                        b.icmp_signed("<", yy, const_i64(g["h"])))
-                        dst_row = b.add(base, b.mul(u, const_i64(g["wq"])))
-                        with b.if_else(row_ok) as (inside, outside):
-                            with inside:
-                                src_row = b.add(b.mul(ic, const_i64(g["h"] * g["w"])),
-                                                b.mul(yy, const_i64(g["w"])))
-                                self._zero_run(planes, dst_row, 0, v_lo)
-                                with for_range(b, const_i64(v_lo), const_i64(v_hi), "pv") as v:
-                                    xx = b.add(b.mul(v, const_i64(g["sw"])),
-                                               const_i64(px - g["pl"]))
-                                    val = b.load(b.gep(x_img, [b.add(src_row, xx)], inbounds=True))
-                                    b.store(val, b.gep(planes, [b.add(dst_row, v)], inbounds=True))
-                                self._zero_run(planes, dst_row, v_hi, g["wq"])
-                            with outside:
-                                self._zero_run(planes, dst_row, 0, g["wq"])
+        nchan = g["c"] if nchan is None else nchan
+        sh, sw, hq, wq, w, pl = g["sh"], g["sw"], g["hq"], g["wq"], g["w"], g["pl"]
+        # columns v whose source x = v*sw + px - pl lies inside the row, per phase px; and the
+        # columns where it does for every phase (copied by one interleaved loop that reads the
+        # source row contiguously, which LLVM vectorizes: stride-phase gathers would not be)
+        v_lo = [min(wq, max(0, -(-(pl - px) // sw))) for px in range(sw)]
+        v_hi = [max(v_lo[px], min(wq, (w - 1 + pl - px) // sw + 1)) for px in range(sw)]
+        c_lo = max(v_lo)
+        c_hi = max(c_lo, min(v_hi))
+        with for_range(b, const_i64(0), const_i64(nchan), "pc") as ic:
+            for py in range(sh):
+                with for_range(b, const_i64(0), const_i64(hq), "pu") as u:
+                    yy = b.sub(b.add(b.mul(u, const_i64(sh)), const_i64(py)), const_i64(g["pt"]))
+                    row_ok = b.and_(b.icmp_signed(">=", yy, const_i64(0)),
+                                    b.icmp_signed("<", yy, const_i64(g["h"])))
+                    dst_rows = [b.add(b.mul(b.add(b.mul(ic, const_i64(sh * sw)),
+                                                  const_i64(py * sw + px)), const_i64(hq * wq)),
+                                      b.mul(u, const_i64(wq))) for px in range(sw)]
+                    with b.if_else(row_ok) as (inside, outside):
+                        with inside:
+                            src_row = b.add(b.mul(ic, const_i64(g["h"] * w)),
+                                            b.mul(yy, const_i64(w)))
+
+                            def copy(v, px):
+                                xx = b.add(b.mul(v, const_i64(sw)), const_i64(px - pl))
+                                val = b.load(b.gep(x_img, [b.add(src_row, xx)], inbounds=True))
+                                b.store(val, b.gep(planes, [b.add(dst_rows[px], v)],
+                                                   inbounds=True))
+
+                            for px in range(sw):
+                                self._zero_run(planes, dst_rows[px], 0, v_lo[px])
+                                if c_lo > v_lo[px]:
+                                    with for_range(b, const_i64(v_lo[px]), const_i64(c_lo),
+                                                   "pv") as v:
+                                        copy(v, px)
+                            if c_hi > c_lo:
+                                with for_range(b, const_i64(c_lo), const_i64(c_hi), "pv") as v:
+                                    for px in range(sw):
+                                        copy(v, px)
+                            for px in range(sw):
+                                if v_hi[px] > c_hi:
+                                    with for_range(b, const_i64(c_hi), const_i64(v_hi[px]),
+                                                   "pv") as v:
+                                        copy(v, px)
+                                self._zero_run(planes, dst_rows[px], v_hi[px], wq)
+                        with outside:
+                            for px in range(sw):
+                                self._zero_run(planes, dst_rows[px], 0, wq)
         # the slack after the last plane is read only by dropped columns; keep it finite
+        filled = nchan * g["sh"] * g["sw"] * g["hq"] * g["wq"]
         with for_range(b, const_i64(0), const_i64(g["slack"]), "ps") as s:
-            b.store(zero, b.gep(planes, [b.add(const_i64(g["planes_floats"]), s)], inbounds=True))
+            b.store(zero, b.gep(planes, [b.add(const_i64(filled), s)], inbounds=True))
 
     def _zero_run(self, ptr: ir.Value, row: ir.Value, lo: int, hi: int) -> None:
         b = self.builder
@@ -367,51 +608,111 @@ class ContractionEmitter(KernelEmitter):
     def _emit_conv(self, ws: ir.Value, task: ir.Value, ntasks: ir.Value) -> None:
         b = self.builder
         g = self._conv_geometry()
-        out = self.match.out
-        x_t, w_t = self.match.tag.operands
-        x_ptr, w_ptr = self.buffers[x_t.uid], self.buffers[w_t.uid]
-        planes = b.bitcast(ws, F32.as_pointer())
+        x_t = self.match.tag.operands[0]
+        x_ptr = self.buffers[x_t.uid]
+        planes = None if g["direct"] else b.bitcast(ws, F32.as_pointer())
         n_batch = x_t.shape[0]
+        mblocks = -(-g["og"] // g["mr"])
+        cg = g["cg"]
+        with for_range(b, const_i64(0), const_i64(n_batch), "n") as n:
+            x_img = b.gep(x_ptr, [b.mul(n, const_i64(g["c"] * g["h"] * g["w"]))], inbounds=True)
+            if g["per_group"]:
+                nt = b.select(b.icmp_signed("<", ntasks, const_i64(MAX_TASK_REGIONS)), ntasks,
+                              const_i64(MAX_TASK_REGIONS))
+                with b.if_then(b.icmp_signed("<", task, nt)):
+                    region = b.gep(planes, [b.mul(task, const_i64(g["region"]))], inbounds=True)
+                    glo, ghi = self._split(g["groups"], task, nt)
+                    with for_range(b, glo, ghi, "grp") as grp:
+                        x_grp = b.gep(x_img, [b.mul(grp, const_i64(cg * g["h"] * g["w"]))],
+                                      inbounds=True)
+                        self._fill_planes(g, x_grp, region, cg)
+                        with for_range(b, const_i64(0), const_i64(mblocks * g["panels"]),
+                                       "work") as work:
+                            jp = b.srem(work, const_i64(g["panels"]))
+                            mb = b.sdiv(work, const_i64(g["panels"]))
+                            self._conv_block(g, n, grp, mb, jp, region, const_i64(0))
+            else:
+                if g["direct"]:
+                    src = x_img
+                else:
+                    # Every task fills the whole plane buffer (identical values): no barrier.
+                    self._fill_planes(g, x_img, planes)
+                    src = planes
+                lo, hi = self._split(g["groups"] * mblocks * g["panels"], task, ntasks)
+                with for_range(b, lo, hi, "work") as work:
+                    if g["panel_outer"]:   # block row innermost: a planes panel is reused
+                        mb = b.srem(work, const_i64(mblocks))
+                        rest = b.sdiv(work, const_i64(mblocks))
+                        jp = b.srem(rest, const_i64(g["panels"]))
+                        grp = b.sdiv(rest, const_i64(g["panels"]))
+                    else:                  # panel innermost: a block of weight rows is reused
+                        jp = b.srem(work, const_i64(g["panels"]))
+                        rest = b.sdiv(work, const_i64(g["panels"]))
+                        mb = b.srem(rest, const_i64(mblocks))
+                        grp = b.sdiv(rest, const_i64(mblocks))
+                    self._conv_block(g, n, grp, mb, jp, src, b.mul(grp, const_i64(cg)))
+
+    def _conv_block(self, g: dict, n, grp, mb, jp, src, ic_base) -> None:
+        """One mr x nr block of outputs: group ``grp``, block row ``mb``, panel ``jp``; ``src``
+        holds the planes, the group's first channel at plane channel ``ic_base``."""
+        b = self.builder
+        out = self.match.out
+        w_ptr = self.buffers[self.match.tag.operands[1].uid]
         mr, nv, nr, og, cg = g["mr"], g["nv"], g["nr"], g["og"], g["cg"]
-        mblocks = -(-og // mr)
         taps = [(ky, kx) for ky in range(g["kh"]) for kx in range(g["kw"])]
         khw = len(taps)
         plane = g["hq"] * g["wq"]
         sh, sw, wq = g["sh"], g["sw"], g["wq"]
-        with for_range(b, const_i64(0), const_i64(n_batch), "n") as n:
-            x_img = b.gep(x_ptr, [b.mul(n, const_i64(g["c"] * g["h"] * g["w"]))], inbounds=True)
-            # Every task fills the whole plane buffer (identical values), so no barrier is needed.
-            self._fill_planes(g, x_img, planes)
-            lo, hi = self._split(g["groups"] * mblocks * g["panels"], task, ntasks)
-            with for_range(b, lo, hi, "work") as work:
-                # panel innermost: a block of weight rows is reused across the panels
-                jp = b.srem(work, const_i64(g["panels"]))
-                rest = b.sdiv(work, const_i64(g["panels"]))
-                mb = b.srem(rest, const_i64(mblocks))
-                grp = b.sdiv(rest, const_i64(mblocks))
-                p0 = b.mul(jp, const_i64(nr))
-                oc0 = b.add(b.mul(grp, const_i64(og)), b.mul(mb, const_i64(mr)))
-                local0 = b.mul(mb, const_i64(mr))
-                ic_base = b.mul(grp, const_i64(cg))
+        p0 = b.mul(jp, const_i64(nr))
+        if g["direct"]:
+            masks = [self._lane_mask(b.sub(const_i64(g["pflat"]), p0), v)
+                     for v in range(nv)]
+        oc0 = b.add(b.mul(grp, const_i64(og)), b.mul(mb, const_i64(mr)))
+        local0 = b.mul(mb, const_i64(mr))
 
-                def a_scalar(k, u, i):
-                    row = b.select(b.icmp_signed("<", b.add(local0, const_i64(i)), const_i64(og)),
-                                   b.add(oc0, const_i64(i)), b.add(b.sub(oc0, local0),
-                                                                   const_i64(og - 1)))
-                    idx = b.add(b.mul(row, const_i64(cg * khw)),
-                                b.add(b.mul(k, const_i64(khw)), const_i64(u)))
-                    return b.load(b.gep(w_ptr, [idx], inbounds=True))
+        def a_scalar(k, u, i):
+            row = b.select(b.icmp_signed("<", b.add(local0, const_i64(i)), const_i64(og)),
+                           b.add(oc0, const_i64(i)), b.add(b.sub(oc0, local0),
+                                                           const_i64(og - 1)))
+            idx = b.add(b.mul(row, const_i64(cg * khw)),
+                        b.add(b.mul(k, const_i64(khw)), const_i64(u)))
+            return b.load(b.gep(w_ptr, [idx], inbounds=True))
 
-                def b_vector(k, u, v):
-                    ky, kx = taps[u]
-                    plane_idx = b.add(b.mul(b.add(ic_base, k), const_i64(sh * sw)),
-                                      const_i64((ky % sh) * sw + kx % sw))
-                    off = b.add(b.mul(plane_idx, const_i64(plane)),
-                                const_i64((ky // sh) * wq + kx // sw + v * self.vl))
-                    return b.load(self._vec_ptr(planes, b.add(off, p0)), align=4)
+        def off(k, u, v):
+            ky, kx = taps[u]
+            plane_idx = b.add(b.mul(b.add(ic_base, k), const_i64(sh * sw)),
+                              const_i64((ky % sh) * sw + kx % sw))
+            return b.add(b.mul(plane_idx, const_i64(plane)),
+                         const_i64((ky // sh) * wq + kx // sw + v * self.vl))
 
+        def block(masked: bool) -> None:
+            def b_vector(k, u, v):
+                ptr = self._vec_ptr(src, b.add(off(k, u, v), p0))
+                if masked:
+                    return self._masked_load(ptr, masks[v])
+                return b.load(ptr, align=4)
+
+            if masked:
+                # Only the last channel's loads could run past the input: the lanes past the
+                # plane read the next channel, and only feed outputs that are dropped.
+                def plain(k, u, v):
+                    return b.load(self._vec_ptr(src, b.add(off(k, u, v), p0)), align=4)
+
+                tile = self._microkernel(mr, nv, cg, a_scalar, plain, list(range(khw)),
+                                         b_last=b_vector)
+            else:
                 tile = self._microkernel(mr, nv, cg, a_scalar, b_vector, list(range(khw)))
-                self._conv_epilogue(g, out, n, oc0, local0, p0, tile)
+            self._conv_epilogue(g, out, n, oc0, local0, p0, tile)
+
+        if not g["direct"] or g["pflat"] % nr == 0:
+            block(False)
+        else:  # the input itself is read: mask the last loads of the last, partial panel
+            full = b.icmp_signed("<=", b.add(p0, const_i64(nr)), const_i64(g["pflat"]))
+            with b.if_else(full) as (then, otherwise):
+                with then:
+                    block(False)
+                with otherwise:
+                    block(True)
 
     def _conv_epilogue(self, g: dict, out: te.Tensor, n, oc0, local0, p0, tile) -> None:
         b = self.builder
@@ -424,6 +725,23 @@ class ContractionEmitter(KernelEmitter):
         oy_hi = b.add(b.select(b.icmp_signed("<", oy_hi, const_i64(g["oh"] - 1)), oy_hi,
                                const_i64(g["oh"] - 1)), const_i64(1))
         env = {id(out.axes[0]): n}
+        if wq == g["ow"] and self._vector_epilogue_ok() and self._rows_contiguous():
+            # a panel is a contiguous run of outputs: vectors across row ends
+            with for_range(b, const_i64(0), rows, "ti") as i:
+                env[id(out.axes[1])] = b.add(oc0, i)
+                for v in range(g["nv"]):
+                    p = b.add(p0, const_i64(v * self.vl))
+                    left = b.sub(const_i64(g["pflat"]), p)
+                    env[id(out.axes[2])] = b.sdiv(p, const_i64(wq))
+                    env[id(out.axes[3])] = b.srem(p, const_i64(wq))
+                    t_idx = b.add(b.mul(i, const_i64(nr)), const_i64(v * self.vl))
+                    with b.if_else(b.icmp_signed(">=", left, const_i64(self.vl))) as (full, part):
+                        with full:
+                            self._store_vector(env, tile, t_idx, None)
+                        with part:
+                            with b.if_then(b.icmp_signed(">", left, const_i64(0))):
+                                self._store_vector(env, tile, t_idx, self._lane_mask(left, 0))
+            return
         with for_range(b, const_i64(0), rows, "ti") as i:
             env[id(out.axes[1])] = b.add(oc0, i)
             with for_range(b, oy_lo, oy_hi, "oy") as oy:
@@ -434,10 +752,30 @@ class ContractionEmitter(KernelEmitter):
                 x_hi = b.select(b.icmp_signed("<", end, const_i64(g["ow"])), end,
                                 const_i64(g["ow"]))
                 env[id(out.axes[2])] = oy
-                with for_range(b, x_lo, x_hi, "ox") as ox:
-                    env[id(out.axes[3])] = ox
-                    t_idx = b.add(b.mul(i, const_i64(nr)), b.sub(b.add(row0, ox), p0))
-                    self._store_epilogue(env, tile, t_idx)
+                if not self._vector_epilogue_ok():
+                    with for_range(b, x_lo, x_hi, "ox") as ox:
+                        env[id(out.axes[3])] = ox
+                        t_idx = b.add(b.mul(i, const_i64(nr)), b.sub(b.add(row0, ox), p0))
+                        self._store_epilogue(env, tile, t_idx)
+                else:
+                    self._conv_row_vectors(env, out, tile, i, row0, p0, x_lo, x_hi)
+
+    def _conv_row_vectors(self, env, out, tile, i, row0, p0, x_lo, x_hi) -> None:
+        """The epilogue on outputs x_lo..x_hi of one row, vl at a time (the last masked)."""
+        b = self.builder
+        nr = self._conv_geometry()["nr"]
+        count = b.sub(x_hi, x_lo)
+        nvec = b.sdiv(b.add(count, const_i64(self.vl - 1)), const_i64(self.vl))
+        with for_range(b, const_i64(0), nvec, "ov") as q:
+            ox = b.add(x_lo, b.mul(q, const_i64(self.vl)))
+            env[id(out.axes[3])] = ox
+            t_idx = b.add(b.mul(i, const_i64(nr)), b.sub(b.add(row0, ox), p0))
+            left = b.sub(x_hi, ox)
+            with b.if_else(b.icmp_signed(">=", left, const_i64(self.vl))) as (full, part):
+                with full:
+                    self._store_vector(env, tile, t_idx, None)
+                with part:
+                    self._store_vector(env, tile, t_idx, self._lane_mask(left, 0))
 
 
 def emit_contraction(module: ir.Module, func: PrimFunc, symbol: str, vl: int
