@@ -95,6 +95,46 @@ def test_pools(op, cfg, tmp_path):
     check(op, [rand(1, 3, 11, 10)], tmp_path, **cfg)
 
 
+MAX_POOLS = [
+    dict(x=(1, 64, 112, 112), kernel=(3, 3), strides=(2, 2), padding=(1, 1, 1, 1)),  # ResNet
+    dict(x=(2, 3, 37, 35), kernel=(3, 3), strides=(1, 1), padding=(1, 1, 1, 1)),
+    dict(x=(1, 2, 19, 41), kernel=(5, 4), strides=(2, 1), padding=(2, 0, 2, 3)),
+    dict(x=(1, 3, 23, 40), kernel=(3, 3), strides=(2, 2), dilation=(2, 2), ceil_mode=True),
+    dict(x=(1, 2, 9, 7), kernel=(2, 2), strides=(2, 2), padding=(1, 1, 1, 1), ceil_mode=True),
+]
+
+
+@pytest.mark.parametrize("cfg", MAX_POOLS)
+def test_max_pool_vector_kernel(cfg, tmp_path):
+    """The vectorized max pool (codegen/pool.py): strides 1 and 2, padding, dilation, ceil
+    mode, rows not multiples of the vector width, NaN propagated like the loop nest's."""
+    from mlcpack.packager.codegen.pool import match_max_pool
+    from mlcpack.packager.passes import DEFAULT_PIPELINE, run_pipeline
+
+    from helpers import build_op_module
+
+    cfg = dict(cfg)
+    x = rand(*cfg.pop("x"))
+    x[0, 0, 3, 4] = np.nan
+    funcs = run_pipeline(build_op_module("nn.max_pool2d", [x], **cfg),
+                         DEFAULT_PIPELINE).prim_funcs().values()
+    assert any(match_max_pool(f) for f in funcs)
+    got = run_op("nn.max_pool2d", [x], tmp_path, **cfg)
+    want = get_op("nn.max_pool2d").reference(x, **cfg)
+    np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("target", ["x86-64-v3", "x86-64-v2"])
+def test_max_pool_vector_kernel_narrow_targets(target, tmp_path):
+    from helpers import build_op_module, compile_and_run
+
+    x = rand(1, 3, 15, 13)
+    attrs = dict(kernel=(3, 3), strides=(2, 2), padding=(1, 1, 1, 1))
+    got = compile_and_run(build_op_module("nn.max_pool2d", [x], **attrs), {"x0": x}, tmp_path,
+                          target=target)["y"]
+    np.testing.assert_array_equal(got, get_op("nn.max_pool2d").reference(x, **attrs))
+
+
 @pytest.mark.parametrize("op", ["sum", "mean", "max", "min"])
 @pytest.mark.parametrize("axes,keepdims", [((1,), True), ((0, 2), False), (None, True)])
 def test_reductions(op, axes, keepdims, tmp_path):

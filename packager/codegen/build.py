@@ -13,6 +13,7 @@ from llvmlite import ir
 from ..ir.graph import PrimFunc
 from .gemm import emit_contraction, vector_width
 from .lower import KernelInfo, emit_kernel
+from .pool import emit_max_pool
 from .objinfo import undefined_symbols
 from .target import Target
 
@@ -47,7 +48,7 @@ def _target_machine(target: Target) -> llvm.TargetMachine:
 
 
 # Specialized kernels, tried in order; the generic loop-nest lowering is the fallback.
-KERNEL_RULES = (emit_contraction,)
+KERNEL_RULES = (emit_contraction, emit_max_pool)
 
 
 def _emit(module: ir.Module, func: PrimFunc, symbol: str, vl: int) -> KernelInfo:

@@ -71,7 +71,8 @@ def match_contraction(func: PrimFunc) -> Contraction | None:
         return None
     tag = reduction_tag(reduces[0])
     inputs = {t.uid for t in func.inputs}
-    if tag is None or not all(t.uid in inputs and t.dtype == "float32" for t in tag.operands):
+    if tag is None or tag.kind not in ("conv2d", "matmul") \
+            or not all(t.uid in inputs and t.dtype == "float32" for t in tag.operands):
         return None
     if tag.kind == "conv2d" and tuple(tag.attrs["dilation"]) != (1, 1):
         return None

@@ -160,6 +160,8 @@ def _legalize_max_pool(x: te.Tensor, out_type: TensorType, name: str, kernel=(1,
                                 x[n, c, _clamped(iy, h), _clamped(ix, w)], lowest)
         return te.max_of(value, (ry, rx))
 
+    tag_reduction(ry, "max_pool2d", (x,), kernel=tuple(kernel), strides=tuple(strides),
+                  padding=tuple(padding), dilation=tuple(dilation))
     return te.compute(out_type.shape, body, name=name)
 
 
