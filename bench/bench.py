@@ -3,8 +3,8 @@
 Run: .venv/bin/python bench/bench.py [model ...] [--budget SECONDS] [--markdown]
 Models: mlp_b1 mlp_b64 resnet18 mobilenet_v2 transformer (default: all). Each model is built
 with torch (random weights) into bench/.cache/<name>.onnx, exported with mlcpack, and both
-engines run the same ONNX file on the same input, their runs alternating (1 ORT run, 1 mlcpack
-run, ...) for 2 x --budget seconds per thread count, so that both see the same machine load.
+engines run the same ONNX file on the same input, alternating in blocks of 0.2 s (ORT, mlcpack,
+ORT, ...) for 2 x --budget seconds per thread count, so that both see the same machine load.
 Per engine: load time, first inference, steady-state median and min latency, GFLOP/s (from the
 ONNX graph's Conv/Gemm/MatMul MACs), and mlcpack/ORT ratios; per model, the export time and the
 cold start (a fresh `python` loading the bundle and running it once, against `python -c
@@ -72,17 +72,25 @@ def cold_start_ms(bundle: str, repeats: int = 7) -> tuple[float, float]:
     return median_ms(["-c", COLD_SCRIPT, bundle]), median_ms(["-c", "import numpy"])
 
 
-def time_interleaved(fns: list, budget_s: float, min_runs: int = 5
+def time_interleaved(fns: list, budget_s: float, block_s: float = 0.2, min_runs: int = 5
                      ) -> list[tuple[float, float, int]]:
-    """Call each of ``fns`` in turn, round after round, until ``budget_s`` (for all together)
-    has passed; (median µs, min µs, runs) for each."""
+    """Run each of ``fns`` in turn for a block of ``block_s`` seconds, block after block, until
+    ``budget_s`` (for all together) has passed; (median µs, min µs, runs) for each. The first
+    run of every block is not counted: it pays for the switch (caches, and ONNX Runtime's
+    worker threads still spinning on the other cores after its last run)."""
     times: list[list[float]] = [[] for _ in fns]
     deadline = time.perf_counter() + budget_s
-    while len(times[0]) < min_runs or time.perf_counter() < deadline:
+    while min(len(t) for t in times) < min_runs or time.perf_counter() < deadline:
         for fn, t in zip(fns, times):
-            t0 = time.perf_counter()
             fn()
-            t.append(time.perf_counter() - t0)
+            block_end = time.perf_counter() + block_s
+            while True:
+                t0 = time.perf_counter()
+                fn()
+                t1 = time.perf_counter()
+                t.append(t1 - t0)
+                if t1 >= block_end:
+                    break
     return [(float(np.median(t)) * 1e6, float(np.min(t)) * 1e6, len(t)) for t in times]
 
 
@@ -142,7 +150,7 @@ def run_model(name: str, budget: float) -> dict:
     result["export_s"] = time.perf_counter() - t0
     result["cold_ms"], result["numpy_import_ms"] = cold_start_ms(bundle)
 
-    # Each thread count: ORT and mlcpack runs alternate in one loop, so both see the same
+    # Each thread count: ORT and mlcpack alternate in short blocks, so both see the same
     # machine load (on a shared machine, separate timing windows differ by more than the
     # engines do); the ratio of the medians is reported.
     for threads in (1, 2):

@@ -31,6 +31,15 @@ def run(mod, feeds, tmp_path, **kw):
     return compile_and_run(mod, feeds, tmp_path, **kw)["y"]
 
 
+@pytest.fixture(autouse=True)
+def split_every_kernel(monkeypatch):
+    """Mark every kernel parallel, however small, so the tests with threads > 1 run the task
+    splits on these small, odd shapes."""
+    from mlcpack.packager.codegen import gemm
+
+    monkeypatch.setattr(gemm, "PARALLEL_MIN_MACS", 0)
+
+
 CONVS = [
     dict(x=(1, 3, 9, 9), w=(4, 3, 1, 1)),                                     # 1x1, og < MR
     dict(x=(1, 13, 7, 5), w=(17, 13, 1, 1)),                                  # odd everything
@@ -115,8 +124,7 @@ def test_pointwise_in_place_fused_epilogue(threads, tmp_path):
 
 @pytest.mark.parametrize("threads", [2, 3, 9])
 def test_depthwise_task_regions(threads, tmp_path):
-    """More tasks than workspace regions: the extra tasks get no groups (1.25 M MACs, above
-    the threshold for running on several threads)."""
+    """More tasks than workspace regions: the extra tasks get no groups."""
     x, w = rand(1, 20, 60, 58), rand(40, 1, 3, 3)
     bias, scale, shift = rand(1, 40, 1, 1), rand(1, 40, 1, 1), rand(1, 40, 1, 1)
     attrs = dict(groups=20, padding=(1, 1, 1, 1))

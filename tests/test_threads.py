@@ -12,9 +12,10 @@ from mlcpack.runtime import load
 
 @pytest.fixture(scope="module")
 def batch_bundle(tmp_path_factory, mlp_weights, export_weights):
-    """The demo MLP over a batch of 16, so parallel kernels have work to split."""
+    """The demo MLP over a batch of 96, so its first layer (9.6 M MACs) is big enough to run
+    on several threads."""
     return export_weights(mlp_weights, tmp_path_factory.mktemp("threads") / "batch.mlc",
-                          input_shape=(16, 784))
+                          input_shape=(96, 784))
 
 
 @pytest.mark.parametrize("which", ["single", "batch"])
