@@ -11,6 +11,7 @@ import llvmlite.binding as llvm
 from llvmlite import ir
 
 from ..ir.graph import PrimFunc
+from ..ir.structure import structural_key
 from .gemm import emit_contraction, vector_width
 from .lower import KernelInfo, emit_kernel
 from .pool import emit_max_pool
@@ -64,7 +65,17 @@ def compile_prim_funcs(funcs: Sequence[PrimFunc], target: Target) -> CompiledCod
     module = ir.Module(name="mlcpack_kernels")
     module.triple = target.triple
     vl = vector_width(target.name)
-    kernels = {f.name: _emit(module, f, SYMBOL_PREFIX + f.name, vl) for f in funcs}
+    # Functions that differ only in names (unrolled recurrences, repeated layers) share one
+    # compiled kernel: the first one's symbol serves them all.
+    kernels: dict[str, KernelInfo] = {}
+    first: dict[object, str] = {}
+    for f in funcs:
+        key = structural_key(f)
+        if key in first:
+            kernels[f.name] = kernels[first[key]]
+        else:
+            first[key] = f.name
+            kernels[f.name] = _emit(module, f, SYMBOL_PREFIX + f.name, vl)
     text = str(module)
     try:
         parsed = llvm.parse_assembly(text)
