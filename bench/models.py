@@ -136,18 +136,24 @@ MODELS = {
 }
 
 
-def build(name: str, path: str) -> None:
-    """Write model ``name`` (random weights, BatchNorm statistics randomized so folding matters)
-    to ONNX file ``path``."""
+def seeded(builder, *args, **kwargs) -> tuple[nn.Module, torch.Tensor]:
+    """Build ``builder(*args)`` (module, example input) under seed 0, with BatchNorm statistics and
+    affine parameters randomized so that folding them matters, in eval mode."""
     torch.manual_seed(0)
-    net, x = MODELS[name]()
+    net, x = builder(*args, **kwargs)
     for m in net.modules():
         if isinstance(m, nn.BatchNorm2d):
             m.running_mean.uniform_(-0.1, 0.1)
             m.running_var.uniform_(0.5, 1.5)
             m.weight.data.uniform_(0.5, 1.5)
             m.bias.data.uniform_(-0.1, 0.1)
-    net.eval()
+    return net.eval(), x
+
+
+def build(name: str, path: str) -> None:
+    """Write model ``name`` (random weights, BatchNorm statistics randomized so folding matters)
+    to ONNX file ``path``."""
+    net, x = seeded(MODELS[name])
     with torch.no_grad():
         torch.onnx.export(net, (x,), path, input_names=["x"], output_names=["y"],
                           opset_version=17, dynamo=False)

@@ -66,18 +66,7 @@ def rel_error(got: np.ndarray, ref: np.ndarray) -> float:
     return diff / scale if scale else diff
 
 
-def seeded(builder, *args, **kwargs):
-    """Build ``builder(*args)`` (module, example input) under seed 0, with BatchNorm statistics and
-    affine parameters randomized so that folding them matters, in eval mode."""
-    torch.manual_seed(0)
-    net, x = builder(*args, **kwargs)
-    for m in net.modules():
-        if isinstance(m, nn.BatchNorm2d):
-            m.running_mean.uniform_(-0.1, 0.1)
-            m.running_var.uniform_(0.5, 1.5)
-            m.weight.data.uniform_(0.5, 1.5)
-            m.bias.data.uniform_(-0.1, 0.1)
-    return net.eval(), x
+seeded = M.seeded  # seed 0, BatchNorm statistics randomized, eval mode
 
 
 def to_onnx(net: nn.Module, args: tuple, opset: int, *, names=("x",), outputs=("y",),

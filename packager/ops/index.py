@@ -215,8 +215,10 @@ def _infer_cumsum(x: TensorType, axis: int = 0, exclusive: bool = False,
     return x
 
 
-def _legalize_cumsum(x: te.Tensor, out_type: TensorType, name: str, axis: int = 0,
-                     exclusive: bool = False, reverse: bool = False) -> te.Tensor:
+def _legalize_scan(x: te.Tensor, out_type: TensorType, name: str, axis: int, exclusive: bool,
+                   reverse: bool, combiner: str, identity: int) -> te.Tensor:
+    """A cumulative ``combiner`` (sum, prod) along ``axis``: each output combines the elements up
+    to it (``exclusive``: before it; ``reverse``: from the end), the others read as ``identity``."""
     axis %= x.ndim
     r = te.reduce_axis(x.shape[axis], "r")
 
@@ -227,9 +229,15 @@ def _legalize_cumsum(x: te.Tensor, out_type: TensorType, name: str, axis: int = 
         else:
             take_it = r < j if exclusive else r <= j
         read = x[tuple(r if d == axis else v for d, v in enumerate(i))]
-        return te.sum_of(te.if_then_else(take_it, read, scalar_of(0, x.dtype)), r)
+        return te._reduce(combiner, te.if_then_else(take_it, read, scalar_of(identity, x.dtype)),
+                          r)
 
     return te.compute(out_type.shape, body, name=name)
+
+
+def _legalize_cumsum(x: te.Tensor, out_type: TensorType, name: str, axis: int = 0,
+                     exclusive: bool = False, reverse: bool = False) -> te.Tensor:
+    return _legalize_scan(x, out_type, name, axis, exclusive, reverse, "sum", 0)
 
 
 @register_op("cumsum", REDUCTION, _infer_cumsum, _legalize_cumsum)
@@ -334,19 +342,7 @@ _register_prod()
 
 def _legalize_cumprod(x: te.Tensor, out_type: TensorType, name: str, axis: int = 0,
                       exclusive: bool = False, reverse: bool = False) -> te.Tensor:
-    axis %= x.ndim
-    r = te.reduce_axis(x.shape[axis], "r")
-
-    def body(*i):
-        j = i[axis]
-        if reverse:
-            take_it = r > j if exclusive else r >= j
-        else:
-            take_it = r < j if exclusive else r <= j
-        read = x[_along(i, axis, r)]
-        return te._reduce("prod", te.if_then_else(take_it, read, scalar_of(1, x.dtype)), r)
-
-    return te.compute(out_type.shape, body, name=name)
+    return _legalize_scan(x, out_type, name, axis, exclusive, reverse, "prod", 1)
 
 
 @register_op("cumprod", REDUCTION, _infer_cumsum, _legalize_cumprod)
