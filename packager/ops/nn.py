@@ -87,6 +87,19 @@ def _in_bounds(e: te.Expr, extent: int) -> te.Expr:
     return te.logical_and(e >= 0, e < extent)
 
 
+def _strided_source(p: te.Expr, r: te.Expr, pad: int, dilation: int, stride: int, extent: int,
+                    conds: list) -> te.Expr:
+    """The position ``i`` (< ``extent``) of a strided, dilated window whose tap ``r`` lands on
+    output ``p`` (``i * stride = p + pad - r * dilation``), as transposed convolution and col2im
+    scatter; appends to ``conds`` what must hold for that position to exist; clamped for reads."""
+    t = p + pad - r * dilation
+    i = t // stride if stride > 1 else t
+    conds.append(_in_bounds(i, extent))
+    if stride > 1:
+        conds.append(te.eq(t % stride, 0))
+    return _clamped(i, extent)
+
+
 def _legalize_conv2d(x: te.Tensor, w: te.Tensor, out_type: TensorType, name: str,
                      strides=(1, 1), padding=(0, 0, 0, 0), dilation=(1, 1),
                      groups: int = 1) -> te.Tensor:
@@ -626,12 +639,8 @@ def _legalize_conv_transpose(x: te.Tensor, w: te.Tensor, out_type: TensorType, n
         woc = oc if groups == 1 else oc % og
         conds, idx = [], []
         for d in range(n):
-            t = out[d] + padding[d] - rs[d] * dilation[d]
-            i = t // strides[d] if strides[d] > 1 else t
-            conds.append(_in_bounds(i, spatial[d]))
-            if strides[d] > 1:
-                conds.append(te.eq(t % strides[d], 0))
-            idx.append(_clamped(i, spatial[d]))
+            idx.append(_strided_source(out[d], rs[d], padding[d], dilation[d], strides[d],
+                                       spatial[d], conds))
         value = te.if_then_else(_all_of(conds), x[(b, ic) + tuple(idx)], te.const(0.0, x.dtype))
         return te.sum_of(value * w[(ic, woc) + rs], (rc,) + rs)
 
@@ -740,12 +749,8 @@ def _legalize_col2im(x: te.Tensor, out_type: TensorType, name: str, image_shape=
     def body(b, ch, *p):
         conds, row, col = [], None, None
         for d in range(n):
-            t = p[d] + padding[d] - rs[d] * dilation[d]
-            i = t // strides[d] if strides[d] > 1 else t
-            conds.append(_in_bounds(i, blocks[d]))
-            if strides[d] > 1:
-                conds.append(te.eq(t % strides[d], 0))
-            i = _clamped(i, blocks[d])
+            i = _strided_source(p[d], rs[d], padding[d], dilation[d], strides[d], blocks[d],
+                                conds)
             row = rs[d] if row is None else row * block_shape[d] + rs[d]
             col = i if col is None else col * blocks[d] + i
         k = int(np.prod(block_shape))
