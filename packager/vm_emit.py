@@ -10,7 +10,8 @@ Instruction set (little-endian int32 words; the runtime's ``vm.py`` documents th
     COPY         3, src, dst                copy tensor ``src`` into ``dst`` (same byte size)
 
 Tensors are rows of a table: ``[0, arena offset, shape, dtype]`` or ``[1, constant, shape,
-dtype]``. A reshape is a second row over the same bytes, so it costs no instruction.
+dtype]``. A reshape is a second row over the same bytes, so it costs no instruction. Each input
+record lists its ``views``: its own row and those of its reshapes.
 """
 
 from __future__ import annotations
@@ -131,6 +132,12 @@ def emit_program(mod: IRModule, kernels: dict[str, KernelInfo], func: str = "mai
         t = use(o, end)
         prog.outputs.append({"name": name, "shape": list(o.type.shape), "dtype": o.type.dtype,
                              "tensor": t})
+
+    # Each input lists the rows over its bytes (itself and its reshapes): the runtime may point
+    # the kernels that read them at the caller's array instead of copying it in.
+    for inp in prog.inputs:
+        sid = storage_of_tensor[inp["tensor"]]
+        inp["views"] = sorted(t for t, s in storage_of_tensor.items() if s == sid)
 
     offsets, prog.arena_bytes = plan_memory(list(buffers.values()))
     prog.intermediate_bytes = sum(b.size for b in buffers.values())

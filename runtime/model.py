@@ -60,6 +60,8 @@ class _Plan:
     outputs: list[TensorSpec]
     input_views: list[tuple[TensorSpec, np.ndarray]]
     output_views: list[tuple[str, np.ndarray]]
+    # per input: (spec, arena view, storage dtype, binding or None); see Model._bindings
+    feeds: list[tuple[TensorSpec, np.ndarray, np.dtype, Any]]
     executor: Any
     instructions: int
     arena_bytes: int
@@ -229,12 +231,16 @@ class Model:
             self._check_arity(program, kernels_meta, tensors)
             executor = vm.Executor(program, kernels, site_list, addresses, views, threads)
             self._executors.append(executor)
+            bindings = self._bindings(row, inputs, outputs, tensors, kernels_meta, executor,
+                                      addresses)
             self._plans.append(_Plan(
                 batch=row.get("batch") if self.batch is not None else None,
                 inputs=inputs, outputs=outputs,
                 # Per-call work stays small: the I/O views are fixed at load.
                 input_views=[(s, views[s.tensor]) for s in inputs],
                 output_views=[(s.name, views[s.tensor]) for s in outputs],
+                feeds=[(s, views[s.tensor], storage_dtype(s.dtype), b)
+                       for s, b in zip(inputs, bindings)],
                 executor=executor, instructions=len(program), arena_bytes=plan_arena,
                 views=views))
         first, last = self._plans[0], self._plans[-1]
@@ -245,6 +251,7 @@ class Model:
         self.inputs, self.outputs = first.inputs, first.outputs
         self._input_names = frozenset(s.name for s in self.inputs)
         self._input_views, self._output_views = last.input_views, last.output_views
+        self._feeds = last.feeds
         self.num_instructions = last.instructions
 
     def _constants(self, rows: Any) -> list[np.ndarray]:
@@ -297,6 +304,35 @@ class Model:
             views.append(view)
             addresses.append(view.ctypes.data)
         return views, addresses
+
+    @staticmethod
+    def _bindings(row: dict, inputs: list[TensorSpec], outputs: list[TensorSpec], tensors: list,
+                  kernels_meta: list, executor: vm.Executor, addresses: list[int]) -> list:
+        """Per input, the kernel argument slots a run may point at the caller's own array
+        instead of copying it into the arena (None: always copy). The header lists each input's
+        ``views``, the tensor rows over its bytes (its reshapes). A row listed there must have the
+        input's offset and size, and every use of them must be a kernel reading its input, so a
+        damaged list can make a kernel read the caller's array in place of equally many arena
+        bytes, never write to it. An input that is also an output, or read by a library call or
+        a copy, is copied as before."""
+        out = []
+        rows = row.get("inputs")
+        num_inputs = [k.get("num_inputs", 0) for k in kernels_meta]
+        output_tensors = {s.tensor for s in outputs}
+        for spec, raw in zip(inputs, rows):
+            ids = raw.get("views")
+            base = tensors[spec.tensor]
+            if (not isinstance(ids, list) or spec.tensor not in ids
+                    or not all(isinstance(t, int) and 0 <= t < len(tensors) for t in ids)
+                    or any(tensors[t][0] != 0 or tensors[t][1] != base[1]
+                           or nbytes_of(tuple(tensors[t][2]), tensors[t][3])
+                           != nbytes_of(spec.shape, spec.dtype) for t in ids)
+                    or output_tensors.intersection(ids)):
+                out.append(None)
+                continue
+            out.append(executor.input_binding(frozenset(ids), num_inputs,
+                                              addresses[spec.tensor]))
+        return out
 
     @staticmethod
     def _check_arity(program: list[vm.Instruction], kernels_meta: list, tensors: list) -> None:
@@ -355,10 +391,21 @@ class Model:
                              + (f"missing: {missing}" if missing else ""))
         if self.batch is not None:
             return self._run_batched(feeds)
-        checked = [(view, self._check_input(s, feeds[s.name]))
-                   for s, view in self._input_views]
+        values = []
+        for spec, _, store, _ in self._feeds:
+            value = feeds[spec.name]
+            if type(value) is not np.ndarray or value.dtype != store or value.shape != spec.shape:
+                value = self._check_input(spec, value)
+            values.append(value)
         with self._lock:
-            for view, value in checked:
+            for (_, view, _, binding), value in zip(self._feeds, values):
+                # A contiguous, aligned array is read where it lies (kernels only read it and
+                # the call holds a reference to it); anything else is copied into the arena.
+                if binding is not None:
+                    if value.flags.c_contiguous and value.flags.aligned:
+                        binding.bind(value.ctypes.data)
+                        continue
+                    binding.bind(binding.arena)
                 np.copyto(view, value)
             self._executor.run()
             return {name: view.copy() for name, view in self._output_views}
@@ -444,7 +491,7 @@ class Model:
         self._executors, self._images, self._plans = [], [], []
         self._executor = None
         self._image = None
-        self._views, self._input_views, self._output_views = [], [], []
+        self._views, self._input_views, self._output_views, self._feeds = [], [], [], []
         self._reader.close()
 
     def __enter__(self) -> Model:

@@ -93,6 +93,8 @@ class Executor:
                  views: list[np.ndarray], threads: int = 1) -> None:
         self._keep: list[Any] = []  # ctypes arrays the prepared calls point into
         self._steps: list[Callable[[], Any]] = []
+        self._program = program
+        self._args: list[Any] = []  # per instruction: its kernel's void*[] (None otherwise)
         self.threads = max(1, int(threads))
         self._workers = [_Worker() for _ in range(self.threads - 1)]
         # An executor dropped without close() still stops its workers.
@@ -102,7 +104,10 @@ class Executor:
                 address, parallel = kernels[ins.target]
                 self._steps.append(self._kernel_step(address, parallel,
                                                      [addresses[t] for t in ins.operands]))
-            elif ins.opcode == OP_CALL_LIB:
+                self._args.append(self._keep[-1])
+                continue
+            self._args.append(None)
+            if ins.opcode == OP_CALL_LIB:
                 fn, attrs = sites[ins.target]
                 *ins_views, out_view = [views[t] for t in ins.operands]
                 self._steps.append(_library_step(fn, ins_views, out_view, attrs))
@@ -135,6 +140,40 @@ class Executor:
 
     def close(self) -> None:
         self._finalizer()
+
+    def input_binding(self, tensors: frozenset[int], num_inputs: list[int], address: int
+                      ) -> InputBinding | None:
+        """Where the prepared calls read the input stored as ``tensors`` (its row and the rows of
+        its reshapes), so a run can point them at the caller's array instead of copying it into
+        the arena at ``address``. None unless every use is a kernel reading it as an input (a
+        library call, a copy, or a kernel writing it needs the arena's copy)."""
+        slots = []
+        for ins, args in zip(self._program, self._args):
+            if ins.opcode == OP_COPY:
+                if ins.target in tensors or ins.operands[0] in tensors:
+                    return None
+                continue
+            used = [i for i, t in enumerate(ins.operands) if t in tensors]
+            if not used:
+                continue
+            if ins.opcode != OP_CALL_KERNEL or max(used) >= num_inputs[ins.target]:
+                return None
+            slots += [(args, i) for i in used]
+        return InputBinding(slots, address)
+
+
+class InputBinding:
+    """The kernel argument slots that hold one input's address; ``bind(addr)`` repoints them
+    (``bind(arena)`` puts back the arena's copy)."""
+
+    def __init__(self, slots: list[tuple[Any, int]], arena: int) -> None:
+        self.slots, self.arena, self.current = slots, arena, arena
+
+    def bind(self, address: int) -> None:
+        if address != self.current:
+            for args, i in self.slots:
+                args[i] = address
+            self.current = address
 
 
 class _Worker:
