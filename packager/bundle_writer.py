@@ -1,12 +1,16 @@
 """Writes bundles in the format the runtime's ``BundleReader`` reads (see ``runtime/bundle.py``).
 
+Every bundle says format 1.2. A payload area of ``TREE_MIN_BYTES`` or more gets a tree digest
+(chunk digests the reader checks on several threads) and ``min_reader`` [1, 2]; a smaller one
+keeps the flat digest of format 1.1 and the caller's ``min_reader`` (1.0 for exports), so older
+runtimes keep reading small bundles.
+
 The file is written to a temporary name in the destination folder and renamed into place only
 once complete, so a failed export never leaves a partial bundle behind.
 """
 
 from __future__ import annotations
 
-import hashlib
 import os
 import tempfile
 from typing import Any
@@ -14,21 +18,43 @@ from typing import Any
 import msgpack
 import numpy as np
 
-from ..runtime.bundle import ALIGN, DATA_KEY, DIGEST_KEY, FORMAT_MAJOR, FORMAT_MINOR, MAGIC
+from ..runtime.bundle import (ALIGN, DATA_KEY, DIGEST_ALG, DIGEST_KEY, FORMAT_MAJOR,
+                              FORMAT_MINOR, MAGIC, TREE_FORMAT, content_digest, digest_chunk,
+                              digest_tail)
+from ..runtime.errors import BundleError
 from ..runtime.signing import (ALGORITHM, SIG_FIELD, SIGNATURE_BYTES, SIGNATURE_KEY,
                                signed_message)
+
+
+TREE_MIN_BYTES = 8 << 20   # payload areas this large get a tree digest
+TREE_CHUNK = 1 << 20
 
 
 class BundleWriteError(Exception):
     """The bundle could not be written (unwritable folder, full disk...)."""
 
 
-class BundleWriter:
-    """Collects payloads (each 64-byte aligned) and writes header + payloads atomically."""
+def hashed_tail(header: dict[str, Any], parts: list[Any]) -> list[Any]:
+    """``digest_tail`` of ``parts`` under the header's digest record; a malformed record (which
+    the reader refuses anyway) hashes flat."""
+    try:
+        chunk = digest_chunk(header, "bundle")
+    except BundleError:
+        chunk = None
+    return digest_tail(parts, chunk)
 
-    def __init__(self) -> None:
+
+class BundleWriter:
+    """Collects payloads (each 64-byte aligned) and writes header + payloads atomically.
+    ``tree_min_bytes`` and ``tree_chunk`` (default ``TREE_MIN_BYTES`` and ``TREE_CHUNK``) choose
+    when a bundle gets a tree digest and its chunk size."""
+
+    def __init__(self, tree_min_bytes: int | None = None, tree_chunk: int | None = None) -> None:
         self._chunks: list[bytes | memoryview] = []
         self._size = 0
+        self.tree_min_bytes = TREE_MIN_BYTES if tree_min_bytes is None else tree_min_bytes
+        self.tree_chunk = TREE_CHUNK if tree_chunk is None else tree_chunk
+        digest_chunk({"digest": {"alg": DIGEST_ALG, "chunk": self.tree_chunk}}, "BundleWriter")
 
     def add(self, data: bytes | memoryview | np.ndarray) -> dict[str, int]:
         """Append a payload; return its ``{"offset", "size"}`` record for the header."""
@@ -54,35 +80,36 @@ class BundleWriter:
                 return packed
         raise AssertionError("no header padding aligns the payload area")
 
-    def _digest(self, head: bytes) -> Any:
-        digest = hashlib.sha256(head)
-        for chunk in self._chunks:
-            digest.update(chunk)
-        return digest
-
-    def _signed(self, head: bytes, signer: Any) -> bytes:
+    def _signed(self, head: bytes, tail: list[Any], signer: Any) -> bytes:
         # Sign the digest taken with a zero signature in place, then put the signature there
         # (same length: nothing moves). runtime/signing.py describes the check.
         placeholder = SIG_FIELD + bytes(SIGNATURE_BYTES)
         at = head.find(placeholder)
         assert at >= 0 and head.find(placeholder, at + 1) < 0, "signature placeholder not unique"
-        sig = signer.sign(signed_message(self._digest(head).digest()))
+        sig = signer.sign(signed_message(content_digest(head, tail)))
         assert len(sig) == SIGNATURE_BYTES
         return head[:at + len(SIG_FIELD)] + sig + head[at + len(placeholder):]
 
     def write(self, path: str | os.PathLike, header: dict[str, Any], signer: Any = None) -> int:
         """Write the bundle to ``path`` atomically; return its size in bytes. ``signer``
-        (``packager.signing.Signer``) adds an Ed25519 signature to the header."""
+        (``packager.signing.Signer``) adds an Ed25519 signature to the header. A ``"digest"``
+        record in ``header`` is written as given (tests use it); otherwise the payload area's size
+        chooses the digest (see the module doc)."""
         header = {"format": [FORMAT_MAJOR, FORMAT_MINOR],
                   "min_reader": [FORMAT_MAJOR, FORMAT_MINOR], **header}
+        if "digest" not in header and self._size >= self.tree_min_bytes:
+            header["digest"] = {"alg": DIGEST_ALG, "chunk": self.tree_chunk}
+            need = header["min_reader"]
+            if isinstance(need, list) and all(isinstance(v, int) for v in need):
+                header["min_reader"] = max(need, TREE_FORMAT)
         if signer is not None:
             header[SIGNATURE_KEY] = {"alg": ALGORITHM, "key": signer.public_key,
                                      "sig": bytes(SIGNATURE_BYTES)}
         head = MAGIC + self._header_bytes(header)
+        tail = hashed_tail(header, self._chunks)
         if signer is not None:
-            head = self._signed(head, signer)
-        digest = self._digest(head)
-        trailer = DIGEST_KEY + digest.digest() + DATA_KEY + self._size.to_bytes(4, "big")
+            head = self._signed(head, tail, signer)
+        trailer = DIGEST_KEY + content_digest(head, tail) + DATA_KEY + self._size.to_bytes(4, "big")
         if self._size >= 1 << 32:
             raise BundleWriteError("payloads exceed 4 GiB, the format's limit")
         path = os.fspath(path)

@@ -6,9 +6,22 @@ A bundle is one msgpack map with three keys, in this order::
 
 so any msgpack reader can open it. The header says where every payload (weights, object code,
 bytecode, IR text) lives as ``{"offset", "size"}`` relative to the start of the payload area, which
-begins at a 64-byte-aligned file offset; every payload is 64-byte aligned too. The digest is
-SHA-256 over the file's bytes before the ``"sha256"`` key followed by the payload area, so a flipped
-bit anywhere is caught. The reader maps the file and hands out views; nothing large is copied.
+begins at a 64-byte-aligned file offset; every payload is 64-byte aligned too. The stored digest is
+SHA-256 over the file's bytes before the ``"sha256"`` key (the head) followed by a tail, so a
+flipped bit anywhere is caught:
+
+- flat (format 1.0/1.1, and what the writer still makes for small bundles): the tail is the
+  payload area itself;
+- tree (format 1.2, ``min_reader`` [1, 2]; the writer's choice for payload areas of 8 MiB and
+  more): the header holds ``"digest": {"alg": "sha256-tree", "chunk": C}`` (C a power of two,
+  4 KiB to 1 GiB) and the tail is the SHA-256 of every C-byte slice of the payload area in order
+  (the last one shorter where the size is not a multiple of C; no slices, an empty tail, for an
+  empty area), each 32 bytes. The slices are hashed on up to 4 threads, which is what makes a
+  large bundle's check fast; the chunk size is in the head, so the slicing is covered too.
+
+``content_digest(head, digest_tail(parts, chunk))`` is the one computation; the reader, the
+writer, signatures (``runtime/signing.py``) and the tests all use it. The reader maps the file and
+hands out views; nothing large is copied.
 
 Format versions: ``format = [major, minor]``. A runtime reads bundles of its own major and any
 minor up to its own; a bundle of a newer minor loads only if its ``min_reader`` (the oldest
@@ -17,11 +30,13 @@ minor up to its own; a bundle of a newer minor loads only if its ``min_reader`` 
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import mmap
 import os
+import threading
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Sequence
 
 import msgpack
 import numpy as np
@@ -29,7 +44,8 @@ import numpy as np
 from .errors import BundleError, FormatVersionError
 
 FORMAT_MAJOR = 1
-FORMAT_MINOR = 1
+FORMAT_MINOR = 2
+TREE_FORMAT = [1, 2]                # the oldest reader of tree-digest bundles
 MAGIC = b"\x83\xa7mlcpack"          # fixmap(3) then the 7-char key "mlcpack"
 DIGEST_KEY = b"\xa6sha256\xc4\x20"  # fixstr "sha256", then bin8 of 32 bytes
 DATA_KEY = b"\xa4data\xc6"          # fixstr "data", then bin32 (4-byte big-endian length follows)
@@ -49,6 +65,101 @@ def storage_dtype(dtype: str) -> np.dtype:
     """The numpy dtype a bundle dtype is stored as in memory."""
     return np.dtype(STORAGE_DTYPES.get(dtype, dtype))
 MAX_HEADER_BYTES = 64 << 20
+DIGEST_ALG = "sha256-tree"
+MIN_CHUNK, MAX_CHUNK = 1 << 12, 1 << 30
+MAX_HASH_THREADS = 4
+THREAD_MIN_BYTES = 2 << 20          # a hashing thread gets at least this much of the payload area
+
+
+def digest_chunk(header: dict, name: str) -> int | None:
+    """The tree digest's chunk size of a header, None for a flat digest; BundleError when the
+    ``"digest"`` record is malformed."""
+    if "digest" not in header:
+        return None
+    rec = header["digest"]
+    chunk = rec.get("chunk") if isinstance(rec, dict) else None
+    if (not isinstance(rec, dict) or set(rec) != {"alg", "chunk"} or rec["alg"] != DIGEST_ALG
+            or not isinstance(chunk, int) or isinstance(chunk, bool)
+            or not MIN_CHUNK <= chunk <= MAX_CHUNK or chunk & (chunk - 1)):
+        raise BundleError(f"{name}: header has an invalid digest record {rec!r:.80} (expected "
+                          f"alg {DIGEST_ALG!r} and a power-of-two chunk of {MIN_CHUNK} to "
+                          f"{MAX_CHUNK} bytes); export it again")
+    return chunk
+
+
+def hash_threads(size: int) -> int:
+    """How many threads hash a payload area of ``size`` bytes: one per THREAD_MIN_BYTES, at most
+    one per usable core and MAX_HASH_THREADS."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 1
+    return max(1, min(MAX_HASH_THREADS, cores, size // THREAD_MIN_BYTES))
+
+
+def tree_leaves(parts: Sequence[Any], chunk: int, threads: int | None = None) -> bytes:
+    """The SHA-256 of every ``chunk``-byte slice of the concatenation of ``parts`` (buffers), in
+    order, concatenated (b"" when they are empty). ``threads`` (default ``hash_threads``) split
+    the slices into contiguous ranges, one per thread; the calling thread takes the first."""
+    views = [memoryview(p).cast("B") for p in parts]
+    views = [v for v in views if v.nbytes]
+    starts = [0]
+    for v in views:
+        starts.append(starts[-1] + v.nbytes)
+    total = starts.pop()
+    count = -(-total // chunk)
+    leaves: list[bytes] = [b""] * count
+    errors: list[BaseException] = []
+
+    def work(first: int, stop: int) -> None:
+        try:
+            for i in range(first, stop):
+                # update() releases the GIL on large buffers (the constructor does not).
+                h = hashlib.sha256()
+                lo, hi = i * chunk, min((i + 1) * chunk, total)
+                j = bisect.bisect_right(starts, lo) - 1
+                while lo < hi:
+                    end = min(hi, starts[j] + views[j].nbytes)
+                    h.update(views[j][lo - starts[j]:end - starts[j]])
+                    lo, j = end, j + 1
+                leaves[i] = h.digest()
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the calling thread
+            errors.append(exc)
+
+    n = max(1, min(threads or hash_threads(total), count))
+    bounds = [count * k // n for k in range(n + 1)]
+    workers = [threading.Thread(target=work, args=(bounds[k], bounds[k + 1]), daemon=True)
+               for k in range(1, n)]
+    try:
+        for t in workers:
+            t.start()
+        work(bounds[0], bounds[1])
+    finally:
+        for t in workers:
+            if t.ident is not None:
+                t.join()
+        for v in views:
+            v.release()
+    if errors:
+        raise errors[0]
+    return b"".join(leaves)
+
+
+def digest_tail(parts: Sequence[Any], chunk: int | None, threads: int | None = None
+                ) -> list[Any]:
+    """What the content digest hashes after the head: the payload area itself (``chunk`` None,
+    flat) or its leaf digests (tree)."""
+    return list(parts) if chunk is None else [tree_leaves(parts, chunk, threads)]
+
+
+def content_digest(head: Any, tail: Sequence[Any]) -> bytes:
+    """The stored ``"sha256"``: SHA-256 of ``head`` (the bytes before the ``"sha256"`` key)
+    followed by ``tail`` (``digest_tail``)."""
+    h = hashlib.sha256()
+    h.update(head)
+    for part in tail:
+        h.update(part)
+    return h.digest()
 
 
 @dataclass(frozen=True)
@@ -167,21 +278,33 @@ class BundleReader:
                               f"{size - data_start}); export it again")
         if data_start % ALIGN:
             raise BundleError(f"{self.name}: payload area is not aligned")
-        if verify:
-            h = hashlib.sha256()
-            view = memoryview(mm)
-            try:
-                h.update(view[:header_end])
-                h.update(view[data_start:])
-            finally:
-                view.release()
-            if h.digest() != digest:
-                raise BundleError(f"{self.name} failed its content check (SHA-256 mismatch): "
-                                  "the file is corrupted; copy or export it again")
         self.header = header
         self.header_end = header_end
         self.data_start = data_start
         self.data_size = data_size
+        self._chunk = digest_chunk(header, self.name)
+        self._leaves: bytes | None = None
+        if verify and self.content_digest() != digest:
+            raise BundleError(f"{self.name} failed its content check (SHA-256 mismatch): "
+                              "the file is corrupted; copy or export it again")
+
+    def content_digest(self, head: bytes | None = None) -> bytes:
+        """The content digest of this bundle (``content_digest``), with ``head`` in place of the
+        file's bytes before the ``"sha256"`` key when given. A tree digest's leaves are computed
+        once and kept, so checking a signature after the content costs one small hash."""
+        assert self._mmap is not None
+        view = memoryview(self._mmap)
+        try:
+            payload = view[self.data_start:]
+            if self._chunk is None:
+                tail = [payload]
+            else:
+                if self._leaves is None:
+                    self._leaves = tree_leaves([payload], self._chunk)
+                tail = [self._leaves]
+            return content_digest(view[:self.header_end] if head is None else head, tail)
+        finally:
+            view.release()
 
     def _check_version(self, header: dict) -> None:
         fmt = header.get("format")

@@ -5,14 +5,16 @@ writer's padding), so any msgpack reader still opens the file and an older runti
 
     "signature": {"alg": "ed25519", "key": <32-byte public key>, "sig": <64-byte signature>}
 
-What it signs: ``b"mlcpack-bundle-signature-v1\\0" + D``, where ``D`` is the bundle's SHA-256 content
-digest computed exactly as the ``"sha256"`` field is (the bytes before ``"sha256"`` and the payload
-area) but with the 64 signature bytes set to zero. The writer packs the header with a zero
-signature (same length, so nothing moves), computes ``D``, signs it, writes the signature into its
-place and only then computes the stored ``"sha256"``, which so covers the signature as well. The
-reader finds the signature bytes in the header by their encoding (``"sig"`` key, bin8 of 64)
-followed by the value it parsed, zeroes them in a copy and recomputes ``D``: no re-packing, so the
-check does not depend on how a writer encoded the rest of the header.
+What it signs: ``b"mlcpack-bundle-signature-v1\\0" + D``, where ``D`` is the bundle's content digest
+computed exactly as the ``"sha256"`` field is (``runtime/bundle.py``: SHA-256 of the bytes before
+``"sha256"`` followed by the payload area, or by its chunk digests in a tree-digest bundle) but
+with the 64 signature bytes set to zero. The writer packs the header with a zero signature (same
+length, so nothing moves), computes ``D``, signs it, writes the signature into its place and only
+then computes the stored ``"sha256"``, which so covers the signature as well. The reader finds the
+signature bytes in the header by their encoding (``"sig"`` key, bin8 of 64) followed by the value
+it parsed, zeroes them in a copy and recomputes ``D``: no re-packing, so the check does not depend
+on how a writer encoded the rest of the header. The signature lies in the head, never in the
+payload area, so a tree digest's chunk digests are computed once for both checks.
 
 The runtime imports ``cryptography`` only here, and only when trusted keys are given.
 """
@@ -116,13 +118,7 @@ def zero_signature_digest(reader: BundleReader, sig: bytes) -> bytes:
                              "the bundle is malformed: export it again with --sign")
     start = at + len(SIG_FIELD)
     head[start:start + SIGNATURE_BYTES] = bytes(SIGNATURE_BYTES)
-    h = hashlib.sha256(head)
-    view = memoryview(mm)
-    try:
-        h.update(view[reader.data_start:])
-    finally:
-        view.release()
-    return h.digest()
+    return reader.content_digest(bytes(head))
 
 
 def check_signature(reader: BundleReader, trusted_keys: Iterable[Any]) -> str:

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import copy
-import hashlib
 from pathlib import Path
 from typing import Any
 
 import msgpack
-from mlcpack.packager.bundle_writer import BundleWriter
-from mlcpack.runtime.bundle import ALIGN, DATA_KEY, DIGEST_KEY, MAGIC, BundleReader, PayloadRef
+from mlcpack.packager.bundle_writer import BundleWriter, hashed_tail
+from mlcpack.runtime.bundle import (ALIGN, DATA_KEY, DIGEST_KEY, MAGIC, BundleReader, PayloadRef,
+                                    content_digest)
 
 
 def payload_records(obj: Any) -> list[dict]:
@@ -38,8 +38,9 @@ def read_parts(path: Path) -> tuple[dict, list[bytes]]:
 
 
 def write_parts(path: Path, header: dict, payloads: list[bytes]) -> Path:
-    """Write ``header`` over ``payloads`` with a valid digest: the offsets the writer gives back
-    are the ones the original header holds."""
+    """Write ``header`` over ``payloads`` with a valid digest (flat or tree, as the header's
+    ``"digest"`` record says): the offsets the writer gives back are the ones the original header
+    holds."""
     writer = BundleWriter()
     offset = 0
     for data in payloads:
@@ -51,12 +52,13 @@ def write_parts(path: Path, header: dict, payloads: list[bytes]) -> Path:
 
 def pack(header: dict, payloads: list[bytes]) -> bytes:
     """A bundle of ``header`` (keys in its own order, nothing added: unlike ``write_parts`` no
-    format or min_reader is filled in) over ``payloads``, aligned, with a correct SHA-256."""
+    format or min_reader is filled in) over ``payloads``, aligned, with a correct digest (tree when
+    the header has a valid ``"digest"`` record, else flat)."""
     body = b"".join(p + b"\0" * (-len(p) % ALIGN) for p in payloads)
     for n in range(2 * ALIGN):
         packed = msgpack.packb({**header, "pad": b"\0" * n}, use_bin_type=True)
         if (len(MAGIC) + len(packed) + len(DIGEST_KEY) + 32 + len(DATA_KEY) + 4) % ALIGN == 0:
             break
     head = MAGIC + packed
-    digest = hashlib.sha256(head + body).digest()
+    digest = content_digest(head, hashed_tail(header, [body]))
     return head + DIGEST_KEY + digest + DATA_KEY + len(body).to_bytes(4, "big") + body

@@ -87,7 +87,7 @@ def test_inspect(cli_bundle, run_cli) -> None:
     proc = run_cli("inspect", cli_bundle)
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
-    for words in ("bundle format 1.1", "input: x [1, 784] float32", "output: logits [1, 10]",
+    for words in ("bundle format 1.2", "input: x [1, 784] float32", "output: logits [1, 10]",
                   "target: ", "-linux-gnu level ", "kernels: 2", "fused_matmul", "weights: 4 tensors", "397.5 KiB",
                   "memory plan: arena", "vm: 2 instructions", "labels: 10", "selected"):
         assert words in out, (words, out)
@@ -95,7 +95,7 @@ def test_inspect(cli_bundle, run_cli) -> None:
     proc = run_cli("inspect", "--json", cli_bundle)
     assert proc.returncode == 0, proc.stderr
     info = json.loads(proc.stdout)
-    assert info["format"] == "1.1" and info["runs_here"] is True
+    assert info["format"] == "1.2" and info["runs_here"] is True
     assert info["inputs"][0]["shape"] == [1, 784]
     assert info["weights"] == {"count": 4, "bytes": 4 * (128 * 784 + 128 + 10 * 128 + 10)}
     assert info["vm_instructions"] == 2 and len(info["kernels"]) == 2
@@ -170,7 +170,7 @@ def test_infer_errors(tmp_path, cli_bundle, odd_input_bundle, run_cli, paths,
 
     newer = tmp_path / "newer.mlc"
     data = cli_bundle.read_bytes()
-    version = b"\xa6format\x92\x01\x01"
+    version = b"\xa6format\x92\x01\x02"
     assert data.count(version) == 1
     newer.write_bytes(data.replace(version, b"\xa6format\x92\x02\x00"))
     _check(run_cli("infer", newer, png), FormatVersionError, one_line_error, "2.0", "upgrade")

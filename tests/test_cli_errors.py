@@ -57,7 +57,7 @@ def cases(tmp_path_factory, mlp_bundle, paths) -> dict[str, tuple[list, dict, in
     npy = paths["samples"] / "digit_7.npy"
     newer = folder / "newer.mlc"
     data = bundle.read_bytes()
-    newer.write_bytes(data.replace(b"\xa6format\x92\x01\x01", b"\xa6format\x92\x02\x01"))
+    newer.write_bytes(data.replace(b"\xa6format\x92\x01\x02", b"\xa6format\x92\x02\x01"))
     wrong = folder / "wrong.npy"
     np.save(wrong, np.zeros((1, 783), np.float32))
     evil = folder / "evil.pkl"
