@@ -1,16 +1,19 @@
-"""The register-blocked matmul/conv2d kernels (codegen/gemm.py) against numpy references: odd
-shapes (not multiples of the vector width or of the register block), 1x1 and 7x7 windows,
-stride 2, asymmetric padding, groups and depthwise, fused epilogues, 2 threads and the narrower
-vector targets."""
+"""The register-blocked matmul/conv2d kernels (codegen/gemm.py) and the depthwise kernel
+(codegen/depthwise.py) against numpy references: odd shapes (not multiples of the vector width
+or of the register block), 1x1 and 7x7 windows, stride 2, asymmetric padding, groups and
+depthwise, fused epilogues, 2 threads and the narrower vector targets (AArch64 run under
+qemu)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
+from mlcpack.packager.codegen.depthwise import match_depthwise
 from mlcpack.packager.codegen.gemm import match_contraction
 from mlcpack.packager.ir import BlockBuilder
 from mlcpack.packager.ops import get_op
+from mlcpack.packager.export import ExportOptions, export_module
 from mlcpack.packager.passes import DEFAULT_PIPELINE, run_pipeline
 
 from helpers import build_op_module, compile_and_run
@@ -25,6 +28,11 @@ def rand(*shape: int) -> np.ndarray:
 def uses_fast_kernel(mod) -> bool:
     funcs = run_pipeline(mod, DEFAULT_PIPELINE).prim_funcs().values()
     return any(match_contraction(f) is not None for f in funcs)
+
+
+def uses_depthwise_kernel(mod) -> bool:
+    funcs = run_pipeline(mod, DEFAULT_PIPELINE).prim_funcs().values()
+    return any(match_depthwise(f) is not None for f in funcs)
 
 
 def run(mod, feeds, tmp_path, **kw):
@@ -45,8 +53,7 @@ CONVS = [
     dict(x=(1, 13, 7, 5), w=(17, 13, 1, 1)),                                  # odd everything
     dict(x=(1, 3, 15, 13), w=(5, 3, 7, 7), strides=(2, 2), padding=(3, 3, 3, 3)),  # 7x7 s2
     dict(x=(2, 4, 10, 11), w=(6, 2, 3, 3), groups=2, padding=(1, 0, 2, 1)),   # groups, batch 2
-    dict(x=(1, 6, 9, 9), w=(6, 1, 3, 3), groups=6, padding=(1, 1, 1, 1)),     # depthwise
-    dict(x=(1, 24, 14, 14), w=(24, 1, 3, 3), groups=24, strides=(2, 2), padding=(1, 1, 1, 1)),
+    dict(x=(1, 6, 9, 9), w=(12, 3, 3, 3), groups=2, padding=(1, 1, 1, 1)),    # 2 groups of 3
     dict(x=(1, 8, 12, 12), w=(19, 8, 3, 3), strides=(1, 2), padding=(1, 1, 1, 1)),
     dict(x=(1, 16, 9, 9), w=(33, 16, 1, 1), strides=(2, 2)),                  # 1x1 s2 downsample
     dict(x=(1, 5, 40, 37), w=(7, 5, 3, 3), padding=(1, 1, 1, 1)),            # many panels
@@ -57,9 +64,10 @@ CONVS = [
     dict(x=(2, 8, 24, 24), w=(8, 2, 1, 1), groups=4),                         # groups, batch 2
     dict(x=(1, 1, 5, 7), w=(3, 1, 1, 1)),                         # one channel: only the tail
     dict(x=(2, 37, 7, 7), w=(70, 37, 1, 1)),                      # 7x7: one partial panel
-    # >= 16 groups: each task copies one group's planes at a time into its own region
-    dict(x=(1, 16, 11, 9), w=(32, 1, 3, 3), groups=16, padding=(1, 1, 1, 1)),  # multiplier 2
-    dict(x=(2, 18, 13, 12), w=(18, 1, 5, 5), groups=18, strides=(2, 2), padding=(2, 1, 2, 2)),
+    # >= 16 groups of several channels (depthwise ones have their own kernel): each task copies
+    # one group's planes at a time into its own region
+    dict(x=(1, 32, 11, 9), w=(32, 2, 3, 3), groups=16, padding=(1, 1, 1, 1)),
+    dict(x=(2, 36, 13, 12), w=(18, 2, 5, 5), groups=18, strides=(2, 2), padding=(2, 1, 2, 2)),
     # the 4 x 4-vector register block (AVX-512) with a partial block row and panel
     dict(x=(1, 3, 20, 20), w=(10, 3, 3, 3), padding=(1, 1, 1, 1)),
     # planes larger than the L2 reuse bound, small weights: block rows innermost
@@ -72,7 +80,7 @@ def test_conv2d_fast_kernel(cfg, tmp_path):
     cfg = dict(cfg)
     x, w = rand(*cfg.pop("x")), rand(*cfg.pop("w"))
     mod = build_op_module("nn.conv2d", [x, w], [False, True], **cfg)
-    assert uses_fast_kernel(mod)
+    assert uses_fast_kernel(mod) and not uses_depthwise_kernel(mod)
     got = run(mod, {"x0": x}, tmp_path)
     want = get_op("nn.conv2d").reference(x, w, **cfg)
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
@@ -123,12 +131,14 @@ def test_pointwise_in_place_fused_epilogue(threads, tmp_path):
 
 
 @pytest.mark.parametrize("threads", [2, 3, 9])
-def test_depthwise_task_regions(threads, tmp_path):
-    """More tasks than workspace regions: the extra tasks get no groups."""
-    x, w = rand(1, 20, 60, 58), rand(40, 1, 3, 3)
+def test_grouped_task_regions(threads, tmp_path):
+    """Many groups of 2 channels, more tasks than workspace regions: the extra tasks get no
+    groups."""
+    x, w = rand(1, 40, 60, 58), rand(40, 2, 3, 3)
     bias, scale, shift = rand(1, 40, 1, 1), rand(1, 40, 1, 1), rand(1, 40, 1, 1)
     attrs = dict(groups=20, padding=(1, 1, 1, 1))
     mod = _conv_block(x, w, bias, scale, shift, None, **attrs)
+    assert uses_fast_kernel(mod) and not uses_depthwise_kernel(mod)
     got = run(mod, {"x": x}, tmp_path, threads=threads)
     conv = get_op("nn.conv2d").reference(x, w, **attrs)
     np.testing.assert_allclose(got, np.maximum((conv + bias) * scale + shift, 0),
@@ -177,6 +187,119 @@ def test_pointwise_epilogue_row_broadcast(tmp_path):
     got = run(bb.get(), {"x": x}, tmp_path)
     np.testing.assert_allclose(got, get_op("nn.conv2d").reference(x, w) + r, rtol=1e-4,
                                atol=1e-4)
+
+
+# Depthwise convolutions (one input channel per group): codegen/depthwise.py. Widths below,
+# between and above the vector widths (4, 8, 16), not multiples of them.
+DEPTHWISE = [
+    dict(x=(1, 5, 9, 9), w=(5, 1, 3, 3), padding=(1, 1, 1, 1)),             # one border chunk
+    dict(x=(2, 6, 13, 37), w=(6, 1, 3, 3), padding=(1, 1, 1, 1)),           # batch 2
+    dict(x=(1, 3, 12, 41), w=(3, 1, 3, 3)),                                 # unpadded
+    dict(x=(1, 4, 20, 53), w=(4, 1, 3, 3), strides=(2, 2), padding=(1, 1, 1, 1)),
+    dict(x=(1, 3, 17, 70), w=(3, 1, 3, 3), strides=(2, 2), padding=(0, 2, 1, 0)),  # asymmetric
+    dict(x=(1, 3, 19, 64), w=(3, 1, 3, 3), strides=(2, 2)),                 # unpadded, stride 2
+    dict(x=(1, 4, 16, 64), w=(4, 1, 5, 5), strides=(2, 2), padding=(2, 2, 2, 2)),  # 5x5 s2
+    dict(x=(1, 3, 11, 29), w=(3, 1, 5, 5), padding=(2, 2, 2, 2)),           # 5x5 s1
+    dict(x=(1, 2, 9, 100), w=(2, 1, 3, 7), strides=(1, 2), padding=(1, 3, 1, 3)),  # wide taps
+    dict(x=(1, 2, 7, 40), w=(2, 1, 2, 19), padding=(0, 9, 1, 9)),           # taps > 16 wide
+    dict(x=(1, 4, 10, 10), w=(8, 1, 3, 3), padding=(1, 1, 1, 1)),           # multiplier 2
+    dict(x=(1, 3, 6, 6), w=(3, 1, 3, 3), strides=(3, 1), padding=(4, 0, 4, 0)),  # empty rows
+    dict(x=(1, 2, 5, 7), w=(2, 1, 3, 3), padding=(1, 5, 1, 5)),             # empty chunks
+    dict(x=(1, 3, 70, 3), w=(3, 1, 3, 3), padding=(1, 1, 1, 1)),            # 3 wide, tall
+    dict(x=(1, 2, 1, 1), w=(2, 1, 1, 1)),                                   # one element
+]
+
+
+@pytest.mark.parametrize("cfg", DEPTHWISE)
+def test_depthwise_kernel(cfg, tmp_path, threads=2):
+    """2 threads: each task's share of the planes (the fixture makes every kernel parallel)."""
+    cfg = dict(cfg)
+    x, w = rand(*cfg.pop("x")), rand(*cfg.pop("w"))
+    cfg["groups"] = x.shape[1]
+    mod = build_op_module("nn.conv2d", [x, w], [False, True], **cfg)
+    assert uses_depthwise_kernel(mod)
+    got = run(mod, {"x0": x}, tmp_path, threads=threads)
+    want = get_op("nn.conv2d").reference(x, w, **cfg)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+def _depthwise_block(x, w, bias, residual, act, **attrs):
+    """depthwise conv -> +bias -> (+residual) -> act, as a fused MobileNet block."""
+    bb = BlockBuilder()
+    xv = bb.input("x", x.shape, "float32")
+    with bb.function("main", [xv]):
+        with bb.dataflow():
+            y = bb.emit_op("nn.conv2d", xv, bb.constant(w, "w"), groups=x.shape[1], **attrs)
+            y = bb.emit_op("add", y, bb.constant(bias, "b"))
+            if residual is not None:
+                y = bb.emit_op("add", y, bb.constant(residual, "r"))
+            y = bb.emit_op("clip", y, min=0.0, max=6.0) if act == "clip" else bb.emit_op(act, y)
+            y = bb.emit_output(y)
+        bb.emit_func_output(y, names=["y"])
+    return bb.get()
+
+
+def _depthwise_want(x, w, bias, residual, act, **attrs):
+    z = get_op("nn.conv2d").reference(x, w, groups=x.shape[1], **attrs) + bias
+    z = z if residual is None else z + residual
+    return np.clip(z, 0, 6) if act == "clip" else 1 / (1 + np.exp(-z))
+
+
+DW_EPILOGUES = [
+    # (x, w, attrs, residual?, act): MobileNet's 3x3 stride 1 and 2 with bias + ReLU6, a
+    # residual read along rows (masked at their ends), a sigmoid (the scalar epilogue)
+    ((1, 7, 13, 29), (7, 1, 3, 3), dict(padding=(1, 1, 1, 1)), False, "clip"),
+    ((2, 5, 12, 35), (5, 1, 3, 3), dict(strides=(2, 2), padding=(1, 1, 1, 1)), False, "clip"),
+    ((1, 6, 9, 21), (6, 1, 3, 3), dict(padding=(1, 1, 1, 1)), True, "clip"),
+    ((1, 3, 8, 19), (6, 1, 3, 3), dict(strides=(2, 2), padding=(0, 1, 1, 0)), False, "sigmoid"),
+]
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("target", [None, "x86-64-v3", "x86-64-v2"])
+@pytest.mark.parametrize("case", range(len(DW_EPILOGUES)))
+def test_depthwise_fused_epilogue(case, target, threads, tmp_path):
+    xs, ws, attrs, res, act = DW_EPILOGUES[case]
+    x, w = rand(*xs), rand(*ws)
+    bias = rand(1, ws[0], 1, 1)
+    want_shape = get_op("nn.conv2d").reference(x, w, groups=xs[1], **attrs).shape
+    residual = rand(*want_shape) if res else None
+    mod = _depthwise_block(x, w, bias, residual, act, **attrs)
+    assert uses_depthwise_kernel(mod)
+    got = run(mod, {"x": x}, tmp_path, target=target, threads=threads)
+    np.testing.assert_allclose(got, _depthwise_want(x, w, bias, residual, act, **attrs),
+                               rtol=1e-4, atol=1e-5)
+
+
+def test_depthwise_on_aarch64_under_qemu(tmp_path):
+    """NEON (4 lanes): the stride-2 shuffles, taps out of their reach, masked border chunks,
+    the residual and scalar epilogues; run by an emulated arm64 python, against numpy."""
+    from arm64_root import arm64_root_or_fail, run_bundles
+    from mlcpack.runtime import elf
+
+    from conftest import ROOT
+
+    if elf._real_arch() != "x86_64":
+        pytest.skip("the emulated run is set up for x86-64 hosts")
+    cases = {f"c{i}": c for i, c in enumerate(DW_EPILOGUES)}
+    cases["wide"] = ((1, 2, 9, 30), (2, 1, 3, 7), dict(strides=(1, 2), padding=(1, 3, 1, 3)),
+                     False, "clip")
+    bundles, want = {}, {}
+    for name, (xs, ws, attrs, res, act) in cases.items():
+        x, w = rand(*xs), rand(*ws)
+        bias = rand(1, ws[0], 1, 1)
+        shape = get_op("nn.conv2d").reference(x, w, groups=xs[1], **attrs).shape
+        residual = rand(*shape) if res else None
+        mod = _depthwise_block(x, w, bias, residual, act, **attrs)
+        path = tmp_path / f"{name}.mlc"
+        export_module(mod, path, ExportOptions(target="aarch64"))
+        bundles[name] = (path, {"x": x})
+        want[name] = _depthwise_want(x, w, bias, residual, act, **attrs)
+    report, got = run_bundles(arm64_root_or_fail(), tmp_path, ROOT, bundles)
+    assert report["machine"] == "aarch64"
+    for name in cases:
+        np.testing.assert_allclose(got[name]["y"], want[name], rtol=1e-4, atol=1e-5,
+                                   err_msg=name)
 
 
 MATMULS = [

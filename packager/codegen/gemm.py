@@ -786,4 +786,7 @@ def emit_contraction(module: ir.Module, func: PrimFunc, symbol: str, vl: int
     match = match_contraction(func)
     if match is None:
         return None
+    from .depthwise import emit_depthwise, is_depthwise   # it builds on this module
+    if is_depthwise(match):
+        return emit_depthwise(module, match, func, symbol, vl)
     return ContractionEmitter(module, func, symbol, match, vl).emit()
