@@ -17,7 +17,7 @@ import numpy as np
 from . import cpu, elf, library, vm
 from .bundle import (STORAGE_DTYPES, BundleReader, check_disjoint, check_dtype, check_shape,
                      nbytes_of, payload_ref, storage_dtype)
-from .errors import BundleError, InputError
+from .errors import BundleError, CodeLoadError, InputError
 
 ARENA_ALIGN = 64
 
@@ -115,6 +115,14 @@ def _check_batch_specs(batch: BatchInfo, specs: list[tuple[list[TensorSpec], lis
                     raise BundleError(f"bundle header: {what} {s.name!r} differs between plans")
     if not batch.inputs <= {s.name for s in ref_in}:
         raise BundleError("bundle header: batched inputs name no input")
+
+
+def _pool_code(image: elf.CodeImage) -> vm.PoolCode | None:
+    """The object's thread hand-off functions; None for bundles made before they existed."""
+    try:
+        return vm.PoolCode(*(image.address(name) for name in vm.PoolCode.SYMBOLS), image=image)
+    except CodeLoadError:
+        return None
 
 
 def _threads_from_env() -> int:
@@ -229,7 +237,8 @@ class Model:
             program = vm.decode(reader.payload(bytecode), len(tensors), len(kernels),
                                 len(site_list), name)
             self._check_arity(program, kernels_meta, tensors)
-            executor = vm.Executor(program, kernels, site_list, addresses, views, threads)
+            executor = vm.Executor(program, kernels, site_list, addresses, views, threads,
+                                   pool=_pool_code(image))
             self._executors.append(executor)
             bindings = self._bindings(row, inputs, outputs, tensors, kernels_meta, executor,
                                       addresses)

@@ -13,15 +13,19 @@ addresses are fixed by the static memory plan, so each call's ``void*[]`` is bui
 an inference is a loop of ctypes calls (which release the GIL) with no per-call allocation.
 
 With ``threads`` > 1, a parallel kernel runs task 0 on the calling thread and tasks 1..n-1 on
-persistent workers. A hand-off is one lock release to wake a worker and one acquire to wait for
-it (no futures, queues or per-call objects): the cost that decides which kernels are worth
-splitting (see ``PARALLEL_MIN_MACS`` in the packager).
+persistent workers. Bundles carry the hand-off code (the packager's ``codegen/threadpool.py``):
+workers wait for tasks spinning in native code, and a parallel kernel is one native call that
+posts the tasks, runs task 0 and waits, a fraction of a microsecond. A worker idle for about half
+a millisecond sleeps on a Python lock and the next call wakes it (tens of microseconds, the
+futex and the GIL). Older bundles use the lock for every hand-off. The hand-off cost decides
+which kernels are worth splitting (``PARALLEL_MIN_MACS`` and friends in the packager).
 """
 
 from __future__ import annotations
 
 import _thread
 import ctypes
+import os
 import struct
 import threading
 import weakref
@@ -90,15 +94,19 @@ class Executor:
 
     def __init__(self, program: list[Instruction], kernels: list[tuple[int, bool]],
                  sites: list[tuple[Callable[..., Any], dict]], addresses: list[int],
-                 views: list[np.ndarray], threads: int = 1) -> None:
+                 views: list[np.ndarray], threads: int = 1,
+                 pool: PoolCode | None = None) -> None:
         self._keep: list[Any] = []  # ctypes arrays the prepared calls point into
         self._steps: list[Callable[[], Any]] = []
         self._program = program
         self._args: list[Any] = []  # per instruction: its kernel's void*[] (None otherwise)
-        self.threads = max(1, int(threads))
-        self._workers = [_Worker() for _ in range(self.threads - 1)]
+        self.threads = max(1, min(int(threads), MAX_THREADS))
+        self._pool: _SpinPool | _LockPool | None = None
+        if self.threads > 1:
+            self._pool = (_SpinPool(self.threads - 1, pool) if pool is not None
+                          else _LockPool(self.threads - 1))
         # An executor dropped without close() still stops its workers.
-        self._finalizer = weakref.finalize(self, _stop_workers, self._workers)
+        self._finalizer = weakref.finalize(self, _stop_pool, self._pool)
         for ins in program:
             if ins.opcode == OP_CALL_KERNEL:
                 address, parallel = kernels[ins.target]
@@ -120,19 +128,9 @@ class Executor:
         args = (ctypes.c_void_p * len(pointers))(*pointers)
         self._keep.append(args)
         args_address = ctypes.addressof(args)
-        workers, n = self._workers, self.threads
-        if not workers or not parallel:
+        if self._pool is None or not parallel:
             return lambda: fn(args_address, 0, 1)
-        jobs = [(w, (fn, args_address, t, n)) for t, w in enumerate(workers, start=1)]
-
-        def run_tasks() -> None:
-            for w, job in jobs:
-                w.job = job
-                w.start.release()
-            fn(args_address, 0, n)
-            for w, _ in jobs:
-                w.done.acquire()
-        return run_tasks
+        return self._pool.step(fn, address, args_address, self.threads)
 
     def run(self) -> None:
         for step in self._steps:
@@ -176,6 +174,122 @@ class InputBinding:
             self.current = address
 
 
+@dataclass(frozen=True)
+class PoolCode:
+    """Addresses of the hand-off functions a bundle's object carries (the packager's
+    ``codegen/threadpool.py`` documents them); older bundles have none."""
+    worker: int
+    run: int
+    join: int
+    image: Any = None   # the code image they live in: kept mapped while the pool runs
+
+    SYMBOLS = ("mlcpack_pool_worker", "mlcpack_pool_run", "mlcpack_pool_join")
+
+
+_POOL_WORKER = ctypes.CFUNCTYPE(ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64)
+_POOL_RUN = ctypes.CFUNCTYPE(ctypes.c_uint64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p,
+                             ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64)
+_POOL_JOIN = ctypes.CFUNCTYPE(ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64)
+MAX_THREADS = 63          # sleeping workers come back as bits 0..62 of a mask
+SPIN_ITERATIONS = 20000   # idle spin-loop hints before a worker sleeps (about 0.5 ms)
+JOIN_SPINS = 4000         # the caller's wait before it yields the CPU to a late worker
+_LATE = 1 << 63
+_LINE = 8                 # u64 words per line: 64 bytes
+
+
+class _SpinPool:
+    """Workers that wait for tasks spinning in native code (the bundle's hand-off functions):
+    a parallel kernel is one native call that posts the job, runs tasks and waits. A worker
+    idle for ``SPIN_ITERATIONS`` sleeps on its Python lock; a call that finds it asleep wakes it
+    (the slow path, as costly as ``_LockPool``'s every call)."""
+
+    def __init__(self, nworkers: int, code: PoolCode) -> None:
+        # More threads than CPUs this process may use: spinning would steal the CPU from the
+        # thread being waited for, so workers sleep as soon as they are idle.
+        self.spins = SPIN_ITERATIONS if nworkers + 1 <= _usable_cpus() else 0
+        raw = np.zeros((nworkers + 2) * _LINE, dtype=np.uint64)
+        skip = (-raw.ctypes.data % 64) // 8
+        self._slots = raw[skip:skip + (nworkers + 1) * _LINE]
+        self._address = self._slots.ctypes.data
+        self._code = code
+        self._run, self._join = _POOL_RUN(code.run), _POOL_JOIN(code.join)
+        self._n = nworkers
+        self._locks = []
+        self._threads = []
+        worker = _POOL_WORKER(code.worker)
+        for w in range(nworkers):
+            lock = _thread.allocate_lock()
+            lock.acquire()
+            self._locks.append(lock)
+            t = threading.Thread(target=_spin_loop, args=(worker, self._address, w, lock,
+                                                          self.spins),
+                                 name="mlcpack-worker", daemon=True)
+            t.start()
+            self._threads.append(t)
+
+    def _wake(self, mask: int) -> None:
+        for w, lock in enumerate(self._locks):
+            if mask >> w & 1:
+                lock.release()
+
+    def step(self, fn: Any, address: int, args: int, n: int) -> Callable[[], Any]:
+        run, join, pool, nw, wake = self._run, self._join, self._address, self._n, self._wake
+        spins = JOIN_SPINS
+
+        def run_tasks() -> None:
+            status = run(pool, nw, address, args, n, spins)
+            if status:
+                if status != _LATE:
+                    wake(status)
+                while join(pool, spins):
+                    os.sched_yield()
+        return run_tasks
+
+    def stop(self) -> None:
+        if self._threads:
+            self._wake(self._run(self._address, self._n, 0, 0, 0, 0))
+            for t in self._threads:
+                if t is not threading.current_thread():
+                    t.join()
+            self._threads = []
+
+
+def _spin_loop(worker: Any, pool: int, w: int, lock: Any, spins: int) -> None:
+    while worker(pool, w, spins):
+        lock.acquire()
+
+
+def _usable_cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+class _LockPool:
+    """Workers woken by a Python lock for each task (bundles without the hand-off code)."""
+
+    def __init__(self, nworkers: int) -> None:
+        self._workers = [_Worker() for _ in range(nworkers)]
+
+    def step(self, fn: Any, address: int, args: int, n: int) -> Callable[[], Any]:
+        jobs = [(w, (fn, args, t, n)) for t, w in enumerate(self._workers, start=1)]
+
+        def run_tasks() -> None:
+            for w, job in jobs:
+                w.job = job
+                w.start.release()
+            fn(args, 0, n)
+            for w, _ in jobs:
+                w.done.acquire()
+        return run_tasks
+
+    def stop(self) -> None:
+        for w in self._workers:
+            w.stop()
+        self._workers.clear()
+
+
 class _Worker:
     """A thread that runs one kernel task each time ``start`` is released, then releases
     ``done``. Both are plain locks used as binary semaphores (held = nothing to do)."""
@@ -207,10 +321,9 @@ class _Worker:
             self.thread.join()
 
 
-def _stop_workers(workers: list[_Worker]) -> None:
-    for w in workers:
-        w.stop()
-    workers.clear()
+def _stop_pool(pool: _SpinPool | _LockPool | None) -> None:
+    if pool is not None:
+        pool.stop()
 
 
 def _library_step(fn: Callable[..., Any], inputs: list[np.ndarray], out: np.ndarray,

@@ -212,21 +212,24 @@ import json, platform, sys
 import numpy as np
 from mlcpack.runtime import load
 jobs = json.load(open(sys.argv[1]))
-report = {"machine": platform.machine(), "chosen": {}}
+report = {"machine": platform.machine(), "chosen": {}, "pool": {}}
 for job in jobs:
     feeds = dict(np.load(job["inputs"]))
-    with load(job["bundle"]) as model:
+    with load(job["bundle"], threads=job["threads"]) as model:
         outputs = model.run(feeds)
         report["chosen"][job["bundle"]] = model.code_variant["level"]
+        report["pool"][job["bundle"]] = type(model._executor._pool).__name__
     np.savez(job["outputs"], **outputs)
 print(json.dumps(report))
 """
 
 
 def run_bundles(root: Arm64Root, work: Path, repo_root: Path,
-                bundles: dict[str, tuple[Path, dict]]) -> tuple[dict, dict[str, dict]]:
+                bundles: dict[str, tuple[Path, dict]], threads: dict[str, int] | None = None
+                ) -> tuple[dict, dict[str, dict]]:
     """Run each ``name: (bundle, feeds)`` with the copied runtime in ONE emulated process
-    (starting numpy under qemu costs seconds); return (report, name -> outputs)."""
+    (starting numpy under qemu costs seconds), on ``threads[name]`` threads (default 1); return
+    (report, name -> outputs)."""
     import json
 
     import numpy as np
@@ -236,7 +239,8 @@ def run_bundles(root: Arm64Root, work: Path, repo_root: Path,
     for name, (bundle, feeds) in bundles.items():
         np.savez(work / f"{name}-in.npz", **feeds)
         jobs.append({"bundle": str(bundle), "inputs": str(work / f"{name}-in.npz"),
-                     "outputs": str(work / f"{name}-out.npz")})
+                     "outputs": str(work / f"{name}-out.npz"),
+                     "threads": (threads or {}).get(name, 1)})
     (work / "jobs.json").write_text(json.dumps(jobs))
     (work / "runner.py").write_text(_RUNNER)
     proc = root.run_python([str(work / "runner.py"), str(work / "jobs.json")], pythonpath=[pkg])

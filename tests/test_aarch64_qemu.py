@@ -56,8 +56,16 @@ def _x86_outputs(path, feeds):
 
 
 @pytest.mark.parametrize("level", ["aarch64", "aarch64+dotprod"])
-def test_aarch64_bundles_match_x86_64_under_qemu(level, models, arm64_root, tmp_path) -> None:
+def test_aarch64_bundles_match_x86_64_under_qemu(level, models, arm64_root, tmp_path,
+                                                 monkeypatch) -> None:
+    """Each model on one thread, and the MLP again with every kernel split over 2 threads (the
+    spinning hand-off's atomics and the AArch64 spin hint, for real)."""
+    from mlcpack.packager.codegen import gemm, lower
+
     bundles, expected = {}, {}
+    monkeypatch.setattr(gemm, "PARALLEL_MIN_MACS", 0)
+    monkeypatch.setattr(lower, "PARALLEL_MIN_OUTPUTS", 0)
+    models = {**models, "mlp-threads": models["mlp"]}
     for name, (mod, feeds) in models.items():
         a64 = tmp_path / f"{name}-a64.mlc"
         x86 = tmp_path / f"{name}-x86.mlc"
@@ -65,10 +73,12 @@ def test_aarch64_bundles_match_x86_64_under_qemu(level, models, arm64_root, tmp_
         export_module(mod, x86, ExportOptions())
         bundles[name] = (a64, feeds)
         expected[name] = _x86_outputs(x86, feeds)
-    report, got = run_bundles(arm64_root, tmp_path, ROOT, bundles)
+    report, got = run_bundles(arm64_root, tmp_path, ROOT, bundles, threads={"mlp-threads": 2})
     assert report["machine"] == "aarch64"
     for name in models:
         assert report["chosen"][str(bundles[name][0])] == level
+        assert report["pool"][str(bundles[name][0])] == ("_SpinPool" if name == "mlp-threads"
+                                                         else "NoneType")
         for out, want in expected[name].items():
             np.testing.assert_allclose(got[name][out], want, rtol=1e-5, atol=1e-5,
                                        err_msg=f"{name} {out} on {level}")

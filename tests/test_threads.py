@@ -106,3 +106,57 @@ def test_worker_threads_stop_on_close_and_when_dropped(batch_bundle) -> None:
     del model  # never closed: its executors' finalizers stop the workers
     gc.collect()
     assert _workers() == before
+
+
+def _pool(model):
+    return model._executor._pool
+
+
+def test_spinning_workers_sleep_when_idle_and_wake_for_the_next_call(batch_bundle, reference_mlp,
+                                                                    mlp_weights) -> None:
+    """After ~0.5 ms without work a worker parks (state PARKED in its slot); the next parallel
+    kernel finds it asleep, wakes it through its lock, and the result is unchanged."""
+    import time
+
+    from mlcpack.runtime import vm
+
+    rng = np.random.default_rng(8)
+    with load(batch_bundle, threads=2) as model:
+        pool = _pool(model)
+        assert isinstance(pool, vm._SpinPool) and pool.spins > 0
+        x = rng.standard_normal(model.inputs[0].shape).astype(np.float32)
+        want = model(x)
+        np.testing.assert_allclose(want, reference_mlp(mlp_weights, x), rtol=1e-5, atol=1e-5)
+        for _ in range(3):
+            deadline = time.monotonic() + 5
+            while pool._slots[8] != 1 and time.monotonic() < deadline:  # worker 0's state
+                time.sleep(0.005)
+            assert pool._slots[8] == 1, "an idle worker should park"
+            assert model(x).tobytes() == want.tobytes()
+        word = int(pool._slots[0])
+        ntasks = word >> 16 & 0xFFFF
+        assert word >> 32 >= 4, "every parallel kernel is a job"
+        assert ntasks == 2 and word & 0xFFFF == ntasks and pool._slots[3] == ntasks  # all done
+
+
+def test_bundles_without_hand_off_code_use_lock_workers(monkeypatch, batch_bundle) -> None:
+    """A bundle made before the hand-off functions existed still runs on several threads."""
+    from mlcpack.runtime import vm
+
+    monkeypatch.setattr(vm.PoolCode, "SYMBOLS", ("no_such_worker", "no_such_run",
+                                                 "no_such_wait"))
+    x = np.random.default_rng(9).standard_normal((96, 784)).astype(np.float32)
+    with load(batch_bundle, threads=1) as one, load(batch_bundle, threads=3) as three:
+        assert isinstance(_pool(three), vm._LockPool)
+        assert three(x).tobytes() == one(x).tobytes()
+
+
+def test_more_threads_than_cpus_do_not_spin(monkeypatch, batch_bundle) -> None:
+    from mlcpack.runtime import vm
+
+    monkeypatch.setattr(vm, "_usable_cpus", lambda: 2)
+    x = np.random.default_rng(10).standard_normal((96, 784)).astype(np.float32)
+    with load(batch_bundle, threads=1) as one, load(batch_bundle, threads=4) as four:
+        assert _pool(four).spins == 0
+        for _ in range(3):
+            assert four(x).tobytes() == one(x).tobytes()

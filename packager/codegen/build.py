@@ -17,6 +17,7 @@ from .lower import KernelInfo, emit_kernel
 from .pool import emit_max_pool
 from .objinfo import undefined_symbols
 from .target import Target
+from .threadpool import emit_thread_pool
 
 SYMBOL_PREFIX = "mlc_"
 # The only symbols compiled kernels may import; the runtime resolves them from libc.
@@ -76,6 +77,7 @@ def compile_prim_funcs(funcs: Sequence[PrimFunc], target: Target) -> CompiledCod
         else:
             first[key] = f.name
             kernels[f.name] = _emit(module, f, SYMBOL_PREFIX + f.name, vl)
+    emit_thread_pool(module, target)
     text = str(module)
     try:
         parsed = llvm.parse_assembly(text)

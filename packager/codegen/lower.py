@@ -33,6 +33,10 @@ from .helpers import (ARITH_FLAGS, F32, F64, I8, I64, LLVM_TYPES, REDUCE_FLAGS, 
 WORKSPACE_ALIGN = 64
 
 
+# Generic kernels with fewer output elements than this run on one thread.
+PARALLEL_MIN_OUTPUTS = 1 << 14
+
+
 @dataclass(frozen=True)
 class KernelInfo:
     symbol: str
@@ -146,7 +150,11 @@ class KernelEmitter:
             for (stage, _), off in zip(materialized, offsets):
                 ptr = b.gep(ws, [const_i64(off)], inbounds=True)
                 self.buffers[stage.uid] = b.bitcast(ptr, STORAGE_TYPES[stage.dtype].as_pointer())
-        parallel = not materialized
+        # Split the output loop over threads only when there is work enough to share: a hand-off
+        # costs well under a microsecond (runtime/vm.py), a kernel this small not much more.
+        parallel = not materialized and sum(
+            int(np.prod(stage.shape, dtype=np.int64)) for stage, _ in outputs
+        ) >= PARALLEL_MIN_OUTPUTS
         for stage, body in materialized:
             self._emit_stage(stage, body, None, None)
         for stage, body in outputs:
