@@ -14,7 +14,9 @@ target's vector width) and, for every step k of the reduction, loads NR contiguo
   bounds checks. Columns with ox >= OW are computed and dropped.
 
   A 1x1, stride-1, unpadded convolution on a large image reads its input in place; one with
-  many groups (depthwise) copies one group at a time into a workspace region of its own task.
+  many groups copies one group at a time into a workspace region of its own task. Depthwise
+  convolutions (one input channel per group) have a direct kernel of their own
+  (``depthwise.py``), which ``emit_contraction`` hands them to.
 
 After each block, the fused epilogue (bias, BatchNorm scale/shift, activation, residual add) is
 evaluated on the register tile a vector at a time along the output's last axis (masked at the
