@@ -40,10 +40,11 @@ from .helpers import F32, I1, I32, I64, STORAGE_TYPES, alloca_once, const_i64, f
 from .lower import WORKSPACE_ALIGN, KernelEmitter, KernelInfo, _plan_stages
 
 
-# Below this many multiply-adds (~80 µs on one core) a kernel runs on one thread: waking another
-# thread costs 30-40 µs in the runtime on this class of machine (a sleeping thread's wake-up),
-# so a 4 M-MAC matmul measured 0.6-0.85x with 2 threads, 8 M break-even, 17 M 1.2-1.6x.
-PARALLEL_MIN_MACS = 1 << 23
+# Below this many multiply-adds (~4 µs on one core) a kernel runs on one thread. The runtime's
+# native hand-off (codegen/threadpool.py) costs about a microsecond: a matmul of 131 K MACs
+# measured 0.99x on 2 threads, 524 K 1.43x, 2 M 1.88x (the lock hand-off it replaced cost
+# 30-40 µs, and the threshold was 8 M).
+PARALLEL_MIN_MACS = 1 << 18
 # An operand re-read by an inner loop is cheap to re-read while it fits in (half of) L2.
 L2_REUSE_BYTES = 512 * 1024
 # Convolutions with at least this many groups copy their input one group at a time, each task

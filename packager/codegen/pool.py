@@ -19,8 +19,8 @@ from ..ir.patterns import reduction_tag
 from .helpers import F32, I1, I32, I64, alloca_once, const_i64, for_range, intrinsic
 from .lower import KernelEmitter, KernelInfo, _plan_stages
 
-# Planes (image, channel) per kernel below which it stays on one thread.
-PARALLEL_MIN_OUTPUTS = 1 << 16
+# Outputs per kernel below which it stays on one thread (a few microseconds of work).
+PARALLEL_MIN_OUTPUTS = 1 << 14
 
 
 def match_max_pool(func: PrimFunc):
