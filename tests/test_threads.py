@@ -160,3 +160,26 @@ def test_more_threads_than_cpus_do_not_spin(monkeypatch, batch_bundle) -> None:
         assert _pool(four).spins == 0
         for _ in range(3):
             assert four(x).tobytes() == one(x).tobytes()
+
+
+def test_a_forked_child_runs_without_the_parents_workers(batch_bundle) -> None:
+    """Worker threads do not survive fork(); the child's calls claim every task themselves
+    (the hand-off never waits for a particular worker), so they neither hang nor differ."""
+    import os
+
+    x = np.random.default_rng(11).standard_normal((96, 784)).astype(np.float32)
+    with load(batch_bundle, threads=2) as model:
+        want = model(x)
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: run twice (workers spinning, then "parked"), report, exit
+            try:
+                ok = all(model(x).tobytes() == want.tobytes() for _ in range(2))
+                os.write(write, b"1" if ok else b"0")
+            finally:
+                os._exit(0)
+        os.close(write)
+        _, status = os.waitpid(pid, 0)
+        assert os.read(read, 1) == b"1" and status == 0
+        os.close(read)
+        assert model(x).tobytes() == want.tobytes()
