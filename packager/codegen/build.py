@@ -87,7 +87,11 @@ def compile_prim_funcs(funcs: Sequence[PrimFunc], target: Target) -> CompiledCod
     tm = _target_machine(target)
     parsed.triple = target.triple
     parsed.data_layout = str(tm.target_data)
-    pb = llvm.create_pass_builder(tm, llvm.PipelineTuningOptions(speed_level=3))
+    # llvmlite leaves the SLP vectorizer off; without it an inner loop that the unroller
+    # flattens (a 64-float row of a transpose) stays scalar.
+    tuning = llvm.PipelineTuningOptions(speed_level=3)
+    tuning.slp_vectorization = True
+    pb = llvm.create_pass_builder(tm, tuning)
     pb.getModulePassManager().run(parsed, pb)
     undefined = sorted(f.name for f in parsed.functions
                        if f.is_declaration and not f.name.startswith("llvm.")
