@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from mlcpack.packager.codegen.depthwise import match_depthwise
-from mlcpack.packager.codegen.gemm import match_contraction
+from mlcpack.packager.codegen.gemm import conv_geometry, match_contraction
 from mlcpack.packager.ir import BlockBuilder
 from mlcpack.packager.ops import get_op
 from mlcpack.packager.export import ExportOptions, export_module
@@ -84,6 +84,46 @@ def test_conv2d_fast_kernel(cfg, tmp_path):
     got = run(mod, {"x0": x}, tmp_path)
     want = get_op("nn.conv2d").reference(x, w, **cfg)
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+# conv_geometry's choices on AVX-512: (x, w, attrs, planes shifted by tap column?, vector width)
+LAYOUTS = [
+    # ResNet-18's 7x7 layer shape: shifted planes (no dropped columns), 3 x 7 half vectors
+    ((1, 24, 7, 7), (40, 24, 3, 3), dict(padding=(1, 1, 1, 1)), True, 8),
+    # 14x14: 4 x 5 half vectors
+    ((1, 16, 14, 14), (32, 16, 3, 3), dict(padding=(1, 1, 1, 1)), True, 8),
+    # stride 2 shifted: row phases x tap columns; a partial last panel
+    ((1, 16, 31, 29), (24, 16, 3, 3), dict(strides=(2, 2), padding=(1, 1, 1, 1)), True, 8),
+    # asymmetric padding, 1x3 window, stride (1, 2), full-width vectors
+    ((1, 32, 13, 21), (24, 32, 1, 3), dict(strides=(1, 2), padding=(0, 2, 1, 0)), True, 16),
+    # large planes stay in the stride-phase layout (copying kw times would not fit L2)
+    ((1, 64, 58, 58), (16, 64, 3, 3), dict(padding=(1, 1, 1, 1)), False, 16),
+]
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("case", range(len(LAYOUTS)))
+def test_conv_plane_layouts(case, threads, tmp_path):
+    xs, ws, attrs, shifted, vl = LAYOUTS[case]
+    x, w = rand(*xs), rand(*ws)
+    want = get_op("nn.conv2d").reference(x, w, **attrs)
+    full = {"strides": (1, 1), "padding": (0, 0, 0, 0), "groups": 1, **attrs}
+    g = conv_geometry(xs, ws, want.shape, full, 16)
+    assert (g["shifted"], g["vl"]) == (shifted, vl)
+    mod = build_op_module("nn.conv2d", [x, w], [False, True], **attrs)
+    got = run(mod, {"x0": x}, tmp_path, threads=threads)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("target", ["x86-64-v3", "x86-64-v2"])
+def test_conv_plane_layouts_narrow_targets(target, tmp_path):
+    """The narrower targets' plan (one tile, both layouts) on the same shapes, 2 threads."""
+    for xs, ws, attrs, _, _ in LAYOUTS[:4]:
+        x, w = rand(*xs), rand(*ws)
+        mod = build_op_module("nn.conv2d", [x, w], [False, True], **attrs)
+        got = run(mod, {"x0": x}, tmp_path, target=target, threads=2)
+        np.testing.assert_allclose(got, get_op("nn.conv2d").reference(x, w, **attrs),
+                                   rtol=1e-4, atol=1e-4)
 
 
 def _conv_block(x, w, bias, scale, shift, residual, **attrs):

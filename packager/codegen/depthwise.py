@@ -59,6 +59,8 @@ def match_depthwise(func: PrimFunc) -> Contraction | None:
 
 class DepthwiseEmitter(ContractionEmitter):
 
+    plans_conv = False   # its own plan (_geometry)
+
     def emit(self) -> KernelInfo:
         params = self.func.inputs + self.func.outputs
         ptr_types = [STORAGE_TYPES[t.dtype].as_pointer() for t in params]

@@ -11,7 +11,11 @@ target's vector width) and, for every step k of the reduction, loads NR contiguo
   workspace, so that for every tap (ic, ky, kx) the values needed by a run of consecutive
   flattened outputs ``p = oy * Wq + ox`` (Wq >= the padded width / stride) are contiguous: a
   convolution becomes a GEMM ``out[oc, p] = sum_k w[oc, k] * planes[off(k) + p]`` with no
-  bounds checks. Columns with ox >= OW are computed and dropped.
+  bounds checks. Columns with ox >= OW are computed and dropped. Alternatively the planes are
+  *shifted* copies, one per tap column kx, with rows exactly OW long: no dropped columns, kw/sw
+  times the copying; ``conv_geometry`` picks the layout and register tile (on AVX-512 possibly
+  with 256-bit vectors, whose finer granularity wastes fewer lanes on 7x7 or 14x14 images) that
+  computes the fewest multiply-adds, copies counted.
 
   A 1x1, stride-1, unpadded convolution on a large image reads its input in place; one with
   many groups copies one group at a time into a workspace region of its own task. Depthwise
@@ -135,13 +139,115 @@ def vector_width(target_name: str) -> int:
     return {"x86-64-v4": 16, "x86-64-v3": 8}.get(target_name, 4)
 
 
+# Register blocks for convolutions: (vector width, rows, vectors per row, relative cost per
+# computed output). With AVX-512's 32 registers, half-width (256-bit) vectors cost the same per
+# lane on Zen 4 (two 256-bit FMA pipes) and waste fewer lanes on short rows.
+_CONV_TILES_512 = ((16, 4, 4, 1.0), (16, 6, 2, 1.0), (16, 12, 2, 1.01), (8, 4, 6, 1.01),
+                   (8, 4, 5, 1.02), (8, 3, 7, 1.03))
+# One copied plane element costs about this many multiply-adds of the microkernel, and one
+# computed output about this many more when the epilogue goes row by row (rows of the planes
+# longer than the output's); measured on Zen 4 (ResNet-18 3x3 and MobileNetV2's first conv).
+COPY_COST_MACS = 8
+ROWWISE_EPILOGUE_MACS = 2
+
+
+def _conv_tiles(rows: int, vl: int) -> tuple[tuple[int, int, int, float], ...]:
+    if rows < 4:
+        return ((vl, rows, 4, 1.0),)
+    if vl == 16:
+        return _CONV_TILES_512
+    return ((vl, 6, 2, 1.0),)
+
+
+def conv_geometry(x_shape, w_shape, out_shape, attrs: dict, target_vl: int) -> dict:
+    """How a conv2d is computed: plane layout, register tile, loop order (see the module
+    docstring). Two plane layouts: by stride *phase* (``planes[ic, py, px, u, v] = x[ic, u*sh +
+    py - pt, v*sw + px - pl]``, row length ``wq`` >= the output width plus the window's reach:
+    those extra columns are computed and dropped), or *shifted* by tap column (``px`` runs over
+    the window's columns kx, ``wq`` = the output width: no dropped columns, kw/sw times the
+    copying). The cheaper of the two, with the cheapest register tile, in computed
+    multiply-adds."""
+    _, c, h, wd = x_shape
+    o, cg, kh, kw = w_shape
+    _, _, oh, ow = out_shape
+    sh, sw = attrs["strides"]
+    pt, pl, pb, pr = attrs["padding"]
+    hp, wp = h + pt + pb, wd + pl + pr
+    groups = attrs["groups"]
+    og = o // groups
+    hq = max(-(-hp // sh), oh + (kh - 1) // sh)
+    ny = min(sh, kh)                      # row phases read by some tap
+    # A 1x1, stride-1, unpadded convolution reads its input as the planes: no copy (in the
+    # last, partial panel, the last channel's loads are masked instead of reading zero slack;
+    # masked loads are slower than plain ones).
+    direct = (kh, kw, sh, sw) == (1, 1, 1, 1) and not any(attrs["padding"])
+    layouts = [False] if direct or kw == 1 and sw == 1 else [False, True]
+    best = None
+    for shifted in layouts:
+        wq = ow if shifted else max(-(-wp // sw), ow + (kw - 1) // sw)
+        nx = kw if shifted else min(sw, kw)
+        pflat = oh * wq                          # flattened outputs computed per channel
+        copied = 0 if direct else c * ny * nx * hq * wq
+        for vl, mr, nv, eff in _conv_tiles(og, target_vl):
+            nr = nv * vl
+            computed = -(-og // mr) * mr * groups * -(-pflat // nr) * nr * cg * kh * kw
+            # planes that do not stay in L2 cost more than the copy: the kernel reads them
+            cost = computed * eff + copied * COPY_COST_MACS * (
+                2 if 4 * copied > 2 * L2_REUSE_BYTES else 1)
+            if wq != ow:
+                cost += computed // (cg * kh * kw) * ROWWISE_EPILOGUE_MACS
+            if best is None or cost < best[0]:
+                best = (cost, shifted, wq, nx, pflat, vl, mr, nv)
+    _, shifted, wq, nx, pflat, vl, mr, nv = best
+    nr = nv * vl
+    panels = -(-pflat // nr)
+    shift_max = ((kh - 1) // sh) * wq + (0 if shifted else (kw - 1) // sw)
+    plane_floats = cg * ny * nx * hq * wq      # one group's
+    planes = 0 if direct else groups * plane_floats
+    slack = 0 if direct else max(0, shift_max + panels * nr - hq * wq) + nr
+    # Loop order: with the panel innermost, each weight block is read once and the planes
+    # once per block row; with the block row innermost, each planes panel is read once and
+    # the weights once per panel. Re-reads of an operand that stays in L2 are cheap.
+    mblocks = -(-og // mr)
+    plane_bytes = 4 * plane_floats
+    weight_bytes = 4 * og * cg * kh * kw
+    if plane_bytes <= L2_REUSE_BYTES:
+        panel_outer = False
+    elif weight_bytes <= L2_REUSE_BYTES:
+        panel_outer = True
+    else:
+        panel_outer = (plane_bytes + panels * weight_bytes
+                       < weight_bytes + mblocks * plane_bytes)
+    # Many groups (depthwise): each task copies one group's planes at a time into a
+    # region of its own, right before using them (cache-hot, no task copies them all).
+    per_group = not direct and groups >= GROUPED_MIN_GROUPS
+    region = -(-(plane_floats + slack) // 16) * 16
+    if per_group:
+        planes = region * MAX_TASK_REGIONS
+        slack_total = 0
+    else:
+        slack_total = slack
+    return dict(c=c, h=h, w=wd, o=o, cg=cg, kh=kh, kw=kw, oh=oh, ow=ow, sh=sh, sw=sw,
+                ny=ny, nx=nx, shifted=shifted, vl=vl,
+                per_group=per_group, region=region, slack_total=slack_total,
+                pt=pt, pl=pl, hq=hq, wq=wq, groups=groups, og=og, pflat=pflat, mr=mr, nv=nv,
+                nr=nr, panels=panels, planes_floats=planes, slack=slack, direct=direct,
+                panel_outer=panel_outer)
+
+
 class ContractionEmitter(KernelEmitter):
     """Emits a matched contraction; the generic emitter evaluates the epilogue."""
+
+    plans_conv = True   # convolutions: conv_geometry() picks the vector width
 
     def __init__(self, module: ir.Module, func: PrimFunc, symbol: str, match: Contraction,
                  vl: int) -> None:
         super().__init__(module, func, symbol)
         self.match = match
+        self.target_vl = vl
+        self._geom_cache: dict | None = None
+        if match.tag.kind == "conv2d" and self.plans_conv:   # the tile may use half-width vectors
+            vl = self._conv_geometry()["vl"]
         self.vl = vl
         self.vty = ir.VectorType(F32, vl)
         self._tile_value: ir.Value | None = None
@@ -493,82 +599,38 @@ class ContractionEmitter(KernelEmitter):
     # ---- conv2d -------------------------------------------------------------------------------
 
     def _conv_geometry(self) -> dict:
-        x, w = self.match.tag.operands
-        attrs = self.match.tag.attrs
-        _, c, h, wd = x.shape
-        o, cg, kh, kw = w.shape
-        _, _, oh, ow = self.match.out.shape
-        sh, sw = attrs["strides"]
-        pt, pl, pb, pr = attrs["padding"]
-        hp, wp = h + pt + pb, wd + pl + pr
-        hq, wq = -(-hp // sh), -(-wp // sw)
-        hq = max(hq, oh + (kh - 1) // sh)
-        wq = max(wq, ow + (kw - 1) // sw)
-        groups = attrs["groups"]
-        og = o // groups
-        pflat = oh * wq                              # flattened outputs computed per channel
-        mr, nv = _pick_tile(og, pflat, self.vl)
-        nr = nv * self.vl
-        panels = -(-pflat // nr)
-        shift_max = ((kh - 1) // sh) * wq + (kw - 1) // sw
-        # A 1x1, stride-1, unpadded convolution reads its input as the planes: no copy (in
-        # the last, partial panel, the last channel's loads are masked instead of reading zero
-        # slack; masked loads are slower than plain ones).
-        direct = (kh, kw, sh, sw) == (1, 1, 1, 1) and not any(attrs["padding"])
-        planes = 0 if direct else c * sh * sw * hq * wq
-        slack = 0 if direct else max(0, shift_max + panels * nr - hq * wq) + nr
-        # Loop order: with the panel innermost, each weight block is read once and the planes
-        # once per block row; with the block row innermost, each planes panel is read once and
-        # the weights once per panel. Re-reads of an operand that stays in L2 are cheap.
-        mblocks = -(-og // mr)
-        plane_bytes = 4 * cg * sh * sw * hq * wq
-        weight_bytes = 4 * og * cg * kh * kw
-        if plane_bytes <= L2_REUSE_BYTES:
-            panel_outer = False
-        elif weight_bytes <= L2_REUSE_BYTES:
-            panel_outer = True
-        else:
-            panel_outer = (plane_bytes + panels * weight_bytes
-                           < weight_bytes + mblocks * plane_bytes)
-        # Many groups (depthwise): each task copies one group's planes at a time into a
-        # region of its own, right before using them (cache-hot, no task copies them all).
-        per_group = not direct and groups >= GROUPED_MIN_GROUPS
-        region = -(-(cg * sh * sw * hq * wq + slack) // 16) * 16
-        if per_group:
-            planes = region * MAX_TASK_REGIONS
-            slack_total = 0
-        else:
-            slack_total = slack
-        return dict(c=c, h=h, w=wd, o=o, cg=cg, kh=kh, kw=kw, oh=oh, ow=ow, sh=sh, sw=sw,
-                    per_group=per_group, region=region, slack_total=slack_total,
-                    pt=pt, pl=pl, hq=hq, wq=wq, groups=groups, og=og, pflat=pflat, mr=mr, nv=nv,
-                    nr=nr, panels=panels, planes_floats=planes, slack=slack, direct=direct,
-                    panel_outer=panel_outer)
+        if self._geom_cache is None:
+            x, w = self.match.tag.operands
+            self._geom_cache = conv_geometry(x.shape, w.shape, self.match.out.shape,
+                                           self.match.tag.attrs, self.target_vl)
+        return self._geom_cache
 
     def _fill_planes(self, g: dict, x_img: ir.Value, planes: ir.Value,
                      nchan: int | None = None) -> None:
         """planes[ic, py, px, u, v] = x[ic, u*sh + py - pt, v*sw + px - pl], 0 outside, for
-        the first ``nchan`` channels of ``x_img`` (default all), then zero slack after them."""
+        the first ``nchan`` channels of ``x_img`` (default all), then zero slack after them;
+        py < ny row phases, px < nx column phases (or tap columns, shifted layout)."""
         b = self.builder
         zero = ir.Constant(F32, 0.0)
         nchan = g["c"] if nchan is None else nchan
         sh, sw, hq, wq, w, pl = g["sh"], g["sw"], g["hq"], g["wq"], g["w"], g["pl"]
+        ny, nx = g["ny"], g["nx"]
         # columns v whose source x = v*sw + px - pl lies inside the row, per phase px; and the
         # columns where it does for every phase (copied by one interleaved loop that reads the
         # source row contiguously, which LLVM vectorizes: stride-phase gathers would not be)
-        v_lo = [min(wq, max(0, -(-(pl - px) // sw))) for px in range(sw)]
-        v_hi = [max(v_lo[px], min(wq, (w - 1 + pl - px) // sw + 1)) for px in range(sw)]
+        v_lo = [min(wq, max(0, -(-(pl - px) // sw))) for px in range(nx)]
+        v_hi = [max(v_lo[px], min(wq, (w - 1 + pl - px) // sw + 1)) for px in range(nx)]
         c_lo = max(v_lo)
         c_hi = max(c_lo, min(v_hi))
         with for_range(b, const_i64(0), const_i64(nchan), "pc") as ic:
-            for py in range(sh):
+            for py in range(ny):
                 with for_range(b, const_i64(0), const_i64(hq), "pu") as u:
                     yy = b.sub(b.add(b.mul(u, const_i64(sh)), const_i64(py)), const_i64(g["pt"]))
                     row_ok = b.and_(b.icmp_signed(">=", yy, const_i64(0)),
                                     b.icmp_signed("<", yy, const_i64(g["h"])))
-                    dst_rows = [b.add(b.mul(b.add(b.mul(ic, const_i64(sh * sw)),
-                                                  const_i64(py * sw + px)), const_i64(hq * wq)),
-                                      b.mul(u, const_i64(wq))) for px in range(sw)]
+                    dst_rows = [b.add(b.mul(b.add(b.mul(ic, const_i64(ny * nx)),
+                                                  const_i64(py * nx + px)), const_i64(hq * wq)),
+                                      b.mul(u, const_i64(wq))) for px in range(nx)]
                     with b.if_else(row_ok) as (inside, outside):
                         with inside:
                             src_row = b.add(b.mul(ic, const_i64(g["h"] * w)),
@@ -580,7 +642,7 @@ class ContractionEmitter(KernelEmitter):
                                 b.store(val, b.gep(planes, [b.add(dst_rows[px], v)],
                                                    inbounds=True))
 
-                            for px in range(sw):
+                            for px in range(nx):
                                 self._zero_run(planes, dst_rows[px], 0, v_lo[px])
                                 if c_lo > v_lo[px]:
                                     with for_range(b, const_i64(v_lo[px]), const_i64(c_lo),
@@ -588,19 +650,19 @@ class ContractionEmitter(KernelEmitter):
                                         copy(v, px)
                             if c_hi > c_lo:
                                 with for_range(b, const_i64(c_lo), const_i64(c_hi), "pv") as v:
-                                    for px in range(sw):
+                                    for px in range(nx):
                                         copy(v, px)
-                            for px in range(sw):
+                            for px in range(nx):
                                 if v_hi[px] > c_hi:
                                     with for_range(b, const_i64(c_hi), const_i64(v_hi[px]),
                                                    "pv") as v:
                                         copy(v, px)
                                 self._zero_run(planes, dst_rows[px], v_hi[px], wq)
                         with outside:
-                            for px in range(sw):
+                            for px in range(nx):
                                 self._zero_run(planes, dst_rows[px], 0, wq)
         # the slack after the last plane is read only by dropped columns; keep it finite
-        filled = nchan * g["sh"] * g["sw"] * g["hq"] * g["wq"]
+        filled = nchan * ny * nx * hq * wq
         with for_range(b, const_i64(0), const_i64(g["slack"]), "ps") as s:
             b.store(zero, b.gep(planes, [b.add(const_i64(filled), s)], inbounds=True))
 
@@ -683,12 +745,15 @@ class ContractionEmitter(KernelEmitter):
                         b.add(b.mul(k, const_i64(khw)), const_i64(u)))
             return b.load(b.gep(w_ptr, [idx], inbounds=True))
 
+        ny, nx, shifted = g["ny"], g["nx"], g["shifted"]
+
         def off(k, u, v):
             ky, kx = taps[u]
-            plane_idx = b.add(b.mul(b.add(ic_base, k), const_i64(sh * sw)),
-                              const_i64((ky % sh) * sw + kx % sw))
+            px, dx = (kx, 0) if shifted else (kx % sw, kx // sw)
+            plane_idx = b.add(b.mul(b.add(ic_base, k), const_i64(ny * nx)),
+                              const_i64((ky % sh) * nx + px))
             return b.add(b.mul(plane_idx, const_i64(plane)),
-                         const_i64((ky // sh) * wq + kx // sw + v * self.vl))
+                         const_i64((ky // sh) * wq + dx + v * self.vl))
 
         def block(masked: bool) -> None:
             def b_vector(k, u, v):
