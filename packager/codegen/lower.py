@@ -104,6 +104,24 @@ def _plan_stages(func: PrimFunc) -> tuple[list[tuple[te.Tensor, te.Expr]], list[
     return materialized, [(t, bodies[t.uid]) for t in func.outputs]
 
 
+def _rows_split_together(materialized: list[tuple[te.Tensor, te.Expr]],
+                         outputs: list[tuple[te.Tensor, te.Expr]]) -> bool:
+    """Whether splitting every stage on the outputs' first dim of extent > 1 keeps each task to
+    its own rows: all stages agree on the dims up to it, and every read of a materialized stage
+    indexes that dim with the reading stage's own loop variable."""
+    first = outputs[0][0]
+    d = next((i for i, n in enumerate(first.shape) if n > 1), None)
+    if d is None:
+        return False
+    everything = materialized + outputs
+    if any(len(st.shape) <= d or tuple(st.shape[:d + 1]) != tuple(first.shape[:d + 1])
+           for st, _ in everything):
+        return False
+    mat = {st.uid for st, _ in materialized}
+    return all(r.indices[d] is st.axes[d]
+               for st, body in everything for r in te.reads(body) if r.tensor.uid in mat)
+
+
 class KernelEmitter:
     """Emits one kernel into an LLVM module."""
 
@@ -152,11 +170,16 @@ class KernelEmitter:
                 self.buffers[stage.uid] = b.bitcast(ptr, STORAGE_TYPES[stage.dtype].as_pointer())
         # Split the output loop over threads only when there is work enough to share: a hand-off
         # costs well under a microsecond (runtime/vm.py), a kernel this small not much more.
-        parallel = not materialized and sum(
+        # Materialized stages (a softmax's row max and sum) split with the outputs when every
+        # task only reads the rows it wrote itself.
+        parallel = (not materialized or _rows_split_together(materialized, outputs)) and sum(
             int(np.prod(stage.shape, dtype=np.int64)) for stage, _ in outputs
         ) >= PARALLEL_MIN_OUTPUTS
         for stage, body in materialized:
-            self._emit_stage(stage, body, None, None)
+            if parallel:
+                self._emit_stage(stage, body, task, ntasks)
+            else:
+                self._emit_stage(stage, body, None, None)
         for stage, body in outputs:
             if parallel:
                 self._emit_stage(stage, body, task, ntasks)
