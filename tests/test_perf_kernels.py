@@ -96,12 +96,15 @@ LAYOUTS = [
     ((1, 16, 31, 29), (24, 16, 3, 3), dict(strides=(2, 2), padding=(1, 1, 1, 1)), True, 8),
     # asymmetric padding, 1x3 window, stride (1, 2), full-width vectors
     ((1, 32, 13, 21), (24, 32, 1, 3), dict(strides=(1, 2), padding=(0, 2, 1, 0)), True, 16),
-    # large planes stay in the stride-phase layout (copying kw times would not fit L2)
+    # large planes stay in the stride-phase layout (copying kw times would not fit L2); the
+    # block rows innermost, so each task copies only the plane rows of its panels (and the
+    # first rows that the last panel's dropped columns spill into)
     ((1, 64, 58, 58), (16, 64, 3, 3), dict(padding=(1, 1, 1, 1)), False, 16),
+    ((1, 32, 91, 83), (9, 32, 3, 3), dict(strides=(2, 2), padding=(1, 0, 1, 1)), False, 8),
 ]
 
 
-@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("threads", [1, 2, 3])
 @pytest.mark.parametrize("case", range(len(LAYOUTS)))
 def test_conv_plane_layouts(case, threads, tmp_path):
     xs, ws, attrs, shifted, vl = LAYOUTS[case]
@@ -110,6 +113,7 @@ def test_conv_plane_layouts(case, threads, tmp_path):
     full = {"strides": (1, 1), "padding": (0, 0, 0, 0), "groups": 1, **attrs}
     g = conv_geometry(xs, ws, want.shape, full, 16)
     assert (g["shifted"], g["vl"]) == (shifted, vl)
+    assert g["panel_outer"] == (case >= 4)
     mod = build_op_module("nn.conv2d", [x, w], [False, True], **attrs)
     got = run(mod, {"x0": x}, tmp_path, threads=threads)
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)

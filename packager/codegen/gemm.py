@@ -232,7 +232,7 @@ def conv_geometry(x_shape, w_shape, out_shape, attrs: dict, target_vl: int) -> d
                 per_group=per_group, region=region, slack_total=slack_total,
                 pt=pt, pl=pl, hq=hq, wq=wq, groups=groups, og=og, pflat=pflat, mr=mr, nv=nv,
                 nr=nr, panels=panels, planes_floats=planes, slack=slack, direct=direct,
-                panel_outer=panel_outer)
+                panel_outer=panel_outer, shift_max=shift_max)
 
 
 class ContractionEmitter(KernelEmitter):
@@ -606,10 +606,11 @@ class ContractionEmitter(KernelEmitter):
         return self._geom_cache
 
     def _fill_planes(self, g: dict, x_img: ir.Value, planes: ir.Value,
-                     nchan: int | None = None) -> None:
+                     nchan: int | None = None, rows: list | None = None) -> None:
         """planes[ic, py, px, u, v] = x[ic, u*sh + py - pt, v*sw + px - pl], 0 outside, for
         the first ``nchan`` channels of ``x_img`` (default all), then zero slack after them;
-        py < ny row phases, px < nx column phases (or tap columns, shifted layout)."""
+        py < ny row phases, px < nx column phases (or tap columns, shifted layout); only the
+        plane rows u in the ``rows`` ranges ([(lo, hi), ...] of i64 values; default all)."""
         b = self.builder
         zero = ir.Constant(F32, 0.0)
         nchan = g["c"] if nchan is None else nchan
@@ -623,8 +624,9 @@ class ContractionEmitter(KernelEmitter):
         c_lo = max(v_lo)
         c_hi = max(c_lo, min(v_hi))
         with for_range(b, const_i64(0), const_i64(nchan), "pc") as ic:
-            for py in range(ny):
-                with for_range(b, const_i64(0), const_i64(hq), "pu") as u:
+            for py, (r_lo, r_hi) in ((py, r) for py in range(ny)
+                                     for r in rows or [(const_i64(0), const_i64(hq))]):
+                with for_range(b, r_lo, r_hi, "pu") as u:
                     yy = b.sub(b.add(b.mul(u, const_i64(sh)), const_i64(py)), const_i64(g["pt"]))
                     row_ok = b.and_(b.icmp_signed(">=", yy, const_i64(0)),
                                     b.icmp_signed("<", yy, const_i64(g["h"])))
@@ -666,6 +668,35 @@ class ContractionEmitter(KernelEmitter):
         with for_range(b, const_i64(0), const_i64(g["slack"]), "ps") as s:
             b.store(zero, b.gep(planes, [b.add(const_i64(filled), s)], inbounds=True))
 
+    def _task_rows(self, g: dict, task: ir.Value, ntasks: ir.Value) -> list | None:
+        """The plane rows a task reads, when its work is a run of whole panels' columns (one
+        group, block rows innermost): rows [u_lo, u_hi) of every channel's planes, and rows
+        [0, ov) that reads past the last row spill into (they feed only dropped columns, but
+        must be finite). None: all rows."""
+        if g["groups"] != 1 or not g["panel_outer"]:
+            return None
+        b = self.builder
+        mblocks = -(-g["og"] // g["mr"])
+        hq, wq = g["hq"], g["wq"]
+        lo, hi = self._split(mblocks * g["panels"], task, ntasks)
+        busy = b.icmp_signed(">", hi, lo)
+        p_lo = b.mul(b.sdiv(lo, const_i64(mblocks)), const_i64(g["nr"]))
+        jp_end = b.add(b.sdiv(b.sub(hi, const_i64(1)), const_i64(mblocks)), const_i64(1))
+        p_end = b.add(b.mul(jp_end, const_i64(g["nr"])), const_i64(g["shift_max"]))
+
+        def clamp(v: ir.Value) -> ir.Value:
+            v = b.select(b.icmp_signed("<", v, const_i64(hq)), v, const_i64(hq))
+            v = b.select(b.icmp_signed(">", v, const_i64(0)), v, const_i64(0))
+            return b.select(busy, v, const_i64(0))
+
+        def rows_up_to(end: ir.Value) -> ir.Value:   # ceil(end / wq), clamped
+            return clamp(b.sdiv(b.add(end, const_i64(wq - 1)), const_i64(wq)))
+
+        u_lo = clamp(b.sdiv(p_lo, const_i64(wq)))
+        u_hi = rows_up_to(p_end)
+        ov = rows_up_to(b.sub(p_end, const_i64(hq * wq)))
+        return [(u_lo, u_hi), (const_i64(0), ov)]
+
     def _zero_run(self, ptr: ir.Value, row: ir.Value, lo: int, hi: int) -> None:
         b = self.builder
         if hi > lo:
@@ -702,8 +733,9 @@ class ContractionEmitter(KernelEmitter):
                 if g["direct"]:
                     src = x_img
                 else:
-                    # Every task fills the whole plane buffer (identical values): no barrier.
-                    self._fill_planes(g, x_img, planes)
+                    # Every task fills the plane rows its panels read (identical values where
+                    # tasks overlap): no barrier.
+                    self._fill_planes(g, x_img, planes, rows=self._task_rows(g, task, ntasks))
                     src = planes
                 lo, hi = self._split(g["groups"] * mblocks * g["panels"], task, ntasks)
                 with for_range(b, lo, hi, "work") as work:
