@@ -117,6 +117,15 @@ def _check_batch_specs(batch: BatchInfo, specs: list[tuple[list[TensorSpec], lis
         raise BundleError("bundle header: batched inputs name no input")
 
 
+def _as_array(spec: TensorSpec, value: Any) -> np.ndarray:
+    if isinstance(value, np.ndarray):
+        return value
+    try:
+        return np.asarray(value)
+    except Exception:
+        raise InputError(f"input {spec.name!r} is not array-like") from None
+
+
 def _pool_code(image: elf.CodeImage) -> vm.PoolCode | None:
     """The object's thread hand-off functions; None for bundles made before they existed."""
     try:
@@ -362,11 +371,7 @@ class Model:
     # ---- running ------------------------------------------------------------------------------
 
     def _check_input(self, spec: TensorSpec, value: Any) -> np.ndarray:
-        if not isinstance(value, np.ndarray):
-            try:
-                value = np.asarray(value)
-            except Exception:
-                raise InputError(f"input {spec.name!r} is not array-like") from None
+        value = _as_array(spec, value)
         if spec.dtype in STORAGE_DTYPES:  # bfloat16: its uint16 bits, or an ml_dtypes array
             store = storage_dtype(spec.dtype)
             if value.dtype.name == spec.dtype and value.dtype.itemsize == store.itemsize:
@@ -461,11 +466,7 @@ class Model:
                 for name, chunks in parts.items()}
 
     def _check_batched_input(self, spec: TensorSpec, value: Any) -> np.ndarray:
-        if not isinstance(value, np.ndarray):
-            try:
-                value = np.asarray(value)
-            except Exception:
-                raise InputError(f"input {spec.name!r} is not array-like") from None
+        value = _as_array(spec, value)
         want = ("N",) + tuple(spec.shape[1:])
         if value.dtype.name != spec.dtype:
             raise InputError(f"input {spec.name!r} has dtype {value.dtype.name}; the model takes "

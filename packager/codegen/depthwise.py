@@ -27,7 +27,7 @@ from llvmlite import ir
 
 from . import gemm
 from .gemm import Contraction, ContractionEmitter, match_contraction
-from .helpers import F32, I1, I32, I64, STORAGE_TYPES, alloca_once, const_i64, for_range, intrinsic
+from .helpers import F32, I1, I32, I64, alloca_once, const_i64, for_range, intrinsic
 from .lower import KernelInfo
 from ..ir.graph import PrimFunc
 
@@ -62,19 +62,9 @@ class DepthwiseEmitter(ContractionEmitter):
     plans_conv = False   # its own plan (_geometry)
 
     def emit(self) -> KernelInfo:
-        params = self.func.inputs + self.func.outputs
-        ptr_types = [STORAGE_TYPES[t.dtype].as_pointer() for t in params]
+        body_fn, ptr_types = self._begin_body(self.func.inputs + self.func.outputs,
+                                              workspace=False)
         n_ptrs = len(ptr_types)
-        body_fn = ir.Function(self.module, ir.FunctionType(ir.VoidType(), ptr_types + [I64, I64]),
-                              name=f"{self.symbol}.body")
-        body_fn.linkage = "internal"
-        body_fn.attributes.add("alwaysinline")
-        body_fn.attributes.add("nounwind")
-        for arg in body_fn.args[:n_ptrs]:
-            arg.add_attribute("noalias")
-        self.builder = ir.IRBuilder(body_fn.append_basic_block("entry"))
-        for t, arg in zip(params, body_fn.args):
-            self.buffers[t.uid] = arg
         self._geometry()
         self._emit_planes(body_fn.args[n_ptrs], body_fn.args[n_ptrs + 1])
         self.builder.ret_void()

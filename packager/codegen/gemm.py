@@ -40,7 +40,7 @@ from llvmlite import ir
 from ..ir import te
 from ..ir.graph import PrimFunc
 from ..ir.patterns import ReductionTag, reduction_tag
-from .helpers import F32, I1, I32, I64, STORAGE_TYPES, alloca_once, const_i64, for_range, intrinsic
+from .helpers import F32, I1, I32, I64, alloca_once, const_i64, for_range, intrinsic
 from .lower import WORKSPACE_ALIGN, KernelEmitter, KernelInfo, _plan_stages
 
 
@@ -262,20 +262,8 @@ class ContractionEmitter(KernelEmitter):
         m = self.match
         params = self.func.inputs + self.func.outputs
         workspace = self._workspace_bytes()
-        ptr_types = [STORAGE_TYPES[t.dtype].as_pointer() for t in params]
-        if workspace:
-            ptr_types.append(ir.IntType(8).as_pointer())
+        body_fn, ptr_types = self._begin_body(params, bool(workspace))
         n_ptrs = len(ptr_types)
-        body_fn = ir.Function(self.module, ir.FunctionType(ir.VoidType(), ptr_types + [I64, I64]),
-                              name=f"{self.symbol}.body")
-        body_fn.linkage = "internal"
-        body_fn.attributes.add("alwaysinline")
-        body_fn.attributes.add("nounwind")
-        for arg in body_fn.args[:n_ptrs]:
-            arg.add_attribute("noalias")
-        self.builder = ir.IRBuilder(body_fn.append_basic_block("entry"))
-        for t, arg in zip(params, body_fn.args):
-            self.buffers[t.uid] = arg
         task, ntasks = body_fn.args[n_ptrs], body_fn.args[n_ptrs + 1]
         ws = body_fn.args[len(params)] if workspace else None
         if m.tag.kind == "conv2d":

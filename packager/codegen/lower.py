@@ -143,26 +143,10 @@ class KernelEmitter:
             nbytes = int(np.prod(stage.shape, dtype=np.int64)) * te.itemsize(stage.dtype)
             workspace += -(-nbytes // WORKSPACE_ALIGN) * WORKSPACE_ALIGN
         params = func.inputs + func.outputs
-        n_ptrs = len(params) + (1 if workspace else 0)
-
-        # The body takes noalias pointers; the exported entry unpacks void** and calls it, so the
-        # inliner turns noalias into alias scopes the vectorizer can use.
-        ptr_types = [STORAGE_TYPES[t.dtype].as_pointer() for t in params]
-        if workspace:
-            ptr_types.append(I8.as_pointer())
-        body_fn = ir.Function(self.module, ir.FunctionType(VOID, ptr_types + [I64, I64]),
-                              name=f"{self.symbol}.body")
-        body_fn.linkage = "internal"
-        body_fn.attributes.add("alwaysinline")
-        body_fn.attributes.add("nounwind")
-        for i, arg in enumerate(body_fn.args[:n_ptrs]):
-            arg.add_attribute("noalias")
-            arg.name = params[i].name if i < len(params) else "workspace"
+        body_fn, ptr_types = self._begin_body(params, bool(workspace))
+        n_ptrs = len(ptr_types)
         task, ntasks = body_fn.args[n_ptrs], body_fn.args[n_ptrs + 1]
-        b = ir.IRBuilder(body_fn.append_basic_block("entry"))
-        self.builder = b
-        for t, arg in zip(params, body_fn.args):
-            self.buffers[t.uid] = arg
+        b = self.builder
         if workspace:
             ws = body_fn.args[len(params)]
             for (stage, _), off in zip(materialized, offsets):
@@ -188,6 +172,28 @@ class KernelEmitter:
         b.ret_void()
         self._emit_entry(body_fn, n_ptrs, ptr_types)
         return KernelInfo(self.symbol, len(func.inputs), len(func.outputs), workspace, parallel)
+
+    def _begin_body(self, params: list[te.Tensor], workspace: bool
+                    ) -> tuple[ir.Function, list[ir.Type]]:
+        """Start the kernel body: noalias pointers to ``params`` (then an i8* workspace), then
+        task and ntasks. ``_emit_entry`` exports a wrapper that unpacks void** and calls it; the
+        inliner turns noalias into alias scopes the vectorizer can use. Leaves ``self.builder``
+        at the body's entry with the params' buffers bound; returns (body, pointer types)."""
+        ptr_types = [STORAGE_TYPES[t.dtype].as_pointer() for t in params]
+        if workspace:
+            ptr_types.append(I8.as_pointer())
+        body_fn = ir.Function(self.module, ir.FunctionType(VOID, ptr_types + [I64, I64]),
+                              name=f"{self.symbol}.body")
+        body_fn.linkage = "internal"
+        body_fn.attributes.add("alwaysinline")
+        body_fn.attributes.add("nounwind")
+        for i, arg in enumerate(body_fn.args[:len(ptr_types)]):
+            arg.add_attribute("noalias")
+            arg.name = params[i].name if i < len(params) else "workspace"
+        self.builder = ir.IRBuilder(body_fn.append_basic_block("entry"))
+        for t, arg in zip(params, body_fn.args):
+            self.buffers[t.uid] = arg
+        return body_fn, ptr_types
 
     def _emit_entry(self, body_fn: ir.Function, n_ptrs: int, ptr_types: list[ir.Type]) -> None:
         void_pp = I8.as_pointer().as_pointer()

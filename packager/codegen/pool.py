@@ -53,18 +53,7 @@ class MaxPoolEmitter(KernelEmitter):
 
     def emit(self) -> KernelInfo:
         x_t = self.tag.operands[0]
-        params = [x_t, self.out]
-        ptr_types = [F32.as_pointer(), F32.as_pointer()]
-        body_fn = ir.Function(self.module, ir.FunctionType(ir.VoidType(), ptr_types + [I64, I64]),
-                              name=f"{self.symbol}.body")
-        body_fn.linkage = "internal"
-        body_fn.attributes.add("alwaysinline")
-        body_fn.attributes.add("nounwind")
-        for arg in body_fn.args[:2]:
-            arg.add_attribute("noalias")
-        self.builder = ir.IRBuilder(body_fn.append_basic_block("entry"))
-        for t, arg in zip(params, body_fn.args):
-            self.buffers[t.uid] = arg
+        body_fn, ptr_types = self._begin_body([x_t, self.out], workspace=False)
         self._emit_body(body_fn.args[0], body_fn.args[1], body_fn.args[2], body_fn.args[3])
         self.builder.ret_void()
         self._emit_entry(body_fn, 2, ptr_types)
