@@ -58,7 +58,6 @@ class _Plan:
     batch: int | None
     inputs: list[TensorSpec]
     outputs: list[TensorSpec]
-    input_views: list[tuple[TensorSpec, np.ndarray]]
     output_views: list[tuple[str, np.ndarray]]
     # per input: (spec, arena view, storage dtype, binding or None); see Model._bindings
     feeds: list[tuple[TensorSpec, np.ndarray, np.dtype, Any]]
@@ -255,7 +254,6 @@ class Model:
                 batch=row.get("batch") if self.batch is not None else None,
                 inputs=inputs, outputs=outputs,
                 # Per-call work stays small: the I/O views are fixed at load.
-                input_views=[(s, views[s.tensor]) for s in inputs],
                 output_views=[(s.name, views[s.tensor]) for s in outputs],
                 feeds=[(s, views[s.tensor], storage_dtype(s.dtype), b)
                        for s, b in zip(inputs, bindings)],
@@ -268,8 +266,7 @@ class Model:
         # model.inputs/outputs: the smallest plan's (batch 1 when the bundle has it).
         self.inputs, self.outputs = first.inputs, first.outputs
         self._input_names = frozenset(s.name for s in self.inputs)
-        self._input_views, self._output_views = last.input_views, last.output_views
-        self._feeds = last.feeds
+        self._feeds, self._output_views = last.feeds, last.output_views
         self.num_instructions = last.instructions
 
     def _constants(self, rows: Any) -> list[np.ndarray]:
@@ -450,7 +447,7 @@ class Model:
             while done < n:
                 m = min(n - done, largest.batch)
                 plan = next(p for p in self._plans if p.batch >= m)
-                for spec, view in plan.input_views:
+                for spec, view, _, _ in plan.feeds:
                     value = values[spec.name]
                     if spec.name not in batch.inputs:
                         np.copyto(view, value)
@@ -501,7 +498,7 @@ class Model:
         self._executors, self._images, self._plans = [], [], []
         self._executor = None
         self._image = None
-        self._views, self._input_views, self._output_views, self._feeds = [], [], [], []
+        self._views, self._feeds, self._output_views = [], [], []
         self._reader.close()
 
     def __enter__(self) -> Model:

@@ -96,10 +96,10 @@ class Executor:
                  sites: list[tuple[Callable[..., Any], dict]], addresses: list[int],
                  views: list[np.ndarray], threads: int = 1,
                  pool: PoolCode | None = None) -> None:
-        self._keep: list[Any] = []  # ctypes arrays the prepared calls point into
         self._steps: list[Callable[[], Any]] = []
         self._program = program
-        self._args: list[Any] = []  # per instruction: its kernel's void*[] (None otherwise)
+        # per instruction: its kernel's void*[] (None otherwise), which the prepared calls use
+        self._args: list[Any] = []
         self.threads = max(1, min(int(threads), MAX_THREADS))
         self._pool: _SpinPool | _LockPool | None = None
         if self.threads > 1:
@@ -110,9 +110,10 @@ class Executor:
         for ins in program:
             if ins.opcode == OP_CALL_KERNEL:
                 address, parallel = kernels[ins.target]
-                self._steps.append(self._kernel_step(address, parallel,
-                                                     [addresses[t] for t in ins.operands]))
-                self._args.append(self._keep[-1])
+                step, args = self._kernel_step(address, parallel,
+                                               [addresses[t] for t in ins.operands])
+                self._steps.append(step)
+                self._args.append(args)
                 continue
             self._args.append(None)
             if ins.opcode == OP_CALL_LIB:
@@ -123,14 +124,14 @@ class Executor:
                 self._steps.append(_copy_step(views[ins.operands[0]], views[ins.target]))
 
     def _kernel_step(self, address: int, parallel: bool, pointers: list[int]
-                     ) -> Callable[[], Any]:
+                     ) -> tuple[Callable[[], Any], Any]:
+        """The prepared call and the ``void*[]`` it passes (kept alive by ``_args``)."""
         fn = KERNEL_SIGNATURE(address)
         args = (ctypes.c_void_p * len(pointers))(*pointers)
-        self._keep.append(args)
         args_address = ctypes.addressof(args)
         if self._pool is None or not parallel:
-            return lambda: fn(args_address, 0, 1)
-        return self._pool.step(fn, address, args_address, self.threads)
+            return (lambda: fn(args_address, 0, 1)), args
+        return self._pool.step(fn, address, args_address, self.threads), args
 
     def run(self) -> None:
         for step in self._steps:
