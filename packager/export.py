@@ -13,25 +13,19 @@ import llvmlite
 import numpy as np
 
 from .. import packager
-from ..runtime.errors import MlcpackError
 from ..runtime.bundle import FORMAT_MAJOR
 from .bundle_writer import BundleWriteError, BundleWriter
 from .codegen.build import ALLOWED_EXTERNALS, CodegenError, CompiledCode, compile_prim_funcs
 from .codegen.lower import KernelInfo, LoweringError
 from .codegen.objinfo import function_sizes
 from .codegen.target import Target, TargetError, resolve_targets
+from .errors import ExportError
 from .ir.builder import BuilderError
 from .ir.graph import IRModule
 from .ir.printer import module_text
 from .passes import DEFAULT_PIPELINE, bind_params, run_pipeline
 from .passes.simplify import BindError
 from .vm_emit import Program, VMEmitError, emit_program
-
-
-class ExportError(MlcpackError):
-    """The model could not be exported; the message says why and what to change."""
-
-    exit_code = 11
 
 
 @dataclass

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from ..runtime.signing import fingerprint
-from .export import ExportError
+from .errors import ExportError
 
 
 class SigningError(ExportError):

@@ -20,7 +20,7 @@ import onnx.inliner
 from google.protobuf.message import DecodeError
 from onnx import helper, numpy_helper
 
-from ...packager.export import ExportError
+from ...packager.errors import ExportError
 from ...packager.ir.builder import BlockBuilder, BuilderError
 from ...packager.ir.graph import Constant, IRModule, Value, Var
 from . import (attention, elementwise, index, logic, nn, quant, resize,  # noqa: F401

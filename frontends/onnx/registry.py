@@ -17,7 +17,7 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 import onnx
 
-from ...packager.export import ExportError
+from ...packager.errors import ExportError
 from ...packager.ir.builder import BlockBuilder
 from ...packager.ir.graph import Constant, Value
 from ...packager.ops import get_op
