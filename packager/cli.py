@@ -7,7 +7,6 @@ and exit with the error class's code (``--debug`` shows the traceback).
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from pathlib import Path
@@ -16,12 +15,38 @@ from typing import Any, Callable, Optional
 import numpy as np
 import typer
 
+from ..runtime import commands
 from ..runtime.errors import MlcpackError
 
-app = typer.Typer(add_completion=False, no_args_is_help=True,
+app = typer.Typer(add_completion=True, no_args_is_help=True, rich_markup_mode=None,
+                  context_settings={"help_option_names": ["-h", "--help"]},
                   help="Compile ML models ahead of time into one .mlc bundle, and run bundles.")
 
-EXIT_INTERNAL = 70
+EXIT_INTERNAL = commands.EXIT_INTERNAL
+
+
+def _show_version(value: bool) -> None:
+    if value:
+        typer.echo(f"mlcpack {commands.version('mlcpack')}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(version: bool = typer.Option(False, "--version", callback=_show_version,
+                                       is_eager=True, help="print the version and exit")) -> None:
+    """Compile ML models ahead of time into one .mlc bundle, and run bundles."""
+
+
+def _example(text: str) -> str:
+    """A help epilog with one example (rich markup off: brackets stay literal)."""
+    return f"Example: mlcpack {text}"
+
+
+def _shared(debug: bool, fn: Callable[[], None]) -> None:
+    """Run a body from runtime/commands.py (shared with mlcpack-run) with its exit code."""
+    code = commands.guarded(fn, debug=debug, err=lambda line: typer.echo(line, err=True))
+    if code:
+        raise typer.Exit(code)
 
 
 def _fail(message: str, code: int) -> None:
@@ -131,10 +156,7 @@ def _build_module(model: Path, arch: Optional[Path], shapes: dict[str, tuple[int
     """(modules by batch size (key None: one fixed-shape module), a golden-check reference
     or None, the reference's name)."""
     suffix = model.suffix.lower()
-    if not model.exists():
-        _fail(f"{model}: no such file", 3)
-    if model.is_dir():
-        _fail(f"{model} is a directory; give a .onnx, .pkl or .npz file", 3)
+    commands.check_files([model], "model to export")
     sizes: list[Optional[int]] = list(batch_sizes) if batch_sizes else [None]
     if suffix == ".onnx":
         from ..frontends.onnx import import_onnx
@@ -215,7 +237,30 @@ def _onnx_batched(model: Path, shapes: dict) -> tuple[Any, dict[str, Callable[[i
     return proto, out
 
 
-@app.command()
+def _check_export_paths(model: Path, out: Path, arch: Optional[Path],
+                        target: Optional[str]) -> None:
+    """What needs no compile work is checked first: where the bundle goes (exit 2), the model
+    and --arch files (exit 7), the --target names (exit 2)."""
+    from ..runtime.errors import InputError
+
+    folder = out.parent if str(out.parent) else Path(".")
+    if out.is_dir():
+        _fail(f"-o {out} is a directory; give the bundle's file name, e.g. {out / 'model.mlc'}", 2)
+    if not folder.is_dir():
+        _fail(f"-o {out}: folder {folder} does not exist; create it first", 2)
+    if not os.access(folder, os.W_OK):
+        raise InputError(f"-o {out}: folder {folder} is not writable")
+    commands.check_files([model], "model to export")
+    if arch is not None:
+        commands.check_files([arch], "--arch spec")
+    from .codegen.target import TargetError, resolve_targets
+    try:
+        resolve_targets(target)
+    except TargetError as exc:
+        _fail(str(exc), 2)
+
+
+@app.command(epilog=_example("export artifacts/cnn.onnx -o cnn.mlc --labels artifacts/labels.txt"))
 def export(
     model: Path = typer.Argument(..., help="model.onnx, or weights (.pkl/.npz)"),
     output: Optional[Path] = typer.Option(None, "-o", "--output",
@@ -254,12 +299,13 @@ def export(
         from ..runtime.preprocess import default_preprocess
         from .export import ExportOptions, export_batched, export_module, file_sha256
 
+        out = output or Path(model.stem + ".mlc")
+        _check_export_paths(model, out, arch, target)
         shapes = _parse_shapes(input_shape)
         sizes = _parse_batch_sizes(batch_sizes)
         if check_rtol < 0 or check_atol < 0:
             _fail("--check-rtol and --check-atol must be >= 0", 2)
         check_inputs = _parse_check_inputs(check_input) if check else None
-        out = output or Path(model.stem + ".mlc")
         mods, reference, reference_name = _build_module(model, arch, shapes, sizes, check)
         mod = mods[min(mods)] if sizes else mods[None]
         first = mod.main.params[0]
@@ -298,125 +344,86 @@ def export(
     _guarded(debug, run)
 
 
-def _probabilities(values: np.ndarray) -> np.ndarray:
-    v = values.astype(np.float64)
-    if v.min() >= 0 and abs(v.sum() - 1) < 1e-3:
-        return v
-    e = np.exp(v - v.max())
-    return e / e.sum()
-
-
-@app.command()
+@app.command(epilog=_example(commands.INFER_EXAMPLE))
 def infer(
-    bundle: Path = typer.Argument(..., help="the .mlc bundle"),
-    inputs: list[Path] = typer.Argument(..., help="image (PNG/JPEG) or .npy tensor per input"),
-    top_k: int = typer.Option(5, "--top-k", "-k", help="how many classes to print"),
-    as_json: bool = typer.Option(False, "--json", help="print machine-readable JSON"),
-    threads: Optional[int] = typer.Option(None, help="threads (default MLCPACK_NUM_THREADS or 1)"),
+    bundle: Path = typer.Argument(..., help="the .mlc bundle", metavar="BUNDLE"),
+    inputs: list[Path] = typer.Argument(..., help="image (PNG/JPEG) or .npy tensor per input",
+                                        metavar="INPUT"),
+    top_k: int = typer.Option(5, "--top-k", "-k", help="how many classes to print (>= 1)",
+                              metavar="K"),
+    as_json: bool = typer.Option(False, "--json", help="print machine-readable JSON (a top-k "
+                                 "list per row under \"rows\")"),
+    threads: Optional[int] = typer.Option(None, help="threads (default MLCPACK_NUM_THREADS or 1)",
+                                          metavar="N"),
     trusted_key: list[Path] = typer.Option([], help="run only if signed by this Ed25519 "
-                                                    "public key (PEM); repeatable"),
+                                                    "public key (PEM); repeatable",
+                                           metavar="KEY.pub"),
     debug: bool = typer.Option(False, help="show tracebacks"),
 ) -> None:
-    """Run a bundle on an input and print the top-k classes."""
-    def run() -> None:
-        from ..runtime import load
-        from ..runtime.errors import InputError
-        from ..runtime.preprocess import load_input
-
-        with load(bundle, threads=threads, trusted_keys=trusted_key or None) as model:
-            if len(inputs) != len(model.inputs):
-                raise InputError(f"{bundle.name} takes {len(model.inputs)} input(s) "
-                                 f"({', '.join(s.name for s in model.inputs)}); got {len(inputs)}")
-            feeds = {s.name: load_input(p, s, model.preprocess)
-                     for s, p in zip(model.inputs, inputs)}
-            outputs = model.run(feeds)
-            first = outputs[model.outputs[0].name].reshape(-1)
-            probs = _probabilities(first)
-            order = np.argsort(-first, kind="stable")[:max(0, top_k)]
-            labels = model.labels or []
-            top = [{"index": int(i), "label": labels[i] if i < len(labels) else str(int(i)),
-                    "score": float(first[i]), "probability": float(probs[i])} for i in order]
-        if as_json:
-            typer.echo(json.dumps({"bundle": str(bundle), "inputs": [str(p) for p in inputs],
-                                   "outputs": {k: v.tolist() for k, v in outputs.items()},
-                                   "top_k": top}))
-            return
-        if top:
-            typer.echo(f"{inputs[0].name}: {top[0]['label']}")
-        for rank, t in enumerate(top, 1):
-            typer.echo(f"  {rank}. {t['label']:<12} score {t['score']:>10.4f}   "
-                       f"p {t['probability']:.4f}")
-
-    _guarded(debug, run)
+    """Run a bundle on an input and print the top-k classes (one block per row of a batch)."""
+    _shared(debug, lambda: commands.infer(bundle, inputs, top_k=top_k, as_json=as_json,
+                                          threads=threads, trusted_keys=trusted_key,
+                                          echo=typer.echo))
 
 
-@app.command()
+@app.command(epilog=_example(commands.INSPECT_EXAMPLE))
 def inspect(
-    bundle: Path = typer.Argument(..., help="the .mlc bundle"),
+    bundle: Path = typer.Argument(..., help="the .mlc bundle", metavar="BUNDLE"),
     ir: bool = typer.Option(False, "--ir", help="print the IRModule the bundle was built from"),
     as_json: bool = typer.Option(False, "--json", help="print machine-readable JSON"),
     debug: bool = typer.Option(False, help="show tracebacks"),
 ) -> None:
     """Show a bundle's inputs, target, kernels, weights, memory plan and versions."""
-    def run() -> None:
-        from ..runtime.describe import describe, describe_text, ir_text
-
-        if ir:
-            typer.echo(ir_text(bundle), nl=False)
-            return
-        info = describe(bundle)
-        typer.echo(json.dumps(info, indent=2) if as_json else describe_text(info))
-
-    _guarded(debug, run)
+    _shared(debug, lambda: commands.inspect(bundle, ir=ir, as_json=as_json, echo=typer.echo))
 
 
-@app.command()
+@app.command(epilog=_example(commands.BENCH_EXAMPLE))
 def bench(
-    bundle: Path = typer.Argument(..., help="the .mlc bundle"),
-    runs: Optional[int] = typer.Option(None, help="timed runs (default: about one second)"),
-    threads: int = typer.Option(1, help="threads for parallel kernels"),
+    bundle: Path = typer.Argument(..., help="the .mlc bundle", metavar="BUNDLE"),
+    runs: Optional[int] = typer.Option(None, help="timed runs, >= 1 (default: as many as fit "
+                                       "in --budget)", metavar="N"),
+    threads: int = typer.Option(1, help="threads for parallel kernels (>= 1)", metavar="N"),
+    budget: float = typer.Option(1.0, help="seconds of timed runs when --runs is not given",
+                                 metavar="SECONDS"),
+    as_json: bool = typer.Option(False, "--json", help="print machine-readable JSON"),
+    profile: bool = typer.Option(False, "--profile", help="time every kernel: mean/min us, share, "
+                                 "GFLOP/s and the source ONNX nodes, slowest first"),
+    trace: Optional[Path] = typer.Option(None, "--trace", help="write a Chrome trace-event JSON "
+                                         "(Perfetto, chrome://tracing); implies --profile",
+                                         metavar="FILE"),
+    top: int = typer.Option(30, "--top", help="kernels in the --profile table (0: all)",
+                            metavar="N"),
     debug: bool = typer.Option(False, help="show tracebacks"),
 ) -> None:
-    """Time a bundle on random inputs: load, first inference, steady-state latency."""
-    def run() -> None:
-        from ..runtime.bench import bench as time_bundle
+    """Time a bundle on random inputs: load, first inference, then p50/p90/p99 latency
+    (--profile: per kernel)."""
+    if profile or trace is not None:
+        from ..runtime.profile import profile_command
 
-        t = time_bundle(bundle, runs, threads)
-        typer.echo(f"{bundle.name}: load {t.load_ms:.2f} ms, first {t.first_ms:.2f} ms, "
-                   f"median {t.median_us:.1f} us, min {t.min_us:.1f} us ({t.runs} runs, "
-                   f"{threads} thread{'s' if threads > 1 else ''})")
+        _shared(debug, lambda: profile_command(bundle, runs=runs, threads=threads,
+                                               budget_s=budget, as_json=as_json, trace=trace,
+                                               top=top, echo=typer.echo) and None)
+        return
+    _shared(debug, lambda: commands.bench(bundle, runs=runs, threads=threads, budget_s=budget,
+                                          as_json=as_json, echo=typer.echo))
 
-    _guarded(debug, run)
 
-
-@app.command()
+@app.command(epilog=_example(commands.VERIFY_EXAMPLE))
 def verify(
-    bundle: Path = typer.Argument(..., help="the .mlc bundle"),
+    bundle: Path = typer.Argument(..., help="the .mlc bundle", metavar="BUNDLE"),
     rtol: Optional[float] = typer.Option(None, help="override the recorded relative tolerance"),
     atol: Optional[float] = typer.Option(None, help="override the recorded absolute tolerance"),
-    threads: Optional[int] = typer.Option(None, help="threads (default MLCPACK_NUM_THREADS or 1)"),
+    threads: Optional[int] = typer.Option(None, help="threads (default MLCPACK_NUM_THREADS or 1)",
+                                          metavar="N"),
     debug: bool = typer.Option(False, help="show tracebacks"),
 ) -> None:
     """Re-run the golden input embedded at export with the runtime alone; PASS (exit 0) or
     FAIL (exit 13; 14 when the bundle has no golden data)."""
-    def run() -> None:
-        from ..runtime.verify import GoldenMismatchError, verify as verify_bundle
-
-        result = verify_bundle(bundle, threads=threads, rtol=rtol, atol=atol)
-        runs = sorted({c.batch for c in result.checks if c.batch is not None})
-        extra = f", also its first {', '.join(map(str, runs))} rows" if runs else ""
-        typer.echo(f"{bundle.name}: {len(result.checks)} output checks{extra}; "
-                   f"{result.summary()}")
-        if not result.ok:
-            typer.echo("FAIL")
-            raise GoldenMismatchError(f"{bundle.name} does not reproduce its golden output: "
-                                      f"{result.summary()}")
-        typer.echo("PASS")
-
-    _guarded(debug, run)
+    _shared(debug, lambda: commands.verify(bundle, rtol=rtol, atol=atol, threads=threads,
+                                           echo=typer.echo))
 
 
-@app.command()
+@app.command(epilog=_example("keygen app.pem   (then: export m.onnx --sign app.pem)"))
 def keygen(
     key: Path = typer.Argument(..., help="private key file to create (its public key goes to KEY.pub)"),
     debug: bool = typer.Option(False, help="show tracebacks"),

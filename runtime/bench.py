@@ -20,12 +20,21 @@ class Timing:
     median_us: float
     min_us: float
     runs: int
+    p90_us: float = 0.0
+    p99_us: float = 0.0
 
 
 def time_runs(fn: Callable[[], object], runs: int | None = None, budget_s: float = 1.0,
               min_runs: int = 5) -> tuple[float, float, int]:
     """Call ``fn`` repeatedly (``runs`` times, or until ``budget_s`` has passed and at least
     ``min_runs`` ran); return (median µs, min µs, number of runs)."""
+    times = sample_runs(fn, runs, budget_s, min_runs)
+    return float(np.median(times)) * 1e6, float(np.min(times)) * 1e6, len(times)
+
+
+def sample_runs(fn: Callable[[], object], runs: int | None = None, budget_s: float = 1.0,
+                min_runs: int = 5) -> list[float]:
+    """The seconds each call of ``fn`` took (as ``time_runs`` decides how many calls)."""
     times = []
     deadline = time.perf_counter() + budget_s
     while True:
@@ -38,7 +47,7 @@ def time_runs(fn: Callable[[], object], runs: int | None = None, budget_s: float
                 break
         elif n >= min_runs and time.perf_counter() > deadline:
             break
-    return float(np.median(times)) * 1e6, float(np.min(times)) * 1e6, len(times)
+    return times
 
 
 def random_feeds(model) -> dict[str, np.ndarray]:
@@ -63,7 +72,8 @@ def bench(model_path: str | os.PathLike, runs: int | None = None, threads: int =
         t0 = time.perf_counter()
         model.run(feeds)
         first_ms = (time.perf_counter() - t0) * 1e3
-        median, best, n = time_runs(lambda: model.run(feeds), runs, budget_s)
+        times = np.array(sample_runs(lambda: model.run(feeds), runs, budget_s)) * 1e6
     finally:
         model.close()
-    return Timing(load_ms, first_ms, median, best, n)
+    p50, p90, p99 = (float(v) for v in np.percentile(times, [50, 90, 99]))
+    return Timing(load_ms, first_ms, p50, float(times.min()), len(times), p90, p99)

@@ -8,6 +8,7 @@ from typing import Any
 from . import cpu
 from .bundle import BundleReader, nbytes_of, payload_ref
 from .errors import BundleError, MlcpackError
+from .profile import read_sources, sources_text
 from .signing import fingerprint
 
 
@@ -55,7 +56,7 @@ def _summarize(path: str | os.PathLike, reader: BundleReader) -> dict[str, Any]:
         "inputs": h.get("inputs"),
         "outputs": h.get("outputs"),
         "preprocess": h.get("preprocess"),
-        "labels": len(h.get("labels") or []),
+        "labels": [str(v) for v in h.get("labels") or []],
         "code": code,
         "runs_here": refusal is None,
         "refusal": refusal,
@@ -132,7 +133,9 @@ def _text(info: dict[str, Any]) -> str:
         lines.append(f"preprocess: {p.get('size')} {p.get('color')} x{p.get('scale'):.6g} "
                      f"mean {p.get('mean')} std {p.get('std')} layout {p.get('layout')}")
     if info["labels"]:
-        lines.append(f"labels: {info['labels']}")
+        labels = info["labels"]
+        shown = ", ".join(labels[:10]) + (", ..." if len(labels) > 10 else "")
+        lines.append(f"labels: {len(labels)} ({shown})")
     for v in info["code"]:
         mark = " (selected on this machine)" if v["selected"] else ""
         lines.append(f"target: {v['triple']} level {v['level']} (LLVM cpu {v['cpu']}){mark}")
@@ -144,10 +147,12 @@ def _text(info: dict[str, Any]) -> str:
     which = f" (code sizes for {shown[0]['level']})" if len(info["code"]) > 1 and shown else ""
     lines.append(f"kernels: {len(info['kernels'])}{which}")
     sizes = shown[0]["code_sizes"] if shown else {}
-    for k in info["kernels"]:
+    for i, k in enumerate(info["kernels"]):
         extra = f", workspace {k['workspace_bytes']} B" if k.get("workspace_bytes") else ""
+        sources = sources_text(read_sources(k.get("source"), f"kernel {i}"), shown=3)
         lines.append(f"  {k['name']:<40} {sizes.get(k['symbol'], '?'):>7} B code"
-                     f"{', parallel' if k.get('parallel') else ''}{extra}")
+                     f"{', parallel' if k.get('parallel') else ''}{extra}"
+                     + (f"  <- {sources}" if sources else ""))
     if info["library_functions"]:
         lines.append(f"library functions: {', '.join(info['library_functions'])}")
     w = info["weights"]

@@ -220,10 +220,10 @@ def test_export_errors(tmp_path, run_cli, one_line_error) -> None:
     def export(*args):
         return run_cli("export", *args, cwd=tmp_path)
 
-    line = _check(export("missing.pkl"), BundleError, one_line_error, "missing.pkl")
+    line = _check(export("missing.pkl"), InputError, one_line_error, "missing.pkl")
     assert "no such file" in line
     (tmp_path / "folder.pkl").mkdir()
-    _check(export("folder.pkl"), BundleError, one_line_error, "directory")
+    _check(export("folder.pkl"), InputError, one_line_error, "directory")
     (tmp_path / "model.xyz").write_bytes(b"\0" * 16)
     _check(export("model.xyz"), USAGE, one_line_error, "unknown model type", ".xyz")
     (tmp_path / "notes.pkl").write_text("plain text\n")
@@ -234,10 +234,10 @@ def test_export_errors(tmp_path, run_cli, one_line_error) -> None:
     (tmp_path / "ok.pkl").write_bytes(pickle.dumps({"w0": np.zeros((4, 6), np.float32)}))
     _check(export("ok.pkl", "--input-shape", "x=1;6"), USAGE, one_line_error,
            "--input-shape")
-    _check(export("ok.pkl", "--target", "pentium4", "-o", "m.mlc"), ExportError,
+    _check(export("ok.pkl", "--target", "pentium4", "-o", "m.mlc"), USAGE,
            one_line_error, "pentium4")
-    _check(export("ok.pkl", "-o", tmp_path / "no" / "dir" / "m.mlc"), ExportError,
-           one_line_error, "cannot write")
+    _check(export("ok.pkl", "-o", tmp_path / "no" / "dir" / "m.mlc"), USAGE,
+           one_line_error, "does not exist")
     assert not (tmp_path / "m.mlc").exists()
     assert not list(tmp_path.glob(".mlcpack-*"))
 

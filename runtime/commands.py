@@ -1,0 +1,262 @@
+"""The bodies of the commands that only need the runtime: ``infer``, ``inspect``, ``verify`` and
+``bench``. Both command lines call them, ``mlcpack`` (typer, with the compiler) and ``mlcpack-run``
+(argparse, ``runtime/cli.py``, for devices without the compiler), so their options, output and
+exit codes cannot drift apart.
+
+Each body validates its options first (a ``UsageError``, exit 2), writes its output through
+``echo`` and raises an ``MlcpackError`` subclass for every refusal; ``guarded`` turns those into
+one line on stderr and the class's exit code.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import Any, Callable, Iterable, Sequence
+
+import numpy as np
+
+from .errors import InputError, MlcpackError
+
+EXIT_INTERNAL = 70
+
+Echo = Callable[[str], None]
+
+# One summary and one example per command, shown by both command lines' help.
+INFER_HELP = "Run a bundle on an input and print the top-k classes (one block per row of a batch)."
+INFER_EXAMPLE = "infer model.mlc digit.png -k 3"
+INSPECT_HELP = "Show a bundle's inputs, target, kernels, weights, memory plan and versions."
+INSPECT_EXAMPLE = "inspect model.mlc --json"
+VERIFY_HELP = ("Re-run the golden input embedded at export with the runtime alone; PASS (exit 0) "
+               "or FAIL (exit 13; 14 when the bundle has no golden data).")
+VERIFY_EXAMPLE = "verify model.mlc"
+BENCH_HELP = ("Time a bundle on random inputs: load, first inference, then p50/p90/p99 "
+              "latency.")
+BENCH_EXAMPLE = "bench model.mlc --threads 2 --runs 200"
+
+
+class UsageError(MlcpackError):
+    """A command-line option or argument has a value the command cannot use."""
+
+    exit_code = 2
+
+
+def _stdout(text: str) -> None:
+    print(text, flush=True)
+
+
+def _stderr(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+def guarded(fn: Callable[[], Any], debug: bool = False, err: Echo = _stderr) -> int:
+    """Run ``fn``; return 0, or print one ``error: ...`` line with ``err`` and return the error
+    class's exit code (70 for a bug in mlcpack). With ``debug`` the traceback is shown instead."""
+    try:
+        fn()
+        return 0
+    except MlcpackError as exc:
+        if debug:
+            raise
+        err(f"error: {exc}")
+        return exc.exit_code
+    except KeyboardInterrupt:
+        err("error: interrupted")
+        return 130
+    except BrokenPipeError:  # `mlcpack-run infer ... | head`: the reader left, not an error
+        return 0
+    except Exception as exc:  # a bug in mlcpack, not the user's fault: say so
+        if debug:
+            raise
+        err(f"error: internal error: {type(exc).__name__}: {exc} (run again with --debug for "
+            "the traceback, and please report it)")
+        return EXIT_INTERNAL
+
+
+def version(distribution: str = "mlcpack-runtime") -> str:
+    """The installed version of ``distribution`` (the runtime ships in both distributions)."""
+    from importlib import metadata
+
+    for name in (distribution, "mlcpack-runtime", "mlcpack"):
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return "unknown (not installed; running from a copy of runtime/)"
+
+
+# ---- option checks --------------------------------------------------------------------------------
+
+def check_at_least(value: int | float | None, low: int | float, flag: str) -> None:
+    """``--runs 0`` and friends: a one-line usage error, never a silent clamp."""
+    if value is not None and not value >= low:
+        raise UsageError(f"{flag} must be >= {low:g}, got {value:g}")
+
+
+def check_files(paths: Iterable[str | os.PathLike], what: str) -> None:
+    """The files a command reads exist and are files (``what``: "input file"...), reported
+    before any bundle is loaded or any compile work starts (exit 7)."""
+    for p in paths:
+        if not os.path.exists(p):
+            raise InputError(f"{os.fspath(p)}: no such file (the {what})")
+        if os.path.isdir(p):
+            raise InputError(f"{os.fspath(p)} is a directory, not the {what}")
+
+
+# ---- infer -----------------------------------------------------------------------------------------
+
+def _probabilities(row: np.ndarray) -> np.ndarray:
+    """``row`` itself when it already is a distribution, else its softmax (float64)."""
+    v = row.astype(np.float64)
+    finite = v[np.isfinite(v)]
+    if finite.size == v.size and v.min() >= 0 and abs(v.sum() - 1) < 1e-3:
+        return v
+    if finite.size == 0:
+        return np.full_like(v, np.nan)
+    e = np.exp(np.where(np.isfinite(v), v, -np.inf) - finite.max())
+    return e / e.sum()
+
+
+def result_rows(model: Any, feeds: dict[str, np.ndarray], first: np.ndarray
+                ) -> tuple[np.ndarray, bool]:
+    """The first output as (rows, values per row), and whether the input was a batch.
+
+    A dynamic-batch bundle's outputs have the batch first, so each row is one result; so does a
+    fixed-shape output whose first dim is the first input's (> 1). Anything else is one result
+    (the whole output, flattened): ranking the scores of two images together gave labels past
+    the last class."""
+    name = model.outputs[0].name
+    if model.batch is not None and name in model.batch.outputs:
+        return first.reshape(first.shape[0], -1), True
+    x = feeds[model.inputs[0].name]
+    if first.ndim >= 2 and np.ndim(x) >= 1 and first.shape[0] == np.shape(x)[0] > 1:
+        return first.reshape(first.shape[0], -1), True
+    return first.reshape(1, -1), False
+
+
+def top_k_of(row: np.ndarray, k: int, labels: Sequence[str] | None) -> list[dict[str, Any]]:
+    """The ``k`` largest scores of one result row, with labels and probabilities."""
+    probs = _probabilities(row)
+    key = np.where(np.isnan(row), -np.inf, row) if row.dtype.kind == "f" else row
+    order = np.argsort(-key.astype(np.float64), kind="stable")[:k]
+    labels = labels or []
+    return [{"index": int(i), "label": labels[i] if i < len(labels) else str(int(i)),
+             "score": float(row[i]), "probability": float(probs[i])} for i in order]
+
+
+def _rows_text(name: str, rows: list[list[dict[str, Any]]], batched: bool) -> list[str]:
+    lines = []
+    for r, top in enumerate(rows):
+        where = f"{name}[{r}]" if batched else name
+        if top:
+            lines.append(f"{where}: {top[0]['label']}")
+        for rank, t in enumerate(top, 1):
+            lines.append(f"  {rank}. {t['label']:<12} score {t['score']:>10.4f}   "
+                         f"p {t['probability']:.4f}")
+    return lines
+
+
+def infer(bundle: str | os.PathLike, inputs: Sequence[str | os.PathLike], *, top_k: int = 5,
+          as_json: bool = False, threads: int | None = None,
+          trusted_keys: Sequence[str | os.PathLike] = (), echo: Echo = _stdout,
+          warn: Echo = _stderr) -> None:
+    """Run ``bundle`` on ``inputs`` (one image or .npy per model input) and print the top-k
+    classes of the first output: one block per row when the input is a batch."""
+    from .model import load
+    from .preprocess import load_input
+
+    check_at_least(top_k, 1, "-k/--top-k")
+    check_at_least(threads, 1, "--threads")
+    if not inputs:
+        raise UsageError("give one input file (image or .npy) per model input")
+    check_files(inputs, "input file")
+    check_files(trusted_keys, "trusted public key")
+    with load(bundle, threads=threads, trusted_keys=list(trusted_keys) or None) as model:
+        if len(inputs) != len(model.inputs):
+            raise InputError(f"{model.name} takes {len(model.inputs)} input(s) "
+                             f"({', '.join(s.name for s in model.inputs)}); got {len(inputs)}")
+        feeds = {s.name: load_input(p, s, model.preprocess) for s, p in zip(model.inputs, inputs)}
+        outputs = model.run(feeds)
+        first = outputs[model.outputs[0].name]
+        rows, batched = result_rows(model, feeds, first)
+        tops = [top_k_of(row, top_k, model.labels) for row in rows]
+    bad = int(np.size(first) - np.count_nonzero(np.isfinite(first))) if first.dtype.kind == "f" \
+        else 0
+    if bad:
+        warn(f"warning: output {model.outputs[0].name!r} has {bad} non-finite value(s) "
+             "(NaN or inf): check the input")
+    if as_json:
+        doc: dict[str, Any] = {"bundle": os.fspath(bundle), "inputs": [os.fspath(p) for p in inputs],
+                               "outputs": {k: v.tolist() for k, v in outputs.items()},
+                               "batch": len(tops) if batched else None, "rows": tops}
+        if not batched:
+            doc["top_k"] = tops[0]
+        echo(json.dumps(doc))
+        return
+    echo("\n".join(_rows_text(os.path.basename(os.fspath(inputs[0])), tops, batched)))
+
+
+# ---- inspect ---------------------------------------------------------------------------------------
+
+def inspect(bundle: str | os.PathLike, *, ir: bool = False, as_json: bool = False,
+            echo: Echo = _stdout) -> None:
+    """Print a bundle's summary (inputs, target, kernels, weights, plan, versions), or with
+    ``ir`` the IRModule text it was built from; ``as_json`` for either."""
+    from .describe import describe, describe_text, ir_text
+
+    if ir:
+        text = ir_text(bundle)
+        if as_json:
+            echo(json.dumps({"file": os.fspath(bundle), "ir": text}))
+        else:
+            echo(text.rstrip("\n"))
+        return
+    info = describe(bundle)
+    echo(json.dumps(info, indent=2) if as_json else describe_text(info))
+
+
+# ---- verify ----------------------------------------------------------------------------------------
+
+def verify(bundle: str | os.PathLike, *, rtol: float | None = None, atol: float | None = None,
+           threads: int | None = None, echo: Echo = _stdout) -> None:
+    """Re-run the golden pair embedded at export; print PASS, or FAIL and raise
+    ``GoldenMismatchError`` (exit 13; 14 when the bundle has no golden data)."""
+    from .verify import GoldenMismatchError, verify as verify_bundle
+
+    check_at_least(rtol, 0, "--rtol")
+    check_at_least(atol, 0, "--atol")
+    check_at_least(threads, 1, "--threads")
+    result = verify_bundle(bundle, threads=threads, rtol=rtol, atol=atol)
+    name = os.path.basename(os.fspath(bundle))
+    runs = sorted({c.batch for c in result.checks if c.batch is not None})
+    extra = f", also its first {', '.join(map(str, runs))} rows" if runs else ""
+    echo(f"{name}: {len(result.checks)} output checks{extra}; {result.summary()}")
+    if not result.ok:
+        echo("FAIL")
+        raise GoldenMismatchError(f"{name} does not reproduce its golden output: "
+                                  f"{result.summary()}")
+    echo("PASS")
+
+
+# ---- bench -----------------------------------------------------------------------------------------
+
+def bench(bundle: str | os.PathLike, *, runs: int | None = None, threads: int = 1,
+          budget_s: float = 1.0, as_json: bool = False, echo: Echo = _stdout) -> None:
+    """Time ``bundle`` on random inputs: load, first run, then latency percentiles over
+    ``runs`` runs (default: as many as fit in ``budget_s`` seconds, at least 5)."""
+    from .bench import bench as time_bundle
+
+    check_at_least(runs, 1, "--runs")
+    check_at_least(threads, 1, "--threads")
+    check_at_least(budget_s, 0, "--budget")
+    t = time_bundle(bundle, runs, threads, budget_s)
+    name = os.path.basename(os.fspath(bundle))
+    if as_json:
+        echo(json.dumps({"bundle": os.fspath(bundle), "threads": threads, "runs": t.runs,
+                         "load_ms": t.load_ms, "first_ms": t.first_ms, "min_us": t.min_us,
+                         "p50_us": t.median_us, "p90_us": t.p90_us, "p99_us": t.p99_us}))
+        return
+    echo(f"{name}: load {t.load_ms:.2f} ms, first {t.first_ms:.2f} ms, "
+         f"p50 {t.median_us:.1f} us, p90 {t.p90_us:.1f} us, p99 {t.p99_us:.1f} us, "
+         f"min {t.min_us:.1f} us ({t.runs} runs, {threads} thread{'s' if threads > 1 else ''})")
