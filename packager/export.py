@@ -25,7 +25,7 @@ from .ir.graph import IRModule
 from .ir.printer import module_text
 from .passes import DEFAULT_PIPELINE, bind_params, run_pipeline
 from .passes.simplify import BindError
-from .vm_emit import Program, VMEmitError, emit_program
+from .vm_emit import Program, VMEmitError, emit_program, source_records
 
 
 @dataclass
@@ -113,6 +113,24 @@ def _common_kernels(variants: list[CompiledCode]) -> dict[str, KernelInfo]:
         merged[name] = dataclasses.replace(info, workspace_bytes=max(k.workspace_bytes
                                                                      for k in infos))
     return merged
+
+
+def _kernel_rows(program: Program, infos: list[KernelInfo], mod: IRModule) -> list[dict]:
+    """The header's kernel table. Optional fields: ``source``, the source-model nodes the
+    kernel's calls came from (``[{"name", "op"}]``), and ``macs``, a contraction's
+    multiply-adds per call (the profiler's GFLOP/s)."""
+    rows = []
+    for name, k, sources in zip(program.kernels, infos, program.kernel_sources):
+        row: dict[str, Any] = {"name": name, "symbol": k.symbol, "num_inputs": k.num_inputs,
+                               "num_outputs": k.num_outputs, "workspace_bytes": k.workspace_bytes,
+                               "parallel": k.parallel}
+        if sources:
+            row["source"] = source_records(sources)
+        macs = mod.functions[name].attrs.get("macs")
+        if macs:
+            row["macs"] = int(macs)
+        rows.append(row)
+    return rows
 
 
 def _check_library_names(program: Program) -> None:
@@ -226,9 +244,7 @@ def _export(mods: dict[int | None, IRModule], path: str | os.PathLike,
         plan = {
             "inputs": program.inputs,
             "outputs": program.outputs,
-            "kernels": [{"name": name, "symbol": k.symbol, "num_inputs": k.num_inputs,
-                         "num_outputs": k.num_outputs, "workspace_bytes": k.workspace_bytes,
-                         "parallel": k.parallel} for name, k in zip(program.kernels, kernel_infos)],
+            "kernels": _kernel_rows(program, kernel_infos, optimized),
             "code": code,
             "library_calls": program.library_calls,
             "tensors": tensors,

@@ -20,8 +20,8 @@ import struct
 from dataclasses import dataclass, field
 
 from .codegen.lower import KernelInfo
-from .ir.graph import (Call, CallLibrary, CallTIR, Constant, Function, IRModule, TensorType, Value,
-                       Var)
+from .ir.graph import (Call, CallLibrary, CallTIR, Constant, Function, IRModule, Source,
+                       TensorType, Value, Var, merge_sources)
 from .ops import get_op
 from .ops.registry import VIEW
 from .passes.memory_plan import Buffer, plan_memory
@@ -40,6 +40,9 @@ class Program:
     instructions: list[list[int]] = field(default_factory=list)
     constants: list[Constant] = field(default_factory=list)
     kernels: list[str] = field(default_factory=list)       # prim func names, by kernel index
+    # by kernel index: the source-model nodes of the calls that use it (a prim func has one
+    # call site after the passes; identical kernels share a symbol, never a row)
+    kernel_sources: list[tuple[Source, ...]] = field(default_factory=list)
     library_calls: list[dict] = field(default_factory=list)
     inputs: list[dict] = field(default_factory=list)
     outputs: list[dict] = field(default_factory=list)
@@ -50,6 +53,11 @@ class Program:
     def bytecode(self) -> bytes:
         words = [w for ins in self.instructions for w in ins]
         return struct.pack(f"<{len(words)}i", *words)
+
+
+def source_records(sources: tuple[Source, ...]) -> list[dict[str, str]]:
+    """How the bundle header lists a call's source nodes: ``[{"name", "op"}, ...]``."""
+    return [{"name": s.name, "op": s.op} for s in sources]
 
 
 def emit_program(mod: IRModule, kernels: dict[str, KernelInfo], func: str = "main") -> Program:
@@ -114,6 +122,8 @@ def emit_program(mod: IRModule, kernels: dict[str, KernelInfo], func: str = "mai
             k = kernel_index.setdefault(v.func, len(prog.kernels))
             if k == len(prog.kernels):
                 prog.kernels.append(v.func)
+                prog.kernel_sources.append(())
+            prog.kernel_sources[k] = merge_sources(prog.kernel_sources[k], b.source)
             operands = args + [out]
             if info.workspace_bytes:
                 ws = TensorType((info.workspace_bytes,), "uint8")
@@ -121,6 +131,8 @@ def emit_program(mod: IRModule, kernels: dict[str, KernelInfo], func: str = "mai
             prog.instructions.append([OP_CALL_KERNEL, k, len(operands), *operands])
         elif isinstance(v, CallLibrary):
             prog.library_calls.append({"func": v.func, "attrs": v.attrs})
+            if b.source:
+                prog.library_calls[-1]["source"] = source_records(b.source)
             operands = args + [out]
             prog.instructions.append([OP_CALL_LIB, len(prog.library_calls) - 1, len(operands),
                                       *operands])

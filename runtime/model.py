@@ -476,6 +476,32 @@ class Model:
                              f"{_shape_text(want)} for any batch N >= 1")
         return value
 
+    def profile(self, feeds: Mapping[str, Any], runs: int = 20, warmup: int = 1) -> Any:
+        """Run on ``feeds`` ``warmup`` times (at least once: it checks and places the inputs),
+        then ``runs`` times timing every VM instruction; return a ``runtime.profile.Profile``.
+        ``run`` itself is never timed. A dynamic-batch bundle profiles the plan that a batch of
+        the feeds' size runs on (at most the largest plan's batch)."""
+        from .profile import profile_executor
+
+        if self._executor is None:
+            raise InputError(f"{self.name} is closed")
+        if runs < 1 or warmup < 0:
+            raise InputError(f"profile needs runs >= 1 and warmup >= 0, got {runs} and {warmup}")
+        index = 0
+        if self.batch is not None:
+            spec = next(s for s in self.inputs if s.name in self.batch.inputs)
+            n = np.shape(feeds.get(spec.name))[0] if np.ndim(feeds.get(spec.name)) else 0
+            largest = self._plans[-1].batch
+            if n > largest:
+                raise InputError(f"profile runs one plan: give a batch of at most {largest}, "
+                                 f"not {n}")
+            index = next((i for i, p in enumerate(self._plans) if p.batch >= n), 0)
+        for _ in range(max(1, warmup)):
+            self.run(feeds)
+        rows, _ = _plan_rows(self.header, self.name)
+        with self._lock:
+            return profile_executor(self.name, self._plans[index].executor, rows[index], runs)
+
     def __call__(self, *args: Any, **kwargs: Any) -> np.ndarray | tuple[np.ndarray, ...]:
         """``model(x)`` / ``model(x=x)``: the output array, or a tuple for several outputs."""
         if len(args) > len(self.inputs):

@@ -22,7 +22,7 @@ from onnx import helper, numpy_helper
 
 from ...packager.errors import ExportError
 from ...packager.ir.builder import BlockBuilder, BuilderError
-from ...packager.ir.graph import Constant, IRModule, Value, Var
+from ...packager.ir.graph import Constant, IRModule, Source, Value, Var
 from . import (attention, elementwise, index, logic, nn, quant, resize,  # noqa: F401
                rnn, shape)  # (registration side effect)
 from .registry import (IGNORED_ATTRIBUTES, NodeContext, lookup, make_constant, normalize_domain,
@@ -316,7 +316,10 @@ class _GraphConverter:
         ctx = NodeContext(self.bb, node, opset, inputs, attrs, self.source)
         ctx.scope = self  # If/Loop/Scan convert their subgraphs against this graph's values
         try:
-            result = conv.convert(ctx)
+            # every binding this node becomes names it, through the passes into the bundle
+            with self.bb.source(Source(node.name or (node.output[0] if node.output else label),
+                                       label)):
+                result = conv.convert(ctx)
         except (BuilderError, ValueError) as exc:  # shape or attribute values the ops refuse
             raise ctx.error(_one_line(exc)) from None
         outs = list(result) if isinstance(result, (list, tuple)) else [result]

@@ -22,7 +22,7 @@ import numpy as np
 
 from . import te
 from .graph import (Binding, Call, CallLibrary, CallTIR, Constant, DataflowBlock, Expr, Function,
-                    IRModule, PrimFunc, TensorType, Value, Var)
+                    IRModule, PrimFunc, Source, TensorType, Value, Var)
 
 
 class BuilderError(Exception):
@@ -35,6 +35,7 @@ class BlockBuilder:
         self._func: Function | None = None
         self._block: DataflowBlock | None = None
         self._names: dict[str, int] = {}
+        self._source: tuple[Source, ...] = ()
 
     # ---- scopes -------------------------------------------------------------------------------
 
@@ -70,6 +71,16 @@ class BlockBuilder:
             self._block = None
         self._func.blocks.append(block)
 
+    @contextlib.contextmanager
+    def source(self, *nodes: Source) -> Iterator[None]:
+        """Every binding emitted inside comes from ``nodes`` of the source model (a frontend
+        wraps each node's conversion in this); nested scopes replace the outer one."""
+        outer, self._source = self._source, tuple(nodes)
+        try:
+            yield
+        finally:
+            self._source = outer
+
     # ---- values -------------------------------------------------------------------------------
 
     def fresh_name(self, base: str) -> str:
@@ -94,7 +105,7 @@ class BlockBuilder:
         """Bind ``value`` to a new variable in the current dataflow block."""
         block = self._require_block()
         var = Var(self.fresh_name(name), value.type)
-        block.bindings.append(Binding(var, value))
+        block.bindings.append(Binding(var, value, self._source))
         return var
 
     def emit_op(self, op: str, *args: Value, name: str | None = None, **attrs: object) -> Var:

@@ -90,10 +90,30 @@ class CallLibrary:
 Expr = Union[Call, CallTIR, CallLibrary, Var, Constant]
 
 
+@dataclass(frozen=True)
+class Source:
+    """A node of the source model a binding came from (ONNX node name and op type), so a
+    kernel can be traced back to the model: passes carry it, fusion merges it, the bundle
+    records it per kernel and the profiler shows it."""
+
+    name: str
+    op: str
+
+
 @dataclass(eq=False)
 class Binding:
     var: Var
     value: Expr
+    source: tuple[Source, ...] = ()   # empty when the builder knew no source node
+
+
+def merge_sources(*groups: Sequence[Source]) -> tuple[Source, ...]:
+    """The union of ``groups`` in order, each source once (a fused binding's provenance)."""
+    seen: dict[Source, None] = {}
+    for group in groups:
+        for s in group:
+            seen.setdefault(s, None)
+    return tuple(seen)
 
 
 @dataclass(eq=False)

@@ -7,7 +7,7 @@ Constants print as ``const.NAME``; calls print in the form they will run:
 from __future__ import annotations
 
 from . import te
-from .graph import (Call, CallLibrary, CallTIR, Constant, Function, IRModule, PrimFunc,
+from .graph import (Binding, Call, CallLibrary, CallTIR, Constant, Function, IRModule, PrimFunc,
                     TensorType, Value, Var)
 
 _BIN_SYMBOL = {"add": "+", "sub": "-", "mul": "*", "div": "/", "floordiv": "//", "mod": "%",
@@ -49,13 +49,23 @@ def binding_text(var: Var, value: object) -> str:
     return f"{var.name} = {value_text(value)}"  # type: ignore[arg-type]
 
 
+def _source_comment(b: Binding, shown: int = 3) -> str:
+    """`  # from Conv_1 (Conv), Relu_2 (Relu)`: the source nodes a binding came from."""
+    if not b.source:
+        return ""
+    names = ", ".join(f"{s.name} ({s.op})" for s in b.source[:shown])
+    more = f" +{len(b.source) - shown} more" if len(b.source) > shown else ""
+    return f"  # from {names}{more}"
+
+
 def function_text(fn: Function) -> str:
     params = ", ".join(f"{p.name}: {p.type}" for p in fn.params)
     rets = ", ".join(str(o.type) for o in fn.outputs)
     lines = [f"def {fn.name}({params}) -> ({rets}):"]
     for block in fn.blocks:
         lines.append("    with dataflow():")
-        lines += [f"        {binding_text(b.var, b.value)}" for b in block.bindings]
+        lines += [f"        {binding_text(b.var, b.value)}{_source_comment(b)}"
+                  for b in block.bindings]
     lines.append("    return " + ", ".join(value_text(o) for o in fn.outputs))
     return "\n".join(lines)
 

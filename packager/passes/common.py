@@ -35,7 +35,7 @@ def rewrite_function(fn: Function,
         new_block = DataflowBlock()
         for b in block.bindings:
             args = [lookup(a) for a in getattr(b.value, "args", [])]
-            current = Binding(b.var, with_args(b.value, args) if args else b.value)
+            current = Binding(b.var, with_args(b.value, args) if args else b.value, b.source)
             if isinstance(current.value, Var):
                 subst[id(b.var)] = lookup(current.value)
                 continue
@@ -45,7 +45,7 @@ def rewrite_function(fn: Function,
             elif result is None:
                 new_block.bindings.append(current)
             else:
-                new_block.bindings.append(Binding(b.var, result))
+                new_block.bindings.append(Binding(b.var, result, b.source))
         blocks.append(new_block)
     return Function(fn.name, list(fn.params), blocks, [lookup(o) for o in fn.outputs],
                     list(fn.output_names))

@@ -8,7 +8,8 @@ from __future__ import annotations
 from collections import Counter
 
 from ..ir import te
-from ..ir.graph import Binding, CallTIR, Function, IRModule, PrimFunc, used_values
+from ..ir.graph import (Binding, CallTIR, Function, IRModule, PrimFunc, merge_sources,
+                        used_values)
 
 
 def _reads_at_identity(func: PrimFunc, ph: te.Tensor) -> bool:
@@ -34,8 +35,12 @@ def fuse_pair(producer: PrimFunc, consumer: PrimFunc, slot: int) -> PrimFunc:
     ph = consumer.inputs[slot]
     (out,) = te.replace_tensors(consumer.outputs, {ph.uid: producer.outputs[0]})
     others = [t for i, t in enumerate(consumer.inputs) if i != slot]
+    attrs = {"op_kind": producer.attrs.get("op_kind", "complex")}
+    macs = producer.attrs.get("macs", 0) + consumer.attrs.get("macs", 0)
+    if macs:
+        attrs["macs"] = macs   # the contraction's multiply-adds, for the profiler's GFLOP/s
     return PrimFunc(_fused_name(producer.name, consumer.name), producer.inputs + others, [out],
-                    {"op_kind": producer.attrs.get("op_kind", "complex")})
+                    attrs)
 
 
 def fuse_ops(mod: IRModule) -> IRModule:
@@ -69,7 +74,9 @@ def _fuse_function(mod: IRModule, fn: Function) -> Function:
                 new_name = mod.add_prim_func(fused)
                 args = list(pv.args) + [a for i, a in enumerate(v.args) if i != slot]
                 result.remove(prod)
-                b = Binding(b.var, CallTIR(new_name, args, v.type))
+                # the fused kernel comes from both nodes, in graph order
+                b = Binding(b.var, CallTIR(new_name, args, v.type),
+                            merge_sources(prod.source, b.source))
                 break
             producer_of[id(b.var)] = b
         result.append(b)

@@ -20,6 +20,25 @@ def _placeholder_name(v: Value, used: set[str]) -> str:
     return name
 
 
+def _elements(shape: tuple[int, ...]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def contraction_macs(call: Call) -> int:
+    """The multiply-adds a contraction computes (0 for other operators): what the profiler
+    divides by a kernel's time for its GFLOP/s, however the kernel is written."""
+    if call.op == "matmul":
+        return _elements(call.type.shape) * call.args[0].type.shape[-1]
+    if call.op in ("nn.conv2d", "nn.conv"):          # weight [O, C/groups, k...]
+        return _elements(call.type.shape) * _elements(call.args[1].type.shape[1:])
+    if call.op == "nn.conv_transpose":               # weight [C, O/groups, k...]
+        return _elements(call.args[0].type.shape) * _elements(call.args[1].type.shape[1:])
+    return 0
+
+
 def legalize_call(call: Call) -> PrimFunc:
     """The primitive function computing ``call``; its inputs follow ``call.args`` in order."""
     opdef = get_op(call.op)
@@ -28,7 +47,11 @@ def legalize_call(call: Call) -> PrimFunc:
               for a in call.args]
     short = call.op.split(".")[-1]
     out = opdef.legalize(*inputs, out_type=call.type, name=short, **call.attrs)
-    return PrimFunc(short, inputs, [out], {"op_kind": opdef.kind})
+    attrs = {"op_kind": opdef.kind}
+    macs = contraction_macs(call)
+    if macs:
+        attrs["macs"] = macs
+    return PrimFunc(short, inputs, [out], attrs)
 
 
 def legalize(mod: IRModule) -> IRModule:

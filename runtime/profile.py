@@ -1,0 +1,317 @@
+"""Where the time goes: every VM instruction of a loaded model timed over several runs
+(``Model.profile``, ``mlcpack bench --profile``).
+
+Each instruction is a kernel call, a library call or a copy; ``Executor.run_timed`` wraps each
+prepared call in ``time.perf_counter_ns``. A profile keeps, per instruction, the mean and the
+minimum over the runs, its share of the summed means, the source-model nodes it came from (the
+header's optional ``source`` records, absent in bundles made before them) and, for contractions
+(the header's optional ``macs``), GFLOP/s at the mean time. It renders as plain text, a JSON
+document, and a Chrome trace (``ph: "X"`` events, microseconds) that Perfetto and
+chrome://tracing open.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import shutil
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+
+from .errors import BundleError, InputError, MlcpackError
+from .vm import OP_CALL_KERNEL, OP_CALL_LIB, Executor
+
+MAX_SOURCES = 1 << 16
+
+
+@dataclass(frozen=True)
+class SourceNode:
+    """A node of the source model (an ONNX node's name and op type)."""
+    name: str
+    op: str
+
+
+def read_sources(value: Any, what: str) -> tuple[SourceNode, ...]:
+    """A header ``source`` record (``[{"name", "op"}, ...]``, optional: None or absent reads as
+    no sources); BundleError when it is there but malformed."""
+    if value is None:
+        return ()
+    if not isinstance(value, list) or len(value) > MAX_SOURCES or not all(
+            isinstance(s, dict) and isinstance(s.get("name"), str) and isinstance(s.get("op"), str)
+            for s in value):
+        raise BundleError(f"bundle header: {what} has a malformed source list (expected "
+                          "[{'name': str, 'op': str}, ...]); export it again")
+    return tuple(SourceNode(s["name"], s["op"]) for s in value)
+
+
+def read_macs(value: Any, what: str) -> int | None:
+    """A header ``macs`` record (optional non-negative int); BundleError when malformed."""
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < 1 << 62:
+        raise BundleError(f"bundle header: {what} has an invalid macs value {value!r:.40}")
+    return value or None
+
+
+def sources_text(sources: tuple[SourceNode, ...], shown: int = 2) -> str:
+    """``Conv_12 (Conv), Relu_13 (Relu) +3 more``."""
+    text = ", ".join(f"{s.name} ({s.op})" for s in sources[:shown])
+    return text + (f" +{len(sources) - shown} more" if len(sources) > shown else "")
+
+
+@dataclass(frozen=True)
+class Step:
+    """What one VM instruction is, from the bundle header."""
+    kind: str                         # "kernel", "library" or "copy"
+    name: str                         # the prim function, the library function, or "copy"
+    symbol: str                       # the kernel's symbol (shared by identical kernels)
+    sources: tuple[SourceNode, ...]
+    macs: int | None
+
+
+def describe_steps(executor: Executor, row: dict) -> list[Step]:
+    """One ``Step`` per instruction of ``executor``, read from the plan's header ``row``."""
+    kernels, sites = row.get("kernels", []), row.get("library_calls", [])
+    steps = []
+    for ins in executor.program:
+        if ins.opcode == OP_CALL_KERNEL:
+            k = kernels[ins.target]
+            what = f"kernel {ins.target}"
+            steps.append(Step("kernel", str(k.get("name", k["symbol"])), k["symbol"],
+                              read_sources(k.get("source"), what),
+                              read_macs(k.get("macs"), what)))
+        elif ins.opcode == OP_CALL_LIB:
+            site = sites[ins.target]
+            steps.append(Step("library", site["func"], site["func"],
+                              read_sources(site.get("source"), f"library call {ins.target}"),
+                              None))
+        else:
+            steps.append(Step("copy", "copy", "copy", (), None))
+    return steps
+
+
+@dataclass(frozen=True)
+class InstructionTime:
+    index: int                        # position in the program
+    step: Step
+    mean_us: float
+    min_us: float
+    share: float                      # percent of the summed means
+
+    @property
+    def gflops(self) -> float | None:
+        """Contractions only: 2 flops per multiply-add, at the mean time."""
+        if not self.step.macs or self.mean_us <= 0:
+            return None
+        return 2 * self.step.macs / (self.mean_us * 1e3)
+
+
+@dataclass
+class Profile:
+    """Per-instruction times of ``runs`` runs (``durations_ns``/``starts_ns``: runs x
+    instructions) and each run's wall time (``totals_ns``)."""
+    model: str
+    threads: int
+    steps: list[Step]
+    starts_ns: np.ndarray
+    durations_ns: np.ndarray
+    totals_ns: np.ndarray
+
+    @property
+    def runs(self) -> int:
+        return int(self.durations_ns.shape[0])
+
+    @property
+    def instructions(self) -> list[InstructionTime]:
+        """Every instruction, in program order."""
+        mean = self.durations_ns.mean(axis=0) / 1e3
+        best = self.durations_ns.min(axis=0) / 1e3
+        whole = float(mean.sum()) or 1.0
+        return [InstructionTime(i, s, float(mean[i]), float(best[i]), 100 * float(mean[i]) / whole)
+                for i, s in enumerate(self.steps)]
+
+    def ranked(self) -> list[InstructionTime]:
+        """Every instruction, the slowest first."""
+        return sorted(self.instructions, key=lambda t: -t.mean_us)
+
+    @property
+    def total_mean_us(self) -> float:
+        """Mean wall time of a run (every instruction plus the timing's own cost)."""
+        return float(self.totals_ns.mean()) / 1e3
+
+    @property
+    def total_min_us(self) -> float:
+        return float(self.totals_ns.min()) / 1e3
+
+    @property
+    def kernels_sum_us(self) -> float:
+        """The sum of the instructions' mean times."""
+        return float(self.durations_ns.mean(axis=0).sum()) / 1e3
+
+    def to_json(self) -> dict[str, Any]:
+        rows = []
+        for rank, t in enumerate(self.ranked(), start=1):
+            gf = t.gflops
+            rows.append({"rank": rank, "index": t.index, "kind": t.step.kind,
+                         "kernel": t.step.symbol, "name": t.step.name,
+                         "sources": [{"name": s.name, "op": s.op} for s in t.step.sources],
+                         "mean_us": round(t.mean_us, 3), "min_us": round(t.min_us, 3),
+                         "share": round(t.share, 3), "macs": t.step.macs,
+                         "gflops": None if gf is None else round(gf, 3)})
+        return {"model": self.model, "runs": self.runs, "threads": self.threads,
+                "instructions": len(self.steps),
+                "total_us": {"mean": round(self.total_mean_us, 3),
+                             "min": round(self.total_min_us, 3)},
+                "instructions_sum_us": round(self.kernels_sum_us, 3),
+                "kernels": rows}
+
+    def chrome_trace(self) -> dict[str, Any]:
+        """Trace-event JSON: one complete (``ph: "X"``) event per instruction per run on one
+        track, times in microseconds from the first run's start."""
+        origin = int(self.starts_ns[0, 0]) if self.starts_ns.size else 0
+        events: list[dict[str, Any]] = [
+            {"name": "process_name", "ph": "M", "pid": 1, "tid": 1,
+             "args": {"name": f"mlcpack {self.model}"}},
+            {"name": "thread_name", "ph": "M", "pid": 1, "tid": 1,
+             "args": {"name": f"VM ({self.threads} thread{'s' if self.threads > 1 else ''})"}}]
+        for run in range(self.runs):
+            for i, step in enumerate(self.steps):
+                args: dict[str, Any] = {"run": run, "index": i, "name": step.name,
+                                        "sources": [f"{s.name} ({s.op})" for s in step.sources]}
+                if step.macs:
+                    args["macs"] = step.macs
+                events.append({"name": step.symbol, "cat": step.kind, "ph": "X", "pid": 1,
+                               "tid": 1, "ts": (int(self.starts_ns[run, i]) - origin) / 1e3,
+                               "dur": int(self.durations_ns[run, i]) / 1e3, "args": args})
+        return {"traceEvents": events, "displayTimeUnit": "ns"}
+
+    def text(self, top: int | None = None) -> str:
+        """A plain-text table (the runtime has no rich), the slowest first."""
+        lines = [f"{self.model}: {len(self.steps)} instructions, {self.runs} runs, "
+                 f"{self.threads} thread{'s' if self.threads > 1 else ''}: run mean "
+                 f"{self.total_mean_us:.1f} us, min {self.total_min_us:.1f} us",
+                 f"{'#':>4}  {'kernel':<36} {'mean us':>9} {'min us':>9} {'share':>6} "
+                 f"{'GFLOP/s':>8}  source"]
+        ranked = self.ranked()
+        for rank, t in enumerate(ranked[:top] if top else ranked, start=1):
+            gf = t.gflops
+            lines.append(f"{rank:>4}  {t.step.symbol[:36]:<36} {t.mean_us:>9.1f} {t.min_us:>9.1f} "
+                         f"{t.share:>5.1f}% {'' if gf is None else f'{gf:.1f}':>8}  "
+                         f"{sources_text(t.step.sources)}")
+        if top and len(ranked) > top:
+            rest = ranked[top:]
+            lines.append(f"      ... {len(rest)} more, {sum(t.share for t in rest):.1f}% of the "
+                         "time")
+        return "\n".join(lines)
+
+
+def profile_executor(model: str, executor: Executor, row: dict, runs: int) -> Profile:
+    """Time ``runs`` runs of ``executor`` (inputs already in place) instruction by
+    instruction; ``row`` is the plan's header record (kernels, library calls)."""
+    steps = describe_steps(executor, row)
+    starts = np.empty((runs, len(steps)), dtype=np.int64)
+    durations = np.empty((runs, len(steps)), dtype=np.int64)
+    totals = np.empty(runs, dtype=np.int64)
+    for r in range(runs):
+        s, d, begin, end = executor.run_timed()
+        starts[r], durations[r], totals[r] = s, d, end - begin
+    return Profile(model, executor.threads, steps, starts, durations, totals)
+
+
+def profile_bundle(path: str | os.PathLike, runs: int | None = None, threads: int = 1,
+                   budget_s: float = 1.0) -> Profile:
+    """Load the bundle at ``path`` with ``threads`` threads and profile it on random inputs
+    (``bench``'s): ``runs`` timed runs, or as many as fit in about ``budget_s`` (5 to 1000)."""
+    from .bench import random_feeds
+    from .model import load
+
+    with load(path, threads=threads) as model:
+        feeds = random_feeds(model)
+        t0 = time.perf_counter()
+        model.run(feeds)
+        once = time.perf_counter() - t0
+        if runs is None:
+            runs = int(min(1000, max(5, budget_s / max(once, 1e-6))))
+        return model.profile(feeds, runs=runs, warmup=1)
+
+
+def rich_table(profile: Profile, top: int | None = None) -> Any:
+    """The profile as a ``rich`` table, the slowest first (rich: an extra of the runtime)."""
+    from rich.table import Table
+
+    ranked = profile.ranked()
+    shown = ranked[:top] if top else ranked
+    threads = f"{profile.threads} thread{'s' if profile.threads > 1 else ''}"
+    table = Table(title=f"{profile.model}: {len(profile.steps)} instructions, {profile.runs} "
+                        f"runs, {threads}", title_justify="left")
+    for header, justify in (("#", "right"), ("kernel", "left"), ("source nodes", "left"),
+                            ("mean µs", "right"), ("min µs", "right"), ("share", "right"),
+                            ("GFLOP/s", "right")):
+        table.add_column(header, justify=justify, overflow="fold")  # type: ignore[arg-type]
+    for rank, t in enumerate(shown, start=1):
+        gf = t.gflops
+        table.add_row(str(rank), t.step.symbol, sources_text(t.step.sources) or "-",
+                      f"{t.mean_us:.1f}", f"{t.min_us:.1f}", f"{t.share:.1f}%",
+                      "" if gf is None else f"{gf:.1f}")
+    rest = ranked[len(shown):]
+    if rest:
+        table.add_row("", f"... {len(rest)} more", "", f"{sum(t.mean_us for t in rest):.1f}",
+                      "", f"{sum(t.share for t in rest):.1f}%", "")
+    table.caption = (f"run: mean {profile.total_mean_us:.1f} µs, min {profile.total_min_us:.1f} µs"
+                     f"; instructions sum {profile.kernels_sum_us:.1f} µs (the rest is the VM "
+                     "loop and the timer)")
+    table.caption_justify = "left"
+    return table
+
+
+def _render(profile: Profile, top: int | None) -> str:
+    """The rich table as text at the terminal's width (plain text where rich is missing)."""
+    try:
+        from rich.console import Console
+    except ImportError:
+        return profile.text(top)
+    buffer = io.StringIO()
+    width = max(110, shutil.get_terminal_size((140, 24)).columns)
+    Console(file=buffer, width=width, color_system=None).print(rich_table(profile, top))
+    return "\n".join(line.rstrip() for line in buffer.getvalue().rstrip("\n").splitlines())
+
+
+def write_trace(profile: Profile, path: str | os.PathLike) -> None:
+    """Write the Chrome trace to ``path`` (a temporary file renamed into place)."""
+    path = os.fspath(path)
+    tmp = f"{path}.tmp{os.getpid()}"
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(profile.chrome_trace(), f)
+        os.replace(tmp, path)
+    except OSError as exc:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise MlcpackError(f"cannot write the trace to {path}: {exc.strerror or exc}") from None
+
+
+def profile_command(bundle: str | os.PathLike, *, runs: int | None = None, threads: int = 1,
+                    budget_s: float = 1.0, as_json: bool = False,
+                    trace: str | os.PathLike | None = None, top: int | None = None,
+                    echo: Callable[[str], None] = print) -> Profile:
+    """``mlcpack bench --profile``: profile ``bundle``, print the table (or JSON) and write the
+    trace to ``trace`` when given."""
+    for value, low, flag in ((runs, 1, "--runs"), (threads, 1, "--threads"),
+                             (budget_s, 0, "--budget"), (top, 0, "--top")):
+        if value is not None and not value >= low:
+            raise InputError(f"{flag} must be >= {low}, got {value}")
+    profile = profile_bundle(bundle, runs, threads, budget_s)
+    if trace is not None:
+        write_trace(profile, trace)
+    if as_json:
+        echo(json.dumps(profile.to_json()))
+    else:
+        echo(_render(profile, top))
+        if trace is not None:
+            echo(f"trace: {os.fspath(trace)} ({profile.runs * len(profile.steps)} events; open it "
+                 "in https://ui.perfetto.dev or chrome://tracing)")
+    return profile
