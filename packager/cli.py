@@ -402,7 +402,7 @@ def bench(
 
         _shared(debug, lambda: profile_command(bundle, runs=runs, threads=threads,
                                                budget_s=budget, as_json=as_json, trace=trace,
-                                               top=top, echo=typer.echo) and None)
+                                               top=top, echo=typer.echo))
         return
     _shared(debug, lambda: commands.bench(bundle, runs=runs, threads=threads, budget_s=budget,
                                           as_json=as_json, echo=typer.echo))

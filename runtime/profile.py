@@ -22,7 +22,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .errors import BundleError, InputError, MlcpackError
+from .errors import BundleError, MlcpackError
 from .vm import OP_CALL_KERNEL, OP_CALL_LIB, Executor
 
 MAX_SOURCES = 1 << 16
@@ -300,10 +300,11 @@ def profile_command(bundle: str | os.PathLike, *, runs: int | None = None, threa
                     echo: Callable[[str], None] = print) -> Profile:
     """``mlcpack bench --profile``: profile ``bundle``, print the table (or JSON) and write the
     trace to ``trace`` when given."""
+    from .commands import check_at_least
+
     for value, low, flag in ((runs, 1, "--runs"), (threads, 1, "--threads"),
                              (budget_s, 0, "--budget"), (top, 0, "--top")):
-        if value is not None and not value >= low:
-            raise InputError(f"{flag} must be >= {low}, got {value}")
+        check_at_least(value, low, flag)
     profile = profile_bundle(bundle, runs, threads, budget_s)
     if trace is not None:
         write_trace(profile, trace)

@@ -188,3 +188,10 @@ def test_profile_api_and_untouched_run(bundle) -> None:
         assert prof.runs == 3 and prof.durations_ns.shape == (3, model.num_instructions)
         np.testing.assert_array_equal(model.run({"x": x})["y"], before)
         assert "conv_a (Conv)" in prof.text()
+
+
+def test_bad_flags_are_one_line_usage_errors(bundle, run_cli, one_line_error) -> None:
+    for flags in (("--runs", "0"), ("--top", "-1"), ("--threads", "0")):
+        proc = run_cli("bench", bundle, "--profile", *flags)
+        assert proc.returncode == 2, proc.stderr
+        assert flags[0] in one_line_error(proc)
