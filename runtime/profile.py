@@ -248,10 +248,12 @@ def rich_table(profile: Profile, top: int | None = None) -> Any:
     threads = f"{profile.threads} thread{'s' if profile.threads > 1 else ''}"
     table = Table(title=f"{profile.model}: {len(profile.steps)} instructions, {profile.runs} "
                         f"runs, {threads}", title_justify="left")
-    for header, justify in (("#", "right"), ("kernel", "left"), ("source nodes", "left"),
-                            ("mean µs", "right"), ("min µs", "right"), ("share", "right"),
-                            ("GFLOP/s", "right")):
-        table.add_column(header, justify=justify, overflow="fold")  # type: ignore[arg-type]
+    table.add_column("#", justify="right")
+    # fused kernels have long symbols: one line each, cut short; the nodes say what they are
+    table.add_column("kernel", no_wrap=True, overflow="ellipsis", max_width=30)
+    table.add_column("source nodes", overflow="fold", ratio=1)
+    for header in ("mean µs", "min µs", "share", "GFLOP/s"):
+        table.add_column(header, justify="right", no_wrap=True)
     for rank, t in enumerate(shown, start=1):
         gf = t.gflops
         table.add_row(str(rank), t.step.symbol, sources_text(t.step.sources) or "-",
