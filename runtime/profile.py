@@ -120,6 +120,13 @@ class Profile:
     starts_ns: np.ndarray
     durations_ns: np.ndarray
     totals_ns: np.ndarray
+    batch: int | None = None          # the plan's batch size (dynamic-batch bundles)
+
+    @property
+    def title(self) -> str:
+        plan = f" (batch-{self.batch} plan)" if self.batch is not None else ""
+        threads = f"{self.threads} thread{'s' if self.threads > 1 else ''}"
+        return f"{self.model}{plan}: {len(self.steps)} instructions, {self.runs} runs, {threads}"
 
     @property
     def runs(self) -> int:
@@ -162,8 +169,8 @@ class Profile:
                          "mean_us": round(t.mean_us, 3), "min_us": round(t.min_us, 3),
                          "share": round(t.share, 3), "macs": t.step.macs,
                          "gflops": None if gf is None else round(gf, 3)})
-        return {"model": self.model, "runs": self.runs, "threads": self.threads,
-                "instructions": len(self.steps),
+        return {"model": self.model, "batch": self.batch, "runs": self.runs,
+                "threads": self.threads, "instructions": len(self.steps),
                 "total_us": {"mean": round(self.total_mean_us, 3),
                              "min": round(self.total_min_us, 3)},
                 "instructions_sum_us": round(self.kernels_sum_us, 3),
@@ -191,9 +198,8 @@ class Profile:
 
     def text(self, top: int | None = None) -> str:
         """A plain-text table (the runtime has no rich), the slowest first."""
-        lines = [f"{self.model}: {len(self.steps)} instructions, {self.runs} runs, "
-                 f"{self.threads} thread{'s' if self.threads > 1 else ''}: run mean "
-                 f"{self.total_mean_us:.1f} us, min {self.total_min_us:.1f} us",
+        lines = [f"{self.title}: run mean {self.total_mean_us:.1f} us, min "
+                 f"{self.total_min_us:.1f} us",
                  f"{'#':>4}  {'kernel':<36} {'mean us':>9} {'min us':>9} {'share':>6} "
                  f"{'GFLOP/s':>8}  source"]
         ranked = self.ranked()
@@ -219,7 +225,9 @@ def profile_executor(model: str, executor: Executor, row: dict, runs: int) -> Pr
     for r in range(runs):
         s, d, begin, end = executor.run_timed()
         starts[r], durations[r], totals[r] = s, d, end - begin
-    return Profile(model, executor.threads, steps, starts, durations, totals)
+    batch = row.get("batch")
+    return Profile(model, executor.threads, steps, starts, durations, totals,
+                   batch if isinstance(batch, int) and not isinstance(batch, bool) else None)
 
 
 def profile_bundle(path: str | os.PathLike, runs: int | None = None, threads: int = 1,
@@ -245,9 +253,7 @@ def rich_table(profile: Profile, top: int | None = None) -> Any:
 
     ranked = profile.ranked()
     shown = ranked[:top] if top else ranked
-    threads = f"{profile.threads} thread{'s' if profile.threads > 1 else ''}"
-    table = Table(title=f"{profile.model}: {len(profile.steps)} instructions, {profile.runs} "
-                        f"runs, {threads}", title_justify="left")
+    table = Table(title=profile.title, title_justify="left")
     table.add_column("#", justify="right")
     # fused kernels have long symbols: one line each, cut short; the nodes say what they are
     table.add_column("kernel", no_wrap=True, overflow="ellipsis", max_width=30)

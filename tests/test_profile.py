@@ -11,7 +11,7 @@ import numpy as np
 import onnx
 import pytest
 from mlcpack.runtime import load
-from mlcpack.runtime.errors import BundleError
+from mlcpack.runtime.errors import BundleError, InputError
 from mlcpack.runtime.profile import read_sources
 from onnx import TensorProto, helper, numpy_helper
 
@@ -195,3 +195,22 @@ def test_bad_flags_are_one_line_usage_errors(bundle, run_cli, one_line_error) ->
         proc = run_cli("bench", bundle, "--profile", *flags)
         assert proc.returncode == 2, proc.stderr
         assert flags[0] in one_line_error(proc)
+
+
+def test_dynamic_batch_profiles_the_plan_that_runs(tmp_path, run_cli) -> None:
+    model = _model()
+    for vi in (model.graph.input[0], model.graph.output[0]):
+        vi.type.tensor_type.shape.dim[0].dim_param = "N"
+    onnx.save(model, tmp_path / "dyn.onnx")
+    out = tmp_path / "dyn.mlc"
+    proc = run_cli("export", tmp_path / "dyn.onnx", "--batch-sizes", "1,4", "-o", out)
+    assert proc.returncode == 0, proc.stderr
+    x = np.random.default_rng(2).standard_normal((3, C, H, W)).astype(np.float32)
+    with load(out) as m:
+        prof = m.profile({"x": x}, runs=2)
+        assert prof.batch == 4 and "(batch-4 plan)" in prof.text()
+        conv = next(t for t in prof.instructions if t.step.sources[0].name == "conv_a")
+        assert conv.step.macs == 4 * C * H * W * C * 9
+        with pytest.raises(InputError, match="at most 4"):
+            m.profile({"x": np.concatenate([x, x])}, runs=1)
+    assert _profile_json(run_cli, out)["batch"] == 1      # bench feeds batch 1
