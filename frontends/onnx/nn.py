@@ -234,12 +234,11 @@ def _conv_transpose(ctx: NodeContext) -> Value:
         pads = list(ctx.attrs["pads"] or [0] * (2 * n))
         if len(pads) != 2 * n:
             raise ctx.error(f"pads {pads} should have {2 * n} values")
-    y = ctx.emit("nn.conv_transpose", x, w, strides=tuple(strides), padding=tuple(pads),
-                 dilation=tuple(dilations), output_padding=tuple(out_pad),
-                 groups=int(ctx.attrs["group"]))
-    if ctx.has_input(2):
-        y = ctx.emit("add", y, _channel_shaped(ctx, ctx.input(2), n + 2))
-    return y
+    # The bias goes into the operator: its fast path adds it while placing the outputs.
+    args = [x, w, ctx.input(2)] if ctx.has_input(2) else [x, w]
+    return ctx.emit("nn.conv_transpose", *args, strides=tuple(strides), padding=tuple(pads),
+                    dilation=tuple(dilations), output_padding=tuple(out_pad),
+                    groups=int(ctx.attrs["group"]))
 
 
 @converter("LRN", since=1, attrs={"size": None, "alpha": 1e-4, "beta": 0.75, "bias": 1.0})

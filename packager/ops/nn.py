@@ -10,7 +10,7 @@ import numpy as np
 from ..ir import te
 from ..ir.graph import TensorType
 from ..ir.patterns import tag_reduction
-from .registry import COMPLEX, REDUCTION, broadcast_shape, register_op
+from .registry import COMPLEX, INJECTIVE, REDUCTION, broadcast_shape, register_op
 
 
 # ---- matmul -------------------------------------------------------------------------------------
@@ -611,8 +611,9 @@ def _conv_transpose_sizes(spatial, kernel, strides, padding, dilation, output_pa
     return outs
 
 
-def _infer_conv_transpose(x: TensorType, w: TensorType, strides=(), padding=(), dilation=(),
-                          output_padding=(), groups: int = 1) -> TensorType:
+def _infer_conv_transpose(x: TensorType, w: TensorType, b: TensorType | None = None, strides=(),
+                          padding=(), dilation=(), output_padding=(), groups: int = 1
+                          ) -> TensorType:
     spatial = x.shape[2:]
     _nd_check("conv_transpose", spatial, strides=strides, padding=padding, dilation=dilation,
               output_padding=output_padding)
@@ -621,12 +622,16 @@ def _infer_conv_transpose(x: TensorType, w: TensorType, strides=(), padding=(), 
                          f"groups={groups} (weight is [C_in, C_out/groups, k...])")
     outs = _conv_transpose_sizes(spatial, w.shape[2:], strides, padding, dilation,
                                  output_padding)
+    if b is not None and b.shape != (w.shape[1] * groups,):
+        raise ValueError(f"conv_transpose: bias {b.shape} should be [{w.shape[1] * groups}]")
     return TensorType((x.shape[0], w.shape[1] * groups) + outs, x.dtype)
 
 
-def _legalize_conv_transpose(x: te.Tensor, w: te.Tensor, out_type: TensorType, name: str,
-                             strides=(), padding=(), dilation=(), output_padding=(),
-                             groups: int = 1) -> te.Tensor:
+def _legalize_conv_transpose(x: te.Tensor, w: te.Tensor, b: te.Tensor | None = None, *,
+                             out_type: TensorType, name: str, strides=(), padding=(),
+                             dilation=(), output_padding=(), groups: int = 1) -> te.Tensor:
+    """The generic loop nest (every output sums every tap that lands on it); constant weights
+    take the fast path instead (``passes/conv_transpose.py``)."""
     spatial = x.shape[2:]
     n = len(spatial)
     cg = x.shape[1] // groups
@@ -634,22 +639,23 @@ def _legalize_conv_transpose(x: te.Tensor, w: te.Tensor, out_type: TensorType, n
     rc = te.reduce_axis(cg, "rc")
     rs = tuple(te.reduce_axis(k, f"r{d}") for d, k in enumerate(w.shape[2:]))
 
-    def body(b, oc, *out):
+    def body(n_, oc, *out):
         ic = rc if groups == 1 else (oc // og) * cg + rc
         woc = oc if groups == 1 else oc % og
         conds, idx = [], []
         for d in range(n):
             idx.append(_strided_source(out[d], rs[d], padding[d], dilation[d], strides[d],
                                        spatial[d], conds))
-        value = te.if_then_else(_all_of(conds), x[(b, ic) + tuple(idx)], te.const(0.0, x.dtype))
-        return te.sum_of(value * w[(ic, woc) + rs], (rc,) + rs)
+        value = te.if_then_else(_all_of(conds), x[(n_, ic) + tuple(idx)], te.const(0.0, x.dtype))
+        total = te.sum_of(value * w[(ic, woc) + rs], (rc,) + rs)
+        return total if b is None else total + b[oc]
 
     return te.compute(out_type.shape, body, name=name)
 
 
 @register_op("nn.conv_transpose", COMPLEX, _infer_conv_transpose, _legalize_conv_transpose)
-def conv_transpose(x: np.ndarray, w: np.ndarray, strides=(), padding=(), dilation=(),
-                   output_padding=(), groups: int = 1) -> np.ndarray:
+def conv_transpose(x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None, strides=(),
+                   padding=(), dilation=(), output_padding=(), groups: int = 1) -> np.ndarray:
     spatial = x.shape[2:]
     n = len(spatial)
     kernel = w.shape[2:]
@@ -660,7 +666,7 @@ def conv_transpose(x: np.ndarray, w: np.ndarray, strides=(), padding=(), dilatio
     lo = [min(0, padding[d]) for d in range(n)]
     hi = [max((spatial[d] - 1) * strides[d] + (kernel[d] - 1) * dilation[d] + 1,
               outs[d] + padding[d]) for d in range(n)]
-    canvas = np.zeros((x.shape[0], og * groups) + tuple(h - l for l, h in zip(lo, hi)))
+    canvas = np.zeros((x.shape[0], og * groups) + tuple(top - bottom for bottom, top in zip(lo, hi)))
     for offs in itertools.product(*[range(k) for k in kernel]):
         where = tuple(slice(offs[d] * dilation[d] - lo[d],
                             offs[d] * dilation[d] - lo[d] + (spatial[d] - 1) * strides[d] + 1,
@@ -670,7 +676,135 @@ def conv_transpose(x: np.ndarray, w: np.ndarray, strides=(), padding=(), dilatio
             canvas[(slice(None), slice(g * og, (g + 1) * og)) + where] += np.einsum(
                 "nc...,co->no...", x[:, g * cg:(g + 1) * cg].astype(np.float64), wk)
     crop = tuple(slice(padding[d] - lo[d], padding[d] - lo[d] + outs[d]) for d in range(n))
-    return canvas[(slice(None), slice(None)) + crop].astype(x.dtype)
+    out = canvas[(slice(None), slice(None)) + crop]
+    if b is not None:
+        out = out + b.astype(np.float64).reshape((1, -1) + (1,) * n)
+    return out.astype(x.dtype)
+
+
+# ---- interleaving the phases of a transposed convolution -----------------------------------------
+# A transposed convolution with strides s computes each output phase (o mod s, per axis) as a
+# stride-1 convolution (``passes/conv_transpose.py``); this operator writes those phase outputs
+# into their places, with the bias. Its output is [N, G, C/G, Q1, s1, ..., Qd, sd] (Qd * sd
+# covering the output), which a reshape views as [N, C, Q1*s1, ...]. ``phases`` lists, for every
+# phase in row-major order over (r1, ..., rd), where it lives: (input number or -1 for a phase
+# no tap reaches, channel of its first output channel in group 0, channel step between groups,
+# the shift of q on each axis): ``y[n, g, c, .., q, r, ..] = inputs[i][n, g * step + first + c,
+# .., q + shift, ..]`` for q < blocks on each axis.
+
+def _infer_phase_interleave(*xs: TensorType, phases=(), strides=(), groups: int = 1,
+                            channels: int = 1, blocks=(), has_bias: bool = False) -> TensorType:
+    inputs = xs[:-1] if has_bias else xs
+    if not inputs or len(phases) != int(np.prod(strides)):
+        raise ValueError(f"phase_interleave: {len(phases)} phases for strides {strides}")
+    n = len(strides)
+    batch = inputs[0].shape[0]
+    if len(blocks) != n or min(blocks) < 1:
+        raise ValueError(f"phase_interleave: blocks {blocks} should be {n} positive sizes")
+    for i, first, step, shift in phases:
+        if i < 0:
+            continue
+        t = inputs[i].shape
+        if len(t) != n + 2 or t[0] != batch:
+            raise ValueError(f"phase_interleave: input {t} is not [N, C, {n} spatial axes]")
+        if (groups - 1) * step + first + channels // groups > t[1]:
+            raise ValueError(f"phase_interleave: input {t} has too few channels")
+        if any(t[2 + d] - shift[d] < blocks[d] for d in range(n)):
+            raise ValueError(f"phase_interleave: input {t} shifted by {shift} holds fewer "
+                             f"than {list(blocks)} positions")
+    if all(i < 0 for i, *_ in phases):
+        raise ValueError("phase_interleave: no phase has an input")
+    shape = (batch, groups, channels // groups)
+    for q, s in zip(blocks, strides):
+        shape += (q, s)
+    return TensorType(shape, inputs[0].dtype)
+
+
+def _legalize_phase_interleave(*xs: te.Tensor, out_type: TensorType, name: str, phases=(),
+                               strides=(), groups: int = 1, channels: int = 1, blocks=(),
+                               has_bias: bool = False) -> te.Tensor:
+    inputs, bias = (xs[:-1], xs[-1]) if has_bias else (xs, None)
+    n = len(strides)
+    og = channels // groups
+    zero = te.const(0.0, out_type.dtype)
+    single = _single_stack(phases, strides, og)
+
+    def body(b, g, c, *qr):
+        q, r = qr[0::2], qr[1::2]
+        if single is not None:   # one input holds every phase, channel-major by phase
+            flat = None
+            for d in range(n):
+                flat = r[d] if flat is None else flat * strides[d] + r[d]
+            ch = g * single + flat * og + c
+            value = inputs[0][(b, ch) + tuple(q)]
+        else:
+            value = zero
+            for at, (i, first, step, shift) in zip(itertools.product(*map(range, strides)),
+                                                     phases):
+                if i < 0:
+                    continue
+                read = inputs[i][(b, g * step + first + c)
+                                 + tuple(q[d] + shift[d] for d in range(n))]
+                if value is zero:
+                    value = read   # the first phase needs no test: the others override it
+                    continue
+                value = te.if_then_else(_all_of([te.eq(r[d], at[d]) for d in range(n)]),
+                                        read, value)
+            if any(i < 0 for i, *_ in phases):
+                hit = _any_phase(r, strides, phases)
+                value = te.if_then_else(hit, value, zero)
+        return value if bias is None else value + bias[g * og + c]
+
+    return te.compute(out_type.shape, body, name=name)
+
+
+def _single_stack(phases, strides, og: int) -> int | None:
+    """The channel step between groups when every phase lives in input 0 unshifted at channel
+    ``phase number * og`` (kernel == stride: one GEMM computed them all); otherwise None."""
+    steps = {step for _, _, step, _ in phases}
+    if len(steps) != 1:
+        return None
+    for j, (i, first, _, shift) in enumerate(phases):
+        if i != 0 or first != j * og or any(shift):
+            return None
+    return steps.pop()
+
+
+def _any_phase(r, strides, phases) -> te.Expr:
+    """True where the phase at ``r`` is one some tap reaches."""
+    conds = []
+    for at, (i, *_) in zip(itertools.product(*map(range, strides)), phases):
+        if i >= 0:
+            conds.append(_all_of([te.eq(r[d], at[d]) for d in range(len(strides))]))
+    out = conds[0]
+    for c in conds[1:]:
+        out = te.logical_or(out, c)
+    return out
+
+
+@register_op("nn.phase_interleave", INJECTIVE, _infer_phase_interleave, _legalize_phase_interleave)
+def phase_interleave(*xs: np.ndarray, phases=(), strides=(), groups: int = 1, channels: int = 1,
+                     blocks=(), has_bias: bool = False) -> np.ndarray:
+    inputs, bias = (xs[:-1], xs[-1]) if has_bias else (xs, None)
+    shape = _infer_phase_interleave(*[TensorType(a.shape, str(a.dtype)) for a in xs],
+                                    phases=phases, strides=strides, groups=groups,
+                                    channels=channels, blocks=blocks, has_bias=has_bias).shape
+    n = len(strides)
+    og = channels // groups
+    out = np.zeros(shape, dtype=inputs[0].dtype)
+    qs = shape[3::2]
+    for at, (i, first, step, shift) in zip(itertools.product(*map(range, strides)), phases):
+        if i < 0:
+            continue
+        for g in range(groups):
+            src = inputs[i][:, g * step + first:g * step + first + og]
+            src = src[(slice(None), slice(None)) + tuple(slice(shift[d], shift[d] + qs[d])
+                                                         for d in range(n))]
+            out[(slice(None), g, slice(None)) + tuple(x for d in range(n)
+                                                      for x in (slice(None), at[d]))] = src
+    if bias is not None:
+        out = out + bias.reshape((1, groups, og) + (1,) * (2 * n))
+    return out.astype(inputs[0].dtype)
 
 
 # ---- local response normalization ---------------------------------------------------------------

@@ -8,6 +8,7 @@ from typing import Callable, Sequence
 from ..ir.graph import IRModule
 from ..ir.printer import module_text
 from ..ir.verify import verify_module
+from .conv_transpose import decompose_conv_transpose
 from .fuse import fuse_ops
 from .layout import pretranspose_weights
 from .legalize import legalize
@@ -23,6 +24,7 @@ class Pass:
 DEFAULT_PIPELINE: tuple[Pass, ...] = (
     Pass("fold_constants", fold_constants),
     Pass("eliminate_dead_code", eliminate_dead_code),
+    Pass("decompose_conv_transpose", decompose_conv_transpose),
     Pass("pretranspose_weights", pretranspose_weights),
     Pass("legalize", legalize),
     Pass("fuse_ops", fuse_ops),

@@ -1,0 +1,241 @@
+"""Transposed convolutions on the fast kernels: ``nn.conv_transpose`` with a constant weight
+becomes stride-1 convolutions, one per output *phase*, and an interleave.
+
+Along an axis with stride s, padding p and dilation d, output ``o = q * s + r`` receives tap k
+from input ``i = q + (r + p - k * d) / s`` whenever that division is exact. So the outputs of one
+phase r (every s-th output) are a plain stride-1 correlation of the input with the taps that
+reach that phase, at offsets known at export. Phases whose taps sit at the same offsets share
+one convolution (their weights stacked along the output channels): when the kernel equals the
+stride (k=2, s=2 in decoders and U-Nets), every phase has a single tap at offset 0, so the whole
+transposed convolution is one matmul ``[Cout * k^d, Cin] @ [Cin, H * W]``. Otherwise each phase
+group is an ``nn.conv2d`` (``nn.conv`` in 3-D) with the taps flipped into place. Then
+``nn.phase_interleave`` writes every phase into its place, adding the bias.
+
+Everything is built from rows of the operator table (matmul, conv2d, reshape), so those kernels'
+fast paths, and whatever they learn later (run-time extents), apply here too. Weights are
+rearranged once, at export. A transposed convolution whose weight is not a constant keeps the
+generic loop nest.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..ir.graph import (Binding, Call, Constant, DataflowBlock, Function, IRModule, TensorType,
+                        Value, Var)
+from ..ops import get_op
+from .common import map_functions
+
+
+@dataclass(frozen=True)
+class AxisPhase:
+    """One phase r of one axis: the stride-1 window that computes it."""
+
+    taps: tuple[tuple[int, int], ...]   # (kernel tap k, window position t)
+    width: int                          # window length T (dense; taps may leave holes)
+    pad_begin: int
+    pad_end: int
+    shift: int                          # phase output q is window output q + shift
+
+
+def axis_phases(size: int, kernel: int, stride: int, pad: int, dilation: int, blocks: int,
+                shared: bool = False) -> list[AxisPhase | None]:
+    """The phases r = 0..stride-1 of one axis (None where no tap reaches the phase), each
+    producing at least ``blocks`` outputs from an input axis of ``size``; ``shared``: every
+    phase gets the window that covers all of them (so they stack into one convolution)."""
+    taps = [[(k, (r + pad - k * dilation) // stride) for k in range(kernel)
+             if (r + pad - k * dilation) % stride == 0] for r in range(stride)]
+    every = [off for offsets in taps for _, off in offsets]
+    phases: list[AxisPhase | None] = []
+    for offsets in taps:
+        if not offsets:
+            phases.append(None)
+            continue
+        window = every if shared else [off for _, off in offsets]
+        lo = min(window)
+        width = max(window) - lo + 1
+        pad_begin = max(-lo, 0)
+        shift = lo + pad_begin
+        # window outputs = size + pad_begin + pad_end - width + 1 >= blocks + shift
+        pad_end = max(0, blocks + shift - size - pad_begin + width - 1)
+        phases.append(AxisPhase(tuple((k, off - lo) for k, off in offsets), width, pad_begin,
+                                pad_end, shift))
+    return phases
+
+
+@dataclass
+class _Plan:
+    spatial: tuple[int, ...]
+    kernel: tuple[int, ...]
+    strides: tuple[int, ...]
+    blocks: tuple[int, ...]      # Q per axis: ceil(output / stride)
+    outs: tuple[int, ...]
+    per_axis: list[list[AxisPhase | None]]
+
+
+def _plan(x: TensorType, w: TensorType, attrs: dict, out: TensorType) -> _Plan:
+    spatial, kernel = x.shape[2:], w.shape[2:]
+    n = len(spatial)
+    strides, padding, dilation = attrs["strides"], attrs["padding"], attrs["dilation"]
+    outs = out.shape[2:]
+    blocks = tuple(-(-outs[d] // strides[d]) for d in range(n))
+    # Phases along the last axis share one window: the convolution kernel spills registers
+    # on two-tap rows (a 2x2 window runs at a third of a 2x3's speed per multiply-add on
+    # x86-64-v3), so k=4, s=2 runs faster as 2x3 windows than as 2x2 ones.
+    per_axis = [axis_phases(spatial[d], kernel[d], strides[d], padding[d], dilation[d], blocks[d],
+                            shared=d == n - 1) for d in range(n)]
+    return _Plan(tuple(spatial), tuple(kernel), tuple(strides), blocks, tuple(outs), per_axis)
+
+
+class _Emitter:
+    """Appends the bindings that replace one ``nn.conv_transpose`` binding."""
+
+    def __init__(self, binding: Binding, out: list[Binding]) -> None:
+        self.binding = binding
+        self.out = out
+        self.count = 0
+
+    def emit(self, op: str, args: list[Value], var: Var | None = None, **attrs) -> Value:
+        ty = get_op(op).infer(*[a.type for a in args], **attrs)
+        if var is None:
+            self.count += 1
+            var = Var(f"{self.binding.var.name}_ct{self.count}", ty)
+        elif var.type != ty:
+            raise AssertionError(f"conv_transpose rewrite: {ty} where {var.type} was expected")
+        self.out.append(dataclasses.replace(self.binding, var=var, value=Call(op, args, attrs, ty)))
+        return var
+
+    def constant(self, data: np.ndarray, what: str) -> Constant:
+        self.count += 1
+        return Constant(f"{self.binding.var.name}_{what}{self.count}", np.ascontiguousarray(data))
+
+
+def _stacked_weight(w: np.ndarray, groups: int, phase_list: list[tuple], plan: _Plan,
+                    widths: tuple[int, ...]) -> np.ndarray:
+    """Convolution weight [G * len(phases) * Og, Cg, *widths]: phase j's taps at their window
+    positions, in the output channels g * len(phases) * Og + j * Og + og."""
+    cin, og = w.shape[0], w.shape[1]
+    cg = cin // groups
+    wr = w.reshape((groups, cg, og) + plan.kernel)
+    stacked = np.zeros((groups, len(phase_list), og, cg) + widths, dtype=w.dtype)
+    for j, axes in enumerate(phase_list):
+        for combo in itertools.product(*[a.taps for a in axes]):
+            ks = tuple(k for k, _ in combo)
+            ts = tuple(t for _, t in combo)
+            stacked[(slice(None), j, slice(None), slice(None)) + ts] = \
+                wr[(slice(None), slice(None), slice(None)) + ks].transpose(0, 2, 1)
+    return stacked.reshape((groups * len(phase_list) * og, cg) + widths)
+
+
+def _phase_groups(plan: _Plan) -> dict[tuple, list[tuple[int, tuple]]]:
+    """Phases (row-major number, per-axis phases) grouped by the window they need."""
+    groups: dict[tuple, list[tuple[int, tuple]]] = {}
+    for j, axes in enumerate(itertools.product(*plan.per_axis)):
+        if any(a is None for a in axes):
+            continue
+        key = tuple((a.width, a.pad_begin, a.pad_end) for a in axes)
+        groups.setdefault(key, []).append((j, axes))
+    return groups
+
+
+def _rewrite(binding: Binding, out: list[Binding]) -> None:
+    call = binding.value
+    x, w = call.args[0], call.args[1]
+    bias = call.args[2] if len(call.args) > 2 else None
+    attrs = dict(call.attrs)
+    groups = int(attrs.get("groups", 1))
+    em = _Emitter(binding, out)
+    n = len(x.type.shape) - 2
+    wdata = w.data
+    if n == 1:  # a 1-D transposed convolution is a 2-D one of height 1
+        x = em.emit("reshape", [x], shape=x.type.shape[:2] + (1,) + x.type.shape[2:])
+        wdata = wdata.reshape(wdata.shape[:2] + (1,) + wdata.shape[2:])
+        pad = attrs["padding"]
+        attrs.update(strides=(1,) + tuple(attrs["strides"]), dilation=(1,) + tuple(attrs["dilation"]),
+                     padding=(0, pad[0], 0, pad[1]),
+                     output_padding=(0,) + tuple(attrs.get("output_padding", (0,))))
+    wtype = TensorType(wdata.shape, str(wdata.dtype))
+    out_type = get_op("nn.conv_transpose").infer(x.type, wtype, **attrs)
+    plan = _plan(x.type, wtype, attrs, out_type)
+    nd = len(plan.spatial)
+    og = wdata.shape[1]
+    batch, cin = x.type.shape[:2]
+    cg = cin // groups
+
+    inputs: list[Value] = []
+    phases: list[tuple | None] = [None] * int(np.prod(plan.strides))
+    for key, members in _phase_groups(plan).items():
+        axes_list = [axes for _, axes in members]
+        widths = tuple(width for width, _, _ in key)
+        weight = _stacked_weight(wdata, groups, axes_list, plan, widths)
+        step = len(members) * og
+        unpadded = all(width == 1 and pb == 0 and pe == 0 for width, pb, pe in key)
+        if unpadded and all(a.shift == 0 for axes in axes_list for a in axes):
+            # one tap per phase at offset 0: a matmul over the flattened image
+            pixels = int(np.prod(plan.spatial))
+            if groups == 1:
+                a = em.constant(weight.reshape(step, cg), "w")
+                b = em.emit("reshape", [x], shape=(batch, cg, pixels))
+            else:
+                a = em.constant(weight.reshape(groups, step, cg), "w")
+                b = em.emit("reshape", [x], shape=(batch, groups, cg, pixels))
+            y = em.emit("matmul", [a, b])
+            y = em.emit("reshape", [y], shape=(batch, groups * step) + plan.spatial)
+        else:
+            padding = tuple(pb for _, pb, _ in key) + tuple(pe for _, _, pe in key)
+            op = "nn.conv2d" if nd == 2 else "nn.conv"
+            y = em.emit(op, [x, em.constant(weight, "w")], strides=(1,) * nd, padding=padding,
+                        dilation=(1,) * nd, groups=groups)
+        inputs.append(y)
+        for j, (number, axes) in enumerate(members):
+            phases[number] = (len(inputs) - 1, j * og, step, tuple(a.shift for a in axes))
+    table = tuple(p if p is not None else (-1, 0, 0, (0,) * nd) for p in phases)
+    args = inputs + ([bias] if bias is not None else [])
+    y = em.emit("nn.phase_interleave", args, phases=table, strides=plan.strides, groups=groups,
+                channels=groups * og, blocks=plan.blocks, has_bias=bias is not None)
+    channels = groups * og
+    covered = tuple(q * s for q, s in zip(plan.blocks, plan.strides))
+    final = binding.var
+    if covered == plan.outs:
+        if n == 1:
+            em.emit("reshape", [y], var=final, shape=(batch, channels) + plan.outs[1:])
+        else:
+            em.emit("reshape", [y], var=final, shape=(batch, channels) + plan.outs)
+        return
+    y = em.emit("reshape", [y], shape=(batch, channels) + covered)
+    sliced = dict(starts=(0,) * nd, ends=plan.outs, axes=tuple(range(2, 2 + nd)), steps=(1,) * nd)
+    if n == 1:
+        y = em.emit("strided_slice", [y], **sliced)
+        em.emit("reshape", [y], var=final, shape=(batch, channels) + plan.outs[1:])
+    else:
+        em.emit("strided_slice", [y], var=final, **sliced)
+
+
+def _fast(binding: Binding) -> bool:
+    v = binding.value
+    return (isinstance(v, Call) and v.op == "nn.conv_transpose" and len(v.args) >= 2
+            and isinstance(v.args[1], Constant) and v.type.dtype == "float32"
+            and v.args[0].type.dtype == "float32" and 3 <= len(v.type.shape) <= 5)
+
+
+def decompose_conv_transpose(mod: IRModule) -> IRModule:
+    """Rewrite every ``nn.conv_transpose`` with a constant float32 weight (see module doc)."""
+
+    def visit(fn: Function) -> Function:
+        blocks = []
+        for block in fn.blocks:
+            bindings: list[Binding] = []
+            for b in block.bindings:
+                if _fast(b):
+                    _rewrite(b, bindings)
+                else:
+                    bindings.append(b)
+            blocks.append(type(block)(bindings) if isinstance(block, DataflowBlock)
+                          else dataclasses.replace(block, bindings=bindings))
+        return dataclasses.replace(fn, blocks=blocks)
+
+    return map_functions(mod, visit)
