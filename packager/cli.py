@@ -340,6 +340,8 @@ def export(
             typer.echo(f"  plan batch {p['batch']}: arena {p['arena_bytes']} B, {p['kernels']} "
                        f"kernels, {p['instructions']} VM instructions, code {p['code_bytes']} B")
         typer.echo(report.check or "golden check: off (--no-check)")
+        for line in report.check_warnings:
+            typer.echo(f"warning: {line}", err=True)
 
     _guarded(debug, run)
 
@@ -397,15 +399,9 @@ def bench(
 ) -> None:
     """Time a bundle on random inputs: load, first inference, then p50/p90/p99 latency
     (--profile: per kernel)."""
-    if profile or trace is not None:
-        from ..runtime.profile import profile_command
-
-        _shared(debug, lambda: profile_command(bundle, runs=runs, threads=threads,
-                                               budget_s=budget, as_json=as_json, trace=trace,
-                                               top=top, echo=typer.echo))
-        return
     _shared(debug, lambda: commands.bench(bundle, runs=runs, threads=threads, budget_s=budget,
-                                          as_json=as_json, echo=typer.echo))
+                                          as_json=as_json, profile=profile, trace=trace,
+                                          top=top, echo=typer.echo))
 
 
 @app.command(epilog=_example(commands.VERIFY_EXAMPLE))

@@ -56,7 +56,8 @@ def _verify(a: argparse.Namespace) -> None:
 
 
 def _bench(a: argparse.Namespace) -> None:
-    commands.bench(a.bundle, runs=a.runs, threads=a.threads, budget_s=a.budget, as_json=a.json)
+    commands.bench(a.bundle, runs=a.runs, threads=a.threads, budget_s=a.budget, as_json=a.json,
+                   profile=a.profile, trace=a.trace, top=a.top)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -98,6 +99,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--budget", type=float, default=1.0,
                    help="seconds of timed runs when --runs is not given (default 1)")
     p.add_argument("--json", action="store_true", help="print machine-readable JSON")
+    p.add_argument("--profile", action="store_true", help="time every kernel: mean/min us, "
+                   "share, GFLOP/s and the source ONNX nodes, slowest first")
+    p.add_argument("--trace", default=None, metavar="FILE", help="write a Chrome trace-event "
+                   "JSON (Perfetto, chrome://tracing); implies --profile")
+    p.add_argument("--top", type=int, default=30, metavar="N",
+                   help="kernels in the --profile table (0: all; default 30)")
     return top
 
 

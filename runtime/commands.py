@@ -242,11 +242,20 @@ def verify(bundle: str | os.PathLike, *, rtol: float | None = None, atol: float 
 # ---- bench -----------------------------------------------------------------------------------------
 
 def bench(bundle: str | os.PathLike, *, runs: int | None = None, threads: int = 1,
-          budget_s: float = 1.0, as_json: bool = False, echo: Echo = _stdout) -> None:
+          budget_s: float = 1.0, as_json: bool = False, profile: bool = False,
+          trace: str | os.PathLike | None = None, top: int | None = 30,
+          echo: Echo = _stdout) -> None:
     """Time ``bundle`` on random inputs: load, first run, then latency percentiles over
-    ``runs`` runs (default: as many as fit in ``budget_s`` seconds, at least 5)."""
+    ``runs`` runs (default: as many as fit in ``budget_s`` seconds, at least 5). With
+    ``profile`` (or a ``trace`` file) time every kernel instead (runtime/profile.py)."""
     from .bench import bench as time_bundle
 
+    if profile or trace is not None:
+        from .profile import profile_command
+
+        profile_command(bundle, runs=runs, threads=threads, budget_s=budget_s, as_json=as_json,
+                        trace=trace, top=top, echo=echo)
+        return
     check_at_least(runs, 1, "--runs")
     check_at_least(threads, 1, "--threads")
     check_at_least(budget_s, 0, "--budget")

@@ -35,8 +35,8 @@ def load_image(path: str, pre: dict[str, Any], spec: TensorSpec) -> np.ndarray:
     try:
         from PIL import Image, UnidentifiedImageError
     except ImportError:
-        raise InputError("reading images needs Pillow (pip install Pillow); "
-                         "or pass a .npy tensor") from None
+        raise InputError("reading images needs Pillow (pip install 'mlcpack-runtime[images]', "
+                         "or pip install Pillow); or pass a .npy tensor") from None
     try:
         with Image.open(path) as img:
             img.load()
