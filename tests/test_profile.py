@@ -214,3 +214,31 @@ def test_dynamic_batch_profiles_the_plan_that_runs(tmp_path, run_cli) -> None:
         with pytest.raises(InputError, match="at most 4"):
             m.profile({"x": np.concatenate([x, x])}, runs=1)
     assert _profile_json(run_cli, out)["batch"] == 1      # bench feeds batch 1
+
+
+def test_builder_sources_reach_library_calls(tmp_path) -> None:
+    """IR built in Python: ``bb.source(...)`` names the nodes; a library call keeps its own."""
+    from mlcpack.packager.export import export_module
+    from mlcpack.packager.ir import BlockBuilder, Source, TensorType
+
+    w = np.random.default_rng(4).standard_normal((8, 6)).astype(np.float32)
+    bb = BlockBuilder()
+    x = bb.input("x", (2, 6))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            with bb.source(Source("squash", "Tanh")):
+                h = bb.emit_op("tanh", x)
+            with bb.source(Source("dense", "Gemm")):
+                y = bb.call_library("env.linear", [h, bb.constant(w, "w")],
+                                    TensorType((2, 8), "float32"))
+            out = bb.emit_output(y)
+        bb.emit_func_output(out)
+    path = tmp_path / "lib.mlc"
+    export_module(bb.get(), path)
+    with load(path) as model:
+        assert model.header["library_calls"][0]["source"] == [{"name": "dense", "op": "Gemm"}]
+        prof = model.profile({"x": np.ones((2, 6), np.float32)}, runs=2)
+    kinds = {t.step.kind: t for t in prof.instructions}
+    assert kinds["library"].step.symbol == "env.linear"
+    assert kinds["library"].step.sources[0].name == "dense" and kinds["library"].gflops is None
+    assert kinds["kernel"].step.sources[0].op == "Tanh"
