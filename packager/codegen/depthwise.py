@@ -247,8 +247,9 @@ class DepthwiseEmitter(ContractionEmitter):
         env[id(out.axes[3])] = ox0
         if self.vector_epilogue:
             self._tile_value = acc
+            self._begin_epilogue()
             value = self._vvalue(self.match.body, env, mask)
-            self._tile_value = None
+            self._tile_value = self._opaque = self._opaque_scalar = None
             ptr = b.gep(self.buffers[out.uid],
                         [self._offset(out, [env[id(a)] for a in out.axes])], inbounds=True)
             vptr = b.bitcast(ptr, self.vty.as_pointer())

@@ -41,7 +41,10 @@ from ..ir import te
 from ..ir.graph import PrimFunc
 from ..ir.patterns import ReductionTag, reduction_tag
 from .helpers import F32, I1, I32, I64, alloca_once, const_i64, for_range, intrinsic
-from .lower import WORKSPACE_ALIGN, KernelEmitter, KernelInfo, _plan_stages
+from .lower import (WORKSPACE_ALIGN, KernelEmitter, KernelInfo, _constant_bound, _plan_stages,
+                    bound_select)
+from .vecmath_lanes import (VECTOR_MATH, opaque_constant, opaque_zero, splat_i32,
+                            vector_math)
 
 
 # Below this many multiply-adds (~4 µs on one core) a kernel runs on one thread. The runtime's
@@ -74,7 +77,8 @@ def match_contraction(func: PrimFunc) -> Contraction | None:
     if materialized:
         return None
     out, body = outputs[0]
-    reduces = [n for n in _walk(body) if isinstance(n, te.Reduce)]
+    # one reduction (an epilogue that reads it twice, as x * sigmoid(x), shares the node)
+    reduces = list({id(n): n for n in _walk(body) if isinstance(n, te.Reduce)}.values())
     if len(reduces) != 1:
         return None
     tag = reduction_tag(reduces[0])
@@ -251,6 +255,9 @@ class ContractionEmitter(KernelEmitter):
         self.vl = vl
         self.vty = ir.VectorType(F32, vl)
         self._tile_value: ir.Value | None = None
+        # constants of the vector epilogue derive from it (see vecmath_lanes.opaque_constant)
+        self._opaque: ir.Value | None = None
+        self._opaque_scalar: ir.Value | None = None
 
     # The contraction inside the epilogue expression reads the register tile.
     def _reduce(self, e: te.Reduce, env: dict) -> ir.Value:
@@ -308,6 +315,11 @@ class ContractionEmitter(KernelEmitter):
         return self.builder.call(fn, [ptr, ir.Constant(I32, 4), mask,
                                       ir.Constant(self.vty, [0.0] * self.vl)])
 
+    def _begin_epilogue(self) -> None:
+        """Make the opaque zero the epilogue's constants derive from, after a reduction loop."""
+        self._opaque_scalar = opaque_zero(self.builder)
+        self._opaque = splat_i32(self.builder, self._opaque_scalar, self.vl)
+
     def _lane_mask(self, remaining: ir.Value, v: int) -> ir.Value:
         """Lanes of vector ``v`` of a panel whose column index is < ``remaining``."""
         b = self.builder
@@ -355,6 +367,7 @@ class ContractionEmitter(KernelEmitter):
                 step(k, b_vector)
         if b_last is not None:
             step(const_i64(k_extent - 1), b_last)
+        self._begin_epilogue()
         # one vector of padding: the vectorized epilogue may load a vector from any element
         tile = alloca_once(b, ir.ArrayType(F32, (mr * nv + 1) * self.vl), name="tile")
         tile_f = b.bitcast(tile, F32.as_pointer())
@@ -378,6 +391,9 @@ class ContractionEmitter(KernelEmitter):
                     return False
             elif isinstance(node, te.Compare):
                 if node.a.dtype != "float32":
+                    return False
+            elif isinstance(node, te.MathCall):   # sigmoid (SiLU), erf (GELU), tanh, exp
+                if node.dtype != "float32" or node.name not in VECTOR_MATH:
                     return False
             elif isinstance(node, te.Read):
                 if node.dtype != "float32" or node.tensor.dtype != "float32":
@@ -404,15 +420,27 @@ class ContractionEmitter(KernelEmitter):
                     return False
         return True
 
-    def _vvalue(self, e: te.Expr, env: dict, mask: ir.Value | None) -> ir.Value:
+    def _vvalue(self, e: te.Expr, env: dict, mask: ir.Value | None,
+                memo: dict[int, ir.Value] | None = None) -> ir.Value:
         """``e`` for the vl consecutive outputs starting at ``env``'s indices (the last axis
-        varying across lanes); ``mask`` (or None: all lanes) limits the loads."""
+        varying across lanes); ``mask`` (or None: all lanes) limits the loads. A node the
+        expression reaches twice (the diamond of x * sigmoid(x)) is emitted once (``memo``:
+        the code is straight-line, so a value emitted earlier dominates its later uses)."""
+        memo = {} if memo is None else memo
+        value = memo.get(id(e))
+        if value is None:
+            value = memo[id(e)] = self._vnode(e, env, mask, memo)
+        return value
+
+    def _vnode(self, e: te.Expr, env: dict, mask: ir.Value | None, memo: dict) -> ir.Value:
         b = self.builder
         if e is self.match.reduce:
             return self._tile_value
         if isinstance(e, te.Const):
             if e.dtype == "bool":
                 return ir.Constant(ir.VectorType(I1, self.vl), [bool(e.value)] * self.vl)
+            if self._opaque is not None:
+                return opaque_constant(b, float(e.value), self._opaque)
             return ir.Constant(self.vty, [float(e.value)] * self.vl)
         if isinstance(e, te.Read):
             last = self.match.out.axes[-1]
@@ -426,17 +454,23 @@ class ContractionEmitter(KernelEmitter):
                 return self._masked_load(vptr, mask)
             return self._splat(b.load(ptr))
         if isinstance(e, te.Binary):
-            x, y = self._vvalue(e.a, env, mask), self._vvalue(e.b, env, mask)
+            x, y = self._vvalue(e.a, env, mask, memo), self._vvalue(e.b, env, mask, memo)
             if e.op in ("max", "min"):
+                bound = _constant_bound(x, y)
+                if bound is not None:   # clip, relu: one vmaxps/vminps, NaN still propagates
+                    return bound_select(b, e.op, *bound)
                 name = f"llvm.{'maximum' if e.op == 'max' else 'minimum'}.v{self.vl}f32"
                 return b.call(intrinsic(self.module, name, self.vty, [self.vty] * 2), [x, y])
             return {"add": b.fadd, "sub": b.fsub, "mul": b.fmul, "div": b.fdiv}[e.op](x, y)
         if isinstance(e, te.Compare):
-            return self._compare(e.op, self._vvalue(e.a, env, mask),
-                                 self._vvalue(e.b, env, mask), e.a.dtype)
+            return self._compare(e.op, self._vvalue(e.a, env, mask, memo),
+                                 self._vvalue(e.b, env, mask, memo), e.a.dtype)
         if isinstance(e, te.Select):
-            return b.select(self._vvalue(e.cond, env, mask), self._vvalue(e.a, env, mask),
-                            self._vvalue(e.b, env, mask))
+            return b.select(self._vvalue(e.cond, env, mask, memo),
+                            self._vvalue(e.a, env, mask, memo), self._vvalue(e.b, env, mask, memo))
+        if isinstance(e, te.MathCall):
+            return vector_math(b, e.name, self._vvalue(e.arg, env, mask, memo),
+                               self._opaque_scalar)
         raise AssertionError(f"not vectorizable: {type(e).__name__}")
 
     def _store_vector(self, env: dict, tile_f: ir.Value, tile_index: ir.Value,

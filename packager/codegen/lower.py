@@ -60,14 +60,22 @@ def _has_reduce(e: te.Expr) -> bool:
     return False
 
 
-def _inline_reads(e: te.Expr, inline: dict[int, te.Tensor]) -> te.Expr:
-    """Substitute reads of inlined stages by their bodies (recursively)."""
+def _inline_reads(e: te.Expr, inline: dict[int, te.Tensor],
+                  memo: dict[tuple, te.Expr] | None = None) -> te.Expr:
+    """Substitute reads of inlined stages by their bodies (recursively). Reads of one stage at
+    the same index expressions share one substituted body (``memo``), so an expression that
+    reads a stage twice (a diamond such as ``y * sigmoid(y)``) stays a DAG, not a tree that
+    doubles with every diamond."""
+    memo = {} if memo is None else memo
 
     def fn(n: te.Expr) -> te.Expr | None:
         if isinstance(n, te.Read) and n.tensor.uid in inline:
-            stage = inline[n.tensor.uid]
-            body = te.substitute(stage.body, dict(zip(stage.axes, n.indices)))
-            return _inline_reads(body, inline)
+            key = (n.tensor.uid, tuple(id(i) for i in n.indices))
+            if key not in memo:
+                stage = inline[n.tensor.uid]
+                body = te.substitute(stage.body, dict(zip(stage.axes, n.indices)))
+                memo[key] = _inline_reads(body, inline, memo)
+            return memo[key]
         return None
 
     return te.rewrite(e, fn)
@@ -80,23 +88,37 @@ def _plan_stages(func: PrimFunc) -> tuple[list[tuple[te.Tensor, te.Expr]], list[
     outputs = {t.uid for t in func.outputs}
     all_stages = [s for s in te.stages(func.outputs) if s.body is not None]
     inline = {s.uid: s for s in all_stages if s.uid not in outputs and not _has_reduce(s.body)}
-    bodies = {s.uid: _inline_reads(s.body, inline) for s in all_stages if s.uid not in inline}
+    memo: dict[tuple, te.Expr] = {}
+    bodies = {s.uid: _inline_reads(s.body, inline, memo) for s in all_stages
+              if s.uid not in inline}
 
     reducers = {s.uid: s for s in all_stages if s.uid not in inline and s.uid not in outputs}
     read_count = Counter(r.tensor.uid for b in bodies.values() for r in te.reads(b))
     fused: set[int] = set()
     for out in func.outputs:
         body = bodies[out.uid]
+        # A reduction read only by this output, every time at its own indices (once, or
+        # several times by an epilogue that reads it twice, such as x * sigmoid(x)).
+        reads_here = Counter(r.tensor.uid for r in te.reads(body))
         for r in te.reads(body):
             red = reducers.get(r.tensor.uid)
-            if (red is not None and read_count[red.uid] == 1 and red.shape == out.shape
+            if (red is not None and read_count[red.uid] == reads_here[red.uid]
+                    and red.shape == out.shape
                     and all(i is a for i, a in zip(r.indices, out.axes))):
                 fused.add(red.uid)
+        fused -= {r.tensor.uid for r in te.reads(body)
+                  if not all(i is a for i, a in zip(r.indices, out.axes))}
         if fused:
-            def splice(n: te.Expr) -> te.Expr | None:
+            spliced: dict[int, te.Expr] = {}   # one shared expression per spliced reduction
+
+            def splice(n: te.Expr, fused: set[int] = fused,
+                       spliced: dict[int, te.Expr] = spliced) -> te.Expr | None:
                 if isinstance(n, te.Read) and n.tensor.uid in fused:
-                    red = reducers[n.tensor.uid]
-                    return te.substitute(bodies[red.uid], dict(zip(red.axes, n.indices)))
+                    if n.tensor.uid not in spliced:
+                        red = reducers[n.tensor.uid]
+                        spliced[n.tensor.uid] = te.substitute(bodies[red.uid],
+                                                              dict(zip(red.axes, n.indices)))
+                    return spliced[n.tensor.uid]
                 return None
             bodies[out.uid] = te.rewrite(body, splice)
     materialized = [(s, bodies[s.uid]) for s in all_stages
@@ -329,6 +351,9 @@ class KernelEmitter:
         b = self.builder
         if te.is_float(dtype):
             if op in ("max", "min"):
+                bound = _constant_bound(x, y)
+                if bound is not None:   # clip, relu: one maxss/minss, NaN still propagates
+                    return bound_select(b, op, *bound)
                 name = f"llvm.{'maximum' if op == 'max' else 'minimum'}.{type_suffix(x.type)}"
                 return b.call(intrinsic(self.module, name, x.type, [x.type, x.type]), [x, y])
             if op == "mod":
@@ -423,6 +448,26 @@ class KernelEmitter:
             # float64 exp/log/tanh/erf... go through the float32 kernels: float32 precision, not libm.
             return b.fpext(vecmath.call_math(b, name, b.fptrunc(x, F32)), F64)
         return vecmath.call_math(b, name, x)
+
+
+def _constant_bound(x: ir.Value, y: ir.Value) -> tuple[ir.Value, ir.Constant] | None:
+    """(value, bound) when one of ``x``, ``y`` is a float constant (or splat) that is not NaN."""
+    for value, bound in ((x, y), (y, x)):
+        if isinstance(bound, ir.Constant) and not isinstance(value, ir.Constant):
+            consts = ([c.constant for c in bound.constant] if isinstance(bound.constant, list)
+                      else [bound.constant])
+            if all(isinstance(c, float) and c == c for c in consts):
+                return value, bound
+    return None
+
+
+def bound_select(b: ir.IRBuilder, op: str, x: ir.Value, bound: ir.Constant) -> ir.Value:
+    """max/min of ``x`` and a constant that is not NaN, as ``x < bound ? bound : x`` (max): x86
+    lowers it to one maxps/minps with NaN in ``x`` passed through, which NaN-propagating
+    ``llvm.maximum`` needs several instructions for (signed zeros are the one difference:
+    max(-0.0, 0.0) gives -0.0)."""
+    cmp = b.fcmp_ordered("<" if op == "max" else ">", x, bound)
+    return b.select(cmp, bound, x)
 
 
 def emit_kernel(module: ir.Module, func: PrimFunc, symbol: str) -> KernelInfo:

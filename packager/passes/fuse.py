@@ -1,11 +1,17 @@
-"""Operator fusion: an elementwise ``call_tir`` whose input is the only use of another
-``call_tir``'s output is merged into that producer, so the pair becomes one kernel and the
-intermediate tensor disappears (FuseOps + FuseTIR in one step, as our primitive functions are
-tensor expressions that splice together)."""
+"""Operator fusion: an elementwise ``call_tir`` that is the only reader of another ``call_tir``'s
+output is merged into that producer, so the pair becomes one kernel and the intermediate tensor
+disappears (FuseOps + FuseTIR in one step, as our primitive functions are tensor expressions that
+splice together).
+
+The reader may read that output several times: a diamond such as HardSwish written as
+``y * clip(y + 3, 0, 6) / 6`` or SiLU as ``y * sigmoid(y)`` first fuses its branches into one
+elementwise call that takes ``y`` twice, then fuses into ``y``'s producer (a convolution's
+epilogue) as long as no other binding reads ``y``."""
 
 from __future__ import annotations
 
 from collections import Counter
+from typing import Sequence
 
 from ..ir import te
 from ..ir.graph import (Binding, CallTIR, Function, IRModule, PrimFunc, merge_sources,
@@ -29,12 +35,14 @@ def _fused_name(a: str, b: str) -> str:
     return f"fused_{strip(a)}_{strip(b)}"
 
 
-def fuse_pair(producer: PrimFunc, consumer: PrimFunc, slot: int) -> PrimFunc:
-    """Splice ``producer``'s output into ``consumer``'s input number ``slot``.
-    Inputs of the result: the producer's, then the consumer's others."""
-    ph = consumer.inputs[slot]
-    (out,) = te.replace_tensors(consumer.outputs, {ph.uid: producer.outputs[0]})
-    others = [t for i, t in enumerate(consumer.inputs) if i != slot]
+def fuse_pair(producer: PrimFunc, consumer: PrimFunc, slot: int | Sequence[int]) -> PrimFunc:
+    """Splice ``producer``'s output into ``consumer``'s input number ``slot`` (or each of several
+    slots that receive the same value). Inputs of the result: the producer's, then the
+    consumer's others."""
+    slots = {slot} if isinstance(slot, int) else set(slot)
+    mapping = {consumer.inputs[i].uid: producer.outputs[0] for i in slots}
+    (out,) = te.replace_tensors(consumer.outputs, mapping)
+    others = [t for i, t in enumerate(consumer.inputs) if i not in slots]
     attrs = {"op_kind": producer.attrs.get("op_kind", "complex")}
     macs = producer.attrs.get("macs", 0) + consumer.attrs.get("macs", 0)
     if macs:
@@ -58,29 +66,45 @@ def _fuse_function(mod: IRModule, fn: Function) -> Function:
     producer_of: dict[int, Binding] = {}
     result: list[Binding] = []
     for b in bindings:
-        v = b.value
-        if isinstance(v, CallTIR):
-            consumer = mod.functions[v.func]
-            assert isinstance(consumer, PrimFunc)
-            for slot, arg in enumerate(v.args):
-                prod = producer_of.get(id(arg))
-                if prod is None or uses[id(arg)] != 1 or not consumer.is_elementwise:
-                    continue
-                if not _reads_at_identity(consumer, consumer.inputs[slot]):
-                    continue
-                pv = prod.value
-                producer = mod.functions[pv.func]
-                fused = fuse_pair(producer, consumer, slot)
-                new_name = mod.add_prim_func(fused)
-                args = list(pv.args) + [a for i, a in enumerate(v.args) if i != slot]
-                result.remove(prod)
-                # the fused kernel comes from both nodes, in graph order
-                b = Binding(b.var, CallTIR(new_name, args, v.type),
-                            merge_sources(prod.source, b.source))
-                break
+        # Each fusion may bring the consumer more arguments that all its uses now share (the
+        # other branch of a diamond): try again until nothing fuses.
+        fused = _fuse_one(mod, b, producer_of, uses) if isinstance(b.value, CallTIR) else None
+        while fused is not None:
+            prod, b = fused
+            result.remove(prod)
+            fused = _fuse_one(mod, b, producer_of, uses)
+        if isinstance(b.value, CallTIR):   # library calls and copies are no producers
             producer_of[id(b.var)] = b
         result.append(b)
     block_type = type(fn.blocks[0]) if fn.blocks else None
     blocks = [block_type(result)] if block_type else []
     return Function(fn.name, fn.params, blocks, fn.outputs, fn.output_names)
 
+
+def _fuse_one(mod: IRModule, b: Binding, producer_of: dict[int, Binding], uses: Counter
+              ) -> tuple[Binding, Binding] | None:
+    """Fuse one producer of ``b``'s arguments into it, if one qualifies: ``b`` is elementwise,
+    reads that argument only at its own indices, and holds every use of it. Returns (the
+    producer's binding, the fused binding), or None."""
+    v = b.value
+    consumer = mod.functions[v.func]
+    assert isinstance(consumer, PrimFunc)
+    if not consumer.is_elementwise:
+        return None
+    for arg in v.args:
+        prod = producer_of.get(id(arg))
+        slots = [i for i, a in enumerate(v.args) if a is arg]
+        if prod is None or uses[id(arg)] != len(slots):
+            continue
+        if not all(_reads_at_identity(consumer, consumer.inputs[i]) for i in slots):
+            continue
+        pv = prod.value
+        producer = mod.functions[pv.func]
+        if len(producer.outputs) != 1:
+            continue
+        new_name = mod.add_prim_func(fuse_pair(producer, consumer, slots))
+        args = list(pv.args) + [a for i, a in enumerate(v.args) if i not in slots]
+        # the fused kernel comes from both nodes, in graph order
+        return prod, Binding(b.var, CallTIR(new_name, args, v.type),
+                             merge_sources(prod.source, b.source))
+    return None
