@@ -84,20 +84,28 @@ def _kernels(mod) -> tuple[list[str], int]:
     return sorted(kinds), len(funcs)
 
 
-def test_kernel_equal_stride_is_one_matmul_and_an_interleave() -> None:
+def test_kernel_equal_stride_is_one_gemm_and_an_interleave() -> None:
     mod = build_op_module("nn.conv_transpose", [rand(1, 8, 6, 6), rand(8, 4, 2, 2), rand(4)],
                           [False, True, True], strides=(2, 2), padding=(0, 0, 0, 0),
                           dilation=(1, 1), output_padding=(0, 0))
     kinds, _ = _kernels(mod)
-    assert kinds == ["matmul", "phase_interleave"]
+    assert kinds == ["conv2d", "phase_interleave"]
 
 
-def test_3d_kernel_equal_stride_is_one_matmul() -> None:
+def test_3d_kernel_equal_stride_is_one_gemm() -> None:
     mod = build_op_module("nn.conv_transpose", [rand(1, 4, 3, 4, 5), rand(4, 3, 2, 2, 2)],
                           [False, True], strides=(2, 2, 2), padding=(0,) * 6,
                           dilation=(1, 1, 1), output_padding=(0, 0, 0))
     kinds, _ = _kernels(mod)
-    assert kinds == ["matmul", "phase_interleave"]
+    assert kinds == ["conv2d", "phase_interleave"]
+
+
+def test_3d_overlapping_kernel_is_one_gemm_and_a_col2im() -> None:
+    mod = build_op_module("nn.conv_transpose", [rand(1, 3, 3, 4, 3), rand(3, 2, 3, 3, 3)],
+                          [False, True], strides=(2, 2, 2), padding=(1,) * 6,
+                          dilation=(1, 1, 1), output_padding=(1, 1, 1))
+    kinds, _ = _kernels(mod)
+    assert kinds == ["conv2d", "pad", "phase_interleave"]
 
 
 def test_overlapping_kernel_is_fast_convolutions() -> None:

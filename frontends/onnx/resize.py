@@ -200,8 +200,7 @@ def _resize(ctx: NodeContext, x: Value, factors: list[float], out: list[int], mo
             full_roi[a] = (flat[i], flat[len(axes) + i])
     elif coord == "tf_crop_and_resize":
         raise ctx.error("coordinate_transformation_mode='tf_crop_and_resize' needs roi")
-    y = x
-    dtype = x.type.dtype
+    tables = {}
     for a in axes:
         axis_roi = None if full_roi is None else full_roi[a]
         if (math.isclose(factors[a], 1.0) and out[a] == shape[a]
@@ -209,8 +208,15 @@ def _resize(ctx: NodeContext, x: Value, factors: list[float], out: list[int], mo
             continue
         if out[a] < 1:
             raise ctx.error(f"output size {out[a]} of axis {a} is empty")
-        idx, w, fill = resize_tables(shape[a], out[a], factors[a], mode, coord, axis_roi,
-                                     **table_args)
+        tables[a] = resize_tables(shape[a], out[a], factors[a], mode, coord, axis_roi,
+                                  **table_args)
+    repeats = {a: _repeat_factor(shape[a], out[a], *tables[a]) for a in tables}
+    if tables and all(repeats.values()):
+        return _repeat(ctx, x, repeats)
+    y = x
+    dtype = x.type.dtype
+    for a in _axis_order(shape, out, list(tables)):
+        idx, w, fill = tables[a]
         if mode == "nearest" and not fill.any() and (w.max(axis=1) == 1).all():
             # one tap per output: a gather with constant indices
             picked = idx[np.arange(len(idx)), w.argmax(axis=1)]
@@ -220,6 +226,40 @@ def _resize(ctx: NodeContext, x: Value, factors: list[float], out: list[int], mo
                      ctx.constant(w.astype(dtype), "resize_weight"),
                      ctx.constant(fill.astype(dtype), "resize_fill"), axis=a)
     return y
+
+
+def _repeat_factor(in_size: int, out_size: int, idx: np.ndarray, w: np.ndarray,
+                   fill: np.ndarray) -> int | None:
+    """r when the axis's tables repeat every input element r times in order (nearest at an
+    integer scale, in any coordinate mode that rounds that way), else None."""
+    if out_size % in_size or fill.any() or not (w.max(axis=1) == 1).all():
+        return None
+    r = out_size // in_size
+    picked = idx[np.arange(len(idx)), w.argmax(axis=1)]
+    return r if np.array_equal(picked, np.arange(out_size) // r) else None
+
+
+def _repeat(ctx: NodeContext, x: Value, repeats: dict[int, int]) -> Value:
+    """Every element repeated along the axes of ``repeats``: a broadcast over new size-r axes
+    beside them, so the kernel copies each input row and duplicates values in registers."""
+    split, wide = [], []
+    for a, n in enumerate(x.type.shape):
+        split.append(n)
+        wide.append(n)
+        if a in repeats:
+            split.append(1)
+            wide.append(repeats[a])
+    y = ctx.emit("broadcast_to", ctx.reshape(x, tuple(split)), shape=tuple(wide))
+    return ctx.reshape(y, tuple(n * repeats.get(a, 1) for a, n in enumerate(x.type.shape)))
+
+
+def _axis_order(shape, out, axes: list[int]) -> list[int]:
+    """The innermost axis's resampling gathers along rows (the others move whole rows): when
+    it upsamples, do it first, while the tensor is smallest."""
+    last = len(shape) - 1
+    if last in axes and out[last] > shape[last]:
+        return [last] + [a for a in axes if a != last]
+    return axes
 
 
 _RESIZE_ATTRS = {"mode": "nearest", "coordinate_transformation_mode": "half_pixel",

@@ -683,14 +683,14 @@ def conv_transpose(x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None, st
 
 
 # ---- interleaving the phases of a transposed convolution -----------------------------------------
-# A transposed convolution with strides s computes each output phase (o mod s, per axis) as a
-# stride-1 convolution (``passes/conv_transpose.py``); this operator writes those phase outputs
-# into their places, with the bias. Its output is [N, G, C/G, Q1, s1, ..., Qd, sd] (Qd * sd
-# covering the output), which a reshape views as [N, C, Q1*s1, ...]. ``phases`` lists, for every
-# phase in row-major order over (r1, ..., rd), where it lives: (input number or -1 for a phase
-# no tap reaches, channel of its first output channel in group 0, channel step between groups,
-# the shift of q on each axis): ``y[n, g, c, .., q, r, ..] = inputs[i][n, g * step + first + c,
-# .., q + shift, ..]`` for q < blocks on each axis.
+# A transposed convolution with strides s computes each output phase (o mod s, per axis) from
+# stride-1 convolutions or one GEMM (``passes/conv_transpose.py``); this operator sums those
+# results into their places, with the bias. Its output is [N, G, C/G, Q1, s1, ..., Qd, sd]
+# (Q = ``blocks`` per axis, Q * s covering the output), which a reshape views as [N, C, ...].
+# ``phases`` has, for every phase in row-major order over (r1, ..., rd), a tuple of terms
+# (input number, channel of its first output channel in group 0, channel step between groups,
+# shift of q on each axis) that add up: ``y[n, g, c, .., q, r, ..] = sum over terms of
+# inputs[i][n, g * step + first + c, .., q + shift, ..]`` (zero for a phase without terms).
 
 def _infer_phase_interleave(*xs: TensorType, phases=(), strides=(), groups: int = 1,
                             channels: int = 1, blocks=(), has_bias: bool = False) -> TensorType:
@@ -701,18 +701,16 @@ def _infer_phase_interleave(*xs: TensorType, phases=(), strides=(), groups: int 
     batch = inputs[0].shape[0]
     if len(blocks) != n or min(blocks) < 1:
         raise ValueError(f"phase_interleave: blocks {blocks} should be {n} positive sizes")
-    for i, first, step, shift in phases:
-        if i < 0:
-            continue
+    for i, first, step, shift in (term for terms in phases for term in terms):
         t = inputs[i].shape
         if len(t) != n + 2 or t[0] != batch:
             raise ValueError(f"phase_interleave: input {t} is not [N, C, {n} spatial axes]")
         if (groups - 1) * step + first + channels // groups > t[1]:
             raise ValueError(f"phase_interleave: input {t} has too few channels")
-        if any(t[2 + d] - shift[d] < blocks[d] for d in range(n)):
+        if any(shift[d] < 0 or t[2 + d] - shift[d] < blocks[d] for d in range(n)):
             raise ValueError(f"phase_interleave: input {t} shifted by {shift} holds fewer "
                              f"than {list(blocks)} positions")
-    if all(i < 0 for i, *_ in phases):
+    if not any(phases):
         raise ValueError("phase_interleave: no phase has an input")
     shape = (batch, groups, channels // groups)
     for q, s in zip(blocks, strides):
@@ -727,7 +725,15 @@ def _legalize_phase_interleave(*xs: te.Tensor, out_type: TensorType, name: str, 
     n = len(strides)
     og = channels // groups
     zero = te.const(0.0, out_type.dtype)
-    single = _single_stack(phases, strides, og)
+    single = _single_stack(phases, og)
+    every = list(itertools.product(*map(range, strides)))
+
+    def phase_sum(b, g, c, q, terms) -> te.Expr:
+        total = None
+        for i, first, step, shift in terms:
+            read = inputs[i][(b, g * step + first + c) + tuple(q[d] + shift[d] for d in range(n))]
+            total = read if total is None else total + read
+        return zero if total is None else total
 
     def body(b, g, c, *qr):
         q, r = qr[0::2], qr[1::2]
@@ -735,51 +741,31 @@ def _legalize_phase_interleave(*xs: te.Tensor, out_type: TensorType, name: str, 
             flat = None
             for d in range(n):
                 flat = r[d] if flat is None else flat * strides[d] + r[d]
-            ch = g * single + flat * og + c
-            value = inputs[0][(b, ch) + tuple(q)]
+            value = inputs[0][(b, g * single + flat * og + c) + tuple(q)]
         else:
-            value = zero
-            for at, (i, first, step, shift) in zip(itertools.product(*map(range, strides)),
-                                                     phases):
-                if i < 0:
-                    continue
-                read = inputs[i][(b, g * step + first + c)
-                                 + tuple(q[d] + shift[d] for d in range(n))]
-                if value is zero:
-                    value = read   # the first phase needs no test: the others override it
-                    continue
-                value = te.if_then_else(_all_of([te.eq(r[d], at[d]) for d in range(n)]),
-                                        read, value)
-            if any(i < 0 for i, *_ in phases):
-                hit = _any_phase(r, strides, phases)
-                value = te.if_then_else(hit, value, zero)
+            # the last phase is the default, the others override it where r matches
+            value = phase_sum(b, g, c, q, phases[-1])
+            for at, terms in list(zip(every, phases))[:-1]:
+                hit = _all_of([te.eq(r[d], at[d]) for d in range(n)])
+                value = te.if_then_else(hit, phase_sum(b, g, c, q, terms), value)
         return value if bias is None else value + bias[g * og + c]
 
     return te.compute(out_type.shape, body, name=name)
 
 
-def _single_stack(phases, strides, og: int) -> int | None:
-    """The channel step between groups when every phase lives in input 0 unshifted at channel
-    ``phase number * og`` (kernel == stride: one GEMM computed them all); otherwise None."""
-    steps = {step for _, _, step, _ in phases}
+def _single_stack(phases, og: int) -> int | None:
+    """The channel step between groups when every phase is one unshifted term of input 0 at
+    channel ``phase number * og`` (kernel == stride: one GEMM computed them all), else None."""
+    steps = {terms[0][2] for terms in phases if len(terms) == 1}
     if len(steps) != 1:
         return None
-    for j, (i, first, _, shift) in enumerate(phases):
+    for j, terms in enumerate(phases):
+        if len(terms) != 1:
+            return None
+        i, first, _, shift = terms[0]
         if i != 0 or first != j * og or any(shift):
             return None
     return steps.pop()
-
-
-def _any_phase(r, strides, phases) -> te.Expr:
-    """True where the phase at ``r`` is one some tap reaches."""
-    conds = []
-    for at, (i, *_) in zip(itertools.product(*map(range, strides)), phases):
-        if i >= 0:
-            conds.append(_all_of([te.eq(r[d], at[d]) for d in range(len(strides))]))
-    out = conds[0]
-    for c in conds[1:]:
-        out = te.logical_or(out, c)
-    return out
 
 
 @register_op("nn.phase_interleave", INJECTIVE, _infer_phase_interleave, _legalize_phase_interleave)
@@ -791,17 +777,15 @@ def phase_interleave(*xs: np.ndarray, phases=(), strides=(), groups: int = 1, ch
                                     channels=channels, blocks=blocks, has_bias=has_bias).shape
     n = len(strides)
     og = channels // groups
-    out = np.zeros(shape, dtype=inputs[0].dtype)
-    qs = shape[3::2]
-    for at, (i, first, step, shift) in zip(itertools.product(*map(range, strides)), phases):
-        if i < 0:
-            continue
-        for g in range(groups):
-            src = inputs[i][:, g * step + first:g * step + first + og]
-            src = src[(slice(None), slice(None)) + tuple(slice(shift[d], shift[d] + qs[d])
-                                                         for d in range(n))]
-            out[(slice(None), g, slice(None)) + tuple(x for d in range(n)
-                                                      for x in (slice(None), at[d]))] = src
+    out = np.zeros(shape, dtype=np.float64)
+    for at, terms in zip(itertools.product(*map(range, strides)), phases):
+        place = tuple(x for d in range(n) for x in (slice(None), at[d]))
+        for i, first, step, shift in terms:
+            for g in range(groups):
+                src = inputs[i][:, g * step + first:g * step + first + og]
+                src = src[(slice(None), slice(None)) + tuple(slice(shift[d], shift[d] + blocks[d])
+                                                             for d in range(n))]
+                out[(slice(None), g, slice(None)) + place] += src
     if bias is not None:
         out = out + bias.reshape((1, groups, og) + (1,) * (2 * n))
     return out.astype(inputs[0].dtype)

@@ -4,14 +4,20 @@ becomes stride-1 convolutions, one per output *phase*, and an interleave.
 Along an axis with stride s, padding p and dilation d, output ``o = q * s + r`` receives tap k
 from input ``i = q + (r + p - k * d) / s`` whenever that division is exact. So the outputs of one
 phase r (every s-th output) are a plain stride-1 correlation of the input with the taps that
-reach that phase, at offsets known at export. Phases whose taps sit at the same offsets share
-one convolution (their weights stacked along the output channels): when the kernel equals the
-stride (k=2, s=2 in decoders and U-Nets), every phase has a single tap at offset 0, so the whole
-transposed convolution is one matmul ``[Cout * k^d, Cin] @ [Cin, H * W]``. Otherwise each phase
-group is an ``nn.conv2d`` (``nn.conv`` in 3-D) with the taps flipped into place. Then
-``nn.phase_interleave`` writes every phase into its place, adding the bias.
+reach that phase, at offsets known at export. Three ways, by what the kernels do best:
 
-Everything is built from rows of the operator table (matmul, conv2d, reshape), so those kernels'
+- kernel == stride (k=2, s=2 in decoders and U-Nets, any rank): every phase is one tap at
+  offset 0, so the whole transposed convolution is one GEMM ``[Cout * k^d, Cin] @ [Cin, H*W]``,
+  run as a 1x1 ``nn.conv2d`` over the flattened image (measured 2x faster than ``matmul`` with
+  the weight as its left operand: 2.9 vs 7.1 ms for 256->128 channels on 28x28);
+- otherwise in 1-D/2-D, one stride-1 ``nn.conv2d`` per group of phases that share a window,
+  the taps flipped into place and stacked along the output channels;
+- otherwise in 3-D (where ``nn.conv`` has no fast kernel), one GEMM of every tap over the
+  input padded so that all reads stay inside, then each phase sums its taps' columns (col2im).
+
+``nn.phase_interleave`` then writes every phase into its place, adding the bias.
+
+Everything is built from rows of the operator table (conv2d, pad, reshape), so those kernels'
 fast paths, and whatever they learn later (run-time extents), apply here too. Weights are
 rearranged once, at export. A transposed convolution whose weight is not a constant keeps the
 generic loop nest.
@@ -42,13 +48,19 @@ class AxisPhase:
     shift: int                          # phase output q is window output q + shift
 
 
+def axis_taps(kernel: int, stride: int, pad: int, dilation: int) -> list[list[tuple[int, int]]]:
+    """Per phase r of one axis, the taps k that reach it and their offsets: phase output q
+    reads input ``q + offset``."""
+    return [[(k, (r + pad - k * dilation) // stride) for k in range(kernel)
+             if (r + pad - k * dilation) % stride == 0] for r in range(stride)]
+
+
 def axis_phases(size: int, kernel: int, stride: int, pad: int, dilation: int, blocks: int,
                 shared: bool = False) -> list[AxisPhase | None]:
     """The phases r = 0..stride-1 of one axis (None where no tap reaches the phase), each
     producing at least ``blocks`` outputs from an input axis of ``size``; ``shared``: every
     phase gets the window that covers all of them (so they stack into one convolution)."""
-    taps = [[(k, (r + pad - k * dilation) // stride) for k in range(kernel)
-             if (r + pad - k * dilation) % stride == 0] for r in range(stride)]
+    taps = axis_taps(kernel, stride, pad, dilation)
     every = [off for offsets in taps for _, off in offsets]
     phases: list[AxisPhase | None] = []
     for offsets in taps:
@@ -161,58 +173,111 @@ def _rewrite(binding: Binding, out: list[Binding]) -> None:
     wtype = TensorType(wdata.shape, str(wdata.dtype))
     out_type = get_op("nn.conv_transpose").infer(x.type, wtype, **attrs)
     plan = _plan(x.type, wtype, attrs, out_type)
-    nd = len(plan.spatial)
+    phase_groups = _phase_groups(plan)
+    ((key, members),) = phase_groups.items() if len(phase_groups) == 1 else ((None, None),)
+    if key is not None and all(width == 1 and pb == 0 and pe == 0 for width, pb, pe in key) \
+            and all(a.shift == 0 for _, axes in members for a in axes):
+        inputs, phases = _stacked(em, x, wdata, groups, plan, members)
+    elif len(plan.spatial) == 2:
+        inputs, phases = _phase_convolutions(em, x, wdata, groups, plan, phase_groups)
+    else:
+        inputs, phases = _gemm_and_sum(em, x, wdata, groups, plan, attrs)
     og = wdata.shape[1]
-    batch, cin = x.type.shape[:2]
-    cg = cin // groups
-
-    inputs: list[Value] = []
-    phases: list[tuple | None] = [None] * int(np.prod(plan.strides))
-    for key, members in _phase_groups(plan).items():
-        axes_list = [axes for _, axes in members]
-        widths = tuple(width for width, _, _ in key)
-        weight = _stacked_weight(wdata, groups, axes_list, plan, widths)
-        step = len(members) * og
-        unpadded = all(width == 1 and pb == 0 and pe == 0 for width, pb, pe in key)
-        if unpadded and all(a.shift == 0 for axes in axes_list for a in axes):
-            # one tap per phase at offset 0: a matmul over the flattened image
-            pixels = int(np.prod(plan.spatial))
-            if groups == 1:
-                a = em.constant(weight.reshape(step, cg), "w")
-                b = em.emit("reshape", [x], shape=(batch, cg, pixels))
-            else:
-                a = em.constant(weight.reshape(groups, step, cg), "w")
-                b = em.emit("reshape", [x], shape=(batch, groups, cg, pixels))
-            y = em.emit("matmul", [a, b])
-            y = em.emit("reshape", [y], shape=(batch, groups * step) + plan.spatial)
-        else:
-            padding = tuple(pb for _, pb, _ in key) + tuple(pe for _, _, pe in key)
-            op = "nn.conv2d" if nd == 2 else "nn.conv"
-            y = em.emit(op, [x, em.constant(weight, "w")], strides=(1,) * nd, padding=padding,
-                        dilation=(1,) * nd, groups=groups)
-        inputs.append(y)
-        for j, (number, axes) in enumerate(members):
-            phases[number] = (len(inputs) - 1, j * og, step, tuple(a.shift for a in axes))
-    table = tuple(p if p is not None else (-1, 0, 0, (0,) * nd) for p in phases)
+    batch, channels = x.type.shape[0], groups * og
     args = inputs + ([bias] if bias is not None else [])
-    y = em.emit("nn.phase_interleave", args, phases=table, strides=plan.strides, groups=groups,
-                channels=groups * og, blocks=plan.blocks, has_bias=bias is not None)
-    channels = groups * og
+    y = em.emit("nn.phase_interleave", args, phases=phases, strides=plan.strides, groups=groups,
+                channels=channels, blocks=plan.blocks, has_bias=bias is not None)
     covered = tuple(q * s for q, s in zip(plan.blocks, plan.strides))
     final = binding.var
+    outs = plan.outs[1:] if n == 1 else plan.outs
     if covered == plan.outs:
-        if n == 1:
-            em.emit("reshape", [y], var=final, shape=(batch, channels) + plan.outs[1:])
-        else:
-            em.emit("reshape", [y], var=final, shape=(batch, channels) + plan.outs)
+        em.emit("reshape", [y], var=final, shape=(batch, channels) + outs)
         return
     y = em.emit("reshape", [y], shape=(batch, channels) + covered)
+    nd = len(plan.spatial)
     sliced = dict(starts=(0,) * nd, ends=plan.outs, axes=tuple(range(2, 2 + nd)), steps=(1,) * nd)
     if n == 1:
         y = em.emit("strided_slice", [y], **sliced)
-        em.emit("reshape", [y], var=final, shape=(batch, channels) + plan.outs[1:])
+        em.emit("reshape", [y], var=final, shape=(batch, channels) + outs)
     else:
         em.emit("strided_slice", [y], var=final, **sliced)
+
+
+def _pointwise(em: _Emitter, x: Value, weight: np.ndarray, groups: int) -> Value:
+    """``weight`` [M, Cg] applied at every pixel of ``x``: a 1x1 convolution over the image
+    flattened to one row (the convolution kernel reads the input in place)."""
+    batch, cin = x.type.shape[:2]
+    spatial = x.type.shape[2:]
+    flat = em.emit("reshape", [x], shape=(batch, cin, 1, int(np.prod(spatial))))
+    y = em.emit("nn.conv2d", [flat, em.constant(weight[:, :, None, None], "w")], strides=(1, 1),
+                padding=(0, 0, 0, 0), dilation=(1, 1), groups=groups)
+    return em.emit("reshape", [y], shape=(batch, weight.shape[0]) + spatial)
+
+
+def _stacked(em: _Emitter, x: Value, wdata: np.ndarray, groups: int, plan: _Plan,
+             members: list) -> tuple[list[Value], tuple]:
+    """Kernel == stride: every phase is one tap at offset 0, all computed by one 1x1
+    convolution whose output channels are (group, phase, channel)."""
+    og = wdata.shape[1]
+    weight = _stacked_weight(wdata, groups, [axes for _, axes in members], plan,
+                             (1,) * len(plan.spatial))
+    y = _pointwise(em, x, weight.reshape(weight.shape[:2]), groups)
+    step = len(members) * og
+    phases = [()] * int(np.prod(plan.strides))
+    for j, (number, _) in enumerate(members):
+        phases[number] = ((0, j * og, step, (0,) * len(plan.spatial)),)
+    return [y], tuple(phases)
+
+
+def _phase_convolutions(em: _Emitter, x: Value, wdata: np.ndarray, groups: int, plan: _Plan,
+                        phase_groups: dict) -> tuple[list[Value], tuple]:
+    """One stride-1 ``nn.conv2d`` per group of phases that share a window."""
+    og = wdata.shape[1]
+    nd = len(plan.spatial)
+    inputs: list[Value] = []
+    phases: list[tuple] = [()] * int(np.prod(plan.strides))
+    for key, members in phase_groups.items():
+        widths = tuple(width for width, _, _ in key)
+        weight = _stacked_weight(wdata, groups, [axes for _, axes in members], plan, widths)
+        padding = tuple(pb for _, pb, _ in key) + tuple(pe for _, _, pe in key)
+        inputs.append(em.emit("nn.conv2d", [x, em.constant(weight, "w")], strides=(1,) * nd,
+                              padding=padding, dilation=(1,) * nd, groups=groups))
+        step = len(members) * og
+        for j, (number, axes) in enumerate(members):
+            phases[number] = ((len(inputs) - 1, j * og, step, tuple(a.shift for a in axes)),)
+    return inputs, tuple(phases)
+
+
+def _gemm_and_sum(em: _Emitter, x: Value, wdata: np.ndarray, groups: int, plan: _Plan,
+                  attrs: dict) -> tuple[list[Value], tuple]:
+    """Every tap of every input pixel by one GEMM (a 1x1 convolution with Cout * prod(k)
+    output channels) over the input padded so that every phase's reads stay inside it; each
+    phase then sums its taps' shifted columns (col2im)."""
+    nd = len(plan.spatial)
+    cin, og = wdata.shape[0], wdata.shape[1]
+    cg = cin // groups
+    taps = [axis_taps(plan.kernel[d], plan.strides[d], attrs["padding"][d], attrs["dilation"][d])
+            for d in range(nd)]
+    begin, end = [], []
+    for d in range(nd):
+        offs = [off for per_r in taps[d] for _, off in per_r]
+        begin.append(max(0, -min(offs)))
+        end.append(max(0, plan.blocks[d] + max(offs) - plan.spatial[d]))
+    if any(begin) or any(end):
+        x = em.emit("pad", [x], pads=(0, 0) + tuple(begin) + (0, 0) + tuple(end))
+    ktot = int(np.prod(plan.kernel))
+    # output channel g * ktot * og + tap * og + o holds tap ``tap`` of group g's channel o
+    wr = wdata.reshape((groups, cg, og, ktot)).transpose(0, 3, 2, 1)
+    cols = _pointwise(em, x, wr.reshape(groups * ktot * og, cg), groups)
+    phases = []
+    for rs in itertools.product(*[range(s) for s in plan.strides]):
+        terms = []
+        for combo in itertools.product(*[taps[d][rs[d]] for d in range(nd)]):
+            tap = int(np.ravel_multi_index(tuple(k for k, _ in combo), plan.kernel))
+            terms.append((0, tap * og, ktot * og,
+                          tuple(off + begin[d] for d, (_, off) in enumerate(combo))))
+        phases.append(tuple(terms))
+    return [cols], tuple(phases)
 
 
 def _fast(binding: Binding) -> bool:
