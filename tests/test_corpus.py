@@ -14,8 +14,10 @@ from __future__ import annotations
 import gzip
 import io
 import json
+import os
 import sys
 import zipfile
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -33,37 +35,68 @@ RTOL, ATOL = 1e-3, 1e-4
 KNOWN_FAILURES: dict[str, str] = {}
 
 
+# The accuracy tests and the corpus model each uses.
+ACCURACY_TESTS = {"test_magika_accuracy": "magika",
+                  "test_orientation_accuracy": "pp_lcnet_orientation"}
+
+
 def _params() -> list:
     return [pytest.param(name, marks=pytest.mark.xfail(strict=True, reason=KNOWN_FAILURES[name]))
             if name in KNOWN_FAILURES else name for name in corpus.MODELS]
 
 
-def _onnx(name: str) -> Path:
-    try:
-        return corpus.model_path(name)
-    except corpus.CorpusError as exc:
-        pytest.fail(f"corpus model {name} unavailable: {exc}", pytrace=False)
+def _export(onnx_path: Path, name: str, bundle: Path, run_cli) -> str | None:
+    """Export ``name`` with the command line; None, or why it failed."""
+    shapes = [a for s in corpus.MODELS[name].input_shape_args() for a in ("--input-shape", s)]
+    proc = run_cli("export", onnx_path, "-o", bundle, *shapes, timeout=900)
+    return None if proc.returncode == 0 else f"mlcpack export {name} failed:\n{proc.stderr}"
+
+
+def _selected_models(session: pytest.Session) -> list[str]:
+    """The corpus models this session's selected tests of this file use, in test order."""
+    names: list[str] = []
+    for item in session.items:
+        if Path(str(item.fspath)) == Path(__file__):
+            params = getattr(item, "callspec", None)
+            name = params.params["name"] if params else ACCURACY_TESTS[item.name]
+            if name not in names:
+                names.append(name)
+    return names
 
 
 @pytest.fixture(scope="session")
-def exported(tmp_path_factory: pytest.TempPathFactory, run_cli):
+def exported(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, run_cli):
     """``exported(name)`` -> bundle path: the model exported once per session by the real
-    command line; a failed export fails the calling test with the CLI's message."""
+    command line; a failed fetch or export fails the calling test with the reason. Models are
+    fetched (and torch ones built) here one at a time, then the exports of every selected model
+    start at once on one worker per CPU (export is single-threaded and most of this file's
+    time)."""
     folder = tmp_path_factory.mktemp("corpus")
-    done: dict[str, Path] = {}
+    pool = ThreadPoolExecutor(max_workers=os.cpu_count() or 1)
+    jobs: dict[str, Future | str] = {}
+
+    def start(name: str) -> None:
+        try:
+            onnx_path = corpus.model_path(name)
+        except corpus.CorpusError as exc:
+            jobs[name] = f"corpus model {name} unavailable: {exc}"
+            return
+        jobs[name] = pool.submit(_export, onnx_path, name, folder / f"{name}.mlc", run_cli)
+
+    for name in _selected_models(request.session):
+        start(name)
 
     def export(name: str) -> Path:
-        if name not in done:
-            onnx_path = _onnx(name)
-            bundle = folder / f"{name}.mlc"
-            shapes = [a for s in corpus.MODELS[name].input_shape_args()
-                      for a in ("--input-shape", s)]
-            proc = run_cli("export", onnx_path, "-o", bundle, *shapes, timeout=600)
-            assert proc.returncode == 0, f"mlcpack export {name} failed:\n{proc.stderr}"
-            done[name] = bundle
-        return done[name]
+        if name not in jobs:
+            start(name)
+        job = jobs[name]
+        failure = job if isinstance(job, str) else job.result()
+        if failure:
+            pytest.fail(failure, pytrace=False)
+        return folder / f"{name}.mlc"
 
-    return export
+    yield export
+    pool.shutdown(cancel_futures=True)
 
 
 def _ort_outputs(onnx_path: Path, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -133,3 +166,29 @@ def test_magika_accuracy(exported) -> None:
             scores = model.run({"bytes": corpus.magika_features(data)})["target_label"][0]
             predicted[truth] = labels[int(np.argmax(scores))]
     assert predicted == {truth: truth for truth in samples}
+
+
+def test_orientation_accuracy(exported) -> None:
+    """PP-LCNet names the rotation of synthetic document pages turned by 0/90/180/270 degrees
+    clockwise, with the labels the model file carries (its ``character`` metadata)."""
+    import onnx
+
+    from mlcpack.runtime import load
+
+    bundle = exported("pp_lcnet_orientation")
+    proto = onnx.load(str(corpus.model_path("pp_lcnet_orientation")), load_external_data=False)
+    labels = {p.key: p.value for p in proto.metadata_props}["character"].split()
+    assert labels == ["0", "90", "180", "270"]
+    mean = np.array([0.485, 0.456, 0.406], np.float32)
+    std = np.array([0.229, 0.224, 0.225], np.float32)
+    wrong = []
+    with load(bundle) as model:
+        for seed in range(4):
+            page = corpus.synthetic_document(224, 224, np.random.default_rng(seed))
+            for angle in (0, 90, 180, 270):
+                img = (np.rot90(page, -angle // 90).astype(np.float32) / 255 - mean) / std
+                x = np.ascontiguousarray(img.transpose(2, 0, 1)[None])
+                got = labels[int(np.argmax(model.run({"x": x})["fetch_name_0"]))]
+                if got != str(angle):
+                    wrong.append((seed, angle, got))
+    assert not wrong, f"(seed, rotation, predicted): {wrong}"
