@@ -232,3 +232,49 @@ def test_math_call_without_lane_form_keeps_the_scalar_epilogue(kind, tmp_path):
     (want,) = _ort(model, x)
     np.testing.assert_allclose(_run(mod, x, tmp_path)["out"], want, rtol=1e-4,
                                atol=1e-5 * float(np.abs(want).max()))
+
+
+def _head_model(batch: int, k: int, o: int, act: str) -> tuple[onnx.ModelProto, np.ndarray]:
+    """GlobalAveragePool -> 1x1 Conv (+bias) -> ``act``: a squeeze-and-excitation or
+    classifier head, whose convolution has one pixel."""
+    inits = [numpy_helper.from_array(_rand(o, k, 1, 1, scale=0.3), "W"),
+             numpy_helper.from_array(_rand(o), "B")]
+    nodes = [helper.make_node("GlobalAveragePool", ["x"], ["g"]),
+             helper.make_node("Conv", ["g", "W", "B"], ["y"])]
+    nodes += _activation(act, "y", inits)
+    x = _rand(batch, k, 5, 3, scale=3)
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info(
+        "x", TensorProto.FLOAT, list(x.shape))], [helper.make_tensor_value_info(
+            "out", TensorProto.FLOAT, None)], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)])
+    model.ir_version = 9
+    return model, x
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("batch,k,o,act", [(1, 512, 1280, "hardswish_ops"), (2, 37, 45, "silu"),
+                                           (1, 7, 3, "hardsigmoid_mul"), (3, 64, 256, "gelu")])
+def test_one_pixel_convolution_dot_product_kernel(batch, k, o, act, threads, tmp_path):
+    """1x1 convolutions on a 1x1 image take the dot-product kernel (gemv.py): reduction
+    lengths with a masked tail, output channels not a multiple of its block, batches."""
+    from mlcpack.packager.codegen.gemv import is_dot_product
+
+    model, x = _head_model(batch, k, o, act)
+    mod, funcs = _kernels(model)
+    assert sum(is_dot_product(match_contraction(f)) for f in funcs) == 1
+    (want,) = _ort(model, x)
+    got = _run(mod, x, tmp_path, threads=threads)["out"]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * float(np.abs(want).max()))
+
+
+@pytest.mark.parametrize("target", ["x86-64-v2", "x86-64-v4", "aarch64"])
+def test_dot_product_kernel_other_targets(target, tmp_path):
+    model, x = _head_model(2, 37, 45, "silu")
+    mod, _ = _kernels(model)
+    if target == "x86-64-v2":   # runs here
+        (want,) = _ort(model, x)
+        got = _run(mod, x, tmp_path, target=target)["out"]
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * float(np.abs(want).max()))
+        return
+    _, compiled, _ = compile_module(mod, target=target)
+    assert undefined_symbols(compiled.object_code) <= set(ALLOWED_EXTERNALS)

@@ -908,7 +908,10 @@ def emit_contraction(module: ir.Module, func: PrimFunc, symbol: str, vl: int
     match = match_contraction(func)
     if match is None:
         return None
-    from .depthwise import emit_depthwise, is_depthwise   # it builds on this module
+    from .depthwise import emit_depthwise, is_depthwise   # they build on this module
+    from .gemv import emit_dot_product, is_dot_product
     if is_depthwise(match):
         return emit_depthwise(module, match, func, symbol, vl)
+    if is_dot_product(match):
+        return emit_dot_product(module, match, func, symbol, vl)
     return ContractionEmitter(module, func, symbol, match, vl).emit()
