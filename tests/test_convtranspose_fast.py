@@ -15,7 +15,7 @@ from mlcpack.packager.ops import get_op
 from mlcpack.packager.passes.conv_transpose import axis_phases, decompose_conv_transpose
 from mlcpack.packager.passes.pipeline import run_pipeline
 
-from helpers import build_op_module, run_op
+from helpers import build_op_module, compile_and_run, run_op
 
 ort = pytest.importorskip("onnxruntime")
 
@@ -149,6 +149,19 @@ def test_against_numpy_reference_with_odd_pads(attrs, x_shape, w_shape, tmp_path
     want = get_op("nn.conv_transpose").reference(x, w, b, **attrs)
     assert got.shape == want.shape
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("w_shape,attrs", [
+    ((16, 8, 2, 2), dict(strides=(2, 2), padding=(0, 0, 0, 0))),
+    ((16, 8, 4, 4), dict(strides=(2, 2), padding=(1, 1, 1, 1))),
+])
+def test_two_threads(w_shape, attrs, tmp_path) -> None:
+    x, w, b = rand(1, 16, 24, 20), rand(*w_shape), rand(8)
+    full = dict(attrs, dilation=(1, 1), output_padding=(0, 0))
+    mod = build_op_module("nn.conv_transpose", [x, w, b], [False, True, True], **full)
+    got = compile_and_run(mod, {"x0": x}, tmp_path, threads=2)["y"]
+    np.testing.assert_allclose(got, get_op("nn.conv_transpose").reference(x, w, b, **full),
+                               rtol=1e-4, atol=1e-4)
 
 
 def test_axis_phases_cover_every_tap_once() -> None:

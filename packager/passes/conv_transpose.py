@@ -95,9 +95,10 @@ def _plan(x: TensorType, w: TensorType, attrs: dict, out: TensorType) -> _Plan:
     strides, padding, dilation = attrs["strides"], attrs["padding"], attrs["dilation"]
     outs = out.shape[2:]
     blocks = tuple(-(-outs[d] // strides[d]) for d in range(n))
-    # Phases along the last axis share one window: the convolution kernel spills registers
-    # on two-tap rows (a 2x2 window runs at a third of a 2x3's speed per multiply-add on
-    # x86-64-v3), so k=4, s=2 runs faster as 2x3 windows than as 2x2 ones.
+    # Phases along the last axis share one window: on x86-64-v3 the convolution kernel's 6x2
+    # register tile spills on rows of 2-4 taps (128->64 channels, 32x32: 2x2 at 32 GFLOP/s,
+    # 2x3 at 84; a 4x2 tile runs the 2x2 at 77), so k=4, s=2 runs faster as two 2x3 windows
+    # (1.5x the multiply-adds) than as four 2x2 ones. Revisit when the tile choice knows it.
     per_axis = [axis_phases(spatial[d], kernel[d], strides[d], padding[d], dilation[d], blocks[d],
                             shared=d == n - 1) for d in range(n)]
     return _Plan(tuple(spatial), tuple(kernel), tuple(strides), blocks, tuple(outs), per_axis)
@@ -284,7 +285,8 @@ def _fast(binding: Binding) -> bool:
     v = binding.value
     return (isinstance(v, Call) and v.op == "nn.conv_transpose" and len(v.args) >= 2
             and isinstance(v.args[1], Constant) and v.type.dtype == "float32"
-            and v.args[0].type.dtype == "float32" and 3 <= len(v.type.shape) <= 5)
+            and v.args[0].type.dtype == "float32" and 3 <= len(v.type.shape) <= 5
+            and all(isinstance(d, int) for d in v.args[0].type.shape + v.type.shape))
 
 
 def decompose_conv_transpose(mod: IRModule) -> IRModule:
