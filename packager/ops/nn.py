@@ -600,6 +600,52 @@ def conv(x: np.ndarray, w: np.ndarray, strides=(), padding=(), dilation=(),
     return out.astype(x.dtype)
 
 
+# ``nn.depth_unfold`` lays a 3-D convolution's depth taps out as channels, so that a 2-D
+# convolution computes it (see passes/conv_nd.py): for input [N, C, D, H, W],
+# ``y[n, c, t, od, j, w] = x[n, c, od * stride - pad + t * dilation, j - row_pad, w]``, zero
+# outside x; shape [N, C, kernel, outs, rows, W] (rows: each depth slice's H, padded).
+
+def _infer_depth_unfold(x: TensorType, kernel: int = 1, stride: int = 1, dilation: int = 1,
+                        pad: int = 0, outs: int = 1, row_pad: int = 0,
+                        rows: int = 1) -> TensorType:
+    if len(x.shape) != 5:
+        raise ValueError(f"depth_unfold: input {x.shape} is not [N, C, D, H, W]")
+    if min(kernel, stride, dilation, outs, rows) < 1:
+        raise ValueError("depth_unfold: kernel, stride, dilation, outs and rows must be positive")
+    n, c, _, _, w = x.shape
+    return TensorType((n, c, kernel, outs, rows, w), x.dtype)
+
+
+def _legalize_depth_unfold(x: te.Tensor, out_type: TensorType, name: str, kernel: int = 1,
+                           stride: int = 1, dilation: int = 1, pad: int = 0, outs: int = 1,
+                           row_pad: int = 0, rows: int = 1) -> te.Tensor:
+    _, _, depth, height, _ = x.shape
+
+    def body(n, c, t, od, j, w):
+        d = od * stride - pad + t * dilation
+        h = j - row_pad
+        inside = te.logical_and(_in_bounds(d, depth), _in_bounds(h, height))
+        read = x[n, c, _clamped(d, depth), _clamped(h, height), w]
+        return te.if_then_else(inside, read, te.const(0.0, x.dtype))
+
+    return te.compute(out_type.shape, body, name=name)
+
+
+@register_op("nn.depth_unfold", INJECTIVE, _infer_depth_unfold, _legalize_depth_unfold)
+def depth_unfold(x: np.ndarray, kernel: int = 1, stride: int = 1, dilation: int = 1,
+                 pad: int = 0, outs: int = 1, row_pad: int = 0, rows: int = 1) -> np.ndarray:
+    n, c, depth, height, w = x.shape
+    out = np.zeros((n, c, kernel, outs, rows, w), dtype=x.dtype)
+    hs = np.arange(rows) - row_pad
+    hok = (hs >= 0) & (hs < height)
+    for t in range(kernel):
+        for od in range(outs):
+            d = od * stride - pad + t * dilation
+            if 0 <= d < depth:
+                out[:, :, t, od, hok] = x[:, :, d, hs[hok]]
+    return out
+
+
 # ---- N-D transposed convolution -----------------------------------------------------------------
 
 def _conv_transpose_sizes(spatial, kernel, strides, padding, dilation, output_padding):

@@ -8,10 +8,12 @@ from typing import Callable, Sequence
 from ..ir.graph import IRModule
 from ..ir.printer import module_text
 from ..ir.verify import verify_module
+from .conv_nd import decompose_conv_nd
 from .conv_transpose import decompose_conv_transpose
 from .fuse import fuse_ops
 from .layout import pretranspose_weights
 from .legalize import legalize
+from .rnn import drop_unread_cell_state
 from .simplify import eliminate_dead_code, fold_constants
 
 
@@ -24,7 +26,9 @@ class Pass:
 DEFAULT_PIPELINE: tuple[Pass, ...] = (
     Pass("fold_constants", fold_constants),
     Pass("eliminate_dead_code", eliminate_dead_code),
+    Pass("drop_unread_cell_state", drop_unread_cell_state),
     Pass("decompose_conv_transpose", decompose_conv_transpose),
+    Pass("decompose_conv_nd", decompose_conv_nd),
     Pass("pretranspose_weights", pretranspose_weights),
     Pass("legalize", legalize),
     Pass("fuse_ops", fuse_ops),

@@ -1,0 +1,232 @@
+"""N-D convolution and pooling on the fast 2-D kernels: ``nn.conv`` and ``nn.pool`` (what the
+ONNX frontend emits for 3-D windows, and for 1-D/2-D ones the 2-D rows do not cover) are
+rewritten into ``nn.conv2d`` / ``nn.max_pool2d`` / ``nn.avg_pool2d`` and views, so that those
+kernels' fast paths, and whatever they learn later (run-time extents), apply here too.
+
+- 1-D and 2-D: the 2-D row itself (a 1-D window is a 2-D one of height 1).
+- 3-D convolution: ``nn.depth_unfold`` lays the depth taps out as channels and stacks the output
+  depth slices on top of each other, each slice's rows padded and rounded up to a multiple of
+  the row stride: ``[N, C * kd, OD * Hs, W]``. One 2-D convolution with the weight viewed as
+  ``[O, Cg * kd, kh, kw]`` then computes every depth slice at once (the reduction runs over
+  channels and depth taps, as the 3-D one does); output rows ``od * Hs / sh + oh`` with
+  ``oh < OH`` are the result, the few rows between slices are dropped by a strided slice (where
+  the epilogue, bias and activation, then fuses). The unfold copies the input ``kd`` times,
+  as the 2-D kernel's own planes copy does for its taps. Without depth taps, row padding or a
+  row stride (a 1x1x1 or 1x1xk convolution), the input is only viewed as 2-D.
+- 3-D max/avg pooling is separable: a 2-D pool over (H, W) of every depth slice, then a
+  ``(kd, 1)`` 2-D pool over the depth axis of [N, C, D, OH*OW] (or in the other order when that
+  moves less data). Maxima commute, and an average's count is the product of per-axis counts,
+  with or without the padding counted, also under ``ceil_mode``.
+
+Lp pooling and average pooling with dilation keep the generic loop nest (no 2-D row for them).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from ..ir.graph import Binding, Call, Constant, DataflowBlock, Function, IRModule, Value, Var
+from ..ops import get_op
+from .common import map_functions
+
+
+class _Emitter:
+    """Appends the bindings that replace one binding; the last one binds its variable."""
+
+    def __init__(self, binding: Binding, out: list[Binding]) -> None:
+        self.binding = binding
+        self.out = out
+        self.count = 0
+
+    def emit(self, op: str, args: list[Value], final: bool = False, **attrs) -> Value:
+        ty = get_op(op).infer(*[a.type for a in args], **attrs)
+        if final:
+            var = self.binding.var
+            if var.type != ty:
+                raise AssertionError(f"conv_nd rewrite: {ty} where {var.type} was expected")
+        else:
+            self.count += 1
+            var = Var(f"{self.binding.var.name}_nd{self.count}", ty)
+        self.out.append(dataclasses.replace(self.binding, var=var, value=Call(op, args, attrs, ty)))
+        return var
+
+    def reshape(self, x: Value, shape: tuple[int, ...], final: bool = False) -> Value:
+        if x.type.shape == tuple(shape) and not final:
+            return x
+        if isinstance(x, Constant):   # weights: rearranged once, at export
+            self.count += 1
+            return Constant(f"{x.name}_2d", np.ascontiguousarray(x.data.reshape(shape)))
+        return self.emit("reshape", [x], final=final, shape=tuple(shape))
+
+
+def _lift(values, fill: int) -> tuple[int, ...]:
+    return (fill,) + tuple(values)
+
+
+# ---- convolution --------------------------------------------------------------------------------
+
+def _conv_2d_or_1d(em: _Emitter, x: Value, w: Value, attrs: dict) -> None:
+    strides, padding, dilation = attrs["strides"], attrs["padding"], attrs["dilation"]
+    groups = attrs["groups"]
+    if len(strides) == 2:
+        em.emit("nn.conv2d", [x, w], final=True, strides=tuple(strides), padding=tuple(padding),
+                dilation=tuple(dilation), groups=groups)
+        return
+    n, c, length = x.type.shape
+    x2 = em.reshape(x, (n, c, 1, length))
+    w2 = em.reshape(w, w.type.shape[:2] + (1,) + w.type.shape[2:])
+    y = em.emit("nn.conv2d", [x2, w2], strides=_lift(strides, 1),
+                padding=(0, padding[0], 0, padding[1]), dilation=_lift(dilation, 1),
+                groups=groups)
+    em.reshape(y, em.binding.var.type.shape, final=True)
+
+
+def _conv_3d(em: _Emitter, x: Value, w: Value, attrs: dict) -> None:
+    """See the module docstring; ``padding`` is (d, h, w begins, d, h, w ends)."""
+    (sd, sh, sw), (dd, dh, dw) = attrs["strides"], attrs["dilation"]
+    pd0, ph0, pw0, pd1, ph1, pw1 = attrs["padding"]
+    groups = attrs["groups"]
+    n, c, depth, height, width = x.type.shape
+    o, cg, kd, kh, kw = w.type.shape
+    _, _, od, oh, ow = em.binding.var.type.shape
+    flat_rows = kd == 1 and sd == 1 and pd0 == pd1 == 0 and kh == 1 and sh == 1 \
+        and ph0 == ph1 == 0
+    if flat_rows:   # every output row is one input row: view the depth slices as rows
+        x2 = em.reshape(x, (n, c, depth * height, width))
+        w2 = em.reshape(w, (o, cg, 1, kw))
+        y = em.emit("nn.conv2d", [x2, w2], strides=(1, sw), padding=(0, pw0, 0, pw1),
+                    dilation=(1, dw), groups=groups)
+        em.reshape(y, em.binding.var.type.shape, final=True)
+        return
+    slice_out = -(-(height + ph0 + ph1) // sh)   # output rows per slice, OH and the dropped ones
+    rows = slice_out * sh
+    cols = em.emit("nn.depth_unfold", [x], kernel=kd, stride=sd, dilation=dd, pad=pd0, outs=od,
+                   row_pad=ph0, rows=rows)
+    x2 = em.reshape(cols, (n, c * kd, od * rows, width))
+    w2 = em.reshape(w, (o, cg * kd, kh, kw))
+    # the last slice's windows reach below the stacked rows: zero rows from the kernel's padding
+    bottom = max(0, dh * (kh - 1) + 1 - sh)
+    y = em.emit("nn.conv2d", [x2, w2], strides=(sh, sw), padding=(0, pw0, bottom, pw1),
+                dilation=(dh, dw), groups=groups)
+    if slice_out == oh:
+        em.reshape(y, em.binding.var.type.shape, final=True)
+        return
+    y = em.reshape(y, (n, o, od, slice_out, ow))
+    em.emit("strided_slice", [y], final=True, starts=(0,), ends=(oh,), axes=(3,), steps=(1,))
+
+
+def _rewrite_conv(binding: Binding, out: list[Binding]) -> None:
+    call = binding.value
+    x, w = call.args
+    attrs = {"strides": tuple(call.attrs["strides"]), "padding": tuple(call.attrs["padding"]),
+             "dilation": tuple(call.attrs["dilation"]), "groups": int(call.attrs.get("groups", 1))}
+    em = _Emitter(binding, out)
+    if len(x.type.shape) == 5:
+        _conv_3d(em, x, w, attrs)
+    else:
+        _conv_2d_or_1d(em, x, w, attrs)
+
+
+# ---- pooling ------------------------------------------------------------------------------------
+
+def _pool_2d(em: _Emitter, x: Value, mode: str, kernel, strides, padding, dilation,
+             attrs: dict, final: bool = False) -> Value:
+    """One 2-D pool; ``padding`` in the 2-D rows' order (top, left, bottom, right)."""
+    common = dict(kernel=tuple(kernel), strides=tuple(strides), padding=tuple(padding),
+                  ceil_mode=bool(attrs.get("ceil_mode", False)))
+    if mode == "max":
+        return em.emit("nn.max_pool2d", [x], final=final, dilation=tuple(dilation), **common)
+    return em.emit("nn.avg_pool2d", [x], final=final, dilation=(1, 1),
+                   count_include_pad=bool(attrs.get("count_include_pad", False)), **common)
+
+
+def _pool_3d(em: _Emitter, x: Value, mode: str, attrs: dict) -> None:
+    (kd, kh, kw), (sd, sh, sw) = attrs["kernel"], attrs["strides"]
+    dd, dh, dw = attrs["dilation"]
+    pd0, ph0, pw0, pd1, ph1, pw1 = attrs["padding"]
+    n, c, depth, height, width = x.type.shape
+    _, _, od, oh, ow = em.binding.var.type.shape
+    final_shape = em.binding.var.type.shape
+    plane = (kh, kw, sh, sw) != (1, 1, 1, 1) or any((ph0, pw0, ph1, pw1))
+    along_depth = (kd, sd) != (1, 1) or any((pd0, pd1))
+
+    def planes(v: Value, slices: int) -> Value:    # [N, C, slices, H, W] -> [.., OH, OW]
+        v = em.reshape(v, (n, c * slices, height, width))
+        return _pool_2d(em, v, mode, (kh, kw), (sh, sw), (ph0, pw0, ph1, pw1), (dh, dw), attrs)
+
+    def depths(v: Value, h: int, w: int) -> Value:  # [N, C, D, h, w] -> [N, C, OD, h * w]
+        v = em.reshape(v, (n, c, depth, h * w))
+        return _pool_2d(em, v, mode, (kd, 1), (sd, 1), (pd0, 0, pd1, 0), (dd, 1), attrs)
+
+    # the order that writes the smaller intermediate
+    planes_first = depth * oh * ow <= od * height * width
+    y = x
+    if planes_first or not along_depth:
+        if plane:
+            y = planes(y, depth)
+        if along_depth:
+            y = depths(y, oh, ow)
+    else:
+        y = depths(y, height, width)
+        if plane:
+            y = planes(y, od)
+    em.reshape(y, final_shape, final=True)
+
+
+def _rewrite_pool(binding: Binding, out: list[Binding]) -> None:
+    call = binding.value
+    (x,) = call.args
+    attrs = dict(call.attrs)
+    mode = attrs["mode"]
+    em = _Emitter(binding, out)
+    kernel, strides = attrs["kernel"], attrs["strides"]
+    padding, dilation = attrs["padding"], attrs["dilation"]
+    rank = len(x.type.shape)
+    if rank == 5:
+        _pool_3d(em, x, mode, attrs)
+    elif rank == 4:
+        _pool_2d(em, x, mode, kernel, strides, padding, dilation, attrs, final=True)
+    else:
+        n, c, length = x.type.shape
+        x2 = em.reshape(x, (n, c, 1, length))
+        y = _pool_2d(em, x2, mode, _lift(kernel, 1), _lift(strides, 1),
+                     (0, padding[0], 0, padding[1]), _lift(dilation, 1), attrs)
+        em.reshape(y, binding.var.type.shape, final=True)
+
+
+# ---- the pass -----------------------------------------------------------------------------------
+
+def _rewritable(v: object) -> bool:
+    if not isinstance(v, Call) or v.type.dtype != "float32" or not 3 <= len(v.type.shape) <= 5:
+        return False
+    if v.op == "nn.conv":
+        return len(v.args) == 2 and all(a.type.dtype == "float32" for a in v.args)
+    if v.op == "nn.pool":
+        mode = v.attrs.get("mode", "max")
+        return mode == "max" or mode == "avg" and all(d == 1 for d in v.attrs["dilation"])
+    return False
+
+
+def decompose_conv_nd(mod: IRModule) -> IRModule:
+    """Rewrite every float32 ``nn.conv`` and max/avg ``nn.pool`` of 1-3 spatial axes (see the
+    module docstring)."""
+
+    def visit(fn: Function) -> Function:
+        blocks = []
+        for block in fn.blocks:
+            bindings: list[Binding] = []
+            for b in block.bindings:
+                if not _rewritable(b.value):
+                    bindings.append(b)
+                elif b.value.op == "nn.conv":
+                    _rewrite_conv(b, bindings)
+                else:
+                    _rewrite_pool(b, bindings)
+            blocks.append(type(block)(bindings) if isinstance(block, DataflowBlock)
+                          else dataclasses.replace(block, bindings=bindings))
+        return dataclasses.replace(fn, blocks=blocks)
+
+    return map_functions(mod, visit)
+
