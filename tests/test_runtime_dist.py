@@ -60,6 +60,11 @@ def test_wheel_holds_the_runtime_only(wheel: Path) -> None:
     # every runtime module is in it, and nothing else from the repository
     shipped = {n.removeprefix("mlcpack/runtime/") for n in code}
     assert shipped == {p.name for p in (ROOT / "runtime").glob("*.py")}
+    # a subpackage would be missing from both wheels unless listed in both pyproject files
+    nested = [p for p in (ROOT / "runtime").glob("*/**/*.py")
+              if not {"build", "__pycache__"} & set(p.relative_to(ROOT / "runtime").parts)
+              and ".egg-info" not in str(p)]
+    assert not nested, f"list {nested[0].parent} in runtime/pyproject.toml and pyproject.toml"
     for n in code:
         text = zipfile.ZipFile(wheel).read(n).decode()
         assert not re.search(r"^\s*(from|import)\s+(\.\.|mlcpack\.(packager|frontends)|llvmlite"
