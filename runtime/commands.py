@@ -157,6 +157,20 @@ def _rows_text(name: str, rows: list[list[dict[str, Any]]], batched: bool) -> li
     return lines
 
 
+def _run(model: Any, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """``model.run``; a batch given to a fixed-shape bundle is refused with the way out."""
+    try:
+        return model.run(feeds)
+    except InputError as exc:
+        rows = [s for s in model.inputs if model.batch is None and np.ndim(feeds[s.name]) ==
+                len(s.shape) > 1 and np.shape(feeds[s.name])[1:] == s.shape[1:]
+                and np.shape(feeds[s.name])[0] != s.shape[0]]
+        if not rows:
+            raise
+        raise InputError(f"{exc}; to run batches, export with --batch-sizes, e.g. "
+                         "--batch-sizes 1,8,32") from None
+
+
 def infer(bundle: str | os.PathLike, inputs: Sequence[str | os.PathLike], *, top_k: int = 5,
           as_json: bool = False, threads: int | None = None,
           trusted_keys: Sequence[str | os.PathLike] = (), echo: Echo = _stdout,
@@ -177,7 +191,7 @@ def infer(bundle: str | os.PathLike, inputs: Sequence[str | os.PathLike], *, top
             raise InputError(f"{model.name} takes {len(model.inputs)} input(s) "
                              f"({', '.join(s.name for s in model.inputs)}); got {len(inputs)}")
         feeds = {s.name: load_input(p, s, model.preprocess) for s, p in zip(model.inputs, inputs)}
-        outputs = model.run(feeds)
+        outputs = _run(model, feeds)
         first = outputs[model.outputs[0].name]
         rows, batched = result_rows(model, feeds, first)
         tops = [top_k_of(row, top_k, model.labels) for row in rows]

@@ -130,7 +130,8 @@ def test_cnn_batch_bundle_takes_an_image(batched, run_cli, paths) -> None:
 
 def test_fixed_batch_one_bundle_refuses_two_rows(mlp_bundle, run_cli, digits, tmp_path) -> None:
     x = _save(tmp_path, "two.npy", np.stack([digits["7"], digits["3"]]))
-    _refused(run_cli("infer", mlp_bundle[0], x), BAD_INPUT, "(2, 784)", "(1, 784)")
+    _refused(run_cli("infer", mlp_bundle[0], x), BAD_INPUT, "(2, 784)", "(1, 784)",
+             "export with --batch-sizes")
 
 
 # ---- 4. exit codes, cheapest checks first -------------------------------------------------------
