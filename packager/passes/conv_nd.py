@@ -201,6 +201,8 @@ def _rewrite_pool(binding: Binding, out: list[Binding]) -> None:
 def _rewritable(v: object) -> bool:
     if not isinstance(v, Call) or v.type.dtype != "float32" or not 3 <= len(v.type.shape) <= 5:
         return False
+    if not all(isinstance(d, int) for a in v.args for d in a.type.shape + v.type.shape):
+        return False   # symbolic extents: the generic loop nest until the 2-D rows take them
     if v.op == "nn.conv":
         return len(v.args) == 2 and all(a.type.dtype == "float32" for a in v.args)
     if v.op == "nn.pool":

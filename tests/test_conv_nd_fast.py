@@ -1,0 +1,250 @@
+"""N-D convolution and pooling on the fast 2-D kernels (passes/conv_nd.py): a 3-D conv as a depth
+unfold + one conv2d (+ a slice), 3-D pools as two separable 2-D pools, 1-D windows as 2-D ones.
+Checked against ONNX Runtime over the attribute space, against the operators' numpy references
+(runtime weights, the IR rows directly), by the kernels the pipeline builds, and
+cross-compiled for other targets."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from mlcpack.packager.codegen.build import ALLOWED_EXTERNALS
+from mlcpack.packager.codegen.gemm import match_contraction
+from mlcpack.packager.codegen.objinfo import undefined_symbols
+from mlcpack.packager.codegen.pool import match_max_pool
+from mlcpack.packager.export import compile_module
+from mlcpack.packager.ir.graph import Call
+from mlcpack.packager.ops import get_op
+from mlcpack.packager.passes.conv_nd import decompose_conv_nd
+from mlcpack.packager.passes.pipeline import run_pipeline
+
+from helpers import build_op_module, compile_and_run, run_op
+
+ort = pytest.importorskip("onnxruntime")
+
+from test_onnx_frontend import check_against_ort, make_model, node  # noqa: E402
+
+RNG = np.random.default_rng(17)
+
+
+def rand(*shape: int) -> np.ndarray:
+    return RNG.standard_normal(shape).astype(np.float32)
+
+
+# (attributes, input shape, weight shape [Cout, Cin/group, k...])
+CONV_CASES = {
+    "3d_k3p1": (dict(pads=[1] * 6), (1, 3, 4, 6, 7), (5, 3, 3, 3, 3)),
+    "3d_batch2": (dict(pads=[1] * 6), (2, 4, 3, 5, 5), (6, 4, 3, 3, 3)),
+    "3d_strides": (dict(strides=[2, 2, 2], pads=[1] * 6), (1, 4, 5, 9, 8), (6, 4, 3, 3, 3)),
+    "3d_stride_rows_3": (dict(strides=[1, 3, 2], pads=[0, 1, 0, 1, 2, 1]), (1, 2, 4, 10, 7),
+                         (3, 2, 2, 3, 3)),
+    "3d_asym_pads": (dict(pads=[0, 1, 2, 2, 0, 1]), (1, 3, 4, 5, 6), (4, 3, 3, 2, 3)),
+    "3d_dilation": (dict(dilations=[2, 1, 1], pads=[2, 1, 1, 2, 1, 1]), (1, 3, 6, 5, 5),
+                    (4, 3, 3, 3, 3)),
+    "3d_dilation_rows": (dict(dilations=[1, 2, 2], pads=[1, 2, 2, 1, 2, 2]), (1, 2, 3, 7, 6),
+                         (3, 2, 3, 3, 3)),
+    "3d_groups2": (dict(group=2, pads=[1] * 6), (1, 4, 3, 5, 4), (6, 2, 3, 3, 3)),
+    "3d_depthwise": (dict(group=6, pads=[1] * 6), (1, 6, 4, 6, 5), (6, 1, 3, 3, 3)),
+    "3d_depthwise_s2": (dict(group=4, strides=[2, 2, 2], pads=[1] * 6), (1, 4, 5, 7, 7),
+                        (8, 1, 3, 3, 3)),
+    "3d_1x1x1": (dict(), (1, 8, 3, 4, 5), (6, 8, 1, 1, 1)),
+    "3d_1x1xk": (dict(pads=[0, 0, 1, 0, 0, 1], strides=[1, 1, 2]), (1, 3, 3, 4, 9),
+                 (4, 3, 1, 1, 3)),
+    "3d_kx1x1_temporal": (dict(pads=[1, 0, 0, 1, 0, 0]), (1, 4, 5, 3, 4), (6, 4, 3, 1, 1)),
+    "3d_1xkxk_spatial": (dict(pads=[0, 1, 1, 0, 1, 1]), (1, 4, 3, 6, 6), (5, 4, 1, 3, 3)),
+    "3d_depth_stride_only": (dict(strides=[2, 1, 1]), (1, 3, 7, 4, 4), (4, 3, 2, 1, 1)),
+    "3d_same_upper": (dict(auto_pad="SAME_UPPER", strides=[2, 2, 1]), (1, 3, 5, 6, 5),
+                      (4, 3, 2, 3, 3)),
+    "3d_same_lower": (dict(auto_pad="SAME_LOWER"), (1, 3, 4, 5, 5), (4, 3, 2, 2, 3)),
+    "3d_valid": (dict(auto_pad="VALID", strides=[1, 2, 2]), (1, 3, 5, 7, 7), (4, 3, 3, 3, 3)),
+    "3d_kernel_covers_input": (dict(), (1, 2, 3, 3, 3), (4, 2, 3, 3, 3)),
+    "1d_k5p2": (dict(pads=[2, 2]), (1, 6, 17), (8, 6, 5)),
+    "1d_strided_dilated": (dict(strides=[2], dilations=[2], pads=[1, 3]), (2, 4, 19),
+                           (5, 4, 3)),
+    "1d_groups": (dict(group=3, pads=[1, 1]), (1, 6, 11), (9, 2, 3)),
+}
+
+
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("case", sorted(CONV_CASES))
+def test_conv_against_onnxruntime(case: str, bias: bool, tmp_path) -> None:
+    attrs, x_shape, w_shape = CONV_CASES[case]
+    inits = {"w": rand(*w_shape)}
+    if bias:
+        inits["b"] = rand(w_shape[0])
+    # a ReLU after the convolution: its epilogue takes the fused path too
+    model = make_model([node("Conv", ["x", "w", "b"] if bias else ["x", "w"], ["c"], **attrs),
+                        node("Relu", ["c"], ["y"])], {"x": list(x_shape)}, ["y"], inits)
+    check_against_ort(model, {"x": rand(*x_shape)}, tmp_path)
+
+
+POOL_CASES = {
+    "max_122": ("MaxPool", dict(kernel_shape=[1, 2, 2], strides=[1, 2, 2]), (1, 3, 4, 8, 8)),
+    "max_222": ("MaxPool", dict(kernel_shape=[2, 2, 2], strides=[2, 2, 2]), (1, 3, 4, 6, 8)),
+    "max_333_s2_p1": ("MaxPool", dict(kernel_shape=[3, 3, 3], strides=[2, 2, 2], pads=[1] * 6),
+                      (1, 2, 7, 9, 8)),
+    "max_asym_pads": ("MaxPool", dict(kernel_shape=[3, 2, 3], strides=[1, 2, 1],
+                                      pads=[0, 1, 2, 2, 0, 1]), (1, 2, 5, 6, 7)),
+    "max_dilation": ("MaxPool", dict(kernel_shape=[2, 2, 2], dilations=[2, 1, 2],
+                                     pads=[1, 0, 1, 1, 0, 1]), (1, 2, 6, 5, 7)),
+    "max_ceil": ("MaxPool", dict(kernel_shape=[3, 3, 3], strides=[2, 2, 2], ceil_mode=1),
+                 (1, 2, 6, 8, 7)),
+    "max_ceil_pads": ("MaxPool", dict(kernel_shape=[2, 3, 2], strides=[2, 2, 3], pads=[1, 0, 1,
+                                      0, 1, 1], ceil_mode=1), (1, 2, 5, 8, 8)),
+    "max_stride3": ("MaxPool", dict(kernel_shape=[3, 3, 3], strides=[3, 3, 3]), (1, 2, 6, 9, 9)),
+    "max_same_upper": ("MaxPool", dict(kernel_shape=[3, 3, 3], strides=[2, 2, 2],
+                                       auto_pad="SAME_UPPER"), (1, 2, 5, 6, 7)),
+    "max_depth_only": ("MaxPool", dict(kernel_shape=[3, 1, 1], strides=[2, 1, 1]),
+                       (1, 3, 7, 4, 5)),
+    "avg_222": ("AveragePool", dict(kernel_shape=[2, 2, 2], strides=[2, 2, 2]), (1, 3, 4, 6, 8)),
+    "avg_333_p1": ("AveragePool", dict(kernel_shape=[3, 3, 3], pads=[1] * 6), (1, 2, 5, 6, 7)),
+    "avg_333_p1_include": ("AveragePool", dict(kernel_shape=[3, 3, 3], pads=[1] * 6,
+                                               count_include_pad=1), (1, 2, 5, 6, 7)),
+    "avg_asym_ceil": ("AveragePool", dict(kernel_shape=[3, 2, 3], strides=[2, 2, 2],
+                                          pads=[1, 0, 0, 0, 1, 1], ceil_mode=1),
+                      (1, 2, 6, 7, 8)),
+    "avg_asym_ceil_include": ("AveragePool", dict(kernel_shape=[3, 2, 3], strides=[2, 2, 2],
+                                                  pads=[1, 0, 0, 0, 1, 1], ceil_mode=1,
+                                                  count_include_pad=1), (1, 2, 6, 7, 8)),
+    "avg_same_lower": ("AveragePool", dict(kernel_shape=[2, 3, 3], strides=[2, 1, 2],
+                                           auto_pad="SAME_LOWER"), (1, 2, 5, 6, 7)),
+    "max_1d": ("MaxPool", dict(kernel_shape=[3], strides=[2], pads=[1, 1]), (1, 4, 15)),
+    "max_1d_ceil_dilated": ("MaxPool", dict(kernel_shape=[3], strides=[2], dilations=[2],
+                                            ceil_mode=1), (2, 3, 16)),
+    "avg_1d": ("AveragePool", dict(kernel_shape=[4], strides=[3], pads=[2, 1]), (1, 4, 17)),
+    "avg_1d_include_ceil": ("AveragePool", dict(kernel_shape=[3], strides=[2], pads=[1, 1],
+                                                count_include_pad=1, ceil_mode=1), (1, 4, 16)),
+}
+
+
+@pytest.mark.parametrize("case", sorted(POOL_CASES))
+def test_pool_against_onnxruntime(case: str, tmp_path) -> None:
+    op, attrs, x_shape = POOL_CASES[case]
+    model = make_model([node(op, ["x"], ["y"], **attrs)], {"x": list(x_shape)}, ["y"])
+    check_against_ort(model, {"x": rand(*x_shape)}, tmp_path)
+
+
+# ---- the IR rows directly (runtime weights, other frontends) ------------------------------------
+
+@pytest.mark.parametrize("const_weight", [True, False])
+@pytest.mark.parametrize("attrs,x_shape,w_shape", [
+    (dict(strides=(1, 2, 1), padding=(1, 0, 2, 0, 1, 1), dilation=(2, 1, 1), groups=2),
+     (1, 4, 6, 5, 5), (6, 2, 2, 3, 3)),
+    (dict(strides=(2,), padding=(1, 2), dilation=(1,), groups=1), (2, 3, 13), (4, 3, 4)),
+    (dict(strides=(1, 2), padding=(1, 0, 0, 1), dilation=(1, 1), groups=1), (1, 3, 6, 7),
+     (4, 3, 3, 2)),
+])
+def test_conv_row_against_reference(attrs, x_shape, w_shape, const_weight, tmp_path) -> None:
+    x, w = rand(*x_shape), rand(*w_shape)
+    got = run_op("nn.conv", [x, w], tmp_path, const_mask=[False, const_weight], **attrs)
+    want = get_op("nn.conv").reference(x, w, **attrs)
+    assert got.shape == want.shape
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("mode,extra", [("max", {}), ("avg", {"count_include_pad": True}),
+                                        ("avg", {"ceil_mode": True})])
+@pytest.mark.parametrize("x_shape,kernel,strides,padding", [
+    ((1, 3, 5, 6, 7), (2, 3, 2), (2, 1, 2), (1, 1, 0, 0, 1, 1)),
+    ((2, 3, 11), (3,), (2,), (1, 0)),
+    ((1, 2, 7, 6), (3, 2), (2, 2), (1, 0, 1, 1)),
+])
+def test_pool_row_against_reference(mode, extra, x_shape, kernel, strides, padding,
+                                    tmp_path) -> None:
+    x = rand(*x_shape)
+    attrs = dict(mode=mode, kernel=kernel, strides=strides, padding=padding,
+                 dilation=(1,) * len(kernel), **extra)
+    got = run_op("nn.pool", [x], tmp_path, **attrs)
+    want = get_op("nn.pool").reference(x, **attrs)
+    assert got.shape == want.shape
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_depth_unfold_reference_and_kernel(tmp_path) -> None:
+    x = rand(1, 2, 5, 3, 4)
+    attrs = dict(kernel=3, stride=2, dilation=1, pad=1, outs=3, row_pad=1, rows=6)
+    want = get_op("nn.depth_unfold").reference(x, **attrs)
+    # by definition: y[n, c, t, od, j, w] = x[n, c, od*2 - 1 + t, j - 1, w], zero outside
+    for t in range(3):
+        for od in range(3):
+            d = od * 2 - 1 + t
+            for j in range(6):
+                row = want[0, :, t, od, j]
+                inside = 0 <= d < 5 and 0 <= j - 1 < 3
+                np.testing.assert_array_equal(row, x[0, :, d, j - 1] if inside else 0 * row)
+    np.testing.assert_array_equal(run_op("nn.depth_unfold", [x], tmp_path, **attrs), want)
+
+
+# ---- what the pipeline builds -------------------------------------------------------------------
+
+def _kernels(mod) -> list[str]:
+    """Per primitive function: the fast kernel it matches (conv2d, matmul, max_pool2d) or its
+    name."""
+    kinds = []
+    for name, f in run_pipeline(mod).prim_funcs().items():
+        m = match_contraction(f)
+        if m is not None:
+            kinds.append(m.tag.kind)
+        elif match_max_pool(f) is not None:
+            kinds.append("max_pool2d")
+        else:
+            kinds.append(name)
+    return sorted(kinds)
+
+
+def test_3d_conv_is_an_unfold_and_one_conv2d() -> None:
+    mod = build_op_module("nn.conv", [rand(1, 4, 3, 6, 6), rand(8, 4, 3, 3, 3)], [False, True],
+                          strides=(1, 1, 1), padding=(1,) * 6, dilation=(1, 1, 1), groups=1)
+    assert _kernels(mod) == ["conv2d", "depth_unfold", "strided_slice"]
+
+
+def test_3d_pointwise_conv_reads_the_input_as_2d() -> None:
+    mod = build_op_module("nn.conv", [rand(1, 4, 3, 6, 6), rand(8, 4, 1, 1, 1)], [False, True],
+                          strides=(1, 1, 1), padding=(0,) * 6, dilation=(1, 1, 1), groups=1)
+    assert _kernels(mod) == ["conv2d"]
+
+
+def test_3d_max_pool_is_two_fast_2d_pools() -> None:
+    mod = build_op_module("nn.pool", [rand(1, 4, 6, 8, 8)], mode="max", kernel=(3, 3, 3),
+                          strides=(2, 2, 2), padding=(1,) * 6, dilation=(1, 1, 1))
+    assert _kernels(mod) == ["max_pool2d", "max_pool2d"]
+
+
+def test_lp_pool_keeps_the_generic_kernel() -> None:
+    mod = build_op_module("nn.pool", [rand(1, 2, 4, 4, 4)], mode="lp", kernel=(2, 2, 2),
+                          strides=(1, 1, 1), padding=(0,) * 6, dilation=(1, 1, 1))
+    after = decompose_conv_nd(mod)
+    assert [b.value.op for b in after.main.bindings() if isinstance(b.value, Call)] == \
+        ["nn.pool"]
+
+
+def test_conv3d_on_two_threads(tmp_path) -> None:
+    x, w = rand(2, 8, 4, 10, 12), rand(16, 8, 3, 3, 3)
+    attrs = dict(strides=(1, 1, 1), padding=(1,) * 6, dilation=(1, 1, 1), groups=1)
+    mod = build_op_module("nn.conv", [x, w], [False, True], **attrs)
+    got = compile_and_run(mod, {"x0": x}, tmp_path, threads=2)["y"]
+    np.testing.assert_allclose(got, get_op("nn.conv").reference(x, w, **attrs), rtol=1e-4,
+                               atol=1e-4)
+
+
+def test_runs_on_x86_64_v2(tmp_path) -> None:
+    x, w = rand(1, 3, 4, 7, 6), rand(5, 3, 3, 3, 3)
+    attrs = dict(strides=(1, 2, 1), padding=(1,) * 6, dilation=(1, 1, 1), groups=1)
+    mod = build_op_module("nn.conv", [x, w], [False, True], **attrs)
+    got = compile_and_run(mod, {"x0": x}, tmp_path, target="x86-64-v2")["y"]
+    np.testing.assert_allclose(got, get_op("nn.conv").reference(x, w, **attrs), rtol=1e-4,
+                               atol=1e-4)
+
+
+@pytest.mark.parametrize("target", ["x86-64-v2", "x86-64-v4", "aarch64"])
+def test_cross_compiles(target: str) -> None:
+    mods = [build_op_module("nn.conv", [rand(1, 4, 3, 6, 6), rand(8, 2, 3, 3, 3)],
+                            [False, True], strides=(1, 2, 2), padding=(1,) * 6,
+                            dilation=(1, 1, 1), groups=2),
+            build_op_module("nn.pool", [rand(1, 4, 6, 8, 8)], mode="max", kernel=(3, 3, 3),
+                            strides=(2, 2, 2), padding=(1,) * 6, dilation=(1, 1, 1)),
+            build_op_module("nn.pool", [rand(1, 4, 6, 8, 8)], mode="avg", kernel=(2, 3, 3),
+                            strides=(2, 1, 1), padding=(0, 1, 1, 1, 1, 1), dilation=(1, 1, 1))]
+    for mod in mods:
+        _, compiled, _ = compile_module(mod, target=target)
+        assert undefined_symbols(compiled.object_code) <= set(ALLOWED_EXTERNALS)
