@@ -77,9 +77,13 @@ def bench_model(name: str, threads_list: list[int], budget: float) -> dict:
         return row
     feeds = corpus.realistic_inputs(name)
     for threads in threads_list:
-        with load(bundle, threads=threads) as mlc:
-            row["rows"].append(time_pair(ort_session(onnx_path, threads), mlc, feeds, budget))
-        row["rows"][-1]["threads"] = threads
+        try:
+            with load(bundle, threads=threads) as mlc:
+                timing = time_pair(ort_session(onnx_path, threads), mlc, feeds, budget)
+        except Exception as exc:  # a model that fails to run is a line, not a crash
+            row["error"] = f"run ({threads} threads): {type(exc).__name__}: {exc}"[:200]
+            break
+        row["rows"].append({"threads": threads, **timing})
     return row
 
 
@@ -107,12 +111,12 @@ def summary(results: list[dict], threads_list: list[int]) -> dict[int, float]:
 
 def print_text(results: list[dict], threads_list: list[int]) -> None:
     print(f"\n{'model':22s} {'source':28s} {'thr':>3s} {'ORT ms':>9s} {'mlcpack ms':>10s} "
-          f"{'ratio':>6s} {'(min)':>6s} {'max abs err':>11s}")
+          f"{'ratio':>6s} {'(min)':>6s} {'max abs err':>11s} {'export s':>8s}")
     for res in results:
         for r in res["rows"]:
             print(f"{res['model']:22s} {res['source']:28s} {r['threads']:>3d} {r['ort_ms']:>9.2f} "
                   f"{r['mlc_ms']:>10.2f} {r['ratio']:>6.2f} {r['ratio_min']:>6.2f} "
-                  f"{r['max_abs_err']:>11.2e}")
+                  f"{r['max_abs_err']:>11.2e} {res['export_s']:>8.1f}")
     for t, g in summary(results, threads_list).items():
         n = sum(1 for res in results for r in res["rows"] if r["threads"] == t)
         print(f"geometric mean of mlcpack/ORT (median), {t} thread{'s' * (t > 1)}: {g:.2f} "
@@ -139,6 +143,16 @@ def markdown(results: list[dict], threads_list: list[int]) -> str:
     return "\n".join(lines)
 
 
+def machine() -> str:
+    """The CPU's model name and the number of CPUs this process may use."""
+    cpu = ""
+    if os.path.exists("/proc/cpuinfo"):
+        with open("/proc/cpuinfo") as f:
+            cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")),
+                       "")
+    return f"{cpu or 'unknown CPU'}, {len(os.sched_getaffinity(0))} CPUs"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("models", nargs="*", default=list(corpus.MODELS))
@@ -161,10 +175,9 @@ def main() -> None:
     print_text(results, threads_list)
     if args.markdown:
         print("\n" + markdown(results, threads_list))
+    print(f"machine: {machine()}")
     if args.json:
-        cpu = next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo")
-                    if ln.startswith("model name")), "") if os.path.exists("/proc/cpuinfo") else ""
-        doc = {"cpu": cpu, "threads": threads_list, "results": results,
+        doc = {"machine": machine(), "threads": threads_list, "results": results,
                "geomean": {str(t): g for t, g in summary(results, threads_list).items()}}
         text = json.dumps(doc, indent=1)
         if args.json == "-":
