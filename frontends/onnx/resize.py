@@ -5,6 +5,12 @@ becomes one operator whose per-output-position tables (source indices and weight
 here with numpy, following the ONNX specification: ``nearest`` is a ``take`` with constant
 indices (any dtype); ``linear`` and ``cubic`` (with antialias, exclude_outside, cubic_coeff_a
 and tf_crop_and_resize's extrapolation) are ``resize_axis`` with a weight table.
+
+Two shapes of the tables get cheaper kernels: nearest tables that repeat every element r times
+(an integer scale, in whichever coordinate mode rounds that way) become one ``broadcast_to``
+that copies rows and duplicates values in registers (1x96x64x64 at 2x: 0.15 ms, as ORT, where
+two gathers took 1.4 ms); and an upsampled innermost axis, the only one whose resampling
+gathers along rows, is resampled first, while the tensor is smallest.
 """
 
 from __future__ import annotations
