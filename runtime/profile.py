@@ -5,7 +5,7 @@ Each instruction is a kernel call, a library call or a copy; ``Executor.run_time
 prepared call in ``time.perf_counter_ns``. A profile keeps, per instruction, the mean and the
 minimum over the runs, its share of the summed means, the source-model nodes it came from (the
 header's optional ``source`` records, absent in bundles made before them) and, for contractions
-(the header's optional ``macs``), GFLOP/s at the mean time. It renders as plain text, a JSON
+(the header's optional ``macs``), GFLOP/s at the minimum time. It renders as plain text, a JSON
 document, and a Chrome trace (``ph: "X"`` events, microseconds) that Perfetto and
 chrome://tracing open.
 """
@@ -104,10 +104,11 @@ class InstructionTime:
 
     @property
     def gflops(self) -> float | None:
-        """Contractions only: 2 flops per multiply-add, at the mean time."""
-        if not self.step.macs or self.mean_us <= 0:
+        """Contractions only: 2 flops per multiply-add, at the minimum time (what the kernel
+        does when nothing else takes the core; on a busy machine the mean says little)."""
+        if not self.step.macs or self.min_us <= 0:
             return None
-        return 2 * self.step.macs / (self.mean_us * 1e3)
+        return 2 * self.step.macs / (self.min_us * 1e3)
 
 
 @dataclass
@@ -271,7 +272,7 @@ def rich_table(profile: Profile, top: int | None = None) -> Any:
                       "", f"{sum(t.share for t in rest):.1f}%", "")
     table.caption = (f"run: mean {profile.total_mean_us:.1f} µs, min {profile.total_min_us:.1f} µs"
                      f"; instructions sum {profile.kernels_sum_us:.1f} µs (the rest is the VM "
-                     "loop and the timer)")
+                     "loop and the timer); GFLOP/s at the min time")
     table.caption_justify = "left"
     return table
 
