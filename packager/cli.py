@@ -288,9 +288,11 @@ def export(
                                "mismatch (default on)"),
     check_input: list[str] = typer.Option([], help="input for the check: name=file.npy "
                                           "(repeatable; default seeded random)"),
-    check_rtol: float = typer.Option(1e-3, help="golden check relative tolerance"),
+    check_rtol: float = typer.Option(1e-3, help="golden check relative tolerance, times "
+                                     "|reference|"),
     check_atol: float = typer.Option(1e-4, help="golden check absolute tolerance, times the "
-                                     "output's largest |value|"),
+                                     "output's largest |value| (never below 64 float32 "
+                                     "roundings of the values that computed it)"),
     debug: bool = typer.Option(False, help="show tracebacks"),
 ) -> None:
     """Compile a model into one .mlc bundle."""

@@ -46,7 +46,8 @@ class ExportOptions:
     check_seed: int = 0
     check_rtol: float = 1e-3
     check_atol: float = 1e-4                  # times the output's scale (its largest |value|)
-    # feeds (bundle input names) -> outputs (bundle output names); None: the IR's numpy reference
+    # feeds (bundle input names) -> outputs (bundle output names); None: the IR's numpy reference.
+    # A golden.Reference with refuses=False (onnx.reference) is advice: it warns, never fails.
     reference: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]] | None = None
     reference_name: str | None = None
 
@@ -66,6 +67,7 @@ class ExportReport:
     targets: list[Target] = field(default_factory=list)  # one code variant each
     plans: list[dict] = field(default_factory=list)  # per batch size (dynamic batch bundles)
     check: str | None = None                  # what the golden check did, one line
+    check_warnings: list[str] = field(default_factory=list)  # advice that did not fail it
 
 
 def compile_module(mod: IRModule, params: Mapping[str, np.ndarray] | None = None,
@@ -314,7 +316,8 @@ def _export(mods: dict[int | None, IRModule], path: str | os.PathLike,
         arena_bytes=reports[-1]["arena_bytes"],
         intermediate_bytes=reports[-1]["intermediate_bytes"],
         seconds=time.perf_counter() - t0, targets=first_targets,
-        plans=reports if batched else [], check=check_note)
+        plans=reports if batched else [], check=check_note,
+        check_warnings=list(golden.warnings) if golden is not None else [])
 
 
 def file_sha256(path: str | os.PathLike) -> str:
