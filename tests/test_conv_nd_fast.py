@@ -108,6 +108,16 @@ POOL_CASES = {
                                                   count_include_pad=1), (1, 2, 6, 7, 8)),
     "avg_same_lower": ("AveragePool", dict(kernel_shape=[2, 3, 3], strides=[2, 1, 2],
                                            auto_pad="SAME_LOWER"), (1, 2, 5, 6, 7)),
+    "avg_2d_p1": ("AveragePool", dict(kernel_shape=[3, 3], pads=[1] * 4), (1, 4, 9, 10)),
+    "avg_2d_s2_ceil_include": ("AveragePool", dict(kernel_shape=[3, 3], strides=[2, 2],
+                                                   pads=[1, 0, 0, 1], ceil_mode=1,
+                                                   count_include_pad=1), (2, 3, 9, 10)),
+    "avg_2d_s2_ceil": ("AveragePool", dict(kernel_shape=[2, 3], strides=[3, 2], pads=[0, 1, 1, 1],
+                                           ceil_mode=1), (1, 3, 10, 11)),
+    "avg_2d_stride3_generic": ("AveragePool", dict(kernel_shape=[3, 3], strides=[3, 3],
+                                                   pads=[1] * 4), (1, 2, 10, 10)),
+    "avg_2d_one_channel": ("AveragePool", dict(kernel_shape=[3, 3], pads=[1] * 4),
+                           (1, 1, 7, 8)),
     "max_1d": ("MaxPool", dict(kernel_shape=[3], strides=[2], pads=[1, 1]), (1, 4, 15)),
     "max_1d_ceil_dilated": ("MaxPool", dict(kernel_shape=[3], strides=[2], dilations=[2],
                                             ceil_mode=1), (2, 3, 16)),
@@ -208,6 +218,16 @@ def test_3d_max_pool_is_two_fast_2d_pools() -> None:
     mod = build_op_module("nn.pool", [rand(1, 4, 6, 8, 8)], mode="max", kernel=(3, 3, 3),
                           strides=(2, 2, 2), padding=(1,) * 6, dilation=(1, 1, 1))
     assert _kernels(mod) == ["max_pool2d", "max_pool2d"]
+
+
+def test_padded_average_pool_is_a_depthwise_conv() -> None:
+    # the window counts differ at the borders: a multiply, fused into the conv's epilogue
+    mod = build_op_module("nn.avg_pool2d", [rand(1, 4, 8, 8)], kernel=(3, 3), strides=(1, 1),
+                          padding=(1, 1, 1, 1))
+    after = decompose_conv_nd(mod)
+    assert [b.value.op for b in after.main.bindings() if isinstance(b.value, Call)] == \
+        ["nn.conv2d", "multiply"]
+    assert _kernels(mod) == ["conv2d"]
 
 
 def test_lp_pool_keeps_the_generic_kernel() -> None:

@@ -138,8 +138,50 @@ def _pool_2d(em: _Emitter, x: Value, mode: str, kernel, strides, padding, dilati
                   ceil_mode=bool(attrs.get("ceil_mode", False)))
     if mode == "max":
         return em.emit("nn.max_pool2d", [x], final=final, dilation=tuple(dilation), **common)
-    return em.emit("nn.avg_pool2d", [x], final=final, dilation=(1, 1),
-                   count_include_pad=bool(attrs.get("count_include_pad", False)), **common)
+    common["count_include_pad"] = bool(attrs.get("count_include_pad", False))
+    if strides[1] in (1, 2):
+        return _avg_as_depthwise(em, x, final=final, **common)
+    return em.emit("nn.avg_pool2d", [x], final=final, dilation=(1, 1), **common)
+
+
+def _window_counts(size: int, k: int, s: int, pad0: int, pad1: int, out: int,
+                   count_include_pad: bool) -> np.ndarray:
+    """Elements an average divides by, per output position along one axis (as nn.avg_pool2d)."""
+    start = np.arange(out) * s - pad0
+    end = np.minimum(start + k, size + pad1)
+    if count_include_pad:
+        return end - start
+    return np.minimum(end, size) - np.maximum(start, 0)
+
+
+def _avg_as_depthwise(em: _Emitter, x: Value, kernel, strides, padding, ceil_mode: bool,
+                      count_include_pad: bool, final: bool = False) -> Value:
+    """An average pool as a depthwise convolution with a constant window (the depthwise kernel
+    reads padding without bounds checks; the generic pool's clamped reads do not vectorize),
+    then, where windows hold different counts, a multiply by 1 / count per output position
+    (fused into the convolution's epilogue). ``ceil_mode`` windows reach into zero padding."""
+    n, c, h, w = x.type.shape
+    out_type = get_op("nn.avg_pool2d").infer(x.type, kernel=kernel, strides=strides,
+                                            padding=padding, ceil_mode=ceil_mode,
+                                            count_include_pad=count_include_pad)
+    _, _, oh, ow = out_type.shape
+    (kh, kw), (sh, sw), (pt, pl, pb, pr) = kernel, strides, padding
+    counts = np.outer(_window_counts(h, kh, sh, pt, pb, oh, count_include_pad),
+                      _window_counts(w, kw, sw, pl, pr, ow, count_include_pad))
+    uniform = bool(np.all(counts == kh * kw))
+    em.count += 1
+    weight = Constant(f"{em.binding.var.name}_window{em.count}",
+                      np.full((c, 1, kh, kw), 1.0 / (kh * kw) if uniform else 1.0, np.float32))
+    # bottom/right padding: exactly what the last window reaches (ceil_mode: beyond the pads)
+    conv_pad = (pt, pl, max(0, (oh - 1) * sh + kh - h - pt), max(0, (ow - 1) * sw + kw - w - pl))
+    y = em.emit("nn.conv2d", [x, weight], final=final and uniform, strides=tuple(strides),
+                padding=conv_pad, dilation=(1, 1), groups=c)
+    if uniform:
+        return y
+    em.count += 1
+    scale = Constant(f"{em.binding.var.name}_counts{em.count}",
+                     (1.0 / counts).astype(np.float32).reshape(1, 1, oh, ow))
+    return em.emit("multiply", [y, scale], final=final)
 
 
 def _pool_3d(em: _Emitter, x: Value, mode: str, attrs: dict) -> None:
@@ -196,6 +238,16 @@ def _rewrite_pool(binding: Binding, out: list[Binding]) -> None:
         em.reshape(y, binding.var.type.shape, final=True)
 
 
+def _rewrite_avg_pool2d(binding: Binding, out: list[Binding]) -> None:
+    call = binding.value
+    attrs = dict(call.attrs)
+    _avg_as_depthwise(_Emitter(binding, out), call.args[0], tuple(attrs.get("kernel", (1, 1))),
+                      tuple(attrs.get("strides", (1, 1))),
+                      tuple(attrs.get("padding", (0, 0, 0, 0))),
+                      bool(attrs.get("ceil_mode", False)),
+                      bool(attrs.get("count_include_pad", False)), final=True)
+
+
 # ---- the pass -----------------------------------------------------------------------------------
 
 def _rewritable(v: object) -> bool:
@@ -208,6 +260,8 @@ def _rewritable(v: object) -> bool:
     if v.op == "nn.pool":
         mode = v.attrs.get("mode", "max")
         return mode == "max" or mode == "avg" and all(d == 1 for d in v.attrs["dilation"])
+    if v.op == "nn.avg_pool2d":
+        return v.attrs.get("strides", (1, 1))[1] in (1, 2)
     return False
 
 
@@ -224,6 +278,8 @@ def decompose_conv_nd(mod: IRModule) -> IRModule:
                     bindings.append(b)
                 elif b.value.op == "nn.conv":
                     _rewrite_conv(b, bindings)
+                elif b.value.op == "nn.avg_pool2d":
+                    _rewrite_avg_pool2d(b, bindings)
                 else:
                     _rewrite_pool(b, bindings)
             blocks.append(type(block)(bindings) if isinstance(block, DataflowBlock)
