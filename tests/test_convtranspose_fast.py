@@ -157,11 +157,12 @@ def test_against_numpy_reference_with_odd_pads(attrs, x_shape, w_shape, tmp_path
     ((16, 8, 2, 2), dict(strides=(2, 2), padding=(0, 0, 0, 0))),
     ((16, 8, 4, 4), dict(strides=(2, 2), padding=(1, 1, 1, 1))),
 ])
-def test_two_threads(w_shape, attrs, tmp_path) -> None:
+@pytest.mark.parametrize("threads,target", [(2, None), (1, "x86-64-v2")])
+def test_two_threads_and_v2(w_shape, attrs, threads, target, tmp_path) -> None:
     x, w, b = rand(1, 16, 24, 20), rand(*w_shape), rand(8)
     full = dict(attrs, dilation=(1, 1), output_padding=(0, 0))
     mod = build_op_module("nn.conv_transpose", [x, w, b], [False, True, True], **full)
-    got = compile_and_run(mod, {"x0": x}, tmp_path, threads=2)["y"]
+    got = compile_and_run(mod, {"x0": x}, tmp_path, target=target, threads=threads)["y"]
     np.testing.assert_allclose(got, get_op("nn.conv_transpose").reference(x, w, b, **full),
                                rtol=1e-4, atol=1e-4)
 
