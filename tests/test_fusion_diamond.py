@@ -278,3 +278,30 @@ def test_dot_product_kernel_other_targets(target, tmp_path):
         return
     _, compiled, _ = compile_module(mod, target=target)
     assert undefined_symbols(compiled.object_code) <= set(ALLOWED_EXTERNALS)
+
+
+@pytest.mark.parametrize("threads", [1, 2, 9])
+@pytest.mark.parametrize("cfg", [
+    dict(x=(1, 128, 10, 10), kernel=(5, 5), strides=(1, 1), padding=(2, 2, 2, 2)),  # SPPF
+    dict(x=(1, 40, 40, 43), kernel=(5, 5), strides=(1, 1), padding=(2, 2, 2, 2)),  # parallel
+    dict(x=(2, 5, 13, 21), kernel=(3, 3), strides=(2, 2), padding=(1, 1, 1, 1)),
+    dict(x=(1, 3, 17, 9), kernel=(4, 2), strides=(1, 2), padding=(0, 1, 2, 0),
+         dilation=(2, 1)),
+])
+def test_separable_max_pool_on_threads(cfg, threads, tmp_path):
+    """The separable max pool (row maxima in per-task workspace regions, then column maxima)
+    on 1, 2 and 9 threads (more tasks than regions: the extra ones get no planes), NaN
+    propagated."""
+    from mlcpack.packager.ops import get_op
+
+    from helpers import build_op_module
+
+    cfg = dict(cfg)
+    x = _rand(*cfg.pop("x"))
+    x[0, 1, 2, 3] = np.nan
+    mod = build_op_module("nn.max_pool2d", [x], **cfg)
+    path = tmp_path / "m.mlc"
+    export_module(mod, path, ExportOptions())
+    with load(path, threads=threads) as model:
+        got = model.run({"x0": x})["y"]
+    np.testing.assert_array_equal(got, get_op("nn.max_pool2d").reference(x, **cfg))
