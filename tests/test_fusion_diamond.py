@@ -305,3 +305,24 @@ def test_separable_max_pool_on_threads(cfg, threads, tmp_path):
     with load(path, threads=threads) as model:
         got = model.run({"x0": x})["y"]
     np.testing.assert_array_equal(got, get_op("nn.max_pool2d").reference(x, **cfg))
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("axis", [0, 1, 2])
+def test_concat_loops_split_per_input(axis, threads, tmp_path):
+    """Concatenation (a chain of selects on the axis) is emitted as one copy loop per input
+    range, also on the axis split over tasks; YOLOv8's head concatenates along the last axis."""
+    shapes = [tuple(n if d == axis else (3, 144, 40)[d] for d, n in enumerate(s))
+              for s in [(2, 100, 40), (5, 17, 17), (1, 27, 5)]]
+    xs = [_rand(*s) for s in shapes]
+    bb = BlockBuilder()
+    params = [bb.input(f"x{i}", s, "float32") for i, s in enumerate(shapes)]
+    with bb.function("main", params):
+        with bb.dataflow():
+            out = bb.emit_output(bb.emit_op("concat", *params, axis=axis))
+        bb.emit_func_output(out, names=["y"])
+    path = tmp_path / "m.mlc"
+    export_module(bb.get(), path, ExportOptions())
+    with load(path, threads=threads) as model:
+        got = model.run({f"x{i}": x for i, x in enumerate(xs)})["y"]
+    np.testing.assert_array_equal(got, np.concatenate(xs, axis=axis))
