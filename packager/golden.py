@@ -52,6 +52,11 @@ class ReferenceUnavailable(Exception):
     """The reference cannot evaluate this model (the check is skipped, and says so)."""
 
 
+class IntegerDivisionByZero(ReferenceUnavailable):
+    """The check input makes the model divide an integer by zero, which compiled code (x86's
+    idiv) may trap on, killing the process: the bundle is not run on it."""
+
+
 @dataclass
 class Golden:
     inputs: dict[str, np.ndarray]
@@ -165,6 +170,11 @@ def evaluate_ir(mod: IRModule, feeds: Mapping[str, np.ndarray],
             continue
         if isinstance(v, Call):
             args = [value(a) for a in v.args]
+            if v.op in ("divide", "mod") and len(args) == 2 and args[1].dtype.kind in "iu" \
+                    and not np.all(args[1]):
+                raise IntegerDivisionByZero(
+                    f"the check input divides an integer by zero ({b.var.name}; integer inputs "
+                    "are zeros by default: give real ones with --check-input)")
             result = np.asarray(get_op(v.op).reference(*args, **v.attrs))
             env[id(b.var)] = result.astype(v.type.dtype, copy=False).reshape(v.type.shape)
             moves = get_op(v.op).kind in (VIEW, INJECTIVE)
@@ -278,6 +288,9 @@ def prepare_golden(mod: IRModule, params: Mapping[str, np.ndarray] | None, opts:
     try:
         with np.errstate(all="ignore"):  # random inputs may meet log(-1): NaN, not a warning
             ir_outputs = evaluate_ir(mod, inputs, params, magnitudes)
+    except IntegerDivisionByZero as exc:
+        return Golden(inputs, {}, IR_REFERENCE, seed, opts.check_rtol, opts.check_atol,
+                      skipped=str(exc))
     except _REFERENCE_ERRORS as exc:
         magnitudes, ir_failed = {}, _failure(IR_REFERENCE, exc)
     name = (opts.reference_name or getattr(reference, "name", "the given reference")) \
