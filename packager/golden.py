@@ -407,6 +407,15 @@ def second_opinion(model: Any, golden: Golden, result: CheckResult) -> CheckResu
     return again
 
 
+def _not_run_here(exc: Exception, tmp: str, path: str, extra: str) -> str:
+    """The summary's note for a bundle this host cannot run: the user's file name, never the
+    temporary one, and no "export again" advice (the user chose that target on purpose)."""
+    name = os.path.basename(path)
+    why = str(exc).replace(os.path.basename(tmp), name).split(": export again")[0]
+    return (f"golden check not run on this host: {why}; run `mlcpack verify {name}` (or "
+            f"mlcpack-run verify) on a machine it targets{extra}")
+
+
 def write_checked(writer: Any, path: str | os.PathLike, header: dict, signer: Any,
                   golden: Golden, note: str | None) -> tuple[int, str]:
     """Write the bundle next to ``path``, run it with the runtime, compare with the golden
@@ -432,7 +441,7 @@ def write_checked(writer: Any, path: str | os.PathLike, header: dict, signer: An
             try:
                 model = load(tmp)
             except (CpuFeatureError, LibraryFunctionError) as exc:
-                model, result_note = None, f"golden check not run on this host: {exc}{extra}"
+                model, result_note = None, _not_run_here(exc, tmp, path, extra)
             except MlcpackError as exc:
                 raise _export_error(f"golden check: the exported bundle does not load ({exc}); "
                                     "nothing written") from None
