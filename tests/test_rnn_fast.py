@@ -316,3 +316,11 @@ def test_aarch64_bundles_match_onnxruntime_under_qemu(tmp_path) -> None:
         for out, want in outs.items():
             np.testing.assert_allclose(got[name][out], want, rtol=RTOL, atol=ATOL,
                                        err_msg=f"{name} {out}")
+
+
+def test_recurrence_kernel_reports_its_multiply_adds() -> None:
+    """The profiler's GFLOP/s for the recurrence: T * B * D * G * H * H multiply-adds."""
+    model, _ = rnn_model("GRU", 7, 2, 5, 12, "bidirectional", lbr=1)
+    optimized, _, _ = compile_module(import_onnx(model)[0])
+    (func,) = [f for n, f in optimized.prim_funcs().items() if n.startswith("recurrence")]
+    assert func.attrs["macs"] == 7 * 2 * 2 * 3 * 12 * 12
