@@ -61,7 +61,7 @@ class _Emitter:
             return x
         if isinstance(x, Constant):   # weights: rearranged once, at export
             self.count += 1
-            return Constant(f"{x.name}_2d", np.ascontiguousarray(x.data.reshape(shape)))
+            return Constant(f"{x.name}_2d{self.count}", np.ascontiguousarray(x.data.reshape(shape)))
         return self.emit("reshape", [x], final=final, shape=tuple(shape))
 
 
