@@ -172,6 +172,7 @@ class KernelEmitter:
         self.func = func
         self.symbol = symbol
         self.buffers: dict[int, ir.Value] = {}
+        self._reduce_memo: dict[int, ir.Value] | None = None
 
     def emit(self) -> KernelInfo:
         func = self.func
@@ -262,7 +263,11 @@ class KernelEmitter:
 
         def nest(d: int, body: te.Expr) -> None:
             if d == len(stage.shape):
+                # a reduction the body reads twice (y * sigmoid(y) after a generic sum) is
+                # computed once per element: straight-line code, the first result dominates
+                self._reduce_memo = {}
                 value = self._value(body, env)
+                self._reduce_memo = None
                 self._store(out_ptr, stage, [env[id(a)] for a in stage.axes], value)
                 return
             extent = const_i64(stage.shape[d])
@@ -340,7 +345,14 @@ class KernelEmitter:
         if isinstance(e, te.MathCall):
             return self._math(e.name, self._value(e.arg, env))
         if isinstance(e, te.Reduce):
-            return self._reduce(e, env)
+            memo = self._reduce_memo
+            if memo is None:
+                return self._reduce(e, env)
+            if id(e) not in memo:
+                self._reduce_memo = None   # reductions inside its loop are not kept
+                memo[id(e)] = self._reduce(e, env)
+                self._reduce_memo = memo
+            return memo[id(e)]
         raise LoweringError(f"{self.func.name}: cannot lower {type(e).__name__}")
 
     def _reduce(self, e: te.Reduce, env: dict[int, ir.Value]) -> ir.Value:
