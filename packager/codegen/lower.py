@@ -424,13 +424,26 @@ class KernelEmitter:
             return b.select(less, y, x) if op == "max" else b.select(less, x, y)
         if op in ("add", "sub", "mul"):
             return {"add": b.add, "sub": b.sub, "mul": b.mul}[op](x, y)
-        if op in ("div", "floordiv") and not signed:
-            return b.udiv(x, y)
-        if op == "mod" and not signed:
-            return b.urem(x, y)
         if op in ("div", "floordiv", "mod"):
-            return self._floor_divmod(x, y, op)
+            return self._integer_divmod(x, y, op, signed)
         raise LoweringError(f"{self.func.name}: integer op {op} is not supported")
+
+    def _integer_divmod(self, x: ir.Value, y: ir.Value, op: str, signed: bool) -> ir.Value:
+        """Integer division that never traps: x86's div/idiv raise SIGFPE on a zero divisor (and
+        idiv on MIN / -1), which would kill the whole interpreter. A zero divisor gives 0, as
+        numpy does; a divisor of -1 gives -x (wrapping) and remainder 0, without dividing."""
+        b = self.builder
+        zero, one = ir.Constant(x.type, 0), ir.Constant(x.type, 1)
+        by_zero = b.icmp_unsigned("==", y, zero)
+        if not signed:
+            safe = b.select(by_zero, one, y)
+            value = b.udiv(x, safe) if op != "mod" else b.urem(x, safe)
+            return b.select(by_zero, zero, value)
+        by_minus_one = b.icmp_signed("==", y, ir.Constant(x.type, -1))
+        safe = b.select(b.or_(by_zero, by_minus_one), one, y)
+        value = self._floor_divmod(x, safe, op)
+        special = zero if op == "mod" else b.select(by_zero, zero, b.sub(zero, x))
+        return b.select(b.or_(by_zero, by_minus_one), special, value)
 
     def _floor_divmod(self, x: ir.Value, y: ir.Value, op: str) -> ir.Value:
         # Python semantics: the quotient rounds toward -inf and the remainder has y's sign.
