@@ -537,6 +537,11 @@ class ContractionEmitter(KernelEmitter):
         if g["direct"]:
             return 0
         nbytes = (g["planes_floats"] + g["slack_total"]) * 4
+        if not g["per_group"]:
+            # Tasks share the planes of one image and run without a barrier, so a task that
+            # moves on to the next image must not overwrite planes another task still reads:
+            # every image of the batch has planes of its own.
+            nbytes *= self.match.tag.operands[0].shape[0]
         return -(-nbytes // WORKSPACE_ALIGN) * WORKSPACE_ALIGN
 
     def _batch_offset(self, t: te.Tensor, bidx: list[ir.Value]) -> ir.Value:
@@ -776,9 +781,11 @@ class ContractionEmitter(KernelEmitter):
                     src = x_img
                 else:
                     # Every task fills the plane rows its panels read (identical values where
-                    # tasks overlap): no barrier.
-                    self._fill_planes(g, x_img, planes, rows=self._task_rows(g, task, ntasks))
-                    src = planes
+                    # tasks overlap): no barrier. Each image has its own planes (see
+                    # _workspace_bytes), so no task overwrites rows another still reads.
+                    src = b.gep(planes, [b.mul(n, const_i64(g["planes_floats"] + g["slack_total"]))],
+                                inbounds=True)
+                    self._fill_planes(g, x_img, src, rows=self._task_rows(g, task, ntasks))
                 lo, hi = self._split(g["groups"] * mblocks * g["panels"], task, ntasks)
                 with for_range(b, lo, hi, "work") as work:
                     if g["panel_outer"]:   # block row innermost: a planes panel is reused

@@ -149,8 +149,12 @@ def _conv_3d(em: _Emitter, x: Value, w: Value, attrs: dict) -> None:
 def _rewrite_conv(binding: Binding, out: list[Binding]) -> None:
     call = binding.value
     x, w = call.args
-    attrs = {"strides": tuple(call.attrs["strides"]), "padding": tuple(call.attrs["padding"]),
-             "dilation": tuple(call.attrs["dilation"]), "groups": int(call.attrs.get("groups", 1))}
+    # a call built without an attribute takes the op's default (every stride/dilation 1, no pads)
+    n = len(x.type.shape) - 2
+    attrs = {"strides": tuple(call.attrs.get("strides") or (1,) * n),
+             "padding": tuple(call.attrs.get("padding") or (0,) * (2 * n)),
+             "dilation": tuple(call.attrs.get("dilation") or (1,) * n),
+             "groups": int(call.attrs.get("groups", 1))}
     em = _Emitter(binding, out)
     if len(x.type.shape) < 5 and all(d == 1 for d in attrs["dilation"]):
         _conv_2d(em, x, w, attrs)
