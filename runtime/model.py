@@ -156,6 +156,7 @@ class Model:
         self._images: list[elf.CodeImage] = []
         self._executors: list[vm.Executor] = []
         self._plans: list[_Plan] = []
+        self._symbolic: Any = None   # a symbolic.SymbolicRunner for format-1.3 bundles
         self.batch: BatchInfo | None = None
         self.signed_by: str | None = None
         try:
@@ -178,6 +179,15 @@ class Model:
         self.labels = h.get("labels") if isinstance(h.get("labels"), list) else None
         self.preprocess = h.get("preprocess") if isinstance(h.get("preprocess"), dict) else None
         constants = self._constants(h.get("constants"))
+        if "symbolic" in h:   # symbolic shapes: plans made per input size at run time
+            from .symbolic import SymbolicRunner
+            check_disjoint([(f"constant {i}", ref) for i, ref in enumerate(self._constant_refs)],
+                           name)
+            self._symbolic = SymbolicRunner(self, h, constants, library_functions, threads)
+            self.inputs, self.outputs = self._symbolic.inputs, self._symbolic.outputs
+            self._input_names = frozenset(s.name for s in self.inputs)
+            self.num_instructions = len(self._symbolic.program)
+            return
         # A dynamic-batch bundle (format 1.1) holds one plan per batch size under "plans"; an
         # older bundle is one plan, the header itself.
         rows, self.batch = _plan_rows(h, name)
@@ -391,8 +401,18 @@ class Model:
 
     def run(self, feeds: Mapping[str, Any]) -> dict[str, np.ndarray]:
         """Run once on ``feeds`` (input name -> array); return output name -> new array."""
+        if self._symbolic is not None:
+            self._check_names(feeds)
+            with self._lock:
+                return self._symbolic.run(feeds)
         if self._executor is None:
             raise InputError(f"{self.name} is closed")
+        self._check_names(feeds)
+        if self.batch is not None:
+            return self._run_batched(feeds)
+        return self._run_static(feeds)
+
+    def _check_names(self, feeds: Mapping[str, Any]) -> None:
         if feeds.keys() != self._input_names:
             unknown = sorted(set(feeds) - self._input_names)
             missing = [s.name for s in self.inputs if s.name not in feeds]
@@ -400,8 +420,8 @@ class Model:
                              + (f"unknown: {unknown}" if unknown else "")
                              + ("; " if unknown and missing else "")
                              + (f"missing: {missing}" if missing else ""))
-        if self.batch is not None:
-            return self._run_batched(feeds)
+
+    def _run_static(self, feeds: Mapping[str, Any]) -> dict[str, np.ndarray]:
         values = []
         for spec, _, store, _ in self._feeds:
             value = feeds[spec.name]
@@ -517,6 +537,9 @@ class Model:
 
     def close(self) -> None:
         """Release the code mapping and the file; the model cannot run afterwards."""
+        if getattr(self, "_symbolic", None) is not None:
+            self._symbolic.close()
+            self._symbolic = None
         for executor in getattr(self, "_executors", []):
             executor.close()
         for image in getattr(self, "_images", []):

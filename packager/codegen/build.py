@@ -13,7 +13,7 @@ from llvmlite import ir
 from ..ir.graph import PrimFunc
 from ..ir.structure import structural_key
 from .gemm import emit_contraction, vector_width
-from .lower import KernelInfo, emit_kernel
+from .lower import KernelInfo, emit_kernel, is_symbolic
 from .pool import emit_max_pool
 from .objinfo import undefined_symbols
 from .target import Target
@@ -53,7 +53,10 @@ def _target_machine(target: Target) -> llvm.TargetMachine:
 KERNEL_RULES = (emit_contraction, emit_max_pool)
 
 
-def _emit(module: ir.Module, func: PrimFunc, symbol: str, vl: int) -> KernelInfo:
+def _emit(module: ir.Module, func: PrimFunc, symbol: str, vl: int,
+          size_vars: tuple[str, ...] = ()) -> KernelInfo:
+    if size_vars and is_symbolic(func):   # run-time extents: the generic lowering only (yet)
+        return emit_kernel(module, func, symbol, size_vars)
     for rule in KERNEL_RULES:
         info = rule(module, func, symbol, vl)
         if info is not None:
@@ -61,8 +64,11 @@ def _emit(module: ir.Module, func: PrimFunc, symbol: str, vl: int) -> KernelInfo
     return emit_kernel(module, func, symbol)
 
 
-def compile_prim_funcs(funcs: Sequence[PrimFunc], target: Target) -> CompiledCode:
-    """Compile ``funcs`` into one object for ``target``; kernel symbols are ``mlc_<name>``."""
+def compile_prim_funcs(funcs: Sequence[PrimFunc], target: Target,
+                       size_vars: tuple[str, ...] = ()) -> CompiledCode:
+    """Compile ``funcs`` into one object for ``target``; kernel symbols are ``mlc_<name>``.
+    ``size_vars`` (a symbolic module's size variables, in the order of the runtime's sizes
+    array) gives symbolic kernels their run-time extents."""
     module = ir.Module(name="mlcpack_kernels")
     module.triple = target.triple
     vl = vector_width(target.name)
@@ -76,7 +82,7 @@ def compile_prim_funcs(funcs: Sequence[PrimFunc], target: Target) -> CompiledCod
             kernels[f.name] = kernels[first[key]]
         else:
             first[key] = f.name
-            kernels[f.name] = _emit(module, f, SYMBOL_PREFIX + f.name, vl)
+            kernels[f.name] = _emit(module, f, SYMBOL_PREFIX + f.name, vl, size_vars)
     emit_thread_pool(module, target)
     text = str(module)
     try:
