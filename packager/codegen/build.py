@@ -12,7 +12,7 @@ from llvmlite import ir
 
 from ..ir.graph import PrimFunc
 from ..ir.structure import structural_key
-from .gemm import emit_contraction, vector_width
+from .gemm import emit_contraction, emit_symbolic_matmul, vector_width
 from .lower import KernelInfo, emit_kernel, is_symbolic
 from .pool import emit_max_pool
 from .objinfo import undefined_symbols
@@ -55,8 +55,9 @@ KERNEL_RULES = (emit_contraction, emit_max_pool)
 
 def _emit(module: ir.Module, func: PrimFunc, symbol: str, vl: int,
           size_vars: tuple[str, ...] = ()) -> KernelInfo:
-    if size_vars and is_symbolic(func):   # run-time extents: the generic lowering only (yet)
-        return emit_kernel(module, func, symbol, size_vars)
+    if size_vars and is_symbolic(func):   # run-time extents: matmul fast path, else generic
+        return (emit_symbolic_matmul(module, func, symbol, vl, size_vars)
+                or emit_kernel(module, func, symbol, size_vars))
     for rule in KERNEL_RULES:
         info = rule(module, func, symbol, vl)
         if info is not None:
