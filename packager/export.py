@@ -104,8 +104,17 @@ def compile_variants(mod: IRModule, params: Mapping[str, np.ndarray] | None = No
         raise ExportError(str(exc)) from None
     except SymbolicShapeError as exc:
         raise ExportError(f"{exc}: this model needs static shapes here; fix the input sizes "
-                          "with --input-shape (e.g. x=1,3,224,224)") from None
+                          f"with {_input_shape_example(mod)}") from None
     return mod, variants, program
+
+
+def _input_shape_example(mod: IRModule) -> str:
+    """``--input-shape x=1,3,16,16``: the first input with symbolic dims, each of them at 1."""
+    for p in mod.main.params:
+        if any(not isinstance(d, int) for d in p.type.shape):
+            dims = ",".join(str(d) if isinstance(d, int) else "1" for d in p.type.shape)
+            return f"--input-shape {p.name}={dims}"
+    return "--input-shape"
 
 
 def _common_kernels(variants: list[CompiledCode]) -> dict[str, KernelInfo]:

@@ -53,6 +53,21 @@ def evaluate(rec: Any, env: Mapping[str, int]) -> int:
     raise BundleError(f"bundle header: malformed dim record {rec!r}")
 
 
+def example_shape(shape: Any, size: int = 1) -> tuple[int, ...]:
+    """A concrete shape for a (maybe symbolic) shape: every size variable at ``size``."""
+    env = _Everything(size)
+    return tuple(evaluate(d, env) for d in shape)
+
+
+class _Everything(dict):
+    def __init__(self, value: int) -> None:
+        super().__init__()
+        self.value = value
+
+    def __missing__(self, key: str) -> int:
+        return self.value
+
+
 def dim_text(rec: Any) -> str:
     """A dim record as the IR printer shows it (``batch``, ``batch * seq``)."""
     if isinstance(rec, (int, str)):

@@ -162,3 +162,53 @@ def test_encoder_symbolic_batch_and_sequence(tmp_path: Path, batch: int, seq: in
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=2e-4)
         with pytest.raises(InputError, match=r"must agree"):
             m.run({"ids": ids, "positions": np.zeros((batch, seq + 1), np.int64)})
+
+
+def conv_model() -> onnx.ModelProto:
+    w = np.random.default_rng(2).standard_normal((8, 3, 3, 3)).astype(np.float32)
+    g = helper.make_graph(
+        [helper.make_node("Conv", ["x", "W"], ["y"], pads=[1, 1, 1, 1])], "conv",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, 16, 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], [_const("W", w)])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_conv_with_symbolic_batch_is_refused_in_one_line(tmp_path: Path) -> None:
+    from mlcpack.packager.errors import ExportError
+    with pytest.raises(ExportError, match=r"conv2d with symbolic shapes .* fix the input sizes "
+                                          r"with --input-shape x=1,3,16,16$"):
+        _export(conv_model(), tmp_path, "conv")
+    _export(conv_model(), tmp_path, "conv", {"x": (2, 3, 16, 16)})   # fixed: as before
+
+
+def test_cli_named_dim_and_inspect(tmp_path: Path, run_cli) -> None:
+    onnx.save(mlp_model(), tmp_path / "m.onnx")
+    proc = run_cli("export", tmp_path / "m.onnx", "-o", tmp_path / "m.mlc",
+                   "--input-shape", "x=N,784")
+    assert proc.returncode == 0, proc.stderr
+    assert "memory planned at run time" in proc.stdout
+    proc = run_cli("inspect", tmp_path / "m.mlc")
+    assert "bundle format 1.3" in proc.stdout and "size variables N" in proc.stdout
+    with load(tmp_path / "m.mlc") as m:
+        for n in (1, 9):
+            assert m(np.ones((n, 784), np.float32)).shape == (n, 10)
+
+
+def test_plans_are_cached_per_shape(tmp_path: Path) -> None:
+    from mlcpack.runtime import symbolic
+    bundle = _export(mlp_model(), tmp_path, "mlp")
+    with load(bundle) as m:
+        runner = m._symbolic
+        for n in (1, 2, 3, 4, 5, 6, 1):
+            m(np.ones((n, 784), np.float32))
+        assert len(runner._plans) == symbolic.PLAN_CACHE
+        assert list(runner._plans)[-1] == (1,)
+
+
+def test_older_reader_refuses_symbolic_bundle(tmp_path: Path, monkeypatch) -> None:
+    from mlcpack.runtime import bundle as bundle_format
+    from mlcpack.runtime.errors import FormatVersionError
+    bundle = _export(mlp_model(), tmp_path, "mlp")
+    monkeypatch.setattr(bundle_format, "SYMBOLIC_MINOR", 2)   # a 1.2 reader
+    with pytest.raises(FormatVersionError, match=r"needs a runtime that reads \[1, 3\]"):
+        load(bundle)

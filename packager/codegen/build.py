@@ -11,10 +11,11 @@ import llvmlite.binding as llvm
 from llvmlite import ir
 
 from ..ir.graph import PrimFunc
+from ..ir.sym import SymbolicShapeError
 from ..ir.structure import structural_key
-from .gemm import emit_contraction, emit_symbolic_matmul, vector_width
+from .gemm import emit_contraction, emit_symbolic_matmul, match_contraction, vector_width
 from .lower import KernelInfo, emit_kernel, is_symbolic
-from .pool import emit_max_pool
+from .pool import emit_max_pool, match_max_pool
 from .objinfo import undefined_symbols
 from .target import Target
 from .threadpool import emit_thread_pool
@@ -56,8 +57,18 @@ KERNEL_RULES = (emit_contraction, emit_max_pool)
 def _emit(module: ir.Module, func: PrimFunc, symbol: str, vl: int,
           size_vars: tuple[str, ...] = ()) -> KernelInfo:
     if size_vars and is_symbolic(func):   # run-time extents: matmul fast path, else generic
-        return (emit_symbolic_matmul(module, func, symbol, vl, size_vars)
-                or emit_kernel(module, func, symbol, size_vars))
+        info = emit_symbolic_matmul(module, func, symbol, vl, size_vars)
+        if info is not None:
+            return info
+        # Convolutions and pools keep their static fast paths only: the generic loop nest
+        # would be many times slower, so a symbolic one is refused (fix the shapes instead).
+        match = match_contraction(func)
+        if (match is not None and match.tag.kind == "conv2d") or match_max_pool(func):
+            kind = match.tag.kind if match is not None else "max pool"
+            raise SymbolicShapeError(f"{func.name}: a {kind} with symbolic shapes ("
+                                     + ", ".join(str(d) for d in func.outputs[0].shape)
+                                     + ") has no fast kernel yet")
+        return emit_kernel(module, func, symbol, size_vars)
     for rule in KERNEL_RULES:
         info = rule(module, func, symbol, vl)
         if info is not None:
