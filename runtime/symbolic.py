@@ -237,6 +237,7 @@ class SymbolicRunner:
         self._plans: OrderedDict[tuple[int, ...], _Plan] = OrderedDict()
         self._by_shape: dict[tuple, tuple[int, ...]] = {}   # input shapes -> plan key
         self._dtypes = [storage_dtype(s.dtype) for s in self.inputs]
+        self._names = [s.name for s in self.inputs]
 
     def _specs(self, rows: Any, what: str) -> list[SymSpec]:
         if not isinstance(rows, list) or not rows:
@@ -325,10 +326,13 @@ class SymbolicRunner:
     def run(self, feeds: Mapping[str, Any]) -> dict[str, np.ndarray]:
         # Fast path: arrays of the right dtypes whose shapes were bound before map straight to
         # their plan's key (a dict lookup instead of binding again).
-        values = [feeds[s.name] for s in self.inputs]
-        key = None
-        if all(type(v) is np.ndarray and v.dtype == d for v, d in zip(values, self._dtypes)):
-            key = tuple(v.shape for v in values)
+        values = [feeds[name] for name in self._names]
+        key: tuple | None = ()
+        for v, d in zip(values, self._dtypes):
+            if type(v) is not np.ndarray or v.dtype != d:
+                key = None
+                break
+            key += (v.shape,)
         plan = self._plans.get(self._by_shape.get(key, ())) if key is not None else None
         if plan is None:
             env, values = self.bind(feeds)

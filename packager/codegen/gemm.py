@@ -556,7 +556,70 @@ class ContractionEmitter(KernelEmitter):
             return _pick_tile(M, N, self.vl)
         return M, max(1, min(8 // M, -(-N // self.vl)))
 
+    def _emit_matmul_symbolic(self, task: ir.Value, ntasks: ir.Value) -> None:
+        """A matmul with a run-time M: fewer rows than the register tile (a batch of one, a
+        short sequence) take a tile of exactly that many rows, wider as the static path picks
+        it for such an M; more take the full tile and a remainder block."""
+        b = self.builder
+        _, M_dim, _, N = self._matmul_shape()
+        mr, nv = self._matmul_tile()
+        M = self._dim_value(M_dim)
+        with b.if_else(b.icmp_signed("<", M, const_i64(mr))) as (small, big):
+            with small:
+                for r in range(1, mr):
+                    nv_r = max(1, min(8 // r, -(-N // self.vl))) if r < 4 else nv
+                    with b.if_then(b.icmp_signed("==", M, const_i64(r))):
+                        self._matmul_panels(task, ntasks, r, nv_r, exact=True)
+            with big:
+                self._matmul_panels(task, ntasks, mr, nv, exact=False)
+
+    def _matmul_panels(self, task: ir.Value, ntasks: ir.Value, mr: int, nv: int,
+                       exact: bool) -> None:
+        """The panel loop of ``_emit_matmul`` for a symbolic matmul with an (mr, nv) tile;
+        ``exact``: M is mr."""
+        b = self.builder
+        out = self.match.out
+        a_t, b_t = self.match.tag.operands
+        batch, _, K_dim, N = self._matmul_shape()
+        K = self._dim_value(K_dim)
+        nr = nv * self.vl
+        panels = -(-N // nr)
+        a_ptr, b_ptr = self.buffers[a_t.uid], self.buffers[b_t.uid]
+        lo, hi = self._split(batch * panels, task, ntasks)
+        with for_range(b, lo, hi, "work") as work:
+            bi = b.sdiv(work, const_i64(panels))
+            jp = b.srem(work, const_i64(panels))
+            bidx, rest = [], bi
+            for n in reversed(out.shape[:-2]):
+                bidx.append(b.srem(rest, self._dim_value(n)))
+                rest = b.sdiv(rest, self._dim_value(n))
+            bidx.reverse()
+            a_base = b.gep(a_ptr, [self._batch_offset(a_t, bidx)], inbounds=True)
+            b_base = b.gep(b_ptr, [self._batch_offset(b_t, bidx)], inbounds=True)
+            n0 = b.mul(jp, const_i64(nr))
+            remaining = b.sub(const_i64(N), n0)
+            masks = [self._lane_mask(remaining, v) for v in range(nv)]
+
+            def panel(masked: bool) -> None:
+                if exact:
+                    self._matmul_rows(const_i64(0), mr, nv, K, a_base, b_base, bidx, n0,
+                                      remaining, masks, masked)
+                else:
+                    self._matmul_panel_symbolic(a_base, b_base, bidx, n0, remaining, masks,
+                                                masked)
+            if N % nr == 0:
+                panel(False)
+            else:
+                with b.if_else(b.icmp_signed(">=", remaining, const_i64(nr))) as (full, part):
+                    with full:
+                        panel(False)
+                    with part:
+                        panel(True)
+
     def _emit_matmul(self, task: ir.Value, ntasks: ir.Value) -> None:
+        if self.symbolic:
+            self._emit_matmul_symbolic(task, ntasks)
+            return
         b = self.builder
         out = self.match.out
         a_t, b_t = self.match.tag.operands
@@ -640,7 +703,8 @@ class ContractionEmitter(KernelEmitter):
     def _matmul_panel_symbolic(self, a_base, b_base, bidx, n0, remaining, masks,
                                masked: bool) -> None:
         """A panel of a matmul whose M (and K, batch dims) are known at run time: blocks of the
-        register tile's rows while whole ones fit, then the remaining rows one at a time."""
+        register tile's rows while whole ones fit, then one block of the rows left (a
+        microkernel for each possible count, 1 .. rows - 1)."""
         b = self.builder
         _, M_dim, K_dim, _ = self._matmul_shape()
         M, K = self._dim_value(M_dim), self._dim_value(K_dim)
@@ -649,8 +713,12 @@ class ContractionEmitter(KernelEmitter):
         with for_range(b, const_i64(0), b.sdiv(M, const_i64(mr)), "mb") as mb:
             self._matmul_rows(b.mul(mb, const_i64(mr)), mr, nv, K, a_base, b_base, bidx, n0,
                               remaining, masks, masked)
-        with for_range(b, full, M, "mrest") as m0:
-            self._matmul_rows(m0, 1, nv, K, a_base, b_base, bidx, n0, remaining, masks, masked)
+        # the last M % mr rows: one block of exactly that many (a branch per count)
+        rest = b.sub(M, full)
+        for r in range(1, mr):
+            with b.if_then(b.icmp_signed("==", rest, const_i64(r))):
+                self._matmul_rows(full, r, nv, K, a_base, b_base, bidx, n0, remaining, masks,
+                                  masked)
 
     def _matmul_rows(self, m0, mr: int, nv: int, K, a_base, b_base, bidx, n0, remaining, masks,
                      masked: bool) -> None:
