@@ -104,7 +104,8 @@ def compile_variants(mod: IRModule, params: Mapping[str, np.ndarray] | None = No
         raise ExportError(str(exc)) from None
     except SymbolicShapeError as exc:
         raise ExportError(f"{exc}: this model needs static shapes here; fix the input sizes "
-                          f"with {_input_shape_example(mod)}") from None
+                          f"with {_input_shape_example(mod)} (a named batch with --batch-sizes "
+                          "gets one static plan per size)") from None
     return mod, variants, program
 
 

@@ -47,7 +47,7 @@ FORMAT_MAJOR = 1
 FORMAT_MINOR = 2
 # Bundles with symbolic shapes (a memory plan computed at run time, runtime/symbolic.py) say
 # format 1.3 with min_reader 1.3, so readers before it refuse them cleanly; every other bundle
-# keeps writing 1.2. This reader reads both.
+# keeps writing 1.2. This reader reads 1.2, and 1.3 bundles that carry the symbolic record.
 SYMBOLIC_MINOR = 3
 TREE_FORMAT = [1, 2]                # the oldest reader of tree-digest bundles
 MAGIC = b"\x83\xa7mlcpack"          # fixmap(3) then the 7-char key "mlcpack"
@@ -324,7 +324,7 @@ class BundleReader:
                 f"{self.name} has bundle format {major}.{minor} (mlcpack {made_by}); this runtime "
                 f"reads format {FORMAT_MAJOR}.x: " + ("upgrade the runtime" if newer else
                                                       "export the model again"))
-        reads = max(FORMAT_MINOR, SYMBOLIC_MINOR)
+        reads = max(FORMAT_MINOR, SYMBOLIC_MINOR) if "symbolic" in header else FORMAT_MINOR
         if minor > reads:
             need = header.get("min_reader", fmt)
             if (not isinstance(need, list) or len(need) != 2
