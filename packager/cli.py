@@ -145,12 +145,69 @@ def _floats(text: Optional[str], flag: str) -> Optional[list[float]]:
 
 
 def _labels(text: Optional[str]) -> Optional[list[str]]:
+    """A labels file (one a line) or a,b,c; a name with no comma that is no file is a missing
+    file (exit 7), not a model with one class."""
     if text is None:
         return None
     if os.path.isfile(text):
         with open(text, encoding="utf-8") as f:
             return [line.strip() for line in f if line.strip()]
+    if "," not in text and (os.sep in text or os.path.splitext(text)[1]):
+        commands.check_files([text], "--labels file")
     return [t.strip() for t in text.split(",")]
+
+
+def _preprocess_options(input_size: Optional[str], color: Optional[str], scale: Optional[float],
+                        mean: Optional[str], std: Optional[str], layout: Optional[str]
+                        ) -> dict[str, Any]:
+    """The image options given, parsed and spelled canonically (``--color XYZ`` or
+    ``--layout NWHC`` fail here, exit 2, before the model is read)."""
+    from ..runtime.preprocess import PreprocessError, normalize_preprocess
+
+    given: dict[str, Any] = {}
+    if input_size:
+        try:
+            given["size"] = [int(v) for v in input_size.lower().replace("x", ",").split(",")]
+        except ValueError:
+            _fail(f"--input-size {input_size!r} should look like 224x224", 2)
+    for key, value in (("color", color), ("layout", layout), ("scale", scale),
+                       ("mean", _floats(mean, "--mean")), ("std", _floats(std, "--std"))):
+        if value is not None:
+            given[key] = value
+    try:
+        normalize_preprocess(given)
+    except PreprocessError as exc:
+        _fail(str(exc), 2)
+    return given
+
+
+def _recorded_preprocess(mod: Any, given: dict[str, Any], labels: Optional[list[str]]
+                         ) -> Optional[dict[str, Any]]:
+    """The preprocessing to record for the module's first input: the default its shape implies,
+    with the given options on top, checked against the input's and first output's shapes so a
+    bundle never records what ``infer`` would fail on (exit 2, before any compile work)."""
+    from ..runtime.model import TensorSpec
+    from ..runtime.preprocess import (PreprocessError, check_labels, check_preprocess,
+                                      default_preprocess, normalize_preprocess)
+
+    first = mod.main.params[0]
+    spec = TensorSpec(first.name, tuple(first.type.shape), first.type.dtype, 0)
+    pre = default_preprocess(spec)
+    try:
+        if labels is not None:
+            out = mod.main.outputs[0]
+            name = mod.main.output_names[0] if mod.main.output_names else "output 0"
+            check_labels(labels, TensorSpec(name, tuple(out.type.shape), out.type.dtype, 0))
+        if not given:
+            return pre
+        pre = normalize_preprocess({**(pre or {"scale": 1 / 255, "mean": [0.0], "std": [1.0],
+                                                "layout": "NCHW", "color": "RGB"}), **given})
+        if "size" not in pre:
+            _fail("--input-size is needed to record image preprocessing for this input", 2)
+        check_preprocess(pre, spec)
+    except PreprocessError as exc:
+        _fail(str(exc), 2)
+    return pre
 
 
 def _build_module(model: Path, arch: Optional[Path], shapes: dict[str, tuple[int | None, ...]],
@@ -271,9 +328,13 @@ def export(
     output: Optional[Path] = typer.Option(None, "-o", "--output",
                                           help="bundle to write (default: MODEL's name .mlc)"),
     arch: Optional[Path] = typer.Option(None, help="architecture spec (.toml/.json) for weights"),
-    target: Optional[str] = typer.Option(None, help="host (default), x86-64-v2/v3/v4, aarch64, "
-                                         "aarch64+dotprod; several, comma-separated, make a fat "
-                                         "bundle whose runtime picks the best"),
+    target: Optional[str] = typer.Option(None, help="portable (default: one code variant per "
+                                         "level from x86-64-v2 up to this CPU's, so the bundle "
+                                         "runs on any x86-64-v2 machine and up), host (this "
+                                         "CPU's level only: smallest and fastest to export), "
+                                         "x86-64-v2/v3/v4, aarch64, aarch64+dotprod; several, "
+                                         "comma-separated, make a fat bundle whose runtime "
+                                         "picks the best"),
     input_shape: list[str] = typer.Option([], help="fix an input's shape: name=1,3,224,224"),
     labels: Optional[str] = typer.Option(None, help="labels file (one a line) or a,b,c"),
     input_size: Optional[str] = typer.Option(None, help="image size HxW to record, e.g. 28x28"),
@@ -302,8 +363,6 @@ def export(
 ) -> None:
     """Compile a model into one .mlc bundle."""
     def run() -> None:
-        from ..runtime.model import TensorSpec
-        from ..runtime.preprocess import default_preprocess
         from .export import ExportOptions, export_batched, export_module, file_sha256
 
         out = output or Path(model.stem + ".mlc")
@@ -313,25 +372,12 @@ def export(
         if check_rtol < 0 or check_atol < 0:
             _fail("--check-rtol and --check-atol must be >= 0", 2)
         check_inputs = _parse_check_inputs(check_input) if check else None
+        given = _preprocess_options(input_size, color, scale, mean, std, layout)
+        label_list = _labels(labels)
         mods, reference, reference_name = _build_module(model, arch, shapes, sizes, check)
         mod = mods[min(mods)] if sizes else mods[None]
-        first = mod.main.params[0]
-        pre = default_preprocess(TensorSpec(first.name, first.type.shape, first.type.dtype, 0))
-        if any(v is not None for v in (input_size, color, scale, mean, std, layout)):
-            pre = dict(pre or {"scale": 1 / 255, "mean": [0.0], "std": [1.0], "layout": "NCHW",
-                               "color": "RGB"})
-            if input_size:
-                try:
-                    pre["size"] = [int(v) for v in input_size.lower().replace("x", ",").split(",")]
-                except ValueError:
-                    _fail(f"--input-size {input_size!r} should look like 224x224", 2)
-            for key, value in (("color", color), ("layout", layout), ("scale", scale),
-                               ("mean", _floats(mean, "--mean")), ("std", _floats(std, "--std"))):
-                if value is not None:
-                    pre[key] = value
-            if "size" not in pre:
-                _fail("--input-size is needed to record image preprocessing for this input", 2)
-        opts = ExportOptions(target=target, preprocess=pre, labels=_labels(labels),
+        pre = _recorded_preprocess(mod, given, label_list)
+        opts = ExportOptions(target=target, preprocess=pre, labels=label_list,
                              model_name=model.stem, source=model.name,
                              source_sha256=file_sha256(model), sign_key=sign,
                              check=check, check_inputs=check_inputs, check_rtol=check_rtol,
@@ -345,6 +391,8 @@ def export(
                    + (f"arena {report.arena_bytes} B (tensors {report.intermediate_bytes} B)"
                       if report.arena_bytes or report.intermediate_bytes
                       else "memory planned at run time (symbolic shapes)"))
+        from .codegen.target import runs_on
+        typer.echo(f"  runs on {runs_on(report.targets)}")
         for p in report.plans:
             typer.echo(f"  plan batch {p['batch']}: arena {p['arena_bytes']} B, {p['kernels']} "
                        f"kernels, {p['instructions']} VM instructions, code {p['code_bytes']} B")
@@ -369,11 +417,12 @@ def infer(
     trusted_key: list[Path] = typer.Option([], help="run only if signed by this Ed25519 "
                                                     "public key (PEM); repeatable",
                                            metavar="KEY.pub"),
+    strict: bool = typer.Option(False, "--strict", help=commands.STRICT_HELP),
     debug: bool = typer.Option(False, help="show tracebacks"),
 ) -> None:
     """Run a bundle on an input and print the top-k classes (one block per row of a batch)."""
     _shared(debug, lambda: commands.infer(bundle, inputs, top_k=top_k, as_json=as_json,
-                                          threads=threads, trusted_keys=trusted_key,
+                                          threads=threads, trusted_keys=trusted_key, strict=strict,
                                           echo=typer.echo))
 
 

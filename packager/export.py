@@ -15,9 +15,10 @@ import numpy as np
 from .. import packager
 from ..runtime.bundle import FORMAT_MAJOR, SYMBOLIC_MINOR
 from .bundle_writer import BundleWriteError, BundleWriter
-from .codegen.build import ALLOWED_EXTERNALS, CodegenError, CompiledCode, compile_prim_funcs
+from .codegen.build import ALLOWED_EXTERNALS, CodegenError, CompiledCode
 from .codegen.lower import KernelInfo, LoweringError
 from .codegen.objinfo import function_sizes
+from .codegen.parallel import compile_for_targets
 from .codegen.target import Target, TargetError, resolve_targets
 from .errors import ExportError
 from .ir.builder import BuilderError
@@ -31,7 +32,7 @@ from .vm_emit import Program, VMEmitError, emit_program, main_size_vars, source_
 
 @dataclass
 class ExportOptions:
-    target: str | None = None                 # level name(s), comma-separated; None: host's best
+    target: str | None = None                 # level name(s), comma-separated; None: portable
     preprocess: dict | None = None            # recorded for `mlcpack infer` on images
     labels: Sequence[str] | None = None
     model_name: str = "model"
@@ -76,8 +77,11 @@ def compile_module(mod: IRModule, params: Mapping[str, np.ndarray] | None = None
                    on_stage: Callable[[str], None] | None = None
                    ) -> tuple[IRModule, Any, Program]:
     """Run the pipeline and code generation; return (optimized module, compiled code, program).
-    With several targets, the compiled code is the first target's (see ``compile_variants``)."""
-    optimized, variants, program = compile_variants(mod, params, target, verify_ir, on_stage)
+    ``target`` None is this host's level (one object to run here, not the portable bundle's
+    several); with several targets, the compiled code is the first target's (see
+    ``compile_variants``)."""
+    optimized, variants, program = compile_variants(mod, params, target or "host", verify_ir,
+                                                    on_stage)
     return optimized, variants[0], program
 
 
@@ -96,8 +100,7 @@ def compile_variants(mod: IRModule, params: Mapping[str, np.ndarray] | None = No
         mod = run_pipeline(mod, DEFAULT_PIPELINE, verify=verify_ir)
         note("codegen")
         funcs = list(mod.prim_funcs().values())
-        size_vars = main_size_vars(mod)
-        variants = [compile_prim_funcs(funcs, tgt, size_vars) for tgt in targets]
+        variants = compile_for_targets(funcs, targets, main_size_vars(mod))
         note("vm")
         program = emit_program(mod, _common_kernels(variants))
     except (TargetError, CodegenError, LoweringError, VMEmitError, BindError, BuilderError) as exc:

@@ -14,3 +14,7 @@ from .model import Model, TensorSpec, load
 __all__ = ["BundleError", "CodeLoadError", "CpuFeatureError", "FormatVersionError", "InputError",
            "LibraryFunctionError", "MlcpackError", "Model", "SignatureError", "TensorSpec", "load",
            "register_library_function"]
+
+# The release of this runtime (runtime/pyproject.toml's version; mlcpack.__version__ and
+# mlcpack.packager.__version__ are the same release: tests/test_session_api.py checks them).
+__version__ = "0.1.0"

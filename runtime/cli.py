@@ -44,7 +44,7 @@ def _command(sub: argparse._SubParsersAction, name: str, fn: Callable[[argparse.
 
 def _infer(a: argparse.Namespace) -> None:
     commands.infer(a.bundle, a.inputs, top_k=a.top_k, as_json=a.json, threads=a.threads,
-                   trusted_keys=a.trusted_key)
+                   trusted_keys=a.trusted_key, strict=a.strict)
 
 
 def _inspect(a: argparse.Namespace) -> None:
@@ -78,6 +78,7 @@ def parser() -> argparse.ArgumentParser:
                    help="threads (default MLCPACK_NUM_THREADS or 1)")
     p.add_argument("--trusted-key", action="append", default=[], metavar="KEY.pub",
                    help="run only if signed by this Ed25519 public key (PEM); repeatable")
+    p.add_argument("--strict", action="store_true", help=commands.STRICT_HELP)
 
     p = _command(sub, "inspect", _inspect, commands.INSPECT_HELP, commands.INSPECT_EXAMPLE)
     p.add_argument("--ir", action="store_true",

@@ -26,6 +26,8 @@ Echo = Callable[[str], None]
 # One summary and one example per command, shown by both command lines' help.
 INFER_HELP = "Run a bundle on an input and print the top-k classes (one block per row of a batch)."
 INFER_EXAMPLE = "infer model.mlc digit.png -k 3"
+STRICT_HELP = ("refuse (exit 7) an image whose size or colour differs from the bundle's recorded "
+               "preprocessing, instead of resizing/converting it with a note")
 INSPECT_HELP = "Show a bundle's inputs, target, kernels, weights, memory plan and versions."
 INSPECT_EXAMPLE = "inspect model.mlc --json"
 VERIFY_HELP = ("Re-run the golden input embedded at export with the runtime alone; PASS (exit 0) "
@@ -149,7 +151,9 @@ def _rows_text(name: str, rows: list[list[dict[str, Any]]], batched: bool) -> li
     lines = []
     for r, top in enumerate(rows):
         where = f"{name}[{r}]" if batched else name
-        if top:
+        if top and not np.isfinite(top[0]["score"]):  # never a class chosen from NaN/inf
+            lines.append(f"{where}: no result (its scores are not finite)")
+        elif top:
             lines.append(f"{where}: {top[0]['label']}")
         for rank, t in enumerate(top, 1):
             lines.append(f"  {rank}. {t['label']:<12} score {t['score']:>10.4f}   "
@@ -174,9 +178,12 @@ def _run(model: Any, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
 def infer(bundle: str | os.PathLike, inputs: Sequence[str | os.PathLike], *, top_k: int = 5,
           as_json: bool = False, threads: int | None = None,
           trusted_keys: Sequence[str | os.PathLike] = (), echo: Echo = _stdout,
-          warn: Echo = _stderr) -> None:
+          warn: Echo = _stderr, strict: bool = False) -> None:
     """Run ``bundle`` on ``inputs`` (one image or .npy per model input) and print the top-k
-    classes of the first output: one block per row when the input is a batch."""
+    classes of the first output: one block per row when the input is a batch. An image that
+    the recorded preprocessing resizes or converts gets a ``note:`` line through ``warn``
+    (``strict``: refused, exit 7); non-finite outputs a ``warning:`` line (and, with
+    ``as_json``, a count under "non_finite")."""
     from .model import load
     from .preprocess import load_input
 
@@ -190,7 +197,8 @@ def infer(bundle: str | os.PathLike, inputs: Sequence[str | os.PathLike], *, top
         if len(inputs) != len(model.inputs):
             raise InputError(f"{model.name} takes {len(model.inputs)} input(s) "
                              f"({', '.join(s.name for s in model.inputs)}); got {len(inputs)}")
-        feeds = {s.name: load_input(p, s, model.preprocess) for s, p in zip(model.inputs, inputs)}
+        feeds = {s.name: load_input(p, s, model.preprocess, note=warn, strict=strict)
+                 for s, p in zip(model.inputs, inputs)}
         outputs = _run(model, feeds)
         first = outputs[model.outputs[0].name]
         rows, batched = result_rows(model, feeds, first)
@@ -203,7 +211,8 @@ def infer(bundle: str | os.PathLike, inputs: Sequence[str | os.PathLike], *, top
     if as_json:
         doc: dict[str, Any] = {"bundle": os.fspath(bundle), "inputs": [os.fspath(p) for p in inputs],
                                "outputs": {k: v.tolist() for k, v in outputs.items()},
-                               "batch": len(tops) if batched else None, "rows": tops}
+                               "batch": len(tops) if batched else None, "rows": tops,
+                               "non_finite": bad}
         if not batched:
             doc["top_k"] = tops[0]
         echo(json.dumps(doc))

@@ -168,9 +168,16 @@ def _needs(arch: str, level_name: str, features: list[str]) -> frozenset[str] | 
     return lv.flags | extra
 
 
-def _advice(host: str) -> str:
-    target = best_level(host) or host
-    return f"export again with --target {target}"
+def _advice(host: str, same_arch: bool = True) -> str:
+    """The fix for a refused bundle: a target this host has (never a level it lacks); the
+    default portable target only when the bundle was made for this architecture (exported on a
+    machine of another one, the default would target that one again)."""
+    best = best_level(host)
+    if best is None:
+        return f"this {host} CPU cannot run mlcpack code"
+    if not same_arch:
+        return f"export again with --target {best}"
+    return f"export again with --target {best} or the default portable target"
 
 
 def _host_description(host: str) -> str:
@@ -189,7 +196,7 @@ def check_supported(required_arch: str, required_level: str, required_features: 
     arch = _normalize_arch(required_arch)
     if arch != host:
         raise CpuFeatureError(f"{bundle_name} holds code for {arch}; this machine is {host}: "
-                              f"{_advice(host)}")
+                              f"{_advice(host, same_arch=False)}")
     needs = _needs(arch, required_level, list(required_features))
     if needs is None:
         raise CpuFeatureError(f"{bundle_name} was built for unknown instruction-set level "
@@ -240,6 +247,8 @@ def pick_variant(variants: list[dict], bundle_name: str = "the bundle") -> int:
             best = key
     if best is None:
         what = "; ".join(reasons) if reasons else "it has no code variants"
+        same_arch = any(isinstance(v, dict) and _normalize_arch(str(v.get("arch"))) == host
+                        for v in variants)
         raise CpuFeatureError(f"no code in {bundle_name} runs on this {host} CPU ({what}); "
-                              f"{_host_description(host)}: {_advice(host)}")
+                              f"{_host_description(host)}: {_advice(host, same_arch)}")
     return -best[2]

@@ -7,8 +7,10 @@ library functions, map the object code, decode the bytecode.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import threading
+import weakref
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence
 
@@ -24,10 +26,24 @@ ARENA_ALIGN = 64
 
 @dataclass(frozen=True)
 class TensorSpec:
+    """One input or output of a bundle. ``shape`` is a concrete shape it runs at (for a
+    dynamic-batch bundle: its smallest plan's); ``dims`` is what the bundle accepts, the batch
+    dim shown as "N" (any batch from 1 up, run on the plans of ``batch_sizes``), as
+    ``mlcpack inspect`` shows it."""
     name: str
     shape: tuple[int, ...]
     dtype: str
     tensor: int
+    batch_sizes: tuple[int, ...] | None = None   # the plans' batch sizes, when batched
+
+    @property
+    def dims(self) -> tuple[int | str, ...]:
+        return ("N", *self.shape[1:]) if self.batch_sizes else self.shape
+
+    def __str__(self) -> str:
+        plans = f" (plans for N = {', '.join(map(str, self.batch_sizes))})" \
+            if self.batch_sizes else ""
+        return f"{self.name} [{', '.join(map(str, self.dims))}] {self.dtype}{plans}"
 
 
 def _specs(rows: Any, what: str, num_tensors: int) -> list[TensorSpec]:
@@ -65,9 +81,26 @@ class _Plan:
     instructions: int
     arena_bytes: int
     views: list[np.ndarray]
+    arena: np.ndarray     # the session's arena the views lie in (shared by its plans)
 
     def input_spec(self, name: str) -> TensorSpec:
         return next(s for s in self.inputs if s.name == name)
+
+
+@dataclass
+class _Recipe:
+    """What one plan needs that every session shares: its header rows, the mapped code's
+    kernel addresses, library calls and decoded bytecode."""
+    row: dict
+    tensors: list
+    inputs: list[TensorSpec]
+    outputs: list[TensorSpec]
+    arena_bytes: int
+    kernels_meta: list
+    kernels: list[tuple[int, bool]]
+    sites: list[tuple[Any, dict]]
+    program: list[Any]
+    image: Any
 
 
 def _shape_text(shape: tuple) -> str:
@@ -156,6 +189,7 @@ class Model:
         self._images: list[elf.CodeImage] = []
         self._executors: list[vm.Executor] = []
         self._plans: list[_Plan] = []
+        self._sessions: weakref.WeakSet[Session] = weakref.WeakSet()
         self._symbolic: Any = None   # a symbolic.SymbolicRunner for format-1.3 bundles
         self.batch: BatchInfo | None = None
         self.signed_by: str | None = None
@@ -167,7 +201,8 @@ class Model:
         except BaseException:
             self.close()
             raise
-        self._lock = threading.Lock()
+        # model.run and model.profile take turns in one arena
+        self._lock = self._main._lock if self._symbolic is None else threading.Lock()
 
     # ---- loading --------------------------------------------------------------------------------
 
@@ -228,17 +263,7 @@ class Model:
             prepared.append((kernels_meta, site_list, obj, bytecode))
         check_disjoint(refs, name)
 
-        # One arena, as large as the largest plan needs: calls are serialized, so the plans
-        # take turns in it. It holds inputs, intermediates and outputs at the plan's offsets.
-        arena_bytes = max(m[3] for m in metas)
-        try:
-            raw = np.zeros(arena_bytes + ARENA_ALIGN, dtype=np.uint8)
-        except MemoryError:  # a damaged or hostile plan may declare an absurd arena
-            raise BundleError(f"{name}: its memory plan asks for a {arena_bytes}-byte arena, "
-                              "which cannot be allocated here") from None
-        start = -raw.ctypes.data % ARENA_ALIGN
-        self._arena = raw[start:start + arena_bytes]
-        self._plans = []
+        self._recipes = []
         for (tensors, inputs, outputs, plan_arena), (kernels_meta, site_list, obj, bytecode), \
                 variant, row in zip(metas, prepared, chosen, rows):
             image = elf.load_object(reader.payload(obj), elf.default_externals(),
@@ -251,33 +276,65 @@ class Model:
                                    for f in ("num_inputs", "num_outputs", "workspace_bytes")):
                     raise BundleError(f"bundle header: kernel {i} is malformed")
                 kernels.append((image.address(k["symbol"]), bool(k.get("parallel", False))))
-            views, addresses = self._tensor_views(tensors, constants, plan_arena)
             program = vm.decode(reader.payload(bytecode), len(tensors), len(kernels),
                                 len(site_list), name)
             self._check_arity(program, kernels_meta, tensors)
-            executor = vm.Executor(program, kernels, site_list, addresses, views, threads,
-                                   pool=_pool_code(image))
-            self._executors.append(executor)
-            bindings = self._bindings(row, inputs, outputs, tensors, kernels_meta, executor,
-                                      addresses)
-            self._plans.append(_Plan(
-                batch=row.get("batch") if self.batch is not None else None,
-                inputs=inputs, outputs=outputs,
-                # Per-call work stays small: the I/O views are fixed at load.
-                output_views=[(s.name, views[s.tensor]) for s in outputs],
-                feeds=[(s, views[s.tensor], storage_dtype(s.dtype), b)
-                       for s, b in zip(inputs, bindings)],
-                executor=executor, instructions=len(program), arena_bytes=plan_arena,
-                views=views))
+            self._recipes.append(_Recipe(row, tensors, inputs, outputs, plan_arena, kernels_meta,
+                                         kernels, site_list, program, image))
+        self._constant_arrays = constants
+        self._threads = threads
+        self._main = Session(self, self._instantiate(threads))
+        self._executors = [p.executor for p in self._main._plans]
+        self._plans = self._main._plans
+        self._arena = self._main._arena
         first, last = self._plans[0], self._plans[-1]
         self._image = self._images[-1]
         self._executor = last.executor
         self._views = last.views
         # model.inputs/outputs: the smallest plan's (batch 1 when the bundle has it).
         self.inputs, self.outputs = first.inputs, first.outputs
+        if self.batch is not None:
+            sizes, batch = self.batch.sizes, self.batch
+            self.inputs = [dataclasses.replace(s, batch_sizes=sizes) if s.name in batch.inputs
+                           else s for s in self.inputs]
+            self.outputs = [dataclasses.replace(s, batch_sizes=sizes) if s.name in batch.outputs
+                            else s for s in self.outputs]
         self._input_names = frozenset(s.name for s in self.inputs)
         self._feeds, self._output_views = last.feeds, last.output_views
         self.num_instructions = last.instructions
+
+    def _instantiate(self, threads: int) -> list[_Plan]:
+        """Plans over a new arena and new executors, sharing the mapped code and the weights.
+
+        One arena, as large as the largest plan needs: the plans of one session take turns in
+        it (its calls are serialized). It holds inputs, intermediates and outputs at the plan's
+        offsets; the weights are views of the mapped file, never copied."""
+        arena_bytes = max(r.arena_bytes for r in self._recipes)
+        try:
+            raw = np.zeros(arena_bytes + ARENA_ALIGN, dtype=np.uint8)
+        except MemoryError:  # a damaged or hostile plan may declare an absurd arena
+            raise BundleError(f"{self.name}: its memory plan asks for a {arena_bytes}-byte "
+                              "arena, which cannot be allocated here") from None
+        start = -raw.ctypes.data % ARENA_ALIGN
+        arena = raw[start:start + arena_bytes]
+        plans = []
+        for r in self._recipes:
+            views, addresses = self._tensor_views(r.tensors, self._constant_arrays,
+                                                  r.arena_bytes, arena)
+            executor = vm.Executor(r.program, r.kernels, r.sites, addresses, views, threads,
+                                   pool=_pool_code(r.image))
+            bindings = self._bindings(r.row, r.inputs, r.outputs, r.tensors, r.kernels_meta,
+                                      executor, addresses)
+            plans.append(_Plan(
+                batch=r.row.get("batch") if self.batch is not None else None,
+                inputs=r.inputs, outputs=r.outputs,
+                # Per-call work stays small: the I/O views are fixed at load.
+                output_views=[(s.name, views[s.tensor]) for s in r.outputs],
+                feeds=[(s, views[s.tensor], storage_dtype(s.dtype), b)
+                       for s, b in zip(r.inputs, bindings)],
+                executor=executor, instructions=len(r.program), arena_bytes=r.arena_bytes,
+                views=views, arena=arena))
+        return plans
 
     def _constants(self, rows: Any) -> list[np.ndarray]:
         if not isinstance(rows, list):
@@ -309,8 +366,9 @@ class Model:
         fns = library.resolve([s["func"] for s in sites], extra, self._reader.name)
         return [(fns[s["func"]], dict(s.get("attrs", {}))) for s in sites]
 
-    def _tensor_views(self, tensors: list, constants: list[np.ndarray], arena_bytes: int
-                      ) -> tuple[list[np.ndarray], list[int]]:
+    @staticmethod
+    def _tensor_views(tensors: list, constants: list[np.ndarray], arena_bytes: int,
+                      arena: np.ndarray) -> tuple[list[np.ndarray], list[int]]:
         views, addresses = [], []
         for i, row in enumerate(tensors):
             if not isinstance(row, list) or len(row) != 4:
@@ -319,7 +377,7 @@ class Model:
             shape, dtype = check_shape(row[2], f"tensor {i}"), check_dtype(row[3], f"tensor {i}")
             size = nbytes_of(shape, dtype)
             if kind == 0 and isinstance(ref, int) and 0 <= ref and ref + size <= arena_bytes:
-                view = self._arena[ref:ref + size].view(storage_dtype(dtype)).reshape(shape)
+                view = arena[ref:ref + size].view(storage_dtype(dtype)).reshape(shape)
             elif kind == 1 and isinstance(ref, int) and 0 <= ref < len(constants) \
                     and constants[ref].nbytes == size \
                     and constants[ref].dtype == storage_dtype(dtype):
@@ -399,20 +457,49 @@ class Model:
                              f"takes {spec.shape}")
         return value
 
-    def run(self, feeds: Mapping[str, Any]) -> dict[str, np.ndarray]:
-        """Run once on ``feeds`` (input name -> array); return output name -> new array."""
+    def run(self, feeds: Mapping[str, Any], outputs: Sequence[str] | None = None,
+            out: Mapping[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
+        """Run once on ``feeds`` (input name -> array); return output name -> array.
+
+        ``outputs`` names the outputs to return (default: all, in the bundle's order); ``out``
+        maps output names to arrays to write them into (C-contiguous, writable, the output's
+        shape and dtype), which are returned as they are; other outputs are new arrays.
+        Safe from several threads: calls on one model take turns in its arena; for calls that
+        run at the same time, give each thread its own ``model.session()``."""
         if self._symbolic is not None:
-            self._check_names(feeds)
-            with self._lock:
-                return self._symbolic.run(feeds)
+            return self._run_symbolic(feeds, outputs, out)
+        return self._main.run(feeds, outputs, out)
+
+    def _run_symbolic(self, feeds: Mapping[str, Any], outputs: Sequence[str] | None,
+                      out: Mapping[str, np.ndarray] | None) -> dict[str, np.ndarray]:
+        """``run`` for a symbolic bundle (runtime/symbolic.py); ``out`` is not supported yet."""
+        if out:
+            raise InputError(f"{self.name} has symbolic shapes: run(out=...) is not supported "
+                             "for it yet")
+        self._check_feed_names(feeds)
+        with self._lock:
+            result = self._symbolic.run(feeds)
+        if outputs is None:
+            return result
+        return {name: result[name] for name in self._selected_outputs(outputs, None)}
+
+    def session(self, threads: int | None = None) -> Session:
+        """A ``Session``: this model with an arena (and thread pool) of its own, so several
+        sessions run at the same time from different threads. They share the mapped code and
+        the weights (never copied); each holds only its arena, the model's working memory."""
+        if self._symbolic is not None:
+            raise InputError(f"{self.name} has symbolic shapes: sessions are not supported for "
+                             "it yet; use model.run (calls take turns)")
         if self._executor is None:
             raise InputError(f"{self.name} is closed")
-        self._check_names(feeds)
-        if self.batch is not None:
-            return self._run_batched(feeds)
-        return self._run_static(feeds)
+        session = Session(self, self._instantiate(threads or self._threads))
+        self._sessions.add(session)
+        return session
 
-    def _check_names(self, feeds: Mapping[str, Any]) -> None:
+    def _check_feed_names(self, feeds: Mapping[str, Any]) -> None:
+        if not isinstance(feeds, Mapping):
+            raise InputError(f"feeds must be a dict of input name -> array, not "
+                             f"{type(feeds).__name__}")
         if feeds.keys() != self._input_names:
             unknown = sorted(set(feeds) - self._input_names)
             missing = [s.name for s in self.inputs if s.name not in feeds]
@@ -421,66 +508,47 @@ class Model:
                              + ("; " if unknown and missing else "")
                              + (f"missing: {missing}" if missing else ""))
 
-    def _run_static(self, feeds: Mapping[str, Any]) -> dict[str, np.ndarray]:
-        values = []
-        for spec, _, store, _ in self._feeds:
-            value = feeds[spec.name]
-            if type(value) is not np.ndarray or value.dtype != store or value.shape != spec.shape:
-                value = self._check_input(spec, value)
-            values.append(value)
-        with self._lock:
-            for (_, view, _, binding), value in zip(self._feeds, values):
-                # A contiguous, aligned array is read where it lies (kernels only read it and
-                # the call holds a reference to it); anything else is copied into the arena.
-                if binding is not None:
-                    if value.flags.c_contiguous and value.flags.aligned:
-                        binding.bind(value.ctypes.data)
-                        continue
-                    binding.bind(binding.arena)
-                np.copyto(view, value)
-            self._executor.run()
-            return {name: view.copy() for name, view in self._output_views}
+    def _selected_outputs(self, outputs: Sequence[str] | None,
+                          out: Mapping[str, np.ndarray] | None) -> list[str]:
+        """The output names a run returns, in order; every name known and ``out`` a subset."""
+        names = [s.name for s in self.outputs]
+        if outputs is None:
+            chosen = names
+        else:
+            if isinstance(outputs, str):
+                raise InputError(f"outputs= takes a list of names, e.g. [{outputs!r}]")
+            chosen = list(outputs)
+            unknown = [n for n in chosen if n not in names]
+            if unknown or not chosen or len(set(chosen)) != len(chosen):
+                raise InputError(f"outputs={chosen!r}: {self.name} has outputs {names}; name "
+                                 "each at most once" + (f" (unknown: {unknown})" if unknown
+                                                         else ""))
+        if out is not None:
+            if not isinstance(out, Mapping):
+                raise InputError("out= takes a dict of output name -> numpy array")
+            extra = [n for n in out if n not in chosen]
+            if extra:
+                raise InputError(f"out= names {extra}, which this run does not return "
+                                 f"(outputs: {chosen})")
+        return chosen
 
-    def _run_batched(self, feeds: Mapping[str, Any]) -> dict[str, np.ndarray]:
-        """Any batch from 1 up: chunks of the largest plan, the rest on the smallest plan that
-        holds it, its input rows padded with zeros and its output rows cut off."""
-        batch = self.batch
-        assert batch is not None
-        values, n = {}, None
-        for spec in self._plans[0].inputs:
-            value = feeds[spec.name]
-            if spec.name not in batch.inputs:
-                values[spec.name] = self._check_input(self._plans[-1].input_spec(spec.name),
-                                                      value)
-                continue
-            value = self._check_batched_input(spec, value)
-            if n is not None and value.shape[0] != n:
-                raise InputError(f"input {spec.name!r} has batch {value.shape[0]}, another "
-                                 f"input has {n}: the batched inputs must agree")
-            n = value.shape[0]
-            values[spec.name] = value
-        assert n is not None
-        parts: dict[str, list[np.ndarray]] = {s.name: [] for s in self.outputs}
-        largest = self._plans[-1]
-        with self._lock:
-            done = 0
-            while done < n:
-                m = min(n - done, largest.batch)
-                plan = next(p for p in self._plans if p.batch >= m)
-                for spec, view, _, _ in plan.feeds:
-                    value = values[spec.name]
-                    if spec.name not in batch.inputs:
-                        np.copyto(view, value)
-                        continue
-                    np.copyto(view[:m], value[done:done + m])
-                    if m < plan.batch:
-                        view[m:] = 0
-                plan.executor.run()
-                for name, view in plan.output_views:
-                    parts[name].append(view[:m].copy())
-                done += m
-        return {name: (chunks[0] if len(chunks) == 1 else np.concatenate(chunks))
-                for name, chunks in parts.items()}
+    @staticmethod
+    def _check_out(name: str, array: Any, spec: TensorSpec, shape: tuple[int, ...]) -> None:
+        """A caller's output array fits: a writable, C-contiguous ndarray of the shape and
+        storage dtype the output has (one line naming what differs)."""
+        if not isinstance(array, np.ndarray):
+            raise InputError(f"out[{name!r}] is a {type(array).__name__}; give a numpy array "
+                             f"np.empty({_shape_text(shape)}, np.{storage_dtype(spec.dtype).name})")
+        store = storage_dtype(spec.dtype)
+        if array.dtype != store:
+            raise InputError(f"out[{name!r}] has dtype {array.dtype.name}; output {name!r} is "
+                             f"{store.name}")
+        if tuple(array.shape) != shape:
+            raise InputError(f"out[{name!r}] has shape {tuple(array.shape)}; output {name!r} "
+                             f"has shape {shape} for these inputs")
+        if not array.flags.c_contiguous or not array.flags.writeable:
+            raise InputError(f"out[{name!r}] must be C-contiguous and writable "
+                             "(np.ascontiguousarray, or a fresh np.empty)")
 
     def _check_batched_input(self, spec: TensorSpec, value: Any) -> np.ndarray:
         value = _as_array(spec, value)
@@ -506,6 +574,7 @@ class Model:
         if self._symbolic is not None:
             raise InputError(f"{self.name} has symbolic shapes: profiling it is not supported "
                              "yet; export it with --input-shape fixed sizes to profile")
+
         if self._executor is None:
             raise InputError(f"{self.name} is closed")
         if runs < 1 or warmup < 0:
@@ -527,6 +596,9 @@ class Model:
 
     def __call__(self, *args: Any, **kwargs: Any) -> np.ndarray | tuple[np.ndarray, ...]:
         """``model(x)`` / ``model(x=x)``: the output array, or a tuple for several outputs."""
+        return self._call(self.run, args, kwargs)
+
+    def _call(self, run: Any, args: tuple, kwargs: dict) -> np.ndarray | tuple[np.ndarray, ...]:
         if len(args) > len(self.inputs):
             raise InputError(f"{self.name} takes {len(self.inputs)} input(s), got {len(args)}")
         feeds = {s.name: a for s, a in zip(self.inputs, args)}
@@ -534,15 +606,18 @@ class Model:
             if k in feeds:
                 raise InputError(f"input {k!r} given twice")
             feeds[k] = v
-        result = self.run(feeds)
+        result = run(feeds)
         values = tuple(result[s.name] for s in self.outputs)
         return values[0] if len(values) == 1 else values
 
     def close(self) -> None:
-        """Release the code mapping and the file; the model cannot run afterwards."""
+        """Release the code mapping and the file; the model and its sessions cannot run
+        afterwards."""
         if getattr(self, "_symbolic", None) is not None:
             self._symbolic.close()
             self._symbolic = None
+        for session in list(getattr(self, "_sessions", ())):
+            session.close()
         for executor in getattr(self, "_executors", []):
             executor.close()
         for image in getattr(self, "_images", []):
@@ -560,9 +635,146 @@ class Model:
         self.close()
 
     def __repr__(self) -> str:
-        ins = ", ".join(f"{s.name}{list(s.shape)}:{s.dtype}" for s in self.inputs)
-        outs = ", ".join(f"{s.name}{list(s.shape)}:{s.dtype}" for s in self.outputs)
+        ins = ", ".join(f"{s.name}{list(s.dims)}:{s.dtype}" for s in self.inputs)
+        outs = ", ".join(f"{s.name}{list(s.dims)}:{s.dtype}" for s in self.outputs)
         return f"<mlcpack Model {self.name}: ({ins}) -> ({outs})>"
+
+
+class Session:
+    """A model with an arena of its own: ``model.session()``. Sessions of one model run at
+    the same time from different threads; each shares the model's mapped code and weights and
+    holds only its working memory (the arena) and, with ``threads`` > 1, its worker threads.
+    Calls on one session take turns. ``run`` and ``__call__`` behave as the model's."""
+
+    def __init__(self, model: Model, plans: list[_Plan]) -> None:
+        self._model = model
+        self._plans = plans
+        self._arena = plans[0].arena
+        self._lock = threading.Lock()
+        last = plans[-1]
+        self._executor: vm.Executor | None = last.executor
+        self._feeds, self._output_views = last.feeds, last.output_views
+
+    @property
+    def inputs(self) -> list[TensorSpec]:
+        return self._model.inputs
+
+    @property
+    def outputs(self) -> list[TensorSpec]:
+        return self._model.outputs
+
+    @property
+    def arena_bytes(self) -> int:
+        """The working memory this session holds (the weights are the model's, shared)."""
+        return int(self._arena.nbytes)
+
+    def run(self, feeds: Mapping[str, Any], outputs: Sequence[str] | None = None,
+            out: Mapping[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
+        """See ``Model.run``."""
+        model = self._model
+        if self._executor is None or model._executor is None:
+            raise InputError(f"{model.name}: this session is closed")
+        model._check_feed_names(feeds)
+        names = model._selected_outputs(outputs, out)
+        out = out or {}
+        if model.batch is not None:
+            return self._run_batched(feeds, names, out)
+        values = []
+        for spec, _, store, _ in self._feeds:
+            value = feeds[spec.name]
+            if type(value) is not np.ndarray or value.dtype != store or value.shape != spec.shape:
+                value = model._check_input(spec, value)
+            values.append(value)
+        specs = {s.name: s for s in self._plans[-1].outputs}
+        for name, array in out.items():
+            model._check_out(name, array, specs[name], specs[name].shape)
+        views = dict(self._output_views)
+        with self._lock:
+            for (_, view, _, binding), value in zip(self._feeds, values):
+                # A contiguous, aligned array is read where it lies (kernels only read it and
+                # the call holds a reference to it); anything else is copied into the arena.
+                if binding is not None:
+                    if value.flags.c_contiguous and value.flags.aligned:
+                        binding.bind(value.ctypes.data)
+                        continue
+                    binding.bind(binding.arena)
+                np.copyto(view, value)
+            self._executor.run()
+            result = {}
+            for name in names:
+                if name in out:
+                    np.copyto(out[name], views[name])
+                    result[name] = out[name]
+                else:
+                    result[name] = views[name].copy()
+            return result
+
+    def _run_batched(self, feeds: Mapping[str, Any], names: list[str],
+                     out: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Any batch from 1 up: chunks of the largest plan, the rest on the smallest plan that
+        holds it, its input rows padded with zeros and its output rows cut off."""
+        model = self._model
+        batch = model.batch
+        assert batch is not None
+        values, n = {}, None
+        for spec in self._plans[0].inputs:
+            value = feeds[spec.name]
+            if spec.name not in batch.inputs:
+                values[spec.name] = model._check_input(self._plans[-1].input_spec(spec.name),
+                                                       value)
+                continue
+            value = model._check_batched_input(spec, value)
+            if n is not None and value.shape[0] != n:
+                raise InputError(f"input {spec.name!r} has batch {value.shape[0]}, another "
+                                 f"input has {n}: the batched inputs must agree")
+            n = value.shape[0]
+            values[spec.name] = value
+        assert n is not None
+        specs = {s.name: s for s in self._plans[0].outputs}
+        for name, array in out.items():
+            model._check_out(name, array, specs[name], (n, *specs[name].shape[1:]))
+        parts: dict[str, list[np.ndarray]] = {name: [] for name in names if name not in out}
+        largest = self._plans[-1]
+        with self._lock:
+            done = 0
+            while done < n:
+                m = min(n - done, largest.batch)
+                plan = next(p for p in self._plans if p.batch >= m)
+                for spec, view, _, _ in plan.feeds:
+                    value = values[spec.name]
+                    if spec.name not in batch.inputs:
+                        np.copyto(view, value)
+                        continue
+                    np.copyto(view[:m], value[done:done + m])
+                    if m < plan.batch:
+                        view[m:] = 0
+                plan.executor.run()
+                for name, view in plan.output_views:
+                    if name in out:
+                        np.copyto(out[name][done:done + m], view[:m])
+                    elif name in parts:
+                        parts[name].append(view[:m].copy())
+                done += m
+        return {name: out[name] if name in out else
+                (parts[name][0] if len(parts[name]) == 1 else np.concatenate(parts[name]))
+                for name in names}
+
+    def __call__(self, *args: Any, **kwargs: Any) -> np.ndarray | tuple[np.ndarray, ...]:
+        """``session(x)``: as ``model(x)``."""
+        return self._model._call(self.run, args, kwargs)
+
+    def close(self) -> None:
+        """Stop this session's worker threads and drop its arena (the model stays open)."""
+        for plan in self._plans:
+            plan.executor.close()
+        self._executor = None
+        self._model._sessions.discard(self)
+
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 def load(path: str | os.PathLike, *, verify: bool = True,

@@ -4,7 +4,7 @@ prepared as the bundle's recorded preprocessing says (size, colour, scale, mean/
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -12,6 +12,117 @@ from .errors import InputError
 from .model import TensorSpec
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff")
+COLORS = {"L": 1, "RGB": 3}           # recorded colour -> channels the model input has
+LAYOUTS = ("NCHW", "NHWC", "flat")
+
+# Pillow modes by the colour they carry: a note is due only when the class changes.
+_GREY_MODES = frozenset({"1", "L", "LA", "La", "I", "I;16", "I;16B", "I;16L", "I;16N", "F"})
+
+
+class PreprocessError(ValueError):
+    """A recorded preprocessing or label option does not fit the model (one line naming the
+    option and what it allows)."""
+
+
+def normalize_preprocess(pre: dict[str, Any]) -> dict[str, Any]:
+    """``pre`` with colour and layout spelled canonically (``rgb`` -> ``RGB``, ``nhwc`` ->
+    ``NHWC``); raises ``PreprocessError`` for a value no image input can have, before the model
+    is even read."""
+    out = dict(pre)
+    color = str(out.get("color", "RGB"))
+    if color.upper() not in COLORS:
+        raise PreprocessError(f"--color {color!r} is not a colour mlcpack records; allowed: "
+                              f"{', '.join(COLORS)}")
+    out["color"] = color.upper()
+    layout = str(out.get("layout", "NCHW"))
+    canonical = {v.lower(): v for v in LAYOUTS}.get(layout.lower())
+    if canonical is None:
+        raise PreprocessError(f"--layout {layout!r} is not a layout; allowed: "
+                              f"{', '.join(LAYOUTS)}")
+    out["layout"] = canonical
+    size = out.get("size")
+    if size is not None and (len(size) != 2 or min(size) < 1):
+        raise PreprocessError(f"--input-size {'x'.join(map(str, size))} should be two positive "
+                              "numbers, HxW, e.g. 224x224")
+    scale = out.get("scale", 1.0)
+    if not np.isfinite(scale) or scale == 0:
+        raise PreprocessError(f"--scale {scale!r} should be a finite, non-zero number "
+                              "(e.g. 0.00392157 for 1/255)")
+    for key in ("mean", "std"):
+        values = list(out.get(key, [0.0 if key == "mean" else 1.0]))
+        if not values or not all(np.isfinite(values)):
+            raise PreprocessError(f"--{key} {values} should be finite numbers")
+        if key == "std" and any(v == 0 for v in values):
+            raise PreprocessError(f"--std {','.join(map(str, values))} has a 0 (pixels are "
+                                  "divided by it)")
+    return out
+
+
+def _image_geometry(spec: TensorSpec, layout: str) -> tuple[tuple[int, int] | None, int | None]:
+    """(HxW, channels) the input takes in ``layout``; ``None`` where the layout leaves it open
+    (a flat input fixes only the product)."""
+    shape = spec.shape
+    if layout == "NCHW" and len(shape) == 4:
+        return (shape[2], shape[3]), shape[1]
+    if layout == "NHWC" and len(shape) == 4:
+        return (shape[1], shape[2]), shape[3]
+    return None, None
+
+
+def check_preprocess(pre: dict[str, Any], spec: TensorSpec) -> None:
+    """Raise ``PreprocessError`` unless an image prepared as ``pre`` says (already
+    normalized) fills input ``spec`` exactly: its layout fits the input's rank, its colour the
+    channels, its size the other dims, and ``--mean``/``--std`` have 1 or channels values."""
+    shape, layout = spec.shape, pre["layout"]
+    channels = COLORS[pre["color"]]
+    if layout == "flat":
+        if len(shape) != 2:
+            raise PreprocessError(f"--layout flat needs a rank-2 input (N, values); input "
+                                  f"{spec.name!r} has shape {shape}: allowed layouts for it: "
+                                  f"{'NCHW, NHWC' if len(shape) == 4 else 'none (pass .npy)'}")
+        h, w = pre["size"]
+        if h * w * channels != shape[1]:
+            raise PreprocessError(
+                f"--input-size {h}x{w} with --color {pre['color']} gives {h * w * channels} "
+                f"values; input {spec.name!r} takes {shape[1]} per row: allowed sizes are HxW "
+                f"with H*W*channels = {shape[1]}")
+    else:
+        if len(shape) != 4:
+            raise PreprocessError(f"--layout {layout} needs a rank-4 input; input {spec.name!r} "
+                                  f"has shape {shape}: allowed layout for it: "
+                                  f"{'flat' if len(shape) == 2 else 'none (pass .npy)'}")
+        (h, w), want = _image_geometry(spec, layout)
+        if want not in COLORS.values():
+            other = "NHWC" if layout == "NCHW" else "NCHW"
+            hint = f" (is it {other}? then --layout {other})" \
+                if _image_geometry(spec, other)[1] in COLORS.values() else ""
+            raise PreprocessError(f"--layout {layout}: input {spec.name!r} {shape} has {want} "
+                                  f"channels, which no image colour gives (L: 1, RGB: 3){hint}")
+        if want != channels:
+            allowed = next(c for c, n in COLORS.items() if n == want)
+            raise PreprocessError(f"--color {pre['color']} gives {channels} channel(s); input "
+                                  f"{spec.name!r} {shape} ({layout}) has {want}: allowed "
+                                  f"--color {allowed}")
+        if [int(v) for v in pre["size"]] != [h, w]:
+            size = "x".join(map(str, pre["size"]))
+            raise PreprocessError(f"--input-size {size} does not fit input {spec.name!r} "
+                                  f"{shape} ({layout}): allowed --input-size {h}x{w}")
+    for key in ("mean", "std"):
+        n = len(pre.get(key, [0.0]))
+        if n not in (1, channels):
+            raise PreprocessError(f"--{key} has {n} values; --color {pre['color']} has "
+                                  f"{channels} channel(s): give "
+                                  f"{'1' if channels == 1 else f'1 or {channels}'}")
+
+
+def check_labels(labels: list[str], spec: TensorSpec) -> None:
+    """Raise ``PreprocessError`` unless there is one label per class of output ``spec`` (its
+    values per row: the first dim is the batch when the output has two or more)."""
+    classes = int(np.prod(spec.shape[1:] if len(spec.shape) >= 2 else spec.shape))
+    if len(labels) != classes:
+        raise PreprocessError(f"--labels has {len(labels)} label(s); output {spec.name!r} "
+                              f"{spec.shape} has {classes} classes per row: give exactly "
+                              f"{classes} (a file with one a line, or a,b,c)")
 
 
 def default_preprocess(spec: TensorSpec) -> dict[str, Any] | None:
@@ -31,7 +142,34 @@ def default_preprocess(spec: TensorSpec) -> dict[str, Any] | None:
     return None
 
 
-def load_image(path: str, pre: dict[str, Any], spec: TensorSpec) -> np.ndarray:
+def _mismatch(path: str, img: Any, pre: dict[str, Any]) -> tuple[str, str] | None:
+    """(note, strict error) when preparing ``img`` as ``pre`` records changes its size or
+    colour; None when it fits."""
+    h, w = (int(v) for v in pre["size"])
+    color = pre.get("color", "RGB")
+    changes, differs = [], []
+    if img.size != (w, h):
+        changes.append(f"resized from {img.size[0]}x{img.size[1]} to {w}x{h} (WxH)")
+        differs.append(f"is {img.size[0]}x{img.size[1]} (WxH), not {w}x{h}")
+    grey = img.mode in _GREY_MODES
+    if grey != (color == "L"):
+        want = "greyscale (L)" if color == "L" else "colour (RGB)"
+        changes.append(f"converted from {'greyscale' if grey else 'colour'} ({img.mode}) to "
+                       f"{want}")
+        differs.append(f"is {'greyscale' if grey else 'colour'} ({img.mode}), not {want}")
+    if not changes:
+        return None
+    name = os.path.basename(path)
+    return (f"{name} was {' and '.join(changes)}, as the bundle's recorded preprocessing says",
+            f"{name} {' and '.join(differs)} as the bundle's recorded preprocessing takes; "
+            "--strict refuses to resize or convert it (drop --strict to accept that)")
+
+
+def load_image(path: str, pre: dict[str, Any], spec: TensorSpec,
+               note: Callable[[str], None] | None = None, strict: bool = False) -> np.ndarray:
+    """Decode the image at ``path`` and prepare it as ``pre`` says. An image whose size or
+    colour differs from the recorded ones is still resized/converted, with a one-line
+    ``note`` (``strict``: an ``InputError`` instead)."""
     try:
         from PIL import Image, UnidentifiedImageError
     except ImportError:
@@ -40,6 +178,11 @@ def load_image(path: str, pre: dict[str, Any], spec: TensorSpec) -> np.ndarray:
     try:
         with Image.open(path) as img:
             img.load()
+            changed = _mismatch(path, img, pre)
+            if changed and strict:
+                raise InputError(changed[1])
+            if changed and note is not None:
+                note(f"note: {changed[0]}")
             color = pre.get("color", "RGB")
             if img.mode in ("I;16", "I;16B", "I;16L", "I") and color == "L":
                 # 16-bit grayscale: scale to 8 bits so the recorded scale (1/255) still applies.
@@ -68,8 +211,10 @@ def load_image(path: str, pre: dict[str, Any], spec: TensorSpec) -> np.ndarray:
     return arr.reshape(spec.shape).astype(spec.dtype, copy=False)
 
 
-def load_input(path: str | os.PathLike, spec: TensorSpec, preprocess: dict | None) -> np.ndarray:
-    """Read ``path`` as the value of input ``spec``: a .npy tensor or an image."""
+def load_input(path: str | os.PathLike, spec: TensorSpec, preprocess: dict | None, *,
+               note: Callable[[str], None] | None = None, strict: bool = False) -> np.ndarray:
+    """Read ``path`` as the value of input ``spec``: a .npy tensor or an image (``note`` and
+    ``strict``: see ``load_image``)."""
     path = os.fspath(path)
     if not os.path.exists(path):
         raise InputError(f"{path}: no such file")
@@ -85,4 +230,4 @@ def load_input(path: str | os.PathLike, spec: TensorSpec, preprocess: dict | Non
         raise InputError(f"input {spec.name!r} has shape {spec.shape}, which no image maps to; "
                          "pass a .npy tensor, or export with --input-size to record "
                          "preprocessing")
-    return load_image(path, pre, spec)
+    return load_image(path, pre, spec, note, strict)

@@ -86,6 +86,16 @@ class SymSpec:
     dtype: str
     tensor: int
 
+    batch_sizes = None   # as TensorSpec: no dynamic-batch plans
+
+    @property
+    def dims(self) -> tuple:
+        """The shape as ``mlcpack inspect`` shows it: ints and size-variable expressions."""
+        return tuple(d if isinstance(d, int) else dim_text(d) for d in self.shape)
+
+    def __str__(self) -> str:
+        return f"{self.name} [{', '.join(map(str, self.dims))}] {self.dtype}"
+
     @property
     def shape_text(self) -> str:
         return "(" + ", ".join(dim_text(d) for d in self.shape) + \

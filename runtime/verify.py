@@ -68,6 +68,8 @@ MIN_SNR_DB = 80.0      # an output agreeing this well as a whole passes despite 
 NARROW_EPS = {"float16": 2.0 ** -10, "bfloat16": 2.0 ** -7, "float8_e4m3fn": 2.0 ** -3,
               "float8_e4m3fnuz": 2.0 ** -3, "float8_e5m2": 2.0 ** -2, "float8_e5m2fnuz": 2.0 ** -2}
 NARROW_K = 4.0
+# Types numpy lacks (ml_dtypes' in a reference's outputs), which the runtime returns as their bits
+BITS_DTYPES = (*NARROW_EPS, "int4", "uint4", "int2", "uint2")
 
 
 @dataclass
@@ -132,6 +134,19 @@ def _same_shape(got: np.ndarray, ref: np.ndarray) -> bool:
                                                                               ref.ndim) == 1
 
 
+def _is_float(dtype: np.dtype) -> bool:
+    return dtype.kind in "fc" or dtype.name in NARROW_EPS
+
+
+def _largest_float(dtype: np.dtype) -> float:
+    """The largest finite value of a float dtype (float32's for others and for ml_dtypes
+    types numpy's finfo does not know)."""
+    try:
+        return float(np.finfo(dtype).max)
+    except (ValueError, TypeError):
+        return float(np.finfo(np.float32).max)
+
+
 def _index(flat: int, shape: tuple[int, ...]) -> list[int]:
     return [int(i) for i in np.unravel_index(flat, shape)] if shape else []
 
@@ -181,10 +196,10 @@ def compare_output(name: str, got: np.ndarray, ref: np.ndarray, rtol: float, ato
     if got.size == 0:
         return OutputCheck(name, batch, 0.0, 0.0, True)
     narrow = NARROW_EPS.get(ref.dtype.name, NARROW_EPS.get(got.dtype.name, 0.0))
-    if ref.dtype.name in NARROW_EPS and got.dtype.kind == "u" \
+    if ref.dtype.name in BITS_DTYPES and got.dtype.kind == "u" \
             and got.dtype.itemsize == ref.dtype.itemsize:  # the runtime returns their bits
         got = got.view(ref.dtype)
-    if ref.dtype.kind not in "fcV" and got.dtype.kind not in "fcV":
+    if not (_is_float(ref.dtype) or _is_float(got.dtype)):
         return _exact(name, got, ref, batch)
     g, r = got.astype(np.float64), ref.astype(np.float64)
     finite = np.isfinite(r)
@@ -194,7 +209,7 @@ def compare_output(name: str, got: np.ndarray, ref: np.ndarray, rtol: float, ato
         else scale
     # An infinity meets the same infinity or the largest finite value of that sign: references
     # mask with -inf or with the lowest float (ONNX Runtime's Attention).
-    big = float(np.finfo(ref.dtype if ref.dtype.kind == "f" else np.float32).max)
+    big = _largest_float(ref.dtype)
     saturated = (np.abs(g) >= big) & (np.abs(r) >= big) & (np.sign(g) == np.sign(r))
     same_special = (np.isnan(g) & np.isnan(r)) | (np.isinf(r) & (g == r)) | saturated
     with np.errstate(invalid="ignore", over="ignore"):

@@ -39,8 +39,9 @@ def mlp_reference(weights: Mapping[str, np.ndarray], x: np.ndarray) -> np.ndarra
 
 def _export_weights(weights: Mapping[str, np.ndarray], path: str | os.PathLike, *,
                     spec: dict | None = None, input_shape: tuple[int, ...] | None = None,
-                    target: str | None = None, labels: Sequence[str] | None = None) -> Path:
-    """Export ``weights`` (an inferred MLP, or ``spec``) to ``path`` the way the CLI does."""
+                    target: str | None = "host", labels: Sequence[str] | None = None) -> Path:
+    """Export ``weights`` (an inferred MLP, or ``spec``) to ``path`` the way the CLI does, for
+    this host's level (``target=None``: the CLI's portable default)."""
     from mlcpack.frontends.arch import build_from_spec, infer_mlp_spec
     from mlcpack.packager.export import ExportOptions, export_module
     from mlcpack.runtime.model import TensorSpec

@@ -58,6 +58,16 @@ CONV_CASES = {
     "3d_same_lower": (dict(auto_pad="SAME_LOWER"), (1, 3, 4, 5, 5), (4, 3, 2, 2, 3)),
     "3d_valid": (dict(auto_pad="VALID", strides=[1, 2, 2]), (1, 3, 5, 7, 7), (4, 3, 3, 3, 3)),
     "3d_kernel_covers_input": (dict(), (1, 2, 3, 3, 3), (4, 2, 3, 3, 3)),
+    "3d_dilation_cols": (dict(dilations=[1, 1, 2], pads=[1, 0, 2, 1, 1, 2], strides=[1, 2, 1]),
+                         (1, 2, 3, 6, 7), (3, 2, 3, 2, 3)),
+    "2d_dilation": (dict(dilations=[2, 2], pads=[2, 2, 2, 2]), (1, 4, 9, 8), (5, 4, 3, 3)),
+    "2d_dilation_rows_strided": (dict(dilations=[3, 1], strides=[2, 2], pads=[3, 1, 2, 0]),
+                                 (1, 3, 11, 9), (4, 3, 3, 3)),
+    "2d_dilation_cols_groups": (dict(dilations=[1, 2], group=2, pads=[1, 2, 1, 2]),
+                                (1, 4, 7, 9), (6, 2, 3, 3)),
+    "2d_dilation_depthwise": (dict(dilations=[2, 2], group=4, pads=[2] * 4), (1, 4, 8, 8),
+                              (4, 1, 3, 3)),
+    "1d_dilated_tcn": (dict(dilations=[4], pads=[8, 0]), (1, 6, 20), (8, 6, 3)),
     "1d_k5p2": (dict(pads=[2, 2]), (1, 6, 17), (8, 6, 5)),
     "1d_strided_dilated": (dict(strides=[2], dilations=[2], pads=[1, 3]), (2, 4, 19),
                            (5, 4, 3)),
@@ -108,6 +118,16 @@ POOL_CASES = {
                                                   count_include_pad=1), (1, 2, 6, 7, 8)),
     "avg_same_lower": ("AveragePool", dict(kernel_shape=[2, 3, 3], strides=[2, 1, 2],
                                            auto_pad="SAME_LOWER"), (1, 2, 5, 6, 7)),
+    "avg_2d_p1": ("AveragePool", dict(kernel_shape=[3, 3], pads=[1] * 4), (1, 4, 9, 10)),
+    "avg_2d_s2_ceil_include": ("AveragePool", dict(kernel_shape=[3, 3], strides=[2, 2],
+                                                   pads=[1, 0, 0, 1], ceil_mode=1,
+                                                   count_include_pad=1), (2, 3, 9, 10)),
+    "avg_2d_s2_ceil": ("AveragePool", dict(kernel_shape=[2, 3], strides=[3, 2], pads=[0, 1, 1, 1],
+                                           ceil_mode=1), (1, 3, 10, 11)),
+    "avg_2d_stride3_generic": ("AveragePool", dict(kernel_shape=[3, 3], strides=[3, 3],
+                                                   pads=[1] * 4), (1, 2, 10, 10)),
+    "avg_2d_one_channel": ("AveragePool", dict(kernel_shape=[3, 3], pads=[1] * 4),
+                           (1, 1, 7, 8)),
     "max_1d": ("MaxPool", dict(kernel_shape=[3], strides=[2], pads=[1, 1]), (1, 4, 15)),
     "max_1d_ceil_dilated": ("MaxPool", dict(kernel_shape=[3], strides=[2], dilations=[2],
                                             ceil_mode=1), (2, 3, 16)),
@@ -160,19 +180,26 @@ def test_pool_row_against_reference(mode, extra, x_shape, kernel, strides, paddi
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
 
-def test_depth_unfold_reference_and_kernel(tmp_path) -> None:
-    x = rand(1, 2, 5, 3, 4)
-    attrs = dict(kernel=3, stride=2, dilation=1, pad=1, outs=3, row_pad=1, rows=6)
-    want = get_op("nn.depth_unfold").reference(x, **attrs)
-    # by definition: y[n, c, t, od, j, w] = x[n, c, od*2 - 1 + t, j - 1, w], zero outside
-    for t in range(3):
-        for od in range(3):
-            d = od * 2 - 1 + t
-            for j in range(6):
-                row = want[0, :, t, od, j]
-                inside = 0 <= d < 5 and 0 <= j - 1 < 3
-                np.testing.assert_array_equal(row, x[0, :, d, j - 1] if inside else 0 * row)
-    np.testing.assert_array_equal(run_op("nn.depth_unfold", [x], tmp_path, **attrs), want)
+@pytest.mark.parametrize("attrs", [
+    dict(kernel=(3, 1, 1), strides=(2, 1, 1), dilation=(1, 1, 1), pads=(1, 1, 0),
+         sizes=(3, 6, 4)),
+    dict(kernel=(2, 3, 2), strides=(1, 2, 3), dilation=(2, 1, 2), pads=(1, 2, 1),
+         sizes=(4, 3, 2)),
+])
+def test_window_unfold_reference_and_kernel(attrs, tmp_path) -> None:
+    x = rand(2, 2, 5, 3, 4)
+    want = get_op("nn.window_unfold").reference(x, **attrs)
+    assert want.shape == (2, 2) + attrs["kernel"] + attrs["sizes"]
+    # by definition: y[n, c, t.., j..] = x[n, c, j * s - p + t * d ..], zero outside
+    for index in np.ndindex(*want.shape[2:]):
+        taps, js = index[:3], index[3:]
+        pos = [j * s - p + t * d for j, s, p, t, d in
+               zip(js, attrs["strides"], attrs["pads"], taps, attrs["dilation"])]
+        inside = all(0 <= q < n for q, n in zip(pos, x.shape[2:]))
+        np.testing.assert_array_equal(want[(slice(None), slice(None)) + index],
+                                      x[(slice(None), slice(None)) + tuple(pos)] if inside
+                                      else np.zeros((2, 2), np.float32))
+    np.testing.assert_array_equal(run_op("nn.window_unfold", [x], tmp_path, **attrs), want)
 
 
 # ---- what the pipeline builds -------------------------------------------------------------------
@@ -195,7 +222,13 @@ def _kernels(mod) -> list[str]:
 def test_3d_conv_is_an_unfold_and_one_conv2d() -> None:
     mod = build_op_module("nn.conv", [rand(1, 4, 3, 6, 6), rand(8, 4, 3, 3, 3)], [False, True],
                           strides=(1, 1, 1), padding=(1,) * 6, dilation=(1, 1, 1), groups=1)
-    assert _kernels(mod) == ["conv2d", "depth_unfold", "strided_slice"]
+    assert _kernels(mod) == ["conv2d", "strided_slice", "window_unfold"]
+
+
+def test_dilated_conv_is_an_unfold_and_a_fast_conv2d() -> None:
+    mod = build_op_module("nn.conv2d", [rand(1, 4, 9, 9), rand(8, 4, 3, 3)], [False, True],
+                          strides=(1, 1), padding=(2, 2, 2, 2), dilation=(2, 2), groups=1)
+    assert _kernels(mod) == ["conv2d", "window_unfold"]
 
 
 def test_3d_pointwise_conv_reads_the_input_as_2d() -> None:
@@ -208,6 +241,16 @@ def test_3d_max_pool_is_two_fast_2d_pools() -> None:
     mod = build_op_module("nn.pool", [rand(1, 4, 6, 8, 8)], mode="max", kernel=(3, 3, 3),
                           strides=(2, 2, 2), padding=(1,) * 6, dilation=(1, 1, 1))
     assert _kernels(mod) == ["max_pool2d", "max_pool2d"]
+
+
+def test_padded_average_pool_is_a_depthwise_conv() -> None:
+    # the window counts differ at the borders: a multiply, fused into the conv's epilogue
+    mod = build_op_module("nn.avg_pool2d", [rand(1, 4, 8, 8)], kernel=(3, 3), strides=(1, 1),
+                          padding=(1, 1, 1, 1))
+    after = decompose_conv_nd(mod)
+    assert [b.value.op for b in after.main.bindings() if isinstance(b.value, Call)] == \
+        ["nn.conv2d", "multiply"]
+    assert _kernels(mod) == ["conv2d"]
 
 
 def test_lp_pool_keeps_the_generic_kernel() -> None:

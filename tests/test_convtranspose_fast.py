@@ -49,7 +49,9 @@ ONNX_CASES = {
     "2d_same_upper": (dict(strides=[2, 2], auto_pad="SAME_UPPER"), (1, 3, 5, 4), (3, 2, 3, 3)),
     "2d_same_lower": (dict(strides=[2, 2], auto_pad="SAME_LOWER"), (1, 3, 5, 4), (3, 2, 3, 3)),
     "2d_valid": (dict(strides=[2, 3], auto_pad="VALID"), (1, 3, 4, 4), (3, 2, 3, 2)),
+    "2d_wide_k6s2": (dict(strides=[2, 2], pads=[1, 2, 1, 2]), (1, 3, 4, 5), (3, 2, 3, 6)),
     "1d_k4s2p1": (dict(strides=[2], pads=[1, 1]), (1, 6, 9), (6, 4, 4)),
+    "1d_hifigan_k8s4p2": (dict(strides=[4], pads=[2, 2]), (1, 8, 7), (8, 4, 8)),
     "1d_k2s2": (dict(strides=[2]), (2, 3, 7), (3, 5, 2)),
     "1d_groups_op": (dict(strides=[3], pads=[1, 0], output_padding=[2], group=3), (1, 6, 5),
                      (6, 2, 4)),
@@ -109,7 +111,7 @@ def test_3d_overlapping_kernel_is_one_gemm_and_a_col2im() -> None:
 
 
 def test_overlapping_kernel_is_fast_convolutions() -> None:
-    # k=4, s=2, p=1 (GAN upsampler): two row phases, each one 2x3 convolution on the fast path
+    # k=4, s=2, p=1 (GAN upsampler): two row phases, each one 2x1 convolution on the fast path
     mod = build_op_module("nn.conv_transpose", [rand(1, 8, 6, 6), rand(8, 4, 4, 4)],
                           [False, True], strides=(2, 2), padding=(1, 1, 1, 1),
                           dilation=(1, 1), output_padding=(0, 0))
@@ -155,11 +157,12 @@ def test_against_numpy_reference_with_odd_pads(attrs, x_shape, w_shape, tmp_path
     ((16, 8, 2, 2), dict(strides=(2, 2), padding=(0, 0, 0, 0))),
     ((16, 8, 4, 4), dict(strides=(2, 2), padding=(1, 1, 1, 1))),
 ])
-def test_two_threads(w_shape, attrs, tmp_path) -> None:
+@pytest.mark.parametrize("threads,target", [(2, None), (1, "x86-64-v2")])
+def test_two_threads_and_v2(w_shape, attrs, threads, target, tmp_path) -> None:
     x, w, b = rand(1, 16, 24, 20), rand(*w_shape), rand(8)
     full = dict(attrs, dilation=(1, 1), output_padding=(0, 0))
     mod = build_op_module("nn.conv_transpose", [x, w, b], [False, True, True], **full)
-    got = compile_and_run(mod, {"x0": x}, tmp_path, threads=2)["y"]
+    got = compile_and_run(mod, {"x0": x}, tmp_path, target=target, threads=threads)["y"]
     np.testing.assert_allclose(got, get_op("nn.conv_transpose").reference(x, w, b, **full),
                                rtol=1e-4, atol=1e-4)
 

@@ -86,7 +86,8 @@ def test_check_supported_passes_and_refuses(x86_v3: None) -> None:
         check_supported("x86_64", "x86-64-v4", [], "model.mlc")
     assert str(err.value) == (
         "model.mlc was built for x86-64-v4 (needs avx512bw, avx512cd, avx512dq, avx512f, "
-        "avx512vl); this CPU is x86-64-v3: export again with --target x86-64-v3")
+        "avx512vl); this CPU is x86-64-v3: export again with --target x86-64-v3 or the default "
+        "portable target")
     with pytest.raises(CpuFeatureError, match=r"needs avx512_vnni\); this CPU is x86-64-v3"):
         check_supported("x86_64", "x86-64-v3", ["avx512_vnni"], "model.mlc")
     with pytest.raises(CpuFeatureError) as err:
@@ -102,7 +103,8 @@ def test_messages_on_an_old_or_foreign_cpu(monkeypatch: pytest.MonkeyPatch) -> N
     monkeypatch.setenv("MLCPACK_CPU_ARCH", "aarch64")
     monkeypatch.setenv("MLCPACK_CPU_FEATURES", "fp,asimd")
     with pytest.raises(CpuFeatureError, match="needs asimddp\\); this CPU is aarch64: "
-                                              "export again with --target aarch64$"):
+                                              "export again with --target aarch64 or the "
+                                              "default portable target$"):
         check_supported("aarch64", "aarch64+dotprod", [], "m.mlc")
     monkeypatch.setenv("MLCPACK_CPU_ARCH", "x86_64")
     monkeypatch.setenv("MLCPACK_CPU_FEATURES", "sse")
@@ -146,7 +148,8 @@ def test_pick_variant_refuses_with_reasons(x86_v3: None) -> None:
     assert msg.startswith("no code in model.mlc runs on this x86_64 CPU (x86-64-v4 needs "
                           "avx512bw, avx512cd")
     assert "; aarch64 is for aarch64 machines)" in msg
-    assert msg.endswith("this CPU is x86-64-v3: export again with --target x86-64-v3")
+    assert msg.endswith("this CPU is x86-64-v3: export again with --target x86-64-v3 or the "
+                        "default portable target")
     with pytest.raises(CpuFeatureError, match="no code variants"):
         pick_variant([])
     with pytest.raises(BundleError, match="code variant 0 is malformed"):

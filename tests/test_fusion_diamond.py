@@ -6,6 +6,8 @@ targets."""
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import onnx
 import onnxruntime as ort
@@ -278,3 +280,81 @@ def test_dot_product_kernel_other_targets(target, tmp_path):
         return
     _, compiled, _ = compile_module(mod, target=target)
     assert undefined_symbols(compiled.object_code) <= set(ALLOWED_EXTERNALS)
+
+
+@pytest.mark.parametrize("threads", [1, 2, 9])
+@pytest.mark.parametrize("cfg", [
+    dict(x=(1, 128, 10, 10), kernel=(5, 5), strides=(1, 1), padding=(2, 2, 2, 2)),  # SPPF
+    dict(x=(1, 40, 40, 43), kernel=(5, 5), strides=(1, 1), padding=(2, 2, 2, 2)),  # parallel
+    dict(x=(2, 5, 13, 21), kernel=(3, 3), strides=(2, 2), padding=(1, 1, 1, 1)),
+    dict(x=(1, 3, 17, 9), kernel=(4, 2), strides=(1, 2), padding=(0, 1, 2, 0),
+         dilation=(2, 1)),
+])
+def test_separable_max_pool_on_threads(cfg, threads, tmp_path):
+    """The separable max pool (row maxima in per-task workspace regions, then column maxima)
+    on 1, 2 and 9 threads (more tasks than regions: the extra ones get no planes), NaN
+    propagated."""
+    from mlcpack.packager.ops import get_op
+
+    from helpers import build_op_module
+
+    cfg = dict(cfg)
+    x = _rand(*cfg.pop("x"))
+    x[0, 1, 2, 3] = np.nan
+    mod = build_op_module("nn.max_pool2d", [x], **cfg)
+    path = tmp_path / "m.mlc"
+    export_module(mod, path, ExportOptions())
+    with load(path, threads=threads) as model:
+        got = model.run({"x0": x})["y"]
+    np.testing.assert_array_equal(got, get_op("nn.max_pool2d").reference(x, **cfg))
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("axis", [0, 1, 2])
+def test_concat_loops_split_per_input(axis, threads, tmp_path):
+    """Concatenation (a chain of selects on the axis) is emitted as one copy loop per input
+    range, also on the axis split over tasks; YOLOv8's head concatenates along the last axis."""
+    shapes = [tuple(n if d == axis else (3, 144, 40)[d] for d, n in enumerate(s))
+              for s in [(2, 100, 40), (5, 17, 17), (1, 27, 5)]]
+    xs = [_rand(*s) for s in shapes]
+    bb = BlockBuilder()
+    params = [bb.input(f"x{i}", s, "float32") for i, s in enumerate(shapes)]
+    with bb.function("main", params):
+        with bb.dataflow():
+            out = bb.emit_output(bb.emit_op("concat", *params, axis=axis))
+        bb.emit_func_output(out, names=["y"])
+    path = tmp_path / "m.mlc"
+    export_module(bb.get(), path, ExportOptions())
+    with load(path, threads=threads) as model:
+        got = model.run({f"x{i}": x for i, x in enumerate(xs)})["y"]
+    np.testing.assert_array_equal(got, np.concatenate(xs, axis=axis))
+
+
+def test_generic_reduction_read_twice_is_computed_once(tmp_path):
+    """A reduction the generic loop nest lowers (a matmul with a transposed runtime operand)
+    followed by SiLU: the epilogue reads it twice, the kernel computes it once per element,
+    and the result is right."""
+    a, bt = _rand(6, 19), _rand(7, 19)
+    bb = BlockBuilder()
+    av, bv = bb.input("a", a.shape, "float32"), bb.input("b", bt.shape, "float32")
+    with bb.function("main", [av, bv]):
+        with bb.dataflow():
+            y = bb.emit_op("matmul", av, bv, transpose_b=True)
+            out = bb.emit_output(bb.emit_op("multiply", y, bb.emit_op("sigmoid", y)))
+        bb.emit_func_output(out, names=["y"])
+    mod = bb.get()
+    funcs = list(run_pipeline(mod, DEFAULT_PIPELINE).prim_funcs().values())
+    assert len(funcs) == 1 and match_contraction(funcs[0]) is None
+    from llvmlite import ir
+
+    from mlcpack.packager.codegen.lower import KernelEmitter
+    module = ir.Module()
+    KernelEmitter(module, funcs[0], "k").emit()
+    loops = re.findall(r'^"?[\w.]*cond[\w.]*"?:', str(module), re.M)
+    assert len(loops) == 3, loops   # i, j and one k loop, not two
+    path = tmp_path / "m.mlc"
+    export_module(mod, path, ExportOptions())
+    with load(path) as model:
+        got = model.run({"a": a, "b": bt})["y"]
+    z = a @ bt.T
+    np.testing.assert_allclose(got, z / (1 + np.exp(-z)), rtol=1e-5, atol=1e-5)

@@ -92,6 +92,31 @@ def test_nan_must_meet_nan() -> None:
                               1e-4).ok
 
 
+def test_types_numpy_lacks_compare_through_the_bits_the_runtime_returns() -> None:
+    """The IR's numpy reference gives ml_dtypes arrays (int4, float8, bfloat16); the runtime
+    returns their bits as unsigned integers."""
+    import ml_dtypes
+
+    i4 = np.array([1, -1, 7, -8], ml_dtypes.int4)
+    assert compare_output("y", i4.view(np.uint8), i4, 1e-3, 1e-4).ok
+    wrong = i4.view(np.uint8).copy()
+    wrong[1] = 14  # -2
+    check = compare_output("y", wrong, i4, 1e-3, 1e-4)
+    assert not check.ok and check.index == [1] and (check.got, check.ref) == (-2.0, -1.0)
+    for dtype in (ml_dtypes.float8_e5m2, ml_dtypes.float8_e4m3fn, ml_dtypes.bfloat16):
+        x = np.array([1.5, -2, 0.25], dtype)
+        assert compare_output("y", x.view(f"u{x.itemsize}"), x, 1e-3, 1e-4).ok
+
+
+def test_a_masked_infinity_meets_the_lowest_float() -> None:
+    """ONNX Runtime's Attention masks with float32's lowest value, ONNX's spec with -inf."""
+    low = np.finfo(np.float32).min
+    assert compare_output("qk", np.array([-np.inf, 1.0], np.float32),
+                          np.array([low, 1.0], np.float32), 1e-3, 1e-4).ok
+    assert not compare_output("qk", np.array([np.inf, 1.0], np.float32),
+                              np.array([low, 1.0], np.float32), 1e-3, 1e-4).ok
+
+
 def test_scattered_rounding_outliers_pass_when_the_output_agrees_as_a_whole() -> None:
     """A ~0 element of a large output (a difference of large values) off by more than its
     elementwise allowance, while the output as a whole agrees to > 80 dB."""
@@ -105,6 +130,38 @@ def test_scattered_rounding_outliers_pass_when_the_output_agrees_as_a_whole() ->
     got[:100] += 0.05  # a wrong region is not rounding
     check = compare_output("y", got, ref, 1e-3, 1e-4)
     assert not check.ok and check.snr_db < 80
+
+
+# ---- inputs compiled code must not run --------------------------------------------------------------
+
+@pytest.mark.parametrize("no_ort", [False, True])
+def test_zero_integer_divisors_skip_the_run_instead_of_killing_the_export(
+        tmp_path, monkeypatch, no_ort) -> None:
+    """Integer inputs default to zeros; an integer Div by them traps in compiled code (SIGFPE
+    ends the process), so the check says why it did not run; given real inputs, it runs."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    from mlcpack.packager.cli import app
+
+    graph = helper.make_graph(
+        [helper.make_node("Div", ["a", "b"], ["y"])], "div",
+        [helper.make_tensor_value_info(n, TensorProto.INT32, [4]) for n in ("a", "b")],
+        [helper.make_tensor_value_info("y", TensorProto.INT32, [4])])
+    model = tmp_path / "div.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), model)
+    if no_ort:
+        monkeypatch.setenv("MLCPACK_NO_ORT", "1")
+    out = tmp_path / "div.mlc"
+    result = CliRunner().invoke(app, ["export", str(model), "-o", str(out)])
+    assert result.exit_code == 0 and out.exists(), result.output
+    assert "golden check skipped: the check input divides an integer by zero" in result.output
+    np.save(tmp_path / "a.npy", np.array([7, -7, 9, 0], np.int32))
+    np.save(tmp_path / "b.npy", np.array([2, 2, -4, 5], np.int32))
+    result = CliRunner().invoke(app, ["export", str(model), "-o", str(out), "--check-input",
+                                      f"a={tmp_path / 'a.npy'}", "--check-input",
+                                      f"b={tmp_path / 'b.npy'}"])
+    assert result.exit_code == 0 and "golden check passed" in result.output, result.output
 
 
 # ---- every passing conformance case, through the CLI, both ways ------------------------------------
@@ -197,8 +254,9 @@ class CompileOnce:
 def export_both_ways(model_path: Path, out: Path, monkeypatch, args: tuple[str, ...] = ()
                      ) -> list[str]:
     """``mlcpack export MODEL -o OUT [ARGS]`` in-process with onnxruntime, then with
-    MLCPACK_NO_ORT=1; the problems: a refusal, a crash, a check that did not pass (a check
-    skipped because the reference cannot run the model is no refusal, and is not counted)."""
+    MLCPACK_NO_ORT=1; the problems: a refusal, a crash, a bundle ``verify`` fails (a check
+    skipped because no reference can run the model, or because the zero integer inputs divide
+    by zero, is no refusal: the bundle is written and says so)."""
     from mlcpack.packager import export as export_mod
     from mlcpack.packager.cli import app
 
@@ -219,13 +277,26 @@ def export_both_ways(model_path: Path, out: Path, monkeypatch, args: tuple[str, 
             problems.append(f"{mode}: exit {result.exit_code}: {text[-600:]}")
             continue
         check = next((ln for ln in text.splitlines() if ln.startswith("golden check")), "")
-        if not (check.startswith("golden check passed") or "no reference ran" in check
-                or check.startswith("golden check not run on this host")):
+        passed = check.startswith("golden check passed")
+        if not (passed or check.startswith(("golden check skipped", "golden check not run"))):
             problems.append(f"{mode}: {check or text[-300:]}")
-        elif mode == "no onnxruntime" and "was not independently checked" not in check:
+        elif passed and mode == "no onnxruntime" and "not independently checked" not in check:
             problems.append(f"{mode}: the summary does not say the import went unchecked")
+        elif passed:
+            problems += [f"{mode}: {p}" for p in _verify_again(out)]
     monkeypatch.delenv("MLCPACK_NO_ORT", raising=False)
     return problems
+
+
+def _verify_again(bundle: Path) -> list[str]:
+    """``mlcpack verify``'s check of the embedded pair (the magnitudes travel with it)."""
+    from mlcpack.runtime.verify import NoGoldenDataError, verify
+
+    try:
+        result = verify(bundle)
+    except NoGoldenDataError:  # a pair over 4 MiB is checked at export, not embedded
+        return []
+    return [] if result.ok else [f"verify: {result.summary()}"]
 
 
 def run_conformance(keys: list[str], cases: dict, folder: Path, monkeypatch,
@@ -275,9 +346,17 @@ def test_paddle_ocr_models_export_by_default_with_and_without_onnxruntime(
     args = [a for s in ([shape] if shape else corpus.MODELS[name].input_shape_args())
             for a in ("--input-shape", s)]
     monkeypatch.setattr(export_mod, "compile_variants", CompileOnce(export_mod.compile_variants))
-    problems = export_both_ways(corpus.model_path(name), tmp_path / f"{name}.mlc", monkeypatch,
-                                tuple(args))
+    out = tmp_path / f"{name}.mlc"
+    problems = export_both_ways(corpus.model_path(name), out, monkeypatch, tuple(args))
     assert not problems, "\n".join(problems)
+    if shape:  # the pair carries the logits' magnitude, far above the map's own scale
+        from mlcpack.runtime.bundle import BundleReader
+        from mlcpack.runtime.verify import golden_arrays, golden_magnitudes
+
+        with BundleReader(out) as reader:
+            _, outputs, record = golden_arrays(reader)
+            (name_out, y), = outputs.items()
+            assert golden_magnitudes(record)[name_out] > 100 * float(np.abs(y).max())
 
 
 # ---- a wrong bundle is still refused ----------------------------------------------------------------

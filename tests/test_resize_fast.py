@@ -119,6 +119,20 @@ def test_upsampling_resamples_the_innermost_axis_first() -> None:
     assert axes == [3, 2]
 
 
+def test_runs_on_v2(tmp_path) -> None:
+    from mlcpack.packager.export import ExportOptions, export_module
+    from mlcpack.runtime import load
+
+    model = resize_model((1, 3, 6, 5), [1, 1, 2, 1.5], mode="linear")
+    mod, _ = import_onnx(model)
+    export_module(mod, tmp_path / "v2.mlc", ExportOptions(target="x86-64-v2"))
+    x = rand(1, 3, 6, 5)
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    with load(tmp_path / "v2.mlc") as bundle:
+        np.testing.assert_allclose(bundle.run({"x": x})["y"], session.run(None, {"x": x})[0],
+                                   rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("target", ["x86-64-v2", "x86-64-v4", "aarch64"])
 def test_cross_compiles(target: str) -> None:
     for attrs, scales in [(dict(mode="nearest"), [1, 1, 2, 2]), (dict(mode="linear"),

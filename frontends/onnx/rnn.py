@@ -1,10 +1,12 @@
 """Converters for recurrent and control-flow ONNX operators (LSTM, GRU, RNN, If...) with a
 sequence length and conditions fixed at export.
 
-The recurrent operators are unrolled over the (static) sequence length: the input projection of
-every step is one matmul over the whole sequence, then each step is a small matmul with the
-recurrence weights plus elementwise gates. ``sequence_lens`` given at run time is honoured with
-selects: a step past a batch row's length keeps that row's state and writes zeros to ``Y``.
+The recurrent operators take the fast path of ``rnn_fast.py`` (one projection matmul, then the
+whole time loop as one kernel) whenever it computes them exactly. The others are unrolled over
+the (static) sequence length: the input projection of every step is one matmul over the whole
+sequence, then each step is a small matmul with the recurrence weights plus elementwise gates.
+``sequence_lens`` given at run time is honoured with selects: a step past a batch row's length
+keeps that row's state and writes zeros to ``Y``.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from ...packager.ir.graph import Value
+from . import rnn_fast
 from .registry import NodeContext, converter
 
 # ---- activations --------------------------------------------------------------------------------
@@ -267,6 +270,8 @@ def _add_bias(ctx: NodeContext, a: Value | None, b: Value | None) -> Value | Non
 @converter("RNN", since=1, attrs=_RNN_ATTRS)
 def _rnn(ctx: NodeContext) -> list[Value | None]:
     rec = _Recurrence(ctx, 1, ["Tanh"])
+    if rnn_fast.fits(ctx, rec, "rnn"):
+        return rnn_fast.fused_recurrence(ctx, rec, "rnn")
     h0 = rec.state(5, "initial_h")
     hsz = rec.hidden
     ys, finals = [], []
@@ -291,6 +296,8 @@ def _rnn(ctx: NodeContext) -> list[Value | None]:
 @converter("GRU", since=1, attrs={**_RNN_ATTRS, "linear_before_reset": 0})
 def _gru(ctx: NodeContext) -> list[Value | None]:
     rec = _Recurrence(ctx, 3, ["Sigmoid", "Tanh"])
+    if rnn_fast.fits(ctx, rec, "gru"):
+        return rnn_fast.fused_recurrence(ctx, rec, "gru")
     h0 = rec.state(5, "initial_h")
     hsz = rec.hidden
     linear = bool(ctx.attrs["linear_before_reset"])
@@ -344,6 +351,8 @@ def _gru(ctx: NodeContext) -> list[Value | None]:
 @converter("LSTM", since=1, attrs={**_RNN_ATTRS, "input_forget": 0})
 def _lstm(ctx: NodeContext) -> list[Value | None]:
     rec = _Recurrence(ctx, 4, ["Sigmoid", "Tanh", "Tanh"])
+    if rnn_fast.fits(ctx, rec, "lstm"):
+        return rnn_fast.fused_recurrence(ctx, rec, "lstm")
     h0 = rec.state(5, "initial_h")
     c0 = rec.state(6, "initial_c")
     hsz = rec.hidden

@@ -16,6 +16,7 @@ from ..ir.structure import structural_key
 from .gemm import emit_contraction, emit_symbolic_matmul, match_contraction, vector_width
 from .lower import KernelInfo, emit_kernel, is_symbolic
 from .pool import emit_max_pool, match_max_pool
+from .rnn import emit_recurrence
 from .objinfo import undefined_symbols
 from .target import Target
 from .threadpool import emit_thread_pool
@@ -51,7 +52,7 @@ def _target_machine(target: Target) -> llvm.TargetMachine:
 
 
 # Specialized kernels, tried in order; the generic loop-nest lowering is the fallback.
-KERNEL_RULES = (emit_contraction, emit_max_pool)
+KERNEL_RULES = (emit_recurrence, emit_contraction, emit_max_pool)
 
 
 def _emit(module: ir.Module, func: PrimFunc, symbol: str, vl: int,

@@ -131,6 +131,26 @@ def _plan_stages(func: PrimFunc) -> tuple[list[tuple[te.Tensor, te.Expr]], list[
     return materialized, [(t, bodies[t.uid]) for t in func.outputs]
 
 
+# Loops a select on an axis is split into, at most (a concatenation of this many inputs).
+MAX_RANGES = 16
+
+
+def _ranges(e: te.Expr, axis: te.IndexVar, lo: int, hi: int
+            ) -> list[tuple[int, int, te.Expr]]:
+    """Split ``[lo, hi)`` of ``axis`` where ``e`` is a chain of selects on ``axis`` compared
+    with integer constants (``if_then_else(i >= start, x_k[i - start], earlier)``, as concat
+    is legalized): the ranges with the branch each one takes, in order."""
+    if not (isinstance(e, te.Select) and isinstance(e.cond, te.Compare)
+            and e.cond.a is axis and isinstance(e.cond.b, te.Const)
+            and e.cond.op in ("ge", "gt", "lt", "le")):
+        return [(lo, hi, e)]
+    c = int(e.cond.b.value) + (1 if e.cond.op in ("gt", "le") else 0)
+    c = min(max(c, lo), hi)
+    below, above = (e.b, e.a) if e.cond.op in ("ge", "gt") else (e.a, e.b)
+    out = [r for r in _ranges(below, axis, lo, c) + _ranges(above, axis, c, hi) if r[0] < r[1]]
+    return out if len(out) <= MAX_RANGES else [(lo, hi, e)]
+
+
 def _rows_split_together(materialized: list[tuple[te.Tensor, te.Expr]],
                          outputs: list[tuple[te.Tensor, te.Expr]]) -> bool:
     """Whether splitting every stage on the outputs' first dim of extent > 1 keeps each task to
@@ -161,6 +181,7 @@ class KernelEmitter:
         self.size_vars = size_vars
         self.symbolic = is_symbolic(func)
         self.var_values: dict[str, ir.Value] = {}
+        self._reduce_memo: dict[int, ir.Value] | None = None
 
     def emit(self) -> KernelInfo:
         func = self.func
@@ -314,9 +335,13 @@ class KernelEmitter:
         split = next((d for d, n in enumerate(stage.shape) if not isinstance(n, int) or n > 1),
                      None) if task is not None else None
 
-        def nest(d: int) -> None:
+        def nest(d: int, body: te.Expr) -> None:
             if d == len(stage.shape):
+                # a reduction the body reads twice (y * sigmoid(y) after a generic sum) is
+                # computed once per element: straight-line code, the first result dominates
+                self._reduce_memo = {}
                 value = self._value(body, env)
+                self._reduce_memo = None
                 self._store(out_ptr, stage, [env[id(a)] for a in stage.axes], value)
                 return
             extent = self._dim_value(stage.shape[d])
@@ -325,11 +350,27 @@ class KernelEmitter:
             if d == split:
                 lo = b.sdiv(b.mul(task, extent), ntasks)
                 hi = b.sdiv(b.mul(b.add(task, const_i64(1)), extent), ntasks)
-            with for_range(b, lo, hi, stage.axes[d].name) as idx:
-                env[id(stage.axes[d])] = idx
-                nest(d + 1)
+            # A select on this axis against a constant (a concatenation) becomes one loop per
+            # range, each reading only its own input: a copy LLVM vectorizes.
+            ranges = (_ranges(body, stage.axes[d], 0, stage.shape[d])
+                      if isinstance(stage.shape[d], int) else [(0, stage.shape[d], body)])
+            for p_lo, p_hi, piece in ranges:
+                start = lo if p_lo == 0 else self._bound(max, lo, p_lo, d == split)
+                stop = hi if p_hi == stage.shape[d] else self._bound(min, hi, p_hi, d == split)
+                with for_range(b, start, stop, stage.axes[d].name) as idx:
+                    env[id(stage.axes[d])] = idx
+                    nest(d + 1, piece)
 
-        nest(0)
+        nest(0, body)
+
+    def _bound(self, pick, task_bound: ir.Value, value: int, split: bool) -> ir.Value:
+        """``value``, or on the axis split over tasks ``pick(task_bound, value)``."""
+        if not split:
+            return const_i64(value)
+        b = self.builder
+        op = ">" if pick is max else "<"
+        return b.select(b.icmp_signed(op, task_bound, const_i64(value)), task_bound,
+                        const_i64(value))
 
     def _offset(self, tensor: te.Tensor, indices: list[ir.Value]) -> ir.Value:
         b = self.builder
@@ -380,7 +421,14 @@ class KernelEmitter:
         if isinstance(e, te.MathCall):
             return self._math(e.name, self._value(e.arg, env))
         if isinstance(e, te.Reduce):
-            return self._reduce(e, env)
+            memo = self._reduce_memo
+            if memo is None:
+                return self._reduce(e, env)
+            if id(e) not in memo:
+                self._reduce_memo = None   # reductions inside its loop are not kept
+                memo[id(e)] = self._reduce(e, env)
+                self._reduce_memo = memo
+            return memo[id(e)]
         raise LoweringError(f"{self.func.name}: cannot lower {type(e).__name__}")
 
     def _reduce(self, e: te.Reduce, env: dict[int, ir.Value]) -> ir.Value:

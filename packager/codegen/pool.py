@@ -1,12 +1,14 @@
 """A vectorized kernel for 2-D max pooling (NCHW float32, stride 1 or 2, any window, padding and
 dilation), tagged ``max_pool2d`` by its legalizer (see ``ir.patterns``).
 
-Each task takes whole (image, channel) planes. An output row is computed vl outputs at a time:
-for every tap (ky, kx) whose input row lies inside the image, the inputs ``x[iy, ox*s + c]`` for
-the vl outputs are loaded as ``s`` consecutive vectors (masked: lanes outside the row read
--inf) and, with stride 2, their even lanes picked by one shuffle; the running maximum uses
-``llvm.maximum`` (NaN-propagating, as the generic reduction). The generic loop nest instead
-evaluated a bounds-checked select per tap and output.
+Each task takes whole (image, channel) planes and computes the window's maximum separably,
+vl outputs at a time: first, for every input row, the maximum over the window's columns of
+``x[iy, ox*s + kx]`` (``s`` consecutive vectors per tap, masked: lanes outside the row read
+-inf, and with stride 2 their even lanes picked by one shuffle; the masks made once per column
+chunk) into the task's workspace region; then each output row's maximum over the window's rows
+of those, with plain loads. A k x k window costs 2k vector maxima per output vector, not k^2
+(YOLOv8's 5x5 SPPF pool on 10x10: 118 -> 24 us, ORT 33). The running maximum uses
+``llvm.maximum`` (NaN-propagating, as the generic reduction).
 """
 
 from __future__ import annotations
@@ -16,11 +18,13 @@ from llvmlite import ir
 from ..ir import te
 from ..ir.graph import PrimFunc
 from ..ir.patterns import reduction_tag
-from .helpers import F32, I1, I32, I64, alloca_once, const_i64, for_range, intrinsic
+from .helpers import F32, I1, I32, const_i64, for_range, intrinsic
 from .lower import KernelEmitter, KernelInfo, _plan_stages
 
 # Outputs per kernel below which it stays on one thread (a few microseconds of work).
 PARALLEL_MIN_OUTPUTS = 1 << 14
+# Workspace regions (one per task) for the row maxima; tasks beyond them get no planes.
+MAX_TASK_REGIONS = 8
 
 
 def match_max_pool(func: PrimFunc):
@@ -53,34 +57,49 @@ class MaxPoolEmitter(KernelEmitter):
 
     def emit(self) -> KernelInfo:
         x_t = self.tag.operands[0]
-        body_fn, ptr_types = self._begin_body([x_t, self.out], workspace=False)
-        self._emit_body(body_fn.args[0], body_fn.args[1], body_fn.args[2], body_fn.args[3])
+        workspace = MAX_TASK_REGIONS * self._region_floats() * 4
+        body_fn, ptr_types = self._begin_body([x_t, self.out], workspace=True)
+        x_ptr, out_ptr, ws, task, ntasks = body_fn.args[:5]
+        self._emit_body(x_ptr, out_ptr, b_f32(self.builder, ws), task, ntasks)
         self.builder.ret_void()
-        self._emit_entry(body_fn, 2, ptr_types)
+        self._emit_entry(body_fn, 3, ptr_types)
         n, c, oh, ow = self.out.shape
-        return KernelInfo(self.symbol, 1, 1, 0, n * c * oh * ow >= PARALLEL_MIN_OUTPUTS)
+        return KernelInfo(self.symbol, 1, 1, workspace, n * c * oh * ow >= PARALLEL_MIN_OUTPUTS)
+
+    def _region_floats(self) -> int:
+        """One task's row maxima: every input row of a plane, ``nvec * vl`` floats each."""
+        h = self.tag.operands[0].shape[2]
+        return h * -(-self.out.shape[3] // self.vl) * self.vl
 
     def _lanes(self, ty: ir.Type, values) -> ir.Constant:
         return ir.Constant(ir.VectorType(ty, self.vl), list(values))
 
-    def _splat_i64(self, v: ir.Value) -> ir.Value:
-        b, vec = self.builder, ir.VectorType(I64, self.vl)
-        v = b.insert_element(ir.Constant(vec, None), v, ir.Constant(I32, 0))
+    def _splat_i32(self, v: ir.Value) -> ir.Value:
+        b, vec = self.builder, ir.VectorType(I32, self.vl)
+        v = b.insert_element(ir.Constant(vec, None), b.trunc(v, I32), ir.Constant(I32, 0))
         return b.shuffle_vector(v, ir.Constant(vec, None), self._lanes(I32, [0] * self.vl))
 
-    def _row_load(self, row: ir.Value, start: ir.Value, width: int) -> ir.Value:
-        """x_row[start + j] for j < vl (lanes outside 0..width read -inf)."""
+    def _row_mask(self, start: ir.Value, width: int) -> ir.Value:
+        """Lanes j < vl whose column start + j lies in 0..width."""
         b = self.builder
-        idx = b.add(self._splat_i64(start), self._lanes(I64, range(self.vl)))
-        inside = b.and_(b.icmp_signed(">=", idx, self._lanes(I64, [0] * self.vl)),
-                        b.icmp_signed("<", idx, self._lanes(I64, [width] * self.vl)))
+        idx = b.add(self._splat_i32(start), self._lanes(I32, range(self.vl)))
+        return b.and_(b.icmp_signed(">=", idx, self._lanes(I32, [0] * self.vl)),
+                      b.icmp_signed("<", idx, self._lanes(I32, [width] * self.vl)))
+
+    def _row_load(self, row: ir.Value, start: ir.Value, mask: ir.Value) -> ir.Value:
+        """x_row[start + j] for j < vl (lanes outside ``mask`` read -inf)."""
+        b = self.builder
         ptr = b.bitcast(b.gep(row, [start], inbounds=False), self.vty.as_pointer())
         fn = intrinsic(self.module, f"llvm.masked.load.v{self.vl}f32.p0", self.vty,
                        [self.vty.as_pointer(), I32, ir.VectorType(I1, self.vl), self.vty])
-        return b.call(fn, [ptr, ir.Constant(I32, 4), inside,
+        return b.call(fn, [ptr, ir.Constant(I32, 4), mask,
                            ir.Constant(self.vty, [float("-inf")] * self.vl)])
 
-    def _emit_body(self, x_ptr, out_ptr, task, ntasks) -> None:
+    def _emit_body(self, x_ptr, out_ptr, ws, task, ntasks) -> None:
+        """Separably: each task first takes every input row's maximum over the window's columns
+        (masked loads, the masks made once per column chunk) into its workspace region, then
+        each output's maximum over the window's rows of those (plain loads). A k x k window
+        costs 2k maxima per output vector, not k^2."""
         b, vl = self.builder, self.vl
         n, c, h, w = self.tag.operands[0].shape
         _, _, oh, ow = self.out.shape
@@ -90,41 +109,66 @@ class MaxPoolEmitter(KernelEmitter):
         pt, pl = attrs["padding"][0], attrs["padding"][1]
         dh, dw = attrs["dilation"]
         vmax = intrinsic(self.module, f"llvm.maximum.v{vl}f32", self.vty, [self.vty] * 2)
-        planes = const_i64(n * c)
-        lo = b.sdiv(b.mul(task, planes), ntasks)
-        hi = b.sdiv(b.mul(b.add(task, const_i64(1)), planes), ntasks)
         nvec = -(-ow // vl)
+        stride = nvec * vl
+        neg_inf = ir.Constant(self.vty, [float("-inf")] * vl)
+        nt = b.select(b.icmp_signed("<", ntasks, const_i64(MAX_TASK_REGIONS)), ntasks,
+                      const_i64(MAX_TASK_REGIONS))
         store = intrinsic(self.module, f"llvm.masked.store.v{vl}f32.p0", ir.VoidType(),
                           [self.vty, self.vty.as_pointer(), I32, ir.VectorType(I1, vl)])
-        acc_ptr = alloca_once(b, self.vty, name="acc")
-        with for_range(b, lo, hi, "plane") as p:
-            x_plane = b.gep(x_ptr, [b.mul(p, const_i64(h * w))], inbounds=True)
-            o_plane = b.gep(out_ptr, [b.mul(p, const_i64(oh * ow))], inbounds=True)
-            with for_range(b, const_i64(0), const_i64(oh), "oy") as oy:
-                o_row = b.gep(o_plane, [b.mul(oy, const_i64(ow))], inbounds=True)
+        with b.if_then(b.icmp_signed("<", task, nt)):
+            region = b.gep(ws, [b.mul(task, const_i64(self._region_floats()))], inbounds=True)
+            planes = const_i64(n * c)
+            lo = b.sdiv(b.mul(task, planes), nt)
+            hi = b.sdiv(b.mul(b.add(task, const_i64(1)), planes), nt)
+            with for_range(b, lo, hi, "plane") as p:
+                x_plane = b.gep(x_ptr, [b.mul(p, const_i64(h * w))], inbounds=True)
+                o_plane = b.gep(out_ptr, [b.mul(p, const_i64(oh * ow))], inbounds=True)
                 with for_range(b, const_i64(0), const_i64(nvec), "ov") as q:
                     ox0 = b.mul(q, const_i64(vl))
-                    b.store(ir.Constant(self.vty, [float("-inf")] * vl), acc_ptr)
+                    starts = [b.add(b.mul(ox0, const_i64(sw)), const_i64(kx * dw - pl))
+                              for kx in range(kw)]
+                    loads = [(s, self._row_mask(s, w)) for s in starts]
+                    if sw == 2:
+                        highs = [b.add(s, const_i64(vl)) for s in starts]
+                        loads += [(s, self._row_mask(s, w)) for s in highs]
+                    with for_range(b, const_i64(0), const_i64(h), "iy") as iy:
+                        x_row = b.gep(x_plane, [b.mul(iy, const_i64(w))], inbounds=True)
+                        acc = neg_inf
+                        for kx in range(kw):
+                            v = self._row_load(x_row, *loads[kx])
+                            if sw == 2:
+                                v2 = self._row_load(x_row, *loads[kw + kx])
+                                v = b.shuffle_vector(v, v2, self._lanes(I32, range(0, 2 * vl, 2)))
+                            acc = b.call(vmax, [acc, v])
+                        dst = b.gep(region, [b.add(b.mul(iy, const_i64(stride)), ox0)],
+                                    inbounds=True)
+                        b.store(acc, b.bitcast(dst, self.vty.as_pointer()), align=4)
+                with for_range(b, const_i64(0), const_i64(oh), "oy") as oy:
+                    o_row = b.gep(o_plane, [b.mul(oy, const_i64(ow))], inbounds=True)
+                    rows = []
                     for ky in range(kh):
                         iy = b.add(b.mul(oy, const_i64(sh)), const_i64(ky * dh - pt))
-                        row_ok = b.and_(b.icmp_signed(">=", iy, const_i64(0)),
-                                        b.icmp_signed("<", iy, const_i64(h)))
-                        with b.if_then(row_ok):
-                            x_row = b.gep(x_plane, [b.mul(iy, const_i64(w))], inbounds=True)
-                            acc = b.load(acc_ptr)
-                            for kx in range(kw):
-                                start = b.add(b.mul(ox0, const_i64(sw)), const_i64(kx * dw - pl))
-                                v = self._row_load(x_row, start, w)
-                                if sw == 2:
-                                    v2 = self._row_load(x_row, b.add(start, const_i64(vl)), w)
-                                    v = b.shuffle_vector(v, v2, self._lanes(
-                                        I32, range(0, 2 * vl, 2)))
-                                acc = b.call(vmax, [acc, v])
-                            b.store(acc, acc_ptr)
-                    lanes = b.add(self._splat_i64(ox0), self._lanes(I64, range(vl)))
-                    mask = b.icmp_signed("<", lanes, self._lanes(I64, [ow] * vl))
-                    dst = b.bitcast(b.gep(o_row, [ox0], inbounds=True), self.vty.as_pointer())
-                    b.call(store, [b.load(acc_ptr), dst, ir.Constant(I32, 4), mask])
+                        ok = b.and_(b.icmp_signed(">=", iy, const_i64(0)),
+                                    b.icmp_signed("<", iy, const_i64(h)))
+                        rows.append((ok, b.select(ok, iy, const_i64(0))))
+                    with for_range(b, const_i64(0), const_i64(nvec), "ov") as q:
+                        ox0 = b.mul(q, const_i64(vl))
+                        acc = neg_inf
+                        for ok, iy in rows:
+                            src = b.gep(region, [b.add(b.mul(iy, const_i64(stride)), ox0)],
+                                        inbounds=True)
+                            v = b.load(b.bitcast(src, self.vty.as_pointer()), align=4)
+                            acc = b.call(vmax, [acc, b.select(ok, v, neg_inf)])
+                        lanes = b.add(self._splat_i32(ox0), self._lanes(I32, range(vl)))
+                        mask = b.icmp_signed("<", lanes, self._lanes(I32, [ow] * vl))
+                        dst = b.bitcast(b.gep(o_row, [ox0], inbounds=True),
+                                        self.vty.as_pointer())
+                        b.call(store, [acc, dst, ir.Constant(I32, 4), mask])
+
+
+def b_f32(b: ir.IRBuilder, ws: ir.Value) -> ir.Value:
+    return b.bitcast(ws, F32.as_pointer())
 
 
 def emit_max_pool(module: ir.Module, func: PrimFunc, symbol: str, vl: int

@@ -52,20 +52,61 @@ def resolve_target(name: str | None) -> Target:
     aliases = {"x86_64": "x86-64", "arm64": "aarch64"}
     name = aliases.get(name, name)
     if name not in LEVEL_NAMES:
-        raise TargetError(f"unknown target {name!r}; choose one of: host, {', '.join(LEVEL_NAMES)}")
+        raise TargetError(f"unknown target {name!r}; choose one of: portable, host, "
+                          f"{', '.join(LEVEL_NAMES)}")
     return _from_level(name)
+
+
+# The oldest level a portable bundle covers on each architecture: x86-64-v2 (SSE4.2, 2009 on)
+# runs on every x86-64 machine still in service; the v1 baseline would only slow the common case.
+PORTABLE_BASELINE = {"x86_64": "x86-64-v2", "aarch64": "aarch64"}
+
+
+def portable_levels(arch: str | None = None, best: str | None = None) -> list[str]:
+    """The levels of the default, portable bundle: every level of ``arch`` from its baseline up
+    to ``best`` (defaults: this host's architecture and best level), so a bundle built on an
+    AVX-512 workstation still runs on an AVX2 laptop or an SSE4.2 server, each at its own best
+    level. Raises ``TargetError`` when the host matches no level."""
+    arch = arch or cpu.host_arch()
+    best = best or cpu.best_level(arch)
+    if best is None:
+        raise TargetError(f"this {arch} CPU matches no known level; name one with --target "
+                          f"({', '.join(LEVEL_NAMES)})")
+    names = [lv.name for lv in cpu.LEVELS if lv.arch == arch]
+    start = names.index(PORTABLE_BASELINE.get(arch, names[0]))
+    stop = names.index(best)
+    return names[min(start, stop):stop + 1]
+
+
+def runs_on(targets: list[Target]) -> str:
+    """Which CPUs run a bundle with these code variants, in words for the export summary."""
+    by_arch: dict[str, list[str]] = {}
+    for t in targets:
+        by_arch.setdefault(t.arch, []).append(t.name)
+    parts = []
+    for names in by_arch.values():
+        lowest = min(names, key=lambda n: LEVEL_NAMES.index(n))
+        what = {"x86-64": "any x86-64 CPU", "x86-64-v2": "x86-64 CPUs with SSE4.2 (x86-64-v2)",
+                "x86-64-v3": "x86-64 CPUs with AVX2 (x86-64-v3)",
+                "x86-64-v4": "x86-64 CPUs with AVX-512 (x86-64-v4)", "aarch64": "any aarch64 CPU",
+                "aarch64+dotprod": "aarch64 CPUs with dotprod"}.get(lowest, lowest)
+        parts.append(what + (" and up" if lowest not in ("x86-64", "aarch64") else ""))
+    return " or ".join(parts)
 
 
 def resolve_targets(spec: str | None) -> list[Target]:
     """Targets for a comma-separated ``spec`` ("x86-64-v2,x86-64-v3,aarch64"), in order and
-    without repeats; ``None`` or "host" is this machine's best level. A bundle carries one code
-    variant per target, and the runtime picks the best its host supports."""
-    names = [n.strip() for n in (spec or "host").split(",")]
+    without repeats; "host" is this machine's best level, and ``None`` or "portable" (the
+    default) the levels from the architecture's baseline up to the host's (``portable_levels``).
+    A bundle carries one code variant per target, and the runtime picks the best its host
+    supports."""
+    names = [n.strip() for n in (spec or "portable").split(",")]
     if not all(names):
         raise TargetError(f"--target {spec!r} has an empty entry; write e.g. x86-64-v2,x86-64-v3")
     targets: list[Target] = []
     for name in names:
-        target = resolve_target(name)
-        if target not in targets:
-            targets.append(target)
+        expanded = portable_levels() if name == "portable" else [name]
+        for target in map(resolve_target, expanded):
+            if target not in targets:
+                targets.append(target)
     return targets

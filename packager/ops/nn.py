@@ -600,49 +600,55 @@ def conv(x: np.ndarray, w: np.ndarray, strides=(), padding=(), dilation=(),
     return out.astype(x.dtype)
 
 
-# ``nn.depth_unfold`` lays a 3-D convolution's depth taps out as channels, so that a 2-D
-# convolution computes it (see passes/conv_nd.py): for input [N, C, D, H, W],
-# ``y[n, c, t, od, j, w] = x[n, c, od * stride - pad + t * dilation, j - row_pad, w]``, zero
-# outside x; shape [N, C, kernel, outs, rows, W] (rows: each depth slice's H, padded).
+# ``nn.window_unfold`` lays a convolution's window taps along some axes out as channels, so
+# that a 2-D convolution computes a 3-D or dilated one (see passes/conv_nd.py): for input
+# [N, C, D0, D1, D2] and per axis a (kernel k_a, stride s_a, dilation d_a, pad p_a, size o_a),
+# ``y[n, c, t0, t1, t2, j0, j1, j2] = x[n, c, .., j_a * s_a - p_a + t_a * d_a, ..]``, zero
+# outside x; shape [N, C, k0, k1, k2, o0, o1, o2]. An axis whose taps stay in the convolution
+# has kernel 1: it is only padded (and cut to o_a).
 
-def _infer_depth_unfold(x: TensorType, kernel: int = 1, stride: int = 1, dilation: int = 1,
-                        pad: int = 0, outs: int = 1, row_pad: int = 0,
-                        rows: int = 1) -> TensorType:
+def _infer_window_unfold(x: TensorType, kernel=(1, 1, 1), strides=(1, 1, 1),
+                         dilation=(1, 1, 1), pads=(0, 0, 0), sizes=(1, 1, 1)) -> TensorType:
     if len(x.shape) != 5:
-        raise ValueError(f"depth_unfold: input {x.shape} is not [N, C, D, H, W]")
-    if min(kernel, stride, dilation, outs, rows) < 1:
-        raise ValueError("depth_unfold: kernel, stride, dilation, outs and rows must be positive")
-    n, c, _, _, w = x.shape
-    return TensorType((n, c, kernel, outs, rows, w), x.dtype)
+        raise ValueError(f"window_unfold: input {x.shape} is not [N, C, D, H, W]")
+    if any(len(v) != 3 for v in (kernel, strides, dilation, pads, sizes)):
+        raise ValueError("window_unfold: kernel, strides, dilation, pads and sizes need 3 values")
+    if min(tuple(kernel) + tuple(strides) + tuple(dilation) + tuple(sizes)) < 1:
+        raise ValueError("window_unfold: kernels, strides, dilations and sizes must be positive")
+    return TensorType(x.shape[:2] + tuple(kernel) + tuple(sizes), x.dtype)
 
 
-def _legalize_depth_unfold(x: te.Tensor, out_type: TensorType, name: str, kernel: int = 1,
-                           stride: int = 1, dilation: int = 1, pad: int = 0, outs: int = 1,
-                           row_pad: int = 0, rows: int = 1) -> te.Tensor:
-    _, _, depth, height, _ = x.shape
+def _legalize_window_unfold(x: te.Tensor, out_type: TensorType, name: str, kernel=(1, 1, 1),
+                            strides=(1, 1, 1), dilation=(1, 1, 1), pads=(0, 0, 0),
+                            sizes=(1, 1, 1)) -> te.Tensor:
+    spatial = x.shape[2:]
 
-    def body(n, c, t, od, j, w):
-        d = od * stride - pad + t * dilation
-        h = j - row_pad
-        inside = te.logical_and(_in_bounds(d, depth), _in_bounds(h, height))
-        read = x[n, c, _clamped(d, depth), _clamped(h, height), w]
-        return te.if_then_else(inside, read, te.const(0.0, x.dtype))
+    def body(n, c, *tj):
+        pos = [tj[3 + a] * strides[a] - pads[a] + tj[a] * dilation[a] for a in range(3)]
+        # axes read at their own positions need no bounds check (and no clamp)
+        plain = [(kernel[a], strides[a], pads[a], sizes[a]) == (1, 1, 0, spatial[a])
+                 for a in range(3)]
+        read = x[(n, c) + tuple(pos[a] if plain[a] else _clamped(pos[a], spatial[a])
+                                for a in range(3))]
+        checks = [_in_bounds(pos[a], spatial[a]) for a in range(3) if not plain[a]]
+        if not checks:
+            return read
+        return te.if_then_else(_all_of(checks), read, te.const(0.0, x.dtype))
 
     return te.compute(out_type.shape, body, name=name)
 
 
-@register_op("nn.depth_unfold", INJECTIVE, _infer_depth_unfold, _legalize_depth_unfold)
-def depth_unfold(x: np.ndarray, kernel: int = 1, stride: int = 1, dilation: int = 1,
-                 pad: int = 0, outs: int = 1, row_pad: int = 0, rows: int = 1) -> np.ndarray:
-    n, c, depth, height, w = x.shape
-    out = np.zeros((n, c, kernel, outs, rows, w), dtype=x.dtype)
-    hs = np.arange(rows) - row_pad
-    hok = (hs >= 0) & (hs < height)
-    for t in range(kernel):
-        for od in range(outs):
-            d = od * stride - pad + t * dilation
-            if 0 <= d < depth:
-                out[:, :, t, od, hok] = x[:, :, d, hs[hok]]
+@register_op("nn.window_unfold", INJECTIVE, _infer_window_unfold, _legalize_window_unfold)
+def window_unfold(x: np.ndarray, kernel=(1, 1, 1), strides=(1, 1, 1), dilation=(1, 1, 1),
+                  pads=(0, 0, 0), sizes=(1, 1, 1)) -> np.ndarray:
+    out = np.zeros(x.shape[:2] + tuple(kernel) + tuple(sizes), dtype=x.dtype)
+    for taps in itertools.product(*map(range, kernel)):
+        pos = [np.arange(sizes[a]) * strides[a] - pads[a] + taps[a] * dilation[a]
+               for a in range(3)]
+        ok = [(p >= 0) & (p < x.shape[2 + a]) for a, p in enumerate(pos)]
+        dst = out[(slice(None), slice(None)) + taps]
+        dst[np.ix_(range(x.shape[0]), range(x.shape[1]), *ok)] = \
+            x[np.ix_(range(x.shape[0]), range(x.shape[1]), *[p[m] for p, m in zip(pos, ok)])]
     return out
 
 

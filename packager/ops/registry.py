@@ -23,6 +23,7 @@ INJECTIVE = "injective"    # each output element reads some input elements (tran
 REDUCTION = "reduction"    # reduces over axes (sum, max, softmax's parts)
 COMPLEX = "complex"        # matmul, conv: may take an elementwise epilogue
 VIEW = "view"              # no data movement: a new shape over the same bytes (reshape, flatten)
+OPAQUE = "opaque"          # one hand-written kernel (a recurrence's time loop): nothing fuses in
 
 
 @dataclass(frozen=True)

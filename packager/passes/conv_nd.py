@@ -1,22 +1,26 @@
 """N-D convolution and pooling on the fast 2-D kernels: ``nn.conv`` and ``nn.pool`` (what the
-ONNX frontend emits for 3-D windows, and for 1-D/2-D ones the 2-D rows do not cover) are
-rewritten into ``nn.conv2d`` / ``nn.max_pool2d`` / ``nn.avg_pool2d`` and views, so that those
-kernels' fast paths, and whatever they learn later (run-time extents), apply here too.
+ONNX frontend emits for 3-D windows, and for 1-D/2-D ones the 2-D rows do not cover), dilated
+``nn.conv2d`` and padded ``nn.avg_pool2d`` are rewritten into ``nn.conv2d`` /
+``nn.max_pool2d`` and views, so that those kernels' fast paths, and whatever they learn later
+(run-time extents), apply here too.
 
 - 1-D and 2-D: the 2-D row itself (a 1-D window is a 2-D one of height 1).
-- 3-D convolution: ``nn.depth_unfold`` lays the depth taps out as channels and stacks the output
-  depth slices on top of each other, each slice's rows padded and rounded up to a multiple of
-  the row stride: ``[N, C * kd, OD * Hs, W]``. One 2-D convolution with the weight viewed as
-  ``[O, Cg * kd, kh, kw]`` then computes every depth slice at once (the reduction runs over
-  channels and depth taps, as the 3-D one does); output rows ``od * Hs / sh + oh`` with
-  ``oh < OH`` are the result, the few rows between slices are dropped by a strided slice (where
-  the epilogue, bias and activation, then fuses). The unfold copies the input ``kd`` times,
-  as the 2-D kernel's own planes copy does for its taps. Without depth taps, row padding or a
-  row stride (a 1x1x1 or 1x1xk convolution), the input is only viewed as 2-D.
+- 3-D convolution: ``nn.window_unfold`` lays the depth taps out as channels and stacks the
+  output depth slices on top of each other, each slice's rows padded and rounded up to a
+  multiple of the row stride: ``[N, C * kd, OD * Hs, W]``. One 2-D convolution with the weight
+  viewed as ``[O, Cg * kd, kh, kw]`` then computes every depth slice at once (the reduction
+  runs over channels and depth taps, as the 3-D one does); output rows ``od * Hs / sh + oh``
+  with ``oh < OH`` are the result, the few rows between slices are dropped by a strided slice
+  (where the epilogue, bias and activation, then fuses). The unfold copies the input ``kd``
+  times, as the 2-D kernel's own planes copy does for its taps. Without depth taps, row
+  padding or a row stride (a 1x1x1 or 1x1xk convolution), the input is only viewed as 2-D.
+- Dilation (any rank; the 2-D kernels take none): the dilated axes' taps are unfolded into
+  channels too (rows, or rows and columns: a 1x1 convolution over an im2col).
 - 3-D max/avg pooling is separable: a 2-D pool over (H, W) of every depth slice, then a
   ``(kd, 1)`` 2-D pool over the depth axis of [N, C, D, OH*OW] (or in the other order when that
   moves less data). Maxima commute, and an average's count is the product of per-axis counts,
   with or without the padding counted, also under ``ceil_mode``.
+- Average pools (2-D, and those stages) run as depthwise convolutions with a constant window.
 
 Lp pooling and average pooling with dilation keep the generic loop nest (no 2-D row for them).
 """
@@ -57,7 +61,7 @@ class _Emitter:
             return x
         if isinstance(x, Constant):   # weights: rearranged once, at export
             self.count += 1
-            return Constant(f"{x.name}_2d", np.ascontiguousarray(x.data.reshape(shape)))
+            return Constant(f"{x.name}_2d{self.count}", np.ascontiguousarray(x.data.reshape(shape)))
         return self.emit("reshape", [x], final=final, shape=tuple(shape))
 
 
@@ -67,54 +71,79 @@ def _lift(values, fill: int) -> tuple[int, ...]:
 
 # ---- convolution --------------------------------------------------------------------------------
 
-def _conv_2d_or_1d(em: _Emitter, x: Value, w: Value, attrs: dict) -> None:
-    strides, padding, dilation = attrs["strides"], attrs["padding"], attrs["dilation"]
-    groups = attrs["groups"]
-    if len(strides) == 2:
-        em.emit("nn.conv2d", [x, w], final=True, strides=tuple(strides), padding=tuple(padding),
-                dilation=tuple(dilation), groups=groups)
+def _as_3d(em: _Emitter, x: Value, w: Value, attrs: dict) -> tuple[Value, Value, dict]:
+    """A 1-D or 2-D convolution as a 3-D one with unit leading axes (views only)."""
+    lead = 5 - len(x.type.shape)
+    n, c = x.type.shape[:2]
+    x3 = em.reshape(x, (n, c) + (1,) * lead + x.type.shape[2:])
+    w3 = em.reshape(w, w.type.shape[:2] + (1,) * lead + w.type.shape[2:])
+    k = len(attrs["strides"])
+    pads = attrs["padding"]
+    return x3, w3, dict(strides=(1,) * lead + tuple(attrs["strides"]),
+                        padding=(0,) * lead + tuple(pads[:k]) + (0,) * lead + tuple(pads[k:]),
+                        dilation=(1,) * lead + tuple(attrs["dilation"]), groups=attrs["groups"])
+
+
+def _conv_2d(em: _Emitter, x: Value, w: Value, attrs: dict) -> None:
+    """An undilated 1-D/2-D convolution: the 2-D row itself."""
+    if len(x.type.shape) == 4:
+        em.emit("nn.conv2d", [x, w], final=True, **attrs)
         return
     n, c, length = x.type.shape
     x2 = em.reshape(x, (n, c, 1, length))
     w2 = em.reshape(w, w.type.shape[:2] + (1,) + w.type.shape[2:])
-    y = em.emit("nn.conv2d", [x2, w2], strides=_lift(strides, 1),
-                padding=(0, padding[0], 0, padding[1]), dilation=_lift(dilation, 1),
-                groups=groups)
+    y = em.emit("nn.conv2d", [x2, w2], strides=_lift(attrs["strides"], 1),
+                padding=(0, attrs["padding"][0], 0, attrs["padding"][1]),
+                dilation=(1, 1), groups=attrs["groups"])
     em.reshape(y, em.binding.var.type.shape, final=True)
 
 
 def _conv_3d(em: _Emitter, x: Value, w: Value, attrs: dict) -> None:
-    """See the module docstring; ``padding`` is (d, h, w begins, d, h, w ends)."""
+    """See the module docstring; ``padding`` is (d, h, w begins, d, h, w ends). Taps of a
+    dilated axis go to the channels too (the 2-D kernels take no dilation); so do the row taps
+    when the columns are dilated, keeping the weight's folded axes a prefix (a view)."""
     (sd, sh, sw), (dd, dh, dw) = attrs["strides"], attrs["dilation"]
     pd0, ph0, pw0, pd1, ph1, pw1 = attrs["padding"]
     groups = attrs["groups"]
     n, c, depth, height, width = x.type.shape
     o, cg, kd, kh, kw = w.type.shape
-    _, _, od, oh, ow = em.binding.var.type.shape
-    flat_rows = kd == 1 and sd == 1 and pd0 == pd1 == 0 and kh == 1 and sh == 1 \
-        and ph0 == ph1 == 0
-    if flat_rows:   # every output row is one input row: view the depth slices as rows
+    out_shape = em.binding.var.type.shape   # rank 3 or 4 for 1-D or 2-D ones seen as 3-D
+    _, _, od, oh, ow = get_op("nn.conv").infer(x.type, w.type, **attrs).shape
+    fold_w = dw > 1 and kw > 1
+    fold_h = kh > 1 and (dh > 1 or fold_w)
+    if kd == 1 and sd == 1 and pd0 == pd1 == 0 and kh == 1 and sh == 1 and ph0 == ph1 == 0 \
+            and not fold_w:   # every output row is one input row: view the slices as rows
         x2 = em.reshape(x, (n, c, depth * height, width))
-        w2 = em.reshape(w, (o, cg, 1, kw))
-        y = em.emit("nn.conv2d", [x2, w2], strides=(1, sw), padding=(0, pw0, 0, pw1),
-                    dilation=(1, dw), groups=groups)
-        em.reshape(y, em.binding.var.type.shape, final=True)
+        y = em.emit("nn.conv2d", [x2, em.reshape(w, (o, cg, 1, kw))], strides=(1, sw),
+                    padding=(0, pw0, 0, pw1), dilation=(1, 1), groups=groups)
+        em.reshape(y, out_shape, final=True)
         return
-    slice_out = -(-(height + ph0 + ph1) // sh)   # output rows per slice, OH and the dropped ones
-    rows = slice_out * sh
-    cols = em.emit("nn.depth_unfold", [x], kernel=kd, stride=sd, dilation=dd, pad=pd0, outs=od,
-                   row_pad=ph0, rows=rows)
-    x2 = em.reshape(cols, (n, c * kd, od * rows, width))
-    w2 = em.reshape(w, (o, cg * kd, kh, kw))
+    # rows: each output depth slice's rows, padded and rounded up to a multiple of the row
+    # stride, stacked (the rows between slices' outputs are dropped at the end), or with the
+    # row taps folded, exactly the output rows
+    slice_out = oh if fold_h else -(-(height + ph0 + ph1) // sh)
+    rows = oh if fold_h else slice_out * sh
+    cols = em.emit("nn.window_unfold", [x],
+                   kernel=(kd, kh if fold_h else 1, kw if fold_w else 1),
+                   strides=(sd, sh if fold_h else 1, sw if fold_w else 1),
+                   dilation=(dd, dh if fold_h else 1, dw if fold_w else 1),
+                   pads=(pd0, ph0, pw0 if fold_w else 0),
+                   sizes=(od, rows, ow if fold_w else width))
+    folded = kd * (kh if fold_h else 1) * (kw if fold_w else 1)
+    x2 = em.reshape(cols, (n, c * folded, od * rows, ow if fold_w else width))
+    w2 = em.reshape(w, (o, cg * folded, 1 if fold_h else kh, 1 if fold_w else kw))
     # the last slice's windows reach below the stacked rows: zero rows from the kernel's padding
-    bottom = max(0, dh * (kh - 1) + 1 - sh)
-    y = em.emit("nn.conv2d", [x2, w2], strides=(sh, sw), padding=(0, pw0, bottom, pw1),
-                dilation=(dh, dw), groups=groups)
+    bottom = 0 if fold_h else max(0, kh - sh)
+    y = em.emit("nn.conv2d", [x2, w2], strides=(1 if fold_h else sh, 1 if fold_w else sw),
+                padding=(0, 0 if fold_w else pw0, bottom, 0 if fold_w else pw1),
+                dilation=(1, 1), groups=groups)
     if slice_out == oh:
-        em.reshape(y, em.binding.var.type.shape, final=True)
+        em.reshape(y, out_shape, final=True)
         return
-    y = em.reshape(y, (n, o, od, slice_out, ow))
-    em.emit("strided_slice", [y], final=True, starts=(0,), ends=(oh,), axes=(3,), steps=(1,))
+    # the slice binds the result (so that the epilogue fuses into it): in the result's rank
+    y = em.reshape(y, out_shape[:-2] + (slice_out, ow))
+    em.emit("strided_slice", [y], final=True, starts=(0,), ends=(oh,), axes=(len(out_shape) - 2,),
+            steps=(1,))
 
 
 def _rewrite_conv(binding: Binding, out: list[Binding]) -> None:
@@ -123,10 +152,12 @@ def _rewrite_conv(binding: Binding, out: list[Binding]) -> None:
     attrs = {"strides": tuple(call.attrs["strides"]), "padding": tuple(call.attrs["padding"]),
              "dilation": tuple(call.attrs["dilation"]), "groups": int(call.attrs.get("groups", 1))}
     em = _Emitter(binding, out)
-    if len(x.type.shape) == 5:
-        _conv_3d(em, x, w, attrs)
-    else:
-        _conv_2d_or_1d(em, x, w, attrs)
+    if len(x.type.shape) < 5 and all(d == 1 for d in attrs["dilation"]):
+        _conv_2d(em, x, w, attrs)
+        return
+    if len(x.type.shape) < 5:
+        x, w, attrs = _as_3d(em, x, w, attrs)
+    _conv_3d(em, x, w, attrs)
 
 
 # ---- pooling ------------------------------------------------------------------------------------
@@ -138,8 +169,50 @@ def _pool_2d(em: _Emitter, x: Value, mode: str, kernel, strides, padding, dilati
                   ceil_mode=bool(attrs.get("ceil_mode", False)))
     if mode == "max":
         return em.emit("nn.max_pool2d", [x], final=final, dilation=tuple(dilation), **common)
-    return em.emit("nn.avg_pool2d", [x], final=final, dilation=(1, 1),
-                   count_include_pad=bool(attrs.get("count_include_pad", False)), **common)
+    common["count_include_pad"] = bool(attrs.get("count_include_pad", False))
+    if strides[1] in (1, 2):
+        return _avg_as_depthwise(em, x, final=final, **common)
+    return em.emit("nn.avg_pool2d", [x], final=final, dilation=(1, 1), **common)
+
+
+def _window_counts(size: int, k: int, s: int, pad0: int, pad1: int, out: int,
+                   count_include_pad: bool) -> np.ndarray:
+    """Elements an average divides by, per output position along one axis (as nn.avg_pool2d)."""
+    start = np.arange(out) * s - pad0
+    end = np.minimum(start + k, size + pad1)
+    if count_include_pad:
+        return end - start
+    return np.minimum(end, size) - np.maximum(start, 0)
+
+
+def _avg_as_depthwise(em: _Emitter, x: Value, kernel, strides, padding, ceil_mode: bool,
+                      count_include_pad: bool, final: bool = False) -> Value:
+    """An average pool as a depthwise convolution with a constant window (the depthwise kernel
+    reads padding without bounds checks; the generic pool's clamped reads do not vectorize),
+    then, where windows hold different counts, a multiply by 1 / count per output position
+    (fused into the convolution's epilogue). ``ceil_mode`` windows reach into zero padding."""
+    n, c, h, w = x.type.shape
+    out_type = get_op("nn.avg_pool2d").infer(x.type, kernel=kernel, strides=strides,
+                                            padding=padding, ceil_mode=ceil_mode,
+                                            count_include_pad=count_include_pad)
+    _, _, oh, ow = out_type.shape
+    (kh, kw), (sh, sw), (pt, pl, pb, pr) = kernel, strides, padding
+    counts = np.outer(_window_counts(h, kh, sh, pt, pb, oh, count_include_pad),
+                      _window_counts(w, kw, sw, pl, pr, ow, count_include_pad))
+    uniform = bool(np.all(counts == kh * kw))
+    em.count += 1
+    weight = Constant(f"{em.binding.var.name}_window{em.count}",
+                      np.full((c, 1, kh, kw), 1.0 / (kh * kw) if uniform else 1.0, np.float32))
+    # bottom/right padding: exactly what the last window reaches (ceil_mode: beyond the pads)
+    conv_pad = (pt, pl, max(0, (oh - 1) * sh + kh - h - pt), max(0, (ow - 1) * sw + kw - w - pl))
+    y = em.emit("nn.conv2d", [x, weight], final=final and uniform, strides=tuple(strides),
+                padding=conv_pad, dilation=(1, 1), groups=c)
+    if uniform:
+        return y
+    em.count += 1
+    scale = Constant(f"{em.binding.var.name}_counts{em.count}",
+                     (1.0 / counts).astype(np.float32).reshape(1, 1, oh, ow))
+    return em.emit("multiply", [y, scale], final=final)
 
 
 def _pool_3d(em: _Emitter, x: Value, mode: str, attrs: dict) -> None:
@@ -196,6 +269,16 @@ def _rewrite_pool(binding: Binding, out: list[Binding]) -> None:
         em.reshape(y, binding.var.type.shape, final=True)
 
 
+def _rewrite_avg_pool2d(binding: Binding, out: list[Binding]) -> None:
+    call = binding.value
+    attrs = dict(call.attrs)
+    _avg_as_depthwise(_Emitter(binding, out), call.args[0], tuple(attrs.get("kernel", (1, 1))),
+                      tuple(attrs.get("strides", (1, 1))),
+                      tuple(attrs.get("padding", (0, 0, 0, 0))),
+                      bool(attrs.get("ceil_mode", False)),
+                      bool(attrs.get("count_include_pad", False)), final=True)
+
+
 # ---- the pass -----------------------------------------------------------------------------------
 
 def _rewritable(v: object) -> bool:
@@ -205,9 +288,14 @@ def _rewritable(v: object) -> bool:
         return False   # symbolic extents: the generic loop nest until the 2-D rows take them
     if v.op == "nn.conv":
         return len(v.args) == 2 and all(a.type.dtype == "float32" for a in v.args)
+    if v.op == "nn.conv2d":   # dilated: the fast 2-D kernel takes no dilation
+        return any(d != 1 for d in v.attrs.get("dilation", (1, 1))) \
+            and all(a.type.dtype == "float32" for a in v.args)
     if v.op == "nn.pool":
         mode = v.attrs.get("mode", "max")
         return mode == "max" or mode == "avg" and all(d == 1 for d in v.attrs["dilation"])
+    if v.op == "nn.avg_pool2d":
+        return v.attrs.get("strides", (1, 1))[1] in (1, 2)
     return False
 
 
@@ -222,8 +310,10 @@ def decompose_conv_nd(mod: IRModule) -> IRModule:
             for b in block.bindings:
                 if not _rewritable(b.value):
                     bindings.append(b)
-                elif b.value.op == "nn.conv":
+                elif b.value.op in ("nn.conv", "nn.conv2d"):
                     _rewrite_conv(b, bindings)
+                elif b.value.op == "nn.avg_pool2d":
+                    _rewrite_avg_pool2d(b, bindings)
                 else:
                     _rewrite_pool(b, bindings)
             blocks.append(type(block)(bindings) if isinstance(block, DataflowBlock)

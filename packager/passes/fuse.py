@@ -16,6 +16,7 @@ from typing import Sequence
 from ..ir import te
 from ..ir.graph import (Binding, CallTIR, Function, IRModule, PrimFunc, merge_sources,
                         used_values)
+from ..ops.registry import OPAQUE
 
 
 def _reads_at_identity(func: PrimFunc, ph: te.Tensor) -> bool:
@@ -100,7 +101,8 @@ def _fuse_one(mod: IRModule, b: Binding, producer_of: dict[int, Binding], uses: 
             continue
         pv = prod.value
         producer = mod.functions[pv.func]
-        if len(producer.outputs) != 1:
+        # an opaque kernel (a recurrence's time loop) has no loop nest to take an epilogue
+        if len(producer.outputs) != 1 or producer.attrs.get("op_kind") == OPAQUE:
             continue
         new_name = mod.add_prim_func(fuse_pair(producer, consumer, slots))
         args = list(pv.args) + [a for i, a in enumerate(v.args) if i not in slots]

@@ -36,6 +36,8 @@ def contraction_macs(call: Call) -> int:
         return _elements(call.type.shape) * _elements(call.args[1].type.shape[1:])
     if call.op == "nn.conv_transpose":               # weight [C, O/groups, k...]
         return _elements(call.args[0].type.shape) * _elements(call.args[1].type.shape[1:])
+    if call.op == "nn.recurrence":                   # xw [T, B, D*G*H] times R [G*H, H] per step
+        return _elements(call.args[0].type.shape) * int(call.attrs["hidden"])
     return 0
 
 
