@@ -54,6 +54,8 @@ from .vecmath_lanes import (VECTOR_MATH, opaque_constant, opaque_zero, splat_i32
 PARALLEL_MIN_MACS = 1 << 18
 # The M a symbolic matmul's register tile is chosen for (rows = batch x seq, usually many).
 SYMBOLIC_M_HINT = 1 << 12
+# The N it is chosen for when the columns are a run-time size too (attention's q @ k^T: seq).
+SYMBOLIC_N_HINT = 128
 # An operand re-read by an inner loop is cheap to re-read while it fits in (half of) L2.
 L2_REUSE_BYTES = 512 * 1024
 # Convolutions with at least this many groups copy their input one group at a time, each task
@@ -571,7 +573,8 @@ class ContractionEmitter(KernelEmitter):
         """(rows, vectors per row) of the register block."""
         _, M, K, N = self._matmul_shape()
         if not isinstance(M, int):   # a run-time M: the large-M tile, a 1-row remainder path
-            return _pick_tile(SYMBOLIC_M_HINT, N, self.vl)
+            return _pick_tile(SYMBOLIC_M_HINT, N if isinstance(N, int) else SYMBOLIC_N_HINT,
+                              self.vl)
         if M >= 4:
             return _pick_tile(M, N, self.vl)
         return M, max(1, min(8 // M, -(-N // self.vl)))
@@ -587,7 +590,7 @@ class ContractionEmitter(KernelEmitter):
         with b.if_else(b.icmp_signed("<", M, const_i64(mr))) as (small, big):
             with small:
                 for r in range(1, mr):
-                    nv_r = max(1, min(8 // r, -(-N // self.vl))) if r < 4 else nv
+                    nv_r = max(1, min(8 // r, -(-(N if isinstance(N, int) else SYMBOLIC_N_HINT) // self.vl))) if r < 4 else nv
                     with b.if_then(b.icmp_signed("==", M, const_i64(r))):
                         self._matmul_panels(task, ntasks, r, nv_r, exact=True)
             with big:
@@ -603,12 +606,13 @@ class ContractionEmitter(KernelEmitter):
         batch, _, K_dim, N = self._matmul_shape()
         K = self._dim_value(K_dim)
         nr = nv * self.vl
-        panels = -(-N // nr)
+        panels_dim = -(-N // nr)   # N may be a run-time size
+        panels = self._dim_value(panels_dim)
         a_ptr, b_ptr = self.buffers[a_t.uid], self.buffers[b_t.uid]
-        lo, hi = self._split(batch * panels, task, ntasks)
+        lo, hi = self._split(batch * panels_dim, task, ntasks)
         with for_range(b, lo, hi, "work") as work:
-            bi = b.sdiv(work, const_i64(panels))
-            jp = b.srem(work, const_i64(panels))
+            bi = b.sdiv(work, panels)
+            jp = b.srem(work, panels)
             bidx, rest = [], bi
             for n in reversed(out.shape[:-2]):
                 bidx.append(b.srem(rest, self._dim_value(n)))
@@ -617,7 +621,7 @@ class ContractionEmitter(KernelEmitter):
             a_base = b.gep(a_ptr, [self._batch_offset(a_t, bidx)], inbounds=True)
             b_base = b.gep(b_ptr, [self._batch_offset(b_t, bidx)], inbounds=True)
             n0 = b.mul(jp, const_i64(nr))
-            remaining = b.sub(const_i64(N), n0)
+            remaining = b.sub(self._dim_value(N), n0)
             masks = [self._lane_mask(remaining, v) for v in range(nv)]
 
             def panel(masked: bool) -> None:
@@ -627,7 +631,7 @@ class ContractionEmitter(KernelEmitter):
                 else:
                     self._matmul_panel_symbolic(a_base, b_base, bidx, n0, remaining, masks,
                                                 masked)
-            if N % nr == 0:
+            if isinstance(N, int) and N % nr == 0:
                 panel(False)
             else:
                 with b.if_else(b.icmp_signed(">=", remaining, const_i64(nr))) as (full, part):
@@ -753,7 +757,7 @@ class ContractionEmitter(KernelEmitter):
                                 inbounds=True))
 
         def b_vector(k, u, v):
-            ptr = self._vec_ptr(b_base, b.add(b.add(b.mul(k, const_i64(N)), n0),
+            ptr = self._vec_ptr(b_base, b.add(b.add(b.mul(k, self._dim_value(N)), n0),
                                               const_i64(v * self.vl)))
             return self._masked_load(ptr, masks[v]) if masked else b.load(ptr, align=4)
 
@@ -1062,14 +1066,12 @@ class ContractionEmitter(KernelEmitter):
 
 def emit_symbolic_matmul(module: ir.Module, func: PrimFunc, symbol: str, vl: int,
                          size_vars: tuple[str, ...]) -> KernelInfo | None:
-    """Emit a symbolic ``func`` with the register-blocked matmul if it is a matmul whose N
-    (the columns) is static; M, K and the batch dims may be run-time sizes. Other contractions with symbolic shapes (conv, depthwise) are not matched here."""
+    """Emit a symbolic ``func`` with the register-blocked matmul if it is a matmul; M, N, K
+    and the batch dims may be run-time sizes. Other contractions with symbolic shapes (conv, depthwise) are not matched here."""
     match = match_contraction(func)
     if match is None or match.tag.kind != "matmul":
         return None
     a, w = match.tag.operands
-    if not isinstance(match.out.shape[-1], int) or not isinstance(w.shape[-1], int):
-        return None
     return ContractionEmitter(module, func, symbol, match, vl, size_vars).emit()
 
 
