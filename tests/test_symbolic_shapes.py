@@ -212,3 +212,22 @@ def test_older_reader_refuses_symbolic_bundle(tmp_path: Path, monkeypatch) -> No
     monkeypatch.setattr(bundle_format, "SYMBOLIC_MINOR", 2)   # a 1.2 reader
     with pytest.raises(FormatVersionError, match=r"needs a runtime that reads \[1, 3\]"):
         load(bundle)
+
+
+def test_symbolic_bundles_split_over_threads(tmp_path: Path) -> None:
+    model = encoder_model()
+    bundle = _export(model, tmp_path, "enc")
+    sess = ort.InferenceSession(model.SerializeToString())
+    with load(_export(mlp_model(), tmp_path, "mlp"), threads=2) as m:
+        assert any(k.get("parallel") for k in m.header["kernels"])
+        mlp = ort.InferenceSession(mlp_model().SerializeToString())
+        for batch in (1, 5, 64):
+            x = np.random.default_rng(batch).standard_normal((batch, 784)).astype(np.float32)
+            np.testing.assert_allclose(m(x), mlp.run(None, {"x": x})[0], rtol=1e-4, atol=1e-5)
+    with load(bundle, threads=2) as m:
+        for batch, seq in ((1, 3), (3, 64)):
+            ids = np.random.default_rng(seq).integers(0, 50, (batch, seq)).astype(np.int64)
+            pos = np.broadcast_to(np.arange(seq, dtype=np.int64), (batch, seq)).copy()
+            got = m.run({"ids": ids, "positions": pos})["out"]
+            want = sess.run(None, {"ids": ids, "positions": pos})[0]
+            np.testing.assert_allclose(got, want, rtol=1e-4, atol=2e-4)
