@@ -57,8 +57,9 @@ def ort_session(path: Path, threads: int):
     return ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
 
 
-def bench_model(name: str, threads_list: list[int], budget: float) -> dict:
-    """One model: export, then per thread count the interleaved timing of both engines."""
+def bench_model(name: str, threads_list: list[int], budget: float, reuse: bool = False) -> dict:
+    """One model: export (or, with ``reuse``, take the bundle already in the cache when it is
+    newer than the ONNX file), then per thread count the interleaved timing of both engines."""
     from mlcpack.runtime import load
 
     model = corpus.MODELS[name]
@@ -71,7 +72,10 @@ def bench_model(name: str, threads_list: list[int], budget: float) -> dict:
     bundles = corpus.cache_dir() / "bundles"
     bundles.mkdir(parents=True, exist_ok=True)
     bundle = bundles / f"{name}.mlc"
-    row["export_s"], reason = export_cli(name, onnx_path, bundle)
+    if reuse and bundle.exists() and bundle.stat().st_mtime > onnx_path.stat().st_mtime:
+        row["export_s"], reason = float("nan"), None
+    else:
+        row["export_s"], reason = export_cli(name, onnx_path, bundle)
     if reason:
         row["error"] = reason
         return row
@@ -160,6 +164,11 @@ def main() -> None:
     ap.add_argument("--budget", type=float, default=3.0,
                     help="seconds of alternating runs per model and thread count")
     ap.add_argument("--markdown", action="store_true", help="also print a markdown table")
+    ap.add_argument("--reuse-bundles", action="store_true",
+                    help="time the bundles already in the cache (exported earlier by this script "
+                         "from the same code) instead of exporting again")
+    ap.add_argument("--export-only", action="store_true",
+                    help="export every model (into the cache) and time nothing")
     ap.add_argument("--json", nargs="?", const="-", metavar="PATH",
                     help="write the results as JSON to PATH (or stdout)")
     args = ap.parse_args()
@@ -171,7 +180,8 @@ def main() -> None:
     results = []
     for name in args.models:
         print(f"{name} ...", file=sys.stderr, flush=True)
-        results.append(bench_model(name, threads_list, args.budget))
+        results.append(bench_model(name, [] if args.export_only else threads_list, args.budget,
+                                   reuse=args.reuse_bundles))
     print_text(results, threads_list)
     if args.markdown:
         print("\n" + markdown(results, threads_list))

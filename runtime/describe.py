@@ -53,8 +53,8 @@ def _summarize(path: str | os.PathLike, reader: BundleReader) -> dict[str, Any]:
         "format": ".".join(map(str, h.get("format", []))),
         "compiler": h.get("compiler"),
         "model": h.get("model"),
-        "inputs": h.get("inputs"),
-        "outputs": h.get("outputs"),
+        "inputs": _io(h, "inputs"),
+        "outputs": _io(h, "outputs"),
         "preprocess": h.get("preprocess"),
         "labels": [str(v) for v in h.get("labels") or []],
         "code": code,
@@ -70,6 +70,20 @@ def _summarize(path: str | os.PathLike, reader: BundleReader) -> dict[str, Any]:
         "plans": _plans(h, chosen),
         "golden": _golden(h),
     }
+
+
+def _io(h: dict[str, Any], kind: str) -> list[dict[str, Any]]:
+    """The header's input or output rows; in a dynamic-batch bundle the batched ones also get
+    ``dims``, the batch shown as "N" (as ``TensorSpec.dims``: any batch runs), beside ``shape``
+    (the largest plan's)."""
+    rows = h.get(kind)
+    batch = h.get("batch")
+    if not isinstance(batch, dict) or not isinstance(rows, list):
+        return rows
+    names = batch.get(kind) or []
+    return [{**r, "dims": ["N", *r["shape"][1:]]}
+            if isinstance(r, dict) and r.get("name") in names and r.get("shape") else r
+            for r in rows]
 
 
 def _plans(h: dict[str, Any], chosen: int | None) -> list[dict[str, Any]] | None:
@@ -128,7 +142,8 @@ def _text(info: dict[str, Any]) -> str:
         lines.append(f"model: {model.get('name')} from {model['source']}")
     for kind in ("inputs", "outputs"):
         for t in info[kind]:
-            lines.append(f"{kind[:-1]:>6}: {t['name']} {t['shape']} {t['dtype']}")
+            dims = "[" + ", ".join(map(str, t.get("dims", t["shape"]))) + "]"
+            lines.append(f"{kind[:-1]:>6}: {t['name']} {dims} {t['dtype']}")
     if info.get("preprocess"):
         p = info["preprocess"]
         lines.append(f"preprocess: {p.get('size')} {p.get('color')} x{p.get('scale'):.6g} "

@@ -120,8 +120,11 @@ def test_batched_bundle_specs_and_out(batched_mlp, mlp_weights, run_cli) -> None
         np.testing.assert_allclose(buf, mlp_reference(mlp_weights, x), rtol=1e-4, atol=1e-4)
         with pytest.raises(InputError, match=r"has shape \(4, 10\).*\(6, 10\) for these inputs"):
             model.run({"x": x}, out={name: np.empty((4, 10), np.float32)})
-    shown = run_cli("inspect", batched_mlp).stdout
-    assert "batch plans: 1, 4" in shown
+    shown = run_cli("inspect", batched_mlp).stdout  # inspect shows the dims TensorSpec does
+    assert "batch plans: 1, 4" in shown and " input: x [N, 784] float32" in shown
+    import json
+    (row,) = json.loads(run_cli("inspect", batched_mlp, "--json").stdout)["inputs"]
+    assert row["dims"] == ["N", 784] and row["shape"] == [4, 784]
 
 
 def test_sessions_run_concurrently_and_share_the_weights(batched_mlp, mlp_weights) -> None:
