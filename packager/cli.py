@@ -319,41 +319,54 @@ def _check_export_paths(model: Path, out: Path, arch: Optional[Path],
 
 @app.command(epilog=_example("export artifacts/cnn.onnx -o cnn.mlc --labels artifacts/labels.txt"))
 def export(
-    model: Path = typer.Argument(..., help="model.onnx, or weights (.pkl/.npz)"),
+    model: Path = typer.Argument(..., help="model.onnx, or weights (.pkl/.npz)", metavar="MODEL"),
     output: Optional[Path] = typer.Option(None, "-o", "--output",
-                                          help="bundle to write (default: MODEL's name .mlc)"),
-    arch: Optional[Path] = typer.Option(None, help="architecture spec (.toml/.json) for weights"),
+                                          help="bundle to write (default: MODEL's name .mlc)",
+                                          metavar="BUNDLE"),
+    arch: Optional[Path] = typer.Option(None, help="architecture spec (.toml/.json) for weights",
+                                        metavar="SPEC"),
     target: Optional[str] = typer.Option(None, help="portable (default: one code variant per "
                                          "level from x86-64-v2 up to this CPU's, so the bundle "
                                          "runs on any x86-64-v2 machine and up), host (this "
                                          "CPU's level only: smallest and fastest to export), "
                                          "x86-64-v2/v3/v4, aarch64, aarch64+dotprod; several, "
                                          "comma-separated, make a fat bundle whose runtime "
-                                         "picks the best"),
-    input_shape: list[str] = typer.Option([], help="fix an input's shape: name=1,3,224,224"),
-    labels: Optional[str] = typer.Option(None, help="labels file (one a line) or a,b,c"),
-    input_size: Optional[str] = typer.Option(None, help="image size HxW to record, e.g. 28x28"),
-    color: Optional[str] = typer.Option(None, help="image colour to record: L or RGB"),
-    scale: Optional[float] = typer.Option(None, help="pixel scale to record (default 1/255)"),
-    mean: Optional[str] = typer.Option(None, help="per-channel mean to record, e.g. 0.485,0.456,0.406"),
-    std: Optional[str] = typer.Option(None, help="per-channel std to record"),
-    layout: Optional[str] = typer.Option(None, help="image layout: NCHW, NHWC or flat"),
-    sign: Optional[Path] = typer.Option(None, help="Ed25519 private key (PEM) to sign with"),
+                                         "picks the best", metavar="LEVELS"),
+    input_shape: list[str] = typer.Option([], help="fix an input's shape: name=1,3,224,224",
+                                         metavar="NAME=DIMS"),
+    labels: Optional[str] = typer.Option(None, help="labels file (one a line) or a,b,c",
+                                         metavar="FILE|A,B,C"),
+    input_size: Optional[str] = typer.Option(None, help="image size HxW to record, e.g. 28x28",
+                                             metavar="HxW"),
+    color: Optional[str] = typer.Option(None, help="image colour to record: L or RGB",
+                                        metavar="L|RGB"),
+    scale: Optional[float] = typer.Option(None, help="pixel scale to record (default 1/255)",
+                                          metavar="FLOAT"),
+    mean: Optional[str] = typer.Option(None, help="per-channel mean to record, e.g. 0.485,0.456,0.406",
+                                       metavar="M1,M2,..."),
+    std: Optional[str] = typer.Option(None, help="per-channel std to record",
+                                      metavar="S1,S2,..."),
+    layout: Optional[str] = typer.Option(None, help="image layout: NCHW, NHWC or flat",
+                                         metavar="LAYOUT"),
+    sign: Optional[Path] = typer.Option(None, help="Ed25519 private key (PEM) to sign with",
+                                       metavar="KEY.pem"),
     batch_sizes: Optional[str] = typer.Option(None, help="compile one plan per batch size, e.g. "
                                               "1,8,32: the bundle runs any batch (padded to the "
                                               "next plan, or in chunks of the largest); the "
                                               "batch is the first dim named in --input-shape "
-                                              "(x=N,3,224,224) or symbolic in the ONNX model"),
+                                              "(x=N,3,224,224) or symbolic in the ONNX model",
+                                              metavar="B1,B2,..."),
     check: bool = typer.Option(True, "--check/--no-check", help="run the model once with a "
                                "reference and with the bundle, embed the pair, fail on a "
                                "mismatch (default on)"),
     check_input: list[str] = typer.Option([], help="input for the check: name=file.npy "
-                                          "(repeatable; default seeded random)"),
+                                          "(repeatable; default seeded random)",
+                                          metavar="NAME=FILE.npy"),
     check_rtol: float = typer.Option(1e-3, help="golden check relative tolerance, times "
-                                     "|reference|"),
+                                     "|reference|", metavar="FLOAT"),
     check_atol: float = typer.Option(1e-4, help="golden check absolute tolerance, times the "
                                      "output's largest |value| (never below 64 float32 "
-                                     "roundings of the values that computed it)"),
+                                     "roundings of the values that computed it)", metavar="FLOAT"),
     debug: bool = typer.Option(False, help="show tracebacks"),
 ) -> None:
     """Compile a model into one .mlc bundle."""

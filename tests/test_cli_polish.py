@@ -270,3 +270,15 @@ def test_non_finite_output_is_flagged(run_cli, mlp_bundle, tmp_path) -> None:
     assert proc.returncode == 0
     assert proc.stderr.startswith("warning: output 'logits' has 10 non-finite value(s)")
     assert os.linesep not in proc.stderr.rstrip()
+
+
+def test_export_help_names_its_values_not_python_types():
+    """Every export option shows what to write (NAME=DIMS, L|RGB, ...), never `<list[str]>`."""
+    from typer.testing import CliRunner
+
+    from mlcpack.packager.cli import app
+
+    result = CliRunner().invoke(app, ["export", "--help"], env={"COLUMNS": "200"})
+    assert result.exit_code == 0
+    assert "NAME=DIMS" in result.output and "L|RGB" in result.output
+    assert "list[" not in result.output and "<str>" not in result.output and "<float>" not in result.output
