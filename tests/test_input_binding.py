@@ -11,6 +11,7 @@ from mlcpack.packager.export import export_module
 from mlcpack.packager.ir import BlockBuilder
 from mlcpack.packager.ir.graph import TensorType
 from mlcpack.runtime import load
+from mlcpack.runtime import model as runtime_model
 
 from bundle_parts import read_parts, write_parts
 
@@ -39,6 +40,13 @@ def reference(x: np.ndarray) -> np.ndarray:
 
 def binding(model):
     return model._feeds[0][3]
+
+
+@pytest.fixture(autouse=True)
+def bind_small_inputs(monkeypatch):
+    """These models' inputs are a few hundred bytes, which a run copies into the arena (cheaper
+    than taking the array's address); the tests here are about binding, so every size binds."""
+    monkeypatch.setattr(runtime_model, "INPLACE_MIN_BYTES", 0)
 
 
 @pytest.fixture(scope="module", params=[False, True], ids=["plain", "through-reshape"])
@@ -94,6 +102,27 @@ def test_every_layout_alternating_gives_the_right_answer(bundle) -> None:
             assert (b.current == arr.ctypes.data) == in_place, what
             if not in_place:
                 assert b.current == b.arena, what
+
+
+def test_small_input_is_copied_not_bound(bundle, monkeypatch) -> None:
+    """Below INPLACE_MIN_BYTES a run copies the input into the arena (and puts the slots back on
+    the arena's copy after a bound run): same answers either way."""
+    path, shape = bundle
+    monkeypatch.setattr(runtime_model, "INPLACE_MIN_BYTES", 4 * int(np.prod(shape)) + 1)
+    with load(path) as model:
+        b = binding(model)
+        for _ in range(2):
+            x = RNG.standard_normal(shape).astype(np.float32)
+            np.testing.assert_allclose(model(x), reference(x), rtol=1e-4, atol=1e-3)
+            assert b.current == b.arena
+        monkeypatch.setattr(runtime_model, "INPLACE_MIN_BYTES", 0)
+        x = RNG.standard_normal(shape).astype(np.float32)
+        np.testing.assert_allclose(model(x), reference(x), rtol=1e-4, atol=1e-3)
+        assert b.current == x.ctypes.data
+        monkeypatch.setattr(runtime_model, "INPLACE_MIN_BYTES", 1 << 30)
+        x = RNG.standard_normal(shape).astype(np.float32)
+        np.testing.assert_allclose(model(x), reference(x), rtol=1e-4, atol=1e-3)
+        assert b.current == b.arena
 
 
 def test_bound_input_with_two_threads(tmp_path, monkeypatch) -> None:
