@@ -16,6 +16,7 @@ from .gemm import emit_contraction, vector_width
 from .lower import KernelInfo, emit_kernel
 from .pool import emit_max_pool
 from .rnn import emit_recurrence
+from .softmax import emit_softmax
 from .objinfo import undefined_symbols
 from .target import Target
 from .threadpool import emit_thread_pool
@@ -51,7 +52,7 @@ def _target_machine(target: Target) -> llvm.TargetMachine:
 
 
 # Specialized kernels, tried in order; the generic loop-nest lowering is the fallback.
-KERNEL_RULES = (emit_recurrence, emit_contraction, emit_max_pool)
+KERNEL_RULES = (emit_recurrence, emit_contraction, emit_max_pool, emit_softmax)
 
 
 def _emit(module: ir.Module, func: PrimFunc, symbol: str, vl: int) -> KernelInfo:
