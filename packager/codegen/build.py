@@ -17,6 +17,7 @@ from .gemm import emit_contraction, emit_symbolic_matmul, match_contraction, vec
 from .lower import KernelInfo, emit_kernel, is_symbolic
 from .pool import emit_max_pool, match_max_pool
 from .rnn import emit_recurrence
+from .softmax import emit_softmax
 from .objinfo import undefined_symbols
 from .target import Target
 from .threadpool import emit_thread_pool
@@ -52,7 +53,7 @@ def _target_machine(target: Target) -> llvm.TargetMachine:
 
 
 # Specialized kernels, tried in order; the generic loop-nest lowering is the fallback.
-KERNEL_RULES = (emit_recurrence, emit_contraction, emit_max_pool)
+KERNEL_RULES = (emit_recurrence, emit_contraction, emit_max_pool, emit_softmax)
 
 
 def _emit(module: ir.Module, func: PrimFunc, symbol: str, vl: int,

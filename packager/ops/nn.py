@@ -303,6 +303,7 @@ def _softmax_stages(x: te.Tensor, axis: int, name: str, log: bool) -> te.Tensor:
     def along(i, index):
         return tuple(index if d == axis else v for d, v in enumerate(i))
 
+    tag_reduction(r, "softmax", (x,), dim=axis, log=log)   # codegen/softmax.py's kernel
     row_max = te.compute(row_shape, lambda *i: te.max_of(x[along(i, r)], r), name=f"{name}_max")
     shifted = te.compute(x.shape, lambda *i: x[i] - row_max[along(i, 0)], name=f"{name}_shift")
     total = te.compute(row_shape, lambda *i: te.sum_of(te.exp(shifted[along(i, r)]), r),
