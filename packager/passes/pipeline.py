@@ -11,10 +11,11 @@ from ..ir.verify import verify_module
 from .conv_nd import decompose_conv_nd
 from .conv_transpose import decompose_conv_transpose
 from .fuse import fuse_ops
+from .gelu import fuse_gelu
 from .layout import pretranspose_weights
 from .legalize import legalize
 from .rnn import drop_unread_cell_state
-from .simplify import eliminate_dead_code, fold_constants
+from .simplify import eliminate_dead_code, fold_constants, fold_dequantize
 
 
 @dataclass(frozen=True)
@@ -25,7 +26,9 @@ class Pass:
 
 DEFAULT_PIPELINE: tuple[Pass, ...] = (
     Pass("fold_constants", fold_constants),
+    Pass("fuse_gelu", fuse_gelu),
     Pass("eliminate_dead_code", eliminate_dead_code),
+    Pass("fold_dequantize", fold_dequantize),
     Pass("drop_unread_cell_state", drop_unread_cell_state),
     Pass("decompose_conv_transpose", decompose_conv_transpose),
     Pass("decompose_conv_nd", decompose_conv_nd),
