@@ -162,6 +162,23 @@ def _as_array(spec: TensorSpec, value: Any) -> np.ndarray:
         raise InputError(f"input {spec.name!r} is not array-like") from None
 
 
+def _as_stored(spec: TensorSpec, value: np.ndarray) -> np.ndarray:
+    """``value`` as the input's storage dtype: a narrow dtype (bfloat16, float8, 4-bit) is fed
+    as its storage bits or as an ml_dtypes array, viewed (never cast) as the bits."""
+    if spec.dtype in STORAGE_DTYPES:
+        store = storage_dtype(spec.dtype)
+        if value.dtype.name == spec.dtype and value.dtype.itemsize == store.itemsize:
+            return value.view(store)
+        if value.dtype != store:
+            raise InputError(f"input {spec.name!r} has dtype {value.dtype.name}; the model "
+                             f"takes {spec.dtype}, fed as {store.name} bits (or an ml_dtypes "
+                             f"{spec.dtype} array)")
+    elif value.dtype.name != spec.dtype:
+        raise InputError(f"input {spec.name!r} has dtype {value.dtype.name}; the model takes "
+                         f"{spec.dtype}: convert it with .astype(np.{spec.dtype})")
+    return value
+
+
 def _pool_code(image: elf.CodeImage) -> vm.PoolCode | None:
     """The object's thread hand-off functions; None for bundles made before they existed."""
     try:
@@ -440,18 +457,7 @@ class Model:
     # ---- running ------------------------------------------------------------------------------
 
     def _check_input(self, spec: TensorSpec, value: Any) -> np.ndarray:
-        value = _as_array(spec, value)
-        if spec.dtype in STORAGE_DTYPES:  # bfloat16: its uint16 bits, or an ml_dtypes array
-            store = storage_dtype(spec.dtype)
-            if value.dtype.name == spec.dtype and value.dtype.itemsize == store.itemsize:
-                value = value.view(store)
-            elif value.dtype != store:
-                raise InputError(f"input {spec.name!r} has dtype {value.dtype.name}; the model "
-                                 f"takes {spec.dtype}, fed as {store.name} bits (or an ml_dtypes "
-                                 f"{spec.dtype} array)")
-        elif value.dtype.name != spec.dtype:
-            raise InputError(f"input {spec.name!r} has dtype {value.dtype.name}; the model takes "
-                             f"{spec.dtype}: convert it with .astype(np.{spec.dtype})")
+        value = _as_stored(spec, _as_array(spec, value))
         if value.ndim != len(spec.shape):
             raise InputError(f"input {spec.name!r} has rank {value.ndim} (shape "
                              f"{tuple(value.shape)}); the model takes rank {len(spec.shape)} "
@@ -555,11 +561,8 @@ class Model:
                              "(np.ascontiguousarray, or a fresh np.empty)")
 
     def _check_batched_input(self, spec: TensorSpec, value: Any) -> np.ndarray:
-        value = _as_array(spec, value)
+        value = _as_stored(spec, _as_array(spec, value))
         want = ("N",) + tuple(spec.shape[1:])
-        if value.dtype.name != spec.dtype:
-            raise InputError(f"input {spec.name!r} has dtype {value.dtype.name}; the model takes "
-                             f"{spec.dtype}: convert it with .astype(np.{spec.dtype})")
         if value.ndim != len(spec.shape) or tuple(value.shape[1:]) != tuple(spec.shape[1:]):
             raise InputError(f"input {spec.name!r} has shape {tuple(value.shape)}; the model "
                              f"takes {_shape_text(want)} for any batch N >= 1")

@@ -217,3 +217,42 @@ def test_fuzzed_batched_bundle_refuses_or_runs_right(mlp_batched, tmp_path) -> N
         if case is not None:
             outcomes.add(fuzzing.check(seed, case, scratch))
     assert "BundleError" in outcomes and "loaded" in outcomes
+
+
+def test_narrow_dtype_inputs_are_copied_bit_for_bit(tmp_path) -> None:
+    """bfloat16 and float8 inputs of a dynamic-batch bundle, fed as their storage bits or as
+    ml_dtypes arrays, reach the kernels bit for bit (padded plan and chunks alike)."""
+    import ml_dtypes
+    from mlcpack.packager.export import export_batched
+    from mlcpack.packager.ir import BlockBuilder
+
+    def module(b: int):
+        bb = BlockBuilder()
+        x, f = bb.input("x", (b, 3), "bfloat16"), bb.input("f", (b, 4), "float8_e4m3fn")
+        with bb.function("main", [x, f]):
+            with bb.dataflow():
+                outs = [bb.emit_output(bb.emit_op("cast", x, dtype="float32")),
+                        bb.emit_output(bb.emit_op("cast", f, dtype="float32")),
+                        bb.emit_output(bb.emit_op("add", x, x))]
+            bb.emit_func_output(outs, names=["xf", "ff", "x2"])
+        return bb.get()
+
+    path = tmp_path / "narrow.mlc"
+    export_batched({1: module(1), 4: module(4)}, path)
+    rng = np.random.default_rng(12)
+    with load(path) as model:
+        assert model.batch.sizes == (1, 4)
+        for n in (3, 6):
+            x = rng.standard_normal((n, 3)).astype(ml_dtypes.bfloat16)
+            f = rng.standard_normal((n, 4)).astype(ml_dtypes.float8_e4m3fn)
+            want = {"xf": x.astype(np.float32), "ff": f.astype(np.float32),
+                    "x2": (x.astype(np.float32) * 2).astype(ml_dtypes.bfloat16).view(np.uint16)}
+            for feeds in ({"x": x, "f": f}, {"x": x.view(np.uint16), "f": f.view(np.uint8)}):
+                got = model.run(feeds)
+                for name, ref in want.items():
+                    assert got[name].dtype == ref.dtype
+                    np.testing.assert_array_equal(got[name], ref)
+        with pytest.raises(InputError, match="bfloat16, fed as uint16 bits"):
+            model.run({"x": x.astype(np.float32), "f": f})
+        with pytest.raises(InputError, match="float8_e4m3fn, fed as uint8 bits"):
+            model.run({"x": x, "f": f.view(np.int8)})

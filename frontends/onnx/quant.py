@@ -1,13 +1,56 @@
-"""Converters for reduced-precision and quantization ONNX operators (QuantizeLinear,
-DequantizeLinear, DynamicQuantizeLinear).
+"""Converters for quantization ONNX operators: QuantizeLinear, DequantizeLinear,
+DynamicQuantizeLinear here; the operator-style quantized ops (QLinearConv, QLinearMatMul,
+ConvInteger, MatMulInteger, com.microsoft QLinear*, QGemm, MatMulIntegerToFloat,
+DynamicQuantizeMatMul, DynamicQuantizeLSTM) in ``quant_ops.py``.
 
-They are compositions of the operator table's elementwise rows, so scales and zero points may be
-run-time tensors: ``QuantizeLinear`` is ``saturate(round_half_even(x / scale) + zero_point)``,
-``DequantizeLinear`` is ``(x - zero_point) * scale``. A per-axis scale (1-D, one per channel of
-``axis``) is reshaped to broadcast along that axis; a blocked scale (``block_size`` > 0: the same
-rank as ``x``, ``ceil(d / block_size)`` along ``axis``) is expanded with a gather of
-``i // block_size``. Rounding and saturation run in float32 (float16/bfloat16 inputs included).
+HOW QUANTIZED MODELS LOOK IN THE IR (a contract: the quantized-kernel fusion pass matches it)
+------------------------------------------------------------------------------------------
+Two IR operators (``packager/ops/quant.py``), elementwise, three operands broadcasting by numpy
+rules; scale and zero point are never left out (an absent zero point is a 0-d zero constant):
+
+    quantize(x: float, scale: float (x's dtype), zero_point: D, dtype=D) -> D
+        = saturate(round_half_even(x / scale) + zero_point)    (rounding/clamp in float32)
+    dequantize(q: D, scale: float, zero_point: D) -> scale's dtype
+        = (q - zero_point) * scale                              (int32: subtraction in float64)
+
+D is int8/uint8 (also int16/uint16/int32/uint32/int4/uint4/int2/uint2). Scale and zero point
+are 0-d per tensor; per channel they have x's rank with the channel extent on the quantized
+axis and 1 elsewhere: [O,1,1,1] (conv weight), [1,C,1,1] (activations), [1,N] (a matmul's
+right operand by column), [K,1]... Blocked scales are expanded to x's full shape.
+
+``dequantize`` of constants is NOT folded at import nor by ``fold_constants``: a weight arrives
+as ``dequantize(Constant int8, Constant scale, Constant zp)``. The pipeline's ``fold_dequantize``
+pass (right after the first ``eliminate_dead_code``) folds what is left into float32 constants;
+a fusion pass into integer kernels runs before it. ``quantize`` of constants folds as usual.
+
+Float8 QuantizeLinear/DequantizeLinear stay compositions (cast, clip, multiply).
+
+Every quantized form becomes these around the ordinary float operators the float converters
+emit (Conv -> ``nn.conv2d`` (1-D lifted to 2-D with reshapes) or ``nn.conv`` (3-D);
+MatMul/Gemm -> ``matmul``), with per-operator results:
+
+- QDQ graphs: exactly the nodes of the file (QuantizeLinear -> quantize, DequantizeLinear ->
+  dequantize).
+- QLinearConv:  q(add(conv(dq(x, xs, xzp), dq(w, ws, wzp)), dq(B, xs*ws, 0)), ys, yzp).
+  The int32 bias B is dequantized in the shape [1,O,1,1] (or [1,O,1] / [1,O,1,1,1]) with scale
+  ``xs * ws`` (0-d or [1,O,1,1]) and an int32 0-d zero point: ``add(conv, dequantize(B...))``.
+- QLinearMatMul: q(matmul(dq(a), dq(b)), ys, yzp).  com.microsoft.QGemm: q(add(matmul(
+  dq(a), dq(b), transpose_b=transB) [* alpha], dq(C, alpha*as*bs, 0)), ys, yzp), or without
+  the final q when y_scale is absent (float output).
+- ConvInteger / MatMulInteger (int32 output, exact):
+  cast(conv|matmul(dq(x, 1, xzp), dq(w, 1, wzp)), dtype=int32), the unit scales float32 when
+  every sum is bounded below 2**24 in magnitude (known from the constant weights), else float64.
+- com.microsoft.MatMulIntegerToFloat: [add(]matmul(dq(a, as, azp), dq(b, bs, bzp))[, bias)].
+- DynamicQuantizeLinear: y = quantize(x, scale, zp, uint8) with scale/zp computed at run time
+  (min/max reductions); DynamicQuantizeMatMul: that, then dq(y, scale, zp) @ dq(B, bs, bzp).
+- com.microsoft QLinearAdd/QLinearMul: q(add|multiply(dq(a), dq(b)), cs, czp); QLinearSigmoid,
+  QLinearLeakyRelu: q(sigmoid|leaky_relu(dq(x)), ys, yzp); QLinearAveragePool,
+  QLinearGlobalAveragePool: q(avg pool|mean(dq(x)), ys, yzp); QLinearConcat: q(concat(dq(x_i)
+  ...), ys, yzp).
+- com.microsoft.DynamicQuantizeLSTM: an LSTM whose weights are dequantized at import (float32
+  constants), no integer kernel.
 """
+
 
 from __future__ import annotations
 
@@ -22,8 +65,6 @@ QUANT_DTYPES = ("int8", "uint8", "int16", "uint16", "int32", "uint32", "int4", "
                 "uint2")
 FLOAT8_MAX = {"float8_e4m3fn": 448.0, "float8_e4m3fnuz": 240.0, "float8_e5m2": 57344.0,
               "float8_e5m2fnuz": 57344.0}
-_SUBBYTE_RANGE = {"int4": (-8.0, 7.0), "uint4": (0.0, 15.0), "int2": (-2.0, 1.0),
-                  "uint2": (0.0, 3.0)}
 
 
 def fold_cast(data: np.ndarray, dtype: np.dtype | str, saturate: bool) -> np.ndarray:
@@ -47,17 +88,6 @@ def saturate_for(ctx: NodeContext, x: Value, dtype: str, saturate: bool = True) 
 _FLOAT_SOURCES = ("float32", "float64", "float16", "bfloat16")
 
 
-def _range(dtype: str) -> tuple[float, float]:
-    """The saturation bounds, as float32 values (int32's max is not one: the float32 below)."""
-    if dtype in _SUBBYTE_RANGE:
-        return _SUBBYTE_RANGE[dtype]
-    info = np.iinfo(dtype)
-    hi = np.float32(info.max)
-    if float(hi) > info.max:
-        hi = np.nextafter(hi, np.float32(0))
-    return float(info.min), float(hi)
-
-
 def _dtype_of(ctx: NodeContext, code: int) -> str:
     try:
         return str(np.dtype(helper.tensor_dtype_to_np_dtype(int(code))))
@@ -65,13 +95,15 @@ def _dtype_of(ctx: NodeContext, code: int) -> str:
         raise ctx.error(f"output_dtype {code} is not a tensor type") from None
 
 
-def _param(ctx: NodeContext, p: Value, x: Value, what: str) -> Value:
-    """``p`` (a scale or zero point) made broadcastable against ``x``."""
+def param(ctx: NodeContext, p: Value, x: Value, what: str, axis: int | None = None) -> Value:
+    """``p`` (a scale or zero point) made broadcastable against ``x``: 0-d per tensor, x's rank
+    with the channel extent on ``axis`` per axis (``axis`` defaults to the node's attribute)."""
     xshape, pshape = x.type.shape, p.type.shape
     rank = len(xshape)
     size = int(np.prod(pshape, dtype=np.int64))
     block = int(ctx.attrs.get("block_size") or 0)
-    axis = int(ctx.attrs.get("axis", 1))
+    if axis is None:
+        axis = int(ctx.attrs.get("axis", 1))
     if block == 0 and size == 1 and len(pshape) <= 1:
         return ctx.reshape(p, ())  # per tensor
     if rank == 0 or not -rank <= axis < rank:
@@ -96,27 +128,54 @@ def _to_float32(ctx: NodeContext, v: Value) -> Value:
     return v if v.type.dtype == "float32" else ctx.emit("cast", v, dtype="float32")
 
 
+def zero_point_of(ctx: NodeContext, zero_point: Value | None, x: Value, dtype: str,
+                  axis: int | None = None) -> Value:
+    """The zero point made broadcastable against ``x``, or a 0-d zero of ``dtype`` when the
+    node has none."""
+    if zero_point is None:
+        return ctx.constant(np.zeros((), dtype), "zero_point")
+    return param(ctx, zero_point, x, "zero point", axis)
+
+
 def quantize(ctx: NodeContext, x: Value, scale: Value, zero_point: Value | None,
              out_dtype: str, saturate: bool = True) -> Value:
-    """``saturate(round_half_even(x / scale) + zero_point)`` as ``out_dtype``; for float8,
-    ``x / scale + zero_point`` cast (saturating when ``saturate``)."""
+    """``saturate(round_half_even(x / scale) + zero_point)`` as ``out_dtype`` (the IR's
+    ``quantize``); for float8, ``x / scale + zero_point`` cast (saturating when ``saturate``).
+    ``scale`` and ``zero_point`` as the node gives them (per tensor, per axis, blocked)."""
     if out_dtype not in QUANT_DTYPES and out_dtype not in FLOAT8_MAX:
         raise ctx.error(f"quantizing to {out_dtype} is not supported (only "
                         f"{', '.join(QUANT_DTYPES + tuple(FLOAT8_MAX))})")
     if scale.type.dtype != x.type.dtype:
         raise ctx.error(f"scale is {scale.type.dtype}, input is {x.type.dtype}: they must match")
-    q = ctx.emit("divide", x, _param(ctx, scale, x, "scale"))
     if out_dtype in FLOAT8_MAX:
-        q = _to_float32(ctx, q)
+        q = _to_float32(ctx, ctx.emit("divide", x, param(ctx, scale, x, "scale")))
         if zero_point is not None:
-            q = ctx.emit("add", q, _to_float32(ctx, _param(ctx, zero_point, x, "zero point")))
+            q = ctx.emit("add", q, _to_float32(ctx, param(ctx, zero_point, x, "zero point")))
         return ctx.emit("cast", saturate_for(ctx, q, out_dtype, saturate), dtype=out_dtype)
-    q = ctx.emit("round", _to_float32(ctx, q))
-    if zero_point is not None:
-        q = ctx.emit("add", q, _to_float32(ctx, _param(ctx, zero_point, x, "zero point")))
-    lo, hi = _range(out_dtype)
-    q = ctx.emit("clip", q, min=lo, max=hi)
-    return ctx.emit("cast", q, dtype=out_dtype)
+    if x.type.dtype not in _FLOAT_SOURCES:
+        raise ctx.error(f"quantizing a {x.type.dtype} input is not supported (only float)")
+    zp = zero_point_of(ctx, zero_point, x, out_dtype)
+    return ctx.emit("quantize", x, param(ctx, scale, x, "scale"), zp, dtype=out_dtype)
+
+
+def dequantize(ctx: NodeContext, q: Value, scale: Value, zero_point: Value | None,
+               axis: int | None = None) -> Value:
+    """``(q - zero_point) * scale`` (the IR's ``dequantize``), never folded at import so a
+    constant weight stays integer for the quantized-kernel fusion; float8 as a composition."""
+    if q.type.dtype in FLOAT8_MAX:
+        y = ctx.emit("cast", q, dtype="float32")
+        if zero_point is not None:
+            y = ctx.emit("subtract", y, ctx.emit("cast", param(ctx, zero_point, q, "zero point",
+                                                              axis), dtype="float32"))
+        if scale.type.dtype != "float32":
+            y = ctx.emit("cast", y, dtype=scale.type.dtype)
+        return ctx.emit("multiply", y, param(ctx, scale, q, "scale", axis))
+    zp = zero_point_of(ctx, zero_point, q, q.type.dtype, axis)
+    s = param(ctx, scale, q, "scale", axis)
+    try:
+        return ctx.bb.emit_op("dequantize", q, s, zp)
+    except ValueError as exc:
+        raise ctx.error(f"dequantize: {exc}") from None
 
 
 @converter("QuantizeLinear", since=10, attrs={"axis": 1, "saturate": 1, "block_size": 0,
@@ -148,25 +207,16 @@ def _dequantize_linear(ctx: NodeContext) -> Value:
                         f"{', '.join(QUANT_DTYPES + tuple(FLOAT8_MAX))})")
     if zp is not None and zp.type.dtype != x.type.dtype:
         raise ctx.error(f"zero point is {zp.type.dtype}, input is {x.type.dtype}: they must match")
-    out_dtype = scale.type.dtype
     if ctx.attrs["output_dtype"]:
         out_dtype = _dtype_of(ctx, ctx.attrs["output_dtype"])
         if out_dtype != scale.type.dtype:
             raise ctx.error(f"output_dtype {out_dtype} differs from the scale's "
                             f"{scale.type.dtype}")
-    # int32 values (and their differences) are exact in float64, not always in float32
-    wide = "float64" if x.type.dtype in ("int32", "uint32") else "float32"
-    y = ctx.emit("cast", x, dtype=wide)
-    if zp is not None:
-        y = ctx.emit("subtract", y, ctx.emit("cast", _param(ctx, zp, x, "zero point"), dtype=wide))
-    if wide != out_dtype:
-        y = ctx.emit("cast", y, dtype=out_dtype)
-    return ctx.emit("multiply", y, _param(ctx, scale, x, "scale"))
+    return dequantize(ctx, x, scale, zp)
 
 
-@converter("DynamicQuantizeLinear", since=11)
-def _dynamic_quantize_linear(ctx: NodeContext) -> list[Value]:
-    x = ctx.input(0)
+def dynamic_quantize(ctx: NodeContext, x: Value) -> list[Value]:
+    """ONNX DynamicQuantizeLinear: (y uint8, scale, zero point) from x's range (with 0)."""
     if x.type.dtype != "float32":
         raise ctx.error(f"input is {x.type.dtype}; DynamicQuantizeLinear takes float32")
     zero = ctx.constant(np.zeros((), np.float32), "zero")
@@ -178,7 +228,9 @@ def _dynamic_quantize_linear(ctx: NodeContext) -> list[Value]:
                                                            ctx.emit("divide", x_min, scale))),
                         min=0.0, max=255.0)
     zero_point = ctx.emit("cast", zp_float, dtype="uint8")
-    y = ctx.emit("clip", ctx.emit("add", ctx.emit("round", ctx.emit("divide", x, scale)),
-                                  zp_float), min=0.0, max=255.0)
-    return [ctx.emit("cast", y, dtype="uint8"), scale, zero_point]
+    return [ctx.emit("quantize", x, scale, zero_point, dtype="uint8"), scale, zero_point]
 
+
+@converter("DynamicQuantizeLinear", since=11)
+def _dynamic_quantize_linear(ctx: NodeContext) -> list[Value]:
+    return dynamic_quantize(ctx, ctx.input(0))

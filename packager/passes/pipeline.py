@@ -14,7 +14,7 @@ from .fuse import fuse_ops
 from .layout import pretranspose_weights
 from .legalize import legalize
 from .rnn import drop_unread_cell_state
-from .simplify import eliminate_dead_code, fold_constants
+from .simplify import eliminate_dead_code, fold_constants, fold_dequantize
 
 
 @dataclass(frozen=True)
@@ -26,6 +26,7 @@ class Pass:
 DEFAULT_PIPELINE: tuple[Pass, ...] = (
     Pass("fold_constants", fold_constants),
     Pass("eliminate_dead_code", eliminate_dead_code),
+    Pass("fold_dequantize", fold_dequantize),
     Pass("drop_unread_cell_state", drop_unread_cell_state),
     Pass("decompose_conv_transpose", decompose_conv_transpose),
     Pass("decompose_conv_nd", decompose_conv_nd),

@@ -38,17 +38,30 @@ def bind_params(mod: IRModule, params: Mapping[str, np.ndarray], func: str = "ma
     return out
 
 
-def fold_constants(mod: IRModule) -> IRModule:
-    """Evaluate every high-level call whose arguments are all constants, with its numpy reference."""
+# Calls fold_constants leaves for later: a dequantized constant weight stays integer until the
+# quantized-kernel fusion has seen it (``fold_dequantize`` folds the rest after it).
+KEPT_UNFOLDED = frozenset({"dequantize"})
+
+
+def fold_constants(mod: IRModule, keep: frozenset[str] = KEPT_UNFOLDED) -> IRModule:
+    """Evaluate every high-level call whose arguments are all constants, with its numpy
+    reference, except calls of the operators in ``keep``."""
 
     def visit(b, lookup):
         v = b.value
-        if isinstance(v, Call) and v.args and all(isinstance(a, Constant) for a in v.args):
+        if isinstance(v, Call) and v.args and v.op not in keep \
+                and all(isinstance(a, Constant) for a in v.args):
             data = get_op(v.op).reference(*(a.data for a in v.args), **v.attrs)
             return Constant(b.var.name, np.asarray(data, dtype=v.type.dtype, order="C"))
         return None
 
     return map_functions(mod, lambda fn: rewrite_function(fn, visit))
+
+
+def fold_dequantize(mod: IRModule) -> IRModule:
+    """``fold_constants`` folding dequantized constants too (and what then becomes constant):
+    weights no integer kernel took run as float32 constants."""
+    return fold_constants(mod, keep=frozenset())
 
 
 def eliminate_dead_code(mod: IRModule) -> IRModule:
