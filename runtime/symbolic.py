@@ -53,6 +53,14 @@ def evaluate(rec: Any, env: Mapping[str, int]) -> int:
     raise BundleError(f"bundle header: malformed dim record {rec!r}")
 
 
+def _names(rec: Any) -> set[str]:
+    if isinstance(rec, str):
+        return {rec}
+    if isinstance(rec, list):
+        return set().union(*(_names(r) for r in rec[1:])) if rec else set()
+    return set()
+
+
 def example_shape(shape: Any, size: int = 1) -> tuple[int, ...]:
     """A concrete shape for a (maybe symbolic) shape: every size variable at ``size``."""
     env = _Everything(size)
@@ -194,6 +202,11 @@ class SymbolicRunner:
             if not (isinstance(b, list) and len(b) == 3 and isinstance(b[1], int)
                     and isinstance(b[2], int)):
                 raise BundleError(f"{name}: bundle header: symbolic buffer {b!r} is malformed")
+        self.checks = sym.get("checks", [])
+        if not isinstance(self.checks, list) or not all(
+                isinstance(c, list) and len(c) == 4 and c[0] in ("eq", "le")
+                and isinstance(c[3], str) for c in self.checks):
+            raise BundleError(f"{name}: bundle header: symbolic checks are malformed")
         tensors = header.get("tensors")
         if not isinstance(tensors, list) or not all(isinstance(r, list) and len(r) == 4
                                                     and isinstance(r[2], list) for r in tensors):
@@ -313,6 +326,11 @@ class SymbolicRunner:
         missing = [v for v in self.vars if v not in env]
         if missing:
             raise BundleError(f"{self.name}: size variable(s) {missing} are bound by no input")
+        for op, a, b, text in self.checks:   # relations the model needs between sizes
+            av, bv = evaluate(a, env), evaluate(b, env)
+            if not (av == bv if op == "eq" else av <= bv):
+                got = ", ".join(f"{v} = {env[v]} ({where[v]})" for v in sorted(_names(a) | _names(b)))
+                raise InputError(f"{text}, got {got}")
         for spec, value in zip(self.inputs, values):
             want = tuple(evaluate(d, env) for d in spec.shape)
             if tuple(value.shape) != want:

@@ -23,9 +23,9 @@ from onnx import helper, numpy_helper
 from ...packager.errors import ExportError
 from ...packager.ir.builder import BlockBuilder, BuilderError
 from ...packager.ir.graph import Constant, IRModule, Source, Value, Var
-from ...packager.ir.sym import SymbolicShapeError, size_var
+from ...packager.ir.sym import SymbolicShapeError, size_var, take_relations
 from . import (attention, elementwise, index, logic, nn, quant, resize,  # noqa: F401
-               rnn, shape)  # (registration side effect)
+               rnn, shape, symvalue)  # (registration side effect)
 from .registry import (IGNORED_ATTRIBUTES, NodeContext, lookup, make_constant, normalize_domain,
                        op_label)
 
@@ -80,6 +80,7 @@ def import_onnx(model_or_path: str | os.PathLike | onnx.ModelProto,
     if not runtime_inputs:
         raise ExportError(f"{source} has no run-time inputs (its outputs are constants); a "
                           "bundle needs at least one input")
+    take_relations()   # relations between symbolic dims are collected per model
     bb = BlockBuilder()
     params = _make_params(bb, runtime_inputs, shapes, source)
     values: dict[str, Value] = dict(params)
@@ -91,7 +92,7 @@ def import_onnx(model_or_path: str | os.PathLike | onnx.ModelProto,
         with bb.dataflow():
             for node in graph.node:
                 converter.convert(node)
-            outputs = [bb.emit_output(converter.value(o.name, "graph output")) for o in graph.output]
+            outputs = [bb.emit_output(converter.graph_output(o.name)) for o in graph.output]
         bb.emit_func_output(outputs, names=[o.name for o in graph.output])
 
     info = ImportInfo(
@@ -102,7 +103,9 @@ def import_onnx(model_or_path: str | os.PathLike | onnx.ModelProto,
         output_names=[o.name for o in graph.output],
         op_counts=dict(Counter(op_label(n.domain, n.op_type) for n in graph.node)),
         folded_nodes=converter.folded_nodes)
-    return bb.get(), info
+    mod = bb.get()
+    mod.relations = take_relations()
+    return mod, info
 
 
 # ---- loading and checking -----------------------------------------------------------------------
@@ -243,7 +246,7 @@ def _flag_example_for(bb: BlockBuilder) -> str:
 def _var_name(input_name: str, axis: int, dim_param: str) -> str:
     """A size variable's name: the ONNX dim_param as an identifier, else ``<input>_<axis>``."""
     name = "".join(c if c.isalnum() or c == "_" else "_" for c in dim_param)
-    if not name:
+    if not any(c.isalnum() for c in name):   # "?" and the like: no name worth keeping
         name = "".join(c if c.isalnum() or c == "_" else "_" for c in input_name) + f"_{axis}"
     return name if not name[0].isdigit() else "d" + name
 
@@ -307,6 +310,17 @@ class _GraphConverter:
         self.source = source
         self.unavailable: dict[str, str] = {}   # output name -> why there is no value
         self.folded_nodes = 0
+        self.materialized: dict[int, Value] = {}   # id(SymValue) -> its run-time tensor
+
+    def _materialize(self, v: symvalue.SymValue) -> Value:
+        made = self.materialized.get(id(v))
+        if made is None:
+            made = self.materialized[id(v)] = symvalue.materialize(self.bb, v)
+        return made
+
+    def graph_output(self, name: str) -> Value:
+        v = self.value(name, "graph output")
+        return self._materialize(v) if isinstance(v, symvalue.SymValue) else v
 
     def value(self, name: str, user: str) -> Value:
         if name in self.values:
@@ -338,7 +352,16 @@ class _GraphConverter:
             # every binding this node becomes names it, through the passes into the bundle
             with self.bb.source(Source(node.name or (node.output[0] if node.output else label),
                                        label)):
-                result = conv.convert(ctx)
+                result = None
+                if symvalue.any_symbolic(inputs):   # shape arithmetic on symbolic dims
+                    result = symvalue.fold(ctx, label) if domain == "" else None
+                    if result is None:   # read as a run-time tensor where not a shape input
+                        keep = symvalue.SHAPE_INPUTS.get(label, frozenset()) \
+                            if domain == "" else frozenset()
+                        ctx.inputs = [self._materialize(v) if isinstance(v, symvalue.SymValue)
+                                      and i not in keep else v for i, v in enumerate(inputs)]
+                if result is None:
+                    result = conv.convert(ctx)
         except SymbolicShapeError as exc:  # the op needs a dim the model leaves open
             raise ctx.error(f"{_one_line(exc)}; it needs static shapes here: fix the input "
                             f"sizes with {_flag_example_for(self.bb)}") from None
