@@ -128,6 +128,9 @@ def emit_program(mod: IRModule, kernels: dict[str, KernelInfo], func: str = "mai
         prog.inputs.append({"name": p.name, "shape": _shape_record(p.type.shape),
                             "dtype": p.type.dtype,
                             "tensor": t})
+        bound = getattr(mod, "max_shapes", {}).get(p.name)
+        if bound is not None and not is_static(p.type.shape):   # --max-shape, checked at run
+            prog.inputs[-1]["max_shape"] = list(bound)
 
     for step, b in enumerate(fn.bindings(), start=1):
         v = b.value

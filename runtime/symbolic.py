@@ -93,6 +93,7 @@ class SymSpec:
     shape: tuple
     dtype: str
     tensor: int
+    max_shape: tuple | None = None   # --max-shape: the largest size of each dim
 
     batch_sizes = None   # as TensorSpec: no dynamic-batch plans
 
@@ -272,8 +273,13 @@ class SymbolicRunner:
                     or not isinstance(r.get("tensor"), int) \
                     or not 0 <= r["tensor"] < len(self.tensors):
                 raise BundleError(f"bundle header: {what}[{i}] is malformed")
+            bound = r.get("max_shape")
+            if bound is not None and not (isinstance(bound, list) and len(bound) == len(r["shape"])
+                                          and all(isinstance(d, int) for d in bound)):
+                raise BundleError(f"bundle header: {what}[{i}] max_shape is malformed")
             out.append(SymSpec(r["name"], tuple(r["shape"]),
-                               check_dtype(r.get("dtype"), f"{what}[{i}]"), r["tensor"]))
+                               check_dtype(r.get("dtype"), f"{what}[{i}]"), r["tensor"],
+                               tuple(bound) if bound else None))
         return out
 
     def _check_arity(self, kernels_meta: list) -> None:
@@ -312,6 +318,11 @@ class SymbolicRunner:
                 raise InputError(f"input {spec.name!r} has rank {value.ndim} (shape "
                                  f"{tuple(value.shape)}); the model takes {spec.shape_text}")
             for axis, (rec, n) in enumerate(zip(spec.shape, value.shape)):
+                if spec.max_shape is not None and n > spec.max_shape[axis]:
+                    raise InputError(
+                        f"input {spec.name!r} has size {n} at axis {axis}, beyond the bundle's "
+                        f"bound {spec.max_shape[axis]} (exported with --max-shape "
+                        f"{spec.name}={','.join(map(str, spec.max_shape))})")
                 if n == 0:
                     raise InputError(f"input {spec.name!r} has size 0 at axis {axis}; the model "
                                      f"takes {spec.shape_text} with every size at least 1")

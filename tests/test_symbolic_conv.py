@@ -80,3 +80,63 @@ def test_too_small_is_one_line(cnn) -> None:
         m.run({"x": np.zeros((1, 8, 4, 6), np.float32)})
     with load(path) as m, pytest.raises(InputError, match="size 0 at axis 2"):
         m.run({"x": np.zeros((1, 8, 0, 9), np.float32)})
+
+
+def _scaled() -> onnx.ModelProto:
+    """y = conv(x, w) * s, s a second graph input, reshaped to (1, 4, W // 2) by Shape
+    arithmetic (Shape -> Gather -> Div -> Unsqueeze -> Concat -> Reshape, as exporters write):
+    the conv's (W + 1) // 2 columns fit that for even W only."""
+    nodes = [
+        helper.make_node("Conv", ["x", "w"], ["c"], strides=[1, 2]),
+        helper.make_node("Mul", ["c", "s"], ["m"]),
+        helper.make_node("Shape", ["x"], ["sh"]),
+        helper.make_node("Gather", ["sh", "i3"], ["wd"], axis=0),
+        helper.make_node("Div", ["wd", "two"], ["half"]),
+        helper.make_node("Unsqueeze", ["half", "ax0"], ["half1"]),
+        helper.make_node("Concat", ["lead", "half1"], ["target"], axis=0),
+        helper.make_node("Reshape", ["m", "target"], ["y"]),
+    ]
+    inits = [_w("w", 4, 2, 1, 1),
+             numpy_helper.from_array(np.array(3, np.int64), "i3"),
+             numpy_helper.from_array(np.array(2, np.int64), "two"),
+             numpy_helper.from_array(np.array([0], np.int64), "ax0"),
+             numpy_helper.from_array(np.array([1, 4], np.int64), "lead")]
+    graph = helper.make_graph(
+        nodes, "scaled",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 1, "W"]),
+         helper.make_tensor_value_info("s", TensorProto.FLOAT, [1, 4, 1, 1])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_bind_max_shape_and_shape_arithmetic_from_the_cli(tmp_path, run_cli,
+                                                          one_line_error) -> None:
+    model = _scaled()
+    onnx.save(model, tmp_path / "m.onnx")
+    s = RNG.standard_normal((1, 4, 1, 1)).astype(np.float32)
+    np.save(tmp_path / "s.npy", s)
+    out = tmp_path / "m.mlc"
+    proc = run_cli("export", tmp_path / "m.onnx", "-o", out, "--bind", f"s={tmp_path / 's.npy'}",
+                   "--max-shape", "x=1,2,1,64")
+    assert proc.returncode == 0, proc.stderr
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    with load(out) as m:
+        assert [i.name for i in m.inputs] == ["x"]
+        for width in (2, 10, 64):   # the Reshape's last dim is W // 2 at run time
+            x = RNG.standard_normal((1, 2, 1, width)).astype(np.float32)
+            ref = session.run(None, {"x": x, "s": s})[0]
+            got = m.run({"x": x})["y"]
+            assert got.shape == ref.shape == (1, 4, width // 2)
+            np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-6)
+        with pytest.raises(InputError, match=r"size 66 at axis 3, beyond the bundle's bound 64 "
+                                             r"\(exported with --max-shape x=1,2,1,64\)"):
+            m.run({"x": np.zeros((1, 2, 1, 66), np.float32)})
+        with pytest.raises(InputError, match="W must be a multiple of 2, got W = 7"):
+            m.run({"x": np.zeros((1, 2, 1, 7), np.float32)})
+    np.save(tmp_path / "bad.npy", s.astype(np.float64))
+    for args, text in ((["--bind", f"s={tmp_path / 'bad.npy'}"], "the model takes float32"),
+                       (["--bind", "t=x.npy"], "cannot read"),
+                       (["--max-shape", "x=1,2,1,0"], "size 0 at axis 3 is below 1")):
+        proc = run_cli("export", tmp_path / "m.onnx", "-o", tmp_path / "bad.mlc", *args)
+        assert text in one_line_error(proc)
+    assert not (tmp_path / "bad.mlc").exists()

@@ -58,11 +58,15 @@ class ImportInfo:
 
 
 def import_onnx(model_or_path: str | os.PathLike | onnx.ModelProto,
-                input_shapes: Mapping[str, Sequence[int]] | None = None
+                input_shapes: Mapping[str, Sequence[int]] | None = None,
+                bind: Mapping[str, np.ndarray] | None = None,
+                max_shapes: Mapping[str, Sequence[int]] | None = None
                 ) -> tuple[IRModule, ImportInfo]:
     """Convert an ONNX model (a path or a loaded ``ModelProto``) to an IRModule whose ``main``
     takes the graph's inputs (by their ONNX names) and returns its outputs (by their ONNX
-    names). ``input_shapes`` gives static shapes for inputs with symbolic or unknown dims.
+    names). ``input_shapes`` gives static shapes for inputs with symbolic or unknown dims;
+    ``bind`` turns graph inputs into constants with the given values (``--bind``, the course's
+    BindParams); ``max_shapes`` bounds inputs' symbolic dims (checked at run time).
     Raises ``ExportError`` (one line) for anything it cannot convert."""
     model, source = _load(model_or_path)
     if model.functions:
@@ -75,7 +79,10 @@ def import_onnx(model_or_path: str | os.PathLike | onnx.ModelProto,
 
     initializer_names = {t.name for t in graph.initializer}
     runtime_inputs = [vi for vi in graph.input if vi.name not in initializer_names]
+    bound = _bound_inputs(runtime_inputs, dict(bind or {}), source)
+    runtime_inputs = [vi for vi in runtime_inputs if vi.name not in bound]
     shapes = _input_shapes(runtime_inputs, dict(input_shapes or {}), source)
+    bounds = _max_shapes(runtime_inputs, shapes, dict(max_shapes or {}), source)
 
     if not runtime_inputs:
         raise ExportError(f"{source} has no run-time inputs (its outputs are constants); a "
@@ -86,6 +93,8 @@ def import_onnx(model_or_path: str | os.PathLike | onnx.ModelProto,
     values: dict[str, Value] = dict(params)
     for init in graph.initializer:
         values[init.name] = make_constant(bb, _tensor_array(init, source), init.name)
+    for name, data in bound.items():
+        values[name] = make_constant(bb, data, name)
 
     converter = _GraphConverter(bb, values, opsets, source)
     with bb.function("main", list(params.values())):
@@ -105,7 +114,65 @@ def import_onnx(model_or_path: str | os.PathLike | onnx.ModelProto,
         folded_nodes=converter.folded_nodes)
     mod = bb.get()
     mod.relations = take_relations()
+    mod.max_shapes = {params[k].name: v for k, v in bounds.items()}
     return mod, info
+
+
+def _bound_inputs(inputs: Sequence[onnx.ValueInfoProto], given: dict[str, np.ndarray],
+                  source: str) -> dict[str, np.ndarray]:
+    """``--bind NAME=file.npy``: the graph inputs that become constants, checked against what
+    the model declares (dtype, rank, fixed sizes)."""
+    by_name = {vi.name: vi for vi in inputs}
+    out = {}
+    for name, data in given.items():
+        vi = by_name.get(name)
+        if vi is None:
+            raise ExportError(f"--bind names {name!r}, which is not an input of {source} "
+                              f"(inputs: {', '.join(by_name) or 'none'})")
+        tt = vi.type.tensor_type
+        want = np.dtype(helper.tensor_dtype_to_np_dtype(tt.elem_type)) if tt.elem_type else None
+        data = np.asarray(data)
+        if want is not None and data.dtype != want:
+            raise ExportError(f"--bind {name}: the array is {data.dtype}; the model takes "
+                              f"{want}: save it with .astype(np.{want})")
+        if tt.HasField("shape"):
+            dims = [d.dim_value if d.HasField("dim_value") else None for d in tt.shape.dim]
+            if len(dims) != data.ndim or any(d is not None and d != n
+                                             for d, n in zip(dims, data.shape)):
+                shown = "[" + ", ".join("?" if d is None else str(d) for d in dims) + "]"
+                raise ExportError(f"--bind {name}: the array has shape {tuple(data.shape)}; "
+                                  f"{source} declares {shown}")
+        out[name] = np.ascontiguousarray(data)
+    if given and len(out) == len(inputs):
+        raise ExportError(f"--bind binds every input of {source}; a bundle needs at least one "
+                          "run-time input")
+    return out
+
+
+def _max_shapes(inputs: Sequence[onnx.ValueInfoProto], shapes: Mapping[str, tuple],
+                given: dict[str, Sequence[int]], source: str) -> dict[str, tuple[int, ...]]:
+    """``--max-shape NAME=DIMS``: upper bounds of an input's sizes, one per dim."""
+    names = [vi.name for vi in inputs]
+    out = {}
+    for name, dims in given.items():
+        if name not in shapes:
+            raise ExportError(f"--max-shape names {name!r}, which is not an input of {source} "
+                              f"(inputs: {', '.join(names) or 'none'})")
+        shape = shapes[name]
+        text = ",".join(map(str, dims))
+        try:
+            dims = tuple(int(d) for d in dims)
+        except (TypeError, ValueError):
+            raise ExportError(f"--max-shape {name}={text}: sizes must be integers") from None
+        if len(dims) != len(shape):
+            raise ExportError(f"--max-shape {name}={text} has {len(dims)} sizes; the input has "
+                              f"rank {len(shape)}")
+        for d, (m, s) in enumerate(zip(dims, shape)):
+            if m < 1 or isinstance(s, int) and m < s:
+                raise ExportError(f"--max-shape {name}={text}: size {m} at axis {d} is below "
+                                  f"{'1' if m < 1 else f'the fixed size {s}'}")
+        out[name] = dims
+    return out
 
 
 # ---- loading and checking -----------------------------------------------------------------------

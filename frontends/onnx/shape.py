@@ -59,8 +59,13 @@ def reshape_target(ctx: NodeContext, in_shape: Sequence[int], shape: Sequence[in
         elif rest:
             raise ctx.error(f"cannot reshape {tuple(in_shape)} to {list(shape)}")
         out[out.index(-1)] = total // known
-    if math.prod(out) != math.prod(in_shape) or any(d < 0 for d in out):
+    if any(d < 0 for d in out):
         raise ctx.error(f"cannot reshape {tuple(in_shape)} to {list(shape)}")
+    if math.prod(out) != math.prod(in_shape):
+        if is_static(list(out) + list(in_shape)):
+            raise ctx.error(f"cannot reshape {tuple(in_shape)} to {list(shape)}")
+        # equal element counts for some sizes only: checked at run time
+        assume("eq", math.prod(out), math.prod(in_shape), f"reshape to {list(shape)}")
     return tuple(out)
 
 

@@ -190,6 +190,8 @@ class IRModule:
     # Relations between symbolic dims that shape inference assumed (``sym.assume``): checked
     # at run time when the sizes are bound, as (op, a, b, where).
     relations: list = field(default_factory=list)
+    # Upper bounds of main's inputs' sizes (``--max-shape``), by parameter name.
+    max_shapes: dict = field(default_factory=dict)
 
     @property
     def main(self) -> Function:
@@ -215,7 +217,7 @@ class IRModule:
         return func.name
 
     def copy(self) -> IRModule:
-        return IRModule(dict(self.functions), list(self.relations))
+        return IRModule(dict(self.functions), list(self.relations), dict(self.max_shapes))
 
 
 def used_values(value: Expr) -> Sequence[Value]:

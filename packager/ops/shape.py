@@ -13,7 +13,9 @@ from .registry import INJECTIVE, VIEW, register_op
 def _infer_reshape(x: TensorType, shape=()) -> TensorType:
     shape = tuple(dim(d) for d in shape)
     if product(shape) != product(x.shape):
-        raise ValueError(f"cannot reshape {x.shape} to {shape}")
+        if is_static(shape + tuple(x.shape)):
+            raise ValueError(f"cannot reshape {x.shape} to {shape}")
+        assume("eq", product(shape), product(x.shape), f"reshape to {shape}")
     return TensorType(shape, x.dtype)
 
 
