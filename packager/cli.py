@@ -74,7 +74,8 @@ def _guarded(debug: bool, fn: Callable[[], Any]) -> Any:
 
 
 def _parse_shapes(values: list[str]) -> dict[str, tuple[int | None, ...]]:
-    """``name=1,3,224,224``; a first dim that is a name (``N``) is the batch (None here)."""
+    """``name=1,3,224,224``; a dim that is a name (``N``) stays symbolic (a size variable; the
+    batch, with --batch-sizes, when it is the first)."""
     shapes: dict[str, tuple[int | None, ...]] = {}
     for item in values:
         name, sep, dims = item.partition("=")
@@ -82,8 +83,8 @@ def _parse_shapes(values: list[str]) -> dict[str, tuple[int | None, ...]]:
             if not sep or not name:
                 raise ValueError
             parts = [d.strip() for d in dims.replace("x", ",").split(",")]
-            first: int | None = None if parts[0].isidentifier() else int(parts[0])
-            shapes[name] = (first, *(int(d) for d in parts[1:]))
+            # a name keeps that dim symbolic (the batch, with --batch-sizes, if first)
+            shapes[name] = tuple(d if d.isidentifier() else int(d) for d in parts)
         except ValueError:
             _fail(f"--input-shape {item!r} should look like name=1,3,224,224 (or name=N,3,224,224 "
                   "with --batch-sizes)", 2)
@@ -104,12 +105,13 @@ def _parse_batch_sizes(text: Optional[str]) -> Optional[list[int]]:
 
 def _at_batch(shapes: dict[str, tuple[int | None, ...]], batch: Optional[int]
               ) -> dict[str, tuple[int, ...]]:
-    if batch is None:
-        symbolic = [k for k, v in shapes.items() if v[0] is None]
-        if symbolic:
-            _fail(f"--input-shape {symbolic[0]}: a named first dimension (the batch) needs "
-                  "--batch-sizes, e.g. --batch-sizes 1,8,32", 2)
-    return {k: tuple(batch if d is None else d for d in v) for k, v in shapes.items()}
+    if batch is None:   # named dims stay symbolic (size variables)
+        return dict(shapes)
+    named = [k for k, v in shapes.items() if any(isinstance(d, str) for d in v[1:])]
+    if named:
+        _fail(f"--input-shape {named[0]}: with --batch-sizes only the first dimension may be "
+              "named (the batch)", 2)
+    return {k: tuple(batch if isinstance(d, str) else d for d in v) for k, v in shapes.items()}
 
 
 def _parse_check_inputs(values: list[str]) -> Optional[dict[str, np.ndarray]]:
@@ -243,6 +245,9 @@ def _build_module(model: Path, arch: Optional[Path], shapes: dict[str, tuple[int
         mods = {}
         for b in sizes:
             given = _at_batch(shapes, b)
+            if any(isinstance(d, str) for v in given.values() for d in v):
+                _fail("--input-shape: named (symbolic) dims are for ONNX models; give pickled "
+                      "weights' input sizes, or name the batch with --batch-sizes", 2)
             shape = next(iter(given.values())) if given else None
             if shape is None and b is not None:
                 default = tuple((spec.get("input") or {}).get("shape") or ())
@@ -274,7 +279,7 @@ def _onnx_batched(model: Path, shapes: dict) -> tuple[Any, dict[str, Callable[[i
             continue
         dims = vi.type.tensor_type.shape.dim
         if vi.name in shapes:
-            if shapes[vi.name][0] is None and len(dims) and dims[0].HasField("dim_value"):
+            if isinstance(shapes[vi.name][0], str) and len(dims) and dims[0].HasField("dim_value"):
                 pinned.add(dims[0].dim_value)
                 dims[0].dim_param = "N"
             continue
@@ -282,7 +287,7 @@ def _onnx_batched(model: Path, shapes: dict) -> tuple[Any, dict[str, Callable[[i
                  for d in dims]
         if known and known[0] is None and all(d is not None for d in known[1:]):
             out[vi.name] = lambda b, rest=tuple(known[1:]): (b, *rest)
-    if not out and not any(v[0] is None for v in shapes.values()):
+    if not out and not any(isinstance(v[0], str) for v in shapes.values()):
         raise ExportError(f"--batch-sizes: no input of {model.name} has a symbolic first "
                           "dimension; name the batch with --input-shape x=N,...")
     if pinned:
@@ -395,8 +400,10 @@ def export(
         typer.echo(f"wrote {report.path} ({report.bundle_bytes / 1024:.1f} KiB) in "
                    f"{report.seconds:.2f} s: {report.kernels} kernels, {report.instructions} VM "
                    f"instructions, target {','.join(t.name for t in report.targets)}, weights "
-                   f"{report.weights_bytes / 1024:.1f} KiB, arena {report.arena_bytes} B "
-                   f"(tensors {report.intermediate_bytes} B)")
+                   f"{report.weights_bytes / 1024:.1f} KiB, "
+                   + (f"arena {report.arena_bytes} B (tensors {report.intermediate_bytes} B)"
+                      if report.arena_bytes or report.intermediate_bytes
+                      else "memory planned at run time (symbolic shapes)"))
         from .codegen.target import runs_on
         typer.echo(f"  runs on {runs_on(report.targets)}")
         for p in report.plans:

@@ -13,7 +13,7 @@ import llvmlite
 import numpy as np
 
 from .. import packager
-from ..runtime.bundle import FORMAT_MAJOR
+from ..runtime.bundle import FORMAT_MAJOR, SYMBOLIC_MINOR
 from .bundle_writer import BundleWriteError, BundleWriter
 from .codegen.build import ALLOWED_EXTERNALS, CodegenError, CompiledCode
 from .codegen.lower import KernelInfo, LoweringError
@@ -26,7 +26,8 @@ from .ir.graph import IRModule
 from .ir.printer import module_text
 from .passes import DEFAULT_PIPELINE, bind_params, run_pipeline
 from .passes.simplify import BindError
-from .vm_emit import Program, VMEmitError, emit_program, source_records
+from .ir.sym import SymbolicShapeError, to_record
+from .vm_emit import Program, VMEmitError, emit_program, main_size_vars, source_records
 
 
 @dataclass
@@ -99,12 +100,25 @@ def compile_variants(mod: IRModule, params: Mapping[str, np.ndarray] | None = No
         mod = run_pipeline(mod, DEFAULT_PIPELINE, verify=verify_ir)
         note("codegen")
         funcs = list(mod.prim_funcs().values())
-        variants = compile_for_targets(funcs, targets)
+        variants = compile_for_targets(funcs, targets, main_size_vars(mod))
         note("vm")
         program = emit_program(mod, _common_kernels(variants))
     except (TargetError, CodegenError, LoweringError, VMEmitError, BindError, BuilderError) as exc:
         raise ExportError(str(exc)) from None
+    except SymbolicShapeError as exc:
+        raise ExportError(f"{exc}: this model needs static shapes here; fix the input sizes "
+                          f"with {_input_shape_example(mod)} (a named batch with --batch-sizes "
+                          "gets one static plan per size)") from None
     return mod, variants, program
+
+
+def _input_shape_example(mod: IRModule) -> str:
+    """``--input-shape x=1,3,16,16``: the first input with symbolic dims, each of them at 1."""
+    for p in mod.main.params:
+        if any(not isinstance(d, int) for d in p.type.shape):
+            dims = ",".join(str(d) if isinstance(d, int) else "1" for d in p.type.shape)
+            return f"--input-shape {p.name}={dims}"
+    return "--input-shape"
 
 
 def _common_kernels(variants: list[CompiledCode]) -> dict[str, KernelInfo]:
@@ -132,8 +146,12 @@ def _kernel_rows(program: Program, infos: list[KernelInfo], mod: IRModule) -> li
                                "parallel": k.parallel}
         if sources:
             row["source"] = source_records(sources)
+        if k.symbolic:   # takes the sizes array last; its workspace size is a dim record
+            row["symbolic"] = True
+            if k.workspace_expr is not None:
+                row["workspace"] = to_record(k.workspace_expr)
         macs = mod.functions[name].attrs.get("macs")
-        if macs:
+        if macs and isinstance(macs, int):   # symbolic kernels: per call, unknown here
             row["macs"] = int(macs)
         rows.append(row)
     return rows
@@ -259,6 +277,11 @@ def _export(mods: dict[int | None, IRModule], path: str | os.PathLike,
             "memory_plan": {"arena_bytes": program.arena_bytes,
                             "intermediate_bytes": program.intermediate_bytes},
         }
+        if program.symbolic is not None:
+            if batched:
+                raise ExportError("--batch-sizes needs static shapes apart from the batch; "
+                                  "a symbolic model runs every batch already")
+            plan["symbolic"] = program.symbolic
         plans.append({"batch": batch, **plan} if batched else plan)
         reports.append({"batch": batch, "arena_bytes": program.arena_bytes,
                         "intermediate_bytes": program.intermediate_bytes,
@@ -283,9 +306,12 @@ def _export(mods: dict[int | None, IRModule], path: str | os.PathLike,
         "labels": list(opts.labels) if opts.labels else None,
         "constants": constants,
         **{k: top[k] for k in ("kernels", "code", "library_calls", "tensors", "vm",
-                               "memory_plan")},
+                               "memory_plan") + (("symbolic",) if "symbolic" in top else ())},
         "ir": writer.add(ir_text.encode()),
     }
+    if "symbolic" in top:   # readers before format 1.3 cannot plan memory at run time
+        header["format"] = [FORMAT_MAJOR, SYMBOLIC_MINOR]
+        header["min_reader"] = [FORMAT_MAJOR, SYMBOLIC_MINOR]
     if batched:
         sizes = list(mods)
         header["batch"] = {

@@ -36,6 +36,7 @@ from ..runtime.errors import CpuFeatureError, LibraryFunctionError, MlcpackError
 from ..runtime.verify import GOLDEN_KEY, CheckResult, check_model, compare_output
 from .bundle_writer import BundleWriteError
 from .ir.graph import Call, CallLibrary, Constant, Function, IRModule, Var
+from .ir.sym import shape_vars
 
 MAX_EMBED_BYTES = 4 << 20
 IR_REFERENCE = "the numpy reference of the IR"
@@ -270,12 +271,22 @@ _REFERENCE_ERRORS = (ReferenceUnavailable, FloatingPointError, ValueError, TypeE
                      IndexError)
 
 
+CHECK_SIZE = 2   # the value every size variable takes in the check of a symbolic model
+
+
+def _check_shape(shape: tuple) -> tuple[int, ...]:
+    """The concrete shape the check feeds: symbolic dims with every size variable at
+    ``CHECK_SIZE`` (the bundle is checked at that size; tests cover the others)."""
+    env = {v: CHECK_SIZE for v in shape_vars(shape)}
+    return tuple(d if isinstance(d, int) else d.evaluate(env) for d in shape)
+
+
 def prepare_golden(mod: IRModule, params: Mapping[str, np.ndarray] | None, opts: Any) -> Golden:
     """Choose the inputs and run the references (before anything is compiled): the one that may
     refuse the export, the IR's numpy reference for the magnitudes, and advice (see the module
     docstring)."""
     fn = mod.main
-    specs = [(p.name, tuple(p.type.shape), p.type.dtype) for p in fn.params
+    specs = [(p.name, _check_shape(p.type.shape), p.type.dtype) for p in fn.params
              if not (params and p.name in params)]
     if opts.check_inputs:
         inputs, seed = given_inputs(specs, opts.check_inputs), None

@@ -22,12 +22,15 @@ from dataclasses import dataclass, field
 from .codegen.lower import KernelInfo
 from .ir.graph import (Call, CallLibrary, CallTIR, Constant, Function, IRModule, Source,
                        TensorType, Value, Var, merge_sources)
+from .ir import te
+from .ir.sym import is_static, product, shape_vars, to_record
 from .ops import get_op
 from .ops.registry import VIEW
 from .passes.memory_plan import Buffer, plan_memory
 
 OP_CALL_KERNEL, OP_CALL_LIB, OP_COPY = 1, 2, 3
 ARENA, CONST = 0, 1
+SIZES = 2   # symbolic programs: the int64 values of the size variables
 
 
 class VMEmitError(Exception):
@@ -48,6 +51,10 @@ class Program:
     outputs: list[dict] = field(default_factory=list)
     arena_bytes: int = 0
     intermediate_bytes: int = 0   # what the tensors would take with no reuse
+    # A symbolic program (size variables in main's input shapes): tensor rows hold storage ids,
+    # not offsets, and shapes as dim records; the runtime plans memory per concrete shape
+    # (runtime/symbolic.py) from {"vars": [...], "buffers": [[size, first step, last step]]}.
+    symbolic: dict | None = None
 
     @property
     def bytecode(self) -> bytes:
@@ -60,11 +67,26 @@ def source_records(sources: tuple[Source, ...]) -> list[dict[str, str]]:
     return [{"name": s.name, "op": s.op} for s in sources]
 
 
+def main_size_vars(mod: IRModule, func: str = "main") -> tuple[str, ...]:
+    """The size variables of ``func``'s input shapes, in the order of the runtime's sizes
+    array (sorted by name); () for a fully static model."""
+    fn = mod.functions.get(func)
+    if not isinstance(fn, Function):
+        return ()
+    return tuple(sorted(set().union(*(shape_vars(p.type.shape) for p in fn.params))))
+
+
+def _shape_record(shape: tuple) -> list:
+    return [to_record(d) for d in shape]
+
+
 def emit_program(mod: IRModule, kernels: dict[str, KernelInfo], func: str = "main") -> Program:
     fn = mod.functions[func]
     if not isinstance(fn, Function):
         raise VMEmitError(f"{func} is not a graph function")
     prog = Program()
+    size_vars = main_size_vars(mod, func)
+    sizes_row: list[int] = []   # the tensor row of the sizes array (symbolic kernels' last arg)
     tensor_of: dict[int, int] = {}          # id(value) -> tensor row
     storage_of_tensor: dict[int, int] = {}  # tensor row -> storage id (arena rows only)
     buffers: dict[int, Buffer] = {}
@@ -73,11 +95,13 @@ def emit_program(mod: IRModule, kernels: dict[str, KernelInfo], func: str = "mai
 
     def new_storage(ttype: TensorType, step: int) -> int:
         sid = len(buffers)
-        buffers[sid] = Buffer(sid, ttype.nbytes, step, step)
+        size = ttype.nbytes if is_static(ttype.shape) else \
+            product(ttype.shape) * te.itemsize(ttype.dtype)
+        buffers[sid] = Buffer(sid, size, step, step)
         return sid
 
     def arena_tensor(ttype: TensorType, sid: int) -> int:
-        prog.tensors.append([ARENA, sid, list(ttype.shape), ttype.dtype])
+        prog.tensors.append([ARENA, sid, _shape_record(ttype.shape), ttype.dtype])
         storage_of_tensor[len(prog.tensors) - 1] = sid
         return len(prog.tensors) - 1
 
@@ -100,7 +124,8 @@ def emit_program(mod: IRModule, kernels: dict[str, KernelInfo], func: str = "mai
     for p in fn.params:
         t = arena_tensor(p.type, new_storage(p.type, 0))
         tensor_of[id(p)] = t
-        prog.inputs.append({"name": p.name, "shape": list(p.type.shape), "dtype": p.type.dtype,
+        prog.inputs.append({"name": p.name, "shape": _shape_record(p.type.shape),
+                            "dtype": p.type.dtype,
                             "tensor": t})
 
     for step, b in enumerate(fn.bindings(), start=1):
@@ -125,9 +150,15 @@ def emit_program(mod: IRModule, kernels: dict[str, KernelInfo], func: str = "mai
                 prog.kernel_sources.append(())
             prog.kernel_sources[k] = merge_sources(prog.kernel_sources[k], b.source)
             operands = args + [out]
-            if info.workspace_bytes:
-                ws = TensorType((info.workspace_bytes,), "uint8")
+            if info.workspace_bytes or info.workspace_expr is not None:
+                ws = TensorType((info.workspace_expr if info.symbolic
+                                 else info.workspace_bytes,), "uint8")
                 operands.append(arena_tensor(ws, new_storage(ws, step)))
+            if info.symbolic:
+                if not sizes_row:
+                    prog.tensors.append([SIZES, 0, [len(size_vars)], "int64"])
+                    sizes_row.append(len(prog.tensors) - 1)
+                operands.append(sizes_row[0])
             prog.instructions.append([OP_CALL_KERNEL, k, len(operands), *operands])
         elif isinstance(v, CallLibrary):
             prog.library_calls.append({"func": v.func, "attrs": v.attrs})
@@ -142,7 +173,8 @@ def emit_program(mod: IRModule, kernels: dict[str, KernelInfo], func: str = "mai
     end = len(list(fn.bindings())) + 1
     for name, o in zip(fn.output_names, fn.outputs):
         t = use(o, end)
-        prog.outputs.append({"name": name, "shape": list(o.type.shape), "dtype": o.type.dtype,
+        prog.outputs.append({"name": name, "shape": _shape_record(o.type.shape),
+                             "dtype": o.type.dtype,
                              "tensor": t})
 
     # Each input lists the rows over its bytes (itself and its reshapes): the runtime may point
@@ -151,6 +183,11 @@ def emit_program(mod: IRModule, kernels: dict[str, KernelInfo], func: str = "mai
         sid = storage_of_tensor[inp["tensor"]]
         inp["views"] = sorted(t for t, s in storage_of_tensor.items() if s == sid)
 
+    if size_vars:
+        prog.symbolic = {"vars": list(size_vars),
+                         "buffers": [[to_record(b.size), b.start, b.end]
+                                     for _, b in sorted(buffers.items())]}
+        return prog
     offsets, prog.arena_bytes = plan_memory(list(buffers.values()))
     prog.intermediate_bytes = sum(b.size for b in buffers.values())
     for row in prog.tensors:

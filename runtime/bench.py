@@ -10,6 +10,8 @@ from typing import Callable
 
 import numpy as np
 
+from .symbolic import example_shape
+
 from .model import load
 
 
@@ -54,10 +56,11 @@ def random_feeds(model) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(0)
     feeds = {}
     for spec in model.inputs:
+        shape = example_shape(spec.shape)   # symbolic dims: every size variable at 1
         if spec.dtype.startswith("float"):
-            feeds[spec.name] = rng.standard_normal(spec.shape).astype(spec.dtype)
+            feeds[spec.name] = rng.standard_normal(shape).astype(spec.dtype)
         else:
-            feeds[spec.name] = np.zeros(spec.shape, dtype=spec.dtype)
+            feeds[spec.name] = np.zeros(shape, dtype=spec.dtype)
     return feeds
 
 

@@ -45,6 +45,10 @@ from .errors import BundleError, FormatVersionError
 
 FORMAT_MAJOR = 1
 FORMAT_MINOR = 2
+# Bundles with symbolic shapes (a memory plan computed at run time, runtime/symbolic.py) say
+# format 1.3 with min_reader 1.3, so readers before it refuse them cleanly; every other bundle
+# keeps writing 1.2. This reader reads 1.2, and 1.3 bundles that carry the symbolic record.
+SYMBOLIC_MINOR = 3
 TREE_FORMAT = [1, 2]                # the oldest reader of tree-digest bundles
 MAGIC = b"\x83\xa7mlcpack"          # fixmap(3) then the 7-char key "mlcpack"
 DIGEST_KEY = b"\xa6sha256\xc4\x20"  # fixstr "sha256", then bin8 of 32 bytes
@@ -320,11 +324,12 @@ class BundleReader:
                 f"{self.name} has bundle format {major}.{minor} (mlcpack {made_by}); this runtime "
                 f"reads format {FORMAT_MAJOR}.x: " + ("upgrade the runtime" if newer else
                                                       "export the model again"))
-        if minor > FORMAT_MINOR:
+        reads = max(FORMAT_MINOR, SYMBOLIC_MINOR) if "symbolic" in header else FORMAT_MINOR
+        if minor > reads:
             need = header.get("min_reader", fmt)
             if (not isinstance(need, list) or len(need) != 2
                     or not all(isinstance(v, int) for v in need)
-                    or tuple(need) > (FORMAT_MAJOR, FORMAT_MINOR)):
+                    or tuple(need) > (FORMAT_MAJOR, reads)):
                 raise FormatVersionError(
                     f"{self.name} has bundle format {major}.{minor} and needs a runtime that reads "
                     f"{need}; this one reads {FORMAT_MAJOR}.{FORMAT_MINOR}: upgrade the runtime")

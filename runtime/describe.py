@@ -64,6 +64,7 @@ def _summarize(path: str | os.PathLike, reader: BundleReader) -> dict[str, Any]:
         "library_functions": sorted({c["func"] for c in h.get("library_calls", [])}),
         "weights": {"count": len(constants), "bytes": weights},
         "memory_plan": h.get("memory_plan"),
+        "symbolic": h.get("symbolic"),
         "vm_instructions": h.get("vm", {}).get("instructions"),
         "signed_by": signed_by,
         "plans": _plans(h, chosen),
@@ -175,7 +176,14 @@ def _text(info: dict[str, Any]) -> str:
     plan = info.get("memory_plan") or {}
     arena, total = plan.get("arena_bytes"), plan.get("intermediate_bytes")
     saved = f" ({100 * (1 - arena / total):.0f}% saved by reuse)" if arena and total else ""
-    lines.append(f"memory plan: arena {_kib(arena)} vs {_kib(total)} for all tensors{saved}")
+    sym = info.get("symbolic")
+    if isinstance(sym, dict):   # format 1.3: planned per input shape (runtime/symbolic.py)
+        lines.append(f"memory plan: made at run time for each input shape (size variables "
+                     f"{', '.join(map(str, sym.get('vars', [])))}; "
+                     f"{len(sym.get('buffers', []))} buffers, first fit; the last few cached)")
+    else:
+        lines.append(f"memory plan: arena {_kib(arena)} vs {_kib(total)} for all tensors"
+                     f"{saved}")
     lines.append(f"vm: {info['vm_instructions']} instructions")
     if info.get("plans"):
         sizes = ", ".join(str(p["batch"]) for p in info["plans"])

@@ -211,6 +211,7 @@ class Model:
         self._executors: list[vm.Executor] = []
         self._plans: list[_Plan] = []
         self._sessions: weakref.WeakSet[Session] = weakref.WeakSet()
+        self._symbolic: Any = None   # a symbolic.SymbolicRunner for format-1.3 bundles
         self.batch: BatchInfo | None = None
         self.signed_by: str | None = None
         try:
@@ -221,7 +222,8 @@ class Model:
         except BaseException:
             self.close()
             raise
-        self._lock = self._main._lock   # model.run and model.profile take turns in one arena
+        # model.run and model.profile take turns in one arena
+        self._lock = self._main._lock if self._symbolic is None else threading.Lock()
 
     # ---- loading --------------------------------------------------------------------------------
 
@@ -233,6 +235,15 @@ class Model:
         self.labels = h.get("labels") if isinstance(h.get("labels"), list) else None
         self.preprocess = h.get("preprocess") if isinstance(h.get("preprocess"), dict) else None
         constants = self._constants(h.get("constants"))
+        if "symbolic" in h:   # symbolic shapes: plans made per input size at run time
+            from .symbolic import SymbolicRunner
+            check_disjoint([(f"constant {i}", ref) for i, ref in enumerate(self._constant_refs)],
+                           name)
+            self._symbolic = SymbolicRunner(self, h, constants, library_functions, threads)
+            self.inputs, self.outputs = self._symbolic.inputs, self._symbolic.outputs
+            self._input_names = frozenset(s.name for s in self.inputs)
+            self.num_instructions = len(self._symbolic.program)
+            return
         # A dynamic-batch bundle (format 1.1) holds one plan per batch size under "plans"; an
         # older bundle is one plan, the header itself.
         rows, self.batch = _plan_rows(h, name)
@@ -465,12 +476,30 @@ class Model:
         shape and dtype), which are returned as they are; other outputs are new arrays.
         Safe from several threads: calls on one model take turns in its arena; for calls that
         run at the same time, give each thread its own ``model.session()``."""
+        if self._symbolic is not None:
+            return self._run_symbolic(feeds, outputs, out)
         return self._main.run(feeds, outputs, out)
+
+    def _run_symbolic(self, feeds: Mapping[str, Any], outputs: Sequence[str] | None,
+                      out: Mapping[str, np.ndarray] | None) -> dict[str, np.ndarray]:
+        """``run`` for a symbolic bundle (runtime/symbolic.py); ``out`` is not supported yet."""
+        if out:
+            raise InputError(f"{self.name} has symbolic shapes: run(out=...) is not supported "
+                             "for it yet")
+        self._check_feed_names(feeds)
+        with self._lock:
+            result = self._symbolic.run(feeds)
+        if outputs is None:
+            return result
+        return {name: result[name] for name in self._selected_outputs(outputs, None)}
 
     def session(self, threads: int | None = None) -> Session:
         """A ``Session``: this model with an arena (and thread pool) of its own, so several
         sessions run at the same time from different threads. They share the mapped code and
         the weights (never copied); each holds only its arena, the model's working memory."""
+        if self._symbolic is not None:
+            raise InputError(f"{self.name} has symbolic shapes: sessions are not supported for "
+                             "it yet; use model.run (calls take turns)")
         if self._executor is None:
             raise InputError(f"{self.name} is closed")
         session = Session(self, self._instantiate(threads or self._threads))
@@ -549,6 +578,10 @@ class Model:
         the feeds' size runs on (at most the largest plan's batch)."""
         from .profile import profile_executor
 
+        if self._symbolic is not None:
+            raise InputError(f"{self.name} has symbolic shapes: profiling it is not supported "
+                             "yet; export it with --input-shape fixed sizes to profile")
+
         if self._executor is None:
             raise InputError(f"{self.name} is closed")
         if runs < 1 or warmup < 0:
@@ -587,6 +620,9 @@ class Model:
     def close(self) -> None:
         """Release the code mapping and the file; the model and its sessions cannot run
         afterwards."""
+        if getattr(self, "_symbolic", None) is not None:
+            self._symbolic.close()
+            self._symbolic = None
         for session in list(getattr(self, "_sessions", ())):
             session.close()
         for executor in getattr(self, "_executors", []):

@@ -23,6 +23,7 @@ from onnx import helper, numpy_helper
 from ...packager.errors import ExportError
 from ...packager.ir.builder import BlockBuilder, BuilderError
 from ...packager.ir.graph import Constant, IRModule, Source, Value, Var
+from ...packager.ir.sym import SymbolicShapeError, size_var
 from . import (attention, elementwise, index, logic, nn, quant, resize,  # noqa: F401
                rnn, shape)  # (registration side effect)
 from .registry import (IGNORED_ATTRIBUTES, NodeContext, lookup, make_constant, normalize_domain,
@@ -222,26 +223,44 @@ def _input_shapes(inputs: Sequence[onnx.ValueInfoProto], given: dict[str, Sequen
         if not has_shape:
             raise ExportError(f"{source}: input {vi.name!r} has no declared shape: give it with "
                               f"{_flag_example(vi.name, [])}")
-        for axis, (d, proto) in enumerate(zip(dims, tt.shape.dim)):
-            if d is None:
-                what = repr(proto.dim_param) if proto.dim_param else "an unknown size"
-                raise ExportError(f"{source}: input {vi.name!r} has {what} at axis {axis}: "
-                                  f"give its shape with {_flag_example(vi.name, dims)}")
-        shapes[vi.name] = tuple(int(d) for d in dims)  # type: ignore[arg-type]
+        # A named or unknown dim stays symbolic (a size variable the runtime binds from the
+        # fed array); an op that needs it fixed refuses with a pointer to --input-shape.
+        shapes[vi.name] = tuple(
+            int(d) if d is not None else size_var(_var_name(vi.name, axis, proto.dim_param))
+            for axis, (d, proto) in enumerate(zip(dims, tt.shape.dim)))
     return shapes
+
+
+def _flag_example_for(bb: BlockBuilder) -> str:
+    """``--input-shape x=1,784`` for the first input with a symbolic dim (1 in its place)."""
+    for p in bb.params if hasattr(bb, "params") else []:
+        if any(not isinstance(d, int) for d in p.type.shape):
+            return _flag_example(p.name, [d if isinstance(d, int) else None
+                                          for d in p.type.shape])
+    return "--input-shape NAME=1,3,224,224"
+
+
+def _var_name(input_name: str, axis: int, dim_param: str) -> str:
+    """A size variable's name: the ONNX dim_param as an identifier, else ``<input>_<axis>``."""
+    name = "".join(c if c.isalnum() or c == "_" else "_" for c in dim_param)
+    if not name:
+        name = "".join(c if c.isalnum() or c == "_" else "_" for c in input_name) + f"_{axis}"
+    return name if not name[0].isdigit() else "d" + name
 
 
 def _given_shape(name: str, declared: list[int | None] | None, given: Sequence[int],
                  source: str) -> tuple[int, ...]:
     try:
-        shape = tuple(int(d) for d in given)
+        # a name (--input-shape x=N,784) keeps that dim symbolic, as a size variable
+        shape = tuple(size_var(d) if isinstance(d, str) and d.isidentifier() else int(d)
+                      for d in given)
     except (TypeError, ValueError):
         raise ExportError(f"--input-shape {name}: {given!r} is not a list of sizes") from None
-    if any(d < 0 for d in shape):
+    if any(isinstance(d, int) and d < 0 for d in shape):
         raise ExportError(f"--input-shape {name}={','.join(map(str, shape))}: sizes must be >= 0")
     if declared is not None:
         shown = "[" + ", ".join("?" if d is None else str(d) for d in declared) + "]"
-        if len(declared) != len(shape) or any(d is not None and d != s
+        if len(declared) != len(shape) or any(d is not None and d != s and isinstance(s, int)
                                               for d, s in zip(declared, shape)):
             raise ExportError(f"--input-shape {name}={','.join(map(str, shape))} does not match "
                               f"the shape {source} declares, {shown}")
@@ -320,6 +339,9 @@ class _GraphConverter:
             with self.bb.source(Source(node.name or (node.output[0] if node.output else label),
                                        label)):
                 result = conv.convert(ctx)
+        except SymbolicShapeError as exc:  # the op needs a dim the model leaves open
+            raise ctx.error(f"{_one_line(exc)}; it needs static shapes here: fix the input "
+                            f"sizes with {_flag_example_for(self.bb)}") from None
         except (BuilderError, ValueError) as exc:  # shape or attribute values the ops refuse
             raise ctx.error(_one_line(exc)) from None
         outs = list(result) if isinstance(result, (list, tuple)) else [result]

@@ -12,6 +12,7 @@ import onnx
 from onnx import helper
 
 from ...packager.ir.graph import Constant, Value
+from ...packager.ir.sym import dim
 from . import quant
 from .logic import cast_to
 from .registry import NodeContext, converter
@@ -35,7 +36,7 @@ def reshape_target(ctx: NodeContext, in_shape: Sequence[int], shape: Sequence[in
                    allowzero: bool) -> tuple[int, ...]:
     """ONNX Reshape's target: 0 copies the input's dim (unless ``allowzero``), -1 is inferred."""
     out = []
-    for i, d in enumerate(int(d) for d in shape):
+    for i, d in enumerate(dim(d) for d in shape):
         if d == 0 and not allowzero:
             if i >= len(in_shape):
                 raise ctx.error(f"shape {list(shape)} copies dim {i} of a rank-{len(in_shape)} "

@@ -11,10 +11,11 @@ import llvmlite.binding as llvm
 from llvmlite import ir
 
 from ..ir.graph import PrimFunc
+from ..ir.sym import SymbolicShapeError
 from ..ir.structure import structural_key
-from .gemm import emit_contraction, vector_width
-from .lower import KernelInfo, emit_kernel
-from .pool import emit_max_pool
+from .gemm import emit_contraction, emit_symbolic_matmul, match_contraction, vector_width
+from .lower import KernelInfo, emit_kernel, is_symbolic
+from .pool import emit_max_pool, match_max_pool
 from .rnn import emit_recurrence
 from .softmax import emit_softmax
 from .objinfo import undefined_symbols
@@ -55,7 +56,21 @@ def _target_machine(target: Target) -> llvm.TargetMachine:
 KERNEL_RULES = (emit_recurrence, emit_contraction, emit_max_pool, emit_softmax)
 
 
-def _emit(module: ir.Module, func: PrimFunc, symbol: str, vl: int) -> KernelInfo:
+def _emit(module: ir.Module, func: PrimFunc, symbol: str, vl: int,
+          size_vars: tuple[str, ...] = ()) -> KernelInfo:
+    if size_vars and is_symbolic(func):   # run-time extents: matmul fast path, else generic
+        info = emit_symbolic_matmul(module, func, symbol, vl, size_vars)
+        if info is not None:
+            return info
+        # Convolutions and pools keep their static fast paths only: the generic loop nest
+        # would be many times slower, so a symbolic one is refused (fix the shapes instead).
+        match = match_contraction(func)
+        if (match is not None and match.tag.kind == "conv2d") or match_max_pool(func):
+            kind = match.tag.kind if match is not None else "max pool"
+            raise SymbolicShapeError(f"{func.name}: a {kind} with symbolic shapes ("
+                                     + ", ".join(str(d) for d in func.outputs[0].shape)
+                                     + ") has no fast kernel yet")
+        return emit_kernel(module, func, symbol, size_vars)
     for rule in KERNEL_RULES:
         info = rule(module, func, symbol, vl)
         if info is not None:
@@ -63,8 +78,11 @@ def _emit(module: ir.Module, func: PrimFunc, symbol: str, vl: int) -> KernelInfo
     return emit_kernel(module, func, symbol)
 
 
-def compile_prim_funcs(funcs: Sequence[PrimFunc], target: Target) -> CompiledCode:
-    """Compile ``funcs`` into one object for ``target``; kernel symbols are ``mlc_<name>``."""
+def compile_prim_funcs(funcs: Sequence[PrimFunc], target: Target,
+                       size_vars: tuple[str, ...] = ()) -> CompiledCode:
+    """Compile ``funcs`` into one object for ``target``; kernel symbols are ``mlc_<name>``.
+    ``size_vars`` (a symbolic module's size variables, in the order of the runtime's sizes
+    array) gives symbolic kernels their run-time extents."""
     module = ir.Module(name="mlcpack_kernels")
     module.triple = target.triple
     vl = vector_width(target.name)
@@ -78,7 +96,7 @@ def compile_prim_funcs(funcs: Sequence[PrimFunc], target: Target) -> CompiledCod
             kernels[f.name] = kernels[first[key]]
         else:
             first[key] = f.name
-            kernels[f.name] = _emit(module, f, SYMBOL_PREFIX + f.name, vl)
+            kernels[f.name] = _emit(module, f, SYMBOL_PREFIX + f.name, vl, size_vars)
     emit_thread_pool(module, target)
     text = str(module)
     try:

@@ -40,6 +40,7 @@ from llvmlite import ir
 from ..ir import te
 from ..ir.graph import PrimFunc
 from ..ir.patterns import ReductionTag, reduction_tag
+from ..ir.sym import product
 from .helpers import F32, I1, I32, I64, alloca_once, const_i64, for_range, intrinsic
 from .lower import WORKSPACE_ALIGN, KernelEmitter, KernelInfo, _plan_stages, bound_select
 from .vecmath_lanes import (VECTOR_MATH, opaque_constant, opaque_zero, splat_i32,
@@ -51,6 +52,10 @@ from .vecmath_lanes import (VECTOR_MATH, opaque_constant, opaque_zero, splat_i32
 # measured 0.99x on 2 threads, 524 K 1.43x, 2 M 1.88x (the lock hand-off it replaced cost
 # 30-40 µs, and the threshold was 8 M).
 PARALLEL_MIN_MACS = 1 << 18
+# The M a symbolic matmul's register tile is chosen for (rows = batch x seq, usually many).
+SYMBOLIC_M_HINT = 1 << 12
+# The N it is chosen for when the columns are a run-time size too (attention's q @ k^T: seq).
+SYMBOLIC_N_HINT = 128
 # An operand re-read by an inner loop is cheap to re-read while it fits in (half of) L2.
 L2_REUSE_BYTES = 512 * 1024
 # Convolutions with at least this many groups copy their input one group at a time, each task
@@ -258,8 +263,8 @@ class ContractionEmitter(KernelEmitter):
     plans_conv = True   # convolutions: conv_geometry() picks the vector width
 
     def __init__(self, module: ir.Module, func: PrimFunc, symbol: str, match: Contraction,
-                 vl: int) -> None:
-        super().__init__(module, func, symbol)
+                 vl: int, size_vars: tuple[str, ...] = ()) -> None:
+        super().__init__(module, func, symbol, size_vars)
         self.match = match
         self.target_vl = vl
         self._geom_cache: dict | None = None
@@ -292,6 +297,12 @@ class ContractionEmitter(KernelEmitter):
             self._emit_matmul(task, ntasks)
         self.builder.ret_void()
         self._emit_entry(body_fn, n_ptrs, ptr_types)
+        if self.symbolic:   # split when the static part alone is worth it (K x N x static dims)
+            static = product(d for d in self.match.out.shape if isinstance(d, int))
+            static *= product(a.extent for a in self.match.reduce.axes
+                              if isinstance(a.extent, int))
+            return KernelInfo(self.symbol, len(self.func.inputs), len(self.func.outputs), 0,
+                              static * 16 >= PARALLEL_MIN_MACS, symbolic=True)
         return KernelInfo(self.symbol, len(self.func.inputs), len(self.func.outputs), workspace,
                           self._macs() >= PARALLEL_MIN_MACS)
 
@@ -345,7 +356,7 @@ class ContractionEmitter(KernelEmitter):
 
     def _split(self, total: int, task: ir.Value, ntasks: ir.Value) -> tuple[ir.Value, ir.Value]:
         b = self.builder
-        t = const_i64(total)
+        t = self._dim_value(total)
         return (b.sdiv(b.mul(task, t), ntasks),
                 b.sdiv(b.mul(b.add(task, const_i64(1)), t), ntasks))
 
@@ -374,6 +385,11 @@ class ContractionEmitter(KernelEmitter):
             for a, val in zip(accs, vals):
                 b.store(val, a)
 
+        if not isinstance(k_extent, int):   # a run-time K (symbolic matmul): no peeled step
+            assert b_last is None
+            with for_range(b, const_i64(0), self._dim_value(k_extent), "k") as k:
+                step(k, b_vector)
+            k_extent = 0
         loop_end = k_extent - (1 if b_last is not None else 0)
         if loop_end > 0:
             with for_range(b, const_i64(0), const_i64(loop_end), "k") as k:
@@ -554,18 +570,85 @@ class ContractionEmitter(KernelEmitter):
         stride = t.shape[-1] * t.shape[-2]
         for d in range(nb - 1, -1, -1):
             if t.shape[d] != 1:
-                offset = b.add(offset, b.mul(bidx[nb_out - nb + d], const_i64(stride)))
+                offset = b.add(offset, b.mul(bidx[nb_out - nb + d], self._dim_value(stride)))
             stride *= t.shape[d]
         return offset
 
     def _matmul_tile(self) -> tuple[int, int]:
         """(rows, vectors per row) of the register block."""
         _, M, K, N = self._matmul_shape()
+        if not isinstance(M, int):   # a run-time M: the large-M tile, a 1-row remainder path
+            return _pick_tile(SYMBOLIC_M_HINT, N if isinstance(N, int) else SYMBOLIC_N_HINT,
+                              self.vl)
         if M >= 4:
             return _pick_tile(M, N, self.vl)
         return M, max(1, min(8 // M, -(-N // self.vl)))
 
+    def _emit_matmul_symbolic(self, task: ir.Value, ntasks: ir.Value) -> None:
+        """A matmul with a run-time M: fewer rows than the register tile (a batch of one, a
+        short sequence) take a tile of exactly that many rows, wider as the static path picks
+        it for such an M; more take the full tile and a remainder block."""
+        b = self.builder
+        _, M_dim, _, N = self._matmul_shape()
+        mr, nv = self._matmul_tile()
+        M = self._dim_value(M_dim)
+        with b.if_else(b.icmp_signed("<", M, const_i64(mr))) as (small, big):
+            with small:
+                for r in range(1, mr):
+                    nv_r = max(1, min(8 // r, -(-(N if isinstance(N, int) else SYMBOLIC_N_HINT) // self.vl))) if r < 4 else nv
+                    with b.if_then(b.icmp_signed("==", M, const_i64(r))):
+                        self._matmul_panels(task, ntasks, r, nv_r, exact=True)
+            with big:
+                self._matmul_panels(task, ntasks, mr, nv, exact=False)
+
+    def _matmul_panels(self, task: ir.Value, ntasks: ir.Value, mr: int, nv: int,
+                       exact: bool) -> None:
+        """The panel loop of ``_emit_matmul`` for a symbolic matmul with an (mr, nv) tile;
+        ``exact``: M is mr."""
+        b = self.builder
+        out = self.match.out
+        a_t, b_t = self.match.tag.operands
+        batch, _, K_dim, N = self._matmul_shape()
+        K = self._dim_value(K_dim)
+        nr = nv * self.vl
+        panels_dim = -(-N // nr)   # N may be a run-time size
+        panels = self._dim_value(panels_dim)
+        a_ptr, b_ptr = self.buffers[a_t.uid], self.buffers[b_t.uid]
+        lo, hi = self._split(batch * panels_dim, task, ntasks)
+        with for_range(b, lo, hi, "work") as work:
+            bi = b.sdiv(work, panels)
+            jp = b.srem(work, panels)
+            bidx, rest = [], bi
+            for n in reversed(out.shape[:-2]):
+                bidx.append(b.srem(rest, self._dim_value(n)))
+                rest = b.sdiv(rest, self._dim_value(n))
+            bidx.reverse()
+            a_base = b.gep(a_ptr, [self._batch_offset(a_t, bidx)], inbounds=True)
+            b_base = b.gep(b_ptr, [self._batch_offset(b_t, bidx)], inbounds=True)
+            n0 = b.mul(jp, const_i64(nr))
+            remaining = b.sub(self._dim_value(N), n0)
+            masks = [self._lane_mask(remaining, v) for v in range(nv)]
+
+            def panel(masked: bool) -> None:
+                if exact:
+                    self._matmul_rows(const_i64(0), mr, nv, K, a_base, b_base, bidx, n0,
+                                      remaining, masks, masked)
+                else:
+                    self._matmul_panel_symbolic(a_base, b_base, bidx, n0, remaining, masks,
+                                                masked)
+            if isinstance(N, int) and N % nr == 0:
+                panel(False)
+            else:
+                with b.if_else(b.icmp_signed(">=", remaining, const_i64(nr))) as (full, part):
+                    with full:
+                        panel(False)
+                    with part:
+                        panel(True)
+
     def _emit_matmul(self, task: ir.Value, ntasks: ir.Value) -> None:
+        if self.symbolic:
+            self._emit_matmul_symbolic(task, ntasks)
+            return
         b = self.builder
         out = self.match.out
         a_t, b_t = self.match.tag.operands
@@ -581,8 +664,8 @@ class ContractionEmitter(KernelEmitter):
             # batch indices of the output, outermost first
             bidx, rest = [], bi
             for n in reversed(out.shape[:-2]):
-                bidx.append(b.srem(rest, const_i64(n)))
-                rest = b.sdiv(rest, const_i64(n))
+                bidx.append(b.srem(rest, self._dim_value(n)))
+                rest = b.sdiv(rest, self._dim_value(n))
             bidx.reverse()
             a_base = b.gep(a_ptr, [self._batch_offset(a_t, bidx)], inbounds=True)
             b_base = b.gep(b_ptr, [self._batch_offset(b_t, bidx)], inbounds=True)
@@ -599,6 +682,9 @@ class ContractionEmitter(KernelEmitter):
                         self._matmul_panel(a_base, b_base, bidx, n0, remaining, masks, True)
 
     def _matmul_panel(self, a_base, b_base, bidx, n0, remaining, masks, masked: bool) -> None:
+        if self.symbolic:
+            self._matmul_panel_symbolic(a_base, b_base, bidx, n0, remaining, masks, masked)
+            return
         b = self.builder
         out = self.match.out
         batch, M, K, N = self._matmul_shape()
@@ -642,6 +728,62 @@ class ContractionEmitter(KernelEmitter):
                         continue
                     with b.if_then(b.icmp_signed(">", remaining, const_i64(v * self.vl))):
                         self._store_vector(env, tile, t_idx, masks[v])
+
+    def _matmul_panel_symbolic(self, a_base, b_base, bidx, n0, remaining, masks,
+                               masked: bool) -> None:
+        """A panel of a matmul whose M (and K, batch dims) are known at run time: blocks of the
+        register tile's rows while whole ones fit, then one block of the rows left (a
+        microkernel for each possible count, 1 .. rows - 1)."""
+        b = self.builder
+        _, M_dim, K_dim, _ = self._matmul_shape()
+        M, K = self._dim_value(M_dim), self._dim_value(K_dim)
+        mr, nv = self._matmul_tile()
+        full = b.mul(b.sdiv(M, const_i64(mr)), const_i64(mr))
+        with for_range(b, const_i64(0), b.sdiv(M, const_i64(mr)), "mb") as mb:
+            self._matmul_rows(b.mul(mb, const_i64(mr)), mr, nv, K, a_base, b_base, bidx, n0,
+                              remaining, masks, masked)
+        # the last M % mr rows: one block of exactly that many (a branch per count)
+        rest = b.sub(M, full)
+        for r in range(1, mr):
+            with b.if_then(b.icmp_signed("==", rest, const_i64(r))):
+                self._matmul_rows(full, r, nv, K, a_base, b_base, bidx, n0, remaining, masks,
+                                  masked)
+
+    def _matmul_rows(self, m0, mr: int, nv: int, K, a_base, b_base, bidx, n0, remaining, masks,
+                     masked: bool) -> None:
+        """Rows m0 .. m0+mr (all present) of one panel: the microkernel, then the epilogue."""
+        b = self.builder
+        out = self.match.out
+        _, _, K_dim, N = self._matmul_shape()
+        nr = nv * self.vl
+
+        def a_scalar(k, u, i):
+            return b.load(b.gep(a_base, [b.add(b.mul(b.add(m0, const_i64(i)), K), k)],
+                                inbounds=True))
+
+        def b_vector(k, u, v):
+            ptr = self._vec_ptr(b_base, b.add(b.add(b.mul(k, self._dim_value(N)), n0),
+                                              const_i64(v * self.vl)))
+            return self._masked_load(ptr, masks[v]) if masked else b.load(ptr, align=4)
+
+        tile = self._microkernel(mr, nv, K_dim, a_scalar, b_vector)
+        env = {id(ax): idx for ax, idx in zip(out.axes[:-2], bidx)}
+        cols = b.select(b.icmp_signed("<", remaining, const_i64(nr)), remaining, const_i64(nr))
+        vector = self._vector_epilogue_ok()
+        with for_range(b, const_i64(0), const_i64(mr), "ti") as i:
+            env[id(out.axes[-2])] = b.add(m0, i)
+            if not vector:
+                with for_range(b, const_i64(0), cols, "tj") as j:
+                    env[id(out.axes[-1])] = b.add(n0, j)
+                    self._store_epilogue(env, tile, b.add(b.mul(i, const_i64(nr)), j))
+            for v in range(nv if vector else 0):
+                env[id(out.axes[-1])] = b.add(n0, const_i64(v * self.vl))
+                t_idx = b.add(b.mul(i, const_i64(nr)), const_i64(v * self.vl))
+                if not masked:
+                    self._store_vector(env, tile, t_idx, None)
+                    continue
+                with b.if_then(b.icmp_signed(">", remaining, const_i64(v * self.vl))):
+                    self._store_vector(env, tile, t_idx, masks[v])
 
     # ---- conv2d -------------------------------------------------------------------------------
 
@@ -927,6 +1069,17 @@ class ContractionEmitter(KernelEmitter):
                     self._store_vector(env, tile, t_idx, None)
                 with part:
                     self._store_vector(env, tile, t_idx, self._lane_mask(left, 0))
+
+
+def emit_symbolic_matmul(module: ir.Module, func: PrimFunc, symbol: str, vl: int,
+                         size_vars: tuple[str, ...]) -> KernelInfo | None:
+    """Emit a symbolic ``func`` with the register-blocked matmul if it is a matmul; M, N, K
+    and the batch dims may be run-time sizes. Other contractions with symbolic shapes (conv, depthwise) are not matched here."""
+    match = match_contraction(func)
+    if match is None or match.tag.kind != "matmul":
+        return None
+    a, w = match.tag.operands
+    return ContractionEmitter(module, func, symbol, match, vl, size_vars).emit()
 
 
 def emit_contraction(module: ir.Module, func: PrimFunc, symbol: str, vl: int

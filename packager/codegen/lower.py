@@ -25,6 +25,7 @@ from llvmlite import ir
 
 from ..ir import te
 from ..ir.graph import PrimFunc
+from ..ir.sym import product, shape_vars, to_record
 from . import vecmath
 from .helpers import (ARITH_FLAGS, F32, F64, I8, I64, LLVM_TYPES, REDUCE_FLAGS, STORAGE_TYPES,
                       VOID, alloca_once, const_i64, for_range, intrinsic, load_converted, round_to,
@@ -44,6 +45,10 @@ class KernelInfo:
     num_outputs: int
     workspace_bytes: int
     parallel: bool
+    # Symbolic kernels (shapes with size variables) take one more pointer after the workspace:
+    # the int64 values of the module's size variables; their workspace size is an expression.
+    symbolic: bool = False
+    workspace_expr: object = None
 
 
 class LoweringError(Exception):
@@ -152,7 +157,7 @@ def _rows_split_together(materialized: list[tuple[te.Tensor, te.Expr]],
     its own rows: all stages agree on the dims up to it, and every read of a materialized stage
     indexes that dim with the reading stage's own loop variable."""
     first = outputs[0][0]
-    d = next((i for i, n in enumerate(first.shape) if n > 1), None)
+    d = next((i for i, n in enumerate(first.shape) if not isinstance(n, int) or n > 1), None)
     if d is None:
         return False
     everything = materialized + outputs
@@ -167,11 +172,15 @@ def _rows_split_together(materialized: list[tuple[te.Tensor, te.Expr]],
 class KernelEmitter:
     """Emits one kernel into an LLVM module."""
 
-    def __init__(self, module: ir.Module, func: PrimFunc, symbol: str) -> None:
+    def __init__(self, module: ir.Module, func: PrimFunc, symbol: str,
+                 size_vars: tuple[str, ...] = ()) -> None:
         self.module = module
         self.func = func
         self.symbol = symbol
         self.buffers: dict[int, ir.Value] = {}
+        self.size_vars = size_vars
+        self.symbolic = is_symbolic(func)
+        self.var_values: dict[str, ir.Value] = {}
         self._reduce_memo: dict[int, ir.Value] | None = None
 
     def emit(self) -> KernelInfo:
@@ -183,10 +192,13 @@ class KernelEmitter:
         offsets, workspace = [], 0
         for stage, _ in materialized:
             offsets.append(workspace)
-            nbytes = int(np.prod(stage.shape, dtype=np.int64)) * te.itemsize(stage.dtype)
+            nbytes = product(stage.shape) * te.itemsize(stage.dtype)
             workspace += -(-nbytes // WORKSPACE_ALIGN) * WORKSPACE_ALIGN
         params = func.inputs + func.outputs
         body_fn, ptr_types = self._begin_body(params, bool(workspace))
+        if self.symbolic:
+            return self._emit_symbolic(body_fn, ptr_types, materialized, outputs, offsets,
+                                       workspace)
         n_ptrs = len(ptr_types)
         task, ntasks = body_fn.args[n_ptrs], body_fn.args[n_ptrs + 1]
         b = self.builder
@@ -216,6 +228,56 @@ class KernelEmitter:
         self._emit_entry(body_fn, n_ptrs, ptr_types)
         return KernelInfo(self.symbol, len(func.inputs), len(func.outputs), workspace, parallel)
 
+    def _emit_symbolic(self, body_fn: ir.Function, ptr_types: list[ir.Type],
+                       materialized: list, outputs: list, offsets: list, workspace: object
+                       ) -> KernelInfo:
+        """The rest of ``emit`` for a kernel whose extents are read at run time from the size
+        variables' array (the last pointer). Splits over threads like a static kernel when its
+        static dims alone have work enough."""
+        b = self.builder
+        n_ptrs = len(ptr_types)
+        task, ntasks = body_fn.args[n_ptrs], body_fn.args[n_ptrs + 1]
+        if workspace:
+            ws = body_fn.args[len(self.func.inputs) + len(self.func.outputs)]
+            for (stage, _), off in zip(materialized, offsets):
+                ptr = b.gep(ws, [self._dim_value(off)], inbounds=True)
+                self.buffers[stage.uid] = b.bitcast(ptr, STORAGE_TYPES[stage.dtype].as_pointer())
+        static_work = sum(product(d for d in stage.shape if isinstance(d, int))
+                          for stage, _ in outputs)
+        parallel = (not materialized or _rows_split_together(materialized, outputs)) and \
+            static_work >= PARALLEL_MIN_OUTPUTS // 8
+        for stage, body in materialized + outputs:
+            self._emit_stage(stage, body, task if parallel else None,
+                             ntasks if parallel else None)
+        b.ret_void()
+        self._emit_entry(body_fn, n_ptrs, ptr_types)
+        return KernelInfo(self.symbol, len(self.func.inputs), len(self.func.outputs), 0,
+                          parallel, symbolic=True, workspace_expr=workspace or None)
+
+    def _dim_value(self, d: object) -> ir.Value:
+        """An extent, stride or offset as an i64: a constant, or computed from the size
+        variables (floor division and remainder by positive constants)."""
+        if isinstance(d, int):
+            return const_i64(d)
+        return self._record_value(to_record(d))
+
+    def _record_value(self, rec: object) -> ir.Value:
+        b = self.builder
+        if isinstance(rec, int):
+            return const_i64(rec)
+        if isinstance(rec, str):
+            return self.var_values[rec]
+        op, *args = rec  # type: ignore[misc]
+        if op in ("+", "*"):
+            vals = [self._record_value(a) for a in args]
+            out = vals[0]
+            for v in vals[1:]:
+                out = b.add(out, v, flags=("nsw",)) if op == "+" else b.mul(out, v,
+                                                                            flags=("nsw",))
+            return out
+        return self._floor_divmod(self._record_value(args[0]), const_i64(args[1]),
+                                  "floordiv" if op == "//" else "mod")
+
     def _begin_body(self, params: list[te.Tensor], workspace: bool
                     ) -> tuple[ir.Function, list[ir.Type]]:
         """Start the kernel body: noalias pointers to ``params`` (then an i8* workspace), then
@@ -225,6 +287,8 @@ class KernelEmitter:
         ptr_types = [STORAGE_TYPES[t.dtype].as_pointer() for t in params]
         if workspace:
             ptr_types.append(I8.as_pointer())
+        if self.symbolic:
+            ptr_types.append(I64.as_pointer())
         body_fn = ir.Function(self.module, ir.FunctionType(VOID, ptr_types + [I64, I64]),
                               name=f"{self.symbol}.body")
         body_fn.linkage = "internal"
@@ -236,6 +300,15 @@ class KernelEmitter:
         self.builder = ir.IRBuilder(body_fn.append_basic_block("entry"))
         for t, arg in zip(params, body_fn.args):
             self.buffers[t.uid] = arg
+        if self.symbolic:
+            sizes = body_fn.args[len(ptr_types) - 1]
+            sizes.name = "sizes"
+            for name in sorted(symbolic_vars(self.func)):
+                if name not in self.size_vars:
+                    raise LoweringError(f"{self.func.name}: size variable {name} is not bound "
+                                        "by the inputs of main")
+                slot = self.builder.gep(sizes, [const_i64(self.size_vars.index(name))])
+                self.var_values[name] = self.builder.load(slot, name=name)
         return body_fn, ptr_types
 
     def _emit_entry(self, body_fn: ir.Function, n_ptrs: int, ptr_types: list[ir.Type]) -> None:
@@ -259,7 +332,8 @@ class KernelEmitter:
         b = self.builder
         out_ptr = self.buffers[stage.uid]
         env: dict[int, ir.Value] = {}
-        split = next((d for d, n in enumerate(stage.shape) if n > 1), None) if task is not None else None
+        split = next((d for d, n in enumerate(stage.shape) if not isinstance(n, int) or n > 1),
+                     None) if task is not None else None
 
         def nest(d: int, body: te.Expr) -> None:
             if d == len(stage.shape):
@@ -270,7 +344,7 @@ class KernelEmitter:
                 self._reduce_memo = None
                 self._store(out_ptr, stage, [env[id(a)] for a in stage.axes], value)
                 return
-            extent = const_i64(stage.shape[d])
+            extent = self._dim_value(stage.shape[d])
             lo: ir.Value = const_i64(0)
             hi: ir.Value = extent
             if d == split:
@@ -278,7 +352,9 @@ class KernelEmitter:
                 hi = b.sdiv(b.mul(b.add(task, const_i64(1)), extent), ntasks)
             # A select on this axis against a constant (a concatenation) becomes one loop per
             # range, each reading only its own input: a copy LLVM vectorizes.
-            for p_lo, p_hi, piece in _ranges(body, stage.axes[d], 0, stage.shape[d]):
+            ranges = (_ranges(body, stage.axes[d], 0, stage.shape[d])
+                      if isinstance(stage.shape[d], int) else [(0, stage.shape[d], body)])
+            for p_lo, p_hi, piece in ranges:
                 start = lo if p_lo == 0 else self._bound(max, lo, p_lo, d == split)
                 stop = hi if p_hi == stage.shape[d] else self._bound(min, hi, p_hi, d == split)
                 with for_range(b, start, stop, stage.axes[d].name) as idx:
@@ -301,7 +377,7 @@ class KernelEmitter:
         offset: ir.Value | None = None
         stride = 1
         for idx, n in reversed(list(zip(indices, tensor.shape))):
-            term = idx if stride == 1 else b.mul(idx, const_i64(stride), flags=("nsw",))
+            term = idx if stride == 1 else b.mul(idx, self._dim_value(stride), flags=("nsw",))
             offset = term if offset is None else b.add(offset, term, flags=("nsw",))
             stride *= n
         return const_i64(0) if offset is None else offset
@@ -385,7 +461,7 @@ class KernelEmitter:
                 b.store(new, acc)
                 return
             axis = e.axes[d]
-            with for_range(b, const_i64(0), const_i64(axis.extent), axis.name) as idx:
+            with for_range(b, const_i64(0), self._dim_value(axis.extent), axis.name) as idx:
                 env[id(axis)] = idx
                 nest(d + 1)
 
@@ -529,6 +605,31 @@ def bound_select(b: ir.IRBuilder, op: str, x: ir.Value, bound: ir.Constant) -> i
     return b.select(cmp, bound, x)
 
 
-def emit_kernel(module: ir.Module, func: PrimFunc, symbol: str) -> KernelInfo:
-    """Emit ``func`` into ``module`` as the exported function ``symbol``."""
-    return KernelEmitter(module, func, symbol).emit()
+def emit_kernel(module: ir.Module, func: PrimFunc, symbol: str,
+                size_vars: tuple[str, ...] = ()) -> KernelInfo:
+    """Emit ``func`` into ``module`` as the exported function ``symbol``; ``size_vars`` orders
+    the values a symbolic kernel reads from its sizes array."""
+    return KernelEmitter(module, func, symbol, size_vars).emit()
+
+
+def _func_dims(func: PrimFunc) -> list[object]:
+    dims: list[object] = []
+    for t in func.inputs + func.outputs + [s for s in te.stages(func.outputs)]:
+        dims += list(t.shape)
+        if t.body is not None:
+            stack = [t.body]
+            while stack:
+                node = stack.pop()
+                if isinstance(node, te.Reduce):
+                    dims += [a.extent for a in node.axes]
+                stack.extend(te.children(node))
+    return dims
+
+
+def is_symbolic(func: PrimFunc) -> bool:
+    """Whether any shape or loop extent of ``func`` is symbolic (a run-time size)."""
+    return any(not isinstance(d, int) for d in _func_dims(func))
+
+
+def symbolic_vars(func: PrimFunc) -> set[str]:
+    return shape_vars(_func_dims(func))

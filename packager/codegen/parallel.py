@@ -19,7 +19,7 @@ from .build import CompiledCode, compile_prim_funcs
 from .target import Target
 
 # What a forked worker compiles: set just before the pool forks, read by _compile_one.
-_JOB: tuple[Sequence[PrimFunc], Sequence[Target]] | None = None
+_JOB: tuple[Sequence[PrimFunc], Sequence[Target], tuple[str, ...]] | None = None
 
 
 def _usable_cpus() -> int:
@@ -31,12 +31,12 @@ def _usable_cpus() -> int:
 
 def _compile_one(index: int) -> CompiledCode:
     assert _JOB is not None
-    funcs, targets = _JOB
-    return compile_prim_funcs(funcs, targets[index])
+    funcs, targets, size_vars = _JOB
+    return compile_prim_funcs(funcs, targets[index], size_vars)
 
 
-def compile_for_targets(funcs: Sequence[PrimFunc], targets: Sequence[Target]
-                        ) -> list[CompiledCode]:
+def compile_for_targets(funcs: Sequence[PrimFunc], targets: Sequence[Target],
+                        size_vars: tuple[str, ...] = ()) -> list[CompiledCode]:
     """One ``CompiledCode`` per target, in order. Several targets compile in parallel on a
     machine with more than one usable CPU where ``fork`` exists (``MLCPACK_PARALLEL_COMPILE=0``
     turns it off); otherwise one after another."""
@@ -45,12 +45,12 @@ def compile_for_targets(funcs: Sequence[PrimFunc], targets: Sequence[Target]
     parallel = workers > 0 and os.environ.get("MLCPACK_PARALLEL_COMPILE", "1") != "0" \
         and "fork" in multiprocessing.get_all_start_methods()
     if not parallel:
-        return [compile_prim_funcs(funcs, t) for t in targets]
-    _JOB = (funcs, targets)
+        return [compile_prim_funcs(funcs, t, size_vars) for t in targets]
+    _JOB = (funcs, targets, size_vars)
     try:
         with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork")) as pool:
             futures = [pool.submit(_compile_one, i) for i in range(1, len(targets))]
-            first = compile_prim_funcs(funcs, targets[0])
+            first = compile_prim_funcs(funcs, targets[0], size_vars)
             return [first, *(f.result() for f in futures)]
     finally:
         _JOB = None

@@ -21,6 +21,7 @@ from typing import Iterator, Sequence
 import numpy as np
 
 from . import te
+from .te import _dim
 from .graph import (Binding, Call, CallLibrary, CallTIR, Constant, DataflowBlock, Expr, Function,
                     IRModule, PrimFunc, Source, TensorType, Value, Var)
 
@@ -33,6 +34,7 @@ class BlockBuilder:
     def __init__(self, mod: IRModule | None = None) -> None:
         self.mod = mod or IRModule()
         self._func: Function | None = None
+        self.params: list[Var] = []   # every input() made, for error messages
         self._block: DataflowBlock | None = None
         self._names: dict[str, int] = {}
         self._source: tuple[Source, ...] = ()
@@ -91,7 +93,9 @@ class BlockBuilder:
 
     def input(self, name: str, shape: Sequence[int], dtype: str = "float32") -> Var:
         """A new parameter variable (pass it to ``function``)."""
-        return Var(self.fresh_name(name), TensorType(tuple(int(s) for s in shape), dtype))
+        var = Var(self.fresh_name(name), TensorType(tuple(_dim(s) for s in shape), dtype))
+        self.params.append(var)
+        return var
 
     def constant(self, data: np.ndarray, name: str = "const") -> Constant:
         return Constant(self.fresh_name(name), np.asarray(data, order="C"))

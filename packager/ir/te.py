@@ -20,6 +20,8 @@ from typing import Callable, Sequence
 import ml_dtypes  # noqa: F401  (registers numpy's "bfloat16" dtype name)
 import numpy as np
 
+from .sym import SymExpr
+
 # float16 and bfloat16 are storage formats: kernels load them into float32, compute in float32
 # and round back (to nearest even) when they store; the conversions are integer IR, no libcalls.
 # numpy has no bfloat16: the packager uses ml_dtypes' (an onnx dependency) for constants.
@@ -315,8 +317,13 @@ def sqrt(x: object) -> Expr:
     return math("sqrt", x)
 
 
+def _dim(d: object) -> object:
+    """A shape's dim as the IR keeps it: an int, or a symbolic dim (``sym.SymExpr``) as is."""
+    return d if isinstance(d, SymExpr) else int(d)  # type: ignore[call-overload]
+
+
 def reduce_axis(extent: int, name: str = "k") -> IndexVar:
-    return IndexVar(name, int(extent), reduce=True)
+    return IndexVar(name, _dim(extent), reduce=True)
 
 
 def _reduce(combiner: str, body: object, axis: IndexVar | Sequence[IndexVar]) -> Reduce:
@@ -342,13 +349,13 @@ def min_of(body: object, axis: IndexVar | Sequence[IndexVar]) -> Reduce:
 def placeholder(shape: Sequence[int], dtype: str = "float32", name: str = "x") -> Tensor:
     if dtype not in DTYPES:
         raise ValueError(f"unsupported dtype {dtype!r}")
-    return Tensor(name, tuple(int(s) for s in shape), dtype)
+    return Tensor(name, tuple(_dim(s) for s in shape), dtype)
 
 
 def compute(shape: Sequence[int], fcompute: Callable[..., object], name: str = "T",
             dtype: str | None = None) -> Tensor:
     """A stage whose element at ``(i0, i1, ...)`` is ``fcompute(i0, i1, ...)``."""
-    shape = tuple(int(s) for s in shape)
+    shape = tuple(_dim(s) for s in shape)
     axes = tuple(IndexVar(f"i{d}", n) for d, n in enumerate(shape))
     body = as_expr(fcompute(*axes), dtype or "float32")
     if dtype is not None and body.dtype != dtype:

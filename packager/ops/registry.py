@@ -13,6 +13,8 @@ from typing import Callable
 
 import numpy as np
 
+from ..ir.sym import is_static
+
 from ..ir.graph import TensorType
 
 # Pattern kinds, from most to least fusible (as in TVM's OpPatternKind).
@@ -57,10 +59,26 @@ def get_op(name: str) -> OpDef:
 
 
 def broadcast_shape(*shapes: tuple[int, ...]) -> tuple[int, ...]:
+    if not all(is_static(s) for s in shapes):
+        return _broadcast_symbolic(shapes)
     try:
         return tuple(int(d) for d in np.broadcast_shapes(*shapes))
     except ValueError:
         raise ValueError(f"shapes {' and '.join(map(str, shapes))} do not broadcast") from None
+
+
+def _broadcast_symbolic(shapes: tuple[tuple, ...]) -> tuple:
+    """numpy broadcasting where a dim may be symbolic: a symbolic dim meets 1 or itself (a
+    symbolic dim that is 1 at run time while the other is not would need a second kernel)."""
+    rank = max(len(s) for s in shapes)
+    out = []
+    for d in range(rank):
+        dims = {s[len(s) - rank + d] for s in shapes if len(s) - rank + d >= 0} - {1}
+        if len(dims) > 1:
+            raise ValueError(f"shapes {' and '.join(map(str, shapes))} do not broadcast (or only "
+                             "for some sizes of their symbolic dims)")
+        out.append(dims.pop() if dims else 1)
+    return tuple(out)
 
 
 def same_as_first(*types: TensorType, **attrs: object) -> TensorType:

@@ -6,12 +6,13 @@ import numpy as np
 
 from ..ir import te
 from ..ir.graph import TensorType
+from ..ir.sym import dim, product
 from .registry import INJECTIVE, VIEW, register_op
 
 
 def _infer_reshape(x: TensorType, shape=()) -> TensorType:
-    shape = tuple(int(d) for d in shape)
-    if int(np.prod(shape, dtype=np.int64)) != int(np.prod(x.shape, dtype=np.int64)):
+    shape = tuple(dim(d) for d in shape)
+    if product(shape) != product(x.shape):
         raise ValueError(f"cannot reshape {x.shape} to {shape}")
     return TensorType(shape, x.dtype)
 

@@ -1,0 +1,326 @@
+"""Symbolic dims: a dim of a shape is an ``int`` or a ``SymExpr`` over size variables.
+
+As in the course's newer chapter (``R.Tensor((n, 784), "float32")``), a model whose batch or
+sequence length is not fixed keeps those dims as variables; shape inference does arithmetic on
+them, kernels read their values at run time, and ``main`` binds them from its inputs' shapes.
+
+A ``SymExpr`` is a canonical polynomial with integer coefficients over *atoms*: a size variable
+(``"n"``) or a floor division / remainder of a polynomial by a positive constant that does not
+divide it exactly. Anything that folds to a constant is returned as a plain ``int``, so a static
+shape never holds a ``SymExpr`` and static code paths see exactly what they saw before.
+
+Size variables are at least 1 (a zero dim is refused at run time), which is what lets a few
+comparisons be decided (``n >= 1``, ``n * 4 > 3``); an undecidable one raises
+``SymbolicShapeError`` (a ``ValueError``, so converters report it as a refusal).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, Mapping, Union
+
+Dim = Union[int, "SymExpr"]
+
+
+class SymbolicShapeError(ValueError):
+    """A computation needs the value of a symbolic dim (fix it with --input-shape)."""
+
+
+# An atom is a variable name (str) or ("//" | "%", SymExpr, positive int).
+Atom = Union[str, tuple]
+Monomial = tuple  # sorted tuple of atoms (with repetition); () is the constant term
+
+
+def _atom_key(a: Atom) -> tuple:
+    return (0, a) if isinstance(a, str) else (1, a[0], a[1]._key(), a[2])
+
+
+class SymExpr:
+    """An immutable polynomial ``{monomial: coefficient}``; see the module docstring."""
+
+    __slots__ = ("terms", "_hash")
+
+    def __init__(self, terms: Mapping[Monomial, int]) -> None:
+        self.terms = {m: c for m, c in terms.items() if c}
+        self._hash = hash(self._key())
+
+    # ---- construction -------------------------------------------------------------------------
+
+    @staticmethod
+    def var(name: str) -> SymExpr:
+        return SymExpr({(name,): 1})
+
+    @staticmethod
+    def lift(x: Any) -> SymExpr:
+        if isinstance(x, SymExpr):
+            return x
+        if isinstance(x, bool) or not isinstance(x, int):
+            try:
+                x = int(x)  # numpy integers
+            except (TypeError, ValueError):
+                raise TypeError(f"cannot use {x!r} in a shape expression") from None
+        return SymExpr({(): x})
+
+    def _key(self) -> tuple:
+        return tuple(sorted(((tuple(_atom_key(a) for a in m), c) for m, c in self.terms.items())))
+
+    def _norm(self) -> Dim:
+        if not self.terms:
+            return 0
+        if list(self.terms) == [()]:
+            return self.terms[()]
+        return self
+
+    # ---- arithmetic ---------------------------------------------------------------------------
+
+    def __add__(self, other: Any) -> Dim:
+        o = SymExpr.lift(other)
+        terms = dict(self.terms)
+        for m, c in o.terms.items():
+            terms[m] = terms.get(m, 0) + c
+        return SymExpr(terms)._norm()
+
+    __radd__ = __add__
+
+    def __neg__(self) -> Dim:
+        return SymExpr({m: -c for m, c in self.terms.items()})._norm()
+
+    def __sub__(self, other: Any) -> Dim:
+        return self + (-SymExpr.lift(other))
+
+    def __rsub__(self, other: Any) -> Dim:
+        return SymExpr.lift(other) + (-self)
+
+    def __mul__(self, other: Any) -> Dim:
+        o = SymExpr.lift(other)
+        terms: dict[Monomial, int] = {}
+        for m1, c1 in self.terms.items():
+            for m2, c2 in o.terms.items():
+                m = tuple(sorted(m1 + m2, key=_atom_key))
+                terms[m] = terms.get(m, 0) + c1 * c2
+        return SymExpr(terms)._norm()
+
+    __rmul__ = __mul__
+
+    def __floordiv__(self, other: Any) -> Dim:
+        if isinstance(other, SymExpr):
+            q = self._exact_quotient(other)
+            if q is None:
+                raise SymbolicShapeError(f"cannot divide {self} by {other}")
+            return q
+        c = int(other)
+        if c <= 0:
+            raise SymbolicShapeError(f"cannot divide {self} by {c}")
+        if c == 1:
+            return self
+        if all(v % c == 0 for v in self.terms.values()):
+            return SymExpr({m: v // c for m, v in self.terms.items()})._norm()
+        return SymExpr({(("//", self, c),): 1})
+
+    def __rfloordiv__(self, other: Any) -> Dim:
+        q = SymExpr.lift(other)._exact_quotient(self)
+        if q is None:
+            raise SymbolicShapeError(f"cannot divide {other} by {self}")
+        return q
+
+    def __mod__(self, other: Any) -> Dim:
+        if isinstance(other, SymExpr):
+            if self._exact_quotient(other) is not None:
+                return 0
+            raise SymbolicShapeError(f"cannot take {self} modulo {other}")
+        c = int(other)
+        if c <= 0:
+            raise SymbolicShapeError(f"cannot take {self} modulo {c}")
+        if all(v % c == 0 for v in self.terms.values()):
+            return 0
+        return SymExpr({(("%", self, c),): 1})
+
+    def _exact_quotient(self, d: SymExpr) -> Dim | None:
+        """self / d when d is one monomial (times a constant) dividing every term exactly."""
+        if len(d.terms) != 1:
+            return self._norm() if self == d else None
+        (dm, dc), = d.terms.items()
+        out: dict[Monomial, int] = {}
+        for m, c in self.terms.items():
+            rest = list(m)
+            for a in dm:
+                if a not in rest:
+                    return None
+                rest.remove(a)
+            if c % dc:
+                return None
+            out[tuple(rest)] = c // dc
+        return SymExpr(out)._norm()
+
+    # ---- comparisons (size variables are >= 1) ------------------------------------------------
+
+    def lower_bound(self) -> int | None:
+        """A lower bound of the value for every assignment of variables >= 1, or None."""
+        total = 0
+        for m, c in self.terms.items():
+            if c < 0 and m:
+                return None
+            if any(not isinstance(a, str) for a in m):
+                total += 0 if c > 0 else c  # a floordiv/mod atom is >= 0
+            else:
+                total += c
+        return total
+
+    def _decide(self, op: str, other: Any) -> bool:
+        diff = self - other
+        if isinstance(diff, int):
+            return {"lt": diff < 0, "le": diff <= 0, "gt": diff > 0, "ge": diff >= 0}[op]
+        lb = diff.lower_bound()
+        if lb is not None:
+            if op == "gt" and lb > 0 or op == "ge" and lb >= 0:
+                return True
+            if op == "lt" and lb >= 0 or op == "le" and lb > 0:
+                return False
+        raise SymbolicShapeError(f"cannot tell whether {self} {_CMP[op]} {other}: the shape "
+                                 f"depends on a size known only at run time")
+
+    def __lt__(self, other: Any) -> bool:
+        return self._decide("lt", other)
+
+    def __le__(self, other: Any) -> bool:
+        return self._decide("le", other)
+
+    def __gt__(self, other: Any) -> bool:
+        return self._decide("gt", other)
+
+    def __ge__(self, other: Any) -> bool:
+        return self._decide("ge", other)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, SymExpr):
+            return self._key() == other._key()
+        return False   # an int: a SymExpr never folds to a constant
+
+    def __ne__(self, other: object) -> bool:
+        return not self == other
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __bool__(self) -> bool:
+        return True
+
+    def __int__(self) -> int:
+        raise SymbolicShapeError(f"the size {self} is known only at run time")
+
+    __index__ = __int__
+
+    # ---- inspection ---------------------------------------------------------------------------
+
+    def variables(self) -> set[str]:
+        out: set[str] = set()
+        for m in self.terms:
+            for a in m:
+                if isinstance(a, str):
+                    out.add(a)
+                else:
+                    out |= a[1].variables()
+        return out
+
+    def evaluate(self, env: Mapping[str, int]) -> int:
+        return evaluate(to_record(self), env)
+
+    def __str__(self) -> str:
+        parts = []
+        for m, c in sorted(self.terms.items(), key=lambda t: (-len(t[0]), t[0] == ())):
+            factors = [_atom_text(a) for a in m]
+            if c != 1 or not factors:
+                factors.append(str(abs(c)) if parts or c > 0 else str(c))
+            elif c == -1:
+                factors[0] = "-" + factors[0]
+            text = " * ".join(factors)
+            if parts:
+                parts.append(("- " if c < 0 else "+ ") + text)
+            else:
+                parts.append(text if c > 0 or c == -1 and m else text)
+        return " ".join(parts)
+
+    __repr__ = __str__
+
+
+_CMP = {"lt": "<", "le": "<=", "gt": ">", "ge": ">="}
+
+
+def _atom_text(a: Atom) -> str:
+    if isinstance(a, str):
+        return a
+    inner = str(a[1])
+    if " " in inner:
+        inner = f"({inner})"
+    return f"{inner} {a[0]} {a[2]}"
+
+
+# ---- helpers over dims and shapes ----------------------------------------------------------------
+
+def size_var(name: str) -> SymExpr:
+    return SymExpr.var(name)
+
+
+def is_static_dim(d: Any) -> bool:
+    return not isinstance(d, SymExpr)
+
+
+def is_static(shape: Iterable[Any]) -> bool:
+    return not any(isinstance(d, SymExpr) for d in shape)
+
+
+def product(dims: Iterable[Dim]) -> Dim:
+    out: Dim = 1
+    for d in dims:
+        out = out * d
+    return out
+
+
+def shape_vars(shape: Iterable[Any]) -> set[str]:
+    out: set[str] = set()
+    for d in shape:
+        if isinstance(d, SymExpr):
+            out |= d.variables()
+    return out
+
+
+def dim_text(d: Dim) -> str:
+    return str(d)
+
+
+# ---- records: how a bundle stores a dim (the runtime evaluates them, runtime/symbolic.py) -------
+
+def to_record(d: Dim) -> Any:
+    """An int, a variable name, or ``["+", t...]`` / ``["*", f...]`` / ``["//" | "%", e, c]``."""
+    if isinstance(d, int):
+        return d
+    terms = []
+    for m, c in sorted(d.terms.items(), key=lambda t: str(t)):
+        factors = [a if isinstance(a, str) else [a[0], to_record(a[1]), a[2]] for a in m]
+        if c != 1 or not factors:
+            factors.insert(0, c)
+        terms.append(factors[0] if len(factors) == 1 else ["*", *factors])
+    return terms[0] if len(terms) == 1 else ["+", *terms]
+
+
+def evaluate(rec: Any, env: Mapping[str, int]) -> int:
+    """The value of a dim record for variable values ``env`` (the runtime has its own copy)."""
+    if isinstance(rec, int):
+        return rec
+    if isinstance(rec, str):
+        return env[rec]
+    op = rec[0]
+    if op == "+":
+        return sum(evaluate(r, env) for r in rec[1:])
+    if op == "*":
+        out = 1
+        for r in rec[1:]:
+            out *= evaluate(r, env)
+        return out
+    if op == "//":
+        return evaluate(rec[1], env) // rec[2]
+    return evaluate(rec[1], env) % rec[2]
+
+
+def dim(d: Any) -> Dim:
+    """``d`` as a shape keeps it: a ``SymExpr`` as is, anything else as an ``int``."""
+    return d if isinstance(d, SymExpr) else int(d)

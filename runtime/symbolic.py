@@ -1,0 +1,368 @@
+"""Running bundles with symbolic shapes (format 1.3): one bundle, any input size.
+
+The header's ``symbolic`` record lists the size variables (``["batch", "seq"]``) and, per
+storage buffer, its size as a dim record with its first and last step; tensor rows hold a
+storage id and their shape as dim records. A dim record is an int, a variable name, or
+``["+", ...]`` / ``["*", ...]`` / ``["//", e, c]`` / ``["%", e, c]`` (``packager/ir/sym.py``
+writes them).
+
+A run binds the variables from the fed arrays' shapes (the course's ``match_cast``: a dim that
+is a variable binds it, any other dim is checked against what it evaluates to), then takes the
+plan for those values from a small cache or makes one: offsets by the same first-fit the
+packager uses for static bundles (liveness from the export, sizes now known), a fresh arena,
+and the prepared calls. Symbolic kernels get the variables' values as one int64 array, their
+last argument. ``PLAN_CACHE`` plans are kept (least recently used dropped first): a server
+alternating between a few sizes never re-plans.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import numpy as np
+
+from . import cpu, elf, vm
+from .bundle import check_dtype, nbytes_of, payload_ref, storage_dtype
+from .errors import BundleError, InputError
+
+PLAN_CACHE = 4
+ALIGN = 64
+SIZES_ROW = 2
+
+
+def evaluate(rec: Any, env: Mapping[str, int]) -> int:
+    """The value of a dim record for the size variables' values ``env``."""
+    if isinstance(rec, int) and not isinstance(rec, bool):
+        return rec
+    if isinstance(rec, str):
+        return env[rec]
+    if isinstance(rec, list) and rec:
+        op = rec[0]
+        if op == "+":
+            return sum(evaluate(r, env) for r in rec[1:])
+        if op == "*":
+            out = 1
+            for r in rec[1:]:
+                out *= evaluate(r, env)
+            return out
+        if op in ("//", "%") and len(rec) == 3 and isinstance(rec[2], int) and rec[2] > 0:
+            v = evaluate(rec[1], env)
+            return v // rec[2] if op == "//" else v % rec[2]
+    raise BundleError(f"bundle header: malformed dim record {rec!r}")
+
+
+def example_shape(shape: Any, size: int = 1) -> tuple[int, ...]:
+    """A concrete shape for a (maybe symbolic) shape: every size variable at ``size``."""
+    env = _Everything(size)
+    return tuple(evaluate(d, env) for d in shape)
+
+
+class _Everything(dict):
+    def __init__(self, value: int) -> None:
+        super().__init__()
+        self.value = value
+
+    def __missing__(self, key: str) -> int:
+        return self.value
+
+
+def dim_text(rec: Any) -> str:
+    """A dim record as the IR printer shows it (``batch``, ``batch * seq``)."""
+    if isinstance(rec, (int, str)):
+        return str(rec)
+    op = rec[0]
+    if op in ("+", "*"):
+        return f" {op} ".join(dim_text(r) for r in rec[1:])
+    return f"({dim_text(rec[1])}) {op} {rec[2]}"
+
+
+@dataclass(frozen=True)
+class SymSpec:
+    """An input or output: its name, shape as dim records, dtype and tensor row."""
+    name: str
+    shape: tuple
+    dtype: str
+    tensor: int
+
+    batch_sizes = None   # as TensorSpec: no dynamic-batch plans
+
+    @property
+    def dims(self) -> tuple:
+        """The shape as ``mlcpack inspect`` shows it: ints and size-variable expressions."""
+        return tuple(d if isinstance(d, int) else dim_text(d) for d in self.shape)
+
+    def __str__(self) -> str:
+        return f"{self.name} [{', '.join(map(str, self.dims))}] {self.dtype}"
+
+    @property
+    def shape_text(self) -> str:
+        return "(" + ", ".join(dim_text(d) for d in self.shape) + \
+            ("," if len(self.shape) == 1 else "") + ")"
+
+
+def _first_fit(sizes: list[int], spans: list[tuple[int, int]]) -> tuple[list[int], int]:
+    """Offsets by size, largest first, each at the lowest offset free during its life (as
+    ``packager/passes/memory_plan.py``); returns (offsets, arena bytes)."""
+    aligned = [-(-max(s, 1) // ALIGN) * ALIGN for s in sizes]
+    order = sorted(range(len(sizes)), key=lambda i: (-aligned[i], spans[i][0], i))
+    offsets = [0] * len(sizes)
+    placed: list[int] = []
+    arena = 0
+    for i in order:
+        lo_i, hi_i = spans[i]
+        busy = sorted((offsets[p], offsets[p] + aligned[p]) for p in placed
+                      if spans[p][0] <= hi_i and lo_i <= spans[p][1])
+        off = 0
+        for lo, hi in busy:
+            if off + aligned[i] <= lo:
+                break
+            off = max(off, hi)
+        offsets[i] = off
+        placed.append(i)
+        arena = max(arena, off + aligned[i])
+    return offsets, arena
+
+
+class _Plan:
+    """One concrete shape's arena, tensor views and prepared calls."""
+
+    def __init__(self, runner: SymbolicRunner, env: dict[str, int]) -> None:
+        self.sizes = np.array([env[v] for v in runner.vars], dtype=np.int64)
+        bufs = runner.buffers
+        sizes = [evaluate(b[0], env) for b in bufs]
+        offsets, arena_bytes = _first_fit(sizes, [(b[1], b[2]) for b in bufs])
+        raw = np.zeros(arena_bytes + ALIGN, dtype=np.uint8)
+        start = -raw.ctypes.data % ALIGN
+        self.arena = raw[start:start + arena_bytes]
+        self.arena_bytes = arena_bytes
+        views: list[np.ndarray] = []
+        for i, row in enumerate(runner.tensors):
+            kind, ref, shape_rec, dtype = row
+            shape = tuple(evaluate(d, env) for d in shape_rec)
+            size = nbytes_of(shape, dtype)
+            if kind == 0 and isinstance(ref, int) and 0 <= ref < len(bufs) \
+                    and size <= sizes[ref]:
+                off = offsets[ref]
+                view = self.arena[off:off + size].view(storage_dtype(dtype)).reshape(shape)
+            elif kind == 1 and isinstance(ref, int) and 0 <= ref < len(runner.constants) \
+                    and runner.constants[ref].nbytes == size:
+                view = runner.constants[ref].reshape(shape)
+            elif kind == SIZES_ROW and shape == self.sizes.shape and dtype == "int64":
+                view = self.sizes
+            else:
+                raise BundleError(f"bundle header: tensor {i} lies outside its storage")
+            views.append(view)
+        self.views = views
+        self.executor = vm.Executor(runner.program, runner.kernels, runner.sites,
+                                    [v.ctypes.data for v in views], views, runner.threads,
+                                    pool=runner.pool)
+        addresses = [v.ctypes.data for v in views]
+        # An input only read by kernels is read where the caller's array lies (as
+        # Model._bindings does for static bundles); its reshapes share its storage id.
+        bindings = []
+        outs = {s.tensor for s in runner.outputs}
+        for spec, ids in zip(runner.inputs, runner.input_views):
+            sid = runner.tensors[spec.tensor][1]
+            ok = (spec.tensor in ids and not outs.intersection(ids)
+                  and all(runner.tensors[t][0] == 0 and runner.tensors[t][1] == sid
+                          for t in ids))
+            bindings.append(self.executor.input_binding(frozenset(ids), runner.num_inputs,
+                                                        addresses[spec.tensor]) if ok else None)
+        self.inputs = [(s, views[s.tensor], b) for s, b in zip(runner.inputs, bindings)]
+        self.outputs = [(s.name, views[s.tensor]) for s in runner.outputs]
+
+    def close(self) -> None:
+        self.executor.close()
+
+
+class SymbolicRunner:
+    """The part of a loaded ``Model`` that runs a symbolic bundle (``Model`` delegates)."""
+
+    def __init__(self, model: Any, header: dict, constants: list[np.ndarray],
+                 library_functions: Mapping[str, Any] | None, threads: int) -> None:
+        name = model.name
+        sym = header.get("symbolic")
+        if not isinstance(sym, dict) or not isinstance(sym.get("vars"), list) \
+                or not all(isinstance(v, str) for v in sym["vars"]) \
+                or not isinstance(sym.get("buffers"), list):
+            raise BundleError(f"{name}: bundle header: symbolic record is malformed")
+        self.vars: list[str] = sym["vars"]
+        self.buffers = sym["buffers"]
+        for b in self.buffers:
+            if not (isinstance(b, list) and len(b) == 3 and isinstance(b[1], int)
+                    and isinstance(b[2], int)):
+                raise BundleError(f"{name}: bundle header: symbolic buffer {b!r} is malformed")
+        tensors = header.get("tensors")
+        if not isinstance(tensors, list) or not all(isinstance(r, list) and len(r) == 4
+                                                    and isinstance(r[2], list) for r in tensors):
+            raise BundleError(f"{name}: bundle header: tensors are malformed")
+        for i, r in enumerate(tensors):
+            check_dtype(r[3], f"tensor {i}")
+        self.tensors = tensors
+        self.constants = constants
+        self.inputs = self._specs(header.get("inputs"), "inputs")
+        self.outputs = self._specs(header.get("outputs"), "outputs")
+        variants = header.get("code")
+        if not isinstance(variants, list) or not variants:
+            raise BundleError("bundle header: code must be a non-empty list")
+        variant = variants[cpu.pick_variant(variants, name)]
+        model.code_variant = variant
+        reader = model._reader
+        obj = payload_ref(variant.get("object"), "code object", reader.data_size)
+        vm_row = header.get("vm")
+        bytecode = payload_ref(vm_row.get("bytecode") if isinstance(vm_row, dict) else None,
+                               "bytecode", reader.data_size)
+        kernels_meta = header.get("kernels")
+        sites = header.get("library_calls", [])
+        if not isinstance(kernels_meta, list) or not isinstance(sites, list):
+            raise BundleError("bundle header: kernels and library_calls must be lists")
+        self.sites = model._sites(sites, library_functions)
+        image = elf.load_object(reader.payload(obj), elf.default_externals(),
+                                arch=variant.get("arch"))
+        model._images.append(image)
+        self.kernels = []
+        for i, k in enumerate(kernels_meta):
+            if not isinstance(k, dict) or not isinstance(k.get("symbol"), str):
+                raise BundleError(f"bundle header: kernel {i} is malformed")
+            self.kernels.append((image.address(k["symbol"]), bool(k.get("parallel", False))))
+        self.program = vm.decode(reader.payload(bytecode), len(tensors), len(self.kernels),
+                                 len(self.sites), name)
+        self._check_arity(kernels_meta)
+        self.num_inputs = [k.get("num_inputs", 0) for k in kernels_meta]
+        self.input_views = []
+        for r in header["inputs"]:
+            ids = r.get("views")
+            ok = isinstance(ids, list) and all(isinstance(t, int) and 0 <= t < len(tensors)
+                                               for t in ids)
+            self.input_views.append(ids if ok else [])
+        try:
+            self.pool = vm.PoolCode(*(image.address(s) for s in vm.PoolCode.SYMBOLS),
+                                    image=image)
+        except Exception:
+            self.pool = None
+        self.threads = threads
+        self.name = name
+        self._plans: OrderedDict[tuple[int, ...], _Plan] = OrderedDict()
+        self._by_shape: dict[tuple, tuple[int, ...]] = {}   # input shapes -> plan key
+        self._dtypes = [storage_dtype(s.dtype) for s in self.inputs]
+        self._names = [s.name for s in self.inputs]
+
+    def _specs(self, rows: Any, what: str) -> list[SymSpec]:
+        if not isinstance(rows, list) or not rows:
+            raise BundleError(f"bundle header: {what} must be a non-empty list")
+        out = []
+        for i, r in enumerate(rows):
+            if not isinstance(r, dict) or not isinstance(r.get("name"), str) \
+                    or not isinstance(r.get("shape"), list) \
+                    or not isinstance(r.get("tensor"), int) \
+                    or not 0 <= r["tensor"] < len(self.tensors):
+                raise BundleError(f"bundle header: {what}[{i}] is malformed")
+            out.append(SymSpec(r["name"], tuple(r["shape"]),
+                               check_dtype(r.get("dtype"), f"{what}[{i}]"), r["tensor"]))
+        return out
+
+    def _check_arity(self, kernels_meta: list) -> None:
+        for ins in self.program:
+            if ins.opcode != vm.OP_CALL_KERNEL:
+                continue
+            k = kernels_meta[ins.target]
+            expected = k.get("num_inputs", -1) + k.get("num_outputs", -1) \
+                + (1 if k.get("workspace_bytes") or "workspace" in k else 0) \
+                + (1 if k.get("symbolic") else 0)
+            if len(ins.operands) != expected:
+                raise BundleError(f"bundle header: kernel {k.get('name')} takes {expected} "
+                                  f"tensors, bytecode passes {len(ins.operands)}")
+            if k.get("symbolic") and self.tensors[ins.operands[-1]][0] != SIZES_ROW:
+                raise BundleError(f"bundle header: kernel {k.get('name')} is not passed the "
+                                  "size variables")
+
+    # ---- binding (match_cast) ---------------------------------------------------------------
+
+    def bind(self, feeds: Mapping[str, Any]) -> tuple[dict[str, int], list[np.ndarray]]:
+        """Check the fed arrays and bind the size variables from their shapes."""
+        env: dict[str, int] = {}
+        where: dict[str, str] = {}
+        values = []
+        for spec in self.inputs:
+            value = feeds[spec.name]
+            if not isinstance(value, np.ndarray):
+                try:
+                    value = np.asarray(value)
+                except Exception:
+                    raise InputError(f"input {spec.name!r} is not array-like") from None
+            if value.dtype != storage_dtype(spec.dtype):
+                raise InputError(f"input {spec.name!r} has dtype {value.dtype.name}; the model "
+                                 f"takes {spec.dtype}: convert it with .astype(np.{spec.dtype})")
+            if value.ndim != len(spec.shape):
+                raise InputError(f"input {spec.name!r} has rank {value.ndim} (shape "
+                                 f"{tuple(value.shape)}); the model takes {spec.shape_text}")
+            for axis, (rec, n) in enumerate(zip(spec.shape, value.shape)):
+                if n == 0:
+                    raise InputError(f"input {spec.name!r} has size 0 at axis {axis}; the model "
+                                     f"takes {spec.shape_text} with every size at least 1")
+                if isinstance(rec, str):
+                    if rec in env and env[rec] != n:
+                        raise InputError(
+                            f"input {spec.name!r} has {rec} = {n} at axis {axis}, but "
+                            f"{where[rec]} gives {rec} = {env[rec]}: they must agree")
+                    env.setdefault(rec, n)
+                    where.setdefault(rec, f"input {spec.name!r} axis {axis}")
+            values.append(value)
+        missing = [v for v in self.vars if v not in env]
+        if missing:
+            raise BundleError(f"{self.name}: size variable(s) {missing} are bound by no input")
+        for spec, value in zip(self.inputs, values):
+            want = tuple(evaluate(d, env) for d in spec.shape)
+            if tuple(value.shape) != want:
+                raise InputError(f"input {spec.name!r} has shape {tuple(value.shape)}; the model "
+                                 f"takes {spec.shape_text}, here {want}")
+        return env, values
+
+    def plan(self, env: dict[str, int]) -> _Plan:
+        key = tuple(env[v] for v in self.vars)
+        plan = self._plans.get(key)
+        if plan is None:
+            plan = _Plan(self, env)
+            self._plans[key] = plan
+            if len(self._plans) > PLAN_CACHE:
+                _, old = self._plans.popitem(last=False)
+                old.close()
+        else:
+            self._plans.move_to_end(key)
+        return plan
+
+    def run(self, feeds: Mapping[str, Any]) -> dict[str, np.ndarray]:
+        # Fast path: arrays of the right dtypes whose shapes were bound before map straight to
+        # their plan's key (a dict lookup instead of binding again).
+        values = [feeds[name] for name in self._names]
+        key: tuple | None = ()
+        for v, d in zip(values, self._dtypes):
+            if type(v) is not np.ndarray or v.dtype != d:
+                key = None
+                break
+            key += (v.shape,)
+        plan = self._plans.get(self._by_shape.get(key, ())) if key is not None else None
+        if plan is None:
+            env, values = self.bind(feeds)
+            plan = self.plan(env)
+            if key is not None:
+                if len(self._by_shape) >= 16 * PLAN_CACHE:
+                    self._by_shape.clear()
+                self._by_shape[key] = tuple(env[v] for v in self.vars)
+        for (_, view, binding), value in zip(plan.inputs, values):
+            if binding is not None:
+                if type(value) is np.ndarray and value.flags.c_contiguous \
+                        and value.flags.aligned:
+                    binding.bind(value.ctypes.data)
+                    continue
+                binding.bind(binding.arena)
+            np.copyto(view, value)
+        plan.executor.run()
+        return {name: view.copy() for name, view in plan.outputs}
+
+    def close(self) -> None:
+        for plan in self._plans.values():
+            plan.close()
+        self._plans.clear()
