@@ -24,8 +24,8 @@ from ...packager.errors import ExportError
 from ...packager.ir.builder import BlockBuilder, BuilderError
 from ...packager.ir.graph import Constant, IRModule, Source, Value, Var
 from ...packager.ir.sym import SymbolicShapeError, size_var
-from . import (attention, elementwise, index, logic, nn, quant, resize,  # noqa: F401
-               rnn, shape)  # (registration side effect)
+from . import (attention, elementwise, index, logic, nn, quant, quant_ops,  # noqa: F401
+               resize, rnn, shape)  # (registration side effect)
 from .registry import (IGNORED_ATTRIBUTES, NodeContext, lookup, make_constant, normalize_domain,
                        op_label)
 
