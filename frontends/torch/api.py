@@ -1,0 +1,163 @@
+"""The PyTorch frontend's entry points: load a ``.pt2`` file, import an ExportedProgram, and export
+a module to a bundle with the module itself (eager PyTorch) as the golden check's reference."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from typing import Any, Iterator, Mapping, Sequence
+
+import numpy as np
+import torch
+
+from ...packager.errors import ExportError
+from ...packager.ir.graph import IRModule
+from .importer import TorchImportInfo, import_exported
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return text if len(text) <= 300 else text[:297] + "..."
+
+
+def load_program(path: str | os.PathLike) -> Any:
+    """The ExportedProgram ``torch.export.save`` wrote to ``path``."""
+    name = os.path.basename(os.fspath(path))
+    if not os.path.isfile(path):
+        raise ExportError(f"{name}: no such file ({os.fspath(path)})")
+    try:
+        return torch.export.load(os.fspath(path))
+    except Exception as exc:  # a zip torch cannot read, a newer schema, not a .pt2 at all
+        raise ExportError(f"{name} is not a program torch.export.load can read: "
+                          f"{_one_line(exc)}") from None
+
+
+def import_program(program: Any, input_shapes: Mapping[str, Sequence[int]] | None = None,
+                   input_names: Sequence[str] | None = None,
+                   output_names: Sequence[str] | None = None
+                   ) -> tuple[IRModule, TorchImportInfo]:
+    """An ExportedProgram, or the path of a ``.pt2`` file, as an IRModule."""
+    if isinstance(program, (str, os.PathLike)):
+        source = os.path.basename(os.fspath(program))
+        program = load_program(program)
+    else:
+        source = "the ExportedProgram"
+    if not isinstance(program, torch.export.ExportedProgram):
+        raise ExportError(f"expected a torch.export.ExportedProgram, got "
+                          f"{type(program).__name__}")
+    return import_exported(program, input_shapes, source, input_names, output_names)
+
+
+def eager_reference(fn: Any, input_names: Sequence[str], output_names: Sequence[str]) -> Any:
+    """A golden-check reference that runs ``fn`` (the module, or ``ExportedProgram.module()``)
+    eagerly on the check's inputs and returns its flattened tensor outputs by bundle name."""
+    from ...packager.golden import Reference
+
+    def run(feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        args = [torch.from_numpy(np.ascontiguousarray(feeds[n])) for n in input_names]
+        with torch.no_grad():
+            out = fn(*args)
+        leaves = [t for t in torch.utils._pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
+        if len(leaves) != len(output_names):
+            raise ValueError(f"the module returned {len(leaves)} tensors, the program "
+                             f"{len(output_names)}")
+        return {n: t.detach().cpu().numpy() for n, t in zip(output_names, leaves)}
+
+    return Reference(run, f"PyTorch {torch.__version__.split('+')[0]} (eager)")
+
+
+@contextlib.contextmanager
+def _eval_mode(module: Any) -> Iterator[None]:
+    """The module in eval mode while exporting (as torch.onnx.export does), restored after."""
+    if not isinstance(module, torch.nn.Module):
+        yield
+        return
+    was = [(m, m.training) for m in module.modules()]
+    module.eval()
+    try:
+        yield
+    finally:
+        for m, training in was:
+            m.training = training
+
+
+def _capture(module: Any, example_inputs: Sequence[Any], dynamic_shapes: Any) -> Any:
+    if isinstance(module, torch.export.ExportedProgram):
+        return module
+    if not isinstance(module, torch.nn.Module):
+        raise ExportError(f"export_torch takes a torch.nn.Module or an ExportedProgram, not "
+                          f"{type(module).__name__}")
+    args = tuple(example_inputs) if isinstance(example_inputs, (list, tuple)) \
+        else (example_inputs,)
+    try:
+        return torch.export.export(module, args, dynamic_shapes=dynamic_shapes)
+    except Exception as exc:
+        raise ExportError(f"torch.export.export could not capture {type(module).__name__}: "
+                          f"{_one_line(exc)}") from None
+
+
+def export_torch(module: Any, example_inputs: Sequence[Any], path: str | os.PathLike, *,
+                 dynamic_shapes: Any = None, input_names: Sequence[str] | None = None,
+                 output_names: Sequence[str] | None = None,
+                 input_shapes: Mapping[str, Sequence[int]] | None = None,
+                 batch_sizes: Sequence[int] | None = None, check: bool = True,
+                 **options: Any) -> Any:
+    """Capture ``module`` with ``torch.export.export(module, example_inputs)`` (in eval mode),
+    convert it, compile it and write the bundle ``path``. ``module`` may also be an
+    ExportedProgram (then ``example_inputs`` is unused). The golden check (on by default) runs
+    the module itself, eagerly, as the reference.
+
+    ``dynamic_shapes``: as torch.export's; symbolic dims are fixed at the example's sizes, or
+    ``input_shapes``; ``batch_sizes`` compiles one plan per batch size for inputs whose first
+    dim is symbolic (the bundle then runs any batch, as ``--batch-sizes``). ``options``: the
+    fields of ``packager.export.ExportOptions`` (target, labels, preprocess, sign_key,
+    check_inputs, check_rtol, check_atol, model_name...). Returns the ExportReport."""
+    from ...packager.export import ExportOptions, export_batched, export_module
+
+    with _eval_mode(module):
+        ep = _capture(module, example_inputs, dynamic_shapes)
+        if batch_sizes:
+            mods = {}
+            for b in sorted({int(b) for b in batch_sizes}):
+                shapes = batch_shapes(ep, b, input_shapes, input_names)
+                mods[b], info = import_program(ep, shapes, input_names, output_names)
+        else:
+            mod, info = import_program(ep, input_shapes, input_names, output_names)
+        runner = module if isinstance(module, torch.nn.Module) else ep.module()
+        name = type(module).__name__ if isinstance(module, torch.nn.Module) else "model"
+        opts = ExportOptions(**{"model_name": name, "source": f"{name} (torch.export)",
+                                **options})
+        opts.check = check
+        if check:
+            opts.reference = eager_reference(runner, info.input_names, info.output_names)
+            opts.reference_name = opts.reference.name
+        if batch_sizes:
+            return export_batched(mods, path, opts)
+        return export_module(mod, path, opts)
+
+
+def batch_shapes(ep: Any, batch: int, given: Mapping[str, Sequence[int]] | None = None,
+                 input_names: Sequence[str] | None = None) -> dict[str, tuple[int, ...]]:
+    """Input shapes at batch ``batch``: every user input whose first dim is symbolic gets
+    ``batch`` there and its example's sizes elsewhere (``given`` overrides the rest)."""
+    users = [s for s in ep.graph_signature.input_specs if s.kind.name == "USER_INPUT"]
+    nodes = {n.name: n for n in ep.graph.nodes if n.op == "placeholder"}
+    tensors = [s for s in users if isinstance(nodes[s.arg.name].meta.get("val"), torch.Tensor)]
+    names = list(input_names) if input_names else [s.arg.name for s in tensors]
+    shapes: dict[str, tuple[int, ...]] = {}
+    for name, spec in zip(names, tensors):
+        val = nodes[spec.arg.name].meta["val"]
+        dims = [d for d in val.shape]
+        if not dims or not isinstance(dims[0], torch.SymInt):
+            continue
+        rest = []
+        for d in dims[1:]:
+            hint = d.node.hint if isinstance(d, torch.SymInt) else d
+            rest.append(int(hint))
+        shapes[name] = (batch, *rest)
+    if not shapes:
+        raise ExportError("batch sizes need an input whose first dim is a torch.export.Dim "
+                          "(dynamic_shapes={'x': {0: Dim('batch')}})")
+    for name, shape in (given or {}).items():
+        shapes[name] = (batch, *tuple(shape)[1:]) if name in shapes else tuple(shape)
+    return shapes
