@@ -43,12 +43,15 @@ MatMul/Gemm -> ``matmul``), with per-operator results:
 - com.microsoft.MatMulIntegerToFloat: [add(]matmul(dq(a, as, azp), dq(b, bs, bzp))[, bias)].
 - DynamicQuantizeLinear: y = quantize(x, scale, zp, uint8) with scale/zp computed at run time
   (min/max reductions); DynamicQuantizeMatMul: that, then dq(y, scale, zp) @ dq(B, bs, bzp).
-- com.microsoft QLinearAdd/QLinearMul: q(add|multiply(dq(a), dq(b)), cs, czp); QLinearSigmoid,
+- com.microsoft QLinearAdd: q(add(dq(a, as/cs, az), dq(b, bs/cs, bz)), 1, cz); QLinearMul:
+  q(multiply(multiply(dq(a, 1, az), dq(b, 1, bz)), as*bs/cs), 1, cz) (ONNX Runtime's rounding,
+  bit-exact: the same values as q(add|multiply(dq(a), dq(b)), cs, cz) but for ties); QLinearSigmoid,
   QLinearLeakyRelu: q(sigmoid|leaky_relu(dq(x)), ys, yzp); QLinearAveragePool,
   QLinearGlobalAveragePool: q(avg pool|mean(dq(x)), ys, yzp); QLinearConcat: q(concat(dq(x_i)
   ...), ys, yzp).
 - com.microsoft.DynamicQuantizeLSTM: an LSTM whose weights are dequantized at import (float32
-  constants), no integer kernel.
+  constants) on X round-tripped through DynamicQuantizeLinear (as ONNX Runtime quantizes it);
+  no integer kernel.
 """
 
 

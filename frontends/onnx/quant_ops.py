@@ -194,17 +194,39 @@ def _dynamic_quantize_matmul(ctx: NodeContext) -> Value:
 
 # ---- com.microsoft elementwise, pools, concat ----------------------------------------------------
 
-def _qlinear_binary(op: str):
-    def convert(ctx: NodeContext) -> Value:
-        a = ctx.input(0)
-        ad = dequantize(ctx, a, ctx.input(1), _opt(ctx, 2))
-        bd = dequantize(ctx, ctx.input(3), ctx.input(4), _opt(ctx, 5))
-        return _requantize(ctx, ctx.emit(op, ad, bd), 6, 7, a)
-    return convert
+def _ratio(ctx: NodeContext, num: Sequence[Value], den: Value) -> Value:
+    """prod(num) / den as a 0-d float32 (scales are per tensor here)."""
+    r = _flat_scale(ctx, num[0])
+    for v in num[1:]:
+        r = ctx.emit("multiply", r, _flat_scale(ctx, v))
+    return ctx.emit("divide", r, _flat_scale(ctx, den))
 
 
-converter("QLinearAdd", since=1, domain=MS)(_qlinear_binary("add"))
-converter("QLinearMul", since=1, domain=MS)(_qlinear_binary("multiply"))
+def _unit_requantize(ctx: NodeContext, y: Value, zp_i: int, like: Value) -> Value:
+    """quantize(y, 1, zero point): ``y`` is already in the output's units."""
+    zp = _opt(ctx, zp_i)
+    one = ctx.constant(np.ones((), np.float32), "unit_scale")
+    return quantize(ctx, y, one, zp, _out_dtype(zp, like))
+
+
+@converter("QLinearAdd", since=1, domain=MS)
+def _qlinear_add(ctx: NodeContext) -> Value:
+    # ONNX Runtime's formula, rounding included: (a - za) * (sa / sc) + (b - zb) * (sb / sc) + zc
+    a, b, c_scale = ctx.input(0), ctx.input(3), ctx.input(6)
+    ad = dequantize(ctx, a, _ratio(ctx, [ctx.input(1)], c_scale), _opt(ctx, 2))
+    bd = dequantize(ctx, b, _ratio(ctx, [ctx.input(4)], c_scale), _opt(ctx, 5))
+    return _unit_requantize(ctx, ctx.emit("add", ad, bd), 7, a)
+
+
+@converter("QLinearMul", since=1, domain=MS)
+def _qlinear_mul(ctx: NodeContext) -> Value:
+    # ONNX Runtime's formula, rounding included: ((a - za) * (b - zb)) * (sa * sb / sc) + zc
+    a, b = ctx.input(0), ctx.input(3)
+    one = ctx.constant(np.ones((), np.float32), "unit_scale")
+    product = ctx.emit("multiply", dequantize(ctx, a, one, _opt(ctx, 2)),
+                       dequantize(ctx, b, one, _opt(ctx, 5)))
+    ratio = _ratio(ctx, [ctx.input(1), ctx.input(4)], ctx.input(6))
+    return _unit_requantize(ctx, ctx.emit("multiply", product, ratio), 7, a)
 
 
 @converter("QLinearSigmoid", since=1, domain=MS)
