@@ -35,6 +35,7 @@ import numpy as np
 from ..runtime.errors import CpuFeatureError, LibraryFunctionError, MlcpackError
 from ..runtime.verify import GOLDEN_KEY, CheckResult, check_model, compare_output
 from .bundle_writer import BundleWriteError
+from .errors import ExportError
 from .ir.graph import Call, CallLibrary, Constant, Function, IRModule, Var
 from .ir.sym import shape_vars
 
@@ -45,7 +46,6 @@ CHECK_EXTRA = "pip install 'mlcpack[check]'"
 
 
 def _export_error(message: str) -> Exception:
-    from .export import ExportError
     return ExportError(message)
 
 
