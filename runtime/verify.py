@@ -72,10 +72,11 @@ EPS_F32 = 2.0 ** -23   # float32's machine epsilon
 ROUNDING_K = 64.0
 MIN_SNR_DB = 80.0      # an output agreeing this well as a whole passes despite rounding outliers
 # Quantized models: elements may differ by this many quantization steps of the output, and an
-# output agreeing to this SNR as a whole passes (one step flips on ~30 % of a 10-value output
-# measured 43 dB; a zero point or per-channel axis misread gives < 20 dB)
+# output agreeing to this SNR as a whole passes (one step flips on 3 of 10 logits of a QDQ conv
+# net: 43 dB; ddddocr's int8 OCR model, whose LSTM state ONNX Runtime requantizes every step:
+# 35-41 dB; a zero point or per-channel axis misread gives < 20 dB)
 QUANT_STEPS = 2.0
-QUANT_MIN_SNR_DB = 35.0
+QUANT_MIN_SNR_DB = 30.0
 # Outputs of a narrower float (a reference may round every intermediate to it, the bundle
 # computes in float32) may also differ by NARROW_K of that type's epsilons of the magnitude.
 NARROW_EPS = {"float16": 2.0 ** -10, "bfloat16": 2.0 ** -7, "float8_e4m3fn": 2.0 ** -3,
