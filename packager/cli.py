@@ -237,6 +237,9 @@ def _build_module(model: Path, arch: Optional[Path], shapes: dict[str, tuple[int
             return mods, None, None
         reference, name = onnx_reference(proto.SerializeToString(), info.input_names)
         return mods, reference, name
+    if suffix == ".pt2":  # torch.export.save: the PyTorch frontend (needs torch)
+        from ..frontends.torch import modules_from_file
+        return modules_from_file(model, {b: _at_batch(shapes, b) for b in sizes}, check)
     if suffix in (".pkl", ".pickle", ".npz"):
         from ..frontends.arch import build_from_spec, infer_mlp_spec, read_spec
         from ..frontends.weights import load_weights
@@ -255,7 +258,7 @@ def _build_module(model: Path, arch: Optional[Path], shapes: dict[str, tuple[int
             mods[b] = build_from_spec(spec, weights, shape)
         return mods, None, None
     _fail(f"{model}: unknown model type {suffix or '(no suffix)'}; mlcpack exports .onnx files "
-          "and pickled weights (.pkl, .npz)", 2)
+          "and pickled weights (.pkl, .npz), and .pt2 (torch.export.save)", 2)
 
 
 def _onnx_batched(model: Path, shapes: dict) -> tuple[Any, dict[str, Callable[[int], tuple]]]:
@@ -324,7 +327,8 @@ def _check_export_paths(model: Path, out: Path, arch: Optional[Path],
 
 @app.command(epilog=_example("export artifacts/cnn.onnx -o cnn.mlc --labels artifacts/labels.txt"))
 def export(
-    model: Path = typer.Argument(..., help="model.onnx, or weights (.pkl/.npz)", metavar="MODEL"),
+    model: Path = typer.Argument(..., help="model.onnx, model.pt2 (torch.export.save), or weights "
+                         "(.pkl/.npz)", metavar="MODEL"),
     output: Optional[Path] = typer.Option(None, "-o", "--output",
                                           help="bundle to write (default: MODEL's name .mlc)",
                                           metavar="BUNDLE"),

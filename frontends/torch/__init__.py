@@ -48,4 +48,12 @@ def export_torch(module, example_inputs, path, **options):
     return export(module, example_inputs, path, **options)
 
 
-__all__ = ["TORCH_EXTRA", "export_torch", "import_torch", "load_program", "require_torch"]
+def modules_from_file(path, shapes_by_batch, check=True):
+    """``mlcpack export model.pt2``'s modules and reference; see ``api.modules_from_file``."""
+    require_torch()
+    from .api import modules_from_file as build
+    return build(path, shapes_by_batch, check)
+
+
+__all__ = ["TORCH_EXTRA", "export_torch", "import_torch", "load_program", "modules_from_file",
+           "require_torch"]

@@ -161,3 +161,19 @@ def batch_shapes(ep: Any, batch: int, given: Mapping[str, Sequence[int]] | None 
     for name, shape in (given or {}).items():
         shapes[name] = (batch, *tuple(shape)[1:]) if name in shapes else tuple(shape)
     return shapes
+
+
+def modules_from_file(path: str | os.PathLike, shapes_by_batch: Mapping[Any, Mapping],
+                      check: bool = True) -> tuple[dict, Any, str | None]:
+    """What ``mlcpack export model.pt2`` builds: the modules by batch size (key None: one
+    fixed-shape module; else ``--batch-sizes``, the symbolic first dims at each size), and the
+    golden check's reference (``ExportedProgram.module()`` run eagerly) with its name."""
+    ep = load_program(path)
+    mods, info = {}, None
+    for batch, given in shapes_by_batch.items():
+        shapes = dict(given) if batch is None else batch_shapes(ep, batch, given)
+        mods[batch], info = import_exported(ep, shapes or None, os.path.basename(os.fspath(path)))
+    if not check:
+        return mods, None, None
+    reference = eager_reference(ep.module(), info.input_names, info.output_names)
+    return mods, reference, reference.name

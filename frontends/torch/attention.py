@@ -37,6 +37,10 @@ def _sdpa(ctx: NodeContext) -> Value:
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
     hq = batch[-1] if batch else 1
     hkv = k.type.shape[-3] if len(k.type.shape) >= 3 else 1
+    # K transposed by a kernel of its own: the matmul fast path reads a plain [.., D, S] operand
+    # (a transpose_b product of two run-time tensors takes the generic loop nest, ~10x slower)
+    rank = len(k.type.shape)
+    k = ctx.emit("transpose", k, axes=tuple(range(rank - 2)) + (rank - 1, rank - 2))
     if len(batch) >= 1 and hq != hkv:
         if not ctx.arg("enable_gqa") or hq % hkv:
             raise ctx.error(f"{hq} query heads and {hkv} key heads: grouped-query attention "
@@ -44,11 +48,11 @@ def _sdpa(ctx: NodeContext) -> Value:
         # Fold the query heads of each key head into its rows: K and V are never copied.
         reps = hq // hkv
         qg = ctx.reshape(q, tuple(batch[:-1]) + (hkv, reps * sq, d))
-        qk = ctx.reshape(ctx.emit("matmul", qg, k, transpose_b=True),
+        qk = ctx.reshape(ctx.emit("matmul", qg, k),
                          tuple(batch) + (sq, skv))
     else:
         reps = 1
-        qk = ctx.emit("matmul", q, k, transpose_b=True)
+        qk = ctx.emit("matmul", q, k)
     qk = ctx.emit("multiply", qk, ctx.scalar(scale, qk))
     bias = None
     mask = ctx.maybe("attn_mask")

@@ -79,6 +79,15 @@ def _convolution(ctx: NodeContext) -> Value:
     bn_node = list(ctx.node.users)[0] if folded else None
     if folded:
         w, b = folded
+        with ctx.bb.source(ctx.source, ctx.importer.source_of(bn_node)):  # both nodes' kernel
+            y = _conv(ctx, x, w, b, spatial, strides, pads, dilation, groups)
+        ctx.absorb(bn_node, (y, None, None))
+        return y
+    return _conv(ctx, x, w, b, spatial, strides, pads, dilation, groups)
+
+
+def _conv(ctx: NodeContext, x: Value, w: Value, b: Value | None, spatial: int,
+          strides: list[int], pads: list[int], dilation: list[int], groups: int) -> Value:
     if spatial == 3:
         y = ctx.emit("nn.conv", x, w, strides=tuple(strides), padding=tuple(pads + pads),
                      dilation=tuple(dilation), groups=groups)
@@ -95,8 +104,6 @@ def _convolution(ctx: NodeContext) -> Value:
         y = ctx.emit("add", y, _channel_shaped(ctx, b, spatial + 2 if spatial != 1 else 4))
     if spatial == 1:
         y = ctx.reshape(y, y.type.shape[:2] + y.type.shape[3:])
-    if bn_node is not None:
-        ctx.absorb(bn_node, (y, None, None))
     return y
 
 
@@ -259,22 +266,61 @@ def _adaptive_avg_pool(ctx: NodeContext) -> Value:
 
 # ---- matrix products ----------------------------------------------------------------------------
 
+_VIEWS = ("aten.view.default", "aten._unsafe_view.default", "aten.reshape.default")
+
+
+def _unflattened(ctx: NodeContext, a: Value, arg_index: int) -> tuple[Value, Any] | None:
+    """A Linear on an N-D input is ``view(x, [M, K]) -> addmm -> view(y, [..., N])`` in ATen.
+    When both views only merge / split the leading dims, return (x, the closing view node):
+    the product is emitted on x itself, as the ONNX path's MatMul, so the add, an activation
+    or a residual after it fuse into its kernel (a reshape between them would stop fusion)."""
+    opening = ctx.node.args[arg_index]
+    users = list(ctx.node.users)
+    if getattr(opening, "op", None) != "call_function" or str(opening.target) not in _VIEWS:
+        return None
+    if len(users) != 1 or str(users[0].target) not in _VIEWS:
+        return None
+    x = ctx.importer.values.get(opening.args[0])
+    closing = users[0]
+    out_shape = tuple(int(d) for d in closing.meta["val"].shape) \
+        if all(isinstance(d, int) for d in closing.meta["val"].shape) else None
+    if not isinstance(x, Value) or len(x.type.shape) < 3 or out_shape is None:
+        return None
+    if x.type.shape[-1] != a.type.shape[-1] or out_shape[:-1] != x.type.shape[:-1]:
+        return None
+    return x, closing
+
+
+def _matmul_2d(ctx: NodeContext, a: Value, b: Value, bias: Value | None) -> Value:
+    nd = _unflattened(ctx, a, 1 if bias is not None else 0)
+    y = ctx.emit("matmul", nd[0] if nd else a, b)
+    if bias is not None:
+        y = ctx.emit("add", y, bias)
+    if nd:
+        ctx.absorb(nd[1], y)
+    return y
+
+
 @converter("aten.addmm.default")
 def _addmm(ctx: NodeContext) -> Value:
     bias, a, b = ctx.tensor("self"), ctx.tensor("mat1"), ctx.tensor("mat2")
     beta, alpha = float(ctx.arg("beta")), float(ctx.arg("alpha"))
     if alpha != 1.0:
         b = ctx.emit("multiply", b, ctx.scalar(alpha, b))
-    y = ctx.emit("matmul", a, b)
     if beta == 0.0:
-        return y
+        return _matmul_2d(ctx, a, b, None)
     if beta != 1.0:
         bias = ctx.emit("multiply", bias, ctx.scalar(beta, bias))
-    return ctx.emit("add", y, bias)
+    return _matmul_2d(ctx, a, b, bias)
 
 
-@converter("aten.mm.default", "aten.bmm.default")
+@converter("aten.mm.default")
 def _mm(ctx: NodeContext) -> Value:
+    return _matmul_2d(ctx, ctx.tensor("self"), ctx.tensor("mat2"), None)
+
+
+@converter("aten.bmm.default")
+def _bmm(ctx: NodeContext) -> Value:
     return ctx.emit("matmul", ctx.tensor("self"), ctx.tensor("mat2"))
 
 
