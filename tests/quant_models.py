@@ -137,7 +137,8 @@ def output_step(path: Path) -> float | None:
 EXACT_OUTPUTS = ("q_t", "q_c", "dq_c", "q_nozp", "dq_ms", "xq", "xs", "xzp", "ci", "mi",
                  "mi_big", "qmul", "qadd")
 # Integer outputs of ORT's requantizing kernels (QLinear*): within one step of ORT.
-REQUANTIZED_OUTPUTS = ("qgemm_q", "ap_l", "gap_l", "cat", "lrelu", "sig", "qconv", "qmm")
+REQUANTIZED_OUTPUTS = ("qgemm_q", "ap_l", "gap_l", "cat", "lrelu", "sig", "qconv", "qmm",
+                       "qsoftmax", "qwhere")
 # Float outputs of integer products scaled to float: float32 rounding of ORT's int32 path.
 SCALED_OUTPUTS = ("mitf", "dqmm", "qgemm_f")
 
@@ -210,6 +211,12 @@ def handmade_model(path: Path) -> Path:
         h.make_node("QLinearAdd", ["q_t", "s1", "z1", "dq_in", const("sa2", np.float32(0.07)),
                                    const("za2", np.int8(4)), const("ys8", np.float32(0.09)),
                                    const("yzp8", np.int8(-2))], ["qadd"], domain=MS),
+        # softmax (ONNX 13 semantics, last axis), where
+        h.make_node("QLinearSoftmax", ["q_t", "s1", "z1", const("ys9", np.float32(1 / 256)),
+                                       const("yzp9", np.int8(-128))], ["qsoftmax"], domain=MS,
+                    axis=-1, opset=13),
+        h.make_node("QLinearWhere", ["cond", "q_t", "s1", "z1", "dq_in", "sa2", "za2", "ys8",
+                                     "yzp8"], ["qwhere"], domain=MS),
         # int8 x int8 QLinearConv per channel with bias, int8 QLinearMatMul
         h.make_node("QLinearConv", ["q_t", "s1", "z1", const("wq", s8(6, 8, 3, 3)), const("wqs", f(6)),
                                     const("wqz", np.zeros(6, np.int8)),
@@ -225,14 +232,15 @@ def handmade_model(path: Path) -> Path:
     outs = {"q_t": S, "q_c": U, "dq_c": F, "q_nozp": U, "dq_ms": F, "xq": U, "xs": F, "xzp": U,
             "ci": I, "mi": I, "mi_big": I, "mitf": F, "dqmm": F, "qgemm_f": F, "qgemm_q": U,
             "ap_l": U, "gap_l": U, "cat": U, "lrelu": S, "sig": S, "qmul": S, "qadd": S,
-            "qconv": S, "qmm": S}
+            "qconv": S, "qmm": S, "qsoftmax": S, "qwhere": S}
     inputs = [h.make_tensor_value_info("x", F, [2, 8, 6, 6]),
               h.make_tensor_value_info("a", U, [4, 40]),
               h.make_tensor_value_info("a_big", U, [2, 2048]),
               h.make_tensor_value_info("af", F, [4, 40]),
               h.make_tensor_value_info("xl", U, [1, 6, 6, 8]),
               h.make_tensor_value_info("a_s8", S, [3, 40]),
-              h.make_tensor_value_info("dq_in", S, [2, 8, 6, 6])]
+              h.make_tensor_value_info("dq_in", S, [2, 8, 6, 6]),
+              h.make_tensor_value_info("cond", T.BOOL, [2, 8, 6, 6])]
     return _save(n, inputs, [h.make_tensor_value_info(o, t, None) for o, t in outs.items()], c,
                  path, opsets=(("", 17), (MS, 1)))
 
@@ -246,4 +254,5 @@ def handmade_feeds() -> dict[str, np.ndarray]:
             "af": rng.normal(0, 1, (4, 40)).astype(np.float32),
             "xl": rng.integers(0, 256, (1, 6, 6, 8)).astype(np.uint8),
             "a_s8": rng.integers(-128, 128, (3, 40)).astype(np.int8),
-            "dq_in": rng.integers(-128, 128, (2, 8, 6, 6)).astype(np.int8)}
+            "dq_in": rng.integers(-128, 128, (2, 8, 6, 6)).astype(np.int8),
+            "cond": rng.random((2, 8, 6, 6)) < 0.5}

@@ -48,7 +48,8 @@ MatMul/Gemm -> ``matmul``), with per-operator results:
   bit-exact: the same values as q(add|multiply(dq(a), dq(b)), cs, cz) but for ties); QLinearSigmoid,
   QLinearLeakyRelu: q(sigmoid|leaky_relu(dq(x)), ys, yzp); QLinearAveragePool,
   QLinearGlobalAveragePool: q(avg pool|mean(dq(x)), ys, yzp); QLinearConcat: q(concat(dq(x_i)
-  ...), ys, yzp).
+  ...), ys, yzp); QLinearSoftmax: q(softmax(dq(x)), ys, yzp); QLinearWhere: q(where(c, dq(x),
+  dq(y)), zs, zzp).
 - com.microsoft.DynamicQuantizeLSTM: an LSTM whose weights are dequantized at import (float32
   constants) on X round-tripped through DynamicQuantizeLinear (as ONNX Runtime quantizes it);
   no integer kernel.

@@ -1,8 +1,9 @@
 """Converters for operator-style quantized ONNX operators: QLinearConv, QLinearMatMul,
 ConvInteger, MatMulInteger, and the com.microsoft operators ONNX Runtime's quantizer writes
 (QLinearAdd, QLinearMul, QLinearSigmoid, QLinearLeakyRelu, QLinearAveragePool,
-QLinearGlobalAveragePool, QLinearConcat, QGemm, MatMulIntegerToFloat, DynamicQuantizeMatMul,
-DynamicQuantizeLSTM, and its QuantizeLinear/DequantizeLinear).
+QLinearGlobalAveragePool, QLinearConcat, QLinearSoftmax, QLinearWhere, QGemm,
+MatMulIntegerToFloat, DynamicQuantizeMatMul, DynamicQuantizeLSTM, and its
+QuantizeLinear/DequantizeLinear).
 
 Each becomes ``dequantize`` -> the float operator (through the float converter of Conv, MatMul,
 AveragePool, LSTM) -> ``quantize``, as written at the top of ``quant.py``; the quantized-kernel
@@ -27,15 +28,15 @@ _EXACT_FLOAT32 = 2 ** 24   # integers below this add exactly in float32
 
 
 def _float_op(ctx: NodeContext, op_type: str, inputs: Sequence[Value | None],
-              **overrides: Any) -> Value | list[Value]:
-    """Convert this node as the float ONNX operator ``op_type`` on ``inputs``, with this node's
-    attributes that ``op_type`` knows (and ``overrides``)."""
-    conv = lookup("", op_type, _FLOAT_OPSET)
+              opset: int = _FLOAT_OPSET, **overrides: Any) -> Value | list[Value]:
+    """Convert this node as the float ONNX operator ``op_type`` (of ``opset``) on ``inputs``,
+    with this node's attributes that ``op_type`` knows (and ``overrides``)."""
+    conv = lookup("", op_type, opset)
     assert conv is not None
     attrs = dict(conv.attrs)
     attrs.update({k: v for k, v in ctx.attrs.items() if k in conv.attrs})
     attrs.update(overrides)
-    sub = NodeContext(ctx.bb, ctx.node, _FLOAT_OPSET, list(inputs), attrs, ctx.source)
+    sub = NodeContext(ctx.bb, ctx.node, opset, list(inputs), attrs, ctx.source)
     return conv.convert(sub)
 
 
@@ -286,6 +287,27 @@ def _qlinear_concat(ctx: NodeContext) -> Value:
              for i in range(2, ctx.num_inputs, 3)]
     y = _float_op(ctx, "Concat", parts)
     return _requantize(ctx, y, 0, 1, ctx.input(2))
+
+
+@converter("QLinearSoftmax", since=1, domain=MS, attrs={"axis": None, "opset": None})
+def _qlinear_softmax(ctx: NodeContext) -> Value:
+    # ``opset``: the ONNX opset of the Softmax it replaces (before 13: over the flattened
+    # trailing axes from ``axis``, default 1; from 13: one axis, default -1)
+    opset = int(ctx.attrs["opset"] or 13)
+    x = ctx.input(0)
+    xd = dequantize(ctx, x, ctx.input(1), _opt(ctx, 2))
+    axis = ctx.attrs["axis"]
+    overrides = {} if axis is None else {"axis": int(axis)}
+    y = _float_op(ctx, "Softmax", [xd], opset=max(1, min(opset, _FLOAT_OPSET)), **overrides)
+    return _requantize(ctx, y, 3, 4, x)
+
+
+@converter("QLinearWhere", since=1, domain=MS)
+def _qlinear_where(ctx: NodeContext) -> Value:
+    x = ctx.input(1)
+    xd = dequantize(ctx, x, ctx.input(2), ctx.input(3))
+    yd = dequantize(ctx, ctx.input(4), ctx.input(5), ctx.input(6))
+    return _requantize(ctx, ctx.emit("where", ctx.input(0), xd, yd), 7, 8, x)
 
 
 # ---- DynamicQuantizeLSTM -----------------------------------------------------------------------
