@@ -136,11 +136,13 @@ def compare(name: str, rounds: int, budget: float) -> dict:
         with load(via_torch, threads=1) as mt, load(via_onnx, threads=1) as mo:
             errors = [float(np.abs(m.run(feeds)["output"] - ref).max() / np.abs(ref).max())
                       for m in (mt, mo)]
-            times: dict[str, list[float]] = {"torch": [], "onnx": [], "ort": []}
-            for _ in range(rounds):  # alternate, so load on the shared machine hits all three
-                times["torch"].append(_per_run(lambda: mt.run(feeds), budget))
-                times["onnx"].append(_per_run(lambda: mo.run(feeds), budget))
-                times["ort"].append(_per_run(lambda: sess.run(None, feeds), budget))
+            runs = {"torch": lambda: mt.run(feeds), "onnx": lambda: mo.run(feeds),
+                    "ort": lambda: sess.run(None, feeds)}
+            times: dict[str, list[float]] = {k: [] for k in runs}
+            order = list(runs)
+            for i in range(rounds):  # alternate, and rotate who goes first, so the shared
+                for key in order[i % 3:] + order[:i % 3]:  # machine's load hits all three
+                    times[key].append(_per_run(runs[key], budget))
     med = {k: statistics.median(v) * 1e6 for k, v in times.items()}
     low = {k: min(v) * 1e6 for k, v in times.items()}
     return {"name": name, "same_kernels": kinds_t == kinds_o, "kernels": (len(kinds_t),

@@ -5,6 +5,7 @@ constants), reading the ``ExportedProgram`` that ``torch.export.export`` makes.
 - ``import_torch(ep_or_path)`` -> (IRModule, TorchImportInfo)
 - ``export_torch(module, example_inputs, "model.mlc", **options)`` -> ExportReport
 - ``load_program("model.pt2")``: a file written by ``torch.export.save``
+- ``supported_ops()``: the ATen overloads with a converter (needs no torch)
 
 torch is optional (``pip install 'mlcpack[torch]'``): only this package imports it, and only
 when one of these functions runs.
@@ -13,6 +14,7 @@ when one of these functions runs.
 from __future__ import annotations
 
 from ...packager.errors import ExportError
+from .registry import supported_ops
 
 TORCH_EXTRA = "pip install 'mlcpack[torch]'"
 
@@ -56,4 +58,4 @@ def modules_from_file(path, shapes_by_batch, check=True):
 
 
 __all__ = ["TORCH_EXTRA", "export_torch", "import_torch", "load_program", "modules_from_file",
-           "require_torch"]
+           "require_torch", "supported_ops"]

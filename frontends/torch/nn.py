@@ -10,6 +10,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from ...packager.errors import ExportError
 from ...packager.ir.graph import Constant, Value
 from ..onnx.resize import resample
 from .registry import NodeContext, converter
@@ -282,9 +283,14 @@ def _unflattened(ctx: NodeContext, a: Value, arg_index: int) -> tuple[Value, Any
         return None
     x = ctx.importer.values.get(opening.args[0])
     closing = users[0]
-    out_shape = tuple(int(d) for d in closing.meta["val"].shape) \
-        if all(isinstance(d, int) for d in closing.meta["val"].shape) else None
-    if not isinstance(x, Value) or len(x.type.shape) < 3 or out_shape is None:
+    if not isinstance(x, Value) or len(x.type.shape) < 3 or len(closing.args) < 2:
+        return None
+    try:  # its sizes may be symbolic sizes computed before this node
+        sizes = [int(d) for d in ctx.importer.resolve(closing.args[1])]
+    except (TypeError, ValueError, ExportError):
+        return None
+    out_shape = tuple(sizes)
+    if -1 in out_shape:
         return None
     if x.type.shape[-1] != a.type.shape[-1] or out_shape[:-1] != x.type.shape[:-1]:
         return None
