@@ -14,7 +14,7 @@ from onnx import helper
 from ...packager.ir.graph import Constant, Value
 from ...packager.ir.sym import dim
 from . import quant
-from .logic import cast_to
+from .common import cast_to
 from .registry import NodeContext, converter
 
 
