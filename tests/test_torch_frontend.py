@@ -8,7 +8,7 @@ and compared with eager PyTorch: max|bundle - torch| / max|torch| <= 1e-4. The M
 U-Net and LSTM are also exported through torch.onnx -> the ONNX frontend: the two bundles must
 have the same kernels (names without counters). Speed against the ONNX path is measured by
 bench/torch_vs_onnx.py, not here. Also: ``mlcpack export model.pt2`` (with --batch-sizes over a
-torch.export.Dim), provenance (kernels name ``layers.0.conv1``), every unsupported operator in
+torch.export.Dim, and a named one kept symbolic), provenance (``layers.0.conv1``), every unsupported operator in
 one error with its source line, and the one-line error without torch.
 """
 
@@ -281,6 +281,23 @@ def test_pt2_command_line_with_batch_sizes(tmp_path: Path) -> None:
                            str(tmp_path / "r.mlc")], capture_output=True, text=True, timeout=60)
     names = {s["name"] for k in json.loads(proc.stdout)["kernels"] for s in k.get("source", [])}
     assert {"stem.0", "layers.1.conv2", "layers.1.down.0", "fc"} <= names
+
+
+def test_named_dim_stays_symbolic(tmp_path: Path) -> None:
+    """A torch.export.Dim given a name (``--input-shape x=N,8,32``) is a size variable: one
+    bundle runs every batch (nn.TransformerEncoderLayer: matmuls, softmax, layer norms)."""
+    torch.manual_seed(0)
+    net = nn.TransformerEncoderLayer(32, 4, 64, dropout=0.0, batch_first=True).eval()
+    path = export(net, (torch.randn(2, 8, 32),), tmp_path, input_names=["x"],
+                  dynamic_shapes=({0: torch.export.Dim("batch", max=64)},),
+                  input_shapes={"x": ("N", 8, 32)})
+    assert describe(path)["inputs"][0]["shape"] == ["N", 8, 32]
+    with load(path) as model:
+        for batch in (1, 3):
+            x = torch.randn(batch, 8, 32)
+            with torch.no_grad():
+                ref = net(x).numpy()
+            assert rel_error(model.run({"x": x.numpy()})["output"], ref) <= REL_TOL
 
 
 def test_without_torch_one_line_error(tmp_path: Path) -> None:

@@ -26,6 +26,7 @@ import torch
 from ...packager.errors import ExportError
 from ...packager.ir.builder import BlockBuilder, BuilderError
 from ...packager.ir.graph import Constant, IRModule, Source, Value, Var
+from ...packager.ir.sym import SymbolicShapeError, size_var
 from . import attention, elementwise, nn, rnn, shape  # noqa: F401  (registration side effect)
 from .registry import NodeContext, lookup, make_constant
 
@@ -228,6 +229,10 @@ class _Importer:
         try:
             with self.bb.source(source):
                 result = conv.convert(ctx)
+        except SymbolicShapeError as exc:  # the op needs a dim the user left symbolic
+            raise ctx.error(f"{' '.join(str(exc).split())}; it needs static shapes here: give "
+                            "the input sizes as numbers (--input-shape x=1,3,224,224) or use "
+                            "--batch-sizes") from None
         except (BuilderError, ValueError) as exc:
             raise ctx.error(" ".join(str(exc).split())) from None
         self.values[node] = result
@@ -253,11 +258,12 @@ def _concrete_shape(name: str, val: Any, given: Sequence[int] | None, source: st
         else:
             dims.append(int(d))
     if given is not None:
-        shape = tuple(int(d) for d in given)
+        # a name (x=N,784) keeps that dim symbolic: a size variable the runtime binds
+        shape = tuple(size_var(d) if isinstance(d, str) else int(d) for d in given)
         if len(shape) != len(dims) or any(a not in symbolic and shape[a] != dims[a]
                                           for a in range(len(dims))):
             shown = ",".join("?" if a in symbolic else str(d) for a, d in enumerate(dims))
-            raise ExportError(f"input shape {name}={','.join(map(str, shape))} does not match "
+            raise ExportError(f"input shape {name}={','.join(map(str, given))} does not match "
                               f"the shape {source} was exported with, [{shown}] (? = a "
                               "torch.export.Dim)")
         return shape, symbolic

@@ -20,6 +20,7 @@ import numpy as np
 from ...packager.errors import ExportError
 from ...packager.ir.builder import BlockBuilder
 from ...packager.ir.graph import Constant, Source, Value
+from ...packager.ir.sym import dim
 from ...packager.ops import get_op
 
 Result = Any   # Value | tuple[Value | None, ...] | int | float | list
@@ -138,7 +139,7 @@ class NodeContext:
         return self.bb.emit_op(op, *args, name=name, **attrs)
 
     def reshape(self, x: Value, shape: Sequence[int]) -> Value:
-        shape = tuple(int(d) for d in shape)
+        shape = tuple(dim(d) for d in shape)
         if shape == x.type.shape:
             return x
         if isinstance(x, Constant):  # keep the weight's name in the IR

@@ -4,12 +4,12 @@ symbolic shapes (``sym_size``: a number, as every shape is static once exported)
 
 from __future__ import annotations
 
-import math
 from typing import Any, Sequence
 
 import numpy as np
 
 from ...packager.ir.graph import Value
+from ...packager.ir.sym import dim, product
 from .elementwise import cast_to
 from .registry import NodeContext, converter
 
@@ -24,27 +24,29 @@ def _axis(ctx: NodeContext, dim: Any, rank: int) -> int:
 
 
 @converter("aten.sym_size.int")
-def _sym_size(ctx: NodeContext) -> int:
+def _sym_size(ctx: NodeContext) -> Any:
+    """A size: an int, or a symbolic dim when the input's size is a variable."""
     x = ctx.tensor("self")
-    return int(x.type.shape[_axis(ctx, ctx.arg("dim"), len(x.type.shape))])
+    return dim(x.type.shape[_axis(ctx, ctx.arg("dim"), len(x.type.shape))])
 
 
 @converter("aten.sym_numel.default")
-def _sym_numel(ctx: NodeContext) -> int:
-    return int(math.prod(ctx.tensor("self").type.shape))
+def _sym_numel(ctx: NodeContext) -> Any:
+    return product(ctx.tensor("self").type.shape)
 
 
 # ---- reshapes and permutations ------------------------------------------------------------------
 
-def reshape_target(ctx: NodeContext, x: Value, shape: Sequence[int]) -> tuple[int, ...]:
-    total = math.prod(x.type.shape)
-    dims = [int(d) for d in shape]
-    if dims.count(-1) > 1:
+def reshape_target(ctx: NodeContext, x: Value, shape: Sequence[Any]) -> tuple[Any, ...]:
+    total = product(x.type.shape)
+    dims = [dim(d) for d in shape]
+    minus = [i for i, d in enumerate(dims) if isinstance(d, int) and d == -1]
+    if len(minus) > 1:
         raise ctx.error(f"shape {dims} has more than one -1")
-    if -1 in dims:
-        known = math.prod(d for d in dims if d != -1)
-        dims[dims.index(-1)] = total // known if known else 0
-    if math.prod(dims) != total:
+    if minus:
+        known = product(d for i, d in enumerate(dims) if i != minus[0])
+        dims[minus[0]] = total // known if known != 0 else 0
+    if product(dims) != total:
         raise ctx.error(f"cannot view {x.type.shape} as {dims}")
     return tuple(dims)
 
@@ -108,9 +110,9 @@ def _squeeze(ctx: NodeContext) -> Value:
 @converter("aten.expand.default")
 def _expand(ctx: NodeContext) -> Value:
     x = ctx.tensor("self")
-    size = [int(s) for s in ctx.arg("size")]
+    size = [dim(s) for s in ctx.arg("size")]
     shape = (1,) * (len(size) - len(x.type.shape)) + tuple(x.type.shape)
-    target = tuple(s if s != -1 else d for s, d in zip(size, shape))
+    target = tuple(d if isinstance(s, int) and s == -1 else s for s, d in zip(size, shape))
     if target == x.type.shape:
         return x
     x = ctx.reshape(x, shape)
