@@ -5,11 +5,12 @@ EfficientNet blocks; nn.TransformerEncoderLayer and F.scaled_dot_product_attenti
 GRU; a U-Net with ConvTranspose, interpolate and cat), seeded, BatchNorm statistics randomized,
 exported with ``mlcpack.export_torch`` (golden check on: the module itself is the reference)
 and compared with eager PyTorch: max|bundle - torch| / max|torch| <= 1e-4. The MLP, ResNet,
-U-Net and LSTM are also exported through torch.onnx -> the ONNX frontend: the two bundles must
-have the same kernels (names without counters). Speed against the ONNX path is measured by
-bench/torch_vs_onnx.py, not here. Also: ``mlcpack export model.pt2`` (with --batch-sizes over a
-torch.export.Dim, and a named one kept symbolic), provenance (``layers.0.conv1``), every unsupported operator in
-one error with its source line, and the one-line error without torch.
+MobileNet and U-Net models are also exported through torch.onnx -> the ONNX frontend: the two
+bundles must have the same kernels (names without counters). Speed against the ONNX path is
+measured by bench/torch_vs_onnx.py, not here. Also: ``mlcpack export model.pt2`` (with
+--batch-sizes over a torch.export.Dim, and a named one kept symbolic), provenance
+(``layers.0.conv1``), every unsupported operator in one error with its source line, and the
+one-line error without torch.
 """
 
 from __future__ import annotations
@@ -201,7 +202,7 @@ CASES = {
     "recurrent": (lambda: seeded(Recurrent()), lambda: (torch.randn(3, 5, 6),)),
     "unet": (lambda: seeded(TinyUNet()), lambda: (torch.randn(1, 3, 16, 16),)),
 }
-SAME_KERNELS_AS_ONNX = ("mlp", "resnet", "unet")
+SAME_KERNELS_AS_ONNX = ("mlp", "resnet", "mobile", "unet")
 
 
 @pytest.fixture(scope="module")

@@ -241,18 +241,21 @@ def _elu(ctx: NodeContext) -> Value:
     return y if scale == 1.0 else ctx.emit("multiply", y, ctx.scalar(scale, x))
 
 
-@converter("aten.hardsigmoid.default")
-def _hardsigmoid(ctx: NodeContext) -> Value:
-    x = ctx.tensor("self")
+def _hard_sigmoid_of(ctx: NodeContext, x: Value) -> Value:
+    # clip(x / 6 + 0.5, 0, 1): the ONNX frontend's HardSigmoid / HardSwish form
     y = ctx.emit("add", ctx.emit("multiply", x, ctx.scalar(1.0 / 6.0, x)), ctx.scalar(0.5, x))
     return ctx.emit("clip", y, min=0.0, max=1.0)
+
+
+@converter("aten.hardsigmoid.default")
+def _hardsigmoid(ctx: NodeContext) -> Value:
+    return _hard_sigmoid_of(ctx, ctx.tensor("self"))
 
 
 @converter("aten.hardswish.default")
 def _hardswish(ctx: NodeContext) -> Value:
     x = ctx.tensor("self")
-    gate = ctx.emit("clip", ctx.emit("add", x, ctx.scalar(3.0, x)), min=0.0, max=6.0)
-    return ctx.emit("divide", ctx.emit("multiply", x, gate), ctx.scalar(6.0, x))
+    return ctx.emit("multiply", x, _hard_sigmoid_of(ctx, x))
 
 
 @converter("aten.pow.Tensor_Scalar", "aten.pow.Tensor_Tensor", "aten.pow.Scalar")

@@ -31,8 +31,10 @@ from . import attention, elementwise, nn, rnn, shape  # noqa: F401  (registratio
 from .registry import NodeContext, lookup, make_constant
 
 # Composite operators kept whole by the decomposition: one converter each gives the IR's fast
-# form (nn.recurrence; one softmax between two matmuls) instead of an unrolled or masked graph.
-KEEP_COMPOSITE = ("aten.lstm.input", "aten.gru.input", "aten.scaled_dot_product_attention.default")
+# form (nn.recurrence; one softmax between two matmuls) instead of an unrolled or masked graph,
+# or the ONNX path's formula (hardswish, hardsigmoid), so both paths compile the same kernels.
+KEEP_COMPOSITE = ("aten.lstm.input", "aten.gru.input", "aten.scaled_dot_product_attention.default",
+                  "aten.hardswish.default", "aten.hardsigmoid.default")
 
 # Nodes that check sizes at run time (torch.export's guards): nothing to compute once shapes
 # are fixed at export.
