@@ -160,3 +160,22 @@ def test_cli_export_golden_check_and_verify(float_models: dict[str, Path], tmp_p
     assert "quantization steps" in proc.stdout
     proc = run_cli("verify", out)
     assert proc.returncode == 0 and "PASS" in proc.stdout, proc.stdout + proc.stderr
+
+
+def test_dynamic_quantize_of_zeros(tmp_path: Path) -> None:
+    # an all-zero input: ONNX Runtime's scale is 1 (a zero range), not 0
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph(
+        [helper.make_node("DynamicQuantizeLinear", ["x"], ["y", "s", "z"])], "dql",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+        [helper.make_tensor_value_info(n, t, None)
+         for n, t in (("y", TensorProto.UINT8), ("s", TensorProto.FLOAT),
+                      ("z", TensorProto.UINT8))])
+    path = tmp_path / "dql.onnx"
+    qm.onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), path)
+    feeds = {"x": np.zeros((2, 3), np.float32)}
+    ref, got = _ort(path, feeds), _bundle(path, feeds)
+    for name in ("y", "s", "z"):
+        np.testing.assert_array_equal(got[name].reshape(ref[name].shape), ref[name])
+    assert float(got["s"]) == 1.0

@@ -228,6 +228,9 @@ def dynamic_quantize(ctx: NodeContext, x: Value) -> list[Value]:
     x_max = ctx.emit("maximum", ctx.emit("max", x, axes=None, keepdims=False), zero)
     scale = ctx.emit("divide", ctx.emit("subtract", x_max, x_min),
                      ctx.constant(np.array(255.0, np.float32), "qrange"))
+    # an all-zero x: scale 1 (ONNX Runtime), not 0 (whose zero point would be 0/0)
+    scale = ctx.emit("where", ctx.emit("equal", x_max, x_min),
+                     ctx.constant(np.array(1.0, np.float32), "one"), scale)
     zp_float = ctx.emit("clip", ctx.emit("round", ctx.emit("subtract", zero,
                                                            ctx.emit("divide", x_min, scale))),
                         min=0.0, max=255.0)
