@@ -14,7 +14,7 @@ when one of these functions runs.
 from __future__ import annotations
 
 from ...packager.errors import ExportError
-from .registry import supported_ops
+from .converters import supported_ops
 
 TORCH_EXTRA = "pip install 'mlcpack[torch]'"
 

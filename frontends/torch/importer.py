@@ -27,7 +27,7 @@ from ...packager.errors import ExportError
 from ...packager.ir.builder import BlockBuilder, BuilderError
 from ...packager.ir.graph import Constant, IRModule, Source, Value, Var
 from ...packager.ir.sym import SymbolicShapeError, size_var
-from . import attention, elementwise, nn, rnn, shape  # noqa: F401  (registration side effect)
+from . import converters  # noqa: F401  (registers every converter family)
 from .registry import NodeContext, lookup, make_constant
 
 # Composite operators kept whole by the decomposition: one converter each gives the IR's fast

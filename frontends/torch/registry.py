@@ -52,10 +52,9 @@ def lookup(target: str) -> ConverterDef | None:
     return _TABLE.get(target)
 
 
-def supported_ops() -> list[str]:
-    """Every ATen overload mlcpack converts, sorted."""
-    from . import attention, elementwise, nn, rnn, shape  # noqa: F401  (registration side effect)
-
+def registered_ops() -> list[str]:
+    """Every ATen overload registered so far, sorted (``converters.supported_ops`` registers
+    every family first)."""
     return sorted(_TABLE)
 
 
