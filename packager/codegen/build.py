@@ -21,6 +21,7 @@ from .lower import KernelInfo, emit_kernel, is_symbolic
 from .pool import emit_max_pool, match_max_pool
 from .rnn import emit_recurrence
 from .softmax import emit_softmax
+from .transpose import emit_transpose
 from .objinfo import undefined_symbols
 from .target import Target
 from .threadpool import emit_thread_pool
@@ -86,6 +87,7 @@ KERNEL_RULES: tuple[tuple[str, KernelRule], ...] = (
     ("contraction", _when(lambda match: match is not None, emit_contraction)),
     ("max pool", _without_match(emit_max_pool)),
     ("softmax", _without_match(emit_softmax)),
+    ("transpose", _without_match(emit_transpose)),
 )
 
 
