@@ -3,7 +3,8 @@ IRModule from a PyTorch model (graph capture, one converter per node, parameters
 constants), reading the ``ExportedProgram`` that ``torch.export.export`` makes.
 
 - ``import_torch(ep_or_path)`` -> (IRModule, TorchImportInfo)
-- ``export_torch(module, example_inputs, "model.mlc", **options)`` -> ExportReport
+- exporting a module to a bundle is the packager's: ``mlcpack.export_torch`` (in
+  ``packager/torch_export.py``; frontends never import the export driver)
 - ``load_program("model.pt2")``: a file written by ``torch.export.save``
 - ``supported_ops()``: the ATen overloads with a converter (needs no torch)
 
@@ -43,13 +44,6 @@ def load_program(path):
     return load(path)
 
 
-def export_torch(module, example_inputs, path, **options):
-    """Export a ``torch.nn.Module`` (or an ExportedProgram) to a bundle; see ``api.export_torch``."""
-    require_torch()
-    from .api import export_torch as export
-    return export(module, example_inputs, path, **options)
-
-
 def modules_from_file(path, shapes_by_batch, check=True):
     """``mlcpack export model.pt2``'s modules and reference; see ``api.modules_from_file``."""
     require_torch()
@@ -57,5 +51,5 @@ def modules_from_file(path, shapes_by_batch, check=True):
     return build(path, shapes_by_batch, check)
 
 
-__all__ = ["TORCH_EXTRA", "export_torch", "import_torch", "load_program", "modules_from_file",
+__all__ = ["TORCH_EXTRA", "import_torch", "load_program", "modules_from_file",
            "require_torch", "supported_ops"]

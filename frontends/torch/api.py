@@ -1,5 +1,7 @@
-"""The PyTorch frontend's entry points: load a ``.pt2`` file, import an ExportedProgram, and export
-a module to a bundle with the module itself (eager PyTorch) as the golden check's reference."""
+"""The PyTorch frontend's entry points: load a ``.pt2`` file, capture a module, import an
+ExportedProgram, and the golden check's reference that runs the module itself (eager PyTorch).
+Exporting to a bundle is the packager's (``packager/torch_export.py``: frontends never import the
+export driver)."""
 
 from __future__ import annotations
 
@@ -67,7 +69,7 @@ def eager_reference(fn: Any, input_names: Sequence[str], output_names: Sequence[
 
 
 @contextlib.contextmanager
-def _eval_mode(module: Any) -> Iterator[None]:
+def eval_mode(module: Any) -> Iterator[None]:
     """The module in eval mode while exporting (as torch.onnx.export does), restored after."""
     if not isinstance(module, torch.nn.Module):
         yield
@@ -81,7 +83,7 @@ def _eval_mode(module: Any) -> Iterator[None]:
             m.training = training
 
 
-def _capture(module: Any, example_inputs: Sequence[Any], dynamic_shapes: Any) -> Any:
+def capture(module: Any, example_inputs: Sequence[Any], dynamic_shapes: Any) -> Any:
     if isinstance(module, torch.export.ExportedProgram):
         return module
     if not isinstance(module, torch.nn.Module):
@@ -94,46 +96,6 @@ def _capture(module: Any, example_inputs: Sequence[Any], dynamic_shapes: Any) ->
     except Exception as exc:
         raise ExportError(f"torch.export.export could not capture {type(module).__name__}: "
                           f"{_one_line(exc)}") from None
-
-
-def export_torch(module: Any, example_inputs: Sequence[Any], path: str | os.PathLike, *,
-                 dynamic_shapes: Any = None, input_names: Sequence[str] | None = None,
-                 output_names: Sequence[str] | None = None,
-                 input_shapes: Mapping[str, Sequence[int]] | None = None,
-                 batch_sizes: Sequence[int] | None = None, check: bool = True,
-                 **options: Any) -> Any:
-    """Capture ``module`` with ``torch.export.export(module, example_inputs)`` (in eval mode),
-    convert it, compile it and write the bundle ``path``. ``module`` may also be an
-    ExportedProgram (then ``example_inputs`` is unused). The golden check (on by default) runs
-    the module itself, eagerly, as the reference.
-
-    ``dynamic_shapes``: as torch.export's; symbolic dims are fixed at the example's sizes, or
-    ``input_shapes``; ``batch_sizes`` compiles one plan per batch size for inputs whose first
-    dim is symbolic (the bundle then runs any batch, as ``--batch-sizes``). ``options``: the
-    fields of ``packager.export.ExportOptions`` (target, labels, preprocess, sign_key,
-    check_inputs, check_rtol, check_atol, model_name...). Returns the ExportReport."""
-    from ...packager.export import ExportOptions, export_batched, export_module
-
-    with _eval_mode(module):
-        ep = _capture(module, example_inputs, dynamic_shapes)
-        if batch_sizes:
-            mods = {}
-            for b in sorted({int(b) for b in batch_sizes}):
-                shapes = batch_shapes(ep, b, input_shapes, input_names)
-                mods[b], info = import_program(ep, shapes, input_names, output_names)
-        else:
-            mod, info = import_program(ep, input_shapes, input_names, output_names)
-        runner = module if isinstance(module, torch.nn.Module) else ep.module()
-        name = type(module).__name__ if isinstance(module, torch.nn.Module) else "model"
-        opts = ExportOptions(**{"model_name": name, "source": f"{name} (torch.export)",
-                                **options})
-        opts.check = check
-        if check:
-            opts.reference = eager_reference(runner, info.input_names, info.output_names)
-            opts.reference_name = opts.reference.name
-        if batch_sizes:
-            return export_batched(mods, path, opts)
-        return export_module(mod, path, opts)
 
 
 def batch_shapes(ep: Any, batch: int, given: Mapping[str, Sequence[int]] | None = None,
