@@ -73,8 +73,9 @@ ROUNDING_K = 64.0
 MIN_SNR_DB = 80.0      # an output agreeing this well as a whole passes despite rounding outliers
 # Quantized models: elements may differ by this many quantization steps of the output, and an
 # output agreeing to this SNR as a whole passes (one step flips on 3 of 10 logits of a QDQ conv
-# net: 43 dB; ddddocr's int8 OCR model, whose LSTM state ONNX Runtime requantizes every step:
-# 35-41 dB; a zero point or per-channel axis misread gives < 20 dB)
+# net: 43 dB; ddddocr's dynamically quantized OCR model, which requantizes every layer's input
+# at run time, so a tie rounded the other way early on spreads: 35-41 dB; a zero point or
+# per-channel axis misread gives < 20 dB)
 QUANT_STEPS = 2.0
 QUANT_MIN_SNR_DB = 30.0
 # Outputs of a narrower float (a reference may round every intermediate to it, the bundle

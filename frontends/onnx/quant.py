@@ -50,9 +50,9 @@ MatMul/Gemm -> ``matmul``), with per-operator results:
   QLinearGlobalAveragePool: q(avg pool|mean(dq(x)), ys, yzp); QLinearConcat: q(concat(dq(x_i)
   ...), ys, yzp); QLinearSoftmax: q(softmax(dq(x)), ys, yzp); QLinearWhere: q(where(c, dq(x),
   dq(y)), zs, zzp).
-- com.microsoft.DynamicQuantizeLSTM: an LSTM whose weights are dequantized at import (float32
-  constants) on X round-tripped through DynamicQuantizeLinear (as ONNX Runtime quantizes it);
-  no integer kernel.
+- com.microsoft.DynamicQuantizeLSTM: an unrolled LSTM whose weights are dequantized at import
+  (float32 constants), X and h at every step round-tripped through DynamicQuantizeLinear (as
+  ONNX Runtime quantizes them); no integer kernel.
 """
 
 

@@ -19,6 +19,7 @@ import numpy as np
 from ...packager.ir.graph import Constant, Value
 from .quant import _dequantize_linear, _quantize_linear, dequantize, dynamic_quantize, quantize
 from .registry import NodeContext, converter, lookup
+from .rnn import convert_lstm
 
 MS = "com.microsoft"
 _FLOAT_OPSET = 21   # the float converters these lower to: semantics unchanged since long before
@@ -27,17 +28,24 @@ _WINDOW_ATTRS = {"auto_pad": "NOTSET", "kernel_shape": None, "pads": None, "stri
 _EXACT_FLOAT32 = 2 ** 24   # integers below this add exactly in float32
 
 
-def _float_op(ctx: NodeContext, op_type: str, inputs: Sequence[Value | None],
-              opset: int = _FLOAT_OPSET, **overrides: Any) -> Value | list[Value]:
-    """Convert this node as the float ONNX operator ``op_type`` (of ``opset``) on ``inputs``,
-    with this node's attributes that ``op_type`` knows (and ``overrides``)."""
+def _float_context(ctx: NodeContext, op_type: str, inputs: Sequence[Value | None],
+                   opset: int = _FLOAT_OPSET, **overrides: Any) -> NodeContext:
+    """This node seen as the float ONNX operator ``op_type`` (of ``opset``) on ``inputs``, with
+    this node's attributes that ``op_type`` knows (and ``overrides``)."""
     conv = lookup("", op_type, opset)
     assert conv is not None
     attrs = dict(conv.attrs)
     attrs.update({k: v for k, v in ctx.attrs.items() if k in conv.attrs})
     attrs.update(overrides)
-    sub = NodeContext(ctx.bb, ctx.node, opset, list(inputs), attrs, ctx.source)
-    return conv.convert(sub)
+    return NodeContext(ctx.bb, ctx.node, opset, list(inputs), attrs, ctx.source)
+
+
+def _float_op(ctx: NodeContext, op_type: str, inputs: Sequence[Value | None],
+              opset: int = _FLOAT_OPSET, **overrides: Any) -> Value | list[Value]:
+    """Convert this node as the float ONNX operator ``op_type`` (see ``_float_context``)."""
+    conv = lookup("", op_type, opset)
+    assert conv is not None
+    return conv.convert(_float_context(ctx, op_type, inputs, opset, **overrides))
 
 
 def _opt(ctx: NodeContext, i: int) -> Value | None:
@@ -329,13 +337,18 @@ def _lstm_weight(ctx: NodeContext, i: int, scale_i: int) -> Value:
                   "clip": None, "direction": "forward", "hidden_size": None, "input_forget": 0})
 def _dynamic_quantize_lstm(ctx: NodeContext) -> list[Value | None]:
     inputs = [_opt(ctx, i) for i in range(8)]
-    # ONNX Runtime quantizes X once over the whole sequence for the input GEMM (and h at each
-    # step, which the float recurrence does not repeat)
-    xq, x_scale, x_zp = dynamic_quantize(ctx, ctx.input(0))
-    inputs[0] = ctx.bb.emit_op("dequantize", xq, x_scale, x_zp)
+    inputs[0] = _requantized(ctx, ctx.input(0))
     inputs[1] = _lstm_weight(ctx, 1, 8)
     inputs[2] = _lstm_weight(ctx, 2, 10)
-    return _float_op(ctx, "LSTM", inputs)
+    sub = _float_context(ctx, "LSTM", inputs)
+    return convert_lstm(sub, lambda h: _requantized(ctx, h))
+
+
+def _requantized(ctx: NodeContext, x: Value) -> Value:
+    """x through DynamicQuantizeLinear and back: what ONNX Runtime's DynamicQuantizeLSTM
+    multiplies its int8 weights with (X once over the whole sequence, h at every step)."""
+    xq, x_scale, x_zp = dynamic_quantize(ctx, x)
+    return ctx.bb.emit_op("dequantize", xq, x_scale, x_zp)
 
 
 # ---- com.microsoft QuantizeLinear / DequantizeLinear (ORT's QDQ contrib ops) --------------------

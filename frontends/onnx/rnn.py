@@ -350,8 +350,16 @@ def _gru(ctx: NodeContext) -> list[Value | None]:
 
 @converter("LSTM", since=1, attrs={**_RNN_ATTRS, "input_forget": 0})
 def _lstm(ctx: NodeContext) -> list[Value | None]:
+    return convert_lstm(ctx)
+
+
+def convert_lstm(ctx: NodeContext, recurrent_input: Callable[[Value], Value] | None = None
+                 ) -> list[Value | None]:
+    """The LSTM node of ``ctx``. ``recurrent_input(h)``, when given, is what multiplies R at
+    each step in place of h (com.microsoft.DynamicQuantizeLSTM quantizes h every step); it
+    unrolls the steps instead of using the fused recurrence kernel."""
     rec = _Recurrence(ctx, 4, ["Sigmoid", "Tanh", "Tanh"])
-    if rnn_fast.fits(ctx, rec, "lstm"):
+    if recurrent_input is None and rnn_fast.fits(ctx, rec, "lstm"):
         return rnn_fast.fused_recurrence(ctx, rec, "lstm")
     h0 = rec.state(5, "initial_h")
     c0 = rec.state(6, "initial_c")
@@ -374,7 +382,8 @@ def _lstm(ctx: NodeContext) -> list[Value | None]:
         c = rec.initial(c0, d)
         y = {}
         for t in rec.steps(d):
-            pre = ctx.emit("add", xw[t], ctx.emit("matmul", h, r, transpose_b=True))
+            h_in = h if recurrent_input is None else recurrent_input(h)
+            pre = ctx.emit("add", xw[t], ctx.emit("matmul", h_in, r, transpose_b=True))
             i_pre, o_pre, f_pre, c_pre = (rec.gate(pre, k) for k in range(4))
             if peep is not None:
                 i_pre = ctx.emit("add", i_pre, ctx.emit("multiply", p_i, c))
