@@ -36,15 +36,17 @@ def export_torch(module: Any, example_inputs: Sequence[Any], path: str | os.Path
 
     with eval_mode(module):
         ep = capture(module, example_inputs, dynamic_shapes)
+        is_module = isinstance(module, torch.nn.Module)
+        name = type(module).__name__ if is_module else "model"
+        source = name if is_module else None   # errors name the module's class
         if batch_sizes:
             mods = {}
             for b in sorted({int(b) for b in batch_sizes}):
                 shapes = batch_shapes(ep, b, input_shapes, input_names)
-                mods[b], info = import_program(ep, shapes, input_names, output_names)
+                mods[b], info = import_program(ep, shapes, input_names, output_names, source)
         else:
-            mod, info = import_program(ep, input_shapes, input_names, output_names)
-        runner = module if isinstance(module, torch.nn.Module) else ep.module()
-        name = type(module).__name__ if isinstance(module, torch.nn.Module) else "model"
+            mod, info = import_program(ep, input_shapes, input_names, output_names, source)
+        runner = module if is_module else ep.module()
         opts = ExportOptions(**{"model_name": name, "source": f"{name} (torch.export)",
                                 **options})
         opts.check = check

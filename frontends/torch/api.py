@@ -36,14 +36,15 @@ def load_program(path: str | os.PathLike) -> Any:
 
 def import_program(program: Any, input_shapes: Mapping[str, Sequence[int]] | None = None,
                    input_names: Sequence[str] | None = None,
-                   output_names: Sequence[str] | None = None
+                   output_names: Sequence[str] | None = None, source: str | None = None
                    ) -> tuple[IRModule, TorchImportInfo]:
-    """An ExportedProgram, or the path of a ``.pt2`` file, as an IRModule."""
+    """An ExportedProgram, or the path of a ``.pt2`` file, as an IRModule; ``source`` names it
+    in errors (default: the file's name, or "the ExportedProgram")."""
     if isinstance(program, (str, os.PathLike)):
-        source = os.path.basename(os.fspath(program))
+        source = source or os.path.basename(os.fspath(program))
         program = load_program(program)
     else:
-        source = "the ExportedProgram"
+        source = source or "the ExportedProgram"
     if not isinstance(program, torch.export.ExportedProgram):
         raise ExportError(f"expected a torch.export.ExportedProgram, got "
                           f"{type(program).__name__}")
