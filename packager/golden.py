@@ -35,6 +35,7 @@ import numpy as np
 from ..runtime.errors import CpuFeatureError, LibraryFunctionError, MlcpackError
 from ..runtime.verify import GOLDEN_KEY, CheckResult, check_model, compare_output
 from .bundle_writer import BundleWriteError
+from .errors import ExportError
 from .ir.graph import Call, CallLibrary, Constant, Function, IRModule, Var
 from .ir.sym import evaluate as sym_evaluate, shape_vars, to_record
 
@@ -45,7 +46,6 @@ CHECK_EXTRA = "pip install 'mlcpack[check]'"
 
 
 def _export_error(message: str) -> Exception:
-    from .export import ExportError
     return ExportError(message)
 
 
@@ -68,6 +68,7 @@ class Golden:
     atol: float
     skipped: str | None = None   # why no reference ran (then nothing is checked)
     magnitudes: dict[str, float] = field(default_factory=dict)  # per output, see verify.py
+    steps: dict[str, float] = field(default_factory=dict)  # quantized models: per output, ditto
     note: str | None = None      # appended to the check's summary line
     warnings: list[str] = field(default_factory=list)  # advice that does not fail the export
     second: Reference | None = None  # asked when the bundle disagrees with ONNX Runtime
@@ -131,14 +132,37 @@ def given_inputs(specs: list[tuple[str, tuple[int, ...], str]],
 
 # ---- references ---------------------------------------------------------------------------------
 
+# Quantization steps pass through these unchanged (data moves, activations with slope <= 1,
+# pools); add/subtract add their operands' steps; any other operator makes the step unknown (0).
+_STEP_KEEPING = frozenset({"relu", "clip", "sigmoid", "tanh", "leaky_relu", "cast", "maximum",
+                           "minimum", "max", "min", "mean", "nn.max_pool2d", "nn.avg_pool2d",
+                           "nn.pool"})
+
+
+def _quantization_step(op: str, kind: str, args: list[np.ndarray], arg_steps: list[float]
+                       ) -> float:
+    """The quantization step a call's output carries (see ``runtime/verify.py``)."""
+    if op == "dequantize":
+        return float(np.abs(args[1]).max(initial=0.0))
+    if op == "quantize":
+        return 1.0   # in the integer's own units
+    if op in ("add", "subtract"):
+        return float(sum(arg_steps))
+    if op in _STEP_KEEPING or kind in ("view", "injective"):
+        return max(arg_steps, default=0.0)
+    return 0.0
+
+
 def evaluate_ir(mod: IRModule, feeds: Mapping[str, np.ndarray],
                 params: Mapping[str, np.ndarray] | None = None,
-                magnitudes: dict[str, float] | None = None) -> dict[str, np.ndarray]:
+                magnitudes: dict[str, float] | None = None,
+                steps: dict[str, float] | None = None) -> dict[str, np.ndarray]:
     """Run ``main`` with numpy: each high-level call through its op's reference. If
     ``magnitudes`` is a dict, fill it, per output, with the largest finite |value| among the
     output and the inputs of the call that computed it, looking through calls that only move
     data (reshape, transpose, concat, slices): the size of the values whose float32 rounding
-    the output carries (``runtime/verify.py``)."""
+    the output carries (``runtime/verify.py``). If ``steps`` is a dict and the module
+    quantizes, fill it with each output's quantization step."""
     from ..runtime import library
     from .ops import get_op
     from .ops.registry import INJECTIVE, VIEW
@@ -148,6 +172,10 @@ def evaluate_ir(mod: IRModule, feeds: Mapping[str, np.ndarray],
         raise ReferenceUnavailable("main is not a graph function")
     env: dict[int, np.ndarray] = {}
     carried: dict[int, float] = {}  # var id -> the magnitude its value carries
+    quantized = steps is not None and any(
+        isinstance(b.value, Call) and b.value.op in ("quantize", "dequantize")
+        for b in fn.bindings())
+    qstep: dict[int, float] = {}    # var id -> the quantization step its value carries
     for p in fn.params:
         source = params if params and p.name in params else feeds
         env[id(p)] = np.asarray(source[p.name])
@@ -168,6 +196,7 @@ def evaluate_ir(mod: IRModule, feeds: Mapping[str, np.ndarray],
             env[id(b.var)] = value(v)
             if magnitudes is not None:
                 carried[id(b.var)] = carried_by(v)
+            qstep[id(b.var)] = qstep.get(id(v), 0.0)
             continue
         if isinstance(v, Call):
             args = [value(a) for a in v.args]
@@ -179,6 +208,9 @@ def evaluate_ir(mod: IRModule, feeds: Mapping[str, np.ndarray],
             result = np.asarray(get_op(v.op).reference(*args, **v.attrs))
             env[id(b.var)] = result.astype(v.type.dtype, copy=False).reshape(v.type.shape)
             moves = get_op(v.op).kind in (VIEW, INJECTIVE)
+            if quantized:
+                qstep[id(b.var)] = _quantization_step(v.op, get_op(v.op).kind, args,
+                                                      [qstep.get(id(a), 0.0) for a in v.args])
         elif isinstance(v, CallLibrary):
             try:
                 (fn_lib,) = library.resolve([v.func], None, "the model").values()
@@ -195,6 +227,8 @@ def evaluate_ir(mod: IRModule, feeds: Mapping[str, np.ndarray],
             carried[id(b.var)] = max([_largest(env[id(b.var)]), *inputs])
     if magnitudes is not None:
         magnitudes.update({name: carried_by(o) for name, o in zip(fn.output_names, fn.outputs)})
+    if quantized and steps is not None:
+        steps.update({name: qstep.get(id(o), 0.0) for name, o in zip(fn.output_names, fn.outputs)})
     return {name: np.asarray(value(o)) for name, o in zip(fn.output_names, fn.outputs)}
 
 
@@ -309,19 +343,21 @@ def prepare_golden(mod: IRModule, params: Mapping[str, np.ndarray] | None, opts:
     reference = opts.reference
     refuses = reference is not None and getattr(reference, "refuses", True)
     magnitudes: dict[str, float] = {}
+    steps: dict[str, float] = {}
     ir_outputs, ir_failed = None, ""
     try:
         with np.errstate(all="ignore"):  # random inputs may meet log(-1): NaN, not a warning
-            ir_outputs = evaluate_ir(mod, inputs, params, magnitudes)
+            ir_outputs = evaluate_ir(mod, inputs, params, magnitudes, steps)
     except IntegerDivisionByZero as exc:
         return Golden(inputs, {}, IR_REFERENCE, seed, opts.check_rtol, opts.check_atol,
                       skipped=str(exc))
     except _REFERENCE_ERRORS as exc:
-        magnitudes, ir_failed = {}, _failure(IR_REFERENCE, exc)
+        magnitudes, steps, ir_failed = {}, {}, _failure(IR_REFERENCE, exc)
     name = (opts.reference_name or getattr(reference, "name", "the given reference")) \
         if refuses else IR_REFERENCE
     golden = Golden(inputs, {}, name, seed, opts.check_rtol, opts.check_atol,
-                    magnitudes=magnitudes, second=getattr(reference, "second", None))
+                    magnitudes=magnitudes, steps=steps,
+                    second=getattr(reference, "second", None))
     if reference is not None and not refuses:  # an ONNX model without onnxruntime
         golden.note = ("the ONNX import was not independently checked (onnxruntime is not "
                        f"installed; {CHECK_EXTRA} adds it)")
@@ -360,7 +396,7 @@ def advise(reference: Reference, golden: Golden) -> list[str]:
         with np.errstate(all="ignore"):
             outputs = reference(dict(golden.inputs))
         checks = [compare_output(n, np.asarray(outputs[n]), ref, golden.rtol, golden.atol,
-                                 magnitude=golden.magnitudes.get(n))
+                                 magnitude=golden.magnitudes.get(n), step=golden.steps.get(n))
                   for n, ref in golden.outputs.items()]
     except Exception:  # noqa: BLE001  (advice that cannot run gives none)
         return []
@@ -395,6 +431,8 @@ def embed_golden(golden: Golden, writer: Any, header: dict) -> str | None:
     for row in header[GOLDEN_KEY]["outputs"]:  # read by runtime/verify.py's golden_magnitudes
         if row["name"] in golden.magnitudes:
             row["magnitude"] = golden.magnitudes[row["name"]]
+        if row["name"] in golden.steps:
+            row["quant_step"] = golden.steps[row["name"]]
     header[GOLDEN_KEY].update({"rtol": golden.rtol, "atol": golden.atol,
                                "reference": golden.reference, "seed": golden.seed})
     return None
@@ -417,7 +455,7 @@ def second_opinion(model: Any, golden: Golden, result: CheckResult) -> CheckResu
     except Exception:  # noqa: BLE001  (a second opinion that cannot run gives none)
         return None
     again = check_model(model, golden.inputs, outputs, golden.rtol, golden.atol,
-                        golden.magnitudes)
+                        golden.magnitudes, golden.steps)
     if not again.ok:
         return None
     worst = result.worst()
@@ -473,7 +511,7 @@ def write_checked(writer: Any, path: str | os.PathLike, header: dict, signer: An
             if model is not None:
                 with model:
                     result = check_model(model, golden.inputs, golden.outputs, golden.rtol,
-                                         golden.atol, golden.magnitudes)
+                                         golden.atol, golden.magnitudes, golden.steps)
                     overruled = None if result.ok else second_opinion(model, golden, result)
                 if overruled is not None:
                     result = overruled

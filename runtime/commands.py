@@ -10,14 +10,18 @@ one line on stderr and the class's exit code.
 
 from __future__ import annotations
 
+import io
 import json
 import os
+import shutil
 import sys
+import time
 from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
 from .errors import InputError, MlcpackError
+from .profile import Profile, sources_text
 
 EXIT_INTERNAL = 70
 
@@ -262,6 +266,102 @@ def verify(bundle: str | os.PathLike, *, rtol: float | None = None, atol: float 
     echo("PASS")
 
 
+# ---- bench --profile: every kernel timed (runtime/profile.py) ------------------------------
+
+def profile_bundle(path: str | os.PathLike, runs: int | None = None, threads: int = 1,
+                   budget_s: float = 1.0) -> Profile:
+    """Load the bundle at ``path`` with ``threads`` threads and profile it on random inputs
+    (``bench``'s): ``runs`` timed runs, or as many as fit in about ``budget_s`` (5 to 1000)."""
+    from .bench import random_feeds
+    from .model import load
+
+    with load(path, threads=threads) as model:
+        feeds = random_feeds(model)
+        t0 = time.perf_counter()
+        model.run(feeds)
+        once = time.perf_counter() - t0
+        if runs is None:
+            runs = int(min(1000, max(5, budget_s / max(once, 1e-6))))
+        return model.profile(feeds, runs=runs, warmup=1)
+
+
+def rich_table(profile: Profile, top: int | None = None) -> Any:
+    """The profile as a ``rich`` table, the slowest first (rich: an extra of the runtime)."""
+    from rich.table import Table
+
+    ranked = profile.ranked()
+    shown = ranked[:top] if top else ranked
+    table = Table(title=profile.title, title_justify="left")
+    table.add_column("#", justify="right")
+    # fused kernels have long symbols: one line each, cut short; the nodes say what they are
+    table.add_column("kernel", no_wrap=True, overflow="ellipsis", max_width=30)
+    table.add_column("source nodes", overflow="fold", ratio=1)
+    for header in ("mean µs", "min µs", "share", "GFLOP/s"):
+        table.add_column(header, justify="right", no_wrap=True)
+    for rank, t in enumerate(shown, start=1):
+        gf = t.gflops
+        table.add_row(str(rank), t.step.symbol, sources_text(t.step.sources) or "-",
+                      f"{t.mean_us:.1f}", f"{t.min_us:.1f}", f"{t.share:.1f}%",
+                      "" if gf is None else f"{gf:.1f}")
+    rest = ranked[len(shown):]
+    if rest:
+        table.add_row("", f"... {len(rest)} more", "", f"{sum(t.mean_us for t in rest):.1f}",
+                      "", f"{sum(t.share for t in rest):.1f}%", "")
+    table.caption = (f"run: mean {profile.total_mean_us:.1f} µs, min {profile.total_min_us:.1f} µs"
+                     f"; instructions sum {profile.kernels_sum_us:.1f} µs (the rest is the VM "
+                     "loop and the timer); GFLOP/s at the min time")
+    table.caption_justify = "left"
+    return table
+
+
+def _render(profile: Profile, top: int | None) -> str:
+    """The rich table as text at the terminal's width (plain text where rich is missing)."""
+    try:
+        from rich.console import Console
+    except ImportError:
+        return profile.text(top)
+    buffer = io.StringIO()
+    width = max(110, shutil.get_terminal_size((140, 24)).columns)
+    Console(file=buffer, width=width, color_system=None).print(rich_table(profile, top))
+    return "\n".join(line.rstrip() for line in buffer.getvalue().rstrip("\n").splitlines())
+
+
+def write_trace(profile: Profile, path: str | os.PathLike) -> None:
+    """Write the Chrome trace to ``path`` (a temporary file renamed into place)."""
+    path = os.fspath(path)
+    tmp = f"{path}.tmp{os.getpid()}"
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(profile.chrome_trace(), f)
+        os.replace(tmp, path)
+    except OSError as exc:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise MlcpackError(f"cannot write the trace to {path}: {exc.strerror or exc}") from None
+
+
+def profile_command(bundle: str | os.PathLike, *, runs: int | None = None, threads: int = 1,
+                    budget_s: float = 1.0, as_json: bool = False,
+                    trace: str | os.PathLike | None = None, top: int | None = None,
+                    echo: Callable[[str], None] = print) -> Profile:
+    """``mlcpack bench --profile``: profile ``bundle``, print the table (or JSON) and write the
+    trace to ``trace`` when given."""
+    for value, low, flag in ((runs, 1, "--runs"), (threads, 1, "--threads"),
+                             (budget_s, 0, "--budget"), (top, 0, "--top")):
+        check_at_least(value, low, flag)
+    profile = profile_bundle(bundle, runs, threads, budget_s)
+    if trace is not None:
+        write_trace(profile, trace)
+    if as_json:
+        echo(json.dumps(profile.to_json()))
+    else:
+        echo(_render(profile, top))
+        if trace is not None:
+            echo(f"trace: {os.fspath(trace)} ({profile.runs * len(profile.steps)} events; open it "
+                 "in https://ui.perfetto.dev or chrome://tracing)")
+    return profile
+
+
 # ---- bench -----------------------------------------------------------------------------------------
 
 def bench(bundle: str | os.PathLike, *, runs: int | None = None, threads: int = 1,
@@ -274,8 +374,6 @@ def bench(bundle: str | os.PathLike, *, runs: int | None = None, threads: int = 
     from .bench import bench as time_bundle
 
     if profile or trace is not None:
-        from .profile import profile_command
-
         profile_command(bundle, runs=runs, threads=threads, budget_s=budget_s, as_json=as_json,
                         trace=trace, top=top, echo=echo)
         return

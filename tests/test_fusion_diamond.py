@@ -117,6 +117,9 @@ def test_block_is_one_kernel_with_a_vector_epilogue(kind, act):
     register-blocked (or depthwise) one, whose epilogue runs a vector at a time."""
     model, _ = _model(kind, act)
     _, funcs = _kernels(model)
+    if kind == "matmul" and act == "gelu":   # fuse.py's EPILOGUE_EXCLUDED_MATH: erf runs apart
+        assert sorted(f.name for f in funcs) == ["fused_matmul_add", "gelu"], funcs
+        funcs = [f for f in funcs if f.name != "gelu"]
     assert len(funcs) == 1, [f.name for f in funcs]
     match = match_contraction(funcs[0])
     assert match is not None

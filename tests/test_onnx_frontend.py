@@ -383,6 +383,27 @@ def test_unsupported_ops_are_listed_together_before_converting() -> None:
                        "Foo (opset 17)")
 
 
+def test_unsupported_ops_inside_subgraphs_are_listed_with_the_others() -> None:
+    """If branches and Loop bodies are checked with the main graph, before anything converts
+    (in node order, then attribute order: onnx.helper sorts else_branch before then_branch)."""
+    then_g = helper.make_graph([node("Bar", ["x"], ["t"])], "then", [],
+                               [helper.make_tensor_value_info("t", TensorProto.FLOAT, [2])])
+    else_g = helper.make_graph([node("Loop", ["n", ""], ["e"], body=helper.make_graph(
+        [node("Baz", ["c"], ["c2"]), node("Identity", ["x"], ["s"])], "body",
+        [helper.make_tensor_value_info(n, t, []) for n, t in (("i", TensorProto.INT64),
+                                                              ("c", TensorProto.BOOL))],
+        [helper.make_tensor_value_info("c2", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("s", TensorProto.FLOAT, [2])]))], "else", [],
+        [helper.make_tensor_value_info("e", TensorProto.FLOAT, [1, 2])])
+    model = make_model([node("Foo", ["x"], ["a"]),
+                        node("If", ["cond"], ["y"], then_branch=then_g, else_branch=else_g)],
+                       {"x": [2]}, ["y"], {"cond": np.array(True), "n": np.array(1, np.int64)})
+    with pytest.raises(ExportError) as err:
+        import_onnx(model)
+    assert str(err.value) == ("test_graph uses 3 operators mlcpack does not support: "
+                              "Foo (opset 17), Baz (opset 17), Bar (opset 17)")
+
+
 def test_unsupported_op_file_error_names_the_file(tmp_path: Path) -> None:
     path = tmp_path / "model.onnx"
     onnx.save(make_model([node("Foo", ["x"], ["y"])], {"x": [1]}, ["y"]), path)

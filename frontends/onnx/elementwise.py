@@ -8,6 +8,7 @@ from typing import Callable
 import numpy as np
 
 from ...packager.ir.graph import Value
+from .common import cast_to, legacy_broadcast
 from .registry import NodeContext, converter
 
 # ---- unary activations that are one row of the op table ---------------------------------------
@@ -45,24 +46,6 @@ def _int_divide(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     # ONNX integer Div truncates toward zero (C semantics); numpy's // floors.
     q = np.abs(a) // np.abs(b)
     return (q * np.sign(a) * np.sign(b)).astype(np.result_type(a, b))
-
-
-def legacy_broadcast(ctx: NodeContext, a: Value, b: Value) -> Value:
-    """Opset < 7: with ``broadcast=1``, B's dims match A's starting at ``axis`` (default: the
-    trailing dims); give B trailing ones so numpy broadcasting lines it up the same way."""
-    if not ctx.attrs["broadcast"]:
-        if a.type.shape != b.type.shape:
-            raise ctx.error(f"shapes {a.type.shape} and {b.type.shape} differ and broadcast=0")
-        return b
-    rank_a, rank_b = len(a.type.shape), len(b.type.shape)
-    axis = ctx.attrs["axis"]
-    if axis is None:
-        return b
-    axis %= rank_a
-    trailing = rank_a - axis - rank_b
-    if trailing < 0:
-        raise ctx.error(f"B {b.type.shape} does not fit A {a.type.shape} at axis {axis}")
-    return ctx.reshape(b, b.type.shape + (1,) * trailing)
 
 
 def _binary(op: str, legacy: bool) -> Callable[[NodeContext], Value]:
@@ -278,8 +261,6 @@ def _pow(ctx: NodeContext) -> Value:
 
 def _general_pow(ctx: NodeContext, x: Value, y: Value) -> Value:
     """x ** y elementwise; integer tensors go through float32 and are rounded back."""
-    from .logic import cast_to
-
     dtype = x.type.dtype
     if dtype in ("float32", "float64"):
         return ctx.emit("power", x, cast_to(ctx, y, dtype))

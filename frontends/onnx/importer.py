@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 import numpy as np
 import onnx
@@ -24,18 +24,10 @@ from ...packager.errors import ExportError
 from ...packager.ir.builder import BlockBuilder, BuilderError
 from ...packager.ir.graph import Constant, IRModule, Source, Value, Var
 from ...packager.ir.sym import SymbolicShapeError, size_var, take_relations
-from . import (attention, elementwise, index, logic, nn, quant, resize,  # noqa: F401
-               rnn, shape, symvalue)  # (registration side effect)
+from . import converters, symvalue  # noqa: F401  (registers every converter family)
+from .common import RUNTIME_DTYPES
 from .registry import (IGNORED_ATTRIBUTES, NodeContext, lookup, make_constant, normalize_domain,
                        op_label)
-
-# Tensor dtypes a bundle can take and return at run time (the runtime's and the code generator's).
-# float16/bfloat16/float8 are stored narrow and computed in float32; the runtime carries the dtypes
-# numpy lacks (bfloat16, float8_*, int4/uint4/int2/uint2) as their unsigned bits (uint16/uint8)
-# and takes ml_dtypes arrays of them as well.
-RUNTIME_DTYPES = ("float32", "float64", "float16", "bfloat16", "float8_e4m3fn", "float8_e4m3fnuz",
-                  "float8_e5m2", "float8_e5m2fnuz", "int8", "int16", "int32", "int64", "uint8",
-                  "uint16", "uint32", "uint64", "int4", "uint4", "int2", "uint2", "bool")
 
 
 @dataclass
@@ -210,7 +202,7 @@ def check_supported(graph: onnx.GraphProto, opsets: Mapping[str, int], source: s
     """Raise one ExportError naming every (domain, op_type, opset) the graph uses that no
     converter handles, before anything is converted."""
     missing: dict[tuple[str, str, int | None], None] = {}
-    for node in graph.node:
+    for node in _nodes_with_subgraphs(graph):
         domain = normalize_domain(node.domain)
         opset = opsets.get(domain)
         if lookup(domain, node.op_type, opset) is None:
@@ -223,6 +215,19 @@ def check_supported(graph: onnx.GraphProto, opsets: Mapping[str, int], source: s
     count = len(missing)
     raise ExportError(f"{source} uses {count} operator{'s' if count > 1 else ''} mlcpack does not "
                       f"support: {listed}")
+
+
+def _nodes_with_subgraphs(graph: onnx.GraphProto) -> Iterator[onnx.NodeProto]:
+    """The graph's nodes and, depth first, those of the subgraphs their attributes hold (If
+    branches, Loop and Scan bodies)."""
+    for node in graph.node:
+        yield node
+        for attr in node.attribute:
+            if attr.type == onnx.AttributeProto.GRAPH:
+                yield from _nodes_with_subgraphs(attr.g)
+            elif attr.type == onnx.AttributeProto.GRAPHS:
+                for sub in attr.graphs:
+                    yield from _nodes_with_subgraphs(sub)
 
 
 def _check_model(model: onnx.ModelProto, original: Any, source: str) -> None:
@@ -413,8 +418,8 @@ class _GraphConverter:
                                   f"{a.name!r}, which mlcpack does not handle")
             attrs[a.name] = _attribute_value(a)
         inputs = [self.value(name, who) if name else None for name in node.input]
-        ctx = NodeContext(self.bb, node, opset, inputs, attrs, self.source)
-        ctx.scope = self  # If/Loop/Scan convert their subgraphs against this graph's values
+        # If/Loop/Scan convert their subgraphs against this graph's values (``inline``)
+        ctx = NodeContext(self.bb, node, opset, inputs, attrs, self.source, scope=self)
         try:
             # every binding this node becomes names it, through the passes into the bundle
             with self.bb.source(Source(node.name or (node.output[0] if node.output else label),
@@ -445,3 +450,24 @@ class _GraphConverter:
                                           "(only inference outputs are supported)")
         if outs and all(isinstance(v, Constant) for v in outs):
             self.folded_nodes += 1
+
+    def inline(self, ctx: NodeContext, graph: onnx.GraphProto, bound: Sequence[Value],
+               isolated: dict[str, Value] | None = None,
+               opsets: Mapping[str, int] | None = None) -> list[Value]:
+        """``NodeContext.inline``: convert subgraph ``graph`` with a converter of its own."""
+        if len(graph.input) != len(bound):
+            raise ctx.error(f"subgraph {graph.name!r} takes {len(graph.input)} inputs, "
+                            f"{len(bound)} given")
+        opsets = dict(self.opsets, **(opsets or {}))
+        check_supported(graph, opsets, self.source)
+        values = dict(self.values) if isolated is None else dict(isolated)
+        for init in graph.initializer:
+            values[init.name] = make_constant(ctx.bb, _tensor_array(init, self.source), init.name)
+        for vi, v in zip(graph.input, bound):
+            values[vi.name] = v
+        inner = _GraphConverter(ctx.bb, values, opsets, self.source)
+        if isolated is None:
+            inner.unavailable = dict(self.unavailable)
+        for node in graph.node:
+            inner.convert(node)
+        return [inner.value(o.name, f"subgraph {graph.name!r} output") for o in graph.output]

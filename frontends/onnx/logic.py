@@ -8,6 +8,7 @@ from typing import Callable
 import numpy as np
 
 from ...packager.ir.graph import Value
+from .common import cast_to, legacy_broadcast
 from .registry import NodeContext, converter
 
 # ONNX op_type: (op, first opset)
@@ -27,8 +28,6 @@ _LEGACY_ATTRS = {"broadcast": 0, "axis": None}
 
 def _pairwise(op: str) -> Callable[[NodeContext], Value]:
     def convert(ctx: NodeContext) -> Value:
-        from .elementwise import legacy_broadcast  # shared opset < 7 broadcasting rule
-
         a, b = ctx.input(0), ctx.input(1)
         if ctx.opset < 7:
             b = legacy_broadcast(ctx, a, b)
@@ -96,19 +95,6 @@ def _isinf(ctx: NodeContext) -> Value:
     if ctx.attrs["detect_negative"]:
         return neg
     return ctx.emit("logical_and", pos, neg)  # all false
-
-
-def cast_to(ctx: NodeContext, x: Value, dtype: np.dtype | str) -> Value:
-    """``x`` as ``dtype``: folded for constants, a ``cast`` op at run time."""
-    dtype = str(np.dtype(dtype))
-    if x.type.dtype == dtype:
-        return x
-    from .importer import RUNTIME_DTYPES
-
-    if dtype not in RUNTIME_DTYPES or x.type.dtype not in RUNTIME_DTYPES:
-        raise ctx.error(f"casting a run-time tensor from {x.type.dtype} to {dtype}: only "
-                        f"{', '.join(RUNTIME_DTYPES)} are supported at run time")
-    return ctx.emit("cast", x, dtype=dtype)
 
 
 @converter("CastLike", since=15, attrs={"saturate": 1, "round_mode": "up"})

@@ -43,12 +43,16 @@ MatMul/Gemm -> ``matmul``), with per-operator results:
 - com.microsoft.MatMulIntegerToFloat: [add(]matmul(dq(a, as, azp), dq(b, bs, bzp))[, bias)].
 - DynamicQuantizeLinear: y = quantize(x, scale, zp, uint8) with scale/zp computed at run time
   (min/max reductions); DynamicQuantizeMatMul: that, then dq(y, scale, zp) @ dq(B, bs, bzp).
-- com.microsoft QLinearAdd/QLinearMul: q(add|multiply(dq(a), dq(b)), cs, czp); QLinearSigmoid,
+- com.microsoft QLinearAdd: q(add(dq(a, as/cs, az), dq(b, bs/cs, bz)), 1, cz); QLinearMul:
+  q(multiply(multiply(dq(a, 1, az), dq(b, 1, bz)), as*bs/cs), 1, cz) (ONNX Runtime's rounding,
+  bit-exact: the same values as q(add|multiply(dq(a), dq(b)), cs, cz) but for ties); QLinearSigmoid,
   QLinearLeakyRelu: q(sigmoid|leaky_relu(dq(x)), ys, yzp); QLinearAveragePool,
   QLinearGlobalAveragePool: q(avg pool|mean(dq(x)), ys, yzp); QLinearConcat: q(concat(dq(x_i)
-  ...), ys, yzp).
-- com.microsoft.DynamicQuantizeLSTM: an LSTM whose weights are dequantized at import (float32
-  constants), no integer kernel.
+  ...), ys, yzp); QLinearSoftmax: q(softmax(dq(x)), ys, yzp); QLinearWhere: q(where(c, dq(x),
+  dq(y)), zs, zzp).
+- com.microsoft.DynamicQuantizeLSTM: an unrolled LSTM whose weights are dequantized at import
+  (float32 constants), X and h at every step round-tripped through DynamicQuantizeLinear (as
+  ONNX Runtime quantizes them); no integer kernel.
 """
 
 
@@ -224,6 +228,9 @@ def dynamic_quantize(ctx: NodeContext, x: Value) -> list[Value]:
     x_max = ctx.emit("maximum", ctx.emit("max", x, axes=None, keepdims=False), zero)
     scale = ctx.emit("divide", ctx.emit("subtract", x_max, x_min),
                      ctx.constant(np.array(255.0, np.float32), "qrange"))
+    # an all-zero x: scale 1 (ONNX Runtime), not 0 (whose zero point would be 0/0)
+    scale = ctx.emit("where", ctx.emit("equal", x_max, x_min),
+                     ctx.constant(np.array(1.0, np.float32), "one"), scale)
     zp_float = ctx.emit("clip", ctx.emit("round", ctx.emit("subtract", zero,
                                                            ctx.emit("divide", x_min, scale))),
                         min=0.0, max=255.0)

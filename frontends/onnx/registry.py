@@ -12,7 +12,7 @@ per ONNX output it provides; outputs it leaves out must be unused).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Protocol, Sequence
 
 import numpy as np
 import onnx
@@ -96,11 +96,19 @@ class SupportedOp:
         return f"{op_label(self.domain, self.op_type)} (opset {self.since[0]}+)"
 
 
-def supported_ops() -> list[SupportedOp]:
-    """Every ONNX operator mlcpack converts, sorted by domain and name."""
-    from . import elementwise, index, logic, nn, shape  # noqa: F401  (registration side effect)
-
+def registered_ops() -> list[SupportedOp]:
+    """Every operator registered so far, sorted by domain and name (``converters.supported_ops``
+    registers every family first)."""
     return [SupportedOp(d, op, tuple(sorted(_TABLE[(d, op)]))) for d, op in sorted(_TABLE)]
+
+
+class SubgraphScope(Protocol):
+    """What converts a node's subgraphs (If branches, Loop/Scan bodies, function bodies): the
+    importer's graph converter, handed to each ``NodeContext``."""
+
+    def inline(self, ctx: NodeContext, graph: onnx.GraphProto, bound: Sequence[Value],
+               isolated: dict[str, Value] | None = None,
+               opsets: Mapping[str, int] | None = None) -> list[Value]: ...
 
 
 def make_constant(bb: BlockBuilder, data: np.ndarray, name: str) -> Constant:
@@ -114,13 +122,25 @@ class NodeContext:
     converter's defaults filled in), the builder, and helpers for constants and errors."""
 
     def __init__(self, bb: BlockBuilder, node: onnx.NodeProto, opset: int,
-                 inputs: list[Value | None], attrs: dict[str, Any], source: str) -> None:
+                 inputs: list[Value | None], attrs: dict[str, Any], source: str,
+                 scope: SubgraphScope | None = None) -> None:
         self.bb = bb
         self.node = node
         self.opset = opset
         self.inputs = inputs
         self.attrs = attrs
         self.source = source
+        self.scope = scope
+
+    def inline(self, graph: onnx.GraphProto, bound: Sequence[Value],
+               isolated: dict[str, Value] | None = None,
+               opsets: Mapping[str, int] | None = None) -> list[Value]:
+        """Convert subgraph ``graph`` in place: its inputs bound to ``bound`` (in order), the
+        enclosing graphs' names visible (only ``isolated``'s instead, for a function body), its
+        nodes emitted into the current function. Returns its outputs."""
+        if self.scope is None:
+            raise self.error("subgraphs can only be converted by the ONNX importer")
+        return self.scope.inline(self, graph, bound, isolated, opsets)
 
     @property
     def num_inputs(self) -> int:

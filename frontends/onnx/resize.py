@@ -405,3 +405,16 @@ def _grid_sample(ctx: NodeContext) -> Value:
         grid = ctx.emit("cast", grid, dtype=x.type.dtype)
     return ctx.emit("grid_sample", x, grid, mode=mode, padding_mode=padding,
                     align_corners=bool(ctx.attrs["align_corners"]))
+
+
+def resample(ctx: NodeContext, x: Value, out: list[int], mode: str, coord: str,
+             factors: list[float] | None = None, **table_args) -> Value:
+    """Resize ``x`` to shape ``out`` (every axis may change) with the tables above: the entry
+    the torch frontend's ``upsample_*`` converters share, so both frontends give the same
+    kernels. ``factors`` default to out / in per axis; ``ctx`` needs ``emit``, ``constant``,
+    ``reshape`` and ``error``."""
+    shape = x.type.shape
+    if factors is None:
+        factors = [o / n for o, n in zip(out, shape)]
+    return _resize(ctx, x, list(factors), list(out), mode, coord, None, list(range(len(shape))),
+                   **table_args)

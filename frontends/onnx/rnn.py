@@ -350,8 +350,16 @@ def _gru(ctx: NodeContext) -> list[Value | None]:
 
 @converter("LSTM", since=1, attrs={**_RNN_ATTRS, "input_forget": 0})
 def _lstm(ctx: NodeContext) -> list[Value | None]:
+    return convert_lstm(ctx)
+
+
+def convert_lstm(ctx: NodeContext, recurrent_input: Callable[[Value], Value] | None = None
+                 ) -> list[Value | None]:
+    """The LSTM node of ``ctx``. ``recurrent_input(h)``, when given, is what multiplies R at
+    each step in place of h (com.microsoft.DynamicQuantizeLSTM quantizes h every step); it
+    unrolls the steps instead of using the fused recurrence kernel."""
     rec = _Recurrence(ctx, 4, ["Sigmoid", "Tanh", "Tanh"])
-    if rnn_fast.fits(ctx, rec, "lstm"):
+    if recurrent_input is None and rnn_fast.fits(ctx, rec, "lstm"):
         return rnn_fast.fused_recurrence(ctx, rec, "lstm")
     h0 = rec.state(5, "initial_h")
     c0 = rec.state(6, "initial_c")
@@ -374,7 +382,8 @@ def _lstm(ctx: NodeContext) -> list[Value | None]:
         c = rec.initial(c0, d)
         y = {}
         for t in rec.steps(d):
-            pre = ctx.emit("add", xw[t], ctx.emit("matmul", h, r, transpose_b=True))
+            h_in = h if recurrent_input is None else recurrent_input(h)
+            pre = ctx.emit("add", xw[t], ctx.emit("matmul", h_in, r, transpose_b=True))
             i_pre, o_pre, f_pre, c_pre = (rec.gate(pre, k) for k in range(4))
             if peep is not None:
                 i_pre = ctx.emit("add", i_pre, ctx.emit("multiply", p_i, c))
@@ -401,36 +410,6 @@ def _lstm(ctx: NodeContext) -> list[Value | None]:
 _MAX_UNROLL = 4096   # iterations a Loop or Scan may be unrolled into
 
 
-def _inline(ctx: NodeContext, graph, bound: Sequence[Value],
-            isolated: dict[str, Value] | None = None,
-            opsets: dict[str, int] | None = None) -> list[Value]:
-    """Convert subgraph ``graph`` in place: its inputs bound to ``bound`` (in order), names of
-    the enclosing graphs visible (only ``isolated``'s names instead, for a function body), its
-    nodes emitted into the current function. Returns its outputs."""
-    from .importer import _GraphConverter, _tensor_array, check_supported  # (import cycle)
-    from .registry import make_constant
-
-    scope = getattr(ctx, "scope", None)
-    if scope is None:
-        raise ctx.error("subgraphs can only be converted by the ONNX importer")
-    if len(graph.input) != len(bound):
-        raise ctx.error(f"subgraph {graph.name!r} takes {len(graph.input)} inputs, "
-                        f"{len(bound)} given")
-    opsets = dict(scope.opsets, **(opsets or {}))
-    check_supported(graph, opsets, scope.source)
-    values = dict(scope.values) if isolated is None else dict(isolated)
-    for init in graph.initializer:
-        values[init.name] = make_constant(ctx.bb, _tensor_array(init, scope.source), init.name)
-    for vi, v in zip(graph.input, bound):
-        values[vi.name] = v
-    inner = _GraphConverter(ctx.bb, values, opsets, scope.source)
-    if isolated is None:
-        inner.unavailable = dict(scope.unavailable)
-    for node in graph.node:
-        inner.convert(node)
-    return [inner.value(o.name, f"subgraph {graph.name!r} output") for o in graph.output]
-
-
 def _bool_const(ctx: NodeContext, v: Value, what: str) -> bool | None:
     data = v.data if hasattr(v, "data") else None
     if data is None:
@@ -450,12 +429,12 @@ def _if(ctx: NodeContext) -> list[Value]:
     cond = ctx.input(0)
     known = _bool_const(ctx, cond, "the condition")
     if known is not None:
-        return _inline(ctx, then_g if known else else_g, [])
+        return ctx.inline(then_g if known else else_g, [])
     if cond.type.dtype != "bool":
         raise ctx.error(f"the condition is {cond.type.dtype}, not bool")
     if cond.type.shape not in ((), (1,)):
         raise ctx.error(f"the condition has shape {cond.type.shape}; it must hold one value")
-    yes, no = _inline(ctx, then_g, []), _inline(ctx, else_g, [])
+    yes, no = ctx.inline(then_g, []), ctx.inline(else_g, [])
     if len(yes) != len(no):
         raise ctx.error("the branches give different numbers of outputs")
     out = []
@@ -492,7 +471,7 @@ def _scan_steps(ctx: NodeContext, body, states: list[Value], scans: list[Value],
     for t in range(steps):
         slices = [_take(ctx, x, a, steps - 1 - t if r else t)
                   for x, a, r in zip(scans, in_axes, in_rev)]
-        outs = _inline(ctx, body, states + slices)
+        outs = ctx.inline(body, states + slices)
         states = outs[:n_state]
         per_step.append(outs[n_state:])
     n_out = len(per_step[0]) if per_step else len(body.output) - n_state
@@ -580,7 +559,7 @@ def _loop(ctx: NodeContext) -> list[Value]:
     while cond and it < trip:
         if it >= _MAX_UNROLL:
             raise ctx.error(f"the loop runs more than {_MAX_UNROLL} iterations")
-        outs = _inline(ctx, body, [ctx.constant(np.array(it, np.int64), "iter"),
+        outs = ctx.inline(body, [ctx.constant(np.array(it, np.int64), "iter"),
                                    ctx.constant(np.array(cond), "cond")] + carried)
         known = _bool_const(ctx, outs[0], "the body's condition")
         if known is None:
@@ -688,6 +667,6 @@ def expand_function(ctx: NodeContext) -> list[Value | None]:
                               [helper.make_value_info(name, onnx.TypeProto()) for name in wanted])
     opsets = {("" if o.domain in ("", "ai.onnx") else o.domain): o.version
               for o in fproto.opset_import}
-    got = iter(_inline(ctx, graph, [], isolated=values, opsets=opsets))
+    got = iter(ctx.inline(graph, [], isolated=values, opsets=opsets))
     return [next(got) if i < len(node.output) and node.output[i] else None
             for i in range(len(fproto.output))]

@@ -16,7 +16,7 @@ from ...packager.ir.sym import SymExpr, assume, dim, is_static
 from ...packager.ir.sym import product as sym_product
 from ...packager.ops.registry import broadcast_shape
 from . import quant, symvalue
-from .logic import cast_to
+from .common import cast_to
 from .registry import NodeContext, converter
 
 

@@ -7,7 +7,7 @@ import os
 
 import functools
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 import llvmlite.binding as llvm
 from llvmlite import ir
@@ -15,12 +15,16 @@ from llvmlite import ir
 from ..ir.graph import PrimFunc
 from ..ir.sym import SymbolicShapeError
 from ..ir.structure import structural_key
-from .gemm import emit_contraction, emit_symbolic_matmul, match_contraction, vector_width
+from .depthwise import emit_depthwise, is_depthwise
+from .gemm import (Contraction, emit_contraction, emit_symbolic_matmul, match_contraction,
+                   vector_width)
+from .gemv import emit_dot_product, is_dot_product
 from .lower import KernelInfo, emit_kernel, is_symbolic
 from .pool import emit_max_pool
 from .rnn import emit_recurrence
 from .conv_symbolic import emit_symbolic_conv
 from .softmax import emit_softmax
+from .transpose import emit_transpose
 from .objinfo import undefined_symbols
 from .target import Target
 from .threadpool import emit_thread_pool
@@ -55,8 +59,39 @@ def _target_machine(target: Target) -> llvm.TargetMachine:
         codemodel="small")
 
 
-# Specialized kernels, tried in order; the generic loop-nest lowering is the fallback.
-KERNEL_RULES = (emit_recurrence, emit_contraction, emit_max_pool, emit_softmax)
+# A rule: (module, func, symbol, vector width, the func's contraction match or None) -> the
+# kernel it emitted, or None when the rule does not apply.
+KernelRule = Callable[[ir.Module, PrimFunc, str, int, "Contraction | None"], "KernelInfo | None"]
+
+
+def _when(applies: Callable[[Contraction | None], bool],
+          emit: Callable[[ir.Module, Contraction, PrimFunc, str, int], KernelInfo]) -> KernelRule:
+    """A rule for the contractions ``applies`` accepts."""
+    def rule(module, func, symbol, vl, match):
+        return emit(module, match, func, symbol, vl) if applies(match) else None
+    return rule
+
+
+def _without_match(emit: Callable[[ir.Module, PrimFunc, str, int], KernelInfo | None]
+                   ) -> KernelRule:
+    """A rule that matches ``func`` itself (recurrences, pools, softmax)."""
+    def rule(module, func, symbol, vl, match):
+        return emit(module, func, symbol, vl)
+    return rule
+
+
+# Every specialized kernel, tried in order (the first that applies wins); the generic loop-nest
+# lowering is the fallback. Depthwise and one-pixel (dot product) convolutions come before the
+# general register-blocked contraction, which would also take them.
+KERNEL_RULES: tuple[tuple[str, KernelRule], ...] = (
+    ("recurrence", _without_match(emit_recurrence)),
+    ("depthwise convolution", _when(is_depthwise, emit_depthwise)),
+    ("dot-product convolution", _when(is_dot_product, emit_dot_product)),
+    ("contraction", _when(lambda match: match is not None, emit_contraction)),
+    ("max pool", _without_match(emit_max_pool)),
+    ("softmax", _without_match(emit_softmax)),
+    ("transpose", _without_match(emit_transpose)),
+)
 
 
 def _emit(module: ir.Module, func: PrimFunc, symbol: str, vl: int,
@@ -79,8 +114,9 @@ def _emit(module: ir.Module, func: PrimFunc, symbol: str, vl: int,
                                      + ", ".join(str(d) for d in func.outputs[0].shape)
                                      + ") has no fast kernel yet")
         return emit_kernel(module, func, symbol, size_vars)
-    for rule in KERNEL_RULES:
-        info = rule(module, func, symbol, vl)
+    match = match_contraction(func)
+    for _, rule in KERNEL_RULES:
+        info = rule(module, func, symbol, vl, match)
         if info is not None:
             return info
     return emit_kernel(module, func, symbol)

@@ -20,7 +20,7 @@ target's vector width) and, for every step k of the reduction, loads NR contiguo
   A 1x1, stride-1, unpadded convolution on a large image reads its input in place; one with
   many groups copies one group at a time into a workspace region of its own task. Depthwise
   convolutions (one input channel per group) have a direct kernel of their own
-  (``depthwise.py``), which ``emit_contraction`` hands them to.
+  (``depthwise.py``), chosen before this one by the kernel rule table (``build.KERNEL_RULES``).
 
 After each block, the fused epilogue (bias, BatchNorm scale/shift, activation, residual add) is
 evaluated on the register tile a vector at a time along the output's last axis (masked at the
@@ -1082,16 +1082,7 @@ def emit_symbolic_matmul(module: ir.Module, func: PrimFunc, symbol: str, vl: int
     return ContractionEmitter(module, func, symbol, match, vl, size_vars).emit()
 
 
-def emit_contraction(module: ir.Module, func: PrimFunc, symbol: str, vl: int
-                     ) -> KernelInfo | None:
-    """Emit ``func`` with a register-blocked kernel if it is a contraction they handle."""
-    match = match_contraction(func)
-    if match is None:
-        return None
-    from .depthwise import emit_depthwise, is_depthwise   # they build on this module
-    from .gemv import emit_dot_product, is_dot_product
-    if is_depthwise(match):
-        return emit_depthwise(module, match, func, symbol, vl)
-    if is_dot_product(match):
-        return emit_dot_product(module, match, func, symbol, vl)
+def emit_contraction(module: ir.Module, match: Contraction, func: PrimFunc, symbol: str, vl: int
+                     ) -> KernelInfo:
+    """Emit the contraction ``match`` of ``func`` with the register-blocked kernel."""
     return ContractionEmitter(module, func, symbol, match, vl).emit()

@@ -24,32 +24,8 @@ from ..ir.patterns import reduction_tag
 from .helpers import F32, I1, I32, alloca_once, const_i64, for_range, intrinsic
 from . import lower
 from .lower import KernelEmitter, KernelInfo
-from . import vecmath
-from .vecmath import call_math
+from .vecmath import call_math, exp_nonpositive
 from .vecmath_lanes import _LaneOps
-
-# ln(FLT_MIN): exp of the shifted row is taken no lower than this, so 2^n stays a normal
-# number (one scale factor, no denormal path); the error, < 1.2e-38 absolute, is nothing
-# next to a row sum >= 1.
-SHIFTED_MIN = -87.33654
-
-
-def exp_nonpositive(ops: _LaneOps, d: ir.Value) -> ir.Value:
-    """exp(d) for d <= 0 (x - max(x)) or NaN (kept NaN): vecmath's exp (the same reduction and
-    polynomial, so the same values above SHIFTED_MIN) without what d <= 0 never needs (the
-    overflow clamp, the two-step scale for denormal results, the NaN select: NaN passes the
-    clamp and poisons the arithmetic). 17 vector operations instead of 26."""
-    lo = ops.c(SHIFTED_MIN)
-    d = ops.select(ops.cmp("<", d, lo), lo, d)
-    shifted = ops.fma(d, ops.c(vecmath.EXP_LOG2E), ops.c(vecmath.ROUND_MAGIC))
-    n = ops.sub(shifted, ops.c(vecmath.ROUND_MAGIC))
-    ni = ops.b.sub(ops.bits(shifted), ops.bits(ops.c(vecmath.ROUND_MAGIC)))
-    r = ops.fma(n, ops.c(-vecmath.EXP_LN2_HI), d)
-    r = ops.fma(n, ops.c(-vecmath.EXP_LN2_LO), r)
-    p = ops.horner(r, vecmath.EXP_POLY)
-    y = ops.add(ops.fma(p, ops.mul(r, r), r), ops.c(1.0))
-    return ops.mul(y, ops.pow2(ni))
-
 
 def _read_of(e: te.Expr, tensor_uid: int | None = None) -> te.Read | None:
     if isinstance(e, te.Read) and (tensor_uid is None or e.tensor.uid == tensor_uid):

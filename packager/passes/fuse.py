@@ -16,7 +16,15 @@ from typing import Sequence
 from ..ir import te
 from ..ir.graph import (Binding, CallTIR, Function, IRModule, PrimFunc, merge_sources,
                         used_values)
+from ..ir.patterns import reduction_tag
 from ..ops.registry import OPAQUE
+
+# Math functions a matmul's epilogue does not take: evaluated on the register tile, erf (GELU)
+# cost ~1 ns per element (its ~60 vector operations and ~30 constants beside the tile), as its
+# own vectorized elementwise kernel ~0.6 ns, memory pass included. DeiT-tiny's
+# 198x192 @ 192x768 + bias + GELU: 652 us fused, 503 + 105 us apart (ORT 626). Convolutions
+# (depthwise ones above all, which are memory-bound) keep it in their epilogue.
+EPILOGUE_EXCLUDED_MATH = frozenset({"erf"})
 
 
 def _reads_at_identity(func: PrimFunc, ph: te.Tensor) -> bool:
@@ -104,9 +112,35 @@ def _fuse_one(mod: IRModule, b: Binding, producer_of: dict[int, Binding], uses: 
         # an opaque kernel (a recurrence's time loop) has no loop nest to take an epilogue
         if len(producer.outputs) != 1 or producer.attrs.get("op_kind") == OPAQUE:
             continue
+        if _is_matmul(producer) and _calls_excluded_math(consumer):
+            continue
         new_name = mod.add_prim_func(fuse_pair(producer, consumer, slots))
         args = list(pv.args) + [a for i, a in enumerate(v.args) if i not in slots]
         # the fused kernel comes from both nodes, in graph order
         return prod, Binding(b.var, CallTIR(new_name, args, v.type),
                              merge_sources(prod.source, b.source))
     return None
+
+
+def _is_matmul(func: PrimFunc) -> bool:
+    """Whether ``func``'s output contains a reduction tagged ``matmul``."""
+    stack = [st.body for st in te.stages(func.outputs) if st.body is not None]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, te.Reduce):
+            tag = reduction_tag(node)
+            if tag is not None and tag.kind == "matmul":
+                return True
+        stack.extend(te.children(node))
+    return False
+
+
+def _calls_excluded_math(func: PrimFunc) -> bool:
+    """Whether ``func`` computes one of EPILOGUE_EXCLUDED_MATH."""
+    stack = [st.body for st in te.stages(func.outputs) if st.body is not None]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, te.MathCall) and node.name in EPILOGUE_EXCLUDED_MATH:
+            return True
+        stack.extend(te.children(node))
+    return False

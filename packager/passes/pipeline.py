@@ -11,6 +11,7 @@ from ..ir.verify import verify_module
 from .conv_nd import decompose_conv_nd
 from .conv_transpose import decompose_conv_transpose
 from .fuse import fuse_ops
+from .gelu import fuse_gelu
 from .layout import pretranspose_weights
 from .legalize import legalize
 from .rnn import drop_unread_cell_state
@@ -25,6 +26,7 @@ class Pass:
 
 DEFAULT_PIPELINE: tuple[Pass, ...] = (
     Pass("fold_constants", fold_constants),
+    Pass("fuse_gelu", fuse_gelu),
     Pass("eliminate_dead_code", eliminate_dead_code),
     Pass("fold_dequantize", fold_dequantize),
     Pass("drop_unread_cell_state", drop_unread_cell_state),

@@ -15,15 +15,18 @@ way ONNX's backend runner does (same shape, same dtype, ``assert_allclose`` with
 Inputs a static-shape compiler must know at export (a Reshape's shape, a Pad's pads, TopK's k:
 a converter raises ``NeedsConstantError`` naming the value) are bound as constants from the
 data set and the export is tried again, as ``--input-shape`` does for dims; such passes are
-counted in the ``frozen`` column. Everything else is fed at run time.
+counted in the ``frozen`` column, and ``frozen.txt`` records which inputs each case needed, so
+that a converter that starts demanding a constant fails the test. A case whose every input was
+bound that way (or that has none) is ``constant``: its bundle computes nothing at run time, so
+it is counted apart from the real passes. Everything else is fed at run time.
 
 ``light`` cases are the model-zoo architectures of ``data/real`` with constant weights
 (``data/light/*.onnx``); their input is the runner's dummy input (``arange / n``) and their
 expected output ships beside the model.
 
 Run ``python tests/conformance/harness.py`` to print the table and rewrite
-``tests/conformance/passing.txt`` (the cases CI runs), ``failing.txt`` (known wrong answers) and
-``docs/conformance.md``.
+``tests/conformance/passing.txt`` (the cases CI runs, constant ones included), ``frozen.txt``,
+``failing.txt`` (known wrong answers) and ``docs/conformance.md``.
 """
 
 from __future__ import annotations
@@ -49,6 +52,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
 PASSING_LIST = HERE / "passing.txt"
 FAILING_LIST = HERE / "failing.txt"
+FROZEN_LIST = HERE / "frozen.txt"
 REPORT = ROOT / "docs" / "conformance.md"
 DEFAULT_RTOL, DEFAULT_ATOL = 1e-3, 1e-7
 MAX_FREEZES = 8
@@ -74,6 +78,7 @@ class Result:
     status: str                      # passed, failed, unsupported
     reason: str = ""
     frozen: list[str] = field(default_factory=list)
+    constant: bool = False           # no run-time input left: the bundle computes nothing
     seconds: float = 0.0
 
 
@@ -167,52 +172,82 @@ def _freeze(model: onnx.ModelProto, name: str, value: np.ndarray) -> None:
     model.graph.initializer.append(numpy_helper.from_array(value, name))
 
 
-def run_case(case: Case, workdir: str | os.PathLike | None = None) -> Result:
-    """Export, run and compare one case; never raises."""
+class NoTestData(Exception):
+    """A case that ships no data set."""
+
+
+@dataclass
+class Imported:
+    """A case's model imported as the harness runs it: the IR module and its info, the data
+    sets (feeds by graph input name, expected outputs), and the inputs bound as constants."""
+    mod: object
+    info: object
+    sets: list[tuple[dict[str, np.ndarray], list[np.ndarray]]]
+    frozen: list[str]
+    constant: bool
+
+
+def import_case(case: Case) -> Imported:
+    """Load and import one case, binding the inputs a converter needs at export from the first
+    data set (``NeedsConstantError``), and giving a model left with no run-time input one that
+    nothing reads. Raises what the import raises (``ExportError``, ``NotATensor``...)."""
     from mlcpack.frontends.onnx import import_onnx
     from mlcpack.frontends.onnx.registry import NeedsConstantError
+    from mlcpack.packager.export import ExportError
+
+    model = onnx.load(str(case.model))
+    init_names = {t.name for t in model.graph.initializer}
+    graph_inputs = [vi for vi in model.graph.input if vi.name not in init_names]
+    sets = []
+    for ins, outs in case.data_sets:
+        if case.category == "light":
+            inputs = [_dummy_input(vi) for vi in graph_inputs]
+        else:
+            inputs = [_load_tensor(p) for p in ins]
+        sets.append((dict(zip([vi.name for vi in graph_inputs], inputs)),
+                     [_load_tensor(p) for p in outs]))
+    if not sets:
+        raise NoTestData("no test data")
+    frozen: list[str] = []
+    constant = False
+    while True:
+        try:
+            mod, info = import_onnx(model)
+            return Imported(mod, info, sets, frozen, constant)
+        except NeedsConstantError as exc:
+            name = exc.value_name
+            if name in frozen or name not in sets[0][0] or len(frozen) >= MAX_FREEZES \
+                    or len(sets) > 1:
+                raise
+            _freeze(model, name, sets[0][0][name])
+            frozen.append(name)
+        except ExportError as exc:
+            if "has no run-time inputs" not in str(exc) or constant:
+                raise
+            # Every input is known at export: the outputs are constants. A bundle still
+            # needs an input, so give it one that nothing reads.
+            constant = True
+            model.graph.input.append(helper.make_tensor_value_info(
+                "unused_input", onnx.TensorProto.FLOAT, [1]))
+            for feeds, _ in sets:
+                feeds["unused_input"] = np.zeros(1, np.float32)
+
+
+def run_case(case: Case, workdir: str | os.PathLike | None = None) -> Result:
+    """Export, run and compare one case; never raises."""
     from mlcpack.packager.export import ExportError, export_module
     from mlcpack.runtime import load
 
     t0 = time.perf_counter()
     result = Result(case.key, "failed")
     try:
-        model = onnx.load(str(case.model))
-        init_names = {t.name for t in model.graph.initializer}
-        graph_inputs = [vi for vi in model.graph.input if vi.name not in init_names]
-        sets = []
-        for ins, outs in case.data_sets:
-            if case.category == "light":
-                inputs = [_dummy_input(vi) for vi in graph_inputs]
-            else:
-                inputs = [_load_tensor(p) for p in ins]
-            sets.append((dict(zip([vi.name for vi in graph_inputs], inputs)),
-                         [_load_tensor(p) for p in outs]))
-        if not sets:
-            result.status, result.reason = "unsupported", "no test data"
+        try:
+            imported = import_case(case)
+        except NoTestData as exc:
+            result.status, result.reason = "unsupported", str(exc)
             return result
-        frozen: list[str] = []
-        while True:
-            try:
-                mod, info = import_onnx(model)
-                break
-            except NeedsConstantError as exc:
-                name = exc.value_name
-                if name in frozen or name not in sets[0][0] or len(frozen) >= MAX_FREEZES \
-                        or len(sets) > 1:
-                    raise
-                _freeze(model, name, sets[0][0][name])
-                frozen.append(name)
-            except ExportError as exc:
-                if "has no run-time inputs" not in str(exc):
-                    raise
-                # Every input is known at export: the outputs are constants. A bundle still
-                # needs an input, so give it one that nothing reads.
-                model.graph.input.append(helper.make_tensor_value_info(
-                    "unused_input", onnx.TensorProto.FLOAT, [1]))
-                for feeds, _ in sets:
-                    feeds["unused_input"] = np.zeros(1, np.float32)
-        result.frozen = frozen
+        mod, info, sets, frozen = imported.mod, imported.info, imported.sets, imported.frozen
+        result.frozen, result.constant = frozen, imported.constant
         with tempfile.TemporaryDirectory(dir=workdir) as tmp:
             path = Path(tmp) / "case.mlc"
             export_module(mod, path)
@@ -249,33 +284,64 @@ def _run_one(case: Case) -> Result:
     return run_case(case)
 
 
-def run_all(cases: Sequence[Case], jobs: int = 1) -> list[Result]:
+def run_all(cases: Sequence[Case], jobs: int = 1, run=_run_one) -> list[Result]:
     if jobs <= 1:
-        return [run_case(c) for c in cases]
+        return [run(c) for c in cases]
     import multiprocessing
 
     with multiprocessing.get_context("fork").Pool(jobs, maxtasksperchild=200) as pool:
-        return pool.map(_run_one, cases, chunksize=4)
+        return pool.map(run, cases, chunksize=4)
+
+
+def read_frozen(path: Path = FROZEN_LIST) -> dict[str, tuple[tuple[str, ...], bool]]:
+    """``frozen.txt``: passing case -> (the inputs bound as constants, whether it is constant).
+    A line is ``KEY INPUT,INPUT`` (or ``KEY -`` for none), then ``constant`` when no run-time
+    input is left; a passing case not listed needed nothing."""
+    out = {}
+    for line in path.read_text().splitlines() if path.is_file() else []:
+        words = line.split("#", 1)[0].split()
+        if not words:
+            continue
+        if len(words) not in (2, 3) or (len(words) == 3 and words[2] != "constant"):
+            raise ValueError(f"{path.name}: malformed line {line!r}")
+        names = () if words[1] == "-" else tuple(words[1].split(","))
+        out[words[0]] = (names, len(words) == 3)
+    return out
+
+
+def write_frozen(results: Sequence[Result], path: Path = FROZEN_LIST) -> None:
+    lines = ["# Passing conformance cases that needed graph inputs bound as constants from the",
+             "# data set (a shape, axes, pads, k), and those left with no run-time input",
+             "# ('constant': the bundle computes nothing). Written by harness.py; checked by",
+             "# tests/test_onnx_conformance.py. KEY INPUT,INPUT|- [constant]"]
+    for r in sorted(results, key=lambda r: r.key):
+        if r.status == "passed" and (r.frozen or r.constant):
+            lines.append(f"{r.key} {','.join(r.frozen) or '-'}" + (" constant" if r.constant
+                                                                     else ""))
+    path.write_text("\n".join(lines) + "\n")
 
 
 def table(results: Sequence[Result]) -> str:
-    """A markdown table: passed / failed / unsupported per category."""
-    rows = ["| category | cases | passed | (frozen inputs) | failed | unsupported |",
-            "|---|---:|---:|---:|---:|---:|"]
+    """A markdown table per category: real passes (and those with frozen inputs), constant
+    passes (every input frozen: the bundle computes nothing) apart, failed, unsupported."""
+    rows = ["| category | cases | passed | (frozen inputs) | constant (all inputs frozen) | "
+            "failed | unsupported |",
+            "|---|---:|---:|---:|---:|---:|---:|"]
     totals = Counter()
     for cat in CATEGORIES:
         mine = [r for r in results if r.key.split("/")[0] == cat]
         if not mine:
             continue
         c = Counter(r.status for r in mine)
-        frozen = sum(1 for r in mine if r.status == "passed" and r.frozen)
-        rows.append(f"| {cat} | {len(mine)} | {c['passed']} | {frozen} | {c['failed']} | "
+        constant = sum(1 for r in mine if r.status == "passed" and r.constant)
+        real = c["passed"] - constant
+        frozen = sum(1 for r in mine if r.status == "passed" and r.frozen and not r.constant)
+        rows.append(f"| {cat} | {len(mine)} | {real} | {frozen} | {constant} | {c['failed']} | "
                     f"{c['unsupported']} |")
         totals.update(c)
-        totals["cases"] += len(mine)
-        totals["frozen"] += frozen
-    rows.append(f"| **all** | {totals['cases']} | {totals['passed']} | {totals['frozen']} | "
-                f"{totals['failed']} | {totals['unsupported']} |")
+        totals.update(cases=len(mine), frozen=frozen, constant=constant, real=real)
+    rows.append(f"| **all** | {totals['cases']} | {totals['real']} | {totals['frozen']} | "
+                f"{totals['constant']} | {totals['failed']} | {totals['unsupported']} |")
     return "\n".join(rows)
 
 
@@ -292,7 +358,12 @@ def _reason_kind(reason: str) -> str:
     return reason.split(":")[0][:80]
 
 
-def write_report(results: Sequence[Result], path: Path = REPORT) -> None:
+REST_HEADING = "## Why the others do not pass (grouped)"
+
+
+def write_report(results: Sequence[Result], path: Path = REPORT, rest: str | None = None) -> None:
+    """Write ``docs/conformance.md``; ``rest`` keeps the existing text from ``REST_HEADING`` on
+    (the reasons) instead of writing it from ``results``."""
     lines = ["# ONNX backend test suite: conformance", "",
              "Generated by `python tests/conformance/harness.py` from the test data of the pinned "
              f"`onnx` {onnx.__version__} wheel (rtol/atol as ONNX's runner: 1e-3/1e-7 unless a "
@@ -301,16 +372,55 @@ def write_report(results: Sequence[Result], path: Path = REPORT) -> None:
              "", table(results), "",
              "*frozen inputs*: passes where a graph input that must be known at export (a shape, "
              "axes, pads, k) was bound as a constant from the data set, as `--input-shape` does "
-             "for dims; every other input is fed at run time.", ""]
-    rest = [r for r in results if r.status != "passed"]
-    kinds = Counter(_reason_kind(r.reason) for r in rest)
-    lines += ["## Why the others do not pass (grouped)", "", "| reason | cases |", "|---|---:|"]
+             "for dims; every other input is fed at run time. Which inputs each case needed is "
+             "recorded in `tests/conformance/frozen.txt` and checked by the test. *constant*: "
+             "cases where every input was so bound (or that have none), so the bundle computes "
+             "nothing at run time (the frontend's constant evaluation is what they test); they "
+             "are not counted in *passed*, and CI runs them too.", ""]
+    constant = sorted(r.key for r in results if r.status == "passed" and r.constant)
+    if constant:
+        lines += ["## Constant cases (every input frozen)", "", ", ".join(constant), ""]
+    if rest is not None:
+        path.write_text("\n".join(lines) + "\n" + rest)
+        return
+    others = [r for r in results if r.status != "passed"]
+    kinds = Counter(_reason_kind(r.reason) for r in others)
+    lines += [REST_HEADING, "", "| reason | cases |", "|---|---:|"]
     lines += [f"| {k.replace('|', '/')} | {n} |" for k, n in kinds.most_common()]
     lines += ["", "## Every case that does not pass", "", "| case | status | reason |",
               "|---|---|---|"]
-    lines += [f"| {r.key} | {r.status} | {r.reason.replace('|', '/')} |" for r in rest]
+    lines += [f"| {r.key} | {r.status} | {r.reason.replace('|', '/')} |" for r in others]
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(lines) + "\n")
+
+
+def record_frozen(jobs: int = 1) -> list[Result]:
+    """Import (only) every case of ``passing.txt`` to record the inputs it needs frozen, and
+    take the other cases' status from the lists (``failing.txt``: failed, else unsupported),
+    which the test keeps current: minutes instead of a full run's half hour. Rewrites
+    ``frozen.txt`` and the table of ``docs/conformance.md``, keeping its reasons."""
+    passing = set(PASSING_LIST.read_text().split())
+    failing = set(FAILING_LIST.read_text().split()) if FAILING_LIST.is_file() else set()
+    cases = discover()
+    imported = run_all([c for c in cases if c.key in passing], jobs, _import_only)
+    by_key = {r.key: r for r in imported}
+    results = [by_key.get(c.key) or Result(c.key, "failed" if c.key in failing else "unsupported")
+               for c in cases]
+    bad = [r.key for r in imported if r.status != "passed"]
+    if bad:
+        raise SystemExit(f"passing cases that no longer import: {bad}")
+    write_frozen(results)
+    text = REPORT.read_text()
+    write_report(results, rest=text[text.index(REST_HEADING):])
+    return results
+
+
+def _import_only(case: Case) -> Result:
+    try:
+        imported = import_case(case)
+    except Exception as exc:  # noqa: BLE001
+        return Result(case.key, "failed", _one_line(f"{type(exc).__name__}: {exc}"))
+    return Result(case.key, "passed", frozen=imported.frozen, constant=imported.constant)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -321,7 +431,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--no-write", action="store_true",
                         help="print only; do not rewrite passing.txt and docs/conformance.md")
     parser.add_argument("-v", "--verbose", action="store_true", help="print every case")
+    parser.add_argument("--frozen-only", action="store_true",
+                        help="import the passing cases only: rewrite frozen.txt and the table")
     args = parser.parse_args(argv)
+    if args.frozen_only:
+        print(table(record_frozen(args.jobs)))
+        print(f"wrote {FROZEN_LIST.relative_to(ROOT)} and {REPORT.relative_to(ROOT)}")
+        return 0
     cases = discover(args.category or CATEGORIES)
     if args.pattern:
         cases = [c for c in cases if args.pattern in c.name]
@@ -335,9 +451,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     partial = bool(args.pattern or args.category)
     if not args.no_write and not partial:
         PASSING_LIST.write_text("".join(f"{r.key}\n" for r in results if r.status == "passed"))
+        write_frozen(results)
         FAILING_LIST.write_text("".join(f"{r.key}\n" for r in results if r.status == "failed"))
         write_report(results)
-        print(f"wrote {PASSING_LIST.relative_to(ROOT)}, {FAILING_LIST.name} and "
+        print(f"wrote {PASSING_LIST.relative_to(ROOT)}, {FROZEN_LIST.name}, {FAILING_LIST.name} and "
               f"{REPORT.relative_to(ROOT)}")
     return 0
 

@@ -1,0 +1,16 @@
+"""The one list of ONNX converter families. Importing this module registers every converter
+(each family registers its own with ``@converter`` when imported); the importer and
+``supported_ops`` both go through it, so they cannot disagree about what is supported."""
+
+from __future__ import annotations
+
+from . import (attention, elementwise, index, logic, nn, quant, quant_ops, resize, rnn,
+               shape)
+from .registry import SupportedOp, registered_ops
+
+FAMILIES = (elementwise, logic, nn, shape, index, resize, attention, rnn, quant, quant_ops)
+
+
+def supported_ops() -> list[SupportedOp]:
+    """Every ONNX operator mlcpack converts, sorted by domain and name."""
+    return registered_ops()

@@ -1,0 +1,485 @@
+"""Static post-training int8 quantization at export (``mlcpack export --quantize int8
+--calibration DATA``): the float ONNX model becomes a QDQ ONNX model, which the ordinary ONNX
+import turns into the IR's ``quantize``/``dequantize`` around float operators (the form the
+integer-kernel fusion matches, ``frontends/onnx/quant.py``).
+
+1. Calibration. The float model is compiled once for this host with the activation inputs of
+   every quantizable layer (Conv with constant weights, Gemm/MatMul with a constant right
+   operand) as extra outputs, and run on the calibration samples with the runtime.
+2. Ranges. Activations per tensor, asymmetric uint8, from the calibration ``minmax`` (default)
+   or the ``percentile`` method (99.99th percentile of |x| on each side). Min/max is the
+   default: calibration sets are small (tens of images), where a far-tail percentile is noisy,
+   and min/max never clips a value the calibration saw; percentile helps activations with rare
+   outliers, whose min/max range wastes most of the 256 levels. Weights per output channel,
+   symmetric int8 (zero point 0, scale max|w| / 127); biases int32 at scale x_scale * w_scale.
+3. Layers left in float. Each layer's error is estimated on the calibration data as the RMS
+   error of its quantized input and weights relative to their RMS (``sqrt(e_x^2 + e_w^2)``);
+   a layer above ``max_layer_error`` (5 %) keeps float input and weights.
+4. After export the caller runs ``compare`` for the report: per output, the error of the int8
+   bundle against the float model on the calibration data, and both bundles' run times.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Mapping, Sequence
+
+import numpy as np
+
+from .errors import ExportError
+
+METHODS = ("minmax", "percentile")
+PERCENTILE = 99.99
+MAX_LAYER_ERROR = 0.05
+_SAMPLE_VALUES = 1 << 16        # values per tap and sample kept for the percentile method
+_IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm",
+                   ".pgm")
+
+
+@dataclass
+class Layer:
+    node: str          # the ONNX node's name (or its first output)
+    op: str
+    activation: str    # the input tensor quantized per tensor
+    error: float = 0.0  # estimated relative RMS error of quantizing it
+    quantized: bool = True
+
+
+@dataclass
+class QuantizeReport:
+    method: str
+    samples: int
+    layers: list[Layer] = field(default_factory=list)
+    outputs: list[str] = field(default_factory=list)   # filled by compare()
+    speed: str = ""
+    int8_ms: float | None = None
+    float_ms: float | None = None
+
+    def summary(self) -> list[str]:
+        done = [x for x in self.layers if x.quantized]
+        kept = [x for x in self.layers if not x.quantized]
+        ops: dict[str, int] = {}
+        for x in done:
+            ops[x.op] = ops.get(x.op, 0) + 1
+        lines = [f"quantized int8: {len(done)} of {len(self.layers)} layers ("
+                 + ", ".join(f"{op} {n}" for op, n in sorted(ops.items()))
+                 + f"); weights per channel, activations per tensor from {self.method} over "
+                 f"{self.samples} calibration sample{'s' * (self.samples != 1)}"]
+        for x in kept:
+            lines.append(f"  left in float: {x.op} {x.node!r} (estimated error "
+                         f"{x.error:.1%} > {MAX_LAYER_ERROR:.0%})")
+        lines += self.outputs
+        if self.speed:
+            lines.append(self.speed)
+        return lines
+
+
+def read_calibration(data: str | os.PathLike, spec, preprocess: dict | None) -> list[np.ndarray]:
+    """The calibration samples for input ``spec`` (a runtime ``TensorSpec``): every image (read
+    with ``preprocess``, the bundle's recorded preprocessing) and ``.npy`` file of folder
+    ``data``, in name order; or one ``.npy`` file holding one sample or a stack of them."""
+    from ..runtime.errors import InputError
+    from ..runtime.preprocess import load_input
+
+    path = Path(data)
+    if not path.exists():
+        raise ExportError(f"--calibration {data}: no such file or folder")
+    if path.is_file():
+        if path.suffix.lower() != ".npy":
+            raise ExportError(f"--calibration {data}: give a folder of images or .npy files, "
+                              "or one .npy file")
+        arr = _load_npy(path)
+        if tuple(arr.shape) == tuple(spec.shape):
+            return [arr.astype(spec.dtype, copy=False)]
+        if tuple(arr.shape[1:]) == tuple(spec.shape[1:]) and spec.shape[0] == 1:
+            return [a[None].astype(spec.dtype, copy=False) for a in arr]
+        raise ExportError(f"--calibration {data}: shape {arr.shape} is neither input "
+                          f"{spec.name!r}'s {tuple(spec.shape)} nor a stack of them")
+    files = sorted(p for p in path.iterdir()
+                   if p.is_file() and p.suffix.lower() in (".npy",) + _IMAGE_SUFFIXES)
+    if not files:
+        raise ExportError(f"--calibration {data}: the folder has no images or .npy files")
+    samples = []
+    for f in files:
+        try:
+            arr = np.asarray(load_input(f, spec, preprocess))
+        except InputError as exc:
+            raise ExportError(f"--calibration: {exc}") from None
+        if arr.size != int(np.prod(spec.shape)):
+            raise ExportError(f"--calibration: {f.name} has shape {arr.shape}; input "
+                              f"{spec.name!r} takes {tuple(spec.shape)}")
+        samples.append(arr.reshape(spec.shape).astype(spec.dtype, copy=False))
+    return samples
+
+
+def _load_npy(path: Path) -> np.ndarray:
+    try:
+        return np.load(path, allow_pickle=False)
+    except (ValueError, OSError, EOFError) as exc:
+        raise ExportError(f"--calibration {path} is not a readable .npy file ({exc})") from None
+
+
+# ---- finding layers and taps ---------------------------------------------------------------------
+
+def _quantizable(model, inits: dict[str, np.ndarray]) -> list[tuple[int, object, int]]:
+    """(index, node, weight axis) of every Conv/Gemm/MatMul whose weight is a float
+    initializer."""
+    out = []
+    for index, node in enumerate(model.graph.node):
+        if node.domain not in ("", "ai.onnx") or len(node.input) < 2:
+            continue
+        w = inits.get(node.input[1])
+        if w is None or w.dtype != np.float32 or node.input[0] in inits:
+            continue
+        attrs = {a.name: a for a in node.attribute}
+        if node.op_type == "Conv" and w.ndim in (3, 4):
+            out.append((index, node, 0))
+        elif node.op_type == "MatMul" and w.ndim == 2:
+            out.append((index, node, 1))
+        elif node.op_type == "Gemm" and w.ndim == 2 and not (
+                "transA" in attrs and attrs["transA"].i):
+            trans_b = attrs["transB"].i if "transB" in attrs else 0
+            out.append((index, node, 0 if trans_b else 1))
+    return out
+
+
+def _node_name(node) -> str:
+    return node.name or node.output[0]
+
+
+def _tapped(model, taps: Sequence[str]):
+    """A copy of ``model`` that also returns ``taps`` (float tensors)."""
+    from onnx import TensorProto, helper
+
+    tapped = type(model)()
+    tapped.CopyFrom(model)
+    have = {o.name for o in tapped.graph.output}
+    for name in taps:
+        if name not in have:
+            tapped.graph.output.append(helper.make_tensor_value_info(name, TensorProto.FLOAT,
+                                                                     None))
+    return tapped
+
+
+# ---- ranges and scales -----------------------------------------------------------------------------
+
+class _Stats:
+    def __init__(self) -> None:
+        self.lo, self.hi = np.inf, -np.inf
+        self.kept: list[np.ndarray] = []
+
+    def add(self, x: np.ndarray, keep: bool, rng: np.random.Generator) -> None:
+        flat = x.ravel()
+        self.lo = min(self.lo, float(flat.min(initial=np.inf)))
+        self.hi = max(self.hi, float(flat.max(initial=-np.inf)))
+        if keep:
+            take = flat if flat.size <= _SAMPLE_VALUES else rng.choice(flat, _SAMPLE_VALUES)
+            self.kept.append(np.asarray(take, np.float32))
+
+    def range(self, method: str) -> tuple[float, float]:
+        if method == "percentile" and self.kept:
+            values = np.concatenate(self.kept)
+            lo = float(np.percentile(values, 100 - PERCENTILE))
+            hi = float(np.percentile(values, PERCENTILE))
+            return min(lo, 0.0), max(hi, 0.0)
+        return min(self.lo, 0.0), max(self.hi, 0.0)
+
+
+def uint8_params(lo: float, hi: float) -> tuple[np.float32, np.uint8]:
+    """Scale and zero point of an asymmetric uint8 range holding [lo, hi] (and 0)."""
+    lo, hi = min(lo, 0.0), max(hi, 0.0)
+    scale = np.float32((hi - lo) / 255.0) if hi > lo else np.float32(1.0)
+    zp = np.uint8(np.clip(np.round(-lo / scale), 0, 255))
+    return scale, zp
+
+
+def _qdq_uint8(x: np.ndarray, scale: np.float32, zp: np.uint8) -> np.ndarray:
+    q = np.clip(np.round(x / scale) + np.float32(zp), 0, 255)
+    return (q - np.float32(zp)) * scale
+
+
+def weight_params(w: np.ndarray, axis: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per-channel symmetric int8: (q int8, scale float32 [C])."""
+    moved = np.moveaxis(w, axis, 0)
+    peak = np.abs(moved.reshape(moved.shape[0], -1)).max(axis=1)
+    scale = np.where(peak > 0, peak / 127.0, 1.0).astype(np.float32)
+    shape = [1] * w.ndim
+    shape[axis] = -1
+    q = np.clip(np.round(w / scale.reshape(shape)), -127, 127).astype(np.int8)
+    return q, scale
+
+
+def _relative_rms(err: np.ndarray, ref: np.ndarray) -> float:
+    denom = float(np.sqrt(np.mean(np.square(ref, dtype=np.float64))))
+    return float(np.sqrt(np.mean(np.square(err, dtype=np.float64)))) / denom if denom > 0 else 0.0
+
+
+# ---- the quantized model ---------------------------------------------------------------------------
+
+@dataclass
+class Quantized:
+    model: object                 # the QDQ ModelProto
+    report: QuantizeReport
+    float_bundle: Path            # the tapped float bundle (for compare), in ``workdir``
+    float_outputs: list[dict[str, np.ndarray]]
+    input_name: str               # the bundle's input name
+    samples: list[np.ndarray]
+    workdir: tempfile.TemporaryDirectory
+
+    def close(self) -> None:
+        self.workdir.cleanup()
+
+
+def quantize_onnx(model_path: str | os.PathLike, samples: Sequence[np.ndarray],
+                  input_shapes: Mapping[str, Sequence[int]] | None = None,
+                  method: str = "minmax", max_layer_error: float = MAX_LAYER_ERROR) -> Quantized:
+    """Calibrate ``model_path`` on ``samples`` (values of its only input) and build its QDQ
+    form (see the module docstring). The caller exports ``result.model`` and then calls
+    ``compare``; ``result.close()`` removes the calibration bundle."""
+    import onnx
+    from onnx import numpy_helper
+
+    from ..frontends.onnx import import_onnx
+    from ..runtime import load
+    from .export import ExportOptions, export_module
+
+    if method not in METHODS:
+        raise ExportError(f"--calibration-method {method!r}: use one of {', '.join(METHODS)}")
+    if not samples:
+        raise ExportError("--calibration: no samples")
+    try:
+        model = onnx.load(str(model_path))
+    except Exception as exc:  # noqa: BLE001  (any parse failure is the user's file)
+        raise ExportError(f"{Path(model_path).name} is not a valid ONNX file: {exc}") from None
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
+    if opset < 13:   # per-axis DequantizeLinear needs opset 13
+        from onnx import version_converter
+        model = version_converter.convert_version(model, 13)
+    inits = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    graph_inputs = [i for i in model.graph.input if i.name not in inits]
+    if len(graph_inputs) != 1:
+        raise ExportError(f"--quantize int8 calibrates models with one input; this one has "
+                          f"{len(graph_inputs)}")
+    layers = _quantizable(model, inits)
+    if not layers:
+        raise ExportError("--quantize int8: the model has no Conv, Gemm or MatMul with constant "
+                          "float weights to quantize")
+    taps = list(dict.fromkeys(node.input[0] for _, node, _ in layers))
+    originals = [o.name for o in model.graph.output]
+    work = tempfile.TemporaryDirectory(prefix="mlcpack-calibration-")
+    try:
+        mod, info = import_onnx(_tapped(model, taps), input_shapes=input_shapes)
+        bundle = Path(work.name) / "float.mlc"
+        export_module(mod, bundle, ExportOptions(target="host", check=False))
+        input_name = info.input_names[graph_inputs[0].name]
+        keep = method == "percentile"
+        rng = np.random.default_rng(0)
+        stats = {t: _Stats() for t in taps}
+        outputs: list[dict[str, np.ndarray]] = []
+        with load(bundle) as fmodel:
+            for x in samples:
+                got = fmodel.run({input_name: x})
+                for t in taps:
+                    stats[t].add(got[t], keep, rng)
+                outputs.append({k: np.array(got[k]) for k in originals})
+            params = {t: uint8_params(*stats[t].range(method)) for t in taps}
+            act_err = {t: 0.0 for t in taps}
+            for x in samples:   # second pass: each tap's quantization error
+                got = fmodel.run({input_name: x})
+                for t in taps:
+                    err = _relative_rms(_qdq_uint8(got[t], *params[t]) - got[t], got[t])
+                    act_err[t] = max(act_err[t], err)
+    except BaseException:
+        work.cleanup()
+        raise
+    report = QuantizeReport(method, len(samples))
+    chosen = []
+    for index, node, axis in layers:
+        w = inits[node.input[1]]
+        q, scale = weight_params(w, axis)
+        shape = [1] * w.ndim
+        shape[axis] = -1
+        w_err = _relative_rms(q.astype(np.float32) * scale.reshape(shape) - w, w)
+        err = float(np.hypot(act_err[node.input[0]], w_err))
+        layer = Layer(_node_name(node), node.op_type, node.input[0], err,
+                      err <= max_layer_error)
+        report.layers.append(layer)
+        if layer.quantized:
+            chosen.append((index, axis, q, scale))
+    qdq = _build_qdq(model, inits, chosen, params)
+    return Quantized(qdq, report, bundle, outputs, input_name, list(samples), work)
+
+
+def _build_qdq(model, inits: dict[str, np.ndarray], chosen, params):
+    """``model`` with QuantizeLinear/DequantizeLinear on the chosen layers' inputs, their
+    weights int8 per channel behind DequantizeLinear, and Conv/Gemm biases int32."""
+    from onnx import helper, numpy_helper
+
+    out = type(model)()
+    out.CopyFrom(model)
+    graph = out.graph
+    new_inits, new_nodes = [], []
+    dq_of: dict[str, str] = {}   # activation -> its dequantized name
+    for index, axis, q, scale in chosen:
+        node = graph.node[index]
+        x = node.input[0]
+        if x not in dq_of:
+            s, zp = params[x]
+            base = f"{x}_mlcq"
+            new_inits += [numpy_helper.from_array(np.asarray(s, np.float32), f"{base}_scale"),
+                          numpy_helper.from_array(np.asarray(zp, np.uint8), f"{base}_zp")]
+            new_nodes.append((x, [helper.make_node("QuantizeLinear", [x, f"{base}_scale",
+                                                                      f"{base}_zp"], [f"{base}_q"]),
+                                  helper.make_node("DequantizeLinear", [f"{base}_q",
+                                                                        f"{base}_scale",
+                                                                        f"{base}_zp"],
+                                                   [f"{base}_dq"])]))
+            dq_of[x] = f"{base}_dq"
+        wname = f"{node.input[1]}_{_node_name(node)}_mlcq"
+        new_inits += [numpy_helper.from_array(q, f"{wname}_q"),
+                      numpy_helper.from_array(scale, f"{wname}_scale"),
+                      numpy_helper.from_array(np.zeros(scale.shape, np.int8), f"{wname}_zp")]
+        wdq = helper.make_node("DequantizeLinear", [f"{wname}_q", f"{wname}_scale", f"{wname}_zp"],
+                               [f"{wname}_dq"], axis=axis)
+        extra = [wdq]
+        bias_ok = node.op_type == "Conv" or (
+            node.op_type == "Gemm" and all(a.f == 1.0 for a in node.attribute
+                                           if a.name in ("alpha", "beta")))
+        if len(node.input) > 2 and node.input[2] in inits and bias_ok \
+                and inits[node.input[2]].shape == scale.shape:
+            b = inits[node.input[2]]
+            b_scale = (np.float32(params[x][0]) * scale).astype(np.float32)
+            bq = np.round(b.astype(np.float64) / b_scale).astype(np.int64)
+            if np.abs(bq).max(initial=0) < 2 ** 31:
+                bname = f"{node.input[2]}_{_node_name(node)}_mlcq"
+                new_inits += [numpy_helper.from_array(bq.astype(np.int32), f"{bname}_q"),
+                              numpy_helper.from_array(b_scale, f"{bname}_scale"),
+                              numpy_helper.from_array(np.zeros(b.shape, np.int32), f"{bname}_zp")]
+                extra.append(helper.make_node("DequantizeLinear", [f"{bname}_q", f"{bname}_scale",
+                                                                   f"{bname}_zp"],
+                                              [f"{bname}_dq"], axis=0))
+                node.input[2] = f"{bname}_dq"
+        node.input[0] = dq_of[x]
+        node.input[1] = f"{wname}_dq"
+        new_nodes.append((None, extra))
+    # Q/DQ of a graph input go first; of another tensor, right after its producer; weight DQs
+    # first (they read initializers only)
+    after: dict[str, list] = {}
+    head = []
+    for x, nodes in new_nodes:
+        if x is None or x not in {o for n in graph.node for o in n.output}:
+            head += nodes
+        else:
+            after.setdefault(x, []).extend(nodes)
+    ordered = list(head)
+    for n in graph.node:
+        copy = type(n)()
+        copy.CopyFrom(n)
+        ordered.append(copy)
+        for o in n.output:
+            ordered += after.pop(o, [])
+    del graph.node[:]
+    graph.node.extend(ordered)
+    graph.initializer.extend(new_inits)
+    return out
+
+
+# ---- the report after export ---------------------------------------------------------------------
+
+def compare(quantized: Quantized, bundle: str | os.PathLike, runs: int = 21) -> QuantizeReport:
+    """Run the int8 bundle on the calibration samples: per output, its error against the float
+    model, and the run time of both bundles (1 thread, alternating, medians)."""
+    from ..runtime import load
+
+    report = quantized.report
+    name = quantized.input_name
+    with load(bundle) as qmodel, load(quantized.float_bundle) as fmodel:
+        got = [qmodel.run({name: x}) for x in quantized.samples]
+        for out in quantized.float_outputs[0]:
+            ref = np.stack([o[out] for o in quantized.float_outputs]).astype(np.float64)
+            val = np.stack([g[out] for g in got]).astype(np.float64)
+            err = np.abs(val - ref)
+            scale = float(np.abs(ref).max()) or 1.0
+            noise = float(np.sum(err ** 2))
+            snr = 10 * np.log10(float(np.sum(ref ** 2)) / noise) if noise > 0 else np.inf
+            line = (f"  output {out!r} vs the float model on the calibration data: max abs "
+                    f"error {err.max():.4g} ({err.max() / scale:.2%} of its largest |value|), "
+                    f"SNR {snr:.1f} dB")
+            if ref.ndim >= 2 and ref.shape[-1] > 1:
+                agree = float(np.mean(ref.argmax(-1) == val.argmax(-1)))
+                line += f", argmax agrees {agree:.1%}"
+            report.outputs.append(line)
+        x = quantized.samples[0]
+        times: dict[str, list[float]] = {"int8": [], "float": []}
+        for _ in range(runs):
+            for label, m in (("int8", qmodel), ("float", fmodel)):
+                t = time.perf_counter()
+                m.run({name: x})
+                times[label].append(time.perf_counter() - t)
+    q_ms, f_ms = (1e3 * float(np.median(times[k])) for k in ("int8", "float"))
+    report.int8_ms, report.float_ms = q_ms, f_ms
+    report.speed = (f"  speed (1 thread, median of {runs}): int8 {q_ms:.3g} ms, float "
+                    f"{f_ms:.3g} ms: {f_ms / q_ms:.2f}x")
+    return report
+
+
+# ---- the whole export ------------------------------------------------------------------------------
+
+SLOWER_MARGIN = 1.05   # int8 counts as slower than float beyond this ratio of run times
+
+
+def export_int8(model_path: str | os.PathLike, out: str | os.PathLike, options,
+                samples: Sequence[np.ndarray], input_shapes: Mapping[str, Sequence[int]] | None,
+                method: str = "minmax", fallback: bool = False, float_module=None
+                ) -> tuple[object, QuantizeReport]:
+    """Quantize ``model_path`` on ``samples``, export the int8 bundle to ``out`` with
+    ``options`` (an ``ExportOptions``; its golden check, when on, runs ONNX Runtime on the QDQ
+    model), and report. When the int8 bundle runs slower than the float model: an
+    ``ExportError`` and nothing written, or with ``fallback`` the float bundle
+    (``float_module``, the imported float model) written instead. Returns (ExportReport,
+    QuantizeReport)."""
+    import dataclasses
+
+    from ..frontends.onnx import import_onnx
+    from .export import export_module
+
+    quantized = quantize_onnx(model_path, samples, input_shapes, method)
+    out = Path(out)
+    tmp = out.with_name(f".mlcpack-int8-{os.getpid()}-{out.name}")
+    try:
+        mod, info = import_onnx(quantized.model, input_shapes=input_shapes)
+        opts = options
+        if options.check:
+            from .golden import onnx_reference
+            reference, name = onnx_reference(quantized.model.SerializeToString(),
+                                             info.input_names)
+            opts = dataclasses.replace(options, reference=reference, reference_name=name)
+        report = export_module(mod, tmp, opts)
+        qreport = compare(quantized, tmp)
+        if qreport.int8_ms > qreport.float_ms * SLOWER_MARGIN:
+            why = (f"the int8 bundle runs slower than the float one on this machine (int8 "
+                   f"{qreport.int8_ms:.3g} ms, float {qreport.float_ms:.3g} ms)")
+            if not fallback:
+                raise ExportError(f"--quantize int8: {why}; nothing written "
+                                  "(--quantize-fallback writes the float bundle instead)")
+            if float_module is None:
+                float_module, _ = import_onnx(str(model_path), input_shapes=input_shapes)
+            fopts = options
+            if options.check:
+                from .golden import onnx_reference
+                reference, name = onnx_reference(model_path, info.input_names)
+                fopts = dataclasses.replace(options, reference=reference, reference_name=name)
+            report = export_module(float_module, tmp, fopts)
+            qreport.speed += f"\n  --quantize-fallback: {why}; wrote the float bundle"
+        os.replace(tmp, out)
+        report.path = str(out)
+        return report, qreport
+    finally:
+        quantized.close()
+        if tmp.exists():
+            tmp.unlink()
+

@@ -1,0 +1,179 @@
+"""Quantized ONNX models as exporters and ``onnxruntime.quantization`` write them (QDQ and
+QOperator, per tensor and per channel, uint8/int8, symmetric/asymmetric, reduce_range; dynamic
+quantization with ConvInteger/MatMulInteger/DynamicQuantizeLSTM) and a hand-built model with
+every other quantized operator, each exported, run by the runtime and compared with ONNX
+Runtime: bit-exact where ONNX defines the integers exactly, within one quantization step where a
+requantizing kernel rounds (QDQ: two), float32 rounding for integer products scaled to float."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import quant_models as qm
+from mlcpack.frontends.onnx import import_onnx
+from mlcpack.packager.export import ExportOptions, export_module
+from mlcpack.packager.ir.graph import Call, Constant
+from mlcpack.packager.passes import fold_constants
+from mlcpack.packager.passes.simplify import fold_dequantize
+from mlcpack.runtime import load
+from mlcpack.runtime.verify import compare_output
+
+ort = pytest.importorskip("onnxruntime")
+pytest.importorskip("onnxruntime.quantization")
+
+
+def _ort(path: Path, feeds: dict) -> dict[str, np.ndarray]:
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = 1
+    sess = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+    return dict(zip([o.name for o in sess.get_outputs()], sess.run(None, feeds)))
+
+
+def _bundle(path: Path, feeds: dict) -> dict[str, np.ndarray]:
+    mod, _ = import_onnx(str(path))
+    out = path.with_suffix(".mlc")
+    export_module(mod, out, ExportOptions(target="host", check=False))
+    with load(out) as model:
+        return model.run(feeds)
+
+
+# (float model, quantization): the forms onnxruntime.quantization writes
+CASES = {
+    "conv_qdq_per_channel_u8s8": ("conv_net", dict(mode="QDQ", per_channel=True)),
+    "conv_qdq_per_tensor_s8s8_symmetric": ("conv_net", dict(mode="QDQ", activation="QInt8",
+                                                             symmetric=True)),
+    "conv_qop_per_channel_reduce_range": ("conv_net", dict(mode="QOperator", per_channel=True,
+                                                            reduce_range=True)),
+    "mlp_qop_per_tensor_u8u8": ("mlp", dict(mode="QOperator", weight="QUInt8")),
+    "conv_dynamic_per_channel": ("conv_net", dict(mode="dynamic", per_channel=True)),
+    "lstm_dynamic": ("lstm", dict(mode="dynamic")),
+}
+
+
+@pytest.fixture(scope="module")
+def float_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    folder = tmp_path_factory.mktemp("float")
+    return {"conv_net": qm.conv_net(folder / "conv_net.onnx"), "mlp": qm.mlp(folder / "mlp.onnx"),
+            "lstm": qm.lstm(folder / "lstm.onnx")}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_ort_quantized_model_matches_ort(case: str, float_models: dict[str, Path],
+                                         tmp_path: Path) -> None:
+    base, how = CASES[case]
+    path = qm.ort_quantize(float_models[base], tmp_path / f"{case}.onnx", **how)
+    feeds = qm.random_feeds(path)[0]
+    ref, got = _ort(path, feeds)["y"], _bundle(path, feeds)["y"]
+    err = np.abs(got.astype(np.float64) - ref)
+    step = qm.output_step(path)
+    if how["mode"] == "QOperator":        # integer kernels end to end: the same integers
+        assert err.max() <= step + 1e-6, (err.max(), step)
+    elif how["mode"] == "QDQ":            # ORT fuses QDQ into its own requantization
+        assert err.max() <= 2 * step + 1e-6, (err.max(), step)
+    else:   # int32 products scaled to float (the LSTM's X and h requantized as ORT does)
+        np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())
+
+
+@pytest.fixture(scope="module")
+def handmade(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, dict]:
+    path = qm.handmade_model(tmp_path_factory.mktemp("handmade") / "forms.onnx")
+    feeds = qm.handmade_feeds()
+    return _ort(path, feeds), _bundle(path, feeds)
+
+
+def test_exact_forms_are_bit_exact(handmade: tuple[dict, dict]) -> None:
+    ref, got = handmade
+    assert abs(int(ref["mi_big"][0, 0])) > 2 ** 24   # a sum float32 cannot hold
+    for name in qm.EXACT_OUTPUTS:
+        assert got[name].dtype == ref[name].dtype, name
+        np.testing.assert_array_equal(got[name].reshape(ref[name].shape), ref[name],
+                                      err_msg=name)
+
+
+def test_requantized_forms_within_one_step(handmade: tuple[dict, dict]) -> None:
+    ref, got = handmade
+    for name in qm.REQUANTIZED_OUTPUTS:
+        assert got[name].dtype == ref[name].dtype, name
+        diff = np.abs(got[name].astype(np.int32) - ref[name].astype(np.int32))
+        assert diff.max() <= 1, (name, diff.max())
+
+
+def test_scaled_integer_products(handmade: tuple[dict, dict]) -> None:
+    ref, got = handmade
+    for name in qm.SCALED_OUTPUTS:
+        np.testing.assert_allclose(got[name], ref[name], rtol=2e-6,
+                                   atol=2e-6 * np.abs(ref[name]).max(), err_msg=name)
+
+
+def test_qdq_weights_reach_the_pipeline_as_int8(float_models: dict[str, Path],
+                                                tmp_path: Path) -> None:
+    # The contract with the integer-kernel fusion (frontends/onnx/quant.py): a QDQ weight is
+    # dequantize(int8 constant, scale, zero point) until fold_dequantize
+    path = qm.ort_quantize(float_models["conv_net"], tmp_path / "qdq.onnx", mode="QDQ",
+                           per_channel=True)
+    mod, _ = import_onnx(str(path))
+
+    def dequantized_constants(m) -> list[Call]:
+        return [b.value for b in m.main.bindings() if isinstance(b.value, Call)
+                and b.value.op == "dequantize" and isinstance(b.value.args[0], Constant)]
+
+    folded = fold_constants(mod)
+    weights = dequantized_constants(folded)
+    assert weights and {w.args[0].type.dtype for w in weights} <= {"int8", "int32"}
+    conv_weight = next(w for w in weights if len(w.args[0].type.shape) == 4)
+    out_channels = conv_weight.args[0].type.shape[0]
+    assert conv_weight.args[1].type.shape == (out_channels, 1, 1, 1)    # per-channel scale
+    assert conv_weight.args[2].type.dtype == "int8"                      # zero point always there
+    ops = [b.value.op for b in folded.main.bindings() if isinstance(b.value, Call)]
+    assert "quantize" in ops and "nn.conv2d" in ops
+    assert not dequantized_constants(fold_dequantize(folded))
+
+
+def test_golden_check_rule_for_quantized_outputs() -> None:
+    # one step apart on a few values passes; a zero point misread (every value shifted) fails
+    rng = np.random.default_rng(0)
+    step = 0.05
+    ref = (rng.integers(-60, 60, 200) * step).astype(np.float32)
+    flipped = ref.copy()
+    flipped[::17] += step
+    assert compare_output("y", flipped, ref, 1e-3, 1e-4, step=step).ok
+    assert not compare_output("y", flipped, ref, 1e-3, 1e-4).ok    # not as a float model
+    assert not compare_output("y", ref + 3 * step, ref, 1e-3, 1e-4, step=step).ok
+    q = rng.integers(0, 255, 50).astype(np.uint8)
+    assert compare_output("q", q + 1, q, 1e-3, 1e-4, step=1.0).ok
+    assert not compare_output("q", q + 1, q, 1e-3, 1e-4).ok
+
+
+def test_cli_export_golden_check_and_verify(float_models: dict[str, Path], tmp_path: Path,
+                                            run_cli) -> None:
+    path = qm.ort_quantize(float_models["conv_net"], tmp_path / "qdq.onnx", mode="QDQ",
+                           per_channel=True)
+    out = tmp_path / "qdq.mlc"
+    proc = run_cli("export", path, "-o", out, "--target", "host", timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "golden check passed against onnxruntime" in proc.stdout
+    assert "quantization steps" in proc.stdout
+    proc = run_cli("verify", out)
+    assert proc.returncode == 0 and "PASS" in proc.stdout, proc.stdout + proc.stderr
+
+
+def test_dynamic_quantize_of_zeros(tmp_path: Path) -> None:
+    # an all-zero input: ONNX Runtime's scale is 1 (a zero range), not 0
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph(
+        [helper.make_node("DynamicQuantizeLinear", ["x"], ["y", "s", "z"])], "dql",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+        [helper.make_tensor_value_info(n, t, None)
+         for n, t in (("y", TensorProto.UINT8), ("s", TensorProto.FLOAT),
+                      ("z", TensorProto.UINT8))])
+    path = tmp_path / "dql.onnx"
+    qm.onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), path)
+    feeds = {"x": np.zeros((2, 3), np.float32)}
+    ref, got = _ort(path, feeds), _bundle(path, feeds)
+    for name in ("y", "s", "z"):
+        np.testing.assert_array_equal(got[name].reshape(ref[name].shape), ref[name])
+    assert float(got["s"]) == 1.0

@@ -1,0 +1,174 @@
+"""Quantization at export (packager/quantize.py, ``mlcpack export --quantize int8
+--calibration DATA``): the QDQ model it builds, layers left in float, the report against the
+float model, the demo CNN calibrated on its sample digits through the command line, and a
+one-line error for each bad option."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+
+import quant_models as qm
+from mlcpack.frontends.onnx import import_onnx
+from mlcpack.packager.export import ExportOptions, export_module
+from mlcpack.packager.quantize import quantize_onnx, read_calibration
+from mlcpack.runtime import load
+from mlcpack.runtime.model import TensorSpec
+
+ROOT = Path(__file__).resolve().parent.parent
+SAMPLES = ROOT / "artifacts" / "samples"
+
+
+@pytest.fixture(scope="module")
+def conv_net(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[np.ndarray]]:
+    path = qm.conv_net(tmp_path_factory.mktemp("float") / "conv_net.onnx")
+    return path, [f["x"] for f in qm.random_feeds(path, seed=5, n=8)]
+
+
+def _export_and_run(model: onnx.ModelProto, feeds: dict, tmp_path: Path) -> dict:
+    mod, _ = import_onnx(model)
+    export_module(mod, tmp_path / "q.mlc", ExportOptions(target="host"))
+    with load(tmp_path / "q.mlc") as bundle:
+        return bundle.run(feeds)
+
+
+@pytest.mark.parametrize("method", ["minmax", "percentile"])
+def test_qdq_model_close_to_float(method: str, conv_net, tmp_path: Path) -> None:
+    path, samples = conv_net
+    q = quantize_onnx(path, samples, method=method)
+    try:
+        ops = [n.op_type for n in q.model.graph.node]
+        assert ops.count("QuantizeLinear") == 4        # x, the two conv inputs, the Gemm's
+        weights = {t.name: t.data_type for t in q.model.graph.initializer}
+        assert sum(1 for n, t in weights.items() if n.endswith("_q") and t == onnx.TensorProto.INT8) == 4
+        assert all(layer.quantized for layer in q.report.layers)
+        x = qm.random_feeds(path, seed=9)[0]["x"]       # not a calibration sample
+        with load(q.float_bundle) as fmodel:
+            ref = fmodel.run({"x": x})["y"]
+        got = _export_and_run(q.model, {"x": x}, tmp_path)["y"]
+        snr = 10 * np.log10(np.sum(ref ** 2) / np.sum((got - ref) ** 2))
+        assert snr > 30, snr
+        assert got.argmax() == ref.argmax()
+    finally:
+        q.close()
+
+
+def test_outlier_layer_left_in_float(conv_net) -> None:
+    # one calibration sample with a spike: min/max stretches the input's range, so the first
+    # conv's input error is large and it stays float (the spike reaches later layers too)
+    path, samples = conv_net
+    spiked = [s.copy() for s in samples]
+    spiked[0][0, 0, 3, 3] = 5000.0
+    q = quantize_onnx(path, spiked)
+    try:
+        first = q.report.layers[0]
+        assert not first.quantized and first.error > 0.05
+        assert all(layer.quantized == (layer.error <= 0.05) for layer in q.report.layers)
+        assert "left in float: Conv" in "\n".join(q.report.summary())
+        conv = next(n for n in q.model.graph.node if n.op_type == "Conv")
+        assert conv.input[0] == "x"     # its input is not quantized in the QDQ model
+    finally:
+        q.close()
+
+
+def test_error_threshold_splits_layers(conv_net) -> None:
+    path, samples = conv_net
+    errors = sorted(layer.error for layer in quantize_onnx(path, samples).report.layers)
+    limit = (errors[1] + errors[2]) / 2
+    q = quantize_onnx(path, samples, max_layer_error=limit)
+    try:
+        kept = [layer for layer in q.report.layers if layer.quantized]
+        assert len(kept) == 2
+        quantized_inputs = {layer.activation for layer in kept}
+        ops = [n.op_type for n in q.model.graph.node]
+        assert ops.count("QuantizeLinear") == len(quantized_inputs)
+    finally:
+        q.close()
+
+
+def test_read_calibration_forms(tmp_path: Path) -> None:
+    spec = TensorSpec("x", (1, 3, 4, 4), "float32", 0)
+    rng = np.random.default_rng(0)
+    stack = rng.normal(size=(5, 3, 4, 4)).astype(np.float32)
+    np.save(tmp_path / "stack.npy", stack)
+    got = read_calibration(tmp_path / "stack.npy", spec, None)
+    assert len(got) == 5 and got[2].shape == (1, 3, 4, 4)
+    np.testing.assert_array_equal(got[2][0], stack[2])
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    for i in range(3):
+        np.save(folder / f"{i}.npy", stack[i:i + 1])
+    assert len(read_calibration(folder, spec, None)) == 3
+
+
+def test_cli_quantizes_the_demo_cnn_on_its_sample_digits(tmp_path: Path, run_cli) -> None:
+    out = tmp_path / "cnn_int8.mlc"
+    digits = tmp_path / "digits"      # the ten sample PNGs (the folder also holds .npy files)
+    digits.mkdir()
+    for d in range(10):
+        (digits / f"digit_{d}.png").write_bytes((SAMPLES / f"digit_{d}.png").read_bytes())
+    proc = run_cli("export", ROOT / "artifacts" / "cnn.onnx", "-o", out, "--target", "host",
+                   "--quantize", "int8", "--calibration", digits, "--quantize-fallback",
+                   timeout=180)
+    assert proc.returncode == 0, proc.stderr
+    text = proc.stdout
+    assert "quantized int8:" in text and "from minmax over 10 calibration samples" in text
+    line = next(x for x in text.splitlines() if "vs the float model" in x)
+    assert "argmax agrees 100.0%" in line, line
+    assert "speed (1 thread" in text
+    assert "golden check passed" in text
+    assert out.exists()
+    # the written bundle (int8, or float when int8 was slower) classifies sample digits (all
+    # ten: test_int8_digits_match_float_predictions)
+    for d in (0, 7):
+        proc = run_cli("infer", out, SAMPLES / f"digit_{d}.png")
+        assert proc.returncode == 0, proc.stderr
+        assert proc.stdout.split("\n")[0].endswith(f": {d}"), proc.stdout
+
+
+def test_int8_digits_match_float_predictions(tmp_path: Path) -> None:
+    # the int8 model itself (whatever the speed gate decides): same class on every sample
+    from mlcpack.runtime.preprocess import load_input
+
+    model = ROOT / "artifacts" / "cnn.onnx"
+    name = onnx.load(str(model)).graph.input[0].name
+    spec = TensorSpec(name, (1, 1, 28, 28), "float32", 0)
+    pre = {"size": [28, 28], "color": "L", "scale": 1 / 255, "mean": [0.0], "std": [1.0],
+           "layout": "NCHW"}
+    images = [load_input(SAMPLES / f"digit_{d}.png", spec, pre) for d in range(10)]
+    q = quantize_onnx(model, images)
+    try:
+        mod, info = import_onnx(q.model)
+        export_module(mod, tmp_path / "q.mlc", ExportOptions(target="host"))
+        feed = info.input_names[name]
+        out = next(iter(q.float_outputs[0]))
+        with load(tmp_path / "q.mlc") as qb:
+            for d, x in enumerate(images):
+                assert qb.run({feed: x})[out].argmax() == d
+                assert q.float_outputs[d][out].argmax() == d
+    finally:
+        q.close()
+
+
+@pytest.mark.parametrize("args, expect", [
+    (["--quantize", "int4", "--calibration", "SAMPLES"], "only int8"),
+    (["--quantize", "int8"], "needs --calibration"),
+    (["--calibration", "SAMPLES"], "go with --quantize int8"),
+    (["--quantize", "int8", "--calibration", "SAMPLES", "--calibration-method", "entropy"],
+     "use minmax or percentile"),
+    (["--quantize", "int8", "--calibration", "MISSING"], "no such file or folder"),
+    (["--quantize", "int8", "--calibration", "EMPTY"], "has no images or .npy files"),
+])
+def test_bad_options_are_one_line_errors(args: list[str], expect: str, tmp_path: Path, run_cli,
+                                         one_line_error) -> None:
+    (tmp_path / "empty").mkdir()
+    subst = {"SAMPLES": str(SAMPLES), "MISSING": str(tmp_path / "nope"),
+             "EMPTY": str(tmp_path / "empty")}
+    out = tmp_path / "x.mlc"
+    proc = run_cli("export", ROOT / "artifacts" / "cnn.onnx", "-o", out, "--target", "host",
+                   *[subst.get(a, a) for a in args])
+    assert expect in one_line_error(proc)
+    assert not out.exists()
