@@ -73,24 +73,7 @@ def _guarded(debug: bool, fn: Callable[[], Any]) -> Any:
               "traceback, and please report it)", EXIT_INTERNAL)
 
 
-def _parse_binds(values: list[str]) -> dict:
-    """``--bind name=file.npy``: the arrays (read without pickles)."""
-    import numpy as np
-    out = {}
-    for item in values:
-        name, sep, path = item.partition("=")
-        if not sep or not name or not path:
-            _fail(f"--bind {item!r} should look like name=file.npy", 2)
-        try:
-            out[name] = np.load(path, allow_pickle=False)
-        except (OSError, ValueError) as exc:
-            _fail(f"--bind {name}: cannot read {path} as a .npy array: "
-                  f"{' '.join(str(exc).split())}", 2)
-    return out
-
-
-def _parse_shapes(values: list[str], flag: str = "--input-shape"
-                  ) -> dict[str, tuple[int | None, ...]]:
+def _parse_shapes(values: list[str]) -> dict[str, tuple[int | None, ...]]:
     """``name=1,3,224,224``; a dim that is a name (``N``) stays symbolic (a size variable; the
     batch, with --batch-sizes, when it is the first)."""
     shapes: dict[str, tuple[int | None, ...]] = {}
@@ -103,7 +86,7 @@ def _parse_shapes(values: list[str], flag: str = "--input-shape"
             # a name keeps that dim symbolic (the batch, with --batch-sizes, if first)
             shapes[name] = tuple(d if d.isidentifier() else int(d) for d in parts)
         except ValueError:
-            _fail(f"{flag} {item!r} should look like name=1,3,224,224 (or name=N,3,224,224 "
+            _fail(f"--input-shape {item!r} should look like name=1,3,224,224 (or name=N,3,224,224 "
                   "with --batch-sizes)", 2)
     return shapes
 
@@ -228,8 +211,7 @@ def _recorded_preprocess(mod: Any, given: dict[str, Any], labels: Optional[list[
 
 
 def _build_module(model: Path, arch: Optional[Path], shapes: dict[str, tuple[int | None, ...]],
-                  batch_sizes: Optional[list[int]] = None, check: bool = True,
-                  bind: Optional[dict] = None, max_shapes: Optional[dict] = None):
+                  batch_sizes: Optional[list[int]] = None, check: bool = True):
     """(modules by batch size (key None: one fixed-shape module), a golden-check reference
     or None, the reference's name)."""
     suffix = model.suffix.lower()
@@ -239,8 +221,7 @@ def _build_module(model: Path, arch: Optional[Path], shapes: dict[str, tuple[int
         from ..frontends.onnx import import_onnx
         from .golden import onnx_reference
         if not batch_sizes:
-            mod, info = import_onnx(str(model), input_shapes=_at_batch(shapes, None) or None,
-                                    bind=bind, max_shapes=max_shapes)
+            mod, info = import_onnx(str(model), input_shapes=_at_batch(shapes, None) or None)
             if not check:
                 return {None: mod}, None, None
             reference, name = onnx_reference(model, info.input_names)
@@ -251,7 +232,7 @@ def _build_module(model: Path, arch: Optional[Path], shapes: dict[str, tuple[int
             given = _at_batch(shapes, b)
             for name in batch_inputs:  # a symbolic first dim kept from the ONNX model
                 given.setdefault(name, batch_inputs[name](b))
-            mods[b], info = import_onnx(proto, input_shapes=given or None, bind=bind)
+            mods[b], info = import_onnx(proto, input_shapes=given or None)
         if not check:
             return mods, None, None
         reference, name = onnx_reference(proto.SerializeToString(), info.input_names)
@@ -424,11 +405,6 @@ def export(
                                               "batch is the first dim named in --input-shape "
                                               "(x=N,3,224,224) or symbolic in the ONNX model",
                                               metavar="B1,B2,..."),
-    bind: list[str] = typer.Option([], help="make an input a constant with this array "
-                                   "(repeatable)", metavar="NAME=FILE.npy"),
-    max_shape: list[str] = typer.Option([], help="largest size of each dim of an input with "
-                                        "symbolic dims: name=1,3,1280,1280 (larger inputs are "
-                                        "refused at run time)", metavar="NAME=DIMS"),
     check: bool = typer.Option(True, "--check/--no-check", help="run the model once with a "
                                "reference and with the bundle, embed the pair, fail on a "
                                "mismatch (default on)"),
@@ -466,15 +442,10 @@ def export(
         check_inputs = _parse_check_inputs(check_input) if check else None
         given = _preprocess_options(input_size, color, scale, mean, std, layout)
         label_list = _labels(labels)
-        binds = _parse_binds(bind)
-        bounds = _parse_shapes(max_shape, "--max-shape")
-        if (binds or bounds) and model.suffix.lower() != ".onnx":
-            _fail("--bind and --max-shape are for ONNX models", 2)
         _check_quantize_options(model, quantize, calibration, calibration_method,
                                 quantize_fallback, sizes)
         mods, reference, reference_name = _build_module(model, arch, shapes, sizes,
-                                                        check and not quantize,
-                                                        binds or None, bounds or None)
+                                                        check and not quantize)
         mod = mods[min(mods)] if sizes else mods[None]
         pre = _recorded_preprocess(mod, given, label_list)
         opts = ExportOptions(target=target, preprocess=pre, labels=label_list,

@@ -109,16 +109,12 @@ def _scaled() -> onnx.ModelProto:
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
-def test_bind_max_shape_and_shape_arithmetic_from_the_cli(tmp_path, run_cli,
-                                                          one_line_error) -> None:
+def test_bind_max_shape_and_shape_arithmetic(tmp_path) -> None:
     model = _scaled()
-    onnx.save(model, tmp_path / "m.onnx")
     s = RNG.standard_normal((1, 4, 1, 1)).astype(np.float32)
-    np.save(tmp_path / "s.npy", s)
     out = tmp_path / "m.mlc"
-    proc = run_cli("export", tmp_path / "m.onnx", "-o", out, "--bind", f"s={tmp_path / 's.npy'}",
-                   "--max-shape", "x=1,2,1,64")
-    assert proc.returncode == 0, proc.stderr
+    mod, _ = import_onnx(model, bind={"s": s}, max_shapes={"x": (1, 2, 1, 64)})
+    export_module(mod, out)
     session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     with load(out) as m:
         assert [i.name for i in m.inputs] == ["x"]
@@ -133,10 +129,9 @@ def test_bind_max_shape_and_shape_arithmetic_from_the_cli(tmp_path, run_cli,
             m.run({"x": np.zeros((1, 2, 1, 66), np.float32)})
         with pytest.raises(InputError, match="W must be a multiple of 2, got W = 7"):
             m.run({"x": np.zeros((1, 2, 1, 7), np.float32)})
-    np.save(tmp_path / "bad.npy", s.astype(np.float64))
-    for args, text in ((["--bind", f"s={tmp_path / 'bad.npy'}"], "the model takes float32"),
-                       (["--bind", "t=x.npy"], "cannot read"),
-                       (["--max-shape", "x=1,2,1,0"], "size 0 at axis 3 is below 1")):
-        proc = run_cli("export", tmp_path / "m.onnx", "-o", tmp_path / "bad.mlc", *args)
-        assert text in one_line_error(proc)
-    assert not (tmp_path / "bad.mlc").exists()
+    from mlcpack.packager.errors import ExportError
+    for kwargs, text in (({"bind": {"s": s.astype(np.float64)}}, "the model takes float32"),
+                         ({"bind": {"t": s}}, "'t', which is not an input"),
+                         ({"max_shapes": {"x": (1, 2, 1, 0)}}, "size 0 at axis 3 is below 1")):
+        with pytest.raises(ExportError, match=text):
+            import_onnx(model, **kwargs)
