@@ -135,3 +135,20 @@ def test_bind_max_shape_and_shape_arithmetic(tmp_path) -> None:
                          ({"max_shapes": {"x": (1, 2, 1, 0)}}, "size 0 at axis 3 is below 1")):
         with pytest.raises(ExportError, match=text):
             import_onnx(model, **kwargs)
+
+
+def test_softmax_rows_at_run_time(tmp_path) -> None:
+    # the vectorized softmax kernel with a run-time row count (a recognizer's class scores)
+    graph = helper.make_graph([helper.make_node("Softmax", ["x"], ["y"], axis=-1)], "s",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT,
+                                                             [1, "T", 37])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    mod, _ = import_onnx(model)
+    export_module(mod, tmp_path / "s.mlc")
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    with load(tmp_path / "s.mlc") as m:
+        for t in (1, 5, 40):
+            x = (RNG.standard_normal((1, t, 37)) * 5).astype(np.float32)
+            np.testing.assert_allclose(m.run({"x": x})["y"], session.run(None, {"x": x})[0],
+                                       rtol=1e-5, atol=1e-7)

@@ -216,3 +216,44 @@ def emit_symbolic_conv(module: ir.Module, func: PrimFunc, symbol: str, vl: int,
             or not isinstance(x_t.shape[1], int) or len(match.out.axes) != 4:
         return None
     return SymbolicConvEmitter(module, func, symbol, match, vl, size_vars).emit()
+
+
+# ---- softmax over a static last axis, a run-time number of rows ----------------------------------
+
+def emit_symbolic_softmax(module: ir.Module, func: PrimFunc, symbol: str, vl: int,
+                          size_vars: tuple[str, ...]) -> KernelInfo | None:
+    """The vectorized softmax kernel (``codegen/softmax.py``) when only the number of rows is a
+    run-time size (a recognizer's per-column class scores): the rows loop takes it from the
+    size variables; the row length stays static."""
+    from .softmax import SoftmaxEmitter, match_softmax
+    match = match_softmax(func)
+    if match is None or not isinstance(func.inputs[0].shape[-1], int):
+        return None
+
+    class _Emitter(SoftmaxEmitter):
+        def __init__(self) -> None:
+            super().__init__(module, func, symbol, *match, vl)
+            self.size_vars = size_vars
+            self.symbolic = True
+
+        def emit(self) -> KernelInfo:
+            x_t = self.func.inputs[0]
+            body_fn, ptr_types = self._begin_body([x_t, self.out], workspace=False)
+            x_ptr, out_ptr = body_fn.args[:2]
+            b = self.builder
+            n = x_t.shape[-1]
+            rows = self._dim_value(product(x_t.shape[:-1]))
+            group = self._group(n)
+            groups = b.sdiv(rows, const_i64(group))
+            with for_range(b, const_i64(0), groups, "grp") as g:
+                first = b.mul(g, const_i64(group), flags=("nsw",))
+                self._rows([self._row_ptrs(x_ptr, out_ptr, b.add(first, const_i64(r)), n)
+                            for r in range(group)], n)
+            if group > 1:
+                with for_range(b, b.mul(groups, const_i64(group)), rows, "row") as row:
+                    self._rows([self._row_ptrs(x_ptr, out_ptr, row, n)], n)
+            b.ret_void()
+            self._emit_entry(body_fn, len(ptr_types), ptr_types)
+            return KernelInfo(self.symbol, 1, 1, 0, False, symbolic=True)
+
+    return _Emitter().emit()
