@@ -15,7 +15,7 @@ from ..ir import te
 from ..ir.graph import TensorType
 from .elementwise import broadcast_read, scalar_of
 from ..ir.sym import assume, dim, is_static
-from .registry import INJECTIVE, REDUCTION, broadcast_shape, register_op
+from .registry import INJECTIVE, REDUCTION, broadcast_shape, register_op, size_expr
 
 
 def _wrapped_index(value: te.Expr, size: int) -> te.Expr:
@@ -134,7 +134,7 @@ def _legalize_strided_slice(x: te.Tensor, out_type: TensorType, name: str, start
                             axes=(), steps=()) -> te.Tensor:
     ranges = slice_ranges(x.shape, starts, ends, axes, steps)
     return te.compute(out_type.shape,
-                      lambda *i: x[tuple(v * st + s for v, (s, st, _) in zip(i, ranges))],
+                      lambda *i: x[tuple(v * st + size_expr(s) for v, (s, st, _) in zip(i, ranges))],
                       name=name)
 
 

@@ -284,7 +284,7 @@ def _reduce_legalizer(combiner: str):
             value = x[tuple(idx)]
             rs = tuple(raxes.values())
             if combiner == "mean" and isinstance(count, SymExpr):   # a run-time count
-                return te.sum_of(value, rs) / te.cast(te.as_expr(count), value.dtype)
+                return te.sum_of(value, rs) / te.cast(te.Const(count, "int64"), value.dtype)
             if combiner == "mean":
                 return te.sum_of(value, rs) * (1.0 / count)
             return te._reduce(combiner, value, rs)

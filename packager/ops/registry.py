@@ -58,6 +58,14 @@ def get_op(name: str) -> OpDef:
         raise KeyError(f"unknown operator {name!r}") from None
 
 
+def size_expr(d: object) -> object:
+    """A dim as a tensor-expression operand: a run-time size (``SymExpr``) as an int64
+    ``te.Const`` the lowering evaluates from the size variables; an int as is."""
+    from ..ir import te
+    from ..ir.sym import SymExpr
+    return te.Const(d, "int64") if isinstance(d, SymExpr) else d
+
+
 def broadcast_shape(*shapes: tuple[int, ...]) -> tuple[int, ...]:
     if not all(is_static(s) for s in shapes):
         return _broadcast_symbolic(shapes)

@@ -7,7 +7,7 @@ import numpy as np
 from ..ir import te
 from ..ir.graph import TensorType
 from ..ir.sym import assume, dim, is_static, product
-from .registry import INJECTIVE, VIEW, register_op
+from .registry import INJECTIVE, VIEW, register_op, size_expr
 
 
 def _infer_reshape(x: TensorType, shape=()) -> TensorType:
@@ -67,11 +67,12 @@ def _legalize_concat(*xs: te.Tensor, out_type: TensorType, name: str, axis: int 
         # Later inputs win from their start offset on: select(i >= start_k, x_k[...], earlier).
         value: te.Expr | None = None
         for t, start in zip(xs, starts[:-1]):
-            local = i[axis] - start
-            idx = tuple(te.minimum(te.maximum(local, 0), t.shape[axis] - 1) if d == axis else v
-                        for d, v in enumerate(i))
+            local = i[axis] - size_expr(start)
+            idx = tuple(te.minimum(te.maximum(local, 0), size_expr(dim(t.shape[axis] - 1)))
+                        if d == axis else v for d, v in enumerate(i))
             read = t[idx]
-            value = read if value is None else te.if_then_else(i[axis] >= start, read, value)
+            value = read if value is None else te.if_then_else(i[axis] >= size_expr(start),
+                                                               read, value)
         return value
 
     return te.compute(out_type.shape, body, name=name)
@@ -98,9 +99,10 @@ def _legalize_sym_values(out_type: TensorType, name: str, values=(), shape=(),
         flat: te.Expr = te.const(0, "int64")
         for idx, st in zip(i, strides):
             flat = flat + idx * st
-        value: te.Expr = te.cast(te.as_expr(values[-1], "int64"), dtype)
+        value: te.Expr = te.cast(te.as_expr(size_expr(values[-1]), "int64"), dtype)
         for k in range(len(values) - 2, -1, -1):
-            value = te.if_then_else(te.eq(flat, k), te.cast(te.as_expr(values[k], "int64"), dtype),
+            value = te.if_then_else(te.eq(flat, k),
+                                    te.cast(te.as_expr(size_expr(values[k]), "int64"), dtype),
                                     value)
         return value
 
@@ -120,8 +122,9 @@ def _infer_arange(start=0, delta=1, length=1, dtype="int64") -> TensorType:
 def _legalize_arange(out_type: TensorType, name: str, start=0, delta=1, length=1,
                      dtype="int64") -> te.Tensor:
     return te.compute(out_type.shape,
-                      lambda i: te.cast(te.as_expr(start, "int64") + i * te.as_expr(delta, "int64"),
-                                        dtype), name=name, dtype=dtype)
+                      lambda i: te.cast(te.as_expr(size_expr(start), "int64")
+                                        + i * te.as_expr(size_expr(delta), "int64"), dtype),
+                      name=name, dtype=dtype)
 
 
 @register_op("arange", INJECTIVE, _infer_arange, _legalize_arange)
