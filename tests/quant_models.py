@@ -13,6 +13,7 @@ from onnx import helper as h
 from onnx import numpy_helper as nh
 
 MS = "com.microsoft"
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def _save(nodes, inputs, outputs, inits, path: Path, opsets=(("", 17),)) -> Path:
