@@ -217,6 +217,9 @@ def as_expr(value: object, dtype: str | None = None) -> Expr:
         return Const(value, "bool")
     if isinstance(value, int):
         return Const(value, dtype or "int64")
+    if isinstance(value, SymExpr):   # a size known at run time, as an int64 value
+        return Const(value, "int64") if dtype in (None, "int64") else Cast(Const(value, "int64"),
+                                                                           dtype)
     if isinstance(value, float):
         return Const(value, dtype if dtype in FLOAT_DTYPES else "float32")
     raise TypeError(f"cannot use {value!r} in a tensor expression")
