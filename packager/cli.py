@@ -15,6 +15,7 @@ from typing import Any, Callable, Optional
 import numpy as np
 import typer
 
+from ..frontends.loader import load_model, shapes_at_batch
 from ..runtime import commands
 from ..runtime.errors import MlcpackError
 
@@ -101,17 +102,6 @@ def _parse_batch_sizes(text: Optional[str]) -> Optional[list[int]]:
     except ValueError:
         _fail(f"--batch-sizes {text!r} should be positive integers, e.g. 1,8,32", 2)
     return sizes
-
-
-def _at_batch(shapes: dict[str, tuple[int | None, ...]], batch: Optional[int]
-              ) -> dict[str, tuple[int, ...]]:
-    if batch is None:   # named dims stay symbolic (size variables)
-        return dict(shapes)
-    named = [k for k, v in shapes.items() if any(isinstance(d, str) for d in v[1:])]
-    if named:
-        _fail(f"--input-shape {named[0]}: with --batch-sizes only the first dimension may be "
-              "named (the batch)", 2)
-    return {k: tuple(batch if isinstance(d, str) else d for d in v) for k, v in shapes.items()}
 
 
 def _parse_check_inputs(values: list[str]) -> Optional[dict[str, np.ndarray]]:
@@ -210,98 +200,6 @@ def _recorded_preprocess(mod: Any, given: dict[str, Any], labels: Optional[list[
     return pre
 
 
-def _build_module(model: Path, arch: Optional[Path], shapes: dict[str, tuple[int | None, ...]],
-                  batch_sizes: Optional[list[int]] = None, check: bool = True):
-    """(modules by batch size (key None: one fixed-shape module), a golden-check reference
-    or None, the reference's name)."""
-    suffix = model.suffix.lower()
-    commands.check_files([model], "model to export")
-    sizes: list[Optional[int]] = list(batch_sizes) if batch_sizes else [None]
-    if suffix == ".onnx":
-        from ..frontends.onnx import import_onnx
-        from .golden import onnx_reference
-        if not batch_sizes:
-            mod, info = import_onnx(str(model), input_shapes=_at_batch(shapes, None) or None)
-            if not check:
-                return {None: mod}, None, None
-            reference, name = onnx_reference(model, info.input_names)
-            return {None: mod}, reference, name
-        proto, batch_inputs = _onnx_batched(model, shapes)
-        mods, info = {}, None
-        for b in sizes:
-            given = _at_batch(shapes, b)
-            for name in batch_inputs:  # a symbolic first dim kept from the ONNX model
-                given.setdefault(name, batch_inputs[name](b))
-            mods[b], info = import_onnx(proto, input_shapes=given or None)
-        if not check:
-            return mods, None, None
-        reference, name = onnx_reference(proto.SerializeToString(), info.input_names)
-        return mods, reference, name
-    if suffix == ".pt2":  # torch.export.save: the PyTorch frontend (needs torch)
-        from ..frontends.torch import modules_from_file
-        return modules_from_file(model, {b: _at_batch(shapes, b) for b in sizes}, check)
-    if suffix in (".pkl", ".pickle", ".npz"):
-        from ..frontends.arch import build_from_spec, infer_mlp_spec, read_spec
-        from ..frontends.weights import load_weights
-        weights = load_weights(model)
-        spec = read_spec(arch) if arch else infer_mlp_spec(weights)
-        mods = {}
-        for b in sizes:
-            given = _at_batch(shapes, b)
-            if any(isinstance(d, str) for v in given.values() for d in v):
-                _fail("--input-shape: named (symbolic) dims are for ONNX models; give pickled "
-                      "weights' input sizes, or name the batch with --batch-sizes", 2)
-            shape = next(iter(given.values())) if given else None
-            if shape is None and b is not None:
-                default = tuple((spec.get("input") or {}).get("shape") or ())
-                shape = (b, *default[1:]) if default else None
-            mods[b] = build_from_spec(spec, weights, shape)
-        return mods, None, None
-    _fail(f"{model}: unknown model type {suffix or '(no suffix)'}; mlcpack exports .onnx files "
-          "and pickled weights (.pkl, .npz), and .pt2 (torch.export.save)", 2)
-
-
-def _onnx_batched(model: Path, shapes: dict) -> tuple[Any, dict[str, Callable[[int], tuple]]]:
-    """The ONNX model made batch-generic, and its inputs whose first dim is the batch without
-    --input-shape naming them. An input named ``x=N,...`` whose declared first dim is fixed
-    (exporters often write 1) gets a symbolic one, as do the graph outputs with that same
-    fixed first dim; intermediate shape hints are dropped (they would pin the old batch)."""
-    import onnx
-
-    from .export import ExportError
-    try:
-        proto = onnx.load(str(model))
-    except Exception as exc:
-        raise ExportError(f"{model.name} is not a valid ONNX file: "
-                          f"{' '.join(str(exc).split())[:200]}") from None
-    inits = {t.name for t in proto.graph.initializer}
-    out: dict[str, Callable[[int], tuple]] = {}
-    pinned = set()
-    for vi in proto.graph.input:
-        if vi.name in inits or not vi.type.HasField("tensor_type"):
-            continue
-        dims = vi.type.tensor_type.shape.dim
-        if vi.name in shapes:
-            if isinstance(shapes[vi.name][0], str) and len(dims) and dims[0].HasField("dim_value"):
-                pinned.add(dims[0].dim_value)
-                dims[0].dim_param = "N"
-            continue
-        known = [d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else None
-                 for d in dims]
-        if known and known[0] is None and all(d is not None for d in known[1:]):
-            out[vi.name] = lambda b, rest=tuple(known[1:]): (b, *rest)
-    if not out and not any(isinstance(v[0], str) for v in shapes.values()):
-        raise ExportError(f"--batch-sizes: no input of {model.name} has a symbolic first "
-                          "dimension; name the batch with --input-shape x=N,...")
-    if pinned:
-        for vi in proto.graph.output:
-            dims = vi.type.tensor_type.shape.dim
-            if len(dims) and dims[0].HasField("dim_value") and dims[0].dim_value in pinned:
-                dims[0].dim_param = "N"
-        del proto.graph.value_info[:]
-    return proto, out
-
-
 def _check_export_paths(model: Path, out: Path, arch: Optional[Path],
                         target: Optional[str]) -> None:
     """What needs no compile work is checked first: where the bundle goes (exit 2), the model
@@ -358,7 +256,7 @@ def _export_int8(model: Path, out: Path, opts: Any, mod: Any, pre: Any, shapes: 
     first = mod.main.params[0]
     spec = TensorSpec(first.name, tuple(first.type.shape), first.type.dtype, 0)
     samples = read_calibration(calibration, spec, pre)
-    report, qreport = export_int8(model, out, opts, samples, _at_batch(shapes, None) or None,
+    report, qreport = export_int8(model, out, opts, samples, shapes_at_batch(shapes, None) or None,
                                   method, fallback, mod)
     for line in qreport.summary():
         typer.echo(line)
@@ -444,8 +342,8 @@ def export(
         label_list = _labels(labels)
         _check_quantize_options(model, quantize, calibration, calibration_method,
                                 quantize_fallback, sizes)
-        mods, reference, reference_name = _build_module(model, arch, shapes, sizes,
-                                                        check and not quantize)
+        loaded = load_model(model, shapes, sizes, arch, reference=check and not quantize)
+        mods, reference, reference_name = loaded.modules, loaded.reference, loaded.reference_name
         mod = mods[min(mods)] if sizes else mods[None]
         pre = _recorded_preprocess(mod, given, label_list)
         opts = ExportOptions(target=target, preprocess=pre, labels=label_list,

@@ -13,6 +13,7 @@ from onnx import helper as h
 from onnx import numpy_helper as nh
 
 MS = "com.microsoft"
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def _save(nodes, inputs, outputs, inits, path: Path, opsets=(("", 17),)) -> Path:
@@ -228,9 +229,9 @@ def handmade_model(path: Path) -> Path:
                                       const("ys7", np.float32(0.3)), const("yzp7", np.int8(-1))],
                     ["qmm"]),
     ]
-    F, U, S, I = T.FLOAT, T.UINT8, T.INT8, T.INT32
+    F, U, S, I32 = T.FLOAT, T.UINT8, T.INT8, T.INT32
     outs = {"q_t": S, "q_c": U, "dq_c": F, "q_nozp": U, "dq_ms": F, "xq": U, "xs": F, "xzp": U,
-            "ci": I, "mi": I, "mi_big": I, "mitf": F, "dqmm": F, "qgemm_f": F, "qgemm_q": U,
+            "ci": I32, "mi": I32, "mi_big": I32, "mitf": F, "dqmm": F, "qgemm_f": F, "qgemm_q": U,
             "ap_l": U, "gap_l": U, "cat": U, "lrelu": S, "sig": S, "qmul": S, "qadd": S,
             "qconv": S, "qmm": S, "qsoftmax": S, "qwhere": S}
     inputs = [h.make_tensor_value_info("x", F, [2, 8, 6, 6]),

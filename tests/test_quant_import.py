@@ -32,10 +32,10 @@ def _ort(path: Path, feeds: dict) -> dict[str, np.ndarray]:
     return dict(zip([o.name for o in sess.get_outputs()], sess.run(None, feeds)))
 
 
-def _bundle(path: Path, feeds: dict) -> dict[str, np.ndarray]:
+def _bundle(path: Path, feeds: dict, target: str = "host") -> dict[str, np.ndarray]:
     mod, _ = import_onnx(str(path))
-    out = path.with_suffix(".mlc")
-    export_module(mod, out, ExportOptions(target="host", check=False))
+    out = path.with_name(f"{path.stem}-{target}.mlc")
+    export_module(mod, out, ExportOptions(target=target, check=False))
     with load(out) as model:
         return model.run(feeds)
 
@@ -78,10 +78,49 @@ def test_ort_quantized_model_matches_ort(case: str, float_models: dict[str, Path
 
 
 @pytest.fixture(scope="module")
-def handmade(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, dict]:
+def handmade_model(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict, dict]:
     path = qm.handmade_model(tmp_path_factory.mktemp("handmade") / "forms.onnx")
     feeds = qm.handmade_feeds()
-    return _ort(path, feeds), _bundle(path, feeds)
+    return path, feeds, _ort(path, feeds)
+
+
+@pytest.fixture(scope="module")
+def handmade(handmade_model) -> tuple[dict, dict]:
+    path, feeds, ref = handmade_model
+    return ref, _bundle(path, feeds)
+
+
+def _check_forms(ref: dict, got: dict, where: str) -> None:
+    for name in qm.EXACT_OUTPUTS:
+        np.testing.assert_array_equal(got[name].reshape(ref[name].shape), ref[name],
+                                      err_msg=f"{name} on {where}")
+    for name in qm.REQUANTIZED_OUTPUTS:
+        diff = np.abs(got[name].astype(np.int32) - ref[name].astype(np.int32))
+        assert diff.max() <= 1, (name, where, diff.max())
+    for name in qm.SCALED_OUTPUTS:
+        np.testing.assert_allclose(got[name], ref[name], rtol=2e-6,
+                                   atol=2e-6 * np.abs(ref[name]).max(), err_msg=name)
+
+
+@pytest.mark.parametrize("level", ["x86-64-v2", "x86-64-v3"])
+def test_forms_on_older_x86_levels(level: str, handmade_model) -> None:
+    path, feeds, ref = handmade_model
+    _check_forms(ref, _bundle(path, feeds, level), level)
+
+
+def test_forms_on_aarch64_under_qemu(handmade_model, tmp_path: Path) -> None:
+    from arm64_root import arm64_root_or_fail, run_bundles
+    from mlcpack.runtime import elf
+
+    if elf._real_arch() != "x86_64":
+        pytest.skip("compares an emulated aarch64 run with ONNX Runtime on x86-64")
+    path, feeds, ref = handmade_model
+    mod, _ = import_onnx(str(path))
+    a64 = tmp_path / "forms-a64.mlc"
+    export_module(mod, a64, ExportOptions(target="aarch64+dotprod"))
+    report, got = run_bundles(arm64_root_or_fail(), tmp_path, qm.ROOT, {"forms": (a64, feeds)})
+    assert report["machine"] == "aarch64"
+    _check_forms(ref, got["forms"], "aarch64 under qemu")
 
 
 def test_exact_forms_are_bit_exact(handmade: tuple[dict, dict]) -> None:
