@@ -37,7 +37,7 @@ from ..runtime.verify import GOLDEN_KEY, CheckResult, check_model, compare_outpu
 from .bundle_writer import BundleWriteError
 from .errors import ExportError
 from .ir.graph import Call, CallLibrary, Constant, Function, IRModule, Var
-from .ir.sym import shape_vars
+from .ir.sym import evaluate as sym_evaluate, shape_vars, to_record
 
 MAX_EMBED_BYTES = 4 << 20
 IR_REFERENCE = "the numpy reference of the IR"
@@ -308,10 +308,23 @@ _REFERENCE_ERRORS = (ReferenceUnavailable, FloatingPointError, ValueError, TypeE
 CHECK_SIZE = 2   # the value every size variable takes in the check of a symbolic model
 
 
-def _check_shape(shape: tuple) -> tuple[int, ...]:
-    """The concrete shape the check feeds: symbolic dims with every size variable at
-    ``CHECK_SIZE`` (the bundle is checked at that size; tests cover the others)."""
-    env = {v: CHECK_SIZE for v in shape_vars(shape)}
+def check_size(relations: list) -> int:
+    """The value every size variable takes in the check: ``CHECK_SIZE``, or the first power of
+    two from there that meets the relations the model needs (a multiple of 32...)."""
+    names = shape_vars([d for r in relations for d in r[1:3]])
+    for size in [CHECK_SIZE << k for k in range(10)]:
+        env = {v: size for v in names}
+        if all((sym_evaluate(to_record(a), env) == sym_evaluate(to_record(b), env)) if op == "eq"
+               else sym_evaluate(to_record(a), env) <= sym_evaluate(to_record(b), env)
+               for op, a, b, _ in relations):
+            return size
+    return CHECK_SIZE
+
+
+def _check_shape(shape: tuple, size: int = CHECK_SIZE) -> tuple[int, ...]:
+    """The concrete shape the check feeds: symbolic dims with every size variable at ``size``
+    (the bundle is checked at that size; tests cover the others)."""
+    env = {v: size for v in shape_vars(shape)}
     return tuple(d if isinstance(d, int) else d.evaluate(env) for d in shape)
 
 
@@ -320,7 +333,8 @@ def prepare_golden(mod: IRModule, params: Mapping[str, np.ndarray] | None, opts:
     refuse the export, the IR's numpy reference for the magnitudes, and advice (see the module
     docstring)."""
     fn = mod.main
-    specs = [(p.name, _check_shape(p.type.shape), p.type.dtype) for p in fn.params
+    size = check_size(getattr(mod, "relations", []))
+    specs = [(p.name, _check_shape(p.type.shape, size), p.type.dtype) for p in fn.params
              if not (params and p.name in params)]
     if opts.check_inputs:
         inputs, seed = given_inputs(specs, opts.check_inputs), None

@@ -23,7 +23,8 @@ from .codegen.lower import KernelInfo
 from .ir.graph import (Call, CallLibrary, CallTIR, Constant, Function, IRModule, Source,
                        TensorType, Value, Var, merge_sources)
 from .ir import te
-from .ir.sym import is_static, product, shape_vars, to_record
+from .ir.sym import (is_static, product, relation_text, shape_vars, take_relations,
+                      to_record)
 from .ops import get_op
 from .ops.registry import VIEW
 from .passes.memory_plan import Buffer, plan_memory
@@ -127,6 +128,9 @@ def emit_program(mod: IRModule, kernels: dict[str, KernelInfo], func: str = "mai
         prog.inputs.append({"name": p.name, "shape": _shape_record(p.type.shape),
                             "dtype": p.type.dtype,
                             "tensor": t})
+        bound = getattr(mod, "max_shapes", {}).get(p.name)
+        if bound is not None and not is_static(p.type.shape):   # --max-shape, checked at run
+            prog.inputs[-1]["max_shape"] = list(bound)
 
     for step, b in enumerate(fn.bindings(), start=1):
         v = b.value
@@ -187,6 +191,14 @@ def emit_program(mod: IRModule, kernels: dict[str, KernelInfo], func: str = "mai
         prog.symbolic = {"vars": list(size_vars),
                          "buffers": [[to_record(b.size), b.start, b.end]
                                      for _, b in sorted(buffers.items())]}
+        checks = []
+        relations = list(getattr(mod, "relations", [])) + take_relations()
+        for op, a, b_, _ in relations:
+            row = [op, to_record(a), to_record(b_), relation_text(op, a, b_, relations)]
+            if row not in checks:
+                checks.append(row)
+        if checks:   # relations shape inference assumed: the runtime checks them when it binds
+            prog.symbolic["checks"] = checks
         return prog
     offsets, prog.arena_bytes = plan_memory(list(buffers.values()))
     prog.intermediate_bytes = sum(b.size for b in buffers.values())

@@ -53,6 +53,14 @@ def evaluate(rec: Any, env: Mapping[str, int]) -> int:
     raise BundleError(f"bundle header: malformed dim record {rec!r}")
 
 
+def _names(rec: Any) -> set[str]:
+    if isinstance(rec, str):
+        return {rec}
+    if isinstance(rec, list):
+        return set().union(*(_names(r) for r in rec[1:])) if rec else set()
+    return set()
+
+
 def example_shape(shape: Any, size: int = 1) -> tuple[int, ...]:
     """A concrete shape for a (maybe symbolic) shape: every size variable at ``size``."""
     env = _Everything(size)
@@ -85,6 +93,7 @@ class SymSpec:
     shape: tuple
     dtype: str
     tensor: int
+    max_shape: tuple | None = None   # --max-shape: the largest size of each dim
 
     batch_sizes = None   # as TensorSpec: no dynamic-batch plans
 
@@ -194,6 +203,11 @@ class SymbolicRunner:
             if not (isinstance(b, list) and len(b) == 3 and isinstance(b[1], int)
                     and isinstance(b[2], int)):
                 raise BundleError(f"{name}: bundle header: symbolic buffer {b!r} is malformed")
+        self.checks = sym.get("checks", [])
+        if not isinstance(self.checks, list) or not all(
+                isinstance(c, list) and len(c) == 4 and c[0] in ("eq", "le")
+                and isinstance(c[3], str) for c in self.checks):
+            raise BundleError(f"{name}: bundle header: symbolic checks are malformed")
         tensors = header.get("tensors")
         if not isinstance(tensors, list) or not all(isinstance(r, list) and len(r) == 4
                                                     and isinstance(r[2], list) for r in tensors):
@@ -259,8 +273,13 @@ class SymbolicRunner:
                     or not isinstance(r.get("tensor"), int) \
                     or not 0 <= r["tensor"] < len(self.tensors):
                 raise BundleError(f"bundle header: {what}[{i}] is malformed")
+            bound = r.get("max_shape")
+            if bound is not None and not (isinstance(bound, list) and len(bound) == len(r["shape"])
+                                          and all(isinstance(d, int) for d in bound)):
+                raise BundleError(f"bundle header: {what}[{i}] max_shape is malformed")
             out.append(SymSpec(r["name"], tuple(r["shape"]),
-                               check_dtype(r.get("dtype"), f"{what}[{i}]"), r["tensor"]))
+                               check_dtype(r.get("dtype"), f"{what}[{i}]"), r["tensor"],
+                               tuple(bound) if bound else None))
         return out
 
     def _check_arity(self, kernels_meta: list) -> None:
@@ -299,6 +318,11 @@ class SymbolicRunner:
                 raise InputError(f"input {spec.name!r} has rank {value.ndim} (shape "
                                  f"{tuple(value.shape)}); the model takes {spec.shape_text}")
             for axis, (rec, n) in enumerate(zip(spec.shape, value.shape)):
+                if spec.max_shape is not None and n > spec.max_shape[axis]:
+                    raise InputError(
+                        f"input {spec.name!r} has size {n} at axis {axis}, beyond the bundle's "
+                        f"bound {spec.max_shape[axis]} (exported with --max-shape "
+                        f"{spec.name}={','.join(map(str, spec.max_shape))})")
                 if n == 0:
                     raise InputError(f"input {spec.name!r} has size 0 at axis {axis}; the model "
                                      f"takes {spec.shape_text} with every size at least 1")
@@ -313,6 +337,11 @@ class SymbolicRunner:
         missing = [v for v in self.vars if v not in env]
         if missing:
             raise BundleError(f"{self.name}: size variable(s) {missing} are bound by no input")
+        for op, a, b, text in self.checks:   # relations the model needs between sizes
+            av, bv = evaluate(a, env), evaluate(b, env)
+            if not (av == bv if op == "eq" else av <= bv):
+                got = ", ".join(f"{v} = {env[v]} ({where[v]})" for v in sorted(_names(a) | _names(b)))
+                raise InputError(f"{text}, got {got}")
         for spec, value in zip(self.inputs, values):
             want = tuple(evaluate(d, env) for d in spec.shape)
             if tuple(value.shape) != want:

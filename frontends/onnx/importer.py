@@ -23,8 +23,8 @@ from onnx import helper, numpy_helper
 from ...packager.errors import ExportError
 from ...packager.ir.builder import BlockBuilder, BuilderError
 from ...packager.ir.graph import Constant, IRModule, Source, Value, Var
-from ...packager.ir.sym import SymbolicShapeError, size_var
-from . import converters  # noqa: F401  (registers every converter family)
+from ...packager.ir.sym import SymbolicShapeError, size_var, take_relations
+from . import converters, symvalue  # noqa: F401  (registers every converter family)
 from .common import RUNTIME_DTYPES
 from .registry import (IGNORED_ATTRIBUTES, NodeContext, lookup, make_constant, normalize_domain,
                        op_label)
@@ -50,11 +50,15 @@ class ImportInfo:
 
 
 def import_onnx(model_or_path: str | os.PathLike | onnx.ModelProto,
-                input_shapes: Mapping[str, Sequence[int]] | None = None
+                input_shapes: Mapping[str, Sequence[int]] | None = None,
+                bind: Mapping[str, np.ndarray] | None = None,
+                max_shapes: Mapping[str, Sequence[int]] | None = None
                 ) -> tuple[IRModule, ImportInfo]:
     """Convert an ONNX model (a path or a loaded ``ModelProto``) to an IRModule whose ``main``
     takes the graph's inputs (by their ONNX names) and returns its outputs (by their ONNX
-    names). ``input_shapes`` gives static shapes for inputs with symbolic or unknown dims.
+    names). ``input_shapes`` gives static shapes for inputs with symbolic or unknown dims;
+    ``bind`` turns graph inputs into constants with the given values (``--bind``, the course's
+    BindParams); ``max_shapes`` bounds inputs' symbolic dims (checked at run time).
     Raises ``ExportError`` (one line) for anything it cannot convert."""
     model, source = _load(model_or_path)
     if model.functions:
@@ -67,23 +71,29 @@ def import_onnx(model_or_path: str | os.PathLike | onnx.ModelProto,
 
     initializer_names = {t.name for t in graph.initializer}
     runtime_inputs = [vi for vi in graph.input if vi.name not in initializer_names]
+    bound = _bound_inputs(runtime_inputs, dict(bind or {}), source)
+    runtime_inputs = [vi for vi in runtime_inputs if vi.name not in bound]
     shapes = _input_shapes(runtime_inputs, dict(input_shapes or {}), source)
+    bounds = _max_shapes(runtime_inputs, shapes, dict(max_shapes or {}), source)
 
     if not runtime_inputs:
         raise ExportError(f"{source} has no run-time inputs (its outputs are constants); a "
                           "bundle needs at least one input")
+    take_relations()   # relations between symbolic dims are collected per model
     bb = BlockBuilder()
     params = _make_params(bb, runtime_inputs, shapes, source)
     values: dict[str, Value] = dict(params)
     for init in graph.initializer:
         values[init.name] = make_constant(bb, _tensor_array(init, source), init.name)
+    for name, data in bound.items():
+        values[name] = make_constant(bb, data, name)
 
     converter = _GraphConverter(bb, values, opsets, source)
     with bb.function("main", list(params.values())):
         with bb.dataflow():
             for node in graph.node:
                 converter.convert(node)
-            outputs = [bb.emit_output(converter.value(o.name, "graph output")) for o in graph.output]
+            outputs = [bb.emit_output(converter.graph_output(o.name)) for o in graph.output]
         bb.emit_func_output(outputs, names=[o.name for o in graph.output])
 
     info = ImportInfo(
@@ -94,7 +104,67 @@ def import_onnx(model_or_path: str | os.PathLike | onnx.ModelProto,
         output_names=[o.name for o in graph.output],
         op_counts=dict(Counter(op_label(n.domain, n.op_type) for n in graph.node)),
         folded_nodes=converter.folded_nodes)
-    return bb.get(), info
+    mod = bb.get()
+    mod.relations = take_relations()
+    mod.max_shapes = {params[k].name: v for k, v in bounds.items()}
+    return mod, info
+
+
+def _bound_inputs(inputs: Sequence[onnx.ValueInfoProto], given: dict[str, np.ndarray],
+                  source: str) -> dict[str, np.ndarray]:
+    """``--bind NAME=file.npy``: the graph inputs that become constants, checked against what
+    the model declares (dtype, rank, fixed sizes)."""
+    by_name = {vi.name: vi for vi in inputs}
+    out = {}
+    for name, data in given.items():
+        vi = by_name.get(name)
+        if vi is None:
+            raise ExportError(f"--bind names {name!r}, which is not an input of {source} "
+                              f"(inputs: {', '.join(by_name) or 'none'})")
+        tt = vi.type.tensor_type
+        want = np.dtype(helper.tensor_dtype_to_np_dtype(tt.elem_type)) if tt.elem_type else None
+        data = np.asarray(data)
+        if want is not None and data.dtype != want:
+            raise ExportError(f"--bind {name}: the array is {data.dtype}; the model takes "
+                              f"{want}: save it with .astype(np.{want})")
+        if tt.HasField("shape"):
+            dims = [d.dim_value if d.HasField("dim_value") else None for d in tt.shape.dim]
+            if len(dims) != data.ndim or any(d is not None and d != n
+                                             for d, n in zip(dims, data.shape)):
+                shown = "[" + ", ".join("?" if d is None else str(d) for d in dims) + "]"
+                raise ExportError(f"--bind {name}: the array has shape {tuple(data.shape)}; "
+                                  f"{source} declares {shown}")
+        out[name] = np.ascontiguousarray(data)
+    if given and len(out) == len(inputs):
+        raise ExportError(f"--bind binds every input of {source}; a bundle needs at least one "
+                          "run-time input")
+    return out
+
+
+def _max_shapes(inputs: Sequence[onnx.ValueInfoProto], shapes: Mapping[str, tuple],
+                given: dict[str, Sequence[int]], source: str) -> dict[str, tuple[int, ...]]:
+    """``--max-shape NAME=DIMS``: upper bounds of an input's sizes, one per dim."""
+    names = [vi.name for vi in inputs]
+    out = {}
+    for name, dims in given.items():
+        if name not in shapes:
+            raise ExportError(f"--max-shape names {name!r}, which is not an input of {source} "
+                              f"(inputs: {', '.join(names) or 'none'})")
+        shape = shapes[name]
+        text = ",".join(map(str, dims))
+        try:
+            dims = tuple(int(d) for d in dims)
+        except (TypeError, ValueError):
+            raise ExportError(f"--max-shape {name}={text}: sizes must be integers") from None
+        if len(dims) != len(shape):
+            raise ExportError(f"--max-shape {name}={text} has {len(dims)} sizes; the input has "
+                              f"rank {len(shape)}")
+        for d, (m, s) in enumerate(zip(dims, shape)):
+            if m < 1 or isinstance(s, int) and m < s:
+                raise ExportError(f"--max-shape {name}={text}: size {m} at axis {d} is below "
+                                  f"{'1' if m < 1 else f'the fixed size {s}'}")
+        out[name] = dims
+    return out
 
 
 # ---- loading and checking -----------------------------------------------------------------------
@@ -248,7 +318,7 @@ def _flag_example_for(bb: BlockBuilder) -> str:
 def _var_name(input_name: str, axis: int, dim_param: str) -> str:
     """A size variable's name: the ONNX dim_param as an identifier, else ``<input>_<axis>``."""
     name = "".join(c if c.isalnum() or c == "_" else "_" for c in dim_param)
-    if not name:
+    if not any(c.isalnum() for c in name):   # "?" and the like: no name worth keeping
         name = "".join(c if c.isalnum() or c == "_" else "_" for c in input_name) + f"_{axis}"
     return name if not name[0].isdigit() else "d" + name
 
@@ -312,6 +382,17 @@ class _GraphConverter:
         self.source = source
         self.unavailable: dict[str, str] = {}   # output name -> why there is no value
         self.folded_nodes = 0
+        self.materialized: dict[int, Value] = {}   # id(SymValue) -> its run-time tensor
+
+    def _materialize(self, v: symvalue.SymValue) -> Value:
+        made = self.materialized.get(id(v))
+        if made is None:
+            made = self.materialized[id(v)] = symvalue.materialize(self.bb, v)
+        return made
+
+    def graph_output(self, name: str) -> Value:
+        v = self.value(name, "graph output")
+        return self._materialize(v) if isinstance(v, symvalue.SymValue) else v
 
     def value(self, name: str, user: str) -> Value:
         if name in self.values:
@@ -343,7 +424,16 @@ class _GraphConverter:
             # every binding this node becomes names it, through the passes into the bundle
             with self.bb.source(Source(node.name or (node.output[0] if node.output else label),
                                        label)):
-                result = conv.convert(ctx)
+                result = None
+                if symvalue.any_symbolic(inputs):   # shape arithmetic on symbolic dims
+                    result = symvalue.fold(ctx, label) if domain == "" else None
+                    if result is None:   # read as a run-time tensor where not a shape input
+                        keep = symvalue.SHAPE_INPUTS.get(label, frozenset()) \
+                            if domain == "" else frozenset()
+                        ctx.inputs = [self._materialize(v) if isinstance(v, symvalue.SymValue)
+                                      and i not in keep else v for i, v in enumerate(inputs)]
+                if result is None:
+                    result = conv.convert(ctx)
         except SymbolicShapeError as exc:  # the op needs a dim the model leaves open
             raise ctx.error(f"{_one_line(exc)}; it needs static shapes here: fix the input "
                             f"sizes with {_flag_example_for(self.bb)}") from None

@@ -20,7 +20,7 @@ import onnx
 from ...packager.errors import ExportError
 from ...packager.ir.builder import BlockBuilder
 from ...packager.ir.graph import Constant, Value
-from ...packager.ir.sym import dim
+from ...packager.ir.sym import dim, is_static
 from ...packager.ops import get_op
 
 # Attributes old opsets declare that change nothing at inference (in-place hints).
@@ -169,6 +169,17 @@ class NodeContext:
             raise NeedsConstantError(message, self.node.input[i])
         return data
 
+    def dims(self, i: int, what: str) -> list:
+        """Input ``i`` as a list of dims, known at import: a constant's ints, or a shape
+        computation on symbolic dims (``symvalue.SymValue``) as ints and size expressions."""
+        from .symvalue import dims_of
+        value = self.inputs[i] if i < len(self.inputs) else None
+        out = dims_of(value) if value is not None else None
+        if out is None:
+            data = self.require_const(i, what)
+            return data.reshape(-1).tolist()
+        return out
+
     def error(self, message: str) -> ExportError:
         """An ExportError naming this node; ``raise ctx.error(...)``."""
         node = self.node
@@ -193,6 +204,8 @@ class NodeContext:
                 out_type = opdef.infer(*(a.type for a in args), **attrs)
             except (ValueError, TypeError) as exc:
                 raise self.error(f"{op}: {exc}") from None
+            if not is_static(out_type.shape):   # sizes known at run time: a kernel computes it
+                return self.bb.emit_op(op, *args, name=name, **attrs)
             data = opdef.reference(*(a.data for a in args), **attrs)
             data = np.asarray(data, dtype=out_type.dtype).reshape(out_type.shape)
             return self.constant(data, name or op.split(".")[-1])

@@ -19,7 +19,10 @@ import math
 
 import numpy as np
 
+from typing import Any
+
 from ...packager.ir.graph import Value
+from ...packager.ir.sym import is_static
 from .registry import NodeContext, converter
 
 _MODES = ("nearest", "linear", "cubic")
@@ -167,7 +170,9 @@ def _plan(ctx: NodeContext, shape: tuple[int, ...], scales: np.ndarray | None,
             if not s > 0:
                 raise ctx.error(f"scale {s} must be positive")
             factors[a] = float(s)
-        return factors, [int(f * n) for f, n in zip(factors, shape)]
+        return factors, [int(f * n) if is_static([n]) else
+                         (n * int(f) if float(f).is_integer() else _no_size(ctx, f, n))
+                         for f, n in zip(factors, shape)]
     out = list(shape)
     for a, s in zip(axes, given.tolist()):
         if int(s) < 1:
@@ -183,6 +188,11 @@ def _plan(ctx: NodeContext, shape: tuple[int, ...], scales: np.ndarray | None,
     scale = min(picked) if policy == "not_larger" else max(picked)
     factors = [scale if d in axes else 1.0 for d in range(rank)]
     return factors, [int(scale * shape[d] + 0.5) if d in axes else shape[d] for d in range(rank)]
+
+
+def _no_size(ctx: NodeContext, f: float, n: object) -> int:
+    raise ctx.error(f"scale {f} of size {n}, known only at run time, is not supported yet: fix "
+                    "the input sizes with --input-shape")
 
 
 def _resize(ctx: NodeContext, x: Value, factors: list[float], out: list[int], mode: str,
@@ -206,6 +216,8 @@ def _resize(ctx: NodeContext, x: Value, factors: list[float], out: list[int], mo
             full_roi[a] = (flat[i], flat[len(axes) + i])
     elif coord == "tf_crop_and_resize":
         raise ctx.error("coordinate_transformation_mode='tf_crop_and_resize' needs roi")
+    if not is_static(shape) or not is_static(out):
+        return _resize_symbolic(ctx, x, factors, out, mode, coord, full_roi, axes, table_args)
     tables = {}
     for a in axes:
         axis_roi = None if full_roi is None else full_roi[a]
@@ -232,6 +244,33 @@ def _resize(ctx: NodeContext, x: Value, factors: list[float], out: list[int], mo
                      ctx.constant(w.astype(dtype), "resize_weight"),
                      ctx.constant(fill.astype(dtype), "resize_fill"), axis=a)
     return y
+
+
+def _resize_symbolic(ctx: NodeContext, x: Value, factors: list[float], out: list, mode: str,
+                     coord: str, roi: Any, axes: list[int], table_args: dict) -> Value:
+    """Resize where a size is known at run time only: an integer upscale whose nearest tables
+    repeat each element (the same at every size: checked on a few sizes here) is a broadcast;
+    anything else needs the sizes fixed."""
+    shape = x.type.shape
+    repeats = {}
+    for a in axes:
+        if out[a] is shape[a] or out[a] == shape[a]:
+            continue
+        f = factors[a]
+        if not (is_static([shape[a]]) and is_static([out[a]])) and float(f).is_integer() \
+                and f >= 1 and out[a] == int(f) * shape[a] and roi is None:
+            r = int(f)
+            if all(_repeat_factor(n, n * r, *resize_tables(n, n * r, float(r), mode, coord,
+                                                              None, **table_args)) == r
+                   for n in (1, 2, 3, 5, 8, 13)):
+                repeats[a] = r
+                continue
+        raise ctx.error(f"resizing axis {a} from {shape[a]} to {out[a]} ({mode}, {coord}) with "
+                        "sizes known only at run time is not supported yet; fix the input sizes "
+                        "with --input-shape")
+    if not repeats:
+        return x
+    return _repeat(ctx, x, repeats)
 
 
 def _repeat_factor(in_size: int, out_size: int, idx: np.ndarray, w: np.ndarray,

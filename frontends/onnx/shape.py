@@ -12,8 +12,10 @@ import onnx
 from onnx import helper
 
 from ...packager.ir.graph import Constant, Value
-from ...packager.ir.sym import dim
-from . import quant
+from ...packager.ir.sym import SymExpr, assume, dim, is_static
+from ...packager.ir.sym import product as sym_product
+from ...packager.ops.registry import broadcast_shape
+from . import quant, symvalue
 from .common import cast_to
 from .registry import NodeContext, converter
 
@@ -48,11 +50,22 @@ def reshape_target(ctx: NodeContext, in_shape: Sequence[int], shape: Sequence[in
     if -1 in out:
         known = math.prod(d for d in out if d != -1)
         total = math.prod(in_shape)
-        if known == 0 or total % known:
+        if known == 0:
+            raise ctx.error(f"cannot reshape {tuple(in_shape)} to {list(shape)}")
+        rest = total % known if isinstance(total, SymExpr) else \
+            (0 if isinstance(known, SymExpr) and total == known else total % known)
+        if isinstance(rest, SymExpr):   # divisible for some sizes only: checked at run time
+            assume("eq", total // known * known, total, f"reshape to {list(shape)}")
+        elif rest:
             raise ctx.error(f"cannot reshape {tuple(in_shape)} to {list(shape)}")
         out[out.index(-1)] = total // known
-    if math.prod(out) != math.prod(in_shape) or any(d < 0 for d in out):
+    if any(d < 0 for d in out):
         raise ctx.error(f"cannot reshape {tuple(in_shape)} to {list(shape)}")
+    if math.prod(out) != math.prod(in_shape):
+        if is_static(list(out) + list(in_shape)):
+            raise ctx.error(f"cannot reshape {tuple(in_shape)} to {list(shape)}")
+        # equal element counts for some sizes only: checked at run time
+        assume("eq", math.prod(out), math.prod(in_shape), f"reshape to {list(shape)}")
     return tuple(out)
 
 
@@ -65,7 +78,7 @@ def _reshape_v1(ctx: NodeContext) -> Value:
 @converter("Reshape", since=5, attrs={"allowzero": 0})
 def _reshape_v5(ctx: NodeContext) -> Value:
     x = ctx.input(0)
-    shape = ctx.require_const(1, "the target shape").reshape(-1).tolist()
+    shape = ctx.dims(1, "the target shape")
     return ctx.reshape(x, reshape_target(ctx, x.type.shape, shape, bool(ctx.attrs["allowzero"])))
 
 
@@ -156,9 +169,9 @@ def _identity(ctx: NodeContext) -> Value:
 @converter("Expand", since=8)
 def _expand(ctx: NodeContext) -> Value:
     x = ctx.input(0)
-    shape = ctx.require_const(1, "the target shape").reshape(-1).tolist()
+    shape = ctx.dims(1, "the target shape")
     try:
-        out = tuple(int(d) for d in np.broadcast_shapes(x.type.shape, tuple(shape)))
+        out = tuple(broadcast_shape(x.type.shape, tuple(shape)))
     except ValueError:
         raise ctx.error(f"shape {x.type.shape} does not broadcast to {shape}") from None
     if out == x.type.shape:
@@ -236,12 +249,14 @@ def _constant(ctx: NodeContext) -> Value:
 def _shape(ctx: NodeContext) -> Value:
     shape = ctx.input(0).type.shape
     start, end = ctx.attrs["start"], ctx.attrs["end"]
-    return ctx.constant(np.array(shape[start:end], dtype=np.int64), "shape")
+    # symbolic dims make a SymValue: shape arithmetic on it folds at import (symvalue.py)
+    return symvalue.make(ctx, np.array(list(shape[start:end]), dtype=object), "int64", "shape")
 
 
 @converter("Size", since=1)
 def _size(ctx: NodeContext) -> Value:
-    return ctx.constant(np.array(math.prod(ctx.input(0).type.shape), dtype=np.int64), "size")
+    return symvalue.make(ctx, np.array(sym_product(ctx.input(0).type.shape), dtype=object),
+                         "int64", "size")
 
 
 @converter("Gather", since=1, attrs={"axis": 0})
@@ -281,14 +296,28 @@ def _cast(ctx: NodeContext) -> Value:
 
 @converter("ConstantOfShape", since=9, attrs={"value": None})
 def _constant_of_shape(ctx: NodeContext) -> Value:
-    shape = ctx.require_const(0, "the shape").reshape(-1).tolist()
+    shape = ctx.dims(0, "the shape")
     fill = ctx.attrs["value"]
     fill = np.zeros(1, np.float32) if fill is None else fill.reshape(-1)
+    if not is_static(shape):   # sizes known at run time
+        value = fill[0].item()
+        return ctx.bb.emit_op("full", shape=tuple(shape), value=value, dtype=str(fill.dtype))
     return ctx.constant(np.full(shape, fill[0], dtype=fill.dtype), "filled")
 
 
 @converter("Range", since=11)
 def _range(ctx: NodeContext) -> Value:
+    sym = [symvalue.dims_of(ctx.input(i)) for i in range(3)]
+    if any(isinstance(v, symvalue.SymValue) for v in ctx.inputs[:3]) \
+            and all(d is not None and len(d) == 1 for d in sym):
+        start, limit, delta = (d[0] for d in sym)
+        if not isinstance(delta, int) or delta == 0:
+            raise ctx.error("delta must be a nonzero constant when the limit is a run-time size")
+        span = limit - start if delta > 0 else start - limit
+        step = abs(delta)
+        length = (span + step - 1) // step
+        return ctx.bb.emit_op("arange", start=start, delta=delta, length=length,
+                              dtype=ctx.input(0).type.dtype)
     start, limit, delta = (ctx.require_const(i, n).reshape(())
                            for i, n in enumerate(("start", "limit", "delta")))
     return ctx.constant(np.arange(start, limit, delta, dtype=start.dtype), "range")
@@ -296,7 +325,7 @@ def _range(ctx: NodeContext) -> Value:
 
 def _slice_const(ctx: NodeContext, starts: Sequence[int], ends: Sequence[int],
                  axes: Sequence[int] | None, steps: Sequence[int] | None) -> Value:
-    data = ctx.const(0)
+    data = ctx.const(0) if is_static(list(starts) + list(ends)) else None
     if data is None:
         x = ctx.input(0)
         whole = _is_whole_slice(x.type.shape, starts, ends, axes, steps)
@@ -305,8 +334,8 @@ def _slice_const(ctx: NodeContext, starts: Sequence[int], ends: Sequence[int],
         rank = len(x.type.shape)
         axes = list(range(len(starts))) if axes is None else [int(a) % rank for a in axes]
         steps = [1] * len(starts) if steps is None else [int(st) for st in steps]
-        return ctx.emit("strided_slice", x, starts=tuple(int(v) for v in starts),
-                        ends=tuple(int(v) for v in ends), axes=tuple(axes), steps=tuple(steps))
+        return ctx.emit("strided_slice", x, starts=tuple(dim(v) for v in starts),
+                        ends=tuple(dim(v) for v in ends), axes=tuple(axes), steps=tuple(steps))
     axes = list(range(len(starts))) if axes is None else [int(a) for a in axes]
     steps = [1] * len(starts) if steps is None else [int(s) for s in steps]
     index = [slice(None)] * data.ndim
@@ -320,7 +349,14 @@ def _is_whole_slice(shape: Sequence[int], starts: Sequence[int], ends: Sequence[
                     axes: Sequence[int] | None, steps: Sequence[int] | None) -> bool:
     axes = list(range(len(starts))) if axes is None else list(axes)
     steps = [1] * len(starts) if steps is None else list(steps)
-    return all(int(s) == 0 and int(e) >= shape[int(a)] and int(st) == 1
+    def reaches_end(e: object, n: object) -> bool:
+        if isinstance(e, SymExpr) or isinstance(n, SymExpr):
+            if isinstance(e, int) and e >= 2 ** 62:
+                return True
+            return e == n or isinstance(e - n, int) and e - n >= 0
+        return int(e) >= n
+
+    return all(isinstance(s, int) and s == 0 and reaches_end(e, shape[int(a)]) and int(st) == 1
                for a, s, e, st in zip(axes, starts, ends, steps))
 
 
@@ -335,7 +371,7 @@ def _slice_v10(ctx: NodeContext) -> Value:
     def ints(i: int, what: str) -> list[int] | None:
         if not ctx.has_input(i):
             return None
-        return ctx.require_const(i, what).reshape(-1).tolist()
+        return ctx.dims(i, what)
 
     starts, ends = ints(1, "starts"), ints(2, "ends")
     return _slice_const(ctx, starts or [], ends or [], ints(3, "axes"), ints(4, "steps"))

@@ -3,6 +3,8 @@ position-independent, small-code-model ELF for the target."""
 
 from __future__ import annotations
 
+import os
+
 import functools
 from dataclasses import dataclass
 from typing import Callable, Sequence
@@ -18,8 +20,9 @@ from .gemm import (Contraction, emit_contraction, emit_symbolic_matmul, match_co
                    vector_width)
 from .gemv import emit_dot_product, is_dot_product
 from .lower import KernelInfo, emit_kernel, is_symbolic
-from .pool import emit_max_pool, match_max_pool
+from .pool import emit_max_pool
 from .rnn import emit_recurrence
+from .conv_symbolic import emit_symbolic_conv, emit_symbolic_softmax
 from .softmax import emit_softmax
 from .transpose import emit_transpose
 from .objinfo import undefined_symbols
@@ -97,10 +100,16 @@ def _emit(module: ir.Module, func: PrimFunc, symbol: str, vl: int,
         info = emit_symbolic_matmul(module, func, symbol, vl, size_vars)
         if info is not None:
             return info
-        # Convolutions and pools keep their static fast paths only: the generic loop nest
-        # would be many times slower, so a symbolic one is refused (fix the shapes instead).
+        # Convolutions take their run-time extents as arguments (codegen/conv_symbolic.py);
+        # one it does not handle would get the generic loop nest, many times slower, so it
+        # is refused (fix the shapes instead). Pools take the generic loop nest.
+        info = emit_symbolic_conv(module, func, symbol, vl, size_vars) or \
+            emit_symbolic_softmax(module, func, symbol, vl, size_vars)
+        if info is not None:
+            return info
         match = match_contraction(func)
-        if (match is not None and match.tag.kind == "conv2d") or match_max_pool(func):
+        if (match is not None and match.tag.kind == "conv2d") \
+                and not os.environ.get("MLCPACK_SYMBOLIC_GENERIC"):
             kind = match.tag.kind if match is not None else "max pool"
             raise SymbolicShapeError(f"{func.name}: a {kind} with symbolic shapes ("
                                      + ", ".join(str(d) for d in func.outputs[0].shape)

@@ -25,7 +25,7 @@ from llvmlite import ir
 
 from ..ir import te
 from ..ir.graph import PrimFunc
-from ..ir.sym import product, shape_vars, to_record
+from ..ir.sym import SymExpr, product, shape_vars, to_record
 from . import vecmath
 from .helpers import (ARITH_FLAGS, F32, F64, I8, I64, LLVM_TYPES, REDUCE_FLAGS, STORAGE_TYPES,
                       VOID, alloca_once, const_i64, for_range, intrinsic, load_converted, round_to,
@@ -142,7 +142,7 @@ def _ranges(e: te.Expr, axis: te.IndexVar, lo: int, hi: int
     is legalized): the ranges with the branch each one takes, in order."""
     if not (isinstance(e, te.Select) and isinstance(e.cond, te.Compare)
             and e.cond.a is axis and isinstance(e.cond.b, te.Const)
-            and e.cond.op in ("ge", "gt", "lt", "le")):
+            and not isinstance(e.cond.b.value, SymExpr) and e.cond.op in ("ge", "gt", "lt", "le")):
         return [(lo, hi, e)]
     c = int(e.cond.b.value) + (1 if e.cond.op in ("gt", "le") else 0)
     c = min(max(c, lo), hi)
@@ -399,6 +399,8 @@ class KernelEmitter:
                 raise LoweringError(f"{self.func.name}: index {e.name} used outside its loop") from None
         if isinstance(e, te.Const):
             ty = LLVM_TYPES[e.dtype]
+            if isinstance(e.value, SymExpr):   # a size known at run time (shape arithmetic)
+                return self._cast(self._dim_value(e.value), "int64", e.dtype)
             if e.dtype in te.REDUCED_FLOAT_DTYPES:  # the value the dtype can hold
                 return ir.Constant(ty, float(np.asarray(float(e.value), dtype=e.dtype)))
             return ir.Constant(ty, float(e.value) if te.is_float(e.dtype) else int(e.value))
@@ -622,6 +624,8 @@ def _func_dims(func: PrimFunc) -> list[object]:
                 node = stack.pop()
                 if isinstance(node, te.Reduce):
                     dims += [a.extent for a in node.axes]
+                elif isinstance(node, te.Const) and isinstance(node.value, SymExpr):
+                    dims.append(node.value)
                 stack.extend(te.children(node))
     return dims
 

@@ -187,6 +187,11 @@ class IRModule:
     """Named graph functions and primitive functions; ``main`` is the entry point."""
 
     functions: dict[str, Union[Function, PrimFunc]] = field(default_factory=dict)
+    # Relations between symbolic dims that shape inference assumed (``sym.assume``): checked
+    # at run time when the sizes are bound, as (op, a, b, where).
+    relations: list = field(default_factory=list)
+    # Upper bounds of main's inputs' sizes (``--max-shape``), by parameter name.
+    max_shapes: dict = field(default_factory=dict)
 
     @property
     def main(self) -> Function:
@@ -212,7 +217,7 @@ class IRModule:
         return func.name
 
     def copy(self) -> IRModule:
-        return IRModule(dict(self.functions))
+        return IRModule(dict(self.functions), list(self.relations), dict(self.max_shapes))
 
 
 def used_values(value: Expr) -> Sequence[Value]:

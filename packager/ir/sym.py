@@ -112,9 +112,27 @@ class SymExpr:
             raise SymbolicShapeError(f"cannot divide {self} by {c}")
         if c == 1:
             return self
-        if all(v % c == 0 for v in self.terms.values()):
-            return SymExpr({m: v // c for m, v in self.terms.items()})._norm()
-        return SymExpr({(("//", self, c),): 1})
+        # Canonical form: (c*q + r) // c == q + r // c with every coefficient of r in [0, c),
+        # so (h - 1) // 2 + 1 and (h + 1) // 2 are the same expression; and
+        # (e // p + k) // c == (e + k*p) // (p*c) (a stride-2 conv after a stride-2 conv).
+        q_terms: dict[Monomial, int] = {}
+        r_terms: dict[Monomial, int] = {}
+        for m, v in self.terms.items():
+            qv, rv = divmod(v, c)
+            if qv:
+                q_terms[m] = qv
+            if rv:
+                r_terms[m] = rv
+        q = SymExpr(q_terms)._norm()
+        r = SymExpr(r_terms)
+        if not r.terms or list(r.terms) == [()]:
+            return q
+        atoms = [m for m in r.terms if m]
+        if len(atoms) == 1 and len(atoms[0]) == 1 and not isinstance(atoms[0][0], str) \
+                and atoms[0][0][0] == "//" and r.terms[atoms[0]] == 1:
+            _, inner, p = atoms[0][0]
+            return q + (inner + r.terms.get((), 0) * p) // (p * c)
+        return q + SymExpr({(("//", r, c),): 1})
 
     def __rfloordiv__(self, other: Any) -> Dim:
         q = SymExpr.lift(other)._exact_quotient(self)
@@ -130,9 +148,7 @@ class SymExpr:
         c = int(other)
         if c <= 0:
             raise SymbolicShapeError(f"cannot take {self} modulo {c}")
-        if all(v % c == 0 for v in self.terms.values()):
-            return 0
-        return SymExpr({(("%", self, c),): 1})
+        return self - (self // c) * c    # one canonical form: no remainder atoms
 
     def _exact_quotient(self, d: SymExpr) -> Dim | None:
         """self / d when d is one monomial (times a constant) dividing every term exactly."""
@@ -159,10 +175,10 @@ class SymExpr:
         for m, c in self.terms.items():
             if c < 0 and m:
                 return None
-            if any(not isinstance(a, str) for a in m):
-                total += 0 if c > 0 else c  # a floordiv/mod atom is >= 0
-            else:
-                total += c
+            low = c
+            for a in m:   # a variable is >= 1; (r // k) >= lower_bound(r) // k (r >= 0)
+                low *= 1 if isinstance(a, str) else max(0, (a[1].lower_bound() or 0) // a[2])
+            total += low
         return total
 
     def _decide(self, op: str, other: Any) -> bool:
@@ -228,9 +244,9 @@ class SymExpr:
         parts = []
         for m, c in sorted(self.terms.items(), key=lambda t: (-len(t[0]), t[0] == ())):
             factors = [_atom_text(a) for a in m]
-            if c != 1 or not factors:
+            if abs(c) != 1 or not factors:
                 factors.append(str(abs(c)) if parts or c > 0 else str(c))
-            elif c == -1:
+            elif c == -1 and not parts:
                 factors[0] = "-" + factors[0]
             text = " * ".join(factors)
             if parts:
@@ -324,3 +340,62 @@ def evaluate(rec: Any, env: Mapping[str, int]) -> int:
 def dim(d: Any) -> Dim:
     """``d`` as a shape keeps it: a ``SymExpr`` as is, anything else as an ``int``."""
     return d if isinstance(d, SymExpr) else int(d)
+
+
+# ---- relations checked at run time -----------------------------------------------------------------
+#
+# Some shapes hold for some sizes only: a U-Net adds a skip connection of (h + 15) // 16 rows to
+# an upsampled 2 * ((h + 31) // 32), equal only when h is a multiple of 32. Shape inference then
+# assumes the relation (and goes on with one of the two dims) instead of refusing; the importer
+# attaches the relations to the module, the bundle records them, and the runtime checks them when
+# it binds the size variables: ``input 'x': h must be a multiple of 32, got 322``.
+
+RELATIONS: list[tuple[str, Dim, Dim, str]] = []   # (op "eq" | "le", a, b, where); see assume
+
+
+def assume(op: str, a: Dim, b: Dim, where: str = "") -> None:
+    """Record that ``a == b`` (op "eq") or ``a <= b`` (op "le") must hold at run time."""
+    rel = (op, a, b, where)
+    if rel not in RELATIONS:
+        RELATIONS.append(rel)
+
+
+def take_relations() -> list[tuple[str, Dim, Dim, str]]:
+    """The relations recorded since the last call (the importer calls it once per model)."""
+    out = list(RELATIONS)
+    RELATIONS.clear()
+    return out
+
+
+def _holds(op: str, a: Dim, b: Dim, env: Mapping[str, int]) -> bool:
+    av, bv = evaluate(to_record(a), env), evaluate(to_record(b), env)
+    return av == bv if op == "eq" else av <= bv
+
+
+def relation_text(op: str, a: Dim, b: Dim, together: Iterable[tuple] = ()) -> str:
+    """What a user reads when the relation fails: ``w must be a multiple of 4`` when the relation
+    is over one variable and holds exactly for the multiples of something (or a bound), else
+    the relation itself. ``together``: every relation of the model, as (op, a, b, ...); the
+    ones over the same single variable are described as one (a U-Net's skip connections
+    together need a multiple of 32)."""
+    names = sorted(shape_vars([a, b]))
+    if len(names) == 1:
+        v = names[0]
+        group = [(op, a, b)] + [(r[0], r[1], r[2]) for r in together
+                                if sorted(shape_vars([r[1], r[2]])) == names]
+
+        def holds(x: int) -> bool:
+            return all(_holds(o, p, q, {v: x}) for o, p, q in group)
+
+        ok = [x for x in range(1, 1025) if holds(x)]
+        if ok and len(ok) < 1024:
+            for m in range(2, 513):
+                r = ok[0] % m
+                if all((x % m == r) == holds(x) for x in range(1, 1025)):
+                    return f"{v} must be a multiple of {m}" if r == 0 else \
+                        f"{v} must be {r} more than a multiple of {m}"
+            if ok == list(range(1, ok[-1] + 1)):
+                return f"{v} must be at most {ok[-1]}"
+            if ok == list(range(ok[0], 1025)):
+                return f"{v} must be at least {ok[0]}"
+    return f"{a} {'==' if op == 'eq' else '<='} {b} must hold"

@@ -14,7 +14,8 @@ import numpy as np
 from ..ir import te
 from ..ir.graph import TensorType
 from .elementwise import broadcast_read, scalar_of
-from .registry import INJECTIVE, REDUCTION, register_op
+from ..ir.sym import assume, dim, is_static
+from .registry import INJECTIVE, REDUCTION, broadcast_shape, register_op, size_expr
 
 
 def _wrapped_index(value: te.Expr, size: int) -> te.Expr:
@@ -86,9 +87,42 @@ def slice_ranges(shape: Sequence[int], starts: Sequence[int], ends: Sequence[int
         a = int(a) % len(shape)
         if int(st) == 0:
             raise ValueError("slice step 0")
+        if not is_static((shape[a], s, e)):
+            ranges[a] = _symbolic_range(shape[a], s, e, int(st))
+            continue
         start, stop, step = slice(int(s), int(e), int(st)).indices(shape[a])
         ranges[a] = (start, step, len(range(start, stop, step)))
     return ranges
+
+
+BIG = 2 ** 62   # an end at least this large means "to the end" (exporters write INT64_MAX)
+
+
+def _symbolic_range(n, s, e, st: int) -> tuple:
+    """(start, step, length) of ``range(n)[s:e:st]`` when a size is known at run time only:
+    clamping that the sizes decide is done here, the rest is assumed (``sym.assume``: the
+    runtime checks it) instead of refused."""
+    def clamp(v, lo_end: bool):
+        if isinstance(v, int) and v >= BIG:
+            return n if st > 0 else n - 1
+        if isinstance(v, int) and v <= -BIG:
+            return 0 if st > 0 else -1
+        if isinstance(v, int) and v < 0:
+            v = v + n
+        try:
+            if v >= n:          # past the end: clamped to it (decided)
+                return n if st > 0 else n - 1
+            return v
+        except ValueError:      # undecidable: assume it lies inside
+            assume("le", v, n, "slice bound")
+            return v
+    start, stop = clamp(s, True), clamp(e, False)
+    length = (stop - start + st - 1) // st if st > 0 else (start - stop - st - 1) // (-st)
+    if isinstance(length, int) and length < 0:
+        length = 0
+    elif not isinstance(length, int):
+        assume("le", 0, length, "slice length")
+    return (start, st, length)
 
 
 def _infer_strided_slice(x: TensorType, starts=(), ends=(), axes=(), steps=()) -> TensorType:
@@ -100,7 +134,7 @@ def _legalize_strided_slice(x: te.Tensor, out_type: TensorType, name: str, start
                             axes=(), steps=()) -> te.Tensor:
     ranges = slice_ranges(x.shape, starts, ends, axes, steps)
     return te.compute(out_type.shape,
-                      lambda *i: x[tuple(v * st + s for v, (s, st, _) in zip(i, ranges))],
+                      lambda *i: x[tuple(v * st + size_expr(s) for v, (s, st, _) in zip(i, ranges))],
                       name=name)
 
 
@@ -115,9 +149,9 @@ def strided_slice(x: np.ndarray, starts=(), ends=(), axes=(), steps=()) -> np.nd
 # ---- broadcast_to and tile ----------------------------------------------------------------------
 
 def _infer_broadcast_to(x: TensorType, shape=()) -> TensorType:
-    shape = tuple(int(d) for d in shape)
+    shape = tuple(dim(d) for d in shape)
     try:
-        out = np.broadcast_shapes(x.shape, shape)
+        out = broadcast_shape(x.shape, shape)
     except ValueError:
         raise ValueError(f"{x.shape} does not broadcast to {shape}") from None
     if tuple(out) != shape:

@@ -9,6 +9,7 @@ import numpy as np
 
 from ..ir import te
 from ..ir.graph import TensorType
+from ..ir.sym import SymbolicShapeError, SymExpr, assume, product
 from ..ir.patterns import tag_reduction
 from .registry import COMPLEX, INJECTIVE, REDUCTION, broadcast_shape, register_op
 
@@ -61,7 +62,12 @@ def _out_size(size: int, k: int, stride: int, pad0: int, pad1: int, dilation: in
     out = (-(-span // stride) if ceil_mode else span // stride) + 1
     if ceil_mode and (out - 1) * stride >= size + pad0:
         out -= 1  # the last window must start inside the input or its left padding
-    if out < 1:
+    try:
+        small = out < 1
+    except SymbolicShapeError:   # fits for large enough sizes: checked at run time
+        assume("le", 1, out, f"window {k} fits")
+        small = False
+    if small:
         raise ValueError(f"window {k} (dilation {dilation}) does not fit input {size} "
                          f"with padding {pad0}+{pad1}")
     return out
@@ -263,7 +269,7 @@ def _reduce_legalizer(combiner: str):
                  keepdims: bool = True) -> te.Tensor:
         red = _norm_axes(axes, x.ndim)
         raxes = {d: te.reduce_axis(x.shape[d], f"r{d}") for d in red}
-        count = int(np.prod([x.shape[d] for d in red]))
+        count = product([x.shape[d] for d in red])
 
         def body(*i):
             it = iter(i)
@@ -277,6 +283,8 @@ def _reduce_legalizer(combiner: str):
                     idx.append(next(it))
             value = x[tuple(idx)]
             rs = tuple(raxes.values())
+            if combiner == "mean" and isinstance(count, SymExpr):   # a run-time count
+                return te.sum_of(value, rs) / te.cast(te.Const(count, "int64"), value.dtype)
             if combiner == "mean":
                 return te.sum_of(value, rs) * (1.0 / count)
             return te._reduce(combiner, value, rs)

@@ -13,7 +13,7 @@ from typing import Callable
 
 import numpy as np
 
-from ..ir.sym import is_static
+from ..ir.sym import assume, is_static
 
 from ..ir.graph import TensorType
 
@@ -58,6 +58,14 @@ def get_op(name: str) -> OpDef:
         raise KeyError(f"unknown operator {name!r}") from None
 
 
+def size_expr(d: object) -> object:
+    """A dim as a tensor-expression operand: a run-time size (``SymExpr``) as an int64
+    ``te.Const`` the lowering evaluates from the size variables; an int as is."""
+    from ..ir import te
+    from ..ir.sym import SymExpr
+    return te.Const(d, "int64") if isinstance(d, SymExpr) else d
+
+
 def broadcast_shape(*shapes: tuple[int, ...]) -> tuple[int, ...]:
     if not all(is_static(s) for s in shapes):
         return _broadcast_symbolic(shapes)
@@ -73,11 +81,18 @@ def _broadcast_symbolic(shapes: tuple[tuple, ...]) -> tuple:
     rank = max(len(s) for s in shapes)
     out = []
     for d in range(rank):
-        dims = {s[len(s) - rank + d] for s in shapes if len(s) - rank + d >= 0} - {1}
-        if len(dims) > 1:
-            raise ValueError(f"shapes {' and '.join(map(str, shapes))} do not broadcast (or only "
-                             "for some sizes of their symbolic dims)")
-        out.append(dims.pop() if dims else 1)
+        seen = [s[len(s) - rank + d] for s in shapes if len(s) - rank + d >= 0]
+        dims = list(dict.fromkeys(x for x in seen if not (isinstance(x, int) and x == 1)))
+        static = [x for x in dims if isinstance(x, int)]
+        if len(static) > 1:
+            raise ValueError(f"shapes {' and '.join(map(str, shapes))} do not broadcast")
+        # Two different sizes where one is symbolic agree for some sizes only: assume they are
+        # equal (checked when the runtime binds the sizes) and go on with the static one if any.
+        keep = static[0] if static else (dims[0] if dims else 1)
+        for x in dims:
+            if x is not keep and x != keep:
+                assume("eq", x, keep, f"shapes {' and '.join(map(str, shapes))} broadcast")
+        out.append(keep)
     return tuple(out)
 
 

@@ -6,14 +6,16 @@ import numpy as np
 
 from ..ir import te
 from ..ir.graph import TensorType
-from ..ir.sym import dim, product
-from .registry import INJECTIVE, VIEW, register_op
+from ..ir.sym import assume, dim, is_static, product
+from .registry import INJECTIVE, VIEW, register_op, size_expr
 
 
 def _infer_reshape(x: TensorType, shape=()) -> TensorType:
     shape = tuple(dim(d) for d in shape)
     if product(shape) != product(x.shape):
-        raise ValueError(f"cannot reshape {x.shape} to {shape}")
+        if is_static(shape + tuple(x.shape)):
+            raise ValueError(f"cannot reshape {x.shape} to {shape}")
+        assume("eq", product(shape), product(x.shape), f"reshape to {shape}")
     return TensorType(shape, x.dtype)
 
 
@@ -42,9 +44,13 @@ def _infer_concat(*xs: TensorType, axis: int = 0) -> TensorType:
     ndim = len(xs[0].shape)
     axis %= ndim
     for t in xs[1:]:
-        if len(t.shape) != ndim or any(a != b for d, (a, b) in enumerate(zip(t.shape, xs[0].shape))
+        if len(t.shape) != ndim or any(a != b and is_static((a, b))
+                                       for d, (a, b) in enumerate(zip(t.shape, xs[0].shape))
                                        if d != axis):
             raise ValueError(f"concat: shapes {[t.shape for t in xs]} differ off axis {axis}")
+        for d, (a, b) in enumerate(zip(t.shape, xs[0].shape)):
+            if d != axis and a != b:   # equal for some sizes only: checked at run time
+                assume("eq", a, b, f"concat of {[t.shape for t in xs]}")
     shape = list(xs[0].shape)
     shape[axis] = sum(t.shape[axis] for t in xs)
     return TensorType(tuple(shape), xs[0].dtype)
@@ -53,17 +59,20 @@ def _infer_concat(*xs: TensorType, axis: int = 0) -> TensorType:
 def _legalize_concat(*xs: te.Tensor, out_type: TensorType, name: str, axis: int = 0) -> te.Tensor:
     axis %= xs[0].ndim
 
-    starts = np.cumsum([0] + [t.shape[axis] for t in xs])
+    starts = [0]
+    for t in xs:   # a start may be a size known at run time (concat along a symbolic axis)
+        starts.append(dim(starts[-1] + t.shape[axis]))
 
     def body(*i):
         # Later inputs win from their start offset on: select(i >= start_k, x_k[...], earlier).
         value: te.Expr | None = None
         for t, start in zip(xs, starts[:-1]):
-            local = i[axis] - int(start)
-            idx = tuple(te.minimum(te.maximum(local, 0), t.shape[axis] - 1) if d == axis else v
-                        for d, v in enumerate(i))
+            local = i[axis] - size_expr(start)
+            idx = tuple(te.minimum(te.maximum(local, 0), size_expr(dim(t.shape[axis] - 1)))
+                        if d == axis else v for d, v in enumerate(i))
             read = t[idx]
-            value = read if value is None else te.if_then_else(i[axis] >= int(start), read, value)
+            value = read if value is None else te.if_then_else(i[axis] >= size_expr(start),
+                                                               read, value)
         return value
 
     return te.compute(out_type.shape, body, name=name)
@@ -72,3 +81,64 @@ def _legalize_concat(*xs: te.Tensor, out_type: TensorType, name: str, axis: int 
 @register_op("concat", INJECTIVE, _infer_concat, _legalize_concat)
 def concat(*xs: np.ndarray, axis: int = 0) -> np.ndarray:
     return np.concatenate(xs, axis=axis)
+
+
+# ---- sizes as run-time values (shape arithmetic on symbolic dims, frontends/onnx/symvalue.py) ---
+
+def _infer_sym_values(values=(), shape=(), dtype="int64") -> TensorType:
+    if len(values) != int(np.prod(shape, dtype=np.int64)):
+        raise ValueError(f"sym_values: {len(values)} values for shape {shape}")
+    return TensorType(tuple(int(d) for d in shape), dtype)
+
+
+def _legalize_sym_values(out_type: TensorType, name: str, values=(), shape=(),
+                         dtype="int64") -> te.Tensor:
+    strides = [int(np.prod(shape[d + 1:], dtype=np.int64)) for d in range(len(shape))]
+
+    def body(*i):
+        flat: te.Expr = te.const(0, "int64")
+        for idx, st in zip(i, strides):
+            flat = flat + idx * st
+        value: te.Expr = te.cast(te.as_expr(size_expr(values[-1]), "int64"), dtype)
+        for k in range(len(values) - 2, -1, -1):
+            value = te.if_then_else(te.eq(flat, k),
+                                    te.cast(te.as_expr(size_expr(values[k]), "int64"), dtype),
+                                    value)
+        return value
+
+    return te.compute(out_type.shape, body, name=name, dtype=dtype)
+
+
+@register_op("sym_values", INJECTIVE, _infer_sym_values, _legalize_sym_values)
+def sym_values(values=(), shape=(), dtype="int64") -> np.ndarray:
+    """Sizes known only at run time have no value at export (only kernels compute them)."""
+    return np.array([int(v) for v in values], dtype=dtype).reshape(shape)
+
+
+def _infer_arange(start=0, delta=1, length=1, dtype="int64") -> TensorType:
+    return TensorType((dim(length),), dtype)
+
+
+def _legalize_arange(out_type: TensorType, name: str, start=0, delta=1, length=1,
+                     dtype="int64") -> te.Tensor:
+    return te.compute(out_type.shape,
+                      lambda i: te.cast(te.as_expr(size_expr(start), "int64")
+                                        + i * te.as_expr(size_expr(delta), "int64"), dtype),
+                      name=name, dtype=dtype)
+
+
+@register_op("arange", INJECTIVE, _infer_arange, _legalize_arange)
+def arange(start=0, delta=1, length=1, dtype="int64") -> np.ndarray:
+    return (int(start) + np.arange(int(length)) * int(delta)).astype(dtype)
+
+
+def _infer_full(shape=(), value=0.0, dtype="float32") -> TensorType:
+    return TensorType(tuple(dim(d) for d in shape), dtype)
+
+
+@register_op("full", INJECTIVE, _infer_full,
+             lambda out_type, name, shape=(), value=0.0, dtype="float32":
+             te.compute(out_type.shape, lambda *i: te.const(value, dtype), name=name,
+                        dtype=dtype))
+def full(shape=(), value=0.0, dtype="float32") -> np.ndarray:
+    return np.full(tuple(int(d) for d in shape), value, dtype=dtype)

@@ -7,6 +7,7 @@ from typing import Mapping
 
 import numpy as np
 
+from ..ir.sym import is_static
 from ..ir.graph import Call, CallTIR, Constant, Function, IRModule, used_values
 from ..ops import get_op
 from .common import map_functions, rewrite_function
@@ -50,7 +51,7 @@ def fold_constants(mod: IRModule, keep: frozenset[str] = KEPT_UNFOLDED) -> IRMod
     def visit(b, lookup):
         v = b.value
         if isinstance(v, Call) and v.args and v.op not in keep \
-                and all(isinstance(a, Constant) for a in v.args):
+                and all(isinstance(a, Constant) for a in v.args) and is_static(v.type.shape):
             data = get_op(v.op).reference(*(a.data for a in v.args), **v.attrs)
             return Constant(b.var.name, np.asarray(data, dtype=v.type.dtype, order="C"))
         return None

@@ -1,0 +1,259 @@
+"""Convolutions whose spatial extents are known at run time only (symbolic H, W, batch).
+
+The static conv kernel (``gemm.py``) chooses its plane layout, register tile and loop order
+from the sizes at export. Here the channel counts, the window, strides and padding are known
+at export and the image size is not, so the kernel takes the sizes as arguments (the module's
+size variables) and computes every extent from them:
+
+* per image and group, the window's columns are laid out as a ``[cg * kh * kw, oh * ow]``
+  matrix in the workspace (im2col: one row per tap and input channel, zeros outside the image;
+  each row is a zero run, a copy LLVM vectorizes, a zero run). A 1x1, stride-1, unpadded conv
+  reads its input in place;
+* the outputs are that matrix times the weights, with the register-blocked microkernel of the
+  matmuls (``ContractionEmitter._microkernel``): a tile of ``mr`` output channels by ``nv``
+  vectors of output positions, the last panel of positions masked (its count is a run-time
+  value);
+* the fused epilogue (bias, activation, residual) runs on the tile a vector at a time, the
+  positions mapped back to (row, column) with the run-time output width.
+
+The kernel runs on one thread (``parallel`` False): the workspace holds one image-group's
+matrix, reused. Depthwise convolutions (one channel per group) use the same kernel with a
+one-row tile.
+"""
+
+from __future__ import annotations
+
+from llvmlite import ir
+
+from ..ir import te
+from ..ir.graph import PrimFunc
+from ..ir.sym import product
+from .gemm import ContractionEmitter, _conv_tiles, match_contraction
+from .helpers import F32, const_i64, for_range
+from .lower import WORKSPACE_ALIGN, KernelInfo
+
+
+class SymbolicConvEmitter(ContractionEmitter):
+    plans_conv = False
+
+    def emit(self) -> KernelInfo:
+        x_t, w_t = self.match.tag.operands
+        attrs = self.match.tag.attrs
+        _, c, h, w = x_t.shape
+        o, cg, kh, kw = w_t.shape
+        out = self.match.out
+        _, _, oh, ow = out.shape
+        g = dict(c=c, h=h, w=w, o=o, cg=cg, kh=kh, kw=kw, oh=oh, ow=ow,
+                 sh=attrs["strides"][0], sw=attrs["strides"][1],
+                 pt=attrs["padding"][0], pl=attrs["padding"][1],
+                 dh=attrs.get("dilation", (1, 1))[0], dw=attrs.get("dilation", (1, 1))[1],
+                 groups=attrs["groups"], og=o // attrs["groups"])
+        g["direct"] = (kh, kw, g["sh"], g["sw"]) == (1, 1, 1, 1) and not any(attrs["padding"])
+        g["K"] = cg * kh * kw
+        _, mr, nv, _ = _conv_tiles(g["og"], self.target_vl)[0]
+        g["mr"], g["nv"] = min(mr, g["og"]), nv
+        self.g = g
+        workspace = None if g["direct"] else \
+            -(-(g["K"] * oh * ow * 4) // WORKSPACE_ALIGN) * WORKSPACE_ALIGN + WORKSPACE_ALIGN
+        params = self.func.inputs + self.func.outputs
+        body_fn, ptr_types = self._begin_body(params, workspace is not None)
+        n_ptrs = len(ptr_types)
+        ws = body_fn.args[len(params)] if workspace is not None else None
+        self._emit_body(ws)
+        self.builder.ret_void()
+        self._emit_entry(body_fn, n_ptrs, ptr_types)
+        return KernelInfo(self.symbol, len(self.func.inputs), len(self.func.outputs), 0, False,
+                          symbolic=True, workspace_expr=workspace)
+
+    def _emit_body(self, ws: ir.Value | None) -> None:
+        b, g = self.builder, self.g
+        x_t = self.match.tag.operands[0]
+        x_ptr = self.buffers[x_t.uid]
+        H, W = self._dim_value(g["h"]), self._dim_value(g["w"])
+        OH, OW = self._dim_value(g["oh"]), self._dim_value(g["ow"])
+        P = b.mul(OH, OW)
+        cols = None if ws is None else b.bitcast(ws, F32.as_pointer())
+        plane = b.mul(H, W)
+        with for_range(b, const_i64(0), self._dim_value(x_t.shape[0]), "n") as n:
+            x_img = b.gep(x_ptr, [b.mul(n, b.mul(plane, const_i64(g["c"])))], inbounds=True)
+            with for_range(b, const_i64(0), const_i64(g["groups"]), "grp") as grp:
+                x_grp = b.gep(x_img, [b.mul(grp, b.mul(plane, const_i64(g["cg"])))],
+                              inbounds=True)
+                if cols is None:
+                    src = x_grp
+                else:
+                    self._fill_cols(x_grp, cols, H, W, OH, OW, P)
+                    src = cols
+                self._products(n, grp, src, P, OW)
+
+    def _fill_cols(self, x_grp, cols, H, W, OH, OW, P) -> None:
+        """cols[(ic*kh + ky)*kw + kx, oy*OW + ox] = x[ic, oy*sh + ky*dh - pt, ox*sw + kx*dw - pl]
+        (0 outside the image)."""
+        b, g = self.builder, self.g
+        sh, sw, pt, pl = g["sh"], g["sw"], g["pt"], g["pl"]
+        zero = ir.Constant(F32, 0.0)
+
+        def clamp(v, lo, hi):
+            v = b.select(b.icmp_signed("<", v, lo), lo, v)
+            return b.select(b.icmp_signed(">", v, hi), hi, v)
+
+        with for_range(b, const_i64(0), const_i64(g["cg"]), "ic") as ic:
+            x_ch = b.gep(x_grp, [b.mul(ic, b.mul(H, W))], inbounds=True)
+            for ky in range(g["kh"]):
+                for kx in range(g["kw"]):
+                    k = b.add(b.mul(ic, const_i64(g["kh"] * g["kw"])),
+                              const_i64(ky * g["kw"] + kx))
+                    row_k = b.gep(cols, [b.mul(k, P)], inbounds=True)
+                    off_x = kx * g["dw"] - pl
+                    # columns ox whose source ox*sw + off_x lies in [0, W)
+                    lo = b.sdiv(b.add(const_i64(-off_x), const_i64(sw - 1)), const_i64(sw)) \
+                        if off_x < 0 else const_i64(0)
+                    hi = b.add(b.sdiv(b.sub(b.sub(W, const_i64(1)), const_i64(off_x)),
+                                      const_i64(sw)), const_i64(1))
+                    lo, hi = clamp(lo, const_i64(0), OW), clamp(hi, const_i64(0), OW)
+                    hi = b.select(b.icmp_signed("<", hi, lo), lo, hi)
+                    with for_range(b, const_i64(0), OH, "oy") as oy:
+                        dst = b.gep(row_k, [b.mul(oy, OW)], inbounds=True)
+                        yy = b.add(b.mul(oy, const_i64(sh)), const_i64(ky * g["dh"] - pt))
+                        inside = b.and_(b.icmp_signed(">=", yy, const_i64(0)),
+                                        b.icmp_signed("<", yy, H))
+                        with b.if_else(inside) as (then, otherwise):
+                            with then:
+                                src = b.gep(x_ch, [b.mul(yy, W)], inbounds=True)
+                                with for_range(b, const_i64(0), lo, "z0") as v:
+                                    b.store(zero, b.gep(dst, [v], inbounds=True))
+                                with for_range(b, lo, hi, "cp") as v:
+                                    xx = b.add(b.mul(v, const_i64(sw)), const_i64(off_x))
+                                    b.store(b.load(b.gep(src, [xx], inbounds=True)),
+                                            b.gep(dst, [v], inbounds=True))
+                                with for_range(b, hi, OW, "z1") as v:
+                                    b.store(zero, b.gep(dst, [v], inbounds=True))
+                            with otherwise:
+                                with for_range(b, const_i64(0), OW, "z2") as v:
+                                    b.store(zero, b.gep(dst, [v], inbounds=True))
+
+    def _products(self, n, grp, src, P, OW) -> None:
+        """out[n, grp*og + m, p] = sum_k w[grp*og + m, k] * src[k, p], then the epilogue."""
+        b, g = self.builder, self.g
+        mr, nv, og, K = g["mr"], g["nv"], g["og"], g["K"]
+        nr = nv * self.vl
+        w_ptr = self.buffers[self.match.tag.operands[1].uid]
+        panels = b.sdiv(b.add(P, const_i64(nr - 1)), const_i64(nr))
+        mblocks = -(-og // mr)
+        with for_range(b, const_i64(0), panels, "jp") as jp:
+            p0 = b.mul(jp, const_i64(nr))
+            remaining = b.sub(P, p0)
+            masks = [self._lane_mask(remaining, v) for v in range(nv)]
+            with for_range(b, const_i64(0), const_i64(mblocks), "mb") as mb:
+                local0 = b.mul(mb, const_i64(mr))
+                oc0 = b.add(b.mul(grp, const_i64(og)), local0)
+
+                def a_scalar(k, u, i):
+                    # rows past the group's last channel repeat it (computed, not stored)
+                    row = b.select(b.icmp_signed("<", b.add(local0, const_i64(i)),
+                                                 const_i64(og)),
+                                   b.add(oc0, const_i64(i)),
+                                   b.add(b.sub(oc0, local0), const_i64(og - 1)))
+                    return b.load(b.gep(w_ptr, [b.add(b.mul(row, const_i64(K)), k)],
+                                        inbounds=True))
+
+                def block(masked: bool) -> None:
+                    def b_vector(k, u, v):
+                        ptr = self._vec_ptr(src, b.add(b.mul(k, P),
+                                                       b.add(p0, const_i64(v * self.vl))))
+                        return self._masked_load(ptr, masks[v]) if masked else \
+                            b.load(ptr, align=4)
+
+                    tile = self._microkernel(mr, nv, K, a_scalar, b_vector)
+                    self._epilogue(n, oc0, local0, p0, remaining, tile, OW, masks, masked)
+
+                with b.if_else(b.icmp_signed(">=", remaining, const_i64(nr))) as (full, part):
+                    with full:
+                        block(False)
+                    with part:
+                        block(True)
+
+    def _epilogue(self, n, oc0, local0, p0, remaining, tile, OW, masks, masked: bool) -> None:
+        b, g = self.builder, self.g
+        out = self.match.out
+        mr, nv, og = g["mr"], g["nv"], g["og"]
+        nr = nv * self.vl
+        rows = b.sub(const_i64(og), local0)
+        rows = b.select(b.icmp_signed("<", rows, const_i64(mr)), rows, const_i64(mr))
+        cols = b.select(b.icmp_signed("<", remaining, const_i64(nr)), remaining, const_i64(nr))
+        env = {id(out.axes[0]): n}
+        vector = self._vector_epilogue_ok() and self._rows_contiguous()
+        with for_range(b, const_i64(0), rows, "ti") as i:
+            env[id(out.axes[1])] = b.add(oc0, i)
+            if not vector:
+                with for_range(b, const_i64(0), cols, "tj") as j:
+                    p = b.add(p0, j)
+                    env[id(out.axes[2])] = b.sdiv(p, OW)
+                    env[id(out.axes[3])] = b.srem(p, OW)
+                    self._store_epilogue(env, tile, b.add(b.mul(i, const_i64(nr)), j))
+            for v in range(nv if vector else 0):
+                p = b.add(p0, const_i64(v * self.vl))
+                env[id(out.axes[2])] = b.sdiv(p, OW)
+                env[id(out.axes[3])] = b.srem(p, OW)
+                t_idx = b.add(b.mul(i, const_i64(nr)), const_i64(v * self.vl))
+                if not masked:
+                    self._store_vector(env, tile, t_idx, None)
+                    continue
+                with b.if_then(b.icmp_signed(">", remaining, const_i64(v * self.vl))):
+                    self._store_vector(env, tile, t_idx, masks[v])
+
+
+def emit_symbolic_conv(module: ir.Module, func: PrimFunc, symbol: str, vl: int,
+                       size_vars: tuple[str, ...]) -> KernelInfo | None:
+    """A conv2d (any groups, NCHW, float32) whose batch or spatial sizes are run-time values;
+    None for anything else (the caller falls back)."""
+    match = match_contraction(func)
+    if match is None or match.tag.kind != "conv2d":
+        return None
+    x_t, w_t = match.tag.operands
+    if x_t.dtype != "float32" or w_t.dtype != "float32" or match.out.dtype != "float32" \
+            or len(x_t.shape) != 4 or not all(isinstance(d, int) for d in w_t.shape) \
+            or not isinstance(x_t.shape[1], int) or len(match.out.axes) != 4:
+        return None
+    return SymbolicConvEmitter(module, func, symbol, match, vl, size_vars).emit()
+
+
+# ---- softmax over a static last axis, a run-time number of rows ----------------------------------
+
+def emit_symbolic_softmax(module: ir.Module, func: PrimFunc, symbol: str, vl: int,
+                          size_vars: tuple[str, ...]) -> KernelInfo | None:
+    """The vectorized softmax kernel (``codegen/softmax.py``) when only the number of rows is a
+    run-time size (a recognizer's per-column class scores): the rows loop takes it from the
+    size variables; the row length stays static."""
+    from .softmax import SoftmaxEmitter, match_softmax
+    match = match_softmax(func)
+    if match is None or not isinstance(func.inputs[0].shape[-1], int):
+        return None
+
+    class _Emitter(SoftmaxEmitter):
+        def __init__(self) -> None:
+            super().__init__(module, func, symbol, *match, vl)
+            self.size_vars = size_vars
+            self.symbolic = True
+
+        def emit(self) -> KernelInfo:
+            x_t = self.func.inputs[0]
+            body_fn, ptr_types = self._begin_body([x_t, self.out], workspace=False)
+            x_ptr, out_ptr = body_fn.args[:2]
+            b = self.builder
+            n = x_t.shape[-1]
+            rows = self._dim_value(product(x_t.shape[:-1]))
+            group = self._group(n)
+            groups = b.sdiv(rows, const_i64(group))
+            with for_range(b, const_i64(0), groups, "grp") as g:
+                first = b.mul(g, const_i64(group), flags=("nsw",))
+                self._rows([self._row_ptrs(x_ptr, out_ptr, b.add(first, const_i64(r)), n)
+                            for r in range(group)], n)
+            if group > 1:
+                with for_range(b, b.mul(groups, const_i64(group)), rows, "row") as row:
+                    self._rows([self._row_ptrs(x_ptr, out_ptr, row, n)], n)
+            b.ret_void()
+            self._emit_entry(body_fn, len(ptr_types), ptr_types)
+            return KernelInfo(self.symbol, 1, 1, 0, False, symbolic=True)
+
+    return _Emitter().emit()
