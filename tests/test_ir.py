@@ -169,3 +169,20 @@ def test_fusion_skips_multi_use_producers():
     calls = [b.value.func for b in mod.main.bindings()]
     # exp is also an output: it stays; relu and tanh each fuse into the add.
     assert calls[0] == "exp" and len(calls) == 2
+
+
+def test_reduction_tags_live_in_the_ir() -> None:
+    """A reduction's operator tag is an attribute of its first axis (no global table): it
+    travels with the expression, and an untagged reduction has none."""
+    from mlcpack.packager.ir import patterns, te
+
+    a, b = te.placeholder((2, 3), name="a"), te.placeholder((3, 4), name="b")
+    k = te.reduce_axis(3, "k")
+    patterns.tag_reduction(k, "matmul", (a, b), transpose_b=False)
+    c = te.compute((2, 4), lambda i, j: te.sum_of(a[i, k] * b[k, j], k), name="c")
+    tag = patterns.reduction_tag(c.body)
+    assert tag == te.ReductionTag("matmul", (a, b), {"transpose_b": False})
+    assert c.body.axes[0].tag is tag and not hasattr(patterns, "_TAGS")
+    r = te.reduce_axis(3, "r")
+    plain = te.compute((2,), lambda i: te.sum_of(a[i, r], r), name="rowsum")
+    assert patterns.reduction_tag(plain.body) is None

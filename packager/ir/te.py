@@ -104,12 +104,15 @@ class Expr:
 
 @dataclass(eq=False)
 class IndexVar(Expr):
-    """A loop index over ``range(extent)``; ``reduce`` marks a reduction axis."""
+    """A loop index over ``range(extent)``; ``reduce`` marks a reduction axis. The first axis
+    of a reduction may carry a ``ReductionTag`` (set by ``patterns.tag_reduction``): the
+    operator the reduction came from, which keeps its identity through fusion and rewriting."""
 
     name: str
     extent: int
     reduce: bool = False
     dtype: str = "int64"
+    tag: ReductionTag | None = field(default=None, repr=False)
 
 
 @dataclass(eq=False)
@@ -178,6 +181,16 @@ class Read(Expr):
     tensor: Tensor
     indices: tuple[Expr, ...]
     dtype: str
+
+
+@dataclass(frozen=True)
+class ReductionTag:
+    """Which operator a reduction came from and its attributes, so the code generator can pick
+    a specialized kernel (``codegen/build.KERNEL_RULES``)."""
+
+    kind: str                        # "conv2d", "matmul", "max_pool2d", "recurrence", "softmax"
+    operands: tuple[Tensor, ...]     # the placeholders it contracts: (x, w) or (a, b)
+    attrs: dict = field(default_factory=dict)
 
 
 @dataclass(eq=False)
