@@ -46,25 +46,31 @@ def shapes_at_batch(shapes: dict[str, tuple[int | None, ...]], batch: Optional[i
 
 def load_model(model: str | os.PathLike, input_shapes: Mapping[str, Sequence] | None = None,
                batch_sizes: Sequence[int] | None = None, arch: str | os.PathLike | None = None,
-               reference: bool = True) -> LoadedModel:
+               reference: bool = True, bind: Mapping[str, Any] | None = None,
+               max_shapes: Mapping[str, Sequence[int]] | None = None) -> LoadedModel:
     """Import the model file ``model`` as ``mlcpack export`` does: the frontend chosen by its
     type (``.onnx``; ``.pt2``, torch.export.save; pickled weights ``.pkl``/``.pickle``/``.npz``
     with ``arch``, an architecture spec, or an MLP inferred from the weights). ``input_shapes``
     (name -> dims, a name for a symbolic dim) fixes input sizes; ``batch_sizes`` builds one
     module per batch size (ONNX: the model re-imported with its batch dim made symbolic).
     ``reference``: also build the golden check's reference (ONNX Runtime / onnx.reference for
-    ONNX, eager torch for ``.pt2``; none for weights). Raises ``ExportError`` (one line)."""
+    ONNX, eager torch for ``.pt2``; none for weights). ONNX only: ``bind`` (name -> array)
+    makes graph inputs constants, ``max_shapes`` bounds inputs' sizes (docs/symbolic-shapes.md).
+    Raises ``ExportError`` (one line)."""
     model = Path(model)
     shapes = dict(input_shapes or {})
     check = reference
     suffix = model.suffix.lower()
     check_files([model], "model to export")
     sizes: list[Optional[int]] = sorted(batch_sizes) if batch_sizes else [None]
+    if (bind or max_shapes) and suffix != ".onnx":
+        raise ModelOptionError("--bind and --max-shape are for ONNX models")
     if suffix == ".onnx":
         from ..packager.golden import onnx_reference
         from .onnx import import_onnx
         if not batch_sizes:
-            mod, info = import_onnx(str(model), input_shapes=shapes_at_batch(shapes, None) or None)
+            mod, info = import_onnx(str(model), input_shapes=shapes_at_batch(shapes, None) or None,
+                                    bind=bind, max_shapes=max_shapes)
             if not check:
                 return LoadedModel({None: mod})
             return LoadedModel({None: mod}, *onnx_reference(model, info.input_names))
@@ -74,7 +80,7 @@ def load_model(model: str | os.PathLike, input_shapes: Mapping[str, Sequence] | 
             given = shapes_at_batch(shapes, b)
             for name in batch_inputs:  # a symbolic first dim kept from the ONNX model
                 given.setdefault(name, batch_inputs[name](b))
-            mods[b], info = import_onnx(proto, input_shapes=given or None)
+            mods[b], info = import_onnx(proto, input_shapes=given or None, bind=bind)
         if not check:
             return LoadedModel(mods)
         return LoadedModel(mods, *onnx_reference(proto.SerializeToString(), info.input_names))

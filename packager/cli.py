@@ -74,7 +74,23 @@ def _guarded(debug: bool, fn: Callable[[], Any]) -> Any:
               "traceback, and please report it)", EXIT_INTERNAL)
 
 
-def _parse_shapes(values: list[str]) -> dict[str, tuple[int | None, ...]]:
+def _parse_binds(values: list[str]) -> dict:
+    """``--bind name=file.npy``: the arrays (read without pickles)."""
+    out = {}
+    for item in values:
+        name, sep, path = item.partition("=")
+        if not sep or not name or not path:
+            _fail(f"--bind {item!r} should look like name=file.npy", 2)
+        try:
+            out[name] = np.load(path, allow_pickle=False)
+        except (OSError, ValueError) as exc:
+            _fail(f"--bind {name}: cannot read {path} as a .npy array: "
+                  f"{' '.join(str(exc).split())}", 2)
+    return out
+
+
+def _parse_shapes(values: list[str], flag: str = "--input-shape"
+                  ) -> dict[str, tuple[int | None, ...]]:
     """``name=1,3,224,224``; a dim that is a name (``N``) stays symbolic (a size variable; the
     batch, with --batch-sizes, when it is the first)."""
     shapes: dict[str, tuple[int | None, ...]] = {}
@@ -87,7 +103,7 @@ def _parse_shapes(values: list[str]) -> dict[str, tuple[int | None, ...]]:
             # a name keeps that dim symbolic (the batch, with --batch-sizes, if first)
             shapes[name] = tuple(d if d.isidentifier() else int(d) for d in parts)
         except ValueError:
-            _fail(f"--input-shape {item!r} should look like name=1,3,224,224 (or name=N,3,224,224 "
+            _fail(f"{flag} {item!r} should look like name=1,3,224,224 (or name=N,3,224,224 "
                   "with --batch-sizes)", 2)
     return shapes
 
@@ -303,6 +319,11 @@ def export(
                                               "batch is the first dim named in --input-shape "
                                               "(x=N,3,224,224) or symbolic in the ONNX model",
                                               metavar="B1,B2,..."),
+    bind: list[str] = typer.Option([], help="make an input a constant with this array "
+                                   "(repeatable)", metavar="NAME=FILE.npy"),
+    max_shape: list[str] = typer.Option([], help="largest size of each dim of an input with "
+                                        "symbolic dims: name=1,3,1280,1280 (larger inputs are "
+                                        "refused at run time)", metavar="NAME=DIMS"),
     check: bool = typer.Option(True, "--check/--no-check", help="run the model once with a "
                                "reference and with the bundle, embed the pair, fail on a "
                                "mismatch (default on)"),
@@ -342,7 +363,9 @@ def export(
         label_list = _labels(labels)
         _check_quantize_options(model, quantize, calibration, calibration_method,
                                 quantize_fallback, sizes)
-        loaded = load_model(model, shapes, sizes, arch, reference=check and not quantize)
+        loaded = load_model(model, shapes, sizes, arch, reference=check and not quantize,
+                            bind=_parse_binds(bind) or None,
+                            max_shapes=_parse_shapes(max_shape, "--max-shape") or None)
         mods, reference, reference_name = loaded.modules, loaded.reference, loaded.reference_name
         mod = mods[min(mods)] if sizes else mods[None]
         pre = _recorded_preprocess(mod, given, label_list)

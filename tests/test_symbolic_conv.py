@@ -152,3 +152,30 @@ def test_softmax_rows_at_run_time(tmp_path) -> None:
             x = (RNG.standard_normal((1, t, 37)) * 5).astype(np.float32)
             np.testing.assert_allclose(m.run({"x": x})["y"], session.run(None, {"x": x})[0],
                                        rtol=1e-5, atol=1e-7)
+
+
+def test_bind_and_max_shape_flags(tmp_path, run_cli, one_line_error) -> None:
+    model = _scaled()
+    onnx.save(model, tmp_path / "m.onnx")
+    s = RNG.standard_normal((1, 4, 1, 1)).astype(np.float32)
+    np.save(tmp_path / "s.npy", s)
+    out = tmp_path / "m.mlc"
+    proc = run_cli("export", tmp_path / "m.onnx", "-o", out, "--bind", f"s={tmp_path / 's.npy'}",
+                   "--max-shape", "x=1,2,1,64", "--target", "host")
+    assert proc.returncode == 0, proc.stderr
+    with load(out) as m:
+        assert [i.name for i in m.inputs] == ["x"]
+        x = RNG.standard_normal((1, 2, 1, 10)).astype(np.float32)
+        session = ort.InferenceSession(model.SerializeToString(),
+                                       providers=["CPUExecutionProvider"])
+        np.testing.assert_allclose(m.run({"x": x})["y"], session.run(None, {"x": x, "s": s})[0],
+                                   rtol=1e-5, atol=1e-6)
+        with pytest.raises(InputError, match="beyond the bundle's bound 64"):
+            m.run({"x": np.zeros((1, 2, 1, 66), np.float32)})
+    np.save(tmp_path / "bad.npy", s.astype(np.float64))
+    for args, text in ((["--bind", f"s={tmp_path / 'bad.npy'}"], "the model takes float32"),
+                       (["--bind", "s=missing.npy"], "cannot read"),
+                       (["--max-shape", "x=1,2,1,0"], "size 0 at axis 3 is below 1")):
+        proc = run_cli("export", tmp_path / "m.onnx", "-o", tmp_path / "bad.mlc", *args)
+        assert text in one_line_error(proc)
+    assert not (tmp_path / "bad.mlc").exists()
