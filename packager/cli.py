@@ -15,7 +15,6 @@ from typing import Any, Callable, Optional
 import numpy as np
 import typer
 
-from ..frontends.loader import load_model, shapes_at_batch
 from ..runtime import commands
 from ..runtime.errors import MlcpackError
 
@@ -266,6 +265,7 @@ def _check_quantize_options(model: Path, quantize: Optional[str], calibration: O
 def _export_int8(model: Path, out: Path, opts: Any, mod: Any, pre: Any, shapes: dict,
                  calibration: Path, method: str, fallback: bool) -> Any:
     """Calibrate, quantize and export (packager/quantize.py); prints the quantization report."""
+    from ..frontends.loader import shapes_at_batch
     from ..runtime.model import TensorSpec
     from .quantize import export_int8, read_calibration
 
@@ -350,6 +350,7 @@ def export(
 ) -> None:
     """Compile a model into one .mlc bundle."""
     def run() -> None:
+        from ..frontends.loader import load_model   # the compiler's side: not for verify/infer
         from .export import ExportOptions, export_batched, export_module, file_sha256
 
         out = output or Path(model.stem + ".mlc")

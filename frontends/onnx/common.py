@@ -1,12 +1,18 @@
-"""Helpers that converters of several families share (a leaf: it imports only the registry),
-so that no family imports another family or the importer."""
+"""Helpers that converters of several families share (a leaf: it imports no other module of the
+ONNX frontend at run time), so that no family imports another family or the importer."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
+import onnx
+from onnx import helper
 
 from ...packager.ir.graph import Value
-from .registry import NodeContext
+
+if TYPE_CHECKING:
+    from .registry import NodeContext
 
 # Tensor dtypes a bundle can take and return at run time (the runtime's and the code generator's).
 # float16/bfloat16/float8 are stored narrow and computed in float32; the runtime carries the dtypes
@@ -26,6 +32,17 @@ def cast_to(ctx: NodeContext, x: Value, dtype: np.dtype | str) -> Value:
         raise ctx.error(f"casting a run-time tensor from {x.type.dtype} to {dtype}: only "
                         f"{', '.join(RUNTIME_DTYPES)} are supported at run time")
     return ctx.emit("cast", x, dtype=dtype)
+
+
+def onnx_dtype(ctx: NodeContext, to: int | str) -> np.dtype:
+    """The numpy dtype of a Cast's ``to`` (an ONNX TensorProto type, or its name in opset 1)."""
+    if isinstance(to, str):  # opset 1 names the type: "FLOAT"
+        to = onnx.TensorProto.DataType.Value(to.upper())
+    try:
+        return np.dtype(helper.tensor_dtype_to_np_dtype(int(to)))
+    except (KeyError, TypeError, ValueError):
+        raise ctx.error(f"cast to {onnx.TensorProto.DataType.Name(int(to))} is not "
+                        "supported") from None
 
 
 def legacy_broadcast(ctx: NodeContext, a: Value, b: Value) -> Value:

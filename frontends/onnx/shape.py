@@ -8,15 +8,13 @@ import math
 from typing import Any, Sequence
 
 import numpy as np
-import onnx
-from onnx import helper
 
 from ...packager.ir.graph import Constant, Value
 from ...packager.ir.sym import SymExpr, assume, dim, is_static
 from ...packager.ir.sym import product as sym_product
 from ...packager.ops.registry import broadcast_shape
 from . import quant, symvalue
-from .common import cast_to
+from .common import cast_to, onnx_dtype
 from .registry import NodeContext, converter
 
 
@@ -274,20 +272,10 @@ def _gather(ctx: NodeContext) -> Value:
     return ctx.emit("take", x, ctx.input(1), axis=axis % len(x.type.shape))
 
 
-def _onnx_dtype(ctx: NodeContext, to: int | str) -> np.dtype:
-    if isinstance(to, str):  # opset 1 names the type: "FLOAT"
-        to = onnx.TensorProto.DataType.Value(to.upper())
-    try:
-        return np.dtype(helper.tensor_dtype_to_np_dtype(int(to)))
-    except (KeyError, TypeError, ValueError):
-        raise ctx.error(f"cast to {onnx.TensorProto.DataType.Name(int(to))} is not "
-                        "supported") from None
-
-
 @converter("Cast", since=1, attrs={"to": None, "saturate": 1, "round_mode": "up"})
 def _cast(ctx: NodeContext) -> Value:
     x = ctx.input(0)
-    dtype = _onnx_dtype(ctx, ctx.attrs["to"])
+    dtype = onnx_dtype(ctx, ctx.attrs["to"])
     saturate = bool(ctx.attrs["saturate"])
     if isinstance(x, Constant):
         return ctx.constant(quant.fold_cast(x.data, dtype, saturate), "cast")

@@ -20,6 +20,7 @@ import numpy as np
 
 from ...packager.ir.graph import Constant, TensorType, Value
 from ...packager.ir.sym import SymbolicShapeError, SymExpr
+from .common import onnx_dtype
 
 # Which inputs of an operator may stay symbolic (the converter reads them with ctx.dims).
 SHAPE_INPUTS: dict[str, frozenset[int]] = {
@@ -158,8 +159,7 @@ def fold(ctx: Any, op: str) -> Value | list[Value] | None:
             cond = ins[0].astype(bool)
             return make(ctx, np.where(cond, ins[1], ins[2]), ctx.inputs[1].type.dtype, "where")
         if op == "Cast":
-            from .shape import _onnx_dtype
-            to = str(_onnx_dtype(ctx, ctx.attrs["to"]))
+            to = str(onnx_dtype(ctx, ctx.attrs["to"]))
             if to == "bool" or to.startswith("float") and dtype == "bool":
                 return None
             return make(ctx, ins[0], to, "cast")
