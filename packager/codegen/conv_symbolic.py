@@ -53,8 +53,25 @@ class SymbolicConvEmitter(ContractionEmitter):
         _, mr, nv, _ = _conv_tiles(g["og"], self.target_vl)[0]
         g["mr"], g["nv"] = min(mr, g["og"]), nv
         self.g = g
+        # Stride-phase planes (as the static kernel lays them out): one copy of the input,
+        # every tap reads them at a shift; columns past the output width are computed and
+        # dropped. Dilated windows take the im2col matrix instead.
+        g["planes"] = not g["direct"] and g["dh"] == 1 and g["dw"] == 1
+        nr = g["nv"] * self.vl
+        if g["planes"]:
+            g["ny"], g["nx"] = min(g["sh"], kh), min(g["sw"], kw)
+            g["hq"] = oh + (kh - 1) // g["sh"]
+            g["wq"] = ow + (kw - 1) // g["sw"]
+            g["shift"] = ((kh - 1) // g["sh"]) * g["wq"] + (kw - 1) // g["sw"]
+            # the last panel reads up to a panel and a vector past the planes: zeros. The same
+            # for every target (a bundle's variants share the workspace size): 128 >= nr + vl
+            g["slack"] = g["shift"] + 128
+            assert nr + self.vl <= 128
+            floats = cg * g["ny"] * g["nx"] * g["hq"] * g["wq"] + g["slack"]
+        else:
+            floats = g["K"] * oh * ow
         workspace = None if g["direct"] else \
-            -(-(g["K"] * oh * ow * 4) // WORKSPACE_ALIGN) * WORKSPACE_ALIGN + WORKSPACE_ALIGN
+            -(-(floats * 4) // WORKSPACE_ALIGN) * WORKSPACE_ALIGN + WORKSPACE_ALIGN
         params = self.func.inputs + self.func.outputs
         body_fn, ptr_types = self._begin_body(params, workspace is not None)
         n_ptrs = len(ptr_types)
@@ -80,11 +97,146 @@ class SymbolicConvEmitter(ContractionEmitter):
                 x_grp = b.gep(x_img, [b.mul(grp, b.mul(plane, const_i64(g["cg"])))],
                               inbounds=True)
                 if cols is None:
-                    src = x_grp
+                    self._products(n, grp, x_grp, P, OW)
+                elif g["planes"]:
+                    self._fill_planes_sym(x_grp, cols, H, W)
+                    self._plane_products(n, grp, cols, OH, OW)
                 else:
                     self._fill_cols(x_grp, cols, H, W, OH, OW, P)
-                    src = cols
-                self._products(n, grp, src, P, OW)
+                    self._products(n, grp, cols, P, OW)
+
+    def _fill_planes_sym(self, x_grp, planes, H, W) -> None:
+        """planes[ic, py, px, u, v] = x[ic, u*sh + py - pt, v*sw + px - pl] (0 outside),
+        u < hq, v < wq; then zero slack."""
+        b, g = self.builder, self.g
+        sh, sw, pt, pl, ny, nx = g["sh"], g["sw"], g["pt"], g["pl"], g["ny"], g["nx"]
+        hq, wq = self._dim_value(g["hq"]), self._dim_value(g["wq"])
+        zero = ir.Constant(F32, 0.0)
+
+        def clamp(v, lo, hi):
+            v = b.select(b.icmp_signed("<", v, lo), lo, v)
+            return b.select(b.icmp_signed(">", v, hi), hi, v)
+
+        plane = b.mul(hq, wq)
+        with for_range(b, const_i64(0), const_i64(g["cg"]), "ic") as ic:
+            x_ch = b.gep(x_grp, [b.mul(ic, b.mul(H, W))], inbounds=True)
+            for py in range(ny):
+                for px in range(nx):
+                    base = b.mul(b.add(b.mul(ic, const_i64(ny * nx)), const_i64(py * nx + px)),
+                                 plane)
+                    off_x = px - pl
+                    lo = const_i64(-(-(-off_x) // sw)) if off_x < 0 else const_i64(0)
+                    hi = b.add(b.sdiv(b.sub(b.sub(W, const_i64(1)), const_i64(off_x)),
+                                      const_i64(sw)), const_i64(1))
+                    lo, hi = clamp(lo, const_i64(0), wq), clamp(hi, const_i64(0), wq)
+                    hi = b.select(b.icmp_signed("<", hi, lo), lo, hi)
+                    with for_range(b, const_i64(0), hq, "u") as u:
+                        dst = b.gep(planes, [b.add(base, b.mul(u, wq))], inbounds=True)
+                        yy = b.add(b.mul(u, const_i64(sh)), const_i64(py - pt))
+                        inside = b.and_(b.icmp_signed(">=", yy, const_i64(0)),
+                                        b.icmp_signed("<", yy, H))
+                        with b.if_else(inside) as (then, otherwise):
+                            with then:
+                                src = b.gep(x_ch, [b.mul(yy, W)], inbounds=True)
+                                with for_range(b, const_i64(0), lo, "z0") as v:
+                                    b.store(zero, b.gep(dst, [v], inbounds=True))
+                                with for_range(b, lo, hi, "cp") as v:
+                                    xx = b.add(b.mul(v, const_i64(sw)), const_i64(off_x))
+                                    b.store(b.load(b.gep(src, [xx], inbounds=True)),
+                                            b.gep(dst, [v], inbounds=True))
+                                with for_range(b, hi, wq, "z1") as v:
+                                    b.store(zero, b.gep(dst, [v], inbounds=True))
+                            with otherwise:
+                                with for_range(b, const_i64(0), wq, "z2") as v:
+                                    b.store(zero, b.gep(dst, [v], inbounds=True))
+        end = b.mul(const_i64(g["cg"] * ny * nx), plane)
+        with for_range(b, const_i64(0), self._dim_value(g["slack"]), "s") as s:
+            b.store(zero, b.gep(planes, [b.add(end, s)], inbounds=True))
+
+    def _plane_products(self, n, grp, planes, OH, OW) -> None:
+        """out[n, grp*og + m, oy, ox] over the planes: position p = oy*wq + ox (ox < wq;
+        columns from the output width on are dropped), tap (ky, kx) read at a shift."""
+        b, g = self.builder, self.g
+        mr, nv, og, cg = g["mr"], g["nv"], g["og"], g["cg"]
+        kh, kw, sh, sw, ny, nx = g["kh"], g["kw"], g["sh"], g["sw"], g["ny"], g["nx"]
+        nr = nv * self.vl
+        khw = kh * kw
+        taps = [(ky, kx) for ky in range(kh) for kx in range(kw)]
+        w_ptr = self.buffers[self.match.tag.operands[1].uid]
+        wq = self._dim_value(g["wq"])
+        plane = b.mul(self._dim_value(g["hq"]), wq)
+        pq = b.mul(OH, wq)
+        panels = b.sdiv(b.add(pq, const_i64(nr - 1)), const_i64(nr))
+        mblocks = -(-og // mr)
+        shifts = [b.add(b.mul(const_i64(ky // sh), wq), const_i64(kx // sw)) for ky, kx in taps]
+        with for_range(b, const_i64(0), panels, "jp") as jp:
+            p0 = b.mul(jp, const_i64(nr))
+            with for_range(b, const_i64(0), const_i64(mblocks), "mb") as mb:
+                local0 = b.mul(mb, const_i64(mr))
+                oc0 = b.add(b.mul(grp, const_i64(og)), local0)
+
+                def a_scalar(k, u, i):
+                    row = b.select(b.icmp_signed("<", b.add(local0, const_i64(i)),
+                                                 const_i64(og)),
+                                   b.add(oc0, const_i64(i)),
+                                   b.add(b.sub(oc0, local0), const_i64(og - 1)))
+                    idx = b.add(b.mul(row, const_i64(cg * khw)),
+                                b.add(b.mul(k, const_i64(khw)), const_i64(u)))
+                    return b.load(b.gep(w_ptr, [idx], inbounds=True))
+
+                def b_vector(k, u, v):
+                    ky, kx = taps[u]
+                    phase = b.add(b.mul(k, const_i64(ny * nx)),
+                                  const_i64((ky % sh) * nx + kx % sw))
+                    off = b.add(b.add(b.mul(phase, plane), shifts[u]),
+                                b.add(p0, const_i64(v * self.vl)))
+                    return b.load(self._vec_ptr(planes, off), align=4)
+
+                tile = self._microkernel(mr, nv, cg, a_scalar, b_vector, list(range(khw)))
+                self._row_epilogue(n, oc0, local0, p0, pq, wq, OH, OW, tile)
+
+    def _row_epilogue(self, n, oc0, local0, p0, pq, wq, OH, OW, tile) -> None:
+        b, g = self.builder, self.g
+        out = self.match.out
+        mr, nr, og = g["mr"], g["nv"] * self.vl, g["og"]
+        rows = b.sub(const_i64(og), local0)
+        rows = b.select(b.icmp_signed("<", rows, const_i64(mr)), rows, const_i64(mr))
+        p1 = b.add(p0, const_i64(nr))
+        p1 = b.select(b.icmp_signed("<", p1, pq), p1, pq)
+        oy_lo = b.sdiv(p0, wq)
+        oy_hi = b.add(b.sdiv(b.sub(p1, const_i64(1)), wq), const_i64(1))
+        env = {id(out.axes[0]): n}
+        vector = self._vector_epilogue_ok()
+        with for_range(b, const_i64(0), rows, "ti") as i:
+            env[id(out.axes[1])] = b.add(oc0, i)
+            with for_range(b, oy_lo, oy_hi, "oy") as oy:
+                row0 = b.mul(oy, wq)
+                start = b.sub(p0, row0)
+                x_lo = b.select(b.icmp_signed(">", start, const_i64(0)), start, const_i64(0))
+                end = b.sub(p1, row0)
+                x_hi = b.select(b.icmp_signed("<", end, OW), end, OW)
+                env[id(out.axes[2])] = oy
+                if not vector:
+                    with for_range(b, x_lo, x_hi, "ox") as ox:
+                        env[id(out.axes[3])] = ox
+                        t_idx = b.add(b.mul(i, const_i64(nr)), b.sub(b.add(row0, ox), p0))
+                        self._store_epilogue(env, tile, t_idx)
+                else:
+                    count = b.sub(x_hi, x_lo)
+                    count = b.select(b.icmp_signed(">", count, const_i64(0)), count,
+                                     const_i64(0))
+                    nvec = b.sdiv(b.add(count, const_i64(self.vl - 1)), const_i64(self.vl))
+                    with for_range(b, const_i64(0), nvec, "ov") as q:
+                        ox = b.add(x_lo, b.mul(q, const_i64(self.vl)))
+                        env[id(out.axes[3])] = ox
+                        t_idx = b.add(b.mul(i, const_i64(nr)), b.sub(b.add(row0, ox), p0))
+                        left = b.sub(x_hi, ox)
+                        with b.if_else(b.icmp_signed(">=", left, const_i64(self.vl))) \
+                                as (full, part):
+                            with full:
+                                self._store_vector(env, tile, t_idx, None)
+                            with part:
+                                self._store_vector(env, tile, t_idx, self._lane_mask(left, 0))
 
     def _fill_cols(self, x_grp, cols, H, W, OH, OW, P) -> None:
         """cols[(ic*kh + ky)*kw + kx, oy*OW + ox] = x[ic, oy*sh + ky*dh - pt, ox*sw + kx*dw - pl]
