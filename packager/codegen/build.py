@@ -22,7 +22,7 @@ from .gemv import emit_dot_product, is_dot_product
 from .lower import KernelInfo, emit_kernel, is_symbolic
 from .pool import emit_max_pool
 from .rnn import emit_recurrence
-from .conv_symbolic import emit_symbolic_conv, emit_symbolic_softmax
+from .conv_symbolic import emit_symbolic_conv, emit_symbolic_max_pool, emit_symbolic_softmax
 from .softmax import emit_softmax
 from .transpose import emit_transpose
 from .objinfo import undefined_symbols
@@ -104,7 +104,8 @@ def _emit(module: ir.Module, func: PrimFunc, symbol: str, vl: int,
         # one it does not handle would get the generic loop nest, many times slower, so it
         # is refused (fix the shapes instead). Pools take the generic loop nest.
         info = emit_symbolic_conv(module, func, symbol, vl, size_vars) or \
-            emit_symbolic_softmax(module, func, symbol, vl, size_vars)
+            emit_symbolic_softmax(module, func, symbol, vl, size_vars) or \
+            emit_symbolic_max_pool(module, func, symbol, vl, size_vars)
         if info is not None:
             return info
         match = match_contraction(func)

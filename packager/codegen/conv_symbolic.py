@@ -29,7 +29,7 @@ from ..ir import te
 from ..ir.graph import PrimFunc
 from ..ir.sym import product
 from .gemm import ContractionEmitter, _conv_tiles, match_contraction
-from .helpers import F32, const_i64, for_range
+from .helpers import F32, I1, I32, const_i64, for_range, intrinsic
 from .lower import WORKSPACE_ALIGN, KernelInfo
 
 
@@ -407,5 +407,103 @@ def emit_symbolic_softmax(module: ir.Module, func: PrimFunc, symbol: str, vl: in
             b.ret_void()
             self._emit_entry(body_fn, len(ptr_types), ptr_types)
             return KernelInfo(self.symbol, 1, 1, 0, False, symbolic=True)
+
+    return _Emitter().emit()
+
+
+# ---- max pool with run-time extents -------------------------------------------------------------
+
+def emit_symbolic_max_pool(module: ir.Module, func: PrimFunc, symbol: str, vl: int,
+                           size_vars: tuple[str, ...]) -> KernelInfo | None:
+    """The separable max pool of ``codegen/pool.py`` (row maxima over the window's columns into
+    the workspace, then maxima over its rows) with the sizes read at run time; one thread."""
+    from .pool import MaxPoolEmitter, match_max_pool
+    match = match_max_pool(func)
+    if match is None:
+        return None
+
+    class _Emitter(MaxPoolEmitter):
+        def __init__(self) -> None:
+            super().__init__(module, func, symbol, *match, vl)
+            self.size_vars = size_vars
+            self.symbolic = True
+
+        def _row_mask_dyn(self, start, width):
+            b = self.builder
+            idx = b.add(self._splat_i32(start), self._lanes(I32, range(self.vl)))
+            return b.and_(b.icmp_signed(">=", idx, self._lanes(I32, [0] * self.vl)),
+                          b.icmp_signed("<", idx, self._splat_i32(width)))
+
+        def emit(self) -> KernelInfo:
+            x_t = self.tag.operands[0]
+            n, c, h, w = x_t.shape
+            oh, ow = self.out.shape[2], self.out.shape[3]
+            ws_floats = h * (ow + 16)   # >= H * ceil(OW / vl) * vl for every vl <= 16
+            workspace = -(-(ws_floats * 4) // WORKSPACE_ALIGN) * WORKSPACE_ALIGN
+            body_fn, ptr_types = self._begin_body([x_t, self.out], workspace=True)
+            x_ptr, out_ptr, ws = body_fn.args[:3]
+            self._body(x_ptr, out_ptr, self.builder.bitcast(ws, F32.as_pointer()))
+            self.builder.ret_void()
+            self._emit_entry(body_fn, len(ptr_types), ptr_types)
+            return KernelInfo(self.symbol, 1, 1, 0, False, symbolic=True,
+                              workspace_expr=workspace)
+
+        def _body(self, x_ptr, out_ptr, region) -> None:
+            b, vl = self.builder, self.vl
+            n, c, h, w = (self._dim_value(d) for d in self.tag.operands[0].shape)
+            oh, ow = self._dim_value(self.out.shape[2]), self._dim_value(self.out.shape[3])
+            attrs = self.tag.attrs
+            kh, kw = attrs["kernel"]
+            sh, sw = attrs["strides"]
+            pt, pl = attrs["padding"][0], attrs["padding"][1]
+            dh, dw = attrs["dilation"]
+            vmax = intrinsic(self.module, f"llvm.maximum.v{vl}f32", self.vty, [self.vty] * 2)
+            nvec = b.sdiv(b.add(ow, const_i64(vl - 1)), const_i64(vl))
+            stride = b.mul(nvec, const_i64(vl))
+            neg_inf = ir.Constant(self.vty, [float("-inf")] * vl)
+            store = intrinsic(self.module, f"llvm.masked.store.v{vl}f32.p0", ir.VoidType(),
+                              [self.vty, self.vty.as_pointer(), I32, ir.VectorType(I1, vl)])
+            with for_range(b, const_i64(0), b.mul(n, c), "plane") as p:
+                x_plane = b.gep(x_ptr, [b.mul(p, b.mul(h, w))], inbounds=True)
+                o_plane = b.gep(out_ptr, [b.mul(p, b.mul(oh, ow))], inbounds=True)
+                with for_range(b, const_i64(0), nvec, "ov") as q:
+                    ox0 = b.mul(q, const_i64(vl))
+                    starts = [b.add(b.mul(ox0, const_i64(sw)), const_i64(kx * dw - pl))
+                              for kx in range(kw)]
+                    loads = [(s, self._row_mask_dyn(s, w)) for s in starts]
+                    if sw == 2:
+                        highs = [b.add(s, const_i64(vl)) for s in starts]
+                        loads += [(s, self._row_mask_dyn(s, w)) for s in highs]
+                    with for_range(b, const_i64(0), h, "iy") as iy:
+                        x_row = b.gep(x_plane, [b.mul(iy, w)], inbounds=True)
+                        acc = neg_inf
+                        for kx in range(kw):
+                            v = self._row_load(x_row, *loads[kx])
+                            if sw == 2:
+                                v2 = self._row_load(x_row, *loads[kw + kx])
+                                v = b.shuffle_vector(v, v2, self._lanes(I32, range(0, 2 * vl, 2)))
+                            acc = b.call(vmax, [acc, v])
+                        dst = b.gep(region, [b.add(b.mul(iy, stride), ox0)], inbounds=True)
+                        b.store(acc, b.bitcast(dst, self.vty.as_pointer()), align=4)
+                with for_range(b, const_i64(0), oh, "oy") as oy:
+                    o_row = b.gep(o_plane, [b.mul(oy, ow)], inbounds=True)
+                    rows = []
+                    for ky in range(kh):
+                        iy = b.add(b.mul(oy, const_i64(sh)), const_i64(ky * dh - pt))
+                        ok = b.and_(b.icmp_signed(">=", iy, const_i64(0)),
+                                    b.icmp_signed("<", iy, h))
+                        rows.append((ok, b.select(ok, iy, const_i64(0))))
+                    with for_range(b, const_i64(0), nvec, "ov") as q:
+                        ox0 = b.mul(q, const_i64(vl))
+                        acc = neg_inf
+                        for ok, iy in rows:
+                            src = b.gep(region, [b.add(b.mul(iy, stride), ox0)], inbounds=True)
+                            v = b.load(b.bitcast(src, self.vty.as_pointer()), align=4)
+                            acc = b.call(vmax, [acc, b.select(ok, v, neg_inf)])
+                        lanes = b.add(self._splat_i32(ox0), self._lanes(I32, range(vl)))
+                        mask = b.icmp_signed("<", lanes, self._splat_i32(ow))
+                        dst = b.bitcast(b.gep(o_row, [ox0], inbounds=True),
+                                        self.vty.as_pointer())
+                        b.call(store, [acc, dst, ir.Constant(I32, 4), mask])
 
     return _Emitter().emit()
