@@ -179,3 +179,22 @@ def test_bind_and_max_shape_flags(tmp_path, run_cli, one_line_error) -> None:
         proc = run_cli("export", tmp_path / "m.onnx", "-o", tmp_path / "bad.mlc", *args)
         assert text in one_line_error(proc)
     assert not (tmp_path / "bad.mlc").exists()
+
+
+def test_conv_transpose_2x2_stride_2_at_any_size(tmp_path) -> None:
+    # a detector head's upsampling: a 1x1 conv to cout*4 channels placed as 2x2 blocks
+    nodes = [helper.make_node("ConvTranspose", ["x", "w", "b"], ["y"], kernel_shape=[2, 2],
+                              strides=[2, 2])]
+    graph = helper.make_graph(
+        nodes, "ct", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 6, "H", "W"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [_w("w", 6, 3, 2, 2), _w("b", 3)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    mod, _ = import_onnx(model)
+    export_module(mod, tmp_path / "ct.mlc")
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    with load(tmp_path / "ct.mlc") as m:
+        for h, w in ((1, 1), (5, 9), (16, 3)):
+            x = RNG.standard_normal((1, 6, h, w)).astype(np.float32)
+            np.testing.assert_allclose(m.run({"x": x})["y"], session.run(None, {"x": x})[0],
+                                       rtol=1e-5, atol=1e-5)

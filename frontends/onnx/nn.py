@@ -8,7 +8,8 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from ...packager.ir.graph import Value
+from ...packager.ir.graph import Constant, Value
+from ...packager.ir.sym import is_static
 from .registry import NodeContext, converter
 
 # ---- convolution and pooling --------------------------------------------------------------------
@@ -192,6 +193,24 @@ def _global_lp_pool(ctx: NodeContext) -> Value:
                     strides=(1,) * n, padding=(0,) * (2 * n), dilation=(1,) * n)
 
 
+def _conv_transpose_as_pixels(ctx: NodeContext, x: Value, w: Constant, kernel: list) -> Value:
+    """A ConvTranspose whose window equals its stride (a 2x2 stride-2 upsampling, as detectors'
+    heads write) on sizes known only at run time: each input pixel becomes a kh x kw block, so
+    it is a 1x1 convolution to cout*kh*kw channels (the conv kernel with run-time extents)
+    whose channels are then placed as the blocks (a transpose)."""
+    cin, cout, kh, kw = w.data.shape
+    n, _, h, wd = x.type.shape
+    w2 = np.ascontiguousarray(w.data.transpose(1, 2, 3, 0).reshape(cout * kh * kw, cin, 1, 1))
+    y = ctx.emit("nn.conv2d", x, ctx.constant(w2, "convt_weight"), strides=(1, 1),
+                 padding=(0, 0, 0, 0), dilation=(1, 1), groups=1)
+    y = ctx.reshape(y, (n, cout, kh, kw, h, wd))
+    y = ctx.emit("transpose", y, axes=(0, 1, 4, 2, 5, 3))
+    y = ctx.reshape(y, (n, cout, h * kh, wd * kw))
+    if ctx.has_input(2):
+        y = ctx.emit("add", y, _channel_shaped(ctx, ctx.input(2), 4))
+    return y
+
+
 @converter("ConvTranspose", since=1, attrs={**_WINDOW_ATTRS, "group": 1, "output_padding": None,
                                              "output_shape": None})
 def _conv_transpose(ctx: NodeContext) -> Value:
@@ -234,6 +253,10 @@ def _conv_transpose(ctx: NodeContext) -> Value:
         pads = list(ctx.attrs["pads"] or [0] * (2 * n))
         if len(pads) != 2 * n:
             raise ctx.error(f"pads {pads} should have {2 * n} values")
+    if not is_static(spatial) and n == 2 and kernel == strides and not any(pads) \
+            and dilations == [1, 1] and not any(out_pad) and int(ctx.attrs["group"]) == 1 \
+            and isinstance(w, Constant) and out_shape is None:
+        return _conv_transpose_as_pixels(ctx, x, w, kernel)
     # The bias goes into the operator: its fast path adds it while placing the outputs.
     args = [x, w, ctx.input(2)] if ctx.has_input(2) else [x, w]
     return ctx.emit("nn.conv_transpose", *args, strides=tuple(strides), padding=tuple(pads),
