@@ -195,9 +195,12 @@ def _recorded_preprocess(mod: Any, given: dict[str, Any], labels: Optional[list[
     from ..runtime.preprocess import (PreprocessError, check_labels, check_preprocess,
                                       default_preprocess, normalize_preprocess)
 
+    from .ir.sym import is_static
+
     first = mod.main.params[0]
     spec = TensorSpec(first.name, tuple(first.type.shape), first.type.dtype, 0)
-    pre = default_preprocess(spec)
+    # an image size known only at run time has no size to resize to: nothing is inferred
+    pre = default_preprocess(spec) if is_static(first.type.shape) else None
     try:
         if labels is not None:
             out = mod.main.outputs[0]

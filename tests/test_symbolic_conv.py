@@ -198,3 +198,26 @@ def test_conv_transpose_2x2_stride_2_at_any_size(tmp_path) -> None:
             x = RNG.standard_normal((1, 6, h, w)).astype(np.float32)
             np.testing.assert_allclose(m.run({"x": x})["y"], session.run(None, {"x": x})[0],
                                        rtol=1e-5, atol=1e-5)
+
+
+def test_cli_image_model_with_open_height_and_width(tmp_path, run_cli) -> None:
+    # an RGB input with H and W open: no image size to record, the golden check runs at a
+    # size that meets the model's relations, inspect shows the dims
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["x", "w"], ["y"], strides=[2, 2], kernel_shape=[3, 3])],
+        "rgb", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, "H", "W"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], [_w("w", 4, 3, 3, 3)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    onnx.save(model, tmp_path / "rgb.onnx")
+    out = tmp_path / "rgb.mlc"
+    proc = run_cli("export", tmp_path / "rgb.onnx", "-o", out, "--target", "host")
+    assert proc.returncode == 0, proc.stderr
+    assert "golden check passed" in proc.stdout
+    proc = run_cli("inspect", out)
+    assert "x [1, 3, H, W]" in proc.stdout, proc.stdout
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    with load(out) as m:
+        for h, w in ((3, 3), (20, 11)):
+            x = RNG.standard_normal((1, 3, h, w)).astype(np.float32)
+            np.testing.assert_allclose(m.run({"x": x})["y"], session.run(None, {"x": x})[0],
+                                       rtol=1e-5, atol=1e-5)
