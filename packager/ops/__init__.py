@@ -1,6 +1,6 @@
 """High-level operators; importing this package registers every row of the table."""
 
-from . import (elementwise, index, logic, nn, quant, resize, sequence,  # noqa: F401
+from . import (elementwise, index, logic, nn, qlinear, quant, resize, sequence,  # noqa: F401
                shape)  # (registration side effect)
 from .registry import OPS, OpDef, get_op, register_op
 

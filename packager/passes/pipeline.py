@@ -15,6 +15,7 @@ from .gelu import fuse_gelu
 from .layout import pretranspose_weights
 from .legalize import legalize
 from .rnn import drop_unread_cell_state
+from .quantize import fuse_quantized
 from .simplify import eliminate_dead_code, fold_constants, fold_dequantize
 
 
@@ -28,6 +29,7 @@ DEFAULT_PIPELINE: tuple[Pass, ...] = (
     Pass("fold_constants", fold_constants),
     Pass("fuse_gelu", fuse_gelu),
     Pass("eliminate_dead_code", eliminate_dead_code),
+    Pass("fuse_quantized", fuse_quantized),
     Pass("fold_dequantize", fold_dequantize),
     Pass("drop_unread_cell_state", drop_unread_cell_state),
     Pass("decompose_conv_transpose", decompose_conv_transpose),

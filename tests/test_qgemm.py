@@ -1,0 +1,114 @@
+"""Integer matrix products (passes/quantize.py -> ops/qlinear.py's ``qmatmul``): quantized
+MatMul / Gemm patterns become int32-accumulating kernels with a fused requantization, equal
+bit for bit to ONNX Runtime (and to numpy integer math) on the integer outputs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto as T
+from onnx import helper as h
+from onnx import numpy_helper as nh
+
+import quant_models as qm
+from mlcpack.frontends.onnx import import_onnx
+from mlcpack.packager.export import ExportOptions, export_module
+from mlcpack.packager.passes.pipeline import DEFAULT_PIPELINE, run_pipeline
+from mlcpack.runtime import load
+
+ort = pytest.importorskip("onnxruntime")
+pytest.importorskip("onnxruntime.quantization")
+
+
+def _ort(path: Path, feeds: dict) -> list[np.ndarray]:
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = 1
+    return ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"]).run(None, feeds)
+
+
+def _bundle(path: Path, feeds: dict) -> tuple[list[np.ndarray], list[str]]:
+    mod, _ = import_onnx(str(path))
+    fused = run_pipeline(mod, DEFAULT_PIPELINE[:5])
+    ops = [b.value.op for f in fused.functions.values() if hasattr(f, "bindings")
+           for b in f.bindings() if hasattr(b.value, "op")]
+    out = path.with_suffix(".mlc")
+    export_module(mod, out, ExportOptions(target="host", check=False))
+    with load(out) as model:
+        res = model.run(feeds)
+    return list(res.values()), ops
+
+
+def _numpy_qmatmul(a, az, w, wz, bias, mult, yz, dtype):
+    acc = (a.astype(np.int64) - az) @ (w.astype(np.int64) - wz) + bias
+    lo, hi = np.iinfo(dtype).min, np.iinfo(dtype).max
+    y = np.round(acc.astype(np.float32) * mult) + np.float32(yz)
+    return np.clip(y, lo, hi).astype(dtype)
+
+
+# (M, K, N, x dtype, x zero point, w dtype, w zero point, y dtype, y zero point, per column)
+EDGES = {
+    "u8s8_zp0_odd": (3, 7, 5, "uint8", 0, "int8", 0, "uint8", 0, False),
+    "u8s8_zp128_k_not_mult4": (5, 13, 9, "uint8", 128, "int8", 0, "uint8", 128, True),
+    "u8u8_zp255_saturating": (4, 33, 6, "uint8", 255, "uint8", 3, "uint8", 255, False),
+    "s8s8_per_column": (1, 64, 17, "int8", -3, "int8", 0, "int8", 5, True),
+}
+
+
+def _qlinear_matmul_model(path: Path, case, rng, gemm: bool):
+    m, k, n, xd, xz, wd, wz, yd, yz, per_col = case
+    wi = np.iinfo(wd)
+    w = rng.integers(wi.min, wi.max + 1, (k, n)).astype(wd)
+    xs = np.float32(0.02)
+    ws = (rng.uniform(0.005, 0.02, n) if per_col else np.array(0.01)).astype(np.float32)
+    ys = np.float32(0.05 if "satur" not in path.stem else 0.002)
+    t = {"uint8": T.UINT8, "int8": T.INT8}
+    inits = {"xs": xs, "xz": np.array(xz, xd), "w": w, "ws": ws, "wz": np.full(n, wz, wd) if per_col else np.array(wz, wd),
+             "ys": ys, "yz": np.array(yz, yd)}
+    if gemm:   # com.microsoft.QGemm: B transposed, int32 bias at scale xs*ws
+        bias = rng.integers(-2000, 2000, n).astype(np.int32)
+        inits.update(w=np.ascontiguousarray(w.T), B=bias)
+        node = h.make_node("QGemm", ["x", "xs", "xz", "w", "ws", "wz", "B", "ys", "yz"], ["y"],
+                           domain="com.microsoft", transB=1)
+        opsets = [h.make_opsetid("", 17), h.make_opsetid("com.microsoft", 1)]
+    else:
+        bias = np.zeros(n, np.int32)
+        node = h.make_node("QLinearMatMul", ["x", "xs", "xz", "w", "ws", "wz", "ys", "yz"], ["y"])
+        opsets = [h.make_opsetid("", 17)]
+    graph = h.make_graph([node], "q", [h.make_tensor_value_info("x", t[xd], [m, k])],
+                         [h.make_tensor_value_info("y", t[yd], [m, n])],
+                         [nh.from_array(np.asarray(v), name) for name, v in inits.items()])
+    onnx.save(h.make_model(graph, opset_imports=opsets, ir_version=8), path)
+    xi = np.iinfo(xd)
+    x = rng.integers(xi.min, xi.max + 1, (m, k)).astype(xd)
+    x[0, :] = xi.max                       # extreme rows: the largest sums
+    mult = ((xs * ws) / ys).astype(np.float32)
+    return x, _numpy_qmatmul(x, xz, w, wz, bias, mult, yz, yd)
+
+
+@pytest.mark.parametrize("gemm", [False, True], ids=["qlinearmatmul", "qgemm"])
+@pytest.mark.parametrize("case", list(EDGES))
+def test_integer_kernel_bit_exact(case: str, gemm: bool, tmp_path: Path) -> None:
+    rng = np.random.default_rng(abs(hash(case)) % 1000)
+    x, expect = _qlinear_matmul_model(tmp_path / f"{case}.onnx", EDGES[case], rng, gemm)
+    (got,), ops = _bundle(tmp_path / f"{case}.onnx", {"x": x})
+    assert "qmatmul" in ops and "matmul" not in ops, ops
+    np.testing.assert_array_equal(got, expect)
+    np.testing.assert_array_equal(got, _ort(tmp_path / f"{case}.onnx", {"x": x})[0])
+    if "satur" in case:
+        assert (got == 255).any() and (got == 0).any()
+
+
+@pytest.mark.parametrize("how", [dict(mode="QDQ", per_channel=True),
+                                 dict(mode="QDQ", activation="QInt8", symmetric=True),
+                                 dict(mode="QOperator", per_channel=False)],
+                         ids=["qdq_per_channel_u8s8", "qdq_s8s8_symmetric", "qoperator"])
+def test_quantize_static_mlp_matches_ort(how: dict, tmp_path: Path) -> None:
+    path = qm.ort_quantize(qm.mlp(tmp_path / "mlp.onnx"), tmp_path / "mlp_q.onnx", **how)
+    feeds = qm.random_feeds(path)[0]
+    (got,), ops = _bundle(path, feeds)
+    assert ops.count("qmatmul") == 2 and "matmul" not in ops, ops
+    # the same integers as ONNX Runtime's QLinearMatMul, then the same float dequantize
+    np.testing.assert_array_equal(got, _ort(path, feeds)[0])
