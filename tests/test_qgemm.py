@@ -32,8 +32,13 @@ def _ort(path: Path, feeds: dict) -> list[np.ndarray]:
 def _bundle(path: Path, feeds: dict) -> tuple[list[np.ndarray], list[str]]:
     mod, _ = import_onnx(str(path))
     fused = run_pipeline(mod, DEFAULT_PIPELINE[:5])
-    ops = [b.value.op for f in fused.functions.values() if hasattr(f, "bindings")
-           for b in f.bindings() if hasattr(b.value, "op")]
+    ops = []   # the ops after fuse_quantized; "int_gemm" / "f32_gemm" for the two integer paths
+    for f in fused.functions.values():
+        for b in f.bindings() if hasattr(f, "bindings") else ():
+            op = getattr(b.value, "op", None)
+            if op == "matmul" and getattr(b.value.args[1], "name", "") == "qw_f32":
+                op = "f32_gemm"       # w - w_zp as float32, every sum exact below 2**24
+            ops.append("int_gemm" if op == "qmatmul" else op)
     out = path.with_suffix(".mlc")
     export_module(mod, out, ExportOptions(target="host", check=False))
     with load(out) as model:
@@ -54,6 +59,8 @@ EDGES = {
     "u8s8_zp128_k_not_mult4": (5, 13, 9, "uint8", 128, "int8", 0, "uint8", 128, True),
     "u8u8_zp255_saturating": (4, 33, 6, "uint8", 255, "uint8", 3, "uint8", 255, False),
     "s8s8_per_column": (1, 64, 17, "int8", -3, "int8", 0, "int8", 5, True),
+    # sums beyond 2**24 possible: the int32 kernel, not the float32 GEMM
+    "u8u8_k600_int32_path": (3, 600, 11, "uint8", 255, "uint8", 0, "uint8", 7, False),
 }
 
 
@@ -94,10 +101,10 @@ def test_integer_kernel_bit_exact(case: str, gemm: bool, tmp_path: Path) -> None
     rng = np.random.default_rng(abs(hash(case)) % 1000)
     x, expect = _qlinear_matmul_model(tmp_path / f"{case}.onnx", EDGES[case], rng, gemm)
     (got,), ops = _bundle(tmp_path / f"{case}.onnx", {"x": x})
-    assert "qmatmul" in ops and "matmul" not in ops, ops
+    assert ("int_gemm" in ops) == ("int32" in case) and "matmul" not in ops, ops
     np.testing.assert_array_equal(got, expect)
     np.testing.assert_array_equal(got, _ort(tmp_path / f"{case}.onnx", {"x": x})[0])
-    if "satur" in case:
+    if "satur" in case:   # both ends of the range reached
         assert (got == 255).any() and (got == 0).any()
 
 
@@ -109,6 +116,6 @@ def test_quantize_static_mlp_matches_ort(how: dict, tmp_path: Path) -> None:
     path = qm.ort_quantize(qm.mlp(tmp_path / "mlp.onnx"), tmp_path / "mlp_q.onnx", **how)
     feeds = qm.random_feeds(path)[0]
     (got,), ops = _bundle(path, feeds)
-    assert ops.count("qmatmul") == 2 and "matmul" not in ops, ops
+    assert ops.count("f32_gemm") == 2 and "matmul" not in ops, ops
     # the same integers as ONNX Runtime's QLinearMatMul, then the same float dequantize
     np.testing.assert_array_equal(got, _ort(path, feeds)[0])

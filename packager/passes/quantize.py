@@ -21,7 +21,8 @@ from collections import Counter
 
 import numpy as np
 
-from ..ir.graph import Call, Constant, Function, IRModule, TensorType, Value, used_values
+from ..ir.graph import (Binding, Call, Constant, Function, IRModule, TensorType, Value, Var,
+                        used_values)
 from .common import map_functions, rewrite_function
 from .simplify import eliminate_dead_code
 
@@ -133,4 +134,56 @@ def _fuse_in_function(fn: Function) -> Function:
         args, dtype, out = m
         return Call("qmatmul", [lookup(args[0])] + args[1:], {"dtype": dtype}, out)
 
-    return rewrite_function(fn, visit)
+    out = rewrite_function(fn, visit)
+    for block in out.blocks:   # exact in float32: the fp32 GEMM with a fused epilogue
+        new = []
+        for b in block.bindings:
+            v = b.value
+            if isinstance(v, Call) and v.op == "qmatmul" and _exact_in_float32(v):
+                new.extend(_float_chain(b))
+            else:
+                new.append(b)
+        block.bindings[:] = new
+    return out
+
+
+# Sums of integer products are exact in float32 while every partial sum stays below 2**24.
+_F32_EXACT = float(2 ** 24)
+
+
+def _exact_in_float32(c: Call) -> bool:
+    x, w, x_zp, w_zp, bias = c.args[0], *(a.data for a in c.args[1:5])
+    info = np.iinfo(x.type.dtype)
+    x_dev = max(int(x_zp) - info.min, info.max - int(x_zp))
+    col = np.abs(w.astype(np.int64) - w_zp.astype(np.int64)).sum(axis=0) * x_dev
+    return bool((col + np.abs(bias.astype(np.int64))).max() < _F32_EXACT)
+
+
+def _float_chain(b: Binding) -> list[Binding]:
+    """``qmatmul`` as dequantize(x, 1, x_zp) @ float32(w - w_zp) + bias, times the multiplier,
+    quantize(., 1, y_zp): every sum an integer below 2**24, so float32 accumulation in any
+    order gives the int32 result exactly, and the requantization is ORT's operation for
+    operation (float32(acc) * multiplier, round half to even, + zero point, saturate)."""
+    c = b.value
+    x, w, x_zp, w_zp, bias, mult, y_zp = c.args
+    k, n = w.data.shape
+    f32 = "float32"
+    one = Constant("one", np.asarray(1.0, np.float32))
+    x_t = x.type
+    steps = [("dequantize", [x, one, Constant("x_zp", x_zp.data.astype(x_t.dtype))], {},
+              TensorType(x_t.shape, f32))]
+    mm_t = TensorType(tuple(x_t.shape[:-1]) + (n,), f32)
+    wf = (w.data.astype(np.int32) - w_zp.data.astype(np.int32)).astype(np.float32)
+    steps.append(("matmul", [None, Constant("qw_f32", wf)], {}, mm_t))
+    if np.any(bias.data):
+        steps.append(("add", [None, Constant("bias_f32", bias.data.astype(np.float32))], {}, mm_t))
+    steps.append(("multiply", [None, mult], {}, mm_t))
+    steps.append(("quantize", [None, one, Constant("y_zp", y_zp.data.astype(c.attrs["dtype"]))],
+                  {"dtype": c.attrs["dtype"]}, c.type))
+    out, prev = [], None
+    for i, (op, args, attrs, t) in enumerate(steps):
+        args = [prev if a is None else a for a in args]
+        var = b.var if i == len(steps) - 1 else Var(f"{b.var.name}_q{i}", t)
+        out.append(Binding(var, Call(op, args, attrs, t), b.source))
+        prev = var
+    return out
