@@ -101,7 +101,8 @@ def test_integer_kernel_bit_exact(case: str, gemm: bool, tmp_path: Path) -> None
     rng = np.random.default_rng(abs(hash(case)) % 1000)
     x, expect = _qlinear_matmul_model(tmp_path / f"{case}.onnx", EDGES[case], rng, gemm)
     (got,), ops = _bundle(tmp_path / f"{case}.onnx", {"x": x})
-    assert ("int_gemm" in ops) == ("int32" in case) and "matmul" not in ops, ops
+    # an integer graph output: the int32 kernel (the float32 GEMM writes float32 only)
+    assert ops == ["int_gemm"], ops
     np.testing.assert_array_equal(got, expect)
     np.testing.assert_array_equal(got, _ort(tmp_path / f"{case}.onnx", {"x": x})[0])
     if "satur" in case:   # both ends of the range reached
@@ -119,3 +120,25 @@ def test_quantize_static_mlp_matches_ort(how: dict, tmp_path: Path) -> None:
     assert ops.count("f32_gemm") == 2 and "matmul" not in ops, ops
     # the same integers as ONNX Runtime's QLinearMatMul, then the same float dequantize
     np.testing.assert_array_equal(got, _ort(path, feeds)[0])
+
+
+@pytest.mark.parametrize("how", [dict(mode="QDQ", per_channel=True),
+                                 dict(mode="QOperator", per_channel=True)],
+                         ids=["qdq_per_channel", "qlinearconv"])
+def test_quantized_convolutions_fused(how: dict, tmp_path: Path) -> None:
+    """conv 3x3 (+ bias), depthwise 3x3, 1x1: quantize(conv(dq, dq) + dq(bias int32)) becomes
+    one float32-exact convolution with the requantization in its epilogue where its result is
+    read by one dequantize and its input's dequantize by it alone (here the first conv; the
+    depthwise one reads the residual's input, the 1x1 one feeds SiLU and its Mul)."""
+    path = qm.ort_quantize(qm.conv_net(tmp_path / "conv.onnx"), tmp_path / "conv_q.onnx", **how)
+    feeds = qm.random_feeds(path)[0]
+    (got,), ops = _bundle(path, feeds)
+    mod, _ = import_onnx(str(path))
+    fused = run_pipeline(mod, DEFAULT_PIPELINE[:5])
+    convs = [b.value for f in fused.functions.values() if hasattr(f, "bindings")
+             for b in f.bindings() if getattr(b.value, "op", "") == "nn.conv2d"]
+    chained = [c.args[1].name == "qw_f32" for c in convs]
+    assert len(convs) == 3 and sum(chained) >= 1, chained
+    ref = _ort(path, feeds)[0]
+    # the convolutions give ORT's integers; pools and SiLU in float differ by at most a step
+    assert np.abs(got.astype(np.float64) - ref).max() <= qm.output_step(path) + 1e-6

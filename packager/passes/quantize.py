@@ -41,11 +41,13 @@ def _const(v: Value) -> np.ndarray | None:
 def _fuse_in_function(fn: Function) -> Function:
     defs: dict[int, Call] = {}
     uses: Counter = Counter()
+    readers: dict[int, list[str]] = {}
     for b in fn.bindings():
         if isinstance(b.value, Call):
             defs[id(b.var)] = b.value
         for a in used_values(b.value):
             uses[id(a)] += 1
+            readers.setdefault(id(a), []).append(getattr(b.value, "op", ""))
     for o in fn.outputs:
         uses[id(o)] += 1
 
@@ -122,25 +124,123 @@ def _fuse_in_function(fn: Function) -> Function:
                 Constant("bias_i32", bias.copy()),
                 Constant("requant_scale", multiplier),
                 Constant("y_zp", np.asarray(float(yzp.reshape(())), np.float32))]
-        return args, dtype, out
+        return args, dtype, out, mm.args[0]
+
+    conv_inputs: list[Value] = []      # match_conv's dequantized input, when it matched
+
+    def match_conv(q: Call):
+        """quantize(add(nn.conv2d(dq(x), dq(W const)), [reshape](dq(B int32))), ys, yzp) whose
+        sums are exact in float32: the chain of ``_float_chain`` with a convolution."""
+        if q.op != "quantize" or q.attrs.get("dtype") not in _I8:
+            return None
+        ys, yzp = _const(q.args[1]), _const(q.args[2])
+        if ys is None or yzp is None or ys.size != 1 or yzp.size != 1 or ys.dtype != np.float32:
+            return None
+        inner, bias_dq = q.args[0], None
+        add = call(inner, "add")
+        if add is not None:
+            for cv, bv in (add.args, add.args[::-1]):
+                r = call(bv, "reshape", False)
+                d = call(r.args[0] if r is not None else bv, "dequantize", False)
+                if call(cv, "nn.conv2d") is not None and d is not None:
+                    inner, bias_dq = cv, d
+                    break
+            else:
+                return None
+        cv = call(inner, "nn.conv2d")
+        if cv is None or len(cv.args) != 2:
+            return None
+        dx, dw = call(cv.args[0], "dequantize", False), call(cv.args[1], "dequantize", False)
+        if dx is None or dw is None:
+            return None
+        conv_inputs.append(cv.args[0])
+        x = dx.args[0]
+        xs, xzp = _const(dx.args[1]), _const(dx.args[2])
+        w, ws, wzp = (_const(a) for a in dw.args)
+        if (x.type.dtype not in _I8 or xs is None or xzp is None or xs.size != 1
+                or xzp.size != 1 or xs.dtype != np.float32 or w is None or ws is None
+                or wzp is None or w.dtype.name not in _I8 or w.ndim != 4
+                or ws.dtype != np.float32):
+            return None
+        o = w.shape[0]
+        try:
+            ws_o = np.broadcast_to(ws, (o, 1, 1, 1)).reshape(o)
+            wzp_o = np.broadcast_to(wzp, (o, 1, 1, 1)).reshape(o)
+        except ValueError:
+            return None
+        sx = np.float32(xs.reshape(()))
+        bias = np.zeros(o, np.int64)
+        if bias_dq is not None:
+            bq, bs, bzp = (_const(a) for a in bias_dq.args)
+            if (bq is None or bs is None or bzp is None or bq.dtype != np.int32 or bq.size != o
+                    or np.any(bzp != 0)):
+                return None
+            bs_o = np.broadcast_to(bs.reshape(-1) if bs.size == o else bs, (o,))
+            if not np.array_equal(bs_o.astype(np.float32), (sx * ws_o).astype(np.float32)):
+                return None
+            bias = bq.reshape(o).astype(np.int64)
+        info = np.iinfo(x.type.dtype)
+        x_dev = max(int(xzp.reshape(())) - info.min, info.max - int(xzp.reshape(())))
+        wd = w.astype(np.int64) - wzp_o.astype(np.int64).reshape(o, 1, 1, 1)
+        if (np.abs(wd).sum(axis=(1, 2, 3)) * x_dev + np.abs(bias)).max() >= _F32_EXACT:
+            return None
+        one = Constant("one", np.asarray(1.0, np.float32))
+        mult = ((sx * ws_o) / np.float32(ys.reshape(()))).astype(np.float32).reshape(1, o, 1, 1)
+        f32 = "float32"
+        ct = cv.type
+        steps = [("dequantize", [x, one, Constant("x_zp", xzp.astype(x.type.dtype))], {},
+                  TensorType(x.type.shape, f32)),
+                 ("nn.conv2d", [None, Constant("qw_f32", wd.astype(np.float32))],
+                  dict(cv.attrs), ct)]
+        if np.any(bias):
+            steps.append(("add", [None, Constant("bias_f32",
+                                                 bias.astype(np.float32).reshape(1, o, 1, 1))],
+                          {}, ct))
+        steps.append(("multiply", [None, Constant("requant_scale", mult)], {}, ct))
+        steps.append(("quantize", [None, one, Constant("y_zp", yzp.astype(q.attrs["dtype"]))],
+                      {"dtype": q.attrs["dtype"]}, q.type))
+        return steps
 
     def visit(b, lookup):
         v = b.value
         if not isinstance(v, Call) or v.op != "quantize":
             return None
+        # The fp32 GEMM/conv kernels write float32 only: the float chain pays when the
+        # integer result is read by one dequantize alone (fused into the epilogue) and x's
+        # dequantize by this product alone (replaced, not duplicated); otherwise the float
+        # composition stays (a uint8 output would take the generic loop nest), except an
+        # integer graph output, which takes the int32 kernel (exact, slow).
+        fast = readers.get(id(b.var)) == ["dequantize"] and uses[id(b.var)] == 1
+        conv_inputs.clear()
+        steps = match_conv(v)
+        if steps is not None:
+            x_dq = conv_inputs[-1]
+            if fast and uses[id(x_dq)] == 1:
+                conv_chains[id(b.var)] = steps
+            return None
         m = match(v)
         if m is None:
             return None
-        args, dtype, out = m
-        return Call("qmatmul", [lookup(args[0])] + args[1:], {"dtype": dtype}, out)
+        args, dtype, out, x_dq = m
+        c = Call("qmatmul", [lookup(args[0])] + args[1:], {"dtype": dtype}, out)
+        if _exact_in_float32(c) and fast and uses[id(x_dq)] == 1:
+            return c                                  # expanded into the float chain below
+        if readers.get(id(b.var)) is None:            # a graph output only
+            int_path.add(id(b.var))
+            return c
+        return None
 
+    conv_chains: dict[int, list] = {}
+    int_path: set[int] = set()
     out = rewrite_function(fn, visit)
     for block in out.blocks:   # exact in float32: the fp32 GEMM with a fused epilogue
         new = []
         for b in block.bindings:
             v = b.value
-            if isinstance(v, Call) and v.op == "qmatmul" and _exact_in_float32(v):
+            if isinstance(v, Call) and v.op == "qmatmul" and id(b.var) not in int_path:
                 new.extend(_float_chain(b))
+            elif id(b.var) in conv_chains:
+                new.extend(_bind_chain(b, conv_chains[id(b.var)]))
             else:
                 new.append(b)
         block.bindings[:] = new
@@ -180,6 +280,12 @@ def _float_chain(b: Binding) -> list[Binding]:
     steps.append(("multiply", [None, mult], {}, mm_t))
     steps.append(("quantize", [None, one, Constant("y_zp", y_zp.data.astype(c.attrs["dtype"]))],
                   {"dtype": c.attrs["dtype"]}, c.type))
+    return _bind_chain(b, steps)
+
+
+def _bind_chain(b: Binding, steps: list) -> list[Binding]:
+    """Bindings for ``steps`` (op, args with None for the previous result, attrs, type), the
+    last one bound to ``b``'s var."""
     out, prev = [], None
     for i, (op, args, attrs, t) in enumerate(steps):
         args = [prev if a is None else a for a in args]
