@@ -29,7 +29,7 @@ def _ort(path: Path, feeds: dict) -> list[np.ndarray]:
     return ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"]).run(None, feeds)
 
 
-def _bundle(path: Path, feeds: dict) -> tuple[list[np.ndarray], list[str]]:
+def _bundle(path: Path, feeds: dict, target: str = "host") -> tuple[list[np.ndarray], list[str]]:
     mod, _ = import_onnx(str(path))
     fused = run_pipeline(mod, DEFAULT_PIPELINE[:5])
     ops = []   # the ops after fuse_quantized; "int_gemm" / "f32_gemm" for the two integer paths
@@ -40,7 +40,7 @@ def _bundle(path: Path, feeds: dict) -> tuple[list[np.ndarray], list[str]]:
                 op = "f32_gemm"       # w - w_zp as float32, every sum exact below 2**24
             ops.append("int_gemm" if op == "qmatmul" else op)
     out = path.with_suffix(".mlc")
-    export_module(mod, out, ExportOptions(target="host", check=False))
+    export_module(mod, out, ExportOptions(target=target, check=False))
     with load(out) as model:
         res = model.run(feeds)
     return list(res.values()), ops
@@ -109,14 +109,16 @@ def test_integer_kernel_bit_exact(case: str, gemm: bool, tmp_path: Path) -> None
         assert (got == 255).any() and (got == 0).any()
 
 
-@pytest.mark.parametrize("how", [dict(mode="QDQ", per_channel=True),
-                                 dict(mode="QDQ", activation="QInt8", symmetric=True),
-                                 dict(mode="QOperator", per_channel=False)],
-                         ids=["qdq_per_channel_u8s8", "qdq_s8s8_symmetric", "qoperator"])
-def test_quantize_static_mlp_matches_ort(how: dict, tmp_path: Path) -> None:
+@pytest.mark.parametrize("how,target", [
+    (dict(mode="QDQ", per_channel=True), "host"),
+    (dict(mode="QDQ", per_channel=True), "x86-64-v2"),
+    (dict(mode="QDQ", activation="QInt8", symmetric=True), "host"),
+    (dict(mode="QOperator", per_channel=False), "host")],
+    ids=["qdq_per_channel_u8s8", "qdq_per_channel_u8s8_v2", "qdq_s8s8_symmetric", "qoperator"])
+def test_quantize_static_mlp_matches_ort(how: dict, target: str, tmp_path: Path) -> None:
     path = qm.ort_quantize(qm.mlp(tmp_path / "mlp.onnx"), tmp_path / "mlp_q.onnx", **how)
     feeds = qm.random_feeds(path)[0]
-    (got,), ops = _bundle(path, feeds)
+    (got,), ops = _bundle(path, feeds, target)
     assert ops.count("f32_gemm") == 2 and "matmul" not in ops, ops
     # the same integers as ONNX Runtime's QLinearMatMul, then the same float dequantize
     np.testing.assert_array_equal(got, _ort(path, feeds)[0])

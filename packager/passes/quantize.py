@@ -1,18 +1,33 @@
-"""Fuse quantized matrix products (QDQ compositions, see ``frontends/onnx/quant.py``) into
-integer kernels (``ops/qlinear.py``'s ``qmatmul``: int32 accumulation, fused requantization).
+"""Fuse quantized matrix products and convolutions (QDQ compositions, see
+``frontends/onnx/quant.py``) into integer arithmetic with a fused requantization.
 
-Matched (each intermediate read only by the next step; scales and zero points constants):
+Matched (scales and zero points constants, each intermediate read only by the next step):
     q = quantize(matmul(dequantize(x, xs, xzp), dequantize(W, ws, wzp)[, transpose_b])
                  [+ dequantize(B int32, bs, 0)], ys, yzp, dtype=int8|uint8)
-with x int8/uint8 (any rank >= 2, per-tensor), W an int8/uint8 2-D constant (per tensor or per
-output column), B an int32 constant with bs == xs * ws (float32: the scale ONNX Runtime's
-quantizer writes; otherwise the add stays float). This is what QLinearMatMul, com.microsoft
-QGemm and QDQ MatMul/Gemm import as, and what ONNX Runtime runs as QLinearMatMul/QGemm, so
-the result is ONNX Runtime's bit for bit (same int32 sums, same float32 requantization).
+    q = quantize(nn.conv2d(dequantize(x, xs, xzp), dequantize(W, ws, wzp))
+                 [+ [reshape](dequantize(B int32, bs, 0))], ys, yzp, dtype=int8|uint8)
+x int8/uint8 per tensor, W an int8/uint8 constant per tensor or per output channel, B int32
+with bs == xs * ws in float32 (what ONNX Runtime's quantizer writes). This is what
+QLinearMatMul, QGemm, QLinearConv and QDQ MatMul/Gemm/Conv import as, and what ONNX Runtime
+runs as QLinearMatMul/QGemm/QLinearConv: acc = sum (x - xzp)(w - wzp) + B in int32, then
+saturate(round_half_even(float32(acc) * (xs * ws / ys)) + yzp) (MLAS MlasRequantizeOutput).
 
-Everything else stays a float composition (``fold_dequantize`` then folds the weights).
-Not done yet: convolutions, ReLU/Clip between the product and the quantize, dynamic
-quantization (float output), packed VNNI/AVX2 kernels (``qmatmul`` legalizes to a loop nest).
+Two ways to compute it, both equal to ONNX Runtime bit for bit:
+- Float32-exact (the fast path): when every partial sum is bounded below 2**24 (checked at
+  export from the constant weights, x's dtype range and the bias), float32 accumulation in any
+  order gives the int32 sum exactly, so the product becomes dequantize(x, 1, xzp) @/conv
+  float32(W - wzp) [+ B] * multiplier -> quantize(., 1, yzp): the fp32 GEMM/convolution with
+  the requantization in its epilogue. Used only where it pays: the result read by one
+  dequantize (fused into the epilogue, since the fp32 kernels write float32) and x's
+  dequantize read by this product alone.
+- ``qmatmul`` (``ops/qlinear.py``, int32 accumulation, a te loop nest: correct, slow) for
+  matmuls whose integer result is a graph output.
+Everything else stays the float composition (``fold_dequantize`` folds the weights), within
+one quantization step of ONNX Runtime.
+
+Not done: VNNI (vpdpbusd) / AVX2 (vpmaddubsw) / sdot packed int8 kernels, so int8 runs at fp32
+speed at best (bench/int8.py); ReLU/Clip between the product and the quantize (ORT's quantizer
+folds them into the output range); dynamic quantization (float output).
 """
 
 from __future__ import annotations
