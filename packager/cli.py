@@ -418,12 +418,25 @@ def infer(
                                                     "public key (PEM); repeatable",
                                            metavar="KEY.pub"),
     strict: bool = typer.Option(False, "--strict", help=commands.STRICT_HELP),
+    output: Optional[Path] = typer.Option(None, "--output", "-o", help=commands.OUTPUT_HELP,
+                                          metavar="FILE"),
+    fail_fast: bool = typer.Option(False, "--fail-fast", help=commands.FAIL_FAST_HELP),
+    resume: bool = typer.Option(False, "--resume", help=commands.RESUME_HELP),
+    batch_size: Optional[int] = typer.Option(None, "--batch-size", help=commands.BATCH_SIZE_HELP,
+                                             metavar="N"),
+    ray: Optional[str] = typer.Option(None, "--ray", help=commands.RAY_HELP + " (--ray local "
+                                      "for a local one)", metavar="ADDRESS"),
+    workers: Optional[int] = typer.Option(None, "--workers", help=commands.WORKERS_HELP,
+                                          metavar="N"),
     debug: bool = typer.Option(False, help="show tracebacks"),
 ) -> None:
     """Run a bundle on an input and print the top-k classes (one block per row of a batch)."""
     _shared(debug, lambda: commands.infer(bundle, inputs, top_k=top_k, as_json=as_json,
                                           threads=threads, trusted_keys=trusted_key, strict=strict,
-                                          echo=typer.echo))
+                                          echo=typer.echo, output=output, fail_fast=fail_fast,
+                                          resume=resume, batch_size=batch_size,
+                                          ray=None if ray is None else
+                                          ("" if ray == "local" else ray), workers=workers))
 
 
 @app.command(epilog=_example(commands.INSPECT_EXAMPLE))

@@ -44,7 +44,9 @@ def _command(sub: argparse._SubParsersAction, name: str, fn: Callable[[argparse.
 
 def _infer(a: argparse.Namespace) -> None:
     commands.infer(a.bundle, a.inputs, top_k=a.top_k, as_json=a.json, threads=a.threads,
-                   trusted_keys=a.trusted_key, strict=a.strict)
+                   trusted_keys=a.trusted_key, strict=a.strict, output=a.output,
+                   fail_fast=a.fail_fast, resume=a.resume, ray=a.ray, workers=a.workers,
+                   batch_size=a.batch_size)
 
 
 def _inspect(a: argparse.Namespace) -> None:
@@ -70,7 +72,8 @@ def parser() -> argparse.ArgumentParser:
 
     p = _command(sub, "infer", _infer, commands.INFER_HELP, commands.INFER_EXAMPLE)
     p.add_argument("inputs", nargs="+", metavar="INPUT",
-                   help="image (PNG/JPEG, needs Pillow) or .npy tensor, one per model input")
+                   help="image (PNG/JPEG, needs Pillow) or .npy tensor, one per model input; "
+                   "or, for a one-input bundle, many files, folders or globs")
     p.add_argument("-k", "--top-k", type=int, default=5, help="how many classes to print "
                    "(default 5)")
     p.add_argument("--json", action="store_true", help="print machine-readable JSON")
@@ -79,6 +82,14 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--trusted-key", action="append", default=[], metavar="KEY.pub",
                    help="run only if signed by this Ed25519 public key (PEM); repeatable")
     p.add_argument("--strict", action="store_true", help=commands.STRICT_HELP)
+    p.add_argument("-o", "--output", default=None, metavar="FILE", help=commands.OUTPUT_HELP)
+    p.add_argument("--fail-fast", action="store_true", help=commands.FAIL_FAST_HELP)
+    p.add_argument("--resume", action="store_true", help=commands.RESUME_HELP)
+    p.add_argument("--batch-size", type=int, default=None, metavar="N",
+                   help=commands.BATCH_SIZE_HELP)
+    p.add_argument("--ray", nargs="?", const="", default=None, metavar="ADDRESS",
+                   help=commands.RAY_HELP)
+    p.add_argument("--workers", type=int, default=None, metavar="N", help=commands.WORKERS_HELP)
 
     p = _command(sub, "inspect", _inspect, commands.INSPECT_HELP, commands.INSPECT_EXAMPLE)
     p.add_argument("--ir", action="store_true",

@@ -30,6 +30,15 @@ Echo = Callable[[str], None]
 # One summary and one example per command, shown by both command lines' help.
 INFER_HELP = "Run a bundle on an input and print the top-k classes (one block per row of a batch)."
 INFER_EXAMPLE = "infer model.mlc digit.png -k 3"
+OUTPUT_HELP = ("write one result per input to FILE: .jsonl (path + top_k, or raw outputs), .csv "
+               "(path, label1, score1, ..., error) or .npz (raw outputs stacked, path, error)")
+FAIL_FAST_HELP = "many inputs: stop at the first input that fails (default: report it, go on)"
+RESUME_HELP = ("go on from --output FILE (.jsonl/.csv): skip the inputs it already has results "
+               "for")
+BATCH_SIZE_HELP = "many inputs: inputs per run (default: the bundle's largest batch plan, or 1)"
+WORKERS_HELP = "with --ray: how many actors (default: the cluster's CPUs)"
+RAY_HELP = ("run on Ray (pip install 'mlcpack[ray]'): the cluster at ADDRESS, or a local one "
+            "when given without ADDRESS")
 STRICT_HELP = ("refuse (exit 7) an image whose size or colour differs from the bundle's recorded "
                "preprocessing, instead of resizing/converting it with a note")
 INSPECT_HELP = "Show a bundle's inputs, target, kernels, weights, memory plan and versions."
@@ -182,25 +191,47 @@ def _run(model: Any, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
 def infer(bundle: str | os.PathLike, inputs: Sequence[str | os.PathLike], *, top_k: int = 5,
           as_json: bool = False, threads: int | None = None,
           trusted_keys: Sequence[str | os.PathLike] = (), echo: Echo = _stdout,
-          warn: Echo = _stderr, strict: bool = False) -> None:
+          warn: Echo = _stderr, strict: bool = False, output: str | os.PathLike | None = None,
+          fail_fast: bool = False, resume: bool = False, ray: str | None = None,
+          workers: int | None = None, batch_size: int | None = None,
+          progress: bool | None = None) -> None:
     """Run ``bundle`` on ``inputs`` (one image or .npy per model input) and print the top-k
     classes of the first output: one block per row when the input is a batch. An image that
     the recorded preprocessing resizes or converts gets a ``note:`` line through ``warn``
     (``strict``: refused, exit 7); non-finite outputs a ``warning:`` line (and, with
-    ``as_json``, a count under "non_finite")."""
+    ``as_json``, a count under "non_finite").
+
+    Many inputs (folders, globs, or any of ``output``, ``resume``, ``ray``): ``many.infer_many``, one result per input in input order."""
+    from .many import infer_many, is_many
     from .model import load
     from .preprocess import load_input
 
     check_at_least(top_k, 1, "-k/--top-k")
     check_at_least(threads, 1, "--threads")
+    check_at_least(workers, 1, "--workers")
+    check_at_least(batch_size, 1, "--batch-size")
     if not inputs:
         raise UsageError("give one input file (image or .npy) per model input")
-    check_files(inputs, "input file")
     check_files(trusted_keys, "trusted public key")
+    many = output is not None or resume or ray is not None or is_many(inputs)
+    if not many:
+        check_files(inputs, "input file")
+    if (workers is not None or fail_fast) and not many and len(inputs) == 1:
+        raise UsageError("--workers and --fail-fast apply to many inputs (folders, globs, "
+                         "--output)")
+    if many:
+        infer_many(bundle, inputs, output=None if output is None else os.fspath(output),
+                   top_k=top_k, threads=threads, trusted_keys=trusted_keys, strict=strict,
+                   fail_fast=fail_fast, resume=resume, batch_size=batch_size, ray=ray,
+                   workers=workers, progress=progress, echo=echo, warn=warn)
+        return
     with load(bundle, threads=threads, trusted_keys=list(trusted_keys) or None) as model:
         if len(inputs) != len(model.inputs):
+            hint = ("; to run it on each file, give a folder or a quoted glob, or --output "
+                    "results.jsonl") if len(model.inputs) == 1 else ""
             raise InputError(f"{model.name} takes {len(model.inputs)} input(s) "
-                             f"({', '.join(s.name for s in model.inputs)}); got {len(inputs)}")
+                             f"({', '.join(s.name for s in model.inputs)}); got {len(inputs)}"
+                             + hint)
         feeds = {s.name: load_input(p, s, model.preprocess, note=warn, strict=strict)
                  for s, p in zip(model.inputs, inputs)}
         outputs = _run(model, feeds)

@@ -1,0 +1,425 @@
+"""``infer`` over many inputs: files, folders and globs, run in batches that fit the bundle's plans,
+written as one result per input (``.jsonl``, ``.csv`` or ``.npz``) in input order.
+
+Decoding runs on a thread beside the compute (the next batch decodes while this one runs); a
+bad file gets an ``error`` in its line and in the summary and does not stop the run
+(``fail_fast`` stops it); ``resume`` skips the inputs an earlier run already wrote. The
+progress bar uses rich when it is installed and the stream is a terminal, a plain line
+otherwise, and nothing when piped. ``runtime/distributed.py`` reuses ``predict_records``.
+"""
+
+from __future__ import annotations
+
+import csv
+import glob
+import io
+import json
+import os
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Callable, Iterator, Sequence
+
+import numpy as np
+
+from .errors import InputError, MlcpackError
+
+INPUT_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".npy")
+OUTPUT_SUFFIXES = (".jsonl", ".csv", ".npz")
+
+
+def expand_inputs(inputs: Sequence[str | os.PathLike]) -> list[str]:
+    """Files as given, folders walked (sorted, recursively, images and .npy only), globs
+    expanded (sorted, ``**`` allowed); an argument that matches nothing is an error (exit 7)."""
+    out: list[str] = []
+    for raw in inputs:
+        p = os.fspath(raw)
+        if os.path.isdir(p):
+            found = []
+            for root, dirs, files in os.walk(p):
+                dirs.sort()
+                found += [os.path.join(root, f) for f in sorted(files)
+                          if f.lower().endswith(INPUT_SUFFIXES) and not f.startswith(".")]
+            if not found:
+                raise InputError(f"{p}: the folder has no images or .npy files")
+            out += found
+        elif os.path.exists(p):
+            out.append(p)
+        elif glob.has_magic(p):
+            found = sorted(f for f in glob.glob(p, recursive=True) if os.path.isfile(f))
+            if not found:
+                raise InputError(f"{p}: the pattern matches no file")
+            out += found
+        else:
+            raise InputError(f"{p}: no such file (the input file)")
+    return out
+
+
+def is_many(inputs: Sequence[str | os.PathLike]) -> bool:
+    """Whether the arguments name a folder or a glob (the many-input mode)."""
+    return any(os.path.isdir(p) or (not os.path.exists(p) and glob.has_magic(os.fspath(p)))
+               for p in inputs)
+
+
+def is_classifier(model: Any) -> bool:
+    """Top-k results when the bundle has labels, or its one output is a vector per row."""
+    if model.labels:
+        return True
+    outs = model.outputs
+    if len(outs) != 1:
+        return False
+    rows = outs[0].shape[1:] if model.batch is not None else outs[0].shape
+    rows = [d for d in rows if d != 1] if model.batch is not None else list(outs[0].shape)
+    return (len(rows) == 1 and isinstance(rows[0], int) and rows[0] > 1) or (
+        model.batch is None and len(outs[0].shape) == 2 and outs[0].shape[0] == 1)
+
+
+def decode(model: Any, path: str, strict: bool = False) -> np.ndarray:
+    """One input file as the first input's value, one row (``InputError`` when unreadable)."""
+    from .preprocess import load_input
+
+    spec = model.inputs[0]
+    x = load_input(path, spec, model.preprocess, note=lambda _m: None, strict=strict)
+    want = spec.shape[1:] if model.batch is not None else spec.shape
+    if model.batch is not None:
+        if tuple(np.shape(x)) == tuple(want):
+            x = np.asarray(x)[None]
+        if np.ndim(x) != len(spec.shape) or np.shape(x)[0] != 1:
+            raise InputError(f"{path}: shape {list(np.shape(x))}, the input takes one row of "
+                             f"{list(spec.shape[1:])}")
+    return np.asarray(x, dtype=spec.dtype)
+
+
+def batch_size_of(model: Any) -> int:
+    """The largest plan's batch (1 for a fixed-shape bundle)."""
+    return max(model.batch.sizes) if model.batch is not None else 1
+
+
+def records_from_outputs(model: Any, paths: Sequence[str], outputs: dict[str, np.ndarray],
+                         top_k: int, classifier: bool) -> list[dict[str, Any]]:
+    """One result record per row of ``outputs``."""
+    from .commands import top_k_of
+
+    recs = []
+    for i, p in enumerate(paths):
+        if model.batch is not None:
+            row = {k: v[i] for k, v in outputs.items()}
+        else:
+            row = outputs
+        if classifier:
+            first = np.asarray(row[model.outputs[0].name]).reshape(-1)
+            recs.append({"path": p, "top_k": top_k_of(first, top_k, model.labels)})
+        else:
+            recs.append({"path": p, "outputs": {k: np.asarray(v) for k, v in row.items()}})
+    return recs
+
+
+def predict_records(model: Any, paths: Sequence[str], arrays: Sequence[np.ndarray | Exception],
+                    *, top_k: int = 5, classifier: bool | None = None) -> list[dict[str, Any]]:
+    """Run the decoded ``arrays`` (an exception for a file that failed) of ``paths``; one record
+    per path, in order: ``{"path", "top_k"}``, ``{"path", "outputs"}`` or ``{"path", "error"}``.
+    A batch that fails as a whole is retried one input at a time, so one bad row loses only
+    itself."""
+    if classifier is None:
+        classifier = is_classifier(model)
+    name = model.inputs[0].name
+    good = [i for i, a in enumerate(arrays) if not isinstance(a, Exception)]
+    recs: list[dict[str, Any] | None] = [None] * len(paths)
+    for i, a in enumerate(arrays):
+        if isinstance(a, Exception):
+            recs[i] = {"path": paths[i], "error": _error_text(a)}
+    groups = [good] if model.batch is not None else [[i] for i in good]
+    for g in groups:
+        if not g:
+            continue
+        try:
+            x = np.concatenate([arrays[i] for i in g]) if model.batch is not None \
+                else arrays[g[0]]
+            out = model.run({name: x})
+            for i, r in zip(g, records_from_outputs(model, [paths[i] for i in g], out, top_k,
+                                                    classifier)):
+                recs[i] = r
+        except Exception as exc:  # noqa: BLE001 - reported per input
+            if len(g) == 1:
+                recs[g[0]] = {"path": paths[g[0]], "error": _error_text(exc)}
+            else:
+                for i in g:
+                    recs[i] = predict_records(model, [paths[i]], [arrays[i]], top_k=top_k,
+                                              classifier=classifier)[0]
+    return recs  # type: ignore[return-value]
+
+
+def _error_text(exc: BaseException) -> str:
+    return str(exc) if isinstance(exc, MlcpackError) else f"{type(exc).__name__}: {exc}"
+
+
+def _safe_decode(model: Any, path: str, strict: bool) -> np.ndarray | Exception:
+    try:
+        return decode(model, path, strict)
+    except Exception as exc:  # noqa: BLE001 - reported in the input's line
+        return exc
+
+
+# ---- result files ---------------------------------------------------------------------------------
+
+def _jsonable(rec: dict[str, Any]) -> dict[str, Any]:
+    if "outputs" in rec:
+        return {"path": rec["path"], "outputs": {k: np.asarray(v).tolist()
+                                                  for k, v in rec["outputs"].items()}}
+    return rec
+
+
+def _csv_row(rec: dict[str, Any], top_k: int) -> list[str]:
+    row = [rec["path"]]
+    if "top_k" in rec:
+        for t in rec["top_k"]:
+            row += [t["label"], repr(t["score"])]
+        row += ["", ""] * (top_k - len(rec["top_k"]))
+        return row + [""]
+    if "outputs" in rec:
+        flat = np.concatenate([np.asarray(v, np.float64).reshape(-1)
+                               for v in rec["outputs"].values()])
+        return row + [" ".join(repr(float(v)) for v in flat)] + [""]
+    return row + ["", ""] * top_k + [rec["error"]]
+
+
+def done_paths(output: str) -> set[str]:
+    """The inputs an earlier run wrote a result (not an error) for; the file is rewritten
+    without a last line cut short by the interruption."""
+    if not os.path.exists(output):
+        return set()
+    with open(output, encoding="utf-8", newline="") as f:
+        text = f.read()
+    done: set[str] = set()
+    keep: list[str] = []
+    if output.endswith(".jsonl"):
+        for line in text.splitlines(keepends=True):
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                continue
+            if not line.endswith("\n") or "path" not in rec:
+                continue
+            keep.append(line)
+            if "error" not in rec:
+                done.add(rec["path"])
+    else:
+        lines = text.splitlines(keepends=True)
+        for n, line in enumerate(lines):
+            if not line.endswith("\n"):
+                continue
+            keep.append(line)
+            if n == 0:
+                continue
+            row = next(csv.reader([line]))
+            if row and not row[-1]:
+                done.add(row[0])
+    with open(output + ".tmp", "w", encoding="utf-8", newline="") as f:
+        f.write("".join(keep))
+    os.replace(output + ".tmp", output)
+    return done
+
+
+class ResultWriter:
+    """Writes records in order to ``output`` (None: JSON lines through ``echo``)."""
+
+    def __init__(self, output: str | None, top_k: int, echo: Callable[[str], None],
+                 append: bool = False) -> None:
+        self.output, self.top_k, self.echo = output, top_k, echo
+        self.kind = "jsonl" if output is None else os.path.splitext(output)[1][1:].lower()
+        self.f: Any = None
+        self.npz: list[dict[str, Any]] = []
+        if output is not None and self.kind != "npz":
+            fresh = not (append and os.path.exists(output) and os.path.getsize(output))
+            self.f = open(output, "a" if append else "w", encoding="utf-8", newline="")
+            if self.kind == "csv":
+                self.csv = csv.writer(self.f, lineterminator="\n")
+                if fresh:
+                    head = ["path"]
+                    for r in range(1, top_k + 1):
+                        head += [f"label{r}", f"score{r}"]
+                    self.csv.writerow(head + ["error"])
+
+    def write(self, recs: Sequence[dict[str, Any]]) -> None:
+        if self.kind == "npz":
+            self.npz += recs
+            return
+        if self.kind == "csv":
+            for r in recs:
+                self.csv.writerow(_csv_row(r, self.top_k))
+        else:
+            text = "\n".join(json.dumps(_jsonable(r)) for r in recs)
+            if self.f is None:
+                self.echo(text)
+            else:
+                self.f.write(text + "\n")
+        if self.f is not None:
+            self.f.flush()
+
+    def close(self, model: Any = None) -> None:
+        if self.f is not None:
+            self.f.close()
+        if self.kind == "npz" and self.output is not None:
+            self._write_npz(model)
+
+    def _write_npz(self, model: Any) -> None:
+        arrays: dict[str, Any] = {"path": np.array([r["path"] for r in self.npz], dtype=str),
+                                  "error": np.array([r.get("error", "") for r in self.npz],
+                                                    dtype=str)}
+        names = [s.name for s in model.outputs] if model is not None else []
+        for k in names:
+            ok = [r for r in self.npz if "outputs" in r]
+            if not ok:
+                continue
+            proto = np.asarray(ok[0]["outputs"][k])
+            stack = np.zeros((len(self.npz), *proto.shape), dtype=np.float64 if
+                             proto.dtype.kind == "f" else proto.dtype)
+            if stack.dtype.kind == "f":
+                stack[:] = np.nan
+            for i, r in enumerate(self.npz):
+                if "outputs" in r:
+                    stack[i] = r["outputs"][k]
+            arrays[k] = stack.astype(proto.dtype) if proto.dtype.kind == "f" else stack
+        tmp = self.output + ".tmp.npz"
+        np.savez(tmp, **arrays)
+        os.replace(tmp, self.output)
+
+
+# ---- progress -------------------------------------------------------------------------------------
+
+class Progress:
+    """A progress bar with items/s: rich on a terminal when installed, a plain line on a terminal
+    without it, nothing when the stream is not a terminal."""
+
+    def __init__(self, total: int, stream: Any = None, enabled: bool | None = None) -> None:
+        self.stream = stream or sys.stderr
+        self.enabled = self.stream.isatty() if enabled is None else enabled
+        self.total, self.done, self.t0, self.last = total, 0, time.perf_counter(), 0.0
+        self.rich: Any = None
+        if self.enabled:
+            try:
+                from rich.progress import (BarColumn, MofNCompleteColumn, Progress as RP,
+                                           TextColumn, TimeRemainingColumn)
+                from rich.console import Console
+                self.rich = RP(TextColumn("infer"), BarColumn(), MofNCompleteColumn(),
+                               TextColumn("{task.fields[rate]}"), TimeRemainingColumn(),
+                               console=Console(file=self.stream), transient=True)
+                self.task = self.rich.add_task("infer", total=total, rate="")
+                self.rich.start()
+            except ImportError:
+                self.rich = None
+
+    def rate(self) -> float:
+        dt = time.perf_counter() - self.t0
+        return self.done / dt if dt > 0 else 0.0
+
+    def advance(self, n: int) -> None:
+        self.done += n
+        if not self.enabled:
+            return
+        if self.rich is not None:
+            self.rich.update(self.task, advance=n, rate=f"{self.rate():.1f} items/s")
+        elif time.perf_counter() - self.last > 0.2 or self.done == self.total:
+            self.last = time.perf_counter()
+            self.stream.write(f"\rinfer {self.done}/{self.total}  {self.rate():.1f} items/s")
+            self.stream.flush()
+
+    def close(self) -> None:
+        if self.rich is not None:
+            self.rich.stop()
+        elif self.enabled:
+            self.stream.write("\n")
+            self.stream.flush()
+
+
+# ---- the run --------------------------------------------------------------------------------------
+
+def _batches(items: list[str], size: int) -> Iterator[list[str]]:
+    for i in range(0, len(items), size):
+        yield items[i:i + size]
+
+
+def infer_many(bundle: str | os.PathLike, inputs: Sequence[str | os.PathLike], *,
+               output: str | None = None, top_k: int = 5, threads: int | None = None,
+               trusted_keys: Sequence[str | os.PathLike] = (), strict: bool = False,
+               fail_fast: bool = False, resume: bool = False, batch_size: int | None = None,
+               ray: str | None = None, workers: int | None = None, progress: bool | None = None,
+               echo: Callable[[str], None] = print, warn: Callable[[str], None] = print) -> dict:
+    """Run ``bundle`` over every input (files, folders, globs), writing one result per input in
+    input order; returns the summary (counts, failures, seconds, items/s). Failed inputs:
+    ``InputError`` (exit 7) after the run, at the first one with ``fail_fast``."""
+    from .commands import UsageError
+    from .model import load
+
+    if output is not None and not output.lower().endswith(OUTPUT_SUFFIXES):
+        raise UsageError(f"--output {output}: give a .jsonl, .csv or .npz file")
+    if resume and (output is None or output.lower().endswith(".npz")):
+        raise UsageError("--resume needs --output FILE.jsonl or FILE.csv (the file to go on)")
+    if output is not None and os.path.isdir(output):
+        raise UsageError(f"--output {output} is a directory")
+    paths = expand_inputs(inputs)
+    skip = done_paths(output) if resume and output is not None else set()
+    todo = [p for p in paths if p not in skip]
+    t0 = time.perf_counter()
+    failed: list[tuple[str, str]] = []
+    with load(bundle, threads=threads, trusted_keys=list(trusted_keys) or None) as model:
+        if len(model.inputs) != 1:
+            raise InputError(f"{model.name} takes {len(model.inputs)} inputs; infer over many "
+                             "files runs bundles with one input")
+        size = batch_size or batch_size_of(model)
+        classifier = is_classifier(model) and not (output or "").lower().endswith(".npz")
+        writer = ResultWriter(output, top_k, echo, append=resume)
+        bar = Progress(len(todo), enabled=progress)
+        try:
+            if ray is not None:
+                from .distributed import run_paths
+                source: Iterator[list[dict]] = run_paths(
+                    bundle, todo, address=None if ray in ("", "local") else ray,
+                    workers=workers, top_k=top_k,
+                    threads=threads, strict=strict, batch_size=size, raw=not classifier)
+            else:
+                source = _local(model, todo, size, top_k, strict, classifier)
+            for recs in source:
+                writer.write(recs)
+                bar.advance(len(recs))
+                for r in recs:
+                    if "error" in r:
+                        failed.append((r["path"], r["error"]))
+                        if fail_fast:
+                            raise InputError(f"{r['path']}: {r['error']} (stopped by "
+                                             "--fail-fast)")
+        finally:
+            bar.close()
+            writer.close(model)
+    dt = time.perf_counter() - t0
+    summary = {"inputs": len(paths), "skipped": len(paths) - len(todo), "ok":
+               len(todo) - len(failed), "failed": len(failed), "seconds": dt,
+               "items_per_s": len(todo) / dt if dt > 0 else 0.0}
+    if output is not None or failed:
+        warn(f"{summary['ok']} of {len(todo)} input(s) done in {dt:.2f} s "
+             f"({summary['items_per_s']:.1f} items/s)" +
+             (f", {summary['skipped']} already in {output}" if summary["skipped"] else "") +
+             (f", {len(failed)} failed" if failed else "") +
+             (f"; results in {output}" if output else ""))
+    for p, e in failed[:10]:
+        warn(f"  failed: {p}: {e}")
+    if len(failed) > 10:
+        warn(f"  ... and {len(failed) - 10} more (see their lines)")
+    if failed:
+        raise InputError(f"{len(failed)} of {len(todo)} input(s) failed")
+    return summary
+
+
+def _local(model: Any, todo: list[str], size: int, top_k: int, strict: bool,
+           classifier: bool) -> Iterator[list[dict]]:
+    """Decode batch n+1 on a thread while batch n runs."""
+    with ThreadPoolExecutor(1) as pool:
+        batches = list(_batches(todo, size))
+        pending = pool.submit(lambda b: [_safe_decode(model, p, strict) for p in b],
+                              batches[0]) if batches else None
+        for n, b in enumerate(batches):
+            arrays = pending.result()  # type: ignore[union-attr]
+            if n + 1 < len(batches):
+                pending = pool.submit(lambda bb: [_safe_decode(model, p, strict) for p in bb],
+                                      batches[n + 1])
+            yield predict_records(model, b, arrays, top_k=top_k, classifier=classifier)
