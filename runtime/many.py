@@ -378,7 +378,7 @@ def infer_many(bundle: str | os.PathLike, inputs: Sequence[str | os.PathLike], *
                     workers=workers, top_k=top_k,
                     threads=threads, strict=strict, batch_size=size, raw=not classifier)
             else:
-                source = _local(model, todo, size, top_k, strict, classifier)
+                source = _local(model, todo, size, top_k, strict, classifier, threads or 1)
             for recs in source:
                 writer.write(recs)
                 bar.advance(len(recs))
@@ -411,15 +411,17 @@ def infer_many(bundle: str | os.PathLike, inputs: Sequence[str | os.PathLike], *
 
 
 def _local(model: Any, todo: list[str], size: int, top_k: int, strict: bool,
-           classifier: bool) -> Iterator[list[dict]]:
-    """Decode batch n+1 on a thread while batch n runs."""
-    with ThreadPoolExecutor(1) as pool:
+           classifier: bool, workers: int = 1) -> Iterator[list[dict]]:
+    """Decode batch n+1 on ``workers`` threads while batch n runs."""
+    with ThreadPoolExecutor(max(1, workers)) as pool:
         batches = list(_batches(todo, size))
-        pending = pool.submit(lambda b: [_safe_decode(model, p, strict) for p in b],
-                              batches[0]) if batches else None
+
+        def submit(b: list[str]) -> list[Any]:
+            return [pool.submit(_safe_decode, model, p, strict) for p in b]
+
+        pending = submit(batches[0]) if batches else []
         for n, b in enumerate(batches):
-            arrays = pending.result()  # type: ignore[union-attr]
+            arrays = [f.result() for f in pending]
             if n + 1 < len(batches):
-                pending = pool.submit(lambda bb: [_safe_decode(model, p, strict) for p in bb],
-                                      batches[n + 1])
+                pending = submit(batches[n + 1])
             yield predict_records(model, b, arrays, top_k=top_k, classifier=classifier)
