@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import csv
 import glob
-import io
 import json
 import os
 import sys
