@@ -133,7 +133,8 @@ def main() -> None:
         per = t / (len(files) if "model only" not in name else len(files) // 32 * 32)
         print(f"{name:36s} {1 / per:9.0f} {per * 1e6:9.1f} {(per - comp) * 1e6:17.1f}")
     r = statistics.median
-    print(f"scaling infer 2 vs 1 threads: {r(times['infer --threads 1']) / r(times['infer --threads 2']):.2f}x")
+    one, two = r(times["infer --threads 1"]), r(times["infer --threads 2"])
+    print(f"scaling infer 2 vs 1 threads: {one / two:.2f}x")
     if ray is not None:
         print(f"scaling Ray 2 vs 1 workers: {r(times['Ray, 1 worker']) / r(times['Ray, 2 workers']):.2f}x")
         ray.shutdown()
