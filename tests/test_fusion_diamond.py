@@ -285,6 +285,48 @@ def test_dot_product_kernel_other_targets(target, tmp_path):
     assert undefined_symbols(compiled.object_code) <= set(ALLOWED_EXTERNALS)
 
 
+def _linear_model(rows: tuple[int, ...], k: int, o: int, act: str | None, gemm: bool
+                  ) -> tuple[onnx.ModelProto, np.ndarray]:
+    """One row times a constant weight: Gemm(transB=1) + bias with W stored (o, k) (torch's
+    Linear), or MatMul of a row by a (k, o) initializer, + bias."""
+    inits = [numpy_helper.from_array(_rand(o, k, scale=0.3) if gemm else _rand(k, o, scale=0.3),
+                                     "W"), numpy_helper.from_array(_rand(o), "B")]
+    nodes = ([helper.make_node("Gemm", ["x", "W", "B"], ["y"], transB=1)] if gemm else
+             [helper.make_node("MatMul", ["x", "W"], ["m"]),
+              helper.make_node("Add", ["m", "B"], ["y"])])
+    nodes += _activation(act, "y", inits) if act else [helper.make_node("Identity", ["y"],
+                                                                        ["out"])]
+    x = _rand(*rows, k, scale=3)
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info(
+        "x", TensorProto.FLOAT, list(x.shape))], [helper.make_tensor_value_info(
+            "out", TensorProto.FLOAT, None)], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)])
+    model.ir_version = 9
+    return model, x
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("rows,k,o,act,gemm,dot", [
+    ((1,), 576, 1024, "hardswish_ops", True, True),   # MobileNetV3's classifier head
+    ((1,), 37, 45, None, True, True),                 # masked tail, o not a multiple of 4
+    ((1, 1), 64, 30, "silu", False, False),           # MatMul by a (k, o) initializer
+    ((3,), 40, 24, "gelu", True, False),              # three rows: the register-blocked kernel
+])
+def test_one_row_linear_takes_the_dot_product_kernel(rows, k, o, act, gemm, dot, threads,
+                                                     tmp_path):
+    """A Linear at batch 1 (one row times a constant W stored (o, k), ONNX Gemm transB=1)
+    keeps W untransposed (passes/layout.py) and takes the dot-product kernel; more rows, or
+    a W stored (k, o), the register-blocked one. Numbers against ORT either way."""
+    from mlcpack.packager.codegen.gemv import is_dot_product
+
+    model, x = _linear_model(rows, k, o, act, gemm)
+    mod, funcs = _kernels(model)
+    assert sum(is_dot_product(match_contraction(f)) for f in funcs) == int(dot)
+    (want,) = _ort(model, x)
+    got = _run(mod, x, tmp_path, threads=threads)["out"]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * float(np.abs(want).max()))
+
+
 @pytest.mark.parametrize("threads", [1, 2, 9])
 @pytest.mark.parametrize("cfg", [
     dict(x=(1, 128, 10, 10), kernel=(5, 5), strides=(1, 1), padding=(2, 2, 2, 2)),  # SPPF

@@ -46,12 +46,12 @@ def main(x: Tensor((1, 4), "float32"), w0: Tensor((3, 4), "float32"), b0: Tensor
 @function
 def main(x: Tensor((1, 4), "float32")) -> (Tensor((1, 3), "float32")):
     with dataflow():
-        relu = call_tir(fused_matmul_add_relu, (x, const.w0_t, const.b0), out=Tensor((1, 3), "float32"))
+        relu = call_tir(fused_matmul_add_relu, (x, const.w0, const.b0), out=Tensor((1, 3), "float32"))
     return relu
 
 @prim_func
-def fused_matmul_add_relu(x: Tensor((1, 4), "float32"), w0_t: Tensor((4, 3), "float32"), b0: Tensor((3,), "float32")) -> (relu: Tensor((1, 3), "float32")):
-    matmul[i0, i1] = sum((x[i0, k] * w0_t[k, i1]), over k < 4)
+def fused_matmul_add_relu(x: Tensor((1, 4), "float32"), w0: Tensor((3, 4), "float32"), b0: Tensor((3,), "float32")) -> (relu: Tensor((1, 3), "float32")):
+    matmul[i0, i1] = sum((x[i0, k] * w0[i1, k]), over k < 4)
     add[i0, i1] = (matmul[i0, i1] + b0[i1])
     relu[i0, i1] = max(add[i0, i1], 0.0f)
 '''

@@ -92,9 +92,11 @@ def match_contraction(func: PrimFunc) -> Contraction | None:
         return None
     if tag.kind == "conv2d" and tuple(tag.attrs["dilation"]) != (1, 1):
         return None
+    match = Contraction(out, body, reduces[0], tag)
     if tag.kind == "matmul" and tag.attrs.get("transpose_b"):
-        return None
-    return Contraction(out, body, reduces[0], tag)
+        from .gemv import is_row_matmul   # the dot-product kernel takes W (N, K) for one row
+        return match if is_row_matmul(match) else None
+    return match
 
 
 def _walk(e: te.Expr, skip: te.Expr | None = None):
@@ -1076,7 +1078,7 @@ def emit_symbolic_matmul(module: ir.Module, func: PrimFunc, symbol: str, vl: int
     """Emit a symbolic ``func`` with the register-blocked matmul if it is a matmul; M, N, K
     and the batch dims may be run-time sizes. Other contractions with symbolic shapes (conv, depthwise) are not matched here."""
     match = match_contraction(func)
-    if match is None or match.tag.kind != "matmul":
+    if match is None or match.tag.kind != "matmul" or match.tag.attrs.get("transpose_b"):
         return None
     a, w = match.tag.operands
     return ContractionEmitter(module, func, symbol, match, vl, size_vars).emit()

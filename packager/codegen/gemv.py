@@ -22,9 +22,24 @@ ROWS = 4      # output channels per block
 UNROLL = 2    # vectors of k per step and row: 8 independent accumulators
 
 
+def is_row_matmul(match: Contraction | None) -> bool:
+    """``match`` is ``matmul(x, W, transpose_b=True)`` of one row x (every dim but the last 1)
+    by a 2-D W (N, K): a torch Linear at batch 1, whose constant W layout.py leaves untransposed
+    for this kernel (each output is one dot product of contiguous rows)."""
+    if match is None or match.tag.kind != "matmul" or not match.tag.attrs.get("transpose_b"):
+        return False
+    x, w = match.tag.operands
+    dims = tuple(x.shape[:-1]) + tuple(match.out.shape[:-1])
+    return (len(w.shape) == 2 and all(isinstance(d, int) for d in tuple(x.shape) + tuple(w.shape))
+            and all(d == 1 for d in dims))
+
+
 def is_dot_product(match: Contraction | None) -> bool:
     """``match`` is a convolution with one input and one output pixel per image and a 1x1,
-    ungrouped window: each output is one dot product of contiguous rows."""
+    ungrouped window, or a row matmul (is_row_matmul): each output is one dot product of
+    contiguous rows."""
+    if is_row_matmul(match):
+        return True
     if match is None or match.tag.kind != "conv2d":
         return False
     x, w = match.tag.operands
@@ -53,7 +68,12 @@ class DotProductEmitter(ContractionEmitter):
         b = self.builder
         x_t, w_t = self.match.tag.operands
         out = self.match.out
-        batch, k_len, o_len = x_t.shape[0], x_t.shape[1], w_t.shape[0]
+        row = self.match.tag.kind == "matmul"
+        if row:   # x (1, ..., 1, K), W (N, K), out (1, ..., 1, N)
+            batch, k_len, o_len = 1, x_t.shape[-1], w_t.shape[0]
+        else:
+            batch, k_len, o_len = x_t.shape[0], x_t.shape[1], w_t.shape[0]
+        oc_axis = out.axes[-1] if row else out.axes[1]
         x_ptr, w_ptr = self.buffers[x_t.uid], self.buffers[w_t.uid]
         blocks = -(-o_len // ROWS)
         sums = alloca_once(b, ir.ArrayType(F32, ROWS), name="dots")
@@ -69,12 +89,13 @@ class DotProductEmitter(ContractionEmitter):
                       for r in range(ROWS)]
             for r, total in enumerate(self._dot_rows(x_row, w_rows, k_len)):
                 b.store(total, b.gep(sums_f, [const_i64(r)], inbounds=True))
-            env = {id(out.axes[0]): n, id(out.axes[2]): const_i64(0),
-                   id(out.axes[3]): const_i64(0)}
+            env = {id(a): const_i64(0) for a in out.axes}
+            if not row:
+                env[id(out.axes[0])] = n
             for r in range(ROWS):
                 oc = b.add(o0, const_i64(r))
                 with b.if_then(b.icmp_signed("<", oc, const_i64(o_len))):
-                    env[id(out.axes[1])] = oc
+                    env[id(oc_axis)] = oc
                     self._store_epilogue(env, sums_f, const_i64(r))
 
     def _clamp(self, v: ir.Value, top: int) -> ir.Value:
