@@ -25,6 +25,7 @@ from .ir.builder import BuilderError
 from .ir.graph import IRModule
 from .ir.printer import module_text
 from .passes import DEFAULT_PIPELINE, bind_params, run_pipeline
+from .passes.layout import ONE_ROW_GEMV
 from .passes.simplify import BindError
 from .ir.sym import SymbolicShapeError, to_record
 from .vm_emit import Program, VMEmitError, emit_program, main_size_vars, source_records
@@ -239,8 +240,12 @@ def _export(mods: dict[int | None, IRModule], path: str | os.PathLike,
     ir_text = None
     first_targets: list[Target] = []
     for batch, mod in mods.items():
-        optimized, variants, program = compile_variants(mod, params, opts.target, opts.verify_ir,
-                                                        on_stage)
+        token = ONE_ROW_GEMV.set(len(mods) == 1)
+        try:
+            optimized, variants, program = compile_variants(mod, params, opts.target,
+                                                            opts.verify_ir, on_stage)
+        finally:
+            ONE_ROW_GEMV.reset(token)
         kernels = _common_kernels(variants)
         _check_library_names(program)
         if on_stage:

@@ -5,6 +5,8 @@ batch 1) keeps W as (N, K): the dot-product kernel (codegen/gemv.py) reads its r
 
 from __future__ import annotations
 
+import contextvars
+
 import numpy as np
 
 from ..ir.graph import Call, Constant, IRModule
@@ -26,8 +28,13 @@ def pretranspose_weights(mod: IRModule) -> IRModule:
     return map_functions(mod, lambda fn: rewrite_function(fn, visit))
 
 
+# False while a bundle with several batch plans compiles: every plan then reads the same
+# transposed W, so the weights stay stored once (a batch-1 plan alone takes the dot product).
+ONE_ROW_GEMV = contextvars.ContextVar("one_row_gemv", default=True)
+
+
 def _one_row(v: Call) -> bool:
     """matmul(x, W) with x one row (every dim but the last a static 1) and W 2-D."""
     shape = getattr(v.args[0].type, "shape", None)
-    return (shape is not None and len(shape) >= 1 and v.args[1].data.ndim == 2
+    return (ONE_ROW_GEMV.get() and shape is not None and len(shape) >= 1 and v.args[1].data.ndim == 2
             and all(isinstance(d, int) and d == 1 for d in shape[:-1]))
