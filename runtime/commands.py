@@ -20,8 +20,9 @@ from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
-from .errors import InputError, MlcpackError
+from .errors import InputError, MlcpackError, UsageError  # noqa: F401 (UsageError: re-exported)
 from .profile import Profile, sources_text
+from .results import _probabilities, top_k_of  # noqa: F401 (re-exported)
 
 EXIT_INTERNAL = 70
 
@@ -51,10 +52,10 @@ BENCH_HELP = ("Time a bundle on random inputs: load, first inference, then p50/p
 BENCH_EXAMPLE = "bench model.mlc --threads 2 --runs 200"
 
 
-class UsageError(MlcpackError):
-    """A command-line option or argument has a value the command cannot use."""
+def _ray_runner():
+    from .distributed import run_paths
 
-    exit_code = 2
+    return run_paths
 
 
 def _stdout(text: str) -> None:
@@ -121,18 +122,6 @@ def check_files(paths: Iterable[str | os.PathLike], what: str) -> None:
 
 # ---- infer -----------------------------------------------------------------------------------------
 
-def _probabilities(row: np.ndarray) -> np.ndarray:
-    """``row`` itself when it already is a distribution, else its softmax (float64)."""
-    v = row.astype(np.float64)
-    finite = v[np.isfinite(v)]
-    if finite.size == v.size and v.min() >= 0 and abs(v.sum() - 1) < 1e-3:
-        return v
-    if finite.size == 0:
-        return np.full_like(v, np.nan)
-    e = np.exp(np.where(np.isfinite(v), v, -np.inf) - finite.max())
-    return e / e.sum()
-
-
 def result_rows(model: Any, feeds: dict[str, np.ndarray], first: np.ndarray
                 ) -> tuple[np.ndarray, bool]:
     """The first output as (rows, values per row), and whether the input was a batch.
@@ -148,16 +137,6 @@ def result_rows(model: Any, feeds: dict[str, np.ndarray], first: np.ndarray
     if first.ndim >= 2 and np.ndim(x) >= 1 and first.shape[0] == np.shape(x)[0] > 1:
         return first.reshape(first.shape[0], -1), True
     return first.reshape(1, -1), False
-
-
-def top_k_of(row: np.ndarray, k: int, labels: Sequence[str] | None) -> list[dict[str, Any]]:
-    """The ``k`` largest scores of one result row, with labels and probabilities."""
-    probs = _probabilities(row)
-    key = np.where(np.isnan(row), -np.inf, row) if row.dtype.kind == "f" else row
-    order = np.argsort(-key.astype(np.float64), kind="stable")[:k]
-    labels = labels or []
-    return [{"index": int(i), "label": labels[i] if i < len(labels) else str(int(i)),
-             "score": float(row[i]), "probability": float(probs[i])} for i in order]
 
 
 def _rows_text(name: str, rows: list[list[dict[str, Any]]], batched: bool) -> list[str]:
@@ -223,7 +202,8 @@ def infer(bundle: str | os.PathLike, inputs: Sequence[str | os.PathLike], *, top
         infer_many(bundle, inputs, output=None if output is None else os.fspath(output),
                    top_k=top_k, threads=threads, trusted_keys=trusted_keys, strict=strict,
                    fail_fast=fail_fast, resume=resume, batch_size=batch_size, ray=ray,
-                   workers=workers, progress=progress, echo=echo, warn=warn)
+                   workers=workers, progress=progress, echo=echo, warn=warn,
+                   ray_runner=_ray_runner() if ray is not None else None)
         return
     with load(bundle, threads=threads, trusted_keys=list(trusted_keys) or None) as model:
         if len(inputs) != len(model.inputs):

@@ -52,3 +52,9 @@ class SignatureError(BundleError):
     signature does not verify."""
 
     exit_code = 12
+
+
+class UsageError(MlcpackError):
+    """A command-line option or argument has a value the command cannot use."""
+
+    exit_code = 2

@@ -97,7 +97,7 @@ def batch_size_of(model: Any) -> int:
 def records_from_outputs(model: Any, paths: Sequence[str], outputs: dict[str, np.ndarray],
                          top_k: int, classifier: bool) -> list[dict[str, Any]]:
     """One result record per row of ``outputs``."""
-    from .commands import top_k_of
+    from .results import top_k_of
 
     recs = []
     for i, p in enumerate(paths):
@@ -343,11 +343,13 @@ def infer_many(bundle: str | os.PathLike, inputs: Sequence[str | os.PathLike], *
                trusted_keys: Sequence[str | os.PathLike] = (), strict: bool = False,
                fail_fast: bool = False, resume: bool = False, batch_size: int | None = None,
                ray: str | None = None, workers: int | None = None, progress: bool | None = None,
-               echo: Callable[[str], None] = print, warn: Callable[[str], None] = print) -> dict:
+               echo: Callable[[str], None] = print, warn: Callable[[str], None] = print,
+               ray_runner: Callable[..., Iterator[list[dict]]] | None = None) -> dict:
     """Run ``bundle`` over every input (files, folders, globs), writing one result per input in
     input order; returns the summary (counts, failures, seconds, items/s). Failed inputs:
-    ``InputError`` (exit 7) after the run, at the first one with ``fail_fast``."""
-    from .commands import UsageError
+    ``InputError`` (exit 7) after the run, at the first one with ``fail_fast``. ``ray_runner``
+    (``distributed.run_paths``, passed in by the caller) runs the inputs on Ray when ``ray``."""
+    from .errors import UsageError
     from .model import load
 
     if output is not None and not output.lower().endswith(OUTPUT_SUFFIXES):
@@ -371,8 +373,9 @@ def infer_many(bundle: str | os.PathLike, inputs: Sequence[str | os.PathLike], *
         bar = Progress(len(todo), enabled=progress)
         try:
             if ray is not None:
-                from .distributed import run_paths
-                source: Iterator[list[dict]] = run_paths(
+                if ray_runner is None:
+                    raise UsageError("--ray needs the distributed runner (runtime/distributed.py)")
+                source: Iterator[list[dict]] = ray_runner(
                     bundle, todo, address=None if ray in ("", "local") else ray,
                     workers=workers, top_k=top_k,
                     threads=threads, strict=strict, batch_size=size, raw=not classifier)

@@ -94,7 +94,6 @@ def match_contraction(func: PrimFunc) -> Contraction | None:
         return None
     match = Contraction(out, body, reduces[0], tag)
     if tag.kind == "matmul" and tag.attrs.get("transpose_b"):
-        from .gemv import is_row_matmul   # the dot-product kernel takes W (N, K) for one row
         return match if is_row_matmul(match) else None
     return match
 
@@ -1088,3 +1087,15 @@ def emit_contraction(module: ir.Module, match: Contraction, func: PrimFunc, symb
                      ) -> KernelInfo:
     """Emit the contraction ``match`` of ``func`` with the register-blocked kernel."""
     return ContractionEmitter(module, func, symbol, match, vl).emit()
+
+
+def is_row_matmul(match: Contraction | None) -> bool:
+    """``match`` is ``matmul(x, W, transpose_b=True)`` of one row x (every dim but the last 1)
+    by a 2-D W (N, K): a torch Linear at batch 1, whose constant W layout.py leaves untransposed
+    for this kernel (each output is one dot product of contiguous rows)."""
+    if match is None or match.tag.kind != "matmul" or not match.tag.attrs.get("transpose_b"):
+        return False
+    x, w = match.tag.operands
+    dims = tuple(x.shape[:-1]) + tuple(match.out.shape[:-1])
+    return (len(w.shape) == 2 and all(isinstance(d, int) for d in tuple(x.shape) + tuple(w.shape))
+            and all(d == 1 for d in dims))

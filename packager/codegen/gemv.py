@@ -14,24 +14,12 @@ from __future__ import annotations
 from llvmlite import ir
 
 from ..ir.graph import PrimFunc
-from .gemm import PARALLEL_MIN_MACS, Contraction, ContractionEmitter
+from .gemm import PARALLEL_MIN_MACS, Contraction, ContractionEmitter, is_row_matmul  # noqa: F401
 from .helpers import F32, I1, I32, alloca_once, const_i64, for_range
 from .lower import KernelInfo
 
 ROWS = 4      # output channels per block
 UNROLL = 2    # vectors of k per step and row: 8 independent accumulators
-
-
-def is_row_matmul(match: Contraction | None) -> bool:
-    """``match`` is ``matmul(x, W, transpose_b=True)`` of one row x (every dim but the last 1)
-    by a 2-D W (N, K): a torch Linear at batch 1, whose constant W layout.py leaves untransposed
-    for this kernel (each output is one dot product of contiguous rows)."""
-    if match is None or match.tag.kind != "matmul" or not match.tag.attrs.get("transpose_b"):
-        return False
-    x, w = match.tag.operands
-    dims = tuple(x.shape[:-1]) + tuple(match.out.shape[:-1])
-    return (len(w.shape) == 2 and all(isinstance(d, int) for d in tuple(x.shape) + tuple(w.shape))
-            and all(d == 1 for d in dims))
 
 
 def is_dot_product(match: Contraction | None) -> bool:
