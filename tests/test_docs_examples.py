@@ -174,4 +174,6 @@ def test_documented_examples_run_as_written(tmp_path) -> None:
     assert not failures, "\n".join(failures)
     # 15 blocks ran and 5 were skipped when this was written (about 1 min of CPU time, most of it
     # the exports; several times that on a loaded machine); fewer ran means a marker too many.
-    assert len(ran) >= 15 and len(skipped) <= 5, (ran, skipped)
+    # The sixth skip is docs/quantization.md's calibrated export, which
+    # tests/test_quantize_export.py runs.
+    assert len(ran) >= 15 and len(skipped) <= 6, (ran, skipped)
