@@ -54,6 +54,7 @@ def ort_session(path: Path, threads: int):
     opts.intra_op_num_threads = threads
     opts.inter_op_num_threads = 1
     opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    opts.log_severity_level = 3  # ddddocr's declared output shape makes ORT warn on every run
     return ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
 
 
