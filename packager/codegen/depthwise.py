@@ -36,6 +36,11 @@ from ..ir.graph import PrimFunc
 # MobileNetV2's layers (Zen 4): 1 -> 2 -> 4 rows 1.0 / 0.86 / 0.81 of the time with AVX-512,
 # 2 rows 0.9 of 1 or 3 with AVX2.
 ROW_BLOCK = {16: 4}
+# Targets with vectors narrower than this (AVX2, SSE, NEON) pad each plane's rows in a task
+# workspace region instead of loading the border chunks with masks; tasks beyond
+# MAX_TASK_REGIONS get no planes.
+PADDED_BELOW_VL = 16
+MAX_TASK_REGIONS = 8
 
 
 def is_depthwise(match: Contraction | None) -> bool:
@@ -62,14 +67,16 @@ class DepthwiseEmitter(ContractionEmitter):
     plans_conv = False   # its own plan (_geometry)
 
     def emit(self) -> KernelInfo:
-        body_fn, ptr_types = self._begin_body(self.func.inputs + self.func.outputs,
-                                              workspace=False)
-        n_ptrs = len(ptr_types)
         self._geometry()
-        self._emit_planes(body_fn.args[n_ptrs], body_fn.args[n_ptrs + 1])
+        params = self.func.inputs + self.func.outputs
+        workspace = MAX_TASK_REGIONS * self.region_floats * 4 if self.padded else 0
+        body_fn, ptr_types = self._begin_body(params, workspace=bool(workspace))
+        n_ptrs = len(ptr_types)
+        ws = body_fn.args[len(params)] if workspace else None
+        self._emit_planes(ws, body_fn.args[n_ptrs], body_fn.args[n_ptrs + 1])
         self.builder.ret_void()
         self._emit_entry(body_fn, n_ptrs, ptr_types)
-        return KernelInfo(self.symbol, len(self.func.inputs), len(self.func.outputs), 0,
+        return KernelInfo(self.symbol, len(self.func.inputs), len(self.func.outputs), workspace,
                           self._macs() >= gemm.PARALLEL_MIN_MACS)
 
     # ---- static plan ----------------------------------------------------------------------------
@@ -121,6 +128,31 @@ class DepthwiseEmitter(ContractionEmitter):
         q_hi = min((self.w + self.pl - span) // step, self.ow // vl - 1) + 1 \
             if self.w + self.pl - span >= 0 else 0
         self.q_lo, self.q_hi = q_lo, max(q_lo, min(q_hi, self.nq))
+        # Narrower vectors (AVX2, SSE, NEON): masked loads are slow or scalarized there, so a
+        # convolution with border chunks copies each input plane into a zero-margined row
+        # buffer of its task (row stride ``row_stride``, column ix at ix + pl) and runs every
+        # chunk with plain loads; a row's last, partial chunk stores its lanes in pieces.
+        # With stride 2 the copy also splits each row by column parity (``phase`` rows of
+        # ``phase_len`` floats: padded column c at c % 2 * phase_len + c // 2), so that tap
+        # kx = 2m + p of the chunk at ox0 is one plain load from phase p at ox0 + m: no
+        # shuffles in the inner loop (AVX2's cross-lane shuffles cost more than the loads).
+        self.padded = self.target_vl < PADDED_BELOW_VL and (
+            self.q_lo > 0 or self.q_hi < self.nq or self.sw == 2)
+        self.row_stride, self.x_left, self.x_step, self.region_floats = self.w, self.pl, \
+            self.sw, 0
+        if self.padded:
+            self.x_left = 0
+            self.q_lo, self.q_hi = 0, self.ow // vl
+            if self.sw == 1:
+                self.row_stride = max(self.pl + self.w, (self.nq - 1) * step + span)
+            else:
+                self.phase_len = max(-(-(self.pl + self.w) // 2),
+                                     self.nq * vl + (self.kw - 1) // 2)
+                self.row_stride = 2 * self.phase_len
+                self.x_step = 1
+                self.recipes = {kx: ("load", kx % 2 * self.phase_len + kx // 2)
+                                for kx in range(self.kw)}
+            self.region_floats = -(-self.h * self.row_stride // 16) * 16
         # output rows grouped by the window rows inside the image: (oy0, oy1, ky_lo, ky_hi)
         segments: list[list[int]] = []
         for oy in range(self.oh):
@@ -135,18 +167,38 @@ class DepthwiseEmitter(ContractionEmitter):
 
     # ---- emission -------------------------------------------------------------------------------
 
-    def _emit_planes(self, task: ir.Value, ntasks: ir.Value) -> None:
+    def _emit_planes(self, ws: ir.Value | None, task: ir.Value, ntasks: ir.Value) -> None:
+        b = self.builder
+        if not self.padded:
+            self._emit_plane_range(*self._split(self.n * self.o, task, ntasks), None)
+            return
+        nt = b.select(b.icmp_signed("<", ntasks, const_i64(MAX_TASK_REGIONS)), ntasks,
+                      const_i64(MAX_TASK_REGIONS))
+        with b.if_then(b.icmp_signed("<", task, nt)):
+            region = b.gep(b.bitcast(ws, F32.as_pointer()),
+                           [b.mul(task, const_i64(self.region_floats))], inbounds=True)
+            # the margins stay zero: the plane copies write only columns pl .. pl + w - 1
+            memset = intrinsic(self.module, "llvm.memset.p0i8.i64", ir.VoidType(),
+                               [ir.IntType(8).as_pointer(), ir.IntType(8), I64, I1])
+            b.call(memset, [b.bitcast(region, ir.IntType(8).as_pointer()),
+                            ir.Constant(ir.IntType(8), 0),
+                            const_i64(self.h * self.row_stride * 4), ir.Constant(I1, 0)])
+            self._emit_plane_range(*self._split(self.n * self.o, task, nt), region)
+
+    def _emit_plane_range(self, lo, hi, region: ir.Value | None) -> None:
         b = self.builder
         x_ptr = self.buffers[self.match.tag.operands[0].uid]
         w_ptr = self.buffers[self.match.tag.operands[1].uid]
         mult = self.o // self.c
-        lo, hi = self._split(self.n * self.o, task, ntasks)
         with for_range(b, lo, hi, "plane") as p:
             nb = b.sdiv(p, const_i64(self.o))
             oc = b.srem(p, const_i64(self.o))
             ic = b.sdiv(oc, const_i64(mult)) if mult > 1 else oc
             plane = b.add(b.mul(nb, const_i64(self.c)), ic)
             x_plane = b.gep(x_ptr, [b.mul(plane, const_i64(self.h * self.w))], inbounds=True)
+            if region is not None:
+                self._copy_plane(x_plane, region)
+                x_plane = region
             taps = self.kh * self.kw
             self.weights = [[self._splat(b.load(b.gep(
                 w_ptr, [b.add(b.mul(oc, const_i64(taps)), const_i64(ky * self.kw + kx))],
@@ -166,6 +218,55 @@ class DepthwiseEmitter(ContractionEmitter):
                                    "oyr") as oy:
                         self._emit_rows(x_plane, oy, 1, ky_lo, ky_hi)
 
+    def _copy_plane(self, src: ir.Value, dst: ir.Value) -> None:
+        """The input plane's rows into the padded region: at column ``pl`` of each row (stride
+        1), or split by the padded column's parity (stride 2; see ``_geometry``)."""
+        b = self.builder
+        with for_range(b, const_i64(0), const_i64(self.h), "cpy") as iy:
+            s_row = b.gep(src, [b.mul(iy, const_i64(self.w))], inbounds=True)
+            d_row = b.gep(dst, [b.mul(iy, const_i64(self.row_stride))], inbounds=True)
+            if self.sw == 1:
+                self._copy_run(s_row, 0, d_row, self.pl, self.w)
+            else:
+                self._copy_deinterleaved(s_row, d_row)
+
+    def _copy_run(self, src: ir.Value, s0: int, dst: ir.Value, d0: int, count: int) -> None:
+        """``count`` floats from src[s0:] to dst[d0:]: whole vectors, then pieces."""
+        b, j = self.builder, 0
+        sizes = [self.vl] * (count // self.vl) + _pieces(count % self.vl)
+        for size in sizes:
+            ty = ir.VectorType(F32, size) if size > 1 else F32
+            sp = b.bitcast(b.gep(src, [const_i64(s0 + j)], inbounds=True), ty.as_pointer())
+            dp = b.bitcast(b.gep(dst, [const_i64(d0 + j)], inbounds=True), ty.as_pointer())
+            b.store(b.load(sp, align=4), dp, align=4)
+            j += size
+
+    def _copy_deinterleaved(self, s_row: ir.Value, d_row: ir.Value) -> None:
+        """Input column ix to padded column c = pl + ix, stored at c % 2 * phase_len + c // 2:
+        runs of 2v columns as two v-lane vectors split into their even and odd lanes."""
+        b = self.builder
+        ix, v = 0, self.vl
+        while ix < self.w:
+            while v > 1 and self.w - ix < 2 * v:
+                v //= 2
+            if v == 1:   # the last column
+                c = self.pl + ix
+                self._copy_run(s_row, ix, d_row, c % 2 * self.phase_len + c // 2, 1)
+                ix += 1
+                continue
+            ty = ir.VectorType(F32, v)
+            lo = b.load(b.bitcast(b.gep(s_row, [const_i64(ix)], inbounds=True), ty.as_pointer()),
+                        align=4)
+            hi = b.load(b.bitcast(b.gep(s_row, [const_i64(ix + v)], inbounds=True),
+                                  ty.as_pointer()), align=4)
+            for parity in (0, 1):   # source columns ix + parity, ix + parity + 2, ...
+                c = self.pl + ix + parity
+                lanes = ir.Constant(ir.VectorType(I32, v), list(range(parity, 2 * v, 2)))
+                part = b.shuffle_vector(lo, hi, lanes)
+                dp = b.gep(d_row, [const_i64(c % 2 * self.phase_len + c // 2)], inbounds=True)
+                b.store(part, b.bitcast(dp, ty.as_pointer()), align=4)
+            ix += 2 * v
+
     def _emit_rows(self, x_plane, oy0, nrows: int, ky_lo: int, ky_hi: int) -> None:
         """Output rows oy0 .. oy0 + nrows - 1, whose window rows ky_lo..ky_hi-1 lie inside the
         image: the interior chunks, then the border ones."""
@@ -184,7 +285,7 @@ class DepthwiseEmitter(ContractionEmitter):
     def _emit_chunk(self, x_plane, oy0, nrows, ky_lo, ky_hi, q, masked: bool) -> None:
         b, vl = self.builder, self.vl
         ox0 = b.mul(q, const_i64(vl))
-        ix0 = b.sub(b.mul(ox0, const_i64(self.sw)), const_i64(self.pl))
+        ix0 = b.sub(b.mul(ox0, const_i64(self.x_step)), const_i64(self.x_left))
         top = b.sub(b.mul(oy0, const_i64(self.sh)), const_i64(self.pt))
         accs: list[ir.Value | None] = [None] * nrows
         for d in range((nrows - 1) * self.sh + self.kh):
@@ -192,19 +293,24 @@ class DepthwiseEmitter(ContractionEmitter):
                      if ky_lo <= d - r * self.sh < ky_hi]
             if not users:
                 continue
-            row = b.gep(x_plane, [b.mul(b.add(top, const_i64(d)), const_i64(self.w))],
+            row = b.gep(x_plane, [b.mul(b.add(top, const_i64(d)), const_i64(self.row_stride))],
                         inbounds=True)
             cache: dict = {}
             for kx in range(self.kw):
-                v = self._tap(self.recipes[kx], row, ix0, masked, cache)
+                v = self._tap(self.recipes[kx], row, ix0, masked and not self.padded, cache)
                 for r, ky in users:
                     wv = self.weights[ky][kx]
                     accs[r] = b.fmul(wv, v) if accs[r] is None else self._fma(wv, v, accs[r])
         zero = ir.Constant(self.vty, [0.0] * vl)
-        mask = self._lane_mask(b.sub(const_i64(self.ow), ox0), 0) if masked else None
+        mask = tail = None
+        if masked and self.padded:   # the row's last chunk: its first ow % vl lanes
+            tail = self.ow % vl
+            mask = ir.Constant(ir.VectorType(I1, vl), [j < tail for j in range(vl)])
+        elif masked:
+            mask = self._lane_mask(b.sub(const_i64(self.ow), ox0), 0)
         for r in range(nrows):
             oy = b.add(oy0, const_i64(r)) if r else oy0
-            self._emit_epilogue(zero if accs[r] is None else accs[r], oy, ox0, mask)
+            self._emit_epilogue(zero if accs[r] is None else accs[r], oy, ox0, mask, tail)
 
     def _tap(self, recipe, row, ix0, masked: bool, cache: dict) -> ir.Value:
         if recipe in cache:
@@ -230,6 +336,21 @@ class DepthwiseEmitter(ContractionEmitter):
         cache[recipe] = value
         return value
 
+    def _store_pieces(self, value: ir.Value, ptr: ir.Value, count: int) -> None:
+        """The first ``count`` (< vl) lanes of ``value`` to ``ptr``: a store per power of two
+        (vmaskmovps stores are slow on AMD's AVX2 cores and scalarized on SSE and NEON)."""
+        b, j = self.builder, 0
+        for size in _pieces(count):
+            if size == 1:
+                part, ty = b.extract_element(value, ir.Constant(I32, j)), F32
+            else:
+                part = b.shuffle_vector(value, ir.Constant(self.vty, None), ir.Constant(
+                    ir.VectorType(I32, size), list(range(j, j + size))))
+                ty = ir.VectorType(F32, size)
+            b.store(part, b.bitcast(b.gep(ptr, [const_i64(j)], inbounds=True), ty.as_pointer()),
+                    align=4)
+            j += size
+
     def _splat_i64(self, x: ir.Value) -> ir.Value:
         b = self.builder
         vec = ir.VectorType(I64, self.vl)
@@ -237,9 +358,11 @@ class DepthwiseEmitter(ContractionEmitter):
         return b.shuffle_vector(v, ir.Constant(vec, None),
                                 ir.Constant(ir.VectorType(I32, self.vl), [0] * self.vl))
 
-    def _emit_epilogue(self, acc: ir.Value, oy, ox0, mask: ir.Value | None) -> None:
+    def _emit_epilogue(self, acc: ir.Value, oy, ox0, mask: ir.Value | None,
+                       tail: int | None = None) -> None:
         """The fused epilogue on the vl outputs of row ``oy`` from column ``ox0`` (``mask``: the
-        lanes inside the row; None: all)."""
+        lanes inside the row; None: all; ``tail``: their number when it is known here, the
+        store then in pieces)."""
         b = self.builder
         out = self.match.out
         env = dict(self.env)
@@ -247,7 +370,11 @@ class DepthwiseEmitter(ContractionEmitter):
         env[id(out.axes[3])] = ox0
         if self.vector_epilogue:
             self._tile_value = acc
-            self._begin_epilogue()
+            if self.target_vl >= PADDED_BELOW_VL:
+                # AVX-512 as measured there; with 16 registers the epilogue's constants as
+                # plain constants (memory operands) cost less than rebuilding them from an
+                # opaque zero per vector (dw 3x3 112x112 + SiLU: 1740 -> 1550 us, 1 thread)
+                self._begin_epilogue()
             value = self._vvalue(self.match.body, env, mask)
             self._tile_value = self._opaque = self._opaque_scalar = None
             ptr = b.gep(self.buffers[out.uid],
@@ -255,6 +382,8 @@ class DepthwiseEmitter(ContractionEmitter):
             vptr = b.bitcast(ptr, self.vty.as_pointer())
             if mask is None:
                 b.store(value, vptr, align=4)
+            elif tail is not None:
+                self._store_pieces(value, ptr, tail)
             else:
                 fn = intrinsic(self.module, f"llvm.masked.store.v{self.vl}f32.p0",
                                ir.VoidType(), [self.vty, self.vty.as_pointer(), I32,
@@ -271,6 +400,11 @@ class DepthwiseEmitter(ContractionEmitter):
         with for_range(b, const_i64(0), count, "lane") as j:
             env[id(out.axes[3])] = b.add(ox0, j)
             self._store_epilogue(env, tile_f, j)
+
+
+def _pieces(count: int) -> list[int]:
+    """``count`` as descending powers of two (7 -> 4, 2, 1)."""
+    return [1 << i for i in range(count.bit_length() - 1, -1, -1) if count >> i & 1]
 
 
 def emit_depthwise(module: ir.Module, match: Contraction, func: PrimFunc, symbol: str, vl: int
