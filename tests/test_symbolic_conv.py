@@ -221,3 +221,48 @@ def test_cli_image_model_with_open_height_and_width(tmp_path, run_cli) -> None:
             x = RNG.standard_normal((1, 3, h, w)).astype(np.float32)
             np.testing.assert_allclose(m.run({"x": x})["y"], session.run(None, {"x": x})[0],
                                        rtol=1e-5, atol=1e-5)
+
+
+def _wide_cnn() -> onnx.ModelProto:
+    """Convolutions big enough to run on two threads: dense 3x3 (stride-phase planes), 3x3
+    stride 2 (two phases), depthwise 3x3 stride 2, grouped 3x3, 1x1 (read in place), dilated
+    3x3 (im2col columns)."""
+    nodes = [
+        helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c1"], ["r1"]),
+        helper.make_node("Conv", ["r1", "w2"], ["c2"], strides=[2, 2], pads=[1, 1, 1, 1]),
+        helper.make_node("Conv", ["c2", "w3", "b3"], ["c3"], group=64, strides=[2, 2],
+                         pads=[1, 1, 1, 1]),
+        helper.make_node("Conv", ["c3", "w4"], ["c4"], group=4, pads=[1, 1, 1, 1]),
+        helper.make_node("Conv", ["c4", "w5"], ["c5"]),
+        helper.make_node("Conv", ["c5", "w6"], ["c6"], dilations=[2, 2], pads=[2, 2, 2, 2]),
+    ]
+    inits = [_w("w1", 64, 16, 3, 3), _w("b1", 64), _w("w2", 64, 64, 3, 3),
+             _w("w3", 64, 1, 3, 3), _w("b3", 64), _w("w4", 64, 16, 3, 3),
+             _w("w5", 48, 64, 1, 1), _w("w6", 32, 48, 3, 3)]
+    graph = helper.make_graph(
+        nodes, "wide", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 16, "H", "W"])],
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in ("c1", "c6")], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_symbolic_convs_on_two_threads(tmp_path) -> None:
+    """The symbolic conv kernels split their work over tasks (groups, or panels with the plane
+    rows each task reads): the same results on 1 and 2 threads as ONNX Runtime, at sizes with
+    one task's worth of work and sizes with many, batch 1 and 3."""
+    model = _wide_cnn()
+    path = tmp_path / "wide.mlc"
+    mod, _ = import_onnx(model)
+    export_module(mod, path)
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    for shape in [(1, 16, 64, 80), (3, 16, 37, 51), (1, 16, 5, 7), (2, 16, 96, 33)]:
+        x = RNG.standard_normal(shape).astype(np.float32)
+        expected = session.run(None, {"x": x})
+        for threads in (1, 2):
+            with load(path, threads=threads) as m:
+                got = m.run({"x": x})
+            for name, ref in zip(("c1", "c6"), expected):
+                assert got[name].shape == ref.shape, (name, shape)
+                np.testing.assert_allclose(got[name], ref, rtol=1e-4,
+                                           atol=1e-4 * np.abs(ref).max(),
+                                           err_msg=f"{name} {shape} threads={threads}")

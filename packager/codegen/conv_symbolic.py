@@ -16,19 +16,27 @@ size variables) and computes every extent from them:
 * the fused epilogue (bias, activation, residual) runs on the tile a vector at a time, the
   positions mapped back to (row, column) with the run-time output width.
 
-The kernel runs on one thread (``parallel`` False): the workspace holds one image-group's
-matrix, reused. Depthwise convolutions (one channel per group) use the same kernel with a
-one-row tile.
+Threads (``task`` of ``ntasks``): a grouped convolution (depthwise included) splits its
+groups, each task copying one group at a time into a region of the workspace of its own
+(``MAX_TASK_REGIONS`` regions); an ungrouped one splits its (panel, block row) work, every
+image having planes (or columns) of its own, and each task copies only the plane rows (or
+output rows) its panels read, so the tasks share no row they write differently and need no
+barrier. A call with fewer multiply-adds than ``PARALLEL_MIN_MACS`` per task uses fewer
+tasks (the rest return at once). Depthwise convolutions (one channel per group) use the same
+kernel with a one-row tile.
 """
 
 from __future__ import annotations
+
+from contextlib import contextmanager
 
 from llvmlite import ir
 
 from ..ir import te
 from ..ir.graph import PrimFunc
 from ..ir.sym import product
-from .gemm import ContractionEmitter, _conv_tiles, match_contraction
+from .gemm import (MAX_TASK_REGIONS, PARALLEL_MIN_MACS, ContractionEmitter, _conv_tiles,
+                   match_contraction)
 from .helpers import F32, I1, I32, const_i64, for_range, intrinsic
 from .lower import WORKSPACE_ALIGN, KernelInfo
 
@@ -70,44 +78,153 @@ class SymbolicConvEmitter(ContractionEmitter):
             floats = cg * g["ny"] * g["nx"] * g["hq"] * g["wq"] + g["slack"]
         else:
             floats = g["K"] * oh * ow
-        workspace = None if g["direct"] else \
-            -(-(floats * 4) // WORKSPACE_ALIGN) * WORKSPACE_ALIGN + WORKSPACE_ALIGN
+        # one region: a group's planes (or columns), 64-byte aligned; grouped convolutions
+        # have one per task, ungrouped ones one per image
+        g["region"] = -(-floats // 16) * 16
+        copies = MAX_TASK_REGIONS if g["groups"] > 1 else x_t.shape[0]
+        workspace = None if g["direct"] else g["region"] * copies * 4 + WORKSPACE_ALIGN
         params = self.func.inputs + self.func.outputs
         body_fn, ptr_types = self._begin_body(params, workspace is not None)
         n_ptrs = len(ptr_types)
         ws = body_fn.args[len(params)] if workspace is not None else None
-        self._emit_body(ws)
+        task, ntasks = body_fn.args[n_ptrs], body_fn.args[n_ptrs + 1]
+        self._emit_body(ws, task, ntasks)
         self.builder.ret_void()
         self._emit_entry(body_fn, n_ptrs, ptr_types)
-        return KernelInfo(self.symbol, len(self.func.inputs), len(self.func.outputs), 0, False,
-                          symbolic=True, workspace_expr=workspace)
+        # parallel when a 32 x 32 output would pay for a second task; a smaller call uses
+        # fewer tasks (see _tasks_used)
+        per_position = g["og"] * g["K"] * g["groups"]
+        return KernelInfo(self.symbol, len(self.func.inputs), len(self.func.outputs), 0,
+                          per_position * 1024 >= 2 * PARALLEL_MIN_MACS, symbolic=True,
+                          workspace_expr=workspace)
 
-    def _emit_body(self, ws: ir.Value | None) -> None:
+    def _split_v(self, total: ir.Value, task: ir.Value, ntasks: ir.Value):
+        b = self.builder
+        return (b.sdiv(b.mul(task, total), ntasks),
+                b.sdiv(b.mul(b.add(task, const_i64(1)), total), ntasks))
+
+    def _tasks_used(self, macs: ir.Value, ntasks: ir.Value, cap: int | None = None) -> ir.Value:
+        """How many of ``ntasks`` share ``macs`` multiply-adds: at least PARALLEL_MIN_MACS
+        each, at least one, at most ``cap``."""
+        b = self.builder
+        want = b.sdiv(macs, const_i64(PARALLEL_MIN_MACS))
+        want = b.select(b.icmp_signed("<", want, const_i64(1)), const_i64(1), want)
+        nt = b.select(b.icmp_signed("<", want, ntasks), want, ntasks)
+        if cap is not None:
+            nt = b.select(b.icmp_signed("<", nt, const_i64(cap)), nt, const_i64(cap))
+        return nt
+
+    def _emit_body(self, ws: ir.Value | None, task: ir.Value, ntasks: ir.Value) -> None:
         b, g = self.builder, self.g
         x_t = self.match.tag.operands[0]
         x_ptr = self.buffers[x_t.uid]
         H, W = self._dim_value(g["h"]), self._dim_value(g["w"])
         OH, OW = self._dim_value(g["oh"]), self._dim_value(g["ow"])
         P = b.mul(OH, OW)
-        cols = None if ws is None else b.bitcast(ws, F32.as_pointer())
+        base = None if ws is None else b.bitcast(ws, F32.as_pointer())
         plane = b.mul(H, W)
-        with for_range(b, const_i64(0), self._dim_value(x_t.shape[0]), "n") as n:
-            x_img = b.gep(x_ptr, [b.mul(n, b.mul(plane, const_i64(g["c"])))], inbounds=True)
-            with for_range(b, const_i64(0), const_i64(g["groups"]), "grp") as grp:
-                x_grp = b.gep(x_img, [b.mul(grp, b.mul(plane, const_i64(g["cg"])))],
-                              inbounds=True)
-                if cols is None:
-                    self._products(n, grp, x_grp, P, OW)
-                elif g["planes"]:
-                    self._fill_planes_sym(x_grp, cols, H, W)
-                    self._plane_products(n, grp, cols, OH, OW)
+        N = self._dim_value(x_t.shape[0])
+        region = self._dim_value(g["region"]) if ws is not None else None
+        macs = b.mul(b.mul(N, P), const_i64(g["og"] * g["K"] * g["groups"]))
+        if g["groups"] > 1:
+            # each task a run of groups, copied one at a time into its own region
+            nt = self._tasks_used(macs, ntasks, MAX_TASK_REGIONS)
+            with b.if_then(b.icmp_signed("<", task, nt)):
+                lo, hi = self._split_v(const_i64(g["groups"]), task, nt)
+                mine = None if base is None else b.gep(base, [b.mul(task, region)],
+                                                      inbounds=True)
+                with for_range(b, const_i64(0), N, "n") as n:
+                    x_img = b.gep(x_ptr, [b.mul(n, b.mul(plane, const_i64(g["c"])))],
+                                  inbounds=True)
+                    with for_range(b, lo, hi, "grp") as grp:
+                        x_grp = b.gep(x_img, [b.mul(grp, b.mul(plane, const_i64(g["cg"])))],
+                                      inbounds=True)
+                        if mine is None:
+                            self._products(n, grp, x_grp, P, OW, None)
+                        elif g["planes"]:
+                            self._fill_planes_sym(x_grp, mine, H, W)
+                            self._plane_products(n, grp, mine, OH, OW, None)
+                        else:
+                            self._fill_cols(x_grp, mine, H, W, OH, OW, P)
+                            self._products(n, grp, mine, P, OW, None)
+            return
+        # one group: each task a run of (panel, block row) work items, panel outer
+        nt = self._tasks_used(macs, ntasks)
+        with b.if_then(b.icmp_signed("<", task, nt)):
+            nr = g["nv"] * self.vl
+            mblocks = -(-g["og"] // g["mr"])
+            if g["planes"]:
+                wq = self._dim_value(g["wq"])
+                positions = b.mul(OH, wq)
+            else:
+                positions = P
+            panels = b.sdiv(b.add(positions, const_i64(nr - 1)), const_i64(nr))
+            lo, hi = self._split_v(b.mul(panels, const_i64(mblocks)), task, nt)
+            work = (lo, hi, mblocks)
+            with for_range(b, const_i64(0), N, "n") as n:
+                x_img = b.gep(x_ptr, [b.mul(n, b.mul(plane, const_i64(g["c"])))], inbounds=True)
+                if base is None:
+                    self._products(n, const_i64(0), x_img, P, OW, work)
                 else:
-                    self._fill_cols(x_grp, cols, H, W, OH, OW, P)
-                    self._products(n, grp, cols, P, OW)
+                    mine = b.gep(base, [b.mul(n, region)], inbounds=True)
+                    jp_lo = b.sdiv(lo, const_i64(mblocks))
+                    jp_end = b.add(b.sdiv(b.sub(hi, const_i64(1)), const_i64(mblocks)),
+                                   const_i64(1))
+                    if g["planes"]:
+                        self._fill_planes_sym(x_img, mine, H, W,
+                                              rows=self._task_rows_sym(jp_lo, jp_end))
+                        self._plane_products(n, const_i64(0), mine, OH, OW, work)
+                    else:
+                        p_lo = b.mul(jp_lo, const_i64(nr))
+                        p_hi = b.mul(jp_end, const_i64(nr))
+                        p_hi = b.select(b.icmp_signed("<", p_hi, P), p_hi, P)
+                        oy_lo = b.sdiv(p_lo, OW)
+                        oy_hi = b.sdiv(b.add(p_hi, b.sub(OW, const_i64(1))), OW)
+                        self._fill_cols(x_img, mine, H, W, OH, OW, P, (oy_lo, oy_hi))
+                        self._products(n, const_i64(0), mine, P, OW, work)
 
-    def _fill_planes_sym(self, x_grp, planes, H, W) -> None:
+    @contextmanager
+    def _work_items(self, panels: ir.Value, mblocks: int, work):
+        """Loop over (panel, block row) pairs, panel outer: all of them (``work`` None), or
+        the items [lo, hi) of ``work`` = (lo, hi, mblocks)."""
+        b = self.builder
+        if work is None:
+            with for_range(b, const_i64(0), panels, "jp") as jp:
+                with for_range(b, const_i64(0), const_i64(mblocks), "mb") as mb:
+                    yield jp, mb
+            return
+        lo, hi, _ = work
+        with for_range(b, lo, hi, "work") as item:
+            yield b.sdiv(item, const_i64(mblocks)), b.srem(item, const_i64(mblocks))
+
+    def _task_rows_sym(self, jp_lo: ir.Value, jp_end: ir.Value) -> list:
+        """The plane rows panels [jp_lo, jp_end) read: rows [u_lo, u_hi) of every plane, and
+        rows [0, ov) of the next plane that the last panels' reads spill into (they feed only
+        dropped columns, but must be finite)."""
+        b, g = self.builder, self.g
+        nr = g["nv"] * self.vl
+        hq, wq = self._dim_value(g["hq"]), self._dim_value(g["wq"])
+        shift = self._dim_value(g["shift"])
+        p_lo = b.mul(jp_lo, const_i64(nr))
+        p_end = b.add(b.mul(jp_end, const_i64(nr)), shift)
+
+        def clamp(v):
+            v = b.select(b.icmp_signed("<", v, hq), v, hq)
+            return b.select(b.icmp_signed(">", v, const_i64(0)), v, const_i64(0))
+
+        def rows_up_to(end):
+            return clamp(b.sdiv(b.add(end, b.sub(wq, const_i64(1))), wq))
+
+        u_lo = clamp(b.sdiv(p_lo, wq))
+        u_hi = rows_up_to(p_end)
+        ov = rows_up_to(b.sub(p_end, b.mul(hq, wq)))
+        ov = b.select(b.icmp_signed("<", ov, u_lo), ov, u_lo)   # rows [u_lo, ...) are filled
+        return [(u_lo, u_hi), (const_i64(0), ov)]
+
+    def _fill_planes_sym(self, x_grp, planes, H, W, rows: list | None = None) -> None:
         """planes[ic, py, px, u, v] = x[ic, u*sh + py - pt, v*sw + px - pl] (0 outside),
-        u < hq, v < wq; then zero slack."""
+        u < hq, v < wq, for the rows u in the ``rows`` ranges ([(lo, hi), ...]; default all);
+        then zero slack."""
         b, g = self.builder, self.g
         sh, sw, pt, pl, ny, nx = g["sh"], g["sw"], g["pt"], g["pl"], g["ny"], g["nx"]
         hq, wq = self._dim_value(g["hq"]), self._dim_value(g["wq"])
@@ -130,30 +247,38 @@ class SymbolicConvEmitter(ContractionEmitter):
                                       const_i64(sw)), const_i64(1))
                     lo, hi = clamp(lo, const_i64(0), wq), clamp(hi, const_i64(0), wq)
                     hi = b.select(b.icmp_signed("<", hi, lo), lo, hi)
-                    with for_range(b, const_i64(0), hq, "u") as u:
-                        dst = b.gep(planes, [b.add(base, b.mul(u, wq))], inbounds=True)
-                        yy = b.add(b.mul(u, const_i64(sh)), const_i64(py - pt))
-                        inside = b.and_(b.icmp_signed(">=", yy, const_i64(0)),
-                                        b.icmp_signed("<", yy, H))
-                        with b.if_else(inside) as (then, otherwise):
-                            with then:
-                                src = b.gep(x_ch, [b.mul(yy, W)], inbounds=True)
-                                with for_range(b, const_i64(0), lo, "z0") as v:
-                                    b.store(zero, b.gep(dst, [v], inbounds=True))
-                                with for_range(b, lo, hi, "cp") as v:
-                                    xx = b.add(b.mul(v, const_i64(sw)), const_i64(off_x))
-                                    b.store(b.load(b.gep(src, [xx], inbounds=True)),
-                                            b.gep(dst, [v], inbounds=True))
-                                with for_range(b, hi, wq, "z1") as v:
-                                    b.store(zero, b.gep(dst, [v], inbounds=True))
-                            with otherwise:
-                                with for_range(b, const_i64(0), wq, "z2") as v:
-                                    b.store(zero, b.gep(dst, [v], inbounds=True))
+                    for r_lo, r_hi in rows or [(const_i64(0), hq)]:
+                        self._plane_rows(planes, x_ch, base, wq, r_lo, r_hi, H, W, py, off_x,
+                                         lo, hi)
         end = b.mul(const_i64(g["cg"] * ny * nx), plane)
         with for_range(b, const_i64(0), self._dim_value(g["slack"]), "s") as s:
             b.store(zero, b.gep(planes, [b.add(end, s)], inbounds=True))
 
-    def _plane_products(self, n, grp, planes, OH, OW) -> None:
+    def _plane_rows(self, planes, x_ch, base, wq, r_lo, r_hi, H, W, py, off_x, lo, hi) -> None:
+        b, g = self.builder, self.g
+        sh, sw, pt = g["sh"], g["sw"], g["pt"]
+        zero = ir.Constant(F32, 0.0)
+        with for_range(b, r_lo, r_hi, "u") as u:
+            dst = b.gep(planes, [b.add(base, b.mul(u, wq))], inbounds=True)
+            yy = b.add(b.mul(u, const_i64(sh)), const_i64(py - pt))
+            inside = b.and_(b.icmp_signed(">=", yy, const_i64(0)),
+                            b.icmp_signed("<", yy, H))
+            with b.if_else(inside) as (then, otherwise):
+                with then:
+                    src = b.gep(x_ch, [b.mul(yy, W)], inbounds=True)
+                    with for_range(b, const_i64(0), lo, "z0") as v:
+                        b.store(zero, b.gep(dst, [v], inbounds=True))
+                    with for_range(b, lo, hi, "cp") as v:
+                        xx = b.add(b.mul(v, const_i64(sw)), const_i64(off_x))
+                        b.store(b.load(b.gep(src, [xx], inbounds=True)),
+                                b.gep(dst, [v], inbounds=True))
+                    with for_range(b, hi, wq, "z1") as v:
+                        b.store(zero, b.gep(dst, [v], inbounds=True))
+                with otherwise:
+                    with for_range(b, const_i64(0), wq, "z2") as v:
+                        b.store(zero, b.gep(dst, [v], inbounds=True))
+
+    def _plane_products(self, n, grp, planes, OH, OW, work) -> None:
         """out[n, grp*og + m, oy, ox] over the planes: position p = oy*wq + ox (ox < wq;
         columns from the output width on are dropped), tap (ky, kx) read at a shift."""
         b, g = self.builder, self.g
@@ -169,31 +294,30 @@ class SymbolicConvEmitter(ContractionEmitter):
         panels = b.sdiv(b.add(pq, const_i64(nr - 1)), const_i64(nr))
         mblocks = -(-og // mr)
         shifts = [b.add(b.mul(const_i64(ky // sh), wq), const_i64(kx // sw)) for ky, kx in taps]
-        with for_range(b, const_i64(0), panels, "jp") as jp:
+        with self._work_items(panels, mblocks, work) as (jp, mb):
             p0 = b.mul(jp, const_i64(nr))
-            with for_range(b, const_i64(0), const_i64(mblocks), "mb") as mb:
-                local0 = b.mul(mb, const_i64(mr))
-                oc0 = b.add(b.mul(grp, const_i64(og)), local0)
+            local0 = b.mul(mb, const_i64(mr))
+            oc0 = b.add(b.mul(grp, const_i64(og)), local0)
 
-                def a_scalar(k, u, i):
-                    row = b.select(b.icmp_signed("<", b.add(local0, const_i64(i)),
-                                                 const_i64(og)),
-                                   b.add(oc0, const_i64(i)),
-                                   b.add(b.sub(oc0, local0), const_i64(og - 1)))
-                    idx = b.add(b.mul(row, const_i64(cg * khw)),
-                                b.add(b.mul(k, const_i64(khw)), const_i64(u)))
-                    return b.load(b.gep(w_ptr, [idx], inbounds=True))
+            def a_scalar(k, u, i):
+                row = b.select(b.icmp_signed("<", b.add(local0, const_i64(i)),
+                                             const_i64(og)),
+                               b.add(oc0, const_i64(i)),
+                               b.add(b.sub(oc0, local0), const_i64(og - 1)))
+                idx = b.add(b.mul(row, const_i64(cg * khw)),
+                            b.add(b.mul(k, const_i64(khw)), const_i64(u)))
+                return b.load(b.gep(w_ptr, [idx], inbounds=True))
 
-                def b_vector(k, u, v):
-                    ky, kx = taps[u]
-                    phase = b.add(b.mul(k, const_i64(ny * nx)),
-                                  const_i64((ky % sh) * nx + kx % sw))
-                    off = b.add(b.add(b.mul(phase, plane), shifts[u]),
-                                b.add(p0, const_i64(v * self.vl)))
-                    return b.load(self._vec_ptr(planes, off), align=4)
+            def b_vector(k, u, v):
+                ky, kx = taps[u]
+                phase = b.add(b.mul(k, const_i64(ny * nx)),
+                              const_i64((ky % sh) * nx + kx % sw))
+                off = b.add(b.add(b.mul(phase, plane), shifts[u]),
+                            b.add(p0, const_i64(v * self.vl)))
+                return b.load(self._vec_ptr(planes, off), align=4)
 
-                tile = self._microkernel(mr, nv, cg, a_scalar, b_vector, list(range(khw)))
-                self._row_epilogue(n, oc0, local0, p0, pq, wq, OH, OW, tile)
+            tile = self._microkernel(mr, nv, cg, a_scalar, b_vector, list(range(khw)))
+            self._row_epilogue(n, oc0, local0, p0, pq, wq, OH, OW, tile)
 
     def _row_epilogue(self, n, oc0, local0, p0, pq, wq, OH, OW, tile) -> None:
         b, g = self.builder, self.g
@@ -238,9 +362,9 @@ class SymbolicConvEmitter(ContractionEmitter):
                             with part:
                                 self._store_vector(env, tile, t_idx, self._lane_mask(left, 0))
 
-    def _fill_cols(self, x_grp, cols, H, W, OH, OW, P) -> None:
+    def _fill_cols(self, x_grp, cols, H, W, OH, OW, P, oy_range=None) -> None:
         """cols[(ic*kh + ky)*kw + kx, oy*OW + ox] = x[ic, oy*sh + ky*dh - pt, ox*sw + kx*dw - pl]
-        (0 outside the image)."""
+        (0 outside the image), for the output rows oy in ``oy_range`` (default all)."""
         b, g = self.builder, self.g
         sh, sw, pt, pl = g["sh"], g["sw"], g["pt"], g["pl"]
         zero = ir.Constant(F32, 0.0)
@@ -264,7 +388,8 @@ class SymbolicConvEmitter(ContractionEmitter):
                                       const_i64(sw)), const_i64(1))
                     lo, hi = clamp(lo, const_i64(0), OW), clamp(hi, const_i64(0), OW)
                     hi = b.select(b.icmp_signed("<", hi, lo), lo, hi)
-                    with for_range(b, const_i64(0), OH, "oy") as oy:
+                    oy_lo, oy_hi = oy_range or (const_i64(0), OH)
+                    with for_range(b, oy_lo, oy_hi, "oy") as oy:
                         dst = b.gep(row_k, [b.mul(oy, OW)], inbounds=True)
                         yy = b.add(b.mul(oy, const_i64(sh)), const_i64(ky * g["dh"] - pt))
                         inside = b.and_(b.icmp_signed(">=", yy, const_i64(0)),
@@ -284,7 +409,7 @@ class SymbolicConvEmitter(ContractionEmitter):
                                 with for_range(b, const_i64(0), OW, "z2") as v:
                                     b.store(zero, b.gep(dst, [v], inbounds=True))
 
-    def _products(self, n, grp, src, P, OW) -> None:
+    def _products(self, n, grp, src, P, OW, work) -> None:
         """out[n, grp*og + m, p] = sum_k w[grp*og + m, k] * src[k, p], then the epilogue."""
         b, g = self.builder, self.g
         mr, nv, og, K = g["mr"], g["nv"], g["og"], g["K"]
@@ -292,38 +417,37 @@ class SymbolicConvEmitter(ContractionEmitter):
         w_ptr = self.buffers[self.match.tag.operands[1].uid]
         panels = b.sdiv(b.add(P, const_i64(nr - 1)), const_i64(nr))
         mblocks = -(-og // mr)
-        with for_range(b, const_i64(0), panels, "jp") as jp:
+        with self._work_items(panels, mblocks, work) as (jp, mb):
             p0 = b.mul(jp, const_i64(nr))
             remaining = b.sub(P, p0)
             masks = [self._lane_mask(remaining, v) for v in range(nv)]
-            with for_range(b, const_i64(0), const_i64(mblocks), "mb") as mb:
-                local0 = b.mul(mb, const_i64(mr))
-                oc0 = b.add(b.mul(grp, const_i64(og)), local0)
+            local0 = b.mul(mb, const_i64(mr))
+            oc0 = b.add(b.mul(grp, const_i64(og)), local0)
 
-                def a_scalar(k, u, i):
-                    # rows past the group's last channel repeat it (computed, not stored)
-                    row = b.select(b.icmp_signed("<", b.add(local0, const_i64(i)),
-                                                 const_i64(og)),
-                                   b.add(oc0, const_i64(i)),
-                                   b.add(b.sub(oc0, local0), const_i64(og - 1)))
-                    return b.load(b.gep(w_ptr, [b.add(b.mul(row, const_i64(K)), k)],
-                                        inbounds=True))
+            def a_scalar(k, u, i):
+                # rows past the group's last channel repeat it (computed, not stored)
+                row = b.select(b.icmp_signed("<", b.add(local0, const_i64(i)),
+                                             const_i64(og)),
+                               b.add(oc0, const_i64(i)),
+                               b.add(b.sub(oc0, local0), const_i64(og - 1)))
+                return b.load(b.gep(w_ptr, [b.add(b.mul(row, const_i64(K)), k)],
+                                    inbounds=True))
 
-                def block(masked: bool) -> None:
-                    def b_vector(k, u, v):
-                        ptr = self._vec_ptr(src, b.add(b.mul(k, P),
-                                                       b.add(p0, const_i64(v * self.vl))))
-                        return self._masked_load(ptr, masks[v]) if masked else \
-                            b.load(ptr, align=4)
+            def block(masked: bool) -> None:
+                def b_vector(k, u, v):
+                    ptr = self._vec_ptr(src, b.add(b.mul(k, P),
+                                                   b.add(p0, const_i64(v * self.vl))))
+                    return self._masked_load(ptr, masks[v]) if masked else \
+                        b.load(ptr, align=4)
 
-                    tile = self._microkernel(mr, nv, K, a_scalar, b_vector)
-                    self._epilogue(n, oc0, local0, p0, remaining, tile, OW, masks, masked)
+                tile = self._microkernel(mr, nv, K, a_scalar, b_vector)
+                self._epilogue(n, oc0, local0, p0, remaining, tile, OW, masks, masked)
 
-                with b.if_else(b.icmp_signed(">=", remaining, const_i64(nr))) as (full, part):
-                    with full:
-                        block(False)
-                    with part:
-                        block(True)
+            with b.if_else(b.icmp_signed(">=", remaining, const_i64(nr))) as (full, part):
+                with full:
+                    block(False)
+                with part:
+                    block(True)
 
     def _epilogue(self, n, oc0, local0, p0, remaining, tile, OW, masks, masked: bool) -> None:
         b, g = self.builder, self.g
