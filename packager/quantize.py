@@ -432,6 +432,38 @@ def compare(quantized: Quantized, bundle: str | os.PathLike, runs: int = 21) -> 
 SLOWER_MARGIN = 1.05   # int8 counts as slower than float beyond this ratio of run times
 
 
+def _qdq_reference(model: bytes, input_names: Mapping[str, str]):
+    """The golden-check reference for the QDQ model: ONNX Runtime with its graph optimizations
+    off, so DequantizeLinear -> Conv/MatMul run as the ONNX spec defines them (float32 over the
+    dequantized values). With them on, ORT fuses the pattern into its own integer kernels, and
+    its AVX2 u8 x s8 kernel (``vpmaddubsw``, CPUs without VNNI) saturates int16 pair sums: a
+    wrong reference, off by far more than a quantization step on the demo CNN. Without
+    onnxruntime: ``golden.onnx_reference``'s fallback."""
+    from .golden import Reference, ReferenceUnavailable, _onnxruntime, onnx_reference
+
+    fallback, fallback_name = onnx_reference(model, input_names)
+    ort = _onnxruntime()
+    if ort is None:
+        return fallback, fallback_name
+    to_onnx = {bundle: onnx_name for onnx_name, bundle in input_names.items()}
+
+    def run(feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        try:
+            opts = ort.SessionOptions()
+            opts.log_severity_level = 4
+            opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+            sess = ort.InferenceSession(model, opts, providers=["CPUExecutionProvider"])
+            names = [o.name for o in sess.get_outputs()]
+            values = sess.run(names, {to_onnx.get(k, k): v for k, v in feeds.items()})
+        except Exception as exc:  # noqa: BLE001  (reported as an unavailable reference)
+            raise ReferenceUnavailable(f"onnxruntime cannot run it "
+                                       f"({' '.join(str(exc).split())[:200]})") from None
+        return dict(zip(names, values))
+
+    name = f"onnxruntime {ort.__version__} (QDQ as specified, graph optimizations off)"
+    return Reference(run, name, second=getattr(fallback, "second", None) or fallback), name
+
+
 def export_int8(model_path: str | os.PathLike, out: str | os.PathLike, options,
                 samples: Sequence[np.ndarray], input_shapes: Mapping[str, Sequence[int]] | None,
                 method: str = "minmax", fallback: bool = False, float_module=None
@@ -454,8 +486,7 @@ def export_int8(model_path: str | os.PathLike, out: str | os.PathLike, options,
         mod, info = import_onnx(quantized.model, input_shapes=input_shapes)
         opts = options
         if options.check:
-            from .golden import onnx_reference
-            reference, name = onnx_reference(quantized.model.SerializeToString(),
+            reference, name = _qdq_reference(quantized.model.SerializeToString(),
                                              info.input_names)
             opts = dataclasses.replace(options, reference=reference, reference_name=name)
         report = export_module(mod, tmp, opts)

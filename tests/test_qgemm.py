@@ -18,6 +18,7 @@ from mlcpack.frontends.onnx import import_onnx
 from mlcpack.packager.export import ExportOptions, export_module
 from mlcpack.packager.passes.pipeline import DEFAULT_PIPELINE, run_pipeline
 from mlcpack.runtime import load
+from mlcpack.runtime.cpu import host_features
 
 ort = pytest.importorskip("onnxruntime")
 pytest.importorskip("onnxruntime.quantization")
@@ -38,12 +39,22 @@ def _bundle(path: Path, feeds: dict, target: str = "host") -> tuple[list[np.ndar
             op = getattr(b.value, "op", None)
             if op == "matmul" and getattr(b.value.args[1], "name", "") == "qw_f32":
                 op = "f32_gemm"       # w - w_zp as float32, every sum exact below 2**24
-            ops.append("int_gemm" if op == "qmatmul" else op)
+            ops.append({"qmatmul": "int_gemm", "qconv2d": "int_conv"}.get(op, op))
     out = path.with_suffix(".mlc")
     export_module(mod, out, ExportOptions(target=target, check=False))
     with load(out) as model:
         res = model.run(feeds)
     return list(res.values()), ops
+
+
+def _ort_exact(xd: str, wd: str) -> bool:
+    """Whether ONNX Runtime's integer GEMM is exact here: its u8 x s8 kernel on AVX2 without
+    VNNI (``vpmaddubsw``) saturates int16 pair sums (255 * 127 * 2 > 32767), so it can differ
+    from the exact integer result that mlcpack (and numpy, and ORT with VNNI) computes."""
+    if (xd, wd) != ("uint8", "int8"):
+        return True
+    flags = host_features()
+    return bool({"avx512_vnni", "avx_vnni"} & flags) or "avx2" not in flags
 
 
 def _numpy_qmatmul(a, az, w, wz, bias, mult, yz, dtype):
@@ -104,7 +115,8 @@ def test_integer_kernel_bit_exact(case: str, gemm: bool, tmp_path: Path) -> None
     # an integer graph output: the int32 kernel (the float32 GEMM writes float32 only)
     assert ops == ["int_gemm"], ops
     np.testing.assert_array_equal(got, expect)
-    np.testing.assert_array_equal(got, _ort(tmp_path / f"{case}.onnx", {"x": x})[0])
+    if _ort_exact(EDGES[case][3], EDGES[case][5]):
+        np.testing.assert_array_equal(got, _ort(tmp_path / f"{case}.onnx", {"x": x})[0])
     if "satur" in case:   # both ends of the range reached
         assert (got == 255).any() and (got == 0).any()
 
@@ -115,13 +127,28 @@ def test_integer_kernel_bit_exact(case: str, gemm: bool, tmp_path: Path) -> None
     (dict(mode="QDQ", activation="QInt8", symmetric=True), "host"),
     (dict(mode="QOperator", per_channel=False), "host")],
     ids=["qdq_per_channel_u8s8", "qdq_per_channel_u8s8_v2", "qdq_s8s8_symmetric", "qoperator"])
-def test_quantize_static_mlp_matches_ort(how: dict, target: str, tmp_path: Path) -> None:
+def test_quantize_static_mlp_matches_ort(how: dict, target: str, tmp_path: Path,
+                                        monkeypatch: pytest.MonkeyPatch) -> None:
     path = qm.ort_quantize(qm.mlp(tmp_path / "mlp.onnx"), tmp_path / "mlp_q.onnx", **how)
     feeds = qm.random_feeds(path)[0]
     (got,), ops = _bundle(path, feeds, target)
-    assert ops.count("f32_gemm") == 2 and "matmul" not in ops, ops
-    # the same integers as ONNX Runtime's QLinearMatMul, then the same float dequantize
-    np.testing.assert_array_equal(got, _ort(path, feeds)[0])
+    assert ops.count("int_gemm") == 2 and "matmul" not in ops, ops
+    ref = _ort(path, feeds)[0]
+    if _ort_exact("int8" if how.get("activation") == "QInt8" else "uint8", "int8"):
+        # the same integers as ONNX Runtime's QLinearMatMul, then the same float dequantize
+        np.testing.assert_array_equal(got, ref)
+        return
+    # ORT's AVX2 u8 x s8 kernel saturates int16 pair sums: mlcpack's exact integers equal its
+    # other exact route instead (the float32 GEMM over w - w_zp, sums below 2**24), and ORT
+    # within one output step
+    monkeypatch.setenv("MLCPACK_INT8_KERNELS", "0")
+    other = tmp_path / "mlp_q_f32.onnx"
+    other.write_bytes(path.read_bytes())
+    (exact,), ops = _bundle(other, feeds, target)
+    assert ops.count("f32_gemm") == 2, ops
+    np.testing.assert_array_equal(got, exact)
+    steps = np.abs(got.astype(np.float64) - ref) / qm.output_step(path)
+    assert steps.max() <= 8 and np.median(steps) <= 1, steps
 
 
 @pytest.mark.parametrize("how", [dict(mode="QDQ", per_channel=True),
@@ -129,9 +156,9 @@ def test_quantize_static_mlp_matches_ort(how: dict, target: str, tmp_path: Path)
                          ids=["qdq_per_channel", "qlinearconv"])
 def test_quantized_convolutions_fused(how: dict, tmp_path: Path) -> None:
     """conv 3x3 (+ bias), depthwise 3x3, 1x1: quantize(conv(dq, dq) + dq(bias int32)) becomes
-    one float32-exact convolution with the requantization in its epilogue where its result is
-    read by one dequantize and its input's dequantize by it alone (here the first conv; the
-    depthwise one reads the residual's input, the 1x1 one feeds SiLU and its Mul)."""
+    the integer convolution (``qconv2d``, codegen/qgemm.py) for the 3x3 and the 1x1; the
+    depthwise one (groups > 1) stays a convolution (float32-exact where it can be, else the
+    float composition)."""
     path = qm.ort_quantize(qm.conv_net(tmp_path / "conv.onnx"), tmp_path / "conv_q.onnx", **how)
     feeds = qm.random_feeds(path)[0]
     (got,), ops = _bundle(path, feeds)
@@ -139,8 +166,13 @@ def test_quantized_convolutions_fused(how: dict, tmp_path: Path) -> None:
     fused = run_pipeline(mod, DEFAULT_PIPELINE[:5])
     convs = [b.value for f in fused.functions.values() if hasattr(f, "bindings")
              for b in f.bindings() if getattr(b.value, "op", "") == "nn.conv2d"]
-    chained = [c.args[1].name == "qw_f32" for c in convs]
-    assert len(convs) == 3 and sum(chained) >= 1, chained
+    assert len(convs) == 1 and convs[0].attrs["groups"] > 1, convs
+    assert ops.count("int_conv") == 2, ops
     ref = _ort(path, feeds)[0]
-    # the convolutions give ORT's integers; pools and SiLU in float differ by at most a step
-    assert np.abs(got.astype(np.float64) - ref).max() <= qm.output_step(path) + 1e-6
+    diff = np.abs(got.astype(np.float64) - ref) / qm.output_step(path)
+    if _ort_exact("uint8", "int8"):
+        # the convolutions give ORT's integers; pools and SiLU in float differ by at most a step
+        assert diff.max() <= 1 + 1e-5, diff
+    else:   # ORT's AVX2 u8 x s8 kernel saturates pair sums (the kernels' exactness against
+        # numpy is tested in test_qgemm_kernel.py)
+        assert diff.max() <= 4 and np.median(diff) <= 1, diff

@@ -21,6 +21,7 @@ from .gemm import (Contraction, emit_contraction, emit_symbolic_matmul, match_co
 from .gemv import emit_dot_product, is_dot_product
 from .lower import KernelInfo, emit_kernel, is_symbolic
 from .pool import emit_max_pool
+from .qgemm import emit_qgemm
 from .rnn import emit_recurrence
 from .conv_symbolic import emit_symbolic_conv, emit_symbolic_max_pool, emit_symbolic_softmax
 from .softmax import emit_softmax
@@ -85,6 +86,7 @@ def _without_match(emit: Callable[[ir.Module, PrimFunc, str, int], KernelInfo | 
 # general register-blocked contraction, which would also take them.
 KERNEL_RULES: tuple[tuple[str, KernelRule], ...] = (
     ("recurrence", _without_match(emit_recurrence)),
+    ("integer GEMM", _without_match(emit_qgemm)),   # qmatmul / qconv2d (ops/qlinear.py)
     ("depthwise convolution", _when(is_depthwise, emit_depthwise)),
     ("dot-product convolution", _when(is_dot_product, emit_dot_product)),
     ("contraction", _when(lambda match: match is not None, emit_contraction)),

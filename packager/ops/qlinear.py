@@ -1,14 +1,38 @@
 """Integer kernels the quantized-pattern fusion (``passes/quantize.py``) emits.
 
-``qmatmul(x, w, x_zp, w_zp, bias, multiplier, y_zp, dtype=D)``: x int8/uint8 ``[..., M, K]``,
-w int8/uint8 ``[K, N]`` (a constant), x_zp int32 ``()``, w_zp int32 ``[N]``, bias int32 ``[N]``,
-multiplier float32 ``[N]`` (x_scale * w_scale / y_scale, float32 as ONNX Runtime computes it),
-y_zp float32 ``()``; the result ``[..., M, N]`` of dtype D:
+Both compute, in int32 (exact; wrapping like ONNX Runtime's int32 accumulators),
 
-    acc = sum_k (x - x_zp) * (w - w_zp) + bias                     (int32, exact)
+    acc = sum_k (x - x_zp) * wd + bias            wd = w - w_zp (folded at export)
     y   = saturate(round_half_even(float32(acc) * multiplier) + y_zp)
 
-which is ONNX Runtime's QLinearMatMul / QGemm requantization (MLAS ``MlasRequantizeOutput``).
+which is ONNX Runtime's QLinearMatMul / QGemm / QLinearConv requantization (MLAS
+``MlasRequantizeOutput``); ``multiplier`` is x_scale * w_scale / y_scale in float32.
+
+``qmatmul(x, wp, x_zp, bias, multiplier, y_zp, n=N, dtype=D)``: x int8/uint8 ``[..., M, K]``;
+wp the weights ``wd [K, N]`` *packed* for the integer GEMM (``pack_weights``): int8 (or int16
+when ``w - w_zp`` does not fit int8) ``[ceil(N/8), ceil(K/2), 8, 2]``, ``wp[p, j, l, t] =
+wd[2j + t, 8p + l]`` zero-padded, so one 16-byte row is the k-pair-interleaved operand of
+``vpmaddwd`` for 8 output columns; x_zp int32 ``()``, bias int32 and multiplier float32
+``[8 * ceil(N/8)]`` (zero-padded), y_zp float32 ``()``. Result ``[..., M, N]`` of dtype D.
+
+``qconv2d(x, wk, x_zp, bias, multiplier, y_zp, out_channels, kernel, strides, padding,
+dtype)``: x int8/uint8 ``[B, C, H, W]``; wk the weights ``wd = w - w_zp [O, C, KH, KW]`` packed
+by ``pack_conv_weights``: int8/int16 ``[ceil(O/6), KH*KW*ceil(C/2), 6, 2]``, ``wk[o // 6,
+(ky*KW + kx) * ceil(C/2) + c // 2, o % 6, c % 2] = wd[o, c, ky, kx]`` zero-padded (the
+broadcast operand of 6 output channels' rows, one reduction step's words adjacent); bias /
+multiplier ``[O]``; padding reads x_zp (contributes zero); groups 1, dilation 1. Result
+``[B, O, OH, OW]``.
+
+With ``dtype="float32"`` (a quantized product whose result stays float: mlcpack's own
+``--quantize int8`` graphs dequantize every product's inputs only) the last argument is a
+per-channel float32 offset instead of y_zp, and the result is
+
+    y   = float32(acc) * multiplier + offset           [then max(y, 0) with relu=True]
+
+(float32 operations in that order, no fused multiply-add).
+
+Both ops are opaque: their legalized loop nests are correct (the generic fallback) and carry a
+reduction tag that hands the whole function to the integer GEMM kernel (``codegen/qgemm.py``).
 """
 
 from __future__ import annotations
@@ -17,47 +41,197 @@ import numpy as np
 
 from ..ir import te
 from ..ir.graph import TensorType
+from ..ir.patterns import tag_reduction
 from .elementwise import scalar_of
 from .quant import saturation_range
-from .registry import COMPLEX, register_op
+from .registry import OPAQUE, register_op
+
+PANEL = 8   # output columns per packed weight panel (one 8 x int32 vector)
 
 
-def _infer_qmatmul(x: TensorType, w: TensorType, x_zp: TensorType, w_zp: TensorType,
-                   bias: TensorType, multiplier: TensorType, y_zp: TensorType,
-                   dtype: str = "uint8") -> TensorType:
-    if x.dtype not in ("int8", "uint8") or w.dtype not in ("int8", "uint8"):
-        raise ValueError(f"qmatmul takes int8/uint8 operands, not {x.dtype} x {w.dtype}")
-    if len(w.shape) != 2 or x.shape[-1] != w.shape[0]:
-        raise ValueError(f"qmatmul inner dimensions differ: {x.shape} @ {w.shape}")
-    return TensorType(tuple(x.shape[:-1]) + (w.shape[1],), dtype)
+def pack_weights(wd: np.ndarray) -> np.ndarray:
+    """``wd`` [K, N] (integers within int16) -> the packed layout above, int8 when every value
+    fits int8, else int16."""
+    k, n = wd.shape
+    k2, npn = -(-k // 2), -(-n // PANEL)
+    dtype = np.int8 if wd.min(initial=0) >= -128 and wd.max(initial=0) <= 127 else np.int16
+    full = np.zeros((2 * k2, npn * PANEL), np.int32)
+    full[:k, :n] = wd
+    # [k2, 2, npn, 8] -> [npn, k2, 8, 2]
+    return np.ascontiguousarray(full.reshape(k2, 2, npn, PANEL).transpose(2, 0, 3, 1)).astype(dtype)
 
 
-def _legalize_qmatmul(x: te.Tensor, w: te.Tensor, x_zp: te.Tensor, w_zp: te.Tensor,
-                      bias: te.Tensor, multiplier: te.Tensor, y_zp: te.Tensor,
-                      out_type: TensorType, name: str, dtype: str = "uint8") -> te.Tensor:
-    k = te.reduce_axis(x.shape[-1], "k")
+CONV_ROWS = 6   # output channels per packed convolution weight tile (the kernel's register rows)
+
+
+def pack_conv_weights(wd: np.ndarray) -> np.ndarray:
+    """``wd`` [O, C, KH, KW] -> the packed layout of ``qconv2d`` (int8 when it fits)."""
+    o, c, kh, kw = wd.shape
+    cp, ot = -(-c // 2), -(-o // CONV_ROWS)
+    dtype = np.int8 if wd.min(initial=0) >= -128 and wd.max(initial=0) <= 127 else np.int16
+    full = np.zeros((ot * CONV_ROWS, 2 * cp, kh, kw), np.int32)
+    full[:o, :c] = wd
+    t = full.transpose(0, 2, 3, 1).reshape(ot, CONV_ROWS, kh * kw, cp, 2)
+    return np.ascontiguousarray(t.transpose(0, 2, 3, 1, 4).reshape(ot, kh * kw * cp,
+                                                                   CONV_ROWS, 2)).astype(dtype)
+
+
+def unpack_conv_weights(wk: np.ndarray, o: int, c: int, kh: int, kw: int) -> np.ndarray:
+    ot, steps = wk.shape[:2]
+    cp = steps // (kh * kw)
+    t = wk.reshape(ot, kh * kw, cp, CONV_ROWS, 2).transpose(0, 3, 1, 2, 4)
+    return t.reshape(ot * CONV_ROWS, kh, kw, 2 * cp).transpose(0, 3, 1, 2)[:o, :c]
+
+
+def unpack_weights(wp: np.ndarray, k: int, n: int) -> np.ndarray:
+    npn, k2 = wp.shape[:2]
+    return wp.transpose(1, 3, 0, 2).reshape(2 * k2, npn * PANEL)[:k, :n]
+
+
+def _requantize(acc: np.ndarray, mult: np.ndarray, y_zp, dtype: str,
+                relu: bool = False) -> np.ndarray:
+    f = acc.astype(np.int32).astype(np.float32) * mult
+    if dtype == "float32":
+        y = (f + np.asarray(y_zp, np.float32)).astype(np.float32)
+        return np.maximum(y, np.float32(0)) if relu else y
     lo, hi = saturation_range(dtype)
+    y = np.round(f) + np.float32(y_zp)
+    return np.clip(y, lo, hi).astype(dtype)
 
-    def acc_body(*i: te.IndexVar) -> te.Expr:
-        xv = te.cast(x[tuple(i[:-1]) + (k,)], "int32") - x_zp[()]
-        wv = te.cast(w[k, i[-1]], "int32") - w_zp[i[-1]]
-        return te.sum_of(xv * wv, k)
 
-    acc = te.compute(out_type.shape, acc_body, name=name + "_acc", dtype="int32")
-
+def _epilogue(acc: te.Tensor, bias: te.Tensor, mult: te.Tensor, y_zp: te.Tensor, channel: int,
+              shape, name: str, dtype: str, relu: bool = False) -> te.Tensor:
     def body(*i: te.IndexVar) -> te.Expr:
-        a = te.cast(acc[i] + bias[i[-1]], "float32") * multiplier[i[-1]]
+        c = i[channel]
+        a = te.cast(acc[i] + bias[c], "float32") * mult[c]
+        if dtype == "float32":
+            y = a + y_zp[c]
+            return te.maximum(y, scalar_of(0.0, "float32")) if relu else y
+        lo, hi = saturation_range(dtype)
         q = te.math("round", a) + y_zp[()]
         q = te.minimum(te.maximum(q, scalar_of(lo, "float32")), scalar_of(hi, "float32"))
         return te.cast(q, dtype)
 
-    return te.compute(out_type.shape, body, name=name, dtype=dtype)
+    return te.compute(shape, body, name=name, dtype=dtype)
 
 
-@register_op("qmatmul", COMPLEX, _infer_qmatmul, _legalize_qmatmul)
-def qmatmul(x: np.ndarray, w: np.ndarray, x_zp: np.ndarray, w_zp: np.ndarray, bias: np.ndarray,
-            multiplier: np.ndarray, y_zp: np.ndarray, dtype: str = "uint8") -> np.ndarray:
-    acc = np.matmul(x.astype(np.int64) - x_zp, w.astype(np.int64) - w_zp) + bias
-    lo, hi = saturation_range(dtype)
-    y = np.round(acc.astype(np.int32).astype(np.float32) * multiplier) + np.float32(y_zp)
-    return np.clip(y, lo, hi).astype(dtype)
+# ---- qmatmul ------------------------------------------------------------------------------------
+
+def _infer_qmatmul(x: TensorType, wp: TensorType, x_zp: TensorType, bias: TensorType,
+                   multiplier: TensorType, y_zp: TensorType, n: int = 0,
+                   dtype: str = "uint8", relu: bool = False) -> TensorType:
+    if x.dtype not in ("int8", "uint8") or wp.dtype not in ("int8", "int16"):
+        raise ValueError(f"qmatmul takes int8/uint8 x and packed int8/int16 weights, not "
+                         f"{x.dtype} x {wp.dtype}")
+    k = x.shape[-1]
+    if (len(wp.shape) != 4 or tuple(wp.shape[2:]) != (PANEL, 2) or wp.shape[1] != -(-k // 2)
+            or not 0 < n <= wp.shape[0] * PANEL):
+        raise ValueError(f"qmatmul: packed weights {wp.shape} do not fit x {x.shape}, n={n}")
+    return TensorType(tuple(x.shape[:-1]) + (n,), dtype)
+
+
+def _legalize_qmatmul(x: te.Tensor, wp: te.Tensor, x_zp: te.Tensor, bias: te.Tensor,
+                      multiplier: te.Tensor, y_zp: te.Tensor, out_type: TensorType, name: str,
+                      n: int = 0, dtype: str = "uint8", relu: bool = False) -> te.Tensor:
+    k = te.reduce_axis(x.shape[-1], "k")
+    tag_reduction(k, "qmatmul", (x, wp, x_zp, bias, multiplier, y_zp), n=n, dtype=dtype,
+                  relu=relu)
+
+    def acc_body(*i: te.IndexVar) -> te.Expr:
+        c = i[-1]
+        xv = te.cast(x[tuple(i[:-1]) + (k,)], "int32") - x_zp[()]
+        wv = te.cast(wp[c // PANEL, k // 2, c % PANEL, k % 2], "int32")
+        return te.sum_of(xv * wv, k)
+
+    acc = te.compute(out_type.shape, acc_body, name=name + "_acc", dtype="int32")
+    return _epilogue(acc, bias, multiplier, y_zp, len(out_type.shape) - 1, out_type.shape,
+                     name, dtype, relu)
+
+
+@register_op("qmatmul", OPAQUE, _infer_qmatmul, _legalize_qmatmul)
+def qmatmul(x: np.ndarray, wp: np.ndarray, x_zp: np.ndarray, bias: np.ndarray,
+            multiplier: np.ndarray, y_zp: np.ndarray, n: int = 0,
+            dtype: str = "uint8", relu: bool = False) -> np.ndarray:
+    wd = unpack_weights(wp, x.shape[-1], n).astype(np.int64)
+    acc = np.matmul(x.astype(np.int64) - int(x_zp), wd) + bias[:n]
+    return _requantize(acc, multiplier[:n], y_zp[:n] if dtype == "float32" else y_zp, dtype,
+                       relu)
+
+
+# ---- qconv2d ------------------------------------------------------------------------------------
+
+def _out_size(size: int, k: int, s: int, lo: int, hi: int) -> int:
+    return (size + lo + hi - k) // s + 1
+
+
+def _infer_qconv2d(x: TensorType, wk: TensorType, x_zp: TensorType, bias: TensorType,
+                   multiplier: TensorType, y_zp: TensorType, out_channels: int = 0,
+                   kernel=(1, 1), strides=(1, 1), padding=(0, 0, 0, 0),
+                   dtype: str = "uint8", relu: bool = False) -> TensorType:
+    if x.dtype not in ("int8", "uint8") or wk.dtype not in ("int8", "int16"):
+        raise ValueError(f"qconv2d takes int8/uint8 x and int8/int16 weights, not "
+                         f"{x.dtype} x {wk.dtype}")
+    b, c, h, w = x.shape
+    kh, kw = kernel
+    if (len(wk.shape) != 4 or wk.shape[0] != -(-out_channels // CONV_ROWS)
+            or wk.shape[1] != kh * kw * -(-c // 2) or tuple(wk.shape[2:]) != (CONV_ROWS, 2)):
+        raise ValueError(f"qconv2d: packed weights {wk.shape} do not fit x {x.shape}, "
+                         f"{out_channels} outputs, kernel {kernel}")
+    oh = _out_size(h, kh, strides[0], padding[0], padding[2])
+    ow = _out_size(w, kw, strides[1], padding[1], padding[3])
+    return TensorType((b, out_channels, oh, ow), dtype)
+
+
+def _legalize_qconv2d(x: te.Tensor, wk: te.Tensor, x_zp: te.Tensor, bias: te.Tensor,
+                      multiplier: te.Tensor, y_zp: te.Tensor, out_type: TensorType, name: str,
+                      out_channels: int = 0, kernel=(1, 1), strides=(1, 1),
+                      padding=(0, 0, 0, 0), dtype: str = "uint8",
+                      relu: bool = False) -> te.Tensor:
+    _, c, h, w = x.shape
+    kh, kw = kernel
+    cp = -(-c // 2)
+    rc, ry, rx = te.reduce_axis(c, "rc"), te.reduce_axis(kh, "ry"), te.reduce_axis(kw, "rx")
+    tag_reduction(rc, "qconv2d", (x, wk, x_zp, bias, multiplier, y_zp),
+                  out_channels=out_channels, kernel=tuple(kernel), strides=tuple(strides),
+                  padding=tuple(padding), dtype=dtype, relu=relu)
+
+    def clamp(i, size):
+        return te.minimum(te.maximum(i, 0), size - 1)
+
+    def acc_body(b, oc, oy, ox):
+        iy = oy * strides[0] - padding[0] + ry
+        ix = ox * strides[1] - padding[1] + rx
+        inside = te.logical_and(te.logical_and(iy >= 0, iy < h), te.logical_and(ix >= 0, ix < w))
+        xv = te.if_then_else(inside, te.cast(x[b, rc, clamp(iy, h), clamp(ix, w)], "int32")
+                             - x_zp[()], te.const(0, "int32"))
+        wv = wk[oc // CONV_ROWS, (ry * kw + rx) * cp + rc // 2, oc % CONV_ROWS, rc % 2]
+        return te.sum_of(xv * te.cast(wv, "int32"), (rc, ry, rx))
+
+    acc = te.compute(out_type.shape, acc_body, name=name + "_acc", dtype="int32")
+    return _epilogue(acc, bias, multiplier, y_zp, 1, out_type.shape, name, dtype, relu)
+
+
+@register_op("qconv2d", OPAQUE, _infer_qconv2d, _legalize_qconv2d)
+def qconv2d(x: np.ndarray, wk: np.ndarray, x_zp: np.ndarray, bias: np.ndarray,
+            multiplier: np.ndarray, y_zp: np.ndarray, out_channels: int = 0, kernel=(1, 1),
+            strides=(1, 1), padding=(0, 0, 0, 0), dtype: str = "uint8",
+            relu: bool = False) -> np.ndarray:
+    b, c, h, w = x.shape
+    kh, kw = kernel
+    o = out_channels
+    wd = unpack_conv_weights(wk, o, c, kh, kw)
+    xz = int(x_zp)
+    xp = np.pad(x.astype(np.int64) - xz, ((0, 0), (0, 0), (padding[0], padding[2]),
+                                          (padding[1], padding[3])))
+    oh = _out_size(h, kh, strides[0], padding[0], padding[2])
+    ow = _out_size(w, kw, strides[1], padding[1], padding[3])
+    acc = np.zeros((b, o, oh, ow), np.int64)
+    w64 = wd.astype(np.int64)
+    for ky in range(kh):
+        for kx in range(kw):
+            patch = xp[:, :, ky:ky + strides[0] * (oh - 1) + 1:strides[0],
+                       kx:kx + strides[1] * (ow - 1) + 1:strides[1]]
+            acc += np.einsum("nchw,oc->nohw", patch, w64[:, :, ky, kx])
+    acc += bias.reshape(1, o, 1, 1)
+    off = y_zp.reshape(1, o, 1, 1) if dtype == "float32" else y_zp
+    return _requantize(acc, multiplier.reshape(1, o, 1, 1), off, dtype, relu)

@@ -32,12 +32,14 @@ folds them into the output range); dynamic quantization (float output).
 
 from __future__ import annotations
 
+import os
 from collections import Counter
 
 import numpy as np
 
 from ..ir.graph import (Binding, Call, Constant, Function, IRModule, TensorType, Value, Var,
                         used_values)
+from ..ops.qlinear import PANEL, pack_conv_weights, pack_weights
 from .common import map_functions, rewrite_function
 from .simplify import eliminate_dead_code
 
@@ -57,14 +59,17 @@ def _fuse_in_function(fn: Function) -> Function:
     defs: dict[int, Call] = {}
     uses: Counter = Counter()
     readers: dict[int, list[str]] = {}
+    reader_of: dict[int, list[Binding]] = {}
     for b in fn.bindings():
         if isinstance(b.value, Call):
             defs[id(b.var)] = b.value
         for a in used_values(b.value):
             uses[id(a)] += 1
             readers.setdefault(id(a), []).append(getattr(b.value, "op", ""))
+            reader_of.setdefault(id(a), []).append(b)
     for o in fn.outputs:
         uses[id(o)] += 1
+    float_products = _plan_float_products(fn, defs, uses, reader_of) if int_kernels() else {}
 
     def call(v: Value, op: str, single: bool = True) -> Call | None:
         c = defs.get(id(v))
@@ -133,13 +138,9 @@ def _fuse_in_function(fn: Function) -> Function:
         out = TensorType(tuple(x.type.shape[:-1]) + (n,), dtype)
         if out != q.type:
             return None
-        args = [x, Constant(f"{getattr(x, 'name', 'x')}_qw", np.ascontiguousarray(wk)),
-                Constant("x_zp", np.asarray(int(xzp.reshape(())), np.int32)),
-                Constant("w_zp", wzp_n.astype(np.int32).copy()),
-                Constant("bias_i32", bias.copy()),
-                Constant("requant_scale", multiplier),
-                Constant("y_zp", np.asarray(float(yzp.reshape(())), np.float32))]
-        return args, dtype, out, mm.args[0]
+        wd = wk.astype(np.int32) - wzp_n.astype(np.int32).reshape(1, n)
+        return dict(x=x, wd=wd, xzp=int(xzp.reshape(())), bias=bias, mult=multiplier,
+                    yzp=float(yzp.reshape(())), dtype=dtype, out=out, x_dq=mm.args[0])
 
     conv_inputs: list[Value] = []      # match_conv's dequantized input, when it matched
 
@@ -197,10 +198,21 @@ def _fuse_in_function(fn: Function) -> Function:
         info = np.iinfo(x.type.dtype)
         x_dev = max(int(xzp.reshape(())) - info.min, info.max - int(xzp.reshape(())))
         wd = w.astype(np.int64) - wzp_o.astype(np.int64).reshape(o, 1, 1, 1)
+        mult = ((sx * ws_o) / np.float32(ys.reshape(()))).astype(np.float32).reshape(1, o, 1, 1)
+        if (int_kernels() and cv.attrs.get("groups", 1) == 1
+                and tuple(cv.attrs.get("dilation", (1, 1))) == (1, 1) and _static(x, q)):
+            args = [x, Constant(f"{getattr(x, 'name', 'x')}_qw", pack_conv_weights(wd)),
+                    Constant("x_zp", np.asarray(int(xzp.reshape(())), np.int32)),
+                    Constant("bias_i32", bias.astype(np.int32)),
+                    Constant("requant_scale", mult.reshape(o).copy()),
+                    Constant("y_zp", np.asarray(float(yzp.reshape(())), np.float32))]
+            return "int", (args, {"out_channels": o, "kernel": tuple(w.shape[2:]),
+                                  "strides": tuple(cv.attrs["strides"]),
+                                  "padding": tuple(cv.attrs["padding"]),
+                                  "dtype": q.attrs["dtype"]})
         if (np.abs(wd).sum(axis=(1, 2, 3)) * x_dev + np.abs(bias)).max() >= _F32_EXACT:
             return None
         one = Constant("one", np.asarray(1.0, np.float32))
-        mult = ((sx * ws_o) / np.float32(ys.reshape(()))).astype(np.float32).reshape(1, o, 1, 1)
         f32 = "float32"
         ct = cv.type
         steps = [("dequantize", [x, one, Constant("x_zp", xzp.astype(x.type.dtype))], {},
@@ -214,10 +226,13 @@ def _fuse_in_function(fn: Function) -> Function:
         steps.append(("multiply", [None, Constant("requant_scale", mult)], {}, ct))
         steps.append(("quantize", [None, one, Constant("y_zp", yzp.astype(q.attrs["dtype"]))],
                       {"dtype": q.attrs["dtype"]}, q.type))
-        return steps
+        return "float", steps
 
     def visit(b, lookup):
         v = b.value
+        if id(b.var) in float_products:     # a quantized product with a float result
+            c = float_products[id(b.var)]
+            return Call(c.op, [lookup(c.args[0])] + c.args[1:], c.attrs, c.type)
         if not isinstance(v, Call) or v.op != "quantize":
             return None
         # The fp32 GEMM/conv kernels write float32 only: the float chain pays when the
@@ -227,33 +242,38 @@ def _fuse_in_function(fn: Function) -> Function:
         # integer graph output, which takes the int32 kernel (exact, slow).
         fast = readers.get(id(b.var)) == ["dequantize"] and uses[id(b.var)] == 1
         conv_inputs.clear()
-        steps = match_conv(v)
-        if steps is not None:
+        res = match_conv(v)
+        if res is not None:
+            kind, payload = res
+            if kind == "int":
+                args, attrs = payload
+                return Call("qconv2d", [lookup(args[0])] + args[1:], attrs, v.type)
             x_dq = conv_inputs[-1]
             if fast and uses[id(x_dq)] == 1:
-                conv_chains[id(b.var)] = steps
+                conv_chains[id(b.var)] = payload
             return None
         m = match(v)
         if m is None:
             return None
-        args, dtype, out, x_dq = m
-        c = Call("qmatmul", [lookup(args[0])] + args[1:], {"dtype": dtype}, out)
-        if _exact_in_float32(c) and fast and uses[id(x_dq)] == 1:
-            return c                                  # expanded into the float chain below
+        c = _qmatmul_call(m, lookup(m["x"]))
+        if int_kernels() and _static(m["x"], v):
+            return c                                  # the integer GEMM (codegen/qgemm.py)
+        if _exact_in_float32(m) and fast and uses[id(m["x_dq"])] == 1:
+            mm_chains[id(b.var)] = m                  # expanded into the float chain below
+            return c
         if readers.get(id(b.var)) is None:            # a graph output only
-            int_path.add(id(b.var))
             return c
         return None
 
     conv_chains: dict[int, list] = {}
-    int_path: set[int] = set()
+    mm_chains: dict[int, dict] = {}
     out = rewrite_function(fn, visit)
     for block in out.blocks:   # exact in float32: the fp32 GEMM with a fused epilogue
         new = []
         for b in block.bindings:
             v = b.value
-            if isinstance(v, Call) and v.op == "qmatmul" and id(b.var) not in int_path:
-                new.extend(_float_chain(b))
+            if id(b.var) in mm_chains:
+                new.extend(_float_chain(b, mm_chains[id(b.var)]))
             elif id(b.var) in conv_chains:
                 new.extend(_bind_chain(b, conv_chains[id(b.var)]))
             else:
@@ -262,39 +282,208 @@ def _fuse_in_function(fn: Function) -> Function:
     return out
 
 
+def _dq_input(defs: dict, v: Value):
+    """(x, x_scale, x_zp) when ``v`` = dequantize(x int8/uint8, scalar float32 scale, zp)."""
+    d = defs.get(id(v))
+    if d is None or d.op != "dequantize" or len(d.args) != 3:
+        return None
+    x, xs, xzp = d.args[0], _const(d.args[1]), _const(d.args[2])
+    if (x.type.dtype not in _I8 or xs is None or xzp is None or xs.size != 1 or xzp.size != 1
+            or xs.dtype != np.float32):
+        return None
+    return x, np.float32(xs.reshape(())), int(xzp.reshape(()))
+
+
+def _dq_weight(defs: dict, v: Value):
+    """(w, scale, zp) constants when ``v`` = dequantize(W const int8/uint8, scale, zp)."""
+    d = defs.get(id(v))
+    if d is None or d.op != "dequantize" or len(d.args) != 3:
+        return None
+    w, ws, wzp = (_const(a) for a in d.args)
+    if w is None or ws is None or wzp is None or w.dtype.name not in _I8 or ws.dtype != np.float32:
+        return None
+    return w, ws, wzp
+
+
+def _plan_float_products(fn: Function, defs: dict, uses: Counter, reader_of: dict) -> dict:
+    """Quantized products whose result stays float (mlcpack's own ``--quantize int8`` graphs:
+    conv2d / matmul of dequantize(x) and dequantize(W const), no quantize after): [bias add]
+    [relu] folded into a ``qconv2d`` / ``qmatmul`` with a float32 result. Returns {id(var the
+    chain ends in): the call}; the chain's other bindings become dead."""
+    plan: dict[int, Call] = {}
+
+    def sole_reader(var) -> Binding | None:
+        rs = reader_of.get(id(var), [])
+        return rs[0] if len(rs) == 1 and uses[id(var)] == 1 else None
+
+    for b in fn.bindings():
+        c = b.value
+        if not isinstance(c, Call) or c.op not in ("nn.conv2d", "matmul") or len(c.args) != 2:
+            continue
+        dx, dw = _dq_input(defs, c.args[0]), _dq_weight(defs, c.args[1])
+        if dx is None or dw is None or c.type.dtype != "float32":
+            continue
+        x, xs, xzp = dx
+        w, ws, wzp = dw
+        conv = c.op == "nn.conv2d"
+        if conv:
+            if (w.ndim != 4 or c.attrs.get("groups", 1) != 1
+                    or tuple(c.attrs.get("dilation", (1, 1))) != (1, 1)):
+                continue
+            o = w.shape[0]
+            try:
+                ws_o = np.broadcast_to(ws, (o, 1, 1, 1)).reshape(o).astype(np.float32)
+                wzp_o = np.broadcast_to(wzp, (o, 1, 1, 1)).reshape(o).astype(np.int64)
+            except ValueError:
+                continue
+            wd = w.astype(np.int64) - wzp_o.reshape(o, 1, 1, 1)
+        else:
+            if w.ndim != 2 or set(c.attrs) - {"transpose_b"} or len(x.type.shape) < 2:
+                continue
+            tb = bool(c.attrs.get("transpose_b", False))
+            wk = w.T if tb else w
+            o = wk.shape[1]
+            try:
+                ws_o = np.broadcast_to(ws.T if tb else ws, (1, o)).reshape(o).astype(np.float32)
+                wzp_o = np.broadcast_to(wzp.T if tb else wzp, (1, o)).reshape(o).astype(np.int64)
+            except ValueError:
+                continue
+            if ws.ndim == 2 and ws.shape[1 if tb else 0] != 1:
+                continue
+            wd = wk.astype(np.int64) - wzp_o.reshape(1, o)
+        if not _static(x, c):
+            continue
+        mult = (xs * ws_o).astype(np.float32)
+        bias_i = np.zeros(o, np.int64)
+        offset = np.zeros(o, np.float32)
+        end = b.var
+        r = sole_reader(end)
+        if r is not None and getattr(r.value, "op", "") == "add":
+            other = [a for a in r.value.args if a is not end]
+            got = (_bias_of(defs, other[0], o, conv, mult)
+                   if len(other) == 1 and r.value.type == c.type else None)
+            if got is not None:
+                bias_i, offset = got
+                end = r.var
+                r = sole_reader(end)
+        relu = r is not None and getattr(r.value, "op", "") == "relu"
+        if relu:
+            end = r.var
+        else:
+            rs = reader_of.get(id(end), [])
+            if rs and all(getattr(x.value, "op", "") == "quantize" for x in rs):
+                continue     # quantize(product): the requantizing kernel's pattern
+        name = f"{getattr(x, 'name', 'x')}_qw"
+        common = [Constant("x_zp", np.asarray(xzp, np.int32))]
+        if conv:
+            args = [x, Constant(name, pack_conv_weights(wd))] + common + [
+                Constant("bias_i32", bias_i.astype(np.int32)), Constant("dequant_scale", mult),
+                Constant("bias_f32", offset)]
+            attrs = {"out_channels": o, "kernel": tuple(w.shape[2:]),
+                     "strides": tuple(c.attrs["strides"]), "padding": tuple(c.attrs["padding"]),
+                     "dtype": "float32", "relu": relu}
+            plan[id(end)] = Call("qconv2d", args, attrs, c.type)
+        else:
+            wp = pack_weights(wd)
+            npn = wp.shape[0] * PANEL
+
+            def pad(a, dt):
+                out = np.zeros(npn, dt)
+                out[:o] = a
+                return out
+
+            args = [x, Constant(name, wp)] + common + [
+                Constant("bias_i32", pad(bias_i, np.int32)),
+                Constant("dequant_scale", pad(mult, np.float32)),
+                Constant("bias_f32", pad(offset, np.float32))]
+            plan[id(end)] = Call("qmatmul", args, {"n": o, "dtype": "float32", "relu": relu},
+                                 c.type)
+    return plan
+
+
+def _bias_of(defs: dict, v: Value, o: int, conv: bool, mult: np.ndarray):
+    """(int32 bias, float offset) when ``v`` is a per-channel bias of a product with ``o``
+    channels: [reshape](dequantize(B int32, B_scale == mult, 0)) or a float32 constant."""
+    shape = (1, o, 1, 1) if conv else (o,)
+    d = defs.get(id(v))
+    if d is not None and d.op == "reshape":
+        v = d.args[0]
+        d = defs.get(id(v))
+    if d is not None and d.op == "dequantize" and len(d.args) == 3:
+        bq, bs, bzp = (_const(a) for a in d.args)
+        if (bq is not None and bs is not None and bzp is not None and bq.dtype == np.int32
+                and bq.size == o and not np.any(bzp != 0)
+                and np.array_equal(np.broadcast_to(bs.reshape(-1) if bs.size == o else bs,
+                                                   (o,)).astype(np.float32), mult)):
+            return bq.reshape(o).astype(np.int64), np.zeros(o, np.float32)
+        return None
+    b = _const(v)
+    if b is None or b.dtype != np.float32 or b.size not in (1, o):
+        return None
+    rank_ok = b.ndim <= 4 and (b.size == 1 or b.shape[-3] == o) if conv and b.ndim >= 3 \
+        else (not conv and (b.size == 1 or b.shape[-1] == o))
+    if not rank_ok:
+        return None
+    return np.zeros(o, np.int64), np.broadcast_to(b.reshape(-1), (o,)).astype(np.float32)
+
+
 # Sums of integer products are exact in float32 while every partial sum stays below 2**24.
 _F32_EXACT = float(2 ** 24)
 
 
-def _exact_in_float32(c: Call) -> bool:
-    x, w, x_zp, w_zp, bias = c.args[0], *(a.data for a in c.args[1:5])
-    info = np.iinfo(x.type.dtype)
-    x_dev = max(int(x_zp) - info.min, info.max - int(x_zp))
-    col = np.abs(w.astype(np.int64) - w_zp.astype(np.int64)).sum(axis=0) * x_dev
-    return bool((col + np.abs(bias.astype(np.int64))).max() < _F32_EXACT)
+def int_kernels() -> bool:
+    """Whether quantized products take the integer kernels (``MLCPACK_INT8_KERNELS=0``: the
+    float32-exact chains instead, for comparison)."""
+    return os.environ.get("MLCPACK_INT8_KERNELS", "1") != "0"
 
 
-def _float_chain(b: Binding) -> list[Binding]:
-    """``qmatmul`` as dequantize(x, 1, x_zp) @ float32(w - w_zp) + bias, times the multiplier,
-    quantize(., 1, y_zp): every sum an integer below 2**24, so float32 accumulation in any
-    order gives the int32 result exactly, and the requantization is ORT's operation for
-    operation (float32(acc) * multiplier, round half to even, + zero point, saturate)."""
-    c = b.value
-    x, w, x_zp, w_zp, bias, mult, y_zp = c.args
-    k, n = w.data.shape
+def _static(x: Value, q: Call) -> bool:
+    return all(isinstance(d, int) for d in tuple(x.type.shape) + tuple(q.type.shape))
+
+
+def _qmatmul_call(m: dict, x: Value) -> Call:
+    wp = pack_weights(m["wd"])
+    n = m["wd"].shape[1]
+    npn = wp.shape[0] * PANEL
+    bias = np.zeros(npn, np.int32)
+    bias[:n] = m["bias"]
+    mult = np.zeros(npn, np.float32)
+    mult[:n] = m["mult"]
+    args = [x, Constant(f"{getattr(m['x'], 'name', 'x')}_qw", wp),
+            Constant("x_zp", np.asarray(m["xzp"], np.int32)), Constant("bias_i32", bias),
+            Constant("requant_scale", mult), Constant("y_zp", np.asarray(m["yzp"], np.float32))]
+    return Call("qmatmul", args, {"n": n, "dtype": m["dtype"]}, m["out"])
+
+
+def _exact_in_float32(m: dict) -> bool:
+    info = np.iinfo(m["x"].type.dtype)
+    x_dev = max(m["xzp"] - info.min, info.max - m["xzp"])
+    col = np.abs(m["wd"].astype(np.int64)).sum(axis=0) * x_dev
+    return bool((col + np.abs(m["bias"].astype(np.int64))).max() < _F32_EXACT)
+
+
+def _float_chain(b: Binding, m: dict) -> list[Binding]:
+    """The quantized matmul ``m`` as dequantize(x, 1, x_zp) @ float32(w - w_zp) + bias, times
+    the multiplier, quantize(., 1, y_zp): every sum an integer below 2**24, so float32
+    accumulation in any order gives the int32 result exactly, and the requantization is ORT's
+    operation for operation (float32(acc) * multiplier, round half to even, + zero point,
+    saturate)."""
+    x, dtype = m["x"], m["dtype"]
+    n = m["wd"].shape[1]
     f32 = "float32"
     one = Constant("one", np.asarray(1.0, np.float32))
     x_t = x.type
-    steps = [("dequantize", [x, one, Constant("x_zp", x_zp.data.astype(x_t.dtype))], {},
+    steps = [("dequantize", [b.value.args[0], one,
+                             Constant("x_zp", np.asarray(m["xzp"], x_t.dtype))], {},
               TensorType(x_t.shape, f32))]
     mm_t = TensorType(tuple(x_t.shape[:-1]) + (n,), f32)
-    wf = (w.data.astype(np.int32) - w_zp.data.astype(np.int32)).astype(np.float32)
-    steps.append(("matmul", [None, Constant("qw_f32", wf)], {}, mm_t))
-    if np.any(bias.data):
-        steps.append(("add", [None, Constant("bias_f32", bias.data.astype(np.float32))], {}, mm_t))
-    steps.append(("multiply", [None, mult], {}, mm_t))
-    steps.append(("quantize", [None, one, Constant("y_zp", y_zp.data.astype(c.attrs["dtype"]))],
-                  {"dtype": c.attrs["dtype"]}, c.type))
+    steps.append(("matmul", [None, Constant("qw_f32", m["wd"].astype(np.float32))], {}, mm_t))
+    if np.any(m["bias"]):
+        steps.append(("add", [None, Constant("bias_f32", m["bias"].astype(np.float32))], {},
+                      mm_t))
+    steps.append(("multiply", [None, Constant("requant_scale", m["mult"])], {}, mm_t))
+    steps.append(("quantize", [None, one, Constant("y_zp", np.asarray(m["yzp"], dtype))],
+                  {"dtype": dtype}, b.value.type))
     return _bind_chain(b, steps)
 
 

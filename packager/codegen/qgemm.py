@@ -1,0 +1,423 @@
+"""Integer GEMM kernels for the quantized ops of ``ops/qlinear.py`` (``qmatmul``, ``qconv2d``):
+int32 accumulation, exact, with ONNX Runtime's requantization fused into the epilogue.
+
+The microkernel keeps an MR x NV block of 8-lane int32 accumulators in registers. Every step
+multiplies two consecutive reduction terms at once with ``vpmaddwd`` (AVX2,
+``llvm.x86.avx2.pmadd.wd``): both operands are int16 *k-pairs*, the broadcast one a pair
+``(a[m, k], a[m, k+1])`` in one int32, the vector one ``(b[k, n], b[k+1, n])`` interleaved for 8
+columns n, and the instruction returns ``a[m,k] b[k,n] + a[m,k+1] b[k+1,n]`` per column, exact
+(|values| <= 255, so no pair overflows int32). A ``vpaddd`` adds it to the accumulator. That is
+16 multiply-adds per instruction against an fp32 FMA's 8. ``vpmaddubsw`` (u8 x s8, 32 per
+instruction) is not used: it saturates its int16 pair sums, which is not exact.
+
+Zero points: x - x_zp is formed while packing the activations into int16 (so u8 and s8
+activations take the same kernel); w - w_zp is folded into the weights at export
+(``passes/quantize.py``), stored int8 when it fits, else int16.
+
+- ``qmatmul`` x [M, K] @ W [K, N]: the weights come packed from the bundle (``ops/qlinear.
+  pack_weights``: panels of 8 columns, k-pairs interleaved, int8 loaded with ``vpmovsxbw``);
+  x's rows are packed to int16 pairs in the workspace; rows m are broadcast, columns are lanes.
+- ``qconv2d`` (groups 1, dilation 1, any kernel / stride / padding): no im2col. The input is
+  copied once into *planes* (per stride phase, x - x_zp as int16 with channels 2c and 2c+1
+  interleaved per pixel, zero padding), so for a tap (ky, kx) and a channel pair the values
+  needed by 8 consecutive flattened outputs ``q = oy * Wq + ox`` are one contiguous 32-byte
+  load; the weights are expanded to int16 channel pairs per output channel (broadcast), output
+  channels are rows and pixels lanes. Outputs go to a uint8 staging buffer and rows of OW are
+  copied out (columns ox >= OW of the plane rows are computed and dropped, as in gemm.py).
+
+Epilogue, per vector: float32(acc + bias) * multiplier, clamped to [lo - y_zp, hi - y_zp],
+rounded half to even with the 1.5 * 2**23 trick (exact in that range, no libcall, any target),
++ y_zp, converted, truncated to 8 bits: ORT's ``MlasRequantizeOutput`` operation for operation.
+
+Targets: x86-64 with AVX2 (x86-64-v3 and v4) use the intrinsic; every other target (x86-64-v2,
+aarch64) gets the same kernel with the pair product written as sext / mul / even+odd add, which
+LLVM lowers to ``pmaddwd`` on SSE2 and to ``smull``/``addp`` on NEON. Not done: AVX-512 VNNI
+(``vpdpbusd``, 4 multiply-adds per lane per instruction) and AVX-512 (16-lane) variants; no
+level in runtime/cpu.py records ``avx512vnni`` yet, so nothing could gate it. One thread: the
+kernels are not split over tasks.
+"""
+
+from __future__ import annotations
+
+from llvmlite import ir
+
+from ..ir import te
+from ..ir.graph import PrimFunc
+from ..ir.patterns import reduction_tag
+from ..ops.qlinear import CONV_ROWS, PANEL
+from ..ops.quant import saturation_range
+from .helpers import F32, I8, I16, I32, I64, alloca_once, const_i64, for_range, intrinsic
+from .lower import WORKSPACE_ALIGN, KernelEmitter, KernelInfo, LoweringError
+
+V8I32 = ir.VectorType(I32, PANEL)
+V16I16 = ir.VectorType(I16, 2 * PANEL)
+V16I32 = ir.VectorType(I32, 2 * PANEL)
+V8F32 = ir.VectorType(F32, PANEL)
+V8I8 = ir.VectorType(I8, PANEL)
+V16I8 = ir.VectorType(I8, 2 * PANEL)
+_MAGIC = 12582912.0   # 1.5 * 2**23: (f + M) - M rounds half to even for |f| < 2**22
+
+
+def match_qgemm(func: PrimFunc):
+    """(kind, tag) when ``func`` is a ``qmatmul`` / ``qconv2d`` (an opaque op, so its inputs
+    are the op's arguments in order), else None."""
+    if len(func.outputs) != 1:
+        return None
+    stack = [func.outputs[0]]
+    seen = set()
+    while stack:
+        t = stack.pop()
+        if t.uid in seen or t.body is None:
+            continue
+        seen.add(t.uid)
+        for node in _walk(t.body):
+            if isinstance(node, te.Reduce):
+                tag = reduction_tag(node)
+                if tag is not None and tag.kind in ("qmatmul", "qconv2d"):
+                    if [o.uid for o in tag.operands] != [i.uid for i in func.inputs]:
+                        return None
+                    if any(not isinstance(d, int) for d in func.outputs[0].shape):
+                        return None
+                    return tag.kind, tag
+            if isinstance(node, te.Read):
+                stack.append(node.tensor)
+    return None
+
+
+def _walk(e: te.Expr):
+    stack = [e]
+    while stack:
+        node = stack.pop()
+        yield node
+        stack.extend(te.children(node))
+
+
+def _align(n: int) -> int:
+    return -(-n // WORKSPACE_ALIGN) * WORKSPACE_ALIGN
+
+
+def emit_qgemm(module: ir.Module, func: PrimFunc, symbol: str, vl: int) -> KernelInfo | None:
+    m = match_qgemm(func)
+    if m is None:
+        return None
+    kind, tag = m
+    avx2 = module.triple.startswith("x86_64") and vl >= 8
+    cls = _QMatmul if kind == "qmatmul" else _QConv
+    return cls(module, func, symbol, tag, avx2).emit()
+
+
+class _QEmitter(KernelEmitter):
+    def __init__(self, module: ir.Module, func: PrimFunc, symbol: str, tag, avx2: bool):
+        super().__init__(module, func, symbol)
+        self.tag = tag
+        self.avx2 = avx2
+        # 6 x 2 accumulators + 2 operands + broadcast + product = AVX2's 16 registers; the
+        # generic target splits each 8-lane vector in two (SSE, NEON): 3 x 2.
+        self.mr, self.nv = (6, 2) if avx2 else (3, 2)
+        self.dtype = tag.attrs["dtype"]
+        self.float_out = self.dtype == "float32"
+        self.relu = bool(tag.attrs.get("relu", False))
+        self.out_ty = F32 if self.float_out else I8
+        self.out_vec = V8F32 if self.float_out else V8I8
+
+    # ---- small helpers ------------------------------------------------------------------------
+
+    def _ptr(self, base: ir.Value, offset, ty: ir.Type) -> ir.Value:
+        b = self.builder
+        off = offset if isinstance(offset, ir.Value) else const_i64(offset)
+        return b.bitcast(b.gep(base, [off], inbounds=True), ty.as_pointer())
+
+    def _splat(self, x: ir.Value, ty: ir.VectorType) -> ir.Value:
+        b = self.builder
+        v = b.insert_element(ir.Constant(ty, None), x, ir.Constant(I32, 0))
+        return b.shuffle_vector(v, ir.Constant(ty, None),
+                                ir.Constant(ir.VectorType(I32, ty.count), [0] * ty.count))
+
+    def _madd(self, a: ir.Value, w: ir.Value) -> ir.Value:
+        """Per int32 lane: a.lo * w.lo + a.hi * w.hi of two int16 pairs (``vpmaddwd``)."""
+        b = self.builder
+        if self.avx2:
+            f = intrinsic(self.module, "llvm.x86.avx2.pmadd.wd", V8I32, [V16I16, V16I16])
+            return b.call(f, [a, w])
+        p = b.mul(b.sext(a, V16I32), b.sext(w, V16I32))
+        even = ir.Constant(V8I32, list(range(0, 2 * PANEL, 2)))
+        odd = ir.Constant(V8I32, list(range(1, 2 * PANEL, 2)))
+        return b.add(b.shuffle_vector(p, p, even), b.shuffle_vector(p, p, odd))
+
+    def _widen(self, v: ir.Value, dtype: str) -> ir.Value:
+        """A loaded int8/uint8/int16 scalar as int32 (x86 u8 zero-extends)."""
+        b = self.builder
+        return b.zext(v, I32) if dtype == "uint8" else b.sext(v, I32)
+
+    def _requant(self, acc: ir.Value, bias: ir.Value, mult: ir.Value,
+                 off: ir.Value | None = None) -> ir.Value:
+        """<8 x i32> accumulators -> <8 x i8> (see the module docstring), or with a float32
+        result: float32(acc + bias) * mult + off [relu] as <8 x float>."""
+        b = self.builder
+        f = b.fmul(b.sitofp(b.add(acc, bias), V8F32), mult)
+        if self.float_out:
+            f = b.fadd(f, off)
+            if self.relu:
+                zero = ir.Constant(V8F32, None)
+                f = b.select(b.fcmp_ordered(">", f, zero), f, zero)
+            return f
+        lo, hi = saturation_range(self.dtype)
+        zp = self.y_zp
+        lo_v = b.fsub(self._splat(ir.Constant(F32, float(lo)), V8F32), zp)
+        hi_v = b.fsub(self._splat(ir.Constant(F32, float(hi)), V8F32), zp)
+        f = b.select(b.fcmp_ordered("<", f, lo_v), lo_v, f)
+        f = b.select(b.fcmp_ordered(">", f, hi_v), hi_v, f)
+        magic = self._splat(ir.Constant(F32, _MAGIC), V8F32)
+        f = b.fsub(b.fadd(f, magic), magic)
+        f = b.fadd(f, zp)
+        return b.trunc(b.fptosi(f, V8I32), V8I8)
+
+    def _tile(self, rows: int, nvec: int, steps, a_word, b_vec) -> list[list[ir.Value]]:
+        """``rows`` x ``nvec`` accumulators over ``steps`` k-pair steps: acc[r][v] +=
+        madd(broadcast(a_word(r, j)), b_vec(v, j)). Returns the final accumulators."""
+        b = self.builder
+        accs = [[alloca_once(b, V8I32, f"acc{r}_{v}") for v in range(nvec)] for r in range(rows)]
+        zero = ir.Constant(V8I32, None)
+        for row in accs:
+            for a in row:
+                b.store(zero, a)
+        with for_range(b, const_i64(0), steps if isinstance(steps, ir.Value)
+                       else const_i64(steps), "kp") as j:
+            ws = [b_vec(v, j) for v in range(nvec)]
+            for r in range(rows):
+                a = b.bitcast(self._splat(a_word(r, j), V8I32), V16I16)
+                for v in range(nvec):
+                    acc = accs[r][v]
+                    b.store(b.add(b.load(acc), self._madd(a, ws[v])), acc)
+        return [[b.load(a) for a in row] for row in accs]
+
+    def _start(self, workspace: int):
+        body_fn, ptr_types = self._begin_body(self.func.inputs + self.func.outputs,
+                                              workspace > 0)
+        n_ptrs = len(ptr_types)
+        ws = body_fn.args[len(self.func.inputs) + 1] if workspace else None
+        return body_fn, ptr_types, n_ptrs, ws
+
+    def _finish(self, body_fn, n_ptrs, ptr_types, workspace: int) -> KernelInfo:
+        self.builder.ret_void()
+        self._emit_entry(body_fn, n_ptrs, ptr_types)
+        return KernelInfo(self.symbol, len(self.func.inputs), 1, workspace, False)
+
+
+class _QMatmul(_QEmitter):
+    def emit(self) -> KernelInfo:
+        x, wp, x_zp, bias, mult, y_zp = self.func.inputs
+        y = self.func.outputs[0]
+        n = int(self.tag.attrs["n"])
+        k = int(x.shape[-1])
+        rows = 1
+        for d in x.shape[:-1]:
+            rows *= int(d)
+        npn, k2 = int(wp.shape[0]), int(wp.shape[1])
+        if wp.dtype not in ("int8", "int16"):
+            raise LoweringError(f"{self.func.name}: packed weights of dtype {wp.dtype}")
+        workspace = _align(rows * k2 * 4)
+        body_fn, ptr_types, n_ptrs, ws = self._start(workspace)
+        b = self.builder
+        buf = self.buffers
+        xzp = b.load(buf[x_zp.uid])
+        if not self.float_out:
+            self.y_zp = self._splat(b.load(buf[y_zp.uid]), V8F32)
+        a16 = b.bitcast(ws, I16.as_pointer())
+        # pack x - x_zp as int16, rows of 2 * k2 (a zero after an odd K)
+        with for_range(b, const_i64(0), const_i64(rows), "pm") as m:
+            src = b.gep(buf[x.uid], [b.mul(m, const_i64(k))])
+            dst = b.gep(a16, [b.mul(m, const_i64(2 * k2))])
+            with for_range(b, const_i64(0), const_i64(k), "pk") as kk:
+                v = b.sub(self._widen(b.load(b.gep(src, [kk])), x.dtype), xzp)
+                b.store(b.trunc(v, I16), b.gep(dst, [kk]))
+            if k % 2:
+                b.store(ir.Constant(I16, 0), b.gep(dst, [const_i64(k)]))
+        a32 = b.bitcast(ws, I32.as_pointer())
+        wbase = buf[wp.uid]
+        wide = wp.dtype == "int16"
+
+        def tile_at(m0: ir.Value, nrows: int, p0: int, nvec: int) -> None:
+            def a_word(r, j):
+                return b.load(b.gep(a32, [b.add(b.mul(b.add(m0, const_i64(r)), const_i64(k2)),
+                                                j)]))
+
+            def b_vec(v, j):
+                off = b.add(const_i64((p0 + v) * k2 * 16), b.mul(j, const_i64(16)))
+                if wide:
+                    return b.load(self._ptr(wbase, off, V16I16), align=2)
+                return b.sext(b.load(self._ptr(wbase, off, V16I8), align=1), V16I16)
+
+            accs = self._tile(nrows, nvec, k2, a_word, b_vec)
+            for v in range(nvec):
+                col0 = (p0 + v) * PANEL
+                bv = b.load(self._ptr(buf[bias.uid], col0, V8I32), align=4)
+                mv = b.load(self._ptr(buf[mult.uid], col0, V8F32), align=4)
+                ov = (b.load(self._ptr(buf[y_zp.uid], col0, V8F32), align=4)
+                      if self.float_out else None)
+                for r in range(nrows):
+                    q = self._requant(accs[r][v], bv, mv, ov)
+                    row = b.mul(b.add(m0, const_i64(r)), const_i64(n))
+                    if col0 + PANEL <= n:
+                        b.store(q, self._ptr(buf[y.uid], b.add(row, const_i64(col0)),
+                                             self.out_vec), align=1)
+                    else:
+                        for lane in range(n - col0):
+                            b.store(b.extract_element(q, ir.Constant(I32, lane)),
+                                    b.gep(buf[y.uid], [b.add(row, const_i64(col0 + lane))]))
+
+        mr, nv = self.mr, self.nv
+        for p0 in range(0, npn, nv):
+            nvec = min(nv, npn - p0)
+            full = rows // mr
+            if full:
+                with for_range(b, const_i64(0), const_i64(full), "mt") as t:
+                    tile_at(b.mul(t, const_i64(mr)), mr, p0, nvec)
+            if rows % mr:
+                tile_at(const_i64(full * mr), rows % mr, p0, nvec)
+        return self._finish(body_fn, n_ptrs, ptr_types, workspace)
+
+
+class _QConv(_QEmitter):
+    def emit(self) -> KernelInfo:
+        x, wk, x_zp, bias, mult, y_zp = self.func.inputs
+        y = self.func.outputs[0]
+        batch, c, h, w = (int(d) for d in x.shape)
+        o = int(self.tag.attrs["out_channels"])
+        kh, kw = self.tag.attrs["kernel"]
+        _, _, oh, ow = (int(d) for d in y.shape)
+        sh, sw = self.tag.attrs["strides"]
+        pt, pl, pb, pr = self.tag.attrs["padding"]
+        hp, wpd = h + pt + pb, w + pl + pr
+        hq, wq = -(-hp // sh), -(-wpd // sw)
+        cp = -(-c // 2)
+        phases = sorted({(ky % sh, kx % sw) for ky in range(kh) for kx in range(kw)})
+        taps = [(ky, kx) for ky in range(kh) for kx in range(kw)]
+        lanes = PANEL * self.nv
+        qn = oh * wq
+        qpad = -(-qn // lanes) * lanes
+        offmax = ((kh - 1) // sh) * wq + (kw - 1) // sw
+        prow = max(hq, -(-(qpad + offmax) // wq))       # plane rows, reads stay inside
+        psz = prow * wq                                  # int32 words per (phase, pair) plane
+        steps = len(taps) * cp
+        rows6 = CONV_ROWS
+        n_words = int(wk.shape[0]) * steps * rows6
+        w_bytes = _align(n_words * 4) if wk.dtype == "int8" else 0
+        p_bytes = _align(len(phases) * cp * psz * 4)
+        s_bytes = _align(o * qpad * (4 if self.float_out else 1))
+        workspace = w_bytes + p_bytes + s_bytes
+        body_fn, ptr_types, n_ptrs, ws = self._start(workspace)
+        b = self.builder
+        buf = self.buffers
+        xzp = b.load(buf[x_zp.uid])
+        if not self.float_out:
+            self.y_zp = self._splat(b.load(buf[y_zp.uid]), V8F32)
+        if w_bytes:   # int8 weights (the bundle's) widened to int16 words once per call
+            wexp = b.bitcast(ws, I16.as_pointer())
+            with for_range(b, const_i64(0), const_i64(2 * n_words), "we") as i:
+                b.store(b.sext(b.load(b.gep(buf[wk.uid], [i])), I16), b.gep(wexp, [i]))
+            wexp32 = b.bitcast(ws, I32.as_pointer())
+        else:
+            wexp32 = b.bitcast(buf[wk.uid], I32.as_pointer())
+        planes = b.bitcast(b.gep(ws, [const_i64(w_bytes)]), I16.as_pointer())
+        stage = b.bitcast(b.gep(ws, [const_i64(w_bytes + p_bytes)]),  # [o][qpad] results
+                          self.out_ty.as_pointer())
+        planes32 = b.bitcast(planes, I32.as_pointer())
+        # step j = t * cp + p reads plane (phase(t), p) at offset off(t): a table of word
+        # offsets into the planes
+        table = [(phases.index((ky % sh, kx % sw)) * cp + p) * psz + (ky // sh) * wq + kx // sw
+                 for ky, kx in taps for p in range(cp)]
+        tbl_ty = ir.ArrayType(I64, len(table))
+        gv = ir.GlobalVariable(self.module, tbl_ty, name=f"{self.symbol}.steps")
+        gv.global_constant = True
+        gv.linkage = "internal"
+        gv.initializer = ir.Constant(tbl_ty, table)
+        mr = self.mr
+        with for_range(b, const_i64(0), const_i64(batch), "b") as bi:
+            xb = b.gep(buf[x.uid], [b.mul(bi, const_i64(c * h * w))])
+            self._fill_planes(xb, planes, phases, c, h, w, cp, prow, wq, psz, sh, sw, pt, pl,
+                              xzp, x.dtype)
+
+            def a_word_at(oc0):
+                # word ((oc // 6) * steps + j) * 6 + oc % 6; a tile never crosses a 6-row group
+                base = b.add(b.mul(b.sdiv(oc0, const_i64(rows6)), const_i64(steps * rows6)),
+                             b.srem(oc0, const_i64(rows6)))
+
+                def a_word(r, j):
+                    return b.load(b.gep(wexp32, [b.add(b.add(base, const_i64(r)),
+                                                       b.mul(j, const_i64(rows6)))]))
+                return a_word
+
+            def b_vec_at(q0):
+                def b_vec(v, j):
+                    off = b.load(b.gep(gv, [const_i64(0), j]))
+                    p = b.add(b.add(off, q0), const_i64(v * PANEL))
+                    return b.load(self._ptr(planes32, p, V16I16), align=4)
+                return b_vec
+
+            def tile(q0, oc0, nrows):
+                accs = self._tile(nrows, self.nv, steps, a_word_at(oc0), b_vec_at(q0))
+                for r in range(nrows):
+                    ocr = b.add(oc0, const_i64(r))
+                    bv = self._splat(b.load(b.gep(buf[bias.uid], [ocr])), V8I32)
+                    mv = self._splat(b.load(b.gep(buf[mult.uid], [ocr])), V8F32)
+                    ov = (self._splat(b.load(b.gep(buf[y_zp.uid], [ocr])), V8F32)
+                          if self.float_out else None)
+                    for v in range(self.nv):
+                        q = self._requant(accs[r][v], bv, mv, ov)
+                        dst = b.add(b.mul(ocr, const_i64(qpad)), b.add(q0, const_i64(v * PANEL)))
+                        b.store(q, self._ptr(stage, dst, self.out_vec), align=4)
+
+            # pixels outer: one chunk's plane columns (all steps) stay in L1 for every tile
+            with for_range(b, const_i64(0), const_i64(qpad // lanes), "qc") as qc:
+                q0 = b.mul(qc, const_i64(lanes))
+                if o // mr:
+                    with for_range(b, const_i64(0), const_i64(o // mr), "ot") as t:
+                        tile(q0, b.mul(t, const_i64(mr)), mr)
+                if o % mr:
+                    tile(q0, const_i64(o // mr * mr), o % mr)
+            # compact rows of ow out of the staging rows of wq
+            yb = b.gep(buf[y.uid], [b.mul(bi, const_i64(o * oh * ow))])
+            with for_range(b, const_i64(0), const_i64(o * oh), "cr") as r:
+                oc = b.sdiv(r, const_i64(oh))
+                oy = b.srem(r, const_i64(oh))
+                src = b.gep(stage, [b.add(b.mul(oc, const_i64(qpad)), b.mul(oy, const_i64(wq)))])
+                dst = b.gep(yb, [b.mul(r, const_i64(ow))])
+                with for_range(b, const_i64(0), const_i64(ow), "cx") as i:
+                    b.store(b.load(b.gep(src, [i])), b.gep(dst, [i]))
+        return self._finish(body_fn, n_ptrs, ptr_types, workspace)
+
+    def _fill_planes(self, xb, planes, phases, c, h, w, cp, prow, wq, psz, sh, sw, pt, pl,
+                     xzp, dtype) -> None:
+        """planes[ph, p, u, v, j] = x[2p + j, u*sh + py - pt, v*sw + px - pl] - x_zp, zero
+        outside the image and past the last channel (int16): zero everything, then copy the
+        rectangle of each phase that lies inside the image (its bounds are constants)."""
+        b = self.builder
+        total = len(phases) * cp * psz * 2
+        with for_range(b, const_i64(0), const_i64(total), "fz") as i:
+            b.store(ir.Constant(I16, 0), b.gep(planes, [i]))
+        for pi, (py, px) in enumerate(phases):
+            u_lo = max(0, -(-(pt - py) // sh))
+            u_hi = min(prow, (h + pt - py - 1) // sh + 1)
+            v_lo = max(0, -(-(pl - px) // sw))
+            v_hi = min(wq, (w + pl - px - 1) // sw + 1)
+            if u_hi <= u_lo or v_hi <= v_lo:
+                continue
+            for p_lo, p_hi, chans in ((0, c // 2, 2), (c // 2, cp, 1)):
+                if p_hi <= p_lo:
+                    continue
+                with for_range(b, const_i64(p_lo), const_i64(p_hi), "fp") as p:
+                    base = b.mul(b.add(const_i64(pi * cp), p), const_i64(psz * 2))
+                    with for_range(b, const_i64(u_lo), const_i64(u_hi), "fu") as u:
+                        iy = b.add(b.mul(u, const_i64(sh)), const_i64(py - pt))
+                        row = b.add(base, b.mul(u, const_i64(wq * 2)))
+                        with for_range(b, const_i64(v_lo), const_i64(v_hi), "fv") as v:
+                            ix = b.add(b.mul(v, const_i64(sw)), const_i64(px - pl))
+                            dst = b.add(row, b.mul(v, const_i64(2)))
+                            for j in range(chans):
+                                ch = b.add(b.mul(p, const_i64(2)), const_i64(j))
+                                src = b.add(b.mul(ch, const_i64(h * w)),
+                                            b.add(b.mul(iy, const_i64(w)), ix))
+                                val = b.sub(self._widen(b.load(b.gep(xb, [src])), dtype), xzp)
+                                b.store(b.trunc(val, I16),
+                                        b.gep(planes, [b.add(dst, const_i64(j))]))
