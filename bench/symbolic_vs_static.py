@@ -1,10 +1,10 @@
 """Symbolic-shape bundle vs the bundle fully specialized for the same size (issue 12).
 
-    python bench/symbolic_vs_static.py [runs] [small|real|all]
+    python bench/symbolic_vs_static.py [runs] [small|real|all] [model filter] [--threads N]
 
 Exports each model once with its sizes symbolic and once per size with them fixed, then times
 both alternating in one process, 1 thread, with ONNX Runtime (1 thread) beside them: median
-and min in microseconds, ratio of medians. ``small`` (the default): the MLP and the encoder
+and min in microseconds, ratio of medians (``--threads N``: every engine on N threads). ``small`` (the default): the MLP and the encoder
 layer of tests/test_symbolic_shapes.py; ``real``: the PP-OCRv4 recognizer (W symbolic) and
 detector (H, W symbolic) of bench/corpus.py and a ResNet-18 exported from torch with dynamic
 H and W (bench/models.py); ``all``: both.
@@ -30,7 +30,7 @@ from mlcpack.runtime.model import load  # noqa: E402
 def _bundle(model, shapes, path: Path):
     mod, _ = import_onnx(model, input_shapes=shapes)
     export_module(mod, path, ExportOptions(target="host", check=False))
-    return load(path, threads=1)
+    return load(path, threads=THREADS)
 
 
 def _time(a, b, feeds: dict, runs: int, c=None) -> tuple[float, ...]:
@@ -59,7 +59,8 @@ def _time(a, b, feeds: dict, runs: int, c=None) -> tuple[float, ...]:
 def _ort(model):
     import onnxruntime as ort
     so = ort.SessionOptions()
-    so.intra_op_num_threads = 1
+    so.intra_op_num_threads = THREADS
+    so.inter_op_num_threads = 1
     data = model if isinstance(model, bytes) else model.SerializeToString()
     return ort.InferenceSession(data, so, providers=["CPUExecutionProvider"])
 
@@ -132,7 +133,14 @@ def main(runs: int = 200) -> None:
         static.close()
 
 
+THREADS = 1
+
 if __name__ == "__main__":
+    if "--threads" in sys.argv:
+        i = sys.argv.index("--threads")
+        THREADS = int(sys.argv[i + 1])
+        del sys.argv[i:i + 2]
+    print(f"threads: {THREADS}")
     n = int(sys.argv[1]) if len(sys.argv) > 1 else 200
     which = sys.argv[2] if len(sys.argv) > 2 else "small"
     if which in ("small", "all"):
