@@ -9,7 +9,8 @@ that both see the same load; each kernel's and each ORT node's time is its minim
 runs (on a shared machine the minimum is what the code does when it has the core). Every ORT
 node is charged to the mlcpack kernel whose source ONNX nodes contain its name (ORT's
 ``..._output_0_nchwc`` and ``.../QuickGeluFusion/`` suffixes stripped); ORT's layout reorders
-and nodes that match no kernel are listed on their own lines. Rows are sorted by how much
+and nodes that match no kernel (by node name, or by the name of the tensor a node writes, which
+ORT's NCHWc nodes carry) are listed on their own lines. Rows are sorted by how much
 longer mlcpack takes than ORT on them.
 """
 
@@ -117,6 +118,14 @@ def main() -> None:
     for i, step in steps.items():
         for s in step.sources:
             owner.setdefault(s.name, i)
+    # ORT names a layout-transformed (NCHWc) node after the tensor it writes
+    import onnx
+
+    graph = onnx.load(str(onnx_path), load_external_data=False).graph
+    for node in graph.node:
+        if node.name in owner:
+            for out in node.output:
+                owner.setdefault(out, owner[node.name])
     charged: dict[int, list[tuple[str, float]]] = defaultdict(list)
     loose: dict[str, float] = defaultdict(float)
     for (base, op, _), us in theirs.items():

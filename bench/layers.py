@@ -4,9 +4,9 @@ MobileNetV3 / EfficientNet / LCNet / ConvNeXt corpus models, each as a one-layer
 Run: .venv/bin/python bench/layers.py [NAME ...] [--threads 1] [--budget 1.5] [--target host]
                                       [--list]
 NAME is a layer of the list (or a prefix of names), or an ad-hoc ``dw:C,H,K,S[,ACT]`` /
-``conv:C,H,O,K,S[,ACT]``. Each layer is exported (``--target``, default this host) and timed alternating with ORT
-(bench.py's ``time_interleaved``); prints median and min of both and the ratios, and checks
-the outputs agree.
+``conv:C,H,O,K,S[,ACT]``. Each layer is exported (``--target``, default this host) and timed
+alternating with ORT (bench.py's ``time_interleaved``); prints median and min of both and the
+ratios, and checks the outputs agree.
 """
 
 from __future__ import annotations
