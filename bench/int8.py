@@ -1,18 +1,28 @@
 """int8 vs fp32, mlcpack vs ONNX Runtime, 1 thread, engines alternating in one process.
 
-    .venv/bin/python bench/int8.py [--budget 6]
+    .venv/bin/python bench/int8.py [--budget 6] [--models resnet18,mlp,resnet_small]
+                                   [--kernels] [--no-models]
 
-Models (built here, quantized by onnxruntime.quantization.quantize_static, QDQ, per-channel
-weights, uint8 activations, calibrated on 8 random feeds):
-  mlp:    x [32,256] -> MatMul 512 + Add, Relu, MatMul 512 + Add, Relu, MatMul 10  (BERT-ish FFN)
-  resnet: x [1,16,32,32] -> 3x3 conv 32 + Relu, 3x3 conv 32 + Relu, residual Add, 1x1 conv 64,
-          GlobalAveragePool, Gemm 10
-Prints median / min microseconds per run for: mlcpack int8, mlcpack fp32, ORT int8, ORT fp32.
+Models (int8 forms: ``--quantize`` = mlcpack's own static quantization, packager/quantize.py,
+calibrated on 8 random inputs; ``QDQ`` = onnxruntime.quantization.quantize_static, QDQ format,
+per-channel int8 weights, uint8 activations, calibrated on 8 random feeds):
+  resnet18:     bench/models.py's ResNet-18 (random weights), 1x3x224x224
+  mlp:          x [32,256] -> MatMul 512 + Add, Relu, MatMul 512 + Add, Relu, MatMul 10
+  resnet_small: x [1,16,32,32] -> 3x3 conv 32 + Relu, 3x3 conv 32 + Relu, residual Add,
+                1x1 conv 64, GlobalAveragePool, Gemm 10
+Rows: mlcpack fp32, mlcpack int8 (--quantize), mlcpack int8 (QDQ), the same QDQ bundle with
+``MLCPACK_INT8_KERNELS=0`` (the float32-exact chains the integer kernels replaced), ORT fp32,
+ORT on the QDQ file; median / min microseconds per run, and each bundle's size on disk.
+
+``--kernels``: one layer each, integer kernel (codegen/qgemm.py) vs the fp32 kernel of the same
+shape, wall-clock (alternating) and CPU time (least of 20 calls; robust on a loaded machine): a ResNet-18 3x3 conv (64->64, 56x56), its 3x3 conv at 14x14 (256->256), a 1x1 conv
+(256->256 at 14x14), and MLP Linear layers (1x512 @ 512x1000, 32x512 @ 512x512).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import tempfile
 from pathlib import Path
@@ -48,7 +58,7 @@ def mlp(path: Path) -> Path:
     return _save(nodes, [32, 256], [32, 10], inits, path)
 
 
-def resnet(path: Path) -> Path:
+def resnet_small(path: Path) -> Path:
     rng = np.random.default_rng(1)
     f = lambda *s: (rng.normal(0, 1, s) / np.sqrt(np.prod(s[1:]))).astype(np.float32)  # noqa
     nodes = [h.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1]),
@@ -64,49 +74,182 @@ def resnet(path: Path) -> Path:
     return _save(nodes, [1, 16, 32, 32], [1, 10], inits, path)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--budget", type=float, default=6.0, help="seconds of timing per model")
-    args = ap.parse_args()
+def resnet18(path: Path) -> Path:
+    cached = HERE / ".cache" / "resnet18.onnx"
+    if not cached.exists():
+        cached.parent.mkdir(exist_ok=True)
+        from models import build
+        build("resnet18", str(cached))
+    path.write_bytes(cached.read_bytes())
+    return path
 
+
+BUILDERS = {"resnet18": resnet18, "mlp": mlp, "resnet_small": resnet_small}
+
+
+def _mlcpack_quantize(fp32: Path, out: Path, feeds: list[dict]) -> Path:
+    from mlcpack.packager.quantize import quantize_onnx
+
+    name = next(iter(feeds[0]))
+    q = quantize_onnx(fp32, [f[name] for f in feeds])
+    try:
+        onnx.save(q.model, out)
+    finally:
+        q.close()
+    return out
+
+
+def _export(path: Path, out: Path, int8_kernels: bool = True) -> Path:
+    from mlcpack.frontends.onnx import import_onnx
+    from mlcpack.packager.export import ExportOptions, export_module
+
+    old = os.environ.get("MLCPACK_INT8_KERNELS")
+    os.environ["MLCPACK_INT8_KERNELS"] = "1" if int8_kernels else "0"
+    try:
+        mod, _ = import_onnx(str(path))
+        export_module(mod, out, ExportOptions(target="host", check=False))
+    finally:
+        if old is None:
+            del os.environ["MLCPACK_INT8_KERNELS"]
+        else:
+            os.environ["MLCPACK_INT8_KERNELS"] = old
+    return out
+
+
+def bench_model(name: str, tmp: Path, budget: float) -> None:
     import onnxruntime as ort
 
     import quant_models as qm
     from bench import time_interleaved
-    from mlcpack.frontends.onnx import import_onnx
-    from mlcpack.packager.export import ExportOptions, export_module
     from mlcpack.runtime import load
 
+    fp32 = BUILDERS[name](tmp / f"{name}.onnx")
+    feeds = qm.random_feeds(fp32, seed=11, n=8)
+    own = _mlcpack_quantize(fp32, tmp / f"{name}_mlcq.onnx", feeds)
+    qdq = qm.ort_quantize(fp32, tmp / f"{name}_qdq.onnx", "QDQ", per_channel=True)
+    feed = qm.random_feeds(fp32)[0]
+    bundles = [("mlcpack fp32", _export(fp32, tmp / f"{name}.mlc")),
+               ("mlcpack int8 --quantize", _export(own, tmp / f"{name}_mlcq.mlc")),
+               ("mlcpack int8 QDQ", _export(qdq, tmp / f"{name}_qdq.mlc")),
+               ("mlcpack QDQ, fp32 kernels", _export(qdq, tmp / f"{name}_qdq_f32.mlc", False))]
+    fns, labels, models, sizes = [], [], [], []
+    for label, path in bundles:
+        m = load(path, threads=1)
+        models.append(m)
+        fns.append(lambda m=m: m.run(feed))
+        labels.append(label)
+        sizes.append(path.stat().st_size)
+    sessions = {}
+    for label, path in (("ORT fp32", fp32), ("ORT QDQ file", qdq)):
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads = 1
+        opts.inter_op_num_threads = 1
+        s = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+        sessions[label] = s
+        fns.append(lambda s=s: s.run(None, feed))
+        labels.append(label)
+        sizes.append(path.stat().st_size)
+    ref32 = sessions["ORT fp32"].run(None, feed)[0]
+    refq = sessions["ORT QDQ file"].run(None, feed)[0]
+    print(f"{name}:")
+    for label, m in zip(labels, models):
+        got = list(m.run(feed).values())[0]
+        print(f"  {label:26s} max |y - ORT fp32| {np.abs(got - ref32).max():.3g}   "
+              f"max |y - ORT QDQ| {np.abs(got - refq).max():.3g}")
+    print(f"  ORT QDQ file               max |y - ORT fp32| {np.abs(refq - ref32).max():.3g}   "
+          f"(|ORT fp32| max {np.abs(ref32).max():.3g})")
+    res = time_interleaved(fns, budget)
+    base = res[0][1]
+    ort_q = res[labels.index("ORT QDQ file")]
+    for label, (med, mn, n), size in zip(labels, res, sizes):
+        print(f"  {label:26s} median {med / 1e3:9.3f} ms   min {mn / 1e3:9.3f} ms   "
+              f"x{base / mn:5.2f} vs mlcpack fp32 (min)   {mn / ort_q[1]:5.2f} x ORT QDQ time   "
+              f"({n} runs, {size / 1e6:.2f} MB)")
+    for m in models:
+        m.close()
+
+
+def bench_kernels(tmp: Path, budget: float) -> None:
+    from bench import time_interleaved
+    from helpers import build_op_module
+    from mlcpack.packager.export import ExportOptions, export_module
+    from mlcpack.packager.ops.qlinear import pack_conv_weights, pack_weights
+    from mlcpack.runtime import load
+
+    rng = np.random.default_rng(0)
+
+    def model(op, inputs, mask, name, **attrs):
+        mod = build_op_module(op, inputs, mask, **attrs)
+        export_module(mod, tmp / name, ExportOptions(target="host", check=False))
+        m = load(tmp / name, threads=1)
+        feeds = {f"x{i}": a for i, (a, c) in enumerate(zip(inputs, mask)) if not c}
+        return m, (lambda: m.run(feeds))
+
+    consts = [False] + [True] * 5
+    cases = []
+    for c, hw, o, k in ((64, 56, 64, 3), (256, 14, 256, 3), (256, 14, 256, 1)):
+        x = rng.integers(0, 256, (1, c, hw, hw)).astype(np.uint8)
+        wd = rng.integers(-127, 128, (o, c, k, k))
+        p = k // 2
+        qi = [x, pack_conv_weights(wd), np.array(128, np.int32), np.zeros(o, np.int32),
+              np.full(o, 1e-4, np.float32), np.array(0, np.float32)]
+        qa = dict(out_channels=o, kernel=(k, k), strides=(1, 1), padding=(p,) * 4,
+                  dtype="uint8")
+        fi = [x.astype(np.float32), wd.astype(np.float32)]
+        fa = dict(strides=(1, 1), padding=(p,) * 4, dilation=(1, 1), groups=1)
+        cases.append((f"conv {c}->{o} {k}x{k} {hw}x{hw}", c * o * k * k * hw * hw,
+                      ("qconv2d", qi, consts, qa), ("nn.conv2d", fi, [False, True], fa)))
+    for m_, k, n in ((1, 512, 1000), (32, 512, 512)):
+        x = rng.integers(0, 256, (m_, k)).astype(np.uint8)
+        wd = rng.integers(-127, 128, (k, n))
+        wp = pack_weights(wd)
+        npn = wp.shape[0] * 8
+        qi = [x, wp, np.array(128, np.int32), np.zeros(npn, np.int32),
+              np.full(npn, 1e-4, np.float32), np.array(0, np.float32)]
+        cases.append((f"linear {m_}x{k} @ {k}x{n}", m_ * k * n,
+                      ("qmatmul", qi, consts, dict(n=n, dtype="uint8")),
+                      ("matmul", [x.astype(np.float32), wd.astype(np.float32)], [False, True],
+                       {})))
+    print("kernels (1 thread; int8 = codegen/qgemm.py, fp32 = the fp32 kernel of that shape):")
+    for i, (label, macs, q, f) in enumerate(cases):
+        mq, fq = model(q[0], q[1], q[2], f"kq{i}.mlc", **q[3])
+        mf, ff = model(f[0], f[1], f[2], f"kf{i}.mlc", **f[3])
+        (medq, minq, _), (medf, minf, _) = time_interleaved([fq, ff], budget)
+        cq, cf = _cpu_min(fq), _cpu_min(ff)
+        print(f"  {label:28s} int8 median {medq:9.1f} us min {minq:9.1f} us cpu {cq:9.1f} us "
+              f"({macs / cq / 1e3:5.1f} GMAC/s) | fp32 median {medf:9.1f} us min {minf:9.1f} us "
+              f"cpu {cf:9.1f} us ({macs / cf / 1e3:5.1f} GMAC/s) | int8 x{cf / cq:4.2f} (cpu), "
+              f"x{minf / minq:4.2f} (wall min)")
+        mq.close()
+        mf.close()
+
+
+def _cpu_min(fn, runs: int = 20) -> float:
+    """Least CPU time of one call, in µs (process time: the kernels run on this thread, so a
+    loaded machine's time slices taken by others do not count)."""
+    import time
+
+    best = float("inf")
+    for _ in range(runs):
+        t = time.process_time()
+        fn()
+        best = min(best, time.process_time() - t)
+    return best * 1e6
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--budget", type=float, default=6.0, help="seconds of timing per model")
+    ap.add_argument("--models", default="resnet18,mlp,resnet_small")
+    ap.add_argument("--kernels", action="store_true", help="also time single layers")
+    ap.add_argument("--no-models", action="store_true")
+    args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="int8bench"))
-    for name, build in (("mlp", mlp), ("resnet", resnet)):
-        fp32 = build(tmp / f"{name}.onnx")
-        int8 = qm.ort_quantize(fp32, tmp / f"{name}_int8.onnx", "QDQ", per_channel=True)
-        feeds = qm.random_feeds(fp32)[0]
-        fns, labels, models = [], [], []
-        for label, path in (("mlcpack int8", int8), ("mlcpack fp32", fp32)):
-            mod, _ = import_onnx(str(path))
-            out = tmp / f"{path.stem}.mlc"
-            export_module(mod, out, ExportOptions(target="host", check=False))
-            m = load(out, threads=1)
-            models.append(m)
-            fns.append(lambda m=m, feeds=feeds: m.run(feeds))
-            labels.append(label)
-        for label, path in (("ORT int8", int8), ("ORT fp32", fp32)):
-            opts = ort.SessionOptions()
-            opts.intra_op_num_threads = 1
-            opts.inter_op_num_threads = 1
-            s = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
-            fns.append(lambda s=s, feeds=feeds: s.run(None, feeds))
-            labels.append(label)
-        ref = fns[2]()[0]
-        got = fns[0]()["y"]
-        step = qm.output_step(int8)
-        print(f"{name}: mlcpack int8 vs ORT int8 max |diff| {np.abs(got - ref).max():.3g} "
-              f"(output step {step:.3g})")
-        for label, (med, mn, n) in zip(labels, time_interleaved(fns, args.budget)):
-            print(f"  {label:14s} median {med:9.1f} us   min {mn:9.1f} us   ({n} runs)")
-        for m in models:
-            m.close()
+    if args.kernels:
+        bench_kernels(tmp, args.budget / 2)
+    if not args.no_models:
+        for name in args.models.split(","):
+            bench_model(name, tmp, args.budget)
 
 
 if __name__ == "__main__":
