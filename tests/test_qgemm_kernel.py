@@ -207,3 +207,55 @@ def test_float_output_exact(relu: bool, target: str, tmp_path: Path) -> None:
     got = _run("qconv2d", args, attrs, tmp_path, target)
     np.testing.assert_array_equal(got, expect)
     assert (got == 0).any() == relu or not relu
+
+
+def test_integer_kernels_on_aarch64_under_qemu(tmp_path: Path) -> None:
+    """The portable pair-product kernels compiled for aarch64 (+dotprod) and run by the copied
+    runtime under qemu, bit for bit against numpy: qmatmul (uint8 and float32 results) and
+    qconv2d (a strided 3x3 with odd channels)."""
+    from arm64_root import arm64_root_or_fail, run_bundles
+    from mlcpack.packager.export import ExportOptions, export_module
+    from mlcpack.runtime import elf
+
+    if elf._real_arch() != "x86_64":
+        pytest.skip("emulates aarch64 on an x86-64 host")
+    rng = np.random.default_rng(21)
+    cases = {}
+    args, attrs, expect, _ = _matmul_case(rng, (5, 37), 19, "uint8", 128, False, "uint8", 3)
+    cases["mm"] = ("qmatmul", args, attrs, expect)
+    args, attrs, expect, _ = _matmul_case(rng, (3, 21), 11, "int8", -7, True, "int8", -2)
+    cases["mm_s8_int16w"] = ("qmatmul", args, attrs, expect)
+    args, attrs, expect = _conv_case(rng, 2, 5, 9, 10, 13, 3, 2, 1, "uint8", 90, False)
+    cases["conv"] = ("qconv2d", args, attrs, expect)
+    bundles = {}
+    for name, (op, args, attrs, expect) in cases.items():
+        path = tmp_path / f"{name}.mlc"
+        export_module(build_op_module(op, args, MASK, **attrs), path,
+                      ExportOptions(target="aarch64+dotprod", check=False))
+        bundles[name] = (path, {"x0": args[0]})
+    report, got = run_bundles(arm64_root_or_fail(), tmp_path, Path(__file__).resolve().parents[1],
+                              bundles)
+    assert report["machine"] == "aarch64"
+    for name, (_, _, _, expect) in cases.items():
+        np.testing.assert_array_equal(got[name]["y"], expect, err_msg=name)
+
+
+@pytest.mark.skipif(not X86 or "avx2" not in host_features(), reason="runs both x86 variants")
+def test_fat_bundle_on_a_simulated_sse_only_host(tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """One bundle with x86-64-v2 and -v3 code: a host without AVX2 (MLCPACK_CPU_FEATURES
+    simulates one) runs the portable pair-product variant, an AVX2 host the vpmaddwd one; both
+    bit for bit."""
+    from conftest import X86_V2, X86_V3
+    from mlcpack.packager.export import ExportOptions, export_module
+    from mlcpack.runtime import load
+
+    rng = np.random.default_rng(33)
+    args, attrs, expect = _conv_case(rng, 1, 7, 12, 12, 10, 3, 1, 1, "uint8", 128, False)
+    path = tmp_path / "fat.mlc"
+    export_module(build_op_module("qconv2d", args, MASK, **attrs), path,
+                  ExportOptions(target="x86-64-v2,x86-64-v3", check=False))
+    for flags in (X86_V2, X86_V3):
+        monkeypatch.setenv("MLCPACK_CPU_FEATURES", flags)
+        with load(path) as model:
+            np.testing.assert_array_equal(model.run({"x0": args[0]})["y"], expect)
