@@ -6,8 +6,9 @@ import os
 from typing import Any
 
 from . import cpu
-from .bundle import BundleReader, nbytes_of, payload_ref
+from .bundle import BundleReader, nbytes_of
 from .errors import BundleError, MlcpackError
+from .header import Header, plain
 from .profile import read_sources, sources_text
 from .signing import fingerprint
 
@@ -17,107 +18,99 @@ def describe(path: str | os.PathLike) -> dict[str, Any]:
     summarize raises ``BundleError``."""
     with BundleReader(path) as reader:
         try:
-            return _summarize(path, reader)
-        except (TypeError, KeyError, AttributeError, ValueError, IndexError) as exc:
-            raise BundleError(f"{reader.name}: header is malformed ({type(exc).__name__}: {exc}); "
+            schema = Header.from_msgpack(reader.header, reader.data_size, reader.name)
+        except BundleError as exc:
+            raise BundleError(f"{reader.name}: header is malformed ({exc}); "
                               "export it again") from None
+        return _summarize(path, schema, reader.name)
 
 
-def _summarize(path: str | os.PathLike, reader: BundleReader) -> dict[str, Any]:
-    h = reader.header
-    variants = h.get("code", [])
+def _summarize(path: str | os.PathLike, h: Header, name: str) -> dict[str, Any]:
+    plan = h.plan
     try:
-        chosen: int | None = cpu.pick_variant(variants, reader.name)
+        chosen: int | None = cpu.pick_variant([v.record() for v in plan.code], name)
         refusal = None
     except MlcpackError as exc:
         chosen, refusal = None, str(exc)
     code = []
-    for i, v in enumerate(variants):
-        level = v.get("level")
+    for i, v in enumerate(plan.code):
         try:
-            flags = sorted(cpu.level(level).flags | set(v.get("features", [])))
+            flags = sorted(cpu.level(v.level).flags | set(v.features or ()))
         except KeyError:
-            flags = list(v.get("features", []))
-        code.append({"arch": v.get("arch"), "level": level, "triple": v.get("triple"),
-                     "cpu": v.get("cpu"), "features": flags,
-                     "object_bytes": v.get("object", {}).get("size"),
-                     "code_sizes": v.get("code_sizes", {}), "selected": i == chosen})
-    sig = h.get("signature")
+            flags = list(v.features or ())
+        code.append({"arch": v.arch, "level": v.level, "triple": v.triple, "cpu": v.cpu,
+                     "features": flags, "object_bytes": v.object.size,
+                     "code_sizes": dict(v.code_sizes or {}), "selected": i == chosen})
+    sig = h.signature
     signed_by = (fingerprint(sig["key"]) if isinstance(sig, dict) and isinstance(sig.get("key"), bytes)
                  else None)
-    constants = h.get("constants", [])
-    weights = sum(nbytes_of(tuple(c["shape"]), c["dtype"]) for c in constants)
     return {
         "file": os.fspath(path),
         "bytes": os.path.getsize(path),
-        "format": ".".join(map(str, h.get("format", []))),
-        "compiler": h.get("compiler"),
-        "model": h.get("model"),
+        "format": ".".join(map(str, h.format)),
+        "compiler": plain(h.compiler),
+        "model": plain(h.model),
         "inputs": _io(h, "inputs"),
         "outputs": _io(h, "outputs"),
-        "preprocess": h.get("preprocess"),
-        "labels": [str(v) for v in h.get("labels") or []],
+        "preprocess": h.preprocess,
+        "labels": [str(v) for v in h.labels or ()],
         "code": code,
         "runs_here": refusal is None,
         "refusal": refusal,
-        "kernels": h.get("kernels", []),
-        "library_functions": sorted({c["func"] for c in h.get("library_calls", [])}),
-        "weights": {"count": len(constants), "bytes": weights},
-        "memory_plan": h.get("memory_plan"),
-        "symbolic": h.get("symbolic"),
-        "vm_instructions": h.get("vm", {}).get("instructions"),
+        "kernels": [k.to_msgpack() for k in plan.kernels],
+        "library_functions": sorted({c.func for c in plan.library_calls or ()}),
+        "weights": {"count": len(h.constants),
+                    "bytes": sum(nbytes_of(c.shape, c.dtype) for c in h.constants)},
+        "memory_plan": plan.memory_plan.to_msgpack(),
+        "symbolic": None if plan.symbolic is None else plan.symbolic.to_msgpack(),
+        "vm_instructions": plan.vm.instructions,
         "signed_by": signed_by,
         "plans": _plans(h, chosen),
         "golden": _golden(h),
     }
 
 
-def _io(h: dict[str, Any], kind: str) -> list[dict[str, Any]]:
+def _io(h: Header, kind: str) -> list[dict[str, Any]]:
     """The header's input or output rows; in a dynamic-batch bundle the batched ones also get
     ``dims``, the batch shown as "N" (as ``TensorSpec.dims``: any batch runs), beside ``shape``
     (the largest plan's)."""
-    rows = h.get(kind)
-    batch = h.get("batch")
-    if not isinstance(batch, dict) or not isinstance(rows, list):
+    rows = [r.to_msgpack() for r in getattr(h.plan, kind)]
+    if h.batch is None:
         return rows
-    names = batch.get(kind) or []
-    return [{**r, "dims": ["N", *r["shape"][1:]]}
-            if isinstance(r, dict) and r.get("name") in names and r.get("shape") else r
+    names = getattr(h.batch, kind)
+    return [{**r, "dims": ["N", *r["shape"][1:]]} if r["name"] in names and r["shape"] else r
             for r in rows]
 
 
-def _plans(h: dict[str, Any], chosen: int | None) -> list[dict[str, Any]] | None:
+def _plans(h: Header, chosen: int | None) -> list[dict[str, Any]] | None:
     """Dynamic-batch bundles: one row per plan (batch size)."""
-    if "plans" not in h:
+    if h.batch is None:
         return None
     out = []
-    for p in h["plans"]:
-        code = p.get("code", [])
-        which = code[chosen] if chosen is not None and chosen < len(code) else code[0]
-        out.append({"batch": p.get("batch"),
-                    "arena_bytes": p.get("memory_plan", {}).get("arena_bytes"),
-                    "kernels": len(p.get("kernels", [])),
-                    "vm_instructions": p.get("vm", {}).get("instructions"),
-                    "object_bytes": which.get("object", {}).get("size")})
+    for p in h.plans:
+        which = p.code[chosen] if chosen is not None and chosen < len(p.code) else p.code[0]
+        out.append({"batch": p.batch, "arena_bytes": p.memory_plan.arena_bytes,
+                    "kernels": len(p.kernels), "vm_instructions": p.vm.instructions,
+                    "object_bytes": which.object.size})
     return out
 
 
-def _golden(h: dict[str, Any]) -> dict[str, Any] | None:
-    g = h.get("golden")
-    if not isinstance(g, dict):
+def _golden(h: Header) -> dict[str, Any] | None:
+    g = h.golden
+    if g is None:
         return None
-    return {"inputs": [{"name": r.get("name"), "shape": r.get("shape"), "dtype": r.get("dtype")}
-                       for r in g.get("inputs", [])],
-            "reference": g.get("reference"), "seed": g.get("seed"),
-            "rtol": g.get("rtol"), "atol": g.get("atol"),
-            "bytes": sum(r.get("data", {}).get("size", 0)
-                         for r in g.get("inputs", []) + g.get("outputs", []))}
+    return {"inputs": [{"name": r.name, "shape": list(r.shape), "dtype": r.dtype}
+                       for r in g.inputs],
+            "reference": plain(g.reference), "seed": plain(g.seed), "rtol": g.rtol,
+            "atol": g.atol, "bytes": sum(r.data.size for r in g.inputs + g.outputs)}
 
 
 def ir_text(path: str | os.PathLike) -> str:
     """The IRModule text the compiler stored in the bundle."""
     with BundleReader(path) as reader:
-        ref = payload_ref(reader.header.get("ir"), "IR text", reader.data_size)
+        ref = Header.from_msgpack(reader.header, reader.data_size, reader.name).ir
+        if ref is None:
+            raise BundleError(f"{reader.name} holds no IR text")
         return bytes(reader.payload(ref)).decode("utf-8", errors="replace")
 
 

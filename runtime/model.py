@@ -17,9 +17,9 @@ from typing import Any, Iterable, Mapping, Sequence
 import numpy as np
 
 from . import cpu, elf, library, vm
-from .bundle import (STORAGE_DTYPES, BundleReader, check_disjoint, check_dtype, check_shape,
-                     nbytes_of, payload_ref, storage_dtype)
+from .bundle import STORAGE_DTYPES, BundleReader, nbytes_of, storage_dtype
 from .errors import BundleError, CodeLoadError, InputError
+from .header import ARENA, CONST, Header, IORow, KernelRow, LibraryCall, Plan, TensorRow
 
 ARENA_ALIGN = 64
 # An input up to this size is copied into the arena rather than read in place: copying 16 KB
@@ -50,19 +50,8 @@ class TensorSpec:
         return f"{self.name} [{', '.join(map(str, self.dims))}] {self.dtype}{plans}"
 
 
-def _specs(rows: Any, what: str, num_tensors: int) -> list[TensorSpec]:
-    if not isinstance(rows, list) or not rows:
-        raise BundleError(f"bundle header: {what} must be a non-empty list")
-    out = []
-    for i, r in enumerate(rows):
-        if not isinstance(r, dict) or not isinstance(r.get("name"), str):
-            raise BundleError(f"bundle header: {what}[{i}] is malformed")
-        t = r.get("tensor")
-        if not isinstance(t, int) or not 0 <= t < num_tensors:
-            raise BundleError(f"bundle header: {what}[{i}] names an invalid tensor")
-        out.append(TensorSpec(r["name"], check_shape(r.get("shape"), f"{what}[{i}]"),
-                              check_dtype(r.get("dtype"), f"{what}[{i}]"), t))
-    return out
+def _specs(rows: Sequence[IORow]) -> list[TensorSpec]:
+    return [TensorSpec(r.name, r.shape, r.dtype, r.tensor) for r in rows]
 
 
 @dataclass(frozen=True)
@@ -95,12 +84,12 @@ class _Plan:
 class _Recipe:
     """What one plan needs that every session shares: its header rows, the mapped code's
     kernel addresses, library calls and decoded bytecode."""
-    row: dict
-    tensors: list
+    row: Plan
+    tensors: tuple[TensorRow, ...]
     inputs: list[TensorSpec]
     outputs: list[TensorSpec]
     arena_bytes: int
-    kernels_meta: list
+    kernels_meta: tuple[KernelRow, ...]
     kernels: list[tuple[int, bool]]
     sites: list[tuple[Any, dict]]
     program: list[Any]
@@ -109,48 +98,6 @@ class _Recipe:
 
 def _shape_text(shape: tuple) -> str:
     return "(" + ", ".join(map(str, shape)) + ("," if len(shape) == 1 else "") + ")"
-
-
-def _plan_rows(h: dict, name: str) -> tuple[list[dict], BatchInfo | None]:
-    """The plan rows of a header (the header itself for a one-plan bundle) and the batch info."""
-    if "plans" not in h and "batch" not in h:
-        return [h], None
-    plans, batch = h.get("plans"), h.get("batch")
-    if not isinstance(plans, list) or not plans or len(plans) > 64 \
-            or not all(isinstance(p, dict) for p in plans) or not isinstance(batch, dict):
-        raise BundleError(f"{name}: bundle header: plans/batch are malformed")
-    sizes = [p.get("batch") for p in plans]
-    if not all(isinstance(b, int) and not isinstance(b, bool) and 0 < b < 1 << 31
-               for b in sizes) or sizes != sorted(set(sizes)) or batch.get("sizes") != sizes:
-        raise BundleError(f"{name}: bundle header: plan batch sizes {sizes!r} are malformed")
-    names = [batch.get("inputs"), batch.get("outputs")]
-    if not all(isinstance(v, list) and all(isinstance(x, str) for x in v) for v in names) \
-            or not names[0]:
-        raise BundleError(f"{name}: bundle header: batched inputs/outputs are malformed")
-    return plans, BatchInfo(tuple(sizes), frozenset(names[0]), frozenset(names[1]))
-
-
-def _check_batch_specs(batch: BatchInfo, specs: list[tuple[list[TensorSpec], list[TensorSpec]]]
-                       ) -> None:
-    """Every plan has the same inputs and outputs, every output and each batched input has the
-    plan's batch first, and the other dims agree between plans."""
-    ref_in, ref_out = specs[0]
-    for b, (inputs, outputs) in zip(batch.sizes, specs):
-        for mine, ref, what, batched in ((inputs, ref_in, "input", batch.inputs),
-                                          (outputs, ref_out, "output", batch.outputs)):
-            if [(s.name, s.dtype, len(s.shape)) for s in mine] != \
-                    [(s.name, s.dtype, len(s.shape)) for s in ref]:
-                raise BundleError(f"bundle header: the plans' {what}s differ")
-            for s, r in zip(mine, ref):
-                if s.name in batched or what == "output":
-                    if s.name not in batched or not s.shape or s.shape[0] != b \
-                            or s.shape[1:] != r.shape[1:]:
-                        raise BundleError(f"bundle header: {what} {s.name!r} of the batch-{b} "
-                                          f"plan does not have the batch first")
-                elif s.shape != r.shape:
-                    raise BundleError(f"bundle header: {what} {s.name!r} differs between plans")
-    if not batch.inputs <= {s.name for s in ref_in}:
-        raise BundleError("bundle header: batched inputs name no input")
 
 
 def _as_array(spec: TensorSpec, value: Any) -> np.ndarray:
@@ -229,79 +176,50 @@ class Model:
 
     def _load(self, library_functions: Mapping[str, Any] | None, threads: int) -> None:
         reader, name = self._reader, self._reader.name
-        h = reader.header
-        self.header = h
+        self.header = reader.header
         self.name = name
-        self.labels = h.get("labels") if isinstance(h.get("labels"), list) else None
-        self.preprocess = h.get("preprocess") if isinstance(h.get("preprocess"), dict) else None
-        constants = self._constants(h.get("constants"))
-        if "symbolic" in h:   # symbolic shapes: plans made per input size at run time
+        # Every record checked once, here, before anything is mapped (runtime/header.py).
+        schema = Header.from_msgpack(reader.header, reader.data_size, name)
+        self.schema = schema
+        self.labels = list(schema.labels) if schema.labels is not None else None
+        self.preprocess = schema.preprocess
+        self._constant_refs = [c.data for c in schema.constants]
+        constants = [reader.array(c.data, c.shape, c.dtype) for c in schema.constants]
+        if schema.symbolic is not None:   # symbolic shapes: plans made per input size at run time
             from .symbolic import SymbolicRunner
-            check_disjoint([(f"constant {i}", ref) for i, ref in enumerate(self._constant_refs)],
-                           name)
-            self._symbolic = SymbolicRunner(self, h, constants, library_functions, threads)
+            self._symbolic = SymbolicRunner(self, reader.header, constants, library_functions,
+                                            threads)
             self.inputs, self.outputs = self._symbolic.inputs, self._symbolic.outputs
             self._input_names = frozenset(s.name for s in self.inputs)
             self.num_instructions = len(self._symbolic.program)
             return
-        # A dynamic-batch bundle (format 1.1) holds one plan per batch size under "plans"; an
-        # older bundle is one plan, the header itself.
-        rows, self.batch = _plan_rows(h, name)
-        metas = []
-        for row in rows:
-            tensors = row.get("tensors")
-            if not isinstance(tensors, list):
-                raise BundleError("bundle header: tensors must be a list")
-            metas.append((tensors, _specs(row.get("inputs"), "inputs", len(tensors)),
-                          _specs(row.get("outputs"), "outputs", len(tensors)),
-                          self._arena_size(row.get("memory_plan"))))
-        if self.batch is not None:
-            _check_batch_specs(self.batch, [(m[1], m[2]) for m in metas])
+        # A dynamic-batch bundle (format 1.1) holds one plan per batch size; an older bundle is
+        # one plan, the header itself.
+        rows = schema.plans
+        if schema.batch is not None:
+            self.batch = BatchInfo(schema.batch.sizes, frozenset(schema.batch.inputs),
+                                   frozenset(schema.batch.outputs))
+        metas = [(_specs(row.inputs), _specs(row.outputs)) for row in rows]
 
         # CPU features are checked before any code is mapped (every plan's code).
-        chosen = []
-        for row in rows:
-            variants = row.get("code")
-            if not isinstance(variants, list) or not variants:
-                raise BundleError("bundle header: code must be a non-empty list")
-            chosen.append(variants[cpu.pick_variant(variants, name)])
-        self.code_variant = chosen[-1]
-        refs: list[tuple[str, Any]] = [(f"constant {i}", ref)
-                                       for i, ref in enumerate(self._constant_refs)]
-        prepared = []
-        for p, (row, variant) in enumerate(zip(rows, chosen)):
-            kernels_meta = row.get("kernels")
-            sites = row.get("library_calls", [])
-            if not isinstance(kernels_meta, list) or not isinstance(sites, list):
-                raise BundleError("bundle header: kernels and library_calls must be lists")
-            site_list = self._sites(sites, library_functions)
-            vm_row = row.get("vm")
-            obj = payload_ref(variant.get("object"), "code object", reader.data_size)
-            bytecode = payload_ref(vm_row.get("bytecode") if isinstance(vm_row, dict) else None,
-                                   "bytecode", reader.data_size)
-            what = f" of plan {p}" if self.batch is not None else ""
-            refs += [(f"code object{what}", obj), (f"bytecode{what}", bytecode)]
-            prepared.append((kernels_meta, site_list, obj, bytecode))
-        check_disjoint(refs, name)
+        chosen = [row.code[cpu.pick_variant([v.record() for v in row.code], name)]
+                  for row in rows]
+        self.code_variant = chosen[-1].record()
 
+        # Library functions are resolved before any code is mapped too.
+        sites = [self._sites(row.library_calls or (), library_functions) for row in rows]
         self._recipes = []
-        for (tensors, inputs, outputs, plan_arena), (kernels_meta, site_list, obj, bytecode), \
-                variant, row in zip(metas, prepared, chosen, rows):
-            image = elf.load_object(reader.payload(obj), elf.default_externals(),
-                                    arch=variant.get("arch"))
+        for (inputs, outputs), variant, row, site_list in zip(metas, chosen, rows, sites):
+            image = elf.load_object(reader.payload(variant.object), elf.default_externals(),
+                                    arch=variant.arch)
             self._images.append(image)
-            kernels = []
-            for i, k in enumerate(kernels_meta):
-                if not isinstance(k, dict) or not isinstance(k.get("symbol"), str) \
-                        or not all(isinstance(k.get(f, 0), int) and k.get(f, 0) >= 0
-                                   for f in ("num_inputs", "num_outputs", "workspace_bytes")):
-                    raise BundleError(f"bundle header: kernel {i} is malformed")
-                kernels.append((image.address(k["symbol"]), bool(k.get("parallel", False))))
-            program = vm.decode(reader.payload(bytecode), len(tensors), len(kernels),
+            kernels = [(image.address(k.symbol), bool(k.parallel)) for k in row.kernels]
+            program = vm.decode(reader.payload(row.vm.bytecode), len(row.tensors), len(kernels),
                                 len(site_list), name)
-            self._check_arity(program, kernels_meta, tensors)
-            self._recipes.append(_Recipe(row, tensors, inputs, outputs, plan_arena, kernels_meta,
-                                         kernels, site_list, program, image))
+            self._check_arity(program, row.kernels, row.tensors)
+            self._recipes.append(_Recipe(row, row.tensors, inputs, outputs,
+                                         row.memory_plan.arena_bytes, row.kernels, kernels,
+                                         site_list, program, image))
         self._constant_arrays = constants
         self._threads = threads
         self._main = Session(self, self._instantiate(threads))
@@ -347,7 +265,7 @@ class Model:
             bindings = self._bindings(r.row, r.inputs, r.outputs, r.tensors, r.kernels_meta,
                                       executor, addresses)
             plans.append(_Plan(
-                batch=r.row.get("batch") if self.batch is not None else None,
+                batch=r.row.batch if self.batch is not None else None,
                 inputs=r.inputs, outputs=r.outputs,
                 # Per-call work stays small: the I/O views are fixed at load.
                 output_views=[(s.name, views[s.tensor]) for s in r.outputs],
@@ -357,52 +275,28 @@ class Model:
                 views=views, arena=arena))
         return plans
 
-    def _constants(self, rows: Any) -> list[np.ndarray]:
-        if not isinstance(rows, list):
-            raise BundleError("bundle header: constants must be a list")
-        out = []
-        self._constant_refs = []
-        for i, c in enumerate(rows):
-            if not isinstance(c, dict):
-                raise BundleError(f"bundle header: constant {i} is malformed")
-            shape = check_shape(c.get("shape"), f"constant {i}")
-            dtype = check_dtype(c.get("dtype"), f"constant {i}")
-            ref = payload_ref(c.get("data"), f"constant {i}", self._reader.data_size)
-            self._constant_refs.append(ref)
-            out.append(self._reader.array(ref, shape, dtype))
-        return out
+    def _sites(self, sites: Sequence[LibraryCall | dict], extra: Mapping[str, Any] | None
+               ) -> list[tuple[Any, dict]]:
+        """Each library call's function (``extra``, then the registered ones) and attributes.
+        ``runtime/symbolic.py`` passes the calls as header maps."""
+        calls = [s if isinstance(s, LibraryCall) else LibraryCall.parse(s, f"library call {i}")
+                 for i, s in enumerate(sites)]
+        fns = library.resolve([c.func for c in calls], extra, self._reader.name)
+        return [(fns[c.func], dict(c.attrs or {})) for c in calls]
 
     @staticmethod
-    def _arena_size(plan: Any) -> int:
-        size = plan.get("arena_bytes") if isinstance(plan, dict) else None
-        if not isinstance(size, int) or not 0 <= size < 1 << 40:
-            raise BundleError("bundle header: memory plan has no valid arena size")
-        return size
-
-    def _sites(self, sites: list, extra: Mapping[str, Any] | None) -> list[tuple[Any, dict]]:
-        for i, s in enumerate(sites):
-            if not isinstance(s, dict) or not isinstance(s.get("func"), str) \
-                    or not isinstance(s.get("attrs", {}), dict):
-                raise BundleError(f"bundle header: library call {i} is malformed")
-        fns = library.resolve([s["func"] for s in sites], extra, self._reader.name)
-        return [(fns[s["func"]], dict(s.get("attrs", {}))) for s in sites]
-
-    @staticmethod
-    def _tensor_views(tensors: list, constants: list[np.ndarray], arena_bytes: int,
-                      arena: np.ndarray) -> tuple[list[np.ndarray], list[int]]:
+    def _tensor_views(tensors: Sequence[TensorRow], constants: list[np.ndarray],
+                      arena_bytes: int, arena: np.ndarray) -> tuple[list[np.ndarray], list[int]]:
         views, addresses = [], []
         for i, row in enumerate(tensors):
-            if not isinstance(row, list) or len(row) != 4:
-                raise BundleError(f"bundle header: tensor {i} is malformed")
-            kind, ref = row[0], row[1]
-            shape, dtype = check_shape(row[2], f"tensor {i}"), check_dtype(row[3], f"tensor {i}")
+            shape, dtype = row.shape, row.dtype
             size = nbytes_of(shape, dtype)
-            if kind == 0 and isinstance(ref, int) and 0 <= ref and ref + size <= arena_bytes:
-                view = arena[ref:ref + size].view(storage_dtype(dtype)).reshape(shape)
-            elif kind == 1 and isinstance(ref, int) and 0 <= ref < len(constants) \
-                    and constants[ref].nbytes == size \
-                    and constants[ref].dtype == storage_dtype(dtype):
-                view = constants[ref].reshape(shape)
+            if row.kind == ARENA and row.ref + size <= arena_bytes:
+                view = arena[row.ref:row.ref + size].view(storage_dtype(dtype)).reshape(shape)
+            elif row.kind == CONST and row.ref < len(constants) \
+                    and constants[row.ref].nbytes == size \
+                    and constants[row.ref].dtype == storage_dtype(dtype):
+                view = constants[row.ref].reshape(shape)
             else:
                 raise BundleError(f"bundle header: tensor {i} lies outside its storage")
             views.append(view)
@@ -410,8 +304,9 @@ class Model:
         return views, addresses
 
     @staticmethod
-    def _bindings(row: dict, inputs: list[TensorSpec], outputs: list[TensorSpec], tensors: list,
-                  kernels_meta: list, executor: vm.Executor, addresses: list[int]) -> list:
+    def _bindings(row: Plan, inputs: list[TensorSpec], outputs: list[TensorSpec],
+                  tensors: Sequence[TensorRow], kernels_meta: Sequence[KernelRow],
+                  executor: vm.Executor, addresses: list[int]) -> list:
         """Per input, the kernel argument slots a run may point at the caller's own array
         instead of copying it into the arena (None: always copy). The header lists each input's
         ``views``, the tensor rows over its bytes (its reshapes). A row listed there must have the
@@ -420,16 +315,15 @@ class Model:
         bytes, never write to it. An input that is also an output, or read by a library call or
         a copy, is copied as before."""
         out = []
-        rows = row.get("inputs")
-        num_inputs = [k.get("num_inputs", 0) for k in kernels_meta]
+        num_inputs = [k.num_inputs for k in kernels_meta]
         output_tensors = {s.tensor for s in outputs}
-        for spec, raw in zip(inputs, rows):
-            ids = raw.get("views")
+        for spec, raw in zip(inputs, row.inputs):
+            ids = raw.views
             base = tensors[spec.tensor]
-            if (not isinstance(ids, list) or spec.tensor not in ids
+            if (not isinstance(ids, tuple) or spec.tensor not in ids
                     or not all(isinstance(t, int) and 0 <= t < len(tensors) for t in ids)
-                    or any(tensors[t][0] != 0 or tensors[t][1] != base[1]
-                           or nbytes_of(tuple(tensors[t][2]), tensors[t][3])
+                    or any(tensors[t].kind != ARENA or tensors[t].ref != base.ref
+                           or nbytes_of(tensors[t].shape, tensors[t].dtype)
                            != nbytes_of(spec.shape, spec.dtype) for t in ids)
                     or output_tensors.intersection(ids)):
                 out.append(None)
@@ -439,20 +333,20 @@ class Model:
         return out
 
     @staticmethod
-    def _check_arity(program: list[vm.Instruction], kernels_meta: list, tensors: list) -> None:
+    def _check_arity(program: list[vm.Instruction], kernels_meta: Sequence[KernelRow],
+                     tensors: Sequence[TensorRow]) -> None:
         for ins in program:
             if ins.opcode != vm.OP_CALL_KERNEL:
                 continue
             k = kernels_meta[ins.target]
-            expected = k.get("num_inputs", -1) + k.get("num_outputs", -1) \
-                + (1 if k.get("workspace_bytes") else 0)
+            expected = k.num_inputs + k.num_outputs + (1 if k.workspace_bytes else 0)
             if len(ins.operands) != expected:
-                raise BundleError(f"bundle header: kernel {k.get('name')} takes {expected} "
+                raise BundleError(f"bundle header: kernel {k.name} takes {expected} "
                                   f"tensors, bytecode passes {len(ins.operands)}")
-            if k.get("workspace_bytes"):
+            if k.workspace_bytes:
                 ws = tensors[ins.operands[-1]]
-                if nbytes_of(tuple(ws[2]), ws[3]) < k["workspace_bytes"]:
-                    raise BundleError(f"bundle header: kernel {k.get('name')} workspace too small")
+                if nbytes_of(ws.shape, ws.dtype) < k.workspace_bytes:
+                    raise BundleError(f"bundle header: kernel {k.name} workspace too small")
 
     # ---- running ------------------------------------------------------------------------------
 
@@ -597,9 +491,9 @@ class Model:
             index = next((i for i, p in enumerate(self._plans) if p.batch >= n), 0)
         for _ in range(max(1, warmup)):
             self.run(feeds)
-        rows, _ = _plan_rows(self.header, self.name)
+        row = self.schema.plans[index].to_msgpack()
         with self._lock:
-            return profile_executor(self.name, self._plans[index].executor, rows[index], runs)
+            return profile_executor(self.name, self._plans[index].executor, row, runs)
 
     def __call__(self, *args: Any, **kwargs: Any) -> np.ndarray | tuple[np.ndarray, ...]:
         """``model(x)`` / ``model(x=x)``: the output array, or a tuple for several outputs."""

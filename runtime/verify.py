@@ -45,8 +45,8 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from .bundle import check_dtype, check_shape, payload_ref
 from .errors import BundleError, MlcpackError
+from .header import Header
 
 GOLDEN_KEY = "golden"
 
@@ -294,33 +294,20 @@ def check_model(model: Any, inputs: Mapping[str, np.ndarray],
     return result
 
 
-def golden_arrays(reader: Any) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray],
-                                        dict[str, Any]]:
-    """The (inputs, outputs, record) of a bundle's golden pair; ``NoGoldenDataError`` if none."""
-    rec = reader.header.get(GOLDEN_KEY)
+def golden_arrays(reader: Any, header: Header | None = None
+                  ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], dict[str, Any]]:
+    """The (inputs, outputs, record) of a bundle's golden pair (``header``: the reader's header
+    already validated); ``NoGoldenDataError`` if none."""
+    if header is None:
+        header = Header.from_msgpack(reader.header, reader.data_size, reader.name)
+    rec = header.golden
     if rec is None:
         raise NoGoldenDataError(f"{reader.name} carries no golden data (exported before mlcpack "
                                 "embedded it, with --no-check, or the pair was too large): "
                                 "nothing to verify; export it again to add it")
-    if not isinstance(rec, dict) or not isinstance(rec.get("inputs"), list) \
-            or not isinstance(rec.get("outputs"), list):
-        raise BundleError(f"{reader.name}: golden record is malformed")
-    arrays = []
-    for kind in ("inputs", "outputs"):
-        out = {}
-        for i, row in enumerate(rec[kind]):
-            what = f"golden {kind[:-1]} {i}"
-            if not isinstance(row, dict) or not isinstance(row.get("name"), str):
-                raise BundleError(f"bundle header: {what} is malformed")
-            shape = check_shape(row.get("shape"), what)
-            dtype = check_dtype(row.get("dtype"), what)
-            ref = payload_ref(row.get("data"), what, reader.data_size)
-            out[row["name"]] = reader.array(ref, shape, dtype)
-        arrays.append(out)
-    for key in ("rtol", "atol"):
-        if not isinstance(rec.get(key), (int, float)) or not 0 <= rec[key] < 1e6:
-            raise BundleError(f"{reader.name}: golden record has no valid {key}")
-    return arrays[0], arrays[1], rec
+    arrays = [{row.name: reader.array(row.data, row.shape, row.dtype) for row in rows}
+              for rows in (rec.inputs, rec.outputs)]
+    return arrays[0], arrays[1], rec.to_msgpack()
 
 
 def verify(path: str | os.PathLike, *, threads: int | None = None,
@@ -330,7 +317,7 @@ def verify(path: str | os.PathLike, *, threads: int | None = None,
     from .model import load
 
     with load(path, threads=threads) as model:
-        inputs, outputs, rec = golden_arrays(model._reader)
+        inputs, outputs, rec = golden_arrays(model._reader, model.schema)
         names = {s.name for s in model.outputs}
         if set(outputs) != names or set(inputs) != {s.name for s in model.inputs}:
             raise BundleError(f"{model.name}: golden data names other tensors than the model's "

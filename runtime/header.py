@@ -1,0 +1,709 @@
+"""The bundle header as types: one frozen dataclass per record, validated once, up front.
+
+``Header.from_msgpack(obj, data_size)`` takes the header map as msgpack decodes it (the value of
+the bundle's ``"mlcpack"`` key) and the payload area's size, checks every record (types, ranges,
+every payload record's alignment and bounds, payload records pairwise disjoint, plan/batch
+agreement, the symbolic record) and returns a ``Header``, or raises one ``BundleError`` that names
+the field. Readers (``runtime/model.py``, ``describe.py``, ``verify.py``) then use attributes.
+
+``Header.to_msgpack()`` is the map the writer packs (``packager/bundle_writer.py``): known keys
+in the writer's order, absent optional fields left out, unknown keys kept (after the known ones),
+so ``Header.from_msgpack(h.to_msgpack(), n) == h`` and a bundle the exporter writes is byte for
+byte what it wrote before these types existed (tests/test_bundle_header.py).
+
+A one-plan bundle is a ``Header`` with one ``Plan`` (the header's own inputs, kernels, code...).
+A dynamic-batch bundle (format 1.1) has one ``Plan`` per batch size under ``"plans"`` and, at
+the top level, a copy of its largest plan for readers of format 1.0; the copy must agree.
+
+numpy and the standard library only, like the rest of the runtime.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Mapping
+
+from .bundle import (DIGEST_ALG, MAX_CHUNK, MIN_CHUNK, PayloadRef, check_disjoint, check_dtype,
+                     check_shape, payload_ref)
+from .errors import BundleError
+
+ARENA, CONST, SIZES = 0, 1, 2     # a tensor row's storage kind
+MAX_PLANS = 64
+MAX_DIM = 1 << 40
+MAX_RECORD_DEPTH = 32
+
+
+def _bad(what: str, why: str = "is malformed") -> BundleError:
+    return BundleError(f"bundle header: {what} {why}")
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _int(v: Any, what: str, lo: int = 0, hi: int = 1 << 63) -> int:
+    if not _is_int(v) or not lo <= v < hi:
+        raise _bad(what, f"is not an integer in [{lo}, {hi}) ({v!r:.40})")
+    return v
+
+
+def _str(v: Any, what: str) -> str:
+    if not isinstance(v, str):
+        raise _bad(what, "is not a string")
+    return v
+
+
+def _list(v: Any, what: str, nonempty: bool = False) -> list:
+    if not isinstance(v, list) or (nonempty and not v):
+        raise _bad(what, "must be a non-empty list" if nonempty else "must be a list")
+    return v
+
+
+def _map(v: Any, what: str) -> dict:
+    if not isinstance(v, dict):
+        raise _bad(what, "is not a map")
+    return v
+
+
+def _version(v: Any, what: str) -> tuple[int, int]:
+    if not isinstance(v, list) or len(v) != 2 or not all(_is_int(x) for x in v):
+        raise _bad(what, "is not a [major, minor] version")
+    return (v[0], v[1])
+
+
+def freeze(v: Any) -> Any:
+    """A decoded msgpack value with its lists made tuples (dicts stay dicts)."""
+    if isinstance(v, (list, tuple)):
+        return tuple(freeze(x) for x in v)
+    if isinstance(v, dict):
+        return {k: freeze(x) for k, x in v.items()}
+    return v
+
+
+def plain(v: Any) -> Any:
+    """What msgpack packs: records as maps, tuples as lists (they pack alike)."""
+    if isinstance(v, (_Record, TensorRow)):
+        return v.to_msgpack()
+    if isinstance(v, PayloadRef):
+        return {"offset": v.offset, "size": v.size}
+    if isinstance(v, (list, tuple)):
+        return [plain(x) for x in v]
+    if isinstance(v, dict):
+        return {k: plain(x) for k, x in v.items()}
+    return v
+
+
+def _dim_record(rec: Any, what: str, depth: int = 0) -> Any:
+    """A symbolic dim record: an int, a size variable's name, or ``["+" | "*", term...]`` /
+    ``["//" | "%", record, positive int]`` (``packager/ir/sym.to_record``)."""
+    if _is_int(rec) and -MAX_DIM < rec < MAX_DIM or isinstance(rec, str):
+        return rec
+    if isinstance(rec, list) and rec and depth < MAX_RECORD_DEPTH:
+        op = rec[0]
+        if op in ("+", "*") and len(rec) >= 2:
+            return (op, *(_dim_record(r, what, depth + 1) for r in rec[1:]))
+        if op in ("//", "%") and len(rec) == 3 and _is_int(rec[2]) and 0 < rec[2] < MAX_DIM:
+            return (op, _dim_record(rec[1], what, depth + 1), rec[2])
+    raise _bad(what, f"has a malformed dim record {rec!r:.60}")
+
+
+def _shape(v: Any, what: str, symbolic: bool) -> tuple:
+    if not symbolic:
+        return check_shape(v, what)
+    if not isinstance(v, list) or len(v) > 16:
+        raise _bad(what, "has an invalid shape")
+    return tuple(_int(d, what, 0, MAX_DIM) if _is_int(d) else _dim_record(d, what) for d in v)
+
+
+class _Record:
+    """A header record: ``KEYS`` in the writer's order; fields that are None are absent from the
+    map (``ALWAYS`` lists those written even when None); ``extra`` holds keys this reader does
+    not know, written back after the known ones."""
+
+    KEYS: ClassVar[tuple[str, ...]] = ()
+    ALWAYS: ClassVar[frozenset[str]] = frozenset()
+
+    def to_msgpack(self) -> dict[str, Any]:
+        out = {}
+        for key in self.KEYS:
+            value = getattr(self, key)
+            if value is not None or key in self.ALWAYS:
+                out[key] = plain(value)
+        out.update(plain(getattr(self, "extra", {})))
+        return out
+
+    @classmethod
+    def _extra(cls, obj: dict, known: tuple[str, ...] | None = None) -> dict[str, Any]:
+        keys = cls.KEYS if known is None else known
+        return {k: freeze(v) for k, v in obj.items() if k not in keys}
+
+
+@dataclass(frozen=True)
+class IORow(_Record):
+    """An input or output: ``shape`` is ints (dim records in a symbolic bundle); an input lists
+    its ``views`` (the tensor rows over its bytes) and, with --max-shape, its ``max_shape``."""
+    name: str
+    shape: tuple
+    dtype: str
+    tensor: int
+    max_shape: tuple[int, ...] | None = None
+    views: Any = None
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    KEYS = ("name", "shape", "dtype", "tensor", "max_shape", "views")
+
+    @classmethod
+    def parse(cls, obj: Any, what: str, num_tensors: int, symbolic: bool) -> IORow:
+        obj = _map(obj, what)
+        shape = _shape(obj.get("shape"), what, symbolic)
+        bound = obj.get("max_shape")
+        if bound is not None:
+            bound = check_shape(bound, f"{what} max_shape")
+            if len(bound) != len(shape):
+                raise _bad(f"{what} max_shape", "does not match its shape's rank")
+        # Advice, kept as given: a list that is not tensor indices only turns reading the
+        # caller's array in place off (Model._bindings), as it always did.
+        views = freeze(obj.get("views"))
+        return cls(_str(obj.get("name"), f"{what} name"), shape,
+                   check_dtype(obj.get("dtype"), what),
+                   _int(obj.get("tensor"), f"{what} tensor", 0, num_tensors), bound, views,
+                   cls._extra(obj))
+
+
+@dataclass(frozen=True)
+class TensorRow:
+    """One row of a plan's tensor table, ``[kind, ref, shape, dtype]``: ``ref`` is a byte offset
+    in the arena (ARENA), a constant's index (CONST) or 0 (SIZES: a symbolic plan's size
+    variables)."""
+    kind: int
+    ref: int
+    shape: tuple
+    dtype: str
+
+    @classmethod
+    def parse(cls, obj: Any, what: str, num_constants: int, symbolic: bool) -> TensorRow:
+        if not isinstance(obj, list) or len(obj) != 4:
+            raise _bad(what)
+        kind = _int(obj[0], f"{what} kind", 0, 3 if symbolic else 2)
+        ref = _int(obj[1], f"{what} offset", 0, num_constants if kind == CONST else MAX_DIM)
+        return cls(kind, ref, _shape(obj[2], what, symbolic), check_dtype(obj[3], what))
+
+    def to_msgpack(self) -> list:
+        return [self.kind, self.ref, plain(self.shape), self.dtype]
+
+
+@dataclass(frozen=True)
+class KernelRow(_Record):
+    """A kernel: its symbol in the object code and calling facts. ``source`` (the source-model
+    nodes), ``symbolic`` (takes the size variables last), ``workspace`` (a dim record) and
+    ``macs`` are optional."""
+    name: str
+    symbol: str
+    num_inputs: int
+    num_outputs: int
+    workspace_bytes: int
+    parallel: bool | None = None
+    source: Any = None
+    symbolic: bool | None = None
+    workspace: Any = None
+    macs: int | None = None
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    KEYS = ("name", "symbol", "num_inputs", "num_outputs", "workspace_bytes", "parallel",
+            "source", "symbolic", "workspace", "macs")
+
+    @classmethod
+    def parse(cls, obj: Any, what: str) -> KernelRow:
+        obj = _map(obj, what)
+        flags = [obj.get(k) for k in ("parallel", "symbolic")]
+        if any(f is not None and not isinstance(f, bool) for f in flags):
+            raise _bad(what, "has a flag that is not a boolean")
+        ws = obj.get("workspace")
+        macs = obj.get("macs")
+        return cls(_str(obj.get("name"), f"{what} name"), _str(obj.get("symbol"),
+                                                               f"{what} symbol"),
+                   _int(obj.get("num_inputs"), f"{what} num_inputs", 0, 1 << 16),
+                   _int(obj.get("num_outputs"), f"{what} num_outputs", 0, 1 << 16),
+                   _int(obj.get("workspace_bytes"), f"{what} workspace_bytes", 0, MAX_DIM),
+                   flags[0], freeze(obj.get("source")), flags[1],
+                   None if ws is None else _dim_record(ws, f"{what} workspace"),
+                   None if macs is None else _int(macs, f"{what} macs"), cls._extra(obj))
+
+    @property
+    def operands(self) -> int:
+        """How many tensors a call passes: inputs, outputs, a workspace, the size variables."""
+        return (self.num_inputs + self.num_outputs
+                + (1 if self.workspace_bytes or self.workspace is not None else 0)
+                + (1 if self.symbolic else 0))
+
+
+@dataclass(frozen=True)
+class CodeVariant(_Record):
+    """One target's object code: the target record (``Target.to_record``), the object, the
+    external symbols it may use and each kernel's code size."""
+    arch: str
+    level: str
+    object: PayloadRef
+    features: tuple[str, ...] | None = None
+    triple: str | None = None
+    cpu: str | None = None
+    llvm_features: str | None = None
+    externals: tuple[str, ...] | None = None
+    code_sizes: Mapping[str, int] | None = None
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    KEYS = ("arch", "level", "features", "triple", "cpu", "llvm_features", "object",
+            "externals", "code_sizes")
+
+    @classmethod
+    def parse(cls, obj: Any, what: str, data_size: int) -> CodeVariant:
+        obj = _map(obj, what)
+        features, externals, sizes = obj.get("features"), obj.get("externals"), \
+            obj.get("code_sizes")
+        if features is not None:
+            features = tuple(_str(f, f"{what} features") for f in _list(features,
+                                                                         f"{what} features"))
+        if externals is not None:
+            externals = tuple(_str(f, f"{what} externals") for f in _list(externals,
+                                                                          f"{what} externals"))
+        if sizes is not None:
+            sizes = {_str(k, f"{what} code_sizes"): _int(v, f"{what} code_sizes")
+                     for k, v in _map(sizes, f"{what} code_sizes").items()}
+        text = [obj.get(k) for k in ("triple", "cpu", "llvm_features")]
+        if any(t is not None and not isinstance(t, str) for t in text):
+            raise _bad(what, "has a target field that is not a string")
+        return cls(_str(obj.get("arch"), f"{what} arch"), _str(obj.get("level"), f"{what} level"),
+                   payload_ref(obj.get("object"), f"{what} object", data_size), features,
+                   *text, externals, sizes, cls._extra(obj))
+
+    def record(self) -> dict[str, Any]:
+        """The variant as a map, as ``cpu.pick_variant`` and ``Model.code_variant`` take it."""
+        return self.to_msgpack()
+
+
+@dataclass(frozen=True)
+class LibraryCall(_Record):
+    func: str
+    attrs: Mapping[str, Any] | None = None
+    source: Any = None
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    KEYS = ("func", "attrs", "source")
+
+    @classmethod
+    def parse(cls, obj: Any, what: str) -> LibraryCall:
+        obj = _map(obj, what)
+        attrs = obj.get("attrs")
+        if attrs is not None:
+            attrs = _map(attrs, f"{what} attrs")
+        return cls(_str(obj.get("func"), f"{what} func"), attrs, freeze(obj.get("source")),
+                   cls._extra(obj))
+
+
+@dataclass(frozen=True)
+class VMRecord(_Record):
+    bytecode: PayloadRef
+    instructions: int | None = None
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    KEYS = ("bytecode", "instructions")
+
+
+@dataclass(frozen=True)
+class MemoryPlan(_Record):
+    arena_bytes: int
+    intermediate_bytes: int | None = None
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    KEYS = ("arena_bytes", "intermediate_bytes")
+
+
+@dataclass(frozen=True)
+class Symbolic(_Record):
+    """Format 1.3: the size variables, each arena buffer's ``(size record, first step, last
+    step)``, and the relations between sizes the runtime checks when it binds
+    (``[op, record, record, text]``); ``runtime/symbolic.py`` plans memory from them."""
+    vars: tuple[str, ...]
+    buffers: tuple[tuple[Any, int, int], ...]
+    checks: tuple[tuple[str, Any, Any, str], ...] | None = None
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    KEYS = ("vars", "buffers", "checks")
+
+    @classmethod
+    def parse(cls, obj: Any) -> Symbolic:
+        what = "symbolic record"
+        obj = _map(obj, what)
+        names = tuple(_str(v, f"{what} vars") for v in _list(obj.get("vars"), f"{what} vars"))
+        buffers = []
+        for i, b in enumerate(_list(obj.get("buffers"), f"{what} buffers")):
+            if not isinstance(b, list) or len(b) != 3:
+                raise _bad(f"symbolic buffer {i}")
+            buffers.append((_dim_record(b[0], f"symbolic buffer {i}"),
+                            _int(b[1], f"symbolic buffer {i} start"),
+                            _int(b[2], f"symbolic buffer {i} end")))
+        checks = obj.get("checks")
+        if checks is not None:
+            rows = []
+            for i, c in enumerate(_list(checks, "symbolic checks")):
+                if not isinstance(c, list) or len(c) != 4 or c[0] not in ("eq", "le") \
+                        or not isinstance(c[3], str):
+                    raise _bad(f"symbolic check {i}")
+                rows.append((c[0], _dim_record(c[1], f"symbolic check {i}"),
+                             _dim_record(c[2], f"symbolic check {i}"), c[3]))
+            checks = tuple(rows)
+        return cls(names, tuple(buffers), checks, cls._extra(obj))
+
+
+PLAN_KEYS = ("inputs", "outputs", "kernels", "code", "library_calls", "tensors", "vm",
+             "memory_plan", "symbolic")
+
+
+@dataclass(frozen=True)
+class Plan(_Record):
+    """What runs one batch size: I/O, kernels, code per target, library calls, the tensor table,
+    the bytecode and the memory plan (``symbolic``: planned at run time instead)."""
+    inputs: tuple[IORow, ...]
+    outputs: tuple[IORow, ...]
+    kernels: tuple[KernelRow, ...]
+    code: tuple[CodeVariant, ...]
+    tensors: tuple[TensorRow, ...]
+    vm: VMRecord
+    memory_plan: MemoryPlan
+    library_calls: tuple[LibraryCall, ...] | None = None
+    symbolic: Symbolic | None = None
+    batch: int | None = None
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    KEYS = ("batch",) + PLAN_KEYS
+
+    @classmethod
+    def parse(cls, obj: dict, what: str, data_size: int, num_constants: int,
+              batch: int | None = None, known: tuple[str, ...] = KEYS) -> Plan:
+        at = f"{what}: " if what else ""
+        sym = obj.get("symbolic")
+        symbolic = Symbolic.parse(sym) if sym is not None else None
+        is_sym = symbolic is not None
+        tensors = tuple(TensorRow.parse(r, f"{at}tensor {i}", num_constants, is_sym)
+                        for i, r in enumerate(_list(obj.get("tensors"), f"{at}tensors")))
+        n = len(tensors)
+        io = [tuple(IORow.parse(r, f"{at}{kind}[{i}]", n, is_sym)
+                    for i, r in enumerate(_list(obj.get(kind), f"{at}{kind}", nonempty=True)))
+              for kind in ("inputs", "outputs")]
+        kernels = tuple(KernelRow.parse(k, f"{at}kernel {i}")
+                        for i, k in enumerate(_list(obj.get("kernels"), f"{at}kernels")))
+        code = tuple(CodeVariant.parse(v, f"{at}code variant {i}", data_size)
+                     for i, v in enumerate(_list(obj.get("code"), f"{at}code", nonempty=True)))
+        calls = obj.get("library_calls")
+        if calls is not None:
+            calls = tuple(LibraryCall.parse(c, f"{at}library call {i}")
+                          for i, c in enumerate(_list(calls, f"{at}library_calls")))
+        vm = _map(obj.get("vm"), f"{at}vm")
+        ins = vm.get("instructions")
+        vm_rec = VMRecord(payload_ref(vm.get("bytecode"), f"{at}bytecode", data_size),
+                          None if ins is None else _int(ins, f"{at}vm instructions"),
+                          VMRecord._extra(vm))
+        mp = obj.get("memory_plan")
+        if not isinstance(mp, dict) or not _is_int(mp.get("arena_bytes")) \
+                or not 0 <= mp["arena_bytes"] < MAX_DIM:
+            raise _bad(f"{at}memory plan", "has no valid arena size")
+        inter = mp.get("intermediate_bytes")
+        plan = MemoryPlan(mp["arena_bytes"], None if inter is None
+                          else _int(inter, f"{at}memory plan intermediate_bytes"),
+                          MemoryPlan._extra(mp))
+        return cls(io[0], io[1], kernels, code, tensors, vm_rec, plan, calls, symbolic, batch,
+                   cls._extra(obj, known))
+
+    def top_level(self) -> dict[str, Any]:
+        """This plan's keys as the top level of a header holds them (no ``batch``)."""
+        out = self.to_msgpack()
+        out.pop("batch", None)
+        return out
+
+
+@dataclass(frozen=True)
+class BatchInfo(_Record):
+    """A dynamic-batch bundle: the plans' batch sizes (ascending) and the inputs and outputs
+    that have the batch as their first dimension."""
+    sizes: tuple[int, ...]
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    KEYS = ("sizes", "inputs", "outputs")
+
+
+@dataclass(frozen=True)
+class ConstantRow(_Record):
+    name: Any
+    shape: tuple[int, ...]
+    dtype: str
+    data: PayloadRef
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    KEYS = ("name", "shape", "dtype", "data")
+    ALWAYS = frozenset({"name"})
+
+
+@dataclass(frozen=True)
+class GoldenRow(_Record):
+    """One array of the golden pair; outputs may carry the exporter's ``magnitude`` and a
+    quantized model's ``quant_step``."""
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    data: PayloadRef
+    magnitude: float | None = None
+    quant_step: float | None = None
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    KEYS = ("name", "shape", "dtype", "data", "magnitude", "quant_step")
+
+
+@dataclass(frozen=True)
+class Golden(_Record):
+    """The golden pair (``packager/golden.py``): inputs, the reference's outputs, the
+    tolerance, which reference made them and the inputs' seed."""
+    inputs: tuple[GoldenRow, ...]
+    outputs: tuple[GoldenRow, ...]
+    rtol: float
+    atol: float
+    reference: Any = None
+    seed: Any = None
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    KEYS = ("inputs", "outputs", "rtol", "atol", "reference", "seed")
+    ALWAYS = frozenset({"reference", "seed"})
+
+    @classmethod
+    def parse(cls, obj: Any, data_size: int) -> Golden:
+        obj = _map(obj, "golden record")
+        rows = []
+        for kind in ("inputs", "outputs"):
+            out = []
+            for i, r in enumerate(_list(obj.get(kind), f"golden {kind}")):
+                what = f"golden {kind[:-1]} {i}"
+                r = _map(r, what)
+                opt = [r.get(k) for k in ("magnitude", "quant_step")]
+                # Optional: a value that is not a finite non-negative number is ignored
+                # (runtime/verify.golden_magnitudes), as before these types.
+                out.append(GoldenRow(_str(r.get("name"), f"{what} name"),
+                                     check_shape(r.get("shape"), what),
+                                     check_dtype(r.get("dtype"), what),
+                                     payload_ref(r.get("data"), what, data_size),
+                                     *[freeze(v) for v in opt], GoldenRow._extra(r)))
+            rows.append(tuple(out))
+        tol = []
+        for key in ("rtol", "atol"):
+            v = obj.get(key)
+            if not isinstance(v, (int, float)) or isinstance(v, bool) or not 0 <= v < 1e6:
+                raise _bad(f"golden {key}", "is not a valid tolerance")
+            tol.append(v)
+        return cls(rows[0], rows[1], *tol, freeze(obj.get("reference")),
+                   freeze(obj.get("seed")), cls._extra(obj))
+
+
+@dataclass(frozen=True)
+class Digest(_Record):
+    """Format 1.2's tree digest: SHA-256 of every ``chunk``-byte slice of the payload area."""
+    alg: str
+    chunk: int
+
+    KEYS = ("alg", "chunk")
+
+
+@dataclass(frozen=True)
+class PayloadArea(_Record):
+    """Format 1.4: where the payload area lies in the file (after the msgpack map, whose
+    ``"data"`` is then empty), for payload areas of 4 GiB and more."""
+    offset: int
+    size: int
+
+    KEYS = ("offset", "size")
+
+
+# The top level, in the writer's order. The plan's keys sit among them (a one-plan bundle is its
+# plan; a dynamic-batch bundle has its largest plan there too, for readers of format 1.0).
+TOP_KEYS = ("format", "min_reader", "compiler", "model", "inputs", "outputs", "preprocess",
+            "labels", "constants", "kernels", "code", "library_calls", "tensors", "vm",
+            "memory_plan", "symbolic", "ir", "batch", "plans", "golden", "digest", "signature",
+            "payload", "pad")
+ALWAYS_TOP = frozenset({"compiler", "model", "preprocess", "labels"})
+
+
+@dataclass(frozen=True)
+class Header:
+    """A bundle's header (see the module doc). ``plans`` has one ``Plan`` per batch size, or the
+    header's own plan; ``plan`` is the largest (what the top level holds)."""
+    format: tuple[int, int]
+    plans: tuple[Plan, ...]
+    constants: tuple[ConstantRow, ...]
+    min_reader: tuple[int, int] | None = None
+    compiler: Any = None
+    model: Any = None
+    preprocess: Mapping[str, Any] | None = None
+    labels: tuple | None = None
+    ir: PayloadRef | None = None
+    batch: BatchInfo | None = None
+    golden: Golden | None = None
+    payload: PayloadArea | None = None
+    digest: Digest | None = None
+    signature: Any = None
+    pad: bytes | None = None
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def plan(self) -> Plan:
+        return self.plans[-1]
+
+    @property
+    def symbolic(self) -> Symbolic | None:
+        return self.plan.symbolic
+
+    def to_msgpack(self) -> dict[str, Any]:
+        """The header map the writer packs (keys in the writer's order)."""
+        top = self.plan.top_level()
+        fields = {"format": list(self.format), "ir": self.ir, "batch": self.batch,
+                  "golden": self.golden, "payload": self.payload, "digest": self.digest,
+                  "signature": self.signature, "pad": self.pad,
+                  "min_reader": None if self.min_reader is None else list(self.min_reader),
+                  "compiler": self.compiler, "model": self.model, "preprocess": self.preprocess,
+                  "labels": self.labels, "constants": self.constants}
+        if self.batch is not None:
+            fields["plans"] = list(self.plans)
+        out = {}
+        for key in TOP_KEYS:
+            if key in top:
+                out[key] = top[key]
+            elif fields.get(key) is not None or key in ALWAYS_TOP:
+                out[key] = plain(fields.get(key))
+        for key, value in top.items():   # a plan's unknown keys
+            out.setdefault(key, value)
+        out.update(plain(self.extra))
+        return out
+
+    def payload_refs(self) -> list[tuple[str, PayloadRef]]:
+        """Every payload record, named as the header's errors name it."""
+        refs = [(f"constant {i}", c.data) for i, c in enumerate(self.constants)]
+        many = len(self.plans) > 1 or self.batch is not None
+        for p, plan in enumerate(self.plans):
+            at = f" of plan {p}" if many else ""
+            refs += [(f"code object {i}{at}", v.object) for i, v in enumerate(plan.code)]
+            refs.append((f"bytecode{at}", plan.vm.bytecode))
+        if self.ir is not None:
+            refs.append(("IR text", self.ir))
+        if self.golden is not None:
+            refs += [(f"golden {kind} {i}", r.data) for kind, rows in
+                     (("input", self.golden.inputs), ("output", self.golden.outputs))
+                     for i, r in enumerate(rows)]
+        return refs
+
+    @classmethod
+    def from_msgpack(cls, obj: Any, data_size: int, name: str = "bundle") -> Header:
+        """Validate a decoded header map against a payload area of ``data_size`` bytes; one
+        ``BundleError`` naming the field when anything is wrong."""
+        h = _map(obj, "header")
+        fmt = _version(h.get("format"), "format")
+        need = h.get("min_reader")
+        min_reader = None if need is None else _version(need, "min_reader")
+        consts = []
+        for i, c in enumerate(_list(h.get("constants"), "constants")):
+            what = f"constant {i}"
+            c = _map(c, what)
+            consts.append(ConstantRow(freeze(c.get("name")), check_shape(c.get("shape"), what),
+                                      check_dtype(c.get("dtype"), what),
+                                      payload_ref(c.get("data"), what, data_size),
+                                      ConstantRow._extra(c)))
+        known = tuple(k for k in TOP_KEYS if k not in PLAN_KEYS)
+        top = Plan.parse(h, "", data_size, len(consts), known=known + PLAN_KEYS)
+        batch, plans = cls._plans(h, top, data_size, len(consts))
+        labels = h.get("labels")
+        if labels is not None:
+            labels = freeze(_list(labels, "labels"))
+        preprocess = h.get("preprocess")
+        if preprocess is not None:
+            preprocess = dict(_map(preprocess, "preprocess"))   # as given: `infer` reads it
+        ir = h.get("ir")
+        digest = h.get("digest")
+        if digest is not None:
+            chunk = digest.get("chunk") if isinstance(digest, dict) else None
+            if not isinstance(digest, dict) or set(digest) != {"alg", "chunk"} \
+                    or digest["alg"] != DIGEST_ALG or not _is_int(chunk) \
+                    or not MIN_CHUNK <= chunk <= MAX_CHUNK or chunk & (chunk - 1):
+                raise _bad("digest record", f"is invalid (expected alg {DIGEST_ALG!r} and a "
+                           f"power-of-two chunk of {MIN_CHUNK} to {MAX_CHUNK} bytes)")
+            digest = Digest(DIGEST_ALG, chunk)
+        area = h.get("payload")
+        if area is not None:
+            area = _map(area, "payload area")
+            if set(area) != {"offset", "size"}:
+                raise _bad("payload area")
+            area = PayloadArea(_int(area["offset"], "payload area offset"),
+                               _int(area["size"], "payload area size"))
+        pad = h.get("pad")
+        if pad is not None and not isinstance(pad, bytes):
+            raise _bad("pad", "is not bytes")
+        golden = h.get("golden")
+        header = cls(fmt, plans, tuple(consts), min_reader, freeze(h.get("compiler")),
+                     freeze(h.get("model")), preprocess, labels,
+                     None if ir is None else payload_ref(ir, "IR text", data_size), batch,
+                     None if golden is None else Golden.parse(golden, data_size), area, digest,
+                     freeze(h.get("signature")), pad,
+                     {k: freeze(v) for k, v in h.items() if k not in TOP_KEYS})
+        check_disjoint(header.payload_refs(), name)
+        return header
+
+    @staticmethod
+    def _plans(h: dict, top: Plan, data_size: int, num_constants: int
+               ) -> tuple[BatchInfo | None, tuple[Plan, ...]]:
+        if "plans" not in h and "batch" not in h:
+            return None, (top,)
+        if top.symbolic is not None:
+            raise _bad("plans", "cannot go with symbolic shapes")
+        rows, rec = h.get("plans"), h.get("batch")
+        if not isinstance(rows, list) or not rows or len(rows) > MAX_PLANS \
+                or not all(isinstance(p, dict) for p in rows) or not isinstance(rec, dict):
+            raise _bad("plans/batch", "are malformed")
+        sizes = [p.get("batch") for p in rows]
+        if not all(_is_int(b) and 0 < b < 1 << 31 for b in sizes) \
+                or sizes != sorted(set(sizes)) or rec.get("sizes") != sizes:
+            raise _bad("plan batch sizes", f"{sizes!r:.60} are malformed")
+        names = [rec.get("inputs"), rec.get("outputs")]
+        if not all(isinstance(v, list) and all(isinstance(x, str) for x in v) for v in names) \
+                or not names[0]:
+            raise _bad("batched inputs/outputs", "are malformed")
+        batch = BatchInfo(tuple(sizes), tuple(names[0]), tuple(names[1]),
+                          BatchInfo._extra(rec))
+        plans = tuple(Plan.parse(p, f"plan {i}", data_size, num_constants, p["batch"])
+                      for i, p in enumerate(rows))
+        if any(p.symbolic is not None for p in plans):
+            raise _bad("plans", "cannot go with symbolic shapes")
+        if dataclasses.replace(plans[-1], batch=None, extra={}) != \
+                dataclasses.replace(top, extra={}):
+            raise _bad("top-level plan", "differs from the largest batch plan")
+        check_batch(batch, plans)
+        return batch, plans
+
+
+def check_batch(batch: BatchInfo, plans: tuple[Plan, ...]) -> None:
+    """Every plan has the same inputs and outputs, every output and each batched input has the
+    plan's batch first, and the other dims agree between plans."""
+    ref = plans[0]
+    for b, plan in zip(batch.sizes, plans):
+        for mine, theirs, what, batched in ((plan.inputs, ref.inputs, "input", batch.inputs),
+                                            (plan.outputs, ref.outputs, "output",
+                                             batch.outputs)):
+            if [(s.name, s.dtype, len(s.shape)) for s in mine] != \
+                    [(s.name, s.dtype, len(s.shape)) for s in theirs]:
+                raise _bad(f"the plans' {what}s", "differ")
+            for s, r in zip(mine, theirs):
+                if s.name in batched or what == "output":
+                    if s.name not in batched or not s.shape or s.shape[0] != b \
+                            or s.shape[1:] != r.shape[1:]:
+                        raise _bad(f"{what} {s.name!r} of the batch-{b} plan",
+                                   "does not have the batch first")
+                elif s.shape != r.shape:
+                    raise _bad(f"{what} {s.name!r}", "differs between plans")
+    if not set(batch.inputs) <= {s.name for s in ref.inputs}:
+        raise _bad("batched inputs", "name no input")
