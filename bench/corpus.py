@@ -329,7 +329,7 @@ def synthetic_document(h: int, w: int, rng: np.random.Generator) -> np.ndarray:
     while y < h * 0.94 - line_h:
         if rng.random() < 0.15:  # a picture block between paragraphs
             block_h = min(int(rng.integers(3, 6)) * line_h, int(h * 0.94) - y)
-            page[y:y + block_h, w // 8:w - w // 8] = synthetic_image(block_h, w - w // 4,
+            page[y:y + block_h, w // 8:w - w // 8] = synthetic_image(block_h, w - 2 * (w // 8),
                                                                      rng).mean(axis=2)
             y += block_h + line_h
             continue

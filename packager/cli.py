@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, List, Optional
 
 import numpy as np
 import typer
@@ -466,13 +466,17 @@ def bench(
                                          metavar="FILE"),
     top: int = typer.Option(30, "--top", help="kernels in the --profile table (0: all)",
                             metavar="N"),
+    shape: Optional[List[str]] = typer.Option(
+        None, "--shape", help="an input's shape, NAME=DIMS (repeatable): the sizes a bundle "
+        "with symbolic shapes is timed at (default: every size variable 1)",
+        metavar="NAME=DIMS"),
     debug: bool = typer.Option(False, help="show tracebacks"),
 ) -> None:
     """Time a bundle on random inputs: load, first inference, then p50/p90/p99 latency
     (--profile: per kernel)."""
     _shared(debug, lambda: commands.bench(bundle, runs=runs, threads=threads, budget_s=budget,
                                           as_json=as_json, profile=profile, trace=trace,
-                                          top=top, echo=typer.echo))
+                                          top=top, echo=typer.echo, shapes=shape))
 
 
 @app.command(epilog=_example(commands.VERIFY_EXAMPLE))

@@ -193,7 +193,10 @@ def emit_program(mod: IRModule, kernels: dict[str, KernelInfo], func: str = "mai
                                      for _, b in sorted(buffers.items())]}
         checks = []
         relations = list(getattr(mod, "relations", [])) + take_relations()
-        for op, a, b_, _ in relations:
+        # the ones over one size variable first: a failing input is then named by the sentence
+        # about that size ("h must be between 33 and 80"), not by a relation over several sizes
+        # that the same cause broke too (a reshape's element counts)
+        for op, a, b_, _ in sorted(relations, key=lambda r: len(shape_vars([r[1], r[2]])) > 1):
             row = [op, to_record(a), to_record(b_), relation_text(op, a, b_, relations)]
             if row not in checks:
                 checks.append(row)

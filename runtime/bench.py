@@ -10,6 +10,7 @@ from typing import Callable
 
 import numpy as np
 
+from .errors import InputError
 from .symbolic import example_shape
 
 from .model import load
@@ -52,11 +53,19 @@ def sample_runs(fn: Callable[[], object], runs: int | None = None, budget_s: flo
     return times
 
 
-def random_feeds(model) -> dict[str, np.ndarray]:
+def random_feeds(model, shapes: dict[str, tuple[int, ...]] | None = None
+                 ) -> dict[str, np.ndarray]:
+    """Seeded random inputs; ``shapes`` gives an input's shape (a symbolic bundle's sizes),
+    else every size variable is 1."""
+    shapes = shapes or {}
+    unknown = sorted(set(shapes) - {s.name for s in model.inputs})
+    if unknown:
+        raise InputError(f"--shape names no input of the model: {', '.join(unknown)} (inputs: "
+                         f"{', '.join(s.name for s in model.inputs)})")
     rng = np.random.default_rng(0)
     feeds = {}
     for spec in model.inputs:
-        shape = example_shape(spec.shape)   # symbolic dims: every size variable at 1
+        shape = shapes.get(spec.name) or example_shape(spec.shape)
         if spec.dtype.startswith("float"):
             feeds[spec.name] = rng.standard_normal(shape).astype(spec.dtype)
         else:
@@ -64,16 +73,28 @@ def random_feeds(model) -> dict[str, np.ndarray]:
     return feeds
 
 
+def first_run(model, feeds: dict[str, np.ndarray], shapes_given: bool) -> None:
+    """``model.run(feeds)``; a symbolic bundle whose relations the default sizes (every size
+    variable 1) break says how to give sizes."""
+    try:
+        model.run(feeds)
+    except InputError as exc:
+        if shapes_given or getattr(model, "_symbolic", None) is None:
+            raise
+        raise InputError(f"{exc}; give the input sizes with --shape NAME=DIMS") from None
+
+
 def bench(model_path: str | os.PathLike, runs: int | None = None, threads: int = 1,
-          budget_s: float = 1.0) -> Timing:
-    """Load ``model_path`` with ``threads`` threads and time it on random inputs."""
+          budget_s: float = 1.0, shapes: dict[str, tuple[int, ...]] | None = None) -> Timing:
+    """Load ``model_path`` with ``threads`` threads and time it on random inputs (of
+    ``shapes``, for a bundle with symbolic sizes)."""
     t0 = time.perf_counter()
     model = load(model_path, threads=threads)
     load_ms = (time.perf_counter() - t0) * 1e3
     try:
-        feeds = random_feeds(model)
+        feeds = random_feeds(model, shapes)
         t0 = time.perf_counter()
-        model.run(feeds)
+        first_run(model, feeds, bool(shapes))
         first_ms = (time.perf_counter() - t0) * 1e3
         times = np.array(sample_runs(lambda: model.run(feeds), runs, budget_s)) * 1e6
     finally:

@@ -59,7 +59,7 @@ def _verify(a: argparse.Namespace) -> None:
 
 def _bench(a: argparse.Namespace) -> None:
     commands.bench(a.bundle, runs=a.runs, threads=a.threads, budget_s=a.budget, as_json=a.json,
-                   profile=a.profile, trace=a.trace, top=a.top)
+                   profile=a.profile, trace=a.trace, top=a.top, shapes=a.shape)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -117,6 +117,9 @@ def parser() -> argparse.ArgumentParser:
                    "JSON (Perfetto, chrome://tracing); implies --profile")
     p.add_argument("--top", type=int, default=30, metavar="N",
                    help="kernels in the --profile table (0: all; default 30)")
+    p.add_argument("--shape", action="append", default=None, metavar="NAME=DIMS",
+                   help="an input's shape (repeatable): the sizes a bundle with symbolic "
+                   "shapes is timed at (default: every size variable 1)")
     return top
 
 

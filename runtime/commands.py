@@ -279,20 +279,43 @@ def verify(bundle: str | os.PathLike, *, rtol: float | None = None, atol: float 
 
 # ---- bench --profile: every kernel timed (runtime/profile.py) ------------------------------
 
+def parse_shapes(values: Sequence[str] | None) -> dict[str, tuple[int, ...]]:
+    """``--shape NAME=D,D,...`` values (repeatable) as {name: shape}; a usage error otherwise."""
+    shapes: dict[str, tuple[int, ...]] = {}
+    for text in values or ():
+        name, sep, dims = str(text).partition("=")
+        try:
+            shape = tuple(int(d) for d in dims.split(",")) if sep and name else ()
+        except ValueError:
+            shape = ()
+        if not shape or min(shape) < 1:
+            raise UsageError(f"--shape {text}: expected NAME=DIMS with every dim >= 1, "
+                             "e.g. --shape x=1,3,48,320")
+        if name in shapes:
+            raise UsageError(f"--shape {name} is given twice")
+        shapes[name] = shape
+    return shapes
+
+
 def profile_bundle(path: str | os.PathLike, runs: int | None = None, threads: int = 1,
-                   budget_s: float = 1.0) -> Profile:
+                   budget_s: float = 1.0, shapes: dict[str, tuple[int, ...]] | None = None
+                   ) -> Profile:
     """Load the bundle at ``path`` with ``threads`` threads and profile it on random inputs
-    (``bench``'s): ``runs`` timed runs, or as many as fit in about ``budget_s`` (5 to 1000)."""
-    from .bench import random_feeds
+    (``bench``'s, of ``shapes`` when given: a symbolic bundle is profiled on the plan of those
+    sizes): ``runs`` timed runs, or as many as fit in about ``budget_s`` (5 to 1000)."""
+    from .bench import first_run, random_feeds
     from .model import load
 
     with load(path, threads=threads) as model:
-        feeds = random_feeds(model)
+        feeds = random_feeds(model, shapes)
         t0 = time.perf_counter()
-        model.run(feeds)
+        first_run(model, feeds, bool(shapes))
         once = time.perf_counter() - t0
         if runs is None:
             runs = int(min(1000, max(5, budget_s / max(once, 1e-6))))
+        symbolic = getattr(model, "_symbolic", None)
+        if symbolic is not None:   # Model.profile does not delegate to it yet
+            return symbolic.profile(feeds, runs=runs, warmup=1)
         return model.profile(feeds, runs=runs, warmup=1)
 
 
@@ -354,13 +377,14 @@ def write_trace(profile: Profile, path: str | os.PathLike) -> None:
 def profile_command(bundle: str | os.PathLike, *, runs: int | None = None, threads: int = 1,
                     budget_s: float = 1.0, as_json: bool = False,
                     trace: str | os.PathLike | None = None, top: int | None = None,
-                    echo: Callable[[str], None] = print) -> Profile:
+                    echo: Callable[[str], None] = print,
+                    shapes: Sequence[str] | None = None) -> Profile:
     """``mlcpack bench --profile``: profile ``bundle``, print the table (or JSON) and write the
     trace to ``trace`` when given."""
     for value, low, flag in ((runs, 1, "--runs"), (threads, 1, "--threads"),
                              (budget_s, 0, "--budget"), (top, 0, "--top")):
         check_at_least(value, low, flag)
-    profile = profile_bundle(bundle, runs, threads, budget_s)
+    profile = profile_bundle(bundle, runs, threads, budget_s, parse_shapes(shapes))
     if trace is not None:
         write_trace(profile, trace)
     if as_json:
@@ -378,7 +402,7 @@ def profile_command(bundle: str | os.PathLike, *, runs: int | None = None, threa
 def bench(bundle: str | os.PathLike, *, runs: int | None = None, threads: int = 1,
           budget_s: float = 1.0, as_json: bool = False, profile: bool = False,
           trace: str | os.PathLike | None = None, top: int | None = 30,
-          echo: Echo = _stdout) -> None:
+          echo: Echo = _stdout, shapes: Sequence[str] | None = None) -> None:
     """Time ``bundle`` on random inputs: load, first run, then latency percentiles over
     ``runs`` runs (default: as many as fit in ``budget_s`` seconds, at least 5). With
     ``profile`` (or a ``trace`` file) time every kernel instead (runtime/profile.py)."""
@@ -386,12 +410,12 @@ def bench(bundle: str | os.PathLike, *, runs: int | None = None, threads: int = 
 
     if profile or trace is not None:
         profile_command(bundle, runs=runs, threads=threads, budget_s=budget_s, as_json=as_json,
-                        trace=trace, top=top, echo=echo)
+                        trace=trace, top=top, echo=echo, shapes=shapes)
         return
     check_at_least(runs, 1, "--runs")
     check_at_least(threads, 1, "--threads")
     check_at_least(budget_s, 0, "--budget")
-    t = time_bundle(bundle, runs, threads, budget_s)
+    t = time_bundle(bundle, runs, threads, budget_s, parse_shapes(shapes))
     name = os.path.basename(os.fspath(bundle))
     if as_json:
         echo(json.dumps({"bundle": os.fspath(bundle), "threads": threads, "runs": t.runs,

@@ -119,11 +119,21 @@ for _op_type, _op in {"ArgMax": "argmax", "ArgMin": "argmin"}.items():
 @converter("Trilu", since=14, attrs={"upper": 1})
 def _trilu(ctx: NodeContext) -> Value:
     x = ctx.input(0)
-    k = int(ctx.require_const(1, "k").reshape(())) if ctx.has_input(1) else 0
     rows, cols = x.type.shape[-2:]
+    zeros = ctx.constant(np.zeros((1,) * len(x.type.shape), x.type.dtype), "zero")
+    if ctx.has_input(1) and ctx.const(1) is None and isinstance(rows, int) \
+            and isinstance(cols, int):   # k fed at run time: keep where col - row >= k (<= k)
+        k = ctx.input(1)
+        if k.type.dtype != "int64" or int(np.prod(k.type.shape)) != 1:
+            raise ctx.error(f"k has type {k.type.dtype}{list(k.type.shape)}; it must be one "
+                            "int64")
+        diag = np.arange(cols, dtype=np.int64)[None, :] - np.arange(rows, dtype=np.int64)[:, None]
+        keep = ctx.emit("greater_equal" if ctx.attrs["upper"] else "less_equal",
+                        ctx.constant(diag, "diagonal"), ctx.reshape(k, (1, 1)))
+        return ctx.emit("where", keep, x, zeros)
+    k = int(ctx.require_const(1, "k").reshape(())) if ctx.has_input(1) else 0
     keep = np.triu(np.ones((rows, cols), bool), k) if ctx.attrs["upper"] \
         else np.tril(np.ones((rows, cols), bool), k)
-    zeros = ctx.constant(np.zeros((1,) * len(x.type.shape), x.type.dtype), "zero")
     return ctx.emit("where", ctx.constant(keep, "mask"), x, zeros)
 
 

@@ -35,8 +35,11 @@ def fits(ctx: NodeContext, rec: _Recurrence, cell: str) -> bool:
     a = ctx.attrs
     if rec.dtype != "float32" or rec.clip is not None or rec.masks is not None:
         return False
-    if min(rec.seq, rec.batch, rec.hidden, rec.input_size) < 1 or ctx.const(2) is None:
+    if any(d < 1 for d in (rec.seq, rec.batch, rec.hidden, rec.input_size)) or \
+            ctx.const(2) is None:
         return False
+    if not all(isinstance(d, int) for d in (rec.batch, rec.hidden, rec.input_size)):
+        return False   # the kernel takes a run-time step count only (a symbolic time axis)
     names = [n.lower() for n in (a["activations"] or [])]
     if names and names not in (_DEFAULT_ACTIVATIONS[cell],
                                _DEFAULT_ACTIVATIONS[cell] * rec.num_dir):

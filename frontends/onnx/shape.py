@@ -106,9 +106,12 @@ def _squeeze(ctx: NodeContext, axes: Sequence[int] | None) -> Value:
         drop = {d for d, n in enumerate(shape) if n == 1}
     else:
         drop = set(_normalized_axes(ctx, axes, len(shape)))
-        wrong = [d for d in drop if shape[d] != 1]
+        wrong = [d for d in drop if shape[d] != 1 and is_static([shape[d]])]
         if wrong:
             raise ctx.error(f"cannot squeeze axes {wrong} of shape {shape}: size is not 1")
+        for d in sorted(drop):  # a size expression that is 1 for some sizes (a recognizer's
+            if shape[d] != 1:   # height after its strided convs): checked at run time
+                assume("eq", shape[d], 1, f"squeeze of axis {d} of {shape}")
     return ctx.reshape(x, tuple(n for d, n in enumerate(shape) if d not in drop))
 
 

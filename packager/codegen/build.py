@@ -99,7 +99,8 @@ KERNEL_RULES: tuple[tuple[str, KernelRule], ...] = (
 def _emit(module: ir.Module, func: PrimFunc, symbol: str, vl: int,
           size_vars: tuple[str, ...] = ()) -> KernelInfo:
     if size_vars and is_symbolic(func):   # run-time extents: matmul fast path, else generic
-        info = emit_symbolic_matmul(module, func, symbol, vl, size_vars)
+        info = emit_recurrence(module, func, symbol, vl, size_vars) or \
+            emit_symbolic_matmul(module, func, symbol, vl, size_vars)
         if info is not None:
             return info
         # Convolutions take their run-time extents as arguments (codegen/conv_symbolic.py);

@@ -68,8 +68,8 @@ def match_recurrence(func: PrimFunc):
 
 class RecurrenceEmitter(KernelEmitter):
     def __init__(self, module: ir.Module, func: PrimFunc, symbol: str, out: te.Tensor, tag,
-                 vl: int) -> None:
-        super().__init__(module, func, symbol)
+                 vl: int, size_vars: tuple[str, ...] = ()) -> None:
+        super().__init__(module, func, symbol, size_vars)
         self.out = out
         self.vl = vl
         self.vty = ir.VectorType(F32, vl)
@@ -80,7 +80,9 @@ class RecurrenceEmitter(KernelEmitter):
         self.lbr = bool(a.get("linear_before_reset", False))
         self.states = bool(a.get("states", False))
         xw = func.inputs[0]
-        self.steps, self.batch, _ = xw.shape
+        self.steps, self.batch, _ = xw.shape   # steps: a size expression in a symbolic kernel
+        if not isinstance(self.batch, int):
+            raise LoweringError(f"{func.name}: the recurrence kernel needs a fixed batch")
         self.dirs = len(self.reverse)
         self.gates = GATES[self.cell]
         self.blocks = -(-self.hidden // UNIT_BLOCK)
@@ -133,7 +135,7 @@ class RecurrenceEmitter(KernelEmitter):
         args = body_fn.args
         ins = list(args[:n_in])
         out, ws = args[n_in], args[n_in + 1]
-        task, ntasks = args[n_in + 2], args[n_in + 3]
+        task, ntasks = args[len(ptr_types)], args[len(ptr_types) + 1]   # after [sizes]
         b = self.builder
         dirs = const_i64(self.dirs)
         lo = b.sdiv(b.mul(task, dirs), ntasks)
@@ -146,11 +148,15 @@ class RecurrenceEmitter(KernelEmitter):
                 self._direction(d, ins, out, self._at(wsf, d * self.ws_dir // 4))
         b.ret_void()
         self._emit_entry(body_fn, len(ptr_types), ptr_types)
+        if self.symbolic:   # the step count is read from the sizes array (last pointer)
+            return KernelInfo(self.symbol, n_in, 1, 0, self.dirs > 1, symbolic=True,
+                              workspace_expr=self.dirs * self.ws_dir)
         return KernelInfo(self.symbol, n_in, 1, self.dirs * self.ws_dir, self.dirs > 1)
 
     def _direction(self, d: int, ins: list[ir.Value], out: ir.Value, ws: ir.Value) -> None:
         b = self.builder
-        T, B, H, G, D = self.steps, self.batch, self.hidden, self.gates, self.dirs
+        B, H, G, D = self.batch, self.hidden, self.gates, self.dirs
+        T = self._dim_value(self.steps)                   # i64: static or from the sizes
         xw, r, h0 = ins[0], ins[1], ins[2]
         gates = ws
         state = self._at(ws, B * G * self.hpad)           # LSTM: c; GRU (reset first): r * h
@@ -166,8 +172,10 @@ class RecurrenceEmitter(KernelEmitter):
         for g0, gn in weight_groups(self.cell, self.lbr):
             products.append((self._at(r_d, at), g0, gn))
             at += self.blocks * H * gn * UNIT_BLOCK
-        with for_range(b, const_i64(0), const_i64(T), "step") as s:
-            t = b.sub(const_i64(T - 1), s) if rev else s
+        with for_range(b, const_i64(0), T, "step") as s:
+            last = const_i64(self.steps - 1) if isinstance(self.steps, int) else \
+                b.sub(T, const_i64(1))
+            t = b.sub(last, s) if rev else s
             prev_t = b.add(t, const_i64(1)) if rev else b.sub(t, const_i64(1))
             # h_prev: h0 at the first step, else the output row the previous step wrote
             prev_row = b.gep(out, [self._mul_i(b.add(self._mul_i(prev_t, D), const_i64(d)),
@@ -181,7 +189,8 @@ class RecurrenceEmitter(KernelEmitter):
                 self._matvec(state, *products[1], gates)
             self._cell(x, prev, gates, state, rbh, y)
         if self.states and self.cell == "lstm":           # the final cell state: row T
-            dst = self._at(out, (T * D + d) * B * H)
+            dst = self._at(out, (self.steps * D + d) * B * H if isinstance(self.steps, int)
+                           else self._mul_i(b.add(self._mul_i(T, D), const_i64(d)), B * H))
             with for_range(b, const_i64(0), const_i64(B * H), "fin") as i:
                 self._st(self._ld(state, i), dst, i)
 
@@ -302,9 +311,11 @@ class RecurrenceEmitter(KernelEmitter):
             self._st(h, y, ho)
 
 
-def emit_recurrence(module: ir.Module, func: PrimFunc, symbol: str, vl: int
-                    ) -> KernelInfo | None:
+def emit_recurrence(module: ir.Module, func: PrimFunc, symbol: str, vl: int,
+                    size_vars: tuple[str, ...] = ()) -> KernelInfo | None:
+    """The recurrence kernel of ``func``, or None. With ``size_vars`` (a symbolic module) the
+    step count may be a size expression (a speech model's frames), read at run time."""
     match = match_recurrence(func)
     if match is None:
         return None
-    return RecurrenceEmitter(module, func, symbol, *match, vl).emit()
+    return RecurrenceEmitter(module, func, symbol, *match, vl, size_vars).emit()

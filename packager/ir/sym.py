@@ -367,35 +367,65 @@ def take_relations() -> list[tuple[str, Dim, Dim, str]]:
     return out
 
 
-def _holds(op: str, a: Dim, b: Dim, env: Mapping[str, int]) -> bool:
-    av, bv = evaluate(to_record(a), env), evaluate(to_record(b), env)
-    return av == bv if op == "eq" else av <= bv
+_TRIED = 1024   # relation_text describes a one-variable relation by its values on 1.._TRIED
+_TABLES: dict[tuple, Any] = {}   # (variable, relations' records) -> where they hold, on 1.._TRIED
+
+
+def _table(v: str, group: Iterable[tuple]) -> Any:
+    """A bool array: whether every relation of ``group`` holds at ``v`` = 1.._TRIED (numpy
+    evaluates each record once over all the values; a detector has dozens of relations over the
+    same variable, and each of them is described against all the others)."""
+    import numpy as np
+
+    rows = sorted({(o, repr(to_record(p)), repr(to_record(q))): (o, p, q)
+                   for o, p, q in group}.items())
+    key = (v, tuple(k for k, _ in rows))
+    if key not in _TABLES:
+        xs = np.arange(1, _TRIED + 1, dtype=np.int64)
+        ok = np.ones(_TRIED, bool)
+        for _, (o, p, q) in rows:
+            pv, qv = evaluate(to_record(p), {v: xs}), evaluate(to_record(q), {v: xs})
+            ok &= (pv == qv) if o == "eq" else (pv <= qv)
+        if len(_TABLES) > 256:
+            _TABLES.clear()
+        _TABLES[key] = ok
+    return _TABLES[key]
 
 
 def relation_text(op: str, a: Dim, b: Dim, together: Iterable[tuple] = ()) -> str:
     """What a user reads when the relation fails: ``w must be a multiple of 4`` when the relation
-    is over one variable and holds exactly for the multiples of something (or a bound), else
-    the relation itself. ``together``: every relation of the model, as (op, a, b, ...); the
-    ones over the same single variable are described as one (a U-Net's skip connections
-    together need a multiple of 32)."""
+    is over one variable and holds exactly for the multiples of something (or a bound, or a
+    range), else the relation itself. ``together``: every relation of the model, as
+    (op, a, b, ...); the ones over the same single variable are described as one (a U-Net's skip
+    connections together need a multiple of 32)."""
+    import numpy as np
+
     names = sorted(shape_vars([a, b]))
     if len(names) == 1:
         v = names[0]
         group = [(op, a, b)] + [(r[0], r[1], r[2]) for r in together
                                 if sorted(shape_vars([r[1], r[2]])) == names]
-
-        def holds(x: int) -> bool:
-            return all(_holds(o, p, q, {v: x}) for o, p, q in group)
-
-        ok = [x for x in range(1, 1025) if holds(x)]
-        if ok and len(ok) < 1024:
+        table = _table(v, group)
+        xs = np.arange(1, _TRIED + 1, dtype=np.int64)
+        ok = xs[table]
+        if 0 < len(ok) < _TRIED:
+            first, last = int(ok[0]), int(ok[-1])
             for m in range(2, 513):
-                r = ok[0] % m
-                if all((x % m == r) == holds(x) for x in range(1, 1025)):
+                r = first % m
+                if np.array_equal(xs % m == r, table):
                     return f"{v} must be a multiple of {m}" if r == 0 else \
                         f"{v} must be {r} more than a multiple of {m}"
-            if ok == list(range(1, ok[-1] + 1)):
-                return f"{v} must be at most {ok[-1]}"
-            if ok == list(range(ok[0], 1025)):
-                return f"{v} must be at least {ok[0]}"
+            for m in range(2, 513):   # periodic: a multiple of m, or up to k less
+                if np.array_equal(table[m:], table[:-m]):
+                    residues = sorted({int(x) % m for x in ok[ok <= m]})
+                    k = len(residues) - 1
+                    if 0 < k < m - 1 and residues == [0, *range(m - k, m)]:
+                        return f"{v} must be a multiple of {m} or at most {k} less"
+                    break
+            if len(ok) == last - first + 1:   # one run of values
+                if first == 1:
+                    return f"{v} must be at most {last}"
+                if last == _TRIED:
+                    return f"{v} must be at least {first}"
+                return f"{v} must be between {first} and {last}"
     return f"{a} {'==' if op == 'eq' else '<='} {b} must hold"

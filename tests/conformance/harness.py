@@ -19,6 +19,8 @@ counted in the ``frozen`` column, and ``frozen.txt`` records which inputs each c
 that a converter that starts demanding a constant fails the test. A case whose every input was
 bound that way (or that has none) is ``constant``: its bundle computes nothing at run time, so
 it is counted apart from the real passes. Everything else is fed at run time.
+``--runtime-inputs`` runs the cases of ``frozen.txt`` with nothing bound and prints which pass
+(issue 12: values fed at run time instead of frozen at export).
 
 ``light`` cases are the model-zoo architectures of ``data/real`` with constant weights
 (``data/light/*.onnx``); their input is the runner's dummy input (``arange / n``) and their
@@ -187,10 +189,11 @@ class Imported:
     constant: bool
 
 
-def import_case(case: Case) -> Imported:
+def import_case(case: Case, bind: bool = True) -> Imported:
     """Load and import one case, binding the inputs a converter needs at export from the first
-    data set (``NeedsConstantError``), and giving a model left with no run-time input one that
-    nothing reads. Raises what the import raises (``ExportError``, ``NotATensor``...)."""
+    data set (``NeedsConstantError``; not when ``bind`` is false: every input is then fed at
+    run time), and giving a model left with no run-time input one that nothing reads. Raises
+    what the import raises (``ExportError``, ``NotATensor``...)."""
     from mlcpack.frontends.onnx import import_onnx
     from mlcpack.frontends.onnx.registry import NeedsConstantError
     from mlcpack.packager.export import ExportError
@@ -216,8 +219,8 @@ def import_case(case: Case) -> Imported:
             return Imported(mod, info, sets, frozen, constant)
         except NeedsConstantError as exc:
             name = exc.value_name
-            if name in frozen or name not in sets[0][0] or len(frozen) >= MAX_FREEZES \
-                    or len(sets) > 1:
+            if not bind or name in frozen or name not in sets[0][0] \
+                    or len(frozen) >= MAX_FREEZES or len(sets) > 1:
                 raise
             _freeze(model, name, sets[0][0][name])
             frozen.append(name)
@@ -233,8 +236,9 @@ def import_case(case: Case) -> Imported:
                 feeds["unused_input"] = np.zeros(1, np.float32)
 
 
-def run_case(case: Case, workdir: str | os.PathLike | None = None) -> Result:
-    """Export, run and compare one case; never raises."""
+def run_case(case: Case, workdir: str | os.PathLike | None = None, bind: bool = True) -> Result:
+    """Export, run and compare one case; never raises. ``bind=False``: no input is bound as a
+    constant at export (see ``import_case``)."""
     from mlcpack.packager.export import ExportError, export_module
     from mlcpack.runtime import load
 
@@ -242,7 +246,7 @@ def run_case(case: Case, workdir: str | os.PathLike | None = None) -> Result:
     result = Result(case.key, "failed")
     try:
         try:
-            imported = import_case(case)
+            imported = import_case(case, bind)
         except NoTestData as exc:
             result.status, result.reason = "unsupported", str(exc)
             return result
@@ -377,6 +381,18 @@ def write_report(results: Sequence[Result], path: Path = REPORT, rest: str | Non
              "cases where every input was so bound (or that have none), so the bundle computes "
              "nothing at run time (the frontend's constant evaluation is what they test); they "
              "are not counted in *passed*, and CI runs them too.", ""]
+    passed = [r for r in results if r.status == "passed"]
+    bound = [r for r in passed if r.frozen or r.constant]
+    lines += ["## Inputs fed at run time vs bound at export", "",
+              f"Of the {len(passed)} passing cases, **{len(passed) - len(bound)} pass with every "
+              f"input fed at run time**; **{len(bound)} still need an input bound at export** "
+              f"(`--bind NAME=file.npy`, as the harness does from the data set: "
+              f"{len(bound) - sum(r.constant for r in bound)} with run-time inputs left, "
+              f"{sum(r.constant for r in bound)} constant). What they bind, by input: "
+              + ", ".join(f"{name} {n}" for name, n in Counter(
+                  n for r in bound for n in r.frozen).most_common()) + ". "
+              "`python tests/conformance/harness.py --runtime-inputs` tries the cases of "
+              "`frozen.txt` with nothing bound and prints which pass.", ""]
     constant = sorted(r.key for r in results if r.status == "passed" and r.constant)
     if constant:
         lines += ["## Constant cases (every input frozen)", "", ", ".join(constant), ""]
@@ -433,7 +449,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("-v", "--verbose", action="store_true", help="print every case")
     parser.add_argument("--frozen-only", action="store_true",
                         help="import the passing cases only: rewrite frozen.txt and the table")
+    parser.add_argument("--runtime-inputs", action="store_true",
+                        help="run the cases of frozen.txt with every input fed at run time "
+                        "(nothing bound) and print which pass; writes nothing")
     args = parser.parse_args(argv)
+    if args.runtime_inputs:
+        needs = read_frozen()
+        cases = [c for c in discover() if needs.get(c.key, ((), False))[0]]
+        results = [run_case(c, bind=False) for c in cases]   # export compiles in processes
+        for r in results:
+            print(f"{r.status:12s} {r.key}  (binds {','.join(needs[r.key][0])})  {r.reason}")
+        ok = sum(r.status == "passed" for r in results)
+        print(f"{ok} of {len(results)} cases that bind inputs pass with them fed at run time")
+        return 0
     if args.frozen_only:
         print(table(record_frozen(args.jobs)))
         print(f"wrote {FROZEN_LIST.relative_to(ROOT)} and {REPORT.relative_to(ROOT)}")
