@@ -159,12 +159,14 @@ def bench_model(name: str, tmp: Path, budget: float) -> None:
     print(f"  ORT QDQ file               max |y - ORT fp32| {np.abs(refq - ref32).max():.3g}   "
           f"(|ORT fp32| max {np.abs(ref32).max():.3g})")
     res = time_interleaved(fns, budget)
-    base = res[0][1]
-    ort_q = res[labels.index("ORT QDQ file")]
-    for label, (med, mn, n), size in zip(labels, res, sizes):
-        print(f"  {label:26s} median {med / 1e3:9.3f} ms   min {mn / 1e3:9.3f} ms   "
-              f"x{base / mn:5.2f} vs mlcpack fp32 (min)   {mn / ort_q[1]:5.2f} x ORT QDQ time   "
-              f"({n} runs, {size / 1e6:.2f} MB)")
+    cpu = [_cpu_min(fn, 5) for fn in fns]
+    base, base_cpu = res[0][1], cpu[0]
+    iq = labels.index("ORT QDQ file")
+    for label, (med, mn, n), c, size in zip(labels, res, cpu, sizes):
+        print(f"  {label:26s} median {med / 1e3:8.2f} ms  min {mn / 1e3:8.2f} ms  cpu "
+              f"{c / 1e3:8.2f} ms | vs mlcpack fp32 x{base / mn:4.2f} (min) x{base_cpu / c:4.2f} "
+              f"(cpu) | / ORT QDQ {mn / res[iq][1]:4.2f} (min) {c / cpu[iq]:4.2f} (cpu) | "
+              f"{n} runs, {size / 1e6:.2f} MB")
     for m in models:
         m.close()
 
