@@ -1,7 +1,7 @@
 """Kernel by kernel: mlcpack's profile (``Model.profile``) against ONNX Runtime's per-node
 profile (``SessionOptions.enable_profiling``) on one corpus model.
 
-Run: .venv/bin/python bench/kernels_vs_ort.py MODEL [--threads 1] [--rounds 6] [--runs 10]
+Run: .venv/bin/python bench/kernels_vs_ort.py MODEL|FILE.onnx [--threads 1] [--rounds 6] [--runs 10]
                                               [--top 30] [--bundle X.mlc]
 The bundle is the corpus cache's (``bench/real.py`` exports it) unless ``--bundle`` names one.
 Both engines run the model's realistic input in alternating rounds (``--runs`` runs each) so
@@ -97,10 +97,22 @@ def main() -> None:
     args = ap.parse_args()
     from mlcpack.runtime import load
 
-    onnx_path = corpus.model_path(args.model)
-    bundle = Path(args.bundle) if args.bundle else \
-        corpus.cache_dir() / "bundles" / f"{args.model}.mlc"
-    feeds = corpus.realistic_inputs(args.model)
+    if args.model.endswith(".onnx"):   # any ONNX file (its bundle given), seeded random inputs
+        import onnxruntime as ort
+
+        onnx_path = Path(args.model)
+        if not args.bundle:
+            ap.error("an .onnx file needs --bundle")
+        bundle = Path(args.bundle)
+        rng = np.random.default_rng(0)
+        feeds = {i.name: rng.standard_normal([d if isinstance(d, int) else 1 for d in i.shape])
+                 .astype(np.float32)
+                 for i in ort.InferenceSession(str(onnx_path)).get_inputs()}
+    else:
+        onnx_path = corpus.model_path(args.model)
+        bundle = Path(args.bundle) if args.bundle else \
+            corpus.cache_dir() / "bundles" / f"{args.model}.mlc"
+        feeds = corpus.realistic_inputs(args.model)
     ours: dict[int, float] = {}
     steps = {}
     theirs: dict[tuple[str, str, int], float] = {}

@@ -101,6 +101,8 @@ MAX_POOLS = [
     dict(x=(1, 2, 19, 41), kernel=(5, 4), strides=(2, 1), padding=(2, 0, 2, 3)),
     dict(x=(1, 3, 23, 40), kernel=(3, 3), strides=(2, 2), dilation=(2, 2), ceil_mode=True),
     dict(x=(1, 2, 9, 7), kernel=(2, 2), strides=(2, 2), padding=(1, 1, 1, 1), ceil_mode=True),
+    dict(x=(1, 2, 17, 50), kernel=(5, 5), strides=(2, 2), padding=(2, 2, 2, 2)),  # even pad, s2
+    dict(x=(1, 2, 6, 33), kernel=(3, 3), strides=(1, 2), padding=(0, 0, 0, 0)),
 ]
 
 

@@ -77,10 +77,22 @@ class MaxPoolEmitter(KernelEmitter):
         n, c, oh, ow = self.out.shape
         return KernelInfo(self.symbol, 1, 1, workspace, n * c * oh * ow >= PARALLEL_MIN_OUTPUTS)
 
+    def _row_buffer_floats(self) -> int:
+        """One input row with -inf margins (for stride 2, each of its two column-parity
+        halves): every column a tap of a full output vector reads."""
+        attrs = self.tag.attrs
+        kw, sw, dw = attrs["kernel"][1], attrs["strides"][1], attrs["dilation"][1]
+        w = self.tag.operands[0].shape[3]
+        nvec = -(-self.out.shape[3] // self.vl)
+        reach = nvec * self.vl + ((kw - 1) * dw) // sw + 1
+        return -(-max(reach, (w + attrs["padding"][1]) // sw + 2) // 16) * 16 + 16
+
     def _region_floats(self) -> int:
-        """One task's row maxima: every input row of a plane, ``nvec * vl`` floats each."""
+        """One task's row maxima (every input row of a plane, ``nvec * vl`` floats each), then
+        its row buffer(s)."""
         h = self.tag.operands[0].shape[2]
-        return h * -(-self.out.shape[3] // self.vl) * self.vl
+        rows = h * -(-self.out.shape[3] // self.vl) * self.vl
+        return -(-rows // 16) * 16 + self.tag.attrs["strides"][1] * self._row_buffer_floats()
 
     def _lanes(self, ty: ir.Type, values) -> ir.Constant:
         return ir.Constant(ir.VectorType(ty, self.vl), list(values))
@@ -106,11 +118,50 @@ class MaxPoolEmitter(KernelEmitter):
         return b.call(fn, [ptr, ir.Constant(I32, 4), mask,
                            ir.Constant(self.vty, [float("-inf")] * self.vl)])
 
+    def _copy_row(self, x_row, bufs, w: int, pl: int, sw: int) -> None:
+        """Input columns 0..w of one row into the row buffer(s) at padded column pl + x (for
+        stride 2, into buffer (pl + x) % 2 at (pl + x) // 2): whole vectors (two, split into
+        even and odd lanes, for stride 2), then the last columns one by one."""
+        b, vl = self.builder, self.vl
+        vty = self.vty
+        if sw == 1:
+            full = w // vl
+            with for_range(b, const_i64(0), const_i64(full), "cv") as q:
+                i = b.mul(q, const_i64(vl))
+                v = b.load(b.bitcast(b.gep(x_row, [i], inbounds=True), vty.as_pointer()),
+                           align=4)
+                dst = b.gep(bufs[0], [b.add(i, const_i64(pl))], inbounds=True)
+                b.store(v, b.bitcast(dst, vty.as_pointer()), align=4)
+            tail = range(full * vl, w)
+        else:
+            full = w // (2 * vl)
+            # x[2m] -> padded column pl + 2m, x[2m + 1] -> pl + 2m + 1
+            even_buf, even_off = bufs[pl % 2], pl // 2
+            odd_buf, odd_off = bufs[(pl + 1) % 2], (pl + 1) // 2
+            with for_range(b, const_i64(0), const_i64(full), "cv") as q:
+                i = b.mul(q, const_i64(2 * vl))
+                lo_v = b.load(b.bitcast(b.gep(x_row, [i], inbounds=True), vty.as_pointer()),
+                              align=4)
+                hi_v = b.load(b.bitcast(b.gep(x_row, [b.add(i, const_i64(vl))],
+                                              inbounds=True), vty.as_pointer()), align=4)
+                m = b.mul(q, const_i64(vl))
+                for buf, off, first in ((even_buf, even_off, 0), (odd_buf, odd_off, 1)):
+                    v = b.shuffle_vector(lo_v, hi_v, self._lanes(I32, range(first, 2 * vl, 2)))
+                    dst = b.gep(buf, [b.add(m, const_i64(off))], inbounds=True)
+                    b.store(v, b.bitcast(dst, vty.as_pointer()), align=4)
+            tail = range(full * 2 * vl, w)
+        for x in tail:   # fewer than 2 vl columns, unrolled
+            j = pl + x
+            b.store(b.load(b.gep(x_row, [const_i64(x)], inbounds=True)),
+                    b.gep(bufs[j % sw], [const_i64(j // sw)], inbounds=True))
+
     def _emit_body(self, x_ptr, out_ptr, ws, task, ntasks) -> None:
-        """Separably: each task first takes every input row's maximum over the window's columns
-        (masked loads, the masks made once per column chunk) into its workspace region, then
-        each output's maximum over the window's rows of those (plain loads). A k x k window
-        costs 2k maxima per output vector, not k^2."""
+        """Separably: each task first copies an input row into its row buffer(s) (-inf
+        margins; split by column parity for stride 2) and takes, with plain loads, every
+        output column's maximum over the window's columns into its workspace region; then
+        each output's maximum over the window's rows of those. A k x k window costs 2k maxima
+        per output vector, not k^2. (Masked loads at the borders and a shuffle per tap for
+        stride 2 made ResNet-18's 3x3/2 stem pool 6x ONNX Runtime's time on AVX2.)"""
         b, vl = self.builder, self.vl
         n, c, h, w = self.tag.operands[0].shape
         _, _, oh, ow = self.out.shape
@@ -119,7 +170,6 @@ class MaxPoolEmitter(KernelEmitter):
         sh, sw = attrs["strides"]
         pt, pl = attrs["padding"][0], attrs["padding"][1]
         dh, dw = attrs["dilation"]
-        vmax = intrinsic(self.module, f"llvm.maximum.v{vl}f32", self.vty, [self.vty] * 2)
         nvec = -(-ow // vl)
         stride = nvec * vl
         neg_inf = ir.Constant(self.vty, [float("-inf")] * vl)
@@ -127,31 +177,46 @@ class MaxPoolEmitter(KernelEmitter):
                       const_i64(MAX_TASK_REGIONS))
         store = intrinsic(self.module, f"llvm.masked.store.v{vl}f32.p0", ir.VoidType(),
                           [self.vty, self.vty.as_pointer(), I32, ir.VectorType(I1, vl)])
+        rows_floats = -(-(h * stride) // 16) * 16
+        buf_floats = self._row_buffer_floats()
+        ninf = ir.Constant(F32, float("-inf"))
+
+        def vmax_nan(acc, nan, v):
+            """max with NaN carried on the side: one maxps and one unordered compare per
+            tap (llvm.maximum costs five instructions on AVX2; the -0/+0 order is not kept,
+            as ONNX Runtime's pool does not keep it)."""
+            acc = b.select(b.fcmp_ordered(">", v, acc), v, acc)
+            return acc, b.or_(nan, b.fcmp_unordered("uno", v, v))
+
         with b.if_then(b.icmp_signed("<", task, nt)):
             region = b.gep(ws, [b.mul(task, const_i64(self._region_floats()))], inbounds=True)
+            # the row buffer(s): columns -pl.. of the padded row; for stride 2 split by
+            # column parity (buffer 0: padded columns 0, 2, 4, ...; buffer 1: 1, 3, 5, ...),
+            # so that every tap of an output vector is one plain load. The margins stay -inf.
+            bufs = [b.gep(region, [const_i64(rows_floats + i * buf_floats)], inbounds=True)
+                    for i in range(sw)]
+            for buf in bufs:
+                with for_range(b, const_i64(0), const_i64(buf_floats), "fill") as j:
+                    b.store(ninf, b.gep(buf, [j], inbounds=True))
             planes = const_i64(n * c)
             lo = b.sdiv(b.mul(task, planes), nt)
             hi = b.sdiv(b.mul(b.add(task, const_i64(1)), planes), nt)
             with for_range(b, lo, hi, "plane") as p:
                 x_plane = b.gep(x_ptr, [b.mul(p, const_i64(h * w))], inbounds=True)
                 o_plane = b.gep(out_ptr, [b.mul(p, const_i64(oh * ow))], inbounds=True)
-                with for_range(b, const_i64(0), const_i64(nvec), "ov") as q:
-                    ox0 = b.mul(q, const_i64(vl))
-                    starts = [b.add(b.mul(ox0, const_i64(sw)), const_i64(kx * dw - pl))
-                              for kx in range(kw)]
-                    loads = [(s, self._row_mask(s, w)) for s in starts]
-                    if sw == 2:
-                        highs = [b.add(s, const_i64(vl)) for s in starts]
-                        loads += [(s, self._row_mask(s, w)) for s in highs]
-                    with for_range(b, const_i64(0), const_i64(h), "iy") as iy:
-                        x_row = b.gep(x_plane, [b.mul(iy, const_i64(w))], inbounds=True)
-                        acc = neg_inf
+                with for_range(b, const_i64(0), const_i64(h), "iy") as iy:
+                    x_row = b.gep(x_plane, [b.mul(iy, const_i64(w))], inbounds=True)
+                    self._copy_row(x_row, bufs, w, pl, sw)
+                    with for_range(b, const_i64(0), const_i64(nvec), "ov") as q:
+                        ox0 = b.mul(q, const_i64(vl))
+                        acc, nan = neg_inf, ir.Constant(ir.VectorType(I1, vl), [0] * vl)
                         for kx in range(kw):
-                            v = self._row_load(x_row, *loads[kx])
-                            if sw == 2:
-                                v2 = self._row_load(x_row, *loads[kw + kx])
-                                v = b.shuffle_vector(v, v2, self._lanes(I32, range(0, 2 * vl, 2)))
-                            acc = b.call(vmax, [acc, v])
+                            t = kx * dw          # padded column sw * ox + t
+                            src = b.gep(bufs[t % sw], [b.add(ox0, const_i64(t // sw))],
+                                        inbounds=True)
+                            v = b.load(b.bitcast(src, self.vty.as_pointer()), align=4)
+                            acc, nan = vmax_nan(acc, nan, v)
+                        acc = b.select(nan, ir.Constant(self.vty, [float("nan")] * vl), acc)
                         dst = b.gep(region, [b.add(b.mul(iy, const_i64(stride)), ox0)],
                                     inbounds=True)
                         b.store(acc, b.bitcast(dst, self.vty.as_pointer()), align=4)
@@ -163,18 +228,29 @@ class MaxPoolEmitter(KernelEmitter):
                         ok = b.and_(b.icmp_signed(">=", iy, const_i64(0)),
                                     b.icmp_signed("<", iy, const_i64(h)))
                         rows.append((ok, b.select(ok, iy, const_i64(0))))
-                    with for_range(b, const_i64(0), const_i64(nvec), "ov") as q:
+                    def out_vector(q):
                         ox0 = b.mul(q, const_i64(vl))
-                        acc = neg_inf
+                        acc, nan = neg_inf, ir.Constant(ir.VectorType(I1, vl), [0] * vl)
                         for ok, iy in rows:
                             src = b.gep(region, [b.add(b.mul(iy, const_i64(stride)), ox0)],
                                         inbounds=True)
                             v = b.load(b.bitcast(src, self.vty.as_pointer()), align=4)
-                            acc = b.call(vmax, [acc, b.select(ok, v, neg_inf)])
-                        lanes = b.add(self._splat_i32(ox0), self._lanes(I32, range(vl)))
-                        mask = b.icmp_signed("<", lanes, self._lanes(I32, [ow] * vl))
+                            acc, nan = vmax_nan(acc, nan, b.select(ok, v, neg_inf))
+                        acc = b.select(nan, ir.Constant(self.vty, [float("nan")] * vl), acc)
                         dst = b.bitcast(b.gep(o_row, [ox0], inbounds=True),
                                         self.vty.as_pointer())
+                        return ox0, acc, dst
+
+                    # full vectors with plain stores (a masked store is microcoded on AMD's
+                    # AVX2 cores: ResNet-18's 3x3/2 stem pool took 6x ORT's time), the
+                    # row's partial last vector masked
+                    with for_range(b, const_i64(0), const_i64(ow // vl), "ov") as q:
+                        _, acc, dst = out_vector(q)
+                        b.store(acc, dst, align=4)
+                    if ow % vl:
+                        ox0, acc, dst = out_vector(const_i64(ow // vl))
+                        lanes = b.add(self._splat_i32(ox0), self._lanes(I32, range(vl)))
+                        mask = b.icmp_signed("<", lanes, self._lanes(I32, [ow] * vl))
                         b.call(store, [acc, dst, ir.Constant(I32, 4), mask])
 
 
