@@ -1,9 +1,11 @@
 """Writes bundles in the format the runtime's ``BundleReader`` reads (see ``runtime/bundle.py``).
 
-Every bundle says format 1.2. A payload area of ``TREE_MIN_BYTES`` or more gets a tree digest
-(chunk digests the reader checks on several threads) and ``min_reader`` [1, 2]; a smaller one
-keeps the flat digest of format 1.1 and the caller's ``min_reader`` (1.0 for exports), so older
-runtimes keep reading small bundles.
+Every bundle says format 1.2 unless its header says otherwise (symbolic shapes: 1.3). A payload
+area of ``TREE_MIN_BYTES`` or more gets a tree digest (chunk digests the reader checks on several
+threads) and ``min_reader`` [1, 2]; a smaller one keeps the flat digest of format 1.1 and the
+caller's ``min_reader`` (1.0 for exports), so older runtimes keep reading small bundles. A payload
+area of ``PAYLOAD64_MIN_BYTES`` (4 GiB) or more, too large for msgpack's ``bin32``, is written
+after the map (format 1.4, ``min_reader`` [1, 4]: older runtimes refuse it by its version).
 
 The file is written to a temporary name in the destination folder and renamed into place only
 once complete, so a failed export never leaves a partial bundle behind.
@@ -19,15 +21,17 @@ import msgpack
 import numpy as np
 
 from ..runtime.bundle import (ALIGN, DATA_KEY, DIGEST_ALG, DIGEST_KEY, FORMAT_MAJOR,
-                              FORMAT_MINOR, MAGIC, TREE_FORMAT, content_digest, digest_chunk,
-                              digest_tail)
+                              FORMAT_MINOR, MAGIC, PAYLOAD64_FORMAT, TRAILER_BYTES, TREE_FORMAT,
+                              content_digest, digest_chunk, digest_tail)
 from ..runtime.errors import BundleError
+from ..runtime.header import Header, PayloadRef
 from ..runtime.signing import (ALGORITHM, SIG_FIELD, SIGNATURE_BYTES, SIGNATURE_KEY,
                                signed_message)
 
 
 TREE_MIN_BYTES = 8 << 20   # payload areas this large get a tree digest
 TREE_CHUNK = 1 << 20
+PAYLOAD64_MIN_BYTES = 1 << 32   # payload areas this large follow the map (format 1.4)
 
 
 class BundleWriteError(Exception):
@@ -44,17 +48,45 @@ def hashed_tail(header: dict[str, Any], parts: list[Any]) -> list[Any]:
     return digest_tail(parts, chunk)
 
 
+def head_bytes(header: dict[str, Any], payload_size: int | None = None) -> bytes:
+    """``MAGIC`` and the packed header, padded so that the payload area starts on an ALIGN
+    boundary of the file. ``payload_size`` given: the format-1.4 layout, the header's
+    ``"payload"`` record pointing just past the (empty) ``"data"``, where the area follows."""
+    for n in range(2 * ALIGN):
+        offset = 0
+        for _ in range(4):   # the record's own width moves the area: settle on a fixed point
+            full = header if payload_size is None else \
+                {**header, "payload": {"offset": offset, "size": payload_size}}
+            packed = msgpack.packb({**full, "pad": b"\0" * n}, use_bin_type=True)
+            data_start = len(MAGIC) + len(packed) + TRAILER_BYTES
+            if payload_size is None or data_start == offset:
+                break
+            offset = data_start
+        if data_start % ALIGN == 0 and (payload_size is None or data_start == offset):
+            return MAGIC + packed
+    raise AssertionError("no header padding aligns the payload area")
+
+
 class BundleWriter:
     """Collects payloads (each 64-byte aligned) and writes header + payloads atomically.
     ``tree_min_bytes`` and ``tree_chunk`` (default ``TREE_MIN_BYTES`` and ``TREE_CHUNK``) choose
-    when a bundle gets a tree digest and its chunk size."""
+    when a bundle gets a tree digest and its chunk size; ``payload64_min_bytes`` (default
+    ``PAYLOAD64_MIN_BYTES``) when its payload area follows the map (format 1.4)."""
 
-    def __init__(self, tree_min_bytes: int | None = None, tree_chunk: int | None = None) -> None:
+    def __init__(self, tree_min_bytes: int | None = None, tree_chunk: int | None = None,
+                 payload64_min_bytes: int | None = None) -> None:
         self._chunks: list[bytes | memoryview] = []
         self._size = 0
         self.tree_min_bytes = TREE_MIN_BYTES if tree_min_bytes is None else tree_min_bytes
         self.tree_chunk = TREE_CHUNK if tree_chunk is None else tree_chunk
+        self.payload64_min_bytes = (PAYLOAD64_MIN_BYTES if payload64_min_bytes is None
+                                    else payload64_min_bytes)
         digest_chunk({"digest": {"alg": DIGEST_ALG, "chunk": self.tree_chunk}}, "BundleWriter")
+
+    def ref(self, data: bytes | memoryview | np.ndarray) -> PayloadRef:
+        """Append a payload; return its header record."""
+        record = self.add(data)
+        return PayloadRef(record["offset"], record["size"])
 
     def add(self, data: bytes | memoryview | np.ndarray) -> dict[str, int]:
         """Append a payload; return its ``{"offset", "size"}`` record for the header."""
@@ -71,15 +103,6 @@ class BundleWriter:
             self._size += pad
         return record
 
-    def _header_bytes(self, header: dict[str, Any]) -> bytes:
-        # Pad the header so the payload area starts on an ALIGN boundary of the file.
-        for n in range(2 * ALIGN):
-            packed = msgpack.packb({**header, "pad": b"\0" * n}, use_bin_type=True)
-            data_start = len(MAGIC) + len(packed) + len(DIGEST_KEY) + 32 + len(DATA_KEY) + 4
-            if data_start % ALIGN == 0:
-                return packed
-        raise AssertionError("no header padding aligns the payload area")
-
     def _signed(self, head: bytes, tail: list[Any], signer: Any) -> bytes:
         # Sign the digest taken with a zero signature in place, then put the signature there
         # (same length: nothing moves). runtime/signing.py describes the check.
@@ -90,11 +113,15 @@ class BundleWriter:
         assert len(sig) == SIGNATURE_BYTES
         return head[:at + len(SIG_FIELD)] + sig + head[at + len(placeholder):]
 
-    def write(self, path: str | os.PathLike, header: dict[str, Any], signer: Any = None) -> int:
-        """Write the bundle to ``path`` atomically; return its size in bytes. ``signer``
-        (``packager.signing.Signer``) adds an Ed25519 signature to the header. A ``"digest"``
-        record in ``header`` is written as given (tests use it); otherwise the payload area's size
-        chooses the digest (see the module doc)."""
+    def write(self, path: str | os.PathLike, header: Header | dict[str, Any],
+              signer: Any = None) -> int:
+        """Write the bundle to ``path`` atomically; return its size in bytes. ``header`` is a
+        ``runtime.header.Header`` (what exports write) or a map (tests write damaged ones).
+        ``signer`` (``packager.signing.Signer``) adds an Ed25519 signature to the header. A
+        ``"digest"`` record in ``header`` is written as given (tests use it); otherwise the
+        payload area's size chooses the digest (see the module doc)."""
+        if isinstance(header, Header):
+            header = header.to_msgpack()
         header = {"format": [FORMAT_MAJOR, FORMAT_MINOR],
                   "min_reader": [FORMAT_MAJOR, FORMAT_MINOR], **header}
         if "digest" not in header and self._size >= self.tree_min_bytes:
@@ -102,16 +129,18 @@ class BundleWriter:
             need = header["min_reader"]
             if isinstance(need, list) and all(isinstance(v, int) for v in need):
                 header["min_reader"] = max(need, TREE_FORMAT)
+        large = self._size >= self.payload64_min_bytes   # too large for a bin32: format 1.4
+        if large:
+            header["format"] = header["min_reader"] = list(PAYLOAD64_FORMAT)
         if signer is not None:
             header[SIGNATURE_KEY] = {"alg": ALGORITHM, "key": signer.public_key,
                                      "sig": bytes(SIGNATURE_BYTES)}
-        head = MAGIC + self._header_bytes(header)
+        head = head_bytes(header, self._size if large else None)
         tail = hashed_tail(header, self._chunks)
         if signer is not None:
             head = self._signed(head, tail, signer)
-        trailer = DIGEST_KEY + content_digest(head, tail) + DATA_KEY + self._size.to_bytes(4, "big")
-        if self._size >= 1 << 32:
-            raise BundleWriteError("payloads exceed 4 GiB, the format's limit")
+        trailer = (DIGEST_KEY + content_digest(head, tail) + DATA_KEY
+                   + (0 if large else self._size).to_bytes(4, "big"))
         path = os.fspath(path)
         folder = os.path.dirname(os.path.abspath(path))
         tmp = None

@@ -13,7 +13,10 @@ import llvmlite
 import numpy as np
 
 from .. import packager
-from ..runtime.bundle import FORMAT_MAJOR, SYMBOLIC_MINOR
+from ..runtime.bundle import FORMAT_MAJOR, FORMAT_MINOR, SYMBOLIC_MINOR
+from ..runtime.header import (BatchInfo, CodeVariant, ConstantRow, Header, IORow, KernelRow,
+                              LibraryCall, MemoryPlan, Plan, Symbolic, TensorRow, VMRecord,
+                              freeze)
 from .bundle_writer import BundleWriteError, BundleWriter
 from .codegen.build import ALLOWED_EXTERNALS, CodegenError, CompiledCode
 from .codegen.lower import KernelInfo, LoweringError
@@ -136,26 +139,36 @@ def _common_kernels(variants: list[CompiledCode]) -> dict[str, KernelInfo]:
     return merged
 
 
-def _kernel_rows(program: Program, infos: list[KernelInfo], mod: IRModule) -> list[dict]:
+def _kernel_rows(program: Program, infos: list[KernelInfo], mod: IRModule
+                 ) -> tuple[KernelRow, ...]:
     """The header's kernel table. Optional fields: ``source``, the source-model nodes the
     kernel's calls came from (``[{"name", "op"}]``), and ``macs``, a contraction's
     multiply-adds per call (the profiler's GFLOP/s)."""
     rows = []
     for name, k, sources in zip(program.kernels, infos, program.kernel_sources):
-        row: dict[str, Any] = {"name": name, "symbol": k.symbol, "num_inputs": k.num_inputs,
-                               "num_outputs": k.num_outputs, "workspace_bytes": k.workspace_bytes,
-                               "parallel": k.parallel}
-        if sources:
-            row["source"] = source_records(sources)
-        if k.symbolic:   # takes the sizes array last; its workspace size is a dim record
-            row["symbolic"] = True
-            if k.workspace_expr is not None:
-                row["workspace"] = to_record(k.workspace_expr)
         macs = mod.functions[name].attrs.get("macs")
-        if macs and isinstance(macs, int):   # symbolic kernels: per call, unknown here
-            row["macs"] = int(macs)
-        rows.append(row)
-    return rows
+        rows.append(KernelRow(
+            name, k.symbol, k.num_inputs, k.num_outputs, k.workspace_bytes, k.parallel,
+            source=freeze(source_records(sources)) if sources else None,
+            # takes the sizes array last; its workspace size is a dim record
+            symbolic=True if k.symbolic else None,
+            workspace=freeze(to_record(k.workspace_expr))
+            if k.symbolic and k.workspace_expr is not None else None,
+            # symbolic kernels: per call, unknown here
+            macs=int(macs) if macs and isinstance(macs, int) else None))
+    return tuple(rows)
+
+
+def _io_rows(rows: list[dict]) -> tuple[IORow, ...]:
+    """The program's input or output rows (``vm_emit``) as header records."""
+    return tuple(IORow(r["name"], freeze(r["shape"]), r["dtype"], r["tensor"],
+                       freeze(r.get("max_shape")), freeze(r.get("views"))) for r in rows)
+
+
+def _symbolic(rec: dict) -> Symbolic:
+    checks = rec.get("checks")
+    return Symbolic(tuple(rec["vars"]), tuple(freeze(b) for b in rec["buffers"]),
+                    None if checks is None else tuple(freeze(c) for c in checks))
 
 
 def _check_library_names(program: Program) -> None:
@@ -190,7 +203,7 @@ def _constant_key(data: np.ndarray) -> tuple:
     return (str(data.dtype), data.shape, hashlib.sha256(data.tobytes()).digest())
 
 
-def _batched_names(rows_by_batch: dict[int, list[dict]], what: str) -> list[str]:
+def _batched_names(rows_by_batch: dict[int, tuple[IORow, ...]], what: str) -> tuple[str, ...]:
     """The names of the rows (inputs or outputs) whose first dimension is the batch in every
     plan; the other rows must be identical in every plan."""
     sizes = list(rows_by_batch)
@@ -201,18 +214,18 @@ def _batched_names(rows_by_batch: dict[int, list[dict]], what: str) -> list[str]
     batched = []
     for i, row in enumerate(first):
         others = [rows_by_batch[b][i] for b in sizes]
-        if any(o["name"] != row["name"] or o["dtype"] != row["dtype"]
-               or len(o["shape"]) != len(row["shape"]) for o in others):
+        if any(o.name != row.name or o.dtype != row.dtype or len(o.shape) != len(row.shape)
+               for o in others):
             raise ExportError(f"the modules built for batch sizes {sizes} differ in {what} "
-                              f"{row['name']!r}; they must be the same model")
-        if all(o["shape"] and o["shape"][0] == b and o["shape"][1:] == row["shape"][1:]
+                              f"{row.name!r}; they must be the same model")
+        if all(o.shape and o.shape[0] == b and o.shape[1:] == row.shape[1:]
                for b, o in zip(sizes, others)):
-            batched.append(row["name"])
-        elif any(o["shape"] != row["shape"] for o in others):
-            shapes = ", ".join(f"{o['shape']} at batch {b}" for b, o in zip(sizes, others))
-            raise ExportError(f"{what} {row['name']!r} changes with the batch but not as its "
+            batched.append(row.name)
+        elif any(o.shape != row.shape for o in others):
+            shapes = ", ".join(f"{list(o.shape)} at batch {b}" for b, o in zip(sizes, others))
+            raise ExportError(f"{what} {row.name!r} changes with the batch but not as its "
                               f"first dimension ({shapes}); dynamic batch needs it there")
-    return batched
+    return tuple(batched)
 
 
 def _export(mods: dict[int | None, IRModule], path: str | os.PathLike,
@@ -232,10 +245,10 @@ def _export(mods: dict[int | None, IRModule], path: str | os.PathLike,
         golden = prepare_golden(mods[largest], params, opts)
 
     writer = BundleWriter()
-    constants: list[dict] = []
+    constants: list[ConstantRow] = []
     const_ids: dict[tuple, int] = {}
     weights_bytes = 0
-    plans: list[dict] = []
+    plans: list[Plan] = []
     reports: list[dict] = []
     ir_text = None
     first_targets: list[Target] = []
@@ -256,38 +269,36 @@ def _export(mods: dict[int | None, IRModule], path: str | os.PathLike,
             key = _constant_key(data)
             if key not in const_ids:
                 const_ids[key] = len(constants)
-                constants.append({"name": c.name, "shape": list(data.shape),
-                                  "dtype": str(data.dtype), "data": writer.add(data)})
+                constants.append(ConstantRow(c.name, tuple(data.shape), str(data.dtype),
+                                             writer.ref(data)))
                 weights_bytes += data.nbytes
             remap[i] = const_ids[key]
-        tensors = [[row[0], remap[row[1]], *row[2:]] if row[0] == 1 else row
-                   for row in program.tensors]
+        tensors = tuple(TensorRow(row[0], remap[row[1]] if row[0] == 1 else row[1],
+                                  freeze(row[2]), row[3]) for row in program.tensors)
         kernel_infos = [kernels[name] for name in program.kernels]
         code = []
         for compiled in variants:  # the weights, plan and bytecode below are shared by all
             sizes = function_sizes(compiled.object_code)
-            code.append({**compiled.target.to_record(),
-                         "object": writer.add(compiled.object_code),
-                         "externals": list(ALLOWED_EXTERNALS),
-                         "code_sizes": {k.symbol: sizes.get(k.symbol, 0) for k in kernel_infos}})
-        plan = {
-            "inputs": program.inputs,
-            "outputs": program.outputs,
-            "kernels": _kernel_rows(program, kernel_infos, optimized),
-            "code": code,
-            "library_calls": program.library_calls,
-            "tensors": tensors,
-            "vm": {"bytecode": writer.add(program.bytecode),
-                   "instructions": len(program.instructions)},
-            "memory_plan": {"arena_bytes": program.arena_bytes,
-                            "intermediate_bytes": program.intermediate_bytes},
-        }
-        if program.symbolic is not None:
-            if batched:
-                raise ExportError("--batch-sizes needs static shapes apart from the batch; "
-                                  "a symbolic model runs every batch already")
-            plan["symbolic"] = program.symbolic
-        plans.append({"batch": batch, **plan} if batched else plan)
+            target = compiled.target.to_record()
+            known = {f.name for f in dataclasses.fields(CodeVariant)}
+            code.append(CodeVariant(
+                **{k: freeze(v) for k, v in target.items() if k in known},
+                object=writer.ref(compiled.object_code), externals=tuple(ALLOWED_EXTERNALS),
+                code_sizes={k.symbol: sizes.get(k.symbol, 0) for k in kernel_infos},
+                extra={k: freeze(v) for k, v in target.items() if k not in known}))
+        if program.symbolic is not None and batched:
+            raise ExportError("--batch-sizes needs static shapes apart from the batch; "
+                              "a symbolic model runs every batch already")
+        plans.append(Plan(
+            inputs=_io_rows(program.inputs), outputs=_io_rows(program.outputs),
+            kernels=_kernel_rows(program, kernel_infos, optimized), code=tuple(code),
+            library_calls=tuple(LibraryCall(c["func"], c["attrs"], freeze(c.get("source")))
+                                for c in program.library_calls),
+            tensors=tensors,
+            vm=VMRecord(writer.ref(program.bytecode), len(program.instructions)),
+            memory_plan=MemoryPlan(program.arena_bytes, program.intermediate_bytes),
+            symbolic=None if program.symbolic is None else _symbolic(program.symbolic),
+            batch=batch))
         reports.append({"batch": batch, "arena_bytes": program.arena_bytes,
                         "intermediate_bytes": program.intermediate_bytes,
                         "kernels": len(program.kernels),
@@ -297,45 +308,36 @@ def _export(mods: dict[int | None, IRModule], path: str | os.PathLike,
             ir_text = module_text(optimized)
             first_targets = [v.target for v in variants]
     top = plans[-1]  # the largest batch: what a reader of format 1.0 runs
-    header: dict[str, Any] = {
-        # Readers of format 1.0 run every bundle this writes (a dynamic-batch bundle at its
-        # largest batch, golden data ignored), so min_reader stays 1.0 (docs/bad-inputs.md).
-        "min_reader": [FORMAT_MAJOR, 0],
-        "compiler": {"name": "mlcpack", "version": packager.__version__,
-                     "llvmlite": llvmlite.__version__},
-        "model": {"name": opts.model_name, "source": opts.source,
-                  "source_sha256": opts.source_sha256},
-        "inputs": top["inputs"],
-        "outputs": top["outputs"],
-        "preprocess": opts.preprocess,
-        "labels": list(opts.labels) if opts.labels else None,
-        "constants": constants,
-        **{k: top[k] for k in ("kernels", "code", "library_calls", "tensors", "vm",
-                               "memory_plan") + (("symbolic",) if "symbolic" in top else ())},
-        "ir": writer.add(ir_text.encode()),
-    }
-    if "symbolic" in top:   # readers before format 1.3 cannot plan memory at run time
-        header["format"] = [FORMAT_MAJOR, SYMBOLIC_MINOR]
-        header["min_reader"] = [FORMAT_MAJOR, SYMBOLIC_MINOR]
+    sizes = list(mods) if batched else []
+    batch_info = None
     if batched:
-        sizes = list(mods)
-        header["batch"] = {
-            "sizes": sizes,
-            "inputs": _batched_names({p["batch"]: p["inputs"] for p in plans}, "input"),
-            "outputs": _batched_names({p["batch"]: p["outputs"] for p in plans}, "output")}
-        if not header["batch"]["inputs"]:
+        batch_info = BatchInfo(
+            tuple(sizes), _batched_names({p.batch: p.inputs for p in plans}, "input"),
+            _batched_names({p.batch: p.outputs for p in plans}, "output"))
+        if not batch_info.inputs:
             raise ExportError("no input has the batch as its first dimension; dynamic batch "
                               "needs one (mark it with --input-shape x=N,...)")
-        if len(header["batch"]["outputs"]) != len(top["outputs"]):
-            fixed = [o["name"] for o in top["outputs"]
-                     if o["name"] not in header["batch"]["outputs"]]
+        if len(batch_info.outputs) != len(top.outputs):
+            fixed = [o.name for o in top.outputs if o.name not in batch_info.outputs]
             raise ExportError(f"output(s) {fixed} do not grow with the batch; dynamic batch "
                               "needs every output to have the batch as its first dimension")
-        header["plans"] = plans
+    # Readers of format 1.0 run every bundle this writes (a dynamic-batch bundle at its largest
+    # batch, golden data ignored), so min_reader stays 1.0 (docs/bad-inputs.md); readers before
+    # format 1.3 cannot plan memory at run time, so a symbolic bundle says 1.3.
+    minor = SYMBOLIC_MINOR if top.symbolic is not None else FORMAT_MINOR
+    header = Header(
+        format=(FORMAT_MAJOR, minor), plans=tuple(plans), constants=tuple(constants),
+        min_reader=(FORMAT_MAJOR, SYMBOLIC_MINOR if top.symbolic is not None else 0),
+        compiler={"name": "mlcpack", "version": packager.__version__,
+                  "llvmlite": llvmlite.__version__},
+        model={"name": opts.model_name, "source": opts.source,
+               "source_sha256": opts.source_sha256},
+        preprocess=opts.preprocess, labels=tuple(opts.labels) if opts.labels else None,
+        ir=writer.ref(ir_text.encode()), batch=batch_info)
     check_note = None
     if golden is not None:
         from .golden import embed_golden
-        check_note = embed_golden(golden, writer, header)
+        header, check_note = embed_golden(golden, writer, header)
     try:
         if golden is None:
             size = writer.write(path, header, signer=signer)

@@ -25,6 +25,7 @@ onnxruntime were not installed (the tests use it to run the default path both wa
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import tempfile
 from dataclasses import dataclass, field
@@ -33,7 +34,8 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 from ..runtime.errors import CpuFeatureError, LibraryFunctionError, MlcpackError
-from ..runtime.verify import GOLDEN_KEY, CheckResult, check_model, compare_output
+from ..runtime.header import Golden as GoldenRecord, GoldenRow, Header
+from ..runtime.verify import CheckResult, check_model, compare_output
 from .bundle_writer import BundleWriteError
 from .errors import ExportError
 from .ir.graph import Call, CallLibrary, Constant, Function, IRModule, Var
@@ -164,6 +166,7 @@ def evaluate_ir(mod: IRModule, feeds: Mapping[str, np.ndarray],
     the output carries (``runtime/verify.py``). If ``steps`` is a dict and the module
     quantizes, fill it with each output's quantization step."""
     from ..runtime import library
+    from .ir.concrete import SizeMismatch, bind_sizes, concrete, concrete_shape
     from .ops import get_op
     from .ops.registry import INJECTIVE, VIEW
 
@@ -179,6 +182,11 @@ def evaluate_ir(mod: IRModule, feeds: Mapping[str, np.ndarray],
     for p in fn.params:
         source = params if params and p.name in params else feeds
         env[id(p)] = np.asarray(source[p.name])
+    # a symbolic-shape module runs at the inputs' sizes (ir/concrete.py)
+    try:
+        sizes = bind_sizes(fn.params, {p.name: env[id(p)] for p in fn.params})
+    except SizeMismatch as exc:
+        raise ReferenceUnavailable(f"the check inputs do not fit the model: {exc}") from None
 
     def value(v: Any) -> np.ndarray:
         if isinstance(v, Constant):
@@ -205,8 +213,9 @@ def evaluate_ir(mod: IRModule, feeds: Mapping[str, np.ndarray],
                 raise IntegerDivisionByZero(
                     f"the check input divides an integer by zero ({b.var.name}; integer inputs "
                     "are zeros by default: give real ones with --check-input)")
-            result = np.asarray(get_op(v.op).reference(*args, **v.attrs))
-            env[id(b.var)] = result.astype(v.type.dtype, copy=False).reshape(v.type.shape)
+            result = np.asarray(get_op(v.op).reference(*args, **concrete(v.attrs, sizes)))
+            env[id(b.var)] = result.astype(v.type.dtype, copy=False).reshape(
+                concrete_shape(v.type.shape, sizes))
             moves = get_op(v.op).kind in (VIEW, INJECTIVE)
             if quantized:
                 qstep[id(b.var)] = _quantization_step(v.op, get_op(v.op).kind, args,
@@ -216,8 +225,8 @@ def evaluate_ir(mod: IRModule, feeds: Mapping[str, np.ndarray],
                 (fn_lib,) = library.resolve([v.func], None, "the model").values()
             except MlcpackError as exc:
                 raise ReferenceUnavailable(str(exc)) from None
-            out = np.empty(v.type.shape, v.type.dtype)
-            fn_lib(*[value(a) for a in v.args], out=out, **v.attrs)
+            out = np.empty(concrete_shape(v.type.shape, sizes), v.type.dtype)
+            fn_lib(*[value(a) for a in v.args], out=out, **concrete(v.attrs, sizes))
             env[id(b.var)], moves = out, False
         else:
             raise ReferenceUnavailable(f"{b.var.name} is a {type(v).__name__}, which the numpy "
@@ -414,28 +423,26 @@ def advise(reference: Reference, golden: Golden) -> list[str]:
             f"{CHECK_EXTRA} checks against ONNX Runtime"]
 
 
-def embed_golden(golden: Golden, writer: Any, header: dict) -> str | None:
-    """Put the pair into the header (payloads through ``writer``) unless it is too large;
-    return a note when it is not embedded."""
+def embed_golden(golden: Golden, writer: Any, header: Header) -> tuple[Header, str | None]:
+    """The header with the pair in it (payloads through ``writer``) unless it is too large,
+    and a note when it is not embedded."""
     if golden.skipped:
-        return None
+        return header, None
     arrays = list(golden.inputs.values()) + list(golden.outputs.values())
     total = sum(a.nbytes for a in arrays)
     if total > MAX_EMBED_BYTES:
-        return (f"golden pair not embedded ({total / 2**20:.1f} MiB > "
-                f"{MAX_EMBED_BYTES >> 20} MiB); `mlcpack verify` will have nothing to run")
-    header[GOLDEN_KEY] = {
-        kind: [{"name": k, "shape": list(v.shape), "dtype": str(v.dtype), "data": writer.add(v)}
-               for k, v in arrays_.items()]
-        for kind, arrays_ in (("inputs", golden.inputs), ("outputs", golden.outputs))}
-    for row in header[GOLDEN_KEY]["outputs"]:  # read by runtime/verify.py's golden_magnitudes
-        if row["name"] in golden.magnitudes:
-            row["magnitude"] = golden.magnitudes[row["name"]]
-        if row["name"] in golden.steps:
-            row["quant_step"] = golden.steps[row["name"]]
-    header[GOLDEN_KEY].update({"rtol": golden.rtol, "atol": golden.atol,
-                               "reference": golden.reference, "seed": golden.seed})
-    return None
+        return header, (f"golden pair not embedded ({total / 2**20:.1f} MiB > "
+                        f"{MAX_EMBED_BYTES >> 20} MiB); `mlcpack verify` will have nothing to "
+                        "run")
+    # magnitude and quant_step are read by runtime/verify.py's golden_magnitudes.
+    rows = [tuple(GoldenRow(k, tuple(v.shape), str(v.dtype), writer.ref(v),
+                            golden.magnitudes.get(k) if outputs else None,
+                            golden.steps.get(k) if outputs else None)
+                  for k, v in arrays_.items())
+            for outputs, arrays_ in ((False, golden.inputs), (True, golden.outputs))]
+    record = GoldenRecord(rows[0], rows[1], golden.rtol, golden.atol, golden.reference,
+                          golden.seed)
+    return dataclasses.replace(header, golden=record), None
 
 
 def second_opinion(model: Any, golden: Golden, result: CheckResult) -> CheckResult | None:
@@ -479,7 +486,7 @@ def _not_run_here(exc: Exception, tmp: str, path: str, extra: str) -> str:
             f"mlcpack-run verify) on a machine it targets{extra}")
 
 
-def write_checked(writer: Any, path: str | os.PathLike, header: dict, signer: Any,
+def write_checked(writer: Any, path: str | os.PathLike, header: Header, signer: Any,
                   golden: Golden, note: str | None) -> tuple[int, str]:
     """Write the bundle next to ``path``, run it with the runtime, compare with the golden
     outputs, and move it into place only if they agree. Returns (size, what was checked)."""
@@ -515,8 +522,8 @@ def write_checked(writer: Any, path: str | os.PathLike, header: dict, signer: An
                     overruled = None if result.ok else second_opinion(model, golden, result)
                 if overruled is not None:
                     result = overruled
-                    if GOLDEN_KEY in header:  # embed the pair the bundle reproduces
-                        embed_golden(golden, writer, header)
+                    if header.golden is not None:  # embed the pair the bundle reproduces
+                        header, _ = embed_golden(golden, writer, header)
                         size = writer.write(tmp, header, signer=signer)
                 if not result.ok:
                     raise _export_error(

@@ -19,6 +19,15 @@ flipped bit anywhere is caught:
   empty area), each 32 bytes. The slices are hashed on up to 4 threads, which is what makes a
   large bundle's check fast; the chunk size is in the head, so the slicing is covered too.
 
+Payload areas of 4 GiB and more (format 1.4, ``min_reader`` [1, 4]) do not fit a ``bin32``:
+there ``"data"`` is empty (a ``bin32`` of length 0) and the header says where the area is,
+``"payload": {"offset": <file offset>, "size": <bytes>}``; the area follows the msgpack map at
+once (the offset is the end of ``"data"``, 64-byte aligned) and runs to the end of the file, so
+the file is a msgpack map followed by raw bytes, as a safetensors file is a header followed by
+raw bytes. Offsets and sizes are msgpack integers (64-bit) everywhere; the digest is the same
+computation over the same area, and the head is still the bytes before ``"sha256"``. Every
+smaller bundle keeps the one-map layout above, byte for byte.
+
 ``content_digest(head, digest_tail(parts, chunk))`` is the one computation; the reader, the
 writer, signatures (``runtime/signing.py``) and the tests all use it. The reader maps the file and
 hands out views; nothing large is copied.
@@ -49,6 +58,10 @@ FORMAT_MINOR = 2
 # format 1.3 with min_reader 1.3, so readers before it refuse them cleanly; every other bundle
 # keeps writing 1.2. This reader reads 1.2, and 1.3 bundles that carry the symbolic record.
 SYMBOLIC_MINOR = 3
+# Bundles whose payload area is 4 GiB or more say format 1.4 with min_reader 1.4 (the area
+# after the map, see the module doc); this reader reads them.
+PAYLOAD64_MINOR = 4
+PAYLOAD64_FORMAT = [1, 4]
 TREE_FORMAT = [1, 2]                # the oldest reader of tree-digest bundles
 MAGIC = b"\x83\xa7mlcpack"          # fixmap(3) then the 7-char key "mlcpack"
 DIGEST_KEY = b"\xa6sha256\xc4\x20"  # fixstr "sha256", then bin8 of 32 bytes
@@ -276,6 +289,15 @@ class BundleReader:
         digest = trailer[len(DIGEST_KEY):len(DIGEST_KEY) + 32]
         data_size = int.from_bytes(trailer[-4:], "big")
         data_start = header_end + TRAILER_BYTES
+        if "payload" in header:   # format 1.4: the area follows the map, at the header's offset
+            area = header["payload"]
+            if (not isinstance(area, dict) or set(area) != {"offset", "size"}
+                    or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0
+                               for v in area.values())
+                    or data_size != 0 or area["offset"] != data_start):
+                raise BundleError(f"{self.name}: header has an invalid payload area record "
+                                  f"{area!r:.80}; export it again")
+            data_size = area["size"]
         if data_start + data_size != size:
             raise BundleError(f"{self.name} is truncated or has trailing bytes "
                               f"(payload area says {data_size} bytes, file has "
@@ -324,7 +346,11 @@ class BundleReader:
                 f"{self.name} has bundle format {major}.{minor} (mlcpack {made_by}); this runtime "
                 f"reads format {FORMAT_MAJOR}.x: " + ("upgrade the runtime" if newer else
                                                       "export the model again"))
-        reads = max(FORMAT_MINOR, SYMBOLIC_MINOR) if "symbolic" in header else FORMAT_MINOR
+        reads = FORMAT_MINOR
+        if "symbolic" in header:
+            reads = SYMBOLIC_MINOR
+        if "payload" in header:
+            reads = PAYLOAD64_MINOR
         if minor > reads:
             need = header.get("min_reader", fmt)
             if (not isinstance(need, list) or len(need) != 2
