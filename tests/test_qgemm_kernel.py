@@ -125,7 +125,7 @@ def test_qconv2d_kernel_exact(case: str, target: str, tmp_path: Path) -> None:
     assert len(np.unique(got)) > 3
 
 
-@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("threads", [1, 2, 3])
 def test_integer_kernels_threads(threads: int, tmp_path: Path) -> None:
     rng = np.random.default_rng(5)
     args, attrs, expect, _ = _matmul_case(rng, (64, 96), 70, "uint8", 128, False, "uint8", 128)

@@ -36,8 +36,9 @@ Targets: x86-64 with AVX2 (x86-64-v3 and v4) use the intrinsic; every other targ
 aarch64) gets the same kernel with the pair product written as sext / mul / even+odd add, which
 LLVM lowers to ``pmaddwd`` on SSE2 and to ``smull``/``addp`` on NEON. Not done: AVX-512 VNNI
 (``vpdpbusd``, 4 multiply-adds per lane per instruction) and AVX-512 (16-lane) variants; no
-level in runtime/cpu.py records ``avx512vnni`` yet, so nothing could gate it. One thread: the
-kernels are not split over tasks.
+level in runtime/cpu.py records ``avx512vnni`` yet, so nothing could gate it. ``qconv2d`` splits
+over tasks by tiles of output channels (up to MAX_TASK_REGIONS, each with its own planes);
+``qmatmul`` runs on one thread.
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ from ..ir.patterns import reduction_tag
 from ..ops.qlinear import CONV_ROWS, PANEL
 from ..ops.quant import saturation_range
 from .helpers import F32, I8, I16, I32, I64, alloca_once, const_i64, for_range, intrinsic
+from .gemm import MAX_TASK_REGIONS, PARALLEL_MIN_MACS
 from .lower import WORKSPACE_ALIGN, KernelEmitter, KernelInfo, LoweringError
 
 V8I32 = ir.VectorType(I32, PANEL)
@@ -201,10 +203,11 @@ class _QEmitter(KernelEmitter):
         ws = body_fn.args[len(self.func.inputs) + 1] if workspace else None
         return body_fn, ptr_types, n_ptrs, ws
 
-    def _finish(self, body_fn, n_ptrs, ptr_types, workspace: int) -> KernelInfo:
+    def _finish(self, body_fn, n_ptrs, ptr_types, workspace: int,
+                parallel: bool = False) -> KernelInfo:
         self.builder.ret_void()
         self._emit_entry(body_fn, n_ptrs, ptr_types)
-        return KernelInfo(self.symbol, len(self.func.inputs), 1, workspace, False)
+        return KernelInfo(self.symbol, len(self.func.inputs), 1, workspace, parallel)
 
 
 class _QMatmul(_QEmitter):
@@ -308,23 +311,51 @@ class _QConv(_QEmitter):
         w_bytes = _align(n_words * 4) if wk.dtype == "int8" else 0
         p_bytes = _align(len(phases) * cp * psz * 4)
         s_bytes = _align(o * qpad * (4 if self.float_out else 1))
-        workspace = w_bytes + p_bytes + s_bytes
+        # Split over tasks by tiles of output channels when there is work enough: the widened
+        # weights and the staging rows are shared (each task writes its own rows), the planes
+        # are per task (a task may run ahead to the next image).
+        parallel = batch * o * oh * ow * c * kh * kw >= PARALLEL_MIN_MACS
+        regions = MAX_TASK_REGIONS if parallel else 1
+        workspace = w_bytes + s_bytes + p_bytes * regions
         body_fn, ptr_types, n_ptrs, ws = self._start(workspace)
+        task, ntasks = body_fn.args[n_ptrs], body_fn.args[n_ptrs + 1]
         b = self.builder
         buf = self.buffers
+        mr = self.mr
+        full, tail = o // mr, o % mr
+        n_tiles = full + (1 if tail else 0)
+        if parallel:
+            cap = const_i64(regions)
+            eff = b.select(b.icmp_signed("<", ntasks, cap), ntasks, cap)
+            skip = b.icmp_signed(">=", task, eff)
+            with b.if_then(skip, likely=False):
+                b.ret_void()
+            lo = b.sdiv(b.mul(task, const_i64(n_tiles)), eff)
+            hi = b.sdiv(b.mul(b.add(task, const_i64(1)), const_i64(n_tiles)), eff)
+            region = task
+        else:
+            lo, hi, region = const_i64(0), const_i64(n_tiles), const_i64(0)
         xzp = b.load(buf[x_zp.uid])
         if not self.float_out:
             self.y_zp = self._splat(b.load(buf[y_zp.uid]), V8F32)
-        if w_bytes:   # int8 weights (the bundle's) widened to int16 words once per call
+        tile_words = steps * rows6 * 2                      # int16 values per 6-row tile
+        if w_bytes:   # int8 weights (the bundle's) widened to int16, this task's tiles
             wexp = b.bitcast(ws, I16.as_pointer())
-            with for_range(b, const_i64(0), const_i64(2 * n_words), "we") as i:
+            # 6-row tiles of the packed weights are mr-row tiles' groups (mr divides 6)
+            g_lo = b.sdiv(b.mul(lo, const_i64(mr)), const_i64(rows6))
+            g_hi = b.sdiv(b.add(b.mul(hi, const_i64(mr)), const_i64(rows6 - 1)),
+                          const_i64(rows6))
+            with for_range(b, b.mul(g_lo, const_i64(tile_words)),
+                           b.mul(g_hi, const_i64(tile_words)), "we") as i:
                 b.store(b.sext(b.load(b.gep(buf[wk.uid], [i])), I16), b.gep(wexp, [i]))
             wexp32 = b.bitcast(ws, I32.as_pointer())
         else:
             wexp32 = b.bitcast(buf[wk.uid], I32.as_pointer())
-        planes = b.bitcast(b.gep(ws, [const_i64(w_bytes)]), I16.as_pointer())
-        stage = b.bitcast(b.gep(ws, [const_i64(w_bytes + p_bytes)]),  # [o][qpad] results
+        stage = b.bitcast(b.gep(ws, [const_i64(w_bytes)]),              # [o][qpad] results
                           self.out_ty.as_pointer())
+        planes = b.bitcast(b.gep(ws, [b.add(const_i64(w_bytes + s_bytes),
+                                            b.mul(region, const_i64(p_bytes)))]),
+                           I16.as_pointer())
         planes32 = b.bitcast(planes, I32.as_pointer())
         # step j = t * cp + p reads plane (phase(t), p) at offset off(t): a table of word
         # offsets into the planes
@@ -335,7 +366,6 @@ class _QConv(_QEmitter):
         gv.global_constant = True
         gv.linkage = "internal"
         gv.initializer = ir.Constant(tbl_ty, table)
-        mr = self.mr
         with for_range(b, const_i64(0), const_i64(batch), "b") as bi:
             xb = b.gep(buf[x.uid], [b.mul(bi, const_i64(c * h * w))])
             self._fill_planes(xb, planes, phases, c, h, w, cp, prow, wq, psz, sh, sw, pt, pl,
@@ -374,21 +404,29 @@ class _QConv(_QEmitter):
             # pixels outer: one chunk's plane columns (all steps) stay in L1 for every tile
             with for_range(b, const_i64(0), const_i64(qpad // lanes), "qc") as qc:
                 q0 = b.mul(qc, const_i64(lanes))
-                if o // mr:
-                    with for_range(b, const_i64(0), const_i64(o // mr), "ot") as t:
-                        tile(q0, b.mul(t, const_i64(mr)), mr)
-                if o % mr:
-                    tile(q0, const_i64(o // mr * mr), o % mr)
-            # compact rows of ow out of the staging rows of wq
+                with for_range(b, lo, hi, "ot") as t:
+                    oc0 = b.mul(t, const_i64(mr))
+                    if tail:
+                        with b.if_else(b.icmp_signed("<", t, const_i64(full))) as (whole, part):
+                            with whole:
+                                tile(q0, oc0, mr)
+                            with part:
+                                tile(q0, oc0, tail)
+                    else:
+                        tile(q0, oc0, mr)
+            # compact this task's rows of ow out of the staging rows of wq
             yb = b.gep(buf[y.uid], [b.mul(bi, const_i64(o * oh * ow))])
-            with for_range(b, const_i64(0), const_i64(o * oh), "cr") as r:
+            oc_hi = b.mul(hi, const_i64(mr))
+            oc_hi = b.select(b.icmp_signed("<", oc_hi, const_i64(o)), oc_hi, const_i64(o))
+            with for_range(b, b.mul(b.mul(lo, const_i64(mr)), const_i64(oh)),
+                           b.mul(oc_hi, const_i64(oh)), "cr") as r:
                 oc = b.sdiv(r, const_i64(oh))
                 oy = b.srem(r, const_i64(oh))
                 src = b.gep(stage, [b.add(b.mul(oc, const_i64(qpad)), b.mul(oy, const_i64(wq)))])
                 dst = b.gep(yb, [b.mul(r, const_i64(ow))])
                 with for_range(b, const_i64(0), const_i64(ow), "cx") as i:
                     b.store(b.load(b.gep(src, [i])), b.gep(dst, [i]))
-        return self._finish(body_fn, n_ptrs, ptr_types, workspace)
+        return self._finish(body_fn, n_ptrs, ptr_types, workspace, parallel)
 
     def _fill_planes(self, xb, planes, phases, c, h, w, cp, prow, wq, psz, sh, sw, pt, pl,
                      xzp, dtype) -> None:
