@@ -176,3 +176,33 @@ def test_quantized_convolutions_fused(how: dict, tmp_path: Path) -> None:
     else:   # ORT's AVX2 u8 x s8 kernel saturates pair sums (the kernels' exactness against
         # numpy is tested in test_qgemm_kernel.py)
         assert diff.max() <= 4 and np.median(diff) <= 1, diff
+
+
+def test_integer_products_take_the_integer_kernels(tmp_path: Path) -> None:
+    """MatMulInteger and ConvInteger (int32 results) import as products of dequantize(x, 1,
+    zero point): the integer kernels take them (float32 result of exact sums, then the cast),
+    equal to numpy's integer arithmetic (ORT's AVX2 u8 x s8 kernel saturates: not compared)."""
+    rng = np.random.default_rng(4)
+    x = rng.integers(0, 256, (3, 40)).astype(np.uint8)
+    w = rng.integers(-128, 128, (40, 7)).astype(np.int8)
+    xi = rng.integers(0, 256, (1, 5, 9, 9)).astype(np.uint8)
+    wc = rng.integers(-128, 128, (6, 5, 3, 3)).astype(np.int8)
+    nodes = [h.make_node("MatMulInteger", ["x", "w", "xz", "wz"], ["y"]),
+             h.make_node("ConvInteger", ["xi", "wc", "xz"], ["yc"], pads=[1, 1, 1, 1])]
+    inits = [nh.from_array(w, "w"), nh.from_array(np.array(7, np.uint8), "xz"),
+             nh.from_array(np.array(0, np.int8), "wz"), nh.from_array(wc, "wc")]
+    graph = h.make_graph(nodes, "ints", [h.make_tensor_value_info("x", T.UINT8, [3, 40]),
+                                         h.make_tensor_value_info("xi", T.UINT8, [1, 5, 9, 9])],
+                         [h.make_tensor_value_info("y", T.INT32, [3, 7]),
+                          h.make_tensor_value_info("yc", T.INT32, [1, 6, 9, 9])], inits)
+    path = tmp_path / "ints.onnx"
+    onnx.save(h.make_model(graph, opset_imports=[h.make_opsetid("", 17)], ir_version=8), path)
+    (y, yc), ops = _bundle(path, {"x": x, "xi": xi})
+    assert "int_gemm" in ops and "int_conv" in ops, ops
+    np.testing.assert_array_equal(y, (x.astype(np.int64) - 7) @ w.astype(np.int64))
+    xp = np.pad(xi.astype(np.int64) - 7, ((0, 0), (0, 0), (1, 1), (1, 1)))
+    ref = np.zeros((1, 6, 9, 9), np.int64)
+    for ky in range(3):
+        for kx in range(3):
+            ref += np.einsum("nchw,oc->nohw", xp[:, :, ky:ky + 9, kx:kx + 9], wc[:, :, ky, kx])
+    np.testing.assert_array_equal(yc, ref)
