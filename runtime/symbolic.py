@@ -140,21 +140,23 @@ class _Plan:
     def __init__(self, runner: SymbolicRunner, env: dict[str, int]) -> None:
         self.sizes = np.array([env[v] for v in runner.vars], dtype=np.int64)
         bufs = runner.buffers
-        sizes = [evaluate(b[0], env) for b in bufs]
+        values = [evaluate(rec, env) for rec in runner.dim_records]   # each distinct dim once
+        sizes = [values[k] for k in runner.buffer_dims]
         offsets, arena_bytes = _first_fit(sizes, [(b[1], b[2]) for b in bufs])
         raw = np.zeros(arena_bytes + ALIGN, dtype=np.uint8)
         start = -raw.ctypes.data % ALIGN
         self.arena = raw[start:start + arena_bytes]
         self.arena_bytes = arena_bytes
         views: list[np.ndarray] = []
-        for i, row in enumerate(runner.tensors):
-            kind, ref, shape_rec, dtype = row
-            shape = tuple(evaluate(d, env) for d in shape_rec)
+        for i, (row, dims, storage) in enumerate(zip(runner.tensors, runner.tensor_dims,
+                                                     runner.storage)):
+            kind, ref, _, dtype = row
+            shape = tuple([values[k] for k in dims])
             size = nbytes_of(shape, dtype)
             if kind == 0 and isinstance(ref, int) and 0 <= ref < len(bufs) \
                     and size <= sizes[ref]:
                 off = offsets[ref]
-                view = self.arena[off:off + size].view(storage_dtype(dtype)).reshape(shape)
+                view = self.arena[off:off + size].view(storage).reshape(shape)
             elif kind == 1 and isinstance(ref, int) and 0 <= ref < len(runner.constants) \
                     and runner.constants[ref].nbytes == size:
                 view = runner.constants[ref].reshape(shape)
@@ -164,10 +166,9 @@ class _Plan:
                 raise BundleError(f"bundle header: tensor {i} lies outside its storage")
             views.append(view)
         self.views = views
+        addresses = [v.__array_interface__["data"][0] for v in views]
         self.executor = vm.Executor(runner.program, runner.kernels, runner.sites,
-                                    [v.ctypes.data for v in views], views, runner.threads,
-                                    pool=runner.pool)
-        addresses = [v.ctypes.data for v in views]
+                                    list(addresses), views, runner.threads, pool=runner.pool)
         # An input only read by kernels is read where the caller's array lies (as
         # Model._bindings does for static bundles); its reshapes share its storage id.
         bindings = []
@@ -215,6 +216,21 @@ class SymbolicRunner:
         for i, r in enumerate(tensors):
             check_dtype(r[3], f"tensor {i}")
         self.tensors = tensors
+        self.storage = [storage_dtype(r[3]) for r in tensors]
+        # The distinct dim records of the buffers and tensor shapes (a model repeats a few
+        # dozen sizes over hundreds of tensors): a plan evaluates each once.
+        index: dict[str, int] = {}
+        self.dim_records: list[Any] = []
+
+        def dim_index(rec: Any) -> int:
+            key = repr(rec)
+            if key not in index:
+                index[key] = len(self.dim_records)
+                self.dim_records.append(rec)
+            return index[key]
+
+        self.buffer_dims = [dim_index(b[0]) for b in self.buffers]
+        self.tensor_dims = [tuple(dim_index(d) for d in r[2]) for r in tensors]
         self.constants = constants
         self.inputs = self._specs(header.get("inputs"), "inputs")
         self.outputs = self._specs(header.get("outputs"), "outputs")
