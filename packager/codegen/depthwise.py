@@ -38,6 +38,7 @@ from . import gemm
 from .gemm import Contraction, ContractionEmitter, match_contraction
 from .helpers import F32, I1, I32, I64, alloca_once, const_i64, for_range, intrinsic
 from .lower import KernelInfo
+from ..ir import te
 from ..ir.graph import PrimFunc
 
 # Output rows computed together where no window row is padding, by vector width: 4 with
@@ -56,6 +57,9 @@ MAX_TASK_REGIONS = 8
 # 610 -> 465, 14x14x672 425 -> 324, dw7x7 56x56x40 761 -> 485, 14x14x160 229 -> 160, dw3x3
 # 56x56x144 657 -> 521; 4x2 no better, worse where 7 rows leave 4-row blocks no room.
 PADDED_BLOCK = (3, 2)
+# With vector math in the epilogue (SiLU's sigmoid) six epilogues at a time spill: 2 x 2 there
+# (dw5x5 28x28x240 + SiLU: 2x1 1143 us, 3x2 1499, 2x2 828; ORT 795).
+PADDED_BLOCK_MATH = (2, 2)
 
 
 def is_depthwise(match: Contraction | None) -> bool:
@@ -169,7 +173,9 @@ class DepthwiseEmitter(ContractionEmitter):
                 self.recipes = {kx: ("load", kx % 2 * self.phase_len + kx // 2)
                                 for kx in range(self.kw)}
             self.region_floats = -(-self.h * self.row_stride // 16) * 16
-            self.row_block, self.col_block = PADDED_BLOCK
+            math = any(isinstance(node, te.MathCall)
+                       for node in gemm._walk(self.match.body, skip=self.match.reduce))
+            self.row_block, self.col_block = PADDED_BLOCK_MATH if math else PADDED_BLOCK
         # output rows grouped by the window rows inside the image: (oy0, oy1, ky_lo, ky_hi)
         segments: list[list[int]] = []
         for oy in range(self.oh):
