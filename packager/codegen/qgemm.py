@@ -37,8 +37,8 @@ aarch64) gets the same kernel with the pair product written as sext / mul / even
 LLVM lowers to ``pmaddwd`` on SSE2 and to ``smull``/``addp`` on NEON. Not done: AVX-512 VNNI
 (``vpdpbusd``, 4 multiply-adds per lane per instruction) and AVX-512 (16-lane) variants; no
 level in runtime/cpu.py records ``avx512vnni`` yet, so nothing could gate it. ``qconv2d`` splits
-over tasks by tiles of output channels (up to MAX_TASK_REGIONS, each with its own planes);
-``qmatmul`` runs on one thread.
+over tasks by tiles of output channels (up to MAX_TASK_REGIONS, each with its own planes),
+``qmatmul`` by groups of column panels (each task packing the rows itself).
 """
 
 from __future__ import annotations
@@ -222,10 +222,25 @@ class _QMatmul(_QEmitter):
         npn, k2 = int(wp.shape[0]), int(wp.shape[1])
         if wp.dtype not in ("int8", "int16"):
             raise LoweringError(f"{self.func.name}: packed weights of dtype {wp.dtype}")
-        workspace = _align(rows * k2 * 4)
+        # Split over tasks by groups of column panels when there is work enough; every task
+        # packs the rows into a region of its own.
+        mr, nv = self.mr, self.nv
+        groups = list(range(0, npn, nv))
+        parallel = rows * k * n >= PARALLEL_MIN_MACS and len(groups) > 1
+        region = _align(rows * k2 * 4)
+        workspace = region * (MAX_TASK_REGIONS if parallel else 1)
         body_fn, ptr_types, n_ptrs, ws = self._start(workspace)
+        task, ntasks = body_fn.args[n_ptrs], body_fn.args[n_ptrs + 1]
         b = self.builder
         buf = self.buffers
+        if parallel:
+            cap = const_i64(MAX_TASK_REGIONS)
+            eff = b.select(b.icmp_signed("<", ntasks, cap), ntasks, cap)
+            with b.if_then(b.icmp_signed(">=", task, eff), likely=False):
+                b.ret_void()
+            g_lo = b.sdiv(b.mul(task, const_i64(len(groups))), eff)
+            g_hi = b.sdiv(b.mul(b.add(task, const_i64(1)), const_i64(len(groups))), eff)
+            ws = b.gep(ws, [b.mul(task, const_i64(region))])
         xzp = b.load(buf[x_zp.uid])
         if not self.float_out:
             self.y_zp = self._splat(b.load(buf[y_zp.uid]), V8F32)
@@ -272,8 +287,7 @@ class _QMatmul(_QEmitter):
                             b.store(b.extract_element(q, ir.Constant(I32, lane)),
                                     b.gep(buf[y.uid], [b.add(row, const_i64(col0 + lane))]))
 
-        mr, nv = self.mr, self.nv
-        for p0 in range(0, npn, nv):
+        def group(p0: int) -> None:
             nvec = min(nv, npn - p0)
             full = rows // mr
             if full:
@@ -281,7 +295,16 @@ class _QMatmul(_QEmitter):
                     tile_at(b.mul(t, const_i64(mr)), mr, p0, nvec)
             if rows % mr:
                 tile_at(const_i64(full * mr), rows % mr, p0, nvec)
-        return self._finish(body_fn, n_ptrs, ptr_types, workspace)
+
+        for gi, p0 in enumerate(groups):
+            if parallel:
+                g = const_i64(gi)
+                mine = b.and_(b.icmp_signed(">=", g, g_lo), b.icmp_signed("<", g, g_hi))
+                with b.if_then(mine):
+                    group(p0)
+            else:
+                group(p0)
+        return self._finish(body_fn, n_ptrs, ptr_types, workspace, parallel)
 
 
 class _QConv(_QEmitter):
