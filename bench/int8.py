@@ -12,11 +12,13 @@ per-channel int8 weights, uint8 activations, calibrated on 8 random feeds):
                 1x1 conv 64, GlobalAveragePool, Gemm 10
 Rows: mlcpack fp32, mlcpack int8 (--quantize), mlcpack int8 (QDQ), the same QDQ bundle with
 ``MLCPACK_INT8_KERNELS=0`` (the float32-exact chains the integer kernels replaced), ORT fp32,
-ORT on the QDQ file; median / min microseconds per run, and each bundle's size on disk.
+ORT on the QDQ file; median / min ms per run, and each bundle's size on disk.
 
 ``--kernels``: one layer each, integer kernel (codegen/qgemm.py) vs the fp32 kernel of the same
-shape, wall-clock (alternating) and CPU time (least of 20 calls; robust on a loaded machine): a ResNet-18 3x3 conv (64->64, 56x56), its 3x3 conv at 14x14 (256->256), a 1x1 conv
-(256->256 at 14x14), and MLP Linear layers (1x512 @ 512x1000, 32x512 @ 512x512).
+shape, wall-clock (alternating) and CPU time (least of 20 calls; robust on a loaded machine):
+a ResNet-18 3x3 conv (64->64, 56x56), its 3x3 conv at 14x14 (256->256), a 1x1 conv (256->256
+at 14x14), and MLP Linear layers (1x512 @ 512x1000, 32x512 @ 512x512). Model rows also give
+each engine's least CPU time of a run.
 """
 
 from __future__ import annotations
