@@ -25,9 +25,9 @@ That is the AVX-512 path. With narrower vectors (AVX2, SSE, NEON), where masked 
 task first copies its plane into a zero-margined row buffer of its own (``padded``): every
 chunk then loads plainly, a row's partial last chunk stores its lanes in pieces (4, 2, 1), and
 with stride 2 the copy splits each row by column parity so that every tap is one plain load
-(no shuffles). There ``PADDED_BLOCK`` = 3 rows x 2 chunks share each weight load. MobileNetV3 /
-EfficientNet / ConvNeXt depthwise layers went from 1.9x ORT's time (geometric mean, 1 thread,
-this kernel's first AVX2 form) to about 0.8x (bench/layers.py).
+(no shuffles). There 3 rows x 2 chunks (2 x 2 under a SiLU) share each weight load. MobileNetV3 /
+EfficientNet / ConvNeXt depthwise layers went from 2.0x ORT's time (geometric mean, 1 thread,
+this kernel's first AVX2 form) to 0.88x (bench/layers.py).
 """
 
 from __future__ import annotations
