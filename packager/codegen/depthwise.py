@@ -176,6 +176,8 @@ class DepthwiseEmitter(ContractionEmitter):
             math = any(isinstance(node, te.MathCall)
                        for node in gemm._walk(self.match.body, skip=self.match.reduce))
             self.row_block, self.col_block = PADDED_BLOCK_MATH if math else PADDED_BLOCK
+            if self.nq == 1 and not math:   # one chunk per row (7-wide): 6 rows
+                self.row_block, self.col_block = self.row_block * self.col_block, 1
         # output rows grouped by the window rows inside the image: (oy0, oy1, ky_lo, ky_hi)
         segments: list[list[int]] = []
         for oy in range(self.oh):
@@ -232,11 +234,16 @@ class DepthwiseEmitter(ContractionEmitter):
                 rows = oy1 - oy0
                 full = (ky_lo, ky_hi) == (0, self.kh)
                 blocked = self.row_block if full and rows >= self.row_block else 1
+                if self.padded and full:   # fewer rows than a block: one block of them all
+                    blocked = min(self.row_block, rows)
                 nblk = rows // blocked
                 with for_range(b, const_i64(0), const_i64(nblk), "oyb") as blk:
                     oy = b.add(const_i64(oy0), b.mul(blk, const_i64(blocked)))
                     self._emit_rows(x_plane, oy, blocked, ky_lo, ky_hi)
-                if rows % blocked:
+                if rows % blocked and self.padded and full:   # the leftover rows together
+                    self._emit_rows(x_plane, const_i64(oy0 + nblk * blocked), rows % blocked,
+                                    ky_lo, ky_hi)
+                elif rows % blocked:
                     with for_range(b, const_i64(oy0 + nblk * blocked), const_i64(oy1),
                                    "oyr") as oy:
                         self._emit_rows(x_plane, oy, 1, ky_lo, ky_hi)
