@@ -134,6 +134,7 @@ def compile_prim_funcs(funcs: Sequence[PrimFunc], target: Target,
     array) gives symbolic kernels their run-time extents."""
     module = ir.Module(name="mlcpack_kernels")
     module.triple = target.triple
+    module.mlcpack_features = target.llvm_features   # qgemm.py gates AVX-512 VNNI on it
     vl = vector_width(target.name)
     # Functions that differ only in names (unrolled recurrences, repeated layers) share one
     # compiled kernel: the first one's symbol serves them all.

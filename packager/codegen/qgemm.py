@@ -34,14 +34,21 @@ rounded half to even with the 1.5 * 2**23 trick (exact in that range, no libcall
 
 Targets: x86-64 with AVX2 (x86-64-v3 and v4) use the intrinsic; every other target (x86-64-v2,
 aarch64) gets the same kernel with the pair product written as sext / mul / even+odd add, which
-LLVM lowers to ``pmaddwd`` on SSE2 and to ``smull``/``addp`` on NEON. Not done: AVX-512 VNNI
-(``vpdpbusd``, 4 multiply-adds per lane per instruction) and AVX-512 (16-lane) variants; no
-level in runtime/cpu.py records ``avx512vnni`` yet, so nothing could gate it. ``qconv2d`` splits
-over tasks by tiles of output channels (up to MAX_TASK_REGIONS, each with its own planes),
-``qmatmul`` by groups of column panels (each task packing the rows itself).
+LLVM lowers to ``pmaddwd`` on SSE2 and to ``smull``/``addp`` on NEON.
+
+AVX-512 VNNI (``_emit_vnni``, ``qmatmul`` with int8 weights only): ``vpdpbusd`` on uint8 x int8
+k-quads, 4 products per int32 lane per instruction, with the +128 shift for int8 activations
+and a column-sum correction. It is emitted only for a target whose LLVM features name
+``+avx512vnni`` (``build.py`` records them on the module); no level in runtime/cpu.py does yet,
+so real bundles do not get it. Tests compile it (the instruction is there), run its data path
+with the instruction written in portable IR (``MLCPACK_VNNI_EMULATE=1``), and run it natively
+only on a CPU with avx512_vnni: this machine has none, so it has never run natively here.
+Not done: VNNI convolutions, AVX-VNNI (VEX), 512-bit vectors, aarch64 ``sdot``/``smmla``.
 """
 
 from __future__ import annotations
+
+import os
 
 from llvmlite import ir
 
@@ -108,7 +115,15 @@ def emit_qgemm(module: ir.Module, func: PrimFunc, symbol: str, vl: int) -> Kerne
     kind, tag = m
     avx2 = module.triple.startswith("x86_64") and vl >= 8
     cls = _QMatmul if kind == "qmatmul" else _QConv
-    return cls(module, func, symbol, tag, avx2).emit()
+    emitter = cls(module, func, symbol, tag, avx2)
+    # AVX-512 VNNI: only where the target's LLVM features name it (build.py records them on
+    # the module); no level in runtime/cpu.py does yet, so only tests compile it
+    emitter.vnni = avx2 and "+avx512vnni" in getattr(module, "mlcpack_features", "")
+    # tests: the VNNI kernel with vpdpbusd written in portable IR, so its packing, column sums
+    # and epilogue run (and are checked) on a CPU without VNNI
+    emitter.vnni_emulated = os.environ.get("MLCPACK_VNNI_EMULATE", "") == "1"
+    emitter.vnni = emitter.vnni or emitter.vnni_emulated
+    return emitter.emit()
 
 
 class _QEmitter(KernelEmitter):
@@ -227,7 +242,9 @@ class _QMatmul(_QEmitter):
         mr, nv = self.mr, self.nv
         groups = list(range(0, npn, nv))
         parallel = rows * k * n >= PARALLEL_MIN_MACS and len(groups) > 1
-        region = _align(rows * k2 * 4)
+        vnni = getattr(self, "vnni", False) and wp.dtype == "int8"
+        k4 = -(-k2 // 2)
+        region = _align(rows * (k4 * 4 if vnni else k2 * 4))
         workspace = region * (MAX_TASK_REGIONS if parallel else 1)
         body_fn, ptr_types, n_ptrs, ws = self._start(workspace)
         task, ntasks = body_fn.args[n_ptrs], body_fn.args[n_ptrs + 1]
@@ -244,6 +261,10 @@ class _QMatmul(_QEmitter):
         xzp = b.load(buf[x_zp.uid])
         if not self.float_out:
             self.y_zp = self._splat(b.load(buf[y_zp.uid]), V8F32)
+        if vnni:
+            return self._emit_vnni(body_fn, ptr_types, n_ptrs, ws, workspace, parallel, groups,
+                                   g_lo if parallel else None, g_hi if parallel else None,
+                                   rows, k, k2, k4, n, npn, xzp)
         a16 = b.bitcast(ws, I16.as_pointer())
         # pack x - x_zp as int16, rows of 2 * k2 (a zero after an odd K)
         with for_range(b, const_i64(0), const_i64(rows), "pm") as m:
@@ -278,6 +299,126 @@ class _QMatmul(_QEmitter):
                       if self.float_out else None)
                 for r in range(nrows):
                     q = self._requant(accs[r][v], bv, mv, ov)
+                    row = b.mul(b.add(m0, const_i64(r)), const_i64(n))
+                    if col0 + PANEL <= n:
+                        b.store(q, self._ptr(buf[y.uid], b.add(row, const_i64(col0)),
+                                             self.out_vec), align=1)
+                    else:
+                        for lane in range(n - col0):
+                            b.store(b.extract_element(q, ir.Constant(I32, lane)),
+                                    b.gep(buf[y.uid], [b.add(row, const_i64(col0 + lane))]))
+
+        def group(p0: int) -> None:
+            nvec = min(nv, npn - p0)
+            full = rows // mr
+            if full:
+                with for_range(b, const_i64(0), const_i64(full), "mt") as t:
+                    tile_at(b.mul(t, const_i64(mr)), mr, p0, nvec)
+            if rows % mr:
+                tile_at(const_i64(full * mr), rows % mr, p0, nvec)
+
+        for gi, p0 in enumerate(groups):
+            if parallel:
+                g = const_i64(gi)
+                mine = b.and_(b.icmp_signed(">=", g, g_lo), b.icmp_signed("<", g, g_hi))
+                with b.if_then(mine):
+                    group(p0)
+            else:
+                group(p0)
+        return self._finish(body_fn, n_ptrs, ptr_types, workspace, parallel)
+
+
+    def _emit_vnni(self, body_fn, ptr_types, n_ptrs, ws, workspace, parallel, groups, g_lo,
+                   g_hi, rows, k, k2, k4, n, npn, xzp) -> KernelInfo:
+        """``qmatmul`` with ``vpdpbusd`` (AVX-512 VNNI, 256-bit): u8 x s8 quads, 4 exact
+        products summed into each int32 lane per instruction. x is packed as uint8 (int8 x
+        shifted by +128) in rows of 4 * k4 bytes; the weights are the bundle's int8 panels,
+        two k-pair rows interleaved into k-quads per step; sum(x_u8 w) - zp' * sum(w) with zp' =
+        x_zp (+128 for int8 x) gives sum((x - x_zp) w), the column sums made by one more
+        vpdpbusd with ones per step. Compiled and checked for ``vpdpbusd`` here; not run on
+        this machine (no AVX-512)."""
+        x, wp, x_zp, bias, mult, y_zp = self.func.inputs
+        y = self.func.outputs[0]
+        b = self.builder
+        buf = self.buffers
+        mr, nv = self.mr, self.nv
+        v32i8 = ir.VectorType(I8, 32)
+        if getattr(self, "vnni_emulated", False):
+            v32i32 = ir.VectorType(I32, 32)
+
+            def dpbusd(acc, a, w):
+                p = b.mul(b.zext(a, v32i32), b.sext(w, v32i32))
+                for j in range(4):
+                    part = b.shuffle_vector(p, p, ir.Constant(V8I32, list(range(j, 32, 4))))
+                    acc = b.add(acc, part)
+                return acc
+        else:
+            dp_fn = intrinsic(self.module, "llvm.x86.avx512.vpdpbusd.256", V8I32,
+                              [V8I32, v32i8, v32i8])
+
+            def dpbusd(acc, a, w):
+                return b.call(dp_fn, [acc, a, w])
+        a8 = ws
+        shift = 128 if x.dtype == "int8" else 0
+        with for_range(b, const_i64(0), const_i64(rows), "pm") as m:
+            src = b.gep(buf[x.uid], [b.mul(m, const_i64(k))])
+            dst = b.gep(a8, [b.mul(m, const_i64(4 * k4))])
+            with for_range(b, const_i64(0), const_i64(k), "pk") as kk:
+                v = b.load(b.gep(src, [kk]))
+                if shift:
+                    v = b.xor(v, ir.Constant(I8, 0x80))
+                b.store(v, b.gep(dst, [kk]))
+            for kk in range(k, 4 * k4):
+                b.store(ir.Constant(I8, 0), b.gep(dst, [const_i64(kk)]))
+        a32 = b.bitcast(ws, I32.as_pointer())
+        zp = b.add(xzp, ir.Constant(I32, shift))
+        zpv = self._splat(zp, V8I32)
+        ones = b.bitcast(self._splat(ir.Constant(I32, 0x01010101), V8I32), v32i8)
+        wbase = buf[wp.uid]
+        quad = ir.Constant(ir.VectorType(I32, 32),
+                           [i for lane in range(PANEL)
+                            for i in (2 * lane, 2 * lane + 1, 16 + 2 * lane, 17 + 2 * lane)])
+
+        def b_quad(p: int, j, half: bool) -> ir.Value:
+            off = b.add(const_i64(p * k2 * 16), b.mul(j, const_i64(32)))
+            lo = b.load(self._ptr(wbase, off, V16I8), align=1)
+            hi = (ir.Constant(V16I8, None) if half else
+                  b.load(self._ptr(wbase, b.add(off, const_i64(16)), V16I8), align=1))
+            return b.shuffle_vector(lo, hi, quad)
+
+        def tile_at(m0: ir.Value, nrows: int, p0: int, nvec: int) -> None:
+            accs = [[alloca_once(b, V8I32, f"dacc{r}_{v}") for v in range(nvec)]
+                    for r in range(nrows)]
+            sums = [alloca_once(b, V8I32, f"dsum{v}") for v in range(nvec)]
+            zero = ir.Constant(V8I32, None)
+            for a in [a for row in accs for a in row] + sums:
+                b.store(zero, a)
+
+            def step(j, half: bool) -> None:
+                ws_ = [b_quad(p0 + v, j, half) for v in range(nvec)]
+                for v in range(nvec):
+                    b.store(dpbusd(b.load(sums[v]), ones, ws_[v]), sums[v])
+                for r in range(nrows):
+                    word = b.load(b.gep(a32, [b.add(b.mul(b.add(m0, const_i64(r)),
+                                                          const_i64(k4)), j)]))
+                    a = b.bitcast(self._splat(word, V8I32), v32i8)
+                    for v in range(nvec):
+                        b.store(dpbusd(b.load(accs[r][v]), a, ws_[v]), accs[r][v])
+
+            if k2 // 2:
+                with for_range(b, const_i64(0), const_i64(k2 // 2), "kq") as j:
+                    step(j, False)
+            if k2 % 2:
+                step(const_i64(k2 // 2), True)
+            for v in range(nvec):
+                col0 = (p0 + v) * PANEL
+                corr = b.mul(zpv, b.load(sums[v]))
+                bv = b.load(self._ptr(buf[bias.uid], col0, V8I32), align=4)
+                mv = b.load(self._ptr(buf[mult.uid], col0, V8F32), align=4)
+                ov = (b.load(self._ptr(buf[y_zp.uid], col0, V8F32), align=4)
+                      if self.float_out else None)
+                for r in range(nrows):
+                    q = self._requant(b.sub(b.load(accs[r][v]), corr), bv, mv, ov)
                     row = b.mul(b.add(m0, const_i64(r)), const_i64(n))
                     if col0 + PANEL <= n:
                         b.store(q, self._ptr(buf[y.uid], b.add(row, const_i64(col0)),
