@@ -233,3 +233,42 @@ def test_dynamic_quantize_of_zeros(tmp_path: Path) -> None:
     for name in ("y", "s", "z"):
         np.testing.assert_array_equal(got[name].reshape(ref[name].shape), ref[name])
     assert float(got["s"]) == 1.0
+
+
+def test_full_range_qdq_model_passes_the_default_export(tmp_path: Path, run_cli) -> None:
+    """A QDQ MatMul whose uint8 activations and int8 weights both reach the ends of their
+    ranges: ONNX Runtime's fused u8 x s8 kernel saturates on AVX2 without VNNI (many steps
+    off), so the golden check runs ORT on the graph as written and the export of this correct
+    model passes on every CPU."""
+    from onnx import TensorProto as T, helper as h, numpy_helper
+    import onnx
+
+    rng = np.random.default_rng(3)
+    w = rng.choice(np.array([-128, 127, -127, 126], np.int8), (64, 16))
+    inits = [numpy_helper.from_array(a, n) for n, a in [
+        ("xs", np.float32(1 / 255)), ("xz", np.uint8(0)), ("w", w),
+        ("ws", np.float32(0.01)), ("wz", np.int8(0)), ("ys", np.float32(2.0)),
+        ("yz", np.uint8(128))]]
+    nodes = [h.make_node("QuantizeLinear", ["x", "xs", "xz"], ["xq"]),
+             h.make_node("DequantizeLinear", ["xq", "xs", "xz"], ["xd"]),
+             h.make_node("DequantizeLinear", ["w", "ws", "wz"], ["wd"]),
+             h.make_node("MatMul", ["xd", "wd"], ["m"]),
+             h.make_node("QuantizeLinear", ["m", "ys", "yz"], ["mq"]),
+             h.make_node("DequantizeLinear", ["mq", "ys", "yz"], ["y"])]
+    graph = h.make_graph(nodes, "qdq", [h.make_tensor_value_info("x", T.FLOAT, [4, 64])],
+                         [h.make_tensor_value_info("y", T.FLOAT, [4, 16])], inits)
+    path = tmp_path / "qdq_full.onnx"
+    onnx.save(h.make_model(graph, opset_imports=[h.make_opsetid("", 17)]), path)
+    x = np.full((4, 64), 1.0, np.float32)          # every activation quantizes to 255
+    np.save(tmp_path / "x.npy", x)
+    out = tmp_path / "qdq_full.mlc"
+    proc = run_cli("export", path, "-o", out, "--check-input", f"x={tmp_path / 'x.npy'}",
+                   timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "golden check passed against onnxruntime" in proc.stdout
+    assert "the graph as written" in proc.stdout
+    expected = np.clip(np.round((255 / 255 * w.astype(np.float64).sum(0) * 0.01) / 2.0) + 128,
+                       0, 255)
+    with load(out) as model:
+        got = model.run({"x": x})["y"]
+    np.testing.assert_allclose(got[0], (expected - 128) * 2.0, atol=1e-5)
