@@ -472,9 +472,9 @@ class Model:
         the feeds' size runs on (at most the largest plan's batch)."""
         from .profile import profile_executor
 
-        if self._symbolic is not None:
-            raise InputError(f"{self.name} has symbolic shapes: profiling it is not supported "
-                             "yet; export it with --input-shape fixed sizes to profile")
+        if self._symbolic is not None:   # the plan of the feeds' sizes
+            with self._lock:
+                return self._symbolic.profile(feeds, runs, warmup)
 
         if self._executor is None:
             raise InputError(f"{self.name} is closed")

@@ -284,3 +284,15 @@ def test_symbolic_model_is_checked_without_onnxruntime(tmp_path, monkeypatch) ->
     assert result.exit_code == 0, result.output
     check = next(ln for ln in result.output.splitlines() if ln.startswith("golden check"))
     assert check.startswith("golden check passed against the numpy reference of the IR"), check
+
+
+def test_model_profile_on_a_symbolic_bundle(cnn) -> None:
+    """``Model.profile`` times the plan of the feeds' sizes: every VM instruction, once per
+    run, named in the profile's title by the sizes."""
+    _, path = cnn
+    x = RNG.standard_normal((1, 8, 21, 30)).astype(np.float32)
+    with load(path) as m:
+        prof = m.profile({"x": x}, runs=3)
+        assert "H=21" in prof.title and "W=30" in prof.title, prof.title
+        assert len(prof.instructions) == m.num_instructions
+        assert prof.total_min_us > 0 and all(t.min_us >= 0 for t in prof.instructions)

@@ -277,8 +277,8 @@ def match_global_mean(func: PrimFunc):
         return None
     x, read = func.inputs[0], body.body
     if read.tensor.uid != x.uid or x.dtype != "float32" or \
-            not all(isinstance(d, int) for d in x.shape + out.shape):
-        return None
+            not all(isinstance(d, int) and d > 0 for d in x.shape + out.shape):
+        return None   # run-time or empty extents: the loop nest
     k = len(x.shape) - len(body.axes)
     lead, trail = read.indices[:k], read.indices[k:]
     if k < 0 or tuple(trail) != tuple(body.axes) or \
