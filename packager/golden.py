@@ -343,23 +343,35 @@ _REFERENCE_ERRORS = (ReferenceUnavailable, FloatingPointError, ValueError, TypeE
 CHECK_SIZE = 2   # the value every size variable takes in the check of a symbolic model
 
 
-def check_size(relations: list) -> int:
-    """The value every size variable takes in the check: ``CHECK_SIZE``, or the first power of
-    two from there that meets the relations the model needs (a multiple of 32...)."""
-    names = shape_vars([d for r in relations for d in r[1:3]])
+def check_size(relations: list, names: set[str] | None = None) -> dict[str, int]:
+    """The value each size variable takes in the check: ``CHECK_SIZE``, doubled (up to nine
+    times) for the variables of the relations the model needs that it does not meet yet (a
+    multiple of 32...), so that a detector's H and W grow and its batch stays small."""
+    names = set(names or ()) | shape_vars([d for r in relations for d in r[1:3]])
+    env = {v: CHECK_SIZE for v in names}
+
+    def holds(op, a, b) -> bool:
+        a, b = sym_evaluate(to_record(a), env), sym_evaluate(to_record(b), env)
+        return a == b if op == "eq" else a <= b
+
+    for _ in range(10):
+        failing = [r for r in relations if not holds(*r[:3])]
+        if not failing:
+            return env
+        for v in shape_vars([d for r in failing for d in r[1:3]]):
+            env[v] *= 2
+    # no size up to 2**10 meets them all: every variable at the same size, as before
     for size in [CHECK_SIZE << k for k in range(10)]:
         env = {v: size for v in names}
-        if all((sym_evaluate(to_record(a), env) == sym_evaluate(to_record(b), env)) if op == "eq"
-               else sym_evaluate(to_record(a), env) <= sym_evaluate(to_record(b), env)
-               for op, a, b, _ in relations):
-            return size
-    return CHECK_SIZE
+        if all(holds(*r[:3]) for r in relations):
+            return env
+    return {v: CHECK_SIZE for v in names}
 
 
-def _check_shape(shape: tuple, size: int = CHECK_SIZE) -> tuple[int, ...]:
-    """The concrete shape the check feeds: symbolic dims with every size variable at ``size``
-    (the bundle is checked at that size; tests cover the others)."""
-    env = {v: size for v in shape_vars(shape)}
+def _check_shape(shape: tuple, sizes: Mapping[str, int]) -> tuple[int, ...]:
+    """The concrete shape the check feeds: symbolic dims at the check's sizes (the bundle is
+    checked at those sizes; tests cover the others)."""
+    env = {v: sizes.get(v, CHECK_SIZE) for v in shape_vars(shape)}
     return tuple(d if isinstance(d, int) else d.evaluate(env) for d in shape)
 
 
@@ -368,8 +380,9 @@ def prepare_golden(mod: IRModule, params: Mapping[str, np.ndarray] | None, opts:
     refuse the export, the IR's numpy reference for the magnitudes, and advice (see the module
     docstring)."""
     fn = mod.main
-    size = check_size(getattr(mod, "relations", []))
-    specs = [(p.name, _check_shape(p.type.shape, size), p.type.dtype) for p in fn.params
+    sizes = check_size(getattr(mod, "relations", []),
+                       shape_vars([d for p in fn.params for d in p.type.shape]))
+    specs = [(p.name, _check_shape(p.type.shape, sizes), p.type.dtype) for p in fn.params
              if not (params and p.name in params)]
     if opts.check_inputs:
         inputs, seed = given_inputs(specs, opts.check_inputs), None
