@@ -244,3 +244,28 @@ def test_symbolic_bundles_split_over_threads(tmp_path: Path) -> None:
             got = m.run({"ids": ids, "positions": pos})["out"]
             want = sess.run(None, {"ids": ids, "positions": pos})[0]
             np.testing.assert_allclose(got, want, rtol=1e-4, atol=2e-4)
+
+
+def test_slice_to_a_large_end_over_a_run_time_size(tmp_path: Path) -> None:
+    """tf2onnx writes Slice ends of 1e9 for "to the end" (magika's model does, over its open
+    batch): the slice keeps the run-time size (checked at run time to be no larger), instead
+    of a dim of 1e9 that made a bundle the runtime refused to load."""
+    import onnxruntime as ort
+
+    ints = lambda name, v: numpy_helper.from_array(np.array(v, np.int64), name)  # noqa: E731
+    graph = helper.make_graph(
+        [helper.make_node("Slice", ["x", "s", "e", "a"], ["y0"]),
+         helper.make_node("Relu", ["y0"], ["y"])], "slice",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 5, 6])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [ints("s", [0, 1]), ints("e", [1_000_000_000, 1_000_000_000]), ints("a", [0, 2])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    mod, _ = import_onnx(model)
+    path = tmp_path / "slice.mlc"
+    export_module(mod, path, ExportOptions(check=False))
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    with load(path) as m:
+        assert [str(d) for d in m.outputs[0].dims] == ["n", "5", "5"]
+        for n in (1, 3):
+            x = np.random.default_rng(n).standard_normal((n, 5, 6)).astype(np.float32)
+            np.testing.assert_array_equal(m.run({"x": x})["y"], session.run(None, {"x": x})[0])

@@ -96,6 +96,9 @@ def slice_ranges(shape: Sequence[int], starts: Sequence[int], ends: Sequence[int
 
 
 BIG = 2 ** 62   # an end at least this large means "to the end" (exporters write INT64_MAX)
+# A bound this large against a size known only at run time is taken as "to the end" too
+# (tf2onnx writes 1e9, others INT32_MAX), with the size checked at run time to be no larger.
+TO_THE_END = 2 ** 16
 
 
 def _symbolic_range(n, s, e, st: int) -> tuple:
@@ -113,8 +116,11 @@ def _symbolic_range(n, s, e, st: int) -> tuple:
             if v >= n:          # past the end: clamped to it (decided)
                 return n if st > 0 else n - 1
             return v
-        except ValueError:      # undecidable: assume it lies inside
-            assume("le", v, n, "slice bound")
+        except ValueError:      # undecidable
+            if isinstance(v, int) and v >= TO_THE_END:   # an exporter's "to the end" (1e9...)
+                assume("le", n, v, "slice bound")
+                return n if st > 0 else n - 1
+            assume("le", v, n, "slice bound")           # assume it lies inside
             return v
     start, stop = clamp(s, True), clamp(e, False)
     length = (stop - start + st - 1) // st if st > 0 else (start - stop - st - 1) // (-st)
