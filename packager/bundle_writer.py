@@ -120,10 +120,17 @@ class BundleWriter:
         ``signer`` (``packager.signing.Signer``) adds an Ed25519 signature to the header. A
         ``"digest"`` record in ``header`` is written as given (tests use it); otherwise the
         payload area's size chooses the digest (see the module doc)."""
-        if isinstance(header, Header):
+        typed = isinstance(header, Header)
+        if typed:
             header = header.to_msgpack()
         header = {"format": [FORMAT_MAJOR, FORMAT_MINOR],
                   "min_reader": [FORMAT_MAJOR, FORMAT_MINOR], **header}
+        if typed:   # what the runtime will refuse is never written (nothing is left behind)
+            try:
+                Header.from_msgpack(header, self._size, os.path.basename(os.fspath(path)))
+            except BundleError as exc:
+                raise BundleWriteError(f"internal error: the runtime would refuse this bundle: "
+                                       f"{exc} (please report it)") from None
         if "digest" not in header and self._size >= self.tree_min_bytes:
             header["digest"] = {"alg": DIGEST_ALG, "chunk": self.tree_chunk}
             need = header["min_reader"]

@@ -292,3 +292,19 @@ def test_payload_area_past_4_gib_is_read_in_place(bundles, tmp_path) -> None:
     with load(path, verify=False) as model:
         assert model.schema.constants[-1].data.offset == big
         np.testing.assert_allclose(model(x), _numpy_mlp(x), rtol=1e-5, atol=1e-6)
+
+
+def test_the_writer_never_writes_a_header_the_runtime_refuses(bundles, tmp_path) -> None:
+    """An export whose header would not validate (a compiler bug, as a dim record past the
+    runtime's bounds once was) fails in one line and leaves no file."""
+    import dataclasses
+
+    from mlcpack.packager.bundle_writer import BundleWriteError, BundleWriter
+
+    obj, size = _header(bundles, "plain")
+    good = Header.from_msgpack(obj, size)
+    bad = dataclasses.replace(good, labels=42)   # not a list: refused at load
+    out = tmp_path / "bad.mlc"
+    with pytest.raises(BundleWriteError, match="the runtime would refuse this bundle"):
+        BundleWriter().write(out, bad)
+    assert not out.exists()
