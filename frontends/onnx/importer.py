@@ -307,11 +307,13 @@ def _input_shapes(inputs: Sequence[onnx.ValueInfoProto], given: dict[str, Sequen
 
 
 def _flag_example_for(bb: BlockBuilder) -> str:
-    """``--input-shape x=1,784`` for the first input with a symbolic dim (1 in its place)."""
+    """``--input-shape x=1,3,<H>,<W>`` for the first input with a symbolic dim: a batch of 1,
+    the other open dims by name, for the user to choose (1 is no image width)."""
     for p in bb.params if hasattr(bb, "params") else []:
         if any(not isinstance(d, int) for d in p.type.shape):
-            return _flag_example(p.name, [d if isinstance(d, int) else None
-                                          for d in p.type.shape])
+            shown = ",".join(str(d) if isinstance(d, int) else "1" if axis == 0 else f"<{d}>"
+                             for axis, d in enumerate(p.type.shape))
+            return f"--input-shape {p.name}={shown}"
     return "--input-shape NAME=1,3,224,224"
 
 
