@@ -231,6 +231,7 @@ def _batched_names(rows_by_batch: dict[int, tuple[IORow, ...]], what: str) -> tu
 def _export(mods: dict[int | None, IRModule], path: str | os.PathLike,
             options: ExportOptions | None, params: Mapping[str, np.ndarray] | None,
             on_stage: Callable[[str], None] | None) -> ExportReport:
+    """Check (the reference runs first), compile one plan per batch size, write the bundle."""
     opts = options or ExportOptions()
     t0 = time.perf_counter()
     signer = None
@@ -245,95 +246,24 @@ def _export(mods: dict[int | None, IRModule], path: str | os.PathLike,
         golden = prepare_golden(mods[largest], params, opts)
 
     writer = BundleWriter()
-    constants: list[ConstantRow] = []
-    const_ids: dict[tuple, int] = {}
-    weights_bytes = 0
+    constants = _Constants(writer)
     plans: list[Plan] = []
     reports: list[dict] = []
     ir_text = None
     first_targets: list[Target] = []
     for batch, mod in mods.items():
-        token = ONE_ROW_GEMV.set(len(mods) == 1)
-        try:
-            optimized, variants, program = compile_variants(mod, params, opts.target,
-                                                            opts.verify_ir, on_stage)
-        finally:
-            ONE_ROW_GEMV.reset(token)
-        kernels = _common_kernels(variants)
-        _check_library_names(program)
-        if on_stage:
-            on_stage("write")
-        remap = {}
-        for i, c in enumerate(program.constants):  # weights are stored once for every plan
-            data = np.asarray(c.data, order="C")
-            key = _constant_key(data)
-            if key not in const_ids:
-                const_ids[key] = len(constants)
-                constants.append(ConstantRow(c.name, tuple(data.shape), str(data.dtype),
-                                             writer.ref(data)))
-                weights_bytes += data.nbytes
-            remap[i] = const_ids[key]
-        tensors = tuple(TensorRow(row[0], remap[row[1]] if row[0] == 1 else row[1],
-                                  freeze(row[2]), row[3]) for row in program.tensors)
-        kernel_infos = [kernels[name] for name in program.kernels]
-        code = []
-        for compiled in variants:  # the weights, plan and bytecode below are shared by all
-            sizes = function_sizes(compiled.object_code)
-            target = compiled.target.to_record()
-            known = {f.name for f in dataclasses.fields(CodeVariant)}
-            code.append(CodeVariant(
-                **{k: freeze(v) for k, v in target.items() if k in known},
-                object=writer.ref(compiled.object_code), externals=tuple(ALLOWED_EXTERNALS),
-                code_sizes={k.symbol: sizes.get(k.symbol, 0) for k in kernel_infos},
-                extra={k: freeze(v) for k, v in target.items() if k not in known}))
-        if program.symbolic is not None and batched:
+        plan, report, optimized, targets = _compile_plan(batch, mod, len(mods), params, opts,
+                                                         on_stage, writer, constants)
+        if plan.symbolic is not None and batched:
             raise ExportError("--batch-sizes needs static shapes apart from the batch; "
                               "a symbolic model runs every batch already")
-        plans.append(Plan(
-            inputs=_io_rows(program.inputs), outputs=_io_rows(program.outputs),
-            kernels=_kernel_rows(program, kernel_infos, optimized), code=tuple(code),
-            library_calls=tuple(LibraryCall(c["func"], c["attrs"], freeze(c.get("source")))
-                                for c in program.library_calls),
-            tensors=tensors,
-            vm=VMRecord(writer.ref(program.bytecode), len(program.instructions)),
-            memory_plan=MemoryPlan(program.arena_bytes, program.intermediate_bytes),
-            symbolic=None if program.symbolic is None else _symbolic(program.symbolic),
-            batch=batch))
-        reports.append({"batch": batch, "arena_bytes": program.arena_bytes,
-                        "intermediate_bytes": program.intermediate_bytes,
-                        "kernels": len(program.kernels),
-                        "instructions": len(program.instructions),
-                        "code_bytes": sum(len(v.object_code) for v in variants)})
+        plans.append(plan)
+        reports.append(report)
         if batch == largest:
             ir_text = module_text(optimized)
-            first_targets = [v.target for v in variants]
-    top = plans[-1]  # the largest batch: what a reader of format 1.0 runs
-    sizes = list(mods) if batched else []
-    batch_info = None
-    if batched:
-        batch_info = BatchInfo(
-            tuple(sizes), _batched_names({p.batch: p.inputs for p in plans}, "input"),
-            _batched_names({p.batch: p.outputs for p in plans}, "output"))
-        if not batch_info.inputs:
-            raise ExportError("no input has the batch as its first dimension; dynamic batch "
-                              "needs one (mark it with --input-shape x=N,...)")
-        if len(batch_info.outputs) != len(top.outputs):
-            fixed = [o.name for o in top.outputs if o.name not in batch_info.outputs]
-            raise ExportError(f"output(s) {fixed} do not grow with the batch; dynamic batch "
-                              "needs every output to have the batch as its first dimension")
-    # Readers of format 1.0 run every bundle this writes (a dynamic-batch bundle at its largest
-    # batch, golden data ignored), so min_reader stays 1.0 (docs/bad-inputs.md); readers before
-    # format 1.3 cannot plan memory at run time, so a symbolic bundle says 1.3.
-    minor = SYMBOLIC_MINOR if top.symbolic is not None else FORMAT_MINOR
-    header = Header(
-        format=(FORMAT_MAJOR, minor), plans=tuple(plans), constants=tuple(constants),
-        min_reader=(FORMAT_MAJOR, SYMBOLIC_MINOR if top.symbolic is not None else 0),
-        compiler={"name": "mlcpack", "version": packager.__version__,
-                  "llvmlite": llvmlite.__version__},
-        model={"name": opts.model_name, "source": opts.source,
-               "source_sha256": opts.source_sha256},
-        preprocess=opts.preprocess, labels=tuple(opts.labels) if opts.labels else None,
-        ir=writer.ref(ir_text.encode()), batch=batch_info)
+            first_targets = targets
+    header = _header(opts, plans, constants, _batch_info(plans) if batched else None,
+                     writer.ref(ir_text.encode()))
     check_note = None
     if golden is not None:
         from .golden import embed_golden
@@ -349,12 +279,113 @@ def _export(mods: dict[int | None, IRModule], path: str | os.PathLike,
     return ExportReport(
         path=os.fspath(path), bundle_bytes=size, target=first_targets[0],
         kernels=reports[-1]["kernels"], instructions=reports[-1]["instructions"],
-        weights_bytes=weights_bytes,
+        weights_bytes=constants.nbytes,
         arena_bytes=reports[-1]["arena_bytes"],
         intermediate_bytes=reports[-1]["intermediate_bytes"],
         seconds=time.perf_counter() - t0, targets=first_targets,
         plans=reports if batched else [], check=check_note,
         check_warnings=list(golden.warnings) if golden is not None else [])
+
+
+class _Constants:
+    """The bundle's constants: each weight stored once for every plan that reads it."""
+
+    def __init__(self, writer: BundleWriter) -> None:
+        self.writer = writer
+        self.rows: list[ConstantRow] = []
+        self.ids: dict[tuple, int] = {}
+        self.nbytes = 0
+
+    def add(self, name: str, data: np.ndarray) -> int:
+        data = np.asarray(data, order="C")
+        key = _constant_key(data)
+        if key not in self.ids:
+            self.ids[key] = len(self.rows)
+            self.rows.append(ConstantRow(name, tuple(data.shape), str(data.dtype),
+                                         self.writer.ref(data)))
+            self.nbytes += data.nbytes
+        return self.ids[key]
+
+
+def _compile_plan(batch: int | None, mod: IRModule, n_plans: int,
+                  params: Mapping[str, np.ndarray] | None, opts: ExportOptions,
+                  on_stage: Callable[[str], None] | None, writer: BundleWriter,
+                  constants: _Constants) -> tuple[Plan, dict, IRModule, list[Target]]:
+    """Compile one batch size's module for every target: its plan record (weights, code and
+    bytecode through ``writer``), a report row, the optimized module and the targets."""
+    token = ONE_ROW_GEMV.set(n_plans == 1)
+    try:
+        optimized, variants, program = compile_variants(mod, params, opts.target,
+                                                        opts.verify_ir, on_stage)
+    finally:
+        ONE_ROW_GEMV.reset(token)
+    kernels = _common_kernels(variants)
+    _check_library_names(program)
+    if on_stage:
+        on_stage("write")
+    remap = {i: constants.add(c.name, c.data) for i, c in enumerate(program.constants)}
+    tensors = tuple(TensorRow(row[0], remap[row[1]] if row[0] == 1 else row[1],
+                              freeze(row[2]), row[3]) for row in program.tensors)
+    kernel_infos = [kernels[name] for name in program.kernels]
+    code = []
+    for compiled in variants:  # the weights, plan and bytecode are shared by all
+        sizes = function_sizes(compiled.object_code)
+        target = compiled.target.to_record()
+        known = {f.name for f in dataclasses.fields(CodeVariant)}
+        code.append(CodeVariant(
+            **{k: freeze(v) for k, v in target.items() if k in known},
+            object=writer.ref(compiled.object_code), externals=tuple(ALLOWED_EXTERNALS),
+            code_sizes={k.symbol: sizes.get(k.symbol, 0) for k in kernel_infos},
+            extra={k: freeze(v) for k, v in target.items() if k not in known}))
+    plan = Plan(
+        inputs=_io_rows(program.inputs), outputs=_io_rows(program.outputs),
+        kernels=_kernel_rows(program, kernel_infos, optimized), code=tuple(code),
+        library_calls=tuple(LibraryCall(c["func"], c["attrs"], freeze(c.get("source")))
+                            for c in program.library_calls),
+        tensors=tensors,
+        vm=VMRecord(writer.ref(program.bytecode), len(program.instructions)),
+        memory_plan=MemoryPlan(program.arena_bytes, program.intermediate_bytes),
+        symbolic=None if program.symbolic is None else _symbolic(program.symbolic),
+        batch=batch)
+    report = {"batch": batch, "arena_bytes": program.arena_bytes,
+              "intermediate_bytes": program.intermediate_bytes,
+              "kernels": len(program.kernels), "instructions": len(program.instructions),
+              "code_bytes": sum(len(v.object_code) for v in variants)}
+    return plan, report, optimized, [v.target for v in variants]
+
+
+def _batch_info(plans: list[Plan]) -> BatchInfo:
+    """Which inputs and outputs grow with the batch, over the plans of every batch size."""
+    top = plans[-1]
+    info = BatchInfo(
+        tuple(p.batch for p in plans), _batched_names({p.batch: p.inputs for p in plans}, "input"),
+        _batched_names({p.batch: p.outputs for p in plans}, "output"))
+    if not info.inputs:
+        raise ExportError("no input has the batch as its first dimension; dynamic batch "
+                          "needs one (mark it with --input-shape x=N,...)")
+    if len(info.outputs) != len(top.outputs):
+        fixed = [o.name for o in top.outputs if o.name not in info.outputs]
+        raise ExportError(f"output(s) {fixed} do not grow with the batch; dynamic batch "
+                          "needs every output to have the batch as its first dimension")
+    return info
+
+
+def _header(opts: ExportOptions, plans: list[Plan], constants: _Constants,
+            batch_info: BatchInfo | None, ir: Any) -> Header:
+    # Readers of format 1.0 run every bundle this writes (a dynamic-batch bundle at its largest
+    # batch, golden data ignored), so min_reader stays 1.0 (docs/bad-inputs.md); readers before
+    # format 1.3 cannot plan memory at run time, so a symbolic bundle says 1.3.
+    symbolic = plans[-1].symbolic is not None   # the largest batch: what format 1.0 runs
+    return Header(
+        format=(FORMAT_MAJOR, SYMBOLIC_MINOR if symbolic else FORMAT_MINOR),
+        plans=tuple(plans), constants=tuple(constants.rows),
+        min_reader=(FORMAT_MAJOR, SYMBOLIC_MINOR if symbolic else 0),
+        compiler={"name": "mlcpack", "version": packager.__version__,
+                  "llvmlite": llvmlite.__version__},
+        model={"name": opts.model_name, "source": opts.source,
+               "source_sha256": opts.source_sha256},
+        preprocess=opts.preprocess, labels=tuple(opts.labels) if opts.labels else None,
+        ir=ir, batch=batch_info)
 
 
 def file_sha256(path: str | os.PathLike) -> str:
