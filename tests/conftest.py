@@ -26,6 +26,31 @@ X86_V3 = X86_V2 + ",avx,avx2,bmi1,bmi2,f16c,fma,abm,movbe,xsave"
 X86_V4 = X86_V3 + ",avx512f,avx512bw,avx512cd,avx512dq,avx512vl"
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """One compiled-object cache (packager/codegen/cache.py) for this test run, shared by the
+    xdist workers and the command lines they start: the suite exports the same small models
+    many times (the conformance cases again through the command line's default path, the demo
+    MLP in many tests), and LLVM is most of an export's time. The cache starts empty, so the
+    first export of every module in a run really runs LLVM; it is removed at the end."""
+    if hasattr(config, "workerinput") or os.environ.get("MLCPACK_CACHE_DIR"):
+        return   # an xdist worker inherits the controller's; or the user chose one
+    import tempfile
+    directory = tempfile.mkdtemp(prefix="mlcpack-test-objects-")
+    os.environ["MLCPACK_CACHE_DIR"] = directory
+    config.stash[_CACHE_KEY] = directory
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    directory = config.stash.get(_CACHE_KEY, None)
+    if directory is not None:
+        import shutil
+        shutil.rmtree(directory, ignore_errors=True)
+        os.environ.pop("MLCPACK_CACHE_DIR", None)
+
+
+_CACHE_KEY = pytest.StashKey[str]()
+
+
 def mlp_reference(weights: Mapping[str, np.ndarray], x: np.ndarray) -> np.ndarray:
     """The float64 numpy reference of the MLP that keys w0, b0, ..., wN, bN describe."""
     h = np.asarray(x, dtype=np.float64)

@@ -23,6 +23,7 @@ from .lower import KernelInfo, emit_kernel, is_symbolic
 from .pool import emit_max_pool
 from .qgemm import emit_qgemm
 from .rnn import emit_recurrence
+from . import cache
 from .conv_symbolic import emit_symbolic_conv, emit_symbolic_max_pool, emit_symbolic_softmax
 from .softmax import emit_softmax
 from .transpose import emit_transpose
@@ -149,6 +150,13 @@ def compile_prim_funcs(funcs: Sequence[PrimFunc], target: Target,
             kernels[f.name] = _emit(module, f, SYMBOL_PREFIX + f.name, vl, size_vars)
     emit_thread_pool(module, target)
     text = str(module)
+    directory = cache.cache_dir()
+    key = cache.cache_key(text, target) if directory is not None else ""
+    cached = cache.load(directory, key) if directory is not None else None
+    if cached is not None:
+        obj, optimized = cached
+        _check_imports(obj, target)
+        return CompiledCode(target, obj, kernels, optimized)
     try:
         parsed = llvm.parse_assembly(text)
         parsed.verify()
@@ -170,8 +178,15 @@ def compile_prim_funcs(funcs: Sequence[PrimFunc], target: Target,
         raise CodegenError(f"kernels would import {', '.join(undefined)}, which the runtime "
                            "does not provide")
     obj = tm.emit_object(parsed)
+    _check_imports(obj, target)
+    optimized = str(parsed)
+    if directory is not None:
+        cache.store(directory, key, obj, optimized)
+    return CompiledCode(target, obj, kernels, optimized)
+
+
+def _check_imports(obj: bytes, target: Target) -> None:
     imported = sorted(undefined_symbols(obj) - set(ALLOWED_EXTERNALS))
     if imported:
         raise CodegenError(f"kernels for {target.name} would import {', '.join(imported)}, "
                            "which the runtime does not provide")
-    return CompiledCode(target, obj, kernels, str(parsed))
