@@ -226,9 +226,58 @@ class _QEmitter(KernelEmitter):
 
 
 class _QMatmul(_QEmitter):
-    def emit(self) -> KernelInfo:
-        x, wp, x_zp, bias, mult, y_zp = self.func.inputs
+    def _store_panel(self, m0: ir.Value, nrows: int, n: int, col0: int, acc) -> None:
+        """The requantize epilogue of one tile column: rows m0 .. m0 + nrows of the PANEL
+        columns from ``col0``, ``acc(r)`` giving row r's <8 x i32> accumulator (called after
+        the column's bias, multiplier and offset are loaded), stored into y (lane by lane
+        where the panel runs past column n)."""
+        bias, mult, y_zp = self.func.inputs[3:]
         y = self.func.outputs[0]
+        b = self.builder
+        buf = self.buffers
+        bv = b.load(self._ptr(buf[bias.uid], col0, V8I32), align=4)
+        mv = b.load(self._ptr(buf[mult.uid], col0, V8F32), align=4)
+        ov = (b.load(self._ptr(buf[y_zp.uid], col0, V8F32), align=4)
+              if self.float_out else None)
+        for r in range(nrows):
+            q = self._requant(acc(r), bv, mv, ov)
+            row = b.mul(b.add(m0, const_i64(r)), const_i64(n))
+            if col0 + PANEL <= n:
+                b.store(q, self._ptr(buf[y.uid], b.add(row, const_i64(col0)), self.out_vec),
+                        align=1)
+            else:
+                for lane in range(n - col0):
+                    b.store(b.extract_element(q, ir.Constant(I32, lane)),
+                            b.gep(buf[y.uid], [b.add(row, const_i64(col0 + lane))]))
+
+    def _groups(self, groups: list[int], parallel: bool, g_lo, g_hi, rows: int, npn: int,
+                tile_at) -> None:
+        """Calls ``tile_at(m0, nrows, p0, nvec)`` over all rows (tiles of mr, then the rest)
+        for each group of up to nv panels from ``groups``; when parallel, only the groups
+        g_lo <= gi < g_hi of this task."""
+        b = self.builder
+        mr, nv = self.mr, self.nv
+
+        def group(p0: int) -> None:
+            nvec = min(nv, npn - p0)
+            full = rows // mr
+            if full:
+                with for_range(b, const_i64(0), const_i64(full), "mt") as t:
+                    tile_at(b.mul(t, const_i64(mr)), mr, p0, nvec)
+            if rows % mr:
+                tile_at(const_i64(full * mr), rows % mr, p0, nvec)
+
+        for gi, p0 in enumerate(groups):
+            if parallel:
+                g = const_i64(gi)
+                mine = b.and_(b.icmp_signed(">=", g, g_lo), b.icmp_signed("<", g, g_hi))
+                with b.if_then(mine):
+                    group(p0)
+            else:
+                group(p0)
+
+    def emit(self) -> KernelInfo:
+        x, wp, x_zp, _, _, y_zp = self.func.inputs
         n = int(self.tag.attrs["n"])
         k = int(x.shape[-1])
         rows = 1
@@ -239,8 +288,7 @@ class _QMatmul(_QEmitter):
             raise LoweringError(f"{self.func.name}: packed weights of dtype {wp.dtype}")
         # Split over tasks by groups of column panels when there is work enough; every task
         # packs the rows into a region of its own.
-        mr, nv = self.mr, self.nv
-        groups = list(range(0, npn, nv))
+        groups = list(range(0, npn, self.nv))
         parallel = rows * k * n >= PARALLEL_MIN_MACS and len(groups) > 1
         vnni = getattr(self, "vnni", False) and wp.dtype == "int8"
         k4 = -(-k2 // 2)
@@ -292,39 +340,10 @@ class _QMatmul(_QEmitter):
 
             accs = self._tile(nrows, nvec, k2, a_word, b_vec)
             for v in range(nvec):
-                col0 = (p0 + v) * PANEL
-                bv = b.load(self._ptr(buf[bias.uid], col0, V8I32), align=4)
-                mv = b.load(self._ptr(buf[mult.uid], col0, V8F32), align=4)
-                ov = (b.load(self._ptr(buf[y_zp.uid], col0, V8F32), align=4)
-                      if self.float_out else None)
-                for r in range(nrows):
-                    q = self._requant(accs[r][v], bv, mv, ov)
-                    row = b.mul(b.add(m0, const_i64(r)), const_i64(n))
-                    if col0 + PANEL <= n:
-                        b.store(q, self._ptr(buf[y.uid], b.add(row, const_i64(col0)),
-                                             self.out_vec), align=1)
-                    else:
-                        for lane in range(n - col0):
-                            b.store(b.extract_element(q, ir.Constant(I32, lane)),
-                                    b.gep(buf[y.uid], [b.add(row, const_i64(col0 + lane))]))
+                self._store_panel(m0, nrows, n, (p0 + v) * PANEL, lambda r, v=v: accs[r][v])
 
-        def group(p0: int) -> None:
-            nvec = min(nv, npn - p0)
-            full = rows // mr
-            if full:
-                with for_range(b, const_i64(0), const_i64(full), "mt") as t:
-                    tile_at(b.mul(t, const_i64(mr)), mr, p0, nvec)
-            if rows % mr:
-                tile_at(const_i64(full * mr), rows % mr, p0, nvec)
-
-        for gi, p0 in enumerate(groups):
-            if parallel:
-                g = const_i64(gi)
-                mine = b.and_(b.icmp_signed(">=", g, g_lo), b.icmp_signed("<", g, g_hi))
-                with b.if_then(mine):
-                    group(p0)
-            else:
-                group(p0)
+        self._groups(groups, parallel, g_lo if parallel else None, g_hi if parallel else None,
+                     rows, npn, tile_at)
         return self._finish(body_fn, n_ptrs, ptr_types, workspace, parallel)
 
 
@@ -337,11 +356,9 @@ class _QMatmul(_QEmitter):
         x_zp (+128 for int8 x) gives sum((x - x_zp) w), the column sums made by one more
         vpdpbusd with ones per step. Compiled and checked for ``vpdpbusd`` here; not run on
         this machine (no AVX-512)."""
-        x, wp, x_zp, bias, mult, y_zp = self.func.inputs
-        y = self.func.outputs[0]
+        x, wp = self.func.inputs[:2]
         b = self.builder
         buf = self.buffers
-        mr, nv = self.mr, self.nv
         v32i8 = ir.VectorType(I8, 32)
         if getattr(self, "vnni_emulated", False):
             v32i32 = ir.VectorType(I32, 32)
@@ -411,40 +428,11 @@ class _QMatmul(_QEmitter):
             if k2 % 2:
                 step(const_i64(k2 // 2), True)
             for v in range(nvec):
-                col0 = (p0 + v) * PANEL
                 corr = b.mul(zpv, b.load(sums[v]))
-                bv = b.load(self._ptr(buf[bias.uid], col0, V8I32), align=4)
-                mv = b.load(self._ptr(buf[mult.uid], col0, V8F32), align=4)
-                ov = (b.load(self._ptr(buf[y_zp.uid], col0, V8F32), align=4)
-                      if self.float_out else None)
-                for r in range(nrows):
-                    q = self._requant(b.sub(b.load(accs[r][v]), corr), bv, mv, ov)
-                    row = b.mul(b.add(m0, const_i64(r)), const_i64(n))
-                    if col0 + PANEL <= n:
-                        b.store(q, self._ptr(buf[y.uid], b.add(row, const_i64(col0)),
-                                             self.out_vec), align=1)
-                    else:
-                        for lane in range(n - col0):
-                            b.store(b.extract_element(q, ir.Constant(I32, lane)),
-                                    b.gep(buf[y.uid], [b.add(row, const_i64(col0 + lane))]))
+                self._store_panel(m0, nrows, n, (p0 + v) * PANEL,
+                                  lambda r, v=v, corr=corr: b.sub(b.load(accs[r][v]), corr))
 
-        def group(p0: int) -> None:
-            nvec = min(nv, npn - p0)
-            full = rows // mr
-            if full:
-                with for_range(b, const_i64(0), const_i64(full), "mt") as t:
-                    tile_at(b.mul(t, const_i64(mr)), mr, p0, nvec)
-            if rows % mr:
-                tile_at(const_i64(full * mr), rows % mr, p0, nvec)
-
-        for gi, p0 in enumerate(groups):
-            if parallel:
-                g = const_i64(gi)
-                mine = b.and_(b.icmp_signed(">=", g, g_lo), b.icmp_signed("<", g, g_hi))
-                with b.if_then(mine):
-                    group(p0)
-            else:
-                group(p0)
+        self._groups(groups, parallel, g_lo, g_hi, rows, npn, tile_at)
         return self._finish(body_fn, n_ptrs, ptr_types, workspace, parallel)
 
 
