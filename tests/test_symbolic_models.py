@@ -13,6 +13,8 @@ compiles every kernel twice); nothing else differs from the default path.
   multiple of 32 in both dims. The model's FPN adds each upsampled map to the next scale's, so
   it runs where H and W are a multiple of 32 or up to 3 less (ONNX Runtime fails elsewhere,
   and the bundle refuses in one line).
+- ddddocr's int8 recognizer (corpus ``ddddocr_int8``; the width open): 5 widths, decoded text
+  equal to ONNX Runtime's.
 - A BERT-style encoder exported from torch here (seeded weights; batch and seq open): a spread
   of 19 sequence lengths from 1 to 512 (all 512 lengths take ~30 s of runs on 2 cores: too slow
   for one test).
@@ -96,6 +98,36 @@ def test_ppocr_recognizer_at_ten_widths(tmp_path, run_cli) -> None:
             m.run({"x": np.zeros((1, 3, 96, 64), np.float32)})
     with pytest.raises(Exception):   # ONNX Runtime cannot run that height either
         session.run(None, {"x": np.zeros((1, 3, 96, 64), np.float32)})
+
+
+# ---- int8 OCR recognizer (DynamicQuantizeLSTM over the width) -----------------------------------
+
+def _snr_db(got: np.ndarray, ref: np.ndarray) -> float:
+    noise = float(np.sum((got.astype(np.float64) - ref) ** 2))
+    return math.inf if noise == 0 else 10 * math.log10(float(np.sum(ref.astype(np.float64) ** 2))
+                                                         / noise)
+
+
+def test_ddddocr_int8_recognizer_at_five_widths(tmp_path, run_cli) -> None:
+    """ddddocr's dynamically quantized CNN + bidirectional DynamicQuantizeLSTM, width open. ORT
+    is compared as the export's golden check compares a quantized model (SNR >= 30 dB): its
+    u8 x s8 kernels on AVX2 without VNNI saturate int16 pair sums (packager/golden.py), and
+    dynamic quantization turns any such difference into whole quantization steps downstream.
+    The decoded text (argmax of every CTC frame) must be the same."""
+    onnx_path = corpus.model_path("ddddocr_int8")
+    bundle = tmp_path / "dddd.mlc"
+    _export(run_cli, onnx_path, bundle)
+    session = _session(onnx_path)
+    rng = np.random.default_rng(5)
+    with load(bundle) as m:
+        assert [str(d) for d in m.inputs[0].dims] == ["1", "1", "64", "image_width"]
+        for w in (8, 45, 120, 201, 390):
+            x = corpus.realistic_input("text_gray_centered", (1, 1, 64, w), rng)
+            (got,) = m.run({"input1": x}).values()
+            ref = session.run(None, {"input1": x})[0]
+            assert got.shape == ref.shape == ((w + 7) // 8, 1, 8210), (w, got.shape)
+            assert _snr_db(got, ref) >= 30, (w, _snr_db(got, ref))
+            assert np.array_equal(got.argmax(-1), ref.argmax(-1)), w
 
 
 # ---- text detector: one bundle, any image size the FPN allows ------------------------------------

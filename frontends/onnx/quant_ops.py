@@ -341,7 +341,7 @@ def _dynamic_quantize_lstm(ctx: NodeContext) -> list[Value | None]:
     inputs[1] = _lstm_weight(ctx, 1, 8)
     inputs[2] = _lstm_weight(ctx, 2, 10)
     sub = _float_context(ctx, "LSTM", inputs)
-    return convert_lstm(sub, lambda h: _requantized(ctx, h))
+    return convert_lstm(sub, lambda h: _requantized(ctx, h), quantize_h=True)
 
 
 def _requantized(ctx: NodeContext, x: Value) -> Value:

@@ -353,14 +353,15 @@ def _lstm(ctx: NodeContext) -> list[Value | None]:
     return convert_lstm(ctx)
 
 
-def convert_lstm(ctx: NodeContext, recurrent_input: Callable[[Value], Value] | None = None
-                 ) -> list[Value | None]:
+def convert_lstm(ctx: NodeContext, recurrent_input: Callable[[Value], Value] | None = None,
+                 quantize_h: bool = False) -> list[Value | None]:
     """The LSTM node of ``ctx``. ``recurrent_input(h)``, when given, is what multiplies R at
     each step in place of h (com.microsoft.DynamicQuantizeLSTM quantizes h every step); it
-    unrolls the steps instead of using the fused recurrence kernel."""
+    unrolls the steps, unless ``quantize_h`` says the fused recurrence kernel computes the same
+    (h through DynamicQuantizeLinear and back) and the node fits that kernel."""
     rec = _Recurrence(ctx, 4, ["Sigmoid", "Tanh", "Tanh"])
-    if recurrent_input is None and rnn_fast.fits(ctx, rec, "lstm"):
-        return rnn_fast.fused_recurrence(ctx, rec, "lstm")
+    if (recurrent_input is None or quantize_h) and rnn_fast.fits(ctx, rec, "lstm"):
+        return rnn_fast.fused_recurrence(ctx, rec, "lstm", quantize_h=quantize_h)
     h0 = rec.state(5, "initial_h")
     c0 = rec.state(6, "initial_c")
     hsz = rec.hidden

@@ -81,8 +81,10 @@ def _state(ctx: NodeContext, rec: _Recurrence, index: int, name: str) -> Value:
     return ctx.constant(np.zeros((rec.num_dir, rec.batch, rec.hidden), rec.dtype), name)
 
 
-def fused_recurrence(ctx: NodeContext, rec: _Recurrence, cell: str) -> list[Value | None]:
-    """Y, Y_h (and for an LSTM Y_c) of the node, through ``nn.recurrence``."""
+def fused_recurrence(ctx: NodeContext, rec: _Recurrence, cell: str, quantize_h: bool = False
+                     ) -> list[Value | None]:
+    """Y, Y_h (and for an LSTM Y_c) of the node, through ``nn.recurrence`` (``quantize_h``: h
+    requantized before each product, com.microsoft.DynamicQuantizeLSTM)."""
     t, batch, size, h, d = rec.seq, rec.batch, rec.input_size, rec.hidden, rec.num_dir
     g = GATES[cell]
     lbr = cell == "gru" and bool(ctx.attrs["linear_before_reset"])
@@ -104,7 +106,7 @@ def fused_recurrence(ctx: NodeContext, rec: _Recurrence, cell: str) -> list[Valu
     want_c = cell == "lstm" and len(outputs) > 2 and bool(outputs[2])
     out = ctx.emit("nn.recurrence", xw, packed, _state(ctx, rec, 5, "initial_h"), *extra,
                    cell=cell, hidden=h, reverse=tuple(rec.reverse), linear_before_reset=lbr,
-                   states=want_c)
+                   states=want_c, **({"quantize_h": True} if quantize_h else {}))
     y = _slice(ctx, out, 0, 0, t) if want_c else out
     # the final hidden state is the last step's row of each direction (step 0 when reversed)
     rows = [ctx.emit("strided_slice", y, starts=(0 if rev else t - 1, k),

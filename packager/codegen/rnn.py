@@ -8,7 +8,9 @@ UNIT_BLOCK weights), and a register tile of batch rows x weight vectors accumula
 registers. The sums go to a small scratch row; a scalar loop over the hidden units then adds the
 projected input (``xw``, biases included), applies sigmoid/tanh from ``vecmath`` (LLVM
 vectorizes it) and writes h straight into the output row of step t, which is also where the
-next step reads h_prev from. The cell state stays in the workspace.
+next step reads h_prev from. The cell state stays in the workspace. With ``quantize_h``
+(com.microsoft.DynamicQuantizeLSTM) h_prev first goes through DynamicQuantizeLinear and back
+into a workspace row (``_requantize``), which the product reads instead.
 
 Why one kernel and not one per step: at batch 1 a step is a few microseconds of work, and a VM
 call per gate and step (the unrolled graph) cost more than the arithmetic. What bounds a step
@@ -79,6 +81,7 @@ class RecurrenceEmitter(KernelEmitter):
         self.reverse: tuple = tuple(bool(r) for r in a["reverse"])
         self.lbr = bool(a.get("linear_before_reset", False))
         self.states = bool(a.get("states", False))
+        self.quantize_h = bool(a.get("quantize_h", False))
         xw = func.inputs[0]
         self.steps, self.batch, _ = xw.shape   # steps: a size expression in a symbolic kernel
         if not isinstance(self.batch, int):
@@ -90,6 +93,8 @@ class RecurrenceEmitter(KernelEmitter):
         # per direction, in floats: gate sums [B, G, Hp], then the cell state or r * h [B, H]
         extra = self.batch * self.hidden if self.cell == "lstm" or (
             self.cell == "gru" and not self.lbr) else 0
+        if self.quantize_h:                               # then the requantized h_prev
+            extra += self.batch * self.hidden
         floats = self.batch * self.gates * self.hpad + extra
         self.ws_dir = -(-floats * 4 // WORKSPACE_ALIGN) * WORKSPACE_ALIGN
 
@@ -183,7 +188,11 @@ class RecurrenceEmitter(KernelEmitter):
             prev = b.select(b.icmp_signed("==", s, const_i64(0)), h0_d, prev_row)
             y = self._at(out, self._mul_i(b.add(self._mul_i(t, D), const_i64(d)), B * H))
             x = self._at(xw, b.add(self._mul_i(t, B * D * G * H), const_i64(d * G * H)))
-            self._matvec(prev, *products[0], gates)
+            src = prev
+            if self.quantize_h:
+                src = self._at(state, B * H)
+                self._requantize(prev, src, B * H)
+            self._matvec(src, *products[0], gates)
             if len(products) == 2:                        # GRU resetting before its product
                 self._gru_reset(x, prev, gates, state)
                 self._matvec(state, *products[1], gates)
@@ -193,6 +202,32 @@ class RecurrenceEmitter(KernelEmitter):
                            else self._mul_i(b.add(self._mul_i(T, D), const_i64(d)), B * H))
             with for_range(b, const_i64(0), const_i64(B * H), "fin") as i:
                 self._st(self._ld(state, i), dst, i)
+
+    def _requantize(self, src: ir.Value, dst: ir.Value, n: int) -> None:
+        """dst[:n] = src[:n] through ONNX DynamicQuantizeLinear (uint8) and dequantized back, as
+        ``ops.sequence.requantized``: the range with 0, scale 1 for an all-zero row, rounding
+        half to even, the divisions exact (no reciprocal)."""
+        b = self.builder
+        zero, f255 = ir.Constant(F32, 0.0), ir.Constant(F32, 255.0)
+        fmin = intrinsic(self.module, "llvm.minnum.f32", F32, [F32, F32])
+        fmax = intrinsic(self.module, "llvm.maxnum.f32", F32, [F32, F32])
+        rnd = intrinsic(self.module, "llvm.roundeven.f32", F32, [F32])
+        lo_p, hi_p = alloca_once(b, F32, "qlo"), alloca_once(b, F32, "qhi")
+        b.store(zero, lo_p)
+        b.store(zero, hi_p)
+        with for_range(b, const_i64(0), const_i64(n), "qr") as i:
+            v = self._ld(src, i)
+            b.store(b.call(fmin, [b.load(lo_p), v]), lo_p)
+            b.store(b.call(fmax, [b.load(hi_p), v]), hi_p)
+        lo, hi = b.load(lo_p), b.load(hi_p)
+        scale = b.select(b.fcmp_ordered("==", hi, lo), ir.Constant(F32, 1.0),
+                         b.fdiv(b.fsub(hi, lo), f255))
+        zp = b.call(fmin, [b.call(fmax, [b.call(rnd, [b.fsub(zero, b.fdiv(lo, scale))]), zero]),
+                           f255])
+        with for_range(b, const_i64(0), const_i64(n), "qh") as i:
+            q = b.fadd(b.call(rnd, [b.fdiv(self._ld(src, i), scale)]), zp)
+            q = b.call(fmin, [b.call(fmax, [q, zero]), f255])
+            self._st(b.fmul(b.fsub(q, zp), scale), dst, i)
 
     # ---- the recurrent product --------------------------------------------------------------------
 

@@ -79,9 +79,12 @@ def state_rows(cell: str, states: bool) -> int:
 
 
 def _check(xw: TensorType, r: TensorType, h0: TensorType, extra: list[TensorType], cell: str,
-           hidden: int, reverse: tuple, linear_before_reset: bool) -> tuple[int, int, int]:
+           hidden: int, reverse: tuple, linear_before_reset: bool, quantize_h: bool = False
+           ) -> tuple[int, int, int]:
     if cell not in GATES:
         raise ValueError(f"recurrence: cell {cell!r} is not lstm, gru or rnn")
+    if quantize_h and cell != "lstm":
+        raise ValueError(f"recurrence: quantize_h is for an lstm, not a {cell}")
     d = len(reverse)
     if len(xw.shape) != 3 or xw.shape[2] != d * GATES[cell] * hidden:
         raise ValueError(f"recurrence: xw has shape {xw.shape}, expected [T, B, "
@@ -101,8 +104,9 @@ def _check(xw: TensorType, r: TensorType, h0: TensorType, extra: list[TensorType
 
 def _infer(xw: TensorType, r: TensorType, h0: TensorType, *extra: TensorType, cell: str = "lstm",
            hidden: int = 0, reverse: tuple = (False,), linear_before_reset: bool = False,
-           states: bool = False) -> TensorType:
-    t, b, d = _check(xw, r, h0, list(extra), cell, hidden, reverse, linear_before_reset)
+           states: bool = False, quantize_h: bool = False) -> TensorType:
+    t, b, d = _check(xw, r, h0, list(extra), cell, hidden, reverse, linear_before_reset,
+                     quantize_h)
     return TensorType((t + state_rows(cell, states), d, b, hidden), xw.dtype)
 
 
@@ -120,10 +124,23 @@ def _sigmoid(x: np.ndarray) -> np.ndarray:
     return np.where(x >= 0, 1.0, e) / (1.0 + e)
 
 
+def requantized(h: np.ndarray) -> np.ndarray:
+    """h through ONNX DynamicQuantizeLinear (uint8, range with 0; scale 1 when h is all zero) and
+    dequantized back, in float32: what the recurrence multiplies with ``quantize_h``."""
+    f = np.float32
+    lo, hi = min(f(h.min()), f(0)), max(f(h.max()), f(0))
+    scale = f(1) if hi == lo else f((hi - lo) / f(255))
+    zp = np.clip(np.round(f(0) - f(lo / scale)), f(0), f(255))
+    with np.errstate(all="ignore"):
+        q = np.clip(np.round((h / scale).astype(f)) + zp, f(0), f(255))
+    return ((q - zp) * scale).astype(f)
+
+
 @register_op("nn.recurrence", OPAQUE, _infer, _legalize)
 def recurrence(xw: np.ndarray, r: np.ndarray, h0: np.ndarray, *extra: np.ndarray,
                cell: str = "lstm", hidden: int = 0, reverse: tuple = (False,),
-               linear_before_reset: bool = False, states: bool = False) -> np.ndarray:
+               linear_before_reset: bool = False, states: bool = False,
+               quantize_h: bool = False) -> np.ndarray:
     """Y [T, D, B, H] of the recurrence over the projected inputs ``xw`` [T, B, D*G*H], then
     (``states``, LSTM) the final cell state as one more row."""
     t_len, batch, _ = xw.shape
@@ -146,7 +163,7 @@ def recurrence(xw: np.ndarray, r: np.ndarray, h0: np.ndarray, *extra: np.ndarray
                     cand = np.tanh(x[:, 2 * h:] + (rg * hid) @ rr[d, 2 * h:].T)
                 hid = (1 - z) * cand + z * hid
             else:
-                pre = x + hid @ rr[d].T
+                pre = x + (requantized(hid) if quantize_h else hid) @ rr[d].T
                 if cell == "rnn":
                     hid = np.tanh(pre)
                 else:
