@@ -10,6 +10,7 @@ import numpy as np
 from mlcpack.packager.export import ExportOptions, export_module
 from mlcpack.packager.ir import BlockBuilder
 from mlcpack.runtime import load
+from mlcpack.runtime.cpu import host_features
 
 
 def build_op_module(op: str, inputs: Sequence[np.ndarray], const_mask: Sequence[bool] | None = None,
@@ -40,6 +41,17 @@ def compile_and_run(mod, feeds: dict, tmp_path: Path, target: str | None = "host
     export_module(mod, path, ExportOptions(target=target))
     with load(path, threads=threads) as model:
         return model.run(feeds)
+
+
+def ort_int_gemm_exact(xd: str, wd: str) -> bool:
+    """Whether ONNX Runtime's integer GEMM on ``xd`` x ``wd`` is exact on this CPU: its u8 x s8
+    kernel on AVX2 without VNNI (``vpmaddubsw``) saturates int16 pair sums (255 * 127 * 2 >
+    32767), so it can differ from the exact integer result that mlcpack (and numpy, and ORT
+    with VNNI) computes."""
+    if (xd, wd) != ("uint8", "int8"):
+        return True
+    flags = host_features()
+    return bool({"avx512_vnni", "avx_vnni"} & flags) or "avx2" not in flags
 
 
 def run_op(op: str, inputs: Sequence[np.ndarray], tmp_path: Path,

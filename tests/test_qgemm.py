@@ -14,11 +14,11 @@ from onnx import helper as h
 from onnx import numpy_helper as nh
 
 import quant_models as qm
+from helpers import ort_int_gemm_exact
 from mlcpack.frontends.onnx import import_onnx
 from mlcpack.packager.export import ExportOptions, export_module
 from mlcpack.packager.passes.pipeline import DEFAULT_PIPELINE, run_pipeline
 from mlcpack.runtime import load
-from mlcpack.runtime.cpu import host_features
 
 ort = pytest.importorskip("onnxruntime")
 pytest.importorskip("onnxruntime.quantization")
@@ -45,16 +45,6 @@ def _bundle(path: Path, feeds: dict, target: str = "host") -> tuple[list[np.ndar
     with load(out) as model:
         res = model.run(feeds)
     return list(res.values()), ops
-
-
-def _ort_exact(xd: str, wd: str) -> bool:
-    """Whether ONNX Runtime's integer GEMM is exact here: its u8 x s8 kernel on AVX2 without
-    VNNI (``vpmaddubsw``) saturates int16 pair sums (255 * 127 * 2 > 32767), so it can differ
-    from the exact integer result that mlcpack (and numpy, and ORT with VNNI) computes."""
-    if (xd, wd) != ("uint8", "int8"):
-        return True
-    flags = host_features()
-    return bool({"avx512_vnni", "avx_vnni"} & flags) or "avx2" not in flags
 
 
 def _numpy_qmatmul(a, az, w, wz, bias, mult, yz, dtype):
@@ -115,7 +105,7 @@ def test_integer_kernel_bit_exact(case: str, gemm: bool, tmp_path: Path) -> None
     # an integer graph output: the int32 kernel (the float32 GEMM writes float32 only)
     assert ops == ["int_gemm"], ops
     np.testing.assert_array_equal(got, expect)
-    if _ort_exact(EDGES[case][3], EDGES[case][5]):
+    if ort_int_gemm_exact(EDGES[case][3], EDGES[case][5]):
         np.testing.assert_array_equal(got, _ort(tmp_path / f"{case}.onnx", {"x": x})[0])
     if "satur" in case:   # both ends of the range reached
         assert (got == 255).any() and (got == 0).any()
@@ -134,7 +124,7 @@ def test_quantize_static_mlp_matches_ort(how: dict, target: str, tmp_path: Path,
     (got,), ops = _bundle(path, feeds, target)
     assert ops.count("int_gemm") == 2 and "matmul" not in ops, ops
     ref = _ort(path, feeds)[0]
-    if _ort_exact("int8" if how.get("activation") == "QInt8" else "uint8", "int8"):
+    if ort_int_gemm_exact("int8" if how.get("activation") == "QInt8" else "uint8", "int8"):
         # the same integers as ONNX Runtime's QLinearMatMul, then the same float dequantize
         np.testing.assert_array_equal(got, ref)
         return
@@ -170,7 +160,7 @@ def test_quantized_convolutions_fused(how: dict, tmp_path: Path) -> None:
     assert ops.count("int_conv") == 2, ops
     ref = _ort(path, feeds)[0]
     diff = np.abs(got.astype(np.float64) - ref) / qm.output_step(path)
-    if _ort_exact("uint8", "int8"):
+    if ort_int_gemm_exact("uint8", "int8"):
         # the convolutions give ORT's integers; pools and SiLU in float differ by at most a step
         assert diff.max() <= 1 + 1e-5, diff
     else:   # ORT's AVX2 u8 x s8 kernel saturates pair sums (the kernels' exactness against

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 import quant_models as qm
+from helpers import ort_int_gemm_exact
 from mlcpack.frontends.onnx import import_onnx
 from mlcpack.packager.export import ExportOptions, export_module
 from mlcpack.packager.ir.graph import Call, Constant
@@ -23,15 +24,6 @@ from mlcpack.runtime.verify import compare_output
 
 ort = pytest.importorskip("onnxruntime")
 pytest.importorskip("onnxruntime.quantization")
-
-
-def _ort_u8s8_exact() -> bool:
-    """Whether ONNX Runtime's u8 x s8 integer kernel is exact on this CPU: on AVX2 without
-    VNNI it uses vpmaddubsw, whose int16 pair sums saturate."""
-    from mlcpack.runtime.cpu import host_features
-
-    flags = host_features()
-    return bool({"avx512_vnni", "avx_vnni"} & flags) or "avx2" not in flags
 
 
 def _ort(path: Path, feeds: dict, as_written: bool = False) -> dict[str, np.ndarray]:
@@ -82,7 +74,7 @@ def test_ort_quantized_model_matches_ort(case: str, float_models: dict[str, Path
     feeds = qm.random_feeds(path)[0]
     # full-range u8 x s8 QDQ: where ORT's fused kernel saturates, the model as written
     as_written = how["mode"] == "QDQ" and how.get("activation", "QUInt8") == "QUInt8" \
-        and not _ort_u8s8_exact()
+        and not ort_int_gemm_exact("uint8", "int8")
     ref, got = _ort(path, feeds, as_written)["y"], _bundle(path, feeds)["y"]
     err = np.abs(got.astype(np.float64) - ref)
     step = qm.output_step(path)
