@@ -43,6 +43,23 @@ def compile_and_run(mod, feeds: dict, tmp_path: Path, target: str | None = "host
         return model.run(feeds)
 
 
+def ort_outputs(path: Path, feeds: dict, threads: int | None = None,
+                as_written: bool = False) -> dict[str, np.ndarray]:
+    """ONNX Runtime's (CPU provider) outputs of the model at ``path``, by name, in the graph's
+    order; ``threads``: its intra-op threads (default: its own choice); ``as_written``: with its
+    graph optimizations off, so that a QDQ model runs as the ONNX operators it is written in
+    (DequantizeLinear, float op, QuantizeLinear) instead of ORT's fused integer kernels."""
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    if threads is not None:
+        opts.intra_op_num_threads = threads
+    if as_written:
+        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    sess = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+    return dict(zip([o.name for o in sess.get_outputs()], sess.run(None, feeds)))
+
+
 def ort_int_gemm_exact(xd: str, wd: str) -> bool:
     """Whether ONNX Runtime's integer GEMM on ``xd`` x ``wd`` is exact on this CPU: its u8 x s8
     kernel on AVX2 without VNNI (``vpmaddubsw``) saturates int16 pair sums (255 * 127 * 2 >

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from helpers import ort_outputs
 from mlcpack.frontends.onnx import import_onnx
 from mlcpack.packager.export import ExportOptions, export_module
 from mlcpack.runtime import load
@@ -111,8 +111,7 @@ def test_depthwise_padded_rows_match_onnxruntime(target, tmp_path, split_every_k
     export_module(mod, bundle, ExportOptions(target=target))
     feeds = {f"{name}_x": rng.standard_normal(shape).astype(np.float32)
              for name, shape, *_ in CASES}
-    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    want = dict(zip([o.name for o in sess.get_outputs()], sess.run(None, feeds)))
+    want = ort_outputs(path, feeds)
     for threads in (1, 2):
         with load(bundle, threads=threads) as m:
             got = m.run(feeds)

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
 
+from helpers import ort_outputs
 from mlcpack.frontends.onnx import import_onnx
 from mlcpack.packager.export import ExportOptions, export_module
 from mlcpack.packager.passes import DEFAULT_PIPELINE, run_pipeline
@@ -68,8 +68,7 @@ def test_global_mean_matches_onnxruntime(target, model_path, tmp_path):
     rng = np.random.default_rng(3)
     feeds = {f"{name}_x": (rng.standard_normal(shape) + 0.5).astype(np.float32)
              for name, shape, *_ in CASES}
-    sess = ort.InferenceSession(str(model_path), providers=["CPUExecutionProvider"])
-    want = dict(zip([o.name for o in sess.get_outputs()], sess.run(None, feeds)))
+    want = ort_outputs(model_path, feeds)
     for threads in (1, 2):
         with load(bundle, threads=threads) as m:
             got = m.run(feeds)

@@ -14,7 +14,7 @@ from onnx import helper as h
 from onnx import numpy_helper as nh
 
 import quant_models as qm
-from helpers import ort_int_gemm_exact
+from helpers import ort_int_gemm_exact, ort_outputs
 from mlcpack.frontends.onnx import import_onnx
 from mlcpack.packager.export import ExportOptions, export_module
 from mlcpack.packager.passes.pipeline import DEFAULT_PIPELINE, run_pipeline
@@ -25,9 +25,7 @@ pytest.importorskip("onnxruntime.quantization")
 
 
 def _ort(path: Path, feeds: dict) -> list[np.ndarray]:
-    opts = ort.SessionOptions()
-    opts.intra_op_num_threads = 1
-    return ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"]).run(None, feeds)
+    return list(ort_outputs(path, feeds, threads=1).values())
 
 
 def _bundle(path: Path, feeds: dict, target: str = "host") -> tuple[list[np.ndarray], list[str]]:

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import quant_models as qm
-from helpers import ort_int_gemm_exact
+from helpers import ort_int_gemm_exact, ort_outputs
 from mlcpack.frontends.onnx import import_onnx
 from mlcpack.packager.export import ExportOptions, export_module
 from mlcpack.packager.ir.graph import Call, Constant
@@ -27,15 +27,7 @@ pytest.importorskip("onnxruntime.quantization")
 
 
 def _ort(path: Path, feeds: dict, as_written: bool = False) -> dict[str, np.ndarray]:
-    """ONNX Runtime's outputs; ``as_written``: with its graph optimizations off, so that a QDQ
-    model runs as the ONNX operators it is written in (DequantizeLinear, float op,
-    QuantizeLinear) instead of ORT's fused integer kernels."""
-    opts = ort.SessionOptions()
-    opts.intra_op_num_threads = 1
-    if as_written:
-        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    sess = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
-    return dict(zip([o.name for o in sess.get_outputs()], sess.run(None, feeds)))
+    return ort_outputs(path, feeds, threads=1, as_written=as_written)
 
 
 def _bundle(path: Path, feeds: dict, target: str = "host") -> dict[str, np.ndarray]:
