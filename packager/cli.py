@@ -282,6 +282,57 @@ def _export_int8(model: Path, out: Path, opts: Any, mod: Any, pre: Any, shapes: 
     return report
 
 
+def _check_batch_dims(model: Path, shapes: dict) -> None:
+    """--batch-sizes on an ONNX model: static plans per batch need every other dim fixed (by the
+    file or --input-shape); say so in one line when an input's batch and other dims are open."""
+    import onnx
+
+    try:
+        proto = onnx.load(str(model), load_external_data=False)
+    except Exception:
+        return   # the loader reports an unreadable file
+    inits = {t.name for t in proto.graph.initializer}
+    for vi in proto.graph.input:
+        if vi.name in inits or not vi.type.HasField("tensor_type"):
+            continue
+        dims = [d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else None
+                for d in vi.type.tensor_type.shape.dim]
+        given = shapes.get(vi.name)
+        if given is not None and len(given) == len(dims):
+            dims = [None if isinstance(g, str) else g for g in given]
+        if len(dims) > 1 and dims[0] is None and None in dims[1:]:
+            text = ",".join("?" if d is None else str(d) for d in dims)
+            example = ",".join(["N"] + [str(d) if d else "64" for d in dims[1:]])
+            _fail(f"--batch-sizes makes static plans per batch size, so every dim but the batch "
+                  f"must be fixed, but input {vi.name} is ({text}): fix them with --input-shape "
+                  f"{vi.name}={example} (your sizes), or drop --batch-sizes (the symbolic bundle "
+                  "runs every batch and size already)", 2)
+
+
+def _export_specialized(model: Path, out: Path, opts: Any, shapes: dict, sizes: list[int],
+                        mods: dict, loaded: Any, max_shape: list[str], bind: list[str],
+                        check: bool) -> Any:
+    """``--batch-sizes`` on an ONNX model: the symbolic plan (the batch a size variable) with a
+    static plan per batch size beside it. A model whose other dims stay symbolic is refused in
+    one line; one whose graph needs static shapes somewhere gets today's padded batch plans."""
+    from ..frontends.loader import load_model
+    from .errors import ExportError
+    from .export import SymbolicPlanError, export_batched, export_specialized
+
+    try:
+        try:
+            symbolic = load_model(model, shapes, None, None, reference=False,
+                                  bind=_parse_binds(bind) or None,
+                                  max_shapes=_parse_shapes(max_shape, "--max-shape") or None)
+        except ExportError as exc:   # the batch plans imported: only the symbolic import failed
+            raise SymbolicPlanError(str(exc)) from None
+        return export_specialized(symbolic.modules[None], mods, out, opts)
+    except SymbolicPlanError as exc:
+        typer.echo(f"note: no symbolic plan ({exc}); any batch runs on the batch plans, padded "
+                   "up to the next one or in chunks of the largest", err=True)
+        return export_batched(mods, out, opts)
+
+
 @app.command(epilog=_example("export artifacts/cnn.onnx -o cnn.mlc --labels artifacts/labels.txt"))
 def export(
     model: Path = typer.Argument(..., help="model.onnx, model.pt2 (torch.export.save), or weights "
@@ -326,7 +377,9 @@ def export(
                                    "(repeatable)", metavar="NAME=FILE.npy"),
     max_shape: list[str] = typer.Option([], help="largest size of each dim of an input with "
                                         "symbolic dims: name=1,3,1280,1280 (larger inputs are "
-                                        "refused at run time)", metavar="NAME=DIMS"),
+                                        "refused at run time); with a bound on every symbolic "
+                                        "size, memory is planned once, at export, for the bound",
+                                        metavar="NAME=DIMS"),
     check: bool = typer.Option(True, "--check/--no-check", help="run the model once with a "
                                "reference and with the bundle, embed the pair, fail on a "
                                "mismatch (default on)"),
@@ -367,6 +420,8 @@ def export(
         label_list = _labels(labels)
         _check_quantize_options(model, quantize, calibration, calibration_method,
                                 quantize_fallback, sizes)
+        if sizes and model.suffix.lower() == ".onnx":
+            _check_batch_dims(model, shapes)
         loaded = load_model(model, shapes, sizes, arch, reference=check and not quantize,
                             bind=_parse_binds(bind) or None,
                             max_shapes=_parse_shapes(max_shape, "--max-shape") or None)
@@ -382,6 +437,9 @@ def export(
         if quantize:
             report = _export_int8(model, out, opts, mod, pre, shapes, calibration,
                                   calibration_method, quantize_fallback)
+        elif sizes and model.suffix.lower() == ".onnx":
+            report = _export_specialized(model, out, opts, shapes, sizes, mods, loaded,
+                                         max_shape, bind, check)
         else:
             report = (export_batched(mods, out, opts) if sizes else export_module(mod, out, opts))
         typer.echo(f"wrote {report.path} ({report.bundle_bytes / 1024:.1f} KiB) in "
@@ -390,12 +448,18 @@ def export(
                    f"{report.weights_bytes / 1024:.1f} KiB, "
                    + (f"arena {report.arena_bytes} B (tensors {report.intermediate_bytes} B)"
                       if report.arena_bytes or report.intermediate_bytes
+                      else f"arena at most {report.bound_bytes} B (planned for --max-shape)"
+                      if report.bound_bytes is not None
                       else "memory planned at run time (symbolic shapes)"))
+        if report.plan_note:
+            typer.echo(f"  {report.plan_note}")
         from .codegen.target import runs_on
         typer.echo(f"  runs on {runs_on(report.targets)}")
         for p in report.plans:
             typer.echo(f"  plan batch {p['batch']}: arena {p['arena_bytes']} B, {p['kernels']} "
-                       f"kernels, {p['instructions']} VM instructions, code {p['code_bytes']} B")
+                       f"kernels, {p['instructions']} VM instructions, code {p['code_bytes']} B"
+                       + (" (runs that exact batch; the symbolic plan runs the others)"
+                          if report.specialized else ""))
         typer.echo(report.check or "golden check: off (--no-check)")
         for line in report.check_warnings:
             typer.echo(f"warning: {line}", err=True)

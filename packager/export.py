@@ -15,8 +15,8 @@ import numpy as np
 from .. import packager
 from ..runtime.bundle import FORMAT_MAJOR, FORMAT_MINOR, SYMBOLIC_MINOR
 from ..runtime.header import (BatchInfo, CodeVariant, ConstantRow, Header, IORow, KernelRow,
-                              LibraryCall, MemoryPlan, Plan, Symbolic, TensorRow, VMRecord,
-                              freeze)
+                              LibraryCall, MemoryPlan, Plan, Symbolic, SymbolicBound, TensorRow,
+                              VMRecord, freeze)
 from .bundle_writer import BundleWriteError, BundleWriter
 from .codegen.build import ALLOWED_EXTERNALS, CodegenError, CompiledCode
 from .codegen.lower import KernelInfo, LoweringError
@@ -29,6 +29,7 @@ from .ir.graph import IRModule
 from .ir.printer import module_text
 from .passes import DEFAULT_PIPELINE, bind_params, run_pipeline
 from .passes.layout import ONE_ROW_GEMV
+from .passes.memory_plan import UnboundedSizeError, bounded_plan
 from .passes.simplify import BindError
 from .ir.sym import SymbolicShapeError, to_record
 from .vm_emit import Program, VMEmitError, emit_program, main_size_vars, source_records
@@ -58,6 +59,11 @@ class ExportOptions:
     reference_name: str | None = None
 
 
+class SymbolicPlanError(ExportError):
+    """``export_specialized``: the symbolic module does not compile (a graph that needs static
+    shapes); the CLI then falls back to padded batch plans."""
+
+
 @dataclass
 class ExportReport:
     path: str
@@ -74,6 +80,10 @@ class ExportReport:
     plans: list[dict] = field(default_factory=list)  # per batch size (dynamic batch bundles)
     check: str | None = None                  # what the golden check did, one line
     check_warnings: list[str] = field(default_factory=list)  # advice that did not fail it
+    specialized: bool = False                 # plans: static ones beside the symbolic plan
+    # symbolic bundles: the --max-shape upper-bound arena (None: planned per shape at run time)
+    bound_bytes: int | None = None
+    plan_note: str | None = None              # how memory is planned, when --max-shape was given
 
 
 def compile_module(mod: IRModule, params: Mapping[str, np.ndarray] | None = None,
@@ -165,10 +175,49 @@ def _io_rows(rows: list[dict]) -> tuple[IORow, ...]:
                        freeze(r.get("max_shape")), freeze(r.get("views"))) for r in rows)
 
 
-def _symbolic(rec: dict) -> Symbolic:
+def _symbolic(rec: dict, bound: SymbolicBound | None = None) -> Symbolic:
     checks = rec.get("checks")
     return Symbolic(tuple(rec["vars"]), tuple(freeze(b) for b in rec["buffers"]),
-                    None if checks is None else tuple(freeze(c) for c in checks))
+                    None if checks is None else tuple(freeze(c) for c in checks), bound)
+
+
+def _size_bounds(program: Program) -> tuple[dict[str, int], list[str]]:
+    """Each size variable's largest value from the inputs' ``--max-shape`` (a variable that is
+    a whole dim of a bounded input, at that dim's bound; the smallest when several bound it),
+    and the variables no bound reaches."""
+    bounds: dict[str, int] = {}
+    for row in program.inputs:
+        top = row.get("max_shape")
+        if top is None:
+            continue
+        for rec, m in zip(row["shape"], top):
+            if isinstance(rec, str):
+                bounds[rec] = min(bounds.get(rec, m), m)
+    names = program.symbolic["vars"]
+    return {v: bounds[v] for v in names if v in bounds}, [v for v in names if v not in bounds]
+
+
+def _bound_plan(program: Program) -> tuple[SymbolicBound | None, str | None]:
+    """The upper-bound memory plan of a symbolic program whose every size variable has a
+    ``--max-shape`` bound, or None and why not (a note for the export's output; None without
+    any bound: planning per shape is what the user asked for)."""
+    bounds, missing = _size_bounds(program)
+    if not bounds:
+        return None, None
+    if missing:
+        return None, (f"memory planned per shape at run time: size variable(s) "
+                      f"{', '.join(missing)} have no --max-shape bound")
+    buffers = program.symbolic["buffers"]
+    try:
+        offsets, arena, _, loose = bounded_plan([b[0] for b in buffers],
+                                                [(b[1], b[2]) for b in buffers], bounds)
+    except UnboundedSizeError as exc:
+        return None, f"memory planned per shape at run time: {exc}"
+    sizes = ", ".join(f"{v} <= {n}" for v, n in bounds.items())
+    how = (f" ({loose} buffer size(s) not monotone in the sizes: bounded by their largest "
+           "value over every size within the bound)") if loose else ""
+    return SymbolicBound(bounds, tuple(offsets), arena), \
+        f"memory planned at export for {sizes}: one arena of {arena} B serves every shape{how}"
 
 
 def _check_library_names(program: Program) -> None:
@@ -197,6 +246,24 @@ def export_batched(mods: Mapping[int, IRModule], path: str | os.PathLike,
     if not mods or not all(isinstance(b, int) and b > 0 for b in mods):
         raise ExportError("batch sizes must be positive integers")
     return _export(dict(sorted(mods.items())), path, options, params, on_stage)
+
+
+def export_specialized(symbolic: IRModule, mods: Mapping[int, IRModule],
+                       path: str | os.PathLike, options: ExportOptions | None = None,
+                       params: Mapping[str, np.ndarray] | None = None,
+                       on_stage: Callable[[str], None] | None = None) -> ExportReport:
+    """``--batch-sizes`` over a symbolic batch: the symbolic plan of ``symbolic`` (runs every
+    batch) and, beside it, a static plan per batch size (``mods``: batch -> the module with that
+    batch and every other dim fixed), weights stored once. The runtime runs a static plan when
+    the inputs' shapes match one exactly, the symbolic plan otherwise."""
+    if not mods or not all(isinstance(b, int) and b > 0 for b in mods):
+        raise ExportError("batch sizes must be positive integers")
+    for mod in mods.values():   # before compiling anything
+        params_ = [(p.name, tuple(p.type.shape)) for p in mod.main.params]
+        if any(not isinstance(d, int) for _, shape in params_ for d in shape):
+            raise ExportError(_batch_sizes_symbolic(params_))
+    return _export({None: symbolic, **dict(sorted(mods.items()))}, path, options, params,
+                   on_stage)
 
 
 def _constant_key(data: np.ndarray) -> tuple:
@@ -239,6 +306,7 @@ def _export(mods: dict[int | None, IRModule], path: str | os.PathLike,
         from .signing import load_signer
         signer = load_signer(opts.sign_key)
     batched = None not in mods
+    specialized = not batched and len(mods) > 1   # export_specialized: None is the symbolic one
     largest = max(mods) if batched else None
     golden = None
     if opts.check:  # the reference runs on the source model, before anything is compiled
@@ -252,18 +320,32 @@ def _export(mods: dict[int | None, IRModule], path: str | os.PathLike,
     ir_text = None
     first_targets: list[Target] = []
     for batch, mod in mods.items():
-        plan, report, optimized, targets = _compile_plan(batch, mod, len(mods), params, opts,
-                                                         on_stage, writer, constants)
-        if plan.symbolic is not None and batched:
-            raise ExportError("--batch-sizes needs static shapes apart from the batch; "
-                              "a symbolic model runs every batch already")
+        # several plans read one transposed W (no one-row GEMV): the weights stay stored once
+        try:
+            plan, report, optimized, targets = _compile_plan(
+                batch, mod, len(mods), params, opts, on_stage, writer, constants)
+        except ExportError as exc:
+            if specialized and batch is None:
+                raise SymbolicPlanError(str(exc)) from None
+            raise
+        if plan.symbolic is not None and batch is not None:
+            raise ExportError(_batch_sizes_symbolic([(r.name, r.shape) for r in plan.inputs]))
+        if specialized and batch is None and plan.symbolic is None:
+            raise ExportError("--batch-sizes specializes a symbolic batch, but the model has "
+                              "no symbolic dims")
         plans.append(plan)
         reports.append(report)
         if batch == largest:
             ir_text = module_text(optimized)
             first_targets = targets
+    spec_plans = None
+    if specialized:
+        spec_plans, plans = tuple(plans[1:]), plans[:1]
+        _check_specialized(plans[0], spec_plans)
     header = _header(opts, plans, constants, _batch_info(plans) if batched else None,
                      writer.ref(ir_text.encode()))
+    if spec_plans is not None:
+        header = dataclasses.replace(header, specialized=spec_plans)
     check_note = None
     if golden is not None:
         from .golden import embed_golden
@@ -276,14 +358,16 @@ def _export(mods: dict[int | None, IRModule], path: str | os.PathLike,
             size, check_note = write_checked(writer, path, header, signer, golden, check_note)
     except BundleWriteError as exc:
         raise ExportError(str(exc)) from None
+    main = reports[0] if specialized else reports[-1]
     return ExportReport(
         path=os.fspath(path), bundle_bytes=size, target=first_targets[0],
-        kernels=reports[-1]["kernels"], instructions=reports[-1]["instructions"],
+        kernels=main["kernels"], instructions=main["instructions"],
         weights_bytes=constants.nbytes,
-        arena_bytes=reports[-1]["arena_bytes"],
-        intermediate_bytes=reports[-1]["intermediate_bytes"],
+        arena_bytes=main["arena_bytes"],
+        intermediate_bytes=main["intermediate_bytes"],
         seconds=time.perf_counter() - t0, targets=first_targets,
-        plans=reports if batched else [], check=check_note,
+        plans=reports if batched else reports[1:], check=check_note,
+        bound_bytes=main["bound_bytes"], plan_note=main["plan_note"], specialized=specialized,
         check_warnings=list(golden.warnings) if golden is not None else [])
 
 
@@ -337,6 +421,7 @@ def _compile_plan(batch: int | None, mod: IRModule, n_plans: int,
             object=writer.ref(compiled.object_code), externals=tuple(ALLOWED_EXTERNALS),
             code_sizes={k.symbol: sizes.get(k.symbol, 0) for k in kernel_infos},
             extra={k: freeze(v) for k, v in target.items() if k not in known}))
+    bound, plan_note = _bound_plan(program) if program.symbolic is not None else (None, None)
     plan = Plan(
         inputs=_io_rows(program.inputs), outputs=_io_rows(program.outputs),
         kernels=_kernel_rows(program, kernel_infos, optimized), code=tuple(code),
@@ -345,13 +430,37 @@ def _compile_plan(batch: int | None, mod: IRModule, n_plans: int,
         tensors=tensors,
         vm=VMRecord(writer.ref(program.bytecode), len(program.instructions)),
         memory_plan=MemoryPlan(program.arena_bytes, program.intermediate_bytes),
-        symbolic=None if program.symbolic is None else _symbolic(program.symbolic),
+        symbolic=None if program.symbolic is None else _symbolic(program.symbolic, bound),
         batch=batch)
     report = {"batch": batch, "arena_bytes": program.arena_bytes,
               "intermediate_bytes": program.intermediate_bytes,
               "kernels": len(program.kernels), "instructions": len(program.instructions),
-              "code_bytes": sum(len(v.object_code) for v in variants)}
+              "code_bytes": sum(len(v.object_code) for v in variants),
+              "bound_bytes": bound.arena_bytes if bound is not None else None,
+              "plan_note": plan_note}
     return plan, report, optimized, [v.target for v in variants]
+
+
+def _batch_sizes_symbolic(inputs: Sequence[tuple[str, tuple]]) -> str:
+    """The one-line error for --batch-sizes when dims other than the batch stay symbolic."""
+    dims = [f"{name}=" + ",".join(str(d) if isinstance(d, int) else "?" for d in shape)
+            for name, shape in inputs if any(not isinstance(d, int) for d in shape)]
+    return ("--batch-sizes makes static plans per batch size, so every other dim must be fixed, "
+            f"but {', '.join(dims)} keep symbolic dims: fix them with --input-shape (e.g. "
+            "x=N,3,64,64), or drop --batch-sizes (the symbolic bundle runs every batch and size "
+            "already)")
+
+
+def _check_specialized(symbolic: Plan, plans: tuple[Plan, ...]) -> None:
+    """Each specialized plan is the symbolic plan at one batch: the same inputs and outputs, each
+    input's first dim that batch when the symbolic plan's is a size variable."""
+    for plan in plans:
+        for kind in ("inputs", "outputs"):
+            mine, theirs = getattr(plan, kind), getattr(symbolic, kind)
+            if [(r.name, r.dtype, len(r.shape)) for r in mine] != \
+                    [(r.name, r.dtype, len(r.shape)) for r in theirs]:
+                raise ExportError(f"the module built for batch {plan.batch} has other {kind} "
+                                  "than the symbolic one; they must be the same model")
 
 
 def _batch_info(plans: list[Plan]) -> BatchInfo:

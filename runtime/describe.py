@@ -66,6 +66,7 @@ def _summarize(path: str | os.PathLike, h: Header, name: str) -> dict[str, Any]:
         "vm_instructions": plan.vm.instructions,
         "signed_by": signed_by,
         "plans": _plans(h, chosen),
+        "specialized": _specialized(h, chosen),
         "golden": _golden(h),
     }
 
@@ -95,6 +96,20 @@ def _plans(h: Header, chosen: int | None) -> list[dict[str, Any]] | None:
     return out
 
 
+def _specialized(h: Header, chosen: int | None) -> list[dict[str, Any]] | None:
+    """Symbolic bundles with --batch-sizes: one row per static plan beside the symbolic one."""
+    if not h.specialized:
+        return None
+    out = []
+    for p in h.specialized:
+        which = p.code[chosen] if chosen is not None and chosen < len(p.code) else p.code[0]
+        out.append({"batch": p.batch, "arena_bytes": p.memory_plan.arena_bytes,
+                    "kernels": len(p.kernels), "vm_instructions": p.vm.instructions,
+                    "object_bytes": which.object.size,
+                    "inputs": {r.name: list(r.shape) for r in p.inputs}})
+    return out
+
+
 def _golden(h: Header) -> dict[str, Any] | None:
     g = h.golden
     if g is None:
@@ -116,6 +131,36 @@ def ir_text(path: str | os.PathLike) -> str:
 
 def _kib(n: int | None) -> str:
     return "?" if n is None else f"{n / 1024:.1f} KiB"
+
+
+def _symbolic_plan_lines(sym: dict[str, Any], shown: int = 6) -> list[str]:
+    """A symbolic bundle's memory plan: with a ``--max-shape`` bound, the one arena planned at
+    export; otherwise how it is planned per shape and its buffers' sizes as formulas over the
+    size variables (the distinct ones, largest first at every size 64, with their counts)."""
+    from .symbolic import PLAN_CACHE, dim_text, example_shape
+
+    names = ", ".join(map(str, sym.get("vars", [])))
+    buffers = sym.get("buffers", [])
+    bound = sym.get("bound")
+    if isinstance(bound, dict):
+        sizes = ", ".join(f"{v} <= {n}" for v, n in bound.get("sizes", {}).items())
+        return [f"memory plan: one arena of {bound.get('arena_bytes')} B "
+                f"({_kib(bound.get('arena_bytes'))}), planned at export for the bound {sizes} "
+                f"(--max-shape); {len(buffers)} buffers, every shape within the bound runs in it"]
+    counts: dict[str, int] = {}
+    value: dict[str, int] = {}
+    for b in buffers:
+        text = dim_text(b[0])
+        counts[text] = counts.get(text, 0) + 1
+        value[text] = example_shape([b[0]], 64)[0]
+    order = sorted(counts, key=lambda t: -value[t])
+    return [f"memory plan: made at run time for each input shape (size variables {names}; "
+             f"{len(buffers)} buffers, first fit; the last {PLAN_CACHE} shapes' plans cached; "
+             "export with --max-shape on every size to plan once)",
+             f"  buffer sizes in bytes, {len(order)} distinct, largest first: "
+             + ", ".join(f"{t}" + (f" (x{counts[t]})" if counts[t] > 1 else "")
+                         for t in order[:shown])
+             + (f", ... {len(order) - shown} more" if len(order) > shown else "")]
 
 
 def describe_text(info: dict[str, Any]) -> str:
@@ -170,10 +215,8 @@ def _text(info: dict[str, Any]) -> str:
     arena, total = plan.get("arena_bytes"), plan.get("intermediate_bytes")
     saved = f" ({100 * (1 - arena / total):.0f}% saved by reuse)" if arena and total else ""
     sym = info.get("symbolic")
-    if isinstance(sym, dict):   # format 1.3: planned per input shape (runtime/symbolic.py)
-        lines.append(f"memory plan: made at run time for each input shape (size variables "
-                     f"{', '.join(map(str, sym.get('vars', [])))}; "
-                     f"{len(sym.get('buffers', []))} buffers, first fit; the last few cached)")
+    if isinstance(sym, dict):   # format 1.3 (runtime/symbolic.py)
+        lines += _symbolic_plan_lines(sym)
     else:
         lines.append(f"memory plan: arena {_kib(arena)} vs {_kib(total)} for all tensors"
                      f"{saved}")
@@ -185,6 +228,16 @@ def _text(info: dict[str, Any]) -> str:
                      "plan's)")
         for p in info["plans"]:
             lines.append(f"  batch {p['batch']:>5}: arena {_kib(p['arena_bytes'])}, "
+                         f"{p['kernels']} kernels, {p['vm_instructions']} instructions, code "
+                         f"{_kib(p['object_bytes'])}")
+    if info.get("specialized"):
+        rows = info["specialized"]
+        lines.append(f"specialized plans: batch {', '.join(str(p['batch']) for p in rows)} "
+                     "(static, run when the inputs' shapes match one exactly; the symbolic plan "
+                     "runs every other shape)")
+        for p in rows:
+            shapes = ", ".join(f"{k} {v}" for k, v in p["inputs"].items())
+            lines.append(f"  batch {p['batch']:>5}: {shapes}; arena {_kib(p['arena_bytes'])}, "
                          f"{p['kernels']} kernels, {p['vm_instructions']} instructions, code "
                          f"{_kib(p['object_bytes'])}")
     g = info.get("golden")

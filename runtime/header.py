@@ -320,16 +320,47 @@ class MemoryPlan(_Record):
 
 
 @dataclass(frozen=True)
+class SymbolicBound(_Record):
+    """An upper-bound memory plan (``--max-shape`` on every size variable): each variable's
+    largest value (``sizes``), each buffer's arena offset with every buffer at its size for those
+    values, and the arena's size. Optional in the symbolic record: a reader that does not know it
+    plans per shape, as before (so the format stays 1.3)."""
+    sizes: Mapping[str, int]
+    offsets: tuple[int, ...]
+    arena_bytes: int
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    KEYS = ("sizes", "offsets", "arena_bytes")
+
+    @classmethod
+    def parse(cls, obj: Any, names: tuple[str, ...], num_buffers: int) -> SymbolicBound:
+        what = "symbolic bound"
+        obj = _map(obj, what)
+        sizes = _map(obj.get("sizes"), f"{what} sizes")
+        if set(sizes) != set(names):
+            raise _bad(f"{what} sizes", "must bound every size variable")
+        sizes = {v: _int(sizes[v], f"{what} size of {v}", 1, MAX_DIM) for v in names}
+        offsets = tuple(_int(o, f"{what} offset", 0, MAX_DIM)
+                        for o in _list(obj.get("offsets"), f"{what} offsets"))
+        if len(offsets) != num_buffers:
+            raise _bad(f"{what} offsets", "must give one offset per buffer")
+        return cls(sizes, offsets, _int(obj.get("arena_bytes"), f"{what} arena_bytes", 0,
+                                        MAX_DIM), cls._extra(obj))
+
+
+@dataclass(frozen=True)
 class Symbolic(_Record):
     """Format 1.3: the size variables, each arena buffer's ``(size record, first step, last
     step)``, and the relations between sizes the runtime checks when it binds
-    (``[op, record, record, text]``); ``runtime/symbolic.py`` plans memory from them."""
+    (``[op, record, record, text]``); ``runtime/symbolic.py`` plans memory from them, per shape,
+    or once from ``bound`` (an upper-bound plan, when the export had bounds on every size)."""
     vars: tuple[str, ...]
     buffers: tuple[tuple[Any, int, int], ...]
     checks: tuple[tuple[str, Any, Any, str], ...] | None = None
+    bound: SymbolicBound | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)
 
-    KEYS = ("vars", "buffers", "checks")
+    KEYS = ("vars", "buffers", "checks", "bound")
 
     @classmethod
     def parse(cls, obj: Any) -> Symbolic:
@@ -353,7 +384,10 @@ class Symbolic(_Record):
                 rows.append((c[0], _dim_record(c[1], f"symbolic check {i}"),
                              _dim_record(c[2], f"symbolic check {i}"), c[3]))
             checks = tuple(rows)
-        return cls(names, tuple(buffers), checks, cls._extra(obj))
+        bound = obj.get("bound")
+        if bound is not None:
+            bound = SymbolicBound.parse(bound, names, len(buffers))
+        return cls(names, tuple(buffers), checks, bound, cls._extra(obj))
 
 
 PLAN_KEYS = ("inputs", "outputs", "kernels", "code", "library_calls", "tensors", "vm",
@@ -527,8 +561,8 @@ class PayloadArea(_Record):
 # plan; a dynamic-batch bundle has its largest plan there too, for readers of format 1.0).
 TOP_KEYS = ("format", "min_reader", "compiler", "model", "inputs", "outputs", "preprocess",
             "labels", "constants", "kernels", "code", "library_calls", "tensors", "vm",
-            "memory_plan", "symbolic", "ir", "batch", "plans", "golden", "digest", "signature",
-            "payload", "pad")
+            "memory_plan", "symbolic", "ir", "batch", "plans", "specialized", "golden", "digest",
+            "signature", "payload", "pad")
 ALWAYS_TOP = frozenset({"compiler", "model", "preprocess", "labels"})
 
 
@@ -551,6 +585,10 @@ class Header:
     digest: Digest | None = None
     signature: Any = None
     pad: bytes | None = None
+    # A symbolic bundle exported with --batch-sizes: static plans for those batch sizes (the
+    # other dims fixed), run when the inputs' shapes match one exactly; the symbolic plan runs
+    # every other shape. Readers that do not know the key run the symbolic plan for all.
+    specialized: tuple[Plan, ...] | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)
 
     @property
@@ -572,6 +610,8 @@ class Header:
                   "labels": self.labels, "constants": self.constants}
         if self.batch is not None:
             fields["plans"] = list(self.plans)
+        if self.specialized is not None:
+            fields["specialized"] = list(self.specialized)
         out = {}
         for key in TOP_KEYS:
             if key in top:
@@ -589,6 +629,10 @@ class Header:
         many = len(self.plans) > 1 or self.batch is not None
         for p, plan in enumerate(self.plans):
             at = f" of plan {p}" if many else ""
+            refs += [(f"code object {i}{at}", v.object) for i, v in enumerate(plan.code)]
+            refs.append((f"bytecode{at}", plan.vm.bytecode))
+        for p, plan in enumerate(self.specialized or ()):
+            at = f" of specialized plan {p}"
             refs += [(f"code object {i}{at}", v.object) for i, v in enumerate(plan.code)]
             refs.append((f"bytecode{at}", plan.vm.bytecode))
         if self.ir is not None:
@@ -645,14 +689,42 @@ class Header:
         if pad is not None and not isinstance(pad, bytes):
             raise _bad("pad", "is not bytes")
         golden = h.get("golden")
+        specialized = cls._specialized(h.get("specialized"), top, data_size, len(consts))
         header = cls(fmt, plans, tuple(consts), min_reader, freeze(h.get("compiler")),
                      freeze(h.get("model")), preprocess, labels,
                      None if ir is None else payload_ref(ir, "IR text", data_size), batch,
                      None if golden is None else Golden.parse(golden, data_size), area, digest,
-                     freeze(h.get("signature")), pad,
+                     freeze(h.get("signature")), pad, specialized,
                      {k: freeze(v) for k, v in h.items() if k not in TOP_KEYS})
         check_disjoint(header.payload_refs(), name)
         return header
+
+    @staticmethod
+    def _specialized(rows: Any, top: Plan, data_size: int, num_constants: int
+                     ) -> tuple[Plan, ...] | None:
+        """The static plans beside a symbolic plan (``--batch-sizes``): each static, with its
+        batch, and the symbolic plan's inputs and outputs (names, dtypes, ranks)."""
+        if rows is None:
+            return None
+        if top.symbolic is None:
+            raise _bad("specialized plans", "go with a symbolic plan only")
+        if not isinstance(rows, list) or not rows or len(rows) > MAX_PLANS \
+                or not all(isinstance(p, dict) for p in rows):
+            raise _bad("specialized plans", "are malformed")
+        plans = []
+        for i, p in enumerate(rows):
+            b = p.get("batch")
+            if not _is_int(b) or not 0 < b < 1 << 31:
+                raise _bad(f"specialized plan {i} batch")
+            plan = Plan.parse(p, f"specialized plan {i}", data_size, num_constants, b)
+            if plan.symbolic is not None:
+                raise _bad(f"specialized plan {i}", "must be static")
+            for kind in ("inputs", "outputs"):
+                if [(r.name, r.dtype, len(r.shape)) for r in getattr(plan, kind)] != \
+                        [(r.name, r.dtype, len(r.shape)) for r in getattr(top, kind)]:
+                    raise _bad(f"specialized plan {i} {kind}", "differ from the symbolic plan's")
+            plans.append(plan)
+        return tuple(plans)
 
     @staticmethod
     def _plans(h: dict, top: Plan, data_size: int, num_constants: int

@@ -159,6 +159,10 @@ class Model:
         self._plans: list[_Plan] = []
         self._sessions: weakref.WeakSet[Session] = weakref.WeakSet()
         self._symbolic: Any = None   # a symbolic.SymbolicRunner for format-1.3 bundles
+        # a symbolic bundle's static plans (--batch-sizes), by their inputs' exact shapes
+        self._specialized: dict[tuple, _Plan] = {}
+        self.specialized_batches: tuple[int, ...] = ()
+        self.last_plan: str | None = None   # symbolic bundles: "batch N" or "symbolic"
         self.batch: BatchInfo | None = None
         self.signed_by: str | None = None
         try:
@@ -192,6 +196,8 @@ class Model:
             self.inputs, self.outputs = self._symbolic.inputs, self._symbolic.outputs
             self._input_names = frozenset(s.name for s in self.inputs)
             self.num_instructions = len(self._symbolic.program)
+            if schema.specialized:   # --batch-sizes: static plans for exact shapes
+                self._load_specialized(schema.specialized, constants, library_functions, threads)
             return
         # A dynamic-batch bundle (format 1.1) holds one plan per batch size; an older bundle is
         # one plan, the header itself.
@@ -206,20 +212,7 @@ class Model:
                   for row in rows]
         self.code_variant = chosen[-1].record()
 
-        # Library functions are resolved before any code is mapped too.
-        sites = [self._sites(row.library_calls or (), library_functions) for row in rows]
-        self._recipes = []
-        for (inputs, outputs), variant, row, site_list in zip(metas, chosen, rows, sites):
-            image = elf.load_object(reader.payload(variant.object), elf.default_externals(),
-                                    arch=variant.arch)
-            self._images.append(image)
-            kernels = [(image.address(k.symbol), bool(k.parallel)) for k in row.kernels]
-            program = vm.decode(reader.payload(row.vm.bytecode), len(row.tensors), len(kernels),
-                                len(site_list), name)
-            self._check_arity(program, row.kernels, row.tensors)
-            self._recipes.append(_Recipe(row, row.tensors, inputs, outputs,
-                                         row.memory_plan.arena_bytes, row.kernels, kernels,
-                                         site_list, program, image))
+        self._recipes = self._make_recipes(rows, metas, chosen, library_functions)
         self._constant_arrays = constants
         self._threads = threads
         self._main = Session(self, self._instantiate(threads))
@@ -241,6 +234,56 @@ class Model:
         self._input_names = frozenset(s.name for s in self.inputs)
         self._feeds, self._output_views = last.feeds, last.output_views
         self.num_instructions = last.instructions
+
+    def _load_specialized(self, rows: Sequence[Plan], constants: list[np.ndarray],
+                          library_functions: Mapping[str, Any] | None, threads: int) -> None:
+        """A symbolic bundle's static plans (``--batch-sizes``): mapped and prepared at load,
+        over one arena, each found by its inputs' exact shapes (``_run_symbolic``)."""
+        name = self.name
+        metas = [(_specs(row.inputs), _specs(row.outputs)) for row in rows]
+        chosen = [row.code[cpu.pick_variant([v.record() for v in row.code], name)]
+                  for row in rows]
+        self._recipes = self._make_recipes(rows, metas, chosen, library_functions)
+        self._constant_arrays = constants
+        self._threads = threads
+        plans = self._instantiate(threads)
+        for plan, row in zip(plans, rows):
+            plan.batch = row.batch
+        self._executors = [p.executor for p in plans]
+        self._specialized = {tuple(s.shape for s in p.inputs): p for p in plans}
+        self._specialized_dtypes = [storage_dtype(s.dtype) for s in self.inputs]
+        self.specialized_batches = sizes = tuple(p.batch for p in plans)
+        # Shown and fed as a dynamic-batch bundle's (`infer` sizes images and batches by it):
+        # the inputs and outputs whose first dim is a size variable take any batch N; their
+        # other dims, and the other inputs, are the static plans' (the same in every plan).
+        batched = [frozenset(s.name for s in specs if s.shape and isinstance(s.shape[0], str))
+                   for specs in (self.inputs, self.outputs)]
+        if batched[0]:
+            self.batch = BatchInfo(sizes, batched[0], batched[1])
+            first = plans[0]
+            self.inputs = [dataclasses.replace(t, batch_sizes=sizes if t.name in batched[0]
+                                               else None) for t in first.inputs]
+            self.outputs = [dataclasses.replace(t, batch_sizes=sizes if t.name in batched[1]
+                                                else None) for t in first.outputs]
+
+    def _make_recipes(self, rows: Sequence[Plan], metas: list, chosen: list,
+                      library_functions: Mapping[str, Any] | None) -> list[_Recipe]:
+        reader, name = self._reader, self._reader.name
+        # Library functions are resolved before any code is mapped too.
+        sites = [self._sites(row.library_calls or (), library_functions) for row in rows]
+        recipes = []
+        for (inputs, outputs), variant, row, site_list in zip(metas, chosen, rows, sites):
+            image = elf.load_object(reader.payload(variant.object), elf.default_externals(),
+                                    arch=variant.arch)
+            self._images.append(image)
+            kernels = [(image.address(k.symbol), bool(k.parallel)) for k in row.kernels]
+            program = vm.decode(reader.payload(row.vm.bytecode), len(row.tensors), len(kernels),
+                                len(site_list), name)
+            self._check_arity(program, row.kernels, row.tensors)
+            recipes.append(_Recipe(row, row.tensors, inputs, outputs,
+                                   row.memory_plan.arena_bytes, row.kernels, kernels,
+                                   site_list, program, image))
+        return recipes
 
     def _instantiate(self, threads: int) -> list[_Plan]:
         """Plans over a new arena and new executors, sharing the mapped code and the weights.
@@ -381,11 +424,37 @@ class Model:
             raise InputError(f"{self.name} has symbolic shapes: run(out=...) is not supported "
                              "for it yet")
         self._check_feed_names(feeds)
+        plan = self._specialized_plan(feeds) if self._specialized else None
         with self._lock:
-            result = self._symbolic.run(feeds)
+            if plan is not None:   # as Session.run: large inputs are read where they lie
+                for (spec, view, _, binding) in plan.feeds:
+                    value = feeds[spec.name]
+                    if binding is not None:
+                        if value.nbytes >= INPLACE_MIN_BYTES and value.flags.c_contiguous \
+                                and value.flags.aligned:
+                            binding.bind(value.ctypes.data)
+                            continue
+                        binding.bind(binding.arena)
+                    np.copyto(view, value)
+                plan.executor.run()
+                result = {name: view.copy() for name, view in plan.output_views}
+                self.last_plan = f"batch {plan.batch}"
+            else:
+                result = self._symbolic.run(feeds)
+                self.last_plan = "symbolic"
         if outputs is None:
             return result
         return {name: result[name] for name in self._selected_outputs(outputs, None)}
+
+    def _specialized_plan(self, feeds: Mapping[str, Any]) -> _Plan | None:
+        """The static plan whose inputs have exactly the fed arrays' shapes (and dtypes)."""
+        key = []
+        for spec, dtype in zip(self.inputs, self._specialized_dtypes):
+            value = feeds[spec.name]
+            if type(value) is not np.ndarray or value.dtype != dtype:
+                return None
+            key.append(value.shape)
+        return self._specialized.get(tuple(key))
 
     def session(self, threads: int | None = None) -> Session:
         """A ``Session``: this model with an arena (and thread pool) of its own, so several
@@ -473,6 +542,13 @@ class Model:
         from .profile import profile_executor
 
         if self._symbolic is not None:   # the plan of the feeds' sizes
+            plan = self._specialized_plan(feeds) if self._specialized else None
+            if plan is not None:
+                for _ in range(max(1, warmup)):
+                    self.run(feeds)
+                row = next(r for r in self.schema.specialized if r.batch == plan.batch)
+                with self._lock:
+                    return profile_executor(self.name, plan.executor, row.to_msgpack(), runs)
             with self._lock:
                 return self._symbolic.profile(feeds, runs, warmup)
 

@@ -13,6 +13,13 @@ packager uses for static bundles (liveness from the export, sizes now known), a 
 and the prepared calls. Symbolic kernels get the variables' values as one int64 array, their
 last argument. ``PLAN_CACHE`` plans are kept (least recently used dropped first): a server
 alternating between a few sizes never re-plans.
+
+A bundle exported with ``--max-shape`` bounds on every size variable carries an upper-bound plan
+(the symbolic record's ``bound``: each buffer's offset with every buffer at its size for the
+bound; the packager checked that each size is largest there). Its runner allocates that one
+arena and prepares the calls once; a new shape then only evaluates its dim records, checks
+every buffer fits its bounded slot and writes the sizes array (``BOUND_CACHE`` shapes' views
+kept): no first fit, no arena, no prepared calls per shape.
 """
 
 from __future__ import annotations
@@ -27,7 +34,8 @@ from . import cpu, elf, vm
 from .bundle import check_dtype, nbytes_of, payload_ref, storage_dtype
 from .errors import BundleError, InputError
 
-PLAN_CACHE = 4
+PLAN_CACHE = 4      # per-shape plans kept (arena + prepared calls each), unbounded bundles
+BOUND_CACHE = 64    # per-shape views kept over the one arena of a bounded bundle (cheap)
 ALIGN = 64
 SIZES_ROW = 2
 
@@ -183,8 +191,130 @@ class _Plan:
         self.inputs = [(s, views[s.tensor], b) for s, b in zip(runner.inputs, bindings)]
         self.outputs = [(s.name, views[s.tensor]) for s in runner.outputs]
 
+    def activate(self) -> None:
+        """Nothing to do: this plan's arena and calls are its own."""
+
     def close(self) -> None:
         self.executor.close()
+
+
+class _Bound:
+    """A bounded bundle's one arena, sizes array and prepared calls, shared by every shape: the
+    tensors' addresses do not depend on the shape (each buffer has its offset for the bound),
+    only the sizes array and the library calls' views (``_BoundPlan.activate``) do."""
+
+    def __init__(self, runner: SymbolicRunner, first: _BoundPlan) -> None:
+        arena_bytes = runner.bound_arena
+        try:
+            raw = np.zeros(arena_bytes + ALIGN, dtype=np.uint8)
+        except MemoryError:
+            raise BundleError(f"{runner.name}: its bounded memory plan asks for a "
+                              f"{arena_bytes}-byte arena, which cannot be allocated here") from None
+        start = -raw.ctypes.data % ALIGN
+        self.arena = raw[start:start + arena_bytes]
+        self.sizes = np.zeros(len(runner.vars), dtype=np.int64)
+        base = self.arena.ctypes.data
+        addresses = []
+        for row in runner.tensors:
+            kind, ref = row[0], row[1]
+            if kind == 0:
+                addresses.append(base + runner.bound_offsets[ref])
+            elif kind == 1:
+                addresses.append(runner.constants[ref].ctypes.data)
+            else:
+                addresses.append(self.sizes.ctypes.data)
+        self.addresses = addresses
+        first.views_over(self)
+        views = [None] * len(runner.tensors)
+        for t, v in first.views.items():
+            views[t] = v
+        self.executor = vm.Executor(runner.program, runner.kernels, runner.sites, addresses,
+                                    views, runner.threads, pool=runner.pool)
+        self.bindings = []
+        outs = {s.tensor for s in runner.outputs}
+        for spec, ids in zip(runner.inputs, runner.input_views):
+            sid = runner.tensors[spec.tensor][1]
+            ok = (spec.tensor in ids and not outs.intersection(ids)
+                  and all(runner.tensors[t][0] == 0 and runner.tensors[t][1] == sid
+                          for t in ids))
+            self.bindings.append(self.executor.input_binding(
+                frozenset(ids), runner.num_inputs, addresses[spec.tensor]) if ok else None)
+        self.current: _BoundPlan | None = None
+
+    def close(self) -> None:
+        self.executor.close()
+
+
+class _BoundPlan:
+    """One concrete shape of a bounded bundle: its size values, checked against the bounded
+    plan, and the views its inputs, outputs and library calls need; the arena and the calls
+    are the runner's ``_Bound``."""
+
+    def __init__(self, runner: SymbolicRunner, env: dict[str, int]) -> None:
+        self.runner = runner
+        self.sizes = np.array([env[v] for v in runner.vars], dtype=np.int64)
+        values = [evaluate(rec, env) for rec in runner.dim_records]
+        self.values = values
+        for k, (dim, top) in enumerate(zip(runner.buffer_dims, runner.bound_sizes)):
+            if values[dim] > top:   # the packager checked monotonicity; never trust, verify
+                raise BundleError(f"{runner.name}: bundle header: buffer {k} needs "
+                                  f"{values[dim]} B at these sizes, more than its bounded "
+                                  f"{top} B")
+        for t in runner.arena_tensors:
+            row = runner.tensors[t]
+            if nbytes_of(tuple(values[k] for k in runner.tensor_dims[t]), row[3]) \
+                    > runner.bound_sizes[row[1]]:
+                raise BundleError(f"bundle header: tensor {t} lies outside its storage")
+        self.views: dict[int, np.ndarray] = {}
+        if runner._bound is None:
+            runner._bound = _Bound(runner, self)
+        else:
+            self.views_over(runner._bound)
+        bound = runner._bound
+        self.executor = bound.executor
+        self.arena_bytes = runner.bound_arena
+        self.inputs = [(s, self.views[s.tensor], b) for s, b in zip(runner.inputs,
+                                                                   bound.bindings)]
+        self.outputs = [(s.name, self.views[s.tensor]) for s in runner.outputs]
+        self.lib_steps = [(i, runner.sites[ins.target] if ins.opcode == vm.OP_CALL_LIB
+                           else None, [self.views[t] for t in ins.operands])
+                          for i, ins in runner.lib_instructions]
+
+    def views_over(self, bound: _Bound) -> None:
+        """The views of the tensors a run reads or writes from Python, for this shape."""
+        runner, values = self.runner, self.values
+        for t in runner.view_tensors:
+            kind, ref, _, dtype = runner.tensors[t]
+            shape = tuple([values[k] for k in runner.tensor_dims[t]])
+            if kind == 0:
+                off = runner.bound_offsets[ref]
+                view = bound.arena[off:off + nbytes_of(shape, dtype)].view(
+                    runner.storage[t]).reshape(shape)
+            elif kind == 1:
+                if runner.constants[ref].nbytes != nbytes_of(shape, dtype):
+                    raise BundleError(f"bundle header: tensor {t} lies outside its storage")
+                view = runner.constants[ref].reshape(shape)
+            else:
+                view = bound.sizes
+            self.views[t] = view
+
+    def activate(self) -> None:
+        """Make the shared calls run this shape: its sizes, its library calls' views."""
+        bound = self.runner._bound
+        if bound.current is self:
+            return
+        bound.sizes[:] = self.sizes
+        steps = bound.executor._steps
+        for i, site, views in self.lib_steps:
+            ins = self.runner.program[i]
+            if site is not None:
+                steps[i] = vm._library_step(site[0], views[:-1], views[-1], site[1])
+            else:   # COPY: as vm.Executor prepares it
+                steps[i] = vm._copy_step(self.views[ins.operands[0]], self.views[ins.target])
+        bound.current = self
+
+    def close(self) -> None:
+        """Nothing to free: the arena and the calls are the runner's."""
 
 
 class SymbolicRunner:
@@ -275,10 +405,48 @@ class SymbolicRunner:
             self.pool = None
         self.threads = threads
         self.name = name
-        self._plans: OrderedDict[tuple[int, ...], _Plan] = OrderedDict()
+        self._bounded(sym.get("bound"))
+        self.plans_made = 0   # memory plans made at run time (first fits, arenas), for tests
+        self._plans: OrderedDict[tuple[int, ...], Any] = OrderedDict()
         self._by_shape: dict[tuple, tuple[int, ...]] = {}   # input shapes -> plan key
         self._dtypes = [storage_dtype(s.dtype) for s in self.inputs]
         self._names = [s.name for s in self.inputs]
+
+    def _bounded(self, rec: Any) -> None:
+        """The upper-bound plan, when the bundle has one (validated by ``Header``): every
+        buffer's size at the bound, checked to fit the arena at its offset."""
+        self.bound: dict[str, int] | None = None
+        self._bound: _Bound | None = None
+        if not isinstance(rec, dict):
+            return
+        sizes, offsets, arena = rec.get("sizes"), rec.get("offsets"), rec.get("arena_bytes")
+        if not (isinstance(sizes, dict) and set(sizes) == set(self.vars)
+                and isinstance(offsets, list) and len(offsets) == len(self.buffers)
+                and isinstance(arena, int)):
+            raise BundleError(f"{self.name}: bundle header: symbolic bound is malformed")
+        self.bound = {v: sizes[v] for v in self.vars}
+        self.bound_offsets = offsets
+        self.bound_arena = arena
+        values = [evaluate(rec, self.bound) for rec in self.dim_records]
+        self.bound_sizes = [values[k] for k in self.buffer_dims]
+        for k, (off, size) in enumerate(zip(offsets, self.bound_sizes)):
+            if not 0 <= off <= off + size <= arena:
+                raise BundleError(f"{self.name}: bundle header: buffer {k} of the bounded plan "
+                                  f"lies outside its {arena}-byte arena")
+        self.arena_tensors = [t for t, r in enumerate(self.tensors) if r[0] == 0]
+        self.lib_instructions = [(i, ins) for i, ins in enumerate(self.program)
+                                 if ins.opcode != vm.OP_CALL_KERNEL]
+        needed = {s.tensor for s in self.inputs} | {s.tensor for s in self.outputs}
+        for _, ins in self.lib_instructions:
+            needed.update(ins.operands)
+            if ins.opcode == vm.OP_COPY:
+                needed.add(ins.target)
+        self.view_tensors = sorted(needed)
+
+    @property
+    def arena_bytes(self) -> int | None:
+        """The bounded plan's arena (allocated once), or None: planned per shape."""
+        return self.bound_arena if self.bound is not None else None
 
     def _specs(self, rows: Any, what: str) -> list[SymSpec]:
         if not isinstance(rows, list) or not rows:
@@ -354,6 +522,11 @@ class SymbolicRunner:
         missing = [v for v in self.vars if v not in env]
         if missing:
             raise BundleError(f"{self.name}: size variable(s) {missing} are bound by no input")
+        if self.bound is not None:
+            for v in self.vars:
+                if env[v] > self.bound[v]:
+                    raise InputError(f"size {v} = {env[v]} ({where[v]}) is beyond the bundle's "
+                                     f"bound {self.bound[v]} (its --max-shape)")
         for op, a, b, text in self.checks:   # relations the model needs between sizes
             av, bv = evaluate(a, env), evaluate(b, env)
             if not (av == bv if op == "eq" else av <= bv):
@@ -370,9 +543,13 @@ class SymbolicRunner:
         key = tuple(env[v] for v in self.vars)
         plan = self._plans.get(key)
         if plan is None:
-            plan = _Plan(self, env)
+            if self.bound is not None:
+                plan = _BoundPlan(self, env)
+            else:
+                plan = _Plan(self, env)
+                self.plans_made += 1
             self._plans[key] = plan
-            if len(self._plans) > PLAN_CACHE:
+            if len(self._plans) > (BOUND_CACHE if self.bound is not None else PLAN_CACHE):
                 _, old = self._plans.popitem(last=False)
                 old.close()
         else:
@@ -397,6 +574,7 @@ class SymbolicRunner:
                 if len(self._by_shape) >= 16 * PLAN_CACHE:
                     self._by_shape.clear()
                 self._by_shape[key] = tuple(env[v] for v in self.vars)
+        plan.activate()
         for (_, view, binding), value in zip(plan.inputs, values):
             if binding is not None:
                 if type(value) is np.ndarray and value.flags.c_contiguous \
@@ -420,6 +598,7 @@ class SymbolicRunner:
             self.run(feeds)
         env, _ = self.bind(feeds)
         plan = self.plan(env)
+        plan.activate()
         sizes = ", ".join(f"{v}={env[v]}" for v in self.vars)
         return profile_executor(f"{self.name} ({sizes})", plan.executor, self._profile_row,
                                 runs)
@@ -428,3 +607,6 @@ class SymbolicRunner:
         for plan in self._plans.values():
             plan.close()
         self._plans.clear()
+        if self._bound is not None:
+            self._bound.close()
+            self._bound = None

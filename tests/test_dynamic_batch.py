@@ -1,6 +1,10 @@
 """Dynamic batch: one bundle, one plan (memory plan, bytecode, kernels) per batch size, the
-weights stored once; any batch from 1 up runs (padded to the next plan, or in chunks of the
-largest), checked against onnxruntime and the numpy reference."""
+weights stored once, checked against onnxruntime and the numpy reference.
+
+An ONNX model through the CLI (``--batch-sizes``) gets the symbolic plan with static plans for
+those batches beside it (picked when the shapes match exactly; the symbolic plan runs any other
+batch). Modules given to ``export_batched`` (and pickled weights) get the older padded form:
+any batch from 1 up runs, padded to the next plan, or in chunks of the largest."""
 
 from __future__ import annotations
 
@@ -13,7 +17,7 @@ import pytest
 from conftest import ARTIFACTS
 from mlcpack.runtime import load
 from mlcpack.runtime import bundle as bundle_format
-from mlcpack.runtime.bundle import BundleReader
+from mlcpack.runtime.bundle import SYMBOLIC_MINOR, BundleReader
 from mlcpack.runtime.errors import BundleError, InputError
 
 import fuzzing
@@ -24,8 +28,8 @@ SIZES = (1, 8, 32)
 
 @pytest.fixture(scope="module")
 def cnn_batched(tmp_path_factory, run_cli):
-    """The demo CNN (declared batch 1) exported with x=N and plans for 1, 8, 32 (CLI, with the
-    golden check), and the same model exported once with batch 1."""
+    """The demo CNN (declared batch 1) exported with x=N and plans for 1, 8, 32 beside the
+    symbolic plan (CLI, with the golden check), and the same model exported once with batch 1."""
     folder = tmp_path_factory.mktemp("dynbatch")
     path, single = folder / "cnn_b.mlc", folder / "cnn_1.mlc"
     proc = run_cli("export", ARTIFACTS / "cnn.onnx", "-o", path, "--input-shape", "x=N,1,28,28",
@@ -64,14 +68,15 @@ def test_cnn_any_batch_matches_onnxruntime(cnn_batched, n) -> None:
     path, _ = cnn_batched
     x = np.random.default_rng(n).standard_normal((n, 1, 28, 28)).astype(np.float32)
     with load(path) as model:
-        assert model.batch.sizes == SIZES
+        assert model.batch.sizes == SIZES and model.specialized_batches == SIZES
         y = model(x)
+        assert model.last_plan == (f"batch {n}" if n in SIZES else "symbolic")
     assert y.shape == (n, 10)
     np.testing.assert_allclose(y, _ort_rows(x), rtol=1e-4, atol=1e-5)
 
 
-def test_padding_and_chunks_give_each_row_its_own_answer(cnn_batched) -> None:
-    """Row i of any batch equals the batch-1 bundle on row i alone (padding rows never leak)."""
+def test_every_batch_gives_each_row_its_own_answer(cnn_batched) -> None:
+    """Row i of any batch equals the batch-1 bundle on row i alone."""
     path, single = cnn_batched
     x = np.random.default_rng(5).standard_normal((41, 1, 28, 28)).astype(np.float32)
     with load(path) as model, load(single) as one:
@@ -108,41 +113,63 @@ def test_weights_are_stored_once_and_plans_recorded(cnn_batched) -> None:
     with BundleReader(path) as r, BundleReader(single) as s:
         h, h1 = r.header, s.header
     assert len(h["constants"]) == len(h1["constants"])
-    assert [p["batch"] for p in h["plans"]] == list(SIZES) and h["batch"]["sizes"] == list(SIZES)
-    assert h["batch"]["inputs"] == ["x"] and h["batch"]["outputs"] == [h["outputs"][0]["name"]]
-    # the header's own 1.0 fields are the largest plan (what a 1.0 reader runs)
-    assert h["vm"] == h["plans"][-1]["vm"] and h["inputs"][0]["shape"] == [32, 1, 28, 28]
-    assert h["format"] == [bundle_format.FORMAT_MAJOR, bundle_format.FORMAT_MINOR]
-    assert h["min_reader"] == [1, 0] and "plans" not in h1
+    assert [p["batch"] for p in h["specialized"]] == list(SIZES)
+    assert [p["inputs"][0]["shape"] for p in h["specialized"]] == [[b, 1, 28, 28] for b in SIZES]
+    # the header's own fields are the symbolic plan (what a 1.3 reader runs for every batch)
+    assert h["inputs"][0]["shape"] == ["N", 1, 28, 28] and h["symbolic"]["vars"] == ["N"]
+    assert h["format"] == [bundle_format.FORMAT_MAJOR, SYMBOLIC_MINOR]
+    assert "plans" not in h and "batch" not in h and "specialized" not in h1
 
 
-def test_a_format_1_0_reader_runs_the_largest_plan(cnn_batched, tmp_path) -> None:
-    """What a runtime that ignores plans sees: a fixed batch-32 model, right answers."""
+def test_a_reader_without_specialized_plans_runs_the_symbolic_plan(cnn_batched, tmp_path
+                                                                    ) -> None:
+    """What a runtime that does not know ``specialized`` sees: the symbolic bundle, right
+    answers at every batch."""
     path, _ = cnn_batched
     header, payloads = read_parts(path)
-    for key in ("plans", "batch", "golden"):
-        header.pop(key)
-    old = write_parts(tmp_path / "as_1_0.mlc", header, payloads)
+    header.pop("specialized")
+    old = write_parts(tmp_path / "symbolic_only.mlc", header, payloads)
     x = np.random.default_rng(9).standard_normal((32, 1, 28, 28)).astype(np.float32)
     with load(old) as model, load(path) as new:
-        assert model.batch is None and model.inputs[0].shape == (32, 1, 28, 28)
+        assert model.batch is None and model.specialized_batches == ()
+        for n in (32, 3):
+            np.testing.assert_allclose(model(x[:n]), new(x[:n]), rtol=1e-5, atol=1e-6)
+        assert model.last_plan == "symbolic"
+
+
+def test_a_format_1_0_reader_runs_the_largest_plan(mlp_batched, tmp_path) -> None:
+    """What a runtime that ignores plans sees in a padded dynamic-batch bundle: a fixed batch-4
+    model, right answers."""
+    header, payloads = read_parts(mlp_batched)
+    assert header["format"] == [bundle_format.FORMAT_MAJOR, bundle_format.FORMAT_MINOR]
+    assert header["min_reader"] == [1, 0] and header["vm"] == header["plans"][-1]["vm"]
+    for key in ("plans", "batch"):
+        header.pop(key)
+    old = write_parts(tmp_path / "as_1_0.mlc", header, payloads)
+    x = np.random.default_rng(9).random((4, 784), dtype=np.float32)
+    with load(old) as model, load(mlp_batched) as new:
+        assert model.batch is None and model.inputs[0].shape == (4, 784)
         np.testing.assert_array_equal(model(x), new(x))
         with pytest.raises(InputError, match="takes"):
             model(x[:3])
 
 
-def test_inspect_shows_the_plans(cnn_batched, run_cli) -> None:
+def test_inspect_shows_the_plans(cnn_batched, mlp_batched, run_cli) -> None:
     path, single = cnn_batched
     proc = run_cli("inspect", path)
     assert proc.returncode == 0, proc.stderr
-    assert "batch plans: 1, 8, 32" in proc.stdout
+    assert "specialized plans: batch 1, 8, 32" in proc.stdout
     assert sum(line.startswith("  batch ") for line in proc.stdout.splitlines()) == 3
     info = json.loads(run_cli("inspect", "--json", path).stdout)
-    assert [p["batch"] for p in info["plans"]] == list(SIZES)
+    assert [p["batch"] for p in info["specialized"]] == list(SIZES) and info["plans"] is None
     assert all(p["arena_bytes"] > 0 and p["kernels"] > 0 and p["object_bytes"] > 0
-               for p in info["plans"])
-    assert info["plans"][0]["arena_bytes"] < info["plans"][-1]["arena_bytes"]
+               for p in info["specialized"])
+    assert info["specialized"][0]["arena_bytes"] < info["specialized"][-1]["arena_bytes"]
     assert json.loads(run_cli("inspect", "--json", single).stdout)["plans"] is None
+    proc = run_cli("inspect", mlp_batched)   # the padded form
+    assert "batch plans: 1, 4" in proc.stdout
+    assert [p["batch"] for p in json.loads(run_cli("inspect", "--json", mlp_batched).stdout)
+            ["plans"]] == [1, 4]
 
 
 def test_cli_batch_errors(tmp_path, run_cli, one_line_error) -> None:

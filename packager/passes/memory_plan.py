@@ -46,3 +46,139 @@ def plan_memory(buffers: list[Buffer]) -> tuple[dict[int, int], int]:
         placed.append(buf)
         arena = max(arena, offset + size)
     return offsets, arena
+
+
+# ---- symbolic sizes: an upper-bound plan for --max-shape ---------------------------------------
+#
+# A symbolic program's buffers have sizes as dim records (``packager/ir/sym.to_record``: an int,
+# a size variable, ``["+" | "*", ...]``, ``["//" | "%", record, c]``). With an upper bound on
+# every size variable (``--max-shape``), a buffer whose size never decreases as a variable grows
+# is largest at the bound, so placing every buffer at its bounded size (the same first fit) gives
+# one arena that serves every shape within the bound: the runtime allocates it once and never
+# plans again (runtime/symbolic.py).
+
+
+class UnboundedSizeError(Exception):
+    """A buffer's size is not bounded by the size variables' bounds (one line, for a note)."""
+
+
+def evaluate_record(rec, env) -> int:
+    """The value of a dim record for the size variables' values ``env``."""
+    if isinstance(rec, int) and not isinstance(rec, bool):
+        return rec
+    if isinstance(rec, str):
+        return env[rec]
+    op = rec[0]
+    if op == "+":
+        return sum(evaluate_record(r, env) for r in rec[1:])
+    if op == "*":
+        out = 1
+        for r in rec[1:]:
+            out = out * evaluate_record(r, env)
+        return out
+    if op == "//":
+        return evaluate_record(rec[1], env) // rec[2]
+    if op == "%":
+        return evaluate_record(rec[1], env) % rec[2]
+    raise ValueError(f"malformed dim record {rec!r}")
+
+
+def record_text(rec) -> str:
+    """A dim record as the IR printer shows it (``W * 48``, ``(W) // 4``)."""
+    if isinstance(rec, (int, str)):
+        return str(rec)
+    if rec[0] in ("+", "*"):
+        return f" {rec[0]} ".join(record_text(r) for r in rec[1:])
+    return f"({record_text(rec[1])}) {rec[0]} {rec[2]}"
+
+
+def non_decreasing(rec, ones) -> bool:
+    """Whether the record never decreases when a size variable grows, over sizes >= 1 (``ones``:
+    every variable at 1). Sums of such terms are; products are when every factor is also
+    non-negative (its value at all ones, its minimum); ``// c`` keeps it; ``% c`` does not."""
+    if isinstance(rec, (int, str)):
+        return True
+    op = rec[0]
+    if op == "+":
+        return all(non_decreasing(r, ones) for r in rec[1:])
+    if op == "*":
+        return all(non_decreasing(r, ones) and evaluate_record(r, ones) >= 0 for r in rec[1:])
+    if op == "//":
+        return non_decreasing(rec[1], ones)
+    if op == "%":
+        return isinstance(rec[1], int)
+    return False
+
+
+def interval(rec, bounds) -> tuple[int, int]:
+    """The smallest and largest value of a record with every size variable anywhere in
+    ``[1, bounds[v]]`` (interval arithmetic: exact for a single variable, never too small)."""
+    if isinstance(rec, int) and not isinstance(rec, bool):
+        return rec, rec
+    if isinstance(rec, str):
+        if rec not in bounds:
+            raise UnboundedSizeError(f"size variable {rec} has no bound")
+        return 1, bounds[rec]
+    op = rec[0]
+    if op == "+":
+        parts = [interval(r, bounds) for r in rec[1:]]
+        return sum(p[0] for p in parts), sum(p[1] for p in parts)
+    if op == "*":
+        lo, hi = 1, 1
+        for r in rec[1:]:
+            a, b = interval(r, bounds)
+            corners = (lo * a, lo * b, hi * a, hi * b)
+            lo, hi = min(corners), max(corners)
+        return lo, hi
+    if op == "//":
+        a, b = interval(rec[1], bounds)
+        return a // rec[2], b // rec[2]
+    if op == "%":
+        a, b = interval(rec[1], bounds)
+        c = rec[2]
+        if b - a < c and a % c <= b % c:
+            return a % c, b % c
+        return 0, c - 1
+    raise UnboundedSizeError(f"malformed dim record {rec!r:.60}")
+
+
+GRID_POINTS = 1 << 22   # the largest box of sizes searched exhaustively (numpy, int64)
+
+
+def box_max(rec, bounds) -> int:
+    """The largest value of a record over every size variable in ``[1, bounds[v]]``: exact (every
+    point of the box, vectorized) when the box has at most ``GRID_POINTS`` points, else the
+    interval-arithmetic bound (never too small)."""
+    import numpy as np
+
+    names = sorted(bounds)
+    points = 1
+    for v in names:
+        points *= bounds[v]
+    if points > GRID_POINTS:
+        return interval(rec, bounds)[1]
+    grid = {v: np.arange(1, bounds[v] + 1, dtype=np.int64).reshape(
+        [-1 if j == i else 1 for j in range(len(names))]) for i, v in enumerate(names)}
+    return int(np.max(evaluate_record(rec, grid)))
+
+
+def bounded_plan(sizes, spans, bounds) -> tuple[list[int], int, list[int], int]:
+    """The upper-bound plan: ``sizes`` (dim records, one per buffer) and ``spans`` (first and
+    last step) with every size variable at most its bound (``bounds``: name -> largest value).
+    A size that never decreases as a size grows (``non_decreasing``) is largest at the bound;
+    any other (a kernel workspace with a subtracted term, say) gets its largest value over the
+    box (``box_max``: exact for boxes up to ``GRID_POINTS`` sizes, an interval-arithmetic bound
+    beyond). Returns (offsets, arena bytes, each buffer's bounded size, how many sizes were
+    not proved monotone); raises ``UnboundedSizeError`` for a record it cannot bound."""
+    ones = {v: 1 for v in bounds}
+    at_bound = []
+    loose = 0
+    for rec in sizes:
+        if non_decreasing(rec, ones):
+            at_bound.append(evaluate_record(rec, bounds))
+        else:
+            loose += 1
+            at_bound.append(max(0, box_max(rec, bounds)))
+    offsets, arena = plan_memory([Buffer(i, s, a, b) for i, (s, (a, b))
+                                  in enumerate(zip(at_bound, spans))])
+    return [offsets[i] for i in range(len(sizes))], arena, at_bound, loose
