@@ -43,6 +43,26 @@ def compile_and_run(mod, feeds: dict, tmp_path: Path, target: str | None = "host
         return model.run(feeds)
 
 
+def onnx_mlp(w1: np.ndarray, b1: np.ndarray, w2: np.ndarray, b2: np.ndarray,
+             batch: int | str):
+    """An ONNX MLP (opset 17): x [batch, K] -> MatMul W1 [K, H], Add b1, Relu, Gemm with W2
+    [N, H] (transB) and b2, Softmax -> p [batch, N]; ``batch`` a size or a symbolic name."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    inits = [numpy_helper.from_array(a, n) for a, n in ((w1, "W1"), (b1, "b1"), (w2, "W2"),
+                                                        (b2, "b2"))]
+    nodes = [helper.make_node("MatMul", ["x", "W1"], ["h"]),
+             helper.make_node("Add", ["h", "b1"], ["h2"]),
+             helper.make_node("Relu", ["h2"], ["h3"]),
+             helper.make_node("Gemm", ["h3", "W2", "b2"], ["y"], transB=1),
+             helper.make_node("Softmax", ["y"], ["p"], axis=-1)]
+    g = helper.make_graph(
+        nodes, "mlp",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, w1.shape[0]])],
+        [helper.make_tensor_value_info("p", TensorProto.FLOAT, [batch, w2.shape[0]])], inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
 def ort_outputs(path: Path, feeds: dict, threads: int | None = None,
                 as_written: bool = False) -> dict[str, np.ndarray]:
     """ONNX Runtime's (CPU provider) outputs of the model at ``path``, by name, in the graph's

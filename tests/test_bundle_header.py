@@ -21,7 +21,7 @@ import numpy as np
 import onnx
 import pytest
 from bundle_parts import pack, read_parts, write_parts
-from onnx import TensorProto, helper, numpy_helper
+from helpers import onnx_mlp
 
 from mlcpack.frontends.onnx.importer import import_onnx
 from mlcpack.packager import bundle_writer
@@ -47,18 +47,7 @@ PREPROCESS = {"size": [4, 4], "color": "gray", "scale": 1 / 255, "mean": [0.5], 
 
 
 def _onnx_mlp(batch: int | str) -> onnx.ModelProto:
-    inits = [numpy_helper.from_array(a, n) for a, n in ((W1, "W1"), (B1, "b1"), (W2, "W2"),
-                                                        (B2, "b2"))]
-    nodes = [helper.make_node("MatMul", ["x", "W1"], ["h"]),
-             helper.make_node("Add", ["h", "b1"], ["h2"]),
-             helper.make_node("Relu", ["h2"], ["h3"]),
-             helper.make_node("Gemm", ["h3", "W2", "b2"], ["y"], transB=1),
-             helper.make_node("Softmax", ["y"], ["p"], axis=-1)]
-    g = helper.make_graph(nodes, "mlp",
-                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, 16])],
-                          [helper.make_tensor_value_info("p", TensorProto.FLOAT, [batch, 4])],
-                          inits)
-    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    return onnx_mlp(W1, B1, W2, B2, batch)
 
 
 def _numpy_mlp(x: np.ndarray) -> np.ndarray:

@@ -14,6 +14,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from helpers import onnx_mlp
 from mlcpack.frontends.onnx.importer import import_onnx
 from mlcpack.packager.export import ExportOptions, export_module
 from mlcpack.packager.ir.printer import module_text
@@ -30,20 +31,11 @@ def _const(name: str, a: np.ndarray) -> onnx.TensorProto:
 
 def mlp_model() -> onnx.ModelProto:
     rng = np.random.default_rng(0)
-    inits = [_const("W1", rng.standard_normal((784, 64)).astype(np.float32) * 0.05),
-             _const("b1", rng.standard_normal(64).astype(np.float32)),
-             _const("W2", rng.standard_normal((10, 64)).astype(np.float32) * 0.1),
-             _const("b2", rng.standard_normal(10).astype(np.float32))]
-    nodes = [helper.make_node("MatMul", ["x", "W1"], ["h"]),
-             helper.make_node("Add", ["h", "b1"], ["h2"]),
-             helper.make_node("Relu", ["h2"], ["h3"]),
-             helper.make_node("Gemm", ["h3", "W2", "b2"], ["y"], transB=1),
-             helper.make_node("Softmax", ["y"], ["p"], axis=-1)]
-    g = helper.make_graph(nodes, "mlp",
-                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 784])],
-                          [helper.make_tensor_value_info("p", TensorProto.FLOAT, ["batch", 10])],
-                          inits)
-    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    w1 = rng.standard_normal((784, 64)).astype(np.float32) * 0.05
+    b1 = rng.standard_normal(64).astype(np.float32)
+    w2 = rng.standard_normal((10, 64)).astype(np.float32) * 0.1
+    b2 = rng.standard_normal(10).astype(np.float32)
+    return onnx_mlp(w1, b1, w2, b2, "batch")
 
 
 def encoder_model(vocab: int = 50, d: int = 32, heads: int = 4, max_len: int = 128
