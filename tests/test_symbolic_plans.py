@@ -183,6 +183,13 @@ def test_a_bound_on_some_sizes_only_plans_per_shape(tmp_path) -> None:
 def test_bound_record_is_validated_and_optional(conv_bundles, tmp_path) -> None:
     """The symbolic record's ``bound`` is checked at load (one line); a bundle without it (what
     an older exporter wrote) plans per shape and gives the same answers."""
+    from mlcpack.runtime.bundle import BundleReader
+    from mlcpack.runtime.header import Header
+
+    with BundleReader(conv_bundles["bound"]) as reader:   # the typed schema round-trips it
+        typed = Header.from_msgpack(reader.header, reader.data_size)
+        assert typed.symbolic.bound.sizes == {"h": 40, "n": 2, "w": 48}
+        assert typed.to_msgpack() == reader.header
     header, payloads = read_parts(conv_bundles["bound"])
     x = np.random.default_rng(5).standard_normal((2, 3, 13, 20)).astype(np.float32)
     plain = copy.deepcopy(header)
