@@ -80,6 +80,19 @@ def ort_outputs(path: Path, feeds: dict, threads: int | None = None,
     return dict(zip([o.name for o in sess.get_outputs()], sess.run(None, feeds)))
 
 
+def assert_runs_match(bundle: Path, feeds: dict, want: dict[str, np.ndarray], rtol: float,
+                      atol: float, label: str, threads: Sequence[int] = (1, 2)) -> None:
+    """Runs ``bundle`` on ``feeds`` at each thread count and compares every output named in
+    ``want`` (a reference, e.g. ``ort_outputs``): same shape, values within rtol / atol."""
+    for t in threads:
+        with load(bundle, threads=t) as m:
+            got = m.run(feeds)
+        for y, ref in want.items():
+            assert got[y].shape == ref.shape, (y, label)
+            np.testing.assert_allclose(got[y], ref, rtol=rtol, atol=atol,
+                                       err_msg=f"{y}, {label}, {t} threads")
+
+
 def ort_int_gemm_exact(xd: str, wd: str) -> bool:
     """Whether ONNX Runtime's integer GEMM on ``xd`` x ``wd`` is exact on this CPU: its u8 x s8
     kernel on AVX2 without VNNI (``vpmaddubsw``) saturates int16 pair sums (255 * 127 * 2 >
