@@ -313,9 +313,8 @@ def profile_bundle(path: str | os.PathLike, runs: int | None = None, threads: in
         once = time.perf_counter() - t0
         if runs is None:
             runs = int(min(1000, max(5, budget_s / max(once, 1e-6))))
-        symbolic = getattr(model, "_symbolic", None)
-        if symbolic is not None:   # Model.profile does not delegate to it yet
-            return symbolic.profile(feeds, runs=runs, warmup=1)
+        # Model.profile picks the plan that runs these feeds: a --batch-sizes plan when the
+        # shapes match one, else the symbolic plan at these sizes.
         return model.profile(feeds, runs=runs, warmup=1)
 
 
