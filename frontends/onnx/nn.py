@@ -382,15 +382,53 @@ def _normalize(ctx: NodeContext, x: Value, axes: tuple[int, ...], eps: float
     return ctx.emit("multiply", centered, inv_std), mean, inv_std
 
 
+def _fits(x: Value, p: Value) -> bool:
+    """``p`` broadcasts to ``x`` without changing its shape (same dtype)."""
+    xs, ps = x.type.shape, p.type.shape
+    if len(ps) > len(xs) or p.type.dtype != x.type.dtype:
+        return False
+    return all(isinstance(d, int) and d == 1 or d == e or str(d) == str(e)
+               for d, e in zip(ps, xs[len(xs) - len(ps):]))
+
+
+def _is_all(v: Value | None, value: float) -> bool:
+    """``v`` is a constant whose every element is ``value`` (torch's GroupNorm export passes
+    InstanceNormalization a scale of ones and a bias of zeros)."""
+    return isinstance(v, Constant) and bool(np.all(v.data == value))
+
+
+def normalize_rows(ctx: NodeContext, x: Value, axis: int, eps: float, scale: Value | None,
+                   bias: Value | None) -> Value | None:
+    """``nn.normalize`` (one row kernel, codegen/norm.py) of ``x`` over ``x.shape[axis:]``, times
+    ``scale`` plus ``bias`` (None: none; constant ones or zeros are dropped); None when a
+    parameter does not broadcast to ``x`` unchanged (the caller decomposes instead)."""
+    if _is_all(scale, 1.0):
+        scale = None
+    if _is_all(bias, 0.0):
+        bias = None
+    params = [p for p in (scale, bias) if p is not None]
+    if not all(_fits(x, p) for p in params):
+        return None
+    return ctx.emit("nn.normalize", x, *params, axis=axis, eps=float(eps),
+                    scale=scale is not None, bias=bias is not None)
+
+
 @converter("LayerNormalization", since=17, attrs={"axis": -1, "epsilon": 1e-5, "stash_type": 1})
 def _layer_norm(ctx: NodeContext) -> list[Value]:
     x = ctx.input(0)
     rank = len(x.type.shape)
     axis = int(ctx.attrs["axis"]) % rank
-    y, mean, inv_std = _normalize(ctx, x, tuple(range(axis, rank)), float(ctx.attrs["epsilon"]))
+    eps = float(ctx.attrs["epsilon"])
+    bias = ctx.input(2) if ctx.has_input(2) else None
+    fast = normalize_rows(ctx, x, axis, eps, ctx.input(1), bias)
+    if fast is not None and not (_wants_output(ctx, 1) or _wants_output(ctx, 2)):
+        return [fast]
+    y, mean, inv_std = _normalize(ctx, x, tuple(range(axis, rank)), eps)
+    if fast is not None:   # the statistics are read: they come from the decomposition
+        return [fast, mean, inv_std]
     y = ctx.emit("multiply", y, ctx.input(1))  # scale and bias broadcast over x.shape[axis:]
-    if ctx.has_input(2):
-        y = ctx.emit("add", y, ctx.input(2))
+    if bias is not None:
+        y = ctx.emit("add", y, bias)
     return [y, mean, inv_std]
 
 
@@ -398,7 +436,12 @@ def _layer_norm(ctx: NodeContext) -> list[Value]:
 def _instance_norm(ctx: NodeContext) -> Value:
     x = ctx.input(0)
     rank = len(x.type.shape)
-    y, _, _ = _normalize(ctx, x, tuple(range(2, rank)), float(ctx.attrs["epsilon"]))
+    eps = float(ctx.attrs["epsilon"])
+    scale, bias = (_channel_shaped(ctx, ctx.input(i), rank) for i in (1, 2))
+    fast = normalize_rows(ctx, x, 2, eps, scale, bias)
+    if fast is not None:
+        return fast
+    y, _, _ = _normalize(ctx, x, tuple(range(2, rank)), eps)
     y = ctx.emit("multiply", y, _channel_shaped(ctx, ctx.input(1), rank))
     return ctx.emit("add", y, _channel_shaped(ctx, ctx.input(2), rank))
 
@@ -453,8 +496,17 @@ def _group_norm(per_channel: bool) -> Callable[[NodeContext], Value]:
         if groups is None or int(groups) < 1 or channels % int(groups):
             raise ctx.error(f"num_groups={groups} does not divide the {channels} channels")
         groups = int(groups)
+        eps = float(ctx.attrs["epsilon"])
         grouped = ctx.reshape(x, (shape[0], groups, channels // groups) + shape[2:])
-        y, _, _ = _normalize(ctx, grouped, tuple(range(2, rank + 1)), float(ctx.attrs["epsilon"]))
+        # scale and bias over [N, G, C/G, spatial...]: per channel [G, C/G, 1...] (opset 21),
+        # per group [G, 1, 1...] (opset 18)
+        param_shape = ((groups, channels // groups) + (1,) * (rank - 2) if per_channel
+                       else (groups,) + (1,) * (rank - 1))
+        scale, bias = (ctx.reshape(ctx.input(i), param_shape) for i in (1, 2))
+        fast = normalize_rows(ctx, grouped, 2, eps, scale, bias)
+        if fast is not None:
+            return ctx.reshape(fast, shape)
+        y, _, _ = _normalize(ctx, grouped, tuple(range(2, rank + 1)), eps)
         if per_channel:  # opset 21: scale and bias per channel
             y = ctx.reshape(y, shape)
             y = ctx.emit("multiply", y, _channel_shaped(ctx, ctx.input(1), rank))

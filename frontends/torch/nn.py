@@ -12,6 +12,7 @@ import numpy as np
 
 from ...packager.errors import ExportError
 from ...packager.ir.graph import Constant, Value
+from ..onnx.nn import normalize_rows
 from ..onnx.resize import resample
 from .registry import NodeContext, converter
 
@@ -153,11 +154,18 @@ def _normalize(ctx: NodeContext, x: Value, axes: tuple[int, ...], eps: float
 
 
 @converter("aten.native_layer_norm.default")
-def _layer_norm(ctx: NodeContext) -> tuple[Value, Value, Value]:
+def _layer_norm(ctx: NodeContext) -> tuple[Value, Value | None, Value | None]:
     x = ctx.tensor("input")
     rank = len(x.type.shape)
     n = len(ctx.arg("normalized_shape"))
-    y, mean, inv_std = _normalize(ctx, x, tuple(range(rank - n, rank)), float(ctx.arg("eps")))
+    eps = float(ctx.arg("eps"))
+    # one row kernel (ops/norm.py); the statistics, when read, from the decomposition
+    fast = normalize_rows(ctx, x, rank - n, eps, ctx.maybe("weight"), ctx.maybe("bias"))
+    if fast is not None and not (ctx.wants(1) or ctx.wants(2)):
+        return fast, None, None
+    y, mean, inv_std = _normalize(ctx, x, tuple(range(rank - n, rank)), eps)
+    if fast is not None:
+        return fast, mean, inv_std
     if ctx.maybe("weight") is not None:
         y = ctx.emit("multiply", y, ctx.tensor("weight"))
     if ctx.maybe("bias") is not None:
@@ -166,7 +174,7 @@ def _layer_norm(ctx: NodeContext) -> tuple[Value, Value, Value]:
 
 
 @converter("aten.native_group_norm.default")
-def _group_norm(ctx: NodeContext) -> tuple[Value, Value, Value]:
+def _group_norm(ctx: NodeContext) -> tuple[Value, Value | None, Value | None]:
     x = ctx.tensor("input")
     shape = x.type.shape
     rank = len(shape)
@@ -174,14 +182,23 @@ def _group_norm(ctx: NodeContext) -> tuple[Value, Value, Value]:
     channels = shape[1]
     if groups < 1 or channels % groups:
         raise ctx.error(f"{groups} groups do not divide the {channels} channels")
+    eps = float(ctx.arg("eps"))
     grouped = ctx.reshape(x, (shape[0], groups, channels // groups) + shape[2:])
-    y, mean, inv_std = _normalize(ctx, grouped, tuple(range(2, rank + 1)), float(ctx.arg("eps")))
+    # per-channel weight and bias over [N, G, C/G, spatial...] as [G, C/G, 1...]
+    params = [ctx.reshape(v, (groups, channels // groups) + (1,) * (rank - 2))
+              if v is not None else None for v in (ctx.maybe("weight"), ctx.maybe("bias"))]
+    fast = normalize_rows(ctx, grouped, 2, eps, *params)
+    if fast is not None and not (ctx.wants(1) or ctx.wants(2)):
+        return ctx.reshape(fast, shape), None, None
+    y, mean, inv_std = _normalize(ctx, grouped, tuple(range(2, rank + 1)), eps)
+    stats = (shape[0], groups)
+    if fast is not None:
+        return ctx.reshape(fast, shape), ctx.reshape(mean, stats), ctx.reshape(inv_std, stats)
     y = ctx.reshape(y, shape)
     if ctx.maybe("weight") is not None:
         y = ctx.emit("multiply", y, _channel_shaped(ctx, ctx.tensor("weight"), rank))
     if ctx.maybe("bias") is not None:
         y = ctx.emit("add", y, _channel_shaped(ctx, ctx.tensor("bias"), rank))
-    stats = (shape[0], groups)
     return y, ctx.reshape(mean, stats), ctx.reshape(inv_std, stats)
 
 

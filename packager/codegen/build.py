@@ -20,6 +20,7 @@ from .gemm import (Contraction, emit_contraction, emit_symbolic_matmul, match_co
                    vector_width)
 from .gemv import emit_dot_product, is_dot_product
 from .lower import KernelInfo, emit_kernel, is_symbolic
+from .norm import emit_normalize, emit_symbolic_normalize
 from .pool import emit_max_pool
 from .qgemm import emit_qgemm
 from .rnn import emit_recurrence
@@ -93,6 +94,7 @@ KERNEL_RULES: tuple[tuple[str, KernelRule], ...] = (
     ("contraction", _when(lambda match: match is not None, emit_contraction)),
     ("max pool", _without_match(emit_max_pool)),
     ("softmax", _without_match(emit_softmax)),
+    ("normalization", _without_match(emit_normalize)),
     ("transpose", _without_match(emit_transpose)),
 )
 
@@ -109,6 +111,7 @@ def _emit(module: ir.Module, func: PrimFunc, symbol: str, vl: int,
         # is refused (fix the shapes instead). Pools take the generic loop nest.
         info = emit_symbolic_conv(module, func, symbol, vl, size_vars) or \
             emit_symbolic_softmax(module, func, symbol, vl, size_vars) or \
+            emit_symbolic_normalize(module, func, symbol, vl, size_vars) or \
             emit_symbolic_max_pool(module, func, symbol, vl, size_vars)
         if info is not None:
             return info

@@ -1,0 +1,112 @@
+"""``nn.normalize``: one operator for LayerNorm, InstanceNorm and GroupNorm (and torch's
+native_layer_norm / native_group_norm).
+
+    y = (x - mean) / sqrt(var + eps) [* scale] [+ bias]
+
+with the mean and the (biased) variance taken over the trailing axes ``x.shape[axis:]`` (a "row";
+the leading axes index the rows). ``scale`` and ``bias`` (present when the attributes say so)
+broadcast to ``x`` without changing its shape: per element of the row for LayerNorm ([n] or
+x.shape[axis:]), per row for InstanceNorm ([C, 1, 1] over [N, C, H, W], axis 2), per channel
+segment of a row for GroupNorm-21 ([G, C/G, 1, 1] over [N, G, C/G, H, W], axis 2).
+
+The frontends emitted this as five operators (mean, subtract, multiply, mean, add/sqrt/divide,
+multiply), four or five kernels each passing over the whole tensor; ``codegen/norm.py`` computes
+it as one row kernel, the affine part fused. The operator is OPAQUE: an elementwise reader (an
+activation) stays a kernel of its own instead of fusing into the tensor expressions below, which
+are the generic fallback (other dtypes, shapes the kernel does not take).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..ir import te
+from ..ir.graph import TensorType
+from ..ir.patterns import tag_reduction
+from ..ir.sym import SymExpr, product
+from .elementwise import broadcast_read
+from .registry import OPAQUE, broadcast_shape, register_op
+
+
+def _infer(x: TensorType, *params: TensorType, axis: int = -1, eps: float = 1e-5,
+           scale: bool = False, bias: bool = False) -> TensorType:
+    rank = len(x.shape)
+    if not -rank <= axis < rank:
+        raise ValueError(f"axis {axis} is out of range for rank {rank}")
+    if len(params) != int(scale) + int(bias):
+        raise ValueError(f"nn.normalize takes {int(scale) + int(bias)} parameters, "
+                         f"got {len(params)}")
+    for p in params:
+        if len(p.shape) > rank or broadcast_shape(x.shape, p.shape) != tuple(x.shape):
+            raise ValueError(f"a scale or bias of shape {p.shape} does not broadcast to "
+                             f"{x.shape} without changing it")
+        if p.dtype != x.dtype:
+            raise ValueError(f"scale/bias dtype {p.dtype} differs from the input's {x.dtype}")
+    return x
+
+
+def _legalize(x: te.Tensor, *params: te.Tensor, out_type: TensorType, name: str,
+              axis: int = -1, eps: float = 1e-5, scale: bool = False,
+              bias: bool = False) -> te.Tensor:
+    axis %= x.ndim
+    red = list(range(axis, x.ndim))
+    raxes = [te.reduce_axis(x.shape[d], f"r{d}") for d in red]
+    count = product([x.shape[d] for d in red])
+    row_shape = tuple(1 if d >= axis else n for d, n in enumerate(x.shape))
+    tag_reduction(raxes[0], "normalize", (x,) + tuple(params), start=axis, eps=float(eps),
+                  scale=bool(scale), bias=bool(bias))   # codegen/norm.py's kernel
+    inv_count = (1.0 / te.cast(te.Const(count, "int64"), x.dtype)
+                 if isinstance(count, SymExpr) else te.const(1.0 / count, x.dtype))
+
+    def row_read(t: te.Tensor, i) -> te.Read:
+        return t[tuple(i[:axis]) + (0,) * (x.ndim - axis)]
+
+    def at_r(i) -> tuple:
+        return tuple(i[:axis]) + tuple(raxes)
+
+    mean = te.compute(row_shape, lambda *i: te.sum_of(x[at_r(i)], raxes) * inv_count,
+                      name=f"{name}_mean")
+
+    # the variance's own reduction axes (each stage reduces over its own)
+    raxes2 = [te.reduce_axis(x.shape[d], f"s{d}") for d in red]
+
+    def at_s(i) -> tuple:
+        return tuple(i[:axis]) + tuple(raxes2)
+
+    def sq2(i):
+        d = x[at_s(i)] - row_read(mean, i)
+        return d * d
+
+    inv_std = te.compute(
+        row_shape, lambda *i: 1.0 / te.sqrt(te.sum_of(sq2(i), raxes2) * inv_count
+                                            + te.const(float(eps), x.dtype)),
+        name=f"{name}_inv_std")
+    it = iter(params)
+    gamma = next(it) if scale else None
+    beta = next(it) if bias else None
+
+    def out(*i):
+        y = (x[i] - row_read(mean, i)) * row_read(inv_std, i)
+        if gamma is not None:
+            y = y * broadcast_read(gamma, i)
+        if beta is not None:
+            y = y + broadcast_read(beta, i)
+        return y
+
+    return te.compute(x.shape, out, name=name)
+
+
+@register_op("nn.normalize", OPAQUE, _infer, _legalize)
+def normalize(x: np.ndarray, *params: np.ndarray, axis: int = -1, eps: float = 1e-5,
+              scale: bool = False, bias: bool = False) -> np.ndarray:
+    axes = tuple(range(axis % x.ndim, x.ndim))
+    xd = x.astype(np.float64)
+    mean = xd.mean(axis=axes, keepdims=True)
+    var = ((xd - mean) ** 2).mean(axis=axes, keepdims=True)
+    y = (xd - mean) / np.sqrt(var + eps)
+    it = iter(params)
+    if scale:
+        y = y * next(it)
+    if bias:
+        y = y + next(it)
+    return y.astype(x.dtype)
