@@ -35,10 +35,21 @@ from llvmlite import ir
 from ..ir import te
 from ..ir.graph import PrimFunc
 from ..ir.sym import product
-from .gemm import (MAX_TASK_REGIONS, PARALLEL_MIN_MACS, ContractionEmitter, _conv_tiles,
-                   match_contraction)
-from .helpers import F32, I1, I32, const_i64, for_range, intrinsic
+from .gemm import (L2_REUSE_BYTES, MAX_TASK_REGIONS, PARALLEL_MIN_MACS, ContractionEmitter,
+                   _conv_tiles, _walk, match_contraction)
+from .helpers import F32, I64, alloca_once, const_i64, for_range
 from .lower import WORKSPACE_ALIGN, KernelInfo
+
+
+def _symbolic_tile(og: int, vl: int) -> tuple[int, int]:
+    """(rows, vectors) of the register tile: of the static kernel's tiles at this vector width
+    (``gemm._conv_tiles``), the one computing the fewest output rows, weighted by its relative
+    cost (on AVX2, 4 x 3 rather than 6 x 2: 0.9 the cost per output, and no rows wasted on 16,
+    32 or 64 channels). The columns are not known at export; every tile wastes at most one
+    panel of them per row of outputs."""
+    tiles = [(mr, nv, eff) for tvl, mr, nv, eff in _conv_tiles(og, vl) if tvl == vl]
+    mr, nv, _ = min(tiles, key=lambda t: -(-og // t[0]) * t[0] * t[2])   # the first of ties
+    return min(mr, og), nv
 
 
 class SymbolicConvEmitter(ContractionEmitter):
@@ -58,8 +69,7 @@ class SymbolicConvEmitter(ContractionEmitter):
                  groups=attrs["groups"], og=o // attrs["groups"])
         g["direct"] = (kh, kw, g["sh"], g["sw"]) == (1, 1, 1, 1) and not any(attrs["padding"])
         g["K"] = cg * kh * kw
-        _, mr, nv, _ = _conv_tiles(g["og"], self.target_vl)[0]
-        g["mr"], g["nv"] = min(mr, g["og"]), nv
+        g["mr"], g["nv"] = _symbolic_tile(g["og"], self.vl)
         self.g = g
         # Stride-phase planes (as the static kernel lays them out): one copy of the input,
         # every tap reads them at a shift; columns past the output width are computed and
@@ -163,7 +173,8 @@ class SymbolicConvEmitter(ContractionEmitter):
             work = (lo, hi, mblocks)
             with for_range(b, const_i64(0), N, "n") as n:
                 x_img = b.gep(x_ptr, [b.mul(n, b.mul(plane, const_i64(g["c"])))], inbounds=True)
-                if base is None:
+                if base is None:   # the input read in place: either loop order
+                    work = (lo, hi, mblocks, self._panel_inner(P, panels, mblocks))
                     self._products(n, const_i64(0), x_img, P, OW, work)
                 else:
                     mine = b.gep(base, [b.mul(n, region)], inbounds=True)
@@ -183,19 +194,50 @@ class SymbolicConvEmitter(ContractionEmitter):
                         self._fill_cols(x_img, mine, H, W, OH, OW, P, (oy_lo, oy_hi))
                         self._products(n, const_i64(0), mine, P, OW, work)
 
+    def _panel_inner(self, P: ir.Value, panels: ir.Value, mblocks: int) -> ir.Value:
+        """Whether an in-place 1x1 convolution runs its panels innermost (each block of weight
+        rows read once, the input once per block row) rather than its block rows (each input
+        panel read once, the weights once per panel): the static kernel's rule
+        (``gemm.conv_geometry``), on the run-time input size."""
+        b, g = self.builder, self.g
+        plane_bytes = b.mul(P, const_i64(4 * g["K"]))
+        weight_bytes = 4 * g["og"] * g["K"]
+        fits = b.icmp_signed("<=", plane_bytes, const_i64(L2_REUSE_BYTES))
+        if weight_bytes <= L2_REUSE_BYTES:
+            return fits
+        inner_reads = b.add(const_i64(weight_bytes), b.mul(plane_bytes, const_i64(mblocks)))
+        outer_reads = b.add(plane_bytes, b.mul(panels, const_i64(weight_bytes)))
+        return b.or_(fits, b.icmp_signed(">=", outer_reads, inner_reads))
+
     @contextmanager
     def _work_items(self, panels: ir.Value, mblocks: int, work):
         """Loop over (panel, block row) pairs, panel outer: all of them (``work`` None), or
-        the items [lo, hi) of ``work`` = (lo, hi, mblocks)."""
+        the items [lo, hi) of ``work`` = (lo, hi, mblocks[, panel_inner]); ``panel_inner``
+        (an i1) puts the panels innermost instead. The pair is stepped along, not divided
+        out of the item index per item."""
         b = self.builder
         if work is None:
             with for_range(b, const_i64(0), panels, "jp") as jp:
                 with for_range(b, const_i64(0), const_i64(mblocks), "mb") as mb:
                     yield jp, mb
             return
-        lo, hi, _ = work
-        with for_range(b, lo, hi, "work") as item:
-            yield b.sdiv(item, const_i64(mblocks)), b.srem(item, const_i64(mblocks))
+        lo, hi = work[0], work[1]
+        panel_inner = work[3] if len(work) > 3 else None
+        inner_n = const_i64(mblocks) if panel_inner is None else \
+            b.select(panel_inner, panels, const_i64(mblocks))
+        outer_p, inner_p = alloca_once(b, I64, "w.outer"), alloca_once(b, I64, "w.inner")
+        b.store(b.sdiv(lo, inner_n), outer_p)
+        b.store(b.srem(lo, inner_n), inner_p)
+        with for_range(b, lo, hi, "work"):
+            outer, inner = b.load(outer_p), b.load(inner_p)
+            if panel_inner is None:
+                yield outer, inner
+            else:
+                yield b.select(panel_inner, inner, outer), b.select(panel_inner, outer, inner)
+            step = b.add(inner, const_i64(1))
+            wrap = b.icmp_signed("==", step, inner_n)
+            b.store(b.select(wrap, const_i64(0), step), inner_p)
+            b.store(b.select(wrap, b.add(outer, const_i64(1)), outer), outer_p)
 
     def _task_rows_sym(self, jp_lo: ir.Value, jp_end: ir.Value) -> list:
         """The plane rows panels [jp_lo, jp_end) read: rows [u_lo, u_hi) of every plane, and
@@ -224,9 +266,11 @@ class SymbolicConvEmitter(ContractionEmitter):
     def _fill_planes_sym(self, x_grp, planes, H, W, rows: list | None = None) -> None:
         """planes[ic, py, px, u, v] = x[ic, u*sh + py - pt, v*sw + px - pl] (0 outside),
         u < hq, v < wq, for the rows u in the ``rows`` ranges ([(lo, hi), ...]; default all);
-        then zero slack."""
+        then zero slack. As the static kernel's ``_fill_planes``: the columns whose source lies
+        inside the row for every column phase are copied by one interleaved loop that reads the
+        source row contiguously (LLVM vectorizes it; per-phase strided gathers it does not)."""
         b, g = self.builder, self.g
-        sh, sw, pt, pl, ny, nx = g["sh"], g["sw"], g["pt"], g["pl"], g["ny"], g["nx"]
+        sw, pl, ny, nx = g["sw"], g["pl"], g["ny"], g["nx"]
         hq, wq = self._dim_value(g["hq"]), self._dim_value(g["wq"])
         zero = ir.Constant(F32, 0.0)
 
@@ -234,49 +278,79 @@ class SymbolicConvEmitter(ContractionEmitter):
             v = b.select(b.icmp_signed("<", v, lo), lo, v)
             return b.select(b.icmp_signed(">", v, hi), hi, v)
 
+        def pick(op, x, y):
+            return b.select(b.icmp_signed(op, x, y), x, y)
+
+        # per column phase px: the columns [lo, hi) whose source v*sw + px - pl is in the row
+        spans = []
+        for px in range(nx):
+            off_x = px - pl
+            lo = const_i64(-(-(-off_x) // sw)) if off_x < 0 else const_i64(0)
+            hi = b.add(b.sdiv(b.sub(b.sub(W, const_i64(1)), const_i64(off_x)), const_i64(sw)),
+                       const_i64(1))
+            lo, hi = clamp(lo, const_i64(0), wq), clamp(hi, const_i64(0), wq)
+            spans.append((lo, pick(">", hi, lo)))
+        c_lo = spans[0][0]
+        c_hi = spans[0][1]
+        for lo, hi in spans[1:]:
+            c_lo, c_hi = pick(">", c_lo, lo), pick("<", c_hi, hi)
+        c_hi = pick(">", c_hi, c_lo)
         plane = b.mul(hq, wq)
         with for_range(b, const_i64(0), const_i64(g["cg"]), "ic") as ic:
             x_ch = b.gep(x_grp, [b.mul(ic, b.mul(H, W))], inbounds=True)
             for py in range(ny):
-                for px in range(nx):
-                    base = b.mul(b.add(b.mul(ic, const_i64(ny * nx)), const_i64(py * nx + px)),
-                                 plane)
-                    off_x = px - pl
-                    lo = const_i64(-(-(-off_x) // sw)) if off_x < 0 else const_i64(0)
-                    hi = b.add(b.sdiv(b.sub(b.sub(W, const_i64(1)), const_i64(off_x)),
-                                      const_i64(sw)), const_i64(1))
-                    lo, hi = clamp(lo, const_i64(0), wq), clamp(hi, const_i64(0), wq)
-                    hi = b.select(b.icmp_signed("<", hi, lo), lo, hi)
-                    for r_lo, r_hi in rows or [(const_i64(0), hq)]:
-                        self._plane_rows(planes, x_ch, base, wq, r_lo, r_hi, H, W, py, off_x,
-                                         lo, hi)
+                bases = [b.mul(b.add(b.mul(ic, const_i64(ny * nx)), const_i64(py * nx + px)),
+                               plane) for px in range(nx)]
+                for r_lo, r_hi in rows or [(const_i64(0), hq)]:
+                    self._plane_rows(planes, x_ch, bases, wq, r_lo, r_hi, H, W, py, spans,
+                                     (c_lo, c_hi))
         end = b.mul(const_i64(g["cg"] * ny * nx), plane)
         with for_range(b, const_i64(0), self._dim_value(g["slack"]), "s") as s:
             b.store(zero, b.gep(planes, [b.add(end, s)], inbounds=True))
 
-    def _plane_rows(self, planes, x_ch, base, wq, r_lo, r_hi, H, W, py, off_x, lo, hi) -> None:
+    def _plane_rows(self, planes, x_ch, bases, wq, r_lo, r_hi, H, W, py, spans, common
+                    ) -> None:
+        """Plane rows [r_lo, r_hi) of row phase py, every column phase px (``bases``, with
+        its source columns ``spans[px]``); the columns in ``common`` by one loop."""
         b, g = self.builder, self.g
-        sh, sw, pt = g["sh"], g["sw"], g["pt"]
+        sh, sw, pt, pl = g["sh"], g["sw"], g["pt"], g["pl"]
         zero = ir.Constant(F32, 0.0)
+        c_lo, c_hi = common
+
+        def zeros(dst, lo, hi, name):
+            with for_range(b, lo, hi, name) as v:
+                b.store(zero, b.gep(dst, [v], inbounds=True))
+
         with for_range(b, r_lo, r_hi, "u") as u:
-            dst = b.gep(planes, [b.add(base, b.mul(u, wq))], inbounds=True)
+            dsts = [b.gep(planes, [b.add(base, b.mul(u, wq))], inbounds=True) for base in bases]
             yy = b.add(b.mul(u, const_i64(sh)), const_i64(py - pt))
             inside = b.and_(b.icmp_signed(">=", yy, const_i64(0)),
                             b.icmp_signed("<", yy, H))
             with b.if_else(inside) as (then, otherwise):
                 with then:
                     src = b.gep(x_ch, [b.mul(yy, W)], inbounds=True)
-                    with for_range(b, const_i64(0), lo, "z0") as v:
-                        b.store(zero, b.gep(dst, [v], inbounds=True))
-                    with for_range(b, lo, hi, "cp") as v:
-                        xx = b.add(b.mul(v, const_i64(sw)), const_i64(off_x))
+
+                    def copy(v, px):
+                        xx = b.add(b.mul(v, const_i64(sw)), const_i64(px - pl))
                         b.store(b.load(b.gep(src, [xx], inbounds=True)),
-                                b.gep(dst, [v], inbounds=True))
-                    with for_range(b, hi, wq, "z1") as v:
-                        b.store(zero, b.gep(dst, [v], inbounds=True))
+                                b.gep(dsts[px], [v], inbounds=True))
+
+                    for px, (lo, hi) in enumerate(spans):
+                        zeros(dsts[px], const_i64(0), lo, "z0")
+                        stop = b.select(b.icmp_signed("<", c_lo, hi), c_lo, hi)
+                        with for_range(b, lo, stop, "cp0") as v:
+                            copy(v, px)
+                    with for_range(b, c_lo, c_hi, "cp") as v:
+                        for px in range(len(spans)):
+                            copy(v, px)
+                    for px, (lo, hi) in enumerate(spans):
+                        start = b.select(b.icmp_signed(">", c_hi, lo), c_hi, lo)
+                        with for_range(b, start, hi, "cp1") as v:
+                            copy(v, px)
+                        zeros(dsts[px], hi, wq, "z1")
                 with otherwise:
-                    with for_range(b, const_i64(0), wq, "z2") as v:
-                        b.store(zero, b.gep(dst, [v], inbounds=True))
+                    for dst in dsts:
+                        zeros(dst, const_i64(0), wq, "z2")
 
     def _plane_products(self, n, grp, planes, OH, OW, work) -> None:
         """out[n, grp*og + m, oy, ox] over the planes: position p = oy*wq + ox (ox < wq;
@@ -287,7 +361,6 @@ class SymbolicConvEmitter(ContractionEmitter):
         nr = nv * self.vl
         khw = kh * kw
         taps = [(ky, kx) for ky in range(kh) for kx in range(kw)]
-        w_ptr = self.buffers[self.match.tag.operands[1].uid]
         wq = self._dim_value(g["wq"])
         plane = b.mul(self._dim_value(g["hq"]), wq)
         pq = b.mul(OH, wq)
@@ -298,15 +371,7 @@ class SymbolicConvEmitter(ContractionEmitter):
             p0 = b.mul(jp, const_i64(nr))
             local0 = b.mul(mb, const_i64(mr))
             oc0 = b.add(b.mul(grp, const_i64(og)), local0)
-
-            def a_scalar(k, u, i):
-                row = b.select(b.icmp_signed("<", b.add(local0, const_i64(i)),
-                                             const_i64(og)),
-                               b.add(oc0, const_i64(i)),
-                               b.add(b.sub(oc0, local0), const_i64(og - 1)))
-                idx = b.add(b.mul(row, const_i64(cg * khw)),
-                            b.add(b.mul(k, const_i64(khw)), const_i64(u)))
-                return b.load(b.gep(w_ptr, [idx], inbounds=True))
+            a_scalar = self._conv_weight(oc0, local0, og, khw)
 
             def b_vector(k, u, v):
                 ky, kx = taps[u]
@@ -414,7 +479,6 @@ class SymbolicConvEmitter(ContractionEmitter):
         b, g = self.builder, self.g
         mr, nv, og, K = g["mr"], g["nv"], g["og"], g["K"]
         nr = nv * self.vl
-        w_ptr = self.buffers[self.match.tag.operands[1].uid]
         panels = b.sdiv(b.add(P, const_i64(nr - 1)), const_i64(nr))
         mblocks = -(-og // mr)
         with self._work_items(panels, mblocks, work) as (jp, mb):
@@ -423,15 +487,7 @@ class SymbolicConvEmitter(ContractionEmitter):
             masks = [self._lane_mask(remaining, v) for v in range(nv)]
             local0 = b.mul(mb, const_i64(mr))
             oc0 = b.add(b.mul(grp, const_i64(og)), local0)
-
-            def a_scalar(k, u, i):
-                # rows past the group's last channel repeat it (computed, not stored)
-                row = b.select(b.icmp_signed("<", b.add(local0, const_i64(i)),
-                                             const_i64(og)),
-                               b.add(oc0, const_i64(i)),
-                               b.add(b.sub(oc0, local0), const_i64(og - 1)))
-                return b.load(b.gep(w_ptr, [b.add(b.mul(row, const_i64(K)), k)],
-                                    inbounds=True))
+            a_scalar = self._conv_weight(oc0, local0, og, g["kh"] * g["kw"])
 
             def block(masked: bool) -> None:
                 def b_vector(k, u, v):
@@ -440,7 +496,15 @@ class SymbolicConvEmitter(ContractionEmitter):
                     return self._masked_load(ptr, masks[v]) if masked else \
                         b.load(ptr, align=4)
 
-                tile = self._microkernel(mr, nv, K, a_scalar, b_vector)
+                def plain(k, u, v):
+                    return b.load(self._vec_ptr(src, b.add(b.mul(k, P), b.add(
+                        p0, const_i64(v * self.vl)))), align=4)
+
+                # in the last, partial panel only the last row's loads could run past the
+                # rows (the input, or the columns): the lanes past a row read the next one
+                # and feed only outputs that are not stored
+                tile = self._microkernel(mr, nv, K, a_scalar, plain if masked else b_vector,
+                                         b_last=b_vector if masked else None)
                 self._epilogue(n, oc0, local0, p0, remaining, tile, OW, masks, masked)
 
             with b.if_else(b.icmp_signed(">=", remaining, const_i64(nr))) as (full, part):
@@ -459,6 +523,7 @@ class SymbolicConvEmitter(ContractionEmitter):
         cols = b.select(b.icmp_signed("<", remaining, const_i64(nr)), remaining, const_i64(nr))
         env = {id(out.axes[0]): n}
         vector = self._vector_epilogue_ok() and self._rows_contiguous()
+        flat = vector and self._flat_positions_ok()
         with for_range(b, const_i64(0), rows, "ti") as i:
             env[id(out.axes[1])] = b.add(oc0, i)
             if not vector:
@@ -469,14 +534,31 @@ class SymbolicConvEmitter(ContractionEmitter):
                     self._store_epilogue(env, tile, b.add(b.mul(i, const_i64(nr)), j))
             for v in range(nv if vector else 0):
                 p = b.add(p0, const_i64(v * self.vl))
-                env[id(out.axes[2])] = b.sdiv(p, OW)
-                env[id(out.axes[3])] = b.srem(p, OW)
+                if flat:   # (row 0, column p) is position p: no division by the run-time OW
+                    env[id(out.axes[2])], env[id(out.axes[3])] = const_i64(0), p
+                else:
+                    env[id(out.axes[2])] = b.sdiv(p, OW)
+                    env[id(out.axes[3])] = b.srem(p, OW)
                 t_idx = b.add(b.mul(i, const_i64(nr)), const_i64(v * self.vl))
                 if not masked:
                     self._store_vector(env, tile, t_idx, None)
                     continue
                 with b.if_then(b.icmp_signed(">", remaining, const_i64(v * self.vl))):
                     self._store_vector(env, tile, t_idx, masks[v])
+
+
+    def _flat_positions_ok(self) -> bool:
+        """Every read of the epilogue that takes the output's row index takes it as
+        [..., oy, ox] (and, ``_rows_contiguous``, with the output's row length), as the output
+        itself does: position p = oy * OW + ox may then be given as (0, p)."""
+        out = self.match.out
+        oy, ox = out.axes[-2], out.axes[-1]
+        for node in _walk(self.match.body, skip=self.match.reduce):
+            if isinstance(node, te.Read) and any(i is oy for i in node.indices) and not (
+                    len(node.indices) >= 2 and node.indices[-2] is oy
+                    and node.indices[-1] is ox):
+                return False
+        return True
 
 
 def emit_symbolic_conv(module: ir.Module, func: PrimFunc, symbol: str, vl: int,
@@ -539,95 +621,11 @@ def emit_symbolic_softmax(module: ir.Module, func: PrimFunc, symbol: str, vl: in
 
 def emit_symbolic_max_pool(module: ir.Module, func: PrimFunc, symbol: str, vl: int,
                            size_vars: tuple[str, ...]) -> KernelInfo | None:
-    """The separable max pool of ``codegen/pool.py`` (row maxima over the window's columns into
-    the workspace, then maxima over its rows) with the sizes read at run time; one thread."""
+    """The max pool kernel of ``codegen/pool.py`` (-inf margined row buffers, row maxima over
+    the window's columns into the workspace, then maxima over its rows; planes split over
+    threads) with its sizes read at run time."""
     from .pool import MaxPoolEmitter, match_max_pool
     match = match_max_pool(func)
     if match is None:
         return None
-
-    class _Emitter(MaxPoolEmitter):
-        def __init__(self) -> None:
-            super().__init__(module, func, symbol, *match, vl)
-            self.size_vars = size_vars
-            self.symbolic = True
-
-        def _row_mask_dyn(self, start, width):
-            b = self.builder
-            idx = b.add(self._splat_i32(start), self._lanes(I32, range(self.vl)))
-            return b.and_(b.icmp_signed(">=", idx, self._lanes(I32, [0] * self.vl)),
-                          b.icmp_signed("<", idx, self._splat_i32(width)))
-
-        def emit(self) -> KernelInfo:
-            x_t = self.tag.operands[0]
-            n, c, h, w = x_t.shape
-            oh, ow = self.out.shape[2], self.out.shape[3]
-            ws_floats = h * (ow + 16)   # >= H * ceil(OW / vl) * vl for every vl <= 16
-            workspace = -(-(ws_floats * 4) // WORKSPACE_ALIGN) * WORKSPACE_ALIGN
-            body_fn, ptr_types = self._begin_body([x_t, self.out], workspace=True)
-            x_ptr, out_ptr, ws = body_fn.args[:3]
-            self._body(x_ptr, out_ptr, self.builder.bitcast(ws, F32.as_pointer()))
-            self.builder.ret_void()
-            self._emit_entry(body_fn, len(ptr_types), ptr_types)
-            return KernelInfo(self.symbol, 1, 1, 0, False, symbolic=True,
-                              workspace_expr=workspace)
-
-        def _body(self, x_ptr, out_ptr, region) -> None:
-            b, vl = self.builder, self.vl
-            n, c, h, w = (self._dim_value(d) for d in self.tag.operands[0].shape)
-            oh, ow = self._dim_value(self.out.shape[2]), self._dim_value(self.out.shape[3])
-            attrs = self.tag.attrs
-            kh, kw = attrs["kernel"]
-            sh, sw = attrs["strides"]
-            pt, pl = attrs["padding"][0], attrs["padding"][1]
-            dh, dw = attrs["dilation"]
-            vmax = intrinsic(self.module, f"llvm.maximum.v{vl}f32", self.vty, [self.vty] * 2)
-            nvec = b.sdiv(b.add(ow, const_i64(vl - 1)), const_i64(vl))
-            stride = b.mul(nvec, const_i64(vl))
-            neg_inf = ir.Constant(self.vty, [float("-inf")] * vl)
-            store = intrinsic(self.module, f"llvm.masked.store.v{vl}f32.p0", ir.VoidType(),
-                              [self.vty, self.vty.as_pointer(), I32, ir.VectorType(I1, vl)])
-            with for_range(b, const_i64(0), b.mul(n, c), "plane") as p:
-                x_plane = b.gep(x_ptr, [b.mul(p, b.mul(h, w))], inbounds=True)
-                o_plane = b.gep(out_ptr, [b.mul(p, b.mul(oh, ow))], inbounds=True)
-                with for_range(b, const_i64(0), nvec, "ov") as q:
-                    ox0 = b.mul(q, const_i64(vl))
-                    starts = [b.add(b.mul(ox0, const_i64(sw)), const_i64(kx * dw - pl))
-                              for kx in range(kw)]
-                    loads = [(s, self._row_mask_dyn(s, w)) for s in starts]
-                    if sw == 2:
-                        highs = [b.add(s, const_i64(vl)) for s in starts]
-                        loads += [(s, self._row_mask_dyn(s, w)) for s in highs]
-                    with for_range(b, const_i64(0), h, "iy") as iy:
-                        x_row = b.gep(x_plane, [b.mul(iy, w)], inbounds=True)
-                        acc = neg_inf
-                        for kx in range(kw):
-                            v = self._row_load(x_row, *loads[kx])
-                            if sw == 2:
-                                v2 = self._row_load(x_row, *loads[kw + kx])
-                                v = b.shuffle_vector(v, v2, self._lanes(I32, range(0, 2 * vl, 2)))
-                            acc = b.call(vmax, [acc, v])
-                        dst = b.gep(region, [b.add(b.mul(iy, stride), ox0)], inbounds=True)
-                        b.store(acc, b.bitcast(dst, self.vty.as_pointer()), align=4)
-                with for_range(b, const_i64(0), oh, "oy") as oy:
-                    o_row = b.gep(o_plane, [b.mul(oy, ow)], inbounds=True)
-                    rows = []
-                    for ky in range(kh):
-                        iy = b.add(b.mul(oy, const_i64(sh)), const_i64(ky * dh - pt))
-                        ok = b.and_(b.icmp_signed(">=", iy, const_i64(0)),
-                                    b.icmp_signed("<", iy, h))
-                        rows.append((ok, b.select(ok, iy, const_i64(0))))
-                    with for_range(b, const_i64(0), nvec, "ov") as q:
-                        ox0 = b.mul(q, const_i64(vl))
-                        acc = neg_inf
-                        for ok, iy in rows:
-                            src = b.gep(region, [b.add(b.mul(iy, stride), ox0)], inbounds=True)
-                            v = b.load(b.bitcast(src, self.vty.as_pointer()), align=4)
-                            acc = b.call(vmax, [acc, b.select(ok, v, neg_inf)])
-                        lanes = b.add(self._splat_i32(ox0), self._lanes(I32, range(vl)))
-                        mask = b.icmp_signed("<", lanes, self._splat_i32(ow))
-                        dst = b.bitcast(b.gep(o_row, [ox0], inbounds=True),
-                                        self.vty.as_pointer())
-                        b.call(store, [acc, dst, ir.Constant(I32, 4), mask])
-
-    return _Emitter().emit()
+    return MaxPoolEmitter(module, func, symbol, *match, vl, size_vars).emit()

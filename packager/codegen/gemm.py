@@ -361,6 +361,25 @@ class ContractionEmitter(KernelEmitter):
         return (b.sdiv(b.mul(task, t), ntasks),
                 b.sdiv(b.mul(b.add(task, const_i64(1)), t), ntasks))
 
+    def _conv_weight(self, oc0: ir.Value, local0: ir.Value, og: int, khw: int = 1):
+        """``a_scalar(k, u, i)`` for a conv tile: the weight of output channel oc0 + i, input
+        channel k, tap u, from the weights [O, cg * khw] (tap u None: khw is 1). Rows past the
+        group's last channel (local0 + i >= og, a partial block row) repeat it: computed, not
+        stored."""
+        b = self.builder
+        w_ptr = self.buffers[self.match.tag.operands[1].uid]
+        cg = self.match.tag.operands[1].shape[1]
+        last = b.add(b.sub(oc0, local0), const_i64(og - 1))
+
+        def a_scalar(k, u, i):
+            row = b.select(b.icmp_signed("<", b.add(local0, const_i64(i)), const_i64(og)),
+                           b.add(oc0, const_i64(i)), last)
+            col = k if u is None else b.add(b.mul(k, const_i64(khw)), const_i64(u))
+            return b.load(b.gep(w_ptr, [b.add(b.mul(row, const_i64(cg * khw)), col)],
+                                inbounds=True))
+
+        return a_scalar
+
     def _microkernel(self, mr: int, nv: int, k_extent: int, a_scalar, b_vector,
                      unroll: list | None = None, b_last=None) -> ir.Value:
         """Accumulate an mr x (nv vectors) block over ``k_extent`` steps (times the ``unroll``
@@ -948,7 +967,6 @@ class ContractionEmitter(KernelEmitter):
         holds the planes, the group's first channel at plane channel ``ic_base``."""
         b = self.builder
         out = self.match.out
-        w_ptr = self.buffers[self.match.tag.operands[1].uid]
         mr, nv, nr, og, cg = g["mr"], g["nv"], g["nr"], g["og"], g["cg"]
         taps = [(ky, kx) for ky in range(g["kh"]) for kx in range(g["kw"])]
         khw = len(taps)
@@ -960,15 +978,7 @@ class ContractionEmitter(KernelEmitter):
                      for v in range(nv)]
         oc0 = b.add(b.mul(grp, const_i64(og)), b.mul(mb, const_i64(mr)))
         local0 = b.mul(mb, const_i64(mr))
-
-        def a_scalar(k, u, i):
-            row = b.select(b.icmp_signed("<", b.add(local0, const_i64(i)), const_i64(og)),
-                           b.add(oc0, const_i64(i)), b.add(b.sub(oc0, local0),
-                                                           const_i64(og - 1)))
-            idx = b.add(b.mul(row, const_i64(cg * khw)),
-                        b.add(b.mul(k, const_i64(khw)), const_i64(u)))
-            return b.load(b.gep(w_ptr, [idx], inbounds=True))
-
+        a_scalar = self._conv_weight(oc0, local0, og, khw)
         ny, nx, shifted = g["ny"], g["nx"], g["shifted"]
 
         def off(k, u, v):

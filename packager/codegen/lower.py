@@ -352,6 +352,12 @@ class KernelEmitter:
                 hi = b.sdiv(b.mul(b.add(task, const_i64(1)), extent), ntasks)
             # A select on this axis against a constant (a concatenation) becomes one loop per
             # range, each reading only its own input: a copy LLVM vectorizes.
+            if self.symbolic:   # bounds that may be size expressions: clamped at run time
+                for start, stop, piece in self._run_time_ranges(body, stage.axes[d], lo, hi):
+                    with for_range(b, start, stop, stage.axes[d].name) as idx:
+                        env[id(stage.axes[d])] = idx
+                        nest(d + 1, piece)
+                return
             ranges = (_ranges(body, stage.axes[d], 0, stage.shape[d])
                       if isinstance(stage.shape[d], int) else [(0, stage.shape[d], body)])
             for p_lo, p_hi, piece in ranges:
@@ -362,6 +368,27 @@ class KernelEmitter:
                     nest(d + 1, piece)
 
         nest(0, body)
+
+    def _run_time_ranges(self, e: te.Expr, axis: te.IndexVar, lo: ir.Value, hi: ir.Value
+                         ) -> list[tuple[ir.Value, ir.Value, te.Expr]]:
+        """``_ranges`` for a symbolic kernel: the select chain's constants may be size
+        expressions (a concatenation of inputs with run-time extents), so every split point
+        is computed and clamped into [lo, hi) at run time."""
+        if not (isinstance(e, te.Select) and isinstance(e.cond, te.Compare)
+                and e.cond.a is axis and isinstance(e.cond.b, te.Const)
+                and isinstance(e.cond.b.value, (int, SymExpr))
+                and e.cond.op in ("ge", "gt", "lt", "le")):
+            return [(lo, hi, e)]
+        b = self.builder
+        c = self._dim_value(e.cond.b.value)
+        if e.cond.op in ("gt", "le"):
+            c = b.add(c, const_i64(1))
+        c = b.select(b.icmp_signed("<", c, lo), lo, c)
+        c = b.select(b.icmp_signed(">", c, hi), hi, c)
+        below, above = (e.b, e.a) if e.cond.op in ("ge", "gt") else (e.a, e.b)
+        out = self._run_time_ranges(below, axis, lo, c) + \
+            self._run_time_ranges(above, axis, c, hi)
+        return out if len(out) <= MAX_RANGES else [(lo, hi, e)]
 
     def _bound(self, pick, task_bound: ir.Value, value: int, split: bool) -> ir.Value:
         """``value``, or on the axis split over tasks ``pick(task_bound, value)``."""

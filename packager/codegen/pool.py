@@ -27,6 +27,7 @@ from llvmlite import ir
 from ..ir import te
 from ..ir.graph import PrimFunc
 from ..ir.patterns import reduction_tag
+from ..ir.sym import product
 from .helpers import F32, I1, I32, alloca_once, const_i64, for_range, intrinsic
 from .lower import KernelEmitter, KernelInfo, _plan_stages
 
@@ -38,14 +39,23 @@ MEAN_PARALLEL_MIN_INPUTS = 1 << 16
 MAX_TASK_REGIONS = 8
 
 
-def match_max_pool(func: PrimFunc):
-    """(output, tag) if ``func`` is exactly one tagged float32 max pool this kernel handles."""
+def _one_float32_stage(func: PrimFunc) -> tuple[te.Tensor, te.Expr] | None:
+    """(output, body) when ``func`` is one float32 input to one float32 output computed with
+    no materialized stage: what both pooling kernels start from."""
     if len(func.outputs) != 1 or func.outputs[0].dtype != "float32" or len(func.inputs) != 1:
         return None
     materialized, outputs = _plan_stages(func)
     if materialized:
         return None
-    out, body = outputs[0]
+    return outputs[0]
+
+
+def match_max_pool(func: PrimFunc):
+    """(output, tag) if ``func`` is exactly one tagged float32 max pool this kernel handles."""
+    stage = _one_float32_stage(func)
+    if stage is None:
+        return None
+    out, body = stage
     if not isinstance(body, te.Reduce):
         return None
     tag = reduction_tag(body)
@@ -59,40 +69,64 @@ def match_max_pool(func: PrimFunc):
     return out, tag
 
 
+def _round16(floats):
+    """``floats`` rounded up to a multiple of 16 (64 bytes); an int or a size expression."""
+    return (floats + 15) // 16 * 16
+
+
 class MaxPoolEmitter(KernelEmitter):
+    """The max pool kernel, with static extents or (``size_vars``, a symbolic module) with
+    sizes read at run time: the same code either way, every extent an ``_dim_value``. Only the
+    workspace layout differs: a symbolic kernel's is an expression every target shares (a fat
+    bundle's variants have one workspace size), so it bounds the vector width by 16."""
+
     def __init__(self, module: ir.Module, func: PrimFunc, symbol: str, out: te.Tensor, tag,
-                 vl: int) -> None:
-        super().__init__(module, func, symbol)
+                 vl: int, size_vars: tuple[str, ...] = ()) -> None:
+        super().__init__(module, func, symbol, size_vars)
         self.out, self.tag, self.vl = out, tag, vl
         self.vty = ir.VectorType(F32, vl)
+        self.vl_bound = 16 if self.symbolic else vl
 
     def emit(self) -> KernelInfo:
         x_t = self.tag.operands[0]
         workspace = MAX_TASK_REGIONS * self._region_floats() * 4
         body_fn, ptr_types = self._begin_body([x_t, self.out], workspace=True)
-        x_ptr, out_ptr, ws, task, ntasks = body_fn.args[:5]
+        x_ptr, out_ptr, ws = body_fn.args[:3]
+        task, ntasks = body_fn.args[len(ptr_types)], body_fn.args[len(ptr_types) + 1]
         self._emit_body(x_ptr, out_ptr, b_f32(self.builder, ws), task, ntasks)
         self.builder.ret_void()
-        self._emit_entry(body_fn, 3, ptr_types)
-        n, c, oh, ow = self.out.shape
-        return KernelInfo(self.symbol, 1, 1, workspace, n * c * oh * ow >= PARALLEL_MIN_OUTPUTS)
+        self._emit_entry(body_fn, len(ptr_types), ptr_types)
+        if self.symbolic:   # parallel where 32 x 32 outputs per plane would be; see _tasks
+            c = self.out.shape[1]
+            parallel = isinstance(c, int) and c * 1024 >= PARALLEL_MIN_OUTPUTS
+            return KernelInfo(self.symbol, 1, 1, 0, parallel, symbolic=True,
+                              workspace_expr=workspace)
+        return KernelInfo(self.symbol, 1, 1, workspace,
+                          product(self.out.shape) >= PARALLEL_MIN_OUTPUTS)
 
-    def _row_buffer_floats(self) -> int:
+    def _row_buffer_floats(self):
         """One input row with -inf margins (for stride 2, each of its two column-parity
-        halves): every column a tap of a full output vector reads."""
+        halves): every column a tap of a full output vector reads, and every column the row's
+        copy writes. An int, or (symbolic) a size expression bounding it for every vl <= 16."""
         attrs = self.tag.attrs
         kw, sw, dw = attrs["kernel"][1], attrs["strides"][1], attrs["dilation"][1]
-        w = self.tag.operands[0].shape[3]
-        nvec = -(-self.out.shape[3] // self.vl)
-        reach = nvec * self.vl + ((kw - 1) * dw) // sw + 1
-        return -(-max(reach, (w + attrs["padding"][1]) // sw + 2) // 16) * 16 + 16
+        w, ow, pl = self.tag.operands[0].shape[3], self.out.shape[3], attrs["padding"][1]
+        taps = ((kw - 1) * dw) // sw + 1
+        if not self.symbolic:
+            reach = -(-ow // self.vl) * self.vl + taps
+            return _round16(max(reach, (w + pl) // sw + 2)) + 16
+        return _round16(ow + self.vl_bound + taps + (w + pl) // sw + 2) + 16
 
-    def _region_floats(self) -> int:
-        """One task's row maxima (every input row of a plane, ``nvec * vl`` floats each), then
-        its row buffer(s)."""
-        h = self.tag.operands[0].shape[2]
-        rows = h * -(-self.out.shape[3] // self.vl) * self.vl
-        return -(-rows // 16) * 16 + self.tag.attrs["strides"][1] * self._row_buffer_floats()
+    def _rows_floats(self):
+        """Every input row's maxima over the window's columns, ``nvec * vl`` floats a row."""
+        h, ow = self.tag.operands[0].shape[2], self.out.shape[3]
+        if not self.symbolic:
+            return _round16(h * (-(-ow // self.vl) * self.vl))
+        return _round16(h * (ow + self.vl_bound))
+
+    def _region_floats(self):
+        """One task's row maxima, then its row buffer(s)."""
+        return self._rows_floats() + self.tag.attrs["strides"][1] * self._row_buffer_floats()
 
     def _lanes(self, ty: ir.Type, values) -> ir.Constant:
         return ir.Constant(ir.VectorType(ty, self.vl), list(values))
@@ -102,43 +136,28 @@ class MaxPoolEmitter(KernelEmitter):
         v = b.insert_element(ir.Constant(vec, None), b.trunc(v, I32), ir.Constant(I32, 0))
         return b.shuffle_vector(v, ir.Constant(vec, None), self._lanes(I32, [0] * self.vl))
 
-    def _row_mask(self, start: ir.Value, width: int) -> ir.Value:
-        """Lanes j < vl whose column start + j lies in 0..width."""
-        b = self.builder
-        idx = b.add(self._splat_i32(start), self._lanes(I32, range(self.vl)))
-        return b.and_(b.icmp_signed(">=", idx, self._lanes(I32, [0] * self.vl)),
-                      b.icmp_signed("<", idx, self._lanes(I32, [width] * self.vl)))
-
-    def _row_load(self, row: ir.Value, start: ir.Value, mask: ir.Value) -> ir.Value:
-        """x_row[start + j] for j < vl (lanes outside ``mask`` read -inf)."""
-        b = self.builder
-        ptr = b.bitcast(b.gep(row, [start], inbounds=False), self.vty.as_pointer())
-        fn = intrinsic(self.module, f"llvm.masked.load.v{self.vl}f32.p0", self.vty,
-                       [self.vty.as_pointer(), I32, ir.VectorType(I1, self.vl), self.vty])
-        return b.call(fn, [ptr, ir.Constant(I32, 4), mask,
-                           ir.Constant(self.vty, [float("-inf")] * self.vl)])
-
-    def _copy_row(self, x_row, bufs, w: int, pl: int, sw: int) -> None:
+    def _copy_row(self, x_row, bufs, w, pl: int, sw: int) -> None:
         """Input columns 0..w of one row into the row buffer(s) at padded column pl + x (for
         stride 2, into buffer (pl + x) % 2 at (pl + x) // 2): whole vectors (two, split into
-        even and odd lanes, for stride 2), then the last columns one by one."""
+        even and odd lanes, for stride 2), then the last columns one by one (unrolled when
+        ``w`` is static; ``w`` is an int or an i64 value)."""
         b, vl = self.builder, self.vl
         vty = self.vty
+        w_v = const_i64(w) if isinstance(w, int) else w
         if sw == 1:
-            full = w // vl
-            with for_range(b, const_i64(0), const_i64(full), "cv") as q:
+            full = b.sdiv(w_v, const_i64(vl))
+            with for_range(b, const_i64(0), full, "cv") as q:
                 i = b.mul(q, const_i64(vl))
                 v = b.load(b.bitcast(b.gep(x_row, [i], inbounds=True), vty.as_pointer()),
                            align=4)
                 dst = b.gep(bufs[0], [b.add(i, const_i64(pl))], inbounds=True)
                 b.store(v, b.bitcast(dst, vty.as_pointer()), align=4)
-            tail = range(full * vl, w)
         else:
-            full = w // (2 * vl)
+            full = b.sdiv(w_v, const_i64(2 * vl))
             # x[2m] -> padded column pl + 2m, x[2m + 1] -> pl + 2m + 1
             even_buf, even_off = bufs[pl % 2], pl // 2
             odd_buf, odd_off = bufs[(pl + 1) % 2], (pl + 1) // 2
-            with for_range(b, const_i64(0), const_i64(full), "cv") as q:
+            with for_range(b, const_i64(0), full, "cv") as q:
                 i = b.mul(q, const_i64(2 * vl))
                 lo_v = b.load(b.bitcast(b.gep(x_row, [i], inbounds=True), vty.as_pointer()),
                               align=4)
@@ -149,11 +168,34 @@ class MaxPoolEmitter(KernelEmitter):
                     v = b.shuffle_vector(lo_v, hi_v, self._lanes(I32, range(first, 2 * vl, 2)))
                     dst = b.gep(buf, [b.add(m, const_i64(off))], inbounds=True)
                     b.store(v, b.bitcast(dst, vty.as_pointer()), align=4)
-            tail = range(full * 2 * vl, w)
-        for x in tail:   # fewer than 2 vl columns, unrolled
-            j = pl + x
-            b.store(b.load(b.gep(x_row, [const_i64(x)], inbounds=True)),
-                    b.gep(bufs[j % sw], [const_i64(j // sw)], inbounds=True))
+        step = vl * sw
+        if isinstance(w, int):
+            for x in range(w // step * step, w):   # fewer than sw * vl columns, unrolled
+                j = pl + x
+                b.store(b.load(b.gep(x_row, [const_i64(x)], inbounds=True)),
+                        b.gep(bufs[j % sw], [const_i64(j // sw)], inbounds=True))
+            return
+        with for_range(b, b.mul(full, const_i64(step)), w_v, "ct") as x:
+            j = b.add(x, const_i64(pl))
+            if sw == 1:
+                dst = b.gep(bufs[0], [j], inbounds=True)
+            else:
+                odd = b.trunc(b.and_(j, const_i64(1)), I1)
+                dst = b.gep(b.select(odd, bufs[1], bufs[0]), [b.ashr(j, const_i64(1))],
+                            inbounds=True)
+            b.store(b.load(b.gep(x_row, [x], inbounds=True)), dst)
+
+    def _tasks(self, ntasks: ir.Value, outputs: ir.Value) -> ir.Value:
+        """Tasks that get planes: every task up to MAX_TASK_REGIONS (a static kernel is only
+        called on several when it has outputs enough); a symbolic one with fewer than
+        PARALLEL_MIN_OUTPUTS outputs keeps to one."""
+        b = self.builder
+        nt = b.select(b.icmp_signed("<", ntasks, const_i64(MAX_TASK_REGIONS)), ntasks,
+                      const_i64(MAX_TASK_REGIONS))
+        if not self.symbolic:
+            return nt
+        few = b.icmp_signed("<", outputs, const_i64(PARALLEL_MIN_OUTPUTS))
+        return b.select(few, const_i64(1), nt)
 
     def _emit_body(self, x_ptr, out_ptr, ws, task, ntasks) -> None:
         """Separably: each task first copies an input row into its row buffer(s) (-inf
@@ -163,22 +205,24 @@ class MaxPoolEmitter(KernelEmitter):
         per output vector, not k^2. (Masked loads at the borders and a shuffle per tap for
         stride 2 made ResNet-18's 3x3/2 stem pool 6x ONNX Runtime's time on AVX2.)"""
         b, vl = self.builder, self.vl
-        n, c, h, w = self.tag.operands[0].shape
-        _, _, oh, ow = self.out.shape
+        x_shape = self.tag.operands[0].shape
+        n, c, h, w = (self._dim_value(d) for d in x_shape)
+        w_static = x_shape[3]
+        oh, ow = self._dim_value(self.out.shape[2]), self._dim_value(self.out.shape[3])
         attrs = self.tag.attrs
         kh, kw = attrs["kernel"]
         sh, sw = attrs["strides"]
         pt, pl = attrs["padding"][0], attrs["padding"][1]
         dh, dw = attrs["dilation"]
-        nvec = -(-ow // vl)
-        stride = nvec * vl
+        nvec = b.sdiv(b.add(ow, const_i64(vl - 1)), const_i64(vl))
+        stride = b.mul(nvec, const_i64(vl))
         neg_inf = ir.Constant(self.vty, [float("-inf")] * vl)
-        nt = b.select(b.icmp_signed("<", ntasks, const_i64(MAX_TASK_REGIONS)), ntasks,
-                      const_i64(MAX_TASK_REGIONS))
+        planes = b.mul(n, c)
+        nt = self._tasks(ntasks, b.mul(planes, b.mul(oh, ow)))
         store = intrinsic(self.module, f"llvm.masked.store.v{vl}f32.p0", ir.VoidType(),
                           [self.vty, self.vty.as_pointer(), I32, ir.VectorType(I1, vl)])
-        rows_floats = -(-(h * stride) // 16) * 16
-        buf_floats = self._row_buffer_floats()
+        rows_floats = self._dim_value(self._rows_floats())
+        buf_floats = self._dim_value(self._row_buffer_floats())
         ninf = ir.Constant(F32, float("-inf"))
 
         def vmax_nan(acc, nan, v):
@@ -189,25 +233,26 @@ class MaxPoolEmitter(KernelEmitter):
             return acc, b.or_(nan, b.fcmp_unordered("uno", v, v))
 
         with b.if_then(b.icmp_signed("<", task, nt)):
-            region = b.gep(ws, [b.mul(task, const_i64(self._region_floats()))], inbounds=True)
+            region = b.gep(ws, [b.mul(task, self._dim_value(self._region_floats()))],
+                           inbounds=True)
             # the row buffer(s): columns -pl.. of the padded row; for stride 2 split by
             # column parity (buffer 0: padded columns 0, 2, 4, ...; buffer 1: 1, 3, 5, ...),
             # so that every tap of an output vector is one plain load. The margins stay -inf.
-            bufs = [b.gep(region, [const_i64(rows_floats + i * buf_floats)], inbounds=True)
-                    for i in range(sw)]
+            bufs = [b.gep(region, [b.add(rows_floats, b.mul(buf_floats, const_i64(i)))],
+                          inbounds=True) for i in range(sw)]
             for buf in bufs:
-                with for_range(b, const_i64(0), const_i64(buf_floats), "fill") as j:
+                with for_range(b, const_i64(0), buf_floats, "fill") as j:
                     b.store(ninf, b.gep(buf, [j], inbounds=True))
-            planes = const_i64(n * c)
             lo = b.sdiv(b.mul(task, planes), nt)
             hi = b.sdiv(b.mul(b.add(task, const_i64(1)), planes), nt)
             with for_range(b, lo, hi, "plane") as p:
-                x_plane = b.gep(x_ptr, [b.mul(p, const_i64(h * w))], inbounds=True)
-                o_plane = b.gep(out_ptr, [b.mul(p, const_i64(oh * ow))], inbounds=True)
-                with for_range(b, const_i64(0), const_i64(h), "iy") as iy:
-                    x_row = b.gep(x_plane, [b.mul(iy, const_i64(w))], inbounds=True)
-                    self._copy_row(x_row, bufs, w, pl, sw)
-                    with for_range(b, const_i64(0), const_i64(nvec), "ov") as q:
+                x_plane = b.gep(x_ptr, [b.mul(p, b.mul(h, w))], inbounds=True)
+                o_plane = b.gep(out_ptr, [b.mul(p, b.mul(oh, ow))], inbounds=True)
+                with for_range(b, const_i64(0), h, "iy") as iy:
+                    x_row = b.gep(x_plane, [b.mul(iy, w)], inbounds=True)
+                    self._copy_row(x_row, bufs, w_static if isinstance(w_static, int) else w,
+                                   pl, sw)
+                    with for_range(b, const_i64(0), nvec, "ov") as q:
                         ox0 = b.mul(q, const_i64(vl))
                         acc, nan = neg_inf, ir.Constant(ir.VectorType(I1, vl), [0] * vl)
                         for kx in range(kw):
@@ -217,22 +262,22 @@ class MaxPoolEmitter(KernelEmitter):
                             v = b.load(b.bitcast(src, self.vty.as_pointer()), align=4)
                             acc, nan = vmax_nan(acc, nan, v)
                         acc = b.select(nan, ir.Constant(self.vty, [float("nan")] * vl), acc)
-                        dst = b.gep(region, [b.add(b.mul(iy, const_i64(stride)), ox0)],
-                                    inbounds=True)
+                        dst = b.gep(region, [b.add(b.mul(iy, stride), ox0)], inbounds=True)
                         b.store(acc, b.bitcast(dst, self.vty.as_pointer()), align=4)
-                with for_range(b, const_i64(0), const_i64(oh), "oy") as oy:
-                    o_row = b.gep(o_plane, [b.mul(oy, const_i64(ow))], inbounds=True)
+                with for_range(b, const_i64(0), oh, "oy") as oy:
+                    o_row = b.gep(o_plane, [b.mul(oy, ow)], inbounds=True)
                     rows = []
                     for ky in range(kh):
                         iy = b.add(b.mul(oy, const_i64(sh)), const_i64(ky * dh - pt))
                         ok = b.and_(b.icmp_signed(">=", iy, const_i64(0)),
-                                    b.icmp_signed("<", iy, const_i64(h)))
+                                    b.icmp_signed("<", iy, h))
                         rows.append((ok, b.select(ok, iy, const_i64(0))))
+
                     def out_vector(q):
                         ox0 = b.mul(q, const_i64(vl))
                         acc, nan = neg_inf, ir.Constant(ir.VectorType(I1, vl), [0] * vl)
                         for ok, iy in rows:
-                            src = b.gep(region, [b.add(b.mul(iy, const_i64(stride)), ox0)],
+                            src = b.gep(region, [b.add(b.mul(iy, stride), ox0)],
                                         inbounds=True)
                             v = b.load(b.bitcast(src, self.vty.as_pointer()), align=4)
                             acc, nan = vmax_nan(acc, nan, b.select(ok, v, neg_inf))
@@ -244,13 +289,17 @@ class MaxPoolEmitter(KernelEmitter):
                     # full vectors with plain stores (a masked store is microcoded on AMD's
                     # AVX2 cores: ResNet-18's 3x3/2 stem pool took 6x ORT's time), the
                     # row's partial last vector masked
-                    with for_range(b, const_i64(0), const_i64(ow // vl), "ov") as q:
+                    full = b.sdiv(ow, const_i64(vl))
+                    with for_range(b, const_i64(0), full, "ov") as q:
                         _, acc, dst = out_vector(q)
                         b.store(acc, dst, align=4)
-                    if ow % vl:
-                        ox0, acc, dst = out_vector(const_i64(ow // vl))
+                    ow_static = self.out.shape[3]
+                    if isinstance(ow_static, int) and not ow_static % vl:
+                        return
+                    with b.if_then(b.icmp_signed("<", b.mul(full, const_i64(vl)), ow)):
+                        ox0, acc, dst = out_vector(full)
                         lanes = b.add(self._splat_i32(ox0), self._lanes(I32, range(vl)))
-                        mask = b.icmp_signed("<", lanes, self._lanes(I32, [ow] * vl))
+                        mask = b.icmp_signed("<", lanes, self._splat_i32(ow))
                         b.call(store, [acc, dst, ir.Constant(I32, 4), mask])
 
 
@@ -262,12 +311,10 @@ def match_global_mean(func: PrimFunc):
     """(output, scale op or None, scale constant) if ``func`` is exactly ``sum(x[outer...,
     r...]) [* or / c]`` over x's trailing axes, the output's leading axes indexing x's leading
     ones in order (float32, nothing else fused)."""
-    if len(func.outputs) != 1 or func.outputs[0].dtype != "float32" or len(func.inputs) != 1:
+    stage = _one_float32_stage(func)
+    if stage is None:
         return None
-    materialized, outputs = _plan_stages(func)
-    if materialized:
-        return None
-    out, body = outputs[0]
+    out, body = stage
     op, scale = None, 1.0
     if isinstance(body, te.Binary) and body.op in ("mul", "div") \
             and isinstance(body.b, te.Const) and body.dtype == "float32":

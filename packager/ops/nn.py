@@ -60,8 +60,19 @@ def _out_size(size: int, k: int, stride: int, pad0: int, pad1: int, dilation: in
               ceil_mode: bool = False) -> int:
     span = size + pad0 + pad1 - dilation * (k - 1) - 1
     out = (-(-span // stride) if ceil_mode else span // stride) + 1
-    if ceil_mode and (out - 1) * stride >= size + pad0:
-        out -= 1  # the last window must start inside the input or its left padding
+    if ceil_mode and isinstance(out, int):
+        if (out - 1) * stride >= size + pad0:
+            out -= 1  # the last window must start inside the input or its left padding
+    elif ceil_mode:
+        # the same rule for a run-time size: the last window starts at (out - 1) * stride =
+        # span + r, r = (-span) mod stride the rounding up; it starts past the input and its
+        # left padding when r >= m = dilation * (k - 1) + 1 - pad1 (as 0 <= r < stride: never
+        # for m >= stride, always for m <= 0, else the indicator (r + stride - m) // stride)
+        m = dilation * (k - 1) + 1 - pad1
+        if m <= 0:
+            out -= 1
+        elif m < stride:
+            out -= ((-span) % stride + stride - m) // stride
     try:
         small = out < 1
     except SymbolicShapeError:   # fits for large enough sizes: checked at run time
