@@ -261,3 +261,66 @@ def test_torch_layer_norm_and_group_norm(tmp_path: Path) -> None:
         got = list(m.run({m.inputs[0].name: x.numpy()}).values())
     for g, w in zip(got, want):
         np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-4 * float(np.abs(w).max()))
+
+
+def _decomposed_layer_norm(rng, shape, axes, affine=True, extra_reader=False):
+    """LayerNorm as exporters before opset 17 write it: ReduceMean, Sub, Pow 2, ReduceMean, Add
+    eps, Sqrt, Div (then Mul gamma, Add beta)."""
+    n = shape[-len(axes):]
+    f = lambda name, v: numpy_helper.from_array(np.asarray(v, np.float32), name)  # noqa: E731
+    inits = [f("two", 2.0), f("eps", 1e-5), f("gamma", rng.uniform(0.5, 1.5, n)),
+             f("beta", rng.uniform(-1, 1, n))]
+    nodes = [helper.make_node("ReduceMean", ["x"], ["m"], axes=axes),
+             helper.make_node("Sub", ["x", "m"], ["d"]),
+             helper.make_node("Pow", ["d", "two"], ["p"]),
+             helper.make_node("ReduceMean", ["p"], ["v"], axes=axes),
+             helper.make_node("Add", ["v", "eps"], ["ve"]),
+             helper.make_node("Sqrt", ["ve"], ["s"]),
+             helper.make_node("Div", ["d", "s"], ["n"])]
+    outputs = [_out("y")]
+    if affine:
+        nodes += [helper.make_node("Mul", ["n", "gamma"], ["g"]),
+                  helper.make_node("Add", ["beta", "g"], ["y"])]
+    else:
+        nodes.append(helper.make_node("Identity", ["n"], ["y"]))
+    if extra_reader:          # d read elsewhere too: the pattern stays operators
+        nodes.append(helper.make_node("Relu", ["d"], ["r"]))
+        outputs.append(_out("r"))
+    return _model(nodes, [_f("x", shape)], outputs, inits, opset=13)
+
+
+@pytest.mark.parametrize("shape, axes, affine, extra, fused", [
+    ((2, 9, 96), [-1], True, False, True),
+    ((1, 50, 768), [2], True, False, True),
+    ((3, 4, 10), [1, 2], False, False, True),
+    ((2, 5, 33), [-1], True, True, False),
+])
+def test_decomposed_layer_norm_pattern(shape, axes, affine, extra, fused, tmp_path: Path) -> None:
+    """passes/normalize.py turns the written-out LayerNorm into one nn.normalize (its scale and
+    bias included); a pattern whose centered value has another reader stays as it was."""
+    from mlcpack.packager.passes.normalize import fuse_normalize
+
+    rng = np.random.default_rng(len(shape) + shape[-1])
+    model = _decomposed_layer_norm(rng, shape, axes, affine, extra)
+    path = tmp_path / "m.onnx"
+    onnx.save(model, str(path))
+    mod, _ = import_onnx(str(path))
+    mod = fuse_normalize(mod)
+    calls = [b.value for f in mod.functions.values() if hasattr(f, "bindings")
+             for b in f.bindings() if getattr(b.value, "op", None) == "nn.normalize"]
+    assert len(calls) == int(fused)
+    if fused:
+        assert calls[0].attrs["scale"] is affine and calls[0].attrs["bias"] is affine
+        lowered = run_pipeline(mod, DEFAULT_PIPELINE)
+        funcs = [f for f in lowered.functions.values() if isinstance(f, PrimFunc)]
+        assert sum(match_normalize(f) is not None for f in funcs) == 1
+        assert len(funcs) == 1      # nothing else left of the pattern
+    bundle = tmp_path / "m.mlc"
+    export_module(mod, bundle, ExportOptions(target="host", check=False))
+    x = (rng.standard_normal(shape) * 2 + 3).astype(np.float32)
+    want = ort_outputs(path, {"x": x})
+    with load(bundle) as m:
+        got = m.run({"x": x})
+    for name, w in want.items():
+        err = float(np.abs(got[name] - w).max()) / max(float(np.abs(w).max()), 1.0)
+        assert err <= RTOL, (name, err)
