@@ -324,3 +324,28 @@ def test_decomposed_layer_norm_pattern(shape, axes, affine, extra, fused, tmp_pa
     for name, w in want.items():
         err = float(np.abs(got[name] - w).max()) / max(float(np.abs(w).max()), 1.0)
         assert err <= RTOL, (name, err)
+
+
+def test_generic_fallback_matches(tmp_path: Path) -> None:
+    """What the row kernel does not take compiles through the operator's tensor expressions:
+    a float64 LayerNorm, and a scale that broadcasts inside the row ([1, 16] over rows of
+    [5, 16]), against ONNX Runtime and the float64 formula."""
+    rng = np.random.default_rng(8)
+    s16 = rng.uniform(0.5, 1.5, (1, 16)).astype(np.float32)
+    s64 = rng.uniform(0.5, 1.5, (24,))
+    nodes = [helper.make_node("LayerNormalization", ["x", "s16"], ["y"], axis=-2),
+             helper.make_node("LayerNormalization", ["d", "s64"], ["z"], axis=-1)]
+    model = _model(nodes, [_f("x", (3, 5, 16)),
+                           helper.make_tensor_value_info("d", TensorProto.DOUBLE, [4, 24])],
+                   [_out("y"), helper.make_tensor_value_info("z", TensorProto.DOUBLE, None)],
+                   [numpy_helper.from_array(s16, "s16"), numpy_helper.from_array(s64, "s64")])
+    assert _fast_kernels(model) == 0
+    feeds = {"x": rng.standard_normal((3, 5, 16)).astype(np.float32),
+             "d": rng.standard_normal((4, 24))}
+    _check(model, [feeds], tmp_path)
+    with load(tmp_path / "m.mlc") as m:
+        z = m.run(feeds)["z"]
+    d = feeds["d"]
+    ref = (d - d.mean(-1, keepdims=True)) / np.sqrt(d.var(-1, keepdims=True) + 1e-5) * s64
+    # float64 sqrt goes through the float32 kernel in the generic lowering (codegen/lower.py)
+    np.testing.assert_allclose(z, ref, rtol=1e-6, atol=1e-6)
