@@ -59,7 +59,7 @@ def fused_matmul_add_relu(x: Tensor((1, 4), "float32"), w0: Tensor((3, 4), "floa
 
 def test_pipeline_is_named_list():
     assert [p.name for p in DEFAULT_PIPELINE] == [
-        "fold_constants", "fuse_gelu", "eliminate_dead_code", "fuse_quantized", "fold_dequantize",
+        "fold_constants", "fuse_gelu", "fuse_normalize", "eliminate_dead_code", "fuse_quantized", "fold_dequantize",
         "drop_unread_cell_state", "decompose_conv_transpose", "decompose_conv_nd",
         "pretranspose_weights", "legalize", "fuse_ops", "eliminate_dead_code"]
 

@@ -12,6 +12,7 @@ from .conv_nd import decompose_conv_nd
 from .conv_transpose import decompose_conv_transpose
 from .fuse import fuse_ops
 from .gelu import fuse_gelu
+from .normalize import fuse_normalize
 from .layout import pretranspose_weights
 from .legalize import legalize
 from .rnn import drop_unread_cell_state
@@ -28,6 +29,7 @@ class Pass:
 DEFAULT_PIPELINE: tuple[Pass, ...] = (
     Pass("fold_constants", fold_constants),
     Pass("fuse_gelu", fuse_gelu),
+    Pass("fuse_normalize", fuse_normalize),
     Pass("eliminate_dead_code", eliminate_dead_code),
     Pass("fuse_quantized", fuse_quantized),
     Pass("fold_dequantize", fold_dequantize),
