@@ -349,3 +349,55 @@ def test_generic_fallback_matches(tmp_path: Path) -> None:
     ref = (d - d.mean(-1, keepdims=True)) / np.sqrt(d.var(-1, keepdims=True) + 1e-5) * s64
     # float64 sqrt goes through the float32 kernel in the generic lowering (codegen/lower.py)
     np.testing.assert_allclose(z, ref, rtol=1e-6, atol=1e-6)
+
+
+def test_fused_epilogues(tmp_path: Path) -> None:
+    """Elementwise readers fuse into the normalization and the kernel evaluates them before its
+    store: InstanceNorm then ReLU, LayerNorm then a residual add and SiLU, GroupNorm then a
+    scaled clip (HardTanh); a per-channel add after an InstanceNorm broadcasts inside the row,
+    which the kernel does not take: it stays correct through the generic fallback."""
+    rng = np.random.default_rng(9)
+    c = lambda name, shape: _const(rng, name, shape, 0.5, 1.5)  # noqa: E731
+    nodes = [helper.make_node("InstanceNormalization", ["a", "as", "ab"], ["a_n"]),
+             helper.make_node("Relu", ["a_n"], ["a_y"]),
+             helper.make_node("LayerNormalization", ["b", "bs", "bb"], ["b_n"], axis=-1),
+             helper.make_node("Add", ["b_n", "b"], ["b_r"]),
+             helper.make_node("Sigmoid", ["b_r"], ["b_s"]),
+             helper.make_node("Mul", ["b_r", "b_s"], ["b_y"]),
+             helper.make_node("GroupNormalization", ["g", "gs", "gb"], ["g_n"], num_groups=2),
+             helper.make_node("Mul", ["g_n", "half"], ["g_h"]),
+             helper.make_node("Clip", ["g_h", "lo", "hi"], ["g_y"]),
+             helper.make_node("InstanceNormalization", ["d", "ds", "db"], ["d_n"]),
+             helper.make_node("Add", ["d_n", "dc"], ["d_y"])]
+    inits = [c("as", (4,)), c("ab", (4,)), c("bs", (37,)), c("bb", (37,)), c("gs", (6,)),
+             c("gb", (6,)), c("ds", (3,)), c("db", (3,)), c("dc", (3, 1, 1)),
+             numpy_helper.from_array(np.array(0.5, np.float32), "half"),
+             numpy_helper.from_array(np.array(-0.4, np.float32), "lo"),
+             numpy_helper.from_array(np.array(0.6, np.float32), "hi")]
+    shapes = {"a": (2, 4, 9, 7), "b": (3, 5, 37), "g": (1, 6, 11, 5), "d": (1, 3, 4, 6)}
+    model = _model(nodes, [_f(k, v) for k, v in shapes.items()],
+                   [_out(n) for n in ("a_y", "b_y", "g_y", "d_y")], inits, opset=21)
+    mod, _ = import_onnx(model)
+    funcs = [f for f in run_pipeline(mod, DEFAULT_PIPELINE).functions.values()
+             if isinstance(f, PrimFunc)]
+    names = sorted(f.name for f in funcs)
+    taken = sorted(f.name for f in funcs if match_normalize(f) is not None)
+    # GroupNorm's result is reshaped back to [N, C, H, W]: its readers stay a kernel apart
+    assert len(funcs) == 5, names
+    assert sum(n.startswith("fused_normalize") for n in names) == 3, names
+    assert len(taken) == 3 and sum(n.startswith("fused_") for n in taken) == 2, taken
+    feeds = {k: (rng.standard_normal(v) * 2 + 0.3).astype(np.float32) for k, v in shapes.items()}
+    _check(model, [feeds], tmp_path)
+
+
+def test_fused_epilogue_run_time_rows(tmp_path: Path) -> None:
+    """LayerNorm + residual add + ReLU with a run-time sequence length."""
+    rng = np.random.default_rng(10)
+    nodes = [helper.make_node("LayerNormalization", ["x", "s", "b"], ["n"], axis=-1),
+             helper.make_node("Add", ["n", "x"], ["r"]),
+             helper.make_node("Relu", ["r"], ["y"])]
+    model = _model(nodes, [_f("x", (1, "seq", 80))], [_out("y")],
+                   [_const(rng, "s", (80,)), _const(rng, "b", (80,))])
+    assert _fast_kernels(model) == 1
+    _check(model, [{"x": rng.standard_normal((1, t, 80)).astype(np.float32)}
+                   for t in (1, 13, 260)], tmp_path)

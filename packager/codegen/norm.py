@@ -17,6 +17,11 @@ constant over segments of it: K segments of S = n / K elements, parameter (row %
 (InstanceNorm: G = C, K = 1; GroupNorm-21 over [N, G, C/G, H, W]: K = C/G; GroupNorm-18: K = 1).
 A segment writes (x - mean) * a + c with a = inv_std * scale, c = bias, one multiply-add.
 
+An elementwise epilogue that fusion spliced in (style transfer's ReLU after each InstanceNorm, a
+residual add, SiLU) is evaluated on the vector before its store: arithmetic, compares, selects
+and the lane-wise math of ``vecmath_lanes``, reading other tensors of x's shape at the same
+element or one-element tensors; any other epilogue leaves the function to the generic loop nest.
+
 Rows split over threads (as the generic kernels, when there is work enough). The decomposition
 this replaces ran five kernels, each a pass over the tensor: mean, subtract, square and mean,
 add/sqrt/divide, multiply (then the affine part).
@@ -35,6 +40,10 @@ from ..ir.sym import product
 from .helpers import F32, I1, I32, I64, alloca_once, const_i64, for_range, intrinsic
 from . import lower
 from .lower import KernelEmitter, KernelInfo
+from .vecmath_lanes import VECTOR_MATH, vector_math
+
+_VECTOR_BINARY = ("add", "sub", "mul", "div", "max", "min")
+_COMPARE = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!="}
 
 
 @dataclass(frozen=True)
@@ -48,6 +57,8 @@ class NormMatch:
     groups: int         # G: parameters repeat every G rows
     segments: int       # K: parameter blocks per row (n: per element)
     per_element: bool   # K == n (S == 1): vectors of parameters
+    result: te.Tensor   # the normalized stage (``out`` itself when nothing is fused after it)
+    extras: tuple[te.Tensor, ...] = ()   # the fused epilogue's other inputs
 
 
 def _param_layout(x: te.Tensor, p: te.Tensor, axis: int) -> tuple[int, int] | None:
@@ -65,32 +76,110 @@ def _param_layout(x: te.Tensor, p: te.Tensor, axis: int) -> tuple[int, int] | No
     return int(product(lead[first:])), int(product(trail[:last]))
 
 
+def _reads(e: te.Expr) -> list[te.Read]:
+    return te.reads(e)
+
+
+def _identity(r: te.Read, stage: te.Tensor) -> bool:
+    return len(r.indices) == len(stage.axes) and all(i is a for i, a in
+                                                     zip(r.indices, stage.axes))
+
+
+def _epilogue_ok(out: te.Tensor, result: te.Tensor, x: te.Tensor,
+                 extras: tuple[te.Tensor, ...]) -> bool:
+    """``out`` (and the stages it reads) is an elementwise function, evaluable a vector at a
+    time, of the normalized ``result`` and of ``extras`` read at the same element (same shape
+    as x) or being one element."""
+    extra_ids = {t.uid for t in extras}
+    seen: set[int] = set()
+
+    def stage_ok(stage: te.Tensor) -> bool:
+        if stage.uid in seen:
+            return True
+        seen.add(stage.uid)
+        if tuple(stage.shape) != tuple(x.shape) or stage.dtype != "float32":
+            return False
+        stack = [stage.body]
+        while stack:
+            node = stack.pop()
+            if isinstance(node, te.Read):
+                t = node.tensor
+                if t.uid in extra_ids:
+                    if t.dtype != "float32":
+                        return False
+                    if product(t.shape) == 1:
+                        continue
+                    if tuple(t.shape) != tuple(x.shape) or not _identity(node, stage):
+                        return False
+                    continue
+                if not _identity(node, stage):
+                    return False
+                if t is result:
+                    continue
+                if t.is_placeholder or not stage_ok(t):
+                    return False
+                continue
+            if isinstance(node, te.Binary):
+                if node.dtype != "float32" or node.op not in _VECTOR_BINARY:
+                    return False
+            elif isinstance(node, te.Compare):
+                if node.a.dtype != "float32" or node.op not in _COMPARE:
+                    return False
+            elif isinstance(node, te.MathCall):
+                if node.dtype != "float32" or node.name not in VECTOR_MATH:
+                    return False
+            elif isinstance(node, te.Const):
+                if node.dtype != "float32" or not isinstance(node.value, (int, float)):
+                    return False
+                continue
+            elif not isinstance(node, te.Select):
+                return False
+            stack.extend(te.children(node))
+        return True
+
+    return stage_ok(out)
+
+
 def match_normalize(func: PrimFunc) -> NormMatch | None:
-    """The normalization ``ops/norm.py`` legalized, if ``func`` is exactly that (float32)."""
+    """The normalization ``ops/norm.py`` legalized, if ``func`` is that (float32), possibly
+    followed by an elementwise epilogue that fusion spliced in (a ReLU, a residual add)."""
     if len(func.outputs) != 1:
         return None
     out = func.outputs[0]
-    tag = None
-    for stage in te.stages(func.outputs):
-        body = stage.body
-        stack = [body] if body is not None else []
+    tag = mean_stage = None
+    stages = [st for st in te.stages(func.outputs) if not st.is_placeholder]
+    for stage in stages:
+        stack = [stage.body]
         while stack and tag is None:
             node = stack.pop()
             if isinstance(node, te.Reduce):
                 t = reduction_tag(node)
                 if t is not None and t.kind == "normalize":
-                    tag = t
+                    tag, mean_stage = t, stage
             stack.extend(te.children(node))
         if tag is not None:
             break
     if tag is None:
         return None
     operands = tag.operands
-    if [t.uid for t in func.inputs] != [t.uid for t in operands]:
+    k = len(operands)
+    if [t.uid for t in func.inputs[:k]] != [t.uid for t in operands]:
         return None
     x = operands[0]
     if any(t.dtype != "float32" for t in operands) or out.dtype != "float32" \
             or tuple(out.shape) != tuple(x.shape) or x.ndim == 0:
+        return None
+    # the normalized stage: x's shape, reads the mean
+    results = [st for st in stages if tuple(st.shape) == tuple(x.shape)
+               and any(r.tensor is mean_stage for r in _reads(st.body))]
+    if len(results) == 2:   # one-element rows: the inverse deviation has x's shape too
+        results = [st for st in results
+                   if any(r.tensor is other for other in results for r in _reads(st.body))]
+    if len(results) != 1:
+        return None
+    result = results[0]
+    extras = tuple(func.inputs[k:])
+    if out is not result and not _epilogue_ok(out, result, x, extras):
         return None
     axis = int(tag.attrs["start"]) % x.ndim
     params = list(operands[1:])
@@ -105,7 +194,7 @@ def match_normalize(func: PrimFunc) -> NormMatch | None:
     if segments > 1 and not per_element and not isinstance(n, int):
         return None
     return NormMatch(x, out, axis, float(tag.attrs["eps"]), scale, bias, groups, segments,
-                     per_element)
+                     per_element, result, extras)
 
 
 class NormEmitter(KernelEmitter):
@@ -222,7 +311,7 @@ class NormEmitter(KernelEmitter):
 
     def emit(self) -> KernelInfo:
         m = self.m
-        params = [m.x] + [p for p in (m.scale, m.bias) if p is not None]
+        params = list(self.func.inputs)
         body_fn, ptr_types = self._begin_body(params + [m.out], workspace=False)
         n_ptrs = len(ptr_types)
         task, ntasks = body_fn.args[n_ptrs], body_fn.args[n_ptrs + 1]
@@ -259,6 +348,14 @@ class NormEmitter(KernelEmitter):
             start = b.mul(row, n, flags=("nsw",))
             xr = b.gep(x_ptr, [start], inbounds=True)
             yr = b.gep(out_ptr, [start], inbounds=True)
+            # the epilogue's inputs: this row of each x-shaped one, a splat of each scalar
+            self.extra_rows = {}
+            for t in m.extras:
+                ptr = self.buffers[t.uid]
+                if product(t.shape) == 1:
+                    self.extra_rows[t.uid] = ("scalar", self._splat(b.load(ptr)))
+                else:
+                    self.extra_rows[t.uid] = ("row", b.gep(ptr, [start], inbounds=True))
             self._row(xr, yr, n, inv_n, row, scale_ptr, bias_ptr)
         b.ret_void()
         self._emit_entry(body_fn, n_ptrs, ptr_types)
@@ -302,14 +399,18 @@ class NormEmitter(KernelEmitter):
                     y = b.fmul(y, self._load(sp, off, mask))
                 else:
                     y = b.fadd(y, self._load(bp, off, mask))
-                self._store(y, yr, off, mask)
+                self._store(self._epilogue(y, off, mask), yr, off, mask)
 
             self._pass(n, write, reduce=False)
             return
 
-        def segment(xs, ys, count, a, c):
-            self._pass(count, lambda off, mask, acc: self._store(self._fma(
-                centered(self._load(xs, off, mask)), a, c), ys, off, mask), reduce=False)
+        def segment(base, count, a, c):
+            def write(off, mask, acc):
+                at = b.add(base, off)
+                y = self._fma(centered(self._load(xr, at, mask)), a, c)
+                self._store(self._epilogue(y, at, mask), yr, at, mask)
+
+            self._pass(count, write, reduce=False)
 
         def params_at(k):
             a, c = inv_s, None
@@ -321,13 +422,65 @@ class NormEmitter(KernelEmitter):
 
         if m.segments == 1:
             a, c = params_at(const_i64(0)) if g0 is not None else (inv, zero)
-            segment(xr, yr, n, a, c)
+            segment(const_i64(0), n, a, c)
             return
         seg = b.sdiv(n, const_i64(m.segments))
         with for_range(b, const_i64(0), const_i64(m.segments), "seg") as k:
             a, c = params_at(k)
-            off = b.mul(k, seg, flags=("nsw",))
-            segment(b.gep(xr, [off], inbounds=True), b.gep(yr, [off], inbounds=True), seg, a, c)
+            segment(b.mul(k, seg, flags=("nsw",)), seg, a, c)
+
+
+    # ---- the fused epilogue -------------------------------------------------------------------
+
+    def _epilogue(self, y: ir.Value, off: ir.Value, mask: ir.Value | None) -> ir.Value:
+        """The output vector at row offset ``off``: the fused epilogue of the normalized ``y``
+        (``y`` itself when nothing is fused)."""
+        m = self.m
+        if m.out is m.result:
+            return y
+        memo: dict[int, ir.Value] = {m.result.uid: y}
+        b = self.builder
+
+        def stage(t: te.Tensor) -> ir.Value:
+            if t.uid not in memo:
+                memo[t.uid] = value(t.body)
+            return memo[t.uid]
+
+        def value(e: te.Expr) -> ir.Value:
+            if isinstance(e, te.Read):
+                kind = self.extra_rows.get(e.tensor.uid)
+                if kind is None:
+                    return stage(e.tensor)
+                if kind[0] == "scalar":
+                    return kind[1]
+                return self._load(kind[1], off, mask)
+            if isinstance(e, te.Const):
+                return self._splat(float(e.value))
+            if isinstance(e, te.Binary):
+                x, z = value(e.a), value(e.b)
+                if e.op in ("max", "min"):
+                    if isinstance(e.b, te.Const) or isinstance(e.a, te.Const):
+                        # against a constant (relu, clip): one maxps, NaN passes through
+                        var, bound = (x, z) if isinstance(e.b, te.Const) else (z, x)
+                        less = b.fcmp_ordered("<" if e.op == "max" else ">", var, bound)
+                        return b.select(less, bound, var)
+                    name = f"llvm.{'maximum' if e.op == 'max' else 'minimum'}.v{self.vl}f32"
+                    return b.call(intrinsic(self.module, name, self.vty, [self.vty] * 2),
+                                  [x, z])
+                return {"add": b.fadd, "sub": b.fsub, "mul": b.fmul,
+                        "div": b.fdiv}[e.op](x, z)
+            if isinstance(e, te.Compare):
+                x, z = value(e.a), value(e.b)
+                sym = _COMPARE[e.op]
+                return b.fcmp_unordered(sym, x, z) if e.op == "ne" else \
+                    b.fcmp_ordered(sym, x, z)
+            if isinstance(e, te.Select):
+                return b.select(value(e.cond), value(e.a), value(e.b))
+            if isinstance(e, te.MathCall):
+                return vector_math(b, e.name, value(e.arg))
+            raise AssertionError(f"unmatched epilogue node {type(e).__name__}")
+
+        return stage(m.out)
 
 
 def emit_normalize(module: ir.Module, func: PrimFunc, symbol: str, vl: int,

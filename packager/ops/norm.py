@@ -11,9 +11,10 @@ segment of a row for GroupNorm-21 ([G, C/G, 1, 1] over [N, G, C/G, H, W], axis 2
 
 The frontends emitted this as five operators (mean, subtract, multiply, mean, add/sqrt/divide,
 multiply), four or five kernels each passing over the whole tensor; ``codegen/norm.py`` computes
-it as one row kernel, the affine part fused. The operator is OPAQUE: an elementwise reader (an
-activation) stays a kernel of its own instead of fusing into the tensor expressions below, which
-are the generic fallback (other dtypes, shapes the kernel does not take).
+it as one row kernel, the affine part fused. An elementwise reader (a ReLU, a residual add) fuses
+into it as into any reduction (passes/fuse.py) and the kernel evaluates it before its store; the
+tensor expressions below are the generic fallback (other dtypes, shapes or epilogues the kernel
+does not take).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from ..ir.graph import TensorType
 from ..ir.patterns import tag_reduction
 from ..ir.sym import SymExpr, product
 from .elementwise import broadcast_read
-from .registry import OPAQUE, broadcast_shape, register_op
+from .registry import REDUCTION, broadcast_shape, register_op
 
 
 def _infer(x: TensorType, *params: TensorType, axis: int = -1, eps: float = 1e-5,
@@ -96,7 +97,7 @@ def _legalize(x: te.Tensor, *params: te.Tensor, out_type: TensorType, name: str,
     return te.compute(x.shape, out, name=name)
 
 
-@register_op("nn.normalize", OPAQUE, _infer, _legalize)
+@register_op("nn.normalize", REDUCTION, _infer, _legalize)
 def normalize(x: np.ndarray, *params: np.ndarray, axis: int = -1, eps: float = 1e-5,
               scale: bool = False, bias: bool = False) -> np.ndarray:
     axes = tuple(range(axis % x.ndim, x.ndim))
