@@ -76,10 +76,6 @@ def _param_layout(x: te.Tensor, p: te.Tensor, axis: int) -> tuple[int, int] | No
     return int(product(lead[first:])), int(product(trail[:last]))
 
 
-def _reads(e: te.Expr) -> list[te.Read]:
-    return te.reads(e)
-
-
 def _identity(r: te.Read, stage: te.Tensor) -> bool:
     return len(r.indices) == len(stage.axes) and all(i is a for i, a in
                                                      zip(r.indices, stage.axes))
@@ -171,10 +167,10 @@ def match_normalize(func: PrimFunc) -> NormMatch | None:
         return None
     # the normalized stage: x's shape, reads the mean
     results = [st for st in stages if tuple(st.shape) == tuple(x.shape)
-               and any(r.tensor is mean_stage for r in _reads(st.body))]
+               and any(r.tensor is mean_stage for r in te.reads(st.body))]
     if len(results) == 2:   # one-element rows: the inverse deviation has x's shape too
         results = [st for st in results
-                   if any(r.tensor is other for other in results for r in _reads(st.body))]
+                   if any(r.tensor is other for other in results for r in te.reads(st.body))]
     if len(results) != 1:
         return None
     result = results[0]
