@@ -14,12 +14,13 @@ target has one and stays a multiply and an add where it has none (``llvm.fma`` w
 a libm ``fmaf`` call on x86-64-v2).
 
 Measured against float64 on float32 inputs (10^7 points each): exp <= 1.0 ulp on [-87, 88],
-log <= 0.8 ulp, erf <= 5.9e-8 absolute (1.0 ulp); sqrt is correctly rounded. On every 1e-3
-of [-20, 20] and the tails to +-100: sigmoid, 1/(1 + e^-x) with a cheaper e^-x than exp's
+log <= 0.8 ulp, erf <= 6.9e-8 absolute (1.15 ulp); sqrt is correctly rounded. On every 1e-3 of
+[-20, 20] and the tails to +-100: sigmoid, 1/(1 + e^-x) with a cheaper e^-x than exp's
 (``exp_neg_parts``), <= 8.8e-8 absolute, 2.7e-7 relative (4.2e-7 in the tails down to FLT_MIN);
 tanh, a clamped rational x P(x^2)/Q(x^2), <= 2.4e-7 absolute and relative. Per element on Zen 3
-AVX2, one core: sigmoid 0.38 ns (ONNX Runtime's MlasComputeLogistic 0.48, the former exp-based
-form 0.75), tanh 0.38 ns (ORT 0.43, formerly 1.2).
+AVX2, one core (bench/vecmath_bench.py): sigmoid 0.31-0.38 ns (ONNX Runtime's
+MlasComputeLogistic 0.42-0.48; the former exp-based form 0.75), tanh 0.32-0.38 ns (ORT 0.42,
+formerly 1.2), erf 0.95 ns (ORT 0.81, formerly 1.2: its tail now takes sigmoid's e^-z).
 
 sin, cos, tan, asin, acos, atan, sinh, cosh, asinh, acosh and atanh compute in float64 inside
 (range reduction and Taylor polynomials with exact rational coefficients, float64 exp/log built
@@ -312,15 +313,17 @@ def _emit_erf(m: _Ops, x: ir.Value) -> ir.Value:
     t = m.fabs(x)
     s = m.mul(x, x)
     small = m.fma(m.horner(s, ERF_SMALL_POLY), x, x)
-    # Large |t|: the polynomial goes to -inf, exp to 0, so erf(+-inf) = +-1 with no clamp.
-    r = m.horner(t, ERF_LARGE_POLY_HI)
-    u = m.horner(t, ERF_LARGE_POLY_MID)
-    r = m.fma(r, s, u)
+    # Large |t|: 1 - e^-z with z = -poly(t), built from the negated coefficients (z = t + ...
+    # needs no negation); z goes to +inf with t, e^-z to 0 (exp_neg_parts clamps z at 80), so
+    # erf(+-inf) = +-1. z >= 0.93 here (or NaN: then the small branch, also NaN, is taken).
+    z = m.horner(t, [-c for c in ERF_LARGE_POLY_HI])
+    u = m.horner(t, [-c for c in ERF_LARGE_POLY_MID])
+    z = m.fma(z, s, u)
     for coeff in ERF_LARGE_POLY_LO:
-        r = m.fma(r, t, m.c(coeff))
-    r = m.fma(r, t, m.sub(m.c(-0.0), t))
-    # r <= -0.93 here (or NaN: then the small branch, also NaN, is taken)
-    large = m.copysign(m.sub(m.c(1.0), exp_nonpositive(m, r)), x)
+        z = m.fma(z, t, m.c(-coeff))
+    z = m.fma(z, t, t)
+    q, scale = exp_neg_parts(m, z, lo=None)
+    large = m.copysign(m.fma(m.b.fneg(q), scale, m.c(1.0)), x)
     return m.select(m.cmp(">", t, m.c(ERF_SPLIT)), large, small)
 
 
