@@ -398,10 +398,11 @@ def _is_all(v: Value | None, value: float) -> bool:
 
 
 def normalize_rows(ctx: NodeContext, x: Value, axis: int, eps: float, scale: Value | None,
-                   bias: Value | None) -> Value | None:
-    """``nn.normalize`` (one row kernel, codegen/norm.py) of ``x`` over ``x.shape[axis:]``, times
-    ``scale`` plus ``bias`` (None: none; constant ones or zeros are dropped); None when a
-    parameter does not broadcast to ``x`` unchanged (the caller decomposes instead)."""
+                   bias: Value | None, groups: int = 1) -> Value | None:
+    """``nn.normalize`` (one row kernel, codegen/norm.py) of ``x`` over ``x.shape[axis:]`` (with
+    ``groups``: over each of that many slices of it), times ``scale`` plus ``bias`` (None: none;
+    constant ones or zeros are dropped); None when a parameter does not broadcast to ``x``
+    unchanged (the caller decomposes instead)."""
     if _is_all(scale, 1.0):
         scale = None
     if _is_all(bias, 0.0):
@@ -409,8 +410,9 @@ def normalize_rows(ctx: NodeContext, x: Value, axis: int, eps: float, scale: Val
     params = [p for p in (scale, bias) if p is not None]
     if not all(_fits(x, p) for p in params):
         return None
+    extra = {"groups": groups} if groups != 1 else {}
     return ctx.emit("nn.normalize", x, *params, axis=axis, eps=float(eps),
-                    scale=scale is not None, bias=bias is not None)
+                    scale=scale is not None, bias=bias is not None, **extra)
 
 
 @converter("LayerNormalization", since=17, attrs={"axis": -1, "epsilon": 1e-5, "stash_type": 1})
@@ -497,6 +499,21 @@ def _group_norm(per_channel: bool) -> Callable[[NodeContext], Value]:
             raise ctx.error(f"num_groups={groups} does not divide the {channels} channels")
         groups = int(groups)
         eps = float(ctx.attrs["epsilon"])
+        # on x itself, a row per group of channels, so that readers (SiLU) fuse into the
+        # kernel; per-group parameters (opset 18) known at export repeat over their channels
+        params = [ctx.const(i) for i in (1, 2)]
+        if per_channel:
+            params = [ctx.input(i) for i in (1, 2)]
+        elif all(p is not None for p in params):
+            params = [ctx.constant(np.repeat(p, channels // groups), "gn_param")
+                      for p in params]
+        else:
+            params = []
+        if params:
+            fast = normalize_rows(ctx, x, 1, eps, *(_channel_shaped(ctx, p, rank)
+                                                     for p in params), groups=groups)
+            if fast is not None:
+                return fast
         grouped = ctx.reshape(x, (shape[0], groups, channels // groups) + shape[2:])
         # scale and bias over [N, G, C/G, spatial...]: per channel [G, C/G, 1...] (opset 21),
         # per group [G, 1, 1...] (opset 18)

@@ -184,16 +184,17 @@ def _group_norm(ctx: NodeContext) -> tuple[Value, Value | None, Value | None]:
         raise ctx.error(f"{groups} groups do not divide the {channels} channels")
     eps = float(ctx.arg("eps"))
     grouped = ctx.reshape(x, (shape[0], groups, channels // groups) + shape[2:])
-    # per-channel weight and bias over [N, G, C/G, spatial...] as [G, C/G, 1...]
-    params = [ctx.reshape(v, (groups, channels // groups) + (1,) * (rank - 2))
-              if v is not None else None for v in (ctx.maybe("weight"), ctx.maybe("bias"))]
-    fast = normalize_rows(ctx, grouped, 2, eps, *params)
+    # on x itself, a row per group of channels (readers fuse into the kernel); the per-channel
+    # weight and bias as [1, C, 1...]
+    params = [_channel_shaped(ctx, v, rank) if v is not None else None
+              for v in (ctx.maybe("weight"), ctx.maybe("bias"))]
+    fast = normalize_rows(ctx, x, 1, eps, *params, groups=groups)
     if fast is not None and not (ctx.wants(1) or ctx.wants(2)):
-        return ctx.reshape(fast, shape), None, None
+        return fast, None, None
     y, mean, inv_std = _normalize(ctx, grouped, tuple(range(2, rank + 1)), eps)
     stats = (shape[0], groups)
     if fast is not None:
-        return ctx.reshape(fast, shape), ctx.reshape(mean, stats), ctx.reshape(inv_std, stats)
+        return fast, ctx.reshape(mean, stats), ctx.reshape(inv_std, stats)
     y = ctx.reshape(y, shape)
     if ctx.maybe("weight") is not None:
         y = ctx.emit("multiply", y, _channel_shaped(ctx, ctx.tensor("weight"), rank))

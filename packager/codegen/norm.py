@@ -58,7 +58,9 @@ class NormMatch:
     segments: int       # K: parameter blocks per row (n: per element)
     per_element: bool   # K == n (S == 1): vectors of parameters
     result: te.Tensor   # the normalized stage (``out`` itself when nothing is fused after it)
-    extras: tuple[te.Tensor, ...] = ()   # the fused epilogue's other inputs
+    extras: tuple[te.Tensor, ...]   # the fused epilogue's other inputs
+    n: object           # the row length (an int or a run-time size)
+    rows: object        # the number of rows
 
 
 def _param_layout(x: te.Tensor, p: te.Tensor, axis: int) -> tuple[int, int] | None:
@@ -185,12 +187,20 @@ def match_normalize(func: PrimFunc) -> NormMatch | None:
     if None in layouts or len(layouts) > 1:
         return None
     groups, segments = layouts.pop() if layouts else (1, 1)
+    row_groups = int(tag.attrs.get("groups", 1))
     n = product(x.shape[axis:])
+    rows = product(x.shape[:axis])
+    if row_groups > 1:
+        # a row per group of x.shape[axis]: the parameters (per channel) split the same way,
+        # row r reading the (r % row_groups)-th block
+        if groups != 1 or segments % row_groups:
+            return None
+        groups, segments = row_groups, segments // row_groups
+        n = (x.shape[axis] // row_groups) * product(x.shape[axis + 1:])
+        rows = rows * row_groups
     per_element = segments > 1 and isinstance(n, int) and segments == n
-    if segments > 1 and not per_element and not isinstance(n, int):
-        return None
     return NormMatch(x, out, axis, float(tag.attrs["eps"]), scale, bias, groups, segments,
-                     per_element, result, extras)
+                     per_element, result, extras, n, rows)
 
 
 class NormEmitter(KernelEmitter):
@@ -312,9 +322,7 @@ class NormEmitter(KernelEmitter):
         n_ptrs = len(ptr_types)
         task, ntasks = body_fn.args[n_ptrs], body_fn.args[n_ptrs + 1]
         b = self.builder
-        shape = m.x.shape
-        n_dim = product(shape[m.axis:])
-        rows_dim = product(shape[:m.axis])
+        n_dim, rows_dim = m.n, m.rows
         n = self._dim_value(n_dim)
         rows = self._dim_value(rows_dim)
         static = isinstance(n_dim, int) and isinstance(rows_dim, int)
