@@ -423,3 +423,31 @@ def test_group_norm_run_time_plane_and_graph_input_scale(tmp_path: Path, monkeyp
     assert _fast_kernels(model) == 1
     _check(model, [{"x": rng.standard_normal((2, 6, 4, 5)).astype(np.float32),
                     "gs": rng.uniform(0.5, 1.5, 3).astype(np.float32)}], tmp_path)
+
+
+def test_torch_group_norm_export_pattern(tmp_path: Path) -> None:
+    """torch's ONNX GroupNorm (Reshape to [N, G, -1], InstanceNormalization with ones and zeros,
+    Reshape back, Mul and Add per channel) then SiLU: passes/normalize.py makes it one
+    normalization of [N, C, H, W] in groups with the Mul and Add as its scale and bias, and the
+    SiLU fuses in: one kernel, the row kernel."""
+    rng = np.random.default_rng(12)
+    ints = lambda name, v: numpy_helper.from_array(np.array(v, np.int64), name)  # noqa: E731
+    nodes = [helper.make_node("Reshape", ["x", "gshape"], ["g"]),
+             helper.make_node("InstanceNormalization", ["g", "ones", "zeros"], ["n"]),
+             helper.make_node("Reshape", ["n", "xshape"], ["r"]),
+             helper.make_node("Mul", ["r", "w"], ["m"]),
+             helper.make_node("Add", ["m", "b"], ["a"]),
+             helper.make_node("Sigmoid", ["a"], ["s"]),
+             helper.make_node("Mul", ["a", "s"], ["y"])]
+    inits = [numpy_helper.from_array(np.ones(4, np.float32), "ones"),
+             numpy_helper.from_array(np.zeros(4, np.float32), "zeros"),
+             ints("gshape", [2, 4, -1]), ints("xshape", [2, 16, 7, 5]),
+             _const(rng, "w", (16, 1, 1), 0.5, 1.5), _const(rng, "b", (16, 1, 1))]
+    model = _model(nodes, [_f("x", (2, 16, 7, 5))], [_out("y")], inits)
+    mod, _ = import_onnx(model)
+    funcs = [f for f in run_pipeline(mod, DEFAULT_PIPELINE).functions.values()
+             if isinstance(f, PrimFunc)]
+    assert len(funcs) == 1 and match_normalize(funcs[0]) is not None, [f.name for f in funcs]
+    assert match_normalize(funcs[0]).scale is not None
+    _check(model, [{"x": (rng.standard_normal((2, 16, 7, 5)) * 3 + 1).astype(np.float32)}],
+           tmp_path)

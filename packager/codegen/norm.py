@@ -193,6 +193,8 @@ def match_normalize(func: PrimFunc) -> NormMatch | None:
     if row_groups > 1:
         # a row per group of x.shape[axis]: the parameters (per channel) split the same way,
         # row r reading the (r % row_groups)-th block
+        if scale is None and bias is None:
+            segments = row_groups
         if groups != 1 or segments % row_groups:
             return None
         groups, segments = row_groups, segments // row_groups

@@ -30,7 +30,8 @@ from .simplify import eliminate_dead_code
 def fuse_normalize(mod: IRModule) -> IRModule:
     # a binding matched on the way to a longer match (the division before its scale) is left
     # unread: dropped here
-    return eliminate_dead_code(map_functions(mod, _fuse_in_function))
+    mod = eliminate_dead_code(map_functions(mod, _fuse_in_function))
+    return eliminate_dead_code(map_functions(mod, _regroup_and_fold))
 
 
 def _eps(v: Value) -> float | None:
@@ -190,4 +191,116 @@ def _fuse_in_function(fn: Function) -> Function:
     for b in out.bindings():
         if id(b.var) in fused:
             b.source = fused[id(b.var)]
+    return out
+
+
+# ---- GroupNorm as torch exports it, and a scale and bias that follow -----------------------------
+
+def _kernel_layout(x: Value, p: Value, axis: int, groups: int) -> bool:
+    """``p`` is a per-row-block or per-element parameter of x over the trailing axes from
+    ``axis`` (codegen/norm.py's ``_param_layout``): its non-1 dims are a suffix of the leading
+    axes and a prefix of the normalized ones, each equal to x's (with ``groups``: no leading
+    ones, and the groups split the prefix evenly)."""
+    xs = x.type.shape
+    ps = (1,) * (len(xs) - len(p.type.shape)) + tuple(p.type.shape)
+    lead, trail = ps[:axis], ps[axis:]
+    first = next((d for d, n in enumerate(lead) if n != 1), len(lead))
+    last = max((d for d, n in enumerate(trail) if n != 1), default=-1) + 1
+    if not (all(isinstance(n, int) and n == xs[d] for d, n in enumerate(lead[first:], first))
+            and all(isinstance(n, int) and n == xs[axis + d]
+                    for d, n in enumerate(trail[:last]))):
+        return False
+    return groups == 1 or (first == len(lead) and int(np.prod(trail[:last])) % groups == 0)
+
+
+def _regroup_and_fold(fn: Function) -> Function:
+    """torch's ONNX export of GroupNorm, reshape(normalize(reshape(x, [N, G, -1]), axis 2), x's
+    shape), becomes normalize(x, axis 1, groups G): no view between the normalization and its
+    readers, so they fuse into its kernel. Then a multiply by a parameter, and an add of one,
+    that a normalization (without them) is the only input of become its scale and bias, when
+    they have a layout the kernel takes (else, fused as an epilogue reading across the row,
+    they would leave the kernel for the generic loop nest)."""
+    defs: dict[int, Call] = {}
+    sources: dict[int, tuple] = {}
+    uses: Counter = Counter()
+    for b in fn.bindings():
+        if isinstance(b.value, Call):
+            defs[id(b.var)] = b.value
+        sources[id(b.var)] = b.source
+        for a in used_values(b.value):
+            uses[id(a)] += 1
+    for o in fn.outputs:
+        uses[id(o)] += 1
+    merged: dict[int, tuple] = {}       # rewritten var -> the source nodes it now stands for
+
+    def src(v: Value) -> tuple:
+        return merged.get(id(v), sources.get(id(v), ()))
+
+    def regroup(b, v: Call, lookup):
+        n_val = v.args[0]
+        norm = defs.get(id(n_val))
+        if norm is None or norm.op != "nn.normalize" or uses[id(n_val)] != 1 \
+                or norm.attrs.get("scale") or norm.attrs.get("bias") \
+                or norm.attrs.get("groups", 1) != 1:
+            return None
+        g_val = norm.args[0]
+        inner = defs.get(id(g_val))
+        if inner is None or inner.op != "reshape" or uses[id(g_val)] != 1:
+            return None
+        x = inner.args[0]
+        xs, gs = x.type.shape, g_val.type.shape
+        if v.type.shape != xs or len(xs) < 3 or len(gs) != 3 \
+                or int(norm.attrs["axis"]) % 3 != 2 or gs[0] != xs[0] \
+                or not isinstance(gs[1], int) or not isinstance(xs[1], int) \
+                or gs[1] < 1 or xs[1] % gs[1]:
+            return None
+        merged[id(b.var)] = merge_sources(src(g_val), src(n_val), b.source)
+        return Call("nn.normalize", [lookup(x)], {**norm.attrs, "axis": 1, "groups": gs[1]},
+                    v.type)
+
+    def fold(b, v: Call, lookup):
+        if len(v.args) != 2:
+            return None
+        for n_val, p in (v.args, v.args[::-1]):
+            norm = defs.get(id(n_val))
+            if norm is None or norm.op != "nn.normalize" or uses[id(n_val)] != 1:
+                continue
+            x = norm.args[0]
+            attrs = dict(norm.attrs)
+            has_scale, has_bias = bool(attrs.get("scale")), bool(attrs.get("bias"))
+            if has_bias or (v.op == "multiply" and has_scale) or p.type.dtype != "float32" \
+                    or not _fits(x, p) or v.type != x.type:
+                continue
+            axis = int(attrs["axis"]) % len(x.type.shape)
+            if not _kernel_layout(x, p, axis, int(attrs.get("groups", 1))):
+                continue
+            params = list(norm.args[1:])
+            if v.op == "multiply":
+                attrs["scale"] = True
+                args = [x, p] + params
+            else:
+                attrs["bias"] = True
+                args = [x] + params + [p]
+            merged[id(b.var)] = merge_sources(src(n_val), b.source)
+            return Call("nn.normalize", [lookup(a) for a in args], attrs, v.type)
+        return None
+
+    def visit(b, lookup):
+        v = b.value
+        if not isinstance(v, Call):
+            return None
+        if v.op == "reshape":
+            new = regroup(b, v, lookup)
+        elif v.op in ("multiply", "add"):
+            new = fold(b, v, lookup)
+        else:
+            new = None
+        if new is not None:
+            defs[id(b.var)] = new     # what later bindings now read through this var
+        return new
+
+    out = rewrite_function(fn, visit)
+    for b in out.bindings():
+        if id(b.var) in merged:
+            b.source = merged[id(b.var)]
     return out
