@@ -353,10 +353,12 @@ class KernelEmitter:
             # A select on this axis against a constant (a concatenation) becomes one loop per
             # range, each reading only its own input: a copy LLVM vectorizes.
             if self.symbolic:   # bounds that may be size expressions: clamped at run time
-                for start, stop, piece in self._run_time_ranges(body, stage.axes[d], lo, hi):
-                    with for_range(b, start, stop, stage.axes[d].name) as idx:
-                        env[id(stage.axes[d])] = idx
-                        nest(d + 1, piece)
+                axis = stage.axes[d]
+                for start, stop, piece, span in self._run_time_ranges(
+                        body, axis, lo, hi, (0, stage.shape[d])):
+                    with for_range(b, start, stop, axis.name) as idx:
+                        env[id(axis)] = idx
+                        nest(d + 1, _unclamped(piece, axis, *span))
                 return
             ranges = (_ranges(body, stage.axes[d], 0, stage.shape[d])
                       if isinstance(stage.shape[d], int) else [(0, stage.shape[d], body)])
@@ -369,26 +371,27 @@ class KernelEmitter:
 
         nest(0, body)
 
-    def _run_time_ranges(self, e: te.Expr, axis: te.IndexVar, lo: ir.Value, hi: ir.Value
-                         ) -> list[tuple[ir.Value, ir.Value, te.Expr]]:
+    def _run_time_ranges(self, e: te.Expr, axis: te.IndexVar, lo: ir.Value, hi: ir.Value,
+                         span: tuple) -> list[tuple[ir.Value, ir.Value, te.Expr, tuple]]:
         """``_ranges`` for a symbolic kernel: the select chain's constants may be size
         expressions (a concatenation of inputs with run-time extents), so every split point
-        is computed and clamped into [lo, hi) at run time."""
+        is computed and clamped into [lo, hi) at run time. Each range also comes with the
+        span of indices it lies in as size expressions (``span``: the whole axis's, then
+        split at the constants), for ``_unclamped``."""
         if not (isinstance(e, te.Select) and isinstance(e.cond, te.Compare)
                 and e.cond.a is axis and isinstance(e.cond.b, te.Const)
                 and isinstance(e.cond.b.value, (int, SymExpr))
                 and e.cond.op in ("ge", "gt", "lt", "le")):
-            return [(lo, hi, e)]
+            return [(lo, hi, e, span)]
         b = self.builder
-        c = self._dim_value(e.cond.b.value)
-        if e.cond.op in ("gt", "le"):
-            c = b.add(c, const_i64(1))
+        c_s = e.cond.b.value + (1 if e.cond.op in ("gt", "le") else 0)
+        c = self._dim_value(c_s)
         c = b.select(b.icmp_signed("<", c, lo), lo, c)
         c = b.select(b.icmp_signed(">", c, hi), hi, c)
         below, above = (e.b, e.a) if e.cond.op in ("ge", "gt") else (e.a, e.b)
-        out = self._run_time_ranges(below, axis, lo, c) + \
-            self._run_time_ranges(above, axis, c, hi)
-        return out if len(out) <= MAX_RANGES else [(lo, hi, e)]
+        out = self._run_time_ranges(below, axis, lo, c, (span[0], c_s)) + \
+            self._run_time_ranges(above, axis, c, hi, (c_s, span[1]))
+        return out if len(out) <= MAX_RANGES else [(lo, hi, e, span)]
 
     def _bound(self, pick, task_bound: ir.Value, value: int, split: bool) -> ir.Value:
         """``value``, or on the axis split over tasks ``pick(task_bound, value)``."""
@@ -612,6 +615,40 @@ class KernelEmitter:
             # float64 exp/log/tanh/erf... go through the float32 kernels: float32 precision, not libm.
             return b.fpext(vecmath.call_math(b, name, b.fptrunc(x, F32)), F64)
         return vecmath.call_math(b, name, x)
+
+
+def _same_size(a: object, b: object) -> bool:
+    """Whether two sizes (ints or size expressions) are the same expression."""
+    try:
+        return bool(a == b)
+    except Exception:   # noqa: BLE001  (an undecidable comparison: not known to be equal)
+        return False
+
+
+def _unclamped(e: te.Expr, axis: te.IndexVar, lo: object, hi: object) -> te.Expr:
+    """``e`` with the index clamps ``min(max(axis - s, 0), m)`` that are the identity for
+    ``axis`` in [lo, hi) (s = lo, m = hi - lo - 1) replaced by ``axis - s``: a concatenation's
+    reads, legalized with clamps so that a select evaluating both branches stays in bounds,
+    are plain reads inside their own input's range (a clamp per element keeps LLVM from
+    vectorizing the copy into vector loads)."""
+    def fn(n: te.Expr) -> te.Expr | None:
+        if not (isinstance(n, te.Binary) and n.op == "min" and isinstance(n.a, te.Binary)
+                and n.a.op == "max" and isinstance(n.a.b, te.Const) and n.a.b.value == 0
+                and isinstance(n.b, te.Const)):
+            return None
+        x = n.a.a
+        if x is axis:
+            s = 0
+        elif isinstance(x, te.Binary) and x.op == "sub" and x.a is axis \
+                and isinstance(x.b, te.Const):
+            s = x.b.value
+        else:
+            return None
+        if _same_size(s, lo) and _same_size(n.b.value, hi - lo - 1):
+            return x
+        return None
+
+    return te.rewrite(e, fn)
 
 
 def _constant_bound(x: ir.Value, y: ir.Value) -> tuple[ir.Value, ir.Constant] | None:
