@@ -142,6 +142,21 @@ def _first_fit(sizes: list[int], spans: list[tuple[int, int]]) -> tuple[list[int
     return offsets, arena
 
 
+def _input_bindings(runner: Any, executor: vm.Executor, addresses: list[int]) -> list:
+    """Per input, the binding that lets kernels read the caller's array where it lies, or
+    None: only for an input that kernels only read (as Model._bindings does for static
+    bundles); its reshapes share its storage id."""
+    bindings = []
+    outs = {s.tensor for s in runner.outputs}
+    for spec, ids in zip(runner.inputs, runner.input_views):
+        sid = runner.tensors[spec.tensor][1]
+        ok = (spec.tensor in ids and not outs.intersection(ids)
+              and all(runner.tensors[t][0] == 0 and runner.tensors[t][1] == sid for t in ids))
+        bindings.append(executor.input_binding(frozenset(ids), runner.num_inputs,
+                                               addresses[spec.tensor]) if ok else None)
+    return bindings
+
+
 class _Plan:
     """One concrete shape's arena, tensor views and prepared calls."""
 
@@ -177,17 +192,7 @@ class _Plan:
         addresses = [v.__array_interface__["data"][0] for v in views]
         self.executor = vm.Executor(runner.program, runner.kernels, runner.sites,
                                     list(addresses), views, runner.threads, pool=runner.pool)
-        # An input only read by kernels is read where the caller's array lies (as
-        # Model._bindings does for static bundles); its reshapes share its storage id.
-        bindings = []
-        outs = {s.tensor for s in runner.outputs}
-        for spec, ids in zip(runner.inputs, runner.input_views):
-            sid = runner.tensors[spec.tensor][1]
-            ok = (spec.tensor in ids and not outs.intersection(ids)
-                  and all(runner.tensors[t][0] == 0 and runner.tensors[t][1] == sid
-                          for t in ids))
-            bindings.append(self.executor.input_binding(frozenset(ids), runner.num_inputs,
-                                                        addresses[spec.tensor]) if ok else None)
+        bindings = _input_bindings(runner, self.executor, addresses)
         self.inputs = [(s, views[s.tensor], b) for s, b in zip(runner.inputs, bindings)]
         self.outputs = [(s.name, views[s.tensor]) for s in runner.outputs]
 
@@ -230,15 +235,7 @@ class _Bound:
             views[t] = v
         self.executor = vm.Executor(runner.program, runner.kernels, runner.sites, addresses,
                                     views, runner.threads, pool=runner.pool)
-        self.bindings = []
-        outs = {s.tensor for s in runner.outputs}
-        for spec, ids in zip(runner.inputs, runner.input_views):
-            sid = runner.tensors[spec.tensor][1]
-            ok = (spec.tensor in ids and not outs.intersection(ids)
-                  and all(runner.tensors[t][0] == 0 and runner.tensors[t][1] == sid
-                          for t in ids))
-            self.bindings.append(self.executor.input_binding(
-                frozenset(ids), runner.num_inputs, addresses[spec.tensor]) if ok else None)
+        self.bindings = _input_bindings(runner, self.executor, addresses)
         self.current: _BoundPlan | None = None
 
     def close(self) -> None:
