@@ -83,31 +83,26 @@ def _io(h: Header, kind: str) -> list[dict[str, Any]]:
             for r in rows]
 
 
+def _plan_row(p, chosen: int | None) -> dict[str, Any]:
+    which = p.code[chosen] if chosen is not None and chosen < len(p.code) else p.code[0]
+    return {"batch": p.batch, "arena_bytes": p.memory_plan.arena_bytes,
+            "kernels": len(p.kernels), "vm_instructions": p.vm.instructions,
+            "object_bytes": which.object.size}
+
+
 def _plans(h: Header, chosen: int | None) -> list[dict[str, Any]] | None:
     """Dynamic-batch bundles: one row per plan (batch size)."""
     if h.batch is None:
         return None
-    out = []
-    for p in h.plans:
-        which = p.code[chosen] if chosen is not None and chosen < len(p.code) else p.code[0]
-        out.append({"batch": p.batch, "arena_bytes": p.memory_plan.arena_bytes,
-                    "kernels": len(p.kernels), "vm_instructions": p.vm.instructions,
-                    "object_bytes": which.object.size})
-    return out
+    return [_plan_row(p, chosen) for p in h.plans]
 
 
 def _specialized(h: Header, chosen: int | None) -> list[dict[str, Any]] | None:
     """Symbolic bundles with --batch-sizes: one row per static plan beside the symbolic one."""
     if not h.specialized:
         return None
-    out = []
-    for p in h.specialized:
-        which = p.code[chosen] if chosen is not None and chosen < len(p.code) else p.code[0]
-        out.append({"batch": p.batch, "arena_bytes": p.memory_plan.arena_bytes,
-                    "kernels": len(p.kernels), "vm_instructions": p.vm.instructions,
-                    "object_bytes": which.object.size,
-                    "inputs": {r.name: list(r.shape) for r in p.inputs}})
-    return out
+    return [{**_plan_row(p, chosen), "inputs": {r.name: list(r.shape) for r in p.inputs}}
+            for p in h.specialized]
 
 
 def _golden(h: Header) -> dict[str, Any] | None:

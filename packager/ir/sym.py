@@ -319,7 +319,8 @@ def to_record(d: Dim) -> Any:
 
 
 def evaluate(rec: Any, env: Mapping[str, int]) -> int:
-    """The value of a dim record for variable values ``env`` (the runtime has its own copy)."""
+    """The value of a dim record for variable values ``env`` (ints, or numpy arrays of them to
+    evaluate a grid at once; the runtime has its own copy)."""
     if isinstance(rec, int):
         return rec
     if isinstance(rec, str):
@@ -330,11 +331,13 @@ def evaluate(rec: Any, env: Mapping[str, int]) -> int:
     if op == "*":
         out = 1
         for r in rec[1:]:
-            out *= evaluate(r, env)
+            out = out * evaluate(r, env)  # not *=: a grid of arrays broadcasts
         return out
     if op == "//":
         return evaluate(rec[1], env) // rec[2]
-    return evaluate(rec[1], env) % rec[2]
+    if op == "%":
+        return evaluate(rec[1], env) % rec[2]
+    raise ValueError(f"malformed dim record {rec!r}")
 
 
 def dim(d: Any) -> Dim:

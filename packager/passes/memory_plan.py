@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..ir.sym import evaluate
+
 ALIGN = 64
 
 
@@ -62,27 +64,6 @@ class UnboundedSizeError(Exception):
     """A buffer's size is not bounded by the size variables' bounds (one line, for a note)."""
 
 
-def evaluate_record(rec, env) -> int:
-    """The value of a dim record for the size variables' values ``env``."""
-    if isinstance(rec, int) and not isinstance(rec, bool):
-        return rec
-    if isinstance(rec, str):
-        return env[rec]
-    op = rec[0]
-    if op == "+":
-        return sum(evaluate_record(r, env) for r in rec[1:])
-    if op == "*":
-        out = 1
-        for r in rec[1:]:
-            out = out * evaluate_record(r, env)
-        return out
-    if op == "//":
-        return evaluate_record(rec[1], env) // rec[2]
-    if op == "%":
-        return evaluate_record(rec[1], env) % rec[2]
-    raise ValueError(f"malformed dim record {rec!r}")
-
-
 def record_text(rec) -> str:
     """A dim record as the IR printer shows it (``W * 48``, ``(W) // 4``)."""
     if isinstance(rec, (int, str)):
@@ -102,7 +83,7 @@ def non_decreasing(rec, ones) -> bool:
     if op == "+":
         return all(non_decreasing(r, ones) for r in rec[1:])
     if op == "*":
-        return all(non_decreasing(r, ones) and evaluate_record(r, ones) >= 0 for r in rec[1:])
+        return all(non_decreasing(r, ones) and evaluate(r, ones) >= 0 for r in rec[1:])
     if op == "//":
         return non_decreasing(rec[1], ones)
     if op == "%":
@@ -159,7 +140,7 @@ def box_max(rec, bounds) -> int:
         return interval(rec, bounds)[1]
     grid = {v: np.arange(1, bounds[v] + 1, dtype=np.int64).reshape(
         [-1 if j == i else 1 for j in range(len(names))]) for i, v in enumerate(names)}
-    return int(np.max(evaluate_record(rec, grid)))
+    return int(np.max(evaluate(rec, grid)))
 
 
 def bounded_plan(sizes, spans, bounds) -> tuple[list[int], int, list[int], int]:
@@ -175,7 +156,7 @@ def bounded_plan(sizes, spans, bounds) -> tuple[list[int], int, list[int], int]:
     loose = 0
     for rec in sizes:
         if non_decreasing(rec, ones):
-            at_bound.append(evaluate_record(rec, bounds))
+            at_bound.append(evaluate(rec, bounds))
         else:
             loose += 1
             at_bound.append(max(0, box_max(rec, bounds)))
