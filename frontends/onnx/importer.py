@@ -242,12 +242,42 @@ def _check_model(model: onnx.ModelProto, original: Any, source: str) -> None:
     for tt in shapeless:
         tt.shape.SetInParent()  # present but empty, for the checker only
     try:
-        onnx.checker.check_model(target)
+        try:
+            onnx.checker.check_model(target)
+        except onnx.checker.ValidationError as exc:
+            if not _deprecated_we_read(model, exc):
+                raise
+            onnx.checker.check_model(_without_deprecated(model))
     except (onnx.checker.ValidationError, ValueError) as exc:
         raise ExportError(f"{source} is not a valid ONNX model: {_one_line(exc)}") from None
     finally:
         for tt in shapeless:
             tt.ClearField("shape")
+
+
+# Operator versions the checker refuses as deprecated although ONNX Runtime still runs them and
+# exporters wrote them: GroupNormalization-18 (scale and bias per group; opset 21 made them per
+# channel and deprecated 18). The converters read them as their version says (onnx/nn.py).
+_DEPRECATED_READ = {"GroupNormalization"}
+_PLACEHOLDER_DOMAIN = "mlcpack.checker-placeholder"
+
+
+def _deprecated_we_read(model: onnx.ModelProto, exc: Exception) -> bool:
+    text = str(exc)
+    return ("is deprecated in domain_version" in text
+            and any(f"OpType: {op}" in text for op in _DEPRECATED_READ))
+
+
+def _without_deprecated(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy for the checker with the deprecated ops we read renamed into a domain the checker
+    does not know (it checks the rest of the graph, their edges included, as usual)."""
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    for node in _nodes_with_subgraphs(copy.graph):
+        if node.domain in ("", "ai.onnx") and node.op_type in _DEPRECATED_READ:
+            node.domain = _PLACEHOLDER_DOMAIN
+    copy.opset_import.add(domain=_PLACEHOLDER_DOMAIN, version=1)
+    return copy
 
 
 def _check_unique_outputs(graph: onnx.GraphProto, source: str) -> None:
