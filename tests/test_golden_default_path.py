@@ -12,7 +12,8 @@ naming the worst element.
   deterministic stratified sample (``stratified``: 312 cases, 168 s on this 2-core machine);
   ``MLCPACK_SLOW=1`` runs all 1666 (52 min here under a load of ~10; 2026-11-24: one refusal,
   node/test_lstm_with_peepholes against ONNX Runtime, whose zero sequence_lens, the default
-  integer input, the LSTM-as-GEMMs kernels treat differently).
+  integer input, left the final states at the initial state where ORT gives zeros; fixed
+  2026-11-25 in frontends/onnx/rnn.py, the 12 LSTM/GRU/RNN cases pass both ways).
 - The Paddle OCR detector at 64x64, both ways (every corpus model's default export, both ways,
   is tests/test_corpus.py).
 - Wrong bundles (a corrupted kernel, a corrupted constant) are refused against ONNX Runtime.

@@ -324,3 +324,23 @@ def test_recurrence_kernel_reports_its_multiply_adds() -> None:
     optimized, _, _ = compile_module(import_onnx(model)[0])
     (func,) = [f for n, f in optimized.prim_funcs().items() if n.startswith("recurrence")]
     assert func.attrs["macs"] == 7 * 2 * 2 * 3 * 12 * 12
+
+
+@pytest.mark.parametrize("cell", ["LSTM", "GRU", "RNN"])
+def test_zero_sequence_lens_rows_end_in_zero_states_like_onnxruntime(cell, tmp_path) -> None:
+    """A batch row whose sequence_lens is 0 runs no step: Y is zeros and, as ONNX Runtime has
+    it, so are its final states (not the initial state); rows of length 1..T beside it."""
+    model, feeds = rnn_model(cell, 4, 4, 3, 5, "bidirectional", lens="lens", seed=3)
+    model.graph.input.append(helper.make_tensor_value_info("lens", TensorProto.INT32, [4]))
+    mod, info = import_onnx(model)
+    export_module(mod, tmp_path / "m.mlc", ExportOptions(target="host"))
+    with load(tmp_path / "m.mlc") as bundle:
+        for lens in ([0, 4, 1, 0], [0, 0, 0, 0], [4, 2, 3, 1]):
+            feeds["lens"] = np.array(lens, np.int32)
+            got = bundle.run({info.input_names[k]: v for k, v in feeds.items()})
+            for name, ref in ort_outputs(model, feeds).items():
+                np.testing.assert_allclose(got[name], ref, rtol=RTOL, atol=ATOL,
+                                           err_msg=f"{cell} {name} lens={lens}")
+                if name != "Y":
+                    assert not np.any(got[name][:, np.array(lens) == 0]), (name, lens)
+                    assert np.all(np.any(got[name][:, np.array(lens) > 0], axis=-1)), name

@@ -143,6 +143,7 @@ class _Recurrence:
                                   alphas[d * per_dir + j] if d * per_dir + j < len(alphas) else None,
                                   betas[d * per_dir + j] if d * per_dir + j < len(betas) else None)
                       for j in range(per_dir)] for d in range(self.num_dir)]
+        self.started: Value | None = None   # [B, 1] sequence_lens > 0, with masks
         self.masks = self._masks()
 
     # -- inputs --
@@ -179,8 +180,10 @@ class _Recurrence:
             if np.all(known == self.seq):
                 return None
         lens2 = ctx.reshape(lens, (self.batch, 1))
-        return [ctx.emit("less", ctx.constant(np.full((1, 1), t, lens.type.dtype), "step"), lens2)
-                for t in range(self.seq)]
+        steps = [ctx.emit("less", ctx.constant(np.full((1, 1), t, lens.type.dtype), "step"), lens2)
+                 for t in range(self.seq)]
+        self.started = steps[0] if steps else None
+        return steps
 
     def weight(self, v: Value, d: int, start: int, end: int) -> Value:
         """Rows [start, end) of direction d of W or R: [end - start, K]."""
@@ -249,6 +252,10 @@ class _Recurrence:
             out.append(None)
         for states in finals:
             shape3 = (1, self.batch, self.hidden)
+            if self.masks is not None and self.started is not None:
+                # ONNX Runtime's final states of a row whose sequence_lens is 0 are zeros, not
+                # the initial state (the spec does not say; RNN, GRU and LSTM alike)
+                states = [ctx.emit("where", self.started, s, ctx.scalar(0.0, s)) for s in states]
             parts = [ctx.reshape(s, shape3) for s in states]
             yh = parts[0] if self.num_dir == 1 else ctx.emit("concat", *parts, axis=0)
             if self.layout == 1:
