@@ -151,20 +151,12 @@ class PrimFunc:
         for stage in te.stages(self.outputs):
             if stage.body is None:
                 continue
-            if any(isinstance(n, te.Reduce) for n in _walk(stage.body)):
+            if any(isinstance(n, te.Reduce) for n in te.walk(stage.body)):
                 return False
             for r in te.reads(stage.body):
                 if not _is_broadcast_read(stage, r):
                     return False
         return True
-
-
-def _walk(e: te.Expr) -> Iterator[te.Expr]:
-    stack = [e]
-    while stack:
-        node = stack.pop()
-        yield node
-        stack.extend(te.children(node))
 
 
 def _is_broadcast_read(stage: te.Tensor, r: te.Read) -> bool:

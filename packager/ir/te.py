@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Callable, Iterator, Sequence
 
 import ml_dtypes  # noqa: F401  (registers numpy's "bfloat16" dtype name)
 import numpy as np
@@ -395,6 +395,17 @@ def children(e: Expr) -> tuple[Expr, ...]:
     if isinstance(e, Read):
         return e.indices
     return ()
+
+
+def walk(e: Expr, skip: Expr | None = None) -> Iterator[Expr]:
+    """The nodes of ``e``, depth first, leaving out the subtree ``skip`` (by identity)."""
+    stack = [e]
+    while stack:
+        node = stack.pop()
+        if node is skip:
+            continue
+        yield node
+        stack.extend(children(node))
 
 
 def reads(e: Expr) -> list[Read]:
