@@ -73,7 +73,7 @@ def load_model(model: str | os.PathLike, input_shapes: Mapping[str, Sequence] | 
                                     bind=bind, max_shapes=max_shapes)
             if not check:
                 return LoadedModel({None: mod})
-            return LoadedModel({None: mod}, *onnx_reference(model, info.input_names))
+            return LoadedModel({None: mod}, *onnx_reference(model, info.input_names, bind))
         proto, batch_inputs = _onnx_batched(model, shapes)
         mods, info = {}, None
         for b in sizes:
@@ -83,7 +83,8 @@ def load_model(model: str | os.PathLike, input_shapes: Mapping[str, Sequence] | 
             mods[b], info = import_onnx(proto, input_shapes=given or None, bind=bind)
         if not check:
             return LoadedModel(mods)
-        return LoadedModel(mods, *onnx_reference(proto.SerializeToString(), info.input_names))
+        return LoadedModel(mods, *onnx_reference(proto.SerializeToString(), info.input_names,
+                                                 bind))
     if suffix == ".pt2":  # torch.export.save: the PyTorch frontend (needs torch)
         from .torch import modules_from_file
         return LoadedModel(*modules_from_file(

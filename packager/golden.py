@@ -251,14 +251,20 @@ def _largest(a: np.ndarray) -> float:
     return float(m)
 
 
-def onnx_reference(model_path: str | os.PathLike | bytes, input_names: Mapping[str, str]
-                   ) -> tuple[Reference, str]:
+def onnx_reference(model_path: str | os.PathLike | bytes, input_names: Mapping[str, str],
+                   fixed: Mapping[str, np.ndarray] | None = None) -> tuple[Reference, str]:
     """A reference for an ONNX file: onnxruntime if it imports (it may refuse the export; onnx's
     ReferenceEvaluator is its second opinion), else the ReferenceEvaluator as advice only
     (``refuses`` False: see the module docstring). ``input_names`` maps ONNX input names to the
-    bundle's. ``model_path`` may be the model's serialized bytes. Returns (reference, name)."""
+    bundle's. ``model_path`` may be the model's serialized bytes. ``fixed``: graph inputs that
+    ``--bind`` made constants (ONNX name -> array), fed to the reference with every run, since
+    the ONNX file still takes them. Returns (reference, name)."""
     source = model_path if isinstance(model_path, bytes) else os.fspath(model_path)
     to_onnx = {bundle: onnx_name for onnx_name, bundle in input_names.items()}
+    fixed = dict(fixed or {})
+
+    def onnx_feeds(feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return {**fixed, **{to_onnx.get(k, k): v for k, v in feeds.items()}}
 
     def run_ref(feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         try:
@@ -267,7 +273,7 @@ def onnx_reference(model_path: str | os.PathLike | bytes, input_names: Mapping[s
 
             ev = ReferenceEvaluator(onnx.load_from_string(source) if isinstance(source, bytes)
                                     else source)
-            values = ev.run(None, {to_onnx.get(k, k): v for k, v in feeds.items()})
+            values = ev.run(None, onnx_feeds(feeds))
         except Exception as exc:
             raise ReferenceUnavailable(f"onnx's ReferenceEvaluator cannot run it "
                                        f"({' '.join(str(exc).split())[:200]})") from None
@@ -290,8 +296,7 @@ def onnx_reference(model_path: str | os.PathLike | bytes, input_names: Mapping[s
             names = [o.name for o in sess.get_outputs()]
             run_opts = ort.RunOptions()
             run_opts.log_severity_level = 4
-            values = sess.run(names, {to_onnx.get(k, k): v for k, v in feeds.items()},
-                              run_opts)
+            values = sess.run(names, onnx_feeds(feeds), run_opts)
         except Exception as exc:
             raise ReferenceUnavailable(f"onnxruntime cannot run it "
                                        f"({' '.join(str(exc).split())[:200]})") from None

@@ -15,6 +15,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from ...packager.errors import ExportError
 from ...packager.ir.graph import Value
 from . import rnn_fast
 from .registry import NodeContext, converter
@@ -442,7 +443,14 @@ def _if(ctx: NodeContext) -> list[Value]:
         raise ctx.error(f"the condition is {cond.type.dtype}, not bool")
     if cond.type.shape not in ((), (1,)):
         raise ctx.error(f"the condition has shape {cond.type.shape}; it must hold one value")
-    yes, no = ctx.inline(then_g, []), ctx.inline(else_g, [])
+    hint = _run_time_condition_hint(ctx, cond)
+    try:
+        yes = ctx.inline(then_g, [])
+        no = ctx.inline(else_g, [])
+    except ExportError as exc:
+        if _HINT_MARK in str(exc):   # an inner If said it already
+            raise
+        raise ExportError(f"{exc}; {hint}") from None
     if len(yes) != len(no):
         raise ctx.error("the branches give different numbers of outputs")
     out = []
@@ -450,10 +458,38 @@ def _if(ctx: NodeContext) -> list[Value]:
         if a.type != b.type:
             raise ctx.error(f"output {i}: the branches give {a.type.dtype}{list(a.type.shape)} "
                             f"and {b.type.dtype}{list(b.type.shape)}; with a condition computed "
-                            "at run time both must match (shapes are static)")
+                            f"at run time both must match (shapes are static); {hint}")
         c = ctx.reshape(cond, (1,) * len(a.type.shape)) if a.type.shape else ctx.reshape(cond, ())
         out.append(ctx.emit("where", c, a, b))
     return out
+
+
+_HINT_MARK = "is known only at run time, so both branches are compiled"
+
+
+def _run_time_condition_hint(ctx: NodeContext, cond: Value) -> str:
+    """What a user can do when a branch of an If with a run-time condition cannot be compiled:
+    fix the graph inputs the condition depends on (found through the bindings emitted so far)."""
+    fn = ctx.bb._func
+    producers = {id(b.var): b.value for blk in (fn.blocks if fn else []) for b in blk.bindings}
+    if ctx.bb._block is not None:
+        producers.update((id(b.var), b.value) for b in ctx.bb._block.bindings)
+    params = {id(p): p.name for p in (fn.params if fn else [])}
+    seen, stack, inputs = set(), [cond], []
+    while stack:
+        v = stack.pop()
+        if id(v) in seen:
+            continue
+        seen.add(id(v))
+        if id(v) in params:
+            inputs.append(params[id(v)])
+        value = producers.get(id(v))
+        stack.extend(a for a in getattr(value, "args", ()) if isinstance(a, Value))
+    named = ", ".join(repr(n) for n in sorted(inputs))
+    what = (f"it depends on input {named}: --bind NAME=FILE.npy fixes an input's value at "
+            "export, --input-shape its size" if inputs else
+            "--bind NAME=FILE.npy fixes an input's value at export, --input-shape its size")
+    return f"the If's condition {_HINT_MARK} ({what})"
 
 
 def _stack(ctx: NodeContext, parts: list[Value], axis: int) -> Value:

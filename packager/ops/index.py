@@ -14,7 +14,7 @@ import numpy as np
 from ..ir import te
 from ..ir.graph import TensorType
 from .elementwise import broadcast_read, scalar_of
-from ..ir.sym import assume, dim, is_static
+from ..ir.sym import SymbolicShapeError, assume, dim, is_static
 from .registry import INJECTIVE, REDUCTION, broadcast_shape, register_op, size_expr
 
 
@@ -201,9 +201,17 @@ def _infer_pad(x: TensorType, pads=(), mode: str = "constant", value: float = 0.
     shape = tuple(n + int(pads[d]) + int(pads[d + rank]) for d, n in enumerate(x.shape))
     if any(n < 0 for n in shape):
         raise ValueError(f"pads {list(pads)} crop {x.shape} below zero")
-    if mode == "reflect" and any(max(int(pads[d]), int(pads[d + rank])) >= n
-                                 for d, n in enumerate(x.shape) if n > 0):
-        raise ValueError(f"reflect pads {list(pads)} must be smaller than the sizes {x.shape}")
+    if mode == "reflect":
+        for d, n in enumerate(x.shape):
+            widest = max(int(pads[d]), int(pads[d + rank]))
+            try:
+                too_wide = n > 0 and widest >= n
+            except SymbolicShapeError:   # a size known at run time: checked there
+                assume("le", widest + 1, n, f"reflect pad {widest} smaller than the size")
+                too_wide = False
+            if too_wide:
+                raise ValueError(f"reflect pads {list(pads)} must be smaller than the sizes "
+                                 f"{x.shape}")
     return TensorType(shape, x.dtype)
 
 
@@ -212,7 +220,7 @@ def _legalize_pad(x: te.Tensor, out_type: TensorType, name: str, pads=(), mode: 
     def body(*i):
         idx, inside = [], None
         for d, v in enumerate(i):
-            n = x.shape[d]
+            n = size_expr(x.shape[d])
             j = v - int(pads[d])
             if mode == "edge":
                 j = te.minimum(te.maximum(j, 0), n - 1)
