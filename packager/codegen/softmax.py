@@ -186,7 +186,7 @@ class SoftmaxEmitter(KernelEmitter):
         ops = _LaneOps(b, self.vl)
         ms = self._pass(rows, n, lambda xp, yp, off, cnt, acc, r:
                         self._vmax(acc, self._load(xp, off, cnt, -np.inf)),
-                        [self._splat(-np.inf)] * len(rows))
+                        [self._splat(-np.inf)] * len(rows), combine=self._vmax)
         ms = [self._splat(self._horizontal(m, self._vmax)) for m in ms]
 
         def exp_step(xp, yp, off, cnt, acc, r):
@@ -195,7 +195,7 @@ class SoftmaxEmitter(KernelEmitter):
                 self._store(e, yp, off, cnt)
             return b.fadd(acc, e)
 
-        totals = self._pass(rows, n, exp_step, [self._splat(0.0)] * len(rows))
+        totals = self._pass(rows, n, exp_step, [self._splat(0.0)] * len(rows), combine=b.fadd)
         totals = [self._horizontal(t, b.fadd) for t in totals]
         if self.log:
             lses = [self._splat(call_math(b, "log", t)) for t in totals]
@@ -210,40 +210,71 @@ class SoftmaxEmitter(KernelEmitter):
                 self._store(b.fmul(self._load(yp, off, cnt, 0.0), invs[r]), yp, off, cnt)
         self._pass(rows, n, last_step, [None] * len(rows))
 
-    UNROLL_MAX = 32          # vectors a pass emits straight-line before it loops
+    # Vectors a pass emits straight-line before it loops. Longer straight-line rows spilled:
+    # with every pass unrolled, LLVM keeps the maximum pass's loads of x live into the exp
+    # pass (one load, reused) and runs out of registers; ViT-S's 197-float rows (25 vectors,
+    # then 32 allowed) made about 640 stack accesses per group. As a loop: [1,6,197,197]
+    # 271 -> 214 us (ORT 200), DeiT's [1,3,198,198] 136 -> 113 us (ORT 103), 1 thread, min
+    # over alternating rounds on a loaded machine; rows up to 16 vectors unchanged.
+    UNROLL_MAX = 16
     BLOCK = 4                # vectors per iteration of a looping pass
 
-    def _pass(self, rows: list[tuple[ir.Value, ir.Value]], n: int, step, accs: list):
+    PARTIALS = 4             # independent accumulators per row of a maximum or sum fold
+
+    def _pass(self, rows: list[tuple[ir.Value, ir.Value]], n: int, step, accs: list,
+              combine=None):
         """Fold ``step(x_ptr, y_ptr, offset, count, acc, row)`` over the vectors of each row,
         the rows interleaved: straight-line for short rows, else (one row) a loop over blocks
-        of BLOCK full vectors, then the rest (the last vector masked)."""
+        of BLOCK full vectors, then the rest (the last vector masked). With ``combine`` (an
+        associative op whose identity the initial accumulators are) a fold keeps PARTIALS
+        accumulators per row, vector i folding into i % PARTIALS, combined pairwise at the end:
+        the maximum's and the sum's dependent chains are a quarter as long."""
         b = self.builder
         full = n // self.vl
         if full <= self.UNROLL_MAX:
-            for off, cnt in self._chunks(n):
-                accs = [step(x, y, off, cnt, acc, r)
-                        for r, ((x, y), acc) in enumerate(zip(rows, accs))]
-            return accs
+            nparts = min(self.PARTIALS, -(-n // self.vl)) if combine is not None else 1
+            parts = [[acc] * nparts for acc in accs]
+            for i, (off, cnt) in enumerate(self._chunks(n)):
+                for r, (x, y) in enumerate(rows):
+                    k = i % len(parts[r])
+                    parts[r][k] = step(x, y, off, cnt, parts[r][k], r)
+            if combine is None:
+                return [p[0] for p in parts]
+            out = []
+            for p in parts:   # pairwise: (p0 + p1) + (p2 + p3)
+                while len(p) > 1:
+                    p = [combine(p[j], p[j + 1]) if j + 1 < len(p) else p[j]
+                         for j in range(0, len(p), 2)]
+                out.append(p[0])
+            return out
         assert len(rows) == 1
         (x, y), acc = rows[0], accs[0]
         blocks = full // self.BLOCK
-        slot = None
+        # with combine: vector u of a block folds into accumulator u % PARTIALS
+        nslots = self.PARTIALS if combine is not None and acc is not None else 1
+        slots = []
         if acc is not None:
-            slot = alloca_once(b, self.vty, name="acc")
-            b.store(acc, slot)
+            slots = [alloca_once(b, self.vty, name=f"acc{k}") for k in range(nslots)]
+            for sl in slots:
+                b.store(acc, sl)
         with for_range(b, const_i64(0), const_i64(blocks), "blk") as blk:
             base = b.mul(blk, const_i64(self.BLOCK * self.vl), flags=("nsw",))
             xp, yp = b.gep(x, [base], inbounds=True), b.gep(y, [base], inbounds=True)
-            cur = b.load(slot) if slot is not None else None
+            cur = [b.load(sl) for sl in slots] if slots else [None]
             for u in range(self.BLOCK):
-                cur = step(xp, yp, u * self.vl, self.vl, cur, 0)
-            if slot is not None:
-                b.store(cur, slot)
-        acc = b.load(slot) if slot is not None else None
+                k = u % len(cur)
+                cur[k] = step(xp, yp, u * self.vl, self.vl, cur[k], 0)
+            for sl, c in zip(slots, cur):
+                b.store(c, sl)
+        parts = [b.load(sl) for sl in slots] if slots else [None]
         done = blocks * self.BLOCK * self.vl
-        for off, cnt in self._chunks(n - done):
-            acc = step(x, y, done + off, cnt, acc, 0)
-        return [acc]
+        for i, (off, cnt) in enumerate(self._chunks(n - done)):
+            k = i % len(parts)
+            parts[k] = step(x, y, done + off, cnt, parts[k], 0)
+        while len(parts) > 1:
+            parts = [combine(parts[j], parts[j + 1]) if j + 1 < len(parts) else parts[j]
+                     for j in range(0, len(parts), 2)]
+        return parts
 
 
 def emit_softmax(module: ir.Module, func: PrimFunc, symbol: str, vl: int) -> KernelInfo | None:
