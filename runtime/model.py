@@ -423,19 +423,16 @@ class Model:
         if out:
             raise InputError(f"{self.name} has symbolic shapes: run(out=...) is not supported "
                              "for it yet")
-        self._check_feed_names(feeds)
+        if type(feeds) is not dict or feeds.keys() != self._input_names:
+            self._check_feed_names(feeds)
         plan = self._specialized_plan(feeds) if self._specialized else None
         with self._lock:
             if plan is not None:   # as Session.run: large inputs are read where they lie
                 for (spec, view, _, binding) in plan.feeds:
-                    value = feeds[spec.name]
-                    if binding is not None:
-                        if value.nbytes >= INPLACE_MIN_BYTES and value.flags.c_contiguous \
-                                and value.flags.aligned:
-                            binding.bind(value.ctypes.data)
-                            continue
-                        binding.bind(binding.arena)
-                    np.copyto(view, value)
+                    if binding is None:
+                        np.copyto(view, feeds[spec.name])
+                    else:
+                        binding.feed(view, feeds[spec.name], INPLACE_MIN_BYTES)
                 plan.executor.run()
                 result = {name: view.copy() for name, view in plan.output_views}
                 self.last_plan = f"batch {plan.batch}"
@@ -676,16 +673,11 @@ class Session:
         views = self._views
         with self._lock:
             for (_, view, _, binding), value in zip(self._feeds, values):
-                # A contiguous, aligned array is read where it lies (kernels only read it and
-                # the call holds a reference to it); a small one, or any other layout, is
-                # copied into the arena.
-                if binding is not None:
-                    if value.nbytes >= INPLACE_MIN_BYTES and value.flags.c_contiguous \
-                            and value.flags.aligned:
-                        binding.bind(value.ctypes.data)
-                        continue
-                    binding.bind(binding.arena)
-                view[...] = value
+                # A large contiguous, aligned array is read where it lies (vm.InputBinding.feed)
+                if binding is None:
+                    np.copyto(view, value)
+                else:
+                    binding.feed(view, value, INPLACE_MIN_BYTES)
             self._executor.run()
             if not out:
                 return {name: views[name].copy() for name in names}

@@ -31,6 +31,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from . import cpu, elf, vm
+from . import model as _model
 from .bundle import check_dtype, nbytes_of, payload_ref, storage_dtype
 from .errors import BundleError, InputError
 
@@ -273,9 +274,6 @@ class _BoundPlan:
         self.inputs = [(s, self.views[s.tensor], b) for s, b in zip(runner.inputs,
                                                                    bound.bindings)]
         self.outputs = [(s.name, self.views[s.tensor]) for s in runner.outputs]
-        self.lib_steps = [(i, runner.sites[ins.target] if ins.opcode == vm.OP_CALL_LIB
-                           else None, [self.views[t] for t in ins.operands])
-                          for i, ins in runner.lib_instructions]
 
     def views_over(self, bound: _Bound) -> None:
         """The views of the tensors a run reads or writes from Python, for this shape."""
@@ -301,13 +299,8 @@ class _BoundPlan:
         if bound.current is self:
             return
         bound.sizes[:] = self.sizes
-        steps = bound.executor._steps
-        for i, site, views in self.lib_steps:
-            ins = self.runner.program[i]
-            if site is not None:
-                steps[i] = vm._library_step(site[0], views[:-1], views[-1], site[1])
-            else:   # COPY: as vm.Executor prepares it
-                steps[i] = vm._copy_step(self.views[ins.operands[0]], self.views[ins.target])
+        for i, _ in self.runner.lib_instructions:
+            bound.executor.set_views(i, self.views)
         bound.current = self
 
     def close(self) -> None:
@@ -572,14 +565,12 @@ class SymbolicRunner:
                     self._by_shape.clear()
                 self._by_shape[key] = tuple(env[v] for v in self.vars)
         plan.activate()
+        min_bytes = _model.INPLACE_MIN_BYTES   # as Model runs static plans
         for (_, view, binding), value in zip(plan.inputs, values):
-            if binding is not None:
-                if type(value) is np.ndarray and value.flags.c_contiguous \
-                        and value.flags.aligned:
-                    binding.bind(value.ctypes.data)
-                    continue
-                binding.bind(binding.arena)
-            np.copyto(view, value)
+            if binding is None:
+                np.copyto(view, value)
+            else:
+                binding.feed(view, value, min_bytes)
         plan.executor.run()
         return {name: view.copy() for name, view in plan.outputs}
 

@@ -99,6 +99,7 @@ class Executor:
                  pool: PoolCode | None = None) -> None:
         self._steps: list[Callable[[], Any]] = []
         self._program = program
+        self._sites = sites
         # per instruction: its kernel's void*[] (None otherwise), which the prepared calls use
         self._args: list[Any] = []
         self.threads = max(1, min(int(threads), MAX_THREADS))
@@ -117,12 +118,26 @@ class Executor:
                 self._args.append(args)
                 continue
             self._args.append(None)
-            if ins.opcode == OP_CALL_LIB:
-                fn, attrs = sites[ins.target]
-                *ins_views, out_view = [views[t] for t in ins.operands]
-                self._steps.append(_library_step(fn, ins_views, out_view, attrs))
-            else:
-                self._steps.append(_copy_step(views[ins.operands[0]], views[ins.target]))
+            self._steps.append(self._view_step(ins, views))
+
+    def _view_step(self, ins: Instruction, views: Any) -> Callable[[], Any]:
+        """The prepared call of a library call or a copy, on ``views`` (tensor id -> array)."""
+        if ins.opcode == OP_CALL_LIB:
+            fn, attrs = self._sites[ins.target]
+            *ins_views, out_view = [views[t] for t in ins.operands]
+            return _library_step(fn, ins_views, out_view, attrs)
+        return _copy_step(views[ins.operands[0]], views[ins.target])
+
+    def set_views(self, index: int, views: Any) -> None:
+        """Prepare instruction ``index``, a library call or a copy, again on ``views`` (tensor
+        id -> array: a list or a dict holding at least its operands). Kernel calls take
+        addresses, which do not change; library calls and copies take numpy views, whose
+        shapes do: a symbolic bundle's bounded plan (one arena, every shape) re-points them
+        when the shape changes."""
+        ins = self._program[index]
+        if ins.opcode == OP_CALL_KERNEL:
+            raise ValueError(f"instruction {index} is a kernel call: its addresses are fixed")
+        self._steps[index] = self._view_step(ins, views)
 
     def _kernel_step(self, address: int, parallel: bool, pointers: list[int]
                      ) -> tuple[Callable[[], Any], Any]:
@@ -185,10 +200,21 @@ class Executor:
 
 class InputBinding:
     """The kernel argument slots that hold one input's address; ``bind(addr)`` repoints them
-    (``bind(arena)`` puts back the arena's copy)."""
+    (``bind(arena)`` puts back the arena's copy); ``feed`` is a run's choice between them."""
 
     def __init__(self, slots: list[tuple[Any, int]], arena: int) -> None:
         self.slots, self.arena, self.current = slots, arena, arena
+
+    def feed(self, view: np.ndarray, value: np.ndarray, min_bytes: int) -> None:
+        """Give the kernels one run's input ``value`` (checked: ``view``'s dtype and shape):
+        a C-contiguous, aligned array of at least ``min_bytes`` is read where it lies (kernels
+        only read it, and the caller holds it during the run); a smaller one, or any other
+        layout, is copied into the arena's copy ``view``, which the slots then point at."""
+        if value.nbytes >= min_bytes and value.flags.c_contiguous and value.flags.aligned:
+            self.bind(value.ctypes.data)
+            return
+        self.bind(self.arena)
+        np.copyto(view, value)
 
     def bind(self, address: int) -> None:
         if address != self.current:

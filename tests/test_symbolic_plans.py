@@ -286,3 +286,32 @@ def test_batch_sizes_with_other_symbolic_dims_is_one_line(tmp_path, run_cli,
         for n in (1, 2, 3):
             _close(model.run({"x": x[:n]})["y"], _ort(conv_model("N"), {"x": x[:n]}))
             assert model.last_plan == ("symbolic" if n == 3 else f"batch {n}")
+
+
+def test_batch_sizes_with_a_max_shape(tmp_path, run_cli) -> None:
+    """--batch-sizes beside --max-shape: the exact batches run their static plans, every other
+    batch up to the bound runs the bounded symbolic plan (one arena, no plan made at run time),
+    a batch past the bound is refused; every answer right against ONNX Runtime. Batches 400
+    and 512 (19 and 24 KB) are read in place, the others copied (INPLACE_MIN_BYTES)."""
+    onnx.save(mlp_model(), tmp_path / "mlp.onnx")
+    out = tmp_path / "mlp.mlc"
+    proc = run_cli("export", tmp_path / "mlp.onnx", "-o", out, "--batch-sizes", "1,4",
+                   "--max-shape", "x=512,12", "--target", "host")
+    assert proc.returncode == 0, proc.stderr
+    rng = np.random.default_rng(8)
+    proto = mlp_model()
+    with load(out) as model:
+        runner = model._symbolic
+        assert model.specialized_batches == (1, 4) and runner.bound == {"N": 512}
+        arenas = set()
+        for n in (1, 400, 4, 3, 512, 400, 1, 77):
+            x = rng.standard_normal((n, 12)).astype(np.float32)
+            _close(model.run({"x": x})["y"], _ort(proto, {"x": x}))
+            assert model.last_plan == (f"batch {n}" if n in (1, 4) else "symbolic")
+            if model.last_plan == "symbolic":
+                arenas.add(runner._bound.arena.ctypes.data)
+                (binding,) = runner._bound.bindings
+                assert binding.current == (x.ctypes.data if n >= 400 else binding.arena), n
+        assert runner.plans_made == 0 and len(arenas) == 1
+        with pytest.raises(InputError, match="beyond the bundle's bound 512"):
+            model.run({"x": np.ones((513, 12), np.float32)})
