@@ -4,7 +4,7 @@ normalization, softmax, dropout and reductions."""
 from __future__ import annotations
 
 import math
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -16,6 +16,19 @@ from .registry import NodeContext, converter
 
 _WINDOW_ATTRS = {"auto_pad": "NOTSET", "kernel_shape": None, "pads": None, "strides": None,
                  "dilations": None}
+
+
+def _same_as_ceil(ctx: NodeContext, sizes: Sequence[Any], kernel: Sequence[int],
+                  strides: Sequence[int], dilations: Sequence[int]) -> bool:
+    """Whether a pooling window's ``auto_pad=SAME_UPPER`` over sizes known only at run time is
+    the unpadded window in ceil mode: with a window as wide as its stride 2 (TensorFlow's 2x2
+    stride-2 'SAME' pooling, MTCNN's P-Net) the pad is 0 at the start and size % 2 at the end,
+    and the ceil-mode output ceil((size - 2) / 2) + 1 = ceil(size / 2) drops the same padded
+    elements (a max ignores them; an average without count_include_pad does not count them)."""
+    if ctx.attrs["auto_pad"] != "SAME_UPPER" or all(isinstance(d, int) for d in sizes):
+        return False
+    return all(s == 1 and k == 1 or (k - 1) * d + 1 == s == 2
+               for k, s, d in zip(kernel, strides, dilations))
 
 
 def _resolve_pads(ctx: NodeContext, sizes: Sequence[int], kernel: Sequence[int],
@@ -47,7 +60,8 @@ class _Window:
     """Kernel, strides, dilations and pads of a Conv or pooling node, as 2-D values (a 1-D
     node becomes 2-D with a height of one)."""
 
-    def __init__(self, ctx: NodeContext, x: Value, kernel: Sequence[int]) -> None:
+    def __init__(self, ctx: NodeContext, x: Value, kernel: Sequence[int],
+                 pooling: bool = False) -> None:
         spatial = len(x.type.shape) - 2
         if spatial not in (1, 2, 3):
             raise ctx.error(f"input of shape {x.type.shape}: only 1-D, 2-D and 3-D windows "
@@ -58,7 +72,10 @@ class _Window:
         if len(kernel) != spatial or len(strides) != spatial or len(dilations) != spatial:
             raise ctx.error(f"kernel {kernel}, strides {strides} and dilations {dilations} "
                             f"should each have {spatial} values")
-        begin, end = _resolve_pads(ctx, x.type.shape[2:], kernel, strides, dilations)
+        # pooling whose SAME padding is ceil mode (see _same_as_ceil): no pads, ceil mode on
+        self.ceil = pooling and _same_as_ceil(ctx, x.type.shape[2:], kernel, strides, dilations)
+        begin, end = ([0] * spatial, [0] * spatial) if self.ceil else \
+            _resolve_pads(ctx, x.type.shape[2:], kernel, strides, dilations)
         # N-D form (any rank) for the nn.pool / nn.conv rows; 2-D form for the 2-D rows.
         self.nd = dict(kernel=tuple(kernel), strides=tuple(strides), dilation=tuple(dilations),
                        padding=tuple(begin) + tuple(end))
@@ -128,8 +145,8 @@ def _wants_output(ctx: NodeContext, i: int) -> bool:
 @converter("MaxPool", since=1, attrs={**_WINDOW_ATTRS, "ceil_mode": 0, "storage_order": 0})
 def _max_pool(ctx: NodeContext) -> Value | list[Value]:
     x = ctx.input(0)
-    win = _Window(ctx, x, _pool_kernel(ctx))
-    ceil_mode = bool(ctx.attrs["ceil_mode"])
+    win = _Window(ctx, x, _pool_kernel(ctx), pooling=True)
+    ceil_mode = bool(ctx.attrs["ceil_mode"]) or win.ceil
     if win.three_d:
         y = ctx.emit("nn.pool", x, mode="max", ceil_mode=ceil_mode, **win.nd)
     else:
@@ -147,13 +164,14 @@ def _max_pool(ctx: NodeContext) -> Value | list[Value]:
                                            "count_include_pad": 0})
 def _avg_pool(ctx: NodeContext) -> Value:
     x = ctx.input(0)
-    win = _Window(ctx, x, _pool_kernel(ctx))
+    include_pad = bool(ctx.attrs["count_include_pad"])
+    win = _Window(ctx, x, _pool_kernel(ctx), pooling=not include_pad)
+    ceil_mode = bool(ctx.attrs["ceil_mode"]) or win.ceil
     if win.three_d or any(d != 1 for d in win.nd["dilation"]):
-        return ctx.emit("nn.pool", x, mode="avg", ceil_mode=bool(ctx.attrs["ceil_mode"]),
-                        count_include_pad=bool(ctx.attrs["count_include_pad"]), **win.nd)
+        return ctx.emit("nn.pool", x, mode="avg", ceil_mode=ceil_mode,
+                        count_include_pad=include_pad, **win.nd)
     y = ctx.emit("nn.avg_pool2d", win.to_2d(ctx, x), kernel=win.kernel, strides=win.strides,
-                 padding=win.padding, ceil_mode=bool(ctx.attrs["ceil_mode"]),
-                 count_include_pad=bool(ctx.attrs["count_include_pad"]))
+                 padding=win.padding, ceil_mode=ceil_mode, count_include_pad=include_pad)
     return win.from_2d(ctx, y)
 
 
