@@ -134,7 +134,7 @@ def default_preprocess(spec: TensorSpec) -> dict[str, Any] | None:
     if len(shape) == 4 and shape[3] in (1, 3):
         return {"size": [shape[1], shape[2]], "color": "L" if shape[3] == 1 else "RGB",
                 "scale": 1 / 255, "mean": [0.0], "std": [1.0], "layout": "NHWC"}
-    if len(shape) == 2:
+    if len(shape) == 2 and isinstance(shape[1], (int, np.integer)):
         side = int(round(np.sqrt(shape[1])))
         if side * side == shape[1]:
             return {"size": [side, side], "color": "L", "scale": 1 / 255, "mean": [0.0],
@@ -142,10 +142,18 @@ def default_preprocess(spec: TensorSpec) -> dict[str, Any] | None:
     return None
 
 
+def _target_size(img: Any, pre: dict[str, Any]) -> tuple[int, int]:
+    """(H, W) to prepare ``img`` at: the recorded size, where an axis's size is known only at
+    run time (a bundle with symbolic shapes: a name such as ``H``) the image's own."""
+    h, w = pre["size"]
+    return (int(h) if isinstance(h, (int, np.integer)) else img.size[1],
+            int(w) if isinstance(w, (int, np.integer)) else img.size[0])
+
+
 def _mismatch(path: str, img: Any, pre: dict[str, Any]) -> tuple[str, str] | None:
     """(note, strict error) when preparing ``img`` as ``pre`` records changes its size or
     colour; None when it fits."""
-    h, w = (int(v) for v in pre["size"])
+    h, w = _target_size(img, pre)
     color = pre.get("color", "RGB")
     changes, differs = [], []
     if img.size != (w, h):
@@ -188,8 +196,8 @@ def load_image(path: str, pre: dict[str, Any], spec: TensorSpec,
                 # 16-bit grayscale: scale to 8 bits so the recorded scale (1/255) still applies.
                 arr16 = np.asarray(img, dtype=np.float64)
                 img = Image.fromarray((arr16 / max(arr16.max(), 1) * 255).astype(np.uint8))
+            h, w = _target_size(img, pre)
             img = img.convert(color)
-            h, w = (int(v) for v in pre["size"])
             if img.size != (w, h):
                 img = img.resize((w, h), Image.BILINEAR)
             arr = np.asarray(img, dtype=np.float32)
@@ -205,10 +213,21 @@ def load_image(path: str, pre: dict[str, Any], spec: TensorSpec,
     if layout == "NCHW":
         arr = arr.transpose(2, 0, 1)
     arr = np.ascontiguousarray(arr[None], dtype=np.float32)
-    if arr.size != int(np.prod(spec.shape)):
-        raise InputError(f"{path} gives {arr.size} values after preprocessing; input "
-                         f"{spec.name!r} takes shape {spec.shape}")
-    return arr.reshape(spec.shape).astype(spec.dtype, copy=False)
+    fixed = [d for d in spec.shape if isinstance(d, (int, np.integer))]
+    if len(fixed) == len(spec.shape):
+        if arr.size != int(np.prod(spec.shape)):
+            raise InputError(f"{path} gives {arr.size} values after preprocessing; input "
+                             f"{spec.name!r} takes shape {spec.shape}")
+        return arr.reshape(spec.shape).astype(spec.dtype, copy=False)
+    # sizes known at run time (names): the image's own, one image as the batch
+    if layout == "flat":
+        arr = arr.reshape(1, -1)
+    if arr.ndim != len(spec.shape) or any(isinstance(d, (int, np.integer)) and d != n
+                                          for d, n in zip(spec.shape, arr.shape)):
+        shown = "(" + ", ".join(map(str, spec.shape)) + ")"
+        raise InputError(f"{path} gives shape {tuple(arr.shape)} after preprocessing; input "
+                         f"{spec.name!r} takes {shown}")
+    return arr.astype(spec.dtype, copy=False)
 
 
 def load_input(path: str | os.PathLike, spec: TensorSpec, preprocess: dict | None, *,
