@@ -226,7 +226,7 @@ class _QEmitter(KernelEmitter):
 
 
 class _QMatmul(_QEmitter):
-    def _store_panel(self, m0: ir.Value, nrows: int, n: int, col0: int, acc) -> None:
+    def _store_panel(self, m0: ir.Value, nrows: int, n: int, col0, acc) -> None:
         """The requantize epilogue of one tile column: rows m0 .. m0 + nrows of the PANEL
         columns from ``col0``, ``acc(r)`` giving row r's <8 x i32> accumulator (called after
         the column's bias, multiplier and offset are loaded), stored into y (lane by lane
@@ -236,14 +236,16 @@ class _QMatmul(_QEmitter):
         b = self.builder
         buf = self.buffers
         bv = b.load(self._ptr(buf[bias.uid], col0, V8I32), align=4)
-        mv = b.load(self._ptr(buf[mult.uid], col0, V8F32), align=4)
+        mv = (self._splat(b.load(buf[mult.uid]), V8F32) if tuple(mult.shape) == ()
+              else b.load(self._ptr(buf[mult.uid], col0, V8F32), align=4))
         ov = (b.load(self._ptr(buf[y_zp.uid], col0, V8F32), align=4)
               if self.float_out else None)
         for r in range(nrows):
             q = self._requant(acc(r), bv, mv, ov)
             row = b.mul(b.add(m0, const_i64(r)), const_i64(n))
-            if col0 + PANEL <= n:
-                b.store(q, self._ptr(buf[y.uid], b.add(row, const_i64(col0)), self.out_vec),
+            if isinstance(col0, ir.Value) or col0 + PANEL <= n:   # a run-time col0: whole
+                c0 = col0 if isinstance(col0, ir.Value) else const_i64(col0)
+                b.store(q, self._ptr(buf[y.uid], b.add(row, c0), self.out_vec),
                         align=1)
             else:
                 for lane in range(n - col0):
@@ -251,12 +253,35 @@ class _QMatmul(_QEmitter):
                             b.gep(buf[y.uid], [b.add(row, const_i64(col0 + lane))]))
 
     def _groups(self, groups: list[int], parallel: bool, g_lo, g_hi, rows: int, npn: int,
-                tile_at) -> None:
+                tile_at, n: int | None = None) -> None:
         """Calls ``tile_at(m0, nrows, p0, nvec)`` over all rows (tiles of mr, then the rest)
         for each group of up to nv panels from ``groups``; when parallel, only the groups
-        g_lo <= gi < g_hi of this task."""
+        g_lo <= gi < g_hi of this task. With ``n`` (the columns), the groups of nv whole
+        panels run as one loop with a run-time p0 (an int64 value: one copy of the code, not
+        one per group, which for 8210 columns made half a megabyte of code), the rest
+        unrolled with constant p0."""
         b = self.builder
         mr, nv = self.mr, self.nv
+        if n is not None:
+            uniform = sum(1 for p0 in groups if p0 + nv <= npn and (p0 + nv) * PANEL <= n)
+            if uniform > 1:
+                lo, hi = const_i64(0), const_i64(uniform)
+                if parallel:
+                    lo = b.select(b.icmp_signed(">", g_lo, lo), g_lo, lo)
+                    hi = b.select(b.icmp_signed("<", g_hi, hi), g_hi, hi)
+                full = rows // mr
+                with for_range(b, lo, hi, "gq") as gi:
+                    p0 = b.mul(gi, const_i64(nv))
+                    if full:
+                        with for_range(b, const_i64(0), const_i64(full), "mt") as t:
+                            tile_at(b.mul(t, const_i64(mr)), mr, p0, nv)
+                    if rows % mr:
+                        tile_at(const_i64(full * mr), rows % mr, p0, nv)
+                rest = list(enumerate(groups))[uniform:]
+            else:
+                rest = list(enumerate(groups))
+        else:
+            rest = list(enumerate(groups))
 
         def group(p0: int) -> None:
             nvec = min(nv, npn - p0)
@@ -267,7 +292,7 @@ class _QMatmul(_QEmitter):
             if rows % mr:
                 tile_at(const_i64(full * mr), rows % mr, p0, nvec)
 
-        for gi, p0 in enumerate(groups):
+        for gi, p0 in rest:
             if parallel:
                 g = const_i64(gi)
                 mine = b.and_(b.icmp_signed(">=", g, g_lo), b.icmp_signed("<", g, g_hi))
@@ -307,6 +332,8 @@ class _QMatmul(_QEmitter):
             g_hi = b.sdiv(b.mul(b.add(task, const_i64(1)), const_i64(len(groups))), eff)
             ws = b.gep(ws, [b.mul(task, const_i64(region))])
         xzp = b.load(buf[x_zp.uid])
+        if x_zp.dtype != "int32":     # a DynamicQuantizeLinear's uint8/int8 zero point
+            xzp = self._widen(xzp, x_zp.dtype)
         if not self.float_out:
             self.y_zp = self._splat(b.load(buf[y_zp.uid]), V8F32)
         if vnni:
@@ -332,18 +359,23 @@ class _QMatmul(_QEmitter):
                 return b.load(b.gep(a32, [b.add(b.mul(b.add(m0, const_i64(r)), const_i64(k2)),
                                                 j)]))
 
+            pv = [b.add(p0, const_i64(v)) if isinstance(p0, ir.Value) else const_i64(p0 + v)
+                  for v in range(nvec)]
+
             def b_vec(v, j):
-                off = b.add(const_i64((p0 + v) * k2 * 16), b.mul(j, const_i64(16)))
+                off = b.add(b.mul(pv[v], const_i64(k2 * 16)), b.mul(j, const_i64(16)))
                 if wide:
                     return b.load(self._ptr(wbase, off, V16I16), align=2)
                 return b.sext(b.load(self._ptr(wbase, off, V16I8), align=1), V16I16)
 
             accs = self._tile(nrows, nvec, k2, a_word, b_vec)
             for v in range(nvec):
-                self._store_panel(m0, nrows, n, (p0 + v) * PANEL, lambda r, v=v: accs[r][v])
+                col0 = (b.mul(pv[v], const_i64(PANEL)) if isinstance(p0, ir.Value)
+                        else (p0 + v) * PANEL)
+                self._store_panel(m0, nrows, n, col0, lambda r, v=v: accs[r][v])
 
         self._groups(groups, parallel, g_lo if parallel else None, g_hi if parallel else None,
-                     rows, npn, tile_at)
+                     rows, npn, tile_at, n)
         return self._finish(body_fn, n_ptrs, ptr_types, workspace, parallel)
 
 
@@ -488,6 +520,8 @@ class _QConv(_QEmitter):
         else:
             lo, hi, region = const_i64(0), const_i64(n_tiles), const_i64(0)
         xzp = b.load(buf[x_zp.uid])
+        if x_zp.dtype != "int32":     # a DynamicQuantizeLinear's uint8/int8 zero point
+            xzp = self._widen(xzp, x_zp.dtype)
         if not self.float_out:
             self.y_zp = self._splat(b.load(buf[y_zp.uid]), V8F32)
         tile_words = steps * rows6 * 2                      # int16 values per 6-row tile
@@ -545,7 +579,8 @@ class _QConv(_QEmitter):
                 for r in range(nrows):
                     ocr = b.add(oc0, const_i64(r))
                     bv = self._splat(b.load(b.gep(buf[bias.uid], [ocr])), V8I32)
-                    mv = self._splat(b.load(b.gep(buf[mult.uid], [ocr])), V8F32)
+                    mv = self._splat(b.load(buf[mult.uid] if tuple(mult.shape) == ()
+                                            else b.gep(buf[mult.uid], [ocr])), V8F32)
                     ov = (self._splat(b.load(b.gep(buf[y_zp.uid], [ocr])), V8F32)
                           if self.float_out else None)
                     for v in range(self.nv):

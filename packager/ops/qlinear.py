@@ -12,16 +12,19 @@ which is ONNX Runtime's QLinearMatMul / QGemm / QLinearConv requantization (MLAS
 wp the weights ``wd [K, N]`` *packed* for the integer GEMM (``pack_weights``): int8 (or int16
 when ``w - w_zp`` does not fit int8) ``[ceil(N/8), ceil(K/2), 8, 2]``, ``wp[p, j, l, t] =
 wd[2j + t, 8p + l]`` zero-padded, so one 16-byte row is the k-pair-interleaved operand of
-``vpmaddwd`` for 8 output columns; x_zp int32 ``()``, bias int32 and multiplier float32
-``[8 * ceil(N/8)]`` (zero-padded), y_zp float32 ``()``. Result ``[..., M, N]`` of dtype D.
+``vpmaddwd`` for 8 output columns; x_zp int32 ``()`` (or an int8/uint8 scalar, which may be
+computed at run time: a DynamicQuantizeLinear's zero point), bias int32 and multiplier float32
+``[8 * ceil(N/8)]`` (zero-padded; the multiplier may also be a float32 scalar, run-time too),
+y_zp float32 ``()``. Result ``[..., M, N]`` of dtype D.
 
 ``qconv2d(x, wk, x_zp, bias, multiplier, y_zp, out_channels, kernel, strides, padding,
 dtype)``: x int8/uint8 ``[B, C, H, W]``; wk the weights ``wd = w - w_zp [O, C, KH, KW]`` packed
 by ``pack_conv_weights``: int8/int16 ``[ceil(O/6), KH*KW*ceil(C/2), 6, 2]``, ``wk[o // 6,
 (ky*KW + kx) * ceil(C/2) + c // 2, o % 6, c % 2] = wd[o, c, ky, kx]`` zero-padded (the
 broadcast operand of 6 output channels' rows, one reduction step's words adjacent); bias /
-multiplier ``[O]``; padding reads x_zp (contributes zero); groups 1, dilation 1. Result
-``[B, O, OH, OW]``.
+multiplier ``[O]`` (the multiplier may be a float32 scalar; x_zp and both may be computed at
+run time, as with ``qmatmul``); padding reads x_zp (contributes zero); groups 1, dilation 1.
+Result ``[B, O, OH, OW]``.
 
 With ``dtype="float32"`` (a quantized product whose result stays float: mlcpack's own
 ``--quantize int8`` graphs dequantize every product's inputs only) the last argument is a
@@ -103,7 +106,7 @@ def _epilogue(acc: te.Tensor, bias: te.Tensor, mult: te.Tensor, y_zp: te.Tensor,
               shape, name: str, dtype: str, relu: bool = False) -> te.Tensor:
     def body(*i: te.IndexVar) -> te.Expr:
         c = i[channel]
-        a = te.cast(acc[i] + bias[c], "float32") * mult[c]
+        a = te.cast(acc[i] + bias[c], "float32") * (mult[()] if mult.shape == () else mult[c])
         if dtype == "float32":
             y = a + y_zp[c]
             return te.maximum(y, scalar_of(0.0, "float32")) if relu else y
@@ -127,6 +130,11 @@ def _infer_qmatmul(x: TensorType, wp: TensorType, x_zp: TensorType, bias: Tensor
     if (len(wp.shape) != 4 or tuple(wp.shape[2:]) != (PANEL, 2) or wp.shape[1] != -(-k // 2)
             or not 0 < n <= wp.shape[0] * PANEL):
         raise ValueError(f"qmatmul: packed weights {wp.shape} do not fit x {x.shape}, n={n}")
+    if x_zp.shape != () or x_zp.dtype not in ("int8", "uint8", "int32"):
+        raise ValueError(f"qmatmul: x_zp must be an int8/uint8/int32 scalar, not {x_zp}")
+    if tuple(multiplier.shape) not in ((), (wp.shape[0] * PANEL,)):
+        raise ValueError(f"qmatmul: multiplier {multiplier.shape} is neither a scalar nor "
+                         f"one per padded column ({wp.shape[0] * PANEL})")
     return TensorType(tuple(x.shape[:-1]) + (n,), dtype)
 
 
@@ -139,7 +147,7 @@ def _legalize_qmatmul(x: te.Tensor, wp: te.Tensor, x_zp: te.Tensor, bias: te.Ten
 
     def acc_body(*i: te.IndexVar) -> te.Expr:
         c = i[-1]
-        xv = te.cast(x[tuple(i[:-1]) + (k,)], "int32") - x_zp[()]
+        xv = te.cast(x[tuple(i[:-1]) + (k,)], "int32") - te.cast(x_zp[()], "int32")
         wv = te.cast(wp[c // PANEL, k // 2, c % PANEL, k % 2], "int32")
         return te.sum_of(xv * wv, k)
 
@@ -154,8 +162,8 @@ def qmatmul(x: np.ndarray, wp: np.ndarray, x_zp: np.ndarray, bias: np.ndarray,
             dtype: str = "uint8", relu: bool = False) -> np.ndarray:
     wd = unpack_weights(wp, x.shape[-1], n).astype(np.int64)
     acc = np.matmul(x.astype(np.int64) - int(x_zp), wd) + bias[:n]
-    return _requantize(acc, multiplier[:n], y_zp[:n] if dtype == "float32" else y_zp, dtype,
-                       relu)
+    mult = multiplier if multiplier.shape == () else multiplier[:n]
+    return _requantize(acc, mult, y_zp[:n] if dtype == "float32" else y_zp, dtype, relu)
 
 
 # ---- qconv2d ------------------------------------------------------------------------------------
@@ -177,6 +185,12 @@ def _infer_qconv2d(x: TensorType, wk: TensorType, x_zp: TensorType, bias: Tensor
             or wk.shape[1] != kh * kw * -(-c // 2) or tuple(wk.shape[2:]) != (CONV_ROWS, 2)):
         raise ValueError(f"qconv2d: packed weights {wk.shape} do not fit x {x.shape}, "
                          f"{out_channels} outputs, kernel {kernel}")
+    if x_zp.shape != () or x_zp.dtype not in ("int8", "uint8", "int32"):
+        raise ValueError(f"qconv2d: x_zp must be an int8/uint8/int32 scalar, not {x_zp}")
+    if tuple(multiplier.shape) not in ((), (out_channels,)) or bias.dtype != "int32" \
+            or tuple(bias.shape) != (out_channels,):
+        raise ValueError(f"qconv2d: bias {bias} / multiplier {multiplier} do not fit "
+                         f"{out_channels} output channels")
     oh = _out_size(h, kh, strides[0], padding[0], padding[2])
     ow = _out_size(w, kw, strides[1], padding[1], padding[3])
     return TensorType((b, out_channels, oh, ow), dtype)
@@ -203,7 +217,7 @@ def _legalize_qconv2d(x: te.Tensor, wk: te.Tensor, x_zp: te.Tensor, bias: te.Ten
         ix = ox * strides[1] - padding[1] + rx
         inside = te.logical_and(te.logical_and(iy >= 0, iy < h), te.logical_and(ix >= 0, ix < w))
         xv = te.if_then_else(inside, te.cast(x[b, rc, clamp(iy, h), clamp(ix, w)], "int32")
-                             - x_zp[()], te.const(0, "int32"))
+                             - te.cast(x_zp[()], "int32"), te.const(0, "int32"))
         wv = wk[oc // CONV_ROWS, (ry * kw + rx) * cp + rc // 2, oc % CONV_ROWS, rc % 2]
         return te.sum_of(xv * te.cast(wv, "int32"), (rc, ry, rx))
 
@@ -234,4 +248,5 @@ def qconv2d(x: np.ndarray, wk: np.ndarray, x_zp: np.ndarray, bias: np.ndarray,
             acc += np.einsum("nchw,oc->nohw", patch, w64[:, :, ky, kx])
     acc += bias.reshape(1, o, 1, 1)
     off = y_zp.reshape(1, o, 1, 1) if dtype == "float32" else y_zp
-    return _requantize(acc, multiplier.reshape(1, o, 1, 1), off, dtype, relu)
+    mult = multiplier if multiplier.shape == () else multiplier.reshape(1, o, 1, 1)
+    return _requantize(acc, mult, off, dtype, relu)
