@@ -11,6 +11,7 @@ from .errors import BundleError, MlcpackError
 from .header import Header, plain
 from .profile import read_sources, sources_text
 from .signing import fingerprint
+from .symbolic import dim_text
 
 
 def describe(path: str | os.PathLike) -> dict[str, Any]:
@@ -175,7 +176,7 @@ def _text(info: dict[str, Any]) -> str:
         lines.append(f"model: {model.get('name')} from {model['source']}")
     for kind in ("inputs", "outputs"):
         for t in info[kind]:
-            dims = "[" + ", ".join(map(str, t.get("dims", t["shape"]))) + "]"
+            dims = "[" + ", ".join(map(dim_text, t.get("dims", t["shape"]))) + "]"
             lines.append(f"{kind[:-1]:>6}: {t['name']} {dims} {t['dtype']}")
     if info.get("preprocess"):
         p = info["preprocess"]

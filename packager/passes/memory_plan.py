@@ -64,15 +64,6 @@ class UnboundedSizeError(Exception):
     """A buffer's size is not bounded by the size variables' bounds (one line, for a note)."""
 
 
-def record_text(rec) -> str:
-    """A dim record as the IR printer shows it (``W * 48``, ``(W) // 4``)."""
-    if isinstance(rec, (int, str)):
-        return str(rec)
-    if rec[0] in ("+", "*"):
-        return f" {rec[0]} ".join(record_text(r) for r in rec[1:])
-    return f"({record_text(rec[1])}) {rec[0]} {rec[2]}"
-
-
 def non_decreasing(rec, ones) -> bool:
     """Whether the record never decreases when a size variable grows, over sizes >= 1 (``ones``:
     every variable at 1). Sums of such terms are; products are when every factor is also
