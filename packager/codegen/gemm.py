@@ -172,6 +172,13 @@ def _conv_tiles_16_regs(vl: int) -> tuple[tuple[int, int, int, float], ...]:
 # longer than the output's); measured on Zen 4 (ResNet-18 3x3 and MobileNetV2's first conv).
 COPY_COST_MACS = 8
 ROWWISE_EPILOGUE_MACS = 2
+# A multiply-add of the tail kernel (``ContractionEmitter._conv_tail``: the reduction on the
+# vector lanes, one horizontal sum per output) costs about this many of the microkernel's; its
+# inputs are gathered once per tail pixel and tap (``COPY_COST_MACS`` each).
+TAIL_MAC_COST = 1.5
+# The tail is measured on AVX2 (Zen 4) only; AVX-512 (whose 256-bit tiles already waste fewer
+# lanes) and 128-bit targets keep their partial panels.
+TAIL_VL = 8
 
 
 def _conv_tiles(rows: int, vl: int) -> tuple[tuple[int, int, int, float], ...]:
@@ -200,6 +207,7 @@ def conv_geometry(x_shape, w_shape, out_shape, attrs: dict, target_vl: int) -> d
     og = o // groups
     hq = max(-(-hp // sh), oh + (kh - 1) // sh)
     ny = min(sh, kh)                      # row phases read by some tap
+    k_taps = cg * kh * kw
     # A 1x1, stride-1, unpadded convolution reads its input as the planes: no copy (in the
     # last, partial panel, the last channel's loads are masked instead of reading zero slack;
     # masked loads are slower than plain ones).
@@ -215,19 +223,43 @@ def conv_geometry(x_shape, w_shape, out_shape, attrs: dict, target_vl: int) -> d
             nr = nv * vl
             computed = -(-og // mr) * mr * groups * -(-pflat // nr) * nr * cg * kh * kw
             # planes that do not stay in L2 cost more than the copy: the kernel reads them
-            cost = computed * eff + copied * COPY_COST_MACS * (
-                2 if 4 * copied > 2 * L2_REUSE_BYTES else 1)
+            copy_cost = copied * COPY_COST_MACS * (2 if 4 * copied > 2 * L2_REUSE_BYTES else 1)
+            cost = computed * eff + copy_cost
             if wq != ow:
                 cost += computed // (cg * kh * kw) * ROWWISE_EPILOGUE_MACS
+            # The outputs of a last, partial panel (a small image: 7x7 fills 49 of 72 columns
+            # of a 4 x 3 tile, 10x10 100 of 120, a 1x1 image 1 of 24) may be cheaper as the
+            # *tail*: each output a dot product of its weight row with the pixel's gathered
+            # inputs, the reduction on the vector lanes (no computed column is wasted).
+            full = pflat // nr
+            tail = tuple((p // wq, p % wq) for p in range(full * nr, pflat) if p % wq < ow)
+            # Shifted planes only with a tail small enough: the tail makes them win on small
+            # images, where the cost model misses that the planes are re-read once per block
+            # row (measured on Zen 4: 128 -> 256 3x3 s2 on 20x20, 337 KB of shifted planes,
+            # 1.2x slower than by phase; 256 -> 64 3x3 10x10, 368 KB, 1.07x).
+            small = 4 * copied <= L2_REUSE_BYTES // 2 and sw == 1
+            if groups == 1 and tail and (small or not shifted) and target_vl == TAIL_VL:
+                last = -(-og // mr) * mr * nr * k_taps
+                tail_cost = len(tail) * k_taps * (og * TAIL_MAC_COST + COPY_COST_MACS)
+                if full == 0:   # no planes to copy at all
+                    tail_cost -= copy_cost
+                if tail_cost < last * (eff + (ROWWISE_EPILOGUE_MACS / k_taps if wq != ow else 0)):
+                    cost += tail_cost - last * eff
+                else:
+                    tail = ()
+            else:
+                tail = ()
             if best is None or cost < best[0]:
-                best = (cost, shifted, wq, nx, pflat, vl, mr, nv)
-    _, shifted, wq, nx, pflat, vl, mr, nv = best
+                best = (cost, shifted, wq, nx, pflat, vl, mr, nv, tail)
+    _, shifted, wq, nx, pflat, vl, mr, nv, tail = best
     nr = nv * vl
-    panels = -(-pflat // nr)
+    slack_panels = -(-pflat // nr)
+    panels = pflat // nr if tail else slack_panels
+    tail_kp = -(-k_taps // vl) * vl      # a tail pixel's gathered inputs, padded with zeros
     shift_max = ((kh - 1) // sh) * wq + (0 if shifted else (kw - 1) // sw)
     plane_floats = cg * ny * nx * hq * wq      # one group's
     planes = 0 if direct else groups * plane_floats
-    slack = 0 if direct else max(0, shift_max + panels * nr - hq * wq) + nr
+    slack = 0 if direct else max(0, shift_max + slack_panels * nr - hq * wq) + nr
     # Loop order: with the panel innermost, each weight block is read once and the planes
     # once per block row; with the block row innermost, each planes panel is read once and
     # the weights once per panel. Re-reads of an operand that stays in L2 are cheap.
@@ -255,7 +287,7 @@ def conv_geometry(x_shape, w_shape, out_shape, attrs: dict, target_vl: int) -> d
                 per_group=per_group, region=region, slack_total=slack_total,
                 pt=pt, pl=pl, hq=hq, wq=wq, groups=groups, og=og, pflat=pflat, mr=mr, nv=nv,
                 nr=nr, panels=panels, planes_floats=planes, slack=slack, direct=direct,
-                panel_outer=panel_outer, shift_max=shift_max)
+                panel_outer=panel_outer, shift_max=shift_max, tail=tail, tail_kp=tail_kp)
 
 
 class ContractionEmitter(KernelEmitter):
@@ -570,14 +602,13 @@ class ContractionEmitter(KernelEmitter):
         if self.match.tag.kind != "conv2d":
             return 0
         g = self._conv_geometry()
-        if g["direct"]:
-            return 0
-        nbytes = (g["planes_floats"] + g["slack_total"]) * 4
+        nbytes = 0 if g["direct"] else (g["planes_floats"] + g["slack_total"]) * 4
         if not g["per_group"]:
             # Tasks share the planes of one image and run without a barrier, so a task that
             # moves on to the next image must not overwrite planes another task still reads:
-            # every image of the batch has planes of its own.
-            nbytes *= self.match.tag.operands[0].shape[0]
+            # every image of the batch has planes of its own (and tail inputs, after them).
+            batch = self.match.tag.operands[0].shape[0]
+            nbytes = (nbytes + len(g["tail"]) * g["tail_kp"] * 4) * batch
         return -(-nbytes // WORKSPACE_ALIGN) * WORKSPACE_ALIGN
 
     def _batch_offset(self, t: te.Tensor, bidx: list[ir.Value]) -> ir.Value:
@@ -917,7 +948,7 @@ class ContractionEmitter(KernelEmitter):
         g = self._conv_geometry()
         x_t = self.match.tag.operands[0]
         x_ptr = self.buffers[x_t.uid]
-        planes = None if g["direct"] else b.bitcast(ws, F32.as_pointer())
+        planes = None if ws is None else b.bitcast(ws, F32.as_pointer())
         n_batch = x_t.shape[0]
         mblocks = -(-g["og"] // g["mr"])
         cg = g["cg"]
@@ -941,6 +972,8 @@ class ContractionEmitter(KernelEmitter):
             else:
                 if g["direct"]:
                     src = x_img
+                elif g["panels"] == 0:   # every output is in the tail
+                    src = None
                 else:
                     # Every task fills the plane rows its panels read (identical values where
                     # tasks overlap): no barrier. Each image has its own planes (see
@@ -948,19 +981,25 @@ class ContractionEmitter(KernelEmitter):
                     src = b.gep(planes, [b.mul(n, const_i64(g["planes_floats"] + g["slack_total"]))],
                                 inbounds=True)
                     self._fill_planes(g, x_img, src, rows=self._task_rows(g, task, ntasks))
-                lo, hi = self._split(g["groups"] * mblocks * g["panels"], task, ntasks)
-                with for_range(b, lo, hi, "work") as work:
-                    if g["panel_outer"]:   # block row innermost: a planes panel is reused
-                        mb = b.srem(work, const_i64(mblocks))
-                        rest = b.sdiv(work, const_i64(mblocks))
-                        jp = b.srem(rest, const_i64(g["panels"]))
-                        grp = b.sdiv(rest, const_i64(g["panels"]))
-                    else:                  # panel innermost: a block of weight rows is reused
-                        jp = b.srem(work, const_i64(g["panels"]))
-                        rest = b.sdiv(work, const_i64(g["panels"]))
-                        mb = b.srem(rest, const_i64(mblocks))
-                        grp = b.sdiv(rest, const_i64(mblocks))
-                    self._conv_block(g, n, grp, mb, jp, src, b.mul(grp, const_i64(cg)))
+                if g["panels"]:
+                    lo, hi = self._split(g["groups"] * mblocks * g["panels"], task, ntasks)
+                    with for_range(b, lo, hi, "work") as work:
+                        if g["panel_outer"]:   # block row innermost: a planes panel is reused
+                            mb = b.srem(work, const_i64(mblocks))
+                            rest = b.sdiv(work, const_i64(mblocks))
+                            jp = b.srem(rest, const_i64(g["panels"]))
+                            grp = b.sdiv(rest, const_i64(g["panels"]))
+                        else:                  # panel innermost: a block of weight rows is reused
+                            jp = b.srem(work, const_i64(g["panels"]))
+                            rest = b.sdiv(work, const_i64(g["panels"]))
+                            mb = b.srem(rest, const_i64(mblocks))
+                            grp = b.sdiv(rest, const_i64(mblocks))
+                        self._conv_block(g, n, grp, mb, jp, src, b.mul(grp, const_i64(cg)))
+                if g["tail"]:
+                    tail_ws = b.gep(planes, [b.add(
+                        const_i64(n_batch * (g["planes_floats"] + g["slack_total"])),
+                        b.mul(n, const_i64(len(g["tail"]) * g["tail_kp"])))], inbounds=True)
+                    self._conv_tail(g, n, x_img, tail_ws, task, ntasks)
 
     def _conv_block(self, g: dict, n, grp, mb, jp, src, ic_base) -> None:
         """One mr x nr block of outputs: group ``grp``, block row ``mb``, panel ``jp``; ``src``
@@ -1008,7 +1047,7 @@ class ContractionEmitter(KernelEmitter):
                 tile = self._microkernel(mr, nv, cg, a_scalar, b_vector, list(range(khw)))
             self._conv_epilogue(g, out, n, oc0, local0, p0, tile)
 
-        if not g["direct"] or g["pflat"] % nr == 0:
+        if not g["direct"] or g["panels"] * nr <= g["pflat"]:
             block(False)
         else:  # the input itself is read: mask the last loads of the last, partial panel
             full = b.icmp_signed("<=", b.add(p0, const_i64(nr)), const_i64(g["pflat"]))
@@ -1017,6 +1056,102 @@ class ContractionEmitter(KernelEmitter):
                     block(False)
                 with otherwise:
                     block(True)
+
+    def _hsum(self, v: ir.Value) -> ir.Value:
+        """The sum of a vector's lanes (a tree of shuffles and adds)."""
+        b = self.builder
+        n = self.vl
+        while n > 1:
+            half = n // 2
+            hi = b.shuffle_vector(v, v, ir.Constant(ir.VectorType(I32, half),
+                                                    list(range(half, n))))
+            lo = b.shuffle_vector(v, v, ir.Constant(ir.VectorType(I32, half), list(range(half))))
+            v = b.fadd(lo, hi)
+            n = half
+        return b.extract_element(v, ir.Constant(I32, 0))
+
+    def _conv_tail(self, g: dict, n, x_img, xt, task, ntasks) -> None:
+        """The outputs of the tail pixels (``conv_geometry``: those a last, partial panel
+        would hold), one group: each pixel's inputs (channel, tap) are gathered into ``xt`` (a
+        row of ``tail_kp`` floats, zero-padded), then every output is the dot product of its
+        weight row with that row, vl products at a time; a block of mo channels x rp pixels
+        keeps mo * rp vector accumulators. The tasks split the channel blocks; each task with
+        some gathers the rows (the same values where tasks overlap, as the planes)."""
+        b = self.builder
+        out = self.match.out
+        tail, kp, og, vl = g["tail"], g["tail_kp"], g["og"], self.vl
+        kh, kw, cg, h, w = g["kh"], g["kw"], g["cg"], g["h"], g["w"]
+        khw = kh * kw
+        k_taps = cg * khw
+        w_ptr = self.buffers[self.match.tag.operands[1].uid]
+        mo, rp = (8, 1) if len(tail) == 1 else (4, 2)
+        oblocks = -(-og // mo)
+        lo, hi = self._split(oblocks, task, ntasks)
+        zero = ir.Constant(F32, 0.0)
+        with b.if_then(b.icmp_signed(">", hi, lo)):
+            with for_range(b, const_i64(0), const_i64(cg), "tc") as ic:
+                src = b.mul(ic, const_i64(h * w))
+                for t, (oy, ox) in enumerate(tail):
+                    for ky in range(kh):
+                        for kx in range(kw):
+                            iy = oy * g["sh"] + ky - g["pt"]
+                            ix = ox * g["sw"] + kx - g["pl"]
+                            dst = b.add(b.mul(ic, const_i64(khw)), const_i64(t * kp + ky * kw + kx))
+                            val = zero
+                            if 0 <= iy < h and 0 <= ix < w:
+                                val = b.load(b.gep(x_img, [b.add(src, const_i64(iy * w + ix))],
+                                                   inbounds=True))
+                            b.store(val, b.gep(xt, [dst], inbounds=True))
+            for t in range(len(tail)):
+                for k in range(k_taps, kp):
+                    b.store(zero, b.gep(xt, [const_i64(t * kp + k)], inbounds=True))
+            chunks, rem = divmod(k_taps, vl)
+            rem_mask = ir.Constant(ir.VectorType(I1, vl), [i < rem for i in range(vl)])
+            with for_range(b, lo, hi, "tob") as ob:
+                o0 = b.mul(ob, const_i64(mo))
+                rows = [b.mul(b.select(b.icmp_signed("<", b.add(o0, const_i64(i)),
+                                                     const_i64(og)),
+                                       b.add(o0, const_i64(i)), const_i64(og - 1)),
+                              const_i64(k_taps)) for i in range(mo)]
+                for j0 in range(0, len(tail), rp):
+                    r = min(rp, len(tail) - j0)
+                    accs = [alloca_once(b, self.vty, name=f"tacc{i}_{j}")
+                            for i in range(mo) for j in range(r)]
+                    for a in accs:
+                        b.store(ir.Constant(self.vty, [0.0] * vl), a)
+
+                    def step(kc, masked: bool) -> None:
+                        k0 = b.mul(kc, const_i64(vl))
+                        xv = [b.load(self._vec_ptr(xt, b.add(k0, const_i64((j0 + j) * kp))),
+                                     align=4) for j in range(r)]
+                        for i in range(mo):
+                            ptr = self._vec_ptr(w_ptr, b.add(rows[i], k0))
+                            wv = self._masked_load(ptr, rem_mask) if masked \
+                                else b.load(ptr, align=4)
+                            for j in range(r):
+                                a = accs[i * r + j]
+                                b.store(self._fma(wv, xv[j], b.load(a)), a)
+
+                    if chunks:
+                        with for_range(b, const_i64(0), const_i64(chunks), "tk") as kc:
+                            step(kc, False)
+                    if rem:
+                        step(const_i64(chunks), True)
+                    self._begin_epilogue()
+                    tile = alloca_once(b, ir.ArrayType(F32, mo * r), name="ttile")
+                    tile_f = b.bitcast(tile, F32.as_pointer())
+                    for q, a in enumerate(accs):
+                        b.store(self._hsum(b.load(a)), b.gep(tile_f, [const_i64(q)],
+                                                            inbounds=True))
+                    for i in range(mo):
+                        oc = b.add(o0, const_i64(i))
+                        with b.if_then(b.icmp_signed("<", oc, const_i64(og))):
+                            for j in range(r):
+                                oy, ox = tail[j0 + j]
+                                env = {id(out.axes[0]): n, id(out.axes[1]): oc,
+                                       id(out.axes[2]): const_i64(oy),
+                                       id(out.axes[3]): const_i64(ox)}
+                                self._store_epilogue(env, tile_f, const_i64(i * r + j))
 
     def _conv_epilogue(self, g: dict, out: te.Tensor, n, oc0, local0, p0, tile) -> None:
         b = self.builder
