@@ -30,6 +30,8 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 
+import numpy as np
+
 from llvmlite import ir
 
 from ..ir import te
@@ -37,8 +39,12 @@ from ..ir.graph import PrimFunc
 from ..ir.sym import product
 from .gemm import (L2_REUSE_BYTES, MAX_TASK_REGIONS, PARALLEL_MIN_MACS, ContractionEmitter,
                    _conv_tiles, _walk, match_contraction)
-from .helpers import F32, I64, alloca_once, const_i64, for_range
+from .helpers import F32, I32, I64, alloca_once, const_i64, for_range, intrinsic
+from . import lower
 from .lower import WORKSPACE_ALIGN, KernelInfo
+from .softmax import SoftmaxEmitter, match_softmax
+from .vecmath import call_math, exp_nonpositive
+from .vecmath_lanes import _LaneOps
 
 
 def _symbolic_tile(og: int, vl: int) -> tuple[int, int]:
@@ -181,6 +187,17 @@ class SymbolicConvEmitter(ContractionEmitter):
                     jp_lo = b.sdiv(lo, const_i64(mblocks))
                     jp_end = b.add(b.sdiv(b.sub(hi, const_i64(1)), const_i64(mblocks)),
                                    const_i64(1))
+                    # One task fills every plane row before its products: either loop order
+                    # (weights larger than L2 read once, as the static kernel's rule; 512 x
+                    # 512 3x3 at 7x7: 8.1 -> ~3.5 ms). Several tasks each fill the rows of
+                    # their panels only, so theirs stay panel outer.
+                    if g["planes"]:
+                        pbytes = b.mul(positions, const_i64(4 * g["cg"] * g["ny"] * g["nx"]))
+                    else:
+                        pbytes = b.mul(P, const_i64(4 * g["K"]))
+                    work = (lo, hi, mblocks, b.and_(
+                        b.icmp_signed("==", nt, const_i64(1)),
+                        self._panel_inner(P, panels, mblocks, pbytes)))
                     if g["planes"]:
                         self._fill_planes_sym(x_img, mine, H, W,
                                               rows=self._task_rows_sym(jp_lo, jp_end))
@@ -194,13 +211,16 @@ class SymbolicConvEmitter(ContractionEmitter):
                         self._fill_cols(x_img, mine, H, W, OH, OW, P, (oy_lo, oy_hi))
                         self._products(n, const_i64(0), mine, P, OW, work)
 
-    def _panel_inner(self, P: ir.Value, panels: ir.Value, mblocks: int) -> ir.Value:
-        """Whether an in-place 1x1 convolution runs its panels innermost (each block of weight
-        rows read once, the input once per block row) rather than its block rows (each input
-        panel read once, the weights once per panel): the static kernel's rule
-        (``gemm.conv_geometry``), on the run-time input size."""
+    def _panel_inner(self, P: ir.Value, panels: ir.Value, mblocks: int,
+                     plane_bytes: ir.Value | None = None) -> ir.Value:
+        """Whether a convolution runs its panels innermost (each block of weight rows read
+        once, the input (planes, columns) once per block row) rather than its block rows (each
+        input panel read once, the weights once per panel): the static kernel's rule
+        (``gemm.conv_geometry``), on the run-time input size. ``plane_bytes``: the bytes the
+        panels read (default: an in-place 1x1 convolution's input)."""
         b, g = self.builder, self.g
-        plane_bytes = b.mul(P, const_i64(4 * g["K"]))
+        if plane_bytes is None:
+            plane_bytes = b.mul(P, const_i64(4 * g["K"]))
         weight_bytes = 4 * g["og"] * g["K"]
         fits = b.icmp_signed("<=", plane_bytes, const_i64(L2_REUSE_BYTES))
         if weight_bytes <= L2_REUSE_BYTES:
@@ -366,7 +386,20 @@ class SymbolicConvEmitter(ContractionEmitter):
         pq = b.mul(OH, wq)
         panels = b.sdiv(b.add(pq, const_i64(nr - 1)), const_i64(nr))
         mblocks = -(-og // mr)
-        shifts = [b.add(b.mul(const_i64(ky // sh), wq), const_i64(kx // sw)) for ky, kx in taps]
+        # A tap's offset: the input channel's phase planes (k), then a run-time part per
+        # (phase, plane row) pair, then a constant (the column shift and the vector), added
+        # last so that it folds into the load's displacement: a 7x7/2 stem has 14 pairs for its
+        # 49 taps (one run-time offset per tap held 49 values live across the taps' loads, and
+        # LLVM spilled vectors around them).
+        if khw > self.ROW_LOOP_TAPS:
+            self._window_row_products(n, grp, planes, OH, OW, work, panels, plane, wq, pq)
+            return
+        pairs: dict[tuple[int, int], ir.Value] = {}
+        for ky, kx in taps:
+            key = ((ky % sh) * nx + kx % sw, ky // sh)
+            if key not in pairs:
+                pairs[key] = b.add(b.mul(const_i64(key[0]), plane),
+                                   b.mul(const_i64(key[1]), wq))
         with self._work_items(panels, mblocks, work) as (jp, mb):
             p0 = b.mul(jp, const_i64(nr))
             local0 = b.mul(mb, const_i64(mr))
@@ -375,14 +408,82 @@ class SymbolicConvEmitter(ContractionEmitter):
 
             def b_vector(k, u, v):
                 ky, kx = taps[u]
-                phase = b.add(b.mul(k, const_i64(ny * nx)),
-                              const_i64((ky % sh) * nx + kx % sw))
-                off = b.add(b.add(b.mul(phase, plane), shifts[u]),
-                            b.add(p0, const_i64(v * self.vl)))
-                return b.load(self._vec_ptr(planes, off), align=4)
+                start = b.gep(planes, [b.add(b.mul(k, b.mul(const_i64(ny * nx), plane)), p0)],
+                              inbounds=True)
+                start = b.gep(start, [pairs[((ky % sh) * nx + kx % sw, ky // sh)]],
+                              inbounds=True)
+                return b.load(self._vec_ptr(start, const_i64(kx // sw + v * self.vl)),
+                              align=4)
 
-            tile = self._microkernel(mr, nv, cg, a_scalar, b_vector, list(range(khw)))
+            tile = self._unrolled_microkernel(mr, nv, cg, a_scalar, b_vector, khw)
             self._row_epilogue(n, oc0, local0, p0, pq, wq, OH, OW, tile)
+
+    ROW_LOOP_TAPS = 9   # larger windows loop over (input channel, window row)
+
+    def _window_row_products(self, n, grp, planes, OH, OW, work, panels, plane, wq, pq
+                             ) -> None:
+        """``_plane_products`` for a large window (a 7x7/2 stem): the microkernel loops over
+        (input channel, window row) pairs with the row's kw taps unrolled, so each iteration's
+        loads are nx run-time row starts plus constant column shifts. With every tap unrolled
+        (49 loads at 14 run-time offsets) LLVM kept the offsets live across the taps and
+        spilled accumulators: ResNet-18's stem ran 1.6x the static kernel."""
+        b, g = self.builder, self.g
+        mr, nv, og, cg = g["mr"], g["nv"], g["og"], g["cg"]
+        kh, kw, sh, sw, ny, nx = g["kh"], g["kw"], g["sh"], g["sw"], g["ny"], g["nx"]
+        w_ptr = self.buffers[self.match.tag.operands[1].uid]
+        nr = nv * self.vl
+        mblocks = -(-og // mr)
+        with self._work_items(panels, mblocks, work) as (jp, mb):
+            p0 = b.mul(jp, const_i64(nr))
+            local0 = b.mul(mb, const_i64(mr))
+            oc0 = b.add(b.mul(grp, const_i64(og)), local0)
+            last = b.add(b.sub(oc0, local0), const_i64(og - 1))
+            # rows past the group's last channel repeat it (computed, not stored)
+            rows = [b.select(b.icmp_signed("<", b.add(local0, const_i64(i)), const_i64(og)),
+                             b.add(oc0, const_i64(i)), last) for i in range(mr)]
+
+            def a_scalar(k, kx, i):   # k = ic * kh + ky: weight column k * kw + kx
+                return b.load(b.gep(w_ptr, [b.add(b.mul(rows[i], const_i64(cg * kh * kw)),
+                                                  b.add(b.mul(k, const_i64(kw)),
+                                                        const_i64(kx)))], inbounds=True))
+
+            def b_vector(k, kx, v):
+                ic, ky = b.udiv(k, const_i64(kh)), b.urem(k, const_i64(kh))
+                phase = b.add(b.add(b.mul(ic, const_i64(ny * nx)),
+                                    b.mul(b.urem(ky, const_i64(sh)), const_i64(nx))),
+                              const_i64(kx % sw))
+                start = b.add(b.add(b.mul(phase, plane), b.mul(b.udiv(ky, const_i64(sh)), wq)),
+                              p0)
+                start = b.gep(planes, [start], inbounds=True)
+                return b.load(self._vec_ptr(start, const_i64(kx // sw + v * self.vl)),
+                              align=4)
+
+            tile = self._microkernel(mr, nv, cg * kh, a_scalar, b_vector, list(range(kw)))
+            self._row_epilogue(n, oc0, local0, p0, pq, wq, OH, OW, tile)
+
+    def _unrolled_microkernel(self, mr, nv, k_extent: int, a_scalar, b_vector,
+                              taps: int | None, b_last=None):
+        """``_microkernel`` over ``k_extent`` steps of ``taps`` sub-steps each (None: one,
+        passed as None), with ``unroll`` steps per loop iteration when a step has fewer than 4
+        sub-steps (1x1 convolutions, the columns matrix):
+        with one FMA block per iteration LLVM rotated the 12 accumulators through registers
+        and spilled two every iteration (a 64 -> 128 1x1/2 conv at 56x56 ran 3.4x the static
+        kernel)."""
+        b = self.builder
+        subs = [None] if taps is None else list(range(taps))
+        unroll = next((u for u in (4, 2) if len(subs) < 4 and k_extent % u == 0), 1)
+        if unroll == 1:
+            return self._microkernel(mr, nv, k_extent, a_scalar, b_vector,
+                                     None if taps is None else subs, b_last=b_last)
+        steps = [(j, u) for j in range(unroll) for u in subs]
+
+        def wrap(fn):
+            if fn is None:
+                return None
+            return lambda k, ju, x: fn(b.add(b.mul(k, const_i64(unroll)), const_i64(ju[0])),
+                                       ju[1], x)
+        return self._microkernel(mr, nv, k_extent // unroll, wrap(a_scalar), wrap(b_vector),
+                                 steps, b_last=wrap(b_last))
 
     def _row_epilogue(self, n, oc0, local0, p0, pq, wq, OH, OW, tile) -> None:
         b, g = self.builder, self.g
@@ -503,8 +604,9 @@ class SymbolicConvEmitter(ContractionEmitter):
                 # in the last, partial panel only the last row's loads could run past the
                 # rows (the input, or the columns): the lanes past a row read the next one
                 # and feed only outputs that are not stored
-                tile = self._microkernel(mr, nv, K, a_scalar, plain if masked else b_vector,
-                                         b_last=b_vector if masked else None)
+                tile = self._unrolled_microkernel(mr, nv, K, a_scalar,
+                                                  plain if masked else b_vector, None,
+                                                  b_last=b_vector if masked else None)
                 self._epilogue(n, oc0, local0, p0, remaining, tile, OW, masks, masked)
 
             with b.if_else(b.icmp_signed(">=", remaining, const_i64(nr))) as (full, part):
@@ -583,10 +685,11 @@ def emit_symbolic_softmax(module: ir.Module, func: PrimFunc, symbol: str, vl: in
     """The vectorized softmax kernel (``codegen/softmax.py``) when only the number of rows is a
     run-time size (a recognizer's per-column class scores): the rows loop takes it from the
     size variables; the row length stays static."""
-    from .softmax import SoftmaxEmitter, match_softmax
     match = match_softmax(func)
-    if match is None or not isinstance(func.inputs[0].shape[-1], int):
+    if match is None:
         return None
+    if not isinstance(func.inputs[0].shape[-1], int):
+        return _RowLengthSoftmax(module, func, symbol, *match, vl, size_vars).emit()
 
     class _Emitter(SoftmaxEmitter):
         def __init__(self) -> None:
@@ -615,6 +718,148 @@ def emit_symbolic_softmax(module: ir.Module, func: PrimFunc, symbol: str, vl: in
             return KernelInfo(self.symbol, 1, 1, 0, False, symbolic=True)
 
     return _Emitter().emit()
+
+
+class _RowLengthSoftmax(SoftmaxEmitter):
+    """Softmax (log-softmax) over a last axis whose length is a run-time size (an
+    attention's scores over a symbolic sequence, ``[b, heads, seq, seq]``): per row, the
+    static kernel's three passes (maximum; exp written while summing; scale by 1 / sum),
+    each a loop over blocks of ``BLOCK`` vectors with ``BLOCK`` accumulators (independent
+    chains), then single vectors, then the last vector masked by a mask built from the
+    run-time count. Rows split over tasks when there are at least
+    ``lower.PARALLEL_MIN_OUTPUTS`` outputs. The generic loop nest ran 2.5x the static
+    kernel (encoder seq 128: 125 vs 49 us)."""
+
+    def __init__(self, module, func, symbol, out, log, vl, size_vars) -> None:
+        super().__init__(module, func, symbol, out, log, vl)
+        self.size_vars = size_vars
+        self.symbolic = True
+
+    def emit(self) -> KernelInfo:
+        x_t = self.func.inputs[0]
+        body_fn, ptr_types = self._begin_body([x_t, self.out], workspace=False)
+        x_ptr, out_ptr = body_fn.args[:2]
+        task, ntasks = body_fn.args[len(ptr_types)], body_fn.args[len(ptr_types) + 1]
+        b = self.builder
+        n = self._dim_value(x_t.shape[-1])
+        rows = self._dim_value(product(x_t.shape[:-1]))
+        # fewer outputs than a task's worth: task 0 does every row, the others nothing
+        big = b.icmp_signed(">=", b.mul(rows, n), const_i64(lower.PARALLEL_MIN_OUTPUTS))
+        nt = b.select(big, ntasks, const_i64(1))
+        lo = b.sdiv(b.mul(task, rows), nt)
+        hi = b.sdiv(b.mul(b.add(task, const_i64(1)), rows), nt)
+        hi = b.select(b.icmp_signed("<", task, nt), hi, lo)
+        vl = const_i64(self.vl)
+        full = b.sdiv(n, vl)
+        blocks = b.sdiv(full, const_i64(self.BLOCK))
+        tail = b.sub(n, b.mul(full, vl))
+        lanes = ir.Constant(ir.VectorType(I64, self.vl), list(range(self.vl)))
+        mask = b.icmp_signed("<", lanes, self._splat_i64(tail))
+        has_tail = b.icmp_signed(">", tail, const_i64(0))
+        with for_range(b, lo, hi, "row") as row:
+            start = b.mul(row, n, flags=("nsw",))
+            xp = b.gep(x_ptr, [start], inbounds=True)
+            yp = b.gep(out_ptr, [start], inbounds=True)
+            self._row(xp, yp, blocks, full, mask, has_tail, b.mul(full, vl))
+        b.ret_void()
+        self._emit_entry(body_fn, len(ptr_types), ptr_types)
+        return KernelInfo(self.symbol, 1, 1, 0, True, symbolic=True)
+
+    def _splat_i64(self, value: ir.Value) -> ir.Value:
+        b = self.builder
+        vty = ir.VectorType(I64, self.vl)
+        v = b.insert_element(ir.Constant(vty, None), value, ir.Constant(I32, 0))
+        return b.shuffle_vector(v, ir.Constant(vty, None),
+                                ir.Constant(ir.VectorType(I32, self.vl), [0] * self.vl))
+
+    def _at(self, row: ir.Value, offset: ir.Value) -> ir.Value:
+        b = self.builder
+        return b.bitcast(b.gep(row, [offset], inbounds=True), self.vty.as_pointer())
+
+    def _mload(self, row, offset, mask, fill: float) -> ir.Value:
+        b = self.builder
+        fn = intrinsic(self.module, f"llvm.masked.load.v{self.vl}f32.p0", self.vty,
+                       [self.vty.as_pointer(), I32, self.mty, self.vty])
+        return b.call(fn, [self._at(row, offset), ir.Constant(I32, 4), mask,
+                           self._splat(fill)])
+
+    def _mstore(self, value, row, offset, mask) -> None:
+        b = self.builder
+        fn = intrinsic(self.module, f"llvm.masked.store.v{self.vl}f32.p0", ir.VoidType(),
+                       [self.vty, self.vty.as_pointer(), I32, self.mty])
+        b.call(fn, [value, self._at(row, offset), ir.Constant(I32, 4), mask])
+
+    def _loop_pass(self, x, y, blocks, full, mask, has_tail, done, step, init, combine):
+        """Fold ``step(load, store, acc)`` over the row: ``BLOCK`` accumulators over blocks
+        of vectors, one over the remaining full vectors and the masked tail; returns
+        the accumulators combined (None without an accumulator)."""
+        b = self.builder
+        vl = self.vl
+        slots = []
+        if init is not None:
+            slots = [alloca_once(b, self.vty, name=f"acc{u}") for u in range(self.BLOCK)]
+            for slot in slots:
+                b.store(init, slot)
+
+        def body(offset, u, load_fill, masked):
+            def load(fill, ptr=x):
+                if masked:
+                    return self._mload(ptr, offset, mask, fill)
+                return b.load(self._at(ptr, offset), align=4)
+
+            def store(value):
+                if masked:
+                    self._mstore(value, y, offset, mask)
+                else:
+                    b.store(value, self._at(y, offset), align=4)
+            acc = b.load(slots[u]) if slots else None
+            acc = step(load, store, acc)
+            if slots:
+                b.store(acc, slots[u])
+
+        with for_range(b, const_i64(0), blocks, "blk") as blk:
+            base = b.mul(blk, const_i64(self.BLOCK * vl), flags=("nsw",))
+            for u in range(self.BLOCK):
+                body(b.add(base, const_i64(u * vl)), u, None, False)
+        with for_range(b, b.mul(blocks, const_i64(self.BLOCK)), full, "vec") as v:
+            body(b.mul(v, const_i64(vl), flags=("nsw",)), 0, None, False)
+        with b.if_then(has_tail):
+            body(done, 0, None, True)
+        if not slots:
+            return None
+        accs = [b.load(slot) for slot in slots]
+        while len(accs) > 1:
+            accs = [combine(accs[i], accs[i + 1]) for i in range(0, len(accs), 2)]
+        return accs[0]
+
+    def _row(self, x, y, blocks, full, mask, has_tail, done) -> None:
+        b = self.builder
+        ops = _LaneOps(b, self.vl)
+        args = (x, y, blocks, full, mask, has_tail, done)
+        m = self._loop_pass(*args, lambda load, store, acc: self._vmax(acc, load(-np.inf)),
+                            self._splat(-np.inf), self._vmax)
+        m = self._splat(self._horizontal(m, self._vmax))
+
+        def exp_step(load, store, acc):
+            e = exp_nonpositive(ops, b.fsub(load(-np.inf), m))
+            if not self.log:
+                store(e)
+            # masked lanes: exp(-inf - m) = 0
+            return b.fadd(acc, e)
+        total = self._horizontal(self._loop_pass(*args, exp_step, self._splat(0.0),
+                                                 b.fadd), b.fadd)
+        if self.log:
+            lse = self._splat(call_math(b, "log", total))
+
+            def last(load, store, acc):
+                store(b.fsub(b.fsub(load(0.0), m), lse))
+        else:
+            inv = self._splat(b.fdiv(ir.Constant(F32, 1.0), total))
+
+            def last(load, store, acc):
+                store(b.fmul(load(0.0, y), inv))
+        self._loop_pass(*args, last, None, None)
+
 
 
 # ---- max pool with run-time extents -------------------------------------------------------------
