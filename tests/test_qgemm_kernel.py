@@ -325,3 +325,35 @@ def test_vnni_qmatmul_emulated_exact(case: str, threads: int, tmp_path: Path,
         expect = np.repeat(expect, 40, axis=0)
     np.testing.assert_array_equal(_run("qmatmul", args, attrs, tmp_path, "host", threads),
                                   expect)
+
+
+@pytest.mark.parametrize("xd,xz", [("uint8", 131), ("int8", -7)])
+def test_qmatmul_kernel_weight_offset(xd: str, xz: int, tmp_path: Path) -> None:
+    """uint8 weights minus a zero point (range 255, beyond int8) packed int8 with
+    ``w_offset`` (pack_weights_offset), the kernel adding w_offset * sum_k (x - x_zp) back per
+    row: exact against numpy, float32 and uint8 results, 1 and 2 threads, odd K and N."""
+    from mlcpack.packager.ops.qlinear import pack_weights_offset
+
+    rng = np.random.default_rng(11)
+    m, k, n = 9, 77, 45
+    info = np.iinfo(xd)
+    x = rng.integers(info.min, info.max + 1, (m, k)).astype(xd)
+    wd = rng.integers(0, 256, (k, n)) - 119
+    wp, c = pack_weights_offset(wd)
+    assert wp.dtype == np.int8 and c != 0
+    np.testing.assert_array_equal(unpack_weights(wp, k, n).astype(np.int64) + c, wd)
+    npn = wp.shape[0] * 8
+    bias = np.pad(rng.integers(-3000, 3000, n).astype(np.int32), (0, npn - n))
+    mult = np.pad((rng.uniform(0.5, 1.5, n) * 1e-4).astype(np.float32), (0, npn - n))
+    acc = (x.astype(np.int64) - xz) @ wd + bias[:n]
+    for dtype, yz in (("float32", np.zeros(npn, np.float32)), ("uint8", np.array(3, np.float32))):
+        args = [x, wp, np.array(xz, np.int32), bias, mult, yz]
+        for threads in (1, 2):
+            (tmp_path / f"{dtype}{threads}").mkdir()
+            got = _run("qmatmul", args, {"n": n, "dtype": dtype, "w_offset": c},
+                       tmp_path / f"{dtype}{threads}", "host", threads)
+            if dtype == "float32":
+                want = acc.astype(np.int32).astype(np.float32) * mult[:n]
+            else:
+                want = _requant(acc, mult[:n], 3.0, "uint8")
+            np.testing.assert_array_equal(got, want, err_msg=f"{dtype}, {threads} threads")

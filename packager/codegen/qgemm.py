@@ -315,9 +315,12 @@ class _QMatmul(_QEmitter):
         # packs the rows into a region of its own.
         groups = list(range(0, npn, self.nv))
         parallel = rows * k * n >= PARALLEL_MIN_MACS and len(groups) > 1
-        vnni = getattr(self, "vnni", False) and wp.dtype == "int8"
+        w_off = int(self.tag.attrs.get("w_offset", 0))
+        vnni = getattr(self, "vnni", False) and wp.dtype == "int8" and not w_off
         k4 = -(-k2 // 2)
-        region = _align(rows * (k4 * 4 if vnni else k2 * 4))
+        # after the packed rows, with w_offset: each row's sum_k (x - x_zp) (int32)
+        sums_at = _align(rows * (k4 * 4 if vnni else k2 * 4))
+        region = _align(sums_at + (rows * 4 if w_off else 0))
         workspace = region * (MAX_TASK_REGIONS if parallel else 1)
         body_fn, ptr_types, n_ptrs, ws = self._start(workspace)
         task, ntasks = body_fn.args[n_ptrs], body_fn.args[n_ptrs + 1]
@@ -341,15 +344,22 @@ class _QMatmul(_QEmitter):
                                    g_lo if parallel else None, g_hi if parallel else None,
                                    rows, k, k2, k4, n, npn, xzp)
         a16 = b.bitcast(ws, I16.as_pointer())
+        sums = b.bitcast(b.gep(ws, [const_i64(sums_at)]), I32.as_pointer())
+        total = alloca_once(b, I32, "rowsum")
         # pack x - x_zp as int16, rows of 2 * k2 (a zero after an odd K)
         with for_range(b, const_i64(0), const_i64(rows), "pm") as m:
             src = b.gep(buf[x.uid], [b.mul(m, const_i64(k))])
             dst = b.gep(a16, [b.mul(m, const_i64(2 * k2))])
+            b.store(ir.Constant(I32, 0), total)
             with for_range(b, const_i64(0), const_i64(k), "pk") as kk:
                 v = b.sub(self._widen(b.load(b.gep(src, [kk])), x.dtype), xzp)
                 b.store(b.trunc(v, I16), b.gep(dst, [kk]))
+                if w_off:
+                    b.store(b.add(b.load(total), v), total)
             if k % 2:
                 b.store(ir.Constant(I16, 0), b.gep(dst, [const_i64(k)]))
+            if w_off:
+                b.store(b.mul(b.load(total), ir.Constant(I32, w_off)), b.gep(sums, [m]))
         a32 = b.bitcast(ws, I32.as_pointer())
         wbase = buf[wp.uid]
         wide = wp.dtype == "int16"
@@ -369,6 +379,10 @@ class _QMatmul(_QEmitter):
                 return b.sext(b.load(self._ptr(wbase, off, V16I8), align=1), V16I16)
 
             accs = self._tile(nrows, nvec, k2, a_word, b_vec)
+            if w_off:   # + w_offset * sum_k (x - x_zp), per row (wrapping, as the int32 sum)
+                for r in range(nrows):
+                    corr = self._splat(b.load(b.gep(sums, [b.add(m0, const_i64(r))])), V8I32)
+                    accs[r] = [b.add(a, corr) for a in accs[r]]
             for v in range(nvec):
                 col0 = (b.mul(pv[v], const_i64(PANEL)) if isinstance(p0, ir.Value)
                         else (p0 + v) * PANEL)

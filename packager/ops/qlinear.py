@@ -12,7 +12,8 @@ which is ONNX Runtime's QLinearMatMul / QGemm / QLinearConv requantization (MLAS
 wp the weights ``wd [K, N]`` *packed* for the integer GEMM (``pack_weights``): int8 (or int16
 when ``w - w_zp`` does not fit int8) ``[ceil(N/8), ceil(K/2), 8, 2]``, ``wp[p, j, l, t] =
 wd[2j + t, 8p + l]`` zero-padded, so one 16-byte row is the k-pair-interleaved operand of
-``vpmaddwd`` for 8 output columns; x_zp int32 ``()`` (or an int8/uint8 scalar, which may be
+``vpmaddwd`` for 8 output columns (with ``w_offset=c``, an attribute, the packed values are
+wd - c: ``pack_weights_offset`` keeps uint8-minus-zero-point weights int8); x_zp int32 ``()`` (or an int8/uint8 scalar, which may be
 computed at run time: a DynamicQuantizeLinear's zero point), bias int32 and multiplier float32
 ``[8 * ceil(N/8)]`` (zero-padded; the multiplier may also be a float32 scalar, run-time too),
 y_zp float32 ``()``. Result ``[..., M, N]`` of dtype D.
@@ -62,6 +63,19 @@ def pack_weights(wd: np.ndarray) -> np.ndarray:
     full[:k, :n] = wd
     # [k2, 2, npn, 8] -> [npn, k2, 8, 2]
     return np.ascontiguousarray(full.reshape(k2, 2, npn, PANEL).transpose(2, 0, 3, 1)).astype(dtype)
+
+
+def pack_weights_offset(wd: np.ndarray) -> tuple[np.ndarray, int]:
+    """(``pack_weights(wd - c)``, c): c = 0 when ``wd`` fits int8 or cannot be shifted into it,
+    else the constant that shifts every value into int8 (possible when max - min <= 255: uint8
+    weights minus a zero point, e.g. ONNX Runtime's dynamically quantized MatMulInteger),
+    so the weights stay int8 instead of doubling to int16; ``qmatmul``'s ``w_offset=c`` adds
+    c * sum_k (x - x_zp) back per row."""
+    lo, hi = int(wd.min(initial=0)), int(wd.max(initial=0))
+    if (lo >= -128 and hi <= 127) or hi - lo > 255:
+        return pack_weights(wd), 0
+    c = hi - 127
+    return pack_weights(wd.astype(np.int64) - c), c
 
 
 CONV_ROWS = 6   # output channels per packed convolution weight tile (the kernel's register rows)
@@ -122,7 +136,7 @@ def _epilogue(acc: te.Tensor, bias: te.Tensor, mult: te.Tensor, y_zp: te.Tensor,
 
 def _infer_qmatmul(x: TensorType, wp: TensorType, x_zp: TensorType, bias: TensorType,
                    multiplier: TensorType, y_zp: TensorType, n: int = 0,
-                   dtype: str = "uint8", relu: bool = False) -> TensorType:
+                   dtype: str = "uint8", relu: bool = False, w_offset: int = 0) -> TensorType:
     if x.dtype not in ("int8", "uint8") or wp.dtype not in ("int8", "int16"):
         raise ValueError(f"qmatmul takes int8/uint8 x and packed int8/int16 weights, not "
                          f"{x.dtype} x {wp.dtype}")
@@ -140,15 +154,18 @@ def _infer_qmatmul(x: TensorType, wp: TensorType, x_zp: TensorType, bias: Tensor
 
 def _legalize_qmatmul(x: te.Tensor, wp: te.Tensor, x_zp: te.Tensor, bias: te.Tensor,
                       multiplier: te.Tensor, y_zp: te.Tensor, out_type: TensorType, name: str,
-                      n: int = 0, dtype: str = "uint8", relu: bool = False) -> te.Tensor:
+                      n: int = 0, dtype: str = "uint8", relu: bool = False,
+                      w_offset: int = 0) -> te.Tensor:
     k = te.reduce_axis(x.shape[-1], "k")
     tag_reduction(k, "qmatmul", (x, wp, x_zp, bias, multiplier, y_zp), n=n, dtype=dtype,
-                  relu=relu)
+                  relu=relu, w_offset=w_offset)
 
     def acc_body(*i: te.IndexVar) -> te.Expr:
         c = i[-1]
         xv = te.cast(x[tuple(i[:-1]) + (k,)], "int32") - te.cast(x_zp[()], "int32")
         wv = te.cast(wp[c // PANEL, k // 2, c % PANEL, k % 2], "int32")
+        if w_offset:
+            wv = wv + te.const(int(w_offset), "int32")
         return te.sum_of(xv * wv, k)
 
     acc = te.compute(out_type.shape, acc_body, name=name + "_acc", dtype="int32")
@@ -159,8 +176,8 @@ def _legalize_qmatmul(x: te.Tensor, wp: te.Tensor, x_zp: te.Tensor, bias: te.Ten
 @register_op("qmatmul", OPAQUE, _infer_qmatmul, _legalize_qmatmul)
 def qmatmul(x: np.ndarray, wp: np.ndarray, x_zp: np.ndarray, bias: np.ndarray,
             multiplier: np.ndarray, y_zp: np.ndarray, n: int = 0,
-            dtype: str = "uint8", relu: bool = False) -> np.ndarray:
-    wd = unpack_weights(wp, x.shape[-1], n).astype(np.int64)
+            dtype: str = "uint8", relu: bool = False, w_offset: int = 0) -> np.ndarray:
+    wd = unpack_weights(wp, x.shape[-1], n).astype(np.int64) + int(w_offset)
     acc = np.matmul(x.astype(np.int64) - int(x_zp), wd) + bias[:n]
     mult = multiplier if multiplier.shape == () else multiplier[:n]
     return _requantize(acc, mult, y_zp[:n] if dtype == "float32" else y_zp, dtype, relu)

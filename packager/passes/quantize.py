@@ -25,9 +25,16 @@ Two ways to compute it, both equal to ONNX Runtime bit for bit:
 Everything else stays the float composition (``fold_dequantize`` folds the weights), within
 one quantization step of ONNX Runtime.
 
+Dynamic quantization (onnxruntime's quantize_dynamic: a float result scaled from int32 with a
+run-time x scale and zero point) takes the integer kernels too, with a float32 epilogue:
+MatMulInteger / ConvInteger chains (``_plan_integer_products``, ``_plan_integer_convs``) and
+DynamicQuantizeLSTM's input projection (``_plan_requantized_products``: its weights were
+dequantized at import; the integers are recovered exactly from the float32 constant).
+
 Not done: VNNI (vpdpbusd) / AVX2 (vpmaddubsw) / sdot packed int8 kernels, so int8 runs at fp32
 speed at best (bench/int8.py); ReLU/Clip between the product and the quantize (ORT's quantizer
-folds them into the output range); dynamic quantization (float output).
+folds them into the output range); DynamicQuantizeLSTM's recurrent product (float32 weights,
+streamed every step: the fused recurrence kernel has no integer form).
 """
 
 from __future__ import annotations
@@ -39,7 +46,7 @@ import numpy as np
 
 from ..ir.graph import (Binding, Call, Constant, Function, IRModule, TensorType, Value, Var,
                         used_values)
-from ..ops.qlinear import PANEL, pack_conv_weights, pack_weights
+from ..ops.qlinear import PANEL, pack_conv_weights, pack_weights, pack_weights_offset
 from .common import map_functions, rewrite_function
 from .simplify import eliminate_dead_code
 
@@ -497,7 +504,7 @@ def _plan_integer_products(fn: Function, defs: dict, uses: Counter, reader_of: d
                     and (bc.size == 1 or bc.shape in ((n,), (1, n)))):
                 offset = np.broadcast_to(bc.reshape(-1), (n,)).astype(np.float32)
                 end = r.var
-        wp = pack_weights(wd)
+        wp, w_off = pack_weights_offset(wd)
         npn = wp.shape[0] * PANEL
         off = np.zeros(npn, np.float32)
         off[:n] = offset
@@ -506,7 +513,8 @@ def _plan_integer_products(fn: Function, defs: dict, uses: Counter, reader_of: d
         args = [x, Constant(f"{getattr(x, 'name', 'x')}_qw", wp), zp,
                 Constant("bias_i32", np.zeros(npn, np.int32)), mult,
                 Constant("bias_f32", off)]
-        plan[id(end)] = Call("qmatmul", args, {"n": n, "dtype": "float32"}, out_t)
+        plan[id(end)] = Call("qmatmul", args, {"n": n, "dtype": "float32", "w_offset": w_off},
+                             out_t)
     return plan
 
 
@@ -697,7 +705,7 @@ def _plan_requantized_products(fn: Function, defs: dict, uses: Counter, reader_o
                     and (bc.size == 1 or bc.shape in ((n,), (1, n)))):
                 offset = np.broadcast_to(bc.reshape(-1), (n,)).astype(np.float32)
                 end = rd.var
-        wp = pack_weights(d)
+        wp, w_off = pack_weights_offset(d)
         npn = wp.shape[0] * PANEL
         ws_pad, off = np.zeros(npn, np.float32), np.zeros(npn, np.float32)
         ws_pad[:n], off[:n] = ws, offset
@@ -713,7 +721,8 @@ def _plan_requantized_products(fn: Function, defs: dict, uses: Counter, reader_o
         pre[id(end)] = steps
         args = [x_in, Constant(f"{b.var.name}_qw", wp), xzp,
                 Constant("bias_i32", np.zeros(npn, np.int32)), mult, Constant("bias_f32", off)]
-        plan[id(end)] = Call("qmatmul", args, {"n": n, "dtype": "float32"}, c.type)
+        plan[id(end)] = Call("qmatmul", args, {"n": n, "dtype": "float32", "w_offset": w_off},
+                             c.type)
     return plan
 
 
@@ -758,7 +767,7 @@ def _static(x: Value, q: Call) -> bool:
 
 
 def _qmatmul_call(m: dict, x: Value) -> Call:
-    wp = pack_weights(m["wd"])
+    wp, w_off = pack_weights_offset(m["wd"])
     n = m["wd"].shape[1]
     npn = wp.shape[0] * PANEL
     bias = np.zeros(npn, np.int32)
@@ -768,7 +777,7 @@ def _qmatmul_call(m: dict, x: Value) -> Call:
     args = [x, Constant(f"{getattr(m['x'], 'name', 'x')}_qw", wp),
             Constant("x_zp", np.asarray(m["xzp"], np.int32)), Constant("bias_i32", bias),
             Constant("requant_scale", mult), Constant("y_zp", np.asarray(m["yzp"], np.float32))]
-    return Call("qmatmul", args, {"n": n, "dtype": m["dtype"]}, m["out"])
+    return Call("qmatmul", args, {"n": n, "dtype": m["dtype"], "w_offset": w_off}, m["out"])
 
 
 def _exact_in_float32(m: dict) -> bool:
