@@ -908,12 +908,13 @@ class ContractionEmitter(KernelEmitter):
         with for_range(b, const_i64(0), const_i64(g["slack"]), "ps") as s:
             b.store(zero, b.gep(planes, [b.add(const_i64(filled), s)], inbounds=True))
 
-    def _task_rows(self, g: dict, task: ir.Value, ntasks: ir.Value) -> list | None:
+    def _task_rows(self, g: dict, task: ir.Value, ntasks: ir.Value, outer: bool
+                   ) -> list | None:
         """The plane rows a task reads, when its work is a run of whole panels' columns (one
         group, block rows innermost): rows [u_lo, u_hi) of every channel's planes, and rows
         [0, ov) that reads past the last row spill into (they feed only dropped columns, but
         must be finite). None: all rows."""
-        if g["groups"] != 1 or not g["panel_outer"]:
+        if g["groups"] != 1 or not outer:
             return None
         b = self.builder
         mblocks = -(-g["og"] // g["mr"])
@@ -974,32 +975,57 @@ class ContractionEmitter(KernelEmitter):
                     src = x_img
                 elif g["panels"] == 0:   # every output is in the tail
                     src = None
-                else:
-                    # Every task fills the plane rows its panels read (identical values where
-                    # tasks overlap): no barrier. Each image has its own planes (see
-                    # _workspace_bytes), so no task overwrites rows another still reads.
+                elif g["panels"]:
                     src = b.gep(planes, [b.mul(n, const_i64(g["planes_floats"] + g["slack_total"]))],
                                 inbounds=True)
-                    self._fill_planes(g, x_img, src, rows=self._task_rows(g, task, ntasks))
-                if g["panels"]:
-                    lo, hi = self._split(g["groups"] * mblocks * g["panels"], task, ntasks)
-                    with for_range(b, lo, hi, "work") as work:
-                        if g["panel_outer"]:   # block row innermost: a planes panel is reused
-                            mb = b.srem(work, const_i64(mblocks))
-                            rest = b.sdiv(work, const_i64(mblocks))
-                            jp = b.srem(rest, const_i64(g["panels"]))
-                            grp = b.sdiv(rest, const_i64(g["panels"]))
-                        else:                  # panel innermost: a block of weight rows is reused
-                            jp = b.srem(work, const_i64(g["panels"]))
-                            rest = b.sdiv(work, const_i64(g["panels"]))
-                            mb = b.srem(rest, const_i64(mblocks))
-                            grp = b.sdiv(rest, const_i64(mblocks))
-                        self._conv_block(g, n, grp, mb, jp, src, b.mul(grp, const_i64(cg)))
+                if g["panels"] and self._split_panels_on_threads(g):
+                    # Several tasks: each takes a run of whole panels and copies only their
+                    # plane rows, instead of every task copying all planes (the copy is then
+                    # shared, not repeated); one task keeps the loop order for reuse.
+                    with b.if_else(b.icmp_signed(">", ntasks, const_i64(1))) as (multi, single):
+                        with multi:
+                            self._conv_panels(g, n, x_img, src, task, ntasks, True)
+                        with single:
+                            self._conv_panels(g, n, x_img, src, task, ntasks, False)
+                elif g["panels"]:
+                    self._conv_panels(g, n, x_img, src, task, ntasks, g["panel_outer"])
                 if g["tail"]:
                     tail_ws = b.gep(planes, [b.add(
                         const_i64(n_batch * (g["planes_floats"] + g["slack_total"])),
                         b.mul(n, const_i64(len(g["tail"]) * g["tail_kp"])))], inbounds=True)
                     self._conv_tail(g, n, x_img, tail_ws, task, ntasks)
+
+    def _split_panels_on_threads(self, g: dict) -> bool:
+        """Block rows innermost when several tasks share the work, though one task runs the
+        panels innermost: the planes (in L2) are copied once in all, and the weights, re-read
+        once per panel, stay in L2 too."""
+        return (not g["direct"] and not g["panel_outer"] and g["groups"] == 1
+                and 4 * g["og"] * g["cg"] * g["kh"] * g["kw"] <= L2_REUSE_BYTES)
+
+    def _conv_panels(self, g: dict, n, x_img, src, task, ntasks, outer: bool) -> None:
+        """The panels' blocks of one image (one group or many, not ``per_group``): fill the
+        plane rows this task reads (unless the input is read in place), then its run of the
+        work, block rows innermost (``outer``) or panels innermost."""
+        b = self.builder
+        mblocks = -(-g["og"] // g["mr"])
+        if not g["direct"]:
+            # Every task fills the plane rows its panels read (identical values where
+            # tasks overlap): no barrier. Each image has its own planes (see
+            # _workspace_bytes), so no task overwrites rows another still reads.
+            self._fill_planes(g, x_img, src, rows=self._task_rows(g, task, ntasks, outer))
+        lo, hi = self._split(g["groups"] * mblocks * g["panels"], task, ntasks)
+        with for_range(b, lo, hi, "work") as work:
+            if outer:   # block row innermost: a planes panel is reused
+                mb = b.srem(work, const_i64(mblocks))
+                rest = b.sdiv(work, const_i64(mblocks))
+                jp = b.srem(rest, const_i64(g["panels"]))
+                grp = b.sdiv(rest, const_i64(g["panels"]))
+            else:       # panel innermost: a block of weight rows is reused
+                jp = b.srem(work, const_i64(g["panels"]))
+                rest = b.sdiv(work, const_i64(g["panels"]))
+                mb = b.srem(rest, const_i64(mblocks))
+                grp = b.sdiv(rest, const_i64(mblocks))
+            self._conv_block(g, n, grp, mb, jp, src, b.mul(grp, const_i64(g["cg"])))
 
     def _conv_block(self, g: dict, n, grp, mb, jp, src, ic_base) -> None:
         """One mr x nr block of outputs: group ``grp``, block row ``mb``, panel ``jp``; ``src``
