@@ -179,6 +179,7 @@ TAIL_MAC_COST = 1.5
 # The tail is measured on AVX2 (Zen 4) only; AVX-512 (whose 256-bit tiles already waste fewer
 # lanes) and 128-bit targets keep their partial panels.
 TAIL_VL = 8
+TAIL_MAX_BYTES = 128 * 1024
 
 
 def _conv_tiles(rows: int, vl: int) -> tuple[tuple[int, int, int, float], ...]:
@@ -238,7 +239,12 @@ def conv_geometry(x_shape, w_shape, out_shape, attrs: dict, target_vl: int) -> d
             # row (measured on Zen 4: 128 -> 256 3x3 s2 on 20x20, 337 KB of shifted planes,
             # 1.2x slower than by phase; 256 -> 64 3x3 10x10, 368 KB, 1.07x).
             small = 4 * copied <= L2_REUSE_BYTES // 2 and sw == 1
-            if groups == 1 and tail and (small or not shifted) and target_vl == TAIL_VL:
+            # The tail re-reads its block of weight rows and every tail pixel's inputs per
+            # block; beyond TAIL_MAX_BYTES they spill out of L1/L2 and the tail costs ~3.7x a
+            # microkernel MAC (ResNet-18's 512 -> 512 3x3 on 7x7, 11 pixels of 4608 inputs:
+            # 3.3 -> 4.1 ms; 128 -> 256 3x3 s2 on 20x20, 12 pixels of 1152, 74 KB: 0.82x).
+            fits = ((8 if len(tail) == 1 else 4) + len(tail)) * k_taps * 4 <= TAIL_MAX_BYTES
+            if groups == 1 and tail and fits and (small or not shifted) and target_vl == TAIL_VL:
                 last = -(-og // mr) * mr * nr * k_taps
                 tail_cost = len(tail) * k_taps * (og * TAIL_MAC_COST + COPY_COST_MACS)
                 if full == 0:   # no planes to copy at all
