@@ -161,6 +161,8 @@ def _input_bindings(runner: Any, executor: vm.Executor, addresses: list[int]) ->
 class _Plan:
     """One concrete shape's arena, tensor views and prepared calls."""
 
+    shared = False   # its calls are its own: nothing to activate
+
     def __init__(self, runner: SymbolicRunner, env: dict[str, int]) -> None:
         self.sizes = np.array([env[v] for v in runner.vars], dtype=np.int64)
         bufs = runner.buffers
@@ -247,6 +249,8 @@ class _BoundPlan:
     """One concrete shape of a bounded bundle: its size values, checked against the bounded
     plan, and the views its inputs, outputs and library calls need; the arena and the calls
     are the runner's ``_Bound``."""
+
+    shared = True   # the calls are shared by every shape: activate() before a run
 
     def __init__(self, runner: SymbolicRunner, env: dict[str, int]) -> None:
         self.runner = runner
@@ -398,7 +402,8 @@ class SymbolicRunner:
         self._bounded(sym.get("bound"))
         self.plans_made = 0   # memory plans made at run time (first fits, arenas), for tests
         self._plans: OrderedDict[tuple[int, ...], Any] = OrderedDict()
-        self._by_shape: dict[tuple, tuple[int, ...]] = {}   # input shapes -> plan key
+        # input shapes -> their plan (cleared when a plan is dropped from the cache)
+        self._by_shape: dict[tuple, Any] = {}
         self._dtypes = [storage_dtype(s.dtype) for s in self.inputs]
         self._names = [s.name for s in self.inputs]
 
@@ -542,6 +547,7 @@ class SymbolicRunner:
             if len(self._plans) > (BOUND_CACHE if self.bound is not None else PLAN_CACHE):
                 _, old = self._plans.popitem(last=False)
                 old.close()
+                self._by_shape.clear()   # it may name the dropped plan
         else:
             self._plans.move_to_end(key)
         return plan
@@ -556,15 +562,16 @@ class SymbolicRunner:
                 key = None
                 break
             key += (v.shape,)
-        plan = self._plans.get(self._by_shape.get(key, ())) if key is not None else None
+        plan = self._by_shape.get(key) if key is not None else None
         if plan is None:
             env, values = self.bind(feeds)
             plan = self.plan(env)
             if key is not None:
                 if len(self._by_shape) >= 16 * PLAN_CACHE:
                     self._by_shape.clear()
-                self._by_shape[key] = tuple(env[v] for v in self.vars)
-        plan.activate()
+                self._by_shape[key] = plan
+        if plan.shared:
+            plan.activate()
         min_bytes = _model.INPLACE_MIN_BYTES   # as Model runs static plans
         for (_, view, binding), value in zip(plan.inputs, values):
             if binding is None:
