@@ -7,7 +7,9 @@ and exit with the error class's code (``--debug`` shows the traceback).
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Any, Callable, List, Optional
@@ -309,6 +311,53 @@ def _check_batch_dims(model: Path, shapes: dict) -> None:
                   "runs every batch and size already)", 2)
 
 
+# the names exporters give an open batch: batch, batch_size, N, B, bs, TensorFlow's unk__653,
+# Paddle's (p2o.)DynamicDimension.0, dim_0, or none at all
+_BATCH_NAME = re.compile(r"^$|batch|^[NB]$|^bs$|^unk__\d+$|DynamicDimension|^dim_?\d+$|^-1$|^\?$",
+                         re.IGNORECASE)
+
+
+def _only_batch_open(model: Path, shapes: dict) -> bool:
+    """Whether the ONNX model's only sizes left open (after --input-shape) are its inputs' first
+    dims: the batch of most models from the wild (open-nsfw's ``unk__653``, PP-LCNet's
+    ``DynamicDimension.0``). The default export then adds a static plan at batch 1 beside the
+    symbolic one (as ``--batch-sizes 1``): kernels with every extent known at export run
+    1.2-1.3x faster than run-time extents (PP-LCNet, Magika), and batch 1 is the usual call."""
+    import onnx
+
+    try:
+        proto = onnx.load(str(model), load_external_data=False)
+    except Exception:
+        return False   # the loader reports an unreadable file
+    inits = {t.name for t in proto.graph.initializer}
+    opened = False
+    for vi in proto.graph.input:
+        if vi.name in inits or not vi.type.HasField("tensor_type"):
+            continue
+        if not vi.type.tensor_type.HasField("shape"):
+            return False
+        shape = vi.type.tensor_type.shape.dim
+        dims: list = [d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else None
+                      for d in shape]
+        given = shapes.get(vi.name)
+        if given is not None and len(given) == len(dims):
+            dims = [None if isinstance(g, str) else g for g in given]
+        if any(d is None for d in dims[1:]):
+            return False
+        if len(dims) > 1 and dims[0] is None:
+            if not _BATCH_NAME.search(shape[0].dim_param if given is None else
+                                      str(given[0]) if isinstance(given[0], str) else ""):
+                return False   # a named time or sequence axis ("T", "seq_len"), not a batch
+            opened = True
+    # every output has an open first dim too (exporters name it unk__654 where the input has
+    # unk__653); a recurrent model's [T, ...] input with a fixed final state is no batch
+    for vi in proto.graph.output:
+        shape = vi.type.tensor_type.shape.dim if vi.type.tensor_type.HasField("shape") else []
+        if not shape or (shape[0].HasField("dim_value") and shape[0].dim_value > 0):
+            return False
+    return opened
+
+
 def _export_specialized(model: Path, out: Path, opts: Any, shapes: dict, sizes: list[int],
                         mods: dict, loaded: Any, max_shape: list[str], bind: list[str],
                         check: bool) -> Any:
@@ -422,9 +471,20 @@ def export(
                                 quantize_fallback, sizes)
         if sizes and model.suffix.lower() == ".onnx":
             _check_batch_dims(model, shapes)
-        loaded = load_model(model, shapes, sizes, arch, reference=check and not quantize,
-                            bind=_parse_binds(bind) or None,
-                            max_shapes=_parse_shapes(max_shape, "--max-shape") or None)
+        auto_batch = (sizes is None and not quantize and not max_shape
+                      and model.suffix.lower() == ".onnx" and _only_batch_open(model, shapes))
+        if auto_batch:   # the static batch-1 plan beside the symbolic one (see _only_batch_open)
+            sizes = [1]
+        try:
+            loaded = load_model(model, shapes, sizes, arch, reference=check and not quantize,
+                                bind=_parse_binds(bind) or None,
+                                max_shapes=_parse_shapes(max_shape, "--max-shape") or None)
+        except MlcpackError:
+            if not auto_batch:
+                raise
+            auto_batch, sizes = False, None   # the batch-1 import failed: the symbolic one alone
+            loaded = load_model(model, shapes, sizes, arch, reference=check,
+                                bind=_parse_binds(bind) or None)
         mods, reference, reference_name = loaded.modules, loaded.reference, loaded.reference_name
         mod = mods[min(mods)] if sizes else mods[None]
         pre = _recorded_preprocess(mod, given, label_list)
@@ -438,8 +498,18 @@ def export(
             report = _export_int8(model, out, opts, mod, pre, shapes, calibration,
                                   calibration_method, quantize_fallback)
         elif sizes and model.suffix.lower() == ".onnx":
-            report = _export_specialized(model, out, opts, shapes, sizes, mods, loaded,
-                                         max_shape, bind, check)
+            try:
+                report = _export_specialized(model, out, opts, shapes, sizes, mods, loaded,
+                                             max_shape, bind, check)
+            except MlcpackError as exc:
+                if not auto_batch:
+                    raise
+                typer.echo(f"note: no batch-1 plan ({exc}); the symbolic plan runs every "
+                           "batch", err=True)
+                loaded = load_model(model, shapes, None, arch, reference=check,
+                                    bind=_parse_binds(bind) or None)
+                report = export_module(loaded.modules[None], out, dataclasses.replace(
+                    opts, reference=loaded.reference, reference_name=loaded.reference_name))
         else:
             report = (export_batched(mods, out, opts) if sizes else export_module(mod, out, opts))
         typer.echo(f"wrote {report.path} ({report.bundle_bytes / 1024:.1f} KiB) in "
