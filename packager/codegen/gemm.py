@@ -132,6 +132,12 @@ def _index_used_as_value(body: te.Expr, skip: te.Expr) -> bool:
     return False
 
 
+# Packing B panels (ContractionEmitter._packs_b): enough row blocks to pay for the copy, and a
+# buffer of at most this many bytes per task (K <= 2048 at 16 columns).
+PACK_B_MIN_ROWS = 16
+PACK_B_MAX_BYTES = 128 * 1024
+
+
 def _pick_tile(rows: int, cols: int, vl: int) -> tuple[int, int]:
     """Register block (rows, vectors per row) for a rows x cols output. Fewer than 4 rows: all
     of them, 4 vectors wide. Otherwise 6 x 2 vectors (12 accumulators), or with AVX-512's 32
@@ -315,6 +321,8 @@ class ContractionEmitter(KernelEmitter):
         # constants of the vector epilogue derive from it (see vecmath_lanes.opaque_constant)
         self._opaque: ir.Value | None = None
         self._opaque_scalar: ir.Value | None = None
+        self._packed_b: ir.Value | None = None   # the packed B panel _matmul_panel reads
+        self._pack_region: ir.Value | None = None   # this task's region for it (workspace)
 
     # The contraction inside the epilogue expression reads the register tile.
     def _reduce(self, e: te.Reduce, env: dict) -> ir.Value:
@@ -333,7 +341,7 @@ class ContractionEmitter(KernelEmitter):
         if m.tag.kind == "conv2d":
             self._emit_conv(ws, task, ntasks)
         else:
-            self._emit_matmul(task, ntasks)
+            self._emit_matmul(task, ntasks, ws)
         self.builder.ret_void()
         self._emit_entry(body_fn, n_ptrs, ptr_types)
         if self.symbolic:   # split when the static part alone is worth it (K x N x static dims)
@@ -606,7 +614,10 @@ class ContractionEmitter(KernelEmitter):
 
     def _workspace_bytes(self) -> int:
         if self.match.tag.kind != "conv2d":
-            return 0
+            if self.symbolic or not self._packs_b():
+                return 0
+            return -(-self._packed_panel_bytes() * MAX_TASK_REGIONS // WORKSPACE_ALIGN) \
+                * WORKSPACE_ALIGN
         g = self._conv_geometry()
         nbytes = 0 if g["direct"] else (g["planes_floats"] + g["slack_total"]) * 4
         if not g["per_group"]:
@@ -702,10 +713,23 @@ class ContractionEmitter(KernelEmitter):
                     with part:
                         panel(True)
 
-    def _emit_matmul(self, task: ir.Value, ntasks: ir.Value) -> None:
+    def _emit_matmul(self, task: ir.Value, ntasks: ir.Value, ws: ir.Value | None = None) -> None:
         if self.symbolic:
             self._emit_matmul_symbolic(task, ntasks)
             return
+        b = self.builder
+        if ws is not None:   # packed B panels: one workspace region per task, as many tasks
+            ntasks = b.select(b.icmp_signed("<", ntasks, const_i64(MAX_TASK_REGIONS)), ntasks,
+                              const_i64(MAX_TASK_REGIONS))
+            region_floats = self._packed_panel_bytes() // 4
+            self._pack_region = b.gep(b.bitcast(ws, F32.as_pointer()),
+                                      [b.mul(task, const_i64(region_floats))], inbounds=True)
+            with b.if_then(b.icmp_signed("<", task, ntasks)):
+                self._emit_matmul_tasks(task, ntasks)
+            return
+        self._emit_matmul_tasks(task, ntasks)
+
+    def _emit_matmul_tasks(self, task: ir.Value, ntasks: ir.Value) -> None:
         b = self.builder
         out = self.match.out
         a_t, b_t = self.match.tag.operands
@@ -730,13 +754,56 @@ class ContractionEmitter(KernelEmitter):
             remaining = b.sub(const_i64(N), n0)
             masks = [self._lane_mask(remaining, v) for v in range(nv)]
             if N % nr == 0:
-                self._matmul_panel(a_base, b_base, bidx, n0, remaining, masks, False)
+                self._matmul_full_panel(b_base, n0, a_base, bidx, remaining, masks)
             else:  # plain loads on full panels, masked ones on the last, partial panel
                 with b.if_else(b.icmp_signed(">=", remaining, const_i64(nr))) as (full, part):
                     with full:
-                        self._matmul_panel(a_base, b_base, bidx, n0, remaining, masks, False)
+                        self._matmul_full_panel(b_base, n0, a_base, bidx, remaining, masks)
                     with part:
                         self._matmul_panel(a_base, b_base, bidx, n0, remaining, masks, True)
+
+    def _packs_b(self) -> bool:
+        """Copy each full panel of B (K rows x nr columns, row stride N) into a contiguous
+        buffer before its row blocks (the task's region of the kernel's workspace, one of
+        MAX_TASK_REGIONS: not the stack, whose size a worker thread may not have to spare,
+        e.g. musl's 128 KB): a strided panel hits few L1 sets (a 1-4 KB row
+        stride maps its K lines onto 4-16 sets) and a new page every k step or few, so every
+        row block streams it from L2 through the TLB; packed it stays in L1 (K <= 512) or
+        streams sequentially. Worth it when the panel is reused by enough row blocks (M >=
+        PACK_B_MIN_ROWS), B has more than one panel, and the buffer fits PACK_B_MAX_BYTES."""
+        _, M, K, N = self._matmul_shape()
+        mr, nv = self._matmul_tile()
+        nr = nv * self.vl
+        return (M >= PACK_B_MIN_ROWS and N > nr and K * nr * 4 <= PACK_B_MAX_BYTES
+                and mr >= 4)
+
+    def _packed_panel_bytes(self) -> int:
+        _, _, K, _ = self._matmul_shape()
+        _, nv = self._matmul_tile()
+        return -(-K * nv * self.vl * 4 // WORKSPACE_ALIGN) * WORKSPACE_ALIGN
+
+    def _matmul_full_panel(self, b_base, n0, a_base, bidx, remaining, masks) -> None:
+        """A panel of nr columns, all present: packed first if ``_packs_b``."""
+        if not self._packs_b() or self._pack_region is None:
+            self._matmul_panel(a_base, b_base, bidx, n0, remaining, masks, False)
+            return
+        b = self.builder
+        _, _, K, N = self._matmul_shape()
+        _, nv = self._matmul_tile()
+        nr = nv * self.vl
+        packed = self._pack_region   # this task's workspace region (_emit_matmul)
+        with for_range(b, const_i64(0), const_i64(K), "pk") as k:
+            for v in range(nv):
+                src = self._vec_ptr(b_base, b.add(b.add(b.mul(k, const_i64(N)), n0),
+                                                  const_i64(v * self.vl)))
+                dst = self._vec_ptr(packed, b.add(b.mul(k, const_i64(nr)),
+                                                  const_i64(v * self.vl)))
+                b.store(b.load(src, align=4), dst, align=4)
+        self._packed_b = packed
+        try:
+            self._matmul_panel(a_base, b_base, bidx, n0, remaining, masks, False)
+        finally:
+            self._packed_b = None
 
     def _matmul_panel(self, a_base, b_base, bidx, n0, remaining, masks, masked: bool) -> None:
         if self.symbolic:
@@ -757,7 +824,12 @@ class ContractionEmitter(KernelEmitter):
                 return b.load(b.gep(a_base, [b.add(b.mul(row, const_i64(K)), k)],
                                     inbounds=True))
 
+            packed = self._packed_b
+
             def b_vector(k, u, v):
+                if packed is not None:   # the panel, contiguous: row k at k * nr
+                    return b.load(self._vec_ptr(packed, b.add(b.mul(k, const_i64(nr)),
+                                                              const_i64(v * self.vl))), align=4)
                 off = b.add(b.add(b.mul(k, const_i64(N)), n0), const_i64(v * self.vl))
                 ptr = self._vec_ptr(b_base, off)
                 if masked:
