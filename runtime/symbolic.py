@@ -86,13 +86,36 @@ class _Everything(dict):
 
 
 def dim_text(rec: Any) -> str:
-    """A dim record as the IR printer shows it (``batch``, ``batch * seq``)."""
+    """A dim record as the IR printer shows it (``batch``, ``batch * seq``, ``M1 - (M1) // 2 -
+    5``: a sum's negative terms, ``-5`` or ``-1 * x``, are subtracted)."""
     if isinstance(rec, (int, str)):
         return str(rec)
     op = rec[0]
-    if op in ("+", "*"):
-        return f" {op} ".join(dim_text(r) for r in rec[1:])
+    if op == "*":
+        return " * ".join(dim_text(r) for r in rec[1:])
+    if op == "+":
+        text = ""
+        for i, r in enumerate(rec[1:]):
+            negated = _negated(r)
+            if i == 0:
+                text = dim_text(r)
+            elif negated is not None:
+                text += f" - {dim_text(negated)}"
+            else:
+                text += f" + {dim_text(r)}"
+        return text
     return f"({dim_text(rec[1])}) {op} {rec[2]}"
+
+
+def _negated(rec: Any) -> Any:
+    """``-rec`` as a record when ``rec`` is a negative int or ``-c * x`` (c > 0), else None."""
+    if isinstance(rec, int):
+        return -rec if rec < 0 else None
+    if isinstance(rec, (list, tuple)) and rec and rec[0] == "*" and isinstance(rec[1], int) \
+            and rec[1] < 0:
+        rest = rec[2:] if rec[1] == -1 else [-rec[1], *rec[2:]]
+        return rest[0] if len(rest) == 1 else ["*", *rest]
+    return None
 
 
 @dataclass(frozen=True)

@@ -38,7 +38,7 @@ from ..ir import te
 from ..ir.graph import PrimFunc
 from ..ir.sym import product
 from .gemm import (L2_REUSE_BYTES, MAX_TASK_REGIONS, PARALLEL_MIN_MACS, ContractionEmitter,
-                   _conv_tiles, _walk, match_contraction)
+                   _conv_tiles, match_contraction)
 from .helpers import F32, I32, I64, alloca_once, const_i64, for_range, intrinsic
 from . import lower
 from .lower import WORKSPACE_ALIGN, KernelInfo
@@ -655,7 +655,7 @@ class SymbolicConvEmitter(ContractionEmitter):
         itself does: position p = oy * OW + ox may then be given as (0, p)."""
         out = self.match.out
         oy, ox = out.axes[-2], out.axes[-1]
-        for node in _walk(self.match.body, skip=self.match.reduce):
+        for node in te.walk(self.match.body, skip=self.match.reduce):
             if isinstance(node, te.Read) and any(i is oy for i in node.indices) and not (
                     len(node.indices) >= 2 and node.indices[-2] is oy
                     and node.indices[-1] is ox):

@@ -174,7 +174,7 @@ class DepthwiseEmitter(ContractionEmitter):
                                 for kx in range(self.kw)}
             self.region_floats = -(-self.h * self.row_stride // 16) * 16
             math = any(isinstance(node, te.MathCall)
-                       for node in gemm._walk(self.match.body, skip=self.match.reduce))
+                       for node in te.walk(self.match.body, skip=self.match.reduce))
             self.row_block, self.col_block = PADDED_BLOCK_MATH if math else PADDED_BLOCK
             if self.nq == 1 and not math:   # one chunk per row (7-wide): 6 rows
                 self.row_block, self.col_block = self.row_block * self.col_block, 1

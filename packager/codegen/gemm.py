@@ -82,7 +82,7 @@ def match_contraction(func: PrimFunc) -> Contraction | None:
         return None
     out, body = outputs[0]
     # one reduction (an epilogue that reads it twice, as x * sigmoid(x), shares the node)
-    reduces = list({id(n): n for n in _walk(body) if isinstance(n, te.Reduce)}.values())
+    reduces = list({id(n): n for n in te.walk(body) if isinstance(n, te.Reduce)}.values())
     if len(reduces) != 1:
         return None
     tag = reduction_tag(reduces[0])
@@ -96,17 +96,6 @@ def match_contraction(func: PrimFunc) -> Contraction | None:
     if tag.kind == "matmul" and tag.attrs.get("transpose_b"):
         return match if is_row_matmul(match) else None
     return match
-
-
-def _walk(e: te.Expr, skip: te.Expr | None = None):
-    """The nodes of ``e``, leaving out the subtree ``skip``."""
-    stack = [e]
-    while stack:
-        node = stack.pop()
-        if node is skip:
-            continue
-        yield node
-        stack.extend(te.children(node))
 
 
 _VECTOR_BINARY = ("add", "sub", "mul", "div", "max", "min")
@@ -480,7 +469,7 @@ class ContractionEmitter(KernelEmitter):
         plain output loop indices or constants, the last axis (if read) as their last index."""
         out, last = self.match.out, self.match.out.axes[-1]
         axes = {id(a) for a in out.axes}
-        for node in _walk(self.match.body, skip=self.match.reduce):
+        for node in te.walk(self.match.body, skip=self.match.reduce):
             if isinstance(node, te.Binary):
                 if node.dtype != "float32" or node.op not in _VECTOR_BINARY:
                     return False
@@ -508,7 +497,7 @@ class ContractionEmitter(KernelEmitter):
         last two dimensions, with the output's row length: consecutive outputs across a row end
         are then consecutive elements of that tensor too."""
         out = self.match.out
-        for node in _walk(self.match.body, skip=self.match.reduce):
+        for node in te.walk(self.match.body, skip=self.match.reduce):
             if isinstance(node, te.Read) and node.indices and node.indices[-1] is out.axes[-1]:
                 if (len(node.indices) < 2 or node.indices[-2] is not out.axes[-2]
                         or node.tensor.shape[-1] != out.shape[-1]):

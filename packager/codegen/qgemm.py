@@ -82,7 +82,7 @@ def match_qgemm(func: PrimFunc):
         if t.uid in seen or t.body is None:
             continue
         seen.add(t.uid)
-        for node in _walk(t.body):
+        for node in te.walk(t.body):
             if isinstance(node, te.Reduce):
                 tag = reduction_tag(node)
                 if tag is not None and tag.kind in ("qmatmul", "qconv2d"):
@@ -94,14 +94,6 @@ def match_qgemm(func: PrimFunc):
             if isinstance(node, te.Read):
                 stack.append(node.tensor)
     return None
-
-
-def _walk(e: te.Expr):
-    stack = [e]
-    while stack:
-        node = stack.pop()
-        yield node
-        stack.extend(te.children(node))
 
 
 def _align(n: int) -> int:
