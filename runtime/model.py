@@ -22,10 +22,8 @@ from .errors import BundleError, CodeLoadError, InputError
 from .header import ARENA, CONST, Header, IORow, KernelRow, LibraryCall, Plan, TensorRow
 
 ARENA_ALIGN = 64
-# An input up to this size is copied into the arena rather than read in place: copying 16 KB
-# (~0.8 us) costs less than asking numpy for the array's address (``ndarray.ctypes.data``,
-# ~1.2 us), which matters when a whole run takes ~10 us.
-INPLACE_MIN_BYTES = 16384
+# vm.INPLACE_MIN_BYTES, read at each run (tests lower or raise it here)
+INPLACE_MIN_BYTES = vm.INPLACE_MIN_BYTES
 
 
 @dataclass(frozen=True)
@@ -437,7 +435,7 @@ class Model:
                 result = {name: view.copy() for name, view in plan.output_views}
                 self.last_plan = f"batch {plan.batch}"
             else:
-                result = self._symbolic.run(feeds)
+                result = self._symbolic.run(feeds, INPLACE_MIN_BYTES)
                 self.last_plan = "symbolic"
         if outputs is None:
             return result

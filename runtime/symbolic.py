@@ -31,7 +31,6 @@ from typing import Any, Mapping
 import numpy as np
 
 from . import cpu, elf, vm
-from . import model as _model
 from .bundle import check_dtype, nbytes_of, payload_ref, storage_dtype
 from .errors import BundleError, InputError
 
@@ -575,7 +574,8 @@ class SymbolicRunner:
             self._plans.move_to_end(key)
         return plan
 
-    def run(self, feeds: Mapping[str, Any]) -> dict[str, np.ndarray]:
+    def run(self, feeds: Mapping[str, Any], min_bytes: int = vm.INPLACE_MIN_BYTES
+            ) -> dict[str, np.ndarray]:
         # Fast path: arrays of the right dtypes whose shapes were bound before map straight to
         # their plan's key (a dict lookup instead of binding again).
         values = [feeds[name] for name in self._names]
@@ -595,7 +595,6 @@ class SymbolicRunner:
                 self._by_shape[key] = plan
         if plan.shared:
             plan.activate()
-        min_bytes = _model.INPLACE_MIN_BYTES   # as Model runs static plans
         for (_, view, binding), value in zip(plan.inputs, values):
             if binding is None:
                 np.copyto(view, value)
