@@ -12,6 +12,13 @@ next step reads h_prev from. The cell state stays in the workspace. With ``quant
 (com.microsoft.DynamicQuantizeLSTM) h_prev first goes through DynamicQuantizeLinear and back
 into a workspace row (``_requantize``), which the product reads instead.
 
+With ``int_r`` as well (``passes/quantize.py`` found R to be int8 times a scale per row) the
+product is ONNX Runtime's integer one: h_prev quantized to uint8 (the same DynamicQuantizeLinear)
+and stored as int16 q - zp (k padded to even), R int8 in k-pairs (``pack_recurrent_int8``),
+``vpmaddwd`` of a broadcast (h[k], h[k+1]) pair with 8 units' (R[j, k], R[j, k+1]) pairs into
+int32 accumulators (exact: |q - zp| <= 255, |R| <= 128), then float32(acc) * (h_scale *
+r_scale[row]) into the gate sums. R streams 1 byte per weight instead of 4.
+
 Why one kernel and not one per step: at batch 1 a step is a few microseconds of work, and a VM
 call per gate and step (the unrolled graph) cost more than the arithmetic. What bounds a step
 now is streaming R from L2 (G*H*H*4 bytes, 192 KB for a GRU with H = 128; measured ~27 bytes per
@@ -25,8 +32,8 @@ from llvmlite import ir
 from ..ir import te
 from ..ir.graph import PrimFunc
 from ..ir.patterns import reduction_tag
-from ..ops.sequence import GATES, UNIT_BLOCK, weight_groups
-from .helpers import ARITH_FLAGS, F32, I32, alloca_once, const_i64, for_range, intrinsic
+from ..ops.sequence import GATES, UNIT_BLOCK, int8_packed_size, weight_groups
+from .helpers import ARITH_FLAGS, F32, I8, I16, I32, alloca_once, const_i64, for_range, intrinsic
 from .lower import WORKSPACE_ALIGN, KernelEmitter, KernelInfo, LoweringError
 from .vecmath import call_math
 
@@ -61,7 +68,9 @@ def match_recurrence(func: PrimFunc):
     tag = reduction_tag(out.body)
     if tag is None or tag.kind != "recurrence":
         return None
-    if any(t.dtype != "float32" for t in tag.operands) or out.dtype != "float32":
+    int_r = bool(tag.attrs.get("int_r", False))
+    if any(t.dtype != ("int8" if int_r and i == 1 else "float32")
+           for i, t in enumerate(tag.operands)) or out.dtype != "float32":
         raise LoweringError(f"{func.name}: the recurrence kernel computes float32 only")
     if [t.uid for t in tag.operands] != [t.uid for t in func.inputs]:
         raise LoweringError(f"{func.name}: the recurrence's inputs were rewritten")
@@ -82,6 +91,8 @@ class RecurrenceEmitter(KernelEmitter):
         self.lbr = bool(a.get("linear_before_reset", False))
         self.states = bool(a.get("states", False))
         self.quantize_h = bool(a.get("quantize_h", False))
+        self.int_r = bool(a.get("int_r", False))
+        self.avx2 = module.triple.startswith("x86_64") and vl >= 8
         xw = func.inputs[0]
         self.steps, self.batch, _ = xw.shape   # steps: a size expression in a symbolic kernel
         if not isinstance(self.batch, int):
@@ -93,7 +104,10 @@ class RecurrenceEmitter(KernelEmitter):
         # per direction, in floats: gate sums [B, G, Hp], then the cell state or r * h [B, H]
         extra = self.batch * self.hidden if self.cell == "lstm" or (
             self.cell == "gru" and not self.lbr) else 0
-        if self.quantize_h:                               # then the requantized h_prev
+        self.kp = self.hidden + self.hidden % 2
+        if self.int_r:                                    # then q(h_prev) - zp, int16 [B, kp]
+            extra += -(-self.batch * self.kp // 2)
+        elif self.quantize_h:                             # then the requantized h_prev
             extra += self.batch * self.hidden
         floats = self.batch * self.gates * self.hpad + extra
         self.ws_dir = -(-floats * 4 // WORKSPACE_ALIGN) * WORKSPACE_ALIGN
@@ -173,6 +187,13 @@ class RecurrenceEmitter(KernelEmitter):
                 self._st(self._ld(c0_d, i), state, i)
         rbh = self._at(ins[3], d * H) if self.cell == "gru" and self.lbr else None
         rev = self.reverse[d]
+        if self.int_r:
+            r_d = self._at(b.bitcast(r, I8.as_pointer()), d * int8_packed_size(H))
+            s_d = self._at(ins[4], d * G * self.hpad)
+            hq = b.bitcast(self._at(state, B * H), I16.as_pointer())
+            if self.kp != H:                              # the pad k of each row stays 0
+                for row in range(B):
+                    self._st(ir.Constant(I16, 0), hq, row * self.kp + H)
         products, at = [], 0          # (packed weights, first gate, gates) per weight group
         for g0, gn in weight_groups(self.cell, self.lbr):
             products.append((self._at(r_d, at), g0, gn))
@@ -189,13 +210,17 @@ class RecurrenceEmitter(KernelEmitter):
             y = self._at(out, self._mul_i(b.add(self._mul_i(t, D), const_i64(d)), B * H))
             x = self._at(xw, b.add(self._mul_i(t, B * D * G * H), const_i64(d * G * H)))
             src = prev
-            if self.quantize_h:
-                src = self._at(state, B * H)
-                self._requantize(prev, src, B * H)
-            self._matvec(src, *products[0], gates)
-            if len(products) == 2:                        # GRU resetting before its product
-                self._gru_reset(x, prev, gates, state)
-                self._matvec(state, *products[1], gates)
+            if self.int_r:
+                hs = self._requantize(prev, hq, B * H)
+                self._matvec_int(hq, r_d, s_d, hs, gates)
+            else:
+                if self.quantize_h:
+                    src = self._at(state, B * H)
+                    self._requantize(prev, src, B * H)
+                self._matvec(src, *products[0], gates)
+                if len(products) == 2:                    # GRU resetting before its product
+                    self._gru_reset(x, prev, gates, state)
+                    self._matvec(state, *products[1], gates)
             self._cell(x, prev, gates, state, rbh, y)
         if self.states and self.cell == "lstm":           # the final cell state: row T
             dst = self._at(out, (self.steps * D + d) * B * H if isinstance(self.steps, int)
@@ -224,12 +249,96 @@ class RecurrenceEmitter(KernelEmitter):
                          b.fdiv(b.fsub(hi, lo), f255))
         zp = b.call(fmin, [b.call(fmax, [b.call(rnd, [b.fsub(zero, b.fdiv(lo, scale))]), zero]),
                            f255])
+        if self.int_r:    # q - zp as int16 into dst [B, kp]
+            with for_range(b, const_i64(0), const_i64(self.batch), "qb") as row:
+                s_row = self._at(src, self._mul_i(row, self.hidden))
+                d_row = self._at(dst, self._mul_i(row, self.kp))
+                with for_range(b, const_i64(0), const_i64(self.hidden), "qh") as i:
+                    q = b.fadd(b.call(rnd, [b.fdiv(self._ld(s_row, i), scale)]), zp)
+                    q = b.call(fmin, [b.call(fmax, [q, zero]), f255])
+                    self._st(b.fptosi(b.fsub(q, zp), I16), d_row, i)
+            return scale
         with for_range(b, const_i64(0), const_i64(n), "qh") as i:
             q = b.fadd(b.call(rnd, [b.fdiv(self._ld(src, i), scale)]), zp)
             q = b.call(fmin, [b.call(fmax, [q, zero]), f255])
             self._st(b.fmul(b.fsub(q, zp), scale), dst, i)
+        return scale
 
     # ---- the recurrent product --------------------------------------------------------------------
+
+    def _matvec_int(self, hq: ir.Value, w: ir.Value, scales: ir.Value, hs: ir.Value,
+                    gates: ir.Value) -> None:
+        """gates[b, g, j] = float32(sum_k hq[b, k] * R[g, j, k]) * (hs * scales[g, j]) for the
+        int8 k-pair packed R (``pack_recurrent_int8``), every gate and unit (padded to whole
+        blocks); tiles as ``_matvec``, with 8 int32 lanes per vector."""
+        b = self.builder
+        line_len = self.gates * UNIT_BLOCK * 2      # int8 per k-pair within a block
+        nvec = line_len // 16
+        vecs, rows = register_tile(nvec, self.batch, 16)
+        full = self.batch // rows
+        with for_range(b, const_i64(0), const_i64(self.blocks), "jb") as jb:
+            blk = self._at(w, self._mul_i(jb, self.kp // 2 * line_len))
+            for v0 in range(0, nvec, vecs):
+                run = (blk, jb, v0, vecs, line_len, scales, hs)
+                if full == 1:
+                    self._tile_int(hq, gates, run, const_i64(0), rows)
+                elif full:
+                    with for_range(b, const_i64(0), const_i64(full), "tile") as ti:
+                        self._tile_int(hq, gates, run, self._mul_i(ti, rows), rows)
+                if self.batch % rows:
+                    self._tile_int(hq, gates, run, const_i64(full * rows), self.batch % rows)
+
+    def _madd(self, a: ir.Value, w: ir.Value) -> ir.Value:
+        """Per int32 lane: a.lo * w.lo + a.hi * w.hi of two int16 pairs (``vpmaddwd``)."""
+        b = self.builder
+        v8i32, v16i16 = ir.VectorType(I32, 8), ir.VectorType(I16, 16)
+        if self.avx2:
+            f = intrinsic(self.module, "llvm.x86.avx2.pmadd.wd", v8i32, [v16i16, v16i16])
+            return b.call(f, [a, w])
+        v16i32 = ir.VectorType(I32, 16)
+        p = b.mul(b.sext(a, v16i32), b.sext(w, v16i32))
+        even = ir.Constant(v8i32, list(range(0, 16, 2)))
+        odd = ir.Constant(v8i32, list(range(1, 16, 2)))
+        return b.add(b.shuffle_vector(p, p, even), b.shuffle_vector(p, p, odd))
+
+    def _tile_int(self, hq: ir.Value, gates: ir.Value, run: tuple, row0: ir.Value, rows: int
+                  ) -> None:
+        blk, jb, v0, vecs, line_len, scales, hs = run
+        b = self.builder
+        G, U = self.gates, UNIT_BLOCK
+        v8i32, v16i16, v16i8 = ir.VectorType(I32, 8), ir.VectorType(I16, 16), \
+            ir.VectorType(I8, 16)
+        v8f32 = ir.VectorType(F32, 8)
+        accs = [[alloca_once(b, v8i32, name=f"iacc{r}_{v}") for v in range(vecs)]
+                for r in range(rows)]
+        pairs = [b.bitcast(self._at(hq, self._mul_i(b.add(row0, const_i64(r)), self.kp)),
+                           I32.as_pointer()) for r in range(rows)]
+        for a in (a for row in accs for a in row):
+            b.store(ir.Constant(v8i32, None), a)
+        with for_range(b, const_i64(0), const_i64(self.kp // 2), "kp") as p:
+            line = self._at(blk, self._mul_i(p, line_len))
+            wv = [b.sext(b.load(b.bitcast(self._at(line, (v0 + v) * 16), v16i8.as_pointer()),
+                                align=1), v16i16) for v in range(vecs)]
+            for r in range(rows):
+                pair = b.load(self._at(pairs[r], p), align=4)
+                v = b.insert_element(ir.Constant(v8i32, None), pair, ir.Constant(I32, 0))
+                v = b.shuffle_vector(v, ir.Constant(v8i32, None),
+                                     ir.Constant(v8i32, [0] * 8))
+                hv = b.bitcast(v, v16i16)
+                for vi in range(vecs):
+                    a = accs[r][vi]
+                    b.store(b.add(b.load(a), self._madd(hv, wv[vi])), a)
+        hsv = b.insert_element(ir.Constant(v8f32, None), hs, ir.Constant(I32, 0))
+        hsv = b.shuffle_vector(hsv, ir.Constant(v8f32, None), ir.Constant(v8i32, [0] * 8))
+        for vi in range(vecs):
+            g, lane = divmod((v0 + vi) * 8, U)
+            unit = b.add(self._mul_i(jb, U), const_i64(g * self.hpad + lane))
+            sv = b.load(b.bitcast(self._at(scales, unit), v8f32.as_pointer()), align=4)
+            mult = b.fmul(hsv, sv)
+            for r in range(rows):
+                base = b.add(self._mul_i(b.add(row0, const_i64(r)), G * self.hpad), unit)
+                f = b.fmul(b.sitofp(b.load(accs[r][vi]), v8f32), mult)
+                b.store(f, b.bitcast(self._at(gates, base), v8f32.as_pointer()), align=4)
 
     def _matvec(self, src: ir.Value, w: ir.Value, g0: int, gn: int, gates: ir.Value) -> None:
         """gates[b, g0 + g, j] = sum_k src[b, k] * R[g0 + g, j, k] for the group's gates g < gn,

@@ -72,6 +72,38 @@ def unpack_recurrent(packed: np.ndarray, cell: str, hidden: int, linear_before_r
     return out
 
 
+def int8_packed_size(hidden: int) -> int:
+    """Elements per direction of ``pack_recurrent_int8``."""
+    blocks = -(-hidden // UNIT_BLOCK)
+    return GATES["lstm"] * blocks * UNIT_BLOCK * (hidden + hidden % 2)
+
+
+def pack_recurrent_int8(q: np.ndarray) -> np.ndarray:
+    """An LSTM's integer recurrence weights [D, 4H, H] (|q| <= 127) packed int8 as [D, P] for
+    the integer product (``quantize_h`` with ``int_r``): per direction, per block of
+    UNIT_BLOCK hidden units (zero-padded past H), per pair of input units (k, k+1) (k padded to
+    even), per gate, per unit, the pair (q[.., k], q[.., k+1]) side by side, so one 16-byte
+    load is 8 units' k-pairs for ``vpmaddwd``."""
+    d, gh, h = q.shape
+    g = GATES["lstm"]
+    blocks = -(-h // UNIT_BLOCK)
+    kp = h + h % 2
+    w = np.zeros((d, g, blocks * UNIT_BLOCK, kp), np.int8)
+    w[:, :, :h, :h] = q.reshape(d, g, h, h)
+    w = w.reshape(d, g, blocks, UNIT_BLOCK, kp // 2, 2).transpose(0, 2, 4, 1, 3, 5)
+    return np.ascontiguousarray(w.reshape(d, -1))
+
+
+def unpack_recurrent_int8(packed: np.ndarray, hidden: int) -> np.ndarray:
+    """The inverse of ``pack_recurrent_int8``: the integers [D, 4H, H] as int32."""
+    d, h, g = packed.shape[0], hidden, GATES["lstm"]
+    blocks = -(-h // UNIT_BLOCK)
+    kp = h + h % 2
+    w = packed.reshape(d, blocks, kp // 2, g, UNIT_BLOCK, 2).transpose(0, 3, 1, 4, 2, 5)
+    w = w.reshape(d, g, blocks * UNIT_BLOCK, kp)[:, :, :h, :h]
+    return w.reshape(d, g * h, h).astype(np.int32)
+
+
 def state_rows(cell: str, states: bool) -> int:
     """Rows after the T steps of the output: an LSTM's final cell state when ``states`` (the
     final hidden state is a row of Y)."""
@@ -79,24 +111,29 @@ def state_rows(cell: str, states: bool) -> int:
 
 
 def _check(xw: TensorType, r: TensorType, h0: TensorType, extra: list[TensorType], cell: str,
-           hidden: int, reverse: tuple, linear_before_reset: bool, quantize_h: bool = False
-           ) -> tuple[int, int, int]:
+           hidden: int, reverse: tuple, linear_before_reset: bool, quantize_h: bool = False,
+           int_r: bool = False) -> tuple[int, int, int]:
     if cell not in GATES:
         raise ValueError(f"recurrence: cell {cell!r} is not lstm, gru or rnn")
     if quantize_h and cell != "lstm":
         raise ValueError(f"recurrence: quantize_h is for an lstm, not a {cell}")
+    if int_r and not quantize_h:
+        raise ValueError("recurrence: int_r (int8 R) needs quantize_h")
     d = len(reverse)
     if len(xw.shape) != 3 or xw.shape[2] != d * GATES[cell] * hidden:
         raise ValueError(f"recurrence: xw has shape {xw.shape}, expected [T, B, "
                          f"{d * GATES[cell] * hidden}]")
     t, b, _ = xw.shape
-    if r.shape != (d, packed_size(cell, hidden)):
-        raise ValueError(f"recurrence: packed R has shape {r.shape}, expected "
-                         f"{(d, packed_size(cell, hidden))}")
+    want_r = (d, int8_packed_size(hidden) if int_r else packed_size(cell, hidden))
+    if r.shape != want_r or (r.dtype == "int8") != int_r:
+        raise ValueError(f"recurrence: packed R has shape {r.shape} ({r.dtype}), expected "
+                         f"{want_r} ({'int8' if int_r else 'float'})")
     if h0.shape != (d, b, hidden):
         raise ValueError(f"recurrence: h0 has shape {h0.shape}, expected {(d, b, hidden)}")
     want = [(d, b, hidden)] if cell == "lstm" else \
         [(d, hidden)] if cell == "gru" and linear_before_reset else []
+    if int_r:   # the scale of each recurrence weight row (gate, unit), units padded to blocks
+        want.append((d, GATES[cell] * -(-hidden // UNIT_BLOCK) * UNIT_BLOCK))
     if [e.shape for e in extra] != want:
         raise ValueError(f"recurrence: extra inputs {[e.shape for e in extra]}, expected {want}")
     return t, b, d
@@ -104,9 +141,9 @@ def _check(xw: TensorType, r: TensorType, h0: TensorType, extra: list[TensorType
 
 def _infer(xw: TensorType, r: TensorType, h0: TensorType, *extra: TensorType, cell: str = "lstm",
            hidden: int = 0, reverse: tuple = (False,), linear_before_reset: bool = False,
-           states: bool = False, quantize_h: bool = False) -> TensorType:
+           states: bool = False, quantize_h: bool = False, int_r: bool = False) -> TensorType:
     t, b, d = _check(xw, r, h0, list(extra), cell, hidden, reverse, linear_before_reset,
-                     quantize_h)
+                     quantize_h, int_r)
     return TensorType((t + state_rows(cell, states), d, b, hidden), xw.dtype)
 
 
@@ -127,26 +164,40 @@ def _sigmoid(x: np.ndarray) -> np.ndarray:
 def requantized(h: np.ndarray) -> np.ndarray:
     """h through ONNX DynamicQuantizeLinear (uint8, range with 0; scale 1 when h is all zero) and
     dequantized back, in float32: what the recurrence multiplies with ``quantize_h``."""
+    q, zp, scale = quantized_h(h)
+    return ((q - zp) * scale).astype(np.float32)
+
+
+def quantized_h(h: np.ndarray) -> tuple[np.ndarray, np.float32, np.float32]:
+    """(q as float32, zero point, scale) of h through ONNX DynamicQuantizeLinear (uint8)."""
     f = np.float32
     lo, hi = min(f(h.min()), f(0)), max(f(h.max()), f(0))
     scale = f(1) if hi == lo else f((hi - lo) / f(255))
     zp = np.clip(np.round(f(0) - f(lo / scale)), f(0), f(255))
     with np.errstate(all="ignore"):
         q = np.clip(np.round((h / scale).astype(f)) + zp, f(0), f(255))
-    return ((q - zp) * scale).astype(f)
+    return q.astype(f), f(zp), f(scale)
 
 
 @register_op("nn.recurrence", OPAQUE, _infer, _legalize)
 def recurrence(xw: np.ndarray, r: np.ndarray, h0: np.ndarray, *extra: np.ndarray,
                cell: str = "lstm", hidden: int = 0, reverse: tuple = (False,),
                linear_before_reset: bool = False, states: bool = False,
-               quantize_h: bool = False) -> np.ndarray:
+               quantize_h: bool = False, int_r: bool = False) -> np.ndarray:
     """Y [T, D, B, H] of the recurrence over the projected inputs ``xw`` [T, B, D*G*H], then
-    (``states``, LSTM) the final cell state as one more row."""
+    (``states``, LSTM) the final cell state as one more row. With ``int_r`` (LSTM with
+    ``quantize_h``) R is int8 (``pack_recurrent_int8``) with a scale per row (the last extra
+    input, [D, 4 * Hpad]): the product is the int32 sum of (q(h) - zp) * R scaled by
+    float32(h_scale * r_scale[row]), ONNX Runtime's DynamicQuantizeLSTM."""
     t_len, batch, _ = xw.shape
     h = hidden
     g = GATES[cell]
-    rr = unpack_recurrent(r, cell, h, linear_before_reset)
+    if int_r:
+        hpad = -(-h // UNIT_BLOCK) * UNIT_BLOCK
+        rq = unpack_recurrent_int8(r, h).astype(np.int64)
+        rs = extra[-1].reshape(len(reverse), g, hpad)[:, :, :h].reshape(len(reverse), g * h)
+    else:
+        rr = unpack_recurrent(r, cell, h, linear_before_reset)
     out = np.zeros((t_len + state_rows(cell, states), len(reverse), batch, h), xw.dtype)
     for d, rev in enumerate(reverse):
         x_d = xw[:, :, d * g * h:(d + 1) * g * h]
@@ -163,7 +214,12 @@ def recurrence(xw: np.ndarray, r: np.ndarray, h0: np.ndarray, *extra: np.ndarray
                     cand = np.tanh(x[:, 2 * h:] + (rg * hid) @ rr[d, 2 * h:].T)
                 hid = (1 - z) * cand + z * hid
             else:
-                pre = x + (requantized(hid) if quantize_h else hid) @ rr[d].T
+                if int_r:
+                    q, zp, hs = quantized_h(hid)
+                    acc = (q.astype(np.int64) - np.int64(zp)) @ rq[d].T
+                    pre = x + acc.astype(np.float32) * (hs * rs[d]).astype(np.float32)
+                else:
+                    pre = x + (requantized(hid) if quantize_h else hid) @ rr[d].T
                 if cell == "rnn":
                     hid = np.tanh(pre)
                 else:
