@@ -1,0 +1,389 @@
+"""Depthwise convolutions (NCHW float32, one input channel per group, every channel its own
+group, any channel multiplier, horizontal stride 1 or 2) whose image size (H, W, and the
+batch) is known at run time only.
+
+The static kernel (``depthwise.py``) plans its rows and chunks from the extents at export;
+here the channels, the window, the strides and the padding are known at export and the rest
+is read from the module's size variables. The kernel is the static kernel's padded form (the
+one it uses on AVX2, SSE and NEON) with every extent a run-time value:
+
+* each task (at most ``MAX_TASK_REGIONS``) owns a region of the workspace: a zero-margined
+  copy of one input plane at a time, ``pt`` zero rows above it and ``pb`` below, ``pl`` zero
+  columns left of every row and at least ``pr + 16`` right of it (rows 64-byte multiples).
+  With stride 2 each row is split by the padded column's parity (two *phase* rows of
+  ``phase_len`` floats), so that tap kx = 2m + p of the chunk at output column ox0 is one
+  plain load from phase p at ox0 + m (no shuffles in the inner loop). The region is zeroed
+  once per call; a row's copy reads its last vector (or 2) past the row's end where that
+  stays inside the plane and then zeroes the margin it spilled into, else loads it masked;
+* no window row or column then needs a bounds check: output rows go ``rows`` at a time,
+  their chunks of ``vl`` outputs ``chunks`` at a time (each weight broadcast once per plane,
+  each input vector feeding every output row that reads it); a row's last chunk ends at the
+  row's end, overlapping the one before it (outputs computed twice, stored whole: a masked
+  store, vmaskmovps, is slow on AMD's AVX2 cores), unless the row is narrower than a vector
+  or the epilogue reads along it (a residual that could be the output itself, in place):
+  then the partial chunk's lanes are stored with a mask. The leftover rows of a plane
+  (``OH % rows``) go as blocks of 2 and 1;
+* the fused epilogue (bias, folded batch norm, activation, residual) is the static kernel's,
+  a vector at a time.
+
+The symbolic convolution kernel (``conv_symbolic.py``) ran these as a one-row matrix tile
+over stride-phase planes: PP-OCRv4's detector's depthwise layers 1.3-2.6x the static kernel's
+time (kernels alone, 1 thread); this kernel 1.0-1.3x (the small, late layers: 15 x 20 rows,
+where the static kernel also skips the window rows in the padding).
+"""
+
+from __future__ import annotations
+
+from llvmlite import ir
+
+from ..ir import te
+from .conv_symbolic import SymbolicConvEmitter
+from .depthwise import PADDED_BLOCK, PADDED_BLOCK_MATH, is_depthwise
+from .gemm import MAX_TASK_REGIONS, PARALLEL_MIN_MACS, Contraction, match_contraction
+from .helpers import F32, I1, I32, I64, alloca_once, const_i64, for_range, intrinsic
+from .lower import WORKSPACE_ALIGN, KernelInfo
+from ..ir.graph import PrimFunc
+
+# Columns of right margin beyond the padding: the widest vector of any target (a bundle's
+# variants share the workspace size), so that a row's last chunk (up to vl - 1 lanes past the
+# output row) and its copy's last, masked vector stay inside the row.
+MARGIN = 16
+# Off: symbolic depthwise convolutions take conv_symbolic's kernel (benchmarks compare).
+ENABLED = True
+
+
+class SymbolicDepthwiseEmitter(SymbolicConvEmitter):
+
+    def emit(self) -> KernelInfo:
+        x_t, w_t = self.match.tag.operands
+        attrs = self.match.tag.attrs
+        self.c = x_t.shape[1]
+        self.o, _, self.kh, self.kw = w_t.shape
+        self.sh, self.sw = attrs["strides"]
+        self.pt, self.pl, self.pb, self.pr = attrs["padding"]
+        h, w = x_t.shape[2], x_t.shape[3]
+        # the padded plane: rows_buf rows of row_stride floats (see the module docstring); for
+        # a valid convolution (oh - 1) * sh + kh <= h + pt + pb, and the chunks of a row read
+        # at most ceil(ow / vl) * vl + kw - 1 <= w + pl + pr + vl - 1 padded columns
+        rows_buf = h + self.pt + self.pb
+        if self.sw == 1:
+            row_stride = (w + self.pl + self.pr + MARGIN + 15) // 16 * 16
+            self.phase_len = None
+        else:
+            self.phase_len = ((w + self.pl + self.pr + 1) // 2 + MARGIN + 1 + 15) // 16 * 16
+            row_stride = 2 * self.phase_len
+        region = (rows_buf * row_stride + 15) // 16 * 16
+        self.rows_buf_d, self.row_stride_d, self.region_d = rows_buf, row_stride, region
+        self.vector_epilogue = self._vector_epilogue_ok()
+        # the last chunk may overlap the one before it when the epilogue reads nothing along
+        # the row (a residual read there could be the output itself, planned in place)
+        last = self.match.out.axes[-1]
+        self.overlap = self.vector_epilogue and not any(
+            isinstance(node, te.Read) and any(i is last for i in node.indices)
+            for node in te.walk(self.match.body, skip=self.match.reduce))
+        math = any(isinstance(node, te.MathCall)
+                   for node in te.walk(self.match.body, skip=self.match.reduce))
+        if self.target_vl >= 16:
+            self.row_block, self.col_block = 4, 1   # 32 registers: depthwise.ROW_BLOCK
+        else:
+            self.row_block, self.col_block = PADDED_BLOCK_MATH if math else PADDED_BLOCK
+        workspace = region * MAX_TASK_REGIONS * 4 + WORKSPACE_ALIGN
+        params = self.func.inputs + self.func.outputs
+        body_fn, ptr_types = self._begin_body(params, True)
+        n_ptrs = len(ptr_types)
+        ws = body_fn.args[len(params)]
+        self._emit_tasks(ws, body_fn.args[n_ptrs], body_fn.args[n_ptrs + 1])
+        self.builder.ret_void()
+        self._emit_entry(body_fn, n_ptrs, ptr_types)
+        per_position = self.o * self.kh * self.kw
+        return KernelInfo(self.symbol, len(self.func.inputs), len(self.func.outputs), 0,
+                          per_position * 1024 >= 2 * PARALLEL_MIN_MACS, symbolic=True,
+                          workspace_expr=workspace)
+
+    # ---- emission -------------------------------------------------------------------------------
+
+    def _emit_tasks(self, ws: ir.Value, task: ir.Value, ntasks: ir.Value) -> None:
+        b = self.builder
+        x_t = self.match.tag.operands[0]
+        out = self.match.out
+        self.H, self.W = self._dim_value(x_t.shape[2]), self._dim_value(x_t.shape[3])
+        self.OH, self.OW = self._dim_value(out.shape[2]), self._dim_value(out.shape[3])
+        self.row_stride = self._dim_value(self.row_stride_d)
+        self.phase = None if self.phase_len is None else self._dim_value(self.phase_len)
+        N = self._dim_value(x_t.shape[0])
+        planes = b.mul(N, const_i64(self.o))
+        macs = b.mul(b.mul(planes, b.mul(self.OH, self.OW)), const_i64(self.kh * self.kw))
+        nt = self._tasks_used(macs, ntasks, MAX_TASK_REGIONS)
+        with b.if_then(b.icmp_signed("<", task, nt)):
+            region_floats = self._dim_value(self.region_d)
+            region = b.gep(b.bitcast(ws, F32.as_pointer()), [b.mul(task, region_floats)],
+                           inbounds=True)
+            memset = intrinsic(self.module, "llvm.memset.p0i8.i64", ir.VoidType(),
+                               [ir.IntType(8).as_pointer(), ir.IntType(8), I64, I1])
+            used = b.mul(self._dim_value(self.rows_buf_d), self.row_stride)
+            b.call(memset, [b.bitcast(region, ir.IntType(8).as_pointer()),
+                            ir.Constant(ir.IntType(8), 0), b.mul(used, const_i64(4)),
+                            ir.Constant(I1, 0)])
+            lo, hi = self._split_v(planes, task, nt)
+            self._emit_plane_range(lo, hi, region)
+
+    def _emit_plane_range(self, lo, hi, region: ir.Value) -> None:
+        b = self.builder
+        x_ptr = self.buffers[self.match.tag.operands[0].uid]
+        w_ptr = self.buffers[self.match.tag.operands[1].uid]
+        mult = self.o // self.c
+        plane_size = b.mul(self.H, self.W)
+        R = self.row_block
+        with for_range(b, lo, hi, "plane") as p:
+            nb = b.sdiv(p, const_i64(self.o))
+            oc = b.srem(p, const_i64(self.o))
+            ic = b.sdiv(oc, const_i64(mult)) if mult > 1 else oc
+            src = b.gep(x_ptr, [b.mul(b.add(b.mul(nb, const_i64(self.c)), ic), plane_size)],
+                        inbounds=True)
+            self._copy_plane(src, region)
+            taps = self.kh * self.kw
+            self.weights = [[self._splat(b.load(b.gep(
+                w_ptr, [b.add(b.mul(oc, const_i64(taps)), const_i64(ky * self.kw + kx))],
+                inbounds=True))) for kx in range(self.kw)] for ky in range(self.kh)]
+            out = self.match.out
+            self.env = {id(out.axes[0]): nb, id(out.axes[1]): oc}
+            nblk = b.sdiv(self.OH, const_i64(R))
+            with for_range(b, const_i64(0), nblk, "oyb") as blk:
+                self._emit_rows(region, b.mul(blk, const_i64(R)), R)
+            # the leftover rows (fewer than R): blocks of 2 and 1
+            done = b.mul(nblk, const_i64(R))
+            left = b.sub(self.OH, done)
+            size = 1 << ((R - 1).bit_length() - 1) if R > 1 else 0
+            while size:   # powers of two below R: left's bits
+                bit = b.and_(left, const_i64(size))
+                with b.if_then(b.icmp_signed("!=", bit, const_i64(0))):
+                    self._emit_rows(region, done, size)
+                done = b.add(done, bit)
+                size //= 2
+
+    def _copy_plane(self, src: ir.Value, dst: ir.Value) -> None:
+        """The input plane's rows into rows pt.. of the region: at column ``pl`` (stride 1),
+        or split by the padded column's parity (stride 2), a step (vl columns, or 2 vl) at a
+        time. A row's last step reads past its end: from the next rows, where those are in
+        the plane (then a zero vector stored after the row's data, in its margin, covers what
+        they left there), else (the plane's last rows) with masked loads (zero lanes)."""
+        b = self.builder
+        step = self.vl * self.sw
+        steps = b.sdiv(b.add(self.W, const_i64(step - 1)), const_i64(step))
+        # rows iy < fast read up to iy * W + steps * step <= H * W: inside the plane
+        spare = b.sub(b.mul(self.H, self.W), b.mul(steps, const_i64(step)))
+        fast = b.add(b.sdiv(spare, self.W), const_i64(1))
+        fast = b.select(b.icmp_signed("<", spare, const_i64(0)), const_i64(0), fast)
+        fast = b.select(b.icmp_signed("<", fast, self.H), fast, self.H)
+        for lo, hi, masked in ((const_i64(0), fast, False), (fast, self.H, True)):
+            with for_range(b, lo, hi, "cpy") as iy:
+                s_row = b.gep(src, [b.mul(iy, self.W)], inbounds=True)
+                d_row = b.gep(dst, [b.mul(b.add(iy, const_i64(self.pt)), self.row_stride)],
+                              inbounds=True)
+                if self.sw == 1:
+                    self._copy_row(s_row, d_row, steps, masked)
+                else:
+                    self._copy_row_deinterleaved(s_row, d_row, steps, masked)
+
+    def _load_step(self, s_row, off, masked: bool, v: int = 0) -> ir.Value:
+        """Vector ``v`` of the step at s_row[off:] (``masked``: its lanes from the row's end
+        on zero, none read)."""
+        b = self.builder
+        ptr = self._raw_ptr(s_row, b.add(off, const_i64(v * self.vl)))
+        if not masked:
+            return b.load(ptr, align=4)
+        return self._masked_load(ptr, self._lane_mask(b.sub(self.W, off), v))
+
+    def _copy_row(self, s_row: ir.Value, d_row: ir.Value, steps, masked: bool) -> None:
+        b, vl = self.builder, self.vl
+        d_row = b.gep(d_row, [const_i64(self.pl)], inbounds=True)
+        zero = ir.Constant(self.vty, [0.0] * vl)
+        if masked:   # whole vectors, then the last one masked
+            full = b.sdiv(self.W, const_i64(vl))
+            with for_range(b, const_i64(0), full, "cpv") as j:
+                off = b.mul(j, const_i64(vl))
+                b.store(self._load_step(s_row, off, False), self._vec_ptr(d_row, off), align=4)
+            off = b.mul(full, const_i64(vl))
+            with b.if_then(b.icmp_signed("<", off, self.W)):
+                b.store(self._load_step(s_row, off, True), self._vec_ptr(d_row, off), align=4)
+            return
+        with for_range(b, const_i64(0), steps, "cpv") as j:
+            off = b.mul(j, const_i64(vl))
+            b.store(self._load_step(s_row, off, False), self._vec_ptr(d_row, off), align=4)
+        b.store(zero, self._vec_ptr(d_row, self.W), align=4)
+
+    def _copy_row_deinterleaved(self, s_row: ir.Value, d_row: ir.Value, steps,
+                                masked: bool) -> None:
+        """Source column ix -> padded column c = pl + ix -> phase c % 2 at c // 2: of the 2 vl
+        columns from an even ix, the lanes of parity p go to phase (pl + p) % 2 from
+        (pl + p) // 2 + ix / 2."""
+        b, vl = self.builder, self.vl
+        dsts = [b.gep(d_row, [b.add(b.mul(const_i64((self.pl + p) % 2), self.phase),
+                                    const_i64((self.pl + p) // 2))], inbounds=True)
+                for p in (0, 1)]
+        lanes = [ir.Constant(ir.VectorType(I32, vl), list(range(p, 2 * vl, 2)))
+                 for p in (0, 1)]
+
+        def split(j, masked_step):
+            off = b.mul(j, const_i64(2 * vl))
+            lo_v = self._load_step(s_row, off, masked_step, 0)
+            hi_v = self._load_step(s_row, off, masked_step, 1)
+            for p in (0, 1):
+                b.store(b.shuffle_vector(lo_v, hi_v, lanes[p]),
+                        self._vec_ptr(dsts[p], b.mul(j, const_i64(vl))), align=4)
+
+        if masked:   # whole steps, then the last one masked
+            full = b.sdiv(self.W, const_i64(2 * vl))
+            with for_range(b, const_i64(0), full, "cpv") as j:
+                split(j, False)
+            with b.if_then(b.icmp_signed("<", full, steps)):
+                split(full, True)
+            return
+        with for_range(b, const_i64(0), steps, "cpv") as j:
+            split(j, False)
+        # the columns past the row's end: parity p's from (W - p + 1) // 2 on
+        zero = ir.Constant(self.vty, [0.0] * vl)
+        for p in (0, 1):
+            first = b.sdiv(b.add(self.W, const_i64(1 - p)), const_i64(2))
+            b.store(zero, self._vec_ptr(dsts[p], first), align=4)
+
+    def _raw_ptr(self, ptr: ir.Value, offset: ir.Value) -> ir.Value:
+        """A vector pointer that may lie past the buffer (a masked load's): no inbounds."""
+        b = self.builder
+        return b.bitcast(b.gep(ptr, [offset]), self.vty.as_pointer())
+
+    def _emit_rows(self, region, oy0, nrows: int) -> None:
+        """Output rows oy0 .. oy0 + nrows - 1, ``col_block`` chunks at a time. Rows at least a
+        vector wide whose epilogue reads nothing along them (``overlap``): the last chunk
+        ends at the row's end, overlapping the one before it (its outputs computed twice,
+        stored whole); else the leftover full chunks, then the partial last one (masked)."""
+        b, vl, cb = self.builder, self.vl, self.col_block
+        nfull = b.sdiv(self.OW, const_i64(vl))
+        nblk = b.sdiv(nfull, const_i64(cb))
+
+        def ox(q):
+            return b.mul(q, const_i64(vl))
+
+        def blocks():
+            with for_range(b, const_i64(0), nblk, "q") as qb:
+                q0 = b.mul(qb, const_i64(cb))
+                self._emit_chunk(region, oy0, nrows, [
+                    (ox(b.add(q0, const_i64(c)) if c else q0), None) for c in range(cb)])
+
+        def masked_rest():
+            q = b.mul(nblk, const_i64(cb))
+            for _ in range(cb - 1):   # at most cb - 1 leftover full chunks
+                with b.if_then(b.icmp_signed("<", q, nfull)):
+                    self._emit_chunk(region, oy0, nrows, [(ox(q), None)])
+                q = b.add(q, const_i64(1))
+            tail = b.sub(self.OW, ox(nfull))
+            with b.if_then(b.icmp_signed(">", tail, const_i64(0))):
+                self._emit_chunk(region, oy0, nrows, [(ox(nfull), tail)])
+
+        if not self.overlap:
+            blocks()
+            masked_rest()
+            return
+        with b.if_else(b.icmp_signed(">=", self.OW, const_i64(vl))) as (wide, narrow):
+            with wide:
+                blocks()
+                # the chunks left (at most cb): the last one clamped to end at the row's end
+                q0 = b.mul(nblk, const_i64(cb))
+                left = b.sub(b.sdiv(b.add(self.OW, const_i64(vl - 1)), const_i64(vl)), q0)
+                last = b.sub(self.OW, const_i64(vl))
+                for size in range(cb, 0, -1):
+                    with b.if_then(b.icmp_signed("==", left, const_i64(size))):
+                        starts = [ox(b.add(q0, const_i64(c))) for c in range(size)]
+                        starts = [b.select(b.icmp_signed("<", x, last), x, last)
+                                  for x in starts]
+                        self._emit_chunk(region, oy0, nrows, [(x, None) for x in starts])
+            with narrow:   # one partial chunk
+                self._emit_chunk(region, oy0, nrows, [(const_i64(0), self.OW)])
+
+    def _emit_chunk(self, region, oy0, nrows: int, chunks: list) -> None:
+        """``chunks`` ((ox0, tail): the first output column, and tail None for a whole chunk,
+        else the run-time number of its lanes stored) of ``nrows`` output rows; each input
+        vector is loaded once for every output row and tap that reads it."""
+        b = self.builder
+        ox0s = [x for x, _ in chunks]
+        top = b.mul(oy0, const_i64(self.sh))
+        accs: list[list[ir.Value | None]] = [[None] * len(chunks) for _ in range(nrows)]
+        for d in range((nrows - 1) * self.sh + self.kh):
+            users = [(r, d - r * self.sh) for r in range(nrows) if 0 <= d - r * self.sh < self.kh]
+            if not users:
+                continue
+            row = b.gep(region, [b.mul(b.add(top, const_i64(d)), self.row_stride)],
+                        inbounds=True)
+            if self.sw == 2:
+                phases = [row, b.gep(row, [self.phase], inbounds=True)]
+            for kx in range(self.kw):
+                if self.sw == 1:
+                    base, shift = row, kx
+                else:
+                    base, shift = phases[kx % 2], kx // 2
+                vs = [b.load(self._vec_ptr(base, b.add(ox0, const_i64(shift))), align=4)
+                      for ox0 in ox0s]
+                for r, ky in users:
+                    wv = self.weights[ky][kx]
+                    for c, v in enumerate(vs):
+                        acc = accs[r][c]
+                        accs[r][c] = b.fmul(wv, v) if acc is None else self._fma(wv, v, acc)
+        for c, ((_, tail), ox0) in enumerate(zip(chunks, ox0s)):
+            mask = None if tail is None else self._lane_mask(tail, 0)
+            for r in range(nrows):
+                oy = b.add(oy0, const_i64(r)) if r else oy0
+                self._emit_epilogue(accs[r][c], oy, ox0, mask, tail)
+
+    def _emit_epilogue(self, acc: ir.Value, oy, ox0, mask: ir.Value | None,
+                       tail: ir.Value | None = None) -> None:
+        """The fused epilogue on the vl outputs of row ``oy`` from column ``ox0`` (``mask``:
+        the lanes inside the row, their number ``tail``; None: all)."""
+        b = self.builder
+        out = self.match.out
+        env = dict(self.env)
+        env[id(out.axes[2])] = oy
+        env[id(out.axes[3])] = ox0
+        if self.vector_epilogue:
+            self._tile_value = acc
+            if self.target_vl >= 16:   # as depthwise.py: opaque constants with 32 registers
+                self._begin_epilogue()
+            value = self._vvalue(self.match.body, env, mask)
+            self._tile_value = self._opaque = self._opaque_scalar = None
+            ptr = b.gep(self.buffers[out.uid],
+                        [self._offset(out, [env[id(a)] for a in out.axes])], inbounds=True)
+            vptr = b.bitcast(ptr, self.vty.as_pointer())
+            if mask is None:
+                b.store(value, vptr, align=4)
+            else:
+                fn = intrinsic(self.module, f"llvm.masked.store.v{self.vl}f32.p0",
+                               ir.VoidType(), [self.vty, self.vty.as_pointer(), I32,
+                                               ir.VectorType(I1, self.vl)])
+                b.call(fn, [value, vptr, ir.Constant(I32, 4), mask])
+            return
+        # math calls or casts in the epilogue: element by element, from a spilled tile
+        tile = alloca_once(b, ir.ArrayType(F32, self.vl), name="dwtile")
+        tile_f = b.bitcast(tile, F32.as_pointer())
+        b.store(acc, b.bitcast(tile_f, self.vty.as_pointer()), align=4)
+        left = b.sub(self.OW, ox0)
+        count = b.select(b.icmp_signed("<", left, const_i64(self.vl)), left,
+                         const_i64(self.vl))
+        with for_range(b, const_i64(0), count, "lane") as j:
+            env[id(out.axes[3])] = b.add(ox0, j)
+            self._store_epilogue(env, tile_f, j)
+
+
+def emit_symbolic_depthwise(module: ir.Module, func: PrimFunc, symbol: str, vl: int,
+                            size_vars: tuple[str, ...], match: Contraction | None = None
+                            ) -> KernelInfo | None:
+    """The kernel for a depthwise convolution (``depthwise.is_depthwise``, float32, static
+    channels and window) whose batch or image size is a run-time value; None for anything
+    else."""
+    match = match_contraction(func) if match is None else match
+    if not ENABLED or not is_depthwise(match):
+        return None
+    x_t, w_t = match.tag.operands
+    if x_t.dtype != "float32" or w_t.dtype != "float32" or match.out.dtype != "float32" \
+            or not all(isinstance(d, int) for d in w_t.shape) \
+            or not isinstance(x_t.shape[1], int) or len(match.out.axes) != 4:
+        return None
+    return SymbolicDepthwiseEmitter(module, func, symbol, match, vl, size_vars).emit()
