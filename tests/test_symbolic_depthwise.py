@@ -35,6 +35,7 @@ def _model(batch="N"):
     d56: dw 3x3 strides (2, 1) pads (0, 1, 1, 0) + bias, plus another such conv (a residual
          read along the rows: the partial last chunk stored masked, no overlap)
     d7: dw 3x3/1 pad 1 + bias, log(|y| + 1) (no vector log: the epilogue lane by lane)
+    d8: dw 1x1/2 + bias (input rows no output row reads)
     """
     def bn(name, src, c):
         return ([helper.make_node("Mul", [src, f"{name}_s"], [f"{name}_m"]),
@@ -77,7 +78,9 @@ def _model(batch="N"):
     nodes.append(helper.make_node("Add", ["d7a", "one"], ["d7b"]))
     nodes.append(helper.make_node("Log", ["d7b"], ["d7"]))
     inits += [numpy_helper.from_array(np.array(1, np.float32), "one")]
-    outs = ["d1", "d2", "d3", "d4", "d56", "d7"]
+    nodes.append(helper.make_node("Conv", ["x", "w8", "b8"], ["d8"], group=8, strides=[2, 2]))
+    inits += [_w("w8", 8, 1, 1, 1), _w("b8", 8)]
+    outs = ["d1", "d2", "d3", "d4", "d56", "d7", "d8"]
     graph = helper.make_graph(
         nodes, "dw",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, 8, "H", "W"])],
@@ -111,7 +114,7 @@ def test_symbolic_depthwise_against_ort(tmp_path) -> None:
 
 
 def test_symbolic_depthwise_kernel_is_used(monkeypatch, tmp_path) -> None:
-    """Every depthwise convolution of the model gets this kernel (seven: d56 is two)."""
+    """Every depthwise convolution of the model gets this kernel (eight: d56 is two)."""
     made = []
     real = depthwise_symbolic.SymbolicDepthwiseEmitter.emit
 
@@ -122,7 +125,7 @@ def test_symbolic_depthwise_kernel_is_used(monkeypatch, tmp_path) -> None:
     monkeypatch.setattr(depthwise_symbolic.SymbolicDepthwiseEmitter, "emit", spy)
     mod, _ = import_onnx(_model()[0])
     export_module(mod, tmp_path / "dw.mlc", ExportOptions(target="host", check=False))
-    assert len(made) == 7, made
+    assert len(made) == 8, made
     # paths: a lane-by-lane epilogue (d7), a masked partial chunk (d56's residual)
     assert sum(not vector for _, vector, _ in made) == 1, made
     assert sum(vector and not overlap for _, vector, overlap in made) == 1, made

@@ -147,6 +147,7 @@ class SymbolicDepthwiseEmitter(SymbolicConvEmitter):
                 inbounds=True))) for kx in range(self.kw)] for ky in range(self.kh)]
             out = self.match.out
             self.env = {id(out.axes[0]): nb, id(out.axes[1]): oc}
+            self.plane_memo = self._plane_values() if self.vector_epilogue else {}
             nblk = b.sdiv(self.OH, const_i64(R))
             with for_range(b, const_i64(0), nblk, "oyb") as blk:
                 self._emit_rows(region, b.mul(blk, const_i64(R)), R)
@@ -160,6 +161,26 @@ class SymbolicDepthwiseEmitter(SymbolicConvEmitter):
                     self._emit_rows(region, done, size)
                 done = b.add(done, bit)
                 size //= 2
+
+    def _plane_values(self) -> dict:
+        """The epilogue's reads that do not move along the plane (a bias, a folded batch
+        norm's scale and shift), broadcast once per plane: ``_vvalue``'s memo for every chunk
+        (evaluated in the chunk loop, their pointers and loads were redone per chunk, the
+        pointers reloaded from the stack)."""
+        out = self.match.out
+        moving = {id(out.axes[2]), id(out.axes[3])}
+        memo: dict[int, ir.Value] = {}
+        for node in te.walk(self.match.body, skip=self.match.reduce):
+            if isinstance(node, te.Read) and id(node) not in memo and all(
+                    isinstance(i, te.Const) or (isinstance(i, te.IndexVar)
+                                                and id(i) in self.env and id(i) not in moving)
+                    for i in node.indices):
+                idx = [const_i64(int(i.value)) if isinstance(i, te.Const) else self.env[id(i)]
+                       for i in node.indices]
+                ptr = self.builder.gep(self.buffers[node.tensor.uid],
+                                       [self._offset(node.tensor, idx)], inbounds=True)
+                memo[id(node)] = self._splat(self.builder.load(ptr))
+        return memo
 
     def _copy_plane(self, src: ir.Value, dst: ir.Value) -> None:
         """The input plane's rows into rows pt.. of the region: at column ``pl`` (stride 1),
@@ -310,10 +331,12 @@ class SymbolicDepthwiseEmitter(SymbolicConvEmitter):
         accs: list[list[ir.Value | None]] = [[None] * len(chunks) for _ in range(nrows)]
         for d in range((nrows - 1) * self.sh + self.kh):
             users = [(r, d - r * self.sh) for r in range(nrows) if 0 <= d - r * self.sh < self.kh]
-            if not users:
+            # each row from the one above it (one add; computing each from the block's top
+            # row took a multiply per row, redone in the chunk loop for want of registers)
+            row = b.gep(region, [b.mul(top, self.row_stride)], inbounds=True) \
+                if d == 0 else b.gep(row, [self.row_stride], inbounds=True)
+            if not users:   # (a vertical stride wider than the window)
                 continue
-            row = b.gep(region, [b.mul(b.add(top, const_i64(d)), self.row_stride)],
-                        inbounds=True)
             if self.sw == 2:
                 phases = [row, b.gep(row, [self.phase], inbounds=True)]
             for kx in range(self.kw):
@@ -347,7 +370,7 @@ class SymbolicDepthwiseEmitter(SymbolicConvEmitter):
             self._tile_value = acc
             if self.target_vl >= 16:   # as depthwise.py: opaque constants with 32 registers
                 self._begin_epilogue()
-            value = self._vvalue(self.match.body, env, mask)
+            value = self._vvalue(self.match.body, env, mask, dict(self.plane_memo))
             self._tile_value = self._opaque = self._opaque_scalar = None
             ptr = b.gep(self.buffers[out.uid],
                         [self._offset(out, [env[id(a)] for a in out.axes])], inbounds=True)
