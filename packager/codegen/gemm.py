@@ -17,6 +17,11 @@ target's vector width) and, for every step k of the reduction, loads NR contiguo
   with 256-bit vectors, whose finer granularity wastes fewer lanes on 7x7 or 14x14 images) that
   computes the fewest multiply-adds, copies counted.
 
+  With one group, a block's reduction may run over chunks of input channels, its partial sums
+  kept in a tile of the task's workspace region between chunks: each chunk runs over all the
+  block rows of a panel (or all the panels of a block row) while the planes they share stay in
+  L1 (``conv_geometry``'s ``kc_outer`` / ``kc_inner``; ``_conv_chunked``).
+
   A 1x1, stride-1, unpadded convolution on a large image reads its input in place; one with
   many groups copies one group at a time into a workspace region of its own task. Depthwise
   convolutions (one input channel per group) have a direct kernel of their own
@@ -175,6 +180,23 @@ TAIL_MAC_COST = 1.5
 # lanes) and 128-bit targets keep their partial panels.
 TAIL_VL = 8
 TAIL_MAX_BYTES = 128 * 1024
+# A block's reduction runs over chunks of input channels (partial sums kept in a tile buffer of
+# the task's workspace region) when the planes that the blocks sharing them read (one panel's
+# window with the block rows innermost, whole planes with the panels innermost) would not fit
+# in this many bytes (half of Zen 4's 32 KB L1) for all the channels at once.
+CHUNK_L1_BYTES = 16 * 1024
+CHUNK_MIN_STEPS = 64     # no chunks of fewer reduction steps (channels x taps)
+
+
+def _chunk_channels(cg: int, khw: int, channel_bytes: int) -> int:
+    """Input channels per reduction chunk: the largest divisor of ``cg`` whose planes fit in
+    CHUNK_L1_BYTES (``cg``: no chunks)."""
+    if cg * channel_bytes <= CHUNK_L1_BYTES:
+        return cg
+    for d in range(cg - 1, 0, -1):
+        if cg % d == 0 and d * channel_bytes <= CHUNK_L1_BYTES:
+            return d if d * khw >= CHUNK_MIN_STEPS else cg
+    return cg
 
 
 def _conv_tiles(rows: int, vl: int) -> tuple[tuple[int, int, int, float], ...]:
@@ -267,7 +289,21 @@ def conv_geometry(x_shape, w_shape, out_shape, attrs: dict, target_vl: int) -> d
     mblocks = -(-og // mr)
     plane_bytes = 4 * plane_floats
     weight_bytes = 4 * og * cg * kh * kw
-    if plane_bytes <= L2_REUSE_BYTES:
+    if groups == 1 and weight_bytes <= L2_REUSE_BYTES and (
+            plane_bytes > L2_REUSE_BYTES // 4 if not direct
+            else cg >= CHUNK_MIN_STEPS and not (L2_REUSE_BYTES // 4 < plane_bytes
+                                                <= L2_REUSE_BYTES // 2)):
+        # one group, the reduction in chunks (below): each panel's planes stay in L1 for
+        # all its block rows, and the weights, re-read once per panel, stay in L2; planes
+        # that do fit in L2 are re-read from it once per block row in the other order, at
+        # a cost (measured on Zen 4, 1 thread, vs panels innermost: 1x1 64 -> 85 on 40x40
+        # 1.12 -> 0.92 of ORT, 256 -> 128 on 20x20 1.14 -> 0.95, 256 -> 256 on 10x10 1.22
+        # -> 0.96, 3x3 64 -> 64 on 20x20 1.20 -> 1.06, 3x3 s2 64 -> 128 on 40x40 1.14 ->
+        # 1.01). Not for a 1x1 with a short reduction (PP-OCR's 12 -> 96 on 64x64: 191 ->
+        # 329 us, the block rows' scattered stores cost more) or mid-sized planes (192 ->
+        # 192 on 16x16: 1.13 -> 1.26).
+        panel_outer = True
+    elif plane_bytes <= L2_REUSE_BYTES:
         panel_outer = False
     elif weight_bytes <= L2_REUSE_BYTES:
         panel_outer = True
@@ -283,12 +319,27 @@ def conv_geometry(x_shape, w_shape, out_shape, attrs: dict, target_vl: int) -> d
         slack_total = 0
     else:
         slack_total = slack
+    # Reduction chunks (see CHUNK_L1_BYTES), per loop order: block rows innermost (outer) or
+    # panels innermost (inner); each task's partial sums: a tile per block row or per panel.
+    khw = kh * kw
+    kc_outer = kc_inner = cg
+    part_floats = 0
+    if groups == 1 and panels:
+        kc_outer = _chunk_channels(cg, khw, 4 * ny * nx * (shift_max + nr + 16))
+        kc_inner = _chunk_channels(cg, khw, 4 * ny * nx * hq * wq)
+        if kc_outer < cg:
+            part_floats = max(part_floats, mblocks * mr * nr)
+        if kc_inner < cg:
+            part_floats = max(part_floats, panels * mr * nr)
+        if part_floats:
+            part_floats = -(-(part_floats + vl) // 16) * 16
     return dict(c=c, h=h, w=wd, o=o, cg=cg, kh=kh, kw=kw, oh=oh, ow=ow, sh=sh, sw=sw,
                 ny=ny, nx=nx, shifted=shifted, vl=vl,
                 per_group=per_group, region=region, slack_total=slack_total,
                 pt=pt, pl=pl, hq=hq, wq=wq, groups=groups, og=og, pflat=pflat, mr=mr, nv=nv,
                 nr=nr, panels=panels, planes_floats=planes, slack=slack, direct=direct,
-                panel_outer=panel_outer, shift_max=shift_max, tail=tail, tail_kp=tail_kp)
+                panel_outer=panel_outer, shift_max=shift_max, tail=tail, tail_kp=tail_kp,
+                kc_outer=kc_outer, kc_inner=kc_inner, part_floats=part_floats)
 
 
 class ContractionEmitter(KernelEmitter):
@@ -312,6 +363,7 @@ class ContractionEmitter(KernelEmitter):
         self._opaque_scalar: ir.Value | None = None
         self._packed_b: ir.Value | None = None   # the packed B panel _matmul_panel reads
         self._pack_region: ir.Value | None = None   # this task's region for it (workspace)
+        self._part_base: ir.Value | None = None   # the conv's reduction-chunk tiles (workspace)
 
     # The contraction inside the epilogue expression reads the register tile.
     def _reduce(self, e: te.Reduce, env: dict) -> ir.Value:
@@ -416,17 +468,23 @@ class ContractionEmitter(KernelEmitter):
         return a_scalar
 
     def _microkernel(self, mr: int, nv: int, k_extent: int, a_scalar, b_vector,
-                     unroll: list | None = None, b_last=None) -> ir.Value:
+                     unroll: list | None = None, b_last=None, tile: ir.Value | None = None,
+                     init: ir.Value | None = None) -> ir.Value:
         """Accumulate an mr x (nv vectors) block over ``k_extent`` steps (times the ``unroll``
         list of unrolled sub-steps); ``a_scalar(k, u, i)`` gives row i's value, ``b_vector(k, u,
         v)`` the v-th vector of the wide operand; ``b_last``, if given, loads the wide operand
         in the last step instead (which is peeled off the loop). Returns the tile (an alloca of
-        mr*nv vectors)."""
+        mr*nv vectors). ``tile``: a buffer for the tile (else a stack one); ``init`` (i1): the
+        accumulators start from the tile's values when true (else from zero)."""
         b = self.builder
         accs = [alloca_once(b, self.vty, name=f"acc{i}_{v}") for i in range(mr) for v in range(nv)]
         zero = ir.Constant(self.vty, [0.0] * self.vl)
-        for a in accs:
-            b.store(zero, a)
+        for q, a in enumerate(accs):
+            if init is None:
+                b.store(zero, a)
+            else:
+                old = b.load(self._vec_ptr(tile, const_i64(q * self.vl)), align=4)
+                b.store(b.select(init, old, zero), a)
         steps = unroll or [None]
 
         def step(k, load) -> None:
@@ -453,8 +511,11 @@ class ContractionEmitter(KernelEmitter):
             step(const_i64(k_extent - 1), b_last)
         self._begin_epilogue()
         # one vector of padding: the vectorized epilogue may load a vector from any element
-        tile = alloca_once(b, ir.ArrayType(F32, (mr * nv + 1) * self.vl), name="tile")
-        tile_f = b.bitcast(tile, F32.as_pointer())
+        if tile is None:
+            tile = alloca_once(b, ir.ArrayType(F32, (mr * nv + 1) * self.vl), name="tile")
+            tile_f = b.bitcast(tile, F32.as_pointer())
+        else:
+            tile_f = tile
         for i in range(mr):
             for v in range(nv):
                 b.store(b.load(accs[i * nv + v]),
@@ -615,6 +676,7 @@ class ContractionEmitter(KernelEmitter):
             # every image of the batch has planes of its own (and tail inputs, after them).
             batch = self.match.tag.operands[0].shape[0]
             nbytes = (nbytes + len(g["tail"]) * g["tail_kp"] * 4) * batch
+            nbytes += g["part_floats"] * MAX_TASK_REGIONS * 4   # reduction chunks' partial sums
         return -(-nbytes // WORKSPACE_ALIGN) * WORKSPACE_ALIGN
 
     def _batch_offset(self, t: te.Tensor, bidx: list[ir.Value]) -> ir.Value:
@@ -1020,6 +1082,10 @@ class ContractionEmitter(KernelEmitter):
         n_batch = x_t.shape[0]
         mblocks = -(-g["og"] // g["mr"])
         cg = g["cg"]
+        if g["part_floats"]:
+            self._part_base = b.gep(planes, [const_i64(n_batch * (
+                g["planes_floats"] + g["slack_total"] + len(g["tail"]) * g["tail_kp"]))],
+                inbounds=True)
         with for_range(b, const_i64(0), const_i64(n_batch), "n") as n:
             x_img = b.gep(x_ptr, [b.mul(n, const_i64(g["c"] * g["h"] * g["w"]))], inbounds=True)
             if g["per_group"]:
@@ -1075,6 +1141,10 @@ class ContractionEmitter(KernelEmitter):
         work, block rows innermost (``outer``) or panels innermost."""
         b = self.builder
         mblocks = -(-g["og"] // g["mr"])
+        kcg = g["kc_outer"] if outer else g["kc_inner"]
+        if kcg < g["cg"]:
+            self._conv_chunked(g, n, x_img, src, task, ntasks, outer, kcg)
+            return
         if not g["direct"]:
             # Every task fills the plane rows its panels read (identical values where
             # tasks overlap): no barrier. Each image has its own planes (see
@@ -1094,9 +1164,55 @@ class ContractionEmitter(KernelEmitter):
                 grp = b.sdiv(rest, const_i64(mblocks))
             self._conv_block(g, n, grp, mb, jp, src, b.mul(grp, const_i64(g["cg"])))
 
-    def _conv_block(self, g: dict, n, grp, mb, jp, src, ic_base) -> None:
+    def _conv_chunked(self, g: dict, n, x_img, src, task, ntasks, outer: bool, kcg: int
+                      ) -> None:
+        """``_conv_panels`` with the reduction in chunks of ``kcg`` input channels (one group):
+        for every panel (``outer``; else block row) of the task's work, each chunk runs over
+        all the task's block rows (panels) of it, their partial sums kept in tiles of the
+        task's workspace region, so that the planes they share stay in L1; the last chunk
+        ends in the epilogue. Tasks past MAX_TASK_REGIONS get no work."""
+        b = self.builder
+        mblocks = -(-g["og"] // g["mr"])
+        panels, mr, nr = g["panels"], g["mr"], g["nr"]
+        nt = b.select(b.icmp_signed("<", ntasks, const_i64(MAX_TASK_REGIONS)), ntasks,
+                      const_i64(MAX_TASK_REGIONS))
+        with b.if_then(b.icmp_signed("<", task, nt)):
+            region = b.gep(self._part_base, [b.mul(task, const_i64(g["part_floats"]))],
+                           inbounds=True)
+            if not g["direct"]:
+                self._fill_planes(g, x_img, src, rows=self._task_rows(g, task, nt, outer))
+            yc = mblocks if outer else panels
+            lo, hi = self._split(mblocks * panels, task, nt)
+            x_lo = b.sdiv(lo, const_i64(yc))
+            x_hi = b.sdiv(b.add(hi, const_i64(yc - 1)), const_i64(yc))
+            nch = g["cg"] // kcg
+            with for_range(b, x_lo, x_hi, "cx") as x:
+                base = b.mul(x, const_i64(yc))
+                y_lo = b.sub(lo, base)
+                y_lo = b.select(b.icmp_signed(">", y_lo, const_i64(0)), y_lo, const_i64(0))
+                y_hi = b.sub(hi, base)
+                y_hi = b.select(b.icmp_signed("<", y_hi, const_i64(yc)), y_hi, const_i64(yc))
+
+                def sweep(kc: ir.Value, init: ir.Value, final: bool) -> None:
+                    with for_range(b, y_lo, y_hi, "cy") as y:
+                        mb, jp = (y, x) if outer else (x, y)
+                        tile = b.gep(region, [b.mul(y, const_i64(mr * nr))], inbounds=True)
+                        self._conv_block(g, n, const_i64(0), mb, jp, src, const_i64(0),
+                                         chunk=(b.mul(kc, const_i64(kcg)), kcg, init, tile),
+                                         final=final)
+
+                if nch > 1:
+                    with for_range(b, const_i64(0), const_i64(nch - 1), "kc") as kc:
+                        sweep(kc, b.icmp_signed(">", kc, const_i64(0)), False)
+                sweep(const_i64(nch - 1), ir.Constant(I1, nch > 1), True)
+
+    def _conv_block(self, g: dict, n, grp, mb, jp, src, ic_base, chunk=None,
+                    final: bool = True) -> None:
         """One mr x nr block of outputs: group ``grp``, block row ``mb``, panel ``jp``; ``src``
-        holds the planes, the group's first channel at plane channel ``ic_base``."""
+        holds the planes, the group's first channel at plane channel ``ic_base``. ``chunk``:
+        (first channel, channels, init, tile) of a reduction chunk (``_conv_chunked``) whose
+        partial sums go to ``tile``, starting from its values when ``init``; the epilogue
+        only when ``final``."""
         b = self.builder
         out = self.match.out
         mr, nv, nr, og, cg = g["mr"], g["nv"], g["nr"], g["og"], g["cg"]
@@ -1112,6 +1228,14 @@ class ContractionEmitter(KernelEmitter):
         local0 = b.mul(mb, const_i64(mr))
         a_scalar = self._conv_weight(oc0, local0, og, khw)
         ny, nx, shifted = g["ny"], g["nx"], g["shifted"]
+        k_extent, tile_buf, init = cg, None, None
+        if chunk is not None:
+            k0, k_extent, init, tile_buf = chunk
+            ic_base = b.add(ic_base, k0)
+            whole = a_scalar
+
+            def a_scalar(k, u, i):
+                return whole(b.add(k, k0), u, i)
 
         def off(k, u, v):
             ky, kx = taps[u]
@@ -1122,23 +1246,20 @@ class ContractionEmitter(KernelEmitter):
                          const_i64((ky // sh) * wq + dx + v * self.vl))
 
         def block(masked: bool) -> None:
-            def b_vector(k, u, v):
-                ptr = self._vec_ptr(src, b.add(off(k, u, v), p0))
-                if masked:
-                    return self._masked_load(ptr, masks[v])
-                return b.load(ptr, align=4)
+            def plain(k, u, v):
+                return b.load(self._vec_ptr(src, b.add(off(k, u, v), p0)), align=4)
 
-            if masked:
-                # Only the last channel's loads could run past the input: the lanes past the
-                # plane read the next channel, and only feed outputs that are dropped.
-                def plain(k, u, v):
-                    return b.load(self._vec_ptr(src, b.add(off(k, u, v), p0)), align=4)
+            def b_masked(k, u, v):
+                return self._masked_load(self._vec_ptr(src, b.add(off(k, u, v), p0)), masks[v])
 
-                tile = self._microkernel(mr, nv, cg, a_scalar, plain, list(range(khw)),
-                                         b_last=b_vector)
-            else:
-                tile = self._microkernel(mr, nv, cg, a_scalar, b_vector, list(range(khw)))
-            self._conv_epilogue(g, out, n, oc0, local0, p0, tile)
+            # Only the last channel's loads could run past the input (the reduction's last
+            # step, in the last chunk): the lanes past the plane read the next channel, and
+            # only feed outputs that are dropped.
+            tile = self._microkernel(mr, nv, k_extent, a_scalar, plain, list(range(khw)),
+                                     b_last=b_masked if masked and final else None,
+                                     tile=tile_buf, init=init)
+            if final:
+                self._conv_epilogue(g, out, n, oc0, local0, p0, tile)
 
         if not g["direct"] or g["panels"] * nr <= g["pflat"]:
             block(False)

@@ -1,0 +1,116 @@
+"""The conv kernel's reduction in chunks of input channels (``gemm.conv_geometry``'s
+``kc_outer`` / ``kc_inner``, ``ContractionEmitter._conv_chunked``): each block's partial sums
+go to a tile in the task's workspace region between chunks, so that the planes the blocks of a
+panel (or the panels of a block row) share stay in L1. Strided 3x3 convolutions (YOLO-style
+downsampling) by phase and shifted, with the block rows innermost and the panels innermost, a
+1x1 convolution that reads its input in place (masked last panel), odd sizes, partial block
+rows, tails, fused SiLU and residual epilogues, batches, 1 to 3 threads; all against ONNX
+Runtime."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from mlcpack.packager.codegen.gemm import conv_geometry
+from mlcpack.packager.export import ExportOptions, export_module
+from mlcpack.runtime import load
+
+ort = pytest.importorskip("onnxruntime")
+
+
+def _out_size(h, k, s):
+    return (h + 2 * (k // 2) - k) // s + 1
+
+
+def _model(n, c, h, w, o, k, s, act, residual):
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    p = k // 2
+    oh, ow = _out_size(h, k, s), _out_size(w, k, s)
+    inits = [numpy_helper.from_array(
+                 (rng.standard_normal((o, c, k, k)) / np.sqrt(c * k * k)).astype(np.float32), "W"),
+             numpy_helper.from_array(rng.standard_normal(o).astype(np.float32), "B")]
+    nodes = [helper.make_node("Conv", ["x", "W", "B"], ["y0"], kernel_shape=[k, k],
+                              strides=[s, s], pads=[p] * 4)]
+    y = "y0"
+    if act == "silu":
+        nodes += [helper.make_node("Sigmoid", [y], ["sg"]),
+                  helper.make_node("Mul", [y, "sg"], ["y1"])]
+        y = "y1"
+    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, [n, c, h, w])]
+    if residual:
+        inputs.append(helper.make_tensor_value_info("r", TensorProto.FLOAT, [n, o, oh, ow]))
+        nodes.append(helper.make_node("Add", [y, "r"], ["y2"]))
+        y = "y2"
+    graph = helper.make_graph(nodes, "chunks", inputs,
+                              [helper.make_tensor_value_info(y, TensorProto.FLOAT,
+                                                             [n, o, oh, ow])], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+CASES = [   # n, c, h, w, o, k, s, act, residual, threads, path
+    # block rows innermost, 2 chunks of 16 channels, a tail, a partial block row (20 = 5 x 4)
+    (1, 32, 37, 41, 20, 3, 2, "silu", False, 1, "outer"),
+    (1, 32, 37, 41, 20, 3, 2, "silu", True, 2, "outer"),
+    # a batch: every image's planes, the tasks' partial tiles reused image after image
+    (2, 64, 23, 21, 76, 3, 2, "silu", True, 2, "outer"),
+    (2, 64, 23, 21, 76, 3, 2, None, False, 3, "outer"),
+    # weights past the L2 bound: panels innermost, shifted planes, 12 chunks of 8 channels
+    (1, 96, 15, 17, 210, 3, 2, "silu", False, 1, "inner"),
+    (1, 96, 15, 17, 210, 3, 2, "silu", True, 2, "inner"),
+    # YOLO's last downsampling (128 -> 256 on 20x20) with 250 outputs: by phase, a tail
+    (1, 128, 20, 20, 250, 3, 2, "silu", False, 2, "inner"),
+    # small planes, small weights: panels innermost on 1 thread, block rows on several
+    (1, 96, 9, 10, 60, 3, 1, "silu", True, 1, "split"),
+    (1, 96, 9, 10, 60, 3, 1, "silu", True, 2, "split"),
+    # 1x1 reading its input in place: the last panel's last channel loads masked
+    (1, 256, 9, 10, 37, 1, 1, "silu", True, 1, "direct"),
+    (1, 256, 9, 10, 37, 1, 1, None, False, 2, "direct"),
+]
+
+
+def _check_path(g: dict, c: int, path: str) -> None:
+    if path == "outer":
+        assert g["panel_outer"] and g["kc_outer"] < c and not g["direct"]
+    elif path == "inner":
+        assert not g["panel_outer"] and g["kc_inner"] < c
+        assert 4 * g["o"] * c * g["kh"] * g["kw"] > 512 * 1024   # no block rows on threads
+    elif path == "split":
+        assert not g["panel_outer"] and g["kc_inner"] < c and g["kc_outer"] < c
+    else:
+        assert g["direct"] and g["panel_outer"] and g["kc_outer"] < c and not g["tail"]
+        assert g["panels"] * g["nr"] > g["pflat"]
+    assert c % g["kc_outer"] == 0 and c % g["kc_inner"] == 0
+    tiles = max(-(-g["og"] // g["mr"]) if g["kc_outer"] < c else 0,   # one per block row
+                g["panels"] if g["kc_inner"] < c else 0)              # or one per panel
+    assert g["part_floats"] >= tiles * g["mr"] * g["nr"] + g["vl"]
+
+
+@pytest.mark.parametrize("n,c,h,w,o,k,s,act,residual,threads,path", CASES)
+def test_conv_chunks_match_onnxruntime(tmp_path, n, c, h, w, o, k, s, act, residual, threads,
+                                       path):
+    import onnx
+
+    from mlcpack.frontends.onnx import import_onnx
+
+    p = k // 2
+    oh, ow = _out_size(h, k, s), _out_size(w, k, s)
+    geom = conv_geometry((n, c, h, w), (o, c, k, k), (n, o, oh, ow),
+                         dict(strides=(s, s), padding=(p,) * 4, groups=1, dilation=(1, 1)), 8)
+    _check_path(geom, c, path)
+    onnx_path = tmp_path / "m.onnx"
+    onnx.save(_model(n, c, h, w, o, k, s, act, residual), str(onnx_path))
+    mod, _ = import_onnx(str(onnx_path))
+    export_module(mod, tmp_path / "m.mlc", ExportOptions(target="host"))
+    rng = np.random.default_rng(1)
+    feeds = {"x": rng.standard_normal((n, c, h, w)).astype(np.float32)}
+    if residual:
+        feeds["r"] = rng.standard_normal((n, o, oh, ow)).astype(np.float32)
+    want = ort.InferenceSession(str(onnx_path),
+                                providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    with load(tmp_path / "m.mlc", threads=threads) as m:
+        for _ in range(10 if threads > 1 else 1):   # the tasks' tiles, run after run
+            got = list(m.run(feeds).values())[0]
+            np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
