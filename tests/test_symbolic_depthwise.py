@@ -109,6 +109,10 @@ def test_symbolic_depthwise_against_ort(tmp_path) -> None:
     sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     for threads in (1, 2):
         with load(tmp_path / "dw.mlc", threads=threads) as bundle:
+            # split over threads where a 128 x 128 output would pay for a second task: all
+            # but the 1x1 (8 multiply-adds a position)
+            parallel = {k["name"]: bool(k.get("parallel")) for k in bundle.header["kernels"]}
+            assert sum(parallel.values()) == 7 and not parallel["fused_conv2d7_add9"], parallel
             for shape in SHAPES:
                 _check(bundle, sess, outs, shape, threads)
 

@@ -108,11 +108,13 @@ class SymbolicConvEmitter(ContractionEmitter):
         self._emit_body(ws, task, ntasks)
         self.builder.ret_void()
         self._emit_entry(body_fn, n_ptrs, ptr_types)
-        # parallel when a 32 x 32 output would pay for a second task; a smaller call uses
-        # fewer tasks (see _tasks_used)
+        # parallel when a 128 x 128 output would pay for a second task; a smaller call uses
+        # fewer tasks (see _tasks_used). (32 x 32 left PP-OCR's detector's stem, 3 -> 16
+        # 3x3/2 at 240 x 320, and its ConvTranspose 24 -> 1's GEMM on one thread, where the
+        # static bundle splits them.)
         per_position = g["og"] * g["K"] * g["groups"]
         return KernelInfo(self.symbol, len(self.func.inputs), len(self.func.outputs), 0,
-                          per_position * 1024 >= 2 * PARALLEL_MIN_MACS, symbolic=True,
+                          per_position * 128 * 128 >= 2 * PARALLEL_MIN_MACS, symbolic=True,
                           workspace_expr=workspace)
 
     def _split_v(self, total: ir.Value, task: ir.Value, ntasks: ir.Value):

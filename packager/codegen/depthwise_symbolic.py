@@ -95,9 +95,12 @@ class SymbolicDepthwiseEmitter(SymbolicConvEmitter):
         self._emit_tasks(ws, body_fn.args[n_ptrs], body_fn.args[n_ptrs + 1])
         self.builder.ret_void()
         self._emit_entry(body_fn, n_ptrs, ptr_types)
+        # parallel when a 128 x 128 output would pay for a second task (a smaller call uses
+        # fewer tasks, _tasks_used). 32 x 32 left PP-OCR's detector's first depthwise layers
+        # (16-48 channels 3x3, the largest) on one thread
         per_position = self.o * self.kh * self.kw
         return KernelInfo(self.symbol, len(self.func.inputs), len(self.func.outputs), 0,
-                          per_position * 1024 >= 2 * PARALLEL_MIN_MACS, symbolic=True,
+                          per_position * 128 * 128 >= 2 * PARALLEL_MIN_MACS, symbolic=True,
                           workspace_expr=workspace)
 
     # ---- emission -------------------------------------------------------------------------------
