@@ -26,6 +26,7 @@ from .qgemm import emit_qgemm
 from .rnn import emit_recurrence
 from . import cache
 from .conv_symbolic import emit_symbolic_conv, emit_symbolic_max_pool, emit_symbolic_softmax
+from .depthwise_symbolic import emit_symbolic_depthwise
 from .softmax import emit_softmax
 from .transpose import emit_transpose
 from .objinfo import undefined_symbols
@@ -109,7 +110,8 @@ def _emit(module: ir.Module, func: PrimFunc, symbol: str, vl: int,
         # Convolutions take their run-time extents as arguments (codegen/conv_symbolic.py);
         # one it does not handle would get the generic loop nest, many times slower, so it
         # is refused (fix the shapes instead). Pools take the generic loop nest.
-        info = emit_symbolic_conv(module, func, symbol, vl, size_vars) or \
+        info = emit_symbolic_depthwise(module, func, symbol, vl, size_vars) or \
+            emit_symbolic_conv(module, func, symbol, vl, size_vars) or \
             emit_symbolic_softmax(module, func, symbol, vl, size_vars) or \
             emit_symbolic_normalize(module, func, symbol, vl, size_vars) or \
             emit_symbolic_max_pool(module, func, symbol, vl, size_vars)

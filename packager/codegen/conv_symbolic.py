@@ -683,14 +683,11 @@ class SymbolicConvEmitter(ContractionEmitter):
 def emit_symbolic_conv(module: ir.Module, func: PrimFunc, symbol: str, vl: int,
                        size_vars: tuple[str, ...]) -> KernelInfo | None:
     """A conv2d (any groups, NCHW, float32) whose batch or spatial sizes are run-time values;
-    None for anything else (the caller falls back)."""
+    None for anything else (the caller falls back). Depthwise convs take their own kernel
+    first (build.py asks ``depthwise_symbolic.emit_symbolic_depthwise`` before this)."""
     match = match_contraction(func)
     if match is None or match.tag.kind != "conv2d":
         return None
-    from .depthwise_symbolic import emit_symbolic_depthwise   # (it imports this module)
-    info = emit_symbolic_depthwise(module, func, symbol, vl, size_vars, match)
-    if info is not None:
-        return info
     x_t, w_t = match.tag.operands
     if x_t.dtype != "float32" or w_t.dtype != "float32" or match.out.dtype != "float32" \
             or len(x_t.shape) != 4 or not all(isinstance(d, int) for d in w_t.shape) \
