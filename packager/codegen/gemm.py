@@ -180,6 +180,11 @@ TAIL_MAC_COST = 1.5
 # lanes) and 128-bit targets keep their partial panels.
 TAIL_VL = 8
 TAIL_MAX_BYTES = 128 * 1024
+# Shifted planes that the kernel re-reads from L2 once per block row (panels innermost: weights
+# past L2_REUSE_BYTES, planes within it but past a quarter of it) lose to the by-phase copy
+# (a third of the bytes) when planes and weights together pass this many bytes, unless by phase
+# drops more than 1/12 of its columns (``conv_geometry``).
+SHIFTED_REREAD_BYTES = 2 * L2_REUSE_BYTES
 # A block's reduction runs over chunks of input channels (partial sums kept in a tile buffer of
 # the task's workspace region) when the planes that the blocks sharing them read (one panel's
 # window with the block rows innermost, whole planes with the panels innermost) would not fit
@@ -231,6 +236,16 @@ def conv_geometry(x_shape, w_shape, out_shape, attrs: dict, target_vl: int) -> d
     # masked loads are slower than plain ones).
     direct = (kh, kw, sh, sw) == (1, 1, 1, 1) and not any(attrs["padding"])
     layouts = [False] if direct or kw == 1 and sw == 1 else [False, True]
+    # Measured on Zen 4, 1 thread, vs ORT, by phase vs shifted (3x3, stride 1): crnn's 128 ->
+    # 128 on 8x32 1.16 vs 1.34, 128 -> 256 on 8x32 1.18 vs 1.30, 96 -> 256 on 8x32 1.17 vs
+    # 1.50, 64 -> 512 on 10x40 1.15 vs 1.37, 7x28 1.17 vs 1.22; kept shifted: 64 -> 512 on
+    # 20x20 (1/11 of the columns dropped by phase) 1.20 vs 1.13.
+    shifted_bytes, w_bytes = 4 * c * ny * kw * hq * ow, 4 * og * cg * kh * kw
+    wq_phase = max(-(-wp // sw), ow + (kw - 1) // sw)
+    if (len(layouts) == 2 and groups == 1 and sw == 1 and (wq_phase - ow) * 12 <= wq_phase
+            and L2_REUSE_BYTES // 4 < shifted_bytes <= L2_REUSE_BYTES < w_bytes
+            and shifted_bytes + w_bytes > SHIFTED_REREAD_BYTES):
+        layouts = [False]
     best = None
     for shifted in layouts:
         wq = ow if shifted else max(-(-wp // sw), ow + (kw - 1) // sw)
