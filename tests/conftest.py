@@ -20,6 +20,14 @@ LABELS = ARTIFACTS / "labels.txt"
 BIN = Path(sys.executable).parent
 MLCPACK_EXE = BIN / "mlcpack"
 
+# The tiers: ``MLCPACK_SLOW=1`` adds what the default run (CI, on 2 cores, under 30 minutes)
+# leaves out: every conformance case through the command line both ways
+# (test_golden_default_path), every corpus model exported without onnxruntime too
+# (test_corpus), and the model-zoo networks of ONNX's backend suite (this module's
+# collect_ignore; each is tens of seconds, and the corpus covers real networks).
+SLOW = os.environ.get("MLCPACK_SLOW", "") not in ("", "0")
+collect_ignore = [] if SLOW else ["test_onnx_conformance_slow.py"]
+
 # cpuinfo flag sets of the x86-64 levels, as MLCPACK_CPU_FEATURES spells them.
 X86_V2 = "fpu,cx8,cmov,fxsr,mmx,sse,sse2,cx16,lahf_lm,popcnt,sse4_1,sse4_2,ssse3,pni"
 X86_V3 = X86_V2 + ",avx,avx2,bmi1,bmi2,f16c,fma,abm,movbe,xsave"

