@@ -5,7 +5,8 @@ panel (or the panels of a block row) share stay in L1. Strided 3x3 convolutions 
 downsampling) by phase and shifted, with the block rows innermost and the panels innermost, a
 1x1 convolution that reads its input in place (masked last panel), odd sizes, partial block
 rows, tails, fused SiLU and residual epilogues, batches, 1 to 3 threads; all against ONNX
-Runtime."""
+Runtime. Panels innermost on several tasks, chunked or not, splits the work by panel
+(``_conv_panels``' ``by_panel``)."""
 
 from __future__ import annotations
 
@@ -60,6 +61,10 @@ CASES = [   # n, c, h, w, o, k, s, act, residual, threads, path
     # weights past the L2 bound: panels innermost, shifted planes, 12 chunks of 8 channels
     (1, 96, 15, 17, 210, 3, 2, "silu", False, 1, "inner"),
     (1, 96, 15, 17, 210, 3, 2, "silu", True, 2, "inner"),
+    # panels innermost without chunks (128 -> 128 on 16x16, shifted planes, 11 panels): on
+    # several tasks each takes a run of the panels and copies only their plane rows
+    (1, 128, 16, 16, 128, 3, 1, "silu", True, 2, "inner_whole"),
+    (2, 128, 16, 16, 128, 3, 1, None, False, 3, "inner_whole"),
     # YOLO's last downsampling (128 -> 256 on 20x20) with 250 outputs: by phase, a tail
     (1, 128, 20, 20, 250, 3, 2, "silu", False, 2, "inner"),
     # small planes, small weights: panels innermost on 1 thread, block rows on several
@@ -77,6 +82,10 @@ def _check_path(g: dict, c: int, path: str) -> None:
     elif path == "inner":
         assert not g["panel_outer"] and g["kc_inner"] < c
         assert 4 * g["o"] * c * g["kh"] * g["kw"] > 512 * 1024   # no block rows on threads
+    elif path == "inner_whole":
+        assert not g["panel_outer"] and g["kc_inner"] == c and not g["direct"]
+        assert 4 * g["o"] * c * g["kh"] * g["kw"] > 512 * 1024
+        assert g["panels"] > 3
     elif path == "split":
         assert not g["panel_outer"] and g["kc_inner"] < c and g["kc_outer"] < c
     else:

@@ -1135,6 +1135,19 @@ class ContractionEmitter(KernelEmitter):
                             self._conv_panels(g, n, x_img, src, task, ntasks, True)
                         with single:
                             self._conv_panels(g, n, x_img, src, task, ntasks, False)
+                elif g["panels"] and self._split_rows_on_threads(g):
+                    # Panels innermost with weights past L2: several tasks still split the
+                    # work by panel (each copies only its own plane rows, as above) and keep
+                    # the panels innermost within their share. Split by block row, every
+                    # task copied all the planes into the same buffer at once, the two
+                    # cores' caches passing its lines back and forth (128 -> 128 3x3 on
+                    # 16x16, 2 threads: each half 440 -> 640 us).
+                    with b.if_else(b.icmp_signed(">", ntasks, const_i64(1))) as (multi, single):
+                        with multi:
+                            self._conv_panels(g, n, x_img, src, task, ntasks, False,
+                                              by_panel=True)
+                        with single:
+                            self._conv_panels(g, n, x_img, src, task, ntasks, False)
                 elif g["panels"]:
                     self._conv_panels(g, n, x_img, src, task, ntasks, g["panel_outer"])
                 if g["tail"]:
@@ -1150,22 +1163,54 @@ class ContractionEmitter(KernelEmitter):
         return (not g["direct"] and not g["panel_outer"] and g["groups"] == 1
                 and 4 * g["og"] * g["cg"] * g["kh"] * g["kw"] <= L2_REUSE_BYTES)
 
-    def _conv_panels(self, g: dict, n, x_img, src, task, ntasks, outer: bool) -> None:
+    def _split_rows_on_threads(self, g: dict) -> bool:
+        """Panels innermost on copied planes of one group: split by block row, several tasks
+        would each copy all the planes (``_conv_panels``' ``by_panel`` instead)."""
+        return not g["direct"] and not g["panel_outer"] and g["groups"] == 1
+
+    def _panel_range(self, g: dict, mb: ir.Value, lo: ir.Value, hi: ir.Value
+                     ) -> tuple[ir.Value, ir.Value]:
+        """The panels jp of block row ``mb`` whose work item ``jp * mblocks + mb`` (block
+        rows innermost) lies in [lo, hi): [ceil((lo - mb) / mblocks), ceil((hi - mb) /
+        mblocks)), clamped to [0, panels]."""
+        b = self.builder
+        mblocks = -(-g["og"] // g["mr"])
+
+        def bound(v: ir.Value) -> ir.Value:
+            q = b.sdiv(b.add(b.sub(v, mb), const_i64(mblocks - 1)), const_i64(mblocks))
+            q = b.select(b.icmp_signed(">", q, const_i64(0)), q, const_i64(0))
+            return b.select(b.icmp_signed("<", q, const_i64(g["panels"])), q,
+                            const_i64(g["panels"]))
+
+        return bound(lo), bound(hi)
+
+    def _conv_panels(self, g: dict, n, x_img, src, task, ntasks, outer: bool,
+                     by_panel: bool = False) -> None:
         """The panels' blocks of one image (one group or many, not ``per_group``): fill the
         plane rows this task reads (unless the input is read in place), then its run of the
-        work, block rows innermost (``outer``) or panels innermost."""
+        work, block rows innermost (``outer``) or panels innermost. ``by_panel`` (one group,
+        panels innermost): the task's share is a run of the work in the block-rows-innermost
+        order, as with ``outer``, so that it copies only its panels' plane rows, but it runs
+        that share block row by block row, panels innermost."""
         b = self.builder
         mblocks = -(-g["og"] // g["mr"])
         kcg = g["kc_outer"] if outer else g["kc_inner"]
         if kcg < g["cg"]:
-            self._conv_chunked(g, n, x_img, src, task, ntasks, outer, kcg)
+            self._conv_chunked(g, n, x_img, src, task, ntasks, outer, kcg, by_panel)
             return
         if not g["direct"]:
             # Every task fills the plane rows its panels read (identical values where
             # tasks overlap): no barrier. Each image has its own planes (see
             # _workspace_bytes), so no task overwrites rows another still reads.
-            self._fill_planes(g, x_img, src, rows=self._task_rows(g, task, ntasks, outer))
+            self._fill_planes(g, x_img, src,
+                              rows=self._task_rows(g, task, ntasks, outer or by_panel))
         lo, hi = self._split(g["groups"] * mblocks * g["panels"], task, ntasks)
+        if by_panel:
+            with for_range(b, const_i64(0), const_i64(mblocks), "mb") as mb:
+                j_lo, j_hi = self._panel_range(g, mb, lo, hi)
+                with for_range(b, j_lo, j_hi, "jp") as jp:
+                    self._conv_block(g, n, const_i64(0), mb, jp, src, const_i64(0))
+            return
         with for_range(b, lo, hi, "work") as work:
             if outer:   # block row innermost: a planes panel is reused
                 mb = b.srem(work, const_i64(mblocks))
@@ -1179,8 +1224,8 @@ class ContractionEmitter(KernelEmitter):
                 grp = b.sdiv(rest, const_i64(mblocks))
             self._conv_block(g, n, grp, mb, jp, src, b.mul(grp, const_i64(g["cg"])))
 
-    def _conv_chunked(self, g: dict, n, x_img, src, task, ntasks, outer: bool, kcg: int
-                      ) -> None:
+    def _conv_chunked(self, g: dict, n, x_img, src, task, ntasks, outer: bool, kcg: int,
+                      by_panel: bool = False) -> None:
         """``_conv_panels`` with the reduction in chunks of ``kcg`` input channels (one group):
         for every panel (``outer``; else block row) of the task's work, each chunk runs over
         all the task's block rows (panels) of it, their partial sums kept in tiles of the
@@ -1195,18 +1240,26 @@ class ContractionEmitter(KernelEmitter):
             region = b.gep(self._part_base, [b.mul(task, const_i64(g["part_floats"]))],
                            inbounds=True)
             if not g["direct"]:
-                self._fill_planes(g, x_img, src, rows=self._task_rows(g, task, nt, outer))
+                self._fill_planes(g, x_img, src,
+                                  rows=self._task_rows(g, task, nt, outer or by_panel))
             yc = mblocks if outer else panels
             lo, hi = self._split(mblocks * panels, task, nt)
-            x_lo = b.sdiv(lo, const_i64(yc))
-            x_hi = b.sdiv(b.add(hi, const_i64(yc - 1)), const_i64(yc))
+            if by_panel:   # every block row x, the panels of the task's share (see _conv_panels)
+                x_lo, x_hi = const_i64(0), const_i64(mblocks)
+            else:
+                x_lo = b.sdiv(lo, const_i64(yc))
+                x_hi = b.sdiv(b.add(hi, const_i64(yc - 1)), const_i64(yc))
             nch = g["cg"] // kcg
             with for_range(b, x_lo, x_hi, "cx") as x:
-                base = b.mul(x, const_i64(yc))
-                y_lo = b.sub(lo, base)
-                y_lo = b.select(b.icmp_signed(">", y_lo, const_i64(0)), y_lo, const_i64(0))
-                y_hi = b.sub(hi, base)
-                y_hi = b.select(b.icmp_signed("<", y_hi, const_i64(yc)), y_hi, const_i64(yc))
+                if by_panel:
+                    y_lo, y_hi = self._panel_range(g, x, lo, hi)
+                else:
+                    base = b.mul(x, const_i64(yc))
+                    y_lo = b.sub(lo, base)
+                    y_lo = b.select(b.icmp_signed(">", y_lo, const_i64(0)), y_lo, const_i64(0))
+                    y_hi = b.sub(hi, base)
+                    y_hi = b.select(b.icmp_signed("<", y_hi, const_i64(yc)), y_hi,
+                                    const_i64(yc))
 
                 def sweep(kc: ir.Value, init: ir.Value, final: bool) -> None:
                     with for_range(b, y_lo, y_hi, "cy") as y:
