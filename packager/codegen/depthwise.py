@@ -417,43 +417,54 @@ class DepthwiseEmitter(ContractionEmitter):
         """The fused epilogue on the vl outputs of row ``oy`` from column ``ox0`` (``mask``: the
         lanes inside the row; None: all; ``tail``: their number when it is known here, the
         store then in pieces)."""
-        b = self.builder
-        out = self.match.out
-        env = dict(self.env)
-        env[id(out.axes[2])] = oy
-        env[id(out.axes[3])] = ox0
-        if self.vector_epilogue:
-            self._tile_value = acc
-            if self.target_vl >= PADDED_BELOW_VL:
-                # AVX-512 as measured there; with 16 registers the epilogue's constants as
-                # plain constants (memory operands) cost less than rebuilding them from an
-                # opaque zero per vector (dw 3x3 112x112 + SiLU: 1740 -> 1550 us, 1 thread)
-                self._begin_epilogue()
-            value = self._vvalue(self.match.body, env, mask)
-            self._tile_value = self._opaque = self._opaque_scalar = None
-            ptr = b.gep(self.buffers[out.uid],
-                        [self._offset(out, [env[id(a)] for a in out.axes])], inbounds=True)
-            vptr = b.bitcast(ptr, self.vty.as_pointer())
-            if mask is None:
-                b.store(value, vptr, align=4)
-            elif tail is not None:
-                self._store_pieces(value, ptr, tail)
-            else:
-                fn = intrinsic(self.module, f"llvm.masked.store.v{self.vl}f32.p0",
-                               ir.VoidType(), [self.vty, self.vty.as_pointer(), I32,
-                                               ir.VectorType(I1, self.vl)])
-                b.call(fn, [value, vptr, ir.Constant(I32, 4), mask])
-            return
-        # math calls or casts in the epilogue: element by element, from a spilled tile
-        tile = alloca_once(b, ir.ArrayType(F32, self.vl), name="dwtile")
-        tile_f = b.bitcast(tile, F32.as_pointer())
-        b.store(acc, b.bitcast(tile_f, self.vty.as_pointer()), align=4)
-        left = b.sub(const_i64(self.ow), ox0)
-        count = b.select(b.icmp_signed("<", left, const_i64(self.vl)), left,
-                         const_i64(self.vl))
-        with for_range(b, const_i64(0), count, "lane") as j:
-            env[id(out.axes[3])] = b.add(ox0, j)
-            self._store_epilogue(env, tile_f, j)
+        emit_epilogue(self, acc, oy, ox0, mask, const_i64(self.ow), pieces=tail)
+
+
+def emit_epilogue(em: ContractionEmitter, acc: ir.Value, oy: ir.Value, ox0: ir.Value,
+                  mask: ir.Value | None, ow: ir.Value, pieces: int | None = None,
+                  memo: dict[int, ir.Value] | None = None) -> None:
+    """The fused epilogue of a depthwise kernel (``em``: this module's emitter or
+    depthwise_symbolic's) on the vl outputs ``acc`` of row ``oy`` from column ``ox0``, stored
+    to the output: ``mask`` the lanes inside the row (None: all); ``ow`` the output row's
+    width; ``pieces`` the number of those lanes when it is known at export (the store then in
+    pieces, ``em._store_pieces``; else masked); ``memo`` values the vector epilogue reuses
+    (``_vvalue``)."""
+    b = em.builder
+    out = em.match.out
+    env = dict(em.env)
+    env[id(out.axes[2])] = oy
+    env[id(out.axes[3])] = ox0
+    if em.vector_epilogue:
+        em._tile_value = acc
+        if em.target_vl >= PADDED_BELOW_VL:
+            # AVX-512 as measured there; with 16 registers the epilogue's constants as
+            # plain constants (memory operands) cost less than rebuilding them from an
+            # opaque zero per vector (dw 3x3 112x112 + SiLU: 1740 -> 1550 us, 1 thread)
+            em._begin_epilogue()
+        value = em._vvalue(em.match.body, env, mask, memo)
+        em._tile_value = em._opaque = em._opaque_scalar = None
+        ptr = b.gep(em.buffers[out.uid],
+                    [em._offset(out, [env[id(a)] for a in out.axes])], inbounds=True)
+        vptr = b.bitcast(ptr, em.vty.as_pointer())
+        if mask is None:
+            b.store(value, vptr, align=4)
+        elif pieces is not None:
+            em._store_pieces(value, ptr, pieces)
+        else:
+            fn = intrinsic(em.module, f"llvm.masked.store.v{em.vl}f32.p0",
+                           ir.VoidType(), [em.vty, em.vty.as_pointer(), I32,
+                                           ir.VectorType(I1, em.vl)])
+            b.call(fn, [value, vptr, ir.Constant(I32, 4), mask])
+        return
+    # math calls or casts in the epilogue: element by element, from a spilled tile
+    tile = alloca_once(b, ir.ArrayType(F32, em.vl), name="dwtile")
+    tile_f = b.bitcast(tile, F32.as_pointer())
+    b.store(acc, b.bitcast(tile_f, em.vty.as_pointer()), align=4)
+    left = b.sub(ow, ox0)
+    count = b.select(b.icmp_signed("<", left, const_i64(em.vl)), left, const_i64(em.vl))
+    with for_range(b, const_i64(0), count, "lane") as j:
+        env[id(out.axes[3])] = b.add(ox0, j)
+        em._store_epilogue(env, tile_f, j)
 
 
 def _pieces(count: int) -> list[int]:

@@ -38,9 +38,9 @@ from llvmlite import ir
 
 from ..ir import te
 from .conv_symbolic import SymbolicConvEmitter
-from .depthwise import PADDED_BLOCK, PADDED_BLOCK_MATH, is_depthwise
+from .depthwise import PADDED_BLOCK, PADDED_BLOCK_MATH, emit_epilogue, is_depthwise
 from .gemm import MAX_TASK_REGIONS, PARALLEL_MIN_MACS, Contraction, match_contraction
-from .helpers import F32, I1, I32, I64, alloca_once, const_i64, for_range, intrinsic
+from .helpers import F32, I1, I32, I64, const_i64, for_range, intrinsic
 from .lower import WORKSPACE_ALIGN, KernelInfo
 from ..ir.graph import PrimFunc
 
@@ -48,8 +48,6 @@ from ..ir.graph import PrimFunc
 # variants share the workspace size), so that a row's last chunk (up to vl - 1 lanes past the
 # output row) and its copy's last, masked vector stay inside the row.
 MARGIN = 16
-# Off: symbolic depthwise convolutions take conv_symbolic's kernel (benchmarks compare).
-ENABLED = True
 
 
 class SymbolicDepthwiseEmitter(SymbolicConvEmitter):
@@ -363,39 +361,9 @@ class SymbolicDepthwiseEmitter(SymbolicConvEmitter):
     def _emit_epilogue(self, acc: ir.Value, oy, ox0, mask: ir.Value | None,
                        tail: ir.Value | None = None) -> None:
         """The fused epilogue on the vl outputs of row ``oy`` from column ``ox0`` (``mask``:
-        the lanes inside the row, their number ``tail``; None: all)."""
-        b = self.builder
-        out = self.match.out
-        env = dict(self.env)
-        env[id(out.axes[2])] = oy
-        env[id(out.axes[3])] = ox0
-        if self.vector_epilogue:
-            self._tile_value = acc
-            if self.target_vl >= 16:   # as depthwise.py: opaque constants with 32 registers
-                self._begin_epilogue()
-            value = self._vvalue(self.match.body, env, mask, dict(self.plane_memo))
-            self._tile_value = self._opaque = self._opaque_scalar = None
-            ptr = b.gep(self.buffers[out.uid],
-                        [self._offset(out, [env[id(a)] for a in out.axes])], inbounds=True)
-            vptr = b.bitcast(ptr, self.vty.as_pointer())
-            if mask is None:
-                b.store(value, vptr, align=4)
-            else:
-                fn = intrinsic(self.module, f"llvm.masked.store.v{self.vl}f32.p0",
-                               ir.VoidType(), [self.vty, self.vty.as_pointer(), I32,
-                                               ir.VectorType(I1, self.vl)])
-                b.call(fn, [value, vptr, ir.Constant(I32, 4), mask])
-            return
-        # math calls or casts in the epilogue: element by element, from a spilled tile
-        tile = alloca_once(b, ir.ArrayType(F32, self.vl), name="dwtile")
-        tile_f = b.bitcast(tile, F32.as_pointer())
-        b.store(acc, b.bitcast(tile_f, self.vty.as_pointer()), align=4)
-        left = b.sub(self.OW, ox0)
-        count = b.select(b.icmp_signed("<", left, const_i64(self.vl)), left,
-                         const_i64(self.vl))
-        with for_range(b, const_i64(0), count, "lane") as j:
-            env[id(out.axes[3])] = b.add(ox0, j)
-            self._store_epilogue(env, tile_f, j)
+        the lanes inside the row, their number ``tail``; None: all): the static kernel's
+        (``depthwise.emit_epilogue``), a partial chunk stored masked."""
+        emit_epilogue(self, acc, oy, ox0, mask, self.OW, memo=dict(self.plane_memo))
 
 
 def emit_symbolic_depthwise(module: ir.Module, func: PrimFunc, symbol: str, vl: int,
@@ -405,7 +373,7 @@ def emit_symbolic_depthwise(module: ir.Module, func: PrimFunc, symbol: str, vl: 
     channels and window) whose batch or image size is a run-time value; None for anything
     else."""
     match = match_contraction(func) if match is None else match
-    if not ENABLED or not is_depthwise(match):
+    if not is_depthwise(match):
         return None
     x_t, w_t = match.tag.operands
     if x_t.dtype != "float32" or w_t.dtype != "float32" or match.out.dtype != "float32" \
