@@ -27,6 +27,9 @@ cycle on Zen 4), then the gates' exp and divisions (about a fifth of the time).
 
 from __future__ import annotations
 
+from functools import partial
+from typing import Callable
+
 from llvmlite import ir
 
 from ..ir import te
@@ -275,18 +278,25 @@ class RecurrenceEmitter(KernelEmitter):
         line_len = self.gates * UNIT_BLOCK * 2      # int8 per k-pair within a block
         nvec = line_len // 16
         vecs, rows = register_tile(nvec, self.batch, 16)
-        full = self.batch // rows
         with for_range(b, const_i64(0), const_i64(self.blocks), "jb") as jb:
             blk = self._at(w, self._mul_i(jb, self.kp // 2 * line_len))
             for v0 in range(0, nvec, vecs):
                 run = (blk, jb, v0, vecs, line_len, scales, hs)
-                if full == 1:
-                    self._tile_int(hq, gates, run, const_i64(0), rows)
-                elif full:
-                    with for_range(b, const_i64(0), const_i64(full), "tile") as ti:
-                        self._tile_int(hq, gates, run, self._mul_i(ti, rows), rows)
-                if self.batch % rows:
-                    self._tile_int(hq, gates, run, const_i64(full * rows), self.batch % rows)
+                self._batch_tiles(rows, partial(self._tile_int, hq, gates, run))
+
+    def _batch_tiles(self, rows: int, tile: Callable[[ir.Value, int], None]) -> None:
+        """``tile(row0, n)`` over the batch rows, ``rows`` at a time (``_matvec``,
+        ``_matvec_int``): the whole tiles (a loop where there are several), then the rows
+        left."""
+        b = self.builder
+        full = self.batch // rows
+        if full == 1:
+            tile(const_i64(0), rows)
+        elif full:
+            with for_range(b, const_i64(0), const_i64(full), "tile") as ti:
+                tile(self._mul_i(ti, rows), rows)
+        if self.batch % rows:
+            tile(const_i64(full * rows), self.batch % rows)
 
     def _madd(self, a: ir.Value, w: ir.Value) -> ir.Value:
         """Per int32 lane: a.lo * w.lo + a.hi * w.hi of two int16 pairs (``vpmaddwd``)."""
@@ -348,18 +358,11 @@ class RecurrenceEmitter(KernelEmitter):
         b = self.builder
         H, row_len = self.hidden, gn * UNIT_BLOCK  # floats per input unit within a block
         vecs, rows = register_tile(row_len // self.vl, self.batch, _REGISTERS.get(self.vl, 16))
-        full = self.batch // rows
         with for_range(b, const_i64(0), const_i64(self.blocks), "jb") as jb:
             blk = self._at(w, self._mul_i(jb, H * row_len))
             for v0 in range(0, row_len // self.vl, vecs):
                 run = (blk, jb, v0, vecs, row_len, g0)
-                if full == 1:
-                    self._tile(src, gates, run, const_i64(0), rows)
-                elif full:
-                    with for_range(b, const_i64(0), const_i64(full), "tile") as ti:
-                        self._tile(src, gates, run, self._mul_i(ti, rows), rows)
-                if self.batch % rows:
-                    self._tile(src, gates, run, const_i64(full * rows), self.batch % rows)
+                self._batch_tiles(rows, partial(self._tile, src, gates, run))
 
     def _tile(self, src: ir.Value, gates: ir.Value, run: tuple, row0: ir.Value, rows: int
               ) -> None:
