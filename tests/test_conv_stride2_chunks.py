@@ -17,38 +17,9 @@ from mlcpack.packager.codegen.gemm import conv_geometry
 from mlcpack.packager.export import ExportOptions, export_module
 from mlcpack.runtime import load
 
+from conv_models import conv_model as _model, conv_out_size as _out_size
+
 ort = pytest.importorskip("onnxruntime")
-
-
-def _out_size(h, k, s):
-    return (h + 2 * (k // 2) - k) // s + 1
-
-
-def _model(n, c, h, w, o, k, s, act, residual):
-    from onnx import TensorProto, helper, numpy_helper
-
-    rng = np.random.default_rng(0)
-    p = k // 2
-    oh, ow = _out_size(h, k, s), _out_size(w, k, s)
-    inits = [numpy_helper.from_array(
-                 (rng.standard_normal((o, c, k, k)) / np.sqrt(c * k * k)).astype(np.float32), "W"),
-             numpy_helper.from_array(rng.standard_normal(o).astype(np.float32), "B")]
-    nodes = [helper.make_node("Conv", ["x", "W", "B"], ["y0"], kernel_shape=[k, k],
-                              strides=[s, s], pads=[p] * 4)]
-    y = "y0"
-    if act == "silu":
-        nodes += [helper.make_node("Sigmoid", [y], ["sg"]),
-                  helper.make_node("Mul", [y, "sg"], ["y1"])]
-        y = "y1"
-    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, [n, c, h, w])]
-    if residual:
-        inputs.append(helper.make_tensor_value_info("r", TensorProto.FLOAT, [n, o, oh, ow]))
-        nodes.append(helper.make_node("Add", [y, "r"], ["y2"]))
-        y = "y2"
-    graph = helper.make_graph(nodes, "chunks", inputs,
-                              [helper.make_tensor_value_info(y, TensorProto.FLOAT,
-                                                             [n, o, oh, ow])], inits)
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
 CASES = [   # n, c, h, w, o, k, s, act, residual, threads, path

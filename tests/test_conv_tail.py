@@ -13,36 +13,9 @@ from mlcpack.packager.codegen.gemm import conv_geometry
 from mlcpack.packager.export import ExportOptions, export_module
 from mlcpack.runtime import load
 
+from conv_models import conv_model, conv_out_size
+
 ort = pytest.importorskip("onnxruntime")
-
-
-def _model(n, c, h, o, k, s, act, residual):
-    from onnx import TensorProto, helper, numpy_helper
-
-    rng = np.random.default_rng(0)
-    p = k // 2
-    oh = (h + 2 * p - k) // s + 1
-    inits = [numpy_helper.from_array(
-                 (rng.standard_normal((o, c, k, k)) / np.sqrt(c * k * k)).astype(np.float32), "W"),
-             numpy_helper.from_array(rng.standard_normal(o).astype(np.float32), "B")]
-    nodes = [helper.make_node("Conv", ["x", "W", "B"], ["y0"], kernel_shape=[k, k],
-                              strides=[s, s], pads=[p] * 4)]
-    y = "y0"
-    if act == "silu":
-        nodes += [helper.make_node("Sigmoid", [y], ["sg"]), helper.make_node("Mul", [y, "sg"], ["y1"])]
-        y = "y1"
-    elif act == "hsig":
-        nodes.append(helper.make_node("HardSigmoid", [y], ["y1"], alpha=1 / 6, beta=0.5))
-        y = "y1"
-    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, [n, c, h, h])]
-    if residual:
-        inputs.append(helper.make_tensor_value_info("r", TensorProto.FLOAT, [n, o, oh, oh]))
-        nodes.append(helper.make_node("Add", [y, "r"], ["y2"]))
-        y = "y2"
-    graph = helper.make_graph(nodes, "tail", inputs,
-                              [helper.make_tensor_value_info(y, TensorProto.FLOAT, [n, o, oh, oh])],
-                              inits)
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), oh
 
 
 CASES = [   # n, c, h, o, k, s, act, residual, threads
@@ -62,11 +35,11 @@ def test_conv_tail_matches_onnxruntime(tmp_path, n, c, h, o, k, s, act, residual
     from mlcpack.frontends.onnx import import_onnx
 
     p = k // 2
-    oh = (h + 2 * p - k) // s + 1
+    oh = conv_out_size(h, k, s)
     geom = conv_geometry((n, c, h, h), (o, c, k, k), (n, o, oh, oh),
                          dict(strides=(s, s), padding=(p,) * 4, groups=1, dilation=(1, 1)), 8)
     assert geom["tail"], "the case no longer takes the tail"
-    model, oh = _model(n, c, h, o, k, s, act, residual)
+    model = conv_model(n, c, h, h, o, k, s, act, residual, "tail")
     path = tmp_path / "m.onnx"
     onnx.save(model, str(path))
     mod, _ = import_onnx(str(path))

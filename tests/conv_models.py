@@ -1,0 +1,45 @@
+"""A one-Conv ONNX model with the conv kernel's fused epilogues (bias, an optional SiLU or
+HardSigmoid, an optional residual Add), same-padded (``k // 2`` each side); shared by
+tests/test_conv_tail.py and tests/test_conv_stride2_chunks.py."""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def conv_out_size(h: int, k: int, s: int) -> int:
+    """Output extent of a same-padded (``k // 2``) window ``k``, stride ``s``, over ``h``."""
+    return (h + 2 * (k // 2) - k) // s + 1
+
+
+def conv_model(n, c, h, w, o, k, s, act=None, residual=False, name="conv"):
+    """x (n, c, h, w) -> Conv (o outputs, k x k window, stride s, bias; weights and bias from
+    ``default_rng(0)``) -> ``act`` (None, "silu": x * sigmoid(x), "hsig": HardSigmoid(1/6,
+    1/2)) -> + r (an input of the output's shape) when ``residual``."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    p = k // 2
+    oh, ow = conv_out_size(h, k, s), conv_out_size(w, k, s)
+    inits = [numpy_helper.from_array(
+                 (rng.standard_normal((o, c, k, k)) / np.sqrt(c * k * k)).astype(np.float32), "W"),
+             numpy_helper.from_array(rng.standard_normal(o).astype(np.float32), "B")]
+    nodes = [helper.make_node("Conv", ["x", "W", "B"], ["y0"], kernel_shape=[k, k],
+                              strides=[s, s], pads=[p] * 4)]
+    y = "y0"
+    if act == "silu":
+        nodes += [helper.make_node("Sigmoid", [y], ["sg"]),
+                  helper.make_node("Mul", [y, "sg"], ["y1"])]
+        y = "y1"
+    elif act == "hsig":
+        nodes.append(helper.make_node("HardSigmoid", [y], ["y1"], alpha=1 / 6, beta=0.5))
+        y = "y1"
+    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, [n, c, h, w])]
+    if residual:
+        inputs.append(helper.make_tensor_value_info("r", TensorProto.FLOAT, [n, o, oh, ow]))
+        nodes.append(helper.make_node("Add", [y, "r"], ["y2"]))
+        y = "y2"
+    graph = helper.make_graph(nodes, name, inputs,
+                              [helper.make_tensor_value_info(y, TensorProto.FLOAT,
+                                                             [n, o, oh, ow])], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
