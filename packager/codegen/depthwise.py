@@ -224,12 +224,7 @@ class DepthwiseEmitter(ContractionEmitter):
             if region is not None:
                 self._copy_plane(x_plane, region)
                 x_plane = region
-            taps = self.kh * self.kw
-            self.weights = [[self._splat(b.load(b.gep(
-                w_ptr, [b.add(b.mul(oc, const_i64(taps)), const_i64(ky * self.kw + kx))],
-                inbounds=True))) for kx in range(self.kw)] for ky in range(self.kh)]
-            out = self.match.out
-            self.env = {id(out.axes[0]): nb, id(out.axes[1]): oc}
+            begin_plane(self, w_ptr, nb, oc)
             for oy0, oy1, ky_lo, ky_hi in self.segments:
                 rows = oy1 - oy0
                 full = (ky_lo, ky_hi) == (0, self.kh)
@@ -418,6 +413,20 @@ class DepthwiseEmitter(ContractionEmitter):
         lanes inside the row; None: all; ``tail``: their number when it is known here, the
         store then in pieces)."""
         emit_epilogue(self, acc, oy, ox0, mask, const_i64(self.ow), pieces=tail)
+
+
+def begin_plane(em: ContractionEmitter, w_ptr: ir.Value, nb: ir.Value, oc: ir.Value
+                ) -> None:
+    """A depthwise kernel's plane (image ``nb``, output channel ``oc``; ``em``: this module's
+    emitter or depthwise_symbolic's): its kh x kw weights broadcast once (``em.weights``), its
+    indices for the epilogue (``em.env``)."""
+    b = em.builder
+    taps = em.kh * em.kw
+    em.weights = [[em._splat(b.load(b.gep(
+        w_ptr, [b.add(b.mul(oc, const_i64(taps)), const_i64(ky * em.kw + kx))],
+        inbounds=True))) for kx in range(em.kw)] for ky in range(em.kh)]
+    out = em.match.out
+    em.env = {id(out.axes[0]): nb, id(out.axes[1]): oc}
 
 
 def emit_epilogue(em: ContractionEmitter, acc: ir.Value, oy: ir.Value, ox0: ir.Value,

@@ -38,7 +38,8 @@ from llvmlite import ir
 
 from ..ir import te
 from .conv_symbolic import SymbolicConvEmitter
-from .depthwise import PADDED_BLOCK, PADDED_BLOCK_MATH, emit_epilogue, is_depthwise
+from .depthwise import (PADDED_BLOCK, PADDED_BLOCK_MATH, begin_plane, emit_epilogue,
+                        is_depthwise)
 from .gemm import MAX_TASK_REGIONS, PARALLEL_MIN_MACS, Contraction, match_contraction
 from .helpers import F32, I1, I32, I64, const_i64, for_range, intrinsic
 from .lower import WORKSPACE_ALIGN, KernelInfo
@@ -142,12 +143,7 @@ class SymbolicDepthwiseEmitter(SymbolicConvEmitter):
             src = b.gep(x_ptr, [b.mul(b.add(b.mul(nb, const_i64(self.c)), ic), plane_size)],
                         inbounds=True)
             self._copy_plane(src, region)
-            taps = self.kh * self.kw
-            self.weights = [[self._splat(b.load(b.gep(
-                w_ptr, [b.add(b.mul(oc, const_i64(taps)), const_i64(ky * self.kw + kx))],
-                inbounds=True))) for kx in range(self.kw)] for ky in range(self.kh)]
-            out = self.match.out
-            self.env = {id(out.axes[0]): nb, id(out.axes[1]): oc}
+            begin_plane(self, w_ptr, nb, oc)
             self.plane_memo = self._plane_values() if self.vector_epilogue else {}
             nblk = b.sdiv(self.OH, const_i64(R))
             with for_range(b, const_i64(0), nblk, "oyb") as blk:
