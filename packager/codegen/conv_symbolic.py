@@ -48,13 +48,13 @@ from .vecmath import call_math, exp_nonpositive
 from .vecmath_lanes import _LaneOps
 
 
-def _symbolic_tile(og: int, vl: int) -> tuple[int, int]:
+def _symbolic_tile(og: int, vl: int, taps: int = 9) -> tuple[int, int]:
     """(rows, vectors) of the register tile: of the static kernel's tiles at this vector width
     (``gemm._conv_tiles``), the one computing the fewest output rows, weighted by its relative
     cost (on AVX2, 4 x 3 rather than 6 x 2: 0.9 the cost per output, and no rows wasted on 16,
-    32 or 64 channels). The columns are not known at export; every tile wastes at most one
-    panel of them per row of outputs."""
-    tiles = [(mr, nv, eff) for tvl, mr, nv, eff in _conv_tiles(og, vl) if tvl == vl]
+    32 or 64 channels; past a 3x3 window of ``taps``, 6 x 2). The columns are not known at
+    export; every tile wastes at most one panel of them per row of outputs."""
+    tiles = [(mr, nv, eff) for tvl, mr, nv, eff in _conv_tiles(og, vl, taps) if tvl == vl]
     mr, nv, _ = min(tiles, key=lambda t: -(-og // t[0]) * t[0] * t[2])   # the first of ties
     return min(mr, og), nv
 
@@ -76,7 +76,7 @@ class SymbolicConvEmitter(ContractionEmitter):
                  groups=attrs["groups"], og=o // attrs["groups"])
         g["direct"] = (kh, kw, g["sh"], g["sw"]) == (1, 1, 1, 1) and not any(attrs["padding"])
         g["K"] = cg * kh * kw
-        g["mr"], g["nv"] = _symbolic_tile(g["og"], self.vl)
+        g["mr"], g["nv"] = _symbolic_tile(g["og"], self.vl, kh * kw)
         self.g = g
         # Stride-phase planes (as the static kernel lays them out): one copy of the input,
         # every tap reads them at a shift; columns past the output width are computed and

@@ -163,8 +163,17 @@ _CONV_TILES_512 = ((16, 4, 4, 1.0), (16, 6, 2, 1.0), (16, 12, 2, 1.01), (8, 4, 6
 # or 64 output channels; measured on Zen 4 AVX2 at least as fast everywhere (1 thread, min
 # us, 6x2 -> 4x3): 16->32 3x3 s2 160^2 1291 -> 995, 64->64 3x3 40^2 1581 -> 1475, 256->256
 # 1x1 14^2 423 -> 304, 512->512 1x1 7^2 435 -> 419 (72 columns computed instead of 64).
-def _conv_tiles_16_regs(vl: int) -> tuple[tuple[int, int, int, float], ...]:
-    return ((vl, 6, 2, 1.0), (vl, 4, 3, 0.9))
+# Past a 3x3 window, though, LLVM's scheduler loads the next tap's three vectors before the
+# last multiply-adds of this one, a 17th register, and spills (a 7x7 kernel: 228 stack
+# accesses in its loop, 6 x 2 none); 4 x 3 then costs more per output (1 thread vs ORT, 4 x 3
+# -> 6 x 2: ResNet's 7x7 s2 stem 1.66 -> 1.38, 16 -> 64 7x7 on 112^2 1.85 -> 1.43, 32 -> 64
+# 5x5 on 64^2 1.52 -> 1.33), but not more than the rows 6 x 2 wastes on 16 or 32 channels
+# (3 -> 16 9x9 on 128^2: 4 x 3 1.19, 6 x 2 1.41; 32 -> 32 5x5 on 64^2: 1.16 and 1.41).
+LARGE_WINDOW_TAPS = 9
+
+
+def _conv_tiles_16_regs(vl: int, taps: int = 9) -> tuple[tuple[int, int, int, float], ...]:
+    return ((vl, 6, 2, 1.0), (vl, 4, 3, 0.9 if taps <= LARGE_WINDOW_TAPS else 1.1))
 
 
 # One copied plane element costs about this many multiply-adds of the microkernel, and one
@@ -204,12 +213,14 @@ def _chunk_channels(cg: int, khw: int, channel_bytes: int) -> int:
     return cg
 
 
-def _conv_tiles(rows: int, vl: int) -> tuple[tuple[int, int, int, float], ...]:
+def _conv_tiles(rows: int, vl: int, taps: int = 9) -> tuple[tuple[int, int, int, float], ...]:
+    """Register tiles (vector width, rows, vectors per row, relative cost per computed
+    output) for ``rows`` output channels and a window of ``taps`` = kh x kw."""
     if rows < 4:
         return ((vl, rows, 4, 1.0),)
     if vl == 16:
         return _CONV_TILES_512
-    return _conv_tiles_16_regs(vl)
+    return _conv_tiles_16_regs(vl, taps)
 
 
 def conv_geometry(x_shape, w_shape, out_shape, attrs: dict, target_vl: int) -> dict:
@@ -252,7 +263,7 @@ def conv_geometry(x_shape, w_shape, out_shape, attrs: dict, target_vl: int) -> d
         nx = kw if shifted else min(sw, kw)
         pflat = oh * wq                          # flattened outputs computed per channel
         copied = 0 if direct else c * ny * nx * hq * wq
-        for vl, mr, nv, eff in _conv_tiles(og, target_vl):
+        for vl, mr, nv, eff in _conv_tiles(og, target_vl, kh * kw):
             nr = nv * vl
             computed = -(-og // mr) * mr * groups * -(-pflat // nr) * nr * cg * kh * kw
             # planes that do not stay in L2 cost more than the copy: the kernel reads them

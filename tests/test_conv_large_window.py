@@ -1,0 +1,85 @@
+"""Register tiles for convolutions with windows past 3x3 on 16-register targets (AVX2):
+``gemm._conv_tiles_16_regs`` weighs 4 x 3 above 6 x 2 there (4 x 3 spills in the unrolled tap
+loop), except where 6 x 2 would waste a block row's worth of outputs (16 or 32 channels).
+The chosen tile, static and symbolic, and the outputs against ONNX Runtime on 1 to 3 threads:
+a ResNet-style 7x7 stride-2 stem, 5x5 and 9x9 windows, a ViT-style 16x16 stride-16 patch
+embedding (no padding)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from conv_models import conv_model, conv_out_size
+
+from mlcpack.packager.codegen.conv_symbolic import _symbolic_tile
+from mlcpack.packager.codegen.gemm import conv_geometry
+from mlcpack.packager.export import ExportOptions, export_module
+from mlcpack.runtime import load
+
+ort = pytest.importorskip("onnxruntime")
+
+
+@pytest.mark.parametrize("c,o,k,tile", [
+    (3, 64, 7, (6, 2)),     # ResNet's stem: 4 x 3 spills, 6 x 2 wastes nothing on 64
+    (32, 64, 5, (6, 2)),
+    (3, 16, 9, (4, 3)),     # 6 x 2 would compute 18 rows for 16
+    (32, 32, 5, (4, 3)),    # 36 for 32
+    (64, 64, 3, (4, 3)),    # a 3x3 window keeps 4 x 3
+])
+def test_tile_by_window(c, o, k, tile):
+    g = conv_geometry((1, c, 40, 40), (o, c, k, k), (1, o, 40, 40),
+                      dict(strides=(1, 1), padding=(k // 2,) * 4, groups=1), 8)
+    assert (g["mr"], g["nv"]) == tile
+    assert _symbolic_tile(o, 8, k * k) == tile
+
+
+def _patch_model(c, o, p, size):
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    w = (rng.standard_normal((o, c, p, p)) / np.sqrt(c * p * p)).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["x", "W"], ["y"], kernel_shape=[p, p], strides=[p, p])],
+        "patch", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, c, size, size])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT,
+                                       [1, o, size // p, size // p])],
+        [numpy_helper.from_array(w, "W")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+CASES = [   # n, c, h, w, o, k, s, act, residual
+    (1, 3, 64, 64, 64, 7, 2, None, False),     # stem (6 x 2)
+    (2, 3, 37, 45, 64, 7, 2, "silu", True),    # odd sizes, a batch
+    (1, 32, 21, 19, 64, 5, 1, "silu", False),  # 6 x 2
+    (1, 3, 30, 26, 16, 9, 1, None, True),      # 4 x 3, 81 taps
+    (1, 32, 17, 23, 32, 5, 1, "hsig", False),  # 4 x 3
+]
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+@pytest.mark.parametrize("case", CASES + ["patch"])
+def test_large_windows_match_onnxruntime(tmp_path, case, threads):
+    import onnx
+
+    from mlcpack.frontends.onnx import import_onnx
+
+    rng = np.random.default_rng(1)
+    if case == "patch":
+        model = _patch_model(3, 48, 16, 64)
+        feeds = {"x": rng.standard_normal((1, 3, 64, 64)).astype(np.float32)}
+    else:
+        n, c, h, w, o, k, s, act, residual = case
+        model = conv_model(n, c, h, w, o, k, s, act, residual)
+        feeds = {"x": rng.standard_normal((n, c, h, w)).astype(np.float32)}
+        if residual:
+            feeds["r"] = rng.standard_normal(
+                (n, o, conv_out_size(h, k, s), conv_out_size(w, k, s))).astype(np.float32)
+    path = tmp_path / "m.onnx"
+    onnx.save(model, str(path))
+    mod, _ = import_onnx(str(path))
+    export_module(mod, tmp_path / "m.mlc", ExportOptions(target="host"))
+    want = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    with load(tmp_path / "m.mlc", threads=threads) as m:
+        for _ in range(3 if threads > 1 else 1):
+            got = list(m.run(feeds).values())[0]
+            np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
