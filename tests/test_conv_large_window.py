@@ -1,9 +1,11 @@
-"""Register tiles for convolutions with windows past 3x3 on 16-register targets (AVX2):
-``gemm._conv_tiles_16_regs`` weighs 4 x 3 above 6 x 2 there (4 x 3 spills in the unrolled tap
-loop), except where 6 x 2 would waste a block row's worth of outputs (16 or 32 channels).
-The chosen tile, static and symbolic, and the outputs against ONNX Runtime on 1 to 3 threads:
-a ResNet-style 7x7 stride-2 stem, 5x5 and 9x9 windows, a ViT-style 16x16 stride-16 patch
-embedding (no padding)."""
+"""Register tiles on 16-register targets (AVX2): for windows past 3x3,
+``gemm._conv_tiles_16_regs`` weighs 4 x 3 above 6 x 2 (4 x 3 spills in the unrolled tap loop),
+except where 6 x 2 would waste a block row's worth of outputs (16 or 32 channels); and
+``conv_geometry`` takes 6-row tiles where the panels run innermost with weights past L2 and
+planes past half of it (fewer re-reads of the planes). The chosen tile, static and symbolic,
+and the outputs against ONNX Runtime on 1 to 3 threads: a ResNet-style 7x7 stride-2 stem, 5x5
+and 9x9 windows, a ViT-style 16x16 stride-16 patch embedding (no padding), ResNet's 128 -> 256
+3x3 stride-2 downsampling."""
 
 from __future__ import annotations
 
@@ -33,6 +35,18 @@ def test_tile_by_window(c, o, k, tile):
     assert _symbolic_tile(o, 8, k * k) == tile
 
 
+@pytest.mark.parametrize("c,h,w,o,s,tall", [
+    (128, 28, 28, 256, 2, True),    # ResNet-18's layers.4 conv1: 460 KB of planes by phase
+    (128, 8, 32, 128, 1, False),    # crnn: 174 KB of planes, 4 x 3 stays
+    (256, 14, 14, 512, 2, False),   # planes at half of L2, not past it
+])
+def test_tall_tile_when_planes_are_reread_from_l3(c, h, w, o, s, tall):
+    oh, ow = conv_out_size(h, 3, s), conv_out_size(w, 3, s)
+    g = conv_geometry((1, c, h, w), (o, c, 3, 3), (1, o, oh, ow),
+                      dict(strides=(s, s), padding=(1,) * 4, groups=1), 8)
+    assert (g["mr"] >= 6) == tall
+
+
 def _patch_model(c, o, p, size):
     from onnx import TensorProto, helper, numpy_helper
 
@@ -53,6 +67,7 @@ CASES = [   # n, c, h, w, o, k, s, act, residual
     (1, 32, 21, 19, 64, 5, 1, "silu", False),  # 6 x 2
     (1, 3, 30, 26, 16, 9, 1, None, True),      # 4 x 3, 81 taps
     (1, 32, 17, 23, 32, 5, 1, "hsig", False),  # 4 x 3
+    (1, 128, 28, 28, 256, 3, 2, "silu", True),  # tall tile, weights past L2
 ]
 
 
