@@ -521,6 +521,25 @@ def second_opinion(model: Any, golden: Golden, result: CheckResult) -> CheckResu
     return again
 
 
+# The check runs the bundle a second time on this many threads: a parallel kernel splits its
+# work into tasks only then, and a fault in that split would otherwise pass the check and give
+# wrong answers only to users who run it on several threads.
+CHECK_THREADS = 2
+
+
+def _check_threaded(tmp: str, golden: Golden) -> CheckResult | None:
+    """The golden inputs run on CHECK_THREADS threads, checked like the 1-thread run (against
+    ``golden.outputs``, which a second opinion may have replaced). None where the bundle has
+    no parallel kernel (the same code would run again)."""
+    from ..runtime import load
+
+    with load(tmp, threads=CHECK_THREADS, verify=False) as model:   # hashed by the first load
+        if not model.has_parallel_kernels:
+            return None
+        return check_model(model, golden.inputs, golden.outputs, golden.rtol, golden.atol,
+                           golden.magnitudes, golden.steps)
+
+
 def _not_run_here(exc: Exception, tmp: str, path: str, extra: str) -> str:
     """The summary's note for a bundle this host cannot run: the user's file name, never the
     temporary one, and no "export again" advice (the user chose that target on purpose)."""
@@ -574,6 +593,13 @@ def write_checked(writer: Any, path: str | os.PathLike, header: Header, signer: 
                         f"golden check failed against {golden.reference}: {result.summary()}; "
                         f"nothing written (--check-rtol/--check-atol loosen it, --no-check "
                         "skips it)")
+                threaded = _check_threaded(tmp, golden)
+                if threaded is not None and not threaded.ok:
+                    raise _export_error(
+                        f"golden check failed on {CHECK_THREADS} threads against "
+                        f"{golden.reference}: {threaded.summary()} (it passed on 1 thread: a "
+                        "fault in mlcpack's parallel kernels, please report it); nothing "
+                        "written (--no-check skips the check)")
                 result_note = (f"golden check passed against {golden.reference}: "
                                f"{result.summary()}{extra}")
         os.replace(tmp, path)

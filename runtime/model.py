@@ -174,6 +174,14 @@ class Model:
         # model.run and model.profile take turns in one arena
         self._lock = self._main._lock if self._symbolic is None else threading.Lock()
 
+    @property
+    def has_parallel_kernels(self) -> bool:
+        """Some kernel splits its work into tasks when the model runs on several threads."""
+        kernels = [k for r in getattr(self, "_recipes", ()) for k in r.kernels]
+        if self._symbolic is not None:
+            kernels += self._symbolic.kernels
+        return any(parallel for _, parallel in kernels)
+
     # ---- loading --------------------------------------------------------------------------------
 
     def _load(self, library_functions: Mapping[str, Any] | None, threads: int) -> None:

@@ -91,6 +91,53 @@ def test_a_corrupted_kernel_fails_the_export(tmp_path, small, monkeypatch) -> No
     assert list(tmp_path.iterdir()) == []
 
 
+def _mlp_wide(rng):
+    """An MLP whose first matmul (64 x 256 by 256 x 256) is a parallel kernel."""
+    return {"w0": rng.standard_normal((256, 256)).astype(np.float32) / 16,
+            "b0": rng.standard_normal(256).astype(np.float32),
+            "w1": rng.standard_normal((10, 256)).astype(np.float32) / 16,
+            "b1": rng.standard_normal(10).astype(np.float32)}
+
+
+def _export_wide(weights, path):
+    from mlcpack.frontends.arch import build_from_spec, infer_mlp_spec
+    from mlcpack.packager.export import ExportOptions, export_module
+
+    mod = build_from_spec(infer_mlp_spec(weights), weights, (64, 256))
+    return export_module(mod, path, ExportOptions(check=True))
+
+
+def test_a_fault_in_the_parallel_split_fails_the_export(tmp_path, monkeypatch) -> None:
+    """The check runs the bundle on 2 threads too: tasks past the first computing nothing is
+    right on 1 thread (one task does all the work) and wrong on several."""
+    from mlcpack.packager.codegen.gemm import ContractionEmitter
+    from mlcpack.packager.codegen.helpers import const_i64
+    from mlcpack.packager.export import ExportError
+
+    weights = _mlp_wide(np.random.default_rng(5))
+    good = _export_wide(weights, tmp_path / "good.mlc")
+    assert good.check.startswith("golden check passed")
+    with load(tmp_path / "good.mlc") as m:
+        assert m.has_parallel_kernels
+
+    split = ContractionEmitter._split
+
+    def first_task_only(self, total, task, ntasks):
+        lo, hi = split(self, total, task, ntasks)
+        b = self.builder
+        return lo, b.select(b.icmp_signed("==", task, const_i64(0)), hi, lo)
+
+    monkeypatch.setattr(ContractionEmitter, "_split", first_task_only)
+    bad = tmp_path / "bad" / "bad.mlc"
+    bad.parent.mkdir()
+    with pytest.raises(ExportError) as info:
+        _export_wide(weights, bad)
+    msg = str(info.value)
+    assert "golden check failed on 2 threads" in msg and "passed on 1 thread" in msg, msg
+    assert "nothing written" in msg and "\n" not in msg
+    assert list(bad.parent.iterdir()) == []
+
+
 def test_a_golden_output_altered_after_export_fails_verify(checked, tmp_path, run_cli,
                                                            one_line_error) -> None:
     path, _ = checked
