@@ -1149,26 +1149,19 @@ class ContractionEmitter(KernelEmitter):
                 elif g["panels"]:
                     src = b.gep(planes, [b.mul(n, const_i64(g["planes_floats"] + g["slack_total"]))],
                                 inbounds=True)
-                if g["panels"] and self._split_panels_on_threads(g):
-                    # Several tasks: each takes a run of whole panels and copies only their
-                    # plane rows, instead of every task copying all planes (the copy is then
-                    # shared, not repeated); one task keeps the loop order for reuse.
+                if g["panels"] and self._panels_inner_on_copies(g):
+                    # Several tasks split the work by panel, each copying only its panels'
+                    # plane rows: split by block row, every task copied all the planes into
+                    # the same buffer at once, the two cores' caches passing its lines back
+                    # and forth (128 -> 128 3x3 on 16x16, 2 threads: each half 440 -> 640
+                    # us). With the weights in L2 a task runs its share block rows innermost
+                    # (the planes copied once in all, the weights re-read from L2); past L2,
+                    # panels innermost (``by_panel``). One task keeps the panels innermost.
+                    in_l2 = 4 * g["og"] * g["cg"] * g["kh"] * g["kw"] <= L2_REUSE_BYTES
                     with b.if_else(b.icmp_signed(">", ntasks, const_i64(1))) as (multi, single):
                         with multi:
-                            self._conv_panels(g, n, x_img, src, task, ntasks, True)
-                        with single:
-                            self._conv_panels(g, n, x_img, src, task, ntasks, False)
-                elif g["panels"] and self._split_rows_on_threads(g):
-                    # Panels innermost with weights past L2: several tasks still split the
-                    # work by panel (each copies only its own plane rows, as above) and keep
-                    # the panels innermost within their share. Split by block row, every
-                    # task copied all the planes into the same buffer at once, the two
-                    # cores' caches passing its lines back and forth (128 -> 128 3x3 on
-                    # 16x16, 2 threads: each half 440 -> 640 us).
-                    with b.if_else(b.icmp_signed(">", ntasks, const_i64(1))) as (multi, single):
-                        with multi:
-                            self._conv_panels(g, n, x_img, src, task, ntasks, False,
-                                              by_panel=True)
+                            self._conv_panels(g, n, x_img, src, task, ntasks, in_l2,
+                                              by_panel=not in_l2)
                         with single:
                             self._conv_panels(g, n, x_img, src, task, ntasks, False)
                 elif g["panels"]:
@@ -1179,16 +1172,9 @@ class ContractionEmitter(KernelEmitter):
                         b.mul(n, const_i64(len(g["tail"]) * g["tail_kp"])))], inbounds=True)
                     self._conv_tail(g, n, x_img, tail_ws, task, ntasks)
 
-    def _split_panels_on_threads(self, g: dict) -> bool:
-        """Block rows innermost when several tasks share the work, though one task runs the
-        panels innermost: the planes (in L2) are copied once in all, and the weights, re-read
-        once per panel, stay in L2 too."""
-        return (not g["direct"] and not g["panel_outer"] and g["groups"] == 1
-                and 4 * g["og"] * g["cg"] * g["kh"] * g["kw"] <= L2_REUSE_BYTES)
-
-    def _split_rows_on_threads(self, g: dict) -> bool:
-        """Panels innermost on copied planes of one group: split by block row, several tasks
-        would each copy all the planes (``_conv_panels``' ``by_panel`` instead)."""
+    def _panels_inner_on_copies(self, g: dict) -> bool:
+        """Panels innermost on copied planes of one group, where several tasks split the work
+        by panel instead (see ``_emit_conv``)."""
         return not g["direct"] and not g["panel_outer"] and g["groups"] == 1
 
     def _panel_range(self, g: dict, mb: ir.Value, lo: ir.Value, hi: ir.Value
