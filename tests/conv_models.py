@@ -43,3 +43,36 @@ def conv_model(n, c, h, w, o, k, s, act=None, residual=False, name="conv"):
                               [helper.make_tensor_value_info(y, TensorProto.FLOAT,
                                                              [n, o, oh, ow])], inits)
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def conv_feeds(n, c, h, w, o, k, s, residual=False, seed=1):
+    """Inputs for ``conv_model``: x (n, c, h, w) and, when ``residual``, r of the output's
+    shape, standard normal from ``default_rng(seed)``."""
+    rng = np.random.default_rng(seed)
+    feeds = {"x": rng.standard_normal((n, c, h, w)).astype(np.float32)}
+    if residual:
+        feeds["r"] = rng.standard_normal(
+            (n, o, conv_out_size(h, k, s), conv_out_size(w, k, s))).astype(np.float32)
+    return feeds
+
+
+def assert_matches_onnxruntime(tmp_path, model, feeds, threads, runs=1):
+    """Export ``model`` (``--target host``), run it on ``threads`` threads ``runs`` times (a
+    parallel kernel's task regions, run after run) and compare each first output with ONNX
+    Runtime's (rtol = atol = 1e-4)."""
+    import onnx
+    import onnxruntime as ort
+
+    from mlcpack.frontends.onnx import import_onnx
+    from mlcpack.packager.export import ExportOptions, export_module
+    from mlcpack.runtime import load
+
+    path = tmp_path / "m.onnx"
+    onnx.save(model, str(path))
+    mod, _ = import_onnx(str(path))
+    export_module(mod, tmp_path / "m.mlc", ExportOptions(target="host"))
+    want = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    with load(tmp_path / "m.mlc", threads=threads) as m:
+        for _ in range(runs):
+            got = list(m.run(feeds).values())[0]
+            np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)

@@ -11,12 +11,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conv_models import conv_model, conv_out_size
+from conv_models import assert_matches_onnxruntime, conv_feeds, conv_model, conv_out_size
 
 from mlcpack.packager.codegen.conv_symbolic import _symbolic_tile
 from mlcpack.packager.codegen.gemm import conv_geometry
-from mlcpack.packager.export import ExportOptions, export_module
-from mlcpack.runtime import load
 
 ort = pytest.importorskip("onnxruntime")
 
@@ -74,27 +72,12 @@ CASES = [   # n, c, h, w, o, k, s, act, residual
 @pytest.mark.parametrize("threads", [1, 2, 3])
 @pytest.mark.parametrize("case", CASES + ["patch"])
 def test_large_windows_match_onnxruntime(tmp_path, case, threads):
-    import onnx
-
-    from mlcpack.frontends.onnx import import_onnx
-
-    rng = np.random.default_rng(1)
     if case == "patch":
         model = _patch_model(3, 48, 16, 64)
-        feeds = {"x": rng.standard_normal((1, 3, 64, 64)).astype(np.float32)}
+        feeds = {"x": np.random.default_rng(1).standard_normal((1, 3, 64, 64))
+                 .astype(np.float32)}
     else:
         n, c, h, w, o, k, s, act, residual = case
         model = conv_model(n, c, h, w, o, k, s, act, residual)
-        feeds = {"x": rng.standard_normal((n, c, h, w)).astype(np.float32)}
-        if residual:
-            feeds["r"] = rng.standard_normal(
-                (n, o, conv_out_size(h, k, s), conv_out_size(w, k, s))).astype(np.float32)
-    path = tmp_path / "m.onnx"
-    onnx.save(model, str(path))
-    mod, _ = import_onnx(str(path))
-    export_module(mod, tmp_path / "m.mlc", ExportOptions(target="host"))
-    want = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
-    with load(tmp_path / "m.mlc", threads=threads) as m:
-        for _ in range(3 if threads > 1 else 1):
-            got = list(m.run(feeds).values())[0]
-            np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+        feeds = conv_feeds(n, c, h, w, o, k, s, residual)
+    assert_matches_onnxruntime(tmp_path, model, feeds, threads, runs=3 if threads > 1 else 1)

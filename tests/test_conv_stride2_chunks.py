@@ -14,9 +14,8 @@ import numpy as np
 import pytest
 
 from mlcpack.packager.codegen.gemm import conv_geometry
-from mlcpack.packager.export import ExportOptions, export_module
-from mlcpack.runtime import load
 
+from conv_models import assert_matches_onnxruntime, conv_feeds
 from conv_models import conv_model as _model, conv_out_size as _out_size
 
 ort = pytest.importorskip("onnxruntime")
@@ -71,26 +70,12 @@ def _check_path(g: dict, c: int, path: str) -> None:
 @pytest.mark.parametrize("n,c,h,w,o,k,s,act,residual,threads,path", CASES)
 def test_conv_chunks_match_onnxruntime(tmp_path, n, c, h, w, o, k, s, act, residual, threads,
                                        path):
-    import onnx
-
-    from mlcpack.frontends.onnx import import_onnx
-
     p = k // 2
     oh, ow = _out_size(h, k, s), _out_size(w, k, s)
     geom = conv_geometry((n, c, h, w), (o, c, k, k), (n, o, oh, ow),
                          dict(strides=(s, s), padding=(p,) * 4, groups=1, dilation=(1, 1)), 8)
     _check_path(geom, c, path)
-    onnx_path = tmp_path / "m.onnx"
-    onnx.save(_model(n, c, h, w, o, k, s, act, residual), str(onnx_path))
-    mod, _ = import_onnx(str(onnx_path))
-    export_module(mod, tmp_path / "m.mlc", ExportOptions(target="host"))
-    rng = np.random.default_rng(1)
-    feeds = {"x": rng.standard_normal((n, c, h, w)).astype(np.float32)}
-    if residual:
-        feeds["r"] = rng.standard_normal((n, o, oh, ow)).astype(np.float32)
-    want = ort.InferenceSession(str(onnx_path),
-                                providers=["CPUExecutionProvider"]).run(None, feeds)[0]
-    with load(tmp_path / "m.mlc", threads=threads) as m:
-        for _ in range(10 if threads > 1 else 1):   # the tasks' tiles, run after run
-            got = list(m.run(feeds).values())[0]
-            np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    # several runs on several threads: the tasks' tiles, run after run
+    assert_matches_onnxruntime(tmp_path, _model(n, c, h, w, o, k, s, act, residual),
+                               conv_feeds(n, c, h, w, o, k, s, residual), threads,
+                               runs=10 if threads > 1 else 1)

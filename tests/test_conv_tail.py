@@ -10,10 +10,8 @@ import numpy as np
 import pytest
 
 from mlcpack.packager.codegen.gemm import conv_geometry
-from mlcpack.packager.export import ExportOptions, export_module
-from mlcpack.runtime import load
 
-from conv_models import conv_model, conv_out_size
+from conv_models import assert_matches_onnxruntime, conv_feeds, conv_model, conv_out_size
 
 ort = pytest.importorskip("onnxruntime")
 
@@ -30,26 +28,11 @@ CASES = [   # n, c, h, o, k, s, act, residual, threads
 
 @pytest.mark.parametrize("n,c,h,o,k,s,act,residual,threads", CASES)
 def test_conv_tail_matches_onnxruntime(tmp_path, n, c, h, o, k, s, act, residual, threads):
-    import onnx
-
-    from mlcpack.frontends.onnx import import_onnx
-
     p = k // 2
     oh = conv_out_size(h, k, s)
     geom = conv_geometry((n, c, h, h), (o, c, k, k), (n, o, oh, oh),
                          dict(strides=(s, s), padding=(p,) * 4, groups=1, dilation=(1, 1)), 8)
     assert geom["tail"], "the case no longer takes the tail"
     model = conv_model(n, c, h, h, o, k, s, act, residual, "tail")
-    path = tmp_path / "m.onnx"
-    onnx.save(model, str(path))
-    mod, _ = import_onnx(str(path))
-    export_module(mod, tmp_path / "m.mlc", ExportOptions(target="host"))
-    rng = np.random.default_rng(1)
-    feeds = {"x": rng.standard_normal((n, c, h, h)).astype(np.float32)}
-    if residual:
-        feeds["r"] = rng.standard_normal((n, o, oh, oh)).astype(np.float32)
-    want = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
-    with load(tmp_path / "m.mlc", threads=threads) as m:
-        for _ in range(20 if threads > 1 else 1):
-            got = list(m.run(feeds).values())[0]
-            np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    assert_matches_onnxruntime(tmp_path, model, conv_feeds(n, c, h, h, o, k, s, residual),
+                               threads, runs=20 if threads > 1 else 1)

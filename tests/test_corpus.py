@@ -26,6 +26,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import SLOW
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
@@ -33,7 +34,6 @@ sys.path.insert(0, str(ROOT / "bench"))
 import corpus  # noqa: E402
 
 RTOL, ATOL = 1e-3, 1e-4
-SLOW = os.environ.get("MLCPACK_SLOW", "") not in ("", "0")
 
 # Models that fail today because of an mlcpack bug (reported to the lead; the compiler's owners
 # fix them): strict, so that a fix shows up as XPASS and the mark is removed.

@@ -30,11 +30,11 @@ def small():
             "b1": rng.standard_normal(5).astype(np.float32)}
 
 
-def _export(weights, path, **opts):
+def _export(weights, path, shape=(2, 12), **opts):
     from mlcpack.frontends.arch import build_from_spec, infer_mlp_spec
     from mlcpack.packager.export import ExportOptions, export_module
 
-    mod = build_from_spec(infer_mlp_spec(weights), weights, (2, 12))
+    mod = build_from_spec(infer_mlp_spec(weights), weights, shape)
     return export_module(mod, path, ExportOptions(check=True, **opts))
 
 
@@ -99,14 +99,6 @@ def _mlp_wide(rng):
             "b1": rng.standard_normal(10).astype(np.float32)}
 
 
-def _export_wide(weights, path):
-    from mlcpack.frontends.arch import build_from_spec, infer_mlp_spec
-    from mlcpack.packager.export import ExportOptions, export_module
-
-    mod = build_from_spec(infer_mlp_spec(weights), weights, (64, 256))
-    return export_module(mod, path, ExportOptions(check=True))
-
-
 def test_a_fault_in_the_parallel_split_fails_the_export(tmp_path, monkeypatch) -> None:
     """The check runs the bundle on 2 threads too: tasks past the first computing nothing is
     right on 1 thread (one task does all the work) and wrong on several."""
@@ -115,7 +107,7 @@ def test_a_fault_in_the_parallel_split_fails_the_export(tmp_path, monkeypatch) -
     from mlcpack.packager.export import ExportError
 
     weights = _mlp_wide(np.random.default_rng(5))
-    good = _export_wide(weights, tmp_path / "good.mlc")
+    good = _export(weights, tmp_path / "good.mlc", (64, 256))
     assert good.check.startswith("golden check passed")
     with load(tmp_path / "good.mlc") as m:
         assert m.has_parallel_kernels
@@ -131,7 +123,7 @@ def test_a_fault_in_the_parallel_split_fails_the_export(tmp_path, monkeypatch) -
     bad = tmp_path / "bad" / "bad.mlc"
     bad.parent.mkdir()
     with pytest.raises(ExportError) as info:
-        _export_wide(weights, bad)
+        _export(weights, bad, (64, 256))
     msg = str(info.value)
     assert "golden check failed on 2 threads" in msg and "passed on 1 thread" in msg, msg
     assert "nothing written" in msg and "\n" not in msg

@@ -23,12 +23,12 @@ naming the worst element.
 from __future__ import annotations
 
 import dataclasses
-import os
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import SLOW
 from typer.testing import CliRunner
 
 from mlcpack.runtime.verify import EPS_F32, ROUNDING_K, compare_output
@@ -175,8 +175,6 @@ def test_zero_integer_divisors_skip_the_run_instead_of_killing_the_export(
 sys.path.insert(0, str(Path(__file__).resolve().parent / "conformance"))
 
 from harness import PASSING_LIST, discover  # noqa: E402
-
-SLOW = os.environ.get("MLCPACK_SLOW", "") not in ("", "0")
 
 
 def _cases() -> dict:
