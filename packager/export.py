@@ -28,7 +28,9 @@ from .ir.builder import BuilderError
 from .ir.graph import IRModule
 from .ir.printer import module_text
 from .passes import DEFAULT_PIPELINE, bind_params, run_pipeline
-from .passes.layout import ONE_ROW_GEMV
+from .passes.layout import ONE_ROW_GEMV, PACK_CONV_WEIGHTS
+from .codegen.conv_oc import CONV_OC_VL
+from .codegen.gemm import vector_width
 from .passes.memory_plan import UnboundedSizeError, bounded_plan
 from .passes.simplify import BindError
 from .ir.sym import SymbolicShapeError, to_record
@@ -111,7 +113,11 @@ def compile_variants(mod: IRModule, params: Mapping[str, np.ndarray] | None = No
         if params:
             mod = bind_params(mod, params)
         note("passes")
-        mod = run_pipeline(mod, DEFAULT_PIPELINE, verify=verify_ir)
+        token = PACK_CONV_WEIGHTS.set(all(vector_width(t.name) == CONV_OC_VL for t in targets))
+        try:
+            mod = run_pipeline(mod, DEFAULT_PIPELINE, verify=verify_ir)
+        finally:
+            PACK_CONV_WEIGHTS.reset(token)
         note("codegen")
         funcs = list(mod.prim_funcs().values())
         variants = compile_for_targets(funcs, targets, main_size_vars(mod))

@@ -15,6 +15,7 @@ from llvmlite import ir
 from ..ir.graph import PrimFunc
 from ..ir.sym import SymbolicShapeError
 from ..ir.structure import structural_key
+from .conv_oc import emit_conv_oc
 from .depthwise import emit_depthwise, is_depthwise
 from .gemm import (Contraction, emit_contraction, emit_symbolic_matmul, match_contraction,
                    vector_width)
@@ -90,6 +91,7 @@ def _without_match(emit: Callable[[ir.Module, PrimFunc, str, int], KernelInfo | 
 KERNEL_RULES: tuple[tuple[str, KernelRule], ...] = (
     ("recurrence", _without_match(emit_recurrence)),
     ("integer GEMM", _without_match(emit_qgemm)),   # qmatmul / qconv2d (ops/qlinear.py)
+    ("channel-lane convolution", _without_match(emit_conv_oc)),   # nn.conv2d_oc
     ("depthwise convolution", _when(is_depthwise, emit_depthwise)),
     ("dot-product convolution", _when(is_dot_product, emit_dot_product)),
     ("contraction", _when(lambda match: match is not None, emit_contraction)),

@@ -164,6 +164,75 @@ def conv2d(x: np.ndarray, w: np.ndarray, strides=(1, 1), padding=(0, 0, 0, 0), d
     return out.astype(x.dtype)
 
 
+# ---- conv2d with packed weights (output channels on the vector lanes) ---------------------------
+# ``passes/layout.py`` rewrites a float32 ``nn.conv2d`` whose weight is a constant into this
+# op, its weight packed once at export for ``codegen/conv_oc.py``: blocks of OC_BLOCK output
+# channels, each block's weights ``[cg * kh * kw, OC_BLOCK]`` contiguous (a reduction step's
+# OC_BLOCK weights one run of vector loads), the last block zero-filled past ``out_channels``.
+
+OC_BLOCK = 32
+
+
+def pack_oc_weights(w: np.ndarray) -> np.ndarray:
+    """``w`` [O, C, KH, KW] -> ``wp`` [ceil(O / OC_BLOCK), C * KH * KW, OC_BLOCK] with ``wp[o //
+    OC_BLOCK, (c * KH + ky) * KW + kx, o % OC_BLOCK] = w[o, c, ky, kx]``."""
+    o = w.shape[0]
+    nb = -(-o // OC_BLOCK)
+    flat = np.zeros((nb * OC_BLOCK, int(np.prod(w.shape[1:]))), dtype=w.dtype)
+    flat[:o] = w.reshape(o, -1)
+    return np.ascontiguousarray(flat.reshape(nb, OC_BLOCK, -1).transpose(0, 2, 1))
+
+
+def unpack_oc_weights(wp: np.ndarray, out_channels: int, kernel) -> np.ndarray:
+    kh, kw = kernel
+    nb, k, blk = wp.shape
+    flat = wp.transpose(0, 2, 1).reshape(nb * blk, k)[:out_channels]
+    return flat.reshape(out_channels, k // (kh * kw), kh, kw)
+
+
+def _infer_conv2d_oc(x: TensorType, wp: TensorType, out_channels: int, kernel=(1, 1),
+                     strides=(1, 1), padding=(0, 0, 0, 0), dilation=(1, 1),
+                     groups: int = 1) -> TensorType:
+    n, c, h, wd = x.shape
+    kh, kw = kernel
+    if groups != 1 or tuple(wp.shape) != (-(-out_channels // OC_BLOCK), c * kh * kw, OC_BLOCK):
+        raise ValueError(f"conv2d_oc: packed weight {wp.shape} does not match input {x.shape}, "
+                         f"{out_channels} output channels, window {kernel}")
+    return _infer_conv2d(x, TensorType((out_channels, c, kh, kw), wp.dtype), strides, padding,
+                         dilation, groups)
+
+
+def _legalize_conv2d_oc(x: te.Tensor, wp: te.Tensor, out_type: TensorType, name: str,
+                        out_channels: int, kernel=(1, 1), strides=(1, 1), padding=(0, 0, 0, 0),
+                        dilation=(1, 1), groups: int = 1) -> te.Tensor:
+    _, c, h, wd = x.shape
+    kh, kw = kernel
+    rc, ry, rx = te.reduce_axis(c, "rc"), te.reduce_axis(kh, "ry"), te.reduce_axis(kw, "rx")
+    padded = any(padding)
+    tag_reduction(rc, "conv2d_oc", (x, wp), strides=tuple(strides), padding=tuple(padding),
+                  kernel=(kh, kw), out_channels=out_channels)
+
+    def body(n: te.IndexVar, oc: te.IndexVar, y: te.IndexVar, xx: te.IndexVar) -> te.Expr:
+        iy = y * strides[0] - padding[0] + ry
+        ix = xx * strides[1] - padding[1] + rx
+        if padded:
+            value = te.if_then_else(te.logical_and(_in_bounds(iy, h), _in_bounds(ix, wd)),
+                                    x[n, rc, _clamped(iy, h), _clamped(ix, wd)], 0.0)
+        else:
+            value = x[n, rc, iy, ix]
+        weight = wp[oc // OC_BLOCK, (rc * kh + ry) * kw + rx, oc % OC_BLOCK]
+        return te.sum_of(value * weight, (rc, ry, rx))
+
+    return te.compute(out_type.shape, body, name=name)
+
+
+@register_op("nn.conv2d_oc", COMPLEX, _infer_conv2d_oc, _legalize_conv2d_oc)
+def conv2d_oc(x: np.ndarray, wp: np.ndarray, out_channels: int, kernel=(1, 1), strides=(1, 1),
+              padding=(0, 0, 0, 0), dilation=(1, 1), groups: int = 1) -> np.ndarray:
+    return conv2d(x, unpack_oc_weights(wp, out_channels, kernel), strides, padding, dilation,
+                  groups)
+
+
 # ---- pooling ------------------------------------------------------------------------------------
 
 def _infer_pool(x: TensorType, kernel=(1, 1), strides=(1, 1), padding=(0, 0, 0, 0),

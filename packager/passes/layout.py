@@ -38,3 +38,40 @@ def _one_row(v: Call) -> bool:
     shape = getattr(v.args[0].type, "shape", None)
     return (ONE_ROW_GEMV.get() and shape is not None and len(shape) >= 1 and v.args[1].data.ndim == 2
             and all(isinstance(d, int) and d == 1 for d in shape[:-1]))
+
+
+# Set by export while it compiles for targets whose kernels take ``nn.conv2d_oc`` (AVX2, 8-lane
+# vectors: where the kernel is measured); off, every convolution keeps ``nn.conv2d``.
+PACK_CONV_WEIGHTS = contextvars.ContextVar("pack_conv_weights", default=False)
+
+
+def pack_conv_weights(mod: IRModule) -> IRModule:
+    """An ungrouped float32 ``nn.conv2d`` with a window wider than 1x1, a constant weight, a
+    static 4-D input and output channels in whole vectors becomes ``nn.conv2d_oc`` with its
+    weight packed once (``ops.nn.pack_oc_weights``): codegen/conv_oc.py computes it with the
+    output channels on the vector lanes (no plane copies by stride phase, no dropped columns)."""
+    if not PACK_CONV_WEIGHTS.get():
+        return mod
+    from ..ops.nn import pack_oc_weights
+
+    def visit(b, lookup):
+        v = b.value
+        if not (isinstance(v, Call) and v.op == "nn.conv2d" and len(v.args) == 2
+                and isinstance(v.args[1], Constant)):
+            return None
+        x, w = v.args
+        shape = getattr(x.type, "shape", None)
+        if (w.data.dtype != np.float32 or w.data.ndim != 4 or x.type.dtype != "float32"
+                or shape is None or len(shape) != 4
+                or not all(isinstance(d, int) for d in shape + tuple(v.type.shape))
+                or int(v.attrs.get("groups", 1)) != 1
+                or tuple(v.attrs.get("dilation", (1, 1))) != (1, 1)
+                or w.data.shape[2] * w.data.shape[3] == 1 or w.data.shape[0] % 8):
+            return None
+        attrs = {k: val for k, val in v.attrs.items() if k not in ("groups", "dilation")}
+        attrs.update(out_channels=int(w.data.shape[0]), kernel=tuple(w.data.shape[2:]))
+        packed = Constant(f"{w.name}_oc", pack_oc_weights(w.data))
+        return Call("nn.conv2d_oc", [lookup(x), packed],
+                    attrs, v.type)
+
+    return map_functions(mod, lambda fn: rewrite_function(fn, visit))

@@ -34,6 +34,8 @@ def contraction_macs(call: Call) -> int:
         return _elements(call.type.shape) * call.args[0].type.shape[-1]
     if call.op in ("nn.conv2d", "nn.conv"):          # weight [O, C/groups, k...]
         return _elements(call.type.shape) * _elements(call.args[1].type.shape[1:])
+    if call.op == "nn.conv2d_oc":                    # packed weight [blocks, C*kh*kw, 32]
+        return _elements(call.type.shape) * call.args[1].type.shape[1]
     if call.op == "nn.conv_transpose":               # weight [C, O/groups, k...]
         return _elements(call.args[0].type.shape) * _elements(call.args[1].type.shape[1:])
     if call.op == "nn.recurrence":                   # xw [T, B, D*G*H] times R [G*H, H] per step
