@@ -53,6 +53,7 @@ def test_packing_round_trip():
     (2, 24, 9, 13, 40, 5, 2, "hsig", True),       # batch 2, 40 = a block and a vector
     (1, 8, 7, 7, 16, 3, 1, None, False),          # 7-wide rows: a 1-pixel tail tile
     (1, 12, 10, 11, 24, 3, 1, None, True),        # 12 channels: a chunk of 8 and one of 4
+    (1, 16, 20, 1, 32, 3, 1, None, False),        # 1-pixel rows: tiles span rows
 ])
 @pytest.mark.parametrize("threads", [1, 2, 3])
 def test_matches_onnxruntime(tmp_path, n, c, h, w, o, k, s, act, residual, threads):
