@@ -23,6 +23,7 @@ RNG = np.random.default_rng(11)
 CASES = [
     ("panels_and_tail", (40, 96), (96, 72), True, False),        # 4 full panels + 8 columns
     ("row_tail_residual", (29, 64), (64, 48), True, True),       # 29 rows: a 5-row block
+    ("one_row_tail", (19, 40), (40, 40), True, False),           # packed panels, a 1-row block
     ("batched_b", (3, 33, 40), (3, 40, 48), False, False),        # B an input, per batch
     ("broadcast_b", (2, 20, 24), (24, 32), True, True),          # one B for two matrices
     ("long_k", (16, 2100), (2100, 32), True, False),             # K * 64 B > 128 KB
