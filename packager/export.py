@@ -29,7 +29,7 @@ from .ir.graph import IRModule
 from .ir.printer import module_text
 from .passes import DEFAULT_PIPELINE, bind_params, run_pipeline
 from .passes.layout import ONE_ROW_GEMV, PACK_CONV_WEIGHTS
-from .codegen.conv_oc import CONV_OC_VL
+from .codegen.conv_oc import packs_conv_weights
 from .codegen.gemm import vector_width
 from .passes.memory_plan import UnboundedSizeError, bounded_plan
 from .passes.simplify import BindError
@@ -113,7 +113,7 @@ def compile_variants(mod: IRModule, params: Mapping[str, np.ndarray] | None = No
         if params:
             mod = bind_params(mod, params)
         note("passes")
-        token = PACK_CONV_WEIGHTS.set(all(vector_width(t.name) == CONV_OC_VL for t in targets))
+        token = PACK_CONV_WEIGHTS.set(packs_conv_weights(targets))
         try:
             mod = run_pipeline(mod, DEFAULT_PIPELINE, verify=verify_ir)
         finally:

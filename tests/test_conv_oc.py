@@ -87,11 +87,38 @@ def test_bands_of_a_large_image(tmp_path):
                                        atol=1e-4)
 
 
+@pytest.mark.parametrize("n,c,h,w,o,k,s,act", [
+    (1, 16, 12, 12, 32, 3, 1, None),
+    (2, 24, 9, 13, 40, 5, 2, "silu"),     # a block and one vector, stride 2, vector math
+])
+def test_the_sse_variant_of_a_portable_bundle(tmp_path, monkeypatch, x86_levels,
+                                              n, c, h, w, o, k, s, act):
+    """A bundle with an SSE level and AVX2 packs the weights; the 4-lane variant (a block in
+    two passes of 4 vectors, 4 x 4 transposes) runs where AVX2 is missing."""
+    from mlcpack.runtime import load
+
+    model = conv_model(n, c, h, w, o, k, s, act=act)
+    feeds = conv_feeds(n, c, h, w, o, k, s)
+    path, bundle = _export(tmp_path, model, "x86-64-v2,x86-64-v3")
+    assert any("conv2d_oc" in name for name in _kernel_names(bundle))
+    want = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    monkeypatch.setenv("MLCPACK_CPU_FEATURES", x86_levels["x86-64-v2"])
+    for threads in (1, 2):
+        with load(bundle, threads=threads) as m:
+            assert m.code_variant["level"] == "x86-64-v2"
+            np.testing.assert_allclose(list(m.run(feeds).values())[0], want, rtol=1e-4,
+                                       atol=1e-4)
+
+
 @pytest.mark.parametrize("o,k,target,packed", [
     (32, 3, AVX2, True),
+    (32, 3, "x86-64,x86-64-v2,x86-64-v3", True),   # the portable bundle of an AVX2 host
     (20, 3, AVX2, False),             # output channels not in whole vectors
     (32, 1, AVX2, False),             # 1x1: the register-blocked kernel reads it in place
     (32, 3, "x86-64-v4", False),      # measured on 8-lane vectors only
+    (32, 3, "x86-64-v3,x86-64-v4", False),
+    (32, 3, "x86-64-v2", False),
+    (32, 3, "aarch64", False),
 ])
 def test_which_convolutions_are_packed(tmp_path, o, k, target, packed):
     model = conv_model(1, 16, 10, 10, o, k, 1)

@@ -42,11 +42,11 @@ from ..ir import te
 from ..ir.graph import PrimFunc
 from ..ir.patterns import reduction_tag
 
-# The targets whose kernels the export packs convolution weights for (passes/layout.py): the
-# tile and the 8 x 8 transposes are written and measured for 8-lane vectors (AVX2).
-CONV_OC_VL = 8
 OC_BLOCK = 32
 REGISTERS = 16
+# Weight vectors per register tile (16 registers: 4 x 3 pixels of accumulators); a block's
+# vectors past it (4-lane targets: 8 per block) are computed in passes of up to this many.
+MAX_TILE_VECTORS = 4
 MAX_TASK_REGIONS = 8
 # Reduction steps (input channels x taps) per chunk: a block's weights for a chunk (32 x 72
 # floats, 9 KB: 8 channels of a 3x3 window) stay in L1 over the group's tiles, and the partial
@@ -57,6 +57,16 @@ CHUNK_STEPS = 72
 ROW_BUFFER_BYTES = 16 * 1024
 # A band's copied input rows: at most this many bytes (in L2 for all its blocks).
 BAND_BYTES = 256 * 1024
+
+
+def packs_conv_weights(targets) -> bool:
+    """Whether the export packs convolution weights for ``targets`` (passes/layout.py): x86
+    targets with 8-lane vectors (AVX2), where the kernel is measured, with or without the
+    4-lane (SSE) levels of a portable bundle; not with AVX-512's 16 lanes or on aarch64, where
+    the register-blocked kernel stays (tuned there, this kernel not measured)."""
+    widths = {gemm.vector_width(t.name) for t in targets}
+    return (bool(targets) and all(t.arch == "x86_64" for t in targets) and 8 in widths
+            and widths <= {4, 8})
 
 
 def match_conv_oc(func: PrimFunc) -> Contraction | None:
@@ -102,7 +112,7 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
     def _geometry(self) -> None:
         x, wp = self.match.tag.operands
         attrs = self.match.tag.attrs
-        assert self.vl == CONV_OC_VL, "nn.conv2d_oc is packed for 8-lane targets only"
+        assert self.vl in (4, 8), "nn.conv2d_oc is packed for 4- and 8-lane targets only"
         self.n, self.c, self.h, self.w = x.shape
         self.o = attrs["out_channels"]
         self.kh, self.kw = attrs["kernel"]
@@ -213,7 +223,9 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
             with part:
                 self._emit_band(nb, blk, oy_lo, planes, row0, last_nv)
 
-    def _emit_band(self, nb, blk, oy_lo, planes, row0, nv: int) -> None:
+    def _emit_band(self, nb, blk, oy_lo, planes, row0, nvb: int) -> None:
+        """The block's ``nvb`` channel vectors over the band, in passes of at most
+        MAX_TILE_VECTORS vectors per register tile."""
         b = self.builder
         w_ptr = self.buffers[self.match.tag.operands[1].uid]
         wblk = b.gep(w_ptr, [b.mul(blk, const_i64(self.k * OC_BLOCK))], inbounds=True)
@@ -222,7 +234,8 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
                             const_i64(self.oh))
         ngroups = b.sdiv(b.add(b.sub(band_end, oy_lo), const_i64(self.rows - 1)),
                          const_i64(self.rows))
-        mr = self._tile_rows(nv)
+        passes = [(v0, min(MAX_TILE_VECTORS, nvb - v0))
+                  for v0 in range(0, nvb, MAX_TILE_VECTORS)]
         with for_range(b, const_i64(0), ngroups, "grp") as g:
             oy0 = b.add(oy_lo, b.mul(g, const_i64(self.rows)))
             left = b.sub(band_end, oy0)
@@ -239,24 +252,27 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
                 # the group's pixels, row after row, mr at a time (a tile may span two rows)
                 prow0 = b.mul(b.sub(oy0, row0), const_i64(self.sh))
                 npix = b.mul(nrows, const_i64(self.ow))
-                full = b.sdiv(npix, const_i64(mr))
-                with for_range(b, const_i64(0), full, "tx") as tx:
-                    self._tile(planes, prow0, b.mul(tx, const_i64(mr)), mr, nv, wblk, c0, c1,
-                               first)
-                rest = b.sub(npix, b.mul(full, const_i64(mr)))
-                for count in range(1, mr):
-                    with b.if_then(b.icmp_signed("==", rest, const_i64(count))):
-                        self._tile(planes, prow0, b.mul(full, const_i64(mr)), count, nv, wblk,
+                for v0, nv in passes:
+                    mr = self._tile_rows(nv)
+                    full = b.sdiv(npix, const_i64(mr))
+                    with for_range(b, const_i64(0), full, "tx") as tx:
+                        self._tile(planes, prow0, b.mul(tx, const_i64(mr)), mr, v0, nv, wblk,
                                    c0, c1, first)
+                    rest = b.sub(npix, b.mul(full, const_i64(mr)))
+                    for count in range(1, mr):
+                        with b.if_then(b.icmp_signed("==", rest, const_i64(count))):
+                            self._tile(planes, prow0, b.mul(full, const_i64(mr)), count, v0, nv,
+                                       wblk, c0, c1, first)
             with for_range(b, const_i64(0), nrows, "orow") as r:
                 rowbuf = b.gep(self.rowbuf, [b.mul(r, const_i64(self.ow * OC_BLOCK))],
                                inbounds=True)
-                self._emit_row(nb, blk, b.add(oy0, r), rowbuf, nv)
+                self._emit_row(nb, blk, b.add(oy0, r), rowbuf, nvb)
 
-    def _tile(self, planes, prow0, p0, mr: int, nv: int, wblk, c0, c1, first) -> None:
+    def _tile(self, planes, prow0, p0, mr: int, v0: int, nv: int, wblk, c0, c1, first
+              ) -> None:
         """The group's pixels p0 .. p0 + mr - 1 (pixel p: row p // ow from plane row
-        ``prow0``, column p % ow) times ``nv`` channel vectors, over input channels c0 .. c1 -
-        1, added to (first chunk: stored in) the row buffer."""
+        ``prow0``, column p % ow) times the block's channel vectors v0 .. v0 + nv - 1, over
+        input channels c0 .. c1 - 1, added to (first chunk: stored in) the row buffer."""
         b, vl = self.builder, self.vl
         plane_stride = self.plane_floats
         row_stride = self.wpc
@@ -267,7 +283,7 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
 
         def buf_ptr(j, v):
             return self._vec_ptr(self.rowbuf, b.add(b.mul(pix[j], const_i64(OC_BLOCK)),
-                                                    const_i64(v * vl)))
+                                                    const_i64((v0 + v) * vl)))
 
         for j in range(mr):
             for v in range(nv):
@@ -290,7 +306,7 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
                                                    inbounds=True))) for xc in xcs]
                     for v in range(nv):
                         wv = b.load(self._vec_ptr(wc, const_i64((ky * self.kw + kx) * OC_BLOCK
-                                                                + v * vl)), align=4)
+                                                                + (v0 + v) * vl)), align=4)
                         for j in range(mr):
                             vals[j * nv + v] = self._fma(wv, xs[j], vals[j * nv + v])
             for a, val in zip(accs, vals):
@@ -300,8 +316,9 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
                 b.store(b.load(accs[j * nv + v]), buf_ptr(j, v), align=4)
 
     def _emit_row(self, nb, blk, oy, rowbuf, nv: int) -> None:
-        """Output row ``oy`` of the block from the row buffer ([ox][32 channels]): 8 x 8
-        transposes into vectors along the row, each through the fused epilogue."""
+        """Output row ``oy`` of the block's ``nv`` channel vectors from the row buffer ([ox][32
+        channels]): vl x vl transposes into vectors along the row, each through the fused
+        epilogue."""
         b, vl = self.builder, self.vl
         out = self.match.out
         nq = -(-self.ow // vl)
@@ -314,7 +331,7 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
                                                                  const_i64(OC_BLOCK)),
                                                            const_i64(v * vl))), align=4)
                         for i in range(vl)]
-                cols = _transpose8(b, rows)
+                cols = _transpose(b, rows)
                 for i in range(vl):
                     oc = b.add(b.mul(blk, const_i64(OC_BLOCK)), const_i64(v * vl + i))
                     self.env = {id(out.axes[0]): nb, id(out.axes[1]): oc}
@@ -332,11 +349,20 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
             chunk(const_i64(nq - 1), tail)
 
 
-def _transpose8(b: ir.IRBuilder, rows: list[ir.Value]) -> list[ir.Value]:
-    """An 8 x 8 float transpose of 8 vectors (row i lane j -> vector j lane i): unpacks of
-    32-bit, then 64-bit pairs, then 128-bit halves."""
+def _transpose(b: ir.IRBuilder, rows: list[ir.Value]) -> list[ir.Value]:
+    """A 4 x 4 or 8 x 8 float transpose of as many vectors (row i lane j -> vector j lane i):
+    unpacks of 32-bit, then 64-bit pairs (then 128-bit halves)."""
+    n = len(rows)
+
     def shuf(a, c, lanes):
-        return b.shuffle_vector(a, c, ir.Constant(ir.VectorType(I32, 8), lanes))
+        return b.shuffle_vector(a, c, ir.Constant(ir.VectorType(I32, n), lanes))
+
+    if n == 4:
+        lo01, hi01 = shuf(rows[0], rows[1], [0, 4, 1, 5]), shuf(rows[0], rows[1], [2, 6, 3, 7])
+        lo23, hi23 = shuf(rows[2], rows[3], [0, 4, 1, 5]), shuf(rows[2], rows[3], [2, 6, 3, 7])
+        return [shuf(lo01, lo23, [0, 1, 4, 5]), shuf(lo01, lo23, [2, 3, 6, 7]),
+                shuf(hi01, hi23, [0, 1, 4, 5]), shuf(hi01, hi23, [2, 3, 6, 7])]
+    assert n == 8
 
     t = []
     for i in range(0, 8, 2):
