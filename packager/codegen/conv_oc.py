@@ -189,23 +189,34 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
         b = self.builder
         memset = gemm.intrinsic(self.module, "llvm.memset.p0i8.i64", ir.VoidType(),
                                 [ir.IntType(8).as_pointer(), ir.IntType(8), ir.IntType(64), I1])
-        b.call(memset, [b.bitcast(region, ir.IntType(8).as_pointer()),
-                        ir.Constant(ir.IntType(8), 0),
-                        const_i64(4 * self.c * self.plane_floats), ir.Constant(I1, 0)])
+
+        def zero(ptr, floats):
+            b.call(memset, [b.bitcast(ptr, ir.IntType(8).as_pointer()),
+                            ir.Constant(ir.IntType(8), 0), b.mul(floats, const_i64(4)),
+                            ir.Constant(I1, 0)])
+
         top = b.sub(b.mul(oy_lo, const_i64(self.sh)), const_i64(self.pt))
         # the band's rows inside the image: r in [max(0, -top), min(band_in, h - top))
         r_lo = b.select(b.icmp_signed("<", top, const_i64(0)), b.neg(top), const_i64(0))
         r_hi = b.sub(const_i64(self.h), top)
         r_hi = b.select(b.icmp_signed("<", r_hi, const_i64(self.band_in)), r_hi,
                         const_i64(self.band_in))
+        right = self.wpc - self.pl - self.w
+        zeros = ir.Constant(F32, 0.0)
         with for_range(b, const_i64(0), const_i64(self.c), "cpc") as ic:
             src_plane = b.gep(x_img, [b.mul(ic, const_i64(self.h * self.w))], inbounds=True)
             dst_plane = b.gep(region, [b.mul(ic, const_i64(self.plane_floats))], inbounds=True)
+            # rows above and below the image: zeros; rows inside: their margins zeroed (the
+            # rest is copied), not the whole band cleared first
+            zero(dst_plane, b.mul(r_lo, const_i64(self.wpc)))
+            zero(b.gep(dst_plane, [b.mul(r_hi, const_i64(self.wpc))], inbounds=True),
+                 b.mul(b.sub(const_i64(self.band_in), r_hi), const_i64(self.wpc)))
             with for_range(b, r_lo, r_hi, "cpr") as r:
                 src = b.gep(src_plane, [b.mul(b.add(top, r), const_i64(self.w))], inbounds=True)
-                dst = b.gep(dst_plane, [b.add(b.mul(r, const_i64(self.wpc)),
-                                              const_i64(self.pl))], inbounds=True)
-                self._copy_run(src, 0, dst, 0, self.w)
+                row = b.gep(dst_plane, [b.mul(r, const_i64(self.wpc))], inbounds=True)
+                for j in list(range(self.pl)) + list(range(self.pl + self.w, self.wpc)):
+                    b.store(zeros, b.gep(row, [const_i64(j)], inbounds=True))
+                self._copy_run(src, 0, row, self.pl, self.w)
 
     def _emit_block(self, nb, blk, oy_lo, planes, row0) -> None:
         """Block ``blk`` of output channels over the band from output row oy_lo: its full
