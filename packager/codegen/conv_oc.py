@@ -53,6 +53,10 @@ MAX_TASK_REGIONS = 8
 # sums' loads and stores are few beside its multiply-adds (vit_saliency's 1x2 windows with
 # chunks of 8 channels: 16 steps, 0.9x the register-blocked kernel's speed).
 CHUNK_STEPS = 72
+# Windows of up to this many taps are unrolled in the reduction loop; past it (5x5, 7x7) the
+# window's rows are a loop: LLVM's scheduler hoists the next taps' loads across a long unrolled
+# run and spills (ResNet's 7x7 stem: 367 stack accesses per 588 multiply-adds).
+UNROLLED_TAPS = 9
 # The row buffer: output rows accumulated together, at most this many bytes.
 ROW_BUFFER_BYTES = 16 * 1024
 # A band's copied input rows: at most this many bytes (in L2 for all its blocks).
@@ -305,23 +309,38 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
             prow = b.add(prow0, b.mul(r, const_i64(self.sh)))
             bases.append(b.gep(planes, [b.add(b.mul(prow, const_i64(row_stride)),
                                               b.mul(ox, const_i64(self.sw)))], inbounds=True))
+        def taps(xcs, wc, ky, ky_row: int, vals: list) -> list:
+            """One window row's taps (``ky`` the row's offset, ``ky_row`` its index in the
+            unrolled rows) added to ``vals``."""
+            for kx in range(self.kw):
+                xs = [self._splat(b.load(b.gep(xc, [b.add(ky, const_i64(ky_row * row_stride
+                                                                          + kx))],
+                                               inbounds=True))) for xc in xcs]
+                for v in range(nv):
+                    wv = b.load(self._vec_ptr(wc, const_i64((ky_row * self.kw + kx) * OC_BLOCK
+                                                            + (v0 + v) * vl)), align=4)
+                    for j in range(mr):
+                        vals[j * nv + v] = self._fma(wv, xs[j], vals[j * nv + v])
+            return vals
+
         with for_range(b, c0, c1, "ic") as ic:
             off = b.mul(ic, const_i64(plane_stride))
             xcs = [b.gep(base, [off], inbounds=True) for base in bases]
             wc = b.gep(wblk, [b.mul(ic, const_i64(self.kh * self.kw * OC_BLOCK))],
                        inbounds=True)
-            vals = [b.load(a) for a in accs]
-            for ky in range(self.kh):
-                for kx in range(self.kw):
-                    xs = [self._splat(b.load(b.gep(xc, [const_i64(ky * row_stride + kx)],
-                                                   inbounds=True))) for xc in xcs]
-                    for v in range(nv):
-                        wv = b.load(self._vec_ptr(wc, const_i64((ky * self.kw + kx) * OC_BLOCK
-                                                                + (v0 + v) * vl)), align=4)
-                        for j in range(mr):
-                            vals[j * nv + v] = self._fma(wv, xs[j], vals[j * nv + v])
-            for a, val in zip(accs, vals):
-                b.store(val, a)
+            if self.kh * self.kw <= UNROLLED_TAPS:
+                vals = [b.load(a) for a in accs]
+                for ky in range(self.kh):
+                    vals = taps(xcs, wc, const_i64(0), ky, vals)
+                for a, val in zip(accs, vals):
+                    b.store(val, a)
+            else:   # a loop over the window's rows (LLVM spills a fully unrolled 7x7)
+                with for_range(b, const_i64(0), const_i64(self.kh), "ky") as ky:
+                    vals = taps(xcs, b.gep(wc, [b.mul(ky, const_i64(self.kw * OC_BLOCK))],
+                                           inbounds=True), b.mul(ky, const_i64(row_stride)), 0,
+                                [b.load(a) for a in accs])
+                    for a, val in zip(accs, vals):
+                        b.store(val, a)
         for j in range(mr):
             for v in range(nv):
                 b.store(b.load(accs[j * nv + v]), buf_ptr(j, v), align=4)
