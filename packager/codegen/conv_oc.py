@@ -48,11 +48,13 @@ REGISTERS = 16
 # vectors past it (4-lane targets: 8 per block) are computed in passes of up to this many.
 MAX_TILE_VECTORS = 4
 MAX_TASK_REGIONS = 8
-# Reduction steps (input channels x taps) per chunk: a block's weights for a chunk (32 x 72
-# floats, 9 KB: 8 channels of a 3x3 window) stay in L1 over the group's tiles, and the partial
-# sums' loads and stores are few beside its multiply-adds (vit_saliency's 1x2 windows with
-# chunks of 8 channels: 16 steps, 0.9x the register-blocked kernel's speed).
-CHUNK_STEPS = 72
+# Reduction steps (input channels x taps) per chunk: a block's weights for a chunk (32 x 144
+# floats, 18 KB: 16 channels of a 3x3 window) stay in L1 over the group's tiles, and the
+# partial sums' loads and stores are few beside its multiply-adds (vit_saliency's 1x2 windows
+# with chunks of 8 channels, 16 steps: 0.9x the register-blocked kernel's speed; 72 steps
+# against 144, 1 thread: 3x3 64->64 56^2 1.011 / 0.994, 256->256 14^2 0.972 / 0.965, crnn's
+# 128->128 8x32 min 0.999 / 0.961 of ORT's time, the rest within 1 %).
+CHUNK_STEPS = 144
 # Windows of up to this many taps are unrolled in the reduction loop; past it (5x5, 7x7) the
 # window's rows are a loop: LLVM's scheduler hoists the next taps' loads across a long unrolled
 # run and spills (ResNet's 7x7 stem: 367 stack accesses per 588 multiply-adds).
