@@ -134,11 +134,12 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
             if self.copy else self.w
         rows_for = lambda r: (r - 1) * self.sh + self.kh   # noqa: E731 - input rows of r rows
         self.rows = max(1, min(self.oh, ROW_BUFFER_BYTES // (self.ow * OC_BLOCK * 4)))
-        if self.copy:
+        if self.copy:   # bands of equal heights (tasks take equal runs of them)
             band = self.oh
             while band > self.rows and 4 * self.c * rows_for(band) * self.wpc > BAND_BYTES:
-                band -= self.rows
-            self.band = max(self.rows, band - band % self.rows if band < self.oh else band)
+                band -= 1
+            nbands = -(-self.oh // band)
+            self.band = -(-self.oh // nbands)
             self.band_in = rows_for(self.band)
         else:
             self.band = self.oh
@@ -207,7 +208,6 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
         r_hi = b.sub(const_i64(self.h), top)
         r_hi = b.select(b.icmp_signed("<", r_hi, const_i64(self.band_in)), r_hi,
                         const_i64(self.band_in))
-        right = self.wpc - self.pl - self.w
         zeros = ir.Constant(F32, 0.0)
         with for_range(b, const_i64(0), const_i64(self.c), "cpc") as ic:
             src_plane = b.gep(x_img, [b.mul(ic, const_i64(self.h * self.w))], inbounds=True)
