@@ -3,30 +3,34 @@
 at export by ``ops.nn.pack_oc_weights`` into blocks of 32 output channels, each block's
 ``[C * kh * kw, 32]`` weights contiguous).
 
-The register tile is MR output pixels of one output row times a block's 32 channels (on AVX2:
-3 pixels x 4 vectors, 12 accumulators). Every reduction step (input channel ic, tap ky, kx)
-broadcasts the MR pixels' inputs and loads the block's 4 weight vectors, one at a time, each
-into MR multiply-adds: 12 + 3 + 1 = 16 registers, no spills. Unlike the register-blocked
-kernel with pixels on the lanes (codegen/gemm.py), no column is computed and dropped (rows of
-7, 14 or 28 pixels waste 1/9 to 2/9 of its lanes), the input is not copied by stride phase,
-and a window of any width needs no wider planes; this is ONNX Runtime's NCHWc idea (MLAS), with
-the NCHW layout kept at the kernel's edges.
+The register tile is MR output pixels times 4 channel vectors (on AVX2: 3 pixels x 32
+channels, 12 accumulators). Every reduction step (input channel ic, tap ky, kx) broadcasts the
+MR pixels' inputs and loads the 4 weight vectors, one at a time, each into MR multiply-adds:
+12 + 3 + 1 = 16 registers, no spills. Unlike the register-blocked kernel with pixels on the
+lanes (codegen/gemm.py), no column is computed and dropped (rows of 7, 14 or 28 pixels waste
+1/9 to 2/9 of its lanes), the input is not copied by stride phase, and a window of any width
+needs no wider planes; this is ONNX Runtime's NCHWc idea (MLAS), with the NCHW layout kept at
+the kernel's edges.
 
 Per task (a run of (image, band, block) items, the block innermost):
 
-- a *band* of output rows has its input rows copied once, zero-padded, into the task's
-  workspace region (no copy without padding: the kernel reads the input in place);
-- within a band, per block, *groups* of R output rows are accumulated in the task's row buffer
-  (``[R, OW + 8, 32]``, fits L1): the reduction runs over chunks of input channels (CHUNK_STEPS), each
-  chunk over all the group's tiles (its 32 x CHUNK_STEPS weights stay in L1), the partial
-  sums loaded and stored per chunk;
-- then each row of the group goes out: 8 x 8 blocks (8 pixels x 8 channels) of the row buffer
+- a *band* of output rows (bands of equal heights, their copied input rows within BAND_BYTES)
+  has its input rows copied once, zero-padded, into the task's workspace region (no copy
+  without padding: the kernel reads the input in place);
+- within a band, per block, *groups* of output rows are accumulated in the task's row buffer
+  (``[rows * OW + 8, 32]``, ROW_BUFFER_BYTES): the reduction runs over chunks of CHUNK_STEPS
+  (input channels x taps), each chunk over all the group's pixels, MR at a time row after row
+  (a tile may span two rows: no 1- or 2-pixel tile per row), its 32 x CHUNK_STEPS weights
+  staying in L1; the partial sums are loaded and stored per chunk; windows past UNROLLED_TAPS
+  loop over their rows;
+- then each row of the group goes out: vl x vl blocks (pixels x channels) of the row buffer
   are transposed in registers into vectors along the output row, which the fused epilogue
   (bias, BatchNorm, activation, residual add: depthwise.emit_epilogue) finishes and stores.
 
-Measured on Zen 4 (AVX2, 1 thread, against ORT's NCHWc convolution, same process): 3x3 64->64
-56^2, 128->128 28^2, 256->256 14^2, 512->512 7^2, 64->128 s2 56^2, 256->512 s2 14^2: 0.94-1.04x
-of ORT's time as a prototype, where the register-blocked kernel took 1.06-1.21x.
+With 4-lane vectors (the SSE levels of a portable bundle) a block's 8 vectors run in two passes
+of 4. Measured on Zen 4 (AVX2, 1 thread, against ORT's NCHWc convolution, same process, the
+register-blocked kernel before it in parentheses): ResNet-18's 3x3 convolutions 0.94-1.01x
+(1.06-1.21x), its 7x7 stride-2 stem 0.98x (1.15x).
 """
 
 from __future__ import annotations
