@@ -30,7 +30,7 @@ Per task (a run of (image, band, block) items, the block innermost):
 With 4-lane vectors (the SSE levels of a portable bundle) a block's 8 vectors run in two passes
 of 4. Measured on Zen 4 (AVX2, 1 thread, against ORT's NCHWc convolution, same process, the
 register-blocked kernel before it in parentheses): ResNet-18's 3x3 convolutions 0.94-1.01x
-(1.06-1.21x), its 7x7 stride-2 stem 0.98x (1.15x).
+(1.06-1.21x), its 7x7 stride-2 stem 0.98x (1.20x).
 """
 
 from __future__ import annotations
