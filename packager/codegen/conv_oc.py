@@ -67,6 +67,9 @@ UNROLLED_TAPS = 9
 ROW_BUFFER_BYTES = 16 * 1024
 # A band's copied input rows: at most this many bytes (in L2 for all its blocks).
 BAND_BYTES = 256 * 1024
+# Work items (image, band, block) the tasks share: at least this many where the output has the
+# rows (a 32-channel conv on 40x40 was one item, all of it on one thread).
+MIN_ITEMS = 8
 
 
 def packs_conv_weights(targets) -> bool:
@@ -138,17 +141,16 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
             if self.copy else self.w
         rows_for = lambda r: (r - 1) * self.sh + self.kh   # noqa: E731 - input rows of r rows
         self.rows = max(1, min(self.oh, ROW_BUFFER_BYTES // (self.ow * OC_BLOCK * 4)))
-        if self.copy:   # bands of equal heights (tasks take equal runs of them)
-            band = self.oh
-            while band > self.rows and 4 * self.c * rows_for(band) * self.wpc > BAND_BYTES:
-                band -= 1
-            nbands = -(-self.oh // band)
-            self.band = -(-self.oh // nbands)
-            self.band_in = rows_for(self.band)
-        else:
-            self.band = self.oh
-            self.band_in = self.h
+        # bands of equal heights (tasks take equal runs of them), at least MIN_ITEMS items
+        band = self.oh
+        while self.copy and band > self.rows and \
+                4 * self.c * rows_for(band) * self.wpc > BAND_BYTES:
+            band -= 1
+        nbands = -(-self.oh // band)
+        nbands = max(nbands, min(self.oh, -(-MIN_ITEMS // (self.n * self.nblocks))))
+        self.band = -(-self.oh // nbands)
         self.nbands = -(-self.oh // self.band)
+        self.band_in = rows_for(self.band) if self.copy else self.h
         self.plane_floats = self.band_in * self.wpc if self.copy else self.h * self.w
         plane_region = self.c * self.plane_floats + 16 if self.copy else 0
         self.rowbuf_floats = (self.rows * self.ow + 8) * OC_BLOCK
