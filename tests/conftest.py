@@ -165,6 +165,15 @@ def x86_levels() -> dict[str, str]:
     return {"x86-64-v2": X86_V2, "x86-64-v3": X86_V3, "x86-64-v4": X86_V4}
 
 
+@pytest.fixture()
+def register_blocked_conv(monkeypatch) -> None:
+    """Exports in the test keep ``nn.conv2d`` (the register-blocked kernel, codegen/gemm.py)
+    where an AVX2 target would pack the weights for codegen/conv_oc.py: that kernel still serves
+    AVX-512, aarch64, 1x1 and symbolic convolutions, and its tests cover its paths."""
+    import mlcpack.packager.export as export
+    monkeypatch.setattr(export, "packs_conv_weights", lambda targets: False)
+
+
 @pytest.fixture(scope="session")
 def paths() -> dict[str, Path]:
     return {"root": ROOT, "artifacts": ARTIFACTS, "samples": SAMPLES, "mlp_pickle": MLP_PICKLE,

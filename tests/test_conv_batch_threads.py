@@ -19,7 +19,12 @@ from mlcpack.runtime import load
     ((3, 24, 44, 12), (16, 24, 3, 3), (0, 1, 2, 1)),
 ])
 @pytest.mark.parametrize("threads", [2, 3])
-def test_batched_conv_on_threads_is_deterministic(tmp_path, xs, ws, padding, threads):
+@pytest.mark.parametrize("packed", [False, True])   # gemm.py's kernel / conv_oc.py's
+def test_batched_conv_on_threads_is_deterministic(tmp_path, monkeypatch, xs, ws, padding,
+                                                  threads, packed):
+    if not packed:
+        import mlcpack.packager.export as export
+        monkeypatch.setattr(export, "packs_conv_weights", lambda targets: False)
     rng = np.random.default_rng(1)
     x, w = rng.standard_normal(xs).astype(np.float32), rng.standard_normal(ws).astype(np.float32)
     attrs = dict(strides=(1, 1), padding=padding, dilation=(1, 1), groups=1)

@@ -17,6 +17,8 @@ from mlcpack.packager.codegen.conv_symbolic import _symbolic_tile
 from mlcpack.packager.codegen.gemm import conv_geometry
 
 ort = pytest.importorskip("onnxruntime")
+# these tests are of the register-blocked kernel (gemm.py), not conv_oc.py
+pytestmark = pytest.mark.usefixtures("register_blocked_conv")
 
 
 @pytest.mark.parametrize("c,o,k,tile", [

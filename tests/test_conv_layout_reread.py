@@ -15,6 +15,8 @@ from mlcpack.packager.export import ExportOptions, export_module
 from mlcpack.runtime import load
 
 ort = pytest.importorskip("onnxruntime")
+# these tests are of the register-blocked kernel (gemm.py), not conv_oc.py
+pytestmark = pytest.mark.usefixtures("register_blocked_conv")
 
 
 def _model(c, h, w, o, s, bias):

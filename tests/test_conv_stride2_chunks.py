@@ -19,6 +19,8 @@ from conv_models import assert_matches_onnxruntime, conv_feeds
 from conv_models import conv_model as _model, conv_out_size as _out_size
 
 ort = pytest.importorskip("onnxruntime")
+# these tests are of the register-blocked kernel (gemm.py), not conv_oc.py
+pytestmark = pytest.mark.usefixtures("register_blocked_conv")
 
 
 CASES = [   # n, c, h, w, o, k, s, act, residual, threads, path

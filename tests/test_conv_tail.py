@@ -14,6 +14,8 @@ from mlcpack.packager.codegen.gemm import conv_geometry
 from conv_models import assert_matches_onnxruntime, conv_feeds, conv_model, conv_out_size
 
 ort = pytest.importorskip("onnxruntime")
+# these tests are of the register-blocked kernel (gemm.py), not conv_oc.py
+pytestmark = pytest.mark.usefixtures("register_blocked_conv")
 
 
 CASES = [   # n, c, h, o, k, s, act, residual, threads
