@@ -28,7 +28,7 @@ from .ir.builder import BuilderError
 from .ir.graph import IRModule
 from .ir.printer import module_text
 from .passes import DEFAULT_PIPELINE, bind_params, run_pipeline
-from .passes.layout import ONE_ROW_GEMV, PACK_CONV_WEIGHTS
+from .passes.layout import ONE_ROW_GEMV, PACK_CONV_WEIGHTS, PACK_MATMUL_WEIGHTS
 from .codegen.conv_oc import packs_conv_weights
 from .codegen.gemm import vector_width
 from .passes.memory_plan import UnboundedSizeError, bounded_plan
@@ -114,9 +114,13 @@ def compile_variants(mod: IRModule, params: Mapping[str, np.ndarray] | None = No
             mod = bind_params(mod, params)
         note("passes")
         token = PACK_CONV_WEIGHTS.set(packs_conv_weights(targets))
+        names = {t.name for t in targets}   # AVX2 measured; its 128-bit level beside it neutral
+        mm_token = PACK_MATMUL_WEIGHTS.set("x86-64-v3" in names
+                                           and names <= {"x86-64-v2", "x86-64-v3"})
         try:
             mod = run_pipeline(mod, DEFAULT_PIPELINE, verify=verify_ir)
         finally:
+            PACK_MATMUL_WEIGHTS.reset(mm_token)
             PACK_CONV_WEIGHTS.reset(token)
         note("codegen")
         funcs = list(mod.prim_funcs().values())

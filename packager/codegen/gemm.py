@@ -6,7 +6,9 @@ target's vector width) and, for every step k of the reduction, loads NR contiguo
 "wide" operand and broadcasts MR scalars of the "narrow" one into fused multiply-adds:
 
 - matmul: ``out[m, n] = sum_k a[m, k] * b[k, n]``: rows m are broadcast from ``a``, the wide
-  operand is a row of ``b`` (masked loads on the last, partial panel).
+  operand is a row of ``b`` (masked loads on the last, partial panel), or of a panel of a
+  constant ``b`` packed at export (``matmul_packed``, ops/nn.py: [ceil(N / 16), K, 16], the
+  last panel zero-filled: plain loads throughout, no copy at run time).
 - conv2d: the input is first copied, zero-padded and split by stride phase into *planes* in the
   workspace, so that for every tap (ic, ky, kx) the values needed by a run of consecutive
   flattened outputs ``p = oy * Wq + ox`` (Wq >= the padded width / stride) are contiguous: a
@@ -92,7 +94,7 @@ def match_contraction(func: PrimFunc) -> Contraction | None:
         return None
     tag = reduction_tag(reduces[0])
     inputs = {t.uid for t in func.inputs}
-    if tag is None or tag.kind not in ("conv2d", "matmul") \
+    if tag is None or tag.kind not in ("conv2d", "matmul", "matmul_packed") \
             or not all(t.uid in inputs and t.dtype == "float32" for t in tag.operands):
         return None
     if tag.kind == "conv2d" and tuple(tag.attrs["dilation"]) != (1, 1):
@@ -404,6 +406,8 @@ class ContractionEmitter(KernelEmitter):
         self._packed_b: ir.Value | None = None   # the packed B panel _matmul_panel reads
         self._pack_region: ir.Value | None = None   # this task's region for it (workspace)
         self._part_base: ir.Value | None = None   # the conv's reduction-chunk tiles (workspace)
+        # B packed at export into panels [ceil(N / nr), K, nr] (ops/nn.py matmul_packed)
+        self._const_panels = match.tag.kind == "matmul_packed"
 
     # The contraction inside the epilogue expression reads the register tile.
     def _reduce(self, e: te.Reduce, env: dict) -> ir.Value:
@@ -783,7 +787,8 @@ class ContractionEmitter(KernelEmitter):
                 rest = b.sdiv(rest, self._dim_value(n))
             bidx.reverse()
             a_base = b.gep(a_ptr, [self._batch_offset(a_t, bidx)], inbounds=True)
-            b_base = b.gep(b_ptr, [self._batch_offset(b_t, bidx)], inbounds=True)
+            b_base = b_ptr if self._const_panels else \
+                b.gep(b_ptr, [self._batch_offset(b_t, bidx)], inbounds=True)
             n0 = b.mul(jp, const_i64(nr))
             remaining = b.sub(self._dim_value(N), n0)
             masks = [self._lane_mask(remaining, v) for v in range(nv)]
@@ -840,7 +845,8 @@ class ContractionEmitter(KernelEmitter):
                 rest = b.sdiv(rest, self._dim_value(n))
             bidx.reverse()
             a_base = b.gep(a_ptr, [self._batch_offset(a_t, bidx)], inbounds=True)
-            b_base = b.gep(b_ptr, [self._batch_offset(b_t, bidx)], inbounds=True)
+            b_base = b_ptr if self._const_panels else \
+                b.gep(b_ptr, [self._batch_offset(b_t, bidx)], inbounds=True)
             n0 = b.mul(jp, const_i64(nr))
             remaining = b.sub(const_i64(N), n0)
             masks = [self._lane_mask(remaining, v) for v in range(nv)]
@@ -862,6 +868,8 @@ class ContractionEmitter(KernelEmitter):
         row block streams it from L2 through the TLB; packed it stays in L1 (K <= 512) or
         streams sequentially. Worth it when the panel is reused by enough row blocks (M >=
         PACK_B_MIN_ROWS), B has more than one panel, and the buffer fits PACK_B_MAX_BYTES."""
+        if self._const_panels:   # packed at export already
+            return False
         _, M, K, N = self._matmul_shape()
         mr, nv = self._matmul_tile()
         nr = nv * self.vl
@@ -872,6 +880,31 @@ class ContractionEmitter(KernelEmitter):
         _, _, K, _ = self._matmul_shape()
         _, nv = self._matmul_tile()
         return -(-K * nv * self.vl * 4 // WORKSPACE_ALIGN) * WORKSPACE_ALIGN
+
+    def _const_panel_vector(self, b_base, n0, nv: int):
+        """With B packed at export (``matmul_packed``: panels [ceil(N / nrp), K, nrp], the last
+        zero-filled past N), ``load(k, v)``: the vector of row k at columns n0 + v * vl, a plain
+        load (nrp a multiple of vl, so a vector never straddles two panels; a vector wholly
+        past the last panel, of a tile wider than what is left of N, reads panel 0 instead:
+        computed, never stored). None for a B read as [K, N]."""
+        if not self._const_panels:
+            return None
+        b = self.builder
+        _, _, K, N = self._matmul_shape()
+        nrp = int(self.match.tag.attrs["nr"])
+        assert nrp % self.vl == 0, (nrp, self.vl)
+        padded = -(-N // nrp) * nrp
+        bases = []
+        for v in range(nv):
+            col = b.add(n0, const_i64(v * self.vl))
+            off = b.add(b.mul(b.sdiv(col, const_i64(nrp)), const_i64(K * nrp)),
+                        b.srem(col, const_i64(nrp)))
+            bases.append(b.select(b.icmp_signed("<", col, const_i64(padded)), off, const_i64(0)))
+
+        def load(k, v):
+            return b.load(self._vec_ptr(b_base, b.add(bases[v], b.mul(k, const_i64(nrp)))),
+                          align=4)
+        return load
 
     def _matmul_full_panel(self, b_base, n0, a_base, bidx, remaining, masks) -> None:
         """A panel of nr columns, all present: packed on the way if ``_packs_b`` (the first row
@@ -933,12 +966,15 @@ class ContractionEmitter(KernelEmitter):
         nr = nv * self.vl
         packed = self._packed_b
         line_floats = 64 // 4
+        const_panel = self._const_panel_vector(b_base, n0, nv)
 
         def a_scalar(k, u, i):
             return b.load(b.gep(a_base, [b.add(b.mul(b.add(m0, const_i64(i)), const_i64(K)), k)],
                                 inbounds=True))
 
         def b_vector(k, u, v):
+            if const_panel is not None:
+                return const_panel(k, v)
             in_panel = b.add(b.mul(k, const_i64(nr)), const_i64(v * self.vl))
             if packed is not None and not fill:   # the panel, contiguous: row k at k * nr
                 return b.load(self._vec_ptr(packed, in_panel), align=4)
@@ -1009,7 +1045,11 @@ class ContractionEmitter(KernelEmitter):
             return b.load(b.gep(a_base, [b.add(b.mul(b.add(m0, const_i64(i)), K), k)],
                                 inbounds=True))
 
+        const_panel = self._const_panel_vector(b_base, n0, nv)
+
         def b_vector(k, u, v):
+            if const_panel is not None:
+                return const_panel(k, v)
             ptr = self._vec_ptr(b_base, b.add(b.add(b.mul(k, self._dim_value(N)), n0),
                                               const_i64(v * self.vl)))
             return self._masked_load(ptr, masks[v]) if masked else b.load(ptr, align=4)
@@ -1543,9 +1583,9 @@ def emit_symbolic_matmul(module: ir.Module, func: PrimFunc, symbol: str, vl: int
     """Emit a symbolic ``func`` with the register-blocked matmul if it is a matmul; M, N, K
     and the batch dims may be run-time sizes. Other contractions with symbolic shapes (conv, depthwise) are not matched here."""
     match = match_contraction(func)
-    if match is None or match.tag.kind != "matmul" or match.tag.attrs.get("transpose_b"):
+    if match is None or match.tag.kind not in ("matmul", "matmul_packed") \
+            or match.tag.attrs.get("transpose_b"):
         return None
-    a, w = match.tag.operands
     return ContractionEmitter(module, func, symbol, match, vl, size_vars).emit()
 
 

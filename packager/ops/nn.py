@@ -54,6 +54,55 @@ def matmul(a: np.ndarray, b: np.ndarray, transpose_b: bool = False) -> np.ndarra
     return np.matmul(a, np.swapaxes(b, -1, -2) if transpose_b else b).astype(a.dtype)
 
 
+# ---- matmul with a packed constant B ------------------------------------------------------------
+# ``passes/layout.py`` rewrites ``matmul(a, B)`` with a constant 2-D float32 B [K, N] into this op,
+# B packed once at export into the column panels the register-blocked kernel reads
+# (codegen/gemm.py): ``bp`` [ceil(N / nr), K, nr], panel p's row k the nr columns p * nr ..
+# contiguous, the last panel zero-filled past N (no masked loads in the reduction).
+
+MATMUL_PANEL = 16   # nr: the kernel's 6 x 2-vector tile on 8-lane (AVX2) vectors
+
+
+def pack_matmul_b(b: np.ndarray, nr: int = MATMUL_PANEL) -> np.ndarray:
+    """``b`` [K, N] -> ``bp`` [ceil(N / nr), K, nr] with ``bp[n // nr, k, n % nr] = b[k, n]``."""
+    k, n = b.shape
+    panels = -(-n // nr)
+    padded = np.zeros((k, panels * nr), dtype=b.dtype)
+    padded[:, :n] = b
+    return np.ascontiguousarray(padded.reshape(k, panels, nr).transpose(1, 0, 2))
+
+
+def unpack_matmul_b(bp: np.ndarray, n: int) -> np.ndarray:
+    panels, k, nr = bp.shape
+    return bp.transpose(1, 0, 2).reshape(k, panels * nr)[:, :n]
+
+
+def _infer_matmul_packed(a: TensorType, bp: TensorType, n: int) -> TensorType:
+    if len(bp.shape) != 3 or len(a.shape) < 2 or a.shape[-1] != bp.shape[1] \
+            or bp.shape[0] != -(-n // bp.shape[2]):
+        raise ValueError(f"matmul_packed: packed B {bp.shape} does not match {a.shape} and "
+                         f"{n} columns")
+    return TensorType(tuple(a.shape[:-1]) + (n,), a.dtype)
+
+
+def _legalize_matmul_packed(a: te.Tensor, bp: te.Tensor, out_type: TensorType, name: str,
+                            n: int) -> te.Tensor:
+    k = te.reduce_axis(a.shape[-1], "k")
+    nr = bp.shape[2]
+    tag_reduction(k, "matmul_packed", (a, bp), n=n, nr=nr)
+
+    def body(*i: te.IndexVar) -> te.Expr:
+        col = i[-1]
+        return te.sum_of(a[tuple(i[:-1]) + (k,)] * bp[col // nr, k, col % nr], k)
+
+    return te.compute(out_type.shape, body, name=name)
+
+
+@register_op("matmul_packed", COMPLEX, _infer_matmul_packed, _legalize_matmul_packed)
+def matmul_packed(a: np.ndarray, bp: np.ndarray, n: int) -> np.ndarray:
+    return np.matmul(a, unpack_matmul_b(bp, n)).astype(a.dtype)
+
+
 # ---- conv2d -------------------------------------------------------------------------------------
 
 def _out_size(size: int, k: int, stride: int, pad0: int, pad1: int, dilation: int = 1,
