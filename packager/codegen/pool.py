@@ -4,14 +4,14 @@ trailing axes, SE blocks' squeeze).
 Max pooling: a vectorized kernel for 2-D max pooling (NCHW float32, stride 1 or 2, any window, padding and
 dilation), tagged ``max_pool2d`` by its legalizer (see ``ir.patterns``).
 
-Each task takes whole (image, channel) planes and computes the window's maximum separably,
-vl outputs at a time: first, for every input row, the maximum over the window's columns of
-``x[iy, ox*s + kx]`` (``s`` consecutive vectors per tap, masked: lanes outside the row read
--inf, and with stride 2 their even lanes picked by one shuffle; the masks made once per column
-chunk) into the task's workspace region; then each output row's maximum over the window's rows
-of those, with plain loads. A k x k window costs 2k vector maxima per output vector, not k^2
-(YOLOv8's 5x5 SPPF pool on 10x10: 118 -> 24 us, ORT 33). The running maximum uses
-``llvm.maximum`` (NaN-propagating, as the generic reduction).
+Each task takes whole (image, channel) planes and computes the window's maximum separably, one
+output row at a time: first the maximum over the window's rows of every input column (whole
+input vectors, plain loads; a window row outside the image reads a -inf row) into the task's
+-inf-margined row buffer (for stride 2 split by column parity, so that every tap is one plain
+load), then each output vector's maximum over the window's columns of those, stored straight to
+the output. A k x k window costs 2k vector maxima per output vector, not k^2. The running
+maximum is maxps plus a NaN flag (one unordered compare per two values), NaN-propagating as
+the generic reduction.
 
 Global average pooling (``sum over the trailing axes [* or / a constant]``, a GlobalAveragePool
 or ReduceMean over H, W): each output sums its contiguous run of L inputs with four vector
@@ -117,16 +117,14 @@ class MaxPoolEmitter(KernelEmitter):
             return _round16(max(reach, (w + pl) // sw + 2)) + 16
         return _round16(ow + self.vl_bound + taps + (w + pl) // sw + 2) + 16
 
-    def _rows_floats(self):
-        """Every input row's maxima over the window's columns, ``nvec * vl`` floats a row."""
-        h, ow = self.tag.operands[0].shape[2], self.out.shape[3]
-        if not self.symbolic:
-            return _round16(h * (-(-ow // self.vl) * self.vl))
-        return _round16(h * (ow + self.vl_bound))
+    def _inf_row_floats(self):
+        """A row of -inf as wide as an input row: what the window's rows outside the image
+        read."""
+        return _round16(self.tag.operands[0].shape[3]) + 16
 
     def _region_floats(self):
-        """One task's row maxima, then its row buffer(s)."""
-        return self._rows_floats() + self.tag.attrs["strides"][1] * self._row_buffer_floats()
+        """One task's row buffer(s), then its -inf row."""
+        return self.tag.attrs["strides"][1] * self._row_buffer_floats() + self._inf_row_floats()
 
     def _lanes(self, ty: ir.Type, values) -> ir.Constant:
         return ir.Constant(ir.VectorType(ty, self.vl), list(values))
@@ -136,22 +134,45 @@ class MaxPoolEmitter(KernelEmitter):
         v = b.insert_element(ir.Constant(vec, None), b.trunc(v, I32), ir.Constant(I32, 0))
         return b.shuffle_vector(v, ir.Constant(vec, None), self._lanes(I32, [0] * self.vl))
 
-    def _copy_row(self, x_row, bufs, w, pl: int, sw: int) -> None:
-        """Input columns 0..w of one row into the row buffer(s) at padded column pl + x (for
-        stride 2, into buffer (pl + x) % 2 at (pl + x) // 2): whole vectors (two, split into
-        even and odd lanes, for stride 2), then the last columns one by one (unrolled when
-        ``w`` is static; ``w`` is an int or an i64 value)."""
+    def _max_nan(self, values):
+        """The maximum of ``values`` (vectors or scalars), NaN if any is NaN: a chain of
+        ``v > acc ? v : acc`` (one maxps each) and one unordered compare per pair of values
+        (llvm.maximum costs five instructions on AVX2; the -0/+0 order is not kept, as ONNX
+        Runtime's pool does not keep it)."""
+        b = self.builder
+        acc = values[0]
+        for v in values[1:]:
+            acc = b.select(b.fcmp_ordered(">", v, acc), v, acc)
+        nan = None
+        for j in range(0, len(values), 2):
+            u = b.fcmp_unordered("uno", values[j], values[min(j + 1, len(values) - 1)])
+            nan = u if nan is None else b.or_(nan, u)
+        ty = values[0].type
+        qnan = ir.Constant(ty, [float("nan")] * ty.count) if isinstance(ty, ir.VectorType) \
+            else ir.Constant(ty, float("nan"))
+        return b.select(nan, qnan, acc)
+
+    def _vertical_row(self, rows, bufs, w, pl: int, sw: int) -> None:
+        """The maximum over the window's input rows ``rows`` (row pointers; rows outside the
+        image point at the -inf row) of columns 0..w, into the row buffer(s) at padded column
+        pl + x (for stride 2, into buffer (pl + x) % 2 at (pl + x) // 2): whole vectors (two,
+        split into even and odd lanes, for stride 2), then the last columns one by one
+        (unrolled when ``w`` is static; ``w`` is an int or an i64 value)."""
         b, vl = self.builder, self.vl
         vty = self.vty
         w_v = const_i64(w) if isinstance(w, int) else w
+
+        def vmax(i):
+            return self._max_nan([
+                b.load(b.bitcast(b.gep(r, [i], inbounds=True), vty.as_pointer()), align=4)
+                for r in rows])
+
         if sw == 1:
             full = b.sdiv(w_v, const_i64(vl))
             with for_range(b, const_i64(0), full, "cv") as q:
                 i = b.mul(q, const_i64(vl))
-                v = b.load(b.bitcast(b.gep(x_row, [i], inbounds=True), vty.as_pointer()),
-                           align=4)
                 dst = b.gep(bufs[0], [b.add(i, const_i64(pl))], inbounds=True)
-                b.store(v, b.bitcast(dst, vty.as_pointer()), align=4)
+                b.store(vmax(i), b.bitcast(dst, vty.as_pointer()), align=4)
         else:
             full = b.sdiv(w_v, const_i64(2 * vl))
             # x[2m] -> padded column pl + 2m, x[2m + 1] -> pl + 2m + 1
@@ -159,20 +180,21 @@ class MaxPoolEmitter(KernelEmitter):
             odd_buf, odd_off = bufs[(pl + 1) % 2], (pl + 1) // 2
             with for_range(b, const_i64(0), full, "cv") as q:
                 i = b.mul(q, const_i64(2 * vl))
-                lo_v = b.load(b.bitcast(b.gep(x_row, [i], inbounds=True), vty.as_pointer()),
-                              align=4)
-                hi_v = b.load(b.bitcast(b.gep(x_row, [b.add(i, const_i64(vl))],
-                                              inbounds=True), vty.as_pointer()), align=4)
+                lo_v, hi_v = vmax(i), vmax(b.add(i, const_i64(vl)))
                 m = b.mul(q, const_i64(vl))
                 for buf, off, first in ((even_buf, even_off, 0), (odd_buf, odd_off, 1)):
                     v = b.shuffle_vector(lo_v, hi_v, self._lanes(I32, range(first, 2 * vl, 2)))
                     dst = b.gep(buf, [b.add(m, const_i64(off))], inbounds=True)
                     b.store(v, b.bitcast(dst, vty.as_pointer()), align=4)
         step = vl * sw
+
+        def smax(x):
+            return self._max_nan([b.load(b.gep(r, [x], inbounds=True)) for r in rows])
+
         if isinstance(w, int):
             for x in range(w // step * step, w):   # fewer than sw * vl columns, unrolled
                 j = pl + x
-                b.store(b.load(b.gep(x_row, [const_i64(x)], inbounds=True)),
+                b.store(smax(const_i64(x)),
                         b.gep(bufs[j % sw], [const_i64(j // sw)], inbounds=True))
             return
         with for_range(b, b.mul(full, const_i64(step)), w_v, "ct") as x:
@@ -183,7 +205,7 @@ class MaxPoolEmitter(KernelEmitter):
                 odd = b.trunc(b.and_(j, const_i64(1)), I1)
                 dst = b.gep(b.select(odd, bufs[1], bufs[0]), [b.ashr(j, const_i64(1))],
                             inbounds=True)
-            b.store(b.load(b.gep(x_row, [x], inbounds=True)), dst)
+            b.store(smax(x), dst)
 
     def _tasks(self, ntasks: ir.Value, outputs: ir.Value) -> ir.Value:
         """Tasks that get planes: every task up to MAX_TASK_REGIONS (a static kernel is only
@@ -198,12 +220,15 @@ class MaxPoolEmitter(KernelEmitter):
         return b.select(few, const_i64(1), nt)
 
     def _emit_body(self, x_ptr, out_ptr, ws, task, ntasks) -> None:
-        """Separably: each task first copies an input row into its row buffer(s) (-inf
-        margins; split by column parity for stride 2) and takes, with plain loads, every
-        output column's maximum over the window's columns into its workspace region; then
-        each output's maximum over the window's rows of those. A k x k window costs 2k maxima
-        per output vector, not k^2. (Masked loads at the borders and a shuffle per tap for
-        stride 2 made ResNet-18's 3x3/2 stem pool 6x ONNX Runtime's time on AVX2.)"""
+        """Separably, one output row at a time: the maximum over the window's rows of each
+        input column (plain loads of whole input rows; rows outside the image read a -inf row)
+        into the task's row buffer(s) (-inf margins; split by column parity for stride 2),
+        then each output vector's maximum over the window's columns of those, one plain load
+        a tap, stored straight to the output. A k x k window costs 2k maxima per output
+        vector, not k^2. (Masked loads at the borders and a shuffle per tap for stride 2 made
+        ResNet-18's 3x3/2 stem pool 6x ONNX Runtime's time on AVX2; taking the columns' maxima
+        of every input row first, then the rows', split twice as many input rows by parity
+        and went through a workspace image of row maxima: 1.3x the time of this order.)"""
         b, vl = self.builder, self.vl
         x_shape = self.tag.operands[0].shape
         n, c, h, w = (self._dim_value(d) for d in x_shape)
@@ -214,77 +239,56 @@ class MaxPoolEmitter(KernelEmitter):
         sh, sw = attrs["strides"]
         pt, pl = attrs["padding"][0], attrs["padding"][1]
         dh, dw = attrs["dilation"]
-        nvec = b.sdiv(b.add(ow, const_i64(vl - 1)), const_i64(vl))
-        stride = b.mul(nvec, const_i64(vl))
-        neg_inf = ir.Constant(self.vty, [float("-inf")] * vl)
         planes = b.mul(n, c)
         nt = self._tasks(ntasks, b.mul(planes, b.mul(oh, ow)))
         store = intrinsic(self.module, f"llvm.masked.store.v{vl}f32.p0", ir.VoidType(),
                           [self.vty, self.vty.as_pointer(), I32, ir.VectorType(I1, vl)])
-        rows_floats = self._dim_value(self._rows_floats())
         buf_floats = self._dim_value(self._row_buffer_floats())
         ninf = ir.Constant(F32, float("-inf"))
-
-        def vmax_nan(acc, nan, v):
-            """max with NaN carried on the side: one maxps and one unordered compare per
-            tap (llvm.maximum costs five instructions on AVX2; the -0/+0 order is not kept,
-            as ONNX Runtime's pool does not keep it)."""
-            acc = b.select(b.fcmp_ordered(">", v, acc), v, acc)
-            return acc, b.or_(nan, b.fcmp_unordered("uno", v, v))
 
         with b.if_then(b.icmp_signed("<", task, nt)):
             region = b.gep(ws, [b.mul(task, self._dim_value(self._region_floats()))],
                            inbounds=True)
             # the row buffer(s): columns -pl.. of the padded row; for stride 2 split by
             # column parity (buffer 0: padded columns 0, 2, 4, ...; buffer 1: 1, 3, 5, ...),
-            # so that every tap of an output vector is one plain load. The margins stay -inf.
-            bufs = [b.gep(region, [b.add(rows_floats, b.mul(buf_floats, const_i64(i)))],
-                          inbounds=True) for i in range(sw)]
-            for buf in bufs:
-                with for_range(b, const_i64(0), buf_floats, "fill") as j:
-                    b.store(ninf, b.gep(buf, [j], inbounds=True))
+            # so that every tap of an output vector is one plain load. The margins stay -inf,
+            # as does the -inf row after them.
+            bufs = [b.gep(region, [b.mul(buf_floats, const_i64(i))], inbounds=True)
+                    for i in range(sw)]
+            inf_row = b.gep(region, [b.mul(buf_floats, const_i64(sw))], inbounds=True)
+            with for_range(b, const_i64(0), self._dim_value(self._region_floats()),
+                           "fill") as j:
+                b.store(ninf, b.gep(region, [j], inbounds=True))
             lo = b.sdiv(b.mul(task, planes), nt)
             hi = b.sdiv(b.mul(b.add(task, const_i64(1)), planes), nt)
             with for_range(b, lo, hi, "plane") as p:
                 x_plane = b.gep(x_ptr, [b.mul(p, b.mul(h, w))], inbounds=True)
                 o_plane = b.gep(out_ptr, [b.mul(p, b.mul(oh, ow))], inbounds=True)
-                with for_range(b, const_i64(0), h, "iy") as iy:
-                    x_row = b.gep(x_plane, [b.mul(iy, w)], inbounds=True)
-                    self._copy_row(x_row, bufs, w_static if isinstance(w_static, int) else w,
-                                   pl, sw)
-                    with for_range(b, const_i64(0), nvec, "ov") as q:
-                        ox0 = b.mul(q, const_i64(vl))
-                        acc, nan = neg_inf, ir.Constant(ir.VectorType(I1, vl), [0] * vl)
-                        for kx in range(kw):
-                            t = kx * dw          # padded column sw * ox + t
-                            src = b.gep(bufs[t % sw], [b.add(ox0, const_i64(t // sw))],
-                                        inbounds=True)
-                            v = b.load(b.bitcast(src, self.vty.as_pointer()), align=4)
-                            acc, nan = vmax_nan(acc, nan, v)
-                        acc = b.select(nan, ir.Constant(self.vty, [float("nan")] * vl), acc)
-                        dst = b.gep(region, [b.add(b.mul(iy, stride), ox0)], inbounds=True)
-                        b.store(acc, b.bitcast(dst, self.vty.as_pointer()), align=4)
                 with for_range(b, const_i64(0), oh, "oy") as oy:
-                    o_row = b.gep(o_plane, [b.mul(oy, ow)], inbounds=True)
                     rows = []
                     for ky in range(kh):
                         iy = b.add(b.mul(oy, const_i64(sh)), const_i64(ky * dh - pt))
                         ok = b.and_(b.icmp_signed(">=", iy, const_i64(0)),
                                     b.icmp_signed("<", iy, h))
-                        rows.append((ok, b.select(ok, iy, const_i64(0))))
+                        row = b.gep(x_plane, [b.mul(b.select(ok, iy, const_i64(0)), w)],
+                                    inbounds=True)
+                        rows.append(b.select(ok, row, inf_row))
+                    o_row = b.gep(o_plane, [b.mul(oy, ow)], inbounds=True)
+                    self._vertical_row(rows, bufs, w_static if isinstance(w_static, int)
+                                       else w, pl, sw)
 
                     def out_vector(q):
                         ox0 = b.mul(q, const_i64(vl))
-                        acc, nan = neg_inf, ir.Constant(ir.VectorType(I1, vl), [0] * vl)
-                        for ok, iy in rows:
-                            src = b.gep(region, [b.add(b.mul(iy, stride), ox0)],
+                        taps = []
+                        for kx in range(kw):
+                            t = kx * dw          # padded column sw * ox + t
+                            src = b.gep(bufs[t % sw], [b.add(ox0, const_i64(t // sw))],
                                         inbounds=True)
-                            v = b.load(b.bitcast(src, self.vty.as_pointer()), align=4)
-                            acc, nan = vmax_nan(acc, nan, b.select(ok, v, neg_inf))
-                        acc = b.select(nan, ir.Constant(self.vty, [float("nan")] * vl), acc)
+                            taps.append(b.load(b.bitcast(src, self.vty.as_pointer()),
+                                               align=4))
                         dst = b.bitcast(b.gep(o_row, [ox0], inbounds=True),
                                         self.vty.as_pointer())
-                        return ox0, acc, dst
+                        return ox0, self._max_nan(taps), dst
 
                     # full vectors with plain stores (a masked store is microcoded on AMD's
                     # AVX2 cores: ResNet-18's 3x3/2 stem pool took 6x ORT's time), the
