@@ -119,6 +119,7 @@ def test_matches_onnxruntime(tmp_path, a_shape, k, n, gemm):
     ((8, 64), 64, 48, False, False, AVX2, True),          # fewer rows than a copy paid for
     ((1, 64), 64, 48, True, False, AVX2, True),           # one row: not the dot product
     ((1, 64), 64, 10, True, False, AVX2, False),          # one row by a narrow B: dot product
+    ((1, 64), 64, 10, False, False, AVX2, False),         # MatMul: B read as it is
     ((32, 2100), 2100, 32, False, False, AVX2, True),     # a panel too long to copy per call
     ((32, 64), 64, 16, False, False, AVX2, True),         # one panel
     ((32, 64), 64, 4, False, False, AVX2, False),         # too narrow: a panel of zeros

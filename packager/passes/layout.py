@@ -96,7 +96,7 @@ PACK_MIN_COLUMNS = 8
 
 def pack_matmul_weights(mod: IRModule) -> IRModule:
     """``matmul(a, B)`` with a constant 2-D float32 B [K, N] of at least PACK_MIN_COLUMNS
-    columns (after ``pretranspose_weights``) becomes ``matmul_packed``, B packed once into
+    columns (MATMUL_PANEL for one row in a single plan; after ``pretranspose_weights``) becomes ``matmul_packed``, B packed once into
     column panels (``ops.nn.pack_matmul_b``) that the register-blocked kernel (codegen/gemm.py)
     reads with plain loads, for any row count (static or not): no panel copy at run time, no
     strided or masked reads of B. Measured on Zen 4 (1 thread, against B read in place or
@@ -117,6 +117,9 @@ def pack_matmul_weights(mod: IRModule) -> IRModule:
         if (w.data.dtype != np.float32 or w.data.ndim != 2 or x.type.dtype != "float32"
                 or shape is None or len(shape) < 2 or w.data.shape[1] < PACK_MIN_COLUMNS):
             return None
+        if (ONE_ROW_GEMV.get() and w.data.shape[1] < MATMUL_PANEL
+                and all(isinstance(d, int) and d == 1 for d in shape[:-1])):
+            return None   # one row by a narrow B, as _one_row leaves it (a single plan)
         packed = Constant(f"{w.name}_p{MATMUL_PANEL}", pack_matmul_b(w.data))
         return Call("matmul_packed", [lookup(x), packed], {"n": int(w.data.shape[1])}, v.type)
 
