@@ -124,3 +124,23 @@ def test_which_convolutions_are_packed(tmp_path, o, k, target, packed):
     model = conv_model(1, 16, 10, 10, o, k, 1)
     _, bundle = _export(tmp_path, model, target)
     assert any("conv2d_oc" in name for name in _kernel_names(bundle)) == packed
+
+
+def test_a_run_time_batch(tmp_path):
+    """A batch known at run time only (the symbolic plan, and the batch-1 plan beside it):
+    both pack the weights, stored once; right answers at batch 1, 3 and 5 on 1-2 threads."""
+    from mlcpack.runtime import load
+
+    model = conv_model(1, 16, 12, 13, 40, 3, 2, act="silu", residual=True)
+    for vi in list(model.graph.input) + list(model.graph.output):
+        vi.type.tensor_type.shape.dim[0].dim_param = "N"
+    path, bundle = _export(tmp_path, model)
+    names = _kernel_names(bundle)
+    assert names and all("conv2d_oc" in name for name in names if "conv" in name)
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    for threads in (1, 2):
+        with load(bundle, threads=threads) as m:
+            for n in (1, 3, 5):
+                feeds = conv_feeds(n, 16, 12, 13, 40, 3, 2, residual=True, seed=n)
+                np.testing.assert_allclose(list(m.run(feeds).values())[0],
+                                           sess.run(None, feeds)[0], rtol=1e-4, atol=1e-4)

@@ -112,7 +112,8 @@ def _emit(module: ir.Module, func: PrimFunc, symbol: str, vl: int,
         # Convolutions take their run-time extents as arguments (codegen/conv_symbolic.py);
         # one it does not handle would get the generic loop nest, many times slower, so it
         # is refused (fix the shapes instead). Pools take the generic loop nest.
-        info = emit_symbolic_depthwise(module, func, symbol, vl, size_vars) or \
+        info = emit_conv_oc(module, func, symbol, vl, size_vars) or \
+            emit_symbolic_depthwise(module, func, symbol, vl, size_vars) or \
             emit_symbolic_conv(module, func, symbol, vl, size_vars) or \
             emit_symbolic_softmax(module, func, symbol, vl, size_vars) or \
             emit_symbolic_normalize(module, func, symbol, vl, size_vars) or \

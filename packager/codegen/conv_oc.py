@@ -117,8 +117,15 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
         self._emit_tasks(ws, body_fn.args[n_ptrs], body_fn.args[n_ptrs + 1])
         self.builder.ret_void()
         self._emit_entry(body_fn, n_ptrs, ptr_types)
+        # a run-time batch (the only size it takes at run time): one image's work decides
+        image_macs = self._macs() if not self.symbolic else \
+            self.o * self.oh * self.ow * self.k
+        if self.symbolic:
+            return KernelInfo(self.symbol, len(self.func.inputs), len(self.func.outputs), 0,
+                              image_macs >= gemm.PARALLEL_MIN_MACS, symbolic=True,
+                              workspace_expr=workspace)
         return KernelInfo(self.symbol, len(self.func.inputs), len(self.func.outputs), workspace,
-                          self._macs() >= gemm.PARALLEL_MIN_MACS)
+                          image_macs >= gemm.PARALLEL_MIN_MACS)
 
     # ---- plan -----------------------------------------------------------------------------------
 
@@ -126,7 +133,7 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
         x, wp = self.match.tag.operands
         attrs = self.match.tag.attrs
         assert self.vl in (4, 8), "nn.conv2d_oc is packed for 4- and 8-lane targets only"
-        self.n, self.c, self.h, self.w = x.shape
+        self.n, self.c, self.h, self.w = x.shape   # n: an int, or a run-time batch
         self.o = attrs["out_channels"]
         self.kh, self.kw = attrs["kernel"]
         _, _, self.oh, self.ow = self.match.out.shape
@@ -147,7 +154,8 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
                 4 * self.c * rows_for(band) * self.wpc > BAND_BYTES:
             band -= 1
         nbands = -(-self.oh // band)
-        nbands = max(nbands, min(self.oh, -(-MIN_ITEMS // (self.n * self.nblocks))))
+        images = self.n if isinstance(self.n, int) else 1
+        nbands = max(nbands, min(self.oh, -(-MIN_ITEMS // (images * self.nblocks))))
         self.band = -(-self.oh // nbands)
         self.nbands = -(-self.oh // self.band)
         self.band_in = rows_for(self.band) if self.copy else self.h
@@ -174,7 +182,7 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
             region = b.gep(b.bitcast(ws, F32.as_pointer()),
                            [b.mul(task, const_i64(self.region_floats))], inbounds=True)
             self.rowbuf = b.gep(region, [const_i64(self.plane_region)], inbounds=True)
-            items = self.n * self.nbands * self.nblocks
+            items = self.n * (self.nbands * self.nblocks)
             lo, hi = self._split(items, task, nt)
             copied = alloca_once(b, ir.IntType(64), name="copied_band")
             b.store(const_i64(-1), copied)
@@ -425,8 +433,11 @@ def is_conv_oc(match: Contraction | None) -> bool:
     return match is not None and match.tag.kind == "conv2d_oc"
 
 
-def emit_conv_oc(module: ir.Module, func: PrimFunc, symbol: str, vl: int) -> KernelInfo | None:
+def emit_conv_oc(module: ir.Module, func: PrimFunc, symbol: str, vl: int,
+                 size_vars: tuple[str, ...] = ()) -> KernelInfo | None:
+    """The kernel of an ``nn.conv2d_oc`` (static, or with a run-time batch: the pass packs no
+    other symbolic convolution), else None."""
     match = match_conv_oc(func)
     if match is None:
         return None
-    return ChannelLaneConvEmitter(module, func, symbol, match, vl).emit()
+    return ChannelLaneConvEmitter(module, func, symbol, match, vl, size_vars).emit()

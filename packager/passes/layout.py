@@ -54,7 +54,8 @@ PACK_CONV_WEIGHTS = contextvars.ContextVar("pack_conv_weights", default=False)
 
 def pack_conv_weights(mod: IRModule) -> IRModule:
     """An ungrouped float32 ``nn.conv2d`` with a window wider than 1x1, a constant weight, a
-    static 4-D input and output channels in whole vectors becomes ``nn.conv2d_oc`` with its
+    4-D input static but for the batch and output channels in whole vectors becomes
+    ``nn.conv2d_oc`` with its
     weight packed once (``ops.nn.pack_oc_weights``): codegen/conv_oc.py computes it with the
     output channels on the vector lanes (no plane copies by stride phase, no dropped columns)."""
     if not PACK_CONV_WEIGHTS.get():
@@ -70,7 +71,7 @@ def pack_conv_weights(mod: IRModule) -> IRModule:
         shape = getattr(x.type, "shape", None)
         if (w.data.dtype != np.float32 or w.data.ndim != 4 or x.type.dtype != "float32"
                 or shape is None or len(shape) != 4
-                or not all(isinstance(d, int) for d in shape + tuple(v.type.shape))
+                or not all(isinstance(d, int) for d in shape[1:] + tuple(v.type.shape[1:]))
                 or int(v.attrs.get("groups", 1)) != 1
                 or tuple(v.attrs.get("dilation", (1, 1))) != (1, 1)
                 or w.data.shape[2] * w.data.shape[3] == 1 or w.data.shape[0] % 8):
