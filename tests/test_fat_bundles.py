@@ -53,7 +53,9 @@ def _header(path) -> dict:
 
 
 def test_fat_bundle_shares_one_copy_of_the_weights(bundles) -> None:
-    fat, single = _header(bundles["fat_all"]), _header(bundles["x86-64-v3"])
+    # against the single AVX-512 bundle: an AVX2-only bundle packs its weights for AVX2's
+    # kernels (passes/layout.py), a bundle with AVX-512 or aarch64 variants does not
+    fat, single = _header(bundles["fat_all"]), _header(bundles["x86-64-v4"])
     levels = [v["level"] for v in fat["code"]]
     assert levels == FAT_ALL.split(",")
     assert len(fat["constants"]) == len(single["constants"])
@@ -80,7 +82,9 @@ def test_runtime_picks_the_best_variant_the_cpu_has(level, bundles, image, monke
             got = model(image)
         with load(bundles[level]) as model:
             want = model(image)
-        np.testing.assert_array_equal(got, want)  # the same code as the single-level bundle
+        # the single-level bundle of an AVX2 (or SSE + AVX2) target packs its weights for
+        # other kernels than a bundle with AVX-512 and aarch64 variants: same values, not bits
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
 
 @needs_x86
