@@ -39,12 +39,10 @@ from llvmlite import ir
 
 from . import gemm
 from .depthwise import DepthwiseEmitter, emit_epilogue
-from .gemm import Contraction
+from .gemm import Contraction, match_contraction
 from .helpers import F32, I1, I32, alloca_once, const_i64, for_range
-from .lower import KernelInfo, _plan_stages
-from ..ir import te
+from .lower import KernelInfo
 from ..ir.graph import PrimFunc
-from ..ir.patterns import reduction_tag
 
 OC_BLOCK = 32
 REGISTERS = 16
@@ -85,21 +83,7 @@ def packs_conv_weights(targets) -> bool:
 def match_conv_oc(func: PrimFunc) -> Contraction | None:
     """The ``nn.conv2d_oc`` ``func`` computes (one float32 output whose expression holds the
     tagged reduction once), else None."""
-    if len(func.outputs) != 1 or func.outputs[0].dtype != "float32":
-        return None
-    materialized, outputs = _plan_stages(func)
-    if materialized:
-        return None
-    out, body = outputs[0]
-    reduces = list({id(n): n for n in te.walk(body) if isinstance(n, te.Reduce)}.values())
-    if len(reduces) != 1:
-        return None
-    tag = reduction_tag(reduces[0])
-    inputs = {t.uid for t in func.inputs}
-    if tag is None or tag.kind != "conv2d_oc" \
-            or not all(t.uid in inputs and t.dtype == "float32" for t in tag.operands):
-        return None
-    return Contraction(out, body, reduces[0], tag)
+    return match_contraction(func, kinds=("conv2d_oc",))
 
 
 class ChannelLaneConvEmitter(DepthwiseEmitter):
@@ -427,10 +411,6 @@ def _transpose(b: ir.IRBuilder, rows: list[ir.Value]) -> list[ir.Value]:
         out[k] = shuf(u[k], u[4 + k], [0, 1, 2, 3, 8, 9, 10, 11])
         out[k + 4] = shuf(u[k], u[4 + k], [4, 5, 6, 7, 12, 13, 14, 15])
     return out
-
-
-def is_conv_oc(match: Contraction | None) -> bool:
-    return match is not None and match.tag.kind == "conv2d_oc"
 
 
 def emit_conv_oc(module: ir.Module, func: PrimFunc, symbol: str, vl: int,

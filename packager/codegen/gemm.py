@@ -79,9 +79,12 @@ class Contraction:
     tag: ReductionTag
 
 
-def match_contraction(func: PrimFunc) -> Contraction | None:
+def match_contraction(func: PrimFunc,
+                      kinds: tuple[str, ...] = ("conv2d", "matmul", "matmul_packed")
+                      ) -> Contraction | None:
     """The tagged float32 contraction ``func`` computes, if it has the form the fast kernels
-    handle: one output whose expression holds exactly one tagged reduction over placeholders."""
+    handle: one output whose expression holds exactly one tagged reduction (of one of
+    ``kinds``) over placeholders."""
     if len(func.outputs) != 1 or func.outputs[0].dtype != "float32":
         return None
     materialized, outputs = _plan_stages(func)
@@ -94,7 +97,7 @@ def match_contraction(func: PrimFunc) -> Contraction | None:
         return None
     tag = reduction_tag(reduces[0])
     inputs = {t.uid for t in func.inputs}
-    if tag is None or tag.kind not in ("conv2d", "matmul", "matmul_packed") \
+    if tag is None or tag.kind not in kinds \
             or not all(t.uid in inputs and t.dtype == "float32" for t in tag.operands):
         return None
     if tag.kind == "conv2d" and tuple(tag.attrs["dilation"]) != (1, 1):
