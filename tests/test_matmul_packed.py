@@ -64,6 +64,18 @@ def _export(tmp_path, model, target=AVX2, input_shapes=None):
     return bundle
 
 
+def _assert_on_threads(bundle, model, feeds) -> None:
+    """The bundle's first output against ORT's on 1, 2 and 3 threads."""
+    from mlcpack.runtime import load
+
+    want = _ort(model, feeds)
+    for t in (1, 2, 3):
+        with load(bundle, threads=t) as m:
+            got = list(m.run(feeds).values())[0]
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4,
+                                   err_msg=f"{t} threads, {feeds['a'].shape}")
+
+
 def _kernel_names(bundle) -> list[str]:
     from mlcpack.runtime.describe import describe
 
@@ -141,7 +153,6 @@ def test_batch_plans_share_the_packed_weights(tmp_path):
     kernel) reads the one packed B; each batch against ORT."""
     from mlcpack.frontends.onnx import import_onnx
     from mlcpack.packager.export import ExportOptions, export_batched
-    from mlcpack.runtime import load
 
     k, n = 96, 72
     model, _ = _model(("N", k), k, n, gemm=True)
@@ -152,12 +163,7 @@ def test_batch_plans_share_the_packed_weights(tmp_path):
     assert report.weights_bytes == packed_bytes + 4 * n      # packed B once, and the bias
     for batch in (1, 2, 5, 7, 32, 40):
         feeds = _feeds((batch, k))
-        want = _ort(model, feeds)
-        for t in (1, 2, 3):
-            with load(bundle, threads=t) as m:
-                got = list(m.run(feeds).values())[0]
-            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4,
-                                       err_msg=f"{t} threads, {feeds['a'].shape}")
+        _assert_on_threads(bundle, model, feeds)
 
 
 def test_run_time_rows_read_the_packed_b(tmp_path):
@@ -165,7 +171,6 @@ def test_run_time_rows_read_the_packed_b(tmp_path):
     fewer rows than the register tile, a remainder block and many rows."""
     from mlcpack.frontends.onnx import import_onnx
     from mlcpack.packager.export import ExportOptions, export_module
-    from mlcpack.runtime import load
 
     k, n = 80, 56
     model, _ = _model((2, "S", k), k, n)
@@ -175,9 +180,4 @@ def test_run_time_rows_read_the_packed_b(tmp_path):
     assert any("matmul_packed" in name for name in _kernel_names(bundle))
     for rows in (1, 2, 3, 5, 6, 7, 16, 45):
         feeds = _feeds((2, rows, k))
-        want = _ort(model, feeds)
-        for t in (1, 2, 3):
-            with load(bundle, threads=t) as m:
-                got = list(m.run(feeds).values())[0]
-            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4,
-                                       err_msg=f"{t} threads, {feeds['a'].shape}")
+        _assert_on_threads(bundle, model, feeds)

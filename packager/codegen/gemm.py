@@ -964,7 +964,6 @@ class ContractionEmitter(KernelEmitter):
         PACK_B_PREFETCH_ROWS rows ahead prefetched (a strided read the hardware prefetcher
         does not run ahead of: measured 1-2 % on the MLP above)."""
         b = self.builder
-        out = self.match.out
         _, M, K, N = self._matmul_shape()
         nr = nv * self.vl
         packed = self._packed_b
@@ -998,23 +997,7 @@ class ContractionEmitter(KernelEmitter):
             return value
 
         tile = self._microkernel(rows, nv, K, a_scalar, b_vector)
-        env = {id(ax): idx for ax, idx in zip(out.axes[:-2], bidx)}
-        cols = b.select(b.icmp_signed("<", remaining, const_i64(nr)), remaining, const_i64(nr))
-        vector = self._vector_epilogue_ok()
-        with for_range(b, const_i64(0), const_i64(rows), "ti") as i:
-            env[id(out.axes[-2])] = b.add(m0, i)
-            if not vector:
-                with for_range(b, const_i64(0), cols, "tj") as j:
-                    env[id(out.axes[-1])] = b.add(n0, j)
-                    self._store_epilogue(env, tile, b.add(b.mul(i, const_i64(nr)), j))
-            for v in range(nv if vector else 0):
-                env[id(out.axes[-1])] = b.add(n0, const_i64(v * self.vl))
-                t_idx = b.add(b.mul(i, const_i64(nr)), const_i64(v * self.vl))
-                if not masked:
-                    self._store_vector(env, tile, t_idx, None)
-                    continue
-                with b.if_then(b.icmp_signed(">", remaining, const_i64(v * self.vl))):
-                    self._store_vector(env, tile, t_idx, masks[v])
+        self._store_matmul_tile(tile, bidx, m0, rows, nv, n0, remaining, masks, masked)
 
     def _matmul_panel_symbolic(self, a_base, b_base, bidx, n0, remaining, masks,
                                masked: bool) -> None:
@@ -1040,9 +1023,7 @@ class ContractionEmitter(KernelEmitter):
                      masked: bool) -> None:
         """Rows m0 .. m0+mr (all present) of one panel: the microkernel, then the epilogue."""
         b = self.builder
-        out = self.match.out
         _, _, K_dim, N = self._matmul_shape()
-        nr = nv * self.vl
 
         def a_scalar(k, u, i):
             return b.load(b.gep(a_base, [b.add(b.mul(b.add(m0, const_i64(i)), K), k)],
@@ -1058,10 +1039,20 @@ class ContractionEmitter(KernelEmitter):
             return self._masked_load(ptr, masks[v]) if masked else b.load(ptr, align=4)
 
         tile = self._microkernel(mr, nv, K_dim, a_scalar, b_vector)
+        self._store_matmul_tile(tile, bidx, m0, mr, nv, n0, remaining, masks, masked)
+
+    def _store_matmul_tile(self, tile, bidx, m0, rows: int, nv: int, n0, remaining, masks,
+                           masked: bool) -> None:
+        """The fused epilogue of a matmul tile (rows m0 .. m0 + rows of the panel from column
+        n0; ``remaining`` columns left from n0, ``masks`` their lanes when ``masked``): a vector
+        at a time along the row where it is plain arithmetic, else element by element."""
+        b = self.builder
+        out = self.match.out
+        nr = nv * self.vl
         env = {id(ax): idx for ax, idx in zip(out.axes[:-2], bidx)}
         cols = b.select(b.icmp_signed("<", remaining, const_i64(nr)), remaining, const_i64(nr))
         vector = self._vector_epilogue_ok()
-        with for_range(b, const_i64(0), const_i64(mr), "ti") as i:
+        with for_range(b, const_i64(0), const_i64(rows), "ti") as i:
             env[id(out.axes[-2])] = b.add(m0, i)
             if not vector:
                 with for_range(b, const_i64(0), cols, "tj") as j:

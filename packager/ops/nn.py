@@ -224,19 +224,15 @@ OC_BLOCK = 32
 
 def pack_oc_weights(w: np.ndarray) -> np.ndarray:
     """``w`` [O, C, KH, KW] -> ``wp`` [ceil(O / OC_BLOCK), C * KH * KW, OC_BLOCK] with ``wp[o //
-    OC_BLOCK, (c * KH + ky) * KW + kx, o % OC_BLOCK] = w[o, c, ky, kx]``."""
-    o = w.shape[0]
-    nb = -(-o // OC_BLOCK)
-    flat = np.zeros((nb * OC_BLOCK, int(np.prod(w.shape[1:]))), dtype=w.dtype)
-    flat[:o] = w.reshape(o, -1)
-    return np.ascontiguousarray(flat.reshape(nb, OC_BLOCK, -1).transpose(0, 2, 1))
+    OC_BLOCK, (c * KH + ky) * KW + kx, o % OC_BLOCK] = w[o, c, ky, kx]``: the matmul panels of
+    ``w`` as a [C * KH * KW, O] matrix (``pack_matmul_b``)."""
+    return pack_matmul_b(w.reshape(w.shape[0], -1).T, OC_BLOCK)
 
 
 def unpack_oc_weights(wp: np.ndarray, out_channels: int, kernel) -> np.ndarray:
     kh, kw = kernel
-    nb, k, blk = wp.shape
-    flat = wp.transpose(0, 2, 1).reshape(nb * blk, k)[:out_channels]
-    return flat.reshape(out_channels, k // (kh * kw), kh, kw)
+    flat = unpack_matmul_b(wp, out_channels).T
+    return flat.reshape(out_channels, wp.shape[1] // (kh * kw), kh, kw)
 
 
 def _infer_conv2d_oc(x: TensorType, wp: TensorType, out_channels: int, kernel=(1, 1),
