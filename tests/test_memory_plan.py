@@ -118,3 +118,37 @@ def test_deep_model_arena_smaller_than_sum(tmp_path):
     compiled = compile_prim_funcs(list(mod.prim_funcs().values()), resolve_target(None))
     prog = emit_program(mod, compiled.kernels)
     assert prog.arena_bytes * 4 <= prog.intermediate_bytes
+
+
+def test_warm_plan_never_overlaps_and_stays_near_smallest_arena():
+    from mlcpack.packager.passes.memory_plan import (WARM_ARENA_SLACK, plan_by_size,
+                                                     plan_warm)
+    rng = random.Random(2)
+    for _ in range(300):
+        n = rng.randint(1, 60)
+        bufs = []
+        for i in range(n):
+            start = rng.randint(0, 50)
+            bufs.append(Buffer(i, rng.choice([0, 1, 63, 64, 4096, rng.randint(1, 100000)]),
+                               start, start + rng.randint(0, 10)))
+        offsets, arena = plan_warm(bufs)
+        assert_no_live_overlap(bufs, offsets, arena)
+        offsets, arena = plan_memory(bufs)
+        assert_no_live_overlap(bufs, offsets, arena)
+        assert arena <= WARM_ARENA_SLACK * plan_by_size(bufs)[1]
+
+
+def test_warm_plan_puts_an_output_on_the_most_recently_freed_bytes():
+    # Two 1 MB regions are free at step 6: one last used at step 1, one at step 5. The new
+    # output goes on the one used last (still in cache); the plan by size takes the lowest
+    # free offset, the colder one.
+    mb = 1 << 20
+    bufs = [Buffer(0, mb, 0, 1),          # cold region's occupant
+            Buffer(1, mb, 0, 5),          # warm region's occupant (lives longer)
+            Buffer(2, 64, 2, 6),          # keeps step 6 from being the start of the program
+            Buffer(3, mb, 6, 7)]          # the new output
+    from mlcpack.packager.passes.memory_plan import plan_by_size, plan_warm
+    warm, _ = plan_warm(bufs)
+    assert warm[3] == warm[1] != warm[0]
+    by_size, _ = plan_by_size(bufs)
+    assert by_size[3] == min(by_size[0], by_size[1])
