@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from mlcpack.packager.codegen.gemm import conv_geometry
+from mlcpack.packager.codegen.gemm import L2_REUSE_BYTES, conv_geometry
 
 from conv_models import assert_matches_onnxruntime, conv_feeds, conv_model, conv_out_size
 
@@ -25,6 +25,11 @@ CASES = [   # n, c, h, o, k, s, act, residual, threads
     (1, 12, 10, 18, 3, 1, None, True, 1),         # K = 108, shifted planes
     (1, 45, 1, 70, 1, 1, "hsig", False, 2),       # a 1x1 image: every output in the tail
     (2, 30, 7, 40, 1, 1, "silu", False, 2),       # a batch on 2 threads
+    # weights past L2: each block row's tail follows its panels (_fuses_tail)
+    (1, 320, 7, 1280, 1, 1, "hsig", False, 1),    # reduction in chunks, one tail pixel
+    (1, 320, 7, 1278, 1, 1, None, True, 2),       # a partial last block row, 2 threads
+    (1, 512, 14, 512, 1, 1, "silu", False, 3),    # no chunks, four tail pixels, 3 threads
+    (2, 960, 7, 168, 1, 1, None, False, 2),       # a batch: each image's rows gathered
 ]
 
 
@@ -35,6 +40,8 @@ def test_conv_tail_matches_onnxruntime(tmp_path, n, c, h, o, k, s, act, residual
     geom = conv_geometry((n, c, h, h), (o, c, k, k), (n, o, oh, oh),
                          dict(strides=(s, s), padding=(p,) * 4, groups=1, dilation=(1, 1)), 8)
     assert geom["tail"], "the case no longer takes the tail"
+    fused = geom["direct"] and not geom["panel_outer"] and 4 * o * c > L2_REUSE_BYTES
+    assert fused == (o * c >= 160 * 960), "the case no longer fuses (or newly fuses) its tail"
     model = conv_model(n, c, h, h, o, k, s, act, residual, "tail")
     assert_matches_onnxruntime(tmp_path, model, conv_feeds(n, c, h, h, o, k, s, residual),
                                threads, runs=20 if threads > 1 else 1)

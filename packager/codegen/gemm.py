@@ -409,6 +409,8 @@ class ContractionEmitter(KernelEmitter):
         self._packed_b: ir.Value | None = None   # the packed B panel _matmul_panel reads
         self._pack_region: ir.Value | None = None   # this task's region for it (workspace)
         self._part_base: ir.Value | None = None   # the conv's reduction-chunk tiles (workspace)
+        # (image, gathered rows) of the tail outputs that follow each block row (_fuses_tail)
+        self._fused_tail: tuple[ir.Value, ir.Value] | None = None
         # B packed at export into panels [ceil(N / nr), K, nr] (ops/nn.py matmul_packed)
         self._const_panels = match.tag.kind == "matmul_packed"
 
@@ -1213,6 +1215,15 @@ class ContractionEmitter(KernelEmitter):
                 elif g["panels"]:
                     src = b.gep(planes, [b.mul(n, const_i64(g["planes_floats"] + g["slack_total"]))],
                                 inbounds=True)
+                tail_ws = None
+                if g["tail"]:
+                    tail_ws = b.gep(planes, [b.add(
+                        const_i64(n_batch * (g["planes_floats"] + g["slack_total"])),
+                        b.mul(n, const_i64(len(g["tail"]) * g["tail_kp"])))], inbounds=True)
+                fused = g["panels"] and self._fuses_tail(g)
+                self._fused_tail = (n, tail_ws) if fused else None
+                if fused:   # every task gathers the rows its block rows' tails read
+                    self._gather_tail(g, x_img, tail_ws)
                 if g["panels"] and self._panels_inner_on_copies(g):
                     # Several tasks split the work by panel, each copying only its panels'
                     # plane rows: split by block row, every task copied all the planes into
@@ -1230,10 +1241,7 @@ class ContractionEmitter(KernelEmitter):
                             self._conv_panels(g, n, x_img, src, task, ntasks, False)
                 elif g["panels"]:
                     self._conv_panels(g, n, x_img, src, task, ntasks, g["panel_outer"])
-                if g["tail"]:
-                    tail_ws = b.gep(planes, [b.add(
-                        const_i64(n_batch * (g["planes_floats"] + g["slack_total"])),
-                        b.mul(n, const_i64(len(g["tail"]) * g["tail_kp"])))], inbounds=True)
+                if g["tail"] and not fused:
                     self._conv_tail(g, n, x_img, tail_ws, task, ntasks)
 
     def _panels_inner_on_copies(self, g: dict) -> bool:
@@ -1296,6 +1304,10 @@ class ContractionEmitter(KernelEmitter):
                 mb = b.srem(rest, const_i64(mblocks))
                 grp = b.sdiv(rest, const_i64(mblocks))
             self._conv_block(g, n, grp, mb, jp, src, b.mul(grp, const_i64(g["cg"])))
+            if not outer and self._fused_tail is not None:   # the block row's last panel
+                with b.if_then(b.icmp_signed("==", jp, const_i64(g["panels"] - 1))):
+                    self._tail_block(g, self._fused_tail[0], self._fused_tail[1],
+                                     b.mul(mb, const_i64(g["mr"])), g["mr"])
 
     def _conv_chunked(self, g: dict, n, x_img, src, task, ntasks, outer: bool, kcg: int,
                       by_panel: bool = False) -> None:
@@ -1346,6 +1358,11 @@ class ContractionEmitter(KernelEmitter):
                     with for_range(b, const_i64(0), const_i64(nch - 1), "kc") as kc:
                         sweep(kc, b.icmp_signed(">", kc, const_i64(0)), False)
                 sweep(const_i64(nch - 1), ir.Constant(I1, nch > 1), True)
+                if not outer and not by_panel and self._fused_tail is not None:
+                    # the task that ran the block row's last panel: its tail outputs
+                    with b.if_then(b.icmp_signed("==", y_hi, const_i64(yc))):
+                        self._tail_block(g, self._fused_tail[0], self._fused_tail[1],
+                                         b.mul(x, const_i64(mr)), mr)
 
     def _conv_block(self, g: dict, n, grp, mb, jp, src, ic_base, chunk=None,
                     final: bool = True) -> None:
@@ -1433,80 +1450,99 @@ class ContractionEmitter(KernelEmitter):
         keeps mo * rp vector accumulators. The tasks split the channel blocks; each task with
         some gathers the rows (the same values where tasks overlap, as the planes)."""
         b = self.builder
-        out = self.match.out
-        tail, kp, og, vl = g["tail"], g["tail_kp"], g["og"], self.vl
+        mo = 8 if len(g["tail"]) == 1 else 4
+        oblocks = -(-g["og"] // mo)
+        lo, hi = self._split(oblocks, task, ntasks)
+        with b.if_then(b.icmp_signed(">", hi, lo)):
+            self._gather_tail(g, x_img, xt)
+            with for_range(b, lo, hi, "tob") as ob:
+                self._tail_block(g, n, xt, b.mul(ob, const_i64(mo)), mo)
+
+    def _fuses_tail(self, g: dict) -> bool:
+        """Whether each block row's tail outputs follow its panels (``_conv_panels``), its
+        weight rows still in cache, instead of a pass of their own after all the panels: a
+        direct (1x1) convolution, panels innermost, whose weights do not stay in L2 (the
+        separate pass read them all again from L3: MobileNetV2's 320 -> 1280 on 7x7, 1.6 MB,
+        one tail pixel)."""
+        return (bool(g["tail"]) and g["direct"] and not g["panel_outer"] and g["groups"] == 1
+                and 4 * g["og"] * g["cg"] > L2_REUSE_BYTES)
+
+    def _gather_tail(self, g: dict, x_img, xt) -> None:
+        """Every tail pixel's inputs (channel, tap) into its row of ``xt``, zero-padded."""
+        b = self.builder
+        tail, kp = g["tail"], g["tail_kp"]
         kh, kw, cg, h, w = g["kh"], g["kw"], g["cg"], g["h"], g["w"]
         khw = kh * kw
-        k_taps = cg * khw
-        w_ptr = self.buffers[self.match.tag.operands[1].uid]
-        mo, rp = (8, 1) if len(tail) == 1 else (4, 2)
-        oblocks = -(-og // mo)
-        lo, hi = self._split(oblocks, task, ntasks)
         zero = ir.Constant(F32, 0.0)
-        with b.if_then(b.icmp_signed(">", hi, lo)):
-            with for_range(b, const_i64(0), const_i64(cg), "tc") as ic:
-                src = b.mul(ic, const_i64(h * w))
-                for t, (oy, ox) in enumerate(tail):
-                    for ky in range(kh):
-                        for kx in range(kw):
-                            iy = oy * g["sh"] + ky - g["pt"]
-                            ix = ox * g["sw"] + kx - g["pl"]
-                            dst = b.add(b.mul(ic, const_i64(khw)), const_i64(t * kp + ky * kw + kx))
-                            val = zero
-                            if 0 <= iy < h and 0 <= ix < w:
-                                val = b.load(b.gep(x_img, [b.add(src, const_i64(iy * w + ix))],
-                                                   inbounds=True))
-                            b.store(val, b.gep(xt, [dst], inbounds=True))
-            for t in range(len(tail)):
-                for k in range(k_taps, kp):
-                    b.store(zero, b.gep(xt, [const_i64(t * kp + k)], inbounds=True))
-            chunks, rem = divmod(k_taps, vl)
-            rem_mask = ir.Constant(ir.VectorType(I1, vl), [i < rem for i in range(vl)])
-            with for_range(b, lo, hi, "tob") as ob:
-                o0 = b.mul(ob, const_i64(mo))
-                rows = [b.mul(b.select(b.icmp_signed("<", b.add(o0, const_i64(i)),
-                                                     const_i64(og)),
-                                       b.add(o0, const_i64(i)), const_i64(og - 1)),
-                              const_i64(k_taps)) for i in range(mo)]
-                for j0 in range(0, len(tail), rp):
-                    r = min(rp, len(tail) - j0)
-                    accs = [alloca_once(b, self.vty, name=f"tacc{i}_{j}")
-                            for i in range(mo) for j in range(r)]
-                    for a in accs:
-                        b.store(ir.Constant(self.vty, [0.0] * vl), a)
+        with for_range(b, const_i64(0), const_i64(cg), "tc") as ic:
+            src = b.mul(ic, const_i64(h * w))
+            for t, (oy, ox) in enumerate(tail):
+                for ky in range(kh):
+                    for kx in range(kw):
+                        iy = oy * g["sh"] + ky - g["pt"]
+                        ix = ox * g["sw"] + kx - g["pl"]
+                        dst = b.add(b.mul(ic, const_i64(khw)), const_i64(t * kp + ky * kw + kx))
+                        val = zero
+                        if 0 <= iy < h and 0 <= ix < w:
+                            val = b.load(b.gep(x_img, [b.add(src, const_i64(iy * w + ix))],
+                                               inbounds=True))
+                        b.store(val, b.gep(xt, [dst], inbounds=True))
+        for t in range(len(tail)):
+            for k in range(cg * khw, kp):
+                b.store(zero, b.gep(xt, [const_i64(t * kp + k)], inbounds=True))
 
-                    def step(kc, masked: bool) -> None:
-                        k0 = b.mul(kc, const_i64(vl))
-                        xv = [b.load(self._vec_ptr(xt, b.add(k0, const_i64((j0 + j) * kp))),
-                                     align=4) for j in range(r)]
-                        for i in range(mo):
-                            ptr = self._vec_ptr(w_ptr, b.add(rows[i], k0))
-                            wv = self._masked_load(ptr, rem_mask) if masked \
-                                else b.load(ptr, align=4)
-                            for j in range(r):
-                                a = accs[i * r + j]
-                                b.store(self._fma(wv, xv[j], b.load(a)), a)
+    def _tail_block(self, g: dict, n, xt, o0, mo: int) -> None:
+        """The tail outputs of channels o0 .. o0 + mo - 1 (those below og), from the gathered
+        rows ``xt``: dot products of their weight rows with them, rp pixels at a time."""
+        b = self.builder
+        out = self.match.out
+        tail, kp, og, vl = g["tail"], g["tail_kp"], g["og"], self.vl
+        k_taps = g["cg"] * g["kh"] * g["kw"]
+        w_ptr = self.buffers[self.match.tag.operands[1].uid]
+        rp = 1 if len(tail) == 1 else 2
+        chunks, rem = divmod(k_taps, vl)
+        rem_mask = ir.Constant(ir.VectorType(I1, vl), [i < rem for i in range(vl)])
+        rows = [b.mul(b.select(b.icmp_signed("<", b.add(o0, const_i64(i)), const_i64(og)),
+                               b.add(o0, const_i64(i)), const_i64(og - 1)),
+                      const_i64(k_taps)) for i in range(mo)]
+        for j0 in range(0, len(tail), rp):
+            r = min(rp, len(tail) - j0)
+            accs = [alloca_once(b, self.vty, name=f"tacc{i}_{j}")
+                    for i in range(mo) for j in range(r)]
+            for a in accs:
+                b.store(ir.Constant(self.vty, [0.0] * vl), a)
 
-                    if chunks:
-                        with for_range(b, const_i64(0), const_i64(chunks), "tk") as kc:
-                            step(kc, False)
-                    if rem:
-                        step(const_i64(chunks), True)
-                    self._begin_epilogue()
-                    tile = alloca_once(b, ir.ArrayType(F32, mo * r), name="ttile")
-                    tile_f = b.bitcast(tile, F32.as_pointer())
-                    for q, a in enumerate(accs):
-                        b.store(self._hsum(b.load(a)), b.gep(tile_f, [const_i64(q)],
-                                                            inbounds=True))
-                    for i in range(mo):
-                        oc = b.add(o0, const_i64(i))
-                        with b.if_then(b.icmp_signed("<", oc, const_i64(og))):
-                            for j in range(r):
-                                oy, ox = tail[j0 + j]
-                                env = {id(out.axes[0]): n, id(out.axes[1]): oc,
-                                       id(out.axes[2]): const_i64(oy),
-                                       id(out.axes[3]): const_i64(ox)}
-                                self._store_epilogue(env, tile_f, const_i64(i * r + j))
+            def step(kc, masked: bool) -> None:
+                k0 = b.mul(kc, const_i64(vl))
+                xv = [b.load(self._vec_ptr(xt, b.add(k0, const_i64((j0 + j) * kp))),
+                             align=4) for j in range(r)]
+                for i in range(mo):
+                    ptr = self._vec_ptr(w_ptr, b.add(rows[i], k0))
+                    wv = self._masked_load(ptr, rem_mask) if masked \
+                        else b.load(ptr, align=4)
+                    for j in range(r):
+                        a = accs[i * r + j]
+                        b.store(self._fma(wv, xv[j], b.load(a)), a)
+
+            if chunks:
+                with for_range(b, const_i64(0), const_i64(chunks), "tk") as kc:
+                    step(kc, False)
+            if rem:
+                step(const_i64(chunks), True)
+            self._begin_epilogue()
+            tile = alloca_once(b, ir.ArrayType(F32, mo * r), name="ttile")
+            tile_f = b.bitcast(tile, F32.as_pointer())
+            for q, a in enumerate(accs):
+                b.store(self._hsum(b.load(a)), b.gep(tile_f, [const_i64(q)], inbounds=True))
+            for i in range(mo):
+                oc = b.add(o0, const_i64(i))
+                with b.if_then(b.icmp_signed("<", oc, const_i64(og))):
+                    for j in range(r):
+                        oy, ox = tail[j0 + j]
+                        env = {id(out.axes[0]): n, id(out.axes[1]): oc,
+                               id(out.axes[2]): const_i64(oy),
+                               id(out.axes[3]): const_i64(ox)}
+                        self._store_epilogue(env, tile_f, const_i64(i * r + j))
 
     def _conv_epilogue(self, g: dict, out: te.Tensor, n, oc0, local0, p0, tile) -> None:
         b = self.builder
