@@ -68,6 +68,11 @@ BAND_BYTES = 256 * 1024
 # Work items (image, band, block) the tasks share: at least this many where the output has the
 # rows (a 32-channel conv on 40x40 was one item, all of it on one thread).
 MIN_ITEMS = 8
+# Winograd: a band's transformed inputs (16 x C x its tiles) at most this many bytes (in L2
+# while every block of output channels reads them); at least this many (image, band) items.
+WINO_V_BYTES = 256 * 1024
+WINO_MIN_ITEMS = 4
+WINO_UNROLL = 4      # input channels per iteration of the products' reduction loop
 
 
 def packs_conv_weights(targets) -> bool:
@@ -149,6 +154,35 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
         self.region_floats = -(-(plane_region + self.rowbuf_floats) // 16) * 16
         self.plane_region = plane_region
         self.chunk = min(self.c, max(1, CHUNK_STEPS // (self.kh * self.kw)))
+        self.wino = bool(attrs.get("winograd"))
+        if self.wino:
+            self._wino_geometry(pb, pr)
+
+    def _wino_geometry(self, pb: int, pr: int) -> None:
+        """The Winograd plan (``_emit_tasks_wino``): 2x2 output tiles, nt per tile row (ntp
+        rounded up to whole vectors in the transformed inputs' rows), ntr tile rows; bands of
+        ``band_tr`` tile rows whose transformed inputs fit in WINO_V_BYTES."""
+        vl = self.vl
+        self.nt, self.ntr = -(-self.ow // 2), -(-self.oh // 2)
+        self.ntp = -(-self.nt // vl) * vl
+        self.copy = True
+        self.wpc = max(2 * self.ntp + 2, self.w + self.pl + pr)
+        per_row = 16 * self.c * self.ntp * 4
+        band_tr = max(1, min(self.ntr, WINO_V_BYTES // per_row))
+        images = self.n if isinstance(self.n, int) else 1
+        band_tr = min(band_tr, -(-self.ntr // min(self.ntr, -(-WINO_MIN_ITEMS // images))))
+        self.band_tr = band_tr
+        self.nbands = -(-self.ntr // band_tr)
+        self.band_in = 2 * band_tr + 2
+        self.plane_floats = self.band_in * self.wpc
+        self.plane_region = -(-(self.c * self.plane_floats + 16) // 16) * 16
+        self.v_floats = 16 * self.c * band_tr * self.ntp
+        self.m_tiles = band_tr * self.nt
+        self.m_floats = 16 * self.m_tiles * OC_BLOCK
+        self.row_len = max(2 * self.nt, -(-self.ow // vl) * vl)
+        self.rowbuf_floats = 2 * self.row_len * OC_BLOCK
+        self.region_floats = -(-(self.plane_region + self.v_floats + self.m_floats
+                                 + self.rowbuf_floats) // 16) * 16
 
     def _tile_rows(self, nv: int) -> int:
         """Pixels per register tile for a block of ``nv`` weight vectors: accumulators, the
@@ -158,6 +192,9 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
     # ---- emission -------------------------------------------------------------------------------
 
     def _emit_tasks(self, ws: ir.Value, task: ir.Value, ntasks: ir.Value) -> None:
+        if self.wino:
+            self._emit_tasks_wino(ws, task, ntasks)
+            return
         b = self.builder
         nt = b.select(b.icmp_signed("<", ntasks, const_i64(MAX_TASK_REGIONS)), ntasks,
                       const_i64(MAX_TASK_REGIONS))
@@ -377,6 +414,180 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
                 chunk(q, None)
         if tail:
             chunk(const_i64(nq - 1), tail)
+
+
+    # ---- Winograd F(2x2, 3x3) -----------------------------------------------------------------
+
+    def _emit_tasks_wino(self, ws: ir.Value, task: ir.Value, ntasks: ir.Value) -> None:
+        """Per task, a run of (image, band) items; per item: the band's input rows copied
+        zero-padded, every 4x4 input block of every channel transformed (``_wino_input``) into
+        V [16][C][tiles], then per block of 32 output channels the 16 products U[xi] V[xi]
+        (``_wino_gemm``: the register tile of ``_tile``, tiles for pixels) into M [16][tiles][32]
+        and the output transform of each tile into two rows of the row buffer, which
+        ``_emit_row`` transposes out through the fused epilogue."""
+        b = self.builder
+        nt = b.select(b.icmp_signed("<", ntasks, const_i64(MAX_TASK_REGIONS)), ntasks,
+                      const_i64(MAX_TASK_REGIONS))
+        x_ptr = self.buffers[self.match.tag.operands[0].uid]
+        with b.if_then(b.icmp_signed("<", task, nt)):
+            region = b.gep(b.bitcast(ws, F32.as_pointer()),
+                           [b.mul(task, const_i64(self.region_floats))], inbounds=True)
+            self.vbuf = b.gep(region, [const_i64(self.plane_region)], inbounds=True)
+            self.mbuf = b.gep(self.vbuf, [const_i64(self.v_floats)], inbounds=True)
+            self.rowbuf = b.gep(self.mbuf, [const_i64(self.m_floats)], inbounds=True)
+            lo, hi = self._split(self.n * self.nbands, task, nt)
+            with for_range(b, lo, hi, "item") as item:
+                nb = b.sdiv(item, const_i64(self.nbands))
+                band = b.srem(item, const_i64(self.nbands))
+                tr0 = b.mul(band, const_i64(self.band_tr))
+                left = b.sub(const_i64(self.ntr), tr0)
+                ntr = b.select(b.icmp_signed("<", left, const_i64(self.band_tr)), left,
+                               const_i64(self.band_tr))
+                oy_lo = b.mul(tr0, const_i64(2))
+                x_img = b.gep(x_ptr, [b.mul(nb, const_i64(self.c * self.h * self.w))],
+                              inbounds=True)
+                self._copy_band(x_img, oy_lo, region)
+                self._wino_input(region, ntr)
+                full = self.o // OC_BLOCK
+                last_nv = (self.o % OC_BLOCK) // self.vl
+                if full:
+                    with for_range(b, const_i64(0), const_i64(full), "blk") as blk:
+                        self._wino_block(nb, blk, oy_lo, ntr, OC_BLOCK // self.vl)
+                if last_nv:
+                    self._wino_block(nb, const_i64(full), oy_lo, ntr, last_nv)
+
+    def _wino_input(self, planes: ir.Value, ntr: ir.Value) -> None:
+        """V[(xi * C + c) * band_tr * ntp + tr * ntp + tx] = (B^T d B)[xi // 4][xi % 4] for the
+        4x4 block d of channel c's padded plane at rows 2 tr.., columns 2 tx..; vl tiles at a
+        time (the block's even and odd columns deinterleaved from two vector loads)."""
+        b, vl = self.builder, self.vl
+        evens = ir.Constant(ir.VectorType(I32, vl), [2 * i for i in range(vl)])
+        odds = ir.Constant(ir.VectorType(I32, vl), [2 * i + 1 for i in range(vl)])
+        row_stride = self.band_tr * self.ntp
+        with for_range(b, const_i64(0), ntr, "wtr") as tr:
+            with for_range(b, const_i64(0), const_i64(self.c), "wc") as c:
+                plane = b.gep(planes, [b.add(b.mul(c, const_i64(self.plane_floats)),
+                                             b.mul(tr, const_i64(2 * self.wpc)))], inbounds=True)
+                vrow = b.gep(self.vbuf, [b.add(b.mul(c, const_i64(row_stride)),
+                                               b.mul(tr, const_i64(self.ntp)))], inbounds=True)
+                with for_range(b, const_i64(0), const_i64(self.ntp // vl), "wq") as q:
+                    col = b.mul(q, const_i64(2 * vl))
+                    d = []
+                    for i in range(4):
+                        row = b.gep(plane, [b.add(col, const_i64(i * self.wpc))], inbounds=True)
+                        vs = [b.load(self._vec_ptr(row, const_i64(k)), align=4)
+                              for k in (0, vl, 2, 2 + vl)]
+                        d.append([b.shuffle_vector(vs[0], vs[1], evens),
+                                  b.shuffle_vector(vs[0], vs[1], odds),
+                                  b.shuffle_vector(vs[2], vs[3], evens),
+                                  b.shuffle_vector(vs[2], vs[3], odds)])
+                    t = [[b.fsub(d[0][j], d[2][j]) for j in range(4)],
+                         [b.fadd(d[1][j], d[2][j]) for j in range(4)],
+                         [b.fsub(d[2][j], d[1][j]) for j in range(4)],
+                         [b.fsub(d[1][j], d[3][j]) for j in range(4)]]
+                    for a in range(4):
+                        r = t[a]
+                        vals = (b.fsub(r[0], r[2]), b.fadd(r[1], r[2]), b.fsub(r[2], r[1]),
+                                b.fsub(r[1], r[3]))
+                        for bb, val in enumerate(vals):
+                            off = const_i64((a * 4 + bb) * self.c * row_stride)
+                            dst = b.gep(vrow, [b.add(off, b.mul(q, const_i64(vl)))],
+                                        inbounds=True)
+                            b.store(val, b.bitcast(dst, self.vty.as_pointer()), align=4)
+
+    def _wino_block(self, nb, blk, oy_lo, ntr: ir.Value, nvb: int) -> None:
+        """Block ``blk`` of output channels (``nvb`` vectors) over the band's ``ntr`` tile rows."""
+        b = self.builder
+        w_ptr = self.buffers[self.match.tag.operands[1].uid]
+        wblk = b.gep(w_ptr, [b.mul(blk, const_i64(16 * self.c * OC_BLOCK))], inbounds=True)
+        ntiles = b.mul(ntr, const_i64(self.nt))
+        for v0 in range(0, nvb, MAX_TILE_VECTORS):
+            nv = min(MAX_TILE_VECTORS, nvb - v0)
+            mr = self._tile_rows(nv)
+            with for_range(b, const_i64(0), const_i64(16), "xi") as xi:
+                full = b.sdiv(ntiles, const_i64(mr))
+                with for_range(b, const_i64(0), full, "wg") as g:
+                    self._wino_gemm(xi, b.mul(g, const_i64(mr)), mr, v0, nv, wblk)
+                rest = b.sub(ntiles, b.mul(full, const_i64(mr)))
+                for count in range(1, mr):
+                    with b.if_then(b.icmp_signed("==", rest, const_i64(count))):
+                        self._wino_gemm(xi, b.mul(full, const_i64(mr)), count, v0, nv, wblk)
+        with for_range(b, const_i64(0), ntr, "otr") as tr:
+            with for_range(b, const_i64(0), const_i64(self.nt), "otx") as tx:
+                self._wino_output(b.add(b.mul(tr, const_i64(self.nt)), tx), tx, nvb)
+            for i in range(2):
+                oy = b.add(oy_lo, b.add(b.mul(tr, const_i64(2)), const_i64(i)))
+                with b.if_then(b.icmp_signed("<", oy, const_i64(self.oh))):
+                    row = b.gep(self.rowbuf, [const_i64(i * self.row_len * OC_BLOCK)],
+                                inbounds=True)
+                    self._emit_row(nb, blk, oy, row, nvb)
+
+    def _wino_gemm(self, xi, u0, mr: int, v0: int, nv: int, wblk) -> None:
+        """M[xi][u][32] for tiles u0 .. u0 + mr - 1 of the band (tile u: row u // nt, column
+        u % nt), channel vectors v0 .. v0 + nv - 1: the sum over input channels of V[xi][c][u]
+        times U[xi][c][:] (broadcast times weight vectors, mr x nv accumulators)."""
+        b, vl = self.builder, self.vl
+        row_stride = self.band_tr * self.ntp
+        vx = b.gep(self.vbuf, [b.mul(xi, const_i64(self.c * row_stride))], inbounds=True)
+        ux = b.gep(wblk, [b.mul(xi, const_i64(self.c * OC_BLOCK))], inbounds=True)
+        bases = []
+        for j in range(mr):
+            u = b.add(u0, const_i64(j)) if j else u0
+            pos = b.add(b.mul(b.sdiv(u, const_i64(self.nt)), const_i64(self.ntp)),
+                        b.srem(u, const_i64(self.nt)))
+            bases.append(b.gep(vx, [pos], inbounds=True))
+        accs = [alloca_once(b, self.vty, name=f"wacc{j}_{v}") for j in range(mr)
+                for v in range(nv)]
+        zero = ir.Constant(self.vty, [0.0] * vl)
+        for a in accs:
+            b.store(zero, a)
+
+        def steps(c0, count: int) -> None:
+            vals = [b.load(a) for a in accs]
+            for k in range(count):
+                c = b.add(c0, const_i64(k)) if k else c0
+                xs = [self._splat(b.load(b.gep(base, [b.mul(c, const_i64(row_stride))],
+                                               inbounds=True))) for base in bases]
+                for v in range(nv):
+                    wv = b.load(self._vec_ptr(ux, b.add(b.mul(c, const_i64(OC_BLOCK)),
+                                                        const_i64((v0 + v) * vl))), align=4)
+                    for j in range(mr):
+                        vals[j * nv + v] = self._fma(wv, xs[j], vals[j * nv + v])
+            for a, val in zip(accs, vals):
+                b.store(val, a)
+
+        unroll = WINO_UNROLL
+        whole = self.c // unroll
+        if whole:
+            with for_range(b, const_i64(0), const_i64(whole), "wk") as kk:
+                steps(b.mul(kk, const_i64(unroll)), unroll)
+        if self.c % unroll:
+            steps(const_i64(whole * unroll), self.c % unroll)
+        for j in range(mr):
+            u = b.add(u0, const_i64(j)) if j else u0
+            for v in range(nv):
+                off = b.add(b.mul(b.add(b.mul(xi, const_i64(self.m_tiles)), u),
+                                  const_i64(OC_BLOCK)), const_i64((v0 + v) * vl))
+                b.store(b.load(accs[j * nv + v]), self._vec_ptr(self.mbuf, off), align=4)
+
+    def _wino_output(self, u, tx, nvb: int) -> None:
+        """Tile u's 2x2 outputs Y = A^T M A of every channel vector into the row buffer's two
+        rows, columns 2 tx and 2 tx + 1."""
+        b, vl = self.builder, self.vl
+        for v in range(nvb):
+            m = [[b.load(self._vec_ptr(self.mbuf, b.add(
+                b.mul(b.add(const_i64((a * 4 + c) * self.m_tiles), u), const_i64(OC_BLOCK)),
+                const_i64(v * vl))), align=4) for c in range(4)] for a in range(4)]
+            s = [[b.fadd(b.fadd(m[0][j], m[1][j]), m[2][j]) for j in range(4)],
+                 [b.fsub(b.fsub(m[1][j], m[2][j]), m[3][j]) for j in range(4)]]
+            for i in range(2):
+                y0 = b.fadd(b.fadd(s[i][0], s[i][1]), s[i][2])
+                y1 = b.fsub(b.fsub(s[i][1], s[i][2]), s[i][3])
+                for j, y in enumerate((y0, y1)):
+                    ox = b.add(b.mul(tx, const_i64(2)), const_i64(j))
+                    off = b.add(b.mul(b.add(const_i64(i * self.row_len), ox),
+                                      const_i64(OC_BLOCK)), const_i64(v * vl))
+                    b.store(y, self._vec_ptr(self.rowbuf, off), align=4)
 
 
 def _transpose(b: ir.IRBuilder, rows: list[ir.Value]) -> list[ir.Value]:

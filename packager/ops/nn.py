@@ -235,12 +235,38 @@ def unpack_oc_weights(wp: np.ndarray, out_channels: int, kernel) -> np.ndarray:
     return flat.reshape(out_channels, wp.shape[1] // (kh * kw), kh, kw)
 
 
+# Winograd F(2x2, 3x3) (Lavin and Gray, 2016): a 3x3 stride-1 convolution computes each 2x2
+# block of outputs from the 4x4 block of inputs under it as Y = A^T [U * V] A, with U = G g G^T
+# the 3x3 weights g transformed once at export, V = B^T d B the input block transformed: 16
+# products per 2x2 outputs and input channel instead of 36. WINO_P is a left inverse of WINO_G
+# (P G = I), so g = P U P^T recovers the weights (the op's numpy reference, its expression).
+WINO_G = np.array([[1, 0, 0], [.5, .5, .5], [.5, -.5, .5], [0, 0, 1]], dtype=np.float64)
+WINO_P = np.array([[1, 0, 0, 0], [0, 1, -1, 0], [0, 0, 0, 1]], dtype=np.float64)
+
+
+def pack_wino_weights(w: np.ndarray) -> np.ndarray:
+    """``w`` [O, C, 3, 3] -> ``wp`` [ceil(O / OC_BLOCK), 16 * C, OC_BLOCK] with ``wp[o //
+    OC_BLOCK, (a * 4 + b) * C + c, o % OC_BLOCK] = (G w[o, c] G^T)[a, b]``: for each of the 16
+    transform positions, a block's [C, OC_BLOCK] weights contiguous."""
+    o, c = w.shape[:2]
+    u = np.einsum("ai,ocij,bj->abco", WINO_G, w.astype(np.float64), WINO_G)
+    return pack_matmul_b(u.reshape(16 * c, o).astype(np.float32), OC_BLOCK)
+
+
+def unpack_wino_weights(wp: np.ndarray, out_channels: int) -> np.ndarray:
+    u = unpack_matmul_b(wp, out_channels).astype(np.float64).reshape(4, 4, -1, out_channels)
+    return np.einsum("ia,abco,jb->ocij", WINO_P, u, WINO_P).astype(np.float32)
+
+
 def _infer_conv2d_oc(x: TensorType, wp: TensorType, out_channels: int, kernel=(1, 1),
                      strides=(1, 1), padding=(0, 0, 0, 0), dilation=(1, 1),
-                     groups: int = 1) -> TensorType:
+                     groups: int = 1, winograd: bool = False) -> TensorType:
     n, c, h, wd = x.shape
     kh, kw = kernel
-    if groups != 1 or tuple(wp.shape) != (-(-out_channels // OC_BLOCK), c * kh * kw, OC_BLOCK):
+    rows = 16 * c if winograd else c * kh * kw
+    if winograd and (tuple(kernel) != (3, 3) or tuple(strides) != (1, 1)):
+        raise ValueError(f"conv2d_oc: Winograd weights for a {kernel} window, strides {strides}")
+    if groups != 1 or tuple(wp.shape) != (-(-out_channels // OC_BLOCK), rows, OC_BLOCK):
         raise ValueError(f"conv2d_oc: packed weight {wp.shape} does not match input {x.shape}, "
                          f"{out_channels} output channels, window {kernel}")
     return _infer_conv2d(x, TensorType((out_channels, c, kh, kw), wp.dtype), strides, padding,
@@ -249,13 +275,31 @@ def _infer_conv2d_oc(x: TensorType, wp: TensorType, out_channels: int, kernel=(1
 
 def _legalize_conv2d_oc(x: te.Tensor, wp: te.Tensor, out_type: TensorType, name: str,
                         out_channels: int, kernel=(1, 1), strides=(1, 1), padding=(0, 0, 0, 0),
-                        dilation=(1, 1), groups: int = 1) -> te.Tensor:
+                        dilation=(1, 1), groups: int = 1, winograd: bool = False) -> te.Tensor:
     _, c, h, wd = x.shape
     kh, kw = kernel
     rc, ry, rx = te.reduce_axis(c, "rc"), te.reduce_axis(kh, "ry"), te.reduce_axis(kw, "rx")
     padded = any(padding)
     tag_reduction(rc, "conv2d_oc", (x, wp), strides=tuple(strides), padding=tuple(padding),
-                  kernel=(kh, kw), out_channels=out_channels)
+                  kernel=(kh, kw), out_channels=out_channels, winograd=bool(winograd))
+
+    def wino_weight(oc: te.IndexVar) -> te.Expr:   # g = P U P^T, P's rows as (a, sign) terms
+        terms = [[(0, 1.0)], [(1, 1.0), (2, -1.0)], [(3, 1.0)]]
+
+        def row(i: int, j: int) -> te.Expr:
+            value = None
+            for a, sa in terms[i]:
+                for b_, sb in terms[j]:
+                    u = wp[oc // OC_BLOCK, (a * 4 + b_) * c + rc, oc % OC_BLOCK]
+                    u = u if sa * sb > 0 else u * -1.0
+                    value = u if value is None else value + u
+            return value
+
+        def by(var: te.IndexVar, pick) -> te.Expr:
+            return te.if_then_else(te.eq(var, 0), pick(0),
+                                   te.if_then_else(te.eq(var, 1), pick(1), pick(2)))
+
+        return by(ry, lambda i: by(rx, lambda j: row(i, j)))
 
     def body(n: te.IndexVar, oc: te.IndexVar, y: te.IndexVar, xx: te.IndexVar) -> te.Expr:
         iy = y * strides[0] - padding[0] + ry
@@ -265,7 +309,8 @@ def _legalize_conv2d_oc(x: te.Tensor, wp: te.Tensor, out_type: TensorType, name:
                                     x[n, rc, _clamped(iy, h), _clamped(ix, wd)], 0.0)
         else:
             value = x[n, rc, iy, ix]
-        weight = wp[oc // OC_BLOCK, (rc * kh + ry) * kw + rx, oc % OC_BLOCK]
+        weight = wino_weight(oc) if winograd else \
+            wp[oc // OC_BLOCK, (rc * kh + ry) * kw + rx, oc % OC_BLOCK]
         return te.sum_of(value * weight, (rc, ry, rx))
 
     return te.compute(out_type.shape, body, name=name)
@@ -273,9 +318,11 @@ def _legalize_conv2d_oc(x: te.Tensor, wp: te.Tensor, out_type: TensorType, name:
 
 @register_op("nn.conv2d_oc", COMPLEX, _infer_conv2d_oc, _legalize_conv2d_oc)
 def conv2d_oc(x: np.ndarray, wp: np.ndarray, out_channels: int, kernel=(1, 1), strides=(1, 1),
-              padding=(0, 0, 0, 0), dilation=(1, 1), groups: int = 1) -> np.ndarray:
-    return conv2d(x, unpack_oc_weights(wp, out_channels, kernel), strides, padding, dilation,
-                  groups)
+              padding=(0, 0, 0, 0), dilation=(1, 1), groups: int = 1,
+              winograd: bool = False) -> np.ndarray:
+    w = unpack_wino_weights(wp, out_channels) if winograd else \
+        unpack_oc_weights(wp, out_channels, kernel)
+    return conv2d(x, w, strides, padding, dilation, groups)
 
 
 # ---- pooling ------------------------------------------------------------------------------------

@@ -52,6 +52,27 @@ def _one_row(v: Call) -> bool:
 PACK_CONV_WEIGHTS = contextvars.ContextVar("pack_conv_weights", default=False)
 
 
+# Winograd F(2x2, 3x3) for a 3x3 stride-1 convolution (codegen/conv_oc.py): output rows and
+# columns at least WINO_MIN_OUT, at least WINO_MIN_CHANNELS input and output channels (with
+# fewer, the input transform and a narrow register tile cost more than the products saved:
+# 8 -> 16 and 16 -> 16 on 64x64 were 1.2x the direct kernel's time, 16 -> 32 on 32x32 0.91x),
+# transformed weights (16 x C x O floats, 1.8x the plain ones) at most WINO_MAX_WEIGHT_BYTES
+# (every band of the image reads them all).
+WINOGRAD = contextvars.ContextVar("winograd", default=True)
+WINO_MIN_OUT = 8
+WINO_MIN_CHANNELS = (16, 32)   # input, output
+WINO_MAX_WEIGHT_BYTES = 4 << 20
+
+
+def uses_winograd(w_shape, strides, x_shape, out_shape) -> bool:
+    """Whether the packed convolution takes Winograd F(2x2, 3x3) (see above)."""
+    o, c, kh, kw = w_shape
+    return (WINOGRAD.get() and (kh, kw) == (3, 3) and tuple(strides) == (1, 1)
+            and isinstance(x_shape[0], int) and min(out_shape[2:]) >= WINO_MIN_OUT
+            and c >= WINO_MIN_CHANNELS[0] and o >= WINO_MIN_CHANNELS[1]
+            and 16 * c * o * 4 <= WINO_MAX_WEIGHT_BYTES)
+
+
 def pack_conv_weights(mod: IRModule) -> IRModule:
     """An ungrouped float32 ``nn.conv2d`` with a window wider than 1x1, a constant weight, a
     4-D input static but for the batch and output channels in whole vectors becomes
@@ -60,7 +81,7 @@ def pack_conv_weights(mod: IRModule) -> IRModule:
     output channels on the vector lanes (no plane copies by stride phase, no dropped columns)."""
     if not PACK_CONV_WEIGHTS.get():
         return mod
-    from ..ops.nn import pack_oc_weights
+    from ..ops.nn import pack_oc_weights, pack_wino_weights
 
     def visit(b, lookup):
         v = b.value
@@ -78,6 +99,11 @@ def pack_conv_weights(mod: IRModule) -> IRModule:
             return None
         attrs = {k: val for k, val in v.attrs.items() if k not in ("groups", "dilation")}
         attrs.update(out_channels=int(w.data.shape[0]), kernel=tuple(w.data.shape[2:]))
+        if uses_winograd(w.data.shape, tuple(attrs.get("strides", (1, 1))), shape,
+                         v.type.shape):
+            attrs["winograd"] = True
+            packed = Constant(f"{w.name}_wino", pack_wino_weights(w.data))
+            return Call("nn.conv2d_oc", [lookup(x), packed], attrs, v.type)
         packed = Constant(f"{w.name}_oc", pack_oc_weights(w.data))
         return Call("nn.conv2d_oc", [lookup(x), packed],
                     attrs, v.type)
