@@ -154,7 +154,8 @@ def test_generic_lowering_of_the_operator(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("w_shape,strides,x_shape,out_shape,takes", [
     ((64, 64, 3, 3), (1, 1), (1, 64, 56, 56), (1, 64, 56, 56), True),
-    ((256, 256, 3, 3), (1, 1), (1, 256, 14, 14), (1, 256, 14, 14), True),   # 4 MB: the bound
+    ((256, 256, 3, 3), (1, 1), (1, 256, 14, 14), (1, 256, 14, 14), True),
+    ((384, 384, 3, 3), (1, 1), (1, 384, 10, 10), (1, 384, 10, 10), True),   # 9.4 MB
     ((512, 512, 3, 3), (1, 1), (1, 512, 14, 14), (1, 512, 14, 14), False),  # 16 MB of weights
     ((64, 64, 3, 3), (1, 1), (1, 64, 7, 7), (1, 64, 7, 7), False),          # 7x7 outputs
     ((64, 64, 3, 3), (2, 2), (1, 64, 56, 56), (1, 64, 28, 28), False),      # stride 2
