@@ -101,6 +101,25 @@ def _conv_pads(c, h, w, o, pads):
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
+def test_a_run_time_batch(tmp_path):
+    """A batch known at run time only (the symbolic plan, and the batch-1 plan beside it):
+    both take Winograd, its weights stored once; right answers at batch 1, 3 and 5."""
+    from mlcpack.runtime import load
+
+    model = conv_model(1, 16, 12, 13, 40, 3, 1, act="silu", residual=True)
+    for vi in list(model.graph.input) + list(model.graph.output):
+        vi.type.tensor_type.shape.dim[0].dim_param = "N"
+    path, bundle = _export(tmp_path, model)
+    assert _is_wino(bundle, 16, 40)
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    for threads in (1, 2):
+        with load(bundle, threads=threads) as m:
+            for n in (1, 3, 5):
+                feeds = conv_feeds(n, 16, 12, 13, 40, 3, 1, residual=True, seed=n)
+                np.testing.assert_allclose(list(m.run(feeds).values())[0],
+                                           sess.run(None, feeds)[0], rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.parametrize("pads", [(0, 0, 0, 0), (1, 0, 0, 1), (2, 2, 2, 2)])
 def test_padding(tmp_path, pads):
     from mlcpack.runtime import load
@@ -162,7 +181,7 @@ def test_generic_lowering_of_the_operator(tmp_path, monkeypatch):
     ((64, 64, 5, 5), (1, 1), (1, 64, 56, 56), (1, 64, 56, 56), False),      # 5x5
     ((16, 16, 3, 3), (1, 1), (1, 16, 64, 64), (1, 16, 64, 64), False),      # 16 outputs
     ((32, 8, 3, 3), (1, 1), (1, 8, 64, 64), (1, 32, 64, 64), False),        # 8 inputs
-    ((64, 64, 3, 3), (1, 1), ("N", 64, 56, 56), ("N", 64, 56, 56), False),  # run-time batch
+    ((64, 64, 3, 3), (1, 1), ("N", 64, 56, 56), ("N", 64, 56, 56), True),   # run-time batch
 ])
 def test_which_convolutions_take_it(w_shape, strides, x_shape, out_shape, takes):
     assert uses_winograd(w_shape, strides, x_shape, out_shape) == takes

@@ -71,7 +71,7 @@ def uses_winograd(w_shape, strides, x_shape, out_shape) -> bool:
     """Whether the packed convolution takes Winograd F(2x2, 3x3) (see above)."""
     o, c, kh, kw = w_shape
     return (WINOGRAD.get() and (kh, kw) == (3, 3) and tuple(strides) == (1, 1)
-            and isinstance(x_shape[0], int) and min(out_shape[2:]) >= WINO_MIN_OUT
+            and min(out_shape[2:]) >= WINO_MIN_OUT
             and c >= WINO_MIN_CHANNELS[0] and o >= WINO_MIN_CHANNELS[1]
             and 16 * c * o * 4 <= WINO_MAX_WEIGHT_BYTES)
 
