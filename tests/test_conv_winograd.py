@@ -85,6 +85,24 @@ def test_matches_onnxruntime(tmp_path, n, c, h, w, o, act, residual, threads):
             np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_one_band_when_the_weights_are_large(tmp_path, monkeypatch, threads):
+    """Transformed weights past WINO_U_TRAFFIC: the whole image is one band (read once), in
+    two items of channel blocks, two task regions; a third task gets no work."""
+    from mlcpack.packager.codegen import conv_oc
+    from mlcpack.runtime import load
+
+    monkeypatch.setattr(conv_oc, "WINO_U_TRAFFIC", 1)
+    n, c, h, w, o = 1, 48, 30, 30, 96
+    model = conv_model(n, c, h, w, o, 3, 1, residual=True)
+    feeds = conv_feeds(n, c, h, w, o, 3, 1, residual=True)
+    path, bundle = _export(tmp_path, model)
+    assert _is_wino(bundle, c, o)
+    with load(bundle, threads=threads) as m:
+        np.testing.assert_allclose(list(m.run(feeds).values())[0], _reference(path, feeds),
+                                   rtol=1e-4, atol=1e-4)
+
+
 def _conv_pads(c, h, w, o, pads):
     """One 3x3 stride-1 Conv with explicit ``pads`` (top, left, bottom, right), no bias."""
     from onnx import TensorProto, helper, numpy_helper
@@ -175,7 +193,8 @@ def test_generic_lowering_of_the_operator(tmp_path, monkeypatch):
     ((64, 64, 3, 3), (1, 1), (1, 64, 56, 56), (1, 64, 56, 56), True),
     ((256, 256, 3, 3), (1, 1), (1, 256, 14, 14), (1, 256, 14, 14), True),
     ((384, 384, 3, 3), (1, 1), (1, 384, 10, 10), (1, 384, 10, 10), True),   # 9.4 MB
-    ((512, 512, 3, 3), (1, 1), (1, 512, 14, 14), (1, 512, 14, 14), False),  # 16 MB of weights
+    ((512, 512, 3, 3), (1, 1), (1, 512, 14, 14), (1, 512, 14, 14), True),   # 16.8 MB
+    ((768, 768, 3, 3), (1, 1), (1, 768, 14, 14), (1, 768, 14, 14), False),  # 37.7 MB
     ((64, 64, 3, 3), (1, 1), (1, 64, 7, 7), (1, 64, 7, 7), False),          # 7x7 outputs
     ((64, 64, 3, 3), (2, 2), (1, 64, 56, 56), (1, 64, 28, 28), False),      # stride 2
     ((64, 64, 5, 5), (1, 1), (1, 64, 56, 56), (1, 64, 56, 56), False),      # 5x5

@@ -77,6 +77,10 @@ WINO_UNROLL = 4      # input channels per iteration of the products' reduction l
 # ResNet-18's 14x14 layers (7 tile rows: 4 bands, 2 + 2 against 2 + 1 rows) 1.10 -> 0.95 ms,
 # its 28x28 ones 0.93 -> 0.85 ms; 1 thread unchanged.
 WINO_GROUPS = 2
+# Bands are made tall enough that all of them together read the transformed weights at most
+# this many bytes (512 -> 512 on 14x14, 16.8 MB of them: 7 bands of one tile row 1.05x ORT's
+# time, one band of 7 0.71x; on 7x7 1.63x -> 0.95x), whatever WINO_V_BYTES says.
+WINO_U_TRAFFIC = 8 << 20
 
 
 def packs_conv_weights(targets) -> bool:
@@ -103,7 +107,7 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
     def emit(self) -> KernelInfo:
         self._geometry()
         params = self.func.inputs + self.func.outputs
-        workspace = MAX_TASK_REGIONS * self.region_floats * 4
+        workspace = self.task_regions * self.region_floats * 4
         body_fn, ptr_types = self._begin_body(params, workspace=True)
         n_ptrs = len(ptr_types)
         ws = body_fn.args[len(params)]
@@ -158,6 +162,7 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
         self.region_floats = -(-(plane_region + self.rowbuf_floats) // 16) * 16
         self.plane_region = plane_region
         self.chunk = min(self.c, max(1, CHUNK_STEPS // (self.kh * self.kw)))
+        self.task_regions = MAX_TASK_REGIONS
         self.wino = bool(attrs.get("winograd"))
         if self.wino:
             self._wino_geometry(pb, pr)
@@ -172,14 +177,20 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
         self.copy = True
         self.wpc = max(2 * self.ntp + 2, self.w + self.pl + pr)
         per_row = 16 * self.c * self.ntp * 4
-        band_tr = max(1, min(self.ntr, WINO_V_BYTES // per_row))
-        images = self.n if isinstance(self.n, int) else 1
-        band_tr = min(band_tr, -(-self.ntr // min(self.ntr, -(-WINO_MIN_ITEMS // images))))
-        self.band_tr = band_tr
-        self.nbands = -(-self.ntr // band_tr)
         # each band's blocks of output channels in WINO_GROUPS items (the tasks' share of a
         # band no longer whole bands only); a task running both copies and transforms it once
         self.wgroups = WINO_GROUPS if -(-self.o // OC_BLOCK) >= WINO_GROUPS else 1
+        images = self.n if isinstance(self.n, int) else 1
+        by_v = max(1, WINO_V_BYTES // per_row)
+        by_items = -(-self.ntr // min(self.ntr, -(-WINO_MIN_ITEMS // (images * self.wgroups))))
+        u_bytes = 16 * self.c * self.nblocks * OC_BLOCK * 4
+        by_u = -(-self.ntr // max(1, WINO_U_TRAFFIC // u_bytes))
+        band_tr = min(self.ntr, max(by_u, min(by_v, by_items)))
+        self.band_tr = band_tr
+        self.nbands = -(-self.ntr // band_tr)
+        # no more task regions than items (one band of a large layer: two, not MAX_TASK_REGIONS)
+        if isinstance(self.n, int):
+            self.task_regions = min(MAX_TASK_REGIONS, self.n * self.nbands * self.wgroups)
         self.band_in = 2 * band_tr + 2
         self.plane_floats = self.band_in * self.wpc
         self.plane_region = -(-(self.c * self.plane_floats + 16) // 16) * 16
@@ -434,8 +445,8 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
         and the output transform of each tile into two rows of the row buffer, which
         ``_emit_row`` transposes out through the fused epilogue."""
         b = self.builder
-        nt = b.select(b.icmp_signed("<", ntasks, const_i64(MAX_TASK_REGIONS)), ntasks,
-                      const_i64(MAX_TASK_REGIONS))
+        nt = b.select(b.icmp_signed("<", ntasks, const_i64(self.task_regions)), ntasks,
+                      const_i64(self.task_regions))
         x_ptr = self.buffers[self.match.tag.operands[0].uid]
         with b.if_then(b.icmp_signed("<", task, nt)):
             region = b.gep(b.bitcast(ws, F32.as_pointer()),

@@ -57,14 +57,13 @@ PACK_CONV_WEIGHTS = contextvars.ContextVar("pack_conv_weights", default=False)
 # fewer, the input transform and a narrow register tile cost more than the products saved:
 # 8 -> 16 and 16 -> 16 on 64x64 were 1.2x the direct kernel's time, 16 -> 32 on 32x32 0.91x),
 # transformed weights (16 x C x O floats, 1.8x the plain ones) at most WINO_MAX_WEIGHT_BYTES
-# (every band of the image reads them all; while they stay in L3 that costs little: 1 thread,
-# of the direct kernel's time, 320 -> 320 on 10x10, 6.5 MB, 0.56x; 384 -> 384 on 10x10, 9.4 MB,
-# 0.62x; 448 -> 448 on 14x14, 12.8 MB, 0.86x; 512 -> 512 on 14x14, 16.8 MB, 0.95x, on 7x7
-# 1.6x).
+# (the kernel's bands together read them at most codegen/conv_oc.py WINO_U_TRAFFIC bytes; 1
+# thread, of the direct kernel's time: 320 -> 320 on 10x10, 6.5 MB, 0.56x; 384 -> 384 on 10x10,
+# 9.4 MB, 0.62x; 512 -> 512 on 14x14, 16.8 MB, 0.70x; on 7x7 outputs, not taken, 0.95-1.0x).
 WINOGRAD = contextvars.ContextVar("winograd", default=True)
 WINO_MIN_OUT = 8
 WINO_MIN_CHANNELS = (16, 32)   # input, output
-WINO_MAX_WEIGHT_BYTES = 10 << 20
+WINO_MAX_WEIGHT_BYTES = 20 << 20
 
 
 def uses_winograd(w_shape, strides, x_shape, out_shape) -> bool:
