@@ -69,7 +69,7 @@ BAND_BYTES = 256 * 1024
 # rows (a 32-channel conv on 40x40 was one item, all of it on one thread).
 MIN_ITEMS = 8
 # Winograd: a band's transformed inputs (16 x C x its tiles) at most this many bytes (in L2
-# while every block of output channels reads them); at least this many (image, band) items.
+# while every block of output channels reads them); at least this many work items.
 WINO_V_BYTES = 256 * 1024
 WINO_MIN_ITEMS = 4
 WINO_UNROLL = 4      # input channels per iteration of the products' reduction loop
@@ -165,12 +165,14 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
         self.task_regions = MAX_TASK_REGIONS
         self.wino = bool(attrs.get("winograd"))
         if self.wino:
-            self._wino_geometry(pb, pr)
+            self._wino_geometry(pr)
 
-    def _wino_geometry(self, pb: int, pr: int) -> None:
+    def _wino_geometry(self, pr: int) -> None:
         """The Winograd plan (``_emit_tasks_wino``): 2x2 output tiles, nt per tile row (ntp
         rounded up to whole vectors in the transformed inputs' rows), ntr tile rows; bands of
-        ``band_tr`` tile rows whose transformed inputs fit in WINO_V_BYTES."""
+        ``band_tr`` tile rows: their transformed inputs within WINO_V_BYTES and at least
+        WINO_MIN_ITEMS items, unless the bands would then read the transformed weights more
+        than WINO_U_TRAFFIC bytes in all (then taller)."""
         vl = self.vl
         self.nt, self.ntr = -(-self.ow // 2), -(-self.oh // 2)
         self.ntp = -(-self.nt // vl) * vl
@@ -433,17 +435,16 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
         if tail:
             chunk(const_i64(nq - 1), tail)
 
-
     # ---- Winograd F(2x2, 3x3) -----------------------------------------------------------------
 
     def _emit_tasks_wino(self, ws: ir.Value, task: ir.Value, ntasks: ir.Value) -> None:
         """Per task, a run of (image, band, group of channel blocks) items; per item: the
         band's input rows copied zero-padded, every 4x4 input block of every channel
         transformed (``_wino_input``) into V [16][C][tiles] (once for a task's consecutive
-        items of one band), then per block of 32 output channels of its group the 16 products U[xi] V[xi]
-        (``_wino_gemm``: the register tile of ``_tile``, tiles for pixels) into M [16][tiles][32]
-        and the output transform of each tile into two rows of the row buffer, which
-        ``_emit_row`` transposes out through the fused epilogue."""
+        items of one band), then per block of 32 output channels of its group the 16 products
+        U[xi] V[xi] (``_wino_gemm``: the register tile of ``_tile``, tiles for pixels) into M
+        [16][tiles][32] and the output transform of each tile into two rows of the row buffer,
+        which ``_emit_row`` transposes out through the fused epilogue."""
         b = self.builder
         nt = b.select(b.icmp_signed("<", ntasks, const_i64(self.task_regions)), ntasks,
                       const_i64(self.task_regions))

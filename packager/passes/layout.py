@@ -66,7 +66,7 @@ WINO_MIN_CHANNELS = (16, 32)   # input, output
 WINO_MAX_WEIGHT_BYTES = 20 << 20
 
 
-def uses_winograd(w_shape, strides, x_shape, out_shape) -> bool:
+def uses_winograd(w_shape, strides, out_shape) -> bool:
     """Whether the packed convolution takes Winograd F(2x2, 3x3) (see above)."""
     o, c, kh, kw = w_shape
     return (WINOGRAD.get() and (kh, kw) == (3, 3) and tuple(strides) == (1, 1)
@@ -101,8 +101,7 @@ def pack_conv_weights(mod: IRModule) -> IRModule:
             return None
         attrs = {k: val for k, val in v.attrs.items() if k not in ("groups", "dilation")}
         attrs.update(out_channels=int(w.data.shape[0]), kernel=tuple(w.data.shape[2:]))
-        if uses_winograd(w.data.shape, tuple(attrs.get("strides", (1, 1))), shape,
-                         v.type.shape):
+        if uses_winograd(w.data.shape, tuple(attrs.get("strides", (1, 1))), v.type.shape):
             attrs["winograd"] = True
             packed = Constant(f"{w.name}_wino", pack_wino_weights(w.data))
             return Call("nn.conv2d_oc", [lookup(x), packed], attrs, v.type)
