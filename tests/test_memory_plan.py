@@ -26,15 +26,21 @@ def assert_no_live_overlap(buffers: list[Buffer], offsets: dict[int, int], arena
                 assert a0 + a.size <= b0 or b0 + b.size <= a0, (a, b, a0, b0)
 
 
+def random_buffers(rng: random.Random, most: int, largest: int) -> list[Buffer]:
+    """1 .. ``most`` buffers of random sizes (some 0, 1, 63, 64, up to ``largest``) and
+    lifetimes of 1-11 steps starting anywhere in the first 51."""
+    bufs = []
+    for i in range(rng.randint(1, most)):
+        start = rng.randint(0, 50)
+        bufs.append(Buffer(i, rng.choice([0, 1, 63, 64, 100, 4096, rng.randint(1, largest)]),
+                           start, start + rng.randint(0, 10)))
+    return bufs
+
+
 def test_random_lifetimes_never_overlap():
     rng = random.Random(0)
     for _ in range(300):
-        n = rng.randint(1, 40)
-        bufs = []
-        for i in range(n):
-            start = rng.randint(0, 50)
-            bufs.append(Buffer(i, rng.choice([0, 1, 63, 64, 100, 4096, rng.randint(1, 10000)]),
-                               start, start + rng.randint(0, 10)))
+        bufs = random_buffers(rng, 40, 10000)
         offsets, arena = plan_memory(bufs)
         assert_no_live_overlap(bufs, offsets, arena)
         assert arena <= sum(-(-max(b.size, 1) // 64) * 64 for b in bufs)
@@ -125,12 +131,7 @@ def test_warm_plan_never_overlaps_and_stays_near_smallest_arena():
                                                      plan_warm)
     rng = random.Random(2)
     for _ in range(300):
-        n = rng.randint(1, 60)
-        bufs = []
-        for i in range(n):
-            start = rng.randint(0, 50)
-            bufs.append(Buffer(i, rng.choice([0, 1, 63, 64, 4096, rng.randint(1, 100000)]),
-                               start, start + rng.randint(0, 10)))
+        bufs = random_buffers(rng, 60, 100000)
         offsets, arena = plan_warm(bufs)
         assert_no_live_overlap(bufs, offsets, arena)
         offsets, arena = plan_memory(bufs)

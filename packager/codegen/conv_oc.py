@@ -211,17 +211,24 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
 
     # ---- emission -------------------------------------------------------------------------------
 
+    def _task_region(self, ws: ir.Value, task: ir.Value, ntasks: ir.Value
+                     ) -> tuple[ir.Value, ir.Value]:
+        """(the tasks that get work: at most ``task_regions``, this task's workspace region)."""
+        b = self.builder
+        nt = b.select(b.icmp_signed("<", ntasks, const_i64(self.task_regions)), ntasks,
+                      const_i64(self.task_regions))
+        region = b.gep(b.bitcast(ws, F32.as_pointer()),
+                       [b.mul(task, const_i64(self.region_floats))], inbounds=True)
+        return nt, region
+
     def _emit_tasks(self, ws: ir.Value, task: ir.Value, ntasks: ir.Value) -> None:
         if self.wino:
             self._emit_tasks_wino(ws, task, ntasks)
             return
         b = self.builder
-        nt = b.select(b.icmp_signed("<", ntasks, const_i64(MAX_TASK_REGIONS)), ntasks,
-                      const_i64(MAX_TASK_REGIONS))
+        nt, region = self._task_region(ws, task, ntasks)
         x_ptr = self.buffers[self.match.tag.operands[0].uid]
         with b.if_then(b.icmp_signed("<", task, nt)):
-            region = b.gep(b.bitcast(ws, F32.as_pointer()),
-                           [b.mul(task, const_i64(self.region_floats))], inbounds=True)
             self.rowbuf = b.gep(region, [const_i64(self.plane_region)], inbounds=True)
             items = self.n * (self.nbands * self.nblocks)
             lo, hi = self._split(items, task, nt)
@@ -446,12 +453,9 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
         [16][tiles][32] and the output transform of each tile into two rows of the row buffer,
         which ``_emit_row`` transposes out through the fused epilogue."""
         b = self.builder
-        nt = b.select(b.icmp_signed("<", ntasks, const_i64(self.task_regions)), ntasks,
-                      const_i64(self.task_regions))
+        nt, region = self._task_region(ws, task, ntasks)
         x_ptr = self.buffers[self.match.tag.operands[0].uid]
         with b.if_then(b.icmp_signed("<", task, nt)):
-            region = b.gep(b.bitcast(ws, F32.as_pointer()),
-                           [b.mul(task, const_i64(self.region_floats))], inbounds=True)
             self.vbuf = b.gep(region, [const_i64(self.plane_region)], inbounds=True)
             self.mbuf = b.gep(self.vbuf, [const_i64(self.v_floats)], inbounds=True)
             self.rowbuf = b.gep(self.mbuf, [const_i64(self.m_floats)], inbounds=True)
