@@ -4,7 +4,8 @@ Run: .venv/bin/python bench/bench.py [model ...] [--budget SECONDS] [--markdown]
 Models: mlp_b1 mlp_b64 resnet18 mobilenet_v2 transformer (default: all). Each model is built
 with torch (random weights) into bench/.cache/<name>.onnx, exported with mlcpack, and both
 engines run the same ONNX file on the same input, alternating in blocks of 0.2 s (ORT, mlcpack,
-ORT, ...) for 2 x --budget seconds per thread count, so that both see the same machine load.
+ORT, ...) for 2 x --budget seconds per thread count, so that both see the same machine load;
+each block starts once the other engine's threads have stopped spinning (``wait_quiet``).
 Per engine: load time, first inference, steady-state median and min latency, GFLOP/s (from the
 ONNX graph's Conv/Gemm/MatMul MACs), and mlcpack/ORT ratios; per model, the export time and the
 cold start (a fresh `python` loading the bundle and running it once, against `python -c
@@ -77,18 +78,41 @@ def cold_start_ms(bundle: str, repeats: int = 7) -> tuple[float, float]:
     return median_ms(["-c", COLD_SCRIPT, bundle]), median_ms(["-c", "import numpy"])
 
 
+# Before each block: the process is quiet (its threads used under QUIET_CPU of CPU time in a
+# QUIET_STEP-second sleep), at most QUIET_MAX seconds. ONNX Runtime's workers keep spinning for
+# about 0.1 s after its last run; on 2 cores they took a core from the next block's engine:
+# measured on mobilenet_v2 at 2 threads, mlcpack's runs in the first 0.1 s of its blocks had a
+# median of 11-14 ms against 6.5 ms later in the block (ORT's, after mlcpack's workers, which
+# sleep within about 0.5 ms: no change).
+QUIET_STEP, QUIET_CPU, QUIET_MAX = 0.01, 0.002, 1.0
+
+
+def wait_quiet() -> float:
+    """Sleep until no thread of this process is busy (see QUIET_STEP); the seconds waited."""
+    start = time.perf_counter()
+    while time.perf_counter() - start < QUIET_MAX:
+        cpu = time.process_time()
+        time.sleep(QUIET_STEP)
+        if time.process_time() - cpu < QUIET_CPU:
+            break
+    return time.perf_counter() - start
+
+
 def time_interleaved(fns: list, budget_s: float, block_s: float = 0.2, min_runs: int = 5
                      ) -> list[tuple[float, float, int]]:
     """Run each of ``fns`` in turn for a block of ``block_s`` seconds, block after block, until
-    ``budget_s`` (for all together) has passed; (median µs, min µs, runs) for each. The first
-    run of every block is not counted: it pays for the switch (caches, and ONNX Runtime's
-    worker threads still spinning on the other cores after its last run)."""
+    ``budget_s`` of timed blocks (for all together) have passed; (median µs, min µs, runs) for
+    each. Each block starts once the process is quiet (``wait_quiet``: the other engine's
+    threads have stopped spinning), and its first run is not counted: it pays for the switch
+    (caches, waking the engine's workers)."""
     times: list[list[float]] = [[] for _ in fns]
-    deadline = time.perf_counter() + budget_s
-    while min(len(t) for t in times) < min_runs or time.perf_counter() < deadline:
+    timed = 0.0
+    while min(len(t) for t in times) < min_runs or timed < budget_s:
         for fn, t in zip(fns, times):
+            wait_quiet()
             fn()
-            block_end = time.perf_counter() + block_s
+            start = time.perf_counter()
+            block_end = start + block_s
             while True:
                 t0 = time.perf_counter()
                 fn()
@@ -96,6 +120,7 @@ def time_interleaved(fns: list, budget_s: float, block_s: float = 0.2, min_runs:
                 t.append(t1 - t0)
                 if t1 >= block_end:
                     break
+            timed += t1 - start
     return [(float(np.median(t)) * 1e6, float(np.min(t)) * 1e6, len(t)) for t in times]
 
 
