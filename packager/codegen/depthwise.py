@@ -60,6 +60,13 @@ PADDED_BLOCK = (3, 2)
 # With vector math in the epilogue (SiLU's sigmoid) six epilogues at a time spill: 2 x 2 there
 # (dw5x5 28x28x240 + SiLU: 2x1 1143 us, 3x2 1499, 2x2 828; ORT 795).
 PADDED_BLOCK_MATH = (2, 2)
+# A depthwise multiply-add moves its own input and output (no reuse across channels), several
+# times a dense kernel's time per multiply-add (Zen 4: 10-14 per ns against ~45), so it splits
+# over threads from gemm.PARALLEL_MIN_MACS / DEPTHWISE_MAC_COST. Measured on 2 threads against
+# one (min / median us): MobileNetV2's 3x3 stride 2 on 14x14x576 (254 K) 40.8 / 58 -> 28.4 /
+# 45, 3x3 on 28x28x32 (226 K) 17.7 / 27 -> 14.0 / 23; not below: 3x3 on 14x14x64 (113 K) 11.5 /
+# 12 -> 10.8 / 17, 7x7x160 (70 K) 11.0 / 12 -> 9.9 / 17 (the medians pay for the hand-off).
+DEPTHWISE_MAC_COST = 2
 
 
 def is_depthwise(match: Contraction | None) -> bool:
@@ -96,7 +103,7 @@ class DepthwiseEmitter(ContractionEmitter):
         self.builder.ret_void()
         self._emit_entry(body_fn, n_ptrs, ptr_types)
         return KernelInfo(self.symbol, len(self.func.inputs), len(self.func.outputs), workspace,
-                          self._macs() >= gemm.PARALLEL_MIN_MACS)
+                          self._macs() * DEPTHWISE_MAC_COST >= gemm.PARALLEL_MIN_MACS)
 
     # ---- static plan ----------------------------------------------------------------------------
 
