@@ -206,6 +206,21 @@ SHIFTED_REREAD_BYTES = 2 * L2_REUSE_BYTES
 # window with the block rows innermost, whole planes with the panels innermost) would not fit
 # in this many bytes (half of Zen 4's 32 KB L1) for all the channels at once.
 CHUNK_L1_BYTES = 16 * 1024
+# Planes whose stride (bytes from one channel's plane to the next) is a multiple of
+# ALIAS_BYTES start every channel's row at one of at most 4 offsets within L1's 4 KB of sets
+# (Zen 4: 64 sets of 8 ways): a panel's rows over the reduction land on a few sets and evict
+# each other. Such planes are laid out PLANE_PAD floats (a cache line) apart, and a 1x1
+# convolution whose input has such planes (16x16, 32x32, 64x64, 80x80, 112x112, 24x160 images)
+# and at least ALIAS_MIN_CHANNELS input and output channels is copied into them instead of read
+# in place. Measured on Zen 4 (of ORT's time, min, 1 / 2 threads, before -> after): 576 -> 96 on
+# 16x16 1.10 -> 1.00 / 1.08 -> 0.96, 256 -> 64 on 32x32 1.46 -> 0.98 / 1.33 -> 0.92, 128 -> 128
+# on 64x64 1.69 -> 1.00 / 1.66 -> 0.99; the corpus's layers (1 thread, min us): 48 -> 48 on
+# 64x64 415 -> 267, 96 -> 96 on 32x32 276 -> 231, 96 -> 192 on 16x16 131 -> 116, 32 -> 32 on
+# 80x80 199 -> 200 (2 threads 116 -> 120). Not with fewer channels: 32 -> 16 on 112x112
+# (MobileNetV2's) 196 -> 224 us copied (the copy costs more than it saves).
+ALIAS_BYTES = 1024
+PLANE_PAD = 16
+ALIAS_MIN_CHANNELS = 32
 CHUNK_MIN_STEPS = 64     # no chunks of fewer reduction steps (channels x taps)
 
 
@@ -253,7 +268,9 @@ def conv_geometry(x_shape, w_shape, out_shape, attrs: dict, target_vl: int,
     # A 1x1, stride-1, unpadded convolution reads its input as the planes: no copy (in the
     # last, partial panel, the last channel's loads are masked instead of reading zero slack;
     # masked loads are slower than plain ones).
-    direct = (kh, kw, sh, sw) == (1, 1, 1, 1) and not any(attrs["padding"])
+    direct = ((kh, kw, sh, sw) == (1, 1, 1, 1) and not any(attrs["padding"])
+              and not (groups == 1 and (4 * h * wd) % ALIAS_BYTES == 0
+                       and min(c, o) >= ALIAS_MIN_CHANNELS))
     layouts = [False] if direct or kw == 1 and sw == 1 else [False, True]
     # Measured on Zen 4, 1 thread, vs ORT, by phase vs shifted (3x3, stride 1): crnn's 128 ->
     # 128 on 8x32 1.16 vs 1.34, 128 -> 256 on 8x32 1.18 vs 1.30, 96 -> 256 on 8x32 1.17 vs
@@ -316,7 +333,10 @@ def conv_geometry(x_shape, w_shape, out_shape, attrs: dict, target_vl: int,
     panels = pflat // nr if tail else slack_panels
     tail_kp = -(-k_taps // vl) * vl      # a tail pixel's gathered inputs, padded with zeros
     shift_max = ((kh - 1) // sh) * wq + (0 if shifted else (kw - 1) // sw)
-    plane_floats = cg * ny * nx * hq * wq      # one group's
+    # one channel's (and phase's) plane, then the next's (see ALIAS_BYTES)
+    pstride = hq * wq + (PLANE_PAD if groups == 1 and not direct
+                         and (4 * hq * wq) % ALIAS_BYTES == 0 else 0)
+    plane_floats = cg * ny * nx * pstride      # one group's
     planes = 0 if direct else groups * plane_floats
     slack = 0 if direct else max(0, shift_max + slack_panels * nr - hq * wq) + nr
     # Loop order: with the panel innermost, each weight block is read once and the planes
@@ -381,7 +401,8 @@ def conv_geometry(x_shape, w_shape, out_shape, attrs: dict, target_vl: int,
     return dict(c=c, h=h, w=wd, o=o, cg=cg, kh=kh, kw=kw, oh=oh, ow=ow, sh=sh, sw=sw,
                 ny=ny, nx=nx, shifted=shifted, vl=vl,
                 per_group=per_group, region=region, slack_total=slack_total,
-                pt=pt, pl=pl, hq=hq, wq=wq, groups=groups, og=og, pflat=pflat, mr=mr, nv=nv,
+                pt=pt, pl=pl, hq=hq, wq=wq, pstride=pstride, groups=groups, og=og,
+                pflat=pflat, mr=mr, nv=nv,
                 nr=nr, panels=panels, planes_floats=planes, slack=slack, direct=direct,
                 panel_outer=panel_outer, shift_max=shift_max, tail=tail, tail_kp=tail_kp,
                 kc_outer=kc_outer, kc_inner=kc_inner, part_floats=part_floats)
@@ -1089,6 +1110,7 @@ class ContractionEmitter(KernelEmitter):
         nchan = g["c"] if nchan is None else nchan
         sh, sw, hq, wq, w, pl = g["sh"], g["sw"], g["hq"], g["wq"], g["w"], g["pl"]
         ny, nx = g["ny"], g["nx"]
+        pstride = g.get("pstride", hq * wq)
         # columns v whose source x = v*sw + px - pl lies inside the row, per phase px; and the
         # columns where it does for every phase (copied by one interleaved loop that reads the
         # source row contiguously, which LLVM vectorizes: stride-phase gathers would not be)
@@ -1097,6 +1119,11 @@ class ContractionEmitter(KernelEmitter):
         c_lo = max(v_lo)
         c_hi = max(c_lo, min(v_hi))
         with for_range(b, const_i64(0), const_i64(nchan), "pc") as ic:
+            if pstride > hq * wq:   # the gap after each plane: read by dropped columns only
+                for ph in range(ny * nx):
+                    self._zero_run(planes, b.mul(b.add(b.mul(ic, const_i64(ny * nx)),
+                                                       const_i64(ph)), const_i64(pstride)),
+                                   hq * wq, pstride)
             for py, (r_lo, r_hi) in ((py, r) for py in range(ny)
                                      for r in rows or [(const_i64(0), const_i64(hq))]):
                 with for_range(b, r_lo, r_hi, "pu") as u:
@@ -1104,7 +1131,7 @@ class ContractionEmitter(KernelEmitter):
                     row_ok = b.and_(b.icmp_signed(">=", yy, const_i64(0)),
                                     b.icmp_signed("<", yy, const_i64(g["h"])))
                     dst_rows = [b.add(b.mul(b.add(b.mul(ic, const_i64(ny * nx)),
-                                                  const_i64(py * nx + px)), const_i64(hq * wq)),
+                                                  const_i64(py * nx + px)), const_i64(pstride)),
                                       b.mul(u, const_i64(wq))) for px in range(nx)]
                     with b.if_else(row_ok) as (inside, outside):
                         with inside:
@@ -1137,7 +1164,7 @@ class ContractionEmitter(KernelEmitter):
                             for px in range(nx):
                                 self._zero_run(planes, dst_rows[px], 0, wq)
         # the slack after the last plane is read only by dropped columns; keep it finite
-        filled = nchan * ny * nx * hq * wq
+        filled = nchan * ny * nx * pstride
         with for_range(b, const_i64(0), const_i64(g["slack"]), "ps") as s:
             b.store(zero, b.gep(planes, [b.add(const_i64(filled), s)], inbounds=True))
 
@@ -1376,7 +1403,7 @@ class ContractionEmitter(KernelEmitter):
         mr, nv, nr, og, cg = g["mr"], g["nv"], g["nr"], g["og"], g["cg"]
         taps = [(ky, kx) for ky in range(g["kh"]) for kx in range(g["kw"])]
         khw = len(taps)
-        plane = g["hq"] * g["wq"]
+        plane = g.get("pstride", g["hq"] * g["wq"])
         sh, sw, wq = g["sh"], g["sw"], g["wq"]
         p0 = b.mul(jp, const_i64(nr))
         if g["direct"]:
