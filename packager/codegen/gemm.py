@@ -267,7 +267,7 @@ def conv_geometry(x_shape, w_shape, out_shape, attrs: dict, target_vl: int,
     k_taps = cg * kh * kw
     # A 1x1, stride-1, unpadded convolution reads its input as the planes: no copy (in the
     # last, partial panel, the last channel's loads are masked instead of reading zero slack;
-    # masked loads are slower than plain ones).
+    # masked loads are slower than plain ones), unless its rows alias in L1 (ALIAS_BYTES).
     direct = ((kh, kw, sh, sw) == (1, 1, 1, 1) and not any(attrs["padding"])
               and not (groups == 1 and (4 * h * wd) % ALIAS_BYTES == 0
                        and min(c, o) >= ALIAS_MIN_CHANNELS))
@@ -1104,13 +1104,15 @@ class ContractionEmitter(KernelEmitter):
         """planes[ic, py, px, u, v] = x[ic, u*sh + py - pt, v*sw + px - pl], 0 outside, for
         the first ``nchan`` channels of ``x_img`` (default all), then zero slack after them;
         py < ny row phases, px < nx column phases (or tap columns, shifted layout); only the
-        plane rows u in the ``rows`` ranges ([(lo, hi), ...] of i64 values; default all)."""
+        plane rows u in the ``rows`` ranges ([(lo, hi), ...] of i64 values; default all).
+        Each (ic, py, px) plane starts ``pstride`` floats after the previous one; the gap after
+        its hq * wq values (see ALIAS_BYTES) is zeroed."""
         b = self.builder
         zero = ir.Constant(F32, 0.0)
         nchan = g["c"] if nchan is None else nchan
         sh, sw, hq, wq, w, pl = g["sh"], g["sw"], g["hq"], g["wq"], g["w"], g["pl"]
         ny, nx = g["ny"], g["nx"]
-        pstride = g.get("pstride", hq * wq)
+        pstride = g["pstride"]
         # columns v whose source x = v*sw + px - pl lies inside the row, per phase px; and the
         # columns where it does for every phase (copied by one interleaved loop that reads the
         # source row contiguously, which LLVM vectorizes: stride-phase gathers would not be)
@@ -1403,7 +1405,7 @@ class ContractionEmitter(KernelEmitter):
         mr, nv, nr, og, cg = g["mr"], g["nv"], g["nr"], g["og"], g["cg"]
         taps = [(ky, kx) for ky in range(g["kh"]) for kx in range(g["kw"])]
         khw = len(taps)
-        plane = g.get("pstride", g["hq"] * g["wq"])
+        plane = g["pstride"]
         sh, sw, wq = g["sh"], g["sw"], g["wq"]
         p0 = b.mul(jp, const_i64(nr))
         if g["direct"]:
