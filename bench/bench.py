@@ -87,15 +87,14 @@ def cold_start_ms(bundle: str, repeats: int = 7) -> tuple[float, float]:
 QUIET_STEP, QUIET_CPU, QUIET_MAX = 0.01, 0.002, 1.0
 
 
-def wait_quiet() -> float:
-    """Sleep until no thread of this process is busy (see QUIET_STEP); the seconds waited."""
-    start = time.perf_counter()
-    while time.perf_counter() - start < QUIET_MAX:
+def wait_quiet() -> None:
+    """Sleep until no thread of this process is busy (see QUIET_STEP)."""
+    deadline = time.perf_counter() + QUIET_MAX
+    while time.perf_counter() < deadline:
         cpu = time.process_time()
         time.sleep(QUIET_STEP)
         if time.process_time() - cpu < QUIET_CPU:
-            break
-    return time.perf_counter() - start
+            return
 
 
 def time_interleaved(fns: list, budget_s: float, block_s: float = 0.2, min_runs: int = 5

@@ -221,6 +221,11 @@ CHUNK_L1_BYTES = 16 * 1024
 ALIAS_BYTES = 1024
 PLANE_PAD = 16
 ALIAS_MIN_CHANNELS = 32
+
+
+def _rows_alias(plane_floats: int) -> bool:
+    """Whether planes of this many floats, one after another, alias in L1 (ALIAS_BYTES)."""
+    return (4 * plane_floats) % ALIAS_BYTES == 0
 CHUNK_MIN_STEPS = 64     # no chunks of fewer reduction steps (channels x taps)
 
 
@@ -269,8 +274,7 @@ def conv_geometry(x_shape, w_shape, out_shape, attrs: dict, target_vl: int,
     # last, partial panel, the last channel's loads are masked instead of reading zero slack;
     # masked loads are slower than plain ones), unless its rows alias in L1 (ALIAS_BYTES).
     direct = ((kh, kw, sh, sw) == (1, 1, 1, 1) and not any(attrs["padding"])
-              and not (groups == 1 and (4 * h * wd) % ALIAS_BYTES == 0
-                       and min(c, o) >= ALIAS_MIN_CHANNELS))
+              and not (groups == 1 and _rows_alias(h * wd) and min(c, o) >= ALIAS_MIN_CHANNELS))
     layouts = [False] if direct or kw == 1 and sw == 1 else [False, True]
     # Measured on Zen 4, 1 thread, vs ORT, by phase vs shifted (3x3, stride 1): crnn's 128 ->
     # 128 on 8x32 1.16 vs 1.34, 128 -> 256 on 8x32 1.18 vs 1.30, 96 -> 256 on 8x32 1.17 vs
@@ -334,8 +338,7 @@ def conv_geometry(x_shape, w_shape, out_shape, attrs: dict, target_vl: int,
     tail_kp = -(-k_taps // vl) * vl      # a tail pixel's gathered inputs, padded with zeros
     shift_max = ((kh - 1) // sh) * wq + (0 if shifted else (kw - 1) // sw)
     # one channel's (and phase's) plane, then the next's (see ALIAS_BYTES)
-    pstride = hq * wq + (PLANE_PAD if groups == 1 and not direct
-                         and (4 * hq * wq) % ALIAS_BYTES == 0 else 0)
+    pstride = hq * wq + (PLANE_PAD if groups == 1 and not direct and _rows_alias(hq * wq) else 0)
     plane_floats = cg * ny * nx * pstride      # one group's
     planes = 0 if direct else groups * plane_floats
     slack = 0 if direct else max(0, shift_max + slack_panels * nr - hq * wq) + nr
