@@ -181,11 +181,13 @@ def emit_program(mod: IRModule, kernels: dict[str, KernelInfo], func: str = "mai
                              "dtype": o.type.dtype,
                              "tensor": t})
 
-    # Each input lists the rows over its bytes (itself and its reshapes): the runtime may point
-    # the kernels that read them at the caller's array instead of copying it in.
-    for inp in prog.inputs:
-        sid = storage_of_tensor[inp["tensor"]]
-        inp["views"] = sorted(t for t, s in storage_of_tensor.items() if s == sid)
+    # Each input and output lists the rows over its bytes (itself and its reshapes): the
+    # runtime may point the kernels that read an input at the caller's array instead of copying
+    # it in, and those that write an output at the array it returns instead of copying it out.
+    for row in prog.inputs + prog.outputs:
+        sid = storage_of_tensor.get(row["tensor"])
+        if sid is not None:
+            row["views"] = sorted(t for t, s in storage_of_tensor.items() if s == sid)
 
     if size_vars:
         prog.symbolic = {"vars": list(size_vars),

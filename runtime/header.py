@@ -141,8 +141,9 @@ class _Record:
 
 @dataclass(frozen=True)
 class IORow(_Record):
-    """An input or output: ``shape`` is ints (dim records in a symbolic bundle); an input lists
-    its ``views`` (the tensor rows over its bytes) and, with --max-shape, its ``max_shape``."""
+    """An input or output: ``shape`` is ints (dim records in a symbolic bundle); it lists its
+    ``views`` (the tensor rows over its bytes; older bundles list none for outputs) and an
+    input, with --max-shape, its ``max_shape``."""
     name: str
     shape: tuple
     dtype: str

@@ -22,6 +22,10 @@ from .errors import BundleError, CodeLoadError, InputError
 from .header import ARENA, CONST, Header, IORow, KernelRow, LibraryCall, Plan, TensorRow
 
 ARENA_ALIGN = 64
+# An output of at least this many bytes is written by its kernels straight into the array a run
+# returns (``Model._output_bindings``); a smaller one is copied out of the arena, which costs
+# less than asking numpy for a new array's address (``Session.run``).
+OUTPUT_INPLACE_MIN_BYTES = 65536
 # vm.INPLACE_MIN_BYTES, read at each run (tests lower or raise it here)
 INPLACE_MIN_BYTES = vm.INPLACE_MIN_BYTES
 
@@ -68,6 +72,8 @@ class _Plan:
     output_views: list[tuple[str, np.ndarray]]
     # per input: (spec, arena view, storage dtype, binding or None); see Model._bindings
     feeds: list[tuple[TensorSpec, np.ndarray, np.dtype, Any]]
+    # output name -> the binding its kernels write through (Model._output_bindings)
+    output_bindings: dict[str, Any]
     executor: Any
     instructions: int
     arena_bytes: int
@@ -313,6 +319,7 @@ class Model:
                                    pool=_pool_code(r.image))
             bindings = self._bindings(r.row, r.inputs, r.outputs, r.tensors, r.kernels_meta,
                                       executor, addresses)
+            output_bindings = self._output_bindings(r.row, r.tensors, executor, addresses)
             plans.append(_Plan(
                 batch=r.row.batch if self.batch is not None else None,
                 inputs=r.inputs, outputs=r.outputs,
@@ -320,6 +327,7 @@ class Model:
                 output_views=[(s.name, views[s.tensor]) for s in r.outputs],
                 feeds=[(s, views[s.tensor], storage_dtype(s.dtype), b)
                        for s, b in zip(r.inputs, bindings)],
+                output_bindings=output_bindings,
                 executor=executor, instructions=len(r.program), arena_bytes=r.arena_bytes,
                 views=views, arena=arena))
         return plans
@@ -379,6 +387,38 @@ class Model:
                 continue
             out.append(executor.input_binding(frozenset(ids), num_inputs,
                                               addresses[spec.tensor]))
+        return out
+
+    @staticmethod
+    def _output_bindings(row: Plan, tensors: Sequence[TensorRow], executor: vm.Executor,
+                         addresses: list[int]) -> dict[str, Any]:
+        """Per output of at least OUTPUT_INPLACE_MIN_BYTES, the kernel argument slots a run may
+        point at the array it returns (or the caller's ``out=`` array), so that the kernels
+        write it there instead of the arena, and no copy follows. The header lists each
+        output's ``views`` (its row and its reshapes; bundles before it list none, and their
+        outputs are copied). A listed row must have the output's offset and size, no row may be
+        an input's or another output's, and every use must be a kernel call; so a damaged list
+        can only make kernels use the returned array in place of equally many arena bytes."""
+        taken: dict[int, int] = {}
+        for io in row.inputs + row.outputs:
+            ids = io.views if isinstance(io.views, tuple) else ()
+            for t in {t for t in ids if type(t) is int} | {io.tensor}:
+                taken[t] = taken.get(t, 0) + 1
+        out = {}
+        for io in row.outputs:
+            ids, base = io.views, tensors[io.tensor]
+            size = nbytes_of(base.shape, base.dtype)
+            if (not isinstance(ids, tuple) or io.tensor not in ids or base.kind != ARENA
+                    or size < OUTPUT_INPLACE_MIN_BYTES
+                    or not all(isinstance(t, int) and 0 <= t < len(tensors) for t in ids)
+                    or any(taken.get(t) != 1 or tensors[t].kind != ARENA
+                           or tensors[t].ref != base.ref
+                           or nbytes_of(tensors[t].shape, tensors[t].dtype) != size
+                           for t in ids)):
+                continue
+            binding = executor.output_binding(frozenset(ids), addresses[io.tensor])
+            if binding is not None:
+                out[io.name] = binding
         return out
 
     @staticmethod
@@ -620,6 +660,15 @@ class Model:
         return f"<mlcpack Model {self.name}: ({ins}) -> ({outs})>"
 
 
+def _aligned_empty(like: np.ndarray) -> tuple[np.ndarray, int]:
+    """A new array of ``like``'s shape and dtype whose data starts on an ARENA_ALIGN boundary
+    (the alignment the kernels had in the arena), and that address."""
+    raw = np.empty(like.nbytes + ARENA_ALIGN, dtype=np.uint8)
+    address = raw.ctypes.data
+    start = -address % ARENA_ALIGN
+    return raw[start:start + like.nbytes].view(like.dtype).reshape(like.shape), address + start
+
+
 class Session:
     """A model with an arena of its own: ``model.session()``. Sessions of one model run at
     the same time from different threads; each shares the model's mapped code and weights and
@@ -638,6 +687,7 @@ class Session:
         self._all_outputs = [name for name, _ in last.output_views]
         self._output_specs = {s.name: s for s in last.outputs}
         self._views = dict(last.output_views)
+        self._output_bindings = last.output_bindings
 
     @property
     def inputs(self) -> list[TensorSpec]:
@@ -676,7 +726,7 @@ class Session:
         specs = self._output_specs
         for name, array in out.items():
             model._check_out(name, array, specs[name], specs[name].shape)
-        views = self._views
+        views, result = self._views, {}
         with self._lock:
             for (_, view, _, binding), value in zip(self._feeds, values):
                 # A large contiguous, aligned array is read where it lies (vm.InputBinding.feed)
@@ -684,17 +734,42 @@ class Session:
                     np.copyto(view, value)
                 else:
                     binding.feed(view, value, INPLACE_MIN_BYTES)
-            self._executor.run()
-            if not out:
-                return {name: views[name].copy() for name in names}
-            result = {}
+            # A large output is written where it is returned (a new array, or the caller's
+            # out= array when 64-byte aligned): no copy of the arena's bytes follows.
+            bound = []
             for name in names:
+                binding = self._output_bindings.get(name)
+                if binding is None:
+                    continue
+                array = out.get(name)
+                if array is None:
+                    array, address = _aligned_empty(views[name])
+                else:
+                    address = array.ctypes.data
+                    # kernels must not write where they read an input or another output
+                    if address % ARENA_ALIGN or any(
+                            np.may_share_memory(array, other)
+                            for other in (*values, *result.values())):
+                        continue
+                binding.bind(address)
+                bound.append(binding)
+                result[name] = array
+            try:
+                self._executor.run()
+            finally:   # other runs (profile, batches) read the outputs from the arena
+                for binding in bound:
+                    binding.bind(binding.arena)
+            if not bound and not out:
+                return {name: views[name].copy() for name in names}
+            for name in names:
+                if name in result:
+                    continue
                 if name in out:
                     np.copyto(out[name], views[name])
                     result[name] = out[name]
                 else:
                     result[name] = views[name].copy()
-            return result
+            return {name: result[name] for name in names} if bound else result
 
     def _run_batched(self, feeds: Mapping[str, Any], names: list[str],
                      out: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:

@@ -197,6 +197,21 @@ class Executor:
             slots += [(args, i) for i in used]
         return InputBinding(slots, address)
 
+    def output_binding(self, tensors: frozenset[int], address: int) -> InputBinding | None:
+        """Where the prepared calls write (and read back) the output stored as ``tensors`` (its
+        row and the rows of its reshapes), so a run can have its kernels write the array it
+        returns instead of copying the arena's bytes out. None unless every use is a kernel
+        call (library calls and copies work on the arena's numpy views)."""
+        slots = []
+        for ins, args in zip(self._program, self._args):
+            if ins.opcode != OP_CALL_KERNEL:
+                if ins.opcode == OP_COPY and ins.target in tensors \
+                        or any(t in tensors for t in ins.operands):
+                    return None
+                continue
+            slots += [(args, i) for i, t in enumerate(ins.operands) if t in tensors]
+        return InputBinding(slots, address) if slots else None
+
 
 # An input up to this size is copied into the arena rather than read in place: copying 16 KB
 # (~0.8 us) costs less than asking numpy for the array's address (``ndarray.ctypes.data``,
