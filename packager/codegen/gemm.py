@@ -349,9 +349,7 @@ def conv_geometry(x_shape, w_shape, out_shape, attrs: dict, target_vl: int,
     plane_bytes = 4 * plane_floats
     weight_bytes = 4 * og * cg * kh * kw
     if groups == 1 and weight_bytes <= L2_REUSE_BYTES and (
-            plane_bytes > L2_REUSE_BYTES // 4 if not direct
-            else cg >= CHUNK_MIN_STEPS and not (L2_REUSE_BYTES // 4 < plane_bytes
-                                                <= L2_REUSE_BYTES // 2)):
+            plane_bytes > L2_REUSE_BYTES // 4 if not direct else cg >= CHUNK_MIN_STEPS):
         # one group, the reduction in chunks (below): each panel's planes stay in L1 for
         # all its block rows, and the weights, re-read once per panel, stay in L2; planes
         # that do fit in L2 are re-read from it once per block row in the other order, at
@@ -359,8 +357,13 @@ def conv_geometry(x_shape, w_shape, out_shape, attrs: dict, target_vl: int,
         # 1.12 -> 0.92 of ORT, 256 -> 128 on 20x20 1.14 -> 0.95, 256 -> 256 on 10x10 1.22
         # -> 0.96, 3x3 64 -> 64 on 20x20 1.20 -> 1.06, 3x3 s2 64 -> 128 on 40x40 1.14 ->
         # 1.01). Not for a 1x1 with a short reduction (PP-OCR's 12 -> 96 on 64x64: 191 ->
-        # 329 us, the block rows' scattered stores cost more) or mid-sized planes (192 ->
-        # 192 on 16x16: 1.13 -> 1.26).
+        # 329 us, the block rows' scattered stores cost more). Mid-sized planes (a quarter to
+        # half of L2) were left out once, measured on 16x16 images (192 -> 192: 1.13 -> 1.26)
+        # while their rows still aliased in L1 (ALIAS_BYTES: those planes are now copied);
+        # read in place they gain too (min / median of ORT's time, 1 thread): PP-LCNet's 256
+        # -> 256 on 14x14 1.08 / 1.11 -> 0.93 / 0.92, 64 -> 128 on 28x28 0.92 / 1.04 -> 0.87
+        # / 0.99, 192 -> 64 on 14x14 0.86 / 1.00 -> 0.87 / 0.93, 128 -> 128 on 20x20 0.96 /
+        # 1.17 -> 0.98 / 1.10.
         panel_outer = True
     elif plane_bytes <= L2_REUSE_BYTES:
         panel_outer = False
