@@ -221,7 +221,9 @@ INPLACE_MIN_BYTES = 16384
 
 class InputBinding:
     """The kernel argument slots that hold one input's address; ``bind(addr)`` repoints them
-    (``bind(arena)`` puts back the arena's copy); ``feed`` is a run's choice between them."""
+    (``bind(arena)`` puts back the arena's copy); ``feed`` is a run's choice between them. An
+    output's slots (``Executor.output_binding``) are the same kind of record, bound by
+    ``Session.run`` to the array it returns and back to the arena after the run."""
 
     def __init__(self, slots: list[tuple[Any, int]], arena: int) -> None:
         self.slots, self.arena, self.current = slots, arena, arena
