@@ -376,12 +376,7 @@ class Model:
         output_tensors = {s.tensor for s in outputs}
         for spec, raw in zip(inputs, row.inputs):
             ids = raw.views
-            base = tensors[spec.tensor]
-            if (not isinstance(ids, tuple) or spec.tensor not in ids
-                    or not all(isinstance(t, int) and 0 <= t < len(tensors) for t in ids)
-                    or any(tensors[t].kind != ARENA or tensors[t].ref != base.ref
-                           or nbytes_of(tensors[t].shape, tensors[t].dtype)
-                           != nbytes_of(spec.shape, spec.dtype) for t in ids)
+            if (not _rows_over(ids, spec.tensor, tensors, nbytes_of(spec.shape, spec.dtype))
                     or output_tensors.intersection(ids)):
                 out.append(None)
                 continue
@@ -408,13 +403,8 @@ class Model:
         for io in row.outputs:
             ids, base = io.views, tensors[io.tensor]
             size = nbytes_of(base.shape, base.dtype)
-            if (not isinstance(ids, tuple) or io.tensor not in ids or base.kind != ARENA
-                    or size < OUTPUT_INPLACE_MIN_BYTES
-                    or not all(isinstance(t, int) and 0 <= t < len(tensors) for t in ids)
-                    or any(taken.get(t) != 1 or tensors[t].kind != ARENA
-                           or tensors[t].ref != base.ref
-                           or nbytes_of(tensors[t].shape, tensors[t].dtype) != size
-                           for t in ids)):
+            if (size < OUTPUT_INPLACE_MIN_BYTES or not _rows_over(ids, io.tensor, tensors, size)
+                    or any(taken.get(t) != 1 for t in ids)):
                 continue
             binding = executor.output_binding(frozenset(ids), addresses[io.tensor])
             if binding is not None:
@@ -660,6 +650,16 @@ class Model:
         return f"<mlcpack Model {self.name}: ({ins}) -> ({outs})>"
 
 
+def _rows_over(ids: Any, tensor: int, tensors: Sequence[TensorRow], size: int) -> bool:
+    """Whether a header's ``views`` list ``ids`` is tensor rows over exactly ``tensor``'s bytes:
+    in-range indices, ``tensor`` among them, each an arena row at its offset with ``size``
+    bytes (anything else turns binding that input or output off)."""
+    return (isinstance(ids, tuple) and tensor in ids
+            and all(isinstance(t, int) and 0 <= t < len(tensors) for t in ids)
+            and all(tensors[t].kind == ARENA and tensors[t].ref == tensors[tensor].ref
+                    and nbytes_of(tensors[t].shape, tensors[t].dtype) == size for t in ids))
+
+
 def _aligned_empty(like: np.ndarray) -> tuple[np.ndarray, int]:
     """A new array of ``like``'s shape and dtype whose data starts on an ARENA_ALIGN boundary
     (the alignment the kernels had in the arena), and that address."""
@@ -726,7 +726,7 @@ class Session:
         specs = self._output_specs
         for name, array in out.items():
             model._check_out(name, array, specs[name], specs[name].shape)
-        views, result = self._views, {}
+        views = self._views
         with self._lock:
             for (_, view, _, binding), value in zip(self._feeds, values):
                 # A large contiguous, aligned array is read where it lies (vm.InputBinding.feed)
@@ -736,40 +736,42 @@ class Session:
                     binding.feed(view, value, INPLACE_MIN_BYTES)
             # A large output is written where it is returned (a new array, or the caller's
             # out= array when 64-byte aligned): no copy of the arena's bytes follows.
-            bound = []
-            for name in names:
-                binding = self._output_bindings.get(name)
-                if binding is None:
-                    continue
-                array = out.get(name)
-                if array is None:
-                    array, address = _aligned_empty(views[name])
-                else:
-                    address = array.ctypes.data
-                    # kernels must not write where they read an input or another output
-                    if address % ARENA_ALIGN or any(
-                            np.may_share_memory(array, other)
-                            for other in (*values, *result.values())):
+            arrays: dict[str, np.ndarray] = {}
+            if self._output_bindings:
+                for name in names:
+                    binding = self._output_bindings.get(name)
+                    if binding is None:
                         continue
-                binding.bind(address)
-                bound.append(binding)
-                result[name] = array
+                    array = out.get(name)
+                    if array is None:
+                        array, address = _aligned_empty(views[name])
+                    else:
+                        address = array.ctypes.data
+                        # kernels must not write where they read an input or another output
+                        if address % ARENA_ALIGN or any(
+                                np.may_share_memory(array, other)
+                                for other in (*values, *arrays.values())):
+                            continue
+                    binding.bind(address)
+                    arrays[name] = array
             try:
                 self._executor.run()
             finally:   # other runs (profile, batches) read the outputs from the arena
-                for binding in bound:
+                for name in arrays:
+                    binding = self._output_bindings[name]
                     binding.bind(binding.arena)
-            if not bound and not out:
+            if not arrays and not out:
                 return {name: views[name].copy() for name in names}
+            result = {}
             for name in names:
-                if name in result:
-                    continue
-                if name in out:
+                if name in arrays:
+                    result[name] = arrays[name]
+                elif name in out:
                     np.copyto(out[name], views[name])
                     result[name] = out[name]
                 else:
                     result[name] = views[name].copy()
-            return {name: result[name] for name in names} if bound else result
+            return result
 
     def _run_batched(self, feeds: Mapping[str, Any], names: list[str],
                      out: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:

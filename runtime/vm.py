@@ -183,6 +183,22 @@ class Executor:
         its reshapes), so a run can point them at the caller's array instead of copying it into
         the arena at ``address``. None unless every use is a kernel reading it as an input (a
         library call, a copy, or a kernel writing it needs the arena's copy)."""
+        slots = self._kernel_slots(tensors, num_inputs)
+        return None if slots is None else InputBinding(slots, address)
+
+    def output_binding(self, tensors: frozenset[int], address: int) -> InputBinding | None:
+        """Where the prepared calls write (and read back) the output stored as ``tensors`` (its
+        row and the rows of its reshapes), so a run can have its kernels write the array it
+        returns instead of copying the arena's bytes out. None unless every use is a kernel
+        call (library calls and copies work on the arena's numpy views)."""
+        slots = self._kernel_slots(tensors)
+        return InputBinding(slots, address) if slots else None
+
+    def _kernel_slots(self, tensors: frozenset[int], num_inputs: list[int] | None = None
+                      ) -> list[tuple[Any, int]] | None:
+        """The (void*[], index) slots where kernel calls take ``tensors``; None if a library
+        call or a copy uses them, or (``num_inputs`` given) a kernel takes them past its
+        inputs."""
         slots = []
         for ins, args in zip(self._program, self._args):
             if ins.opcode == OP_COPY:
@@ -192,25 +208,11 @@ class Executor:
             used = [i for i, t in enumerate(ins.operands) if t in tensors]
             if not used:
                 continue
-            if ins.opcode != OP_CALL_KERNEL or max(used) >= num_inputs[ins.target]:
+            if ins.opcode != OP_CALL_KERNEL or (num_inputs is not None
+                                                and max(used) >= num_inputs[ins.target]):
                 return None
             slots += [(args, i) for i in used]
-        return InputBinding(slots, address)
-
-    def output_binding(self, tensors: frozenset[int], address: int) -> InputBinding | None:
-        """Where the prepared calls write (and read back) the output stored as ``tensors`` (its
-        row and the rows of its reshapes), so a run can have its kernels write the array it
-        returns instead of copying the arena's bytes out. None unless every use is a kernel
-        call (library calls and copies work on the arena's numpy views)."""
-        slots = []
-        for ins, args in zip(self._program, self._args):
-            if ins.opcode != OP_CALL_KERNEL:
-                if ins.opcode == OP_COPY and ins.target in tensors \
-                        or any(t in tensors for t in ins.operands):
-                    return None
-                continue
-            slots += [(args, i) for i, t in enumerate(ins.operands) if t in tensors]
-        return InputBinding(slots, address) if slots else None
+        return slots
 
 
 # An input up to this size is copied into the arena rather than read in place: copying 16 KB

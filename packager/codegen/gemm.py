@@ -226,6 +226,8 @@ ALIAS_MIN_CHANNELS = 32
 def _rows_alias(plane_floats: int) -> bool:
     """Whether planes of this many floats, one after another, alias in L1 (ALIAS_BYTES)."""
     return (4 * plane_floats) % ALIAS_BYTES == 0
+
+
 CHUNK_MIN_STEPS = 64     # no chunks of fewer reduction steps (channels x taps)
 
 
