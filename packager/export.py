@@ -28,9 +28,9 @@ from .ir.builder import BuilderError
 from .ir.graph import IRModule
 from .ir.printer import module_text
 from .passes import DEFAULT_PIPELINE, bind_params, run_pipeline
-from .passes.layout import ONE_ROW_GEMV, PACK_CONV_WEIGHTS, PACK_MATMUL_WEIGHTS
+from .passes.layout import CONV_ROW_WIDTHS, ONE_ROW_GEMV, PACK_CONV_WEIGHTS, PACK_MATMUL_WEIGHTS
 from .codegen.conv_oc import packs_conv_weights
-from .codegen.gemm import vector_width
+from .codegen.gemm import conv_row_widths
 from .passes.memory_plan import UnboundedSizeError, bounded_plan
 from .passes.simplify import BindError
 from .ir.sym import SymbolicShapeError, to_record
@@ -103,10 +103,11 @@ def compile_module(mod: IRModule, params: Mapping[str, np.ndarray] | None = None
 
 def compile_variants(mod: IRModule, params: Mapping[str, np.ndarray] | None = None,
                      target: str | None = None, verify_ir: bool = True,
-                     on_stage: Callable[[str], None] | None = None
+                     on_stage: Callable[[str], None] | None = None, pack_rows: bool = True
                      ) -> tuple[IRModule, list[CompiledCode], Program]:
     """Like ``compile_module`` for a comma-separated list of targets: one object per target,
-    and one VM program (and memory plan) that every object serves."""
+    and one VM program (and memory plan) that every object serves. ``pack_rows`` False keeps
+    convolution weights [O, C, KH, KW] (no ``nn.conv2d_rows``)."""
     note = on_stage or (lambda s: None)
     try:
         targets = resolve_targets(target)
@@ -117,9 +118,11 @@ def compile_variants(mod: IRModule, params: Mapping[str, np.ndarray] | None = No
         names = {t.name for t in targets}   # AVX2 measured; its 128-bit level beside it neutral
         mm_token = PACK_MATMUL_WEIGHTS.set("x86-64-v3" in names
                                            and names <= {"x86-64-v2", "x86-64-v3"})
+        rows_token = CONV_ROW_WIDTHS.set(conv_row_widths(targets) if pack_rows else ())
         try:
             mod = run_pipeline(mod, DEFAULT_PIPELINE, verify=verify_ir)
         finally:
+            CONV_ROW_WIDTHS.reset(rows_token)
             PACK_MATMUL_WEIGHTS.reset(mm_token)
             PACK_CONV_WEIGHTS.reset(token)
         note("codegen")
@@ -333,7 +336,8 @@ def _export(mods: dict[int | None, IRModule], path: str | os.PathLike,
         # several plans read one transposed W (no one-row GEMV): the weights stay stored once
         try:
             plan, report, optimized, targets = _compile_plan(
-                batch, mod, len(mods), params, opts, on_stage, writer, constants)
+                batch, mod, len(mods), params, opts, on_stage, writer, constants,
+                pack_rows=not specialized)
         except ExportError as exc:
             if specialized and batch is None:
                 raise SymbolicPlanError(str(exc)) from None
@@ -404,13 +408,17 @@ class _Constants:
 def _compile_plan(batch: int | None, mod: IRModule, n_plans: int,
                   params: Mapping[str, np.ndarray] | None, opts: ExportOptions,
                   on_stage: Callable[[str], None] | None, writer: BundleWriter,
-                  constants: _Constants) -> tuple[Plan, dict, IRModule, list[Target]]:
+                  constants: _Constants, pack_rows: bool = True
+                  ) -> tuple[Plan, dict, IRModule, list[Target]]:
     """Compile one batch size's module for every target: its plan record (weights, code and
-    bytecode through ``writer``), a report row, the optimized module and the targets."""
+    bytecode through ``writer``), a report row, the optimized module and the targets.
+    ``pack_rows`` False: convolution weights stay [O, C, KH, KW] (a symbolic plan beside static
+    ones keeps them so, and the plans share them)."""
     token = ONE_ROW_GEMV.set(n_plans == 1)
     try:
         optimized, variants, program = compile_variants(mod, params, opts.target,
-                                                        opts.verify_ir, on_stage)
+                                                        opts.verify_ir, on_stage,
+                                                        pack_rows=pack_rows)
     finally:
         ONE_ROW_GEMV.reset(token)
     kernels = _common_kernels(variants)

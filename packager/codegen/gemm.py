@@ -49,7 +49,8 @@ from ..ir.graph import PrimFunc
 from ..ir.patterns import ReductionTag, reduction_tag
 from ..ir.sym import product
 from .helpers import F32, I1, I32, I64, alloca_once, const_i64, for_range, intrinsic
-from .lower import WORKSPACE_ALIGN, KernelEmitter, KernelInfo, _plan_stages, bound_select
+from .lower import (WORKSPACE_ALIGN, KernelEmitter, KernelInfo, LoweringError, _plan_stages,
+                    bound_select)
 from .vecmath_lanes import (VECTOR_MATH, opaque_constant, opaque_zero, splat_i32,
                             vector_math)
 
@@ -79,8 +80,15 @@ class Contraction:
     tag: ReductionTag
 
 
+# The tags the convolution path takes: ``conv2d`` (weight [O, C, KH, KW]) and ``conv2d_rows``
+# (ops/nn.py: the weight packed in blocks of the register tile's rows, [ceil(O / rows), C * KH *
+# KW, rows]).
+CONV_KINDS = ("conv2d", "conv2d_rows")
+
+
 def match_contraction(func: PrimFunc,
-                      kinds: tuple[str, ...] = ("conv2d", "matmul", "matmul_packed")
+                      kinds: tuple[str, ...] = ("conv2d", "conv2d_rows", "matmul",
+                                                "matmul_packed")
                       ) -> Contraction | None:
     """The tagged float32 contraction ``func`` computes, if it has the form the fast kernels
     handle: one output whose expression holds exactly one tagged reduction (of one of
@@ -160,6 +168,17 @@ def vector_width(target_name: str) -> int:
     return {"x86-64-v4": 16, "x86-64-v3": 8}.get(target_name, 4)
 
 
+def conv_row_widths(targets) -> tuple[int, ...]:
+    """The vector widths for which an export for ``targets`` packs convolution weights in the
+    register tile's row blocks (``nn.conv2d_rows``, passes/layout.py ``pack_conv_rows``): x86
+    with AVX2, alone or beside its 128-bit level (a portable bundle), where it is measured;
+    none (weights [O, C, KH, KW]) elsewhere."""
+    names = {t.name for t in targets}
+    if "x86-64-v3" not in names or not names <= {"x86-64-v2", "x86-64-v3"}:
+        return ()
+    return tuple(sorted({vector_width(n) for n in names}))
+
+
 # Register blocks for convolutions: (vector width, rows, vectors per row, relative cost per
 # computed output). With AVX-512's 32 registers, half-width (256-bit) vectors cost the same per
 # lane on Zen 4 (two 256-bit FMA pipes) and waste fewer lanes on short rows.
@@ -196,6 +215,9 @@ TAIL_MAC_COST = 1.5
 # lanes) and 128-bit targets keep their partial panels.
 TAIL_VL = 8
 TAIL_MAX_BYTES = 128 * 1024
+# Accumulators of the tail on weights packed by row blocks (``_tail_block_rows``): enough
+# independent multiply-adds in flight for two FMA pipes of 4 cycles' latency.
+TAIL_CHAINS = 8
 # Shifted planes that the kernel re-reads from L2 once per block row (panels innermost: weights
 # past L2_REUSE_BYTES, planes within it but past a quarter of it) lose to the by-phase copy
 # (a third of the bytes) when planes and weights together pass this many bytes, unless by phase
@@ -457,7 +479,7 @@ class ContractionEmitter(KernelEmitter):
         n_ptrs = len(ptr_types)
         task, ntasks = body_fn.args[n_ptrs], body_fn.args[n_ptrs + 1]
         ws = body_fn.args[len(params)] if workspace else None
-        if m.tag.kind == "conv2d":
+        if m.tag.kind in CONV_KINDS:
             self._emit_conv(ws, task, ntasks)
         else:
             self._emit_matmul(task, ntasks, ws)
@@ -526,14 +548,43 @@ class ContractionEmitter(KernelEmitter):
         return (b.sdiv(b.mul(task, t), ntasks),
                 b.sdiv(b.mul(b.add(task, const_i64(1)), t), ntasks))
 
+    def _weight_shape(self) -> tuple:
+        """The convolution's weight shape [O, C / groups, KH, KW], whatever its layout."""
+        x, w = self.match.tag.operands
+        if self.match.tag.kind == "conv2d_rows":
+            attrs = self.match.tag.attrs
+            return (attrs["out_channels"], x.shape[1], *attrs["kernel"])
+        return tuple(w.shape)
+
+    def _row_block(self) -> int | None:
+        """The rows of a ``conv2d_rows`` weight block (None: the weights are [O, C, KH, KW])."""
+        return self.match.tag.attrs["rows"] if self.match.tag.kind == "conv2d_rows" else None
+
     def _conv_weight(self, oc0: ir.Value, local0: ir.Value, og: int, khw: int = 1):
         """``a_scalar(k, u, i)`` for a conv tile: the weight of output channel oc0 + i, input
         channel k, tap u, from the weights [O, cg * khw] (tap u None: khw is 1). Rows past the
         group's last channel (local0 + i >= og, a partial block row) repeat it: computed, not
-        stored."""
+        stored. Packed in blocks of the tile's rows (``conv2d_rows``, one group), a block row's
+        weights are block oc0 / rows: row i of step (k, u) at (k * khw + u) * rows + i, zero
+        past the last channel."""
         b = self.builder
         w_ptr = self.buffers[self.match.tag.operands[1].uid]
-        cg = self.match.tag.operands[1].shape[1]
+        cg = self._weight_shape()[1]
+        rows = self._row_block()
+        if rows is not None:
+            k_taps = cg * khw
+            if rows != self._conv_geometry()["mr"]:
+                raise LoweringError(f"{self.func.name}: weights packed in blocks of {rows} rows "
+                                   f"for a tile of {self._conv_geometry()['mr']}")
+            block = b.gep(w_ptr, [b.mul(b.sdiv(oc0, const_i64(rows)),
+                                        const_i64(k_taps * rows))], inbounds=True)
+
+            def a_packed(k, u, i):
+                col = k if u is None else b.add(b.mul(k, const_i64(khw)), const_i64(u))
+                return b.load(b.gep(block, [b.add(b.mul(col, const_i64(rows)), const_i64(i))],
+                                    inbounds=True))
+
+            return a_packed
         last = b.add(b.sub(oc0, local0), const_i64(og - 1))
 
         def a_scalar(k, u, i):
@@ -741,7 +792,7 @@ class ContractionEmitter(KernelEmitter):
         return batch, out.shape[-2], a.shape[-1], out.shape[-1]
 
     def _workspace_bytes(self) -> int:
-        if self.match.tag.kind != "conv2d":
+        if self.match.tag.kind not in CONV_KINDS:
             if self.symbolic or not self._packs_b():
                 return 0
             return -(-self._packed_panel_bytes() * MAX_TASK_REGIONS // WORKSPACE_ALIGN) \
@@ -1102,8 +1153,8 @@ class ContractionEmitter(KernelEmitter):
 
     def _conv_geometry(self) -> dict:
         if self._geom_cache is None:
-            x, w = self.match.tag.operands
-            self._geom_cache = conv_geometry(x.shape, w.shape, self.match.out.shape,
+            x = self.match.tag.operands[0]
+            self._geom_cache = conv_geometry(x.shape, self._weight_shape(), self.match.out.shape,
                                            self.match.tag.attrs, self.target_vl)
         return self._geom_cache
 
@@ -1487,7 +1538,7 @@ class ContractionEmitter(KernelEmitter):
         keeps mo * rp vector accumulators. The tasks split the channel blocks; each task with
         some gathers the rows (the same values where tasks overlap, as the planes)."""
         b = self.builder
-        mo = 8 if len(g["tail"]) == 1 else 4
+        mo = self._row_block() or (8 if len(g["tail"]) == 1 else 4)
         oblocks = -(-g["og"] // mo)
         lo, hi = self._split(oblocks, task, ntasks)
         with b.if_then(b.icmp_signed(">", hi, lo)):
@@ -1537,6 +1588,9 @@ class ContractionEmitter(KernelEmitter):
         k_taps = g["cg"] * g["kh"] * g["kw"]
         w_ptr = self.buffers[self.match.tag.operands[1].uid]
         rp = 1 if len(tail) == 1 else 2
+        if self._row_block() is not None:
+            self._tail_block_rows(g, n, xt, o0, mo, rp)
+            return
         chunks, rem = divmod(k_taps, vl)
         rem_mask = ir.Constant(ir.VectorType(I1, vl), [i < rem for i in range(vl)])
         rows = [b.mul(b.select(b.icmp_signed("<", b.add(o0, const_i64(i)), const_i64(og)),
@@ -1571,6 +1625,67 @@ class ContractionEmitter(KernelEmitter):
             tile_f = b.bitcast(tile, F32.as_pointer())
             for q, a in enumerate(accs):
                 b.store(self._hsum(b.load(a)), b.gep(tile_f, [const_i64(q)], inbounds=True))
+            for i in range(mo):
+                oc = b.add(o0, const_i64(i))
+                with b.if_then(b.icmp_signed("<", oc, const_i64(og))):
+                    for j in range(r):
+                        oy, ox = tail[j0 + j]
+                        env = {id(out.axes[0]): n, id(out.axes[1]): oc,
+                               id(out.axes[2]): const_i64(oy),
+                               id(out.axes[3]): const_i64(ox)}
+                        self._store_epilogue(env, tile_f, const_i64(i * r + j))
+
+    def _tail_block_rows(self, g: dict, n, xt, o0, mo: int, rp: int) -> None:
+        """``_tail_block`` on weights packed in blocks of ``mo`` rows (``conv2d_rows``; ``o0`` a
+        block's first channel): the block's ``mo`` channels on the lanes of one accumulator per
+        pixel, each reduction step one load of its ``mo`` weights times the pixel's input (no
+        horizontal sums)."""
+        b = self.builder
+        out = self.match.out
+        tail, kp, og = g["tail"], g["tail_kp"], g["og"]
+        k_taps = g["cg"] * g["kh"] * g["kw"]
+        w_ptr = self.buffers[self.match.tag.operands[1].uid]
+        lanes = ir.VectorType(F32, mo)
+        fma = intrinsic(self.module, f"llvm.fmuladd.v{mo}f32", lanes, [lanes] * 3)
+        block = b.gep(w_ptr, [b.mul(b.sdiv(o0, const_i64(mo)), const_i64(k_taps * mo))],
+                      inbounds=True)
+        for j0 in range(0, len(tail), rp):
+            r = min(rp, len(tail) - j0)
+            # TAIL_CHAINS independent accumulators in all (steps k interleaved), so that the
+            # multiply-adds do not wait on each other's latency
+            chains = max(1, TAIL_CHAINS // r)
+            accs = [[alloca_once(b, lanes, name=f"tracc{j}_{c}") for c in range(chains)]
+                    for j in range(r)]
+            for a in (a for row in accs for a in row):
+                b.store(ir.Constant(lanes, [0.0] * mo), a)
+
+            def step(k, c: int) -> None:
+                wv = b.load(b.bitcast(b.gep(block, [b.mul(k, const_i64(mo))], inbounds=True),
+                                      lanes.as_pointer()), align=4)
+                for j in range(r):
+                    x = b.load(b.gep(xt, [b.add(k, const_i64((j0 + j) * kp))], inbounds=True))
+                    xv = b.shuffle_vector(
+                        b.insert_element(ir.Constant(lanes, None), x, ir.Constant(I32, 0)),
+                        ir.Constant(lanes, None),
+                        ir.Constant(ir.VectorType(I32, mo), [0] * mo))
+                    b.store(b.call(fma, [wv, xv, b.load(accs[j][c])]), accs[j][c])
+
+            full, rem = divmod(k_taps, chains)
+            with for_range(b, const_i64(0), const_i64(full), "trk") as kk:
+                for c in range(chains):
+                    step(b.add(b.mul(kk, const_i64(chains)), const_i64(c)), c)
+            for c in range(rem):
+                step(const_i64(full * chains + c), c)
+            self._begin_epilogue()
+            tile = alloca_once(b, ir.ArrayType(F32, mo * r), name="trtile")
+            tile_f = b.bitcast(tile, F32.as_pointer())
+            for j in range(r):
+                acc = b.load(accs[j][0])
+                for c in range(1, chains):
+                    acc = b.fadd(acc, b.load(accs[j][c]))
+                for i in range(mo):
+                    b.store(b.extract_element(acc, ir.Constant(I32, i)),
+                            b.gep(tile_f, [const_i64(i * r + j)], inbounds=True))
             for i in range(mo):
                 oc = b.add(o0, const_i64(i))
                 with b.if_then(b.icmp_signed("<", oc, const_i64(og))):

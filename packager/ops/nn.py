@@ -325,6 +325,78 @@ def conv2d_oc(x: np.ndarray, wp: np.ndarray, out_channels: int, kernel=(1, 1), s
     return conv2d(x, w, strides, padding, dilation, groups)
 
 
+# ---- conv2d with weights packed in the register-blocked kernel's row blocks ---------------------
+# ``passes/layout.py`` rewrites a float32 ``nn.conv2d`` with a constant weight that the
+# register-blocked kernel (codegen/gemm.py) computes into this op: the weight [O, C, KH, KW] as
+# blocks of ``rows`` output channels (the kernel's register tile rows), each block's weights
+# ``[C * KH * KW, rows]``, a reduction step's ``rows`` weights side by side, the last block
+# zero-filled past ``out_channels``. The kernel then reads one stream of weights per block row
+# instead of ``rows`` strided ones.
+
+def pack_row_weights(w: np.ndarray, rows: int) -> np.ndarray:
+    """``w`` [O, C, KH, KW] -> ``wp`` [ceil(O / rows), C * KH * KW, rows] with ``wp[o // rows,
+    (c * KH + ky) * KW + kx, o % rows] = w[o, c, ky, kx]``."""
+    o = w.shape[0]
+    k = int(np.prod(w.shape[1:]))
+    blocks = -(-o // rows)
+    padded = np.zeros((blocks * rows, k), dtype=w.dtype)
+    padded[:o] = w.reshape(o, k)
+    return np.ascontiguousarray(padded.reshape(blocks, rows, k).transpose(0, 2, 1))
+
+
+def unpack_row_weights(wp: np.ndarray, out_channels: int, in_channels: int,
+                       kernel=(1, 1)) -> np.ndarray:
+    blocks, k, rows = wp.shape
+    return wp.transpose(0, 2, 1).reshape(blocks * rows, k)[:out_channels].reshape(
+        out_channels, in_channels, *kernel)
+
+
+def _infer_conv2d_rows(x: TensorType, wp: TensorType, out_channels: int, kernel=(1, 1),
+                       rows: int = 4, strides=(1, 1), padding=(0, 0, 0, 0), dilation=(1, 1),
+                       groups: int = 1) -> TensorType:
+    c = x.shape[1]
+    kh, kw = kernel
+    if (groups != 1 or tuple(dilation) != (1, 1)
+            or tuple(wp.shape) != (-(-out_channels // rows), c * kh * kw, rows)):
+        raise ValueError(f"conv2d_rows: packed weight {wp.shape} does not match input {x.shape}, "
+                         f"{out_channels} output channels, window {kernel}, {rows} rows")
+    return _infer_conv2d(x, TensorType((out_channels, c, kh, kw), wp.dtype), strides, padding,
+                         dilation, groups)
+
+
+def _legalize_conv2d_rows(x: te.Tensor, wp: te.Tensor, out_type: TensorType, name: str,
+                          out_channels: int, kernel=(1, 1), rows: int = 4, strides=(1, 1),
+                          padding=(0, 0, 0, 0), dilation=(1, 1), groups: int = 1) -> te.Tensor:
+    _, c, h, wd = x.shape
+    kh, kw = kernel
+    rc, ry, rx = te.reduce_axis(c, "rc"), te.reduce_axis(kh, "ry"), te.reduce_axis(kw, "rx")
+    padded = any(padding)
+    tag_reduction(rc, "conv2d_rows", (x, wp), strides=tuple(strides), padding=tuple(padding),
+                  dilation=(1, 1), groups=1, out_channels=out_channels, kernel=(kh, kw),
+                  rows=rows)
+
+    def body(n: te.IndexVar, oc: te.IndexVar, y: te.IndexVar, xx: te.IndexVar) -> te.Expr:
+        iy = y * strides[0] - padding[0] + ry
+        ix = xx * strides[1] - padding[1] + rx
+        if padded:
+            value = te.if_then_else(te.logical_and(_in_bounds(iy, h), _in_bounds(ix, wd)),
+                                    x[n, rc, _clamped(iy, h), _clamped(ix, wd)], 0.0)
+        else:
+            value = x[n, rc, iy, ix]
+        return te.sum_of(value * wp[oc // rows, (rc * kh + ry) * kw + rx, oc % rows],
+                         (rc, ry, rx))
+
+    return te.compute(out_type.shape, body, name=name)
+
+
+@register_op("nn.conv2d_rows", COMPLEX, _infer_conv2d_rows, _legalize_conv2d_rows)
+def conv2d_rows(x: np.ndarray, wp: np.ndarray, out_channels: int, kernel=(1, 1), rows: int = 4,
+                strides=(1, 1), padding=(0, 0, 0, 0), dilation=(1, 1),
+                groups: int = 1) -> np.ndarray:
+    w = unpack_row_weights(wp, out_channels, x.shape[1], kernel)
+    return conv2d(x, w, strides, padding, dilation, groups)
+
+
 # ---- pooling ------------------------------------------------------------------------------------
 
 def _infer_pool(x: TensorType, kernel=(1, 1), strides=(1, 1), padding=(0, 0, 0, 0),

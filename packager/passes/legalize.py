@@ -34,7 +34,7 @@ def contraction_macs(call: Call) -> int:
         return _elements(call.type.shape) * call.args[0].type.shape[-1]
     if call.op in ("nn.conv2d", "nn.conv"):          # weight [O, C/groups, k...]
         return _elements(call.type.shape) * _elements(call.args[1].type.shape[1:])
-    if call.op == "nn.conv2d_oc":                    # packed weight [blocks, C*kh*kw, 32]
+    if call.op in ("nn.conv2d_oc", "nn.conv2d_rows"):  # packed [blocks, C*kh*kw, lanes/rows]
         return _elements(call.type.shape) * call.args[1].type.shape[1]
     if call.op == "nn.conv_transpose":               # weight [C, O/groups, k...]
         return _elements(call.args[0].type.shape) * _elements(call.args[1].type.shape[1:])
