@@ -38,6 +38,12 @@ CASES = [
     ("s2_3x3_w64_unpadded", (1, 3, 8, 64), 3, 2, (0, 0, 0, 0), 1, "relu"),
     ("s2_7x7_w22", (1, 3, 12, 22), 7, 2, (3, 3, 3, 3), 1, None),
     ("s2_3x3_w2", (1, 3, 5, 2), 3, 2, (1, 1, 1, 1), 1, "hswish"),
+    # regions of LAZY_COPY_BYTES or more: rows copied block by block, right before their use
+    ("s1_3x3_lazy_w100", (1, 3, 42, 100), 3, 1, (1, 1, 1, 1), 1, "silu"),
+    ("s1_5x5_lazy_asym", (1, 2, 45, 97), 5, 1, (0, 2, 2, 1), 1, "residual"),
+    ("s2_5x5_lazy_w121", (1, 2, 37, 121), 5, 2, (2, 1, 1, 2), 1, "residual"),
+    ("s2_7x7_lazy_mult2", (2, 2, 31, 150), 7, 2, (3, 3, 3, 3), 2, None),
+    ("s2_2x2_lazy_unpadded", (1, 3, 40, 130), 2, 2, (0, 0, 0, 0), 1, "relu"),
 ]
 
 

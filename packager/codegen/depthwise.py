@@ -67,6 +67,13 @@ PADDED_BLOCK_MATH = (2, 2)
 # 45, 3x3 on 28x28x32 (226 K) 17.7 / 27 -> 14.0 / 23; not below: 3x3 on 14x14x64 (113 K) 11.5 /
 # 12 -> 10.8 / 17, 7x7x160 (70 K) 11.0 / 12 -> 9.9 / 17 (the medians pay for the hand-off).
 DEPTHWISE_MAC_COST = 2
+# A padded region of at least this many bytes is filled row block by row block, right before the
+# rows that read it (``_copy_new_rows``), instead of a whole plane at a time. Measured on Zen 4
+# (AVX2, MobileNetV2, 1 thread, min us): 3x3 on 112x112x32 178 -> 149, stride 2 on 112x112x96
+# 279 -> 250 (the regions 51 KB, past L1); on 56x56 (13 KB) stride 2 84 -> 80 but stride 1 140
+# -> 146, and on 14x14 and 7x7 planes (a few rows per block) the per-block copies cost more than
+# they save (29 -> 44).
+LAZY_COPY_BYTES = 16 * 1024
 
 
 def is_depthwise(match: Contraction | None) -> bool:
@@ -91,6 +98,8 @@ def match_depthwise(func: PrimFunc) -> Contraction | None:
 class DepthwiseEmitter(ContractionEmitter):
 
     plans_conv = False   # its own plan (_geometry)
+    _lazy_source: ir.Value | None = None   # the plane whose rows _emit_rows copies first
+    _lazy_region: ir.Value | None = None
 
     def emit(self) -> KernelInfo:
         self._geometry()
@@ -228,7 +237,10 @@ class DepthwiseEmitter(ContractionEmitter):
             ic = b.sdiv(oc, const_i64(mult)) if mult > 1 else oc
             plane = b.add(b.mul(nb, const_i64(self.c)), ic)
             x_plane = b.gep(x_ptr, [b.mul(plane, const_i64(self.h * self.w))], inbounds=True)
-            if region is not None:
+            if region is not None and 4 * self.region_floats >= LAZY_COPY_BYTES:
+                self._lazy_source = x_plane   # copied row block by row block (_emit_rows)
+                x_plane = region
+            elif region is not None:
                 self._copy_plane(x_plane, region)
                 x_plane = region
             begin_plane(self, w_ptr, nb, oc)
@@ -249,12 +261,34 @@ class DepthwiseEmitter(ContractionEmitter):
                     with for_range(b, const_i64(oy0 + nblk * blocked), const_i64(oy1),
                                    "oyr") as oy:
                         self._emit_rows(x_plane, oy, 1, ky_lo, ky_hi)
+            self._lazy_source = None
 
-    def _copy_plane(self, src: ir.Value, dst: ir.Value) -> None:
-        """The input plane's rows into the padded region: at column ``pl`` of each row (stride
-        1), or split by the padded column's parity (stride 2; see ``_geometry``)."""
+    def _copy_new_rows(self, oy0: ir.Value, nrows: int) -> None:
+        """Before output rows oy0 .. oy0 + nrows - 1 of a plane: copy the input rows their
+        windows reach that the plane's earlier rows did not (the plane's output rows come in
+        order), so each row is read from L1 right after its copy, not from L2 after the whole
+        plane's (112x112: 51 KB, past L1)."""
+        b, sh, kh, h = self.builder, self.sh, self.kh, self.h
+
+        def clamp(v: ir.Value) -> ir.Value:
+            v = b.select(b.icmp_signed("<", v, const_i64(0)), const_i64(0), v)
+            return b.select(b.icmp_signed(">", v, const_i64(h)), const_i64(h), v)
+
+        top = b.mul(oy0, const_i64(sh))
+        lo = b.select(b.icmp_signed("==", oy0, const_i64(0)), const_i64(0),
+                      clamp(b.add(top, const_i64(kh - sh - self.pt))))
+        hi = clamp(b.add(top, const_i64((nrows - 1) * sh + kh - self.pt)))
+        self._copy_plane(self._lazy_source, self._lazy_region, lo, hi)
+
+    def _copy_plane(self, src: ir.Value, dst: ir.Value, lo: ir.Value | None = None,
+                    hi: ir.Value | None = None) -> None:
+        """The input plane's rows (``lo`` .. ``hi`` - 1; default all) into the padded region: at
+        column ``pl`` of each row (stride 1), or split by the padded column's parity (stride 2;
+        see ``_geometry``)."""
         b = self.builder
-        with for_range(b, const_i64(0), const_i64(self.h), "cpy") as iy:
+        lo = const_i64(0) if lo is None else lo
+        hi = const_i64(self.h) if hi is None else hi
+        with for_range(b, lo, hi, "cpy") as iy:
             s_row = b.gep(src, [b.mul(iy, const_i64(self.w))], inbounds=True)
             d_row = b.gep(dst, [b.mul(iy, const_i64(self.row_stride))], inbounds=True)
             if self.sw == 1:
@@ -304,6 +338,9 @@ class DepthwiseEmitter(ContractionEmitter):
         image: the interior chunks ``col_block`` at a time, then the rest (with padded rows:
         the leftover interior chunks and the row's partial last one together)."""
         b = self.builder
+        if self._lazy_source is not None:
+            self._lazy_region = x_plane
+            self._copy_new_rows(oy0, nrows)
         cb = self.col_block
         nblk = (self.q_hi - self.q_lo) // cb
         if nblk:
