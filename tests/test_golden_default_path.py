@@ -250,10 +250,11 @@ class CompileOnce:
     def next_export(self) -> None:
         self.replay = iter(self.results)
 
-    def __call__(self, mod, params=None, target=None, verify_ir=True, on_stage=None):
+    def __call__(self, mod, params=None, target=None, verify_ir=True, on_stage=None,
+                 pack_rows=True):
         if self.replay is not None:
             return next(self.replay)
-        value = self.inner(mod, params, target, verify_ir, on_stage)
+        value = self.inner(mod, params, target, verify_ir, on_stage, pack_rows=pack_rows)
         self.results.append(value)
         return value
 

@@ -61,7 +61,7 @@ def test_pipeline_is_named_list():
     assert [p.name for p in DEFAULT_PIPELINE] == [
         "fold_constants", "fuse_gelu", "fuse_normalize", "eliminate_dead_code", "fuse_quantized", "fold_dequantize",
         "drop_unread_cell_state", "decompose_conv_transpose", "decompose_conv_nd",
-        "pretranspose_weights", "pack_conv_weights", "pack_matmul_weights", "legalize", "fuse_ops",
+        "pretranspose_weights", "pack_conv_weights", "pack_conv_rows", "pack_matmul_weights", "legalize", "fuse_ops",
         "eliminate_dead_code"]
 
 
