@@ -98,8 +98,8 @@ def match_depthwise(func: PrimFunc) -> Contraction | None:
 class DepthwiseEmitter(ContractionEmitter):
 
     plans_conv = False   # its own plan (_geometry)
-    _lazy_source: ir.Value | None = None   # the plane whose rows _emit_rows copies first
-    _lazy_region: ir.Value | None = None
+    # (input plane, its region) while _emit_rows copies the plane's rows as it goes
+    _lazy: tuple[ir.Value, ir.Value] | None = None
 
     def emit(self) -> KernelInfo:
         self._geometry()
@@ -238,7 +238,7 @@ class DepthwiseEmitter(ContractionEmitter):
             plane = b.add(b.mul(nb, const_i64(self.c)), ic)
             x_plane = b.gep(x_ptr, [b.mul(plane, const_i64(self.h * self.w))], inbounds=True)
             if region is not None and 4 * self.region_floats >= LAZY_COPY_BYTES:
-                self._lazy_source = x_plane   # copied row block by row block (_emit_rows)
+                self._lazy = (x_plane, region)   # copied row block by row block (_emit_rows)
                 x_plane = region
             elif region is not None:
                 self._copy_plane(x_plane, region)
@@ -261,7 +261,7 @@ class DepthwiseEmitter(ContractionEmitter):
                     with for_range(b, const_i64(oy0 + nblk * blocked), const_i64(oy1),
                                    "oyr") as oy:
                         self._emit_rows(x_plane, oy, 1, ky_lo, ky_hi)
-            self._lazy_source = None
+            self._lazy = None
 
     def _copy_new_rows(self, oy0: ir.Value, nrows: int) -> None:
         """Before output rows oy0 .. oy0 + nrows - 1 of a plane: copy the input rows their
@@ -278,7 +278,7 @@ class DepthwiseEmitter(ContractionEmitter):
         lo = b.select(b.icmp_signed("==", oy0, const_i64(0)), const_i64(0),
                       clamp(b.add(top, const_i64(kh - sh - self.pt))))
         hi = clamp(b.add(top, const_i64((nrows - 1) * sh + kh - self.pt)))
-        self._copy_plane(self._lazy_source, self._lazy_region, lo, hi)
+        self._copy_plane(*self._lazy, lo, hi)
 
     def _copy_plane(self, src: ir.Value, dst: ir.Value, lo: ir.Value | None = None,
                     hi: ir.Value | None = None) -> None:
@@ -338,8 +338,7 @@ class DepthwiseEmitter(ContractionEmitter):
         image: the interior chunks ``col_block`` at a time, then the rest (with padded rows:
         the leftover interior chunks and the row's partial last one together)."""
         b = self.builder
-        if self._lazy_source is not None:
-            self._lazy_region = x_plane
+        if self._lazy is not None:
             self._copy_new_rows(oy0, nrows)
         cb = self.col_block
         nblk = (self.q_hi - self.q_lo) // cb

@@ -1583,7 +1583,6 @@ class ContractionEmitter(KernelEmitter):
         """The tail outputs of channels o0 .. o0 + mo - 1 (those below og), from the gathered
         rows ``xt``: dot products of their weight rows with them, rp pixels at a time."""
         b = self.builder
-        out = self.match.out
         tail, kp, og, vl = g["tail"], g["tail_kp"], g["og"], self.vl
         k_taps = g["cg"] * g["kh"] * g["kw"]
         w_ptr = self.buffers[self.match.tag.operands[1].uid]
@@ -1625,15 +1624,20 @@ class ContractionEmitter(KernelEmitter):
             tile_f = b.bitcast(tile, F32.as_pointer())
             for q, a in enumerate(accs):
                 b.store(self._hsum(b.load(a)), b.gep(tile_f, [const_i64(q)], inbounds=True))
-            for i in range(mo):
-                oc = b.add(o0, const_i64(i))
-                with b.if_then(b.icmp_signed("<", oc, const_i64(og))):
-                    for j in range(r):
-                        oy, ox = tail[j0 + j]
-                        env = {id(out.axes[0]): n, id(out.axes[1]): oc,
-                               id(out.axes[2]): const_i64(oy),
-                               id(out.axes[3]): const_i64(ox)}
-                        self._store_epilogue(env, tile_f, const_i64(i * r + j))
+            self._store_tail_tile(n, o0, mo, tail[j0:j0 + r], tile_f)
+
+    def _store_tail_tile(self, n, o0, mo: int, pixels, tile_f: ir.Value) -> None:
+        """The epilogue of a tail block: channels o0 .. o0 + mo - 1 (those below og) at the tail
+        ``pixels`` ((oy, ox) each), channel i's value at pixel j in ``tile_f[i * len(pixels) +
+        j]``."""
+        b, out, r = self.builder, self.match.out, len(pixels)
+        for i in range(mo):
+            oc = b.add(o0, const_i64(i))
+            with b.if_then(b.icmp_signed("<", oc, const_i64(self._conv_geometry()["og"]))):
+                for j, (oy, ox) in enumerate(pixels):
+                    env = {id(out.axes[0]): n, id(out.axes[1]): oc,
+                           id(out.axes[2]): const_i64(oy), id(out.axes[3]): const_i64(ox)}
+                    self._store_epilogue(env, tile_f, const_i64(i * r + j))
 
     def _tail_block_rows(self, g: dict, n, xt, o0, mo: int, rp: int) -> None:
         """``_tail_block`` on weights packed in blocks of ``mo`` rows (``conv2d_rows``; ``o0`` a
@@ -1641,8 +1645,7 @@ class ContractionEmitter(KernelEmitter):
         pixel, each reduction step one load of its ``mo`` weights times the pixel's input (no
         horizontal sums)."""
         b = self.builder
-        out = self.match.out
-        tail, kp, og = g["tail"], g["tail_kp"], g["og"]
+        tail, kp = g["tail"], g["tail_kp"]
         k_taps = g["cg"] * g["kh"] * g["kw"]
         w_ptr = self.buffers[self.match.tag.operands[1].uid]
         lanes = ir.VectorType(F32, mo)
@@ -1686,15 +1689,7 @@ class ContractionEmitter(KernelEmitter):
                 for i in range(mo):
                     b.store(b.extract_element(acc, ir.Constant(I32, i)),
                             b.gep(tile_f, [const_i64(i * r + j)], inbounds=True))
-            for i in range(mo):
-                oc = b.add(o0, const_i64(i))
-                with b.if_then(b.icmp_signed("<", oc, const_i64(og))):
-                    for j in range(r):
-                        oy, ox = tail[j0 + j]
-                        env = {id(out.axes[0]): n, id(out.axes[1]): oc,
-                               id(out.axes[2]): const_i64(oy),
-                               id(out.axes[3]): const_i64(ox)}
-                        self._store_epilogue(env, tile_f, const_i64(i * r + j))
+            self._store_tail_tile(n, o0, mo, tail[j0:j0 + r], tile_f)
 
     def _conv_epilogue(self, g: dict, out: te.Tensor, n, oc0, local0, p0, tile) -> None:
         b = self.builder

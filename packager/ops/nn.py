@@ -166,26 +166,33 @@ def _strided_source(p: te.Expr, r: te.Expr, pad: int, dilation: int, stride: int
     return _clamped(i, extent)
 
 
+def _window_value(x: te.Tensor, n, ic, y, xx, ry, rx, strides, padding, dilation=None
+                  ) -> te.Expr:
+    """The input a convolution's window tap (ry, rx) reads for output (n, ., y, xx) from
+    channel ``ic``: zero in the padding. ``dilation`` None: the packed ops' undilated taps."""
+    h, wd = x.shape[2], x.shape[3]
+    if dilation is not None:
+        ry, rx = ry * dilation[0], rx * dilation[1]
+    iy = y * strides[0] - padding[0] + ry
+    ix = xx * strides[1] - padding[1] + rx
+    if any(padding):
+        return te.if_then_else(te.logical_and(_in_bounds(iy, h), _in_bounds(ix, wd)),
+                               x[n, ic, _clamped(iy, h), _clamped(ix, wd)], 0.0)
+    return x[n, ic, iy, ix]
+
+
 def _legalize_conv2d(x: te.Tensor, w: te.Tensor, out_type: TensorType, name: str,
                      strides=(1, 1), padding=(0, 0, 0, 0), dilation=(1, 1),
                      groups: int = 1) -> te.Tensor:
-    _, c, h, wd = x.shape
     o, cg, kh, kw = w.shape
     og = o // groups
     rc, ry, rx = te.reduce_axis(cg, "rc"), te.reduce_axis(kh, "ry"), te.reduce_axis(kw, "rx")
-    padded = any(padding)
     tag_reduction(rc, "conv2d", (x, w), strides=tuple(strides), padding=tuple(padding),
                   dilation=tuple(dilation), groups=groups)
 
     def body(n: te.IndexVar, oc: te.IndexVar, y: te.IndexVar, xx: te.IndexVar) -> te.Expr:
         ic = rc if groups == 1 else (oc // og) * cg + rc
-        iy = y * strides[0] - padding[0] + ry * dilation[0]
-        ix = xx * strides[1] - padding[1] + rx * dilation[1]
-        if padded:
-            value = te.if_then_else(te.logical_and(_in_bounds(iy, h), _in_bounds(ix, wd)),
-                                    x[n, ic, _clamped(iy, h), _clamped(ix, wd)], 0.0)
-        else:
-            value = x[n, ic, iy, ix]
+        value = _window_value(x, n, ic, y, xx, ry, rx, strides, padding, dilation)
         return te.sum_of(value * w[oc, rc, ry, rx], (rc, ry, rx))
 
     return te.compute(out_type.shape, body, name=name)
@@ -276,10 +283,9 @@ def _infer_conv2d_oc(x: TensorType, wp: TensorType, out_channels: int, kernel=(1
 def _legalize_conv2d_oc(x: te.Tensor, wp: te.Tensor, out_type: TensorType, name: str,
                         out_channels: int, kernel=(1, 1), strides=(1, 1), padding=(0, 0, 0, 0),
                         dilation=(1, 1), groups: int = 1, winograd: bool = False) -> te.Tensor:
-    _, c, h, wd = x.shape
+    c = x.shape[1]
     kh, kw = kernel
     rc, ry, rx = te.reduce_axis(c, "rc"), te.reduce_axis(kh, "ry"), te.reduce_axis(kw, "rx")
-    padded = any(padding)
     tag_reduction(rc, "conv2d_oc", (x, wp), strides=tuple(strides), padding=tuple(padding),
                   kernel=(kh, kw), out_channels=out_channels, winograd=bool(winograd))
 
@@ -302,13 +308,7 @@ def _legalize_conv2d_oc(x: te.Tensor, wp: te.Tensor, out_type: TensorType, name:
         return by(ry, lambda i: by(rx, lambda j: row(i, j)))
 
     def body(n: te.IndexVar, oc: te.IndexVar, y: te.IndexVar, xx: te.IndexVar) -> te.Expr:
-        iy = y * strides[0] - padding[0] + ry
-        ix = xx * strides[1] - padding[1] + rx
-        if padded:
-            value = te.if_then_else(te.logical_and(_in_bounds(iy, h), _in_bounds(ix, wd)),
-                                    x[n, rc, _clamped(iy, h), _clamped(ix, wd)], 0.0)
-        else:
-            value = x[n, rc, iy, ix]
+        value = _window_value(x, n, rc, y, xx, ry, rx, strides, padding)
         weight = wino_weight(oc) if winograd else \
             wp[oc // OC_BLOCK, (rc * kh + ry) * kw + rx, oc % OC_BLOCK]
         return te.sum_of(value * weight, (rc, ry, rx))
@@ -367,22 +367,15 @@ def _infer_conv2d_rows(x: TensorType, wp: TensorType, out_channels: int, kernel=
 def _legalize_conv2d_rows(x: te.Tensor, wp: te.Tensor, out_type: TensorType, name: str,
                           out_channels: int, kernel=(1, 1), rows: int = 4, strides=(1, 1),
                           padding=(0, 0, 0, 0), dilation=(1, 1), groups: int = 1) -> te.Tensor:
-    _, c, h, wd = x.shape
+    c = x.shape[1]
     kh, kw = kernel
     rc, ry, rx = te.reduce_axis(c, "rc"), te.reduce_axis(kh, "ry"), te.reduce_axis(kw, "rx")
-    padded = any(padding)
     tag_reduction(rc, "conv2d_rows", (x, wp), strides=tuple(strides), padding=tuple(padding),
                   dilation=(1, 1), groups=1, out_channels=out_channels, kernel=(kh, kw),
                   rows=rows)
 
     def body(n: te.IndexVar, oc: te.IndexVar, y: te.IndexVar, xx: te.IndexVar) -> te.Expr:
-        iy = y * strides[0] - padding[0] + ry
-        ix = xx * strides[1] - padding[1] + rx
-        if padded:
-            value = te.if_then_else(te.logical_and(_in_bounds(iy, h), _in_bounds(ix, wd)),
-                                    x[n, rc, _clamped(iy, h), _clamped(ix, wd)], 0.0)
-        else:
-            value = x[n, rc, iy, ix]
+        value = _window_value(x, n, rc, y, xx, ry, rx, strides, padding)
         return te.sum_of(value * wp[oc // rows, (rc * kh + ry) * kw + rx, oc % rows],
                          (rc, ry, rx))
 

@@ -75,6 +75,24 @@ def uses_winograd(w_shape, strides, out_shape) -> bool:
             and 16 * c * o * 4 <= WINO_MAX_WEIGHT_BYTES)
 
 
+def _plain_conv(v, static_batch: bool) -> bool:
+    """``v`` is an ungrouped, undilated float32 ``nn.conv2d`` of a 4-D input by a constant 4-D
+    weight, its input and output static but for the batch (and the batch too if
+    ``static_batch``): what the weight-packing rewrites start from."""
+    if not (isinstance(v, Call) and v.op == "nn.conv2d" and len(v.args) == 2
+            and isinstance(v.args[1], Constant)):
+        return False
+    x, w = v.args
+    shape = getattr(x.type, "shape", None)
+    out = tuple(getattr(v.type, "shape", ()))
+    first = 0 if static_batch else 1
+    return (w.data.dtype == np.float32 and w.data.ndim == 4 and x.type.dtype == "float32"
+            and shape is not None and len(shape) == 4 and len(out) == 4
+            and all(isinstance(d, int) for d in tuple(shape[first:]) + out[first:])
+            and int(v.attrs.get("groups", 1)) == 1
+            and tuple(v.attrs.get("dilation", (1, 1))) == (1, 1))
+
+
 def pack_conv_weights(mod: IRModule) -> IRModule:
     """An ungrouped float32 ``nn.conv2d`` with a window wider than 1x1, a constant weight, a
     4-D input static but for the batch and output channels in whole vectors becomes
@@ -87,17 +105,10 @@ def pack_conv_weights(mod: IRModule) -> IRModule:
 
     def visit(b, lookup):
         v = b.value
-        if not (isinstance(v, Call) and v.op == "nn.conv2d" and len(v.args) == 2
-                and isinstance(v.args[1], Constant)):
+        if not _plain_conv(v, static_batch=False):
             return None
         x, w = v.args
-        shape = getattr(x.type, "shape", None)
-        if (w.data.dtype != np.float32 or w.data.ndim != 4 or x.type.dtype != "float32"
-                or shape is None or len(shape) != 4
-                or not all(isinstance(d, int) for d in shape[1:] + tuple(v.type.shape[1:]))
-                or int(v.attrs.get("groups", 1)) != 1
-                or tuple(v.attrs.get("dilation", (1, 1))) != (1, 1)
-                or w.data.shape[2] * w.data.shape[3] == 1 or w.data.shape[0] % 8):
+        if w.data.shape[2] * w.data.shape[3] == 1 or w.data.shape[0] % 8:
             return None
         attrs = {k: val for k, val in v.attrs.items() if k not in ("groups", "dilation")}
         attrs.update(out_channels=int(w.data.shape[0]), kernel=tuple(w.data.shape[2:]))
@@ -145,26 +156,17 @@ def pack_conv_rows(mod: IRModule) -> IRModule:
 
     def visit(b, lookup):
         v = b.value
-        if not (isinstance(v, Call) and v.op == "nn.conv2d" and len(v.args) == 2
-                and isinstance(v.args[1], Constant)):
+        if not _plain_conv(v, static_batch=True) or v.args[1].data.shape[0] < 4:
             return None
         x, w = v.args
-        shape = getattr(x.type, "shape", None)
-        out = tuple(getattr(v.type, "shape", ()))
-        if (w.data.dtype != np.float32 or w.data.ndim != 4 or x.type.dtype != "float32"
-                or shape is None or len(shape) != 4 or len(out) != 4
-                or not all(isinstance(d, int) for d in tuple(shape) + out)
-                or int(v.attrs.get("groups", 1)) != 1
-                or tuple(v.attrs.get("dilation", (1, 1))) != (1, 1)
-                or w.data.shape[0] < 4):
-            return None
+        shape, out = tuple(x.type.shape), tuple(v.type.shape)
         padding = tuple(v.attrs.get("padding", (0, 0, 0, 0)))
-        if (tuple(shape[2:]) == (1, 1) and tuple(w.data.shape[2:]) == (1, 1)
+        if (shape[2:] == (1, 1) and w.data.shape[2:] == (1, 1)
                 and out[2:] == (1, 1) and not any(padding)):
             return None   # one pixel: the dot-product kernel (codegen/gemv.py)
         attrs = {"strides": tuple(v.attrs.get("strides", (1, 1))), "padding": padding,
                  "groups": 1}
-        rows = conv_row_block(tuple(shape), tuple(w.data.shape), out, attrs, widths)
+        rows = conv_row_block(shape, w.data.shape, out, attrs, widths)
         if rows is None:
             return None
         new_attrs = {k: val for k, val in v.attrs.items() if k not in ("groups", "dilation")}
