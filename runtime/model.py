@@ -18,7 +18,7 @@ import numpy as np
 
 from . import cpu, elf, library, vm
 from .bundle import STORAGE_DTYPES, BundleReader, nbytes_of, storage_dtype
-from .errors import BundleError, CodeLoadError, InputError
+from .errors import BundleError, InputError
 from .header import ARENA, CONST, Header, IORow, KernelRow, LibraryCall, Plan, TensorRow
 
 ARENA_ALIGN = 64
@@ -132,10 +132,7 @@ def _as_stored(spec: TensorSpec, value: np.ndarray) -> np.ndarray:
 
 def _pool_code(image: elf.CodeImage) -> vm.PoolCode | None:
     """The object's thread hand-off functions; None for bundles made before they existed."""
-    try:
-        return vm.PoolCode(*(image.address(name) for name in vm.PoolCode.SYMBOLS), image=image)
-    except CodeLoadError:
-        return None
+    return vm.PoolCode.from_image(image)
 
 
 def _threads_from_env() -> int:

@@ -414,11 +414,7 @@ class SymbolicRunner:
             ok = isinstance(ids, list) and all(isinstance(t, int) and 0 <= t < len(tensors)
                                                for t in ids)
             self.input_views.append(ids if ok else [])
-        try:
-            self.pool = vm.PoolCode(*(image.address(s) for s in vm.PoolCode.SYMBOLS),
-                                    image=image)
-        except Exception:
-            self.pool = None
+        self.pool = vm.PoolCode.from_image(image)
         self.threads = threads
         self.name = name
         self._bounded(sym.get("bound"))

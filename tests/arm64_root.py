@@ -212,13 +212,14 @@ import json, platform, sys
 import numpy as np
 from mlcpack.runtime import load
 jobs = json.load(open(sys.argv[1]))
-report = {"machine": platform.machine(), "chosen": {}, "pool": {}}
+report = {"machine": platform.machine(), "chosen": {}, "pool": {}, "native_steps": {}}
 for job in jobs:
     feeds = dict(np.load(job["inputs"]))
     with load(job["bundle"], threads=job["threads"]) as model:
         outputs = model.run(feeds)
         report["chosen"][job["bundle"]] = model.code_variant["level"]
         report["pool"][job["bundle"]] = type(model._executor._pool).__name__
+        report["native_steps"][job["bundle"]] = model._executor._segments is not None
     np.savez(job["outputs"], **outputs)
 print(json.dumps(report))
 """

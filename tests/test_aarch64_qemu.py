@@ -79,6 +79,7 @@ def test_aarch64_bundles_match_x86_64_under_qemu(level, models, arm64_root, tmp_
         assert report["chosen"][str(bundles[name][0])] == level
         assert report["pool"][str(bundles[name][0])] == ("_SpinPool" if name == "mlp-threads"
                                                          else "NoneType")
+        assert report["native_steps"][str(bundles[name][0])]   # the AArch64 step loop ran
         for out, want in expected[name].items():
             np.testing.assert_allclose(got[name][out], want, rtol=1e-5, atol=1e-5,
                                        err_msg=f"{name} {out} on {level}")

@@ -183,3 +183,52 @@ def test_a_forked_child_runs_without_the_parents_workers(batch_bundle) -> None:
         assert os.read(read, 1) == b"1" and status == 0
         os.close(read)
         assert model(x).tobytes() == want.tobytes()
+
+
+def _segments(model):
+    return model._executor._segments
+
+
+def test_kernel_calls_run_in_one_native_call(monkeypatch, batch_bundle) -> None:
+    """A bundle with the native step loop (``mlcpack_pool_steps``) runs each run of consecutive
+    kernel calls in one native call; the results are the Python loop's, bit for bit, and a
+    bundle without the loop (older) keeps the Python loop."""
+    from mlcpack.runtime import vm
+
+    x = np.random.default_rng(12).standard_normal((96, 784)).astype(np.float32)
+    with load(batch_bundle, threads=1) as one, load(batch_bundle, threads=3) as three:
+        kernels = sum(1 for ins in one._executor.program if ins.opcode == vm.OP_CALL_KERNEL)
+        assert _segments(one) == [(0, kernels)] and _segments(three) == [(0, kernels)]
+        # per call: kernel, void*[], task count (0: on the calling thread)
+        counts = three._executor._table.reshape(-1, 3)[:, 2]
+        assert set(counts.tolist()) == {0, 3}   # the small layers stay on one thread
+        assert (one._executor._table.reshape(-1, 3)[:, 2] == 0).all()
+        want = [one(x).tobytes(), three(x).tobytes()]
+    monkeypatch.setattr(vm.PoolCode, "STEPS", "no_such_steps")
+    with load(batch_bundle, threads=1) as one, load(batch_bundle, threads=3) as three:
+        assert _segments(one) is None and _segments(three) is None
+        assert isinstance(_pool(three), vm._SpinPool)
+        assert [one(x).tobytes(), three(x).tobytes()] == want
+    assert want[0] == want[1]
+
+
+@pytest.mark.parametrize("threads", [2, 3])
+def test_native_loop_hands_sleeping_workers_back_to_python(monkeypatch, batch_bundle,
+                                                          threads) -> None:
+    """Workers that park after every job: each parallel call inside the native loop finds them
+    asleep, returns its index and status, Python wakes them, joins the job and resumes the loop
+    at the next call. Every run still matches one thread's, bit for bit."""
+    from mlcpack.runtime import vm
+
+    monkeypatch.setattr(vm, "SPIN_ITERATIONS", 1)
+    finished = []
+    finish = vm._SpinPool.finish
+    monkeypatch.setattr(vm._SpinPool, "finish",
+                        lambda self, status: (finished.append(status), finish(self, status)))
+    rng = np.random.default_rng(13)
+    with load(batch_bundle, threads=1) as one, load(batch_bundle, threads=threads) as many:
+        assert _segments(many) is not None and _pool(many).spins <= 1
+        for _ in range(4):
+            x = rng.standard_normal((96, 784)).astype(np.float32)
+            assert many(x).tobytes() == one(x).tobytes()
+    assert finished, "the native loop never handed a sleeping worker back to Python"

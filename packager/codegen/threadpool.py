@@ -28,6 +28,15 @@ spins)`` claims and runs tasks, then spins until ``finished`` reaches ``ntasks``
 when the job is done, 1 if still waiting after ``spins`` iterations (the caller yields the CPU
 and joins again). ``fn`` = 0 posts the stop job.
 
+``mlcpack_pool_steps(pool, nworkers, table, start, end, spins, status)`` runs a plan's kernel
+calls ``start`` .. ``end`` - 1 in one native call, so that no Python (a loop turn, a ctypes
+call: 1-3 us each) sits between them. ``table`` holds three u64 per call: the kernel, its
+``void*[]`` and its task count (0: called once as task 0 of 1, on this thread; else posted as
+``mlcpack_pool_run`` does, with ``spins``). It returns ``end`` when all ran; otherwise the
+index of a parallel call whose ``mlcpack_pool_run`` status was not 0 (workers to wake, or the
+job still running: bit 63), with that status in ``status[0]``: the caller wakes them, joins,
+and calls again from the next index. ``pool`` may be null when no count is non-zero.
+
 Why no wake-up is lost: a worker parks only through a successful IDLE -> PARKED swap; the
 caller's exchange comes either after it (sees PARKED: wakes the worker) or before it (the swap
 fails on PENDING: the worker sets IDLE and reads the word again, written before the exchange).
@@ -47,6 +56,8 @@ STATE, SEEN = range(2)                         # worker lines
 LINE = 8                                       # u64 per line (64 bytes)
 IDLE, PARKED, PENDING = 0, 1, 2
 WORKER, RUN, JOIN = "mlcpack_pool_worker", "mlcpack_pool_run", "mlcpack_pool_join"
+STEPS = "mlcpack_pool_steps"
+STEP_WORDS = 3                                 # u64 per call in mlcpack_pool_steps' table
 
 
 def _c(v: int) -> ir.Constant:
@@ -183,7 +194,7 @@ class _Emitter:
         b.ret(_c(1))
         return fn
 
-    def emit_run(self, join: ir.Function) -> None:
+    def emit_run(self, join: ir.Function) -> ir.Function:
         fn = self.function(RUN, I64, [PTR, I64, I64, I64, I64, I64])
         pool, nworkers, kernel, args, ntasks, spins = fn.args
         entry, head, post, after, work, out = (fn.append_basic_block(n) for n in
@@ -224,6 +235,40 @@ class _Emitter:
         b.ret(b.shl(late, _c(63)))
         b.position_at_end(out)
         b.ret(mask)
+        return fn
+
+    def emit_steps(self, run: ir.Function) -> None:
+        fn = self.function(STEPS, I64, [PTR, I64, PTR, I64, I64, I64, PTR])
+        pool, nworkers, table, start, end, spins, status_out = fn.args
+        entry, head, body, serial, parallel, stop, done = (
+            fn.append_basic_block(n) for n in
+            ("entry", "head", "body", "serial", "parallel", "stop", "done"))
+        b = ir.IRBuilder(entry)
+        b.branch(head)
+        b.position_at_end(head)
+        i = b.phi(I64)
+        i.add_incoming(start, entry)
+        b.cbranch(b.icmp_signed("<", i, end), body, done)
+        b.position_at_end(body)
+        row = b.mul(i, _c(STEP_WORDS))
+        kernel, args, ntasks = (b.load(b.gep(table, [b.add(row, _c(k))], inbounds=True))
+                                for k in range(STEP_WORDS))
+        nxt = b.add(i, _c(1))
+        b.cbranch(b.icmp_unsigned("==", ntasks, _c(0)), serial, parallel)
+        b.position_at_end(serial)
+        b.call(b.inttoptr(kernel, KERNEL.as_pointer()),
+               [b.inttoptr(args, I8.as_pointer()), _c(0), _c(1)])
+        i.add_incoming(nxt, serial)
+        b.branch(head)
+        b.position_at_end(parallel)
+        status = b.call(run, [pool, nworkers, kernel, args, ntasks, spins])
+        i.add_incoming(nxt, parallel)
+        b.cbranch(b.icmp_unsigned("==", status, _c(0)), head, stop)
+        b.position_at_end(stop)
+        b.store(status, status_out)
+        b.ret(i)
+        b.position_at_end(done)
+        b.ret(end)
 
 
 def emit_thread_pool(module: ir.Module, target: Target) -> None:
@@ -231,4 +276,4 @@ def emit_thread_pool(module: ir.Module, target: Target) -> None:
     e = _Emitter(module, target)
     claim = e.emit_claim()
     e.emit_worker(claim)
-    e.emit_run(e.emit_join(claim))
+    e.emit_steps(e.emit_run(e.emit_join(claim)))
