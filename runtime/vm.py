@@ -141,6 +141,11 @@ class Executor:
         self._status = np.zeros(1, dtype=np.uint64)
         self._native = _POOL_STEPS(pool.steps)
         self._code = pool   # keeps the image that holds the loop mapped
+        # the loop's fixed arguments, once (``ndarray.ctypes.data`` costs about a microsecond)
+        workers = self._pool
+        self._native_args = (workers.address if workers is not None else 0,
+                             workers.n if workers is not None else 0, self._table.ctypes.data)
+        self._status_address = self._status.ctypes.data
         segments: list[tuple[int, int]] = []
         k = 0
         for i in range(len(self._program)):
@@ -188,10 +193,8 @@ class Executor:
             for step in self._steps:
                 step()
             return
-        native, table, status = self._native, self._table.ctypes.data, self._status
-        pool = self._pool
-        pool_address, nworkers = (pool.address, pool.n) if pool is not None else (0, 0)
-        status_address = status.ctypes.data
+        native, (pool_address, nworkers, table) = self._native, self._native_args
+        status_address = self._status_address
         for start, end in self._segments:
             if start < 0:   # a library call or a copy
                 self._steps[-1 - start]()
@@ -201,7 +204,8 @@ class Executor:
                             status_address)
                 if at >= end:
                     break
-                pool.finish(int(status[0]))   # workers to wake, or a late one to wait for
+                # workers to wake, or a late one to wait for
+                self._pool.finish(int(self._status[0]))
                 start = at + 1
 
     def run_timed(self) -> tuple[list[int], list[int], int, int]:
