@@ -232,3 +232,30 @@ def test_native_loop_hands_sleeping_workers_back_to_python(monkeypatch, batch_bu
             x = rng.standard_normal((96, 784)).astype(np.float32)
             assert many(x).tobytes() == one(x).tobytes()
     assert finished, "the native loop never handed a sleeping worker back to Python"
+
+
+@pytest.mark.parametrize("threads", [2, 3])
+def test_the_calling_thread_runs_task_0_of_every_job(batch_bundle, threads) -> None:
+    """Task 0 is the caller's (the same half of every kernel on the same thread), whether the
+    workers are spinning or asleep; every task runs exactly once."""
+    import ctypes
+    import time
+
+    seen = []
+
+    @ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64)
+    def kernel(args, task, ntasks):
+        seen.append((task, ntasks, threading.get_ident()))
+
+    address = ctypes.cast(kernel, ctypes.c_void_p).value
+    me = threading.get_ident()
+    with load(batch_bundle, threads=threads) as model:
+        job = _pool(model).step(None, address, 0, threads)
+        for i in range(60):
+            if i % 15 == 0:
+                time.sleep(0.02)   # the workers park; the post wakes them
+            seen.clear()
+            job()
+            assert sorted(task for task, _, _ in seen) == list(range(threads))
+            assert {n for _, n, _ in seen} == {threads}
+            assert [who for task, _, who in seen if task == 0] == [me], i
