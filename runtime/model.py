@@ -130,11 +130,6 @@ def _as_stored(spec: TensorSpec, value: np.ndarray) -> np.ndarray:
     return value
 
 
-def _pool_code(image: elf.CodeImage) -> vm.PoolCode | None:
-    """The object's thread hand-off functions; None for bundles made before they existed."""
-    return vm.PoolCode.from_image(image)
-
-
 def _threads_from_env() -> int:
     value = os.environ.get("MLCPACK_NUM_THREADS", "1")
     try:
@@ -313,7 +308,7 @@ class Model:
             views, addresses = self._tensor_views(r.tensors, self._constant_arrays,
                                                   r.arena_bytes, arena)
             executor = vm.Executor(r.program, r.kernels, r.sites, addresses, views, threads,
-                                   pool=_pool_code(r.image))
+                                   pool=vm.PoolCode.from_image(r.image))
             bindings = self._bindings(r.row, r.inputs, r.outputs, r.tensors, r.kernels_meta,
                                       executor, addresses)
             output_bindings = self._output_bindings(r.row, r.tensors, executor, addresses)

@@ -121,7 +121,8 @@ class Executor:
                                                [addresses[t] for t in ins.operands])
                 self._steps.append(step)
                 self._args.append(args)
-                split = parallel and isinstance(self._pool, _SpinPool)
+                # a parallel kernel is posted to the pool (a _SpinPool whenever there is code)
+                split = parallel and self._pool is not None
                 calls.append((i, address, ctypes.addressof(args), self.threads if split else 0))
                 continue
             self._args.append(None)
@@ -134,17 +135,15 @@ class Executor:
         table of every kernel call (kernel, void*[], task count: 0 runs it on this thread) and
         the program cut into runs of consecutive kernel calls, each (start, end) in the table,
         and single library calls or copies, (-1 - instruction, 0). None: the Python loop."""
-        if pool is None or not pool.steps or not calls or (
-                self.threads > 1 and not isinstance(self._pool, _SpinPool)):
+        if pool is None or not pool.steps or not calls:
             return None
         self._table = np.array([c[1:] for c in calls], dtype=np.uint64).reshape(-1)
         self._status = np.zeros(1, dtype=np.uint64)
         self._native = _POOL_STEPS(pool.steps)
         self._code = pool   # keeps the image that holds the loop mapped
         # the loop's fixed arguments, once (``ndarray.ctypes.data`` costs about a microsecond)
-        workers = self._pool
-        self._native_args = (workers.address if workers is not None else 0,
-                             workers.n if workers is not None else 0, self._table.ctypes.data)
+        workers = (self._pool.address, self._pool.n) if self._pool is not None else (0, 0)
+        self._native_args = (*workers, self._table.ctypes.data)
         self._status_address = self._status.ctypes.data
         segments: list[tuple[int, int]] = []
         k = 0

@@ -19,8 +19,8 @@ same half of every kernel then runs on the same thread, so a kernel reads the ro
 producer wrote on that core; when the worker claimed first at times, MobileNetV2's kernels took
 4 % longer in those calls, up to 1.4x on some. Every thread, the caller included, then claims
 tasks of the current job until none is left, so a worker that is slow to notice a job
-(descheduled on a busy machine) leaves its share to the others instead of stalling the call. A claim succeeds only while the word still carries the
-job's number, and ``fn``/``args`` are read after it: the caller rewrites them only once every
+(descheduled on a busy machine) leaves its share to the others instead of stalling the call.
+A claim succeeds only while the word still carries the job's number, and ``fn``/``args`` are read after it: the caller rewrites them only once every
 claimed task has finished.
 
 ``mlcpack_pool_worker(pool, w, spins)`` runs jobs; after ``spins`` idle spin-loop iterations it
@@ -97,12 +97,17 @@ class _Emitter:
         with b.if_then(b.icmp_unsigned("!=", b.load(owed_ptr), _c(0))):
             b.store(_c(0), owed_ptr)
             word = b.load_atomic(b.gep(pool, [_c(WORD)], inbounds=True), "monotonic", 8)
-            kernel = b.load_atomic(b.gep(pool, [_c(FN)], inbounds=True), "monotonic", 8)
-            args = b.load_atomic(b.gep(pool, [_c(ARGS)], inbounds=True), "monotonic", 8)
-            b.call(b.inttoptr(kernel, KERNEL.as_pointer()),
-                   [b.inttoptr(args, I8.as_pointer()), _c(0),
-                    b.and_(b.lshr(word, _c(16)), _c(0xFFFF))])
-            b.atomic_rmw("add", b.gep(pool, [_c(FINISHED)], inbounds=True), _c(1), "release")
+            _Emitter.run_task(b, pool, _c(0), b.and_(b.lshr(word, _c(16)), _c(0xFFFF)))
+
+    @staticmethod
+    def run_task(b: ir.IRBuilder, pool: ir.Value, task: ir.Value, ntasks: ir.Value) -> None:
+        """Run task ``task`` of the posted job (its kernel and void*[] read from the job line)
+        and count it finished."""
+        kernel = b.load_atomic(b.gep(pool, [_c(FN)], inbounds=True), "monotonic", 8)
+        args = b.load_atomic(b.gep(pool, [_c(ARGS)], inbounds=True), "monotonic", 8)
+        b.call(b.inttoptr(kernel, KERNEL.as_pointer()),
+               [b.inttoptr(args, I8.as_pointer()), task, ntasks])
+        b.atomic_rmw("add", b.gep(pool, [_c(FINISHED)], inbounds=True), _c(1), "release")
 
     @staticmethod
     def at(b: ir.IRBuilder, pool: ir.Value, line: ir.Value, field: int) -> ir.Value:
@@ -131,11 +136,7 @@ class _Emitter:
                                             "acquire"), 1)
         b.cbranch(claimed, work, loop)
         b.position_at_end(work)
-        kernel = b.load_atomic(b.gep(pool, [_c(FN)], inbounds=True), "monotonic", 8)
-        args = b.load_atomic(b.gep(pool, [_c(ARGS)], inbounds=True), "monotonic", 8)
-        b.call(b.inttoptr(kernel, KERNEL.as_pointer()),
-               [b.inttoptr(args, I8.as_pointer()), nxt, ntasks])
-        b.atomic_rmw("add", b.gep(pool, [_c(FINISHED)], inbounds=True), _c(1), "release")
+        self.run_task(b, pool, nxt, ntasks)
         b.branch(loop)
         b.position_at_end(done)
         b.ret_void()
