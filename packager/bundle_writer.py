@@ -13,6 +13,7 @@ once complete, so a failed export never leaves a partial bundle behind.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import tempfile
 from typing import Any
@@ -24,7 +25,7 @@ from ..runtime.bundle import (ALIGN, DATA_KEY, DIGEST_ALG, DIGEST_KEY, FORMAT_MA
                               FORMAT_MINOR, MAGIC, PAYLOAD64_FORMAT, TRAILER_BYTES, TREE_FORMAT,
                               content_digest, digest_chunk, digest_tail)
 from ..runtime.errors import BundleError
-from ..runtime.header import Header, PayloadRef
+from ..runtime.header import Digest, Header, PayloadRef, Signature
 from ..runtime.signing import (ALGORITHM, SIG_FIELD, SIGNATURE_BYTES, SIGNATURE_KEY,
                                signed_message)
 
@@ -103,6 +104,43 @@ class BundleWriter:
             self._size += pad
         return record
 
+    def complete(self, header: Header, signer: Any = None) -> Header:
+        """``header`` with what the writer decides: ``min_reader`` (the current version when the
+        header has none), the tree digest for a payload area of ``tree_min_bytes`` or more (and
+        ``min_reader`` at least 1.2), format 1.4 for one of ``payload64_min_bytes`` or more, and
+        a zero signature of ``signer``'s key (signed once the head is packed: ``_signed``)."""
+        need = header.min_reader or (FORMAT_MAJOR, FORMAT_MINOR)
+        digest = header.digest
+        if digest is None and self._size >= self.tree_min_bytes:
+            digest = Digest(DIGEST_ALG, self.tree_chunk)
+            need = max(need, tuple(TREE_FORMAT))
+        fmt = header.format
+        if self._size >= self.payload64_min_bytes:
+            fmt = need = tuple(PAYLOAD64_FORMAT)
+        signature = header.signature
+        if signer is not None:
+            signature = Signature(ALGORITHM, signer.public_key, bytes(SIGNATURE_BYTES))
+        return dataclasses.replace(header, format=fmt, min_reader=need, digest=digest,
+                                   signature=signature)
+
+    def _complete_map(self, header: dict[str, Any], signer: Any, large: bool
+                      ) -> dict[str, Any]:
+        """``complete`` for a plain map (tests write damaged headers through it): the same
+        decisions, written into a copy, whatever else the map holds."""
+        header = {"format": [FORMAT_MAJOR, FORMAT_MINOR],
+                  "min_reader": [FORMAT_MAJOR, FORMAT_MINOR], **header}
+        if "digest" not in header and self._size >= self.tree_min_bytes:
+            header["digest"] = {"alg": DIGEST_ALG, "chunk": self.tree_chunk}
+            need = header["min_reader"]
+            if isinstance(need, list) and all(isinstance(v, int) for v in need):
+                header["min_reader"] = max(need, TREE_FORMAT)
+        if large:
+            header["format"] = header["min_reader"] = list(PAYLOAD64_FORMAT)
+        if signer is not None:
+            header[SIGNATURE_KEY] = {"alg": ALGORITHM, "key": signer.public_key,
+                                     "sig": bytes(SIGNATURE_BYTES)}
+        return header
+
     def _signed(self, head: bytes, tail: list[Any], signer: Any) -> bytes:
         # Sign the digest taken with a zero signature in place, then put the signature there
         # (same length: nothing moves). runtime/signing.py describes the check.
@@ -120,30 +158,21 @@ class BundleWriter:
         ``signer`` (``packager.signing.Signer``) adds an Ed25519 signature to the header. A
         ``"digest"`` record in ``header`` is written as given (tests use it); otherwise the
         payload area's size chooses the digest (see the module doc)."""
-        typed = isinstance(header, Header)
-        if typed:
-            header = header.to_msgpack()
-        header = {"format": [FORMAT_MAJOR, FORMAT_MINOR],
-                  "min_reader": [FORMAT_MAJOR, FORMAT_MINOR], **header}
-        if typed:   # what the runtime will refuse is never written (nothing is left behind)
+        large = self._size >= self.payload64_min_bytes   # too large for a bin32: format 1.4
+        if isinstance(header, Header):
+            typed = self.complete(header, signer)
+            # what the runtime will refuse is never written (nothing is left behind)
+            fields = typed.to_msgpack()
             try:
-                Header.from_msgpack(header, self._size, os.path.basename(os.fspath(path)))
+                Header.from_msgpack(fields, self._size, os.path.basename(os.fspath(path)))
             except BundleError as exc:
                 raise BundleWriteError(f"internal error: the runtime would refuse this bundle: "
                                        f"{exc} (please report it)") from None
-        if "digest" not in header and self._size >= self.tree_min_bytes:
-            header["digest"] = {"alg": DIGEST_ALG, "chunk": self.tree_chunk}
-            need = header["min_reader"]
-            if isinstance(need, list) and all(isinstance(v, int) for v in need):
-                header["min_reader"] = max(need, TREE_FORMAT)
-        large = self._size >= self.payload64_min_bytes   # too large for a bin32: format 1.4
-        if large:
-            header["format"] = header["min_reader"] = list(PAYLOAD64_FORMAT)
-        if signer is not None:
-            header[SIGNATURE_KEY] = {"alg": ALGORITHM, "key": signer.public_key,
-                                     "sig": bytes(SIGNATURE_BYTES)}
-        head = head_bytes(header, self._size if large else None)
-        tail = hashed_tail(header, self._chunks)
+            tail = digest_tail(self._chunks, typed.digest.chunk if typed.digest else None)
+        else:
+            fields = self._complete_map(header, signer, large)
+            tail = hashed_tail(fields, self._chunks)
+        head = head_bytes(fields, self._size if large else None)
         if signer is not None:
             head = self._signed(head, tail, signer)
         trailer = (DIGEST_KEY + content_digest(head, tail) + DATA_KEY

@@ -28,10 +28,9 @@ from .ir.sym import (is_static, product, relation_text, shape_vars, take_relatio
 from .ops import get_op
 from .ops.registry import VIEW
 from .passes.memory_plan import Buffer, plan_memory
+# SIZES rows (symbolic programs) hold the int64 values of the size variables
+from ..runtime.header import ARENA, CONST, OP_CALL_KERNEL, OP_CALL_LIB, SIZES
 
-OP_CALL_KERNEL, OP_CALL_LIB, OP_COPY = 1, 2, 3
-ARENA, CONST = 0, 1
-SIZES = 2   # symbolic programs: the int64 values of the size variables
 
 
 class VMEmitError(Exception):

@@ -42,9 +42,11 @@ def _summarize(path: str | os.PathLike, h: Header, name: str) -> dict[str, Any]:
         code.append({"arch": v.arch, "level": v.level, "triple": v.triple, "cpu": v.cpu,
                      "features": flags, "object_bytes": v.object.size,
                      "code_sizes": dict(v.code_sizes or {}), "selected": i == chosen})
-    sig = h.signature
-    signed_by = (fingerprint(sig["key"]) if isinstance(sig, dict) and isinstance(sig.get("key"), bytes)
-                 else None)
+    sig = h.signature   # None when absent or malformed (a malformed one stays in h.extra)
+    raw = h.extra.get("signature")
+    signed_by = (fingerprint(sig.key) if sig is not None else
+                 fingerprint(raw["key"]) if isinstance(raw, dict)
+                 and isinstance(raw.get("key"), bytes) else None)
     return {
         "file": os.fspath(path),
         "bytes": os.path.getsize(path),

@@ -21,14 +21,17 @@ numpy and the standard library only, like the rest of the runtime.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Mapping
+from typing import Any, Mapping
 
 from .bundle import (DIGEST_ALG, MAX_CHUNK, MIN_CHUNK, PayloadRef, check_disjoint, check_dtype,
                      check_shape, payload_ref)
 from .errors import BundleError
 
-ARENA, CONST, SIZES = 0, 1, 2     # a tensor row's storage kind
+# The format's constants, defined here only (the emitter, the VM and the runtime import them).
+ARENA, CONST, SIZES = 0, 1, 2     # a tensor row's storage kind (docs/format.md section 5)
+OP_CALL_KERNEL, OP_CALL_LIB, OP_COPY = 1, 2, 3   # VM opcodes (docs/format.md section 6)
 MAX_PLANS = 64
 MAX_DIM = 1 << 40
 MAX_RECORD_DEPTH = 32
@@ -94,7 +97,12 @@ def plain(v: Any) -> Any:
     return v
 
 
-def _dim_record(rec: Any, what: str, depth: int = 0) -> Any:
+# A symbolic dim record (docs/format.md section 10.1): an int, a size variable's name, or a tuple
+# ("+" | "*", record...) / ("//" | "%", record, positive int).
+DimRecord = int | str | tuple
+
+
+def _dim_record(rec: Any, what: str, depth: int = 0) -> DimRecord:
     """A symbolic dim record: an int, a size variable's name, or ``["+" | "*", term...]`` /
     ``["//" | "%", record, positive int]`` (``packager/ir/sym.to_record``)."""
     if _is_int(rec) and -MAX_DIM < rec < MAX_DIM or isinstance(rec, str):
@@ -116,27 +124,44 @@ def _shape(v: Any, what: str, symbolic: bool) -> tuple:
     return tuple(_int(d, what, 0, MAX_DIM) if _is_int(d) else _dim_record(d, what) for d in v)
 
 
-class _Record:
-    """A header record: ``KEYS`` in the writer's order; fields that are None are absent from the
-    map (``ALWAYS`` lists those written even when None); ``extra`` holds keys this reader does
-    not know, written back after the known ones."""
+# A field written even when it is None (nil), by ``field(metadata=ALWAYS)``.
+ALWAYS: Mapping[str, bool] = {"always": True}
 
-    KEYS: ClassVar[tuple[str, ...]] = ()
-    ALWAYS: ClassVar[frozenset[str]] = frozenset()
+
+class _Record:
+    """A header record. Its dataclass fields are its one field list: the map's keys, in the
+    writer's order (``keys()``); a field that is None is absent from the map unless declared
+    with ``metadata=ALWAYS`` (then written as nil); ``extra`` holds keys this reader does not
+    know, written back after the known ones."""
+
+    @classmethod
+    def keys(cls) -> tuple[str, ...]:
+        """The record's keys in the writer's order: its dataclass fields but ``extra``."""
+        return _keys(cls)
 
     def to_msgpack(self) -> dict[str, Any]:
         out = {}
-        for key in self.KEYS:
-            value = getattr(self, key)
-            if value is not None or key in self.ALWAYS:
-                out[key] = plain(value)
+        for f in _fields(type(self)):
+            value = getattr(self, f.name)
+            if value is not None or f.metadata.get("always"):
+                out[f.name] = plain(value)
         out.update(plain(getattr(self, "extra", {})))
         return out
 
     @classmethod
     def _extra(cls, obj: dict, known: tuple[str, ...] | None = None) -> dict[str, Any]:
-        keys = cls.KEYS if known is None else known
+        keys = cls.keys() if known is None else known
         return {k: freeze(v) for k, v in obj.items() if k not in keys}
+
+
+@functools.cache
+def _fields(cls: type) -> tuple[dataclasses.Field, ...]:
+    return tuple(f for f in dataclasses.fields(cls) if f.name != "extra")
+
+
+@functools.cache
+def _keys(cls: type) -> tuple[str, ...]:
+    return tuple(f.name for f in _fields(cls))
 
 
 @dataclass(frozen=True)
@@ -149,10 +174,8 @@ class IORow(_Record):
     dtype: str
     tensor: int
     max_shape: tuple[int, ...] | None = None
-    views: Any = None
+    views: Any = None   # advice, kept as given: tensor indices, or anything (then unused)
     extra: Mapping[str, Any] = field(default_factory=dict)
-
-    KEYS = ("name", "shape", "dtype", "tensor", "max_shape", "views")
 
     @classmethod
     def parse(cls, obj: Any, what: str, num_tensors: int, symbolic: bool) -> IORow:
@@ -205,14 +228,11 @@ class KernelRow(_Record):
     num_outputs: int
     workspace_bytes: int
     parallel: bool | None = None
-    source: Any = None
+    source: Any = None   # [{"name", "op"}, ...], checked where it is read (runtime/profile.py)
     symbolic: bool | None = None
-    workspace: Any = None
+    workspace: DimRecord | None = None
     macs: int | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)
-
-    KEYS = ("name", "symbol", "num_inputs", "num_outputs", "workspace_bytes", "parallel",
-            "source", "symbolic", "workspace", "macs")
 
     @classmethod
     def parse(cls, obj: Any, what: str) -> KernelRow:
@@ -239,23 +259,20 @@ class KernelRow(_Record):
                 + (1 if self.symbolic else 0))
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class CodeVariant(_Record):
     """One target's object code: the target record (``Target.to_record``), the object, the
     external symbols it may use and each kernel's code size."""
     arch: str
     level: str
-    object: PayloadRef
     features: tuple[str, ...] | None = None
     triple: str | None = None
     cpu: str | None = None
     llvm_features: str | None = None
+    object: PayloadRef
     externals: tuple[str, ...] | None = None
     code_sizes: Mapping[str, int] | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)
-
-    KEYS = ("arch", "level", "features", "triple", "cpu", "llvm_features", "object",
-            "externals", "code_sizes")
 
     @classmethod
     def parse(cls, obj: Any, what: str, data_size: int) -> CodeVariant:
@@ -274,9 +291,11 @@ class CodeVariant(_Record):
         text = [obj.get(k) for k in ("triple", "cpu", "llvm_features")]
         if any(t is not None and not isinstance(t, str) for t in text):
             raise _bad(what, "has a target field that is not a string")
-        return cls(_str(obj.get("arch"), f"{what} arch"), _str(obj.get("level"), f"{what} level"),
-                   payload_ref(obj.get("object"), f"{what} object", data_size), features,
-                   *text, externals, sizes, cls._extra(obj))
+        return cls(arch=_str(obj.get("arch"), f"{what} arch"),
+                   level=_str(obj.get("level"), f"{what} level"), features=features,
+                   triple=text[0], cpu=text[1], llvm_features=text[2],
+                   object=payload_ref(obj.get("object"), f"{what} object", data_size),
+                   externals=externals, code_sizes=sizes, extra=cls._extra(obj))
 
     def record(self) -> dict[str, Any]:
         """The variant as a map, as ``cpu.pick_variant`` and ``Model.code_variant`` take it."""
@@ -287,10 +306,8 @@ class CodeVariant(_Record):
 class LibraryCall(_Record):
     func: str
     attrs: Mapping[str, Any] | None = None
-    source: Any = None
+    source: Any = None   # as KernelRow.source
     extra: Mapping[str, Any] = field(default_factory=dict)
-
-    KEYS = ("func", "attrs", "source")
 
     @classmethod
     def parse(cls, obj: Any, what: str) -> LibraryCall:
@@ -308,16 +325,12 @@ class VMRecord(_Record):
     instructions: int | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)
 
-    KEYS = ("bytecode", "instructions")
-
 
 @dataclass(frozen=True)
 class MemoryPlan(_Record):
     arena_bytes: int
     intermediate_bytes: int | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)
-
-    KEYS = ("arena_bytes", "intermediate_bytes")
 
 
 @dataclass(frozen=True)
@@ -330,8 +343,6 @@ class SymbolicBound(_Record):
     offsets: tuple[int, ...]
     arena_bytes: int
     extra: Mapping[str, Any] = field(default_factory=dict)
-
-    KEYS = ("sizes", "offsets", "arena_bytes")
 
     @classmethod
     def parse(cls, obj: Any, names: tuple[str, ...], num_buffers: int) -> SymbolicBound:
@@ -356,12 +367,10 @@ class Symbolic(_Record):
     (``[op, record, record, text]``); ``runtime/symbolic.py`` plans memory from them, per shape,
     or once from ``bound`` (an upper-bound plan, when the export had bounds on every size)."""
     vars: tuple[str, ...]
-    buffers: tuple[tuple[Any, int, int], ...]
-    checks: tuple[tuple[str, Any, Any, str], ...] | None = None
+    buffers: tuple[tuple[DimRecord, int, int], ...]
+    checks: tuple[tuple[str, DimRecord, DimRecord, str], ...] | None = None
     bound: SymbolicBound | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)
-
-    KEYS = ("vars", "buffers", "checks", "bound")
 
     @classmethod
     def parse(cls, obj: Any) -> Symbolic:
@@ -391,31 +400,25 @@ class Symbolic(_Record):
         return cls(names, tuple(buffers), checks, bound, cls._extra(obj))
 
 
-PLAN_KEYS = ("inputs", "outputs", "kernels", "code", "library_calls", "tensors", "vm",
-             "memory_plan", "symbolic")
-
-
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Plan(_Record):
     """What runs one batch size: I/O, kernels, code per target, library calls, the tensor table,
     the bytecode and the memory plan (``symbolic``: planned at run time instead)."""
+    batch: int | None = None
     inputs: tuple[IORow, ...]
     outputs: tuple[IORow, ...]
     kernels: tuple[KernelRow, ...]
     code: tuple[CodeVariant, ...]
+    library_calls: tuple[LibraryCall, ...] | None = None
     tensors: tuple[TensorRow, ...]
     vm: VMRecord
     memory_plan: MemoryPlan
-    library_calls: tuple[LibraryCall, ...] | None = None
     symbolic: Symbolic | None = None
-    batch: int | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)
-
-    KEYS = ("batch",) + PLAN_KEYS
 
     @classmethod
     def parse(cls, obj: dict, what: str, data_size: int, num_constants: int,
-              batch: int | None = None, known: tuple[str, ...] = KEYS) -> Plan:
+              batch: int | None = None, known: tuple[str, ...] | None = None) -> Plan:
         at = f"{what}: " if what else ""
         sym = obj.get("symbolic")
         symbolic = Symbolic.parse(sym) if sym is not None else None
@@ -447,8 +450,9 @@ class Plan(_Record):
         plan = MemoryPlan(mp["arena_bytes"], None if inter is None
                           else _int(inter, f"{at}memory plan intermediate_bytes"),
                           MemoryPlan._extra(mp))
-        return cls(io[0], io[1], kernels, code, tensors, vm_rec, plan, calls, symbolic, batch,
-                   cls._extra(obj, known))
+        return cls(batch=batch, inputs=io[0], outputs=io[1], kernels=kernels, code=code,
+                   library_calls=calls, tensors=tensors, vm=vm_rec, memory_plan=plan,
+                   symbolic=symbolic, extra=cls._extra(obj, known))
 
     def top_level(self) -> dict[str, Any]:
         """This plan's keys as the top level of a header holds them (no ``batch``)."""
@@ -466,19 +470,14 @@ class BatchInfo(_Record):
     outputs: tuple[str, ...]
     extra: Mapping[str, Any] = field(default_factory=dict)
 
-    KEYS = ("sizes", "inputs", "outputs")
-
 
 @dataclass(frozen=True)
 class ConstantRow(_Record):
-    name: Any
+    name: str | None = field(metadata=ALWAYS)   # as given (a reader only shows it)
     shape: tuple[int, ...]
     dtype: str
     data: PayloadRef
     extra: Mapping[str, Any] = field(default_factory=dict)
-
-    KEYS = ("name", "shape", "dtype", "data")
-    ALWAYS = frozenset({"name"})
 
 
 @dataclass(frozen=True)
@@ -493,8 +492,6 @@ class GoldenRow(_Record):
     quant_step: float | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)
 
-    KEYS = ("name", "shape", "dtype", "data", "magnitude", "quant_step")
-
 
 @dataclass(frozen=True)
 class Golden(_Record):
@@ -504,12 +501,9 @@ class Golden(_Record):
     outputs: tuple[GoldenRow, ...]
     rtol: float
     atol: float
-    reference: Any = None
-    seed: Any = None
+    reference: str | None = field(default=None, metadata=ALWAYS)
+    seed: int | None = field(default=None, metadata=ALWAYS)
     extra: Mapping[str, Any] = field(default_factory=dict)
-
-    KEYS = ("inputs", "outputs", "rtol", "atol", "reference", "seed")
-    ALWAYS = frozenset({"reference", "seed"})
 
     @classmethod
     def parse(cls, obj: Any, data_size: int) -> Golden:
@@ -545,8 +539,6 @@ class Digest(_Record):
     alg: str
     chunk: int
 
-    KEYS = ("alg", "chunk")
-
 
 @dataclass(frozen=True)
 class PayloadArea(_Record):
@@ -555,41 +547,53 @@ class PayloadArea(_Record):
     offset: int
     size: int
 
-    KEYS = ("offset", "size")
-
-
-# The top level, in the writer's order. The plan's keys sit among them (a one-plan bundle is its
-# plan; a dynamic-batch bundle has its largest plan there too, for readers of format 1.0).
-TOP_KEYS = ("format", "min_reader", "compiler", "model", "inputs", "outputs", "preprocess",
-            "labels", "constants", "kernels", "code", "library_calls", "tensors", "vm",
-            "memory_plan", "symbolic", "ir", "batch", "plans", "specialized", "golden", "digest",
-            "signature", "payload", "pad")
-ALWAYS_TOP = frozenset({"compiler", "model", "preprocess", "labels"})
-
 
 @dataclass(frozen=True)
-class Header:
+class Signature(_Record):
+    """An Ed25519 signature (``runtime/signing.py`` checks it; docs/format.md section 14)."""
+    alg: str
+    key: bytes
+    sig: bytes
+
+    @classmethod
+    def parse(cls, obj: Any) -> Signature | None:
+        """The record when well formed, else None: a malformed one is kept as given (in
+        ``Header.extra``) and refused by the signature check, which alone reads it."""
+        if (isinstance(obj, dict) and set(obj) == {"alg", "key", "sig"}
+                and obj["alg"] == SIGNATURE_ALG and isinstance(obj["key"], bytes)
+                and isinstance(obj["sig"], bytes)):
+            return cls(obj["alg"], obj["key"], obj["sig"])
+        return None
+
+
+SIGNATURE_ALG = "ed25519"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Header(_Record):
     """A bundle's header (see the module doc). ``plans`` has one ``Plan`` per batch size, or the
-    header's own plan; ``plan`` is the largest (what the top level holds)."""
+    header's own plan; ``plan`` is the largest (what the top level holds). The fields are the
+    top-level keys but the plan's, in the writer's order; ``plans`` is written only with
+    ``batch`` (a one-plan bundle's plan is its top level)."""
     format: tuple[int, int]
-    plans: tuple[Plan, ...]
-    constants: tuple[ConstantRow, ...]
     min_reader: tuple[int, int] | None = None
-    compiler: Any = None
-    model: Any = None
-    preprocess: Mapping[str, Any] | None = None
-    labels: tuple | None = None
+    compiler: Mapping[str, Any] | None = field(default=None, metadata=ALWAYS)
+    model: Mapping[str, Any] | None = field(default=None, metadata=ALWAYS)
+    preprocess: Mapping[str, Any] | None = field(default=None, metadata=ALWAYS)
+    labels: tuple | None = field(default=None, metadata=ALWAYS)
+    constants: tuple[ConstantRow, ...]
     ir: PayloadRef | None = None
     batch: BatchInfo | None = None
-    golden: Golden | None = None
-    payload: PayloadArea | None = None
-    digest: Digest | None = None
-    signature: Any = None
-    pad: bytes | None = None
+    plans: tuple[Plan, ...]
     # A symbolic bundle exported with --batch-sizes: static plans for those batch sizes (the
     # other dims fixed), run when the inputs' shapes match one exactly; the symbolic plan runs
     # every other shape. Readers that do not know the key run the symbolic plan for all.
     specialized: tuple[Plan, ...] | None = None
+    golden: Golden | None = None
+    digest: Digest | None = None
+    signature: Signature | None = None
+    payload: PayloadArea | None = None
+    pad: bytes | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)
 
     @property
@@ -601,27 +605,20 @@ class Header:
         return self.plan.symbolic
 
     def to_msgpack(self) -> dict[str, Any]:
-        """The header map the writer packs (keys in the writer's order)."""
+        """The header map the writer packs (keys in the writer's order, TOP_KEYS)."""
         top = self.plan.top_level()
-        fields = {"format": list(self.format), "ir": self.ir, "batch": self.batch,
-                  "golden": self.golden, "payload": self.payload, "digest": self.digest,
-                  "signature": self.signature, "pad": self.pad,
-                  "min_reader": None if self.min_reader is None else list(self.min_reader),
-                  "compiler": self.compiler, "model": self.model, "preprocess": self.preprocess,
-                  "labels": self.labels, "constants": self.constants}
-        if self.batch is not None:
-            fields["plans"] = list(self.plans)
-        if self.specialized is not None:
-            fields["specialized"] = list(self.specialized)
+        own = super().to_msgpack()
+        if self.batch is None:
+            own.pop("plans")
         out = {}
         for key in TOP_KEYS:
             if key in top:
                 out[key] = top[key]
-            elif fields.get(key) is not None or key in ALWAYS_TOP:
-                out[key] = plain(fields.get(key))
+            elif key in own:
+                out[key] = own[key]
         for key, value in top.items():   # a plan's unknown keys
             out.setdefault(key, value)
-        out.update(plain(self.extra))
+        out.update(own)   # this header's unknown keys (own's known ones are placed already)
         return out
 
     def payload_refs(self) -> list[tuple[str, PayloadRef]]:
@@ -691,12 +688,16 @@ class Header:
             raise _bad("pad", "is not bytes")
         golden = h.get("golden")
         specialized = cls._specialized(h.get("specialized"), top, data_size, len(consts))
-        header = cls(fmt, plans, tuple(consts), min_reader, freeze(h.get("compiler")),
-                     freeze(h.get("model")), preprocess, labels,
-                     None if ir is None else payload_ref(ir, "IR text", data_size), batch,
-                     None if golden is None else Golden.parse(golden, data_size), area, digest,
-                     freeze(h.get("signature")), pad, specialized,
-                     {k: freeze(v) for k, v in h.items() if k not in TOP_KEYS})
+        signature = Signature.parse(h.get("signature"))
+        extra = {k: freeze(v) for k, v in h.items()
+                 if k not in TOP_KEYS or (k == "signature" and signature is None)}
+        header = cls(format=fmt, min_reader=min_reader, compiler=freeze(h.get("compiler")),
+                     model=freeze(h.get("model")), preprocess=preprocess, labels=labels,
+                     constants=tuple(consts),
+                     ir=None if ir is None else payload_ref(ir, "IR text", data_size),
+                     batch=batch, plans=plans, specialized=specialized,
+                     golden=None if golden is None else Golden.parse(golden, data_size),
+                     digest=digest, signature=signature, payload=area, pad=pad, extra=extra)
         check_disjoint(header.payload_refs(), name)
         return header
 
@@ -757,6 +758,23 @@ class Header:
             raise _bad("top-level plan", "differs from the largest batch plan")
         check_batch(batch, plans)
         return batch, plans
+
+
+PLAN_KEYS = tuple(k for k in Plan.keys() if k != "batch")   # a plan's keys at the top level
+# The top level in the writer's order: the header's own fields with the plan's interleaved.
+TOP_KEYS = ("format", "min_reader", "compiler", "model", "inputs", "outputs", "preprocess",
+            "labels", "constants", "kernels", "code", "library_calls", "tensors", "vm",
+            "memory_plan", "symbolic", "ir", "batch", "plans", "specialized", "golden", "digest",
+            "signature", "payload", "pad")
+assert [k for k in TOP_KEYS if k in PLAN_KEYS] == list(PLAN_KEYS) and \
+    [k for k in TOP_KEYS if k not in PLAN_KEYS] == list(Header.keys()), "TOP_KEYS is stale"
+
+# Every record of the schema: docs/format.md has one field table per record
+# (tests/test_format_doc.py).
+RECORDS: tuple[type, ...] = (Header, Plan, IORow, TensorRow, KernelRow, CodeVariant,
+                             LibraryCall, VMRecord, MemoryPlan, Symbolic, SymbolicBound,
+                             BatchInfo, ConstantRow, Golden, GoldenRow, Digest, PayloadArea,
+                             Signature)
 
 
 def check_batch(batch: BatchInfo, plans: tuple[Plan, ...]) -> None:

@@ -40,8 +40,8 @@ from typing import Any, Callable
 import numpy as np
 
 from .errors import BundleError, CodeLoadError
+from .header import OP_CALL_KERNEL, OP_CALL_LIB, OP_COPY
 
-OP_CALL_KERNEL, OP_CALL_LIB, OP_COPY = 1, 2, 3
 KERNEL_SIGNATURE = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64)
 MAX_OPERANDS = 4096
 
