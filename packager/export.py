@@ -14,9 +14,9 @@ import numpy as np
 
 from .. import packager
 from ..runtime.bundle import FORMAT_MAJOR, FORMAT_MINOR, SYMBOLIC_MINOR
-from ..runtime.header import (BatchInfo, CodeVariant, ConstantRow, Header, IORow, KernelRow,
-                              LibraryCall, MemoryPlan, Plan, Symbolic, SymbolicBound, TensorRow,
-                              VMRecord, freeze)
+from ..runtime.header import (CONST, BatchInfo, CodeVariant, ConstantRow, Header, IORow,
+                              KernelRow, MemoryPlan, Plan, SymbolicBound, VMRecord, freeze,
+                              plain)
 from .bundle_writer import BundleWriteError, BundleWriter
 from .codegen.build import ALLOWED_EXTERNALS, CodegenError, CompiledCode
 from .codegen.lower import KernelInfo, LoweringError
@@ -172,7 +172,7 @@ def _kernel_rows(program: Program, infos: list[KernelInfo], mod: IRModule
         macs = mod.functions[name].attrs.get("macs")
         rows.append(KernelRow(
             name, k.symbol, k.num_inputs, k.num_outputs, k.workspace_bytes, k.parallel,
-            source=freeze(source_records(sources)) if sources else None,
+            source=source_records(sources) if sources else None,
             # takes the sizes array last; its workspace size is a dim record
             symbolic=True if k.symbolic else None,
             workspace=freeze(to_record(k.workspace_expr))
@@ -182,31 +182,18 @@ def _kernel_rows(program: Program, infos: list[KernelInfo], mod: IRModule
     return tuple(rows)
 
 
-def _io_rows(rows: list[dict]) -> tuple[IORow, ...]:
-    """The program's input or output rows (``vm_emit``) as header records."""
-    return tuple(IORow(r["name"], freeze(r["shape"]), r["dtype"], r["tensor"],
-                       freeze(r.get("max_shape")), freeze(r.get("views"))) for r in rows)
-
-
-def _symbolic(rec: dict, bound: SymbolicBound | None = None) -> Symbolic:
-    checks = rec.get("checks")
-    return Symbolic(tuple(rec["vars"]), tuple(freeze(b) for b in rec["buffers"]),
-                    None if checks is None else tuple(freeze(c) for c in checks), bound)
-
-
 def _size_bounds(program: Program) -> tuple[dict[str, int], list[str]]:
     """Each size variable's largest value from the inputs' ``--max-shape`` (a variable that is
     a whole dim of a bounded input, at that dim's bound; the smallest when several bound it),
     and the variables no bound reaches."""
     bounds: dict[str, int] = {}
     for row in program.inputs:
-        top = row.get("max_shape")
-        if top is None:
+        if row.max_shape is None:
             continue
-        for rec, m in zip(row["shape"], top):
+        for rec, m in zip(row.shape, row.max_shape):
             if isinstance(rec, str):
                 bounds[rec] = min(bounds.get(rec, m), m)
-    names = program.symbolic["vars"]
+    names = program.symbolic.vars
     return {v: bounds[v] for v in names if v in bounds}, [v for v in names if v not in bounds]
 
 
@@ -220,9 +207,9 @@ def _bound_plan(program: Program) -> tuple[SymbolicBound | None, str | None]:
     if missing:
         return None, (f"memory planned per shape at run time: size variable(s) "
                       f"{', '.join(missing)} have no --max-shape bound")
-    buffers = program.symbolic["buffers"]
+    buffers = program.symbolic.buffers
     try:
-        offsets, arena, _, loose = bounded_plan([b[0] for b in buffers],
+        offsets, arena, _, loose = bounded_plan([plain(b[0]) for b in buffers],
                                                 [(b[1], b[2]) for b in buffers], bounds)
     except UnboundedSizeError as exc:
         return None, f"memory planned per shape at run time: {exc}"
@@ -235,8 +222,8 @@ def _bound_plan(program: Program) -> tuple[SymbolicBound | None, str | None]:
 
 def _check_library_names(program: Program) -> None:
     for call in program.library_calls:
-        if not isinstance(call["func"], str) or "." not in call["func"]:
-            raise ExportError(f"library function name {call['func']!r} must be namespaced, "
+        if not isinstance(call.func, str) or "." not in call.func:
+            raise ExportError(f"library function name {call.func!r} must be namespaced, "
                               "e.g. 'env.linear' or 'myapp.op'")
 
 
@@ -426,8 +413,8 @@ def _compile_plan(batch: int | None, mod: IRModule, n_plans: int,
     if on_stage:
         on_stage("write")
     remap = {i: constants.add(c.name, c.data) for i, c in enumerate(program.constants)}
-    tensors = tuple(TensorRow(row[0], remap[row[1]] if row[0] == 1 else row[1],
-                              freeze(row[2]), row[3]) for row in program.tensors)
+    tensors = tuple(dataclasses.replace(row, ref=remap[row.ref]) if row.kind == CONST else row
+                    for row in program.tensors)
     kernel_infos = [kernels[name] for name in program.kernels]
     code = []
     for compiled in variants:  # the weights, plan and bytecode are shared by all
@@ -441,14 +428,14 @@ def _compile_plan(batch: int | None, mod: IRModule, n_plans: int,
             extra={k: freeze(v) for k, v in target.items() if k not in known}))
     bound, plan_note = _bound_plan(program) if program.symbolic is not None else (None, None)
     plan = Plan(
-        inputs=_io_rows(program.inputs), outputs=_io_rows(program.outputs),
+        inputs=tuple(program.inputs), outputs=tuple(program.outputs),
         kernels=_kernel_rows(program, kernel_infos, optimized), code=tuple(code),
-        library_calls=tuple(LibraryCall(c["func"], c["attrs"], freeze(c.get("source")))
-                            for c in program.library_calls),
+        library_calls=tuple(program.library_calls),
         tensors=tensors,
         vm=VMRecord(writer.ref(program.bytecode), len(program.instructions)),
         memory_plan=MemoryPlan(program.arena_bytes, program.intermediate_bytes),
-        symbolic=None if program.symbolic is None else _symbolic(program.symbolic, bound),
+        symbolic=None if program.symbolic is None
+        else dataclasses.replace(program.symbolic, bound=bound),
         batch=batch)
     report = {"batch": batch, "arena_bytes": program.arena_bytes,
               "intermediate_bytes": program.intermediate_bytes,

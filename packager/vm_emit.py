@@ -12,6 +12,10 @@ Instruction set (little-endian int32 words; the runtime's ``vm.py`` documents th
 Tensors are rows of a table: ``[0, arena offset, shape, dtype]`` or ``[1, constant, shape,
 dtype]``. A reshape is a second row over the same bytes, so it costs no instruction. Each input
 record lists its ``views``: its own row and those of its reshapes.
+
+The program's rows are the bundle header's records (``runtime/header.py``: ``TensorRow``,
+``IORow``, ``LibraryCall``, ``Symbolic``), which the export puts in the plan as they are
+(constants renumbered into the bundle's table). docs/format.md specifies them.
 """
 
 from __future__ import annotations
@@ -29,7 +33,8 @@ from .ops import get_op
 from .ops.registry import VIEW
 from .passes.memory_plan import Buffer, plan_memory
 # SIZES rows (symbolic programs) hold the int64 values of the size variables
-from ..runtime.header import ARENA, CONST, OP_CALL_KERNEL, OP_CALL_LIB, SIZES
+from ..runtime.header import (ARENA, CONST, OP_CALL_KERNEL, OP_CALL_LIB, SIZES, IORow,
+                              LibraryCall, Symbolic, TensorRow, freeze)
 
 
 
@@ -39,22 +44,24 @@ class VMEmitError(Exception):
 
 @dataclass
 class Program:
-    tensors: list[list] = field(default_factory=list)
+    # CONST rows' refs index ``constants`` (the export renumbers them into the bundle's)
+    tensors: list[TensorRow] = field(default_factory=list)
     instructions: list[list[int]] = field(default_factory=list)
     constants: list[Constant] = field(default_factory=list)
     kernels: list[str] = field(default_factory=list)       # prim func names, by kernel index
     # by kernel index: the source-model nodes of the calls that use it (a prim func has one
     # call site after the passes; identical kernels share a symbol, never a row)
     kernel_sources: list[tuple[Source, ...]] = field(default_factory=list)
-    library_calls: list[dict] = field(default_factory=list)
-    inputs: list[dict] = field(default_factory=list)
-    outputs: list[dict] = field(default_factory=list)
+    library_calls: list[LibraryCall] = field(default_factory=list)
+    inputs: list[IORow] = field(default_factory=list)
+    outputs: list[IORow] = field(default_factory=list)
     arena_bytes: int = 0
     intermediate_bytes: int = 0   # what the tensors would take with no reuse
     # A symbolic program (size variables in main's input shapes): tensor rows hold storage ids,
     # not offsets, and shapes as dim records; the runtime plans memory per concrete shape
-    # (runtime/symbolic.py) from {"vars": [...], "buffers": [[size, first step, last step]]}.
-    symbolic: dict | None = None
+    # (runtime/symbolic.py) from its size variables and buffers (no ``bound``: the export adds
+    # it when every size has one).
+    symbolic: Symbolic | None = None
 
     @property
     def bytecode(self) -> bytes:
@@ -62,9 +69,9 @@ class Program:
         return struct.pack(f"<{len(words)}i", *words)
 
 
-def source_records(sources: tuple[Source, ...]) -> list[dict[str, str]]:
+def source_records(sources: tuple[Source, ...]) -> tuple[dict[str, str], ...]:
     """How the bundle header lists a call's source nodes: ``[{"name", "op"}, ...]``."""
-    return [{"name": s.name, "op": s.op} for s in sources]
+    return tuple({"name": s.name, "op": s.op} for s in sources)
 
 
 def main_size_vars(mod: IRModule, func: str = "main") -> tuple[str, ...]:
@@ -85,6 +92,9 @@ def emit_program(mod: IRModule, kernels: dict[str, KernelInfo], func: str = "mai
     if not isinstance(fn, Function):
         raise VMEmitError(f"{func} is not a graph function")
     prog = Program()
+    rows: list[list] = []   # the tensor table as it is built: [kind, ref, shape, dtype]
+    inputs: list[dict] = []
+    outputs: list[dict] = []
     size_vars = main_size_vars(mod, func)
     sizes_row: list[int] = []   # the tensor row of the sizes array (symbolic kernels' last arg)
     tensor_of: dict[int, int] = {}          # id(value) -> tensor row
@@ -101,17 +111,17 @@ def emit_program(mod: IRModule, kernels: dict[str, KernelInfo], func: str = "mai
         return sid
 
     def arena_tensor(ttype: TensorType, sid: int) -> int:
-        prog.tensors.append([ARENA, sid, _shape_record(ttype.shape), ttype.dtype])
-        storage_of_tensor[len(prog.tensors) - 1] = sid
-        return len(prog.tensors) - 1
+        rows.append([ARENA, sid, _shape_record(ttype.shape), ttype.dtype])
+        storage_of_tensor[len(rows) - 1] = sid
+        return len(rows) - 1
 
     def use(v: Value, step: int) -> int:
         if isinstance(v, Constant):
             if id(v) not in const_index:
                 const_index[id(v)] = len(prog.constants)
                 prog.constants.append(v)
-                prog.tensors.append([CONST, const_index[id(v)], list(v.type.shape), v.type.dtype])
-                tensor_of[id(v)] = len(prog.tensors) - 1
+                rows.append([CONST, const_index[id(v)], list(v.type.shape), v.type.dtype])
+                tensor_of[id(v)] = len(rows) - 1
             return tensor_of[id(v)]
         t = tensor_of.get(id(v))
         if t is None:
@@ -124,18 +134,17 @@ def emit_program(mod: IRModule, kernels: dict[str, KernelInfo], func: str = "mai
     for p in fn.params:
         t = arena_tensor(p.type, new_storage(p.type, 0))
         tensor_of[id(p)] = t
-        prog.inputs.append({"name": p.name, "shape": _shape_record(p.type.shape),
-                            "dtype": p.type.dtype,
-                            "tensor": t})
+        inputs.append({"name": p.name, "shape": _shape_record(p.type.shape),
+                       "dtype": p.type.dtype, "tensor": t})
         bound = getattr(mod, "max_shapes", {}).get(p.name)
         if bound is not None and not is_static(p.type.shape):   # --max-shape, checked at run
-            prog.inputs[-1]["max_shape"] = list(bound)
+            inputs[-1]["max_shape"] = list(bound)
 
     for step, b in enumerate(fn.bindings(), start=1):
         v = b.value
         if isinstance(v, Call) and get_op(v.op).kind == VIEW:
             src = use(v.args[0], step)
-            if prog.tensors[src][0] == CONST:
+            if rows[src][0] == CONST:
                 raise VMEmitError(f"{b.var.name}: view of a constant should have been folded")
             tensor_of[id(b.var)] = arena_tensor(b.var.type, storage_of_tensor[src])
             continue
@@ -159,14 +168,13 @@ def emit_program(mod: IRModule, kernels: dict[str, KernelInfo], func: str = "mai
                 operands.append(arena_tensor(ws, new_storage(ws, step)))
             if info.symbolic:
                 if not sizes_row:
-                    prog.tensors.append([SIZES, 0, [len(size_vars)], "int64"])
-                    sizes_row.append(len(prog.tensors) - 1)
+                    rows.append([SIZES, 0, [len(size_vars)], "int64"])
+                    sizes_row.append(len(rows) - 1)
                 operands.append(sizes_row[0])
             prog.instructions.append([OP_CALL_KERNEL, k, len(operands), *operands])
         elif isinstance(v, CallLibrary):
-            prog.library_calls.append({"func": v.func, "attrs": v.attrs})
-            if b.source:
-                prog.library_calls[-1]["source"] = source_records(b.source)
+            prog.library_calls.append(LibraryCall(
+                v.func, v.attrs, source_records(b.source) if b.source else None))
             operands = args + [out]
             prog.instructions.append([OP_CALL_LIB, len(prog.library_calls) - 1, len(operands),
                                       *operands])
@@ -176,22 +184,21 @@ def emit_program(mod: IRModule, kernels: dict[str, KernelInfo], func: str = "mai
     end = len(list(fn.bindings())) + 1
     for name, o in zip(fn.output_names, fn.outputs):
         t = use(o, end)
-        prog.outputs.append({"name": name, "shape": _shape_record(o.type.shape),
-                             "dtype": o.type.dtype,
-                             "tensor": t})
+        outputs.append({"name": name, "shape": _shape_record(o.type.shape),
+                        "dtype": o.type.dtype, "tensor": t})
 
     # Each input and output lists the rows over its bytes (itself and its reshapes): the
     # runtime may point the kernels that read an input at the caller's array instead of copying
     # it in, and those that write an output at the array it returns instead of copying it out.
-    for row in prog.inputs + prog.outputs:
+    for row in inputs + outputs:
         sid = storage_of_tensor.get(row["tensor"])
         if sid is not None:
             row["views"] = sorted(t for t, s in storage_of_tensor.items() if s == sid)
+    prog.inputs = [_io_row(r) for r in inputs]
+    prog.outputs = [_io_row(r) for r in outputs]
 
     if size_vars:
-        prog.symbolic = {"vars": list(size_vars),
-                         "buffers": [[to_record(b.size), b.start, b.end]
-                                     for _, b in sorted(buffers.items())]}
+        prog.tensors = [_tensor_row(r) for r in rows]
         checks = []
         relations = list(getattr(mod, "relations", [])) + take_relations()
         # the ones over one size variable first: a failing input is then named by the sentence
@@ -201,12 +208,25 @@ def emit_program(mod: IRModule, kernels: dict[str, KernelInfo], func: str = "mai
             row = [op, to_record(a), to_record(b_), relation_text(op, a, b_, relations)]
             if row not in checks:
                 checks.append(row)
-        if checks:   # relations shape inference assumed: the runtime checks them when it binds
-            prog.symbolic["checks"] = checks
+        # relations shape inference assumed: the runtime checks them when it binds
+        prog.symbolic = Symbolic(
+            size_vars, tuple(freeze([to_record(b.size), b.start, b.end])
+                             for _, b in sorted(buffers.items())),
+            tuple(freeze(c) for c in checks) if checks else None)
         return prog
     offsets, prog.arena_bytes = plan_memory(list(buffers.values()))
     prog.intermediate_bytes = sum(b.size for b in buffers.values())
-    for row in prog.tensors:
+    for row in rows:
         if row[0] == ARENA:
             row[1] = offsets[row[1]]
+    prog.tensors = [_tensor_row(r) for r in rows]
     return prog
+
+
+def _tensor_row(row: list) -> TensorRow:
+    return TensorRow(row[0], row[1], freeze(row[2]), row[3])
+
+
+def _io_row(row: dict) -> IORow:
+    return IORow(row["name"], freeze(row["shape"]), row["dtype"], row["tensor"],
+                 freeze(row.get("max_shape")), freeze(row.get("views")))

@@ -75,23 +75,23 @@ def test_random_graphs_plan_and_run_correctly(tmp_path):
         # Rebuild lifetimes from the program and check every pair of live arena tensors.
         live: dict[int, list[int]] = {}
         for t in prog.inputs:
-            live.setdefault(t["tensor"], [0, 0])
+            live.setdefault(t.tensor, [0, 0])
         for step, ins in enumerate(prog.instructions, start=1):
             for t in ins[3:]:
                 span = live.setdefault(t, [step, step])
                 span[1] = step
         for t in prog.outputs:
-            live[t["tensor"]][1] = len(prog.instructions) + 1
-        rows = {t: prog.tensors[t] for t in live if prog.tensors[t][0] == ARENA}
+            live[t.tensor][1] = len(prog.instructions) + 1
+        rows = {t: prog.tensors[t] for t in live if prog.tensors[t].kind == ARENA}
         items = sorted(rows)
         for i, a in enumerate(items):
             for b in items[i + 1:]:
                 (sa, ea), (sb, eb) = live[a], live[b]
                 if sa <= eb and sb <= ea:
                     ra, rb = rows[a], rows[b]
-                    na = int(np.prod(ra[2])) * np.dtype(ra[3]).itemsize
-                    nb = int(np.prod(rb[2])) * np.dtype(rb[3]).itemsize
-                    assert ra[1] + na <= rb[1] or rb[1] + nb <= ra[1]
+                    na = int(np.prod(ra.shape)) * np.dtype(ra.dtype).itemsize
+                    nb = int(np.prod(rb.shape)) * np.dtype(rb.dtype).itemsize
+                    assert ra.ref + na <= rb.ref or rb.ref + nb <= ra.ref
 
 
 def test_random_graph_results_match_numpy(tmp_path):
