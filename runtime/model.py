@@ -19,7 +19,8 @@ import numpy as np
 from . import cpu, elf, library, vm
 from .bundle import STORAGE_DTYPES, BundleReader, nbytes_of, storage_dtype
 from .errors import BundleError, InputError
-from .header import ARENA, CONST, Header, IORow, KernelRow, LibraryCall, Plan, TensorRow
+from .header import (ARENA, CONST, OP_CALL_KERNEL, Header, IORow, KernelRow, LibraryCall, Plan,
+                     TensorRow)
 
 ARENA_ALIGN = 64
 # An output of at least this many bytes is written by its kernels straight into the array a run
@@ -195,7 +196,7 @@ class Model:
         constants = [reader.array(c.data, c.shape, c.dtype) for c in schema.constants]
         if schema.symbolic is not None:   # symbolic shapes: plans made per input size at run time
             from .symbolic import SymbolicRunner
-            self._symbolic = SymbolicRunner(self, reader.header, constants, library_functions,
+            self._symbolic = SymbolicRunner(self, schema.plan, constants, library_functions,
                                             threads)
             self.inputs, self.outputs = self._symbolic.inputs, self._symbolic.outputs
             self._input_names = frozenset(s.name for s in self.inputs)
@@ -407,7 +408,7 @@ class Model:
     def _check_arity(program: list[vm.Instruction], kernels_meta: Sequence[KernelRow],
                      tensors: Sequence[TensorRow]) -> None:
         for ins in program:
-            if ins.opcode != vm.OP_CALL_KERNEL:
+            if ins.opcode != OP_CALL_KERNEL:
                 continue
             k = kernels_meta[ins.target]
             expected = k.num_inputs + k.num_outputs + (1 if k.workspace_bytes else 0)
@@ -573,7 +574,7 @@ class Model:
                     self.run(feeds)
                 row = next(r for r in self.schema.specialized if r.batch == plan.batch)
                 with self._lock:
-                    return profile_executor(self.name, plan.executor, row.to_msgpack(), runs)
+                    return profile_executor(self.name, plan.executor, row, runs)
             with self._lock:
                 return self._symbolic.profile(feeds, runs, warmup)
 
@@ -592,7 +593,7 @@ class Model:
             index = next((i for i, p in enumerate(self._plans) if p.batch >= n), 0)
         for _ in range(max(1, warmup)):
             self.run(feeds)
-        row = self.schema.plans[index].to_msgpack()
+        row = self.schema.plans[index]
         with self._lock:
             return profile_executor(self.name, self._plans[index].executor, row, runs)
 

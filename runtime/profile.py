@@ -18,7 +18,8 @@ from typing import Any
 import numpy as np
 
 from .errors import BundleError
-from .vm import OP_CALL_KERNEL, OP_CALL_LIB, Executor
+from .header import OP_CALL_KERNEL, OP_CALL_LIB, Plan
+from .vm import Executor
 
 MAX_SOURCES = 1 << 16
 
@@ -35,7 +36,7 @@ def read_sources(value: Any, what: str) -> tuple[SourceNode, ...]:
     no sources); BundleError when it is there but malformed."""
     if value is None:
         return ()
-    if not isinstance(value, list) or len(value) > MAX_SOURCES or not all(
+    if not isinstance(value, (list, tuple)) or len(value) > MAX_SOURCES or not all(
             isinstance(s, dict) and isinstance(s.get("name"), str) and isinstance(s.get("op"), str)
             for s in value):
         raise BundleError(f"bundle header: {what} has a malformed source list (expected "
@@ -68,22 +69,20 @@ class Step:
     macs: int | None
 
 
-def describe_steps(executor: Executor, row: dict) -> list[Step]:
-    """One ``Step`` per instruction of ``executor``, read from the plan's header ``row``."""
-    kernels, sites = row.get("kernels", []), row.get("library_calls", [])
+def describe_steps(executor: Executor, plan: Plan) -> list[Step]:
+    """One ``Step`` per instruction of ``executor``, read from its ``plan`` (header record)."""
+    kernels, sites = plan.kernels, plan.library_calls or ()
     steps = []
     for ins in executor.program:
         if ins.opcode == OP_CALL_KERNEL:
             k = kernels[ins.target]
             what = f"kernel {ins.target}"
-            steps.append(Step("kernel", str(k.get("name", k["symbol"])), k["symbol"],
-                              read_sources(k.get("source"), what),
-                              read_macs(k.get("macs"), what)))
+            steps.append(Step("kernel", k.name, k.symbol, read_sources(k.source, what),
+                              read_macs(k.macs, what)))
         elif ins.opcode == OP_CALL_LIB:
             site = sites[ins.target]
-            steps.append(Step("library", site["func"], site["func"],
-                              read_sources(site.get("source"), f"library call {ins.target}"),
-                              None))
+            steps.append(Step("library", site.func, site.func,
+                              read_sources(site.source, f"library call {ins.target}"), None))
         else:
             steps.append(Step("copy", "copy", "copy", (), None))
     return steps
@@ -211,16 +210,14 @@ class Profile:
         return "\n".join(lines)
 
 
-def profile_executor(model: str, executor: Executor, row: dict, runs: int) -> Profile:
+def profile_executor(model: str, executor: Executor, plan: Plan, runs: int) -> Profile:
     """Time ``runs`` runs of ``executor`` (inputs already in place) instruction by
-    instruction; ``row`` is the plan's header record (kernels, library calls)."""
-    steps = describe_steps(executor, row)
+    instruction; ``plan`` is its header record (kernels, library calls, batch)."""
+    steps = describe_steps(executor, plan)
     starts = np.empty((runs, len(steps)), dtype=np.int64)
     durations = np.empty((runs, len(steps)), dtype=np.int64)
     totals = np.empty(runs, dtype=np.int64)
     for r in range(runs):
         s, d, begin, end = executor.run_timed()
         starts[r], durations[r], totals[r] = s, d, end - begin
-    batch = row.get("batch")
-    return Profile(model, executor.threads, steps, starts, durations, totals,
-                   batch if isinstance(batch, int) and not isinstance(batch, bool) else None)
+    return Profile(model, executor.threads, steps, starts, durations, totals, plan.batch)

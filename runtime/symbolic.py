@@ -31,13 +31,14 @@ from typing import Any, Mapping
 import numpy as np
 
 from . import cpu, elf, vm
-from .bundle import check_dtype, nbytes_of, payload_ref, storage_dtype
+from .bundle import nbytes_of, storage_dtype
 from .errors import BundleError, InputError
+from .header import (ARENA, CONST, OP_CALL_KERNEL, OP_COPY, SIZES, DimRecord, KernelRow, Plan,
+                     SymbolicBound)
 
 PLAN_CACHE = 4      # per-shape plans kept (arena + prepared calls each), unbounded bundles
 BOUND_CACHE = 64    # per-shape views kept over the one arena of a bounded bundle (cheap)
 ALIGN = 64
-SIZES_ROW = 2
 
 
 def evaluate(rec: Any, env: Mapping[str, int]) -> int:
@@ -46,7 +47,7 @@ def evaluate(rec: Any, env: Mapping[str, int]) -> int:
         return rec
     if isinstance(rec, str):
         return env[rec]
-    if isinstance(rec, list) and rec:
+    if isinstance(rec, (tuple, list)) and rec:
         op = rec[0]
         if op == "+":
             return sum(evaluate(r, env) for r in rec[1:])
@@ -64,7 +65,7 @@ def evaluate(rec: Any, env: Mapping[str, int]) -> int:
 def _names(rec: Any) -> set[str]:
     if isinstance(rec, str):
         return {rec}
-    if isinstance(rec, list):
+    if isinstance(rec, (tuple, list)):
         return set().union(*(_names(r) for r in rec[1:])) if rec else set()
     return set()
 
@@ -172,9 +173,10 @@ def _input_bindings(runner: Any, executor: vm.Executor, addresses: list[int]) ->
     bindings = []
     outs = {s.tensor for s in runner.outputs}
     for spec, ids in zip(runner.inputs, runner.input_views):
-        sid = runner.tensors[spec.tensor][1]
+        sid = runner.tensors[spec.tensor].ref
         ok = (spec.tensor in ids and not outs.intersection(ids)
-              and all(runner.tensors[t][0] == 0 and runner.tensors[t][1] == sid for t in ids))
+              and all(runner.tensors[t].kind == ARENA and runner.tensors[t].ref == sid
+                      for t in ids))
         bindings.append(executor.input_binding(frozenset(ids), runner.num_inputs,
                                                addresses[spec.tensor]) if ok else None)
     return bindings
@@ -198,17 +200,16 @@ class _Plan:
         views: list[np.ndarray] = []
         for i, (row, dims, storage) in enumerate(zip(runner.tensors, runner.tensor_dims,
                                                      runner.storage)):
-            kind, ref, _, dtype = row
+            kind, ref, dtype = row.kind, row.ref, row.dtype
             shape = tuple([values[k] for k in dims])
             size = nbytes_of(shape, dtype)
-            if kind == 0 and isinstance(ref, int) and 0 <= ref < len(bufs) \
-                    and size <= sizes[ref]:
+            if kind == ARENA and ref < len(bufs) and size <= sizes[ref]:
                 off = offsets[ref]
                 view = self.arena[off:off + size].view(storage).reshape(shape)
-            elif kind == 1 and isinstance(ref, int) and 0 <= ref < len(runner.constants) \
+            elif kind == CONST and ref < len(runner.constants) \
                     and runner.constants[ref].nbytes == size:
                 view = runner.constants[ref].reshape(shape)
-            elif kind == SIZES_ROW and shape == self.sizes.shape and dtype == "int64":
+            elif kind == SIZES and shape == self.sizes.shape and dtype == "int64":
                 view = self.sizes
             else:
                 raise BundleError(f"bundle header: tensor {i} lies outside its storage")
@@ -246,10 +247,10 @@ class _Bound:
         base = self.arena.ctypes.data
         addresses = []
         for row in runner.tensors:
-            kind, ref = row[0], row[1]
-            if kind == 0:
+            kind, ref = row.kind, row.ref
+            if kind == ARENA:
                 addresses.append(base + runner.bound_offsets[ref])
-            elif kind == 1:
+            elif kind == CONST:
                 addresses.append(runner.constants[ref].ctypes.data)
             else:
                 addresses.append(self.sizes.ctypes.data)
@@ -286,8 +287,8 @@ class _BoundPlan:
                                   f"{top} B")
         for t in runner.arena_tensors:
             row = runner.tensors[t]
-            if nbytes_of(tuple(values[k] for k in runner.tensor_dims[t]), row[3]) \
-                    > runner.bound_sizes[row[1]]:
+            if nbytes_of(tuple(values[k] for k in runner.tensor_dims[t]), row.dtype) \
+                    > runner.bound_sizes[row.ref]:
                 raise BundleError(f"bundle header: tensor {t} lies outside its storage")
         self.views: dict[int, np.ndarray] = {}
         if runner._bound is None:
@@ -305,13 +306,14 @@ class _BoundPlan:
         """The views of the tensors a run reads or writes from Python, for this shape."""
         runner, values = self.runner, self.values
         for t in runner.view_tensors:
-            kind, ref, _, dtype = runner.tensors[t]
+            row = runner.tensors[t]
+            kind, ref, dtype = row.kind, row.ref, row.dtype
             shape = tuple([values[k] for k in runner.tensor_dims[t]])
-            if kind == 0:
+            if kind == ARENA:
                 off = runner.bound_offsets[ref]
                 view = bound.arena[off:off + nbytes_of(shape, dtype)].view(
                     runner.storage[t]).reshape(shape)
-            elif kind == 1:
+            elif kind == CONST:
                 if runner.constants[ref].nbytes != nbytes_of(shape, dtype):
                     raise BundleError(f"bundle header: tensor {t} lies outside its storage")
                 view = runner.constants[ref].reshape(shape)
@@ -336,88 +338,59 @@ class _BoundPlan:
 class SymbolicRunner:
     """The part of a loaded ``Model`` that runs a symbolic bundle (``Model`` delegates)."""
 
-    def __init__(self, model: Any, header: dict, constants: list[np.ndarray],
+    def __init__(self, model: Any, plan: Plan, constants: list[np.ndarray],
                  library_functions: Mapping[str, Any] | None, threads: int) -> None:
+        """``plan`` is the header's symbolic plan, validated (``Header.from_msgpack``): here
+        only what depends on the mapped code and on values is checked."""
         name = model.name
-        sym = header.get("symbolic")
-        if not isinstance(sym, dict) or not isinstance(sym.get("vars"), list) \
-                or not all(isinstance(v, str) for v in sym["vars"]) \
-                or not isinstance(sym.get("buffers"), list):
-            raise BundleError(f"{name}: bundle header: symbolic record is malformed")
-        self.vars: list[str] = sym["vars"]
-        self.buffers = sym["buffers"]
-        for b in self.buffers:
-            if not (isinstance(b, list) and len(b) == 3 and isinstance(b[1], int)
-                    and isinstance(b[2], int)):
-                raise BundleError(f"{name}: bundle header: symbolic buffer {b!r} is malformed")
-        self.checks = sym.get("checks", [])
-        if not isinstance(self.checks, list) or not all(
-                isinstance(c, list) and len(c) == 4 and c[0] in ("eq", "le")
-                and isinstance(c[3], str) for c in self.checks):
-            raise BundleError(f"{name}: bundle header: symbolic checks are malformed")
-        tensors = header.get("tensors")
-        if not isinstance(tensors, list) or not all(isinstance(r, list) and len(r) == 4
-                                                    and isinstance(r[2], list) for r in tensors):
-            raise BundleError(f"{name}: bundle header: tensors are malformed")
-        for i, r in enumerate(tensors):
-            check_dtype(r[3], f"tensor {i}")
-        self.tensors = tensors
-        self.storage = [storage_dtype(r[3]) for r in tensors]
+        sym = plan.symbolic
+        assert sym is not None
+        self.record = plan   # the header record (profile.py names the kernels from it)
+        self.vars = sym.vars
+        self.buffers = sym.buffers
+        self.checks = sym.checks or ()
+        self.tensors = plan.tensors
+        self.storage = [storage_dtype(r.dtype) for r in self.tensors]
         # The distinct dim records of the buffers and tensor shapes (a model repeats a few
         # dozen sizes over hundreds of tensors): a plan evaluates each once.
-        index: dict[str, int] = {}
-        self.dim_records: list[Any] = []
+        index: dict[Any, int] = {}
+        self.dim_records: list[DimRecord] = []
 
-        def dim_index(rec: Any) -> int:
-            key = repr(rec)
-            if key not in index:
-                index[key] = len(self.dim_records)
+        def dim_index(rec: DimRecord) -> int:
+            if rec not in index:
+                index[rec] = len(self.dim_records)
                 self.dim_records.append(rec)
-            return index[key]
+            return index[rec]
 
         self.buffer_dims = [dim_index(b[0]) for b in self.buffers]
-        self.tensor_dims = [tuple(dim_index(d) for d in r[2]) for r in tensors]
+        self.tensor_dims = [tuple(dim_index(d) for d in r.shape) for r in self.tensors]
         self.constants = constants
-        self.inputs = self._specs(header.get("inputs"), "inputs")
-        self.outputs = self._specs(header.get("outputs"), "outputs")
-        variants = header.get("code")
-        if not isinstance(variants, list) or not variants:
-            raise BundleError("bundle header: code must be a non-empty list")
-        variant = variants[cpu.pick_variant(variants, name)]
-        model.code_variant = variant
+        self.inputs = [SymSpec(r.name, r.shape, r.dtype, r.tensor, r.max_shape or None)
+                       for r in plan.inputs]
+        self.outputs = [SymSpec(r.name, r.shape, r.dtype, r.tensor, r.max_shape or None)
+                        for r in plan.outputs]
+        variant = plan.code[cpu.pick_variant([v.record() for v in plan.code], name)]
+        model.code_variant = variant.record()
         reader = model._reader
-        obj = payload_ref(variant.get("object"), "code object", reader.data_size)
-        vm_row = header.get("vm")
-        bytecode = payload_ref(vm_row.get("bytecode") if isinstance(vm_row, dict) else None,
-                               "bytecode", reader.data_size)
-        kernels_meta = header.get("kernels")
-        sites = header.get("library_calls", [])
-        if not isinstance(kernels_meta, list) or not isinstance(sites, list):
-            raise BundleError("bundle header: kernels and library_calls must be lists")
-        self.sites = model._sites(sites, library_functions)
-        self._profile_row = {"kernels": kernels_meta, "library_calls": sites}   # profile.py
-        image = elf.load_object(reader.payload(obj), elf.default_externals(),
-                                arch=variant.get("arch"))
+        self.sites = model._sites(plan.library_calls or (), library_functions)
+        image = elf.load_object(reader.payload(variant.object), elf.default_externals(),
+                                arch=variant.arch)
         model._images.append(image)
-        self.kernels = []
-        for i, k in enumerate(kernels_meta):
-            if not isinstance(k, dict) or not isinstance(k.get("symbol"), str):
-                raise BundleError(f"bundle header: kernel {i} is malformed")
-            self.kernels.append((image.address(k["symbol"]), bool(k.get("parallel", False))))
-        self.program = vm.decode(reader.payload(bytecode), len(tensors), len(self.kernels),
-                                 len(self.sites), name)
-        self._check_arity(kernels_meta)
-        self.num_inputs = [k.get("num_inputs", 0) for k in kernels_meta]
+        self.kernels = [(image.address(k.symbol), bool(k.parallel)) for k in plan.kernels]
+        self.program = vm.decode(reader.payload(plan.vm.bytecode), len(self.tensors),
+                                 len(self.kernels), len(self.sites), name)
+        self._check_arity(plan.kernels)
+        self.num_inputs = [k.num_inputs for k in plan.kernels]
         self.input_views = []
-        for r in header["inputs"]:
-            ids = r.get("views")
-            ok = isinstance(ids, list) and all(isinstance(t, int) and 0 <= t < len(tensors)
-                                               for t in ids)
-            self.input_views.append(ids if ok else [])
+        for r in plan.inputs:
+            ids = r.views   # advice: tensor indices, else in place is off for this input
+            ok = isinstance(ids, tuple) and all(isinstance(t, int) and 0 <= t < len(self.tensors)
+                                                for t in ids)
+            self.input_views.append(ids if ok else ())
         self.pool = vm.PoolCode.from_image(image)
         self.threads = threads
         self.name = name
-        self._bounded(sym.get("bound"))
+        self._bounded(sym.bound)
         self.plans_made = 0   # memory plans made at run time (first fits, arenas), for tests
         self._plans: OrderedDict[tuple[int, ...], Any] = OrderedDict()
         # input shapes -> their plan (cleared when a plan is dropped from the cache)
@@ -425,34 +398,29 @@ class SymbolicRunner:
         self._dtypes = [storage_dtype(s.dtype) for s in self.inputs]
         self._names = [s.name for s in self.inputs]
 
-    def _bounded(self, rec: Any) -> None:
+    def _bounded(self, rec: SymbolicBound | None) -> None:
         """The upper-bound plan, when the bundle has one (validated by ``Header``): every
         buffer's size at the bound, checked to fit the arena at its offset."""
         self.bound: dict[str, int] | None = None
         self._bound: _Bound | None = None
-        if not isinstance(rec, dict):
+        if rec is None:
             return
-        sizes, offsets, arena = rec.get("sizes"), rec.get("offsets"), rec.get("arena_bytes")
-        if not (isinstance(sizes, dict) and set(sizes) == set(self.vars)
-                and isinstance(offsets, list) and len(offsets) == len(self.buffers)
-                and isinstance(arena, int)):
-            raise BundleError(f"{self.name}: bundle header: symbolic bound is malformed")
-        self.bound = {v: sizes[v] for v in self.vars}
-        self.bound_offsets = offsets
-        self.bound_arena = arena
-        values = [evaluate(rec, self.bound) for rec in self.dim_records]
+        self.bound = {v: rec.sizes[v] for v in self.vars}
+        self.bound_offsets = rec.offsets
+        self.bound_arena = arena = rec.arena_bytes
+        values = [evaluate(r, self.bound) for r in self.dim_records]
         self.bound_sizes = [values[k] for k in self.buffer_dims]
-        for k, (off, size) in enumerate(zip(offsets, self.bound_sizes)):
+        for k, (off, size) in enumerate(zip(rec.offsets, self.bound_sizes)):
             if not 0 <= off <= off + size <= arena:
                 raise BundleError(f"{self.name}: bundle header: buffer {k} of the bounded plan "
                                   f"lies outside its {arena}-byte arena")
-        self.arena_tensors = [t for t, r in enumerate(self.tensors) if r[0] == 0]
+        self.arena_tensors = [t for t, r in enumerate(self.tensors) if r.kind == ARENA]
         self.lib_instructions = [(i, ins) for i, ins in enumerate(self.program)
-                                 if ins.opcode != vm.OP_CALL_KERNEL]
+                                 if ins.opcode != OP_CALL_KERNEL]
         needed = {s.tensor for s in self.inputs} | {s.tensor for s in self.outputs}
         for _, ins in self.lib_instructions:
             needed.update(ins.operands)
-            if ins.opcode == vm.OP_COPY:
+            if ins.opcode == OP_COPY:
                 needed.add(ins.target)
         self.view_tensors = sorted(needed)
 
@@ -461,38 +429,16 @@ class SymbolicRunner:
         """The bounded plan's arena (allocated once), or None: planned per shape."""
         return self.bound_arena if self.bound is not None else None
 
-    def _specs(self, rows: Any, what: str) -> list[SymSpec]:
-        if not isinstance(rows, list) or not rows:
-            raise BundleError(f"bundle header: {what} must be a non-empty list")
-        out = []
-        for i, r in enumerate(rows):
-            if not isinstance(r, dict) or not isinstance(r.get("name"), str) \
-                    or not isinstance(r.get("shape"), list) \
-                    or not isinstance(r.get("tensor"), int) \
-                    or not 0 <= r["tensor"] < len(self.tensors):
-                raise BundleError(f"bundle header: {what}[{i}] is malformed")
-            bound = r.get("max_shape")
-            if bound is not None and not (isinstance(bound, list) and len(bound) == len(r["shape"])
-                                          and all(isinstance(d, int) for d in bound)):
-                raise BundleError(f"bundle header: {what}[{i}] max_shape is malformed")
-            out.append(SymSpec(r["name"], tuple(r["shape"]),
-                               check_dtype(r.get("dtype"), f"{what}[{i}]"), r["tensor"],
-                               tuple(bound) if bound else None))
-        return out
-
-    def _check_arity(self, kernels_meta: list) -> None:
+    def _check_arity(self, kernels: tuple[KernelRow, ...]) -> None:
         for ins in self.program:
-            if ins.opcode != vm.OP_CALL_KERNEL:
+            if ins.opcode != OP_CALL_KERNEL:
                 continue
-            k = kernels_meta[ins.target]
-            expected = k.get("num_inputs", -1) + k.get("num_outputs", -1) \
-                + (1 if k.get("workspace_bytes") or "workspace" in k else 0) \
-                + (1 if k.get("symbolic") else 0)
-            if len(ins.operands) != expected:
-                raise BundleError(f"bundle header: kernel {k.get('name')} takes {expected} "
+            k = kernels[ins.target]
+            if len(ins.operands) != k.operands:
+                raise BundleError(f"bundle header: kernel {k.name} takes {k.operands} "
                                   f"tensors, bytecode passes {len(ins.operands)}")
-            if k.get("symbolic") and self.tensors[ins.operands[-1]][0] != SIZES_ROW:
-                raise BundleError(f"bundle header: kernel {k.get('name')} is not passed the "
+            if k.symbolic and self.tensors[ins.operands[-1]].kind != SIZES:
+                raise BundleError(f"bundle header: kernel {k.name} is not passed the "
                                   "size variables")
 
     # ---- binding (match_cast) ---------------------------------------------------------------
@@ -613,7 +559,7 @@ class SymbolicRunner:
         plan = self.plan(env)
         plan.activate()
         sizes = ", ".join(f"{v}={env[v]}" for v in self.vars)
-        return profile_executor(f"{self.name} ({sizes})", plan.executor, self._profile_row,
+        return profile_executor(f"{self.name} ({sizes})", plan.executor, self.record,
                                 runs)
 
     def close(self) -> None:
