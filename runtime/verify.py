@@ -46,7 +46,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from .errors import BundleError, MlcpackError
-from .header import Header
+from .header import Golden, Header
 
 GOLDEN_KEY = "golden"
 
@@ -295,7 +295,7 @@ def check_model(model: Any, inputs: Mapping[str, np.ndarray],
 
 
 def golden_arrays(reader: Any, header: Header | None = None
-                  ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], dict[str, Any]]:
+                  ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], Golden]:
     """The (inputs, outputs, record) of a bundle's golden pair (``header``: the reader's header
     already validated); ``NoGoldenDataError`` if none."""
     if header is None:
@@ -307,7 +307,7 @@ def golden_arrays(reader: Any, header: Header | None = None
                                 "nothing to verify; export it again to add it")
     arrays = [{row.name: reader.array(row.data, row.shape, row.dtype) for row in rows}
               for rows in (rec.inputs, rec.outputs)]
-    return arrays[0], arrays[1], rec.to_msgpack()
+    return arrays[0], arrays[1], rec
 
 
 def verify(path: str | os.PathLike, *, threads: int | None = None,
@@ -323,18 +323,19 @@ def verify(path: str | os.PathLike, *, threads: int | None = None,
             raise BundleError(f"{model.name}: golden data names other tensors than the model's "
                               "inputs and outputs")
         return check_model(model, inputs, outputs,
-                           float(rec["rtol"] if rtol is None else rtol),
-                           float(rec["atol"] if atol is None else atol), golden_magnitudes(rec),
+                           float(rec.rtol if rtol is None else rtol),
+                           float(rec.atol if atol is None else atol), golden_magnitudes(rec),
                            golden_magnitudes(rec, "quant_step"))
 
 
-def golden_magnitudes(rec: Mapping[str, Any], key: str = "magnitude") -> dict[str, float]:
+def golden_magnitudes(rec: Golden, key: str = "magnitude") -> dict[str, float]:
     """Per output, the magnitude the exporter recorded (optional in the record: bundles from
     before it compare against the output's own scale); with ``key="quant_step"``, the
-    quantization step of a quantized model's outputs."""
+    quantization step of a quantized model's outputs. Advice: a value that is not a finite
+    non-negative number is ignored."""
     out = {}
-    for row in rec.get("outputs") or ():
-        value = row.get(key) if isinstance(row, dict) else None
+    for row in rec.outputs:
+        value = getattr(row, key)
         if isinstance(value, (int, float)) and np.isfinite(value) and value >= 0:
-            out[row["name"]] = float(value)
+            out[row.name] = float(value)
     return out

@@ -196,7 +196,7 @@ def test_check_input_is_used_and_embedded(tmp_path, run_cli) -> None:
     with BundleReader(path) as reader:
         ins, _, rec = golden_arrays(reader)
         np.testing.assert_array_equal(ins["x"], x)
-        assert rec["seed"] is None
+        assert rec.seed is None
     proc = run_cli("export", ARTIFACTS / "mlp.onnx", "-o", path, "--check-input", "y=a.npy")
     assert proc.returncode == 7  # InputError: no such file
 
