@@ -88,6 +88,18 @@ MAX_HASH_THREADS = 4
 THREAD_MIN_BYTES = 2 << 20          # a hashing thread gets at least this much of the payload area
 
 
+def reader_minor(header: dict) -> int:
+    """The newest format minor this reader reads for ``header`` (docs/format.md section 2):
+    FORMAT_MINOR, and each later minor for a bundle that carries what that minor added (1.3 the
+    ``"symbolic"`` record, 1.4 the ``"payload"`` record). A bundle of a newer minor than this
+    loads only if its ``min_reader`` (else its ``format``) is at most [FORMAT_MAJOR, this]."""
+    reads = FORMAT_MINOR
+    for key, minor in (("symbolic", SYMBOLIC_MINOR), ("payload", PAYLOAD64_MINOR)):
+        if key in header:
+            reads = minor
+    return reads
+
+
 def digest_chunk(header: dict, name: str) -> int | None:
     """The tree digest's chunk size of a header, None for a flat digest; BundleError when the
     ``"digest"`` record is malformed."""
@@ -346,11 +358,7 @@ class BundleReader:
                 f"{self.name} has bundle format {major}.{minor} (mlcpack {made_by}); this runtime "
                 f"reads format {FORMAT_MAJOR}.x: " + ("upgrade the runtime" if newer else
                                                       "export the model again"))
-        reads = FORMAT_MINOR
-        if "symbolic" in header:
-            reads = SYMBOLIC_MINOR
-        if "payload" in header:
-            reads = PAYLOAD64_MINOR
+        reads = reader_minor(header)
         if minor > reads:
             need = header.get("min_reader", fmt)
             if (not isinstance(need, list) or len(need) != 2

@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import re
 
+import numpy as np
 from conftest import ROOT
 from mlcpack.runtime import header
 
@@ -95,3 +96,57 @@ def test_the_constants_the_doc_states() -> None:
                      (header.OP_COPY, "COPY")):
         assert f"| {op} | `{name}` |" in text
     assert (f"{header.ARENA} ARENA, {header.CONST} CONST, {header.SIZES} SIZES") in text
+
+
+def test_a_bundle_reads_as_the_doc_says(mlp_bundle) -> None:
+    """The container (section 1), the flat digest (13) and the bytecode (6) of an exported
+    bundle, read with msgpack, hashlib and struct only, as a reader written from the doc would."""
+    import hashlib
+    import struct
+
+    import msgpack
+
+    path, _ = mlp_bundle
+    data = path.read_bytes()
+    assert data[:9] == b"\x83\xa7mlcpack"
+    unpacker = msgpack.Unpacker(raw=False)
+    unpacker.feed(data[9:])
+    head = unpacker.unpack()
+    header_end = 9 + unpacker.tell()
+    trailer = data[header_end:header_end + 51]
+    assert trailer[:9] == b"\xa6sha256\xc4\x20" and trailer[41:47] == b"\xa4data\xc6"
+    n = int.from_bytes(trailer[47:51], "big")
+    data_start = header_end + 51
+    assert data_start % 64 == 0 and data_start + n == len(data)
+    area = data[data_start:]
+    assert "digest" not in head   # a small bundle: the flat digest
+    assert hashlib.sha256(data[:header_end] + area).digest() == trailer[9:41]
+    assert head["format"] == [1, 2] and head["min_reader"] == [1, 0]
+    assert list(head)[-1] == "pad" and not any(head["pad"])
+    for c in head["constants"]:
+        ref = c["data"]
+        assert ref["offset"] % 64 == 0 and ref["offset"] + ref["size"] <= n
+        assert ref["size"] == int(np.prod(c["shape"])) * np.dtype(c["dtype"]).itemsize
+    ref = head["vm"]["bytecode"]
+    words = struct.unpack(f"<{ref['size'] // 4}i", area[ref["offset"]:ref["offset"] + ref["size"]])
+    pc, count = 0, 0
+    while pc < len(words):
+        op = words[pc]
+        assert op in (header.OP_CALL_KERNEL, header.OP_CALL_LIB, header.OP_COPY)
+        if op == header.OP_COPY:
+            pc += 3
+        else:
+            target, nops = words[pc + 1], words[pc + 2]
+            operands = words[pc + 3:pc + 3 + nops]
+            if op == header.OP_CALL_KERNEL:
+                k = head["kernels"][target]
+                assert nops == k["num_inputs"] + k["num_outputs"] + (k["workspace_bytes"] > 0)
+            for t in operands:
+                kind, at, shape, dtype = head["tensors"][t]
+                size = int(np.prod(shape)) * np.dtype(dtype).itemsize
+                assert kind in (header.ARENA, header.CONST)
+                if kind == header.ARENA:
+                    assert at + size <= head["memory_plan"]["arena_bytes"]
+            pc += 3 + nops
+        count += 1
+    assert count == head["vm"]["instructions"]
