@@ -11,6 +11,7 @@ import dataclasses
 import os
 import re
 import sys
+import time
 from pathlib import Path
 from typing import Any, Callable, List, Optional
 
@@ -451,13 +452,29 @@ def export(
                                            "or percentile (99.99 %)", metavar="METHOD"),
     quantize_fallback: bool = typer.Option(False, help="when int8 runs slower than float, "
                                            "write the float bundle instead of failing"),
+    cache: bool = typer.Option(True, "--cache/--no-cache", help="reuse compiled kernels from "
+                               "the compile cache and store new ones there (MLCPACK_CACHE_DIR, "
+                               "default ~/.cache/mlcpack/objects; MLCPACK_CACHE_SIZE caps it, "
+                               "default 1G)"),
+    timings: bool = typer.Option(False, "--timings", help="print where the export's time went: "
+                                 "import, passes, codegen per target, golden check, writing"),
     debug: bool = typer.Option(False, help="show tracebacks"),
 ) -> None:
     """Compile a model into one .mlc bundle."""
     def run() -> None:
         from ..frontends.loader import load_model   # the compiler's side: not for verify/infer
+        from .codegen import cache as compile_cache
         from .export import ExportOptions, export_batched, export_module, file_sha256
+        from .timings import process_seconds, timings_table
 
+        started = time.perf_counter()
+        startup = process_seconds()   # the interpreter and the imports before this command
+        if not cache:   # codegen/cache.py reads it; forked compile workers inherit it
+            os.environ[compile_cache.ENV] = "off"
+        try:
+            compile_cache.max_bytes()
+        except compile_cache.CacheSettingError as exc:
+            _fail(str(exc), 2)
         out = output or Path(model.stem + ".mlc")
         _check_export_paths(model, out, arch, target)
         shapes = _parse_shapes(input_shape)
@@ -475,6 +492,7 @@ def export(
                       and model.suffix.lower() == ".onnx" and _only_batch_open(model, shapes))
         if auto_batch:   # the static batch-1 plan beside the symbolic one (see _only_batch_open)
             sizes = [1]
+        import_started = time.perf_counter()
         try:
             loaded = load_model(model, shapes, sizes, arch, reference=check and not quantize,
                                 bind=_parse_binds(bind) or None,
@@ -485,6 +503,7 @@ def export(
             auto_batch, sizes = False, None   # the batch-1 import failed: the symbolic one alone
             loaded = load_model(model, shapes, sizes, arch, reference=check,
                                 bind=_parse_binds(bind) or None)
+        import_seconds = time.perf_counter() - import_started
         mods, reference, reference_name = loaded.modules, loaded.reference, loaded.reference_name
         mod = mods[min(mods)] if sizes else mods[None]
         pre = _recorded_preprocess(mod, given, label_list)
@@ -531,6 +550,11 @@ def export(
                        + (" (runs that exact batch; the symbolic plan runs the others)"
                           if report.specialized else ""))
         typer.echo(report.check or "golden check: off (--no-check)")
+        if timings:
+            stages = {"start-up": startup} if startup is not None else {}
+            stages.update({"import": import_seconds, **report.stages})
+            typer.echo(timings_table(stages, report.compiles,
+                                     time.perf_counter() - started + (startup or 0.0)))
         for line in report.check_warnings:
             typer.echo(f"warning: {line}", err=True)
 

@@ -33,6 +33,7 @@ from .codegen.conv_oc import packs_conv_weights
 from .codegen.gemm import conv_row_widths
 from .passes.memory_plan import UnboundedSizeError, bounded_plan
 from .passes.simplify import BindError
+from .timings import StageClock
 from .ir.sym import SymbolicShapeError, to_record
 from .vm_emit import Program, VMEmitError, emit_program, main_size_vars, source_records
 
@@ -77,7 +78,10 @@ class ExportReport:
     arena_bytes: int
     intermediate_bytes: int
     seconds: float
+    # wall seconds per stage, in the order they ran (packager/timings.py; `export --timings`)
     stages: dict[str, float] = field(default_factory=dict)
+    # every compile: (target name, seconds, from the compile cache), per plan and target
+    compiles: list[tuple[str, float, bool]] = field(default_factory=list)
     targets: list[Target] = field(default_factory=list)  # one code variant each
     plans: list[dict] = field(default_factory=list)  # per batch size (dynamic batch bundles)
     check: str | None = None                  # what the golden check did, one line
@@ -301,6 +305,7 @@ def _export(mods: dict[int | None, IRModule], path: str | os.PathLike,
     """Check (the reference runs first), compile one plan per batch size, write the bundle."""
     opts = options or ExportOptions()
     t0 = time.perf_counter()
+    clock = StageClock(on_stage)
     signer = None
     if opts.sign_key is not None:  # read the key first: a bad key fails before compiling
         from .signing import load_signer
@@ -311,6 +316,7 @@ def _export(mods: dict[int | None, IRModule], path: str | os.PathLike,
     golden = None
     if opts.check:  # the reference runs on the source model, before anything is compiled
         from .golden import prepare_golden
+        clock("golden reference")
         golden = prepare_golden(mods[largest], params, opts)
 
     writer = BundleWriter()
@@ -323,7 +329,7 @@ def _export(mods: dict[int | None, IRModule], path: str | os.PathLike,
         # several plans read one transposed W (no one-row GEMV): the weights stay stored once
         try:
             plan, report, optimized, targets = _compile_plan(
-                batch, mod, len(mods), params, opts, on_stage, writer, constants,
+                batch, mod, len(mods), params, opts, clock, writer, constants,
                 pack_rows=not specialized)
         except ExportError as exc:
             if specialized and batch is None:
@@ -356,9 +362,11 @@ def _export(mods: dict[int | None, IRModule], path: str | os.PathLike,
             size = writer.write(path, header, signer=signer)
         else:
             from .golden import write_checked
+            clock("golden check")   # writes the bundle, runs it, compares
             size, check_note = write_checked(writer, path, header, signer, golden, check_note)
     except BundleWriteError as exc:
         raise ExportError(str(exc)) from None
+    clock.stop()
     main = reports[0] if specialized else reports[-1]
     return ExportReport(
         path=os.fspath(path), bundle_bytes=size, target=first_targets[0],
@@ -369,7 +377,8 @@ def _export(mods: dict[int | None, IRModule], path: str | os.PathLike,
         seconds=time.perf_counter() - t0, targets=first_targets,
         plans=reports if batched else reports[1:], check=check_note,
         bound_bytes=main["bound_bytes"], plan_note=main["plan_note"], specialized=specialized,
-        check_warnings=list(golden.warnings) if golden is not None else [])
+        check_warnings=list(golden.warnings) if golden is not None else [],
+        stages=clock.seconds, compiles=[c for r in reports for c in r["compiles"]])
 
 
 class _Constants:
@@ -442,7 +451,8 @@ def _compile_plan(batch: int | None, mod: IRModule, n_plans: int,
               "kernels": len(program.kernels), "instructions": len(program.instructions),
               "code_bytes": sum(len(v.object_code) for v in variants),
               "bound_bytes": bound.arena_bytes if bound is not None else None,
-              "plan_note": plan_note}
+              "plan_note": plan_note,
+              "compiles": [(v.target.name, v.seconds, v.from_cache) for v in variants]}
     return plan, report, optimized, [v.target for v in variants]
 
 

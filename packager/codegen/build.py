@@ -4,9 +4,10 @@ position-independent, small-code-model ELF for the target."""
 from __future__ import annotations
 
 import os
+import time
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 import llvmlite.binding as llvm
@@ -49,6 +50,10 @@ class CompiledCode:
     object_code: bytes
     kernels: dict[str, KernelInfo]    # prim func name -> kernel
     llvm_ir: str
+    # for `export --timings`: wall seconds of compile_prim_funcs, and whether the object came
+    # from the compile cache
+    seconds: float = field(default=0.0, compare=False)
+    from_cache: bool = field(default=False, compare=False)
 
 
 @functools.cache
@@ -141,6 +146,7 @@ def compile_prim_funcs(funcs: Sequence[PrimFunc], target: Target,
     """Compile ``funcs`` into one object for ``target``; kernel symbols are ``mlc_<name>``.
     ``size_vars`` (a symbolic module's size variables, in the order of the runtime's sizes
     array) gives symbolic kernels their run-time extents."""
+    start = time.perf_counter()
     module = ir.Module(name="mlcpack_kernels")
     module.triple = target.triple
     module.mlcpack_features = target.llvm_features   # qgemm.py gates AVX-512 VNNI on it
@@ -164,7 +170,7 @@ def compile_prim_funcs(funcs: Sequence[PrimFunc], target: Target,
     if cached is not None:
         obj, optimized = cached
         _check_imports(obj, target)
-        return CompiledCode(target, obj, kernels, optimized)
+        return CompiledCode(target, obj, kernels, optimized, time.perf_counter() - start, True)
     try:
         parsed = llvm.parse_assembly(text)
         parsed.verify()
@@ -190,7 +196,7 @@ def compile_prim_funcs(funcs: Sequence[PrimFunc], target: Target,
     optimized = str(parsed)
     if directory is not None:
         cache.store(directory, key, obj, optimized)
-    return CompiledCode(target, obj, kernels, optimized)
+    return CompiledCode(target, obj, kernels, optimized, time.perf_counter() - start)
 
 
 def _check_imports(obj: bytes, target: Target) -> None:

@@ -1,26 +1,36 @@
-"""An on-disk cache of compiled objects, keyed by everything that determines them (opt-in).
+"""An on-disk cache of compiled objects, keyed by everything that determines them (on by default).
 
 LLVM's optimizer and code generator are most of an export's time. Exporting the same model
 again (another ``--batch-sizes``, a golden check turned back on, a test suite that exports the
 same small models many times) produces the same LLVM module, and LLVM is deterministic, so
-the object it writes is the same too. With ``MLCPACK_CACHE_DIR`` set, ``compile_prim_funcs``
-looks the object up before running LLVM and stores it after, like ccache.
+the object it writes is the same too. ``compile_prim_funcs`` looks the object up before running
+LLVM and stores it after, like ccache.
+
+Where: ``MLCPACK_CACHE_DIR`` when set (``off`` or empty: no cache), else
+``$XDG_CACHE_HOME/mlcpack/objects`` (``~/.cache/mlcpack/objects`` without it); ``mlcpack export
+--no-cache`` turns it off for one export. Its size is capped (``MLCPACK_CACHE_SIZE``, e.g.
+``500M`` or ``2G``; default ``DEFAULT_MAX_BYTES``): after a store that takes it over the cap,
+the least recently used entries (a hit touches its entry's mtime) are deleted until it is
+back under ``LOW_WATER`` of the cap.
 
 The key is the SHA-256 of the module's LLVM IR text, the target (triple, CPU, features), the
 llvmlite and LLVM versions and ``PIPELINE`` (bump it whenever the optimization pipeline or
 the code-generation options in build.py change). An entry also carries the SHA-256 of its own
 contents: a damaged or truncated entry is a miss (and is rewritten), never a bundle built from
 it. Entries are written to a temporary file and renamed into place, so processes that share
-the directory (pytest-xdist workers, parallel exports) never read a half-written one. The
-cache never grows by itself beyond what is exported; delete the directory to empty it.
+the directory (pytest-xdist workers, parallel exports) never read a half-written one. A cache
+that cannot be read or written only costs time: nothing here fails an export.
 """
 
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 import tempfile
+import time
 from pathlib import Path
+from typing import Mapping
 
 import llvmlite
 import llvmlite.binding as llvm
@@ -28,16 +38,65 @@ import llvmlite.binding as llvm
 from .target import Target
 
 ENV = "MLCPACK_CACHE_DIR"
+SIZE_ENV = "MLCPACK_CACHE_SIZE"
+DEFAULT_MAX_BYTES = 1 << 30
+# Trimming goes down to this share of the cap, so that the next stores do not trim again.
+LOW_WATER = 0.8
+# A temporary file older than this is a writer's leftover (the process died): trimming deletes it.
+STALE_TMP_SECONDS = 3600
 # The optimization pipeline and code-generation options of build.py, as a version: part of
 # every key, so entries written by an older pipeline are never used.
 PIPELINE = "O3+slp,pic,small,v1"
 _MAGIC = b"mlcpack-object-cache-1\n"
+_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 
 
-def cache_dir() -> Path | None:
-    """The cache directory from ``MLCPACK_CACHE_DIR``, or None (no caching)."""
-    value = os.environ.get(ENV, "").strip()
-    return Path(value).expanduser() if value else None
+class CacheSettingError(ValueError):
+    """``MLCPACK_CACHE_SIZE`` is not a size; the message says what it takes."""
+
+
+def default_dir(environ: Mapping[str, str] | None = None) -> Path | None:
+    """``$XDG_CACHE_HOME/mlcpack/objects`` (an absolute XDG_CACHE_HOME only, as the XDG spec
+    says), else ``~/.cache/mlcpack/objects``; None without a home directory."""
+    env = os.environ if environ is None else environ
+    xdg = env.get("XDG_CACHE_HOME", "")
+    if xdg and os.path.isabs(xdg):
+        return Path(xdg) / "mlcpack" / "objects"
+    home = env.get("HOME", "")
+    if not home:
+        return None
+    return Path(home) / ".cache" / "mlcpack" / "objects"
+
+
+def cache_dir(environ: Mapping[str, str] | None = None) -> Path | None:
+    """The cache directory: ``MLCPACK_CACHE_DIR`` when set (``off`` or empty: None, no
+    caching), else ``default_dir``."""
+    env = os.environ if environ is None else environ
+    value = env.get(ENV)
+    if value is None:
+        return default_dir(env)
+    value = value.strip()
+    if value in ("", "off"):
+        return None
+    return Path(value).expanduser()
+
+
+def max_bytes(environ: Mapping[str, str] | None = None) -> int:
+    """The size cap from ``MLCPACK_CACHE_SIZE`` (bytes, or a number with K, M, G or T: 1024
+    based), default ``DEFAULT_MAX_BYTES``; raises ``CacheSettingError`` on anything else."""
+    env = os.environ if environ is None else environ
+    text = env.get(SIZE_ENV, "").strip().upper().removesuffix("B").removesuffix("I")
+    if not text:
+        return DEFAULT_MAX_BYTES
+    number, unit = (text[:-1], text[-1]) if text[-1] in _UNITS else (text, "")
+    try:
+        value = float(number)
+    except ValueError:
+        value = -1.0
+    if not (math.isfinite(value) and value >= 0):
+        raise CacheSettingError(f"{SIZE_ENV}={env.get(SIZE_ENV)!r} is not a size: give bytes or "
+                                "a number with K, M or G (e.g. 500M, 2G)")
+    return int(value * _UNITS[unit])
 
 
 def cache_key(text: str, target: Target) -> str:
@@ -73,11 +132,13 @@ def load(directory: Path, key: str) -> tuple[bytes, str] | None:
         ir_text = body[16 + obj_size:].decode()
     except UnicodeDecodeError:
         return None
+    _touch(_path(directory, key))
     return obj, ir_text
 
 
 def store(directory: Path, key: str, obj: bytes, ir_text: str) -> None:
-    """Store an entry; a cache that cannot be written is skipped silently (it only saves time)."""
+    """Store an entry, then trim the cache to its cap (``trim``); a cache that cannot be
+    written is skipped silently (it only saves time)."""
     ir_bytes = ir_text.encode()
     body = len(obj).to_bytes(8, "little") + len(ir_bytes).to_bytes(8, "little") + obj + ir_bytes
     path = _path(directory, key)
@@ -92,4 +153,70 @@ def store(directory: Path, key: str, obj: bytes, ir_text: str) -> None:
             os.unlink(tmp)
             raise
     except OSError:
+        return
+    try:
+        limit = max_bytes()
+    except CacheSettingError:   # the command line refuses it before compiling; the API keeps going
+        limit = DEFAULT_MAX_BYTES
+    trim(directory, limit)
+
+
+def _touch(path: Path) -> None:
+    """Mark an entry used now (its mtime: ``trim`` deletes the least recently used first)."""
+    try:
+        os.utime(path)
+    except OSError:
         pass
+
+
+def entries(directory: Path) -> list[tuple[float, int, Path]]:
+    """(mtime, size, path) of every entry under ``directory``, in no order."""
+    found = []
+    try:
+        buckets = list(os.scandir(directory))
+    except OSError:
+        return []
+    for bucket in buckets:
+        if len(bucket.name) != 2 or not bucket.is_dir(follow_symlinks=False):
+            continue
+        try:
+            for item in os.scandir(bucket.path):
+                if item.name.endswith(".obj") and item.is_file(follow_symlinks=False):
+                    st = item.stat(follow_symlinks=False)
+                    found.append((st.st_mtime, st.st_size, Path(item.path)))
+                elif item.name.startswith(".tmp-") and item.is_file(follow_symlinks=False):
+                    st = item.stat(follow_symlinks=False)
+                    if st.st_mtime < time.time() - STALE_TMP_SECONDS:
+                        _remove(item.path)
+        except OSError:
+            continue
+    return found
+
+
+def _remove(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
+def trim(directory: Path, limit: int) -> int:
+    """Delete the least recently used entries while the cache holds more than ``limit`` bytes,
+    down to ``LOW_WATER`` of it; the newest entry stays even when it alone is larger. Returns
+    the bytes deleted. Entries another process deletes meanwhile are skipped."""
+    found = entries(directory)
+    total = sum(size for _, size, _ in found)
+    if total <= limit:
+        return 0
+    found.sort()
+    target = limit * LOW_WATER
+    deleted = 0
+    for _, size, path in found[:-1]:
+        if total - deleted <= target:
+            break
+        try:
+            path.unlink()
+        except OSError:
+            continue
+        deleted += size
+    return deleted
