@@ -1,15 +1,18 @@
-"""mlcpack against ONNX Runtime (and numpy where it applies), one process per model.
+"""mlcpack against ONNX Runtime and OpenVINO (and numpy where it applies), one process per model.
 
 Run: .venv/bin/python bench/bench.py [model ...] [--budget SECONDS] [--markdown]
 Models: mlp_b1 mlp_b64 resnet18 mobilenet_v2 transformer (default: all). Each model is built
-with torch (random weights) into bench/.cache/<name>.onnx, exported with mlcpack, and both
-engines run the same ONNX file on the same input, alternating in blocks of 0.2 s (ORT, mlcpack,
-ORT, ...) for 2 x --budget seconds per thread count, so that both see the same machine load;
-each block starts once the other engine's threads have stopped spinning (``wait_quiet``).
-Per engine: load time, first inference, steady-state median and min latency, GFLOP/s (from the
-ONNX graph's Conv/Gemm/MatMul MACs), and mlcpack/ORT ratios; per model, the export time and the
-cold start (a fresh `python` loading the bundle and running it once, against `python -c
-"import numpy"`). With several models, each runs in its own subprocess.
+with torch (random weights) into bench/.cache/<name>.onnx, exported with mlcpack, and the
+engines run the same ONNX file on the same input, alternating in blocks of 0.2 s (ORT, OpenVINO
+f32, [OpenVINO default,] mlcpack, ORT, ...) for about --budget seconds per thread count, so
+that all see the same machine load; each block starts once the other engines' threads have
+stopped spinning (``wait_quiet``). The peers are bench/peers.py's: OpenVINO only when it is
+installed (``pip install -e '.[bench]'``), its default precision timed apart only where it is
+not f32. Per engine: load (compile) time, first inference, steady-state median and min latency,
+GFLOP/s (from the ONNX graph's Conv/Gemm/MatMul MACs); mlcpack's ratios to ORT and to the best
+fp32 peer; per model, the export time and the cold start (a fresh `python` loading the bundle
+and running it once, against `python -c "import numpy"`). With several models, each runs in its
+own subprocess.
 """
 
 from __future__ import annotations
@@ -126,6 +129,8 @@ def time_interleaved(fns: list, budget_s: float, block_s: float = 0.2, min_runs:
 def run_model(name: str, budget: float) -> dict:
     import onnxruntime as ort
 
+    sys.path.insert(0, HERE)
+    import peers
     from mlcpack.packager.export import export_module
     from mlcpack.frontends.onnx import import_onnx
     from mlcpack.runtime import load
@@ -192,11 +197,25 @@ def run_model(name: str, budget: float) -> dict:
         first_ms = (time.perf_counter() - t0) * 1e3
         err = float(np.max(np.abs(got - expected)) / (np.max(np.abs(expected)) + 1e-12))
         sess, in_name = sessions[threads]
-        (o_med, o_min, n), (m_med, m_min, _) = time_interleaved(
-            [lambda: sess.run(None, {in_name: x}), lambda: model.run(feeds)], budget)
+        ov = peers.openvino_engines(path, {in_name: x}, threads)
+        ov_rows = []
+        for e in ov:
+            t0 = time.perf_counter()
+            e.run()
+            first = (time.perf_counter() - t0) * 1e3
+            got_ov = e.outputs()[0]
+            ov_rows.append({"engine": f"{e.label} t{threads}", "load_ms": e.compile_s * 1e3,
+                            "first_ms": first, "fp32": e.fp32, "notes": e.notes,
+                            "max_rel_err": float(np.max(np.abs(got_ov - expected))
+                                                 / (np.max(np.abs(expected)) + 1e-12))})
+        timed = time_interleaved([lambda: sess.run(None, {in_name: x})]
+                                 + [e.run for e in ov] + [lambda: model.run(feeds)], budget)
+        (o_med, o_min, n), (m_med, m_min, _) = timed[0], timed[-1]
         model.close()
         result["rows"].append({**ort_rows[threads], "median_us": o_med, "min_us": o_min,
                                "runs": n})
+        for row, (med, best, runs) in zip(ov_rows, timed[1:-1]):
+            result["rows"].append({**row, "median_us": med, "min_us": best, "runs": runs})
         result["rows"].append({"engine": f"mlcpack t{threads}", "load_ms": load_ms,
                                "first_ms": first_ms, "median_us": m_med, "min_us": m_min,
                                "runs": n, "max_rel_err": err})
@@ -223,11 +242,11 @@ def run_model(name: str, budget: float) -> dict:
 def print_result(r: dict) -> None:
     print(f"\n== {r['model']}  ({r['gflop']:.3f} GFLOP per inference"
           + (f", mlcpack export {r['export_s']:.1f} s" if "export_s" in r else "") + ")")
-    print(f"{'engine':<12} {'load ms':>9} {'first ms':>9} {'median µs':>11} {'min µs':>10} "
+    print(f"{'engine':<20} {'load ms':>9} {'first ms':>9} {'median µs':>11} {'min µs':>10} "
           f"{'GFLOP/s':>8} {'runs':>6}")
     for row in r["rows"]:
         gfs = r["gflop"] * 1e9 / (row["median_us"] * 1e-6) / 1e9
-        print(f"{row['engine']:<12} {row['load_ms']:>9.2f} {row['first_ms']:>9.2f} "
+        print(f"{row['engine']:<20} {row['load_ms']:>9.2f} {row['first_ms']:>9.2f} "
               f"{row['median_us']:>11.1f} {row['min_us']:>10.1f} {gfs:>8.1f} {row['runs']:>6}")
     if "unsupported" in r:
         print(f"mlcpack: unsupported: {r['unsupported']}")
@@ -235,8 +254,16 @@ def print_result(r: dict) -> None:
     by = {row["engine"]: row for row in r["rows"]}
     for t in (1, 2):
         m, o = by[f"mlcpack t{t}"], by[f"ort t{t}"]
+        best = best_peer(r, t)
         print(f"ratio mlcpack/ORT, {t} thread{'s' if t > 1 else ''}: median "
-              f"{m['median_us'] / o['median_us']:.2f}, min {m['min_us'] / o['min_us']:.2f}")
+              f"{m['median_us'] / o['median_us']:.2f}, min {m['min_us'] / o['min_us']:.2f}; "
+              f"mlcpack/best fp32 peer ({best['engine']}): median "
+              f"{m['median_us'] / best['median_us']:.2f}, min "
+              f"{m['min_us'] / min(p['min_us'] for p in fp32_peers(r, t)):.2f}")
+    for note in sorted({n for row in r["rows"] for n in row.get("notes", [])}):
+        print(f"note: {note}")
+    if not any(row["engine"].startswith("OV") for row in r["rows"]):
+        print("note: OpenVINO not installed: timing ONNX Runtime only (pip install -e '.[bench]')")
     if "cold_ms" in r:
         print(f"cold start (process start to first result): {r['cold_ms']:.1f} ms; "
               f"'python -c \"import numpy\"': {r['numpy_import_ms']:.1f} ms; "
@@ -245,29 +272,44 @@ def print_result(r: dict) -> None:
           f" max relative error vs ORT {by['mlcpack t1']['max_rel_err']:.1e}")
 
 
+def fp32_peers(r: dict, threads: int) -> list[dict]:
+    """The fp32 peer rows (ORT, OV f32) at ``threads``."""
+    return [row for row in r["rows"] if row["engine"].endswith(f" t{threads}")
+            and not row["engine"].startswith("mlcpack") and row.get("fp32", True)
+            and row["engine"] != "numpy"]
+
+
+def best_peer(r: dict, threads: int) -> dict:
+    """The fastest fp32 peer's row (by median) at ``threads``."""
+    return min(fp32_peers(r, threads), key=lambda row: row["median_us"])
+
+
 def markdown(results: list[dict]) -> str:
     lines = ["| model | GFLOP | engine | load ms | first ms | median µs | min µs | GFLOP/s "
-             "| ratio vs ORT (median) |", "|---|---|---|---|---|---|---|---|---|"]
+             "| ratio vs ORT (median) | vs best fp32 peer |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         by = {row["engine"]: row for row in r["rows"]}
         for row in r["rows"]:
             gfs = r["gflop"] * 1e6 / row["median_us"]
             t = row["engine"][-1]
-            ratio = ""
+            ratio = best = ""
             if row["engine"].startswith("mlcpack"):
                 ratio = f"{row['median_us'] / by['ort t' + t]['median_us']:.2f}"
+                peer = best_peer(r, int(t))
+                best = f"{row['median_us'] / peer['median_us']:.2f} ({peer['engine']})"
             lines.append(f"| {r['model']} | {r['gflop']:.3f} | {row['engine']} | "
                          f"{row['load_ms']:.1f} | {row['first_ms']:.2f} | {row['median_us']:.1f} | "
-                         f"{row['min_us']:.1f} | {gfs:.1f} | {ratio} |")
+                         f"{row['min_us']:.1f} | {gfs:.1f} | {ratio} | {best} |")
         if "unsupported" in r:
             lines.append(f"| {r['model']} | {r['gflop']:.3f} | mlcpack | unsupported: "
-                         f"{r['unsupported']} | | | | | |")
+                         f"{r['unsupported']} | | | | | | |")
         elif "export_s" in r:
-            lines.append(f"| {r['model']} | | mlcpack export | {r['export_s']:.1f} s | | | | | |")
+            lines.append(f"| {r['model']} | | mlcpack export | {r['export_s']:.1f} s | | | | | | |")
             if "cold_ms" in r:
                 lines.append(f"| {r['model']} | | mlcpack cold start | | "
                              f"{r['cold_ms']:.1f} (numpy import {r['numpy_import_ms']:.1f}) "
-                             "| | | | |")
+                             "| | | | | |")
     return "\n".join(lines)
 
 

@@ -1,14 +1,18 @@
-"""mlcpack against ONNX Runtime on the real-model corpus (bench/corpus.py).
+"""mlcpack against ONNX Runtime and OpenVINO on the real-model corpus (bench/corpus.py).
 
 Run: .venv/bin/python bench/real.py [model ...] [--threads 1,2] [--budget S] [--markdown]
                                     [--json [PATH]]
 Every model is exported the way a user would (``mlcpack export MODEL -o X.mlc --input-shape
-...``: golden check on, ``--target host``), then ONNX Runtime and the bundle run the model's
-realistic input alternating in blocks (bench.py's time_interleaved) at each thread count, so that
-both see the same machine load. Prints per model and thread count the median ms of both engines,
-mlcpack/ORT by median and by min, the largest output difference, and per thread count the
-geometric mean of the ratios. A model that fails to export is a line with the reason, not a
-crash. Bundles go to the corpus cache (``$MLCPACK_CORPUS_CACHE/bundles``).
+...``: golden check on, ``--target host``), then the peers (bench/peers.py: ONNX Runtime, and
+OpenVINO in f32 and at its default precision when it is installed) and the bundle run the
+model's realistic input alternating in blocks (bench.py's time_interleaved) at each thread
+count, so that all see the same machine load. Prints per model and thread count the median ms
+of every engine, mlcpack/ORT and mlcpack/best fp32 peer by median (and the best by min), the
+largest output difference from ONNX Runtime, our export time and OpenVINO's compile time, and
+per thread count the geometric mean and the worst of the ratios. A model that fails to export
+is a line with the reason, not a crash. Bundles go to the corpus cache
+(``$MLCPACK_CORPUS_CACHE/bundles``). ``--no-cache`` exports without the compile cache (a cold
+export time).
 """
 
 from __future__ import annotations
@@ -28,14 +32,18 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import corpus  # noqa: E402
+import peers  # noqa: E402
 from bench import time_interleaved  # noqa: E402
 
 MLCPACK = Path(sys.executable).parent / "mlcpack"
 
 
-def export_cli(name: str, onnx_path: Path, bundle: Path) -> tuple[float, str | None]:
+def export_cli(name: str, onnx_path: Path, bundle: Path, cache: bool = True
+               ) -> tuple[float, str | None]:
     """Export with the command line's default path; (seconds, None) or (seconds, reason)."""
     args = [str(MLCPACK), "export", str(onnx_path), "-o", str(bundle), "--target", "host"]
+    if not cache:
+        args.append("--no-cache")
     for shape in corpus.MODELS[name].input_shape_args():
         args += ["--input-shape", shape]
     args += corpus.MODELS[name].bind_args(bundle.parent)
@@ -48,20 +56,11 @@ def export_cli(name: str, onnx_path: Path, bundle: Path) -> tuple[float, str | N
     return seconds, None
 
 
-def ort_session(path: Path, threads: int):
-    import onnxruntime as ort
-
-    opts = ort.SessionOptions()
-    opts.intra_op_num_threads = threads
-    opts.inter_op_num_threads = 1
-    opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-    opts.log_severity_level = 3  # ddddocr's declared output shape makes ORT warn on every run
-    return ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
-
-
-def bench_model(name: str, threads_list: list[int], budget: float, reuse: bool = False) -> dict:
+def bench_model(name: str, threads_list: list[int], budget: float, reuse: bool = False,
+                cache: bool = True) -> dict:
     """One model: export (or, with ``reuse``, take the bundle already in the cache when it is
-    newer than the ONNX file), then per thread count the interleaved timing of both engines."""
+    newer than the ONNX file), then per thread count the interleaved timing of the peers and
+    the bundle."""
     from mlcpack.runtime import load
 
     model = corpus.MODELS[name]
@@ -77,60 +76,102 @@ def bench_model(name: str, threads_list: list[int], budget: float, reuse: bool =
     if reuse and bundle.exists() and bundle.stat().st_mtime > onnx_path.stat().st_mtime:
         row["export_s"], reason = float("nan"), None
     else:
-        row["export_s"], reason = export_cli(name, onnx_path, bundle)
+        row["export_s"], reason = export_cli(name, onnx_path, bundle, cache)
     if reason:
         row["error"] = reason
         return row
     feeds = corpus.realistic_inputs(name)
     for threads in threads_list:
         try:
+            engines = [peers.ort_engine(onnx_path, feeds, threads)]
+            engines += peers.openvino_engines(onnx_path, feeds, threads)
             with load(bundle, threads=threads) as mlc:
-                timing = time_pair(ort_session(onnx_path, threads), mlc, feeds, budget,
-                                   corpus.bundle_inputs(name))
+                timing = time_engines(engines, mlc, budget, corpus.bundle_inputs(name))
         except Exception as exc:  # a model that fails to run is a line, not a crash
             row["error"] = f"run ({threads} threads): {type(exc).__name__}: {exc}"[:200]
             break
         row["rows"].append({"threads": threads, **timing})
+        ov = [e for e in engines if e.label == "OV f32"]
+        if ov and "ov_compile_s" not in row:
+            row["ov_compile_s"] = ov[0].compile_s
     return row
 
 
-def time_pair(sess, mlc, feeds: dict[str, np.ndarray], budget: float,
-              mlc_feeds: dict[str, np.ndarray] | None = None) -> dict:
-    """ONNX Runtime and the bundle alternating on ``feeds`` (the bundle on ``mlc_feeds``, less
-    the inputs bound at export, when given): times in ms, ratios, and the largest absolute
-    difference between their outputs."""
-    mlc_feeds = feeds if mlc_feeds is None else mlc_feeds
-    expected = sess.run(None, feeds)
-    got = list(mlc.run(mlc_feeds).values())
-    err = max(float(np.max(np.abs(g.astype(np.float64) - e))) for g, e in zip(got, expected))
-    (o_med, o_min, runs), (m_med, m_min, _) = time_interleaved(
-        [lambda: sess.run(None, feeds), lambda: mlc.run(mlc_feeds)], budget)
-    return {"ort_ms": o_med / 1e3, "ort_min_ms": o_min / 1e3, "mlc_ms": m_med / 1e3,
-            "mlc_min_ms": m_min / 1e3, "ratio": m_med / o_med, "ratio_min": m_min / o_min,
-            "runs": runs, "max_abs_err": err}
+def time_engines(engines: list[peers.Engine], mlc, budget: float,
+                 mlc_feeds: dict[str, np.ndarray]) -> dict:
+    """The peers (``engines``, ONNX Runtime first) and the bundle alternating, the bundle on
+    ``mlc_feeds`` (the inputs not bound at export): times in ms, mlcpack's ratios to ONNX
+    Runtime and to the best fp32 peer, and the largest absolute difference of each engine's
+    outputs from ONNX Runtime's."""
+    expected = engines[0].outputs()
+    mlc_err = peers.max_abs_err(list(mlc.run(mlc_feeds).values()), expected)
+    timed = time_interleaved([e.run for e in engines] + [lambda: mlc.run(mlc_feeds)], budget)
+    medians = {e.label: t[0] / 1e3 for e, t in zip(engines, timed)}
+    mins = {e.label: t[1] / 1e3 for e, t in zip(engines, timed)}
+    m_med, m_min, runs = timed[-1][0] / 1e3, timed[-1][1] / 1e3, timed[-1][2]
+    best, best_ms = peers.best_fp32(medians, engines)
+    best_min = min(mins[e.label] for e in engines if e.fp32)
+    return {"ort_ms": medians["ORT"], "ort_min_ms": mins["ORT"], "mlc_ms": m_med,
+            "mlc_min_ms": m_min, "ratio": m_med / medians["ORT"],
+            "ratio_min": m_min / mins["ORT"], "best": best, "best_ms": best_ms,
+            "ratio_best": m_med / best_ms, "ratio_best_min": m_min / best_min,
+            "peers": {e.label: {"ms": medians[e.label], "min_ms": mins[e.label],
+                                "compile_s": e.compile_s, "fp32": e.fp32, "notes": e.notes,
+                                "max_abs_err": peers.max_abs_err(e.outputs(), expected)}
+                      for e in engines[1:]},
+            "runs": runs, "max_abs_err": mlc_err}
 
 
 def geomean(values: list[float]) -> float:
     return math.exp(sum(math.log(v) for v in values) / len(values)) if values else float("nan")
 
 
-def summary(results: list[dict], threads_list: list[int]) -> dict[int, float]:
-    return {t: geomean([r["ratio"] for res in results for r in res["rows"] if r["threads"] == t])
+def summary(results: list[dict], threads_list: list[int], key: str = "ratio"
+            ) -> dict[int, float]:
+    return {t: geomean([r[key] for res in results for r in res["rows"] if r["threads"] == t])
             for t in threads_list}
 
 
+def worst(results: list[dict], threads: int, key: str = "ratio_best") -> tuple[str, float]:
+    rows = [(res["model"], r[key]) for res in results for r in res["rows"]
+            if r["threads"] == threads]
+    return max(rows, key=lambda p: p[1]) if rows else ("", float("nan"))
+
+
+def peer_labels(results: list[dict]) -> list[str]:
+    """The OpenVINO engines that ran, in a stable order."""
+    labels = {label for res in results for r in res["rows"] for label in r.get("peers", {})}
+    return sorted(labels, key=lambda s: (not s.startswith("OV f32"), s))
+
+
 def print_text(results: list[dict], threads_list: list[int]) -> None:
-    print(f"\n{'model':22s} {'source':28s} {'thr':>3s} {'ORT ms':>9s} {'mlcpack ms':>10s} "
-          f"{'ratio':>6s} {'(min)':>6s} {'max abs err':>11s} {'export s':>8s}")
+    labels = peer_labels(results)
+    head = "".join(f" {label + ' ms':>{max(10, len(label) + 3)}s}" for label in labels)
+    print(f"\n{'model':22s} {'thr':>3s} {'ORT ms':>9s}{head} {'mlcpack ms':>10s} "
+          f"{'/ORT':>5s} {'/best':>5s} {'(min)':>5s} {'best':>8s} {'max abs err':>11s} "
+          f"{'export s':>8s} {'OV comp s':>9s}")
+    notes = set()
     for res in results:
         for r in res["rows"]:
-            print(f"{res['model']:22s} {res['source']:28s} {r['threads']:>3d} {r['ort_ms']:>9.2f} "
-                  f"{r['mlc_ms']:>10.2f} {r['ratio']:>6.2f} {r['ratio_min']:>6.2f} "
-                  f"{r['max_abs_err']:>11.2e} {res['export_s']:>8.1f}")
-    for t, g in summary(results, threads_list).items():
+            cells = ""
+            for label in labels:
+                peer = r.get("peers", {}).get(label)
+                cells += f" {peer['ms'] if peer else float('nan'):>{max(10, len(label) + 3)}.2f}"
+                notes.update(peer["notes"] if peer else [])
+            print(f"{res['model']:22s} {r['threads']:>3d} {r['ort_ms']:>9.2f}{cells} "
+                  f"{r['mlc_ms']:>10.2f} {r['ratio']:>5.2f} {r['ratio_best']:>5.2f} "
+                  f"{r['ratio_best_min']:>5.2f} {r['best']:>8s} {r['max_abs_err']:>11.2e} "
+                  f"{res['export_s']:>8.1f} {res.get('ov_compile_s', float('nan')):>9.2f}")
+    for t in threads_list:
         n = sum(1 for res in results for r in res["rows"] if r["threads"] == t)
-        print(f"geometric mean of mlcpack/ORT (median), {t} thread{'s' * (t > 1)}: {g:.2f} "
-              f"over {n} models")
+        model, ratio = worst(results, t)
+        print(f"{t} thread{'s' * (t > 1)}, {n} models: geometric mean of mlcpack/ORT "
+              f"{summary(results, [t])[t]:.2f}, of mlcpack/best fp32 peer "
+              f"{summary(results, [t], 'ratio_best')[t]:.2f} (worst {ratio:.2f}, {model})")
+    if not labels:
+        print(peers.OPENVINO_MISSING)
+    for note in sorted(notes):
+        print(f"note: {note}")
     failed = [res for res in results if "error" in res]
     if failed:
         print(f"\n{len(failed)} model(s) not benchmarked:")
@@ -139,17 +180,24 @@ def print_text(results: list[dict], threads_list: list[int]) -> None:
 
 
 def markdown(results: list[dict], threads_list: list[int]) -> str:
-    lines = ["| model | source | threads | ORT ms | mlcpack ms | ratio (median) | ratio (min) |",
-             "|---|---|---|---|---|---|---|"]
+    labels = peer_labels(results)
+    lines = ["| model | threads | ORT ms | " + "".join(f"{label} ms | " for label in labels)
+             + "mlcpack ms | /ORT | /best fp32 peer | best | export s | OV compile s |",
+             "|---|---|---|" + "---|" * len(labels) + "---|---|---|---|---|---|"]
     for res in results:
         for r in res["rows"]:
-            lines.append(f"| {res['model']} | {res['source']} | {r['threads']} | "
-                         f"{r['ort_ms']:.2f} | {r['mlc_ms']:.2f} | {r['ratio']:.2f} | "
-                         f"{r['ratio_min']:.2f} |")
+            cells = "".join(f"{r['peers'][label]['ms']:.2f} | " if label in r.get("peers", {})
+                            else " | " for label in labels)
+            lines.append(f"| {res['model']} | {r['threads']} | {r['ort_ms']:.2f} | {cells}"
+                         f"{r['mlc_ms']:.2f} | {r['ratio']:.2f} | {r['ratio_best']:.2f} | "
+                         f"{r['best']} | {res['export_s']:.1f} | "
+                         f"{res.get('ov_compile_s', float('nan')):.2f} |")
         if "error" in res:
-            lines.append(f"| {res['model']} | {res['source']} | | | fails: {res['error']} | | |")
-    for t, g in summary(results, threads_list).items():
-        lines.append(f"| **geometric mean** | | {t} | | | **{g:.2f}** | |")
+            lines.append(f"| {res['model']} | | fails: {res['error']} |" + " |" * (len(labels) + 6))
+    for t in threads_list:
+        lines.append(f"| **geometric mean** | {t} | | " + " | " * len(labels)
+                     + f" | **{summary(results, [t])[t]:.2f}** | "
+                     f"**{summary(results, [t], 'ratio_best')[t]:.2f}** | | | |")
     return "\n".join(lines)
 
 
@@ -161,6 +209,24 @@ def machine() -> str:
             cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")),
                        "")
     return f"{cpu or 'unknown CPU'}, {len(os.sched_getaffinity(0))} CPUs"
+
+
+def cpu_flags() -> str:
+    """The vector extensions the host has (what every number here depends on)."""
+    flags: set[str] = set()
+    if os.path.exists("/proc/cpuinfo"):
+        with open("/proc/cpuinfo") as f:
+            line = next((ln for ln in f if ln.startswith("flags")), "")
+        flags = set(line.split(":", 1)[-1].split())
+    wanted = ["avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile"]
+    have = [f for f in wanted if f in flags]
+    return "+".join(have) + (" (no AVX-512)" if "avx512f" not in flags else "") if have \
+        else "unknown"
+
+
+def ort_version() -> str:
+    import onnxruntime
+    return onnxruntime.__version__
 
 
 def main() -> None:
@@ -175,6 +241,8 @@ def main() -> None:
                          "from the same code) instead of exporting again")
     ap.add_argument("--export-only", action="store_true",
                     help="export every model (into the cache) and time nothing")
+    ap.add_argument("--no-cache", action="store_true",
+                    help="export without the compile cache (cold export times)")
     ap.add_argument("--json", nargs="?", const="-", metavar="PATH",
                     help="write the results as JSON to PATH (or stdout)")
     args = ap.parse_args()
@@ -187,14 +255,18 @@ def main() -> None:
     for name in args.models:
         print(f"{name} ...", file=sys.stderr, flush=True)
         results.append(bench_model(name, [] if args.export_only else threads_list, args.budget,
-                                   reuse=args.reuse_bundles))
+                                   reuse=args.reuse_bundles, cache=not args.no_cache))
     print_text(results, threads_list)
     if args.markdown:
         print("\n" + markdown(results, threads_list))
-    print(f"machine: {machine()}")
+    print(f"machine: {machine()}; CPU flags: {cpu_flags()}; ONNX Runtime {ort_version()}, "
+          f"OpenVINO {peers.openvino_version() or 'not installed'}")
     if args.json:
-        doc = {"machine": machine(), "threads": threads_list, "results": results,
-               "geomean": {str(t): g for t, g in summary(results, threads_list).items()}}
+        doc = {"machine": machine(), "cpu_flags": cpu_flags(), "threads": threads_list,
+               "openvino": peers.openvino_version(), "results": results,
+               "geomean": {str(t): g for t, g in summary(results, threads_list).items()},
+               "geomean_best": {str(t): g for t, g in
+                                summary(results, threads_list, "ratio_best").items()}}
         text = json.dumps(doc, indent=1)
         if args.json == "-":
             print(text)
