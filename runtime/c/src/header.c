@@ -1,0 +1,905 @@
+/* Reading a bundle: the file layout (runtime/bundle.py: magic, header map, digest, payload
+ * area), the format version, the content digest, and every header record the runtime uses,
+ * validated as runtime/header.py validates it, before anything is mapped. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "model.h"
+
+#define FORMAT_MAJOR 1
+#define FORMAT_MINOR 2
+#define SYMBOLIC_MINOR 3
+#define PAYLOAD64_MINOR 4
+#define ALIGN 64
+#define MAX_HEADER_BYTES (64u << 20)
+#define MAX_DIM (1LL << 40)
+#define MAX_PLANS 64
+#define MIN_CHUNK (1u << 12)
+#define MAX_CHUNK (1u << 30)
+
+static const uint8_t MAGIC[9] = {0x83, 0xa7, 'm', 'l', 'c', 'p', 'a', 'c', 'k'};
+static const uint8_t DIGEST_KEY[9] = {0xa6, 's', 'h', 'a', '2', '5', '6', 0xc4, 0x20};
+static const uint8_t DATA_KEY[6] = {0xa4, 'd', 'a', 't', 'a', 0xc6};
+#define TRAILER_BYTES (9 + 32 + 6 + 4)
+
+static const char *const DTYPE_NAMES[MLC_DTYPE_COUNT] = {
+    "float32", "float64", "float16", "int8", "int16", "int32", "int64", "uint8", "uint16",
+    "uint32", "uint64", "bool", "bfloat16", "float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2",
+    "float8_e5m2fnuz", "int4", "uint4", "int2", "uint2"};
+static const uint8_t DTYPE_SIZES[MLC_DTYPE_COUNT] = {4, 8, 2, 1, 2, 4, 8, 1, 2, 4, 8, 1, 2,
+                                                     1, 1, 1, 1, 1, 1, 1, 1};
+
+const char *mlc_dtype_name(mlc_dtype d)
+{
+    return (unsigned)d < MLC_DTYPE_COUNT ? DTYPE_NAMES[d] : "?";
+}
+
+size_t mlc_dtype_size(mlc_dtype d)
+{
+    return (unsigned)d < MLC_DTYPE_COUNT ? DTYPE_SIZES[d] : 0;
+}
+
+mlc_dtype mlc_storage(mlc_dtype d)
+{
+    if (d == MLC_BFLOAT16)
+        return MLC_UINT16;
+    if (d >= MLC_FLOAT8_E4M3FN)
+        return MLC_UINT8;
+    return d;
+}
+
+mlc_status mlc_nbytes(const int64_t *shape, int ndim, mlc_dtype dtype, uint64_t *out)
+{
+    uint64_t n = mlc_dtype_size(dtype);
+    for (int i = 0; i < ndim; i++)
+        if (shape[i] < 0 || __builtin_mul_overflow(n, (uint64_t)shape[i], &n))
+            return MLC_ERR_BUNDLE;
+    *out = n;
+    return MLC_OK;
+}
+
+/* ---- small validators; each fails with "bundle header: <what> <why>" ---- */
+
+static mlc_status bad(mlc_error *err, const char *what, const char *why)
+{
+    return mlc_fail(err, MLC_ERR_BUNDLE, "bundle header: %s %s", what, why);
+}
+
+static int in_range(const mp_node *n, int64_t lo, int64_t hi)
+{
+    return mp_is_int(n) && n->v.i >= lo && n->v.i < hi;
+}
+
+static mlc_status get_int(const mp_node *n, const char *what, int64_t lo, int64_t hi,
+                          int64_t *out, mlc_error *err)
+{
+    if (!in_range(n, lo, hi)) {
+        char why[96];
+        snprintf(why, sizeof why, "is not an integer in [%lld, %lld)", (long long)lo,
+                 (long long)hi);
+        return bad(err, what, why);
+    }
+    *out = n->v.i;
+    return MLC_OK;
+}
+
+static mlc_status get_str(mlc_model *m, const mp_node *n, const char *what, char **out,
+                          mlc_error *err)
+{
+    if (!n || n->type != MP_STR)
+        return bad(err, what, "is not a string");
+    *out = mp_strdup(&m->alloc, n);
+    return *out ? MLC_OK : mlc_fail(err, MLC_ERR_INTERNAL, "out of memory");
+}
+
+static mlc_status get_list(const mp_node *n, const char *what, int nonempty, mlc_error *err)
+{
+    if (!n || n->type != MP_ARRAY || (nonempty && n->len == 0))
+        return bad(err, what, nonempty ? "must be a non-empty list" : "must be a list");
+    return MLC_OK;
+}
+
+static mlc_status get_map(const mp_node *n, const char *what, mlc_error *err)
+{
+    return n && n->type == MP_MAP ? MLC_OK : bad(err, what, "is not a map");
+}
+
+static mlc_status get_ref(const mlc_model *m, const mp_node *n, const char *what, mlc_ref *ref,
+                          mlc_error *err)
+{
+    const mp_node *off = mp_get(n, "offset"), *size = mp_get(n, "size");
+    if (!n || n->type != MP_MAP)
+        return mlc_fail(err, MLC_ERR_BUNDLE, "bundle header: %s is not a payload record", what);
+    if (!mp_is_int(off) || !mp_is_int(size) || off->v.i < 0 || size->v.i < 0)
+        return mlc_fail(err, MLC_ERR_BUNDLE, "bundle header: %s has an invalid offset/size",
+                        what);
+    if (off->v.i % ALIGN)
+        return mlc_fail(err, MLC_ERR_BUNDLE, "bundle header: %s is not %d-byte aligned", what,
+                        ALIGN);
+    if ((uint64_t)off->v.i > m->data_size || (uint64_t)size->v.i > m->data_size - (uint64_t)off->v.i)
+        return mlc_fail(err, MLC_ERR_BUNDLE, "bundle header: %s points past the end of the "
+                        "file (%lld+%lld > %zu)", what, (long long)off->v.i,
+                        (long long)size->v.i, m->data_size);
+    ref->off = (uint64_t)off->v.i;
+    ref->size = (uint64_t)size->v.i;
+    return MLC_OK;
+}
+
+static mlc_status get_shape(const mp_node *n, const char *what, int *ndim, int64_t *shape,
+                            mlc_error *err)
+{
+    if (!n || n->type != MP_ARRAY || n->len > MLC_MAX_DIMS)
+        return mlc_fail(err, MLC_ERR_BUNDLE, "bundle header: %s has an invalid shape", what);
+    for (uint32_t i = 0; i < n->len; i++) {
+        if (!in_range(&n->v.items[i], 0, MAX_DIM))
+            return mlc_fail(err, MLC_ERR_BUNDLE, "bundle header: %s has an invalid shape",
+                            what);
+        shape[i] = n->v.items[i].v.i;
+    }
+    *ndim = (int)n->len;
+    return MLC_OK;
+}
+
+static mlc_status get_dtype(const mp_node *n, const char *what, mlc_dtype *out, mlc_error *err)
+{
+    for (int d = 0; d < MLC_DTYPE_COUNT; d++)
+        if (mp_str_eq(n, DTYPE_NAMES[d])) {
+            *out = (mlc_dtype)d;
+            return MLC_OK;
+        }
+    return mlc_fail(err, MLC_ERR_BUNDLE, "bundle header: %s has an unsupported dtype", what);
+}
+
+static int is_version(const mp_node *n)
+{
+    return n && n->type == MP_ARRAY && n->len == 2 && mp_is_int(&n->v.items[0])
+           && mp_is_int(&n->v.items[1]);
+}
+
+/* ---- the file: layout, version, digest ---- */
+
+static mlc_status check_version(mlc_model *m, mlc_error *err)
+{
+    const mp_node *h = m->header, *fmt = mp_get(h, "format");
+    if (!is_version(fmt))
+        return mlc_fail(err, MLC_ERR_BUNDLE, "%s: header has no valid format version", m->name);
+    int64_t major = fmt->v.items[0].v.i, minor = fmt->v.items[1].v.i;
+    const mp_node *ver = mp_get(mp_get(h, "compiler"), "version");
+    char made_by[64] = "?";
+    if (ver && ver->type == MP_STR)
+        snprintf(made_by, sizeof made_by, "%.*s", (int)(ver->len < 40 ? ver->len : 40),
+                 (const char *)ver->v.p);
+    if (major != FORMAT_MAJOR)
+        return mlc_fail(err, MLC_ERR_FORMAT, "%s has bundle format %lld.%lld (mlcpack %s); "
+                        "this runtime reads format %d.x: %s", m->name, (long long)major,
+                        (long long)minor, made_by, FORMAT_MAJOR,
+                        major > FORMAT_MAJOR ? "upgrade the runtime" : "export the model again");
+    int64_t reads = FORMAT_MINOR;
+    if (mp_get(h, "symbolic"))
+        reads = SYMBOLIC_MINOR;
+    if (mp_get(h, "payload"))
+        reads = PAYLOAD64_MINOR;
+    if (minor > reads) {
+        const mp_node *need = mp_get(h, "min_reader");
+        if (!need)
+            need = fmt;
+        if (!is_version(need) || need->v.items[0].v.i > FORMAT_MAJOR
+            || (need->v.items[0].v.i == FORMAT_MAJOR && need->v.items[1].v.i > reads))
+            return mlc_fail(err, MLC_ERR_FORMAT, "%s has bundle format %lld.%lld and needs a "
+                            "newer runtime; this one reads %d.%d: upgrade the runtime", m->name,
+                            (long long)major, (long long)minor, FORMAT_MAJOR, FORMAT_MINOR);
+    }
+    m->fmt_major = (int)major;
+    m->fmt_minor = (int)minor;
+    return MLC_OK;
+}
+
+static mlc_status digest_chunk(mlc_model *m, uint64_t *chunk, mlc_error *err)
+{
+    const mp_node *rec = mp_get(m->header, "digest");
+    *chunk = 0;
+    if (!rec)
+        return MLC_OK;
+    const mp_node *alg = mp_get(rec, "alg"), *c = mp_get(rec, "chunk");
+    if (rec->type != MP_MAP || rec->len != 2 || !mp_str_eq(alg, "sha256-tree") || !mp_is_int(c)
+        || c->v.i < MIN_CHUNK || c->v.i > MAX_CHUNK || (c->v.i & (c->v.i - 1)))
+        return mlc_fail(err, MLC_ERR_BUNDLE, "%s: header has an invalid digest record "
+                        "(expected alg 'sha256-tree' and a power-of-two chunk of %u to %u "
+                        "bytes); export it again", m->name, MIN_CHUNK, MAX_CHUNK);
+    *chunk = (uint64_t)c->v.i;
+    return MLC_OK;
+}
+
+/* The content digest (runtime/bundle.content_digest) with `head` in place of the file's bytes
+ * before "sha256". */
+void mlc_content_digest(const mlc_model *m, const uint8_t *head, uint64_t chunk, uint8_t out[32])
+{
+    mlc_sha256 s;
+    mlc_sha256_init(&s);
+    mlc_sha256_update(&s, head, m->header_end);
+    const uint8_t *area = m->data + m->data_start;
+    if (!chunk) {
+        mlc_sha256_update(&s, area, m->data_size);
+    } else {
+        for (uint64_t at = 0; at < m->data_size; at += chunk) {
+            uint8_t leaf[32];
+            uint64_t len = m->data_size - at < chunk ? m->data_size - at : chunk;
+            mlc_sha256_once(area + at, (size_t)len, leaf);
+            mlc_sha256_update(&s, leaf, 32);
+        }
+    }
+    mlc_sha256_final(&s, out);
+}
+
+mlc_status mlc_read_file_layout(mlc_model *m, int verify, mlc_error *err)
+{
+    const uint8_t *d = m->data;
+    size_t size = m->size;
+    if (size < sizeof MAGIC + TRAILER_BYTES)
+        return mlc_fail(err, MLC_ERR_BUNDLE, "%s is too small to be an mlcpack bundle (%zu "
+                        "bytes)", m->name, size);
+    if (memcmp(d, MAGIC, sizeof MAGIC))
+        return mlc_fail(err, MLC_ERR_BUNDLE, "%s is not an mlcpack bundle (bad magic); export "
+                        "one with `mlcpack export`", m->name);
+    size_t limit = size < MAX_HEADER_BYTES ? size : MAX_HEADER_BYTES;
+    size_t used = 0;
+    mlc_error perr;
+    if (mp_parse(d + sizeof MAGIC, limit - sizeof MAGIC, &m->alloc, &m->header, &used, &perr)) {
+        if (perr.status == MLC_ERR_INTERNAL)
+            return mlc_fail(err, perr.status, "%s", perr.message);
+        return mlc_fail(err, MLC_ERR_BUNDLE, "%s: %s", m->name, perr.message);
+    }
+    if (m->header->type != MP_MAP)
+        return mlc_fail(err, MLC_ERR_BUNDLE, "%s: header is not a map", m->name);
+    m->header_end = sizeof MAGIC + used;
+    mlc_status s = check_version(m, err);
+    if (s)
+        return s;
+    const uint8_t *t = d + m->header_end;
+    if (size - m->header_end < TRAILER_BYTES || memcmp(t, DIGEST_KEY, sizeof DIGEST_KEY)
+        || memcmp(t + sizeof DIGEST_KEY + 32, DATA_KEY, sizeof DATA_KEY))
+        return mlc_fail(err, MLC_ERR_BUNDLE, "%s is truncated or damaged after its header; "
+                        "export it again", m->name);
+    const uint8_t *stored = t + sizeof DIGEST_KEY;
+    const uint8_t *len = t + TRAILER_BYTES - 4;
+    uint64_t data_size = (uint64_t)len[0] << 24 | (uint64_t)len[1] << 16 | (uint64_t)len[2] << 8
+                         | len[3];
+    size_t data_start = m->header_end + TRAILER_BYTES;
+    const mp_node *area = mp_get(m->header, "payload");
+    if (area) {
+        const mp_node *off = mp_get(area, "offset"), *sz = mp_get(area, "size");
+        if (area->type != MP_MAP || area->len != 2 || !mp_is_int(off) || !mp_is_int(sz)
+            || off->v.i < 0 || sz->v.i < 0 || data_size != 0 || (uint64_t)off->v.i != data_start)
+            return mlc_fail(err, MLC_ERR_BUNDLE, "%s: header has an invalid payload area "
+                            "record; export it again", m->name);
+        data_size = (uint64_t)sz->v.i;
+    }
+    if (data_size > size - data_start)
+        return mlc_fail(err, MLC_ERR_BUNDLE, "%s is truncated or has trailing bytes (payload "
+                        "area says %llu bytes, file has %zu); export it again", m->name,
+                        (unsigned long long)data_size, size - data_start);
+    if (data_start + data_size != size)
+        return mlc_fail(err, MLC_ERR_BUNDLE, "%s is truncated or has trailing bytes (payload "
+                        "area says %llu bytes, file has %zu); export it again", m->name,
+                        (unsigned long long)data_size, size - data_start);
+    if (data_start % ALIGN)
+        return mlc_fail(err, MLC_ERR_BUNDLE, "%s: payload area is not aligned", m->name);
+    m->data_start = data_start;
+    m->data_size = (size_t)data_size;
+    uint64_t chunk;
+    s = digest_chunk(m, &chunk, err);
+    if (s)
+        return s;
+    if (verify) {
+        uint8_t got[32];
+        mlc_content_digest(m, d, chunk, got);
+        if (memcmp(got, stored, 32))
+            return mlc_fail(err, MLC_ERR_BUNDLE, "%s failed its content check (SHA-256 "
+                            "mismatch): the file is corrupted; copy or export it again", m->name);
+    }
+    return MLC_OK;
+}
+
+/* ---- the signature (runtime/signing.py) ---- */
+
+mlc_status mlc_check_signature(mlc_model *m, const mlc_options *o, mlc_error *err)
+{
+    const mp_node *rec = mp_get(m->header, "signature");
+    if (!rec) {
+        if (o && o->require_signature)
+            return mlc_fail(err, MLC_ERR_SIGNATURE, "%s is not signed, and this application "
+                            "only runs bundles signed by its trusted keys: export it with --sign "
+                            "KEY", m->name);
+        return MLC_OK;
+    }
+    m->signed_bundle = 1;
+    if (!o || !o->require_signature)
+        return MLC_OK;
+    const mp_node *alg = mp_get(rec, "alg"), *key = mp_get(rec, "key"), *sig = mp_get(rec, "sig");
+    if (rec->type != MP_MAP || !mp_str_eq(alg, "ed25519") || !key || key->type != MP_BIN
+        || key->len != 32 || !sig || sig->type != MP_BIN || sig->len != 64)
+        return mlc_fail(err, MLC_ERR_SIGNATURE, "%s has a malformed signature record (expected "
+                        "alg 'ed25519', a 32-byte key and a 64-byte sig): export it again with "
+                        "--sign", m->name);
+    uint8_t fp[32];
+    mlc_sha256_once(key->v.p, 32, fp);
+    char finger[17];
+    for (int i = 0; i < 8; i++)
+        snprintf(finger + 2 * i, 3, "%02x", fp[i]);
+    int trusted = 0;
+    for (size_t i = 0; i < o->trusted_key_count; i++)
+        if (!memcmp(o->trusted_keys[i], key->v.p, 32))
+            trusted = 1;
+    if (!trusted)
+        return mlc_fail(err, MLC_ERR_SIGNATURE, "%s is signed by key %s, which is not one of "
+                        "the trusted keys: export it with a trusted key", m->name, finger);
+    /* locate "sig" (fixstr, bin8 64) followed by the signature, exactly once, in the head */
+    static const uint8_t field[6] = {0xa3, 's', 'i', 'g', 0xc4, 0x40};
+    size_t at = SIZE_MAX, hits = 0;
+    for (size_t i = 0; i + 70 <= m->header_end; i++)
+        if (!memcmp(m->data + i, field, 6) && !memcmp(m->data + i + 6, sig->v.p, 64)) {
+            at = i + 6;
+            hits++;
+        }
+    if (hits != 1)
+        return mlc_fail(err, MLC_ERR_SIGNATURE, "%s: the signature cannot be located in the "
+                        "header; the bundle is malformed: export it again with --sign", m->name);
+    uint8_t *head = malloc(m->header_end);
+    if (!head)
+        return mlc_fail(err, MLC_ERR_INTERNAL, "out of memory");
+    memcpy(head, m->data, m->header_end);
+    memset(head + at, 0, 64);
+    uint64_t chunk = 0;
+    digest_chunk(m, &chunk, NULL);
+    uint8_t msg[28 + 32];
+    memcpy(msg, "mlcpack-bundle-signature-v1", 28);   /* with its NUL */
+    mlc_content_digest(m, head, chunk, msg + 28);
+    free(head);
+    if (!mlc_ed25519_verify(sig->v.p, key->v.p, msg, sizeof msg))
+        return mlc_fail(err, MLC_ERR_SIGNATURE, "%s: its signature by key %s does not verify: "
+                        "the bundle was changed after signing; do not run it", m->name, finger);
+    return MLC_OK;
+}
+
+/* ---- header records ---- */
+
+static mlc_status parse_io(mlc_model *m, const mp_node *list, const char *at, const char *kind,
+                           size_t ntensors, mlc_iorow **out, size_t *count, mlc_error *err)
+{
+    char what[160];
+    snprintf(what, sizeof what, "%s%s", at, kind);
+    mlc_status s = get_list(list, what, 1, err);
+    if (s)
+        return s;
+    *count = list->len;
+    *out = mlc_zalloc(&m->alloc, list->len * sizeof(mlc_iorow));
+    if (!*out)
+        return mlc_fail(err, MLC_ERR_INTERNAL, "out of memory");
+    for (uint32_t i = 0; i < list->len; i++) {
+        const mp_node *r = &list->v.items[i];
+        mlc_iorow *io = &(*out)[i];
+        snprintf(what, sizeof what, "%s%s[%u]", at, kind, i);
+        if ((s = get_map(r, what, err)))
+            return s;
+        if ((s = get_shape(mp_get(r, "shape"), what, &io->ndim, io->shape, err)))
+            return s;
+        const mp_node *bound = mp_get(r, "max_shape");
+        if (bound && bound->type != MP_NIL) {
+            char w2[200];
+            int nd;
+            snprintf(w2, sizeof w2, "%s max_shape", what);
+            if ((s = get_shape(bound, w2, &nd, io->max_shape, err)))
+                return s;
+            if (nd != io->ndim)
+                return bad(err, w2, "does not match its shape's rank");
+            io->has_max = 1;
+        }
+        char w2[200];
+        snprintf(w2, sizeof w2, "%s name", what);
+        if ((s = get_str(m, mp_get(r, "name"), w2, &io->name, err)))
+            return s;
+        if ((s = get_dtype(mp_get(r, "dtype"), what, &io->dtype, err)))
+            return s;
+        int64_t t;
+        snprintf(w2, sizeof w2, "%s tensor", what);
+        if ((s = get_int(mp_get(r, "tensor"), w2, 0, (int64_t)ntensors, &t, err)))
+            return s;
+        io->tensor = (uint32_t)t;
+        if (mlc_nbytes(io->shape, io->ndim, io->dtype, &io->nbytes))
+            return bad(err, what, "is too large");
+    }
+    return MLC_OK;
+}
+
+static mlc_status parse_plan(mlc_model *m, const mp_node *obj, const char *what, int64_t batch,
+                             mlc_plan *p, mlc_error *err)
+{
+    char at[64], w[200];
+    mlc_status s;
+    snprintf(at, sizeof at, "%s%s", what, what[0] ? ": " : "");
+    p->batch = batch;
+    if (mp_get(obj, "symbolic"))
+        return mlc_fail(err, MLC_ERR_FORMAT, "%s has symbolic shapes, which this C runtime "
+                        "does not run yet: export it with fixed shapes (--batch-sizes) or use "
+                        "the Python runtime", m->name);
+    const mp_node *tensors = mp_get(obj, "tensors");
+    snprintf(w, sizeof w, "%stensors", at);
+    if ((s = get_list(tensors, w, 0, err)))
+        return s;
+    p->ntensors = tensors->len;
+    p->tensors = mlc_zalloc(&m->alloc, (tensors->len + 1) * sizeof(mlc_trow));
+    if (!p->tensors)
+        return mlc_fail(err, MLC_ERR_INTERNAL, "out of memory");
+    for (uint32_t i = 0; i < tensors->len; i++) {
+        const mp_node *r = &tensors->v.items[i];
+        mlc_trow *t = &p->tensors[i];
+        snprintf(w, sizeof w, "%stensor %u", at, i);
+        if (r->type != MP_ARRAY || r->len != 4)
+            return bad(err, w, "is malformed");
+        int64_t kind, ref;
+        char w2[220];
+        snprintf(w2, sizeof w2, "%s kind", w);
+        if ((s = get_int(&r->v.items[0], w2, 0, 2, &kind, err)))
+            return s;
+        snprintf(w2, sizeof w2, "%s offset", w);
+        if ((s = get_int(&r->v.items[1], w2, 0,
+                         kind == T_CONST ? (int64_t)m->nconstants : MAX_DIM, &ref, err)))
+            return s;
+        t->kind = (int)kind;
+        t->ref = (uint64_t)ref;
+        if ((s = get_shape(&r->v.items[2], w, &t->ndim, t->shape, err)))
+            return s;
+        if ((s = get_dtype(&r->v.items[3], w, &t->dtype, err)))
+            return s;
+        if (mlc_nbytes(t->shape, t->ndim, t->dtype, &t->nbytes))
+            return mlc_fail(err, MLC_ERR_BUNDLE, "bundle header: tensor %u lies outside its "
+                            "storage", i);
+    }
+    if ((s = parse_io(m, mp_get(obj, "inputs"), at, "inputs", p->ntensors, &p->inputs,
+                      &p->ninputs, err)))
+        return s;
+    if ((s = parse_io(m, mp_get(obj, "outputs"), at, "outputs", p->ntensors, &p->outputs,
+                      &p->noutputs, err)))
+        return s;
+    const mp_node *kernels = mp_get(obj, "kernels");
+    snprintf(w, sizeof w, "%skernels", at);
+    if ((s = get_list(kernels, w, 0, err)))
+        return s;
+    p->nkernels = kernels->len;
+    p->kernels = mlc_zalloc(&m->alloc, (kernels->len + 1) * sizeof(mlc_krow));
+    if (!p->kernels)
+        return mlc_fail(err, MLC_ERR_INTERNAL, "out of memory");
+    for (uint32_t i = 0; i < kernels->len; i++) {
+        const mp_node *k = &kernels->v.items[i];
+        mlc_krow *kr = &p->kernels[i];
+        char w2[220];
+        snprintf(w, sizeof w, "%skernel %u", at, i);
+        if ((s = get_map(k, w, err)))
+            return s;
+        const mp_node *par = mp_get(k, "parallel"), *sym = mp_get(k, "symbolic");
+        if ((par && par->type != MP_NIL && par->type != MP_BOOL)
+            || (sym && sym->type != MP_NIL && sym->type != MP_BOOL))
+            return bad(err, w, "has a flag that is not a boolean");
+        if (sym && sym->type == MP_BOOL && sym->v.i)
+            return bad(err, w, "is symbolic in a static plan");
+        kr->parallel = par && par->type == MP_BOOL && par->v.i;
+        snprintf(w2, sizeof w2, "%s name", w);
+        if ((s = get_str(m, mp_get(k, "name"), w2, &kr->name, err)))
+            return s;
+        snprintf(w2, sizeof w2, "%s symbol", w);
+        if ((s = get_str(m, mp_get(k, "symbol"), w2, &kr->symbol, err)))
+            return s;
+        int64_t v;
+        snprintf(w2, sizeof w2, "%s num_inputs", w);
+        if ((s = get_int(mp_get(k, "num_inputs"), w2, 0, 1 << 16, &v, err)))
+            return s;
+        kr->nin = (uint32_t)v;
+        snprintf(w2, sizeof w2, "%s num_outputs", w);
+        if ((s = get_int(mp_get(k, "num_outputs"), w2, 0, 1 << 16, &v, err)))
+            return s;
+        kr->nout = (uint32_t)v;
+        snprintf(w2, sizeof w2, "%s workspace_bytes", w);
+        if ((s = get_int(mp_get(k, "workspace_bytes"), w2, 0, MAX_DIM, &v, err)))
+            return s;
+        kr->workspace = (uint64_t)v;
+    }
+    const mp_node *code = mp_get(obj, "code");
+    snprintf(w, sizeof w, "%scode", at);
+    if ((s = get_list(code, w, 1, err)))
+        return s;
+    p->ncode = code->len;
+    p->code = mlc_zalloc(&m->alloc, code->len * sizeof(mlc_variant));
+    if (!p->code)
+        return mlc_fail(err, MLC_ERR_INTERNAL, "out of memory");
+    for (uint32_t i = 0; i < code->len; i++) {
+        const mp_node *v = &code->v.items[i];
+        mlc_variant *cv = &p->code[i];
+        char w2[220];
+        snprintf(w, sizeof w, "%scode variant %u", at, i);
+        if ((s = get_map(v, w, err)))
+            return s;
+        snprintf(w2, sizeof w2, "%s object", w);
+        if ((s = get_ref(m, mp_get(v, "object"), w2, &cv->object, err)))
+            return s;
+        const mp_node *f = mp_get(v, "features");
+        if (f && f->type != MP_NIL) {
+            snprintf(w2, sizeof w2, "%s features", w);
+            if ((s = get_list(f, w2, 0, err)))
+                return s;
+            cv->nfeatures = f->len;
+            cv->features = mlc_zalloc(&m->alloc, (f->len + 1) * sizeof(char *));
+            if (!cv->features)
+                return mlc_fail(err, MLC_ERR_INTERNAL, "out of memory");
+            for (uint32_t j = 0; j < f->len; j++) {
+                char *str;
+                if ((s = get_str(m, &f->v.items[j], w2, &str, err)))
+                    return s;
+                cv->features[j] = str;
+            }
+        }
+        const mp_node *ex = mp_get(v, "externals");
+        if (ex && ex->type != MP_NIL) {
+            snprintf(w2, sizeof w2, "%s externals", w);
+            if ((s = get_list(ex, w2, 0, err)))
+                return s;
+            for (uint32_t j = 0; j < ex->len; j++)
+                if (ex->v.items[j].type != MP_STR)
+                    return bad(err, w2, "is not a string");
+        }
+        static const char *const text[] = {"triple", "cpu", "llvm_features"};
+        for (int j = 0; j < 3; j++) {
+            const mp_node *tx = mp_get(v, text[j]);
+            if (tx && tx->type != MP_NIL && tx->type != MP_STR)
+                return bad(err, w, "has a target field that is not a string");
+        }
+        snprintf(w2, sizeof w2, "%s arch", w);
+        if ((s = get_str(m, mp_get(v, "arch"), w2, &cv->arch, err)))
+            return s;
+        snprintf(w2, sizeof w2, "%s level", w);
+        if ((s = get_str(m, mp_get(v, "level"), w2, &cv->level, err)))
+            return s;
+    }
+    const mp_node *calls = mp_get(obj, "library_calls");
+    if (calls && calls->type != MP_NIL) {
+        snprintf(w, sizeof w, "%slibrary_calls", at);
+        if ((s = get_list(calls, w, 0, err)))
+            return s;
+        p->nsites = calls->len;
+        p->sites = mlc_zalloc(&m->alloc, (calls->len + 1) * sizeof(mlc_site));
+        if (!p->sites)
+            return mlc_fail(err, MLC_ERR_INTERNAL, "out of memory");
+        for (uint32_t i = 0; i < calls->len; i++) {
+            const mp_node *c = &calls->v.items[i];
+            char w2[220];
+            snprintf(w, sizeof w, "%slibrary call %u", at, i);
+            if ((s = get_map(c, w, err)))
+                return s;
+            snprintf(w2, sizeof w2, "%s func", w);
+            if ((s = get_str(m, mp_get(c, "func"), w2, &p->sites[i].func, err)))
+                return s;
+            const mp_node *attrs = mp_get(c, "attrs");
+            if (attrs && attrs->type != MP_NIL) {
+                snprintf(w2, sizeof w2, "%s attrs", w);
+                if ((s = get_map(attrs, w2, err)))
+                    return s;
+                p->sites[i].attrs.map = attrs;
+            }
+        }
+    }
+    const mp_node *vm = mp_get(obj, "vm");
+    snprintf(w, sizeof w, "%svm", at);
+    if ((s = get_map(vm, w, err)))
+        return s;
+    snprintf(w, sizeof w, "%sbytecode", at);
+    if ((s = get_ref(m, mp_get(vm, "bytecode"), w, &p->bytecode, err)))
+        return s;
+    const mp_node *ins = mp_get(vm, "instructions");
+    if (ins && ins->type != MP_NIL && !in_range(ins, 0, INT64_MAX)) {
+        snprintf(w, sizeof w, "%svm instructions", at);
+        return bad(err, w, "is not an integer");
+    }
+    const mp_node *mp = mp_get(obj, "memory_plan");
+    const mp_node *arena = mp_get(mp, "arena_bytes");
+    if (!mp || mp->type != MP_MAP || !in_range(arena, 0, MAX_DIM)) {
+        snprintf(w, sizeof w, "%smemory plan", at);
+        return bad(err, w, "has no valid arena size");
+    }
+    p->arena_bytes = (uint64_t)arena->v.i;
+    return MLC_OK;
+}
+
+typedef struct {
+    mlc_ref ref;
+    const char *what;
+} named_ref;
+
+static int by_offset(const void *a, const void *b)
+{
+    const named_ref *x = a, *y = b;
+    if (x->ref.off != y->ref.off)
+        return x->ref.off < y->ref.off ? -1 : 1;
+    return x->ref.size < y->ref.size ? -1 : x->ref.size > y->ref.size;
+}
+
+static mlc_status check_disjoint(mlc_model *m, mlc_error *err)
+{
+    size_t n = m->nconstants + m->ngolden_in + m->ngolden_out + 1;
+    for (size_t p = 0; p < m->nplans; p++)
+        n += m->plans[p].ncode + 1;
+    named_ref *refs = calloc(n, sizeof *refs);
+    if (!refs)
+        return mlc_fail(err, MLC_ERR_INTERNAL, "out of memory");
+    size_t k = 0;
+    for (size_t i = 0; i < m->nconstants; i++)
+        refs[k++] = (named_ref){m->constants[i], "a constant"};
+    for (size_t p = 0; p < m->nplans; p++) {
+        for (size_t i = 0; i < m->plans[p].ncode; i++)
+            refs[k++] = (named_ref){m->plans[p].code[i].object, "a code object"};
+        refs[k++] = (named_ref){m->plans[p].bytecode, "the bytecode"};
+    }
+    for (size_t i = 0; i < m->ngolden_in; i++)
+        refs[k++] = (named_ref){m->golden_in[i].data, "a golden input"};
+    for (size_t i = 0; i < m->ngolden_out; i++)
+        refs[k++] = (named_ref){m->golden_out[i].data, "a golden output"};
+    mlc_ref ir;
+    const mp_node *irn = mp_get(m->header, "ir");
+    if (irn && irn->type != MP_NIL) {
+        mlc_status s = get_ref(m, irn, "IR text", &ir, err);
+        if (s) {
+            free(refs);
+            return s;
+        }
+        refs[k++] = (named_ref){ir, "the IR text"};
+    }
+    size_t live = 0;
+    for (size_t i = 0; i < k; i++)
+        if (refs[i].ref.size)
+            refs[live++] = refs[i];
+    qsort(refs, live, sizeof *refs, by_offset);
+    mlc_status s = MLC_OK;
+    for (size_t i = 1; i < live && !s; i++) {
+        const named_ref *a = &refs[i - 1], *b = &refs[i];
+        if (b->ref.off < a->ref.off + a->ref.size
+            && !(a->ref.off == b->ref.off && a->ref.size == b->ref.size))
+            s = mlc_fail(err, MLC_ERR_BUNDLE, "%s: the payloads of %s and %s overlap; the "
+                         "bundle is malformed: export it again", m->name, a->what, b->what);
+    }
+    free(refs);
+    return s;
+}
+
+static mlc_status parse_golden(mlc_model *m, mlc_error *err)
+{
+    const mp_node *g = mp_get(m->header, "golden");
+    mlc_status s;
+    if (!g || g->type == MP_NIL)
+        return MLC_OK;
+    if ((s = get_map(g, "golden record", err)))
+        return s;
+    for (int kind = 0; kind < 2; kind++) {
+        const char *key = kind ? "outputs" : "inputs";
+        const mp_node *rows = mp_get(g, key);
+        char w[64];
+        snprintf(w, sizeof w, "golden %s", key);
+        if ((s = get_list(rows, w, 0, err)))
+            return s;
+        mlc_golden_row *out = mlc_zalloc(&m->alloc, (rows->len + 1) * sizeof(mlc_golden_row));
+        if (!out)
+            return mlc_fail(err, MLC_ERR_INTERNAL, "out of memory");
+        for (uint32_t i = 0; i < rows->len; i++) {
+            const mp_node *r = &rows->v.items[i];
+            mlc_golden_row *row = &out[i];
+            char w2[96];
+            snprintf(w, sizeof w, "golden %s %u", kind ? "output" : "input", i);
+            if ((s = get_map(r, w, err)))
+                return s;
+            snprintf(w2, sizeof w2, "%s name", w);
+            if ((s = get_str(m, mp_get(r, "name"), w2, &row->name, err)))
+                return s;
+            if ((s = get_shape(mp_get(r, "shape"), w, &row->ndim, row->shape, err)))
+                return s;
+            if ((s = get_dtype(mp_get(r, "dtype"), w, &row->dtype, err)))
+                return s;
+            if ((s = get_ref(m, mp_get(r, "data"), w, &row->data, err)))
+                return s;
+            uint64_t nb;
+            if (mlc_nbytes(row->shape, row->ndim, row->dtype, &nb) || nb != row->data.size)
+                return mlc_fail(err, MLC_ERR_BUNDLE, "%s: payload size %llu does not match "
+                                "the %s's shape and dtype", m->name,
+                                (unsigned long long)row->data.size, w);
+            static const char *const opt[] = {"magnitude", "quant_step"};
+            for (int j = 0; j < 2; j++) {
+                const mp_node *v = mp_get(r, opt[j]);
+                double x = -1;
+                if (v && v->type == MP_FLOAT)
+                    x = v->v.f;
+                else if (mp_is_int(v))
+                    x = (double)v->v.i;
+                if (!(x >= 0 && x <= 1.7976931348623157e308))   /* NaN, inf, negative: absent */
+                    x = -1;
+                if (j == 0)
+                    row->magnitude = x;
+                else
+                    row->quant_step = x;
+            }
+        }
+        if (kind) {
+            m->golden_out = out;
+            m->ngolden_out = rows->len;
+        } else {
+            m->golden_in = out;
+            m->ngolden_in = rows->len;
+        }
+    }
+    double tol[2];
+    static const char *const keys[] = {"rtol", "atol"};
+    for (int j = 0; j < 2; j++) {
+        const mp_node *v = mp_get(g, keys[j]);
+        double x = v && v->type == MP_FLOAT ? v->v.f : mp_is_int(v) ? (double)v->v.i : -1;
+        if (!(x >= 0 && x < 1e6)) {
+            char w[32];
+            snprintf(w, sizeof w, "golden %s", keys[j]);
+            return bad(err, w, "is not a valid tolerance");
+        }
+        tol[j] = x;
+    }
+    m->rtol = tol[0];
+    m->atol = tol[1];
+    m->has_golden = 1;
+    return MLC_OK;
+}
+
+/* The batch plans: every plan the same inputs and outputs, batched ones with the batch first
+ * (runtime/header.check_batch). */
+static mlc_status parse_batch(mlc_model *m, mlc_error *err)
+{
+    const mp_node *h = m->header, *rows = mp_get(h, "plans"), *rec = mp_get(h, "batch");
+    mlc_status s;
+    if (!rows && !rec)
+        return MLC_OK;
+    if (!rows || rows->type != MP_ARRAY || rows->len == 0 || rows->len > MAX_PLANS || !rec
+        || rec->type != MP_MAP)
+        return bad(err, "plans/batch", "are malformed");
+    const mp_node *sizes = mp_get(rec, "sizes"), *bin = mp_get(rec, "inputs"),
+                  *bout = mp_get(rec, "outputs");
+    if (!sizes || sizes->type != MP_ARRAY || sizes->len != rows->len)
+        return bad(err, "plan batch sizes", "are malformed");
+    for (uint32_t i = 0; i < rows->len; i++) {
+        const mp_node *b = mp_get(&rows->v.items[i], "batch");
+        if (!in_range(b, 1, 1LL << 31) || !mp_is_int(&sizes->v.items[i])
+            || sizes->v.items[i].v.i != b->v.i
+            || (i && b->v.i <= mp_get(&rows->v.items[i - 1], "batch")->v.i))
+            return bad(err, "plan batch sizes", "are malformed");
+    }
+    if (!bin || bin->type != MP_ARRAY || !bin->len || !bout || bout->type != MP_ARRAY)
+        return bad(err, "batched inputs/outputs", "are malformed");
+    for (uint32_t i = 0; i < bin->len; i++)
+        if (bin->v.items[i].type != MP_STR)
+            return bad(err, "batched inputs/outputs", "are malformed");
+    for (uint32_t i = 0; i < bout->len; i++)
+        if (bout->v.items[i].type != MP_STR)
+            return bad(err, "batched inputs/outputs", "are malformed");
+    m->nplans = rows->len;
+    m->plans = mlc_zalloc(&m->alloc, rows->len * sizeof(mlc_plan));
+    if (!m->plans)
+        return mlc_fail(err, MLC_ERR_INTERNAL, "out of memory");
+    for (uint32_t i = 0; i < rows->len; i++) {
+        char what[32];
+        snprintf(what, sizeof what, "plan %u", i);
+        if ((s = get_map(&rows->v.items[i], what, err)))
+            return s;
+        if ((s = parse_plan(m, &rows->v.items[i], what,
+                            mp_get(&rows->v.items[i], "batch")->v.i, &m->plans[i], err)))
+            return s;
+    }
+    const mlc_plan *ref = &m->plans[0];
+    for (size_t p = 0; p < m->nplans; p++) {
+        mlc_plan *plan = &m->plans[p];
+        for (int kind = 0; kind < 2; kind++) {
+            size_t n = kind ? plan->noutputs : plan->ninputs;
+            size_t nref = kind ? ref->noutputs : ref->ninputs;
+            const mp_node *names = kind ? bout : bin;
+            if (n != nref)
+                return bad(err, kind ? "the plans' outputs" : "the plans' inputs", "differ");
+            for (size_t i = 0; i < n; i++) {
+                mlc_iorow *s1 = kind ? &plan->outputs[i] : &plan->inputs[i];
+                const mlc_iorow *r = kind ? &ref->outputs[i] : &ref->inputs[i];
+                if (strcmp(s1->name, r->name) || s1->dtype != r->dtype || s1->ndim != r->ndim)
+                    return bad(err, kind ? "the plans' outputs" : "the plans' inputs", "differ");
+                int batched = 0;
+                for (uint32_t j = 0; j < names->len; j++)
+                    if (mp_str_eq(&names->v.items[j], s1->name))
+                        batched = 1;
+                s1->batched = batched;
+                if (batched || kind) {
+                    if (!batched || !s1->ndim || s1->shape[0] != plan->batch
+                        || memcmp(s1->shape + 1, r->shape + 1, (size_t)(s1->ndim - 1) * 8))
+                        return mlc_fail(err, MLC_ERR_BUNDLE, "bundle header: %s '%s' of the "
+                                        "batch-%lld plan does not have the batch first",
+                                        kind ? "output" : "input", s1->name,
+                                        (long long)plan->batch);
+                } else if (memcmp(s1->shape, r->shape, (size_t)s1->ndim * 8)) {
+                    return mlc_fail(err, MLC_ERR_BUNDLE, "bundle header: input '%s' differs "
+                                    "between plans", s1->name);
+                }
+            }
+        }
+    }
+    for (uint32_t j = 0; j < bin->len; j++) {
+        int found = 0;
+        for (size_t i = 0; i < ref->ninputs; i++)
+            found |= mp_str_eq(&bin->v.items[j], ref->inputs[i].name);
+        if (!found)
+            return bad(err, "batched inputs", "name no input");
+    }
+    m->batched = 1;
+    return MLC_OK;
+}
+
+mlc_status mlc_parse_header(mlc_model *m, mlc_error *err)
+{
+    const mp_node *h = m->header;
+    mlc_status s;
+    const mp_node *mr = mp_get(h, "min_reader");
+    if (mr && !is_version(mr))
+        return bad(err, "min_reader", "is not a [major, minor] version");
+    if (mp_get(h, "specialized"))
+        return bad(err, "specialized plans", "go with a symbolic plan only");
+    const mp_node *consts = mp_get(h, "constants");
+    if ((s = get_list(consts, "constants", 0, err)))
+        return s;
+    m->nconstants = consts->len;
+    m->constants = mlc_zalloc(&m->alloc, (consts->len + 1) * sizeof(mlc_ref));
+    m->constant_dtypes = mlc_zalloc(&m->alloc, (consts->len + 1) * sizeof(mlc_dtype));
+    if (!m->constants || !m->constant_dtypes)
+        return mlc_fail(err, MLC_ERR_INTERNAL, "out of memory");
+    for (uint32_t i = 0; i < consts->len; i++) {
+        const mp_node *c = &consts->v.items[i];
+        char w[48];
+        int ndim;
+        int64_t shape[MLC_MAX_DIMS];
+        uint64_t nb;
+        snprintf(w, sizeof w, "constant %u", i);
+        if ((s = get_map(c, w, err)) || (s = get_shape(mp_get(c, "shape"), w, &ndim, shape, err))
+            || (s = get_dtype(mp_get(c, "dtype"), w, &m->constant_dtypes[i], err))
+            || (s = get_ref(m, mp_get(c, "data"), w, &m->constants[i], err)))
+            return s;
+        if (mlc_nbytes(shape, ndim, m->constant_dtypes[i], &nb) || nb != m->constants[i].size)
+            return mlc_fail(err, MLC_ERR_BUNDLE, "%s: payload size %llu does not match %s's "
+                            "shape and dtype", m->name, (unsigned long long)m->constants[i].size,
+                            w);
+    }
+    const mp_node *labels = mp_get(h, "labels");
+    if (labels && labels->type != MP_NIL && labels->type != MP_ARRAY)
+        return bad(err, "labels", "must be a list");
+    const mp_node *pre = mp_get(h, "preprocess");
+    if (pre && pre->type != MP_NIL && pre->type != MP_MAP)
+        return bad(err, "preprocess", "is not a map");
+    const mp_node *pad = mp_get(h, "pad");
+    if (pad && pad->type != MP_NIL && pad->type != MP_BIN)
+        return bad(err, "pad", "is not bytes");
+    mlc_plan top;
+    memset(&top, 0, sizeof top);
+    if ((s = parse_plan(m, h, "", 0, &top, err)))
+        return s;
+    if ((s = parse_batch(m, err)))
+        return s;
+    if (!m->plans) {
+        m->plans = mlc_zalloc(&m->alloc, sizeof(mlc_plan));
+        if (!m->plans)
+            return mlc_fail(err, MLC_ERR_INTERNAL, "out of memory");
+        m->plans[0] = top;
+        m->nplans = 1;
+    } else {
+        /* the top level is a copy of the largest plan, for readers of format 1.0 */
+        const mlc_plan *last = &m->plans[m->nplans - 1];
+        if (top.ntensors != last->ntensors || top.nkernels != last->nkernels
+            || top.ncode != last->ncode || top.bytecode.off != last->bytecode.off
+            || top.arena_bytes != last->arena_bytes)
+            return bad(err, "top-level plan", "differs from the largest batch plan");
+    }
+    if ((s = parse_golden(m, err)))
+        return s;
+    return check_disjoint(m, err);
+}

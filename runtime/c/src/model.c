@@ -1,0 +1,723 @@
+/* Opening a bundle and running it: the order of runtime/model.py. Read and hash the file,
+ * validate the header, choose a code variant this CPU runs (refusing before any code is mapped),
+ * resolve library functions, map the object code, decode and check the bytecode, then lay the
+ * tensors over one arena and the mapped constants. A run copies the inputs into the arena, runs
+ * the program (the bundle's native step loop when it has one), and copies the outputs out. */
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "model.h"
+
+
+#define MAX_OPERANDS 4096
+
+void mlc_options_init(mlc_options *o)
+{
+    memset(o, 0, sizeof *o);
+    o->threads = 1;
+}
+
+const char *mlc_version(void)
+{
+    return "0.1 (format 1.4, abi 1)";
+}
+
+static mlc_status decode(mlc_model *m, mlc_plan *p, mlc_error *err)
+{
+    if (p->bytecode.size % 4)
+        return mlc_fail(err, MLC_ERR_BUNDLE, "%s: bytecode length is not a multiple of 4",
+                        m->name);
+    size_t nw = (size_t)(p->bytecode.size / 4);
+    int32_t *w = mlc_zalloc(&m->alloc, (nw + 1) * 4);
+    if (!w)
+        return mlc_fail(err, MLC_ERR_INTERNAL, "out of memory");
+    memcpy(w, m->data + m->data_start + p->bytecode.off, nw * 4);   /* little-endian hosts */
+    /* count, then fill */
+    for (int pass = 0; pass < 2; pass++) {
+        size_t pc = 0, k = 0;
+        while (pc < nw) {
+            int32_t op = w[pc];
+            const char *why = NULL;
+            if (op == OP_COPY) {
+                if (pc + 3 > nw)
+                    why = "truncated COPY";
+                else if (w[pc + 1] < 0 || (size_t)w[pc + 1] >= p->ntensors || w[pc + 2] < 0
+                         || (size_t)w[pc + 2] >= p->ntensors)
+                    why = "tensor index out of range";
+                if (why)
+                    return mlc_fail(err, MLC_ERR_BUNDLE, "%s: invalid bytecode at word %zu: %s",
+                                    m->name, pc, why);
+                if (pass)
+                    p->program[k] = (mlc_instr){OP_COPY, (uint32_t)w[pc + 1], 1, &w[pc + 2],
+                                                NULL, NULL};
+                k++;
+                pc += 3;
+                continue;
+            }
+            if (op != OP_KERNEL && op != OP_LIB)
+                return mlc_fail(err, MLC_ERR_BUNDLE, "%s: invalid bytecode at word %zu: unknown "
+                                "opcode %d", m->name, pc, op);
+            if (pc + 3 > nw)
+                return mlc_fail(err, MLC_ERR_BUNDLE, "%s: invalid bytecode at word %zu: "
+                                "truncated call", m->name, pc);
+            int32_t target = w[pc + 1], n = w[pc + 2];
+            size_t limit = op == OP_KERNEL ? p->nkernels : p->nsites;
+            if (target < 0 || (size_t)target >= limit)
+                why = "call target out of range";
+            else if (n <= 0 || n > MAX_OPERANDS || pc + 3 + (size_t)n > nw)
+                why = "bad operand count";
+            else
+                for (int32_t i = 0; i < n; i++)
+                    if (w[pc + 3 + i] < 0 || (size_t)w[pc + 3 + i] >= p->ntensors)
+                        why = "tensor index out of range";
+            if (why)
+                return mlc_fail(err, MLC_ERR_BUNDLE, "%s: invalid bytecode at word %zu: %s",
+                                m->name, pc, why);
+            if (pass)
+                p->program[k] = (mlc_instr){op, (uint32_t)target, (uint32_t)n, &w[pc + 3], NULL,
+                                            NULL};
+            k++;
+            pc += 3 + (size_t)n;
+        }
+        if (!pass) {
+            p->nprogram = k;
+            p->program = mlc_zalloc(&m->alloc, (k + 1) * sizeof(mlc_instr));
+            if (!p->program)
+                return mlc_fail(err, MLC_ERR_INTERNAL, "out of memory");
+        }
+    }
+    for (size_t i = 0; i < p->nprogram; i++) {
+        const mlc_instr *in = &p->program[i];
+        if (in->op != OP_KERNEL)
+            continue;
+        const mlc_krow *k = &p->kernels[in->target];
+        size_t expected = (size_t)k->nin + k->nout + (k->workspace ? 1 : 0);
+        if (in->n != expected)
+            return mlc_fail(err, MLC_ERR_BUNDLE, "bundle header: kernel %s takes %zu tensors, "
+                            "bytecode passes %u", k->name, expected, in->n);
+        if (k->workspace && p->tensors[in->operands[in->n - 1]].nbytes < k->workspace)
+            return mlc_fail(err, MLC_ERR_BUNDLE, "bundle header: kernel %s workspace too small",
+                            k->name);
+    }
+    return MLC_OK;
+}
+
+static mlc_status resolve_sites(mlc_model *m, const mlc_options *o, mlc_error *err)
+{
+    char missing[400] = "";
+    for (size_t p = 0; p < m->nplans; p++)
+        for (size_t i = 0; i < m->plans[p].nsites; i++) {
+            mlc_site *s = &m->plans[p].sites[i];
+            for (size_t j = 0; o && j < o->library_count; j++)
+                if (o->library[j].name && !strcmp(o->library[j].name, s->func) && o->library[j].fn) {
+                    s->fn = o->library[j].fn;
+                    s->user = o->library[j].user;
+                    break;
+                }
+            if (!s->fn)
+                s->fn = mlc_builtin_library(s->func);
+            if (!s->fn) {
+                char needle[140];
+                snprintf(needle, sizeof needle, "%.120s, ", s->func);
+                if (!strstr(missing, needle) && strlen(missing) + strlen(needle) < sizeof missing)
+                    strcat(missing, needle);
+            }
+        }
+    if (missing[0]) {
+        missing[strlen(missing) - 2] = 0;
+        return mlc_fail(err, MLC_ERR_LIBRARY, "%s calls library function(s) %s that this "
+                        "process does not provide: register them in mlc_options.library",
+                        m->name, missing);
+    }
+    return MLC_OK;
+}
+
+static mlc_status map_code(mlc_model *m, mlc_plan *p, mlc_error *err)
+{
+    const mlc_variant *v = &p->code[p->chosen];
+    char arch[16];
+    snprintf(arch, sizeof arch, "%s", strcmp(v->arch, "arm64") ? v->arch : "aarch64");
+    if (!strcmp(arch, "amd64") || !strcmp(arch, "x64"))
+        snprintf(arch, sizeof arch, "x86_64");
+    mlc_error e;
+    if (mlc_elf_load(m->data + m->data_start + v->object.off, (size_t)v->object.size, arch,
+                     &m->alloc, &p->image, &e))
+        return mlc_fail(err, e.status, "%s: %s", m->name, e.message);
+    p->kernel_addr = mlc_zalloc(&m->alloc, (p->nkernels + 1) * sizeof(uintptr_t));
+    if (!p->kernel_addr)
+        return mlc_fail(err, MLC_ERR_INTERNAL, "out of memory");
+    for (size_t i = 0; i < p->nkernels; i++) {
+        p->kernel_addr[i] = mlc_image_symbol(&p->image, p->kernels[i].symbol);
+        if (!p->kernel_addr[i])
+            return mlc_fail(err, MLC_ERR_CODE, "%s: object code defines no global symbol '%.80s'",
+                            m->name, p->kernels[i].symbol);
+    }
+    p->pool.worker = mlc_image_symbol(&p->image, "mlcpack_pool_worker");
+    p->pool.run = mlc_image_symbol(&p->image, "mlcpack_pool_run");
+    p->pool.join = mlc_image_symbol(&p->image, "mlcpack_pool_join");
+    p->has_pool = p->pool.worker && p->pool.run && p->pool.join;
+    p->pool.steps = p->has_pool ? mlc_image_symbol(&p->image, "mlcpack_pool_steps") : 0;
+    return MLC_OK;
+}
+
+/* Tensor addresses over the arena and the constants, the kernels' void*[], the library calls'
+ * tensors, the step loop's table and segments, the worker threads. */
+static mlc_status prepare(mlc_model *m, mlc_plan *p, mlc_error *err)
+{
+    p->addr = mlc_zalloc(&m->alloc, (p->ntensors + 1) * sizeof(uint8_t *));
+    if (!p->addr)
+        return mlc_fail(err, MLC_ERR_INTERNAL, "out of memory");
+    for (size_t i = 0; i < p->ntensors; i++) {
+        const mlc_trow *t = &p->tensors[i];
+        if (t->kind == T_ARENA && t->ref <= p->arena_bytes && t->nbytes <= p->arena_bytes - t->ref)
+            p->addr[i] = m->arena + t->ref;
+        else if (t->kind == T_CONST && t->ref < m->nconstants
+                 && m->constants[t->ref].size == t->nbytes
+                 && mlc_storage(m->constant_dtypes[t->ref]) == mlc_storage(t->dtype))
+            p->addr[i] = (uint8_t *)m->data + m->data_start + m->constants[t->ref].off;
+        else
+            return mlc_fail(err, MLC_ERR_BUNDLE, "bundle header: tensor %zu lies outside its "
+                            "storage", i);
+    }
+    for (int kind = 0; kind < 2; kind++) {
+        size_t n = kind ? p->noutputs : p->ninputs;
+        for (size_t i = 0; i < n; i++) {
+            const mlc_iorow *io = kind ? &p->outputs[i] : &p->inputs[i];
+            const mlc_trow *t = &p->tensors[io->tensor];
+            if (t->nbytes != io->nbytes || mlc_storage(t->dtype) != mlc_storage(io->dtype)
+                || (kind == 0 && t->kind != T_ARENA))
+                return mlc_fail(err, MLC_ERR_BUNDLE, "bundle header: %s '%s' does not match its "
+                                "tensor row", kind ? "output" : "input", io->name);
+        }
+    }
+    size_t ncalls = 0;
+    int any_parallel = 0;
+    for (size_t i = 0; i < p->nprogram; i++) {
+        mlc_instr *in = &p->program[i];
+        if (in->op == OP_KERNEL) {
+            in->args = mlc_zalloc(&m->alloc, in->n * sizeof(void *));
+            if (!in->args)
+                return mlc_fail(err, MLC_ERR_INTERNAL, "out of memory");
+            for (uint32_t j = 0; j < in->n; j++)
+                in->args[j] = p->addr[in->operands[j]];
+            ncalls++;
+            any_parallel |= p->kernels[in->target].parallel;
+        } else if (in->op == OP_LIB) {
+            in->tensors = mlc_zalloc(&m->alloc, in->n * sizeof(mlc_tensor));
+            if (!in->tensors)
+                return mlc_fail(err, MLC_ERR_INTERNAL, "out of memory");
+            for (uint32_t j = 0; j < in->n; j++) {
+                const mlc_trow *t = &p->tensors[in->operands[j]];
+                mlc_tensor *x = &in->tensors[j];
+                x->data = p->addr[in->operands[j]];
+                x->nbytes = (size_t)t->nbytes;
+                x->dtype = t->dtype;
+                x->ndim = t->ndim;
+                memcpy(x->dims, t->shape, sizeof x->dims);
+            }
+        } else {
+            const mlc_trow *src = &p->tensors[in->target], *dst = &p->tensors[in->operands[0]];
+            if (src->nbytes != dst->nbytes || mlc_storage(src->dtype) != mlc_storage(dst->dtype))
+                return mlc_fail(err, MLC_ERR_BUNDLE, "%s: a COPY instruction joins tensors of "
+                                "different sizes or dtypes", m->name);
+            if (dst->kind != T_ARENA)
+                return mlc_fail(err, MLC_ERR_BUNDLE, "%s: a COPY instruction writes a constant",
+                                m->name);
+        }
+    }
+    if (m->threads > 1 && any_parallel) {
+        mlc_status s = mlc_threads_start(m->threads - 1, p->has_pool ? &p->pool : NULL,
+                                         &p->threads, err);
+        if (s)
+            return s;
+    }
+    if (!p->pool.steps || !ncalls)
+        return MLC_OK;
+    p->ncalls = ncalls;
+    p->table = mlc_zalloc(&m->alloc, 3 * ncalls * sizeof(uint64_t));
+    p->segments = mlc_zalloc(&m->alloc, (p->nprogram + 1) * sizeof(mlc_segment));
+    if (!p->table || !p->segments)
+        return mlc_fail(err, MLC_ERR_INTERNAL, "out of memory");
+    size_t k = 0;
+    for (size_t i = 0; i < p->nprogram; i++) {
+        mlc_instr *in = &p->program[i];
+        if (in->op == OP_KERNEL) {
+            p->table[3 * k] = p->kernel_addr[in->target];
+            p->table[3 * k + 1] = (uint64_t)(uintptr_t)in->args;
+            p->table[3 * k + 2] = p->kernels[in->target].parallel && p->threads
+                                  ? (uint64_t)m->threads : 0;
+            if (p->nsegments && p->segments[p->nsegments - 1].start >= 0
+                && p->segments[p->nsegments - 1].end == (int64_t)k)
+                p->segments[p->nsegments - 1].end = (int64_t)k + 1;
+            else
+                p->segments[p->nsegments++] = (mlc_segment){(int64_t)k, (int64_t)k + 1};
+            k++;
+        } else {
+            p->segments[p->nsegments++] = (mlc_segment){-1 - (int64_t)i, 0};
+        }
+    }
+    return MLC_OK;
+}
+
+static mlc_status open_common(mlc_model *m, const mlc_options *o, mlc_error *err)
+{
+    mlc_status s;
+    if ((s = mlc_read_file_layout(m, !(o && o->skip_digest), err)))
+        return s;
+    if ((s = mlc_check_signature(m, o, err)))   /* before anything in the bundle is used */
+        return s;
+    if ((s = mlc_parse_header(m, err)))
+        return s;
+    int threads = o && o->threads > 1 ? o->threads : 1;
+    m->threads = threads > MLC_MAX_THREADS ? MLC_MAX_THREADS : threads;
+    if ((s = mlc_cpu_host(&m->cpu, o ? o->cpu_arch : NULL, o ? o->cpu_features : NULL,
+                          &m->alloc, err)))
+        return s;
+    /* CPU features are checked before any code is mapped (every plan's code). */
+    for (size_t p = 0; p < m->nplans; p++) {
+        mlc_plan *plan = &m->plans[p];
+        mlc_variant_req *req = mlc_zalloc(&m->alloc, plan->ncode * sizeof *req);
+        if (!req)
+            return mlc_fail(err, MLC_ERR_INTERNAL, "out of memory");
+        for (size_t i = 0; i < plan->ncode; i++)
+            req[i] = (mlc_variant_req){plan->code[i].arch, plan->code[i].level,
+                                       plan->code[i].features, plan->code[i].nfeatures};
+        plan->chosen = mlc_cpu_pick(&m->cpu, req, plan->ncode, m->name, err);
+        if (plan->chosen < 0)
+            return MLC_ERR_CPU;
+    }
+    if ((s = resolve_sites(m, o, err)))   /* before any code is mapped too */
+        return s;
+    for (size_t p = 0; p < m->nplans; p++) {
+        if ((s = map_code(m, &m->plans[p], err)) || (s = decode(m, &m->plans[p], err)))
+            return s;
+        if (m->plans[p].arena_bytes > m->arena_bytes)
+            m->arena_bytes = m->plans[p].arena_bytes;
+    }
+    if (m->arena_bytes > SIZE_MAX - 128
+        || posix_memalign((void **)&m->arena_raw, 64, (size_t)m->arena_bytes + 64) != 0)
+        return mlc_fail(err, MLC_ERR_BUNDLE, "%s: its memory plan asks for a %llu-byte arena, "
+                        "which cannot be allocated here", m->name,
+                        (unsigned long long)m->arena_bytes);
+    memset(m->arena_raw, 0, (size_t)m->arena_bytes + 64);
+    m->arena = m->arena_raw;
+    for (size_t p = 0; p < m->nplans; p++)
+        if ((s = prepare(m, &m->plans[p], err)))
+            return s;
+    if (pthread_mutex_init(&m->lock, NULL))
+        return mlc_fail(err, MLC_ERR_INTERNAL, "cannot create a mutex");
+    m->lock_ready = 1;
+    return MLC_OK;
+}
+
+static const char *base_name(const char *path)
+{
+    const char *slash = strrchr(path, '/');
+    return slash ? slash + 1 : path;
+}
+
+mlc_status mlc_open_memory(const void *data, size_t size, const mlc_options *o,
+                           mlc_model **out, mlc_error *err)
+{
+    if (!out)
+        return mlc_fail(err, MLC_ERR_USAGE, "mlc_open_memory: model must not be NULL");
+    *out = NULL;
+    if (!data && size)
+        return mlc_fail(err, MLC_ERR_USAGE, "mlc_open_memory: data is NULL");
+    if ((uintptr_t)data % 64)
+        return mlc_fail(err, MLC_ERR_USAGE, "mlc_open_memory: the bundle's bytes must start on "
+                        "a 64-byte boundary (the payloads are 64-byte aligned)");
+    mlc_model *m = calloc(1, sizeof *m);
+    if (!m)
+        return mlc_fail(err, MLC_ERR_INTERNAL, "out of memory");
+    snprintf(m->name, sizeof m->name, "the bundle");
+    m->data = data;
+    m->size = size;
+    mlc_status s = open_common(m, o, err);
+    if (s) {
+        mlc_close(m);
+        return s;
+    }
+    *out = m;
+    return MLC_OK;
+}
+
+mlc_status mlc_open_file(const char *path, const mlc_options *o, mlc_model **out,
+                         mlc_error *err)
+{
+    if (!out || !path)
+        return mlc_fail(err, MLC_ERR_USAGE, "mlc_open_file: path and model must not be NULL");
+    *out = NULL;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        int e = errno;
+        if (e == ENOENT)
+            return mlc_fail(err, MLC_ERR_BUNDLE, "%s: no such file", path);
+        if (e == EACCES)
+            return mlc_fail(err, MLC_ERR_BUNDLE, "%s: permission denied", path);
+        return mlc_fail(err, MLC_ERR_BUNDLE, "%s cannot be read: %s", path, strerror(e));
+    }
+    struct stat st;
+    if (fstat(fd, &st) != 0) {
+        close(fd);
+        return mlc_fail(err, MLC_ERR_BUNDLE, "%s cannot be read: %s", path, strerror(errno));
+    }
+    if (S_ISDIR(st.st_mode)) {
+        close(fd);
+        return mlc_fail(err, MLC_ERR_BUNDLE, "%s is a directory, not a bundle", path);
+    }
+    size_t size = (size_t)st.st_size;
+    if (size < 60) {
+        close(fd);
+        return mlc_fail(err, MLC_ERR_BUNDLE, "%s is too small to be an mlcpack bundle (%zu "
+                        "bytes)", base_name(path), size);
+    }
+    void *map = mmap(NULL, size, PROT_READ, MAP_PRIVATE, fd, 0);
+    close(fd);
+    if (map == MAP_FAILED)
+        return mlc_fail(err, MLC_ERR_BUNDLE, "%s cannot be read: %s", path, strerror(errno));
+    mlc_model *m = calloc(1, sizeof *m);
+    if (!m) {
+        munmap(map, size);
+        return mlc_fail(err, MLC_ERR_INTERNAL, "out of memory");
+    }
+    snprintf(m->name, sizeof m->name, "%s", base_name(path));
+    m->data = map;
+    m->size = size;
+    m->mapping = map;
+    m->mapping_size = size;
+    mlc_status s = open_common(m, o, err);
+    if (s) {
+        mlc_close(m);
+        return s;
+    }
+    *out = m;
+    return MLC_OK;
+}
+
+void mlc_close(mlc_model *m)
+{
+    if (!m)
+        return;
+    for (size_t p = 0; p < m->nplans; p++) {
+        mlc_threads_stop(m->plans[p].threads);
+        mlc_elf_unload(&m->plans[p].image);
+    }
+    if (m->lock_ready)
+        pthread_mutex_destroy(&m->lock);
+    free(m->arena_raw);
+    if (m->mapping)
+        munmap(m->mapping, m->mapping_size);
+    mlc_alloc_free(&m->alloc);
+    free(m);
+}
+
+/* ---- specs ---- */
+
+size_t mlc_input_count(const mlc_model *m)
+{
+    return m ? m->plans[0].ninputs : 0;
+}
+
+size_t mlc_output_count(const mlc_model *m)
+{
+    return m ? m->plans[0].noutputs : 0;
+}
+
+static mlc_status info(const mlc_model *m, int kind, size_t i, mlc_tensor_info *out)
+{
+    if (!m || !out || i >= (kind ? m->plans[0].noutputs : m->plans[0].ninputs))
+        return MLC_ERR_USAGE;
+    const mlc_iorow *io = kind ? &m->plans[0].outputs[i] : &m->plans[0].inputs[i];
+    memset(out, 0, sizeof *out);
+    out->name = io->name;
+    out->dtype = io->dtype;
+    out->ndim = io->ndim;
+    for (int d = 0; d < io->ndim; d++) {
+        out->dims[d] = io->shape[d];
+        out->max_dims[d] = -1;
+    }
+    if (io->batched) {
+        out->dims[0] = -1;
+        out->dim_names[0] = "N";
+    }
+    return MLC_OK;
+}
+
+mlc_status mlc_input_info(const mlc_model *m, size_t i, mlc_tensor_info *out)
+{
+    return info(m, 0, i, out);
+}
+
+mlc_status mlc_output_info(const mlc_model *m, size_t i, mlc_tensor_info *out)
+{
+    return info(m, 1, i, out);
+}
+
+mlc_status mlc_model_facts_get(const mlc_model *m, mlc_model_facts *f)
+{
+    if (!m || !f)
+        return MLC_ERR_USAGE;
+    memset(f, 0, sizeof *f);
+    const mlc_plan *last = &m->plans[m->nplans - 1];
+    f->format_major = m->fmt_major;
+    f->format_minor = m->fmt_minor;
+    f->level = last->code[last->chosen].level;
+    f->arch = last->code[last->chosen].arch;
+    f->variants = last->ncode;
+    f->plans = m->nplans;
+    for (size_t p = 0; p < m->nplans && p < 64; p++)
+        f->batch_sizes[p] = m->plans[p].batch;
+    f->arena_bytes = (size_t)m->arena_bytes;
+    for (size_t p = 0; p < m->nplans; p++)
+        f->code_bytes += m->plans[p].image.code_size;
+    f->instructions = last->nprogram;
+    f->threads = m->threads;
+    f->signed_bundle = m->signed_bundle;
+    return MLC_OK;
+}
+
+/* ---- running ---- */
+
+static mlc_status execute(mlc_model *m, mlc_plan *p, mlc_error *err)
+{
+    if (p->segments) {
+        for (size_t s = 0; s < p->nsegments; s++) {
+            const mlc_segment *seg = &p->segments[s];
+            if (seg->start >= 0) {
+                mlc_threads_steps(p->threads, &p->pool, p->table, seg->start, seg->end);
+                continue;
+            }
+            const mlc_instr *in = &p->program[-1 - seg->start];
+            if (in->op == OP_COPY) {
+                memcpy(p->addr[in->operands[0]], p->addr[in->target],
+                       (size_t)p->tensors[in->target].nbytes);
+            } else {
+                const mlc_site *site = &p->sites[in->target];
+                if (site->fn(site->user, in->tensors, (int)in->n - 1, &in->tensors[in->n - 1],
+                             &site->attrs))
+                    return mlc_fail(err, MLC_ERR_INTERNAL, "%s: library function %s failed",
+                                    m->name, site->func);
+            }
+        }
+        return MLC_OK;
+    }
+    for (size_t i = 0; i < p->nprogram; i++) {
+        const mlc_instr *in = &p->program[i];
+        if (in->op == OP_KERNEL) {
+            mlc_kernel_fn fn = (mlc_kernel_fn)p->kernel_addr[in->target];
+            if (p->threads && p->kernels[in->target].parallel)
+                mlc_threads_run(p->threads, fn, in->args, m->threads);
+            else
+                fn(in->args, 0, 1);
+        } else if (in->op == OP_COPY) {
+            memcpy(p->addr[in->operands[0]], p->addr[in->target],
+                   (size_t)p->tensors[in->target].nbytes);
+        } else {
+            const mlc_site *site = &p->sites[in->target];
+            if (site->fn(site->user, in->tensors, (int)in->n - 1, &in->tensors[in->n - 1],
+                         &site->attrs))
+                return mlc_fail(err, MLC_ERR_INTERNAL, "%s: library function %s failed",
+                                m->name, site->func);
+        }
+    }
+    return MLC_OK;
+}
+
+static void shape_text(const int64_t *dims, int ndim, char *out, size_t size, int batch_n)
+{
+    size_t len = (size_t)snprintf(out, size, "(");
+    for (int i = 0; i < ndim && len < size; i++) {
+        if (i == 0 && batch_n)
+            len += (size_t)snprintf(out + len, size - len, "N");
+        else
+            len += (size_t)snprintf(out + len, size - len, "%s%lld", i ? ", " : "",
+                                    (long long)dims[i]);
+        if (i == 0 && batch_n && ndim > 1)
+            len += (size_t)snprintf(out + len, size - len, "%s", "");
+    }
+    if (len < size)
+        snprintf(out + len, size - len, "%s)", ndim == 1 ? "," : "");
+}
+
+static int dtype_ok(mlc_dtype want, mlc_dtype got)
+{
+    return got == want || (mlc_storage(want) != want && got == mlc_storage(want));
+}
+
+/* The input's dtype and, batched, its dims past the first (any batch >= 1); else all dims. */
+static mlc_status check_input(const mlc_model *m, const mlc_iorow *spec, const mlc_tensor *t,
+                              mlc_error *err)
+{
+    char want[160], got[160];
+    if (!t->data && t->nbytes)
+        return mlc_fail(err, MLC_ERR_INPUT, "input '%s' has no data", spec->name);
+    if (!dtype_ok(spec->dtype, t->dtype))
+        return mlc_fail(err, MLC_ERR_INPUT, "input '%s' has dtype %s; the model takes %s",
+                        spec->name, mlc_dtype_name(t->dtype), mlc_dtype_name(spec->dtype));
+    if (t->ndim < 0 || t->ndim > MLC_MAX_DIMS)
+        return mlc_fail(err, MLC_ERR_INPUT, "input '%s' has rank %d; the model takes rank %d",
+                        spec->name, t->ndim, spec->ndim);
+    shape_text(t->dims, t->ndim, got, sizeof got, 0);
+    shape_text(spec->shape, spec->ndim, want, sizeof want, spec->batched);
+    int same = t->ndim == spec->ndim;
+    for (int d = 0; same && d < t->ndim; d++)
+        if (t->dims[d] != spec->shape[d] && !(spec->batched && d == 0))
+            same = 0;
+    if (!same) {
+        if (spec->batched)
+            return mlc_fail(err, MLC_ERR_INPUT, "input '%s' has shape %s; the model takes %s for "
+                            "any batch N >= 1", spec->name, got, want);
+        if (t->ndim != spec->ndim)
+            return mlc_fail(err, MLC_ERR_INPUT, "input '%s' has rank %d (shape %s); the model "
+                            "takes rank %d shape %s", spec->name, t->ndim, got, spec->ndim, want);
+        return mlc_fail(err, MLC_ERR_INPUT, "input '%s' has shape %s; the model takes %s",
+                        spec->name, got, want);
+    }
+    if (spec->batched && t->dims[0] < 1)
+        return mlc_fail(err, MLC_ERR_INPUT, "input '%s' has a batch of %lld; the model takes %s "
+                        "for any batch N >= 1", spec->name, (long long)t->dims[0], want);
+    uint64_t need;
+    if (mlc_nbytes(t->dims, t->ndim, spec->dtype, &need) || t->nbytes < need)
+        return mlc_fail(err, MLC_ERR_INPUT, "input '%s': its buffer holds %zu bytes, its shape "
+                        "needs more", spec->name, t->nbytes);
+    (void)m;
+    return MLC_OK;
+}
+
+mlc_status mlc_output_nbytes(const mlc_model *m, size_t i, const mlc_tensor *inputs,
+                             size_t ninputs, size_t *nbytes, mlc_error *err)
+{
+    if (!m || !nbytes || i >= m->plans[0].noutputs)
+        return mlc_fail(err, MLC_ERR_USAGE, "mlc_output_nbytes: bad arguments");
+    const mlc_plan *last = &m->plans[m->nplans - 1];
+    const mlc_iorow *o = &last->outputs[i];
+    if (!o->batched) {
+        *nbytes = (size_t)last->tensors[o->tensor].nbytes;
+        return MLC_OK;
+    }
+    int64_t n = -1;
+    for (size_t k = 0; k < last->ninputs && k < ninputs; k++)
+        if (last->inputs[k].batched && inputs[k].ndim > 0)
+            n = inputs[k].dims[0];
+    if (n < 1)
+        return mlc_fail(err, MLC_ERR_INPUT, "mlc_output_nbytes: the batched inputs give no "
+                        "batch size");
+    uint64_t row = last->tensors[o->tensor].nbytes / (uint64_t)last->batch, total;
+    if (__builtin_mul_overflow(row, (uint64_t)n, &total) || total > SIZE_MAX)
+        return mlc_fail(err, MLC_ERR_INPUT, "output '%s' is too large", o->name);
+    *nbytes = (size_t)total;
+    return MLC_OK;
+}
+
+static void set_output(mlc_tensor *t, const mlc_trow *row, int64_t batch)
+{
+    t->dtype = row->dtype;
+    t->ndim = row->ndim;
+    memset(t->dims, 0, sizeof t->dims);
+    memcpy(t->dims, row->shape, (size_t)row->ndim * sizeof(int64_t));
+    if (batch >= 0)
+        t->dims[0] = batch;
+}
+
+static mlc_status run_batched(mlc_model *m, const mlc_tensor *inputs, mlc_tensor *outputs,
+                              int64_t n, mlc_error *err)
+{
+    const mlc_plan *largest = &m->plans[m->nplans - 1];
+    int64_t done = 0;
+    while (done < n) {
+        int64_t chunk = n - done < largest->batch ? n - done : largest->batch;
+        mlc_plan *p = &m->plans[0];
+        for (size_t k = 0; k < m->nplans; k++)
+            if (m->plans[k].batch >= chunk) {
+                p = &m->plans[k];
+                break;
+            }
+        for (size_t i = 0; i < p->ninputs; i++) {
+            const mlc_iorow *io = &p->inputs[i];
+            uint8_t *dst = p->addr[io->tensor];
+            if (!io->batched) {
+                memcpy(dst, inputs[i].data, (size_t)io->nbytes);
+                continue;
+            }
+            size_t row = (size_t)(io->nbytes / (uint64_t)p->batch);
+            memcpy(dst, (const uint8_t *)inputs[i].data + (size_t)done * row, (size_t)chunk * row);
+            memset(dst + (size_t)chunk * row, 0, (size_t)(p->batch - chunk) * row);
+        }
+        mlc_status s = execute(m, p, err);
+        if (s)
+            return s;
+        for (size_t i = 0; i < p->noutputs; i++) {
+            const mlc_iorow *io = &p->outputs[i];
+            size_t row = (size_t)(p->tensors[io->tensor].nbytes / (uint64_t)p->batch);
+            memcpy((uint8_t *)outputs[i].data + (size_t)done * row, p->addr[io->tensor],
+                   (size_t)chunk * row);
+        }
+        done += chunk;
+    }
+    return MLC_OK;
+}
+
+mlc_status mlc_run(mlc_model *m, const mlc_tensor *inputs, size_t ninputs, mlc_tensor *outputs,
+                   size_t noutputs, mlc_error *err)
+{
+    if (!m)
+        return mlc_fail(err, MLC_ERR_USAGE, "mlc_run: model is NULL");
+    mlc_plan *last = &m->plans[m->nplans - 1];
+    if (ninputs != last->ninputs || (ninputs && !inputs))
+        return mlc_fail(err, MLC_ERR_INPUT, "%s takes %zu input(s), got %zu", m->name,
+                        last->ninputs, ninputs);
+    if (noutputs != last->noutputs || (noutputs && !outputs))
+        return mlc_fail(err, MLC_ERR_USAGE, "%s has %zu output(s); mlc_run was given %zu",
+                        m->name, last->noutputs, noutputs);
+    int64_t n = -1;
+    for (size_t i = 0; i < ninputs; i++) {
+        mlc_status s = check_input(m, &last->inputs[i], &inputs[i], err);
+        if (s)
+            return s;
+        if (last->inputs[i].batched) {
+            if (n >= 0 && inputs[i].dims[0] != n)
+                return mlc_fail(err, MLC_ERR_INPUT, "input '%s' has batch %lld, another input "
+                                "has %lld: the batched inputs must agree", last->inputs[i].name,
+                                (long long)inputs[i].dims[0], (long long)n);
+            n = inputs[i].dims[0];
+        }
+    }
+    for (size_t i = 0; i < noutputs; i++) {
+        size_t need;
+        mlc_status s = mlc_output_nbytes(m, i, inputs, ninputs, &need, err);
+        if (s)
+            return s;
+        if (!outputs[i].data || outputs[i].nbytes < need)
+            return mlc_fail(err, MLC_ERR_USAGE, "output '%s' needs a buffer of %zu bytes, got "
+                            "%zu", last->outputs[i].name, need, outputs[i].nbytes);
+    }
+    pthread_mutex_lock(&m->lock);
+    mlc_status s;
+    if (m->batched) {
+        s = run_batched(m, inputs, outputs, n, err);
+    } else {
+        for (size_t i = 0; i < ninputs; i++)
+            memcpy(last->addr[last->inputs[i].tensor], inputs[i].data,
+                   (size_t)last->inputs[i].nbytes);
+        s = execute(m, last, err);
+        if (!s)
+            for (size_t i = 0; i < noutputs; i++) {
+                const mlc_trow *row = &last->tensors[last->outputs[i].tensor];
+                memcpy(outputs[i].data, last->addr[last->outputs[i].tensor], (size_t)row->nbytes);
+            }
+    }
+    pthread_mutex_unlock(&m->lock);
+    if (!s)
+        for (size_t i = 0; i < noutputs; i++)
+            set_output(&outputs[i], &last->tensors[last->outputs[i].tensor],
+                       last->outputs[i].batched ? n : -1);
+    return s;
+}
