@@ -96,7 +96,7 @@ int main(int argc, char **argv)
             for (size_t c = 1; c < classes; c++)
                 if (scores[c] > scores[best])
                     best = c;
-            printf("%ld %zu %.6f\n", r + 1, best, scores[best]);
+            printf("%ld %zu %.9g\n", r + 1, best, scores[best]);
             ((float *)outputs[0].data)[best] = -INFINITY;
         }
     }

@@ -301,12 +301,17 @@ static mlc_status open_common(mlc_model *m, const mlc_options *o, mlc_error *err
         if (m->plans[p].arena_bytes > m->arena_bytes)
             m->arena_bytes = m->plans[p].arena_bytes;
     }
-    if (m->arena_bytes > SIZE_MAX - 128
-        || posix_memalign((void **)&m->arena_raw, 64, (size_t)m->arena_bytes + 64) != 0)
+    /* zeroed pages from the kernel, touched only where the plan writes (as numpy's calloc) */
+    size_t arena_size = (size_t)m->arena_bytes + 64;
+    void *arena = m->arena_bytes > SIZE_MAX / 2 ? MAP_FAILED
+                  : mmap(NULL, arena_size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
+                         -1, 0);
+    if (arena == MAP_FAILED)
         return mlc_fail(err, MLC_ERR_BUNDLE, "%s: its memory plan asks for a %llu-byte arena, "
                         "which cannot be allocated here", m->name,
                         (unsigned long long)m->arena_bytes);
-    memset(m->arena_raw, 0, (size_t)m->arena_bytes + 64);
+    m->arena_raw = arena;
+    m->arena_size = arena_size;
     m->arena = m->arena_raw;
     for (size_t p = 0; p < m->nplans; p++)
         if ((s = prepare(m, &m->plans[p], err)))
@@ -412,7 +417,8 @@ void mlc_close(mlc_model *m)
     }
     if (m->lock_ready)
         pthread_mutex_destroy(&m->lock);
-    free(m->arena_raw);
+    if (m->arena_raw)
+        munmap(m->arena_raw, m->arena_size);
     if (m->mapping)
         munmap(m->mapping, m->mapping_size);
     mlc_alloc_free(&m->alloc);

@@ -127,6 +127,7 @@ struct mlc_model {
     int threads;
     mlc_cpu cpu;
     uint8_t *arena_raw;
+    size_t arena_size;
     uint8_t *arena;
     uint64_t arena_bytes;
     pthread_mutex_t lock;

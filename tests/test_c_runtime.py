@@ -1,0 +1,388 @@
+"""The C runtime (runtime/c: libmlcrt, mlcrun, the classify example) against the Python runtime:
+the same bundles give bit-identical outputs at 1 and 2 threads (demo models, conv nets with
+parallel kernels, a quantized net, batch plans, fat bundles pinned to each x86 level), its
+SHA-256 and msgpack reader agree with hashlib and msgpack, and damaged bundles are refused with
+the README's exit codes by an AddressSanitizer + UndefinedBehaviorSanitizer build, which the
+project's bundle fuzzer (tests/fuzzing.py) is also pointed at.
+
+Built with ``make -C runtime/c`` (and ``make sanitize``) in the tree's gitignored build folders;
+skipped, saying why, only where there is no C compiler."""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import random
+import shutil
+import subprocess
+from pathlib import Path
+
+import msgpack
+import numpy as np
+import pytest
+from mlcpack.runtime import load
+from mlcpack.runtime import elf
+
+from bundle_parts import pack, read_parts
+from conftest import ARTIFACTS, MLP_PICKLE, X86_V2, X86_V3, X86_V4
+
+CDIR = Path(__file__).resolve().parent.parent / "runtime" / "c"
+CC = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
+HOST_X86 = elf._real_arch() == "x86_64"
+pytestmark = pytest.mark.skipif(CC is None, reason="no C compiler (cc or gcc) on this machine: "
+                                "the C runtime cannot be built")
+ENV_KEYS = ("MLCPACK_CPU_FEATURES", "MLCPACK_CPU_ARCH", "MLCPACK_NUM_THREADS")
+# LeakSanitizer on, and a sanitizer report fails the process with a code no refusal uses
+ASAN = {"ASAN_OPTIONS": "detect_leaks=1:exitcode=99:abort_on_error=0",
+        "UBSAN_OPTIONS": "halt_on_error=1:exitcode=98:print_stacktrace=1"}
+
+
+def _make(*targets: str) -> None:
+    proc = subprocess.run(["make", "-C", str(CDIR), "-j2", f"CC={CC}", *targets],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+
+
+@pytest.fixture(scope="module")
+def build() -> Path:
+    _make("all")
+    return CDIR / "build"
+
+
+@pytest.fixture(scope="module")
+def asan() -> Path:
+    _make("sanitize")
+    return CDIR / "build-asan"
+
+
+def mlcrun(build_dir: Path, *args, env: dict | None = None, timeout: float = 60
+           ) -> subprocess.CompletedProcess:
+    full = {k: v for k, v in os.environ.items() if k not in ENV_KEYS}
+    full.update(env or {})
+    return subprocess.run([str(build_dir / "mlcrun"), *map(str, args)], capture_output=True,
+                          text=True, env=full, timeout=timeout)
+
+
+def one_line_error(proc: subprocess.CompletedProcess) -> str:
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), proc.stderr
+    return lines[0]
+
+
+def c_outputs(build_dir: Path, bundle: Path, feeds: list[np.ndarray], tmp: Path, threads: int,
+              env: dict | None = None) -> list[np.ndarray]:
+    tmp.mkdir(parents=True, exist_ok=True)
+    names = []
+    for i, x in enumerate(feeds):
+        np.save(tmp / f"in{i}.npy", x)
+        names.append(tmp / f"in{i}.npy")
+    proc = mlcrun(build_dir, "run", bundle, *names, "-o", tmp / "out", "--threads", threads,
+                  env=env)
+    assert proc.returncode == 0, proc.stderr
+    n = len(proc.stdout.splitlines())
+    return [np.load(tmp / "out" / f"out{i}.npy") for i in range(n)]
+
+
+def assert_bit_identical(build_dir: Path, bundle: Path, feeds: dict, tmp: Path,
+                         threads=(1, 2), env: dict | None = None) -> None:
+    for t in threads:
+        with load(bundle, threads=t) as model:
+            want = model.run(feeds)
+            names = [s.name for s in model.outputs]
+        got = c_outputs(build_dir, bundle, list(feeds.values()), tmp / f"t{t}", t, env)
+        assert len(got) == len(names)
+        for name, g in zip(names, got):
+            w = want[name]
+            assert g.dtype == w.dtype and g.shape == w.shape, (name, g.shape, w.shape)
+            assert g.tobytes() == w.tobytes(), f"{bundle.name} output {name} at {t} threads"
+
+
+@pytest.fixture(scope="module")
+def bundles(tmp_path_factory, run_cli, mlp_bundle) -> dict[str, Path]:
+    """The demo models (the MLP pickle as conftest exports it, the CNN as the default portable
+    export: fat, x86-64-v2 .. this host's level), the MLP with batch plans, a conv net with
+    parallel kernels, an int8 QDQ conv net."""
+    from conv_models import conv_model
+    from quant_models import conv_net, ort_quantize
+
+    folder = tmp_path_factory.mktemp("cbundles")
+    conv = folder / "conv.onnx"
+    import onnx
+    onnx.save(conv_model(1, 16, 24, 24, 32, 3, 1, act="silu", residual=True), conv)
+    qdq = ort_quantize(conv_net(folder / "qnet.onnx"), folder / "qnet_qdq.onnx", "QDQ")
+    jobs = {"mlp_onnx": [ARTIFACTS / "mlp.onnx", "--target", "host"],
+            "cnn": [ARTIFACTS / "cnn.onnx"],
+            "batch": [MLP_PICKLE, "--batch-sizes", "1,4", "--target", "host"],
+            "conv": [conv, "--target", "host"], "qdq": [qdq, "--target", "host"]}
+    out = {"mlp_pkl": mlp_bundle[0]}
+    for name, args in jobs.items():
+        path = folder / f"{name}.mlc"
+        proc = run_cli("export", args[0], "-o", path, *args[1:], timeout=300)
+        assert proc.returncode == 0, proc.stderr
+        out[name] = path
+    return out
+
+
+def _feeds(bundle: Path, seed: int = 0, batch: int | None = None) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    with load(bundle) as model:
+        specs = model.inputs
+    out = {}
+    for s in specs:
+        shape = tuple(batch if d == "N" else d for d in s.dims)
+        out[s.name] = rng.standard_normal(shape).astype(s.dtype)
+    return out
+
+
+# ---- building blocks ---------------------------------------------------------------------------
+
+def test_sha256_matches_hashlib(build, tmp_path) -> None:
+    rng = random.Random(5)
+    for size in (0, 1, 55, 56, 63, 64, 65, 119, 120, 1000, 70000):
+        data = bytes(rng.randrange(256) for _ in range(size))
+        (tmp_path / "d").write_bytes(data)
+        out = subprocess.run([build / "test_units", "sha256", tmp_path / "d"],
+                             capture_output=True, text=True, check=True).stdout.strip()
+        assert out == hashlib.sha256(data).hexdigest(), size
+
+
+def test_msgpack_reader_is_strict(build, tmp_path) -> None:
+    cases = {
+        "map": (msgpack.packb({"a": [1, -2, 3.5, None, True, b"x", "é"]}), "ok"),
+        "nested deep": (b"\x91" * 63 + b"\x00", "ok"),
+        "nested too deep": (b"\x91" * 65 + b"\x00", "error 3"),
+        "array past the end": (b"\xdd\xff\xff\xff\xff\x00", "error 3"),
+        "str past the end": (b"\xdb\x00\x00\x10\x00abc", "error 3"),
+        "bad utf-8": (b"\xa2\xff\xfe", "error 3"),
+        "int key": (b"\x81\x01\x02", "error 3"),
+        "ext type": (b"\xd4\x01\x00", "error 3"),
+        "reserved byte": (b"\xc1", "error 3"),
+        "empty": (b"", "error 3"),
+    }
+    for what, (blob, want) in cases.items():
+        (tmp_path / "m").write_bytes(blob)
+        out = subprocess.run([build / "test_units", "msgpack", tmp_path / "m"],
+                             capture_output=True, text=True, check=True).stdout
+        assert out.startswith(want), (what, out)
+        if want == "ok" and what == "map":
+            assert out.split()[1] == str(len(blob))
+
+
+def test_shared_library_api(build, bundles) -> None:
+    lib = ctypes.CDLL(str(build / "libmlcrt.so"))
+    lib.mlc_version.restype = ctypes.c_char_p
+    assert lib.mlc_version().startswith(b"0.1")
+    err = ctypes.create_string_buffer(600)
+    model = ctypes.c_void_p()
+    lib.mlc_open_file.argtypes = [ctypes.c_char_p, ctypes.c_void_p, ctypes.c_void_p,
+                                  ctypes.c_void_p]
+    assert lib.mlc_open_file(str(bundles["cnn"]).encode(), None, ctypes.byref(model), err) == 0
+    lib.mlc_input_count.argtypes = lib.mlc_output_count.argtypes = [ctypes.c_void_p]
+    assert lib.mlc_input_count(model) == 1 and lib.mlc_output_count(model) == 1
+    lib.mlc_close.argtypes = [ctypes.c_void_p]
+    lib.mlc_close(model)
+    assert lib.mlc_open_file(b"/nonexistent.mlc", None, ctypes.byref(model), err) == 3
+    assert b"no such file" in err.raw[4:]
+
+
+# ---- bit-identical outputs ---------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", ["mlp_pkl", "mlp_onnx", "cnn", "conv", "qdq"])
+def test_outputs_are_bit_identical_to_the_python_runtime(build, bundles, tmp_path, name) -> None:
+    assert_bit_identical(build, bundles[name], _feeds(bundles[name]), tmp_path)
+
+
+def test_conv_net_has_parallel_kernels(bundles) -> None:
+    """So the 2-thread runs above go through the bundle's hand-off code and the C workers."""
+    with load(bundles["conv"], threads=2) as model:
+        assert model.has_parallel_kernels
+
+
+@pytest.mark.parametrize("batch", [1, 3, 4, 9])
+def test_batch_plans(build, bundles, tmp_path, batch) -> None:
+    assert_bit_identical(build, bundles["batch"], _feeds(bundles["batch"], batch=batch),
+                         tmp_path, threads=(1,))
+
+
+@pytest.mark.skipif(not HOST_X86, reason="runs x86-64 code variants")
+@pytest.mark.parametrize("level", ["x86-64-v2", "x86-64-v3", "x86-64-v4"])
+def test_fat_bundle_pinned_to_each_level(build, bundles, tmp_path, level) -> None:
+    from mlcpack.runtime import cpu
+
+    flags = {"x86-64-v2": X86_V2, "x86-64-v3": X86_V3, "x86-64-v4": X86_V4}[level]
+    if not set(flags.split(",")) <= cpu._detected_features():
+        pytest.skip(f"needs a host with {level} to run its code")
+    env = {"MLCPACK_CPU_ARCH": "x86_64", "MLCPACK_CPU_FEATURES": flags}
+    proc = mlcrun(build, "inspect", bundles["cnn"], env=env)
+    assert proc.returncode == 0, proc.stderr
+    os.environ.update(env)
+    try:
+        with load(bundles["cnn"]) as model:
+            python_level = model.code_variant["level"]
+        assert f"code {python_level} " in proc.stdout
+        assert_bit_identical(build, bundles["cnn"], _feeds(bundles["cnn"]), tmp_path, env=env)
+    finally:
+        for k in env:
+            os.environ.pop(k)
+
+
+def test_verify_and_bench(build, bundles) -> None:
+    for name in ("cnn", "batch", "qdq"):
+        proc = mlcrun(build, "verify", bundles[name])
+        assert proc.returncode == 0 and proc.stdout.splitlines()[-1] == "PASS", proc.stdout
+    proc = mlcrun(build, "bench", bundles["mlp_pkl"], "--runs", "20", "--threads", "2")
+    assert proc.returncode == 0 and "p50" in proc.stdout and "(20 runs, 2 threads)" in proc.stdout
+
+
+def test_classify_example(build, bundles, tmp_path) -> None:
+    """runtime/c/examples/classify.c: a raw RGB image in, top-k out, as the Python runtime
+    computes it on the same pixels."""
+    from PIL import Image
+
+    rgb = np.asarray(Image.open(ARTIFACTS / "samples" / "digit_3.png").convert("RGB"))
+    h, w, _ = rgb.shape
+    (tmp_path / "img.rgb").write_bytes(rgb.tobytes())
+    proc = subprocess.run([build / "classify", bundles["cnn"], tmp_path / "img.rgb", str(w),
+                           str(h), "3"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    rows = [line.split() for line in proc.stdout.splitlines()[1:]]
+    # the example's preprocessing: nearest-neighbour to 28x28, luma / 255
+    ys, xs = np.arange(28) * h // 28, np.arange(28) * w // 28
+    px = rgb[ys][:, xs].astype(np.float32)
+    luma = (np.float32(0.299) * px[..., 0] + np.float32(0.587) * px[..., 1]
+            + np.float32(0.114) * px[..., 2]) / np.float32(255)
+    with load(bundles["cnn"]) as model:
+        scores = model(luma.reshape(1, 1, 28, 28).astype(np.float32))[0]
+    order = np.argsort(-scores, kind="stable")[:3]
+    assert [int(r[1]) for r in rows] == order.tolist()
+    assert int(rows[0][1]) == 3
+    np.testing.assert_allclose([float(r[2]) for r in rows], scores[order], rtol=1e-5)
+
+
+# ---- damaged bundles and bad inputs, under ASan + UBSan -----------------------------------------
+
+def _damaged(src: Path, tmp: Path) -> dict[str, tuple[Path, int, str]]:
+    """docs/bad-inputs.md's bundle cases: (file, exit code, words in the message)."""
+    data = src.read_bytes()
+    header, payloads = read_parts(src)
+    cases: dict[str, tuple[bytes, int, str]] = {
+        "empty file": (b"", 3, "too small"),
+        "not a bundle": (b"PK\x03\x04" + b"\0" * 100, 3, "not an mlcpack bundle"),
+        "truncated in the header": (data[:40], 3, ""),
+        "truncated in the payloads": (data[:-100], 3, "truncated"),
+        "trailing bytes": (data + b"\0", 3, "trailing"),
+        "flipped payload byte": (data[:-50] + bytes([data[-50] ^ 1]) + data[-49:], 3, "SHA-256"),
+        "flipped header byte": (data[:30] + bytes([data[30] ^ 0x20]) + data[31:], 3, ""),
+    }
+    newer = dict(header, format=[2, 0])
+    cases["newer major"] = (pack(newer, payloads), 4, "upgrade the runtime")
+    minor = dict(header, format=[1, 9], min_reader=[1, 9])
+    cases["newer minor"] = (pack(minor, payloads), 4, "upgrade the runtime")
+    huge = dict(header, tensors=[list(t) for t in header["tensors"]])
+    huge["tensors"][0][2] = [1 << 39, 1 << 39]
+    cases["oversized dims"] = (pack(huge, payloads), 3, "outside its storage")
+    past = dict(header, constants=[dict(c) for c in header["constants"]])
+    past["constants"][0]["data"] = {"offset": 0, "size": 1 << 62}
+    cases["payload past the end"] = (pack(past, payloads), 3, "past the end")
+    code = dict(header, code=[dict(v) for v in header["code"]])
+    for v in code["code"]:
+        v["level"] = "x86-64-v9"
+    cases["unknown level"] = (pack(code, payloads), 5, "unknown to this runtime")
+    lib = dict(header, library_calls=[{"func": "myapp.nothing"}])
+    cases["missing library function"] = (pack(lib, payloads), 8, "myapp.nothing")
+    out = {}
+    for name, (blob, code_, words) in cases.items():
+        path = tmp / (name.replace(" ", "_") + ".mlc")
+        path.write_bytes(blob)
+        out[name] = (path, code_, words)
+    return out
+
+
+def test_damaged_bundles_are_refused_under_sanitizers(asan, bundles, tmp_path) -> None:
+    for name, (path, code, words) in _damaged(bundles["mlp_pkl"], tmp_path).items():
+        for cmd in ("inspect", "verify"):
+            proc = mlcrun(asan, cmd, path, env=ASAN)
+            line = one_line_error(proc)
+            assert proc.returncode == code, (name, proc.returncode, line)
+            assert words in line, (name, line)
+    # a directory, a missing file
+    for path, words in ((tmp_path, "is a directory"), (tmp_path / "nope.mlc", "no such file")):
+        proc = mlcrun(asan, "inspect", path, env=ASAN)
+        assert proc.returncode == 3 and words in one_line_error(proc)
+
+
+@pytest.mark.skipif(not HOST_X86, reason="pins x86-64 CPU features")
+def test_wrong_cpu_is_refused_before_mapping(asan, bundles) -> None:
+    env = dict(ASAN, MLCPACK_CPU_ARCH="x86_64", MLCPACK_CPU_FEATURES="fpu,cx8,cmov,fxsr,mmx,sse,sse2")
+    proc = mlcrun(asan, "inspect", bundles["cnn"], env=env)
+    line = one_line_error(proc)
+    assert proc.returncode == 5 and "x86-64-v2 needs" in line and "--target" in line
+    proc = mlcrun(asan, "inspect", bundles["cnn"], env=dict(ASAN, MLCPACK_CPU_ARCH="aarch64",
+                                                            MLCPACK_CPU_FEATURES="fp,asimd"))
+    assert proc.returncode == 5 and "for x86_64 machines" in one_line_error(proc)
+
+
+def test_bad_inputs_are_refused_under_sanitizers(asan, bundles, tmp_path) -> None:
+    bundle = bundles["cnn"]
+    cases = {
+        "wrong dtype": (np.zeros((1, 1, 28, 28), np.float64), "has dtype float64"),
+        "wrong shape": (np.zeros((1, 1, 28, 27), np.float32), "has shape (1, 1, 28, 27)"),
+        "wrong rank": (np.zeros((1, 784), np.float32), "has rank 2"),
+    }
+    for name, (x, words) in cases.items():
+        np.save(tmp_path / "x.npy", x)
+        proc = mlcrun(asan, "run", bundle, tmp_path / "x.npy", "-o", tmp_path / "o", env=ASAN)
+        line = one_line_error(proc)
+        assert proc.returncode == 7 and words in line, (name, line)
+        assert not (tmp_path / "o").exists()   # nothing written
+    (tmp_path / "bad.npy").write_bytes(b"\x93NUMPY\x01\x00\x10\x00{'descr': '<f4'")
+    for args in (["bad.npy"], ["missing.npy"], []):
+        proc = mlcrun(asan, "run", bundle, *[tmp_path / a for a in args], "-o", tmp_path / "o",
+                      env=ASAN)
+        assert proc.returncode == 7, proc.stderr
+        one_line_error(proc)
+    for args in (["--threads", "0"], ["--runs", "-3"], ["--frobnicate"]):
+        proc = mlcrun(asan, "bench", bundle, *args, env=ASAN)
+        assert proc.returncode == 2
+        one_line_error(proc)
+    # a good run under the sanitizers, batch plans and 2 threads included
+    assert_bit_identical(asan, bundles["conv"], _feeds(bundles["conv"]), tmp_path / "conv")
+    assert_bit_identical(asan, bundles["batch"], _feeds(bundles["batch"], batch=6),
+                         tmp_path / "batch", threads=(1,))
+
+
+def test_bundle_fuzzer_against_mlcrun(asan, bundles, tmp_path) -> None:
+    """tests/fuzzing.py's mutations (bytes, and headers re-packed with a valid digest), a bounded
+    number, through the sanitizer build: a one-line refusal with a README code, or a load (and,
+    where the Python property runs it, the original answer); never a crash, a sanitizer report,
+    a leak or a hang."""
+    import fuzzing
+
+    seed = fuzzing.make_seed(bundles["mlp_pkl"])
+    paths = fuzzing.header_paths(seed.header)
+    rng = random.Random(1234)
+    np.save(tmp_path / "x.npy", seed.x)
+    outcomes: dict[str, int] = {}
+    for i in range(160):
+        case = None
+        while case is None:
+            case = (fuzzing.random_header_case(seed, rng, paths) if i % 2
+                    else fuzzing.random_byte_case(seed, rng))
+        path = tmp_path / "case.mlc"
+        path.write_bytes(case.blob)
+        run = case.may_run and case.verify
+        args = (["run", path, tmp_path / "x.npy", "-o", tmp_path / "out"] if run
+                else ["inspect", path])
+        proc = mlcrun(asan, *args, env=ASAN, timeout=30)
+        assert proc.returncode in (0, 3, 4, 5, 6, 7, 8, 12), (case.what, proc.returncode,
+                                                              proc.stderr[-2000:])
+        if proc.returncode:
+            one_line_error(proc)
+        elif run:
+            got = np.load(tmp_path / "out" / "out0.npy")
+            assert got.tobytes() == seed.expected, case.what
+        key = f"{args[0]}:{proc.returncode}"
+        outcomes[key] = outcomes.get(key, 0) + 1
+    print("C fuzz outcomes", outcomes)
+    assert sum(v for k, v in outcomes.items() if not k.endswith(":0")) > 20
