@@ -364,8 +364,22 @@ mlc_status mlc_check_signature(mlc_model *m, const mlc_options *o, mlc_error *er
 
 /* ---- header records ---- */
 
-static mlc_status parse_io(mlc_model *m, const mp_node *list, const char *at, const char *kind,
-                           size_t ntensors, mlc_iorow **out, size_t *count, mlc_error *err)
+/* A symbolic shape: at most 16 dims, each an int in [0, 2**40) or a dim record. */
+static mlc_status sym_shape(mlc_plan *p, const mp_node *n, const char *what, mlc_error *err)
+{
+    if (!n || n->type != MP_ARRAY || n->len > MLC_MAX_DIMS)
+        return mlc_fail(err, MLC_ERR_BUNDLE, "bundle header: %s has an invalid shape", what);
+    for (uint32_t i = 0; i < n->len; i++) {
+        const mp_node *d = &n->v.items[i];
+        if (d->type == MP_INT ? !in_range(d, 0, MAX_DIM) : mlc_sym_dim(p, d, what, err) != MLC_OK)
+            return mlc_fail(err, MLC_ERR_BUNDLE, "bundle header: %s has an invalid shape", what);
+    }
+    return MLC_OK;
+}
+
+static mlc_status parse_io(mlc_model *m, mlc_plan *p, const mp_node *list, const char *at,
+                           const char *kind, size_t ntensors, mlc_iorow **out, size_t *count,
+                           mlc_error *err)
 {
     char what[160];
     snprintf(what, sizeof what, "%s%s", at, kind);
@@ -382,8 +396,18 @@ static mlc_status parse_io(mlc_model *m, const mp_node *list, const char *at, co
         snprintf(what, sizeof what, "%s%s[%u]", at, kind, i);
         if ((s = get_map(r, what, err)))
             return s;
-        if ((s = get_shape(mp_get(r, "shape"), what, &io->ndim, io->shape, err)))
+        if (p->sym) {
+            io->rec = mp_get(r, "shape");
+            if ((s = sym_shape(p, io->rec, what, err)))
+                return s;
+            io->ndim = (int)io->rec->len;
+            for (int d = 0; d < io->ndim; d++) {
+                io->dim_text[d] = mlc_sym_text(&m->alloc, &io->rec->v.items[d]);
+                io->shape[d] = io->rec->v.items[d].type == MP_INT ? io->rec->v.items[d].v.i : -1;
+            }
+        } else if ((s = get_shape(mp_get(r, "shape"), what, &io->ndim, io->shape, err))) {
             return s;
+        }
         const mp_node *bound = mp_get(r, "max_shape");
         if (bound && bound->type != MP_NIL) {
             char w2[200];
@@ -406,7 +430,7 @@ static mlc_status parse_io(mlc_model *m, const mp_node *list, const char *at, co
         if ((s = get_int(mp_get(r, "tensor"), w2, 0, (int64_t)ntensors, &t, err)))
             return s;
         io->tensor = (uint32_t)t;
-        if (mlc_nbytes(io->shape, io->ndim, io->dtype, &io->nbytes))
+        if (!p->sym && mlc_nbytes(io->shape, io->ndim, io->dtype, &io->nbytes))
             return bad(err, what, "is too large");
     }
     return MLC_OK;
@@ -419,10 +443,9 @@ static mlc_status parse_plan(mlc_model *m, const mp_node *obj, const char *what,
     mlc_status s;
     snprintf(at, sizeof at, "%s%s", what, what[0] ? ": " : "");
     p->batch = batch;
-    if (mp_get(obj, "symbolic"))
-        return mlc_fail(err, MLC_ERR_FORMAT, "%s has symbolic shapes, which this C runtime "
-                        "does not run yet: export it with fixed shapes (--batch-sizes) or use "
-                        "the Python runtime", m->name);
+    const mp_node *symrec = mp_get(obj, "symbolic");
+    if (symrec && symrec->type != MP_NIL && (s = mlc_sym_parse(m, symrec, p, err)))
+        return s;
     const mp_node *tensors = mp_get(obj, "tensors");
     snprintf(w, sizeof w, "%stensors", at);
     if ((s = get_list(tensors, w, 0, err)))
@@ -440,7 +463,7 @@ static mlc_status parse_plan(mlc_model *m, const mp_node *obj, const char *what,
         int64_t kind, ref;
         char w2[220];
         snprintf(w2, sizeof w2, "%s kind", w);
-        if ((s = get_int(&r->v.items[0], w2, 0, 2, &kind, err)))
+        if ((s = get_int(&r->v.items[0], w2, 0, p->sym ? 3 : 2, &kind, err)))
             return s;
         snprintf(w2, sizeof w2, "%s offset", w);
         if ((s = get_int(&r->v.items[1], w2, 0,
@@ -448,18 +471,24 @@ static mlc_status parse_plan(mlc_model *m, const mp_node *obj, const char *what,
             return s;
         t->kind = (int)kind;
         t->ref = (uint64_t)ref;
-        if ((s = get_shape(&r->v.items[2], w, &t->ndim, t->shape, err)))
+        if (p->sym) {
+            t->rec = &r->v.items[2];
+            if ((s = sym_shape(p, t->rec, w, err)))
+                return s;
+            t->ndim = (int)t->rec->len;
+        } else if ((s = get_shape(&r->v.items[2], w, &t->ndim, t->shape, err))) {
             return s;
+        }
         if ((s = get_dtype(&r->v.items[3], w, &t->dtype, err)))
             return s;
-        if (mlc_nbytes(t->shape, t->ndim, t->dtype, &t->nbytes))
+        if (!p->sym && mlc_nbytes(t->shape, t->ndim, t->dtype, &t->nbytes))
             return mlc_fail(err, MLC_ERR_BUNDLE, "bundle header: tensor %u lies outside its "
                             "storage", i);
     }
-    if ((s = parse_io(m, mp_get(obj, "inputs"), at, "inputs", p->ntensors, &p->inputs,
+    if ((s = parse_io(m, p, mp_get(obj, "inputs"), at, "inputs", p->ntensors, &p->inputs,
                       &p->ninputs, err)))
         return s;
-    if ((s = parse_io(m, mp_get(obj, "outputs"), at, "outputs", p->ntensors, &p->outputs,
+    if ((s = parse_io(m, p, mp_get(obj, "outputs"), at, "outputs", p->ntensors, &p->outputs,
                       &p->noutputs, err)))
         return s;
     const mp_node *kernels = mp_get(obj, "kernels");
@@ -481,9 +510,18 @@ static mlc_status parse_plan(mlc_model *m, const mp_node *obj, const char *what,
         if ((par && par->type != MP_NIL && par->type != MP_BOOL)
             || (sym && sym->type != MP_NIL && sym->type != MP_BOOL))
             return bad(err, w, "has a flag that is not a boolean");
-        if (sym && sym->type == MP_BOOL && sym->v.i)
+        kr->symbolic = sym && sym->type == MP_BOOL && sym->v.i;
+        if (kr->symbolic && !p->sym)
             return bad(err, w, "is symbolic in a static plan");
         kr->parallel = par && par->type == MP_BOOL && par->v.i;
+        const mp_node *wsr = mp_get(k, "workspace");
+        if (wsr && wsr->type != MP_NIL) {
+            if (!p->sym)
+                return bad(err, w, "has a symbolic workspace in a static plan");
+            if ((s = mlc_sym_dim(p, wsr, w, err)))
+                return s;
+            kr->workspace_rec = wsr;
+        }
         snprintf(w2, sizeof w2, "%s name", w);
         if ((s = get_str(m, mp_get(k, "name"), w2, &kr->name, err)))
             return s;
@@ -627,6 +665,8 @@ static mlc_status check_disjoint(mlc_model *m, mlc_error *err)
     size_t n = m->nconstants + m->ngolden_in + m->ngolden_out + 1;
     for (size_t p = 0; p < m->nplans; p++)
         n += m->plans[p].ncode + 1;
+    for (size_t p = 0; p < m->nspecialized; p++)
+        n += m->specialized[p].ncode + 1;
     named_ref *refs = calloc(n, sizeof *refs);
     if (!refs)
         return mlc_fail(err, MLC_ERR_INTERNAL, "out of memory");
@@ -637,6 +677,11 @@ static mlc_status check_disjoint(mlc_model *m, mlc_error *err)
         for (size_t i = 0; i < m->plans[p].ncode; i++)
             refs[k++] = (named_ref){m->plans[p].code[i].object, "a code object"};
         refs[k++] = (named_ref){m->plans[p].bytecode, "the bytecode"};
+    }
+    for (size_t p = 0; p < m->nspecialized; p++) {
+        for (size_t i = 0; i < m->specialized[p].ncode; i++)
+            refs[k++] = (named_ref){m->specialized[p].code[i].object, "a code object"};
+        refs[k++] = (named_ref){m->specialized[p].bytecode, "the bytecode"};
     }
     for (size_t i = 0; i < m->ngolden_in; i++)
         refs[k++] = (named_ref){m->golden_in[i].data, "a golden input"};
@@ -844,8 +889,6 @@ mlc_status mlc_parse_header(mlc_model *m, mlc_error *err)
     const mp_node *mr = mp_get(h, "min_reader");
     if (mr && !is_version(mr))
         return bad(err, "min_reader", "is not a [major, minor] version");
-    if (mp_get(h, "specialized"))
-        return bad(err, "specialized plans", "go with a symbolic plan only");
     const mp_node *consts = mp_get(h, "constants");
     if ((s = get_list(consts, "constants", 0, err)))
         return s;
@@ -883,8 +926,44 @@ mlc_status mlc_parse_header(mlc_model *m, mlc_error *err)
     memset(&top, 0, sizeof top);
     if ((s = parse_plan(m, h, "", 0, &top, err)))
         return s;
+    if (top.sym && (mp_get(h, "plans") || mp_get(h, "batch")))
+        return bad(err, "plans", "cannot go with symbolic shapes");
     if ((s = parse_batch(m, err)))
         return s;
+    const mp_node *spec = mp_get(h, "specialized");
+    if (spec && spec->type != MP_NIL) {
+        if (!top.sym)
+            return bad(err, "specialized plans", "go with a symbolic plan only");
+        if (spec->type != MP_ARRAY || !spec->len || spec->len > MAX_PLANS)
+            return bad(err, "specialized plans", "are malformed");
+        m->nspecialized = spec->len;
+        m->specialized = mlc_zalloc(&m->alloc, spec->len * sizeof(mlc_plan));
+        if (!m->specialized)
+            return mlc_fail(err, MLC_ERR_INTERNAL, "out of memory");
+        for (uint32_t i = 0; i < spec->len; i++) {
+            const mp_node *row = &spec->v.items[i];
+            const mp_node *b = mp_get(row, "batch");
+            char what[48];
+            snprintf(what, sizeof what, "specialized plan %u", i);
+            if (row->type != MP_MAP || !in_range(b, 1, 1LL << 31))
+                return bad(err, what, "batch is malformed");
+            mlc_plan *sp = &m->specialized[i];
+            if ((s = parse_plan(m, row, what, b->v.i, sp, err)))
+                return s;
+            if (sp->sym)
+                return bad(err, what, "must be static");
+            if (sp->ninputs != top.ninputs || sp->noutputs != top.noutputs)
+                return bad(err, what, "differs from the symbolic plan's inputs and outputs");
+            for (int kind = 0; kind < 2; kind++)
+                for (size_t j = 0; j < (kind ? sp->noutputs : sp->ninputs); j++) {
+                    const mlc_iorow *a = kind ? &sp->outputs[j] : &sp->inputs[j];
+                    const mlc_iorow *c = kind ? &top.outputs[j] : &top.inputs[j];
+                    if (strcmp(a->name, c->name) || a->dtype != c->dtype || a->ndim != c->ndim)
+                        return bad(err, what, "differs from the symbolic plan's inputs and "
+                                   "outputs");
+                }
+        }
+    }
     if (!m->plans) {
         m->plans = mlc_zalloc(&m->alloc, sizeof(mlc_plan));
         if (!m->plans)

@@ -98,11 +98,15 @@ static mlc_status decode(mlc_model *m, mlc_plan *p, mlc_error *err)
         if (in->op != OP_KERNEL)
             continue;
         const mlc_krow *k = &p->kernels[in->target];
-        size_t expected = (size_t)k->nin + k->nout + (k->workspace ? 1 : 0);
+        size_t expected = (size_t)k->nin + k->nout + (k->workspace || k->workspace_rec ? 1 : 0)
+                          + (k->symbolic ? 1 : 0);
         if (in->n != expected)
             return mlc_fail(err, MLC_ERR_BUNDLE, "bundle header: kernel %s takes %zu tensors, "
                             "bytecode passes %u", k->name, expected, in->n);
-        if (k->workspace && p->tensors[in->operands[in->n - 1]].nbytes < k->workspace)
+        if (k->symbolic && p->tensors[in->operands[in->n - 1]].kind != T_SIZES)
+            return mlc_fail(err, MLC_ERR_BUNDLE, "bundle header: kernel %s is not passed the "
+                            "size variables", k->name);
+        if (!p->sym && k->workspace && p->tensors[in->operands[in->n - 1]].nbytes < k->workspace)
             return mlc_fail(err, MLC_ERR_BUNDLE, "bundle header: kernel %s workspace too small",
                             k->name);
     }
@@ -174,7 +178,10 @@ static mlc_status prepare(mlc_model *m, mlc_plan *p, mlc_error *err)
     p->addr = mlc_zalloc(&m->alloc, (p->ntensors + 1) * sizeof(uint8_t *));
     if (!p->addr)
         return mlc_fail(err, MLC_ERR_INTERNAL, "out of memory");
-    for (size_t i = 0; i < p->ntensors; i++) {
+    mlc_status st = p->sym ? mlc_sym_alloc(m, p, err) : MLC_OK;
+    if (st)
+        return st;
+    for (size_t i = 0; i < p->ntensors && !p->sym; i++) {
         const mlc_trow *t = &p->tensors[i];
         if (t->kind == T_ARENA && t->ref <= p->arena_bytes && t->nbytes <= p->arena_bytes - t->ref)
             p->addr[i] = m->arena + t->ref;
@@ -186,7 +193,7 @@ static mlc_status prepare(mlc_model *m, mlc_plan *p, mlc_error *err)
             return mlc_fail(err, MLC_ERR_BUNDLE, "bundle header: tensor %zu lies outside its "
                             "storage", i);
     }
-    for (int kind = 0; kind < 2; kind++) {
+    for (int kind = 0; kind < 2 && !p->sym; kind++) {
         size_t n = kind ? p->noutputs : p->ninputs;
         for (size_t i = 0; i < n; i++) {
             const mlc_iorow *io = kind ? &p->outputs[i] : &p->inputs[i];
@@ -216,13 +223,16 @@ static mlc_status prepare(mlc_model *m, mlc_plan *p, mlc_error *err)
             for (uint32_t j = 0; j < in->n; j++) {
                 const mlc_trow *t = &p->tensors[in->operands[j]];
                 mlc_tensor *x = &in->tensors[j];
+                x->dtype = t->dtype;
+                if (p->sym)
+                    continue;   /* set per shape (mlc_sym_plan) */
                 x->data = p->addr[in->operands[j]];
                 x->nbytes = (size_t)t->nbytes;
                 x->dtype = t->dtype;
                 x->ndim = t->ndim;
                 memcpy(x->dims, t->shape, sizeof x->dims);
             }
-        } else {
+        } else if (!p->sym) {
             const mlc_trow *src = &p->tensors[in->target], *dst = &p->tensors[in->operands[0]];
             if (src->nbytes != dst->nbytes || mlc_storage(src->dtype) != mlc_storage(dst->dtype))
                 return mlc_fail(err, MLC_ERR_BUNDLE, "%s: a COPY instruction joins tensors of "
@@ -266,6 +276,12 @@ static mlc_status prepare(mlc_model *m, mlc_plan *p, mlc_error *err)
     return MLC_OK;
 }
 
+/* The bundle's plans, then a symbolic bundle's specialized static plans. */
+static mlc_plan *plan_at(mlc_model *m, size_t i)
+{
+    return i < m->nplans ? &m->plans[i] : &m->specialized[i - m->nplans];
+}
+
 static mlc_status open_common(mlc_model *m, const mlc_options *o, mlc_error *err)
 {
     mlc_status s;
@@ -281,8 +297,9 @@ static mlc_status open_common(mlc_model *m, const mlc_options *o, mlc_error *err
                           &m->alloc, err)))
         return s;
     /* CPU features are checked before any code is mapped (every plan's code). */
-    for (size_t p = 0; p < m->nplans; p++) {
-        mlc_plan *plan = &m->plans[p];
+    size_t nall = m->nplans + m->nspecialized;
+    for (size_t p = 0; p < nall; p++) {
+        mlc_plan *plan = plan_at(m, p);
         mlc_variant_req *req = mlc_zalloc(&m->alloc, plan->ncode * sizeof *req);
         if (!req)
             return mlc_fail(err, MLC_ERR_INTERNAL, "out of memory");
@@ -295,11 +312,12 @@ static mlc_status open_common(mlc_model *m, const mlc_options *o, mlc_error *err
     }
     if ((s = resolve_sites(m, o, err)))   /* before any code is mapped too */
         return s;
-    for (size_t p = 0; p < m->nplans; p++) {
-        if ((s = map_code(m, &m->plans[p], err)) || (s = decode(m, &m->plans[p], err)))
+    for (size_t p = 0; p < nall; p++) {
+        mlc_plan *plan = plan_at(m, p);
+        if ((s = map_code(m, plan, err)) || (s = decode(m, plan, err)))
             return s;
-        if (m->plans[p].arena_bytes > m->arena_bytes)
-            m->arena_bytes = m->plans[p].arena_bytes;
+        if (!plan->sym && plan->arena_bytes > m->arena_bytes)
+            m->arena_bytes = plan->arena_bytes;
     }
     /* zeroed pages from the kernel, touched only where the plan writes (as numpy's calloc) */
     size_t arena_size = (size_t)m->arena_bytes + 64;
@@ -313,8 +331,8 @@ static mlc_status open_common(mlc_model *m, const mlc_options *o, mlc_error *err
     m->arena_raw = arena;
     m->arena_size = arena_size;
     m->arena = m->arena_raw;
-    for (size_t p = 0; p < m->nplans; p++)
-        if ((s = prepare(m, &m->plans[p], err)))
+    for (size_t p = 0; p < nall; p++)
+        if ((s = prepare(m, plan_at(m, p), err)))
             return s;
     if (pthread_mutex_init(&m->lock, NULL))
         return mlc_fail(err, MLC_ERR_INTERNAL, "cannot create a mutex");
@@ -411,9 +429,11 @@ void mlc_close(mlc_model *m)
 {
     if (!m)
         return;
-    for (size_t p = 0; p < m->nplans; p++) {
-        mlc_threads_stop(m->plans[p].threads);
-        mlc_elf_unload(&m->plans[p].image);
+    for (size_t p = 0; p < m->nplans + m->nspecialized; p++) {
+        mlc_plan *plan = plan_at(m, p);
+        mlc_threads_stop(plan->threads);
+        mlc_elf_unload(&plan->image);
+        mlc_sym_free(plan);
     }
     if (m->lock_ready)
         pthread_mutex_destroy(&m->lock);
@@ -448,7 +468,9 @@ static mlc_status info(const mlc_model *m, int kind, size_t i, mlc_tensor_info *
     out->ndim = io->ndim;
     for (int d = 0; d < io->ndim; d++) {
         out->dims[d] = io->shape[d];
-        out->max_dims[d] = -1;
+        out->max_dims[d] = io->has_max ? io->max_shape[d] : -1;
+        if (io->rec && io->rec->v.items[d].type != MP_INT)
+            out->dim_names[d] = io->dim_text[d];
     }
     if (io->batched) {
         out->dims[0] = -1;
@@ -487,6 +509,14 @@ mlc_status mlc_model_facts_get(const mlc_model *m, mlc_model_facts *f)
     f->instructions = last->nprogram;
     f->threads = m->threads;
     f->signed_bundle = m->signed_bundle;
+    if (last->sym) {
+        f->symbolic = 1;
+        f->arena_bytes = last->sym->bounded ? (size_t)last->sym->bound_arena
+                                            : last->sym->arena_size;
+        f->plans = 1 + m->nspecialized;
+        for (size_t p = 0; p < m->nspecialized && p + 1 < 64; p++)
+            f->batch_sizes[p + 1] = m->specialized[p].batch;
+    }
     return MLC_OK;
 }
 
@@ -598,11 +628,72 @@ static mlc_status check_input(const mlc_model *m, const mlc_iorow *spec, const m
     return MLC_OK;
 }
 
+/* A symbolic bundle's static plan (--batch-sizes) whose inputs have exactly these shapes and
+ * storage dtypes (runtime/model._specialized_plan), or NULL. */
+static mlc_plan *specialized_for(const mlc_model *m, const mlc_tensor *in, size_t n)
+{
+    for (size_t k = 0; k < m->nspecialized; k++) {
+        mlc_plan *sp = &m->specialized[k];
+        int same = n == sp->ninputs;
+        for (size_t i = 0; same && i < n; i++) {
+            const mlc_iorow *io = &sp->inputs[i];
+            same = in[i].dtype == mlc_storage(io->dtype) && in[i].ndim == io->ndim
+                   && !memcmp(in[i].dims, io->shape, (size_t)io->ndim * sizeof(int64_t));
+        }
+        if (same)
+            return sp;
+    }
+    return NULL;
+}
+
+/* Output i's bytes for a symbolic plan at the sizes the inputs bind (unchecked: mlc_run checks). */
+static mlc_status sym_output_nbytes(const mlc_model *m, size_t i, const mlc_tensor *in,
+                                    size_t n, size_t *nbytes, mlc_error *err)
+{
+    const mlc_plan *p = &m->plans[0];
+    const mlc_plan *sp = in ? specialized_for(m, in, n) : NULL;
+    if (sp) {
+        *nbytes = (size_t)sp->tensors[sp->outputs[i].tensor].nbytes;
+        return MLC_OK;
+    }
+    int64_t env[64];
+    size_t nvars = p->sym->nvars;
+    if (!in || n != p->ninputs || nvars > 64)
+        return mlc_fail(err, MLC_ERR_INPUT, "mlc_output_nbytes: give the inputs (their shapes "
+                        "bind the size variables)");
+    for (size_t v = 0; v < nvars; v++)
+        env[v] = -1;
+    for (size_t k = 0; k < n; k++)
+        for (int a = 0; a < p->inputs[k].ndim && a < in[k].ndim; a++) {
+            const mp_node *rec = &p->inputs[k].rec->v.items[a];
+            for (size_t v = 0; rec->type == MP_STR && v < nvars; v++)
+                if (mp_str_eq(rec, p->sym->vars[v]))
+                    env[v] = in[k].dims[a];
+        }
+    for (size_t v = 0; v < nvars; v++)
+        if (env[v] < 1)
+            return mlc_fail(err, MLC_ERR_INPUT, "the inputs bind no valid size %s",
+                            p->sym->vars[v]);
+    const mlc_trow *t = &p->tensors[p->outputs[i].tensor];
+    int64_t dims[MLC_MAX_DIMS];
+    uint64_t total;
+    for (uint32_t d = 0; d < t->rec->len; d++)
+        if (mlc_sym_eval(p, &t->rec->v.items[d], env, &dims[d]) || dims[d] < 0)
+            return mlc_fail(err, MLC_ERR_INPUT, "output '%s' has no valid size for these inputs",
+                            p->outputs[i].name);
+    if (mlc_nbytes(dims, (int)t->rec->len, t->dtype, &total) || total > SIZE_MAX)
+        return mlc_fail(err, MLC_ERR_INPUT, "output '%s' is too large", p->outputs[i].name);
+    *nbytes = (size_t)total;
+    return MLC_OK;
+}
+
 mlc_status mlc_output_nbytes(const mlc_model *m, size_t i, const mlc_tensor *inputs,
                              size_t ninputs, size_t *nbytes, mlc_error *err)
 {
     if (!m || !nbytes || i >= m->plans[0].noutputs)
         return mlc_fail(err, MLC_ERR_USAGE, "mlc_output_nbytes: bad arguments");
+    if (m->plans[0].sym)
+        return sym_output_nbytes(m, i, inputs, ninputs, nbytes, err);
     const mlc_plan *last = &m->plans[m->nplans - 1];
     const mlc_iorow *o = &last->outputs[i];
     if (!o->batched) {
@@ -671,12 +762,87 @@ static mlc_status run_batched(mlc_model *m, const mlc_tensor *inputs, mlc_tensor
     return MLC_OK;
 }
 
+/* One run of a static plan with fixed shapes: check, copy in, execute, copy out. */
+static mlc_status run_static(mlc_model *m, mlc_plan *p, const mlc_tensor *inputs,
+                             mlc_tensor *outputs, mlc_error *err)
+{
+    for (size_t i = 0; i < p->ninputs; i++) {
+        mlc_status s = check_input(m, &p->inputs[i], &inputs[i], err);
+        if (s)
+            return s;
+    }
+    for (size_t i = 0; i < p->noutputs; i++) {
+        size_t need = (size_t)p->tensors[p->outputs[i].tensor].nbytes;
+        if (!outputs[i].data || outputs[i].nbytes < need)
+            return mlc_fail(err, MLC_ERR_USAGE, "output '%s' needs a buffer of %zu bytes, got "
+                            "%zu", p->outputs[i].name, need, outputs[i].nbytes);
+    }
+    for (size_t i = 0; i < p->ninputs; i++)
+        memcpy(p->addr[p->inputs[i].tensor], inputs[i].data, (size_t)p->inputs[i].nbytes);
+    mlc_status s = execute(m, p, err);
+    for (size_t i = 0; !s && i < p->noutputs; i++) {
+        const mlc_trow *row = &p->tensors[p->outputs[i].tensor];
+        memcpy(outputs[i].data, p->addr[p->outputs[i].tensor], (size_t)row->nbytes);
+        set_output(&outputs[i], row, -1);
+    }
+    return s;
+}
+
+static mlc_status run_symbolic(mlc_model *m, const mlc_tensor *inputs, mlc_tensor *outputs,
+                               mlc_error *err)
+{
+    mlc_plan *p = &m->plans[0];
+    mlc_plan *sp = specialized_for(m, inputs, p->ninputs);
+    if (sp)
+        return run_static(m, sp, inputs, outputs, err);
+    mlc_status s = mlc_sym_bind(m, p, inputs, err);
+    if (!s)
+        s = mlc_sym_plan(m, p, err);
+    if (s)
+        return s;
+    mlc_symbolic *sym = p->sym;
+    for (size_t i = 0; i < p->noutputs; i++) {
+        size_t need = (size_t)sym->tbytes[p->outputs[i].tensor];
+        if (!outputs[i].data || outputs[i].nbytes < need)
+            return mlc_fail(err, MLC_ERR_USAGE, "output '%s' needs a buffer of %zu bytes, got "
+                            "%zu", p->outputs[i].name, need, outputs[i].nbytes);
+    }
+    for (size_t i = 0; i < p->ninputs; i++) {
+        uint32_t t = p->inputs[i].tensor;
+        if (p->tensors[t].kind != T_ARENA)
+            return mlc_fail(err, MLC_ERR_BUNDLE, "bundle header: input '%s' is not in the arena",
+                            p->inputs[i].name);
+        memcpy(p->addr[t], inputs[i].data, (size_t)sym->tbytes[t]);
+    }
+    s = execute(m, p, err);
+    for (size_t i = 0; !s && i < p->noutputs; i++) {
+        uint32_t t = p->outputs[i].tensor;
+        memcpy(outputs[i].data, p->addr[t], (size_t)sym->tbytes[t]);
+        outputs[i].dtype = p->tensors[t].dtype;
+        outputs[i].ndim = p->tensors[t].ndim;
+        memcpy(outputs[i].dims, sym->tdims + (size_t)t * MLC_MAX_DIMS, sizeof outputs[i].dims);
+    }
+    return s;
+}
+
 mlc_status mlc_run(mlc_model *m, const mlc_tensor *inputs, size_t ninputs, mlc_tensor *outputs,
                    size_t noutputs, mlc_error *err)
 {
     if (!m)
         return mlc_fail(err, MLC_ERR_USAGE, "mlc_run: model is NULL");
     mlc_plan *last = &m->plans[m->nplans - 1];
+    if (last->sym) {
+        if (ninputs != last->ninputs || (ninputs && !inputs))
+            return mlc_fail(err, MLC_ERR_INPUT, "%s takes %zu input(s), got %zu", m->name,
+                            last->ninputs, ninputs);
+        if (noutputs != last->noutputs || (noutputs && !outputs))
+            return mlc_fail(err, MLC_ERR_USAGE, "%s has %zu output(s); mlc_run was given %zu",
+                            m->name, last->noutputs, noutputs);
+        pthread_mutex_lock(&m->lock);
+        mlc_status s = run_symbolic(m, inputs, outputs, err);
+        pthread_mutex_unlock(&m->lock);
+        return s;
+    }
     if (ninputs != last->ninputs || (ninputs && !inputs))
         return mlc_fail(err, MLC_ERR_INPUT, "%s takes %zu input(s), got %zu", m->name,
                         last->ninputs, ninputs);

@@ -6,9 +6,10 @@
 
 typedef struct { uint64_t off, size; } mlc_ref;
 
-enum { T_ARENA = 0, T_CONST = 1 };
+enum { T_ARENA = 0, T_CONST = 1, T_SIZES = 2 };
 typedef struct {
-    int kind;
+    int kind;                  /* T_ARENA, T_CONST, T_SIZES (symbolic plans) */
+    const mp_node *rec;        /* symbolic plans: the shape's dim records */
     uint64_t ref;
     int ndim;
     int64_t shape[MLC_MAX_DIMS];
@@ -26,13 +27,17 @@ typedef struct {
     uint32_t tensor;
     uint64_t nbytes;
     int batched;
+    const mp_node *rec;        /* symbolic plans: the shape's dim records */
+    const char *dim_text[MLC_MAX_DIMS];
 } mlc_iorow;
 
 typedef struct {
     char *name, *symbol;
     uint32_t nin, nout;
     uint64_t workspace;
+    const mp_node *workspace_rec;
     int parallel;
+    int symbolic;
 } mlc_krow;
 
 typedef struct {
@@ -64,8 +69,33 @@ typedef struct {
                                   start < 0: instruction -1 - start */
 } mlc_segment;
 
+/* A symbolic plan's size variables, buffers, relations and bound (runtime/symbolic.py). */
+typedef struct {
+    size_t nvars;
+    char **vars;
+    size_t nbuffers;
+    const mp_node **buf_rec;
+    int64_t *buf_start, *buf_end;
+    size_t nchecks;
+    const mp_node **checks;     /* [op, a, b, text] rows */
+    int bounded;
+    int64_t *bound_vals, *bound_offsets, *bound_sizes;
+    uint64_t bound_arena;
+    /* per run, allocated at load */
+    int64_t *env, *last_env;
+    int have_last;
+    int64_t *sizes;             /* the SIZES row the kernels read */
+    uint64_t *buf_bytes, *offsets;
+    size_t *order;
+    uint64_t *tbytes;           /* each tensor's bytes at the current shape */
+    int64_t *tdims;             /* each tensor's dims at the current shape, MLC_MAX_DIMS each */
+    uint8_t *arena;
+    size_t arena_size;
+} mlc_symbolic;
+
 typedef struct mlc_plan {
     int64_t batch;
+    mlc_symbolic *sym;          /* NULL: a static plan */
     mlc_iorow *inputs, *outputs;
     size_t ninputs, noutputs;
     mlc_krow *kernels;
@@ -118,6 +148,8 @@ struct mlc_model {
     size_t nconstants;
     mlc_plan *plans;
     size_t nplans;
+    mlc_plan *specialized;      /* a symbolic bundle's static plans (--batch-sizes) */
+    size_t nspecialized;
     int batched;                /* a dynamic-batch bundle */
     mlc_golden_row *golden_in, *golden_out;
     size_t ngolden_in, ngolden_out;
@@ -139,6 +171,14 @@ mlc_dtype mlc_storage(mlc_dtype d);
 mlc_status mlc_read_file_layout(mlc_model *m, int verify, mlc_error *err);
 mlc_status mlc_check_signature(mlc_model *m, const mlc_options *o, mlc_error *err);
 mlc_status mlc_parse_header(mlc_model *m, mlc_error *err);
+mlc_status mlc_sym_parse(mlc_model *m, const mp_node *rec, mlc_plan *p, mlc_error *err);
+mlc_status mlc_sym_dim(const mlc_plan *p, const mp_node *rec, const char *what, mlc_error *err);
+mlc_status mlc_sym_eval(const mlc_plan *p, const mp_node *rec, const int64_t *env, int64_t *out);
+mlc_status mlc_sym_alloc(mlc_model *m, mlc_plan *p, mlc_error *err);
+mlc_status mlc_sym_bind(mlc_model *m, mlc_plan *p, const mlc_tensor *inputs, mlc_error *err);
+mlc_status mlc_sym_plan(mlc_model *m, mlc_plan *p, mlc_error *err);
+void mlc_sym_free(mlc_plan *p);
+char *mlc_sym_text(mlc_alloc *a, const mp_node *rec);
 void mlc_content_digest(const mlc_model *m, const uint8_t *head, uint64_t chunk, uint8_t out[32]);
 
 #endif

@@ -368,9 +368,12 @@ static int cmd_inspect(int argc, char **argv)
            "%zu instructions%s\n", argv[0], f.format_major, f.format_minor, f.level, f.arch,
            f.variants, f.variants == 1 ? "" : "s", f.arena_bytes, f.code_bytes, f.instructions,
            f.signed_bundle ? ", signed" : "");
+    if (f.symbolic)
+        printf("symbolic shapes: memory planned %s\n",
+               f.arena_bytes ? "once, for the --max-shape bound" : "per input shape");
     if (f.plans > 1) {
-        printf("plans for batch");
-        for (size_t p = 0; p < f.plans; p++)
+        printf("%s", f.symbolic ? "static plans for batch" : "plans for batch");
+        for (size_t p = f.symbolic ? 1 : 0; p < f.plans; p++)
             printf(" %lld", (long long)f.batch_sizes[p]);
         printf("\n");
     }
