@@ -486,3 +486,49 @@ def test_symbolic_bundles_at_several_sizes(build, symbolic_bundles, name, thread
             assert "has rank 3" in session.message
     finally:
         session.close()
+
+
+# ---- Ed25519 signatures (vendored Monocypher) --------------------------------------------------
+
+def test_signatures(asan, tmp_path) -> None:
+    pytest.importorskip("cryptography")
+    import copy
+
+    from mlcpack.frontends.arch import build_from_spec, infer_mlp_spec
+    from mlcpack.packager.export import ExportOptions, export_module
+    from mlcpack.packager.signing import generate_key
+
+    rng = np.random.default_rng(21)
+    weights = {"w0": rng.standard_normal((4, 6)).astype(np.float32),
+               "b0": rng.standard_normal(4).astype(np.float32)}
+    good, good_pub, fp = generate_key(tmp_path / "good.pem")
+    _, other_pub, _ = generate_key(tmp_path / "other.pem")
+    paths = {}
+    for name, key in (("signed", good), ("unsigned", None)):
+        paths[name] = tmp_path / f"{name}.mlc"
+        export_module(build_from_spec(infer_mlp_spec(weights), weights, None), paths[name],
+                      ExportOptions(sign_key=key, check=True))
+    header, payloads = read_parts(paths["signed"])
+    h = copy.deepcopy(header)
+    h["signature"]["sig"] = bytes([h["signature"]["sig"][0] ^ 1]) + h["signature"]["sig"][1:]
+    paths["tampered"] = tmp_path / "tampered.mlc"
+    paths["tampered"].write_bytes(pack(h, payloads))
+    changed = list(payloads)
+    changed[0] = bytes([changed[0][0] ^ 0x40]) + changed[0][1:]
+    paths["weights"] = tmp_path / "weights.mlc"
+    paths["weights"].write_bytes(pack(header, changed))
+    raw = tmp_path / "good.raw"
+    from cryptography.hazmat.primitives import serialization
+    key = serialization.load_pem_public_key(good_pub.read_bytes())
+    raw.write_bytes(key.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw))
+    for trusted in (good_pub, raw):
+        proc = mlcrun(asan, "verify", paths["signed"], "--trusted-key", trusted, env=ASAN)
+        assert proc.returncode == 0 and "PASS" in proc.stdout, proc.stderr
+    assert mlcrun(asan, "verify", paths["signed"], env=ASAN).returncode == 0  # no keys: no check
+    cases = [("unsigned", good_pub, "is not signed"),
+             ("signed", other_pub, f"signed by key {fp}, which is not one of the trusted"),
+             ("tampered", good_pub, "does not verify"), ("weights", good_pub, "does not verify")]
+    for name, trusted, words in cases:
+        proc = mlcrun(asan, "verify", paths[name], "--trusted-key", trusted, env=ASAN)
+        line = one_line_error(proc)
+        assert proc.returncode == 12 and words in line, (name, line)

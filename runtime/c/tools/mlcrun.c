@@ -34,8 +34,8 @@ static int usage(const char *why)
 
 static const char USAGE[] =
     "usage: mlcrun COMMAND MODEL.mlc [...]\n"
-    "  run MODEL.mlc IN0.npy [IN1.npy ...] -o OUTDIR [--threads N]\n"
-    "  verify MODEL.mlc [--threads N]\n"
+    "  run MODEL.mlc IN0.npy [IN1.npy ...] -o OUTDIR [--threads N] [--trusted-key KEY.pub]\n"
+    "  verify MODEL.mlc [--threads N] [--trusted-key KEY.pub]\n"
     "  bench MODEL.mlc [--threads N] [--runs N]\n"
     "  inspect MODEL.mlc\n";
 
@@ -52,6 +52,61 @@ static int parse_positive(const char *text, const char *flag, int *out)
     return 0;
 }
 
+/* --trusted-key files: PEM SubjectPublicKeyInfo of an Ed25519 key, or its raw 32 bytes. */
+typedef struct {
+    uint8_t keys[16][32];
+    size_t count;
+} trusted;
+
+static int b64(int c)
+{
+    if (c >= 'A' && c <= 'Z') return c - 'A';
+    if (c >= 'a' && c <= 'z') return c - 'a' + 26;
+    if (c >= '0' && c <= '9') return c - '0' + 52;
+    if (c == '+') return 62;
+    if (c == '/') return 63;
+    return -1;
+}
+
+static int read_key(const char *path, uint8_t out[32])
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return fail(12, "trusted key '%s' cannot be read%s", path, "");
+    char text[4096];
+    size_t n = fread(text, 1, sizeof text - 1, f);
+    fclose(f);
+    text[n] = 0;
+    if (n == 32) {
+        memcpy(out, text, 32);
+        return 0;
+    }
+    const char *begin = strstr(text, "-----BEGIN PUBLIC KEY-----");
+    uint8_t der[96];
+    size_t k = 0;
+    unsigned acc = 0;
+    int bits = 0;
+    if (begin) {
+        for (const char *c = begin + 26; *c && *c != '-' && k < sizeof der; c++) {
+            int v = b64((unsigned char)*c);
+            if (v < 0)
+                continue;
+            acc = acc << 6 | (unsigned)v;
+            bits += 6;
+            if (bits >= 8) {
+                bits -= 8;
+                der[k++] = (uint8_t)(acc >> bits);
+            }
+        }
+    }
+    static const uint8_t prefix[12] = {0x30, 0x2a, 0x30, 0x05, 0x06, 0x03, 0x2b, 0x65, 0x70,
+                                       0x03, 0x21, 0x00};
+    if (k != 44 || memcmp(der, prefix, 12))
+        return fail(12, "a trusted key is not an Ed25519 public key (%s)%s", path, "");
+    memcpy(out, der + 12, 32);
+    return 0;
+}
+
 static void options_from_env(mlc_options *o, int threads)
 {
     mlc_options_init(o);
@@ -65,11 +120,16 @@ static void options_from_env(mlc_options *o, int threads)
     }
 }
 
-static int open_model(const char *path, int threads, mlc_model **m)
+static int open_model(const char *path, int threads, const trusted *keys, mlc_model **m)
 {
     mlc_options o;
     mlc_error err;
     options_from_env(&o, threads);
+    if (keys && keys->count) {
+        o.trusted_keys = keys->keys;
+        o.trusted_key_count = keys->count;
+        o.require_signature = 1;
+    }
     mlc_status s = mlc_open_file(path, &o, m, &err);
     if (s)
         return fail((int)s, "%s%s", err.message, "");
@@ -104,8 +164,15 @@ static int cmd_run(int argc, char **argv)
     const char *model_path = NULL, *outdir = NULL;
     const char *inputs[64];
     int nin = 0, threads = 0;
+    trusted keys = {.count = 0};
     for (int i = 0; i < argc; i++) {
-        if (!strcmp(argv[i], "-o") || !strcmp(argv[i], "--output")) {
+        if (!strcmp(argv[i], "--trusted-key")) {
+            if (++i >= argc || keys.count >= 16)
+                return usage("--trusted-key needs a KEY.pub (at most 16)");
+            int rc = read_key(argv[i], keys.keys[keys.count++]);
+            if (rc)
+                return rc;
+        } else if (!strcmp(argv[i], "-o") || !strcmp(argv[i], "--output")) {
             if (++i >= argc)
                 return usage("-o needs an OUTDIR");
             outdir = argv[i];
@@ -130,7 +197,7 @@ static int cmd_run(int argc, char **argv)
     if (stat(outdir, &st) == 0 && !S_ISDIR(st.st_mode))
         return fail(2, "-o %s is a file, not a folder%s", outdir, "");
     mlc_model *m;
-    int rc = open_model(model_path, threads, &m);
+    int rc = open_model(model_path, threads, &keys, &m);
     if (rc)
         return rc;
     size_t n_in = mlc_input_count(m), n_out = mlc_output_count(m);
@@ -199,8 +266,15 @@ static int cmd_verify(int argc, char **argv)
 {
     const char *path = NULL;
     int threads = 0;
+    trusted keys = {.count = 0};
     for (int i = 0; i < argc; i++) {
-        if (!strcmp(argv[i], "--threads")) {
+        if (!strcmp(argv[i], "--trusted-key")) {
+            if (++i >= argc || keys.count >= 16)
+                return usage("--trusted-key needs a KEY.pub (at most 16)");
+            int rc = read_key(argv[i], keys.keys[keys.count++]);
+            if (rc)
+                return rc;
+        } else if (!strcmp(argv[i], "--threads")) {
             if (++i >= argc)
                 return usage("--threads needs a value");
             if (parse_positive(argv[i], "--threads", &threads))
@@ -216,7 +290,7 @@ static int cmd_verify(int argc, char **argv)
     if (!path)
         return usage("verify needs MODEL.mlc");
     mlc_model *m;
-    int rc = open_model(path, threads, &m);
+    int rc = open_model(path, threads, &keys, &m);
     if (rc)
         return rc;
     char summary[1024];
@@ -292,7 +366,7 @@ static int cmd_bench(int argc, char **argv)
         return usage("bench needs MODEL.mlc");
     double t0 = now_us();
     mlc_model *m;
-    int rc = open_model(path, threads, &m);
+    int rc = open_model(path, threads, NULL, &m);
     if (rc)
         return rc;
     double load_ms = (now_us() - t0) / 1e3;
@@ -359,7 +433,7 @@ static int cmd_inspect(int argc, char **argv)
     if (argc != 1 || argv[0][0] == '-')
         return usage("inspect takes one MODEL.mlc");
     mlc_model *m;
-    int rc = open_model(argv[0], 1, &m);
+    int rc = open_model(argv[0], 1, NULL, &m);
     if (rc)
         return rc;
     mlc_model_facts f;
