@@ -532,3 +532,58 @@ def test_signatures(asan, tmp_path) -> None:
         proc = mlcrun(asan, "verify", paths[name], "--trusted-key", trusted, env=ASAN)
         line = one_line_error(proc)
         assert proc.returncode == 12 and words in line, (name, line)
+
+
+# ---- AArch64: cross-built, run under qemu-user beside the Python runtime under qemu ------------
+
+CROSS = shutil.which("aarch64-linux-gnu-gcc")
+QEMU = shutil.which("qemu-aarch64-static")
+
+
+@pytest.mark.skipif(not HOST_X86, reason="cross-builds from an x86-64 host")
+@pytest.mark.skipif(CROSS is None or QEMU is None, reason="needs Debian's gcc-aarch64-linux-gnu "
+                    "and qemu-user-static (apt-get install gcc-aarch64-linux-gnu "
+                    "qemu-user-static)")
+def test_aarch64_cross_build_under_qemu(mlp_weights, tmp_path, monkeypatch) -> None:
+    """`make aarch64` (static, so qemu needs no arm64 libc), then the demo CNN (aarch64) and the
+    MLP with every kernel split over threads (aarch64+dotprod; 1 and 2 threads: the hand-off
+    code's atomics under the C workers) give the bytes the Python runtime gives under qemu."""
+    from arm64_root import arm64_root_or_fail, run_bundles
+    from mlcpack.frontends.arch import build_from_spec, infer_mlp_spec
+    from mlcpack.frontends.onnx import import_onnx
+    from mlcpack.packager.codegen import gemm, lower
+    from mlcpack.packager.export import ExportOptions, export_module
+
+    from conftest import ROOT
+
+    _make("aarch64")
+    root = arm64_root_or_fail()
+    rng = np.random.default_rng(7)
+    monkeypatch.setattr(gemm, "PARALLEL_MIN_MACS", 0)
+    monkeypatch.setattr(lower, "PARALLEL_MIN_OUTPUTS", 0)
+    cnn, _ = import_onnx(str(ARTIFACTS / "cnn.onnx"))
+    jobs = {"cnn": (cnn, "aarch64", {"x": rng.random((1, 1, 28, 28), dtype=np.float32)}),
+            "mlp": (build_from_spec(infer_mlp_spec(mlp_weights), mlp_weights, None),
+                    "aarch64+dotprod", {"x": rng.random((1, 784), dtype=np.float32)})}
+    bundles = {}
+    for name, (mod, level, feeds) in jobs.items():
+        path = tmp_path / f"{name}.mlc"
+        export_module(mod, path, ExportOptions(target=level))
+        bundles[name] = (path, feeds)
+    bundles["mlp-2"] = bundles["mlp"]
+    report, python = run_bundles(root, tmp_path, ROOT, bundles, threads={"mlp-2": 2})
+    assert report["machine"] == "aarch64"
+    for name, (path, feeds) in bundles.items():
+        x = next(iter(feeds.values()))
+        np.save(tmp_path / "x.npy", x)
+        threads = "2" if name == "mlp-2" else "1"
+        proc = subprocess.run([QEMU, CDIR / "build-aarch64" / "mlcrun", "run", path,
+                               tmp_path / "x.npy", "-o", tmp_path / name, "--threads", threads],
+                              capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr
+        got = np.load(tmp_path / name / "out0.npy")
+        want = next(iter(python[name].values()))
+        assert got.tobytes() == want.tobytes(), name
+    proc = subprocess.run([QEMU, CDIR / "build-aarch64" / "mlcrun", "inspect", bundles["mlp"][0]],
+                          capture_output=True, text=True, timeout=60)
+    assert "code aarch64+dotprod (aarch64" in proc.stdout, proc.stdout + proc.stderr
