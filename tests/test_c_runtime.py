@@ -156,6 +156,7 @@ def test_msgpack_reader_is_strict(build, tmp_path) -> None:
         "str past the end": (b"\xdb\x00\x00\x10\x00abc", "error 3"),
         "bad utf-8": (b"\xa2\xff\xfe", "error 3"),
         "int key": (b"\x81\x01\x02", "error 3"),
+        "bin key": (b"\x81\xc4\x01k\x02", "ok"),
         "ext type": (b"\xd4\x01\x00", "error 3"),
         "reserved byte": (b"\xc1", "error 3"),
         "empty": (b"", "error 3"),

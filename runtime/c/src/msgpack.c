@@ -1,6 +1,6 @@
 /* A strict msgpack reader for bundle headers: every length checked against the bytes left
  * before anything is allocated, nesting limited to MP_MAX_DEPTH, str must be valid UTF-8, map
- * keys must be str, ext types refused (as the Python runtime's msgpack.Unpacker with
+ * keys must be str or bin, ext types refused (as the Python runtime's msgpack.Unpacker with
  * strict_map_key=True, raw=False, max_ext_len=0). A key given twice: the last one counts, as in
  * the Python dict msgpack-python builds. */
 #include <string.h>
@@ -93,7 +93,8 @@ static mlc_status container(reader *r, mp_node *out, uint8_t type, uint64_t n, i
         mlc_status s = parse(r, &out->v.items[i], depth + 1);
         if (s)
             return s;
-        if (type == MP_MAP && i % 2 == 0 && out->v.items[i].type != MP_STR)
+        if (type == MP_MAP && i % 2 == 0 && out->v.items[i].type != MP_STR
+            && out->v.items[i].type != MP_BIN)
             return bad(r, "header is corrupted (a map key is not a string); the file is "
                           "damaged: export it again");
     }
