@@ -194,10 +194,14 @@ def test_outputs_are_bit_identical_to_the_python_runtime(build, bundles, tmp_pat
     assert_bit_identical(build, bundles[name], _feeds(bundles[name]), tmp_path)
 
 
-def test_conv_net_has_parallel_kernels(bundles) -> None:
-    """So the 2-thread runs above go through the bundle's hand-off code and the C workers."""
+def test_conv_net_has_parallel_kernels_and_zero_copy(build, bundles) -> None:
+    """So the 2-thread runs above go through the bundle's hand-off code and the C workers, and
+    the kernels read the input where mlcrun holds it and write the output into its buffer."""
     with load(bundles["conv"], threads=2) as model:
         assert model.has_parallel_kernels
+    proc = mlcrun(build, "inspect", bundles["conv"])
+    assert "zero-copy: 2 inputs read in place, 1 output written in place" in proc.stdout, \
+        proc.stdout
 
 
 @pytest.mark.parametrize("batch", [1, 3, 4, 9])

@@ -164,6 +164,8 @@ typedef struct mlc_model_facts {
     int threads;
     int symbolic;
     int signed_bundle;
+    size_t inputs_in_place;     /* inputs kernels read where the caller holds them */
+    size_t outputs_in_place;    /* outputs kernels write into the caller's (64-byte aligned) buffer */
 } mlc_model_facts;
 MLC_API mlc_status mlc_model_facts_get(const mlc_model *model, mlc_model_facts *facts);
 

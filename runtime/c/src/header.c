@@ -419,6 +419,7 @@ static mlc_status parse_io(mlc_model *m, mlc_plan *p, const mp_node *list, const
                 return bad(err, w2, "does not match its shape's rank");
             io->has_max = 1;
         }
+        io->views = mp_get(r, "views");
         char w2[200];
         snprintf(w2, sizeof w2, "%s name", what);
         if ((s = get_str(m, mp_get(r, "name"), w2, &io->name, err)))

@@ -171,6 +171,113 @@ static mlc_status map_code(mlc_model *m, mlc_plan *p, mlc_error *err)
     return MLC_OK;
 }
 
+/* ---- zero-copy inputs and outputs (runtime/model.py Model._bindings, _output_bindings) ---- */
+
+/* `views` as a tensor set when it is rows over exactly `tensor`'s bytes (in-range indices,
+ * `tensor` among them, each an arena row at its offset with its size); NULL otherwise. */
+static uint8_t *rows_over(mlc_model *m, const mlc_plan *p, const mp_node *views, uint32_t tensor)
+{
+    if (!views || views->type != MP_ARRAY)
+        return NULL;
+    uint8_t *set = mlc_zalloc(&m->alloc, p->ntensors + 1);
+    const mlc_trow *base = &p->tensors[tensor];
+    if (!set)
+        return NULL;
+    for (uint32_t i = 0; i < views->len; i++) {
+        const mp_node *t = &views->v.items[i];
+        if (!mp_is_int(t) || t->v.i < 0 || (uint64_t)t->v.i >= p->ntensors)
+            return NULL;
+        const mlc_trow *row = &p->tensors[t->v.i];
+        if (row->kind != T_ARENA || row->ref != base->ref || row->nbytes != base->nbytes)
+            return NULL;
+        set[t->v.i] = 1;
+    }
+    return set[tensor] ? set : NULL;
+}
+
+/* The kernel argument slots where calls take the tensors of `set` (*out, their count
+ * returned); -1 when a copy or a library call uses them, or (`inputs_only`) a kernel takes
+ * them past its inputs. */
+static long kernel_slots(mlc_model *m, const mlc_plan *p, const uint8_t *set, int inputs_only,
+                         void ****out)
+{
+    void ***slots = NULL;
+    long n = 0;
+    for (int pass = 0; pass < 2; pass++) {
+        n = 0;
+        for (size_t i = 0; i < p->nprogram; i++) {
+            const mlc_instr *in = &p->program[i];
+            if (in->op == OP_COPY) {
+                if (set[in->target] || set[in->operands[0]])
+                    return -1;
+                continue;
+            }
+            for (uint32_t j = 0; j < in->n; j++) {
+                if (!set[in->operands[j]])
+                    continue;
+                if (in->op != OP_KERNEL || (inputs_only && j >= p->kernels[in->target].nin))
+                    return -1;
+                if (slots)
+                    slots[n] = &in->args[j];
+                n++;
+            }
+        }
+        if (!pass) {
+            slots = mlc_zalloc(&m->alloc, (size_t)(n + 1) * sizeof(void **));
+            if (!slots)
+                return -1;
+        }
+    }
+    *out = slots;
+    return n;
+}
+
+/* Which inputs kernels may read where the caller holds them, and which outputs kernels may
+ * write straight into the caller's buffer (static, one-plan bundles; the Python runtime's
+ * rules, so a damaged views list can only swap equally many arena bytes for the caller's). */
+static void plan_bindings(mlc_model *m, mlc_plan *p)
+{
+    size_t *taken = mlc_zalloc(&m->alloc, (p->ntensors + 1) * sizeof(size_t));
+    if (!taken)
+        return;
+    for (int kind = 0; kind < 2; kind++)
+        for (size_t i = 0; i < (kind ? p->noutputs : p->ninputs); i++) {
+            const mlc_iorow *io = kind ? &p->outputs[i] : &p->inputs[i];
+            uint8_t *seen = mlc_zalloc(&m->alloc, p->ntensors + 1);
+            if (!seen)
+                return;
+            seen[io->tensor] = 1;
+            for (uint32_t k = 0; io->views && io->views->type == MP_ARRAY && k < io->views->len; k++) {
+                const mp_node *t = &io->views->v.items[k];
+                if (mp_is_int(t) && t->v.i >= 0 && (uint64_t)t->v.i < p->ntensors)
+                    seen[t->v.i] = 1;
+            }
+            for (size_t t = 0; t < p->ntensors; t++)
+                taken[t] += seen[t];
+        }
+    for (size_t i = 0; i < p->ninputs; i++) {
+        mlc_iorow *io = &p->inputs[i];
+        uint8_t *set = rows_over(m, p, io->views, io->tensor);
+        int clash = !set;
+        for (size_t o = 0; set && o < p->noutputs; o++)
+            clash |= set[p->outputs[o].tensor];
+        long n = clash ? -1 : kernel_slots(m, p, set, 1, &io->slots);
+        io->bindable = n >= 0;
+        io->nslots = n > 0 ? (size_t)n : 0;
+    }
+    for (size_t i = 0; i < p->noutputs; i++) {
+        mlc_iorow *io = &p->outputs[i];
+        uint8_t *set = rows_over(m, p, io->views, io->tensor);
+        int ok = set != NULL;
+        for (size_t t = 0; ok && t < p->ntensors; t++)
+            if (set[t] && taken[t] != 1)
+                ok = 0;
+        long n = ok ? kernel_slots(m, p, set, 0, &io->slots) : -1;
+        io->bindable = n > 0;
+        io->nslots = n > 0 ? (size_t)n : 0;
+    }
+}
+
 /* Tensor addresses over the arena and the constants, the kernels' void*[], the library calls'
  * tensors, the step loop's table and segments, the worker threads. */
 static mlc_status prepare(mlc_model *m, mlc_plan *p, mlc_error *err)
@@ -242,6 +349,8 @@ static mlc_status prepare(mlc_model *m, mlc_plan *p, mlc_error *err)
                                 m->name);
         }
     }
+    if (!p->sym && !m->batched && m->plans == p)
+        plan_bindings(m, p);
     if (m->threads > 1 && any_parallel) {
         mlc_status s = mlc_threads_start(m->threads - 1, p->has_pool ? &p->pool : NULL,
                                          &p->threads, err);
@@ -509,6 +618,10 @@ mlc_status mlc_model_facts_get(const mlc_model *m, mlc_model_facts *f)
     f->instructions = last->nprogram;
     f->threads = m->threads;
     f->signed_bundle = m->signed_bundle;
+    for (size_t i = 0; i < last->ninputs; i++)
+        f->inputs_in_place += last->inputs[i].bindable;
+    for (size_t i = 0; i < last->noutputs; i++)
+        f->outputs_in_place += last->outputs[i].bindable;
     if (last->sym) {
         f->symbolic = 1;
         f->arena_bytes = last->sym->bounded ? (size_t)last->sym->bound_arena
@@ -777,13 +890,56 @@ static mlc_status run_static(mlc_model *m, mlc_plan *p, const mlc_tensor *inputs
             return mlc_fail(err, MLC_ERR_USAGE, "output '%s' needs a buffer of %zu bytes, got "
                             "%zu", p->outputs[i].name, need, outputs[i].nbytes);
     }
-    for (size_t i = 0; i < p->ninputs; i++)
-        memcpy(p->addr[p->inputs[i].tensor], inputs[i].data, (size_t)p->inputs[i].nbytes);
+    /* zero-copy: kernels read an input where the caller holds it (element-aligned) and write
+     * an output into the caller's buffer (64-byte aligned, overlapping no input or other
+     * bound output), where the bundle's views allow it; else copies through the arena */
+    uint64_t bound = 0;
+    for (size_t i = 0; i < p->ninputs; i++) {
+        const mlc_iorow *io = &p->inputs[i];
+        size_t align = mlc_dtype_size(io->dtype);
+        void *at = p->addr[io->tensor];
+        if (io->bindable && (uintptr_t)inputs[i].data % align == 0)
+            at = inputs[i].data;
+        else
+            memcpy(at, inputs[i].data, (size_t)io->nbytes);
+        for (size_t k = 0; k < io->nslots; k++)
+            *io->slots[k] = at;
+    }
+    for (size_t i = 0; i < p->noutputs && i < 64; i++) {
+        const mlc_iorow *io = &p->outputs[i];
+        size_t size = (size_t)p->tensors[io->tensor].nbytes;
+        uintptr_t lo = (uintptr_t)outputs[i].data, hi = lo + size;
+        int ok = io->bindable && lo % 64 == 0;
+        for (size_t k = 0; ok && k < p->ninputs; k++) {
+            uintptr_t a = (uintptr_t)inputs[k].data, b = a + (size_t)p->inputs[k].nbytes;
+            ok = hi <= a || b <= lo;
+        }
+        for (size_t k = 0; ok && k < i; k++)
+            if (bound >> k & 1) {
+                uintptr_t a = (uintptr_t)outputs[k].data;
+                ok = hi <= a || a + (size_t)p->tensors[p->outputs[k].tensor].nbytes <= lo;
+            }
+        if (!ok)
+            continue;
+        bound |= 1ull << i;
+        for (size_t k = 0; k < io->nslots; k++)
+            *io->slots[k] = outputs[i].data;
+    }
     mlc_status s = execute(m, p, err);
-    for (size_t i = 0; !s && i < p->noutputs; i++) {
-        const mlc_trow *row = &p->tensors[p->outputs[i].tensor];
-        memcpy(outputs[i].data, p->addr[p->outputs[i].tensor], (size_t)row->nbytes);
-        set_output(&outputs[i], row, -1);
+    for (size_t i = 0; i < p->ninputs; i++)   /* the arena's copies again */
+        for (size_t k = 0; k < p->inputs[i].nslots; k++)
+            *p->inputs[i].slots[k] = p->addr[p->inputs[i].tensor];
+    for (size_t i = 0; i < p->noutputs; i++) {
+        const mlc_iorow *io = &p->outputs[i];
+        const mlc_trow *row = &p->tensors[io->tensor];
+        if (i < 64 && bound >> i & 1) {
+            for (size_t k = 0; k < io->nslots; k++)
+                *io->slots[k] = p->addr[io->tensor];
+        } else if (!s) {
+            memcpy(outputs[i].data, p->addr[io->tensor], (size_t)row->nbytes);
+        }
+        if (!s)
+            set_output(&outputs[i], row, -1);
     }
     return s;
 }
@@ -872,22 +1028,10 @@ mlc_status mlc_run(mlc_model *m, const mlc_tensor *inputs, size_t ninputs, mlc_t
                             "%zu", last->outputs[i].name, need, outputs[i].nbytes);
     }
     pthread_mutex_lock(&m->lock);
-    mlc_status s;
-    if (m->batched) {
-        s = run_batched(m, inputs, outputs, n, err);
-    } else {
-        for (size_t i = 0; i < ninputs; i++)
-            memcpy(last->addr[last->inputs[i].tensor], inputs[i].data,
-                   (size_t)last->inputs[i].nbytes);
-        s = execute(m, last, err);
-        if (!s)
-            for (size_t i = 0; i < noutputs; i++) {
-                const mlc_trow *row = &last->tensors[last->outputs[i].tensor];
-                memcpy(outputs[i].data, last->addr[last->outputs[i].tensor], (size_t)row->nbytes);
-            }
-    }
+    mlc_status s = m->batched ? run_batched(m, inputs, outputs, n, err)
+                              : run_static(m, last, inputs, outputs, err);
     pthread_mutex_unlock(&m->lock);
-    if (!s)
+    if (!s && m->batched)
         for (size_t i = 0; i < noutputs; i++)
             set_output(&outputs[i], &last->tensors[last->outputs[i].tensor],
                        last->outputs[i].batched ? n : -1);

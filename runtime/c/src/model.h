@@ -29,6 +29,10 @@ typedef struct {
     int batched;
     const mp_node *rec;        /* symbolic plans: the shape's dim records */
     const char *dim_text[MLC_MAX_DIMS];
+    const mp_node *views;      /* the tensor rows over its bytes (its reshapes), or NULL */
+    void ***slots;             /* zero-copy: the kernel argument slots that hold its address */
+    size_t nslots;
+    int bindable;              /* 1: kernels only read it (input) / only kernels use it (output) */
 } mlc_iorow;
 
 typedef struct {

@@ -224,7 +224,8 @@ static int cmd_run(int argc, char **argv)
             rc = fail((int)s, "%s%s", err.message, "");
             goto done;
         }
-        out[i].data = malloc(need ? need : 1);
+        /* 64-byte aligned, so the kernels may write it in place (zero-copy) */
+        out[i].data = aligned_alloc(64, (need + 63) / 64 * 64 + 64);
         out[i].nbytes = need;
     }
     mlc_status s = mlc_run(m, in, n_in, out, n_out, &err);
@@ -442,6 +443,10 @@ static int cmd_inspect(int argc, char **argv)
            "%zu instructions%s\n", argv[0], f.format_major, f.format_minor, f.level, f.arch,
            f.variants, f.variants == 1 ? "" : "s", f.arena_bytes, f.code_bytes, f.instructions,
            f.signed_bundle ? ", signed" : "");
+    if (f.inputs_in_place || f.outputs_in_place)
+        printf("zero-copy: %zu input%s read in place, %zu output%s written in place\n",
+               f.inputs_in_place, f.inputs_in_place == 1 ? "" : "s", f.outputs_in_place,
+               f.outputs_in_place == 1 ? "" : "s");
     if (f.symbolic)
         printf("symbolic shapes: memory planned %s\n",
                f.arena_bytes ? "once, for the --max-shape bound" : "per input shape");
