@@ -369,7 +369,7 @@ def test_bundle_fuzzer_against_mlcrun(asan, bundles, tmp_path) -> None:
     rng = random.Random(1234)
     np.save(tmp_path / "x.npy", seed.x)
     outcomes: dict[str, int] = {}
-    for i in range(160):
+    for i in range(120):
         case = None
         while case is None:
             case = (fuzzing.random_header_case(seed, rng, paths) if i % 2

@@ -183,6 +183,7 @@ mlc_status mlc_sym_bind(mlc_model *m, mlc_plan *p, const mlc_tensor *inputs, mlc
 mlc_status mlc_sym_plan(mlc_model *m, mlc_plan *p, mlc_error *err);
 void mlc_sym_free(mlc_plan *p);
 char *mlc_sym_text(mlc_alloc *a, const mp_node *rec);
+void mlc_plan_bindings(mlc_model *m, mlc_plan *p);
 void mlc_content_digest(const mlc_model *m, const uint8_t *head, uint64_t chunk, uint8_t out[32]);
 
 #endif
