@@ -169,7 +169,7 @@ def main() -> None:
             compare(f"conv 64->64 3x3 on 56x56 (kernel time: the same code), {threads} "
                     f"thread{'s' if threads > 1 else ''}",
                     {"C mlc_run": lambda t=threads: c_bench(tmp / "conv.mlc", 200, t),
-                     "Python Model.run": lambda c=conv: py_bench(lambda: c.run({"x": xc}), 200)},
+                     "Python Model.run": lambda c=conv, f={"x": xc}: py_bench(lambda: c.run(f), 200)},
                     args.rounds)
             conv.close()
 

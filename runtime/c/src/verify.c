@@ -159,6 +159,16 @@ mlc_status mlc_verify(mlc_model *m, char *summary, size_t summary_size, mlc_erro
         return mlc_fail(err, MLC_ERR_NO_GOLDEN, "%s carries no golden data (exported before "
                         "mlcpack embedded it, with --no-check, or the pair was too large): "
                         "nothing to verify; export it again to add it", m->name);
+    for (size_t k = 0; k < m->ngolden_in + m->ngolden_out; k++) {
+        const mlc_golden_row *row = k < m->ngolden_in ? &m->golden_in[k]
+                                                      : &m->golden_out[k - m->ngolden_in];
+        uint64_t nb;
+        if (mlc_nbytes(row->shape, row->ndim, row->dtype, &nb) || nb != row->data.size)
+            return mlc_fail(err, MLC_ERR_BUNDLE, "%s: payload size %llu does not match the "
+                            "golden %s '%s''s shape and dtype", m->name,
+                            (unsigned long long)row->data.size,
+                            k < m->ngolden_in ? "input" : "output", row->name);
+    }
     const mlc_plan *last = &m->plans[m->nplans - 1];
     size_t nin = last->ninputs, nout = last->noutputs;
     int ok_names = m->ngolden_in == nin && m->ngolden_out == nout;
