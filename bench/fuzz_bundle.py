@@ -3,6 +3,7 @@ real bundle (outside CI; ``tests/test_fuzz_bundle.py`` runs a short version).
 
     .venv/bin/python bench/fuzz_bundle.py                      # 100 000 mutations, all cores
     .venv/bin/python bench/fuzz_bundle.py --mutations 20000 --bundle my.mlc --json out.json
+    .venv/bin/python bench/fuzz_bundle.py --mlcrun runtime/c/build-asan/mlcrun   # the C runtime
 
 Batches run in worker processes (``faulthandler`` on), so a segfault, an abort or a hang in one
 batch is seen and reported with the batch seed and the index of the case it was running, instead
@@ -51,7 +52,8 @@ def _tiny_bundle(folder: Path) -> Path:
 
 # ---- worker ---------------------------------------------------------------------------------
 
-def run_worker(bundle: Path, batch_seed: int, count: int, progress: Path, scratch: Path) -> None:
+def run_worker(bundle: Path, batch_seed: int, count: int, progress: Path, scratch: Path,
+               mlcrun: Path | None = None) -> None:
     import fuzzing
 
     faulthandler.enable()
@@ -73,7 +75,9 @@ def run_worker(bundle: Path, batch_seed: int, count: int, progress: Path, scratc
                         else fuzzing.random_byte_case(seed, rng))
             family = "header" if header else "bytes"
             try:
-                outcomes[f"{family}:{fuzzing.check(seed, case, scratch)}"] += 1
+                got = (fuzzing.check_c(seed, case, scratch, mlcrun) if mlcrun
+                       else fuzzing.check(seed, case, scratch))
+                outcomes[f"{family}:{got}"] += 1
             except fuzzing.PropertyViolation as exc:
                 outcomes[f"{family}:VIOLATION"] += 1
                 if len(violations) < 20:
@@ -84,17 +88,18 @@ def run_worker(bundle: Path, batch_seed: int, count: int, progress: Path, scratc
 # ---- parent ---------------------------------------------------------------------------------
 
 def run(mutations: int, batch: int, workers: int, bundle: Path | None, seed: int,
-        timeout: float) -> dict:
+        timeout: float, mlcrun: Path | None = None) -> dict:
     work = Path(tempfile.mkdtemp(prefix="mlcfuzz-", dir="/dev/shm" if os.path.isdir("/dev/shm")
                                  else None))
     try:
-        return _run(work, bundle or _tiny_bundle(work), mutations, batch, workers, seed, timeout)
+        return _run(work, bundle or _tiny_bundle(work), mutations, batch, workers, seed, timeout,
+                    mlcrun)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
 
 def _run(work: Path, bundle: Path, mutations: int, batch: int, workers: int, seed: int,
-         timeout: float) -> dict:
+         timeout: float, mlcrun: Path | None = None) -> dict:
     batches = [(seed * 1_000_003 + b, min(batch, mutations - b * batch))
                for b in range((mutations + batch - 1) // batch)]
     pending = list(batches)
@@ -111,6 +116,8 @@ def _run(work: Path, bundle: Path, mutations: int, batch: int, workers: int, see
             cmd = [sys.executable, __file__, "--worker", "--bundle", str(bundle),
                    "--batch-seed", str(bseed), "--count", str(n), "--progress", str(progress),
                    "--scratch", str(work / f"case-{bseed}.mlc")]
+            if mlcrun:
+                cmd += ["--mlcrun", str(mlcrun)]
             proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
             running.append((proc, bseed, n, progress, time.perf_counter()))
         time.sleep(0.02)
@@ -148,6 +155,9 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--timeout", type=float, default=300, help="seconds before a batch is hung")
     ap.add_argument("--json", type=Path, help="also write the report here")
+    ap.add_argument("--mlcrun", type=Path, help="check the C runtime's mlcrun (runtime/c) "
+                    "instead of the Python runtime: refuse with a README code or give the "
+                    "original answer, never crash (point it at build-asan/mlcrun)")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--batch-seed", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--count", type=int, help=argparse.SUPPRESS)
@@ -155,9 +165,12 @@ def main() -> int:
     ap.add_argument("--scratch", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
-        run_worker(args.bundle, args.batch_seed, args.count, args.progress, args.scratch)
+        run_worker(args.bundle, args.batch_seed, args.count, args.progress, args.scratch,
+                   args.mlcrun)
         return 0
-    report = run(args.mutations, args.batch, args.workers, args.bundle, args.seed, args.timeout)
+    mlcrun = args.mlcrun.resolve() if args.mlcrun else None
+    report = run(args.mutations, args.batch, args.workers, args.bundle, args.seed, args.timeout,
+                 mlcrun)
     if args.json:
         args.json.write_text(json.dumps(report, indent=2))
     print(f"{report['mutations']} mutations in {report['seconds']} s "

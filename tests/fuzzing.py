@@ -252,3 +252,45 @@ def check(seed: Seed, case: Case, path: Path) -> str:
         return "ran"
     finally:
         model.close()
+
+
+# The C runtime's exit codes for a refused bundle (README table); a sanitizer report exits
+# otherwise (tests/test_c_runtime.py sets ASAN_OPTIONS / UBSAN_OPTIONS exit codes).
+C_REFUSALS = frozenset({3, 4, 5, 6, 7, 8, 12})
+
+
+def check_c(seed: Seed, case: Case, path: Path, mlcrun: Path, env: dict | None = None,
+            timeout: float = 30) -> str:
+    """The property for the C runtime (runtime/c): ``mlcrun`` refuses ``case`` with one
+    ``error:`` line and a README code, or loads it (``inspect``) and, where ``check`` would run
+    it (``may_run`` and the digest verified: mlcrun always verifies), runs it to the original
+    answer; never another exit (a crash, a sanitizer report, a leak) or a hang. Returns the
+    outcome ("ran", "loaded" or "exit N")."""
+    import subprocess
+
+    import numpy as np
+
+    path.write_bytes(case.blob)
+    run = case.may_run and case.verify
+    x, out = path.with_suffix(".x.npy"), path.with_suffix(".out")
+    if run:
+        np.save(x, seed.x)
+    args = ["run", path, x, "-o", out] if run else ["inspect", path]
+    try:
+        proc = subprocess.run([str(mlcrun), *map(str, args)], capture_output=True, text=True,
+                              env=env, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise PropertyViolation(f"{case.what}: mlcrun hung (over {timeout} s)") from None
+    if proc.returncode in C_REFUSALS:
+        lines = proc.stderr.splitlines()
+        if len(lines) != 1 or not lines[0].startswith("error: "):
+            raise PropertyViolation(f"{case.what}: not one error line: {proc.stderr[-500:]!r}")
+        return f"exit {proc.returncode}"
+    if proc.returncode != 0:
+        raise PropertyViolation(f"{case.what}: mlcrun exited {proc.returncode}: "
+                                f"{proc.stderr[-1500:]}")
+    if not run:
+        return "loaded"
+    if np.load(out / "out0.npy").tobytes() != seed.expected:
+        raise PropertyViolation(f"{case.what}: mlcrun ran it with a different answer")
+    return "ran"
