@@ -90,16 +90,21 @@ class Reference:
 
 # ---- inputs ---------------------------------------------------------------------------------------
 
-def random_inputs(specs: list[tuple[str, tuple[int, ...], str]], seed: int
+def random_inputs(specs: list[tuple[str, tuple[int, ...], str]], seed: int,
+                  ranges: Mapping[str, tuple[float, float]] | None = None
                   ) -> dict[str, np.ndarray]:
-    """Seeded inputs: standard normal floats, random bools, zeros for integers (integer inputs
-    are usually indices, and 0 is the one index every axis has; give real ones with
-    --check-input)."""
+    """Seeded inputs: standard normal floats (uniform over ``ranges[name]`` where given: the
+    range a quantized model's input quantization represents), random bools, zeros for integers
+    (integer inputs are usually indices, and 0 is the one index every axis has; give real ones
+    with --check-input)."""
     rng = np.random.default_rng(seed)
+    ranges = ranges or {}
     out = {}
     for name, shape, dtype in specs:
         dt = np.dtype(dtype)
-        if dt.kind == "f":
+        if dt.kind == "f" and name in ranges:
+            out[name] = rng.uniform(*ranges[name], shape).astype(dt)
+        elif dt.kind == "f":
             out[name] = rng.standard_normal(shape).astype(dt)
         elif dt.kind == "b":
             out[name] = rng.random(shape) < 0.5
@@ -125,11 +130,40 @@ def given_inputs(specs: list[tuple[str, tuple[int, ...], str]],
                 raise _export_error(f"--check-input {name}: dtype {value.dtype}, the model takes "
                                     f"{dtype}")
             value = value.astype(dt)
-        if value.ndim != len(shape) or value.shape[1:] != tuple(shape[1:]):
+        # a symbolic dim takes the given size; the first (batch) dim any size, as before
+        if value.ndim != len(shape) or any(isinstance(d, (int, np.integer)) and int(d) != n
+                                           for d, n in zip(shape[1:], value.shape[1:])):
             raise _export_error(f"--check-input {name}: shape {value.shape}, the model takes "
                                 f"{tuple(shape)}")
         out[name] = np.asarray(value, order="C")  # ascontiguousarray makes a scalar (1,)
     return out
+
+
+def quantized_input_ranges(fn: Function) -> dict[str, tuple[float, float]]:
+    """Per float input that a ``quantize`` with constant scale and zero point reads directly
+    (the input of a calibrated QDQ model): the range of values its integers represent, from
+    the scale and zero point. Random check inputs drawn there stay in the range the model was
+    calibrated for; normal noise beyond it only saturates at the first layer and drives every
+    later activation to its extremes, where one rounding tie spreads into large errors."""
+    from .ops.quant import saturation_range
+
+    params = {id(p): p.name for p in fn.params if np.dtype(p.type.dtype).kind == "f"}
+    out: dict[str, tuple[float, float]] = {}
+    for b in fn.bindings():
+        v = b.value
+        if not (isinstance(v, Call) and v.op == "quantize" and id(v.args[0]) in params
+                and all(isinstance(a, Constant) for a in v.args[1:3])):
+            continue
+        scale, zp = (np.asarray(a.data, np.float64) for a in v.args[1:3])
+        if scale.size != 1 or zp.size != 1 or not float(scale.ravel()[0]) > 0:
+            continue
+        qmin, qmax = saturation_range(v.attrs.get("dtype", "uint8"))
+        s, z = float(scale.ravel()[0]), float(zp.ravel()[0])
+        lo, hi = (qmin - z) * s, (qmax - z) * s
+        name = params[id(v.args[0])]
+        old = out.get(name)
+        out[name] = (lo, hi) if old is None else (max(old[0], lo), min(old[1], hi))
+    return {k: r for k, r in out.items() if r[1] > r[0]}
 
 
 # ---- references ---------------------------------------------------------------------------------
@@ -390,9 +424,12 @@ def prepare_golden(mod: IRModule, params: Mapping[str, np.ndarray] | None, opts:
     specs = [(p.name, _check_shape(p.type.shape, sizes), p.type.dtype) for p in fn.params
              if not (params and p.name in params)]
     if opts.check_inputs:
-        inputs, seed = given_inputs(specs, opts.check_inputs), None
+        given = [(p.name, tuple(p.type.shape), p.type.dtype) for p in fn.params
+                 if not (params and p.name in params)]
+        inputs, seed = given_inputs(given, opts.check_inputs), None
     else:
-        inputs, seed = random_inputs(specs, opts.check_seed), opts.check_seed
+        inputs = random_inputs(specs, opts.check_seed, quantized_input_ranges(fn))
+        seed = opts.check_seed
     reference = opts.reference
     refuses = reference is not None and getattr(reference, "refuses", True)
     magnitudes: dict[str, float] = {}

@@ -32,8 +32,9 @@ import numpy as np
 
 from .errors import ExportError
 
-METHODS = ("minmax", "percentile")
+METHODS = ("minmax", "percentile", "entropy")
 PERCENTILE = 99.99
+_ENTROPY_BINS = 2048            # histogram bins of |x| for the entropy method
 MAX_LAYER_ERROR = 0.05
 _SAMPLE_VALUES = 1 << 16        # values per tap and sample kept for the percentile method
 _IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm",
@@ -78,10 +79,85 @@ class QuantizeReport:
         return lines
 
 
+def _is_fixed(d) -> bool:
+    return isinstance(d, (int, np.integer))
+
+
+def _shown(shape) -> str:
+    return "(" + ", ".join(map(str, shape)) + ")"
+
+
+def fits(shape: Sequence[int], spec_shape: Sequence) -> bool:
+    """Whether an array of ``shape`` is a value of an input of ``spec_shape`` (whose symbolic
+    dims take any size)."""
+    return len(shape) == len(spec_shape) and all(
+        not _is_fixed(d) or int(d) == n for d, n in zip(spec_shape, shape))
+
+
+def _resized(arr: np.ndarray, spec_shape: Sequence) -> np.ndarray | None:
+    """An NCHW (or NHWC) sample whose only mismatch is its height and width, bilinearly
+    resized to the input's fixed H and W; None when that is not what differs."""
+    if arr.ndim != 4 or len(spec_shape) != 4 or arr.dtype.kind != "f":
+        return None
+    for h_axis, c_axis in ((2, 1), (1, 3)):
+        hw = (spec_shape[h_axis], spec_shape[h_axis + 1])
+        keep = [a for a in range(4) if a not in (h_axis, h_axis + 1)]
+        if not all(_is_fixed(d) for d in hw) or not all(
+                not _is_fixed(spec_shape[a]) or int(spec_shape[a]) == arr.shape[a] for a in keep):
+            continue
+        if spec_shape[c_axis] not in (1, 3) and _is_fixed(spec_shape[c_axis]):
+            continue
+        return _bilinear(arr, h_axis, int(hw[0]), int(hw[1]))
+    return None
+
+
+def _bilinear(arr: np.ndarray, h_axis: int, out_h: int, out_w: int) -> np.ndarray:
+    """Resize axes ``h_axis`` and ``h_axis + 1`` of ``arr`` to (out_h, out_w), half-pixel
+    centres (as PIL's and ONNX Resize's bilinear)."""
+    out = arr.astype(np.float32)
+    for axis, size in ((h_axis, out_h), (h_axis + 1, out_w)):
+        n = out.shape[axis]
+        pos = np.clip((np.arange(size) + 0.5) * n / size - 0.5, 0, n - 1)
+        lo = np.floor(pos).astype(np.int64)
+        hi = np.minimum(lo + 1, n - 1)
+        frac = (pos - lo).astype(np.float32)
+        shape = [1] * out.ndim
+        shape[axis] = size
+        frac = frac.reshape(shape)
+        out = np.take(out, lo, axis) * (1 - frac) + np.take(out, hi, axis) * frac
+    return out.astype(arr.dtype)
+
+
+def _as_samples(arr: np.ndarray, spec, where: str) -> list[np.ndarray]:
+    """The samples one calibration array gives for input ``spec``: itself at its own shape, a
+    stack of them, or itself resized to the input's fixed height and width."""
+    shape = tuple(spec.shape)
+    if fits(arr.shape, shape):
+        return [arr.astype(spec.dtype, copy=False)]
+    if arr.ndim == len(shape) and _is_fixed(shape[0]) and int(shape[0]) == 1 and \
+            fits((1, *arr.shape[1:]), shape):
+        return [a[None].astype(spec.dtype, copy=False) for a in arr]   # a stack on the batch
+    if arr.ndim == len(shape) + 1 and all(fits(a.shape, shape) for a in arr[:1]):
+        return [a.astype(spec.dtype, copy=False) for a in arr]
+    if all(_is_fixed(d) for d in shape) and arr.size == int(np.prod(shape)):
+        return [arr.reshape(shape).astype(spec.dtype, copy=False)]   # e.g. no batch axis
+    if fits((1, *arr.shape), shape):
+        return [arr[None].astype(spec.dtype, copy=False)]
+    resized = _resized(arr, shape)
+    if resized is not None:
+        return [resized.astype(spec.dtype, copy=False)]
+    raise ExportError(f"--calibration: {where} has shape {_shown(arr.shape)}; input "
+                      f"{spec.name!r} takes {_shown(shape)} (or a stack of them), and no resize "
+                      "maps one to the other")
+
+
 def read_calibration(data: str | os.PathLike, spec, preprocess: dict | None) -> list[np.ndarray]:
-    """The calibration samples for input ``spec`` (a runtime ``TensorSpec``): every image (read
-    with ``preprocess``, the bundle's recorded preprocessing) and ``.npy`` file of folder
-    ``data``, in name order; or one ``.npy`` file holding one sample or a stack of them."""
+    """The calibration samples for input ``spec`` (a runtime ``TensorSpec``, its dims ints or,
+    where the model's are known only at run time, names): every image (read with
+    ``preprocess``, the bundle's recorded preprocessing) and ``.npy`` file of folder ``data``,
+    in name order; or one ``.npy`` file holding one sample or a stack of them. A sample keeps
+    its own size along the input's symbolic dims; an NCHW/NHWC one whose height and width differ
+    from the input's fixed ones is resized bilinearly; anything else is a one-line error."""
     from ..runtime.errors import InputError
     from ..runtime.preprocess import load_input
 
@@ -92,27 +168,21 @@ def read_calibration(data: str | os.PathLike, spec, preprocess: dict | None) -> 
         if path.suffix.lower() != ".npy":
             raise ExportError(f"--calibration {data}: give a folder of images or .npy files, "
                               "or one .npy file")
-        arr = _load_npy(path)
-        if tuple(arr.shape) == tuple(spec.shape):
-            return [arr.astype(spec.dtype, copy=False)]
-        if tuple(arr.shape[1:]) == tuple(spec.shape[1:]) and spec.shape[0] == 1:
-            return [a[None].astype(spec.dtype, copy=False) for a in arr]
-        raise ExportError(f"--calibration {data}: shape {arr.shape} is neither input "
-                          f"{spec.name!r}'s {tuple(spec.shape)} nor a stack of them")
+        return _as_samples(_load_npy(path), spec, path.name)
     files = sorted(p for p in path.iterdir()
                    if p.is_file() and p.suffix.lower() in (".npy",) + _IMAGE_SUFFIXES)
     if not files:
         raise ExportError(f"--calibration {data}: the folder has no images or .npy files")
     samples = []
     for f in files:
+        if f.suffix.lower() == ".npy":
+            samples += _as_samples(_load_npy(f), spec, f.name)
+            continue
         try:
             arr = np.asarray(load_input(f, spec, preprocess))
         except InputError as exc:
             raise ExportError(f"--calibration: {exc}") from None
-        if arr.size != int(np.prod(spec.shape)):
-            raise ExportError(f"--calibration: {f.name} has shape {arr.shape}; input "
-                              f"{spec.name!r} takes {tuple(spec.shape)}")
-        samples.append(arr.reshape(spec.shape).astype(spec.dtype, copy=False))
+        samples += _as_samples(arr, spec, f.name)
     return samples
 
 
@@ -144,6 +214,32 @@ def _quantizable(model, inits: dict[str, np.ndarray]) -> list[tuple[int, object,
                 "transA" in attrs and attrs["transA"].i):
             trans_b = attrs["transB"].i if "transB" in attrs else 0
             out.append((index, node, 0 if trans_b else 1))
+    return out
+
+
+def constants_as_initializers(model):
+    """``model`` with its top-level ``Constant`` nodes holding a tensor made initializers
+    (Paddle's exporter keeps every weight in one), so their consumers' weights are found."""
+    from onnx import numpy_helper
+
+    moved = []
+    for node in model.graph.node:
+        attrs = {a.name: a for a in node.attribute}
+        if node.op_type == "Constant" and node.domain in ("", "ai.onnx") and "value" in attrs:
+            moved.append(node)
+    if not moved:
+        return model
+    out = type(model)()
+    out.CopyFrom(model)
+    keep = [n for n in out.graph.node
+            if not (n.op_type == "Constant" and n.domain in ("", "ai.onnx")
+                    and any(a.name == "value" for a in n.attribute))]
+    for node in moved:
+        value = next(a.t for a in node.attribute if a.name == "value")
+        out.graph.initializer.append(numpy_helper.from_array(numpy_helper.to_array(value),
+                                                             node.output[0]))
+    del out.graph.node[:]
+    out.graph.node.extend(keep)
     return out
 
 
@@ -181,12 +277,45 @@ class _Stats:
             self.kept.append(np.asarray(take, np.float32))
 
     def range(self, method: str) -> tuple[float, float]:
+        if method == "entropy" and self.kept:
+            lo, hi = min(self.lo, 0.0), max(self.hi, 0.0)
+            values = np.concatenate(self.kept)
+            levels = 255 if lo == 0.0 else 128   # uint8 over [0, T], or about 128 a side
+            t = entropy_threshold(np.abs(values), levels)
+            return max(lo, -t), min(hi, t)
         if method == "percentile" and self.kept:
             values = np.concatenate(self.kept)
             lo = float(np.percentile(values, 100 - PERCENTILE))
             hi = float(np.percentile(values, PERCENTILE))
             return min(lo, 0.0), max(hi, 0.0)
         return min(self.lo, 0.0), max(self.hi, 0.0)
+
+
+def entropy_threshold(values: np.ndarray, levels: int, bins: int = _ENTROPY_BINS) -> float:
+    """The clipping threshold T for |x| (``values``) that minimizes the KL divergence between
+    the histogram of |x| clipped at T and that histogram merged into ``levels`` quantization
+    bins (TensorRT's entropy calibration): T trades the clipped tail against the rounding of
+    the bulk."""
+    peak = float(values.max(initial=0.0))
+    if peak <= 0.0 or values.size < 2:
+        return peak
+    hist, edges = np.histogram(values, bins=bins, range=(0.0, peak))
+    hist = hist.astype(np.float64)
+    best, best_kl = bins, np.inf
+    for i in range(levels, bins + 1, max(1, (bins - levels) // 240)):
+        p = hist[:i].copy()
+        p[-1] += hist[i:].sum()            # the clipped tail lands in the last bin
+        # q: p merged into ``levels`` chunks, each spread over the chunk's non-empty bins
+        chunk = np.minimum((np.arange(i) * levels) // i, levels - 1)
+        sums = np.bincount(chunk, weights=hist[:i], minlength=levels)
+        nonzero = np.bincount(chunk, weights=(hist[:i] > 0), minlength=levels)
+        q = np.where(hist[:i] > 0, sums[chunk] / np.maximum(nonzero[chunk], 1), 0.0)
+        mask = p > 0
+        p_n, q_n = p / p.sum(), q / max(q.sum(), 1e-300)
+        kl = float(np.sum(p_n[mask] * np.log(p_n[mask] / np.maximum(q_n[mask], 1e-12))))
+        if kl < best_kl:
+            best, best_kl = i, kl
+    return float(edges[best])
 
 
 def uint8_params(lo: float, hi: float) -> tuple[np.float32, np.uint8]:
@@ -259,6 +388,7 @@ def quantize_onnx(model_path: str | os.PathLike, samples: Sequence[np.ndarray],
     if opset < 13:   # per-axis DequantizeLinear needs opset 13
         from onnx import version_converter
         model = version_converter.convert_version(model, 13)
+    model = constants_as_initializers(model)
     inits = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
     graph_inputs = [i for i in model.graph.input if i.name not in inits]
     if len(graph_inputs) != 1:
@@ -276,7 +406,7 @@ def quantize_onnx(model_path: str | os.PathLike, samples: Sequence[np.ndarray],
         bundle = Path(work.name) / "float.mlc"
         export_module(mod, bundle, ExportOptions(target="host", check=False))
         input_name = info.input_names[graph_inputs[0].name]
-        keep = method == "percentile"
+        keep = method in ("percentile", "entropy")
         rng = np.random.default_rng(0)
         stats = {t: _Stats() for t in taps}
         outputs: list[dict[str, np.ndarray]] = []
@@ -400,8 +530,11 @@ def compare(quantized: Quantized, bundle: str | os.PathLike, runs: int = 21) -> 
     with load(bundle) as qmodel, load(quantized.float_bundle) as fmodel:
         got = [qmodel.run({name: x}) for x in quantized.samples]
         for out in quantized.float_outputs[0]:
-            ref = np.stack([o[out] for o in quantized.float_outputs]).astype(np.float64)
-            val = np.stack([g[out] for g in got]).astype(np.float64)
+            # samples of a symbolic-shape model may differ in size: compared value for value
+            refs = [np.asarray(o[out], np.float64) for o in quantized.float_outputs]
+            vals = [np.asarray(g[out], np.float64) for g in got]
+            ref = np.concatenate([r.ravel() for r in refs])
+            val = np.concatenate([v.ravel() for v in vals])
             err = np.abs(val - ref)
             scale = float(np.abs(ref).max()) or 1.0
             noise = float(np.sum(err ** 2))
@@ -409,8 +542,9 @@ def compare(quantized: Quantized, bundle: str | os.PathLike, runs: int = 21) -> 
             line = (f"  output {out!r} vs the float model on the calibration data: max abs "
                     f"error {err.max():.4g} ({err.max() / scale:.2%} of its largest |value|), "
                     f"SNR {snr:.1f} dB")
-            if ref.ndim >= 2 and ref.shape[-1] > 1:
-                agree = float(np.mean(ref.argmax(-1) == val.argmax(-1)))
+            if refs[0].ndim >= 1 and refs[0].shape[-1] > 1:
+                agree = float(np.mean(np.concatenate(
+                    [(r.argmax(-1) == v.argmax(-1)).ravel() for r, v in zip(refs, vals)])))
                 line += f", argmax agrees {agree:.1%}"
             report.outputs.append(line)
         x = quantized.samples[0]
@@ -484,6 +618,11 @@ def export_int8(model_path: str | os.PathLike, out: str | os.PathLike, options,
     tmp = out.with_name(f".mlcpack-int8-{os.getpid()}-{out.name}")
     try:
         mod, info = import_onnx(quantized.model, input_shapes=input_shapes)
+        if options.check and options.check_inputs is None:
+            # the check runs on a calibration sample: inputs in the range the model is
+            # calibrated for (seeded normal noise may overflow the activations' ranges)
+            options = dataclasses.replace(
+                options, check_inputs={quantized.input_name: quantized.samples[0]})
         opts = options
         if options.check:
             reference, name = _qdq_reference(quantized.model.SerializeToString(),

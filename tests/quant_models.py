@@ -262,3 +262,17 @@ def handmade_feeds() -> dict[str, np.ndarray]:
             "a_s8": rng.integers(-128, 128, (3, 40)).astype(np.int8),
             "dq_in": rng.integers(-128, 128, (2, 8, 6, 6)).astype(np.int8),
             "cond": rng.random((2, 8, 6, 6)) < 0.5}
+
+
+def paddle_style(path: Path, seed: int = 0) -> Path:
+    """``conv_net`` as Paddle's exporter writes models: opset 11, every weight in a
+    ``Constant`` node (no initializers), and the batch, height and width symbolic."""
+    conv_net(path, seed)
+    model = onnx.load(str(path))
+    constants = [h.make_node("Constant", [], [t.name], value=t) for t in model.graph.initializer]
+    nodes = constants + list(model.graph.node)
+    x = h.make_tensor_value_info("x", T.FLOAT, ["batch", 3, "h", "w"])
+    y = h.make_tensor_value_info("y", T.FLOAT, ["batch", 10])
+    graph = h.make_graph(nodes, "paddle_style", [x], [y])
+    onnx.save(h.make_model(graph, opset_imports=[h.make_opsetid("", 11)], ir_version=6), path)
+    return path

@@ -14,7 +14,8 @@ import pytest
 import quant_models as qm
 from mlcpack.frontends.onnx import import_onnx
 from mlcpack.packager.export import ExportOptions, export_module
-from mlcpack.packager.quantize import quantize_onnx, read_calibration
+from mlcpack.packager.errors import ExportError
+from mlcpack.packager.quantize import entropy_threshold, quantize_onnx, read_calibration
 from mlcpack.runtime import load
 from mlcpack.runtime.model import TensorSpec
 
@@ -35,7 +36,7 @@ def _export_and_run(model: onnx.ModelProto, feeds: dict, tmp_path: Path) -> dict
         return bundle.run(feeds)
 
 
-@pytest.mark.parametrize("method", ["minmax", "percentile"])
+@pytest.mark.parametrize("method", ["minmax", "percentile", "entropy"])
 def test_qdq_model_close_to_float(method: str, conv_net, tmp_path: Path) -> None:
     path, samples = conv_net
     q = quantize_onnx(path, samples, method=method)
@@ -104,6 +105,73 @@ def test_read_calibration_forms(tmp_path: Path) -> None:
     assert len(read_calibration(folder, spec, None)) == 3
 
 
+def test_read_calibration_at_each_files_own_shape_or_resized(tmp_path: Path) -> None:
+    rng = np.random.default_rng(1)
+    folder = tmp_path / "lines"
+    folder.mkdir()
+    sizes = [(48, 160), (48, 320), (32, 100)]
+    for i, (h, w) in enumerate(sizes):
+        np.save(folder / f"{i}.npy", rng.normal(size=(1, 3, h, w)).astype(np.float32))
+    # symbolic batch, height and width (a Paddle OCR model): each sample at its own size
+    symbolic = TensorSpec("x", ("batch", 3, "h", "w"), "float32", 0)
+    got = read_calibration(folder, symbolic, None)
+    assert [g.shape[2:] for g in got] == sizes
+    # the height fixed at 48: the odd one out is resized, bilinearly
+    fixed = TensorSpec("x", (1, 3, 48, 160), "float32", 0)
+    got = read_calibration(folder, fixed, None)
+    assert [g.shape for g in got] == [(1, 3, 48, 160)] * 3
+    np.testing.assert_array_equal(got[0], np.load(folder / "0.npy"))
+    ramp = np.broadcast_to(np.arange(4, dtype=np.float32), (1, 1, 2, 4))
+    np.save(tmp_path / "ramp.npy", ramp)
+    wide = read_calibration(tmp_path / "ramp.npy", TensorSpec("x", (1, 1, 2, 8), "float32", 0),
+                            None)[0]
+    np.testing.assert_allclose(wide[0, 0, 0], [0, 0.25, 0.75, 1.25, 1.75, 2.25, 2.75, 3])
+    # neither fits nor resizes (channels differ): one line naming the file and both shapes
+    np.save(folder / "3.npy", np.zeros((1, 4, 48, 160), np.float32))
+    with pytest.raises(ExportError, match=r"3\.npy has shape \(1, 4, 48, 160\); input 'x' "
+                                          r"takes \(1, 3, 48, 160\)"):
+        read_calibration(folder, fixed, None)
+
+
+def test_entropy_threshold_clips_a_sparse_tail_and_keeps_a_dense_range() -> None:
+    rng = np.random.default_rng(0)
+    bulk = np.abs(rng.normal(0, 1, 200_000))
+    spiky = np.concatenate([bulk, [40.0, 60.0]])      # two outliers far out
+    t = entropy_threshold(spiky, 255)
+    assert 3.0 < t < 10.0, t
+    uniform = rng.uniform(0, 1, 200_000)               # every level used: nothing to clip
+    assert entropy_threshold(uniform, 255) > 0.95
+
+
+def test_paddle_style_model_quantizes_through_the_cli(tmp_path: Path, run_cli) -> None:
+    # weights in Constant nodes, opset 11, symbolic batch/height/width; calibration files of
+    # three sizes (before: "no Conv, Gemm or MatMul with constant float weights", and with
+    # weights found, exit 70 on "the size batch * ... is known only at run time")
+    path = qm.paddle_style(tmp_path / "paddle_style.onnx")
+    folder = tmp_path / "calib"
+    folder.mkdir()
+    rng = np.random.default_rng(2)
+    for i, (h, w) in enumerate([(16, 16), (20, 24), (24, 16), (16, 32)]):
+        np.save(folder / f"{i}.npy", rng.normal(0, 1, (1, 3, h, w)).astype(np.float32))
+    out = tmp_path / "q.mlc"
+    proc = run_cli("export", path, "-o", out, "--target", "host", "--quantize", "int8",
+                   "--calibration", folder, "--calibration-method", "entropy",
+                   "--quantize-fallback", timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "quantized int8: 4 of 4 layers (Conv 3, Gemm 1)" in proc.stdout, proc.stdout
+    assert "from entropy over 4 calibration samples" in proc.stdout
+    assert "golden check passed" in proc.stdout
+    assert "symbolic shapes" in proc.stdout
+    x = rng.normal(0, 1, (2, 3, 28, 20)).astype(np.float32)
+    import onnxruntime as ort
+    (ref,) = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None,
+                                                                                    {"x": x})
+    with load(out) as model:
+        got = model.run({"x": x})["y"]
+    assert got.shape == (2, 10)
+    assert 10 * np.log10(np.sum(ref ** 2) / np.sum((got - ref) ** 2)) > 25
+
+
 def test_cli_quantizes_the_demo_cnn_on_its_sample_digits(tmp_path: Path, run_cli) -> None:
     out = tmp_path / "cnn_int8.mlc"
     digits = tmp_path / "digits"      # the ten sample PNGs (the folder also holds .npy files)
@@ -157,8 +225,8 @@ def test_int8_digits_match_float_predictions(tmp_path: Path) -> None:
     (["--quantize", "int4", "--calibration", "SAMPLES"], "only int8"),
     (["--quantize", "int8"], "needs --calibration"),
     (["--calibration", "SAMPLES"], "go with --quantize int8"),
-    (["--quantize", "int8", "--calibration", "SAMPLES", "--calibration-method", "entropy"],
-     "use minmax or percentile"),
+    (["--quantize", "int8", "--calibration", "SAMPLES", "--calibration-method", "mse"],
+     "use minmax or percentile or entropy"),
     (["--quantize", "int8", "--calibration", "MISSING"], "no such file or folder"),
     (["--quantize", "int8", "--calibration", "EMPTY"], "has no images or .npy files"),
 ])
