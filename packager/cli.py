@@ -448,8 +448,9 @@ def export(
                                                "folder of images (read with the recorded "
                                                "preprocessing) or .npy files, or one .npy",
                                                metavar="DATA"),
-    calibration_method: str = typer.Option("minmax", help="activation ranges: minmax (default) "
-                                           "percentile (99.99 %) or entropy (KL-optimal clipping)", metavar="METHOD"),
+    calibration_method: str = typer.Option("minmax", help="activation ranges: minmax (default)"
+                                           ", percentile (99.99 %) or entropy (KL-optimal "
+                                           "clipping)", metavar="METHOD"),
     quantize_fallback: bool = typer.Option(False, help="when int8 runs slower than float, "
                                            "write the float bundle instead of failing"),
     cache: bool = typer.Option(True, "--cache/--no-cache", help="reuse compiled kernels from "

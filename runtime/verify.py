@@ -18,7 +18,8 @@ The comparison (``compare_output``), per output with reference ``r``, result ``g
   of at least ``1 - 10**(-MIN_SNR_DB / 10)`` (scattered rounding outliers, not a wrong region).
 - Quantized models (the exporter records a quantization step ``Q`` per output): floats may
   differ by ``QUANT_STEPS * Q`` more, integers by ``QUANT_STEPS * Q`` (``Q`` is 1 for an
-  integer output of a quantize), and the SNR that passes a whole output is ``QUANT_MIN_SNR_DB``:
+  integer output of a quantize), and a whole output passes at an SNR of ``QUANT_MIN_SNR_DB``
+  or an RMS error of at most ``QUANT_RMS_STEPS * Q`` (the bound the scales give):
   references run integer kernels whose requantization rounds ties and accumulates differently
   from the bundle's (ONNX Runtime's own QDQ path differs from its float path the same way), so
   single elements land one step apart; a wrong scale, zero point or axis moves every element.
@@ -78,6 +79,12 @@ MIN_SNR_DB = 80.0      # an output agreeing this well as a whole passes despite 
 # per-channel axis misread gives < 20 dB)
 QUANT_STEPS = 2.0
 QUANT_MIN_SNR_DB = 30.0
+# ... or whose RMS error is at most this many quantization steps of the output: in a deep
+# quantized network a tie rounded the other way early on moves later activations by whole
+# steps, and a small output collects them (PP-LCNet's 4-way softmax: 2 of 4 probabilities 4
+# steps off, RMS 2.9 steps, 27.9 dB; ONNX Runtime's own fused and unfused runs of its QDQ copy
+# differ by 18 dB); a misread zero point or axis moves every element by many steps
+QUANT_RMS_STEPS = 4.0
 # Outputs of a narrower float (a reference may round every intermediate to it, the bundle
 # computes in float32) may also differ by NARROW_K of that type's epsilons of the magnitude.
 NARROW_EPS = {"float16": 2.0 ** -10, "bfloat16": 2.0 ** -7, "float8_e4m3fn": 2.0 ** -3,
@@ -145,7 +152,7 @@ class CheckResult:
         if not self.quantized:
             return ""
         return (f", quantized model: + {QUANT_STEPS:g} quantization steps, or SNR >= "
-                f"{QUANT_MIN_SNR_DB:g} dB")
+                f"{QUANT_MIN_SNR_DB:g} dB, or RMS error <= {QUANT_RMS_STEPS:g} steps")
 
 
 def _same_shape(got: np.ndarray, ref: np.ndarray) -> bool:
@@ -252,7 +259,9 @@ def compare_output(name: str, got: np.ndarray, ref: np.ndarray, rtol: float, ato
     max_abs = float(err.max())
     snr, cosine = _snr_cosine(np.where(same_special, 0.0, g), np.where(same_special, 0.0, r),
                               err)
-    if n_bad == 0 or snr >= (MIN_SNR_DB if step is None else QUANT_MIN_SNR_DB):
+    rms_steps_ok = bool(step) and float(np.sqrt(np.mean(np.square(err)))) <= \
+        QUANT_RMS_STEPS * step
+    if n_bad == 0 or snr >= (MIN_SNR_DB if step is None else QUANT_MIN_SNR_DB) or rms_steps_ok:
         return OutputCheck(name, batch, max_abs, max_abs / scale, True, "", snr, cosine)
     i = int(np.argmax(np.where(bad, err - allowed, -np.inf)))
     why = (f"differs beyond the tolerance in {n_bad} of {got.size} values (SNR {snr:.1f} dB, "
