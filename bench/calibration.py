@@ -55,6 +55,8 @@ def main() -> None:
     ap.add_argument("models", nargs="*", default=list(MODELS))
     ap.add_argument("--calibrate", type=int, default=16)
     ap.add_argument("--held-out", type=int, default=16)
+    ap.add_argument("--max-layer-error", type=float, default=None,
+                    help="quantize_onnx's limit (default its own, 5 %%; 1e9: every layer int8)")
     args = ap.parse_args()
     print(f"onnxruntime {ort.__version__}; QDQ models run with graph optimizations off")
     for name in args.models:
@@ -73,7 +75,9 @@ def main() -> None:
               f"{'argmax':>7} {'calibrate s':>11}")
         for method in METHODS:
             t = time.perf_counter()
-            q = quantize_onnx(path, calib, {next(iter([in_name])): shape}, method)
+            limit = {} if args.max_layer_error is None else {"max_layer_error":
+                                                             args.max_layer_error}
+            q = quantize_onnx(path, calib, {in_name: shape}, method, **limit)
             secs = time.perf_counter() - t
             try:
                 qsess = _session(q.model.SerializeToString(), ort)

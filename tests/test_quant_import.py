@@ -256,3 +256,47 @@ def test_full_range_qdq_model_passes_the_default_export(tmp_path: Path, run_cli)
     with load(out) as model:
         got = model.run({"x": x})["y"]
     np.testing.assert_allclose(got[0], (expected - 128) * 2.0, atol=1e-5)
+
+
+def test_saturating_qoperator_model_passes_the_default_export(tmp_path: Path, run_cli) -> None:
+    """A QLinearMatMul with uint8 activations at 255 and int8 weights at 127 in adjacent
+    pairs: ONNX Runtime's u8 x s8 kernel saturates those pair sums on AVX2 without VNNI, so the
+    golden check's reference runs the weights stored as uint8 (w + 128, zero point 128: the
+    same products, exact on every CPU) and the export of this correct model passes."""
+    from onnx import TensorProto as T, helper as h, numpy_helper
+    import onnx
+
+    from mlcpack.packager.exact_reference import exact_integer_copy
+
+    w = np.full((64, 16), 127, np.int8)
+    w[::4] = -128
+    inits = [numpy_helper.from_array(a, n) for n, a in [
+        ("xs", np.float32(1 / 255)), ("xz", np.uint8(0)), ("w", w),
+        ("ws", np.float32(0.01)), ("wz", np.int8(0)), ("ys", np.float32(1.0)),
+        ("yz", np.uint8(0))]]
+    nodes = [h.make_node("QuantizeLinear", ["x", "xs", "xz"], ["xq"]),
+             h.make_node("QLinearMatMul", ["xq", "xs", "xz", "w", "ws", "wz", "ys", "yz"],
+                         ["mq"]),
+             h.make_node("DequantizeLinear", ["mq", "ys", "yz"], ["y"])]
+    graph = h.make_graph(nodes, "qop", [h.make_tensor_value_info("x", T.FLOAT, [4, 64])],
+                         [h.make_tensor_value_info("y", T.FLOAT, [4, 16])], inits)
+    model = h.make_model(graph, opset_imports=[h.make_opsetid("", 17)])
+    path = tmp_path / "qop_sat.onnx"
+    onnx.save(model, path)
+    x = np.full((4, 64), 1.0, np.float32)          # every activation quantizes to 255
+    exact = np.clip(np.round(255 * w.astype(np.int64).sum(0) * (1 / 255) * 0.01), 0, 255)
+    opts = ort.SessionOptions()
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    copy = exact_integer_copy(model)
+    (ref,) = ort.InferenceSession(copy.SerializeToString(), opts,
+                                  providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    np.testing.assert_array_equal(ref[0], exact)    # the copy is exact here, whatever the CPU
+    np.save(tmp_path / "x.npy", x)
+    out = tmp_path / "qop_sat.mlc"
+    proc = run_cli("export", path, "-o", out, "--check-input", f"x={tmp_path / 'x.npy'}",
+                   timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "golden check passed against onnxruntime" in proc.stdout
+    assert "exact on every CPU" in proc.stdout
+    with load(out) as bundle:
+        np.testing.assert_array_equal(bundle.run({"x": x})["y"][0], exact)
