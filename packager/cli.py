@@ -245,10 +245,11 @@ def _check_export_paths(model: Path, out: Path, arch: Optional[Path],
 
 
 def _check_quantize_options(model: Path, quantize: Optional[str], calibration: Optional[Path],
-                            method: str, fallback: bool, sizes: Optional[list[int]]) -> None:
+                            method: Optional[str], fallback: bool,
+                            sizes: Optional[list[int]]) -> None:
     """--quantize and its companions, checked before any work (exit 2)."""
     if quantize is None:
-        if calibration is not None or fallback or method != "minmax":
+        if calibration is not None or fallback or method is not None:
             _fail("--calibration, --calibration-method and --quantize-fallback go with "
                   "--quantize int8", 2)
         return
@@ -262,24 +263,24 @@ def _check_quantize_options(model: Path, quantize: Optional[str], calibration: O
     if not calibration.exists():
         _fail(f"--calibration {calibration}: no such file or folder", 2)
     from .quantize import METHODS
-    if method not in METHODS:
+    if method is not None and method not in METHODS:
         _fail(f"--calibration-method {method}: use {' or '.join(METHODS)}", 2)
     if sizes:
         _fail("--quantize int8 does not take --batch-sizes yet; export one batch size", 2)
 
 
 def _export_int8(model: Path, out: Path, opts: Any, mod: Any, pre: Any, shapes: dict,
-                 calibration: Path, method: str, fallback: bool) -> Any:
+                 calibration: Path, method: Optional[str], fallback: bool) -> Any:
     """Calibrate, quantize and export (packager/quantize.py); prints the quantization report."""
     from ..frontends.loader import shapes_at_batch
     from ..runtime.model import TensorSpec
-    from .quantize import export_int8, read_calibration
+    from .quantize import DEFAULT_METHOD, export_int8, read_calibration
 
     first = mod.main.params[0]
     spec = TensorSpec(first.name, tuple(first.type.shape), first.type.dtype, 0)
     samples = read_calibration(calibration, spec, pre)
     report, qreport = export_int8(model, out, opts, samples, shapes_at_batch(shapes, None) or None,
-                                  method, fallback, mod)
+                                  method or DEFAULT_METHOD, fallback, mod)
     for line in qreport.summary():
         typer.echo(line)
     return report
@@ -448,9 +449,9 @@ def export(
                                                "folder of images (read with the recorded "
                                                "preprocessing) or .npy files, or one .npy",
                                                metavar="DATA"),
-    calibration_method: str = typer.Option("minmax", help="activation ranges: minmax (default)"
-                                           ", percentile (99.99 %) or entropy (KL-optimal "
-                                           "clipping)", metavar="METHOD"),
+    calibration_method: Optional[str] = typer.Option(
+        None, help="activation ranges: percentile (default: 99.99 % of each side), minmax or "
+        "entropy (KL-optimal clipping)", metavar="METHOD"),
     quantize_fallback: bool = typer.Option(False, help="when int8 runs slower than float, "
                                            "write the float bundle instead of failing"),
     cache: bool = typer.Option(True, "--cache/--no-cache", help="reuse compiled kernels from "

@@ -66,7 +66,7 @@ def test_outlier_layer_left_in_float(conv_net) -> None:
     path, samples = conv_net
     spiked = [s.copy() for s in samples]
     spiked[0][0, 0, 3, 3] = 5000.0
-    q = quantize_onnx(path, spiked)
+    q = quantize_onnx(path, spiked, method="minmax")
     try:
         first = q.report.layers[0]
         assert not first.quantized and first.error > 0.05
@@ -80,9 +80,10 @@ def test_outlier_layer_left_in_float(conv_net) -> None:
 
 def test_error_threshold_splits_layers(conv_net) -> None:
     path, samples = conv_net
-    errors = sorted(layer.error for layer in quantize_onnx(path, samples).report.layers)
+    errors = sorted(layer.error
+                    for layer in quantize_onnx(path, samples, method="minmax").report.layers)
     limit = (errors[1] + errors[2]) / 2
-    q = quantize_onnx(path, samples, max_layer_error=limit)
+    q = quantize_onnx(path, samples, method="minmax", max_layer_error=limit)
     try:
         kept = [layer for layer in q.report.layers if layer.quantized]
         assert len(kept) == 2
@@ -161,7 +162,7 @@ def test_paddle_style_model_quantizes_through_the_cli(tmp_path: Path, run_cli) -
                    "--calibration", folder, "--quantize-fallback", timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "quantized int8: 4 of 4 layers (Conv 3, Gemm 1)" in proc.stdout, proc.stdout
-    assert "from minmax over 4 calibration samples" in proc.stdout
+    assert "from percentile over 4 calibration samples" in proc.stdout
     assert "golden check passed" in proc.stdout
     assert "symbolic shapes" in proc.stdout
     x = rng.normal(0, 1, (2, 3, 28, 20)).astype(np.float32)
@@ -185,7 +186,7 @@ def test_cli_quantizes_the_demo_cnn_on_its_sample_digits(tmp_path: Path, run_cli
                    timeout=180)
     assert proc.returncode == 0, proc.stderr
     text = proc.stdout
-    assert "quantized int8:" in text and "from minmax over 10 calibration samples" in text
+    assert "quantized int8:" in text and "from percentile over 10 calibration samples" in text
     line = next(x for x in text.splitlines() if "vs the float model" in x)
     assert "argmax agrees 100.0%" in line, line
     assert "speed (1 thread" in text
@@ -228,7 +229,7 @@ def test_int8_digits_match_float_predictions(tmp_path: Path) -> None:
     (["--quantize", "int8"], "needs --calibration"),
     (["--calibration", "SAMPLES"], "go with --quantize int8"),
     (["--quantize", "int8", "--calibration", "SAMPLES", "--calibration-method", "mse"],
-     "use minmax or percentile or entropy"),
+     "use percentile or minmax or entropy"),
     (["--quantize", "int8", "--calibration", "MISSING"], "no such file or folder"),
     (["--quantize", "int8", "--calibration", "EMPTY"], "has no images or .npy files"),
 ])
