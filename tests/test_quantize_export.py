@@ -243,3 +243,30 @@ def test_bad_options_are_one_line_errors(args: list[str], expect: str, tmp_path:
                    *[subst.get(a, a) for a in args])
     assert expect in one_line_error(proc)
     assert not out.exists()
+
+
+def test_float_output_after_quantized_layers_gets_a_step_from_the_quantization_noise() -> None:
+    # x -> Q -> DQ -> Softmax: no dequantize reaches the output directly, so its step comes
+    # from the noise the activation's scale puts on it (half its RMS), not 0 (float rules)
+    from onnx import TensorProto as T, helper as h, numpy_helper
+
+    from mlcpack.packager.export import ExportOptions
+    from mlcpack.packager.golden import prepare_golden
+
+    inits = [numpy_helper.from_array(np.float32(0.05), "s"),
+             numpy_helper.from_array(np.uint8(128), "z")]
+    nodes = [h.make_node("QuantizeLinear", ["x", "s", "z"], ["q"]),
+             h.make_node("DequantizeLinear", ["q", "s", "z"], ["d"]),
+             h.make_node("Softmax", ["d"], ["y"], axis=-1)]
+    graph = h.make_graph(nodes, "qsm", [h.make_tensor_value_info("x", T.FLOAT, [2, 16])],
+                         [h.make_tensor_value_info("y", T.FLOAT, [2, 16])], inits)
+    mod, _ = import_onnx(h.make_model(graph, opset_imports=[h.make_opsetid("", 17)]))
+    golden = prepare_golden(mod, None, ExportOptions(check=True))
+    x = golden.inputs["x"]
+    assert x.min() >= -128 * 0.05 and x.max() <= 127 * 0.05     # in the quantized range
+    e = np.exp(x - x.max(-1, keepdims=True))
+    exact = e / e.sum(-1, keepdims=True)
+    noise = golden.outputs["y"].astype(np.float64) - exact
+    step = golden.steps["y"]
+    assert step > 0
+    np.testing.assert_allclose(step, np.sqrt(np.mean(noise ** 2)) / 2, rtol=1e-3)
