@@ -39,6 +39,7 @@ from ..runtime.verify import CheckResult, check_model, compare_output
 from .bundle_writer import BundleWriteError
 from .errors import ExportError
 from .ir.graph import Call, CallLibrary, Constant, Function, IRModule, Var
+from .golden_quant import exact_integers, quantization_step, quantized_input_ranges
 from .ir.sym import evaluate as sym_evaluate, shape_vars, to_record
 
 MAX_EMBED_BYTES = 4 << 20
@@ -139,55 +140,7 @@ def given_inputs(specs: list[tuple[str, tuple[int, ...], str]],
     return out
 
 
-def quantized_input_ranges(fn: Function) -> dict[str, tuple[float, float]]:
-    """Per float input that a ``quantize`` with constant scale and zero point reads directly
-    (the input of a calibrated QDQ model): the range of values its integers represent, from
-    the scale and zero point. Random check inputs drawn there stay in the range the model was
-    calibrated for; normal noise beyond it only saturates at the first layer and drives every
-    later activation to its extremes, where one rounding tie spreads into large errors."""
-    from .ops.quant import saturation_range
-
-    params = {id(p): p.name for p in fn.params if np.dtype(p.type.dtype).kind == "f"}
-    out: dict[str, tuple[float, float]] = {}
-    for b in fn.bindings():
-        v = b.value
-        if not (isinstance(v, Call) and v.op == "quantize" and id(v.args[0]) in params
-                and all(isinstance(a, Constant) for a in v.args[1:3])):
-            continue
-        scale, zp = (np.asarray(a.data, np.float64) for a in v.args[1:3])
-        if scale.size != 1 or zp.size != 1 or not float(scale.ravel()[0]) > 0:
-            continue
-        qmin, qmax = saturation_range(v.attrs.get("dtype", "uint8"))
-        s, z = float(scale.ravel()[0]), float(zp.ravel()[0])
-        lo, hi = (qmin - z) * s, (qmax - z) * s
-        name = params[id(v.args[0])]
-        old = out.get(name)
-        out[name] = (lo, hi) if old is None else (max(old[0], lo), min(old[1], hi))
-    return {k: r for k, r in out.items() if r[1] > r[0]}
-
-
 # ---- references ---------------------------------------------------------------------------------
-
-# Quantization steps pass through these unchanged (data moves, activations with slope <= 1,
-# pools); add/subtract add their operands' steps; any other operator makes the step unknown (0).
-_STEP_KEEPING = frozenset({"relu", "clip", "sigmoid", "tanh", "leaky_relu", "cast", "maximum",
-                           "minimum", "max", "min", "mean", "nn.max_pool2d", "nn.avg_pool2d",
-                           "nn.pool"})
-
-
-def _quantization_step(op: str, kind: str, args: list[np.ndarray], arg_steps: list[float]
-                       ) -> float:
-    """The quantization step a call's output carries (see ``runtime/verify.py``)."""
-    if op == "dequantize":
-        return float(np.abs(args[1]).max(initial=0.0))
-    if op == "quantize":
-        return 1.0   # in the integer's own units
-    if op in ("add", "subtract"):
-        return float(sum(arg_steps))
-    if op in _STEP_KEEPING or kind in ("view", "injective"):
-        return max(arg_steps, default=0.0)
-    return 0.0
-
 
 def evaluate_ir(mod: IRModule, feeds: Mapping[str, np.ndarray],
                 params: Mapping[str, np.ndarray] | None = None,
@@ -263,7 +216,7 @@ def evaluate_ir(mod: IRModule, feeds: Mapping[str, np.ndarray],
                 concrete_shape(v.type.shape, sizes))
             moves = get_op(v.op).kind in (VIEW, INJECTIVE)
             if quantized:
-                qstep[id(b.var)] = _quantization_step(v.op, get_op(v.op).kind, args,
+                qstep[id(b.var)] = quantization_step(v.op, get_op(v.op).kind, args,
                                                       [qstep.get(id(a), 0.0) for a in v.args])
         elif isinstance(v, CallLibrary):
             try:
@@ -330,7 +283,7 @@ def onnx_reference(model_path: str | os.PathLike | bytes, input_names: Mapping[s
         return advice, advice.name
 
     as_written = _has_qdq(source)
-    exact = _exact_integers(source)
+    exact = exact_integers(source)
     session_source = exact if exact is not None else source
 
     def run_ort(feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -354,25 +307,6 @@ def onnx_reference(model_path: str | os.PathLike | bytes, input_names: Mapping[s
     if exact is not None:
         name += " (int8 weights of integer operators as uint8: exact on every CPU)"
     return Reference(run_ort, name, second=advice), name
-
-
-def _exact_integers(source: str | bytes) -> bytes | None:
-    """The model with the int8 weights of its u8 x s8 integer operators made uint8
-    (``exact_reference.py``: ONNX Runtime's u8 x s8 kernel saturates on AVX2 without VNNI),
-    serialized; None when it has none."""
-    import onnx
-
-    from .exact_reference import exact_integer_copy, has_u8s8_candidates
-
-    try:
-        model = onnx.load_from_string(source) if isinstance(source, bytes) else \
-            onnx.load(source)
-    except Exception:  # noqa: BLE001  (the import has read it already; no reason to refuse)
-        return None
-    if not has_u8s8_candidates(model):
-        return None
-    exact = exact_integer_copy(model)
-    return None if exact is None else exact.SerializeToString()
 
 
 def _has_qdq(source: str | bytes) -> bool:
