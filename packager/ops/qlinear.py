@@ -48,7 +48,7 @@ from ..ir.graph import TensorType
 from ..ir.patterns import tag_reduction
 from .elementwise import scalar_of
 from .quant import saturation_range
-from .registry import OPAQUE, register_op
+from .registry import INJECTIVE, OPAQUE, register_op
 
 PANEL = 8   # output columns per packed weight panel (one 8 x int32 vector)
 
@@ -267,3 +267,44 @@ def qconv2d(x: np.ndarray, wk: np.ndarray, x_zp: np.ndarray, bias: np.ndarray,
     off = y_zp.reshape(1, o, 1, 1) if dtype == "float32" else y_zp
     mult = multiplier if multiplier.shape == () else multiplier.reshape(1, o, 1, 1)
     return _requantize(acc, mult, off, dtype, relu)
+
+
+# ---- lut8 ---------------------------------------------------------------------------------------
+
+def _infer_lut8(x: TensorType, table: TensorType, axis: int = -1) -> TensorType:
+    if x.dtype not in ("int8", "uint8") or table.dtype not in ("int8", "uint8") \
+            or len(table.shape) != 2 or table.shape[1] != 256:
+        raise ValueError(f"lut8 takes an int8/uint8 x and an int8/uint8 [C, 256] table, not "
+                         f"{x.dtype} {x.shape} and {table.dtype} {table.shape}")
+    if axis >= 0 and (axis >= len(x.shape) or x.shape[axis] != table.shape[0]):
+        raise ValueError(f"lut8: table {table.shape} does not fit axis {axis} of {x.shape}")
+    if axis < 0 and table.shape[0] != 1:
+        raise ValueError(f"lut8: a table of {table.shape[0]} rows needs an axis")
+    return TensorType(x.shape, table.dtype)
+
+
+def _legalize_lut8(x: te.Tensor, table: te.Tensor, out_type: TensorType, name: str,
+                   axis: int = -1) -> te.Tensor:
+    off = 128 if x.dtype == "int8" else 0
+
+    def body(*i: te.IndexVar) -> te.Expr:
+        v = te.cast(x[i], "int64")
+        if off:
+            v = v + te.const(off, "int64")
+        return table[(i[axis] if axis >= 0 else te.const(0, "int64")), v]
+
+    return te.compute(out_type.shape, body, name=name, dtype=out_type.dtype)
+
+
+@register_op("lut8", INJECTIVE, _infer_lut8, _legalize_lut8)
+def lut8(x: np.ndarray, table: np.ndarray, axis: int = -1) -> np.ndarray:
+    """``y[..., c, ...] = table[c, x + 128 * (x is int8)]``: an 8-bit elementwise function of
+    x per channel (one row when ``axis`` is -1), as ``passes/quantize_lut.py`` tabulates a
+    chain of quantized elementwise operations."""
+    idx = x.astype(np.int64) + (128 if x.dtype == np.int8 else 0)
+    if axis < 0:
+        return table[0][idx]
+    shape = [1] * x.ndim
+    shape[axis] = x.shape[axis]
+    rows = np.arange(x.shape[axis]).reshape(shape)
+    return table[rows, idx]

@@ -17,6 +17,7 @@ from .layout import pack_conv_rows, pack_conv_weights, pack_matmul_weights, pret
 from .legalize import legalize
 from .rnn import drop_unread_cell_state
 from .quantize import fuse_quantized
+from .quantize_lut import tabulate_quantized_chains
 from .simplify import eliminate_dead_code, fold_constants, fold_dequantize
 
 
@@ -32,6 +33,7 @@ DEFAULT_PIPELINE: tuple[Pass, ...] = (
     Pass("fuse_normalize", fuse_normalize),
     Pass("eliminate_dead_code", eliminate_dead_code),
     Pass("fuse_quantized", fuse_quantized),
+    Pass("tabulate_quantized_chains", tabulate_quantized_chains),
     Pass("fold_dequantize", fold_dequantize),
     Pass("drop_unread_cell_state", drop_unread_cell_state),
     Pass("decompose_conv_transpose", decompose_conv_transpose),

@@ -1,0 +1,171 @@
+"""Tabulate chains of quantized elementwise operations: every 8-bit ``quantize`` whose value is
+an elementwise function of one 8-bit tensor (through dequantize, float arithmetic with
+constants, activations, and quantize/dequantize round trips) becomes one ``lut8`` lookup.
+
+What ONNX Runtime's QDQ models are full of (a Paddle PP-LCNet block writes HardSwish as
+Add/Clip/Mul/Div and a learnable affine as Mul/Add, each step between QuantizeLinear /
+DequantizeLinear): ``q = quantize(f(dequantize(s)), ...)`` with ``f`` made of elementwise
+operations whose other operands are constants. Such a ``q`` depends on ``s`` alone, element by
+element, and on the element's channel where a constant varies along one axis (a per-channel
+scale, a ``[1, C, 1, 1]`` multiplier). Its 256 possible values per channel are computed here
+with the operators' numpy references (the same definitions constant folding uses), so the
+table holds exactly what the chain computes; the run-time cost is one byte load per element
+instead of a float round trip per step.
+
+Matched, for each ``quantize`` to int8/uint8 with a static shape: walk back through elementwise
+operations (``ops/registry.py`` ELEMWISE) whose results have the quantize's shape; a constant
+is a leaf, an int8/uint8 value is a leaf (or, when it is itself tabulated, its source), and
+anything else stops the match. It applies when exactly one non-constant leaf ``s`` remains
+(int8/uint8, the same shape) and the constants vary along at most one axis.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..ir.graph import Binding, Call, Constant, Function, IRModule, Value
+from ..ops.registry import ELEMWISE, OPS
+from .common import map_functions, rewrite_function
+from .quantize import int_kernels
+from .simplify import eliminate_dead_code
+
+_I8 = ("int8", "uint8")
+
+
+def tabulate_quantized_chains(mod: IRModule) -> IRModule:
+    if not int_kernels():
+        return mod
+    return eliminate_dead_code(map_functions(mod, _tabulate_in_function))
+
+
+def _tabulate_in_function(fn: Function) -> Function:
+    defs: dict[int, Call] = {}
+    for b in fn.bindings():
+        if isinstance(b.value, Call):
+            defs[id(b.var)] = b.value
+    source: dict[int, Value] = {}      # id(8-bit var) -> the one 8-bit value it is a table of
+    tables: dict[int, Call] = {}
+    for b in fn.bindings():
+        c = b.value
+        if not (isinstance(c, Call) and c.op == "quantize" and c.attrs.get("dtype") in _I8
+                and _static(b.var)):
+            continue
+        leaves: set[int] = set()
+        consts: list[np.ndarray] = []
+        src = _leaves(b.var, defs, source, leaves, consts, b.var.type.shape, top=True)
+        if src is None or len(leaves) != 1:
+            continue
+        s = src[next(iter(leaves))]
+        axis = _table_axis(consts, b.var.type.shape)
+        if axis is None or axis == -2:
+            continue
+        table = _evaluate(b.var, s, defs, source, axis)
+        if table is None:
+            continue
+        source[id(b.var)] = s
+        tables[id(b.var)] = Call("lut8", [s, Constant(f"{b.var.name}_lut", table)],
+                                 {"axis": axis}, b.var.type)
+    if not tables:
+        return fn
+
+    def visit(binding: Binding, lookup):
+        new = tables.get(id(binding.var))
+        if new is None:
+            return None
+        return Call("lut8", [lookup(new.args[0]), new.args[1]], new.attrs, new.type)
+
+    return rewrite_function(fn, visit)
+
+
+def _static(v: Value) -> bool:
+    return all(isinstance(d, int) for d in v.type.shape)
+
+
+def _leaves(v: Value, defs: dict, source: dict, leaves: set, consts: list, shape,
+            top: bool = False) -> dict | None:
+    """The non-constant leaves of ``v``'s elementwise cone, {id: value}, adding constants to
+    ``consts``; None when the cone holds a non-elementwise operation or a non-8-bit leaf."""
+    if isinstance(v, Constant):
+        consts.append(v.data)
+        return {}
+    if not top and v.type.dtype in _I8 and tuple(v.type.shape) == tuple(shape):
+        s = source.get(id(v), v)
+        leaves.add(id(s))
+        return {id(s): s}
+    c = defs.get(id(v))
+    if c is None or OPS.get(c.op) is None or OPS[c.op].kind != ELEMWISE:
+        return None
+    if tuple(v.type.shape) != tuple(shape):
+        # a value computed from constants alone (a DequantizeLinear of a constant) broadcasts
+        inner: set[int] = set()
+        got = _leaves(v, defs, source, inner, consts, v.type.shape, top=True)
+        return {} if got == {} and not inner else None
+    out: dict = {}
+    for a in c.args:
+        got = _leaves(a, defs, source, leaves, consts, shape)
+        if got is None:
+            return None
+        out.update(got)
+    return out
+
+
+def _table_axis(consts: list[np.ndarray], shape) -> int | None:
+    """The one axis the constants vary along (-1: none), None when several or when a constant
+    is wider than the value; -2 when the shape has no other axis to lay the 256 values on."""
+    rank = len(shape)
+    axes = set()
+    for d in consts:
+        if d.ndim > rank:
+            return None
+        for i, n in enumerate(d.shape):
+            if n != 1:
+                axes.add(rank - d.ndim + i)
+    if len(axes) > 1:
+        return None
+    if not axes:
+        return -1
+    axis = axes.pop()
+    return axis if rank >= 2 else -2
+
+
+def _evaluate(out: Value, s: Value, defs: dict, source: dict, axis: int) -> np.ndarray | None:
+    """The [C, 256] table of ``out`` as a function of ``s`` (C = s's extent on ``axis``, 1
+    without one), by the operators' numpy references."""
+    shape = tuple(s.type.shape)
+    rank = len(shape)
+    lane = 0 if axis != 0 else 1           # the axis the 256 values are laid on
+    ev_shape = [1] * rank
+    ev_shape[lane] = 256
+    rows = 1
+    if axis >= 0:
+        ev_shape[axis] = rows = shape[axis]
+    values = np.arange(256) - (128 if s.type.dtype == "int8" else 0)
+    vshape = [1] * rank
+    vshape[lane] = 256
+    x = np.broadcast_to(values.astype(s.type.dtype).reshape(vshape), ev_shape)
+    memo: dict[int, np.ndarray] = {id(s): x}
+
+    def ev(v: Value) -> np.ndarray:
+        if isinstance(v, Constant):
+            return v.data
+        if id(v) in memo:
+            return memo[id(v)]
+        c = defs[id(v)]
+        got = OPS[c.op].reference(*(ev(a) for a in c.args), **c.attrs)
+        memo[id(v)] = np.asarray(got)
+        return memo[id(v)]
+
+    with np.errstate(all="ignore"):
+        try:
+            y = ev(out)
+        except (KeyError, ValueError, TypeError):
+            return None
+    if y.dtype.name != out.type.dtype:
+        return None
+    y = np.broadcast_to(y, ev_shape)
+    if axis >= 0:
+        y = np.moveaxis(y, (axis, lane), (0, 1))
+    else:
+        y = np.moveaxis(y, lane, 0)[None]
+    return np.ascontiguousarray(y.reshape(rows, 256))
+
