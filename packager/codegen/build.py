@@ -25,6 +25,7 @@ from .lower import KernelInfo, emit_kernel, is_symbolic
 from .norm import emit_normalize, emit_symbolic_normalize
 from .pool import emit_max_pool
 from .qgemm import emit_qgemm
+from .qdepthwise import emit_qdepthwise
 from .rnn import emit_recurrence
 from . import cache
 from .conv_symbolic import emit_symbolic_conv, emit_symbolic_max_pool, emit_symbolic_softmax
@@ -96,6 +97,7 @@ def _without_match(emit: Callable[[ir.Module, PrimFunc, str, int], KernelInfo | 
 KERNEL_RULES: tuple[tuple[str, KernelRule], ...] = (
     ("recurrence", _without_match(emit_recurrence)),
     ("integer GEMM", _without_match(emit_qgemm)),   # qmatmul / qconv2d (ops/qlinear.py)
+    ("integer depthwise", _without_match(emit_qdepthwise)),   # qdwconv2d
     ("channel-lane convolution", _without_match(emit_conv_oc)),   # nn.conv2d_oc
     ("depthwise convolution", _when(is_depthwise, emit_depthwise)),
     ("dot-product convolution", _when(is_dot_product, emit_dot_product)),

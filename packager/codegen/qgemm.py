@@ -70,9 +70,9 @@ V16I8 = ir.VectorType(I8, 2 * PANEL)
 _MAGIC = 12582912.0   # 1.5 * 2**23: (f + M) - M rounds half to even for |f| < 2**22
 
 
-def match_qgemm(func: PrimFunc):
-    """(kind, tag) when ``func`` is a ``qmatmul`` / ``qconv2d`` (an opaque op, so its inputs
-    are the op's arguments in order), else None."""
+def match_qgemm(func: PrimFunc, kinds: tuple[str, ...] = ("qmatmul", "qconv2d")):
+    """(kind, tag) when ``func`` is one of the integer ops ``kinds`` (an opaque op, so its
+    inputs are the op's arguments in order), else None."""
     if len(func.outputs) != 1:
         return None
     stack = [func.outputs[0]]
@@ -85,7 +85,7 @@ def match_qgemm(func: PrimFunc):
         for node in te.walk(t.body):
             if isinstance(node, te.Reduce):
                 tag = reduction_tag(node)
-                if tag is not None and tag.kind in ("qmatmul", "qconv2d"):
+                if tag is not None and tag.kind in kinds:
                     if [o.uid for o in tag.operands] != [i.uid for i in func.inputs]:
                         return None
                     if any(not isinstance(d, int) for d in func.outputs[0].shape):
@@ -166,7 +166,11 @@ class _QEmitter(KernelEmitter):
         """<8 x i32> accumulators -> <8 x i8> (see the module docstring), or with a float32
         result: float32(acc + bias) * mult + off [relu] as <8 x float>."""
         b = self.builder
-        f = b.fmul(b.sitofp(b.add(acc, bias), V8F32), mult)
+        return self._requant_float(b.fmul(b.sitofp(b.add(acc, bias), V8F32), mult), off)
+
+    def _requant_float(self, f: ir.Value, off: ir.Value | None = None) -> ir.Value:
+        """The epilogue from the scaled accumulator ``f`` (<8 x float>) on."""
+        b = self.builder
         if self.float_out:
             f = b.fadd(f, off)
             if self.relu:

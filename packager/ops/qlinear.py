@@ -308,3 +308,87 @@ def lut8(x: np.ndarray, table: np.ndarray, axis: int = -1) -> np.ndarray:
     shape[axis] = x.shape[axis]
     rows = np.arange(x.shape[axis]).reshape(shape)
     return table[rows, idx]
+
+
+# ---- qdwconv2d ----------------------------------------------------------------------------------
+
+def _infer_qdwconv2d(x: TensorType, wf: TensorType, x_zp: TensorType, bias: TensorType,
+                     multiplier: TensorType, y_zp: TensorType, kernel=(1, 1), strides=(1, 1),
+                     padding=(0, 0, 0, 0), dtype: str = "uint8",
+                     relu: bool = False) -> TensorType:
+    if x.dtype not in ("int8", "uint8") or wf.dtype != "float32":
+        raise ValueError(f"qdwconv2d takes int8/uint8 x and float32 weights, not "
+                         f"{x.dtype} x {wf.dtype}")
+    b, c, h, w = x.shape
+    kh, kw = kernel
+    if tuple(wf.shape) != (c, kh * kw) or tuple(bias.shape) != (c,) \
+            or tuple(multiplier.shape) != (c,) or bias.dtype != "float32":
+        raise ValueError(f"qdwconv2d: weights {wf.shape} / bias {bias} / multiplier "
+                         f"{multiplier} do not fit x {x.shape} and kernel {kernel}")
+    if x_zp.shape != () or x_zp.dtype != "int32":
+        raise ValueError(f"qdwconv2d: x_zp must be an int32 scalar, not {x_zp}")
+    oh = _out_size(h, kh, strides[0], padding[0], padding[2])
+    ow = _out_size(w, kw, strides[1], padding[1], padding[3])
+    return TensorType((b, c, oh, ow), dtype)
+
+
+def _legalize_qdwconv2d(x: te.Tensor, wf: te.Tensor, x_zp: te.Tensor, bias: te.Tensor,
+                        multiplier: te.Tensor, y_zp: te.Tensor, out_type: TensorType, name: str,
+                        kernel=(1, 1), strides=(1, 1), padding=(0, 0, 0, 0),
+                        dtype: str = "uint8", relu: bool = False) -> te.Tensor:
+    _, c, h, w = x.shape
+    kh, kw = kernel
+    ry, rx = te.reduce_axis(kh, "ry"), te.reduce_axis(kw, "rx")
+    tag_reduction(ry, "qdwconv2d", (x, wf, x_zp, bias, multiplier, y_zp), kernel=tuple(kernel),
+                  strides=tuple(strides), padding=tuple(padding), dtype=dtype, relu=relu)
+
+    def clamp(i, size):
+        return te.minimum(te.maximum(i, 0), size - 1)
+
+    def acc_body(b, ch, oy, ox):
+        iy = oy * strides[0] - padding[0] + ry
+        ix = ox * strides[1] - padding[1] + rx
+        inside = te.logical_and(te.logical_and(iy >= 0, iy < h), te.logical_and(ix >= 0, ix < w))
+        xv = te.if_then_else(inside, te.cast(te.cast(x[b, ch, clamp(iy, h), clamp(ix, w)], "int32")
+                                             - x_zp[()], "float32"),
+                             te.const(0.0, "float32"))
+        return te.sum_of(xv * wf[ch, ry * kw + rx], (ry, rx))
+
+    acc = te.compute(out_type.shape, acc_body, name=name + "_acc", dtype="float32")
+
+    def body(b, ch, oy, ox):
+        f = (acc[b, ch, oy, ox] + bias[ch]) * multiplier[ch]
+        if dtype == "float32":
+            y = f + y_zp[ch]
+            return te.maximum(y, scalar_of(0.0, "float32")) if relu else y
+        lo, hi = saturation_range(dtype)
+        q = te.math("round", f) + y_zp[()]
+        q = te.minimum(te.maximum(q, scalar_of(lo, "float32")), scalar_of(hi, "float32"))
+        return te.cast(q, dtype)
+
+    return te.compute(out_type.shape, body, name=name, dtype=dtype)
+
+
+@register_op("qdwconv2d", OPAQUE, _infer_qdwconv2d, _legalize_qdwconv2d)
+def qdwconv2d(x: np.ndarray, wf: np.ndarray, x_zp: np.ndarray, bias: np.ndarray,
+              multiplier: np.ndarray, y_zp: np.ndarray, kernel=(1, 1), strides=(1, 1),
+              padding=(0, 0, 0, 0), dtype: str = "uint8", relu: bool = False) -> np.ndarray:
+    """Depthwise (one input channel per output channel): acc = bias + sum (x - x_zp) * wf in
+    int64, exact (the fusion only emits it where every partial sum stays below 2**24, so the
+    kernel's float32 accumulation is exact too), then ``_requantize``."""
+    b, c, h, w = x.shape
+    kh, kw = kernel
+    xp = np.pad(x.astype(np.int64) - int(x_zp), ((0, 0), (0, 0), (padding[0], padding[2]),
+                                                 (padding[1], padding[3])))
+    oh = _out_size(h, kh, strides[0], padding[0], padding[2])
+    ow = _out_size(w, kw, strides[1], padding[1], padding[3])
+    wd = wf.astype(np.int64).reshape(c, kh, kw)
+    acc = np.zeros((b, c, oh, ow), np.int64)
+    for ky in range(kh):
+        for kx in range(kw):
+            patch = xp[:, :, ky:ky + strides[0] * (oh - 1) + 1:strides[0],
+                       kx:kx + strides[1] * (ow - 1) + 1:strides[1]]
+            acc += patch * wd[:, ky, kx].reshape(1, c, 1, 1)
+    acc += bias.astype(np.int64).reshape(1, c, 1, 1)
+    off = y_zp.reshape(1, c, 1, 1) if dtype == "float32" else y_zp
+    return _requantize(acc, multiplier.reshape(1, c, 1, 1), off, dtype, relu)

@@ -52,6 +52,7 @@ from ..ir.graph import (Binding, Call, Constant, Function, IRModule, TensorType,
                         used_values)
 from ..ops.qlinear import PANEL, pack_conv_weights, pack_weights, pack_weights_offset
 from .common import map_functions, rewrite_function
+from .quantize_dw import depthwise_call
 from .simplify import eliminate_dead_code
 
 _I8 = ("int8", "uint8")
@@ -280,6 +281,11 @@ def _fuse_in_function(fn: Function) -> Function:
                                   "strides": tuple(cv.attrs["strides"]),
                                   "padding": tuple(cv.attrs["padding"]),
                                   "dtype": q.attrs["dtype"]})
+        if int_kernels() and cv.attrs.get("groups", 1) != 1:
+            dw = depthwise_call(x, cv, wd, int(xzp.reshape(())), bias, mult.reshape(o),
+                                np.float32(yzp.reshape(())), q.attrs["dtype"], q.type)
+            if dw is not None:
+                return "dw", dw
         if (np.abs(wd).sum(axis=(1, 2, 3)) * x_dev + np.abs(bias)).max() >= _F32_EXACT:
             return None
         one = Constant("one", np.asarray(1.0, np.float32))
@@ -323,6 +329,9 @@ def _fuse_in_function(fn: Function) -> Function:
             if kind == "int":
                 args, attrs = payload
                 return Call("qconv2d", [lookup(args[0])] + args[1:], attrs, v.type)
+            if kind == "dw":
+                return Call("qdwconv2d", [lookup(payload.args[0])] + payload.args[1:],
+                            payload.attrs, v.type)
             x_dq = conv_inputs[-1]
             if fast and uses[id(x_dq)] == 1:
                 conv_chains[id(b.var)] = payload
@@ -403,7 +412,8 @@ def _plan_float_products(fn: Function, defs: dict, uses: Counter, reader_of: dic
         w, ws, wzp = dw
         conv = c.op == "nn.conv2d"
         if conv:
-            if (w.ndim != 4 or c.attrs.get("groups", 1) != 1
+            depthwise = w.ndim == 4 and c.attrs.get("groups", 1) != 1
+            if (w.ndim != 4 or (c.attrs.get("groups", 1) != 1 and not depthwise)
                     or tuple(c.attrs.get("dilation", (1, 1))) != (1, 1)):
                 continue
             o = w.shape[0]
@@ -451,6 +461,11 @@ def _plan_float_products(fn: Function, defs: dict, uses: Counter, reader_of: dic
                 continue     # quantize(product): the requantizing kernel's pattern
         name = f"{getattr(x, 'name', 'x')}_qw"
         common = [Constant("x_zp", np.asarray(xzp, np.int32))]
+        if conv and depthwise:
+            dw = depthwise_call(x, c, wd, xzp, bias_i, mult, offset, "float32", c.type, relu)
+            if dw is not None:
+                plan[id(end)] = dw
+            continue
         if conv:
             args = [x, Constant(name, pack_conv_weights(wd))] + common + [
                 Constant("bias_i32", bias_i.astype(np.int32)), Constant("dequant_scale", mult),

@@ -1,0 +1,151 @@
+"""The quantized depthwise convolution kernel (``qdwconv2d``, ``ops/qlinear.py``): uint8/int8
+in, one input channel per output channel, any window, padding and stride, ONNX Runtime's
+requantization (or a float32 result) fused into the epilogue.
+
+Exact in float32: the fusion (``passes/quantize.py``) emits ``qdwconv2d`` only where every
+partial sum ``bias + sum (x - x_zp) * (w - w_zp)`` stays below 2**24 (a 5x5 window of
+255 * 128 products is 816 000), so float32 multiply-adds in any order give the int32 sum
+exactly, and ``float32(acc) * multiplier`` is then MLAS's ``MlasRequantizeOutput`` operand.
+Float32 keeps the depthwise arithmetic at 8 multiply-adds per ``vfmadd231ps`` (two a cycle),
+with no int16 saturation to mind and no widening of products.
+
+Each task takes whole (image, channel) planes. A plane is copied once into a zero-margined
+float32 buffer of the task's own (``x - x_zp``, one buffer per horizontal stride phase: column
+``v`` of phase ``p`` holds input column ``v * sw + p - pad_left``), so for a tap (ky, kx) the
+8 inputs of 8 consecutive outputs are one contiguous load at row ``oy * sh + ky`` of phase
+``kx % sw``, column ``ox + kx // sw``. Output rows are computed ``GROUP`` vectors at a time
+(independent accumulators hide the multiply-add latency); the weights are broadcast once per
+plane. A row's last partial vector stores its lanes one by one.
+"""
+
+from __future__ import annotations
+
+from llvmlite import ir
+
+from ..ir.graph import PrimFunc
+from .gemm import MAX_TASK_REGIONS, PARALLEL_MIN_MACS
+from .helpers import F32, I32, const_i64, for_range, intrinsic
+from .lower import KernelInfo
+from .qgemm import V8F32, _align, _QEmitter, match_qgemm
+
+VL = 8
+# Output vectors computed together: 4 accumulators in flight cover the multiply-add latency
+# (4 cycles, 2 a cycle would want 8, but the loads of a 3x3 window then spill the weights).
+GROUP = 4
+# A depthwise multiply-add moves its own input (no reuse across channels): threads from
+# PARALLEL_MIN_MACS / 2 (as codegen/depthwise.py's DEPTHWISE_MAC_COST).
+MAC_COST = 2
+
+
+def emit_qdepthwise(module: ir.Module, func: PrimFunc, symbol: str, vl: int
+                    ) -> KernelInfo | None:
+    m = match_qgemm(func, ("qdwconv2d",))
+    if m is None:
+        return None
+    return _QDepthwise(module, func, symbol, m[1], False).emit()
+
+
+class _QDepthwise(_QEmitter):
+    def emit(self) -> KernelInfo:
+        x, wf, x_zp, bias, mult, y_zp = self.func.inputs
+        y = self.func.outputs[0]
+        batch, c, h, w = (int(d) for d in x.shape)
+        kh, kw = self.tag.attrs["kernel"]
+        sh, sw = self.tag.attrs["strides"]
+        pt, pl = self.tag.attrs["padding"][:2]
+        _, _, oh, ow = (int(d) for d in y.shape)
+        nch = -(-ow // VL)
+        prow = (oh - 1) * sh + kh                      # plane rows the outputs read
+        wq = nch * VL + (kw - 1) // sw                 # columns per phase row
+        phase_floats = prow * wq
+        p_bytes = _align(sw * phase_floats * 4)
+        planes = batch * c
+        parallel = planes * oh * ow * kh * kw * MAC_COST >= PARALLEL_MIN_MACS and planes > 1
+        regions = MAX_TASK_REGIONS if parallel else 1
+        body_fn, ptr_types, n_ptrs, ws = self._start(p_bytes * regions)
+        task, ntasks = body_fn.args[n_ptrs], body_fn.args[n_ptrs + 1]
+        b = self.builder
+        buf = self.buffers
+        if parallel:
+            cap = const_i64(regions)
+            eff = b.select(b.icmp_signed("<", ntasks, cap), ntasks, cap)
+            with b.if_then(b.icmp_signed(">=", task, eff), likely=False):
+                b.ret_void()
+            lo = b.sdiv(b.mul(task, const_i64(planes)), eff)
+            hi = b.sdiv(b.mul(b.add(task, const_i64(1)), const_i64(planes)), eff)
+            region = task
+        else:
+            lo, hi, region = const_i64(0), const_i64(planes), const_i64(0)
+        xzp = b.load(buf[x_zp.uid])
+        if not self.float_out:
+            self.y_zp = self._splat(b.load(buf[y_zp.uid]), V8F32)
+        plane = b.bitcast(b.gep(ws, [b.mul(region, const_i64(p_bytes))]), F32.as_pointer())
+        # the margins stay zero: every plane writes the same rectangle
+        with for_range(b, const_i64(0), const_i64(sw * phase_floats), "pz") as i:
+            b.store(ir.Constant(F32, 0.0), b.gep(plane, [i]))
+        fma = intrinsic(self.module, "llvm.fmuladd.v8f32", V8F32, [V8F32, V8F32, V8F32])
+        with for_range(b, lo, hi, "pl") as pidx:
+            ch = b.srem(pidx, const_i64(c))
+            self._fill(b.gep(buf[x.uid], [b.mul(pidx, const_i64(h * w))]), plane, xzp,
+                       x.dtype, h, w, sw, pt, pl, prow, wq)
+            wv = [self._splat(b.load(b.gep(buf[wf.uid], [b.add(b.mul(ch, const_i64(kh * kw)),
+                                                                 const_i64(t))])), V8F32)
+                  for t in range(kh * kw)]
+            bias_v = self._splat(b.load(b.gep(buf[bias.uid], [ch])), V8F32)
+            mult_v = self._splat(b.load(b.gep(buf[mult.uid], [ch])), V8F32)
+            off_v = (self._splat(b.load(b.gep(buf[y_zp.uid], [ch])), V8F32)
+                     if self.float_out else None)
+            yb = b.gep(buf[y.uid], [b.mul(pidx, const_i64(oh * ow))])
+
+            def group(oy, q0, n: int, last_partial: bool) -> None:
+                """Output vectors q0 .. q0 + n of row oy (the last one partial if so)."""
+                accs = [bias_v] * n
+                for ky in range(kh):
+                    row = b.mul(b.add(b.mul(oy, const_i64(sh)), const_i64(ky)), const_i64(wq))
+                    for kx in range(kw):
+                        base = b.add(row, const_i64((kx % sw) * phase_floats + kx // sw))
+                        for j in range(n):
+                            col = b.mul(b.add(q0, const_i64(j)), const_i64(VL))
+                            v = b.load(self._ptr(plane, b.add(base, col), V8F32), align=4)
+                            accs[j] = b.call(fma, [v, wv[ky * kw + kx], accs[j]])
+                for j in range(n):
+                    res = self._requant_float(b.fmul(accs[j], mult_v), off_v)
+                    dst = b.add(b.mul(oy, const_i64(ow)),
+                                b.mul(b.add(q0, const_i64(j)), const_i64(VL)))
+                    if last_partial and j == n - 1:
+                        for lane in range(ow % VL):
+                            b.store(b.extract_element(res, ir.Constant(I32, lane)),
+                                    b.gep(yb, [b.add(dst, const_i64(lane))]))
+                    else:
+                        b.store(res, self._ptr(yb, dst, self.out_vec), align=1)
+
+            full = ow // VL
+            loop_groups = full // GROUP
+            rest = full % GROUP + (1 if ow % VL else 0)
+            with for_range(b, const_i64(0), const_i64(oh), "oy") as oy:
+                if loop_groups:
+                    with for_range(b, const_i64(0), const_i64(loop_groups), "qg") as g:
+                        group(oy, b.mul(g, const_i64(GROUP)), GROUP, False)
+                if rest:
+                    group(oy, const_i64(loop_groups * GROUP), rest, bool(ow % VL))
+        return self._finish(body_fn, n_ptrs, ptr_types, p_bytes * regions, parallel)
+
+    def _fill(self, xb, plane, xzp, dtype, h, w, sw, pt, pl, prow, wq) -> None:
+        """plane[p, u, v] = x[u - pt, v * sw + p - pl] - x_zp as float32 inside the image
+        (the rest stays zero)."""
+        b = self.builder
+        rows = min(h, prow - pt)
+        for p in range(sw):
+            v_lo = max(0, -(-(pl - p) // sw))
+            v_hi = min(wq, (w - 1 + pl - p) // sw + 1)
+            if rows <= 0 or v_hi <= v_lo:
+                continue
+            with for_range(b, const_i64(0), const_i64(rows), "fy") as iy:
+                src = b.gep(xb, [b.mul(iy, const_i64(w))])
+                dst = b.gep(plane, [b.add(const_i64(p * prow * wq),
+                                          b.mul(b.add(iy, const_i64(pt)), const_i64(wq)))])
+                with for_range(b, const_i64(v_lo), const_i64(v_hi), "fv") as v:
+                    ix = b.add(b.mul(v, const_i64(sw)), const_i64(p - pl))
+                    val = b.sub(self._widen(b.load(b.gep(src, [ix])), dtype), xzp)
+                    b.store(b.sitofp(val, F32), b.gep(dst, [v]))
+
