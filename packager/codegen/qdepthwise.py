@@ -3,9 +3,11 @@ in, one input channel per output channel, any window, padding and stride, ONNX R
 requantization (or a float32 result) fused into the epilogue.
 
 Exact in float32: the fusion (``passes/quantize.py``) emits ``qdwconv2d`` only where every
-partial sum ``bias + sum (x - x_zp) * (w - w_zp)`` stays below 2**24 (a 5x5 window of
-255 * 128 products is 816 000), so float32 multiply-adds in any order give the int32 sum
-exactly, and ``float32(acc) * multiplier`` is then MLAS's ``MlasRequantizeOutput`` operand.
+partial sum of ``sum (x - x_zp) * (w - w_zp)`` stays below 2**24 (a 5x5 window of 255 * 128
+products is 816 000), so float32 multiply-adds in any order give the integer sum exactly; it
+is converted to int32 and the bias added in int32 (wrapping as ONNX Runtime's accumulator:
+its quantizer writes biases near 2**31 for channels of tiny weight scale), and
+``float32(acc + bias) * multiplier`` is MLAS's ``MlasRequantizeOutput`` operand.
 Float32 keeps the depthwise arithmetic at 8 multiply-adds per ``vfmadd231ps`` (two a cycle),
 with no int16 saturation to mind and no widening of products.
 
@@ -26,7 +28,7 @@ from ..ir.graph import PrimFunc
 from .gemm import MAX_TASK_REGIONS, PARALLEL_MIN_MACS
 from .helpers import F32, I32, const_i64, for_range, intrinsic
 from .lower import KernelInfo
-from .qgemm import V8F32, _align, _QEmitter, match_qgemm
+from .qgemm import V8F32, V8I32, _align, _QEmitter, match_qgemm
 
 VL = 8
 # Output vectors computed together: 4 accumulators in flight cover the multiply-add latency
@@ -91,7 +93,7 @@ class _QDepthwise(_QEmitter):
             wv = [self._splat(b.load(b.gep(buf[wf.uid], [b.add(b.mul(ch, const_i64(kh * kw)),
                                                                  const_i64(t))])), V8F32)
                   for t in range(kh * kw)]
-            bias_v = self._splat(b.load(b.gep(buf[bias.uid], [ch])), V8F32)
+            bias_v = self._splat(b.load(b.gep(buf[bias.uid], [ch])), V8I32)
             mult_v = self._splat(b.load(b.gep(buf[mult.uid], [ch])), V8F32)
             off_v = (self._splat(b.load(b.gep(buf[y_zp.uid], [ch])), V8F32)
                      if self.float_out else None)
@@ -99,7 +101,7 @@ class _QDepthwise(_QEmitter):
 
             def group(oy, q0, n: int, last_partial: bool) -> None:
                 """Output vectors q0 .. q0 + n of row oy (the last one partial if so)."""
-                accs = [bias_v] * n
+                accs = [ir.Constant(V8F32, None)] * n
                 for ky in range(kh):
                     row = b.mul(b.add(b.mul(oy, const_i64(sh)), const_i64(ky)), const_i64(wq))
                     for kx in range(kw):
@@ -109,7 +111,8 @@ class _QDepthwise(_QEmitter):
                             v = b.load(self._ptr(plane, b.add(base, col), V8F32), align=4)
                             accs[j] = b.call(fma, [v, wv[ky * kw + kx], accs[j]])
                 for j in range(n):
-                    res = self._requant_float(b.fmul(accs[j], mult_v), off_v)
+                    total = b.sitofp(b.add(b.fptosi(accs[j], V8I32), bias_v), V8F32)
+                    res = self._requant_float(b.fmul(total, mult_v), off_v)
                     dst = b.add(b.mul(oy, const_i64(ow)),
                                 b.mul(b.add(q0, const_i64(j)), const_i64(VL)))
                     if last_partial and j == n - 1:

@@ -322,7 +322,7 @@ def _infer_qdwconv2d(x: TensorType, wf: TensorType, x_zp: TensorType, bias: Tens
     b, c, h, w = x.shape
     kh, kw = kernel
     if tuple(wf.shape) != (c, kh * kw) or tuple(bias.shape) != (c,) \
-            or tuple(multiplier.shape) != (c,) or bias.dtype != "float32":
+            or tuple(multiplier.shape) != (c,) or bias.dtype != "int32":
         raise ValueError(f"qdwconv2d: weights {wf.shape} / bias {bias} / multiplier "
                          f"{multiplier} do not fit x {x.shape} and kernel {kernel}")
     if x_zp.shape != () or x_zp.dtype != "int32":
@@ -357,7 +357,7 @@ def _legalize_qdwconv2d(x: te.Tensor, wf: te.Tensor, x_zp: te.Tensor, bias: te.T
     acc = te.compute(out_type.shape, acc_body, name=name + "_acc", dtype="float32")
 
     def body(b, ch, oy, ox):
-        f = (acc[b, ch, oy, ox] + bias[ch]) * multiplier[ch]
+        f = te.cast(te.cast(acc[b, ch, oy, ox], "int32") + bias[ch], "float32") * multiplier[ch]
         if dtype == "float32":
             y = f + y_zp[ch]
             return te.maximum(y, scalar_of(0.0, "float32")) if relu else y
@@ -373,9 +373,11 @@ def _legalize_qdwconv2d(x: te.Tensor, wf: te.Tensor, x_zp: te.Tensor, bias: te.T
 def qdwconv2d(x: np.ndarray, wf: np.ndarray, x_zp: np.ndarray, bias: np.ndarray,
               multiplier: np.ndarray, y_zp: np.ndarray, kernel=(1, 1), strides=(1, 1),
               padding=(0, 0, 0, 0), dtype: str = "uint8", relu: bool = False) -> np.ndarray:
-    """Depthwise (one input channel per output channel): acc = bias + sum (x - x_zp) * wf in
-    int64, exact (the fusion only emits it where every partial sum stays below 2**24, so the
-    kernel's float32 accumulation is exact too), then ``_requantize``."""
+    """Depthwise (one input channel per output channel): acc = sum (x - x_zp) * wf, exact
+    (the fusion only emits it where every partial sum stays below 2**24, so the kernel's
+    float32 accumulation is exact too), + bias in int32 (wrapping, as ONNX Runtime's int32
+    accumulator: ORT's quantizer writes biases near 2**31 for channels of tiny weight
+    scale), then ``_requantize``."""
     b, c, h, w = x.shape
     kh, kw = kernel
     xp = np.pad(x.astype(np.int64) - int(x_zp), ((0, 0), (0, 0), (padding[0], padding[2]),
