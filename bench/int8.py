@@ -1,7 +1,7 @@
 """int8 vs fp32, mlcpack vs ONNX Runtime, 1 thread, engines alternating in one process.
 
     .venv/bin/python bench/int8.py [--budget 6] [--models resnet18,mlp,resnet_small]
-                                   [--kernels] [--no-models]
+                                   [--kernels] [--no-models] [--corpus ppocr_rec]
 
 Models (int8 forms: ``--quantize`` = mlcpack's own static quantization, packager/quantize.py,
 calibrated on 8 random inputs; ``QDQ`` = onnxruntime.quantization.quantize_static, QDQ format,
@@ -13,6 +13,14 @@ per-channel int8 weights, uint8 activations, calibrated on 8 random feeds):
 Rows: mlcpack fp32, mlcpack int8 (--quantize), mlcpack int8 (QDQ), the same QDQ bundle with
 ``MLCPACK_INT8_KERNELS=0`` (the float32-exact chains the integer kernels replaced), ORT fp32,
 ORT on the QDQ file; median / min ms per run, and each bundle's size on disk.
+
+``--corpus NAMES`` (e.g. ppocr_rec,mobilenet_v3_small; bench/corpus.py, fetched with
+``bench/corpus.py --fetch NAME``): a real model at its corpus input shape, converted to opset
+13 and quantized by ONNX Runtime (``quant_pre_process``, then ``quantize_static``: QDQ,
+per-channel int8 weights, uint8 activations, calibrated on 8 of the corpus's realistic inputs
+of other seeds). Rows: mlcpack fp32 bundle, mlcpack bundle of the QDQ file, ORT on the QDQ
+file, ORT fp32; median / min ms alternating (1 thread each), the QDQ bundle's time over ORT
+QDQ's and over the fp32 bundle's, and argmax agreement on the corpus input.
 
 ``--kernels``: one layer each, integer kernel (codegen/qgemm.py) vs the fp32 kernel of the same
 shape, wall-clock (alternating) and CPU time (least of 20 calls; robust on a loaded machine):
@@ -173,6 +181,79 @@ def bench_model(name: str, tmp: Path, budget: float) -> None:
         m.close()
 
 
+def corpus_qdq(name: str, tmp: Path) -> tuple[Path, Path, dict[str, np.ndarray]]:
+    """(fp32 ONNX at the corpus shape, opset >= 13; ORT's QDQ per-channel copy; the feed)."""
+    import corpus
+    from onnx import version_converter
+    from onnxruntime.quantization import (CalibrationDataReader, QuantFormat, QuantType,
+                                          quantize_static)
+    from onnxruntime.quantization.shape_inference import quant_pre_process
+
+    spec = corpus.MODELS[name]
+    (inp, (shape, kind)), = spec.inputs.items()
+    model = onnx.load(str(corpus.model_path(name)))
+    dims = next(i for i in model.graph.input if i.name == inp).type.tensor_type.shape.dim
+    for d, v in zip(dims, shape):
+        d.ClearField("dim_param")
+        d.dim_value = v
+    opset = next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx"))
+    if opset < 13:     # per-channel DequantizeLinear needs opset 13
+        model = version_converter.convert_version(model, 13)
+    fp32 = tmp / f"{name}.onnx"
+    onnx.save(model, fp32)
+    pre = tmp / f"{name}_pre.onnx"
+    quant_pre_process(str(fp32), str(pre), skip_symbolic_shape=True)
+    calib = [{inp: corpus.realistic_input(kind, shape, np.random.default_rng(100 + i))}
+             for i in range(8)]
+
+    class Reader(CalibrationDataReader):
+        def __init__(self) -> None:
+            self.feeds = iter(calib)
+
+        def get_next(self):
+            return next(self.feeds, None)
+
+    qdq = tmp / f"{name}_qdq.onnx"
+    quantize_static(str(pre), str(qdq), Reader(), quant_format=QuantFormat.QDQ, per_channel=True,
+                    activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8)
+    return fp32, qdq, {inp: corpus.realistic_inputs(name)[inp]}
+
+
+def bench_corpus(name: str, tmp: Path, budget: float) -> None:
+    import onnxruntime as ort
+
+    from bench import time_interleaved
+    from mlcpack.runtime import load
+
+    fp32, qdq, feed = corpus_qdq(name, tmp)
+    models = [load(_export(fp32, tmp / f"{name}.mlc"), threads=1),
+              load(_export(qdq, tmp / f"{name}_qdq.mlc"), threads=1)]
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = 1
+    opts.inter_op_num_threads = 1
+    sessions = [ort.InferenceSession(str(p), opts, providers=["CPUExecutionProvider"])
+                for p in (qdq, fp32)]
+    labels = ["mlcpack fp32", "mlcpack QDQ", "ORT QDQ", "ORT fp32"]
+    outs = [list(m.run(feed).values())[0] for m in models] + [s.run(None, feed)[0]
+                                                             for s in sessions]
+    print(f"{name} (QDQ per-channel by onnxruntime.quantization; argmax over the last axis "
+          "agreeing with ORT fp32 / ORT QDQ):")
+    for label, y in zip(labels, outs):
+        print(f"  {label:14s} {np.mean(y.argmax(-1) == outs[3].argmax(-1)):6.1%} "
+              f"{np.mean(y.argmax(-1) == outs[2].argmax(-1)):6.1%}   max |y - ORT QDQ| "
+              f"{np.abs(y - outs[2]).max():.3g}")
+    fns = [lambda m=m: m.run(feed) for m in models] + [lambda s=s: s.run(None, feed)
+                                                       for s in sessions]
+    res = time_interleaved(fns, budget)
+    for label, (med, mn, n) in zip(labels, res):
+        print(f"  {label:14s} median {med / 1e3:8.2f} ms  min {mn / 1e3:8.2f} ms  ({n} runs)")
+    print(f"  mlcpack QDQ / ORT QDQ: median {res[1][0] / res[2][0]:.2f}, min "
+          f"{res[1][1] / res[2][1]:.2f};  mlcpack QDQ / mlcpack fp32: median "
+          f"{res[1][0] / res[0][0]:.2f}, min {res[1][1] / res[0][1]:.2f}")
+    for m in models:
+        m.close()
+
+
 def bench_kernels(tmp: Path, budget: float) -> None:
     from bench import time_interleaved
     from helpers import build_op_module
@@ -247,8 +328,11 @@ def main() -> None:
     ap.add_argument("--models", default="resnet18,mlp,resnet_small")
     ap.add_argument("--kernels", action="store_true", help="also time single layers")
     ap.add_argument("--no-models", action="store_true")
+    ap.add_argument("--corpus", default="", help="corpus models to time as ORT QDQ copies")
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="int8bench"))
+    for name in filter(None, args.corpus.split(",")):
+        bench_corpus(name, tmp, args.budget)
     if args.kernels:
         bench_kernels(tmp, args.budget / 2)
     if not args.no_models:

@@ -43,7 +43,8 @@ def _tabulate_in_function(fn: Function) -> Function:
     for b in fn.bindings():
         if isinstance(b.value, Call):
             defs[id(b.var)] = b.value
-    source: dict[int, Value] = {}      # id(8-bit var) -> the one 8-bit value it is a table of
+    # id(tabulated 8-bit var) -> (the one 8-bit value it is a table of, the constants of its cone)
+    source: dict[int, tuple[Value, list]] = {}
     tables: dict[int, Call] = {}
     for b in fn.bindings():
         c = b.value
@@ -56,13 +57,15 @@ def _tabulate_in_function(fn: Function) -> Function:
         if src is None or len(leaves) != 1:
             continue
         s = src[next(iter(leaves))]
+        if s is b.var:
+            continue
         axis = _table_axis(consts, b.var.type.shape)
         if axis is None or axis == -2:
             continue
         table = _evaluate(b.var, s, defs, source, axis)
         if table is None:
             continue
-        source[id(b.var)] = s
+        source[id(b.var)] = (s, consts)
         tables[id(b.var)] = Call("lut8", [s, Constant(f"{b.var.name}_lut", table)],
                                  {"axis": axis}, b.var.type)
     if not tables:
@@ -89,7 +92,8 @@ def _leaves(v: Value, defs: dict, source: dict, leaves: set, consts: list, shape
         consts.append(v.data)
         return {}
     if not top and v.type.dtype in _I8 and tuple(v.type.shape) == tuple(shape):
-        s = source.get(id(v), v)
+        s, inner = source.get(id(v), (v, []))
+        consts.extend(inner)       # a tabulated value's own constants (its channel axis)
         leaves.add(id(s))
         return {id(s): s}
     c = defs.get(id(v))
