@@ -32,8 +32,11 @@ TARGETS = ["host"] + (["x86-64-v2"] if X86 else [])
 MASK = [False, True, True, True, True, True]
 
 
-def _case(rng, b, c, h_, w, kernel, strides, pads, xd, xz, yd, big_bias=False):
-    """(args, attrs, expected) of a qdwconv2d; expected from int64 numpy sums."""
+def _case(rng, b, c, h_, w, kernel, strides, pads, xd, xz, yd, bias_kind="float"):
+    """(args, attrs, expected) of a qdwconv2d; expected from int64 numpy sums. ``bias``:
+    "float" (small, added to the float32 sums: ``bias_in_float``), "int32" (small, added in
+    int32 after them), "big" (near 2**31, in int32, wrapping)."""
+    big_bias = bias_kind == "big"
     xi = np.iinfo(xd)
     x = rng.integers(xi.min, xi.max + 1, (b, c, h_, w)).astype(xd)
     kh, kw = kernel
@@ -64,19 +67,23 @@ def _case(rng, b, c, h_, w, kernel, strides, pads, xd, xz, yd, big_bias=False):
         last = np.array(yz, np.float32)
     args = [x, wd.reshape(c, kh * kw).astype(np.float32), np.array(xz, np.int32), bias, mult,
             last]
-    attrs = dict(kernel=(kh, kw), strides=strides, padding=pads, dtype=yd)
+    attrs = dict(kernel=(kh, kw), strides=strides, padding=pads, dtype=yd,
+                 bias_in_float=bias_kind == "float")
     return args, attrs, expect
 
 
-CASES = {   # batch, C, H, W, kernel, strides, pads, x dtype, x zp, y dtype, biases near 2**31
+CASES = {   # batch, C, H, W, kernel, strides, pads, x dtype, x zp, y dtype, bias
     "3x3_s1_rows_of_160": (1, 6, 5, 160, (3, 3), (1, 1), (1, 1, 1, 1), "uint8", 128, "uint8",
-                           False),
-    "5x5_s2_int8_batch2": (2, 5, 9, 13, (5, 5), (2, 2), (2, 2, 3, 2), "int8", -3, "uint8", False),
-    "3x3_s21_big_bias": (1, 7, 12, 21, (3, 3), (2, 1), (1, 1, 1, 1), "uint8", 0, "uint8", True),
-    "5x5_s12_int8_out": (1, 3, 6, 30, (5, 5), (1, 2), (2, 2, 2, 2), "uint8", 255, "int8", False),
+                           "float"),
+    "5x5_s2_int8_batch2": (2, 5, 9, 13, (5, 5), (2, 2), (2, 2, 3, 2), "int8", -3, "uint8",
+                           "int32"),
+    "3x3_s21_big_bias": (1, 7, 12, 21, (3, 3), (2, 1), (1, 1, 1, 1), "uint8", 0, "uint8", "big"),
+    "5x5_s12_int8_out": (1, 3, 6, 30, (5, 5), (1, 2), (2, 2, 2, 2), "uint8", 255, "int8",
+                         "float"),
     "3x3_rows_narrower_than_a_vector": (1, 4, 5, 3, (3, 3), (1, 1), (1, 1, 1, 1), "uint8", 7,
-                                        "uint8", False),
-    "1x3_p0_rows_of_40": (1, 9, 1, 40, (1, 3), (1, 1), (0, 1, 0, 1), "uint8", 90, "uint8", False),
+                                        "uint8", "int32"),
+    "1x3_p0_rows_of_40": (1, 9, 1, 40, (1, 3), (1, 1), (0, 1, 0, 1), "uint8", 90, "uint8",
+                          "float"),
 }
 
 

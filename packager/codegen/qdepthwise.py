@@ -15,9 +15,9 @@ Each task takes whole (image, channel) planes. A plane is copied once into a zer
 float32 buffer of the task's own (``x - x_zp``, one buffer per horizontal stride phase: column
 ``v`` of phase ``p`` holds input column ``v * sw + p - pad_left``), so for a tap (ky, kx) the
 8 inputs of 8 consecutive outputs are one contiguous load at row ``oy * sh + ky`` of phase
-``kx % sw``, column ``ox + kx // sw``. Output rows are computed ``GROUP`` vectors at a time
-(independent accumulators hide the multiply-add latency); the weights are broadcast once per
-plane. A row's last partial vector stores its lanes one by one.
+``kx % sw``, column ``ox + kx // sw``. ``ACCUMULATORS`` output vectors are computed at a time
+(of one row, or of several rows narrower than that), independent chains that hide the
+multiply-add latency; the weights are broadcast once per plane. A row's last partial vector stores its lanes one by one.
 """
 
 from __future__ import annotations
@@ -28,12 +28,14 @@ from ..ir.graph import PrimFunc
 from .gemm import MAX_TASK_REGIONS, PARALLEL_MIN_MACS
 from .helpers import F32, I32, const_i64, for_range, intrinsic
 from .lower import KernelInfo
+from ..ops.quant import saturation_range
 from .qgemm import V8F32, V8I32, _align, _QEmitter, match_qgemm
 
 VL = 8
-# Output vectors computed together: 4 accumulators in flight cover the multiply-add latency
-# (4 cycles, 2 a cycle would want 8, but the loads of a 3x3 window then spill the weights).
-GROUP = 4
+# Output vectors computed together (a row's, or several narrow rows'): 6 independent chains
+# of multiply-adds cover the FMA latency (4 cycles, 2 a cycle); the window's broadcast weights
+# that do not fit the remaining registers are reloaded from the stack.
+ACCUMULATORS = 6
 # A depthwise multiply-add moves its own input (no reuse across channels): threads from
 # PARALLEL_MIN_MACS / 2 (as codegen/depthwise.py's DEPTHWISE_MAC_COST).
 MAC_COST = 2
@@ -44,7 +46,8 @@ def emit_qdepthwise(module: ir.Module, func: PrimFunc, symbol: str, vl: int
     m = match_qgemm(func, ("qdwconv2d",))
     if m is None:
         return None
-    return _QDepthwise(module, func, symbol, m[1], False).emit()
+    avx = module.triple.startswith("x86_64") and vl >= 8
+    return _QDepthwise(module, func, symbol, m[1], avx).emit()
 
 
 class _QDepthwise(_QEmitter):
@@ -93,62 +96,118 @@ class _QDepthwise(_QEmitter):
             wv = [self._splat(b.load(b.gep(buf[wf.uid], [b.add(b.mul(ch, const_i64(kh * kw)),
                                                                  const_i64(t))])), V8F32)
                   for t in range(kh * kw)]
-            bias_v = self._splat(b.load(b.gep(buf[bias.uid], [ch])), V8I32)
+            bias_i = b.load(b.gep(buf[bias.uid], [ch]))
+            bias_v = self._splat(bias_i, V8I32)
+            # with the bias inside the float32-exact range (the fusion checked it), the
+            # accumulators start from it and no int32 round trip is needed
+            start = (self._splat(b.sitofp(bias_i, F32), V8F32) if self.tag.attrs.get("bias_in_float")
+                     else ir.Constant(V8F32, None))
             mult_v = self._splat(b.load(b.gep(buf[mult.uid], [ch])), V8F32)
             off_v = (self._splat(b.load(b.gep(buf[y_zp.uid], [ch])), V8F32)
                      if self.float_out else None)
             yb = b.gep(buf[y.uid], [b.mul(pidx, const_i64(oh * ow))])
 
-            def group(oy, q0, n: int, last_partial: bool) -> None:
-                """Output vectors q0 .. q0 + n of row oy (the last one partial if so)."""
-                accs = [ir.Constant(V8F32, None)] * n
+            def group(oy0, rows: int, q0, n: int, last_partial: bool) -> None:
+                """Output vectors q0 .. q0 + n of rows oy0 .. oy0 + rows (each row's last
+                vector partial if so): rows * n independent accumulators."""
+                accs = [[start] * n for _ in range(rows)]
                 for ky in range(kh):
-                    row = b.mul(b.add(b.mul(oy, const_i64(sh)), const_i64(ky)), const_i64(wq))
-                    for kx in range(kw):
-                        base = b.add(row, const_i64((kx % sw) * phase_floats + kx // sw))
-                        for j in range(n):
-                            col = b.mul(b.add(q0, const_i64(j)), const_i64(VL))
-                            v = b.load(self._ptr(plane, b.add(base, col), V8F32), align=4)
-                            accs[j] = b.call(fma, [v, wv[ky * kw + kx], accs[j]])
-                for j in range(n):
-                    total = b.sitofp(b.add(b.fptosi(accs[j], V8I32), bias_v), V8F32)
-                    res = self._requant_float(b.fmul(total, mult_v), off_v)
-                    dst = b.add(b.mul(oy, const_i64(ow)),
-                                b.mul(b.add(q0, const_i64(j)), const_i64(VL)))
-                    if last_partial and j == n - 1:
-                        for lane in range(ow % VL):
-                            b.store(b.extract_element(res, ir.Constant(I32, lane)),
-                                    b.gep(yb, [b.add(dst, const_i64(lane))]))
-                    else:
-                        b.store(res, self._ptr(yb, dst, self.out_vec), align=1)
+                    for r in range(rows):
+                        iy = b.add(b.mul(b.add(oy0, const_i64(r)), const_i64(sh)),
+                                   const_i64(ky))
+                        row = b.mul(iy, const_i64(wq))
+                        for kx in range(kw):
+                            base = b.add(row, const_i64((kx % sw) * phase_floats + kx // sw))
+                            for j in range(n):
+                                col = b.mul(b.add(q0, const_i64(j)), const_i64(VL))
+                                v = b.load(self._ptr(plane, b.add(base, col), V8F32), align=4)
+                                accs[r][j] = b.call(fma, [v, wv[ky * kw + kx], accs[r][j]])
+                for r in range(rows):
+                    oy = b.add(oy0, const_i64(r))
+                    for j in range(n):
+                        total = accs[r][j]
+                        if not self.tag.attrs.get("bias_in_float"):
+                            total = b.sitofp(b.add(b.fptosi(total, V8I32), bias_v), V8F32)
+                        res = self._requant(b.fmul(total, mult_v), off_v)
+                        dst = b.add(b.mul(oy, const_i64(ow)),
+                                    b.mul(b.add(q0, const_i64(j)), const_i64(VL)))
+                        if last_partial and j == n - 1:
+                            for lane in range(ow % VL):
+                                b.store(b.extract_element(res, ir.Constant(I32, lane)),
+                                        b.gep(yb, [b.add(dst, const_i64(lane))]))
+                        else:
+                            b.store(res, self._ptr(yb, dst, self.out_vec), align=1)
 
-            full = ow // VL
-            loop_groups = full // GROUP
-            rest = full % GROUP + (1 if ow % VL else 0)
-            with for_range(b, const_i64(0), const_i64(oh), "oy") as oy:
-                if loop_groups:
+            if nch >= ACCUMULATORS:     # wide rows: one row, ACCUMULATORS vectors at a time
+                full = ow // VL
+                loop_groups = full // ACCUMULATORS
+                rest = full % ACCUMULATORS + (1 if ow % VL else 0)
+                with for_range(b, const_i64(0), const_i64(oh), "oy") as oy:
                     with for_range(b, const_i64(0), const_i64(loop_groups), "qg") as g:
-                        group(oy, b.mul(g, const_i64(GROUP)), GROUP, False)
-                if rest:
-                    group(oy, const_i64(loop_groups * GROUP), rest, bool(ow % VL))
+                        group(oy, 1, b.mul(g, const_i64(ACCUMULATORS)), ACCUMULATORS, False)
+                    if rest:
+                        group(oy, 1, const_i64(loop_groups * ACCUMULATORS), rest,
+                              bool(ow % VL))
+            else:                       # narrow rows: whole rows, several at a time
+                rows = max(1, min(oh, ACCUMULATORS // nch))
+                if oh // rows:
+                    with for_range(b, const_i64(0), const_i64(oh // rows), "oyb") as t:
+                        group(b.mul(t, const_i64(rows)), rows, const_i64(0), nch,
+                              bool(ow % VL))
+                if oh % rows:
+                    group(const_i64(oh - oh % rows), oh % rows, const_i64(0), nch,
+                          bool(ow % VL))
         return self._finish(body_fn, n_ptrs, ptr_types, p_bytes * regions, parallel)
+
+    def _requant(self, f: ir.Value, off: ir.Value | None) -> ir.Value:
+        """``_requant_float``; on AVX, rounding with ``vcvtps2dq`` (round half to even, the
+        default MXCSR mode) and the zero point added in int32: 4 operations fewer."""
+        if self.float_out or not self.avx2:
+            return self._requant_float(f, off)
+        b = self.builder
+        lo, hi = saturation_range(self.dtype)
+        zp = self.y_zp
+        lo_v = b.fsub(self._splat(ir.Constant(F32, float(lo)), V8F32), zp)
+        hi_v = b.fsub(self._splat(ir.Constant(F32, float(hi)), V8F32), zp)
+        f = b.select(b.fcmp_ordered("<", f, lo_v), lo_v, f)
+        f = b.select(b.fcmp_ordered(">", f, hi_v), hi_v, f)
+        cvt = intrinsic(self.module, "llvm.x86.avx.cvt.ps2dq.256", V8I32, [V8F32])
+        q = b.add(b.call(cvt, [f]), b.fptosi(zp, V8I32))
+        return b.trunc(q, self.out_vec)
 
     def _fill(self, xb, plane, xzp, dtype, h, w, sw, pt, pl, prow, wq) -> None:
         """plane[p, u, v] = x[u - pt, v * sw + p - pl] - x_zp as float32 inside the image
-        (the rest stays zero)."""
+        (the rest stays zero): 8 columns at a time (one load of 8 * sw bytes, every sw-th
+        lane widened), the row's last columns one by one."""
         b = self.builder
         rows = min(h, prow - pt)
+        src_ty = ir.VectorType(ir.IntType(8), VL * sw)
+        zp_v = self._splat(xzp, V8I32)
         for p in range(sw):
             v_lo = max(0, -(-(pl - p) // sw))
             v_hi = min(wq, (w - 1 + pl - p) // sw + 1)
             if rows <= 0 or v_hi <= v_lo:
                 continue
+            nvec = 0      # whole vectors whose wide load stays inside the row
+            while (v_lo + (nvec + 1) * VL <= v_hi
+                   and (v_lo + nvec * VL) * sw + p - pl + VL * sw <= w):
+                nvec += 1
+            lanes = ir.Constant(ir.VectorType(I32, VL), [j * sw for j in range(VL)])
             with for_range(b, const_i64(0), const_i64(rows), "fy") as iy:
                 src = b.gep(xb, [b.mul(iy, const_i64(w))])
                 dst = b.gep(plane, [b.add(const_i64(p * prow * wq),
                                           b.mul(b.add(iy, const_i64(pt)), const_i64(wq)))])
-                with for_range(b, const_i64(v_lo), const_i64(v_hi), "fv") as v:
+                if nvec:
+                    with for_range(b, const_i64(0), const_i64(nvec), "fq") as q:
+                        v0 = b.add(const_i64(v_lo), b.mul(q, const_i64(VL)))
+                        ix = b.add(b.mul(v0, const_i64(sw)), const_i64(p - pl))
+                        raw = b.load(self._ptr(src, ix, src_ty), align=1)
+                        if sw > 1:
+                            raw = b.shuffle_vector(raw, ir.Constant(src_ty, None), lanes)
+                        wide = (b.zext(raw, V8I32) if dtype == "uint8" else b.sext(raw, V8I32))
+                        val = b.sitofp(b.sub(wide, zp_v), V8F32)
+                        b.store(val, self._ptr(dst, v0, V8F32), align=4)
+                with for_range(b, const_i64(v_lo + nvec * VL), const_i64(v_hi), "fv") as v:
                     ix = b.add(b.mul(v, const_i64(sw)), const_i64(p - pl))
                     val = b.sub(self._widen(b.load(b.gep(src, [ix])), dtype), xzp)
                     b.store(b.sitofp(val, F32), b.gep(dst, [v]))
-

@@ -315,7 +315,7 @@ def lut8(x: np.ndarray, table: np.ndarray, axis: int = -1) -> np.ndarray:
 def _infer_qdwconv2d(x: TensorType, wf: TensorType, x_zp: TensorType, bias: TensorType,
                      multiplier: TensorType, y_zp: TensorType, kernel=(1, 1), strides=(1, 1),
                      padding=(0, 0, 0, 0), dtype: str = "uint8",
-                     relu: bool = False) -> TensorType:
+                     relu: bool = False, bias_in_float: bool = False) -> TensorType:
     if x.dtype not in ("int8", "uint8") or wf.dtype != "float32":
         raise ValueError(f"qdwconv2d takes int8/uint8 x and float32 weights, not "
                          f"{x.dtype} x {wf.dtype}")
@@ -335,12 +335,14 @@ def _infer_qdwconv2d(x: TensorType, wf: TensorType, x_zp: TensorType, bias: Tens
 def _legalize_qdwconv2d(x: te.Tensor, wf: te.Tensor, x_zp: te.Tensor, bias: te.Tensor,
                         multiplier: te.Tensor, y_zp: te.Tensor, out_type: TensorType, name: str,
                         kernel=(1, 1), strides=(1, 1), padding=(0, 0, 0, 0),
-                        dtype: str = "uint8", relu: bool = False) -> te.Tensor:
+                        dtype: str = "uint8", relu: bool = False,
+                        bias_in_float: bool = False) -> te.Tensor:
     _, c, h, w = x.shape
     kh, kw = kernel
     ry, rx = te.reduce_axis(kh, "ry"), te.reduce_axis(kw, "rx")
     tag_reduction(ry, "qdwconv2d", (x, wf, x_zp, bias, multiplier, y_zp), kernel=tuple(kernel),
-                  strides=tuple(strides), padding=tuple(padding), dtype=dtype, relu=relu)
+                  strides=tuple(strides), padding=tuple(padding), dtype=dtype, relu=relu,
+                  bias_in_float=bias_in_float)
 
     def clamp(i, size):
         return te.minimum(te.maximum(i, 0), size - 1)
@@ -372,7 +374,8 @@ def _legalize_qdwconv2d(x: te.Tensor, wf: te.Tensor, x_zp: te.Tensor, bias: te.T
 @register_op("qdwconv2d", OPAQUE, _infer_qdwconv2d, _legalize_qdwconv2d)
 def qdwconv2d(x: np.ndarray, wf: np.ndarray, x_zp: np.ndarray, bias: np.ndarray,
               multiplier: np.ndarray, y_zp: np.ndarray, kernel=(1, 1), strides=(1, 1),
-              padding=(0, 0, 0, 0), dtype: str = "uint8", relu: bool = False) -> np.ndarray:
+              padding=(0, 0, 0, 0), dtype: str = "uint8", relu: bool = False,
+              bias_in_float: bool = False) -> np.ndarray:
     """Depthwise (one input channel per output channel): acc = sum (x - x_zp) * wf, exact
     (the fusion only emits it where every partial sum stays below 2**24, so the kernel's
     float32 accumulation is exact too), + bias in int32 (wrapping, as ONNX Runtime's int32

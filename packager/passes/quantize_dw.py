@@ -28,7 +28,8 @@ def depthwise_call(x: Value, conv: Call, wd: np.ndarray, xzp: int, bias: np.ndar
         return None
     info = np.iinfo(x.type.dtype)
     x_dev = max(xzp - int(info.min), int(info.max) - xzp)
-    if (np.abs(wd).sum(axis=(1, 2, 3)) * x_dev).max() >= _F32_EXACT:
+    bound = np.abs(wd).sum(axis=(1, 2, 3)) * x_dev
+    if bound.max() >= _F32_EXACT:
         return None
     kh, kw = wd.shape[2:]
     args = [x, Constant("qdw_w", wd.reshape(o, kh * kw).astype(np.float32)),
@@ -37,5 +38,7 @@ def depthwise_call(x: Value, conv: Call, wd: np.ndarray, xzp: int, bias: np.ndar
             Constant("requant_scale", np.asarray(mult, np.float32).reshape(o).copy()),
             Constant("y_zp", np.asarray(last, np.float32).copy())]
     attrs = {"kernel": (int(kh), int(kw)), "strides": tuple(conv.attrs["strides"]),
-             "padding": tuple(conv.attrs["padding"]), "dtype": dtype, "relu": relu}
+             "padding": tuple(conv.attrs["padding"]), "dtype": dtype, "relu": relu,
+             # the bias joins the float32 sums where they stay exact with it
+             "bias_in_float": bool((bound + np.abs(bias)).max() < _F32_EXACT)}
     return Call("qdwconv2d", args, attrs, out)
