@@ -26,7 +26,7 @@ from llvmlite import ir
 
 from ..ir.graph import PrimFunc
 from .gemm import MAX_TASK_REGIONS, PARALLEL_MIN_MACS
-from .helpers import F32, I32, const_i64, for_range, intrinsic
+from .helpers import F32, I8, I32, const_i64, for_range, intrinsic
 from .lower import KernelInfo
 from ..ops.quant import saturation_range
 from .qgemm import V8F32, V8I32, _align, _QEmitter, match_qgemm
@@ -122,21 +122,34 @@ class _QDepthwise(_QEmitter):
                                 col = b.mul(b.add(q0, const_i64(j)), const_i64(VL))
                                 v = b.load(self._ptr(plane, b.add(base, col), V8F32), align=4)
                                 accs[r][j] = b.call(fma, [v, wv[ky * kw + kx], accs[r][j]])
+                packs = self.avx2 and not self.float_out
                 for r in range(rows):
                     oy = b.add(oy0, const_i64(r))
+                    res = []
                     for j in range(n):
                         total = accs[r][j]
                         if not self.tag.attrs.get("bias_in_float"):
                             total = b.sitofp(b.add(b.fptosi(total, V8I32), bias_v), V8F32)
-                        res = self._requant(b.fmul(total, mult_v), off_v)
+                        res.append(self._requant(b.fmul(total, mult_v), off_v, packs))
+                    whole = n - (1 if last_partial else 0)
+                    j = 0
+                    while j < n:
                         dst = b.add(b.mul(oy, const_i64(ow)),
                                     b.mul(b.add(q0, const_i64(j)), const_i64(VL)))
+                        if packs and whole - j >= 2:    # 4 or 2 vectors with two packs
+                            k = 4 if whole - j >= 4 else 2
+                            b.store(self._pack(res[j:j + k]),
+                                    self._ptr(yb, dst, ir.VectorType(I8, VL * k)), align=1)
+                            j += k
+                            continue
+                        q = b.trunc(res[j], self.out_vec) if packs else res[j]
                         if last_partial and j == n - 1:
                             for lane in range(ow % VL):
-                                b.store(b.extract_element(res, ir.Constant(I32, lane)),
+                                b.store(b.extract_element(q, ir.Constant(I32, lane)),
                                         b.gep(yb, [b.add(dst, const_i64(lane))]))
                         else:
-                            b.store(res, self._ptr(yb, dst, self.out_vec), align=1)
+                            b.store(q, self._ptr(yb, dst, self.out_vec), align=1)
+                        j += 1
 
             if nch >= ACCUMULATORS:     # wide rows: one row, ACCUMULATORS vectors at a time
                 full = ow // VL
@@ -159,9 +172,30 @@ class _QDepthwise(_QEmitter):
                           bool(ow % VL))
         return self._finish(body_fn, n_ptrs, ptr_types, p_bytes * regions, parallel)
 
-    def _requant(self, f: ir.Value, off: ir.Value | None) -> ir.Value:
+    def _pack(self, vecs: list[ir.Value]) -> ir.Value:
+        """2 or 4 <8 x i32> results already within the output's range as one <8k x i8>, in
+        order: vpackssdw, vpackuswb / vpacksswb (saturating: exact here), vpermd."""
+        b = self.builder
+        v16i16 = ir.VectorType(ir.IntType(16), 16)
+        v32i8 = ir.VectorType(I8, 32)
+        pack32 = intrinsic(self.module, "llvm.x86.avx2.packssdw", v16i16, [V8I32, V8I32])
+        name = "llvm.x86.avx2.packuswb" if self.dtype == "uint8" else "llvm.x86.avx2.packsswb"
+        pack16 = intrinsic(self.module, name, v32i8, [v16i16, v16i16])
+        permd = intrinsic(self.module, "llvm.x86.avx2.permd", V8I32, [V8I32, V8I32])
+        ab = b.call(pack32, [vecs[0], vecs[1]])
+        cd = b.call(pack32, [vecs[2], vecs[3]]) if len(vecs) == 4 else ab
+        # per 128-bit lane: a0-3 b0-3 c0-3 d0-3 | a4-7 b4-7 c4-7 d4-7 (dwords)
+        mixed = b.bitcast(b.call(pack16, [ab, cd]), V8I32)
+        order = ir.Constant(V8I32, [0, 4, 1, 5, 2, 6, 3, 7])
+        out = b.bitcast(b.call(permd, [mixed, order]), v32i8)
+        if len(vecs) == 4:
+            return out
+        return b.shuffle_vector(out, out, ir.Constant(ir.VectorType(I32, 16), list(range(16))))
+
+    def _requant(self, f: ir.Value, off: ir.Value | None, wide: bool = False) -> ir.Value:
         """``_requant_float``; on AVX, rounding with ``vcvtps2dq`` (round half to even, the
-        default MXCSR mode) and the zero point added in int32: 4 operations fewer."""
+        default MXCSR mode) and the zero point added in int32: 4 operations fewer; ``wide``:
+        the <8 x i32> before the truncation (for ``_pack``)."""
         if self.float_out or not self.avx2:
             return self._requant_float(f, off)
         b = self.builder
@@ -173,7 +207,7 @@ class _QDepthwise(_QEmitter):
         f = b.select(b.fcmp_ordered(">", f, hi_v), hi_v, f)
         cvt = intrinsic(self.module, "llvm.x86.avx.cvt.ps2dq.256", V8I32, [V8F32])
         q = b.add(b.call(cvt, [f]), b.fptosi(zp, V8I32))
-        return b.trunc(q, self.out_vec)
+        return q if wide else b.trunc(q, self.out_vec)
 
     def _fill(self, xb, plane, xzp, dtype, h, w, sw, pt, pl, prow, wq) -> None:
         """plane[p, u, v] = x[u - pt, v * sw + p - pl] - x_zp as float32 inside the image
