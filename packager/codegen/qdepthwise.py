@@ -15,9 +15,14 @@ Each task takes whole (image, channel) planes. A plane is copied once into a zer
 float32 buffer of the task's own (``x - x_zp``, one buffer per horizontal stride phase: column
 ``v`` of phase ``p`` holds input column ``v * sw + p - pad_left``), so for a tap (ky, kx) the
 8 inputs of 8 consecutive outputs are one contiguous load at row ``oy * sh + ky`` of phase
-``kx % sw``, column ``ox + kx // sw``. ``ACCUMULATORS`` output vectors are computed at a time
-(of one row, or of several rows narrower than that), independent chains that hide the
-multiply-add latency; the weights are broadcast once per plane. A row's last partial vector stores its lanes one by one.
+``kx % sw``, column ``ox + kx // sw``. Rows of two vectors or more are computed in blocks of
+``WIDE_BLOCK`` (rows x vectors: the input vectors that several rows of the block read are
+loaded once); narrower rows several at a time, ``ACCUMULATORS`` vectors in all: independent
+chains that hide the multiply-add latency. The weights are broadcast once per plane. A row's
+partial last vector stores its lanes one by one, except where whole rows are computed in
+order (the narrow rows): there it is stored whole, its extra lanes landing in the next row,
+which is stored after it (the plane's last row excepted). On AVX2 the 8-bit results are
+packed 4 or 2 vectors at a time (``vpackssdw``, ``vpackuswb``/``vpacksswb``, ``vpermd``).
 """
 
 from __future__ import annotations
@@ -36,6 +41,9 @@ VL = 8
 # of multiply-adds cover the FMA latency (4 cycles, 2 a cycle); the window's broadcast weights
 # that do not fit the remaining registers are reloaded from the stack.
 ACCUMULATORS = 6
+# Rows of at least ACCUMULATORS vectors: rows x vectors per block; the input vectors that
+# several of the block's rows read (stride 1: rows oy + r and tap ky + 1 - r) are loaded once.
+WIDE_BLOCK = (3, 2)
 # A depthwise multiply-add moves its own input (no reuse across channels): threads from
 # PARALLEL_MIN_MACS / 2 (as codegen/depthwise.py's DEPTHWISE_MAC_COST).
 MAC_COST = 2
@@ -107,7 +115,8 @@ class _QDepthwise(_QEmitter):
                      if self.float_out else None)
             yb = b.gep(buf[y.uid], [b.mul(pidx, const_i64(oh * ow))])
 
-            def group(oy0, rows: int, q0, n: int, last_partial: bool) -> None:
+            def group(oy0, rows: int, q0, n: int, last_partial: bool,
+                      spill: bool = False) -> None:
                 """Output vectors q0 .. q0 + n of rows oy0 .. oy0 + rows (each row's last
                 vector partial if so): rows * n independent accumulators."""
                 accs = [[start] * n for _ in range(rows)]
@@ -143,7 +152,18 @@ class _QDepthwise(_QEmitter):
                             j += k
                             continue
                         q = b.trunc(res[j], self.out_vec) if packs else res[j]
-                        if last_partial and j == n - 1:
+                        if last_partial and j == n - 1 and spill:
+                            # a row's partial last vector spills into the next row, which
+                            # is stored after it; the plane's last row stores lane by lane
+                            inner = b.icmp_signed("<", oy, const_i64(oh - 1))
+                            with b.if_else(inner, likely=True) as (then, other):
+                                with then:
+                                    b.store(q, self._ptr(yb, dst, self.out_vec), align=1)
+                                with other:
+                                    for lane in range(ow % VL):
+                                        b.store(b.extract_element(q, ir.Constant(I32, lane)),
+                                                b.gep(yb, [b.add(dst, const_i64(lane))]))
+                        elif last_partial and j == n - 1:
                             for lane in range(ow % VL):
                                 b.store(b.extract_element(q, ir.Constant(I32, lane)),
                                         b.gep(yb, [b.add(dst, const_i64(lane))]))
@@ -151,25 +171,31 @@ class _QDepthwise(_QEmitter):
                             b.store(q, self._ptr(yb, dst, self.out_vec), align=1)
                         j += 1
 
-            if nch >= ACCUMULATORS:     # wide rows: one row, ACCUMULATORS vectors at a time
+            if nch >= WIDE_BLOCK[1]:    # rows of 2 vectors or more: WIDE_BLOCK at a time
+                rows_b, chunks = min(WIDE_BLOCK[0], oh), WIDE_BLOCK[1]
                 full = ow // VL
-                loop_groups = full // ACCUMULATORS
-                rest = full % ACCUMULATORS + (1 if ow % VL else 0)
-                with for_range(b, const_i64(0), const_i64(oh), "oy") as oy:
+                loop_groups = full // chunks
+                rest = full % chunks + (1 if ow % VL else 0)
+
+                def row_block(oy0, rows: int) -> None:
                     with for_range(b, const_i64(0), const_i64(loop_groups), "qg") as g:
-                        group(oy, 1, b.mul(g, const_i64(ACCUMULATORS)), ACCUMULATORS, False)
+                        group(oy0, rows, b.mul(g, const_i64(chunks)), chunks, False)
                     if rest:
-                        group(oy, 1, const_i64(loop_groups * ACCUMULATORS), rest,
-                              bool(ow % VL))
+                        group(oy0, rows, const_i64(loop_groups * chunks), rest, bool(ow % VL))
+
+                with for_range(b, const_i64(0), const_i64(oh // rows_b), "oyb") as t:
+                    row_block(b.mul(t, const_i64(rows_b)), rows_b)
+                if oh % rows_b:
+                    row_block(const_i64(oh - oh % rows_b), oh % rows_b)
             else:                       # narrow rows: whole rows, several at a time
                 rows = max(1, min(oh, ACCUMULATORS // nch))
                 if oh // rows:
                     with for_range(b, const_i64(0), const_i64(oh // rows), "oyb") as t:
                         group(b.mul(t, const_i64(rows)), rows, const_i64(0), nch,
-                              bool(ow % VL))
+                              bool(ow % VL), spill=True)
                 if oh % rows:
                     group(const_i64(oh - oh % rows), oh % rows, const_i64(0), nch,
-                          bool(ow % VL))
+                          bool(ow % VL), spill=True)
         return self._finish(body_fn, n_ptrs, ptr_types, p_bytes * regions, parallel)
 
     def _pack(self, vecs: list[ir.Value]) -> ir.Value:
