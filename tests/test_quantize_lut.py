@@ -18,7 +18,7 @@ import quant_models as qm
 from helpers import build_op_module, compile_and_run, ort_outputs
 from mlcpack.frontends.onnx import import_onnx
 from mlcpack.packager.export import ExportOptions, export_module
-from mlcpack.packager.ops.qlinear import lut8
+from mlcpack.packager.ops.qlinear import lut8, pack_conv_weights, qconv2d
 from mlcpack.packager.passes import quantize_lut
 from mlcpack.packager.passes.pipeline import DEFAULT_PIPELINE, run_pipeline
 from mlcpack.runtime import load
@@ -40,6 +40,31 @@ def test_lut8_kernel(xd: str, axis: int, tmp_path: Path) -> None:
     np.testing.assert_array_equal(got, lut8(x, table, axis))
     rows = np.arange(5).reshape(1, 5, 1, 1) if axis == 1 else 0
     np.testing.assert_array_equal(got, table[rows, x.astype(np.int64) - info.min])
+
+
+@pytest.mark.parametrize("target", ["host", "x86-64-v2"])
+@pytest.mark.parametrize("rows", [6, 1])
+def test_qconv2d_with_a_table(rows: int, target: str, tmp_path: Path) -> None:
+    """A lut8 table folded into qconv2d (its 7th input): every 8-bit result looked up in its
+    channel's row (or the one row), int8 out through a uint8 table, 1 and 2 threads."""
+    rng = np.random.default_rng(4)
+    x = rng.integers(0, 256, (1, 5, 9, 11)).astype(np.uint8)
+    wd = rng.integers(-127, 128, (6, 5, 3, 3))
+    args = [x, pack_conv_weights(wd), np.array(120, np.int32),
+            rng.integers(-3000, 3000, 6).astype(np.int32),
+            rng.uniform(1e-4, 1e-3, 6).astype(np.float32), np.array(-3, np.float32),
+            rng.integers(0, 256, (rows, 256)).astype(np.uint8)]
+    attrs = dict(out_channels=6, kernel=(3, 3), strides=(2, 1), padding=(1, 1, 1, 1),
+                 dtype="int8")
+    plain = qconv2d(*args[:6], **attrs)
+    expect = lut8(plain, args[6], 1 if rows > 1 else -1)
+    np.testing.assert_array_equal(qconv2d(*args, **attrs), expect)
+    mod = build_op_module("qconv2d", args, [False] + [True] * 6, **attrs)
+    for threads in (1, 2):
+        got = compile_and_run(mod, {"x0": x}, tmp_path, target=target, threads=threads,
+                              name=f"t{threads}.mlc")["y"]
+        assert got.dtype == np.uint8
+        np.testing.assert_array_equal(got, expect)
 
 
 def _paddle_block(path: Path, sigmoid: bool = False) -> Path:
@@ -118,3 +143,32 @@ def test_what_is_not_tabulated(tmp_path: Path) -> None:
     ops = _ops(q)
     assert "add" in ops      # the residual QLinearAdd: dequantize, add, quantize
     assert ops.count("lut8") >= 1, ops
+
+
+def test_table_after_a_convolution_goes_into_it(tmp_path: Path, monkeypatch) -> None:
+    """Conv -> HardSwish (Paddle's form) -> Conv: the table of the activation is the first
+    qconv2d's 7th input (no lut8 left); the output equals the untabulated bundle's."""
+    rng = np.random.default_rng(8)
+    f = lambda *s, sd=0.4: rng.normal(0, sd, s).astype(np.float32)  # noqa: E731
+    nodes = [h.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1]),
+             h.make_node("Add", ["c1", "three"], ["p3"]),
+             h.make_node("Clip", ["p3", "zero", "six"], ["cl"]),
+             h.make_node("Mul", ["c1", "cl"], ["m6"]), h.make_node("Div", ["m6", "six"], ["hs"]),
+             h.make_node("Conv", ["hs", "w2", "b2"], ["y"])]
+    inits = {"w1": f(6, 3, 3, 3), "b1": f(6, sd=0.1), "w2": f(4, 6, 1, 1), "b2": f(4, sd=0.1),
+             "three": np.array(3, np.float32), "zero": np.array(0, np.float32),
+             "six": np.array(6, np.float32)}
+    src = qm._save(nodes, [h.make_tensor_value_info("x", T.FLOAT, [1, 3, 10, 12])],
+                   [h.make_tensor_value_info("y", T.FLOAT, [1, 4, 10, 12])], inits,
+                   tmp_path / "hs.onnx")
+    q = qm.ort_quantize(src, tmp_path / "hs_q.onnx", "QDQ", per_channel=True)
+    mod, _ = import_onnx(str(q))
+    passes = DEFAULT_PIPELINE[:[p.name for p in DEFAULT_PIPELINE].index(
+        "tabulate_quantized_chains") + 1]
+    calls = [b.value for b in run_pipeline(mod, passes).functions["main"].bindings()
+             if getattr(b.value, "op", "") in ("qconv2d", "lut8")]
+    assert [(c.op, len(c.args)) for c in calls] == [("qconv2d", 7), ("qconv2d", 6)]
+    feeds = qm.random_feeds(src, seed=9)[0]
+    got = _run(q, feeds, tmp_path / "lut.mlc")
+    monkeypatch.setattr(quantize_lut, "int_kernels", lambda: False)
+    np.testing.assert_array_equal(got, _run(q, feeds, tmp_path / "plain.mlc"))

@@ -480,7 +480,8 @@ class _QMatmul(_QEmitter):
 
 class _QConv(_QEmitter):
     def emit(self) -> KernelInfo:
-        x, wk, x_zp, bias, mult, y_zp = self.func.inputs
+        x, wk, x_zp, bias, mult, y_zp = self.func.inputs[:6]
+        lut = self.func.inputs[6] if len(self.func.inputs) > 6 else None
         y = self.func.outputs[0]
         batch, c, h, w = (int(d) for d in x.shape)
         o = int(self.tag.attrs["out_channels"])
@@ -621,8 +622,18 @@ class _QConv(_QEmitter):
                 oy = b.srem(r, const_i64(oh))
                 src = b.gep(stage, [b.add(b.mul(oc, const_i64(qpad)), b.mul(oy, const_i64(wq)))])
                 dst = b.gep(yb, [b.mul(r, const_i64(ow))])
-                with for_range(b, const_i64(0), const_i64(ow), "cx") as i:
-                    b.store(b.load(b.gep(src, [i])), b.gep(dst, [i]))
+                if lut is None:
+                    with for_range(b, const_i64(0), const_i64(ow), "cx") as i:
+                        b.store(b.load(b.gep(src, [i])), b.gep(dst, [i]))
+                else:     # a lut8 folded in (passes/quantize_lut.py): the row's table
+                    row = (b.mul(oc, const_i64(256)) if int(lut.shape[0]) != 1
+                           else const_i64(0))
+                    tb = b.gep(buf[lut.uid], [row])
+                    with for_range(b, const_i64(0), const_i64(ow), "cx") as i:
+                        v = b.load(b.gep(src, [i]))
+                        idx = (b.add(b.sext(v, I64), const_i64(128)) if self.dtype == "int8"
+                               else b.zext(v, I64))
+                        b.store(b.load(b.gep(tb, [idx])), b.gep(dst, [i]))
         return self._finish(body_fn, n_ptrs, ptr_types, workspace, parallel)
 
     def _fill_planes(self, xb, planes, phases, c, h, w, cp, prow, wq, psz, sh, sw, pt, pl,

@@ -25,7 +25,17 @@ by ``pack_conv_weights``: int8/int16 ``[ceil(O/6), KH*KW*ceil(C/2), 6, 2]``, ``w
 broadcast operand of 6 output channels' rows, one reduction step's words adjacent); bias /
 multiplier ``[O]`` (the multiplier may be a float32 scalar; x_zp and both may be computed at
 run time, as with ``qmatmul``); padding reads x_zp (contributes zero); groups 1, dilation 1.
-Result ``[B, O, OH, OW]``.
+Result ``[B, O, OH, OW]``. An optional 7th input, a ``lut8`` table ``[O or 1, 256]``
+(``passes/quantize_lut.py`` folds one in), maps each 8-bit result through its channel's row.
+
+``qdwconv2d(x, wf, x_zp, bias, multiplier, y_zp, kernel, strides, padding, dtype, relu,
+bias_in_float)``: depthwise (one input channel per output channel), x int8/uint8 ``[B, C, H,
+W]``, wf = w - w_zp as float32 ``[C, KH*KW]``, x_zp int32 ``()``, bias int32 ``[C]``,
+multiplier float32 ``[C]``; the sums are exact in float32 (``passes/quantize_dw.py`` checks),
+the bias added in int32; ``bias_in_float``: it may join the float32 sums (still exact).
+
+``lut8(x, table, axis)``: ``table[c, x (+128 for int8)]`` per element, c its index on ``axis``
+(-1: one row).
 
 With ``dtype="float32"`` (a quantized product whose result stays float: mlcpack's own
 ``--quantize int8`` graphs dequantize every product's inputs only) the last argument is a
@@ -189,9 +199,43 @@ def _out_size(size: int, k: int, s: int, lo: int, hi: int) -> int:
     return (size + lo + hi - k) // s + 1
 
 
+def _infer_table(table: tuple, rows: int, dtype: str) -> str:
+    """The result dtype of an 8-bit product followed by its optional ``lut8`` table (a 7th
+    input, [rows or 1, 256], folded in by passes/quantize_lut.py)."""
+    if not table:
+        return dtype
+    t = table[0]
+    if (len(table) != 1 or dtype not in ("int8", "uint8") or t.dtype not in ("int8", "uint8")
+            or len(t.shape) != 2 or t.shape[0] not in (1, rows) or t.shape[1] != 256):
+        raise ValueError(f"a table after an 8-bit result is [{rows} or 1, 256] int8/uint8, "
+                         f"not {[str(x) for x in table]}")
+    return t.dtype
+
+
+def _lookup(q: te.Tensor, table: tuple, channel: int, name: str) -> te.Tensor:
+    """``q`` through ``lut8``'s table (its row per channel ``channel``), when there is one."""
+    if not table:
+        return q
+    t = table[0]
+    off = 128 if q.dtype == "int8" else 0
+
+    def body(*i: te.IndexVar) -> te.Expr:
+        v = te.cast(q[i], "int64") + te.const(off, "int64")
+        return t[(i[channel] if t.shape[0] != 1 else te.const(0, "int64")), v]
+
+    return te.compute(q.shape, body, name=name, dtype=t.dtype)
+
+
+def _apply_table(y: np.ndarray, table: tuple) -> np.ndarray:
+    if not table:
+        return y
+    t = table[0]
+    return lut8(y, t, 1 if t.shape[0] != 1 else -1)
+
+
 def _infer_qconv2d(x: TensorType, wk: TensorType, x_zp: TensorType, bias: TensorType,
-                   multiplier: TensorType, y_zp: TensorType, out_channels: int = 0,
-                   kernel=(1, 1), strides=(1, 1), padding=(0, 0, 0, 0),
+                   multiplier: TensorType, y_zp: TensorType, *table: TensorType,
+                   out_channels: int = 0, kernel=(1, 1), strides=(1, 1), padding=(0, 0, 0, 0),
                    dtype: str = "uint8", relu: bool = False) -> TensorType:
     if x.dtype not in ("int8", "uint8") or wk.dtype not in ("int8", "int16"):
         raise ValueError(f"qconv2d takes int8/uint8 x and int8/int16 weights, not "
@@ -210,11 +254,12 @@ def _infer_qconv2d(x: TensorType, wk: TensorType, x_zp: TensorType, bias: Tensor
                          f"{out_channels} output channels")
     oh = _out_size(h, kh, strides[0], padding[0], padding[2])
     ow = _out_size(w, kw, strides[1], padding[1], padding[3])
-    return TensorType((b, out_channels, oh, ow), dtype)
+    return TensorType((b, out_channels, oh, ow), _infer_table(table, out_channels, dtype))
 
 
 def _legalize_qconv2d(x: te.Tensor, wk: te.Tensor, x_zp: te.Tensor, bias: te.Tensor,
-                      multiplier: te.Tensor, y_zp: te.Tensor, out_type: TensorType, name: str,
+                      multiplier: te.Tensor, y_zp: te.Tensor, *table: te.Tensor,
+                      out_type: TensorType, name: str,
                       out_channels: int = 0, kernel=(1, 1), strides=(1, 1),
                       padding=(0, 0, 0, 0), dtype: str = "uint8",
                       relu: bool = False) -> te.Tensor:
@@ -222,7 +267,7 @@ def _legalize_qconv2d(x: te.Tensor, wk: te.Tensor, x_zp: te.Tensor, bias: te.Ten
     kh, kw = kernel
     cp = -(-c // 2)
     rc, ry, rx = te.reduce_axis(c, "rc"), te.reduce_axis(kh, "ry"), te.reduce_axis(kw, "rx")
-    tag_reduction(rc, "qconv2d", (x, wk, x_zp, bias, multiplier, y_zp),
+    tag_reduction(rc, "qconv2d", (x, wk, x_zp, bias, multiplier, y_zp) + table,
                   out_channels=out_channels, kernel=tuple(kernel), strides=tuple(strides),
                   padding=tuple(padding), dtype=dtype, relu=relu)
 
@@ -239,13 +284,15 @@ def _legalize_qconv2d(x: te.Tensor, wk: te.Tensor, x_zp: te.Tensor, bias: te.Ten
         return te.sum_of(xv * te.cast(wv, "int32"), (rc, ry, rx))
 
     acc = te.compute(out_type.shape, acc_body, name=name + "_acc", dtype="int32")
-    return _epilogue(acc, bias, multiplier, y_zp, 1, out_type.shape, name, dtype, relu)
+    q = _epilogue(acc, bias, multiplier, y_zp, 1, out_type.shape,
+                  name + "_q" if table else name, dtype, relu)
+    return _lookup(q, table, 1, name)
 
 
 @register_op("qconv2d", OPAQUE, _infer_qconv2d, _legalize_qconv2d)
 def qconv2d(x: np.ndarray, wk: np.ndarray, x_zp: np.ndarray, bias: np.ndarray,
-            multiplier: np.ndarray, y_zp: np.ndarray, out_channels: int = 0, kernel=(1, 1),
-            strides=(1, 1), padding=(0, 0, 0, 0), dtype: str = "uint8",
+            multiplier: np.ndarray, y_zp: np.ndarray, *table: np.ndarray, out_channels: int = 0,
+            kernel=(1, 1), strides=(1, 1), padding=(0, 0, 0, 0), dtype: str = "uint8",
             relu: bool = False) -> np.ndarray:
     b, c, h, w = x.shape
     kh, kw = kernel
@@ -266,7 +313,7 @@ def qconv2d(x: np.ndarray, wk: np.ndarray, x_zp: np.ndarray, bias: np.ndarray,
     acc += bias.reshape(1, o, 1, 1)
     off = y_zp.reshape(1, o, 1, 1) if dtype == "float32" else y_zp
     mult = multiplier if multiplier.shape == () else multiplier.reshape(1, o, 1, 1)
-    return _requantize(acc, mult, off, dtype, relu)
+    return _apply_table(_requantize(acc, mult, off, dtype, relu), table)
 
 
 # ---- lut8 ---------------------------------------------------------------------------------------
