@@ -145,17 +145,17 @@ def test_quantize_static_mlp_matches_ort(how: dict, target: str, tmp_path: Path,
                          ids=["qdq_per_channel", "qlinearconv"])
 def test_quantized_convolutions_fused(how: dict, tmp_path: Path) -> None:
     """conv 3x3 (+ bias), depthwise 3x3, 1x1: quantize(conv(dq, dq) + dq(bias int32)) becomes
-    the integer convolution (``qconv2d``, codegen/qgemm.py) for the 3x3 and the 1x1; the
-    depthwise one (groups > 1) stays a convolution (float32-exact where it can be, else the
-    float composition)."""
+    the integer convolution (``qconv2d``, codegen/qgemm.py) for the 3x3 and the 1x1, and the
+    depthwise one (groups > 1) the integer depthwise kernel (``qdwconv2d``,
+    codegen/qdepthwise.py): no float convolution is left."""
     path = qm.ort_quantize(qm.conv_net(tmp_path / "conv.onnx"), tmp_path / "conv_q.onnx", **how)
     feeds = qm.random_feeds(path)[0]
     (got,), ops = _bundle(path, feeds)
     mod, _ = import_onnx(str(path))
     fused = run_pipeline(mod, DEFAULT_PIPELINE[:5])
     convs = [b.value for f in fused.functions.values() if hasattr(f, "bindings")
-             for b in f.bindings() if getattr(b.value, "op", "") == "nn.conv2d"]
-    assert len(convs) == 1 and convs[0].attrs["groups"] > 1, convs
+             for b in f.bindings() if getattr(b.value, "op", "") in ("nn.conv2d", "qdwconv2d")]
+    assert [c.op for c in convs] == ["qdwconv2d"], convs
     assert ops.count("int_conv") == 2, ops
     ref = _ort(path, feeds)[0]
     diff = np.abs(got.astype(np.float64) - ref) / qm.output_step(path)

@@ -26,7 +26,9 @@ activations take the same kernel); w - w_zp is folded into the weights at export
   needed by 8 consecutive flattened outputs ``q = oy * Wq + ox`` are one contiguous 32-byte
   load; the weights are expanded to int16 channel pairs per output channel (broadcast), output
   channels are rows and pixels lanes. Outputs go to a uint8 staging buffer and rows of OW are
-  copied out (columns ox >= OW of the plane rows are computed and dropped, as in gemm.py).
+  copied out (columns ox >= OW of the plane rows are computed and dropped, as in gemm.py);
+  with a ``lut8`` table folded in (a 7th input, passes/quantize_lut.py) each byte is looked up
+  in its channel's row as it is copied.
 
 Epilogue, per vector: float32(acc + bias) * multiplier, clamped to [lo - y_zp, hi - y_zp],
 rounded half to even with the 1.5 * 2**23 trick (exact in that range, no libcall, any target),
