@@ -17,7 +17,7 @@ from ..ir import te
 from ..ir.graph import (Binding, CallTIR, Function, IRModule, PrimFunc, merge_sources,
                         used_values)
 from ..ir.patterns import reduction_tag
-from ..ops.registry import OPAQUE
+from ..ops.registry import OPAQUE, REDUCTION
 
 # Math functions a matmul's epilogue does not take: evaluated on the register tile, erf (GELU)
 # cost ~1 ns per element (its ~60 vector operations and ~30 constants beside the tile), as its
@@ -114,10 +114,11 @@ def _fuse_one(mod: IRModule, b: Binding, producer_of: dict[int, Binding], uses: 
             continue
         if _is_matmul(producer) and _calls_excluded_math(consumer):
             continue
-        # the softmax kernel (codegen/softmax.py) takes no epilogue: a quantize after it
-        # (QDQ attention) would turn the pair into the generic loop nest (PP-OCRv4's
-        # recognizer: 0.55 ms, sixth in its profile)
-        if _has_tag(producer, ("softmax",)) and _calls_math(consumer, ("round",)):
+        # the reduction kernels (softmax, global mean, normalization) take no quantize
+        # epilogue: fused, a QDQ model's reduction and its QuantizeLinear fell to the generic
+        # loop nest (PP-OCRv4 recognizer's attention softmax 0.55 ms, sixth in its profile;
+        # MobileNetV3-small's SE means 0.14 ms)
+        if producer.attrs.get("op_kind") == REDUCTION and _calls_math(consumer, ("round",)):
             continue
         new_name = mod.add_prim_func(fuse_pair(producer, consumer, slots))
         args = list(pv.args) + [a for i, a in enumerate(v.args) if i not in slots]
@@ -125,19 +126,6 @@ def _fuse_one(mod: IRModule, b: Binding, producer_of: dict[int, Binding], uses: 
         return prod, Binding(b.var, CallTIR(new_name, args, v.type),
                              merge_sources(prod.source, b.source))
     return None
-
-
-def _has_tag(func: PrimFunc, kinds: tuple[str, ...]) -> bool:
-    """Whether ``func``'s output contains a reduction tagged one of ``kinds``."""
-    stack = [st.body for st in te.stages(func.outputs) if st.body is not None]
-    while stack:
-        node = stack.pop()
-        if isinstance(node, te.Reduce):
-            tag = reduction_tag(node)
-            if tag is not None and tag.kind in kinds:
-                return True
-        stack.extend(te.children(node))
-    return False
 
 
 def _calls_math(func: PrimFunc, names: tuple[str, ...]) -> bool:
@@ -153,7 +141,15 @@ def _calls_math(func: PrimFunc, names: tuple[str, ...]) -> bool:
 
 def _is_matmul(func: PrimFunc) -> bool:
     """Whether ``func``'s output contains a reduction tagged ``matmul``."""
-    return _has_tag(func, ("matmul", "matmul_packed"))
+    stack = [st.body for st in te.stages(func.outputs) if st.body is not None]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, te.Reduce):
+            tag = reduction_tag(node)
+            if tag is not None and tag.kind in ("matmul", "matmul_packed"):
+                return True
+        stack.extend(te.children(node))
+    return False
 
 
 def _calls_excluded_math(func: PrimFunc) -> bool:
