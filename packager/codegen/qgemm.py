@@ -568,7 +568,7 @@ class _QConv(_QEmitter):
         with for_range(b, const_i64(0), const_i64(batch), "b") as bi:
             xb = b.gep(buf[x.uid], [b.mul(bi, const_i64(c * h * w))])
             self._fill_planes(xb, planes, phases, c, h, w, cp, prow, wq, psz, sh, sw, pt, pl,
-                              xzp, x.dtype)
+                              xzp, x.dtype, zero=any(self.tag.attrs["padding"]) or c % 2 == 1)
 
             def a_word_at(oc0):
                 # word ((oc // 6) * steps + j) * 6 + oc % 6; a tile never crosses a 6-row group
@@ -639,14 +639,18 @@ class _QConv(_QEmitter):
         return self._finish(body_fn, n_ptrs, ptr_types, workspace, parallel)
 
     def _fill_planes(self, xb, planes, phases, c, h, w, cp, prow, wq, psz, sh, sw, pt, pl,
-                     xzp, dtype) -> None:
+                     xzp, dtype, zero: bool = True) -> None:
         """planes[ph, p, u, v, j] = x[2p + j, u*sh + py - pt, v*sw + px - pl] - x_zp, zero
         outside the image and past the last channel (int16): zero everything, then copy the
-        rectangle of each phase that lies inside the image (its bounds are constants)."""
+        rectangle of each phase that lies inside the image (its bounds are constants).
+        ``zero`` False (no padding, an even channel count): the outputs kept read the image
+        alone, so the cells outside it (read for the dropped columns and rows) stay as
+        they are."""
         b = self.builder
         total = len(phases) * cp * psz * 2
-        with for_range(b, const_i64(0), const_i64(total), "fz") as i:
-            b.store(ir.Constant(I16, 0), b.gep(planes, [i]))
+        if zero:
+            with for_range(b, const_i64(0), const_i64(total), "fz") as i:
+                b.store(ir.Constant(I16, 0), b.gep(planes, [i]))
         for pi, (py, px) in enumerate(phases):
             u_lo = max(0, -(-(pt - py) // sh))
             u_hi = min(prow, (h + pt - py - 1) // sh + 1)
