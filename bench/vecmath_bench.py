@@ -18,7 +18,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from mlcpack.packager.codegen.build import compile_prim_funcs
+from mlcpack.packager.codegen.parallel import compile_prim_funcs
 from mlcpack.packager.codegen.target import resolve_target
 from mlcpack.packager.ir import prim_func, te
 from mlcpack.runtime import elf

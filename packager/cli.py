@@ -557,7 +557,7 @@ def export(
             stages.update({"import": import_seconds, **report.stages})
             typer.echo(timings_table(stages, report.compiles,
                                      time.perf_counter() - started + (startup or 0.0)))
-        for line in report.check_warnings:
+        for line in report.compile_warnings + report.check_warnings:
             typer.echo(f"warning: {line}", err=True)
 
     _guarded(debug, run)

@@ -18,14 +18,14 @@ from ..runtime.header import (CONST, BatchInfo, CodeVariant, ConstantRow, Header
                               KernelRow, MemoryPlan, Plan, SymbolicBound, VMRecord, freeze,
                               plain)
 from .bundle_writer import BundleWriteError, BundleWriter
-from .codegen.build import ALLOWED_EXTERNALS, CodegenError, CompiledCode
+from .codegen.build import ALLOWED_EXTERNALS, CodegenError, CompiledCode, KernelCompileError
 from .codegen.lower import KernelInfo, LoweringError
 from .codegen.objinfo import function_sizes
 from .codegen.parallel import compile_for_targets
 from .codegen.target import Target, TargetError, resolve_targets
 from .errors import ExportError
 from .ir.builder import BuilderError
-from .ir.graph import IRModule
+from .ir.graph import CallTIR, Function, IRModule, merge_sources
 from .ir.printer import module_text
 from .passes import DEFAULT_PIPELINE, bind_params, run_pipeline
 from .passes.layout import CONV_ROW_WIDTHS, ONE_ROW_GEMV, PACK_CONV_WEIGHTS, PACK_MATMUL_WEIGHTS
@@ -90,6 +90,8 @@ class ExportReport:
     # symbolic bundles: the --max-shape upper-bound arena (None: planned per shape at run time)
     bound_bytes: int | None = None
     plan_note: str | None = None              # how memory is planned, when --max-shape was given
+    # kernels compiled with a conservative pipeline because LLVM aborted on them, one line each
+    compile_warnings: list[str] = field(default_factory=list)
 
 
 def compile_module(mod: IRModule, params: Mapping[str, np.ndarray] | None = None,
@@ -131,7 +133,13 @@ def compile_variants(mod: IRModule, params: Mapping[str, np.ndarray] | None = No
             PACK_CONV_WEIGHTS.reset(token)
         note("codegen")
         funcs = list(mod.prim_funcs().values())
-        variants = compile_for_targets(funcs, targets, main_size_vars(mod))
+        try:
+            variants = compile_for_targets(funcs, targets, main_size_vars(mod))
+        except KernelCompileError as exc:
+            raise ExportError(
+                f"LLVM aborted compiling {kernel_names(mod, exc.kernels, exc.serves)} for "
+                f"{exc.target}, also with its conservative pipelines ({exc.reason}); export "
+                "for other targets (--target) or report it") from None
         note("vm")
         program = emit_program(mod, _common_kernels(variants))
     except (TargetError, CodegenError, LoweringError, VMEmitError, BindError, BuilderError) as exc:
@@ -141,6 +149,28 @@ def compile_variants(mod: IRModule, params: Mapping[str, np.ndarray] | None = No
                           f"with {_input_shape_example(mod)} (a named batch with --batch-sizes "
                           "gets one static plan per size)") from None
     return mod, variants, program
+
+
+def kernel_names(mod: IRModule, kernels: Sequence[str], serves: Sequence[str]) -> str:
+    """``kernels`` in words for a message, with the source-model nodes of every call of the
+    prim funcs in ``serves``: "kernel recurrence (ONNX node lstm, DynamicQuantizeLSTM)"."""
+    sources = merge_sources(*(b.source for fn in mod.functions.values()
+                              if isinstance(fn, Function) for b in fn.bindings()
+                              if isinstance(b.value, CallTIR) and b.value.func in serves))
+    shown = ", ".join(kernels[:3]) + (f" and {len(kernels) - 3} more" if len(kernels) > 3
+                                      else "")
+    nodes = "; ".join(f"{s.name or '(unnamed)'}, {s.op}" for s in sources[:4]) + \
+        (f"; {len(sources) - 4} more" if len(sources) > 4 else "")
+    return (f"kernel{'s' if len(kernels) > 1 else ''} {shown}"
+            + (f" (ONNX node{'s' if len(sources) > 1 else ''} {nodes})" if sources else ""))
+
+
+def fallback_warnings(mod: IRModule, variants: Sequence[CompiledCode]) -> list[str]:
+    """One line per kernel that LLVM aborted on under the default pipeline and that compiled
+    with a conservative one (``codegen/parallel.py``)."""
+    return [f"LLVM aborted compiling {kernel_names(mod, [fb.kernel], fb.serves)} for "
+            f"{v.target.name} ({fb.reason}); compiled it with {fb.pipeline.name} instead"
+            for v in variants for fb in v.fallbacks]
 
 
 def _input_shape_example(mod: IRModule) -> str:
@@ -378,7 +408,8 @@ def _export(mods: dict[int | None, IRModule], path: str | os.PathLike,
         plans=reports if batched else reports[1:], check=check_note,
         bound_bytes=main["bound_bytes"], plan_note=main["plan_note"], specialized=specialized,
         check_warnings=list(golden.warnings) if golden is not None else [],
-        stages=clock.seconds, compiles=[c for r in reports for c in r["compiles"]])
+        stages=clock.seconds, compiles=[c for r in reports for c in r["compiles"]],
+        compile_warnings=list(dict.fromkeys(w for r in reports for w in r["warnings"])))
 
 
 class _Constants:
@@ -451,7 +482,7 @@ def _compile_plan(batch: int | None, mod: IRModule, n_plans: int,
               "kernels": len(program.kernels), "instructions": len(program.instructions),
               "code_bytes": sum(len(v.object_code) for v in variants),
               "bound_bytes": bound.arena_bytes if bound is not None else None,
-              "plan_note": plan_note,
+              "plan_note": plan_note, "warnings": fallback_warnings(optimized, variants),
               "compiles": [(v.target.name, v.seconds, v.from_cache) for v in variants]}
     return plan, report, optimized, [v.target for v in variants]
 

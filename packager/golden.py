@@ -290,6 +290,9 @@ def onnx_reference(model_path: str | os.PathLike | bytes, input_names: Mapping[s
         try:
             opts = ort.SessionOptions()
             opts.log_severity_level = 4  # its errors come back in the exception
+            # one thread: with more, ORT's DynamicQuantizeLSTM quantizes h per chunk of batch
+            # rows, so its result would depend on the machine's core count
+            opts.intra_op_num_threads = 1
             if as_written:
                 opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
             sess = ort.InferenceSession(session_source, opts,

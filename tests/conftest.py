@@ -23,8 +23,9 @@ MLCPACK_EXE = BIN / "mlcpack"
 # The tiers: ``MLCPACK_SLOW=1`` adds what the default run (CI, on 2 cores, under 30 minutes)
 # leaves out: every conformance case through the command line both ways
 # (test_golden_default_path), every corpus model exported without onnxruntime too
-# (test_corpus), and the model-zoo networks of ONNX's backend suite (this module's
-# collect_ignore; each is tens of seconds, and the corpus covers real networks).
+# (test_corpus), the model-zoo networks of ONNX's backend suite (this module's
+# collect_ignore; each is tens of seconds, and the corpus covers real networks), and the whole
+# compile sweep of every kernel family for every level (test_compile_levels).
 SLOW = os.environ.get("MLCPACK_SLOW", "") not in ("", "0")
 collect_ignore = [] if SLOW else ["test_onnx_conformance_slow.py"]
 

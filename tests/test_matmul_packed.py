@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from conftest import X86_V3, X86_V4
 from onnx import TensorProto, helper, numpy_helper
 
 from mlcpack.packager.ops.nn import MATMUL_PANEL, pack_matmul_b, unpack_matmul_b
@@ -136,15 +137,24 @@ def test_matches_onnxruntime(tmp_path, a_shape, k, n, gemm):
     ((32, 64), 64, 16, False, False, AVX2, True),         # one panel
     ((32, 64), 64, 4, False, False, AVX2, False),         # too narrow: a panel of zeros
     ((32, 64), 64, 48, False, True, AVX2, False),         # B an input
-    ((32, 64), 64, 48, False, False, None, True),         # the portable default (v2 and v3)
+    ((32, 64), 64, 48, False, False, "portable on v3", True),   # the default: v2 and v3
+    ((32, 64), 64, 48, False, False, "portable on v4", False),  # v2, v3 and v4
     ((32, 64), 64, 48, False, False, "x86-64-v2", False),  # 128-bit alone: not measured
     ((32, 64), 64, 48, False, False, "x86-64-v4", False),  # AVX-512: not measured
 ])
-def test_which_matmuls_are_packed(tmp_path, a_shape, k, n, gemm, b_input, target, packed):
+def test_which_matmuls_are_packed(tmp_path, monkeypatch, a_shape, k, n, gemm, b_input, target,
+                                  packed):
+    """The portable default's levels depend on the exporting host: it is pinned (an AVX2 or
+    an AVX-512 one), and the bundle then runs on this host's own level."""
     model, w = _model(a_shape, k, n, gemm=gemm, b_input=b_input)
-    bundle = _export(tmp_path, model, target)
+    if target.startswith("portable"):
+        monkeypatch.setenv("MLCPACK_CPU_ARCH", "x86_64")
+        monkeypatch.setenv("MLCPACK_CPU_FEATURES", X86_V4 if target.endswith("v4") else X86_V3)
+    bundle = _export(tmp_path, model, None if target.startswith("portable") else target)
+    monkeypatch.delenv("MLCPACK_CPU_FEATURES", raising=False)
+    monkeypatch.delenv("MLCPACK_CPU_ARCH", raising=False)
     assert any("matmul_packed" in name for name in _kernel_names(bundle)) == packed
-    if target in (AVX2, None, "x86-64-v2"):
+    if target != "x86-64-v4":   # every other bundle has code this x86-64 host runs
         _check(bundle, model, _feeds(a_shape, w if b_input else None), threads=(1, 2))
 
 

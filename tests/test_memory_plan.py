@@ -9,7 +9,7 @@ import numpy as np
 from mlcpack.packager.ir import BlockBuilder
 from mlcpack.packager.passes import run_pipeline
 from mlcpack.packager.passes.memory_plan import Buffer, plan_memory
-from mlcpack.packager.codegen.build import compile_prim_funcs
+from mlcpack.packager.codegen.parallel import compile_prim_funcs
 from mlcpack.packager.codegen.target import resolve_target
 from mlcpack.packager.vm_emit import ARENA, emit_program
 

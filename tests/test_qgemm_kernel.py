@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from helpers import build_op_module, compile_and_run
-from mlcpack.packager.codegen.build import compile_prim_funcs
+from mlcpack.packager.codegen.parallel import compile_prim_funcs
 from mlcpack.packager.codegen.target import resolve_target
 from mlcpack.packager.ir.graph import PrimFunc
 from mlcpack.packager.ops.qlinear import (pack_conv_weights, pack_weights, unpack_conv_weights,

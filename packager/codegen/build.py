@@ -1,5 +1,7 @@
 """From primitive functions to one relocatable object: emit LLVM IR, optimize at -O3, and write
-position-independent, small-code-model ELF for the target."""
+position-independent, small-code-model ELF for the target: ``compile_in_process``. The
+compiler calls it in worker processes (``codegen/parallel.py``: ``compile_prim_funcs``,
+``compile_for_targets``), since an LLVM assertion aborts the process it fires in."""
 
 from __future__ import annotations
 
@@ -45,16 +47,60 @@ class CodegenError(Exception):
     """LLVM rejected the generated module, or the object imports something not allowed."""
 
 
+class KernelCompileError(CodegenError):
+    """LLVM aborted on these kernels under every pipeline (``codegen/parallel.py``):
+    ``kernels`` the compiled prim funcs, ``serves`` every prim func they serve."""
+
+    def __init__(self, kernels: Sequence[str], serves: Sequence[str], target: str,
+                 reason: str) -> None:
+        self.kernels, self.serves = tuple(kernels), tuple(serves)
+        self.target, self.reason = target, reason
+        shown = ", ".join(self.kernels[:3]) + (f" and {len(self.kernels) - 3} more"
+                                               if len(self.kernels) > 3 else "")
+        super().__init__(f"LLVM aborted compiling kernel{'s' if len(self.kernels) > 1 else ''} "
+                         f"{shown} for {target} under every pipeline ({reason})")
+
+    def __reduce__(self):   # a worker process sends it back pickled
+        return (type(self), (self.kernels, self.serves, self.target, self.reason))
+
+
+@dataclass(frozen=True)
+class Pipeline:
+    """How LLVM optimizes a module: the default -O3 with both vectorizers, or a conservative
+    one for a kernel whose compile made LLVM abort (``codegen/parallel.py``)."""
+    name: str                 # in warnings: "-O3 without the loop vectorizer"
+    speed_level: int
+    loop_vectorize: bool
+    slp_vectorize: bool
+
+
+DEFAULT_PIPELINE = Pipeline("-O3", 3, True, True)
+# Tried in order for a kernel LLVM aborts on: the loop vectorizer is where LLVM's assertions
+# have fired (a cost-model disagreement); -O2 without vectorizers is the last resort.
+CONSERVATIVE_PIPELINES = (Pipeline("-O3 without the loop vectorizer", 3, False, True),
+                          Pipeline("-O2 without vectorizers", 2, False, False))
+
+@dataclass(frozen=True)
+class Fallback:
+    """A kernel LLVM aborted on under the default pipeline, compiled with a conservative one."""
+    kernel: str                 # the compiled prim func (EmittedModule.groups' key)
+    serves: tuple[str, ...]     # every prim func that kernel serves (its group)
+    pipeline: Pipeline
+    reason: str                 # what LLVM said before it aborted, in one line
+
+
 @dataclass(frozen=True)
 class CompiledCode:
     target: Target
     object_code: bytes
     kernels: dict[str, KernelInfo]    # prim func name -> kernel
     llvm_ir: str
-    # for `export --timings`: wall seconds of compile_prim_funcs, and whether the object came
+    # for `export --timings`: wall seconds of compile_in_process, and whether the object came
     # from the compile cache
     seconds: float = field(default=0.0, compare=False)
     from_cache: bool = field(default=False, compare=False)
+    # kernels LLVM aborted on, compiled with a conservative pipeline (codegen/parallel.py)
+    fallbacks: tuple[Fallback, ...] = ()
 
 
 @functools.cache
@@ -143,62 +189,140 @@ def _emit(module: ir.Module, func: PrimFunc, symbol: str, vl: int,
     return emit_kernel(module, func, symbol)
 
 
-def compile_prim_funcs(funcs: Sequence[PrimFunc], target: Target,
-                       size_vars: tuple[str, ...] = ()) -> CompiledCode:
-    """Compile ``funcs`` into one object for ``target``; kernel symbols are ``mlc_<name>``.
-    ``size_vars`` (a symbolic module's size variables, in the order of the runtime's sizes
-    array) gives symbolic kernels their run-time extents."""
-    start = time.perf_counter()
+# Test-only fault injection: "NAME" makes the default pipeline abort the process (as an LLVM
+# assertion does) while optimizing a module that defines a kernel whose name contains NAME;
+# "NAME:always" makes every pipeline abort on it. tests/test_llvm_abort.py uses it through the
+# real command line; nothing else sets it.
+FAULT_ENV = "MLCPACK_TEST_LLVM_ABORT"
+
+
+@dataclass(frozen=True)
+class EmittedModule:
+    """The LLVM IR of a set of prim funcs for one target, before LLVM has seen it."""
+    text: str
+    kernels: dict[str, KernelInfo]          # prim func name -> kernel
+    groups: dict[str, tuple[str, ...]]      # compiled func name -> every func it serves
+
+
+def emit_module(funcs: Sequence[PrimFunc], target: Target, size_vars: tuple[str, ...] = (),
+                thread_pool: bool = True) -> EmittedModule:
+    """The LLVM IR text of ``funcs`` for ``target`` (kernel symbols ``mlc_<name>``), with the
+    thread pool's hand-off functions unless ``thread_pool`` is False. Functions that differ only
+    in names (unrolled recurrences, repeated layers) share one compiled kernel: the first one's
+    symbol serves them all."""
     module = ir.Module(name="mlcpack_kernels")
     module.triple = target.triple
     module.mlcpack_features = target.llvm_features   # qgemm.py gates AVX-512 VNNI on it
     vl = vector_width(target.name)
-    # Functions that differ only in names (unrolled recurrences, repeated layers) share one
-    # compiled kernel: the first one's symbol serves them all.
     kernels: dict[str, KernelInfo] = {}
     first: dict[object, str] = {}
+    groups: dict[str, list[str]] = {}
     for f in funcs:
         key = structural_key(f)
         if key in first:
             kernels[f.name] = kernels[first[key]]
+            groups[first[key]].append(f.name)
         else:
             first[key] = f.name
+            groups[f.name] = [f.name]
             kernels[f.name] = _emit(module, f, SYMBOL_PREFIX + f.name, vl, size_vars)
-    emit_thread_pool(module, target)
-    text = str(module)
-    directory = cache.cache_dir()
-    key = cache.cache_key(text, target) if directory is not None else ""
+    if thread_pool:
+        emit_thread_pool(module, target)
+    return EmittedModule(str(module), kernels, {k: tuple(v) for k, v in groups.items()})
+
+
+def compile_in_process(funcs: Sequence[PrimFunc], target: Target, size_vars: tuple[str, ...] = (),
+                       fallbacks: Sequence[Fallback] = (), use_cache: bool = True,
+                       thread_pool: bool = True) -> CompiledCode:
+    """Compile ``funcs`` into one object for ``target`` in this process (an LLVM abort ends
+    the process: ``parallel.compile_prim_funcs`` runs this in a worker); kernel symbols are
+    ``mlc_<name>``. ``size_vars`` (a symbolic module's size variables, in the order of the
+    runtime's sizes array) gives symbolic kernels their run-time extents.
+    ``fallbacks`` name kernels to optimize with their conservative pipeline, in modules of
+    their own linked in after optimization; the others get the default pipeline.
+    ``thread_pool`` False leaves out the pool's hand-off functions (a kernel compiled alone to
+    see whether LLVM survives it). The compile cache (``codegen/cache.py``) keys the result by
+    the whole module's IR and remembers the fallbacks, so a hit reports them again."""
+    start = time.perf_counter()
+    conservative = {fb.kernel: fb.pipeline for fb in fallbacks}
+    emitted = emit_module(funcs, target, size_vars, thread_pool)
+    directory = cache.cache_dir() if use_cache else None
+    key = cache.cache_key(emitted.text, target) if directory is not None else ""
     cached = cache.load(directory, key) if directory is not None else None
     if cached is not None:
-        obj, optimized = cached
+        obj, optimized, notes = cached
         _check_imports(obj, target)
-        return CompiledCode(target, obj, kernels, optimized, time.perf_counter() - start, True)
-    try:
-        parsed = llvm.parse_assembly(text)
-        parsed.verify()
-    except RuntimeError as exc:
-        raise CodegenError(f"LLVM rejected the generated kernels: {exc}") from None
+        return CompiledCode(target, obj, emitted.kernels, optimized,
+                            seconds=time.perf_counter() - start, from_cache=True,
+                            fallbacks=_from_notes(notes))
     tm = _target_machine(target)
-    parsed.triple = target.triple
-    parsed.data_layout = str(tm.target_data)
-    # llvmlite leaves the SLP vectorizer off; without it an inner loop that the unroller
-    # flattens (a 64-float row of a transpose) stays scalar.
-    tuning = llvm.PipelineTuningOptions(speed_level=3)
-    tuning.slp_vectorization = True
-    pb = llvm.create_pass_builder(tm, tuning)
-    pb.getModulePassManager().run(parsed, pb)
-    undefined = sorted(f.name for f in parsed.functions
+    if conservative:
+        rest = [f for f in funcs if not any(f.name in emitted.groups[c] for c in conservative)]
+        linked = _optimize(emit_module(rest, target, size_vars, thread_pool).text, target, tm,
+                           DEFAULT_PIPELINE)
+        for pipeline in dict.fromkeys(conservative.values()):
+            names = [c for c, p in conservative.items() if p == pipeline]
+            part = [f for f in funcs if f.name in names]
+            text = emit_module(part, target, size_vars, thread_pool=False).text
+            linked.link_in(_optimize(text, target, tm, pipeline))
+    else:
+        linked = _optimize(emitted.text, target, tm, DEFAULT_PIPELINE)
+    undefined = sorted(f.name for f in linked.functions
                        if f.is_declaration and not f.name.startswith("llvm.")
                        and f.name not in ALLOWED_EXTERNALS)
     if undefined:
         raise CodegenError(f"kernels would import {', '.join(undefined)}, which the runtime "
                            "does not provide")
-    obj = tm.emit_object(parsed)
+    obj = tm.emit_object(linked)
     _check_imports(obj, target)
-    optimized = str(parsed)
+    optimized = str(linked)
     if directory is not None:
-        cache.store(directory, key, obj, optimized)
-    return CompiledCode(target, obj, kernels, optimized, time.perf_counter() - start)
+        notes = [{"kernel": fb.kernel, "serves": list(fb.serves), "pipeline": fb.pipeline.name,
+                  "reason": fb.reason} for fb in fallbacks]
+        cache.store(directory, key, obj, optimized, notes)
+    return CompiledCode(target, obj, emitted.kernels, optimized,
+                        seconds=time.perf_counter() - start, fallbacks=tuple(fallbacks))
+
+
+def _from_notes(notes: Sequence[dict]) -> tuple[Fallback, ...]:
+    """The fallbacks a cache entry recorded (``cache.load`` checked their fields)."""
+    pipelines = {p.name: p for p in CONSERVATIVE_PIPELINES}
+    return tuple(Fallback(n["kernel"], tuple(n["serves"]), pipelines[n["pipeline"]], n["reason"])
+                 for n in notes if n["pipeline"] in pipelines)
+
+
+def _optimize(text: str, target: Target, tm: llvm.TargetMachine, pipeline: Pipeline
+              ) -> llvm.ModuleRef:
+    """Parse, verify and optimize ``text`` with ``pipeline``."""
+    try:
+        parsed = llvm.parse_assembly(text)
+        parsed.verify()
+    except RuntimeError as exc:
+        raise CodegenError(f"LLVM rejected the generated kernels: {exc}") from None
+    _inject_fault(parsed, pipeline)
+    parsed.triple = target.triple
+    parsed.data_layout = str(tm.target_data)
+    tuning = llvm.PipelineTuningOptions(speed_level=pipeline.speed_level)
+    tuning.loop_vectorization = pipeline.loop_vectorize
+    # llvmlite leaves the SLP vectorizer off; without it an inner loop that the unroller
+    # flattens (a 64-float row of a transpose) stays scalar.
+    tuning.slp_vectorization = pipeline.slp_vectorize
+    pb = llvm.create_pass_builder(tm, tuning)
+    pb.getModulePassManager().run(parsed, pb)
+    return parsed
+
+
+def _inject_fault(module: llvm.ModuleRef, pipeline: Pipeline) -> None:
+    """The test-only abort of ``FAULT_ENV``."""
+    spec = os.environ.get(FAULT_ENV, "")
+    if not spec:
+        return
+    name, _, when = spec.partition(":")
+    if pipeline != DEFAULT_PIPELINE and when != "always":
+        return
+    if any(name in f.name for f in module.functions
+           if f.name.startswith(SYMBOL_PREFIX) and not f.is_declaration):
+        os.abort()
 
 
 def _check_imports(obj: bytes, target: Target) -> None:

@@ -3,8 +3,8 @@
 LLVM's optimizer and code generator are most of an export's time. Exporting the same model
 again (another ``--batch-sizes``, a golden check turned back on, a test suite that exports the
 same small models many times) produces the same LLVM module, and LLVM is deterministic, so
-the object it writes is the same too. ``compile_prim_funcs`` looks the object up before running
-LLVM and stores it after, like ccache.
+the object it writes is the same too. ``build.compile_in_process`` looks the object up before
+running LLVM and stores it after, like ccache.
 
 Where: ``MLCPACK_CACHE_DIR`` when set (``off`` or empty: no cache), else
 ``$XDG_CACHE_HOME/mlcpack/objects`` (``~/.cache/mlcpack/objects`` without it); ``mlcpack export
@@ -15,16 +15,19 @@ back under ``LOW_WATER`` of the cap.
 
 The key is the SHA-256 of the module's LLVM IR text, the target (triple, CPU, features), the
 llvmlite and LLVM versions and ``PIPELINE`` (bump it whenever the optimization pipeline or
-the code-generation options in build.py change). An entry also carries the SHA-256 of its own
-contents: a damaged or truncated entry is a miss (and is rewritten), never a bundle built from
-it. Entries are written to a temporary file and renamed into place, so processes that share
-the directory (pytest-xdist workers, parallel exports) never read a half-written one. A cache
-that cannot be read or written only costs time: nothing here fails an export.
+the code-generation options in build.py change). An entry also records the kernels that
+needed a conservative pipeline (LLVM aborted on them; see ``codegen/parallel.py``) and
+carries the SHA-256 of its own contents: a damaged or truncated entry is a miss (and is
+rewritten), never a bundle built from it. Entries are written to a temporary file and renamed
+into place, so processes that share the directory (pytest-xdist workers, parallel exports)
+never read a half-written one. A cache that cannot be read or written only costs time:
+nothing here fails an export.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 import os
 import tempfile
@@ -47,7 +50,7 @@ STALE_TMP_SECONDS = 3600
 # The optimization pipeline and code-generation options of build.py, as a version: part of
 # every key, so entries written by an older pipeline are never used.
 PIPELINE = "O3+slp,pic,small,v1"
-_MAGIC = b"mlcpack-object-cache-1\n"
+_MAGIC = b"mlcpack-object-cache-2\n"
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 
 
@@ -112,35 +115,51 @@ def _path(directory: Path, key: str) -> Path:
     return directory / key[:2] / f"{key}.obj"
 
 
-def load(directory: Path, key: str) -> tuple[bytes, str] | None:
-    """The cached (object code, optimized IR text) for ``key``, or None when absent or damaged."""
+def load(directory: Path, key: str) -> tuple[bytes, str, list[dict]] | None:
+    """The cached (object code, optimized IR text, notes) for ``key``, or None when absent or
+    damaged. ``notes`` are dicts of strings ("kernel", "pipeline", "reason") and "serves" (a
+    list of strings): the kernels that LLVM aborted on under the default pipeline and the
+    pipeline that compiled each (``codegen/parallel.py``), so that a hit warns as the compile
+    did."""
     try:
         data = _path(directory, key).read_bytes()
     except OSError:
         return None
-    if not data.startswith(_MAGIC) or len(data) < len(_MAGIC) + 32 + 16:
+    if not data.startswith(_MAGIC) or len(data) < len(_MAGIC) + 32 + 24:
         return None
     body = data[len(_MAGIC) + 32:]
     if hashlib.sha256(body).digest() != data[len(_MAGIC):len(_MAGIC) + 32]:
         return None
-    obj_size = int.from_bytes(body[:8], "little")
-    ir_size = int.from_bytes(body[8:16], "little")
-    if 16 + obj_size + ir_size != len(body):
+    sizes = [int.from_bytes(body[i:i + 8], "little") for i in (0, 8, 16)]
+    if 24 + sum(sizes) != len(body):
         return None
-    obj = body[16:16 + obj_size]
+    obj = body[24:24 + sizes[0]]
     try:
-        ir_text = body[16 + obj_size:].decode()
-    except UnicodeDecodeError:
+        ir_text = body[24 + sizes[0]:24 + sizes[0] + sizes[1]].decode()
+        notes = json.loads(body[24 + sizes[0] + sizes[1]:].decode())
+    except (UnicodeDecodeError, ValueError):
+        return None
+    if not isinstance(notes, list) or not all(_is_note(n) for n in notes):
         return None
     _touch(_path(directory, key))
-    return obj, ir_text
+    return obj, ir_text, notes
 
 
-def store(directory: Path, key: str, obj: bytes, ir_text: str) -> None:
-    """Store an entry, then trim the cache to its cap (``trim``); a cache that cannot be
-    written is skipped silently (it only saves time)."""
+def _is_note(note: object) -> bool:
+    return isinstance(note, dict) and all(isinstance(note.get(k), str)
+                                          for k in ("kernel", "pipeline", "reason")) \
+        and isinstance(note.get("serves"), list) and all(isinstance(n, str)
+                                                         for n in note["serves"])
+
+
+def store(directory: Path, key: str, obj: bytes, ir_text: str,
+          notes: list[dict] | None = None) -> None:
+    """Store an entry (``notes``: see ``load``), then trim the cache to its cap (``trim``); a
+    cache that cannot be written is skipped silently (it only saves time)."""
     ir_bytes = ir_text.encode()
-    body = len(obj).to_bytes(8, "little") + len(ir_bytes).to_bytes(8, "little") + obj + ir_bytes
+    note_bytes = json.dumps(notes or []).encode()
+    body = b"".join([len(obj).to_bytes(8, "little"), len(ir_bytes).to_bytes(8, "little"),
+                     len(note_bytes).to_bytes(8, "little"), obj, ir_bytes, note_bytes])
     path = _path(directory, key)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -1,25 +1,49 @@
-"""Compiling one set of kernels for several targets (a fat bundle) in parallel processes.
+"""Compiling kernels in worker processes: every target's object in a worker of its own, in
+parallel where there are CPUs for it, and never in the exporting process.
 
-LLVM's optimizer and code generator dominate an export and run one target at a time in one
-process, so the default portable bundle (x86-64-v2 up to the host's level) would take about
-twice as long as a single-level one. Each extra target compiles in a forked worker, which
-inherits the kernels without pickling them and sends back only the object code; the first
-target compiles in this process meanwhile.
+LLVM's optimizer and code generator dominate an export, one target at a time per process, so a
+fat bundle (x86-64-v2 up to the host's level) compiles its targets side by side. And llvmlite's
+LLVM is built with assertions: a loop shape that trips one (seen: the loop vectorizer's "VPlan
+cost model and legacy cost model disagreed" for x86-64-v4) aborts the process that runs it. So
+each target compiles in a forked worker (which inherits the kernels without pickling them and
+sends back only its ``CompiledCode``), also when there is one target, and a worker that dies is
+one compile's failure, not the export's:
+
+1. find the kernels LLVM aborts on: a worker per CPU compiles a run of the module's kernels,
+   each alone, one after another, reporting each; a death names the kernel it was compiling,
+   and a fresh worker goes on after it (a fork per culprit, none per kernel);
+2. compile the whole module again, the culprits with the first of
+   ``build.CONSERVATIVE_PIPELINES`` (the loop vectorizer off): the object then carries them
+   (``build.Fallback``), and the export warns about each;
+3. if that dies too, compile each culprit alone with each conservative pipeline in turn (then
+   -O2 without vectorizers), and the whole module with the first that survives for each; a
+   culprit that none compiles is a ``KernelCompileError`` naming it.
+
+A worker writes its stderr (LLVM's assertion text) to a file this process reads, and never
+dumps core. Where ``fork`` does not exist, or in a daemonic process (which may not start
+processes), everything compiles in this process.
 """
 
 from __future__ import annotations
 
+import faulthandler
+import gc
 import multiprocessing
 import os
-from concurrent.futures import ProcessPoolExecutor
-from typing import Sequence
+import re
+import resource
+import signal
+import sys
+import tempfile
+from dataclasses import dataclass
+from multiprocessing.connection import wait
+from typing import Any, Callable, Sequence
 
 from ..ir.graph import PrimFunc
-from .build import CompiledCode, compile_prim_funcs
+from ..ir.structure import structural_key
+from .build import (CONSERVATIVE_PIPELINES, CompiledCode, Fallback, KernelCompileError,
+                    compile_in_process)
 from .target import Target
-
-# What a forked worker compiles: set just before the pool forks, read by _compile_one.
-_JOB: tuple[Sequence[PrimFunc], Sequence[Target], tuple[str, ...]] | None = None
 
 
 def _usable_cpus() -> int:
@@ -29,28 +53,232 @@ def _usable_cpus() -> int:
         return os.cpu_count() or 1
 
 
-def _compile_one(index: int) -> CompiledCode:
-    assert _JOB is not None
-    funcs, targets, size_vars = _JOB
-    return compile_prim_funcs(funcs, targets[index], size_vars)
+@dataclass
+class _Outcome:
+    """How a worker ended: ``value`` (its result), ``error`` (an exception it raised, raised
+    again here) or ``died`` (what LLVM said, or the signal); ``progress``: what it reported."""
+    value: Any = None
+    error: BaseException | None = None
+    died: str | None = None
+    progress: int = 0
+
+
+class _Worker:
+    """A forked process running ``fn(report, *args)``; ``report(n)`` tells this process how
+    far it got before it returns (or dies)."""
+
+    def __init__(self, fn: Callable[..., Any], args: tuple) -> None:
+        ctx = multiprocessing.get_context("fork")
+        self.conn, child_end = ctx.Pipe(duplex=False)
+        self.stderr = tempfile.TemporaryFile()
+        self.process = ctx.Process(target=_worker_main,
+                                   args=(child_end, self.stderr.fileno(), fn, args), daemon=True)
+        self.process.start()
+        child_end.close()
+        self.outcome = _Outcome()
+        self.finished = False
+
+    def receive(self) -> None:
+        """Take one message (the connection is ready); at the end, ``finished``."""
+        try:
+            kind, payload = self.conn.recv()
+        except (EOFError, OSError):
+            self._end(died=True)
+            return
+        except Exception as exc:  # noqa: BLE001  (a result that does not unpickle: a bug)
+            kind, payload = "error", RuntimeError(f"a compile worker's result is unreadable "
+                                                  f"({type(exc).__name__}: {exc})")
+        if kind == "progress":
+            self.outcome.progress = payload
+            return
+        if kind == "ok":
+            self.outcome.value = payload
+        else:
+            self.outcome.error = payload
+        self._end(died=False)
+
+    def _end(self, died: bool) -> None:
+        self.process.join()
+        self.conn.close()
+        self.stderr.seek(0)
+        text = self.stderr.read().decode(errors="replace")
+        self.stderr.close()
+        if died:
+            self.outcome.died = death_reason(text, self.process.exitcode)
+        elif text:   # a warning the worker printed: pass it on
+            sys.stderr.write(text)
+        self.finished = True
+
+    def kill(self) -> None:
+        if not self.finished:
+            self.process.kill()
+            self.process.join()
+            self.conn.close()
+            self.stderr.close()
+            self.finished = True
+
+
+def _worker_main(conn, stderr_fd: int, fn: Callable[..., Any], args: tuple) -> None:
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))   # an abort leaves no core file
+    faulthandler.disable()   # (pytest's) would print this process's Python stack on the abort
+    os.dup2(stderr_fd, 2)
+    try:
+        conn.send(("ok", fn(lambda n: conn.send(("progress", n)), *args)))
+    except BaseException as exc:  # noqa: BLE001  (every failure goes back to the parent)
+        try:
+            conn.send(("error", exc))
+        except Exception:  # noqa: BLE001  (an exception that does not pickle)
+            conn.send(("error", RuntimeError(f"{type(exc).__name__}: {exc}")))
+
+
+def death_reason(stderr: str, exitcode: int | None) -> str:
+    """What LLVM said before the worker died, in one line: an assertion's message, an
+    ``LLVM ERROR``, else the signal."""
+    found = re.findall(r'&& "\s*([^"]+)"\' failed', stderr) or \
+        re.findall(r"Assertion `(.{1,200}?)' failed", stderr) or \
+        re.findall(r"LLVM ERROR: (.{1,200})", stderr)
+    if found:
+        return " ".join(found[-1].split())
+    if exitcode is not None and exitcode < 0:
+        try:
+            return f"killed by {signal.Signals(-exitcode).name}"
+        except ValueError:
+            return f"killed by signal {-exitcode}"
+    return f"exited with status {exitcode} without a result"
+
+
+def _run(jobs: Sequence[tuple[Callable[..., Any], tuple]], at_once: int) -> list[_Outcome]:
+    """Run every job in a worker, ``at_once`` at a time; their outcomes in order."""
+    pending = list(enumerate(jobs))
+    running: dict[int, _Worker] = {}
+    outcomes: dict[int, _Outcome] = {}
+    # the workers' garbage collector then skips this process's objects, so it does not copy
+    # every page that holds one (copy-on-write) just to look at it
+    gc.freeze()
+    try:
+        while pending or running:
+            while pending and len(running) < at_once:
+                index, (fn, args) = pending.pop(0)
+                running[index] = _Worker(fn, args)
+            ready = wait([w.conn for w in running.values()])
+            for index, worker in list(running.items()):
+                if worker.conn in ready:
+                    worker.receive()
+                    if worker.finished:
+                        outcomes[index] = worker.outcome
+                        del running[index]
+    finally:
+        gc.unfreeze()
+        for worker in running.values():
+            worker.kill()
+    return [outcomes[i] for i in range(len(jobs))]
+
+
+def _compile_job(report, funcs, target, size_vars, fallbacks=()) -> CompiledCode:
+    return compile_in_process(funcs, target, size_vars, fallbacks)
+
+
+def compile_prim_funcs(funcs: Sequence[PrimFunc], target: Target,
+                       size_vars: tuple[str, ...] = ()) -> CompiledCode:
+    """Compile ``funcs`` into one object for ``target`` (``build.compile_in_process``) in a
+    worker process; kernel symbols are ``mlc_<name>``. ``size_vars`` (a symbolic module's size
+    variables, in the order of the runtime's sizes array) gives symbolic kernels their run-time
+    extents. A kernel LLVM aborts on is compiled with a conservative pipeline (the code's
+    ``fallbacks`` say which), or raises ``KernelCompileError``."""
+    return compile_for_targets(funcs, [target], size_vars)[0]
 
 
 def compile_for_targets(funcs: Sequence[PrimFunc], targets: Sequence[Target],
                         size_vars: tuple[str, ...] = ()) -> list[CompiledCode]:
-    """One ``CompiledCode`` per target, in order. Several targets compile in parallel on a
-    machine with more than one usable CPU where ``fork`` exists (``MLCPACK_PARALLEL_COMPILE=0``
-    turns it off); otherwise one after another."""
-    global _JOB
-    workers = min(len(targets) - 1, _usable_cpus() - 1)
-    parallel = workers > 0 and os.environ.get("MLCPACK_PARALLEL_COMPILE", "1") != "0" \
-        and "fork" in multiprocessing.get_all_start_methods()
-    if not parallel:
-        return [compile_prim_funcs(funcs, t, size_vars) for t in targets]
-    _JOB = (funcs, targets, size_vars)
-    try:
-        with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork")) as pool:
-            futures = [pool.submit(_compile_one, i) for i in range(1, len(targets))]
-            first = compile_prim_funcs(funcs, targets[0], size_vars)
-            return [first, *(f.result() for f in futures)]
-    finally:
-        _JOB = None
+    """One ``CompiledCode`` per target, in order, each compiled in a worker process; several at
+    once on a machine with more than one usable CPU (``MLCPACK_PARALLEL_COMPILE=0``: one at a
+    time). A kernel LLVM aborts on is compiled with a conservative pipeline (the code's
+    ``fallbacks`` say which), or raises ``KernelCompileError``. Without ``fork``, or in a
+    daemonic process (a multiprocessing pool's worker), everything compiles in this process."""
+    if "fork" not in multiprocessing.get_all_start_methods() \
+            or multiprocessing.current_process().daemon:   # a daemon may not start processes
+        return [compile_in_process(funcs, t, size_vars) for t in targets]
+    at_once = min(len(targets), _usable_cpus())
+    if os.environ.get("MLCPACK_PARALLEL_COMPILE", "1") == "0":
+        at_once = 1
+    outcomes = _run([(_compile_job, (funcs, t, size_vars)) for t in targets], max(at_once, 1))
+    for outcome in outcomes:
+        if outcome.error is not None:
+            raise outcome.error
+    return [o.value if o.died is None else _recover(funcs, t, size_vars, o.died)
+            for t, o in zip(targets, outcomes)]
+
+
+def _scan_job(report, kernels, target, size_vars) -> None:
+    """Compile ``kernels`` one at a time, each alone, reporting how many are done."""
+    for i, kernel in enumerate(kernels):
+        compile_in_process([kernel], target, size_vars, use_cache=False, thread_pool=False)
+        report(i + 1)
+
+
+def _find_culprits(kernels: Sequence[PrimFunc], target: Target, size_vars: tuple[str, ...]
+                   ) -> dict[str, str]:
+    """The kernels LLVM aborts on when each is compiled alone, and why: contiguous runs of
+    ``kernels`` scanned by parallel workers, a run that dies going on after its culprit."""
+    at_once = max(1, min(_usable_cpus(), len(kernels)))
+    step = -(-len(kernels) // at_once)
+    runs = [(lo, min(lo + step, len(kernels))) for lo in range(0, len(kernels), step)]
+    culprits: dict[str, str] = {}
+    while runs:
+        outcomes = _run([(_scan_job, (kernels[lo:hi], target, size_vars)) for lo, hi in runs],
+                        at_once)
+        again = []
+        for (lo, hi), outcome in zip(runs, outcomes):
+            if outcome.error is not None:
+                raise outcome.error
+            if outcome.died is not None:
+                culprit = lo + outcome.progress
+                culprits[kernels[culprit].name] = outcome.died
+                if culprit + 1 < hi:
+                    again.append((culprit + 1, hi))
+        runs = again
+    return culprits
+
+
+def _recover(funcs: Sequence[PrimFunc], target: Target, size_vars: tuple[str, ...],
+             reason: str) -> CompiledCode:
+    """The module's object when compiling it whole made a worker die (see the module doc)."""
+    groups: dict[object, list[PrimFunc]] = {}
+    for f in funcs:
+        groups.setdefault(structural_key(f), []).append(f)
+    members = {g[0].name: g for g in groups.values()}
+    culprits = _find_culprits([g[0] for g in groups.values()], target, size_vars)
+    if not culprits:   # every kernel compiles alone: give them all the conservative pipelines
+        culprits = {name: reason for name in members}
+    serves = {name: tuple(f.name for f in members[name]) for name in culprits}
+    # first try: every culprit with the first conservative pipeline, in one compile
+    fallbacks = [Fallback(name, serves[name], CONSERVATIVE_PIPELINES[0], why)
+                 for name, why in culprits.items()]
+    (outcome,) = _run([(_compile_job, (funcs, target, size_vars, fallbacks))], 1)
+    if outcome.error is not None:
+        raise outcome.error
+    if outcome.died is None:
+        return outcome.value
+    # else each culprit alone, with each conservative pipeline in turn
+    fallbacks, failed = [], []
+    for name, why in culprits.items():
+        for pipeline in CONSERVATIVE_PIPELINES:
+            fallback = Fallback(name, serves[name], pipeline, why)
+            (outcome,) = _run([(_compile_job, (members[name], target, size_vars,
+                                               [fallback]))], 1)
+            if outcome.error is not None:
+                raise outcome.error
+            if outcome.died is None:
+                fallbacks.append(fallback)
+                break
+        else:
+            failed.append(name)
+    if not failed:
+        (outcome,) = _run([(_compile_job, (funcs, target, size_vars, fallbacks))], 1)
+        if outcome.error is not None:
+            raise outcome.error
+        if outcome.died is None:
+            return outcome.value
+        failed = list(culprits)
+    raise KernelCompileError(failed, [n for name in failed for n in serves[name]], target.name,
+                             culprits[failed[0]])

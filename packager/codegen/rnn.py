@@ -237,8 +237,11 @@ class RecurrenceEmitter(KernelEmitter):
         half to even, the divisions exact (no reciprocal)."""
         b = self.builder
         zero, f255 = ir.Constant(F32, 0.0), ir.Constant(F32, 255.0)
-        fmin = intrinsic(self.module, "llvm.minnum.f32", F32, [F32, F32])
-        fmax = intrinsic(self.module, "llvm.maxnum.f32", F32, [F32, F32])
+        # minimumnum, not minnum: LLVM 22's loop vectorizer asserts ("VPlan cost model and
+        # legacy cost model disagreed") on a minnum/maxnum reduction without nnan for AVX-512
+        # at some trip counts (B * H = 63 here); the *num variants ignore NaN alike
+        fmin = intrinsic(self.module, "llvm.minimumnum.f32", F32, [F32, F32])
+        fmax = intrinsic(self.module, "llvm.maximumnum.f32", F32, [F32, F32])
         rnd = intrinsic(self.module, "llvm.roundeven.f32", F32, [F32])
         lo_p, hi_p = alloca_once(b, F32, "qlo"), alloca_once(b, F32, "qhi")
         b.store(zero, lo_p)
