@@ -174,8 +174,9 @@ def _run(jobs: Sequence[tuple[Callable[..., Any], tuple]], at_once: int) -> list
     return [outcomes[i] for i in range(len(jobs))]
 
 
-def _compile_job(report, funcs, target, size_vars, fallbacks=()) -> CompiledCode:
-    return compile_in_process(funcs, target, size_vars, fallbacks)
+def _compile_job(report, funcs, target, size_vars, fallbacks=(), use_cache=True
+                 ) -> CompiledCode:
+    return compile_in_process(funcs, target, size_vars, fallbacks, use_cache)
 
 
 def compile_prim_funcs(funcs: Sequence[PrimFunc], target: Target,
@@ -265,7 +266,7 @@ def _recover(funcs: Sequence[PrimFunc], target: Target, size_vars: tuple[str, ..
         for pipeline in CONSERVATIVE_PIPELINES:
             fallback = Fallback(name, serves[name], pipeline, why)
             (outcome,) = _run([(_compile_job, (members[name], target, size_vars,
-                                               [fallback]))], 1)
+                                               [fallback], False))], 1)
             if outcome.error is not None:
                 raise outcome.error
             if outcome.died is None:
