@@ -28,7 +28,8 @@ ROOT = Path(__file__).resolve().parent.parent
 def export_seconds(model: str, shapes: list[str], target: str | None, pythonpath: str | None,
                    out: Path) -> tuple[float, float]:
     """(wall seconds, CPU seconds of the command and the workers it waited for)."""
-    env = {k: v for k, v in os.environ.items() if k not in ("MLCPACK_CACHE_DIR", "PYTHONPATH")}
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["MLCPACK_CACHE_DIR"] = ""   # no compile cache, in older checkouts too (empty: off)
     if pythonpath:
         env["PYTHONPATH"] = pythonpath
     cmd = [sys.executable, "-m", "mlcpack.packager.cli", "export", model, "-o", str(out),
