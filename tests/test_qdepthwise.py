@@ -20,7 +20,7 @@ from onnx import helper as h
 import quant_models as qm
 from helpers import build_op_module, compile_and_run, ort_outputs
 from mlcpack.frontends.onnx import import_onnx
-from mlcpack.packager.codegen.build import compile_prim_funcs
+from mlcpack.packager.codegen.parallel import compile_prim_funcs
 from mlcpack.packager.codegen.target import resolve_target
 from mlcpack.packager.export import ExportOptions, export_module
 from mlcpack.packager.ir.graph import PrimFunc
