@@ -212,3 +212,21 @@ def test_ray_worker_refuses_wrong_bytes_and_ships_paths(ray_local, bundle, folde
     ds = ray_local.data.from_items([{"path": str(f)} for f in files])
     rows = predict(ds, bundle, ship="path", batch_size=8).take_all()
     assert [r["label"] for r in rows] == [v[0] for v in expected(bundle, files).values()]
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".csv"])
+def test_resume_keeps_one_result_per_input_in_order(bundle, folder, tmp_path, suffix):
+    """A failed input runs again on each --resume and replaces its old line: however often the
+    run is resumed, the file has one line per input, in input order."""
+    files = [str(f) for f in sorted(folder.rglob("*.png"))]
+    out = tmp_path / f"r{suffix}"
+    rc, _, _ = run(bundle, [folder], dict(output=out))
+    first = out.read_text()
+    for _ in range(3):
+        rc, _, warns = run(bundle, [folder], dict(output=out, resume=True))
+        assert rc == 7 and "20 already in" in warns[0] and "0 of 1 input(s) done" in warns[0]
+        assert out.read_text() == first
+    lines = first.splitlines()[1:] if suffix == ".csv" else first.splitlines()
+    paths = [next(csv.reader([t]))[0] for t in lines] if suffix == ".csv" else \
+        [json.loads(t)["path"] for t in lines]
+    assert paths == files
