@@ -173,6 +173,45 @@ def _mismatch(path: str, img: Any, pre: dict[str, Any]) -> tuple[str, str] | Non
             "--strict refuses to resize or convert it (drop --strict to accept that)")
 
 
+def _wide_range(img: Any, values: np.ndarray) -> float:
+    """The value that means full white in a greyscale image wider than 8 bits: 65535 for the
+    integer modes (16-bit PNG/TIFF; Pillow reads some as ``I``), 1.0 for a float image whose
+    values all lie in [0, 1], else 255 (Pillow's own scale for ``F``)."""
+    if img.mode != "F":
+        return 65535.0
+    finite = values[np.isfinite(values)]
+    inside = finite.size and finite.min() >= 0 and finite.max() <= 1
+    return 1.0 if inside else 255.0
+
+
+def pixels(img: Any, color: str, size: tuple[int, int]) -> np.ndarray:
+    """``img`` (any Pillow mode) as float32 (H, W, channels) on the 8-bit scale, 0..255, in
+    ``color`` (``L``: 1 channel, ``RGB``: 3) at ``size`` (H, W), resized bilinearly.
+
+    Modes of 8 bits per channel (1, L, LA, P, PA, RGB, RGBA, CMYK, YCbCr...) convert with
+    Pillow (alpha dropped). Wider greyscale modes (I;16*, I, F) are scaled to 0..255 by their
+    range (``_wide_range``), never clipped at 255 as Pillow's own conversion does, and the
+    grey channel is repeated for a colour input."""
+    from PIL import Image
+
+    h, w = size
+    if img.mode.startswith("I") or img.mode == "F":
+        values = np.asarray(img, dtype=np.float64)
+        grey = np.clip(values * (255.0 / _wide_range(img, values)), 0, 255).astype(np.float32)
+        wide = Image.fromarray(grey) if grey.ndim == 2 else None
+        if wide is None:
+            raise ValueError(f"image mode {img.mode} with shape {grey.shape}")
+        if wide.size != (w, h):
+            wide = wide.resize((w, h), Image.BILINEAR)
+        arr = np.asarray(wide, dtype=np.float32)[:, :, None]
+        return np.repeat(arr, COLORS[color], axis=2)
+    img = img.convert(color)
+    if img.size != (w, h):
+        img = img.resize((w, h), Image.BILINEAR)
+    arr = np.asarray(img, dtype=np.float32)
+    return arr[:, :, None] if arr.ndim == 2 else arr
+
+
 def load_image(path: str, pre: dict[str, Any], spec: TensorSpec,
                note: Callable[[str], None] | None = None, strict: bool = False) -> np.ndarray:
     """Decode the image at ``path`` and prepare it as ``pre`` says. An image whose size or
@@ -191,20 +230,9 @@ def load_image(path: str, pre: dict[str, Any], spec: TensorSpec,
                 raise InputError(changed[1])
             if changed and note is not None:
                 note(f"note: {changed[0]}")
-            color = pre.get("color", "RGB")
-            if img.mode in ("I;16", "I;16B", "I;16L", "I") and color == "L":
-                # 16-bit grayscale: scale to 8 bits so the recorded scale (1/255) still applies.
-                arr16 = np.asarray(img, dtype=np.float64)
-                img = Image.fromarray((arr16 / max(arr16.max(), 1) * 255).astype(np.uint8))
-            h, w = _target_size(img, pre)
-            img = img.convert(color)
-            if img.size != (w, h):
-                img = img.resize((w, h), Image.BILINEAR)
-            arr = np.asarray(img, dtype=np.float32)
+            arr = pixels(img, pre.get("color", "RGB"), _target_size(img, pre))
     except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as exc:
         raise InputError(f"{path} is not a readable image ({exc})") from None
-    if arr.ndim == 2:
-        arr = arr[:, :, None]
     arr = arr * np.float32(pre.get("scale", 1.0))
     mean = np.asarray(pre.get("mean", [0.0]), dtype=np.float32)
     std = np.asarray(pre.get("std", [1.0]), dtype=np.float32)
