@@ -122,17 +122,18 @@ def check_files(paths: Iterable[str | os.PathLike], what: str) -> None:
 
 # ---- infer -----------------------------------------------------------------------------------------
 
-def result_rows(model: Any, feeds: dict[str, np.ndarray], first: np.ndarray
-                ) -> tuple[np.ndarray, bool]:
+def result_rows(model: Any, feeds: dict[str, np.ndarray], first: np.ndarray,
+                image: bool = False) -> tuple[np.ndarray, bool]:
     """The first output as (rows, values per row), and whether the input was a batch.
 
     A dynamic-batch bundle's outputs have the batch first, so each row is one result; so does a
     fixed-shape output whose first dim is the first input's (> 1). Anything else is one result
     (the whole output, flattened): ranking the scores of two images together gave labels past
-    the last class."""
+    the last class. One ``image`` is never a batch: it prints as the same one result whatever
+    kind of bundle runs it."""
     name = model.outputs[0].name
     if model.batch is not None and name in model.batch.outputs:
-        return first.reshape(first.shape[0], -1), True
+        return first.reshape(first.shape[0], -1), not (image and first.shape[0] == 1)
     x = feeds[model.inputs[0].name]
     if first.ndim >= 2 and np.ndim(x) >= 1 and first.shape[0] == np.shape(x)[0] > 1:
         return first.reshape(first.shape[0], -1), True
@@ -216,7 +217,8 @@ def infer(bundle: str | os.PathLike, inputs: Sequence[str | os.PathLike], *, top
                  for s, p in zip(model.inputs, inputs)}
         outputs = _run(model, feeds)
         first = outputs[model.outputs[0].name]
-        rows, batched = result_rows(model, feeds, first)
+        image = not os.fspath(inputs[0]).lower().endswith(".npy")
+        rows, batched = result_rows(model, feeds, first, image)
         tops = [top_k_of(row, top_k, model.labels) for row in rows]
     bad = int(np.size(first) - np.count_nonzero(np.isfinite(first))) if first.dtype.kind == "f" \
         else 0

@@ -102,9 +102,10 @@ def records_from_outputs(model: Any, paths: Sequence[str], outputs: dict[str, np
     recs = []
     for i, p in enumerate(paths):
         if model.batch is not None:
-            row = {k: v[i] for k, v in outputs.items()}
-        else:
-            row = outputs
+            row = {k: v[i] if k in model.batch.outputs else v for k, v in outputs.items()}
+        else:   # one input ran alone: its batch of one is dropped, as a batch plan's row is
+            row = {k: v[0] if np.ndim(v) >= 1 and np.shape(v)[0] == 1 else v
+                   for k, v in outputs.items()}
         if classifier:
             first = np.asarray(row[model.outputs[0].name]).reshape(-1)
             recs.append({"path": p, "top_k": top_k_of(first, top_k, model.labels)})
