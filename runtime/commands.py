@@ -181,7 +181,8 @@ def infer(bundle: str | os.PathLike, inputs: Sequence[str | os.PathLike], *, top
     (``strict``: refused, exit 7); non-finite outputs a ``warning:`` line (and, with
     ``as_json``, a count under "non_finite").
 
-    Many inputs (folders, globs, or any of ``output``, ``resume``, ``ray``): ``many.infer_many``, one result per input in input order."""
+    Many inputs (folders, globs, or any of ``output``, ``resume``, ``ray``):
+    ``many.infer_many``, one result per input in input order."""
     from .many import infer_many, is_many
     from .model import load
     from .preprocess import load_input

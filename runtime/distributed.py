@@ -144,8 +144,9 @@ def run_paths(bundle: str | os.PathLike, paths: Sequence[str], *, address: str |
             recs = []
             for i, p in enumerate(b["path"]):
                 p = back.get(str(p), str(p))
-                if b["error"][i]:
-                    recs.append({"path": p, "error": str(b["error"][i])})
+                if b["error"][i]:   # named as given, as the local run names it
+                    error = str(b["error"][i]).replace(os.path.abspath(p), p)
+                    recs.append({"path": p, "error": error})
                 elif json.loads(str(b["top_k"][i])):
                     recs.append({"path": p, "top_k": json.loads(str(b["top_k"][i]))})
                 else:

@@ -18,7 +18,7 @@ import numpy as np
 
 from . import cpu, elf, library, vm
 from .bundle import STORAGE_DTYPES, BundleReader, nbytes_of, storage_dtype
-from .errors import BundleError, InputError
+from .errors import BundleError, InputError, UsageError
 from .header import (ARENA, CONST, OP_CALL_KERNEL, Header, IORow, KernelRow, LibraryCall, Plan,
                      TensorRow)
 
@@ -132,11 +132,30 @@ def _as_stored(spec: TensorSpec, value: np.ndarray) -> np.ndarray:
 
 
 def _threads_from_env() -> int:
-    value = os.environ.get("MLCPACK_NUM_THREADS", "1")
-    try:
-        return max(1, int(value))
-    except ValueError:
+    """``MLCPACK_NUM_THREADS`` (unset or empty: 1); any value but a whole number >= 1 is
+    refused in one line, never taken silently as 1."""
+    value = os.environ.get("MLCPACK_NUM_THREADS", "").strip()
+    if not value:
         return 1
+    try:
+        threads = int(value)
+    except ValueError:
+        threads = 0
+    if threads < 1:
+        raise UsageError(f"MLCPACK_NUM_THREADS={value!r}: give a whole number >= 1 (the "
+                         "threads parallel kernels run on), or unset it for 1")
+    return threads
+
+
+def checked_threads(threads: int | None) -> int:
+    """``threads`` as given to ``load`` or ``session`` (None: ``MLCPACK_NUM_THREADS`` or 1);
+    anything but a whole number >= 1 is a ``UsageError``."""
+    if threads is None:
+        return _threads_from_env()
+    if isinstance(threads, bool) or not isinstance(threads, (int, np.integer)) or threads < 1:
+        raise UsageError(f"threads={threads!r}: give a whole number >= 1 (or leave it out: "
+                         "MLCPACK_NUM_THREADS or 1)")
+    return int(threads)
 
 
 class Model:
@@ -148,6 +167,7 @@ class Model:
     def __init__(self, path: str | os.PathLike, *, verify: bool = True,
                  library_functions: Mapping[str, library.LibraryFunction] | None = None,
                  threads: int | None = None, trusted_keys: Iterable[Any] | None = None) -> None:
+        threads = checked_threads(threads)   # a bad value is refused before the file is read
         self._reader = BundleReader(path, verify=verify)
         self._image: elf.CodeImage | None = None
         self._executor: vm.Executor | None = None
@@ -166,7 +186,7 @@ class Model:
             if trusted_keys is not None:  # before anything in the bundle is used
                 from .signing import check_signature
                 self.signed_by = check_signature(self._reader, trusted_keys)
-            self._load(library_functions, threads or _threads_from_env())
+            self._load(library_functions, threads)
         except BaseException:
             self.close()
             raise
@@ -491,7 +511,8 @@ class Model:
                              "it yet; use model.run (calls take turns)")
         if self._executor is None:
             raise InputError(f"{self.name} is closed")
-        session = Session(self, self._instantiate(threads or self._threads))
+        threads = self._threads if threads is None else checked_threads(threads)
+        session = Session(self, self._instantiate(threads))
         self._sessions.add(session)
         return session
 
