@@ -114,13 +114,13 @@ def run_paths(bundle: str | os.PathLike, paths: Sequence[str], *, address: str |
     one when None), yielding ``many``'s records in input order."""
     import json
 
-    from .errors import MlcpackError
+    from .errors import MlcpackError, install_hint
 
     try:
         import ray
         import ray.data
     except ImportError:
-        raise MlcpackError("--ray needs Ray: pip install 'mlcpack[ray]'") from None
+        raise MlcpackError(f"--ray needs Ray: {install_hint('ray')}") from None
     import logging
 
     logging.getLogger("ray.data").setLevel(logging.ERROR)

@@ -5,6 +5,19 @@ process exit status; the message is one line that names the thing and the fix.
 """
 
 
+def install_hint(extra: str) -> str:
+    """``pip install 'DIST[extra]'`` naming the distribution installed here: ``mlcpack`` when
+    the compiler is importable, else the runtime's own, ``mlcpack-runtime``, which must not be
+    installed beside the compiler."""
+    from importlib.util import find_spec
+
+    try:
+        compiler = find_spec("mlcpack.packager") is not None
+    except (ImportError, ValueError):
+        compiler = False
+    return f"pip install '{'mlcpack' if compiler else 'mlcpack-runtime'}[{extra}]'"
+
+
 class MlcpackError(Exception):
     """Base of every error mlcpack raises on purpose (bad input, refused bundle...)."""
 
