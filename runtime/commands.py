@@ -22,7 +22,7 @@ import numpy as np
 
 from .errors import InputError, MlcpackError, UsageError  # noqa: F401 (UsageError: re-exported)
 from .profile import Profile, sources_text
-from .results import _probabilities, top_k_of  # noqa: F401 (re-exported)
+from .results import _probabilities, is_vector, summary_of, summary_text, top_k_of  # noqa: F401
 
 EXIT_INTERNAL = 70
 
@@ -214,7 +214,7 @@ def infer(bundle: str | os.PathLike, inputs: Sequence[str | os.PathLike], *, top
             raise InputError(f"{model.name} takes {len(model.inputs)} input(s) "
                              f"({', '.join(s.name for s in model.inputs)}); got {len(inputs)}"
                              + hint)
-        feeds = {s.name: load_input(p, s, model.preprocess, note=warn, strict=strict)
+        feeds = {s.name: load_input(p, s, model.preprocess, note=warn, strict=strict, model=model)
                  for s, p in zip(model.inputs, inputs)}
         outputs = _run(model, feeds)
         first = outputs[model.outputs[0].name]
@@ -226,6 +226,19 @@ def infer(bundle: str | os.PathLike, inputs: Sequence[str | os.PathLike], *, top
     if bad:
         warn(f"warning: output {model.outputs[0].name!r} has {bad} non-finite value(s) "
              "(NaN or inf): check the input")
+    if not model.labels and not is_vector(first.shape):   # a map, not scores: summarize
+        summaries = [summary_of(k, v) for k, v in outputs.items()]
+        name = os.path.basename(os.fspath(inputs[0]))
+        if as_json:
+            echo(json.dumps({"bundle": os.fspath(bundle),
+                             "inputs": [os.fspath(p) for p in inputs],
+                             "outputs": {k: v.tolist() for k, v in outputs.items()},
+                             "summary": summaries, "non_finite": bad}))
+        else:
+            echo("\n".join([f"{name}: {len(summaries)} output(s), not class scores "
+                             "(--json or -o FILE.npz for the values)"]
+                            + [summary_text(d) for d in summaries]))
+        return
     if as_json:
         doc: dict[str, Any] = {"bundle": os.fspath(bundle), "inputs": [os.fspath(p) for p in inputs],
                                "outputs": {k: v.tolist() for k, v in outputs.items()},

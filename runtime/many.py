@@ -78,7 +78,8 @@ def decode(model: Any, path: str, strict: bool = False) -> np.ndarray:
     from .preprocess import load_input
 
     spec = model.inputs[0]
-    x = load_input(path, spec, model.preprocess, note=lambda _m: None, strict=strict)
+    x = load_input(path, spec, model.preprocess, note=lambda _m: None, strict=strict,
+                   model=model)
     want = spec.shape[1:] if model.batch is not None else spec.shape
     if model.batch is not None:
         if tuple(np.shape(x)) == tuple(want):
