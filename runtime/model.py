@@ -191,7 +191,7 @@ class Model:
             self.close()
             raise
         # model.run and model.profile take turns in one arena
-        self._lock = self._main._lock if self._symbolic is None else threading.Lock()
+        self._lock = self._main._lock if self._symbolic is None else self._symbolic_main._lock
 
     @property
     def has_parallel_kernels(self) -> bool:
@@ -221,8 +221,12 @@ class Model:
             self.inputs, self.outputs = self._symbolic.inputs, self._symbolic.outputs
             self._input_names = frozenset(s.name for s in self.inputs)
             self.num_instructions = len(self._symbolic.program)
+            self._threads = threads
             if schema.specialized:   # --batch-sizes: static plans for exact shapes
                 self._load_specialized(schema.specialized, constants, library_functions, threads)
+            from .symbolic_session import SymbolicSession
+            self._symbolic_main = SymbolicSession(self, self._symbolic, self._specialized,
+                                                  main=True)
             return
         # A dynamic-batch bundle (format 1.1) holds one plan per batch size; an older bundle is
         # one plan, the header itself.
@@ -271,11 +275,9 @@ class Model:
         self._recipes = self._make_recipes(rows, metas, chosen, library_functions)
         self._constant_arrays = constants
         self._threads = threads
-        plans = self._instantiate(threads)
-        for plan, row in zip(plans, rows):
-            plan.batch = row.batch
+        self._specialized = self._specialized_plans(threads)
+        plans = list(self._specialized.values())
         self._executors = [p.executor for p in plans]
-        self._specialized = {tuple(s.shape for s in p.inputs): p for p in plans}
         self._specialized_dtypes = [storage_dtype(s.dtype) for s in self.inputs]
         self.specialized_batches = sizes = tuple(p.batch for p in plans)
         # Shown and fed as a dynamic-batch bundle's (`infer` sizes images and batches by it):
@@ -290,6 +292,13 @@ class Model:
                                                else None) for t in first.inputs]
             self.outputs = [dataclasses.replace(t, batch_sizes=sizes if t.name in batched[1]
                                                 else None) for t in first.outputs]
+
+    def _specialized_plans(self, threads: int) -> dict[tuple, _Plan]:
+        """The static plans of a symbolic bundle over a new arena, by their inputs' shapes."""
+        plans = self._instantiate(threads)
+        for plan, row in zip(plans, self.schema.specialized):
+            plan.batch = row.batch
+        return {tuple(s.shape for s in p.inputs): p for p in plans}
 
     def _make_recipes(self, rows: Sequence[Plan], metas: list, chosen: list,
                       library_functions: Mapping[str, Any] | None) -> list[_Recipe]:
@@ -468,50 +477,38 @@ class Model:
 
     def _run_symbolic(self, feeds: Mapping[str, Any], outputs: Sequence[str] | None,
                       out: Mapping[str, np.ndarray] | None) -> dict[str, np.ndarray]:
-        """``run`` for a symbolic bundle (runtime/symbolic.py); ``out`` is not supported yet."""
-        if out:
-            raise InputError(f"{self.name} has symbolic shapes: run(out=...) is not supported "
-                             "for it yet")
-        if type(feeds) is not dict or feeds.keys() != self._input_names:
-            self._check_feed_names(feeds)
-        plan = self._specialized_plan(feeds) if self._specialized else None
-        with self._lock:
-            if plan is not None:   # as Session.run: large inputs are read where they lie
-                for (spec, view, _, binding) in plan.feeds:
-                    if binding is None:
-                        np.copyto(view, feeds[spec.name])
-                    else:
-                        binding.feed(view, feeds[spec.name], INPLACE_MIN_BYTES)
-                plan.executor.run()
-                result = {name: view.copy() for name, view in plan.output_views}
-                self.last_plan = f"batch {plan.batch}"
-            else:
-                result = self._symbolic.run(feeds, INPLACE_MIN_BYTES)
-                self.last_plan = "symbolic"
-        if outputs is None:
-            return result
-        return {name: result[name] for name in self._selected_outputs(outputs, None)}
+        """``run`` for a symbolic bundle: the model's own session (runtime/symbolic_session.py)."""
+        return self._symbolic_main.run(feeds, outputs, out)
 
-    def _specialized_plan(self, feeds: Mapping[str, Any]) -> _Plan | None:
-        """The static plan whose inputs have exactly the fed arrays' shapes (and dtypes)."""
+    def _specialized_plan(self, feeds: Mapping[str, Any], plans: dict | None = None
+                          ) -> _Plan | None:
+        """The static plan of ``plans`` (default: the model's) whose inputs have exactly the
+        fed arrays' shapes (and dtypes)."""
+        plans = self._specialized if plans is None else plans
         key = []
         for spec, dtype in zip(self.inputs, self._specialized_dtypes):
             value = feeds[spec.name]
             if type(value) is not np.ndarray or value.dtype != dtype:
                 return None
             key.append(value.shape)
-        return self._specialized.get(tuple(key))
+        return plans.get(tuple(key))
 
-    def session(self, threads: int | None = None) -> Session:
+    def session(self, threads: int | None = None) -> Any:
         """A ``Session``: this model with an arena (and thread pool) of its own, so several
         sessions run at the same time from different threads. They share the mapped code and
-        the weights (never copied); each holds only its arena, the model's working memory."""
+        the weights (never copied); each holds only its arena, the model's working memory.
+        Every bundle kind has them: fixed shapes and batch plans (``Session``), symbolic shapes,
+        bounded or not, with or without batch plans (``symbolic_session.SymbolicSession``:
+        its own plans per shape)."""
+        threads = self._threads if threads is None else checked_threads(threads)
         if self._symbolic is not None:
-            raise InputError(f"{self.name} has symbolic shapes: sessions are not supported for "
-                             "it yet; use model.run (calls take turns)")
+            from .symbolic_session import SymbolicSession
+            plans = self._specialized_plans(threads) if self._specialized else {}
+            symbolic = SymbolicSession(self, self._symbolic.fork(threads), plans)
+            self._sessions.add(symbolic)
+            return symbolic
         if self._executor is None:
             raise InputError(f"{self.name} is closed")
-        threads = self._threads if threads is None else checked_threads(threads)
         session = Session(self, self._instantiate(threads))
         self._sessions.add(session)
         return session
