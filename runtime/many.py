@@ -296,6 +296,13 @@ class ResultWriter:
             ok = [r for r in self.npz if "outputs" in r]
             if not ok:
                 continue
+            if len({np.shape(r["outputs"][k]) for r in ok}) > 1:
+                # open sizes: each input's output has its own shape, so one array per input,
+                # NAME_i for the i-th input (none for a failed one)
+                for i, r in enumerate(self.npz):
+                    if "outputs" in r:
+                        arrays[f"{k}_{i}"] = np.asarray(r["outputs"][k])
+                continue
             proto = np.asarray(ok[0]["outputs"][k])
             stack = np.zeros((len(self.npz), *proto.shape), dtype=np.float64 if
                              proto.dtype.kind == "f" else proto.dtype)

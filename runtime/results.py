@@ -45,7 +45,9 @@ def summary_of(name: str, array: np.ndarray) -> dict[str, Any]:
     values = np.asarray(array)
     finite = values[np.isfinite(values)] if values.dtype.kind == "f" else values.reshape(-1)
     doc: dict[str, Any] = {"name": name, "shape": list(values.shape), "dtype": str(values.dtype)}
-    if finite.size:
+    if values.size == 1:   # one number (a VAD's probability, a regression): the number itself
+        doc["value"] = values.reshape(-1)[0].item()
+    elif finite.size:
         doc.update(min=float(finite.min()), max=float(finite.max()),
                    mean=float(finite.astype(np.float64).mean()))
     if values.ndim == 4 and 2 <= values.shape[1] <= 1024 and finite.size == values.size:
@@ -60,7 +62,9 @@ def summary_text(doc: dict[str, Any]) -> str:
     """One line for ``summary_of``'s record."""
     shape = "(" + ", ".join(map(str, doc["shape"])) + ")"
     text = f"  {doc['name']} {shape} {doc['dtype']}"
-    if "min" in doc:
+    if "value" in doc:
+        text += f" = {doc['value']:.6g}"
+    elif "min" in doc:
         text += f": min {doc['min']:.4g}, max {doc['max']:.4g}, mean {doc['mean']:.4g}"
     if doc.get("argmax"):
         text += "; argmax over axis 1: " + ", ".join(

@@ -41,7 +41,7 @@ def _ok(checks: list, env: dict[str, int]) -> str | None:
         av, bv = evaluate(a, env), evaluate(b, env)
         if not (av == bv if op == "eq" else av <= bv):
             broken.append(str(text))
-    return "; ".join(broken) if broken else None
+    return "; ".join(dict.fromkeys(broken)) if broken else None
 
 
 def _nearest(var: str, start: int, env: dict[str, int], checks: list, top: int | None

@@ -100,3 +100,30 @@ def test_input_size_on_open_sizes(dense, run_cli, one_line_error):
     assert one_line_error(proc).endswith("does not fit input 'x' (1, 3, 48, W) (NCHW): its "
                                          "height is 48: --input-size 48xW for any width W")
     assert not (dense / "h48.mlc").exists()
+
+
+def test_summary_of_one_number_and_of_a_map():
+    from mlcpack.runtime.results import summary_of, summary_text
+
+    one = summary_of("p", np.array([[0.25]], np.float32))
+    assert one["value"] == 0.25 and summary_text(one) == "  p (1, 1) float32 = 0.25"
+    seg = np.zeros((1, 3, 2, 2), np.float32)
+    seg[0, 2, :, 1] = 1   # channel 2 wins half the pixels, channel 0 (ties: the first) the rest
+    doc = summary_of("seg", seg)
+    assert doc["argmax"] == [{"index": 0, "share": 0.5}, {"index": 2, "share": 0.5}]
+    assert summary_text(doc) == ("  seg (1, 3, 2, 2) float32: min 0, max 1, mean 0.1667; argmax "
+                                 "over axis 1: 0 50.0 %, 2 50.0 %")
+
+
+def test_npz_of_images_of_several_sizes(dense, run_cli):
+    """Outputs whose shapes differ between inputs are stored one array per input (stacking
+    them was an internal error, exit 70)."""
+    Image.new("RGB", (20, 12), (200, 30, 60)).save(dense / "small.png")
+    out = dense / "r.npz"
+    proc = run_cli("infer", dense / "dense.mlc", dense / "img.png", dense / "small.png", "-o",
+                   out)
+    assert proc.returncode == 0, proc.stderr
+    d = np.load(out)
+    assert sorted(d.files) == ["error", "path", "y_0", "y_1"]
+    assert d["y_0"].shape == (3, 32, 44) and d["y_1"].shape == (3, 12, 20)
+    assert list(d["path"]) == [str(dense / "img.png"), str(dense / "small.png")]
