@@ -8,7 +8,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .errors import InputError
+from .errors import InputError, install_hint
 from .model import TensorSpec
 
 Fit = Callable[[int, int], tuple[int, int, str]]
@@ -244,8 +244,8 @@ def load_image(path: str, pre: dict[str, Any], spec: TensorSpec,
     try:
         from PIL import Image, UnidentifiedImageError
     except ImportError:
-        raise InputError("reading images needs Pillow (pip install 'mlcpack-runtime[images]', "
-                         "or pip install Pillow); or pass a .npy tensor") from None
+        raise InputError(f"reading images needs Pillow: {install_hint('images')}; or pass a "
+                         ".npy tensor") from None
     try:
         with Image.open(path) as img:
             img.load()

@@ -255,4 +255,8 @@ def test_runtime_only_install(wheel: Path, blocked_env, tmp_path, cases) -> None
                            str(image), "--trusted-key", str(key)], capture_output=True,
                           text=True, env=env, timeout=60)
     assert proc.returncode == 12, proc.stderr
-    assert "pip install 'mlcpack-runtime[sign]'" in proc.stderr, proc.stderr
+    assert "pip install 'cryptography>=42' (the runtime's [sign] extra)" in proc.stderr, \
+        proc.stderr
+    # the hint's package is the extra's
+    text = (ROOT / "runtime" / "pyproject.toml").read_text()
+    assert 'sign = ["cryptography>=42"]' in text and 'ray = ["ray[data]==2.40.0"]' in text
