@@ -517,6 +517,13 @@ class SymbolicRunner:
             self._plans.move_to_end(key)
         return plan
 
+    @property
+    def held_bytes(self) -> int:
+        """The arena bytes this runner holds now: the bounded arena, or its cached plans'."""
+        if self._bound is not None:
+            return int(self._bound.arena.nbytes)
+        return sum(int(p.arena_bytes) for p in self._plans.values())
+
     def fork(self, threads: int) -> SymbolicRunner:
         """A runner for a ``model.session()``: this one's mapped code, constants and decoded
         program, shared; plans (arenas, executors, worker threads) of its own, on ``threads``."""

@@ -43,12 +43,7 @@ class SymbolicSession:
         """The working memory this session holds now: its static plans' arena and the arenas
         of the shapes it has run (the weights are the model's, shared)."""
         static = max((int(p.arena.nbytes) for p in self._specialized.values()), default=0)
-        runner = self._runner
-        if runner is None:
-            return static
-        if runner._bound is not None:
-            return static + int(runner._bound.arena.nbytes)
-        return static + sum(int(p.arena_bytes) for p in runner._plans.values())
+        return static + (self._runner.held_bytes if self._runner is not None else 0)
 
     def run(self, feeds: Mapping[str, Any], outputs: Sequence[str] | None = None,
             out: Mapping[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:

@@ -113,3 +113,14 @@ def test_run_out_on_every_kind(bundles, kind):
                     runner.run(f, out={name: wrong})
                 with pytest.raises(InputError, match="float64"):
                     runner.run(f, out={name: buf.astype(np.float64)})
+
+
+def test_a_symbolic_session_holds_its_own_arenas(bundles):
+    with load(bundles["symbolic"]) as model, model.session() as session:
+        assert session.arena_bytes == 0   # nothing planned yet
+        session.run(_feeds(model, "symbolic", 1)[0])
+        one = session.arena_bytes
+        assert one > 0
+        session.run(_feeds(model, "symbolic", 2)[1])   # another shape: another plan
+        assert session.arena_bytes > one
+        assert session.last_plan == "symbolic"
