@@ -101,3 +101,23 @@ def image_size_fitter(model: Any, spec: Any, layout: str) -> Fit | None:
                          f"({broken}); resize the image to a size it takes, or pass a .npy")
 
     return fit
+
+
+def smallest_shapes(model: Any) -> dict[str, tuple[int, ...]] | None:
+    """Each input's shape at the smallest sizes a symbolic bundle's relations allow (every size
+    variable from 1 up, within ``SEARCH``), or None when there is none to find that way."""
+    sym = getattr(getattr(model, "schema", None), "symbolic", None)
+    if sym is None:
+        return None
+    checks = [(op, _record(a), _record(b), text) for op, a, b, text in (sym.checks or ())]
+    bound = dict(sym.bound.sizes) if sym.bound is not None else {}
+    env = {v: 1 for v in sym.vars}
+    for v in sym.vars:
+        own = [c for c in checks if _names(c[1]) | _names(c[2]) == {v}]
+        value = _nearest(v, 1, env, own, bound.get(v))
+        if value is None:
+            return None
+        env[v] = value
+    if _ok(checks, env) is not None:
+        return None
+    return {s.name: tuple(evaluate(_record(d), env) for d in s.shape) for s in model.inputs}

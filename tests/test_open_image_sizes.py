@@ -127,3 +127,12 @@ def test_npz_of_images_of_several_sizes(dense, run_cli):
     assert sorted(d.files) == ["error", "path", "y_0", "y_1"]
     assert d["y_0"].shape == (3, 32, 44) and d["y_1"].shape == (3, 12, 20)
     assert list(d["path"]) == [str(dense / "img.png"), str(dense / "small.png")]
+
+
+def test_bench_suggests_sizes_the_model_takes(dense, run_cli, one_line_error):
+    proc = run_cli("bench", dense / "dense.mlc", "--runs", "3")
+    assert proc.returncode == 7
+    assert one_line_error(proc).endswith("give the input sizes with --shape NAME=DIMS, e.g. "
+                                         "--shape x=1,3,4,4 (the smallest sizes it takes)")
+    proc = run_cli("bench", dense / "dense.mlc", "--runs", "3", "--shape", "x=1,3,4,4")
+    assert proc.returncode == 0, proc.stderr
