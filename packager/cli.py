@@ -686,7 +686,11 @@ def bare_ray(argv: list[str]) -> list[str]:
 
 
 def main() -> None:
-    app(prog_name="mlcpack", args=bare_ray(sys.argv[1:]))
+    argv = bare_ray(sys.argv[1:])
+    if argv == sys.argv[1:]:   # typer reads sys.argv itself (shell completion needs that)
+        app(prog_name="mlcpack")
+    else:
+        app(prog_name="mlcpack", args=argv)
 
 
 if __name__ == "__main__":
