@@ -131,6 +131,11 @@ def _as_stored(spec: TensorSpec, value: np.ndarray) -> np.ndarray:
     return value
 
 
+def _inplace_min_bytes() -> int:
+    """INPLACE_MIN_BYTES as it is now (tests lower or raise it)."""
+    return INPLACE_MIN_BYTES
+
+
 def _threads_from_env() -> int:
     """``MLCPACK_NUM_THREADS`` (unset or empty: 1); any value but a whole number >= 1 is
     refused in one line, never taken silently as 1."""
@@ -226,7 +231,7 @@ class Model:
                 self._load_specialized(schema.specialized, constants, library_functions, threads)
             from .symbolic_session import SymbolicSession
             self._symbolic_main = SymbolicSession(self, self._symbolic, self._specialized,
-                                                  main=True)
+                                                  _inplace_min_bytes, main=True)
             return
         # A dynamic-batch bundle (format 1.1) holds one plan per batch size; an older bundle is
         # one plan, the header itself.
@@ -504,7 +509,8 @@ class Model:
         if self._symbolic is not None:
             from .symbolic_session import SymbolicSession
             plans = self._specialized_plans(threads) if self._specialized else {}
-            symbolic = SymbolicSession(self, self._symbolic.fork(threads), plans)
+            symbolic = SymbolicSession(self, self._symbolic.fork(threads), plans,
+                                       _inplace_min_bytes)
             self._sessions.add(symbolic)
             return symbolic
         if self._executor is None:

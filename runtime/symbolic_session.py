@@ -11,7 +11,7 @@ session take turns. ``out=`` arrays are checked against the shapes of this run's
 from __future__ import annotations
 
 import threading
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -22,8 +22,10 @@ class SymbolicSession:
     """A symbolic bundle with memory of its own (``model.session()``): ``run`` and
     ``__call__`` behave as the model's."""
 
-    def __init__(self, model: Any, runner: Any, specialized: dict, main: bool = False) -> None:
+    def __init__(self, model: Any, runner: Any, specialized: dict,
+                 min_bytes: Callable[[], int], main: bool = False) -> None:
         self._model = model
+        self._min_bytes = min_bytes   # model.INPLACE_MIN_BYTES, read at each run
         self._runner = runner
         self._specialized = specialized   # input shapes -> a static plan (--batch-sizes)
         self._main = main                 # the model's own: model.last_plan follows it
@@ -49,8 +51,6 @@ class SymbolicSession:
             out: Mapping[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
         """See ``Model.run``; ``out`` arrays must have the shapes the outputs have for these
         inputs."""
-        from . import model as model_module
-
         model = self._model
         if self._runner is None or model._symbolic is None:
             raise InputError(f"{model.name}: this session is closed")
@@ -58,7 +58,7 @@ class SymbolicSession:
             model._check_feed_names(feeds)
         names = None if outputs is None and not out else model._selected_outputs(outputs, out)
         plan = model._specialized_plan(feeds, self._specialized) if self._specialized else None
-        min_bytes = model_module.INPLACE_MIN_BYTES
+        min_bytes = self._min_bytes()
         with self._lock:
             if plan is not None:   # as Session.run: large inputs are read where they lie
                 for (spec, view, _, binding) in plan.feeds:
