@@ -262,7 +262,10 @@ def _check_quantize_options(model: Path, quantize: Optional[str], calibration: O
               "the model sees in use", 2)
     if not calibration.exists():
         _fail(f"--calibration {calibration}: no such file or folder", 2)
-    from .quantize import METHODS
+    from .quantize import CALIBRATION_SUFFIXES, METHODS
+    if calibration.is_dir() and not any(p.is_file() and p.suffix.lower() in CALIBRATION_SUFFIXES
+                                        for p in calibration.iterdir()):
+        _fail(f"--calibration {calibration}: the folder has no images or .npy files", 2)
     if method is not None and method not in METHODS:
         _fail(f"--calibration-method {method}: use {' or '.join(METHODS)}", 2)
     if sizes:
@@ -584,8 +587,8 @@ def infer(
     resume: bool = typer.Option(False, "--resume", help=commands.RESUME_HELP),
     batch_size: Optional[int] = typer.Option(None, "--batch-size", help=commands.BATCH_SIZE_HELP,
                                              metavar="N"),
-    ray: Optional[str] = typer.Option(None, "--ray", help=commands.RAY_HELP + " (--ray local "
-                                      "for a local one)", metavar="ADDRESS"),
+    ray: Optional[str] = typer.Option(None, "--ray", help=commands.RAY_HELP + " (also "
+                                      "spelled --ray local)", metavar="ADDRESS"),
     workers: Optional[int] = typer.Option(None, "--workers", help=commands.WORKERS_HELP,
                                           metavar="N"),
     debug: bool = typer.Option(False, help="show tracebacks"),
@@ -670,8 +673,24 @@ def keygen(
     _guarded(debug, run)
 
 
+def bare_ray(argv: list[str]) -> list[str]:
+    """``argv`` with a bare ``--ray`` (no ADDRESS: the next word is an option, or none) spelled
+    ``--ray local``: typer options always take a value, and ``mlcpack-run``'s argparse takes
+    the bare form as its help says, so both command lines accept the same words."""
+    out: list[str] = []
+    for i, word in enumerate(argv):
+        out.append(word)
+        if word == "--ray" and (i + 1 == len(argv) or argv[i + 1].startswith("-")):
+            out.append("local")
+    return out
+
+
 def main() -> None:
-    app(prog_name="mlcpack")
+    argv = bare_ray(sys.argv[1:])
+    if argv == sys.argv[1:]:   # typer reads sys.argv itself (shell completion needs that)
+        app(prog_name="mlcpack")
+    else:
+        app(prog_name="mlcpack", args=argv)
 
 
 if __name__ == "__main__":

@@ -44,6 +44,8 @@ MAX_LAYER_ERROR = 0.05
 _SAMPLE_VALUES = 1 << 16        # values per tap and sample kept for the percentile method
 _IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm",
                    ".pgm")
+# what read_calibration reads from a folder (the command line checks a folder has one first)
+CALIBRATION_SUFFIXES = (".npy",) + _IMAGE_SUFFIXES
 
 
 @dataclass

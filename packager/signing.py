@@ -15,6 +15,13 @@ class SigningError(ExportError):
     """The signing key cannot be read or written, or is not an Ed25519 private key."""
 
 
+class KeyExistsError(SigningError):
+    """``keygen`` was asked to write a key file that exists (a usage error: pick another
+    name)."""
+
+    exit_code = 2
+
+
 def _crypto() -> Any:
     try:
         from cryptography.hazmat.primitives import serialization
@@ -69,7 +76,8 @@ def generate_key(path: str | os.PathLike) -> tuple[Path, Path, str]:
     public = private.with_name(private.name + ".pub")
     for p in (private, public):
         if p.exists():
-            raise SigningError(f"{p} already exists; keygen never overwrites a key")
+            raise KeyExistsError(f"{p} already exists; keygen never overwrites a key: give "
+                                 "another file name")
     key = ed25519.Ed25519PrivateKey.generate()
     pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
                             serialization.NoEncryption())

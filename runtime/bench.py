@@ -81,7 +81,13 @@ def first_run(model, feeds: dict[str, np.ndarray], shapes_given: bool) -> None:
     except InputError as exc:
         if shapes_given or getattr(model, "_symbolic", None) is None:
             raise
-        raise InputError(f"{exc}; give the input sizes with --shape NAME=DIMS") from None
+        from .sizes import smallest_shapes
+
+        smallest = smallest_shapes(model) or {}
+        example = " ".join(f"--shape {name}={','.join(map(str, shape))}"
+                           for name, shape in smallest.items())
+        hint = f", e.g. {example} (the smallest sizes it takes)" if example else ""
+        raise InputError(f"{exc}; give the input sizes with --shape NAME=DIMS{hint}") from None
 
 
 def bench(model_path: str | os.PathLike, runs: int | None = None, threads: int = 1,

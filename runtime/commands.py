@@ -22,7 +22,7 @@ import numpy as np
 
 from .errors import InputError, MlcpackError, UsageError  # noqa: F401 (UsageError: re-exported)
 from .profile import Profile, sources_text
-from .results import _probabilities, top_k_of  # noqa: F401 (re-exported)
+from .results import _probabilities, is_vector, summary_of, summary_text, top_k_of  # noqa: F401
 
 EXIT_INTERNAL = 70
 
@@ -122,17 +122,18 @@ def check_files(paths: Iterable[str | os.PathLike], what: str) -> None:
 
 # ---- infer -----------------------------------------------------------------------------------------
 
-def result_rows(model: Any, feeds: dict[str, np.ndarray], first: np.ndarray
-                ) -> tuple[np.ndarray, bool]:
+def result_rows(model: Any, feeds: dict[str, np.ndarray], first: np.ndarray,
+                image: bool = False) -> tuple[np.ndarray, bool]:
     """The first output as (rows, values per row), and whether the input was a batch.
 
     A dynamic-batch bundle's outputs have the batch first, so each row is one result; so does a
     fixed-shape output whose first dim is the first input's (> 1). Anything else is one result
     (the whole output, flattened): ranking the scores of two images together gave labels past
-    the last class."""
+    the last class. One ``image`` is never a batch: it prints as the same one result whatever
+    kind of bundle runs it."""
     name = model.outputs[0].name
     if model.batch is not None and name in model.batch.outputs:
-        return first.reshape(first.shape[0], -1), True
+        return first.reshape(first.shape[0], -1), not (image and first.shape[0] == 1)
     x = feeds[model.inputs[0].name]
     if first.ndim >= 2 and np.ndim(x) >= 1 and first.shape[0] == np.shape(x)[0] > 1:
         return first.reshape(first.shape[0], -1), True
@@ -180,7 +181,8 @@ def infer(bundle: str | os.PathLike, inputs: Sequence[str | os.PathLike], *, top
     (``strict``: refused, exit 7); non-finite outputs a ``warning:`` line (and, with
     ``as_json``, a count under "non_finite").
 
-    Many inputs (folders, globs, or any of ``output``, ``resume``, ``ray``): ``many.infer_many``, one result per input in input order."""
+    Many inputs (folders, globs, or any of ``output``, ``resume``, ``ray``):
+    ``many.infer_many``, one result per input in input order."""
     from .many import infer_many, is_many
     from .model import load
     from .preprocess import load_input
@@ -212,17 +214,31 @@ def infer(bundle: str | os.PathLike, inputs: Sequence[str | os.PathLike], *, top
             raise InputError(f"{model.name} takes {len(model.inputs)} input(s) "
                              f"({', '.join(s.name for s in model.inputs)}); got {len(inputs)}"
                              + hint)
-        feeds = {s.name: load_input(p, s, model.preprocess, note=warn, strict=strict)
+        feeds = {s.name: load_input(p, s, model.preprocess, note=warn, strict=strict, model=model)
                  for s, p in zip(model.inputs, inputs)}
         outputs = _run(model, feeds)
         first = outputs[model.outputs[0].name]
-        rows, batched = result_rows(model, feeds, first)
+        image = not os.fspath(inputs[0]).lower().endswith(".npy")
+        rows, batched = result_rows(model, feeds, first, image)
         tops = [top_k_of(row, top_k, model.labels) for row in rows]
     bad = int(np.size(first) - np.count_nonzero(np.isfinite(first))) if first.dtype.kind == "f" \
         else 0
     if bad:
         warn(f"warning: output {model.outputs[0].name!r} has {bad} non-finite value(s) "
              "(NaN or inf): check the input")
+    if not model.labels and not is_vector(first.shape):   # a map, not scores: summarize
+        summaries = [summary_of(k, v) for k, v in outputs.items()]
+        name = os.path.basename(os.fspath(inputs[0]))
+        if as_json:
+            echo(json.dumps({"bundle": os.fspath(bundle),
+                             "inputs": [os.fspath(p) for p in inputs],
+                             "outputs": {k: v.tolist() for k, v in outputs.items()},
+                             "summary": summaries, "non_finite": bad}))
+        else:
+            echo("\n".join([f"{name}: {len(summaries)} output(s), not class scores "
+                             "(--json or -o FILE.npz for the values)"]
+                            + [summary_text(d) for d in summaries]))
+        return
     if as_json:
         doc: dict[str, Any] = {"bundle": os.fspath(bundle), "inputs": [os.fspath(p) for p in inputs],
                                "outputs": {k: v.tolist() for k, v in outputs.items()},

@@ -114,13 +114,13 @@ def run_paths(bundle: str | os.PathLike, paths: Sequence[str], *, address: str |
     one when None), yielding ``many``'s records in input order."""
     import json
 
-    from .errors import MlcpackError
+    from .errors import MlcpackError, install_hint
 
     try:
         import ray
         import ray.data
     except ImportError:
-        raise MlcpackError("--ray needs Ray: pip install 'mlcpack[ray]'") from None
+        raise MlcpackError(f"--ray needs Ray: {install_hint('ray')}") from None
     import logging
 
     logging.getLogger("ray.data").setLevel(logging.ERROR)
@@ -144,8 +144,9 @@ def run_paths(bundle: str | os.PathLike, paths: Sequence[str], *, address: str |
             recs = []
             for i, p in enumerate(b["path"]):
                 p = back.get(str(p), str(p))
-                if b["error"][i]:
-                    recs.append({"path": p, "error": str(b["error"][i])})
+                if b["error"][i]:   # named as given, as the local run names it
+                    error = str(b["error"][i]).replace(os.path.abspath(p), p)
+                    recs.append({"path": p, "error": error})
                 elif json.loads(str(b["top_k"][i])):
                     recs.append({"path": p, "top_k": json.loads(str(b["top_k"][i]))})
                 else:

@@ -5,6 +5,25 @@ process exit status; the message is one line that names the thing and the fix.
 """
 
 
+# The runtime's extras (runtime/pyproject.toml): what each installs.
+RUNTIME_EXTRAS = {"images": "Pillow>=10", "sign": "cryptography>=42", "ray": "ray[data]==2.40.0"}
+
+
+def install_hint(extra: str) -> str:
+    """How to install an extra for the distribution installed here: ``pip install
+    'mlcpack[extra]'`` where the compiler is importable; where only the runtime is (which must
+    not get the compiler beside it, and is not on PyPI), the extra's own package."""
+    from importlib.util import find_spec
+
+    try:
+        compiler = find_spec("mlcpack.packager") is not None
+    except (ImportError, ValueError):
+        compiler = False
+    if compiler and extra != "images":   # the compiler depends on Pillow: no such extra
+        return f"pip install 'mlcpack[{extra}]'"
+    return f"pip install '{RUNTIME_EXTRAS[extra]}' (the runtime's [{extra}] extra)"
+
+
 class MlcpackError(Exception):
     """Base of every error mlcpack raises on purpose (bad input, refused bundle...)."""
 

@@ -78,7 +78,8 @@ def decode(model: Any, path: str, strict: bool = False) -> np.ndarray:
     from .preprocess import load_input
 
     spec = model.inputs[0]
-    x = load_input(path, spec, model.preprocess, note=lambda _m: None, strict=strict)
+    x = load_input(path, spec, model.preprocess, note=lambda _m: None, strict=strict,
+                   model=model)
     want = spec.shape[1:] if model.batch is not None else spec.shape
     if model.batch is not None:
         if tuple(np.shape(x)) == tuple(want):
@@ -102,9 +103,10 @@ def records_from_outputs(model: Any, paths: Sequence[str], outputs: dict[str, np
     recs = []
     for i, p in enumerate(paths):
         if model.batch is not None:
-            row = {k: v[i] for k, v in outputs.items()}
-        else:
-            row = outputs
+            row = {k: v[i] if k in model.batch.outputs else v for k, v in outputs.items()}
+        else:   # one input ran alone: its batch of one is dropped, as a batch plan's row is
+            row = {k: v[0] if np.ndim(v) >= 1 and np.shape(v)[0] == 1 else v
+                   for k, v in outputs.items()}
         if classifier:
             first = np.asarray(row[model.outputs[0].name]).reshape(-1)
             recs.append({"path": p, "top_k": top_k_of(first, top_k, model.labels)})
@@ -182,41 +184,65 @@ def _csv_row(rec: dict[str, Any], top_k: int) -> list[str]:
     return row + ["", ""] * top_k + [rec["error"]]
 
 
-def done_paths(output: str) -> set[str]:
-    """The inputs an earlier run wrote a result (not an error) for; the file is rewritten
-    without a last line cut short by the interruption."""
-    if not os.path.exists(output):
-        return set()
+def _result_lines(output: str) -> tuple[list[str], list[tuple[str, bool, str]]]:
+    """The complete lines of a result file: (the CSV header, or nothing; one (path, ok, line)
+    per result line). A last line cut short by an interruption is left out."""
     with open(output, encoding="utf-8", newline="") as f:
-        text = f.read()
-    done: set[str] = set()
-    keep: list[str] = []
-    if output.endswith(".jsonl"):
-        for line in text.splitlines(keepends=True):
+        lines = [line for line in f.read().splitlines(keepends=True) if line.endswith("\n")]
+    head: list[str] = []
+    rows: list[tuple[str, bool, str]] = []
+    if output.lower().endswith(".jsonl"):
+        for line in lines:
             try:
                 rec = json.loads(line)
             except ValueError:
                 continue
-            if not line.endswith("\n") or "path" not in rec:
-                continue
+            if isinstance(rec, dict) and "path" in rec:
+                rows.append((str(rec["path"]), "error" not in rec, line))
+        return head, rows
+    head, lines = lines[:1], lines[1:]
+    for line in lines:
+        row = next(csv.reader([line]), [])
+        if row:
+            rows.append((row[0], not row[-1], line))
+    return head, rows
+
+
+def _rewrite(output: str, head: list[str], lines: list[str]) -> None:
+    tmp = output + ".tmp"
+    with open(tmp, "w", encoding="utf-8", newline="") as f:
+        f.write("".join(head + lines))
+    os.replace(tmp, output)
+
+
+def done_paths(output: str) -> set[str]:
+    """The inputs an earlier run wrote a result (not an error) for. The file is rewritten with
+    those results only, one per input: failed inputs run again, and their old lines go."""
+    if not os.path.exists(output):
+        return set()
+    head, rows = _result_lines(output)
+    done: set[str] = set()
+    keep: list[str] = []
+    for path, ok, line in rows:
+        if ok and path not in done:
+            done.add(path)
             keep.append(line)
-            if "error" not in rec:
-                done.add(rec["path"])
-    else:
-        lines = text.splitlines(keepends=True)
-        for n, line in enumerate(lines):
-            if not line.endswith("\n"):
-                continue
-            keep.append(line)
-            if n == 0:
-                continue
-            row = next(csv.reader([line]))
-            if row and not row[-1]:
-                done.add(row[0])
-    with open(output + ".tmp", "w", encoding="utf-8", newline="") as f:
-        f.write("".join(keep))
-    os.replace(output + ".tmp", output)
+    _rewrite(output, head, keep)
     return done
+
+
+def order_results(output: str, paths: Sequence[str]) -> None:
+    """Rewrite a .jsonl/.csv result file with one line per input in the order of ``paths``
+    (an input's newest line; lines of paths not among them keep their place after those)."""
+    if not os.path.exists(output):
+        return
+    head, rows = _result_lines(output)
+    newest: dict[str, str] = {}
+    for path, _ok, line in rows:
+        newest[path] = line
+    lines = [newest.pop(p) for p in dict.fromkeys(paths) if p in newest]
+    lines += list(newest.values())
+    _rewrite(output, head, lines)
 
 
 class ResultWriter:
@@ -269,6 +295,13 @@ class ResultWriter:
         for k in names:
             ok = [r for r in self.npz if "outputs" in r]
             if not ok:
+                continue
+            if len({np.shape(r["outputs"][k]) for r in ok}) > 1:
+                # open sizes: each input's output has its own shape, so one array per input,
+                # NAME_i for the i-th input (none for a failed one)
+                for i, r in enumerate(self.npz):
+                    if "outputs" in r:
+                        arrays[f"{k}_{i}"] = np.asarray(r["outputs"][k])
                 continue
             proto = np.asarray(ok[0]["outputs"][k])
             stack = np.zeros((len(self.npz), *proto.shape), dtype=np.float64 if
@@ -393,6 +426,8 @@ def infer_many(bundle: str | os.PathLike, inputs: Sequence[str | os.PathLike], *
         finally:
             bar.close()
             writer.close(model)
+            if resume and output is not None:
+                order_results(output, paths)
     dt = time.perf_counter() - t0
     summary = {"inputs": len(paths), "skipped": len(paths) - len(todo), "ok":
                len(todo) - len(failed), "failed": len(failed), "seconds": dt,

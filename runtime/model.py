@@ -18,7 +18,7 @@ import numpy as np
 
 from . import cpu, elf, library, vm
 from .bundle import STORAGE_DTYPES, BundleReader, nbytes_of, storage_dtype
-from .errors import BundleError, InputError
+from .errors import BundleError, InputError, UsageError
 from .header import (ARENA, CONST, OP_CALL_KERNEL, Header, IORow, KernelRow, LibraryCall, Plan,
                      TensorRow)
 
@@ -131,12 +131,36 @@ def _as_stored(spec: TensorSpec, value: np.ndarray) -> np.ndarray:
     return value
 
 
+def _inplace_min_bytes() -> int:
+    """INPLACE_MIN_BYTES as it is now (tests lower or raise it)."""
+    return INPLACE_MIN_BYTES
+
+
 def _threads_from_env() -> int:
-    value = os.environ.get("MLCPACK_NUM_THREADS", "1")
-    try:
-        return max(1, int(value))
-    except ValueError:
+    """``MLCPACK_NUM_THREADS`` (unset or empty: 1); any value but a whole number >= 1 is
+    refused in one line, never taken silently as 1."""
+    value = os.environ.get("MLCPACK_NUM_THREADS", "").strip()
+    if not value:
         return 1
+    try:
+        threads = int(value)
+    except ValueError:
+        threads = 0
+    if threads < 1:
+        raise UsageError(f"MLCPACK_NUM_THREADS={value!r}: give a whole number >= 1 (the "
+                         "threads parallel kernels run on), or unset it for 1")
+    return threads
+
+
+def checked_threads(threads: int | None) -> int:
+    """``threads`` as given to ``load`` or ``session`` (None: ``MLCPACK_NUM_THREADS`` or 1);
+    anything but a whole number >= 1 is a ``UsageError``."""
+    if threads is None:
+        return _threads_from_env()
+    if isinstance(threads, bool) or not isinstance(threads, (int, np.integer)) or threads < 1:
+        raise UsageError(f"threads={threads!r}: give a whole number >= 1 (or leave it out: "
+                         "MLCPACK_NUM_THREADS or 1)")
+    return int(threads)
 
 
 class Model:
@@ -148,6 +172,7 @@ class Model:
     def __init__(self, path: str | os.PathLike, *, verify: bool = True,
                  library_functions: Mapping[str, library.LibraryFunction] | None = None,
                  threads: int | None = None, trusted_keys: Iterable[Any] | None = None) -> None:
+        threads = checked_threads(threads)   # a bad value is refused before the file is read
         self._reader = BundleReader(path, verify=verify)
         self._image: elf.CodeImage | None = None
         self._executor: vm.Executor | None = None
@@ -166,12 +191,12 @@ class Model:
             if trusted_keys is not None:  # before anything in the bundle is used
                 from .signing import check_signature
                 self.signed_by = check_signature(self._reader, trusted_keys)
-            self._load(library_functions, threads or _threads_from_env())
+            self._load(library_functions, threads)
         except BaseException:
             self.close()
             raise
         # model.run and model.profile take turns in one arena
-        self._lock = self._main._lock if self._symbolic is None else threading.Lock()
+        self._lock = self._main._lock if self._symbolic is None else self._symbolic_main._lock
 
     @property
     def has_parallel_kernels(self) -> bool:
@@ -201,8 +226,12 @@ class Model:
             self.inputs, self.outputs = self._symbolic.inputs, self._symbolic.outputs
             self._input_names = frozenset(s.name for s in self.inputs)
             self.num_instructions = len(self._symbolic.program)
+            self._threads = threads
             if schema.specialized:   # --batch-sizes: static plans for exact shapes
                 self._load_specialized(schema.specialized, constants, library_functions, threads)
+            from .symbolic_session import SymbolicSession
+            self._symbolic_main = SymbolicSession(self, self._symbolic, self._specialized,
+                                                  _inplace_min_bytes, main=True)
             return
         # A dynamic-batch bundle (format 1.1) holds one plan per batch size; an older bundle is
         # one plan, the header itself.
@@ -251,11 +280,9 @@ class Model:
         self._recipes = self._make_recipes(rows, metas, chosen, library_functions)
         self._constant_arrays = constants
         self._threads = threads
-        plans = self._instantiate(threads)
-        for plan, row in zip(plans, rows):
-            plan.batch = row.batch
+        self._specialized = self._specialized_plans(threads)
+        plans = list(self._specialized.values())
         self._executors = [p.executor for p in plans]
-        self._specialized = {tuple(s.shape for s in p.inputs): p for p in plans}
         self._specialized_dtypes = [storage_dtype(s.dtype) for s in self.inputs]
         self.specialized_batches = sizes = tuple(p.batch for p in plans)
         # Shown and fed as a dynamic-batch bundle's (`infer` sizes images and batches by it):
@@ -270,6 +297,13 @@ class Model:
                                                else None) for t in first.inputs]
             self.outputs = [dataclasses.replace(t, batch_sizes=sizes if t.name in batched[1]
                                                 else None) for t in first.outputs]
+
+    def _specialized_plans(self, threads: int) -> dict[tuple, _Plan]:
+        """The static plans of a symbolic bundle over a new arena, by their inputs' shapes."""
+        plans = self._instantiate(threads)
+        for plan, row in zip(plans, self.schema.specialized):
+            plan.batch = row.batch
+        return {tuple(s.shape for s in p.inputs): p for p in plans}
 
     def _make_recipes(self, rows: Sequence[Plan], metas: list, chosen: list,
                       library_functions: Mapping[str, Any] | None) -> list[_Recipe]:
@@ -448,50 +482,40 @@ class Model:
 
     def _run_symbolic(self, feeds: Mapping[str, Any], outputs: Sequence[str] | None,
                       out: Mapping[str, np.ndarray] | None) -> dict[str, np.ndarray]:
-        """``run`` for a symbolic bundle (runtime/symbolic.py); ``out`` is not supported yet."""
-        if out:
-            raise InputError(f"{self.name} has symbolic shapes: run(out=...) is not supported "
-                             "for it yet")
-        if type(feeds) is not dict or feeds.keys() != self._input_names:
-            self._check_feed_names(feeds)
-        plan = self._specialized_plan(feeds) if self._specialized else None
-        with self._lock:
-            if plan is not None:   # as Session.run: large inputs are read where they lie
-                for (spec, view, _, binding) in plan.feeds:
-                    if binding is None:
-                        np.copyto(view, feeds[spec.name])
-                    else:
-                        binding.feed(view, feeds[spec.name], INPLACE_MIN_BYTES)
-                plan.executor.run()
-                result = {name: view.copy() for name, view in plan.output_views}
-                self.last_plan = f"batch {plan.batch}"
-            else:
-                result = self._symbolic.run(feeds, INPLACE_MIN_BYTES)
-                self.last_plan = "symbolic"
-        if outputs is None:
-            return result
-        return {name: result[name] for name in self._selected_outputs(outputs, None)}
+        """``run`` for a symbolic bundle: the model's own session (runtime/symbolic_session.py)."""
+        return self._symbolic_main.run(feeds, outputs, out)
 
-    def _specialized_plan(self, feeds: Mapping[str, Any]) -> _Plan | None:
-        """The static plan whose inputs have exactly the fed arrays' shapes (and dtypes)."""
+    def _specialized_plan(self, feeds: Mapping[str, Any], plans: dict | None = None
+                          ) -> _Plan | None:
+        """The static plan of ``plans`` (default: the model's) whose inputs have exactly the
+        fed arrays' shapes (and dtypes)."""
+        plans = self._specialized if plans is None else plans
         key = []
         for spec, dtype in zip(self.inputs, self._specialized_dtypes):
             value = feeds[spec.name]
             if type(value) is not np.ndarray or value.dtype != dtype:
                 return None
             key.append(value.shape)
-        return self._specialized.get(tuple(key))
+        return plans.get(tuple(key))
 
-    def session(self, threads: int | None = None) -> Session:
+    def session(self, threads: int | None = None) -> Any:
         """A ``Session``: this model with an arena (and thread pool) of its own, so several
         sessions run at the same time from different threads. They share the mapped code and
-        the weights (never copied); each holds only its arena, the model's working memory."""
+        the weights (never copied); each holds only its arena, the model's working memory.
+        Every bundle kind has them: fixed shapes and batch plans (``Session``), symbolic shapes,
+        bounded or not, with or without batch plans (``symbolic_session.SymbolicSession``:
+        its own plans per shape)."""
+        threads = self._threads if threads is None else checked_threads(threads)
         if self._symbolic is not None:
-            raise InputError(f"{self.name} has symbolic shapes: sessions are not supported for "
-                             "it yet; use model.run (calls take turns)")
+            from .symbolic_session import SymbolicSession
+            plans = self._specialized_plans(threads) if self._specialized else {}
+            symbolic = SymbolicSession(self, self._symbolic.fork(threads), plans,
+                                       _inplace_min_bytes)
+            self._sessions.add(symbolic)
+            return symbolic
         if self._executor is None:
             raise InputError(f"{self.name} is closed")
-        session = Session(self, self._instantiate(threads or self._threads))
+        session = Session(self, self._instantiate(threads))
         self._sessions.add(session)
         return session
 

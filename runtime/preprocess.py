@@ -8,8 +8,10 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .errors import InputError
+from .errors import InputError, install_hint
 from .model import TensorSpec
+
+Fit = Callable[[int, int], tuple[int, int, str]]
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff")
 COLORS = {"L": 1, "RGB": 3}           # recorded colour -> channels the model input has
@@ -103,10 +105,18 @@ def check_preprocess(pre: dict[str, Any], spec: TensorSpec) -> None:
             raise PreprocessError(f"--color {pre['color']} gives {channels} channel(s); input "
                                   f"{spec.name!r} {shape} ({layout}) has {want}: allowed "
                                   f"--color {allowed}")
-        if [int(v) for v in pre["size"]] != [h, w]:
+        fixed = [isinstance(d, (int, np.integer)) for d in (h, w)]
+        if any(f and int(v) != d for f, v, d in zip(fixed, pre["size"], (h, w))):
             size = "x".join(map(str, pre["size"]))
+            if all(fixed):
+                allowed = f"allowed --input-size {h}x{w}"
+            else:   # an open size takes any value: say which one is fixed
+                allowed = (f"its height is {h}: --input-size {h}xW for any width W"
+                           if fixed[0] else f"its width is {w}: --input-size Hx{w} for any "
+                           "height H")
+            shown = "(" + ", ".join(map(str, shape)) + ")"
             raise PreprocessError(f"--input-size {size} does not fit input {spec.name!r} "
-                                  f"{shape} ({layout}): allowed --input-size {h}x{w}")
+                                  f"{shown} ({layout}): {allowed}")
     for key in ("mean", "std"):
         n = len(pre.get(key, [0.0]))
         if n not in (1, channels):
@@ -142,21 +152,31 @@ def default_preprocess(spec: TensorSpec) -> dict[str, Any] | None:
     return None
 
 
-def _target_size(img: Any, pre: dict[str, Any]) -> tuple[int, int]:
-    """(H, W) to prepare ``img`` at: the recorded size, where an axis's size is known only at
-    run time (a bundle with symbolic shapes: a name such as ``H``) the image's own."""
+def _target_size(img: Any, pre: dict[str, Any], fit: Fit | None = None
+                 ) -> tuple[int, int, str]:
+    """(H, W) to prepare ``img`` at, and why it differs from the image's own size where the
+    model chose it: the recorded size; where an axis's size is known only at run time (a
+    bundle with symbolic shapes: a name such as ``H``) the image's own, or with ``fit``
+    (``sizes.image_size_fitter``) the nearest size the model's relations allow."""
     h, w = pre["size"]
-    return (int(h) if isinstance(h, (int, np.integer)) else img.size[1],
-            int(w) if isinstance(w, (int, np.integer)) else img.size[0])
+    h = int(h) if isinstance(h, (int, np.integer)) else img.size[1]
+    w = int(w) if isinstance(w, (int, np.integer)) else img.size[0]
+    return fit(h, w) if fit is not None else (h, w, "")
 
 
-def _mismatch(path: str, img: Any, pre: dict[str, Any]) -> tuple[str, str] | None:
+def _mismatch(path: str, img: Any, pre: dict[str, Any], fit: Fit | None = None
+              ) -> tuple[str, str] | None:
     """(note, strict error) when preparing ``img`` as ``pre`` records changes its size or
     colour; None when it fits."""
-    h, w = _target_size(img, pre)
+    h, w, why = _target_size(img, pre, fit)
     color = pre.get("color", "RGB")
     changes, differs = [], []
-    if img.size != (w, h):
+    if img.size != (w, h) and why:   # open sizes: the model's relations chose the size
+        changes.append(f"resized from {img.size[0]}x{img.size[1]} to {w}x{h} (WxH), the "
+                       f"nearest size the model takes ({why})")
+        differs.append(f"is {img.size[0]}x{img.size[1]} (WxH), a size the model does not take "
+                       f"({why}; the nearest is {w}x{h})")
+    elif img.size != (w, h):
         changes.append(f"resized from {img.size[0]}x{img.size[1]} to {w}x{h} (WxH)")
         differs.append(f"is {img.size[0]}x{img.size[1]} (WxH), not {w}x{h}")
     grey = img.mode in _GREY_MODES
@@ -168,43 +188,75 @@ def _mismatch(path: str, img: Any, pre: dict[str, Any]) -> tuple[str, str] | Non
     if not changes:
         return None
     name = os.path.basename(path)
-    return (f"{name} was {' and '.join(changes)}, as the bundle's recorded preprocessing says",
-            f"{name} {' and '.join(differs)} as the bundle's recorded preprocessing takes; "
-            "--strict refuses to resize or convert it (drop --strict to accept that)")
+    source = "" if why and len(changes) == 1 and img.size != (w, h) else \
+        ", as the bundle's recorded preprocessing says"
+    takes = " as the bundle's recorded preprocessing takes" if source else ""
+    return (f"{name} was {' and '.join(changes)}{source}",
+            f"{name} {' and '.join(differs)}{takes}; --strict refuses to resize or convert it "
+            "(drop --strict to accept that)")
+
+
+def _wide_range(img: Any, values: np.ndarray) -> float:
+    """The value that means full white in a greyscale image wider than 8 bits: 65535 for the
+    integer modes (16-bit PNG/TIFF; Pillow reads some as ``I``), 1.0 for a float image whose
+    values all lie in [0, 1], else 255 (Pillow's own scale for ``F``)."""
+    if img.mode != "F":
+        return 65535.0
+    finite = values[np.isfinite(values)]
+    inside = finite.size and finite.min() >= 0 and finite.max() <= 1
+    return 1.0 if inside else 255.0
+
+
+def pixels(img: Any, color: str, size: tuple[int, int]) -> np.ndarray:
+    """``img`` (any Pillow mode) as float32 (H, W, channels) on the 8-bit scale, 0..255, in
+    ``color`` (``L``: 1 channel, ``RGB``: 3) at ``size`` (H, W), resized bilinearly.
+
+    Modes of 8 bits per channel (1, L, LA, P, PA, RGB, RGBA, CMYK, YCbCr...) convert with
+    Pillow (alpha dropped). Wider greyscale modes (I;16*, I, F) are scaled to 0..255 by their
+    range (``_wide_range``), never clipped at 255 as Pillow's own conversion does, and the
+    grey channel is repeated for a colour input."""
+    from PIL import Image
+
+    h, w = size
+    if img.mode.startswith("I") or img.mode == "F":
+        values = np.asarray(img, dtype=np.float64)
+        grey = np.clip(values * (255.0 / _wide_range(img, values)), 0, 255).astype(np.float32)
+        wide = Image.fromarray(grey) if grey.ndim == 2 else None
+        if wide is None:
+            raise ValueError(f"image mode {img.mode} with shape {grey.shape}")
+        if wide.size != (w, h):
+            wide = wide.resize((w, h), Image.BILINEAR)
+        arr = np.asarray(wide, dtype=np.float32)[:, :, None]
+        return np.repeat(arr, COLORS[color], axis=2)
+    img = img.convert(color)
+    if img.size != (w, h):
+        img = img.resize((w, h), Image.BILINEAR)
+    arr = np.asarray(img, dtype=np.float32)
+    return arr[:, :, None] if arr.ndim == 2 else arr
 
 
 def load_image(path: str, pre: dict[str, Any], spec: TensorSpec,
-               note: Callable[[str], None] | None = None, strict: bool = False) -> np.ndarray:
+               note: Callable[[str], None] | None = None, strict: bool = False,
+               fit: Fit | None = None) -> np.ndarray:
     """Decode the image at ``path`` and prepare it as ``pre`` says. An image whose size or
     colour differs from the recorded ones is still resized/converted, with a one-line
-    ``note`` (``strict``: an ``InputError`` instead)."""
+    ``note`` (``strict``: an ``InputError`` instead). ``fit``: see ``_target_size``."""
     try:
         from PIL import Image, UnidentifiedImageError
     except ImportError:
-        raise InputError("reading images needs Pillow (pip install 'mlcpack-runtime[images]', "
-                         "or pip install Pillow); or pass a .npy tensor") from None
+        raise InputError(f"reading images needs Pillow: {install_hint('images')}; or pass a "
+                         ".npy tensor") from None
     try:
         with Image.open(path) as img:
             img.load()
-            changed = _mismatch(path, img, pre)
+            changed = _mismatch(path, img, pre, fit)
             if changed and strict:
                 raise InputError(changed[1])
             if changed and note is not None:
                 note(f"note: {changed[0]}")
-            color = pre.get("color", "RGB")
-            if img.mode in ("I;16", "I;16B", "I;16L", "I") and color == "L":
-                # 16-bit grayscale: scale to 8 bits so the recorded scale (1/255) still applies.
-                arr16 = np.asarray(img, dtype=np.float64)
-                img = Image.fromarray((arr16 / max(arr16.max(), 1) * 255).astype(np.uint8))
-            h, w = _target_size(img, pre)
-            img = img.convert(color)
-            if img.size != (w, h):
-                img = img.resize((w, h), Image.BILINEAR)
-            arr = np.asarray(img, dtype=np.float32)
+            arr = pixels(img, pre.get("color", "RGB"), _target_size(img, pre, fit)[:2])
     except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as exc:
         raise InputError(f"{path} is not a readable image ({exc})") from None
-    if arr.ndim == 2:
-        arr = arr[:, :, None]
     arr = arr * np.float32(pre.get("scale", 1.0))
     mean = np.asarray(pre.get("mean", [0.0]), dtype=np.float32)
     std = np.asarray(pre.get("std", [1.0]), dtype=np.float32)
@@ -231,9 +283,11 @@ def load_image(path: str, pre: dict[str, Any], spec: TensorSpec,
 
 
 def load_input(path: str | os.PathLike, spec: TensorSpec, preprocess: dict | None, *,
-               note: Callable[[str], None] | None = None, strict: bool = False) -> np.ndarray:
+               note: Callable[[str], None] | None = None, strict: bool = False,
+               model: Any = None) -> np.ndarray:
     """Read ``path`` as the value of input ``spec``: a .npy tensor or an image (``note`` and
-    ``strict``: see ``load_image``)."""
+    ``strict``: see ``load_image``). With ``model``, an image for open height and width is
+    prepared at the nearest size the model's relations allow (``sizes.image_size_fitter``)."""
     path = os.fspath(path)
     if not os.path.exists(path):
         raise InputError(f"{path}: no such file")
@@ -249,4 +303,8 @@ def load_input(path: str | os.PathLike, spec: TensorSpec, preprocess: dict | Non
         raise InputError(f"input {spec.name!r} has shape {spec.shape}, which no image maps to; "
                          "pass a .npy tensor, or export with --input-size to record "
                          "preprocessing")
-    return load_image(path, pre, spec, note, strict)
+    fit = None
+    if model is not None:
+        from .sizes import image_size_fitter
+        fit = image_size_fitter(model, spec, pre.get("layout", "NCHW"))
+    return load_image(path, pre, spec, note, strict, fit)

@@ -28,3 +28,45 @@ def top_k_of(row: np.ndarray, k: int, labels: Sequence[str] | None) -> list[dict
     labels = labels or []
     return [{"index": int(i), "label": labels[i] if i < len(labels) else str(int(i)),
              "score": float(row[i]), "probability": float(probs[i])} for i in order]
+
+
+def is_vector(shape: Sequence[Any]) -> bool:
+    """A result holds one vector of scores, as a classifier's does: after the first dim (the
+    batch, for rank 2 and up) exactly one dim is not 1. A map such as (1, 1, 512, 512) or
+    (1, 25200, 85) is not one: ranking its values as classes means nothing."""
+    rest = tuple(shape[1:]) if len(shape) >= 2 else tuple(shape)
+    return sum(1 for d in rest if d != 1) == 1
+
+
+def summary_of(name: str, array: np.ndarray) -> dict[str, Any]:
+    """What fits on a line about an output that is not a vector of scores: its shape, dtype,
+    min, max and mean over the finite values, and, for a map of a few channels (axis 1 of a
+    rank-4 output), how often each channel is the argmax (the classes a segmentation picks)."""
+    values = np.asarray(array)
+    finite = values[np.isfinite(values)] if values.dtype.kind == "f" else values.reshape(-1)
+    doc: dict[str, Any] = {"name": name, "shape": list(values.shape), "dtype": str(values.dtype)}
+    if values.size == 1:   # one number (a VAD's probability, a regression): the number itself
+        doc["value"] = values.reshape(-1)[0].item()
+    elif finite.size:
+        doc.update(min=float(finite.min()), max=float(finite.max()),
+                   mean=float(finite.astype(np.float64).mean()))
+    if values.ndim == 4 and 2 <= values.shape[1] <= 1024 and finite.size == values.size:
+        counts = np.bincount(values.argmax(axis=1).reshape(-1), minlength=values.shape[1])
+        order = np.argsort(-counts, kind="stable")[:5]
+        doc["argmax"] = [{"index": int(i), "share": float(counts[i] / counts.sum())}
+                         for i in order if counts[i]]
+    return doc
+
+
+def summary_text(doc: dict[str, Any]) -> str:
+    """One line for ``summary_of``'s record."""
+    shape = "(" + ", ".join(map(str, doc["shape"])) + ")"
+    text = f"  {doc['name']} {shape} {doc['dtype']}"
+    if "value" in doc:
+        text += f" = {doc['value']:.6g}"
+    elif "min" in doc:
+        text += f": min {doc['min']:.4g}, max {doc['max']:.4g}, mean {doc['mean']:.4g}"
+    if doc.get("argmax"):
+        text += "; argmax over axis 1: " + ", ".join(
+            f"{a['index']} {100 * a['share']:.1f} %" for a in doc["argmax"])
+    return text

@@ -25,7 +25,7 @@ import hashlib
 import os
 from typing import TYPE_CHECKING, Any, Iterable
 
-from .errors import SignatureError
+from .errors import SignatureError, install_hint
 
 if TYPE_CHECKING:
     from .bundle import BundleReader
@@ -55,7 +55,7 @@ def _crypto() -> Any:
         from cryptography.hazmat.primitives.asymmetric import ed25519
     except ImportError:
         raise SignatureError("checking bundle signatures needs the 'cryptography' package: "
-                             "pip install 'mlcpack[sign]'") from None
+                             f"{install_hint('sign')}") from None
     return InvalidSignature, serialization, ed25519
 
 

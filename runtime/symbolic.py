@@ -24,6 +24,7 @@ kept): no first fit, no arena, no prepared calls per shape.
 
 from __future__ import annotations
 
+import copy
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Mapping
@@ -516,8 +517,32 @@ class SymbolicRunner:
             self._plans.move_to_end(key)
         return plan
 
+    @property
+    def held_bytes(self) -> int:
+        """The arena bytes this runner holds now: the bounded arena, or its cached plans'."""
+        if self._bound is not None:
+            return int(self._bound.arena.nbytes)
+        return sum(int(p.arena_bytes) for p in self._plans.values())
+
+    def fork(self, threads: int) -> SymbolicRunner:
+        """A runner for a ``model.session()``: this one's mapped code, constants and decoded
+        program, shared; plans (arenas, executors, worker threads) of its own, on ``threads``."""
+        other = copy.copy(self)
+        other.threads = threads
+        other.plans_made = 0
+        other._plans = OrderedDict()
+        other._by_shape = {}
+        other._bound = None
+        return other
+
     def run(self, feeds: Mapping[str, Any], min_bytes: int = vm.INPLACE_MIN_BYTES
             ) -> dict[str, np.ndarray]:
+        return {name: view.copy() for name, view in self.run_views(feeds, min_bytes)}
+
+    def run_views(self, feeds: Mapping[str, Any], min_bytes: int = vm.INPLACE_MIN_BYTES
+                  ) -> list[tuple[str, np.ndarray]]:
+        """Run once; the outputs as (name, view of the plan's arena), valid until the next run
+        of this runner (the caller copies them out)."""
         # Fast path: arrays of the right dtypes whose shapes were bound before map straight to
         # their plan's key (a dict lookup instead of binding again).
         values = [feeds[name] for name in self._names]
@@ -543,7 +568,7 @@ class SymbolicRunner:
             else:
                 binding.feed(view, value, min_bytes)
         plan.executor.run()
-        return {name: view.copy() for name, view in plan.outputs}
+        return plan.outputs
 
     def profile(self, feeds: Mapping[str, Any], runs: int = 20, warmup: int = 1) -> Any:
         """``Model.profile`` for a symbolic bundle: the plan of the feeds' sizes (made, and the

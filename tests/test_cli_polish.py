@@ -125,7 +125,7 @@ def test_cnn_batch_other_ranks_and_shapes_are_refused(batched, run_cli, tmp_path
 
 def test_cnn_batch_bundle_takes_an_image(batched, run_cli, paths) -> None:
     text = _ok(run_cli("infer", batched["cnn"], paths["samples"] / "digit_9.png", "-k", "1"))
-    assert text.startswith("digit_9.png[0]: 9"), text
+    assert text.startswith("digit_9.png: 9\n"), text  # one image is never a batch
 
 
 def test_fixed_batch_one_bundle_refuses_two_rows(mlp_bundle, run_cli, digits, tmp_path) -> None:
@@ -282,3 +282,31 @@ def test_export_help_names_its_values_not_python_types():
     assert result.exit_code == 0
     assert "NAME=DIMS" in result.output and "L|RGB" in result.output
     assert "list[" not in result.output and "<str>" not in result.output and "<float>" not in result.output
+
+
+def test_one_image_is_never_a_batch(batched, mlp_bundle, paths, tmp_path) -> None:
+    """The same image through a fixed-shape bundle and a dynamic-batch one: the same text, the
+    same JSON keys (top_k, no batch), and .npz results of the same shape."""
+    from mlcpack.runtime import commands
+
+    image = paths["samples"] / "digit_9.png"
+
+    def infer(bundle, **kw):
+        lines = []
+        commands.infer(bundle, [image], echo=lines.append, warn=lambda _t: None, **kw)
+        return "\n".join(lines)
+
+    texts = [infer(b, top_k=2) for b in (mlp_bundle[0], batched["mlp"])]
+    assert texts[0] == texts[1] and texts[0].startswith("digit_9.png: 9\n"), texts
+    assert infer(batched["cnn"], top_k=1).startswith("digit_9.png: 9\n")
+    docs = [json.loads(infer(b, as_json=True)) for b in (mlp_bundle[0], batched["mlp"])]
+    for doc in docs:
+        assert doc["batch"] is None and len(doc["rows"]) == 1 and doc["top_k"] == doc["rows"][0]
+    assert docs[0]["top_k"][0]["label"] == docs[1]["top_k"][0]["label"] == "9"
+    shapes = []
+    for b in (mlp_bundle[0], batched["mlp"]):
+        out = tmp_path / f"{b.stem}.npz"
+        commands.infer(b, [paths["samples"] / "digit_9.png", paths["samples"] / "digit_7.png"],
+                       output=out, echo=lambda _t: None, warn=lambda _t: None)
+        shapes.append(np.load(out)["logits"].shape)
+    assert shapes == [(2, 10), (2, 10)], shapes

@@ -175,5 +175,6 @@ def test_documented_examples_run_as_written(tmp_path) -> None:
     # 15 blocks ran and 5 were skipped when this was written (about 1 min of CPU time, most of it
     # the exports; several times that on a loaded machine); fewer ran means a marker too many.
     # The sixth skip is docs/quantization.md's calibrated export, which
-    # tests/test_quantize_export.py runs.
-    assert len(ran) >= 15 and len(skipped) <= 6, (ran, skipped)
+    # tests/test_quantize_export.py runs; the seventh the README's install of torch's CPU build
+    # (tests/test_packaging.py checks its line). 21 ran and 7 were skipped on 2026-12-06.
+    assert len(ran) >= 15 and len(skipped) <= 7, (ran, skipped)

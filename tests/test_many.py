@@ -172,7 +172,7 @@ def ray_local():
     ray.shutdown()
 
 
-def test_ray_predict_equals_single_process(ray_local, bundle, folder, tmp_path):
+def test_ray_predict_equals_single_process(ray_local, bundle, folder, tmp_path, monkeypatch):
     from mlcpack.distributed import predict
 
     files = sorted(folder.rglob("*.png"))
@@ -187,17 +187,20 @@ def test_ray_predict_equals_single_process(ray_local, bundle, folder, tmp_path):
         else:
             assert r["error"] == "" and r["label"] == w[0]
             assert r["score"] == pytest.approx(w[1], rel=1e-4, abs=1e-4)
-    # the same through `infer --ray` (the running local Ray), ship as a path this time
+    # the same through `infer --ray` (the running local Ray), ship as a path this time; the
+    # folder given relative to the working directory: records name files as given
+    monkeypatch.chdir(folder.parent)
     out = tmp_path / "ray.jsonl"
-    rc, _, warns = run(bundle, [folder], dict(output=out, ray="", workers=2, top_k=2))
+    rc, _, warns = run(bundle, [folder.name], dict(output=out, ray="", workers=2, top_k=2))
     ref = tmp_path / "local.jsonl"
-    run(bundle, [folder], dict(output=ref, top_k=2))
+    run(bundle, [folder.name], dict(output=ref, top_k=2))
     assert rc == 7 and "20 of 21" in warns[0]
     got = [json.loads(t) for t in out.read_text().splitlines()]
     exp = [json.loads(t) for t in ref.read_text().splitlines()]
     assert [g["path"] for g in got] == [e["path"] for e in exp]
     for g, e in zip(got, exp):
         assert ("error" in g) == ("error" in e)
+        assert g.get("error") == e.get("error")   # the failed file named as given, both ways
         if "top_k" in e:
             assert [t["label"] for t in g["top_k"]] == [t["label"] for t in e["top_k"]]
 
@@ -212,3 +215,35 @@ def test_ray_worker_refuses_wrong_bytes_and_ships_paths(ray_local, bundle, folde
     ds = ray_local.data.from_items([{"path": str(f)} for f in files])
     rows = predict(ds, bundle, ship="path", batch_size=8).take_all()
     assert [r["label"] for r in rows] == [v[0] for v in expected(bundle, files).values()]
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".csv"])
+def test_resume_keeps_one_result_per_input_in_order(bundle, folder, tmp_path, suffix):
+    """A failed input runs again on each --resume and replaces its old line: however often the
+    run is resumed, the file has one line per input, in input order."""
+    files = [str(f) for f in sorted(folder.rglob("*.png"))]
+    out = tmp_path / f"r{suffix}"
+    rc, _, _ = run(bundle, [folder], dict(output=out))
+    first = out.read_text()
+    for _ in range(3):
+        rc, _, warns = run(bundle, [folder], dict(output=out, resume=True))
+        assert rc == 7 and "20 already in" in warns[0] and "0 of 1 input(s) done" in warns[0]
+        assert out.read_text() == first
+    lines = first.splitlines()[1:] if suffix == ".csv" else first.splitlines()
+    paths = [next(csv.reader([t]))[0] for t in lines] if suffix == ".csv" else \
+        [json.loads(t)["path"] for t in lines]
+    assert paths == files
+
+
+@pytest.mark.parametrize("where", ["last", "before an option"])
+def test_bare_ray_is_one_behaviour_on_both_command_lines(bundle, tmp_path, run_cli, where):
+    """``--ray`` without ADDRESS means a local Ray on both command lines, as the help says
+    (typer refused it: "Option '--ray' requires an argument")."""
+    args = ["infer", str(bundle), str(tmp_path / "none*.png"), "--ray"]
+    if where != "last":
+        args += ["--workers", "2"]
+    procs = [run_cli(*args), subprocess.run([sys.executable, "-m", "mlcpack.runtime.cli", *args],
+                                            capture_output=True, text=True, timeout=60)]
+    for proc in procs:  # got past the options to the inputs: the pattern matches nothing
+        assert proc.returncode == 7 and "matches no file" in proc.stderr, proc.stderr
+    assert procs[0].stderr == procs[1].stderr

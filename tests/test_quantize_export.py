@@ -242,6 +242,7 @@ def test_bad_options_are_one_line_errors(args: list[str], expect: str, tmp_path:
     proc = run_cli("export", ROOT / "artifacts" / "cnn.onnx", "-o", out, "--target", "host",
                    *[subst.get(a, a) for a in args])
     assert expect in one_line_error(proc)
+    assert proc.returncode == 2   # docs/quantization.md: bad options exit 2
     assert not out.exists()
 
 

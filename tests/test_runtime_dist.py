@@ -55,15 +55,18 @@ def wheel(tmp_path_factory) -> Path:
 def test_wheel_holds_the_runtime_only(wheel: Path) -> None:
     names = zipfile.ZipFile(wheel).namelist()
     code = [n for n in names if ".dist-info/" not in n]
-    assert code and all(n.startswith("mlcpack/runtime/") for n in code), code
+    # mlcpack/__init__.py (runtime/mlcpack_top: mlcpack.__version__) and the runtime
+    assert code and all(n.startswith("mlcpack/runtime/") for n in code
+                        if n != "mlcpack/__init__.py"), code
+    assert "mlcpack/__init__.py" in code
     assert not [n for n in names if re.search(r"packager|frontends|llvmlite|onnx", n)]
     # every runtime module is in it, and nothing else from the repository
-    shipped = {n.removeprefix("mlcpack/runtime/") for n in code}
+    shipped = {n.removeprefix("mlcpack/runtime/") for n in code if n != "mlcpack/__init__.py"}
     assert shipped == {p.name for p in (ROOT / "runtime").glob("*.py")}
     # a subpackage would be missing from both wheels unless listed in both pyproject files
     nested = [p for p in (ROOT / "runtime").glob("*/**/*.py")
-              if not {"build", "__pycache__"} & set(p.relative_to(ROOT / "runtime").parts)
-              and ".egg-info" not in str(p)]
+              if not {"build", "__pycache__", "mlcpack_top"}
+              & set(p.relative_to(ROOT / "runtime").parts) and ".egg-info" not in str(p)]
     assert not nested, f"list {nested[0].parent} in runtime/pyproject.toml and pyproject.toml"
     for n in code:
         text = zipfile.ZipFile(wheel).read(n).decode()
@@ -220,3 +223,40 @@ def test_mlcpack_run_bench_profile(cases, blocked_env, tmp_path) -> None:
     events = json.loads(trace.read_text())["traceEvents"]
     kernels = [e for e in events if e.get("ph") == "X"]
     assert len(kernels) == 3 * 2, kernels  # 3 runs of the MLP's 2 VM instructions
+
+
+def test_runtime_only_install(wheel: Path, blocked_env, tmp_path, cases) -> None:
+    """The wheel alone, the compiler unimportable: the README's runtime-only example works
+    (``mlcpack.__version__``), and a missing extra is named as the runtime's own."""
+    target = tmp_path / "site"
+    proc = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--no-index",
+                           "--target", str(target), str(wheel)], capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    env = dict(blocked_env, PYTHONPATH=f"{target}{os.pathsep}{blocked_env['PYTHONPATH']}")
+    code = ("import mlcpack, mlcpack.runtime; "
+            "print(mlcpack.__version__, mlcpack.runtime.__version__, mlcpack.__file__)")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                          timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    version, runtime_version, where = proc.stdout.split()
+    assert version == runtime_version and where.startswith(str(target))
+    # --trusted-key without cryptography: the runtime's extra, not the compiler's
+    crypto = tmp_path / "crypto"
+    crypto.mkdir()
+    (crypto / "sitecustomize.py").write_text(SITECUSTOMIZE.replace(
+        repr(BLOCKED), repr(BLOCKED + ("cryptography",))))
+    assert "'cryptography'" in (crypto / "sitecustomize.py").read_text()
+    env["PYTHONPATH"] = f"{target}{os.pathsep}{crypto}"
+    key = tmp_path / "k.pub"
+    key.write_text("not read")
+    bundle, image = cases["infer png"][1:3]
+    proc = subprocess.run([sys.executable, "-m", "mlcpack.runtime.cli", "infer", str(bundle),
+                           str(image), "--trusted-key", str(key)], capture_output=True,
+                          text=True, env=env, timeout=60)
+    assert proc.returncode == 12, proc.stderr
+    assert "pip install 'cryptography>=42' (the runtime's [sign] extra)" in proc.stderr, \
+        proc.stderr
+    # the hint's package is the extra's
+    text = (ROOT / "runtime" / "pyproject.toml").read_text()
+    assert 'sign = ["cryptography>=42"]' in text and 'ray = ["ray[data]==2.40.0"]' in text

@@ -188,3 +188,6 @@ def test_versions_match_the_distributions(paths) -> None:
     for pyproject in (paths["root"] / "pyproject.toml", paths["root"] / "runtime/pyproject.toml"):
         with open(pyproject, "rb") as f:
             assert tomllib.load(f)["project"]["version"] == mlcpack.runtime.__version__
+    # mlcpack/__init__.py of the runtime-only wheel
+    top = (paths["root"] / "runtime/mlcpack_top/__init__.py").read_text()
+    assert f'__version__ = "{mlcpack.runtime.__version__}"' in top

@@ -245,7 +245,8 @@ def test_cli_keygen_sign_and_trusted_key(tmp_path, run_cli, paths, one_line_erro
     proc = run_cli("keygen", "app.pem", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert "app.pem.pub" in proc.stdout
-    assert run_cli("keygen", "app.pem", cwd=tmp_path).returncode == 11  # never overwrites
+    proc = run_cli("keygen", "app.pem", cwd=tmp_path)   # never overwrites: a usage error
+    assert proc.returncode == 2 and "app.pem already exists" in one_line_error(proc)
     proc = run_cli("export", paths["mlp_pickle"], "-o", "s.mlc", "--sign", "app.pem",
                    cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr

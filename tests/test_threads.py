@@ -7,7 +7,10 @@ import threading
 
 import numpy as np
 import pytest
+from conftest import SAMPLES
 from mlcpack.runtime import load
+
+SAMPLE = SAMPLES / "digit_7.png"
 
 
 @pytest.fixture(scope="module")
@@ -45,9 +48,30 @@ def test_threads_from_environment(monkeypatch, mlp_bundle) -> None:
     monkeypatch.setenv("MLCPACK_NUM_THREADS", "2")
     with load(mlp_bundle[0]) as model:
         assert model._executor.threads == 2
-    monkeypatch.setenv("MLCPACK_NUM_THREADS", "not a number")
+    monkeypatch.setenv("MLCPACK_NUM_THREADS", "")
     with load(mlp_bundle[0]) as model:
         assert model._executor.threads == 1
+
+
+@pytest.mark.parametrize("value", ["not a number", "abc", "0", "-1", "1.5"])
+def test_bad_thread_counts_are_refused(monkeypatch, mlp_bundle, run_cli, value) -> None:
+    """MLCPACK_NUM_THREADS=abc or 0 and load(threads=-2) are refused in one line (exit 2 on the
+    command line), never taken silently as 1."""
+    from mlcpack.runtime.errors import UsageError
+
+    monkeypatch.setenv("MLCPACK_NUM_THREADS", value)
+    with pytest.raises(UsageError, match="MLCPACK_NUM_THREADS"):
+        load(mlp_bundle[0])
+    monkeypatch.delenv("MLCPACK_NUM_THREADS")
+    for threads in (0, -2, 1.5, True):
+        with pytest.raises(UsageError, match="threads="):
+            load(mlp_bundle[0], threads=threads)
+    with load(mlp_bundle[0]) as model, pytest.raises(UsageError, match="threads="):
+        model.session(threads=0)
+    if value == "abc":
+        proc = run_cli("infer", mlp_bundle[0], SAMPLE, env={"MLCPACK_NUM_THREADS": value})
+        assert proc.returncode == 2 and proc.stderr.startswith("error: MLCPACK_NUM_THREADS='abc'")
+        assert len(proc.stderr.splitlines()) == 1
 
 
 @pytest.mark.parametrize("threads", [1, 2])

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import io
 import json
-import os
 import re
 import subprocess
 import sys
@@ -267,11 +266,11 @@ def test_pt2_command_line_with_batch_sizes(tmp_path: Path) -> None:
     batch = torch.export.Dim("batch", max=32)
     ep = torch.export.export(net, (torch.randn(2, 3, 32, 32),), dynamic_shapes={"x": {0: batch}})
     torch.export.save(ep, tmp_path / "resnet.pt2")
-    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
     cmd = [sys.executable, "-m", "mlcpack.packager.cli", "export", str(tmp_path / "resnet.pt2"),
            "-o", str(tmp_path / "r.mlc"), "--target", "host", "--batch-sizes", "1,4"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
+    assert "Warning" not in proc.stderr, proc.stderr   # torch's own LeafSpec FutureWarning
     assert "golden check passed against PyTorch" in proc.stdout
     x = torch.randn(3, 3, 32, 32)
     with torch.no_grad():

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import warnings
 from typing import Any, Iterator, Mapping, Sequence
 
 import numpy as np
@@ -15,6 +16,11 @@ import torch
 from ...packager.errors import ExportError
 from ...packager.ir.graph import IRModule
 from .importer import TorchImportInfo, import_exported
+
+# torch 2.13 warns about its own pytree internals (LeafSpec) when it copies an exported program;
+# the user can do nothing about it, and it was printed on every .pt2 export (twice with plans).
+warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated",
+                        category=FutureWarning)
 
 
 def _one_line(exc: BaseException) -> str:
