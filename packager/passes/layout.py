@@ -218,3 +218,48 @@ def pack_matmul_weights(mod: IRModule) -> IRModule:
         return Call("matmul_packed", [lookup(x), packed], {"n": int(w.data.shape[1])}, v.type)
 
     return map_functions(mod, lambda fn: rewrite_function(fn, visit))
+
+
+# ---- bf16 weights (``mlcpack export --precision bf16``) ------------------------------------------
+
+# Set by export to "bf16" while it compiles a ``--precision bf16`` bundle (maps onto
+# CompileOptions.precision): the constant weights the register-blocked contraction kernels read
+# from their packed layouts (``matmul_packed`` panels, ``nn.conv2d_rows`` blocks) are stored as
+# bfloat16, half their float32 size; codegen/gemm.py widens each one to float32 as it loads it
+# (exact) and accumulates in float32. Other weights stay float32.
+PRECISION = contextvars.ContextVar("precision", default="fp32")
+PRECISIONS = ("fp32", "bf16")
+BF16_OPS = ("matmul_packed", "nn.conv2d_rows")
+
+
+def to_bfloat16(data: np.ndarray) -> np.ndarray:
+    """float32 -> bfloat16 (ml_dtypes' dtype, stored as its top 16 bits) rounded to nearest,
+    ties to even; infinities stay infinite, a NaN stays a (quiet) NaN of its sign, a value past
+    the largest bfloat16 rounds to infinity, as IEEE rounding does."""
+    import ml_dtypes
+
+    bits = np.ascontiguousarray(data, dtype=np.float32).view(np.uint32)
+    rounded = (bits + np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1))) \
+        >> np.uint32(16)
+    nan = (bits & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000)
+    quiet = (bits >> np.uint32(16)) | np.uint32(0x0040)
+    out = np.where(nan, quiet, rounded).astype(np.uint16)
+    return out.view(ml_dtypes.bfloat16).reshape(np.shape(data))
+
+
+def weights_to_bf16(mod: IRModule) -> IRModule:
+    """Under ``PRECISION`` "bf16": the float32 packed weight of every ``matmul_packed`` and
+    ``nn.conv2d_rows`` becomes bfloat16 (``to_bfloat16``); off, the module is unchanged."""
+    if PRECISION.get() != "bf16":
+        return mod
+
+    def visit(b, lookup):
+        v = b.value
+        if not (isinstance(v, Call) and v.op in BF16_OPS and len(v.args) == 2
+                and isinstance(v.args[1], Constant) and v.args[1].data.dtype == np.float32):
+            return None
+        w = v.args[1]
+        return Call(v.op, [lookup(v.args[0]), Constant(f"{w.name}_bf16", to_bfloat16(w.data))],
+                    v.attrs, v.type)
+
+    return map_functions(mod, lambda fn: rewrite_function(fn, visit))
