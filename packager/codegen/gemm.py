@@ -117,9 +117,27 @@ def match_contraction(func: PrimFunc,
     return match
 
 
-# The packed weights (``matmul_packed``'s B, ``conv2d_rows``' blocks) may be stored as bfloat16
-# (``--precision bf16``): each load widens them to float32 (``_widen``), exactly.
-BF16_WEIGHT_KINDS = ("matmul_packed", "conv2d_rows")
+# The packed weights (``matmul_packed``'s B, ``conv2d_rows``' blocks, codegen/conv_oc.py's
+# ``conv2d_oc`` ones) may be stored as bfloat16 (``--precision bf16``): each load widens them to
+# float32 (``load_weights``), exactly.
+BF16_WEIGHT_KINDS = ("matmul_packed", "conv2d_rows", "conv2d_oc")
+
+
+def load_weights(b: ir.IRBuilder, w_ptr: ir.Value, offset: ir.Value, lanes: int | None,
+                 bf16: bool) -> ir.Value:
+    """``lanes`` consecutive float32 weights (a vector; None: one scalar) from element
+    ``offset`` of ``w_ptr``: a plain load, or bfloat16 ones widened to float32 (zero-extend to
+    32 bits, shift left 16: exact, on every level)."""
+    ptr = b.gep(w_ptr, [offset], inbounds=True)
+    if lanes is None:
+        value = b.load(ptr)
+        return b.bitcast(b.shl(b.zext(value, I32), ir.Constant(I32, 16)), F32) if bf16 else value
+    if not bf16:
+        return b.load(b.bitcast(ptr, ir.VectorType(F32, lanes).as_pointer()), align=4)
+    i16v, i32v = ir.VectorType(ir.IntType(16), lanes), ir.VectorType(I32, lanes)
+    raw = b.load(b.bitcast(ptr, i16v.as_pointer()), align=2)
+    wide = b.shl(b.zext(raw, i32v), ir.Constant(i32v, [16] * lanes))
+    return b.bitcast(wide, ir.VectorType(F32, lanes))
 
 
 def _operand_dtypes(kind: str, index: int) -> tuple[str, ...]:
@@ -524,25 +542,12 @@ class ContractionEmitter(KernelEmitter):
         return self.match.tag.operands[1].dtype == "bfloat16"
 
     def _weight_vector(self, w_ptr: ir.Value, offset: ir.Value, lanes: int) -> ir.Value:
-        """``lanes`` consecutive weights from element ``offset`` of ``w_ptr`` as float32: a plain
-        load, or bfloat16 ones widened (zero-extend to 32 bits, shift left 16: exact, every
-        level)."""
-        b = self.builder
-        ptr = b.gep(w_ptr, [offset], inbounds=True)
-        if not self._bf16_weights():
-            return b.load(b.bitcast(ptr, ir.VectorType(F32, lanes).as_pointer()), align=4)
-        i16v, i32v = ir.VectorType(ir.IntType(16), lanes), ir.VectorType(ir.IntType(32), lanes)
-        raw = b.load(b.bitcast(ptr, i16v.as_pointer()), align=2)
-        wide = b.shl(b.zext(raw, i32v), ir.Constant(i32v, [16] * lanes))
-        return b.bitcast(wide, ir.VectorType(F32, lanes))
+        """``lanes`` weights from element ``offset`` of ``w_ptr`` as float32 (``load_weights``)."""
+        return load_weights(self.builder, w_ptr, offset, lanes, self._bf16_weights())
 
     def _weight_scalar(self, w_ptr: ir.Value, offset: ir.Value) -> ir.Value:
-        """One weight as float32 (bfloat16 widened, see ``_weight_vector``)."""
-        b = self.builder
-        value = b.load(b.gep(w_ptr, [offset], inbounds=True))
-        if not self._bf16_weights():
-            return value
-        return b.bitcast(b.shl(b.zext(value, I32), ir.Constant(I32, 16)), F32)
+        """One weight as float32 (``load_weights``)."""
+        return load_weights(self.builder, w_ptr, offset, None, self._bf16_weights())
 
     def _splat(self, x: ir.Value) -> ir.Value:
         b = self.builder

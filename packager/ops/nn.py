@@ -302,7 +302,7 @@ def _legalize_conv2d_oc(x: te.Tensor, wp: te.Tensor, out_type: TensorType, name:
             value = None
             for a, sa in terms[i]:
                 for b_, sb in terms[j]:
-                    u = wp[oc // OC_BLOCK, (a * 4 + b_) * c + rc, oc % OC_BLOCK]
+                    u = _widened(wp[oc // OC_BLOCK, (a * 4 + b_) * c + rc, oc % OC_BLOCK])
                     u = u if sa * sb > 0 else u * -1.0
                     value = u if value is None else value + u
             return value
@@ -316,7 +316,7 @@ def _legalize_conv2d_oc(x: te.Tensor, wp: te.Tensor, out_type: TensorType, name:
     def body(n: te.IndexVar, oc: te.IndexVar, y: te.IndexVar, xx: te.IndexVar) -> te.Expr:
         value = _window_value(x, n, rc, y, xx, ry, rx, strides, padding)
         weight = wino_weight(oc) if winograd else \
-            wp[oc // OC_BLOCK, (rc * kh + ry) * kw + rx, oc % OC_BLOCK]
+            _widened(wp[oc // OC_BLOCK, (rc * kh + ry) * kw + rx, oc % OC_BLOCK])
         return te.sum_of(value * weight, (rc, ry, rx))
 
     return te.compute(out_type.shape, body, name=name)
@@ -326,6 +326,7 @@ def _legalize_conv2d_oc(x: te.Tensor, wp: te.Tensor, out_type: TensorType, name:
 def conv2d_oc(x: np.ndarray, wp: np.ndarray, out_channels: int, kernel=(1, 1), strides=(1, 1),
               padding=(0, 0, 0, 0), dilation=(1, 1), groups: int = 1,
               winograd: bool = False) -> np.ndarray:
+    wp = wp.astype(x.dtype)   # bfloat16 weights (--precision bf16) widen exactly
     w = unpack_wino_weights(wp, out_channels) if winograd else \
         unpack_oc_weights(wp, out_channels, kernel)
     return conv2d(x, w, strides, padding, dilation, groups)

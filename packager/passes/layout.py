@@ -223,13 +223,14 @@ def pack_matmul_weights(mod: IRModule) -> IRModule:
 # ---- bf16 weights (``mlcpack export --precision bf16``) ------------------------------------------
 
 # Set by export to "bf16" while it compiles a ``--precision bf16`` bundle (maps onto
-# CompileOptions.precision): the constant weights the register-blocked contraction kernels read
-# from their packed layouts (``matmul_packed`` panels, ``nn.conv2d_rows`` blocks) are stored as
-# bfloat16, half their float32 size; codegen/gemm.py widens each one to float32 as it loads it
-# (exact) and accumulates in float32. Other weights stay float32.
+# CompileOptions.precision): the constant weights the contraction kernels read from their packed
+# layouts (``matmul_packed`` panels, ``nn.conv2d_rows`` blocks, ``nn.conv2d_oc`` channel blocks,
+# Winograd-transformed ones included) are stored as
+# bfloat16, half their float32 size; codegen/gemm.py and conv_oc.py widen each one to float32 as
+# they load it (exact) and accumulate in float32. Other weights stay float32.
 PRECISION = contextvars.ContextVar("precision", default="fp32")
 PRECISIONS = ("fp32", "bf16")
-BF16_OPS = ("matmul_packed", "nn.conv2d_rows")
+BF16_OPS = ("matmul_packed", "nn.conv2d_rows", "nn.conv2d_oc")
 
 
 def to_bfloat16(data: np.ndarray) -> np.ndarray:
@@ -248,8 +249,8 @@ def to_bfloat16(data: np.ndarray) -> np.ndarray:
 
 
 def weights_to_bf16(mod: IRModule) -> IRModule:
-    """Under ``PRECISION`` "bf16": the float32 packed weight of every ``matmul_packed`` and
-    ``nn.conv2d_rows`` becomes bfloat16 (``to_bfloat16``); off, the module is unchanged."""
+    """Under ``PRECISION`` "bf16": the float32 packed weight of every ``BF16_OPS`` call becomes
+    bfloat16 (``to_bfloat16``); off, the module is unchanged."""
     if PRECISION.get() != "bf16":
         return mod
 
