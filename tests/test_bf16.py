@@ -295,3 +295,6 @@ def test_cli_bf16_export(tmp_path, run_cli):
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("bf16: ")]
     assert len(lines) == 1 and "of weights in bf16" in lines[0] and "bound 1 %" in lines[0]
     assert "golden check passed" in proc.stdout
+    # the embedded golden pair carries the bf16 tolerance: `mlcpack verify` passes
+    proc = run_cli("verify", tmp_path / "m.mlc")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
