@@ -464,8 +464,9 @@ def export(
         "entropy (KL-optimal clipping)", metavar="METHOD"),
     precision: str = typer.Option("fp32", help="fp32, or bf16: matmul and convolution "
                                   "weights stored as bfloat16 (half their size) and widened to "
-                                  "fp32 in the kernels, kept fp32 when the error against fp32 "
-                                  "passes 1 % of an output's scale (docs/precision.md)",
+                                  "fp32 in the kernels; layers (or the model) kept fp32 when "
+                                  "the error against fp32 passes 1 % of an output's scale "
+                                  "(docs/precision.md)",
                                   metavar="fp32|bf16"),
     quantize_fallback: bool = typer.Option(False, help="when int8 runs slower than float, "
                                            "write the float bundle instead of failing"),

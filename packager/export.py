@@ -29,7 +29,7 @@ from .ir.graph import IRModule
 from .ir.printer import module_text
 from .passes import DEFAULT_PIPELINE, bind_params, run_pipeline
 from .passes.layout import (CONV_ROW_WIDTHS, ONE_ROW_GEMV, PACK_CONV_WEIGHTS, PACK_MATMUL_WEIGHTS,
-                            PRECISION, PRECISIONS)
+                            BF16_KEEP, PRECISION, PRECISIONS)
 from .codegen.conv_oc import packs_conv_weights
 from .codegen.gemm import conv_row_widths
 from .passes.memory_plan import UnboundedSizeError, bounded_plan
@@ -65,6 +65,7 @@ class ExportOptions:
     # weights_to_bf16), guarded by BF16_MAX_ERROR (maps onto CompileOptions.precision)
     precision: str = "fp32"
     bf16_max_error: float = 0.01              # bf16 guard: largest error, times output's scale
+    bf16_keep: frozenset | None = None        # bf16: source weights kept fp32 (set by the guard)
 
 
 class SymbolicPlanError(ExportError):
@@ -369,6 +370,14 @@ def _export(mods: dict[int | None, IRModule], path: str | os.PathLike,
         from .precision import bf16_guard
         ok, precision_note = bf16_guard(writer, header, golden, opts, constants.bf16_bytes)
         if not ok:
+            from .precision import sensitive_weights
+            keep = None if opts.bf16_keep is not None or "not measured" in precision_note \
+                else sensitive_weights(mods[largest], params, golden, opts.bf16_max_error)
+            if keep:   # the layers whose bf16 weights cost the most stay fp32, once
+                report = _export(mods, path, dataclasses.replace(opts, bf16_keep=keep),
+                                 params, on_stage)
+                if report.precision == "bf16":
+                    return report
             report = _export(mods, path, dataclasses.replace(opts, precision="fp32"), params,
                              on_stage)
             report.precision_note = precision_note
@@ -440,11 +449,13 @@ def _compile_plan(batch: int | None, mod: IRModule, n_plans: int,
     ones keeps them so, and the plans share them)."""
     token = ONE_ROW_GEMV.set(n_plans == 1)
     p_token = PRECISION.set(opts.precision)
+    k_token = BF16_KEEP.set(opts.bf16_keep or frozenset())
     try:
         optimized, variants, program = compile_variants(mod, params, opts.target,
                                                         opts.verify_ir, on_stage,
                                                         pack_rows=pack_rows)
     finally:
+        BF16_KEEP.reset(k_token)
         PRECISION.reset(p_token)
         ONE_ROW_GEMV.reset(token)
     kernels = _common_kernels(variants)

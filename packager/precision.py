@@ -5,7 +5,8 @@ A bf16 export stores the packed contraction weights as bfloat16 (passes/layout.p
 the golden check's inputs and compares each output with the fp32 reference (ONNX Runtime, or
 the IR's numpy reference): the error is the largest |bf16 - fp32| over the output, divided by
 the output's scale (its largest finite |value|). Past ``ExportOptions.bf16_max_error`` (1 % by
-default) on any output, the whole model is exported in fp32 instead, with a one-line note."""
+default) on any output, ``sensitive_weights`` picks the layers to keep in fp32 and the export
+compiles again; past it still, the whole model is exported in fp32, with a one-line note."""
 
 from __future__ import annotations
 
@@ -73,7 +74,55 @@ def bf16_guard(writer: Any, header: Any, golden: Any, opts: Any, bf16_bytes: int
     each = ", ".join(f"{n} {_percent(e)}" for n, e in errors.items())
     measured = (f"error against fp32 ({golden.reference}) on the check's inputs, of each "
                 f"output's scale: {each} (bound {_percent(bound)})")
+    kept = sorted(opts.bf16_keep or ())
     if not errors[worst] <= bound:
-        return False, (f"bf16: {measured}; {worst} is past the bound, so the model is exported "
-                       "in fp32")
-    return True, f"bf16: {size}; {measured}"
+        return False, (f"bf16: {measured}; {worst} is past the bound"
+                       + (f" with {len(kept)} layers kept in fp32" if kept else "")
+                       + ", so the model is exported in fp32")
+    return True, (f"bf16: {size}; {measured}"
+                  + (f"; kept in fp32 (the most sensitive): {', '.join(kept)}" if kept else ""))
+
+
+def sensitive_weights(mod: Any, params: Any, golden: Any, bound: float) -> frozenset | None:
+    """The weights to keep in fp32 so that bf16 stays within ``bound``: each matmul's or
+    convolution's constant weight rounded to bf16 alone, in the IR's numpy reference on the
+    check's inputs, costs an error (as ``output_errors``, the worst output, against the
+    unrounded reference); the largest are kept fp32 until the others' errors add up to at most
+    half the bound (errors of independent roundings add about so, or less). None when the
+    reference cannot run or every weight would stay fp32."""
+    from .golden import _REFERENCE_ERRORS, evaluate_ir
+    from .ir.graph import Call, Constant, Function
+    from .passes.common import map_functions, rewrite_function
+    from .passes.layout import to_bfloat16
+
+    fn = mod.functions.get("main")
+    if not isinstance(fn, Function):
+        return None
+    weights = {}
+    for b in fn.bindings():
+        v = b.value
+        if (isinstance(v, Call) and v.op in ("matmul", "nn.conv2d") and len(v.args) >= 2
+                and isinstance(v.args[1], Constant) and v.args[1].data.dtype == np.float32
+                and v.args[1].data.ndim >= 2 and int(v.attrs.get("groups", 1)) == 1):
+            weights[v.args[1].name] = v.args[1]
+    if not weights:
+        return None
+    try:
+        with np.errstate(all="ignore"):
+            base = evaluate_ir(mod, golden.inputs, params)
+            costs = {}
+            for name, w in weights.items():
+                rounded = Constant(w.name, to_bfloat16(w.data).astype(np.float32))
+                one = map_functions(mod, lambda f, w=w, r=rounded: rewrite_function(
+                    f, lambda b, lookup: None, subst={id(w): r}))
+                got = evaluate_ir(one, golden.inputs, params)
+                costs[name] = max(output_errors(got, base).values())
+    except _REFERENCE_ERRORS:   # the reference cannot run this model: no selection
+        return None
+    keep, rest = set(), sum(costs.values())
+    for name in sorted(costs, key=lambda n: -costs[n]):
+        if rest <= bound / 2:
+            break
+        keep.add(name)
+        rest -= costs[name]
+    return frozenset(keep) if keep and len(keep) < len(weights) else None

@@ -298,3 +298,42 @@ def test_cli_bf16_export(tmp_path, run_cli):
     # the embedded golden pair carries the bf16 tolerance: `mlcpack verify` passes
     proc = run_cli("verify", tmp_path / "m.mlc")
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def _sensitive_mlp(k: int = 24, n: int = 32, m: int = 16, batch: int = 16):
+    """x -> [x, x] (w_dup: exact in bf16) -> [x, x] @ [[A + D], [-A]] = x @ D (w_bad: A's
+    rounding errors are far larger than D) -> @ w_good: bf16 is fine but for w_bad."""
+    a = RNG.standard_normal((k, n)).astype(np.float32)
+    d = (0.01 * RNG.standard_normal((k, n))).astype(np.float32)
+    weights = {"w_dup": np.concatenate([np.eye(k), np.eye(k)], 1).astype(np.float32),
+               "w_bad": np.concatenate([a + d, -a], 0),
+               "w_good": (RNG.standard_normal((n, m)) / np.sqrt(n)).astype(np.float32)}
+    nodes = [helper.make_node("MatMul", ["x", "w_dup"], ["h"]),
+             helper.make_node("MatMul", ["h", "w_bad"], ["g"]),
+             helper.make_node("MatMul", ["g", "w_good"], ["y"])]
+    graph = helper.make_graph(
+        nodes, "sensitive", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, k])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, m])],
+        [numpy_helper.from_array(v, name) for name, v in weights.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model, {"x": (batch, k)}
+
+
+def test_guard_keeps_the_sensitive_layer_in_fp32(tmp_path):
+    model, shapes = _sensitive_mlp()
+    feeds = {"x": RNG.standard_normal(shapes["x"]).astype(np.float32)}
+    ref, _ = _export(tmp_path, model, "fp32", "fp32")
+    bundle, report = _export(tmp_path, model, "bf16", "bf16")
+    assert report.precision == "bf16", report.precision_note
+    assert report.precision_note.endswith("kept in fp32 (the most sensitive): w_bad")
+    dtypes = _weight_dtypes(bundle)
+    assert dtypes.count("bfloat16") == 2 and "float32" in dtypes
+    want = _run(ref, feeds)
+    err = float(np.abs(_run(bundle, feeds) - want).max()) / float(np.abs(want).max())
+    assert 0 < err <= 0.01, err
+    # all of it in bf16 (a bound nothing passes) is far past 1 %: the selection is what kept it
+    everything, _ = _export(tmp_path, model, "all", "bf16", bf16_max_error=10.0)
+    assert _weight_dtypes(everything).count("bfloat16") == 3
+    err_all = float(np.abs(_run(everything, feeds) - want).max()) / float(np.abs(want).max())
+    assert err_all > 0.05, err_all

@@ -230,6 +230,15 @@ def pack_matmul_weights(mod: IRModule) -> IRModule:
 # they load it (exact) and accumulate in float32. Other weights stay float32.
 PRECISION = contextvars.ContextVar("precision", default="fp32")
 PRECISIONS = ("fp32", "bf16")
+# Names of source weights (Constants of the module before the passes) that stay float32 under
+# "bf16": the layers the accuracy guard (packager/precision.py) found too sensitive. A packed
+# weight derives its name from its source's (``w`` -> ``w_t_p16``, ``w_oc``, ``w_r4``).
+BF16_KEEP: contextvars.ContextVar[frozenset] = contextvars.ContextVar("bf16_keep",
+                                                                     default=frozenset())
+
+
+def _kept(name: str, keep: frozenset) -> bool:
+    return any(name == k or name.startswith(k + "_") for k in keep)
 BF16_OPS = ("matmul_packed", "nn.conv2d_rows", "nn.conv2d_oc")
 
 
@@ -253,11 +262,13 @@ def weights_to_bf16(mod: IRModule) -> IRModule:
     bfloat16 (``to_bfloat16``); off, the module is unchanged."""
     if PRECISION.get() != "bf16":
         return mod
+    keep = BF16_KEEP.get()
 
     def visit(b, lookup):
         v = b.value
         if not (isinstance(v, Call) and v.op in BF16_OPS and len(v.args) == 2
-                and isinstance(v.args[1], Constant) and v.args[1].data.dtype == np.float32):
+                and isinstance(v.args[1], Constant) and v.args[1].data.dtype == np.float32
+                and not _kept(v.args[1].name, keep)):
             return None
         w = v.args[1]
         return Call(v.op, [lookup(v.args[0]), Constant(f"{w.name}_bf16", to_bfloat16(w.data))],
