@@ -272,6 +272,16 @@ def _check_quantize_options(model: Path, quantize: Optional[str], calibration: O
         _fail("--quantize int8 does not take --batch-sizes yet; export one batch size", 2)
 
 
+def _check_precision(precision: str, quantize: Optional[str]) -> None:
+    """--precision, checked before any work (exit 2)."""
+    from .passes.layout import PRECISIONS
+
+    if precision not in PRECISIONS:
+        _fail(f"--precision {precision}: choose " + " or ".join(PRECISIONS), 2)
+    if precision != "fp32" and quantize:
+        _fail(f"--precision {precision} and --quantize {quantize} do not combine; choose one", 2)
+
+
 def _export_int8(model: Path, out: Path, opts: Any, mod: Any, pre: Any, shapes: dict,
                  calibration: Path, method: Optional[str], fallback: bool) -> Any:
     """Calibrate, quantize and export (packager/quantize.py); prints the quantization report."""
@@ -455,6 +465,12 @@ def export(
     calibration_method: Optional[str] = typer.Option(
         None, help="activation ranges: percentile (default: 99.99 % of each side), minmax or "
         "entropy (KL-optimal clipping)", metavar="METHOD"),
+    precision: str = typer.Option("fp32", help="fp32, or bf16: matmul and convolution "
+                                  "weights stored as bfloat16 (half their size) and widened to "
+                                  "fp32 in the kernels; layers (or the model) kept fp32 when "
+                                  "the error against fp32 passes 1 % of an output's scale "
+                                  "(docs/precision.md)",
+                                  metavar="fp32|bf16"),
     quantize_fallback: bool = typer.Option(False, help="when int8 runs slower than float, "
                                            "write the float bundle instead of failing"),
     cache: bool = typer.Option(True, "--cache/--no-cache", help="reuse compiled kernels from "
@@ -491,6 +507,7 @@ def export(
         label_list = _labels(labels)
         _check_quantize_options(model, quantize, calibration, calibration_method,
                                 quantize_fallback, sizes)
+        _check_precision(precision, quantize)
         if sizes and model.suffix.lower() == ".onnx":
             _check_batch_dims(model, shapes)
         auto_batch = (sizes is None and not quantize and not max_shape
@@ -517,7 +534,7 @@ def export(
                              source_sha256=file_sha256(model), sign_key=sign,
                              check=check, check_inputs=check_inputs, check_rtol=check_rtol,
                              check_atol=check_atol, reference=reference,
-                             reference_name=reference_name)
+                             reference_name=reference_name, precision=precision)
         if quantize:
             report = _export_int8(model, out, opts, mod, pre, shapes, calibration,
                                   calibration_method, quantize_fallback)
@@ -547,6 +564,8 @@ def export(
                       else "memory planned at run time (symbolic shapes)"))
         if report.plan_note:
             typer.echo(f"  {report.plan_note}")
+        if report.precision_note:
+            typer.echo(report.precision_note)
         from .codegen.target import runs_on
         typer.echo(f"  runs on {runs_on(report.targets)}")
         for p in report.plans:

@@ -28,7 +28,8 @@ from .ir.builder import BuilderError
 from .ir.graph import CallTIR, Function, IRModule, merge_sources
 from .ir.printer import module_text
 from .passes import DEFAULT_PIPELINE, bind_params, run_pipeline
-from .passes.layout import CONV_ROW_WIDTHS, ONE_ROW_GEMV, PACK_CONV_WEIGHTS, PACK_MATMUL_WEIGHTS
+from .passes.layout import (CONV_ROW_WIDTHS, ONE_ROW_GEMV, PACK_CONV_WEIGHTS, PACK_MATMUL_WEIGHTS,
+                            BF16_KEEP, PRECISION, PRECISIONS)
 from .codegen.conv_oc import packs_conv_weights
 from .codegen.gemm import conv_row_widths
 from .passes.memory_plan import UnboundedSizeError, bounded_plan
@@ -60,6 +61,11 @@ class ExportOptions:
     # A golden.Reference with refuses=False (onnx.reference) is advice: it warns, never fails.
     reference: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]] | None = None
     reference_name: str | None = None
+    # "fp32", or "bf16": the packed contraction weights stored as bfloat16 (passes/layout.py
+    # weights_to_bf16), guarded by BF16_MAX_ERROR (maps onto CompileOptions.precision)
+    precision: str = "fp32"
+    bf16_max_error: float = 0.01              # bf16 guard: largest error, times output's scale
+    bf16_keep: frozenset | None = None        # bf16: source weights kept fp32 (set by the guard)
 
 
 class SymbolicPlanError(ExportError):
@@ -92,6 +98,8 @@ class ExportReport:
     plan_note: str | None = None              # how memory is planned, when --max-shape was given
     # kernels compiled with a conservative pipeline because LLVM aborted on them, one line each
     compile_warnings: list[str] = field(default_factory=list)
+    precision: str = "fp32"                   # what the bundle computes in (after the bf16 guard)
+    precision_note: str | None = None         # --precision bf16: the guard's one line
 
 
 def compile_module(mod: IRModule, params: Mapping[str, np.ndarray] | None = None,
@@ -334,6 +342,9 @@ def _export(mods: dict[int | None, IRModule], path: str | os.PathLike,
             on_stage: Callable[[str], None] | None) -> ExportReport:
     """Check (the reference runs first), compile one plan per batch size, write the bundle."""
     opts = options or ExportOptions()
+    if opts.precision not in PRECISIONS:
+        raise ExportError(f"precision {opts.precision!r} is not supported; choose "
+                          + " or ".join(PRECISIONS))
     t0 = time.perf_counter()
     clock = StageClock(on_stage)
     signer = None
@@ -344,7 +355,8 @@ def _export(mods: dict[int | None, IRModule], path: str | os.PathLike,
     specialized = not batched and len(mods) > 1   # export_specialized: None is the symbolic one
     largest = max(mods) if batched else None
     golden = None
-    if opts.check:  # the reference runs on the source model, before anything is compiled
+    bf16 = opts.precision == "bf16"
+    if opts.check or bf16:  # the reference runs on the source model, before anything is compiled
         from .golden import prepare_golden
         clock("golden reference")
         golden = prepare_golden(mods[largest], params, opts)
@@ -383,6 +395,27 @@ def _export(mods: dict[int | None, IRModule], path: str | os.PathLike,
                      writer.ref(ir_text.encode()))
     if spec_plans is not None:
         header = dataclasses.replace(header, specialized=spec_plans)
+    precision_note = None
+    if bf16:   # the accuracy guard: the bf16 bundle against the fp32 reference, or fp32
+        from .precision import bf16_guard
+        ok, precision_note = bf16_guard(writer, header, golden, opts, constants.bf16_bytes)
+        if not ok:
+            from .precision import sensitive_weights
+            keep = None if opts.bf16_keep is not None or "not measured" in precision_note \
+                else sensitive_weights(mods[largest], params, golden, opts.bf16_max_error)
+            if keep:   # the layers whose bf16 weights cost the most stay fp32, once
+                report = _export(mods, path, dataclasses.replace(opts, bf16_keep=keep),
+                                 params, on_stage)
+                if report.precision == "bf16":
+                    return report
+            report = _export(mods, path, dataclasses.replace(opts, precision="fp32"), params,
+                             on_stage)
+            report.precision_note = precision_note
+            return report
+        golden.rtol, golden.atol = (max(golden.rtol, opts.bf16_max_error),
+                                    max(golden.atol, opts.bf16_max_error))
+        if not opts.check:
+            golden = None
     check_note = None
     if golden is not None:
         from .golden import embed_golden
@@ -409,7 +442,8 @@ def _export(mods: dict[int | None, IRModule], path: str | os.PathLike,
         bound_bytes=main["bound_bytes"], plan_note=main["plan_note"], specialized=specialized,
         check_warnings=list(golden.warnings) if golden is not None else [],
         stages=clock.seconds, compiles=[c for r in reports for c in r["compiles"]],
-        compile_warnings=list(dict.fromkeys(w for r in reports for w in r["warnings"])))
+        compile_warnings=list(dict.fromkeys(w for r in reports for w in r["warnings"])),
+        precision=opts.precision, precision_note=precision_note)
 
 
 class _Constants:
@@ -420,6 +454,7 @@ class _Constants:
         self.rows: list[ConstantRow] = []
         self.ids: dict[tuple, int] = {}
         self.nbytes = 0
+        self.bf16_bytes = 0   # of nbytes, the bfloat16 weights (--precision bf16)
 
     def add(self, name: str, data: np.ndarray) -> int:
         data = np.asarray(data, order="C")
@@ -429,6 +464,8 @@ class _Constants:
             self.rows.append(ConstantRow(name, tuple(data.shape), str(data.dtype),
                                          self.writer.ref(data)))
             self.nbytes += data.nbytes
+            if str(data.dtype) == "bfloat16":
+                self.bf16_bytes += data.nbytes
         return self.ids[key]
 
 
@@ -442,11 +479,15 @@ def _compile_plan(batch: int | None, mod: IRModule, n_plans: int,
     ``pack_rows`` False: convolution weights stay [O, C, KH, KW] (a symbolic plan beside static
     ones keeps them so, and the plans share them)."""
     token = ONE_ROW_GEMV.set(n_plans == 1)
+    p_token = PRECISION.set(opts.precision)
+    k_token = BF16_KEEP.set(opts.bf16_keep or frozenset())
     try:
         optimized, variants, program = compile_variants(mod, params, opts.target,
                                                         opts.verify_ir, on_stage,
                                                         pack_rows=pack_rows)
     finally:
+        BF16_KEEP.reset(k_token)
+        PRECISION.reset(p_token)
         ONE_ROW_GEMV.reset(token)
     kernels = _common_kernels(variants)
     _check_library_names(program)

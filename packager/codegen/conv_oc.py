@@ -164,6 +164,7 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
         self.chunk = min(self.c, max(1, CHUNK_STEPS // (self.kh * self.kw)))
         self.task_regions = MAX_TASK_REGIONS
         self.wino = bool(attrs.get("winograd"))
+        self.bf16 = self.match.tag.operands[1].dtype == "bfloat16"   # --precision bf16
         if self.wino:
             self._wino_geometry(pr)
 
@@ -381,8 +382,8 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
                                                                           + kx))],
                                                inbounds=True))) for xc in xcs]
                 for v in range(nv):
-                    wv = b.load(self._vec_ptr(wc, const_i64((ky_row * self.kw + kx) * OC_BLOCK
-                                                            + (v0 + v) * vl)), align=4)
+                    wv = gemm.load_weights(b, wc, const_i64((ky_row * self.kw + kx) * OC_BLOCK
+                                                            + (v0 + v) * vl), vl, self.bf16)
                     for j in range(mr):
                         vals[j * nv + v] = self._fma(wv, xs[j], vals[j * nv + v])
             return vals
@@ -582,8 +583,8 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
                 xs = [self._splat(b.load(b.gep(base, [b.mul(c, const_i64(row_stride))],
                                                inbounds=True))) for base in bases]
                 for v in range(nv):
-                    wv = b.load(self._vec_ptr(ux, b.add(b.mul(c, const_i64(OC_BLOCK)),
-                                                        const_i64((v0 + v) * vl))), align=4)
+                    wv = gemm.load_weights(b, ux, b.add(b.mul(c, const_i64(OC_BLOCK)),
+                                                        const_i64((v0 + v) * vl)), vl, self.bf16)
                     for j in range(mr):
                         vals[j * nv + v] = self._fma(wv, xs[j], vals[j * nv + v])
             for a, val in zip(accs, vals):

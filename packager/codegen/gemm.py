@@ -106,7 +106,8 @@ def match_contraction(func: PrimFunc,
     tag = reduction_tag(reduces[0])
     inputs = {t.uid for t in func.inputs}
     if tag is None or tag.kind not in kinds \
-            or not all(t.uid in inputs and t.dtype == "float32" for t in tag.operands):
+            or not all(t.uid in inputs and t.dtype in _operand_dtypes(tag.kind, i)
+                       for i, t in enumerate(tag.operands)):
         return None
     if tag.kind == "conv2d" and tuple(tag.attrs["dilation"]) != (1, 1):
         return None
@@ -114,6 +115,33 @@ def match_contraction(func: PrimFunc,
     if tag.kind == "matmul" and tag.attrs.get("transpose_b"):
         return match if is_row_matmul(match) else None
     return match
+
+
+# The packed weights (``matmul_packed``'s B, ``conv2d_rows``' blocks, codegen/conv_oc.py's
+# ``conv2d_oc`` ones) may be stored as bfloat16 (``--precision bf16``): each load widens them to
+# float32 (``load_weights``), exactly.
+BF16_WEIGHT_KINDS = ("matmul_packed", "conv2d_rows", "conv2d_oc")
+
+
+def load_weights(b: ir.IRBuilder, w_ptr: ir.Value, offset: ir.Value, lanes: int | None,
+                 bf16: bool) -> ir.Value:
+    """``lanes`` consecutive float32 weights (a vector; None: one scalar) from element
+    ``offset`` of ``w_ptr``: a plain load, or bfloat16 ones widened to float32 (zero-extend to
+    32 bits, shift left 16: exact, on every level)."""
+    ptr = b.gep(w_ptr, [offset], inbounds=True)
+    if lanes is None:
+        value = b.load(ptr)
+        return b.bitcast(b.shl(b.zext(value, I32), ir.Constant(I32, 16)), F32) if bf16 else value
+    if not bf16:
+        return b.load(b.bitcast(ptr, ir.VectorType(F32, lanes).as_pointer()), align=4)
+    i16v, i32v = ir.VectorType(ir.IntType(16), lanes), ir.VectorType(I32, lanes)
+    raw = b.load(b.bitcast(ptr, i16v.as_pointer()), align=2)
+    wide = b.shl(b.zext(raw, i32v), ir.Constant(i32v, [16] * lanes))
+    return b.bitcast(wide, ir.VectorType(F32, lanes))
+
+
+def _operand_dtypes(kind: str, index: int) -> tuple[str, ...]:
+    return ("float32", "bfloat16") if index == 1 and kind in BF16_WEIGHT_KINDS else ("float32",)
 
 
 _VECTOR_BINARY = ("add", "sub", "mul", "div", "max", "min")
@@ -509,6 +537,18 @@ class ContractionEmitter(KernelEmitter):
         b = self.builder
         return b.bitcast(b.gep(ptr, [offset], inbounds=True), self.vty.as_pointer())
 
+    def _bf16_weights(self) -> bool:
+        """The packed weights are bfloat16 (``--precision bf16``)."""
+        return self.match.tag.operands[1].dtype == "bfloat16"
+
+    def _weight_vector(self, w_ptr: ir.Value, offset: ir.Value, lanes: int) -> ir.Value:
+        """``lanes`` weights from element ``offset`` of ``w_ptr`` as float32 (``load_weights``)."""
+        return load_weights(self.builder, w_ptr, offset, lanes, self._bf16_weights())
+
+    def _weight_scalar(self, w_ptr: ir.Value, offset: ir.Value) -> ir.Value:
+        """One weight as float32 (``load_weights``)."""
+        return load_weights(self.builder, w_ptr, offset, None, self._bf16_weights())
+
     def _splat(self, x: ir.Value) -> ir.Value:
         b = self.builder
         v = b.insert_element(ir.Constant(self.vty, None), x, ir.Constant(I32, 0))
@@ -581,8 +621,8 @@ class ContractionEmitter(KernelEmitter):
 
             def a_packed(k, u, i):
                 col = k if u is None else b.add(b.mul(k, const_i64(khw)), const_i64(u))
-                return b.load(b.gep(block, [b.add(b.mul(col, const_i64(rows)), const_i64(i))],
-                                    inbounds=True))
+                return self._weight_scalar(block, b.add(b.mul(col, const_i64(rows)),
+                                                        const_i64(i)))
 
             return a_packed
         last = b.add(b.sub(oc0, local0), const_i64(og - 1))
@@ -987,8 +1027,8 @@ class ContractionEmitter(KernelEmitter):
             bases.append(b.select(b.icmp_signed("<", col, const_i64(padded)), off, const_i64(0)))
 
         def load(k, v):
-            return b.load(self._vec_ptr(b_base, b.add(bases[v], b.mul(k, const_i64(nrp)))),
-                          align=4)
+            return self._weight_vector(b_base, b.add(bases[v], b.mul(k, const_i64(nrp))),
+                                       self.vl)
         return load
 
     def _matmul_full_panel(self, b_base, n0, a_base, bidx, remaining, masks) -> None:
@@ -1663,8 +1703,7 @@ class ContractionEmitter(KernelEmitter):
                 b.store(ir.Constant(lanes, [0.0] * mo), a)
 
             def step(k, c: int) -> None:
-                wv = b.load(b.bitcast(b.gep(block, [b.mul(k, const_i64(mo))], inbounds=True),
-                                      lanes.as_pointer()), align=4)
+                wv = self._weight_vector(block, b.mul(k, const_i64(mo)), mo)
                 for j in range(r):
                     x = b.load(b.gep(xt, [b.add(k, const_i64((j0 + j) * kp))], inbounds=True))
                     xv = b.shuffle_vector(

@@ -85,6 +85,12 @@ def _infer_matmul_packed(a: TensorType, bp: TensorType, n: int) -> TensorType:
     return TensorType(tuple(a.shape[:-1]) + (n,), a.dtype)
 
 
+def _widened(e: te.Expr) -> te.Expr:
+    """A packed weight's element as float32: bfloat16 weights (``--precision bf16``,
+    passes/layout.py ``weights_to_bf16``) widen exactly; float32 ones pass through."""
+    return te.cast(e, "float32") if e.dtype == "bfloat16" else e
+
+
 def _legalize_matmul_packed(a: te.Tensor, bp: te.Tensor, out_type: TensorType, name: str,
                             n: int) -> te.Tensor:
     k = te.reduce_axis(a.shape[-1], "k")
@@ -93,14 +99,14 @@ def _legalize_matmul_packed(a: te.Tensor, bp: te.Tensor, out_type: TensorType, n
 
     def body(*i: te.IndexVar) -> te.Expr:
         col = i[-1]
-        return te.sum_of(a[tuple(i[:-1]) + (k,)] * bp[col // nr, k, col % nr], k)
+        return te.sum_of(a[tuple(i[:-1]) + (k,)] * _widened(bp[col // nr, k, col % nr]), k)
 
     return te.compute(out_type.shape, body, name=name)
 
 
 @register_op("matmul_packed", COMPLEX, _infer_matmul_packed, _legalize_matmul_packed)
 def matmul_packed(a: np.ndarray, bp: np.ndarray, n: int) -> np.ndarray:
-    return np.matmul(a, unpack_matmul_b(bp, n)).astype(a.dtype)
+    return np.matmul(a, unpack_matmul_b(bp, n).astype(a.dtype)).astype(a.dtype)
 
 
 # ---- conv2d -------------------------------------------------------------------------------------
@@ -296,7 +302,7 @@ def _legalize_conv2d_oc(x: te.Tensor, wp: te.Tensor, out_type: TensorType, name:
             value = None
             for a, sa in terms[i]:
                 for b_, sb in terms[j]:
-                    u = wp[oc // OC_BLOCK, (a * 4 + b_) * c + rc, oc % OC_BLOCK]
+                    u = _widened(wp[oc // OC_BLOCK, (a * 4 + b_) * c + rc, oc % OC_BLOCK])
                     u = u if sa * sb > 0 else u * -1.0
                     value = u if value is None else value + u
             return value
@@ -310,7 +316,7 @@ def _legalize_conv2d_oc(x: te.Tensor, wp: te.Tensor, out_type: TensorType, name:
     def body(n: te.IndexVar, oc: te.IndexVar, y: te.IndexVar, xx: te.IndexVar) -> te.Expr:
         value = _window_value(x, n, rc, y, xx, ry, rx, strides, padding)
         weight = wino_weight(oc) if winograd else \
-            wp[oc // OC_BLOCK, (rc * kh + ry) * kw + rx, oc % OC_BLOCK]
+            _widened(wp[oc // OC_BLOCK, (rc * kh + ry) * kw + rx, oc % OC_BLOCK])
         return te.sum_of(value * weight, (rc, ry, rx))
 
     return te.compute(out_type.shape, body, name=name)
@@ -320,6 +326,7 @@ def _legalize_conv2d_oc(x: te.Tensor, wp: te.Tensor, out_type: TensorType, name:
 def conv2d_oc(x: np.ndarray, wp: np.ndarray, out_channels: int, kernel=(1, 1), strides=(1, 1),
               padding=(0, 0, 0, 0), dilation=(1, 1), groups: int = 1,
               winograd: bool = False) -> np.ndarray:
+    wp = wp.astype(x.dtype)   # bfloat16 weights (--precision bf16) widen exactly
     w = unpack_wino_weights(wp, out_channels) if winograd else \
         unpack_oc_weights(wp, out_channels, kernel)
     return conv2d(x, w, strides, padding, dilation, groups)
@@ -376,7 +383,7 @@ def _legalize_conv2d_rows(x: te.Tensor, wp: te.Tensor, out_type: TensorType, nam
 
     def body(n: te.IndexVar, oc: te.IndexVar, y: te.IndexVar, xx: te.IndexVar) -> te.Expr:
         value = _window_value(x, n, rc, y, xx, ry, rx, strides, padding)
-        return te.sum_of(value * wp[oc // rows, (rc * kh + ry) * kw + rx, oc % rows],
+        return te.sum_of(value * _widened(wp[oc // rows, (rc * kh + ry) * kw + rx, oc % rows]),
                          (rc, ry, rx))
 
     return te.compute(out_type.shape, body, name=name)
@@ -386,7 +393,7 @@ def _legalize_conv2d_rows(x: te.Tensor, wp: te.Tensor, out_type: TensorType, nam
 def conv2d_rows(x: np.ndarray, wp: np.ndarray, out_channels: int, kernel=(1, 1), rows: int = 4,
                 strides=(1, 1), padding=(0, 0, 0, 0), dilation=(1, 1),
                 groups: int = 1) -> np.ndarray:
-    w = unpack_row_weights(wp, out_channels, x.shape[1], kernel)
+    w = unpack_row_weights(wp, out_channels, x.shape[1], kernel).astype(x.dtype)
     return conv2d(x, w, strides, padding, dilation, groups)
 
 

@@ -218,3 +218,60 @@ def pack_matmul_weights(mod: IRModule) -> IRModule:
         return Call("matmul_packed", [lookup(x), packed], {"n": int(w.data.shape[1])}, v.type)
 
     return map_functions(mod, lambda fn: rewrite_function(fn, visit))
+
+
+# ---- bf16 weights (``mlcpack export --precision bf16``) ------------------------------------------
+
+# Set by export to "bf16" while it compiles a ``--precision bf16`` bundle (maps onto
+# CompileOptions.precision): the constant weights the contraction kernels read from their packed
+# layouts (``matmul_packed`` panels, ``nn.conv2d_rows`` blocks, ``nn.conv2d_oc`` channel blocks,
+# Winograd-transformed ones included) are stored as
+# bfloat16, half their float32 size; codegen/gemm.py and conv_oc.py widen each one to float32 as
+# they load it (exact) and accumulate in float32. Other weights stay float32.
+PRECISION = contextvars.ContextVar("precision", default="fp32")
+PRECISIONS = ("fp32", "bf16")
+# Names of source weights (Constants of the module before the passes) that stay float32 under
+# "bf16": the layers the accuracy guard (packager/precision.py) found too sensitive. A packed
+# weight derives its name from its source's (``w`` -> ``w_t_p16``, ``w_oc``, ``w_r4``).
+BF16_KEEP: contextvars.ContextVar[frozenset] = contextvars.ContextVar("bf16_keep",
+                                                                     default=frozenset())
+
+
+def _kept(name: str, keep: frozenset) -> bool:
+    return any(name == k or name.startswith(k + "_") for k in keep)
+BF16_OPS = ("matmul_packed", "nn.conv2d_rows", "nn.conv2d_oc")
+
+
+def to_bfloat16(data: np.ndarray) -> np.ndarray:
+    """float32 -> bfloat16 (ml_dtypes' dtype, stored as its top 16 bits) rounded to nearest,
+    ties to even; infinities stay infinite, a NaN stays a (quiet) NaN of its sign, a value past
+    the largest bfloat16 rounds to infinity, as IEEE rounding does."""
+    import ml_dtypes
+
+    bits = np.ascontiguousarray(data, dtype=np.float32).view(np.uint32)
+    rounded = (bits + np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1))) \
+        >> np.uint32(16)
+    nan = (bits & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000)
+    quiet = (bits >> np.uint32(16)) | np.uint32(0x0040)
+    out = np.where(nan, quiet, rounded).astype(np.uint16)
+    return out.view(ml_dtypes.bfloat16).reshape(np.shape(data))
+
+
+def weights_to_bf16(mod: IRModule) -> IRModule:
+    """Under ``PRECISION`` "bf16": the float32 packed weight of every ``BF16_OPS`` call becomes
+    bfloat16 (``to_bfloat16``); off, the module is unchanged."""
+    if PRECISION.get() != "bf16":
+        return mod
+    keep = BF16_KEEP.get()
+
+    def visit(b, lookup):
+        v = b.value
+        if not (isinstance(v, Call) and v.op in BF16_OPS and len(v.args) == 2
+                and isinstance(v.args[1], Constant) and v.args[1].data.dtype == np.float32
+                and not _kept(v.args[1].name, keep)):
+            return None
+        w = v.args[1]
+        return Call(v.op, [lookup(v.args[0]), Constant(f"{w.name}_bf16", to_bfloat16(w.data))],
+                    v.attrs, v.type)
+
+    return map_functions(mod, lambda fn: rewrite_function(fn, visit))

@@ -13,7 +13,8 @@ from .conv_transpose import decompose_conv_transpose
 from .fuse import fuse_ops
 from .gelu import fuse_gelu
 from .normalize import fuse_normalize
-from .layout import pack_conv_rows, pack_conv_weights, pack_matmul_weights, pretranspose_weights
+from .layout import (pack_conv_rows, pack_conv_weights, pack_matmul_weights, pretranspose_weights,
+                     weights_to_bf16)
 from .legalize import legalize
 from .rnn import drop_unread_cell_state
 from .quantize import fuse_quantized
@@ -42,6 +43,7 @@ DEFAULT_PIPELINE: tuple[Pass, ...] = (
     Pass("pack_conv_weights", pack_conv_weights),
     Pass("pack_conv_rows", pack_conv_rows),
     Pass("pack_matmul_weights", pack_matmul_weights),
+    Pass("weights_to_bf16", weights_to_bf16),
     Pass("legalize", legalize),
     Pass("fuse_ops", fuse_ops),
     Pass("eliminate_dead_code", eliminate_dead_code),

@@ -1,0 +1,88 @@
+"""fp32 vs ``--precision bf16`` bundles, 1 thread, alternating in one process.
+
+    .venv/bin/python bench/bf16.py [--budget 6] [--models mlp,resnet_small,resnet18]
+
+Models (bench/int8.py's): mlp (x [32,256], 256-512-512-10), resnet_small (3x3 convs 16->32->32,
+a residual Add, a 1x1 conv, a Gemm), resnet18 (bench/models.py, random weights, 1x3x224x224).
+Each is exported with ``--target host`` in fp32 and in bf16 (the packed matmul and convolution
+weights stored as bfloat16, widened to fp32 on load; docs/precision.md). Rows: median and min
+ms per run (bench.time_interleaved: the engines alternate), least CPU time of a run, the bundle
+size, the weights' size, and the bf16 bundle's error against the fp32 bundle (max |diff| over
+the output's scale). Print the host's CPU flags beside the numbers: on a host without
+avx512_bf16 the bf16 kernels widen each weight with integer shifts (no vdpbf16ps), so speed is
+not the point there; the size is.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent / "tests"))
+
+
+def _export(path: Path, out: Path, precision: str):
+    from mlcpack.frontends.onnx import import_onnx
+    from mlcpack.packager.export import ExportOptions, export_module
+
+    mod, _ = import_onnx(str(path))
+    return export_module(mod, out, ExportOptions(target="host", precision=precision))
+
+
+def _flags() -> str:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return "unknown"
+    flags = set(next((ln.split(":", 1)[1].split() for ln in text.splitlines()
+                      if ln.startswith("flags")), []))
+    wanted = ["avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16"]
+    return ", ".join(f"{f}{'' if f in flags else ' (no)'}" for f in wanted)
+
+
+def bench_model(name: str, tmp: Path, budget: float) -> None:
+    from int8 import BUILDERS, _cpu_min
+
+    from bench import time_interleaved
+    from mlcpack.runtime import load
+
+    src = BUILDERS[name](tmp / f"{name}.onnx")
+    reports = {p: _export(src, tmp / f"{name}_{p}.mlc", p) for p in ("fp32", "bf16")}
+    print(f"{name}: {reports['bf16'].precision_note}")
+    models = {p: load(r.path, threads=1) for p, r in reports.items()}
+    spec = models["fp32"].inputs[0]
+    feed = {spec.name: np.random.default_rng(3).standard_normal(spec.shape).astype(np.float32)}
+    outs = {p: list(m.run(feed).values())[0] for p, m in models.items()}
+    scale = float(np.abs(outs["fp32"]).max()) or 1.0
+    fns = [lambda m=m: m.run(feed) for m in models.values()]
+    res = time_interleaved(fns, budget)
+    cpu = [_cpu_min(fn, 5) for fn in fns]
+    for (p, r), (med, mn, n), c in zip(reports.items(), res, cpu):
+        err = float(np.abs(outs[p] - outs["fp32"]).max()) / scale
+        print(f"  {p:5s} median {med / 1e3:8.3f} ms  min {mn / 1e3:8.3f} ms  cpu {c / 1e3:8.3f} "
+              f"ms | x{res[0][1] / mn:4.2f} of fp32 (min) | bundle {r.bundle_bytes / 1e6:6.2f} MB"
+              f"  weights {r.weights_bytes / 1e6:6.2f} MB | error vs fp32 {100 * err:.3f} % of "
+              f"scale | {n} runs")
+    for m in models.values():
+        m.close()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--budget", type=float, default=6.0, help="seconds per model")
+    ap.add_argument("--models", default="mlp,resnet_small,resnet18")
+    args = ap.parse_args()
+    print(f"host CPU flags: {_flags()}; 1 thread")
+    with tempfile.TemporaryDirectory() as d:
+        for name in args.models.split(","):
+            bench_model(name, Path(d), args.budget)
+
+
+if __name__ == "__main__":
+    main()

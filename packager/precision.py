@@ -1,0 +1,128 @@
+"""The accuracy guard of ``mlcpack export --precision bf16`` (docs/precision.md).
+
+A bf16 export stores the packed contraction weights as bfloat16 (passes/layout.py
+``weights_to_bf16``); before the bundle is written, ``bf16_guard`` runs it with the runtime on
+the golden check's inputs and compares each output with the fp32 reference (ONNX Runtime, or
+the IR's numpy reference): the error is the largest |bf16 - fp32| over the output, divided by
+the output's scale (its largest finite |value|). Past ``ExportOptions.bf16_max_error`` (1 % by
+default) on any output, ``sensitive_weights`` picks the layers to keep in fp32 and the export
+compiles again; past it still, the whole model is exported in fp32, with a one-line note."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from typing import Any
+
+import numpy as np
+
+from ..runtime.errors import CpuFeatureError, LibraryFunctionError
+
+
+def output_errors(got: dict, ref: dict) -> dict[str, float]:
+    """Per output: max |got - ref| / max |ref| (finite values; a scale of 0 counts as 1)."""
+    errors = {}
+    for name, r in ref.items():
+        r = np.asarray(r, dtype=np.float64)
+        g = np.asarray(got[name], dtype=np.float64).reshape(r.shape)
+        finite = np.isfinite(r)
+        if not finite.any():
+            errors[name] = 0.0 if np.array_equal(g, r, equal_nan=True) else float("inf")
+            continue
+        scale = float(np.abs(r[finite]).max()) or 1.0
+        diff = np.abs(g[finite] - r[finite])
+        errors[name] = float(diff.max()) / scale if diff.size else 0.0
+        if not np.isfinite(g[finite]).all():
+            errors[name] = float("inf")
+    return errors
+
+
+def _percent(x: float) -> str:
+    return "inf" if not np.isfinite(x) else f"{100 * x:.3g} %"
+
+
+def bf16_guard(writer: Any, header: Any, golden: Any, opts: Any, bf16_bytes: int
+               ) -> tuple[bool, str]:
+    """(keep bf16, the one line to print). Writes the bundle to a temporary file, runs it on
+    ``golden.inputs`` and compares with ``golden.outputs`` (the fp32 reference)."""
+    bound = opts.bf16_max_error
+    if bf16_bytes == 0:
+        return True, ("bf16: no weight is stored as bf16 for this target (the bf16 kernels "
+                      "read the packed weights of x86-64-v2/v3 matmuls and convolutions); "
+                      "the bundle computes as fp32")
+    size = f"{bf16_bytes / 1024:.1f} KiB of weights in bf16 (fp32: {bf16_bytes / 512:.1f} KiB)"
+    if golden is None or golden.skipped or not golden.outputs:
+        why = golden.skipped if golden is not None and golden.skipped else "no reference ran"
+        return False, f"bf16: error against fp32 not measured ({why}); exported in fp32"
+    from ..runtime import load
+
+    fd, tmp = tempfile.mkstemp(prefix=".mlcpack-bf16-", suffix=".mlc")
+    os.close(fd)
+    try:
+        writer.write(tmp, header)
+        try:
+            model = load(tmp)
+        except (CpuFeatureError, LibraryFunctionError) as exc:
+            return True, (f"bf16: {size}; error against fp32 not measured (this host cannot "
+                          f"run the bundle: {exc})")
+        with model:
+            got = model.run(dict(golden.inputs))
+    finally:
+        os.unlink(tmp)
+    errors = output_errors(got, golden.outputs)
+    worst = max(errors, key=lambda n: errors[n])
+    each = ", ".join(f"{n} {_percent(e)}" for n, e in errors.items())
+    measured = (f"error against fp32 ({golden.reference}) on the check's inputs, of each "
+                f"output's scale: {each} (bound {_percent(bound)})")
+    kept = sorted(opts.bf16_keep or ())
+    if not errors[worst] <= bound:
+        return False, (f"bf16: {measured}; {worst} is past the bound"
+                       + (f" with {len(kept)} layers kept in fp32" if kept else "")
+                       + ", so the model is exported in fp32")
+    return True, (f"bf16: {size}; {measured}"
+                  + (f"; kept in fp32 (the most sensitive): {', '.join(kept)}" if kept else ""))
+
+
+def sensitive_weights(mod: Any, params: Any, golden: Any, bound: float) -> frozenset | None:
+    """The weights to keep in fp32 so that bf16 stays within ``bound``: each matmul's or
+    convolution's constant weight rounded to bf16 alone, in the IR's numpy reference on the
+    check's inputs, costs an error (as ``output_errors``, the worst output, against the
+    unrounded reference); the largest are kept fp32 until the others' errors add up to at most
+    half the bound (errors of independent roundings add about so, or less). None when the
+    reference cannot run or every weight would stay fp32."""
+    from .golden import _REFERENCE_ERRORS, evaluate_ir
+    from .ir.graph import Call, Constant, Function
+    from .passes.common import map_functions, rewrite_function
+    from .passes.layout import to_bfloat16
+
+    fn = mod.functions.get("main")
+    if not isinstance(fn, Function):
+        return None
+    weights = {}
+    for b in fn.bindings():
+        v = b.value
+        if (isinstance(v, Call) and v.op in ("matmul", "nn.conv2d") and len(v.args) >= 2
+                and isinstance(v.args[1], Constant) and v.args[1].data.dtype == np.float32
+                and v.args[1].data.ndim >= 2 and int(v.attrs.get("groups", 1)) == 1):
+            weights[v.args[1].name] = v.args[1]
+    if not weights:
+        return None
+    try:
+        with np.errstate(all="ignore"):
+            base = evaluate_ir(mod, golden.inputs, params)
+            costs = {}
+            for name, w in weights.items():
+                rounded = Constant(w.name, to_bfloat16(w.data).astype(np.float32))
+                one = map_functions(mod, lambda f, w=w, r=rounded: rewrite_function(
+                    f, lambda b, lookup: None, subst={id(w): r}))
+                got = evaluate_ir(one, golden.inputs, params)
+                costs[name] = max(output_errors(got, base).values())
+    except _REFERENCE_ERRORS:   # the reference cannot run this model: no selection
+        return None
+    keep, rest = set(), sum(costs.values())
+    for name in sorted(costs, key=lambda n: -costs[n]):
+        if rest <= bound / 2:
+            break
+        keep.add(name)
+        rest -= costs[name]
+    return frozenset(keep) if keep and len(keep) < len(weights) else None
