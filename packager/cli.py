@@ -505,9 +505,9 @@ def export(
         check_inputs = _parse_check_inputs(check_input) if check else None
         given = _preprocess_options(input_size, color, scale, mean, std, layout)
         label_list = _labels(labels)
+        _check_precision(precision, quantize)   # flags that conflict, before any file is read
         _check_quantize_options(model, quantize, calibration, calibration_method,
                                 quantize_fallback, sizes)
-        _check_precision(precision, quantize)
         if sizes and model.suffix.lower() == ".onnx":
             _check_batch_dims(model, shapes)
         auto_batch = (sizes is None and not quantize and not max_shape
