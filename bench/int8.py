@@ -113,17 +113,11 @@ def _mlcpack_quantize(fp32: Path, out: Path, feeds: list[dict]) -> Path:
 def _export(path: Path, out: Path, int8_kernels: bool = True) -> Path:
     from mlcpack.frontends.onnx import import_onnx
     from mlcpack.packager.export import ExportOptions, export_module
+    from mlcpack.packager.options import CompileOptions
 
-    old = os.environ.get("MLCPACK_INT8_KERNELS")
-    os.environ["MLCPACK_INT8_KERNELS"] = "1" if int8_kernels else "0"
-    try:
-        mod, _ = import_onnx(str(path))
-        export_module(mod, out, ExportOptions(target="host", check=False))
-    finally:
-        if old is None:
-            del os.environ["MLCPACK_INT8_KERNELS"]
-        else:
-            os.environ["MLCPACK_INT8_KERNELS"] = old
+    mod, _ = import_onnx(str(path))
+    options = CompileOptions.from_environ(os.environ, int8_kernels=int8_kernels)
+    export_module(mod, out, ExportOptions(target="host", check=False, compile=options))
     return out
 
 

@@ -274,7 +274,7 @@ def _check_quantize_options(model: Path, quantize: Optional[str], calibration: O
 
 def _check_precision(precision: str, quantize: Optional[str]) -> None:
     """--precision, checked before any work (exit 2)."""
-    from .passes.layout import PRECISIONS
+    from .options import PRECISIONS
 
     if precision not in PRECISIONS:
         _fail(f"--precision {precision}: choose " + " or ".join(PRECISIONS), 2)
@@ -487,13 +487,12 @@ def export(
         from .codegen import cache as compile_cache
         from .export import ExportOptions, export_batched, export_module, file_sha256
         from .timings import process_seconds, timings_table
+        from .options import CompileOptions
 
         started = time.perf_counter()
         startup = process_seconds()   # the interpreter and the imports before this command
-        if not cache:   # codegen/cache.py reads it; forked compile workers inherit it
-            os.environ[compile_cache.ENV] = "off"
         try:
-            compile_cache.max_bytes()
+            compile_cache.max_bytes(os.environ)
         except compile_cache.CacheSettingError as exc:
             _fail(str(exc), 2)
         out = output or Path(model.stem + ".mlc")
@@ -534,7 +533,10 @@ def export(
                              source_sha256=file_sha256(model), sign_key=sign,
                              check=check, check_inputs=check_inputs, check_rtol=check_rtol,
                              check_atol=check_atol, reference=reference,
-                             reference_name=reference_name, precision=precision)
+                             reference_name=reference_name, precision=precision,
+                             # the environment's switches, read here once (docs/env-vars.md)
+                             compile=CompileOptions.from_environ(
+                                 os.environ, **({} if cache else {"cache_dir": None})))
         if quantize:
             report = _export_int8(model, out, opts, mod, pre, shapes, calibration,
                                   calibration_method, quantize_fallback)

@@ -1,4 +1,9 @@
-"""The export driver: IRModule -> passes -> LLVM object -> VM program -> bundle file."""
+"""The export driver: IRModule -> passes -> LLVM object -> VM program -> bundle file.
+
+Its public entries (``export_module``, ``export_batched``, ``export_specialized``,
+``compile_module``, ``compile_variants``) take the compiler's settings as one
+``CompileOptions`` (packager/options.py); given none, they read them from the environment once
+(``CompileOptions.from_environ``, docs/env-vars.md) and hand them down explicitly."""
 
 from __future__ import annotations
 
@@ -28,10 +33,7 @@ from .ir.builder import BuilderError
 from .ir.graph import CallTIR, Function, IRModule, merge_sources
 from .ir.printer import module_text
 from .passes import DEFAULT_PIPELINE, bind_params, run_pipeline
-from .passes.layout import (CONV_ROW_WIDTHS, ONE_ROW_GEMV, PACK_CONV_WEIGHTS, PACK_MATMUL_WEIGHTS,
-                            BF16_KEEP, PRECISION, PRECISIONS)
-from .codegen.conv_oc import packs_conv_weights
-from .codegen.gemm import conv_row_widths
+from .options import PRECISIONS, CompileOptions
 from .passes.memory_plan import UnboundedSizeError, bounded_plan
 from .passes.simplify import BindError
 from .timings import StageClock
@@ -65,7 +67,21 @@ class ExportOptions:
     # weights_to_bf16), guarded by BF16_MAX_ERROR (maps onto CompileOptions.precision)
     precision: str = "fp32"
     bf16_max_error: float = 0.01              # bf16 guard: largest error, times output's scale
-    bf16_keep: frozenset | None = None        # bf16: source weights kept fp32 (set by the guard)
+    bf16_keep: frozenset | None = None        # bf16: source weights kept fp32 (set by the guard;
+    #                                           maps onto CompileOptions.bf16_keep)
+    # The compiler's settings; None: from the environment (``CompileOptions.from_environ``).
+    # ``target`` above, when given, is its target; ``verify_ir`` False above turns its off;
+    # ``precision`` and ``bf16_keep`` above are its precision and bf16_keep.
+    compile: CompileOptions | None = None
+
+    def compile_options(self) -> CompileOptions:
+        """The ``CompileOptions`` this export compiles with (the environment is read here, once,
+        when ``compile`` is None)."""
+        base = self.compile if self.compile is not None else CompileOptions.from_environ(
+            os.environ)
+        return base.replace(target=self.target if self.target is not None else base.target,
+                            verify_ir=self.verify_ir and base.verify_ir,
+                            precision=self.precision, bf16_keep=self.bf16_keep or frozenset())
 
 
 class SymbolicPlanError(ExportError):
@@ -104,45 +120,44 @@ class ExportReport:
 
 def compile_module(mod: IRModule, params: Mapping[str, np.ndarray] | None = None,
                    target: str | None = None, verify_ir: bool = True,
-                   on_stage: Callable[[str], None] | None = None
+                   on_stage: Callable[[str], None] | None = None,
+                   options: CompileOptions | None = None
                    ) -> tuple[IRModule, Any, Program]:
     """Run the pipeline and code generation; return (optimized module, compiled code, program).
     ``target`` None is this host's level (one object to run here, not the portable bundle's
     several); with several targets, the compiled code is the first target's (see
-    ``compile_variants``)."""
+    ``compile_variants``). ``options`` None: from the environment; ``target`` and
+    ``verify_ir`` replace its fields of that name."""
     optimized, variants, program = compile_variants(mod, params, target or "host", verify_ir,
-                                                    on_stage)
+                                                    on_stage, options=options)
     return optimized, variants[0], program
 
 
 def compile_variants(mod: IRModule, params: Mapping[str, np.ndarray] | None = None,
                      target: str | None = None, verify_ir: bool = True,
-                     on_stage: Callable[[str], None] | None = None, pack_rows: bool = True
+                     on_stage: Callable[[str], None] | None = None, pack_rows: bool = True,
+                     options: CompileOptions | None = None
                      ) -> tuple[IRModule, list[CompiledCode], Program]:
     """Like ``compile_module`` for a comma-separated list of targets: one object per target,
     and one VM program (and memory plan) that every object serves. ``pack_rows`` False keeps
-    convolution weights [O, C, KH, KW] (no ``nn.conv2d_rows``)."""
+    convolution weights [O, C, KH, KW] (no ``nn.conv2d_rows``). The layout choices
+    ``options`` leaves open are made for the targets (``CompileOptions.for_targets``)."""
+    base = options if options is not None else CompileOptions.from_environ(os.environ)
+    options = base.replace(target=target, verify_ir=verify_ir)
     note = on_stage or (lambda s: None)
     try:
-        targets = resolve_targets(target)
+        targets = resolve_targets(options.target)
+        if not pack_rows:
+            options = options.replace(conv_row_widths=())
+        options = options.for_targets(targets)
         if params:
             mod = bind_params(mod, params)
         note("passes")
-        token = PACK_CONV_WEIGHTS.set(packs_conv_weights(targets))
-        names = {t.name for t in targets}   # AVX2 measured; its 128-bit level beside it neutral
-        mm_token = PACK_MATMUL_WEIGHTS.set("x86-64-v3" in names
-                                           and names <= {"x86-64-v2", "x86-64-v3"})
-        rows_token = CONV_ROW_WIDTHS.set(conv_row_widths(targets) if pack_rows else ())
-        try:
-            mod = run_pipeline(mod, DEFAULT_PIPELINE, verify=verify_ir)
-        finally:
-            CONV_ROW_WIDTHS.reset(rows_token)
-            PACK_MATMUL_WEIGHTS.reset(mm_token)
-            PACK_CONV_WEIGHTS.reset(token)
+        mod = run_pipeline(mod, DEFAULT_PIPELINE, options=options, verify=options.verify_ir)
         note("codegen")
         funcs = list(mod.prim_funcs().values())
         try:
-            variants = compile_for_targets(funcs, targets, main_size_vars(mod))
+            variants = compile_for_targets(funcs, targets, main_size_vars(mod), options)
         except KernelCompileError as exc:
             raise ExportError(
                 f"LLVM aborted compiling {kernel_names(mod, exc.kernels, exc.serves)} for "
@@ -345,6 +360,7 @@ def _export(mods: dict[int | None, IRModule], path: str | os.PathLike,
     if opts.precision not in PRECISIONS:
         raise ExportError(f"precision {opts.precision!r} is not supported; choose "
                           + " or ".join(PRECISIONS))
+    compile_options = opts.compile_options()   # the environment is read here, once
     t0 = time.perf_counter()
     clock = StageClock(on_stage)
     signer = None
@@ -371,7 +387,7 @@ def _export(mods: dict[int | None, IRModule], path: str | os.PathLike,
         # several plans read one transposed W (no one-row GEMV): the weights stay stored once
         try:
             plan, report, optimized, targets = _compile_plan(
-                batch, mod, len(mods), params, opts, clock, writer, constants,
+                batch, mod, len(mods), params, compile_options, clock, writer, constants,
                 pack_rows=not specialized)
         except ExportError as exc:
             if specialized and batch is None:
@@ -404,11 +420,13 @@ def _export(mods: dict[int | None, IRModule], path: str | os.PathLike,
             keep = None if opts.bf16_keep is not None or "not measured" in precision_note \
                 else sensitive_weights(mods[largest], params, golden, opts.bf16_max_error)
             if keep:   # the layers whose bf16 weights cost the most stay fp32, once
-                report = _export(mods, path, dataclasses.replace(opts, bf16_keep=keep),
+                report = _export(mods, path, dataclasses.replace(opts, bf16_keep=keep,
+                                                         compile=compile_options),
                                  params, on_stage)
                 if report.precision == "bf16":
                     return report
-            report = _export(mods, path, dataclasses.replace(opts, precision="fp32"), params,
+            report = _export(mods, path, dataclasses.replace(opts, precision="fp32",
+                                                     compile=compile_options), params,
                              on_stage)
             report.precision_note = precision_note
             return report
@@ -470,25 +488,18 @@ class _Constants:
 
 
 def _compile_plan(batch: int | None, mod: IRModule, n_plans: int,
-                  params: Mapping[str, np.ndarray] | None, opts: ExportOptions,
+                  params: Mapping[str, np.ndarray] | None, options: CompileOptions,
                   on_stage: Callable[[str], None] | None, writer: BundleWriter,
                   constants: _Constants, pack_rows: bool = True
                   ) -> tuple[Plan, dict, IRModule, list[Target]]:
     """Compile one batch size's module for every target: its plan record (weights, code and
     bytecode through ``writer``), a report row, the optimized module and the targets.
     ``pack_rows`` False: convolution weights stay [O, C, KH, KW] (a symbolic plan beside static
-    ones keeps them so, and the plans share them)."""
-    token = ONE_ROW_GEMV.set(n_plans == 1)
-    p_token = PRECISION.set(opts.precision)
-    k_token = BF16_KEEP.set(opts.bf16_keep or frozenset())
-    try:
-        optimized, variants, program = compile_variants(mod, params, opts.target,
-                                                        opts.verify_ir, on_stage,
-                                                        pack_rows=pack_rows)
-    finally:
-        BF16_KEEP.reset(k_token)
-        PRECISION.reset(p_token)
-        ONE_ROW_GEMV.reset(token)
+    ones keeps them so, and the plans share them). Several plans read one transposed W (no
+    one-row GEMV), so that the weights stay stored once."""
+    optimized, variants, program = compile_variants(
+        mod, params, options.target, options.verify_ir, on_stage, pack_rows=pack_rows,
+        options=options.replace(one_row_gemv=options.one_row_gemv and n_plans == 1))
     kernels = _common_kernels(variants)
     _check_library_names(program)
     if on_stage:

@@ -35,6 +35,7 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from .errors import ExportError
+from .options import CompileOptions
 
 METHODS = ("percentile", "minmax", "entropy")
 DEFAULT_METHOD = "percentile"   # measured on three corpus models: docs/quantization.md
@@ -372,11 +373,12 @@ class Quantized:
 
 def quantize_onnx(model_path: str | os.PathLike, samples: Sequence[np.ndarray],
                   input_shapes: Mapping[str, Sequence[int]] | None = None,
-                  method: str = DEFAULT_METHOD, max_layer_error: float = MAX_LAYER_ERROR
-                  ) -> Quantized:
+                  method: str = DEFAULT_METHOD, max_layer_error: float = MAX_LAYER_ERROR,
+                  compile_options: CompileOptions | None = None) -> Quantized:
     """Calibrate ``model_path`` on ``samples`` (values of its only input) and build its QDQ
     form (see the module docstring). The caller exports ``result.model`` and then calls
-    ``compare``; ``result.close()`` removes the calibration bundle."""
+    ``compare``; ``result.close()`` removes the calibration bundle. ``compile_options``: the
+    compiler's settings for the calibration bundle (None: from the environment)."""
     import onnx
     from onnx import numpy_helper
 
@@ -412,7 +414,8 @@ def quantize_onnx(model_path: str | os.PathLike, samples: Sequence[np.ndarray],
     try:
         mod, info = import_onnx(_tapped(model, taps), input_shapes=input_shapes)
         bundle = Path(work.name) / "float.mlc"
-        export_module(mod, bundle, ExportOptions(target="host", check=False))
+        export_module(mod, bundle, ExportOptions(target="host", check=False,
+                                                 compile=compile_options))
         input_name = info.input_names[graph_inputs[0].name]
         keep = method in ("percentile", "entropy")
         rng = np.random.default_rng(0)
@@ -621,7 +624,8 @@ def export_int8(model_path: str | os.PathLike, out: str | os.PathLike, options,
     from ..frontends.onnx import import_onnx
     from .export import export_module
 
-    quantized = quantize_onnx(model_path, samples, input_shapes, method)
+    quantized = quantize_onnx(model_path, samples, input_shapes, method,
+                              compile_options=options.compile)
     out = Path(out)
     tmp = out.with_name(f".mlcpack-int8-{os.getpid()}-{out.name}")
     try:

@@ -27,8 +27,7 @@ from .codegen.lower import KernelInfo
 from .ir.graph import (Call, CallLibrary, CallTIR, Constant, Function, IRModule, Source,
                        TensorType, Value, Var, merge_sources)
 from .ir import te
-from .ir.sym import (is_static, product, relation_text, shape_vars, take_relations,
-                      to_record)
+from .ir.sym import (is_static, product, relation_text, shape_vars, to_record)
 from .ops import get_op
 from .ops.registry import VIEW
 from .passes.memory_plan import Buffer, plan_memory
@@ -200,7 +199,7 @@ def emit_program(mod: IRModule, kernels: dict[str, KernelInfo], func: str = "mai
     if size_vars:
         prog.tensors = [_tensor_row(r) for r in rows]
         checks = []
-        relations = list(getattr(mod, "relations", [])) + take_relations()
+        relations = list(mod.relations)   # what shape inference assumed (ir/sym.py)
         # the ones over one size variable first: a failing input is then named by the sentence
         # about that size ("h must be between 33 and 80"), not by a relation over several sizes
         # that the same cause broke too (a reshape's element counts)

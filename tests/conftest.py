@@ -171,8 +171,8 @@ def register_blocked_conv(monkeypatch) -> None:
     """Exports in the test keep ``nn.conv2d`` (the register-blocked kernel, codegen/gemm.py)
     where an AVX2 target would pack the weights for codegen/conv_oc.py: that kernel still serves
     AVX-512, aarch64, 1x1 and symbolic convolutions, and its tests cover its paths."""
-    import mlcpack.packager.export as export
-    monkeypatch.setattr(export, "packs_conv_weights", lambda targets: False)
+    import mlcpack.packager.codegen.conv_oc as conv_oc   # CompileOptions.for_targets reads it
+    monkeypatch.setattr(conv_oc, "packs_conv_weights", lambda targets: False)
 
 
 @pytest.fixture(scope="session")

@@ -214,7 +214,7 @@ def lowered_kernels(model: onnx.ModelProto, level: str):
     to the code generator for ``model``."""
     got = {}
 
-    def capture(funcs, targets, size_vars=()):
+    def capture(funcs, targets, size_vars=(), options=None):
         got["funcs"], got["size_vars"] = list(funcs), tuple(size_vars)
         raise _Captured
 

@@ -23,8 +23,8 @@ from mlcpack.runtime import load
 def test_batched_conv_on_threads_is_deterministic(tmp_path, monkeypatch, xs, ws, padding,
                                                   threads, packed):
     if not packed:
-        import mlcpack.packager.export as export
-        monkeypatch.setattr(export, "packs_conv_weights", lambda targets: False)
+        import mlcpack.packager.codegen.conv_oc as conv_oc   # CompileOptions.for_targets
+        monkeypatch.setattr(conv_oc, "packs_conv_weights", lambda targets: False)
     rng = np.random.default_rng(1)
     x, w = rng.standard_normal(xs).astype(np.float32), rng.standard_normal(ws).astype(np.float32)
     attrs = dict(strides=(1, 1), padding=padding, dilation=(1, 1), groups=1)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from mlcpack.packager.codegen.build import ALLOWED_EXTERNALS
+from mlcpack.packager.options import UNPACKED
 from mlcpack.packager.codegen.gemm import match_contraction
 from mlcpack.packager.codegen.objinfo import undefined_symbols
 from mlcpack.packager.codegen.pool import match_max_pool
@@ -208,7 +209,7 @@ def _kernels(mod) -> list[str]:
     """Per primitive function: the fast kernel it matches (conv2d, matmul, max_pool2d) or its
     name."""
     kinds = []
-    for name, f in run_pipeline(mod).prim_funcs().items():
+    for name, f in run_pipeline(mod, options=UNPACKED).prim_funcs().items():
         m = match_contraction(f)
         if m is not None:
             kinds.append(m.tag.kind)

@@ -78,7 +78,7 @@ def _mixed_model():
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
-def _export(tmp_path, model, name="m", target=TARGET):
+def _export(tmp_path, model, name="m", target=TARGET, compile=None):
     import onnx
 
     from mlcpack.frontends.onnx import import_onnx
@@ -88,7 +88,7 @@ def _export(tmp_path, model, name="m", target=TARGET):
     onnx.save(model, str(path))
     mod, _ = import_onnx(str(path))
     bundle = tmp_path / f"{name}.mlc"
-    export_module(mod, bundle, ExportOptions(target=target))
+    export_module(mod, bundle, ExportOptions(target=target, compile=compile))
     with BundleReader(bundle) as r:
         kernels = [k["name"] for k in r.header["kernels"]]
     return path, bundle, kernels
@@ -125,9 +125,9 @@ CASES = [   # n, c, h, o, k, s, act, residual, threads
 
 
 @pytest.mark.parametrize("n,c,h,o,k,s,act,residual,threads", CASES)
-def test_packed_and_unpacked_match_onnxruntime(tmp_path, monkeypatch, n, c, h, o, k, s, act,
-                                               residual, threads):
-    import mlcpack.packager.export as export
+def test_packed_and_unpacked_match_onnxruntime(tmp_path, n, c, h, o, k, s, act, residual,
+                                               threads):
+    from mlcpack.packager.options import CompileOptions
 
     oh = conv_out_size(h, k, s)
     p = k // 2
@@ -140,8 +140,8 @@ def test_packed_and_unpacked_match_onnxruntime(tmp_path, monkeypatch, n, c, h, o
     path, packed, kernels = _export(tmp_path, model, "packed")
     assert any("conv2d_rows" in name for name in kernels)
     got_packed = _check(path, packed, feeds, threads)
-    monkeypatch.setattr(export, "conv_row_widths", lambda targets: ())
-    path, plain, kernels = _export(tmp_path, model, "plain")
+    path, plain, kernels = _export(tmp_path, model, "plain",
+                                   compile=CompileOptions(conv_row_widths=()))
     assert not any("conv2d_rows" in name for name in kernels)
     got_plain = _check(path, plain, feeds, threads, runs=1)
     np.testing.assert_allclose(got_packed, got_plain, rtol=1e-5, atol=1e-5)

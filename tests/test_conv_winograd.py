@@ -17,7 +17,7 @@ from mlcpack.packager.passes.layout import uses_winograd
 ort = pytest.importorskip("onnxruntime")
 
 
-def _export(tmp_path, model, target="x86-64-v3"):
+def _export(tmp_path, model, target="x86-64-v3", compile=None):
     import onnx
 
     from mlcpack.frontends.onnx import import_onnx
@@ -26,7 +26,7 @@ def _export(tmp_path, model, target="x86-64-v3"):
     path = tmp_path / "m.onnx"
     onnx.save(model, str(path))
     mod, _ = import_onnx(str(path))
-    export_module(mod, tmp_path / "m.mlc", ExportOptions(target=target))
+    export_module(mod, tmp_path / "m.mlc", ExportOptions(target=target, compile=compile))
     return path, tmp_path / "m.mlc"
 
 
@@ -207,12 +207,9 @@ def test_which_convolutions_take_it(w_shape, strides, out_shape, takes):
 
 
 def test_switched_off(tmp_path):
-    """``layout.WINOGRAD`` off: the direct kernel's packing (9 x C rows per block)."""
-    from mlcpack.packager.passes import layout
+    """``CompileOptions(winograd=False)``: the direct kernel's packing (9 x C rows per block)."""
+    from mlcpack.packager.options import CompileOptions
 
-    token = layout.WINOGRAD.set(False)
-    try:
-        _, bundle = _export(tmp_path, conv_model(1, 16, 12, 12, 32, 3, 1))
-    finally:
-        layout.WINOGRAD.reset(token)
+    _, bundle = _export(tmp_path, conv_model(1, 16, 12, 12, 32, 3, 1),
+                        compile=CompileOptions(winograd=False))
     assert _weight_bytes(bundle) == (9 * 16 * 32 + 32) * 4

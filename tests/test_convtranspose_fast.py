@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from mlcpack.packager.codegen.build import ALLOWED_EXTERNALS
+from mlcpack.packager.options import UNPACKED
 from mlcpack.packager.codegen.gemm import match_contraction
 from mlcpack.packager.codegen.objinfo import undefined_symbols
 from mlcpack.packager.export import compile_module
@@ -78,7 +79,7 @@ def test_against_onnxruntime(case: str, bias: bool, tmp_path) -> None:
 
 def _kernels(mod) -> tuple[list[str], int]:
     """(kinds of the primitive functions' tagged contractions or their names, count)."""
-    funcs = run_pipeline(mod).prim_funcs()
+    funcs = run_pipeline(mod, options=UNPACKED).prim_funcs()
     kinds = []
     for name, f in funcs.items():
         m = match_contraction(f)

@@ -17,6 +17,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from helpers import assert_runs_match, ort_outputs
 from mlcpack.frontends.onnx import import_onnx
+from mlcpack.packager.options import UNPACKED
 from mlcpack.packager.export import ExportOptions, export_module
 from mlcpack.runtime.cpu import best_level, level
 
@@ -143,7 +144,7 @@ def test_padded_geometry_on_narrow_targets():
                                               groups=x_shape[1], strides=(s, s),
                                               padding=(pad,) * 4))
             bb.emit_func_output(y, names=["y"])
-        funcs = run_pipeline(bb.get(), DEFAULT_PIPELINE).prim_funcs().values()
+        funcs = run_pipeline(bb.get(), DEFAULT_PIPELINE, options=UNPACKED).prim_funcs().values()
         func, match = next((f, match_depthwise(f)) for f in funcs if match_depthwise(f))
         e = DepthwiseEmitter(ir.Module(), func, "k", match, vl)
         e._geometry()

@@ -19,6 +19,7 @@ from onnx import helper as h
 from onnx import numpy_helper as nh
 
 from mlcpack.frontends.onnx import import_onnx
+from mlcpack.packager.options import UNPACKED
 from mlcpack.packager.export import ExportOptions, export_module
 from mlcpack.packager.ir.graph import Call
 from mlcpack.packager.ops.sequence import (pack_recurrent_int8, recurrence, requantized,
@@ -79,7 +80,7 @@ def dq_lstm(t: int, batch: int, inp: int, hid: int, direction: str, dtype: str,
 
 def recurrences(model: onnx.ModelProto) -> list[Call]:
     names = [p.name for p in DEFAULT_PIPELINE]
-    fn = run_pipeline(import_onnx(model)[0], DEFAULT_PIPELINE[:names.index("legalize")]).main
+    fn = run_pipeline(import_onnx(model)[0], DEFAULT_PIPELINE[:names.index("legalize")], options=UNPACKED).main
     return [b.value for b in fn.bindings()
             if isinstance(b.value, Call) and b.value.op == "nn.recurrence"]
 

@@ -15,6 +15,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from mlcpack.frontends.onnx import import_onnx
+from mlcpack.packager.options import UNPACKED
 from mlcpack.packager.codegen.build import ALLOWED_EXTERNALS
 from mlcpack.packager.codegen.depthwise import match_depthwise
 from mlcpack.packager.codegen.gemm import ContractionEmitter, match_contraction
@@ -95,7 +96,7 @@ def _model(kind: str, act: str, extra_use: bool = False) -> tuple[onnx.ModelProt
 
 def _kernels(model: onnx.ModelProto):
     mod, _ = import_onnx(model)
-    return mod, list(run_pipeline(mod, DEFAULT_PIPELINE).prim_funcs().values())
+    return mod, list(run_pipeline(mod, DEFAULT_PIPELINE, options=UNPACKED).prim_funcs().values())
 
 
 def _ort(model: onnx.ModelProto, x: np.ndarray) -> list[np.ndarray]:
@@ -191,7 +192,7 @@ def test_elementwise_diamond_chain_is_one_kernel(tmp_path):
             out = bb.emit_output(z)
         bb.emit_func_output(out, names=["y"])
     mod = bb.get()
-    assert len(run_pipeline(mod, DEFAULT_PIPELINE).prim_funcs()) == 1
+    assert len(run_pipeline(mod, DEFAULT_PIPELINE, options=UNPACKED).prim_funcs()) == 1
     got = _run(mod, x, tmp_path)["y"]
     a = x + c
     y = a / (1 + np.exp(-a))
@@ -388,7 +389,7 @@ def test_generic_reduction_read_twice_is_computed_once(tmp_path):
             out = bb.emit_output(bb.emit_op("multiply", y, bb.emit_op("sigmoid", y)))
         bb.emit_func_output(out, names=["y"])
     mod = bb.get()
-    funcs = list(run_pipeline(mod, DEFAULT_PIPELINE).prim_funcs().values())
+    funcs = list(run_pipeline(mod, DEFAULT_PIPELINE, options=UNPACKED).prim_funcs().values())
     assert len(funcs) == 1 and match_contraction(funcs[0]) is None
     from llvmlite import ir
 

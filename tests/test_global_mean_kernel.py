@@ -12,6 +12,7 @@ from onnx import TensorProto, helper
 
 from helpers import assert_runs_match, ort_outputs
 from mlcpack.frontends.onnx import import_onnx
+from mlcpack.packager.options import UNPACKED
 from mlcpack.packager.export import ExportOptions, export_module
 from mlcpack.packager.passes import DEFAULT_PIPELINE, run_pipeline
 from mlcpack.runtime.cpu import best_level
@@ -77,7 +78,7 @@ def test_global_mean_matching(model_path):
     from mlcpack.packager.codegen.pool import match_global_mean
 
     mod, _ = import_onnx(str(model_path))
-    funcs = run_pipeline(mod, DEFAULT_PIPELINE).prim_funcs().values()
+    funcs = run_pipeline(mod, DEFAULT_PIPELINE, options=UNPACKED).prim_funcs().values()
     taken = {f.inputs[0].shape: match_global_mean(f) is not None for f in funcs
              if len(f.inputs) == 1}
     for name, shape, _, _, _, expected in CASES:

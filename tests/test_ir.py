@@ -7,6 +7,7 @@ import pytest
 
 from mlcpack.packager.ir import (BlockBuilder, BuilderError, CallTIR, TensorType, VerifyError,
                                  module_text, verify_module)
+from mlcpack.packager.options import UNPACKED
 from mlcpack.packager.passes import (DEFAULT_PIPELINE, bind_params, fold_constants, legalize,
                                      run_pipeline)
 
@@ -40,7 +41,7 @@ def main(x: Tensor((1, 4), "float32"), w0: Tensor((3, 4), "float32"), b0: Tensor
         relu: Tensor((1, 3), "float32") = relu(add)
     return relu
 '''
-    optimized = run_pipeline(bind_params(mod, PARAMS), verify=True)
+    optimized = run_pipeline(bind_params(mod, PARAMS), verify=True, options=UNPACKED)
     assert module_text(optimized) == '''# mlcpack IRModule
 
 @function
@@ -59,10 +60,11 @@ def fused_matmul_add_relu(x: Tensor((1, 4), "float32"), w0: Tensor((3, 4), "floa
 
 def test_pipeline_is_named_list():
     assert [p.name for p in DEFAULT_PIPELINE] == [
-        "fold_constants", "fuse_gelu", "fuse_normalize", "eliminate_dead_code", "fuse_quantized", "fold_dequantize",
+        "fold_constants", "fuse_gelu", "fuse_normalize", "eliminate_dead_code", "fuse_quantized",
+        "tabulate_quantized_chains", "fold_dequantize",
         "drop_unread_cell_state", "decompose_conv_transpose", "decompose_conv_nd",
-        "pretranspose_weights", "pack_conv_weights", "pack_conv_rows", "pack_matmul_weights", "legalize", "fuse_ops",
-        "eliminate_dead_code"]
+        "pretranspose_weights", "pack_conv_weights", "pack_conv_rows", "pack_matmul_weights",
+        "weights_to_bf16", "legalize", "fuse_ops", "eliminate_dead_code"]
 
 
 def test_fold_constants_evaluates_constant_subgraphs():
@@ -152,7 +154,7 @@ def test_fusion_skips_multi_use_producers():
             y = bb.emit_op("add", a, b)
             out = bb.emit_output(y)
         bb.emit_func_output(out)
-    mod = run_pipeline(bb.get(), verify=True)
+    mod = run_pipeline(bb.get(), verify=True, options=UNPACKED)
     calls = [b.value.func for b in mod.main.bindings()]
     # relu and tanh fuse into the add, which then holds both uses of exp: one kernel (a
     # diamond, see tests/test_fusion_diamond.py)
@@ -166,7 +168,7 @@ def test_fusion_skips_multi_use_producers():
             y = bb.emit_op("add", bb.emit_op("relu", e), bb.emit_op("tanh", e))
             out_e, out_y = bb.emit_output(e), bb.emit_output(y)
         bb.emit_func_output([out_e, out_y])
-    mod = run_pipeline(bb.get(), verify=True)
+    mod = run_pipeline(bb.get(), verify=True, options=UNPACKED)
     calls = [b.value.func for b in mod.main.bindings()]
     # exp is also an output: it stays; relu and tanh each fuse into the add.
     assert calls[0] == "exp" and len(calls) == 2

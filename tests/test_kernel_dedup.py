@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from mlcpack.packager.export import ExportOptions, export_module
+from mlcpack.packager.options import UNPACKED
 from mlcpack.packager.ir import BlockBuilder, te
 from mlcpack.packager.ir.graph import PrimFunc
 from mlcpack.packager.ir.structure import structural_key
@@ -55,7 +56,7 @@ def _tower(depth: int, width: int = 24):
 
 def test_repeated_layers_share_one_kernel_and_stay_correct(tmp_path):
     mod, weights = _tower(4)
-    funcs = run_pipeline(mod, DEFAULT_PIPELINE).prim_funcs()
+    funcs = run_pipeline(mod, DEFAULT_PIPELINE, options=UNPACKED).prim_funcs()
     assert len(funcs) == 4                                   # one fused kernel per layer
     path = tmp_path / "tower.mlc"
     export_module(mod, path, ExportOptions())

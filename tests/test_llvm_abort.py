@@ -25,6 +25,7 @@ from onnx import numpy_helper as nh
 from mlcpack.packager.codegen import build, cache
 from mlcpack.packager.codegen.build import FAULT_ENV, KernelCompileError
 from mlcpack.packager.codegen.parallel import compile_prim_funcs, death_reason
+from mlcpack.packager.options import CompileOptions
 from mlcpack.packager.codegen.target import resolve_target
 from mlcpack.runtime import load
 
@@ -123,15 +124,13 @@ def test_the_python_api_survives_an_abort_too(tmp_path, monkeypatch) -> None:
     target = resolve_target("x86-64-v3")
     plain = compile_prim_funcs(funcs, target)
     assert plain.fallbacks == ()
-    monkeypatch.setenv(FAULT_ENV, "softmax")
-    code = compile_prim_funcs(funcs, target)
+    code = compile_prim_funcs(funcs, target, options=CompileOptions(llvm_abort="softmax"))
     (fb,) = code.fallbacks
     assert (fb.kernel, fb.pipeline, fb.reason) == ("softmax", build.CONSERVATIVE_PIPELINES[0],
                                                    "killed by SIGABRT")
     assert code.kernels.keys() == plain.kernels.keys() and code.object_code
-    monkeypatch.setenv(FAULT_ENV, "softmax:always")
     with pytest.raises(KernelCompileError) as info:
-        compile_prim_funcs(funcs, target)
+        compile_prim_funcs(funcs, target, options=CompileOptions(llvm_abort="softmax:always"))
     assert info.value.kernels == ("softmax",)
 
 

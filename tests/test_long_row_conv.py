@@ -12,6 +12,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from mlcpack.frontends.onnx import import_onnx
+from mlcpack.packager.options import UNPACKED
 from mlcpack.packager.export import export_module
 from mlcpack.packager.passes import DEFAULT_PIPELINE, run_pipeline
 from mlcpack.runtime import load
@@ -41,7 +42,7 @@ def conv_model(x_shape, w_shape, bias: bool, **attrs) -> onnx.ModelProto:
 def test_long_row_conv_matches_onnxruntime(x_shape, w_shape, attrs, bias, tmp_path) -> None:
     model = conv_model(x_shape, w_shape, bias, **attrs)
     mod, _ = import_onnx(model)
-    names = list(run_pipeline(mod, DEFAULT_PIPELINE).prim_funcs())
+    names = list(run_pipeline(mod, DEFAULT_PIPELINE, options=UNPACKED).prim_funcs())
     assert any("window_unfold" in n for n in names), names
     x = RNG.standard_normal(x_shape).astype(np.float32)
     (want,) = ort.InferenceSession(model.SerializeToString(),
@@ -57,5 +58,5 @@ def test_long_row_conv_matches_onnxruntime(x_shape, w_shape, attrs, bias, tmp_pa
 def test_dense_window_keeps_the_2d_kernel() -> None:
     model = conv_model((1, 3, 32, 32), (8, 3, 9, 9), False, pads=[4, 4, 4, 4])
     mod, _ = import_onnx(model)
-    names = list(run_pipeline(mod, DEFAULT_PIPELINE).prim_funcs())
+    names = list(run_pipeline(mod, DEFAULT_PIPELINE, options=UNPACKED).prim_funcs())
     assert not any("window_unfold" in n for n in names), names

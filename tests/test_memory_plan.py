@@ -7,6 +7,7 @@ import random
 import numpy as np
 
 from mlcpack.packager.ir import BlockBuilder
+from mlcpack.packager.options import UNPACKED
 from mlcpack.packager.passes import run_pipeline
 from mlcpack.packager.passes.memory_plan import Buffer, plan_memory
 from mlcpack.packager.codegen.parallel import compile_prim_funcs
@@ -69,7 +70,7 @@ def test_random_graphs_plan_and_run_correctly(tmp_path):
     rng = random.Random(1)
     target = resolve_target(None)
     for _ in range(12):
-        mod = run_pipeline(random_graph_module(rng, rng.randint(3, 25)), verify=True)
+        mod = run_pipeline(random_graph_module(rng, rng.randint(3, 25)), verify=True, options=UNPACKED)
         compiled = compile_prim_funcs(list(mod.prim_funcs().values()), target)
         prog = emit_program(mod, compiled.kernels)
         # Rebuild lifetimes from the program and check every pair of live arena tensors.
@@ -120,7 +121,7 @@ def test_deep_model_arena_smaller_than_sum(tmp_path):
                 h = bb.emit_op("relu", bb.emit_op("matmul", h, w, transpose_b=True))
             out = bb.emit_output(h)
         bb.emit_func_output(out)
-    mod = run_pipeline(bb.get())
+    mod = run_pipeline(bb.get(), options=UNPACKED)
     compiled = compile_prim_funcs(list(mod.prim_funcs().values()), resolve_target(None))
     prog = emit_program(mod, compiled.kernels)
     assert prog.arena_bytes * 4 <= prog.intermediate_bytes

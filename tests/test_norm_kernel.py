@@ -15,6 +15,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from helpers import ort_outputs
 from mlcpack.frontends.onnx import import_onnx
+from mlcpack.packager.options import UNPACKED
 from mlcpack.packager.codegen.norm import match_normalize
 from mlcpack.packager.export import ExportOptions, export_module
 from mlcpack.packager.ir.graph import PrimFunc
@@ -27,7 +28,7 @@ RTOL = 1e-5
 def _fast_kernels(model: onnx.ModelProto) -> int:
     """How many kernels of the compiled model the normalization kernel takes."""
     mod, _ = import_onnx(model)
-    mod = run_pipeline(mod, DEFAULT_PIPELINE)
+    mod = run_pipeline(mod, DEFAULT_PIPELINE, options=UNPACKED)
     return sum(match_normalize(f) is not None for f in mod.functions.values()
                if isinstance(f, PrimFunc))
 
@@ -311,7 +312,7 @@ def test_decomposed_layer_norm_pattern(shape, axes, affine, extra, fused, tmp_pa
     assert len(calls) == int(fused)
     if fused:
         assert calls[0].attrs["scale"] is affine and calls[0].attrs["bias"] is affine
-        lowered = run_pipeline(mod, DEFAULT_PIPELINE)
+        lowered = run_pipeline(mod, DEFAULT_PIPELINE, options=UNPACKED)
         funcs = [f for f in lowered.functions.values() if isinstance(f, PrimFunc)]
         assert sum(match_normalize(f) is not None for f in funcs) == 1
         assert len(funcs) == 1      # nothing else left of the pattern
@@ -379,7 +380,7 @@ def test_fused_epilogues(tmp_path: Path) -> None:
     model = _model(nodes, [_f(k, v) for k, v in shapes.items()],
                    [_out(n) for n in ("a_y", "b_y", "g_y", "d_y")], inits, opset=21)
     mod, _ = import_onnx(model)
-    funcs = [f for f in run_pipeline(mod, DEFAULT_PIPELINE).functions.values()
+    funcs = [f for f in run_pipeline(mod, DEFAULT_PIPELINE, options=UNPACKED).functions.values()
              if isinstance(f, PrimFunc)]
     names = sorted(f.name for f in funcs)
     taken = sorted(f.name for f in funcs if match_normalize(f) is not None)
@@ -445,7 +446,7 @@ def test_torch_group_norm_export_pattern(tmp_path: Path) -> None:
              _const(rng, "w", (16, 1, 1), 0.5, 1.5), _const(rng, "b", (16, 1, 1))]
     model = _model(nodes, [_f("x", (2, 16, 7, 5))], [_out("y")], inits)
     mod, _ = import_onnx(model)
-    funcs = [f for f in run_pipeline(mod, DEFAULT_PIPELINE).functions.values()
+    funcs = [f for f in run_pipeline(mod, DEFAULT_PIPELINE, options=UNPACKED).functions.values()
              if isinstance(f, PrimFunc)]
     assert len(funcs) == 1 and match_normalize(funcs[0]) is not None, [f.name for f in funcs]
     assert match_normalize(funcs[0]).scale is not None

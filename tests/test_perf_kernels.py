@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from mlcpack.packager.codegen.depthwise import match_depthwise
+from mlcpack.packager.options import UNPACKED
 from mlcpack.packager.codegen.gemm import conv_geometry, match_contraction
 from mlcpack.packager.ir import BlockBuilder
 from mlcpack.packager.ops import get_op
@@ -26,12 +27,12 @@ def rand(*shape: int) -> np.ndarray:
 
 
 def uses_fast_kernel(mod) -> bool:
-    funcs = run_pipeline(mod, DEFAULT_PIPELINE).prim_funcs().values()
+    funcs = run_pipeline(mod, DEFAULT_PIPELINE, options=UNPACKED).prim_funcs().values()
     return any(match_contraction(f) is not None for f in funcs)
 
 
 def uses_depthwise_kernel(mod) -> bool:
-    funcs = run_pipeline(mod, DEFAULT_PIPELINE).prim_funcs().values()
+    funcs = run_pipeline(mod, DEFAULT_PIPELINE, options=UNPACKED).prim_funcs().values()
     return any(match_depthwise(f) is not None for f in funcs)
 
 
@@ -209,7 +210,7 @@ def test_conv_epilogue_scalar_and_vector_paths(act, tmp_path):
             y = bb.emit_output(y)
         bb.emit_func_output(y, names=["y"])
     mod = bb.get()
-    funcs = run_pipeline(mod, DEFAULT_PIPELINE).prim_funcs().values()
+    funcs = run_pipeline(mod, DEFAULT_PIPELINE, options=UNPACKED).prim_funcs().values()
     assert len([f for f in funcs if match_contraction(f) is not None]) == 1
     got = run(mod, {"x": x}, tmp_path)
     z = get_op("nn.conv2d").reference(x, w, padding=(1, 1, 1, 1)) + bias + residual

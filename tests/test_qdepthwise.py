@@ -24,6 +24,7 @@ from mlcpack.packager.codegen.parallel import compile_prim_funcs
 from mlcpack.packager.codegen.target import resolve_target
 from mlcpack.packager.export import ExportOptions, export_module
 from mlcpack.packager.ir.graph import PrimFunc
+from mlcpack.packager.options import UNPACKED
 from mlcpack.packager.passes.pipeline import DEFAULT_PIPELINE, run_pipeline
 from mlcpack.runtime import load
 
@@ -123,7 +124,8 @@ def test_qdwconv2d_code_per_target(target: str) -> None:
     C4 E2 .. 98/A8/B8, or EVEX), compiled here whatever the host."""
     rng = np.random.default_rng(0)
     args, attrs, _ = _case(rng, 1, 4, 6, 20, (3, 3), (1, 1), (1, 1, 1, 1), "uint8", 128, "uint8")
-    mod = run_pipeline(build_op_module("qdwconv2d", args, MASK, **attrs), DEFAULT_PIPELINE)
+    mod = run_pipeline(build_op_module("qdwconv2d", args, MASK, **attrs), DEFAULT_PIPELINE,
+                       options=UNPACKED)
     funcs = [f for f in mod.functions.values() if isinstance(f, PrimFunc)]
     code = compile_prim_funcs(funcs, resolve_target(target))
     assert list(code.kernels) == ["qdwconv2d"]
@@ -171,7 +173,7 @@ def test_ort_quantized_depthwise_takes_the_kernel(form: str, tmp_path: Path) -> 
     q = qm.ort_quantize(src, tmp_path / "dw_q.onnx", mode, per_channel=per_channel,
                         reduce_range=reduce_range)
     mod, _ = import_onnx(str(q))
-    fused = run_pipeline(mod, DEFAULT_PIPELINE[:6])
+    fused = run_pipeline(mod, DEFAULT_PIPELINE[:6], options=UNPACKED)
     ops = [getattr(b.value, "op", "") for b in fused.functions["main"].bindings()]
     assert ops.count("qdwconv2d") == 3 and "nn.conv2d" not in ops, ops
     feeds = qm.random_feeds(src, seed=4)[0]

@@ -4,8 +4,9 @@ bit for bit to ONNX Runtime (and to numpy integer math) on the integer outputs."
 
 from __future__ import annotations
 
-from pathlib import Path
+import os
 import zlib
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -18,6 +19,7 @@ import quant_models as qm
 from helpers import ort_int_gemm_exact, ort_outputs
 from mlcpack.frontends.onnx import import_onnx
 from mlcpack.packager.export import ExportOptions, export_module
+from mlcpack.packager.options import UNPACKED, CompileOptions
 from mlcpack.packager.passes.pipeline import DEFAULT_PIPELINE, run_pipeline
 from mlcpack.runtime import load
 
@@ -29,9 +31,11 @@ def _ort(path: Path, feeds: dict) -> list[np.ndarray]:
     return list(ort_outputs(path, feeds, threads=1).values())
 
 
-def _bundle(path: Path, feeds: dict, target: str = "host") -> tuple[list[np.ndarray], list[str]]:
+def _bundle(path: Path, feeds: dict, target: str = "host", int8_kernels: bool = True
+            ) -> tuple[list[np.ndarray], list[str]]:
+    options = UNPACKED.replace(int8_kernels=int8_kernels)
     mod, _ = import_onnx(str(path))
-    fused = run_pipeline(mod, DEFAULT_PIPELINE[:5])
+    fused = run_pipeline(mod, DEFAULT_PIPELINE[:5], options=options)
     ops = []   # the ops after fuse_quantized; "int_gemm" / "f32_gemm" for the two integer paths
     for f in fused.functions.values():
         for b in f.bindings() if hasattr(f, "bindings") else ():
@@ -40,7 +44,9 @@ def _bundle(path: Path, feeds: dict, target: str = "host") -> tuple[list[np.ndar
                 op = "f32_gemm"       # w - w_zp as float32, every sum exact below 2**24
             ops.append({"qmatmul": "int_gemm", "qconv2d": "int_conv"}.get(op, op))
     out = path.with_suffix(".mlc")
-    export_module(mod, out, ExportOptions(target=target, check=False))
+    # the run's object cache (tests/conftest.py) with this int8 choice
+    compile_options = CompileOptions.from_environ(os.environ, int8_kernels=int8_kernels)
+    export_module(mod, out, ExportOptions(target=target, check=False, compile=compile_options))
     with load(out) as model:
         res = model.run(feeds)
     return list(res.values()), ops
@@ -130,10 +136,9 @@ def test_quantize_static_mlp_matches_ort(how: dict, target: str, tmp_path: Path,
     # ORT's AVX2 u8 x s8 kernel saturates int16 pair sums: mlcpack's exact integers equal its
     # other exact route instead (the float32 GEMM over w - w_zp, sums below 2**24), and ORT
     # within one output step
-    monkeypatch.setenv("MLCPACK_INT8_KERNELS", "0")
     other = tmp_path / "mlp_q_f32.onnx"
     other.write_bytes(path.read_bytes())
-    (exact,), ops = _bundle(other, feeds, target)
+    (exact,), ops = _bundle(other, feeds, target, int8_kernels=False)
     assert ops.count("f32_gemm") == 2, ops
     np.testing.assert_array_equal(got, exact)
     steps = np.abs(got.astype(np.float64) - ref) / qm.output_step(path)
@@ -152,7 +157,7 @@ def test_quantized_convolutions_fused(how: dict, tmp_path: Path) -> None:
     feeds = qm.random_feeds(path)[0]
     (got,), ops = _bundle(path, feeds)
     mod, _ = import_onnx(str(path))
-    fused = run_pipeline(mod, DEFAULT_PIPELINE[:5])
+    fused = run_pipeline(mod, DEFAULT_PIPELINE[:5], options=UNPACKED)
     convs = [b.value for f in fused.functions.values() if hasattr(f, "bindings")
              for b in f.bindings() if getattr(b.value, "op", "") in ("nn.conv2d", "qdwconv2d")]
     assert [c.op for c in convs] == ["qdwconv2d"], convs

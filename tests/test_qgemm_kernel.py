@@ -16,6 +16,7 @@ import pytest
 
 from helpers import build_op_module, compile_and_run
 from mlcpack.packager.codegen.parallel import compile_prim_funcs
+from mlcpack.packager.options import UNPACKED
 from mlcpack.packager.codegen.target import resolve_target
 from mlcpack.packager.ir.graph import PrimFunc
 from mlcpack.packager.ops.qlinear import (pack_conv_weights, pack_weights, unpack_conv_weights,
@@ -151,7 +152,7 @@ def test_weight_packing_round_trips() -> None:
 def _object(target: str) -> bytes:
     rng = np.random.default_rng(0)
     args, attrs, _, _ = _matmul_case(rng, (4, 20), 12, "uint8", 128, False, "uint8", 0)
-    mod = run_pipeline(build_op_module("qmatmul", args, MASK, **attrs), DEFAULT_PIPELINE)
+    mod = run_pipeline(build_op_module("qmatmul", args, MASK, **attrs), DEFAULT_PIPELINE, options=UNPACKED)
     funcs = [f for f in mod.functions.values() if isinstance(f, PrimFunc)]
     code = compile_prim_funcs(funcs, resolve_target(target))
     assert list(code.kernels) == ["qmatmul"]
@@ -281,7 +282,7 @@ def test_vnni_qmatmul_compiles_and_where_possible_runs(case: str) -> None:
     shape, n, xd, xz = ((7, 29), 21, "uint8", 131) if case == "u8_odd" else ((13, 64), 40,
                                                                               "int8", -9)
     args, attrs, expect, _ = _matmul_case(rng, shape, n, xd, xz, False, "uint8", 5)
-    mod = run_pipeline(build_op_module("qmatmul", args, MASK, **attrs), DEFAULT_PIPELINE)
+    mod = run_pipeline(build_op_module("qmatmul", args, MASK, **attrs), DEFAULT_PIPELINE, options=UNPACKED)
     funcs = [f for f in mod.functions.values() if isinstance(f, PrimFunc)]
     code = compile_prim_funcs(funcs, _vnni_target())
     assert "vpdpbusd" in code.llvm_ir

@@ -17,6 +17,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from helpers import ort_int_gemm_exact, ort_outputs
 from mlcpack.frontends.onnx import import_onnx
+from mlcpack.packager.options import UNPACKED
 from mlcpack.packager.export import ExportOptions, export_module
 from mlcpack.packager.passes.pipeline import DEFAULT_PIPELINE, run_pipeline
 from mlcpack.runtime import load
@@ -71,7 +72,7 @@ def test_dynamic_matmul_integer_matches_ort(case: str, tmp_path: Path) -> None:
     path, w, wzp, ws, b = _model(tmp_path / f"{case}.onnx", m, k, n, wdt, per_col, bias,
                   sorted(CASES).index(case))
     mod, _ = import_onnx(str(path))
-    fused = run_pipeline(mod, DEFAULT_PIPELINE[:5])
+    fused = run_pipeline(mod, DEFAULT_PIPELINE[:5], options=UNPACKED)
     ops = [b.value.op for b in fused.functions["main"].bindings()
            if hasattr(b.value, "op")]
     assert "qmatmul" in ops and "matmul" not in ops, ops
@@ -153,7 +154,7 @@ def test_dynamic_conv_integer_is_exact(case: str, tmp_path: Path) -> None:
     path, wd, ws = _conv_model(tmp_path / f"{case}.onnx", c, o, h, w, stride, bias,
                                sorted(CONVS).index(case))
     mod, _ = import_onnx(str(path))
-    fused = run_pipeline(mod, DEFAULT_PIPELINE[:5])
+    fused = run_pipeline(mod, DEFAULT_PIPELINE[:5], options=UNPACKED)
     ops = [b.value.op for b in fused.functions["main"].bindings() if hasattr(b.value, "op")]
     assert "qconv2d" in ops and "nn.conv2d" not in ops, ops
     out = tmp_path / f"{case}.mlc"

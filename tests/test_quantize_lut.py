@@ -19,7 +19,7 @@ from helpers import build_op_module, compile_and_run, ort_outputs
 from mlcpack.frontends.onnx import import_onnx
 from mlcpack.packager.export import ExportOptions, export_module
 from mlcpack.packager.ops.qlinear import lut8, pack_conv_weights, qconv2d
-from mlcpack.packager.passes import quantize_lut
+from mlcpack.packager.options import UNPACKED, CompileOptions
 from mlcpack.packager.passes.pipeline import DEFAULT_PIPELINE, run_pipeline
 from mlcpack.runtime import load
 
@@ -90,23 +90,24 @@ def _paddle_block(path: Path, sigmoid: bool = False) -> Path:
                     [h.make_tensor_value_info("y", T.FLOAT, [1, 6, 10, 12])], inits, path)
 
 
-def _ops(path: Path) -> list[str]:
+def _ops(path: Path, tables: bool = True) -> list[str]:
     mod, _ = import_onnx(str(path))
     passes = DEFAULT_PIPELINE[:[p.name for p in DEFAULT_PIPELINE].index(
         "tabulate_quantized_chains") + 1]
-    fused = run_pipeline(mod, passes)
+    fused = run_pipeline(mod, passes, options=UNPACKED.replace(lut8=tables))
     return [getattr(b.value, "op", "") for b in fused.functions["main"].bindings()]
 
 
-def _run(path: Path, feeds: dict, out: Path) -> np.ndarray:
+def _run(path: Path, feeds: dict, out: Path, tables: bool = True) -> np.ndarray:
     mod, _ = import_onnx(str(path))
-    export_module(mod, out, ExportOptions(target="host", check=False))
+    export_module(mod, out, ExportOptions(target="host", check=False,
+                                          compile=CompileOptions(lut8=tables)))
     with load(out, threads=1) as m:
         return m.run(feeds)["y"]
 
 
 @pytest.mark.parametrize("sigmoid", [False, True])
-def test_quantized_chains_become_tables(sigmoid: bool, tmp_path: Path, monkeypatch) -> None:
+def test_quantized_chains_become_tables(sigmoid: bool, tmp_path: Path) -> None:
     """ORT's QDQ copy: the affine + activation between the two convolutions (8 quantize /
     dequantize pairs around 6 float operations) is one lut8; the residual Add of two quantized
     tensors is not a function of one of them and stays. Outputs: equal to the bundle without
@@ -121,9 +122,8 @@ def test_quantized_chains_become_tables(sigmoid: bool, tmp_path: Path, monkeypat
     assert ops.count("add") == 1 and ops.count("qconv2d") == 2, ops
     feeds = qm.random_feeds(src, seed=6)[0]
     got = _run(q, feeds, tmp_path / "lut.mlc")
-    monkeypatch.setattr(quantize_lut, "int_kernels", lambda: False)
-    assert "lut8" not in _ops(q)
-    plain = _run(q, feeds, tmp_path / "plain.mlc")
+    assert "lut8" not in _ops(q, tables=False)
+    plain = _run(q, feeds, tmp_path / "plain.mlc", tables=False)
     step = qm.output_step(q)
     if sigmoid:
         assert np.abs(got - plain).max() <= step * 1.001
@@ -145,7 +145,7 @@ def test_what_is_not_tabulated(tmp_path: Path) -> None:
     assert ops.count("lut8") >= 1, ops
 
 
-def test_table_after_a_convolution_goes_into_it(tmp_path: Path, monkeypatch) -> None:
+def test_table_after_a_convolution_goes_into_it(tmp_path: Path) -> None:
     """Conv -> HardSwish (Paddle's form) -> Conv: the table of the activation is the first
     qconv2d's 7th input (no lut8 left); the output equals the untabulated bundle's."""
     rng = np.random.default_rng(8)
@@ -165,10 +165,9 @@ def test_table_after_a_convolution_goes_into_it(tmp_path: Path, monkeypatch) -> 
     mod, _ = import_onnx(str(q))
     passes = DEFAULT_PIPELINE[:[p.name for p in DEFAULT_PIPELINE].index(
         "tabulate_quantized_chains") + 1]
-    calls = [b.value for b in run_pipeline(mod, passes).functions["main"].bindings()
+    calls = [b.value for b in run_pipeline(mod, passes, options=UNPACKED).functions["main"].bindings()
              if getattr(b.value, "op", "") in ("qconv2d", "lut8")]
     assert [(c.op, len(c.args)) for c in calls] == [("qconv2d", 7), ("qconv2d", 6)]
     feeds = qm.random_feeds(src, seed=9)[0]
     got = _run(q, feeds, tmp_path / "lut.mlc")
-    monkeypatch.setattr(quantize_lut, "int_kernels", lambda: False)
-    np.testing.assert_array_equal(got, _run(q, feeds, tmp_path / "plain.mlc"))
+    np.testing.assert_array_equal(got, _run(q, feeds, tmp_path / "plain.mlc", tables=False))

@@ -17,6 +17,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from mlcpack.frontends.onnx import import_onnx
+from mlcpack.packager.options import UNPACKED
 from mlcpack.packager.codegen.build import ALLOWED_EXTERNALS
 from mlcpack.packager.codegen.objinfo import undefined_symbols
 from mlcpack.packager.codegen.rnn import register_tile
@@ -114,7 +115,7 @@ def assert_matches_ort(model: onnx.ModelProto, feeds: dict, tmp_path: Path, **kw
 def before_legalize(model: onnx.ModelProto):
     """The graph the pipeline hands to legalization: high-level calls, dead code removed."""
     names = [p.name for p in DEFAULT_PIPELINE]
-    return run_pipeline(import_onnx(model)[0], DEFAULT_PIPELINE[:names.index("legalize")]).main
+    return run_pipeline(import_onnx(model)[0], DEFAULT_PIPELINE[:names.index("legalize")], options=UNPACKED).main
 
 
 def recurrences(model: onnx.ModelProto) -> list[Call]:

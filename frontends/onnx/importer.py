@@ -23,7 +23,7 @@ from onnx import helper, numpy_helper
 from ...packager.errors import ExportError
 from ...packager.ir.builder import BlockBuilder, BuilderError
 from ...packager.ir.graph import Constant, IRModule, Source, Value, Var
-from ...packager.ir.sym import SymbolicShapeError, size_var, take_relations
+from ...packager.ir.sym import SymbolicShapeError, size_var
 from . import converters, symvalue  # noqa: F401  (registers every converter family)
 from .common import RUNTIME_DTYPES
 from .registry import (IGNORED_ATTRIBUTES, NodeContext, lookup, make_constant, normalize_domain,
@@ -79,8 +79,7 @@ def import_onnx(model_or_path: str | os.PathLike | onnx.ModelProto,
     if not runtime_inputs:
         raise ExportError(f"{source} has no run-time inputs (its outputs are constants); a "
                           "bundle needs at least one input")
-    take_relations()   # relations between symbolic dims are collected per model
-    bb = BlockBuilder()
+    bb = BlockBuilder()   # it keeps the relations between symbolic dims that inference assumed
     params = _make_params(bb, runtime_inputs, shapes, source)
     values: dict[str, Value] = dict(params)
     for init in graph.initializer:
@@ -105,7 +104,6 @@ def import_onnx(model_or_path: str | os.PathLike | onnx.ModelProto,
         op_counts=dict(Counter(op_label(n.domain, n.op_type) for n in graph.node)),
         folded_nodes=converter.folded_nodes)
     mod = bb.get()
-    mod.relations = take_relations()
     mod.max_shapes = {params[k].name: v for k, v in bounds.items()}
     return mod, info
 

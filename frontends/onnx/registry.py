@@ -201,15 +201,21 @@ class NodeContext:
         if args and all(isinstance(a, Constant) for a in args):
             opdef = get_op(op)
             try:
-                out_type = opdef.infer(*(a.type for a in args), **attrs)
+                out_type, relations = opdef.infer_type(*(a.type for a in args), **attrs)
             except (ValueError, TypeError) as exc:
                 raise self.error(f"{op}: {exc}") from None
+            self.bb.assume(relations)
             if not is_static(out_type.shape):   # sizes known at run time: a kernel computes it
                 return self.bb.emit_op(op, *args, name=name, **attrs)
             data = opdef.reference(*(a.data for a in args), **attrs)
             data = np.asarray(data, dtype=out_type.dtype).reshape(out_type.shape)
             return self.constant(data, name or op.split(".")[-1])
         return self.bb.emit_op(op, *args, name=name, **attrs)
+
+    def assume(self, op: str, a: Any, b: Any, where: str = "") -> None:
+        """Keep the relation ``a == b`` (op "eq") or ``a <= b`` ("le") between symbolic dims
+        that a conversion holds under (the runtime checks it when it binds the sizes)."""
+        self.bb.assume([(op, a, b, where)])
 
     def reshape(self, x: Value, shape: Sequence[int]) -> Value:
         shape = tuple(dim(d) for d in shape)

@@ -10,7 +10,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from ...packager.ir.graph import Constant, Value
-from ...packager.ir.sym import SymExpr, assume, dim, is_static
+from ...packager.ir.sym import SymExpr, dim, is_static
 from ...packager.ir.sym import product as sym_product
 from ...packager.ops.registry import broadcast_shape
 from . import quant, symvalue
@@ -53,7 +53,7 @@ def reshape_target(ctx: NodeContext, in_shape: Sequence[int], shape: Sequence[in
         rest = total % known if isinstance(total, SymExpr) else \
             (0 if isinstance(known, SymExpr) and total == known else total % known)
         if isinstance(rest, SymExpr):   # divisible for some sizes only: checked at run time
-            assume("eq", total // known * known, total, f"reshape to {list(shape)}")
+            ctx.assume("eq", total // known * known, total, f"reshape to {list(shape)}")
         elif rest:
             raise ctx.error(f"cannot reshape {tuple(in_shape)} to {list(shape)}")
         out[out.index(-1)] = total // known
@@ -63,7 +63,7 @@ def reshape_target(ctx: NodeContext, in_shape: Sequence[int], shape: Sequence[in
         if is_static(list(out) + list(in_shape)):
             raise ctx.error(f"cannot reshape {tuple(in_shape)} to {list(shape)}")
         # equal element counts for some sizes only: checked at run time
-        assume("eq", math.prod(out), math.prod(in_shape), f"reshape to {list(shape)}")
+        ctx.assume("eq", math.prod(out), math.prod(in_shape), f"reshape to {list(shape)}")
     return tuple(out)
 
 
@@ -111,7 +111,7 @@ def _squeeze(ctx: NodeContext, axes: Sequence[int] | None) -> Value:
             raise ctx.error(f"cannot squeeze axes {wrong} of shape {shape}: size is not 1")
         for d in sorted(drop):  # a size expression that is 1 for some sizes (a recognizer's
             if shape[d] != 1:   # height after its strided convs): checked at run time
-                assume("eq", shape[d], 1, f"squeeze of axis {d} of {shape}")
+                ctx.assume("eq", shape[d], 1, f"squeeze of axis {d} of {shape}")
     return ctx.reshape(x, tuple(n for d, n in enumerate(shape) if d not in drop))
 
 
@@ -171,10 +171,12 @@ def _identity(ctx: NodeContext) -> Value:
 def _expand(ctx: NodeContext) -> Value:
     x = ctx.input(0)
     shape = ctx.dims(1, "the target shape")
+    relations: list = []
     try:
-        out = tuple(broadcast_shape(x.type.shape, tuple(shape)))
+        out = tuple(broadcast_shape(x.type.shape, tuple(shape), relations=relations))
     except ValueError:
         raise ctx.error(f"shape {x.type.shape} does not broadcast to {shape}") from None
+    ctx.bb.assume(relations)
     if out == x.type.shape:
         return x
     if isinstance(x, Constant):

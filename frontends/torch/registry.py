@@ -128,9 +128,10 @@ class NodeContext:
         if args and all(isinstance(a, Constant) for a in args):
             opdef = get_op(op)
             try:
-                out_type = opdef.infer(*(a.type for a in args), **attrs)
+                out_type, relations = opdef.infer_type(*(a.type for a in args), **attrs)
             except (ValueError, TypeError) as exc:
                 raise self.error(f"{op}: {exc}") from None
+            self.bb.assume(relations)
             data = opdef.reference(*(a.data for a in args), **attrs)
             data = np.asarray(data, dtype=out_type.dtype).reshape(out_type.shape)
             base = args[0].name if op in ("transpose", "reshape", "cast") else op.split(".")[-1]

@@ -10,6 +10,7 @@ import time
 
 import functools
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable, Sequence
 
 import llvmlite.binding as llvm
@@ -18,6 +19,7 @@ from llvmlite import ir
 from ..ir.graph import PrimFunc
 from ..ir.sym import SymbolicShapeError
 from ..ir.structure import structural_key
+from ..options import CompileOptions
 from .conv_oc import emit_conv_oc
 from .depthwise import emit_depthwise, is_depthwise
 from .gemm import (Contraction, emit_contraction, emit_symbolic_matmul, match_contraction,
@@ -116,15 +118,16 @@ def _target_machine(target: Target) -> llvm.TargetMachine:
         codemodel="small")
 
 
-# A rule: (module, func, symbol, vector width, the func's contraction match or None) -> the
-# kernel it emitted, or None when the rule does not apply.
-KernelRule = Callable[[ir.Module, PrimFunc, str, int, "Contraction | None"], "KernelInfo | None"]
+# A rule: (module, func, symbol, vector width, the func's contraction match or None, the
+# target, the compile options) -> the kernel it emitted, or None when the rule does not apply.
+KernelRule = Callable[[ir.Module, PrimFunc, str, int, "Contraction | None", Target,
+                       CompileOptions], "KernelInfo | None"]
 
 
 def _when(applies: Callable[[Contraction | None], bool],
           emit: Callable[[ir.Module, Contraction, PrimFunc, str, int], KernelInfo]) -> KernelRule:
     """A rule for the contractions ``applies`` accepts."""
-    def rule(module, func, symbol, vl, match):
+    def rule(module, func, symbol, vl, match, target, options):
         return emit(module, match, func, symbol, vl) if applies(match) else None
     return rule
 
@@ -132,9 +135,14 @@ def _when(applies: Callable[[Contraction | None], bool],
 def _without_match(emit: Callable[[ir.Module, PrimFunc, str, int], KernelInfo | None]
                    ) -> KernelRule:
     """A rule that matches ``func`` itself (recurrences, pools, softmax)."""
-    def rule(module, func, symbol, vl, match):
+    def rule(module, func, symbol, vl, match, target, options):
         return emit(module, func, symbol, vl)
     return rule
+
+
+def _integer_gemm(module, func, symbol, vl, match, target, options):
+    """qmatmul / qconv2d: the target's features and the options choose VNNI."""
+    return emit_qgemm(module, func, symbol, vl, target.llvm_features, options.vnni_emulate)
 
 
 # Every specialized kernel, tried in order (the first that applies wins); the generic loop-nest
@@ -142,7 +150,7 @@ def _without_match(emit: Callable[[ir.Module, PrimFunc, str, int], KernelInfo | 
 # general register-blocked contraction, which would also take them.
 KERNEL_RULES: tuple[tuple[str, KernelRule], ...] = (
     ("recurrence", _without_match(emit_recurrence)),
-    ("integer GEMM", _without_match(emit_qgemm)),   # qmatmul / qconv2d (ops/qlinear.py)
+    ("integer GEMM", _integer_gemm),   # qmatmul / qconv2d (ops/qlinear.py)
     ("integer depthwise", _without_match(emit_qdepthwise)),   # qdwconv2d
     ("channel-lane convolution", _without_match(emit_conv_oc)),   # nn.conv2d_oc
     ("depthwise convolution", _when(is_depthwise, emit_depthwise)),
@@ -156,7 +164,7 @@ KERNEL_RULES: tuple[tuple[str, KernelRule], ...] = (
 
 
 def _emit(module: ir.Module, func: PrimFunc, symbol: str, vl: int,
-          size_vars: tuple[str, ...] = ()) -> KernelInfo:
+          size_vars: tuple[str, ...], target: Target, options: CompileOptions) -> KernelInfo:
     if size_vars and is_symbolic(func):   # run-time extents: matmul fast path, else generic
         info = emit_recurrence(module, func, symbol, vl, size_vars) or \
             emit_symbolic_matmul(module, func, symbol, vl, size_vars)
@@ -175,7 +183,7 @@ def _emit(module: ir.Module, func: PrimFunc, symbol: str, vl: int,
             return info
         match = match_contraction(func)
         if (match is not None and match.tag.kind == "conv2d") \
-                and not os.environ.get("MLCPACK_SYMBOLIC_GENERIC"):
+                and not options.symbolic_generic:
             kind = match.tag.kind if match is not None else "max pool"
             raise SymbolicShapeError(f"{func.name}: a {kind} with symbolic shapes ("
                                      + ", ".join(str(d) for d in func.outputs[0].shape)
@@ -183,16 +191,17 @@ def _emit(module: ir.Module, func: PrimFunc, symbol: str, vl: int,
         return emit_kernel(module, func, symbol, size_vars)
     match = match_contraction(func)
     for _, rule in KERNEL_RULES:
-        info = rule(module, func, symbol, vl, match)
+        info = rule(module, func, symbol, vl, match, target, options)
         if info is not None:
             return info
     return emit_kernel(module, func, symbol)
 
 
-# Test-only fault injection: "NAME" makes the default pipeline abort the process (as an LLVM
-# assertion does) while optimizing a module that defines a kernel whose name contains NAME;
-# "NAME:always" makes every pipeline abort on it. tests/test_llvm_abort.py uses it through the
-# real command line; nothing else sets it.
+# Test-only fault injection (``CompileOptions.llvm_abort``, from this variable at the entries):
+# "NAME" makes the default pipeline abort the process (as an LLVM assertion does) while
+# optimizing a module that defines a kernel whose name contains NAME; "NAME:always" makes every
+# pipeline abort on it. tests/test_llvm_abort.py uses it through the real command line; nothing
+# else sets it.
 FAULT_ENV = "MLCPACK_TEST_LLVM_ABORT"
 
 
@@ -205,14 +214,15 @@ class EmittedModule:
 
 
 def emit_module(funcs: Sequence[PrimFunc], target: Target, size_vars: tuple[str, ...] = (),
-                thread_pool: bool = True) -> EmittedModule:
+                thread_pool: bool = True,
+                options: CompileOptions = CompileOptions()) -> EmittedModule:
     """The LLVM IR text of ``funcs`` for ``target`` (kernel symbols ``mlc_<name>``), with the
-    thread pool's hand-off functions unless ``thread_pool`` is False. Functions that differ only
+    thread pool's hand-off functions unless ``thread_pool`` is False; ``options`` the kernel
+    choices (VNNI emulation, symbolic fallback). Functions that differ only
     in names (unrolled recurrences, repeated layers) share one compiled kernel: the first one's
     symbol serves them all."""
     module = ir.Module(name="mlcpack_kernels")
     module.triple = target.triple
-    module.mlcpack_features = target.llvm_features   # qgemm.py gates AVX-512 VNNI on it
     vl = vector_width(target.name)
     kernels: dict[str, KernelInfo] = {}
     first: dict[object, str] = {}
@@ -225,7 +235,8 @@ def emit_module(funcs: Sequence[PrimFunc], target: Target, size_vars: tuple[str,
         else:
             first[key] = f.name
             groups[f.name] = [f.name]
-            kernels[f.name] = _emit(module, f, SYMBOL_PREFIX + f.name, vl, size_vars)
+            kernels[f.name] = _emit(module, f, SYMBOL_PREFIX + f.name, vl, size_vars, target,
+                                    options)
     if thread_pool:
         emit_thread_pool(module, target)
     return EmittedModule(str(module), kernels, {k: tuple(v) for k, v in groups.items()})
@@ -233,20 +244,23 @@ def emit_module(funcs: Sequence[PrimFunc], target: Target, size_vars: tuple[str,
 
 def compile_in_process(funcs: Sequence[PrimFunc], target: Target, size_vars: tuple[str, ...] = (),
                        fallbacks: Sequence[Fallback] = (), use_cache: bool = True,
-                       thread_pool: bool = True) -> CompiledCode:
+                       thread_pool: bool = True,
+                       options: CompileOptions = CompileOptions()) -> CompiledCode:
     """Compile ``funcs`` into one object for ``target`` in this process (an LLVM abort ends
     the process: ``parallel.compile_prim_funcs`` runs this in a worker); kernel symbols are
     ``mlc_<name>``. ``size_vars`` (a symbolic module's size variables, in the order of the
-    runtime's sizes array) gives symbolic kernels their run-time extents.
-    ``fallbacks`` name kernels to optimize with their conservative pipeline, in modules of
-    their own linked in after optimization; the others get the default pipeline.
+    runtime's sizes array) gives symbolic kernels their run-time extents; ``options`` the
+    kernel choices, the object cache (``cache_dir``, None: none; ``cache_max_bytes``) and the
+    test-only ``llvm_abort``. ``fallbacks`` name kernels to optimize with their conservative
+    pipeline, in modules of their own linked in after optimization; the others get the default
+    pipeline.
     ``thread_pool`` False leaves out the pool's hand-off functions (a kernel compiled alone to
     see whether LLVM survives it). The compile cache (``codegen/cache.py``) keys the result by
     the whole module's IR and remembers the fallbacks, so a hit reports them again."""
     start = time.perf_counter()
     conservative = {fb.kernel: fb.pipeline for fb in fallbacks}
-    emitted = emit_module(funcs, target, size_vars, thread_pool)
-    directory = cache.cache_dir() if use_cache else None
+    emitted = emit_module(funcs, target, size_vars, thread_pool, options)
+    directory = Path(options.cache_dir) if use_cache and options.cache_dir else None
     key = cache.cache_key(emitted.text, target) if directory is not None else ""
     cached = cache.load(directory, key) if directory is not None else None
     if cached is not None:
@@ -258,15 +272,15 @@ def compile_in_process(funcs: Sequence[PrimFunc], target: Target, size_vars: tup
     tm = _target_machine(target)
     if conservative:
         rest = [f for f in funcs if not any(f.name in emitted.groups[c] for c in conservative)]
-        linked = _optimize(emit_module(rest, target, size_vars, thread_pool).text, target, tm,
-                           DEFAULT_PIPELINE)
+        linked = _optimize(emit_module(rest, target, size_vars, thread_pool, options).text,
+                           target, tm, DEFAULT_PIPELINE, options.llvm_abort)
         for pipeline in dict.fromkeys(conservative.values()):
             names = [c for c, p in conservative.items() if p == pipeline]
             part = [f for f in funcs if f.name in names]
-            text = emit_module(part, target, size_vars, thread_pool=False).text
-            linked.link_in(_optimize(text, target, tm, pipeline))
+            text = emit_module(part, target, size_vars, False, options).text
+            linked.link_in(_optimize(text, target, tm, pipeline, options.llvm_abort))
     else:
-        linked = _optimize(emitted.text, target, tm, DEFAULT_PIPELINE)
+        linked = _optimize(emitted.text, target, tm, DEFAULT_PIPELINE, options.llvm_abort)
     undefined = sorted(f.name for f in linked.functions
                        if f.is_declaration and not f.name.startswith("llvm.")
                        and f.name not in ALLOWED_EXTERNALS)
@@ -279,7 +293,7 @@ def compile_in_process(funcs: Sequence[PrimFunc], target: Target, size_vars: tup
     if directory is not None:
         notes = [{"kernel": fb.kernel, "serves": list(fb.serves), "pipeline": fb.pipeline.name,
                   "reason": fb.reason} for fb in fallbacks]
-        cache.store(directory, key, obj, optimized, notes)
+        cache.store(directory, key, obj, optimized, notes, options.cache_max_bytes)
     return CompiledCode(target, obj, emitted.kernels, optimized,
                         seconds=time.perf_counter() - start, fallbacks=tuple(fallbacks))
 
@@ -291,15 +305,16 @@ def _from_notes(notes: Sequence[dict]) -> tuple[Fallback, ...]:
                  for n in notes if n["pipeline"] in pipelines)
 
 
-def _optimize(text: str, target: Target, tm: llvm.TargetMachine, pipeline: Pipeline
-              ) -> llvm.ModuleRef:
-    """Parse, verify and optimize ``text`` with ``pipeline``."""
+def _optimize(text: str, target: Target, tm: llvm.TargetMachine, pipeline: Pipeline,
+              fault: str = "") -> llvm.ModuleRef:
+    """Parse, verify and optimize ``text`` with ``pipeline`` (``fault``: the test-only abort,
+    ``CompileOptions.llvm_abort``)."""
     try:
         parsed = llvm.parse_assembly(text)
         parsed.verify()
     except RuntimeError as exc:
         raise CodegenError(f"LLVM rejected the generated kernels: {exc}") from None
-    _inject_fault(parsed, pipeline)
+    _inject_fault(parsed, pipeline, fault)
     parsed.triple = target.triple
     parsed.data_layout = str(tm.target_data)
     tuning = llvm.PipelineTuningOptions(speed_level=pipeline.speed_level)
@@ -312,9 +327,8 @@ def _optimize(text: str, target: Target, tm: llvm.TargetMachine, pipeline: Pipel
     return parsed
 
 
-def _inject_fault(module: llvm.ModuleRef, pipeline: Pipeline) -> None:
-    """The test-only abort of ``FAULT_ENV``."""
-    spec = os.environ.get(FAULT_ENV, "")
+def _inject_fault(module: llvm.ModuleRef, pipeline: Pipeline, spec: str) -> None:
+    """The test-only abort ``spec`` (``FAULT_ENV``, ``CompileOptions.llvm_abort``)."""
     if not spec:
         return
     name, _, when = spec.partition(":")

@@ -58,10 +58,10 @@ class CacheSettingError(ValueError):
     """``MLCPACK_CACHE_SIZE`` is not a size; the message says what it takes."""
 
 
-def default_dir(environ: Mapping[str, str] | None = None) -> Path | None:
+def default_dir(environ: Mapping[str, str]) -> Path | None:
     """``$XDG_CACHE_HOME/mlcpack/objects`` (an absolute XDG_CACHE_HOME only, as the XDG spec
     says), else ``~/.cache/mlcpack/objects``; None without a home directory."""
-    env = os.environ if environ is None else environ
+    env = environ
     xdg = env.get("XDG_CACHE_HOME", "")
     if xdg and os.path.isabs(xdg):
         return Path(xdg) / "mlcpack" / "objects"
@@ -71,10 +71,10 @@ def default_dir(environ: Mapping[str, str] | None = None) -> Path | None:
     return Path(home) / ".cache" / "mlcpack" / "objects"
 
 
-def cache_dir(environ: Mapping[str, str] | None = None) -> Path | None:
+def cache_dir(environ: Mapping[str, str]) -> Path | None:
     """The cache directory: ``MLCPACK_CACHE_DIR`` when set (``off`` or empty: None, no
     caching), else ``default_dir``."""
-    env = os.environ if environ is None else environ
+    env = environ
     value = env.get(ENV)
     if value is None:
         return default_dir(env)
@@ -84,10 +84,10 @@ def cache_dir(environ: Mapping[str, str] | None = None) -> Path | None:
     return Path(value).expanduser()
 
 
-def max_bytes(environ: Mapping[str, str] | None = None) -> int:
+def max_bytes(environ: Mapping[str, str]) -> int:
     """The size cap from ``MLCPACK_CACHE_SIZE`` (bytes, or a number with K, M, G or T: 1024
     based), default ``DEFAULT_MAX_BYTES``; raises ``CacheSettingError`` on anything else."""
-    env = os.environ if environ is None else environ
+    env = environ
     text = env.get(SIZE_ENV, "").strip().upper().removesuffix("B").removesuffix("I")
     if not text:
         return DEFAULT_MAX_BYTES
@@ -153,9 +153,9 @@ def _is_note(note: object) -> bool:
 
 
 def store(directory: Path, key: str, obj: bytes, ir_text: str,
-          notes: list[dict] | None = None) -> None:
-    """Store an entry (``notes``: see ``load``), then trim the cache to its cap (``trim``); a
-    cache that cannot be written is skipped silently (it only saves time)."""
+          notes: list[dict] | None = None, limit: int = DEFAULT_MAX_BYTES) -> None:
+    """Store an entry (``notes``: see ``load``), then trim the cache to ``limit`` bytes
+    (``trim``); a cache that cannot be written is skipped silently (it only saves time)."""
     ir_bytes = ir_text.encode()
     note_bytes = json.dumps(notes or []).encode()
     body = b"".join([len(obj).to_bytes(8, "little"), len(ir_bytes).to_bytes(8, "little"),
@@ -173,10 +173,6 @@ def store(directory: Path, key: str, obj: bytes, ir_text: str,
             raise
     except OSError:
         return
-    try:
-        limit = max_bytes()
-    except CacheSettingError:   # the command line refuses it before compiling; the API keeps going
-        limit = DEFAULT_MAX_BYTES
     trim(directory, limit)
 
 

@@ -41,6 +41,7 @@ from typing import Any, Callable, Sequence
 
 from ..ir.graph import PrimFunc
 from ..ir.structure import structural_key
+from ..options import CompileOptions
 from .build import (CONSERVATIVE_PIPELINES, CompiledCode, Fallback, KernelCompileError,
                     compile_in_process)
 from .target import Target
@@ -174,51 +175,57 @@ def _run(jobs: Sequence[tuple[Callable[..., Any], tuple]], at_once: int) -> list
     return [outcomes[i] for i in range(len(jobs))]
 
 
-def _compile_job(report, funcs, target, size_vars, fallbacks=(), use_cache=True
+def _compile_job(report, funcs, target, size_vars, options, fallbacks=(), use_cache=True
                  ) -> CompiledCode:
-    return compile_in_process(funcs, target, size_vars, fallbacks, use_cache)
+    return compile_in_process(funcs, target, size_vars, fallbacks, use_cache, options=options)
 
 
 def compile_prim_funcs(funcs: Sequence[PrimFunc], target: Target,
-                       size_vars: tuple[str, ...] = ()) -> CompiledCode:
+                       size_vars: tuple[str, ...] = (),
+                       options: CompileOptions = CompileOptions()) -> CompiledCode:
     """Compile ``funcs`` into one object for ``target`` (``build.compile_in_process``) in a
     worker process; kernel symbols are ``mlc_<name>``. ``size_vars`` (a symbolic module's size
     variables, in the order of the runtime's sizes array) gives symbolic kernels their run-time
-    extents. A kernel LLVM aborts on is compiled with a conservative pipeline (the code's
-    ``fallbacks`` say which), or raises ``KernelCompileError``."""
-    return compile_for_targets(funcs, [target], size_vars)[0]
+    extents; ``options`` the kernel choices and the object cache. A kernel LLVM aborts on is
+    compiled with a conservative pipeline (the code's ``fallbacks`` say which), or raises
+    ``KernelCompileError``."""
+    return compile_for_targets(funcs, [target], size_vars, options)[0]
 
 
 def compile_for_targets(funcs: Sequence[PrimFunc], targets: Sequence[Target],
-                        size_vars: tuple[str, ...] = ()) -> list[CompiledCode]:
+                        size_vars: tuple[str, ...] = (),
+                        options: CompileOptions = CompileOptions()) -> list[CompiledCode]:
     """One ``CompiledCode`` per target, in order, each compiled in a worker process; several at
-    once on a machine with more than one usable CPU (``MLCPACK_PARALLEL_COMPILE=0``: one at a
-    time). A kernel LLVM aborts on is compiled with a conservative pipeline (the code's
-    ``fallbacks`` say which), or raises ``KernelCompileError``. Without ``fork``, or in a
+    once on a machine with more than one usable CPU (``options.parallel_compile`` False,
+    ``MLCPACK_PARALLEL_COMPILE=0`` at the command line: one at a time). A kernel LLVM aborts on
+    is compiled with a conservative pipeline (the code's ``fallbacks`` say which), or raises
+    ``KernelCompileError``. Without ``fork``, or in a
     daemonic process (a multiprocessing pool's worker), everything compiles in this process."""
     if "fork" not in multiprocessing.get_all_start_methods() \
             or multiprocessing.current_process().daemon:   # a daemon may not start processes
-        return [compile_in_process(funcs, t, size_vars) for t in targets]
+        return [compile_in_process(funcs, t, size_vars, options=options) for t in targets]
     at_once = min(len(targets), _usable_cpus())
-    if os.environ.get("MLCPACK_PARALLEL_COMPILE", "1") == "0":
+    if not options.parallel_compile:
         at_once = 1
-    outcomes = _run([(_compile_job, (funcs, t, size_vars)) for t in targets], max(at_once, 1))
+    outcomes = _run([(_compile_job, (funcs, t, size_vars, options)) for t in targets],
+                    max(at_once, 1))
     for outcome in outcomes:
         if outcome.error is not None:
             raise outcome.error
-    return [o.value if o.died is None else _recover(funcs, t, size_vars, o.died)
+    return [o.value if o.died is None else _recover(funcs, t, size_vars, o.died, options)
             for t, o in zip(targets, outcomes)]
 
 
-def _scan_job(report, kernels, target, size_vars) -> None:
+def _scan_job(report, kernels, target, size_vars, options) -> None:
     """Compile ``kernels`` one at a time, each alone, reporting how many are done."""
     for i, kernel in enumerate(kernels):
-        compile_in_process([kernel], target, size_vars, use_cache=False, thread_pool=False)
+        compile_in_process([kernel], target, size_vars, use_cache=False, thread_pool=False,
+                           options=options)
         report(i + 1)
 
 
-def _find_culprits(kernels: Sequence[PrimFunc], target: Target, size_vars: tuple[str, ...]
-                   ) -> dict[str, str]:
+def _find_culprits(kernels: Sequence[PrimFunc], target: Target, size_vars: tuple[str, ...],
+                   options: CompileOptions) -> dict[str, str]:
     """The kernels LLVM aborts on when each is compiled alone, and why: contiguous runs of
     ``kernels`` scanned by parallel workers, a run that dies going on after its culprit."""
     at_once = max(1, min(_usable_cpus(), len(kernels)))
@@ -226,8 +233,8 @@ def _find_culprits(kernels: Sequence[PrimFunc], target: Target, size_vars: tuple
     runs = [(lo, min(lo + step, len(kernels))) for lo in range(0, len(kernels), step)]
     culprits: dict[str, str] = {}
     while runs:
-        outcomes = _run([(_scan_job, (kernels[lo:hi], target, size_vars)) for lo, hi in runs],
-                        at_once)
+        outcomes = _run([(_scan_job, (kernels[lo:hi], target, size_vars, options))
+                         for lo, hi in runs], at_once)
         again = []
         for (lo, hi), outcome in zip(runs, outcomes):
             if outcome.error is not None:
@@ -242,20 +249,20 @@ def _find_culprits(kernels: Sequence[PrimFunc], target: Target, size_vars: tuple
 
 
 def _recover(funcs: Sequence[PrimFunc], target: Target, size_vars: tuple[str, ...],
-             reason: str) -> CompiledCode:
+             reason: str, options: CompileOptions) -> CompiledCode:
     """The module's object when compiling it whole made a worker die (see the module doc)."""
     groups: dict[object, list[PrimFunc]] = {}
     for f in funcs:
         groups.setdefault(structural_key(f), []).append(f)
     members = {g[0].name: g for g in groups.values()}
-    culprits = _find_culprits([g[0] for g in groups.values()], target, size_vars)
+    culprits = _find_culprits([g[0] for g in groups.values()], target, size_vars, options)
     if not culprits:   # every kernel compiles alone: give them all the conservative pipelines
         culprits = {name: reason for name in members}
     serves = {name: tuple(f.name for f in members[name]) for name in culprits}
     # first try: every culprit with the first conservative pipeline, in one compile
     fallbacks = [Fallback(name, serves[name], CONSERVATIVE_PIPELINES[0], why)
                  for name, why in culprits.items()]
-    (outcome,) = _run([(_compile_job, (funcs, target, size_vars, fallbacks))], 1)
+    (outcome,) = _run([(_compile_job, (funcs, target, size_vars, options, fallbacks))], 1)
     if outcome.error is not None:
         raise outcome.error
     if outcome.died is None:
@@ -265,7 +272,7 @@ def _recover(funcs: Sequence[PrimFunc], target: Target, size_vars: tuple[str, ..
     for name, why in culprits.items():
         for pipeline in CONSERVATIVE_PIPELINES:
             fallback = Fallback(name, serves[name], pipeline, why)
-            (outcome,) = _run([(_compile_job, (members[name], target, size_vars,
+            (outcome,) = _run([(_compile_job, (members[name], target, size_vars, options,
                                                [fallback], False))], 1)
             if outcome.error is not None:
                 raise outcome.error
@@ -275,7 +282,7 @@ def _recover(funcs: Sequence[PrimFunc], target: Target, size_vars: tuple[str, ..
         else:
             failed.append(name)
     if not failed:
-        (outcome,) = _run([(_compile_job, (funcs, target, size_vars, fallbacks))], 1)
+        (outcome,) = _run([(_compile_job, (funcs, target, size_vars, options, fallbacks))], 1)
         if outcome.error is not None:
             raise outcome.error
         if outcome.died is None:

@@ -41,16 +41,15 @@ LLVM lowers to ``pmaddwd`` on SSE2 and to ``smull``/``addp`` on NEON.
 AVX-512 VNNI (``_emit_vnni``, ``qmatmul`` with int8 weights only): ``vpdpbusd`` on uint8 x int8
 k-quads, 4 products per int32 lane per instruction, with the +128 shift for int8 activations
 and a column-sum correction. It is emitted only for a target whose LLVM features name
-``+avx512vnni`` (``build.py`` records them on the module); no level in runtime/cpu.py does yet,
-so real bundles do not get it. Tests compile it (the instruction is there), run its data path
-with the instruction written in portable IR (``MLCPACK_VNNI_EMULATE=1``), and run it natively
+``+avx512vnni`` (``build.py`` passes them in); no level in runtime/cpu.py does yet, so real
+bundles do not get it. Tests compile it (the instruction is there), run its data path with the
+instruction written in portable IR (``CompileOptions.vnni_emulate``, ``MLCPACK_VNNI_EMULATE=1``
+at the command line), and run it natively
 only on a CPU with avx512_vnni: this machine has none, so it has never run natively here.
 Not done: VNNI convolutions, AVX-VNNI (VEX), 512-bit vectors, aarch64 ``sdot``/``smmla``.
 """
 
 from __future__ import annotations
-
-import os
 
 from llvmlite import ir
 
@@ -102,7 +101,10 @@ def _align(n: int) -> int:
     return -(-n // WORKSPACE_ALIGN) * WORKSPACE_ALIGN
 
 
-def emit_qgemm(module: ir.Module, func: PrimFunc, symbol: str, vl: int) -> KernelInfo | None:
+def emit_qgemm(module: ir.Module, func: PrimFunc, symbol: str, vl: int, features: str = "",
+               vnni_emulate: bool = False) -> KernelInfo | None:
+    """The integer kernel of ``func`` (None when it is no qmatmul / qconv2d); ``features``:
+    the target's LLVM features; ``vnni_emulate`` (``CompileOptions.vnni_emulate``)."""
     m = match_qgemm(func)
     if m is None:
         return None
@@ -110,12 +112,12 @@ def emit_qgemm(module: ir.Module, func: PrimFunc, symbol: str, vl: int) -> Kerne
     avx2 = module.triple.startswith("x86_64") and vl >= 8
     cls = _QMatmul if kind == "qmatmul" else _QConv
     emitter = cls(module, func, symbol, tag, avx2)
-    # AVX-512 VNNI: only where the target's LLVM features name it (build.py records them on
-    # the module); no level in runtime/cpu.py does yet, so only tests compile it
-    emitter.vnni = avx2 and "+avx512vnni" in getattr(module, "mlcpack_features", "")
+    # AVX-512 VNNI: only where the target's LLVM features name it; no level in runtime/cpu.py
+    # does yet, so only tests compile it
+    emitter.vnni = avx2 and "+avx512vnni" in features
     # tests: the VNNI kernel with vpdpbusd written in portable IR, so its packing, column sums
     # and epilogue run (and are checked) on a CPU without VNNI
-    emitter.vnni_emulated = os.environ.get("MLCPACK_VNNI_EMULATE", "") == "1"
+    emitter.vnni_emulated = vnni_emulate
     emitter.vnni = emitter.vnni or emitter.vnni_emulated
     return emitter.emit()
 

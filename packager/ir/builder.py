@@ -24,6 +24,7 @@ from . import te
 from .te import _dim
 from .graph import (Binding, Call, CallLibrary, CallTIR, Constant, DataflowBlock, Expr, Function,
                     IRModule, PrimFunc, Source, TensorType, Value, Var)
+from .sym import Relation, assume
 
 
 class BuilderError(Exception):
@@ -118,10 +119,17 @@ class BlockBuilder:
 
         opdef = get_op(op)
         try:
-            out_type = opdef.infer(*(a.type for a in args), **attrs)
+            out_type, relations = opdef.infer_type(*(a.type for a in args), **attrs)
         except (ValueError, TypeError) as exc:
             raise BuilderError(f"{op}: {exc}") from None
+        self.assume(relations)
         return self.emit(Call(op, list(args), dict(attrs), out_type), name or op.split(".")[-1])
+
+    def assume(self, relations: Sequence[Relation]) -> None:
+        """Keep ``relations`` between symbolic dims (what an inference returned, or a
+        frontend's own) in the module: the bundle records them, the runtime checks them."""
+        for rel in relations:
+            assume(self.mod.relations, *rel)
 
     def call_tir(self, func: PrimFunc, args: Sequence[Value], name: str = "lv") -> Var:
         """Add ``func`` to the module and emit a destination-passing call of it."""

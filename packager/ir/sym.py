@@ -16,6 +16,8 @@ comparisons be decided (``n >= 1``, ``n * 4 > 3``); an undecidable one raises
 
 from __future__ import annotations
 
+import ast
+import functools
 from typing import Any, Iterable, Mapping, Union
 
 Dim = Union[int, "SymExpr"]
@@ -349,50 +351,47 @@ def dim(d: Any) -> Dim:
 #
 # Some shapes hold for some sizes only: a U-Net adds a skip connection of (h + 15) // 16 rows to
 # an upsampled 2 * ((h + 31) // 32), equal only when h is a multiple of 32. Shape inference then
-# assumes the relation (and goes on with one of the two dims) instead of refusing; the importer
-# attaches the relations to the module, the bundle records them, and the runtime checks them when
+# assumes the relation (and goes on with one of the two dims) instead of refusing: it returns
+# the relations beside the type (``ops.registry.OpDef.infer_type``), the builder keeps them in
+# the module (``IRModule.relations``), the bundle records them, and the runtime checks them when
 # it binds the size variables: ``input 'x': h must be a multiple of 32, got 322``.
 
-RELATIONS: list[tuple[str, Dim, Dim, str]] = []   # (op "eq" | "le", a, b, where); see assume
+Relation = tuple  # (op "eq" | "le", a: Dim, b: Dim, where: str)
 
 
-def assume(op: str, a: Dim, b: Dim, where: str = "") -> None:
-    """Record that ``a == b`` (op "eq") or ``a <= b`` (op "le") must hold at run time."""
+def assume(relations: list, op: str, a: Dim, b: Dim, where: str = "") -> None:
+    """Add to ``relations`` (the caller's list: one inference's, or a module's) that ``a == b``
+    (op "eq") or ``a <= b`` (op "le") must hold at run time; once."""
     rel = (op, a, b, where)
-    if rel not in RELATIONS:
-        RELATIONS.append(rel)
-
-
-def take_relations() -> list[tuple[str, Dim, Dim, str]]:
-    """The relations recorded since the last call (the importer calls it once per model)."""
-    out = list(RELATIONS)
-    RELATIONS.clear()
-    return out
+    if rel not in relations:
+        relations.append(rel)
 
 
 _TRIED = 1024   # relation_text describes a one-variable relation by its values on 1.._TRIED
-_TABLES: dict[tuple, Any] = {}   # (variable, relations' records) -> where they hold, on 1.._TRIED
 
 
 def _table(v: str, group: Iterable[tuple]) -> Any:
     """A bool array: whether every relation of ``group`` holds at ``v`` = 1.._TRIED (numpy
     evaluates each record once over all the values; a detector has dozens of relations over the
     same variable, and each of them is described against all the others)."""
+    rows = sorted({(o, repr(to_record(p)), repr(to_record(q))) for o, p, q in group})
+    return _table_of(v, tuple(rows))
+
+
+@functools.lru_cache(maxsize=256)
+def _table_of(v: str, rows: tuple[tuple[str, str, str], ...]) -> Any:
+    """``_table`` for (op, repr of a's record, repr of b's record) rows, memoized (a pure
+    function of its arguments); the array is read-only."""
     import numpy as np
 
-    rows = sorted({(o, repr(to_record(p)), repr(to_record(q))): (o, p, q)
-                   for o, p, q in group}.items())
-    key = (v, tuple(k for k, _ in rows))
-    if key not in _TABLES:
-        xs = np.arange(1, _TRIED + 1, dtype=np.int64)
-        ok = np.ones(_TRIED, bool)
-        for _, (o, p, q) in rows:
-            pv, qv = evaluate(to_record(p), {v: xs}), evaluate(to_record(q), {v: xs})
-            ok &= (pv == qv) if o == "eq" else (pv <= qv)
-        if len(_TABLES) > 256:
-            _TABLES.clear()
-        _TABLES[key] = ok
-    return _TABLES[key]
+    xs = np.arange(1, _TRIED + 1, dtype=np.int64)
+    ok = np.ones(_TRIED, bool)
+    for o, p, q in rows:
+        pv = evaluate(ast.literal_eval(p), {v: xs})
+        qv = evaluate(ast.literal_eval(q), {v: xs})
+        ok &= (pv == qv) if o == "eq" else (pv <= qv)
+    ok.setflags(write=False)
+    return ok
 
 
 def relation_text(op: str, a: Dim, b: Dim, together: Iterable[tuple] = ()) -> str:

@@ -19,10 +19,11 @@ def broadcast_read(t: te.Tensor, axes: tuple[te.IndexVar, ...]) -> te.Read:
     return t[tuple(idx)]
 
 
-def _infer_broadcast(a: TensorType, b: TensorType, **attrs: object) -> TensorType:
+def _infer_broadcast(a: TensorType, b: TensorType, *, relations: list, **attrs: object
+                     ) -> TensorType:
     if a.dtype != b.dtype:
         raise ValueError(f"operands have different dtypes: {a.dtype} and {b.dtype}")
-    return TensorType(broadcast_shape(a.shape, b.shape), a.dtype)
+    return TensorType(broadcast_shape(a.shape, b.shape, relations=relations), a.dtype)
 
 
 def _infer_unary(a: TensorType, **attrs: object) -> TensorType:
@@ -172,12 +173,13 @@ for _name, _np_fn in _TRIG.items():
 
 # ---- bitwise operators on integers --------------------------------------------------------------
 
-def _infer_int_binary(a: TensorType, b: TensorType, **attrs: object) -> TensorType:
+def _infer_int_binary(a: TensorType, b: TensorType, *, relations: list, **attrs: object
+                      ) -> TensorType:
     if a.dtype != b.dtype:
         raise ValueError(f"operands have different dtypes: {a.dtype} and {b.dtype}")
     if a.dtype not in te.INT_DTYPES:
         raise ValueError(f"bitwise operators take integer tensors, not {a.dtype}")
-    return TensorType(broadcast_shape(a.shape, b.shape), a.dtype)
+    return TensorType(broadcast_shape(a.shape, b.shape, relations=relations), a.dtype)
 
 
 def _shift_np(a: np.ndarray, b: np.ndarray, left: bool) -> np.ndarray:

@@ -80,15 +80,17 @@ def gather_elements(data: np.ndarray, indices: np.ndarray, axis: int = 0) -> np.
 # ---- strided_slice ------------------------------------------------------------------------------
 
 def slice_ranges(shape: Sequence[int], starts: Sequence[int], ends: Sequence[int],
-                 axes: Sequence[int], steps: Sequence[int]) -> list[tuple[int, int, int]]:
-    """(start, step, length) per axis of ``shape``, with ONNX/numpy clamping of starts and ends."""
+                 axes: Sequence[int], steps: Sequence[int], *, relations: list
+                 ) -> list[tuple[int, int, int]]:
+    """(start, step, length) per axis of ``shape``, with ONNX/numpy clamping of starts and ends;
+    what a symbolic size leaves undecided is added to ``relations``."""
     ranges = [(0, 1, n) for n in shape]
     for a, s, e, st in zip(axes, starts, ends, steps):
         a = int(a) % len(shape)
         if int(st) == 0:
             raise ValueError("slice step 0")
         if not is_static((shape[a], s, e)):
-            ranges[a] = _symbolic_range(shape[a], s, e, int(st))
+            ranges[a] = _symbolic_range(shape[a], s, e, int(st), relations)
             continue
         start, stop, step = slice(int(s), int(e), int(st)).indices(shape[a])
         ranges[a] = (start, step, len(range(start, stop, step)))
@@ -101,7 +103,7 @@ BIG = 2 ** 62   # an end at least this large means "to the end" (exporters write
 TO_THE_END = 2 ** 16
 
 
-def _symbolic_range(n, s, e, st: int) -> tuple:
+def _symbolic_range(n, s, e, st: int, relations: list) -> tuple:
     """(start, step, length) of ``range(n)[s:e:st]`` when a size is known at run time only:
     clamping that the sizes decide is done here, the rest is assumed (``sym.assume``: the
     runtime checks it) instead of refused."""
@@ -118,27 +120,29 @@ def _symbolic_range(n, s, e, st: int) -> tuple:
             return v
         except ValueError:      # undecidable
             if isinstance(v, int) and v >= TO_THE_END:   # an exporter's "to the end" (1e9...)
-                assume("le", n, v, "slice bound")
+                assume(relations, "le", n, v, "slice bound")
                 return n if st > 0 else n - 1
-            assume("le", v, n, "slice bound")           # assume it lies inside
+            assume(relations, "le", v, n, "slice bound")           # assume it lies inside
             return v
     start, stop = clamp(s, True), clamp(e, False)
     length = (stop - start + st - 1) // st if st > 0 else (start - stop - st - 1) // (-st)
     if isinstance(length, int) and length < 0:
         length = 0
     elif not isinstance(length, int):
-        assume("le", 0, length, "slice length")
+        assume(relations, "le", 0, length, "slice length")
     return (start, st, length)
 
 
-def _infer_strided_slice(x: TensorType, starts=(), ends=(), axes=(), steps=()) -> TensorType:
-    ranges = slice_ranges(x.shape, starts, ends, axes, steps)
+def _infer_strided_slice(x: TensorType, starts=(), ends=(), axes=(), steps=(), *,
+                         relations: list) -> TensorType:
+    ranges = slice_ranges(x.shape, starts, ends, axes, steps, relations=relations)
     return TensorType(tuple(n for _, _, n in ranges), x.dtype)
 
 
 def _legalize_strided_slice(x: te.Tensor, out_type: TensorType, name: str, starts=(), ends=(),
                             axes=(), steps=()) -> te.Tensor:
-    ranges = slice_ranges(x.shape, starts, ends, axes, steps)
+    # the relations were added when the op's type was inferred
+    ranges = slice_ranges(x.shape, starts, ends, axes, steps, relations=[])
     return te.compute(out_type.shape,
                       lambda *i: x[tuple(v * st + size_expr(s) for v, (s, st, _) in zip(i, ranges))],
                       name=name)
@@ -154,10 +158,10 @@ def strided_slice(x: np.ndarray, starts=(), ends=(), axes=(), steps=()) -> np.nd
 
 # ---- broadcast_to and tile ----------------------------------------------------------------------
 
-def _infer_broadcast_to(x: TensorType, shape=()) -> TensorType:
+def _infer_broadcast_to(x: TensorType, shape=(), *, relations: list) -> TensorType:
     shape = tuple(dim(d) for d in shape)
     try:
-        out = broadcast_shape(x.shape, shape)
+        out = broadcast_shape(x.shape, shape, relations=relations)
     except ValueError:
         raise ValueError(f"{x.shape} does not broadcast to {shape}") from None
     if tuple(out) != shape:
@@ -192,7 +196,8 @@ def tile(x: np.ndarray, repeats=()) -> np.ndarray:
 PAD_MODES = ("constant", "edge", "reflect", "wrap")
 
 
-def _infer_pad(x: TensorType, pads=(), mode: str = "constant", value: float = 0.0) -> TensorType:
+def _infer_pad(x: TensorType, pads=(), mode: str = "constant", value: float = 0.0, *,
+               relations: list) -> TensorType:
     rank = len(x.shape)
     if len(pads) != 2 * rank:
         raise ValueError(f"pad: {len(pads)} pads for rank {rank}")
@@ -207,7 +212,7 @@ def _infer_pad(x: TensorType, pads=(), mode: str = "constant", value: float = 0.
             try:
                 too_wide = n > 0 and widest >= n
             except SymbolicShapeError:   # a size known at run time: checked there
-                assume("le", widest + 1, n, f"reflect pad {widest} smaller than the size")
+                assume(relations, "le", widest + 1, n, f"reflect pad {widest} smaller than the size")
                 too_wide = False
             if too_wide:
                 raise ValueError(f"reflect pads {list(pads)} must be smaller than the sizes "

@@ -11,16 +11,16 @@ from .elementwise import broadcast_read, scalar_of
 from .registry import ELEMWISE, broadcast_shape, register_op
 
 
-def _infer_compare(a: TensorType, b: TensorType) -> TensorType:
+def _infer_compare(a: TensorType, b: TensorType, *, relations: list) -> TensorType:
     if a.dtype != b.dtype:
         raise ValueError(f"operands have different dtypes: {a.dtype} and {b.dtype}")
-    return TensorType(broadcast_shape(a.shape, b.shape), "bool")
+    return TensorType(broadcast_shape(a.shape, b.shape, relations=relations), "bool")
 
 
-def _infer_logical(a: TensorType, b: TensorType) -> TensorType:
+def _infer_logical(a: TensorType, b: TensorType, *, relations: list) -> TensorType:
     if a.dtype != "bool" or b.dtype != "bool":
         raise ValueError(f"logical operators take bool tensors, got {a.dtype} and {b.dtype}")
-    return TensorType(broadcast_shape(a.shape, b.shape), "bool")
+    return TensorType(broadcast_shape(a.shape, b.shape, relations=relations), "bool")
 
 
 def _pairwise(fn):
@@ -61,12 +61,14 @@ def logical_not(a: np.ndarray) -> np.ndarray:
     return np.logical_not(a)
 
 
-def _infer_where(cond: TensorType, a: TensorType, b: TensorType) -> TensorType:
+def _infer_where(cond: TensorType, a: TensorType, b: TensorType, *, relations: list
+                 ) -> TensorType:
     if cond.dtype != "bool":
         raise ValueError(f"where: the condition is {cond.dtype}, not bool")
     if a.dtype != b.dtype:
         raise ValueError(f"where: branches have different dtypes: {a.dtype} and {b.dtype}")
-    return TensorType(broadcast_shape(cond.shape, a.shape, b.shape), a.dtype)
+    return TensorType(broadcast_shape(cond.shape, a.shape, b.shape, relations=relations),
+                      a.dtype)
 
 
 def _legalize_where(cond: te.Tensor, a: te.Tensor, b: te.Tensor, out_type: TensorType,
@@ -95,10 +97,11 @@ def cast(a: np.ndarray, dtype: str = "float32") -> np.ndarray:
     return a.astype(dtype)
 
 
-def _infer_same_dtype(a: TensorType, b: TensorType, **attrs: object) -> TensorType:
+def _infer_same_dtype(a: TensorType, b: TensorType, *, relations: list, **attrs: object
+                      ) -> TensorType:
     if a.dtype != b.dtype:
         raise ValueError(f"operands have different dtypes: {a.dtype} and {b.dtype}")
-    return TensorType(broadcast_shape(a.shape, b.shape), a.dtype)
+    return TensorType(broadcast_shape(a.shape, b.shape, relations=relations), a.dtype)
 
 
 def _mod_expr(x: te.Expr, y: te.Expr, fmod: bool) -> te.Expr:

@@ -16,18 +16,20 @@ from .registry import COMPLEX, INJECTIVE, REDUCTION, broadcast_shape, register_o
 
 # ---- matmul -------------------------------------------------------------------------------------
 
-def _matmul_dims(a: tuple[int, ...], b: tuple[int, ...], transpose_b: bool) -> tuple[int, ...]:
+def _matmul_dims(a: tuple[int, ...], b: tuple[int, ...], transpose_b: bool,
+                 relations: list) -> tuple[int, ...]:
     if len(a) < 2 or len(b) < 2:
         raise ValueError(f"matmul needs operands of rank >= 2, got {a} and {b}")
     k_b, n = (b[-1], b[-2]) if transpose_b else (b[-2], b[-1])
     if a[-1] != k_b:
         raise ValueError(f"matmul inner dimensions differ: {a} @ {b}"
                          + (" (b transposed)" if transpose_b else ""))
-    return broadcast_shape(a[:-2], b[:-2]) + (a[-2], n)
+    return broadcast_shape(a[:-2], b[:-2], relations=relations) + (a[-2], n)
 
 
-def _infer_matmul(a: TensorType, b: TensorType, transpose_b: bool = False) -> TensorType:
-    return TensorType(_matmul_dims(a.shape, b.shape, transpose_b), a.dtype)
+def _infer_matmul(a: TensorType, b: TensorType, transpose_b: bool = False, *,
+                  relations: list) -> TensorType:
+    return TensorType(_matmul_dims(a.shape, b.shape, transpose_b, relations), a.dtype)
 
 
 def _batch_index(t: te.Tensor, batch_axes: tuple[te.IndexVar, ...]) -> tuple:
@@ -112,7 +114,8 @@ def matmul_packed(a: np.ndarray, bp: np.ndarray, n: int) -> np.ndarray:
 # ---- conv2d -------------------------------------------------------------------------------------
 
 def _out_size(size: int, k: int, stride: int, pad0: int, pad1: int, dilation: int = 1,
-              ceil_mode: bool = False) -> int:
+              ceil_mode: bool = False, *, relations: list) -> int:
+    """A window's output size; a symbolic one adds "the window fits" to ``relations``."""
     span = size + pad0 + pad1 - dilation * (k - 1) - 1
     out = (-(-span // stride) if ceil_mode else span // stride) + 1
     if ceil_mode and isinstance(out, int):
@@ -131,7 +134,7 @@ def _out_size(size: int, k: int, stride: int, pad0: int, pad1: int, dilation: in
     try:
         small = out < 1
     except SymbolicShapeError:   # fits for large enough sizes: checked at run time
-        assume("le", 1, out, f"window {k} fits")
+        assume(relations, "le", 1, out, f"window {k} fits")
         small = False
     if small:
         raise ValueError(f"window {k} (dilation {dilation}) does not fit input {size} "
@@ -140,14 +143,14 @@ def _out_size(size: int, k: int, stride: int, pad0: int, pad1: int, dilation: in
 
 
 def _infer_conv2d(x: TensorType, w: TensorType, strides=(1, 1), padding=(0, 0, 0, 0),
-                  dilation=(1, 1), groups: int = 1) -> TensorType:
+                  dilation=(1, 1), groups: int = 1, *, relations: list) -> TensorType:
     n, c, h, wd = x.shape
     o, cg, kh, kw = w.shape
     if c != cg * groups or o % groups:
         raise ValueError(f"conv2d: input channels {c} and weight {w.shape} with groups={groups} "
                          "do not match")
-    oh = _out_size(h, kh, strides[0], padding[0], padding[2], dilation[0])
-    ow = _out_size(wd, kw, strides[1], padding[1], padding[3], dilation[1])
+    oh = _out_size(h, kh, strides[0], padding[0], padding[2], dilation[0], relations=relations)
+    ow = _out_size(wd, kw, strides[1], padding[1], padding[3], dilation[1], relations=relations)
     return TensorType((n, o, oh, ow), x.dtype)
 
 
@@ -210,8 +213,9 @@ def conv2d(x: np.ndarray, w: np.ndarray, strides=(1, 1), padding=(0, 0, 0, 0), d
     n, c, h, wd = x.shape
     o, cg, kh, kw = w.shape
     xp = np.pad(x, ((0, 0), (0, 0), (padding[0], padding[2]), (padding[1], padding[3])))
-    oh = _out_size(h, kh, strides[0], padding[0], padding[2], dilation[0])
-    ow = _out_size(wd, kw, strides[1], padding[1], padding[3], dilation[1])
+    static: list = []   # numpy: sizes are known, nothing is assumed
+    oh = _out_size(h, kh, strides[0], padding[0], padding[2], dilation[0], relations=static)
+    ow = _out_size(wd, kw, strides[1], padding[1], padding[3], dilation[1], relations=static)
     out = np.zeros((n, o, oh, ow), dtype=np.float64)
     og = o // groups
     for g in range(groups):
@@ -273,7 +277,8 @@ def unpack_wino_weights(wp: np.ndarray, out_channels: int) -> np.ndarray:
 
 def _infer_conv2d_oc(x: TensorType, wp: TensorType, out_channels: int, kernel=(1, 1),
                      strides=(1, 1), padding=(0, 0, 0, 0), dilation=(1, 1),
-                     groups: int = 1, winograd: bool = False) -> TensorType:
+                     groups: int = 1, winograd: bool = False, *, relations: list
+                     ) -> TensorType:
     n, c, h, wd = x.shape
     kh, kw = kernel
     rows = 16 * c if winograd else c * kh * kw
@@ -283,7 +288,7 @@ def _infer_conv2d_oc(x: TensorType, wp: TensorType, out_channels: int, kernel=(1
         raise ValueError(f"conv2d_oc: packed weight {wp.shape} does not match input {x.shape}, "
                          f"{out_channels} output channels, window {kernel}")
     return _infer_conv2d(x, TensorType((out_channels, c, kh, kw), wp.dtype), strides, padding,
-                         dilation, groups)
+                         dilation, groups, relations=relations)
 
 
 def _legalize_conv2d_oc(x: te.Tensor, wp: te.Tensor, out_type: TensorType, name: str,
@@ -360,7 +365,7 @@ def unpack_row_weights(wp: np.ndarray, out_channels: int, in_channels: int,
 
 def _infer_conv2d_rows(x: TensorType, wp: TensorType, out_channels: int, kernel=(1, 1),
                        rows: int = 4, strides=(1, 1), padding=(0, 0, 0, 0), dilation=(1, 1),
-                       groups: int = 1) -> TensorType:
+                       groups: int = 1, *, relations: list) -> TensorType:
     c = x.shape[1]
     kh, kw = kernel
     if (groups != 1 or tuple(dilation) != (1, 1)
@@ -368,7 +373,7 @@ def _infer_conv2d_rows(x: TensorType, wp: TensorType, out_channels: int, kernel=
         raise ValueError(f"conv2d_rows: packed weight {wp.shape} does not match input {x.shape}, "
                          f"{out_channels} output channels, window {kernel}, {rows} rows")
     return _infer_conv2d(x, TensorType((out_channels, c, kh, kw), wp.dtype), strides, padding,
-                         dilation, groups)
+                         dilation, groups, relations=relations)
 
 
 def _legalize_conv2d_rows(x: te.Tensor, wp: te.Tensor, out_type: TensorType, name: str,
@@ -400,11 +405,13 @@ def conv2d_rows(x: np.ndarray, wp: np.ndarray, out_channels: int, kernel=(1, 1),
 # ---- pooling ------------------------------------------------------------------------------------
 
 def _infer_pool(x: TensorType, kernel=(1, 1), strides=(1, 1), padding=(0, 0, 0, 0),
-                dilation=(1, 1), ceil_mode: bool = False, count_include_pad: bool = False
-                ) -> TensorType:
+                dilation=(1, 1), ceil_mode: bool = False, count_include_pad: bool = False, *,
+                relations: list) -> TensorType:
     n, c, h, w = x.shape
-    oh = _out_size(h, kernel[0], strides[0], padding[0], padding[2], dilation[0], ceil_mode)
-    ow = _out_size(w, kernel[1], strides[1], padding[1], padding[3], dilation[1], ceil_mode)
+    oh = _out_size(h, kernel[0], strides[0], padding[0], padding[2], dilation[0], ceil_mode,
+                   relations=relations)
+    ow = _out_size(w, kernel[1], strides[1], padding[1], padding[3], dilation[1], ceil_mode,
+                   relations=relations)
     return TensorType((n, c, oh, ow), x.dtype)
 
 
@@ -455,8 +462,11 @@ def _legalize_avg_pool(x: te.Tensor, out_type: TensorType, name: str, kernel=(1,
 
 def _pool_windows(x: np.ndarray, kernel, strides, padding, dilation, ceil_mode, fill):
     n, c, h, w = x.shape
-    oh = _out_size(h, kernel[0], strides[0], padding[0], padding[2], dilation[0], ceil_mode)
-    ow = _out_size(w, kernel[1], strides[1], padding[1], padding[3], dilation[1], ceil_mode)
+    static: list = []   # numpy: sizes are known, nothing is assumed
+    oh = _out_size(h, kernel[0], strides[0], padding[0], padding[2], dilation[0], ceil_mode,
+                   relations=static)
+    ow = _out_size(w, kernel[1], strides[1], padding[1], padding[3], dilation[1], ceil_mode,
+                   relations=static)
     # Pad enough on the far side for ceil_mode windows that run past the declared padding.
     extra_h = max(0, (oh - 1) * strides[0] + dilation[0] * (kernel[0] - 1) + 1 - h - padding[0])
     extra_w = max(0, (ow - 1) * strides[1] + dilation[1] * (kernel[1] - 1) + 1 - w - padding[1])
@@ -593,10 +603,11 @@ def _nd_check(kind: str, spatial: tuple[int, ...], **params) -> None:
                              f"{n} spatial axes")
 
 
-def _nd_out_sizes(spatial, kernel, strides, padding, dilation, ceil_mode=False) -> tuple[int, ...]:
+def _nd_out_sizes(spatial, kernel, strides, padding, dilation, ceil_mode=False, *,
+                  relations: list) -> tuple[int, ...]:
     n = len(spatial)
     return tuple(_out_size(spatial[d], kernel[d], strides[d], padding[d], padding[n + d],
-                           dilation[d], ceil_mode) for d in range(n))
+                           dilation[d], ceil_mode, relations=relations) for d in range(n))
 
 
 def _all_of(conds: list[te.Expr]) -> te.Expr:
@@ -614,14 +625,14 @@ def _lowest(dtype: str) -> te.Expr:
 
 def _infer_pool_nd(x: TensorType, mode: str = "max", kernel=(), strides=(), padding=(),
                    dilation=(), ceil_mode: bool = False, count_include_pad: bool = False,
-                   p: float = 2) -> TensorType:
+                   p: float = 2, *, relations: list) -> TensorType:
     if mode not in ("max", "avg", "lp"):
         raise ValueError(f"pool: mode {mode!r} is not max, avg or lp")
     spatial = x.shape[2:]
     _nd_check("pool", spatial, kernel=kernel, strides=strides, padding=padding,
               dilation=dilation)
     return TensorType(x.shape[:2] + _nd_out_sizes(spatial, kernel, strides, padding, dilation,
-                                                  ceil_mode), x.dtype)
+                                                  ceil_mode, relations=relations), x.dtype)
 
 
 def _window_positions(o, kernel_axes, strides, padding, dilation):
@@ -704,7 +715,7 @@ def pool(x: np.ndarray, mode: str = "max", kernel=(), strides=(), padding=(), di
          ceil_mode: bool = False, count_include_pad: bool = False, p: float = 2) -> np.ndarray:
     spatial = x.shape[2:]
     n = len(spatial)
-    outs = _nd_out_sizes(spatial, kernel, strides, padding, dilation, ceil_mode)
+    outs = _nd_out_sizes(spatial, kernel, strides, padding, dilation, ceil_mode, relations=[])
     shape = x.shape[:2] + outs
     if mode == "max":
         acc = np.full(shape, -np.inf)
@@ -737,8 +748,10 @@ def pool(x: np.ndarray, mode: str = "max", kernel=(), strides=(), padding=(), di
 # ---- max pool indices (ONNX MaxPool's second output) --------------------------------------------
 
 def _infer_pool_indices(x: TensorType, kernel=(), strides=(), padding=(), dilation=(),
-                        ceil_mode: bool = False, storage_order: int = 0) -> TensorType:
-    t = _infer_pool_nd(x, "max", kernel, strides, padding, dilation, ceil_mode)
+                        ceil_mode: bool = False, storage_order: int = 0, *, relations: list
+                        ) -> TensorType:
+    t = _infer_pool_nd(x, "max", kernel, strides, padding, dilation, ceil_mode,
+                       relations=relations)
     return TensorType(t.shape, "int64")
 
 
@@ -778,7 +791,7 @@ def _legalize_pool_indices(x: te.Tensor, out_type: TensorType, name: str, kernel
 def max_pool_indices(x: np.ndarray, kernel=(), strides=(), padding=(), dilation=(),
                      ceil_mode: bool = False, storage_order: int = 0) -> np.ndarray:
     spatial = x.shape[2:]
-    outs = _nd_out_sizes(spatial, kernel, strides, padding, dilation, ceil_mode)
+    outs = _nd_out_sizes(spatial, kernel, strides, padding, dilation, ceil_mode, relations=[])
     best = np.full(x.shape[:2] + outs, -np.inf)
     index = np.zeros(x.shape[:2] + outs, dtype=np.int64)
     bc = (np.arange(x.shape[0])[:, None] * x.shape[1] + np.arange(x.shape[1])[None, :])
@@ -800,7 +813,7 @@ def max_pool_indices(x: np.ndarray, kernel=(), strides=(), padding=(), dilation=
 # ---- N-D convolution ----------------------------------------------------------------------------
 
 def _infer_conv_nd(x: TensorType, w: TensorType, strides=(), padding=(), dilation=(),
-                   groups: int = 1) -> TensorType:
+                   groups: int = 1, *, relations: list) -> TensorType:
     spatial = x.shape[2:]
     _nd_check("conv", spatial, strides=strides, padding=padding, dilation=dilation)
     if len(w.shape) != len(x.shape):
@@ -810,7 +823,7 @@ def _infer_conv_nd(x: TensorType, w: TensorType, strides=(), padding=(), dilatio
         raise ValueError(f"conv: input channels {c} and weight {w.shape} with groups={groups} "
                          "do not match")
     return TensorType((x.shape[0], o) + _nd_out_sizes(spatial, w.shape[2:], strides, padding,
-                                                      dilation), x.dtype)
+                                                      dilation, relations=relations), x.dtype)
 
 
 def _legalize_conv_nd(x: te.Tensor, w: te.Tensor, out_type: TensorType, name: str, strides=(),
@@ -839,7 +852,7 @@ def conv(x: np.ndarray, w: np.ndarray, strides=(), padding=(), dilation=(),
          groups: int = 1) -> np.ndarray:
     spatial = x.shape[2:]
     kernel = w.shape[2:]
-    outs = _nd_out_sizes(spatial, kernel, strides, padding, dilation)
+    outs = _nd_out_sizes(spatial, kernel, strides, padding, dilation, relations=[])
     o, cg = w.shape[0], w.shape[1]
     og = o // groups
     out = np.zeros((x.shape[0], o) + outs)

@@ -32,7 +32,8 @@ from .registry import REDUCTION, broadcast_shape, register_op
 
 
 def _infer(x: TensorType, *params: TensorType, axis: int = -1, eps: float = 1e-5,
-           scale: bool = False, bias: bool = False, groups: int = 1) -> TensorType:
+           scale: bool = False, bias: bool = False, groups: int = 1, relations: list
+           ) -> TensorType:
     rank = len(x.shape)
     if not -rank <= axis < rank:
         raise ValueError(f"axis {axis} is out of range for rank {rank}")
@@ -43,7 +44,8 @@ def _infer(x: TensorType, *params: TensorType, axis: int = -1, eps: float = 1e-5
         raise ValueError(f"nn.normalize takes {int(scale) + int(bias)} parameters, "
                          f"got {len(params)}")
     for p in params:
-        if len(p.shape) > rank or broadcast_shape(x.shape, p.shape) != tuple(x.shape):
+        if len(p.shape) > rank or broadcast_shape(x.shape, p.shape,
+                                                  relations=relations) != tuple(x.shape):
             raise ValueError(f"a scale or bias of shape {p.shape} does not broadcast to "
                              f"{x.shape} without changing it")
         if p.dtype != x.dtype:

@@ -47,7 +47,7 @@ def _wide(dtype: str) -> str:
 
 
 def _infer_quantize(x: TensorType, scale: TensorType, zero_point: TensorType,
-                    dtype: str = "uint8") -> TensorType:
+                    dtype: str = "uint8", *, relations: list) -> TensorType:
     if x.dtype not in te.FLOAT_DTYPES or x.dtype in te.FLOAT8_DTYPES:
         raise ValueError(f"quantize takes a float tensor, not {x.dtype}")
     if scale.dtype != x.dtype:
@@ -56,7 +56,8 @@ def _infer_quantize(x: TensorType, scale: TensorType, zero_point: TensorType,
         raise ValueError(f"quantize to {dtype} is not supported (only {QUANT_INT_DTYPES})")
     if zero_point.dtype != dtype:
         raise ValueError(f"zero point is {zero_point.dtype}, output is {dtype}: they must match")
-    return TensorType(broadcast_shape(x.shape, scale.shape, zero_point.shape), dtype)
+    return TensorType(broadcast_shape(x.shape, scale.shape, zero_point.shape,
+                                      relations=relations), dtype)
 
 
 def _legalize_quantize(x: te.Tensor, scale: te.Tensor, zero_point: te.Tensor,
@@ -81,14 +82,16 @@ def quantize(x: np.ndarray, scale: np.ndarray, zero_point: np.ndarray,
     return np.clip(q, np.float32(lo), np.float32(hi)).astype(dtype)
 
 
-def _infer_dequantize(q: TensorType, scale: TensorType, zero_point: TensorType) -> TensorType:
+def _infer_dequantize(q: TensorType, scale: TensorType, zero_point: TensorType, *,
+                      relations: list) -> TensorType:
     if q.dtype not in QUANT_INT_DTYPES:
         raise ValueError(f"dequantize takes an integer tensor of {QUANT_INT_DTYPES}, not {q.dtype}")
     if zero_point.dtype != q.dtype:
         raise ValueError(f"zero point is {zero_point.dtype}, input is {q.dtype}: they must match")
     if scale.dtype not in te.FLOAT_DTYPES or scale.dtype in te.FLOAT8_DTYPES:
         raise ValueError(f"scale must be a float tensor, not {scale.dtype}")
-    return TensorType(broadcast_shape(q.shape, scale.shape, zero_point.shape), scale.dtype)
+    return TensorType(broadcast_shape(q.shape, scale.shape, zero_point.shape,
+                                      relations=relations), scale.dtype)
 
 
 def _legalize_dequantize(q: te.Tensor, scale: te.Tensor, zero_point: te.Tensor,

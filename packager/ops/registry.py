@@ -8,12 +8,13 @@ placeholders). A new operator is a new row, registered with ``@register_op``.
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
 
-from ..ir.sym import assume, is_static
+from ..ir.sym import Relation, assume, is_static
 
 from ..ir.graph import TensorType
 
@@ -30,9 +31,22 @@ OPAQUE = "opaque"          # one hand-written kernel (a recurrence's time loop):
 class OpDef:
     name: str
     kind: str
+    # (*TensorType, **attrs) -> TensorType; one that takes ``relations`` (a list, keyword) adds
+    # the relations between symbolic dims it assumes to it (``ir.sym.assume``)
     infer: Callable[..., TensorType]
     reference: Callable[..., np.ndarray]
     legalize: Callable[..., object] | None  # (*te.Tensor, out_type=..., **attrs) -> te.Tensor
+    assumes: bool = False                   # infer takes ``relations``
+
+    def infer_type(self, *types: TensorType, **attrs: object
+                   ) -> tuple[TensorType, tuple[Relation, ...]]:
+        """The output type for inputs of ``types``, and the relations between symbolic dims
+        that it holds under (checked at run time; empty for static shapes)."""
+        if not self.assumes:
+            return self.infer(*types, **attrs), ()
+        relations: list[Relation] = []
+        out = self.infer(*types, relations=relations, **attrs)
+        return out, tuple(relations)
 
 
 OPS: dict[str, OpDef] = {}
@@ -45,7 +59,8 @@ def register_op(name: str, kind: str, infer: Callable[..., TensorType],
     def wrap(reference: Callable[..., np.ndarray]) -> Callable[..., np.ndarray]:
         if name in OPS:
             raise ValueError(f"operator {name!r} is registered twice")
-        OPS[name] = OpDef(name, kind, infer, reference, legalize)
+        assumes = "relations" in inspect.signature(infer).parameters
+        OPS[name] = OpDef(name, kind, infer, reference, legalize, assumes)
         return reference
 
     return wrap
@@ -66,16 +81,18 @@ def size_expr(d: object) -> object:
     return te.Const(d, "int64") if isinstance(d, SymExpr) else d
 
 
-def broadcast_shape(*shapes: tuple[int, ...]) -> tuple[int, ...]:
+def broadcast_shape(*shapes: tuple[int, ...], relations: list) -> tuple[int, ...]:
+    """numpy's broadcast of ``shapes``; with symbolic dims, the relations it assumes are added
+    to ``relations``."""
     if not all(is_static(s) for s in shapes):
-        return _broadcast_symbolic(shapes)
+        return _broadcast_symbolic(shapes, relations)
     try:
         return tuple(int(d) for d in np.broadcast_shapes(*shapes))
     except ValueError:
         raise ValueError(f"shapes {' and '.join(map(str, shapes))} do not broadcast") from None
 
 
-def _broadcast_symbolic(shapes: tuple[tuple, ...]) -> tuple:
+def _broadcast_symbolic(shapes: tuple[tuple, ...], relations: list) -> tuple:
     """numpy broadcasting where a dim may be symbolic: a symbolic dim meets 1 or itself (a
     symbolic dim that is 1 at run time while the other is not would need a second kernel)."""
     rank = max(len(s) for s in shapes)
@@ -91,7 +108,7 @@ def _broadcast_symbolic(shapes: tuple[tuple, ...]) -> tuple:
         keep = static[0] if static else (dims[0] if dims else 1)
         for x in dims:
             if x is not keep and x != keep:
-                assume("eq", x, keep, f"shapes {' and '.join(map(str, shapes))} broadcast")
+                assume(relations, "eq", x, keep, f"shapes {' and '.join(map(str, shapes))} broadcast")
         out.append(keep)
     return tuple(out)
 

@@ -10,12 +10,12 @@ from ..ir.sym import assume, dim, is_static, product
 from .registry import INJECTIVE, VIEW, register_op, size_expr
 
 
-def _infer_reshape(x: TensorType, shape=()) -> TensorType:
+def _infer_reshape(x: TensorType, shape=(), *, relations: list) -> TensorType:
     shape = tuple(dim(d) for d in shape)
     if product(shape) != product(x.shape):
         if is_static(shape + tuple(x.shape)):
             raise ValueError(f"cannot reshape {x.shape} to {shape}")
-        assume("eq", product(shape), product(x.shape), f"reshape to {shape}")
+        assume(relations, "eq", product(shape), product(x.shape), f"reshape to {shape}")
     return TensorType(shape, x.dtype)
 
 
@@ -40,7 +40,7 @@ def transpose(x: np.ndarray, axes=None) -> np.ndarray:
     return np.asarray(np.transpose(x, axes), order="C")
 
 
-def _infer_concat(*xs: TensorType, axis: int = 0) -> TensorType:
+def _infer_concat(*xs: TensorType, axis: int = 0, relations: list) -> TensorType:
     ndim = len(xs[0].shape)
     axis %= ndim
     for t in xs[1:]:
@@ -50,7 +50,7 @@ def _infer_concat(*xs: TensorType, axis: int = 0) -> TensorType:
             raise ValueError(f"concat: shapes {[t.shape for t in xs]} differ off axis {axis}")
         for d, (a, b) in enumerate(zip(t.shape, xs[0].shape)):
             if d != axis and a != b:   # equal for some sizes only: checked at run time
-                assume("eq", a, b, f"concat of {[t.shape for t in xs]}")
+                assume(relations, "eq", a, b, f"concat of {[t.shape for t in xs]}")
     shape = list(xs[0].shape)
     shape[axis] = sum(t.shape[axis] for t in xs)
     return TensorType(tuple(shape), xs[0].dtype)

@@ -5,7 +5,17 @@ from __future__ import annotations
 from typing import Callable
 
 from ..ir.graph import (Binding, Call, CallLibrary, CallTIR, Constant, DataflowBlock, Expr,
-                        Function, IRModule, Value, Var)
+                        Function, IRModule, TensorType, Value, Var)
+
+
+def infer_static(op: str, *types: TensorType, **attrs: object) -> TensorType:
+    """``op``'s output type in a rewrite of static shapes only: one that assumed a relation
+    between symbolic dims (``OpDef.infer_type``) would lose it, so it is refused."""
+    from ..ops import get_op   # the op table imports the passes' IR only
+    out, relations = get_op(op).infer_type(*types, **attrs)
+    if relations:
+        raise AssertionError(f"{op}: a rewrite of static shapes assumed {relations}")
+    return out
 
 
 def with_args(value: Expr, args: list[Value]) -> Expr:

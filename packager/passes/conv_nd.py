@@ -32,8 +32,7 @@ import dataclasses
 import numpy as np
 
 from ..ir.graph import Binding, Call, Constant, DataflowBlock, Function, IRModule, Value, Var
-from ..ops import get_op
-from .common import map_functions
+from .common import infer_static, map_functions
 
 
 class _Emitter:
@@ -45,7 +44,7 @@ class _Emitter:
         self.count = 0
 
     def emit(self, op: str, args: list[Value], final: bool = False, **attrs) -> Value:
-        ty = get_op(op).infer(*[a.type for a in args], **attrs)
+        ty = infer_static(op, *[a.type for a in args], **attrs)   # static: see _rewritable
         if final:
             var = self.binding.var
             if var.type != ty:
@@ -125,7 +124,7 @@ def _conv_3d(em: _Emitter, x: Value, w: Value, attrs: dict) -> None:
     n, c, depth, height, width = x.type.shape
     o, cg, kd, kh, kw = w.type.shape
     out_shape = em.binding.var.type.shape   # rank 3 or 4 for 1-D or 2-D ones seen as 3-D
-    _, _, od, oh, ow = get_op("nn.conv").infer(x.type, w.type, **attrs).shape
+    _, _, od, oh, ow = infer_static("nn.conv", x.type, w.type, **attrs).shape
     fold_w = kw > 1 and (dw > 1 or _long_row(w, groups, attrs["strides"]))
     fold_h = kh > 1 and (dh > 1 or fold_w)
     if kd == 1 and sd == 1 and pd0 == pd1 == 0 and kh == 1 and sh == 1 and ph0 == ph1 == 0 \
@@ -154,7 +153,7 @@ def _conv_3d(em: _Emitter, x: Value, w: Value, attrs: dict) -> None:
     conv = dict(strides=(1 if fold_h else sh, 1 if fold_w else sw),
                 padding=(0, 0 if fold_w else pw0, bottom, 0 if fold_w else pw1),
                 dilation=(1, 1), groups=groups)
-    if slice_out == oh and get_op("nn.conv2d").infer(x2.type, w2.type, **conv).shape \
+    if slice_out == oh and infer_static("nn.conv2d", x2.type, w2.type, **conv).shape \
             == tuple(out_shape):   # the conv binds the result: its epilogue (bias) fuses
         em.emit("nn.conv2d", [x2, w2], final=True, **conv)
         return
@@ -219,9 +218,9 @@ def _avg_as_depthwise(em: _Emitter, x: Value, kernel, strides, padding, ceil_mod
     then, where windows hold different counts, a multiply by 1 / count per output position
     (fused into the convolution's epilogue). ``ceil_mode`` windows reach into zero padding."""
     n, c, h, w = x.type.shape
-    out_type = get_op("nn.avg_pool2d").infer(x.type, kernel=kernel, strides=strides,
-                                            padding=padding, ceil_mode=ceil_mode,
-                                            count_include_pad=count_include_pad)
+    out_type = infer_static("nn.avg_pool2d", x.type, kernel=kernel, strides=strides,
+                            padding=padding, ceil_mode=ceil_mode,
+                            count_include_pad=count_include_pad)
     _, _, oh, ow = out_type.shape
     (kh, kw), (sh, sw), (pt, pl, pb, pr) = kernel, strides, padding
     counts = np.outer(_window_counts(h, kh, sh, pt, pb, oh, count_include_pad),

@@ -35,8 +35,7 @@ import numpy as np
 
 from ..ir.graph import (Binding, Call, Constant, DataflowBlock, Function, IRModule, TensorType,
                         Value, Var)
-from ..ops import get_op
-from .common import map_functions
+from .common import infer_static, map_functions
 
 
 # A strided 2-D (or 1-D) transposed convolution with at most this many taps along x sums its
@@ -123,7 +122,7 @@ class _Emitter:
         self.count = 0
 
     def emit(self, op: str, args: list[Value], var: Var | None = None, **attrs) -> Value:
-        ty = get_op(op).infer(*[a.type for a in args], **attrs)
+        ty = infer_static(op, *[a.type for a in args], **attrs)   # static: see _fast
         if var is None:
             self.count += 1
             var = Var(f"{self.binding.var.name}_ct{self.count}", ty)
@@ -182,7 +181,7 @@ def _rewrite(binding: Binding, out: list[Binding]) -> None:
                      padding=(0, pad[0], 0, pad[1]),
                      output_padding=(0,) + tuple(attrs.get("output_padding", (0,))))
     wtype = TensorType(wdata.shape, str(wdata.dtype))
-    out_type = get_op("nn.conv_transpose").infer(x.type, wtype, **attrs)
+    out_type = infer_static("nn.conv_transpose", x.type, wtype, **attrs)
     plan = _plan(x.type, wtype, attrs, out_type)
     phase_groups = _phase_groups(plan)
     ((key, members),) = phase_groups.items() if len(phase_groups) == 1 else ((None, None),)

@@ -1,26 +1,30 @@
 """Layout of constant weights for the fast kernels: a ``matmul(a, W, transpose_b=True)`` whose W
 is a constant (ONNX Gemm with transB, i.e. every torch Linear) gets W transposed once at export,
 so the kernel reads contiguous rows of the output's width. One row times a 2-D W (a Linear at
-batch 1) keeps W as (N, K): the dot-product kernel (codegen/gemv.py) reads its rows. On the
-targets PACK_MATMUL_WEIGHTS names, a constant B is then packed into the kernel's column panels
-(``pack_matmul_weights``), a one-row product's too unless B is narrow."""
+batch 1) keeps W as (N, K): the dot-product kernel (codegen/gemv.py) reads its rows. With
+``options.pack_matmul_weights`` (the targets measured), a constant B is then packed into the
+kernel's column panels (``pack_matmul_weights``), a one-row product's too unless B is narrow.
+
+Every choice comes from the ``CompileOptions`` each pass is handed (packager/options.py):
+``one_row_gemv``, ``pack_conv_weights``, ``winograd``, ``conv_row_widths``,
+``pack_matmul_weights``, ``precision`` and ``bf16_keep``; an export sets them for the targets it
+compiles for."""
 
 from __future__ import annotations
-
-import contextvars
 
 import numpy as np
 
 from ..ir.graph import Call, Constant, IRModule
+from ..options import CompileOptions
 from .common import map_functions, rewrite_function
 
 
-def pretranspose_weights(mod: IRModule) -> IRModule:
+def pretranspose_weights(mod: IRModule, options: CompileOptions) -> IRModule:
     def visit(b, lookup):
         v = b.value
         if (isinstance(v, Call) and v.op == "matmul" and v.attrs.get("transpose_b")
                 and isinstance(v.args[1], Constant) and v.args[1].data.ndim >= 2
-                and not _one_row(v)):
+                and not _one_row(v, options)):
             w = v.args[1]
             data = np.ascontiguousarray(np.swapaxes(w.data, -1, -2))
             attrs = {**v.attrs, "transpose_b": False}
@@ -30,26 +34,19 @@ def pretranspose_weights(mod: IRModule) -> IRModule:
     return map_functions(mod, lambda fn: rewrite_function(fn, visit))
 
 
-# False while a bundle with several batch plans compiles: every plan then reads the same
-# transposed W, so the weights stay stored once (a batch-1 plan alone takes the dot product).
-ONE_ROW_GEMV = contextvars.ContextVar("one_row_gemv", default=True)
-
-
-def _one_row(v: Call) -> bool:
-    """matmul(x, W) with x one row (every dim but the last a static 1) and W 2-D."""
+def _one_row(v: Call, options: CompileOptions) -> bool:
+    """matmul(x, W) with x one row (every dim but the last a static 1) and W 2-D, kept for the
+    dot product. ``options.one_row_gemv`` is False while a bundle with several batch plans
+    compiles: every plan then reads the same transposed W, so the weights stay stored once (a
+    batch-1 plan alone takes the dot product)."""
     shape = getattr(v.args[0].type, "shape", None)
-    if (PACK_MATMUL_WEIGHTS.get() and v.args[1].data.ndim == 2    # packed unless B is narrow
+    if (options.pack_matmul_weights and v.args[1].data.ndim == 2   # packed unless B is narrow
             and v.args[1].data.dtype == np.float32):
         from ..ops.nn import MATMUL_PANEL
         if v.args[1].data.shape[0] >= MATMUL_PANEL:
             return False
-    return (ONE_ROW_GEMV.get() and shape is not None and len(shape) >= 1 and v.args[1].data.ndim == 2
+    return (options.one_row_gemv and shape is not None and len(shape) >= 1 and v.args[1].data.ndim == 2
             and all(isinstance(d, int) and d == 1 for d in shape[:-1]))
-
-
-# Set by export while it compiles for targets whose kernels take ``nn.conv2d_oc`` (AVX2, 8-lane
-# vectors: where the kernel is measured); off, every convolution keeps ``nn.conv2d``.
-PACK_CONV_WEIGHTS = contextvars.ContextVar("pack_conv_weights", default=False)
 
 
 # Winograd F(2x2, 3x3) for a 3x3 stride-1 convolution (codegen/conv_oc.py): output rows and
@@ -60,16 +57,17 @@ PACK_CONV_WEIGHTS = contextvars.ContextVar("pack_conv_weights", default=False)
 # (the kernel's bands together read them at most codegen/conv_oc.py WINO_U_TRAFFIC bytes; 1
 # thread, of the direct kernel's time: 320 -> 320 on 10x10, 6.5 MB, 0.56x; 384 -> 384 on 10x10,
 # 9.4 MB, 0.62x; 512 -> 512 on 14x14, 16.8 MB, 0.70x; on 7x7 outputs, not taken, 0.95-1.0x).
-WINOGRAD = contextvars.ContextVar("winograd", default=True)
+# ``options.winograd`` False turns it off.
 WINO_MIN_OUT = 8
 WINO_MIN_CHANNELS = (16, 32)   # input, output
 WINO_MAX_WEIGHT_BYTES = 20 << 20
 
 
 def uses_winograd(w_shape, strides, out_shape) -> bool:
-    """Whether the packed convolution takes Winograd F(2x2, 3x3) (see above)."""
+    """Whether the packed convolution takes Winograd F(2x2, 3x3) (see above) when
+    ``options.winograd`` allows it."""
     o, c, kh, kw = w_shape
-    return (WINOGRAD.get() and (kh, kw) == (3, 3) and tuple(strides) == (1, 1)
+    return ((kh, kw) == (3, 3) and tuple(strides) == (1, 1)
             and min(out_shape[2:]) >= WINO_MIN_OUT
             and c >= WINO_MIN_CHANNELS[0] and o >= WINO_MIN_CHANNELS[1]
             and 16 * c * o * 4 <= WINO_MAX_WEIGHT_BYTES)
@@ -93,13 +91,15 @@ def _plain_conv(v, static_batch: bool) -> bool:
             and tuple(v.attrs.get("dilation", (1, 1))) == (1, 1))
 
 
-def pack_conv_weights(mod: IRModule) -> IRModule:
+def pack_conv_weights(mod: IRModule, options: CompileOptions) -> IRModule:
     """An ungrouped float32 ``nn.conv2d`` with a window wider than 1x1, a constant weight, a
     4-D input static but for the batch and output channels in whole vectors becomes
     ``nn.conv2d_oc`` with its
     weight packed once (``ops.nn.pack_oc_weights``): codegen/conv_oc.py computes it with the
-    output channels on the vector lanes (no plane copies by stride phase, no dropped columns)."""
-    if not PACK_CONV_WEIGHTS.get():
+    output channels on the vector lanes (no plane copies by stride phase, no dropped columns).
+    ``options.pack_conv_weights``: on for targets whose kernels take ``nn.conv2d_oc`` (AVX2,
+    8-lane vectors: where the kernel is measured); off, every convolution keeps ``nn.conv2d``."""
+    if not options.pack_conv_weights:
         return mod
     from ..ops.nn import pack_oc_weights, pack_wino_weights
 
@@ -112,7 +112,8 @@ def pack_conv_weights(mod: IRModule) -> IRModule:
             return None
         attrs = {k: val for k, val in v.attrs.items() if k not in ("groups", "dilation")}
         attrs.update(out_channels=int(w.data.shape[0]), kernel=tuple(w.data.shape[2:]))
-        if uses_winograd(w.data.shape, tuple(attrs.get("strides", (1, 1))), v.type.shape):
+        strides = tuple(attrs.get("strides", (1, 1)))
+        if options.winograd and uses_winograd(w.data.shape, strides, v.type.shape):
             attrs["winograd"] = True
             packed = Constant(f"{w.name}_wino", pack_wino_weights(w.data))
             return Call("nn.conv2d_oc", [lookup(x), packed], attrs, v.type)
@@ -121,13 +122,6 @@ def pack_conv_weights(mod: IRModule) -> IRModule:
                     attrs, v.type)
 
     return map_functions(mod, lambda fn: rewrite_function(fn, visit))
-
-
-# Set by export to the vector widths (floats) of the targets it compiles for when their
-# register-blocked convolution reads ``nn.conv2d_rows`` (x86-64, AVX2 with or without its 128-bit
-# level: where it is measured); empty, every such convolution keeps ``nn.conv2d``.
-CONV_ROW_WIDTHS: contextvars.ContextVar[tuple[int, ...]] = contextvars.ContextVar(
-    "conv_row_widths", default=())
 
 
 def conv_row_block(x_shape, w_shape, out_shape, attrs: dict,
@@ -140,7 +134,7 @@ def conv_row_block(x_shape, w_shape, out_shape, attrs: dict,
     return rows.pop() if len(rows) == 1 else None
 
 
-def pack_conv_rows(mod: IRModule) -> IRModule:
+def pack_conv_rows(mod: IRModule, options: CompileOptions) -> IRModule:
     """An ungrouped float32 ``nn.conv2d`` with a constant weight, static shapes and no dilation,
     that the register-blocked kernel computes (not a one-pixel dot product), becomes
     ``nn.conv2d_rows``: its weight packed once (``ops.nn.pack_row_weights``) in blocks of the
@@ -148,8 +142,11 @@ def pack_conv_rows(mod: IRModule) -> IRModule:
     Runtime packs its convolution weights too); its tail outputs then take the block's channels
     on the lanes (codegen/gemm.py ``_tail_block_rows``). Measured on Zen 4 (AVX2), bench/'s
     MobileNetV2, per kernel min, 1 thread: its kernels' sum 8581 -> 8283 us, the 1x1s on 7x7
-    0.79-0.87x (320 -> 1280: 574 -> 474 us), the others within 3 %."""
-    widths = CONV_ROW_WIDTHS.get()
+    0.79-0.87x (320 -> 1280: 574 -> 474 us), the others within 3 %. ``options.conv_row_widths``:
+    the vector widths (floats) of the targets when their register-blocked convolution reads
+    ``nn.conv2d_rows`` (x86-64, AVX2 with or without its 128-bit level: where it is measured);
+    empty, every such convolution keeps ``nn.conv2d``."""
+    widths = options.conv_row_widths
     if not widths:
         return mod
     from ..ops.nn import pack_row_weights
@@ -178,17 +175,16 @@ def pack_conv_rows(mod: IRModule) -> IRModule:
     return map_functions(mod, lambda fn: rewrite_function(fn, visit))
 
 
-# Set by export while it compiles for targets whose matmul kernel reads ``matmul_packed`` (x86-64
-# AVX2, and its 128-bit level beside it in a portable bundle: where it is measured); off, every
-# matmul keeps its constant B as [K, N] (or [N, K] for the one-row dot product).
-PACK_MATMUL_WEIGHTS = contextvars.ContextVar("pack_matmul_weights", default=False)
+# ``options.pack_matmul_weights``: on for targets whose matmul kernel reads ``matmul_packed``
+# (x86-64 AVX2, and its 128-bit level beside it in a portable bundle: where it is measured); off,
+# every matmul keeps its constant B as [K, N] (or [N, K] for the one-row dot product).
 # A B of fewer columns stays as it is: packed, its panel would be mostly zeros (a one-row product
 # by B [1024, 1]: 1.09x slower packed). Fewer than MATMUL_PANEL columns at one row keep the dot
 # product (codegen/gemv.py; 4 columns measured the same either way).
 PACK_MIN_COLUMNS = 8
 
 
-def pack_matmul_weights(mod: IRModule) -> IRModule:
+def pack_matmul_weights(mod: IRModule, options: CompileOptions) -> IRModule:
     """``matmul(a, B)`` with a constant 2-D float32 B [K, N] of at least PACK_MIN_COLUMNS
     columns (MATMUL_PANEL for one row in a single plan; after ``pretranspose_weights``) becomes ``matmul_packed``, B packed once into
     column panels (``ops.nn.pack_matmul_b``) that the register-blocked kernel (codegen/gemm.py)
@@ -197,7 +193,7 @@ def pack_matmul_weights(mod: IRModule) -> IRModule:
     copied per call): bench's mlp_b64 0.92x, [128, 3072] x [3072, 768] (too long a panel to
     copy) 0.52x, 1-8 rows 0.68-0.79x, a one-row Linear [1, 1024] x [1024, 1024] 0.80x of the
     dot product."""
-    if not PACK_MATMUL_WEIGHTS.get():
+    if not options.pack_matmul_weights:
         return mod
     from ..ops.nn import MATMUL_PANEL, pack_matmul_b
 
@@ -211,7 +207,7 @@ def pack_matmul_weights(mod: IRModule) -> IRModule:
         if (w.data.dtype != np.float32 or w.data.ndim != 2 or x.type.dtype != "float32"
                 or shape is None or len(shape) < 2 or w.data.shape[1] < PACK_MIN_COLUMNS):
             return None
-        if (ONE_ROW_GEMV.get() and w.data.shape[1] < MATMUL_PANEL
+        if (options.one_row_gemv and w.data.shape[1] < MATMUL_PANEL
                 and all(isinstance(d, int) and d == 1 for d in shape[:-1])):
             return None   # one row by a narrow B, as _one_row leaves it (a single plan)
         packed = Constant(f"{w.name}_p{MATMUL_PANEL}", pack_matmul_b(w.data))
@@ -222,19 +218,15 @@ def pack_matmul_weights(mod: IRModule) -> IRModule:
 
 # ---- bf16 weights (``mlcpack export --precision bf16``) ------------------------------------------
 
-# Set by export to "bf16" while it compiles a ``--precision bf16`` bundle (maps onto
-# CompileOptions.precision): the constant weights the contraction kernels read from their packed
-# layouts (``matmul_packed`` panels, ``nn.conv2d_rows`` blocks, ``nn.conv2d_oc`` channel blocks,
-# Winograd-transformed ones included) are stored as
-# bfloat16, half their float32 size; codegen/gemm.py and conv_oc.py widen each one to float32 as
-# they load it (exact) and accumulate in float32. Other weights stay float32.
-PRECISION = contextvars.ContextVar("precision", default="fp32")
-PRECISIONS = ("fp32", "bf16")
-# Names of source weights (Constants of the module before the passes) that stay float32 under
-# "bf16": the layers the accuracy guard (packager/precision.py) found too sensitive. A packed
-# weight derives its name from its source's (``w`` -> ``w_t_p16``, ``w_oc``, ``w_r4``).
-BF16_KEEP: contextvars.ContextVar[frozenset] = contextvars.ContextVar("bf16_keep",
-                                                                     default=frozenset())
+# ``options.precision`` "bf16" (``mlcpack export --precision bf16``): the constant weights the
+# contraction kernels read from their packed layouts (``matmul_packed`` panels,
+# ``nn.conv2d_rows`` blocks, ``nn.conv2d_oc`` channel blocks, Winograd-transformed ones included)
+# are stored as bfloat16, half their float32 size; codegen/gemm.py and conv_oc.py widen each one
+# to float32 as they load it (exact) and accumulate in float32. Other weights stay float32.
+# ``options.bf16_keep``: names of source weights (Constants of the module before the passes) that
+# stay float32 under "bf16": the layers the accuracy guard (packager/precision.py) found too
+# sensitive. A packed weight derives its name from its source's (``w`` -> ``w_t_p16``, ``w_oc``,
+# ``w_r4``).
 
 
 def _kept(name: str, keep: frozenset) -> bool:
@@ -257,12 +249,13 @@ def to_bfloat16(data: np.ndarray) -> np.ndarray:
     return out.view(ml_dtypes.bfloat16).reshape(np.shape(data))
 
 
-def weights_to_bf16(mod: IRModule) -> IRModule:
-    """Under ``PRECISION`` "bf16": the float32 packed weight of every ``BF16_OPS`` call becomes
-    bfloat16 (``to_bfloat16``); off, the module is unchanged."""
-    if PRECISION.get() != "bf16":
+def weights_to_bf16(mod: IRModule, options: CompileOptions) -> IRModule:
+    """Under ``options.precision`` "bf16": the float32 packed weight of every ``BF16_OPS`` call
+    but those ``options.bf16_keep`` names becomes bfloat16 (``to_bfloat16``); "fp32", the module
+    is unchanged."""
+    if options.precision != "bf16":
         return mod
-    keep = BF16_KEEP.get()
+    keep = options.bf16_keep
 
     def visit(b, lookup):
         v = b.value

@@ -1,4 +1,6 @@
-"""Pipelines are named lists of passes, each a function from IRModule to IRModule."""
+"""Pipelines are named lists of passes, each a function from IRModule to IRModule; a pass whose
+choices depend on the compile options (``Pass.takes_options``) also takes the
+``CompileOptions``."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ from typing import Callable, Sequence
 from ..ir.graph import IRModule
 from ..ir.printer import module_text
 from ..ir.verify import verify_module
+from ..options import CompileOptions
 from .conv_nd import decompose_conv_nd
 from .conv_transpose import decompose_conv_transpose
 from .fuse import fuse_ops
@@ -25,7 +28,8 @@ from .simplify import eliminate_dead_code, fold_constants, fold_dequantize
 @dataclass(frozen=True)
 class Pass:
     name: str
-    run: Callable[[IRModule], IRModule]
+    run: Callable[..., IRModule]   # (mod) -> mod, or (mod, options) -> mod
+    takes_options: bool = False    # run takes the CompileOptions too
 
 
 DEFAULT_PIPELINE: tuple[Pass, ...] = (
@@ -33,31 +37,36 @@ DEFAULT_PIPELINE: tuple[Pass, ...] = (
     Pass("fuse_gelu", fuse_gelu),
     Pass("fuse_normalize", fuse_normalize),
     Pass("eliminate_dead_code", eliminate_dead_code),
-    Pass("fuse_quantized", fuse_quantized),
-    Pass("tabulate_quantized_chains", tabulate_quantized_chains),
+    Pass("fuse_quantized", fuse_quantized, takes_options=True),
+    Pass("tabulate_quantized_chains", tabulate_quantized_chains, takes_options=True),
     Pass("fold_dequantize", fold_dequantize),
     Pass("drop_unread_cell_state", drop_unread_cell_state),
     Pass("decompose_conv_transpose", decompose_conv_transpose),
     Pass("decompose_conv_nd", decompose_conv_nd),
-    Pass("pretranspose_weights", pretranspose_weights),
-    Pass("pack_conv_weights", pack_conv_weights),
-    Pass("pack_conv_rows", pack_conv_rows),
-    Pass("pack_matmul_weights", pack_matmul_weights),
-    Pass("weights_to_bf16", weights_to_bf16),
+    Pass("pretranspose_weights", pretranspose_weights, takes_options=True),
+    Pass("pack_conv_weights", pack_conv_weights, takes_options=True),
+    Pass("pack_conv_rows", pack_conv_rows, takes_options=True),
+    Pass("pack_matmul_weights", pack_matmul_weights, takes_options=True),
+    Pass("weights_to_bf16", weights_to_bf16, takes_options=True),
     Pass("legalize", legalize),
     Pass("fuse_ops", fuse_ops),
     Pass("eliminate_dead_code", eliminate_dead_code),
 )
 
 
-def run_pipeline(mod: IRModule, passes: Sequence[Pass] = DEFAULT_PIPELINE, verify: bool = False,
+def run_pipeline(mod: IRModule, passes: Sequence[Pass] = DEFAULT_PIPELINE, *,
+                 options: CompileOptions, verify: bool = False,
                  trace: Callable[[str, str], None] | None = None) -> IRModule:
-    """Run ``passes`` in order; ``verify`` checks IR invariants after each one; ``trace(name,
-    text)`` receives the printed module after each pass (for ``--dump-ir``-style debugging)."""
+    """Run ``passes`` in order with ``options`` (required: the pipeline's result is a function
+    of the module and the options; layout choices ``options`` leaves to the targets are made
+    for ``options.target`` as an export makes them, ``CompileOptions.for_targets``);
+    ``verify`` checks IR invariants after each one; ``trace(name, text)`` receives the printed
+    module after each pass (for ``--dump-ir``-style debugging)."""
+    options = options.for_targets()
     if verify:
         verify_module(mod)
     for p in passes:
-        mod = p.run(mod)
+        mod = p.run(mod, options) if p.takes_options else p.run(mod)
         if verify:
             verify_module(mod)
         if trace is not None:

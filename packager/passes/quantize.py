@@ -43,7 +43,6 @@ r_scale)); ddddocr's H = 512 LSTM streams 1 MB per step and direction instead of
 
 from __future__ import annotations
 
-import os
 from collections import Counter
 
 import numpy as np
@@ -51,6 +50,7 @@ import numpy as np
 from ..ir.graph import (Binding, Call, Constant, Function, IRModule, TensorType, Value, Var,
                         used_values)
 from ..ops.qlinear import PANEL, pack_conv_weights, pack_weights, pack_weights_offset
+from ..options import CompileOptions
 from .common import map_functions, rewrite_function
 from .quantize_dw import depthwise_call
 from .simplify import eliminate_dead_code
@@ -58,10 +58,13 @@ from .simplify import eliminate_dead_code
 _I8 = ("int8", "uint8")
 
 
-def fuse_quantized(mod: IRModule) -> IRModule:
+def fuse_quantized(mod: IRModule, options: CompileOptions) -> IRModule:
+    """QDQ patterns into integer kernels; with ``options.int8_kernels`` False (compared in
+    bench/int8.py) into the float32-exact chains the integer kernels replaced."""
     # the float products replaced are dropped here, so nothing legalizes them
-    mod = eliminate_dead_code(map_functions(mod, _fuse_in_function))
-    return map_functions(mod, _integer_recurrences) if int_kernels() else mod
+    int8 = options.int8_kernels
+    mod = eliminate_dead_code(map_functions(mod, lambda fn: _fuse_in_function(fn, int8)))
+    return map_functions(mod, _integer_recurrences) if int8 else mod
 
 
 def _integer_recurrences(fn: Function) -> Function:
@@ -119,7 +122,7 @@ def _const(v: Value) -> np.ndarray | None:
     return v.data if isinstance(v, Constant) else None
 
 
-def _fuse_in_function(fn: Function) -> Function:
+def _fuse_in_function(fn: Function, int8: bool) -> Function:
     defs: dict[int, Call] = {}
     uses: Counter = Counter()
     readers: dict[int, list[str]] = {}
@@ -133,9 +136,9 @@ def _fuse_in_function(fn: Function) -> Function:
             reader_of.setdefault(id(a), []).append(b)
     for o in fn.outputs:
         uses[id(o)] += 1
-    float_products = _plan_float_products(fn, defs, uses, reader_of) if int_kernels() else {}
+    float_products = _plan_float_products(fn, defs, uses, reader_of) if int8 else {}
     pre_bindings: dict[int, list[Binding]] = {}   # bindings a planned call reads, put before it
-    if int_kernels():
+    if int8:
         float_products.update(_plan_integer_products(fn, defs, uses, reader_of))
         float_products.update(_plan_requantized_products(fn, defs, uses, reader_of,
                                                          pre_bindings))
@@ -270,7 +273,7 @@ def _fuse_in_function(fn: Function) -> Function:
         x_dev = max(int(xzp.reshape(())) - info.min, info.max - int(xzp.reshape(())))
         wd = w.astype(np.int64) - wzp_o.astype(np.int64).reshape(o, 1, 1, 1)
         mult = ((sx * ws_o) / np.float32(ys.reshape(()))).astype(np.float32).reshape(1, o, 1, 1)
-        if (int_kernels() and cv.attrs.get("groups", 1) == 1
+        if (int8 and cv.attrs.get("groups", 1) == 1
                 and tuple(cv.attrs.get("dilation", (1, 1))) == (1, 1) and _static(x, q)):
             args = [x, Constant(f"{getattr(x, 'name', 'x')}_qw", pack_conv_weights(wd)),
                     Constant("x_zp", np.asarray(int(xzp.reshape(())), np.int32)),
@@ -281,7 +284,7 @@ def _fuse_in_function(fn: Function) -> Function:
                                   "strides": tuple(cv.attrs["strides"]),
                                   "padding": tuple(cv.attrs["padding"]),
                                   "dtype": q.attrs["dtype"]})
-        if int_kernels() and cv.attrs.get("groups", 1) != 1:
+        if int8 and cv.attrs.get("groups", 1) != 1:
             dw = depthwise_call(x, cv, wd, int(xzp.reshape(())), bias, mult.reshape(o),
                                 np.float32(yzp.reshape(())), q.attrs["dtype"], q.type)
             if dw is not None:
@@ -340,7 +343,7 @@ def _fuse_in_function(fn: Function) -> Function:
         if m is None:
             return None
         c = _qmatmul_call(m, lookup(m["x"]))
-        if int_kernels() and _static(m["x"], v):
+        if int8 and _static(m["x"], v):
             return c                                  # the integer GEMM (codegen/qgemm.py)
         if _exact_in_float32(m) and fast and uses[id(m["x_dq"])] == 1:
             mm_chains[id(b.var)] = m                  # expanded into the float chain below
@@ -825,12 +828,6 @@ def _bias_of(defs: dict, v: Value, o: int, conv: bool, mult: np.ndarray):
 
 # Sums of integer products are exact in float32 while every partial sum stays below 2**24.
 _F32_EXACT = float(2 ** 24)
-
-
-def int_kernels() -> bool:
-    """Whether quantized products take the integer kernels (``MLCPACK_INT8_KERNELS=0``: the
-    float32-exact chains instead, for comparison)."""
-    return os.environ.get("MLCPACK_INT8_KERNELS", "1") != "0"
 
 
 def _static(x: Value, q: Call) -> bool:

@@ -29,15 +29,17 @@ import numpy as np
 
 from ..ir.graph import Binding, Call, Constant, Function, IRModule, Value
 from ..ops.registry import ELEMWISE, OPS
+from ..options import CompileOptions
 from .common import map_functions, rewrite_function
-from .quantize import int_kernels
 from .simplify import eliminate_dead_code
 
 _I8 = ("int8", "uint8")
 
 
-def tabulate_quantized_chains(mod: IRModule) -> IRModule:
-    if not int_kernels():
+def tabulate_quantized_chains(mod: IRModule, options: CompileOptions) -> IRModule:
+    """The tables (see the module doc), with the integer kernels (``options.int8_kernels``) and
+    ``options.lut8`` (False: the chains stay as they are, for comparison)."""
+    if not (options.int8_kernels and options.lut8):
         return mod
     mod = eliminate_dead_code(map_functions(mod, _tabulate_in_function))
     return eliminate_dead_code(map_functions(mod, _fold_into_products))

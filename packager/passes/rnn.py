@@ -22,8 +22,10 @@ def _steps_read(value: Expr, source: Var, steps: int) -> tuple[bool, bool] | Non
     True)."""
     if not (isinstance(value, Call) and value.op == "strided_slice" and value.args[0] is source):
         return None
-    ranges = slice_ranges(source.type.shape, **{k: value.attrs.get(k, ()) for k in
-                                                ("starts", "ends", "axes", "steps")})
+    # the slice's relations were added when its type was inferred
+    ranges = slice_ranges(source.type.shape, relations=[],
+                          **{k: value.attrs.get(k, ()) for k in ("starts", "ends", "axes",
+                                                                  "steps")})
     start, step, length = ranges[0]
     if length and start + step * (length - 1) >= steps:
         return None

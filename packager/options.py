@@ -1,0 +1,156 @@
+"""Everything that steers the compiler besides the model: one frozen ``CompileOptions``.
+
+The passes (``passes/pipeline.run_pipeline``) and kernel emission (``codegen/build.py``) read
+their choices from the options object they are handed, never from context variables, module
+state or the environment, so a pass's result is a function of its arguments. The environment
+is read once, by ``from_environ``, at the entries: the command line (``packager/cli.py``) and
+the Python export entries of ``packager/export.py`` when they are given no options.
+``docs/env-vars.md`` lists every variable.
+
+Adding a field: give it a default here that keeps today's behaviour (the default must be what
+``mlcpack export`` does with an empty environment), validate it in ``__post_init__`` when it
+takes few values, read it where it matters from the ``options`` argument (passes take
+``(mod, options)``, kernel rules get ``options``), and if an environment variable or a command
+line flag sets it, map it in ``from_environ`` or in cli.py and list it in docs/env-vars.md.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Mapping, Sequence
+
+PRECISIONS = ("fp32", "bf16")
+
+
+class OptionsError(ValueError):
+    """An option value the compiler does not know (one line, names the field)."""
+
+
+@dataclass(frozen=True)
+class CompileOptions:
+    """The compiler's settings; frozen, so one object can be shared by every pass and target.
+
+    Layout fields left ``None`` are chosen for the targets by ``for_targets`` (what an export
+    does); ``run_pipeline`` resolves them the same way for ``target``."""
+
+    # -- target: level names, comma-separated ("x86-64-v3", "aarch64+dotprod"); "host" this
+    # CPU's level; None the portable set (x86-64-v2 up to this CPU's level), as export
+    target: str | None = None
+    # -- numeric precision of float kernels: "fp32", or "bf16": the packed matmul/convolution
+    # weights stored as bfloat16, widened on load (passes/layout.py weights_to_bf16;
+    # ``mlcpack export --precision bf16``)
+    precision: str = "fp32"
+    # under "bf16", the source weights kept float32 (names; set by export's accuracy guard,
+    # packager/precision.py)
+    bf16_keep: frozenset[str] = frozenset()
+    # -- int8: quantized products take the integer kernels (codegen/qgemm.py); False: the
+    # float32-exact chains they replaced, for comparison (MLCPACK_INT8_KERNELS=0)
+    int8_kernels: bool = True
+    # quantized elementwise chains as 8-bit lookup tables (passes/quantize_lut.py), with the
+    # integer kernels; False: the chains stay as they are (tests compare the two)
+    lut8: bool = True
+    # the VNNI qmatmul with vpdpbusd written in portable IR, on any target with AVX2 (tests:
+    # runs the VNNI data path on a CPU without VNNI; MLCPACK_VNNI_EMULATE=1)
+    vnni_emulate: bool = False
+    # -- layout and packing of constant weights (passes/layout.py). One-row products keep W
+    # [N, K] for the dot-product kernel; export turns it off when several batch plans share W.
+    one_row_gemv: bool = True
+    # Winograd F(2x2, 3x3) for the convolutions passes/layout.py ``uses_winograd`` accepts
+    winograd: bool = True
+    # None: chosen for the targets (``for_targets``): nn.conv2d_oc packing on AVX2 ...
+    pack_conv_weights: bool | None = None
+    # ... nn.conv2d_rows packing for these vector widths (() none) ...
+    conv_row_widths: tuple[int, ...] | None = None
+    # ... and matmul_packed column panels
+    pack_matmul_weights: bool | None = None
+    # -- symbolic shapes: a symbolic convolution without a fast kernel gets the generic loop
+    # nest instead of a refusal (debugging; MLCPACK_SYMBOLIC_GENERIC=1)
+    symbolic_generic: bool = False
+    # -- build: compile a fat bundle's targets in forked workers (MLCPACK_PARALLEL_COMPILE=0
+    # off); the on-disk object cache directory, None none (from_environ: MLCPACK_CACHE_DIR,
+    # else the user's cache, codegen/cache.py cache_dir), and its size cap (MLCPACK_CACHE_SIZE)
+    parallel_compile: bool = True
+    cache_dir: str | None = None
+    cache_max_bytes: int = 1 << 30
+    # -- debug: check IR invariants before and after every pass
+    verify_ir: bool = True
+    # test only: make LLVM "abort" on a kernel whose name contains NAME ("NAME": the default
+    # pipeline; "NAME:always": every pipeline), as an LLVM assertion does (codegen/build.py
+    # _inject_fault; tests/test_llvm_abort.py; MLCPACK_TEST_LLVM_ABORT)
+    llvm_abort: str = ""
+
+    def __post_init__(self) -> None:
+        if self.precision not in PRECISIONS:
+            raise OptionsError(f"precision {self.precision!r} is not supported; choose "
+                               + " or ".join(PRECISIONS))
+        if not isinstance(self.bf16_keep, frozenset):
+            raise OptionsError(f"bf16_keep must be a frozenset of weight names, got "
+                               f"{self.bf16_keep!r}")
+        if self.conv_row_widths is not None:
+            if not isinstance(self.conv_row_widths, tuple) or not all(
+                    isinstance(w, int) and w > 0 for w in self.conv_row_widths):
+                raise OptionsError(f"conv_row_widths must be a tuple of vector widths, got "
+                                   f"{self.conv_row_widths!r}")
+
+    @property
+    def resolved(self) -> bool:
+        """Whether every layout choice is made (no field left to ``for_targets``)."""
+        return None not in (self.pack_conv_weights, self.conv_row_widths,
+                            self.pack_matmul_weights)
+
+    def replace(self, **changes: object) -> CompileOptions:
+        return dataclasses.replace(self, **changes)
+
+    def for_targets(self, targets: Sequence | None = None) -> CompileOptions:
+        """These options with the layout fields left ``None`` chosen for ``targets`` (resolved
+        ``codegen.target.Target`` objects; default: ``target`` resolved), as an export for them
+        chooses: conv weights packed for AVX2 8-lane targets (``conv_oc.packs_conv_weights``),
+        row-block packing and packed matmul panels where x86-64-v3 is the widest level
+        (``gemm.conv_row_widths``; AVX2 measured, its 128-bit level beside it neutral)."""
+        if self.resolved:
+            return self
+        from .codegen import conv_oc, gemm
+        from .codegen.target import resolve_targets
+        if targets is None:
+            targets = resolve_targets(self.target)
+        names = {t.name for t in targets}
+        changes: dict[str, object] = {}
+        if self.pack_conv_weights is None:
+            changes["pack_conv_weights"] = conv_oc.packs_conv_weights(targets)
+        if self.conv_row_widths is None:
+            changes["conv_row_widths"] = gemm.conv_row_widths(targets)
+        if self.pack_matmul_weights is None:
+            changes["pack_matmul_weights"] = ("x86-64-v3" in names
+                                              and names <= {"x86-64-v2", "x86-64-v3"})
+        return dataclasses.replace(self, **changes)
+
+    @classmethod
+    def from_environ(cls, environ: Mapping[str, str], **fields: object) -> CompileOptions:
+        """Options from the ``MLCPACK_*`` variables of ``environ`` (docs/env-vars.md), then
+        ``fields``; called by the entries only (the command line, export's Python entries)."""
+        env: dict[str, object] = {}
+        if environ.get("MLCPACK_INT8_KERNELS", "1") == "0":
+            env["int8_kernels"] = False
+        if environ.get("MLCPACK_VNNI_EMULATE", "") == "1":
+            env["vnni_emulate"] = True
+        if environ.get("MLCPACK_SYMBOLIC_GENERIC"):
+            env["symbolic_generic"] = True
+        if environ.get("MLCPACK_PARALLEL_COMPILE", "1") == "0":
+            env["parallel_compile"] = False
+        if environ.get("MLCPACK_TEST_LLVM_ABORT"):
+            env["llvm_abort"] = environ["MLCPACK_TEST_LLVM_ABORT"]
+        from .codegen import cache   # where the cache lives and its cap: its own rules
+        directory = cache.cache_dir(environ)
+        if directory is not None:
+            env["cache_dir"] = str(directory)
+        try:
+            env["cache_max_bytes"] = cache.max_bytes(environ)
+        except cache.CacheSettingError:   # the command line refuses it first; the API goes on
+            pass
+        return cls(**{**env, **fields})
+
+
+# The layout of the old context variables' defaults: no target-specific packing (what a pass
+# test that inspects the generic kernels wants; an export chooses per target instead).
+UNPACKED = CompileOptions(pack_conv_weights=False, conv_row_widths=(), pack_matmul_weights=False)
