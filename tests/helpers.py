@@ -110,3 +110,34 @@ def run_op(op: str, inputs: Sequence[np.ndarray], tmp_path: Path,
     const_mask = const_mask or [False] * len(inputs)
     feeds = {f"x{i}": a for i, (a, c) in enumerate(zip(inputs, const_mask)) if not c}
     return compile_and_run(mod, feeds, tmp_path)["y"]
+
+
+class SharedLog:
+    """A list that spies fill from this process or from the forked compile workers
+    (packager/codegen/parallel.py emits and compiles every module in a worker, so a plain list
+    appended to by a spy there stays empty here). Values are written as Python literals, one a
+    line, to a file opened for each append, and read back with ``ast.literal_eval``."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self.path.write_text("")
+
+    def append(self, value) -> None:
+        with open(self.path, "a") as f:
+            f.write(repr(value) + "\n")
+
+    def items(self) -> list:
+        import ast
+        return [ast.literal_eval(line) for line in self.path.read_text().splitlines()]
+
+    def __len__(self) -> int:
+        return len(self.items())
+
+    def __iter__(self):
+        return iter(self.items())
+
+    def __bool__(self) -> bool:
+        return bool(self.items())
+
+    def __repr__(self) -> str:
+        return f"SharedLog({self.items()!r})"

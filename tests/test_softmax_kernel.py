@@ -13,6 +13,8 @@ from mlcpack.packager.ir import BlockBuilder
 from mlcpack.packager.ops import get_op
 from mlcpack.runtime import load
 
+from helpers import SharedLog
+
 RNG = np.random.default_rng(21)
 # rows x row length: under one vector, exactly 16, the attention shape's 198 (groups of 2-4
 # rows on AVX-512 and a remainder row), 157 (the looping pass on AVX2 and SSE with 3 whole
@@ -32,9 +34,9 @@ def module(op: str, shapes: list[tuple[int, ...]]):
 
 
 @pytest.fixture
-def emitted(monkeypatch) -> list[bool]:
+def emitted(monkeypatch, tmp_path) -> SharedLog:
     """Records every softmax kernel emitted (so a test knows the fast path ran)."""
-    seen: list[bool] = []
+    seen = SharedLog(tmp_path / "emitted")
     original = softmax.SoftmaxEmitter.emit
 
     def spy(self):
@@ -51,7 +53,7 @@ def test_row_lengths_and_widths(op, target, tmp_path, emitted, monkeypatch) -> N
     monkeypatch.setattr(lower, "PARALLEL_MIN_OUTPUTS", 0)   # every kernel splits its rows
     path = tmp_path / "m.mlc"
     export_module(module(op, SHAPES), path, ExportOptions(target=target))
-    assert len(emitted) == len(SHAPES) and set(emitted) == {op == "nn.log_softmax"}
+    assert len(emitted) == len(SHAPES) and set(emitted.items()) == {op == "nn.log_softmax"}
     xs = {f"x{i}": (RNG.standard_normal(s) * 6).astype(np.float32) for i, s in enumerate(SHAPES)}
     reference = get_op(op).reference
     for threads in (1, 3):

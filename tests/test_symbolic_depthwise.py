@@ -16,6 +16,8 @@ from mlcpack.packager.codegen import depthwise_symbolic
 from mlcpack.packager.export import ExportOptions, export_module
 from mlcpack.runtime import load
 
+from helpers import SharedLog
+
 ort = pytest.importorskip("onnxruntime")
 RNG = np.random.default_rng(23)
 
@@ -119,7 +121,7 @@ def test_symbolic_depthwise_against_ort(tmp_path) -> None:
 
 def test_symbolic_depthwise_kernel_is_used(monkeypatch, tmp_path) -> None:
     """Every depthwise convolution of the model gets this kernel (eight: d56 is two)."""
-    made = []
+    made = SharedLog(tmp_path / "made")
     real = depthwise_symbolic.SymbolicDepthwiseEmitter.emit
 
     def spy(self):

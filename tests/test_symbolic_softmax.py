@@ -13,6 +13,8 @@ from mlcpack.packager.codegen import conv_symbolic
 from mlcpack.packager.export import ExportOptions, export_module
 from mlcpack.runtime.model import load
 
+from helpers import SharedLog
+
 ort = pytest.importorskip("onnxruntime")
 
 # (b, 3, s, t): one element; tails of every length; 128 (blocks only); long rows (blocks,
@@ -23,7 +25,7 @@ SHAPES = [(1, 3, 1, 1), (2, 3, 5, 7), (1, 3, 9, 33), (2, 3, 3, 8), (1, 3, 16, 12
 
 @pytest.mark.parametrize("op", ["Softmax", "LogSoftmax"])
 def test_runtime_row_length_softmax_matches_ort(op, tmp_path, monkeypatch) -> None:
-    emitted = []
+    emitted = SharedLog(tmp_path / "emitted")
     emit = conv_symbolic._RowLengthSoftmax.emit
     monkeypatch.setattr(conv_symbolic._RowLengthSoftmax, "emit",
                         lambda self: emitted.append(self.symbol) or emit(self))

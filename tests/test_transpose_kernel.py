@@ -12,6 +12,8 @@ from mlcpack.packager.export import ExportOptions, export_module
 from mlcpack.packager.ir import BlockBuilder
 from mlcpack.runtime import load
 
+from helpers import SharedLog
+
 RNG = np.random.default_rng(17)
 CASES = [
     ((196, 256), (1, 0)),               # Mixer's token mixing, whole tiles
@@ -35,7 +37,7 @@ def module(cases):
 
 @pytest.mark.parametrize("target", ["x86-64-v2", "x86-64-v3", "host"])
 def test_transposes_exact(target, tmp_path, monkeypatch) -> None:
-    used = []
+    used = SharedLog(tmp_path / "used")
     original = transpose.TransposeEmitter.emit
     monkeypatch.setattr(transpose.TransposeEmitter, "emit",
                         lambda self: used.append(self.perm) or original(self))
@@ -52,7 +54,7 @@ def test_transposes_exact(target, tmp_path, monkeypatch) -> None:
 
 
 def test_last_axis_in_place_is_not_taken(tmp_path, monkeypatch) -> None:
-    used = []
+    used = SharedLog(tmp_path / "used")
     monkeypatch.setattr(transpose.TransposeEmitter, "emit",
                         lambda self: used.append(1) or None)
     cases = [((1, 198, 3, 64), (0, 2, 1, 3))]
