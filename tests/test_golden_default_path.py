@@ -267,10 +267,11 @@ class CompileOnce:
         self.replay = iter(self.results)
 
     def __call__(self, mod, params=None, target=None, verify_ir=True, on_stage=None,
-                 pack_rows=True):
+                 pack_rows=True, options=None):
         if self.replay is not None:
             return next(self.replay)
-        value = self.inner(mod, params, target, verify_ir, on_stage, pack_rows=pack_rows)
+        value = self.inner(mod, params, target, verify_ir, on_stage, pack_rows=pack_rows,
+                           options=options)
         self.results.append(value)
         return value
 
