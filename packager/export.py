@@ -146,7 +146,7 @@ def compile_variants(mod: IRModule, params: Mapping[str, np.ndarray] | None = No
     options = base.replace(target=target, verify_ir=verify_ir)
     note = on_stage or (lambda s: None)
     try:
-        targets = resolve_targets(options.target)
+        targets = resolve_targets(options.target, options.precision)
         if not pack_rows:
             options = options.replace(conv_row_widths=())
         options = options.for_targets(targets)

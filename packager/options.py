@@ -113,7 +113,7 @@ class CompileOptions:
         from .codegen import conv_oc, gemm
         from .codegen.target import resolve_targets
         if targets is None:
-            targets = resolve_targets(self.target)
+            targets = resolve_targets(self.target, self.precision)
         names = {t.name for t in targets}
         changes: dict[str, object] = {}
         if self.pack_conv_weights is None:
@@ -121,8 +121,12 @@ class CompileOptions:
         if self.conv_row_widths is None:
             changes["conv_row_widths"] = gemm.conv_row_widths(targets)
         if self.pack_matmul_weights is None:
-            changes["pack_matmul_weights"] = ("x86-64-v3" in names
-                                              and names <= {"x86-64-v2", "x86-64-v3"})
+            # bf16: every x86 level reads the K-pair panels (codegen/bf16dot.py), vdpbf16ps on
+            # x86-64-v4+bf16
+            changes["pack_matmul_weights"] = (
+                ("x86-64-v3" in names and names <= {"x86-64-v2", "x86-64-v3"})
+                or (self.precision == "bf16" and "x86-64-v4+bf16" in names
+                    and all(t.arch == "x86_64" for t in targets)))
         return dataclasses.replace(self, **changes)
 
     @classmethod

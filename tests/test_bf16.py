@@ -187,6 +187,7 @@ def _weight_dtypes(bundle) -> list[str]:
 CASES = {
     "mlp_b16": lambda: _mlp(16),
     "mlp_b1": lambda: _mlp(1, (64, 200, 24)),              # one row: a packed Linear at batch 1
+    "mlp_odd_k": lambda: _mlp(5, (97, 45, 9)),             # K pairs with an odd K's last row
     "conv3x3_oc": lambda: _conv(8, 16, 3, 12),            # nn.conv2d_oc, direct
     "conv3x3_wino": lambda: _conv(16, 32, 3, 16),         # nn.conv2d_oc, Winograd F(2x2, 3x3)
     "conv1x1_rows": lambda: _conv(24, 20, 1, 9),          # nn.conv2d_rows

@@ -20,6 +20,7 @@ from ..ir.graph import PrimFunc
 from ..ir.sym import SymbolicShapeError
 from ..ir.structure import structural_key
 from ..options import CompileOptions
+from .bf16dot import emit_pair_matmul
 from .conv_oc import emit_conv_oc
 from .depthwise import emit_depthwise, is_depthwise
 from .gemm import (Contraction, emit_contraction, emit_symbolic_matmul, match_contraction,
@@ -140,6 +141,11 @@ def _without_match(emit: Callable[[ir.Module, PrimFunc, str, int], KernelInfo | 
     return rule
 
 
+def _bf16_pairs(module, func, symbol, vl, match, target, options):
+    """matmul_bf16p (``--precision bf16``): vdpbf16ps where the target has avx512_bf16."""
+    return emit_pair_matmul(module, func, symbol, vl, target.llvm_features)
+
+
 def _integer_gemm(module, func, symbol, vl, match, target, options):
     """qmatmul / qconv2d: the target's features and the options choose VNNI."""
     return emit_qgemm(module, func, symbol, vl, target.llvm_features, options.vnni_emulate)
@@ -155,6 +161,7 @@ KERNEL_RULES: tuple[tuple[str, KernelRule], ...] = (
     ("channel-lane convolution", _without_match(emit_conv_oc)),   # nn.conv2d_oc
     ("depthwise convolution", _when(is_depthwise, emit_depthwise)),
     ("dot-product convolution", _when(is_dot_product, emit_dot_product)),
+    ("bf16 pair matmul", _bf16_pairs),   # matmul_bf16p (codegen/bf16dot.py)
     ("contraction", _when(lambda match: match is not None, emit_contraction)),
     ("max pool", _without_match(emit_max_pool)),
     ("softmax", _without_match(emit_softmax)),
@@ -167,6 +174,7 @@ def _emit(module: ir.Module, func: PrimFunc, symbol: str, vl: int,
           size_vars: tuple[str, ...], target: Target, options: CompileOptions) -> KernelInfo:
     if size_vars and is_symbolic(func):   # run-time extents: matmul fast path, else generic
         info = emit_recurrence(module, func, symbol, vl, size_vars) or \
+            emit_pair_matmul(module, func, symbol, vl, target.llvm_features, size_vars) or \
             emit_symbolic_matmul(module, func, symbol, vl, size_vars)
         if info is not None:
             return info

@@ -120,7 +120,7 @@ def match_contraction(func: PrimFunc,
 # The packed weights (``matmul_packed``'s B, ``conv2d_rows``' blocks, codegen/conv_oc.py's
 # ``conv2d_oc`` ones) may be stored as bfloat16 (``--precision bf16``): each load widens them to
 # float32 (``load_weights``), exactly.
-BF16_WEIGHT_KINDS = ("matmul_packed", "conv2d_rows", "conv2d_oc")
+BF16_WEIGHT_KINDS = ("matmul_packed", "conv2d_rows", "conv2d_oc", "matmul_bf16p")
 
 
 def load_weights(b: ir.IRBuilder, w_ptr: ir.Value, offset: ir.Value, lanes: int | None,
@@ -193,7 +193,7 @@ def _pick_tile(rows: int, cols: int, vl: int) -> tuple[int, int]:
 
 def vector_width(target_name: str) -> int:
     """Floats per vector register the kernels are written for."""
-    return {"x86-64-v4": 16, "x86-64-v3": 8}.get(target_name, 4)
+    return {"x86-64-v4": 16, "x86-64-v4+bf16": 16, "x86-64-v3": 8}.get(target_name, 4)
 
 
 def conv_row_widths(targets) -> tuple[int, ...]:

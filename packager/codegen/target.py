@@ -40,11 +40,20 @@ def _from_level(name: str) -> Target:
                   tuple(sorted(level.flags)))
 
 
-def resolve_target(name: str | None) -> Target:
-    """``None`` or "host": the best level this machine supports; else a level name such as
-    ``x86-64-v3`` or ``aarch64``."""
+# Levels whose code differs from the level below only under ``--precision bf16``
+# (codegen/bf16dot.py): a portable export includes them for bf16 only, so an fp32 export on an
+# avx512_bf16 host does not carry a second, identical x86-64-v4 variant.
+BF16_LEVELS = frozenset({"x86-64-v4+bf16"})
+
+
+def resolve_target(name: str | None, precision: str = "fp32") -> Target:
+    """``None`` or "host": the best level this machine supports (a ``BF16_LEVELS`` one for
+    ``precision`` "bf16" only); else a level name such as ``x86-64-v3`` or ``aarch64``."""
     if name in (None, "", "host"):
         best = cpu.best_level()
+        if best in BF16_LEVELS and precision != "bf16":
+            names = [lv.name for lv in cpu.LEVELS if lv.arch == cpu.host_arch()]
+            best = names[names.index(best) - 1]
         if best is None:
             raise TargetError(f"this {cpu.host_arch()} CPU matches no known level; "
                               f"name one with --target ({', '.join(LEVEL_NAMES)})")
@@ -62,7 +71,8 @@ def resolve_target(name: str | None) -> Target:
 PORTABLE_BASELINE = {"x86_64": "x86-64-v2", "aarch64": "aarch64"}
 
 
-def portable_levels(arch: str | None = None, best: str | None = None) -> list[str]:
+def portable_levels(arch: str | None = None, best: str | None = None,
+                    precision: str = "fp32") -> list[str]:
     """The levels of the default, portable bundle: every level of ``arch`` from its baseline up
     to ``best`` (defaults: this host's architecture and best level), so a bundle built on an
     AVX-512 workstation still runs on an AVX2 laptop or an SSE4.2 server, each at its own best
@@ -75,7 +85,8 @@ def portable_levels(arch: str | None = None, best: str | None = None) -> list[st
     names = [lv.name for lv in cpu.LEVELS if lv.arch == arch]
     start = names.index(PORTABLE_BASELINE.get(arch, names[0]))
     stop = names.index(best)
-    return names[min(start, stop):stop + 1]
+    return [n for n in names[min(start, stop):stop + 1]
+            if precision == "bf16" or n not in BF16_LEVELS]
 
 
 def runs_on(targets: list[Target]) -> str:
@@ -88,13 +99,15 @@ def runs_on(targets: list[Target]) -> str:
         lowest = min(names, key=lambda n: LEVEL_NAMES.index(n))
         what = {"x86-64": "any x86-64 CPU", "x86-64-v2": "x86-64 CPUs with SSE4.2 (x86-64-v2)",
                 "x86-64-v3": "x86-64 CPUs with AVX2 (x86-64-v3)",
-                "x86-64-v4": "x86-64 CPUs with AVX-512 (x86-64-v4)", "aarch64": "any aarch64 CPU",
+                "x86-64-v4": "x86-64 CPUs with AVX-512 (x86-64-v4)",
+                "x86-64-v4+bf16": "x86-64 CPUs with AVX-512 and avx512_bf16 (x86-64-v4+bf16)",
+                "aarch64": "any aarch64 CPU",
                 "aarch64+dotprod": "aarch64 CPUs with dotprod"}.get(lowest, lowest)
         parts.append(what + (" and up" if lowest not in ("x86-64", "aarch64") else ""))
     return " or ".join(parts)
 
 
-def resolve_targets(spec: str | None) -> list[Target]:
+def resolve_targets(spec: str | None, precision: str = "fp32") -> list[Target]:
     """Targets for a comma-separated ``spec`` ("x86-64-v2,x86-64-v3,aarch64"), in order and
     without repeats; "host" is this machine's best level, and ``None`` or "portable" (the
     default) the levels from the architecture's baseline up to the host's (``portable_levels``).
@@ -105,8 +118,8 @@ def resolve_targets(spec: str | None) -> list[Target]:
         raise TargetError(f"--target {spec!r} has an empty entry; write e.g. x86-64-v2,x86-64-v3")
     targets: list[Target] = []
     for name in names:
-        expanded = portable_levels() if name == "portable" else [name]
-        for target in map(resolve_target, expanded):
+        expanded = portable_levels(precision=precision) if name == "portable" else [name]
+        for target in (resolve_target(n, precision) for n in expanded):
             if target not in targets:
                 targets.append(target)
     return targets

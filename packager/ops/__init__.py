@@ -1,6 +1,6 @@
 """High-level operators; importing this package registers every row of the table."""
 
-from . import (elementwise, index, logic, nn, norm, qlinear, quant, resize,  # noqa: F401
+from . import (bf16, elementwise, index, logic, nn, norm, qlinear, quant, resize,  # noqa: F401
                sequence, shape)  # (registration side effect)
 from .registry import OPS, OpDef, get_op, register_op
 

@@ -146,7 +146,7 @@ def _is_matmul(func: PrimFunc) -> bool:
         node = stack.pop()
         if isinstance(node, te.Reduce):
             tag = reduction_tag(node)
-            if tag is not None and tag.kind in ("matmul", "matmul_packed"):
+            if tag is not None and tag.kind in ("matmul", "matmul_packed", "matmul_bf16p"):
                 return True
         stack.extend(te.children(node))
     return False

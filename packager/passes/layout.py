@@ -222,7 +222,10 @@ def pack_matmul_weights(mod: IRModule, options: CompileOptions) -> IRModule:
 # contraction kernels read from their packed layouts (``matmul_packed`` panels,
 # ``nn.conv2d_rows`` blocks, ``nn.conv2d_oc`` channel blocks, Winograd-transformed ones included)
 # are stored as bfloat16, half their float32 size; codegen/gemm.py and conv_oc.py widen each one
-# to float32 as they load it (exact) and accumulate in float32. Other weights stay float32.
+# to float32 as they load it (exact) and accumulate in float32. A ``matmul_packed`` becomes
+# ``matmul_bf16p`` (ops/bf16.py: B in K pairs, which codegen/bf16dot.py multiplies with
+# ``vdpbf16ps`` on x86-64-v4+bf16, or widens two rows per 32-bit load elsewhere). Other weights
+# stay float32.
 # ``options.bf16_keep``: names of source weights (Constants of the module before the passes) that
 # stay float32 under "bf16": the layers the accuracy guard (packager/precision.py) found too
 # sensitive. A packed weight derives its name from its source's (``w`` -> ``w_t_p16``, ``w_oc``,
@@ -264,6 +267,13 @@ def weights_to_bf16(mod: IRModule, options: CompileOptions) -> IRModule:
                 and not _kept(v.args[1].name, keep)):
             return None
         w = v.args[1]
+        if v.op == "matmul_packed":   # K pairs (ops/bf16.py): vdpbf16ps's operand
+            from ..ops.bf16 import PAIR_KIND, pack_pairs
+            from ..ops.nn import unpack_matmul_b
+            n = int(v.attrs["n"])
+            pairs = pack_pairs(to_bfloat16(unpack_matmul_b(w.data, n)), w.data.shape[2])
+            return Call(PAIR_KIND, [lookup(v.args[0]), Constant(f"{w.name}_bf16", pairs)],
+                        {"n": n}, v.type)
         return Call(v.op, [lookup(v.args[0]), Constant(f"{w.name}_bf16", to_bfloat16(w.data))],
                     v.attrs, v.type)
 

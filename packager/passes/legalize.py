@@ -30,7 +30,7 @@ def _elements(shape: tuple[int, ...]) -> int:
 def contraction_macs(call: Call) -> int:
     """The multiply-adds a contraction computes (0 for other operators): what the profiler
     divides by a kernel's time for its GFLOP/s, however the kernel is written."""
-    if call.op in ("matmul", "matmul_packed"):      # a [..., K]
+    if call.op in ("matmul", "matmul_packed", "matmul_bf16p"):   # a [..., K]
         return _elements(call.type.shape) * call.args[0].type.shape[-1]
     if call.op in ("nn.conv2d", "nn.conv"):          # weight [O, C/groups, k...]
         return _elements(call.type.shape) * _elements(call.args[1].type.shape[1:])

@@ -1,0 +1,234 @@
+"""The kernel of ``matmul_bf16p`` (ops/bf16.py): A [..., M, K] float32 times a constant B stored
+as bfloat16 in K pairs, float32 accumulation (``mlcpack export --precision bf16``,
+docs/precision.md).
+
+It is the register-blocked matmul of codegen/gemm.py (``ContractionEmitter``: task split,
+panels, tiles, the fused epilogue) with its own inner loop:
+
+- **x86-64-v4+bf16** (avx512_bf16, 16 lanes): ``vdpbf16ps``. Per tile, the activations of its
+  rows are converted to bfloat16 ``A_CHUNK`` at a time into a stack buffer with
+  ``vcvtne2ps2bf16`` (round to nearest even; zero past K), so that one 32-bit word holds a pair
+  (a[2j], a[2j + 1]); each step broadcasts a row's word against one vector of B's pair words
+  (16 columns x 2 rows of K) and accumulates both products into the float32 lane.
+- **every other level** (x86-64-v2/v3/v4, 4 to 16 lanes): one 32-bit load of B's pair words gives
+  two float32 vectors, the even row by a shift left of 16 and the odd row by masking the high
+  half (both exact), and the products are float32 FMAs of unrounded activations, in the order
+  of k as the fp32 kernel's.
+
+``vdpbf16ps``'s arithmetic (Intel SDM): for each lane, acc += a_odd * b_odd, then acc += a_even *
+b_even, each an FMA rounded to nearest even, with denormal inputs read as zero and denormal
+results flushed to zero, MXCSR ignored; tests/test_bf16_dot.py models it in numpy."""
+
+from __future__ import annotations
+
+from llvmlite import ir
+
+from ..ir.graph import PrimFunc
+from ..ops.bf16 import PAIR_KIND
+from .gemm import Contraction, ContractionEmitter, match_contraction
+from .helpers import F32, I32, alloca_once, const_i64, for_range, intrinsic
+from .lower import KernelInfo
+
+
+class _BFloat(ir.Type):
+    """LLVM's ``bfloat`` (llvmlite has no such type): the element of vdpbf16ps's operands."""
+
+    def _to_string(self) -> str:
+        return "bfloat"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _BFloat)
+
+    def __hash__(self) -> int:
+        return hash("bfloat")
+
+
+BF16 = _BFloat()
+DOT_LANES = 16
+# activations converted per chunk of K: a tile's rows x A_CHUNK / 2 words on the stack (6 rows:
+# 3 KiB)
+A_CHUNK = 256
+LLVM_FEATURE = "+avx512bf16"
+
+
+def has_dot(llvm_features: str) -> bool:
+    """Whether a target's LLVM features include avx512_bf16 (the x86-64-v4+bf16 level)."""
+    return LLVM_FEATURE in llvm_features.split(",")
+
+
+def match_pairs(func: PrimFunc) -> Contraction | None:
+    return match_contraction(func, kinds=(PAIR_KIND,))
+
+
+class PairMatmulEmitter(ContractionEmitter):
+    """``matmul_bf16p``: ``dot`` True, vdpbf16ps (16 lanes); else widened pair loads."""
+
+    def __init__(self, module: ir.Module, func: PrimFunc, symbol: str, match: Contraction,
+                 vl: int, size_vars: tuple[str, ...] = (), dot: bool = False) -> None:
+        super().__init__(module, func, symbol, match, vl, size_vars)
+        self._const_panels = True   # packed at export: no panel copy (_packs_b)
+        self.dot = dot and self.vl == DOT_LANES
+        self._a_words: ir.Value | None = None   # the converted activations, shared by blocks
+
+    # The two places ContractionEmitter runs its microkernel on a block of rows of one panel.
+    def _matmul_block(self, m0, rows: int, nv: int, a_base, b_base, bidx, n0, remaining, masks,
+                      masked: bool, fill: bool = False) -> None:
+        _, _, K, _ = self._matmul_shape()
+        self._pair_block(m0, rows, nv, const_i64(K), a_base, b_base, bidx, n0, remaining, masks,
+                         masked)
+
+    def _matmul_rows(self, m0, mr: int, nv: int, K, a_base, b_base, bidx, n0, remaining, masks,
+                     masked: bool) -> None:
+        self._pair_block(m0, mr, nv, K, a_base, b_base, bidx, n0, remaining, masks, masked)
+
+    def _pair_block(self, m0, rows: int, nv: int, K: ir.Value, a_base, b_base, bidx, n0,
+                    remaining, masks, masked: bool) -> None:
+        """Rows m0 .. m0 + rows of the panel at column n0: accumulate, then the epilogue."""
+        b = self.builder
+        vl = self.vl
+        nrp = int(self.match.tag.attrs["nr"])
+        assert nrp % vl == 0, (nrp, vl)
+        _, _, _, N = self._matmul_shape()
+        words = b.bitcast(b_base, I32.as_pointer())
+        pairs = b.ashr(b.add(K, const_i64(1)), const_i64(1))
+        padded = b.mul(b.sdiv(b.add(self._dim_value(N), const_i64(nrp - 1)), const_i64(nrp)),
+                       const_i64(nrp))
+        # word offset of pair row 0 of vector v; a vector wholly past the last panel (a tile
+        # wider than what is left of N) reads panel 0: computed, never stored
+        bases = []
+        for v in range(nv):
+            col = b.add(n0, const_i64(v * vl))
+            off = b.add(b.mul(b.sdiv(col, const_i64(nrp)), b.mul(pairs, const_i64(nrp))),
+                        b.srem(col, const_i64(nrp)))
+            bases.append(b.select(b.icmp_signed("<", col, padded), off, const_i64(0)))
+        a_rows = [b.gep(a_base, [b.mul(b.add(m0, const_i64(i)), K)], inbounds=True)
+                  for i in range(rows)]
+        accs = [alloca_once(b, self.vty, name=f"acc{i}_{v}") for i in range(rows)
+                for v in range(nv)]
+        for a in accs:
+            b.store(ir.Constant(self.vty, [0.0] * vl), a)
+        if self.dot:
+            self._dot_loop(rows, nv, K, a_rows, words, bases, accs)
+        else:
+            self._widen_loop(rows, nv, K, a_rows, words, bases, accs)
+        self._begin_epilogue()
+        # one vector of padding: the vectorized epilogue may load a vector from any element
+        tile = alloca_once(b, ir.ArrayType(F32, (rows * nv + 1) * vl), name="tile")
+        tile_f = b.bitcast(tile, F32.as_pointer())
+        for q, a in enumerate(accs):
+            b.store(b.load(a), self._vec_ptr(tile_f, const_i64(q * vl)), align=4)
+        self._store_matmul_tile(tile_f, bidx, m0, rows, nv, n0, remaining, masks, masked)
+
+    def _pair_words(self, words, base, pair) -> ir.Value:
+        """The vector of B's pair words of ``pair`` at a vector's ``base``."""
+        b = self.builder
+        nrp = int(self.match.tag.attrs["nr"])
+        ivec = ir.VectorType(I32, self.vl)
+        ptr = b.gep(words, [b.add(base, b.mul(pair, const_i64(nrp)))], inbounds=True)
+        return b.load(b.bitcast(ptr, ivec.as_pointer()), align=4)
+
+    def _widen_loop(self, rows, nv, K, a_rows, words, bases, accs) -> None:
+        """float32 FMAs on B's pairs widened: the even row ``word << 16``, the odd row
+        ``word & 0xFFFF0000``; an odd K's last row alone."""
+        b = self.builder
+        ivec = ir.VectorType(I32, self.vl)
+        shift = ir.Constant(ivec, [16] * self.vl)
+        high = ir.Constant(ivec, [-65536] * self.vl)   # 0xFFFF0000
+
+        def a_splat(i, k):
+            return self._splat(b.load(b.gep(a_rows[i], [k], inbounds=True)))
+
+        def step(kp, both: bool) -> None:
+            vals = [b.load(a) for a in accs]
+            raw = [self._pair_words(words, bases[v], kp) for v in range(nv)]
+            even = [b.bitcast(b.shl(r, shift), self.vty) for r in raw]
+            odd = [b.bitcast(b.and_(r, high), self.vty) for r in raw] if both else None
+            k0 = b.mul(kp, const_i64(2))
+            for i in range(rows):
+                a0 = a_splat(i, k0)
+                a1 = a_splat(i, b.add(k0, const_i64(1))) if both else None
+                for v in range(nv):
+                    q = i * nv + v
+                    vals[q] = self._fma(a0, even[v], vals[q])
+                    if both:
+                        vals[q] = self._fma(a1, odd[v], vals[q])
+            for a, val in zip(accs, vals):
+                b.store(val, a)
+
+        full = b.ashr(K, const_i64(1))
+        with for_range(b, const_i64(0), full, "kp") as kp:
+            step(kp, True)
+        with b.if_then(b.icmp_signed("!=", b.and_(K, const_i64(1)), const_i64(0))):
+            step(full, False)
+
+    def _dot_loop(self, rows, nv, K, a_rows, words, bases, accs) -> None:
+        """vdpbf16ps on activations converted a chunk of K at a time (vcvtne2ps2bf16)."""
+        b = self.builder
+        vl = self.vl
+        v32b, ivec = ir.VectorType(BF16, 2 * vl), ir.VectorType(I32, vl)
+        dot = intrinsic(self.module, "llvm.x86.avx512bf16.dpbf16ps.512", self.vty,
+                        [self.vty, v32b, v32b])
+        cvt = intrinsic(self.module, "llvm.x86.avx512bf16.cvtne2ps2bf16.512", v32b,
+                        [self.vty, self.vty])
+        chunk_words = A_CHUNK // 2
+        if self._a_words is None:   # one buffer for the tile's rows, whichever block runs
+            most = max(rows, self._matmul_tile()[0])
+            buf = alloca_once(b, ir.ArrayType(I32, most * chunk_words), name="a_bf16")
+            with b.goto_block(b.function.entry_basic_block):
+                b.position_after(buf)
+                self._a_words = b.bitcast(buf, I32.as_pointer())
+        buf_i = self._a_words
+        chunks = b.sdiv(b.add(K, const_i64(A_CHUNK - 1)), const_i64(A_CHUNK))
+        with for_range(b, const_i64(0), chunks, "kc") as kc:
+            k0 = b.mul(kc, const_i64(A_CHUNK))
+            left = b.sub(K, k0)
+            length = b.select(b.icmp_signed("<", left, const_i64(A_CHUNK)), left,
+                              const_i64(A_CHUNK))
+            # rows x length activations -> bfloat16 pairs, 2 * vl at a time, zero past K
+            with for_range(b, const_i64(0), b.ashr(b.add(length, const_i64(2 * vl - 1)),
+                                                   const_i64(5)), "kq") as kq:
+                e0 = b.mul(kq, const_i64(2 * vl))
+                rem = b.sub(length, e0)
+                lo_mask, hi_mask = self._lane_mask(rem, 0), self._lane_mask(rem, 1)
+                for i in range(rows):
+                    ptr = b.gep(a_rows[i], [b.add(k0, e0)])
+                    lo = self._masked_load(b.bitcast(ptr, self.vty.as_pointer()), lo_mask)
+                    hi = self._masked_load(b.bitcast(b.gep(ptr, [const_i64(vl)]),
+                                                     self.vty.as_pointer()), hi_mask)
+                    packed = b.bitcast(b.call(cvt, [hi, lo]), ivec)   # lo's 16 first
+                    dst = b.gep(buf_i, [b.add(const_i64(i * chunk_words),
+                                              b.mul(kq, const_i64(vl)))], inbounds=True)
+                    b.store(packed, b.bitcast(dst, ivec.as_pointer()), align=4)
+            first = b.mul(kc, const_i64(chunk_words))
+            with for_range(b, const_i64(0), b.ashr(b.add(length, const_i64(1)), const_i64(1)),
+                           "kp") as kp:
+                vals = [b.load(a) for a in accs]
+                wv = [b.bitcast(self._pair_words(words, bases[v], b.add(first, kp)), v32b)
+                      for v in range(nv)]
+                for i in range(rows):
+                    word = b.load(b.gep(buf_i, [b.add(const_i64(i * chunk_words), kp)],
+                                        inbounds=True))
+                    pair = b.bitcast(self._splat_i32(word), v32b)
+                    for v in range(nv):
+                        q = i * nv + v
+                        vals[q] = b.call(dot, [vals[q], pair, wv[v]])
+                for a, val in zip(accs, vals):
+                    b.store(val, a)
+
+    def _splat_i32(self, x: ir.Value) -> ir.Value:
+        b = self.builder
+        ivec = ir.VectorType(I32, self.vl)
+        v = b.insert_element(ir.Constant(ivec, None), x, ir.Constant(I32, 0))
+        return b.shuffle_vector(v, ir.Constant(ivec, None),
+                                ir.Constant(ivec, [0] * self.vl))
+
+
+def emit_pair_matmul(module: ir.Module, func: PrimFunc, symbol: str, vl: int,
+                     llvm_features: str, size_vars: tuple[str, ...] = ()) -> KernelInfo | None:
+    """The kernel of a ``matmul_bf16p`` ``func`` (static or symbolic shapes), None for any
+    other function; ``llvm_features`` with avx512_bf16 (and 16 lanes) takes vdpbf16ps."""
+    match = match_pairs(func)
+    if match is None:
+        return None
+    return PairMatmulEmitter(module, func, symbol, match, vl, size_vars,
+                             dot=has_dot(llvm_features)).emit()

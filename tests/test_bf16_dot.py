@@ -1,0 +1,252 @@
+"""The x86-64-v4+bf16 level and its ``vdpbf16ps`` matmul (codegen/bf16dot.py, ops/bf16.py).
+
+This must pass on hosts without AVX-512 (Debian's qemu cannot run it either), so the v4+bf16
+code is checked by what it emits (the kernel is selected, ``vdpbf16ps`` and ``vcvtne2ps2bf16``
+are in its assembly) and its arithmetic by an instruction-exact numpy model of vdpbf16ps
+(Intel SDM: per lane acc += a_odd * b_odd, then acc += a_even * b_even, each an FMA rounded to
+nearest even, denormal inputs read as zero, denormal results flushed to zero) applied to the
+weights exactly as the kernel reads them (the K-pair words of the packed constant) and to the
+activations as vcvtne2ps2bf16 converts them. The native run, bit for bit against the model,
+needs an x86-64 host with avx512_bf16 and skips elsewhere, saying so."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from conftest import X86_V3, X86_V4
+
+from mlcpack.packager.passes.layout import to_bfloat16
+from mlcpack.runtime.cpu import host_arch, host_features
+
+RNG = np.random.default_rng(5)
+V4_BF16 = "x86-64-v4+bf16"
+X86_V4_BF16 = X86_V4 + ",avx512_bf16"
+
+
+# ---- the CPU level ----------------------------------------------------------------------------
+
+def test_level_records_avx512_bf16(monkeypatch):
+    from mlcpack.packager.codegen.target import portable_levels, resolve_target
+    from mlcpack.runtime.cpu import best_level, check_supported, level, pick_variant
+    from mlcpack.runtime.errors import CpuFeatureError
+
+    lv = level(V4_BF16)
+    assert "avx512_bf16" in lv.flags and level("x86-64-v4").flags < lv.flags
+    assert "+avx512bf16" in lv.llvm_features.split(",")
+    assert best_level("x86_64", set(X86_V4_BF16.split(","))) == V4_BF16
+    assert best_level("x86_64", set(X86_V4.split(","))) == "x86-64-v4"
+    # fp32 exports on an avx512_bf16 host stay as they were; bf16 ones add the level
+    assert portable_levels("x86_64", V4_BF16) == ["x86-64-v2", "x86-64-v3", "x86-64-v4"]
+    assert portable_levels("x86_64", V4_BF16, precision="bf16")[-1] == V4_BF16
+    monkeypatch.setenv("MLCPACK_CPU_ARCH", "x86_64")
+    monkeypatch.setenv("MLCPACK_CPU_FEATURES", X86_V4_BF16)
+    assert resolve_target("host").name == "x86-64-v4"
+    assert resolve_target("host", "bf16").name == V4_BF16
+    variants = [{"arch": "x86_64", "level": n, "features": []}
+                for n in ("x86-64-v3", V4_BF16, "x86-64-v4")]
+    assert pick_variant(variants) == 1
+    monkeypatch.setenv("MLCPACK_CPU_FEATURES", X86_V4)   # AVX-512 without avx512_bf16
+    assert pick_variant(variants) == 2
+    with pytest.raises(CpuFeatureError, match="needs avx512_bf16"):
+        check_supported("x86_64", V4_BF16, [], "m.mlc")
+    monkeypatch.setenv("MLCPACK_CPU_FEATURES", X86_V3)
+    assert pick_variant(variants) == 0
+
+
+def test_c_runtime_knows_the_level():
+    """runtime/c/src/cpu.c chooses as runtime/cpu.py: the same level rows (name and flags)."""
+    import re
+    from pathlib import Path
+
+    from mlcpack.runtime.cpu import LEVELS
+
+    src = (Path(__file__).resolve().parents[1] / "runtime/c/src/cpu.c").read_text()
+    rows = re.findall(r'\{"([^"]+)", "(x86_64|aarch64)", "([^"]*)"\}', src)
+    c_levels, seen = {}, {}
+    for name, arch, flags in rows:
+        seen[arch] = seen.get(arch, frozenset()) | frozenset(flags.split())
+        c_levels[name] = seen[arch]
+    assert c_levels == {lv.name: lv.flags for lv in LEVELS}
+
+
+# ---- the numpy model of the kernel ---------------------------------------------------------------
+
+TINY = np.float64(2.0 ** -126)
+
+
+def cvt_bf16(x: np.ndarray) -> np.ndarray:
+    """vcvtne2ps2bf16: float32 -> bfloat16 bits, round to nearest even, denormals to signed
+    zero (DAZ), NaN quieted."""
+    x = np.asarray(x, dtype=np.float32)
+    bits = to_bfloat16(x).view(np.uint16)
+    denormal = (np.abs(x.astype(np.float64)) < TINY)
+    return np.where(denormal, (x.view(np.uint32) >> 16).astype(np.uint16) & np.uint16(0x8000),
+                    bits)
+
+
+def widen(h: np.ndarray) -> np.ndarray:
+    """bfloat16 bits -> float64, denormals read as zero (DAZ)."""
+    f = (h.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+    return np.where(np.abs(f) < TINY, 0.0 * f, f)
+
+
+def fma_rne_ftz(acc: np.ndarray, p: np.ndarray) -> np.ndarray:
+    """float32(acc + p) rounded once to nearest even (p exact in float64), denormal results
+    flushed to zero: the float64 sum with its exact error (TwoSum), so that a float64 sum that
+    lands on a float32 midpoint rounds the way the exact sum does."""
+    s = acc + p
+    bb = s - acc
+    err = (acc - (s - bb)) + (p - bb)
+    r = s.astype(np.float32)
+    bits = s.view(np.uint64)
+    midpoint = (bits & np.uint64((1 << 29) - 1)) == np.uint64(1 << 28)
+    fix = midpoint & (err != 0)
+    if fix.any():
+        toward = np.where(err > 0, np.inf, -np.inf)
+        r = np.where(fix, np.nextafter(s, toward).astype(np.float32), r)
+    r64 = r.astype(np.float64)
+    return np.where(np.abs(r64) < TINY, 0.0 * r64, r64)
+
+
+def vdpbf16ps_matmul(a: np.ndarray, bp: np.ndarray, n: int) -> np.ndarray:
+    """The kernel's accumulator for a [M, K] float32 times the packed pairs ``bp`` [panels,
+    ceil(K / 2), nr, 2] (bfloat16 bits, as stored): per pair row, the odd product first."""
+    m, k = a.shape
+    pairs = bp.shape[1]
+    ah = np.zeros((m, 2 * pairs), dtype=np.uint16)
+    ah[:, :k] = cvt_bf16(a)
+    # the words of column c: panel c // nr, lane c % nr
+    cols = np.arange(n)
+    bw = bp[cols // bp.shape[2], :, cols % bp.shape[2], :]   # [n, pairs, 2]
+    acc = np.zeros((m, n))
+    for j in range(pairs):
+        for half in (1, 0):
+            p = widen(ah[:, 2 * j + half])[:, None] * widen(bw[None, :, j, half])[0]
+            acc = fma_rne_ftz(acc, p)
+    return acc.astype(np.float32)
+
+
+def test_model_of_one_instruction():
+    """The model's rules on chosen values: odd product first, a rounding per product, DAZ on
+    inputs, FTZ on results, round to nearest even in the conversion."""
+    one = np.array([[1.0]])
+    half_ulp = 2.0 ** -24   # half a float32 ulp of 1: a tie, rounds to even (1.0)
+    # acc 1, products 2^-24 each: each FMA ties back to 1 (exact sum 1 + 2^-23)
+    assert fma_rne_ftz(fma_rne_ftz(one, one * half_ulp), one * half_ulp)[0, 0] == 1.0
+    # a float64 sum on the midpoint, the exact one past it: 1 + 2^-24 + 2^-70 rounds up
+    assert fma_rne_ftz(one, one * (half_ulp + 2.0 ** -70))[0, 0] == 1.0 + 2.0 ** -23
+    assert fma_rne_ftz(np.array([[2.0 ** -120]]), np.array([[-2.0 ** -120 + 2.0 ** -130]]))[
+        0, 0] == 0.0                                                   # FTZ
+    assert widen(np.array([0x0040], dtype=np.uint16))[0] == 0.0        # DAZ
+    x = np.array([1 + 2.0 ** -8, 1 + 3 * 2.0 ** -8, 1e-39, -1e-39], dtype=np.float32)
+    np.testing.assert_array_equal(cvt_bf16(x), np.array([0x3F80, 0x3F82, 0, 0x8000], np.uint16))
+    # order: acc = 1; odd 2^-24 then even 1 (1 + 2^-24 ties to 1, then 2) vs the other order
+    bp = np.zeros((1, 1, 16, 2), np.uint16)
+    bp[0, 0, 0] = [0x3F80, 0x3380]          # even row 1.0, odd row 2^-24
+    a = np.array([[1.0, 1.0]], np.float32)
+    assert vdpbf16ps_matmul(a, bp, 1)[0, 0] == np.float32(1.0)   # 0 + 2^-24, then + 1: 1
+    assert vdpbf16ps_matmul(a[:, :1], bp, 1)[0, 0] == 1.0         # odd K: the pair's 0
+
+
+# ---- the kernel -----------------------------------------------------------------------------------
+
+def _model(batch: int, k: int, n: int):
+    from onnx import TensorProto, helper, numpy_helper
+
+    w = (RNG.standard_normal((n, k)) / np.sqrt(k)).astype(np.float32)
+    bias = (RNG.standard_normal(n) * 0.1).astype(np.float32)
+    nodes = [helper.make_node("Gemm", ["x", "w", "b"], ["g"], transB=1),
+             helper.make_node("Relu", ["g"], ["y"])]
+    graph = helper.make_graph(
+        nodes, "gemm", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, k])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, n])],
+        [numpy_helper.from_array(w, "w"), numpy_helper.from_array(bias, "b")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model, w, bias
+
+
+# K = 301: two chunks of converted activations (A_CHUNK 256), the second with an odd length
+SHAPE = (9, 301, 37)
+
+
+@pytest.fixture(scope="module")
+def compiled():
+    """The Gemm + ReLU for x86-64-v4+bf16 and plain x86-64-v4 from one pipeline run (a bf16
+    bundle for both), with each level's assembly."""
+    import llvmlite.binding as llvm
+
+    from mlcpack.frontends.onnx import import_onnx
+    from mlcpack.packager.codegen.build import _target_machine
+    from mlcpack.packager.codegen.parallel import compile_prim_funcs
+    from mlcpack.packager.codegen.target import resolve_target
+    from mlcpack.packager.ir.graph import Constant, PrimFunc
+    from mlcpack.packager.options import CompileOptions
+    from mlcpack.packager.passes.pipeline import DEFAULT_PIPELINE, run_pipeline
+
+    model, w, bias = _model(*SHAPE)
+    mod, _ = import_onnx(model)
+    opts = CompileOptions(target=f"x86-64-v4,{V4_BF16}", precision="bf16")
+    mod = run_pipeline(mod, DEFAULT_PIPELINE, options=opts)
+    packed = [a for b in mod.functions["main"].bindings() for a in getattr(b.value, "args", ())
+              if isinstance(a, Constant) and str(a.data.dtype) == "bfloat16"]
+    funcs = [f for f in mod.functions.values() if isinstance(f, PrimFunc)]
+    asm = {}
+    for name in ("x86-64-v4", V4_BF16):
+        target = resolve_target(name)
+        code = compile_prim_funcs(funcs, target, options=opts.for_targets([target]))
+        asm[name] = _target_machine(target).emit_assembly(llvm.parse_assembly(code.llvm_ir))
+    return {"packed": packed, "funcs": [f.name for f in funcs], "asm": asm, "w": w,
+            "bias": bias}
+
+
+def test_kernel_selected_and_emitted(compiled):
+    assert len(compiled["packed"]) == 1 and any("matmul_bf16p" in f for f in compiled["funcs"])
+    asm = compiled["asm"]
+    assert "vdpbf16ps" in asm[V4_BF16] and "vcvtne2ps2bf16" in asm[V4_BF16]
+    # its inner loop: a broadcast activation pair against a vector of weight pairs
+    assert "vbroadcastss" in asm[V4_BF16] or "{1to16}" in asm[V4_BF16]
+    # without avx512_bf16 the same weights are widened (shift and mask), no bf16 instruction
+    assert "vdpbf16ps" not in asm["x86-64-v4"] and "vcvtne2ps2bf16" not in asm["x86-64-v4"]
+    assert "vpslld" in asm["x86-64-v4"]
+
+
+def test_model_on_the_kernels_packing(compiled):
+    """The weight words the kernel reads, through the vdpbf16ps model: the product of the
+    bf16-rounded operands within float32 summation error, and within 1 % of fp32."""
+    m, k, n = SHAPE
+    w, bias = compiled["w"], compiled["bias"]
+    bp = compiled["packed"][0].data.view(np.uint16)
+    assert bp.shape == (-(-n // 16), -(-k // 2), 16, 2)
+    a = RNG.standard_normal((m, k)).astype(np.float32)
+    got = vdpbf16ps_matmul(a, bp, n).astype(np.float64)
+    a16 = widen(cvt_bf16(a))
+    w16 = to_bfloat16(w).astype(np.float64)
+    exact = a16 @ w16.T
+    scale = float(np.abs(exact).max())
+    np.testing.assert_allclose(got, exact, rtol=0, atol=2 ** -24 * k * scale)
+    fp32 = a.astype(np.float64) @ w.astype(np.float64).T
+    assert float(np.abs(got - fp32).max()) / float(np.abs(fp32).max()) < 0.01
+
+
+def test_native_run_bit_exact(tmp_path):
+    if host_arch() != "x86_64" or not {"avx512f", "avx512_bf16"} <= host_features():
+        pytest.skip("runs vdpbf16ps: needs an x86-64 host with AVX-512 and avx512_bf16 "
+                    "(Zen 4, Sapphire Rapids, Cooper Lake); this one has neither or not both")
+    from mlcpack.frontends.onnx import import_onnx
+    from mlcpack.packager.export import ExportOptions, export_module
+    from mlcpack.runtime import load
+
+    model, w, bias = _model(*SHAPE)
+    mod, _ = import_onnx(model)
+    path = tmp_path / "v4bf16.mlc"
+    report = export_module(mod, path, ExportOptions(target=V4_BF16, precision="bf16"))
+    assert report.precision == "bf16", report.precision_note
+    from mlcpack.packager.ops.bf16 import pack_pairs
+    bp = pack_pairs(to_bfloat16(w.T)).view(np.uint16)
+    for batch_rows in (SHAPE[0],):
+        a = RNG.standard_normal((batch_rows, SHAPE[1])).astype(np.float32)
+        with load(path) as bundle:
+            got = bundle.run({"x": a})["y"]
+        want = np.maximum(vdpbf16ps_matmul(a, bp, SHAPE[2]) + bias, np.float32(0))
+        np.testing.assert_array_equal(got, want)
