@@ -44,6 +44,10 @@ class CompileOptions:
     # under "bf16", the source weights kept float32 (names; set by export's accuracy guard,
     # packager/precision.py)
     bf16_keep: frozenset[str] = frozenset()
+    # under "bf16", convolution weights (nn.conv2d_oc / nn.conv2d_rows) stored bf16 too, widened
+    # on load: half their size, but slower than fp32 on AVX2 (ResNet-18 1.37x; docs/precision.md),
+    # and no target has a bf16 convolution kernel yet, so off by default
+    bf16_convs: bool = False
     # -- int8: quantized products take the integer kernels (codegen/qgemm.py); False: the
     # float32-exact chains they replaced, for comparison (MLCPACK_INT8_KERNELS=0)
     int8_kernels: bool = True

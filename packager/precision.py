@@ -46,11 +46,14 @@ def bf16_guard(writer: Any, header: Any, golden: Any, opts: Any, bf16_bytes: int
     """(keep bf16, the one line to print). Writes the bundle to a temporary file, runs it on
     ``golden.inputs`` and compares with ``golden.outputs`` (the fp32 reference)."""
     bound = opts.bf16_max_error
+    convs = "" if opts.compile is not None and opts.compile.bf16_convs else (
+        "; convolution weights stay fp32 (no bf16 convolution kernel is faster than fp32 yet)")
     if bf16_bytes == 0:
         return True, ("bf16: no weight is stored as bf16 for this target (the bf16 kernels "
-                      "read the packed weights of x86-64-v2/v3 matmuls and convolutions); "
-                      "the bundle computes as fp32")
-    size = f"{bf16_bytes / 1024:.1f} KiB of weights in bf16 (fp32: {bf16_bytes / 512:.1f} KiB)"
+                      "read the packed weights of x86-64 matmuls, on x86-64-v4 with "
+                      "x86-64-v4+bf16 in the bundle)" + convs + "; the bundle computes as fp32")
+    size = (f"{bf16_bytes / 1024:.1f} KiB of weights in bf16 (fp32: {bf16_bytes / 512:.1f} KiB)"
+            + convs)
     if golden is None or golden.skipped or not golden.outputs:
         why = golden.skipped if golden is not None and golden.skipped else "no reference ran"
         return False, f"bf16: error against fp32 not measured ({why}); exported in fp32"

@@ -56,7 +56,7 @@ def test_env_overrides_are_read_each_call(monkeypatch: pytest.MonkeyPatch) -> No
 def test_levels_are_ordered_and_cumulative() -> None:
     names = [lv.name for lv in LEVELS]
     x86 = [n for n in names if n.startswith("x86")]
-    assert x86 == ["x86-64", "x86-64-v2", "x86-64-v3", "x86-64-v4"]
+    assert x86 == ["x86-64", "x86-64-v2", "x86-64-v3", "x86-64-v4", "x86-64-v4+bf16"]
     for low, high in itertools.pairwise(x86):
         assert level(low).flags < level(high).flags
     assert level("aarch64").flags < level("aarch64+dotprod").flags

@@ -254,8 +254,9 @@ def to_bfloat16(data: np.ndarray) -> np.ndarray:
 
 def weights_to_bf16(mod: IRModule, options: CompileOptions) -> IRModule:
     """Under ``options.precision`` "bf16": the float32 packed weight of every ``BF16_OPS`` call
-    but those ``options.bf16_keep`` names becomes bfloat16 (``to_bfloat16``); "fp32", the module
-    is unchanged."""
+    but those ``options.bf16_keep`` names becomes bfloat16 (``to_bfloat16``), a convolution's
+    only with ``options.bf16_convs`` (widened on load, convolutions are slower than fp32 on
+    AVX2); "fp32", the module is unchanged."""
     if options.precision != "bf16":
         return mod
     keep = options.bf16_keep
@@ -264,7 +265,8 @@ def weights_to_bf16(mod: IRModule, options: CompileOptions) -> IRModule:
         v = b.value
         if not (isinstance(v, Call) and v.op in BF16_OPS and len(v.args) == 2
                 and isinstance(v.args[1], Constant) and v.args[1].data.dtype == np.float32
-                and not _kept(v.args[1].name, keep)):
+                and not _kept(v.args[1].name, keep)
+                and (v.op == "matmul_packed" or options.bf16_convs)):
             return None
         w = v.args[1]
         if v.op == "matmul_packed":   # K pairs (ops/bf16.py): vdpbf16ps's operand
