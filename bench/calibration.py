@@ -3,7 +3,7 @@
     .venv/bin/python bench/calibration.py [--calibrate 16] [--held-out 16] [model ...]
 
 For each model (default: ppocr_cls, pp_lcnet_orientation, ppocr_rec from bench/corpus.py) and
-each method of packager/quantize.py (minmax, percentile, entropy): quantize_onnx calibrates on
+each method of packager/calibrate.py (minmax, percentile, entropy): quantize_onnx calibrates on
 ``--calibrate`` realistic inputs (bench/corpus.py's synthetic text lines / pages, one seed),
 and the QDQ model it builds is run with ONNX Runtime, graph optimizations off (the QDQ
 semantics exactly as ONNX defines them: the calibration's effect, not any kernel's), beside the
@@ -49,7 +49,7 @@ def main() -> None:
     import corpus
     import onnxruntime as ort
 
-    from mlcpack.packager.quantize import METHODS, quantize_onnx
+    from mlcpack.packager.calibrate import METHODS, quantize_onnx
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("models", nargs="*", default=list(MODELS))

@@ -3,7 +3,7 @@
     .venv/bin/python bench/int8.py [--budget 6] [--models resnet18,mlp,resnet_small]
                                    [--kernels] [--no-models] [--corpus ppocr_rec]
 
-Models (int8 forms: ``--quantize`` = mlcpack's own static quantization, packager/quantize.py,
+Models (int8 forms: ``--quantize`` = mlcpack's own static quantization, packager/calibrate.py,
 calibrated on 8 random inputs; ``QDQ`` = onnxruntime.quantization.quantize_static, QDQ format,
 per-channel int8 weights, uint8 activations, calibrated on 8 random feeds):
   resnet18:     bench/models.py's ResNet-18 (random weights), 1x3x224x224
@@ -99,7 +99,7 @@ BUILDERS = {"resnet18": resnet18, "mlp": mlp, "resnet_small": resnet_small}
 
 
 def _mlcpack_quantize(fp32: Path, out: Path, feeds: list[dict]) -> Path:
-    from mlcpack.packager.quantize import quantize_onnx
+    from mlcpack.packager.calibrate import quantize_onnx
 
     name = next(iter(feeds[0]))
     q = quantize_onnx(fp32, [f[name] for f in feeds])

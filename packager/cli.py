@@ -262,7 +262,7 @@ def _check_quantize_options(model: Path, quantize: Optional[str], calibration: O
               "the model sees in use", 2)
     if not calibration.exists():
         _fail(f"--calibration {calibration}: no such file or folder", 2)
-    from .quantize import CALIBRATION_SUFFIXES, METHODS
+    from .calibrate import CALIBRATION_SUFFIXES, METHODS
     if calibration.is_dir() and not any(p.is_file() and p.suffix.lower() in CALIBRATION_SUFFIXES
                                         for p in calibration.iterdir()):
         _fail(f"--calibration {calibration}: the folder has no images or .npy files", 2)
@@ -284,10 +284,10 @@ def _check_precision(precision: str, quantize: Optional[str]) -> None:
 
 def _export_int8(model: Path, out: Path, opts: Any, mod: Any, pre: Any, shapes: dict,
                  calibration: Path, method: Optional[str], fallback: bool) -> Any:
-    """Calibrate, quantize and export (packager/quantize.py); prints the quantization report."""
+    """Calibrate, quantize and export (packager/calibrate.py); prints the quantization report."""
     from ..frontends.loader import shapes_at_batch
     from ..runtime.model import TensorSpec
-    from .quantize import DEFAULT_METHOD, export_int8, read_calibration
+    from .calibrate import DEFAULT_METHOD, export_int8, read_calibration
 
     first = mod.main.params[0]
     spec = TensorSpec(first.name, tuple(first.type.shape), first.type.dtype, 0)

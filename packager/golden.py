@@ -1,6 +1,6 @@
 """The export's golden check: run the source model once with a reference, embed the pair in the
 bundle, and refuse the export when the compiled bundle, loaded with the runtime on this host,
-disagrees. ``runtime/verify.py`` holds the comparison (``mlcpack verify`` re-runs the pair with
+disagrees. ``runtime/selftest.py`` holds the comparison (``mlcpack verify`` re-runs the pair with
 the runtime alone).
 
 References, and which may refuse an export:
@@ -35,7 +35,7 @@ import numpy as np
 
 from ..runtime.errors import CpuFeatureError, LibraryFunctionError, MlcpackError
 from ..runtime.header import Golden as GoldenRecord, GoldenRow, Header
-from ..runtime.verify import CheckResult, check_model, compare_output
+from ..runtime.selftest import CheckResult, check_model, compare_output
 from .bundle_writer import BundleWriteError
 from .errors import ExportError
 from .ir.graph import Call, CallLibrary, Constant, Function, IRModule, Var
@@ -70,7 +70,7 @@ class Golden:
     rtol: float
     atol: float
     skipped: str | None = None   # why no reference ran (then nothing is checked)
-    magnitudes: dict[str, float] = field(default_factory=dict)  # per output, see verify.py
+    magnitudes: dict[str, float] = field(default_factory=dict)  # per output, see runtime/selftest.py
     steps: dict[str, float] = field(default_factory=dict)  # quantized models: per output, ditto
     note: str | None = None      # appended to the check's summary line
     warnings: list[str] = field(default_factory=list)  # advice that does not fail the export
@@ -151,7 +151,7 @@ def evaluate_ir(mod: IRModule, feeds: Mapping[str, np.ndarray],
     ``magnitudes`` is a dict, fill it, per output, with the largest finite |value| among the
     output and the inputs of the call that computed it, looking through calls that only move
     data (reshape, transpose, concat, slices): the size of the values whose float32 rounding
-    the output carries (``runtime/verify.py``). If ``steps`` is a dict and the module
+    the output carries (``runtime/selftest.py``). If ``steps`` is a dict and the module
     quantizes, fill it with each output's quantization step. ``float_activations``: a
     ``dequantize`` of a ``quantize``'s result gives the quantize's float input back (the model
     without its activations' quantization; weights stay quantized)."""
@@ -453,7 +453,7 @@ def _noise_steps(mod: IRModule, inputs: Mapping[str, np.ndarray],
     """The step of a quantized model's float outputs that no dequantize reaches directly (a
     softmax after the last quantized layer): half the RMS change the activations' quantization
     makes to the output (the reference against the IR's numpy reference with every activation
-    left in float). ``runtime/verify.py`` passes an output whose RMS error is at most 4 steps,
+    left in float). ``runtime/selftest.py`` passes an output whose RMS error is at most 4 steps,
     so the bundle may differ from the reference by twice the noise the model's own scales put
     on it (6 dB below its SNR against float): one tie decided the other way early in a deep
     network moves every later activation by whole steps. Empty when the reference fails."""
@@ -516,7 +516,7 @@ def embed_golden(golden: Golden, writer: Any, header: Header) -> tuple[Header, s
         return header, (f"golden pair not embedded ({total / 2**20:.1f} MiB > "
                         f"{MAX_EMBED_BYTES >> 20} MiB); `mlcpack verify` will have nothing to "
                         "run")
-    # magnitude and quant_step are read by runtime/verify.py's golden_magnitudes.
+    # magnitude and quant_step are read by runtime/selftest.py's golden_magnitudes.
     rows = [tuple(GoldenRow(k, tuple(v.shape), str(v.dtype), writer.ref(v),
                             golden.magnitudes.get(k) if outputs else None,
                             golden.steps.get(k) if outputs else None)

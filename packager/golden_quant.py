@@ -17,7 +17,7 @@ _STEP_KEEPING = frozenset({"relu", "clip", "sigmoid", "tanh", "leaky_relu", "cas
 
 def quantization_step(op: str, kind: str, args: list[np.ndarray], arg_steps: list[float]
                       ) -> float:
-    """The quantization step a call's output carries (see ``runtime/verify.py``)."""
+    """The quantization step a call's output carries (see ``runtime/selftest.py``)."""
     if op == "dequantize":
         return float(np.abs(args[1]).max(initial=0.0))
     if op == "quantize":

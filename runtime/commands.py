@@ -276,7 +276,7 @@ def verify(bundle: str | os.PathLike, *, rtol: float | None = None, atol: float 
            threads: int | None = None, echo: Echo = _stdout) -> None:
     """Re-run the golden pair embedded at export; print PASS, or FAIL and raise
     ``GoldenMismatchError`` (exit 13; 14 when the bundle has no golden data)."""
-    from .verify import GoldenMismatchError, verify as verify_bundle
+    from .selftest import GoldenMismatchError, verify as verify_bundle
 
     check_at_least(rtol, 0, "--rtol")
     check_at_least(atol, 0, "--atol")

@@ -4,7 +4,7 @@
 the bundle's ``"mlcpack"`` key) and the payload area's size, checks every record (types, ranges,
 every payload record's alignment and bounds, payload records pairwise disjoint, plan/batch
 agreement, the symbolic record) and returns a ``Header``, or raises one ``BundleError`` that names
-the field. Readers (``runtime/model.py``, ``describe.py``, ``verify.py``) then use attributes.
+the field. Readers (``runtime/model.py``, ``describe.py``, ``selftest.py``) then use attributes.
 
 ``Header.to_msgpack()`` is the map the writer packs (``packager/bundle_writer.py``): known keys
 in the writer's order, absent optional fields left out, unknown keys kept (after the known ones),
@@ -516,7 +516,7 @@ class Golden(_Record):
                 r = _map(r, what)
                 opt = [r.get(k) for k in ("magnitude", "quant_step")]
                 # Optional: a value that is not a finite non-negative number is ignored
-                # (runtime/verify.golden_magnitudes), as before these types.
+                # (runtime/selftest.golden_magnitudes), as before these types.
                 out.append(GoldenRow(_str(r.get("name"), f"{what} name"),
                                      check_shape(r.get("shape"), what),
                                      check_dtype(r.get("dtype"), what),

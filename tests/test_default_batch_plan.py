@@ -59,7 +59,7 @@ def test_a_time_axis_or_a_fixed_output_is_not_a_batch(tmp_path, run_cli) -> None
 
 def test_the_golden_check_runs_the_batch_1_plan_too(tmp_path, monkeypatch) -> None:
     """The check runs the symbolic plan at its sizes (every size variable at 2) and, on the
-    first row of the same pair, the static batch-1 plan (runtime/verify.check_model); then,
+    first row of the same pair, the static batch-1 plan (runtime/selftest.check_model); then,
     the bundle having parallel kernels, both again on 2 threads."""
     from mlcpack.packager.cli import app
     from mlcpack.runtime.model import Model

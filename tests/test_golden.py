@@ -1,4 +1,4 @@
-"""The export's golden check (packager/golden.py) and `mlcpack verify` (runtime/verify.py):
+"""The export's golden check (packager/golden.py) and `mlcpack verify` (runtime/selftest.py):
 export runs the model with a reference and with the bundle, embeds the pair, and refuses (nothing
 written) when they disagree; verify re-runs the pair with the runtime alone."""
 
@@ -15,7 +15,7 @@ import pytest
 from conftest import ARTIFACTS
 from mlcpack.runtime import load
 from mlcpack.runtime.bundle import BundleReader
-from mlcpack.runtime.verify import GoldenMismatchError, NoGoldenDataError, verify
+from mlcpack.runtime.selftest import GoldenMismatchError, NoGoldenDataError, verify
 
 from bundle_parts import payload_spans, read_parts, write_parts
 from test_runtime_isolation import ALL_COMPILER, _blocker, _clean_env
@@ -56,7 +56,7 @@ def test_a_passing_export_embeds_the_golden_pair(checked, small, reference_mlp) 
     result = verify(path)
     assert result.ok and result.max_rel < 1e-5
     # the embedded input is the seeded one, and the output is the reference's
-    from mlcpack.runtime.verify import golden_arrays
+    from mlcpack.runtime.selftest import golden_arrays
     with BundleReader(path) as reader:
         ins, outs, _ = golden_arrays(reader)
         want = np.random.default_rng(0).standard_normal((2, 12)).astype(np.float32)
@@ -192,7 +192,7 @@ def test_check_input_is_used_and_embedded(tmp_path, run_cli) -> None:
     proc = run_cli("export", ARTIFACTS / "mlp.onnx", "-o", path, "--check-input",
                    f"x={tmp_path / 'x.npy'}")
     assert proc.returncode == 0, proc.stderr
-    from mlcpack.runtime.verify import golden_arrays
+    from mlcpack.runtime.selftest import golden_arrays
     with BundleReader(path) as reader:
         ins, _, rec = golden_arrays(reader)
         np.testing.assert_array_equal(ins["x"], x)

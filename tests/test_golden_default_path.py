@@ -2,7 +2,7 @@
 refuses a correct model, with onnxruntime installed or not, and still refuses a wrong bundle,
 naming the worst element.
 
-- The comparison (``runtime/verify.py``): ONNX scalars against ``(1,)``, outputs near zero made
+- The comparison (``runtime/selftest.py``): ONNX scalars against ``(1,)``, outputs near zero made
   from large values, integers exactly, NaN in the same places, and what a failure reports.
 - Every passing ONNX backend test case (``tests/conformance/passing.txt``) exported through the
   CLI's ``export`` command in-process (typer's runner: the code ``mlcpack export`` runs, without
@@ -31,7 +31,7 @@ import pytest
 from conftest import SLOW
 from typer.testing import CliRunner
 
-from mlcpack.runtime.verify import EPS_F32, ROUNDING_K, compare_output
+from mlcpack.runtime.selftest import EPS_F32, ROUNDING_K, compare_output
 
 ROOT = Path(__file__).resolve().parent.parent
 ARTIFACTS = ROOT / "artifacts"
@@ -315,7 +315,7 @@ def export_both_ways(model_path: Path, out: Path, monkeypatch, args: tuple[str, 
 
 def _verify_again(bundle: Path) -> list[str]:
     """``mlcpack verify``'s check of the embedded pair (the magnitudes travel with it)."""
-    from mlcpack.runtime.verify import NoGoldenDataError, verify
+    from mlcpack.runtime.selftest import NoGoldenDataError, verify
 
     try:
         result = verify(bundle)
@@ -377,7 +377,7 @@ def test_paddle_ocr_models_export_by_default_with_and_without_onnxruntime(
     assert not problems, "\n".join(problems)
     if shape:  # the pair carries the logits' magnitude, far above the map's own scale
         from mlcpack.runtime.bundle import BundleReader
-        from mlcpack.runtime.verify import golden_arrays, golden_magnitudes
+        from mlcpack.runtime.selftest import golden_arrays, golden_magnitudes
 
         with BundleReader(out) as reader:
             _, outputs, record = golden_arrays(reader)

@@ -1,4 +1,4 @@
-"""Integer matrix products (passes/quantize.py -> ops/qlinear.py's ``qmatmul``): quantized
+"""Integer matrix products (passes/fuse_qdq.py -> ops/qlinear.py's ``qmatmul``): quantized
 MatMul / Gemm patterns become int32-accumulating kernels with a fused requantization, equal
 bit for bit to ONNX Runtime (and to numpy integer math) on the integer outputs."""
 

@@ -1,7 +1,7 @@
 """Dynamically quantized matrix products (onnxruntime's quantize_dynamic: DynamicQuantizeLinear
 -> MatMulInteger -> Cast -> Mul by x_scale * w_scale -> Add bias, as in ddddocr's vocabulary
 projection) take the integer ``qmatmul`` kernel with the run-time zero point and scale
-(passes/quantize.py ``_plan_integer_products``), and give ONNX Runtime's numbers bit for bit
+(passes/fuse_qdq.py ``_plan_integer_products``), and give ONNX Runtime's numbers bit for bit
 (ORT with its graph optimizations off, so it runs the operators as written; with them on,
 its fused DynamicQuantizeMatMul within float32 rounding), and numpy's integer product of ORT's
 own quantized x (ORT's u8 x s8 GEMM on AVX2 without VNNI saturates, so there numpy is the

@@ -20,7 +20,7 @@ from mlcpack.packager.ir.graph import Call, Constant
 from mlcpack.packager.passes import fold_constants
 from mlcpack.packager.passes.simplify import fold_dequantize
 from mlcpack.runtime import load
-from mlcpack.runtime.verify import compare_output
+from mlcpack.runtime.selftest import compare_output
 
 ort = pytest.importorskip("onnxruntime")
 pytest.importorskip("onnxruntime.quantization")

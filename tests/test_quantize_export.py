@@ -1,4 +1,4 @@
-"""Quantization at export (packager/quantize.py, ``mlcpack export --quantize int8
+"""Quantization at export (packager/calibrate.py, ``mlcpack export --quantize int8
 --calibration DATA``): the QDQ model it builds, layers left in float, the report against the
 float model, the demo CNN calibrated on its sample digits through the command line, and a
 one-line error for each bad option."""
@@ -15,7 +15,7 @@ import quant_models as qm
 from mlcpack.frontends.onnx import import_onnx
 from mlcpack.packager.export import ExportOptions, export_module
 from mlcpack.packager.errors import ExportError
-from mlcpack.packager.quantize import entropy_threshold, quantize_onnx, read_calibration
+from mlcpack.packager.calibrate import entropy_threshold, quantize_onnx, read_calibration
 from mlcpack.runtime import load
 from mlcpack.runtime.model import TensorSpec
 

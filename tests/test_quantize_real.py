@@ -25,7 +25,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 import corpus  # noqa: E402
 
-from mlcpack.packager.quantize import constants_as_initializers  # noqa: E402
+from mlcpack.packager.calibrate import constants_as_initializers  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not SLOW, reason="real-model exports: MLCPACK_SLOW=1")
 ort = pytest.importorskip("onnxruntime")

@@ -2,7 +2,7 @@
 in, one input channel per output channel, any window, padding and stride, ONNX Runtime's
 requantization (or a float32 result) fused into the epilogue.
 
-Exact in float32: the fusion (``passes/quantize.py``) emits ``qdwconv2d`` only where every
+Exact in float32: the fusion (``passes/fuse_qdq.py``) emits ``qdwconv2d`` only where every
 partial sum of ``sum (x - x_zp) * (w - w_zp)`` stays below 2**24 (a 5x5 window of 255 * 128
 products is 816 000), so float32 multiply-adds in any order give the integer sum exactly; it
 is converted to int32 and the bias added in int32 (wrapping as ONNX Runtime's accumulator:

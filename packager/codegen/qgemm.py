@@ -15,7 +15,7 @@ which is not exact, and widening them takes a second multiply-port instruction.
 
 Zero points: x - x_zp is formed while packing the activations into int16 (so u8 and s8
 activations take the same kernel); w - w_zp is folded into the weights at export
-(``passes/quantize.py``), stored int8 when it fits, else int16.
+(``passes/fuse_qdq.py``), stored int8 when it fits, else int16.
 
 - ``qmatmul`` x [M, K] @ W [K, N]: the weights come packed from the bundle (``ops/qlinear.
   pack_weights``: panels of 8 columns, k-pairs interleaved, int8 loaded with ``vpmovsxbw``);

@@ -12,7 +12,7 @@ next step reads h_prev from. The cell state stays in the workspace. With ``quant
 (com.microsoft.DynamicQuantizeLSTM) h_prev first goes through DynamicQuantizeLinear and back
 into a workspace row (``_requantize``), which the product reads instead.
 
-With ``int_r`` as well (``passes/quantize.py`` found R to be int8 times a scale per row) the
+With ``int_r`` as well (``passes/fuse_qdq.py`` found R to be int8 times a scale per row) the
 product is ONNX Runtime's integer one: h_prev quantized to uint8 (the same DynamicQuantizeLinear)
 and stored as int16 q - zp (k padded to even), R int8 in k-pairs (``pack_recurrent_int8``),
 ``vpmaddwd`` of a broadcast (h[k], h[k+1]) pair with 8 units' (R[j, k], R[j, k+1]) pairs into

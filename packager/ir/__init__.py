@@ -5,7 +5,7 @@ from .builder import BlockBuilder, BuilderError, prim_func
 from .graph import (Binding, Call, CallLibrary, CallTIR, Constant, DataflowBlock, Function,
                     IRModule, PrimFunc, Source, TensorType, Var)
 from .printer import module_text
-from .verify import VerifyError, verify_module
+from .invariants import VerifyError, verify_module
 
 __all__ = ["BlockBuilder", "BuilderError", "Binding", "Call", "CallLibrary", "CallTIR", "Constant",
            "DataflowBlock", "Function", "IRModule", "PrimFunc", "Source", "TensorType", "Var",

@@ -1,4 +1,4 @@
-"""Integer kernels the quantized-pattern fusion (``passes/quantize.py``) emits.
+"""Integer kernels the quantized-pattern fusion (``passes/fuse_qdq.py``) emits.
 
 Both compute, in int32 (exact; wrapping like ONNX Runtime's int32 accumulators),
 
@@ -31,7 +31,7 @@ Result ``[B, O, OH, OW]``. An optional 7th input, a ``lut8`` table ``[O or 1, 25
 ``qdwconv2d(x, wf, x_zp, bias, multiplier, y_zp, kernel, strides, padding, dtype, relu,
 bias_in_float)``: depthwise (one input channel per output channel), x int8/uint8 ``[B, C, H,
 W]``, wf = w - w_zp as float32 ``[C, KH*KW]``, x_zp int32 ``()``, bias int32 ``[C]``,
-multiplier float32 ``[C]``; the sums are exact in float32 (``passes/quantize_dw.py`` checks),
+multiplier float32 ``[C]``; the sums are exact in float32 (``passes/fuse_qdq_dw.py`` checks),
 the bias added in int32; ``bias_in_float``: it may join the float32 sums (still exact).
 
 ``lut8(x, table, axis)``: ``table[c, x (+128 for int8)]`` per element, c its index on ``axis``

@@ -9,7 +9,7 @@ from typing import Callable, Sequence
 
 from ..ir.graph import IRModule
 from ..ir.printer import module_text
-from ..ir.verify import verify_module
+from ..ir.invariants import verify_module
 from ..options import CompileOptions
 from .conv_nd import decompose_conv_nd
 from .conv_transpose import decompose_conv_transpose
@@ -20,7 +20,7 @@ from .layout import (pack_conv_rows, pack_conv_weights, pack_matmul_weights, pre
                      weights_to_bf16)
 from .legalize import legalize
 from .rnn import drop_unread_cell_state
-from .quantize import fuse_quantized
+from .fuse_qdq import fuse_quantized
 from .quantize_lut import tabulate_quantized_chains
 from .simplify import eliminate_dead_code, fold_constants, fold_dequantize
 

@@ -52,7 +52,7 @@ from ..ir.graph import (Binding, Call, Constant, Function, IRModule, TensorType,
 from ..ops.qlinear import PANEL, pack_conv_weights, pack_weights, pack_weights_offset
 from ..options import CompileOptions
 from .common import map_functions, rewrite_function
-from .quantize_dw import depthwise_call
+from .fuse_qdq_dw import depthwise_call
 from .simplify import eliminate_dead_code
 
 _I8 = ("int8", "uint8")

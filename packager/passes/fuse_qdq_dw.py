@@ -1,5 +1,5 @@
 """The arguments of a ``qdwconv2d`` (``ops/qlinear.py``, kernel ``codegen/qdepthwise.py``) for
-a quantized depthwise convolution the fusion in ``passes/quantize.py`` matched: one input
+a quantized depthwise convolution the fusion in ``passes/fuse_qdq.py`` matched: one input
 channel per output channel, dilation 1, static shapes, and every partial sum exact in float32
 (below 2**24: the largest |x - x_zp| times the sum of |w - w_zp| of a channel; the int32 bias is
 added after, in int32)."""
