@@ -111,10 +111,12 @@ class CompileOptions:
         ``codegen.target.Target`` objects; default: ``target`` resolved), as an export for them
         chooses: conv weights packed for AVX2 8-lane targets (``conv_oc.packs_conv_weights``),
         row-block packing and packed matmul panels where x86-64-v3 is the widest level
-        (``gemm.conv_row_widths``; AVX2 measured, its 128-bit level beside it neutral)."""
+        (``codegen/contraction/geometry.py`` ``conv_row_widths``; AVX2 measured, its 128-bit
+        level beside it neutral)."""
         if self.resolved:
             return self
-        from .codegen import conv_oc, gemm
+        from .codegen import conv_oc
+        from .codegen.contraction import geometry
         from .codegen.target import resolve_targets
         if targets is None:
             targets = resolve_targets(self.target, self.precision)
@@ -123,7 +125,7 @@ class CompileOptions:
         if self.pack_conv_weights is None:
             changes["pack_conv_weights"] = conv_oc.packs_conv_weights(targets)
         if self.conv_row_widths is None:
-            changes["conv_row_widths"] = gemm.conv_row_widths(targets)
+            changes["conv_row_widths"] = geometry.conv_row_widths(targets)
         if self.pack_matmul_weights is None:
             # bf16: every x86 level reads the K-pair panels (codegen/bf16dot.py), vdpbf16ps on
             # x86-64-v4+bf16

@@ -168,7 +168,7 @@ def x86_levels() -> dict[str, str]:
 
 @pytest.fixture()
 def register_blocked_conv(monkeypatch) -> None:
-    """Exports in the test keep ``nn.conv2d`` (the register-blocked kernel, codegen/gemm.py)
+    """Exports in the test keep ``nn.conv2d`` (the register-blocked kernel, codegen/contraction/)
     where an AVX2 target would pack the weights for codegen/conv_oc.py: that kernel still serves
     AVX-512, aarch64, 1x1 and symbolic convolutions, and its tests cover its paths."""
     import mlcpack.packager.codegen.conv_oc as conv_oc   # CompileOptions.for_targets reads it

@@ -60,10 +60,11 @@ def test_aarch64_bundles_match_x86_64_under_qemu(level, models, arm64_root, tmp_
                                                  monkeypatch) -> None:
     """Each model on one thread, and the MLP again with every kernel split over 2 threads (the
     spinning hand-off's atomics and the AArch64 spin hint, for real)."""
-    from mlcpack.packager.codegen import gemm, lower
+    from mlcpack.packager.codegen import lower
+    from mlcpack.packager.codegen.contraction import geometry
 
     bundles, expected = {}, {}
-    monkeypatch.setattr(gemm, "PARALLEL_MIN_MACS", 0)
+    monkeypatch.setattr(geometry, "PARALLEL_MIN_MACS", 0)
     monkeypatch.setattr(lower, "PARALLEL_MIN_OUTPUTS", 0)
     models = {**models, "mlp-threads": models["mlp"]}
     for name, (mod, feeds) in models.items():

@@ -19,7 +19,7 @@ from mlcpack.runtime import load
     ((3, 24, 44, 12), (16, 24, 3, 3), (0, 1, 2, 1)),
 ])
 @pytest.mark.parametrize("threads", [2, 3])
-@pytest.mark.parametrize("packed", [False, True])   # gemm.py's kernel / conv_oc.py's
+@pytest.mark.parametrize("packed", [False, True])   # codegen/contraction/'s kernel / conv_oc.py's
 def test_batched_conv_on_threads_is_deterministic(tmp_path, monkeypatch, xs, ws, padding,
                                                   threads, packed):
     if not packed:

@@ -1,5 +1,5 @@
 """Register tiles on 16-register targets (AVX2): for windows past 3x3,
-``gemm._conv_tiles_16_regs`` weighs 4 x 3 above 6 x 2 (4 x 3 spills in the unrolled tap loop),
+``geometry._conv_tiles_16_regs`` weighs 4 x 3 above 6 x 2 (4 x 3 spills in the unrolled tap loop),
 except where 6 x 2 would waste a block row's worth of outputs (16 or 32 channels); and
 ``conv_geometry`` takes 6-row tiles where the panels run innermost with weights past L2 and
 planes past half of it (fewer re-reads of the planes). The chosen tile, static and symbolic,
@@ -14,10 +14,10 @@ import pytest
 from conv_models import assert_matches_onnxruntime, conv_feeds, conv_model, conv_out_size
 
 from mlcpack.packager.codegen.conv_symbolic import _symbolic_tile
-from mlcpack.packager.codegen.gemm import conv_geometry
+from mlcpack.packager.codegen.contraction.geometry import conv_geometry
 
 ort = pytest.importorskip("onnxruntime")
-# these tests are of the register-blocked kernel (gemm.py), not conv_oc.py
+# these tests are of the register-blocked kernel (codegen/contraction/), not conv_oc.py
 pytestmark = pytest.mark.usefixtures("register_blocked_conv")
 
 

@@ -1,4 +1,4 @@
-"""``gemm.conv_geometry``'s plane layout when shifted planes would be re-read from L2 once per
+"""``geometry.conv_geometry``'s plane layout when shifted planes would be re-read from L2 once per
 block row (``SHIFTED_REREAD_BYTES``): weights past the L2 bound, shifted planes within it but
 past a quarter of it, by phase dropping at most 1/12 of the columns -> the by-phase copy
 (crnn's 128 -> 128 3x3 on 8x32). Each such shape runs on both layouts (the rule turned off by
@@ -10,12 +10,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from mlcpack.packager.codegen import gemm
+from mlcpack.packager.codegen.contraction import geometry
 from mlcpack.packager.export import ExportOptions, export_module
 from mlcpack.runtime import load
 
 ort = pytest.importorskip("onnxruntime")
-# these tests are of the register-blocked kernel (gemm.py), not conv_oc.py
+# these tests are of the register-blocked kernel (codegen/contraction/), not conv_oc.py
 pytestmark = pytest.mark.usefixtures("register_blocked_conv")
 
 
@@ -41,7 +41,7 @@ def _model(c, h, w, o, s, bias):
 
 def _geometry(c, h, w, o, s):
     oh, ow = (h - 1) // s + 1, (w - 1) // s + 1
-    return gemm.conv_geometry((1, c, h, w), (o, c, 3, 3), (1, o, oh, ow),
+    return geometry.conv_geometry((1, c, h, w), (o, c, 3, 3), (1, o, oh, ow),
                               dict(strides=(s, s), padding=(1,) * 4, groups=1,
                                    dilation=(1, 1)), 8)
 
@@ -65,7 +65,7 @@ KEPT = [   # c, h, w, o, s, shifted: the rule does not apply
 def test_rule_switches_to_phase(monkeypatch, c, h, w, o):
     g = _geometry(c, h, w, o, 1)
     assert not g["shifted"] and not g["panel_outer"]
-    monkeypatch.setattr(gemm, "SHIFTED_REREAD_BYTES", 1 << 60)
+    monkeypatch.setattr(geometry, "SHIFTED_REREAD_BYTES", 1 << 60)
     g = _geometry(c, h, w, o, 1)
     assert g["shifted"] and not g["panel_outer"]
 
@@ -73,7 +73,7 @@ def test_rule_switches_to_phase(monkeypatch, c, h, w, o):
 @pytest.mark.parametrize("c,h,w,o,s,shifted", KEPT)
 def test_rule_keeps_layout(monkeypatch, c, h, w, o, s, shifted):
     assert _geometry(c, h, w, o, s)["shifted"] == shifted
-    monkeypatch.setattr(gemm, "SHIFTED_REREAD_BYTES", 1 << 60)
+    monkeypatch.setattr(geometry, "SHIFTED_REREAD_BYTES", 1 << 60)
     assert _geometry(c, h, w, o, s)["shifted"] == shifted
 
 
@@ -85,7 +85,7 @@ def test_both_layouts_match_onnxruntime(tmp_path, monkeypatch, c, h, w, o, rule)
     from mlcpack.frontends.onnx import import_onnx
 
     if not rule:
-        monkeypatch.setattr(gemm, "SHIFTED_REREAD_BYTES", 1 << 60)
+        monkeypatch.setattr(geometry, "SHIFTED_REREAD_BYTES", 1 << 60)
     assert _geometry(c, h, w, o, 1)["shifted"] == (not rule)
     path = tmp_path / "m.onnx"
     onnx.save(_model(c, h, w, o, 1, bias=(o != 512)), str(path))

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import pytest
 
-from mlcpack.packager.codegen import gemm
-from mlcpack.packager.codegen.gemm import conv_geometry
+from mlcpack.packager.codegen.contraction import geometry
+from mlcpack.packager.codegen.contraction.geometry import conv_geometry
 
 from conv_models import assert_matches_onnxruntime, conv_feeds, conv_model
 
@@ -35,7 +35,7 @@ def test_mid_sized_planes_panels_outermost_match_onnxruntime(tmp_path, n, c, h, 
     g = _geometry(n, c, h, o)
     plane_bytes = 4 * c * h * h
     assert g["direct"] and g["panel_outer"], "the case no longer runs panels outermost"
-    assert gemm.L2_REUSE_BYTES // 4 < plane_bytes <= gemm.L2_REUSE_BYTES // 2
+    assert geometry.L2_REUSE_BYTES // 4 < plane_bytes <= geometry.L2_REUSE_BYTES // 2
     model = conv_model(n, c, h, h, o, 1, 1, act, residual, "mid")
     assert_matches_onnxruntime(tmp_path, model, conv_feeds(n, c, h, h, o, 1, 1, residual),
                                threads, runs=20 if threads > 1 else 1)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from mlcpack.packager.codegen.build import ALLOWED_EXTERNALS
 from mlcpack.packager.options import UNPACKED
-from mlcpack.packager.codegen.gemm import match_contraction
+from mlcpack.packager.codegen.contraction.match import match_contraction
 from mlcpack.packager.codegen.objinfo import undefined_symbols
 from mlcpack.packager.codegen.pool import match_max_pool
 from mlcpack.packager.export import compile_module

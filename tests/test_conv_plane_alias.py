@@ -1,4 +1,4 @@
-"""Planes whose channel stride is a multiple of ``gemm.ALIAS_BYTES`` (16x16, 32x32, 64x64 and
+"""Planes whose channel stride is a multiple of ``geometry.ALIAS_BYTES`` (16x16, 32x32, 64x64 and
 112x112 images): the register-blocked conv kernel lays them out a cache line apart
 (``pstride``), and copies a 1x1 convolution's input into them instead of reading it in place
 when it has at least ALIAS_MIN_CHANNELS input and output channels. Partial last panels (their
@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import pytest
 
-from mlcpack.packager.codegen import gemm
-from mlcpack.packager.codegen.gemm import conv_geometry
+from mlcpack.packager.codegen.contraction import geometry
+from mlcpack.packager.codegen.contraction.geometry import conv_geometry
 
 from conv_models import assert_matches_onnxruntime, conv_feeds, conv_model, conv_out_size
 
 ort = pytest.importorskip("onnxruntime")
-# these tests are of the register-blocked kernel (gemm.py), not conv_oc.py
+# these tests are of the register-blocked kernel (codegen/contraction/), not conv_oc.py
 pytestmark = pytest.mark.usefixtures("register_blocked_conv")
 
 
@@ -41,7 +41,7 @@ def _geometry(n, c, h, o, k, s, vl=8):
 def test_padded_planes_match_onnxruntime(tmp_path, n, c, h, o, k, s, act, residual, threads):
     for vl in (4, 8, 16):
         g = _geometry(n, c, h, o, k, s, vl)
-        assert not g["direct"] and g["pstride"] == g["hq"] * g["wq"] + gemm.PLANE_PAD, \
+        assert not g["direct"] and g["pstride"] == g["hq"] * g["wq"] + geometry.PLANE_PAD, \
             "the case no longer takes padded planes"
     model = conv_model(n, c, h, h, o, k, s, act, residual, "alias")
     assert_matches_onnxruntime(tmp_path, model, conv_feeds(n, c, h, h, o, k, s, residual),
@@ -57,13 +57,13 @@ def test_which_convolutions_take_padded_planes():
     for h in (14, 15, 17, 28):
         g = _geometry(1, 576, h, 96, 1, 1)
         assert g["pstride"] == h * h
-    assert _geometry(1, 576, 16, 96, 1, 1)["pstride"] == 256 + gemm.PLANE_PAD
+    assert _geometry(1, 576, 16, 96, 1, 1)["pstride"] == 256 + geometry.PLANE_PAD
 
 
 def test_padding_off_reads_in_place(monkeypatch):
     """With the rule off the same layers read their input in place, unpadded: the cases above
     exercise the padded layout, not the default one."""
-    monkeypatch.setattr(gemm, "ALIAS_BYTES", 1 << 40)
+    monkeypatch.setattr(geometry, "ALIAS_BYTES", 1 << 40)
     g = _geometry(1, 576, 16, 96, 1, 1)
     assert g["direct"] and g["pstride"] == 256
     g = _geometry(1, 48, 64, 48, 1, 2)

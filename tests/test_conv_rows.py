@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from mlcpack.packager.codegen.gemm import conv_geometry, conv_row_widths
+from mlcpack.packager.codegen.contraction.geometry import conv_geometry, conv_row_widths
 from mlcpack.packager.codegen.target import resolve_targets
 from mlcpack.packager.ops.nn import conv2d, conv2d_rows, pack_row_weights, unpack_row_weights
 from mlcpack.runtime.bundle import BundleReader

@@ -1,4 +1,4 @@
-"""The conv kernel's reduction in chunks of input channels (``gemm.conv_geometry``'s
+"""The conv kernel's reduction in chunks of input channels (``geometry.conv_geometry``'s
 ``kc_outer`` / ``kc_inner``, ``ContractionEmitter._conv_chunked``): each block's partial sums
 go to a tile in the task's workspace region between chunks, so that the planes the blocks of a
 panel (or the panels of a block row) share stay in L1. Strided 3x3 convolutions (YOLO-style
@@ -13,13 +13,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from mlcpack.packager.codegen.gemm import conv_geometry
+from mlcpack.packager.codegen.contraction.geometry import conv_geometry
 
 from conv_models import assert_matches_onnxruntime, conv_feeds
 from conv_models import conv_model as _model, conv_out_size as _out_size
 
 ort = pytest.importorskip("onnxruntime")
-# these tests are of the register-blocked kernel (gemm.py), not conv_oc.py
+# these tests are of the register-blocked kernel (codegen/contraction/), not conv_oc.py
 pytestmark = pytest.mark.usefixtures("register_blocked_conv")
 
 

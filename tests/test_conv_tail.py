@@ -1,4 +1,4 @@
-"""The conv kernel's tail (``gemm.conv_geometry``'s ``tail``): the outputs a last, partial
+"""The conv kernel's tail (``geometry.conv_geometry``'s ``tail``): the outputs a last, partial
 panel would hold computed as dot products with the reduction on the vector lanes. Small images
 (7x7, 10x10, 1x1), a reduction not a multiple of the vector width, output channels not a
 multiple of the tail's block, a padded strided 3x3, fused epilogues, a batch on 2 threads
@@ -9,12 +9,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from mlcpack.packager.codegen.gemm import L2_REUSE_BYTES, conv_geometry
+from mlcpack.packager.codegen.contraction.geometry import L2_REUSE_BYTES, conv_geometry
 
 from conv_models import assert_matches_onnxruntime, conv_feeds, conv_model, conv_out_size
 
 ort = pytest.importorskip("onnxruntime")
-# these tests are of the register-blocked kernel (gemm.py), not conv_oc.py
+# these tests are of the register-blocked kernel (codegen/contraction/), not conv_oc.py
 pytestmark = pytest.mark.usefixtures("register_blocked_conv")
 
 

@@ -99,9 +99,9 @@ def _runnable(target: str) -> bool:
 @pytest.fixture
 def split_every_kernel(monkeypatch):
     """Every kernel parallel however small, so 2 threads split these small layers' planes."""
-    from mlcpack.packager.codegen import gemm
+    from mlcpack.packager.codegen.contraction import geometry
 
-    monkeypatch.setattr(gemm, "PARALLEL_MIN_MACS", 0)
+    monkeypatch.setattr(geometry, "PARALLEL_MIN_MACS", 0)
 
 
 @pytest.mark.parametrize("target", ["x86-64-v3", "x86-64-v2"])

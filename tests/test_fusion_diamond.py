@@ -18,7 +18,8 @@ from mlcpack.frontends.onnx import import_onnx
 from mlcpack.packager.options import UNPACKED
 from mlcpack.packager.codegen.build import ALLOWED_EXTERNALS
 from mlcpack.packager.codegen.depthwise import match_depthwise
-from mlcpack.packager.codegen.gemm import ContractionEmitter, match_contraction
+from mlcpack.packager.codegen.contraction.kernel import ContractionEmitter
+from mlcpack.packager.codegen.contraction.match import match_contraction
 from mlcpack.packager.codegen.objinfo import undefined_symbols
 from mlcpack.packager.export import ExportOptions, compile_module, export_module
 from mlcpack.packager.ir import BlockBuilder

@@ -102,7 +102,7 @@ def _mlp_wide(rng):
 def test_a_fault_in_the_parallel_split_fails_the_export(tmp_path, monkeypatch) -> None:
     """The check runs the bundle on 2 threads too: tasks past the first computing nothing is
     right on 1 thread (one task does all the work) and wrong on several."""
-    from mlcpack.packager.codegen.gemm import ContractionEmitter
+    from mlcpack.packager.codegen.contraction.kernel import ContractionEmitter
     from mlcpack.packager.codegen.helpers import const_i64
     from mlcpack.packager.export import ExportError
 

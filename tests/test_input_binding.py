@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from mlcpack.packager.codegen import gemm
+from mlcpack.packager.codegen.contraction import geometry
 from mlcpack.packager.export import export_module
 from mlcpack.packager.ir import BlockBuilder
 from mlcpack.packager.ir.graph import TensorType
@@ -127,7 +127,7 @@ def test_small_input_is_copied_not_bound(bundle, monkeypatch) -> None:
 
 def test_bound_input_with_two_threads(tmp_path, monkeypatch) -> None:
     """Parallel kernel tasks all read the caller's array."""
-    monkeypatch.setattr(gemm, "PARALLEL_MIN_MACS", 0)
+    monkeypatch.setattr(geometry, "PARALLEL_MIN_MACS", 0)
     path = tmp_path / "mlp.mlc"
     export_module(mlp_module(), path)
     with load(path, threads=2) as model:

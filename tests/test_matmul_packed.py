@@ -1,6 +1,6 @@
 """Matmuls whose constant B is packed at export (``matmul_packed``: passes/layout.py
 pack_matmul_weights, ops/nn.py pack_matmul_b) and read by the register-blocked kernel
-(codegen/gemm.py) panel by panel with plain loads: against ONNX Runtime over row counts, K and
+(codegen/contraction/) panel by panel with plain loads: against ONNX Runtime over row counts, K and
 N (a partial, zero-filled last panel), batched A, Gemm with transB, 1-3 threads, several batch
 plans sharing the packed weights, a run-time row count; and which matmuls get packed."""
 

@@ -1,4 +1,4 @@
-"""The register-blocked matmul kernel (packager/codegen/gemm.py) on the cases that decide how
+"""The register-blocked matmul kernel (packager/codegen/contraction/) on the cases that decide how
 it walks B's panels (nr = 16 columns on AVX2): several full panels and a partial last one, row
 counts that leave a partial row block, a batch of B matrices and a B broadcast over a batch, a
 K too long for a panel to be copied onto the stack, fewer rows than a panel copy pays for, and

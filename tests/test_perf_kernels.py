@@ -1,4 +1,4 @@
-"""The register-blocked matmul/conv2d kernels (codegen/gemm.py) and the depthwise kernel
+"""The register-blocked matmul/conv2d kernels (codegen/contraction/) and the depthwise kernel
 (codegen/depthwise.py) against numpy references: odd shapes (not multiples of the vector width
 or of the register block), 1x1 and 7x7 windows, stride 2, asymmetric padding, groups and
 depthwise, fused epilogues, 2 threads and the narrower vector targets (AArch64 run under
@@ -11,7 +11,8 @@ import pytest
 
 from mlcpack.packager.codegen.depthwise import match_depthwise
 from mlcpack.packager.options import UNPACKED
-from mlcpack.packager.codegen.gemm import conv_geometry, match_contraction
+from mlcpack.packager.codegen.contraction.geometry import conv_geometry
+from mlcpack.packager.codegen.contraction.match import match_contraction
 from mlcpack.packager.ir import BlockBuilder
 from mlcpack.packager.ops import get_op
 from mlcpack.packager.export import ExportOptions, export_module
@@ -44,9 +45,9 @@ def run(mod, feeds, tmp_path, **kw):
 def split_every_kernel(monkeypatch):
     """Mark every kernel parallel, however small, so the tests with threads > 1 run the task
     splits on these small, odd shapes."""
-    from mlcpack.packager.codegen import gemm
+    from mlcpack.packager.codegen.contraction import geometry
 
-    monkeypatch.setattr(gemm, "PARALLEL_MIN_MACS", 0)
+    monkeypatch.setattr(geometry, "PARALLEL_MIN_MACS", 0)
 
 
 CONVS = [

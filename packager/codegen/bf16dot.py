@@ -2,7 +2,7 @@
 as bfloat16 in K pairs, float32 accumulation (``mlcpack export --precision bf16``,
 docs/precision.md).
 
-It is the register-blocked matmul of codegen/gemm.py (``ContractionEmitter``: task split,
+It is the register-blocked matmul of codegen/contraction/ (``ContractionEmitter``: task split,
 panels, tiles, the fused epilogue) with its own inner loop:
 
 - **x86-64-v4+bf16** (avx512_bf16, 16 lanes): ``vdpbf16ps``. Per tile, the activations of its
@@ -25,7 +25,8 @@ from llvmlite import ir
 
 from ..ir.graph import PrimFunc
 from ..ops.bf16 import PAIR_KIND
-from .gemm import Contraction, ContractionEmitter, match_contraction
+from .contraction.kernel import ContractionEmitter
+from .contraction.match import Contraction, match_contraction
 from .helpers import F32, I32, alloca_once, const_i64, for_range, intrinsic
 from .lower import KernelInfo
 

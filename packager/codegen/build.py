@@ -23,8 +23,9 @@ from ..options import CompileOptions
 from .bf16dot import emit_pair_matmul
 from .conv_oc import emit_conv_oc
 from .depthwise import emit_depthwise, is_depthwise
-from .gemm import (Contraction, emit_contraction, emit_symbolic_matmul, match_contraction,
-                   vector_width)
+from .contraction.geometry import vector_width
+from .contraction.kernel import emit_contraction, emit_symbolic_matmul
+from .contraction.match import Contraction, match_contraction
 from .gemv import emit_dot_product, is_dot_product
 from .lower import KernelInfo, emit_kernel, is_symbolic
 from .norm import emit_normalize, emit_symbolic_normalize

@@ -7,7 +7,7 @@ The register tile is MR output pixels times 4 channel vectors (on AVX2: 3 pixels
 channels, 12 accumulators). Every reduction step (input channel ic, tap ky, kx) broadcasts the
 MR pixels' inputs and loads the 4 weight vectors, one at a time, each into MR multiply-adds:
 12 + 3 + 1 = 16 registers, no spills. Unlike the register-blocked kernel with pixels on the
-lanes (codegen/gemm.py), no column is computed and dropped (rows of 7, 14 or 28 pixels waste
+lanes (codegen/contraction/), no column is computed and dropped (rows of 7, 14 or 28 pixels waste
 1/9 to 2/9 of its lanes), the input is not copied by stride phase, and a window of any width
 needs no wider planes; this is ONNX Runtime's NCHWc idea (MLAS), with the NCHW layout kept at
 the kernel's edges.
@@ -37,10 +37,11 @@ from __future__ import annotations
 
 from llvmlite import ir
 
-from . import gemm
+from .contraction import geometry
+from .contraction.emitter import load_weights
 from .depthwise import DepthwiseEmitter, emit_epilogue
-from .gemm import Contraction, match_contraction
-from .helpers import F32, I1, I32, alloca_once, const_i64, for_range
+from .contraction.match import Contraction, match_contraction
+from .helpers import F32, I1, I32, alloca_once, const_i64, for_range, intrinsic
 from .lower import KernelInfo
 from ..ir.graph import PrimFunc
 
@@ -88,7 +89,7 @@ def packs_conv_weights(targets) -> bool:
     targets with 8-lane vectors (AVX2), where the kernel is measured, with or without the
     4-lane (SSE) levels of a portable bundle; not with AVX-512's 16 lanes or on aarch64, where
     the register-blocked kernel stays (tuned there, this kernel not measured)."""
-    widths = {gemm.vector_width(t.name) for t in targets}
+    widths = {geometry.vector_width(t.name) for t in targets}
     return (bool(targets) and all(t.arch == "x86_64" for t in targets) and 8 in widths
             and widths <= {4, 8})
 
@@ -119,10 +120,10 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
             self.o * self.oh * self.ow * self.k
         if self.symbolic:
             return KernelInfo(self.symbol, len(self.func.inputs), len(self.func.outputs), 0,
-                              image_macs >= gemm.PARALLEL_MIN_MACS, symbolic=True,
+                              image_macs >= geometry.PARALLEL_MIN_MACS, symbolic=True,
                               workspace_expr=workspace)
         return KernelInfo(self.symbol, len(self.func.inputs), len(self.func.outputs), workspace,
-                          image_macs >= gemm.PARALLEL_MIN_MACS)
+                          image_macs >= geometry.PARALLEL_MIN_MACS)
 
     # ---- plan -----------------------------------------------------------------------------------
 
@@ -257,7 +258,7 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
         the region: padded row r at r * wpc (input row oy_lo * sh - pt + r, column ix at
         pl + ix), zeros outside the image."""
         b = self.builder
-        memset = gemm.intrinsic(self.module, "llvm.memset.p0i8.i64", ir.VoidType(),
+        memset = intrinsic(self.module, "llvm.memset.p0i8.i64", ir.VoidType(),
                                 [ir.IntType(8).as_pointer(), ir.IntType(8), ir.IntType(64), I1])
 
         def zero(ptr, floats):
@@ -382,7 +383,7 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
                                                                           + kx))],
                                                inbounds=True))) for xc in xcs]
                 for v in range(nv):
-                    wv = gemm.load_weights(b, wc, const_i64((ky_row * self.kw + kx) * OC_BLOCK
+                    wv = load_weights(b, wc, const_i64((ky_row * self.kw + kx) * OC_BLOCK
                                                             + (v0 + v) * vl), vl, self.bf16)
                     for j in range(mr):
                         vals[j * nv + v] = self._fma(wv, xs[j], vals[j * nv + v])
@@ -583,7 +584,7 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
                 xs = [self._splat(b.load(b.gep(base, [b.mul(c, const_i64(row_stride))],
                                                inbounds=True))) for base in bases]
                 for v in range(nv):
-                    wv = gemm.load_weights(b, ux, b.add(b.mul(c, const_i64(OC_BLOCK)),
+                    wv = load_weights(b, ux, b.add(b.mul(c, const_i64(OC_BLOCK)),
                                                         const_i64((v0 + v) * vl)), vl, self.bf16)
                     for j in range(mr):
                         vals[j * nv + v] = self._fma(wv, xs[j], vals[j * nv + v])

@@ -1,6 +1,6 @@
 """Convolutions whose spatial extents are known at run time only (symbolic H, W, batch).
 
-The static conv kernel (``gemm.py``) chooses its plane layout, register tile and loop order
+The static conv kernel (``contraction/conv.py``) chooses its plane layout, register tile and loop order
 from the sizes at export. Here the channel counts, the window, strides and padding are known
 at export and the image size is not, so the kernel takes the sizes as arguments (the module's
 size variables) and computes every extent from them:
@@ -38,8 +38,9 @@ from llvmlite import ir
 from ..ir import te
 from ..ir.graph import PrimFunc
 from ..ir.sym import product
-from .gemm import (L2_REUSE_BYTES, MAX_TASK_REGIONS, PARALLEL_MIN_MACS, ContractionEmitter,
-                   _conv_tiles, match_contraction)
+from .contraction.geometry import L2_REUSE_BYTES, MAX_TASK_REGIONS, PARALLEL_MIN_MACS, _conv_tiles
+from .contraction.kernel import ContractionEmitter
+from .contraction.match import match_contraction
 from .helpers import F32, I32, I64, alloca_once, const_i64, for_range, intrinsic
 from . import lower
 from .lower import WORKSPACE_ALIGN, KernelInfo
@@ -50,7 +51,7 @@ from .vecmath_lanes import _LaneOps
 
 def _symbolic_tile(og: int, vl: int, taps: int = 9) -> tuple[int, int]:
     """(rows, vectors) of the register tile: of the static kernel's tiles at this vector width
-    (``gemm._conv_tiles``), the one computing the fewest output rows, weighted by its relative
+    (``geometry._conv_tiles``), the one computing the fewest output rows, weighted by its relative
     cost (on AVX2, 4 x 3 rather than 6 x 2: 0.9 the cost per output, and no rows wasted on 16,
     32 or 64 channels; past a 3x3 window of ``taps``, 6 x 2). The columns are not known at
     export; every tile wastes at most one panel of them per row of outputs."""
@@ -219,7 +220,7 @@ class SymbolicConvEmitter(ContractionEmitter):
         """Whether a convolution runs its panels innermost (each block of weight rows read
         once, the input (planes, columns) once per block row) rather than its block rows (each
         input panel read once, the weights once per panel): the static kernel's rule
-        (``gemm.conv_geometry``), on the run-time input size. ``plane_bytes``: the bytes the
+        (``geometry.conv_geometry``), on the run-time input size. ``plane_bytes``: the bytes the
         panels read (default: an in-place 1x1 convolution's input)."""
         b, g = self.builder, self.g
         if plane_bytes is None:

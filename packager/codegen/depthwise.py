@@ -34,8 +34,9 @@ from __future__ import annotations
 
 from llvmlite import ir
 
-from . import gemm
-from .gemm import Contraction, ContractionEmitter, match_contraction
+from .contraction import geometry
+from .contraction.kernel import ContractionEmitter
+from .contraction.match import Contraction, match_contraction
 from .helpers import F32, I1, I32, I64, alloca_once, const_i64, for_range, intrinsic
 from .lower import KernelInfo
 from ..ir import te
@@ -62,7 +63,7 @@ PADDED_BLOCK = (3, 2)
 PADDED_BLOCK_MATH = (2, 2)
 # A depthwise multiply-add moves its own input and output (no reuse across channels), several
 # times a dense kernel's time per multiply-add (Zen 4: 10-14 per ns against ~45), so it splits
-# over threads from gemm.PARALLEL_MIN_MACS / DEPTHWISE_MAC_COST. Measured on 2 threads against
+# over threads from geometry.PARALLEL_MIN_MACS / DEPTHWISE_MAC_COST. Measured on 2 threads against
 # one (min / median us): MobileNetV2's 3x3 stride 2 on 14x14x576 (254 K) 40.8 / 58 -> 28.4 /
 # 45, 3x3 on 28x28x32 (226 K) 17.7 / 27 -> 14.0 / 23; not below: 3x3 on 14x14x64 (113 K) 11.5 /
 # 12 -> 10.8 / 17, 7x7x160 (70 K) 11.0 / 12 -> 9.9 / 17 (the medians pay for the hand-off).
@@ -112,7 +113,7 @@ class DepthwiseEmitter(ContractionEmitter):
         self.builder.ret_void()
         self._emit_entry(body_fn, n_ptrs, ptr_types)
         return KernelInfo(self.symbol, len(self.func.inputs), len(self.func.outputs), workspace,
-                          self._macs() * DEPTHWISE_MAC_COST >= gemm.PARALLEL_MIN_MACS)
+                          self._macs() * DEPTHWISE_MAC_COST >= geometry.PARALLEL_MIN_MACS)
 
     # ---- static plan ----------------------------------------------------------------------------
 
@@ -487,14 +488,11 @@ def emit_epilogue(em: ContractionEmitter, acc: ir.Value, oy: ir.Value, ox0: ir.V
     env[id(out.axes[2])] = oy
     env[id(out.axes[3])] = ox0
     if em.vector_epilogue:
-        em._tile_value = acc
-        if em.target_vl >= PADDED_BELOW_VL:
-            # AVX-512 as measured there; with 16 registers the epilogue's constants as
-            # plain constants (memory operands) cost less than rebuilding them from an
-            # opaque zero per vector (dw 3x3 112x112 + SiLU: 1740 -> 1550 us, 1 thread)
-            em._begin_epilogue()
-        value = em._vvalue(em.match.body, env, mask, memo)
-        em._tile_value = em._opaque = em._opaque_scalar = None
+        # AVX-512 as measured there; with 16 registers the epilogue's constants as plain
+        # constants (memory operands) cost less than rebuilding them from an opaque zero per
+        # vector (dw 3x3 112x112 + SiLU: 1740 -> 1550 us, 1 thread)
+        value = em.epilogue_vector(acc, env, mask, memo,
+                                   opaque_constants=em.target_vl >= PADDED_BELOW_VL)
         ptr = b.gep(em.buffers[out.uid],
                     [em._offset(out, [env[id(a)] for a in out.axes])], inbounds=True)
         vptr = b.bitcast(ptr, em.vty.as_pointer())

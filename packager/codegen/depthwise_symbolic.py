@@ -40,7 +40,8 @@ from ..ir import te
 from .conv_symbolic import SymbolicConvEmitter
 from .depthwise import (PADDED_BLOCK, PADDED_BLOCK_MATH, begin_plane, emit_epilogue,
                         is_depthwise)
-from .gemm import MAX_TASK_REGIONS, PARALLEL_MIN_MACS, Contraction, match_contraction
+from .contraction.geometry import MAX_TASK_REGIONS, PARALLEL_MIN_MACS
+from .contraction.match import Contraction, match_contraction
 from .helpers import F32, I1, I32, I64, const_i64, for_range, intrinsic
 from .lower import WORKSPACE_ALIGN, KernelInfo
 from ..ir.graph import PrimFunc

@@ -30,7 +30,7 @@ from __future__ import annotations
 from llvmlite import ir
 
 from ..ir.graph import PrimFunc
-from .gemm import MAX_TASK_REGIONS, PARALLEL_MIN_MACS
+from .contraction.geometry import MAX_TASK_REGIONS, PARALLEL_MIN_MACS
 from .helpers import F32, I8, I32, const_i64, for_range, intrinsic
 from .lower import KernelInfo
 from ..ops.quant import saturation_range

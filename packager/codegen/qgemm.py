@@ -59,7 +59,7 @@ from ..ir.patterns import reduction_tag
 from ..ops.qlinear import CONV_ROWS, PANEL
 from ..ops.quant import saturation_range
 from .helpers import F32, I8, I16, I32, I64, alloca_once, const_i64, for_range, intrinsic
-from .gemm import MAX_TASK_REGIONS, PARALLEL_MIN_MACS
+from .contraction.geometry import MAX_TASK_REGIONS, PARALLEL_MIN_MACS
 from .lower import WORKSPACE_ALIGN, KernelEmitter, KernelInfo, LoweringError
 
 V8I32 = ir.VectorType(I32, PANEL)

@@ -59,7 +59,7 @@ def matmul(a: np.ndarray, b: np.ndarray, transpose_b: bool = False) -> np.ndarra
 # ---- matmul with a packed constant B ------------------------------------------------------------
 # ``passes/layout.py`` rewrites ``matmul(a, B)`` with a constant 2-D float32 B [K, N] into this op,
 # B packed once at export into the column panels the register-blocked kernel reads
-# (codegen/gemm.py): ``bp`` [ceil(N / nr), K, nr], panel p's row k the nr columns p * nr ..
+# (codegen/contraction/): ``bp`` [ceil(N / nr), K, nr], panel p's row k the nr columns p * nr ..
 # contiguous, the last panel zero-filled past N (no masked loads in the reduction).
 
 MATMUL_PANEL = 16   # nr: the kernel's 6 x 2-vector tile on 8-lane (AVX2) vectors
@@ -339,7 +339,7 @@ def conv2d_oc(x: np.ndarray, wp: np.ndarray, out_channels: int, kernel=(1, 1), s
 
 # ---- conv2d with weights packed in the register-blocked kernel's row blocks ---------------------
 # ``passes/layout.py`` rewrites a float32 ``nn.conv2d`` with a constant weight that the
-# register-blocked kernel (codegen/gemm.py) computes into this op: the weight [O, C, KH, KW] as
+# register-blocked kernel (codegen/contraction/) computes into this op: the weight [O, C, KH, KW] as
 # blocks of ``rows`` output channels (the kernel's register tile rows), each block's weights
 # ``[C * KH * KW, rows]``, a reduction step's ``rows`` weights side by side, the last block
 # zero-filled past ``out_channels``. The kernel then reads one stream of weights per block row

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..codegen.contraction.geometry import conv_geometry
 from ..ir.graph import Call, Constant, IRModule
 from ..options import CompileOptions
 from .common import map_functions, rewrite_function
@@ -126,10 +127,9 @@ def pack_conv_weights(mod: IRModule, options: CompileOptions) -> IRModule:
 
 def conv_row_block(x_shape, w_shape, out_shape, attrs: dict,
                    widths: tuple[int, ...]) -> int | None:
-    """The register tile's rows that the register-blocked kernel (codegen/gemm.py
+    """The register tile's rows that the register-blocked kernel (codegen/contraction/geometry.py
     ``conv_geometry``) takes for this convolution at every width in ``widths``, or None where
     they differ (one packed weight serves every target of a bundle)."""
-    from ..codegen.gemm import conv_geometry
     rows = {conv_geometry(x_shape, w_shape, out_shape, attrs, vl)["mr"] for vl in widths}
     return rows.pop() if len(rows) == 1 else None
 
@@ -140,7 +140,7 @@ def pack_conv_rows(mod: IRModule, options: CompileOptions) -> IRModule:
     ``nn.conv2d_rows``: its weight packed once (``ops.nn.pack_row_weights``) in blocks of the
     kernel's tile rows, so that a block row reads its weights as one contiguous stream (ONNX
     Runtime packs its convolution weights too); its tail outputs then take the block's channels
-    on the lanes (codegen/gemm.py ``_tail_block_rows``). Measured on Zen 4 (AVX2), bench/'s
+    on the lanes (codegen/contraction/conv.py ``_tail_block_rows``). Measured on Zen 4 (AVX2), bench/'s
     MobileNetV2, per kernel min, 1 thread: its kernels' sum 8581 -> 8283 us, the 1x1s on 7x7
     0.79-0.87x (320 -> 1280: 574 -> 474 us), the others within 3 %. ``options.conv_row_widths``:
     the vector widths (floats) of the targets when their register-blocked convolution reads
@@ -187,7 +187,7 @@ PACK_MIN_COLUMNS = 8
 def pack_matmul_weights(mod: IRModule, options: CompileOptions) -> IRModule:
     """``matmul(a, B)`` with a constant 2-D float32 B [K, N] of at least PACK_MIN_COLUMNS
     columns (MATMUL_PANEL for one row in a single plan; after ``pretranspose_weights``) becomes ``matmul_packed``, B packed once into
-    column panels (``ops.nn.pack_matmul_b``) that the register-blocked kernel (codegen/gemm.py)
+    column panels (``ops.nn.pack_matmul_b``) that the register-blocked kernel (codegen/contraction/)
     reads with plain loads, for any row count (static or not): no panel copy at run time, no
     strided or masked reads of B. Measured on Zen 4 (1 thread, against B read in place or
     copied per call): bench's mlp_b64 0.92x, [128, 3072] x [3072, 768] (too long a panel to
@@ -221,7 +221,7 @@ def pack_matmul_weights(mod: IRModule, options: CompileOptions) -> IRModule:
 # ``options.precision`` "bf16" (``mlcpack export --precision bf16``): the constant weights the
 # contraction kernels read from their packed layouts (``matmul_packed`` panels,
 # ``nn.conv2d_rows`` blocks, ``nn.conv2d_oc`` channel blocks, Winograd-transformed ones included)
-# are stored as bfloat16, half their float32 size; codegen/gemm.py and conv_oc.py widen each one
+# are stored as bfloat16, half their float32 size; codegen/contraction/ and conv_oc.py widen each one
 # to float32 as they load it (exact) and accumulate in float32. A ``matmul_packed`` becomes
 # ``matmul_bf16p`` (ops/bf16.py: B in K pairs, which codegen/bf16dot.py multiplies with
 # ``vdpbf16ps`` on x86-64-v4+bf16, or widens two rows per 32-bit load elsewhere). Other weights

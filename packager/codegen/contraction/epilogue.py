@@ -1,0 +1,184 @@
+"""The contraction kernels' fused epilogue (bias, BatchNorm scale/shift, activation, residual
+add), evaluated on the register tile after each block: a vector at a time along the output's
+last axis (masked at the ends of rows and panels) when it is plain float32 arithmetic;
+otherwise (math calls, casts) by the generic scalar expression lowering, element by element.
+``EpilogueMixin.epilogue_vector`` is the public entry for kernels that hold their own
+accumulators (the depthwise kernels)."""
+
+from __future__ import annotations
+
+from llvmlite import ir
+
+from ...ir import te
+from ..helpers import I1, I32, const_i64, intrinsic
+from ..lower import bound_select
+from ..vecmath_lanes import VECTOR_MATH, opaque_constant, vector_math
+
+
+_VECTOR_BINARY = ("add", "sub", "mul", "div", "max", "min")
+
+
+def _is_bound(e: te.Expr) -> bool:
+    """A float constant that is not NaN (max/min against it is one maxps/minps)."""
+    return isinstance(e, te.Const) and te.is_float(e.dtype) and e.value == e.value
+
+
+def _index_used_as_value(body: te.Expr, skip: te.Expr) -> bool:
+    """Some loop index appears in ``body`` (outside ``skip``) other than as a Read index."""
+    stack = [body]
+    while stack:
+        node = stack.pop()
+        if node is skip:
+            continue
+        if isinstance(node, te.IndexVar):
+            return True
+        if isinstance(node, te.Read):
+            continue   # its indices were checked to be plain index variables or constants
+        stack.extend(te.children(node))
+    return False
+
+
+class EpilogueMixin:
+    """The epilogue part of ``kernel.ContractionEmitter``."""
+
+    def epilogue_vector(self, acc: ir.Value, env: dict, mask: ir.Value | None, memo: dict | None,
+                        opaque_constants: bool) -> ir.Value:
+        """The fused epilogue's value, a vector, on the accumulators ``acc`` of the outputs at
+        the indices ``env`` binds: for kernels that hold their own accumulators (the depthwise
+        ones). ``mask``: the lanes inside the row (None: all); ``memo``: values reused between
+        calls (``_vvalue``); ``opaque_constants``: the epilogue's constants derive from an
+        opaque zero made here (``_begin_epilogue``) rather than being plain constants."""
+        self._tile_value = acc
+        if opaque_constants:
+            self._begin_epilogue()
+        value = self._vvalue(self.match.body, env, mask, memo)
+        self._tile_value = self._opaque = self._opaque_scalar = None
+        return value
+
+    def _vector_epilogue_ok(self) -> bool:
+        """The epilogue can be evaluated a vector at a time along the output's last axis: only
+        float32 arithmetic, compares and selects, and reads of float32 tensors whose indices are
+        plain output loop indices or constants, the last axis (if read) as their last index."""
+        out, last = self.match.out, self.match.out.axes[-1]
+        axes = {id(a) for a in out.axes}
+        for node in te.walk(self.match.body, skip=self.match.reduce):
+            if isinstance(node, te.Binary):
+                if node.dtype != "float32" or node.op not in _VECTOR_BINARY:
+                    return False
+            elif isinstance(node, te.Compare):
+                if node.a.dtype != "float32":
+                    return False
+            elif isinstance(node, te.MathCall):   # sigmoid (SiLU), erf (GELU), tanh, exp
+                if node.dtype != "float32" or node.name not in VECTOR_MATH:
+                    return False
+            elif isinstance(node, te.Read):
+                if node.dtype != "float32" or node.tensor.dtype != "float32":
+                    return False
+                for d, idx in enumerate(node.indices):
+                    if isinstance(idx, te.IndexVar):
+                        if id(idx) not in axes or (idx is last and d != len(node.indices) - 1):
+                            return False
+                    elif not isinstance(idx, te.Const):
+                        return False
+            elif not isinstance(node, (te.Select, te.Const, te.IndexVar)):
+                return False   # casts, math calls, other reductions: the scalar epilogue
+        return not _index_used_as_value(self.match.body, self.match.reduce)
+
+    def _rows_contiguous(self) -> bool:
+        """Every read along the output's last axis also reads along the one before it, in its
+        last two dimensions, with the output's row length: consecutive outputs across a row end
+        are then consecutive elements of that tensor too."""
+        out = self.match.out
+        for node in te.walk(self.match.body, skip=self.match.reduce):
+            if isinstance(node, te.Read) and node.indices and node.indices[-1] is out.axes[-1]:
+                if (len(node.indices) < 2 or node.indices[-2] is not out.axes[-2]
+                        or node.tensor.shape[-1] != out.shape[-1]):
+                    return False
+        return True
+
+    def _vvalue(self, e: te.Expr, env: dict, mask: ir.Value | None,
+                memo: dict[int, ir.Value] | None = None) -> ir.Value:
+        """``e`` for the vl consecutive outputs starting at ``env``'s indices (the last axis
+        varying across lanes); ``mask`` (or None: all lanes) limits the loads. A node the
+        expression reaches twice (the diamond of x * sigmoid(x)) is emitted once (``memo``:
+        the code is straight-line, so a value emitted earlier dominates its later uses)."""
+        memo = {} if memo is None else memo
+        value = memo.get(id(e))
+        if value is None:
+            value = memo[id(e)] = self._vnode(e, env, mask, memo)
+        return value
+
+    def _vnode(self, e: te.Expr, env: dict, mask: ir.Value | None, memo: dict) -> ir.Value:
+        b = self.builder
+        if e is self.match.reduce:
+            return self._tile_value
+        if isinstance(e, te.Const):
+            if e.dtype == "bool":
+                return ir.Constant(ir.VectorType(I1, self.vl), [bool(e.value)] * self.vl)
+            if self._opaque is not None:
+                return opaque_constant(b, float(e.value), self._opaque)
+            return ir.Constant(self.vty, [float(e.value)] * self.vl)
+        if isinstance(e, te.Read):
+            last = self.match.out.axes[-1]
+            idx = [const_i64(int(i.value)) if isinstance(i, te.Const) else env[id(i)]
+                   for i in e.indices]
+            offset = self._offset(e.tensor, idx)
+            if e.indices and e.indices[-1] is last:
+                ptr = b.gep(self.buffers[e.tensor.uid], [offset], inbounds=True)
+                vptr = b.bitcast(ptr, self.vty.as_pointer())
+                if mask is None:
+                    return b.load(vptr, align=4)
+                return self._masked_load(vptr, mask)
+            if self._opaque_scalar is not None:
+                # a per-channel scale or shift: loaded here, not hoisted over the reduction
+                offset = b.add(offset, b.sext(self._opaque_scalar, offset.type))
+            ptr = b.gep(self.buffers[e.tensor.uid], [offset], inbounds=True)
+            return self._splat(b.load(ptr))
+        if isinstance(e, te.Binary):
+            x, y = self._vvalue(e.a, env, mask, memo), self._vvalue(e.b, env, mask, memo)
+            if e.op in ("max", "min"):
+                # clip, relu: one vmaxps/vminps, NaN in the other operand still propagates
+                if _is_bound(e.b):
+                    return bound_select(b, e.op, x, y)
+                if _is_bound(e.a):
+                    return bound_select(b, e.op, y, x)
+                name = f"llvm.{'maximum' if e.op == 'max' else 'minimum'}.v{self.vl}f32"
+                return b.call(intrinsic(self.module, name, self.vty, [self.vty] * 2), [x, y])
+            return {"add": b.fadd, "sub": b.fsub, "mul": b.fmul, "div": b.fdiv}[e.op](x, y)
+        if isinstance(e, te.Compare):
+            return self._compare(e.op, self._vvalue(e.a, env, mask, memo),
+                                 self._vvalue(e.b, env, mask, memo), e.a.dtype)
+        if isinstance(e, te.Select):
+            return b.select(self._vvalue(e.cond, env, mask, memo),
+                            self._vvalue(e.a, env, mask, memo), self._vvalue(e.b, env, mask, memo))
+        if isinstance(e, te.MathCall):
+            return vector_math(b, e.name, self._vvalue(e.arg, env, mask, memo),
+                               self._opaque_scalar)
+        raise AssertionError(f"not vectorizable: {type(e).__name__}")
+
+    def _store_vector(self, env: dict, tile_f: ir.Value, tile_index: ir.Value,
+                      mask: ir.Value | None) -> None:
+        """Evaluate the epilogue for vl consecutive outputs (tile elements from ``tile_index``)
+        and store the lanes ``mask`` selects (None: all)."""
+        b = self.builder
+        out = self.match.out
+        self._tile_value = b.load(self._vec_ptr(tile_f, tile_index), align=4)
+        value = self._vvalue(self.match.body, env, mask)
+        self._tile_value = None
+        ptr = b.gep(self.buffers[out.uid], [self._offset(out, [env[id(a)] for a in out.axes])],
+                    inbounds=True)
+        vptr = b.bitcast(ptr, self.vty.as_pointer())
+        if mask is None:
+            b.store(value, vptr, align=4)
+            return
+        fn = intrinsic(self.module, f"llvm.masked.store.v{self.vl}f32.p0", ir.VoidType(),
+                       [self.vty, self.vty.as_pointer(), I32, ir.VectorType(I1, self.vl)])
+        b.call(fn, [value, vptr, ir.Constant(I32, 4), mask])
+
+    def _store_epilogue(self, env: dict, tile_f: ir.Value, tile_index: ir.Value) -> None:
+        b = self.builder
+        out = self.match.out
+        self._tile_value = b.load(b.gep(tile_f, [tile_index], inbounds=True))
+        value = self._value(self.match.body, env)
+        self._tile_value = None
+        self._store(self.buffers[out.uid], out, [env[id(a)] for a in out.axes], value)
