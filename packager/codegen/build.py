@@ -11,34 +11,19 @@ import time
 import functools
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Sequence
 
 import llvmlite.binding as llvm
 from llvmlite import ir
 
 from ..ir.graph import PrimFunc
-from ..ir.sym import SymbolicShapeError
 from ..ir.structure import structural_key
 from ..options import CompileOptions
-from .bf16dot import emit_pair_matmul
-from .conv_oc import emit_conv_oc
-from .depthwise import emit_depthwise, is_depthwise
-from .contraction.geometry import vector_width
-from .contraction.kernel import emit_contraction, emit_symbolic_matmul
-from .contraction.match import Contraction, match_contraction
-from .gemv import emit_dot_product, is_dot_product
-from .lower import KernelInfo, emit_kernel, is_symbolic
-from .norm import emit_normalize, emit_symbolic_normalize
-from .pool import emit_max_pool
-from .qgemm import emit_qgemm
-from .qdepthwise import emit_qdepthwise
-from .rnn import emit_recurrence
 from . import cache
-from .conv_symbolic import emit_symbolic_conv, emit_symbolic_max_pool, emit_symbolic_softmax
-from .depthwise_symbolic import emit_symbolic_depthwise
-from .softmax import emit_softmax
-from .transpose import emit_transpose
+from .contraction.geometry import vector_width
+from .lower import KernelInfo
 from .objinfo import undefined_symbols
+from .rules import emit_function
 from .target import Target
 from .threadpool import emit_thread_pool
 
@@ -120,92 +105,6 @@ def _target_machine(target: Target) -> llvm.TargetMachine:
         codemodel="small")
 
 
-# A rule: (module, func, symbol, vector width, the func's contraction match or None, the
-# target, the compile options) -> the kernel it emitted, or None when the rule does not apply.
-KernelRule = Callable[[ir.Module, PrimFunc, str, int, "Contraction | None", Target,
-                       CompileOptions], "KernelInfo | None"]
-
-
-def _when(applies: Callable[[Contraction | None], bool],
-          emit: Callable[[ir.Module, Contraction, PrimFunc, str, int], KernelInfo]) -> KernelRule:
-    """A rule for the contractions ``applies`` accepts."""
-    def rule(module, func, symbol, vl, match, target, options):
-        return emit(module, match, func, symbol, vl) if applies(match) else None
-    return rule
-
-
-def _without_match(emit: Callable[[ir.Module, PrimFunc, str, int], KernelInfo | None]
-                   ) -> KernelRule:
-    """A rule that matches ``func`` itself (recurrences, pools, softmax)."""
-    def rule(module, func, symbol, vl, match, target, options):
-        return emit(module, func, symbol, vl)
-    return rule
-
-
-def _bf16_pairs(module, func, symbol, vl, match, target, options):
-    """matmul_bf16p (``--precision bf16``): vdpbf16ps where the target has avx512_bf16."""
-    return emit_pair_matmul(module, func, symbol, vl, target.llvm_features)
-
-
-def _integer_gemm(module, func, symbol, vl, match, target, options):
-    """qmatmul / qconv2d: the target's features and the options choose VNNI."""
-    return emit_qgemm(module, func, symbol, vl, target.llvm_features, options.vnni_emulate)
-
-
-# Every specialized kernel, tried in order (the first that applies wins); the generic loop-nest
-# lowering is the fallback. Depthwise and one-pixel (dot product) convolutions come before the
-# general register-blocked contraction, which would also take them.
-KERNEL_RULES: tuple[tuple[str, KernelRule], ...] = (
-    ("recurrence", _without_match(emit_recurrence)),
-    ("integer GEMM", _integer_gemm),   # qmatmul / qconv2d (ops/qlinear.py)
-    ("integer depthwise", _without_match(emit_qdepthwise)),   # qdwconv2d
-    ("channel-lane convolution", _without_match(emit_conv_oc)),   # nn.conv2d_oc
-    ("depthwise convolution", _when(is_depthwise, emit_depthwise)),
-    ("dot-product convolution", _when(is_dot_product, emit_dot_product)),
-    ("bf16 pair matmul", _bf16_pairs),   # matmul_bf16p (codegen/bf16dot.py)
-    ("contraction", _when(lambda match: match is not None, emit_contraction)),
-    ("max pool", _without_match(emit_max_pool)),
-    ("softmax", _without_match(emit_softmax)),
-    ("normalization", _without_match(emit_normalize)),
-    ("transpose", _without_match(emit_transpose)),
-)
-
-
-def _emit(module: ir.Module, func: PrimFunc, symbol: str, vl: int,
-          size_vars: tuple[str, ...], target: Target, options: CompileOptions) -> KernelInfo:
-    if size_vars and is_symbolic(func):   # run-time extents: matmul fast path, else generic
-        info = emit_recurrence(module, func, symbol, vl, size_vars) or \
-            emit_pair_matmul(module, func, symbol, vl, target.llvm_features, size_vars) or \
-            emit_symbolic_matmul(module, func, symbol, vl, size_vars)
-        if info is not None:
-            return info
-        # Convolutions take their run-time extents as arguments (codegen/conv_symbolic.py);
-        # one it does not handle would get the generic loop nest, many times slower, so it
-        # is refused (fix the shapes instead). Pools take the generic loop nest.
-        info = emit_conv_oc(module, func, symbol, vl, size_vars) or \
-            emit_symbolic_depthwise(module, func, symbol, vl, size_vars) or \
-            emit_symbolic_conv(module, func, symbol, vl, size_vars) or \
-            emit_symbolic_softmax(module, func, symbol, vl, size_vars) or \
-            emit_symbolic_normalize(module, func, symbol, vl, size_vars) or \
-            emit_symbolic_max_pool(module, func, symbol, vl, size_vars)
-        if info is not None:
-            return info
-        match = match_contraction(func)
-        if (match is not None and match.tag.kind == "conv2d") \
-                and not options.symbolic_generic:
-            kind = match.tag.kind if match is not None else "max pool"
-            raise SymbolicShapeError(f"{func.name}: a {kind} with symbolic shapes ("
-                                     + ", ".join(str(d) for d in func.outputs[0].shape)
-                                     + ") has no fast kernel yet")
-        return emit_kernel(module, func, symbol, size_vars)
-    match = match_contraction(func)
-    for _, rule in KERNEL_RULES:
-        info = rule(module, func, symbol, vl, match, target, options)
-        if info is not None:
-            return info
-    return emit_kernel(module, func, symbol)
-
-
 # Test-only fault injection (``CompileOptions.llvm_abort``, from this variable at the entries):
 # "NAME" makes the default pipeline abort the process (as an LLVM assertion does) while
 # optimizing a module that defines a kernel whose name contains NAME; "NAME:always" makes every
@@ -244,8 +143,8 @@ def emit_module(funcs: Sequence[PrimFunc], target: Target, size_vars: tuple[str,
         else:
             first[key] = f.name
             groups[f.name] = [f.name]
-            kernels[f.name] = _emit(module, f, SYMBOL_PREFIX + f.name, vl, size_vars, target,
-                                    options)
+            kernels[f.name] = emit_function(module, f, SYMBOL_PREFIX + f.name, vl, size_vars,
+                                            target, options)
     if thread_pool:
         emit_thread_pool(module, target)
     return EmittedModule(str(module), kernels, {k: tuple(v) for k, v in groups.items()})

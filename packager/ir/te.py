@@ -186,7 +186,7 @@ class Read(Expr):
 @dataclass(frozen=True)
 class ReductionTag:
     """Which operator a reduction came from and its attributes, so the code generator can pick
-    a specialized kernel (``codegen/build.KERNEL_RULES``)."""
+    a specialized kernel (``codegen/rules.py`` ``KERNEL_RULES``)."""
 
     kind: str                        # "conv2d", "matmul", "max_pool2d", "recurrence", "softmax"
     operands: tuple[Tensor, ...]     # the placeholders it contracts: (x, w) or (a, b)

@@ -1,0 +1,156 @@
+"""The kernel rule table: which emitter computes a primitive function.
+
+Each row names a kernel family (``op``), an optional precondition on the function's
+contraction match (``applies``), and its two emitters: ``static`` for fully static shapes and
+``symbolic`` for run-time extents (None: that mode has no such kernel). Every emitter matches
+the function itself and returns None when it is not its kind. ``emit_function`` tries the rows
+in order, the first kernel emitted wins; the generic loop-nest lowering (``lower.emit_kernel``)
+is the fallback. Depthwise and one-pixel (dot product) convolutions come before the general
+register-blocked contraction, which would also take them. A new kernel is a new row.
+
+The symbolic emitters' matchers take disjoint reduction tags (conv2d_oc, depthwise conv2d,
+matmul_bf16p, matmul, conv2d, max_pool2d, softmax, normalize), so their order among
+themselves only matters for depthwise before conv2d.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from llvmlite import ir
+
+from ..ir.graph import PrimFunc
+from ..ir.sym import SymbolicShapeError
+from ..options import CompileOptions
+from .bf16dot import emit_pair_matmul
+from .contraction.kernel import emit_contraction, emit_symbolic_matmul
+from .contraction.match import Contraction, match_contraction
+from .conv_oc import emit_conv_oc
+from .conv_symbolic import emit_symbolic_conv, emit_symbolic_max_pool, emit_symbolic_softmax
+from .depthwise import emit_depthwise, is_depthwise
+from .depthwise_symbolic import emit_symbolic_depthwise
+from .gemv import emit_dot_product, is_dot_product
+from .lower import KernelInfo, emit_kernel, is_symbolic
+from .norm import emit_normalize, emit_symbolic_normalize
+from .pool import emit_max_pool
+from .qdepthwise import emit_qdepthwise
+from .qgemm import emit_qgemm
+from .rnn import emit_recurrence
+from .softmax import emit_softmax
+from .target import Target
+from .transpose import emit_transpose
+
+# (module, func, symbol, vector width, the func's contraction match or None, the target, the
+# compile options) -> the kernel it emitted, or None when ``func`` is not its kind.
+StaticEmit = Callable[[ir.Module, PrimFunc, str, int, "Contraction | None", Target,
+                       CompileOptions], "KernelInfo | None"]
+# (module, func, symbol, vector width, the module's size variables, the target, the compile
+# options) -> the kernel or None.
+SymbolicEmit = Callable[[ir.Module, PrimFunc, str, int, tuple[str, ...], Target, CompileOptions],
+                        "KernelInfo | None"]
+
+
+@dataclass(frozen=True)
+class KernelRule:
+    """One row of the table (see the module docstring)."""
+    op: str
+    applies: Callable[[Contraction | None], bool] | None   # on the match, before ``static``
+    static: StaticEmit | None
+    symbolic: SymbolicEmit | None
+
+
+def _with_match(emit: Callable[[ir.Module, Contraction, PrimFunc, str, int], KernelInfo]
+                ) -> StaticEmit:
+    """A static emitter of the contraction ``applies`` accepted."""
+    def rule(module, func, symbol, vl, match, target, options):
+        return emit(module, match, func, symbol, vl)
+    return rule
+
+
+def _on_func(emit: Callable[[ir.Module, PrimFunc, str, int], KernelInfo | None]) -> StaticEmit:
+    """A static emitter that matches ``func`` itself (recurrences, pools, softmax)."""
+    def rule(module, func, symbol, vl, match, target, options):
+        return emit(module, func, symbol, vl)
+    return rule
+
+
+def _sized(emit: Callable[[ir.Module, PrimFunc, str, int, tuple[str, ...]], KernelInfo | None]
+           ) -> SymbolicEmit:
+    """A symbolic emitter that needs only the size variables."""
+    def rule(module, func, symbol, vl, size_vars, target, options):
+        return emit(module, func, symbol, vl, size_vars)
+    return rule
+
+
+def _bf16_pairs(module, func, symbol, vl, match, target, options):
+    """matmul_bf16p (``--precision bf16``): vdpbf16ps where the target has avx512_bf16."""
+    return emit_pair_matmul(module, func, symbol, vl, target.llvm_features)
+
+
+def _bf16_pairs_sized(module, func, symbol, vl, size_vars, target, options):
+    """matmul_bf16p with run-time extents."""
+    return emit_pair_matmul(module, func, symbol, vl, target.llvm_features, size_vars)
+
+
+def _integer_gemm(module, func, symbol, vl, match, target, options):
+    """qmatmul / qconv2d: the target's features and the options choose VNNI."""
+    return emit_qgemm(module, func, symbol, vl, target.llvm_features, options.vnni_emulate)
+
+
+def _symbolic_contraction(module, func, symbol, vl, size_vars, target, options):
+    """A matmul (M, N, K, batch may be run-time sizes), else a conv2d with run-time image
+    sizes (``codegen/conv_symbolic.py``)."""
+    return emit_symbolic_matmul(module, func, symbol, vl, size_vars) or \
+        emit_symbolic_conv(module, func, symbol, vl, size_vars)
+
+
+KERNEL_RULES: tuple[KernelRule, ...] = (
+    KernelRule("recurrence", None, _on_func(emit_recurrence), _sized(emit_recurrence)),
+    KernelRule("integer GEMM", None, _integer_gemm, None),   # qmatmul / qconv2d (ops/qlinear.py)
+    KernelRule("integer depthwise", None, _on_func(emit_qdepthwise), None),   # qdwconv2d
+    KernelRule("channel-lane convolution", None, _on_func(emit_conv_oc),   # nn.conv2d_oc
+               _sized(emit_conv_oc)),
+    KernelRule("depthwise convolution", is_depthwise, _with_match(emit_depthwise),
+               _sized(emit_symbolic_depthwise)),
+    KernelRule("dot-product convolution", is_dot_product, _with_match(emit_dot_product), None),
+    KernelRule("bf16 pair matmul", None, _bf16_pairs, _bf16_pairs_sized),   # matmul_bf16p
+    KernelRule("contraction", lambda match: match is not None, _with_match(emit_contraction),
+               _symbolic_contraction),
+    KernelRule("max pool", None, _on_func(emit_max_pool), _sized(emit_symbolic_max_pool)),
+    KernelRule("softmax", None, _on_func(emit_softmax), _sized(emit_symbolic_softmax)),
+    KernelRule("normalization", None, _on_func(emit_normalize),
+               _sized(emit_symbolic_normalize)),
+    KernelRule("transpose", None, _on_func(emit_transpose), None),
+)
+
+
+def emit_function(module: ir.Module, func: PrimFunc, symbol: str, vl: int,
+                  size_vars: tuple[str, ...], target: Target, options: CompileOptions
+                  ) -> KernelInfo:
+    """Emit ``func`` into ``module`` as ``symbol`` with the first rule whose kernel takes it,
+    else the generic loop nest. With run-time extents (``size_vars`` and a symbolic ``func``),
+    a conv2d no rule takes is refused (its generic loop nest is many times slower; fix the
+    shapes instead) unless ``options.symbolic_generic``."""
+    if size_vars and is_symbolic(func):
+        for rule in KERNEL_RULES:
+            if rule.symbolic is not None:
+                info = rule.symbolic(module, func, symbol, vl, size_vars, target, options)
+                if info is not None:
+                    return info
+        match = match_contraction(func)
+        if (match is not None and match.tag.kind == "conv2d") \
+                and not options.symbolic_generic:
+            kind = match.tag.kind if match is not None else "max pool"
+            raise SymbolicShapeError(f"{func.name}: a {kind} with symbolic shapes ("
+                                     + ", ".join(str(d) for d in func.outputs[0].shape)
+                                     + ") has no fast kernel yet")
+        return emit_kernel(module, func, symbol, size_vars)
+    match = match_contraction(func)
+    for rule in KERNEL_RULES:
+        if rule.static is None or (rule.applies is not None and not rule.applies(match)):
+            continue
+        info = rule.static(module, func, symbol, vl, match, target, options)
+        if info is not None:
+            return info
+    return emit_kernel(module, func, symbol)
