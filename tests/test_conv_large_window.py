@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from conv_models import assert_matches_onnxruntime, conv_feeds, conv_model, conv_out_size
 
-from mlcpack.packager.codegen.conv_symbolic import _symbolic_tile
+from mlcpack.packager.codegen.contraction.conv_symbolic import _symbolic_tile
 from mlcpack.packager.codegen.contraction.geometry import conv_geometry
 
 ort = pytest.importorskip("onnxruntime")

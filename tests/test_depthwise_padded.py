@@ -1,4 +1,4 @@
-"""The depthwise kernel's padded-row path (codegen/depthwise.py) against ONNX Runtime.
+"""The depthwise kernel's padded-row path (codegen/depthwise/static.py) against ONNX Runtime.
 
 Targets with vectors narrower than AVX-512 (x86-64-v3's 8 lanes, x86-64-v2's 4) copy each input
 plane into a zero-margined row buffer of the task (split by column parity for stride 2) and
@@ -128,7 +128,7 @@ def test_padded_geometry_on_narrow_targets():
     """The plan: a border chunk or stride 2 takes the padded rows below AVX-512's width (the
     16-lane path keeps its masked border chunks); stride-2 taps read their parity row with
     one plain load each; the region holds every row of the plane."""
-    from mlcpack.packager.codegen.depthwise import PADDED_BELOW_VL, DepthwiseEmitter, \
+    from mlcpack.packager.codegen.depthwise.static import PADDED_BELOW_VL, DepthwiseEmitter, \
         match_depthwise
     from mlcpack.packager.ir import BlockBuilder
     from mlcpack.packager.passes import DEFAULT_PIPELINE, run_pipeline

@@ -17,7 +17,7 @@ from onnx import TensorProto, helper, numpy_helper
 from mlcpack.frontends.onnx import import_onnx
 from mlcpack.packager.options import UNPACKED
 from mlcpack.packager.codegen.build import ALLOWED_EXTERNALS
-from mlcpack.packager.codegen.depthwise import match_depthwise
+from mlcpack.packager.codegen.depthwise.static import match_depthwise
 from mlcpack.packager.codegen.contraction.kernel import ContractionEmitter
 from mlcpack.packager.codegen.contraction.match import match_contraction
 from mlcpack.packager.codegen.objinfo import undefined_symbols

@@ -1,5 +1,5 @@
 """The register-blocked matmul/conv2d kernels (codegen/contraction/) and the depthwise kernel
-(codegen/depthwise.py) against numpy references: odd shapes (not multiples of the vector width
+(codegen/depthwise/static.py) against numpy references: odd shapes (not multiples of the vector width
 or of the register block), 1x1 and 7x7 windows, stride 2, asymmetric padding, groups and
 depthwise, fused epilogues, 2 threads and the narrower vector targets (AArch64 run under
 qemu)."""
@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from mlcpack.packager.codegen.depthwise import match_depthwise
+from mlcpack.packager.codegen.depthwise.static import match_depthwise
 from mlcpack.packager.options import UNPACKED
 from mlcpack.packager.codegen.contraction.geometry import conv_geometry
 from mlcpack.packager.codegen.contraction.match import match_contraction
@@ -235,7 +235,7 @@ def test_pointwise_epilogue_row_broadcast(tmp_path):
                                atol=1e-4)
 
 
-# Depthwise convolutions (one input channel per group): codegen/depthwise.py. Widths below,
+# Depthwise convolutions (one input channel per group): codegen/depthwise/static.py. Widths below,
 # between and above the vector widths (4, 8, 16), not multiples of them.
 DEPTHWISE = [
     dict(x=(1, 5, 9, 9), w=(5, 1, 3, 3), padding=(1, 1, 1, 1)),             # one border chunk

@@ -1,6 +1,6 @@
 """Convolutions and pools with run-time spatial sizes (issue 12): one bundle, exported with H
 and W (and the batch) symbolic, runs every image size, against ONNX Runtime; the kernels take
-the sizes as arguments (``codegen/conv_symbolic.py``). Also the run-time relations a model
+the sizes as arguments (``codegen/contraction/conv_symbolic.py``). Also the run-time relations a model
 needs (``W must be at least 5``) and shape computations written by exporters."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The symbolic convolution kernel's code paths (codegen/conv_symbolic.py) against ONNX Runtime
+"""The symbolic convolution kernel's code paths (codegen/contraction/conv_symbolic.py) against ONNX Runtime
 at several image sizes, 1 and 2 threads: large windows looped by (channel, window row) (7x7/2
 stem, grouped 5x5), 1x1 reductions unrolled by 4, 2 or not at all (input channels 8, 6, 7;
 strided planes, the in-place input, dilated columns), and weights larger than L2 (the panels

@@ -1,4 +1,4 @@
-"""The depthwise kernel with run-time image sizes (codegen/depthwise_symbolic.py) against ONNX
+"""The depthwise kernel with run-time image sizes (codegen/depthwise/symbolic.py) against ONNX
 Runtime: 3x3 and 5x5 windows, stride 1 and 2 (and a vertical stride of 2 with a horizontal
 one of 1), symmetric and asymmetric padding, a channel multiplier of 2, epilogues (bias, the
 folded batch norm's scale and shift, HardSwish, ReLU, Clip, a residual add, SiLU's math call),
@@ -12,7 +12,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from mlcpack.frontends.onnx import import_onnx
-from mlcpack.packager.codegen import depthwise_symbolic
+from mlcpack.packager.codegen.depthwise import symbolic as depthwise_symbolic
 from mlcpack.packager.export import ExportOptions, export_module
 from mlcpack.runtime import load
 

@@ -175,7 +175,7 @@ def conv_model() -> onnx.ModelProto:
 
 
 def test_conv_with_symbolic_batch_runs_every_batch(tmp_path: Path) -> None:
-    # phase 1 refused it; codegen/conv_symbolic.py takes the batch at run time
+    # phase 1 refused it; codegen/contraction/conv_symbolic.py takes the batch at run time
     import onnxruntime as ort
     model = conv_model()
     session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])

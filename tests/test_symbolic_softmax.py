@@ -1,5 +1,5 @@
 """Softmax and log-softmax over a last axis whose length is a run-time size (an attention's
-scores over a symbolic sequence): the vectorized kernel of codegen/conv_symbolic.py
+scores over a symbolic sequence): the vectorized kernel of codegen/softmax.py
 (``_RowLengthSoftmax``), against ONNX Runtime, every tail length, 1 and 2 threads."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 from onnx import TensorProto, helper
 
 from mlcpack.frontends.onnx.importer import import_onnx
-from mlcpack.packager.codegen import conv_symbolic
+from mlcpack.packager.codegen import softmax
 from mlcpack.packager.export import ExportOptions, export_module
 from mlcpack.runtime.model import load
 
@@ -26,8 +26,8 @@ SHAPES = [(1, 3, 1, 1), (2, 3, 5, 7), (1, 3, 9, 33), (2, 3, 3, 8), (1, 3, 16, 12
 @pytest.mark.parametrize("op", ["Softmax", "LogSoftmax"])
 def test_runtime_row_length_softmax_matches_ort(op, tmp_path, monkeypatch) -> None:
     emitted = SharedLog(tmp_path / "emitted")
-    emit = conv_symbolic._RowLengthSoftmax.emit
-    monkeypatch.setattr(conv_symbolic._RowLengthSoftmax, "emit",
+    emit = softmax._RowLengthSoftmax.emit
+    monkeypatch.setattr(softmax._RowLengthSoftmax, "emit",
                         lambda self: emitted.append(self.symbol) or emit(self))
     node = helper.make_node(op, ["x"], ["y"], axis=-1)
     graph = helper.make_graph(

@@ -39,7 +39,7 @@ from llvmlite import ir
 
 from .contraction import geometry
 from .contraction.emitter import load_weights
-from .depthwise import DepthwiseEmitter, emit_epilogue
+from .depthwise.static import DepthwiseEmitter, emit_epilogue
 from .contraction.match import Contraction, match_contraction
 from .helpers import F32, I1, I32, alloca_once, const_i64, for_range, intrinsic
 from .lower import KernelInfo

@@ -428,3 +428,16 @@ def emit_max_pool(module: ir.Module, func: PrimFunc, symbol: str, vl: int
     if mean is not None:
         return GlobalMeanEmitter(module, func, symbol, *mean, vl).emit()
     return None
+
+
+# ---- max pool with run-time extents -------------------------------------------------------------
+
+def emit_symbolic_max_pool(module: ir.Module, func: PrimFunc, symbol: str, vl: int,
+                           size_vars: tuple[str, ...]) -> KernelInfo | None:
+    """The max pool kernel above (-inf margined row buffers, row maxima over
+    the window's columns into the workspace, then maxima over its rows; planes split over
+    threads) with its sizes read at run time."""
+    match = match_max_pool(func)
+    if match is None:
+        return None
+    return MaxPoolEmitter(module, func, symbol, *match, vl, size_vars).emit()

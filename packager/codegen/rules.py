@@ -27,17 +27,17 @@ from .bf16dot import emit_pair_matmul
 from .contraction.kernel import emit_contraction, emit_symbolic_matmul
 from .contraction.match import Contraction, match_contraction
 from .conv_oc import emit_conv_oc
-from .conv_symbolic import emit_symbolic_conv, emit_symbolic_max_pool, emit_symbolic_softmax
-from .depthwise import emit_depthwise, is_depthwise
-from .depthwise_symbolic import emit_symbolic_depthwise
+from .contraction.conv_symbolic import emit_symbolic_conv
+from .depthwise.static import emit_depthwise, is_depthwise
+from .depthwise.symbolic import emit_symbolic_depthwise
 from .gemv import emit_dot_product, is_dot_product
 from .lower import KernelInfo, emit_kernel, is_symbolic
 from .norm import emit_normalize, emit_symbolic_normalize
-from .pool import emit_max_pool
+from .pool import emit_max_pool, emit_symbolic_max_pool
 from .qdepthwise import emit_qdepthwise
 from .qgemm import emit_qgemm
 from .rnn import emit_recurrence
-from .softmax import emit_softmax
+from .softmax import emit_softmax, emit_symbolic_softmax
 from .target import Target
 from .transpose import emit_transpose
 
@@ -100,7 +100,7 @@ def _integer_gemm(module, func, symbol, vl, match, target, options):
 
 def _symbolic_contraction(module, func, symbol, vl, size_vars, target, options):
     """A matmul (M, N, K, batch may be run-time sizes), else a conv2d with run-time image
-    sizes (``codegen/conv_symbolic.py``)."""
+    sizes (``contraction/conv_symbolic.py``)."""
     return emit_symbolic_matmul(module, func, symbol, vl, size_vars) or \
         emit_symbolic_conv(module, func, symbol, vl, size_vars)
 

@@ -25,8 +25,7 @@ from llvmlite import ir
 
 from ...ir import te
 from ..helpers import F32, I1, I32, alloca_once, const_i64, for_range, intrinsic
-from .geometry import (L2_REUSE_BYTES, MAX_TASK_REGIONS,
-                       TAIL_CHAINS, conv_geometry)
+from .geometry import L2_REUSE_BYTES, MAX_TASK_REGIONS, TAIL_CHAINS, conv_geometry
 
 
 class ConvMixin:

@@ -47,7 +47,8 @@ class ContractionEmitter(ConvMixin, MatmulMixin, EpilogueMixin, ContractionBase)
 def emit_symbolic_matmul(module: ir.Module, func: PrimFunc, symbol: str, vl: int,
                          size_vars: tuple[str, ...]) -> KernelInfo | None:
     """Emit a symbolic ``func`` with the register-blocked matmul if it is a matmul; M, N, K
-    and the batch dims may be run-time sizes. Other contractions with symbolic shapes (conv, depthwise) are not matched here."""
+    and the batch dims may be run-time sizes. Other contractions with symbolic shapes (conv,
+    depthwise) are not matched here."""
     match = match_contraction(func)
     if match is None or match.tag.kind not in ("matmul", "matmul_packed") \
             or match.tag.attrs.get("transpose_b"):

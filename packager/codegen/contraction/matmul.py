@@ -14,8 +14,8 @@ from llvmlite import ir
 from ...ir import te
 from ..helpers import F32, I32, const_i64, for_range, intrinsic
 from ..lower import WORKSPACE_ALIGN
-from .geometry import (MAX_TASK_REGIONS,
-                       PACK_B_MAX_BYTES, PACK_B_MIN_ROWS, PACK_B_PREFETCH_ROWS, SYMBOLIC_M_HINT, SYMBOLIC_N_HINT, _pick_tile)
+from .geometry import (MAX_TASK_REGIONS, PACK_B_MAX_BYTES, PACK_B_MIN_ROWS, PACK_B_PREFETCH_ROWS,
+                       SYMBOLIC_M_HINT, SYMBOLIC_N_HINT, _pick_tile)
 from .match import CONV_KINDS
 
 

@@ -2,7 +2,7 @@
 group, any channel multiplier, horizontal stride 1 or 2) whose image size (H, W, and the
 batch) is known at run time only.
 
-The static kernel (``depthwise.py``) plans its rows and chunks from the extents at export;
+The static kernel (``static.py``) plans its rows and chunks from the extents at export;
 here the channels, the window, the strides and the padding are known at export and the rest
 is read from the module's size variables. The kernel is the static kernel's padded form (the
 one it uses on AVX2, SSE and NEON) with every extent a run-time value:
@@ -26,7 +26,7 @@ one it uses on AVX2, SSE and NEON) with every extent a run-time value:
 * the fused epilogue (bias, folded batch norm, activation, residual) is the static kernel's,
   a vector at a time.
 
-The symbolic convolution kernel (``conv_symbolic.py``) ran these as a one-row matrix tile
+The symbolic convolution kernel (``contraction/conv_symbolic.py``) ran these as a one-row matrix tile
 over stride-phase planes: PP-OCRv4's detector's depthwise layers 1.3-2.6x the static kernel's
 time (kernels alone, 1 thread); this kernel 1.0-1.3x (the small, late layers: 15 x 20 rows,
 where the static kernel also skips the window rows in the padding).
@@ -36,15 +36,15 @@ from __future__ import annotations
 
 from llvmlite import ir
 
-from ..ir import te
-from .conv_symbolic import SymbolicConvEmitter
-from .depthwise import (PADDED_BLOCK, PADDED_BLOCK_MATH, begin_plane, emit_epilogue,
-                        is_depthwise)
-from .contraction.geometry import MAX_TASK_REGIONS, PARALLEL_MIN_MACS
-from .contraction.match import Contraction, match_contraction
-from .helpers import F32, I1, I32, I64, const_i64, for_range, intrinsic
-from .lower import WORKSPACE_ALIGN, KernelInfo
-from ..ir.graph import PrimFunc
+from ...ir import te
+from ...ir.graph import PrimFunc
+from ..contraction.conv_symbolic import SymbolicConvEmitter
+from ..contraction.geometry import MAX_TASK_REGIONS, PARALLEL_MIN_MACS
+from ..contraction.match import Contraction, match_contraction
+from ..helpers import F32, I1, I32, I64, const_i64, for_range, intrinsic
+from ..lower import WORKSPACE_ALIGN, KernelInfo
+from .static import (PADDED_BLOCK, PADDED_BLOCK_MATH, begin_plane, emit_epilogue,
+                     is_depthwise)
 
 # Columns of right margin beyond the padding: the widest vector of any target (a bundle's
 # variants share the workspace size), so that a row's last chunk (up to vl - 1 lanes past the

@@ -34,13 +34,13 @@ from __future__ import annotations
 
 from llvmlite import ir
 
-from .contraction import geometry
-from .contraction.kernel import ContractionEmitter
-from .contraction.match import Contraction, match_contraction
-from .helpers import F32, I1, I32, I64, alloca_once, const_i64, for_range, intrinsic
-from .lower import KernelInfo
-from ..ir import te
-from ..ir.graph import PrimFunc
+from ...ir import te
+from ...ir.graph import PrimFunc
+from ..contraction import geometry
+from ..contraction.kernel import ContractionEmitter
+from ..contraction.match import Contraction, match_contraction
+from ..helpers import F32, I1, I32, I64, alloca_once, const_i64, for_range, intrinsic
+from ..lower import KernelInfo
 
 # Output rows computed together where no window row is padding, by vector width: 4 with
 # AVX-512's 32 registers, 2 with 16 (AVX2: 9 weights + 4 accumulators would spill). Measured on
@@ -462,7 +462,7 @@ class DepthwiseEmitter(ContractionEmitter):
 def begin_plane(em: ContractionEmitter, w_ptr: ir.Value, nb: ir.Value, oc: ir.Value
                 ) -> None:
     """A depthwise kernel's plane (image ``nb``, output channel ``oc``; ``em``: this module's
-    emitter or depthwise_symbolic's): its kh x kw weights broadcast once (``em.weights``), its
+    emitter or symbolic.py's): its kh x kw weights broadcast once (``em.weights``), its
     indices for the epilogue (``em.env``)."""
     b = em.builder
     taps = em.kh * em.kw
@@ -477,7 +477,7 @@ def emit_epilogue(em: ContractionEmitter, acc: ir.Value, oy: ir.Value, ox0: ir.V
                   mask: ir.Value | None, ow: ir.Value, pieces: int | None = None,
                   memo: dict[int, ir.Value] | None = None) -> None:
     """The fused epilogue of a depthwise kernel (``em``: this module's emitter or
-    depthwise_symbolic's) on the vl outputs ``acc`` of row ``oy`` from column ``ox0``, stored
+    symbolic.py's) on the vl outputs ``acc`` of row ``oy`` from column ``ox0``, stored
     to the output: ``mask`` the lanes inside the row (None: all); ``ow`` the output row's
     width; ``pieces`` the number of those lanes when it is known at export (the store then in
     pieces, ``em._store_pieces``; else masked); ``memo`` values the vector epilogue reuses

@@ -1,6 +1,6 @@
 """Convolutions whose spatial extents are known at run time only (symbolic H, W, batch).
 
-The static conv kernel (``contraction/conv.py``) chooses its plane layout, register tile and loop order
+The static conv kernel (``conv.py``) chooses its plane layout, register tile and loop order
 from the sizes at export. Here the channel counts, the window, strides and padding are known
 at export and the image size is not, so the kernel takes the sizes as arguments (the module's
 size variables) and computes every extent from them:
@@ -23,7 +23,7 @@ image having planes (or columns) of its own, and each task copies only the plane
 output rows) its panels read, so the tasks share no row they write differently and need no
 barrier. A call with fewer multiply-adds than ``PARALLEL_MIN_MACS`` per task uses fewer
 tasks (the rest return at once). Depthwise convolutions (one channel per group, horizontal
-stride 1 or 2) take a kernel of their own (``depthwise_symbolic.py``); others with one
+stride 1 or 2) take a kernel of their own (``codegen/depthwise/symbolic.py``); others with one
 channel per group use this kernel with a one-row tile.
 """
 
@@ -31,22 +31,16 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 
-import numpy as np
 
 from llvmlite import ir
 
-from ..ir import te
-from ..ir.graph import PrimFunc
-from ..ir.sym import product
-from .contraction.geometry import L2_REUSE_BYTES, MAX_TASK_REGIONS, PARALLEL_MIN_MACS, _conv_tiles
-from .contraction.kernel import ContractionEmitter
-from .contraction.match import match_contraction
-from .helpers import F32, I32, I64, alloca_once, const_i64, for_range, intrinsic
-from . import lower
-from .lower import WORKSPACE_ALIGN, KernelInfo
-from .softmax import SoftmaxEmitter, match_softmax
-from .vecmath import call_math, exp_nonpositive
-from .vecmath_lanes import _LaneOps
+from ...ir import te
+from ...ir.graph import PrimFunc
+from ..helpers import F32, I64, alloca_once, const_i64, for_range
+from ..lower import WORKSPACE_ALIGN, KernelInfo
+from .geometry import L2_REUSE_BYTES, MAX_TASK_REGIONS, PARALLEL_MIN_MACS, _conv_tiles
+from .kernel import ContractionEmitter
+from .match import match_contraction
 
 
 def _symbolic_tile(og: int, vl: int, taps: int = 9) -> tuple[int, int]:
@@ -685,7 +679,8 @@ def emit_symbolic_conv(module: ir.Module, func: PrimFunc, symbol: str, vl: int,
                        size_vars: tuple[str, ...]) -> KernelInfo | None:
     """A conv2d (any groups, NCHW, float32) whose batch or spatial sizes are run-time values;
     None for anything else (the caller falls back). Depthwise convs take their own kernel
-    first (build.py asks ``depthwise_symbolic.emit_symbolic_depthwise`` before this)."""
+    first (the rule table, ``codegen/rules.py``, asks
+    ``depthwise.symbolic.emit_symbolic_depthwise`` before this)."""
     match = match_contraction(func)
     if match is None or match.tag.kind != "conv2d":
         return None
@@ -695,221 +690,3 @@ def emit_symbolic_conv(module: ir.Module, func: PrimFunc, symbol: str, vl: int,
             or not isinstance(x_t.shape[1], int) or len(match.out.axes) != 4:
         return None
     return SymbolicConvEmitter(module, func, symbol, match, vl, size_vars).emit()
-
-
-# ---- softmax over a static last axis, a run-time number of rows ----------------------------------
-
-def emit_symbolic_softmax(module: ir.Module, func: PrimFunc, symbol: str, vl: int,
-                          size_vars: tuple[str, ...]) -> KernelInfo | None:
-    """The vectorized softmax kernel (``codegen/softmax.py``) when only the number of rows is a
-    run-time size (a recognizer's per-column class scores): the rows loop takes it from the
-    size variables; the row length stays static."""
-    match = match_softmax(func)
-    if match is None:
-        return None
-    if not isinstance(func.inputs[0].shape[-1], int):
-        return _RowLengthSoftmax(module, func, symbol, *match, vl, size_vars).emit()
-
-    class _Emitter(SoftmaxEmitter):
-        def __init__(self) -> None:
-            super().__init__(module, func, symbol, *match, vl)
-            self.size_vars = size_vars
-            self.symbolic = True
-
-        def emit(self) -> KernelInfo:
-            x_t = self.func.inputs[0]
-            body_fn, ptr_types = self._begin_body([x_t, self.out], workspace=False)
-            x_ptr, out_ptr = body_fn.args[:2]
-            b = self.builder
-            n = x_t.shape[-1]
-            rows = self._dim_value(product(x_t.shape[:-1]))
-            group = self._group(n)
-            groups = b.sdiv(rows, const_i64(group))
-            with for_range(b, const_i64(0), groups, "grp") as g:
-                first = b.mul(g, const_i64(group), flags=("nsw",))
-                self._rows([self._row_ptrs(x_ptr, out_ptr, b.add(first, const_i64(r)), n)
-                            for r in range(group)], n)
-            if group > 1:
-                with for_range(b, b.mul(groups, const_i64(group)), rows, "row") as row:
-                    self._rows([self._row_ptrs(x_ptr, out_ptr, row, n)], n)
-            b.ret_void()
-            self._emit_entry(body_fn, len(ptr_types), ptr_types)
-            return KernelInfo(self.symbol, 1, 1, 0, False, symbolic=True)
-
-    return _Emitter().emit()
-
-
-class _RowLengthSoftmax(SoftmaxEmitter):
-    """Softmax (log-softmax) over a last axis whose length is a run-time size (an
-    attention's scores over a symbolic sequence, ``[b, heads, seq, seq]``): per row, the
-    static kernel's three passes (maximum; exp written while summing; scale by 1 / sum),
-    each a loop over blocks of ``BLOCK`` vectors with ``BLOCK`` accumulators (independent
-    chains), then single vectors, then the last vector masked by a mask built from the
-    run-time count; rows four at a time, their passes interleaved (one accumulator each). Rows split over tasks when there are at least
-    ``lower.PARALLEL_MIN_OUTPUTS`` outputs. The generic loop nest ran 2.5x the static
-    kernel (encoder seq 128: 125 vs 49 us)."""
-
-    def __init__(self, module, func, symbol, out, log, vl, size_vars) -> None:
-        super().__init__(module, func, symbol, out, log, vl)
-        self.size_vars = size_vars
-        self.symbolic = True
-
-    def emit(self) -> KernelInfo:
-        x_t = self.func.inputs[0]
-        body_fn, ptr_types = self._begin_body([x_t, self.out], workspace=False)
-        x_ptr, out_ptr = body_fn.args[:2]
-        task, ntasks = body_fn.args[len(ptr_types)], body_fn.args[len(ptr_types) + 1]
-        b = self.builder
-        n = self._dim_value(x_t.shape[-1])
-        rows = self._dim_value(product(x_t.shape[:-1]))
-        # fewer outputs than a task's worth: task 0 does every row, the others nothing
-        big = b.icmp_signed(">=", b.mul(rows, n), const_i64(lower.PARALLEL_MIN_OUTPUTS))
-        nt = b.select(big, ntasks, const_i64(1))
-        lo = b.sdiv(b.mul(task, rows), nt)
-        hi = b.sdiv(b.mul(b.add(task, const_i64(1)), rows), nt)
-        hi = b.select(b.icmp_signed("<", task, nt), hi, lo)
-        vl = const_i64(self.vl)
-        full = b.sdiv(n, vl)
-        blocks = b.sdiv(full, const_i64(self.BLOCK))
-        tail = b.sub(n, b.mul(full, vl))
-        lanes = ir.Constant(ir.VectorType(I64, self.vl), list(range(self.vl)))
-        mask = b.icmp_signed("<", lanes, self._splat_i64(tail))
-        has_tail = b.icmp_signed(">", tail, const_i64(0))
-        args = (blocks, full, mask, has_tail, b.mul(full, vl))
-
-        def ptrs(row):
-            start = b.mul(row, n, flags=("nsw",))
-            return (b.gep(x_ptr, [start], inbounds=True),
-                    b.gep(out_ptr, [start], inbounds=True))
-
-        # GROUP rows at a time, their passes interleaved (one row's passes are chains of
-        # dependent steps: a short row alone leaves the core waiting), then the rest singly
-        groups = b.sdiv(b.sub(hi, lo), const_i64(self.ROWS))
-        with for_range(b, const_i64(0), groups, "grp") as grp:
-            first = b.add(lo, b.mul(grp, const_i64(self.ROWS)))
-            self._rows_rt([ptrs(b.add(first, const_i64(r))) for r in range(self.ROWS)], *args)
-        with for_range(b, b.add(lo, b.mul(groups, const_i64(self.ROWS))), hi, "row") as row:
-            self._rows_rt([ptrs(row)], *args)
-        b.ret_void()
-        self._emit_entry(body_fn, len(ptr_types), ptr_types)
-        return KernelInfo(self.symbol, 1, 1, 0, True, symbolic=True)
-
-    def _splat_i64(self, value: ir.Value) -> ir.Value:
-        b = self.builder
-        vty = ir.VectorType(I64, self.vl)
-        v = b.insert_element(ir.Constant(vty, None), value, ir.Constant(I32, 0))
-        return b.shuffle_vector(v, ir.Constant(vty, None),
-                                ir.Constant(ir.VectorType(I32, self.vl), [0] * self.vl))
-
-    def _at(self, row: ir.Value, offset: ir.Value) -> ir.Value:
-        b = self.builder
-        return b.bitcast(b.gep(row, [offset], inbounds=True), self.vty.as_pointer())
-
-    def _mload(self, row, offset, mask, fill: float) -> ir.Value:
-        b = self.builder
-        fn = intrinsic(self.module, f"llvm.masked.load.v{self.vl}f32.p0", self.vty,
-                       [self.vty.as_pointer(), I32, self.mty, self.vty])
-        return b.call(fn, [self._at(row, offset), ir.Constant(I32, 4), mask,
-                           self._splat(fill)])
-
-    def _mstore(self, value, row, offset, mask) -> None:
-        b = self.builder
-        fn = intrinsic(self.module, f"llvm.masked.store.v{self.vl}f32.p0", ir.VoidType(),
-                       [self.vty, self.vty.as_pointer(), I32, self.mty])
-        b.call(fn, [value, self._at(row, offset), ir.Constant(I32, 4), mask])
-
-    ROWS = 4          # rows interleaved
-    ACCUMULATORS = 4  # independent chains per pass, over the interleaved rows
-
-    def _loop_pass(self, rows, blocks, full, mask, has_tail, done, step, init, combine):
-        """Fold ``step(r, load, store, acc)`` over each row r of ``rows`` (x, y pointers),
-        the rows interleaved: ``BLOCK`` vectors per loop iteration, then single vectors, then
-        the masked tail; each row has ACCUMULATORS / len(rows) accumulators (at least one),
-        used in turn. Returns each row's accumulators combined (None without them)."""
-        b = self.builder
-        vl = self.vl
-        per_row = max(1, self.ACCUMULATORS // len(rows))
-        slots = []
-        if init is not None:
-            slots = [[alloca_once(b, self.vty, name=f"acc{r}_{a}") for a in range(per_row)]
-                     for r in range(len(rows))]
-            for row_slots in slots:
-                for slot in row_slots:
-                    b.store(init, slot)
-
-        def body(offset, u, masked):
-            for r, (x, y) in enumerate(rows):
-                def load(fill, ptr=None, x=x):
-                    ptr = x if ptr is None else ptr
-                    if masked:
-                        return self._mload(ptr, offset, mask, fill)
-                    return b.load(self._at(ptr, offset), align=4)
-
-                def store(value, y=y):
-                    if masked:
-                        self._mstore(value, y, offset, mask)
-                    else:
-                        b.store(value, self._at(y, offset), align=4)
-                slot = slots[r][u % per_row] if slots else None
-                acc = step(r, load, store, b.load(slot) if slot is not None else None)
-                if slot is not None:
-                    b.store(acc, slot)
-
-        with for_range(b, const_i64(0), blocks, "blk") as blk:
-            base = b.mul(blk, const_i64(self.BLOCK * vl), flags=("nsw",))
-            for u in range(self.BLOCK):
-                body(b.add(base, const_i64(u * vl)), u, False)
-        with for_range(b, b.mul(blocks, const_i64(self.BLOCK)), full, "vec") as v:
-            body(b.mul(v, const_i64(vl), flags=("nsw",)), 0, False)
-        with b.if_then(has_tail):
-            body(done, 0, True)
-        if not slots:
-            return None
-        out = []
-        for row_slots in slots:
-            accs = [b.load(slot) for slot in row_slots]
-            while len(accs) > 1:
-                accs = [combine(accs[i], accs[i + 1]) for i in range(0, len(accs), 2)]
-            out.append(accs[0])
-        return out
-
-    def _rows_rt(self, rows, blocks, full, mask, has_tail, done) -> None:
-        b = self.builder
-        ops = _LaneOps(b, self.vl)
-        args = (rows, blocks, full, mask, has_tail, done)
-        ms = self._loop_pass(*args, lambda r, load, store, acc: self._vmax(acc, load(-np.inf)),
-                             self._splat(-np.inf), self._vmax)
-        ms = [self._splat(self._horizontal(m, self._vmax)) for m in ms]
-
-        def exp_step(r, load, store, acc):
-            e = exp_nonpositive(ops, b.fsub(load(-np.inf), ms[r]))
-            if not self.log:
-                store(e)
-            return b.fadd(acc, e)   # masked lanes: exp(-inf - m) = 0
-        totals = [self._horizontal(t, b.fadd)
-                  for t in self._loop_pass(*args, exp_step, self._splat(0.0), b.fadd)]
-        if self.log:
-            lses = [self._splat(call_math(b, "log", t)) for t in totals]
-
-            def last(r, load, store, acc):
-                store(b.fsub(b.fsub(load(0.0), ms[r]), lses[r]))
-        else:
-            invs = [self._splat(b.fdiv(ir.Constant(F32, 1.0), t)) for t in totals]
-
-            def last(r, load, store, acc):
-                store(b.fmul(load(0.0, rows[r][1]), invs[r]))
-        self._loop_pass(*args, last, None, None)
-
-
-# ---- max pool with run-time extents -------------------------------------------------------------
-
-def emit_symbolic_max_pool(module: ir.Module, func: PrimFunc, symbol: str, vl: int,
-                           size_vars: tuple[str, ...]) -> KernelInfo | None:
-    """The max pool kernel of ``codegen/pool.py`` (-inf margined row buffers, row maxima over
-    the window's columns into the workspace, then maxima over its rows; planes split over
-    threads) with its sizes read at run time."""
-    from .pool import MaxPoolEmitter, match_max_pool
-    match = match_max_pool(func)
-    if match is None:
-        return None
-    return MaxPoolEmitter(module, func, symbol, *match, vl, size_vars).emit()
