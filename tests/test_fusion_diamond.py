@@ -262,7 +262,7 @@ def _head_model(batch: int, k: int, o: int, act: str) -> tuple[onnx.ModelProto, 
 @pytest.mark.parametrize("batch,k,o,act", [(1, 512, 1280, "hardswish_ops"), (2, 37, 45, "silu"),
                                            (1, 7, 3, "hardsigmoid_mul"), (3, 64, 256, "gelu")])
 def test_one_pixel_convolution_dot_product_kernel(batch, k, o, act, threads, tmp_path):
-    """1x1 convolutions on a 1x1 image take the dot-product kernel (gemv.py): reduction
+    """1x1 convolutions on a 1x1 image take the dot-product kernel (contraction/dot.py): reduction
     lengths with a masked tail, output channels not a multiple of its block, batches."""
     from mlcpack.packager.codegen.gemv import is_dot_product
 

@@ -24,13 +24,13 @@ from ..ir.graph import PrimFunc
 from ..ir.sym import SymbolicShapeError
 from ..options import CompileOptions
 from .bf16dot import emit_pair_matmul
+from .contraction.conv_symbolic import emit_symbolic_conv
+from .contraction.dot import emit_dot_product, is_dot_product
 from .contraction.kernel import emit_contraction, emit_symbolic_matmul
 from .contraction.match import Contraction, match_contraction
 from .conv_oc import emit_conv_oc
-from .contraction.conv_symbolic import emit_symbolic_conv
 from .depthwise.static import emit_depthwise, is_depthwise
 from .depthwise.symbolic import emit_symbolic_depthwise
-from .gemv import emit_dot_product, is_dot_product
 from .lower import KernelInfo, emit_kernel, is_symbolic
 from .norm import emit_normalize, emit_symbolic_normalize
 from .pool import emit_max_pool, emit_symbolic_max_pool

@@ -1,7 +1,7 @@
 """Layout of constant weights for the fast kernels: a ``matmul(a, W, transpose_b=True)`` whose W
 is a constant (ONNX Gemm with transB, i.e. every torch Linear) gets W transposed once at export,
 so the kernel reads contiguous rows of the output's width. One row times a 2-D W (a Linear at
-batch 1) keeps W as (N, K): the dot-product kernel (codegen/gemv.py) reads its rows. With
+batch 1) keeps W as (N, K): the dot-product kernel (codegen/contraction/dot.py) reads its rows. With
 ``options.pack_matmul_weights`` (the targets measured), a constant B is then packed into the
 kernel's column panels (``pack_matmul_weights``), a one-row product's too unless B is narrow.
 
@@ -160,7 +160,7 @@ def pack_conv_rows(mod: IRModule, options: CompileOptions) -> IRModule:
         padding = tuple(v.attrs.get("padding", (0, 0, 0, 0)))
         if (shape[2:] == (1, 1) and w.data.shape[2:] == (1, 1)
                 and out[2:] == (1, 1) and not any(padding)):
-            return None   # one pixel: the dot-product kernel (codegen/gemv.py)
+            return None   # one pixel: the dot-product kernel (codegen/contraction/dot.py)
         attrs = {"strides": tuple(v.attrs.get("strides", (1, 1))), "padding": padding,
                  "groups": 1}
         rows = conv_row_block(shape, w.data.shape, out, attrs, widths)
@@ -180,7 +180,7 @@ def pack_conv_rows(mod: IRModule, options: CompileOptions) -> IRModule:
 # every matmul keeps its constant B as [K, N] (or [N, K] for the one-row dot product).
 # A B of fewer columns stays as it is: packed, its panel would be mostly zeros (a one-row product
 # by B [1024, 1]: 1.09x slower packed). Fewer than MATMUL_PANEL columns at one row keep the dot
-# product (codegen/gemv.py; 4 columns measured the same either way).
+# product (codegen/contraction/dot.py; 4 columns measured the same either way).
 PACK_MIN_COLUMNS = 8
 
 

@@ -11,6 +11,7 @@
 - ``kernel.py``: ``ContractionEmitter``, composed of the above; ``emit_contraction``,
   ``emit_symbolic_matmul``.
 - ``conv_symbolic.py``: the conv2d with run-time image sizes.
+- ``dot.py``: one-pixel convolutions and one-row linear layers, the reduction on the lanes.
 
 Nothing is imported here, so that importing ``geometry`` never loads llvmlite.
 """

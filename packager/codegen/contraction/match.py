@@ -1,7 +1,7 @@
 """Which primitive functions the contraction kernels take: ``match_contraction`` finds the one
 tagged float32 contraction (matmul, conv2d; ``ir.patterns``) a function computes with whatever
 elementwise epilogue fusion put after it; ``is_row_matmul`` the one-row linear layers the dot
-product kernel (``codegen/gemv.py``) takes instead."""
+product kernel (``dot.py``) takes instead."""
 
 from __future__ import annotations
 
