@@ -264,7 +264,7 @@ def _head_model(batch: int, k: int, o: int, act: str) -> tuple[onnx.ModelProto, 
 def test_one_pixel_convolution_dot_product_kernel(batch, k, o, act, threads, tmp_path):
     """1x1 convolutions on a 1x1 image take the dot-product kernel (contraction/dot.py): reduction
     lengths with a masked tail, output channels not a multiple of its block, batches."""
-    from mlcpack.packager.codegen.gemv import is_dot_product
+    from mlcpack.packager.codegen.contraction.dot import is_dot_product
 
     model, x = _head_model(batch, k, o, act)
     mod, funcs = _kernels(model)
@@ -319,7 +319,7 @@ def test_one_row_linear_takes_the_dot_product_kernel(rows, k, o, act, gemm, dot,
     """A Linear at batch 1 (one row times a constant W stored (o, k), ONNX Gemm transB=1)
     keeps W untransposed (passes/layout.py) and takes the dot-product kernel; more rows, or
     a W stored (k, o), the register-blocked one. Numbers against ORT either way."""
-    from mlcpack.packager.codegen.gemv import is_dot_product
+    from mlcpack.packager.codegen.contraction.dot import is_dot_product
 
     model, x = _linear_model(rows, k, o, act, gemm)
     mod, funcs = _kernels(model)

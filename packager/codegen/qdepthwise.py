@@ -45,7 +45,7 @@ ACCUMULATORS = 6
 # several of the block's rows read (stride 1: rows oy + r and tap ky + 1 - r) are loaded once.
 WIDE_BLOCK = (3, 2)
 # A depthwise multiply-add moves its own input (no reuse across channels): threads from
-# PARALLEL_MIN_MACS / 2 (as codegen/depthwise.py's DEPTHWISE_MAC_COST).
+# PARALLEL_MIN_MACS / 2 (as codegen/depthwise/static.py's DEPTHWISE_MAC_COST).
 MAC_COST = 2
 
 
