@@ -19,12 +19,6 @@ from ..vecmath_lanes import opaque_zero, splat_i32
 from .match import Contraction
 
 
-# The packed weights (``matmul_packed``'s B, ``conv2d_rows``' blocks, codegen/conv_oc.py's
-# ``conv2d_oc`` ones) may be stored as bfloat16 (``--precision bf16``): each load widens them to
-# float32 (``load_weights``), exactly.
-BF16_WEIGHT_KINDS = ("matmul_packed", "conv2d_rows", "conv2d_oc", "matmul_bf16p")
-
-
 def load_weights(b: ir.IRBuilder, w_ptr: ir.Value, offset: ir.Value, lanes: int | None,
                  bf16: bool) -> ir.Value:
     """``lanes`` consecutive float32 weights (a vector; None: one scalar) from element

@@ -60,7 +60,7 @@ def match_contraction(func: PrimFunc,
 
 # The packed weights (``matmul_packed``'s B, ``conv2d_rows``' blocks, codegen/conv_oc.py's
 # ``conv2d_oc`` ones) may be stored as bfloat16 (``--precision bf16``): each load widens them to
-# float32 (``load_weights``), exactly.
+# float32 (``emitter.load_weights``), exactly.
 BF16_WEIGHT_KINDS = ("matmul_packed", "conv2d_rows", "conv2d_oc", "matmul_bf16p")
 
 
