@@ -17,11 +17,11 @@ CODEGEN = Path(__file__).resolve().parent.parent / "packager" / "codegen"
 def test_rule_table_rows_in_order() -> None:
     ops = [r.op for r in rules.KERNEL_RULES]
     assert ops == ["recurrence", "integer GEMM", "integer depthwise", "channel-lane convolution",
-                   "depthwise convolution", "dot-product convolution", "contraction", "max pool",
-                   "softmax", "normalization", "transpose"]
+                   "depthwise convolution", "dot-product convolution", "bf16 pair matmul",
+                   "contraction", "max pool", "softmax", "normalization", "transpose"]
     symbolic = [r.op for r in rules.KERNEL_RULES if r.symbolic is not None]
     assert symbolic == ["recurrence", "channel-lane convolution", "depthwise convolution",
-                        "contraction", "max pool", "softmax", "normalization"]
+                        "bf16 pair matmul", "contraction", "max pool", "softmax", "normalization"]
     assert all(r.static is not None for r in rules.KERNEL_RULES)
 
 
