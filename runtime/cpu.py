@@ -55,9 +55,14 @@ def _levels() -> tuple[Level, ...]:
         # use 512-bit vectors anyway, and the rest (GELU, softmax, norms) gain ~30% from them.
         ("x86-64-v4", "x86_64", "x86-64-v4", "-prefer-256-bit",
          "avx512f avx512bw avx512cd avx512dq avx512vl"),
+        # v4 with AVX-512 VNNI (vpdpbusd): the integer kernels (codegen/qgemm.py) use it
+        ("x86-64-v4+vnni", "x86_64", "x86-64-v4", "-prefer-256-bit,+avx512vnni", "avx512_vnni"),
         # v4 with vdpbf16ps: the bf16 matmul kernel (--precision bf16; codegen/bf16dot.py).
-        # A portable export includes it for --precision bf16 only (codegen/target.py).
-        ("x86-64-v4+bf16", "x86_64", "x86-64-v4", "-prefer-256-bit,+avx512bf16", "avx512_bf16"),
+        # A portable export includes it for --precision bf16 only (codegen/target.py). Every
+        # CPU with avx512_bf16 has avx512_vnni (Cooper Lake, Sapphire Rapids, Zen 4), so the
+        # level follows v4+vnni and keeps its integer kernels.
+        ("x86-64-v4+bf16", "x86_64", "x86-64-v4", "-prefer-256-bit,+avx512vnni,+avx512bf16",
+         "avx512_bf16"),
         ("aarch64", "aarch64", "generic", "+neon", "asimd fp"),
         ("aarch64+dotprod", "aarch64", "generic", "+neon,+dotprod", "asimddp"),
     ]

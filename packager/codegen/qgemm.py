@@ -38,15 +38,22 @@ Targets: x86-64 with AVX2 (x86-64-v3 and v4) use the intrinsic; every other targ
 aarch64) gets the same kernel with the pair product written as sext / mul / even+odd add, which
 LLVM lowers to ``pmaddwd`` on SSE2 and to ``smull``/``addp`` on NEON.
 
-AVX-512 VNNI (``_emit_vnni``, ``qmatmul`` with int8 weights only): ``vpdpbusd`` on uint8 x int8
-k-quads, 4 products per int32 lane per instruction, with the +128 shift for int8 activations
-and a column-sum correction. It is emitted only for a target whose LLVM features name
-``+avx512vnni`` (``build.py`` passes them in); no level in runtime/cpu.py does yet, so real
-bundles do not get it. Tests compile it (the instruction is there), run its data path with the
+AVX-512 VNNI (level ``x86-64-v4+vnni``, LLVM feature ``+avx512vnni``; int8 weights only):
+``vpdpbusd`` (``_dpbusd``) on uint8 x int8 quads, 4 products summed into each int32 lane per
+instruction, exact and without saturation (unlike ``vpmaddubsw``), with the +128 shift for int8
+activations and a zero-point correction zp' * sum(w):
+- ``qmatmul`` (``_emit_vnni``): x packed as uint8 k-quads, two k-pair rows of the bundle's
+  panels interleaved per step, column sums by one more vpdpbusd with ones.
+- ``qconv2d`` (``_tile_dp``, ``_vnni_weights``, ``_fill_quads``): the planes hold uint8 channel
+  *quads* per pixel (x's zero point in the padding, so padding adds zp' * w, which the
+  correction removes), the bundle's k-pair weights are regrouped into int8 channel quads with
+  each output channel's weight sum in the workspace on each call (as the AVX2 path widens them
+  to int16), the same 6 x 2 register tile and epilogue.
+Tests compile both (the instruction is in the assembly), run their data path with the
 instruction written in portable IR (``CompileOptions.vnni_emulate``, ``MLCPACK_VNNI_EMULATE=1``
-at the command line), and run it natively
-only on a CPU with avx512_vnni: this machine has none, so it has never run natively here.
-Not done: VNNI convolutions, AVX-VNNI (VEX), 512-bit vectors, aarch64 ``sdot``/``smmla``.
+at the command line), model the conv's inner loop in numpy (tests/test_qgemm_vnni.py), and run
+them natively only on a CPU with avx512_vnni.
+Not done: VNNI depthwise, AVX-VNNI (VEX, no AVX-512), 512-bit vectors, aarch64 ``sdot``.
 """
 
 from __future__ import annotations
@@ -112,8 +119,7 @@ def emit_qgemm(module: ir.Module, func: PrimFunc, symbol: str, vl: int, features
     avx2 = module.triple.startswith("x86_64") and vl >= 8
     cls = _QMatmul if kind == "qmatmul" else _QConv
     emitter = cls(module, func, symbol, tag, avx2)
-    # AVX-512 VNNI: only where the target's LLVM features name it; no level in runtime/cpu.py
-    # does yet, so only tests compile it
+    # AVX-512 VNNI: where the target's LLVM features name it (level x86-64-v4+vnni)
     emitter.vnni = avx2 and "+avx512vnni" in features
     # tests: the VNNI kernel with vpdpbusd written in portable IR, so its packing, column sums
     # and epilogue run (and are checked) on a CPU without VNNI
@@ -159,6 +165,22 @@ class _QEmitter(KernelEmitter):
         even = ir.Constant(V8I32, list(range(0, 2 * PANEL, 2)))
         odd = ir.Constant(V8I32, list(range(1, 2 * PANEL, 2)))
         return b.add(b.shuffle_vector(p, p, even), b.shuffle_vector(p, p, odd))
+
+    def _dpbusd(self, acc: ir.Value, a: ir.Value, w: ir.Value) -> ir.Value:
+        """``vpdpbusd``: per int32 lane of ``acc`` (<8 x i32>), + the sum of the 4 products
+        uint8 ``a`` x int8 ``w`` of its byte quad (<32 x i8> each), exact, no saturation
+        (wrapping int32 add). With ``vnni_emulated`` written in portable IR (runs anywhere)."""
+        b = self.builder
+        v32i8 = ir.VectorType(I8, 32)
+        if getattr(self, "vnni_emulated", False):
+            v32i32 = ir.VectorType(I32, 32)
+            p = b.mul(b.zext(a, v32i32), b.sext(w, v32i32))
+            for j in range(4):
+                part = b.shuffle_vector(p, p, ir.Constant(V8I32, list(range(j, 32, 4))))
+                acc = b.add(acc, part)
+            return acc
+        f = intrinsic(self.module, "llvm.x86.avx512.vpdpbusd.256", V8I32, [V8I32, v32i8, v32i8])
+        return b.call(f, [acc, a, w])
 
     def _widen(self, v: ir.Value, dtype: str) -> ir.Value:
         """A loaded int8/uint8/int16 scalar as int32 (x86 u8 zero-extends)."""
@@ -406,21 +428,7 @@ class _QMatmul(_QEmitter):
         b = self.builder
         buf = self.buffers
         v32i8 = ir.VectorType(I8, 32)
-        if getattr(self, "vnni_emulated", False):
-            v32i32 = ir.VectorType(I32, 32)
-
-            def dpbusd(acc, a, w):
-                p = b.mul(b.zext(a, v32i32), b.sext(w, v32i32))
-                for j in range(4):
-                    part = b.shuffle_vector(p, p, ir.Constant(V8I32, list(range(j, 32, 4))))
-                    acc = b.add(acc, part)
-                return acc
-        else:
-            dp_fn = intrinsic(self.module, "llvm.x86.avx512.vpdpbusd.256", V8I32,
-                              [V8I32, v32i8, v32i8])
-
-            def dpbusd(acc, a, w):
-                return b.call(dp_fn, [acc, a, w])
+        dpbusd = self._dpbusd
         a8 = ws
         shift = 128 if x.dtype == "int8" else 0
         with for_range(b, const_i64(0), const_i64(rows), "pm") as m:
@@ -496,6 +504,10 @@ class _QConv(_QEmitter):
         hp, wpd = h + pt + pb, w + pl + pr
         hq, wq = -(-hp // sh), -(-wpd // sw)
         cp = -(-c // 2)
+        # AVX-512 VNNI (int8 weights): planes of uint8 channel quads and vpdpbusd, else int16
+        # channel pairs and vpmaddwd
+        vnni = bool(getattr(self, "vnni", False)) and wk.dtype == "int8"
+        cg = -(-c // 4) if vnni else cp                  # channel groups of a plane word
         phases = sorted({(ky % sh, kx % sw) for ky in range(kh) for kx in range(kw)})
         taps = [(ky, kx) for ky in range(kh) for kx in range(kw)]
         lanes = PANEL * self.nv
@@ -504,11 +516,17 @@ class _QConv(_QEmitter):
         offmax = ((kh - 1) // sh) * wq + (kw - 1) // sw
         prow = max(hq, -(-(qpad + offmax) // wq))       # plane rows, reads stay inside
         psz = prow * wq                                  # int32 words per (phase, pair) plane
-        steps = len(taps) * cp
+        steps = len(taps) * cp                           # k-pair steps of the packed weights
+        ksteps = len(taps) * cg                          # steps of the kernel's loop
         rows6 = CONV_ROWS
-        n_words = int(wk.shape[0]) * steps * rows6
-        w_bytes = _align(n_words * 4) if wk.dtype == "int8" else 0
-        p_bytes = _align(len(phases) * cp * psz * 4)
+        ot = int(wk.shape[0])
+        n_words = ot * steps * rows6
+        if vnni:    # the weights as s8 quads [ot][ksteps][6] words, then sum_c,t w per row
+            wsum_at = _align(ot * ksteps * rows6 * 4)
+            w_bytes = wsum_at + _align(ot * rows6 * 4)
+        else:
+            w_bytes = _align(n_words * 4) if wk.dtype == "int8" else 0
+        p_bytes = _align(len(phases) * cg * psz * 4)
         s_bytes = _align(o * qpad * (4 if self.float_out else 1))
         # Split over tasks by tiles of output channels when there is work enough: the widened
         # weights and the staging rows are shared (each task writes its own rows), the planes
@@ -540,7 +558,12 @@ class _QConv(_QEmitter):
         if not self.float_out:
             self.y_zp = self._splat(b.load(buf[y_zp.uid]), V8F32)
         tile_words = steps * rows6 * 2                      # int16 values per 6-row tile
-        if w_bytes:   # int8 weights (the bundle's) widened to int16, this task's tiles
+        if vnni:
+            shift = 128 if x.dtype == "int8" else 0
+            zpq = b.add(xzp, ir.Constant(I32, shift))    # x's zero point as the planes hold it
+            wexp32, wsum = self._vnni_weights(ws, buf[wk.uid], lo, hi, mr, ot, len(taps), cp,
+                                              cg, steps, ksteps, wsum_at)
+        elif w_bytes:   # int8 weights (the bundle's) widened to int16, this task's tiles
             wexp = b.bitcast(ws, I16.as_pointer())
             # 6-row tiles of the packed weights are mr-row tiles' groups (mr divides 6)
             g_lo = b.sdiv(b.mul(lo, const_i64(mr)), const_i64(rows6))
@@ -558,10 +581,10 @@ class _QConv(_QEmitter):
                                             b.mul(region, const_i64(p_bytes)))]),
                            I16.as_pointer())
         planes32 = b.bitcast(planes, I32.as_pointer())
-        # step j = t * cp + p reads plane (phase(t), p) at offset off(t): a table of word
+        # step j = t * cg + p reads plane (phase(t), p) at offset off(t): a table of word
         # offsets into the planes
-        table = [(phases.index((ky % sh, kx % sw)) * cp + p) * psz + (ky // sh) * wq + kx // sw
-                 for ky, kx in taps for p in range(cp)]
+        table = [(phases.index((ky % sh, kx % sw)) * cg + p) * psz + (ky // sh) * wq + kx // sw
+                 for ky, kx in taps for p in range(cg)]
         tbl_ty = ir.ArrayType(I64, len(table))
         gv = ir.GlobalVariable(self.module, tbl_ty, name=f"{self.symbol}.steps")
         gv.global_constant = True
@@ -569,12 +592,18 @@ class _QConv(_QEmitter):
         gv.initializer = ir.Constant(tbl_ty, table)
         with for_range(b, const_i64(0), const_i64(batch), "b") as bi:
             xb = b.gep(buf[x.uid], [b.mul(bi, const_i64(c * h * w))])
-            self._fill_planes(xb, planes, phases, c, h, w, cp, prow, wq, psz, sh, sw, pt, pl,
-                              xzp, x.dtype, zero=any(self.tag.attrs["padding"]) or c % 2 == 1)
+            if vnni:
+                self._fill_quads(xb, b.bitcast(planes, I8.as_pointer()), phases, c, h, w, cg,
+                                 prow, wq, psz, sh, sw, pt, pl, zpq, shift,
+                                 zero=any(self.tag.attrs["padding"]))
+            else:
+                self._fill_planes(xb, planes, phases, c, h, w, cp, prow, wq, psz, sh, sw, pt,
+                                  pl, xzp, x.dtype,
+                                  zero=any(self.tag.attrs["padding"]) or c % 2 == 1)
 
             def a_word_at(oc0):
                 # word ((oc // 6) * steps + j) * 6 + oc % 6; a tile never crosses a 6-row group
-                base = b.add(b.mul(b.sdiv(oc0, const_i64(rows6)), const_i64(steps * rows6)),
+                base = b.add(b.mul(b.sdiv(oc0, const_i64(rows6)), const_i64(ksteps * rows6)),
                              b.srem(oc0, const_i64(rows6)))
 
                 def a_word(r, j):
@@ -590,9 +619,15 @@ class _QConv(_QEmitter):
                 return b_vec
 
             def tile(q0, oc0, nrows):
-                accs = self._tile(nrows, self.nv, steps, a_word_at(oc0), b_vec_at(q0))
+                if vnni:
+                    accs = self._tile_dp(nrows, self.nv, ksteps, a_word_at(oc0), b_vec_at(q0))
+                else:
+                    accs = self._tile(nrows, self.nv, steps, a_word_at(oc0), b_vec_at(q0))
                 for r in range(nrows):
                     ocr = b.add(oc0, const_i64(r))
+                    if vnni:    # sum (x_q - zp') w = sum (x - x_zp) w + zp' sum w (wrapping)
+                        corr = self._splat(b.mul(zpq, b.load(b.gep(wsum, [ocr]))), V8I32)
+                        accs[r] = [b.sub(a, corr) for a in accs[r]]
                     bv = self._splat(b.load(b.gep(buf[bias.uid], [ocr])), V8I32)
                     mv = self._splat(b.load(buf[mult.uid] if tuple(mult.shape) == ()
                                             else b.gep(buf[mult.uid], [ocr])), V8F32)
@@ -639,6 +674,117 @@ class _QConv(_QEmitter):
                                else b.zext(v, I64))
                         b.store(b.load(b.gep(tb, [idx])), b.gep(dst, [i]))
         return self._finish(body_fn, n_ptrs, ptr_types, workspace, parallel)
+
+    def _tile_dp(self, rows: int, nvec: int, steps: int, a_word, b_vec) -> list[list[ir.Value]]:
+        """Like ``_tile`` with ``vpdpbusd``: acc[r][v] += dpbusd(b_vec(v, j) as uint8 quads,
+        broadcast(a_word(r, j)) as int8 quads)."""
+        b = self.builder
+        v32i8 = ir.VectorType(I8, 32)
+        accs = [[alloca_once(b, V8I32, f"qacc{r}_{v}") for v in range(nvec)] for r in range(rows)]
+        zero = ir.Constant(V8I32, None)
+        for row in accs:
+            for a in row:
+                b.store(zero, a)
+        with for_range(b, const_i64(0), const_i64(steps), "kq") as j:
+            ws = [b.bitcast(b_vec(v, j), v32i8) for v in range(nvec)]
+            for r in range(rows):
+                a = b.bitcast(self._splat(a_word(r, j), V8I32), v32i8)
+                for v in range(nvec):
+                    acc = accs[r][v]
+                    b.store(self._dpbusd(b.load(acc), ws[v], a), acc)
+        return [[b.load(a) for a in row] for row in accs]
+
+    def _vnni_weights(self, ws, wk, lo, hi, mr, ot, ntaps, cp, cg, steps, ksteps, wsum_at):
+        """The bundle's int8 k-pair weights [ot][taps * cp][6][2] regrouped as int8 channel
+        quads [ot][taps * cg][6] (int32 words: pairs 2q and 2q + 1, a zero pair past the last)
+        at the start of ``ws``, and each row's sum of weights at ``wsum_at`` (int32), for
+        this task's 6-row tiles. Returns (words, sums) as i32 pointers."""
+        b = self.builder
+        rows6 = CONV_ROWS
+        words = b.bitcast(ws, I32.as_pointer())
+        wsum = b.bitcast(b.gep(ws, [const_i64(wsum_at)]), I32.as_pointer())
+        pairs = b.bitcast(wk, I16.as_pointer())          # one int16 = one k-pair of bytes
+        g_lo = b.sdiv(b.mul(lo, const_i64(mr)), const_i64(rows6))
+        g_hi = b.sdiv(b.add(b.mul(hi, const_i64(mr)), const_i64(rows6 - 1)), const_i64(rows6))
+        g_hi = b.select(b.icmp_signed("<", g_hi, const_i64(ot)), g_hi, const_i64(ot))
+        sums = [alloca_once(b, I32, f"wsum{r}") for r in range(rows6)]
+
+        def quad(g, t, q, full: bool) -> None:
+            for r in range(rows6):
+                src = b.add(b.mul(b.add(b.add(b.mul(g, const_i64(steps)),
+                                              b.mul(t, const_i64(cp))),
+                                        b.mul(q, const_i64(2))), const_i64(rows6)),
+                            const_i64(r))
+                lo16 = b.load(b.gep(pairs, [src]))
+                word = b.zext(lo16, I32)
+                parts = [lo16]
+                if full:
+                    hi16 = b.load(b.gep(pairs, [b.add(src, const_i64(rows6))]))
+                    word = b.or_(word, b.shl(b.zext(hi16, I32), ir.Constant(I32, 16)))
+                    parts.append(hi16)
+                dst = b.add(b.mul(b.add(b.add(b.mul(g, const_i64(ksteps)),
+                                              b.mul(t, const_i64(cg))), q), const_i64(rows6)),
+                            const_i64(r))
+                b.store(word, b.gep(words, [dst]))
+                total = b.load(sums[r])
+                for part in parts:
+                    for sh in (8, 0):    # the pair's high byte, then its low byte, sign-extended
+                        byte = b.trunc(b.lshr(part, ir.Constant(I16, sh)), I8)
+                        total = b.add(total, b.sext(byte, I32))
+                b.store(total, sums[r])
+
+        with for_range(b, g_lo, g_hi, "vg") as g:
+            for r in range(rows6):
+                b.store(ir.Constant(I32, 0), sums[r])
+            with for_range(b, const_i64(0), const_i64(ntaps), "vt") as t:
+                if cp // 2:
+                    with for_range(b, const_i64(0), const_i64(cp // 2), "vq") as q:
+                        quad(g, t, q, True)
+                if cp % 2:
+                    quad(g, t, const_i64(cp // 2), False)
+            for r in range(rows6):
+                b.store(b.load(sums[r]),
+                        b.gep(wsum, [b.add(b.mul(g, const_i64(rows6)), const_i64(r))]))
+        return words, wsum
+
+    def _fill_quads(self, xb, planes, phases, c, h, w, cg, prow, wq, psz, sh, sw, pt, pl,
+                    zpq, shift: int, zero: bool) -> None:
+        """The VNNI kernel's planes: bytes planes[ph, q, u, v, j] = x[4q + j, u*sh + py - pt,
+        v*sw + px - pl] as uint8 (int8 x + 128, ``shift``), x's zero point ``zpq`` (so it
+        adds nothing after the correction) outside the image when ``zero``; channels past the
+        last meet zero weights, so what they hold does not matter."""
+        b = self.builder
+        total = len(phases) * cg * psz * 4
+        if zero:
+            fill = b.trunc(zpq, I8)
+            with for_range(b, const_i64(0), const_i64(total), "fz") as i:
+                b.store(fill, b.gep(planes, [i]))
+        for pi, (py, px) in enumerate(phases):
+            u_lo = max(0, -(-(pt - py) // sh))
+            u_hi = min(prow, (h + pt - py - 1) // sh + 1)
+            v_lo = max(0, -(-(pl - px) // sw))
+            v_hi = min(wq, (w + pl - px - 1) // sw + 1)
+            if u_hi <= u_lo or v_hi <= v_lo:
+                continue
+            for q_lo, q_hi, chans in ((0, c // 4, 4), (c // 4, cg, c % 4)):
+                if q_hi <= q_lo:
+                    continue
+                with for_range(b, const_i64(q_lo), const_i64(q_hi), "fq") as q:
+                    base = b.mul(b.add(const_i64(pi * cg), q), const_i64(psz * 4))
+                    with for_range(b, const_i64(u_lo), const_i64(u_hi), "fu") as u:
+                        iy = b.add(b.mul(u, const_i64(sh)), const_i64(py - pt))
+                        row = b.add(base, b.mul(u, const_i64(wq * 4)))
+                        with for_range(b, const_i64(v_lo), const_i64(v_hi), "fv") as v:
+                            ix = b.add(b.mul(v, const_i64(sw)), const_i64(px - pl))
+                            dst = b.add(row, b.mul(v, const_i64(4)))
+                            for j in range(chans):
+                                ch = b.add(b.mul(q, const_i64(4)), const_i64(j))
+                                src = b.add(b.mul(ch, const_i64(h * w)),
+                                            b.add(b.mul(iy, const_i64(w)), ix))
+                                val = b.load(b.gep(xb, [src]))
+                                if shift:
+                                    val = b.xor(val, ir.Constant(I8, 0x80))
+                                b.store(val, b.gep(planes, [b.add(dst, const_i64(j))]))
 
     def _fill_planes(self, xb, planes, phases, c, h, w, cp, prow, wq, psz, sh, sw, pt, pl,
                      xzp, dtype, zero: bool = True) -> None:

@@ -100,6 +100,7 @@ def runs_on(targets: list[Target]) -> str:
         what = {"x86-64": "any x86-64 CPU", "x86-64-v2": "x86-64 CPUs with SSE4.2 (x86-64-v2)",
                 "x86-64-v3": "x86-64 CPUs with AVX2 (x86-64-v3)",
                 "x86-64-v4": "x86-64 CPUs with AVX-512 (x86-64-v4)",
+                "x86-64-v4+vnni": "x86-64 CPUs with AVX-512 VNNI (x86-64-v4+vnni)",
                 "x86-64-v4+bf16": "x86-64 CPUs with AVX-512 and avx512_bf16 (x86-64-v4+bf16)",
                 "aarch64": "any aarch64 CPU",
                 "aarch64+dotprod": "aarch64 CPUs with dotprod"}.get(lowest, lowest)

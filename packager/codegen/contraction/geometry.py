@@ -49,7 +49,8 @@ def _pick_tile(rows: int, cols: int, vl: int) -> tuple[int, int]:
 
 def vector_width(target_name: str) -> int:
     """Floats per vector register the kernels are written for."""
-    return {"x86-64-v4": 16, "x86-64-v4+bf16": 16, "x86-64-v3": 8}.get(target_name, 4)
+    # a feature level ("x86-64-v4+vnni", "x86-64-v4+bf16") has its base level's registers
+    return {"x86-64-v4": 16, "x86-64-v3": 8}.get(target_name.split("+")[0], 4)
 
 
 def conv_row_widths(targets) -> tuple[int, ...]:

@@ -26,6 +26,7 @@ static const level_row LEVELS[] = {
     {"x86-64-v2", "x86_64", "cx16 lahf_lm popcnt sse4_1 sse4_2 ssse3 pni"},
     {"x86-64-v3", "x86_64", "avx avx2 bmi1 bmi2 f16c fma abm movbe xsave"},
     {"x86-64-v4", "x86_64", "avx512f avx512bw avx512cd avx512dq avx512vl"},
+    {"x86-64-v4+vnni", "x86_64", "avx512_vnni"},
     {"x86-64-v4+bf16", "x86_64", "avx512_bf16"},
     {"aarch64", "aarch64", "asimd fp"},
     {"aarch64+dotprod", "aarch64", "asimddp"},
