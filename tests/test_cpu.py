@@ -56,7 +56,8 @@ def test_env_overrides_are_read_each_call(monkeypatch: pytest.MonkeyPatch) -> No
 def test_levels_are_ordered_and_cumulative() -> None:
     names = [lv.name for lv in LEVELS]
     x86 = [n for n in names if n.startswith("x86")]
-    assert x86 == ["x86-64", "x86-64-v2", "x86-64-v3", "x86-64-v4", "x86-64-v4+bf16"]
+    assert x86 == ["x86-64", "x86-64-v2", "x86-64-v3", "x86-64-v4", "x86-64-v4+vnni",
+                   "x86-64-v4+bf16"]
     for low, high in itertools.pairwise(x86):
         assert level(low).flags < level(high).flags
     assert level("aarch64").flags < level("aarch64+dotprod").flags
@@ -67,6 +68,9 @@ def test_levels_are_ordered_and_cumulative() -> None:
     assert (dot.llvm_cpu, dot.llvm_features, dot.triple) == (
         "generic", "+neon,+dotprod", "aarch64-unknown-linux-gnu")
     assert "asimddp" in dot.flags
+    vnni = level("x86-64-v4+vnni")
+    assert vnni.flags - level("x86-64-v4").flags == {"avx512_vnni"}
+    assert (vnni.llvm_cpu, vnni.llvm_features) == ("x86-64-v4", "-prefer-256-bit,+avx512vnni")
 
 
 def test_best_level() -> None:
