@@ -358,3 +358,34 @@ def test_qmatmul_kernel_weight_offset(xd: str, xz: int, tmp_path: Path) -> None:
             else:
                 want = _requant(acc, mult[:n], 3.0, "uint8")
             np.testing.assert_array_equal(got, want, err_msg=f"{dtype}, {threads} threads")
+
+
+LUT_CONVS = {   # x shape, O, kernel, stride, pad, dtype, table rows, threads
+    "rows_of_70_int8": ((1, 5, 9, 70), 6, 3, 1, 1, "int8", 6, 1),
+    "channels_of_42_uint8_one_row": ((1, 8, 6, 7), 7, 1, 1, 0, "uint8", 1, 2),
+    "channels_of_64_uint8": ((2, 4, 8, 8), 9, 1, 1, 0, "uint8", 9, 1),
+}
+
+
+@pytest.mark.parametrize("case", list(LUT_CONVS))
+def test_qconv2d_table_vectorized(case: str, tmp_path: Path) -> None:
+    """A lut8 table folded into qconv2d with rows (or whole channels, where the staging rows
+    are the output's) of 32 bytes or more: looked up 32 at a time with vpshufb on AVX2 (the
+    last vector overlapping), int8 and uint8 results, exact against numpy."""
+    from mlcpack.packager.ops.qlinear import lut8, qconv2d
+
+    shape, o, k, s, p, dtype, rows, threads = LUT_CONVS[case]
+    rng = np.random.default_rng(sorted(LUT_CONVS).index(case) + 40)
+    x = rng.integers(0, 256, shape).astype(np.uint8)
+    wd = rng.integers(-127, 128, (o, shape[1], k, k))
+    args = [x, pack_conv_weights(wd), np.array(120, np.int32),
+            rng.integers(-3000, 3000, o).astype(np.int32),
+            rng.uniform(1e-4, 1e-3, o).astype(np.float32), np.array(-3 if dtype == "int8" else 100,
+                                                                   np.float32),
+            rng.integers(0, 256, (rows, 256)).astype(np.uint8)]
+    attrs = dict(out_channels=o, kernel=(k, k), strides=(s, s), padding=(p,) * 4, dtype=dtype)
+    expect = lut8(qconv2d(*args[:6], **attrs), args[6], 1 if rows > 1 else -1)
+    mod = build_op_module("qconv2d", args, [False] + [True] * 6, **attrs)
+    got = compile_and_run(mod, {"x0": x}, tmp_path, target="host", threads=threads)["y"]
+    np.testing.assert_array_equal(got, expect)
+    assert len(np.unique(got)) > 40

@@ -655,25 +655,63 @@ class _QConv(_QEmitter):
             yb = b.gep(buf[y.uid], [b.mul(bi, const_i64(o * oh * ow))])
             oc_hi = b.mul(hi, const_i64(mr))
             oc_hi = b.select(b.icmp_signed("<", oc_hi, const_i64(o)), oc_hi, const_i64(o))
-            with for_range(b, b.mul(b.mul(lo, const_i64(mr)), const_i64(oh)),
-                           b.mul(oc_hi, const_i64(oh)), "cr") as r:
-                oc = b.sdiv(r, const_i64(oh))
-                oy = b.srem(r, const_i64(oh))
+            # rows of ow, or whole channels where the staging rows are the output's (wq == ow)
+            per, n = (1, oh * ow) if wq == ow else (oh, ow)
+            with for_range(b, b.mul(b.mul(lo, const_i64(mr)), const_i64(per)),
+                           b.mul(oc_hi, const_i64(per)), "cr") as r:
+                oc = b.sdiv(r, const_i64(per))
+                oy = b.srem(r, const_i64(per))
                 src = b.gep(stage, [b.add(b.mul(oc, const_i64(qpad)), b.mul(oy, const_i64(wq)))])
-                dst = b.gep(yb, [b.mul(r, const_i64(ow))])
-                if lut is None:
-                    with for_range(b, const_i64(0), const_i64(ow), "cx") as i:
+                dst = b.gep(yb, [b.mul(r, const_i64(n))])
+                # a lut8 folded in (passes/quantize_lut.py): the row's table
+                tb = None if lut is None else b.gep(buf[lut.uid], [
+                    b.mul(oc, const_i64(256)) if int(lut.shape[0]) != 1 else const_i64(0)])
+                if tb is None:
+                    with for_range(b, const_i64(0), const_i64(n), "cx") as i:
                         b.store(b.load(b.gep(src, [i])), b.gep(dst, [i]))
-                else:     # a lut8 folded in (passes/quantize_lut.py): the row's table
-                    row = (b.mul(oc, const_i64(256)) if int(lut.shape[0]) != 1
-                           else const_i64(0))
-                    tb = b.gep(buf[lut.uid], [row])
-                    with for_range(b, const_i64(0), const_i64(ow), "cx") as i:
+                elif self.avx2 and n >= 32:
+                    self._lut_bytes(src, dst, tb, n)
+                else:
+                    with for_range(b, const_i64(0), const_i64(n), "cx") as i:
                         v = b.load(b.gep(src, [i]))
                         idx = (b.add(b.sext(v, I64), const_i64(128)) if self.dtype == "int8"
                                else b.zext(v, I64))
                         b.store(b.load(b.gep(tb, [idx])), b.gep(dst, [i]))
         return self._finish(body_fn, n_ptrs, ptr_types, workspace, parallel)
+
+    def _lut_bytes(self, src, dst, tb, n: int) -> None:
+        """dst[i] = tb[src[i]] for i < n (n >= 32; int8 bytes index from tb + 128), 32 bytes
+        at a time with AVX2 ``vpshufb``: the 256-byte row as 16 chunks of 16 bytes, each
+        looked up by the index's low nibble and kept where its high nibble is the chunk's (16
+        pshufb + compare + blend per 32 bytes, against one scalar load per byte); the last 32
+        bytes overlap the previous vector when n is not a multiple of 32 (same values)."""
+        b = self.builder
+        v32i8 = ir.VectorType(I8, 32)
+        shuf = intrinsic(self.module, "llvm.x86.avx2.pshuf.b", v32i8, [v32i8, v32i8])
+        both = ir.Constant(ir.VectorType(I32, 32), list(range(16)) * 2)
+        low = ir.Constant(v32i8, [0x0F] * 32)
+
+        def chunk(at) -> None:
+            v = b.load(self._ptr(src, at, v32i8), align=1)
+            if self.dtype == "int8":
+                v = b.xor(v, ir.Constant(v32i8, [0x80] * 32))
+            lo_n = b.and_(v, low)
+            hi_n = b.lshr(v, ir.Constant(v32i8, [4] * 32))
+            res = ir.Constant(v32i8, None)
+            for k in range(16):
+                t = b.load(self._ptr(tb, const_i64(16 * k), V16I8), align=1)
+                part = b.call(shuf, [b.shuffle_vector(t, t, both), lo_n])
+                sel = b.icmp_unsigned("==", hi_n, ir.Constant(v32i8, [k] * 32))
+                res = b.select(sel, part, res)
+            b.store(res, self._ptr(dst, at, v32i8), align=1)
+
+        if n // 32 > 1:
+            with for_range(b, const_i64(0), const_i64(n // 32), "lx") as i:
+                chunk(b.mul(i, const_i64(32)))
+        else:
+            chunk(const_i64(0))
+        if n % 32:
+            chunk(const_i64(n - 32))
 
     def _tile_dp(self, rows: int, nvec: int, steps: int, a_word, b_vec) -> list[list[ir.Value]]:
         """Like ``_tile`` with ``vpdpbusd``: acc[r][v] += dpbusd(b_vec(v, j) as uint8 quads,
