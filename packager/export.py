@@ -27,7 +27,7 @@ from .codegen.build import ALLOWED_EXTERNALS, CodegenError, CompiledCode, Kernel
 from .codegen.lower import KernelInfo, LoweringError
 from .codegen.objinfo import function_sizes
 from .codegen.parallel import compile_for_targets
-from .codegen.target import Target, TargetError, resolve_targets
+from .codegen.target import Target, TargetError, drop_idle_levels, resolve_targets
 from .errors import ExportError
 from .ir.builder import BuilderError
 from .ir.graph import CallTIR, Function, IRModule, merge_sources
@@ -156,6 +156,7 @@ def compile_variants(mod: IRModule, params: Mapping[str, np.ndarray] | None = No
         mod = run_pipeline(mod, DEFAULT_PIPELINE, options=options, verify=options.verify_ir)
         note("codegen")
         funcs = list(mod.prim_funcs().values())
+        targets = drop_idle_levels(targets, funcs)
         try:
             variants = compile_for_targets(funcs, targets, main_size_vars(mod), options)
         except KernelCompileError as exc:

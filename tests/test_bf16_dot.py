@@ -20,7 +20,7 @@ from mlcpack.runtime.cpu import host_arch, host_features
 
 RNG = np.random.default_rng(5)
 V4_BF16 = "x86-64-v4+bf16"
-X86_V4_BF16 = X86_V4 + ",avx512_bf16"
+X86_V4_BF16 = X86_V4 + ",avx512_vnni,avx512_bf16"    # every avx512_bf16 CPU has VNNI
 
 
 # ---- the CPU level ----------------------------------------------------------------------------
@@ -36,11 +36,12 @@ def test_level_records_avx512_bf16(monkeypatch):
     assert best_level("x86_64", set(X86_V4_BF16.split(","))) == V4_BF16
     assert best_level("x86_64", set(X86_V4.split(","))) == "x86-64-v4"
     # fp32 exports on an avx512_bf16 host stay as they were; bf16 ones add the level
-    assert portable_levels("x86_64", V4_BF16) == ["x86-64-v2", "x86-64-v3", "x86-64-v4"]
+    assert portable_levels("x86_64", V4_BF16) == ["x86-64-v2", "x86-64-v3", "x86-64-v4",
+                                                  "x86-64-v4+vnni"]
     assert portable_levels("x86_64", V4_BF16, precision="bf16")[-1] == V4_BF16
     monkeypatch.setenv("MLCPACK_CPU_ARCH", "x86_64")
     monkeypatch.setenv("MLCPACK_CPU_FEATURES", X86_V4_BF16)
-    assert resolve_target("host").name == "x86-64-v4"
+    assert resolve_target("host").name == "x86-64-v4+vnni"
     assert resolve_target("host", "bf16").name == V4_BF16
     variants = [{"arch": "x86_64", "level": n, "features": []}
                 for n in ("x86-64-v3", V4_BF16, "x86-64-v4")]

@@ -289,3 +289,33 @@ def test_vnni_bundle_refused_without_vnni(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setenv("MLCPACK_CPU_FEATURES", X86_V4)
     with pytest.raises(CpuFeatureError, match=r"needs avx512_vnni.*this CPU is x86-64-v4"):
         load(path)
+
+
+def test_vnni_variant_only_for_integer_kernels(monkeypatch) -> None:
+    """On a VNNI host the portable levels end with x86-64-v4+vnni; an export keeps that variant
+    only where the model has an integer kernel (an fp32 model would get a copy of v4)."""
+    from mlcpack.packager.codegen.target import drop_idle_levels, resolve_targets
+    from mlcpack.packager.ir.graph import PrimFunc
+    from mlcpack.packager.options import UNPACKED
+    from mlcpack.packager.passes.pipeline import DEFAULT_PIPELINE, run_pipeline
+
+    monkeypatch.setenv("MLCPACK_CPU_ARCH", "x86_64")
+    monkeypatch.setenv("MLCPACK_CPU_FEATURES", X86_VNNI)
+    targets = resolve_targets(None)
+    assert [t.name for t in targets][-2:] == ["x86-64-v4", "x86-64-v4+vnni"]
+    rng = np.random.default_rng(8)
+    args, attrs, _, _ = _matmul_case(rng, (3, 9), 5, "uint8", 7, False, "uint8", 3)
+    quantized = run_pipeline(build_op_module("qmatmul", args, MASK, **attrs), DEFAULT_PIPELINE,
+                             options=UNPACKED)
+    fp32 = run_pipeline(build_op_module("pad", [rng.random((4, 8), dtype=np.float32)],
+                                        pads=(0, 1, 0, 2)),
+                        DEFAULT_PIPELINE, options=UNPACKED)
+
+    def funcs(mod):
+        return [f for f in mod.functions.values() if isinstance(f, PrimFunc)]
+
+    assert drop_idle_levels(targets, funcs(quantized)) == targets
+    assert [t.name for t in drop_idle_levels(targets, funcs(fp32))] == [
+        "x86-64-v2", "x86-64-v3", "x86-64-v4"]
+    alone = resolve_targets("x86-64-v4+vnni")
+    assert drop_idle_levels(alone, funcs(fp32)) == alone       # asked for by name, alone

@@ -66,6 +66,26 @@ def resolve_target(name: str | None, precision: str = "fp32") -> Target:
     return _from_level(name)
 
 
+# Levels whose code differs from the level below only in the integer kernels (codegen/qgemm.py:
+# vpdpbusd): an export drops them where the level below is also a target and the model has no
+# qmatmul / qconv2d (``drop_idle_levels``), so an fp32 export on a VNNI host does not carry a
+# second, identical x86-64-v4 variant.
+INT8_LEVELS = frozenset({"x86-64-v4+vnni"})
+
+
+def drop_idle_levels(targets: list[Target], funcs) -> list[Target]:
+    """``targets`` without the ``INT8_LEVELS`` ones whose level below is a target too, when
+    none of the prim funcs ``funcs`` is an integer kernel."""
+    from .qgemm import match_qgemm
+
+    names = {t.name for t in targets}
+    idle = [t for t in targets if t.name in INT8_LEVELS
+            and LEVEL_NAMES[LEVEL_NAMES.index(t.name) - 1] in names]
+    if not idle or any(match_qgemm(f) is not None for f in funcs):
+        return targets
+    return [t for t in targets if t not in idle]
+
+
 # The oldest level a portable bundle covers on each architecture: x86-64-v2 (SSE4.2, 2009 on)
 # runs on every x86-64 machine still in service; the v1 baseline would only slow the common case.
 PORTABLE_BASELINE = {"x86_64": "x86-64-v2", "aarch64": "aarch64"}
