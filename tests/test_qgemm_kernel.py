@@ -211,9 +211,10 @@ def test_float_output_exact(relu: bool, target: str, tmp_path: Path) -> None:
 
 
 def test_integer_kernels_on_aarch64_under_qemu(tmp_path: Path) -> None:
-    """The portable pair-product kernels compiled for aarch64 (+dotprod) and run by the copied
-    runtime under qemu, bit for bit against numpy: qmatmul (uint8 and float32 results) and
-    qconv2d (a strided 3x3 with odd channels)."""
+    """The integer kernels compiled for aarch64+dotprod (sdot for int8 weights, the pair
+    product for int16 ones) and run by the copied runtime under qemu, bit for bit against
+    numpy: qmatmul (uint8 and int8 x, int8 and int16 weights) and qconv2d (a strided 3x3 with
+    odd channels, uint8 x; a 3x3 with int8 x)."""
     from arm64_root import arm64_root_or_fail, run_bundles
     from mlcpack.packager.export import ExportOptions, export_module
     from mlcpack.runtime import elf
@@ -228,6 +229,8 @@ def test_integer_kernels_on_aarch64_under_qemu(tmp_path: Path) -> None:
     cases["mm_s8_int16w"] = ("qmatmul", args, attrs, expect)
     args, attrs, expect = _conv_case(rng, 2, 5, 9, 10, 13, 3, 2, 1, "uint8", 90, False)
     cases["conv"] = ("qconv2d", args, attrs, expect)
+    args, attrs, expect = _conv_case(rng, 1, 6, 8, 9, 7, 3, 1, 1, "int8", -5, False)
+    cases["conv_s8"] = ("qconv2d", args, attrs, expect)
     bundles = {}
     for name, (op, args, attrs, expect) in cases.items():
         path = tmp_path / f"{name}.mlc"

@@ -319,3 +319,19 @@ def test_vnni_variant_only_for_integer_kernels(monkeypatch) -> None:
         "x86-64-v2", "x86-64-v3", "x86-64-v4"]
     alone = resolve_targets("x86-64-v4+vnni")
     assert drop_idle_levels(alone, funcs(fp32)) == alone       # asked for by name, alone
+
+
+@pytest.mark.parametrize("op", ["qconv2d", "qmatmul"])
+def test_dotprod_level_emits_sdot(op: str) -> None:
+    """aarch64+dotprod: the same quad kernels with sdot (int8 x int8: uint8 x shifted by -128,
+    the zero point corrected likewise); plain aarch64 keeps the pair product. They run under
+    qemu in test_qgemm_kernel.py's test_integer_kernels_on_aarch64_under_qemu."""
+    rng = np.random.default_rng(12)
+    if op == "qconv2d":
+        args, attrs, _ = _conv_case(rng, 1, 6, 8, 9, 7, 3, 2, 1, "uint8", 100, False)
+    else:
+        args, attrs, _, _ = _matmul_case(rng, (5, 37), 19, "uint8", 7, False, "uint8", 3)
+    asm, _ = _assembly(op, args, attrs, "aarch64+dotprod")
+    assert re.search(r"\bsdot\s+v\d+\.4s", asm)
+    plain, _ = _assembly(op, args, attrs, "aarch64")
+    assert "sdot" not in plain

@@ -53,7 +53,10 @@ Tests compile both (the instruction is in the assembly), run their data path wit
 instruction written in portable IR (``CompileOptions.vnni_emulate``, ``MLCPACK_VNNI_EMULATE=1``
 at the command line), model the conv's inner loop in numpy (tests/test_qgemm_vnni.py), and run
 them natively only on a CPU with avx512_vnni.
-Not done: VNNI depthwise, AVX-VNNI (VEX, no AVX-512), 512-bit vectors, aarch64 ``sdot``.
+aarch64+dotprod: the same quad kernels with ``sdot`` (``llvm.aarch64.neon.sdot``, two per
+8-lane accumulator; int8 x int8, so uint8 x is shifted by -128 instead: ``_quad_shift``), run
+under qemu-aarch64 in the tests.
+Not done: VNNI/sdot depthwise, AVX-VNNI (VEX, no AVX-512), 512-bit vectors, ``udot``/``usdot``.
 """
 
 from __future__ import annotations
@@ -124,7 +127,9 @@ def emit_qgemm(module: ir.Module, func: PrimFunc, symbol: str, vl: int, features
     # tests: the VNNI kernel with vpdpbusd written in portable IR, so its packing, column sums
     # and epilogue run (and are checked) on a CPU without VNNI
     emitter.vnni_emulated = vnni_emulate
-    emitter.vnni = emitter.vnni or emitter.vnni_emulated
+    # aarch64 with dotprod: the same kernels with sdot (int8 x int8 quads, uint8 x shifted)
+    emitter.sdot = module.triple.startswith("aarch64") and "+dotprod" in features
+    emitter.vnni = emitter.vnni or emitter.vnni_emulated or emitter.sdot
     return emitter.emit()
 
 
@@ -172,6 +177,18 @@ class _QEmitter(KernelEmitter):
         (wrapping int32 add). With ``vnni_emulated`` written in portable IR (runs anywhere)."""
         b = self.builder
         v32i8 = ir.VectorType(I8, 32)
+        if getattr(self, "sdot", False):       # aarch64: two sdot, int8 x int8, 4 lanes each
+            v4i32, v16i8 = ir.VectorType(I32, 4), ir.VectorType(I8, 16)
+            f = intrinsic(self.module, "llvm.aarch64.neon.sdot.v4i32.v16i8", v4i32,
+                          [v4i32, v16i8, v16i8])
+            halves = []
+            for h in range(2):
+                lanes = ir.Constant(ir.VectorType(I32, 4), list(range(4 * h, 4 * h + 4)))
+                quads = ir.Constant(ir.VectorType(I32, 16), list(range(16 * h, 16 * h + 16)))
+                halves.append(b.call(f, [b.shuffle_vector(acc, acc, lanes),
+                                         b.shuffle_vector(a, a, quads),
+                                         b.shuffle_vector(w, w, quads)]))
+            return b.shuffle_vector(halves[0], halves[1], ir.Constant(V8I32, list(range(8))))
         if getattr(self, "vnni_emulated", False):
             v32i32 = ir.VectorType(I32, 32)
             p = b.mul(b.zext(a, v32i32), b.sext(w, v32i32))
@@ -181,6 +198,13 @@ class _QEmitter(KernelEmitter):
             return acc
         f = intrinsic(self.module, "llvm.x86.avx512.vpdpbusd.256", V8I32, [V8I32, v32i8, v32i8])
         return b.call(f, [acc, a, w])
+
+    def _quad_shift(self, dtype: str) -> int:
+        """What the quad kernels add to x (a xor with 0x80): vpdpbusd takes uint8, so int8 x
+        + 128; aarch64's sdot takes int8, so uint8 x - 128; else 0."""
+        if getattr(self, "sdot", False):
+            return -128 if dtype == "uint8" else 0
+        return 128 if dtype == "int8" else 0
 
     def _widen(self, v: ir.Value, dtype: str) -> ir.Value:
         """A loaded int8/uint8/int16 scalar as int32 (x86 u8 zero-extends)."""
@@ -430,7 +454,7 @@ class _QMatmul(_QEmitter):
         v32i8 = ir.VectorType(I8, 32)
         dpbusd = self._dpbusd
         a8 = ws
-        shift = 128 if x.dtype == "int8" else 0
+        shift = self._quad_shift(x.dtype)
         with for_range(b, const_i64(0), const_i64(rows), "pm") as m:
             src = b.gep(buf[x.uid], [b.mul(m, const_i64(k))])
             dst = b.gep(a8, [b.mul(m, const_i64(4 * k4))])
@@ -559,7 +583,7 @@ class _QConv(_QEmitter):
             self.y_zp = self._splat(b.load(buf[y_zp.uid]), V8F32)
         tile_words = steps * rows6 * 2                      # int16 values per 6-row tile
         if vnni:
-            shift = 128 if x.dtype == "int8" else 0
+            shift = self._quad_shift(x.dtype)
             zpq = b.add(xzp, ir.Constant(I32, shift))    # x's zero point as the planes hold it
             wexp32, wsum = self._vnni_weights(ws, buf[wk.uid], lo, hi, mr, ot, len(taps), cp,
                                               cg, steps, ksteps, wsum_at)
