@@ -37,7 +37,7 @@ _MAGIC = np.float32(12582912.0)
 # ---- the level --------------------------------------------------------------------------------
 
 def test_vnni_level_is_recorded_checked_and_picked(monkeypatch) -> None:
-    from mlcpack.packager.codegen.gemm import vector_width
+    from mlcpack.packager.codegen.contraction.geometry import vector_width
     from mlcpack.packager.codegen.target import portable_levels, resolve_target
     from mlcpack.runtime.cpu import CpuFeatureError, best_level, check_supported, pick_variant
 
