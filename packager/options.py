@@ -54,7 +54,7 @@ class CompileOptions:
     # quantized elementwise chains as 8-bit lookup tables (passes/quantize_lut.py), with the
     # integer kernels; False: the chains stay as they are (tests compare the two)
     lut8: bool = True
-    # the VNNI qmatmul with vpdpbusd written in portable IR, on any target with AVX2 (tests:
+    # the VNNI qmatmul and qconv2d with vpdpbusd written in portable IR, on any target (tests:
     # runs the VNNI data path on a CPU without VNNI; MLCPACK_VNNI_EMULATE=1)
     vnni_emulate: bool = False
     # -- layout and packing of constant weights (passes/layout.py). One-row products keep W
