@@ -137,26 +137,23 @@ static const struct {
     {0x80000001, 0, ECX, 0, OS_NONE, "lahf_lm"}, {0x80000001, 0, ECX, 5, OS_NONE, "abm"},
 };
 
-/* The four registers of cpuid(leaf, sub), or zeros when the CPU has no such leaf. */
-static void cpuid_regs(unsigned leaf, unsigned sub, unsigned r[4])
+/* The four registers of cpuid(leaf, sub), or zeros when the CPU has no such leaf; max[0] and
+ * max[1] are the highest basic and extended leaves, max[2] leaf 7's highest subleaf. Each
+ * cpuid costs microseconds in a virtual machine (it traps), so each leaf is asked once. */
+static void cpuid_regs(unsigned leaf, unsigned sub, const unsigned max[3], unsigned r[4])
 {
     r[0] = r[1] = r[2] = r[3] = 0;
-    unsigned max = __get_cpuid_max(leaf & 0x80000000u, NULL);
-    if (max < leaf)
+    if (leaf > max[leaf >> 31] || (leaf == 7 && sub > max[2]))
         return;
-    if (leaf == 7 && sub > 0) {
-        unsigned top[4];
-        __cpuid_count(7, 0, top[0], top[1], top[2], top[3]);
-        if (top[0] < sub)
-            return;
-    }
     __cpuid_count(leaf, sub, r[0], r[1], r[2], r[3]);
 }
 
 static void detect(char *buf, size_t size)
 {
-    unsigned r[4];
-    cpuid_regs(1, 0, r);
+    unsigned r[4], max[3] = {__get_cpuid_max(0, NULL), __get_cpuid_max(0x80000000u, NULL), 0};
+    cpuid_regs(7, 0, max, r);
+    max[2] = r[EAX];
+    cpuid_regs(1, 0, max, r);
     unsigned long long xcr0 = 0;
     if (r[ECX] >> 27 & 1) { /* osxsave */
         unsigned lo, hi;
@@ -170,7 +167,7 @@ static void detect(char *buf, size_t size)
         if (X86_FLAGS[i].leaf != leaf || X86_FLAGS[i].sub != sub) {
             leaf = X86_FLAGS[i].leaf;
             sub = X86_FLAGS[i].sub;
-            cpuid_regs(leaf, sub, r);
+            cpuid_regs(leaf, sub, max, r);
         }
         if (os_ok[X86_FLAGS[i].os] && (r[X86_FLAGS[i].reg] >> X86_FLAGS[i].bit & 1))
             add_flags(buf, size, X86_FLAGS[i].name);
