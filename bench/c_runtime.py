@@ -72,8 +72,9 @@ def footprint(tmp: Path) -> None:
                            sorted(cost.items(), key=lambda kv: -kv[1]) if v >= 512))
 
 
-def c_bench(bundle: Path, runs: int, threads: int = 1) -> tuple[float, float]:
-    proc = subprocess.run([str(MLCRUN), "bench", str(bundle), "--runs", str(runs), "--threads",
+def c_bench(bundle: Path, runs: int, threads: int = 1, exe: Path = MLCRUN
+            ) -> tuple[float, float]:
+    proc = subprocess.run([str(exe), "bench", str(bundle), "--runs", str(runs), "--threads",
                            str(threads)], capture_output=True, text=True, check=True)
     p50 = float(re.search(r"p50 ([\d.]+) us", proc.stdout).group(1))
     low = float(re.search(r"min ([\d.]+) us", proc.stdout).group(1))
@@ -134,6 +135,9 @@ def cold_start(cmd: list[str], runs: int) -> tuple[float, float, float, float, f
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--baseline-mlcrun", type=Path, default=None,
+                    help="another build's mlcrun (e.g. main's) timed beside this one: MLP and "
+                         "cold start rows")
     args = ap.parse_args()
     import onnx
     import onnxruntime as ort
@@ -177,8 +181,11 @@ def main() -> None:
                                     providers=["CPUExecutionProvider"])
         name = sess.get_inputs()[0].name
         out = {k: np.empty_like(v) for k, v in mlp.run({"x": x}).items()}
+        base = args.baseline_mlcrun
+        baseline = {} if base is None else {
+            "C mlc_run, baseline build": lambda: c_bench(tmp / "mlp.mlc", 20000, exe=base)}
         compare("demo MLP 784-128-10, batch 1, end to end, 1 thread",
-                {"C mlc_run": lambda: c_bench(tmp / "mlp.mlc", 20000),
+                {"C mlc_run": lambda: c_bench(tmp / "mlp.mlc", 20000), **baseline,
                  "Python Model.run": lambda: py_bench(lambda: mlp.run({"x": x}), 5000),
                  "Python Model.run(out=)": lambda: py_bench(lambda: mlp.run({"x": x}, out=out),
                                                             5000),
@@ -201,6 +208,8 @@ def main() -> None:
         cmds = {f"C: {prog.name} run (load, run, write .npy)":
                 [str(prog), "run", str(tmp / "cnn.mlc"), str(tmp / "x.npy"), "-o",
                  str(tmp / "out")] for prog in (MLCRUN, MLCRUN.with_name("mlcrun-static"))}
+        if base is not None:
+            cmds["C: baseline build's mlcrun run"] = [str(base), *cmds[next(iter(cmds))][1:]]
         cmds["Python: load + run"] = [
             sys.executable, "-c", "import sys, numpy as np; from mlcpack.runtime import load; "
             f"m = load({str(tmp / 'cnn.mlc')!r}); m.run({{'x': np.load({str(tmp / 'x.npy')!r})}})"]
@@ -220,6 +229,8 @@ def main() -> None:
             proc = subprocess.run([str(exe), "bench", str(tmp / "cnn.mlc"), "--runs", "100"],
                                   capture_output=True, text=True, check=True)
             print(f"  {exe.name} bench: {proc.stdout.strip().splitlines()[-1]}")
+        print(f"  (peak RSS of `mlcrun-static --version`, the process alone: "
+              f"{cold_start([str(MLCRUN.with_name('mlcrun-static')), '--version'], 1)[4]:.2f} MiB)")
         cnn_size = (tmp / "cnn.mlc").stat().st_size / 2**20
         print(f"  (cnn.mlc is {cnn_size:.2f} MiB: weights, two code variants, golden pair)")
     finally:
