@@ -47,20 +47,34 @@ def footprint(tmp: Path) -> None:
     so = tmp / "libmlcrt.so"
     subprocess.run(["strip", "-o", str(so), str(CDIR / "build" / "libmlcrt.so")], check=True)
     print(f"libmlcrt.so stripped: {so.stat().st_size / 1024:.1f} KiB "
+          f"({so.stat().st_size / 1000:.1f} KB) "
           f"(unstripped {(CDIR / 'build' / 'libmlcrt.so').stat().st_size / 1024:.1f} KiB); "
           f"mlcrun (static libmlcrt, dynamic libc) "
           f"{(CDIR / 'build' / 'mlcrun').stat().st_size / 1024:.1f} KiB unstripped")
-    objs = sorted((CDIR / "build" / "obj").glob("*.o"))
-    out = subprocess.run(["size", *map(str, objs)], check=True, capture_output=True,
-                         text=True).stdout.splitlines()[1:]
-    print("part (object)            text+data KiB  (before --gc-sections)")
-    for line in out:
-        text, data, _bss, _dec, _hex, name = line.split()
-        print(f"  {Path(name).stem:22s} {(int(text) + int(data)) / 1024:8.1f}")
+    # what each object costs in the linked library (after --gc-sections): its code, read-only
+    # data and data sections as the linker map places them
+    text = (CDIR / "build" / "libmlcrt.map").read_text()
+    cost: dict[str, int] = {}
+    pending = None
+    for line in text[text.index("Linker script and memory map"):].splitlines():
+        if m := re.match(r"^ (\.\S+)\s*$", line):
+            pending = m.group(1)
+            continue
+        m = re.match(r"^ (\.\S+)?\s+0x[0-9a-f]+\s+0x([0-9a-f]+)\s+(\S+\.o)\s*$", line)
+        name, pending = (m.group(1) or pending) if m else None, None
+        if m and name.startswith((".text", ".rodata", ".data")):
+            part = Path(m.group(3)).stem
+            cost[part] = cost.get(part, 0) + int(m.group(2), 16)
+    total = sum(cost.values())
+    print(f"parts in the linked library (code + read-only data + data, after --gc-sections; "
+          f"{total / 1024:.1f} KiB of the stripped file, the rest ELF tables and alignment):")
+    print("  " + ", ".join(f"{k} {v / 1024:.1f}" for k, v in
+                           sorted(cost.items(), key=lambda kv: -kv[1]) if v >= 512))
 
 
-def c_bench(bundle: Path, runs: int, threads: int = 1) -> tuple[float, float]:
-    proc = subprocess.run([str(MLCRUN), "bench", str(bundle), "--runs", str(runs), "--threads",
+def c_bench(bundle: Path, runs: int, threads: int = 1, exe: Path = MLCRUN
+            ) -> tuple[float, float]:
+    proc = subprocess.run([str(exe), "bench", str(bundle), "--runs", str(runs), "--threads",
                            str(threads)], capture_output=True, text=True, check=True)
     p50 = float(re.search(r"p50 ([\d.]+) us", proc.stdout).group(1))
     low = float(re.search(r"min ([\d.]+) us", proc.stdout).group(1))
@@ -94,26 +108,36 @@ def compare(title: str, engines: dict, rounds: int) -> None:
         print(f"  {name:34s} p50 {p50:9.2f} us   min {low:9.2f} us   p50 / first {p50 / first:5.2f}")
 
 
-def cold_start(cmd: list[str], runs: int) -> tuple[float, float, float]:
-    """Median and min wall ms of ``cmd`` (spawn to exit, output discarded) and its peak RSS in
-    MiB (GNU time's %M, which forks from its own small process: a child spawned straight from
-    this Python process would count this process's pages in its maximum)."""
-    walls, rss = [], []
+def cold_start(cmd: list[str], runs: int) -> tuple[float, float, float, float, float]:
+    """Wall ms of ``cmd`` (spawn to exit, output discarded): median and min, and its CPU time
+    (user + system, from wait4's rusage): median and min; and its peak RSS in MiB (GNU time's
+    %M, which forks from its own small process: a child spawned straight from this Python
+    process would count this process's pages in its maximum). On a shared host the wall time
+    includes waiting for a core; the CPU time is the process's own work."""
+    walls, cpus, rss = [], [], []
     timer = shutil.which("time") or "/usr/bin/time"
     for _ in range(runs):
         t0 = time.perf_counter()
-        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL)
+        _pid, status, usage = os.wait4(proc.pid, 0)
         walls.append((time.perf_counter() - t0) * 1e3)
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        assert proc.returncode == 0, cmd
+        cpus.append((usage.ru_utime + usage.ru_stime) * 1e3)
     if os.path.exists(timer):
         proc = subprocess.run([timer, "-f", "%M", *cmd], check=True, stdout=subprocess.DEVNULL,
                               stderr=subprocess.PIPE, text=True)
         rss.append(int(proc.stderr.strip().splitlines()[-1]) / 1024)
-    return statistics.median(walls), min(walls), (statistics.median(rss) if rss else float("nan"))
+    return (statistics.median(walls), min(walls), statistics.median(cpus), min(cpus),
+            statistics.median(rss) if rss else float("nan"))
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--baseline-mlcrun", type=Path, default=None,
+                    help="another build's mlcrun (e.g. main's) timed beside this one: MLP and "
+                         "cold start rows")
     args = ap.parse_args()
     import onnx
     import onnxruntime as ort
@@ -156,9 +180,15 @@ def main() -> None:
         sess = ort.InferenceSession(str(ROOT / "artifacts" / "mlp.onnx"), opts,
                                     providers=["CPUExecutionProvider"])
         name = sess.get_inputs()[0].name
+        out = {k: np.empty_like(v) for k, v in mlp.run({"x": x}).items()}
+        base = args.baseline_mlcrun
+        baseline = {} if base is None else {
+            "C mlc_run, baseline build": lambda: c_bench(tmp / "mlp.mlc", 20000, exe=base)}
         compare("demo MLP 784-128-10, batch 1, end to end, 1 thread",
-                {"C mlc_run": lambda: c_bench(tmp / "mlp.mlc", 20000),
+                {"C mlc_run": lambda: c_bench(tmp / "mlp.mlc", 20000), **baseline,
                  "Python Model.run": lambda: py_bench(lambda: mlp.run({"x": x}), 5000),
+                 "Python Model.run(out=)": lambda: py_bench(lambda: mlp.run({"x": x}, out=out),
+                                                            5000),
                  "ONNX Runtime (Python API)": lambda: py_bench(lambda: sess.run(None, {name: x}),
                                                                5000)},
                 args.rounds)
@@ -174,20 +204,33 @@ def main() -> None:
             conv.close()
 
         np.save(tmp / "x.npy", rng.random((1, 1, 28, 28), dtype=np.float32))
-        c_cmd = [str(MLCRUN), "run", str(tmp / "cnn.mlc"), str(tmp / "x.npy"), "-o",
-                 str(tmp / "out")]
-        py_cmd = [sys.executable, "-c",
-                  "import sys, numpy as np; from mlcpack.runtime import load; "
-                  f"m = load({str(tmp / 'cnn.mlc')!r}); m.run({{'x': np.load({str(tmp / 'x.npy')!r})}})"]
-        rows = {"C: mlcrun run (load, run, write .npy)": [], "Python: load + run": []}
+        subprocess.run(["make", "-C", str(CDIR), "static"], check=True, capture_output=True)
+        cmds = {f"C: {prog.name} run (load, run, write .npy)":
+                [str(prog), "run", str(tmp / "cnn.mlc"), str(tmp / "x.npy"), "-o",
+                 str(tmp / "out")] for prog in (MLCRUN, MLCRUN.with_name("mlcrun-static"))}
+        if base is not None:
+            cmds["C: baseline build's mlcrun run"] = [str(base), *cmds[next(iter(cmds))][1:]]
+        cmds["Python: load + run"] = [
+            sys.executable, "-c", "import sys, numpy as np; from mlcpack.runtime import load; "
+            f"m = load({str(tmp / 'cnn.mlc')!r}); m.run({{'x': np.load({str(tmp / 'x.npy')!r})}})"]
+        cmds["(baseline: /bin/true)"] = ["/bin/true"]
+        rows = {name: [] for name in cmds}
         for _ in range(args.rounds):
-            rows["C: mlcrun run (load, run, write .npy)"].append(cold_start(c_cmd, 5))
-            rows["Python: load + run"].append(cold_start(py_cmd, 1))
+            for name, cmd in cmds.items():
+                rows[name].append(cold_start(cmd, 1 if name.startswith("Python") else 9))
         print("cold start, the demo CNN: process start to first result (fork/exec to exit)")
         for name, vals in rows.items():
-            print(f"  {name:40s} median {statistics.median(v[0] for v in vals):8.2f} ms   "
-                  f"min {min(v[1] for v in vals):8.2f} ms   peak RSS "
-                  f"{statistics.median(v[2] for v in vals):6.1f} MiB")
+            print(f"  {name:44s} wall median {statistics.median(v[0] for v in vals):7.2f} ms  "
+                  f"min {min(v[1] for v in vals):7.2f} ms   CPU median "
+                  f"{statistics.median(v[2] for v in vals):7.2f} ms  min "
+                  f"{min(v[3] for v in vals):7.2f} ms   peak RSS "
+                  f"{statistics.median(v[4] for v in vals):6.1f} MiB")
+        for exe in (MLCRUN, MLCRUN.with_name("mlcrun-static")):
+            proc = subprocess.run([str(exe), "bench", str(tmp / "cnn.mlc"), "--runs", "100"],
+                                  capture_output=True, text=True, check=True)
+            print(f"  {exe.name} bench: {proc.stdout.strip().splitlines()[-1]}")
+        print(f"  (peak RSS of `mlcrun-static --version`, the process alone: "
+              f"{cold_start([str(MLCRUN.with_name('mlcrun-static')), '--version'], 1)[4]:.2f} MiB)")
         cnn_size = (tmp / "cnn.mlc").stat().st_size / 2**20
         print(f"  (cnn.mlc is {cnn_size:.2f} MiB: weights, two code variants, golden pair)")
     finally:

@@ -202,7 +202,8 @@ def payload_ref(obj: Any, what: str, data_size: int) -> PayloadRef:
     if not isinstance(obj, dict):
         raise BundleError(f"bundle header: {what} is not a payload record")
     off, size = obj.get("offset"), obj.get("size")
-    if not isinstance(off, int) or not isinstance(size, int) or off < 0 or size < 0:
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in (off, size)) \
+            or off < 0 or size < 0:
         raise BundleError(f"bundle header: {what} has an invalid offset/size")
     if off % ALIGN:
         raise BundleError(f"bundle header: {what} is not {ALIGN}-byte aligned")

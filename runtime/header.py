@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from .bundle import (DIGEST_ALG, MAX_CHUNK, MIN_CHUNK, PayloadRef, check_disjoint, check_dtype,
-                     check_shape, payload_ref)
+                     check_shape, nbytes_of, payload_ref, storage_dtype)
 from .errors import BundleError
 
 # The format's constants, defined here only (the emitter, the VM and the runtime import them).
@@ -193,6 +193,27 @@ class IORow(_Record):
                    check_dtype(obj.get("dtype"), what),
                    _int(obj.get("tensor"), f"{what} tensor", 0, num_tensors), bound, views,
                    cls._extra(obj))
+
+
+def _check_static_plan(plan: Plan, constants: list[ConstantRow]) -> None:
+    """docs/format.md section 5, in the C reader's order: every tensor row of a static plan lies
+    inside its storage (its arena or its constant), then its inputs and outputs agree with their
+    tensor rows (as many bytes, the same storage dtype, an input in the arena)."""
+    for i, t in enumerate(plan.tensors):
+        size = nbytes_of(t.shape, t.dtype)
+        if not (t.kind == ARENA and t.ref + size <= plan.memory_plan.arena_bytes
+                or t.kind == CONST and t.ref < len(constants)
+                and constants[t.ref].data.size == size
+                and storage_dtype(constants[t.ref].dtype) == storage_dtype(t.dtype)):
+            raise _bad(f"tensor {i}", "lies outside its storage")
+    at = "" if plan.batch is None else f"the batch-{plan.batch} plan: "
+    for kind, rows in (("input", plan.inputs), ("output", plan.outputs)):
+        for r in rows:
+            t = plan.tensors[r.tensor]
+            if nbytes_of(r.shape, r.dtype) != nbytes_of(t.shape, t.dtype) \
+                    or storage_dtype(r.dtype) != storage_dtype(t.dtype) \
+                    or (kind == "input" and t.kind != ARENA):
+                raise _bad(f"{at}{kind} '{r.name}'", "does not match its tensor row")
 
 
 @dataclass(frozen=True)
@@ -688,6 +709,9 @@ class Header(_Record):
             raise _bad("pad", "is not bytes")
         golden = h.get("golden")
         specialized = cls._specialized(h.get("specialized"), top, data_size, len(consts))
+        for plan in (top, *plans, *(specialized or ())):   # after the plans' agreement
+            if plan.symbolic is None:
+                _check_static_plan(plan, consts)
         signature = Signature.parse(h.get("signature"))
         extra = {k: freeze(v) for k, v in h.items()
                  if k not in TOP_KEYS or (k == "signature" and signature is None)}

@@ -14,6 +14,7 @@ import ctypes
 import hashlib
 import os
 import random
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -30,6 +31,7 @@ from conftest import ARTIFACTS, MLP_PICKLE, X86_V2, X86_V3, X86_V4
 CDIR = Path(__file__).resolve().parent.parent / "runtime" / "c"
 CC = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
 HOST_X86 = elf._real_arch() == "x86_64"
+HOST_FLAGS = set(Path("/proc/cpuinfo").read_text().split()) if Path("/proc/cpuinfo").exists() else set()
 pytestmark = pytest.mark.skipif(CC is None, reason="no C compiler (cc or gcc) on this machine: "
                                 "the C runtime cannot be built")
 ENV_KEYS = ("MLCPACK_CPU_FEATURES", "MLCPACK_CPU_ARCH", "MLCPACK_NUM_THREADS")
@@ -142,9 +144,16 @@ def test_sha256_matches_hashlib(build, tmp_path) -> None:
     for size in (0, 1, 55, 56, 63, 64, 65, 119, 120, 1000, 70000):
         data = bytes(rng.randrange(256) for _ in range(size))
         (tmp_path / "d").write_bytes(data)
-        out = subprocess.run([build / "test_units", "sha256", tmp_path / "d"],
-                             capture_output=True, text=True, check=True).stdout.strip()
-        assert out == hashlib.sha256(data).hexdigest(), size
+        # the portable C code, and the SHA extensions where this CPU has them
+        paths = set()
+        for mode in ("sha256c", "sha256"):
+            out = subprocess.run([build / "test_units", mode, tmp_path / "d"],
+                                 capture_output=True, text=True, check=True).stdout.split()
+            assert out[0] == hashlib.sha256(data).hexdigest(), (size, out)
+            paths.add(out[1])
+        assert "c" in paths
+    if "sha_ni" in HOST_FLAGS:
+        assert paths == {"c", "accel"}
 
 
 def test_msgpack_reader_is_strict(build, tmp_path) -> None:
@@ -315,6 +324,36 @@ def test_damaged_bundles_are_refused_under_sanitizers(asan, bundles, tmp_path) -
     for path, words in ((tmp_path, "is a directory"), (tmp_path / "nope.mlc", "no such file")):
         proc = mlcrun(asan, "inspect", path, env=ASAN)
         assert proc.returncode == 3 and words in one_line_error(proc)
+
+
+def test_both_readers_refuse_the_same_damaged_headers(asan, bundles, tmp_path) -> None:
+    """Header damage the C reader refused and the Python reader once let through (an IO row
+    that disagrees with its tensor row; a boolean payload offset, which Python reads as 0):
+    both refuse it at load, exit 3, with the same words (docs/format.md sections 5 and 16)."""
+    from mlcpack.runtime.errors import BundleError
+
+    header, payloads = read_parts(bundles["mlp_pkl"])
+    cases = {}
+    for kind, key, value in (("input", "shape", [1, 783]), ("output", "shape", [2, 10]),
+                             ("input", "dtype", "float64"), ("output", "dtype", "int32")):
+        bad = dict(header, **{f"{kind}s": [dict(r) for r in header[f"{kind}s"]]})
+        bad[f"{kind}s"][0][key] = value
+        cases[f"{kind} {key}"] = (bad, f"{kind} '{header[f'{kind}s'][0]['name']}' does not "
+                                  "match its tensor row")
+    # the payload at offset 0, its offset given as msgpack false
+    at0 = next(i for i, c in enumerate(header["constants"]) if c["data"]["offset"] == 0)
+    bad = dict(header, constants=[dict(c) for c in header["constants"]])
+    bad["constants"][at0]["data"] = dict(bad["constants"][at0]["data"], offset=False)
+    cases["boolean offset"] = (bad, "invalid offset/size")
+    for name, (bad, words) in cases.items():
+        path = tmp_path / (name.replace(" ", "_") + ".mlc")
+        path.write_bytes(pack(bad, payloads))
+        proc = mlcrun(asan, "inspect", path, env=ASAN)
+        line = one_line_error(proc)
+        assert proc.returncode == 3 and words in line, (name, line)
+        with pytest.raises(BundleError, match=re.escape(words)) as info:
+            load(path)
+        assert info.value.exit_code == 3, name
 
 
 @pytest.mark.skipif(not HOST_X86, reason="pins x86-64 CPU features")
@@ -552,6 +591,16 @@ def test_aarch64_cross_build_under_qemu(mlp_weights, tmp_path, monkeypatch) -> N
     from conftest import ROOT
 
     _make("aarch64")
+    # SHA-256 both ways (qemu's CPU has the SHA2 extension) against hashlib
+    data = np.random.default_rng(3).integers(0, 256, 70001, dtype=np.uint8).tobytes()
+    (tmp_path / "d").write_bytes(data)
+    paths = set()
+    for mode in ("sha256c", "sha256"):
+        out = subprocess.run([QEMU, CDIR / "build-aarch64" / "test_units", mode, tmp_path / "d"],
+                             capture_output=True, text=True, timeout=60).stdout.split()
+        assert out[0] == hashlib.sha256(data).hexdigest(), (mode, out)
+        paths.add(out[1])
+    assert paths == {"c", "accel"}
     root = arm64_root_or_fail()
     rng = np.random.default_rng(7)
     monkeypatch.setattr(geometry, "PARALLEL_MIN_MACS", 0)

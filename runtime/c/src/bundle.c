@@ -133,7 +133,10 @@ void mlc_content_digest(const mlc_model *m, const uint8_t *head, uint64_t chunk,
         for (uint64_t at = 0; at < m->data_size; at += chunk) {
             uint8_t leaf[32];
             uint64_t len = m->data_size - at < chunk ? m->data_size - at : chunk;
-            mlc_sha256_once(area + at, (size_t)len, leaf);
+            mlc_sha256 one;
+            mlc_sha256_start(&one, s.accel);
+            mlc_sha256_update(&one, area + at, (size_t)len);
+            mlc_sha256_final(&one, leaf);
             mlc_sha256_update(&s, leaf, 32);
         }
     }

@@ -103,68 +103,76 @@ static void add_flags(char *buf, size_t size, const char *list)
 }
 
 #if defined(__x86_64__)
+/* Where each x86-64 flag lives: cpuid leaf / subleaf, register, bit, and the register state
+ * the OS must save for it to be usable (Linux clears the flag otherwise). Adding a feature is
+ * one row. */
+enum { EAX, EBX, ECX, EDX };
+enum { OS_NONE, OS_AVX, OS_AVX512 };
+static const struct {
+    unsigned leaf, sub;
+    unsigned char reg, bit, os;
+    const char *name;
+} X86_FLAGS[] = {
+    {1, 0, EDX, 0, OS_NONE, "fpu"}, {1, 0, EDX, 8, OS_NONE, "cx8"},
+    {1, 0, EDX, 15, OS_NONE, "cmov"}, {1, 0, EDX, 23, OS_NONE, "mmx"},
+    {1, 0, EDX, 24, OS_NONE, "fxsr"}, {1, 0, EDX, 25, OS_NONE, "sse"},
+    {1, 0, EDX, 26, OS_NONE, "sse2"}, {1, 0, ECX, 0, OS_NONE, "pni"},
+    {1, 0, ECX, 1, OS_NONE, "pclmulqdq"}, {1, 0, ECX, 9, OS_NONE, "ssse3"},
+    {1, 0, ECX, 13, OS_NONE, "cx16"}, {1, 0, ECX, 19, OS_NONE, "sse4_1"},
+    {1, 0, ECX, 20, OS_NONE, "sse4_2"}, {1, 0, ECX, 22, OS_NONE, "movbe"},
+    {1, 0, ECX, 23, OS_NONE, "popcnt"}, {1, 0, ECX, 25, OS_NONE, "aes"},
+    {1, 0, ECX, 26, OS_NONE, "xsave"}, {1, 0, ECX, 30, OS_NONE, "rdrand"},
+    {1, 0, ECX, 12, OS_AVX, "fma"}, {1, 0, ECX, 28, OS_AVX, "avx"},
+    {1, 0, ECX, 29, OS_AVX, "f16c"},
+    {7, 0, EBX, 3, OS_NONE, "bmi1"}, {7, 0, EBX, 8, OS_NONE, "bmi2"},
+    {7, 0, EBX, 19, OS_NONE, "adx"}, {7, 0, EBX, 29, OS_NONE, "sha_ni"},
+    {7, 0, EBX, 5, OS_AVX, "avx2"}, {7, 0, ECX, 9, OS_AVX, "vaes"},
+    {7, 0, ECX, 10, OS_AVX, "vpclmulqdq"}, {7, 0, ECX, 8, OS_AVX, "gfni"},
+    {7, 0, EBX, 16, OS_AVX512, "avx512f"}, {7, 0, EBX, 17, OS_AVX512, "avx512dq"},
+    {7, 0, EBX, 21, OS_AVX512, "avx512ifma"}, {7, 0, EBX, 28, OS_AVX512, "avx512cd"},
+    {7, 0, EBX, 30, OS_AVX512, "avx512bw"}, {7, 0, EBX, 31, OS_AVX512, "avx512vl"},
+    {7, 0, ECX, 1, OS_AVX512, "avx512vbmi"}, {7, 0, ECX, 6, OS_AVX512, "avx512_vbmi2"},
+    {7, 0, ECX, 11, OS_AVX512, "avx512_vnni"}, {7, 0, ECX, 12, OS_AVX512, "avx512_bitalg"},
+    {7, 0, ECX, 14, OS_AVX512, "avx512_vpopcntdq"}, {7, 0, EDX, 23, OS_AVX512, "avx512_fp16"},
+    {7, 1, EAX, 4, OS_AVX, "avx_vnni"}, {7, 1, EAX, 5, OS_AVX512, "avx512_bf16"},
+    {0x80000001, 0, ECX, 0, OS_NONE, "lahf_lm"}, {0x80000001, 0, ECX, 5, OS_NONE, "abm"},
+};
+
+/* The four registers of cpuid(leaf, sub), or zeros when the CPU has no such leaf; max[0] and
+ * max[1] are the highest basic and extended leaves, max[2] leaf 7's highest subleaf. Each
+ * cpuid costs microseconds in a virtual machine (it traps), so each leaf is asked once. */
+static void cpuid_regs(unsigned leaf, unsigned sub, const unsigned max[3], unsigned r[4])
+{
+    r[0] = r[1] = r[2] = r[3] = 0;
+    if (leaf > max[leaf >> 31] || (leaf == 7 && sub > max[2]))
+        return;
+    __cpuid_count(leaf, sub, r[0], r[1], r[2], r[3]);
+}
+
 static void detect(char *buf, size_t size)
 {
-    unsigned a, b, c, d, max;
-    char list[1024] = "";
-    const char *names[96] = {0};
-    size_t n = 0;
-#define HAS(reg, bit, name) if ((reg) >> (bit) & 1) names[n++] = (name)
-    max = __get_cpuid_max(0, NULL);
-    if (max >= 1) {
-        __cpuid(1, a, b, c, d);
-        HAS(d, 0, "fpu"); HAS(d, 8, "cx8"); HAS(d, 15, "cmov"); HAS(d, 23, "mmx");
-        HAS(d, 24, "fxsr"); HAS(d, 25, "sse"); HAS(d, 26, "sse2");
-        HAS(c, 0, "pni"); HAS(c, 1, "pclmulqdq"); HAS(c, 9, "ssse3"); HAS(c, 13, "cx16");
-        HAS(c, 19, "sse4_1"); HAS(c, 20, "sse4_2"); HAS(c, 22, "movbe"); HAS(c, 23, "popcnt");
-        HAS(c, 25, "aes"); HAS(c, 26, "xsave"); HAS(c, 30, "rdrand");
-        int osxsave = c >> 27 & 1;
-        unsigned long long xcr0 = 0;
-        if (osxsave) {
-            unsigned lo, hi;
-            __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
-            xcr0 = (unsigned long long)hi << 32 | lo;
-        }
-        int avx_os = (xcr0 & 6) == 6, avx512_os = avx_os && (xcr0 & 0xE0) == 0xE0;
-        if (avx_os) {
-            HAS(c, 12, "fma"); HAS(c, 28, "avx"); HAS(c, 29, "f16c");
-        }
-        if (max >= 7) {
-            __cpuid_count(7, 0, a, b, c, d);
-            HAS(b, 3, "bmi1"); HAS(b, 8, "bmi2"); HAS(b, 19, "adx"); HAS(b, 29, "sha_ni");
-            if (avx_os) {
-                HAS(b, 5, "avx2"); HAS(c, 9, "vaes"); HAS(c, 10, "vpclmulqdq");
-                HAS(c, 8, "gfni");
-            }
-            if (avx512_os) {
-                HAS(b, 16, "avx512f"); HAS(b, 17, "avx512dq"); HAS(b, 21, "avx512ifma");
-                HAS(b, 28, "avx512cd"); HAS(b, 30, "avx512bw"); HAS(b, 31, "avx512vl");
-                HAS(c, 1, "avx512vbmi"); HAS(c, 6, "avx512_vbmi2"); HAS(c, 11, "avx512_vnni");
-                HAS(c, 12, "avx512_bitalg"); HAS(c, 14, "avx512_vpopcntdq");
-                HAS(d, 23, "avx512_fp16");
-            }
-            unsigned max7 = a;
-            if (max7 >= 1) {
-                __cpuid_count(7, 1, a, b, c, d);
-                if (avx_os) {
-                    HAS(a, 4, "avx_vnni");
-                }
-                if (avx512_os) {
-                    HAS(a, 5, "avx512_bf16");
-                }
-            }
-        }
+    unsigned r[4], max[3] = {__get_cpuid_max(0, NULL), __get_cpuid_max(0x80000000u, NULL), 0};
+    cpuid_regs(7, 0, max, r);
+    max[2] = r[EAX];
+    cpuid_regs(1, 0, max, r);
+    unsigned long long xcr0 = 0;
+    if (r[ECX] >> 27 & 1) { /* osxsave */
+        unsigned lo, hi;
+        __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+        xcr0 = (unsigned long long)hi << 32 | lo;
     }
-    if (__get_cpuid_max(0x80000000, NULL) >= 0x80000001) {
-        __cpuid(0x80000001, a, b, c, d);
-        HAS(c, 0, "lahf_lm"); HAS(c, 5, "abm");
+    int avx_os = (xcr0 & 6) == 6;
+    int os_ok[3] = {1, avx_os, avx_os && (xcr0 & 0xE0) == 0xE0};
+    unsigned leaf = ~0u, sub = ~0u;
+    for (size_t i = 0; i < sizeof X86_FLAGS / sizeof X86_FLAGS[0]; i++) {
+        if (X86_FLAGS[i].leaf != leaf || X86_FLAGS[i].sub != sub) {
+            leaf = X86_FLAGS[i].leaf;
+            sub = X86_FLAGS[i].sub;
+            cpuid_regs(leaf, sub, max, r);
+        }
+        if (os_ok[X86_FLAGS[i].os] && (r[X86_FLAGS[i].reg] >> X86_FLAGS[i].bit & 1))
+            add_flags(buf, size, X86_FLAGS[i].name);
     }
-#undef HAS
-    for (size_t i = 0; i < n; i++) {
-        size_t len = strlen(list);
-        snprintf(list + len, sizeof list - len, " %s", names[i]);
-    }
-    add_flags(buf, size, list);
 }
 #elif defined(__aarch64__) && defined(__linux__)
 static void detect(char *buf, size_t size)
@@ -227,22 +235,24 @@ static void level_flags(size_t i, char *out, size_t size)
         }
 }
 
+/* The next space-separated word of *p (at most 63 bytes) into word; 0 when none is left. */
+static int next_word(const char **p, char word[64])
+{
+    while (**p == ' ')
+        (*p)++;
+    const char *s = *p;
+    while (**p && **p != ' ')
+        (*p)++;
+    snprintf(word, 64, "%.*s", (int)(*p - s), s);
+    return *p > s;
+}
+
 static int has_all(const mlc_cpu *cpu, const char *flags)
 {
-    const char *p = flags;
     char flag[64];
-    while (*p) {
-        while (*p == ' ')
-            p++;
-        const char *s = p;
-        while (*p && *p != ' ')
-            p++;
-        if (p > s) {
-            snprintf(flag, sizeof flag, "%.*s", (int)(p - s), s);
-            if (!mlc_cpu_has(cpu, flag))
-                return 0;
-        }
-    }
+    for (const char *p = flags; next_word(&p, flag);)
+        if (!mlc_cpu_has(cpu, flag))
+            return 0;
     return 1;
 }
 
@@ -278,21 +288,13 @@ static int needs(const mlc_variant_req *v, const char *arch, char *out, size_t s
     /* dedupe */
     snprintf(out, size, " ");
     int count = 0;
-    const char *p = all;
-    while (*p) {
-        while (*p == ' ')
-            p++;
-        const char *s = p;
-        while (*p && *p != ' ')
-            p++;
-        if (p > s) {
-            char needle[80];
-            snprintf(needle, sizeof needle, " %.*s ", (int)(p - s), s);
-            if (!strstr(out, needle)) {
-                size_t len = strlen(out);
-                snprintf(out + len, size - len, "%.*s ", (int)(p - s), s);
-                count++;
-            }
+    char flag[64], needle[80];
+    for (const char *p = all; next_word(&p, flag);) {
+        snprintf(needle, sizeof needle, " %s ", flag);
+        if (!strstr(out, needle)) {
+            size_t len = strlen(out);
+            snprintf(out + len, size - len, "%s ", flag);
+            count++;
         }
     }
     return count;

@@ -53,8 +53,12 @@ typedef struct mlc_sha256 {
     uint64_t bytes;
     uint8_t buf[64];
     size_t fill;
+    int accel;                 /* 1: the SHA extensions */
 } mlc_sha256;
-void mlc_sha256_init(mlc_sha256 *s);
+int mlc_sha256_accelerated(void);   /* this CPU has the SHA extensions the fast path uses */
+void mlc_sha256_init(mlc_sha256 *s);                /* accel as the CPU allows */
+void mlc_sha256_start(mlc_sha256 *s, int accel);    /* accel: 0 the portable C code, 1 only
+                                                       where mlc_sha256_accelerated() */
 void mlc_sha256_update(mlc_sha256 *s, const void *data, size_t n);
 void mlc_sha256_final(mlc_sha256 *s, uint8_t out[32]);
 void mlc_sha256_once(const void *data, size_t n, uint8_t out[32]);

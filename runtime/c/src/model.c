@@ -342,6 +342,19 @@ static mlc_status open_common(mlc_model *m, const mlc_options *o, mlc_error *err
     return MLC_OK;
 }
 
+/* open_common, then the model handed out, or closed on failure */
+static mlc_status open_checked(mlc_model *m, const mlc_options *o, mlc_model **out,
+                               mlc_error *err)
+{
+    mlc_status s = open_common(m, o, err);
+    if (s) {
+        mlc_close(m);
+        return s;
+    }
+    *out = m;
+    return MLC_OK;
+}
+
 static const char *base_name(const char *path)
 {
     const char *slash = strrchr(path, '/');
@@ -365,13 +378,7 @@ mlc_status mlc_open_memory(const void *data, size_t size, const mlc_options *o,
     snprintf(m->name, sizeof m->name, "the bundle");
     m->data = data;
     m->size = size;
-    mlc_status s = open_common(m, o, err);
-    if (s) {
-        mlc_close(m);
-        return s;
-    }
-    *out = m;
-    return MLC_OK;
+    return open_checked(m, o, out, err);
 }
 
 mlc_status mlc_open_file(const char *path, const mlc_options *o, mlc_model **out,
@@ -418,13 +425,7 @@ mlc_status mlc_open_file(const char *path, const mlc_options *o, mlc_model **out
     m->size = size;
     m->mapping = map;
     m->mapping_size = size;
-    mlc_status s = open_common(m, o, err);
-    if (s) {
-        mlc_close(m);
-        return s;
-    }
-    *out = m;
-    return MLC_OK;
+    return open_checked(m, o, out, err);
 }
 
 void mlc_close(mlc_model *m)

@@ -6,26 +6,32 @@
 
 #include "model.h"
 
+/* An instruction that is not a kernel call: a copy, or a library function. */
+static mlc_status step(const mlc_model *m, const mlc_plan *p, const mlc_instr *in,
+                       mlc_error *err)
+{
+    if (in->op == OP_COPY) {
+        memcpy(p->addr[in->operands[0]], p->addr[in->target],
+               (size_t)p->tensors[in->target].nbytes);
+        return MLC_OK;
+    }
+    const mlc_site *site = &p->sites[in->target];
+    if (site->fn(site->user, in->tensors, (int)in->n - 1, &in->tensors[in->n - 1], &site->attrs))
+        return mlc_fail(err, MLC_ERR_INTERNAL, "%s: library function %s failed", m->name,
+                        site->func);
+    return MLC_OK;
+}
+
 static mlc_status execute(mlc_model *m, mlc_plan *p, mlc_error *err)
 {
+    mlc_status s;
     if (p->segments) {
-        for (size_t s = 0; s < p->nsegments; s++) {
-            const mlc_segment *seg = &p->segments[s];
-            if (seg->start >= 0) {
+        for (size_t i = 0; i < p->nsegments; i++) {
+            const mlc_segment *seg = &p->segments[i];
+            if (seg->start >= 0)
                 mlc_threads_steps(p->threads, &p->pool, p->table, seg->start, seg->end);
-                continue;
-            }
-            const mlc_instr *in = &p->program[-1 - seg->start];
-            if (in->op == OP_COPY) {
-                memcpy(p->addr[in->operands[0]], p->addr[in->target],
-                       (size_t)p->tensors[in->target].nbytes);
-            } else {
-                const mlc_site *site = &p->sites[in->target];
-                if (site->fn(site->user, in->tensors, (int)in->n - 1, &in->tensors[in->n - 1],
-                             &site->attrs))
-                    return mlc_fail(err, MLC_ERR_INTERNAL, "%s: library function %s failed",
-                                    m->name, site->func);
-            }
+            else if ((s = step(m, p, &p->program[-1 - seg->start], err)))
+                return s;
         }
         return MLC_OK;
     }
@@ -37,15 +43,8 @@ static mlc_status execute(mlc_model *m, mlc_plan *p, mlc_error *err)
                 mlc_threads_run(p->threads, fn, in->args, m->threads);
             else
                 fn(in->args, 0, 1);
-        } else if (in->op == OP_COPY) {
-            memcpy(p->addr[in->operands[0]], p->addr[in->target],
-                   (size_t)p->tensors[in->target].nbytes);
-        } else {
-            const mlc_site *site = &p->sites[in->target];
-            if (site->fn(site->user, in->tensors, (int)in->n - 1, &in->tensors[in->n - 1],
-                         &site->attrs))
-                return mlc_fail(err, MLC_ERR_INTERNAL, "%s: library function %s failed",
-                                m->name, site->func);
+        } else if ((s = step(m, p, in, err))) {
+            return s;
         }
     }
     return MLC_OK;
@@ -85,12 +84,15 @@ static mlc_status check_input(const mlc_model *m, const mlc_iorow *spec, const m
     if (t->ndim < 0 || t->ndim > MLC_MAX_DIMS)
         return mlc_fail(err, MLC_ERR_INPUT, "input '%s' has rank %d; the model takes rank %d",
                         spec->name, t->ndim, spec->ndim);
-    shape_text(t->dims, t->ndim, got, sizeof got, 0);
-    shape_text(spec->shape, spec->ndim, want, sizeof want, spec->batched);
     int same = t->ndim == spec->ndim;
     for (int d = 0; same && d < t->ndim; d++)
         if (t->dims[d] != spec->shape[d] && !(spec->batched && d == 0))
             same = 0;
+    int batch_bad = same && spec->batched && t->dims[0] < 1;
+    if (!same || batch_bad) {   /* the shapes as text only for the message: not on every run */
+        shape_text(t->dims, t->ndim, got, sizeof got, 0);
+        shape_text(spec->shape, spec->ndim, want, sizeof want, spec->batched);
+    }
     if (!same) {
         if (spec->batched)
             return mlc_fail(err, MLC_ERR_INPUT, "input '%s' has shape %s; the model takes %s for "
@@ -101,7 +103,7 @@ static mlc_status check_input(const mlc_model *m, const mlc_iorow *spec, const m
         return mlc_fail(err, MLC_ERR_INPUT, "input '%s' has shape %s; the model takes %s",
                         spec->name, got, want);
     }
-    if (spec->batched && t->dims[0] < 1)
+    if (batch_bad)
         return mlc_fail(err, MLC_ERR_INPUT, "input '%s' has a batch of %lld; the model takes %s "
                         "for any batch N >= 1", spec->name, (long long)t->dims[0], want);
     uint64_t need;
@@ -358,24 +360,18 @@ mlc_status mlc_run(mlc_model *m, const mlc_tensor *inputs, size_t ninputs, mlc_t
     if (!m)
         return mlc_fail(err, MLC_ERR_USAGE, "mlc_run: model is NULL");
     mlc_plan *last = &m->plans[m->nplans - 1];
-    if (last->sym) {
-        if (ninputs != last->ninputs || (ninputs && !inputs))
-            return mlc_fail(err, MLC_ERR_INPUT, "%s takes %zu input(s), got %zu", m->name,
-                            last->ninputs, ninputs);
-        if (noutputs != last->noutputs || (noutputs && !outputs))
-            return mlc_fail(err, MLC_ERR_USAGE, "%s has %zu output(s); mlc_run was given %zu",
-                            m->name, last->noutputs, noutputs);
-        pthread_mutex_lock(&m->lock);
-        mlc_status s = run_symbolic(m, inputs, outputs, err);
-        pthread_mutex_unlock(&m->lock);
-        return s;
-    }
     if (ninputs != last->ninputs || (ninputs && !inputs))
         return mlc_fail(err, MLC_ERR_INPUT, "%s takes %zu input(s), got %zu", m->name,
                         last->ninputs, ninputs);
     if (noutputs != last->noutputs || (noutputs && !outputs))
         return mlc_fail(err, MLC_ERR_USAGE, "%s has %zu output(s); mlc_run was given %zu",
                         m->name, last->noutputs, noutputs);
+    if (last->sym) {
+        pthread_mutex_lock(&m->lock);
+        mlc_status s = run_symbolic(m, inputs, outputs, err);
+        pthread_mutex_unlock(&m->lock);
+        return s;
+    }
     int64_t n = -1;
     for (size_t i = 0; i < ninputs; i++) {
         mlc_status s = check_input(m, &last->inputs[i], &inputs[i], err);

@@ -1,7 +1,9 @@
 /* Unit drivers for the pytest suite (tests/test_c_runtime.py): the internal SHA-256 and msgpack
  * reader on a file's bytes, so Python checks them against hashlib and msgpack, and fuzzes the
  * reader under the sanitizers.
- *   test_units sha256 FILE        prints the hex digest
+ *   test_units sha256 FILE        prints the hex digest (the SHA extensions where the CPU has
+ *                                 them), then "accel" or "c"
+ *   test_units sha256c FILE       the same with the portable C code
  *   test_units msgpack FILE       prints "ok <bytes used> <type>" or "error <status> <message>"
  */
 #include <stdio.h>
@@ -33,10 +35,10 @@ int main(int argc, char **argv)
     if (!data)
         return 2;
     int rc = 0;
-    if (!strcmp(argv[1], "sha256")) {
+    if (!strcmp(argv[1], "sha256") || !strcmp(argv[1], "sha256c")) {
         uint8_t out[32];
         mlc_sha256 s;
-        mlc_sha256_init(&s);
+        mlc_sha256_start(&s, !strcmp(argv[1], "sha256") && mlc_sha256_accelerated());
         /* uneven pieces exercise the buffering */
         size_t at = 0, step = 1;
         while (at < n) {
@@ -48,7 +50,7 @@ int main(int argc, char **argv)
         mlc_sha256_final(&s, out);
         for (int i = 0; i < 32; i++)
             printf("%02x", out[i]);
-        printf("\n");
+        printf(" %s\n", s.accel ? "accel" : "c");
     } else if (!strcmp(argv[1], "msgpack")) {
         mlc_alloc a = {0};
         mp_node *root;

@@ -107,6 +107,79 @@ static int read_key(const char *path, uint8_t out[32])
     return 0;
 }
 
+/* The command line after the command's name, parsed by one table: which options a command
+ * takes, and how many files after MODEL.mlc. */
+enum { OPT_OUTPUT = 1, OPT_THREADS = 2, OPT_RUNS = 4, OPT_KEY = 8 };
+static const struct {
+    const char *flag, *alias;
+    unsigned bit;
+    const char *value; /* what the usage error names when the value is missing */
+} OPTIONS[] = {
+    {"-o", "--output", OPT_OUTPUT, "-o needs an OUTDIR"},
+    {"--threads", NULL, OPT_THREADS, "--threads needs a value"},
+    {"--runs", NULL, OPT_RUNS, "--runs needs a value"},
+    {"--trusted-key", NULL, OPT_KEY, "--trusted-key needs a KEY.pub (at most 16)"},
+};
+
+#define MAX_FILES 64
+typedef struct {
+    const char *model, *outdir;
+    const char *files[MAX_FILES]; /* after MODEL.mlc: the inputs of `run` */
+    int nfiles, threads, runs;
+    trusted keys;
+} args;
+
+/* 0, or the exit code after a one-line error. `allowed`: OPT_* bits; `max_files`: how many
+ * files may follow MODEL.mlc; `needs` the usage error when MODEL.mlc is missing. */
+static int parse_args(int argc, char **argv, unsigned allowed, int max_files, const char *name,
+                      args *a)
+{
+    memset(a, 0, sizeof *a);
+    for (int i = 0; i < argc; i++) {
+        const char *arg = argv[i];
+        size_t o = 0;
+        while (o < sizeof OPTIONS / sizeof OPTIONS[0]
+               && (!(allowed & OPTIONS[o].bit)
+                   || (strcmp(arg, OPTIONS[o].flag)
+                       && !(OPTIONS[o].alias && !strcmp(arg, OPTIONS[o].alias)))))
+            o++;
+        if (o == sizeof OPTIONS / sizeof OPTIONS[0]) {
+            if (arg[0] == '-' && arg[1])
+                return usage("unknown option");
+            if (!a->model)
+                a->model = arg;
+            else if (a->nfiles < max_files)
+                a->files[a->nfiles++] = arg;
+            else if (max_files)
+                return usage("too many inputs");
+            else {
+                char why[64];
+                snprintf(why, sizeof why, "%s takes one MODEL.mlc", name);
+                return usage(why);
+            }
+            continue;
+        }
+        if (++i >= argc || (OPTIONS[o].bit == OPT_KEY && a->keys.count >= 16))
+            return usage(OPTIONS[o].value);
+        switch (OPTIONS[o].bit) {
+        case OPT_OUTPUT: a->outdir = argv[i]; break;
+        case OPT_THREADS: if (parse_positive(argv[i], arg, &a->threads)) return 2; break;
+        case OPT_RUNS: if (parse_positive(argv[i], arg, &a->runs)) return 2; break;
+        default: {
+            int rc = read_key(argv[i], a->keys.keys[a->keys.count++]);
+            if (rc)
+                return rc;
+        }
+        }
+    }
+    if (!a->model) {
+        char why[64];
+        snprintf(why, sizeof why, "%s needs MODEL.mlc", name);
+        return usage(why);
+    }
+    return 0;
+}
+
 static void options_from_env(mlc_options *o, int threads)
 {
     mlc_options_init(o);
@@ -159,46 +232,29 @@ static size_t tensor_bytes(const mlc_tensor *t)
     return n;
 }
 
+static void free_tensors(mlc_tensor in[64], mlc_tensor out[64])
+{
+    for (int i = 0; i < 64; i++) {
+        free(in[i].data);
+        free(out[i].data);
+    }
+}
+
 static int cmd_run(int argc, char **argv)
 {
-    const char *model_path = NULL, *outdir = NULL;
-    const char *inputs[64];
-    int nin = 0, threads = 0;
-    trusted keys = {.count = 0};
-    for (int i = 0; i < argc; i++) {
-        if (!strcmp(argv[i], "--trusted-key")) {
-            if (++i >= argc || keys.count >= 16)
-                return usage("--trusted-key needs a KEY.pub (at most 16)");
-            int rc = read_key(argv[i], keys.keys[keys.count++]);
-            if (rc)
-                return rc;
-        } else if (!strcmp(argv[i], "-o") || !strcmp(argv[i], "--output")) {
-            if (++i >= argc)
-                return usage("-o needs an OUTDIR");
-            outdir = argv[i];
-        } else if (!strcmp(argv[i], "--threads")) {
-            if (++i >= argc)
-                return usage("--threads needs a value");
-            if (parse_positive(argv[i], "--threads", &threads))
-                return 2;
-        } else if (argv[i][0] == '-' && argv[i][1]) {
-            return usage("unknown option");
-        } else if (!model_path) {
-            model_path = argv[i];
-        } else if (nin < 64) {
-            inputs[nin++] = argv[i];
-        } else {
-            return usage("too many inputs");
-        }
-    }
-    if (!model_path || !outdir)
+    args a;
+    int rc = parse_args(argc, argv, OPT_OUTPUT | OPT_THREADS | OPT_KEY, MAX_FILES, "run", &a);
+    if (rc)
+        return rc;
+    if (!a.outdir)
         return usage("run needs MODEL.mlc, its inputs and -o OUTDIR");
+    const char *model_path = a.model, *outdir = a.outdir, **inputs = a.files;
+    int nin = a.nfiles;
     struct stat st;
     if (stat(outdir, &st) == 0 && !S_ISDIR(st.st_mode))
         return fail(2, "-o %s is a file, not a folder%s", outdir, "");
     mlc_model *m;
-    int rc = open_model(model_path, threads, &keys, &m);
-    if (rc)
+    if ((rc = open_model(model_path, a.threads, &a.keys, &m)))
         return rc;
     size_t n_in = mlc_input_count(m), n_out = mlc_output_count(m);
     mlc_tensor in[64], out[64];
@@ -255,44 +311,17 @@ static int cmd_run(int argc, char **argv)
         printf("out%zu.npy: %s %s %s\n", i, info.name, dims, mlc_dtype_name(out[i].dtype));
     }
 done:
-    for (int i = 0; i < 64; i++) {
-        free(in[i].data);
-        free(out[i].data);
-    }
+    free_tensors(in, out);
     mlc_close(m);
     return rc;
 }
 
 static int cmd_verify(int argc, char **argv)
 {
-    const char *path = NULL;
-    int threads = 0;
-    trusted keys = {.count = 0};
-    for (int i = 0; i < argc; i++) {
-        if (!strcmp(argv[i], "--trusted-key")) {
-            if (++i >= argc || keys.count >= 16)
-                return usage("--trusted-key needs a KEY.pub (at most 16)");
-            int rc = read_key(argv[i], keys.keys[keys.count++]);
-            if (rc)
-                return rc;
-        } else if (!strcmp(argv[i], "--threads")) {
-            if (++i >= argc)
-                return usage("--threads needs a value");
-            if (parse_positive(argv[i], "--threads", &threads))
-                return 2;
-        } else if (argv[i][0] == '-' && argv[i][1]) {
-            return usage("unknown option");
-        } else if (!path) {
-            path = argv[i];
-        } else {
-            return usage("verify takes one MODEL.mlc");
-        }
-    }
-    if (!path)
-        return usage("verify needs MODEL.mlc");
+    args a;
     mlc_model *m;
-    int rc = open_model(path, threads, &keys, &m);
-    if (rc)
+    int rc = parse_args(argc, argv, OPT_THREADS | OPT_KEY, 0, "verify", &a);
+    if (rc || (rc = open_model(a.model, a.threads, &a.keys, &m)))
         return rc;
     char summary[1024];
     mlc_error err;
@@ -344,31 +373,43 @@ static void fill(mlc_tensor *t)
     }
 }
 
+/* From /proc/self (Linux), in KiB: the process's peak resident memory, and how much of the
+ * bundle's file mapping is resident (every page: the digest reads them all). 0 where unknown. */
+static void memory_kib(const char *bundle, long *peak, long *mapped)
+{
+    *peak = *mapped = 0;
+    char line[4352], want[4096];
+    FILE *f = fopen("/proc/self/status", "r");
+    if (!f)
+        return;
+    while (fgets(line, sizeof line, f))
+        if (!strncmp(line, "VmHWM:", 6))
+            *peak = atol(line + 6);
+    fclose(f);
+    if (!realpath(bundle, want) || !(f = fopen("/proc/self/smaps", "r")))
+        return;
+    int inside = 0;
+    while (fgets(line, sizeof line, f)) {
+        size_t n = strlen(line), w = strlen(want);
+        if (strchr(line, '-') && strchr(line, '-') < strchr(line, ' ')) /* a mapping's header */
+            inside = n > w && !strncmp(line + n - w - 1, want, w) && line[n - w - 2] == ' ';
+        else if (inside && !strncmp(line, "Rss:", 4))
+            *mapped += atol(line + 4);
+    }
+    fclose(f);
+}
+
 static int cmd_bench(int argc, char **argv)
 {
-    const char *path = NULL;
-    int threads = 1, runs = 0;
-    for (int i = 0; i < argc; i++) {
-        if (!strcmp(argv[i], "--threads") || !strcmp(argv[i], "--runs")) {
-            if (i + 1 >= argc)
-                return usage("--threads and --runs need a value");
-            if (parse_positive(argv[i + 1], argv[i], argv[i][2] == 't' ? &threads : &runs))
-                return 2;
-            i++;
-        } else if (argv[i][0] == '-' && argv[i][1]) {
-            return usage("unknown option");
-        } else if (!path) {
-            path = argv[i];
-        } else {
-            return usage("bench takes one MODEL.mlc");
-        }
-    }
-    if (!path)
-        return usage("bench needs MODEL.mlc");
+    args a;
+    int rc = parse_args(argc, argv, OPT_THREADS | OPT_RUNS, 0, "bench", &a);
+    if (rc)
+        return rc;
+    const char *path = a.model;
+    int threads = a.threads ? a.threads : 1, runs = a.runs;
     double t0 = now_us();
     mlc_model *m;
-    int rc = open_model(path, threads, NULL, &m);
-    if (rc)
+    if ((rc = open_model(path, threads, NULL, &m)))
         return rc;
     double load_ms = (now_us() - t0) / 1e3;
     size_t nin = mlc_input_count(m), nout = mlc_output_count(m);
@@ -403,9 +444,9 @@ static int cmd_bench(int argc, char **argv)
         times = malloc(sizeof(double) * (size_t)cap);
         double start = now_us();
         while (n < cap && (runs || n < 5 || now_us() - start < 1e6)) {
-            double a = now_us();
+            double t = now_us();
             s = mlc_run(m, in, nin, out, nout, &err);
-            times[n++] = now_us() - a;
+            times[n++] = now_us() - t;
             if (s)
                 break;
         }
@@ -419,28 +460,32 @@ static int cmd_bench(int argc, char **argv)
                "us (%d runs, %d thread%s)\n", name, load_ms, first_ms, times[n / 2],
                times[(int)(n * 0.9)], times[(int)(n * 0.99)], times[0], n, threads,
                threads > 1 ? "s" : "");
+        long peak, mapped;
+        mlc_model_facts f;
+        mlc_model_facts_get(m, &f);
+        memory_kib(path, &peak, &mapped);
+        if (peak)
+            printf("memory: peak RSS %ld KiB; the bundle's pages resident %ld KiB, "
+                   "arena %zu KiB, code %zu KiB\n", peak, mapped,
+                   (f.arena_bytes + 1023) / 1024, (f.code_bytes + 1023) / 1024);
     }
     free(times);
-    for (int i = 0; i < 64; i++) {
-        free(in[i].data);
-        free(out[i].data);
-    }
+    free_tensors(in, out);
     mlc_close(m);
     return rc;
 }
 
 static int cmd_inspect(int argc, char **argv)
 {
-    if (argc != 1 || argv[0][0] == '-')
-        return usage("inspect takes one MODEL.mlc");
+    args a;
     mlc_model *m;
-    int rc = open_model(argv[0], 1, NULL, &m);
-    if (rc)
+    int rc = parse_args(argc, argv, 0, 0, "inspect", &a);
+    if (rc || (rc = open_model(a.model, 1, NULL, &m)))
         return rc;
     mlc_model_facts f;
     mlc_model_facts_get(m, &f);
     printf("%s: format %d.%d, code %s (%s, %zu variant%s), arena %zu bytes, code %zu bytes, "
-           "%zu instructions%s\n", argv[0], f.format_major, f.format_minor, f.level, f.arch,
+           "%zu instructions%s\n", a.model, f.format_major, f.format_minor, f.level, f.arch,
            f.variants, f.variants == 1 ? "" : "s", f.arena_bytes, f.code_bytes, f.instructions,
            f.signed_bundle ? ", signed" : "");
     if (f.inputs_in_place || f.outputs_in_place)
