@@ -48,6 +48,10 @@ class CompileOptions:
     # on load: half their size, but slower than fp32 on AVX2 (ResNet-18 1.37x; docs/precision.md),
     # and no target has a bf16 convolution kernel yet, so off by default
     bf16_convs: bool = False
+    # under "bf16", plain convolutions (ungrouped, undilated, static shapes) become
+    # nn.conv2d_bf16p (weights in input-channel pairs, codegen/bf16conv.py: vdpbf16ps on
+    # x86-64-v4+bf16); None: chosen for the targets (``for_targets``: a set with x86-64-v4+bf16)
+    bf16_pair_convs: bool | None = None
     # -- int8: quantized products take the integer kernels (codegen/qgemm.py); False: the
     # float32-exact chains they replaced, for comparison (MLCPACK_INT8_KERNELS=0)
     int8_kernels: bool = True
@@ -101,7 +105,7 @@ class CompileOptions:
     def resolved(self) -> bool:
         """Whether every layout choice is made (no field left to ``for_targets``)."""
         return None not in (self.pack_conv_weights, self.conv_row_widths,
-                            self.pack_matmul_weights)
+                            self.pack_matmul_weights, self.bf16_pair_convs)
 
     def replace(self, **changes: object) -> CompileOptions:
         return dataclasses.replace(self, **changes)
@@ -133,6 +137,11 @@ class CompileOptions:
                 ("x86-64-v3" in names and names <= {"x86-64-v2", "x86-64-v3"})
                 or (self.precision == "bf16" and "x86-64-v4+bf16" in names
                     and all(t.arch == "x86_64" for t in targets)))
+        if self.bf16_pair_convs is None:
+            # vdpbf16ps convolutions where a variant has avx512_bf16 (the other variants of
+            # the bundle widen the same pair weights: codegen/bf16conv.py)
+            changes["bf16_pair_convs"] = (self.precision == "bf16" and "x86-64-v4+bf16" in names
+                                          and all(t.arch == "x86_64" for t in targets))
         return dataclasses.replace(self, **changes)
 
     @classmethod
@@ -163,4 +172,5 @@ class CompileOptions:
 
 # The layout of the old context variables' defaults: no target-specific packing (what a pass
 # test that inspects the generic kernels wants; an export chooses per target instead).
-UNPACKED = CompileOptions(pack_conv_weights=False, conv_row_widths=(), pack_matmul_weights=False)
+UNPACKED = CompileOptions(pack_conv_weights=False, conv_row_widths=(), pack_matmul_weights=False,
+                          bf16_pair_convs=False)

@@ -23,6 +23,7 @@ from llvmlite import ir
 from ..ir.graph import PrimFunc
 from ..ir.sym import SymbolicShapeError
 from ..options import CompileOptions
+from .bf16conv import emit_pair_conv
 from .bf16dot import emit_pair_matmul
 from .contraction.conv_symbolic import emit_symbolic_conv
 from .contraction.dot import emit_dot_product, is_dot_product
@@ -93,6 +94,11 @@ def _bf16_pairs_sized(module, func, symbol, vl, size_vars, target, options):
     return emit_pair_matmul(module, func, symbol, vl, target.llvm_features, size_vars)
 
 
+def _bf16_conv(module, func, symbol, vl, match, target, options):
+    """nn.conv2d_bf16p (``--precision bf16``): vdpbf16ps where the target has avx512_bf16."""
+    return emit_pair_conv(module, func, symbol, vl, target.llvm_features)
+
+
 def _integer_gemm(module, func, symbol, vl, match, target, options):
     """qmatmul / qconv2d: the target's features and the options choose VNNI."""
     return emit_qgemm(module, func, symbol, vl, target.llvm_features, options.vnni_emulate)
@@ -115,6 +121,7 @@ KERNEL_RULES: tuple[KernelRule, ...] = (
                _sized(emit_symbolic_depthwise)),
     KernelRule("dot-product convolution", is_dot_product, _with_match(emit_dot_product), None),
     KernelRule("bf16 pair matmul", None, _bf16_pairs, _bf16_pairs_sized),   # matmul_bf16p
+    KernelRule("bf16 pair convolution", None, _bf16_conv, None),   # nn.conv2d_bf16p (static)
     KernelRule("contraction", lambda match: match is not None, _with_match(emit_contraction),
                _symbolic_contraction),
     KernelRule("max pool", None, _on_func(emit_max_pool), _sized(emit_symbolic_max_pool)),

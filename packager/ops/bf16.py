@@ -63,3 +63,59 @@ def _legalize(a: te.Tensor, bp: te.Tensor, out_type: TensorType, name: str, n: i
 def matmul_bf16p(a: np.ndarray, bp: np.ndarray, n: int) -> np.ndarray:
     b = unpack_pairs(bp, a.shape[-1], n).astype(np.float32)
     return np.matmul(a, b).astype(a.dtype)
+
+
+# ---- conv2d_bf16p: a convolution by weights in input-channel pairs ------------------------------
+
+CONV_PAIR_KIND = "conv2d_bf16p"
+
+
+def pack_conv_pairs(w: np.ndarray) -> np.ndarray:
+    """``w`` [O, C, KH, KW] (bfloat16 or float32, kept as is) -> ``wp`` [O, ceil(C / 2), KH, KW,
+    2] with ``wp[o, c // 2, ky, kx, c % 2] = w[o, c, ky, kx]``, zero past C: each 32-bit word the
+    pair (w[o, 2j, ky, kx], w[o, 2j + 1, ky, kx]), the even channel in the low half (the
+    operand ``vdpbf16ps`` multiplies by a pair of activation channels, codegen/bf16conv.py)."""
+    o, c, kh, kw = w.shape
+    padded = np.zeros((o, -(-c // 2) * 2, kh, kw), dtype=w.dtype)
+    padded[:, :c] = w
+    return np.ascontiguousarray(padded.reshape(o, -1, 2, kh, kw).transpose(0, 1, 3, 4, 2))
+
+
+def unpack_conv_pairs(wp: np.ndarray, c: int) -> np.ndarray:
+    o, pairs, kh, kw, _ = wp.shape
+    return wp.transpose(0, 1, 4, 2, 3).reshape(o, pairs * 2, kh, kw)[:, :c]
+
+
+def _infer_conv(x: TensorType, wp: TensorType, strides=(1, 1), padding=(0, 0, 0, 0), *,
+                relations: list) -> TensorType:
+    from .nn import _infer_conv2d
+    if len(wp.shape) != 5 or wp.shape[4] != 2 or len(x.shape) != 4 \
+            or wp.shape[1] != -(-x.shape[1] // 2):
+        raise ValueError(f"{CONV_PAIR_KIND}: packed weight {wp.shape} does not match input "
+                         f"{x.shape}")
+    o, _, kh, kw, _ = wp.shape
+    return _infer_conv2d(x, TensorType((o, x.shape[1], kh, kw), wp.dtype), strides, padding,
+                         relations=relations)
+
+
+def _legalize_conv(x: te.Tensor, wp: te.Tensor, out_type: TensorType, name: str,
+                   strides=(1, 1), padding=(0, 0, 0, 0)) -> te.Tensor:
+    from .nn import _widened, _window_value
+    c = x.shape[1]
+    _, _, kh, kw, _ = wp.shape
+    rc, ry, rx = te.reduce_axis(c, "rc"), te.reduce_axis(kh, "ry"), te.reduce_axis(kw, "rx")
+    tag_reduction(rc, CONV_PAIR_KIND, (x, wp), strides=tuple(strides), padding=tuple(padding))
+
+    def body(n: te.IndexVar, oc: te.IndexVar, y: te.IndexVar, xx: te.IndexVar) -> te.Expr:
+        value = _window_value(x, n, rc, y, xx, ry, rx, strides, padding)
+        return te.sum_of(value * _widened(wp[oc, rc // 2, ry, rx, rc % 2]), (rc, ry, rx))
+
+    return te.compute(out_type.shape, body, name=name)
+
+
+@register_op("nn.conv2d_bf16p", COMPLEX, _infer_conv, _legalize_conv)
+def conv2d_bf16p(x: np.ndarray, wp: np.ndarray, strides=(1, 1),
+                 padding=(0, 0, 0, 0)) -> np.ndarray:
+    from .nn import conv2d
+    w = unpack_conv_pairs(wp, x.shape[1]).astype(x.dtype)
+    return conv2d(x, w, strides, padding)

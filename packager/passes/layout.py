@@ -263,6 +263,17 @@ def weights_to_bf16(mod: IRModule, options: CompileOptions) -> IRModule:
 
     def visit(b, lookup):
         v = b.value
+        if (options.bf16_pair_convs and _plain_conv(v, static_batch=True)
+                and not _kept(v.args[1].name, keep)):
+            # input-channel pairs (ops/bf16.py): vdpbf16ps's operand (codegen/bf16conv.py)
+            from ..ops.bf16 import pack_conv_pairs
+            w = v.args[1]
+            attrs = {"strides": tuple(v.attrs.get("strides", (1, 1))),
+                     "padding": tuple(v.attrs.get("padding", (0, 0, 0, 0)))}
+            return Call("nn.conv2d_bf16p",
+                        [lookup(v.args[0]),
+                         Constant(f"{w.name}_bf16", pack_conv_pairs(to_bfloat16(w.data)))],
+                        attrs, v.type)
         if not (isinstance(v, Call) and v.op in BF16_OPS and len(v.args) == 2
                 and isinstance(v.args[1], Constant) and v.args[1].data.dtype == np.float32
                 and not _kept(v.args[1].name, keep)

@@ -61,7 +61,8 @@ def match_contraction(func: PrimFunc,
 # The packed weights (``matmul_packed``'s B, ``conv2d_rows``' blocks, codegen/conv_oc.py's
 # ``conv2d_oc`` ones) may be stored as bfloat16 (``--precision bf16``): each load widens them to
 # float32 (``emitter.load_weights``), exactly.
-BF16_WEIGHT_KINDS = ("matmul_packed", "conv2d_rows", "conv2d_oc", "matmul_bf16p")
+BF16_WEIGHT_KINDS = ("matmul_packed", "conv2d_rows", "conv2d_oc", "matmul_bf16p",
+                     "conv2d_bf16p")
 
 
 def _operand_dtypes(kind: str, index: int) -> tuple[str, ...]:

@@ -1,0 +1,355 @@
+"""The kernel of ``nn.conv2d_bf16p`` (ops/bf16.py): an ungrouped, undilated convolution (any
+window, stride and padding, static shapes) of a float32 NCHW input by weights stored as
+bfloat16 in input-channel pairs (``wp [O, ceil(C / 2), KH, KW, 2]``), float32 accumulation
+(``mlcpack export --precision bf16`` for a target set with x86-64-v4+bf16, docs/precision.md).
+
+It is the register-blocked convolution of codegen/gemm.py (output pixels on the vector lanes,
+output channels on the tile's rows, the output flattened over rows of ``wq`` columns, the
+columns past the output width computed and dropped, the same fused epilogue: bias, BatchNorm,
+ReLU/clip, residual add) with planes of its own:
+
+- each image's input is copied once, zero-padded, into *pair planes* by stride phase
+  (``planes[j, py, px, u, v]`` for the channel pair j = (2j, 2j + 1), the input at row ``u * sh
+  + py - pt``, column ``v * sw + px - pl``); each task copies the plane rows its panels read
+  (the same values where tasks overlap, as gemm.py's planes);
+- **x86-64-v4+bf16** (avx512_bf16, 16 lanes): a plane element is one 32-bit word, the pair of
+  the two channels' values rounded to bfloat16 (``vcvtne2ps2bf16`` on 16 pixels of each
+  channel, then the halves interleaved), so that each reduction step (pair j, tap) loads ``nv``
+  vectors of 16 pixels' words and broadcasts each tile row's weight word (w[o, 2j], w[o, 2j +
+  1]) into ``vdpbf16ps``: two multiply-adds per lane and instruction, the pair's odd product
+  first (tests/test_bf16_dot.py models it exactly);
+- **every other x86 level** (a portable bundle's v2/v3/v4 variants: the weights are shared):
+  the planes stay float32 (the channels of a pair one plane after the other) and each weight is
+  widened as it is broadcast (``word << 16``, exact), two float32 multiply-adds per pair, in the
+  order of the channels; slower than fp32 there (the widening), correct everywhere.
+"""
+
+from __future__ import annotations
+
+from llvmlite import ir
+
+from ..ir.graph import PrimFunc
+from ..ops.bf16 import CONV_PAIR_KIND
+from .bf16dot import BF16, DOT_LANES, has_dot
+from .contraction.geometry import PARALLEL_MIN_MACS
+from .contraction.kernel import ContractionEmitter
+from .contraction.match import Contraction, match_contraction
+from .helpers import F32, I1, I32, alloca_once, const_i64, for_range, intrinsic
+from .lower import WORKSPACE_ALIGN, KernelInfo
+
+I16 = ir.IntType(16)
+# Register tiles (rows = output channels, vectors of pixels per row, relative cost per computed
+# output): with AVX-512's 32 registers, up to 24 accumulators beside the nv pixel vectors and a
+# broadcast; with 16 registers (the widened levels), gemm.py's AVX2 tiles.
+TILES_32_REGS = ((6, 4, 1.0), (8, 3, 1.0), (12, 2, 1.0), (4, 4, 1.03), (6, 2, 1.05))
+TILES_16_REGS = ((4, 3, 1.0), (6, 2, 1.02))
+
+
+def match_conv_pairs(func: PrimFunc) -> Contraction | None:
+    return match_contraction(func, kinds=(CONV_PAIR_KIND,))
+
+
+def pair_conv_geometry(x_shape, wp_shape, out_shape, strides, padding, vl: int) -> dict:
+    """The plane layout and register tile of a ``conv2d_bf16p`` for vectors of ``vl`` lanes."""
+    _, c, h, w = x_shape
+    o, cp, kh, kw, _ = wp_shape
+    oh, ow = out_shape[2:]
+    sh, sw = strides
+    pt, pl, pb, pr = padding
+    ny, nx = min(sh, kh), min(sw, kw)
+    hq = max(-(-(h + pt + pb) // sh), oh + (kh - 1) // sh)
+    wq = max(-(-(w + pl + pr) // sw), ow + (kw - 1) // sw)
+    pflat = oh * wq
+    best = None
+    for mr, nv, eff in TILES_32_REGS if vl == 16 else TILES_16_REGS:
+        mr = min(mr, o)
+        nr = nv * vl
+        cost = -(-o // mr) * mr * -(-pflat // nr) * nr * eff
+        if best is None or cost < best[0]:
+            best = (cost, mr, nv)
+    _, mr, nv = best
+    nr = nv * vl
+    panels = -(-pflat // nr)
+    shift_max = ((kh - 1) // sh) * wq + (kw - 1) // sw
+    # rows past hq (outside the image: zero) so that the last panel's reads stay in its plane
+    rows = max(hq, -(-(panels * nr + shift_max) // wq))
+    pstride = rows * wq
+    return dict(c=c, h=h, w=w, o=o, og=o, cp=cp, kh=kh, kw=kw, oh=oh, ow=ow, sh=sh, sw=sw,
+                pt=pt, pl=pl, ny=ny, nx=nx, wq=wq, rows=rows, pstride=pstride, pflat=pflat,
+                mr=mr, nv=nv, nr=nr, vl=vl, panels=panels, shift_max=shift_max,
+                plane_elems=2 * cp * ny * nx * pstride)
+
+
+class PairConvEmitter(ContractionEmitter):
+    """``nn.conv2d_bf16p``: ``dot`` True, vdpbf16ps on bfloat16 pair planes (16 lanes); else
+    float32 planes and widened weights."""
+
+    plans_conv = False
+
+    def __init__(self, module: ir.Module, func: PrimFunc, symbol: str, match: Contraction,
+                 vl: int, dot: bool = False) -> None:
+        super().__init__(module, func, symbol, match, vl)
+        self.dot = dot and vl == DOT_LANES
+
+    def _conv_geometry(self) -> dict:
+        if self._geom_cache is None:
+            x, wp = self.match.tag.operands
+            attrs = self.match.tag.attrs
+            self._geom_cache = pair_conv_geometry(x.shape, wp.shape, self.match.out.shape,
+                                                  attrs["strides"], attrs["padding"], self.vl)
+        return self._geom_cache
+
+    def _workspace_bytes(self) -> int:
+        # every image its own planes (tasks run without a barrier, see gemm.py); the dot path's
+        # words are half the float32 planes
+        g = self._conv_geometry()
+        per_image = g["plane_elems"] // (2 if self.dot else 1) * 4
+        nbytes = per_image * self.match.tag.operands[0].shape[0]
+        return -(-nbytes // WORKSPACE_ALIGN) * WORKSPACE_ALIGN
+
+    def emit(self) -> KernelInfo:
+        params = self.func.inputs + self.func.outputs
+        workspace = self._workspace_bytes()
+        body_fn, ptr_types = self._begin_body(params, True)
+        n_ptrs = len(ptr_types)
+        task, ntasks = body_fn.args[n_ptrs], body_fn.args[n_ptrs + 1]
+        self._emit_pair_conv(body_fn.args[len(params)], task, ntasks)
+        self.builder.ret_void()
+        self._emit_entry(body_fn, n_ptrs, ptr_types)
+        return KernelInfo(self.symbol, len(self.func.inputs), len(self.func.outputs), workspace,
+                          self._macs() >= PARALLEL_MIN_MACS)
+
+    def _emit_pair_conv(self, ws: ir.Value, task: ir.Value, ntasks: ir.Value) -> None:
+        b = self.builder
+        g = self._conv_geometry()
+        x_t = self.match.tag.operands[0]
+        x_ptr = self.buffers[x_t.uid]
+        elem = I32 if self.dot else F32
+        planes_all = b.bitcast(ws, elem.as_pointer())
+        image_elems = g["plane_elems"] // (2 if self.dot else 1)
+        mblocks = -(-g["o"] // g["mr"])
+        nr, wq = g["nr"], g["wq"]
+        with for_range(b, const_i64(0), const_i64(x_t.shape[0]), "n") as n:
+            x_img = b.gep(x_ptr, [b.mul(n, const_i64(g["c"] * g["h"] * g["w"]))], inbounds=True)
+            planes = b.gep(planes_all, [b.mul(n, const_i64(image_elems))], inbounds=True)
+            # work items (panel, block row), the block row innermost: a panel's planes are
+            # reused by every block of output channels
+            lo, hi = self._split(g["panels"] * mblocks, task, ntasks)
+            with b.if_then(b.icmp_signed(">", hi, lo)):
+                jp_lo = b.sdiv(lo, const_i64(mblocks))
+                jp_hi = b.sdiv(b.add(hi, const_i64(mblocks - 1)), const_i64(mblocks))
+                u_lo = b.sdiv(b.mul(jp_lo, const_i64(nr)), const_i64(wq))
+                u_hi = b.sdiv(b.add(b.mul(jp_hi, const_i64(nr)),
+                                    const_i64(g["shift_max"] + wq - 1)), const_i64(wq))
+                u_hi = b.select(b.icmp_signed("<", u_hi, const_i64(g["rows"])), u_hi,
+                                const_i64(g["rows"]))
+                self._fill_pair_planes(g, x_img, planes, u_lo, u_hi)
+                with for_range(b, lo, hi, "work") as work:
+                    mb = b.srem(work, const_i64(mblocks))
+                    jp = b.sdiv(work, const_i64(mblocks))
+                    self._pair_block(g, n, mb, jp, planes)
+
+    # ---- the planes ---------------------------------------------------------------------------
+
+    def _fill_pair_planes(self, g: dict, x_img, planes, u_lo, u_hi) -> None:
+        """Plane rows [u_lo, u_hi) of every pair and phase, vl columns at a time."""
+        b = self.builder
+        vl, wq, sw, w = self.vl, g["wq"], g["sw"], g["w"]
+        ny, nx, pstride = g["ny"], g["nx"], g["pstride"]
+        lanes = ir.Constant(ir.VectorType(ir.IntType(64), vl), list(range(vl)))
+        ivec = ir.VectorType(I32, vl)
+        with for_range(b, const_i64(0), const_i64(g["cp"]), "pj") as j:
+            for py in range(ny):
+                with for_range(b, u_lo, u_hi, "pu") as u:
+                    yy = b.sub(b.add(b.mul(u, const_i64(g["sh"])), const_i64(py)),
+                               const_i64(g["pt"]))
+                    row_ok = b.and_(b.icmp_signed(">=", yy, const_i64(0)),
+                                    b.icmp_signed("<", yy, const_i64(g["h"])))
+                    yyc = b.select(row_ok, yy, const_i64(0))
+                    c0 = b.mul(j, const_i64(2))
+                    src = [b.add(b.mul(ch, const_i64(g["h"] * w)), b.mul(yyc, const_i64(w)))
+                           for ch in (c0, b.add(c0, const_i64(1)))]
+                    # the pair's second channel past C (odd C): zero
+                    ok = [row_ok, b.and_(row_ok, b.icmp_signed(
+                        "<", b.add(c0, const_i64(1)), const_i64(g["c"])))]
+                    for px in range(nx):
+                        with for_range(b, const_i64(0), const_i64(-(-wq // vl)), "pv") as q:
+                            v0 = b.mul(q, const_i64(vl))
+                            vs = b.add(self._splat_i64(v0), lanes)
+                            store_mask = b.icmp_signed("<", vs, self._splat_i64(const_i64(wq)))
+                            vals = [self._source_vector(x_img, src[i], ok[i], v0, px, sw, w)
+                                    for i in range(2)]
+                            if self.dot:
+                                words = self._pair_words(vals[0], vals[1])
+                                off = b.add(b.mul(b.add(b.mul(j, const_i64(ny * nx)),
+                                                        const_i64(py * nx + px)),
+                                                  const_i64(pstride)),
+                                            b.add(b.mul(u, const_i64(wq)), v0))
+                                self._masked_store(b.gep(planes, [off]), words, ivec,
+                                                   store_mask)
+                            else:
+                                for i in range(2):
+                                    plane = b.add(b.mul(b.add(c0, const_i64(i)),
+                                                        const_i64(ny * nx)),
+                                                  const_i64(py * nx + px))
+                                    off = b.add(b.mul(plane, const_i64(pstride)),
+                                                b.add(b.mul(u, const_i64(wq)), v0))
+                                    self._masked_store(b.gep(planes, [off]), vals[i], self.vty,
+                                                       store_mask)
+
+    def _splat_i64(self, x: ir.Value) -> ir.Value:
+        b = self.builder
+        ty = ir.VectorType(ir.IntType(64), self.vl)
+        v = b.insert_element(ir.Constant(ty, None), x, ir.Constant(I32, 0))
+        return b.shuffle_vector(v, ir.Constant(ty, None),
+                                ir.Constant(ir.VectorType(I32, self.vl), [0] * self.vl))
+
+    def _source_vector(self, x_img, row_start, ok, v0, px: int, sw: int, w: int) -> ir.Value:
+        """The input at columns ``v * sw + px - pl`` (v = v0 .. v0 + vl) of the row starting
+        at ``row_start``, zero outside it (or everywhere when ``ok`` is false): masked loads,
+        ``sw`` consecutive vectors and every ``sw``-th lane for a stride."""
+        b = self.builder
+        vl = self.vl
+        g = self._conv_geometry()
+        first = b.add(b.mul(v0, const_i64(sw)), const_i64(px - g["pl"]))
+        lane_ids = ir.Constant(ir.VectorType(ir.IntType(64), vl), list(range(vl)))
+        loads = []
+        for s in range(sw):
+            cols = b.add(self._splat_i64(b.add(first, const_i64(s * vl))), lane_ids)
+            inside = b.and_(b.icmp_signed(">=", cols, self._splat_i64(const_i64(0))),
+                            b.icmp_signed("<", cols, self._splat_i64(const_i64(w))))
+            inside = b.and_(inside, self._splat_i1(ok))
+            # a masked lane is not read: the address may lie outside the row
+            ptr = b.gep(x_img, [b.add(row_start, b.add(first, const_i64(s * vl)))])
+            loads.append(self._masked_load(b.bitcast(ptr, self.vty.as_pointer()), inside))
+        if sw == 1:
+            return loads[0]
+        # concatenate the sw vectors (padded to a power of two with zeros), keep lane l * sw
+        zero = ir.Constant(self.vty, [0.0] * vl)
+        while len(loads) & (len(loads) - 1):
+            loads.append(zero)
+        while len(loads) > 1:
+            n = loads[0].type.count
+            idx = ir.Constant(ir.VectorType(I32, 2 * n), list(range(2 * n)))
+            loads = [b.shuffle_vector(loads[i], loads[i + 1], idx)
+                     for i in range(0, len(loads), 2)]
+        pick = ir.Constant(ir.VectorType(I32, vl), [lane * sw for lane in range(vl)])
+        return b.shuffle_vector(loads[0], loads[0], pick)
+
+    def _splat_i1(self, x: ir.Value) -> ir.Value:
+        b = self.builder
+        ty = ir.VectorType(I1, self.vl)
+        v = b.insert_element(ir.Constant(ty, None), x, ir.Constant(I32, 0))
+        return b.shuffle_vector(v, ir.Constant(ty, None),
+                                ir.Constant(ir.VectorType(I32, self.vl), [0] * self.vl))
+
+    def _pair_words(self, even: ir.Value, odd: ir.Value) -> ir.Value:
+        """16 words (bf16(even[l]), bf16(odd[l])), the even channel in the low half:
+        vcvtne2ps2bf16 (round to nearest even) gives even's 16 then odd's 16; interleaved."""
+        b = self.builder
+        v32b = ir.VectorType(BF16, 2 * DOT_LANES)
+        cvt = intrinsic(self.module, "llvm.x86.avx512bf16.cvtne2ps2bf16.512", v32b,
+                        [self.vty, self.vty])
+        halves = b.bitcast(b.call(cvt, [odd, even]), ir.VectorType(I16, 2 * DOT_LANES))
+        order = [k for lane in range(DOT_LANES) for k in (lane, lane + DOT_LANES)]
+        mixed = b.shuffle_vector(halves, halves, ir.Constant(ir.VectorType(I32, 2 * DOT_LANES),
+                                                              order))
+        return b.bitcast(mixed, ir.VectorType(I32, DOT_LANES))
+
+    def _masked_store(self, ptr, value, vty: ir.VectorType, mask) -> None:
+        b = self.builder
+        elem = "i32" if vty.element == I32 else "f32"
+        fn = intrinsic(self.module, f"llvm.masked.store.v{vty.count}{elem}.p0", ir.VoidType(),
+                       [vty, vty.as_pointer(), I32, ir.VectorType(I1, vty.count)])
+        b.call(fn, [value, b.bitcast(ptr, vty.as_pointer()), ir.Constant(I32, 4), mask])
+
+    # ---- the blocks ---------------------------------------------------------------------------
+
+    def _pair_block(self, g: dict, n, mb, jp, planes) -> None:
+        """The mr x nr outputs of block row ``mb`` (output channels) and panel ``jp``."""
+        b = self.builder
+        mr, nv, nr, o, cp = g["mr"], g["nv"], g["nr"], g["o"], g["cp"]
+        taps = [(ky, kx) for ky in range(g["kh"]) for kx in range(g["kw"])]
+        ntaps = len(taps)
+        sh, sw, ny, nx, wq, pstride = g["sh"], g["sw"], g["ny"], g["nx"], g["wq"], g["pstride"]
+        p0 = b.mul(jp, const_i64(nr))
+        oc0 = b.mul(mb, const_i64(mr))
+        w_ptr = self.buffers[self.match.tag.operands[1].uid]
+        # rows past the last channel repeat it: computed, not stored
+        rows = [b.select(b.icmp_signed("<", b.add(oc0, const_i64(i)), const_i64(o)),
+                         b.add(oc0, const_i64(i)), const_i64(o - 1)) for i in range(mr)]
+
+        def plane_offset(j, t: int, planes_per_pair: int, half: int, v: int) -> ir.Value:
+            ky, kx = taps[t]
+            plane = b.add(b.mul(b.add(b.mul(j, const_i64(planes_per_pair)), const_i64(half)),
+                                const_i64(ny * nx)), const_i64((ky % sh) * nx + kx % sw))
+            return b.add(b.mul(plane, const_i64(pstride)),
+                         b.add(p0, const_i64((ky // sh) * wq + kx // sw + v * self.vl)))
+
+        if self.dot:
+            tile = self._dot_tile(mr, nv, cp, ntaps, rows, w_ptr, planes, plane_offset)
+        else:
+            def a_scalar(j, u, i):
+                t, half = u
+                return self._weight_scalar(
+                    w_ptr, b.add(b.mul(b.add(b.mul(rows[i], const_i64(cp)), j),
+                                       const_i64(2 * ntaps)), const_i64(2 * t + half)))
+
+            def b_vector(j, u, v):
+                t, half = u
+                return b.load(self._vec_ptr(planes, plane_offset(j, t, 2, half, v)), align=4)
+
+            steps = [(t, half) for t in range(ntaps) for half in (0, 1)]
+            tile = self._microkernel(mr, nv, cp, a_scalar, b_vector, steps)
+        self._conv_epilogue(g, self.match.out, n, oc0, oc0, p0, tile)
+
+    def _dot_tile(self, mr: int, nv: int, cp: int, ntaps: int, rows, w_ptr, planes,
+                  plane_offset) -> ir.Value:
+        """vdpbf16ps over the pairs and taps: accumulators mr x nv, returned as a tile."""
+        b = self.builder
+        vl = self.vl
+        v32b, ivec = ir.VectorType(BF16, 2 * vl), ir.VectorType(I32, vl)
+        dot = intrinsic(self.module, "llvm.x86.avx512bf16.dpbf16ps.512", self.vty,
+                        [self.vty, v32b, v32b])
+        words = b.bitcast(w_ptr, I32.as_pointer())
+        accs = [alloca_once(b, self.vty, name=f"acc{q}") for q in range(mr * nv)]
+        for a in accs:
+            b.store(ir.Constant(self.vty, [0.0] * vl), a)
+        with for_range(b, const_i64(0), const_i64(cp), "kp") as j:
+            vals = [b.load(a) for a in accs]
+            for t in range(ntaps):
+                xv = [b.bitcast(b.load(b.bitcast(b.gep(planes, [plane_offset(j, t, 1, 0, v)],
+                                                       inbounds=True), ivec.as_pointer()),
+                                       align=4), v32b) for v in range(nv)]
+                for i in range(mr):
+                    word = b.load(b.gep(words, [b.add(b.mul(b.add(b.mul(rows[i], const_i64(cp)),
+                                                                  j), const_i64(ntaps)),
+                                                      const_i64(t))], inbounds=True))
+                    pair = b.bitcast(self._splat_word(word), v32b)
+                    for v in range(nv):
+                        q = i * nv + v
+                        vals[q] = b.call(dot, [vals[q], pair, xv[v]])
+            for a, val in zip(accs, vals):
+                b.store(val, a)
+        self._begin_epilogue()
+        tile = alloca_once(b, ir.ArrayType(F32, (mr * nv + 1) * vl), name="tile")
+        tile_f = b.bitcast(tile, F32.as_pointer())
+        for q, a in enumerate(accs):
+            b.store(b.load(a), self._vec_ptr(tile_f, const_i64(q * vl)), align=4)
+        return tile_f
+
+    def _splat_word(self, x: ir.Value) -> ir.Value:
+        b = self.builder
+        ivec = ir.VectorType(I32, self.vl)
+        v = b.insert_element(ir.Constant(ivec, None), x, ir.Constant(I32, 0))
+        return b.shuffle_vector(v, ir.Constant(ivec, None), ir.Constant(ivec, [0] * self.vl))
+
+
+def emit_pair_conv(module: ir.Module, func: PrimFunc, symbol: str, vl: int,
+                   llvm_features: str) -> KernelInfo | None:
+    """The kernel of an ``nn.conv2d_bf16p`` ``func`` (static shapes), None for any other
+    function; ``llvm_features`` with avx512_bf16 (and 16 lanes) takes vdpbf16ps."""
+    match = match_conv_pairs(func)
+    if match is None:
+        return None
+    return PairConvEmitter(module, func, symbol, match, vl, dot=has_dot(llvm_features)).emit()
