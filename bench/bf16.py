@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/bf16.py [--budget 6] [--models mlp,resnet_small,resnet18]
 
-Models (bench/int8.py's): mlp (x [32,256], 256-512-512-10), resnet_small (3x3 convs 16->32->32,
+Models (bench/int8.py's, and ``mlp@ROWS``: the MLP at that many rows): mlp (x [32,256], 256-512-512-10), resnet_small (3x3 convs 16->32->32,
 a residual Add, a 1x1 conv, a Gemm), resnet18 (bench/models.py, random weights, 1x3x224x224).
 Each is exported with ``--target host`` in fp32 and in bf16 (the packed matmul and convolution
 weights stored as bfloat16, widened to fp32 on load; docs/precision.md). Rows: median and min
@@ -46,13 +46,46 @@ def _flags() -> str:
     return ", ".join(f"{f}{'' if f in flags else ' (no)'}" for f in wanted)
 
 
+def mlp_rows(path: Path, rows: int, dims=(256, 512, 512, 10)) -> Path:
+    """bench/int8.py's MLP (MatMul + Add + ReLU, 256-512-512-10) at ``rows`` rows: where the
+    bf16 matmul on AVX2 turns from weight-bound (half the bytes) to compute-bound (the widening
+    beside the FMAs); ``mlp@ROWS`` on the command line."""
+    import onnx
+    from onnx import TensorProto
+    from onnx import helper as h
+
+    rng = np.random.default_rng(0)
+    inits, nodes, x = [], [], "x"
+    for i, (k, n) in enumerate(zip(dims[:-1], dims[1:])):
+        w = (rng.normal(0, 1, (k, n)) / np.sqrt(k)).astype(np.float32)
+        inits += [onnx.numpy_helper.from_array(w, f"w{i}"),
+                  onnx.numpy_helper.from_array(np.zeros(n, np.float32), f"b{i}")]
+        nodes += [h.make_node("MatMul", [x, f"w{i}"], [f"m{i}"]),
+                  h.make_node("Add", [f"m{i}", f"b{i}"], [f"a{i}"])]
+        x = f"a{i}"
+        if i < len(dims) - 2:
+            nodes.append(h.make_node("Relu", [x], [f"r{i}"]))
+            x = f"r{i}"
+    graph = h.make_graph(nodes, "mlp",
+                         [h.make_tensor_value_info("x", TensorProto.FLOAT, [rows, dims[0]])],
+                         [h.make_tensor_value_info(x, TensorProto.FLOAT, [rows, dims[-1]])],
+                         inits)
+    model = h.make_model(graph, opset_imports=[h.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, path)
+    return path
+
+
 def bench_model(name: str, tmp: Path, budget: float) -> None:
     from int8 import BUILDERS, _cpu_min
 
     from bench import time_interleaved
     from mlcpack.runtime import load
 
-    src = BUILDERS[name](tmp / f"{name}.onnx")
+    if name.startswith("mlp@"):
+        src = mlp_rows(tmp / f"mlp{name[4:]}.onnx", int(name[4:]))
+    else:
+        src = BUILDERS[name](tmp / f"{name}.onnx")
     reports = {p: _export(src, tmp / f"{name}_{p}.mlc", p) for p in ("fp32", "bf16")}
     print(f"{name}: {reports['bf16'].precision_note}")
     models = {p: load(r.path, threads=1) for p, r in reports.items()}

@@ -251,3 +251,180 @@ def test_native_run_bit_exact(tmp_path):
     # the epilogue in float32: + bias, ReLU
     want = np.maximum(vdpbf16ps_matmul(a, bp, SHAPE[2]) + bias, np.float32(0))
     np.testing.assert_array_equal(got, want)
+
+
+# ---- the convolution kernel (codegen/bf16conv.py) ---------------------------------------------------
+
+def _conv_model(c: int, o: int, k: int, hw: int, stride: int):
+    """Conv (+ bias) then ReLU, padding k // 2: the fused epilogue of the kernel."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    w = (RNG.standard_normal((o, c, k, k)) / np.sqrt(c * k * k)).astype(np.float32)
+    bias = (RNG.standard_normal(o) * 0.1).astype(np.float32)
+    pad = k // 2
+    out = (hw + 2 * pad - k) // stride + 1
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[pad] * 4,
+                              strides=[stride, stride]),
+             helper.make_node("Relu", ["c"], ["y"])]
+    graph = helper.make_graph(
+        nodes, "conv", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, c, hw, hw])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, o, out, out])],
+        [numpy_helper.from_array(w, "w"), numpy_helper.from_array(bias, "b")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model, w, bias, (stride, stride), (pad,) * 4
+
+
+# an odd C (the last pair's odd channel is zero), a stride-2 3x3 with padding, 20 output
+# channels (a partial block of tile rows); a strided 1x1
+CONV_CASES = {"3x3_s2": (5, 20, 3, 11, 2), "1x1_s2": (6, 16, 1, 9, 2)}
+
+
+def vdpbf16ps_conv(x: np.ndarray, wp: np.ndarray, strides, padding) -> np.ndarray:
+    """The kernel's accumulators for x [1, C, H, W] float32 and the packed pairs ``wp`` [O,
+    ceil(C / 2), KH, KW, 2] (bfloat16 bits, as stored), in its loop order: per channel pair,
+    per tap (row-major), one vdpbf16ps (the odd channel's product, then the even one's); the
+    activations as the planes hold them (vcvtne2ps2bf16 of each channel, zero padding and a
+    zero channel past an odd C)."""
+    _, c, h, w = x.shape
+    o, cp, kh, kw, _ = wp.shape
+    sh, sw = strides
+    pt, pl, pb, pr = padding
+    oh, ow = (h + pt + pb - kh) // sh + 1, (w + pl + pr - kw) // sw + 1
+    xb = np.zeros((2 * cp, h + pt + pb, w + pl + pr), np.uint16)
+    xb[:c, pt:pt + h, pl:pl + w] = cvt_bf16(x[0])
+    acc = np.zeros((o, oh, ow))
+    for j in range(cp):
+        for ky in range(kh):
+            for kx in range(kw):
+                for half in (1, 0):
+                    a = widen(xb[2 * j + half, ky:ky + sh * (oh - 1) + 1:sh,
+                                 kx:kx + sw * (ow - 1) + 1:sw])
+                    acc = fma_rne_ftz(acc, widen(wp[:, j, ky, kx, half])[:, None, None] * a)
+    return acc.astype(np.float32)[None]
+
+
+@pytest.fixture(scope="module")
+def conv_compiled():
+    """Each case's Conv + ReLU through the bf16 pipeline for x86-64-v4,x86-64-v4+bf16 (the
+    convolution becomes nn.conv2d_bf16p), with both levels' assembly."""
+    import llvmlite.binding as llvm
+
+    from mlcpack.frontends.onnx import import_onnx
+    from mlcpack.packager.codegen.build import _target_machine
+    from mlcpack.packager.codegen.parallel import compile_prim_funcs
+    from mlcpack.packager.codegen.target import resolve_target
+    from mlcpack.packager.ir.graph import Constant, PrimFunc
+    from mlcpack.packager.options import CompileOptions
+    from mlcpack.packager.passes.pipeline import DEFAULT_PIPELINE, run_pipeline
+
+    opts = CompileOptions(target=f"x86-64-v4,{V4_BF16}", precision="bf16")
+    out = {}
+    for case, shape in CONV_CASES.items():
+        model, w, bias, strides, padding = _conv_model(*shape)
+        mod, _ = import_onnx(model)
+        mod = run_pipeline(mod, DEFAULT_PIPELINE, options=opts)
+        packed = [a for b in mod.functions["main"].bindings()
+                  for a in getattr(b.value, "args", ())
+                  if isinstance(a, Constant) and str(a.data.dtype) == "bfloat16"]
+        funcs = [f for f in mod.functions.values() if isinstance(f, PrimFunc)]
+        asm = {}
+        for name in ("x86-64-v4", V4_BF16):
+            target = resolve_target(name)
+            code = compile_prim_funcs(funcs, target, options=opts.for_targets([target]))
+            asm[name] = _target_machine(target).emit_assembly(llvm.parse_assembly(code.llvm_ir))
+        out[case] = dict(packed=packed, funcs=[f.name for f in funcs], asm=asm, w=w, bias=bias,
+                         strides=strides, padding=padding, model=model)
+    return out
+
+
+@pytest.mark.parametrize("case", sorted(CONV_CASES))
+def test_conv_kernel_selected_and_emitted(conv_compiled, case):
+    got = conv_compiled[case]
+    o, c, kh, kw = got["w"].shape
+    assert [p.data.shape for p in got["packed"]] == [(o, -(-c // 2), kh, kw, 2)]
+    assert any("conv2d_bf16p" in f for f in got["funcs"])
+    asm = got["asm"]
+    # the planes converted with vcvtne2ps2bf16, the reduction in vdpbf16ps against broadcast
+    # weight pairs
+    assert "vdpbf16ps" in asm[V4_BF16] and "vcvtne2ps2bf16" in asm[V4_BF16]
+    assert "vbroadcastss" in asm[V4_BF16] or "{1to16}" in asm[V4_BF16]
+    # without avx512_bf16 the same pair weights are widened on float32 planes
+    assert "vdpbf16ps" not in asm["x86-64-v4"] and "vcvtne2ps2bf16" not in asm["x86-64-v4"]
+
+
+@pytest.mark.parametrize("case", sorted(CONV_CASES))
+def test_conv_model_on_the_kernels_packing(conv_compiled, case):
+    """The packed weight words through the conv model: the convolution of the bf16-rounded
+    operands within float32 summation error, and within 1 % of fp32."""
+    from mlcpack.packager.ops.nn import conv2d
+
+    got_c = conv_compiled[case]
+    w, strides, padding = got_c["w"], got_c["strides"], got_c["padding"]
+    wp = got_c["packed"][0].data.view(np.uint16)
+    x = RNG.standard_normal((1, w.shape[1], CONV_CASES[case][3], CONV_CASES[case][3])).astype(
+        np.float32)
+    got = vdpbf16ps_conv(x, wp, strides, padding).astype(np.float64)
+    exact = conv2d(widen(cvt_bf16(x)), to_bfloat16(w).astype(np.float64), strides, padding)
+    scale = float(np.abs(exact).max())
+    k = int(np.prod(w.shape[1:]))
+    np.testing.assert_allclose(got, exact, rtol=0, atol=2 ** -24 * k * scale)
+    fp32 = conv2d(x.astype(np.float64), w.astype(np.float64), strides, padding)
+    err = float(np.abs(got - fp32).max()) / float(np.abs(fp32).max())
+    assert 0 < err < 0.01
+
+
+def test_conv_widened_levels_run_here(tmp_path):
+    """A bundle for x86-64-v3 and x86-64-v4+bf16 (its convolution nn.conv2d_bf16p, the weights
+    shared) on a host without avx512_bf16 runs its v3 variant: float32 planes, each pair weight
+    widened exactly: the convolution of the rounded weights within float32 summation error,
+    then bias and ReLU."""
+    from mlcpack.frontends.onnx import import_onnx
+    from mlcpack.packager.export import ExportOptions, export_module
+    from mlcpack.packager.ops.nn import conv2d
+    from mlcpack.runtime import load
+
+    if host_arch() != "x86_64" or not {"avx2", "fma"} <= host_features() \
+            or "avx512_bf16" in host_features():
+        pytest.skip("runs the x86-64-v3 variant: needs an x86-64 host with AVX2 and FMA, "
+                    "without avx512_bf16 (which would run the v4+bf16 variant)")
+    model, w, bias, strides, padding = _conv_model(*CONV_CASES["3x3_s2"])
+    mod, _ = import_onnx(model)
+    path = tmp_path / "v3.mlc"
+    report = export_module(mod, path, ExportOptions(target=f"x86-64-v3,{V4_BF16}",
+                                                    precision="bf16"))
+    assert report.precision == "bf16", report.precision_note
+    x = RNG.standard_normal((1, 5, 11, 11)).astype(np.float32)
+    with load(path) as bundle:
+        got = bundle.run({"x": x})["y"].astype(np.float64)
+    want = np.maximum(conv2d(x.astype(np.float64), to_bfloat16(w).astype(np.float64), strides,
+                             padding) + bias[None, :, None, None], 0)
+    k = int(np.prod(w.shape[1:]))
+    np.testing.assert_allclose(got, want, rtol=0, atol=2 ** -23 * k * float(np.abs(want).max()))
+
+
+@pytest.mark.parametrize("case", sorted(CONV_CASES))
+def test_conv_native_run_bit_exact(tmp_path, conv_compiled, case):
+    if host_arch() != "x86_64" or not {"avx512f", "avx512_bf16"} <= host_features():
+        pytest.skip("runs vdpbf16ps: needs an x86-64 host with AVX-512 and avx512_bf16 "
+                    "(Zen 4, Sapphire Rapids, Cooper Lake); this one has neither or not both")
+    from mlcpack.frontends.onnx import import_onnx
+    from mlcpack.packager.export import ExportOptions, export_module
+    from mlcpack.packager.ops.bf16 import pack_conv_pairs
+    from mlcpack.runtime import load
+
+    got_c = conv_compiled[case]
+    w, bias = got_c["w"], got_c["bias"]
+    mod, _ = import_onnx(got_c["model"])
+    path = tmp_path / "v4bf16.mlc"
+    report = export_module(mod, path, ExportOptions(target=V4_BF16, precision="bf16"))
+    assert report.precision == "bf16", report.precision_note
+    wp = pack_conv_pairs(to_bfloat16(w)).view(np.uint16)
+    hw = CONV_CASES[case][3]
+    x = RNG.standard_normal((1, w.shape[1], hw, hw)).astype(np.float32)
+    with load(path) as bundle:
+        got = bundle.run({"x": x})["y"]
+    # the epilogue in float32: + bias, ReLU
+    acc = vdpbf16ps_conv(x, wp, got_c["strides"], got_c["padding"])
+    want = np.maximum(acc + bias[None, :, None, None], np.float32(0))
+    np.testing.assert_array_equal(got, want)

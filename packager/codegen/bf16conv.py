@@ -41,7 +41,7 @@ I16 = ir.IntType(16)
 # Register tiles (rows = output channels, vectors of pixels per row, relative cost per computed
 # output): with AVX-512's 32 registers, up to 24 accumulators beside the nv pixel vectors and a
 # broadcast; with 16 registers (the widened levels), gemm.py's AVX2 tiles.
-TILES_32_REGS = ((6, 4, 1.0), (8, 3, 1.0), (12, 2, 1.0), (4, 4, 1.03), (6, 2, 1.05))
+TILES_32_REGS = ((4, 4, 1.0), (6, 3, 1.0), (8, 2, 1.02), (12, 1, 1.1))
 TILES_16_REGS = ((4, 3, 1.0), (6, 2, 1.02))
 
 
@@ -312,6 +312,9 @@ class PairConvEmitter(ContractionEmitter):
         dot = intrinsic(self.module, "llvm.x86.avx512bf16.dpbf16ps.512", self.vty,
                         [self.vty, v32b, v32b])
         words = b.bitcast(w_ptr, I32.as_pointer())
+        # each row's weight words, hoisted out of the reduction loop (affine in the pair)
+        row_words = [b.gep(words, [b.mul(r, const_i64(cp * ntaps))], inbounds=True)
+                     for r in rows]
         accs = [alloca_once(b, self.vty, name=f"acc{q}") for q in range(mr * nv)]
         for a in accs:
             b.store(ir.Constant(self.vty, [0.0] * vl), a)
@@ -322,9 +325,8 @@ class PairConvEmitter(ContractionEmitter):
                                                        inbounds=True), ivec.as_pointer()),
                                        align=4), v32b) for v in range(nv)]
                 for i in range(mr):
-                    word = b.load(b.gep(words, [b.add(b.mul(b.add(b.mul(rows[i], const_i64(cp)),
-                                                                  j), const_i64(ntaps)),
-                                                      const_i64(t))], inbounds=True))
+                    word = b.load(b.gep(row_words[i], [b.add(b.mul(j, const_i64(ntaps)),
+                                                             const_i64(t))], inbounds=True))
                     pair = b.bitcast(self._splat_word(word), v32b)
                     for v in range(nv):
                         q = i * nv + v
