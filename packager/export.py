@@ -384,6 +384,7 @@ def _export(mods: dict[int | None, IRModule], path: str | os.PathLike,
     reports: list[dict] = []
     ir_text = None
     first_targets: list[Target] = []
+    bf16_fp32 = ""   # the bf16 line's account of the layers left fp32 (precision.fp32_note)
     for batch, mod in mods.items():
         # several plans read one transposed W (no one-row GEMV): the weights stay stored once
         try:
@@ -404,6 +405,9 @@ def _export(mods: dict[int | None, IRModule], path: str | os.PathLike,
         if batch == largest:
             ir_text = module_text(optimized)
             first_targets = targets
+            if bf16:
+                from .precision import fp32_note
+                bf16_fp32 = fp32_note(optimized, compile_options.for_targets(targets))
     spec_plans = None
     if specialized:
         spec_plans, plans = tuple(plans[1:]), plans[:1]
@@ -415,7 +419,8 @@ def _export(mods: dict[int | None, IRModule], path: str | os.PathLike,
     precision_note = None
     if bf16:   # the accuracy guard: the bf16 bundle against the fp32 reference, or fp32
         from .precision import bf16_guard
-        ok, precision_note = bf16_guard(writer, header, golden, opts, constants.bf16_bytes)
+        ok, precision_note = bf16_guard(writer, header, golden, opts, constants.bf16_bytes,
+                                        bf16_fp32)
         if not ok:
             from .precision import sensitive_weights
             keep = None if opts.bf16_keep is not None or "not measured" in precision_note \

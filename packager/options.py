@@ -48,6 +48,13 @@ class CompileOptions:
     # on load: half their size, but slower than fp32 on AVX2 (ResNet-18 1.37x; docs/precision.md),
     # and no target has a bf16 convolution kernel yet, so off by default
     bf16_convs: bool = False
+    # under "bf16" on targets without vdpbf16ps (no x86-64-v4+bf16 in the set), matmuls of
+    # more than passes/layout.py BF16_WIDEN_MAX_ROWS rows (compute-bound: the widening costs
+    # more than the halved weight bytes save) keep fp32 weights; True stores them bf16 anyway
+    bf16_widen_all: bool = False
+    # under "bf16", whether the targets multiply bf16 with vdpbf16ps (the set has
+    # x86-64-v4+bf16); None: chosen for the targets (``for_targets``)
+    bf16_dot: bool | None = None
     # under "bf16", plain convolutions (ungrouped, undilated, static shapes) become
     # nn.conv2d_bf16p (weights in input-channel pairs, codegen/bf16conv.py: vdpbf16ps on
     # x86-64-v4+bf16); None: chosen for the targets (``for_targets``: a set with x86-64-v4+bf16)
@@ -105,7 +112,7 @@ class CompileOptions:
     def resolved(self) -> bool:
         """Whether every layout choice is made (no field left to ``for_targets``)."""
         return None not in (self.pack_conv_weights, self.conv_row_widths,
-                            self.pack_matmul_weights, self.bf16_pair_convs)
+                            self.pack_matmul_weights, self.bf16_dot, self.bf16_pair_convs)
 
     def replace(self, **changes: object) -> CompileOptions:
         return dataclasses.replace(self, **changes)
@@ -137,11 +144,14 @@ class CompileOptions:
                 ("x86-64-v3" in names and names <= {"x86-64-v2", "x86-64-v3"})
                 or (self.precision == "bf16" and "x86-64-v4+bf16" in names
                     and all(t.arch == "x86_64" for t in targets)))
+        dot = (self.precision == "bf16" and "x86-64-v4+bf16" in names
+               and all(t.arch == "x86_64" for t in targets))
+        if self.bf16_dot is None:
+            changes["bf16_dot"] = dot
         if self.bf16_pair_convs is None:
             # vdpbf16ps convolutions where a variant has avx512_bf16 (the other variants of
             # the bundle widen the same pair weights: codegen/bf16conv.py)
-            changes["bf16_pair_convs"] = (self.precision == "bf16" and "x86-64-v4+bf16" in names
-                                          and all(t.arch == "x86_64" for t in targets))
+            changes["bf16_pair_convs"] = dot
         return dataclasses.replace(self, **changes)
 
     @classmethod
@@ -173,4 +183,4 @@ class CompileOptions:
 # The layout of the old context variables' defaults: no target-specific packing (what a pass
 # test that inspects the generic kernels wants; an export chooses per target instead).
 UNPACKED = CompileOptions(pack_conv_weights=False, conv_row_widths=(), pack_matmul_weights=False,
-                          bf16_pair_convs=False)
+                          bf16_dot=False, bf16_pair_convs=False)

@@ -41,17 +41,61 @@ def _percent(x: float) -> str:
     return "inf" if not np.isfinite(x) else f"{100 * x:.3g} %"
 
 
-def bf16_guard(writer: Any, header: Any, golden: Any, opts: Any, bf16_bytes: int
-               ) -> tuple[bool, str]:
+def _names(names: list[str], most: int = 4) -> str:
+    shown = ", ".join(names[:most])
+    return shown + (f" and {len(names) - most} more" if len(names) > most else "")
+
+
+def fp32_note(mod: Any, options: Any) -> str:
+    """What a bf16 module (after the passes) left in fp32 and why, for the bf16 line: the
+    matmuls ``passes/layout.py widened_matmul_stays_fp32`` kept (compute-bound without
+    vdpbf16ps) and the convolutions with float32 weights. ``options``: the resolved
+    CompileOptions. Empty when nothing but biases and the guard's choice stayed fp32."""
+    from .ir.graph import CallTIR, Constant, Function
+    from .passes.layout import BF16_WIDEN_MAX_ROWS, _kept
+
+    fn = mod.functions.get("main")
+    if not isinstance(fn, Function):
+        return ""
+    matmuls, convs = [], []
+    for b in fn.bindings():
+        v = b.value
+        if not isinstance(v, CallTIR):
+            continue
+        weights = [a.name for a in v.args   # the layer's weight: its first such constant
+                   if isinstance(a, Constant) and a.data.dtype == np.float32
+                   and a.data.ndim >= 2]
+        if not weights or _kept(weights[0], options.bf16_keep):
+            continue
+        if "matmul_packed" in v.func:
+            matmuls.append(weights[0])
+        elif "conv2d" in v.func and "bf16p" not in v.func:
+            convs.append(weights[0])
+    note = ""
+    if matmuls:
+        note += (f"; {len(matmuls)} compute-bound matmuls (more than {BF16_WIDEN_MAX_ROWS} "
+                 f"rows) stay fp32: without x86-64-v4+bf16 (avx512_bf16) in the targets their "
+                 f"widened bf16 weights are slower than fp32 ({_names(matmuls)})")
+    if convs and options.bf16_pair_convs:
+        note += (f"; {len(convs)} convolutions stay fp32 (grouped, dilated or depthwise: no "
+                 f"bf16 kernel; {_names(convs)})")
+    elif convs and not options.bf16_convs:
+        note += (f"; {len(convs)} convolutions stay fp32: bf16 convolutions (vdpbf16ps) need "
+                 f"x86-64-v4+bf16 (avx512_bf16) in the targets, and widened they are slower "
+                 f"than fp32")
+    return note
+
+
+def bf16_guard(writer: Any, header: Any, golden: Any, opts: Any, bf16_bytes: int,
+               convs: str = "") -> tuple[bool, str]:
     """(keep bf16, the one line to print). Writes the bundle to a temporary file, runs it on
-    ``golden.inputs`` and compares with ``golden.outputs`` (the fp32 reference)."""
+    ``golden.inputs`` and compares with ``golden.outputs`` (the fp32 reference). ``convs``:
+    ``fp32_note``'s account of the layers left fp32."""
     bound = opts.bf16_max_error
-    convs = "" if opts.compile is not None and opts.compile.bf16_convs else (
-        "; convolution weights stay fp32 (no bf16 convolution kernel is faster than fp32 yet)")
     if bf16_bytes == 0:
         return True, ("bf16: no weight is stored as bf16 for this target (the bf16 kernels "
-                      "read the packed weights of x86-64 matmuls, on x86-64-v4 with "
-                      "x86-64-v4+bf16 in the bundle)" + convs + "; the bundle computes as fp32")
+                      "read the packed weights of x86-64 matmuls and, with x86-64-v4+bf16 in "
+                      "the bundle, convolutions)" + convs + "; the bundle computes as fp32")
     size = (f"{bf16_bytes / 1024:.1f} KiB of weights in bf16 (fp32: {bf16_bytes / 512:.1f} KiB)"
             + convs)
     if golden is None or golden.skipped or not golden.outputs:

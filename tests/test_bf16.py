@@ -165,8 +165,9 @@ def _export(tmp_path, model, name: str, precision: str, **kw):
 
     mod, _ = import_onnx(model)
     bundle = tmp_path / f"{name}.mlc"
-    # the convolutions' bf16 kernels (widened weights) are opt-in: on here, tested below
-    kw.setdefault("compile", CompileOptions(bf16_convs=True))
+    # the convolutions' widened bf16 kernels and compute-bound matmuls widened on AVX2 are
+    # opt-in: on here, the defaults tested below
+    kw.setdefault("compile", CompileOptions(bf16_convs=True, bf16_widen_all=True))
     report = export_module(mod, bundle, ExportOptions(target=kw.pop("target", AVX2),
                                                       precision=precision, **kw))
     return bundle, report
@@ -291,7 +292,9 @@ def test_cli_precision_errors(tmp_path, run_cli, one_line_error):
 def test_cli_bf16_export(tmp_path, run_cli):
     import onnx
 
-    model, _, _ = CASES["mlp_b16"]()   # the CLI keeps convolutions fp32 (the test below)
+    # the CLI keeps convolutions and, on AVX2, matmuls of more than 2 rows fp32 (the tests
+    # below): one row
+    model, _, _ = CASES["mlp_b1"]()
     path = tmp_path / "m.onnx"
     onnx.save(model, path)
     proc = run_cli("export", path, "-o", tmp_path / "m.mlc", "--precision", "bf16",
@@ -354,6 +357,29 @@ def test_convolutions_stay_fp32_by_default(tmp_path):
     feeds = {"x": RNG.standard_normal(shapes["x"]).astype(np.float32)}
     ref, _ = _export(tmp_path, model, "fp32", "fp32", compile=CompileOptions())
     bundle, report = _export(tmp_path, model, "bf16", "bf16", compile=CompileOptions())
-    assert "convolution weights stay fp32" in report.precision_note
+    assert "1 convolutions stay fp32: bf16 convolutions (vdpbf16ps) need x86-64-v4+bf16" \
+        in report.precision_note
     assert "bfloat16" not in _weight_dtypes(bundle)
     np.testing.assert_array_equal(_run(bundle, feeds), _run(ref, feeds))
+
+
+def test_compute_bound_matmuls_stay_fp32_without_vdpbf16ps(tmp_path):
+    """On a target set without x86-64-v4+bf16 the widened bf16 matmul is slower than fp32 past
+    2 rows (bench/bf16.py mlp@ROWS): those keep fp32 weights, and the bf16 line names them; the
+    bundle then computes as the fp32 one. One row stays bf16 (half the bytes, faster)."""
+    from mlcpack.packager.options import CompileOptions
+
+    model, _, shapes = CASES["mlp_b16"]()
+    feeds = {"x": RNG.standard_normal(shapes["x"]).astype(np.float32)}
+    ref, _ = _export(tmp_path, model, "fp32", "fp32", compile=CompileOptions())
+    bundle, report = _export(tmp_path, model, "bf16", "bf16", compile=CompileOptions())
+    note = report.precision_note
+    assert ("2 compute-bound matmuls (more than 2 rows) stay fp32: without x86-64-v4+bf16 "
+            "(avx512_bf16) in the targets") in note and "(w0" in note and "w1" in note, note
+    assert "\n" not in note
+    assert "bfloat16" not in _weight_dtypes(bundle)
+    np.testing.assert_array_equal(_run(bundle, feeds), _run(ref, feeds))
+    model, _, _ = CASES["mlp_b1"]()
+    bundle, report = _export(tmp_path, model, "b1", "bf16", compile=CompileOptions())
+    assert _weight_dtypes(bundle).count("bfloat16") == 2, report.precision_note
+    assert "compute-bound" not in report.precision_note

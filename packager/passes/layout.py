@@ -232,6 +232,27 @@ def pack_matmul_weights(mod: IRModule, options: CompileOptions) -> IRModule:
 # ``w_r4``).
 
 
+# Without vdpbf16ps (a target set without x86-64-v4+bf16) each bf16 weight pair is widened
+# beside the FMAs: a matmul of more rows than this is compute-bound and keeps fp32 weights
+# (``options.bf16_widen_all`` stores them bf16 anyway). Measured with bench/bf16.py mlp@ROWS on
+# Zen 4 with AVX2 + FMA, no AVX-512 (1 thread, 256-512-512-10, min of alternating runs, bf16
+# speed over fp32's): 1 row 1.25x, 2 rows 1.04x, 4 rows 0.92x, 8 0.96x, 16 0.95x, 32 0.98x.
+BF16_WIDEN_MAX_ROWS = 2
+
+
+def widened_matmul_stays_fp32(v: Call, options: CompileOptions) -> bool:
+    """A ``matmul_packed`` that keeps fp32 weights under bf16: no vdpbf16ps in the targets
+    and more than BF16_WIDEN_MAX_ROWS rows (or a run-time row count)."""
+    if options.bf16_dot or options.bf16_widen_all:
+        return False
+    rows = 1
+    for d in tuple(v.args[0].type.shape)[:-1]:
+        if not isinstance(d, int):
+            return True
+        rows *= d
+    return rows > BF16_WIDEN_MAX_ROWS
+
+
 def _kept(name: str, keep: frozenset) -> bool:
     return any(name == k or name.startswith(k + "_") for k in keep)
 BF16_OPS = ("matmul_packed", "nn.conv2d_rows", "nn.conv2d_oc")
@@ -278,6 +299,8 @@ def weights_to_bf16(mod: IRModule, options: CompileOptions) -> IRModule:
                 and isinstance(v.args[1], Constant) and v.args[1].data.dtype == np.float32
                 and not _kept(v.args[1].name, keep)
                 and (v.op == "matmul_packed" or options.bf16_convs)):
+            return None
+        if v.op == "matmul_packed" and widened_matmul_stays_fp32(v, options):
             return None
         w = v.args[1]
         if v.op == "matmul_packed":   # K pairs (ops/bf16.py): vdpbf16ps's operand
