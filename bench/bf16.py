@@ -2,15 +2,15 @@
 
     .venv/bin/python bench/bf16.py [--budget 6] [--models mlp,resnet_small,resnet18]
 
-Models (bench/int8.py's, and ``mlp@ROWS``: the MLP at that many rows): mlp (x [32,256], 256-512-512-10), resnet_small (3x3 convs 16->32->32,
-a residual Add, a 1x1 conv, a Gemm), resnet18 (bench/models.py, random weights, 1x3x224x224).
-Each is exported with ``--target host`` in fp32 and in bf16 (the packed matmul and convolution
-weights stored as bfloat16, widened to fp32 on load; docs/precision.md). Rows: median and min
-ms per run (bench.time_interleaved: the engines alternate), least CPU time of a run, the bundle
-size, the weights' size, and the bf16 bundle's error against the fp32 bundle (max |diff| over
-the output's scale). Print the host's CPU flags beside the numbers: on a host without
-avx512_bf16 the bf16 kernels widen each weight with integer shifts (no vdpbf16ps), so speed is
-not the point there; the size is.
+Models (bench/int8.py's, and ``mlp@ROWS``: the MLP at that many rows): mlp (x [32,256],
+256-512-512-10), resnet_small (3x3 convs 16->32->32, a residual Add, a 1x1 conv, a Gemm),
+resnet18 (bench/models.py, random weights, 1x3x224x224). Each is exported with ``--target host``
+in fp32 and in bf16 (docs/precision.md: on a host with avx512_bf16 the matmul and convolution
+weights in bf16 pairs, vdpbf16ps; without it, matmuls of at most 2 rows in bf16, widened, the
+rest fp32). Rows: median and min ms per run (bench.time_interleaved: the engines alternate),
+least CPU time of a run, the bundle size, the weights' size, and the bf16 bundle's error
+against the fp32 bundle (max |diff| over the output's scale). Print the host's CPU flags beside
+the numbers.
 """
 
 from __future__ import annotations
