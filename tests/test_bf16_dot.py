@@ -395,8 +395,9 @@ def test_conv_widened_levels_run_here(tmp_path):
                                                     precision="bf16"))
     assert report.precision == "bf16", report.precision_note
     x = RNG.standard_normal((1, 5, 11, 11)).astype(np.float32)
-    with load(path) as bundle:
+    with load(path) as bundle, load(path, threads=2) as two:
         got = bundle.run({"x": x})["y"].astype(np.float64)
+        np.testing.assert_array_equal(two.run({"x": x})["y"], got)
     want = np.maximum(conv2d(x.astype(np.float64), to_bfloat16(w).astype(np.float64), strides,
                              padding) + bias[None, :, None, None], 0)
     k = int(np.prod(w.shape[1:]))

@@ -31,7 +31,7 @@ from llvmlite import ir
 from ..ir.graph import PrimFunc
 from ..ops.bf16 import CONV_PAIR_KIND
 from .bf16dot import BF16, DOT_LANES, has_dot
-from .contraction.geometry import PARALLEL_MIN_MACS
+from .contraction.geometry import MAX_TASK_REGIONS, PARALLEL_MIN_MACS
 from .contraction.kernel import ContractionEmitter
 from .contraction.match import Contraction, match_contraction
 from .helpers import F32, I1, I32, alloca_once, const_i64, for_range, intrinsic
@@ -99,13 +99,22 @@ class PairConvEmitter(ContractionEmitter):
                                                   attrs["strides"], attrs["padding"], self.vl)
         return self._geom_cache
 
-    def _workspace_bytes(self) -> int:
+    def _planes_bytes(self) -> int:
         # every image its own planes (tasks run without a barrier, see gemm.py); the dot path's
         # words are half the float32 planes
         g = self._conv_geometry()
         per_image = g["plane_elems"] // (2 if self.dot else 1) * 4
         nbytes = per_image * self.match.tag.operands[0].shape[0]
         return -(-nbytes // WORKSPACE_ALIGN) * WORKSPACE_ALIGN
+
+    def _weights_floats(self) -> int:
+        """Widened levels: a task's region for its block's weights as float32 (mr rows)."""
+        g = self._conv_geometry()
+        return -(-g["mr"] * g["cp"] * g["kh"] * g["kw"] * 2 // 16) * 16
+
+    def _workspace_bytes(self) -> int:
+        regions = 0 if self.dot else self._weights_floats() * 4 * MAX_TASK_REGIONS
+        return self._planes_bytes() + regions
 
     def emit(self) -> KernelInfo:
         params = self.func.inputs + self.func.outputs
@@ -129,6 +138,20 @@ class PairConvEmitter(ContractionEmitter):
         image_elems = g["plane_elems"] // (2 if self.dot else 1)
         mblocks = -(-g["o"] // g["mr"])
         nr, wq = g["nr"], g["wq"]
+        self._w_region = None
+        if not self.dot:
+            # widened levels: each task widens its block's weights once into a float32 region
+            # (one broadcast load per weight in the loop, as fp32's); tasks past
+            # MAX_TASK_REGIONS get no work
+            ntasks = b.select(b.icmp_signed("<", ntasks, const_i64(MAX_TASK_REGIONS)), ntasks,
+                              const_i64(MAX_TASK_REGIONS))
+            base = b.bitcast(b.gep(ws, [const_i64(self._planes_bytes())], inbounds=True),
+                             F32.as_pointer())
+            self._w_region = b.gep(base, [b.mul(b.select(b.icmp_signed("<", task, ntasks), task,
+                                                         const_i64(0)),
+                                                const_i64(self._weights_floats()))],
+                                   inbounds=True)
+            task = b.select(b.icmp_signed("<", task, ntasks), task, ntasks)
         with for_range(b, const_i64(0), const_i64(x_t.shape[0]), "n") as n:
             x_img = b.gep(x_ptr, [b.mul(n, const_i64(g["c"] * g["h"] * g["w"]))], inbounds=True)
             planes = b.gep(planes_all, [b.mul(n, const_i64(image_elems))], inbounds=True)
@@ -289,11 +312,23 @@ class PairConvEmitter(ContractionEmitter):
         if self.dot:
             tile = self._dot_tile(mr, nv, cp, ntaps, rows, w_ptr, planes, plane_offset)
         else:
+            # the block's rows widened once: row i's cp * ntaps * 2 weights at i * per_row
+            per_row = cp * ntaps * 2
+            region = self._w_region
+            src16 = b.bitcast(w_ptr, I16.as_pointer())
+            for i in range(mr):
+                src = b.gep(src16, [b.mul(rows[i], const_i64(per_row))], inbounds=True)
+                with for_range(b, const_i64(0), const_i64(per_row), "wz") as e:
+                    half16 = b.load(b.gep(src, [e], inbounds=True))
+                    wide = b.bitcast(b.shl(b.zext(half16, I32), ir.Constant(I32, 16)), F32)
+                    b.store(wide, b.gep(region, [b.add(const_i64(i * per_row), e)],
+                                        inbounds=True))
+
             def a_scalar(j, u, i):
                 t, half = u
-                return self._weight_scalar(
-                    w_ptr, b.add(b.mul(b.add(b.mul(rows[i], const_i64(cp)), j),
-                                       const_i64(2 * ntaps)), const_i64(2 * t + half)))
+                return b.load(b.gep(region, [b.add(
+                    const_i64(i * per_row + 2 * t + half), b.mul(j, const_i64(2 * ntaps)))],
+                    inbounds=True))
 
             def b_vector(j, u, v):
                 t, half = u
