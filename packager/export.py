@@ -407,7 +407,8 @@ def _export(mods: dict[int | None, IRModule], path: str | os.PathLike,
             first_targets = targets
             if bf16:
                 from .precision import fp32_note
-                bf16_fp32 = fp32_note(optimized, compile_options.for_targets(targets))
+                bf16_fp32 = fp32_note(optimized, compile_options.for_targets(targets),
+                                      tuple(t.name for t in targets))
     spec_plans = None
     if specialized:
         spec_plans, plans = tuple(plans[1:]), plans[:1]

@@ -46,11 +46,12 @@ def _names(names: list[str], most: int = 4) -> str:
     return shown + (f" and {len(names) - most} more" if len(names) > most else "")
 
 
-def fp32_note(mod: Any, options: Any) -> str:
+def fp32_note(mod: Any, options: Any, targets: tuple[str, ...] = ()) -> str:
     """What a bf16 module (after the passes) left in fp32 and why, for the bf16 line: the
     matmuls ``passes/layout.py widened_matmul_stays_fp32`` kept (compute-bound without
     vdpbf16ps) and the convolutions with float32 weights. ``options``: the resolved
-    CompileOptions. Empty when nothing but biases and the guard's choice stayed fp32."""
+    CompileOptions; ``targets``: the bundle's level names. Empty when nothing but biases and
+    the guard's choice stayed fp32."""
     from .ir.graph import CallTIR, Constant, Function
     from .passes.layout import BF16_WIDEN_MAX_ROWS, _kept
 
@@ -77,12 +78,17 @@ def fp32_note(mod: Any, options: Any) -> str:
                  f"rows) stay fp32: without x86-64-v4+bf16 (avx512_bf16) in the targets their "
                  f"widened bf16 weights are slower than fp32 ({_names(matmuls)})")
     if convs and options.bf16_pair_convs:
-        note += (f"; {len(convs)} convolutions stay fp32 (grouped, dilated or depthwise: no "
-                 f"bf16 kernel; {_names(convs)})")
+        note += (f"; {len(convs)} convolutions stay fp32 (grouped, dilated, depthwise or of "
+                 f"one output pixel: no bf16 kernel; {_names(convs)})")
     elif convs and not options.bf16_convs:
         note += (f"; {len(convs)} convolutions stay fp32: bf16 convolutions (vdpbf16ps) need "
                  f"x86-64-v4+bf16 (avx512_bf16) in the targets, and widened they are slower "
                  f"than fp32")
+    widened = [t for t in targets if t != "x86-64-v4+bf16"]
+    if options.bf16_pair_convs and widened and len(convs) < sum(
+            1 for b in fn.bindings() if isinstance(b.value, CallTIR) and "conv2d" in b.value.func):
+        note += (f"; the bundle's levels without avx512_bf16 ({', '.join(widened)}) widen the "
+                 f"bf16 convolution weights: slower there than an fp32 bundle")
     return note
 
 

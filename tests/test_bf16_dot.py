@@ -394,6 +394,8 @@ def test_conv_widened_levels_run_here(tmp_path):
     report = export_module(mod, path, ExportOptions(target=f"x86-64-v3,{V4_BF16}",
                                                     precision="bf16"))
     assert report.precision == "bf16", report.precision_note
+    assert "levels without avx512_bf16 (x86-64-v3) widen the bf16 convolution weights" \
+        in report.precision_note
     x = RNG.standard_normal((1, 5, 11, 11)).astype(np.float32)
     with load(path) as bundle, load(path, threads=2) as two:
         got = bundle.run({"x": x})["y"].astype(np.float64)

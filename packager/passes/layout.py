@@ -285,7 +285,8 @@ def weights_to_bf16(mod: IRModule, options: CompileOptions) -> IRModule:
     def visit(b, lookup):
         v = b.value
         if (options.bf16_pair_convs and _plain_conv(v, static_batch=True)
-                and not _kept(v.args[1].name, keep)):
+                and tuple(v.type.shape[2:]) != (1, 1) and not _kept(v.args[1].name, keep)):
+            # (one output pixel: fp32's dot-product kernel, codegen/gemv.py)
             # input-channel pairs (ops/bf16.py): vdpbf16ps's operand (codegen/bf16conv.py)
             from ..ops.bf16 import pack_conv_pairs
             w = v.args[1]
