@@ -27,12 +27,17 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "tests"))
 
 
+WIDEN_ALL = False   # --widen-all: every packed matmul in bf16 (how BF16_WIDEN_MAX_ROWS was set)
+
+
 def _export(path: Path, out: Path, precision: str):
     from mlcpack.frontends.onnx import import_onnx
     from mlcpack.packager.export import ExportOptions, export_module
+    from mlcpack.packager.options import CompileOptions
 
     mod, _ = import_onnx(str(path))
-    return export_module(mod, out, ExportOptions(target="host", precision=precision))
+    return export_module(mod, out, ExportOptions(
+        target="host", precision=precision, compile=CompileOptions(bf16_widen_all=WIDEN_ALL)))
 
 
 def _flags() -> str:
@@ -110,7 +115,11 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--budget", type=float, default=6.0, help="seconds per model")
     ap.add_argument("--models", default="mlp,resnet_small,resnet18")
+    ap.add_argument("--widen-all", action="store_true",
+                    help="without avx512_bf16, matmuls of any row count in bf16 too (widened)")
     args = ap.parse_args()
+    global WIDEN_ALL
+    WIDEN_ALL = args.widen_all
     print(f"host CPU flags: {_flags()}; 1 thread")
     with tempfile.TemporaryDirectory() as d:
         for name in args.models.split(","):
