@@ -431,3 +431,40 @@ def test_conv_native_run_bit_exact(tmp_path, conv_compiled, case):
     acc = vdpbf16ps_conv(x, wp, got_c["strides"], got_c["padding"])
     want = np.maximum(acc + bias[None, :, None, None], np.float32(0))
     np.testing.assert_array_equal(got, want)
+
+
+def test_which_convolutions_take_pairs():
+    """With x86-64-v4+bf16 in the targets a plain convolution's weight becomes input-channel
+    pairs; a depthwise one and one of a single output pixel keep fp32 (their own kernels), and
+    the bf16 line's account says so. The pipeline only: nothing compiled."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from mlcpack.frontends.onnx import import_onnx
+    from mlcpack.packager.ir.graph import Constant
+    from mlcpack.packager.options import CompileOptions
+    from mlcpack.packager.passes.pipeline import DEFAULT_PIPELINE, run_pipeline
+    from mlcpack.packager.precision import fp32_note
+
+    inits = {"w": RNG.standard_normal((16, 8, 3, 3)), "wd": RNG.standard_normal((16, 1, 3, 3)),
+             "wp": RNG.standard_normal((8, 16, 1, 1))}
+    nodes = [helper.make_node("Conv", ["x", "w"], ["a"], pads=[1] * 4),
+             helper.make_node("Conv", ["a", "wd"], ["d"], pads=[1] * 4, group=16),
+             helper.make_node("GlobalAveragePool", ["d"], ["g"]),
+             helper.make_node("Conv", ["g", "wp"], ["y"])]
+    graph = helper.make_graph(
+        nodes, "convs", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 9, 9])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 1, 1])],
+        [numpy_helper.from_array(v.astype(np.float32), k) for k, v in inits.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    mod, _ = import_onnx(model)
+    opts = CompileOptions(target=V4_BF16, precision="bf16")
+    mod = run_pipeline(mod, DEFAULT_PIPELINE, options=opts)
+    consts = {a.name: a.data for b in mod.functions["main"].bindings()
+              for a in getattr(b.value, "args", ()) if isinstance(a, Constant)}
+    bf16 = {k: v.shape for k, v in consts.items() if str(v.dtype) == "bfloat16"}
+    assert bf16 == {"w_bf16": (16, 4, 3, 3, 2)}, bf16
+    note = fp32_note(mod, opts.for_targets(), (V4_BF16,))
+    assert note.startswith("; 2 convolutions stay fp32 (grouped, dilated, depthwise or of one "
+                           "output pixel: no bf16 kernel; wd"), note
+    assert "widen" not in note   # x86-64-v4+bf16 alone: no widened level
