@@ -18,6 +18,7 @@ def test_rule_table_rows_in_order() -> None:
     ops = [r.op for r in rules.KERNEL_RULES]
     assert ops == ["recurrence", "integer GEMM", "integer depthwise", "channel-lane convolution",
                    "depthwise convolution", "dot-product convolution", "bf16 pair matmul",
+                   "bf16 pair convolution",
                    "contraction", "max pool", "softmax", "normalization", "transpose"]
     symbolic = [r.op for r in rules.KERNEL_RULES if r.symbolic is not None]
     assert symbolic == ["recurrence", "channel-lane convolution", "depthwise convolution",

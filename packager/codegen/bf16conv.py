@@ -3,15 +3,15 @@ window, stride and padding, static shapes) of a float32 NCHW input by weights st
 bfloat16 in input-channel pairs (``wp [O, ceil(C / 2), KH, KW, 2]``), float32 accumulation
 (``mlcpack export --precision bf16`` for a target set with x86-64-v4+bf16, docs/precision.md).
 
-It is the register-blocked convolution of codegen/gemm.py (output pixels on the vector lanes,
-output channels on the tile's rows, the output flattened over rows of ``wq`` columns, the
-columns past the output width computed and dropped, the same fused epilogue: bias, BatchNorm,
-ReLU/clip, residual add) with planes of its own:
+It is the register-blocked convolution of codegen/contraction/conv.py (output pixels on the
+vector lanes, output channels on the tile's rows, the output flattened over rows of ``wq``
+columns, the columns past the output width computed and dropped, the same fused epilogue: bias,
+BatchNorm, ReLU/clip, residual add) with planes of its own:
 
 - each image's input is copied once, zero-padded, into *pair planes* by stride phase
   (``planes[j, py, px, u, v]`` for the channel pair j = (2j, 2j + 1), the input at row ``u * sh
   + py - pt``, column ``v * sw + px - pl``); each task copies the plane rows its panels read
-  (the same values where tasks overlap, as gemm.py's planes);
+  (the same values where tasks overlap, as contraction/conv.py's planes);
 - **x86-64-v4+bf16** (avx512_bf16, 16 lanes): a plane element is one 32-bit word, the pair of
   the two channels' values rounded to bfloat16 (``vcvtne2ps2bf16`` on 16 pixels of each
   channel, then the halves interleaved), so that each reduction step (pair j, tap) loads ``nv``
@@ -40,7 +40,7 @@ from .lower import WORKSPACE_ALIGN, KernelInfo
 I16 = ir.IntType(16)
 # Register tiles (rows = output channels, vectors of pixels per row, relative cost per computed
 # output): with AVX-512's 32 registers, up to 24 accumulators beside the nv pixel vectors and a
-# broadcast; with 16 registers (the widened levels), gemm.py's AVX2 tiles.
+# broadcast; with 16 registers (the widened levels), contraction/geometry.py's AVX2 tiles.
 TILES_32_REGS = ((4, 4, 1.0), (6, 3, 1.0), (8, 2, 1.02), (12, 1, 1.1))
 TILES_16_REGS = ((4, 3, 1.0), (6, 2, 1.02))
 
@@ -100,7 +100,7 @@ class PairConvEmitter(ContractionEmitter):
         return self._geom_cache
 
     def _planes_bytes(self) -> int:
-        # every image its own planes (tasks run without a barrier, see gemm.py); the dot path's
+        # every image its own planes (tasks run without a barrier, see contraction/conv.py); the dot path's
         # words are half the float32 planes
         g = self._conv_geometry()
         per_image = g["plane_elems"] // (2 if self.dot else 1) * 4
