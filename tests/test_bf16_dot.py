@@ -468,3 +468,37 @@ def test_which_convolutions_take_pairs():
     assert note.startswith("; 2 convolutions stay fp32 (grouped, dilated, depthwise or of one "
                            "output pixel: no bf16 kernel; wd"), note
     assert "widen" not in note   # x86-64-v4+bf16 alone: no widened level
+
+
+@pytest.mark.parametrize("case", sorted(CONV_CASES))
+def test_conv_dot_path_emulated_bit_exact(tmp_path, conv_compiled, case):
+    """The v4+bf16 convolution's whole data path (pair planes converted and interleaved, the
+    loop order over pairs and taps, the epilogue) compiled with vcvtne2ps2bf16 and vdpbf16ps
+    written in portable IR (``CompileOptions.bf16_emulate``: each product one float32 FMA,
+    exact for bf16 operands) for x86-64-v3, which this host runs: bit for bit the numpy model
+    (normal values: no denormal for DAZ/FTZ to differ on)."""
+    from mlcpack.frontends.onnx import import_onnx
+    from mlcpack.packager.export import ExportOptions, export_module
+    from mlcpack.packager.ops.bf16 import pack_conv_pairs
+    from mlcpack.packager.options import CompileOptions
+    from mlcpack.runtime import load
+
+    if host_arch() != "x86_64" or not {"avx2", "fma"} <= host_features():
+        pytest.skip("runs x86-64-v3 code: needs an x86-64 host with AVX2 and FMA")
+    got_c = conv_compiled[case]
+    w, bias = got_c["w"], got_c["bias"]
+    mod, _ = import_onnx(got_c["model"])
+    path = tmp_path / "emulated.mlc"
+    opts = CompileOptions(bf16_pair_convs=True, bf16_emulate=True, pack_conv_weights=False,
+                          conv_row_widths=())
+    report = export_module(mod, path, ExportOptions(target="x86-64-v3", precision="bf16",
+                                                    compile=opts))
+    assert report.precision == "bf16", report.precision_note
+    wp = pack_conv_pairs(to_bfloat16(w)).view(np.uint16)
+    hw = CONV_CASES[case][3]
+    x = RNG.standard_normal((1, w.shape[1], hw, hw)).astype(np.float32)
+    acc = vdpbf16ps_conv(x, wp, got_c["strides"], got_c["padding"])
+    want = np.maximum(acc + bias[None, :, None, None], np.float32(0))
+    for threads in (1, 2):
+        with load(path, threads=threads) as bundle:
+            np.testing.assert_array_equal(bundle.run({"x": x})["y"], want)

@@ -87,9 +87,10 @@ class PairConvEmitter(ContractionEmitter):
     plans_conv = False
 
     def __init__(self, module: ir.Module, func: PrimFunc, symbol: str, match: Contraction,
-                 vl: int, dot: bool = False) -> None:
-        super().__init__(module, func, symbol, match, vl)
-        self.dot = dot and vl == DOT_LANES
+                 vl: int, dot: bool = False, emulate: bool = False) -> None:
+        super().__init__(module, func, symbol, match, DOT_LANES if emulate else vl)
+        self.emulate = emulate   # the dot path in portable IR (CompileOptions.bf16_emulate)
+        self.dot = emulate or (dot and vl == DOT_LANES)
 
     def _conv_geometry(self) -> dict:
         if self._geom_cache is None:
@@ -270,6 +271,8 @@ class PairConvEmitter(ContractionEmitter):
         """16 words (bf16(even[l]), bf16(odd[l])), the even channel in the low half:
         vcvtne2ps2bf16 (round to nearest even) gives even's 16 then odd's 16; interleaved."""
         b = self.builder
+        if self.emulate:
+            return self._pair_words_portable(even, odd)
         v32b = ir.VectorType(BF16, 2 * DOT_LANES)
         cvt = intrinsic(self.module, "llvm.x86.avx512bf16.cvtne2ps2bf16.512", v32b,
                         [self.vty, self.vty])
@@ -278,6 +281,44 @@ class PairConvEmitter(ContractionEmitter):
         mixed = b.shuffle_vector(halves, halves, ir.Constant(ir.VectorType(I32, 2 * DOT_LANES),
                                                               order))
         return b.bitcast(mixed, ir.VectorType(I32, DOT_LANES))
+
+    def _pair_words_portable(self, even: ir.Value, odd: ir.Value) -> ir.Value:
+        """``_pair_words`` in integer IR: round to nearest even, denormals to signed zero (as
+        vcvtne2ps2bf16; NaNs not quieted: finite inputs only)."""
+        b = self.builder
+        ivec = ir.VectorType(I32, DOT_LANES)
+
+        def splat(c: int) -> ir.Constant:
+            return ir.Constant(ivec, [c] * DOT_LANES)
+
+        def bf16_bits(x: ir.Value) -> ir.Value:
+            bits = b.bitcast(x, ivec)
+            lsb = b.and_(b.lshr(bits, splat(16)), splat(1))
+            rounded = b.lshr(b.add(b.add(bits, splat(0x7FFF)), lsb), splat(16))
+            denormal = b.icmp_unsigned("==", b.and_(bits, splat(0x7F800000)), splat(0))
+            return b.select(denormal, b.lshr(b.and_(bits, splat(-0x80000000)), splat(16)),
+                            rounded)
+
+        return b.or_(bf16_bits(even), b.shl(bf16_bits(odd), splat(16)))
+
+    def _dot(self, acc: ir.Value, pair: ir.Value, xw: ir.Value) -> ir.Value:
+        """acc + the odd halves' product, then + the even halves' (16 lanes of words)."""
+        b = self.builder
+        if not self.emulate:
+            v32b = ir.VectorType(BF16, 2 * DOT_LANES)
+            dot = intrinsic(self.module, "llvm.x86.avx512bf16.dpbf16ps.512", self.vty,
+                            [self.vty, v32b, v32b])
+            return b.call(dot, [acc, b.bitcast(pair, v32b), b.bitcast(xw, v32b)])
+        # bf16 x bf16 products are exact in float32: one FMA each rounds once, as vdpbf16ps
+        # (which also reads denormal inputs as zero and flushes denormal results: not modelled)
+        ivec = ir.VectorType(I32, DOT_LANES)
+        fma = intrinsic(self.module, f"llvm.fma.v{DOT_LANES}f32", self.vty, [self.vty] * 3)
+        high = ir.Constant(ivec, [-65536] * DOT_LANES)
+        shift = ir.Constant(ivec, [16] * DOT_LANES)
+        for part in (lambda w: b.and_(w, high), lambda w: b.shl(w, shift)):
+            acc = b.call(fma, [b.bitcast(part(pair), self.vty), b.bitcast(part(xw), self.vty),
+                               acc])
+        return acc
 
     def _masked_store(self, ptr, value, vty: ir.VectorType, mask) -> None:
         b = self.builder
@@ -343,9 +384,7 @@ class PairConvEmitter(ContractionEmitter):
         """vdpbf16ps over the pairs and taps: accumulators mr x nv, returned as a tile."""
         b = self.builder
         vl = self.vl
-        v32b, ivec = ir.VectorType(BF16, 2 * vl), ir.VectorType(I32, vl)
-        dot = intrinsic(self.module, "llvm.x86.avx512bf16.dpbf16ps.512", self.vty,
-                        [self.vty, v32b, v32b])
+        ivec = ir.VectorType(I32, vl)
         words = b.bitcast(w_ptr, I32.as_pointer())
         # each row's weight words, hoisted out of the reduction loop (affine in the pair)
         row_words = [b.gep(words, [b.mul(r, const_i64(cp * ntaps))], inbounds=True)
@@ -356,16 +395,16 @@ class PairConvEmitter(ContractionEmitter):
         with for_range(b, const_i64(0), const_i64(cp), "kp") as j:
             vals = [b.load(a) for a in accs]
             for t in range(ntaps):
-                xv = [b.bitcast(b.load(b.bitcast(b.gep(planes, [plane_offset(j, t, 1, 0, v)],
-                                                       inbounds=True), ivec.as_pointer()),
-                                       align=4), v32b) for v in range(nv)]
+                xv = [b.load(b.bitcast(b.gep(planes, [plane_offset(j, t, 1, 0, v)],
+                                             inbounds=True), ivec.as_pointer()), align=4)
+                      for v in range(nv)]
                 for i in range(mr):
                     word = b.load(b.gep(row_words[i], [b.add(b.mul(j, const_i64(ntaps)),
                                                              const_i64(t))], inbounds=True))
-                    pair = b.bitcast(self._splat_word(word), v32b)
+                    pair = self._splat_word(word)
                     for v in range(nv):
                         q = i * nv + v
-                        vals[q] = b.call(dot, [vals[q], pair, xv[v]])
+                        vals[q] = self._dot(vals[q], pair, xv[v])
             for a, val in zip(accs, vals):
                 b.store(val, a)
         self._begin_epilogue()
@@ -383,10 +422,12 @@ class PairConvEmitter(ContractionEmitter):
 
 
 def emit_pair_conv(module: ir.Module, func: PrimFunc, symbol: str, vl: int,
-                   llvm_features: str) -> KernelInfo | None:
+                   llvm_features: str, emulate: bool = False) -> KernelInfo | None:
     """The kernel of an ``nn.conv2d_bf16p`` ``func`` (static shapes), None for any other
-    function; ``llvm_features`` with avx512_bf16 (and 16 lanes) takes vdpbf16ps."""
+    function; ``llvm_features`` with avx512_bf16 (and 16 lanes) takes vdpbf16ps; ``emulate``
+    the same data path in portable IR (tests)."""
     match = match_conv_pairs(func)
     if match is None:
         return None
-    return PairConvEmitter(module, func, symbol, match, vl, dot=has_dot(llvm_features)).emit()
+    return PairConvEmitter(module, func, symbol, match, vl, dot=has_dot(llvm_features),
+                           emulate=emulate).emit()

@@ -96,7 +96,7 @@ def _bf16_pairs_sized(module, func, symbol, vl, size_vars, target, options):
 
 def _bf16_conv(module, func, symbol, vl, match, target, options):
     """nn.conv2d_bf16p (``--precision bf16``): vdpbf16ps where the target has avx512_bf16."""
-    return emit_pair_conv(module, func, symbol, vl, target.llvm_features)
+    return emit_pair_conv(module, func, symbol, vl, target.llvm_features, options.bf16_emulate)
 
 
 def _integer_gemm(module, func, symbol, vl, match, target, options):
