@@ -59,9 +59,9 @@ class CompileOptions:
     # nn.conv2d_bf16p (weights in input-channel pairs, codegen/bf16conv.py: vdpbf16ps on
     # x86-64-v4+bf16); None: chosen for the targets (``for_targets``: a set with x86-64-v4+bf16)
     bf16_pair_convs: bool | None = None
-    # test only: the vdpbf16ps convolution's data path (pair planes, loop order) with
+    # test only: the vdpbf16ps matmul's and convolution's data path (packing, loop order) with
     # vcvtne2ps2bf16 and vdpbf16ps written in portable IR (float32 FMAs, exact on normal
-    # values), on any target: runs it on a CPU without avx512_bf16 (codegen/bf16conv.py)
+    # values), on any target: runs it on a CPU without avx512_bf16 (codegen/bf16dot.py, bf16conv.py)
     bf16_emulate: bool = False
     # -- int8: quantized products take the integer kernels (codegen/qgemm.py); False: the
     # float32-exact chains they replaced, for comparison (MLCPACK_INT8_KERNELS=0)

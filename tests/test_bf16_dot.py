@@ -230,6 +230,34 @@ def test_model_on_the_kernels_packing(compiled):
     assert float(np.abs(got - fp32).max()) / float(np.abs(fp32).max()) < 0.01
 
 
+def test_dot_path_emulated_bit_exact(tmp_path):
+    """The v4+bf16 matmul's data path (activations converted per chunk, the K-pair panels, the
+    loop order, the epilogue) with vcvtne2ps2bf16 and vdpbf16ps in portable IR
+    (``CompileOptions.bf16_emulate``) for x86-64-v3, which this host runs: bit for bit the
+    numpy model plus the float32 epilogue."""
+    from mlcpack.frontends.onnx import import_onnx
+    from mlcpack.packager.export import ExportOptions, export_module
+    from mlcpack.packager.ops.bf16 import pack_pairs
+    from mlcpack.packager.options import CompileOptions
+    from mlcpack.runtime import load
+
+    if host_arch() != "x86_64" or not {"avx2", "fma"} <= host_features():
+        pytest.skip("runs x86-64-v3 code: needs an x86-64 host with AVX2 and FMA")
+    model, w, bias = _model(*SHAPE)
+    mod, _ = import_onnx(model)
+    path = tmp_path / "emulated.mlc"
+    opts = CompileOptions(bf16_emulate=True, bf16_widen_all=True)
+    report = export_module(mod, path, ExportOptions(target="x86-64-v3", precision="bf16",
+                                                    compile=opts))
+    assert report.precision == "bf16", report.precision_note
+    bp = pack_pairs(to_bfloat16(w.T)).view(np.uint16)
+    a = RNG.standard_normal(SHAPE[:2]).astype(np.float32)
+    want = np.maximum(vdpbf16ps_matmul(a, bp, SHAPE[2]) + bias, np.float32(0))
+    for threads in (1, 2):
+        with load(path, threads=threads) as bundle:
+            np.testing.assert_array_equal(bundle.run({"x": a})["y"], want)
+
+
 def test_native_run_bit_exact(tmp_path):
     if host_arch() != "x86_64" or not {"avx512f", "avx512_bf16"} <= host_features():
         pytest.skip("runs vdpbf16ps: needs an x86-64 host with AVX-512 and avx512_bf16 "

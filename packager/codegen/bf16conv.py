@@ -30,7 +30,7 @@ from llvmlite import ir
 
 from ..ir.graph import PrimFunc
 from ..ops.bf16 import CONV_PAIR_KIND
-from .bf16dot import BF16, DOT_LANES, has_dot
+from .bf16dot import BF16, DOT_LANES, bf16_bits_portable, dot_words, has_dot
 from .contraction.geometry import MAX_TASK_REGIONS, PARALLEL_MIN_MACS
 from .contraction.kernel import ContractionEmitter
 from .contraction.match import Contraction, match_contraction
@@ -283,42 +283,13 @@ class PairConvEmitter(ContractionEmitter):
         return b.bitcast(mixed, ir.VectorType(I32, DOT_LANES))
 
     def _pair_words_portable(self, even: ir.Value, odd: ir.Value) -> ir.Value:
-        """``_pair_words`` in integer IR: round to nearest even, denormals to signed zero (as
-        vcvtne2ps2bf16; NaNs not quieted: finite inputs only)."""
+        """``_pair_words`` in integer IR (``bf16dot.bf16_bits_portable``)."""
         b = self.builder
-        ivec = ir.VectorType(I32, DOT_LANES)
-
-        def splat(c: int) -> ir.Constant:
-            return ir.Constant(ivec, [c] * DOT_LANES)
-
-        def bf16_bits(x: ir.Value) -> ir.Value:
-            bits = b.bitcast(x, ivec)
-            lsb = b.and_(b.lshr(bits, splat(16)), splat(1))
-            rounded = b.lshr(b.add(b.add(bits, splat(0x7FFF)), lsb), splat(16))
-            denormal = b.icmp_unsigned("==", b.and_(bits, splat(0x7F800000)), splat(0))
-            return b.select(denormal, b.lshr(b.and_(bits, splat(-0x80000000)), splat(16)),
-                            rounded)
-
-        return b.or_(bf16_bits(even), b.shl(bf16_bits(odd), splat(16)))
+        shift = ir.Constant(ir.VectorType(I32, DOT_LANES), [16] * DOT_LANES)
+        return b.or_(bf16_bits_portable(b, even), b.shl(bf16_bits_portable(b, odd), shift))
 
     def _dot(self, acc: ir.Value, pair: ir.Value, xw: ir.Value) -> ir.Value:
-        """acc + the odd halves' product, then + the even halves' (16 lanes of words)."""
-        b = self.builder
-        if not self.emulate:
-            v32b = ir.VectorType(BF16, 2 * DOT_LANES)
-            dot = intrinsic(self.module, "llvm.x86.avx512bf16.dpbf16ps.512", self.vty,
-                            [self.vty, v32b, v32b])
-            return b.call(dot, [acc, b.bitcast(pair, v32b), b.bitcast(xw, v32b)])
-        # bf16 x bf16 products are exact in float32: one FMA each rounds once, as vdpbf16ps
-        # (which also reads denormal inputs as zero and flushes denormal results: not modelled)
-        ivec = ir.VectorType(I32, DOT_LANES)
-        fma = intrinsic(self.module, f"llvm.fma.v{DOT_LANES}f32", self.vty, [self.vty] * 3)
-        high = ir.Constant(ivec, [-65536] * DOT_LANES)
-        shift = ir.Constant(ivec, [16] * DOT_LANES)
-        for part in (lambda w: b.and_(w, high), lambda w: b.shl(w, shift)):
-            acc = b.call(fma, [b.bitcast(part(pair), self.vty), b.bitcast(part(xw), self.vty),
-                               acc])
-        return acc
+        return dot_words(self.builder, self.module, acc, pair, xw, self.emulate)
 
     def _masked_store(self, ptr, value, vty: ir.VectorType, mask) -> None:
         b = self.builder

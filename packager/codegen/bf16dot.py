@@ -57,6 +57,43 @@ def has_dot(llvm_features: str) -> bool:
     return LLVM_FEATURE in llvm_features.split(",")
 
 
+def bf16_bits_portable(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
+    """vcvtne2ps2bf16's rounding of 16 float32 lanes in integer IR (tests:
+    ``CompileOptions.bf16_emulate``): the bfloat16 bits in each lane's low half, round to
+    nearest even, denormals to signed zero (NaNs not quieted: finite inputs only)."""
+    ivec = ir.VectorType(I32, DOT_LANES)
+
+    def splat(c: int) -> ir.Constant:
+        return ir.Constant(ivec, [c] * DOT_LANES)
+
+    bits = b.bitcast(x, ivec)
+    lsb = b.and_(b.lshr(bits, splat(16)), splat(1))
+    rounded = b.lshr(b.add(b.add(bits, splat(0x7FFF)), lsb), splat(16))
+    denormal = b.icmp_unsigned("==", b.and_(bits, splat(0x7F800000)), splat(0))
+    return b.select(denormal, b.lshr(b.and_(bits, splat(-0x80000000)), splat(16)), rounded)
+
+
+def dot_words(b: ir.IRBuilder, module: ir.Module, acc: ir.Value, pairs: ir.Value,
+              words: ir.Value, emulate: bool) -> ir.Value:
+    """``vdpbf16ps``: acc (16 float32) + per lane the product of the two operands' odd
+    halves, then of their even halves (``pairs``, ``words``: 16 lanes of bfloat16 pairs as
+    i32). ``emulate``: in portable IR, each product one float32 FMA (bf16 x bf16 products are
+    exact in float32, so each rounds once, as vdpbf16ps; its DAZ/FTZ on denormals is not
+    modelled)."""
+    vty = ir.VectorType(F32, DOT_LANES)
+    if not emulate:
+        v32b = ir.VectorType(BF16, 2 * DOT_LANES)
+        dot = intrinsic(module, "llvm.x86.avx512bf16.dpbf16ps.512", vty, [vty, v32b, v32b])
+        return b.call(dot, [acc, b.bitcast(pairs, v32b), b.bitcast(words, v32b)])
+    ivec = ir.VectorType(I32, DOT_LANES)
+    fma = intrinsic(module, f"llvm.fma.v{DOT_LANES}f32", vty, [vty] * 3)
+    high = ir.Constant(ivec, [-65536] * DOT_LANES)
+    shift = ir.Constant(ivec, [16] * DOT_LANES)
+    for part in (lambda w: b.and_(w, high), lambda w: b.shl(w, shift)):   # odd, then even
+        acc = b.call(fma, [b.bitcast(part(pairs), vty), b.bitcast(part(words), vty), acc])
+    return acc
+
+
 def match_pairs(func: PrimFunc) -> Contraction | None:
     return match_contraction(func, kinds=(PAIR_KIND,))
 
@@ -65,10 +102,12 @@ class PairMatmulEmitter(ContractionEmitter):
     """``matmul_bf16p``: ``dot`` True, vdpbf16ps (16 lanes); else widened pair loads."""
 
     def __init__(self, module: ir.Module, func: PrimFunc, symbol: str, match: Contraction,
-                 vl: int, size_vars: tuple[str, ...] = (), dot: bool = False) -> None:
-        super().__init__(module, func, symbol, match, vl, size_vars)
+                 vl: int, size_vars: tuple[str, ...] = (), dot: bool = False,
+                 emulate: bool = False) -> None:
+        super().__init__(module, func, symbol, match, DOT_LANES if emulate else vl, size_vars)
         self._const_panels = True   # packed at export: no panel copy (_packs_b)
-        self.dot = dot and self.vl == DOT_LANES
+        self.emulate = emulate   # the vdpbf16ps path in portable IR (CompileOptions.bf16_emulate)
+        self.dot = emulate or (dot and self.vl == DOT_LANES)
         self._a_words: ir.Value | None = None   # the converted activations, shared by blocks
 
     # The two places ContractionEmitter runs its microkernel on a block of rows of one panel.
@@ -167,8 +206,6 @@ class PairMatmulEmitter(ContractionEmitter):
         b = self.builder
         vl = self.vl
         v32b, ivec = ir.VectorType(BF16, 2 * vl), ir.VectorType(I32, vl)
-        dot = intrinsic(self.module, "llvm.x86.avx512bf16.dpbf16ps.512", self.vty,
-                        [self.vty, v32b, v32b])
         cvt = intrinsic(self.module, "llvm.x86.avx512bf16.cvtne2ps2bf16.512", v32b,
                         [self.vty, self.vty])
         chunk_words = A_CHUNK // 2
@@ -196,7 +233,14 @@ class PairMatmulEmitter(ContractionEmitter):
                     lo = self._masked_load(b.bitcast(ptr, self.vty.as_pointer()), lo_mask)
                     hi = self._masked_load(b.bitcast(b.gep(ptr, [const_i64(vl)]),
                                                      self.vty.as_pointer()), hi_mask)
-                    packed = b.bitcast(b.call(cvt, [hi, lo]), ivec)   # lo's 16 first
+                    if self.emulate:   # lo's 16 bfloat16 then hi's
+                        i16v = ir.VectorType(ir.IntType(16), vl)
+                        halves = [b.trunc(bf16_bits_portable(b, x), i16v) for x in (lo, hi)]
+                        packed = b.bitcast(b.shuffle_vector(
+                            halves[0], halves[1],
+                            ir.Constant(ir.VectorType(I32, 2 * vl), list(range(2 * vl)))), ivec)
+                    else:
+                        packed = b.bitcast(b.call(cvt, [hi, lo]), ivec)   # lo's 16 first
                     dst = b.gep(buf_i, [b.add(const_i64(i * chunk_words),
                                               b.mul(kq, const_i64(vl)))], inbounds=True)
                     b.store(packed, b.bitcast(dst, ivec.as_pointer()), align=4)
@@ -204,15 +248,14 @@ class PairMatmulEmitter(ContractionEmitter):
             with for_range(b, const_i64(0), b.ashr(b.add(length, const_i64(1)), const_i64(1)),
                            "kp") as kp:
                 vals = [b.load(a) for a in accs]
-                wv = [b.bitcast(self._pair_words(words, bases[v], b.add(first, kp)), v32b)
-                      for v in range(nv)]
+                wv = [self._pair_words(words, bases[v], b.add(first, kp)) for v in range(nv)]
                 for i in range(rows):
                     word = b.load(b.gep(buf_i, [b.add(const_i64(i * chunk_words), kp)],
                                         inbounds=True))
-                    pair = b.bitcast(self._splat_i32(word), v32b)
+                    pair = self._splat_i32(word)
                     for v in range(nv):
                         q = i * nv + v
-                        vals[q] = b.call(dot, [vals[q], pair, wv[v]])
+                        vals[q] = dot_words(b, self.module, vals[q], pair, wv[v], self.emulate)
                 for a, val in zip(accs, vals):
                     b.store(val, a)
 
@@ -225,11 +268,13 @@ class PairMatmulEmitter(ContractionEmitter):
 
 
 def emit_pair_matmul(module: ir.Module, func: PrimFunc, symbol: str, vl: int,
-                     llvm_features: str, size_vars: tuple[str, ...] = ()) -> KernelInfo | None:
+                     llvm_features: str, size_vars: tuple[str, ...] = (),
+                     emulate: bool = False) -> KernelInfo | None:
     """The kernel of a ``matmul_bf16p`` ``func`` (static or symbolic shapes), None for any
-    other function; ``llvm_features`` with avx512_bf16 (and 16 lanes) takes vdpbf16ps."""
+    other function; ``llvm_features`` with avx512_bf16 (and 16 lanes) takes vdpbf16ps;
+    ``emulate`` the same data path in portable IR (tests)."""
     match = match_pairs(func)
     if match is None:
         return None
     return PairMatmulEmitter(module, func, symbol, match, vl, size_vars,
-                             dot=has_dot(llvm_features)).emit()
+                             dot=has_dot(llvm_features), emulate=emulate).emit()

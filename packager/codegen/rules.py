@@ -86,7 +86,8 @@ def _sized(emit: Callable[[ir.Module, PrimFunc, str, int, tuple[str, ...]], Kern
 
 def _bf16_pairs(module, func, symbol, vl, match, target, options):
     """matmul_bf16p (``--precision bf16``): vdpbf16ps where the target has avx512_bf16."""
-    return emit_pair_matmul(module, func, symbol, vl, target.llvm_features)
+    return emit_pair_matmul(module, func, symbol, vl, target.llvm_features,
+                            emulate=options.bf16_emulate)
 
 
 def _bf16_pairs_sized(module, func, symbol, vl, size_vars, target, options):
