@@ -1,15 +1,15 @@
 """The ``mlcpack`` command line: export, infer, inspect, verify, bench, keygen.
 
 ``infer``, ``inspect`` and ``verify`` import only the runtime, so they work where llvmlite and onnx are not
-installed; ``export`` imports the compiler when it runs. User mistakes print one line on stderr
-and exit with the error class's code (``--debug`` shows the traceback).
+installed; ``export`` imports the compiler when it runs: it parses its flags into a
+``packager/api.py`` ``Options``, calls ``api.export`` (which makes every export decision) and
+prints the result. User mistakes print one line on stderr and exit with the error class's code
+(``--debug`` shows the traceback).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import os
-import re
 import sys
 import time
 from pathlib import Path
@@ -189,214 +189,6 @@ def _preprocess_options(input_size: Optional[str], color: Optional[str], scale: 
     return given
 
 
-def _recorded_preprocess(mod: Any, given: dict[str, Any], labels: Optional[list[str]]
-                         ) -> Optional[dict[str, Any]]:
-    """The preprocessing to record for the module's first input: the default its shape implies,
-    with the given options on top, checked against the input's and first output's shapes so a
-    bundle never records what ``infer`` would fail on (exit 2, before any compile work)."""
-    from ..runtime.model import TensorSpec
-    from ..runtime.preprocess import (PreprocessError, check_labels, check_preprocess,
-                                      default_preprocess, normalize_preprocess)
-
-    from .ir.sym import is_static
-
-    first = mod.main.params[0]
-    spec = TensorSpec(first.name, tuple(first.type.shape), first.type.dtype, 0)
-    # an image size known only at run time has no size to resize to: nothing is inferred
-    pre = default_preprocess(spec) if is_static(first.type.shape) else None
-    try:
-        if labels is not None:
-            out = mod.main.outputs[0]
-            name = mod.main.output_names[0] if mod.main.output_names else "output 0"
-            check_labels(labels, TensorSpec(name, tuple(out.type.shape), out.type.dtype, 0))
-        if not given:
-            return pre
-        pre = normalize_preprocess({**(pre or {"scale": 1 / 255, "mean": [0.0], "std": [1.0],
-                                                "layout": "NCHW", "color": "RGB"}), **given})
-        if "size" not in pre:
-            _fail("--input-size is needed to record image preprocessing for this input", 2)
-        check_preprocess(pre, spec)
-    except PreprocessError as exc:
-        _fail(str(exc), 2)
-    return pre
-
-
-def _check_export_paths(model: Path, out: Path, arch: Optional[Path],
-                        target: Optional[str]) -> None:
-    """What needs no compile work is checked first: where the bundle goes (exit 2), the model
-    and --arch files (exit 7), the --target names (exit 2)."""
-    from ..runtime.errors import InputError
-
-    folder = out.parent if str(out.parent) else Path(".")
-    if out.is_dir():
-        _fail(f"-o {out} is a directory; give the bundle's file name, e.g. {out / 'model.mlc'}", 2)
-    if not folder.is_dir():
-        _fail(f"-o {out}: folder {folder} does not exist; create it first", 2)
-    if not os.access(folder, os.W_OK):
-        raise InputError(f"-o {out}: folder {folder} is not writable")
-    commands.check_files([model], "model to export")
-    if arch is not None:
-        commands.check_files([arch], "--arch spec")
-    from .codegen.target import TargetError, resolve_targets
-    try:
-        resolve_targets(target)
-    except TargetError as exc:
-        _fail(str(exc), 2)
-
-
-def _check_quantize_options(model: Path, quantize: Optional[str], calibration: Optional[Path],
-                            method: Optional[str], fallback: bool,
-                            sizes: Optional[list[int]]) -> None:
-    """--quantize and its companions, checked before any work (exit 2)."""
-    if quantize is None:
-        if calibration is not None or fallback or method is not None:
-            _fail("--calibration, --calibration-method and --quantize-fallback go with "
-                  "--quantize int8", 2)
-        return
-    if quantize != "int8":
-        _fail(f"--quantize {quantize}: only int8 is supported", 2)
-    if model.suffix.lower() != ".onnx":
-        _fail(f"--quantize int8 quantizes ONNX models; {model.name} is not one", 2)
-    if calibration is None:
-        _fail("--quantize int8 needs --calibration DATA: a folder of images or .npy files "
-              "the model sees in use", 2)
-    if not calibration.exists():
-        _fail(f"--calibration {calibration}: no such file or folder", 2)
-    from .calibrate import CALIBRATION_SUFFIXES, METHODS
-    if calibration.is_dir() and not any(p.is_file() and p.suffix.lower() in CALIBRATION_SUFFIXES
-                                        for p in calibration.iterdir()):
-        _fail(f"--calibration {calibration}: the folder has no images or .npy files", 2)
-    if method is not None and method not in METHODS:
-        _fail(f"--calibration-method {method}: use {' or '.join(METHODS)}", 2)
-    if sizes:
-        _fail("--quantize int8 does not take --batch-sizes yet; export one batch size", 2)
-
-
-def _check_precision(precision: str, quantize: Optional[str]) -> None:
-    """--precision, checked before any work (exit 2)."""
-    from .options import PRECISIONS
-
-    if precision not in PRECISIONS:
-        _fail(f"--precision {precision}: choose " + " or ".join(PRECISIONS), 2)
-    if precision != "fp32" and quantize:
-        _fail(f"--precision {precision} and --quantize {quantize} do not combine; choose one", 2)
-
-
-def _export_int8(model: Path, out: Path, opts: Any, mod: Any, pre: Any, shapes: dict,
-                 calibration: Path, method: Optional[str], fallback: bool) -> Any:
-    """Calibrate, quantize and export (packager/calibrate.py); prints the quantization report."""
-    from ..frontends.loader import shapes_at_batch
-    from ..runtime.model import TensorSpec
-    from .calibrate import DEFAULT_METHOD, export_int8, read_calibration
-
-    first = mod.main.params[0]
-    spec = TensorSpec(first.name, tuple(first.type.shape), first.type.dtype, 0)
-    samples = read_calibration(calibration, spec, pre)
-    report, qreport = export_int8(model, out, opts, samples, shapes_at_batch(shapes, None) or None,
-                                  method or DEFAULT_METHOD, fallback, mod)
-    for line in qreport.summary():
-        typer.echo(line)
-    return report
-
-
-def _check_batch_dims(model: Path, shapes: dict) -> None:
-    """--batch-sizes on an ONNX model: static plans per batch need every other dim fixed (by the
-    file or --input-shape); say so in one line when an input's batch and other dims are open."""
-    import onnx
-
-    try:
-        proto = onnx.load(str(model), load_external_data=False)
-    except Exception:
-        return   # the loader reports an unreadable file
-    inits = {t.name for t in proto.graph.initializer}
-    for vi in proto.graph.input:
-        if vi.name in inits or not vi.type.HasField("tensor_type"):
-            continue
-        dims = [d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else None
-                for d in vi.type.tensor_type.shape.dim]
-        given = shapes.get(vi.name)
-        if given is not None and len(given) == len(dims):
-            dims = [None if isinstance(g, str) else g for g in given]
-        if len(dims) > 1 and dims[0] is None and None in dims[1:]:
-            text = ",".join("?" if d is None else str(d) for d in dims)
-            example = ",".join(["N"] + [str(d) if d else "64" for d in dims[1:]])
-            _fail(f"--batch-sizes makes static plans per batch size, so every dim but the batch "
-                  f"must be fixed, but input {vi.name} is ({text}): fix them with --input-shape "
-                  f"{vi.name}={example} (your sizes), or drop --batch-sizes (the symbolic bundle "
-                  "runs every batch and size already)", 2)
-
-
-# the names exporters give an open batch: batch, batch_size, N, B, bs, TensorFlow's unk__653,
-# Paddle's (p2o.)DynamicDimension.0, dim_0, or none at all
-_BATCH_NAME = re.compile(r"^$|batch|^[NB]$|^bs$|^unk__\d+$|DynamicDimension|^dim_?\d+$|^-1$|^\?$",
-                         re.IGNORECASE)
-
-
-def _only_batch_open(model: Path, shapes: dict) -> bool:
-    """Whether the ONNX model's only sizes left open (after --input-shape) are its inputs' first
-    dims: the batch of most models from the wild (open-nsfw's ``unk__653``, PP-LCNet's
-    ``DynamicDimension.0``). The default export then adds a static plan at batch 1 beside the
-    symbolic one (as ``--batch-sizes 1``): kernels with every extent known at export run
-    1.2-1.3x faster than run-time extents (PP-LCNet, Magika), and batch 1 is the usual call."""
-    import onnx
-
-    try:
-        proto = onnx.load(str(model), load_external_data=False)
-    except Exception:
-        return False   # the loader reports an unreadable file
-    inits = {t.name for t in proto.graph.initializer}
-    opened = False
-    for vi in proto.graph.input:
-        if vi.name in inits or not vi.type.HasField("tensor_type"):
-            continue
-        if not vi.type.tensor_type.HasField("shape"):
-            return False
-        shape = vi.type.tensor_type.shape.dim
-        dims: list = [d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else None
-                      for d in shape]
-        given = shapes.get(vi.name)
-        if given is not None and len(given) == len(dims):
-            dims = [None if isinstance(g, str) else g for g in given]
-        if any(d is None for d in dims[1:]):
-            return False
-        if len(dims) > 1 and dims[0] is None:
-            if not _BATCH_NAME.search(shape[0].dim_param if given is None else
-                                      str(given[0]) if isinstance(given[0], str) else ""):
-                return False   # a named time or sequence axis ("T", "seq_len"), not a batch
-            opened = True
-    # every output has an open first dim too (exporters name it unk__654 where the input has
-    # unk__653); a recurrent model's [T, ...] input with a fixed final state is no batch
-    for vi in proto.graph.output:
-        shape = vi.type.tensor_type.shape.dim if vi.type.tensor_type.HasField("shape") else []
-        if not shape or (shape[0].HasField("dim_value") and shape[0].dim_value > 0):
-            return False
-    return opened
-
-
-def _export_specialized(model: Path, out: Path, opts: Any, shapes: dict, sizes: list[int],
-                        mods: dict, loaded: Any, max_shape: list[str], bind: list[str],
-                        check: bool) -> Any:
-    """``--batch-sizes`` on an ONNX model: the symbolic plan (the batch a size variable) with a
-    static plan per batch size beside it. A model whose other dims stay symbolic is refused in
-    one line; one whose graph needs static shapes somewhere gets today's padded batch plans."""
-    from ..frontends.loader import load_model
-    from .errors import ExportError
-    from .export import SymbolicPlanError, export_batched, export_specialized
-
-    try:
-        try:
-            symbolic = load_model(model, shapes, None, None, reference=False,
-                                  bind=_parse_binds(bind) or None,
-                                  max_shapes=_parse_shapes(max_shape, "--max-shape") or None)
-        except ExportError as exc:   # the batch plans imported: only the symbolic import failed
-            raise SymbolicPlanError(str(exc)) from None
-        return export_specialized(symbolic.modules[None], mods, out, opts)
-    except SymbolicPlanError as exc:
-        typer.echo(f"note: no symbolic plan ({exc}); any batch runs on the batch plans, padded "
-                   "up to the next one or in chunks of the largest", err=True)
-        return export_batched(mods, out, opts)
-
-
 @app.command(epilog=_example("export artifacts/cnn.onnx -o cnn.mlc --labels artifacts/labels.txt"))
 def export(
     model: Path = typer.Argument(..., help="model.onnx, model.pt2 (torch.export.save), or weights "
@@ -483,11 +275,9 @@ def export(
 ) -> None:
     """Compile a model into one .mlc bundle."""
     def run() -> None:
-        from ..frontends.loader import load_model   # the compiler's side: not for verify/infer
+        from . import api   # the compiler's side: not for verify/infer
         from .codegen import cache as compile_cache
-        from .export import ExportOptions, export_batched, export_module, file_sha256
         from .timings import process_seconds, timings_table
-        from .options import CompileOptions
 
         started = time.perf_counter()
         startup = process_seconds()   # the interpreter and the imports before this command
@@ -496,65 +286,25 @@ def export(
         except compile_cache.CacheSettingError as exc:
             _fail(str(exc), 2)
         out = output or Path(model.stem + ".mlc")
-        _check_export_paths(model, out, arch, target)
+        api.check_paths(model, out, arch, target)   # before the flags that read files
         shapes = _parse_shapes(input_shape)
         sizes = _parse_batch_sizes(batch_sizes)
-        if check_rtol < 0 or check_atol < 0:
-            _fail("--check-rtol and --check-atol must be >= 0", 2)
+        # parsed in the order the flags were always checked: the check's inputs, the image
+        # options, the labels, then what only the import used (--max-shape, --bind)
         check_inputs = _parse_check_inputs(check_input) if check else None
         given = _preprocess_options(input_size, color, scale, mean, std, layout)
         label_list = _labels(labels)
-        _check_precision(precision, quantize)   # flags that conflict, before any file is read
-        _check_quantize_options(model, quantize, calibration, calibration_method,
-                                quantize_fallback, sizes)
-        if sizes and model.suffix.lower() == ".onnx":
-            _check_batch_dims(model, shapes)
-        auto_batch = (sizes is None and not quantize and not max_shape
-                      and model.suffix.lower() == ".onnx" and _only_batch_open(model, shapes))
-        if auto_batch:   # the static batch-1 plan beside the symbolic one (see _only_batch_open)
-            sizes = [1]
-        import_started = time.perf_counter()
-        try:
-            loaded = load_model(model, shapes, sizes, arch, reference=check and not quantize,
-                                bind=_parse_binds(bind) or None,
-                                max_shapes=_parse_shapes(max_shape, "--max-shape") or None)
-        except MlcpackError:
-            if not auto_batch:
-                raise
-            auto_batch, sizes = False, None   # the batch-1 import failed: the symbolic one alone
-            loaded = load_model(model, shapes, sizes, arch, reference=check,
-                                bind=_parse_binds(bind) or None)
-        import_seconds = time.perf_counter() - import_started
-        mods, reference, reference_name = loaded.modules, loaded.reference, loaded.reference_name
-        mod = mods[min(mods)] if sizes else mods[None]
-        pre = _recorded_preprocess(mod, given, label_list)
-        opts = ExportOptions(target=target, preprocess=pre, labels=label_list,
-                             model_name=model.stem, source=model.name,
-                             source_sha256=file_sha256(model), sign_key=sign,
-                             check=check, check_inputs=check_inputs, check_rtol=check_rtol,
-                             check_atol=check_atol, reference=reference,
-                             reference_name=reference_name, precision=precision,
-                             # the environment's switches, read here once (docs/env-vars.md)
-                             compile=CompileOptions.from_environ(
-                                 os.environ, **({} if cache else {"cache_dir": None})))
-        if quantize:
-            report = _export_int8(model, out, opts, mod, pre, shapes, calibration,
-                                  calibration_method, quantize_fallback)
-        elif sizes and model.suffix.lower() == ".onnx":
-            try:
-                report = _export_specialized(model, out, opts, shapes, sizes, mods, loaded,
-                                             max_shape, bind, check)
-            except MlcpackError as exc:
-                if not auto_batch:
-                    raise
-                typer.echo(f"note: no batch-1 plan ({exc}); the symbolic plan runs every "
-                           "batch", err=True)
-                loaded = load_model(model, shapes, None, arch, reference=check,
-                                    bind=_parse_binds(bind) or None)
-                report = export_module(loaded.modules[None], out, dataclasses.replace(
-                    opts, reference=loaded.reference, reference_name=loaded.reference_name))
-        else:
-            report = (export_batched(mods, out, opts) if sizes else export_module(mod, out, opts))
+        options = api.Options(
+            arch=arch, target=target, input_shapes=shapes, batch_sizes=sizes,
+            max_shapes=_parse_shapes(max_shape, "--max-shape"), bind=_parse_binds(bind),
+            check=check, check_inputs=check_inputs, check_rtol=check_rtol,
+            check_atol=check_atol, preprocess=given, labels=label_list, sign_key=sign,
+            quantize=quantize, calibration=calibration, calibration_method=calibration_method,
+            quantize_fallback=quantize_fallback, precision=precision, cache=cache)
+        report = api.export(model, out, options,
+                            on_note=lambda line: typer.echo(f"note: {line}", err=True))
+        for line in report.quantization:
+            typer.echo(line)
         typer.echo(f"wrote {report.path} ({report.bundle_bytes / 1024:.1f} KiB) in "
                    f"{report.seconds:.2f} s: {report.kernels} kernels, {report.instructions} VM "
                    f"instructions, target {','.join(t.name for t in report.targets)}, weights "
@@ -578,7 +328,7 @@ def export(
         typer.echo(report.check or "golden check: off (--no-check)")
         if timings:
             stages = {"start-up": startup} if startup is not None else {}
-            stages.update({"import": import_seconds, **report.stages})
+            stages.update({"import": report.import_seconds, **report.stages})
             typer.echo(timings_table(stages, report.compiles,
                                      time.perf_counter() - started + (startup or 0.0)))
         for line in report.compile_warnings + report.check_warnings:

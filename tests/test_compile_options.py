@@ -31,9 +31,11 @@ from mlcpack.packager.passes import DEFAULT_PIPELINE, run_pipeline
 ROOT = Path(__file__).resolve().parent.parent
 COMPILER = ("packager", "frontends")
 
-# Where the environment may be read: the command line and export's Python entries (into
-# CompileOptions, once), and the golden check's test hook (MLCPACK_NO_ORT; a driver).
-ENV_READERS = {"packager/cli.py", "packager/export.py", "packager/golden.py"}
+# Where the environment may be read: the command line, the export API (packager/api.py) and
+# export's Python entries (into CompileOptions, once), and the golden check's test hook
+# (MLCPACK_NO_ORT; a driver).
+ENV_READERS = {"packager/cli.py", "packager/api.py", "packager/export.py",
+               "packager/golden.py"}
 # No ``global`` statement (the forked compile workers of codegen/parallel.py get their job as
 # arguments).
 GLOBALS: set[tuple[str, str]] = set()

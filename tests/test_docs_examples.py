@@ -176,5 +176,5 @@ def test_documented_examples_run_as_written(tmp_path) -> None:
     # the exports; several times that on a loaded machine); fewer ran means a marker too many.
     # The sixth skip is docs/quantization.md's calibrated export, which
     # tests/test_quantize_export.py runs; the seventh the README's install of torch's CPU build
-    # (tests/test_packaging.py checks its line). 21 ran and 7 were skipped on 2026-12-06.
+    # (tests/test_packaging.py checks its line). 22 ran and 7 were skipped on 2026-12-06.
     assert len(ran) >= 15 and len(skipped) <= 7, (ran, skipped)
