@@ -66,7 +66,7 @@ def load_model(model: str | os.PathLike, input_shapes: Mapping[str, Sequence] | 
     if (bind or max_shapes) and suffix != ".onnx":
         raise ModelOptionError("--bind and --max-shape are for ONNX models")
     if suffix == ".onnx":
-        from ..packager.golden import onnx_reference
+        from .reference import onnx_reference
         from .onnx import import_onnx
         if not batch_sizes:
             mod, info = import_onnx(str(model), input_shapes=shapes_at_batch(shapes, None) or None,

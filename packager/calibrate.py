@@ -583,8 +583,8 @@ def _qdq_reference(model: bytes, input_names: Mapping[str, str]):
     dequantized values). With them on, ORT fuses the pattern into its own integer kernels, and
     its AVX2 u8 x s8 kernel (``vpmaddubsw``, CPUs without VNNI) saturates int16 pair sums: a
     wrong reference, off by far more than a quantization step on the demo CNN. Without
-    onnxruntime: ``golden.onnx_reference``'s fallback."""
-    from .golden import Reference, ReferenceUnavailable, _onnxruntime, onnx_reference
+    onnxruntime: ``frontends/reference.py`` ``onnx_reference``'s fallback."""
+    from ..frontends.reference import Reference, ReferenceUnavailable, _onnxruntime, onnx_reference
 
     fallback, fallback_name = onnx_reference(model, input_names)
     ort = _onnxruntime()
@@ -652,7 +652,7 @@ def export_int8(model_path: str | os.PathLike, out: str | os.PathLike, options,
                 float_module, _ = import_onnx(str(model_path), input_shapes=input_shapes)
             fopts = options
             if options.check:
-                from .golden import onnx_reference
+                from ..frontends.reference import onnx_reference
                 reference, name = onnx_reference(model_path, info.input_names)
                 fopts = dataclasses.replace(options, reference=reference, reference_name=name)
             report = export_module(float_module, tmp, fopts)

@@ -1,6 +1,6 @@
 """The golden check's knowledge of quantized models (``packager/golden.py``): the quantization
-step each output carries, the range a quantized input's values take, and the ONNX model
-ONNX Runtime runs exactly (``exact_reference.py``)."""
+step each output carries and the range a quantized input's values take (the ONNX model ONNX
+Runtime runs exactly is ``frontends/reference.py`` ``exact_integers``)."""
 
 from __future__ import annotations
 
@@ -54,22 +54,3 @@ def quantized_input_ranges(fn: Function) -> dict[str, tuple[float, float]]:
         old = out.get(name)
         out[name] = (lo, hi) if old is None else (max(old[0], lo), min(old[1], hi))
     return {k: r for k, r in out.items() if r[1] > r[0]}
-
-
-def exact_integers(source: str | bytes) -> bytes | None:
-    """The model with the int8 weights of its u8 x s8 integer operators made uint8
-    (``exact_reference.py``: ONNX Runtime's u8 x s8 kernel saturates on AVX2 without VNNI),
-    serialized; None when it has none."""
-    import onnx
-
-    from .exact_reference import exact_integer_copy, has_u8s8_candidates
-
-    try:
-        model = onnx.load_from_string(source) if isinstance(source, bytes) else \
-            onnx.load(source)
-    except Exception:  # noqa: BLE001  (the import has read it already; no reason to refuse)
-        return None
-    if not has_u8s8_candidates(model):
-        return None
-    exact = exact_integer_copy(model)
-    return None if exact is None else exact.SerializeToString()

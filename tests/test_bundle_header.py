@@ -27,7 +27,7 @@ from mlcpack.frontends.onnx.importer import import_onnx
 from mlcpack.packager import bundle_writer
 from mlcpack.packager.bundle_writer import BundleWriter, head_bytes
 from mlcpack.packager.export import ExportOptions, export_batched, export_module
-from mlcpack.packager.golden import onnx_reference
+from mlcpack.frontends.reference import onnx_reference
 from mlcpack.runtime.bundle import (DATA_KEY, DIGEST_ALG, DIGEST_KEY, MAGIC, BundleReader,
                                     PayloadRef, check_disjoint, content_digest, payload_ref,
                                     tree_leaves)

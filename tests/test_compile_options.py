@@ -33,9 +33,9 @@ COMPILER = ("packager", "frontends")
 
 # Where the environment may be read: the command line, the export API (packager/api.py) and
 # export's Python entries (into CompileOptions, once), and the golden check's test hook
-# (MLCPACK_NO_ORT; a driver).
+# (MLCPACK_NO_ORT, read where the reference is chosen).
 ENV_READERS = {"packager/cli.py", "packager/api.py", "packager/export.py",
-               "packager/golden.py"}
+               "frontends/reference.py"}
 # No ``global`` statement (the forked compile workers of codegen/parallel.py get their job as
 # arguments).
 GLOBALS: set[tuple[str, str]] = set()

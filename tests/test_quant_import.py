@@ -266,7 +266,7 @@ def test_saturating_qoperator_model_passes_the_default_export(tmp_path: Path, ru
     from onnx import TensorProto as T, helper as h, numpy_helper
     import onnx
 
-    from mlcpack.packager.exact_reference import exact_integer_copy
+    from mlcpack.frontends.onnx.exact_reference import exact_integer_copy
 
     w = np.full((64, 16), 127, np.int8)
     w[::4] = -128

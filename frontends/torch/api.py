@@ -60,7 +60,7 @@ def import_program(program: Any, input_shapes: Mapping[str, Sequence[int]] | Non
 def eager_reference(fn: Any, input_names: Sequence[str], output_names: Sequence[str]) -> Any:
     """A golden-check reference that runs ``fn`` (the module, or ``ExportedProgram.module()``)
     eagerly on the check's inputs and returns its flattened tensor outputs by bundle name."""
-    from ...packager.golden import Reference
+    from ..reference import Reference
 
     def run(feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         args = [torch.from_numpy(np.ascontiguousarray(feeds[n])) for n in input_names]

@@ -1,0 +1,151 @@
+"""The golden check's references: run the source model with an engine other than mlcpack.
+
+- ONNX models: ``onnx_reference``, ONNX Runtime when it is installed (it may refuse an export;
+  onnx's ReferenceEvaluator is its second opinion), else the ReferenceEvaluator as advice only.
+  ONNX Runtime's u8 x s8 integer kernel saturates on AVX2 without VNNI, so a model with such
+  operators runs as an exact copy (``exact_integers``, ``onnx/exact_reference.py``).
+- PyTorch programs: the module run eagerly (``frontends/torch/api.py``).
+
+The golden check itself (``packager/golden.py``) runs a ``Reference`` and compares. Test hook:
+``MLCPACK_NO_ORT=1`` makes ``onnx_reference`` behave as if onnxruntime were not installed.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Callable, Mapping
+
+import numpy as np
+
+NO_ORT_ENV = "MLCPACK_NO_ORT"   # test hook: "1" hides onnxruntime from the golden check
+
+
+class ReferenceUnavailable(Exception):
+    """The reference cannot evaluate this model (the check is skipped, and says so)."""
+
+
+class Reference:
+    """A golden-check reference: ``run(feeds) -> outputs`` (bundle names). ``refuses``: a
+    disagreement with it fails the export; False for advice only (onnx.reference)."""
+
+    def __init__(self, run: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]],
+                 name: str, refuses: bool = True, second: Reference | None = None) -> None:
+        self.run, self.name, self.refuses, self.second = run, name, refuses, second
+
+    def __call__(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return self.run(feeds)
+
+
+def onnx_reference(model_path: str | os.PathLike | bytes, input_names: Mapping[str, str],
+                   fixed: Mapping[str, np.ndarray] | None = None) -> tuple[Reference, str]:
+    """A reference for an ONNX file: onnxruntime if it imports (it may refuse the export; onnx's
+    ReferenceEvaluator is its second opinion), else the ReferenceEvaluator as advice only
+    (``refuses`` False: see the module docstring). ``input_names`` maps ONNX input names to the
+    bundle's. ``model_path`` may be the model's serialized bytes. ``fixed``: graph inputs that
+    ``--bind`` made constants (ONNX name -> array), fed to the reference with every run, since
+    the ONNX file still takes them. Returns (reference, name)."""
+    source = model_path if isinstance(model_path, bytes) else os.fspath(model_path)
+    to_onnx = {bundle: onnx_name for onnx_name, bundle in input_names.items()}
+    fixed = dict(fixed or {})
+
+    def onnx_feeds(feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return {**fixed, **{to_onnx.get(k, k): v for k, v in feeds.items()}}
+
+    def run_ref(feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        try:
+            import onnx
+            from onnx.reference import ReferenceEvaluator
+
+            ev = ReferenceEvaluator(onnx.load_from_string(source) if isinstance(source, bytes)
+                                    else source)
+            values = ev.run(None, onnx_feeds(feeds))
+        except Exception as exc:
+            raise ReferenceUnavailable(f"onnx's ReferenceEvaluator cannot run it "
+                                       f"({' '.join(str(exc).split())[:200]})") from None
+        return dict(zip(ev.output_names, values))
+
+    advice = Reference(run_ref, "onnx.reference", refuses=False)
+    ort = _onnxruntime()
+    if ort is None:
+        return advice, advice.name
+
+    as_written = _has_qdq(source)
+    exact = exact_integers(source)
+    session_source = exact if exact is not None else source
+
+    def run_ort(feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        try:
+            opts = ort.SessionOptions()
+            opts.log_severity_level = 4  # its errors come back in the exception
+            # one thread: with more, ORT's DynamicQuantizeLSTM quantizes h per chunk of batch
+            # rows, so its result would depend on the machine's core count
+            opts.intra_op_num_threads = 1
+            if as_written:
+                opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+            sess = ort.InferenceSession(session_source, opts,
+                                        providers=["CPUExecutionProvider"])
+            names = [o.name for o in sess.get_outputs()]
+            run_opts = ort.RunOptions()
+            run_opts.log_severity_level = 4
+            values = sess.run(names, onnx_feeds(feeds), run_opts)
+        except Exception as exc:
+            raise ReferenceUnavailable(f"onnxruntime cannot run it "
+                                       f"({' '.join(str(exc).split())[:200]})") from None
+        return dict(zip(names, values))
+
+    name = f"onnxruntime {ort.__version__}" + (" (the graph as written)" if as_written else "")
+    if exact is not None:
+        name += " (int8 weights of integer operators as uint8: exact on every CPU)"
+    return Reference(run_ort, name, second=advice), name
+
+
+def _has_qdq(source: str | bytes) -> bool:
+    """Whether the model quantizes with QuantizeLinear/DequantizeLinear pairs. ONNX Runtime
+    fuses those into its own integer kernels, and its u8 x s8 kernel on AVX2 without VNNI
+    saturates int16 pair sums (255 * 127 * 2 > 32767): several quantization steps off the
+    model as ONNX defines it, which mlcpack computes exactly. The reference then runs the
+    graph as written (graph optimizations off), on every CPU alike."""
+    try:
+        import onnx
+
+        model = onnx.load_from_string(source) if isinstance(source, bytes) else \
+            onnx.load(source, load_external_data=False)
+    except Exception:  # noqa: BLE001  (the import has read it already; no reason to refuse)
+        return False
+    graphs, ops = [model.graph], set()
+    while graphs:
+        g = graphs.pop()
+        for node in g.node:
+            ops.add(node.op_type)
+            graphs.extend(a.g for a in node.attribute if a.type == onnx.AttributeProto.GRAPH)
+    return bool({"QuantizeLinear", "DequantizeLinear"} & ops)
+
+
+def _onnxruntime() -> Any:
+    """The onnxruntime module, or None when it is not installed (or ``MLCPACK_NO_ORT=1``)."""
+    if os.environ.get(NO_ORT_ENV, "") not in ("", "0"):
+        return None
+    try:
+        import onnxruntime
+    except ImportError:
+        return None
+    return onnxruntime
+
+
+def exact_integers(source: str | bytes) -> bytes | None:
+    """The model with the int8 weights of its u8 x s8 integer operators made uint8
+    (``exact_reference.py``: ONNX Runtime's u8 x s8 kernel saturates on AVX2 without VNNI),
+    serialized; None when it has none."""
+    import onnx
+
+    from .onnx.exact_reference import exact_integer_copy, has_u8s8_candidates
+
+    try:
+        model = onnx.load_from_string(source) if isinstance(source, bytes) else \
+            onnx.load(source)
+    except Exception:  # noqa: BLE001  (the import has read it already; no reason to refuse)
+        return None
+    if not has_u8s8_candidates(model):
+        return None
+    exact = exact_integer_copy(model)
+    return None if exact is None else exact.SerializeToString()
