@@ -12,7 +12,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 
 from ..packager.errors import ExportError
 from ..packager.ir.graph import IRModule
-from ..runtime.commands import check_files
+from ..runtime.errors import check_files
 
 
 class ModelOptionError(ExportError):

@@ -85,7 +85,7 @@ def check_paths(model: str | os.PathLike, path: str | os.PathLike,
                 arch: Optional[str | os.PathLike] = None, target: Optional[str] = None) -> None:
     """What needs no compile work is checked first: where the bundle goes (``UsageError``), the
     model and ``arch`` files (``InputError``), the ``target`` names (``UsageError``)."""
-    from ..runtime.commands import check_files
+    from ..runtime.errors import check_files
     from .codegen.target import TargetError, resolve_targets
 
     out = Path(path)

@@ -16,11 +16,12 @@ import os
 import shutil
 import sys
 import time
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
 from .errors import InputError, MlcpackError, UsageError  # noqa: F401 (UsageError: re-exported)
+from .errors import check_files  # noqa: F401 (re-exported: the compiler's command line uses it)
 from .profile import Profile, sources_text
 from .results import _probabilities, is_vector, summary_of, summary_text, top_k_of  # noqa: F401
 
@@ -108,16 +109,6 @@ def check_at_least(value: int | float | None, low: int | float, flag: str) -> No
     """``--runs 0`` and friends: a one-line usage error, never a silent clamp."""
     if value is not None and not value >= low:
         raise UsageError(f"{flag} must be >= {low:g}, got {value:g}")
-
-
-def check_files(paths: Iterable[str | os.PathLike], what: str) -> None:
-    """The files a command reads exist and are files (``what``: "input file"...), reported
-    before any bundle is loaded or any compile work starts (exit 7)."""
-    for p in paths:
-        if not os.path.exists(p):
-            raise InputError(f"{os.fspath(p)}: no such file (the {what})")
-        if os.path.isdir(p):
-            raise InputError(f"{os.fspath(p)} is a directory, not the {what}")
 
 
 # ---- infer -----------------------------------------------------------------------------------------

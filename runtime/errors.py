@@ -4,6 +4,11 @@ Each class carries an ``exit_code`` so the command line maps a class of error to
 process exit status; the message is one line that names the thing and the fix.
 """
 
+from __future__ import annotations
+
+import os
+from typing import Iterable
+
 
 # The runtime's extras (runtime/pyproject.toml): what each installs.
 RUNTIME_EXTRAS = {"images": "Pillow>=10", "sign": "cryptography>=42", "ray": "ray[data]==2.40.0"}
@@ -77,3 +82,13 @@ class UsageError(MlcpackError):
     """A command-line option or argument has a value the command cannot use."""
 
     exit_code = 2
+
+
+def check_files(paths: Iterable[str | os.PathLike], what: str) -> None:
+    """The files a command reads exist and are files (``what``: "input file"...), reported
+    before any bundle is loaded or any compile work starts (exit 7)."""
+    for p in paths:
+        if not os.path.exists(p):
+            raise InputError(f"{os.fspath(p)}: no such file (the {what})")
+        if os.path.isdir(p):
+            raise InputError(f"{os.fspath(p)} is a directory, not the {what}")

@@ -11,16 +11,12 @@ of ``rnn.py``, with its numerics unchanged.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import numpy as np
 
 from ...packager.ir.graph import Value
 from ...packager.ops.sequence import GATES, pack_recurrent
+from .recurrence import _Recurrence
 from .registry import NodeContext
-
-if TYPE_CHECKING:
-    from .rnn import _Recurrence
 
 _DEFAULT_ACTIVATIONS = {"lstm": ["sigmoid", "tanh", "tanh"], "gru": ["sigmoid", "tanh"],
                         "rnn": ["tanh"]}
