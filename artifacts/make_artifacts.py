@@ -225,8 +225,8 @@ def main():
         "|---|---|---|---|",
     ]
     for label, i, pm, pc in sample_rows:
-        ok = lambda p: f"{p}" + ("" if p == label else " (wrong)")
-        lines.append(f"| {label} | {i} | {ok(pm)} | {ok(pc)} |")
+        marks = ["" if p == label else " (wrong)" for p in (pm, pc)]
+        lines.append(f"| {label} | {i} | {pm}{marks[0]} | {pc}{marks[1]} |")
     lines += ["", "Regenerate with:", "", "```", COMMAND, "```", ""]
     with open(os.path.join(HERE, "ACCURACY.md"), "w") as f:
         f.write("\n".join(lines))

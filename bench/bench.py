@@ -176,7 +176,8 @@ def run_model(name: str, budget: float) -> dict:
     except Exception as exc:  # an unsupported model is a row, not a crash
         for threads in (1, 2):
             sess, in_name = sessions[threads]
-            med, best, n = time_runs(lambda: sess.run(None, {in_name: x}), budget_s=budget)
+            med, best, n = time_runs(lambda sess=sess, in_name=in_name: sess.run(None, {in_name: x}),
+                                     budget_s=budget)
             result["rows"].append({**ort_rows[threads], "median_us": med, "min_us": best,
                                    "runs": n})
         result["unsupported"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}"
@@ -208,8 +209,9 @@ def run_model(name: str, budget: float) -> dict:
                             "first_ms": first, "fp32": e.fp32, "notes": e.notes,
                             "max_rel_err": float(np.max(np.abs(got_ov - expected))
                                                  / (np.max(np.abs(expected)) + 1e-12))})
-        timed = time_interleaved([lambda: sess.run(None, {in_name: x})]
-                                 + [e.run for e in ov] + [lambda: model.run(feeds)], budget)
+        timed = time_interleaved([lambda sess=sess, in_name=in_name: sess.run(None, {in_name: x})]
+                                 + [e.run for e in ov]
+                                 + [lambda model=model, feeds=feeds: model.run(feeds)], budget)
         (o_med, o_min, n), (m_med, m_min, _) = timed[0], timed[-1]
         model.close()
         result["rows"].append({**ort_rows[threads], "median_us": o_med, "min_us": o_min,

@@ -158,10 +158,10 @@ def main() -> None:
           f"mlcpack kernels {mlc_sum / 1e3:.2f} ms (run min {totals['mlcpack'] / 1e3:.2f}), "
           f"ORT nodes {ort_sum / 1e3:.2f} ms")
     print(f"{'mlc us':>8} {'ORT us':>8} {'diff':>8}  {'ORT ops':<28} kernel / first source")
-    for diff, i, name, src, ops, m, o in rows[:args.top or None]:
+    for diff, _i, name, src, ops, m, o in rows[:args.top or None]:
         print(f"{m:8.1f} {o:8.1f} {diff:+8.1f}  {ops[:28]:<28} {name[:48]}  {src[-60:]}")
     by_kind: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
-    for diff, i, name, src, ops, m, o in rows:
+    for _diff, _i, name, _src, _ops, m, o in rows:
         kind = re.sub(r"\d+", "", name.replace("fused_", ""))
         by_kind[kind][0] += m
         by_kind[kind][1] += o

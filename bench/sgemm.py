@@ -57,7 +57,7 @@ def main() -> None:
             a = rng.standard_normal((n, n)).astype(np.float32)
             b = rng.standard_normal((n, n)).astype(np.float32)
             (s_med, s_min, _), (m_med, m_min, runs) = time_interleaved(
-                [lambda: a @ b, lambda: model.run(feeds)], args.budget)
+                [lambda a=a, b=b: a @ b, lambda: model.run(feeds)], args.budget)
             g = 2.0 * n ** 3 / 1e3   # GFLOP/s from microseconds
             best_numpy = max(best_numpy, g / s_med)
             print(f"sgemm {n:5d}: numpy {g / s_med:6.1f} GFLOP/s (best {g / s_min:6.1f}) | "

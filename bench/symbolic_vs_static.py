@@ -4,7 +4,8 @@
 
 Exports each model once with its sizes symbolic and once per size with them fixed, then times
 both alternating in one process, 1 thread, with ONNX Runtime (1 thread) beside them: median
-and min in microseconds, ratio of medians (``--threads N``: every engine on N threads). ``small`` (the default): the MLP and the encoder
+and min in microseconds, ratio of medians (``--threads N``: every engine on N threads).
+``small`` (the default): the MLP and the encoder
 layer of tests/test_symbolic_shapes.py; ``real``: the PP-OCRv4 recognizer (W symbolic) and
 detector (H, W symbolic) of bench/corpus.py and a ResNet-18 exported from torch with dynamic
 H and W (bench/models.py); ``all``: both.

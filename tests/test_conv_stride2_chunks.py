@@ -10,7 +10,6 @@ Runtime. Panels innermost on several tasks, chunked or not, splits the work by p
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 from mlcpack.packager.codegen.contraction.geometry import conv_geometry

@@ -6,7 +6,6 @@ multiple of the tail's block, a padded strided 3x3, fused epilogues, a batch on 
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 from mlcpack.packager.codegen.contraction.geometry import L2_REUSE_BYTES, conv_geometry

@@ -109,10 +109,10 @@ def _conv_pads(c, h, w, o, pads):
 
     rng = np.random.default_rng(3)
     weight = (rng.standard_normal((o, c, 3, 3)) / np.sqrt(9 * c)).astype(np.float32)
-    t, l, b_, r = pads
-    oh, ow = h + t + b_ - 2, w + l + r - 2
+    t, left, b_, r = pads
+    oh, ow = h + t + b_ - 2, w + left + r - 2
     graph = helper.make_graph(
-        [helper.make_node("Conv", ["x", "W"], ["y"], kernel_shape=[3, 3], pads=[t, l, b_, r])],
+        [helper.make_node("Conv", ["x", "W"], ["y"], kernel_shape=[3, 3], pads=[t, left, b_, r])],
         "pads", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, c, h, w])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, o, oh, ow])],
         [numpy_helper.from_array(weight, "W")])

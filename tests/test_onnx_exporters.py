@@ -15,7 +15,6 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from mlcpack.frontends.onnx import import_onnx
-from mlcpack.packager.export import ExportError
 from mlcpack.runtime import load
 from test_onnx_frontend import check_against_ort, main_ops, make_model, node, rand
 

@@ -11,7 +11,7 @@ import numpy as np
 import onnx
 import pytest
 from mlcpack.runtime import load
-from mlcpack.runtime.errors import BundleError, InputError
+from mlcpack.runtime.errors import BundleError
 from mlcpack.runtime.profile import read_sources
 from onnx import TensorProto, helper, numpy_helper
 

@@ -232,7 +232,7 @@ def test_integer_kernels_on_aarch64_under_qemu(tmp_path: Path) -> None:
     args, attrs, expect = _conv_case(rng, 1, 6, 8, 9, 7, 3, 1, 1, "int8", -5, False)
     cases["conv_s8"] = ("qconv2d", args, attrs, expect)
     bundles = {}
-    for name, (op, args, attrs, expect) in cases.items():
+    for name, (op, args, attrs, _expect) in cases.items():
         path = tmp_path / f"{name}.mlc"
         export_module(build_op_module(op, args, MASK, **attrs), path,
                       ExportOptions(target="aarch64+dotprod", check=False))

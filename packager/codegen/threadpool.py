@@ -20,8 +20,8 @@ producer wrote on that core; when the worker claimed first at times, MobileNetV2
 4 % longer in those calls, up to 1.4x on some. Every thread, the caller included, then claims
 tasks of the current job until none is left, so a worker that is slow to notice a job
 (descheduled on a busy machine) leaves its share to the others instead of stalling the call.
-A claim succeeds only while the word still carries the job's number, and ``fn``/``args`` are read after it: the caller rewrites them only once every
-claimed task has finished.
+A claim succeeds only while the word still carries the job's number, and ``fn``/``args`` are
+read after it: the caller rewrites them only once every claimed task has finished.
 
 ``mlcpack_pool_worker(pool, w, spins)`` runs jobs; after ``spins`` idle spin-loop iterations it
 swaps its state IDLE -> PARKED and returns 1 (its thread then sleeps on its lock), or returns 0

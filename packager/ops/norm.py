@@ -6,10 +6,11 @@ native_layer_norm / native_group_norm).
 with the mean and the (biased) variance taken over the trailing axes ``x.shape[axis:]`` (a "row";
 the leading axes index the rows), or with ``groups`` over each of that many equal slices of
 them (GroupNorm on [N, C, H, W] itself: axis 1, a row per group of C / groups channels, so its
-readers fuse into the kernel with no reshape in between). ``scale`` and ``bias`` (present when the attributes say so)
-broadcast to ``x`` without changing its shape: per element of the row for LayerNorm ([n] or
-x.shape[axis:]), per row for InstanceNorm ([C, 1, 1] over [N, C, H, W], axis 2), per channel
-segment of a row for GroupNorm-21 ([G, C/G, 1, 1] over [N, G, C/G, H, W], axis 2).
+readers fuse into the kernel with no reshape in between). ``scale`` and ``bias`` (present when
+the attributes say so) broadcast to ``x`` without changing its shape: per element of the row
+for LayerNorm ([n] or x.shape[axis:]), per row for InstanceNorm ([C, 1, 1] over [N, C, H, W],
+axis 2), per channel segment of a row for GroupNorm-21 ([G, C/G, 1, 1] over
+[N, G, C/G, H, W], axis 2).
 
 The frontends emitted this as five operators (mean, subtract, multiply, mean, add/sqrt/divide,
 multiply), four or five kernels each passing over the whole tensor; ``codegen/norm.py`` computes

@@ -98,13 +98,13 @@ def _fuse_in_function(fn: Function) -> Function:
         add = call(sq.args[0], "add") if sq is not None else None
         if add is None or len(add.args) != 2:
             return None
-        for var_val, e in (add.args, add.args[::-1]):
-            eps = _eps(e)
+        for pair in (add.args, add.args[::-1]):   # (the variance, epsilon) in either order
+            eps = _eps(pair[1])
             if eps is not None:
                 break
         else:
             return None
-        var = call(var_val, "mean")
+        var = call(pair[0], "mean")
         prod = call(var.args[0], "multiply") if var is not None else None
         if prod is None or prod.args[0] is not d_val or prod.args[1] is not d_val:
             return None
