@@ -333,9 +333,9 @@ class _RowLengthSoftmax(SoftmaxEmitter):
     static kernel's three passes (maximum; exp written while summing; scale by 1 / sum),
     each a loop over blocks of ``BLOCK`` vectors with ``BLOCK`` accumulators (independent
     chains), then single vectors, then the last vector masked by a mask built from the
-    run-time count; rows four at a time, their passes interleaved (one accumulator each). Rows split over tasks when there are at least
-    ``lower.PARALLEL_MIN_OUTPUTS`` outputs. The generic loop nest ran 2.5x the static
-    kernel (encoder seq 128: 125 vs 49 us)."""
+    run-time count; rows four at a time, their passes interleaved (one accumulator each). Rows
+    split over tasks when there are at least ``lower.PARALLEL_MIN_OUTPUTS`` outputs. The generic
+    loop nest ran 2.5x the static kernel (encoder seq 128: 125 vs 49 us)."""
 
     def __init__(self, module, func, symbol, out, log, vl, size_vars) -> None:
         super().__init__(module, func, symbol, out, log, vl)

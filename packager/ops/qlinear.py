@@ -13,10 +13,10 @@ wp the weights ``wd [K, N]`` *packed* for the integer GEMM (``pack_weights``): i
 when ``w - w_zp`` does not fit int8) ``[ceil(N/8), ceil(K/2), 8, 2]``, ``wp[p, j, l, t] =
 wd[2j + t, 8p + l]`` zero-padded, so one 16-byte row is the k-pair-interleaved operand of
 ``vpmaddwd`` for 8 output columns (with ``w_offset=c``, an attribute, the packed values are
-wd - c: ``pack_weights_offset`` keeps uint8-minus-zero-point weights int8); x_zp int32 ``()`` (or an int8/uint8 scalar, which may be
-computed at run time: a DynamicQuantizeLinear's zero point), bias int32 and multiplier float32
-``[8 * ceil(N/8)]`` (zero-padded; the multiplier may also be a float32 scalar, run-time too),
-y_zp float32 ``()``. Result ``[..., M, N]`` of dtype D.
+wd - c: ``pack_weights_offset`` keeps uint8-minus-zero-point weights int8); x_zp int32 ``()``
+(or an int8/uint8 scalar, which may be computed at run time: a DynamicQuantizeLinear's zero
+point), bias int32 and multiplier float32 ``[8 * ceil(N/8)]`` (zero-padded; the multiplier may
+also be a float32 scalar, run-time too), y_zp float32 ``()``. Result ``[..., M, N]`` of dtype D.
 
 ``qconv2d(x, wk, x_zp, bias, multiplier, y_zp, out_channels, kernel, strides, padding,
 dtype)``: x int8/uint8 ``[B, C, H, W]``; wk the weights ``wd = w - w_zp [O, C, KH, KW]`` packed

@@ -101,7 +101,7 @@ def _integer_recurrence(c: Call) -> Call | None:
             or len(c.args) != 4):
         return None
     rr = unpack_recurrent(packed, "lstm", hidden, False)          # [D, 4H, H]
-    dirs, gh = rr.shape[0], rr.shape[1]
+    dirs = rr.shape[0]
     ints, scales = [], []
     for d in range(dirs):
         got = _integer_columns(np.ascontiguousarray(rr[d].T))     # columns: the 4H rows
@@ -358,7 +358,6 @@ def _fuse_in_function(fn: Function, int8: bool) -> Function:
     for block in out.blocks:   # exact in float32: the fp32 GEMM with a fused epilogue
         new = []
         for b in block.bindings:
-            v = b.value
             new.extend(inserted.get(id(b.var), []))
             if id(b.var) in mm_chains:
                 new.extend(_float_chain(b, mm_chains[id(b.var)]))
@@ -481,7 +480,7 @@ def _plan_float_products(fn: Function, defs: dict, uses: Counter, reader_of: dic
             wp = pack_weights(wd)
             npn = wp.shape[0] * PANEL
 
-            def pad(a, dt):
+            def pad(a, dt, npn=npn, o=o):
                 out = np.zeros(npn, dt)
                 out[:o] = a
                 return out
@@ -803,7 +802,6 @@ def _plan_requantized_products(fn: Function, defs: dict, uses: Counter, reader_o
 def _bias_of(defs: dict, v: Value, o: int, conv: bool, mult: np.ndarray):
     """(int32 bias, float offset) when ``v`` is a per-channel bias of a product with ``o``
     channels: [reshape](dequantize(B int32, B_scale == mult, 0)) or a float32 constant."""
-    shape = (1, o, 1, 1) if conv else (o,)
     d = defs.get(id(v))
     if d is not None and d.op == "reshape":
         v = d.args[0]

@@ -186,13 +186,13 @@ PACK_MIN_COLUMNS = 8
 
 def pack_matmul_weights(mod: IRModule, options: CompileOptions) -> IRModule:
     """``matmul(a, B)`` with a constant 2-D float32 B [K, N] of at least PACK_MIN_COLUMNS
-    columns (MATMUL_PANEL for one row in a single plan; after ``pretranspose_weights``) becomes ``matmul_packed``, B packed once into
-    column panels (``ops.nn.pack_matmul_b``) that the register-blocked kernel (codegen/contraction/)
-    reads with plain loads, for any row count (static or not): no panel copy at run time, no
-    strided or masked reads of B. Measured on Zen 4 (1 thread, against B read in place or
-    copied per call): bench's mlp_b64 0.92x, [128, 3072] x [3072, 768] (too long a panel to
-    copy) 0.52x, 1-8 rows 0.68-0.79x, a one-row Linear [1, 1024] x [1024, 1024] 0.80x of the
-    dot product."""
+    columns (MATMUL_PANEL for one row in a single plan; after ``pretranspose_weights``) becomes
+    ``matmul_packed``, B packed once into column panels (``ops.nn.pack_matmul_b``) that the
+    register-blocked kernel (codegen/contraction/) reads with plain loads, for any row count
+    (static or not): no panel copy at run time, no strided or masked reads of B. Measured on Zen 4
+    (1 thread, against B read in place or copied per call): bench's mlp_b64 0.92x, [128, 3072] x
+    [3072, 768] (too long a panel to copy) 0.52x, 1-8 rows 0.68-0.79x, a one-row Linear [1, 1024]
+    x [1024, 1024] 0.80x of the dot product."""
     if not options.pack_matmul_weights:
         return mod
     from ..ops.nn import MATMUL_PANEL, pack_matmul_b

@@ -79,7 +79,7 @@ class ConvMixin:
                             src_row = b.add(b.mul(ic, const_i64(g["h"] * w)),
                                             b.mul(yy, const_i64(w)))
 
-                            def copy(v, px):
+                            def copy(v, px, src_row=src_row, dst_rows=dst_rows):
                                 xx = b.add(b.mul(v, const_i64(sw)), const_i64(px - pl))
                                 val = b.load(b.gep(x_img, [b.add(src_row, xx)], inbounds=True))
                                 b.store(val, b.gep(planes, [b.add(dst_rows[px], v)],
@@ -482,7 +482,7 @@ class ConvMixin:
             for a in accs:
                 b.store(ir.Constant(self.vty, [0.0] * vl), a)
 
-            def step(kc, masked: bool) -> None:
+            def step(kc, masked: bool, j0=j0, r=r, accs=accs) -> None:
                 k0 = b.mul(kc, const_i64(vl))
                 xv = [b.load(self._vec_ptr(xt, b.add(k0, const_i64((j0 + j) * kp))),
                              align=4) for j in range(r)]
@@ -542,7 +542,7 @@ class ConvMixin:
             for a in (a for row in accs for a in row):
                 b.store(ir.Constant(lanes, [0.0] * mo), a)
 
-            def step(k, c: int) -> None:
+            def step(k, c: int, j0=j0, r=r, accs=accs) -> None:
                 wv = self._weight_vector(block, b.mul(k, const_i64(mo)), mo)
                 for j in range(r):
                     x = b.load(b.gep(xt, [b.add(k, const_i64((j0 + j) * kp))], inbounds=True))

@@ -303,7 +303,7 @@ class SymbolicConvEmitter(ContractionEmitter):
         spans = []
         for px in range(nx):
             off_x = px - pl
-            lo = const_i64(-(-(-off_x) // sw)) if off_x < 0 else const_i64(0)
+            lo = const_i64(-(off_x // sw)) if off_x < 0 else const_i64(0)   # ceil(-off_x / sw)
             hi = b.add(b.sdiv(b.sub(b.sub(W, const_i64(1)), const_i64(off_x)), const_i64(sw)),
                        const_i64(1))
             lo, hi = clamp(lo, const_i64(0), wq), clamp(hi, const_i64(0), wq)

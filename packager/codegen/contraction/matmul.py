@@ -82,7 +82,8 @@ class MatmulMixin:
         with b.if_else(b.icmp_signed("<", M, const_i64(mr))) as (small, big):
             with small:
                 for r in range(1, mr):
-                    nv_r = max(1, min(8 // r, -(-(N if isinstance(N, int) else SYMBOLIC_N_HINT) // self.vl))) if r < 4 else nv
+                    n_hint = N if isinstance(N, int) else SYMBOLIC_N_HINT
+                    nv_r = max(1, min(8 // r, -(-n_hint // self.vl))) if r < 4 else nv
                     with b.if_then(b.icmp_signed("==", M, const_i64(r))):
                         self._matmul_panels(task, ntasks, r, nv_r, exact=True)
             with big:

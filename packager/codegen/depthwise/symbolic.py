@@ -327,6 +327,7 @@ class SymbolicDepthwiseEmitter(SymbolicConvEmitter):
         ox0s = [x for x, _ in chunks]
         top = b.mul(oy0, const_i64(self.sh))
         accs: list[list[ir.Value | None]] = [[None] * len(chunks) for _ in range(nrows)]
+        row = None   # the current input row, set at d == 0 and stepped down after
         for d in range((nrows - 1) * self.sh + self.kh):
             users = [(r, d - r * self.sh) for r in range(nrows) if 0 <= d - r * self.sh < self.kh]
             # each row from the one above it (one add; computing each from the block's top
