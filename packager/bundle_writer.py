@@ -116,7 +116,7 @@ class BundleWriter:
             need = max(need, tuple(TREE_FORMAT))
         fmt = header.format
         if self._size >= self.payload64_min_bytes:
-            fmt = need = tuple(PAYLOAD64_FORMAT)
+            fmt = need = max(tuple(PAYLOAD64_FORMAT), tuple(fmt))
         signature = header.signature
         if signer is not None:
             signature = Signature(ALGORITHM, signer.public_key, bytes(SIGNATURE_BYTES))

@@ -18,10 +18,10 @@ import llvmlite
 import numpy as np
 
 from .. import packager
-from ..runtime.bundle import FORMAT_MAJOR, FORMAT_MINOR, SYMBOLIC_MINOR
+from ..runtime.bundle import FORMAT_MAJOR, FORMAT_MINOR, STORED_MINOR, SYMBOLIC_MINOR
 from ..runtime.header import (CONST, BatchInfo, CodeVariant, ConstantRow, Header, IORow,
-                              KernelRow, MemoryPlan, Plan, SymbolicBound, VMRecord, freeze,
-                              plain)
+                              KernelRow, MemoryPlan, Plan, StoredRecord, SymbolicBound, VMRecord,
+                              freeze, plain)
 from .bundle_writer import BundleWriteError, BundleWriter
 from .codegen.build import ALLOWED_EXTERNALS, CodegenError, CompiledCode, KernelCompileError
 from .codegen.lower import KernelInfo, LoweringError
@@ -30,7 +30,7 @@ from .codegen.parallel import compile_for_targets
 from .codegen.target import Target, TargetError, drop_idle_levels, resolve_targets
 from .errors import ExportError
 from .ir.builder import BuilderError
-from .ir.graph import CallTIR, Function, IRModule, merge_sources
+from .ir.graph import CallTIR, Function, IRModule, StoredInt, merge_sources
 from .ir.printer import module_text
 from .passes import DEFAULT_PIPELINE, bind_params, run_pipeline
 from .options import PRECISIONS, CompileOptions
@@ -480,15 +480,25 @@ class _Constants:
         self.ids: dict[tuple, int] = {}
         self.nbytes = 0
         self.bf16_bytes = 0   # of nbytes, the bfloat16 weights (--precision bf16)
+        self.stored = False   # a constant is stored as integers (format 1.5)
 
-    def add(self, name: str, data: np.ndarray) -> int:
+    def add(self, name: str, data: np.ndarray, stored: StoredInt | None = None) -> int:
         data = np.asarray(data, order="C")
         key = _constant_key(data)
         if key not in self.ids:
             self.ids[key] = len(self.rows)
-            self.rows.append(ConstantRow(name, tuple(data.shape), str(data.dtype),
-                                         self.writer.ref(data)))
-            self.nbytes += data.nbytes
+            if stored is None:
+                self.rows.append(ConstantRow(name, tuple(data.shape), str(data.dtype),
+                                             self.writer.ref(data)))
+                self.nbytes += data.nbytes
+            else:   # float32 kept as its integers, expanded at load (format 1.5)
+                record = StoredRecord(str(stored.q.dtype), tuple(stored.scale.shape),
+                                      self.writer.ref(stored.scale),
+                                      self.writer.ref(stored.zero_point))
+                self.rows.append(ConstantRow(name, tuple(data.shape), str(data.dtype),
+                                             self.writer.ref(stored.q), record))
+                self.nbytes += stored.q.nbytes + stored.scale.nbytes + stored.zero_point.nbytes
+                self.stored = True
             if str(data.dtype) == "bfloat16":
                 self.bf16_bytes += data.nbytes
         return self.ids[key]
@@ -511,7 +521,7 @@ def _compile_plan(batch: int | None, mod: IRModule, n_plans: int,
     _check_library_names(program)
     if on_stage:
         on_stage("write")
-    remap = {i: constants.add(c.name, c.data) for i, c in enumerate(program.constants)}
+    remap = {i: constants.add(c.name, c.data, c.stored) for i, c in enumerate(program.constants)}
     tensors = tuple(dataclasses.replace(row, ref=remap[row.ref]) if row.kind == CONST else row
                     for row in program.tensors)
     kernel_infos = [kernels[name] for name in program.kernels]
@@ -589,11 +599,13 @@ def _header(opts: ExportOptions, plans: list[Plan], constants: _Constants,
     # Readers of format 1.0 run every bundle this writes (a dynamic-batch bundle at its largest
     # batch, golden data ignored), so min_reader stays 1.0 (docs/bad-inputs.md); readers before
     # format 1.3 cannot plan memory at run time, so a symbolic bundle says 1.3.
+    # A constant stored as integers (expanded at load) needs a 1.5 reader.
     symbolic = plans[-1].symbolic is not None   # the largest batch: what format 1.0 runs
+    minor = STORED_MINOR if constants.stored else SYMBOLIC_MINOR if symbolic else None
     return Header(
-        format=(FORMAT_MAJOR, SYMBOLIC_MINOR if symbolic else FORMAT_MINOR),
+        format=(FORMAT_MAJOR, minor or FORMAT_MINOR),
         plans=tuple(plans), constants=tuple(constants.rows),
-        min_reader=(FORMAT_MAJOR, SYMBOLIC_MINOR if symbolic else 0),
+        min_reader=(FORMAT_MAJOR, minor or 0),
         compiler={"name": "mlcpack", "version": packager.__version__,
                   "llvmlite": llvmlite.__version__},
         model={"name": opts.model_name, "source": opts.source,

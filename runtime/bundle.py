@@ -62,6 +62,9 @@ SYMBOLIC_MINOR = 3
 # after the map, see the module doc); this reader reads them.
 PAYLOAD64_MINOR = 4
 PAYLOAD64_FORMAT = [1, 4]
+# Bundles with a constant stored as 8-bit integers (a constant's "stored" record, expanded at
+# load) say format 1.5 with min_reader 1.5; this reader reads them.
+STORED_MINOR = 5
 TREE_FORMAT = [1, 2]                # the oldest reader of tree-digest bundles
 MAGIC = b"\x83\xa7mlcpack"          # fixmap(3) then the 7-char key "mlcpack"
 DIGEST_KEY = b"\xa6sha256\xc4\x20"  # fixstr "sha256", then bin8 of 32 bytes
@@ -97,6 +100,9 @@ def reader_minor(header: dict) -> int:
     for key, minor in (("symbolic", SYMBOLIC_MINOR), ("payload", PAYLOAD64_MINOR)):
         if key in header:
             reads = minor
+    consts = header.get("constants")
+    if isinstance(consts, list) and any(isinstance(c, dict) and "stored" in c for c in consts):
+        reads = STORED_MINOR
     return reads
 
 

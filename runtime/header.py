@@ -492,12 +492,58 @@ class BatchInfo(_Record):
     extra: Mapping[str, Any] = field(default_factory=dict)
 
 
+STORED_DTYPES = ("int8", "uint8")
+
+
+@dataclass(frozen=True)
+class StoredRecord(_Record):
+    """A float32 constant stored as 8-bit integers (format 1.5): the constant's ``data`` holds
+    ``dtype`` values of its shape; its value is ``(float32(q) - zero_point) * scale`` in float32,
+    ``scale`` and ``zero_point`` float32 arrays of ``param_shape`` (the constant's rank, each dim
+    1 or the constant's) broadcast over it. Readers expand it once, at load."""
+    dtype: str
+    param_shape: tuple[int, ...]
+    scale: PayloadRef
+    zero_point: PayloadRef
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def parse(cls, obj: Any, what: str, shape: tuple[int, ...], dtype: str,
+              data: PayloadRef, data_size: int) -> StoredRecord:
+        what = f"{what} stored"
+        obj = _map(obj, what)
+        kind = obj.get("dtype")
+        if kind not in STORED_DTYPES or dtype != "float32":
+            raise _bad(what, f"stores {kind!r} for a {dtype} constant (int8 or uint8 for "
+                       "float32)")
+        params = check_shape(obj.get("param_shape"), f"{what} param_shape")
+        if len(params) != len(shape) or any(p not in (1, n) for p, n in zip(params, shape)):
+            raise _bad(what, f"has param_shape {list(params)} for shape {list(shape)}")
+        count = 1
+        for n in shape:
+            count *= n
+        if data.size != count:
+            raise _bad(what, f"has {data.size} bytes of {kind} for shape {list(shape)}")
+        per = 4
+        for p in params:
+            per *= p
+        refs = []
+        for key in ("scale", "zero_point"):
+            ref = payload_ref(obj.get(key), f"{what} {key}", data_size)
+            if ref.size != per:
+                raise _bad(f"{what} {key}", f"has {ref.size} bytes for {list(params)} float32")
+            refs.append(ref)
+        return cls(kind, params, refs[0], refs[1],
+                   cls._extra(obj))
+
+
 @dataclass(frozen=True)
 class ConstantRow(_Record):
     name: str | None = field(metadata=ALWAYS)   # as given (a reader only shows it)
     shape: tuple[int, ...]
     dtype: str
     data: PayloadRef
+    stored: StoredRecord | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)
 
 
@@ -645,6 +691,9 @@ class Header(_Record):
     def payload_refs(self) -> list[tuple[str, PayloadRef]]:
         """Every payload record, named as the header's errors name it."""
         refs = [(f"constant {i}", c.data) for i, c in enumerate(self.constants)]
+        refs += [(f"constant {i} {key}", getattr(c.stored, key))
+                 for i, c in enumerate(self.constants) if c.stored is not None
+                 for key in ("scale", "zero_point")]
         many = len(self.plans) > 1 or self.batch is not None
         for p, plan in enumerate(self.plans):
             at = f" of plan {p}" if many else ""
@@ -674,10 +723,12 @@ class Header(_Record):
         for i, c in enumerate(_list(h.get("constants"), "constants")):
             what = f"constant {i}"
             c = _map(c, what)
-            consts.append(ConstantRow(freeze(c.get("name")), check_shape(c.get("shape"), what),
-                                      check_dtype(c.get("dtype"), what),
-                                      payload_ref(c.get("data"), what, data_size),
-                                      ConstantRow._extra(c)))
+            shape, dtype = check_shape(c.get("shape"), what), check_dtype(c.get("dtype"), what)
+            data = payload_ref(c.get("data"), what, data_size)
+            stored = None if c.get("stored") is None else StoredRecord.parse(
+                c["stored"], what, shape, dtype, data, data_size)
+            consts.append(ConstantRow(freeze(c.get("name")), shape, dtype, data, stored,
+                                      extra=ConstantRow._extra(c)))
         known = tuple(k for k in TOP_KEYS if k not in PLAN_KEYS)
         top = Plan.parse(h, "", data_size, len(consts), known=known + PLAN_KEYS)
         batch, plans = cls._plans(h, top, data_size, len(consts))
@@ -797,7 +848,7 @@ assert [k for k in TOP_KEYS if k in PLAN_KEYS] == list(PLAN_KEYS) and \
 # (tests/test_format_doc.py).
 RECORDS: tuple[type, ...] = (Header, Plan, IORow, TensorRow, KernelRow, CodeVariant,
                              LibraryCall, VMRecord, MemoryPlan, Symbolic, SymbolicBound,
-                             BatchInfo, ConstantRow, Golden, GoldenRow, Digest, PayloadArea,
+                             BatchInfo, ConstantRow, StoredRecord, Golden, GoldenRow, Digest, PayloadArea,
                              Signature)
 
 

@@ -53,6 +53,23 @@ class TensorSpec:
         return f"{self.name} [{', '.join(map(str, self.dims))}] {self.dtype}{plans}"
 
 
+
+def _constant_array(reader: Any, row: Any) -> np.ndarray:
+    """A constant's array: a read-only view of its payload, or for one stored as integers
+    (format 1.5, ``ConstantRow.stored``) the float32 values ``(q - zero_point) * scale``
+    expanded once here."""
+    if row.stored is None:
+        return reader.array(row.data, row.shape, row.dtype)
+    st = row.stored
+    q = reader.array(row.data, row.shape, st.dtype)
+    scale = reader.array(st.scale, st.param_shape, "float32")
+    zp = reader.array(st.zero_point, st.param_shape, "float32")
+    out = np.empty(row.shape, np.float32)
+    np.subtract(q, zp, out=out, dtype=np.float32)
+    np.multiply(out, scale, out=out)
+    out.flags.writeable = False
+    return out
+
 def _specs(rows: Sequence[IORow]) -> list[TensorSpec]:
     return [TensorSpec(r.name, r.shape, r.dtype, r.tensor) for r in rows]
 
@@ -218,7 +235,7 @@ class Model:
         self.labels = list(schema.labels) if schema.labels is not None else None
         self.preprocess = schema.preprocess
         self._constant_refs = [c.data for c in schema.constants]
-        constants = [reader.array(c.data, c.shape, c.dtype) for c in schema.constants]
+        constants = [_constant_array(reader, c) for c in schema.constants]
         if schema.symbolic is not None:   # symbolic shapes: plans made per input size at run time
             from .symbolic import SymbolicRunner
             self._symbolic = SymbolicRunner(self, schema.plan, constants, library_functions,

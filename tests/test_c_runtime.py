@@ -104,7 +104,7 @@ def assert_bit_identical(build_dir: Path, bundle: Path, feeds: dict, tmp: Path,
 def bundles(tmp_path_factory, run_cli, mlp_bundle) -> dict[str, Path]:
     """The demo models (the MLP pickle as conftest exports it, the CNN as the default portable
     export: fat, x86-64-v2 .. this host's level), the MLP with batch plans, a conv net with
-    parallel kernels, an int8 QDQ conv net."""
+    parallel kernels, an int8 QDQ conv net, a dynamically quantized one."""
     from conv_models import conv_model
     from quant_models import conv_net, ort_quantize
 
@@ -116,7 +116,10 @@ def bundles(tmp_path_factory, run_cli, mlp_bundle) -> dict[str, Path]:
     jobs = {"mlp_onnx": [ARTIFACTS / "mlp.onnx", "--target", "host"],
             "cnn": [ARTIFACTS / "cnn.onnx"],
             "batch": [MLP_PICKLE, "--batch-sizes", "1,4", "--target", "host"],
-            "conv": [conv, "--target", "host"], "qdq": [qdq, "--target", "host"]}
+            "conv": [conv, "--target", "host"], "qdq": [qdq, "--target", "host"],
+            # uint8 weights with zero points stored as integers, expanded at load (format 1.5)
+            "dyn": [ort_quantize(conv_net(folder / "dnet.onnx"), folder / "dnet_dyn.onnx",
+                                 "dynamic", per_channel=True), "--target", "host"]}
     out = {"mlp_pkl": mlp_bundle[0]}
     for name, args in jobs.items():
         path = folder / f"{name}.mlc"
@@ -198,7 +201,7 @@ def test_shared_library_api(build, bundles) -> None:
 
 # ---- bit-identical outputs ---------------------------------------------------------------------
 
-@pytest.mark.parametrize("name", ["mlp_pkl", "mlp_onnx", "cnn", "conv", "qdq"])
+@pytest.mark.parametrize("name", ["mlp_pkl", "mlp_onnx", "cnn", "conv", "qdq", "dyn"])
 def test_outputs_are_bit_identical_to_the_python_runtime(build, bundles, tmp_path, name) -> None:
     assert_bit_identical(build, bundles[name], _feeds(bundles[name]), tmp_path)
 

@@ -17,6 +17,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from ...packager.ir.graph import Constant, Value
+from ...packager.passes.stored_int import make_stored
 from .quant import _dequantize_linear, _quantize_linear, dequantize, dynamic_quantize, quantize
 from .registry import NodeContext, converter, lookup
 from .rnn import convert_lstm
@@ -329,7 +330,11 @@ def _lstm_weight(ctx: NodeContext, i: int, scale_i: int) -> Value:
     zp = ctx.require_const(scale_i + 1, "the weight zero point").astype(np.float32)
     dirs = q.shape[0]
     w = (q.astype(np.float32) - zp.reshape(dirs, 1, -1)) * scale.reshape(dirs, 1, -1)
-    return ctx.constant(np.ascontiguousarray(w.transpose(0, 2, 1)), "lstm_weight")
+    w = np.ascontiguousarray(w.transpose(0, 2, 1))
+    # kept as its integers in the bundle (expanded at load): passes/stored_int.py
+    stored = make_stored(w, np.ascontiguousarray(q.transpose(0, 2, 1)),
+                         scale.reshape(dirs, -1, 1), zp.reshape(dirs, -1, 1))
+    return Constant(ctx.bb.fresh_name("lstm_weight"), w, stored)
 
 
 @converter("DynamicQuantizeLSTM", since=1, domain=MS,

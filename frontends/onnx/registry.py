@@ -22,6 +22,7 @@ from ...packager.ir.builder import BlockBuilder
 from ...packager.ir.graph import Constant, Value
 from ...packager.ir.sym import dim, is_static
 from ...packager.ops import get_op
+from ...packager.passes.stored_int import derive
 
 # Attributes old opsets declare that change nothing at inference (in-place hints).
 IGNORED_ATTRIBUTES = frozenset({"consumed_inputs"})
@@ -209,6 +210,16 @@ class NodeContext:
                 return self.bb.emit_op(op, *args, name=name, **attrs)
             data = opdef.reference(*(a.data for a in args), **attrs)
             data = np.asarray(data, dtype=out_type.dtype).reshape(out_type.shape)
+            stored = [k for k, a in enumerate(args) if a.stored is not None]
+            if len(stored) == 1:   # a weight kept as its integers (DynamicQuantizeLSTM's W)
+                k = stored[0]
+
+                def again(x: np.ndarray) -> np.ndarray:
+                    return np.asarray(opdef.reference(
+                        *(x if i == k else a.data for i, a in enumerate(args)), **attrs),
+                        dtype=out_type.dtype).reshape(out_type.shape)
+                return derive(self.bb.fresh_name(name or op.split(".")[-1]), args[k], again,
+                              data)
             return self.constant(data, name or op.split(".")[-1])
         return self.bb.emit_op(op, *args, name=name, **attrs)
 
@@ -222,5 +233,7 @@ class NodeContext:
         if shape == x.type.shape:
             return x
         if isinstance(x, Constant):  # keep the weight's name in the IR
+            if x.stored is not None:
+                return derive(self.bb.fresh_name(x.name), x, lambda d: d.reshape(shape))
             return self.constant(x.data.reshape(shape), x.name)
         return self.emit("reshape", x, shape=shape)

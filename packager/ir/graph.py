@@ -44,12 +44,27 @@ class Var(Value):
     __hash__ = object.__hash__
 
 
+@dataclass(frozen=True, eq=False)
+class StoredInt:
+    """How a float32 constant is stored in the bundle when its values are small integers times
+    a scale (a dequantized weight): ``data == (float32(q) - zero_point) * scale`` bit for bit,
+    ``q`` int8 or uint8 of the constant's shape, ``scale`` and ``zero_point`` float32 arrays of
+    its rank that broadcast to it (a dim is 1 or the constant's). The runtime expands it at load
+    (docs/format.md, a constant's ``stored`` record); kernels read float32 as before."""
+
+    q: np.ndarray
+    scale: np.ndarray
+    zero_point: np.ndarray
+
+
 @dataclass(eq=False)
 class Constant(Value):
-    """A tensor bound into the module (a weight); ``name`` is what the printer and bundle show."""
+    """A tensor bound into the module (a weight); ``name`` is what the printer and bundle show.
+    ``stored``: a float32 constant the bundle stores as integers (``StoredInt``), or None."""
 
     name: str
     data: np.ndarray
+    stored: StoredInt | None = None
 
     @property
     def type(self) -> TensorType:  # type: ignore[override]

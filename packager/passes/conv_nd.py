@@ -33,6 +33,7 @@ import numpy as np
 
 from ..ir.graph import Binding, Call, Constant, DataflowBlock, Function, IRModule, Value, Var
 from .common import infer_static, map_functions
+from .stored_int import derive
 
 
 class _Emitter:
@@ -60,7 +61,8 @@ class _Emitter:
             return x
         if isinstance(x, Constant):   # weights: rearranged once, at export
             self.count += 1
-            return Constant(f"{x.name}_2d{self.count}", np.ascontiguousarray(x.data.reshape(shape)))
+            return derive(f"{x.name}_2d{self.count}", x,
+                          lambda d: np.ascontiguousarray(d.reshape(shape)))
         return self.emit("reshape", [x], final=final, shape=tuple(shape))
 
 

@@ -54,6 +54,7 @@ from ..options import CompileOptions
 from .common import map_functions, rewrite_function
 from .fuse_qdq_dw import depthwise_call
 from .simplify import eliminate_dead_code
+from .stored_int import integer_constant
 
 _I8 = ("int8", "uint8")
 
@@ -296,7 +297,7 @@ def _fuse_in_function(fn: Function, int8: bool) -> Function:
         ct = cv.type
         steps = [("dequantize", [x, one, Constant("x_zp", xzp.astype(x.type.dtype))], {},
                   TensorType(x.type.shape, f32)),
-                 ("nn.conv2d", [None, Constant("qw_f32", wd.astype(np.float32))],
+                 ("nn.conv2d", [None, integer_constant("qw_f32", wd)],
                   dict(cv.attrs), ct)]
         if np.any(bias):
             steps.append(("add", [None, Constant("bias_f32",
@@ -868,7 +869,7 @@ def _float_chain(b: Binding, m: dict) -> list[Binding]:
                              Constant("x_zp", np.asarray(m["xzp"], x_t.dtype))], {},
               TensorType(x_t.shape, f32))]
     mm_t = TensorType(tuple(x_t.shape[:-1]) + (n,), f32)
-    steps.append(("matmul", [None, Constant("qw_f32", m["wd"].astype(np.float32))], {}, mm_t))
+    steps.append(("matmul", [None, integer_constant("qw_f32", m["wd"])], {}, mm_t))
     if np.any(m["bias"]):
         steps.append(("add", [None, Constant("bias_f32", m["bias"].astype(np.float32))], {},
                       mm_t))

@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..ir.graph import Call, Constant, TensorType, Value
+from .stored_int import integer_constant
 
 _F32_EXACT = 2 ** 24
 
@@ -32,7 +33,7 @@ def depthwise_call(x: Value, conv: Call, wd: np.ndarray, xzp: int, bias: np.ndar
     if bound.max() >= _F32_EXACT:
         return None
     kh, kw = wd.shape[2:]
-    args = [x, Constant("qdw_w", wd.reshape(o, kh * kw).astype(np.float32)),
+    args = [x, integer_constant("qdw_w", wd.reshape(o, kh * kw)),
             Constant("x_zp", np.asarray(xzp, np.int32)),
             Constant("bias_i32", bias.reshape(o).astype(np.int32)),
             Constant("requant_scale", np.asarray(mult, np.float32).reshape(o).copy()),

@@ -18,6 +18,11 @@ from ..codegen.contraction.geometry import conv_geometry
 from ..ir.graph import Call, Constant, IRModule
 from ..options import CompileOptions
 from .common import map_functions, rewrite_function
+from .stored_int import derive
+
+
+def _swap_last(d: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(np.swapaxes(d, -1, -2))
 
 
 def pretranspose_weights(mod: IRModule, options: CompileOptions) -> IRModule:
@@ -27,9 +32,10 @@ def pretranspose_weights(mod: IRModule, options: CompileOptions) -> IRModule:
                 and isinstance(v.args[1], Constant) and v.args[1].data.ndim >= 2
                 and not _one_row(v, options)):
             w = v.args[1]
-            data = np.ascontiguousarray(np.swapaxes(w.data, -1, -2))
+            data = _swap_last(w.data)
             attrs = {**v.attrs, "transpose_b": False}
-            return Call(v.op, [v.args[0], Constant(f"{w.name}_t", data)], attrs, v.type)
+            return Call(v.op, [v.args[0], derive(f"{w.name}_t", w, _swap_last, data)], attrs,
+                        v.type)
         return None
 
     return map_functions(mod, lambda fn: rewrite_function(fn, visit))
@@ -118,7 +124,7 @@ def pack_conv_weights(mod: IRModule, options: CompileOptions) -> IRModule:
             attrs["winograd"] = True
             packed = Constant(f"{w.name}_wino", pack_wino_weights(w.data))
             return Call("nn.conv2d_oc", [lookup(x), packed], attrs, v.type)
-        packed = Constant(f"{w.name}_oc", pack_oc_weights(w.data))
+        packed = derive(f"{w.name}_oc", w, pack_oc_weights)
         return Call("nn.conv2d_oc", [lookup(x), packed],
                     attrs, v.type)
 
@@ -169,7 +175,7 @@ def pack_conv_rows(mod: IRModule, options: CompileOptions) -> IRModule:
         new_attrs = {k: val for k, val in v.attrs.items() if k not in ("groups", "dilation")}
         new_attrs.update(out_channels=int(w.data.shape[0]), kernel=tuple(w.data.shape[2:]),
                          rows=rows)
-        packed = Constant(f"{w.name}_r{rows}", pack_row_weights(w.data, rows))
+        packed = derive(f"{w.name}_r{rows}", w, lambda d: pack_row_weights(d, rows))
         return Call("nn.conv2d_rows", [lookup(x), packed], new_attrs, v.type)
 
     return map_functions(mod, lambda fn: rewrite_function(fn, visit))
@@ -210,7 +216,7 @@ def pack_matmul_weights(mod: IRModule, options: CompileOptions) -> IRModule:
         if (options.one_row_gemv and w.data.shape[1] < MATMUL_PANEL
                 and all(isinstance(d, int) and d == 1 for d in shape[:-1])):
             return None   # one row by a narrow B, as _one_row leaves it (a single plan)
-        packed = Constant(f"{w.name}_p{MATMUL_PANEL}", pack_matmul_b(w.data))
+        packed = derive(f"{w.name}_p{MATMUL_PANEL}", w, pack_matmul_b)
         return Call("matmul_packed", [lookup(x), packed], {"n": int(w.data.shape[1])}, v.type)
 
     return map_functions(mod, lambda fn: rewrite_function(fn, visit))

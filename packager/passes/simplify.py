@@ -11,6 +11,7 @@ from ..ir.sym import is_static
 from ..ir.graph import Call, CallTIR, Constant, Function, IRModule, used_values
 from ..ops import get_op
 from .common import map_functions, rewrite_function
+from .stored_int import derive, stored_dequantize
 
 
 class BindError(Exception):
@@ -52,8 +53,20 @@ def fold_constants(mod: IRModule, keep: frozenset[str] = KEPT_UNFOLDED) -> IRMod
         v = b.value
         if isinstance(v, Call) and v.args and v.op not in keep \
                 and all(isinstance(a, Constant) for a in v.args) and is_static(v.type.shape):
-            data = get_op(v.op).reference(*(a.data for a in v.args), **v.attrs)
-            return Constant(b.var.name, np.asarray(data, dtype=v.type.dtype, order="C"))
+            ref = get_op(v.op).reference
+            data = np.asarray(ref(*(a.data for a in v.args), **v.attrs), dtype=v.type.dtype,
+                              order="C")
+            if v.op == "dequantize":
+                return Constant(b.var.name, data, stored_dequantize(data, *(a.data for a in v.args)))
+            stored = [i for i, a in enumerate(v.args) if a.stored is not None]
+            if len(stored) == 1:   # a weight stored as integers, rearranged: keep it stored
+                k = stored[0]
+
+                def again(x, args=v.args, k=k):
+                    return np.asarray(ref(*(x if i == k else a.data for i, a in enumerate(args)),
+                                          **v.attrs), dtype=v.type.dtype)
+                return derive(b.var.name, v.args[k], again, data)
+            return Constant(b.var.name, data)
         return None
 
     return map_functions(mod, lambda fn: rewrite_function(fn, visit))

@@ -11,6 +11,7 @@
 #define FORMAT_MINOR 2
 #define SYMBOLIC_MINOR 3
 #define PAYLOAD64_MINOR 4
+#define STORED_MINOR 5      /* a constant's "stored" record (8-bit integers) */
 #define ALIGN 64
 #define MAX_HEADER_BYTES (64u << 20)
 #define MAX_DIM (1LL << 40)
@@ -88,6 +89,10 @@ static mlc_status check_version(mlc_model *m, mlc_error *err)
         reads = SYMBOLIC_MINOR;
     if (mp_get(h, "payload"))
         reads = PAYLOAD64_MINOR;
+    const mp_node *consts = mp_get(h, "constants");
+    for (uint32_t i = 0; consts && consts->type == MP_ARRAY && i < consts->len; i++)
+        if (consts->v.items[i].type == MP_MAP && mp_get(&consts->v.items[i], "stored"))
+            reads = STORED_MINOR;
     if (minor > reads) {
         const mp_node *need = mp_get(h, "min_reader");
         if (!need)

@@ -186,9 +186,9 @@ static mlc_status prepare(mlc_model *m, mlc_plan *p, mlc_error *err)
         if (t->kind == T_ARENA && t->ref <= p->arena_bytes && t->nbytes <= p->arena_bytes - t->ref)
             p->addr[i] = m->arena + t->ref;
         else if (t->kind == T_CONST && t->ref < m->nconstants
-                 && m->constants[t->ref].size == t->nbytes
+                 && m->constant_bytes[t->ref] == t->nbytes
                  && mlc_storage(m->constant_dtypes[t->ref]) == mlc_storage(t->dtype))
-            p->addr[i] = (uint8_t *)m->data + m->data_start + m->constants[t->ref].off;
+            p->addr[i] = (uint8_t *)m->constant_addr[t->ref];
         else
             return mlc_fail(err, MLC_ERR_BUNDLE, "bundle header: tensor %zu lies outside its "
                             "storage", i);

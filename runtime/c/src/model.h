@@ -150,6 +150,11 @@ struct mlc_model {
     mlc_ref *constants;
     mlc_dtype *constant_dtypes;
     size_t nconstants;
+    const uint8_t **constant_addr;  /* where a kernel reads each constant: its payload, or the
+                                       float32 values a stored one expands to at load */
+    uint64_t *constant_bytes;       /* their size in memory */
+    mlc_ref *stored_params;         /* a stored constant's scale and zero point (2 per constant;
+                                       size 0 when none) */
     mlc_plan *plans;
     size_t nplans;
     mlc_plan *specialized;      /* a symbolic bundle's static plans (--batch-sizes) */

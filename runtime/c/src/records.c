@@ -430,7 +430,7 @@ static int by_offset(const void *a, const void *b)
 
 static mlc_status check_disjoint(mlc_model *m, mlc_error *err)
 {
-    size_t n = m->nconstants + m->ngolden_in + m->ngolden_out + 1;
+    size_t n = 3 * m->nconstants + m->ngolden_in + m->ngolden_out + 1;
     for (size_t p = 0; p < m->nplans; p++)
         n += m->plans[p].ncode + 1;
     for (size_t p = 0; p < m->nspecialized; p++)
@@ -441,6 +441,9 @@ static mlc_status check_disjoint(mlc_model *m, mlc_error *err)
     size_t k = 0;
     for (size_t i = 0; i < m->nconstants; i++)
         refs[k++] = (named_ref){m->constants[i], "a constant"};
+    for (size_t i = 0; i < 2 * m->nconstants; i++)
+        if (m->stored_params[i].size)
+            refs[k++] = (named_ref){m->stored_params[i], "a constant's scale or zero point"};
     for (size_t p = 0; p < m->nplans; p++) {
         for (size_t i = 0; i < m->plans[p].ncode; i++)
             refs[k++] = (named_ref){m->plans[p].code[i].object, "a code object"};
@@ -647,6 +650,83 @@ static mlc_status parse_batch(mlc_model *m, mlc_error *err)
     return MLC_OK;
 }
 
+/* A float32 constant stored as 8-bit integers (format 1.5, docs/format.md StoredRecord):
+ * value = (float32(q) - zero_point) * scale, scale and zero point broadcast along the dims where
+ * param_shape is 1; expanded once here into memory the model owns. */
+static mlc_status stored_constant(mlc_model *m, const mp_node *st, const char *w, uint32_t i,
+                                  int ndim, const int64_t *shape, mlc_error *err)
+{
+    char what[64];
+    snprintf(what, sizeof what, "%s stored", w);
+    mlc_status s;
+    if ((s = get_map(st, what, err)))
+        return s;
+    int is_u8 = mp_str_eq(mp_get(st, "dtype"), "uint8");
+    if ((!is_u8 && !mp_str_eq(mp_get(st, "dtype"), "int8"))
+        || m->constant_dtypes[i] != MLC_FLOAT32)
+        return bad(err, what, "must store int8 or uint8 for a float32 constant");
+    int pdim;
+    int64_t params[MLC_MAX_DIMS];
+    char pw[80];
+    snprintf(pw, sizeof pw, "%s param_shape", what);
+    if ((s = get_shape(mp_get(st, "param_shape"), pw, &pdim, params, err)))
+        return s;
+    uint64_t count = 1, pcount = 1;
+    if (pdim != ndim)
+        return bad(err, what, "has a param_shape of another rank");
+    for (int d = 0; d < ndim; d++) {
+        if (params[d] != 1 && params[d] != shape[d])
+            return bad(err, what, "has a param_shape that does not broadcast");
+        if (shape[d] && count > UINT64_MAX / 4 / (uint64_t)shape[d])
+            return bad(err, what, "is too large");
+        count *= (uint64_t)shape[d];
+        pcount *= (uint64_t)params[d];
+    }
+    if (count != m->constants[i].size)
+        return bad(err, what, "has a payload size that does not match its shape");
+    mlc_ref *refs = &m->stored_params[2 * i];
+    const char *keys[2] = {"scale", "zero_point"};
+    for (int k = 0; k < 2; k++) {
+        snprintf(pw, sizeof pw, "%s %s", what, keys[k]);
+        if ((s = get_ref(m, mp_get(st, keys[k]), pw, &refs[k], err)))
+            return s;
+        if (refs[k].size != pcount * 4)
+            return bad(err, pw, "has a size that does not match param_shape");
+    }
+    uint8_t *raw = mlc_zalloc(&m->alloc, count * 4 + 64);
+    if (!raw)
+        return mlc_fail(err, MLC_ERR_INTERNAL, "out of memory");
+    float *out = (float *)(void *)(raw + (-(uintptr_t)raw & 63));
+    const uint8_t *base = m->data + m->data_start;
+    const uint8_t *q = base + m->constants[i].off;
+    const uint8_t *sc = base + refs[0].off, *zp = base + refs[1].off;
+    /* strides of the parameter arrays (0 along broadcast dims), then one pass in C order */
+    uint64_t pstride[MLC_MAX_DIMS], idx[MLC_MAX_DIMS] = {0};
+    uint64_t acc = 1;
+    for (int d = ndim - 1; d >= 0; d--) {
+        pstride[d] = params[d] == 1 ? 0 : acc;
+        acc *= (uint64_t)params[d];
+    }
+    uint64_t at = 0;
+    for (uint64_t e = 0; e < count; e++) {
+        float sv, zv;
+        memcpy(&sv, sc + 4 * at, 4);
+        memcpy(&zv, zp + 4 * at, 4);
+        float qv = is_u8 ? (float)q[e] : (float)(int8_t)q[e];
+        out[e] = (qv - zv) * sv;
+        for (int d = ndim - 1; d >= 0; d--) {   /* next index, parameter offset kept */
+            at += pstride[d];
+            if ((int64_t)++idx[d] < shape[d])
+                break;
+            at -= pstride[d] * idx[d];
+            idx[d] = 0;
+        }
+    }
+    m->constant_addr[i] = (const uint8_t *)out;
+    m->constant_bytes[i] = count * 4;
+    return MLC_OK;
+}
+
 mlc_status mlc_parse_header(mlc_model *m, mlc_error *err)
 {
     const mp_node *h = m->header;
@@ -660,7 +740,11 @@ mlc_status mlc_parse_header(mlc_model *m, mlc_error *err)
     m->nconstants = consts->len;
     m->constants = mlc_zalloc(&m->alloc, (consts->len + 1) * sizeof(mlc_ref));
     m->constant_dtypes = mlc_zalloc(&m->alloc, (consts->len + 1) * sizeof(mlc_dtype));
-    if (!m->constants || !m->constant_dtypes)
+    m->constant_addr = mlc_zalloc(&m->alloc, (consts->len + 1) * sizeof(uint8_t *));
+    m->constant_bytes = mlc_zalloc(&m->alloc, (consts->len + 1) * sizeof(uint64_t));
+    m->stored_params = mlc_zalloc(&m->alloc, 2 * (consts->len + 1) * sizeof(mlc_ref));
+    if (!m->constants || !m->constant_dtypes || !m->constant_addr || !m->constant_bytes
+        || !m->stored_params)
         return mlc_fail(err, MLC_ERR_INTERNAL, "out of memory");
     for (uint32_t i = 0; i < consts->len; i++) {
         const mp_node *c = &consts->v.items[i];
@@ -673,10 +757,18 @@ mlc_status mlc_parse_header(mlc_model *m, mlc_error *err)
             || (s = get_dtype(mp_get(c, "dtype"), w, &m->constant_dtypes[i], err))
             || (s = get_ref(m, mp_get(c, "data"), w, &m->constants[i], err)))
             return s;
+        const mp_node *st = mp_get(c, "stored");
+        if (st && st->type != MP_NIL) {
+            if ((s = stored_constant(m, st, w, i, ndim, shape, err)))
+                return s;
+            continue;
+        }
         if (mlc_nbytes(shape, ndim, m->constant_dtypes[i], &nb) || nb != m->constants[i].size)
             return mlc_fail(err, MLC_ERR_BUNDLE, "%s: payload size %llu does not match %s's "
                             "shape and dtype", m->name, (unsigned long long)m->constants[i].size,
                             w);
+        m->constant_addr[i] = m->data + m->data_start + m->constants[i].off;
+        m->constant_bytes[i] = nb;
     }
     const mp_node *labels = mp_get(h, "labels");
     if (labels && labels->type != MP_NIL && labels->type != MP_ARRAY)

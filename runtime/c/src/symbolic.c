@@ -474,8 +474,8 @@ mlc_status mlc_sym_plan(mlc_model *m, mlc_plan *p, mlc_error *err)
         if (ok && t->kind == T_ARENA && t->ref < s->nbuffers && size <= s->buf_bytes[t->ref])
             p->addr[i] = s->arena + s->offsets[t->ref];
         else if (ok && t->kind == T_CONST && t->ref < m->nconstants
-                 && m->constants[t->ref].size == size)
-            p->addr[i] = (uint8_t *)m->data + m->data_start + m->constants[t->ref].off;
+                 && m->constant_bytes[t->ref] == size)
+            p->addr[i] = (uint8_t *)m->constant_addr[t->ref];
         else if (ok && t->kind == T_SIZES && t->rec->len == 1 && dims[0] == (int64_t)s->nvars
                  && t->dtype == MLC_INT64)
             p->addr[i] = (uint8_t *)s->sizes;
