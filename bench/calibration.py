@@ -1,6 +1,7 @@
 """Calibration methods of ``--quantize int8`` compared on real corpus models.
 
-    .venv/bin/python bench/calibration.py [--calibrate 16] [--held-out 16] [model ...]
+    .venv/bin/python bench/calibration.py [--calibrate 16] [--held-out 16]
+                                          [--methods percentile] [--guard on,off] [model ...]
 
 For each model (default: ppocr_cls, pp_lcnet_orientation, ppocr_rec from bench/corpus.py) and
 each method of packager/calibrate.py (minmax, percentile, entropy): quantize_onnx calibrates on
@@ -9,7 +10,9 @@ and the QDQ model it builds is run with ONNX Runtime, graph optimizations off (t
 semantics exactly as ONNX defines them: the calibration's effect, not any kernel's), beside the
 float model on ``--held-out`` other inputs. Printed per model and method: layers kept int8,
 output SNR against float (all held-out values together, and the worst input), and argmax
-agreement along the last axis (the class; for the recognizer, the CTC symbol at every step).
+agreement along the last axis (the class; for the recognizer, the CTC symbol at every step);
+with the accuracy guard on (quantize_onnx's default: the most sensitive layers kept float until
+the calibration data's outputs meet its targets) and off.
 """
 
 from __future__ import annotations
@@ -57,6 +60,9 @@ def main() -> None:
     ap.add_argument("--held-out", type=int, default=16)
     ap.add_argument("--max-layer-error", type=float, default=None,
                     help="quantize_onnx's limit (default its own, 5 %%; 1e9: every layer int8)")
+    ap.add_argument("--methods", default=",".join(METHODS))
+    ap.add_argument("--guard", default="on,off",
+                    help="the accuracy guard of quantize_onnx: on, off or both (on,off)")
     args = ap.parse_args()
     print(f"onnxruntime {ort.__version__}; QDQ models run with graph optimizations off")
     for name in args.models:
@@ -71,13 +77,15 @@ def main() -> None:
         refs = [fsess.run([out_name], {in_name: x})[0] for x in held]
         print(f"\n{name} ({path.name}), input {shape}, {len(calib)} calibration / "
               f"{len(held)} held-out inputs, output {out_name!r} {refs[0].shape}")
-        print(f"  {'method':<11} {'int8 layers':>11} {'SNR all':>8} {'SNR worst':>9} "
-              f"{'argmax':>7} {'calibrate s':>11}")
-        for method in METHODS:
+        print(f"  {'method':<11} {'guard':>5} {'int8 layers':>11} {'SNR all':>8} "
+              f"{'SNR worst':>9} {'argmax':>7} {'calibrate s':>11}")
+        runs = [(m, g) for m in args.methods.split(",") for g in args.guard.split(",")]
+        for method, guard in runs:
             t = time.perf_counter()
             limit = {} if args.max_layer_error is None else {"max_layer_error":
                                                              args.max_layer_error}
-            q = quantize_onnx(path, calib, {in_name: shape}, method, **limit)
+            q = quantize_onnx(path, calib, {in_name: shape}, method, guard=guard == "on",
+                              **limit)
             secs = time.perf_counter() - t
             try:
                 qsess = _session(q.model.SerializeToString(), ort)
@@ -90,7 +98,8 @@ def main() -> None:
             agree = np.mean(np.concatenate([(r.argmax(-1) == g.argmax(-1)).ravel()
                                             for r, g in zip(refs, gots)]))
             kept = sum(layer.quantized for layer in q.report.layers)
-            print(f"  {method:<11} {kept:>5} of {len(q.report.layers):<3} {_snr(ref, got):>7.1f} "
+            print(f"  {method:<11} {guard:>5} {kept:>5} of {len(q.report.layers):<3} "
+                  f"{_snr(ref, got):>7.1f} "
                   f"{worst:>9.1f} {agree:>7.1%} {secs:>11.1f}", flush=True)
 
 

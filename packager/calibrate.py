@@ -56,6 +56,7 @@ class Layer:
     activation: str    # the input tensor quantized per tensor
     error: float = 0.0  # estimated relative RMS error of quantizing it
     quantized: bool = True
+    sensitive: float | None = None   # kept float by the accuracy guard: output SNR gained (dB)
 
 
 @dataclass
@@ -67,6 +68,7 @@ class QuantizeReport:
     speed: str = ""
     int8_ms: float | None = None
     float_ms: float | None = None
+    guard: str = ""    # the accuracy guard's line (quantize_onnx)
 
     def summary(self) -> list[str]:
         done = [x for x in self.layers if x.quantized]
@@ -79,8 +81,14 @@ class QuantizeReport:
                  + f"); weights per channel, activations per tensor from {self.method} over "
                  f"{self.samples} calibration sample{'s' * (self.samples != 1)}"]
         for x in kept:
-            lines.append(f"  left in float: {x.op} {x.node!r} (estimated error "
-                         f"{x.error:.1%} > {MAX_LAYER_ERROR:.0%})")
+            if x.sensitive is None:
+                lines.append(f"  left in float: {x.op} {x.node!r} (estimated error "
+                             f"{x.error:.1%} > {MAX_LAYER_ERROR:.0%})")
+            else:
+                lines.append(f"  left in float: {x.op} {x.node!r} (accuracy guard: the output "
+                             f"gains {x.sensitive:.1f} dB with it float)")
+        if self.guard:
+            lines.append(self.guard)
         lines += self.outputs
         if self.speed:
             lines.append(self.speed)
@@ -374,11 +382,13 @@ class Quantized:
 def quantize_onnx(model_path: str | os.PathLike, samples: Sequence[np.ndarray],
                   input_shapes: Mapping[str, Sequence[int]] | None = None,
                   method: str = DEFAULT_METHOD, max_layer_error: float = MAX_LAYER_ERROR,
-                  compile_options: CompileOptions | None = None) -> Quantized:
+                  compile_options: CompileOptions | None = None, guard: bool = True
+                  ) -> Quantized:
     """Calibrate ``model_path`` on ``samples`` (values of its only input) and build its QDQ
     form (see the module docstring). The caller exports ``result.model`` and then calls
     ``compare``; ``result.close()`` removes the calibration bundle. ``compile_options``: the
-    compiler's settings for the calibration bundle (None: from the environment)."""
+    compiler's settings for the calibration bundle (None: from the environment); ``guard``:
+    the accuracy guard (``_accuracy_guard``) after the per-layer estimate."""
     import onnx
     from onnx import numpy_helper
 
@@ -451,8 +461,108 @@ def quantize_onnx(model_path: str | os.PathLike, samples: Sequence[np.ndarray],
         report.layers.append(layer)
         if layer.quantized:
             chosen.append((index, axis, q, scale))
+    if guard and chosen:
+        by_index = {index: layer for (index, _, _), layer in zip(layers, report.layers)}
+        chosen = _accuracy_guard(model, inits, chosen, params, graph_inputs[0].name, originals,
+                                 list(samples), outputs, by_index, report)
     qdq = _build_qdq(model, inits, chosen, params)
     return Quantized(qdq, report, bundle, outputs, input_name, list(samples), work)
+
+
+# ---- the accuracy guard ----------------------------------------------------------------------------
+
+# The int8 model is accepted as it is when, on the calibration data against the float model,
+# every output keeps its argmax along the last axis at GUARD_AGREEMENT of the positions (a
+# class, a CTC symbol per step) and an SNR of GUARD_SNR_DB; otherwise the layers whose float
+# version gains the output the most are kept float, most sensitive first, at most
+# GUARD_MAX_FLOAT of the int8 layers, until it does.
+GUARD_AGREEMENT = 0.995
+GUARD_SNR_DB = 20.0
+GUARD_MAX_FLOAT = 0.5
+
+
+def _guard_session(model_bytes: bytes):
+    import onnxruntime as ort
+    opts = ort.SessionOptions()
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    opts.intra_op_num_threads = 1
+    opts.log_severity_level = 4
+    return ort.InferenceSession(model_bytes, opts, providers=["CPUExecutionProvider"])
+
+
+def _accuracy(refs: list[dict[str, np.ndarray]], gots: list[list[np.ndarray]],
+              names: Sequence[str]) -> tuple[float, float]:
+    """(the worst output's SNR in dB, its worst argmax agreement) over all samples."""
+    snr, agree = np.inf, 1.0
+    for k, name in enumerate(names):
+        ref = [np.asarray(r[name], np.float64) for r in refs]
+        got = [np.asarray(g[k], np.float64).reshape(r.shape) for g, r in zip(gots, ref)]
+        noise = sum(float(np.sum((g - r) ** 2)) for g, r in zip(got, ref))
+        power = sum(float(np.sum(r ** 2)) for r in ref)
+        if noise > 0:
+            snr = min(snr, 10 * np.log10(power / noise) if power > 0 else -np.inf)
+        if ref[0].ndim >= 1 and ref[0].shape[-1] > 1:
+            agree = min(agree, float(np.mean(np.concatenate(
+                [(r.argmax(-1) == g.argmax(-1)).ravel() for r, g in zip(ref, got)]))))
+    return float(snr), agree
+
+
+def _accuracy_guard(model, inits, chosen, params, onnx_input: str, names: Sequence[str],
+                    samples: list[np.ndarray], refs: list[dict[str, np.ndarray]],
+                    layers: dict[int, Layer], report: QuantizeReport) -> list:
+    """``chosen`` less the layers the outputs are most sensitive to (module comment above):
+    each int8 layer is ranked by the output SNR gained when it alone stays float (ONNX
+    Runtime runs the QDQ model on the calibration samples with graph optimizations off: the
+    QDQ semantics exactly), then the most sensitive are kept float one by one until the
+    outputs meet the targets. Without ONNX Runtime the model is kept as it is (said so)."""
+    try:
+        import onnxruntime  # noqa: F401
+    except ImportError:
+        report.guard = "  accuracy guard: skipped (needs onnxruntime)"
+        return chosen
+
+    def measure(subset) -> tuple[float, float]:
+        sess = _guard_session(_build_qdq(model, inits, subset, params).SerializeToString())
+        gots = [sess.run(list(names), {onnx_input: x}) for x in samples]
+        return _accuracy(refs, gots, names)
+
+    def good(acc: tuple[float, float]) -> bool:
+        return acc[0] >= GUARD_SNR_DB and acc[1] >= GUARD_AGREEMENT
+
+    first = measure(chosen)
+    if good(first):
+        report.guard = (f"  accuracy guard: int8 output SNR {first[0]:.1f} dB, argmax agrees "
+                        f"{first[1]:.1%} on the calibration data: every layer kept int8")
+        return chosen
+    gains = []
+    for entry in chosen:
+        snr, agree = measure([c for c in chosen if c is not entry])
+        gains.append((agree - first[1], snr - first[0], entry))
+    gains.sort(key=lambda g: (g[0], g[1]), reverse=True)   # most sensitive first
+    limit = max(1, int(GUARD_MAX_FLOAT * len(chosen)))
+    kept = list(chosen)
+    best, acc = (first, list(chosen)), first
+    for _, gain_db, entry in gains[:limit]:
+        kept = [c for c in kept if c is not entry]
+        layers[entry[0]].quantized = False
+        layers[entry[0]].sensitive = gain_db
+        acc = measure(kept)
+        if (acc[1], acc[0]) > (best[0][1], best[0][0]):
+            best = (acc, list(kept))
+        if good(acc):
+            break
+    kept_ids = {id(c) for c in best[1]}
+    for entry in chosen:   # layers floated past the best point are int8 again
+        if id(entry) in kept_ids:
+            layers[entry[0]].quantized, layers[entry[0]].sensitive = True, None
+    acc = best[0]
+    floated = len(chosen) - len(best[1])
+    report.guard = (f"  accuracy guard: int8 output SNR {first[0]:.1f} dB, argmax agrees "
+                    f"{first[1]:.1%} on the calibration data (targets {GUARD_SNR_DB:.0f} dB, "
+                    f"{GUARD_AGREEMENT:.1%}); with the {floated} most sensitive layer"
+                    f"{'s' * (floated != 1)} float: {acc[0]:.1f} dB, {acc[1]:.1%}"
+                    + ("" if good(acc) else " (targets not reached)"))
+    return best[1]
 
 
 def _build_qdq(model, inits: dict[str, np.ndarray], chosen, params):

@@ -177,3 +177,45 @@ def test_older_reader_refuses_and_damage_is_one_line(models, monkeypatch, tmp_pa
         with pytest.raises(BundleError) as err:
             Header.from_msgpack(bad, size)
         assert "\n" not in str(err.value) and "stored" in str(err.value)
+
+
+# ---- tf2onnx-style QDQ: float weights through QuantizeLinear -> DequantizeLinear ----------------
+
+def _tf2onnx_qdq(path: Path) -> Path:
+    """What tf2onnx writes for a TF quantization-aware model: FakeQuant nodes become
+    QuantizeLinear -> DequantizeLinear pairs on the float weights too (per output channel,
+    int8, zero point 0) and on the activations (uint8); the bias stays float."""
+    rng = np.random.default_rng(7)
+    w = rng.normal(0, 0.2, (16, 8, 3, 3)).astype(np.float32)
+    ws = (np.abs(w).reshape(16, -1).max(1) / 127).astype(np.float32)
+    inits = [onnx.numpy_helper.from_array(a, n) for n, a in {
+        "w": w, "ws": ws, "wz": np.zeros(16, np.int8), "b": rng.normal(0, .1, 16).astype(
+            np.float32), "xs": np.float32(0.02), "xz": np.uint8(128), "ys": np.float32(0.05),
+        "yz": np.uint8(0)}.items()]
+    nodes = [h.make_node("QuantizeLinear", ["x", "xs", "xz"], ["xq"]),
+             h.make_node("DequantizeLinear", ["xq", "xs", "xz"], ["xd"]),
+             h.make_node("QuantizeLinear", ["w", "ws", "wz"], ["wq"], axis=0),
+             h.make_node("DequantizeLinear", ["wq", "ws", "wz"], ["wd"], axis=0),
+             h.make_node("Conv", ["xd", "wd", "b"], ["c"], pads=[1, 1, 1, 1]),
+             h.make_node("Relu", ["c"], ["r"]),
+             h.make_node("QuantizeLinear", ["r", "ys", "yz"], ["rq"]),
+             h.make_node("DequantizeLinear", ["rq", "ys", "yz"], ["y"])]
+    g = h.make_graph(nodes, "tf2onnx", [h.make_tensor_value_info("x", T.FLOAT, [1, 8, 10, 10])],
+                     [h.make_tensor_value_info("y", T.FLOAT, [1, 16, 10, 10])], inits)
+    onnx.save(h.make_model(g, opset_imports=[h.make_opsetid("", 13)]), path)
+    return path
+
+
+def test_tf2onnx_style_qdq_takes_the_integer_kernel(tmp_path: Path) -> None:
+    path = _tf2onnx_qdq(tmp_path / "tf2onnx.onnx")
+    mod, _ = import_onnx(str(path))
+    bundle = tmp_path / "tf2onnx.mlc"
+    export_module(mod, bundle, ExportOptions(target="host", check=False))
+    x = np.random.default_rng(2).uniform(-2, 2, (1, 8, 10, 10)).astype(np.float32)
+    with load(bundle) as model:
+        got = model.run({"x": x})["y"]
+        kernels = [k.name for k in model.schema.plan.kernels]
+    assert any(k.startswith("qconv2d") for k in kernels), kernels
+    ref = ort_outputs(path, {"x": x}, threads=1, as_written=True)["y"]
+    steps = np.abs(got - ref) / 0.05
+    assert steps.max() <= 1 + 1e-4 and (steps > 0.5).mean() < 0.01

@@ -1,0 +1,98 @@
+"""The accuracy guard of ``--quantize int8`` (packager/quantize.py ``_accuracy_guard``): when
+the int8 model's outputs miss the targets against the float model on the calibration data, the
+layers the outputs are most sensitive to stay float. ONNX Runtime runs the QDQ models (graph
+optimizations off), so no int8 bundle is compiled here."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto as T
+from onnx import helper as h
+
+from mlcpack.packager.quantize import GUARD_AGREEMENT, quantize_onnx
+
+ort = pytest.importorskip("onnxruntime")
+
+
+def _near_tie_model(path: Path) -> Path:
+    """x [8,16] -> MatMul 32, Relu -> MatMul 10: the second layer's columns share one large
+    common part and differ by little, so its logits are nearly tied and quantizing its weights
+    (a step of ~1/254 of the common part per element) flips the argmax, while quantizing the
+    first layer (an error common to every class) does not."""
+    rng = np.random.default_rng(0)
+    w1 = rng.normal(0, 0.3, (16, 32)).astype(np.float32)
+    common = rng.uniform(0.5, 1.0, (32, 1)).astype(np.float32)
+    w2 = (common + 3e-3 * rng.normal(0, 1, (32, 10))).astype(np.float32)
+    nodes = [h.make_node("MatMul", ["x", "w1"], ["m1"]), h.make_node("Relu", ["m1"], ["r1"]),
+             h.make_node("MatMul", ["r1", "w2"], ["y"])]
+    g = h.make_graph(nodes, "tie", [h.make_tensor_value_info("x", T.FLOAT, [8, 16])],
+                     [h.make_tensor_value_info("y", T.FLOAT, [8, 10])],
+                     [onnx.numpy_helper.from_array(w1, "w1"),
+                      onnx.numpy_helper.from_array(w2, "w2")])
+    onnx.save(h.make_model(g, opset_imports=[h.make_opsetid("", 13)]), path)
+    return path
+
+
+def _agreement(float_path: Path, qdq: onnx.ModelProto, xs: list[np.ndarray]) -> float:
+    opts = ort.SessionOptions()
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    f = ort.InferenceSession(str(float_path), opts, providers=["CPUExecutionProvider"])
+    q = ort.InferenceSession(qdq.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    same = [f.run(None, {"x": x})[0].argmax(-1) == q.run(None, {"x": x})[0].argmax(-1)
+            for x in xs]
+    return float(np.mean(same))
+
+
+@pytest.fixture(scope="module")
+def tie(tmp_path_factory) -> tuple[Path, list[np.ndarray], list[np.ndarray]]:
+    path = _near_tie_model(tmp_path_factory.mktemp("guard") / "tie.onnx")
+    rng = np.random.default_rng(1)
+    xs = [rng.normal(0, 1, (8, 16)).astype(np.float32) for _ in range(16)]
+    return path, xs[:8], xs[8:]
+
+
+def test_sensitive_layer_is_kept_float(tie) -> None:
+    path, calib, held = tie
+    off = quantize_onnx(path, calib, method="minmax", guard=False)
+    on = quantize_onnx(path, calib, method="minmax")
+    try:
+        assert all(layer.quantized for layer in off.report.layers)   # the estimate passes both
+        assert _agreement(path, off.model, calib) < GUARD_AGREEMENT
+        first, second = on.report.layers
+        assert first.quantized and first.sensitive is None
+        assert not second.quantized and second.sensitive is not None
+        text = "\n".join(on.report.summary())
+        assert "accuracy guard" in text and "with the 1 most sensitive layer float" in text
+        assert "left in float: MatMul" in text
+        # the first layer's input and weights stay int8 (a few near ties still flip: at most
+        # half the layers go float, here one)
+        assert _agreement(path, on.model, calib) > 0.9 > _agreement(path, off.model, calib)
+        assert _agreement(path, on.model, held) > 0.9 > _agreement(path, off.model, held)
+    finally:
+        off.close()
+        on.close()
+
+
+def test_accurate_model_keeps_every_layer(tmp_path: Path) -> None:
+    rng = np.random.default_rng(2)
+    w1 = rng.normal(0, 0.3, (16, 32)).astype(np.float32)
+    w2 = rng.normal(0, 0.3, (32, 10)).astype(np.float32)
+    nodes = [h.make_node("MatMul", ["x", "w1"], ["m1"]), h.make_node("Relu", ["m1"], ["r1"]),
+             h.make_node("MatMul", ["r1", "w2"], ["y"])]
+    g = h.make_graph(nodes, "ok", [h.make_tensor_value_info("x", T.FLOAT, [8, 16])],
+                     [h.make_tensor_value_info("y", T.FLOAT, [8, 10])],
+                     [onnx.numpy_helper.from_array(w1, "w1"),
+                      onnx.numpy_helper.from_array(w2, "w2")])
+    path = tmp_path / "ok.onnx"
+    onnx.save(h.make_model(g, opset_imports=[h.make_opsetid("", 13)]), path)
+    xs = [rng.normal(0, 1, (8, 16)).astype(np.float32) for _ in range(8)]
+    q = quantize_onnx(path, xs, method="minmax")
+    try:
+        assert all(layer.quantized for layer in q.report.layers)
+        assert "every layer kept int8" in q.report.guard
+    finally:
+        q.close()
