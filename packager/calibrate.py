@@ -479,6 +479,12 @@ def quantize_onnx(model_path: str | os.PathLike, samples: Sequence[np.ndarray],
 GUARD_AGREEMENT = 0.995
 GUARD_SNR_DB = 20.0
 GUARD_MAX_FLOAT = 0.5
+# The sweep runs on at most GUARD_SAMPLES calibration samples and stops after GUARD_BUDGET_S
+# seconds (the model is then kept as the per-layer estimate chose, and the report says so):
+# on the PP-OCRv4 recognizer (38 layers, 16 samples, ORT unoptimized) an unbounded sweep took
+# 15 minutes on a loaded 2-core host and did not improve held-out agreement (97.8 % vs 98.4 %).
+GUARD_SAMPLES = 4
+GUARD_BUDGET_S = 60.0
 
 
 def _guard_session(model_bytes: bytes):
@@ -529,13 +535,26 @@ def _accuracy_guard(model, inits, chosen, params, onnx_input: str, names: Sequen
     def good(acc: tuple[float, float]) -> bool:
         return acc[0] >= GUARD_SNR_DB and acc[1] >= GUARD_AGREEMENT
 
+    start = time.perf_counter()
     first = measure(chosen)
     if good(first):
         report.guard = (f"  accuracy guard: int8 output SNR {first[0]:.1f} dB, argmax agrees "
                         f"{first[1]:.1%} on the calibration data: every layer kept int8")
         return chosen
+    if len(samples) > GUARD_SAMPLES:   # the sweep on a few samples, the targets on them too
+        samples, refs = samples[:GUARD_SAMPLES], refs[:GUARD_SAMPLES]
+        whole, first = first, measure(chosen)
+    else:
+        whole = first
     gains = []
     for entry in chosen:
+        if time.perf_counter() - start > GUARD_BUDGET_S:
+            report.guard = (f"  accuracy guard: int8 output SNR {whole[0]:.1f} dB, argmax "
+                            f"agrees {whole[1]:.1%} on the calibration data (targets "
+                            f"{GUARD_SNR_DB:.0f} dB, {GUARD_AGREEMENT:.1%}); its sweep "
+                            f"stopped at its {GUARD_BUDGET_S:.0f} s budget: every layer the "
+                            "estimate passed kept int8")
+            return chosen
         snr, agree = measure([c for c in chosen if c is not entry])
         gains.append((agree - first[1], snr - first[0], entry))
     gains.sort(key=lambda g: (g[0], g[1]), reverse=True)   # most sensitive first
@@ -549,7 +568,7 @@ def _accuracy_guard(model, inits, chosen, params, onnx_input: str, names: Sequen
         acc = measure(kept)
         if (acc[1], acc[0]) > (best[0][1], best[0][0]):
             best = (acc, list(kept))
-        if good(acc):
+        if good(acc) or time.perf_counter() - start > GUARD_BUDGET_S:
             break
     kept_ids = {id(c) for c in best[1]}
     for entry in chosen:   # layers floated past the best point are int8 again
@@ -557,10 +576,11 @@ def _accuracy_guard(model, inits, chosen, params, onnx_input: str, names: Sequen
             layers[entry[0]].quantized, layers[entry[0]].sensitive = True, None
     acc = best[0]
     floated = len(chosen) - len(best[1])
-    report.guard = (f"  accuracy guard: int8 output SNR {first[0]:.1f} dB, argmax agrees "
-                    f"{first[1]:.1%} on the calibration data (targets {GUARD_SNR_DB:.0f} dB, "
+    report.guard = (f"  accuracy guard: int8 output SNR {whole[0]:.1f} dB, argmax agrees "
+                    f"{whole[1]:.1%} on the calibration data (targets {GUARD_SNR_DB:.0f} dB, "
                     f"{GUARD_AGREEMENT:.1%}); with the {floated} most sensitive layer"
-                    f"{'s' * (floated != 1)} float: {acc[0]:.1f} dB, {acc[1]:.1%}"
+                    f"{'s' * (floated != 1)} float: {acc[0]:.1f} dB, {acc[1]:.1%} on "
+                    f"{len(samples)} sample{'s' * (len(samples) != 1)}"
                     + ("" if good(acc) else " (targets not reached)"))
     return best[1]
 

@@ -447,12 +447,14 @@ def _plan_float_products(fn: Function, defs: dict, uses: Counter, reader_of: dic
         offset = np.zeros(o, np.float32)
         end = b.var
         r = sole_reader(end)
+        float_bias = False
         if r is not None and getattr(r.value, "op", "") == "add":
             other = [a for a in r.value.args if a is not end]
             got = (_bias_of(defs, other[0], o, conv, mult)
                    if len(other) == 1 and r.value.type == c.type else None)
             if got is not None:
                 bias_i, offset = got
+                float_bias = _const(other[0]) is not None
                 end = r.var
                 r = sole_reader(end)
         relu = r is not None and getattr(r.value, "op", "") == "relu"
@@ -460,8 +462,12 @@ def _plan_float_products(fn: Function, defs: dict, uses: Counter, reader_of: dic
             end = r.var
         else:
             rs = reader_of.get(id(end), [])
-            if rs and all(getattr(x.value, "op", "") == "quantize" for x in rs):
-                continue     # quantize(product): the requantizing kernel's pattern
+            if rs and all(getattr(x.value, "op", "") == "quantize" for x in rs) \
+                    and not float_bias:
+                # quantize(product [+ int32 bias]): the requantizing kernel's pattern; with a
+                # float bias (PyTorch PT2E's QDQ) it does not apply: the product takes the
+                # integer kernel with a float result here, the quantize after it stays
+                continue
         name = f"{getattr(x, 'name', 'x')}_qw"
         common = [Constant("x_zp", np.asarray(xzp, np.int32))]
         if conv and depthwise:
