@@ -1,4 +1,4 @@
-"""The accuracy guard of ``--quantize int8`` (packager/quantize.py ``_accuracy_guard``): when
+"""The accuracy guard of ``--quantize int8`` (packager/calibrate.py ``_accuracy_guard``): when
 the int8 model's outputs miss the targets against the float model on the calibration data, the
 layers the outputs are most sensitive to stay float. ONNX Runtime runs the QDQ models (graph
 optimizations off), so no int8 bundle is compiled here."""
@@ -13,7 +13,7 @@ import pytest
 from onnx import TensorProto as T
 from onnx import helper as h
 
-from mlcpack.packager.quantize import GUARD_AGREEMENT, quantize_onnx
+from mlcpack.packager.calibrate import GUARD_AGREEMENT, quantize_onnx
 
 ort = pytest.importorskip("onnxruntime")
 
