@@ -2,8 +2,7 @@
 QOperator, per tensor and per channel, with and without ``reduce_range`` (7-bit weights), on
 the conv net of quant_models (a 3x3 conv, a depthwise conv, a 1x1 conv, a Gemm). Each bundle
 runs its convolutions and its Gemm on ``qconv2d`` / ``qdwconv2d`` / ``qmatmul`` (never the
-float composition) and matches ONNX Runtime within the steps test_quant_import allows.
-Two forms in the default run, all five with ``MLCPACK_SLOW=1``."""
+float composition) and matches ONNX Runtime within the steps test_quant_import allows."""
 
 from __future__ import annotations
 
@@ -13,7 +12,6 @@ import numpy as np
 import pytest
 
 import quant_models as qm
-from conftest import SLOW
 from helpers import ort_int_gemm_exact, ort_outputs
 from mlcpack.frontends.onnx import import_onnx
 from mlcpack.packager.export import ExportOptions, export_module
@@ -22,15 +20,12 @@ from mlcpack.runtime import load
 pytest.importorskip("onnxruntime.quantization")
 
 FORMS = {   # name -> ort_quantize keywords
+    "qdq_per_tensor": dict(mode="QDQ"),
     "qdq_per_channel_reduce_range": dict(mode="QDQ", per_channel=True, reduce_range=True),
+    "qdq_per_tensor_reduce_range": dict(mode="QDQ", reduce_range=True),
+    "qop_per_tensor": dict(mode="QOperator"),
     "qop_per_channel": dict(mode="QOperator", per_channel=True),
 }
-if SLOW:   # each is an export (~10-20 s on 2 loaded cores); the two above are the default run's
-    FORMS.update({
-        "qdq_per_tensor": dict(mode="QDQ"),
-        "qdq_per_tensor_reduce_range": dict(mode="QDQ", reduce_range=True),
-        "qop_per_tensor": dict(mode="QOperator"),
-    })
 
 
 @pytest.fixture(scope="module")
@@ -63,20 +58,3 @@ def test_form_runs_on_integer_kernels(form: str, float_net: Path, tmp_path: Path
     exact = how["mode"] == "QOperator" and (how.get("reduce_range")
                                             or ort_int_gemm_exact("uint8", "int8"))
     assert err <= (1 if exact else 2) * step + 1e-6, (err, step)
-
-
-def test_qdq_max_pool_runs_on_the_8bit_tensor(float_net: Path, tmp_path: Path) -> None:
-    """DequantizeLinear -> MaxPool -> QuantizeLinear with one scale and zero point (ORT's QDQ)
-    becomes a max pool of the uint8 tensor (exact; the outputs are the forms test's)."""
-    from mlcpack.packager.ir.graph import Call
-    from mlcpack.packager.options import CompileOptions
-    from mlcpack.packager.passes import fold_constants
-    from mlcpack.packager.passes.fuse_qdq import fuse_quantized
-
-    path = qm.ort_quantize(float_net, tmp_path / "qdq.onnx", mode="QDQ", per_channel=True)
-    mod, _ = import_onnx(str(path))
-    fused = fuse_quantized(fold_constants(mod), CompileOptions())
-    pools = [b.value for b in fused.main.bindings()
-             if isinstance(b.value, Call) and b.value.op == "nn.max_pool2d"]
-    assert pools and all(p.args[0].type.dtype == "uint8" and p.type.dtype == "uint8"
-                         for p in pools), [(p.args[0].type, p.type) for p in pools]

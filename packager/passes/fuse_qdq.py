@@ -64,43 +64,8 @@ def fuse_quantized(mod: IRModule, options: CompileOptions) -> IRModule:
     bench/int8.py) into the float32-exact chains the integer kernels replaced."""
     # the float products replaced are dropped here, so nothing legalizes them
     int8 = options.int8_kernels
-    if int8:
-        mod = map_functions(mod, _integer_max_pools)
     mod = eliminate_dead_code(map_functions(mod, lambda fn: _fuse_in_function(fn, int8)))
     return map_functions(mod, _integer_recurrences) if int8 else mod
-
-
-def _integer_max_pools(fn: Function) -> Function:
-    """``quantize(max_pool2d(dequantize(x, s, z)), s, z)`` (QDQ around a MaxPool: ORT's and
-    PT2E's, the same scale and zero point on both sides) becomes ``max_pool2d(x)`` on the
-    8-bit tensor: dequantize is increasing (s > 0) so the max commutes with it, and quantize
-    returns each (v - z) * s to v exactly; padding reads the dtype's lowest value instead of
-    -inf (never the max of a window that holds an element). No float round trip."""
-    defs = {id(b.var): b.value for b in fn.bindings() if isinstance(b.value, Call)}
-
-    def scalar(v: Value):
-        c = _const(v)
-        return None if c is None or c.size != 1 else c.reshape(())
-
-    def visit(b, lookup):
-        q = b.value
-        if not (isinstance(q, Call) and q.op == "quantize" and len(q.args) == 3):
-            return None
-        m = defs.get(id(q.args[0]))
-        if not (isinstance(m, Call) and m.op == "nn.max_pool2d" and len(m.args) == 1):
-            return None
-        d = defs.get(id(m.args[0]))
-        if not (isinstance(d, Call) and d.op == "dequantize" and len(d.args) == 3):
-            return None
-        x = d.args[0]
-        s1, z1, s2, z2 = (scalar(a) for a in (d.args[1], d.args[2], q.args[1], q.args[2]))
-        if (any(v is None for v in (s1, z1, s2, z2)) or x.type.dtype not in _I8
-                or q.type.dtype != x.type.dtype or s1.dtype != np.float32
-                or s2.dtype != np.float32 or not s1 > 0 or s1 != s2 or z1 != z2):
-            return None
-        return Call("nn.max_pool2d", [lookup(x)], dict(m.attrs), q.type)
-
-    return rewrite_function(fn, visit)
 
 
 def _integer_recurrences(fn: Function) -> Function:
