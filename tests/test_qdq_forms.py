@@ -2,7 +2,8 @@
 QOperator, per tensor and per channel, with and without ``reduce_range`` (7-bit weights), on
 the conv net of quant_models (a 3x3 conv, a depthwise conv, a 1x1 conv, a Gemm). Each bundle
 runs its convolutions and its Gemm on ``qconv2d`` / ``qdwconv2d`` / ``qmatmul`` (never the
-float composition) and matches ONNX Runtime within the steps test_quant_import allows."""
+float composition) and matches ONNX Runtime within the steps test_quant_import allows.
+Two forms in the default run, all five with ``MLCPACK_SLOW=1``."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import numpy as np
 import pytest
 
 import quant_models as qm
+from conftest import SLOW
 from helpers import ort_int_gemm_exact, ort_outputs
 from mlcpack.frontends.onnx import import_onnx
 from mlcpack.packager.export import ExportOptions, export_module
@@ -20,12 +22,15 @@ from mlcpack.runtime import load
 pytest.importorskip("onnxruntime.quantization")
 
 FORMS = {   # name -> ort_quantize keywords
-    "qdq_per_tensor": dict(mode="QDQ"),
     "qdq_per_channel_reduce_range": dict(mode="QDQ", per_channel=True, reduce_range=True),
-    "qdq_per_tensor_reduce_range": dict(mode="QDQ", reduce_range=True),
-    "qop_per_tensor": dict(mode="QOperator"),
     "qop_per_channel": dict(mode="QOperator", per_channel=True),
 }
+if SLOW:   # each is an export (~10-20 s on 2 loaded cores); the two above are the default run's
+    FORMS.update({
+        "qdq_per_tensor": dict(mode="QDQ"),
+        "qdq_per_tensor_reduce_range": dict(mode="QDQ", reduce_range=True),
+        "qop_per_tensor": dict(mode="QOperator"),
+    })
 
 
 @pytest.fixture(scope="module")
