@@ -195,6 +195,11 @@ class IORow(_Record):
                    cls._extra(obj))
 
 
+def _constant_bytes(c: ConstantRow) -> int:
+    """A constant's size in memory: its payload's, or a stored one's expanded float32."""
+    return c.data.size if c.stored is None else nbytes_of(c.shape, c.dtype)
+
+
 def _check_static_plan(plan: Plan, constants: list[ConstantRow]) -> None:
     """docs/format.md section 5, in the C reader's order: every tensor row of a static plan lies
     inside its storage (its arena or its constant), then its inputs and outputs agree with their
@@ -203,7 +208,7 @@ def _check_static_plan(plan: Plan, constants: list[ConstantRow]) -> None:
         size = nbytes_of(t.shape, t.dtype)
         if not (t.kind == ARENA and t.ref + size <= plan.memory_plan.arena_bytes
                 or t.kind == CONST and t.ref < len(constants)
-                and constants[t.ref].data.size == size
+                and _constant_bytes(constants[t.ref]) == size
                 and storage_dtype(constants[t.ref].dtype) == storage_dtype(t.dtype)):
             raise _bad(f"tensor {i}", "lies outside its storage")
     at = "" if plan.batch is None else f"the batch-{plan.batch} plan: "
