@@ -33,7 +33,6 @@ from ..ir.graph import PrimFunc
 from .contraction.geometry import MAX_TASK_REGIONS, PARALLEL_MIN_MACS
 from .helpers import F32, I8, I32, const_i64, for_range, intrinsic
 from .lower import KernelInfo
-from ..ops.quant import saturation_range
 from .qgemm import V8F32, V8I32, _align, _QEmitter, match_qgemm
 
 VL = 8
@@ -198,42 +197,9 @@ class _QDepthwise(_QEmitter):
                           bool(ow % VL), spill=True)
         return self._finish(body_fn, n_ptrs, ptr_types, p_bytes * regions, parallel)
 
-    def _pack(self, vecs: list[ir.Value]) -> ir.Value:
-        """2 or 4 <8 x i32> results already within the output's range as one <8k x i8>, in
-        order: vpackssdw, vpackuswb / vpacksswb (saturating: exact here), vpermd."""
-        b = self.builder
-        v16i16 = ir.VectorType(ir.IntType(16), 16)
-        v32i8 = ir.VectorType(I8, 32)
-        pack32 = intrinsic(self.module, "llvm.x86.avx2.packssdw", v16i16, [V8I32, V8I32])
-        name = "llvm.x86.avx2.packuswb" if self.dtype == "uint8" else "llvm.x86.avx2.packsswb"
-        pack16 = intrinsic(self.module, name, v32i8, [v16i16, v16i16])
-        permd = intrinsic(self.module, "llvm.x86.avx2.permd", V8I32, [V8I32, V8I32])
-        ab = b.call(pack32, [vecs[0], vecs[1]])
-        cd = b.call(pack32, [vecs[2], vecs[3]]) if len(vecs) == 4 else ab
-        # per 128-bit lane: a0-3 b0-3 c0-3 d0-3 | a4-7 b4-7 c4-7 d4-7 (dwords)
-        mixed = b.bitcast(b.call(pack16, [ab, cd]), V8I32)
-        order = ir.Constant(V8I32, [0, 4, 1, 5, 2, 6, 3, 7])
-        out = b.bitcast(b.call(permd, [mixed, order]), v32i8)
-        if len(vecs) == 4:
-            return out
-        return b.shuffle_vector(out, out, ir.Constant(ir.VectorType(I32, 16), list(range(16))))
-
     def _requant(self, f: ir.Value, off: ir.Value | None, wide: bool = False) -> ir.Value:
-        """``_requant_float``; on AVX, rounding with ``vcvtps2dq`` (round half to even, the
-        default MXCSR mode) and the zero point added in int32: 4 operations fewer; ``wide``:
-        the <8 x i32> before the truncation (for ``_pack``)."""
-        if self.float_out or not self.avx2:
-            return self._requant_float(f, off)
-        b = self.builder
-        lo, hi = saturation_range(self.dtype)
-        zp = self.y_zp
-        lo_v = b.fsub(self._splat(ir.Constant(F32, float(lo)), V8F32), zp)
-        hi_v = b.fsub(self._splat(ir.Constant(F32, float(hi)), V8F32), zp)
-        f = b.select(b.fcmp_ordered("<", f, lo_v), lo_v, f)
-        f = b.select(b.fcmp_ordered(">", f, hi_v), hi_v, f)
-        cvt = intrinsic(self.module, "llvm.x86.avx.cvt.ps2dq.256", V8I32, [V8F32])
-        q = b.add(b.call(cvt, [f]), b.fptosi(zp, V8I32))
-        return q if wide else b.trunc(q, self.out_vec)
+        """``_requant_int`` (qgemm.py)."""
+        return self._requant_int(f, off, wide)
 
     def _fill(self, xb, plane, xzp, dtype, h, w, sw, pt, pl, prow, wq) -> None:
         """plane[p, u, v] = x[u - pt, v * sw + p - pl] - x_zp as float32 inside the image
