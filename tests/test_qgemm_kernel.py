@@ -113,6 +113,9 @@ CONVS = {   # batch, C, H, W, O, k, stride, pad, x dtype, x zp, int16 weights
     "1x1_s2_downsample": (1, 5, 8, 9, 7, 1, 2, 0, "int8", -5, True),
     "7x7_s2_p3_stem": (1, 3, 20, 18, 8, 7, 2, 3, "int8", 10, False),
     "3x3_s1_p0_int16w": (1, 6, 6, 6, 12, 3, 1, 0, "uint8", 200, True),
+    # a 1x1 image (squeeze-and-excitation): the matrix-vector kernel (_emit_vector)
+    "1x1_image_se_batch2": (2, 37, 1, 1, 17, 1, 1, 0, "uint8", 3, False),
+    "1x1_image_int16w": (1, 9, 1, 1, 8, 1, 1, 0, "int8", -5, True),
 }
 
 
@@ -208,6 +211,13 @@ def test_float_output_exact(relu: bool, target: str, tmp_path: Path) -> None:
     got = _run("qconv2d", args, attrs, tmp_path, target)
     np.testing.assert_array_equal(got, expect)
     assert (got == 0).any() == relu or not relu
+
+    args, attrs, _ = _conv_case(rng, 2, 13, 1, 1, 7, 1, 1, 0, "uint8", 100, False)   # 1x1 image
+    args[5] = rng.normal(0, 0.5, 7).astype(np.float32)
+    attrs.update(dtype="float32", relu=relu)
+    (tmp_path / "image1").mkdir()
+    got = _run("qconv2d", args, attrs, tmp_path / "image1", target)
+    np.testing.assert_array_equal(got, qconv2d(*args, **attrs))
 
 
 def test_integer_kernels_on_aarch64_under_qemu(tmp_path: Path) -> None:
@@ -367,6 +377,7 @@ LUT_CONVS = {   # x shape, O, kernel, stride, pad, dtype, table rows, threads
     "rows_of_70_int8": ((1, 5, 9, 70), 6, 3, 1, 1, "int8", 6, 1),
     "channels_of_42_uint8_one_row": ((1, 8, 6, 7), 7, 1, 1, 0, "uint8", 1, 2),
     "channels_of_64_uint8": ((2, 4, 8, 8), 9, 1, 1, 0, "uint8", 9, 1),
+    "1x1_image_int8": ((2, 40, 1, 1), 50, 1, 1, 0, "int8", 50, 1),     # _emit_vector
 }
 
 

@@ -565,6 +565,8 @@ class _QConv(_QEmitter):
         _, _, oh, ow = (int(d) for d in y.shape)
         sh, sw = self.tag.attrs["strides"]
         pt, pl, pb, pr = self.tag.attrs["padding"]
+        if (h, w, kh, kw, oh, ow) == (1, 1, 1, 1, 1, 1) and not any(self.tag.attrs["padding"]):
+            return self._emit_vector(x, wk, x_zp, bias, mult, y_zp, lut, y, batch, c, o)
         hp, wpd = h + pt + pb, w + pl + pr
         hq, wq = -(-hp // sh), -(-wpd // sw)
         cp = -(-c // 2)
@@ -771,6 +773,82 @@ class _QConv(_QEmitter):
                                else b.zext(v, I64))
                         b.store(b.load(b.gep(tb, [idx])), b.gep(dst, [i]))
         return self._finish(body_fn, n_ptrs, ptr_types, workspace, parallel)
+
+    def _emit_vector(self, x, wk, x_zp, bias, mult, y_zp, lut, y, batch: int, c: int,
+                     o: int) -> KernelInfo:
+        """A 1x1 convolution of a 1x1 image (a squeeze-and-excitation block's): a matrix-
+        vector product, output channels as lanes. The planes' kernel would put the one pixel in
+        a lane of 16 (and widen all the weights first); here each k-pair step loads the 6
+        output channels' pairs of a packed weight tile directly (12 int8 or int16 values, 6 of
+        8 lanes) against x's pair broadcast, and the epilogue (``_requant``) runs on the 6
+        lanes, stored one by one (through the row's lut8 table when folded in)."""
+        rows6 = CONV_ROWS
+        cp = -(-c // 2)
+        ot = int(wk.shape[0])
+        wide = wk.dtype != "int8"
+        workspace = _align(cp * 4)
+        body_fn, ptr_types, n_ptrs, ws = self._start(workspace)
+        b = self.builder
+        buf = self.buffers
+        xpairs = b.bitcast(ws, I16.as_pointer())
+        words = b.bitcast(ws, I32.as_pointer())
+        xzp = b.load(buf[x_zp.uid])
+        if x_zp.dtype != "int32":
+            xzp = self._widen(xzp, x_zp.dtype)
+        if not self.float_out:
+            self.y_zp = self._splat(b.load(buf[y_zp.uid]), V8F32)
+        w_el = I16 if wide else I8
+        v12, v12i16 = ir.VectorType(w_el, 2 * rows6), ir.VectorType(I16, 2 * rows6)
+        to16 = ir.Constant(ir.VectorType(I32, 2 * PANEL),
+                           list(range(2 * rows6)) + [2 * rows6] * (2 * (PANEL - rows6)))
+        to8 = ir.Constant(V8I32, list(range(rows6)) + [rows6] * (PANEL - rows6))
+        with for_range(b, const_i64(0), const_i64(batch), "b") as bi:
+            xb = b.gep(buf[x.uid], [b.mul(bi, const_i64(c))])
+            if c % 2:
+                b.store(ir.Constant(I16, 0), b.gep(xpairs, [const_i64(c)]))
+            with for_range(b, const_i64(0), const_i64(c), "xc") as ch:
+                v = b.sub(self._widen(b.load(b.gep(xb, [ch])), x.dtype), xzp)
+                b.store(b.trunc(v, I16), b.gep(xpairs, [ch]))
+            yb = b.gep(buf[y.uid], [b.mul(bi, const_i64(o))])
+            with for_range(b, const_i64(0), const_i64(ot), "og") as g:
+                acc = alloca_once(b, V8I32, "vacc")
+                b.store(ir.Constant(V8I32, None), acc)
+                with for_range(b, const_i64(0), const_i64(cp), "kp") as j:
+                    at = b.mul(b.add(b.mul(g, const_i64(cp)), j), const_i64(2 * rows6))
+                    wv = b.load(self._ptr(buf[wk.uid], at, v12), align=1)
+                    wv = b.sext(wv, v12i16) if not wide else wv
+                    wv = b.shuffle_vector(wv, ir.Constant(v12i16, None), to16)
+                    a = b.bitcast(self._splat(b.load(b.gep(words, [j])), V8I32), V16I16)
+                    b.store(b.add(b.load(acc), self._madd(a, wv)), acc)
+                oc0 = b.mul(g, const_i64(rows6))
+
+                def lanes(src, ty, vty):
+                    if tuple(src.shape) == ():
+                        return self._splat(b.load(buf[src.uid]), vty)
+                    vals = ir.Constant(ir.VectorType(ty, rows6), None)
+                    for r in range(rows6):    # scalar loads: the last tile may pass o
+                        oc = b.add(oc0, const_i64(r))
+                        oc = b.select(b.icmp_signed("<", oc, const_i64(o)), oc, const_i64(0))
+                        vals = b.insert_element(vals, b.load(b.gep(buf[src.uid], [oc])),
+                                                ir.Constant(I32, r))
+                    return b.shuffle_vector(vals, ir.Constant(vals.type, None), to8)
+
+                bv = lanes(bias, I32, V8I32)
+                mv = lanes(mult, F32, V8F32)
+                ov = lanes(y_zp, F32, V8F32) if self.float_out else None
+                q = self._requant(b.load(acc), bv, mv, ov)
+                for r in range(rows6):
+                    oc = b.add(oc0, const_i64(r))
+                    with b.if_then(b.icmp_signed("<", oc, const_i64(o))):
+                        val = b.extract_element(q, ir.Constant(I32, r))
+                        if lut is not None:
+                            row = (b.mul(oc, const_i64(256)) if int(lut.shape[0]) != 1
+                                   else const_i64(0))
+                            idx = (b.add(b.sext(val, I64), const_i64(128))
+                                   if self.dtype == "int8" else b.zext(val, I64))
+                            val = b.load(b.gep(buf[lut.uid], [b.add(row, idx)]))
+                        b.store(val, b.gep(yb, [oc]))
+        return self._finish(body_fn, n_ptrs, ptr_types, workspace)
 
     def _lut_bytes(self, src, dst, tb, n: int) -> None:
         """dst[i] = tb[src[i]] for i < n (n >= 32; int8 bytes index from tb + 128), 32 bytes
