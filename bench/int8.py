@@ -26,7 +26,9 @@ and over the fp32 bundle's, and argmax agreement on the corpus input.
 ``--kernels``: one layer each, integer kernel (codegen/qgemm.py) vs the fp32 kernel of the same
 shape, wall-clock (alternating) and CPU time (least of 20 calls; robust on a loaded machine):
 a ResNet-18 3x3 conv (64->64, 56x56), its 3x3 conv at 14x14 (256->256), a 1x1 conv (256->256
-at 14x14), and MLP Linear layers (1x512 @ 512x1000, 32x512 @ 512x512). Model rows also give
+at 14x14), MobileNetV3-small's stem (3->16, 3x3 stride 2 at 224x224), a 1x1 expansion with few
+input channels (16->72 at 56x56) and a squeeze-and-excitation 1x1 (576->144 on a 1x1 image), and
+MLP Linear layers (1x512 @ 512x1000, 32x512 @ 512x512). Model rows also give
 each engine's least CPU time of a run.
 """
 
@@ -273,17 +275,21 @@ def bench_kernels(tmp: Path, budget: float) -> None:
 
     consts = [False] + [True] * 5
     cases = []
-    for c, hw, o, k in ((64, 56, 64, 3), (256, 14, 256, 3), (256, 14, 256, 1)):
+    # ResNet-18's 3x3 / 1x1; MobileNetV3-small's stem (3->16 3x3/2 at 224), a 1x1 expansion
+    # with few input channels (16->72 at 56) and a squeeze-and-excitation 1x1 (576->144, 1x1)
+    for c, hw, o, k, s in ((64, 56, 64, 3, 1), (256, 14, 256, 3, 1), (256, 14, 256, 1, 1),
+                           (3, 224, 16, 3, 2), (16, 56, 72, 1, 1), (576, 1, 144, 1, 1)):
         x = rng.integers(0, 256, (1, c, hw, hw)).astype(np.uint8)
         wd = rng.integers(-127, 128, (o, c, k, k))
         p = k // 2
         qi = [x, pack_conv_weights(wd), np.array(128, np.int32), np.zeros(o, np.int32),
               np.full(o, 1e-4, np.float32), np.array(0, np.float32)]
-        qa = dict(out_channels=o, kernel=(k, k), strides=(1, 1), padding=(p,) * 4,
+        qa = dict(out_channels=o, kernel=(k, k), strides=(s, s), padding=(p,) * 4,
                   dtype="uint8")
         fi = [x.astype(np.float32), wd.astype(np.float32)]
-        fa = dict(strides=(1, 1), padding=(p,) * 4, dilation=(1, 1), groups=1)
-        cases.append((f"conv {c}->{o} {k}x{k} {hw}x{hw}", c * o * k * k * hw * hw,
+        fa = dict(strides=(s, s), padding=(p,) * 4, dilation=(1, 1), groups=1)
+        ohw = (hw + 2 * p - k) // s + 1
+        cases.append((f"conv {c}->{o} {k}x{k}/{s} {hw}x{hw}", c * o * k * k * ohw * ohw,
                       ("qconv2d", qi, consts, qa), ("nn.conv2d", fi, [False, True], fa)))
     for m_, k, n in ((1, 512, 1000), (32, 512, 512)):
         x = rng.integers(0, 256, (m_, k)).astype(np.uint8)
