@@ -113,9 +113,10 @@ CONVS = {   # batch, C, H, W, O, k, stride, pad, x dtype, x zp, int16 weights
     "1x1_s2_downsample": (1, 5, 8, 9, 7, 1, 2, 0, "int8", -5, True),
     "7x7_s2_p3_stem": (1, 3, 20, 18, 8, 7, 2, 3, "int8", 10, False),
     "3x3_s1_p0_int16w": (1, 6, 6, 6, 12, 3, 1, 0, "uint8", 200, True),
-    # a 1x1 image (squeeze-and-excitation): the matrix-vector kernel (_emit_vector)
-    "1x1_image_se_batch2": (2, 37, 1, 1, 17, 1, 1, 0, "uint8", 3, False),
-    "1x1_image_int16w": (1, 9, 1, 1, 8, 1, 1, 0, "int8", -5, True),
+    # a 1x1 image (squeeze-and-excitation): the matrix-vector kernel (_emit_vector); names
+    # sorted after the others keep their seeds
+    "se_1x1_image_batch2": (2, 37, 1, 1, 17, 1, 1, 0, "uint8", 3, False),
+    "se_1x1_image_int16w": (1, 9, 1, 1, 8, 1, 1, 0, "int8", -5, True),
 }
 
 
@@ -377,7 +378,7 @@ LUT_CONVS = {   # x shape, O, kernel, stride, pad, dtype, table rows, threads
     "rows_of_70_int8": ((1, 5, 9, 70), 6, 3, 1, 1, "int8", 6, 1),
     "channels_of_42_uint8_one_row": ((1, 8, 6, 7), 7, 1, 1, 0, "uint8", 1, 2),
     "channels_of_64_uint8": ((2, 4, 8, 8), 9, 1, 1, 0, "uint8", 9, 1),
-    "1x1_image_int8": ((2, 40, 1, 1), 50, 1, 1, 0, "int8", 50, 1),     # _emit_vector
+    "vector_1x1_image_int8": ((2, 40, 1, 1), 50, 1, 1, 0, "int8", 50, 1),     # _emit_vector
 }
 
 
