@@ -10,11 +10,12 @@ from functions the application registered (``register_library_function``), then 
 from __future__ import annotations
 
 import threading
-from typing import Callable, Mapping
+from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
 from .errors import LibraryFunctionError
+from .header import LibraryCall
 
 LibraryFunction = Callable[..., None]
 
@@ -80,3 +81,11 @@ def resolve(names: list[str], extra: Mapping[str, LibraryFunction] | None, bundl
             "process does not provide: register them with "
             "mlcpack.runtime.register_library_function(name, fn) or pass library={...} to load()")
     return found
+
+
+def resolve_calls(calls: Sequence[LibraryCall], extra: Mapping[str, LibraryFunction] | None,
+                  bundle_name: str) -> list[tuple[LibraryFunction, dict]]:
+    """Each library call site's function (``extra``, then the registered ones) and attributes;
+    a name found nowhere is refused here, at load."""
+    fns = resolve([c.func for c in calls], extra, bundle_name)
+    return [(fns[c.func], dict(c.attrs or {})) for c in calls]

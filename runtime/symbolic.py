@@ -31,8 +31,8 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from . import cpu, elf, vm
-from .bundle import nbytes_of, storage_dtype
+from . import cpu, elf, library, vm
+from .bundle import BundleReader, nbytes_of, storage_dtype
 from .errors import BundleError, InputError
 from .header import (ARENA, CONST, OP_CALL_KERNEL, OP_COPY, SIZES, DimRecord, KernelRow, Plan,
                      SymbolicBound)
@@ -337,13 +337,16 @@ class _BoundPlan:
 
 
 class SymbolicRunner:
-    """The part of a loaded ``Model`` that runs a symbolic bundle (``Model`` delegates)."""
+    """A symbolic bundle's mapped code and decoded program, and the plans (arenas, prepared
+    calls) one session made for the shapes it ran (``symbolic_plan.SymbolicPlan`` holds one
+    and gives each session a ``fork``)."""
 
-    def __init__(self, model: Any, plan: Plan, constants: list[np.ndarray],
+    def __init__(self, reader: BundleReader, plan: Plan, constants: list[np.ndarray],
                  library_functions: Mapping[str, Any] | None, threads: int) -> None:
         """``plan`` is the header's symbolic plan, validated (``Header.from_msgpack``): here
-        only what depends on the mapped code and on values is checked."""
-        name = model.name
+        only what depends on the mapped code and on values is checked. The code image this
+        maps (``image``) is closed by its owner, not by ``close``."""
+        name = reader.name
         sym = plan.symbolic
         assert sym is not None
         self.record = plan   # the header record (profile.py names the kernels from it)
@@ -371,15 +374,32 @@ class SymbolicRunner:
         self.outputs = [SymSpec(r.name, r.shape, r.dtype, r.tensor, r.max_shape or None)
                         for r in plan.outputs]
         variant = plan.code[cpu.pick_variant([v.record() for v in plan.code], name)]
-        model.code_variant = variant.record()
-        reader = model._reader
-        self.sites = model._sites(plan.library_calls or (), library_functions)
+        self.code_variant = variant.record()
+        self.sites = library.resolve_calls(plan.library_calls or (), library_functions, name)
         image = elf.load_object(reader.payload(variant.object), elf.default_externals(),
                                 arch=variant.arch)
-        model._images.append(image)
+        self.image = image
+        self.threads = threads
+        self.name = name
+        try:
+            self._decode(reader, plan, image)
+            self._bounded(sym.bound)
+        except BaseException:
+            image.close()
+            raise
+        self.plans_made = 0   # memory plans made at run time (first fits, arenas), for tests
+        self._plans: OrderedDict[tuple[int, ...], Any] = OrderedDict()
+        # input shapes -> their plan (cleared when a plan is dropped from the cache)
+        self._by_shape: dict[tuple, Any] = {}
+        self._dtypes = [storage_dtype(s.dtype) for s in self.inputs]
+        self._names = [s.name for s in self.inputs]
+
+    def _decode(self, reader: BundleReader, plan: Plan, image: elf.CodeImage) -> None:
+        """The kernels' addresses in ``image``, the decoded program and what it is checked
+        against."""
         self.kernels = [(image.address(k.symbol), bool(k.parallel)) for k in plan.kernels]
         self.program = vm.decode(reader.payload(plan.vm.bytecode), len(self.tensors),
-                                 len(self.kernels), len(self.sites), name)
+                                 len(self.kernels), len(self.sites), reader.name)
         self._check_arity(plan.kernels)
         self.num_inputs = [k.num_inputs for k in plan.kernels]
         self.input_views = []
@@ -389,15 +409,6 @@ class SymbolicRunner:
                                                 for t in ids)
             self.input_views.append(ids if ok else ())
         self.pool = vm.PoolCode.from_image(image)
-        self.threads = threads
-        self.name = name
-        self._bounded(sym.bound)
-        self.plans_made = 0   # memory plans made at run time (first fits, arenas), for tests
-        self._plans: OrderedDict[tuple[int, ...], Any] = OrderedDict()
-        # input shapes -> their plan (cleared when a plan is dropped from the cache)
-        self._by_shape: dict[tuple, Any] = {}
-        self._dtypes = [storage_dtype(s.dtype) for s in self.inputs]
-        self._names = [s.name for s in self.inputs]
 
     def _bounded(self, rec: SymbolicBound | None) -> None:
         """The upper-bound plan, when the bundle has one (validated by ``Header``): every

@@ -218,8 +218,8 @@ for job in jobs:
     with load(job["bundle"], threads=job["threads"]) as model:
         outputs = model.run(feeds)
         report["chosen"][job["bundle"]] = model.code_variant["level"]
-        report["pool"][job["bundle"]] = type(model._executor._pool).__name__
-        report["native_steps"][job["bundle"]] = model._executor._segments is not None
+        report["pool"][job["bundle"]] = type(model._main._executor._pool).__name__
+        report["native_steps"][job["bundle"]] = model._main._executor._segments is not None
     np.savez(job["outputs"], **outputs)
 print(json.dumps(report))
 """

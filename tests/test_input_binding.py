@@ -39,7 +39,7 @@ def reference(x: np.ndarray) -> np.ndarray:
 
 
 def binding(model):
-    return model._feeds[0][3]
+    return model._main._feeds[0][3]
 
 
 @pytest.fixture(autouse=True)
@@ -65,7 +65,7 @@ def test_contiguous_input_is_read_in_place_and_left_unchanged(bundle) -> None:
         assert b is not None and b.slots, "the kernels reading x should be bindable"
         y = model(x)
         assert b.current == x.ctypes.data
-        arena_copy = model._feeds[0][1]
+        arena_copy = model._main._feeds[0][1]
         assert not np.shares_memory(arena_copy, x)
         assert not np.array_equal(arena_copy, x), "a bound input is not copied into the arena"
     np.testing.assert_allclose(y, reference(x), rtol=1e-4, atol=1e-3)
@@ -210,7 +210,7 @@ def test_binding_refuses_a_tensor_a_kernel_writes(tmp_path) -> None:
     path = tmp_path / "mlp.mlc"
     export_module(mlp_module(), path)
     with load(path) as model:
-        plan = model._plans[0]
+        plan = model._main._plans[0]
         ex = plan.executor
         first = ex._program[0]
         x_row = plan.inputs[0].tensor

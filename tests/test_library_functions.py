@@ -77,7 +77,7 @@ def test_library_function_passed_to_load(double_bundle, clean_registry) -> None:
         np.testing.assert_allclose(y, _reference(x), rtol=1e-6, atol=1e-6)
         assert calls == [(SHAPE, SHAPE, np.float32)]
         # the native step loop runs the kernels before and after; the call runs in between
-        assert model._executor._segments == [(0, 1), (-2, 0), (1, 2)]
+        assert model._main._executor._segments == [(0, 1), (-2, 0), (1, 2)]
         y2 = model(x * -1)
         np.testing.assert_allclose(y2, _reference(-x), rtol=1e-6, atol=1e-6)
     assert len(calls) == 2

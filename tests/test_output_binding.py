@@ -15,6 +15,7 @@ from mlcpack.packager.export import export_module
 from mlcpack.packager.ir import BlockBuilder
 from mlcpack.runtime import load
 from mlcpack.runtime import model as runtime_model
+from mlcpack.runtime.static_plan import output_bindings
 
 RNG = np.random.default_rng(11)
 W1 = RNG.standard_normal((48, 32)).astype(np.float32)
@@ -147,19 +148,19 @@ def test_sessions_in_threads_each_get_their_own_answers(bundle) -> None:
 def test_no_binding_without_output_views_or_when_bytes_are_shared(bundle) -> None:
     path, _ = bundle
     with load(path) as model:
-        plan = model._plans[-1]
-        recipe = model._recipes[-1]
+        plan = model._main._plans[-1]
+        recipe = model._plan.code.recipes[-1]
         row = recipe.row
         none = dataclasses.replace(row, outputs=tuple(dataclasses.replace(o, views=None)
                                                       for o in row.outputs))
-        assert model._output_bindings(none, recipe.tensors, plan.executor,
-                                      [v.ctypes.data for v in plan.views]) == {}
+        assert output_bindings(none, recipe.tensors, plan.executor,
+                               [v.ctypes.data for v in plan.views], 0) == {}
         # y listing h's row too: the two outputs would share bytes, so neither binds
         h_row, y_row = row.outputs
         shared = dataclasses.replace(row, outputs=(
             h_row, dataclasses.replace(y_row, views=tuple(sorted({*y_row.views, h_row.tensor})))))
-        assert "y" not in model._output_bindings(shared, recipe.tensors, plan.executor,
-                                                 [v.ctypes.data for v in plan.views])
+        assert "y" not in output_bindings(shared, recipe.tensors, plan.executor,
+                                          [v.ctypes.data for v in plan.views], 0)
 
 
 def test_small_outputs_are_copied_at_the_default_size(bundle, monkeypatch) -> None:

@@ -133,13 +133,13 @@ def test_sessions_run_concurrently_and_share_the_weights(batched_mlp, mlp_weight
         sequential = [model.run({"x": x}) for x in inputs]
         sessions = [model.session() for _ in range(4)]
         # weights: the same memory in every session; arenas: each its own
-        const = [i for i, v in enumerate(model._plans[0].views)
-                 if not np.shares_memory(v, model._plans[0].arena)]
+        const = [i for i, v in enumerate(model._main._plans[0].views)
+                 if not np.shares_memory(v, model._main._plans[0].arena)]
         assert const
         for s in sessions:
-            assert not np.shares_memory(s._arena, model._arena)
+            assert not np.shares_memory(s._arena, model._main._arena)
             for i in const:
-                assert np.shares_memory(s._plans[0].views[i], model._plans[0].views[i])
+                assert np.shares_memory(s._plans[0].views[i], model._main._plans[0].views[i])
         start = threading.Barrier(len(sessions))
 
         def work(k: int) -> list[dict[str, np.ndarray]]:

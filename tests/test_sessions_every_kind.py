@@ -124,3 +124,79 @@ def test_a_symbolic_session_holds_its_own_arenas(bundles):
         session.run(_feeds(model, "symbolic", 2)[1])   # another shape: another plan
         assert session.arena_bytes > one
         assert session.last_plan == "symbolic"
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_profile_on_every_kind(bundles, kind):
+    """``profile`` on the model and on a session: the plan the feeds' shapes run on, every
+    instruction timed, on the session's threads; bad counts refused in one line."""
+    with load(bundles[kind]) as model, model.session(threads=2) as session:
+        feeds = _feeds(model, kind, 1)[0]
+        for runner, threads in ((model, 1), (session, 2)):
+            prof = runner.profile(feeds, runs=2, warmup=0)
+            assert prof.runs == 2 and prof.threads == threads
+            assert prof.durations_ns.shape == (2, len(prof.steps)) and len(prof.steps) > 0
+            with pytest.raises(InputError, match="runs >= 1"):
+                runner.profile(feeds, runs=0)
+        assert model.run(feeds).keys() == session.run(feeds).keys()
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_threads_on_every_kind(bundles, kind):
+    """A model loaded on 2 threads and sessions on 1 or 3 give the 1-thread answers bit for
+    bit; a bad thread count is a ``UsageError`` before anything is made."""
+    from mlcpack.runtime.errors import UsageError
+
+    with load(bundles[kind], threads=1) as one, load(bundles[kind], threads=2) as two:
+        feeds = _feeds(one, kind, 3)
+        want = [one.run(f) for f in feeds]
+        with two.session(threads=3) as three, two.session(threads=1) as single:
+            for runner in (two, three, single):
+                for f, ref in zip(feeds, want):
+                    got = runner.run(f)
+                    assert all(got[k].tobytes() == ref[k].tobytes() for k in ref), kind
+        for bad in (0, -1, 1.5, True):
+            with pytest.raises(UsageError, match="whole number >= 1"):
+                two.session(threads=bad)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_outputs_in_place_on_every_kind(bundles, kind, monkeypatch):
+    """With every input read and every output written in place (thresholds at 0), each kind
+    gives the default copies' answers, and a result survives the runs after it."""
+    from mlcpack.runtime import model as runtime_model
+
+    with load(bundles[kind]) as plain:
+        feeds = _feeds(plain, kind, 4)
+        want = [plain.run(f) for f in feeds]
+    monkeypatch.setattr(runtime_model, "OUTPUT_INPLACE_MIN_BYTES", 0)
+    monkeypatch.setattr(runtime_model, "INPLACE_MIN_BYTES", 0)
+    with load(bundles[kind]) as model, model.session() as session:
+        for runner in (model, session):
+            got = [runner.run(f) for f in feeds]
+            for result, ref in zip(got, want):
+                assert list(result) == list(ref)
+                for name in ref:
+                    assert result[name].tobytes() == ref[name].tobytes(), (kind, name)
+            name = model.outputs[0].name
+            buf = np.full(want[0][name].shape, np.nan, want[0][name].dtype)
+            assert runner.run(feeds[0], out={name: buf})[name] is buf
+            assert buf.tobytes() == want[0][name].tobytes()
+
+
+def test_every_kind_has_the_same_model_attributes(bundles):
+    """One plan object per kind behind ``Model``: no attribute exists in some kinds only, and
+    a closed model refuses every call in one line, whatever its kind."""
+    seen = {}
+    for kind in KINDS:
+        model = load(bundles[kind])
+        seen[kind] = sorted(vars(model))
+        assert model.last_plan is None and isinstance(model.has_parallel_kernels, bool)
+        feeds = _feeds(model, kind, 1)[0]
+        model.close()
+        for call in (lambda: model.run(feeds), lambda: model(feeds[model.inputs[0].name]),
+                     lambda: model.profile(feeds), model.session):
+            with pytest.raises(InputError, match="closed"):
+                call()
+        assert sorted(vars(model)) == seen[kind]
+    assert all(names == seen["static"] for names in seen.values()), seen

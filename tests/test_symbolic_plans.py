@@ -99,7 +99,7 @@ def test_bounded_bundle_plans_once_and_runs_every_shape(conv_bundles) -> None:
     rng = np.random.default_rng(2)
     model_proto = conv_model()
     with load(conv_bundles["bound"]) as model, load(conv_bundles["open"]) as open_:
-        runner = model._symbolic
+        runner = model._main.runner
         assert runner.bound == {"h": 40, "n": 2, "w": 48}
         assert runner.arena_bytes == model.schema.symbolic.bound.arena_bytes > 0
         arenas = set()
@@ -112,9 +112,9 @@ def test_bounded_bundle_plans_once_and_runs_every_shape(conv_bundles) -> None:
         assert len(arenas) == 1 and runner._bound.arena.nbytes == runner.arena_bytes
         assert runner.plans_made == 0
         # per shape: 5 shapes, the first dropped from the 4-plan cache by the fifth and made again
-        assert open_._symbolic.plans_made == 6
+        assert open_._main.runner.plans_made == 6
         # the bound holds the per-shape plan of the largest shape
-        top = open_._symbolic.plan({"n": 2, "h": 40, "w": 48})
+        top = open_._main.runner.plan({"n": 2, "h": 40, "w": 48})
         assert top.arena_bytes <= runner.arena_bytes
 
 
@@ -143,7 +143,7 @@ def test_beyond_the_bound_is_one_line(conv_bundles, tmp_path, run_cli, one_line_
 def test_inspect_shows_the_bound_or_the_formulas(conv_bundles, run_cli) -> None:
     text = run_cli("inspect", conv_bundles["bound"]).stdout
     with load(conv_bundles["bound"]) as model:
-        arena = model._symbolic.arena_bytes
+        arena = model._main.runner.arena_bytes
     assert f"memory plan: one arena of {arena} B" in text
     assert "planned at export for the bound h <= 40, n <= 2, w <= 48 (--max-shape)" in text
     text = run_cli("inspect", conv_bundles["open"]).stdout
@@ -175,7 +175,7 @@ def test_a_bound_on_some_sizes_only_plans_per_shape(tmp_path) -> None:
             a = rng.standard_normal((n, 4)).astype(np.float32)
             b = rng.standard_normal((m, 4)).astype(np.float32)
             _close(model.run({"a": a, "b": b})["y"], _ort(proto, {"a": a, "b": b}))
-        assert model._symbolic.arena_bytes is None and model._symbolic.plans_made == 3
+        assert model._main.runner.arena_bytes is None and model._main.runner.plans_made == 3
         with pytest.raises(InputError, match="bound 6"):
             model.run({"a": np.zeros((7, 4), np.float32), "b": b})
 
@@ -195,9 +195,9 @@ def test_bound_record_is_validated_and_optional(conv_bundles, tmp_path) -> None:
     plain = copy.deepcopy(header)
     del plain["symbolic"]["bound"]
     with load(write_parts(tmp_path / "plain.mlc", plain, payloads)) as model:
-        assert model._symbolic.bound is None
+        assert model._main.runner.bound is None
         _close(model.run({"x": x})["y"], _ort(conv_model(), {"x": x}))
-        assert model._symbolic.plans_made == 1
+        assert model._main.runner.plans_made == 1
     bad = {"offsets": lambda b: b["offsets"].pop(),
            "sizes": lambda b: b["sizes"].pop("h"),
            "arena": lambda b: b.update(arena_bytes=64)}
@@ -244,7 +244,7 @@ def test_batch_sizes_pick_the_specialized_plan_on_an_exact_match(mlp_specialized
     with load(mlp_specialized) as model:
         assert model.specialized_batches == (1, 4) and model.batch.sizes == (1, 4)
         assert model.inputs[0].dims == ("N", 12)
-        runner = model._symbolic
+        runner = model._main.runner
         for n in (1, 4, 4, 1):
             x = rng.standard_normal((n, 12)).astype(np.float32)
             _close(model.run({"x": x})["y"], _ort(proto, {"x": x}))
@@ -301,7 +301,7 @@ def test_batch_sizes_with_a_max_shape(tmp_path, run_cli) -> None:
     rng = np.random.default_rng(8)
     proto = mlp_model()
     with load(out) as model:
-        runner = model._symbolic
+        runner = model._main.runner
         assert model.specialized_batches == (1, 4) and runner.bound == {"N": 512}
         arenas = set()
         for n in (1, 400, 4, 3, 512, 400, 1, 77):

@@ -203,7 +203,7 @@ def test_plans_are_cached_per_shape(tmp_path: Path) -> None:
     from mlcpack.runtime import symbolic
     bundle = _export(mlp_model(), tmp_path, "mlp")
     with load(bundle) as m:
-        runner = m._symbolic
+        runner = m._main.runner
         for n in (1, 2, 3, 4, 5, 6, 1):
             m(np.ones((n, 784), np.float32))
         assert len(runner._plans) == symbolic.PLAN_CACHE

@@ -28,7 +28,7 @@ def test_threads_give_bit_identical_results(which, mlp_bundle, batch_bundle, ref
     rng = np.random.default_rng(3)
     models = {n: load(path, threads=n) for n in (1, 2, 3, 8)}
     try:
-        assert models[2]._executor.threads == 2
+        assert models[2]._main._executor.threads == 2
         # small kernels stay on one thread (a hand-off costs more than their work)
         if which == "batch":
             assert any(k.get("parallel") for k in models[2].header["kernels"])
@@ -47,10 +47,10 @@ def test_threads_give_bit_identical_results(which, mlp_bundle, batch_bundle, ref
 def test_threads_from_environment(monkeypatch, mlp_bundle) -> None:
     monkeypatch.setenv("MLCPACK_NUM_THREADS", "2")
     with load(mlp_bundle[0]) as model:
-        assert model._executor.threads == 2
+        assert model._main._executor.threads == 2
     monkeypatch.setenv("MLCPACK_NUM_THREADS", "")
     with load(mlp_bundle[0]) as model:
-        assert model._executor.threads == 1
+        assert model._main._executor.threads == 1
 
 
 @pytest.mark.parametrize("value", ["not a number", "abc", "0", "-1", "1.5"])
@@ -133,7 +133,7 @@ def test_worker_threads_stop_on_close_and_when_dropped(batch_bundle) -> None:
 
 
 def _pool(model):
-    return model._executor._pool
+    return model._main._executor._pool
 
 
 def test_spinning_workers_sleep_when_idle_and_wake_for_the_next_call(batch_bundle, reference_mlp,
@@ -210,7 +210,7 @@ def test_a_forked_child_runs_without_the_parents_workers(batch_bundle) -> None:
 
 
 def _segments(model):
-    return model._executor._segments
+    return model._main._executor._segments
 
 
 def test_kernel_calls_run_in_one_native_call(monkeypatch, batch_bundle) -> None:
@@ -221,12 +221,12 @@ def test_kernel_calls_run_in_one_native_call(monkeypatch, batch_bundle) -> None:
 
     x = np.random.default_rng(12).standard_normal((96, 784)).astype(np.float32)
     with load(batch_bundle, threads=1) as one, load(batch_bundle, threads=3) as three:
-        kernels = sum(1 for ins in one._executor.program if ins.opcode == vm.OP_CALL_KERNEL)
+        kernels = sum(1 for ins in one._main._executor.program if ins.opcode == vm.OP_CALL_KERNEL)
         assert _segments(one) == [(0, kernels)] and _segments(three) == [(0, kernels)]
         # per call: kernel, void*[], task count (0: on the calling thread)
-        counts = three._executor._table.reshape(-1, 3)[:, 2]
+        counts = three._main._executor._table.reshape(-1, 3)[:, 2]
         assert set(counts.tolist()) == {0, 3}   # the small layers stay on one thread
-        assert (one._executor._table.reshape(-1, 3)[:, 2] == 0).all()
+        assert (one._main._executor._table.reshape(-1, 3)[:, 2] == 0).all()
         want = [one(x).tobytes(), three(x).tobytes()]
     monkeypatch.setattr(vm.PoolCode, "STEPS", "no_such_steps")
     with load(batch_bundle, threads=1) as one, load(batch_bundle, threads=3) as three:
