@@ -194,9 +194,10 @@ def test_every_kind_has_the_same_model_attributes(bundles):
         assert model.last_plan is None and isinstance(model.has_parallel_kernels, bool)
         feeds = _feeds(model, kind, 1)[0]
         model.close()
-        for call in (lambda: model.run(feeds), lambda: model(feeds[model.inputs[0].name]),
-                     lambda: model.profile(feeds), model.session):
+        calls = [(model.run, (feeds,)), (model, (feeds[model.inputs[0].name],)),
+                 (model.profile, (feeds,)), (model.session, ())]
+        for call, args in calls:
             with pytest.raises(InputError, match="closed"):
-                call()
+                call(*args)
         assert sorted(vars(model)) == seen[kind]
     assert all(names == seen["static"] for names in seen.values()), seen
