@@ -43,7 +43,7 @@ from ..ir.graph import PrimFunc
 from ..ir.structure import structural_key
 from ..options import CompileOptions
 from .build import (CONSERVATIVE_PIPELINES, CompiledCode, Fallback, KernelCompileError,
-                    compile_in_process)
+                    cached_code, compile_in_process, object_keys)
 from .target import Target
 
 
@@ -175,9 +175,53 @@ def _run(jobs: Sequence[tuple[Callable[..., Any], tuple]], at_once: int) -> list
     return [outcomes[i] for i in range(len(jobs))]
 
 
-def _compile_job(report, funcs, target, size_vars, options, fallbacks=(), use_cache=True
-                 ) -> CompiledCode:
-    return compile_in_process(funcs, target, size_vars, fallbacks, use_cache, options=options)
+class Background:
+    """``fn(*args)`` in a forked worker while this process goes on (the golden check's
+    reference run beside the passes and the compile); ``result()`` waits for its value and
+    raises what it raised. Where a worker cannot be forked (no ``fork``, a daemonic process),
+    or when the worker dies without a result, ``result()`` runs ``fn`` here instead, as
+    before there was a worker. Start it before this process starts threads of its own."""
+
+    def __init__(self, fn: Callable[..., Any], args: tuple) -> None:
+        self.fn, self.args = fn, args
+        self.worker: _Worker | None = None
+        if "fork" in multiprocessing.get_all_start_methods() \
+                and not multiprocessing.current_process().daemon:
+            gc.freeze()
+            try:
+                self.worker = _Worker(_call, (fn, args))
+            finally:
+                gc.unfreeze()
+
+    def result(self) -> Any:
+        worker = self.worker
+        if worker is None:
+            return self.fn(*self.args)
+        while not worker.finished:
+            wait([worker.conn])
+            worker.receive()
+        self.worker = None
+        outcome = worker.outcome
+        if outcome.died is not None:
+            return self.fn(*self.args)
+        if outcome.error is not None:
+            raise outcome.error
+        return outcome.value
+
+    def cancel(self) -> None:
+        if self.worker is not None:
+            self.worker.kill()
+            self.worker = None
+
+
+def _call(report, fn, args):
+    return fn(*args)
+
+
+def _compile_job(report, funcs, target, size_vars, options, fallbacks=(), use_cache=True,
+                 key=None) -> CompiledCode:
+    return compile_in_process(funcs, target, size_vars, fallbacks, use_cache, options=options,
+                              key=key)
 
 
 def compile_prim_funcs(funcs: Sequence[PrimFunc], target: Target,
@@ -201,19 +245,33 @@ def compile_for_targets(funcs: Sequence[PrimFunc], targets: Sequence[Target],
     is compiled with a conservative pipeline (the code's ``fallbacks`` say which), or raises
     ``KernelCompileError``. Without ``fork``, or in a
     daemonic process (a multiprocessing pool's worker), everything compiles in this process."""
+    # a cache hit needs no compile, so no worker: it is looked up here, before any IR exists
+    done: dict[int, CompiledCode] = {}
+    keys = object_keys(funcs, targets, size_vars, True, options) if options.cache_dir \
+        else [None] * len(targets)
+    for i, t in enumerate(targets):
+        hit = cached_code(keys[i], t, options)
+        if hit is not None:
+            done[i] = hit
+    missing = [(i, t) for i, t in enumerate(targets) if i not in done]
+    if not missing:
+        return [done[i] for i in range(len(targets))]
     if "fork" not in multiprocessing.get_all_start_methods() \
             or multiprocessing.current_process().daemon:   # a daemon may not start processes
-        return [compile_in_process(funcs, t, size_vars, options=options) for t in targets]
-    at_once = min(len(targets), _usable_cpus())
+        done.update((i, compile_in_process(funcs, t, size_vars, options=options, key=keys[i]))
+                    for i, t in missing)
+        return [done[i] for i in range(len(targets))]
+    at_once = min(len(missing), _usable_cpus())
     if not options.parallel_compile:
         at_once = 1
-    outcomes = _run([(_compile_job, (funcs, t, size_vars, options)) for t in targets],
-                    max(at_once, 1))
+    outcomes = _run([(_compile_job, (funcs, t, size_vars, options, (), True, keys[i]))
+                     for i, t in missing], max(at_once, 1))
     for outcome in outcomes:
         if outcome.error is not None:
             raise outcome.error
-    return [o.value if o.died is None else _recover(funcs, t, size_vars, o.died, options)
-            for t, o in zip(targets, outcomes)]
+    for (i, t), o in zip(missing, outcomes):
+        done[i] = o.value if o.died is None else _recover(funcs, t, size_vars, o.died, options)
+    return [done[i] for i in range(len(targets))]
 
 
 def _scan_job(report, kernels, target, size_vars, options) -> None:
