@@ -213,6 +213,68 @@ def compile_in_process(funcs: Sequence[PrimFunc], target: Target, size_vars: tup
                         seconds=time.perf_counter() - start, fallbacks=tuple(fallbacks))
 
 
+@dataclass(frozen=True)
+class OptimizedGroup:
+    """A kernel group's module after LLVM's optimizer (``optimize_group``), as bitcode."""
+    bitcode: bytes
+    kernels: dict[str, KernelInfo]          # prim func name -> kernel
+
+
+def optimize_group(funcs: Sequence[PrimFunc], target: Target, size_vars: tuple[str, ...] = (),
+                   options: CompileOptions = CompileOptions()) -> OptimizedGroup:
+    """Emit and optimize one group of kernels (``codegen/parallel.py`` groups a module's
+    kernels and optimizes the groups side by side; ``link_groups`` makes the object). Every
+    function structurally equal to one in the group must be in it (they share its symbol)."""
+    emitted = emit_module(funcs, target, size_vars, False, options)
+    tm = _target_machine(target)
+    module = _optimize(emitted.text, target, tm, DEFAULT_PIPELINE, options.llvm_abort)
+    return OptimizedGroup(module.as_bitcode(), emitted.kernels)
+
+
+def link_groups(groups: Sequence[OptimizedGroup], target: Target,
+                options: CompileOptions = CompileOptions(), key: str | None = None,
+                start: float | None = None) -> CompiledCode:
+    """The object of optimized kernel groups, linked in order, with the thread pool's
+    hand-off functions after them (optimized on their own); stored in the compile cache under
+    ``key`` (``object_key`` of the whole module) when given. Raises ``CodegenError`` when the
+    groups do not link (the caller then compiles the module whole)."""
+    start = time.perf_counter() if start is None else start
+    tm = _target_machine(target)
+    pool = emit_module([], target, (), True, options)
+    linked = _optimize(pool.text, target, tm, DEFAULT_PIPELINE, options.llvm_abort)
+    try:
+        parts = [llvm.parse_bitcode(g.bitcode) for g in groups]
+        head = parts[0]
+        for part in parts[1:] + [linked]:
+            head.link_in(part)
+    except RuntimeError as exc:
+        raise CodegenError(f"the kernel groups do not link: {exc}") from None
+    kernels = {name: k for g in groups for name, k in g.kernels.items()}
+    return _finish(head, tm, target, kernels, options, key, start, ())
+
+
+def _finish(linked: llvm.ModuleRef, tm: llvm.TargetMachine, target: Target,
+            kernels: dict[str, KernelInfo], options: CompileOptions, key: str | None,
+            start: float, fallbacks: Sequence[Fallback]) -> CompiledCode:
+    """Code generation of an optimized module, the import check, and the cache store."""
+    undefined = sorted(f.name for f in linked.functions
+                       if f.is_declaration and not f.name.startswith("llvm.")
+                       and f.name not in ALLOWED_EXTERNALS)
+    if undefined:
+        raise CodegenError(f"kernels would import {', '.join(undefined)}, which the runtime "
+                           "does not provide")
+    obj = tm.emit_object(linked)
+    _check_imports(obj, target)
+    optimized = str(linked)
+    if options.cache_dir and key:
+        notes = [{"kernel": fb.kernel, "serves": list(fb.serves), "pipeline": fb.pipeline.name,
+                  "reason": fb.reason} for fb in fallbacks]
+        cache.store(Path(options.cache_dir), key, obj, optimized, notes,
+                    options.cache_max_bytes, fingerprint.kernels_record(kernels))
+    return CompiledCode(target, obj, kernels, optimized,
+                        seconds=time.perf_counter() - start, fallbacks=tuple(fallbacks))
+
+
 def object_key(funcs: Sequence[PrimFunc], target: Target, size_vars: tuple[str, ...] = (),
                thread_pool: bool = True, options: CompileOptions = CompileOptions()
                ) -> str | None:

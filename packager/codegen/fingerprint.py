@@ -30,11 +30,13 @@ from ..options import CompileOptions
 from .lower import KernelInfo
 
 # CompileOptions fields that never change emitted code: where and how the compile runs, IR
-# checks between passes, and the target name (the resolved Target is keyed instead). Every
-# other field is part of the key, also those that act only on the passes (their effect is in
-# the prim funcs already): a new field is keyed until someone shows it cannot change code.
+# checks between passes, the target name (the resolved Target is keyed instead), and the
+# test-only LLVM abort (it plays LLVM's part, whose version is keyed: a hit runs no LLVM, so
+# it repeats what the compile that stored it met). Every other field is part of the key, also
+# those that act only on the passes (their effect is in the prim funcs already): a new field
+# is keyed until someone shows it cannot change code.
 NOT_CODE = frozenset({"target", "parallel_compile", "cache_dir", "cache_max_bytes",
-                      "verify_ir"})
+                      "verify_ir", "llvm_abort"})
 
 
 class _Unkeyable(Exception):
