@@ -164,10 +164,10 @@ def compile_in_process(funcs: Sequence[PrimFunc], target: Target, size_vars: tup
     pipeline, in modules of their own linked in after optimization; the others get the default
     pipeline.
     ``thread_pool`` False leaves out the pool's hand-off functions (a kernel compiled alone to
-    see whether LLVM survives it). ``key``: ``object_key``'s, when the caller has it. The compile cache (``codegen/cache.py``) keys the result by
-    the module's inputs (``object_key``: a hit emits no IR) or, where they hold a value that
-    key cannot encode, by its IR; an entry remembers the fallbacks, so a hit reports them
-    again."""
+    see whether LLVM survives it). ``key``: ``object_key``'s, when the caller has it. The
+    compile cache (``codegen/cache.py``) keys the result by the module's inputs (``object_key``:
+    a hit emits no IR) or, where they hold a value that key cannot encode, by its IR; an entry
+    remembers the fallbacks, so a hit reports them again."""
     start = time.perf_counter()
     conservative = {fb.kernel: fb.pipeline for fb in fallbacks}
     directory = Path(options.cache_dir) if use_cache and options.cache_dir else None
@@ -196,21 +196,8 @@ def compile_in_process(funcs: Sequence[PrimFunc], target: Target, size_vars: tup
             linked.link_in(_optimize(text, target, tm, pipeline, options.llvm_abort))
     else:
         linked = _optimize(emitted.text, target, tm, DEFAULT_PIPELINE, options.llvm_abort)
-    undefined = sorted(f.name for f in linked.functions
-                       if f.is_declaration and not f.name.startswith("llvm.")
-                       and f.name not in ALLOWED_EXTERNALS)
-    if undefined:
-        raise CodegenError(f"kernels would import {', '.join(undefined)}, which the runtime "
-                           "does not provide")
-    obj = tm.emit_object(linked)
-    _check_imports(obj, target)
-    optimized = str(linked)
-    if directory is not None:
-        notes = [{"kernel": fb.kernel, "serves": list(fb.serves), "pipeline": fb.pipeline.name,
-                  "reason": fb.reason} for fb in fallbacks]
-        cache.store(directory, key, obj, optimized, notes, options.cache_max_bytes, record)
-    return CompiledCode(target, obj, emitted.kernels, optimized,
-                        seconds=time.perf_counter() - start, fallbacks=tuple(fallbacks))
+    return _finish(linked, tm, target, emitted.kernels, options,
+                   key if directory is not None else None, start, fallbacks)
 
 
 @dataclass(frozen=True)

@@ -3,8 +3,8 @@
 LLVM's optimizer and code generator are most of an export's time. Exporting the same model
 again (another ``--batch-sizes``, a golden check turned back on, a test suite that exports the
 same small models many times) produces the same LLVM module, and LLVM is deterministic, so
-the object it writes is the same too. ``build.compile_in_process`` looks the object up before
-running LLVM and stores it after, like ccache.
+the object it writes is the same too. ``parallel.compile_for_targets`` looks the object up
+before any IR is emitted, and the compile stores it after, like ccache.
 
 Where: ``MLCPACK_CACHE_DIR`` when set (``off`` or empty: no cache), else
 ``$XDG_CACHE_HOME/mlcpack/objects`` (``~/.cache/mlcpack/objects`` without it); ``mlcpack export
@@ -13,10 +13,16 @@ Where: ``MLCPACK_CACHE_DIR`` when set (``off`` or empty: no cache), else
 the least recently used entries (a hit touches its entry's mtime) are deleted until it is
 back under ``LOW_WATER`` of the cap.
 
-The key is the SHA-256 of the module's LLVM IR text, the target (triple, CPU, features), the
-llvmlite and LLVM versions and ``PIPELINE`` (bump it whenever the optimization pipeline or
-the code-generation options in build.py change). An entry also records the kernels that
-needed a conservative pipeline (LLVM aborted on them; see ``codegen/parallel.py``) and
+The key (``object_key``) is the SHA-256 of what the object is a function of, taken before any
+LLVM IR is emitted (``codegen/fingerprint.py``: every prim func whole, the size variables, the
+code-changing ``CompileOptions`` fields), the target (name, triple, CPU, features), the
+llvmlite and LLVM versions, ``PIPELINE`` (bump it whenever the optimization pipeline or the
+code-generation options in build.py change) and ``compiler_fingerprint`` (the SHA-256 of
+``packager/``'s sources, so an edited emitter never reuses an older entry); a module holding a
+value that encoding does not know is keyed by its LLVM IR text instead (``cache_key``). An
+entry also records the kernels that
+needed a conservative pipeline (LLVM aborted on them; see ``codegen/parallel.py``), the kernel
+facts emission found (a hit by the input key returns them without emitting), and
 carries the SHA-256 of its own contents: a damaged or truncated entry is a miss (and is
 rewritten), never a bundle built from it. Entries are written to a temporary file and renamed
 into place, so processes that share the directory (pytest-xdist workers, parallel exports)

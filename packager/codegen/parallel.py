@@ -1,13 +1,18 @@
-"""Compiling kernels in worker processes: every target's object in a worker of its own, in
-parallel where there are CPUs for it, and never in the exporting process.
+"""Compiling kernels in worker processes, in parallel where there are CPUs for it, and never in
+the exporting process.
 
-LLVM's optimizer and code generator dominate an export, one target at a time per process, so a
-fat bundle (x86-64-v2 up to the host's level) compiles its targets side by side. And llvmlite's
+LLVM's optimizer and code generator dominate a cold export, one module at a time per process.
+So a module's distinct kernels are optimized in groups (``kernel_groups``: ``GROUPS`` per
+target, balanced by estimated cost), every target's groups side by side, and each target's
+groups are then linked and compiled to its object (``build.optimize_group``,
+``build.link_groups``); a target whose module has one kernel group compiles whole. A cache hit
+(``build.object_key``, taken before any IR exists) needs no worker at all. And llvmlite's
 LLVM is built with assertions: a loop shape that trips one (seen: the loop vectorizer's "VPlan
 cost model and legacy cost model disagreed" for x86-64-v4) aborts the process that runs it. So
-each target compiles in a forked worker (which inherits the kernels without pickling them and
-sends back only its ``CompiledCode``), also when there is one target, and a worker that dies is
-one compile's failure, not the export's:
+every compile runs in forked workers (which inherit the kernels without pickling them and send
+back only bitcode or a ``CompiledCode``), also when there is one target, and a worker that
+dies is one compile's failure, not the export's: a target whose group worker died compiles its
+module whole in a worker, and when that dies too:
 
 1. find the kernels LLVM aborts on: a worker per CPU compiles a run of the module's kernels,
    each alone, one after another, reporting each; a death names the kernel it was compiling,
@@ -294,11 +299,10 @@ GROUPS = 4
 
 def kernel_groups(funcs: Sequence[PrimFunc], groups: int = GROUPS
                   ) -> list[tuple[list[PrimFunc], float]]:
-    """``funcs`` in at most ``groups`` groups (with their estimated cost) of about equal
-    estimated LLVM time (the size of
-    each distinct kernel's expression DAG, largest first onto the lightest group), every
-    function in its structural twin's group; each group in the functions' own order, and the
-    groups in the order of their first function."""
+    """``funcs`` in at most ``groups`` groups of about equal estimated LLVM time, each with
+    that estimate (the size of each distinct kernel's expression DAG, largest first onto the
+    lightest group), every function in its structural twin's group; each group in the
+    functions' own order, and the groups in the order of their first function."""
     classes: dict[object, list[PrimFunc]] = {}
     for f in funcs:
         classes.setdefault(structural_key(f), []).append(f)
