@@ -1,7 +1,8 @@
 """The compile cache's key taken before any LLVM IR is emitted (packager/codegen/fingerprint.py,
 build.object_key): a warm compile emits no IR at all; the key changes with everything that can
 change the code (every CompileOptions field not listed as NOT_CODE, the target, a prim func's
-names, shapes, constants and attributes, the compiler's own source) and with nothing else; a
+names, shapes, constants and attributes, the compiler's own source, a code generator constant
+or function replaced at run time) and with nothing else; a
 symbolic module's kernel facts (run-time workspace sizes) come back from an entry exactly; a
 bundle exported through a warm cache is byte-identical to a cold one."""
 
@@ -15,7 +16,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from mlcpack.frontends.onnx import import_onnx
-from mlcpack.packager.codegen import build, cache, fingerprint
+from mlcpack.packager.codegen import build, cache, fingerprint, lower
 from mlcpack.packager.codegen.target import resolve_targets
 from mlcpack.packager.export import compile_variants, export_module
 from mlcpack.packager.options import CompileOptions
@@ -103,6 +104,14 @@ def test_any_change_to_a_kernel_changes_the_key(lowered, monkeypatch):
         other = build.object_key(list(mod.prim_funcs().values()), targets[0],
                                  main_size_vars(mod), True, options)
         assert (other == key) is same
+    # a code generator constant patched at run time (as tests do), a replaced emitter
+    with monkeypatch.context() as patch:
+        patch.setattr(lower, "PARALLEL_MIN_OUTPUTS", 0)
+        assert build.object_key(funcs, targets[0], size_vars, True, options) != key
+    with monkeypatch.context() as patch:
+        patch.setattr(build, "emit_recurrence", lambda *args: None)
+        assert build.object_key(funcs, targets[0], size_vars, True, options) != key
+    assert build.object_key(funcs, targets[0], size_vars, True, options) == key
     # the compiler's own code: an edited emitter never reuses an entry
     monkeypatch.setattr(cache, "compiler_fingerprint", lambda: "another compiler")
     assert build.object_key(funcs, targets[0], size_vars, True, options) != key
@@ -116,7 +125,9 @@ def test_warm_compile_emits_no_ir_and_gives_the_same_code(tmp_path, monkeypatch)
 
     def no_emission(*args, **kwargs):
         raise AssertionError("IR emitted on a warm compile")
-    monkeypatch.setattr(build, "emit_module", no_emission)
+    # llvmlite's module class, which emission starts from (patching one of ours would change
+    # the key: fingerprint.live_state)
+    monkeypatch.setattr(build.ir, "Module", no_emission)
     _, warm, _ = compile_variants(mod, target="x86-64-v2,x86-64-v3", options=options)
     assert all(c.from_cache for c in warm)
     for a, b in zip(cold, warm):
