@@ -480,7 +480,8 @@ def _export(mods: dict[int | None, IRModule], path: str | os.PathLike,
         plans=reports if batched else reports[1:], check=check_note,
         bound_bytes=main["bound_bytes"], plan_note=main["plan_note"], specialized=specialized,
         check_warnings=list(golden.warnings) if golden is not None else [],
-        stages=clock.seconds, stage_cpu=clock.cpu, compiles=[c for r in reports for c in r["compiles"]],
+        stages=clock.seconds, stage_cpu=clock.cpu,
+        compiles=[c for r in reports for c in r["compiles"]],
         compile_warnings=list(dict.fromkeys(w for r in reports for w in r["warnings"])),
         precision=opts.precision, precision_note=precision_note)
 

@@ -122,7 +122,7 @@ def _codegen_modules() -> tuple[str, ...]:
     """Every module of the ``codegen`` package, imported (a fixed set: the state below must
     not depend on what else a process happened to import)."""
     package = sys.modules[_CODEGEN]
-    names = sorted(f"{_CODEGEN}.{m.name}" for m in pkgutil.iter_modules(package.__path__))
+    names = sorted(m.name for m in pkgutil.walk_packages(package.__path__, _CODEGEN + "."))
     for name in names:
         importlib.import_module(name)
     return tuple(names)
