@@ -29,8 +29,13 @@ class Reference:
     disagreement with it fails the export; False for advice only (onnx.reference)."""
 
     def __init__(self, run: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]],
-                 name: str, refuses: bool = True, second: Reference | None = None) -> None:
+                 name: str, refuses: bool = True, second: Reference | None = None,
+                 fork_safe: bool = False) -> None:
         self.run, self.name, self.refuses, self.second = run, name, refuses, second
+        # runs in a forked worker beside the compile (packager/export.py): true of references
+        # that start their engine per run (ONNX Runtime, onnx.reference), not of one whose
+        # engine already runs threads here (PyTorch's OpenMP pool does not survive a fork)
+        self.fork_safe = fork_safe
 
     def __call__(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         return self.run(feeds)
@@ -64,7 +69,7 @@ def onnx_reference(model_path: str | os.PathLike | bytes, input_names: Mapping[s
                                        f"({' '.join(str(exc).split())[:200]})") from None
         return dict(zip(ev.output_names, values))
 
-    advice = Reference(run_ref, "onnx.reference", refuses=False)
+    advice = Reference(run_ref, "onnx.reference", refuses=False, fork_safe=True)
     ort = _onnxruntime()
     if ort is None:
         return advice, advice.name
@@ -96,7 +101,7 @@ def onnx_reference(model_path: str | os.PathLike | bytes, input_names: Mapping[s
     name = f"onnxruntime {ort.__version__}" + (" (the graph as written)" if as_written else "")
     if exact is not None:
         name += " (int8 weights of integer operators as uint8: exact on every CPU)"
-    return Reference(run_ort, name, second=advice), name
+    return Reference(run_ort, name, second=advice, fork_safe=True), name
 
 
 def _has_qdq(source: str | bytes) -> bool:

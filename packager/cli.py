@@ -277,10 +277,11 @@ def export(
     def run() -> None:
         from . import api   # the compiler's side: not for verify/infer
         from .codegen import cache as compile_cache
-        from .timings import process_seconds, timings_table
+        from .timings import cpu_seconds, process_seconds, timings_table
 
         started = time.perf_counter()
         startup = process_seconds()   # the interpreter and the imports before this command
+        startup_cpu = cpu_seconds()
         try:
             compile_cache.max_bytes(os.environ)
         except compile_cache.CacheSettingError as exc:
@@ -329,8 +330,10 @@ def export(
         if timings:
             stages = {"start-up": startup} if startup is not None else {}
             stages.update({"import": report.import_seconds, **report.stages})
+            cpu = {"start-up": startup_cpu, **report.stage_cpu}   # import's is in "other"
             typer.echo(timings_table(stages, report.compiles,
-                                     time.perf_counter() - started + (startup or 0.0)))
+                                     time.perf_counter() - started + (startup or 0.0), cpu,
+                                     cpu_seconds()))
         for line in report.compile_warnings + report.check_warnings:
             typer.echo(f"warning: {line}", err=True)
 

@@ -26,7 +26,7 @@ from .bundle_writer import BundleWriteError, BundleWriter
 from .codegen.build import ALLOWED_EXTERNALS, CodegenError, CompiledCode, KernelCompileError
 from .codegen.lower import KernelInfo, LoweringError
 from .codegen.objinfo import function_sizes
-from .codegen.parallel import compile_for_targets
+from .codegen.parallel import Background, compile_for_targets
 from .codegen.target import Target, TargetError, drop_idle_levels, resolve_targets
 from .errors import ExportError
 from .ir.builder import BuilderError
@@ -102,6 +102,7 @@ class ExportReport:
     seconds: float
     # wall seconds per stage, in the order they ran (packager/timings.py; `export --timings`)
     stages: dict[str, float] = field(default_factory=dict)
+    stage_cpu: dict[str, float] = field(default_factory=dict)   # CPU seconds, same stages
     # every compile: (target name, seconds, from the compile cache), per plan and target
     compiles: list[tuple[str, float, bool]] = field(default_factory=list)
     targets: list[Target] = field(default_factory=list)  # one code variant each
@@ -373,10 +374,11 @@ def _export(mods: dict[int | None, IRModule], path: str | os.PathLike,
     largest = max(mods) if batched else None
     golden = None
     bf16 = opts.precision == "bf16"
-    if opts.check or bf16:  # the reference runs on the source model, before anything is compiled
-        from .golden import prepare_golden
-        clock("golden reference")
-        golden = prepare_golden(mods[largest], params, opts)
+    reference = None
+    if opts.check or bf16:
+        # the reference runs on the source model, in a worker beside the passes and the
+        # compile where it can (_GoldenRun); collected once the plans are compiled
+        reference = _GoldenRun(mods[largest], params, opts)
 
     writer = BundleWriter()
     constants = _Constants(writer)
@@ -385,30 +387,42 @@ def _export(mods: dict[int | None, IRModule], path: str | os.PathLike,
     ir_text = None
     first_targets: list[Target] = []
     bf16_fp32 = ""   # the bf16 line's account of the layers left fp32 (precision.fp32_note)
-    for batch, mod in mods.items():
-        # several plans read one transposed W (no one-row GEMV): the weights stay stored once
-        try:
-            plan, report, optimized, targets = _compile_plan(
-                batch, mod, len(mods), params, compile_options, clock, writer, constants,
-                pack_rows=not specialized)
-        except ExportError as exc:
-            if specialized and batch is None:
-                raise SymbolicPlanError(str(exc)) from None
-            raise
-        if plan.symbolic is not None and batch is not None:
-            raise ExportError(_batch_sizes_symbolic([(r.name, r.shape) for r in plan.inputs]))
-        if specialized and batch is None and plan.symbolic is None:
-            raise ExportError("--batch-sizes specializes a symbolic batch, but the model has "
-                              "no symbolic dims")
-        plans.append(plan)
-        reports.append(report)
-        if batch == largest:
-            ir_text = module_text(optimized)
-            first_targets = targets
-            if bf16:
-                from .precision import fp32_note
-                bf16_fp32 = fp32_note(optimized, compile_options.for_targets(targets),
-                                      tuple(t.name for t in targets))
+    try:
+        for batch, mod in mods.items():
+            # several plans read one transposed W (no one-row GEMV): the weights stay stored once
+            try:
+                plan, report, optimized, targets = _compile_plan(
+                    batch, mod, len(mods), params, compile_options, clock, writer, constants,
+                    pack_rows=not specialized)
+            except ExportError as exc:
+                if reference is not None:   # the reference's own refusal comes first
+                    clock("golden reference")
+                    reference.result()
+                if specialized and batch is None:
+                    raise SymbolicPlanError(str(exc)) from None
+                raise
+            if plan.symbolic is not None and batch is not None:
+                raise ExportError(_batch_sizes_symbolic([(r.name, r.shape)
+                                                         for r in plan.inputs]))
+            if specialized and batch is None and plan.symbolic is None:
+                raise ExportError("--batch-sizes specializes a symbolic batch, but the model "
+                                  "has no symbolic dims")
+            plans.append(plan)
+            reports.append(report)
+            if batch == largest:
+                ir_text = module_text(optimized)
+                first_targets = targets
+                if bf16:
+                    from .precision import fp32_note
+                    bf16_fp32 = fp32_note(optimized, compile_options.for_targets(targets),
+                                          tuple(t.name for t in targets))
+    except BaseException:
+        if reference is not None:
+            reference.cancel()   # no worker is left running
+        raise
+    if reference is not None:
+        clock("golden reference")   # what is left of it: it ran beside the compile
+        golden = reference.result()
     spec_plans = None
     if specialized:
         spec_plans, plans = tuple(plans[1:]), plans[:1]
@@ -466,9 +480,52 @@ def _export(mods: dict[int | None, IRModule], path: str | os.PathLike,
         plans=reports if batched else reports[1:], check=check_note,
         bound_bytes=main["bound_bytes"], plan_note=main["plan_note"], specialized=specialized,
         check_warnings=list(golden.warnings) if golden is not None else [],
-        stages=clock.seconds, compiles=[c for r in reports for c in r["compiles"]],
+        stages=clock.seconds, stage_cpu=clock.cpu,
+        compiles=[c for r in reports for c in r["compiles"]],
         compile_warnings=list(dict.fromkeys(w for r in reports for w in r["warnings"])),
         precision=opts.precision, precision_note=precision_note)
+
+
+class _GoldenRun:
+    """``golden.prepare_golden`` (the reference run: ONNX Runtime and the IR's numpy reference)
+    in a forked worker while this process runs the passes and the compile, for references that
+    survive a fork (``golden.Reference.fork_safe``; the IR's own reference too); others run
+    here, first, as before. ``result()`` gives the ``Golden`` (or raises its error)."""
+
+    def __init__(self, mod: IRModule, params: Mapping[str, np.ndarray] | None,
+                 opts: ExportOptions) -> None:
+        from .golden import prepare_golden
+        self.opts = opts
+        self.value = None
+        self.background = None
+        if opts.reference is None or getattr(opts.reference, "fork_safe", False):
+            self.background = Background(_prepare_golden_here, (mod, params, opts))
+        else:
+            self.value = prepare_golden(mod, params, opts)
+
+    def result(self):
+        if self.background is not None:
+            golden, had_second = self.background.result()
+            if had_second:   # a Reference holds closures: it stayed here
+                golden.second = getattr(self.opts.reference, "second", None)
+            self.value, self.background = golden, None
+        return self.value
+
+    def cancel(self) -> None:
+        if self.background is not None:
+            self.background.cancel()
+            self.background = None
+
+
+def _prepare_golden_here(mod: IRModule, params: Mapping[str, np.ndarray] | None,
+                         opts: ExportOptions):
+    """``prepare_golden`` as the worker sends it back: (golden without its second reference,
+    whether it had one)."""
+    from .golden import prepare_golden
+    golden = prepare_golden(mod, params, opts)
+    had_second = golden.second is not None
+    golden.second = None
+    return golden, had_second
 
 
 class _Constants:

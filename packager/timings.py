@@ -1,14 +1,19 @@
 """Where an export's time goes: a clock of named stages (``ExportReport.stages``) and the short
 table ``mlcpack export --timings`` prints from it.
 
-The stages follow one another (import, golden reference, passes, codegen, vm, write, golden
+The stages follow one another (import, passes, codegen, vm, write, golden reference, golden
 check); codegen's per-target rows are the compiles inside it, which run side by side for a
-fat bundle, so they overlap each other and are not added to the total.
+fat bundle, so they overlap each other and are not added to the total. The golden check's
+reference runs in a worker process beside the passes and the compile: its row is the time
+the export still waited for it afterwards. Each row has its CPU seconds beside the wall
+seconds: this process's and its workers' (compile workers, the reference's), which a loaded
+machine inflates much less than wall time.
 """
 
 from __future__ import annotations
 
 import os
+import resource
 import time
 from typing import Callable, Mapping, Sequence
 
@@ -20,13 +25,15 @@ class StageClock:
 
     def __init__(self, forward: Callable[[str], None] | None = None) -> None:
         self.seconds: dict[str, float] = {}
+        self.cpu: dict[str, float] = {}   # CPU seconds per stage (cpu_seconds)
         self._forward = forward
         self._current: str | None = None
         self._start = 0.0
+        self._cpu_start = 0.0
 
     def __call__(self, name: str) -> None:
         self.stop()
-        self._current, self._start = name, time.perf_counter()
+        self._current, self._start, self._cpu_start = name, time.perf_counter(), cpu_seconds()
         if self._forward is not None:
             self._forward(name)
 
@@ -34,30 +41,54 @@ class StageClock:
         if self._current is not None:
             spent = time.perf_counter() - self._start
             self.seconds[self._current] = self.seconds.get(self._current, 0.0) + spent
+            self.cpu[self._current] = self.cpu.get(self._current, 0.0) + \
+                cpu_seconds() - self._cpu_start
             self._current = None
 
 
+def cpu_seconds() -> float:
+    """CPU seconds (user + system) of this process and of the child processes it has waited
+    for (compile workers, the golden reference's worker)."""
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
 def timings_table(stages: Mapping[str, float], compiles: Sequence[tuple[str, float, bool]],
-                  total: float) -> str:
-    """The table: one row per stage in the order it ran (seconds and share of ``total``), a row
-    per target under codegen (``compiles``: target name, seconds, from the compile cache), the
-    rest of ``total`` as "other" and the total."""
-    rows: list[tuple[str, str, str]] = []
+                  total: float, cpu: Mapping[str, float] | None = None,
+                  total_cpu: float | None = None) -> str:
+    """The table: one row per stage in the order it ran (seconds, CPU seconds from ``cpu``
+    where given, and share of ``total``), a row per target under codegen (``compiles``: target
+    name, seconds, from the compile cache), the rest of ``total`` as "other" and the total."""
+    cpu = cpu or {}
+    rows: list[tuple[str, str, str, str]] = []
+
+    def share(seconds: float) -> str:
+        return f"{100 * seconds / total:.0f} %" if total else ""
+
     for name, seconds in stages.items():
-        rows.append((name, f"{seconds:.2f}", f"{100 * seconds / total:.0f} %" if total else ""))
+        rows.append((name, f"{seconds:.2f}",
+                     f"{cpu[name]:.2f}" if name in cpu else "", share(seconds)))
         if name == "codegen":
             for target, spent, cached in _per_target(compiles):
-                rows.append((f"  {target}", f"{spent:.2f}", "cache hit" if cached else
+                rows.append((f"  {target}", f"{spent:.2f}", "", "cache hit" if cached else
                              "compiled" if cached is False else "some from cache"))
     other = total - sum(stages.values())
     if other >= 0.005:
-        rows.append(("other", f"{other:.2f}", f"{100 * other / total:.0f} %" if total else ""))
-    rows.append(("total", f"{total:.2f}", ""))
+        other_cpu = total_cpu - sum(cpu.values()) if total_cpu is not None and cpu else None
+        rows.append(("other", f"{other:.2f}",
+                     f"{other_cpu:.2f}" if other_cpu is not None and other_cpu >= 0 else "",
+                     share(other)))
+    rows.append(("total", f"{total:.2f}", f"{total_cpu:.2f}" if total_cpu is not None else "",
+                 ""))
     width = max(len(r[0]) for r in rows)
-    lines = [f"{'export stage':<{width}}  {'seconds':>7}  share"]
-    lines += [f"{name:<{width}}  {secs:>7}  {note}".rstrip() for name, secs, note in rows]
+    lines = [f"{'export stage':<{width}}  {'seconds':>7}  {'cpu s':>7}  share"]
+    lines += [f"{name:<{width}}  {secs:>7}  {c:>7}  {note}".rstrip()
+              for name, secs, c, note in rows]
     if len({t for t, _, _ in compiles}) > 1:
         lines.append("(the targets compile side by side: their rows overlap in time)")
+    lines.append("(cpu s: this process and its workers; on a loaded machine wall seconds grow, "
+                 "CPU seconds much less)")
     return "\n".join(lines)
 
 

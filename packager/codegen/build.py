@@ -19,7 +19,7 @@ from llvmlite import ir
 from ..ir.graph import PrimFunc
 from ..ir.structure import structural_key
 from ..options import CompileOptions
-from . import cache
+from . import cache, fingerprint
 from .contraction.geometry import vector_width
 from .lower import KernelInfo
 from .objinfo import undefined_symbols
@@ -153,7 +153,8 @@ def emit_module(funcs: Sequence[PrimFunc], target: Target, size_vars: tuple[str,
 def compile_in_process(funcs: Sequence[PrimFunc], target: Target, size_vars: tuple[str, ...] = (),
                        fallbacks: Sequence[Fallback] = (), use_cache: bool = True,
                        thread_pool: bool = True,
-                       options: CompileOptions = CompileOptions()) -> CompiledCode:
+                       options: CompileOptions = CompileOptions(),
+                       key: str | None = None) -> CompiledCode:
     """Compile ``funcs`` into one object for ``target`` in this process (an LLVM abort ends
     the process: ``parallel.compile_prim_funcs`` runs this in a worker); kernel symbols are
     ``mlc_<name>``. ``size_vars`` (a symbolic module's size variables, in the order of the
@@ -163,20 +164,26 @@ def compile_in_process(funcs: Sequence[PrimFunc], target: Target, size_vars: tup
     pipeline, in modules of their own linked in after optimization; the others get the default
     pipeline.
     ``thread_pool`` False leaves out the pool's hand-off functions (a kernel compiled alone to
-    see whether LLVM survives it). The compile cache (``codegen/cache.py``) keys the result by
-    the whole module's IR and remembers the fallbacks, so a hit reports them again."""
+    see whether LLVM survives it). ``key``: ``object_key``'s, when the caller has it. The
+    compile cache (``codegen/cache.py``) keys the result by the module's inputs (``object_key``:
+    a hit emits no IR) or, where they hold a value that key cannot encode, by its IR; an entry
+    remembers the fallbacks, so a hit reports them again."""
     start = time.perf_counter()
     conservative = {fb.kernel: fb.pipeline for fb in fallbacks}
-    emitted = emit_module(funcs, target, size_vars, thread_pool, options)
     directory = Path(options.cache_dir) if use_cache and options.cache_dir else None
-    key = cache.cache_key(emitted.text, target) if directory is not None else ""
-    cached = cache.load(directory, key) if directory is not None else None
-    if cached is not None:
-        obj, optimized, notes = cached
-        _check_imports(obj, target)
-        return CompiledCode(target, obj, emitted.kernels, optimized,
-                            seconds=time.perf_counter() - start, from_cache=True,
-                            fallbacks=_from_notes(notes))
+    if directory is not None and key is None:
+        key = object_key(funcs, target, size_vars, thread_pool, options)
+    if key is not None:   # keyed by its inputs: a hit emits no IR at all
+        hit = _hit(directory, key, target, None, start)
+        if hit is not None:
+            return hit
+    emitted = emit_module(funcs, target, size_vars, thread_pool, options)
+    record = fingerprint.kernels_record(emitted.kernels)
+    if directory is not None and (key is None or record is None):   # keyed by its IR
+        key = cache.cache_key(emitted.text, target)
+        hit = _hit(directory, key, target, emitted.kernels, start)
+        if hit is not None:
+            return hit
     tm = _target_machine(target)
     if conservative:
         rest = [f for f in funcs if not any(f.name in emitted.groups[c] for c in conservative)]
@@ -189,6 +196,54 @@ def compile_in_process(funcs: Sequence[PrimFunc], target: Target, size_vars: tup
             linked.link_in(_optimize(text, target, tm, pipeline, options.llvm_abort))
     else:
         linked = _optimize(emitted.text, target, tm, DEFAULT_PIPELINE, options.llvm_abort)
+    return _finish(linked, tm, target, emitted.kernels, options,
+                   key if directory is not None else None, start, fallbacks)
+
+
+@dataclass(frozen=True)
+class OptimizedGroup:
+    """A kernel group's module after LLVM's optimizer (``optimize_group``), as bitcode."""
+    bitcode: bytes
+    kernels: dict[str, KernelInfo]          # prim func name -> kernel
+
+
+def optimize_group(funcs: Sequence[PrimFunc], target: Target, size_vars: tuple[str, ...] = (),
+                   options: CompileOptions = CompileOptions()) -> OptimizedGroup:
+    """Emit and optimize one group of kernels (``codegen/parallel.py`` groups a module's
+    kernels and optimizes the groups side by side; ``link_groups`` makes the object). Every
+    function structurally equal to one in the group must be in it (they share its symbol)."""
+    emitted = emit_module(funcs, target, size_vars, False, options)
+    tm = _target_machine(target)
+    module = _optimize(emitted.text, target, tm, DEFAULT_PIPELINE, options.llvm_abort)
+    return OptimizedGroup(module.as_bitcode(), emitted.kernels)
+
+
+def link_groups(groups: Sequence[OptimizedGroup], target: Target,
+                options: CompileOptions = CompileOptions(), key: str | None = None,
+                start: float | None = None) -> CompiledCode:
+    """The object of optimized kernel groups, linked in order, with the thread pool's
+    hand-off functions after them (optimized on their own); stored in the compile cache under
+    ``key`` (``object_key`` of the whole module) when given. Raises ``CodegenError`` when the
+    groups do not link (the caller then compiles the module whole)."""
+    start = time.perf_counter() if start is None else start
+    tm = _target_machine(target)
+    pool = emit_module([], target, (), True, options)
+    linked = _optimize(pool.text, target, tm, DEFAULT_PIPELINE, options.llvm_abort)
+    try:
+        parts = [llvm.parse_bitcode(g.bitcode) for g in groups]
+        head = parts[0]
+        for part in parts[1:] + [linked]:
+            head.link_in(part)
+    except RuntimeError as exc:
+        raise CodegenError(f"the kernel groups do not link: {exc}") from None
+    kernels = {name: k for g in groups for name, k in g.kernels.items()}
+    return _finish(head, tm, target, kernels, options, key, start, ())
+
+
+def _finish(linked: llvm.ModuleRef, tm: llvm.TargetMachine, target: Target,
+            kernels: dict[str, KernelInfo], options: CompileOptions, key: str | None,
+            start: float, fallbacks: Sequence[Fallback]) -> CompiledCode:
+    """Code generation of an optimized module, the import check, and the cache store."""
     undefined = sorted(f.name for f in linked.functions
                        if f.is_declaration and not f.name.startswith("llvm.")
                        and f.name not in ALLOWED_EXTERNALS)
@@ -198,12 +253,55 @@ def compile_in_process(funcs: Sequence[PrimFunc], target: Target, size_vars: tup
     obj = tm.emit_object(linked)
     _check_imports(obj, target)
     optimized = str(linked)
-    if directory is not None:
+    if options.cache_dir and key:
         notes = [{"kernel": fb.kernel, "serves": list(fb.serves), "pipeline": fb.pipeline.name,
                   "reason": fb.reason} for fb in fallbacks]
-        cache.store(directory, key, obj, optimized, notes, options.cache_max_bytes)
-    return CompiledCode(target, obj, emitted.kernels, optimized,
+        cache.store(Path(options.cache_dir), key, obj, optimized, notes,
+                    options.cache_max_bytes, fingerprint.kernels_record(kernels))
+    return CompiledCode(target, obj, kernels, optimized,
                         seconds=time.perf_counter() - start, fallbacks=tuple(fallbacks))
+
+
+def object_key(funcs: Sequence[PrimFunc], target: Target, size_vars: tuple[str, ...] = (),
+               thread_pool: bool = True, options: CompileOptions = CompileOptions()
+               ) -> str | None:
+    """The compile cache's key for compiling ``funcs`` into one module for ``target``, from
+    the kernels' inputs (``codegen/fingerprint.py``), before any IR is emitted; None when they
+    hold a value the encoding does not know (the module is then keyed by its IR)."""
+    return object_keys(funcs, [target], size_vars, thread_pool, options)[0]
+
+
+def object_keys(funcs: Sequence[PrimFunc], targets: Sequence[Target],
+                size_vars: tuple[str, ...] = (), thread_pool: bool = True,
+                options: CompileOptions = CompileOptions()) -> list[str | None]:
+    """``object_key`` for each of ``targets`` (the functions are encoded once)."""
+    parts = fingerprint.encode_funcs(funcs, size_vars, thread_pool, options)
+    return [None if parts is None else cache.object_key(parts, t) for t in targets]
+
+
+def cached_code(key: str | None, target: Target, options: CompileOptions) -> CompiledCode | None:
+    """The object for ``key`` (``object_key``) from the compile cache, without emitting IR or
+    running LLVM; None on a miss (or no cache)."""
+    if not options.cache_dir or key is None:
+        return None
+    return _hit(Path(options.cache_dir), key, target, None, time.perf_counter())
+
+
+def _hit(directory: Path, key: str, target: Target, kernels: dict[str, KernelInfo] | None,
+         start: float) -> CompiledCode | None:
+    """The cache entry ``key`` as compiled code (``kernels`` None: the entry's own), or None."""
+    entry = cache.load(directory, key)
+    if entry is None:
+        return None
+    if kernels is None:
+        kernels = fingerprint.kernels_from_record(entry.kernels) \
+            if entry.kernels is not None else None
+        if kernels is None:
+            return None
+    _check_imports(entry.object_code, target)
+    return CompiledCode(target, entry.object_code, kernels, entry.llvm_ir,
+                        seconds=time.perf_counter() - start, from_cache=True,
+                        fallbacks=_from_notes(entry.fallbacks))
 
 
 def _from_notes(notes: Sequence[dict]) -> tuple[Fallback, ...]:

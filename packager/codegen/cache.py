@@ -3,8 +3,8 @@
 LLVM's optimizer and code generator are most of an export's time. Exporting the same model
 again (another ``--batch-sizes``, a golden check turned back on, a test suite that exports the
 same small models many times) produces the same LLVM module, and LLVM is deterministic, so
-the object it writes is the same too. ``build.compile_in_process`` looks the object up before
-running LLVM and stores it after, like ccache.
+the object it writes is the same too. ``parallel.compile_for_targets`` looks the object up
+before any IR is emitted, and the compile stores it after, like ccache.
 
 Where: ``MLCPACK_CACHE_DIR`` when set (``off`` or empty: no cache), else
 ``$XDG_CACHE_HOME/mlcpack/objects`` (``~/.cache/mlcpack/objects`` without it); ``mlcpack export
@@ -13,10 +13,16 @@ Where: ``MLCPACK_CACHE_DIR`` when set (``off`` or empty: no cache), else
 the least recently used entries (a hit touches its entry's mtime) are deleted until it is
 back under ``LOW_WATER`` of the cap.
 
-The key is the SHA-256 of the module's LLVM IR text, the target (triple, CPU, features), the
-llvmlite and LLVM versions and ``PIPELINE`` (bump it whenever the optimization pipeline or
-the code-generation options in build.py change). An entry also records the kernels that
-needed a conservative pipeline (LLVM aborted on them; see ``codegen/parallel.py``) and
+The key (``object_key``) is the SHA-256 of what the object is a function of, taken before any
+LLVM IR is emitted (``codegen/fingerprint.py``: every prim func whole, the size variables, the
+code-changing ``CompileOptions`` fields), the target (name, triple, CPU, features), the
+llvmlite and LLVM versions, ``PIPELINE`` (bump it whenever the optimization pipeline or the
+code-generation options in build.py change) and ``compiler_fingerprint`` (the SHA-256 of
+``packager/``'s sources, so an edited emitter never reuses an older entry); a module holding a
+value that encoding does not know is keyed by its LLVM IR text instead (``cache_key``). An
+entry also records the kernels that
+needed a conservative pipeline (LLVM aborted on them; see ``codegen/parallel.py``), the kernel
+facts emission found (a hit by the input key returns them without emitting), and
 carries the SHA-256 of its own contents: a damaged or truncated entry is a miss (and is
 rewritten), never a bundle built from it. Entries are written to a temporary file and renamed
 into place, so processes that share the directory (pytest-xdist workers, parallel exports)
@@ -26,14 +32,16 @@ nothing here fails an export.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
 import os
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping
+from typing import Iterable, Mapping
 
 import llvmlite
 import llvmlite.binding as llvm
@@ -50,7 +58,7 @@ STALE_TMP_SECONDS = 3600
 # The optimization pipeline and code-generation options of build.py, as a version: part of
 # every key, so entries written by an older pipeline are never used.
 PIPELINE = "O3+slp,pic,small,v1"
-_MAGIC = b"mlcpack-object-cache-2\n"
+_MAGIC = b"mlcpack-object-cache-3\n"
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 
 
@@ -103,6 +111,8 @@ def max_bytes(environ: Mapping[str, str]) -> int:
 
 
 def cache_key(text: str, target: Target) -> str:
+    """The key of a module known only by its LLVM IR ``text`` (the fallback of
+    ``build.object_key``, for kernels holding a value it cannot encode)."""
     h = hashlib.sha256()
     for part in (PIPELINE, llvmlite.__version__, ".".join(map(str, llvm.llvm_version_info)),
                  target.triple, target.llvm_cpu, target.llvm_features):
@@ -111,16 +121,59 @@ def cache_key(text: str, target: Target) -> str:
     return h.hexdigest()
 
 
+@functools.cache
+def compiler_fingerprint() -> str:
+    """The compiler's version as its code: the SHA-256 of every Python file of ``packager/``
+    (kernel emitters, IR, options), so that an edited emitter never reuses an entry its older
+    code wrote, with or without a version bump. Read once per process (~2 ms)."""
+    h = hashlib.sha256(f"mlcpack {_version()}\0".encode())
+    root = Path(__file__).resolve().parent.parent
+    for path in sorted(root.rglob("*.py")):
+        try:
+            data = path.read_bytes()
+        except OSError:
+            data = b"?"
+        h.update(str(path.relative_to(root)).encode() + b"\0" + data + b"\0")
+    return h.hexdigest()
+
+
+def _version() -> str:
+    from .. import __version__
+    return __version__
+
+
+def object_key(parts: Iterable[bytes], target: Target) -> str:
+    """The key of a module known by its inputs (``build.object_key`` encodes them): taken
+    before any LLVM IR is emitted, so a warm export neither emits nor prints IR."""
+    h = hashlib.sha256(b"inputs\0")
+    for part in (PIPELINE, llvmlite.__version__, ".".join(map(str, llvm.llvm_version_info)),
+                 compiler_fingerprint(), target.name, target.triple, target.llvm_cpu,
+                 target.llvm_features):
+        h.update(part.encode() + b"\0")
+    for part in parts:
+        h.update(part)
+    return h.hexdigest()
+
+
 def _path(directory: Path, key: str) -> Path:
     return directory / key[:2] / f"{key}.obj"
 
 
-def load(directory: Path, key: str) -> tuple[bytes, str, list[dict]] | None:
-    """The cached (object code, optimized IR text, notes) for ``key``, or None when absent or
-    damaged. ``notes`` are dicts of strings ("kernel", "pipeline", "reason") and "serves" (a
-    list of strings): the kernels that LLVM aborted on under the default pipeline and the
-    pipeline that compiled each (``codegen/parallel.py``), so that a hit warns as the compile
-    did."""
+@dataclass(frozen=True)
+class Entry:
+    """A cache entry: the object, its optimized IR text, the kernels that LLVM aborted on under
+    the default pipeline with the pipeline that compiled each (``fallbacks``: dicts of strings
+    "kernel", "pipeline", "reason" and "serves", a list of strings; ``codegen/parallel.py``), so
+    that a hit warns as the compile did, and, for an entry found by ``object_key``, the kernel
+    facts emission found (``kernels``: ``build.kernels_record``; None otherwise)."""
+    object_code: bytes
+    llvm_ir: str
+    fallbacks: list[dict]
+    kernels: dict | None = None
+
+
+def load(directory: Path, key: str) -> Entry | None:
+    """The cached entry for ``key``, or None when absent or damaged."""
     try:
         data = _path(directory, key).read_bytes()
     except OSError:
@@ -136,13 +189,17 @@ def load(directory: Path, key: str) -> tuple[bytes, str, list[dict]] | None:
     obj = body[24:24 + sizes[0]]
     try:
         ir_text = body[24 + sizes[0]:24 + sizes[0] + sizes[1]].decode()
-        notes = json.loads(body[24 + sizes[0] + sizes[1]:].decode())
+        meta = json.loads(body[24 + sizes[0] + sizes[1]:].decode())
     except (UnicodeDecodeError, ValueError):
         return None
-    if not isinstance(notes, list) or not all(_is_note(n) for n in notes):
+    if not isinstance(meta, dict):
+        return None
+    notes, kernels = meta.get("fallbacks"), meta.get("kernels")
+    if not isinstance(notes, list) or not all(_is_note(n) for n in notes) \
+            or not (kernels is None or isinstance(kernels, dict)):
         return None
     _touch(_path(directory, key))
-    return obj, ir_text, notes
+    return Entry(obj, ir_text, notes, kernels)
 
 
 def _is_note(note: object) -> bool:
@@ -153,11 +210,13 @@ def _is_note(note: object) -> bool:
 
 
 def store(directory: Path, key: str, obj: bytes, ir_text: str,
-          notes: list[dict] | None = None, limit: int = DEFAULT_MAX_BYTES) -> None:
-    """Store an entry (``notes``: see ``load``), then trim the cache to ``limit`` bytes
-    (``trim``); a cache that cannot be written is skipped silently (it only saves time)."""
+          notes: list[dict] | None = None, limit: int = DEFAULT_MAX_BYTES,
+          kernels: dict | None = None) -> None:
+    """Store an entry (``notes`` and ``kernels``: see ``Entry``), then trim the cache to
+    ``limit`` bytes (``trim``); a cache that cannot be written is skipped silently (it only
+    saves time)."""
     ir_bytes = ir_text.encode()
-    note_bytes = json.dumps(notes or []).encode()
+    note_bytes = json.dumps({"fallbacks": notes or [], "kernels": kernels}).encode()
     body = b"".join([len(obj).to_bytes(8, "little"), len(ir_bytes).to_bytes(8, "little"),
                      len(note_bytes).to_bytes(8, "little"), obj, ir_bytes, note_bytes])
     path = _path(directory, key)

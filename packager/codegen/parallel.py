@@ -1,13 +1,18 @@
-"""Compiling kernels in worker processes: every target's object in a worker of its own, in
-parallel where there are CPUs for it, and never in the exporting process.
+"""Compiling kernels in worker processes, in parallel where there are CPUs for it, and never in
+the exporting process.
 
-LLVM's optimizer and code generator dominate an export, one target at a time per process, so a
-fat bundle (x86-64-v2 up to the host's level) compiles its targets side by side. And llvmlite's
+LLVM's optimizer and code generator dominate a cold export, one module at a time per process.
+So a module's distinct kernels are optimized in groups (``kernel_groups``: ``GROUPS`` per
+target, balanced by estimated cost), every target's groups side by side, and each target's
+groups are then linked and compiled to its object (``build.optimize_group``,
+``build.link_groups``); a target whose module has one kernel group compiles whole. A cache hit
+(``build.object_key``, taken before any IR exists) needs no worker at all. And llvmlite's
 LLVM is built with assertions: a loop shape that trips one (seen: the loop vectorizer's "VPlan
 cost model and legacy cost model disagreed" for x86-64-v4) aborts the process that runs it. So
-each target compiles in a forked worker (which inherits the kernels without pickling them and
-sends back only its ``CompiledCode``), also when there is one target, and a worker that dies is
-one compile's failure, not the export's:
+every compile runs in forked workers (which inherit the kernels without pickling them and send
+back only bitcode or a ``CompiledCode``), also when there is one target, and a worker that
+dies is one compile's failure, not the export's: a target whose group worker died compiles its
+module whole in a worker, and when that dies too:
 
 1. find the kernels LLVM aborts on: a worker per CPU compiles a run of the module's kernels,
    each alone, one after another, reporting each; a death names the kernel it was compiling,
@@ -35,6 +40,7 @@ import resource
 import signal
 import sys
 import tempfile
+import time
 from dataclasses import dataclass
 from multiprocessing.connection import wait
 from typing import Any, Callable, Sequence
@@ -42,8 +48,9 @@ from typing import Any, Callable, Sequence
 from ..ir.graph import PrimFunc
 from ..ir.structure import structural_key
 from ..options import CompileOptions
-from .build import (CONSERVATIVE_PIPELINES, CompiledCode, Fallback, KernelCompileError,
-                    compile_in_process)
+from .build import (CONSERVATIVE_PIPELINES, CodegenError, CompiledCode, Fallback,
+                    KernelCompileError, cached_code, compile_in_process, link_groups,
+                    object_keys, optimize_group)
 from .target import Target
 
 
@@ -175,9 +182,53 @@ def _run(jobs: Sequence[tuple[Callable[..., Any], tuple]], at_once: int) -> list
     return [outcomes[i] for i in range(len(jobs))]
 
 
-def _compile_job(report, funcs, target, size_vars, options, fallbacks=(), use_cache=True
-                 ) -> CompiledCode:
-    return compile_in_process(funcs, target, size_vars, fallbacks, use_cache, options=options)
+class Background:
+    """``fn(*args)`` in a forked worker while this process goes on (the golden check's
+    reference run beside the passes and the compile); ``result()`` waits for its value and
+    raises what it raised. Where a worker cannot be forked (no ``fork``, a daemonic process),
+    or when the worker dies without a result, ``result()`` runs ``fn`` here instead, as
+    before there was a worker. Start it before this process starts threads of its own."""
+
+    def __init__(self, fn: Callable[..., Any], args: tuple) -> None:
+        self.fn, self.args = fn, args
+        self.worker: _Worker | None = None
+        if "fork" in multiprocessing.get_all_start_methods() \
+                and not multiprocessing.current_process().daemon:
+            gc.freeze()
+            try:
+                self.worker = _Worker(_call, (fn, args))
+            finally:
+                gc.unfreeze()
+
+    def result(self) -> Any:
+        worker = self.worker
+        if worker is None:
+            return self.fn(*self.args)
+        while not worker.finished:
+            wait([worker.conn])
+            worker.receive()
+        self.worker = None
+        outcome = worker.outcome
+        if outcome.died is not None:
+            return self.fn(*self.args)
+        if outcome.error is not None:
+            raise outcome.error
+        return outcome.value
+
+    def cancel(self) -> None:
+        if self.worker is not None:
+            self.worker.kill()
+            self.worker = None
+
+
+def _call(report, fn, args):
+    return fn(*args)
+
+
+def _compile_job(report, funcs, target, size_vars, options, fallbacks=(), use_cache=True,
+                 key=None) -> CompiledCode:
+    return compile_in_process(funcs, target, size_vars, fallbacks, use_cache, options=options,
+                              key=key)
 
 
 def compile_prim_funcs(funcs: Sequence[PrimFunc], target: Target,
@@ -201,19 +252,126 @@ def compile_for_targets(funcs: Sequence[PrimFunc], targets: Sequence[Target],
     is compiled with a conservative pipeline (the code's ``fallbacks`` say which), or raises
     ``KernelCompileError``. Without ``fork``, or in a
     daemonic process (a multiprocessing pool's worker), everything compiles in this process."""
+    # a cache hit needs no compile, so no worker: it is looked up here, before any IR exists
+    done: dict[int, CompiledCode] = {}
+    keys = object_keys(funcs, targets, size_vars, True, options) if options.cache_dir \
+        else [None] * len(targets)
+    for i, t in enumerate(targets):
+        hit = cached_code(keys[i], t, options)
+        if hit is not None:
+            done[i] = hit
+    missing = [(i, t) for i, t in enumerate(targets) if i not in done]
+    if not missing:
+        return [done[i] for i in range(len(targets))]
     if "fork" not in multiprocessing.get_all_start_methods() \
             or multiprocessing.current_process().daemon:   # a daemon may not start processes
-        return [compile_in_process(funcs, t, size_vars, options=options) for t in targets]
-    at_once = min(len(targets), _usable_cpus())
-    if not options.parallel_compile:
-        at_once = 1
-    outcomes = _run([(_compile_job, (funcs, t, size_vars, options)) for t in targets],
-                    max(at_once, 1))
+        done.update((i, compile_in_process(funcs, t, size_vars, options=options, key=keys[i]))
+                    for i, t in missing)
+        return [done[i] for i in range(len(targets))]
+    cpus = _usable_cpus() if options.parallel_compile else 1
+    groups = kernel_groups(funcs)
+    whole = missing
+    if len(groups) > 1:   # the kernel groups of every target side by side, then each object
+        whole = []
+        for (i, t), code in zip(missing, _compile_grouped(groups, [t for _, t in missing],
+                                                          size_vars, options,
+                                                          [keys[i] for i, _ in missing], cpus)):
+            if code is None:
+                whole.append((i, t))
+            else:
+                done[i] = code
+    # one module per target (a group died: LLVM aborted, see _recover; or one kernel group)
+    outcomes = _run([(_compile_job, (funcs, t, size_vars, options, (), True, keys[i]))
+                     for i, t in whole], max(1, min(len(whole), cpus)))
     for outcome in outcomes:
         if outcome.error is not None:
             raise outcome.error
-    return [o.value if o.died is None else _recover(funcs, t, size_vars, o.died, options)
-            for t, o in zip(targets, outcomes)]
+    for (i, t), o in zip(whole, outcomes):
+        done[i] = o.value if o.died is None else _recover(funcs, t, size_vars, o.died, options)
+    return [done[i] for i in range(len(targets))]
+
+
+# A module's kernels are optimized in this many groups per target (fewer when it has fewer
+# distinct kernels), whatever the machine: the object depends on the grouping, so a bundle is
+# the same bytes on every machine. Four keep two CPUs busy with one target and balance three.
+GROUPS = 4
+
+
+def kernel_groups(funcs: Sequence[PrimFunc], groups: int = GROUPS
+                  ) -> list[tuple[list[PrimFunc], float]]:
+    """``funcs`` in at most ``groups`` groups of about equal estimated LLVM time, each with
+    that estimate (the size of each distinct kernel's expression DAG, largest first onto the
+    lightest group), every function in its structural twin's group; each group in the
+    functions' own order, and the groups in the order of their first function."""
+    classes: dict[object, list[PrimFunc]] = {}
+    for f in funcs:
+        classes.setdefault(structural_key(f), []).append(f)
+    if len(classes) <= 1:
+        return [(list(funcs), 0.0)]
+    cost = {key: _estimated_cost(key) for key in classes}
+    bins: list[tuple[float, int, list[object]]] = [(0.0, b, []) for b in
+                                                   range(min(groups, len(classes)))]
+    for key in sorted(classes, key=lambda k: -cost[k]):   # stable: ties keep module order
+        load, b, members = min(bins)
+        members.append(key)
+        bins[b] = (load + cost[key], b, members)
+    chosen = {id(f): b for _, b, keys in bins for key in keys for f in classes[key]}
+    grouped = [([f for f in funcs if chosen[id(f)] == b], load) for load, b, _ in bins]
+    position = {id(f): i for i, f in enumerate(funcs)}
+    return sorted((g for g in grouped if g[0]), key=lambda g: position[id(g[0][0])])
+
+
+def _estimated_cost(key) -> float:
+    """LLVM time grows with the kernel's expression DAG (nodes), and a reduction's kernel (a
+    contraction's register-blocked microkernel, a pool's window) is several times larger."""
+    _, nodes, _ = key
+    reductions = sum(1 for n in nodes if n and n[0] == "reduce")
+    return len(nodes) * (1 + 4 * reductions)
+
+
+def _group_job(report, funcs, target, size_vars, options):
+    return optimize_group(funcs, target, size_vars, options)
+
+
+def _link_job(report, groups, target, options, key, start):
+    return link_groups(groups, target, options, key, start)
+
+
+def _compile_grouped(grouped: Sequence[tuple[Sequence[PrimFunc], float]],
+                     targets: Sequence[Target],
+                     size_vars: tuple[str, ...], options: CompileOptions,
+                     keys: Sequence[str | None], cpus: int) -> list[CompiledCode | None]:
+    """Each target's object from its kernel groups, optimized in parallel workers (every
+    target's groups at once, ``cpus`` at a time, the costliest first), then linked and
+    compiled to an object in a worker per target. None for a target where a worker died (LLVM
+    aborted): the caller compiles that one whole, which finds the culprit (``_recover``)."""
+    start = time.perf_counter()
+    groups = [g for g, _ in grouped]
+    cost = [c for _, c in grouped]
+    jobs = sorted(((t, g) for t in range(len(targets)) for g in range(len(groups))),
+                  key=lambda tg: -cost[tg[1]])
+    outcomes = _run([(_group_job, (groups[g], targets[t], size_vars, options))
+                     for t, g in jobs], max(1, min(cpus, len(jobs))))
+    parts: dict[tuple[int, int], Any] = {}
+    failed = set()
+    for (t, g), outcome in zip(jobs, outcomes):
+        if outcome.error is not None:
+            raise outcome.error
+        if outcome.died is not None:
+            failed.add(t)
+        else:
+            parts[t, g] = outcome.value
+    linking = [t for t in range(len(targets)) if t not in failed]
+    outcomes = _run([(_link_job, ([parts[t, g] for g in range(len(groups))], targets[t],
+                                  options, keys[t], start)) for t in linking],
+                    max(1, min(cpus, len(linking))))
+    result: list[CompiledCode | None] = [None] * len(targets)
+    for t, outcome in zip(linking, outcomes):
+        if outcome.error is not None and not isinstance(outcome.error, CodegenError):
+            raise outcome.error
+        if outcome.died is None and outcome.error is None:
+            result[t] = outcome.value
+    return result
 
 
 def _scan_job(report, kernels, target, size_vars, options) -> None:
