@@ -1,5 +1,5 @@
 """Fuzz the bundle reader, the header validation and the ELF loader with 100 000+ mutations of a
-real bundle (outside CI; ``tests/test_fuzz_bundle.py`` runs a short version).
+real bundle (outside CI; ``tests/format/test_fuzzed_bundles.py`` runs a short version).
 
     .venv/bin/python bench/fuzz_bundle.py                      # 100 000 mutations, all cores
     .venv/bin/python bench/fuzz_bundle.py --mutations 20000 --bundle my.mlc --json out.json

@@ -42,7 +42,7 @@ def _import_runtime(folder: Path, name: str):
 
 def _dense() -> onnx.ModelProto:
     """x [1, 3, H, W] -> 2x2 max pool -> nearest upsampling x2 -> + x -> sigmoid: H and W open
-    (tests/test_sessions_every_kind.py's model)."""
+    (tests/runtime/test_sessions_every_kind.py's model)."""
     scales = numpy_helper.from_array(np.array([1, 1, 2, 2], np.float32), "s")
     nodes = [helper.make_node("MaxPool", ["x"], ["p"], kernel_shape=[2, 2], strides=[2, 2]),
              helper.make_node("Resize", ["p", "", "s"], ["u"], mode="nearest"),

@@ -6,7 +6,7 @@ Exports each model once with its sizes symbolic and once per size with them fixe
 both alternating in one process, 1 thread, with ONNX Runtime (1 thread) beside them: median
 and min in microseconds, ratio of medians (``--threads N``: every engine on N threads).
 ``small`` (the default): the MLP and the encoder
-layer of tests/test_symbolic_shapes.py; ``real``: the PP-OCRv4 recognizer (W symbolic) and
+layer of tests/export/test_symbolic_shapes.py; ``real``: the PP-OCRv4 recognizer (W symbolic) and
 detector (H, W symbolic) of bench/corpus.py and a ResNet-18 exported from torch with dynamic
 H and W (bench/models.py); ``all``: both.
 """
@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "export"))
 from test_symbolic_shapes import encoder_model, mlp_model  # noqa: E402
 
 from mlcpack.frontends.onnx.importer import import_onnx  # noqa: E402

@@ -96,7 +96,7 @@ class CompileOptions:
     verify_ir: bool = True
     # test only: make LLVM "abort" on a kernel whose name contains NAME ("NAME": the default
     # pipeline; "NAME:always": every pipeline), as an LLVM assertion does (codegen/build.py
-    # _inject_fault; tests/test_llvm_abort.py; MLCPACK_TEST_LLVM_ABORT)
+    # _inject_fault; tests/export/test_llvm_abort_fails_one_kernel.py; MLCPACK_TEST_LLVM_ABORT)
     llvm_abort: str = ""
 
     def __post_init__(self) -> None:

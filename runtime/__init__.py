@@ -16,5 +16,5 @@ __all__ = ["BundleError", "CodeLoadError", "CpuFeatureError", "FormatVersionErro
            "register_library_function"]
 
 # The release of this runtime (runtime/pyproject.toml's version; mlcpack.__version__ and
-# mlcpack.packager.__version__ are the same release: tests/test_session_api.py checks them).
+# mlcpack.packager.__version__ are the same release: tests/runtime/test_session_api.py checks them).
 __version__ = "0.1.0"

@@ -9,7 +9,7 @@ the field. Readers (``runtime/model.py``, ``describe.py``, ``selftest.py``) then
 ``Header.to_msgpack()`` is the map the writer packs (``packager/bundle_writer.py``): known keys
 in the writer's order, absent optional fields left out, unknown keys kept (after the known ones),
 so ``Header.from_msgpack(h.to_msgpack(), n) == h`` and a bundle the exporter writes is byte for
-byte what it wrote before these types existed (tests/test_bundle_header.py).
+byte what it wrote before these types existed (tests/format/test_typed_header.py).
 
 A one-plan bundle is a ``Header`` with one ``Plan`` (the header's own inputs, kernels, code...).
 A dynamic-batch bundle (format 1.1) has one ``Plan`` per batch size under ``"plans"`` and, at
@@ -850,7 +850,7 @@ assert [k for k in TOP_KEYS if k in PLAN_KEYS] == list(PLAN_KEYS) and \
     [k for k in TOP_KEYS if k not in PLAN_KEYS] == list(Header.keys()), "TOP_KEYS is stale"
 
 # Every record of the schema: docs/format.md has one field table per record
-# (tests/test_format_doc.py).
+# (tests/docs/test_format_doc.py).
 RECORDS: tuple[type, ...] = (Header, Plan, IORow, TensorRow, KernelRow, CodeVariant,
                              LibraryCall, VMRecord, MemoryPlan, Symbolic, SymbolicBound,
                              BatchInfo, ConstantRow, StoredRecord, Golden, GoldenRow, Digest, PayloadArea,

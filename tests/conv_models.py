@@ -1,6 +1,6 @@
 """A one-Conv ONNX model with the conv kernel's fused epilogues (bias, an optional SiLU or
 HardSigmoid, an optional residual Add), same-padded (``k // 2`` each side); shared by
-tests/test_conv_tail.py and tests/test_conv_stride2_chunks.py."""
+tests/kernels/test_conv_partial_panel_tail.py and tests/kernels/test_conv_reduction_in_channel_chunks.py."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Bundle mutations and the property each must keep, shared by ``tests/test_fuzz_bundle.py`` (a
+"""Bundle mutations and the property each must keep, shared by ``tests/format/test_fuzzed_bundles.py`` (a
 short hypothesis run in CI) and ``bench/fuzz_bundle.py`` (100 000+ random mutations).
 
 The property: a mutated bundle either loads (and, where it is safe to run, gives exactly the
@@ -255,7 +255,7 @@ def check(seed: Seed, case: Case, path: Path) -> str:
 
 
 # The C runtime's exit codes for a refused bundle (README table); a sanitizer report exits
-# otherwise (tests/test_c_runtime.py sets ASAN_OPTIONS / UBSAN_OPTIONS exit codes).
+# otherwise (tests/runtime/test_c_runtime.py sets ASAN_OPTIONS / UBSAN_OPTIONS exit codes).
 C_REFUSALS = frozenset({3, 4, 5, 6, 7, 8, 12})
 
 

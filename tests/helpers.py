@@ -36,7 +36,7 @@ def build_op_module(op: str, inputs: Sequence[np.ndarray], const_mask: Sequence[
 def compile_and_run(mod, feeds: dict, tmp_path: Path, target: str | None = "host",
                     name: str = "m.mlc", threads: int | None = None) -> dict:
     """Export ``mod`` and run it here: for this host's level only (these tests check numbers on
-    this machine; the portable default's variants are tested in test_portable_target.py)."""
+    this machine; the portable default's variants are tested in test_portable_default_target.py)."""
     path = tmp_path / name
     export_module(mod, path, ExportOptions(target=target))
     with load(path, threads=threads) as model:

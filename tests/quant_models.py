@@ -1,6 +1,6 @@
 """Small float models and the quantized forms ONNX Runtime's quantizer writes of them, plus one
 hand-built model holding every quantized operator form the quantizer does not write; shared by
-tests/test_quant_import.py and the quantization-at-export tests."""
+tests/precision/test_quantized_onnx_import.py and the quantization-at-export tests."""
 
 from __future__ import annotations
 
@@ -157,7 +157,7 @@ def handmade_model(path: Path) -> Path:
     # (vpmaddubsw) saturates pairs of products at int16 (255 * 127 * 2 > 32767), so with
     # full-range weights it is no exact oracle there; 7-bit weights keep every pair sum in
     # range on every x86 level (mlcpack's integer kernels are checked at full range against
-    # numpy in test_qgemm_kernel.py)
+    # numpy in test_int8_gemm.py)
     s8 = lambda *s: rng.integers(-64, 64, s).astype(np.int8)  # noqa: E731
     f = lambda *s: rng.uniform(0.01, 0.05, s).astype(np.float32)  # noqa: E731
     big = s8(2048, 6)

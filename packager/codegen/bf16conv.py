@@ -17,7 +17,7 @@ BatchNorm, ReLU/clip, residual add) with planes of its own:
   channel, then the halves interleaved), so that each reduction step (pair j, tap) loads ``nv``
   vectors of 16 pixels' words and broadcasts each tile row's weight word (w[o, 2j], w[o, 2j +
   1]) into ``vdpbf16ps``: two multiply-adds per lane and instruction, the pair's odd product
-  first (tests/test_bf16_dot.py models it exactly);
+  first (tests/kernels/test_bf16_dot_v4.py models it exactly);
 - **every other x86 level** (a portable bundle's v2/v3/v4 variants: the weights are shared):
   the planes stay float32 (the channels of a pair one plane after the other) and each weight is
   widened as it is broadcast (``word << 16``, exact), two float32 multiply-adds per pair, in the

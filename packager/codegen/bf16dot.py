@@ -17,7 +17,7 @@ panels, tiles, the fused epilogue) with its own inner loop:
 
 ``vdpbf16ps``'s arithmetic (Intel SDM): for each lane, acc += a_odd * b_odd, then acc += a_even *
 b_even, each an FMA rounded to nearest even, with denormal inputs read as zero and denormal
-results flushed to zero, MXCSR ignored; tests/test_bf16_dot.py models it in numpy."""
+results flushed to zero, MXCSR ignored; tests/kernels/test_bf16_dot_v4.py models it in numpy."""
 
 from __future__ import annotations
 

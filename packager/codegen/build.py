@@ -108,7 +108,8 @@ def _target_machine(target: Target) -> llvm.TargetMachine:
 # Test-only fault injection (``CompileOptions.llvm_abort``, from this variable at the entries):
 # "NAME" makes the default pipeline abort the process (as an LLVM assertion does) while
 # optimizing a module that defines a kernel whose name contains NAME; "NAME:always" makes every
-# pipeline abort on it. tests/test_llvm_abort.py uses it through the real command line; nothing
+# pipeline abort on it. tests/export/test_llvm_abort_fails_one_kernel.py uses it through the real command
+# line; nothing
 # else sets it.
 FAULT_ENV = "MLCPACK_TEST_LLVM_ABORT"
 

@@ -59,7 +59,7 @@ activations and a zero-point correction zp' * sum(w):
   to int16), the same 6 x 2 register tile and epilogue.
 Tests compile both (the instruction is in the assembly), run their data path with the
 instruction written in portable IR (``CompileOptions.vnni_emulate``, ``MLCPACK_VNNI_EMULATE=1``
-at the command line), model the conv's inner loop in numpy (tests/test_qgemm_vnni.py), and run
+at the command line), model the conv's inner loop in numpy (tests/kernels/test_int8_gemm_vnni.py), and run
 them natively only on a CPU with avx512_vnni.
 aarch64+dotprod: the same quad kernels with ``sdot`` (``llvm.aarch64.neon.sdot``, two per
 8-lane accumulator; int8 x int8, so uint8 x is shifted by -128 instead: ``_quad_shift``), run
