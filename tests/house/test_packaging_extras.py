@@ -38,3 +38,22 @@ def test_torch_extra_pins_the_tested_release_and_the_readme_says_how_to_get_the_
     row = next(line for line in readme.splitlines() if line.startswith("| torch ("))
     assert row.startswith(f"| torch ({version}, CPU) |") and f"`.[torch]`, torch {version}" in row
     assert CPU_INDEX in row
+
+
+def test_every_package_folder_is_installed_by_a_plain_pip_install():
+    """``pip install .`` (not editable) installs only the packages pyproject.toml lists: a new
+    subpackage (codegen/contraction/ when gemm.py was split) missing there imports in an editable
+    checkout and fails on a user's install."""
+    with open(ROOT / "pyproject.toml", "rb") as f:
+        setuptools = tomllib.load(f)["tool"]["setuptools"]
+    listed = set(setuptools["packages"])
+    found = set()
+    for package, folder in setuptools["package-dir"].items():
+        if package == "mlcpack":
+            continue
+        for init in sorted((ROOT / folder).rglob("__init__.py")):
+            parts = init.parent.relative_to(ROOT / folder).parts
+            if parts and parts[0] == "mlcpack_top":   # the runtime distribution's own top
+                continue
+            found.add(".".join([package, *parts]))
+    assert found - listed == set(), "add these to [tool.setuptools] packages in pyproject.toml"
