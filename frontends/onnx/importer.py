@@ -310,6 +310,15 @@ def _input_shapes(inputs: Sequence[onnx.ValueInfoProto], given: dict[str, Sequen
         raise ExportError(f"--input-shape names {', '.join(map(repr, unknown))}, which "
                           f"{'is' if len(unknown) == 1 else 'are'} not an input of {source} "
                           f"(inputs: {', '.join(names) or 'none'})")
+    # a named dim that --input-shape fixes in one input is fixed in every input that shares the
+    # name (PLCMOS's degraded_audio [batch_size, 1, frames, 257] and rater_embed [batch_size,
+    # 64]: fixing one left the other open, and the golden check fed them different batches)
+    fixed: dict[str, int] = {}
+    for vi in inputs:
+        if vi.name in given and vi.type.HasField("tensor_type"):
+            for proto, d in zip(vi.type.tensor_type.shape.dim, given[vi.name]):
+                if proto.dim_param and isinstance(d, int) and not isinstance(d, bool):
+                    fixed.setdefault(proto.dim_param, d)
     shapes = {}
     for vi in inputs:
         tt = vi.type.tensor_type
@@ -329,7 +338,8 @@ def _input_shapes(inputs: Sequence[onnx.ValueInfoProto], given: dict[str, Sequen
         # A named or unknown dim stays symbolic (a size variable the runtime binds from the
         # fed array); an op that needs it fixed refuses with a pointer to --input-shape.
         shapes[vi.name] = tuple(
-            int(d) if d is not None else size_var(_var_name(vi.name, axis, proto.dim_param))
+            int(d) if d is not None else fixed[proto.dim_param] if proto.dim_param in fixed
+            else size_var(_var_name(vi.name, axis, proto.dim_param))
             for axis, (d, proto) in enumerate(zip(dims, tt.shape.dim)))
     return shapes
 
