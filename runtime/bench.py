@@ -79,7 +79,9 @@ def first_run(model, feeds: dict[str, np.ndarray], shapes_given: bool) -> None:
     try:
         model.run(feeds)
     except InputError as exc:
-        if shapes_given or getattr(model, "_symbolic", None) is None:
+        # (the schema, not a private attribute: Model's plan objects replaced ``_symbolic``,
+        # and the hint had silently gone)
+        if shapes_given or getattr(getattr(model, "schema", None), "symbolic", None) is None:
             raise
         from .sizes import smallest_shapes
 
