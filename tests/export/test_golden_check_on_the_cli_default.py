@@ -348,8 +348,11 @@ def test_every_passing_conformance_case_exports_by_default_with_and_without_onnx
         tmp_path, monkeypatch) -> None:
     cases = _cases()
     keys = [k for k in PASSING_LIST.read_text().split() if k]
-    chosen = keys if SLOW else stratified(keys, cases)
-    assert SLOW or len(chosen) >= 240
+    # the default run (CI, 2 cores, 30 minutes): every other case of the stratified sample, so
+    # about half the distinct operator sets go through the command line both ways here (every
+    # case is exported through the API by test_onnx_conformance); MLCPACK_SLOW=1: every case
+    chosen = keys if SLOW else stratified(keys, cases)[::2]
+    assert SLOW or len(chosen) >= 120
     problems = run_conformance(chosen, cases, tmp_path, monkeypatch)
     assert not problems, "\n".join(f"{k}: {p}" for k, v in problems.items() for p in v)
 
