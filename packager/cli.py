@@ -202,7 +202,8 @@ def export(
                                          "level from x86-64-v2 up to this CPU's, so the bundle "
                                          "runs on any x86-64-v2 machine and up), host (this "
                                          "CPU's level only: smallest and fastest to export), "
-                                         "x86-64-v2/v3/v4, aarch64, aarch64+dotprod; several, "
+                                         "x86-64-v2/v3/v4, aarch64, aarch64+dotprod, "
+                                         "aarch64+bf16; several, "
                                          "comma-separated, make a fat bundle whose runtime "
                                          "picks the best", metavar="LEVELS"),
     input_shape: list[str] = typer.Option([], help="fix an input's shape: name=1,3,224,224",

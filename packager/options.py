@@ -52,12 +52,14 @@ class CompileOptions:
     # more than passes/layout.py BF16_WIDEN_MAX_ROWS rows (compute-bound: the widening costs
     # more than the halved weight bytes save) keep fp32 weights; True stores them bf16 anyway
     bf16_widen_all: bool = False
-    # under "bf16", whether the targets multiply bf16 with vdpbf16ps (the set has
-    # x86-64-v4+bf16); None: chosen for the targets (``for_targets``)
+    # under "bf16", whether the targets multiply bf16 with vdpbf16ps or bfdot (the set has
+    # x86-64-v4+bf16 or aarch64+bf16: codegen/target.py has_bf16_dot); None: chosen for the
+    # targets (``for_targets``)
     bf16_dot: bool | None = None
     # under "bf16", plain convolutions (ungrouped, undilated, static shapes) become
     # nn.conv2d_bf16p (weights in input-channel pairs, codegen/bf16conv.py: vdpbf16ps on
-    # x86-64-v4+bf16); None: chosen for the targets (``for_targets``: a set with x86-64-v4+bf16)
+    # x86-64-v4+bf16, bfdot on aarch64+bf16); None: chosen for the targets (``for_targets``: as
+    # bf16_dot)
     bf16_pair_convs: bool | None = None
     # test only: the vdpbf16ps matmul's and convolution's data path (packing, loop order) with
     # vcvtne2ps2bf16 and vdpbf16ps written in portable IR (float32 FMAs, exact on normal
@@ -132,7 +134,7 @@ class CompileOptions:
             return self
         from .codegen import conv_oc
         from .codegen.contraction import geometry
-        from .codegen.target import resolve_targets
+        from .codegen.target import has_bf16_dot, resolve_targets
         if targets is None:
             targets = resolve_targets(self.target, self.precision)
         names = {t.name for t in targets}
@@ -141,15 +143,12 @@ class CompileOptions:
             changes["pack_conv_weights"] = conv_oc.packs_conv_weights(targets)
         if self.conv_row_widths is None:
             changes["conv_row_widths"] = geometry.conv_row_widths(targets)
+        # bf16 with a dot instruction (vdpbf16ps on x86-64-v4+bf16, bfdot on aarch64+bf16):
+        # every level of the set reads the K-pair panels (codegen/bf16dot.py)
+        dot = self.precision == "bf16" and has_bf16_dot(targets)
         if self.pack_matmul_weights is None:
-            # bf16: every x86 level reads the K-pair panels (codegen/bf16dot.py), vdpbf16ps on
-            # x86-64-v4+bf16
             changes["pack_matmul_weights"] = (
-                ("x86-64-v3" in names and names <= {"x86-64-v2", "x86-64-v3"})
-                or (self.precision == "bf16" and "x86-64-v4+bf16" in names
-                    and all(t.arch == "x86_64" for t in targets)))
-        dot = (self.precision == "bf16" and "x86-64-v4+bf16" in names
-               and all(t.arch == "x86_64" for t in targets))
+                ("x86-64-v3" in names and names <= {"x86-64-v2", "x86-64-v3"}) or dot)
         if self.bf16_dot is None:
             changes["bf16_dot"] = dot
         if self.bf16_pair_convs is None:

@@ -52,6 +52,7 @@ def fp32_note(mod: Any, options: Any, targets: tuple[str, ...] = ()) -> str:
     vdpbf16ps) and the convolutions with float32 weights. ``options``: the resolved
     CompileOptions; ``targets``: the bundle's level names. Empty when nothing but biases and
     the guard's choice stayed fp32."""
+    from .codegen.target import BF16_LEVELS
     from .ir.graph import CallTIR, Constant, Function
     from .passes.layout import BF16_WIDEN_MAX_ROWS, _kept
 
@@ -82,12 +83,13 @@ def fp32_note(mod: Any, options: Any, targets: tuple[str, ...] = ()) -> str:
                  f"one output pixel: no bf16 kernel; {_names(convs)})")
     elif convs and not options.bf16_convs:
         note += (f"; {len(convs)} convolutions stay fp32: bf16 convolutions (vdpbf16ps) need "
-                 f"x86-64-v4+bf16 (avx512_bf16) in the targets, and widened they are slower "
-                 f"than fp32")
-    widened = [t for t in targets if t != "x86-64-v4+bf16"]
+                 f"x86-64-v4+bf16 (avx512_bf16) in the targets (bfdot: aarch64+bf16), and "
+                 f"widened they are slower than fp32")
+    widened = [t for t in targets if t not in BF16_LEVELS]
     if options.bf16_pair_convs and widened and len(convs) < sum(
             1 for b in fn.bindings() if isinstance(b.value, CallTIR) and "conv2d" in b.value.func):
-        note += (f"; the bundle's levels without avx512_bf16 ({', '.join(widened)}) widen the "
+        feature = "bf16" if all(t.startswith("aarch64") for t in widened) else "avx512_bf16"
+        note += (f"; the bundle's levels without {feature} ({', '.join(widened)}) widen the "
                  f"bf16 convolution weights: slower there than an fp32 bundle")
     return note
 
@@ -100,8 +102,9 @@ def bf16_guard(writer: Any, header: Any, golden: Any, opts: Any, bf16_bytes: int
     bound = opts.bf16_max_error
     if bf16_bytes == 0:
         return True, ("bf16: no weight is stored as bf16 for this target (the bf16 kernels "
-                      "read the packed weights of x86-64 matmuls and, with x86-64-v4+bf16 in "
-                      "the bundle, convolutions)" + convs + "; the bundle computes as fp32")
+                      "read the packed weights of x86-64 matmuls and, with x86-64-v4+bf16 or "
+                      "aarch64+bf16 in the bundle, matmuls and convolutions)" + convs
+                      + "; the bundle computes as fp32")
     size = (f"{bf16_bytes / 1024:.1f} KiB of weights in bf16 (fp32: {bf16_bytes / 512:.1f} KiB)"
             + convs)
     if golden is None or golden.skipped or not golden.outputs:

@@ -65,6 +65,10 @@ def _levels() -> tuple[Level, ...]:
          "avx512_bf16"),
         ("aarch64", "aarch64", "generic", "+neon", "asimd fp"),
         ("aarch64+dotprod", "aarch64", "generic", "+neon,+dotprod", "asimddp"),
+        # FEAT_BF16 (HWCAP2_BF16: bfdot, bfmmla, bfcvt): the bf16 matmul and convolution
+        # (--precision bf16; codegen/bf16dot.py, bf16conv.py). Every core with it (Neoverse
+        # V1/N2/V2, Cortex-A510/A710 on, Apple M2 on) has dotprod too, so it follows that level.
+        ("aarch64+bf16", "aarch64", "generic", "+neon,+dotprod,+bf16", "bf16"),
     ]
     levels: list[Level] = []
     for name, arch, cpu, features, flags in rows:

@@ -18,7 +18,11 @@ BatchNorm, ReLU/clip, residual add) with planes of its own:
   vectors of 16 pixels' words and broadcasts each tile row's weight word (w[o, 2j], w[o, 2j +
   1]) into ``vdpbf16ps``: two multiply-adds per lane and instruction, the pair's odd product
   first (tests/kernels/test_bf16_dot_v4.py models it exactly);
-- **every other x86 level** (a portable bundle's v2/v3/v4 variants: the weights are shared):
+- **aarch64+bf16** (FEAT_BF16, 4 lanes): the same words made with ``bfcvtn`` (round to nearest
+  even, denormals kept) and ``bfdot`` in place of vdpbf16ps (per lane acc + (even product + odd
+  product), round to odd; tests/kernels/test_bf16_aarch64.py models it exactly);
+- **every other level** (a portable bundle's v2/v3/v4 or aarch64/aarch64+dotprod variants: the
+  weights are shared):
   the planes stay float32 (the channels of a pair one plane after the other) and each weight is
   widened as it is broadcast (``word << 16``, exact), two float32 multiply-adds per pair, in the
   order of the channels; slower than fp32 there (the widening), correct everywhere.
@@ -30,7 +34,8 @@ from llvmlite import ir
 
 from ..ir.graph import PrimFunc
 from ..ops.bf16 import CONV_PAIR_KIND
-from .bf16dot import BF16, DOT_LANES, bf16_bits_portable, dot_words, has_dot
+from .bf16dot import (BF16, BFDOT, DOT_LANES, KIND_LANES, VDPBF16PS, bf16_bits_portable,
+                      bfcvtn_words, dot_kind, dot_words)
 from .contraction.geometry import MAX_TASK_REGIONS, PARALLEL_MIN_MACS
 from .contraction.kernel import ContractionEmitter
 from .contraction.match import Contraction, match_contraction
@@ -87,10 +92,11 @@ class PairConvEmitter(ContractionEmitter):
     plans_conv = False
 
     def __init__(self, module: ir.Module, func: PrimFunc, symbol: str, match: Contraction,
-                 vl: int, dot: bool = False, emulate: bool = False) -> None:
+                 vl: int, dot: str | None = None, emulate: bool = False) -> None:
         super().__init__(module, func, symbol, match, DOT_LANES if emulate else vl)
         self.emulate = emulate   # the dot path in portable IR (CompileOptions.bf16_emulate)
-        self.dot = emulate or (dot and vl == DOT_LANES)
+        self.kind = VDPBF16PS if emulate else dot   # bf16dot.DOT_KINDS: the dot instruction
+        self.dot = emulate or (dot is not None and vl == KIND_LANES[dot])
 
     def _conv_geometry(self) -> dict:
         if self._geom_cache is None:
@@ -273,6 +279,8 @@ class PairConvEmitter(ContractionEmitter):
         b = self.builder
         if self.emulate:
             return self._pair_words_portable(even, odd)
+        if self.kind == BFDOT:
+            return bfcvtn_words(b, even, odd, interleave=True)
         v32b = ir.VectorType(BF16, 2 * DOT_LANES)
         cvt = intrinsic(self.module, "llvm.x86.avx512bf16.cvtne2ps2bf16.512", v32b,
                         [self.vty, self.vty])
@@ -289,7 +297,7 @@ class PairConvEmitter(ContractionEmitter):
         return b.or_(bf16_bits_portable(b, even), b.shl(bf16_bits_portable(b, odd), shift))
 
     def _dot(self, acc: ir.Value, pair: ir.Value, xw: ir.Value) -> ir.Value:
-        return dot_words(self.builder, self.module, acc, pair, xw, self.emulate)
+        return dot_words(self.builder, self.module, acc, pair, xw, self.emulate, self.kind)
 
     def _masked_store(self, ptr, value, vty: ir.VectorType, mask) -> None:
         b = self.builder
@@ -395,10 +403,10 @@ class PairConvEmitter(ContractionEmitter):
 def emit_pair_conv(module: ir.Module, func: PrimFunc, symbol: str, vl: int,
                    llvm_features: str, emulate: bool = False) -> KernelInfo | None:
     """The kernel of an ``nn.conv2d_bf16p`` ``func`` (static shapes), None for any other
-    function; ``llvm_features`` with avx512_bf16 (and 16 lanes) takes vdpbf16ps; ``emulate``
-    the same data path in portable IR (tests)."""
+    function; ``llvm_features`` with avx512_bf16 (and 16 lanes) takes vdpbf16ps, with aarch64's
+    bf16 (4 lanes) bfdot; ``emulate`` vdpbf16ps's data path in portable IR (tests)."""
     match = match_conv_pairs(func)
     if match is None:
         return None
-    return PairConvEmitter(module, func, symbol, match, vl, dot=has_dot(llvm_features),
+    return PairConvEmitter(module, func, symbol, match, vl, dot=dot_kind(llvm_features),
                            emulate=emulate).emit()

@@ -15,9 +15,17 @@ panels, tiles, the fused epilogue) with its own inner loop:
   half (both exact), and the products are float32 FMAs of unrounded activations, in the order
   of k as the fp32 kernel's.
 
+- **aarch64+bf16** (FEAT_BF16, 4 lanes): ``bfdot`` in the same data path: the activations
+  converted with ``bfcvtn`` (``fptrunc`` to bfloat: round to nearest even by FPCR, denormals
+  kept), each step a row's pair word broadcast against one vector of 4 columns' pair words.
+
 ``vdpbf16ps``'s arithmetic (Intel SDM): for each lane, acc += a_odd * b_odd, then acc += a_even *
 b_even, each an FMA rounded to nearest even, with denormal inputs read as zero and denormal
-results flushed to zero, MXCSR ignored; tests/kernels/test_bf16_dot_v4.py models it in numpy."""
+results flushed to zero, MXCSR ignored; tests/kernels/test_bf16_dot_v4.py models it in numpy.
+``bfdot``'s (Arm ARM ``BFDotAdd`` without FEAT_EBF16 or with FPCR.EBF 0, Linux's default): per
+lane acc + (a_even * b_even + a_odd * b_odd), the sum of the two products rounded, then its sum
+with acc, both **round to odd**, denormal inputs and results flushed to zero, FPCR ignored
+(qemu's ``bfdotadd`` does the same); tests/kernels/test_bf16_aarch64.py models it in numpy."""
 
 from __future__ import annotations
 
@@ -50,11 +58,32 @@ DOT_LANES = 16
 # 3 KiB)
 A_CHUNK = 256
 LLVM_FEATURE = "+avx512bf16"
+# the dot instructions by the LLVM feature that enables them, and their float32 lanes
+VDPBF16PS, BFDOT = "vdpbf16ps", "bfdot"
+DOT_KINDS = {LLVM_FEATURE: VDPBF16PS, "+bf16": BFDOT}
+KIND_LANES = {VDPBF16PS: DOT_LANES, BFDOT: 4}
 
 
-def has_dot(llvm_features: str) -> bool:
-    """Whether a target's LLVM features include avx512_bf16 (the x86-64-v4+bf16 level)."""
-    return LLVM_FEATURE in llvm_features.split(",")
+def dot_kind(llvm_features: str) -> str | None:
+    """The bf16 dot instruction a target's LLVM features enable: ``VDPBF16PS`` (x86-64-v4+bf16),
+    ``BFDOT`` (aarch64+bf16), or None."""
+    for feature in llvm_features.split(","):
+        if feature in DOT_KINDS:
+            return DOT_KINDS[feature]
+    return None
+
+
+def bfcvtn_words(b: ir.IRBuilder, lo: ir.Value, hi: ir.Value, interleave: bool) -> ir.Value:
+    """aarch64+bf16: two vectors of ``vl`` float32 rounded to bfloat16 (``bfcvtn``: round to
+    nearest even by FPCR, denormals kept) as ``vl`` 32-bit words, the first of each pair in the
+    low half: ``interleave`` False, lo's values then hi's (word w = elements 2w, 2w + 1 of
+    lo || hi, the matmul's K pairs); True, word l = (lo[l], hi[l]) (the conv's channel pairs)."""
+    vl = lo.type.count
+    parts = [b.fptrunc(x, ir.VectorType(BF16, vl)) for x in (lo, hi)]
+    order = ([k for lane in range(vl) for k in (lane, lane + vl)] if interleave
+             else list(range(2 * vl)))
+    mixed = b.shuffle_vector(parts[0], parts[1], ir.Constant(ir.VectorType(I32, 2 * vl), order))
+    return b.bitcast(mixed, ir.VectorType(I32, vl))
 
 
 def bf16_bits_portable(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
@@ -74,12 +103,16 @@ def bf16_bits_portable(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
 
 
 def dot_words(b: ir.IRBuilder, module: ir.Module, acc: ir.Value, pairs: ir.Value,
-              words: ir.Value, emulate: bool) -> ir.Value:
+              words: ir.Value, emulate: bool, kind: str = VDPBF16PS) -> ir.Value:
     """``vdpbf16ps``: acc (16 float32) + per lane the product of the two operands' odd
     halves, then of their even halves (``pairs``, ``words``: 16 lanes of bfloat16 pairs as
     i32). ``emulate``: in portable IR, each product one float32 FMA (bf16 x bf16 products are
     exact in float32, so each rounds once, as vdpbf16ps; its DAZ/FTZ on denormals is not
-    modelled)."""
+    modelled). ``kind`` ``BFDOT``: aarch64's ``bfdot`` on 4 lanes (never emulated)."""
+    if kind == BFDOT and not emulate:
+        v4f, v8b = ir.VectorType(F32, 4), ir.VectorType(BF16, 8)
+        dot = intrinsic(module, "llvm.aarch64.neon.bfdot.v4f32.v8bf16", v4f, [v4f, v8b, v8b])
+        return b.call(dot, [acc, b.bitcast(pairs, v8b), b.bitcast(words, v8b)])
     vty = ir.VectorType(F32, DOT_LANES)
     if not emulate:
         v32b = ir.VectorType(BF16, 2 * DOT_LANES)
@@ -99,15 +132,17 @@ def match_pairs(func: PrimFunc) -> Contraction | None:
 
 
 class PairMatmulEmitter(ContractionEmitter):
-    """``matmul_bf16p``: ``dot`` True, vdpbf16ps (16 lanes); else widened pair loads."""
+    """``matmul_bf16p``: ``dot`` a ``DOT_KINDS`` instruction (vdpbf16ps, 16 lanes; bfdot, 4
+    lanes); None, widened pair loads."""
 
     def __init__(self, module: ir.Module, func: PrimFunc, symbol: str, match: Contraction,
-                 vl: int, size_vars: tuple[str, ...] = (), dot: bool = False,
+                 vl: int, size_vars: tuple[str, ...] = (), dot: str | None = None,
                  emulate: bool = False) -> None:
         super().__init__(module, func, symbol, match, DOT_LANES if emulate else vl, size_vars)
         self._const_panels = True   # packed at export: no panel copy (_packs_b)
         self.emulate = emulate   # the vdpbf16ps path in portable IR (CompileOptions.bf16_emulate)
-        self.dot = emulate or (dot and self.vl == DOT_LANES)
+        self.kind = VDPBF16PS if emulate else dot
+        self.dot = emulate or (dot is not None and self.vl == KIND_LANES[dot])
         self._a_words: ir.Value | None = None   # the converted activations, shared by blocks
 
     # The two places ContractionEmitter runs its microkernel on a block of rows of one panel.
@@ -202,12 +237,13 @@ class PairMatmulEmitter(ContractionEmitter):
             step(full, False)
 
     def _dot_loop(self, rows, nv, K, a_rows, words, bases, accs) -> None:
-        """vdpbf16ps on activations converted a chunk of K at a time (vcvtne2ps2bf16)."""
+        """vdpbf16ps (bfdot) on activations converted a chunk of K at a time (vcvtne2ps2bf16,
+        bfcvtn)."""
         b = self.builder
         vl = self.vl
         v32b, ivec = ir.VectorType(BF16, 2 * vl), ir.VectorType(I32, vl)
-        cvt = intrinsic(self.module, "llvm.x86.avx512bf16.cvtne2ps2bf16.512", v32b,
-                        [self.vty, self.vty])
+        cvt = None if self.kind == BFDOT else intrinsic(
+            self.module, "llvm.x86.avx512bf16.cvtne2ps2bf16.512", v32b, [self.vty, self.vty])
         chunk_words = A_CHUNK // 2
         if self._a_words is None:   # one buffer for the tile's rows, whichever block runs
             most = max(rows, self._matmul_tile()[0])
@@ -224,7 +260,8 @@ class PairMatmulEmitter(ContractionEmitter):
                               const_i64(A_CHUNK))
             # rows x length activations -> bfloat16 pairs, 2 * vl at a time, zero past K
             with for_range(b, const_i64(0), b.ashr(b.add(length, const_i64(2 * vl - 1)),
-                                                   const_i64(5)), "kq") as kq:
+                                                   const_i64((2 * vl).bit_length() - 1)),
+                           "kq") as kq:
                 e0 = b.mul(kq, const_i64(2 * vl))
                 rem = b.sub(length, e0)
                 lo_mask, hi_mask = self._lane_mask(rem, 0), self._lane_mask(rem, 1)
@@ -233,7 +270,9 @@ class PairMatmulEmitter(ContractionEmitter):
                     lo = self._masked_load(b.bitcast(ptr, self.vty.as_pointer()), lo_mask)
                     hi = self._masked_load(b.bitcast(b.gep(ptr, [const_i64(vl)]),
                                                      self.vty.as_pointer()), hi_mask)
-                    if self.emulate:   # lo's 16 bfloat16 then hi's
+                    if self.kind == BFDOT:   # lo's 4 then hi's (bfcvtn)
+                        packed = bfcvtn_words(b, lo, hi, interleave=False)
+                    elif self.emulate:   # lo's 16 bfloat16 then hi's
                         i16v = ir.VectorType(ir.IntType(16), vl)
                         halves = [b.trunc(bf16_bits_portable(b, x), i16v) for x in (lo, hi)]
                         packed = b.bitcast(b.shuffle_vector(
@@ -255,7 +294,8 @@ class PairMatmulEmitter(ContractionEmitter):
                     pair = self._splat_i32(word)
                     for v in range(nv):
                         q = i * nv + v
-                        vals[q] = dot_words(b, self.module, vals[q], pair, wv[v], self.emulate)
+                        vals[q] = dot_words(b, self.module, vals[q], pair, wv[v],
+                                            self.emulate, self.kind)
                 for a, val in zip(accs, vals):
                     b.store(val, a)
 
@@ -271,10 +311,10 @@ def emit_pair_matmul(module: ir.Module, func: PrimFunc, symbol: str, vl: int,
                      llvm_features: str, size_vars: tuple[str, ...] = (),
                      emulate: bool = False) -> KernelInfo | None:
     """The kernel of a ``matmul_bf16p`` ``func`` (static or symbolic shapes), None for any
-    other function; ``llvm_features`` with avx512_bf16 (and 16 lanes) takes vdpbf16ps;
-    ``emulate`` the same data path in portable IR (tests)."""
+    other function; ``llvm_features`` with avx512_bf16 (and 16 lanes) takes vdpbf16ps, with
+    aarch64's bf16 (4 lanes) bfdot; ``emulate`` vdpbf16ps's data path in portable IR (tests)."""
     match = match_pairs(func)
     if match is None:
         return None
     return PairMatmulEmitter(module, func, symbol, match, vl, size_vars,
-                             dot=has_dot(llvm_features), emulate=emulate).emit()
+                             dot=dot_kind(llvm_features), emulate=emulate).emit()

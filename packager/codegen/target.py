@@ -43,7 +43,16 @@ def _from_level(name: str) -> Target:
 # Levels whose code differs from the level below only under ``--precision bf16``
 # (codegen/bf16dot.py): a portable export includes them for bf16 only, so an fp32 export on an
 # avx512_bf16 host does not carry a second, identical x86-64-v4 variant.
-BF16_LEVELS = frozenset({"x86-64-v4+bf16"})
+BF16_LEVELS = frozenset({"x86-64-v4+bf16", "aarch64+bf16"})
+
+
+def has_bf16_dot(targets) -> bool:
+    """Whether a target set multiplies bf16 with a dot instruction: all x86-64 with
+    x86-64-v4+bf16 among them (vdpbf16ps), or all aarch64 with aarch64+bf16 (bfdot). The
+    bundle's other levels then widen the same pair-packed weights (codegen/bf16dot.py)."""
+    names = {t.name for t in targets}
+    return any(level in names and all(t.arch == cpu.level(level).arch for t in targets)
+               for level in BF16_LEVELS)
 
 
 def resolve_target(name: str | None, precision: str = "fp32") -> Target:
@@ -123,7 +132,8 @@ def runs_on(targets: list[Target]) -> str:
                 "x86-64-v4+vnni": "x86-64 CPUs with AVX-512 VNNI (x86-64-v4+vnni)",
                 "x86-64-v4+bf16": "x86-64 CPUs with AVX-512 and avx512_bf16 (x86-64-v4+bf16)",
                 "aarch64": "any aarch64 CPU",
-                "aarch64+dotprod": "aarch64 CPUs with dotprod"}.get(lowest, lowest)
+                "aarch64+dotprod": "aarch64 CPUs with dotprod",
+                "aarch64+bf16": "aarch64 CPUs with bf16 (aarch64+bf16)"}.get(lowest, lowest)
         parts.append(what + (" and up" if lowest not in ("x86-64", "aarch64") else ""))
     return " or ".join(parts)
 

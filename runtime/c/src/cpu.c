@@ -30,6 +30,7 @@ static const level_row LEVELS[] = {
     {"x86-64-v4+bf16", "x86_64", "avx512_bf16"},
     {"aarch64", "aarch64", "asimd fp"},
     {"aarch64+dotprod", "aarch64", "asimddp"},
+    {"aarch64+bf16", "aarch64", "bf16"},
 };
 #define NLEVELS (sizeof LEVELS / sizeof LEVELS[0])
 
