@@ -74,6 +74,11 @@ class CompileOptions:
     # the VNNI qmatmul and qconv2d with vpdpbusd written in portable IR, on any target (tests:
     # runs the VNNI data path on a CPU without VNNI; MLCPACK_VNNI_EMULATE=1)
     vnni_emulate: bool = False
+    # int8 convolution weights packed at export in the quad kernels' layout (passes/
+    # quad_weights.py): the architecture ("x86_64", "aarch64") whose quad kernel (vpdpbusd,
+    # sdot) every target runs, "" when some target does not; None: chosen for the targets
+    # (``for_targets``; vnni_emulate makes every x86 target's a quad kernel)
+    conv_quads: str | None = None
     # -- layout and packing of constant weights (passes/layout.py). One-row products keep W
     # [N, K] for the dot-product kernel; export turns it off when several batch plans share W.
     one_row_gemv: bool = True
@@ -118,7 +123,8 @@ class CompileOptions:
     def resolved(self) -> bool:
         """Whether every layout choice is made (no field left to ``for_targets``)."""
         return None not in (self.pack_conv_weights, self.conv_row_widths,
-                            self.pack_matmul_weights, self.bf16_dot, self.bf16_pair_convs)
+                            self.pack_matmul_weights, self.bf16_dot, self.bf16_pair_convs,
+                            self.conv_quads)
 
     def replace(self, **changes: object) -> CompileOptions:
         return dataclasses.replace(self, **changes)
@@ -134,7 +140,7 @@ class CompileOptions:
             return self
         from .codegen import conv_oc
         from .codegen.contraction import geometry
-        from .codegen.target import has_bf16_dot, resolve_targets
+        from .codegen.target import has_bf16_dot, quad_arch, resolve_targets
         if targets is None:
             targets = resolve_targets(self.target, self.precision)
         names = {t.name for t in targets}
@@ -155,6 +161,8 @@ class CompileOptions:
             # vdpbf16ps convolutions where a variant has avx512_bf16 (the other variants of
             # the bundle widen the same pair weights: codegen/bf16conv.py)
             changes["bf16_pair_convs"] = dot
+        if self.conv_quads is None:
+            changes["conv_quads"] = quad_arch(targets, self.vnni_emulate)
         return dataclasses.replace(self, **changes)
 
     @classmethod
@@ -186,4 +194,4 @@ class CompileOptions:
 # The layout of the old context variables' defaults: no target-specific packing (what a pass
 # test that inspects the generic kernels wants; an export chooses per target instead).
 UNPACKED = CompileOptions(pack_conv_weights=False, conv_row_widths=(), pack_matmul_weights=False,
-                          bf16_dot=False, bf16_pair_convs=False)
+                          bf16_dot=False, bf16_pair_convs=False, conv_quads="")

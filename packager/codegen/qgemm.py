@@ -56,7 +56,9 @@ activations and a zero-point correction zp' * sum(w):
   *quads* per pixel (x's zero point in the padding, so padding adds zp' * w, which the
   correction removes), the bundle's k-pair weights are regrouped into int8 channel quads with
   each output channel's weight sum in the workspace on each call (as the AVX2 path widens them
-  to int16), the same 6 x 2 register tile and epilogue.
+  to int16), the same 6 x 2 register tile and epilogue; or, where every level of the bundle
+  runs this kernel, read as stored (``quads`` attribute: passes/quad_weights.py packed them at
+  export and folded the correction into the bias).
 Tests compile both (the instruction is in the assembly), run their data path with the
 instruction written in portable IR (``CompileOptions.vnni_emulate``, ``MLCPACK_VNNI_EMULATE=1``
 at the command line), model the conv's inner loop in numpy (tests/kernels/test_int8_gemm_vnni.py), and run
@@ -581,6 +583,11 @@ class _QConv(_QEmitter):
         # AVX-512 VNNI (int8 weights): planes of uint8 channel quads and vpdpbusd, else int16
         # channel pairs and vpmaddwd
         vnni = bool(getattr(self, "vnni", False)) and wk.dtype == "int8"
+        # weights packed at export as the quad loop reads them, the correction in the bias
+        # (ops/qconv_quads.py): no regrouping here
+        quads = bool(self.tag.attrs.get("quads", False))
+        if quads and (not vnni or self._quad_shift(x.dtype) != self.tag.attrs["shift"]):
+            raise LoweringError(f"{self.func.name}: weights packed for another quad kernel")
         cg = -(-c // 4) if vnni else cp                  # channel groups of a plane word
         phases = sorted({(ky % sh, kx % sw) for ky in range(kh) for kx in range(kw)})
         taps = [(ky, kx) for ky in range(kh) for kx in range(kw)]
@@ -595,7 +602,9 @@ class _QConv(_QEmitter):
         rows6 = CONV_ROWS
         ot = int(wk.shape[0])
         n_words = ot * steps * rows6
-        if vnni:    # the weights as s8 quads [ot][ksteps][6] words, then sum_c,t w per row
+        if quads:
+            w_bytes = 0
+        elif vnni:    # the weights as s8 quads [ot][ksteps][6] words, then sum_c,t w per row
             wsum_at = _align(ot * ksteps * rows6 * 4)
             w_bytes = wsum_at + _align(ot * rows6 * 4)
         else:
@@ -635,8 +644,11 @@ class _QConv(_QEmitter):
         if vnni:
             shift = self._quad_shift(x.dtype)
             zpq = b.add(xzp, ir.Constant(I32, shift))    # x's zero point as the planes hold it
-            wexp32, wsum = self._vnni_weights(ws, buf[wk.uid], lo, hi, mr, ot, len(taps), cp,
-                                              cg, steps, ksteps, wsum_at)
+            if quads:
+                wexp32, wsum = b.bitcast(buf[wk.uid], I32.as_pointer()), None
+            else:
+                wexp32, wsum = self._vnni_weights(ws, buf[wk.uid], lo, hi, mr, ot, len(taps),
+                                                  cp, cg, steps, ksteps, wsum_at)
         elif w_bytes:   # int8 weights (the bundle's) widened to int16, this task's tiles
             wexp = b.bitcast(ws, I16.as_pointer())
             # 6-row tiles of the packed weights are mr-row tiles' groups (mr divides 6)
@@ -701,7 +713,8 @@ class _QConv(_QEmitter):
                     accs = self._tile(nrows, self.nv, steps, a_word_at(oc0), b_vec_at(q0))
                 for r in range(nrows):
                     ocr = b.add(oc0, const_i64(r))
-                    if vnni:    # sum (x_q - zp') w = sum (x - x_zp) w + zp' sum w (wrapping)
+                    if vnni and wsum is not None:
+                        # sum (x_q - zp') w = sum (x - x_zp) w + zp' sum w (wrapping)
                         corr = self._splat(b.mul(zpq, b.load(b.gep(wsum, [ocr]))), V8I32)
                         accs[r] = [b.sub(a, corr) for a in accs[r]]
                     bv = self._splat(b.load(b.gep(buf[bias.uid], [ocr])), V8I32)
@@ -724,7 +737,7 @@ class _QConv(_QEmitter):
                 init = []
                 for ocr in ocs:
                     start = b.load(b.gep(buf[bias.uid], [ocr]))
-                    if vnni:    # sum (x_q - zp') w = sum (x - x_zp) w + zp' sum w (wrapping)
+                    if vnni and wsum is not None:   # zp' sum w (wrapping); quads: in the bias
                         start = b.sub(start, b.mul(zpq, b.load(b.gep(wsum, [ocr]))))
                     init.append(self._splat(start, V8I32))
                 if vnni:

@@ -95,6 +95,20 @@ def drop_idle_levels(targets: list[Target], funcs) -> list[Target]:
     return [t for t in targets if t not in idle]
 
 
+def quad_arch(targets, emulate: bool = False) -> str:
+    """The architecture whose quad int8 kernel (codegen/qgemm.py: ``vpdpbusd`` where the LLVM
+    features have +avx512vnni, ``sdot`` where they have +dotprod) every target runs, "" when
+    some target does not or they are of two architectures. ``emulate``
+    (``CompileOptions.vnni_emulate``): every x86 target runs the quad kernel."""
+    arches = {t.arch for t in targets}
+    if len(arches) != 1:
+        return ""
+    arch = arches.pop()
+    need = "+avx512vnni" if arch == "x86_64" else "+dotprod"
+    runs = all(need in t.llvm_features.split(",") for t in targets)
+    return arch if runs or (emulate and arch == "x86_64") else ""
+
+
 # The oldest level a portable bundle covers on each architecture: x86-64-v2 (SSE4.2, 2009 on)
 # runs on every x86-64 machine still in service; the v1 baseline would only slow the common case.
 PORTABLE_BASELINE = {"x86_64": "x86-64-v2", "aarch64": "aarch64"}

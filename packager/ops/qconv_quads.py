@@ -1,0 +1,137 @@
+"""``qconv2d_quads``: a ``qconv2d`` whose int8 weights are stored in the layout the quad
+kernels' inner loop reads (``vpdpbusd`` on x86-64-v4+vnni, ``sdot`` on aarch64+dotprod;
+codegen/qgemm.py), packed once at export instead of on every call.
+
+``passes/quad_weights.py`` makes it from a ``qconv2d`` (ops/qlinear.py) with constant int8
+weights, x zero point and bias when every level of the bundle runs the quad kernel:
+
+- the weights ``wq [ot, taps * cg, 6, 4]`` int8 (cg = ceil(C / 4) channel quads; ``wq[g, t *
+  cg + q, r, e] = w[6g + r, 4q + e, ky, kx]``, tap t = ky * KW + kx, zero past C): each 6-row
+  tile's steps, one int32 word per output channel and step, the 4 channels of a quad in its
+  bytes, which is what the kernel broadcasts against a vector of 8 pixels' quads;
+- the quad kernels read x shifted by ``shift`` (``vpdpbusd`` multiplies uint8: int8 x + 128;
+  ``sdot`` int8: uint8 x - 128; else 0) and pad with x's zero point shifted the same way
+  (zp' = x_zp + shift), so each output's sum is sum (x' w) = sum (x - x_zp) w + zp' sum w. The
+  correction zp' * sum_{c, ky, kx} w[o] is folded into the bias at export: ``bias' = bias - zp'
+  sum w`` (int32, wrapping like the kernel's accumulators, so the results are the same bits).
+
+The value is qconv2d's: ``acc = sum (x' w) + bias'``, then the same requantize epilogue and
+optional ``lut8`` table."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..ir import te
+from ..ir.graph import TensorType
+from ..ir.patterns import tag_reduction
+from .qlinear import (CONV_ROWS, _apply_table, _epilogue, _infer_qconv2d, _lookup, _out_size,
+                      _requantize)
+from .registry import OPAQUE, register_op
+
+QUADS_KIND = "qconv2d_quads"
+
+
+def pairs_to_quads(wk: np.ndarray, taps: int) -> np.ndarray:
+    """qconv2d's int8 k-pair weights [ot, taps * cp, 6, 2] -> the quads [ot, taps * cg, 6, 4]
+    (a zero pair after an odd cp)."""
+    ot, steps = wk.shape[:2]
+    cp = steps // taps
+    cg = -(-cp // 2)
+    pairs = np.zeros((ot, taps, 2 * cg, CONV_ROWS, 2), wk.dtype)
+    pairs[:, :, :cp] = wk.reshape(ot, taps, cp, CONV_ROWS, 2)
+    quads = pairs.reshape(ot, taps, cg, 2, CONV_ROWS, 2).transpose(0, 1, 2, 4, 3, 5)
+    return np.ascontiguousarray(quads.reshape(ot, taps * cg, CONV_ROWS, 4))
+
+
+def unpack_quads(wq: np.ndarray, o: int, c: int, kh: int, kw: int) -> np.ndarray:
+    """The quads back to weights [O, C, KH, KW]."""
+    ot, steps = wq.shape[:2]
+    cg = steps // (kh * kw)
+    t = wq.reshape(ot, kh * kw, cg, CONV_ROWS, 4).transpose(0, 3, 1, 2, 4)
+    return t.reshape(ot * CONV_ROWS, kh, kw, 4 * cg).transpose(0, 3, 1, 2)[:o, :c]
+
+
+def folded_bias(bias: np.ndarray, wq: np.ndarray, zp_shifted: int) -> np.ndarray:
+    """``bias - zp' * sum w`` per output channel, int32 with wrap-around (the kernel's)."""
+    o = bias.shape[0]
+    wsum = wq.astype(np.int64).sum(axis=(1, 3)).reshape(-1)[:o]
+    folded = bias.astype(np.int64) - int(zp_shifted) * wsum
+    return ((folded + (1 << 31)) % (1 << 32) - (1 << 31)).astype(np.int32)
+
+
+def _infer(x: TensorType, wq: TensorType, x_zp: TensorType, bias: TensorType,
+           multiplier: TensorType, y_zp: TensorType, *table: TensorType, shift: int = 0,
+           **attrs) -> TensorType:
+    c = x.shape[1]
+    kh, kw = attrs.get("kernel", (1, 1))
+    o = attrs.get("out_channels", 0)
+    if (wq.dtype != "int8" or len(wq.shape) != 4 or wq.shape[0] != -(-o // CONV_ROWS)
+            or wq.shape[1] != kh * kw * -(-c // 4) or tuple(wq.shape[2:]) != (CONV_ROWS, 4)):
+        raise ValueError(f"{QUADS_KIND}: int8 quads {wq.dtype} {wq.shape} do not fit x "
+                         f"{x.shape}, {o} outputs, kernel {(kh, kw)}")
+    if shift not in (-128, 0, 128):
+        raise ValueError(f"{QUADS_KIND}: shift {shift} is none of -128, 0, 128")
+    pairs = TensorType((wq.shape[0], kh * kw * -(-c // 2), CONV_ROWS, 2), "int8")
+    return _infer_qconv2d(x, pairs, x_zp, bias, multiplier, y_zp, *table, **attrs)
+
+
+def _legalize(x: te.Tensor, wq: te.Tensor, x_zp: te.Tensor, bias: te.Tensor,
+              multiplier: te.Tensor, y_zp: te.Tensor, *table: te.Tensor,
+              out_type: TensorType, name: str, out_channels: int = 0, kernel=(1, 1),
+              strides=(1, 1), padding=(0, 0, 0, 0), dtype: str = "uint8", relu: bool = False,
+              shift: int = 0) -> te.Tensor:
+    _, c, h, w = x.shape
+    kh, kw = kernel
+    cg = -(-c // 4)
+    rc, ry, rx = te.reduce_axis(c, "rc"), te.reduce_axis(kh, "ry"), te.reduce_axis(kw, "rx")
+    # the kind codegen/qgemm.py emits, with the attributes that say the weights are quads
+    tag_reduction(rc, "qconv2d", (x, wq, x_zp, bias, multiplier, y_zp) + table,
+                  out_channels=out_channels, kernel=tuple(kernel), strides=tuple(strides),
+                  padding=tuple(padding), dtype=dtype, relu=relu, quads=True, shift=shift)
+
+    def clamp(i, size):
+        return te.minimum(te.maximum(i, 0), size - 1)
+
+    def acc_body(b, oc, oy, ox):
+        iy = oy * strides[0] - padding[0] + ry
+        ix = ox * strides[1] - padding[1] + rx
+        inside = te.logical_and(te.logical_and(iy >= 0, iy < h), te.logical_and(ix >= 0, ix < w))
+        zp = te.cast(x_zp[()], "int32") + te.const(shift, "int32")
+        xv = te.if_then_else(inside, te.cast(x[b, rc, clamp(iy, h), clamp(ix, w)], "int32")
+                             + te.const(shift, "int32"), zp)
+        wv = wq[oc // CONV_ROWS, (ry * kw + rx) * cg + rc // 4, oc % CONV_ROWS, rc % 4]
+        return te.sum_of(xv * te.cast(wv, "int32"), (rc, ry, rx))
+
+    acc = te.compute(out_type.shape, acc_body, name=name + "_acc", dtype="int32")
+    q = _epilogue(acc, bias, multiplier, y_zp, 1, out_type.shape,
+                  name + "_q" if table else name, dtype, relu)
+    return _lookup(q, table, 1, name)
+
+
+@register_op(QUADS_KIND, OPAQUE, _infer, _legalize)
+def qconv2d_quads(x: np.ndarray, wq: np.ndarray, x_zp: np.ndarray, bias: np.ndarray,
+                  multiplier: np.ndarray, y_zp: np.ndarray, *table: np.ndarray,
+                  out_channels: int = 0, kernel=(1, 1), strides=(1, 1), padding=(0, 0, 0, 0),
+                  dtype: str = "uint8", relu: bool = False, shift: int = 0) -> np.ndarray:
+    b, c, h, w = x.shape
+    kh, kw = kernel
+    o = out_channels
+    wd = unpack_quads(wq, o, c, kh, kw).astype(np.int64)
+    zp = int(x_zp) + shift
+    xp = np.pad(x.astype(np.int64) + shift, ((0, 0), (0, 0), (padding[0], padding[2]),
+                                             (padding[1], padding[3])), constant_values=zp)
+    oh = _out_size(h, kh, strides[0], padding[0], padding[2])
+    ow = _out_size(w, kw, strides[1], padding[1], padding[3])
+    acc = np.zeros((b, o, oh, ow), np.int64)
+    for ky in range(kh):
+        for kx in range(kw):
+            patch = xp[:, :, ky:ky + strides[0] * (oh - 1) + 1:strides[0],
+                       kx:kx + strides[1] * (ow - 1) + 1:strides[1]]
+            acc += np.einsum("nchw,oc->nohw", patch, wd[:, :, ky, kx])
+    acc += bias.reshape(1, o, 1, 1)
+    acc = (acc + (1 << 31)) % (1 << 32) - (1 << 31)   # int32 wrap-around, as the kernel's
+    off = y_zp.reshape(1, o, 1, 1) if dtype == "float32" else y_zp
+    mult = multiplier if multiplier.shape == () else multiplier.reshape(1, o, 1, 1)
+    return _apply_table(_requantize(acc, mult, off, dtype, relu), table)
+

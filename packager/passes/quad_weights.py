@@ -1,0 +1,70 @@
+"""Pack the quad kernels' convolution weights at export (``qconv2d`` -> ``qconv2d_quads``).
+
+On x86-64-v4+vnni (``vpdpbusd``) and aarch64+dotprod (``sdot``) a ``qconv2d`` with int8
+weights runs the quad kernel (codegen/qgemm.py), which reads the weights as int8 channel quads
+per output channel and step and subtracts zp' * sum(w) per output channel. From the bundle's
+k-pair layout (``ops/qlinear.pack_conv_weights``, what every other level reads) it regroups
+them and sums them on every call. When every level of the bundle runs the quad kernel
+(``options.conv_quads``: the architecture whose quad kernel they run, "" when some level
+does not), this pass stores them as the quad kernel reads them instead (``ops/qconv_quads.py``)
+and folds the correction into the bias, so the call starts at its planes. Bundles with other
+levels too (a portable bundle: x86-64-v2 ... v4+vnni) keep the k-pairs that those read: storing
+both layouts would double the int8 weights.
+
+Taken: int8 weights, a constant x zero point and bias (a static QDQ model's; a dynamically
+quantized input's zero point is computed at run time), and not the 1x1-image case
+(``_QConv._emit_vector`` reads the k-pairs directly)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..ir.graph import Call, Constant, IRModule
+from ..options import CompileOptions
+from .common import map_functions, rewrite_function
+
+
+def quad_shift(arch: str, x_dtype: str) -> int:
+    """What the quad kernel adds to x on ``arch`` (codegen/qgemm.py ``_quad_shift``):
+    ``vpdpbusd`` multiplies uint8 (int8 x + 128), ``sdot`` int8 (uint8 x - 128)."""
+    if arch == "aarch64":
+        return -128 if x_dtype == "uint8" else 0
+    return 128 if x_dtype == "int8" else 0
+
+
+def _vector_case(v: Call) -> bool:
+    """The 1x1 convolution of a 1x1 image: a matrix-vector kernel on the k-pairs."""
+    _, _, h, w = v.args[0].type.shape
+    return (h, w, *v.attrs["kernel"]) == (1, 1, 1, 1) and not any(v.attrs["padding"])
+
+
+def pack_conv_quads(mod: IRModule, options: CompileOptions) -> IRModule:
+    """Every takeable ``qconv2d`` (module docstring) becomes ``qconv2d_quads`` when
+    ``options.conv_quads`` names the targets' architecture; else the module is unchanged."""
+    arch = options.conv_quads
+    if not arch:
+        return mod
+    from ..ops.qconv_quads import QUADS_KIND, folded_bias, pairs_to_quads
+
+    made: dict[int, Constant] = {}   # one quad constant per k-pair constant
+
+    def visit(b, lookup):
+        v = b.value
+        if not (isinstance(v, Call) and v.op == "qconv2d"):
+            return None
+        x, wk, x_zp, bias = v.args[:4]
+        if not (isinstance(wk, Constant) and isinstance(x_zp, Constant)
+                and isinstance(bias, Constant) and wk.data.dtype == np.int8
+                and not _vector_case(v)):
+            return None
+        kh, kw = v.attrs["kernel"]
+        shift = quad_shift(arch, x.type.dtype)
+        if id(wk) not in made:
+            made[id(wk)] = Constant(f"{wk.name}_q4", pairs_to_quads(wk.data, kh * kw))
+        wq = made[id(wk)]
+        zp = int(np.asarray(x_zp.data).reshape(())) + shift
+        folded = Constant(f"{bias.name}_q4", folded_bias(bias.data, wq.data, zp))
+        args = [lookup(x), wq, x_zp, folded] + [lookup(a) for a in v.args[4:]]
+        return Call(QUADS_KIND, args, {**v.attrs, "shift": shift}, v.type)
+
+    return map_functions(mod, lambda fn: rewrite_function(fn, visit))
