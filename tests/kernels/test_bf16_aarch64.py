@@ -506,3 +506,41 @@ def test_c_runtime_reads_hwcap2_bf16_under_qemu(built, tmp_path):
         ref = _fp32(case, meta, got["x"])
         k = int(np.prod(meta["w"].shape[1:]))
         np.testing.assert_allclose(y, ref, rtol=0, atol=2 ** -23 * k * float(np.abs(ref).max()))
+
+
+@needs_qemu
+@pytest.mark.skipif(CROSS is None, reason="cross-builds the C runtime: needs Debian's "
+                    "gcc-aarch64-linux-gnu (apt-get install gcc-aarch64-linux-gnu)")
+def test_symbolic_rows_under_qemu(tmp_path):
+    """A Gemm with a symbolic batch (matmul_bf16p with run-time extents) exported for
+    aarch64+dotprod,aarch64+bf16 and run at batch 3 by the C runtime on qemu's max CPU: the
+    model's bits."""
+    from onnx import TensorProto, helper
+
+    from conftest import ROOT
+    from mlcpack.frontends.onnx import import_onnx
+    from mlcpack.packager.export import ExportOptions, export_module
+    from mlcpack.packager.ops.bf16 import pack_pairs
+
+    w = (RNG.standard_normal((37, 45)) / 7).astype(np.float32)
+    model = _onnx([helper.make_node("Gemm", ["x", "w"], ["y"], transB=1)],
+                  [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 45])],
+                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 37])],
+                  {"w": w})
+    mod, _ = import_onnx(model)
+    path = tmp_path / "sym.mlc"
+    report = export_module(mod, path, ExportOptions(target=f"aarch64+dotprod,{A64_BF16}",
+                                                    precision="bf16"))
+    assert report.precision == "bf16", report.precision_note
+    cdir = ROOT / "runtime" / "c"
+    proc = subprocess.run(["make", "-C", str(cdir), "-j2", "aarch64"], capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    x = RNG.standard_normal((3, 45)).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    proc = subprocess.run([QEMU, str(cdir / "build-aarch64" / "mlcrun"), "run", str(path),
+                           str(tmp_path / "x.npy"), "-o", str(tmp_path / "out")],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    want = bfdot_matmul(x, pack_pairs(to_bfloat16(w.T)).view(np.uint16), 37)
+    np.testing.assert_array_equal(bits32(np.load(tmp_path / "out" / "out0.npy")), bits32(want))
