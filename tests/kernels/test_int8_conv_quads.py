@@ -119,12 +119,13 @@ def _export(args, attrs, path: Path, target: str, **compile_fields) -> Path:
 
 @pytest.mark.skipif(host_arch() != "x86_64" or not {"avx2", "fma"} <= host_features(),
                     reason="runs x86-64-v3 code: needs an x86-64 host with AVX2 and FMA")
-@pytest.mark.parametrize("case", ["3x3_s2_c6_o13", "7x7_s2_p3_stem"])
-def test_emulated_prepacked_kernel_matches_per_call_regrouping(case: str, tmp_path: Path) -> None:
+def test_emulated_prepacked_kernel_matches_per_call_regrouping(tmp_path: Path) -> None:
     """The VNNI qconv2d's own code with vpdpbusd in portable IR (``vnni_emulate``) for
     x86-64-v3: the weights packed at export (quads, folded bias) and regrouped per call (the
     same kernel with ``conv_quads=""``) give the same bytes, equal to exact integer math, on 1
-    and 2 threads."""
+    and 2 threads. (test_int8_gemm_vnni.py's emulated cases, a strided 7x7 among them, run the
+    packed path too: ``vnni_emulate`` makes every x86 level a quad kernel.)"""
+    case = "3x3_s2_c6_o13"
     from mlcpack.runtime import load
     from mlcpack.runtime.bundle import BundleReader
 
@@ -187,10 +188,11 @@ CROSS = shutil.which("aarch64-linux-gnu-gcc")
                     reason="runs aarch64 code under qemu-aarch64-static from an x86-64 host "
                            "with the C runtime cross-built (Debian's qemu-user-static and "
                            "gcc-aarch64-linux-gnu)")
-def test_sdot_prepacked_under_qemu(tmp_path: Path) -> None:
-    """aarch64+dotprod's sdot kernel on weights packed at export (uint8 x: shifted by -128,
-    the correction folded for that shift; int8 x: no shift) and regrouped per call, run by the
-    cross-built C runtime under qemu: both bit for bit exact integer math."""
+def test_sdot_per_call_under_qemu(tmp_path: Path) -> None:
+    """aarch64+dotprod's sdot kernel on weights regrouped per call (``conv_quads=""``; uint8
+    x shifted by -128, int8 x not), run by the cross-built C runtime under qemu: bit for bit
+    exact integer math. The packed path (the default for aarch64+dotprod alone) runs under
+    qemu in test_int8_gemm.py ``test_integer_kernels_on_aarch64_under_qemu``, both shifts."""
     from conftest import ROOT
 
     cdir = ROOT / "runtime" / "c"
@@ -200,7 +202,7 @@ def test_sdot_prepacked_under_qemu(tmp_path: Path) -> None:
     for case in ("3x3_s1_p1_c3", "3x3_s2_c6_o13"):
         args, attrs, expect = _case(case)
         np.save(tmp_path / "x.npy", args[0])
-        for name, quads in (("packed", None), ("per_call", "")):
+        for name, quads in (("per_call", ""),):
             path = _export(args, attrs, tmp_path / f"{case}-{name}.mlc", "aarch64+dotprod",
                            conv_quads=quads)
             out = tmp_path / f"{case}-{name}"
