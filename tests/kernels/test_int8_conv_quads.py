@@ -212,3 +212,36 @@ def test_sdot_per_call_under_qemu(tmp_path: Path) -> None:
             assert proc.returncode == 0, proc.stderr
             np.testing.assert_array_equal(np.load(out / "out0.npy"), expect,
                                           err_msg=f"{case} {name}")
+
+
+@pytest.mark.skipif(host_arch() != "x86_64" or not {"avx2", "fma"} <= host_features(),
+                    reason="runs x86-64-v3 code: needs an x86-64 host with AVX2 and FMA")
+def test_emulated_prepacked_kernel_with_a_table(tmp_path: Path) -> None:
+    """A lut8 table folded into the qconv2d (a 7th input, passes/quantize_lut.py) stays the
+    7th input of qconv2d_quads: int8 results looked up per channel, exact against numpy."""
+    from mlcpack.packager.ops.qlinear import lut8, pack_conv_weights
+    from mlcpack.runtime import load
+
+    rng = np.random.default_rng(44)
+    x = rng.integers(-128, 128, (1, 5, 9, 12)).astype(np.int8)
+    wd = rng.integers(-127, 128, (7, 5, 3, 3))
+    args = [x, pack_conv_weights(wd), np.array(-7, np.int32),
+            rng.integers(-3000, 3000, 7).astype(np.int32),
+            rng.uniform(1e-4, 1e-3, 7).astype(np.float32), np.array(-3, np.float32),
+            rng.integers(0, 256, (7, 256)).astype(np.uint8)]
+    attrs = dict(out_channels=7, kernel=(3, 3), strides=(1, 1), padding=(1,) * 4, dtype="int8")
+    expect = lut8(qconv2d(*args[:6], **attrs), args[6], 1)
+    from mlcpack.packager.export import ExportOptions, export_module
+    from mlcpack.packager.options import CompileOptions
+    path = tmp_path / "lut.mlc"
+    export_module(build_op_module("qconv2d", args, [False] + [True] * 6, **attrs), path,
+                  ExportOptions(target="x86-64-v3", check=False,
+                                compile=CompileOptions(vnni_emulate=True)))
+    with load(path) as model:
+        got = model.run({"x0": x})["y"]
+    np.testing.assert_array_equal(got, expect)
+    assert len(np.unique(got)) > 40
+    from mlcpack.runtime.bundle import BundleReader
+    with BundleReader(path) as reader:
+        assert [tuple(c["shape"]) for c in reader.header["constants"]
+                if c["dtype"] == "int8"] == [(2, 9 * 2, 6, 4)]   # the quads (cg = 2)
