@@ -52,6 +52,45 @@ class ResNet18(nn.Module):
         return self.fc(torch.flatten(nn.functional.adaptive_avg_pool2d(x, 1), 1))
 
 
+class Bottleneck(nn.Module):
+    """ResNet-50's block (torchvision's v1.5: the stride on the 3x3 conv)."""
+
+    def __init__(self, cin: int, width: int, stride: int) -> None:
+        super().__init__()
+        cout = 4 * width
+        self.body = nn.Sequential(
+            nn.Conv2d(cin, width, 1, bias=False), nn.BatchNorm2d(width), nn.ReLU(),
+            nn.Conv2d(width, width, 3, stride, 1, bias=False), nn.BatchNorm2d(width), nn.ReLU(),
+            nn.Conv2d(width, cout, 1, bias=False), nn.BatchNorm2d(cout))
+        self.down = None
+        if stride != 1 or cin != cout:
+            self.down = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False),
+                                      nn.BatchNorm2d(cout))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(self.body(x) + (x if self.down is None else self.down(x)))
+
+
+class ResNet50(nn.Module):
+    """ResNet-50 (torchvision's layout): the open-nsfw class of dense CNNs, 1x1-heavy."""
+
+    def __init__(self, classes: int = 1000) -> None:
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, 64, 7, 2, 3, bias=False), nn.BatchNorm2d(64),
+                                  nn.ReLU(), nn.MaxPool2d(3, 2, 1))
+        layers, cin = [], 64
+        for width, blocks, stride in ((64, 3, 1), (128, 4, 2), (256, 6, 2), (512, 3, 2)):
+            for i in range(blocks):
+                layers.append(Bottleneck(cin, width, stride if i == 0 else 1))
+                cin = 4 * width
+        self.layers = nn.Sequential(*layers)
+        self.fc = nn.Linear(cin, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.layers(self.stem(x))
+        return self.fc(torch.flatten(nn.functional.adaptive_avg_pool2d(x, 1), 1))
+
+
 # ---- MobileNetV2 (Sandler et al. 2018, torchvision's layout) -----------------------------------
 
 def _conv_bn(cin: int, cout: int, k: int, stride: int, groups: int = 1, act: bool = True
@@ -131,6 +170,7 @@ MODELS = {
     "mlp_b1": lambda: mlp(1),
     "mlp_b64": lambda: mlp(64),
     "resnet18": lambda: (ResNet18(), torch.randn(1, 3, 224, 224)),
+    "resnet50": lambda: (ResNet50(), torch.randn(1, 3, 224, 224)),
     "mobilenet_v2": lambda: (MobileNetV2(), torch.randn(1, 3, 224, 224)),
     "transformer": lambda: (Transformer(), torch.randn(1, 128, 256)),
 }

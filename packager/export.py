@@ -237,7 +237,7 @@ def _kernel_rows(program: Program, infos: list[KernelInfo], mod: IRModule
             workspace=freeze(to_record(k.workspace_expr))
             if k.symbolic and k.workspace_expr is not None else None,
             # symbolic kernels: per call, unknown here
-            macs=int(macs) if macs and isinstance(macs, int) else None))
+            macs=int(macs) if macs and isinstance(macs, int) else None, kernel=k.choice))
     return tuple(rows)
 
 

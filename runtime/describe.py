@@ -205,6 +205,8 @@ def _text(info: dict[str, Any]) -> str:
         lines.append(f"  {k['name']:<40} {sizes.get(k['symbol'], '?'):>7} B code"
                      f"{', parallel' if k.get('parallel') else ''}{extra}"
                      + (f"  <- {sources}" if sources else ""))
+        if isinstance(k.get("kernel"), str):
+            lines.append(f"      kernel: {k['kernel']}")
     if info["library_functions"]:
         lines.append(f"library functions: {', '.join(info['library_functions'])}")
     w = info["weights"]

@@ -246,8 +246,8 @@ class TensorRow:
 @dataclass(frozen=True)
 class KernelRow(_Record):
     """A kernel: its symbol in the object code and calling facts. ``source`` (the source-model
-    nodes), ``symbolic`` (takes the size variables last), ``workspace`` (a dim record) and
-    ``macs`` are optional."""
+    nodes), ``symbolic`` (takes the size variables last), ``workspace`` (a dim record),
+    ``macs`` and ``kernel`` (the kernel's design in words) are optional."""
     name: str
     symbol: str
     num_inputs: int
@@ -258,6 +258,7 @@ class KernelRow(_Record):
     symbolic: bool | None = None
     workspace: DimRecord | None = None
     macs: int | None = None
+    kernel: Any = None   # advice, kept as given: which kernel computes it, in words (`inspect`)
     extra: Mapping[str, Any] = field(default_factory=dict)
 
     @classmethod
@@ -268,6 +269,7 @@ class KernelRow(_Record):
             raise _bad(what, "has a flag that is not a boolean")
         ws = obj.get("workspace")
         macs = obj.get("macs")
+        kernel = obj.get("kernel")
         return cls(_str(obj.get("name"), f"{what} name"), _str(obj.get("symbol"),
                                                                f"{what} symbol"),
                    _int(obj.get("num_inputs"), f"{what} num_inputs", 0, 1 << 16),
@@ -275,7 +277,8 @@ class KernelRow(_Record):
                    _int(obj.get("workspace_bytes"), f"{what} workspace_bytes", 0, MAX_DIM),
                    flags[0], freeze(obj.get("source")), flags[1],
                    None if ws is None else _dim_record(ws, f"{what} workspace"),
-                   None if macs is None else _int(macs, f"{what} macs"), cls._extra(obj))
+                   None if macs is None else _int(macs, f"{what} macs"),
+                   freeze(kernel), cls._extra(obj))
 
     @property
     def operands(self) -> int:

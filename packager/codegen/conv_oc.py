@@ -82,6 +82,14 @@ WINO_GROUPS = 2
 # this many bytes (512 -> 512 on 14x14, 16.8 MB of them: 7 bands of one tile row 1.05x ORT's
 # time, one band of 7 0.71x; on 7x7 1.63x -> 0.95x), whatever WINO_V_BYTES says.
 WINO_U_TRAFFIC = 8 << 20
+# Weights past L2 stream from L3 or memory once per band: each chunk's (18 KB) arrive at the
+# first tile that reads them, faster than the hardware prefetcher brings them (ResNet-18's
+# 512 -> 512 3x3 on 7x7, 9.4 MB of weights read by 49 pixels: 2.89 -> 2.49 ms, 80 -> 93
+# GFLOP/s, 1 thread, AVX2 host). So the tiles of a chunk prefetch the next one's weights
+# (``_prefetch_lines``) into L2, a few lines per reduction step, where the weights pass
+# PREFETCH_MIN_WEIGHT_BYTES (below, no gain measured: 128 -> 256 3x3 s2 on 28x28, the stem).
+PREFETCH_MIN_WEIGHT_BYTES = geometry.L2_REUSE_BYTES
+PREFETCH_LINES_MAX = 4
 
 
 def packs_conv_weights(targets) -> bool:
@@ -121,9 +129,20 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
         if self.symbolic:
             return KernelInfo(self.symbol, len(self.func.inputs), len(self.func.outputs), 0,
                               image_macs >= geometry.PARALLEL_MIN_MACS, symbolic=True,
-                              workspace_expr=workspace)
+                              workspace_expr=workspace, choice=self.choice())
         return KernelInfo(self.symbol, len(self.func.inputs), len(self.func.outputs), workspace,
-                          image_macs >= geometry.PARALLEL_MIN_MACS)
+                          image_macs >= geometry.PARALLEL_MIN_MACS, choice=self.choice())
+
+    def choice(self) -> str:
+        """The design, in words (``KernelInfo.choice``, shown by ``mlcpack inspect``)."""
+        nv = min(MAX_TILE_VECTORS, OC_BLOCK // self.vl)
+        mr = self._tile_rows(nv)
+        if self.wino:
+            return (f"channel-lane Winograd F(2x2, 3x3): {mr} tiles x {nv * self.vl} channels "
+                    f"register tile, {self.nbands} band(s)")
+        prefetch = ", next weights prefetched" if self._prefetch_lines(mr) else ""
+        return (f"channel-lane direct: {mr} pixels x {nv * self.vl} channels register tile, "
+                f"chunks of {self.chunk} input channels{prefetch}")
 
     # ---- plan -----------------------------------------------------------------------------------
 
@@ -338,7 +357,7 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
                     full = b.sdiv(npix, const_i64(mr))
                     with for_range(b, const_i64(0), full, "tx") as tx:
                         self._tile(planes, prow0, b.mul(tx, const_i64(mr)), mr, v0, nv, wblk,
-                                   c0, c1, first)
+                                   c0, c1, first, prefetch=tx)
                     rest = b.sub(npix, b.mul(full, const_i64(mr)))
                     for count in range(1, mr):
                         with b.if_then(b.icmp_signed("==", rest, const_i64(count))):
@@ -349,8 +368,8 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
                                inbounds=True)
                 self._emit_row(nb, blk, b.add(oy0, r), rowbuf, nvb)
 
-    def _tile(self, planes, prow0, p0, mr: int, v0: int, nv: int, wblk, c0, c1, first
-              ) -> None:
+    def _tile(self, planes, prow0, p0, mr: int, v0: int, nv: int, wblk, c0, c1, first,
+              prefetch: ir.Value | None = None) -> None:
         """The group's pixels p0 .. p0 + mr - 1 (pixel p: row p // ow from plane row
         ``prow0``, column p % ow) times the block's channel vectors v0 .. v0 + nv - 1, over
         input channels c0 .. c1 - 1, added to (first chunk: stored in) the row buffer."""
@@ -389,11 +408,21 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
                         vals[j * nv + v] = self._fma(wv, xs[j], vals[j * nv + v])
             return vals
 
+        khw32 = self.kh * self.kw * OC_BLOCK
+        lines = self._prefetch_lines(mr) if prefetch is not None else 0
         with for_range(b, c0, c1, "ic") as ic:
             off = b.mul(ic, const_i64(plane_stride))
             xcs = [b.gep(base, [off], inbounds=True) for base in bases]
-            wc = b.gep(wblk, [b.mul(ic, const_i64(self.kh * self.kw * OC_BLOCK))],
-                       inbounds=True)
+            wc = b.gep(wblk, [b.mul(ic, const_i64(khw32))], inbounds=True)
+            if lines:
+                # the next chunk's weights (the next block's first chunk after the last: the
+                # blocks lie one after another), a few lines per step of every tile
+                per_line = 32 if self.bf16 else 16
+                step = b.add(b.mul(prefetch, const_i64(self.chunk)), b.sub(ic, c0))
+                nxt = b.gep(wblk, [b.add(b.mul(c1, const_i64(khw32)),
+                                         b.mul(step, const_i64(per_line * lines)))])
+                for q in range(lines):
+                    self._prefetch(b.gep(nxt, [const_i64(per_line * q)]))
             if self.kh * self.kw <= UNROLLED_TAPS:
                 vals = [b.load(a) for a in accs]
                 for ky in range(self.kh):
@@ -410,6 +439,24 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
         for j in range(mr):
             for v in range(nv):
                 b.store(b.load(accs[j * nv + v]), buf_ptr(j, v), align=4)
+
+    def _prefetch_lines(self, mr: int) -> int:
+        """Cache lines of the next chunk's weights each reduction step of a full tile
+        prefetches (PREFETCH_LINES_MAX at most; 0: none, weights within
+        PREFETCH_MIN_WEIGHT_BYTES): enough that a group's tiles together cover the chunk."""
+        if (2 if self.bf16 else 4) * self.nblocks * self.k * OC_BLOCK <= PREFETCH_MIN_WEIGHT_BYTES:
+            return 0
+        tiles = max(1, self.rows * self.ow // mr)
+        lines_per_channel = self.kh * self.kw * OC_BLOCK * (2 if self.bf16 else 4) // 64
+        return max(1, min(PREFETCH_LINES_MAX, -(-lines_per_channel // tiles)))
+
+    def _prefetch(self, ptr: ir.Value) -> None:
+        """Hint the cache line at ``ptr`` (a float pointer) into L2 for reading."""
+        b = self.builder
+        i8p = ir.IntType(8).as_pointer()
+        fn = intrinsic(self.module, "llvm.prefetch.p0", ir.VoidType(), [i8p, I32, I32, I32])
+        b.call(fn, [b.bitcast(ptr, i8p), ir.Constant(I32, 0), ir.Constant(I32, 2),
+                    ir.Constant(I32, 1)])
 
     def _emit_row(self, nb, blk, oy, rowbuf, nv: int) -> None:
         """Output row ``oy`` of the block's ``nv`` channel vectors from the row buffer ([ox][32
@@ -576,6 +623,7 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
         zero = ir.Constant(self.vty, [0.0] * vl)
         for a in accs:
             b.store(zero, a)
+
 
         def steps(c0, count: int) -> None:
             vals = [b.load(a) for a in accs]

@@ -222,7 +222,7 @@ def kernels_record(kernels: dict[str, KernelInfo]) -> dict | None:
         return {name: {"symbol": k.symbol, "num_inputs": k.num_inputs,
                        "num_outputs": k.num_outputs, "workspace_bytes": k.workspace_bytes,
                        "parallel": k.parallel, "symbolic": k.symbolic,
-                       "workspace_expr": _dim_record(k.workspace_expr)}
+                       "workspace_expr": _dim_record(k.workspace_expr), "choice": k.choice}
                 for name, k in kernels.items()}
     except _Unkeyable:
         return None
@@ -233,7 +233,8 @@ def kernels_from_record(record: dict) -> dict[str, KernelInfo] | None:
     try:
         return {name: KernelInfo(str(r["symbol"]), int(r["num_inputs"]), int(r["num_outputs"]),
                                  int(r["workspace_bytes"]), bool(r["parallel"]),
-                                 bool(r["symbolic"]), _dim(r["workspace_expr"]))
+                                 bool(r["symbolic"]), _dim(r["workspace_expr"]),
+                                 r.get("choice") if isinstance(r.get("choice"), str) else None)
                 for name, r in record.items()}
     except (KeyError, TypeError, ValueError):
         return None

@@ -49,6 +49,9 @@ class KernelInfo:
     # the int64 values of the module's size variables; their workspace size is an expression.
     symbolic: bool = False
     workspace_expr: object = None
+    # Which kernel computes it, in words (the rule table's row, and the emitter's design where
+    # it has several: "Winograd F(2x2, 3x3)", a register tile); `mlcpack inspect` shows it.
+    choice: str | None = None
 
 
 class LoweringError(Exception):

@@ -15,7 +15,7 @@ themselves only matters for depthwise before conv2d.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 from llvmlite import ir
@@ -145,7 +145,7 @@ def emit_function(module: ir.Module, func: PrimFunc, symbol: str, vl: int,
             if rule.symbolic is not None:
                 info = rule.symbolic(module, func, symbol, vl, size_vars, target, options)
                 if info is not None:
-                    return info
+                    return _chosen(info, rule)
         match = match_contraction(func)
         if (match is not None and match.tag.kind == "conv2d") \
                 and not options.symbolic_generic:
@@ -153,12 +153,20 @@ def emit_function(module: ir.Module, func: PrimFunc, symbol: str, vl: int,
             raise SymbolicShapeError(f"{func.name}: a {kind} with symbolic shapes ("
                                      + ", ".join(str(d) for d in func.outputs[0].shape)
                                      + ") has no fast kernel yet")
-        return emit_kernel(module, func, symbol, size_vars)
+        return _chosen(emit_kernel(module, func, symbol, size_vars), None)
     match = match_contraction(func)
     for rule in KERNEL_RULES:
         if rule.static is None or (rule.applies is not None and not rule.applies(match)):
             continue
         info = rule.static(module, func, symbol, vl, match, target, options)
         if info is not None:
-            return info
-    return emit_kernel(module, func, symbol)
+            return _chosen(info, rule)
+    return _chosen(emit_kernel(module, func, symbol), None)
+
+
+def _chosen(info: KernelInfo, rule: KernelRule | None) -> KernelInfo:
+    """``info`` with its ``choice`` (what ``mlcpack inspect`` shows): the emitter's own, else
+    the rule's row, else the generic loop nest."""
+    if info.choice is not None:
+        return info
+    return replace(info, choice=rule.op if rule is not None else "generic loop nest")

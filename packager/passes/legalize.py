@@ -34,7 +34,10 @@ def contraction_macs(call: Call) -> int:
         return _elements(call.type.shape) * call.args[0].type.shape[-1]
     if call.op in ("nn.conv2d", "nn.conv"):          # weight [O, C/groups, k...]
         return _elements(call.type.shape) * _elements(call.args[1].type.shape[1:])
-    if call.op in ("nn.conv2d_oc", "nn.conv2d_rows"):  # packed [blocks, C*kh*kw, lanes/rows]
+    if call.op == "nn.conv2d_oc":   # the direct convolution's, Winograd's too (its packed
+        kh, kw = call.attrs["kernel"]   # weight [blocks, 16 * C, lanes] has 16 taps)
+        return _elements(call.type.shape) * call.args[0].type.shape[1] * kh * kw
+    if call.op == "nn.conv2d_rows":                  # packed [blocks, C*kh*kw, rows]
         return _elements(call.type.shape) * call.args[1].type.shape[1]
     if call.op == "nn.conv_transpose":               # weight [C, O/groups, k...]
         return _elements(call.args[0].type.shape) * _elements(call.args[1].type.shape[1:])

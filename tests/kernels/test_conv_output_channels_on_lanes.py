@@ -144,3 +144,31 @@ def test_a_run_time_batch(tmp_path):
                 feeds = conv_feeds(n, 16, 12, 13, 40, 3, 2, residual=True, seed=n)
                 np.testing.assert_allclose(list(m.run(feeds).values())[0],
                                            sess.run(None, feeds)[0], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("n", [1, 2])
+def test_weights_past_l2_prefetched(tmp_path, n):
+    """Weights past PREFETCH_MIN_WEIGHT_BYTES: each chunk's tiles prefetch the next chunk's
+    weights (the next block's, then the next image's first block, after a block's last chunk;
+    past the last block, lines beyond the weights: a hint, never a fault). 264 output channels:
+    8 blocks and a partial one of a vector; a 5 x 6 image, too small for Winograd.
+    `mlcpack inspect` names the kernel's design."""
+    from mlcpack.packager.codegen import conv_oc
+    from mlcpack.runtime import load
+    from mlcpack.runtime.describe import describe, describe_text
+
+    c, h, w, o = 64, 5, 6, 264
+    assert 4 * -(-o // OC_BLOCK) * OC_BLOCK * c * 9 > conv_oc.PREFETCH_MIN_WEIGHT_BYTES
+    model = conv_model(n, c, h, w, o, 3, 1, act="silu", residual=True)
+    feeds = conv_feeds(n, c, h, w, o, 3, 1, residual=True)
+    path, bundle = _export(tmp_path, model)
+    info = describe(bundle)
+    kernel = next(k for k in info["kernels"] if "conv2d_oc" in k["name"])
+    assert kernel["kernel"].startswith("channel-lane direct: 3 pixels x 32 channels")
+    assert kernel["kernel"].endswith("next weights prefetched")
+    assert f"kernel: {kernel['kernel']}" in describe_text(info)
+    want = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    for threads in (1, 2, 3):
+        with load(bundle, threads=threads) as m:
+            np.testing.assert_allclose(list(m.run(feeds).values())[0], want, rtol=1e-4,
+                                       atol=1e-4)

@@ -213,3 +213,17 @@ def test_switched_off(tmp_path):
     _, bundle = _export(tmp_path, conv_model(1, 16, 12, 12, 32, 3, 1),
                         compile=CompileOptions(winograd=False))
     assert _weight_bytes(bundle) == (9 * 16 * 32 + 32) * 4
+
+
+def test_profile_counts_the_direct_convolutions_multiply_adds(tmp_path):
+    """The profiler's GFLOP/s of a Winograd kernel divides the direct convolution's
+    multiply-adds (O x OH x OW x C x 9), not the 16 taps of its packed weights; `mlcpack
+    inspect` names the design."""
+    from mlcpack.runtime.describe import describe
+
+    n, c, h, w, o = 1, 16, 12, 12, 32
+    _, bundle = _export(tmp_path, conv_model(n, c, h, w, o, 3, 1))
+    assert _is_wino(bundle, c, o)
+    (kernel,) = [k for k in describe(bundle)["kernels"] if "conv2d_oc" in k["name"]]
+    assert kernel["macs"] == n * o * h * w * c * 9
+    assert kernel["kernel"].startswith("channel-lane Winograd F(2x2, 3x3)")

@@ -41,7 +41,18 @@ class ContractionEmitter(ConvMixin, MatmulMixin, EpilogueMixin, ContractionBase)
             return KernelInfo(self.symbol, len(self.func.inputs), len(self.func.outputs), 0,
                               static * 16 >= geometry.PARALLEL_MIN_MACS, symbolic=True)
         return KernelInfo(self.symbol, len(self.func.inputs), len(self.func.outputs), workspace,
-                          self._macs() >= geometry.PARALLEL_MIN_MACS)
+                          self._macs() >= geometry.PARALLEL_MIN_MACS, choice=self._choice())
+
+    def _choice(self) -> str:
+        """The design, in words (``KernelInfo.choice``, shown by ``mlcpack inspect``)."""
+        if self.match.tag.kind not in CONV_KINDS:
+            return f"register-blocked {self.match.tag.kind}"
+        g = self._conv_geometry()
+        planes = ("input read in place" if g["direct"] else
+                  "shifted planes" if g["shifted"] else "planes by stride phase")
+        tail = f", {len(g['tail'])} tail pixel(s) as dot products" if g["tail"] else ""
+        return (f"register-blocked conv: {g['mr']} channels x {g['nv'] * g['vl']} pixels "
+                f"register tile, {planes}{tail}")
 
 
 def emit_symbolic_matmul(module: ir.Module, func: PrimFunc, symbol: str, vl: int,

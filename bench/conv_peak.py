@@ -1,0 +1,190 @@
+"""Convolution layers against the host's fp32 FMA peak: every convolution kernel of a bundle
+(the profiler's GFLOP/s at its minimum time) beside the peak of a register-only FMA loop and
+numpy's one-core sgemm (bench/sgemm.py's reference), measured in the same process, alternating.
+
+Run: .venv/bin/python bench/conv_peak.py [MODEL.onnx|BUNDLE.mlc|resnet18 ...] [--rounds 8]
+                                         [--runs 5] [--min-gflop 0.05]
+A name is one of bench/models.py's models (built into bench/.cache and exported there if
+missing), an ONNX file (exported into a temporary directory, ``--target host``) or a bundle.
+1 thread. Each round times the FMA loop, numpy's sgemm (512 x 512) and ``--runs`` profiled
+runs of each bundle, one after another, so all see the same machine load; each kernel's time
+is its minimum over all rounds (on a shared machine the minimum is what the code does when it
+has the core). Prints, per convolution kernel (at least ``--min-gflop`` GFLOP per call): its
+source node, GFLOP per call, min µs, GFLOP/s, its share of the FMA peak and of sgemm's, and
+the kernel the export chose for it (``mlcpack inspect``'s ``kernel:``).
+
+The FMA loop: 12 independent 8-lane (AVX2) multiply-add chains in registers, compiled here with
+llvmlite for the host CPU: the machine's fp32 limit (2 FMA pipes x 8 lanes x 2 FLOP per cycle
+on AVX2 cores) with nothing to load.
+"""
+
+from __future__ import annotations
+
+import os
+
+for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ[_var] = "1"
+
+import argparse  # noqa: E402
+import ctypes  # noqa: E402
+import sys  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+FMA_CHAINS = 12
+FMA_LANES = 8
+FMA_ITERS = 1 << 20
+
+
+def fma_loop() -> tuple[object, ctypes.CFUNCTYPE]:
+    """(the JIT engine to keep alive, f(n, ptr) -> FMA_CHAINS x FMA_LANES x n multiply-adds)."""
+    import llvmlite.binding as llvm
+    from llvmlite import ir
+
+    llvm.initialize_all_targets()
+    llvm.initialize_all_asmprinters()
+    f32 = ir.FloatType()
+    vec = ir.VectorType(f32, FMA_LANES)
+    i64 = ir.IntType(64)
+    mod = ir.Module("fma_peak")
+    mod.triple = llvm.get_process_triple()
+    fma = ir.Function(mod, ir.FunctionType(vec, [vec] * 3), f"llvm.fma.v{FMA_LANES}f32")
+    fn = ir.Function(mod, ir.FunctionType(ir.VoidType(), [i64, f32.as_pointer()]), "fma_peak")
+    n, out = fn.args
+    entry, loop, done = (fn.append_basic_block(s) for s in ("entry", "loop", "done"))
+    b = ir.IRBuilder(entry)
+    vp = b.bitcast(out, vec.as_pointer())
+    mul = b.load(vp, align=4)
+    add = b.load(b.gep(vp, [ir.Constant(i64, 1)]), align=4)
+    starts = [b.fadd(add, ir.Constant(vec, [float(k)] * FMA_LANES)) for k in range(FMA_CHAINS)]
+    b.branch(loop)
+    b.position_at_end(loop)
+    i = b.phi(i64)
+    accs = [b.phi(vec) for _ in range(FMA_CHAINS)]
+    i.add_incoming(ir.Constant(i64, 0), entry)
+    nxt = []
+    for k, acc in enumerate(accs):   # distinct starts: no two chains fold into one
+        acc.add_incoming(starts[k], entry)
+        nxt.append(b.call(fma, [acc, mul, add]))
+    for acc, v in zip(accs, nxt):
+        acc.add_incoming(v, loop)
+    i1 = b.add(i, ir.Constant(i64, 1))
+    i.add_incoming(i1, loop)
+    b.cbranch(b.icmp_unsigned("<", i1, n), loop, done)
+    b.position_at_end(done)
+    total = nxt[0]
+    for v in nxt[1:]:
+        total = b.fadd(total, v)
+    b.store(total, vp, align=4)
+    b.ret_void()
+    target = llvm.Target.from_default_triple()
+    tm = target.create_target_machine(cpu=llvm.get_host_cpu_name(),
+                                      features=llvm.get_host_cpu_features().flatten(), opt=2)
+    engine = llvm.create_mcjit_compiler(llvm.parse_assembly(str(mod)), tm)
+    engine.finalize_object()
+    cfn = ctypes.CFUNCTYPE(None, ctypes.c_int64, ctypes.c_void_p)(
+        engine.get_function_address("fma_peak"))
+    return engine, cfn
+
+
+def bundle_for(name: str, work: Path) -> Path:
+    """The bundle to profile for a model name, an ONNX file or a bundle (see the docstring)."""
+    from mlcpack.frontends.onnx import import_onnx
+    from mlcpack.packager.export import ExportOptions, export_module
+
+    if name.endswith(".mlc"):
+        return Path(name)
+    if name.endswith(".onnx"):
+        onnx_path, bundle = Path(name), work / (Path(name).stem + ".mlc")
+    else:
+        from models import build
+
+        cache = HERE / ".cache"
+        cache.mkdir(exist_ok=True)
+        onnx_path, bundle = cache / f"{name}.onnx", cache / f"{name}.mlc"
+        if not onnx_path.exists():
+            build(name, str(onnx_path))
+        if bundle.exists() and bundle.stat().st_mtime >= onnx_path.stat().st_mtime:
+            return bundle
+    mod, _ = import_onnx(str(onnx_path))
+    export_module(mod, bundle, ExportOptions(target="host"))
+    return bundle
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("models", nargs="*", default=["resnet18"])
+    ap.add_argument("--rounds", type=int, default=8)
+    ap.add_argument("--runs", type=int, default=5, help="profiled runs per bundle per round")
+    ap.add_argument("--min-gflop", type=float, default=0.05)
+    args = ap.parse_args()
+
+    from mlcpack.runtime import load
+    from mlcpack.runtime.bundle import BundleReader
+
+    engine, fma = fma_loop()
+    buf = (ctypes.c_float * (2 * FMA_LANES))(*([1.0] * FMA_LANES + [0.0] * FMA_LANES))
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((512, 512)).astype(np.float32)
+    bm = rng.standard_normal((512, 512)).astype(np.float32)
+    with tempfile.TemporaryDirectory() as tmp:
+        bundles = [bundle_for(m, Path(tmp)) for m in args.models]
+        models, feeds, best, choices = [], [], [], []
+        for path in bundles:
+            model = load(str(path), threads=1)
+            models.append(model)
+            feeds.append({i.name: rng.standard_normal(
+                [d if isinstance(d, int) else 1 for d in i.shape]).astype(np.float32)
+                for i in model.inputs})
+            best.append({})
+            with BundleReader(str(path)) as r:
+                choices.append({k.get("name"): k.get("kernel") for k in r.header["kernels"]})
+        peak_s, sgemm_s = float("inf"), float("inf")
+        for _ in range(args.rounds):
+            for _ in range(3):
+                t0 = time.thread_time()
+                fma(FMA_ITERS, ctypes.addressof(buf))
+                peak_s = min(peak_s, time.thread_time() - t0)
+            for _ in range(3):
+                t0 = time.thread_time()
+                a @ bm
+                sgemm_s = min(sgemm_s, time.thread_time() - t0)
+            for model, feed, kbest in zip(models, feeds, best):
+                prof = model.profile(feed, runs=args.runs)
+                for ins in prof.instructions:
+                    if ins.step.macs:
+                        key = ins.index
+                        prev = kbest.get(key)
+                        if prev is None or ins.min_us < prev[1]:
+                            kbest[key] = (ins, ins.min_us)
+        peak = 2.0 * FMA_CHAINS * FMA_LANES * FMA_ITERS / peak_s / 1e9
+        sgemm = 2.0 * 512 ** 3 / sgemm_s / 1e9
+        print(f"FMA loop peak {peak:.1f} GFLOP/s, numpy sgemm 512 {sgemm:.1f} GFLOP/s "
+              f"(1 thread, CPU-time mins over {args.rounds} rounds)")
+        for path, kbest, chosen in zip(bundles, best, choices):
+            print(f"\n{path.name}:")
+            print(f"{'#':>3s} {'source':34s} {'GFLOP':>6s} {'min us':>8s} {'GFLOP/s':>7s} "
+                  f"{'%peak':>6s} {'%sgemm':>6s}  kernel")
+            total_us = 0.0
+            for key in sorted(kbest):
+                ins, us = kbest[key]
+                gflop = 2.0 * ins.step.macs / 1e9
+                if gflop < args.min_gflop:
+                    continue
+                total_us += us
+                rate = gflop / (us / 1e6)
+                src = ins.step.sources[0].name if ins.step.sources else ins.step.name
+                print(f"{key:3d} {src[-34:]:34s} {gflop:6.3f} {us:8.1f} {rate:7.1f} "
+                      f"{100 * rate / peak:6.1f} {100 * rate / sgemm:6.1f}  "
+                      f"{chosen.get(ins.step.name) or '-'}")
+        del engine
+
+
+if __name__ == "__main__":
+    main()
