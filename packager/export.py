@@ -18,7 +18,8 @@ import llvmlite
 import numpy as np
 
 from .. import packager
-from ..runtime.bundle import FORMAT_MAJOR, FORMAT_MINOR, STORED_MINOR, SYMBOLIC_MINOR
+from ..runtime.bundle import (DYNAMIC_MINOR, FORMAT_MAJOR, FORMAT_MINOR, STORED_MINOR,
+                              SYMBOLIC_MINOR)
 from ..runtime.header import (CONST, BatchInfo, CodeVariant, ConstantRow, Header, IORow,
                               KernelRow, MemoryPlan, Plan, StoredRecord, SymbolicBound, VMRecord,
                               freeze, plain)
@@ -38,6 +39,7 @@ from .passes.memory_plan import UnboundedSizeError, bounded_plan
 from .passes.simplify import BindError
 from .timings import StageClock
 from .ir.sym import SymbolicShapeError, to_record
+from .ir.sym import evaluate as sym_evaluate
 from .vm_emit import Program, VMEmitError, emit_program, main_size_vars, source_records
 
 
@@ -253,6 +255,10 @@ def _size_bounds(program: Program) -> tuple[dict[str, int], list[str]]:
             if isinstance(rec, str):
                 bounds[rec] = min(bounds.get(rec, m), m)
     names = program.symbolic.vars
+    dynamic = program.symbolic.dynamic or ()
+    if dynamic and all(v in bounds for v in names if v not in program.symbolic.dynamic_names):
+        for name, rec in dynamic:   # counted at run time: at most its bound's value
+            bounds[name] = max(1, sym_evaluate(rec, bounds))
     return {v: bounds[v] for v in names if v in bounds}, [v for v in names if v not in bounds]
 
 
@@ -659,6 +665,8 @@ def _header(opts: ExportOptions, plans: list[Plan], constants: _Constants,
     # A constant stored as integers (expanded at load) needs a 1.5 reader.
     symbolic = plans[-1].symbolic is not None   # the largest batch: what format 1.0 runs
     minor = STORED_MINOR if constants.stored else SYMBOLIC_MINOR if symbolic else None
+    if symbolic and plans[-1].symbolic.dynamic:   # sizes counted at run time: a 1.6 reader
+        minor = DYNAMIC_MINOR
     return Header(
         format=(FORMAT_MAJOR, minor or FORMAT_MINOR),
         plans=tuple(plans), constants=tuple(constants.rows),

@@ -8,6 +8,9 @@ Instruction set (little-endian int32 words; the runtime's ``vm.py`` documents th
     CALL_LIB     2, site, n, t_1 .. t_n     call library function of call site ``site``
                                             (inputs then the output, destination-passing)
     COPY         3, src, dst                copy tensor ``src`` into ``dst`` (same byte size)
+    BIND_SIZE    4, var, t                  size variable ``var`` (its index in the sizes array)
+                                            takes the int64 value of tensor ``t`` (one element,
+                                            a count a kernel wrote), checked against its bound
 
 Tensors are rows of a table: ``[0, arena offset, shape, dtype]`` or ``[1, constant, shape,
 dtype]``. A reshape is a second row over the same bytes, so it costs no instruction. Each input
@@ -27,12 +30,14 @@ from .codegen.lower import KernelInfo
 from .ir.graph import (Call, CallLibrary, CallTIR, Constant, Function, IRModule, Source,
                        TensorType, Value, Var, merge_sources)
 from .ir import te
-from .ir.sym import (is_static, product, relation_text, shape_vars, to_record)
+from .ir.sym import (Dim, is_static, nondecreasing_in, product, relation_text, shape_vars,
+                     substitute, to_record)
 from .ops import get_op
 from .ops.registry import VIEW
 from .passes.memory_plan import Buffer, plan_memory
 # SIZES rows (symbolic programs) hold the int64 values of the size variables
-from ..runtime.header import (ARENA, CONST, OP_CALL_KERNEL, OP_CALL_LIB, SIZES, IORow,
+from ..runtime.header import (ARENA, CONST, OP_BIND_SIZE, OP_CALL_KERNEL, OP_CALL_LIB, SIZES,
+                              IORow,
                               LibraryCall, Symbolic, TensorRow, freeze)
 
 
@@ -74,12 +79,23 @@ def source_records(sources: tuple[Source, ...]) -> tuple[dict[str, str], ...]:
 
 
 def main_size_vars(mod: IRModule, func: str = "main") -> tuple[str, ...]:
-    """The size variables of ``func``'s input shapes, in the order of the runtime's sizes
-    array (sorted by name); () for a fully static model."""
+    """The size variables of ``func``'s input shapes and those bound at run time by kernels
+    (``IRModule.dynamic_sizes``), in the order of the runtime's sizes array (sorted by name);
+    () for a fully static model."""
     fn = mod.functions.get(func)
     if not isinstance(fn, Function):
         return ()
-    return tuple(sorted(set().union(*(shape_vars(p.type.shape) for p in fn.params))))
+    return tuple(sorted(set(mod.dynamic_sizes).union(*(shape_vars(p.type.shape)
+                                                       for p in fn.params))))
+
+
+def dynamic_bounds(mod: IRModule) -> dict[str, Dim]:
+    """Each run-time-bound size variable's upper bound over the inputs' size variables only
+    (a bound that names an earlier such variable takes that one's bound)."""
+    out: dict[str, Dim] = {}
+    for name, bound in mod.dynamic_sizes.items():
+        out[name] = substitute(bound, out)
+    return out
 
 
 def _shape_record(shape: tuple) -> list:
@@ -101,11 +117,19 @@ def emit_program(mod: IRModule, kernels: dict[str, KernelInfo], func: str = "mai
     buffers: dict[int, Buffer] = {}
     kernel_index: dict[str, int] = {}
     const_index: dict[int, int] = {}
+    dynamic = dynamic_bounds(mod)   # sizes bound at run time -> their bounds (input sizes)
+    bound_now: set[str] = set()
 
     def new_storage(ttype: TensorType, step: int) -> int:
         sid = len(buffers)
         size = ttype.nbytes if is_static(ttype.shape) else \
             product(ttype.shape) * te.itemsize(ttype.dtype)
+        if dynamic and shape_vars(ttype.shape) & dynamic.keys():
+            # a size a kernel counts at run time: allocated at its bound
+            if not nondecreasing_in(size, dynamic):
+                raise VMEmitError(f"a tensor of shape {ttype.shape} would not fit the memory "
+                                  "planned for its sizes' upper bounds")
+            size = substitute(size, dynamic)
         buffers[sid] = Buffer(sid, size, step, step)
         return sid
 
@@ -150,6 +174,17 @@ def emit_program(mod: IRModule, kernels: dict[str, KernelInfo], func: str = "mai
         if isinstance(v, (Var, Constant)):
             tensor_of[id(b.var)] = use(v, step)
             continue
+        if isinstance(v, Call) and v.op == "bind_size":   # no kernel: the VM binds the size
+            count = use(v.args[0], step)
+            name = v.attrs["var"]
+            prog.instructions.append([OP_BIND_SIZE, size_vars.index(name), count])
+            tensor_of[id(b.var)] = count
+            bound_now.add(name)
+            continue
+        late = shape_vars(v.type.shape) & dynamic.keys() - bound_now
+        if late:
+            raise VMEmitError(f"{b.var.name}: its shape {v.type.shape} uses {', '.join(late)} "
+                              "before the kernel that counts it ran")
         args = [use(a, step) for a in v.args]
         out = arena_tensor(v.type, new_storage(v.type, step))
         tensor_of[id(b.var)] = out
@@ -204,6 +239,9 @@ def emit_program(mod: IRModule, kernels: dict[str, KernelInfo], func: str = "mai
         # about that size ("h must be between 33 and 80"), not by a relation over several sizes
         # that the same cause broke too (a reshape's element counts)
         for op, a, b_, _ in sorted(relations, key=lambda r: len(shape_vars([r[1], r[2]])) > 1):
+            if shape_vars([a, b_]) & dynamic.keys():
+                raise VMEmitError(f"the model needs {a} {'==' if op == 'eq' else '<='} {b_}, "
+                                  "a relation between sizes known only after a kernel ran")
             row = [op, to_record(a), to_record(b_), relation_text(op, a, b_, relations)]
             if row not in checks:
                 checks.append(row)
@@ -211,7 +249,9 @@ def emit_program(mod: IRModule, kernels: dict[str, KernelInfo], func: str = "mai
         prog.symbolic = Symbolic(
             size_vars, tuple(freeze([to_record(b.size), b.start, b.end])
                              for _, b in sorted(buffers.items())),
-            tuple(freeze(c) for c in checks) if checks else None)
+            tuple(freeze(c) for c in checks) if checks else None,
+            dynamic=tuple(freeze([name, to_record(bound)]) for name, bound in dynamic.items())
+            or None)
         return prog
     offsets, prog.arena_bytes = plan_memory(list(buffers.values()))
     prog.intermediate_bytes = sum(b.size for b in buffers.values())

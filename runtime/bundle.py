@@ -65,6 +65,9 @@ PAYLOAD64_FORMAT = [1, 4]
 # Bundles with a constant stored as 8-bit integers (a constant's "stored" record, expanded at
 # load) say format 1.5 with min_reader 1.5; this reader reads them.
 STORED_MINOR = 5
+# Bundles with sizes a kernel counts at run time (the symbolic record's "dynamic" list and the
+# BIND_SIZE instruction) say format 1.6 with min_reader 1.6; this reader reads them.
+DYNAMIC_MINOR = 6
 TREE_FORMAT = [1, 2]                # the oldest reader of tree-digest bundles
 MAGIC = b"\x83\xa7mlcpack"          # fixmap(3) then the 7-char key "mlcpack"
 DIGEST_KEY = b"\xa6sha256\xc4\x20"  # fixstr "sha256", then bin8 of 32 bytes
@@ -103,6 +106,9 @@ def reader_minor(header: dict) -> int:
     consts = header.get("constants")
     if isinstance(consts, list) and any(isinstance(c, dict) and "stored" in c for c in consts):
         reads = STORED_MINOR
+    sym = header.get("symbolic")
+    if isinstance(sym, dict) and "dynamic" in sym:
+        reads = DYNAMIC_MINOR
     return reads
 
 

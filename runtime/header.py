@@ -31,7 +31,7 @@ from .errors import BundleError
 
 # The format's constants, defined here only (the emitter, the VM and the runtime import them).
 ARENA, CONST, SIZES = 0, 1, 2     # a tensor row's storage kind (docs/format.md section 5)
-OP_CALL_KERNEL, OP_CALL_LIB, OP_COPY = 1, 2, 3   # VM opcodes (docs/format.md section 6)
+OP_CALL_KERNEL, OP_CALL_LIB, OP_COPY, OP_BIND_SIZE = 1, 2, 3, 4   # VM opcodes (format.md section 6)
 MAX_PLANS = 64
 MAX_DIM = 1 << 40
 MAX_RECORD_DEPTH = 32
@@ -100,6 +100,15 @@ def plain(v: Any) -> Any:
 # A symbolic dim record (docs/format.md section 10.1): an int, a size variable's name, or a tuple
 # ("+" | "*", record...) / ("//" | "%", record, positive int).
 DimRecord = int | str | tuple
+
+
+def _record_names(rec: Any) -> set[str]:
+    """The variable names a (validated) dim record uses."""
+    if isinstance(rec, str):
+        return {rec}
+    if isinstance(rec, tuple):
+        return set().union(*(_record_names(r) for r in rec[1:]))
+    return set()
 
 
 def _dim_record(rec: Any, what: str, depth: int = 0) -> DimRecord:
@@ -399,7 +408,15 @@ class Symbolic(_Record):
     buffers: tuple[tuple[DimRecord, int, int], ...]
     checks: tuple[tuple[str, DimRecord, DimRecord, str], ...] | None = None
     bound: SymbolicBound | None = None
+    # format 1.6: the size variables a kernel counts at run time (BIND_SIZE), each
+    # ``(name, upper bound)``, the bound a dim record over the other variables
+    dynamic: tuple[tuple[str, DimRecord], ...] | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def dynamic_names(self) -> frozenset[str]:
+        """The variables bound at run time by BIND_SIZE rather than by the inputs."""
+        return frozenset(name for name, _ in self.dynamic or ())
 
     @classmethod
     def parse(cls, obj: Any) -> Symbolic:
@@ -426,7 +443,20 @@ class Symbolic(_Record):
         bound = obj.get("bound")
         if bound is not None:
             bound = SymbolicBound.parse(bound, names, len(buffers))
-        return cls(names, tuple(buffers), checks, bound, cls._extra(obj))
+        dynamic = obj.get("dynamic")
+        if dynamic is not None:
+            rows = []
+            for i, d in enumerate(_list(dynamic, "symbolic dynamic")):
+                if not isinstance(d, list) or len(d) != 2 or d[0] not in names \
+                        or any(d[0] == r[0] for r in rows):
+                    raise _bad(f"symbolic dynamic size {i}")
+                rows.append((d[0], _dim_record(d[1], f"symbolic dynamic size {i}")))
+            dynamic = tuple(rows)
+            late = {n for _, rec in dynamic for n in _record_names(rec)} & \
+                {n for n, _ in dynamic}
+            if late:
+                raise _bad("symbolic dynamic sizes", "bounds must name input sizes only")
+        return cls(names, tuple(buffers), checks, bound, dynamic, cls._extra(obj))
 
 
 @dataclass(frozen=True, kw_only=True)

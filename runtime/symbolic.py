@@ -34,8 +34,8 @@ import numpy as np
 from . import cpu, elf, library, vm
 from .bundle import BundleReader, nbytes_of, storage_dtype
 from .errors import BundleError, InputError
-from .header import (ARENA, CONST, OP_CALL_KERNEL, OP_COPY, SIZES, DimRecord, KernelRow, Plan,
-                     SymbolicBound)
+from .header import (ARENA, CONST, OP_BIND_SIZE, OP_CALL_KERNEL, OP_COPY, SIZES, DimRecord,
+                     KernelRow, Plan, SymbolicBound)
 
 PLAN_CACHE = 4      # per-shape plans kept (arena + prepared calls each), unbounded bundles
 BOUND_CACHE = 64    # per-shape views kept over the one arena of a bounded bundle (cheap)
@@ -217,8 +217,11 @@ class _Plan:
             views.append(view)
         self.views = views
         addresses = [v.__array_interface__["data"][0] for v in views]
+        self.limits = np.array([env[v] for v in runner.vars], dtype=np.int64)
         self.executor = vm.Executor(runner.program, runner.kernels, runner.sites,
-                                    list(addresses), views, runner.threads, pool=runner.pool)
+                                    list(addresses), views, runner.threads, pool=runner.pool,
+                                    sizes=self.sizes, limits=self.limits)
+        self.live_sizes = self.sizes   # what BIND_SIZE wrote during the last run
         bindings = _input_bindings(runner, self.executor, addresses)
         self.inputs = [(s, views[s.tensor], b) for s, b in zip(runner.inputs, bindings)]
         self.outputs = [(s.name, views[s.tensor]) for s in runner.outputs]
@@ -245,6 +248,7 @@ class _Bound:
         start = -raw.ctypes.data % ALIGN
         self.arena = raw[start:start + arena_bytes]
         self.sizes = np.zeros(len(runner.vars), dtype=np.int64)
+        self.limits = np.zeros(len(runner.vars), dtype=np.int64)
         base = self.arena.ctypes.data
         addresses = []
         for row in runner.tensors:
@@ -261,7 +265,8 @@ class _Bound:
         for t, v in first.views.items():
             views[t] = v
         self.executor = vm.Executor(runner.program, runner.kernels, runner.sites, addresses,
-                                    views, runner.threads, pool=runner.pool)
+                                    views, runner.threads, pool=runner.pool, sizes=self.sizes,
+                                    limits=self.limits)
         self.bindings = _input_bindings(runner, self.executor, addresses)
         self.current: _BoundPlan | None = None
 
@@ -298,6 +303,7 @@ class _BoundPlan:
             self.views_over(runner._bound)
         bound = runner._bound
         self.executor = bound.executor
+        self.live_sizes = bound.sizes
         self.arena_bytes = runner.bound_arena
         self.inputs = [(s, self.views[s.tensor], b) for s, b in zip(runner.inputs,
                                                                    bound.bindings)]
@@ -328,6 +334,7 @@ class _BoundPlan:
         if bound.current is self:
             return
         bound.sizes[:] = self.sizes
+        bound.limits[:] = self.sizes   # the run-time sizes' bounds for this shape
         for i, _ in self.runner.lib_instructions:
             bound.executor.set_views(i, self.views)
         bound.current = self
@@ -351,6 +358,8 @@ class SymbolicRunner:
         assert sym is not None
         self.record = plan   # the header record (profile.py names the kernels from it)
         self.vars = sym.vars
+        # format 1.6: sizes a kernel counts at run time (BIND_SIZE), each with its bound
+        self.dynamic = sym.dynamic or ()
         self.buffers = sym.buffers
         self.checks = sym.checks or ()
         self.tensors = plan.tensors
@@ -373,6 +382,10 @@ class SymbolicRunner:
                        for r in plan.inputs]
         self.outputs = [SymSpec(r.name, r.shape, r.dtype, r.tensor, r.max_shape or None)
                         for r in plan.outputs]
+        # outputs whose size a kernel counts: returned at the size of each run
+        counted = sym.dynamic_names
+        self.counted_outputs = [i for i, r in enumerate(plan.outputs)
+                                if any(_names(d) & counted for d in r.shape)]
         variant = plan.code[cpu.pick_variant([v.record() for v in plan.code], name)]
         self.code_variant = variant.record()
         self.sites = library.resolve_calls(plan.library_calls or (), library_functions, name)
@@ -399,7 +412,18 @@ class SymbolicRunner:
         against."""
         self.kernels = [(image.address(k.symbol), bool(k.parallel)) for k in plan.kernels]
         self.program = vm.decode(reader.payload(plan.vm.bytecode), len(self.tensors),
-                                 len(self.kernels), len(self.sites), reader.name)
+                                 len(self.kernels), len(self.sites), reader.name,
+                                 len(self.vars))
+        counted = plan.symbolic.dynamic_names
+        for ins in self.program:
+            if ins.opcode == OP_BIND_SIZE:
+                row = self.tensors[ins.operands[0]]
+                if self.vars[ins.target] not in counted or row.dtype != "int64" \
+                        or row.shape not in ((1,), ()):
+                    raise BundleError(f"{reader.name}: bundle header: BIND_SIZE binds "
+                                      f"{self.vars[ins.target]!r} from tensor "
+                                      f"{ins.operands[0]}: a run-time size bound by a "
+                                      "one-element int64 tensor expected")
         self._check_arity(plan.kernels)
         self.num_inputs = [k.num_inputs for k in plan.kernels]
         self.input_views = []
@@ -490,12 +514,13 @@ class SymbolicRunner:
                     env.setdefault(rec, n)
                     where.setdefault(rec, f"input {spec.name!r} axis {axis}")
             values.append(value)
-        missing = [v for v in self.vars if v not in env]
+        counted = {name for name, _ in self.dynamic}
+        missing = [v for v in self.vars if v not in env and v not in counted]
         if missing:
             raise BundleError(f"{self.name}: size variable(s) {missing} are bound by no input")
         if self.bound is not None:
             for v in self.vars:
-                if env[v] > self.bound[v]:
+                if v not in counted and env[v] > self.bound[v]:
                     raise InputError(f"size {v} = {env[v]} ({where[v]}) is beyond the bundle's "
                                      f"bound {self.bound[v]} (its --max-shape)")
         for op, a, b, text in self.checks:   # relations the model needs between sizes
@@ -508,6 +533,8 @@ class SymbolicRunner:
             if tuple(value.shape) != want:
                 raise InputError(f"input {spec.name!r} has shape {tuple(value.shape)}; the model "
                                  f"takes {spec.shape_text}, here {want}")
+        for name, rec in self.dynamic:   # planned at their bounds; BIND_SIZE sets each run's
+            env[name] = evaluate(rec, env)
         return env, values
 
     def plan(self, env: dict[str, int]) -> _Plan:
@@ -579,7 +606,20 @@ class SymbolicRunner:
             else:
                 binding.feed(view, value, min_bytes)
         plan.executor.run()
-        return plan.outputs
+        if not self.counted_outputs:
+            return plan.outputs
+        return self._counted(plan)
+
+    def _counted(self, plan: Any) -> list[tuple[str, np.ndarray]]:
+        """The outputs at this run's sizes: those a kernel counted are the leading part (C
+        order) of the view planned at the bound."""
+        env = dict(zip(self.vars, plan.live_sizes.tolist()))
+        outputs = list(plan.outputs)
+        for i in self.counted_outputs:
+            name, view = outputs[i]
+            shape = tuple(evaluate(d, env) for d in self.outputs[i].shape)
+            outputs[i] = (name, view.reshape(-1)[:int(np.prod(shape))].reshape(shape))
+        return outputs
 
     def profile(self, feeds: Mapping[str, Any], runs: int = 20, warmup: int = 1) -> Any:
         """``Model.profile`` for a symbolic bundle: the plan of the feeds' sizes (made, and the

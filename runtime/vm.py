@@ -7,6 +7,10 @@ Instruction set (little-endian int32 words):
     CALL_LIB     2, site, n, t_1 .. t_n     call the library function of call site ``site``
                                             with inputs t_1..t_{n-1} and output t_n
     COPY         3, src, dst                copy tensor ``src`` into tensor ``dst``
+    BIND_SIZE    4, var, t                  (symbolic plans, format 1.6) size variable ``var``
+                                            takes the int64 count in tensor ``t``, which a
+                                            kernel wrote: refused unless 0 <= count <= the
+                                            variable's bound for this run's input sizes
 
 Every kernel has the C signature ``void k(void **args, int64_t task, int64_t ntasks)``. Tensor
 addresses are fixed by the static memory plan, so each call's ``void*[]`` is built once here and
@@ -39,8 +43,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .errors import BundleError, CodeLoadError
-from .header import OP_CALL_KERNEL, OP_CALL_LIB, OP_COPY
+from .errors import BundleError, CodeLoadError, InputError
+from .header import OP_BIND_SIZE, OP_CALL_KERNEL, OP_CALL_LIB, OP_COPY
 
 KERNEL_SIGNATURE = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64)
 MAX_OPERANDS = 4096
@@ -54,8 +58,9 @@ class Instruction:
 
 
 def decode(bytecode: memoryview | bytes, num_tensors: int, num_kernels: int, num_sites: int,
-           bundle_name: str) -> list[Instruction]:
-    """Decode and validate the bytecode; every index is checked before use."""
+           bundle_name: str, num_vars: int = 0) -> list[Instruction]:
+    """Decode and validate the bytecode; every index is checked before use (``num_vars``: the
+    size variables BIND_SIZE may name, none in a static plan)."""
     if len(bytecode) % 4:
         raise BundleError(f"{bundle_name}: bytecode length is not a multiple of 4")
     words = struct.unpack(f"<{len(bytecode) // 4}i", bytecode)
@@ -74,6 +79,15 @@ def decode(bytecode: memoryview | bytes, num_tensors: int, num_kernels: int, num
             if not (0 <= src < num_tensors and 0 <= dst < num_tensors):
                 raise bad("tensor index out of range")
             out.append(Instruction(op, src, (dst,)))
+            pc += 3
+            continue
+        if op == OP_BIND_SIZE:
+            if pc + 3 > len(words):
+                raise bad("truncated BIND_SIZE")
+            var, t = words[pc + 1], words[pc + 2]
+            if not (0 <= var < num_vars and 0 <= t < num_tensors):
+                raise bad("BIND_SIZE names no size variable or tensor of this plan")
+            out.append(Instruction(op, var, (t,)))
             pc += 3
             continue
         if op not in (OP_CALL_KERNEL, OP_CALL_LIB):
@@ -100,8 +114,12 @@ class Executor:
     def __init__(self, program: list[Instruction], kernels: list[tuple[int, bool]],
                  sites: list[tuple[Callable[..., Any], dict]], addresses: list[int],
                  views: list[np.ndarray], threads: int = 1,
-                 pool: PoolCode | None = None) -> None:
+                 pool: PoolCode | None = None, sizes: np.ndarray | None = None,
+                 limits: np.ndarray | None = None) -> None:
+        """``sizes`` is the sizes array the kernels read and ``limits`` each variable's largest
+        value for this plan (symbolic plans with BIND_SIZE instructions)."""
         self._steps: list[Callable[[], Any]] = []
+        self._sizes, self._limits = sizes, limits
         self._program = program
         self._sites = sites
         # per instruction: its kernel's void*[] (None otherwise), which the prepared calls use
@@ -164,6 +182,8 @@ class Executor:
             fn, attrs = self._sites[ins.target]
             *ins_views, out_view = [views[t] for t in ins.operands]
             return _library_step(fn, ins_views, out_view, attrs)
+        if ins.opcode == OP_BIND_SIZE:
+            return _bind_step(views[ins.operands[0]], self._sizes, self._limits, ins.target)
         return _copy_step(views[ins.operands[0]], views[ins.target])
 
     def set_views(self, index: int, views: Any) -> None:
@@ -492,6 +512,25 @@ def _stop_pool(pool: _SpinPool | _LockPool | None) -> None:
 def _library_step(fn: Callable[..., Any], inputs: list[np.ndarray], out: np.ndarray,
                   attrs: dict) -> Callable[[], Any]:
     return lambda: fn(*inputs, out=out, **attrs)
+
+
+def _bind_step(count: np.ndarray, sizes: np.ndarray | None, limits: np.ndarray | None,
+               var: int) -> Callable[[], Any]:
+    """BIND_SIZE: the count a kernel wrote becomes size variable ``var``, within its bound."""
+    if sizes is None or limits is None or count.size != 1:
+        raise BundleError("bundle header: BIND_SIZE outside a plan with run-time sizes")
+    flat = count.reshape(-1)
+
+    def step() -> None:
+        value = int(flat[0])
+        if not 0 <= value <= limits[var]:
+            raise InputError(f"a size the model computes at run time is {value}, outside "
+                             f"[0, {int(limits[var])}] (its bound for these input sizes): the "
+                             "input asks for more than the model's shapes allow (a TopK k "
+                             "larger than its axis, or negative)")
+        sizes[var] = value
+
+    return step
 
 
 def _copy_step(dst: np.ndarray, src: np.ndarray) -> Callable[[], Any]:

@@ -4,11 +4,12 @@
 
 from __future__ import annotations
 
-from . import (attention, elementwise, index, logic, nn, quant, quant_ops, resize, rnn,
+from . import (attention, dynamic, elementwise, index, logic, nn, quant, quant_ops, resize, rnn,
                shape)
 from .registry import SupportedOp, registered_ops
 
-FAMILIES = (elementwise, logic, nn, shape, index, resize, attention, rnn, quant, quant_ops)
+FAMILIES = (elementwise, logic, nn, shape, index, dynamic, resize, attention, rnn, quant,
+            quant_ops)
 
 
 def supported_ops() -> list[SupportedOp]:

@@ -8,6 +8,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from ...packager.ir.graph import Value
+from ...packager.ir.sym import product
 from .registry import NodeContext, converter
 
 
@@ -212,15 +213,25 @@ def _topk_v1(ctx: NodeContext) -> list[Value]:
     return _topk(ctx, int(ctx.attrs["k"]))
 
 
+def _topk_input_k(ctx: NodeContext) -> list[Value]:
+    k = ctx.const(1)
+    if k is not None:
+        return _topk(ctx, int(k.reshape(-1)[0]))
+    from .dynamic import topk_runtime   # k computed at run time: a size variable
+    x = ctx.input(0)
+    return topk_runtime(ctx, x, _axis(ctx, int(ctx.attrs["axis"]), len(x.type.shape)),
+                        bool(ctx.attrs.get("largest", 1)))
+
+
 @converter("TopK", since=10, attrs={"axis": -1})
 def _topk_v10(ctx: NodeContext) -> list[Value]:
-    return _topk(ctx, int(ctx.require_const(1, "k").reshape(-1)[0]))
+    return _topk_input_k(ctx)
 
 
 @converter("TopK", since=11, attrs={"axis": -1, "largest": 1, "sorted": 1})
 def _topk_v11(ctx: NodeContext) -> list[Value]:
     # sorted=0 lets any order through; sorted order is one of them.
-    return _topk(ctx, int(ctx.require_const(1, "k").reshape(-1)[0]))
+    return _topk_input_k(ctx)
 
 
 # ---- ScatterElements / Scatter, ScatterND, GatherND ---------------------------------------------
@@ -330,12 +341,15 @@ def _eye_like(ctx: NodeContext) -> Value:
 @converter("Compress", since=9, attrs={"axis": None})
 def _compress(ctx: NodeContext) -> Value:
     x = ctx.input(0)
-    condition = ctx.require_const(1, "condition").reshape(-1).astype(bool)
     axis = ctx.attrs["axis"]
     if axis is None:
-        x = ctx.reshape(x, (int(np.prod(x.type.shape, dtype=np.int64)),))
+        x = ctx.reshape(x, (product(x.type.shape),))
         axis = 0
     axis = _axis(ctx, int(axis), len(x.type.shape))
+    if ctx.const(1) is None:   # a condition computed at run time: kept count bound at run time
+        from .dynamic import compress_runtime
+        return compress_runtime(ctx, x, axis)
+    condition = ctx.const(1).reshape(-1).astype(bool)
     if condition.size > x.type.shape[axis]:
         raise ctx.error(f"condition has {condition.size} entries for an axis of "
                         f"{x.type.shape[axis]}")

@@ -24,7 +24,7 @@ from . import te
 from .te import _dim
 from .graph import (Binding, Call, CallLibrary, CallTIR, Constant, DataflowBlock, Expr, Function,
                     IRModule, PrimFunc, Source, TensorType, Value, Var)
-from .sym import Relation, assume
+from .sym import Dim, Relation, assume, nondecreasing_in, shape_vars, size_var
 
 
 class BuilderError(Exception):
@@ -130,6 +130,27 @@ class BlockBuilder:
         frontend's own) in the module: the bundle records them, the runtime checks them."""
         for rel in relations:
             assume(self.mod.relations, *rel)
+
+    def bind_size(self, count: Value, bound: Dim, label: str) -> tuple[Var, Dim]:
+        """A size variable bound at run time from ``count`` (an int64 tensor of shape (1,)
+        that a kernel wrote), at most ``bound`` (a dim over the inputs' size variables and
+        earlier bound ones): the VM checks the count against the bound and stores it in the
+        sizes array. Returns the binding (the count; kernels that write tensors of the new
+        size take it as an input, which orders them after the binding) and the variable."""
+        taken = set(self.mod.dynamic_sizes)
+        for p in self.params:
+            taken |= shape_vars(p.type.shape)
+        k = 1
+        while f"{label}{k}" in taken:
+            k += 1
+        name = f"{label}{k}"
+        if not nondecreasing_in(bound, self.mod.dynamic_sizes) or \
+                (not isinstance(bound, int) and bound.lower_bound() is None):
+            raise BuilderError(f"bind_size: the bound {bound} of {name} must not decrease as "
+                               "the sizes grow")
+        self.mod.dynamic_sizes[name] = bound
+        var = self.emit(Call("bind_size", [count], {"var": name}, count.type), name)
+        return var, size_var(name)
 
     def call_tir(self, func: PrimFunc, args: Sequence[Value], name: str = "lv") -> Var:
         """Add ``func`` to the module and emit a destination-passing call of it."""

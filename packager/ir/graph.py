@@ -199,6 +199,10 @@ class IRModule:
     relations: list = field(default_factory=list)
     # Upper bounds of main's inputs' sizes (``--max-shape``), by parameter name.
     max_shapes: dict = field(default_factory=dict)
+    # Size variables bound at run time by a kernel (data-dependent output sizes: NonZero's
+    # count, NMS's boxes kept): name -> its upper bound, a dim over main's input size
+    # variables and earlier such variables, in the order they are bound (``ops.dynamic``).
+    dynamic_sizes: dict = field(default_factory=dict)
 
     @property
     def main(self) -> Function:
@@ -224,7 +228,8 @@ class IRModule:
         return func.name
 
     def copy(self) -> IRModule:
-        return IRModule(dict(self.functions), list(self.relations), dict(self.max_shapes))
+        return IRModule(dict(self.functions), list(self.relations), dict(self.max_shapes),
+                        dict(self.dynamic_sizes))
 
 
 def used_values(value: Expr) -> Sequence[Value]:

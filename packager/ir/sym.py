@@ -342,6 +342,46 @@ def evaluate(rec: Any, env: Mapping[str, int]) -> int:
     raise ValueError(f"malformed dim record {rec!r}")
 
 
+def substitute(d: Dim, mapping: Mapping[str, Dim]) -> Dim:
+    """``d`` with each variable named in ``mapping`` replaced by its dim (the others kept)."""
+    if isinstance(d, int):
+        return d
+    out: Dim = 0
+    for m, c in d.terms.items():
+        term: Dim = c
+        for a in m:
+            if isinstance(a, str):
+                term = term * mapping.get(a, SymExpr.var(a))
+            elif a[0] == "//":
+                term = term * (substitute(a[1], mapping) // a[2])
+            else:
+                term = term * (substitute(a[1], mapping) % a[2])
+        out = out + term
+    return out
+
+
+def nondecreasing_in(d: Dim, names: Iterable[str]) -> bool:
+    """Whether ``d`` never decreases as any variable of ``names`` grows (from 0, the others at
+    least 1): every term holding one has a positive coefficient, and a floor division holding
+    one divides such a sum; a remainder holding one is refused. A memory plan that allocates
+    a data-dependent size at its upper bound relies on it."""
+    if isinstance(d, int):
+        return True
+    names = set(names)
+    for m, c in d.terms.items():
+        held = False
+        for a in m:
+            if isinstance(a, str):
+                held = held or a in names
+            elif names & a[1].variables():
+                if a[0] == "%" or not nondecreasing_in(a[1], names):
+                    return False
+                held = True
+        if held and c < 0:
+            return False
+    return True
+
+
 def dim(d: Any) -> Dim:
     """``d`` as a shape keeps it: a ``SymExpr`` as is, anything else as an ``int``."""
     return d if isinstance(d, SymExpr) else int(d)

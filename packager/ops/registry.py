@@ -25,6 +25,7 @@ REDUCTION = "reduction"    # reduces over axes (sum, max, softmax's parts)
 COMPLEX = "complex"        # matmul, conv: may take an elementwise epilogue
 VIEW = "view"              # no data movement: a new shape over the same bytes (reshape, flatten)
 OPAQUE = "opaque"          # one hand-written kernel (a recurrence's time loop): nothing fuses in
+BIND = "bind"              # no kernel: binds a size variable from a count (the VM's BIND_SIZE)
 
 
 @dataclass(frozen=True)

@@ -51,7 +51,7 @@ def fold_constants(mod: IRModule, keep: frozenset[str] = KEPT_UNFOLDED) -> IRMod
 
     def visit(b, lookup):
         v = b.value
-        if isinstance(v, Call) and v.args and v.op not in keep \
+        if isinstance(v, Call) and v.args and v.op not in keep and v.op != "bind_size" \
                 and all(isinstance(a, Constant) for a in v.args) and is_static(v.type.shape):
             ref = get_op(v.op).reference
             data = np.asarray(ref(*(a.data for a in v.args), **v.attrs), dtype=v.type.dtype,

@@ -67,7 +67,9 @@ MLC_API size_t mlc_dtype_size(mlc_dtype dtype);        /* bytes per element as s
 
 /* A tensor in caller-owned memory. For mlc_run's inputs: data, nbytes, dtype, ndim and dims
  * give the array; for its outputs: data and nbytes give the buffer (its capacity), and the run
- * writes dtype, ndim and dims. Arrays are C-contiguous. */
+ * writes dtype, ndim and dims (an output whose size the model counts at run time, format 1.6,
+ * needs the capacity mlc_output_nbytes gives, its bound, and dims say how much was written).
+ * Arrays are C-contiguous. */
 typedef struct mlc_tensor {
     void *data;
     size_t nbytes;

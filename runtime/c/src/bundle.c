@@ -12,6 +12,7 @@
 #define SYMBOLIC_MINOR 3
 #define PAYLOAD64_MINOR 4
 #define STORED_MINOR 5      /* a constant's "stored" record (8-bit integers) */
+#define DYNAMIC_MINOR 6     /* the symbolic record's "dynamic" sizes (BIND_SIZE) */
 #define ALIGN 64
 #define MAX_HEADER_BYTES (64u << 20)
 #define MAX_DIM (1LL << 40)
@@ -93,6 +94,9 @@ static mlc_status check_version(mlc_model *m, mlc_error *err)
     for (uint32_t i = 0; consts && consts->type == MP_ARRAY && i < consts->len; i++)
         if (consts->v.items[i].type == MP_MAP && mp_get(&consts->v.items[i], "stored"))
             reads = STORED_MINOR;
+    const mp_node *symrec = mp_get(h, "symbolic");
+    if (symrec && symrec->type == MP_MAP && mp_get(symrec, "dynamic"))
+        reads = DYNAMIC_MINOR;
     if (minor > reads) {
         const mp_node *need = mp_get(h, "min_reader");
         if (!need)

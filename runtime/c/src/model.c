@@ -61,6 +61,32 @@ static mlc_status decode(mlc_model *m, mlc_plan *p, mlc_error *err)
                 pc += 3;
                 continue;
             }
+            if (op == OP_BIND) {
+                if (pc + 3 > nw)
+                    why = "truncated BIND_SIZE";
+                else if (!p->sym || w[pc + 1] < 0 || (size_t)w[pc + 1] >= p->sym->nvars
+                         || w[pc + 2] < 0 || (size_t)w[pc + 2] >= p->ntensors)
+                    why = "BIND_SIZE names no size variable or tensor of this plan";
+                else {
+                    const mlc_trow *t = &p->tensors[w[pc + 2]];
+                    int counted = 0;
+                    for (size_t d = 0; d < p->sym->ndynamic; d++)
+                        counted |= p->sym->dyn_var[d] == w[pc + 1];
+                    if (!counted || t->dtype != MLC_INT64 || t->rec->len > 1
+                        || (t->rec->len == 1 && !(mp_is_int(&t->rec->v.items[0])
+                                                  && t->rec->v.items[0].v.i == 1)))
+                        why = "BIND_SIZE must bind a run-time size from one int64 element";
+                }
+                if (why)
+                    return mlc_fail(err, MLC_ERR_BUNDLE, "%s: invalid bytecode at word %zu: %s",
+                                    m->name, pc, why);
+                if (pass)
+                    p->program[k] = (mlc_instr){OP_BIND, (uint32_t)w[pc + 1], 1, &w[pc + 2],
+                                                NULL, NULL};
+                k++;
+                pc += 3;
+                continue;
+            }
             if (op != OP_KERNEL && op != OP_LIB)
                 return mlc_fail(err, MLC_ERR_BUNDLE, "%s: invalid bytecode at word %zu: unknown "
                                 "opcode %d", m->name, pc, op);

@@ -58,7 +58,7 @@ typedef struct {
     void *user;
 } mlc_site;
 
-enum { OP_KERNEL = 1, OP_LIB = 2, OP_COPY = 3 };
+enum { OP_KERNEL = 1, OP_LIB = 2, OP_COPY = 3, OP_BIND = 4 };
 typedef struct {
     int op;
     uint32_t target;
@@ -82,6 +82,9 @@ typedef struct {
     int64_t *buf_start, *buf_end;
     size_t nchecks;
     const mp_node **checks;     /* [op, a, b, text] rows */
+    size_t ndynamic;            /* format 1.6: sizes a kernel counts (BIND_SIZE) */
+    int *dyn_var;               /* each one's index in vars */
+    const mp_node **dyn_rec;    /* its upper bound, a dim record over the input sizes */
     int bounded;
     int64_t *bound_vals, *bound_offsets, *bound_sizes;
     uint64_t bound_arena;
@@ -89,6 +92,7 @@ typedef struct {
     int64_t *env, *last_env;
     int have_last;
     int64_t *sizes;             /* the SIZES row the kernels read */
+    int64_t *limits;            /* each variable's largest value for this shape (BIND_SIZE) */
     uint64_t *buf_bytes, *offsets;
     size_t *order;
     uint64_t *tbytes;           /* each tensor's bytes at the current shape */
@@ -185,6 +189,8 @@ mlc_status mlc_sym_dim(const mlc_plan *p, const mp_node *rec, const char *what, 
 mlc_status mlc_sym_eval(const mlc_plan *p, const mp_node *rec, const int64_t *env, int64_t *out);
 mlc_status mlc_sym_alloc(mlc_model *m, mlc_plan *p, mlc_error *err);
 mlc_status mlc_sym_bind(mlc_model *m, mlc_plan *p, const mlc_tensor *inputs, mlc_error *err);
+int mlc_sym_counted(const mlc_symbolic *s, size_t v);
+mlc_status mlc_sym_counted_env(const mlc_plan *p, int64_t *env);
 mlc_status mlc_sym_plan(mlc_model *m, mlc_plan *p, mlc_error *err);
 void mlc_sym_free(mlc_plan *p);
 char *mlc_sym_text(mlc_alloc *a, const mp_node *rec);

@@ -15,6 +15,16 @@ static mlc_status step(const mlc_model *m, const mlc_plan *p, const mlc_instr *i
                (size_t)p->tensors[in->target].nbytes);
         return MLC_OK;
     }
+    if (in->op == OP_BIND) {   /* a size a kernel counted, within its bound for this shape */
+        int64_t v;
+        memcpy(&v, p->addr[in->operands[0]], 8);
+        if (v < 0 || v > p->sym->limits[in->target])
+            return mlc_fail(err, MLC_ERR_INPUT, "%s: a size the model computes at run time is "
+                            "%lld, outside [0, %lld] (its bound for these input sizes)", m->name,
+                            (long long)v, (long long)p->sym->limits[in->target]);
+        p->sym->sizes[in->target] = v;
+        return MLC_OK;
+    }
     const mlc_site *site = &p->sites[in->target];
     if (site->fn(site->user, in->tensors, (int)in->n - 1, &in->tensors[in->n - 1], &site->attrs))
         return mlc_fail(err, MLC_ERR_INTERNAL, "%s: library function %s failed", m->name,
@@ -157,9 +167,12 @@ static mlc_status sym_output_nbytes(const mlc_model *m, size_t i, const mlc_tens
                     env[v] = in[k].dims[a];
         }
     for (size_t v = 0; v < nvars; v++)
-        if (env[v] < 1)
+        if (env[v] < 1 && !mlc_sym_counted(p->sym, v))
             return mlc_fail(err, MLC_ERR_INPUT, "the inputs bind no valid size %s",
                             p->sym->vars[v]);
+    if (mlc_sym_counted_env(p, env))   /* counted at run time: its bound's bytes */
+        return mlc_fail(err, MLC_ERR_INPUT, "the inputs' sizes overflow the model's size "
+                        "expressions");
     const mlc_trow *t = &p->tensors[p->outputs[i].tensor];
     int64_t dims[MLC_MAX_DIMS];
     uint64_t total;
@@ -346,10 +359,23 @@ static mlc_status run_symbolic(mlc_model *m, const mlc_tensor *inputs, mlc_tenso
     s = execute(m, p, err);
     for (size_t i = 0; !s && i < p->noutputs; i++) {
         uint32_t t = p->outputs[i].tensor;
-        memcpy(outputs[i].data, p->addr[t], (size_t)sym->tbytes[t]);
-        outputs[i].dtype = p->tensors[t].dtype;
-        outputs[i].ndim = p->tensors[t].ndim;
+        const mlc_trow *row = &p->tensors[t];
+        outputs[i].dtype = row->dtype;
+        outputs[i].ndim = row->ndim;
         memcpy(outputs[i].dims, sym->tdims + (size_t)t * MLC_MAX_DIMS, sizeof outputs[i].dims);
+        uint64_t bytes = sym->tbytes[t];
+        if (sym->ndynamic) {   /* sizes a kernel counted: the leading part of the bound's */
+            for (uint32_t d = 0; d < row->rec->len; d++)
+                if (mlc_sym_eval(p, &row->rec->v.items[d], sym->sizes, &outputs[i].dims[d])
+                    || outputs[i].dims[d] < 0)
+                    return mlc_fail(err, MLC_ERR_BUNDLE, "%s: output '%s' has no valid size",
+                                    m->name, p->outputs[i].name);
+            if (mlc_nbytes(outputs[i].dims, (int)row->rec->len, row->dtype, &bytes)
+                || bytes > sym->tbytes[t])
+                return mlc_fail(err, MLC_ERR_BUNDLE, "%s: output '%s' outgrew its bound",
+                                m->name, p->outputs[i].name);
+        }
+        memcpy(outputs[i].data, p->addr[t], (size_t)bytes);
     }
     return s;
 }

@@ -44,6 +44,36 @@ static int dim_ok(const mlc_plan *p, const mp_node *n, int depth)
     return 0;
 }
 
+/* Whether dim record n (validated) names variable v. */
+static int names_var(const mlc_plan *p, const mp_node *n, int v)
+{
+    if (n->type == MP_STR)
+        return var_index(p, n) == v;
+    if (n->type != MP_ARRAY)
+        return 0;
+    for (uint32_t i = 1; i < n->len; i++)
+        if (names_var(p, &n->v.items[i], v))
+            return 1;
+    return 0;
+}
+
+int mlc_sym_counted(const mlc_symbolic *s, size_t v)
+{
+    for (size_t d = 0; d < s->ndynamic; d++)
+        if (s->dyn_var[d] == (int)v)
+            return 1;
+    return 0;
+}
+
+mlc_status mlc_sym_counted_env(const mlc_plan *p, int64_t *env)
+{
+    const mlc_symbolic *s = p->sym;
+    for (size_t d = 0; d < s->ndynamic; d++)
+        if (mlc_sym_eval(p, s->dyn_rec[d], env, &env[s->dyn_var[d]]) || env[s->dyn_var[d]] < 0)
+            return MLC_ERR_INPUT;
+    return MLC_OK;
+}
+
 mlc_status mlc_sym_dim(const mlc_plan *p, const mp_node *rec, const char *what, mlc_error *err)
 {
     if (rec && dim_ok(p, rec, 0))
@@ -185,6 +215,31 @@ mlc_status mlc_sym_parse(mlc_model *m, const mp_node *rec, mlc_plan *p, mlc_erro
             s->checks[i] = c;
         }
     }
+    const mp_node *dyn = mp_get(rec, "dynamic");
+    if (dyn && dyn->type != MP_NIL) {
+        if (dyn->type != MP_ARRAY)
+            return bad(err, "symbolic dynamic");
+        s->ndynamic = dyn->len;
+        s->dyn_var = mlc_zalloc(&m->alloc, (dyn->len + 1) * sizeof(int));
+        s->dyn_rec = mlc_zalloc(&m->alloc, (dyn->len + 1) * sizeof(mp_node *));
+        if (!s->dyn_var || !s->dyn_rec)
+            return mlc_fail(err, MLC_ERR_INTERNAL, "out of memory");
+        for (uint32_t i = 0; i < dyn->len; i++) {
+            const mp_node *d = &dyn->v.items[i];
+            if (d->type != MP_ARRAY || d->len != 2 || d->v.items[0].type != MP_STR
+                || var_index(p, &d->v.items[0]) < 0 || !dim_ok(p, &d->v.items[1], 0))
+                return bad(err, "symbolic dynamic size");
+            s->dyn_var[i] = var_index(p, &d->v.items[0]);
+            s->dyn_rec[i] = &d->v.items[1];
+            for (uint32_t j = 0; j < i; j++)
+                if (s->dyn_var[j] == s->dyn_var[i])
+                    return bad(err, "symbolic dynamic size");
+        }
+        for (uint32_t i = 0; i < dyn->len; i++)   /* bounds name input sizes only */
+            for (uint32_t j = 0; j < dyn->len; j++)
+                if (names_var(p, s->dyn_rec[i], s->dyn_var[j]))
+                    return bad(err, "symbolic dynamic size");
+    }
     const mp_node *bound = mp_get(rec, "bound");
     if (bound && bound->type != MP_NIL) {
         const mp_node *sizes = mp_get(bound, "sizes"), *offs = mp_get(bound, "offsets"),
@@ -229,12 +284,13 @@ mlc_status mlc_sym_alloc(mlc_model *m, mlc_plan *p, mlc_error *err)
     s->env = mlc_zalloc(&m->alloc, (s->nvars + 1) * 8);
     s->last_env = mlc_zalloc(&m->alloc, (s->nvars + 1) * 8);
     s->sizes = mlc_zalloc(&m->alloc, (s->nvars + 1) * 8);
+    s->limits = mlc_zalloc(&m->alloc, (s->nvars + 1) * 8);
     s->buf_bytes = mlc_zalloc(&m->alloc, nb * 8);
     s->offsets = mlc_zalloc(&m->alloc, 3 * nb * 8);   /* offsets, then the busy spans */
     s->order = mlc_zalloc(&m->alloc, nb * sizeof(size_t));
     s->tbytes = mlc_zalloc(&m->alloc, nt * 8);
     s->tdims = mlc_zalloc(&m->alloc, nt * MLC_MAX_DIMS * 8);
-    if (!s->env || !s->last_env || !s->sizes || !s->buf_bytes || !s->offsets || !s->order
+    if (!s->env || !s->last_env || !s->sizes || !s->limits || !s->buf_bytes || !s->offsets || !s->order
         || !s->tbytes || !s->tdims)
         return mlc_fail(err, MLC_ERR_INTERNAL, "out of memory");
     if (s->bounded) {
@@ -319,6 +375,8 @@ mlc_status mlc_sym_bind(mlc_model *m, mlc_plan *p, const mlc_tensor *in, mlc_err
         }
     }
     for (size_t v = 0; v < s->nvars; v++) {
+        if (mlc_sym_counted(s, v))
+            continue;
         if (s->env[v] < 0)
             return mlc_fail(err, MLC_ERR_BUNDLE, "%s: size variable %s is bound by no input",
                             m->name, s->vars[v]);
@@ -339,6 +397,9 @@ mlc_status mlc_sym_bind(mlc_model *m, mlc_plan *p, const mlc_tensor *in, mlc_err
             return mlc_fail(err, MLC_ERR_INPUT, "%.*s", (int)row->v.items[3].len,
                             (const char *)row->v.items[3].v.p);
     }
+    if (mlc_sym_counted_env(p, s->env))   /* planned at their bounds; BIND_SIZE sets them */
+        return mlc_fail(err, MLC_ERR_INPUT, "the inputs' sizes overflow the model's size "
+                        "expressions");
     for (size_t i = 0; i < p->ninputs; i++) {
         const mlc_iorow *spec = &p->inputs[i];
         for (int a = 0; a < spec->ndim; a++) {
@@ -423,7 +484,7 @@ mlc_status mlc_sym_plan(mlc_model *m, mlc_plan *p, mlc_error *err)
         return MLC_OK;
     s->have_last = 0;
     for (size_t v = 0; v < s->nvars; v++)
-        s->sizes[v] = s->env[v];
+        s->sizes[v] = s->limits[v] = s->env[v];
     for (size_t k = 0; k < s->nbuffers; k++) {
         int64_t b;
         if (mlc_sym_eval(p, s->buf_rec[k], s->env, &b) || b < 0)
@@ -497,7 +558,7 @@ mlc_status mlc_sym_plan(mlc_model *m, mlc_plan *p, mlc_error *err)
                 memcpy(in->tensors[j].dims, s->tdims + t * MLC_MAX_DIMS,
                        sizeof in->tensors[j].dims);
             }
-        } else if (s->tbytes[in->target] != s->tbytes[in->operands[0]]) {
+        } else if (in->op == OP_COPY && s->tbytes[in->target] != s->tbytes[in->operands[0]]) {
             return mlc_fail(err, MLC_ERR_BUNDLE, "%s: a COPY instruction joins tensors of "
                             "different sizes", m->name);
         }

@@ -1,0 +1,84 @@
+"""Converters for ONNX operators whose output sizes depend on the data: NonZero, Unique, and the
+run-time forms of TopK (k an input computed at run time) and Compress (a run-time condition).
+
+Each binds a size variable at run time (``BlockBuilder.bind_size``, ``packager/ops/dynamic.py``):
+its upper bound, known at export, sizes the memory plan, and the kernels after it read the real
+count from the sizes array as they read any input size. A constant input folds at import."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ...packager.ir.graph import Value
+from ...packager.ir.sym import product
+from .registry import NodeContext, converter
+
+
+def nonzero_coords(ctx: NodeContext, x: Value, label: str = "nonzero") -> Value:
+    """The coordinates of ``x``'s nonzero elements, [rank, count] int64 in C order, the count a
+    size variable bound at run time (at most ``x``'s size)."""
+    bb = ctx.bb
+    shape = x.type.shape
+    n = product(shape)
+    flat = ctx.reshape(x, (n,))
+    count = bb.emit_op("nonzero_count", flat)
+    prefix = bb.emit_op("nonzero_prefix", flat)
+    after, d = bb.bind_size(count, n, label)
+    return bb.emit_op("nonzero_gather", flat, prefix, after, shape=tuple(shape), count=d)
+
+
+@converter("NonZero", since=9)
+def _nonzero(ctx: NodeContext) -> Value:
+    data = ctx.const(0)
+    if data is not None:
+        coords = np.array(np.nonzero(np.atleast_1d(data)), dtype=np.int64)
+        return ctx.constant(coords.reshape(max(np.ndim(data), 1), -1), "nonzero")
+    return nonzero_coords(ctx, ctx.input(0))
+
+
+def topk_runtime(ctx: NodeContext, x: Value, axis: int, largest: bool) -> list[Value]:
+    """TopK whose k is computed at run time: k becomes a size variable (at most the axis's
+    size; a larger or negative k is refused when the model runs)."""
+    k = ctx.input(1)
+    if k.type.dtype != "int64" or int(np.prod([int(d) for d in k.type.shape])) != 1:
+        raise ctx.error(f"k must be one int64, not {k.type}")
+    k = ctx.reshape(k, (1,))
+    after, d = ctx.bb.bind_size(k, x.type.shape[axis], "k")
+    indices = ctx.bb.emit_op("topk_dynamic", x, after, k=d, axis=axis, largest=largest)
+    return [ctx.emit("gather_elements", x, indices, axis=axis), indices]
+
+
+def compress_runtime(ctx: NodeContext, x: Value, axis: int) -> Value:
+    """Compress with a condition computed at run time: the kept positions are the condition's
+    nonzeros (a size variable bound at run time), then a gather along ``axis``."""
+    condition = ctx.input(1)
+    if len(condition.type.shape) != 1:
+        raise ctx.error(f"condition must be 1-D, not {condition.type.shape}")
+    if not condition.type.shape[0] <= x.type.shape[axis]:
+        raise ctx.error(f"condition has {condition.type.shape[0]} entries for an axis of "
+                        f"{x.type.shape[axis]}")
+    coords = nonzero_coords(ctx, condition, "kept")
+    keep = ctx.reshape(coords, (coords.type.shape[1],))
+    return ctx.emit("take", x, keep, axis=axis)
+
+
+@converter("Unique", since=11, attrs={"axis": None, "sorted": 1})
+def _unique(ctx: NodeContext) -> list[Value]:
+    x = ctx.input(0)
+    axis = ctx.attrs["axis"]
+    rank = len(x.type.shape)
+    if axis is not None and rank > 1:
+        raise ctx.error("Unique along an axis of a tensor of rank 2 or more is not supported "
+                        "(only flattened, axis unset, or rank 1)")
+    bb = ctx.bb
+    sort = bool(ctx.attrs["sorted"])
+    n = product(x.type.shape)
+    flat = ctx.reshape(x, (n,))
+    first = bb.emit_op("unique_first", flat)
+    ranks = bb.emit_op("unique_rank", flat, first, sort=sort)
+    count = bb.emit_op("nonzero_count", first)
+    after, d = bb.bind_size(count, n, "unique")
+    parts = [bb.emit_op("unique_select", flat, first, ranks, after, count=d, part=part)
+             for part in ("values", "indices")]
+    counts = bb.emit_op("unique_select", flat, first, ranks, after, count=d, part="counts")
+    return [parts[0], parts[1], ranks, counts]

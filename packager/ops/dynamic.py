@@ -1,0 +1,253 @@
+"""Operators whose output sizes depend on the data: NonZero, TopK with a run-time k, Compress
+with a run-time condition, Unique.
+
+Each one is a few kernels around one size variable bound at run time (``bind_size``): a kernel
+counts (the nonzeros, the distinct values, k itself) into an int64 tensor of one element, the VM
+instruction BIND_SIZE (docs/format.md section 6) checks that count against the variable's upper
+bound (a size expression known at export: NonZero's count is at most the input's size) and
+writes it into the sizes array, and the kernels after it read the variable there as any other
+size. Memory is planned for the bound. Every kernel that writes a tensor of the new size takes
+the bound count as its last input (``after``): that orders it after the binding in the graph,
+and no pass can move it before. The kernels follow the house style of ``index.py``: plain tensor
+expressions (a rank or a prefix count by a reduction), quadratic in the input's length, which
+is small where these operators appear (post-processing of a few thousand candidates at most).
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from ..ir import te
+from ..ir.graph import TensorType
+from ..ir.sym import Dim, product
+from .elementwise import scalar_of
+from .registry import BIND, INJECTIVE, REDUCTION, register_op, size_expr
+
+
+# ---- bind_size ----------------------------------------------------------------------------------
+
+def _infer_bind(count: TensorType, var: str = "") -> TensorType:
+    if count.dtype != "int64" or count.shape != (1,):
+        raise ValueError(f"bind_size: the count must be int64 of shape (1,), not {count}")
+    return count
+
+
+@register_op("bind_size", BIND, _infer_bind)
+def bind_size(count: np.ndarray, var: str = "") -> np.ndarray:
+    """Identity on the count: the binding itself is the VM's."""
+    return count
+
+
+# ---- counts and prefix counts of the nonzero elements of a flat tensor --------------------------
+
+def _nonzero(x: te.Tensor, j: te.Expr) -> te.Expr:
+    return te.ne(x[(j,)], scalar_of(0, x.dtype))
+
+
+def _infer_flat_count(x: TensorType) -> TensorType:
+    if len(x.shape) != 1:
+        raise ValueError(f"nonzero_count: input must be flat, not {x.shape}")
+    return TensorType((1,), "int64")
+
+
+def _legalize_count(x: te.Tensor, out_type: TensorType, name: str) -> te.Tensor:
+    r = te.reduce_axis(x.shape[0], "r")
+    one, zero = te.const(1, "int64"), te.const(0, "int64")
+    return te.compute((1,), lambda i: te.sum_of(te.if_then_else(_nonzero(x, r), one, zero), r),
+                      name=name, dtype="int64")
+
+
+@register_op("nonzero_count", REDUCTION, _infer_flat_count, _legalize_count)
+def nonzero_count(x: np.ndarray) -> np.ndarray:
+    return np.array([np.count_nonzero(x)], dtype=np.int64)
+
+
+def _infer_prefix(x: TensorType) -> TensorType:
+    if len(x.shape) != 1:
+        raise ValueError(f"nonzero_prefix: input must be flat, not {x.shape}")
+    return TensorType(x.shape, "int64")
+
+
+def _legalize_prefix(x: te.Tensor, out_type: TensorType, name: str) -> te.Tensor:
+    r = te.reduce_axis(x.shape[0], "r")
+    one, zero = te.const(1, "int64"), te.const(0, "int64")
+    return te.compute(x.shape, lambda j: te.sum_of(te.if_then_else(
+        te.logical_and(r < j, _nonzero(x, r)), one, zero), r), name=name, dtype="int64")
+
+
+@register_op("nonzero_prefix", REDUCTION, _infer_prefix, _legalize_prefix)
+def nonzero_prefix(x: np.ndarray) -> np.ndarray:
+    nz = (x != 0).astype(np.int64)
+    return (np.cumsum(nz) - nz).astype(np.int64)
+
+
+# ---- nonzero_gather: the coordinates of the nonzeros, [rank, count] ----------------------------
+
+def _infer_nonzero_gather(x: TensorType, prefix: TensorType, after: TensorType,
+                          shape: Sequence[Dim] = (), count: Dim = 0) -> TensorType:
+    if len(x.shape) != 1 or prefix.shape != x.shape:
+        raise ValueError(f"nonzero_gather: flat input and prefix expected, not {x.shape}, "
+                         f"{prefix.shape}")
+    return TensorType((max(len(shape), 1), count), "int64")
+
+
+def _legalize_nonzero_gather(x: te.Tensor, prefix: te.Tensor, after: te.Tensor,
+                             out_type: TensorType, name: str, shape: Sequence[Dim] = (),
+                             count: Dim = 0) -> te.Tensor:
+    """Output (a, p): coordinate a of the nonzero whose prefix count is p (its index, at rank
+    0); a sum over the flat input that one element meets."""
+    shape = tuple(shape) or (1,)
+    r = te.reduce_axis(x.shape[0], "r")
+    strides = [product(shape[d + 1:]) for d in range(len(shape))]
+
+    def body(a, p):
+        coord = te.const(0, "int64")
+        for d in range(len(shape)):   # coordinate a of flat index r, picked by a select chain
+            c = te.cast(r, "int64")
+            if not (isinstance(strides[d], int) and strides[d] == 1):
+                c = c // size_expr(strides[d])
+            if d > 0:
+                c = c % size_expr(shape[d])
+            coord = te.if_then_else(te.eq(a, d), c, coord)
+        hit = te.logical_and(_nonzero(x, r), te.eq(prefix[(r,)], te.cast(p, "int64")))
+        return te.sum_of(te.if_then_else(hit, coord, te.const(0, "int64")), r)
+
+    return te.compute(out_type.shape, body, name=name, dtype="int64")
+
+
+@register_op("nonzero_gather", INJECTIVE, _infer_nonzero_gather, _legalize_nonzero_gather)
+def nonzero_gather(x: np.ndarray, prefix: np.ndarray, after: np.ndarray,
+                   shape: Sequence[Dim] = (), count: Dim = 0) -> np.ndarray:
+    shape = tuple(int(d) for d in shape) or (1,)
+    return np.array(np.nonzero(x.reshape(shape)), dtype=np.int64).reshape(len(shape), -1)
+
+
+# ---- topk with a run-time k ---------------------------------------------------------------------
+
+def _along(shape: Sequence, axis: int, value: object) -> tuple:
+    return tuple(value if d == axis else s for d, s in enumerate(shape))
+
+
+def _infer_topk_dynamic(x: TensorType, after: TensorType, k: Dim = 1, axis: int = -1,
+                        largest: bool = True) -> TensorType:
+    return TensorType(_along(x.shape, axis % len(x.shape), k), "int64")
+
+
+def _legalize_topk_dynamic(x: te.Tensor, after: te.Tensor, out_type: TensorType, name: str,
+                           k: Dim = 1, axis: int = -1, largest: bool = True) -> te.Tensor:
+    from .index import _legalize_topk
+    return _legalize_topk(x, out_type, name, k=k, axis=axis, largest=largest)
+
+
+@register_op("topk_dynamic", REDUCTION, _infer_topk_dynamic, _legalize_topk_dynamic)
+def topk_dynamic(x: np.ndarray, after: np.ndarray, k: Dim = 1, axis: int = -1,
+                 largest: bool = True) -> np.ndarray:
+    from .index import topk
+    return topk(x, int(after.reshape(-1)[0]), axis, largest)
+
+
+# ---- unique (flattened): first occurrences, ranks, and what they select -------------------------
+
+def _infer_unique_first(x: TensorType, sort: bool = False) -> TensorType:
+    if len(x.shape) != 1:
+        raise ValueError(f"unique: input must be flat, not {x.shape}")
+    return TensorType(x.shape, "int64")
+
+
+def _legalize_unique_first(x: te.Tensor, out_type: TensorType, name: str,
+                           sort: bool = False) -> te.Tensor:
+    """1 where element j is its value's first occurrence, else 0."""
+    r = te.reduce_axis(x.shape[0], "r")
+    one, zero = te.const(1, "int64"), te.const(0, "int64")
+    return te.compute(x.shape, lambda j: one - te.max_of(te.if_then_else(
+        te.logical_and(r < j, te.eq(x[(r,)], x[(j,)])), one, zero), r), name=name,
+        dtype="int64")
+
+
+@register_op("unique_first", REDUCTION, _infer_unique_first, _legalize_unique_first)
+def unique_first(x: np.ndarray, sort: bool = False) -> np.ndarray:
+    _, first = np.unique(x, return_index=True)
+    out = np.zeros(x.shape, np.int64)
+    out[first] = 1
+    return out
+
+
+def _legalize_unique_rank(x: te.Tensor, first: te.Tensor, out_type: TensorType, name: str,
+                          sort: bool = False) -> te.Tensor:
+    """Element j's position among the distinct values: in sorted order (how many distinct
+    values are smaller) or in order of first occurrence (how many distinct values occur first
+    before its value's first occurrence)."""
+    r = te.reduce_axis(x.shape[0], "r")
+    one, zero = te.const(1, "int64"), te.const(0, "int64")
+    if sort:
+        return te.compute(x.shape, lambda j: te.sum_of(te.if_then_else(te.logical_and(
+            te.eq(first[(r,)], one), x[(r,)] < x[(j,)]), one, zero), r), name=name,
+            dtype="int64")
+    n = x.shape[0]
+    q = te.reduce_axis(n, "q")
+    at = te.compute(x.shape, lambda j: te.min_of(te.if_then_else(
+        te.eq(x[(q,)], x[(j,)]), te.cast(q, "int64"), te.const(2 ** 62, "int64")), q),
+        name=f"{name}_at", dtype="int64")
+    return te.compute(x.shape, lambda j: te.sum_of(te.if_then_else(te.logical_and(
+        te.eq(first[(r,)], one), te.cast(r, "int64") < at[(j,)]), one, zero), r), name=name,
+        dtype="int64")
+
+
+def _infer_unique_rank(x: TensorType, first: TensorType, sort: bool = False) -> TensorType:
+    return TensorType(x.shape, "int64")
+
+
+@register_op("unique_rank", REDUCTION, _infer_unique_rank, _legalize_unique_rank)
+def unique_rank(x: np.ndarray, first: np.ndarray, sort: bool = False) -> np.ndarray:
+    values, firsts, inverse = np.unique(x, return_index=True, return_inverse=True)
+    if sort:
+        return inverse.reshape(-1).astype(np.int64)
+    order = np.argsort(firsts, kind="stable")
+    pos = np.empty_like(order)
+    pos[order] = np.arange(len(order))
+    return pos[inverse.reshape(-1)].astype(np.int64)
+
+
+_UNIQUE_PARTS = ("values", "indices", "counts")
+
+
+def _infer_unique_select(x: TensorType, first: TensorType, rank: TensorType, after: TensorType,
+                         count: Dim = 0, part: str = "values") -> TensorType:
+    if part not in _UNIQUE_PARTS:
+        raise ValueError(f"unique_select: part {part!r} is not one of {_UNIQUE_PARTS}")
+    return TensorType((count,), x.dtype if part == "values" else "int64")
+
+
+def _legalize_unique_select(x: te.Tensor, first: te.Tensor, rank: te.Tensor, after: te.Tensor,
+                            out_type: TensorType, name: str, count: Dim = 0,
+                            part: str = "values") -> te.Tensor:
+    """Output p: the value (or first index) of the distinct value of rank p, or how often it
+    occurs."""
+    r = te.reduce_axis(x.shape[0], "r")
+    one = te.const(1, "int64")
+    dtype = out_type.dtype
+
+    def body(p):
+        pick = te.eq(rank[(r,)], te.cast(p, "int64"))
+        if part == "counts":
+            return te.sum_of(te.if_then_else(pick, one, te.const(0, "int64")), r)
+        pick = te.logical_and(te.eq(first[(r,)], one), pick)
+        value = x[(r,)] if part == "values" else te.cast(r, "int64")
+        return te.sum_of(te.if_then_else(pick, value, scalar_of(0, dtype)), r)
+
+    return te.compute(out_type.shape, body, name=name, dtype=dtype)
+
+
+@register_op("unique_select", REDUCTION, _infer_unique_select, _legalize_unique_select)
+def unique_select(x: np.ndarray, first: np.ndarray, rank: np.ndarray, after: np.ndarray,
+                  count: Dim = 0, part: str = "values") -> np.ndarray:
+    n = int(after.reshape(-1)[0])
+    out = np.zeros(n, x.dtype if part == "values" else np.int64)
+    for j in range(x.shape[0]):
+        if part == "counts":
+            out[rank[j]] += 1
+        elif first[j]:
+            out[rank[j]] = x[j] if part == "values" else j
+    return out
