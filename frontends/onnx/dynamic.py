@@ -82,3 +82,45 @@ def _unique(ctx: NodeContext) -> list[Value]:
              for part in ("values", "indices")]
     counts = bb.emit_op("unique_select", flat, first, ranks, after, count=d, part="counts")
     return [parts[0], parts[1], ranks, counts]
+
+
+@converter("NonMaxSuppression", since=10, attrs={"center_point_box": 0})
+def _non_max_suppression(ctx: NodeContext) -> Value:
+    """The selected (batch, class, box) triples, [count, 3], the count bound at run time (at
+    most batches * classes * boxes, or * max_output_boxes_per_class when that is a constant)."""
+    boxes, scores = ctx.input(0), ctx.input(1)
+    if boxes.type.dtype != "float32" or scores.type.dtype != "float32":
+        raise ctx.error(f"boxes and scores must be float32, not {boxes.type.dtype} and "
+                        f"{scores.type.dtype}")
+    bshape, sshape = boxes.type.shape, scores.type.shape
+    if len(bshape) != 3 or bshape[2] != 4 or len(sshape) != 3 or sshape[0] != bshape[0] \
+            or sshape[2] != bshape[1]:
+        raise ctx.error(f"boxes {bshape} and scores {sshape} do not fit [B, N, 4] and [B, C, N]")
+    center = int(ctx.attrs["center_point_box"])
+    if center not in (0, 1):
+        raise ctx.error(f"center_point_box must be 0 or 1, not {center}")
+    if not all(isinstance(d, int) for d in (*bshape, *sshape)):
+        raise ctx.error(f"boxes {bshape} and scores {sshape} must have sizes fixed at export "
+                        "(give --input-shape)")
+    n = bshape[1]
+    limit = n
+
+    def scalar(i: int, dtype: str, default: float) -> Value:
+        if not ctx.has_input(i):
+            return ctx.constant(np.array([default], dtype=dtype), "nms_default")
+        v = ctx.input(i)
+        if v.type.dtype != dtype or int(np.prod([int(d) for d in v.type.shape])) != 1:
+            raise ctx.error(f"input {i} must be one {dtype}, not {v.type}")
+        return ctx.reshape(v, (1,))
+
+    max_out = scalar(2, "int64", 0)
+    known = ctx.const(2) if ctx.has_input(2) else np.zeros(1, np.int64)
+    if known is not None:
+        limit = max(0, min(n, int(np.asarray(known).reshape(-1)[0])))
+    bb = ctx.bb
+    table = bb.emit_op("nms", boxes, scores, max_out, scalar(3, "float32", 0.0),
+                       scalar(4, "float32", 0.0), center_point_box=center,
+                       has_score_threshold=ctx.has_input(4), limit=limit)
+    count = bb.emit_op("head_count", table)
+    after, d = bb.bind_size(count, sshape[0] * sshape[1] * limit, "selected")
+    return bb.emit_op("counted_rows", table, after, count=d)

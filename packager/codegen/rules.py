@@ -33,6 +33,7 @@ from .conv_oc import emit_conv_oc
 from .depthwise.static import emit_depthwise, is_depthwise
 from .depthwise.symbolic import emit_symbolic_depthwise
 from .lower import KernelInfo, emit_kernel, is_symbolic
+from .nms import emit_nms
 from .norm import emit_normalize, emit_symbolic_normalize
 from .pool import emit_max_pool, emit_symbolic_max_pool
 from .qdepthwise import emit_qdepthwise
@@ -114,6 +115,7 @@ def _symbolic_contraction(module, func, symbol, vl, size_vars, target, options):
 
 KERNEL_RULES: tuple[KernelRule, ...] = (
     KernelRule("recurrence", None, _on_func(emit_recurrence), _sized(emit_recurrence)),
+    KernelRule("non-maximum suppression", None, _on_func(emit_nms), None),   # ops/dynamic.py
     KernelRule("integer GEMM", None, _integer_gemm, None),   # qmatmul / qconv2d (ops/qlinear.py)
     KernelRule("integer depthwise", None, _on_func(emit_qdepthwise), None),   # qdwconv2d
     KernelRule("channel-lane convolution", None, _on_func(emit_conv_oc),   # nn.conv2d_oc

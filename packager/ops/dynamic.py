@@ -23,7 +23,7 @@ from ..ir import te
 from ..ir.graph import TensorType
 from ..ir.sym import Dim, product
 from .elementwise import scalar_of
-from .registry import BIND, INJECTIVE, REDUCTION, register_op, size_expr
+from .registry import BIND, INJECTIVE, OPAQUE, REDUCTION, register_op, size_expr
 
 
 # ---- bind_size ----------------------------------------------------------------------------------
@@ -251,3 +251,118 @@ def unique_select(x: np.ndarray, first: np.ndarray, rank: np.ndarray, after: np.
         elif first[j]:
             out[rank[j]] = x[j] if part == "values" else j
     return out
+
+
+# ---- non-maximum suppression --------------------------------------------------------------------
+
+def _infer_nms(boxes: TensorType, scores: TensorType, max_out: TensorType, iou: TensorType,
+               score_threshold: TensorType, center_point_box: int = 0,
+               has_score_threshold: bool = False, limit: int = 0) -> TensorType:
+    """[1 + rows, 3] int64: row 0 holds the count of selected boxes, rows 1.. the selected
+    (batch, class, box) triples, ``rows`` = batches * classes * ``limit`` (each class keeps at
+    most ``limit`` boxes)."""
+    if len(boxes.shape) != 3 or boxes.shape[2] != 4 or len(scores.shape) != 3 \
+            or scores.shape[0] != boxes.shape[0] or scores.shape[2] != boxes.shape[1]:
+        raise ValueError(f"nms: boxes {boxes.shape} and scores {scores.shape} do not fit "
+                         "[B, N, 4] and [B, C, N]")
+    return TensorType((1 + scores.shape[0] * scores.shape[1] * limit, 3), "int64")
+
+
+def _legalize_nms(boxes: te.Tensor, scores: te.Tensor, max_out: te.Tensor, iou: te.Tensor,
+                  score_threshold: te.Tensor, out_type: TensorType, name: str,
+                  center_point_box: int = 0, has_score_threshold: bool = False,
+                  limit: int = 0) -> te.Tensor:
+    """A stand-in body: the tag hands the function to the NMS kernel (``codegen/nms.py``)."""
+    from ..ir.patterns import tag_reduction
+    k = te.reduce_axis(1, "k")
+    tag_reduction(k, "nms", (boxes, scores, max_out, iou, score_threshold),
+                  center_point_box=int(center_point_box),
+                  has_score_threshold=bool(has_score_threshold))
+    return te.compute(out_type.shape, lambda *i: te.sum_of(te.cast(max_out[(k,)], "int64"), k),
+                      name=name, dtype="int64")
+
+
+def suppressed(a: np.ndarray, b: np.ndarray, center_point_box: int, threshold: float) -> bool:
+    """Whether box ``b`` suppresses box ``a``: ONNX Runtime's SuppressByIOU, in float32."""
+    f = np.float32
+    if center_point_box:
+        ax0, ax1 = a[0] - a[2] / f(2), a[0] + a[2] / f(2)
+        bx0, bx1 = b[0] - b[2] / f(2), b[0] + b[2] / f(2)
+        ay0, ay1 = a[1] - a[3] / f(2), a[1] + a[3] / f(2)
+        by0, by1 = b[1] - b[3] / f(2), b[1] + b[3] / f(2)
+    else:
+        ax0, ax1 = sorted((a[1], a[3]))
+        bx0, bx1 = sorted((b[1], b[3]))
+        ay0, ay1 = sorted((a[0], a[2]))
+        by0, by1 = sorted((b[0], b[2]))
+    ix0, ix1 = max(ax0, bx0), min(ax1, bx1)
+    iy0, iy1 = max(ay0, by0), min(ay1, by1)
+    if ix1 <= ix0 or iy1 <= iy0:
+        return False
+    inter = f((ix1 - ix0) * (iy1 - iy0))
+    area_a, area_b = f((ax1 - ax0) * (ay1 - ay0)), f((bx1 - bx0) * (by1 - by0))
+    union = f(area_a + area_b - inter)
+    if inter <= 0 or area_a <= 0 or area_b <= 0 or union <= 0:
+        return False
+    return bool(f(inter / union) > f(threshold))
+
+
+@register_op("nms", OPAQUE, _infer_nms, _legalize_nms)
+def nms(boxes: np.ndarray, scores: np.ndarray, max_out: np.ndarray, iou: np.ndarray,
+        score_threshold: np.ndarray, center_point_box: int = 0,
+        has_score_threshold: bool = False, limit: int = 0) -> np.ndarray:
+    """ONNX NonMaxSuppression as ONNX Runtime computes it (scores above the threshold, best
+    first, ties by lower index; a box is kept unless one kept before it overlaps it by more
+    than the IoU threshold; at most ``max_out`` per class)."""
+    batches, classes, n = scores.shape
+    k = int(max_out.reshape(-1)[0])
+    rows = []
+    for b in range(batches):
+        for c in range(classes):
+            s = scores[b, c]
+            cand = [i for i in range(n) if not has_score_threshold
+                    or s[i] > score_threshold.reshape(-1)[0]]
+            cand.sort(key=lambda i: (-s[i], i))
+            kept: list[int] = []
+            for i in cand:
+                if len(kept) >= k:
+                    break
+                if not any(suppressed(boxes[b, i], boxes[b, j], center_point_box,
+                                      iou.reshape(-1)[0]) for j in kept):
+                    kept.append(i)
+            rows += [(b, c, i) for i in kept]
+    out = np.zeros((1 + batches * classes * limit, 3), np.int64)
+    out[0, 0] = len(rows)
+    if rows:
+        out[1:1 + len(rows)] = rows
+    return out
+
+
+def _infer_head_count(x: TensorType) -> TensorType:
+    return TensorType((1,), "int64")
+
+
+def _legalize_head_count(x: te.Tensor, out_type: TensorType, name: str) -> te.Tensor:
+    return te.compute((1,), lambda i: x[(0, 0)], name=name, dtype="int64")
+
+
+@register_op("head_count", INJECTIVE, _infer_head_count, _legalize_head_count)
+def head_count(x: np.ndarray) -> np.ndarray:
+    """Element [0, 0] of a [1 + rows, ...] table whose row 0 holds its count."""
+    return x[0, :1].astype(np.int64)
+
+
+def _infer_counted_rows(x: TensorType, after: TensorType, count: Dim = 0) -> TensorType:
+    return TensorType((count,) + tuple(x.shape[1:]), x.dtype)
+
+
+def _legalize_counted_rows(x: te.Tensor, after: te.Tensor, out_type: TensorType, name: str,
+                           count: Dim = 0) -> te.Tensor:
+    return te.compute(out_type.shape, lambda p, *rest: x[(p + 1,) + tuple(rest)], name=name,
+                      dtype=x.dtype)
+
+
+@register_op("counted_rows", INJECTIVE, _infer_counted_rows, _legalize_counted_rows)
+def counted_rows(x: np.ndarray, after: np.ndarray, count: Dim = 0) -> np.ndarray:
+    """Rows 1 .. count of a table whose row 0 holds its count."""
+    return x[1:1 + int(after.reshape(-1)[0])]

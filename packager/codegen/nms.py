@@ -1,0 +1,173 @@
+"""The NonMaxSuppression kernel (``ops/dynamic.py`` ``nms``): a greedy loop no tensor
+expression can state, emitted directly.
+
+Per batch and class: the boxes whose score passes the threshold, ordered best first (ties by
+lower index) by each one's rank among them, then kept in that order unless a box kept before
+overlaps it by more than the IoU threshold (ONNX Runtime's ``SuppressByIOU``, float32, in the
+same operation order), at most ``max_output_boxes_per_class`` per class. The output is a
+``[1 + rows, 3]`` int64 table: row 0 the count, then the (batch, class, box) triples; the VM
+binds the count as a size variable (BIND_SIZE). The workspace holds three int64 lists of the
+box count: the candidates, their order, the boxes kept. Boxes, classes and batches are fixed
+at export.
+"""
+
+from __future__ import annotations
+
+from llvmlite import ir
+
+from ..ir.graph import PrimFunc
+from ..ir.patterns import reduction_tag
+from .helpers import F32, I1, I64, alloca_once, const_i64, for_range
+from .lower import KernelEmitter, KernelInfo, LoweringError
+
+WORKSPACE_ALIGN = 64
+
+
+def match_nms(func: PrimFunc):
+    """The ``nms`` tag of ``func``'s output, or None."""
+    if len(func.outputs) != 1 or func.outputs[0].body is None:
+        return None
+    body = func.outputs[0].body
+    tag = reduction_tag(body) if hasattr(body, "axes") else None
+    if tag is None or tag.kind != "nms":
+        return None
+    if [t.uid for t in tag.operands] != [t.uid for t in func.inputs]:
+        raise LoweringError(f"{func.name}: something was fused into the NMS kernel")
+    return tag
+
+
+class NmsEmitter(KernelEmitter):
+    def __init__(self, module: ir.Module, func: PrimFunc, symbol: str, tag,
+                 size_vars: tuple[str, ...] = ()) -> None:
+        super().__init__(module, func, symbol, size_vars)
+        self.center = int(tag.attrs["center_point_box"])
+        self.has_score = bool(tag.attrs["has_score_threshold"])
+
+    def emit(self) -> KernelInfo:
+        func = self.func
+        boxes, scores = func.inputs[0], func.inputs[1]
+        batches, n, _ = boxes.shape
+        classes = scores.shape[1]
+        if not all(isinstance(d, int) for d in (batches, n, classes)):
+            raise LoweringError(f"{func.name}: NonMaxSuppression needs its box, class and "
+                                "batch counts fixed at export (give --input-shape)")
+        workspace = -(-3 * n * 8 // WORKSPACE_ALIGN) * WORKSPACE_ALIGN
+        body_fn, ptr_types = self._begin_body(func.inputs + func.outputs, True)
+        b = self.builder
+        pb, ps, pk, piou, psc, out, ws = body_fn.args[:7]
+        ws = b.bitcast(ws, I64.as_pointer())
+        cand, order, kept = (b.gep(ws, [const_i64(k * n)]) for k in range(3))
+        limit = b.load(pk)
+        threshold = b.load(piou)
+        score_min = b.load(psc)
+        total = alloca_once(b, I64, "total")
+        count = alloca_once(b, I64, "count")
+        chosen = alloca_once(b, I64, "chosen")
+        rank = alloca_once(b, I64, "rank")
+        keep = alloca_once(b, I1, "keep")
+        b.store(const_i64(0), total)
+        with for_range(b, const_i64(0), const_i64(batches), "b") as bi:
+            box_base = b.mul(bi, const_i64(n * 4))
+            with for_range(b, const_i64(0), const_i64(classes), "c") as ci:
+                row = b.gep(ps, [b.mul(b.add(b.mul(bi, const_i64(classes)), ci),
+                                       const_i64(n))])
+                b.store(const_i64(0), count)
+                with for_range(b, const_i64(0), const_i64(n), "i") as i:   # candidates
+                    s = b.load(b.gep(row, [i]))
+                    passes = b.fcmp_ordered(">", s, score_min) if self.has_score \
+                        else ir.Constant(I1, 1)
+                    with b.if_then(passes):
+                        m = b.load(count)
+                        b.store(i, b.gep(cand, [m]))
+                        b.store(b.add(m, const_i64(1)), count)
+                m = b.load(count)
+                with for_range(b, const_i64(0), m, "t") as t:   # order by rank, best first
+                    i = b.load(b.gep(cand, [t]))
+                    si = b.load(b.gep(row, [i]))
+                    b.store(const_i64(0), rank)
+                    with for_range(b, const_i64(0), m, "u") as u:
+                        j = b.load(b.gep(cand, [u]))
+                        sj = b.load(b.gep(row, [j]))
+                        better = b.or_(b.fcmp_ordered(">", sj, si),
+                                       b.and_(b.fcmp_ordered("==", sj, si),
+                                              b.icmp_signed("<", j, i)))
+                        b.store(b.add(b.load(rank), b.zext(better, I64)), rank)
+                    b.store(i, b.gep(order, [b.load(rank)]))
+                b.store(const_i64(0), chosen)
+                with for_range(b, const_i64(0), m, "t") as t:   # greedy selection
+                    i = b.load(b.gep(order, [t]))
+                    nsel = b.load(chosen)
+                    with b.if_then(b.icmp_signed("<", nsel, limit)):
+                        b.store(ir.Constant(I1, 1), keep)
+                        with for_range(b, const_i64(0), nsel, "q") as q:
+                            j = b.load(b.gep(kept, [q]))
+                            hit = self._suppresses(pb, box_base, i, j, threshold)
+                            b.store(b.and_(b.load(keep), b.not_(hit)), keep)
+                        with b.if_then(b.load(keep)):
+                            b.store(i, b.gep(kept, [nsel]))
+                            b.store(b.add(nsel, const_i64(1)), chosen)
+                            at = b.mul(b.add(b.load(total), const_i64(1)), const_i64(3))
+                            for k, v in enumerate((bi, ci, i)):
+                                b.store(v, b.gep(out, [b.add(at, const_i64(k))]))
+                            b.store(b.add(b.load(total), const_i64(1)), total)
+        b.store(b.load(total), out)
+        b.store(const_i64(0), b.gep(out, [const_i64(1)]))
+        b.store(const_i64(0), b.gep(out, [const_i64(2)]))
+        b.ret_void()
+        self._emit_entry(body_fn, len(ptr_types), ptr_types)
+        return KernelInfo(self.symbol, len(func.inputs), 1, workspace, False)
+
+    def _suppresses(self, pb: ir.Value, base: ir.Value, i: ir.Value, j: ir.Value,
+                    threshold: ir.Value) -> ir.Value:
+        """ONNX Runtime's SuppressByIOU(box i, box j) as an i1, its float32 operations in its
+        order (no fast-math: the boundary cases compare exactly)."""
+        b = self.builder
+
+        def coord(box: ir.Value, k: int) -> ir.Value:
+            at = b.add(base, b.add(b.mul(box, const_i64(4)), const_i64(k)))
+            return b.load(b.gep(pb, [at]))
+
+        def lo_hi(x: ir.Value, y: ir.Value) -> tuple[ir.Value, ir.Value]:   # MaxMin
+            ge = b.fcmp_ordered(">=", x, y)
+            return b.select(ge, y, x), b.select(ge, x, y)
+
+        def fmax(x: ir.Value, y: ir.Value) -> ir.Value:   # std::max
+            return b.select(b.fcmp_ordered("<", x, y), y, x)
+
+        def fmin(x: ir.Value, y: ir.Value) -> ir.Value:   # std::min
+            return b.select(b.fcmp_ordered("<", y, x), y, x)
+
+        two = ir.Constant(F32, 2.0)
+        if self.center:
+            spans = []
+            for box in (i, j):
+                cx, cy, w, h = (coord(box, k) for k in range(4))
+                hw, hh = b.fdiv(w, two), b.fdiv(h, two)
+                spans.append((b.fsub(cx, hw), b.fadd(cx, hw), b.fsub(cy, hh), b.fadd(cy, hh)))
+        else:
+            spans = []
+            for box in (i, j):
+                y0, x0, y1, x1 = (coord(box, k) for k in range(4))
+                spans.append((*lo_hi(x0, x1), *lo_hi(y0, y1)))
+        (ax0, ax1, ay0, ay1), (bx0, bx1, by0, by1) = spans
+        ix0, ix1 = fmax(ax0, bx0), fmin(ax1, bx1)
+        iy0, iy1 = fmax(ay0, by0), fmin(ay1, by1)
+        zero = ir.Constant(F32, 0.0)
+        inter = b.fmul(b.fsub(ix1, ix0), b.fsub(iy1, iy0))
+        area_a = b.fmul(b.fsub(ax1, ax0), b.fsub(ay1, ay0))
+        area_b = b.fmul(b.fsub(bx1, bx0), b.fsub(by1, by0))
+        union = b.fsub(b.fadd(area_a, area_b), inter)
+        ok = b.fcmp_ordered(">", ix1, ix0)
+        ok = b.and_(ok, b.fcmp_ordered(">", iy1, iy0))
+        for v in (inter, area_a, area_b, union):
+            ok = b.and_(ok, b.fcmp_ordered(">", v, zero))
+        return b.and_(ok, b.fcmp_ordered(">", b.fdiv(inter, union), threshold))
+
+
+def emit_nms(module: ir.Module, func: PrimFunc, symbol: str, vl: int,
+             size_vars: tuple[str, ...] = ()) -> KernelInfo | None:
+    """The NMS kernel of ``func``, or None when ``func`` is not one."""
+    tag = match_nms(func)
+    if tag is None:
+        return None
+    return NmsEmitter(module, func, symbol, tag, size_vars).emit()
