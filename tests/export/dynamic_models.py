@@ -1,0 +1,102 @@
+"""Small ONNX models whose output sizes depend on the data (issue 37 item 1), shared by the
+tests of data-dependent shapes: a detector-like head with NMS inside, and a graph of NonZero,
+TopK with a run-time k, Compress, Unique, GatherND and ScatterND on their results."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+GRID = 8           # the detector's feature map is GRID x GRID cells, one anchor box each
+CLASSES = 2
+
+
+def detector(max_boxes: int = 10, iou: float = 0.3, score: float = 0.55) -> onnx.ModelProto:
+    """x [1, 3, GRID, GRID] -> two 1x1 conv heads: box offsets around a 2x2 anchor per cell
+    ([y1, x1, y2, x2]) and sigmoid class scores -> NonMaxSuppression -> the kept boxes and
+    scores by GatherND; outputs the selected triples, their boxes and their scores. Seeded."""
+    rng = np.random.default_rng(37)
+    n = GRID * GRID
+    ys, xs = np.meshgrid(np.arange(GRID), np.arange(GRID), indexing="ij")
+    anchors = np.stack([ys, xs, ys + 2, xs + 2], -1).reshape(1, n, 4).astype(np.float32)
+    inits = [
+        numpy_helper.from_array(rng.normal(0, 0.5, (4, 3, 1, 1)).astype(np.float32), "wb"),
+        numpy_helper.from_array(rng.normal(0, 1.0, (CLASSES, 3, 1, 1)).astype(np.float32), "ws"),
+        numpy_helper.from_array(anchors, "anchors"),
+        numpy_helper.from_array(np.array([1, 4, n], np.int64), "shape_b"),
+        numpy_helper.from_array(np.array([1, CLASSES, n], np.int64), "shape_s"),
+        numpy_helper.from_array(np.array([max_boxes], np.int64), "max_boxes"),
+        numpy_helper.from_array(np.array([iou], np.float32), "iou"),
+        numpy_helper.from_array(np.array([score], np.float32), "score"),
+        numpy_helper.from_array(np.array([0, 2], np.int64), "batch_box"),
+    ]
+    nodes = [
+        helper.make_node("Conv", ["x", "wb"], ["hb"]),
+        helper.make_node("Tanh", ["hb"], ["tb"]),
+        helper.make_node("Reshape", ["tb", "shape_b"], ["rb"]),
+        helper.make_node("Transpose", ["rb"], ["ob"], perm=[0, 2, 1]),
+        helper.make_node("Add", ["ob", "anchors"], ["boxes"]),
+        helper.make_node("Conv", ["x", "ws"], ["hs"]),
+        helper.make_node("Sigmoid", ["hs"], ["ss"]),
+        helper.make_node("Reshape", ["ss", "shape_s"], ["scores"]),
+        helper.make_node("NonMaxSuppression", ["boxes", "scores", "max_boxes", "iou", "score"],
+                         ["selected"]),
+        helper.make_node("Gather", ["selected", "batch_box"], ["bb"], axis=1),
+        helper.make_node("GatherND", ["boxes", "bb"], ["kept_boxes"]),
+        helper.make_node("GatherND", ["scores", "selected"], ["kept_scores"]),
+    ]
+    g = helper.make_graph(
+        nodes, "detector", [helper.make_tensor_value_info("x", TensorProto.FLOAT,
+                                                          [1, 3, GRID, GRID])],
+        [helper.make_tensor_value_info("selected", TensorProto.INT64, ["n", 3]),
+         helper.make_tensor_value_info("kept_boxes", TensorProto.FLOAT, ["n", 4]),
+         helper.make_tensor_value_info("kept_scores", TensorProto.FLOAT, ["n"])], inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def counting() -> onnx.ModelProto:
+    """x [3, 4], k [1] int64, keep [4] bool, u [8]: NonZero(x) -> GatherND -> * 2 -> ReduceSum
+    over the counted axis; TopK(x, k) along axis 1; Compress(x, keep, axis 1) + 1; Unique(u,
+    unsorted) and ScatterND of its values into zeros at its first indices."""
+    inits = [numpy_helper.from_array(np.array(2.0, np.float32), "two"),
+             numpy_helper.from_array(np.array(1.0, np.float32), "one"),
+             numpy_helper.from_array(np.zeros(8, np.float32), "zeros"),
+             numpy_helper.from_array(np.array([-1, 1], np.int64), "col")]
+    nodes = [
+        helper.make_node("NonZero", ["x"], ["nz"]),
+        helper.make_node("Transpose", ["nz"], ["nzt"], perm=[1, 0]),
+        helper.make_node("GatherND", ["x", "nzt"], ["picked"]),
+        helper.make_node("Mul", ["picked", "two"], ["doubled"]),
+        helper.make_node("ReduceSum", ["doubled"], ["total"], keepdims=0),
+        helper.make_node("TopK", ["x", "k"], ["top_values", "top_indices"], axis=1),
+        helper.make_node("Compress", ["x", "keep"], ["kept"], axis=1),
+        helper.make_node("Add", ["kept", "one"], ["kept1"]),
+        helper.make_node("Unique", ["u"], ["uy", "ui", "uinv", "ucount"], sorted=0),
+        helper.make_node("Reshape", ["ui", "col"], ["uicol"]),
+        helper.make_node("ScatterND", ["zeros", "uicol", "uy"], ["scattered"]),
+    ]
+    f, i64 = TensorProto.FLOAT, TensorProto.INT64
+    g = helper.make_graph(
+        nodes, "counting",
+        [helper.make_tensor_value_info("x", f, [3, 4]),
+         helper.make_tensor_value_info("k", i64, [1]),
+         helper.make_tensor_value_info("keep", TensorProto.BOOL, [4]),
+         helper.make_tensor_value_info("u", f, [8])],
+        [helper.make_tensor_value_info(name, dtype, None) for name, dtype in (
+            ("nz", i64), ("doubled", f), ("total", f), ("top_values", f), ("top_indices", i64),
+            ("kept1", f), ("uy", f), ("ui", i64), ("uinv", i64), ("ucount", i64),
+            ("scattered", f))], inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def counting_feeds(seed: int, zeros: bool = False) -> dict[str, np.ndarray]:
+    """Inputs for ``counting``: sparse x (all zero when ``zeros``), k in 0..4, a random keep
+    mask, u with repeated values."""
+    rng = np.random.default_rng(seed)
+    x = np.where(rng.random((3, 4)) < 0.5, rng.normal(size=(3, 4)), 0).astype(np.float32)
+    if zeros:
+        x[:] = 0
+    return {"x": x, "k": np.array([seed % 5], np.int64),
+            "keep": rng.random(4) < 0.5,
+            "u": rng.integers(0, 4, 8).astype(np.float32)}
