@@ -313,7 +313,7 @@ def export(
                    f"{report.weights_bytes / 1024:.1f} KiB, "
                    + (f"arena {report.arena_bytes} B (tensors {report.intermediate_bytes} B)"
                       if report.arena_bytes or report.intermediate_bytes
-                      else f"arena at most {report.bound_bytes} B (planned for --max-shape)"
+                      else f"arena at most {report.bound_bytes} B (planned for the sizes' bounds)"
                       if report.bound_bytes is not None
                       else "memory planned at run time (symbolic shapes)"))
         if report.plan_note:

@@ -140,11 +140,17 @@ def _symbolic_plan_lines(sym: dict[str, Any], shown: int = 6) -> list[str]:
     names = ", ".join(map(str, sym.get("vars", [])))
     buffers = sym.get("buffers", [])
     bound = sym.get("bound")
+    counted = [f"{d[0]} <= {dim_text(d[1])}" for d in sym.get("dynamic") or ()]
+    counted_line = [f"sizes counted at run time by kernels (each allocated at its bound): "
+                    f"{', '.join(counted)}"] if counted else []
     if isinstance(bound, dict):
         sizes = ", ".join(f"{v} <= {n}" for v, n in bound.get("sizes", {}).items())
+        why = "(--max-shape)" if len(counted) < len(bound.get("sizes", {})) else \
+            "(the inputs' sizes are fixed)"
         return [f"memory plan: one arena of {bound.get('arena_bytes')} B "
                 f"({_kib(bound.get('arena_bytes'))}), planned at export for the bound {sizes} "
-                f"(--max-shape); {len(buffers)} buffers, every shape within the bound runs in it"]
+                f"{why}; {len(buffers)} buffers, every shape within the bound runs in it",
+                *counted_line]
     counts: dict[str, int] = {}
     value: dict[str, int] = {}
     for b in buffers:
@@ -158,7 +164,8 @@ def _symbolic_plan_lines(sym: dict[str, Any], shown: int = 6) -> list[str]:
              f"  buffer sizes in bytes, {len(order)} distinct, largest first: "
              + ", ".join(f"{t}" + (f" (x{counts[t]})" if counts[t] > 1 else "")
                          for t in order[:shown])
-             + (f", ... {len(order) - shown} more" if len(order) > shown else "")]
+             + (f", ... {len(order) - shown} more" if len(order) > shown else ""),
+             *counted_line]
 
 
 def describe_text(info: dict[str, Any]) -> str:

@@ -100,3 +100,31 @@ def counting_feeds(seed: int, zeros: bool = False) -> dict[str, np.ndarray]:
     return {"x": x, "k": np.array([seed % 5], np.int64),
             "keep": rng.random(4) < 0.5,
             "u": rng.integers(0, 4, 8).astype(np.float32)}
+
+
+def open_nonzero() -> onnx.ModelProto:
+    """x [N, 3] (N open) -> NonZero -> Transpose -> GatherND -> ReduceSum over the count, and
+    TopK of each row with k = how many rows' first value is above 0, at most 3 (a size computed
+    from the data): counted sizes whose bounds are expressions of N."""
+    inits = [numpy_helper.from_array(np.array([0], np.int64), "zero_i"),
+             numpy_helper.from_array(np.array(0.0, np.float32), "zero"),
+             numpy_helper.from_array(np.array([1], np.int64), "one_i"),
+             numpy_helper.from_array(np.array([3], np.int64), "three")]
+    nodes = [
+        helper.make_node("NonZero", ["x"], ["nz"]),
+        helper.make_node("Transpose", ["nz"], ["nzt"], perm=[1, 0]),
+        helper.make_node("GatherND", ["x", "nzt"], ["picked"]),
+        helper.make_node("ReduceSum", ["picked"], ["total"], keepdims=0),
+        helper.make_node("Greater", ["x", "zero"], ["positive"]),
+        helper.make_node("Cast", ["positive"], ["pos_i"], to=TensorProto.INT64),
+        helper.make_node("ReduceSum", ["pos_i", "zero_i"], ["per_col"], keepdims=0),
+        helper.make_node("Slice", ["per_col", "zero_i", "one_i"], ["first_col"]),
+        helper.make_node("Min", ["first_col", "three"], ["k"]),
+        helper.make_node("TopK", ["x", "k"], ["top", "top_i"], axis=1),
+    ]
+    f, i64 = TensorProto.FLOAT, TensorProto.INT64
+    g = helper.make_graph(
+        nodes, "open_nonzero", [helper.make_tensor_value_info("x", f, ["N", 3])],
+        [helper.make_tensor_value_info(n, t, None) for n, t in (
+            ("nz", i64), ("picked", f), ("total", f), ("top", f), ("top_i", i64))], inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
