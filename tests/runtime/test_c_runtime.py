@@ -524,6 +524,54 @@ def test_symbolic_bundles_at_several_sizes(build, symbolic_bundles, name, thread
         session.close()
 
 
+@pytest.fixture(scope="module")
+def counted_bundles(tmp_path_factory, run_cli) -> dict[str, Path]:
+    """Format 1.6 bundles whose output sizes a kernel counts at run time: the detector-like
+    head with NMS inside by the default export (portable, golden check), and the NonZero /
+    TopK / Compress / Unique graph and the open-N NonZero model for this host."""
+    import onnx
+    from dynamic_models import counting, detector, open_nonzero
+
+    folder = tmp_path_factory.mktemp("ccounted")
+    out = {}
+    for name, model, flags in (("detector", detector(), []),
+                               ("counting", counting(), ["--target", "host", "--no-check"]),
+                               ("open", open_nonzero(), ["--target", "host", "--no-check"])):
+        onnx.save(model, folder / f"{name}.onnx")
+        out[name] = folder / f"{name}.mlc"
+        proc = run_cli("export", folder / f"{name}.onnx", "-o", out[name], *flags, timeout=300)
+        assert proc.returncode == 0, proc.stderr
+    return out
+
+
+def test_counted_sizes_bit_identical(build, asan, counted_bundles, tmp_path) -> None:
+    """The C runtime returns each output at the size the run counted, bit-identical to the
+    Python runtime (counts from 0 up, 1 and 2 threads; under the sanitizers too), and refuses a
+    TopK k beyond its axis in one line with the input-error code."""
+    from dynamic_models import GRID, counting_feeds
+
+    for seed in range(3):
+        x = np.random.default_rng(seed).normal(size=(1, 3, GRID, GRID)).astype(np.float32)
+        assert_bit_identical(build, counted_bundles["detector"], {"x": x}, tmp_path / f"d{seed}")
+    for seed, zeros in ((0, False), (3, False), (9, True)):
+        feeds = counting_feeds(seed, zeros)
+        assert_bit_identical(build, counted_bundles["counting"], feeds, tmp_path / f"c{seed}")
+        assert_bit_identical(asan, counted_bundles["counting"], feeds, tmp_path / f"a{seed}",
+                             threads=(1,), env=ASAN)
+    for n in (1, 6):
+        x = np.random.default_rng(n).normal(size=(n, 3)).astype(np.float32)
+        x[x < 0] = 0
+        assert_bit_identical(build, counted_bundles["open"], {"x": x}, tmp_path / f"o{n}")
+    feeds = counting_feeds(1)
+    feeds["k"] = np.array([5], np.int64)
+    for i, v in enumerate(feeds.values()):
+        np.save(tmp_path / f"k{i}.npy", v)
+    proc = mlcrun(asan, "run", counted_bundles["counting"],
+                  *[tmp_path / f"k{i}.npy" for i in range(len(feeds))], "-o", tmp_path / "ko",
+                  env=ASAN)
+    assert proc.returncode == 7 and "is 5, outside [0, 4]" in one_line_error(proc)
+
+
 # ---- Ed25519 signatures (vendored Monocypher) --------------------------------------------------
 
 def test_signatures(asan, tmp_path) -> None:
