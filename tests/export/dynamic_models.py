@@ -12,7 +12,7 @@ GRID = 8           # the detector's feature map is GRID x GRID cells, one anchor
 CLASSES = 2
 
 
-def detector(max_boxes: int = 10, iou: float = 0.3, score: float = 0.55) -> onnx.ModelProto:
+def detector(max_boxes: int = 30, iou: float = 0.3, score: float = 0.7) -> onnx.ModelProto:
     """x [1, 3, GRID, GRID] -> two 1x1 conv heads: box offsets around a 2x2 anchor per cell
     ([y1, x1, y2, x2]) and sigmoid class scores -> NonMaxSuppression -> the kept boxes and
     scores by GatherND; outputs the selected triples, their boxes and their scores. Seeded."""
@@ -128,3 +128,32 @@ def open_nonzero() -> onnx.ModelProto:
         [helper.make_tensor_value_info(n, t, None) for n, t in (
             ("nz", i64), ("picked", f), ("total", f), ("top", f), ("top_i", i64))], inits)
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
+_EXPORTED: dict[str, tuple] = {}   # one export of each per test process (two modules use them)
+
+
+def exported(tmp_path_factory, run_cli) -> dict[str, tuple]:
+    """name -> (onnx file, bundle): the detector by the real command line with its defaults
+    (portable, golden check on), the two others in process for this host, no golden check
+    (their run-time inputs are checked by the tests)."""
+    if _EXPORTED:
+        return _EXPORTED
+    from mlcpack.frontends.onnx import import_onnx
+    from mlcpack.packager.export import ExportOptions, export_module
+
+    folder = tmp_path_factory.mktemp("counted")
+    out = {}
+    for name, model in (("detector", detector()), ("counting", counting()),
+                        ("open", open_nonzero())):
+        src, bundle = folder / f"{name}.onnx", folder / f"{name}.mlc"
+        onnx.save(model, src)
+        if name == "detector":
+            proc = run_cli("export", src, "-o", bundle, timeout=300)
+            assert proc.returncode == 0, proc.stderr
+        else:
+            mod, _ = import_onnx(model)
+            export_module(mod, bundle, ExportOptions(target="host"))
+        out[name] = (src, bundle)
+    _EXPORTED.update(out)
+    return out

@@ -24,20 +24,7 @@ from helpers import ort_outputs
 
 @pytest.fixture(scope="module")
 def bundles(tmp_path_factory, run_cli) -> dict[str, tuple[Path, Path]]:
-    """name -> (onnx file, bundle): the detector by the default export, the others for this
-    host only without the golden check (their run-time inputs are checked here)."""
-    folder = tmp_path_factory.mktemp("counted")
-    jobs = {"detector": (dm.detector(), []),
-            "counting": (dm.counting(), ["--target", "host", "--no-check"]),
-            "open": (dm.open_nonzero(), ["--target", "host", "--no-check"])}
-    out = {}
-    for name, (model, flags) in jobs.items():
-        src, bundle = folder / f"{name}.onnx", folder / f"{name}.mlc"
-        onnx.save(model, src)
-        proc = run_cli("export", src, "-o", bundle, *flags, timeout=300)
-        assert proc.returncode == 0, proc.stderr
-        out[name] = (src, bundle)
-    return out
+    return dm.exported(tmp_path_factory, run_cli)
 
 
 def _images(n: int) -> list[dict[str, np.ndarray]]:

@@ -526,22 +526,12 @@ def test_symbolic_bundles_at_several_sizes(build, symbolic_bundles, name, thread
 
 @pytest.fixture(scope="module")
 def counted_bundles(tmp_path_factory, run_cli) -> dict[str, Path]:
-    """Format 1.6 bundles whose output sizes a kernel counts at run time: the detector-like
-    head with NMS inside by the default export (portable, golden check), and the NonZero /
-    TopK / Compress / Unique graph and the open-N NonZero model for this host."""
-    import onnx
-    from dynamic_models import counting, detector, open_nonzero
+    """Format 1.6 bundles whose output sizes a kernel counts at run time
+    (``tests/export/dynamic_models.py``: the detector head with NMS inside by the default
+    export, the NonZero / TopK / Compress / Unique graph, the open-N NonZero model)."""
+    from dynamic_models import exported
 
-    folder = tmp_path_factory.mktemp("ccounted")
-    out = {}
-    for name, model, flags in (("detector", detector(), []),
-                               ("counting", counting(), ["--target", "host", "--no-check"]),
-                               ("open", open_nonzero(), ["--target", "host", "--no-check"])):
-        onnx.save(model, folder / f"{name}.onnx")
-        out[name] = folder / f"{name}.mlc"
-        proc = run_cli("export", folder / f"{name}.onnx", "-o", out[name], *flags, timeout=300)
-        assert proc.returncode == 0, proc.stderr
-    return out
+    return {name: bundle for name, (_, bundle) in exported(tmp_path_factory, run_cli).items()}
 
 
 def test_counted_sizes_bit_identical(build, asan, counted_bundles, tmp_path) -> None:
