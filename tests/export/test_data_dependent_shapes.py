@@ -98,3 +98,71 @@ def test_topk_k_beyond_its_axis_is_refused_in_one_line(bundles) -> None:
             model.run(feeds)
         feeds["k"] = np.array([2], np.int64)
         assert model.run(feeds)["top_values"].shape == (3, 2)   # and runs on afterwards
+
+
+@pytest.mark.filterwarnings("ignore:Converting a tensor to a NumPy array",
+                            "ignore:torch.from_numpy results are registered as constants",
+                            "ignore:You are using the legacy TorchScript",
+                            "ignore:The feature will be removed")
+def test_torch_detector_with_nms_inside(tmp_path) -> None:
+    """A tiny seeded torch detector whose forward ends with NMS (a torch.autograd.Function that
+    exports as ONNX NonMaxSuppression, as torchvision's ``ops.nms`` does) and index_select of
+    the kept boxes, through torch.onnx: the same boxes as ONNX Runtime and as torch itself.
+    (torchvision itself: its PyPI 0.28 wheel, the one for torch 2.13, is a CUDA build whose ops
+    do not load beside torch's CPU build here.)"""
+    torch = pytest.importorskip("torch", reason="torch is not installed (the 'torch' extra)")
+    import io
+
+    from mlcpack.frontends.onnx import import_onnx
+    from mlcpack.packager.export import ExportOptions, export_module
+    from mlcpack.packager.ops.dynamic import nms as nms_reference
+
+    class Nms(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, boxes, scores, max_boxes, iou, score):
+            table = nms_reference(boxes.numpy(), scores.numpy(), max_boxes.numpy(), iou.numpy(),
+                                  score.numpy(), has_score_threshold=True,
+                                  limit=boxes.shape[1])
+            return torch.from_numpy(table[1:1 + table[0, 0]].copy())
+
+        @staticmethod
+        def symbolic(g, boxes, scores, max_boxes, iou, score):
+            return g.op("NonMaxSuppression", boxes, scores, max_boxes, iou, score)
+
+    class Detector(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            torch.manual_seed(0)
+            self.box = torch.nn.Conv2d(3, 4, 3, padding=1)
+            self.cls = torch.nn.Conv2d(3, 3, 3, padding=1)
+            ys, xs = torch.meshgrid(torch.arange(8.0), torch.arange(8.0), indexing="ij")
+            self.register_buffer("anchors", torch.stack([ys, xs, ys + 2, xs + 2], -1)
+                                 .reshape(1, 64, 4))
+            self.limits = (torch.tensor([20]), torch.tensor([0.4]), torch.tensor([0.6]))
+
+        def forward(self, x):
+            boxes = torch.tanh(self.box(x)).flatten(2).transpose(1, 2) + self.anchors
+            scores = torch.sigmoid(self.cls(x)).flatten(2)
+            selected = Nms.apply(boxes, scores, *self.limits)
+            return selected, boxes[0].index_select(0, selected[:, 2])
+
+    net = Detector().eval()
+    x = torch.randn(1, 3, 8, 8, generator=torch.Generator().manual_seed(1))
+    buf = io.BytesIO()
+    with torch.no_grad():
+        torch.onnx.export(net, (x,), buf, input_names=["x"], output_names=["selected", "boxes"],
+                          opset_version=17, dynamo=False)
+    src = tmp_path / "det.onnx"
+    src.write_bytes(buf.getvalue())
+    mod, _ = import_onnx(onnx.load(src))
+    export_module(mod, tmp_path / "det.mlc", ExportOptions(target="host"))
+    with load(tmp_path / "det.mlc") as model:
+        for seed in range(3):
+            x = torch.randn(1, 3, 8, 8, generator=torch.Generator().manual_seed(seed)) * 2
+            feeds = {"x": x.numpy()}
+            want, got = ort_outputs(src, feeds), model.run(feeds)
+            np.testing.assert_array_equal(got["selected"], want["selected"])
+            np.testing.assert_allclose(got["boxes"], want["boxes"], rtol=1e-5, atol=1e-5)
+            with torch.no_grad():
+                eager = net(x)
+            np.testing.assert_array_equal(got["selected"], eager[0].numpy())
