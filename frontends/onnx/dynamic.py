@@ -64,24 +64,30 @@ def compress_runtime(ctx: NodeContext, x: Value, axis: int) -> Value:
 
 @converter("Unique", since=11, attrs={"axis": None, "sorted": 1})
 def _unique(ctx: NodeContext) -> list[Value]:
+    """Items are the elements (axis unset) or the slices along ``axis``; the count of distinct
+    items is bound at run time (at most the number of items)."""
     x = ctx.input(0)
+    shape = x.type.shape
     axis = ctx.attrs["axis"]
-    rank = len(x.type.shape)
-    if axis is not None and rank > 1:
-        raise ctx.error("Unique along an axis of a tensor of rank 2 or more is not supported "
-                        "(only flattened, axis unset, or rank 1)")
+    if axis is not None:
+        axis = int(axis)
+        if not -len(shape) <= axis < len(shape):
+            raise ctx.error(f"axis {axis} is out of range for rank {len(shape)}")
+        axis %= len(shape)
+        view = (product(shape[:axis]), shape[axis], product(shape[axis + 1:]))
+    else:
+        view = (1, product(shape), 1)
     bb = ctx.bb
-    sort = bool(ctx.attrs["sorted"])
-    n = product(x.type.shape)
-    flat = ctx.reshape(x, (n,))
-    first = bb.emit_op("unique_first", flat)
-    ranks = bb.emit_op("unique_rank", flat, first, sort=sort)
+    x3 = ctx.reshape(x, view)
+    same = bb.emit_op("unique_same", x3)
+    first = bb.emit_op("unique_first", same)
+    ranks = bb.emit_op("unique_rank", x3, same, first, sort=bool(ctx.attrs["sorted"]))
     count = bb.emit_op("nonzero_count", first)
-    after, d = bb.bind_size(count, n, "unique")
-    parts = [bb.emit_op("unique_select", flat, first, ranks, after, count=d, part=part)
-             for part in ("values", "indices")]
-    counts = bb.emit_op("unique_select", flat, first, ranks, after, count=d, part="counts")
-    return [parts[0], parts[1], ranks, counts]
+    after, d = bb.bind_size(count, view[1], "unique")
+    values, indices, counts = (bb.emit_op("unique_select", x3, first, ranks, after, count=d,
+                                          part=part) for part in ("values", "indices", "counts"))
+    out_shape = (d,) if axis is None else shape[:axis] + (d,) + shape[axis + 1:]
+    return [ctx.reshape(values, out_shape), indices, ranks, counts]
 
 
 @converter("NonMaxSuppression", since=10, attrs={"center_point_box": 0})

@@ -148,66 +148,103 @@ def topk_dynamic(x: np.ndarray, after: np.ndarray, k: Dim = 1, axis: int = -1,
     return topk(x, int(after.reshape(-1)[0]), axis, largest)
 
 
-# ---- unique (flattened): first occurrences, ranks, and what they select -------------------------
+# ---- unique: items are the slices x3[:, j, :] of x viewed as [outer, length, inner] ------------
 
-def _infer_unique_first(x: TensorType, sort: bool = False) -> TensorType:
-    if len(x.shape) != 1:
-        raise ValueError(f"unique: input must be flat, not {x.shape}")
-    return TensorType(x.shape, "int64")
+BIG = 2 ** 62
 
 
-def _legalize_unique_first(x: te.Tensor, out_type: TensorType, name: str,
-                           sort: bool = False) -> te.Tensor:
-    """1 where element j is its value's first occurrence, else 0."""
-    r = te.reduce_axis(x.shape[0], "r")
+def _infer_unique_same(x: TensorType) -> TensorType:
+    if len(x.shape) != 3:
+        raise ValueError(f"unique: input must be [outer, length, inner], not {x.shape}")
+    return TensorType((x.shape[1], x.shape[1]), "int64")
+
+
+def _item_axes(x: te.Tensor) -> tuple:
+    return te.reduce_axis(x.shape[0], "o"), te.reduce_axis(x.shape[2], "e")
+
+
+def _legalize_unique_same(x: te.Tensor, out_type: TensorType, name: str) -> te.Tensor:
+    """same[r, j]: 1 where items r and j are equal, element for element."""
+    o, e = _item_axes(x)
     one, zero = te.const(1, "int64"), te.const(0, "int64")
-    return te.compute(x.shape, lambda j: one - te.max_of(te.if_then_else(
-        te.logical_and(r < j, te.eq(x[(r,)], x[(j,)])), one, zero), r), name=name,
+    return te.compute(out_type.shape, lambda r, j: te.min_of(te.if_then_else(
+        te.eq(x[(o, r, e)], x[(o, j, e)]), one, zero), (o, e)), name=name, dtype="int64")
+
+
+@register_op("unique_same", REDUCTION, _infer_unique_same, _legalize_unique_same)
+def unique_same(x: np.ndarray) -> np.ndarray:
+    items = np.moveaxis(x, 1, 0).reshape(x.shape[1], -1)
+    return np.all(items[:, None, :] == items[None, :, :], axis=2).astype(np.int64)
+
+
+def _infer_unique_first(same: TensorType) -> TensorType:
+    return TensorType(same.shape[:1], "int64")
+
+
+def _legalize_unique_first(same: te.Tensor, out_type: TensorType, name: str) -> te.Tensor:
+    """1 where item j is its value's first occurrence, else 0."""
+    r = te.reduce_axis(same.shape[0], "r")
+    one, zero = te.const(1, "int64"), te.const(0, "int64")
+    return te.compute(out_type.shape, lambda j: one - te.max_of(te.if_then_else(
+        te.logical_and(r < j, te.eq(same[(r, j)], one)), one, zero), r), name=name,
         dtype="int64")
 
 
 @register_op("unique_first", REDUCTION, _infer_unique_first, _legalize_unique_first)
-def unique_first(x: np.ndarray, sort: bool = False) -> np.ndarray:
-    _, first = np.unique(x, return_index=True)
-    out = np.zeros(x.shape, np.int64)
-    out[first] = 1
-    return out
+def unique_first(same: np.ndarray) -> np.ndarray:
+    n = same.shape[0]
+    return np.array([0 if same[:j, j].any() else 1 for j in range(n)], np.int64)
 
 
-def _legalize_unique_rank(x: te.Tensor, first: te.Tensor, out_type: TensorType, name: str,
-                          sort: bool = False) -> te.Tensor:
-    """Element j's position among the distinct values: in sorted order (how many distinct
-    values are smaller) or in order of first occurrence (how many distinct values occur first
-    before its value's first occurrence)."""
-    r = te.reduce_axis(x.shape[0], "r")
-    one, zero = te.const(1, "int64"), te.const(0, "int64")
+def _infer_unique_rank(x: TensorType, same: TensorType, first: TensorType,
+                       sort: bool = False) -> TensorType:
+    return first
+
+
+def _legalize_unique_rank(x: te.Tensor, same: te.Tensor, first: te.Tensor, out_type: TensorType,
+                          name: str, sort: bool = False) -> te.Tensor:
+    """Item j's position among the distinct items: in sorted order (how many distinct items
+    are smaller, comparing at the first element where they differ) or in order of first
+    occurrence (how many distinct items occur first before its own first occurrence)."""
+    n = same.shape[0]
+    r = te.reduce_axis(n, "r")
+    one, zero, big = te.const(1, "int64"), te.const(0, "int64"), te.const(BIG, "int64")
     if sort:
-        return te.compute(x.shape, lambda j: te.sum_of(te.if_then_else(te.logical_and(
-            te.eq(first[(r,)], one), x[(r,)] < x[(j,)]), one, zero), r), name=name,
+        o, e = _item_axes(x)
+        inner = x.shape[2]
+        diff = te.compute((n, n), lambda a, c: te.min_of(te.if_then_else(
+            te.ne(x[(o, a, e)], x[(o, c, e)]),
+            te.cast(o, "int64") * size_expr(inner) + te.cast(e, "int64"), big), (o, e)),
+            name=f"{name}_diff", dtype="int64")
+
+        def smaller(a, c):   # item a < item c, compared where they first differ
+            q = te.minimum(diff[(a, c)], size_expr(product(x.shape[::2])) - 1)
+            at_o, at_e = q // size_expr(inner), q % size_expr(inner)
+            return te.logical_and(diff[(a, c)] < big, x[(at_o, a, at_e)] < x[(at_o, c, at_e)])
+
+        return te.compute(out_type.shape, lambda j: te.sum_of(te.if_then_else(
+            te.logical_and(te.eq(first[(r,)], one), smaller(r, j)), one, zero), r), name=name,
             dtype="int64")
-    n = x.shape[0]
     q = te.reduce_axis(n, "q")
-    at = te.compute(x.shape, lambda j: te.min_of(te.if_then_else(
-        te.eq(x[(q,)], x[(j,)]), te.cast(q, "int64"), te.const(2 ** 62, "int64")), q),
-        name=f"{name}_at", dtype="int64")
-    return te.compute(x.shape, lambda j: te.sum_of(te.if_then_else(te.logical_and(
+    at = te.compute((n,), lambda j: te.min_of(te.if_then_else(
+        te.eq(same[(q, j)], one), te.cast(q, "int64"), big), q), name=f"{name}_at", dtype="int64")
+    return te.compute(out_type.shape, lambda j: te.sum_of(te.if_then_else(te.logical_and(
         te.eq(first[(r,)], one), te.cast(r, "int64") < at[(j,)]), one, zero), r), name=name,
         dtype="int64")
 
 
-def _infer_unique_rank(x: TensorType, first: TensorType, sort: bool = False) -> TensorType:
-    return TensorType(x.shape, "int64")
-
-
 @register_op("unique_rank", REDUCTION, _infer_unique_rank, _legalize_unique_rank)
-def unique_rank(x: np.ndarray, first: np.ndarray, sort: bool = False) -> np.ndarray:
-    values, firsts, inverse = np.unique(x, return_index=True, return_inverse=True)
+def unique_rank(x: np.ndarray, same: np.ndarray, first: np.ndarray,
+                sort: bool = False) -> np.ndarray:
+    items = np.moveaxis(x, 1, 0).reshape(x.shape[1], -1)
+    _, firsts, inverse = np.unique(items, axis=0, return_index=True, return_inverse=True)
+    inverse = inverse.reshape(-1)
     if sort:
-        return inverse.reshape(-1).astype(np.int64)
+        return inverse.astype(np.int64)
     order = np.argsort(firsts, kind="stable")
     pos = np.empty_like(order)
     pos[order] = np.arange(len(order))
-    return pos[inverse.reshape(-1)].astype(np.int64)
+    return pos[inverse].astype(np.int64)
 
 
 _UNIQUE_PARTS = ("values", "indices", "counts")
@@ -217,39 +254,48 @@ def _infer_unique_select(x: TensorType, first: TensorType, rank: TensorType, aft
                          count: Dim = 0, part: str = "values") -> TensorType:
     if part not in _UNIQUE_PARTS:
         raise ValueError(f"unique_select: part {part!r} is not one of {_UNIQUE_PARTS}")
-    return TensorType((count,), x.dtype if part == "values" else "int64")
+    if part == "values":
+        return TensorType((x.shape[0], count, x.shape[2]), x.dtype)
+    return TensorType((count,), "int64")
 
 
 def _legalize_unique_select(x: te.Tensor, first: te.Tensor, rank: te.Tensor, after: te.Tensor,
                             out_type: TensorType, name: str, count: Dim = 0,
                             part: str = "values") -> te.Tensor:
-    """Output p: the value (or first index) of the distinct value of rank p, or how often it
-    occurs."""
-    r = te.reduce_axis(x.shape[0], "r")
-    one = te.const(1, "int64")
-    dtype = out_type.dtype
+    """The distinct items in rank order ([outer, count, inner]), the index of each one's first
+    occurrence, or how often each occurs."""
+    r = te.reduce_axis(first.shape[0], "r")
+    one, zero = te.const(1, "int64"), te.const(0, "int64")
 
-    def body(p):
-        pick = te.eq(rank[(r,)], te.cast(p, "int64"))
-        if part == "counts":
-            return te.sum_of(te.if_then_else(pick, one, te.const(0, "int64")), r)
-        pick = te.logical_and(te.eq(first[(r,)], one), pick)
-        value = x[(r,)] if part == "values" else te.cast(r, "int64")
-        return te.sum_of(te.if_then_else(pick, value, scalar_of(0, dtype)), r)
+    def pick(p):
+        return te.logical_and(te.eq(first[(r,)], one), te.eq(rank[(r,)], te.cast(p, "int64")))
 
-    return te.compute(out_type.shape, body, name=name, dtype=dtype)
+    if part == "values":
+        return te.compute(out_type.shape, lambda o, p, e: te.sum_of(te.if_then_else(
+            pick(p), x[(o, r, e)], scalar_of(0, x.dtype)), r), name=name, dtype=x.dtype)
+    if part == "indices":
+        return te.compute(out_type.shape, lambda p: te.sum_of(te.if_then_else(
+            pick(p), te.cast(r, "int64"), zero), r), name=name, dtype="int64")
+    return te.compute(out_type.shape, lambda p: te.sum_of(te.if_then_else(
+        te.eq(rank[(r,)], te.cast(p, "int64")), one, zero), r), name=name, dtype="int64")
 
 
 @register_op("unique_select", REDUCTION, _infer_unique_select, _legalize_unique_select)
 def unique_select(x: np.ndarray, first: np.ndarray, rank: np.ndarray, after: np.ndarray,
                   count: Dim = 0, part: str = "values") -> np.ndarray:
     n = int(after.reshape(-1)[0])
-    out = np.zeros(n, x.dtype if part == "values" else np.int64)
-    for j in range(x.shape[0]):
+    if part == "values":
+        out = np.zeros((x.shape[0], n, x.shape[2]), x.dtype)
+    else:
+        out = np.zeros(n, np.int64)
+    for j in range(x.shape[1]):
         if part == "counts":
             out[rank[j]] += 1
         elif first[j]:
-            out[rank[j]] = x[j] if part == "values" else j
+            if part == "values":
+                out[:, rank[j], :] = x[:, j, :]
+            else:
+                out[rank[j]] = j
     return out
 
 

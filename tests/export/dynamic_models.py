@@ -58,11 +58,13 @@ def detector(max_boxes: int = 30, iou: float = 0.3, score: float = 0.7) -> onnx.
 def counting() -> onnx.ModelProto:
     """x [3, 4], k [1] int64, keep [4] bool, u [8]: NonZero(x) -> GatherND -> * 2 -> ReduceSum
     over the counted axis; TopK(x, k) along axis 1; Compress(x, keep, axis 1) + 1; Unique(u,
-    unsorted) and ScatterND of its values into zeros at its first indices."""
+    unsorted) and ScatterND of its values into zeros at its first indices; Unique of u's rows
+    as [4, 2] (along axis 0, unsorted)."""
     inits = [numpy_helper.from_array(np.array(2.0, np.float32), "two"),
              numpy_helper.from_array(np.array(1.0, np.float32), "one"),
              numpy_helper.from_array(np.zeros(8, np.float32), "zeros"),
-             numpy_helper.from_array(np.array([-1, 1], np.int64), "col")]
+             numpy_helper.from_array(np.array([-1, 1], np.int64), "col"),
+             numpy_helper.from_array(np.array([4, 2], np.int64), "pairs")]
     nodes = [
         helper.make_node("NonZero", ["x"], ["nz"]),
         helper.make_node("Transpose", ["nz"], ["nzt"], perm=[1, 0]),
@@ -75,6 +77,8 @@ def counting() -> onnx.ModelProto:
         helper.make_node("Unique", ["u"], ["uy", "ui", "uinv", "ucount"], sorted=0),
         helper.make_node("Reshape", ["ui", "col"], ["uicol"]),
         helper.make_node("ScatterND", ["zeros", "uicol", "uy"], ["scattered"]),
+        helper.make_node("Reshape", ["u", "pairs"], ["u2"]),
+        helper.make_node("Unique", ["u2"], ["rows", "ri", "rinv", "rcount"], axis=0, sorted=0),
     ]
     f, i64 = TensorProto.FLOAT, TensorProto.INT64
     g = helper.make_graph(
@@ -86,7 +90,7 @@ def counting() -> onnx.ModelProto:
         [helper.make_tensor_value_info(name, dtype, None) for name, dtype in (
             ("nz", i64), ("doubled", f), ("total", f), ("top_values", f), ("top_indices", i64),
             ("kept1", f), ("uy", f), ("ui", i64), ("uinv", i64), ("ucount", i64),
-            ("scattered", f))], inits)
+            ("scattered", f), ("rows", f), ("rinv", i64), ("rcount", i64))], inits)
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
 
 
@@ -99,7 +103,7 @@ def counting_feeds(seed: int, zeros: bool = False) -> dict[str, np.ndarray]:
         x[:] = 0
     return {"x": x, "k": np.array([seed % 5], np.int64),
             "keep": rng.random(4) < 0.5,
-            "u": rng.integers(0, 4, 8).astype(np.float32)}
+            "u": rng.integers(0, 3, 8).astype(np.float32)}
 
 
 def open_nonzero() -> onnx.ModelProto:

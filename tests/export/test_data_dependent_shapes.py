@@ -81,7 +81,7 @@ def test_bundle_says_format_1_6_and_lists_its_counted_sizes(bundles, run_cli) ->
     assert header["format"] == [1, 6] and header["min_reader"] == [1, 6]
     assert reader_minor(header) == 6
     assert [d[0] for d in header["symbolic"]["dynamic"]] == ["nonzero1", "k1", "kept1",
-                                                             "unique1"]
+                                                             "unique1", "unique2"]
     without = dict(header, symbolic={k: v for k, v in header["symbolic"].items()
                                      if k != "dynamic"})
     assert reader_minor(without) < 6   # what a 1.5 reader sees: it refuses the bundle
