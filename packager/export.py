@@ -377,6 +377,11 @@ def _export(mods: dict[int | None, IRModule], path: str | os.PathLike,
         signer = load_signer(opts.sign_key)
     batched = None not in mods
     specialized = not batched and len(mods) > 1   # export_specialized: None is the symbolic one
+    counted = sorted({v for b, m in mods.items() if b is not None for v in m.dynamic_sizes})
+    if counted:   # a batch plan is static; a size a kernel counts needs the symbolic plan
+        raise ExportError(f"batch plans cannot hold sizes counted at run time ({', '.join(counted)}: "
+                          "NonZero, NonMaxSuppression, TopK with a run-time k...): drop "
+                          "--batch-sizes (the symbolic plan runs every batch)")
     largest = max(mods) if batched else None
     golden = None
     bf16 = opts.precision == "bf16"
