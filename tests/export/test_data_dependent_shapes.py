@@ -19,6 +19,7 @@ from mlcpack.runtime import InputError, load
 from mlcpack.runtime.bundle import BundleReader, reader_minor
 
 import dynamic_models as dm
+from conftest import SLOW
 from helpers import ort_outputs
 
 
@@ -100,6 +101,9 @@ def test_topk_k_beyond_its_axis_is_refused_in_one_line(bundles) -> None:
         assert model.run(feeds)["top_values"].shape == (3, 2)   # and runs on afterwards
 
 
+# 20-40 s (torch's import and export, a compile): the detector above covers the same path
+@pytest.mark.skipif(not SLOW, reason="MLCPACK_SLOW=1 only (the ONNX detector test covers NMS "
+                    "inside a model in the default run)")
 @pytest.mark.filterwarnings("ignore:Converting a tensor to a NumPy array",
                             "ignore:torch.from_numpy results are registered as constants",
                             "ignore:You are using the legacy TorchScript",
