@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from .errors import BundleError
-from .header import OP_CALL_KERNEL, OP_CALL_LIB, Plan
+from .header import OP_BIND_SIZE, OP_CALL_KERNEL, OP_CALL_LIB, Plan
 from .vm import Executor
 
 MAX_SOURCES = 1 << 16
@@ -62,7 +62,7 @@ def sources_text(sources: tuple[SourceNode, ...], shown: int = 2) -> str:
 @dataclass(frozen=True)
 class Step:
     """What one VM instruction is, from the bundle header."""
-    kind: str                         # "kernel", "library" or "copy"
+    kind: str                         # "kernel", "library", "copy" or "bind" (BIND_SIZE)
     name: str                         # the prim function, the library function, or "copy"
     symbol: str                       # the kernel's symbol (shared by identical kernels)
     sources: tuple[SourceNode, ...]
@@ -83,6 +83,9 @@ def describe_steps(executor: Executor, plan: Plan) -> list[Step]:
             site = sites[ins.target]
             steps.append(Step("library", site.func, site.func,
                               read_sources(site.source, f"library call {ins.target}"), None))
+        elif ins.opcode == OP_BIND_SIZE:   # a counted size: no kernel, the VM's check
+            name = f"bind {plan.symbolic.vars[ins.target]}" if plan.symbolic else "bind"
+            steps.append(Step("bind", name, name, (), None))
         else:
             steps.append(Step("copy", "copy", "copy", (), None))
     return steps
