@@ -96,3 +96,67 @@ def test_accurate_model_keeps_every_layer(tmp_path: Path) -> None:
         assert "every layer kept int8" in q.report.guard
     finally:
         q.close()
+
+
+def _outlier_model(path: Path) -> Path:
+    """x [8,16] -> MatMul 32, Relu -> MatMul 10: one of the first layer's 32 outputs is ~200x
+    the others, so the second layer's input range (per tensor) leaves the other 31 a few
+    steps, and its output, which reads only those 31, loses its argmax; the first layer's own
+    quantization error is small."""
+    rng = np.random.default_rng(3)
+    w1 = rng.normal(0, 0.3, (16, 32)).astype(np.float32)
+    w1[:, 0] *= 200
+    w2 = rng.normal(0, 0.3, (32, 10)).astype(np.float32)
+    w2[0] = 0
+    nodes = [h.make_node("MatMul", ["x", "w1"], ["m1"]), h.make_node("Relu", ["m1"], ["r1"]),
+             h.make_node("MatMul", ["r1", "w2"], ["y"])]
+    g = h.make_graph(nodes, "outlier", [h.make_tensor_value_info("x", T.FLOAT, [8, 16])],
+                     [h.make_tensor_value_info("y", T.FLOAT, [8, 10])],
+                     [onnx.numpy_helper.from_array(w1, "w1"),
+                      onnx.numpy_helper.from_array(w2, "w2")])
+    onnx.save(h.make_model(g, opset_imports=[h.make_opsetid("", 13)]), path)
+    return path
+
+
+def test_snr_ranking_when_the_sweep_would_not_fit(tmp_path: Path, monkeypatch) -> None:
+    """With no budget share for a leave-one-out sweep, the guard ranks the layers by their own
+    SNR (one run of the float model beside quantized copies) and floats the lowest first."""
+    from mlcpack.packager import calibrate
+
+    monkeypatch.setattr(calibrate, "GUARD_SWEEP_SHARE", 0.0)
+    path = _outlier_model(tmp_path / "outlier.onnx")
+    rng = np.random.default_rng(4)
+    xs = [rng.normal(0, 1, (8, 16)).astype(np.float32) for _ in range(8)]
+    off = quantize_onnx(path, xs, method="minmax", guard=False, max_layer_error=1e9)
+    on = quantize_onnx(path, xs, method="minmax", max_layer_error=1e9)
+    try:
+        assert _agreement(path, off.model, xs) < GUARD_AGREEMENT
+        first, second = on.report.layers
+        assert first.quantized and first.local_snr is None
+        assert not second.quantized and second.sensitive is None
+        assert second.local_snr is not None and second.local_snr < 30
+        text = "\n".join(on.report.summary())
+        assert "per-layer SNR ranking: with the 1 most sensitive layer float" in text, text
+        assert "its int8 output's SNR" in text
+        assert _agreement(path, on.model, xs) > _agreement(path, off.model, xs)
+    finally:
+        off.close()
+        on.close()
+
+
+def test_percentile_is_exact_from_the_kept_tails() -> None:
+    """The percentile method keeps each sample's tails, not a random subsample: its range is
+    numpy's percentile of every value, whatever the samples' sizes."""
+    from mlcpack.packager.calibrate import PERCENTILE, _Stats
+
+    rng = np.random.default_rng(5)
+    for sizes in ([1000] * 5, [40000] * 12, [7, 3000, 20000]):
+        stats, values = _Stats(len(sizes)), []
+        for n in sizes:
+            x = rng.standard_normal(n).astype(np.float32) ** 3
+            values.append(x)
+            stats.add(x, "percentile", rng)
+        every = np.concatenate(values)
+        lo, hi = stats.range("percentile")
+        assert lo == pytest.approx(min(0.0, np.percentile(every, 100 - PERCENTILE)), rel=1e-6)
+        assert hi == pytest.approx(max(0.0, np.percentile(every, PERCENTILE)), rel=1e-6)
