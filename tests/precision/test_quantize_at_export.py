@@ -66,8 +66,8 @@ def test_outlier_layer_left_in_float(conv_net) -> None:
     path, samples = conv_net
     spiked = [s.copy() for s in samples]
     spiked[0][0, 0, 3, 3] = 5000.0
-    q = quantize_onnx(path, spiked, method="minmax")
-    try:
+    q = quantize_onnx(path, spiked, method="minmax", max_layer_error=0.05)  # the gate's
+    try:                                    # default where the accuracy guard cannot run
         first = q.report.layers[0]
         assert not first.quantized and first.error > 0.05
         assert all(layer.quantized == (layer.error <= 0.05) for layer in q.report.layers)
