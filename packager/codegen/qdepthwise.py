@@ -33,7 +33,7 @@ from ..ir.graph import PrimFunc
 from .contraction.geometry import MAX_TASK_REGIONS, PARALLEL_MIN_MACS
 from .helpers import F32, I8, I32, const_i64, for_range, intrinsic
 from .lower import KernelInfo
-from .qgemm import V8F32, V8I32, _align, _QEmitter, match_qgemm
+from .qgemm import V8F32, V8I32, QEmitter, align_workspace, match_qgemm
 
 VL = 8
 # Output vectors computed together (a row's, or several narrow rows'): 6 independent chains
@@ -57,7 +57,7 @@ def emit_qdepthwise(module: ir.Module, func: PrimFunc, symbol: str, vl: int
     return _QDepthwise(module, func, symbol, m[1], avx).emit()
 
 
-class _QDepthwise(_QEmitter):
+class _QDepthwise(QEmitter):
     def emit(self) -> KernelInfo:
         x, wf, x_zp, bias, mult, y_zp = self.func.inputs
         y = self.func.outputs[0]
@@ -70,7 +70,7 @@ class _QDepthwise(_QEmitter):
         prow = (oh - 1) * sh + kh                      # plane rows the outputs read
         wq = nch * VL + (kw - 1) // sw                 # columns per phase row
         phase_floats = prow * wq
-        p_bytes = _align(sw * phase_floats * 4)
+        p_bytes = align_workspace(sw * phase_floats * 4)
         planes = batch * c
         parallel = planes * oh * ow * kh * kw * MAC_COST >= PARALLEL_MIN_MACS and planes > 1
         regions = MAX_TASK_REGIONS if parallel else 1

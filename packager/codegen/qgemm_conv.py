@@ -1,0 +1,558 @@
+"""The ``qconv2d`` integer convolution kernel (groups 1, dilation 1, any kernel / stride /
+padding; no im2col: int16 pair planes on AVX2 / generic targets, uint8 quad planes with VNNI /
+sdot; a 1x1 image as a matrix-vector product; an optional ``lut8`` table on the copy out); the
+family's design, packing and epilogue are described in ``codegen/qgemm.py``."""
+
+from __future__ import annotations
+
+from llvmlite import ir
+
+from ..ops.qlinear import CONV_ROWS, PANEL
+from .helpers import F32, I8, I16, I32, I64, alloca_once, const_i64, for_range, intrinsic
+from .contraction.geometry import MAX_TASK_REGIONS, PARALLEL_MIN_MACS
+from .lower import KernelInfo, LoweringError
+from .qgemm import V8F32, V8I32, V16I8, V16I16, QEmitter, align_workspace
+
+
+def _inside_image(py: int, px: int, h: int, w: int, prow: int, wq: int, sh: int, sw: int,
+                  pt: int, pl: int) -> tuple[int, int, int, int] | None:
+    """(u_lo, u_hi, v_lo, v_hi): the plane cells of stride phase (py, px) whose pixel
+    (u*sh + py - pt, v*sw + px - pl) lies inside the h x w image; None when none does."""
+    u_lo = max(0, -(-(pt - py) // sh))
+    u_hi = min(prow, (h + pt - py - 1) // sh + 1)
+    v_lo = max(0, -(-(pl - px) // sw))
+    v_hi = min(wq, (w + pl - px - 1) // sw + 1)
+    if u_hi <= u_lo or v_hi <= v_lo:
+        return None
+    return u_lo, u_hi, v_lo, v_hi
+
+
+class QConv(QEmitter):
+    def emit(self) -> KernelInfo:
+        x, wk, x_zp, bias, mult, y_zp = self.func.inputs[:6]
+        lut = self.func.inputs[6] if len(self.func.inputs) > 6 else None
+        y = self.func.outputs[0]
+        batch, c, h, w = (int(d) for d in x.shape)
+        o = int(self.tag.attrs["out_channels"])
+        kh, kw = self.tag.attrs["kernel"]
+        _, _, oh, ow = (int(d) for d in y.shape)
+        sh, sw = self.tag.attrs["strides"]
+        pt, pl, pb, pr = self.tag.attrs["padding"]
+        if (h, w, kh, kw, oh, ow) == (1, 1, 1, 1, 1, 1) and not any(self.tag.attrs["padding"]):
+            return self._emit_vector(x, wk, x_zp, bias, mult, y_zp, lut, y, batch, c, o)
+        hp, wpd = h + pt + pb, w + pl + pr
+        hq, wq = -(-hp // sh), -(-wpd // sw)
+        cp = -(-c // 2)
+        # AVX-512 VNNI (int8 weights): planes of uint8 channel quads and vpdpbusd, else int16
+        # channel pairs and vpmaddwd
+        vnni = bool(getattr(self, "vnni", False)) and wk.dtype == "int8"
+        # weights packed at export as the quad loop reads them, the correction in the bias
+        # (ops/qconv_quads.py): no regrouping here
+        quads = bool(self.tag.attrs.get("quads", False))
+        if quads and (not vnni or self._quad_shift(x.dtype) != self.tag.attrs["shift"]):
+            raise LoweringError(f"{self.func.name}: weights packed for another quad kernel")
+        cg = -(-c // 4) if vnni else cp                  # channel groups of a plane word
+        phases = sorted({(ky % sh, kx % sw) for ky in range(kh) for kx in range(kw)})
+        taps = [(ky, kx) for ky in range(kh) for kx in range(kw)]
+        lanes = PANEL * self.nv
+        qn = oh * wq
+        qpad = -(-qn // lanes) * lanes
+        offmax = ((kh - 1) // sh) * wq + (kw - 1) // sw
+        prow = max(hq, -(-(qpad + offmax) // wq))       # plane rows, reads stay inside
+        psz = prow * wq                                  # int32 words per (phase, pair) plane
+        steps = len(taps) * cp                           # k-pair steps of the packed weights
+        ksteps = len(taps) * cg                          # steps of the kernel's loop
+        rows6 = CONV_ROWS
+        ot = int(wk.shape[0])
+        n_words = ot * steps * rows6
+        if quads:
+            w_bytes = 0
+        elif vnni:    # the weights as s8 quads [ot][ksteps][6] words, then sum_c,t w per row
+            wsum_at = align_workspace(ot * ksteps * rows6 * 4)
+            w_bytes = wsum_at + align_workspace(ot * rows6 * 4)
+        else:
+            w_bytes = align_workspace(n_words * 4) if wk.dtype == "int8" else 0
+        p_bytes = align_workspace(len(phases) * cg * psz * 4)
+        s_bytes = align_workspace(o * qpad * (4 if self.float_out else 1))
+        # Split over tasks by tiles of output channels when there is work enough: the widened
+        # weights and the staging rows are shared (each task writes its own rows), the planes
+        # are per task (a task may run ahead to the next image).
+        parallel = batch * o * oh * ow * c * kh * kw >= PARALLEL_MIN_MACS
+        regions = MAX_TASK_REGIONS if parallel else 1
+        workspace = w_bytes + s_bytes + p_bytes * regions
+        body_fn, ptr_types, n_ptrs, ws = self._start(workspace)
+        task, ntasks = body_fn.args[n_ptrs], body_fn.args[n_ptrs + 1]
+        b = self.builder
+        buf = self.buffers
+        mr = self.mr
+        full, tail = o // mr, o % mr
+        n_tiles = full + (1 if tail else 0)
+        if parallel:
+            cap = const_i64(regions)
+            eff = b.select(b.icmp_signed("<", ntasks, cap), ntasks, cap)
+            skip = b.icmp_signed(">=", task, eff)
+            with b.if_then(skip, likely=False):
+                b.ret_void()
+            lo = b.sdiv(b.mul(task, const_i64(n_tiles)), eff)
+            hi = b.sdiv(b.mul(b.add(task, const_i64(1)), const_i64(n_tiles)), eff)
+            region = task
+        else:
+            lo, hi, region = const_i64(0), const_i64(n_tiles), const_i64(0)
+        xzp = b.load(buf[x_zp.uid])
+        if x_zp.dtype != "int32":     # a DynamicQuantizeLinear's uint8/int8 zero point
+            xzp = self._widen(xzp, x_zp.dtype)
+        if not self.float_out:
+            self.y_zp = self._splat(b.load(buf[y_zp.uid]), V8F32)
+        tile_words = steps * rows6 * 2                      # int16 values per 6-row tile
+        if vnni:
+            shift = self._quad_shift(x.dtype)
+            zpq = b.add(xzp, ir.Constant(I32, shift))    # x's zero point as the planes hold it
+            if quads:
+                wexp32, wsum = b.bitcast(buf[wk.uid], I32.as_pointer()), None
+            else:
+                wexp32, wsum = self._vnni_weights(ws, buf[wk.uid], lo, hi, mr, ot, len(taps),
+                                                  cp, cg, steps, ksteps, wsum_at)
+        elif w_bytes:   # int8 weights (the bundle's) widened to int16, this task's tiles
+            wexp = b.bitcast(ws, I16.as_pointer())
+            # 6-row tiles of the packed weights are mr-row tiles' groups (mr divides 6)
+            g_lo = b.sdiv(b.mul(lo, const_i64(mr)), const_i64(rows6))
+            g_hi = b.sdiv(b.add(b.mul(hi, const_i64(mr)), const_i64(rows6 - 1)),
+                          const_i64(rows6))
+            with for_range(b, b.mul(g_lo, const_i64(tile_words)),
+                           b.mul(g_hi, const_i64(tile_words)), "we") as i:
+                b.store(b.sext(b.load(b.gep(buf[wk.uid], [i])), I16), b.gep(wexp, [i]))
+            wexp32 = b.bitcast(ws, I32.as_pointer())
+        else:
+            wexp32 = b.bitcast(buf[wk.uid], I32.as_pointer())
+        stage = b.bitcast(b.gep(ws, [const_i64(w_bytes)]),              # [o][qpad] results
+                          self.out_ty.as_pointer())
+        planes = b.bitcast(b.gep(ws, [b.add(const_i64(w_bytes + s_bytes),
+                                            b.mul(region, const_i64(p_bytes)))]),
+                           I16.as_pointer())
+        planes32 = b.bitcast(planes, I32.as_pointer())
+        # step j = t * cg + p reads plane (phase(t), p) at offset off(t): a table of word
+        # offsets into the planes
+        table = [(phases.index((ky % sh, kx % sw)) * cg + p) * psz + (ky // sh) * wq + kx // sw
+                 for ky, kx in taps for p in range(cg)]
+        tbl_ty = ir.ArrayType(I64, len(table))
+        gv = ir.GlobalVariable(self.module, tbl_ty, name=f"{self.symbol}.steps")
+        gv.global_constant = True
+        gv.linkage = "internal"
+        gv.initializer = ir.Constant(tbl_ty, table)
+        with for_range(b, const_i64(0), const_i64(batch), "b") as bi:
+            xb = b.gep(buf[x.uid], [b.mul(bi, const_i64(c * h * w))])
+            if vnni:
+                self._fill_quads(xb, b.bitcast(planes, I8.as_pointer()), phases, c, h, w, cg,
+                                 prow, wq, psz, sh, sw, pt, pl, zpq, shift,
+                                 zero=any(self.tag.attrs["padding"]))
+            else:
+                self._fill_planes(xb, planes, phases, c, h, w, cp, prow, wq, psz, sh, sw, pt,
+                                  pl, xzp, x.dtype,
+                                  zero=any(self.tag.attrs["padding"]) or c % 2 == 1)
+
+            def a_word_at(oc0):
+                # word ((oc // 6) * steps + j) * 6 + oc % 6; a tile never crosses a 6-row group
+                base = b.add(b.mul(b.sdiv(oc0, const_i64(rows6)), const_i64(ksteps * rows6)),
+                             b.srem(oc0, const_i64(rows6)))
+
+                def a_word(r, j):
+                    return b.load(b.gep(wexp32, [b.add(b.add(base, const_i64(r)),
+                                                       b.mul(j, const_i64(rows6)))]))
+                return a_word
+
+            def b_vec_at(q0):
+                def b_vec(v, j):
+                    off = b.load(b.gep(gv, [const_i64(0), j]))
+                    p = b.add(b.add(off, q0), const_i64(v * PANEL))
+                    return b.load(self._ptr(planes32, p, V16I16), align=4)
+                return b_vec
+
+            def tile(q0, oc0, nrows):
+                if packed:
+                    return tile_packed(q0, oc0, nrows)
+                if vnni:
+                    accs = self._tile_dp(nrows, self.nv, ksteps, a_word_at(oc0), b_vec_at(q0))
+                else:
+                    accs = self._tile(nrows, self.nv, steps, a_word_at(oc0), b_vec_at(q0))
+                for r in range(nrows):
+                    ocr = b.add(oc0, const_i64(r))
+                    if vnni and wsum is not None:
+                        # sum (x_q - zp') w = sum (x - x_zp) w + zp' sum w (wrapping)
+                        corr = self._splat(b.mul(zpq, b.load(b.gep(wsum, [ocr]))), V8I32)
+                        accs[r] = [b.sub(a, corr) for a in accs[r]]
+                    bv = self._splat(b.load(b.gep(buf[bias.uid], [ocr])), V8I32)
+                    mv = self._splat(b.load(buf[mult.uid] if tuple(mult.shape) == ()
+                                            else b.gep(buf[mult.uid], [ocr])), V8F32)
+                    ov = (self._splat(b.load(b.gep(buf[y_zp.uid], [ocr])), V8F32)
+                          if self.float_out else None)
+                    for v in range(self.nv):
+                        q = self._requant(accs[r][v], bv, mv, ov)
+                        dst = b.add(b.mul(ocr, const_i64(qpad)), b.add(q0, const_i64(v * PANEL)))
+                        b.store(q, self._ptr(stage, dst, self.out_vec), align=4)
+
+            def tile_packed(q0, oc0, nrows):
+                """AVX2, 8-bit result: the accumulators start from the bias (less the VNNI
+                zero-point correction), the epilogue rounds with vcvtps2dq, adds the zero
+                point in int32 and packs the row's two vectors into 16 bytes with saturating
+                packs (``_requant_int``, ``_pack``): per row 11 vector operations fewer than
+                ``_requant``'s twice, the same bytes."""
+                ocs = [b.add(oc0, const_i64(r)) for r in range(nrows)]
+                init = []
+                for ocr in ocs:
+                    start = b.load(b.gep(buf[bias.uid], [ocr]))
+                    if vnni and wsum is not None:   # zp' sum w (wrapping); quads: in the bias
+                        start = b.sub(start, b.mul(zpq, b.load(b.gep(wsum, [ocr]))))
+                    init.append(self._splat(start, V8I32))
+                if vnni:
+                    accs = self._tile_dp(nrows, self.nv, ksteps, a_word_at(oc0), b_vec_at(q0),
+                                         init)
+                else:
+                    accs = self._tile(nrows, self.nv, steps, a_word_at(oc0), b_vec_at(q0), init)
+                for r, ocr in enumerate(ocs):
+                    mv = self._splat(b.load(buf[mult.uid] if tuple(mult.shape) == ()
+                                            else b.gep(buf[mult.uid], [ocr])), V8F32)
+                    wide = [self._requant_int(b.fmul(b.sitofp(a, V8F32), mv), None, True)
+                            for a in accs[r]]
+                    dst = b.add(b.mul(ocr, const_i64(qpad)), q0)
+                    b.store(self._pack(wide), self._ptr(stage, dst, V16I8), align=4)
+
+            packed = self.avx2 and not self.float_out and self.nv == 2
+            # pixels outer: one chunk's plane columns (all steps) stay in L1 for every tile
+            with for_range(b, const_i64(0), const_i64(qpad // lanes), "qc") as qc:
+                q0 = b.mul(qc, const_i64(lanes))
+                with for_range(b, lo, hi, "ot") as t:
+                    oc0 = b.mul(t, const_i64(mr))
+                    if tail:
+                        with b.if_else(b.icmp_signed("<", t, const_i64(full))) as (whole, part):
+                            with whole:
+                                tile(q0, oc0, mr)
+                            with part:
+                                tile(q0, oc0, tail)
+                    else:
+                        tile(q0, oc0, mr)
+            # compact this task's rows of ow out of the staging rows of wq
+            yb = b.gep(buf[y.uid], [b.mul(bi, const_i64(o * oh * ow))])
+            oc_hi = b.mul(hi, const_i64(mr))
+            oc_hi = b.select(b.icmp_signed("<", oc_hi, const_i64(o)), oc_hi, const_i64(o))
+            # rows of ow, or whole channels where the staging rows are the output's (wq == ow)
+            per, n = (1, oh * ow) if wq == ow else (oh, ow)
+            with for_range(b, b.mul(b.mul(lo, const_i64(mr)), const_i64(per)),
+                           b.mul(oc_hi, const_i64(per)), "cr") as r:
+                oc = b.sdiv(r, const_i64(per))
+                oy = b.srem(r, const_i64(per))
+                src = b.gep(stage, [b.add(b.mul(oc, const_i64(qpad)), b.mul(oy, const_i64(wq)))])
+                dst = b.gep(yb, [b.mul(r, const_i64(n))])
+                # a lut8 folded in (passes/quantize_lut.py): the row's table
+                tb = None if lut is None else b.gep(buf[lut.uid], [
+                    b.mul(oc, const_i64(256)) if int(lut.shape[0]) != 1 else const_i64(0)])
+                if tb is None:
+                    with for_range(b, const_i64(0), const_i64(n), "cx") as i:
+                        b.store(b.load(b.gep(src, [i])), b.gep(dst, [i]))
+                elif self.avx2 and n >= 32:
+                    self._lut_bytes(src, dst, tb, n)
+                else:
+                    with for_range(b, const_i64(0), const_i64(n), "cx") as i:
+                        v = b.load(b.gep(src, [i]))
+                        idx = (b.add(b.sext(v, I64), const_i64(128)) if self.dtype == "int8"
+                               else b.zext(v, I64))
+                        b.store(b.load(b.gep(tb, [idx])), b.gep(dst, [i]))
+        return self._finish(body_fn, n_ptrs, ptr_types, workspace, parallel)
+
+    def _emit_vector(self, x, wk, x_zp, bias, mult, y_zp, lut, y, batch: int, c: int,
+                     o: int) -> KernelInfo:
+        """A 1x1 convolution of a 1x1 image (a squeeze-and-excitation block's): a matrix-
+        vector product, output channels as lanes. The planes' kernel would put the one pixel in
+        a lane of 16 (and widen all the weights first); here each k-pair step loads the 6
+        output channels' pairs of a packed weight tile directly (12 int8 or int16 values, 6 of
+        8 lanes) against x's pair broadcast, and the epilogue (``_requant``) runs on the 6
+        lanes, stored one by one (through the row's lut8 table when folded in)."""
+        rows6 = CONV_ROWS
+        cp = -(-c // 2)
+        ot = int(wk.shape[0])
+        wide = wk.dtype != "int8"
+        workspace = align_workspace(cp * 4)
+        body_fn, ptr_types, n_ptrs, ws = self._start(workspace)
+        b = self.builder
+        buf = self.buffers
+        xpairs = b.bitcast(ws, I16.as_pointer())
+        words = b.bitcast(ws, I32.as_pointer())
+        xzp = b.load(buf[x_zp.uid])
+        if x_zp.dtype != "int32":
+            xzp = self._widen(xzp, x_zp.dtype)
+        if not self.float_out:
+            self.y_zp = self._splat(b.load(buf[y_zp.uid]), V8F32)
+        w_el = I16 if wide else I8
+        v12, v12i16 = ir.VectorType(w_el, 2 * rows6), ir.VectorType(I16, 2 * rows6)
+        to16 = ir.Constant(ir.VectorType(I32, 2 * PANEL),
+                           list(range(2 * rows6)) + [2 * rows6] * (2 * (PANEL - rows6)))
+        to8 = ir.Constant(V8I32, list(range(rows6)) + [rows6] * (PANEL - rows6))
+        with for_range(b, const_i64(0), const_i64(batch), "b") as bi:
+            xb = b.gep(buf[x.uid], [b.mul(bi, const_i64(c))])
+            if c % 2:
+                b.store(ir.Constant(I16, 0), b.gep(xpairs, [const_i64(c)]))
+            with for_range(b, const_i64(0), const_i64(c), "xc") as ch:
+                v = b.sub(self._widen(b.load(b.gep(xb, [ch])), x.dtype), xzp)
+                b.store(b.trunc(v, I16), b.gep(xpairs, [ch]))
+            yb = b.gep(buf[y.uid], [b.mul(bi, const_i64(o))])
+            with for_range(b, const_i64(0), const_i64(ot), "og") as g:
+                acc = alloca_once(b, V8I32, "vacc")
+                b.store(ir.Constant(V8I32, None), acc)
+                with for_range(b, const_i64(0), const_i64(cp), "kp") as j:
+                    at = b.mul(b.add(b.mul(g, const_i64(cp)), j), const_i64(2 * rows6))
+                    wv = b.load(self._ptr(buf[wk.uid], at, v12), align=1)
+                    wv = b.sext(wv, v12i16) if not wide else wv
+                    wv = b.shuffle_vector(wv, ir.Constant(v12i16, None), to16)
+                    a = b.bitcast(self._splat(b.load(b.gep(words, [j])), V8I32), V16I16)
+                    b.store(b.add(b.load(acc), self._madd(a, wv)), acc)
+                oc0 = b.mul(g, const_i64(rows6))
+
+                def lanes(src, ty, vty):
+                    if tuple(src.shape) == ():
+                        return self._splat(b.load(buf[src.uid]), vty)
+                    vals = ir.Constant(ir.VectorType(ty, rows6), None)
+                    for r in range(rows6):    # scalar loads: the last tile may pass o
+                        oc = b.add(oc0, const_i64(r))
+                        oc = b.select(b.icmp_signed("<", oc, const_i64(o)), oc, const_i64(0))
+                        vals = b.insert_element(vals, b.load(b.gep(buf[src.uid], [oc])),
+                                                ir.Constant(I32, r))
+                    return b.shuffle_vector(vals, ir.Constant(vals.type, None), to8)
+
+                bv = lanes(bias, I32, V8I32)
+                mv = lanes(mult, F32, V8F32)
+                ov = lanes(y_zp, F32, V8F32) if self.float_out else None
+                q = self._requant(b.load(acc), bv, mv, ov)
+                for r in range(rows6):
+                    oc = b.add(oc0, const_i64(r))
+                    with b.if_then(b.icmp_signed("<", oc, const_i64(o))):
+                        val = b.extract_element(q, ir.Constant(I32, r))
+                        if lut is not None:
+                            row = (b.mul(oc, const_i64(256)) if int(lut.shape[0]) != 1
+                                   else const_i64(0))
+                            idx = (b.add(b.sext(val, I64), const_i64(128))
+                                   if self.dtype == "int8" else b.zext(val, I64))
+                            val = b.load(b.gep(buf[lut.uid], [b.add(row, idx)]))
+                        b.store(val, b.gep(yb, [oc]))
+        return self._finish(body_fn, n_ptrs, ptr_types, workspace)
+
+    def _lut_bytes(self, src, dst, tb, n: int) -> None:
+        """dst[i] = tb[src[i]] for i < n (n >= 32; int8 bytes index from tb + 128), 32 bytes
+        at a time with AVX2 ``vpshufb``: the 256-byte row as 16 chunks of 16 bytes, each
+        looked up by the index's low nibble and kept where its high nibble is the chunk's (16
+        pshufb + compare + blend per 32 bytes, against one scalar load per byte); the last 32
+        bytes overlap the previous vector when n is not a multiple of 32 (same values)."""
+        b = self.builder
+        v32i8 = ir.VectorType(I8, 32)
+        shuf = intrinsic(self.module, "llvm.x86.avx2.pshuf.b", v32i8, [v32i8, v32i8])
+        both = ir.Constant(ir.VectorType(I32, 32), list(range(16)) * 2)
+        low = ir.Constant(v32i8, [0x0F] * 32)
+
+        def chunk(at) -> None:
+            v = b.load(self._ptr(src, at, v32i8), align=1)
+            if self.dtype == "int8":
+                v = b.xor(v, ir.Constant(v32i8, [0x80] * 32))
+            lo_n = b.and_(v, low)
+            hi_n = b.lshr(v, ir.Constant(v32i8, [4] * 32))
+            res = ir.Constant(v32i8, None)
+            for k in range(16):
+                t = b.load(self._ptr(tb, const_i64(16 * k), V16I8), align=1)
+                part = b.call(shuf, [b.shuffle_vector(t, t, both), lo_n])
+                sel = b.icmp_unsigned("==", hi_n, ir.Constant(v32i8, [k] * 32))
+                res = b.select(sel, part, res)
+            b.store(res, self._ptr(dst, at, v32i8), align=1)
+
+        if n // 32 > 1:
+            with for_range(b, const_i64(0), const_i64(n // 32), "lx") as i:
+                chunk(b.mul(i, const_i64(32)))
+        else:
+            chunk(const_i64(0))
+        if n % 32:
+            chunk(const_i64(n - 32))
+
+    def _tile_dp(self, rows: int, nvec: int, steps: int, a_word, b_vec,
+                 init: list[ir.Value] | None = None) -> list[list[ir.Value]]:
+        """Like ``_tile`` with ``vpdpbusd``: acc[r][v] += dpbusd(b_vec(v, j) as uint8 quads,
+        broadcast(a_word(r, j)) as int8 quads)."""
+        b = self.builder
+        v32i8 = ir.VectorType(I8, 32)
+        accs = [[alloca_once(b, V8I32, f"qacc{r}_{v}") for v in range(nvec)] for r in range(rows)]
+        zero = ir.Constant(V8I32, None)
+        for r, row in enumerate(accs):
+            for a in row:
+                b.store(zero if init is None else init[r], a)
+        with for_range(b, const_i64(0), const_i64(steps), "kq") as j:
+            ws = [b.bitcast(b_vec(v, j), v32i8) for v in range(nvec)]
+            for r in range(rows):
+                a = b.bitcast(self._splat(a_word(r, j), V8I32), v32i8)
+                for v in range(nvec):
+                    acc = accs[r][v]
+                    b.store(self._dpbusd(b.load(acc), ws[v], a), acc)
+        return [[b.load(a) for a in row] for row in accs]
+
+    def _vnni_weights(self, ws, wk, lo, hi, mr, ot, ntaps, cp, cg, steps, ksteps, wsum_at):
+        """The bundle's int8 k-pair weights [ot][taps * cp][6][2] regrouped as int8 channel
+        quads [ot][taps * cg][6] (int32 words: pairs 2q and 2q + 1, a zero pair past the last)
+        at the start of ``ws``, and each row's sum of weights at ``wsum_at`` (int32), for
+        this task's 6-row tiles. Returns (words, sums) as i32 pointers."""
+        b = self.builder
+        rows6 = CONV_ROWS
+        words = b.bitcast(ws, I32.as_pointer())
+        wsum = b.bitcast(b.gep(ws, [const_i64(wsum_at)]), I32.as_pointer())
+        pairs = b.bitcast(wk, I16.as_pointer())          # one int16 = one k-pair of bytes
+        g_lo = b.sdiv(b.mul(lo, const_i64(mr)), const_i64(rows6))
+        g_hi = b.sdiv(b.add(b.mul(hi, const_i64(mr)), const_i64(rows6 - 1)), const_i64(rows6))
+        g_hi = b.select(b.icmp_signed("<", g_hi, const_i64(ot)), g_hi, const_i64(ot))
+        sums = [alloca_once(b, I32, f"wsum{r}") for r in range(rows6)]
+
+        def quad(g, t, q, full: bool) -> None:
+            for r in range(rows6):
+                src = b.add(b.mul(b.add(b.add(b.mul(g, const_i64(steps)),
+                                              b.mul(t, const_i64(cp))),
+                                        b.mul(q, const_i64(2))), const_i64(rows6)),
+                            const_i64(r))
+                lo16 = b.load(b.gep(pairs, [src]))
+                word = b.zext(lo16, I32)
+                parts = [lo16]
+                if full:
+                    hi16 = b.load(b.gep(pairs, [b.add(src, const_i64(rows6))]))
+                    word = b.or_(word, b.shl(b.zext(hi16, I32), ir.Constant(I32, 16)))
+                    parts.append(hi16)
+                dst = b.add(b.mul(b.add(b.add(b.mul(g, const_i64(ksteps)),
+                                              b.mul(t, const_i64(cg))), q), const_i64(rows6)),
+                            const_i64(r))
+                b.store(word, b.gep(words, [dst]))
+                total = b.load(sums[r])
+                for part in parts:
+                    for sh in (8, 0):    # the pair's high byte, then its low byte, sign-extended
+                        byte = b.trunc(b.lshr(part, ir.Constant(I16, sh)), I8)
+                        total = b.add(total, b.sext(byte, I32))
+                b.store(total, sums[r])
+
+        with for_range(b, g_lo, g_hi, "vg") as g:
+            for r in range(rows6):
+                b.store(ir.Constant(I32, 0), sums[r])
+            with for_range(b, const_i64(0), const_i64(ntaps), "vt") as t:
+                if cp // 2:
+                    with for_range(b, const_i64(0), const_i64(cp // 2), "vq") as q:
+                        quad(g, t, q, True)
+                if cp % 2:
+                    quad(g, t, const_i64(cp // 2), False)
+            for r in range(rows6):
+                b.store(b.load(sums[r]),
+                        b.gep(wsum, [b.add(b.mul(g, const_i64(rows6)), const_i64(r))]))
+        return words, wsum
+
+    def _fill_quads(self, xb, planes, phases, c, h, w, cg, prow, wq, psz, sh, sw, pt, pl,
+                    zpq, shift: int, zero: bool) -> None:
+        """The VNNI kernel's planes: bytes planes[ph, q, u, v, j] = x[4q + j, u*sh + py - pt,
+        v*sw + px - pl] as uint8 (int8 x + 128, ``shift``), x's zero point ``zpq`` (so it
+        adds nothing after the correction) outside the image when ``zero``; channels past the
+        last meet zero weights, so what they hold does not matter."""
+        b = self.builder
+        total = len(phases) * cg * psz * 4
+        if zero:
+            fill = b.trunc(zpq, I8)
+            with for_range(b, const_i64(0), const_i64(total), "fz") as i:
+                b.store(fill, b.gep(planes, [i]))
+        for pi, (py, px) in enumerate(phases):
+            window = _inside_image(py, px, h, w, prow, wq, sh, sw, pt, pl)
+            if window is None:
+                continue
+            u_lo, u_hi, v_lo, v_hi = window
+            for q_lo, q_hi, chans in ((0, c // 4, 4), (c // 4, cg, c % 4)):
+                if q_hi <= q_lo:
+                    continue
+                with for_range(b, const_i64(q_lo), const_i64(q_hi), "fq") as q:
+                    base = b.mul(b.add(const_i64(pi * cg), q), const_i64(psz * 4))
+                    with for_range(b, const_i64(u_lo), const_i64(u_hi), "fu") as u:
+                        iy = b.add(b.mul(u, const_i64(sh)), const_i64(py - pt))
+                        row = b.add(base, b.mul(u, const_i64(wq * 4)))
+                        with for_range(b, const_i64(v_lo), const_i64(v_hi), "fv") as v:
+                            ix = b.add(b.mul(v, const_i64(sw)), const_i64(px - pl))
+                            dst = b.add(row, b.mul(v, const_i64(4)))
+                            for j in range(chans):
+                                ch = b.add(b.mul(q, const_i64(4)), const_i64(j))
+                                src = b.add(b.mul(ch, const_i64(h * w)),
+                                            b.add(b.mul(iy, const_i64(w)), ix))
+                                val = b.load(b.gep(xb, [src]))
+                                if shift:
+                                    val = b.xor(val, ir.Constant(I8, 0x80))
+                                b.store(val, b.gep(planes, [b.add(dst, const_i64(j))]))
+
+    def _fill_planes(self, xb, planes, phases, c, h, w, cp, prow, wq, psz, sh, sw, pt, pl,
+                     xzp, dtype, zero: bool = True) -> None:
+        """planes[ph, p, u, v, j] = x[2p + j, u*sh + py - pt, v*sw + px - pl] - x_zp, zero
+        outside the image and past the last channel (int16): zero everything, then copy the
+        rectangle of each phase that lies inside the image (its bounds are constants).
+        ``zero`` False (no padding, an even channel count): the outputs kept read the image
+        alone, so the cells outside it (read for the dropped columns and rows) stay as
+        they are."""
+        b = self.builder
+        total = len(phases) * cp * psz * 2
+        if zero:
+            with for_range(b, const_i64(0), const_i64(total), "fz") as i:
+                b.store(ir.Constant(I16, 0), b.gep(planes, [i]))
+        for pi, (py, px) in enumerate(phases):
+            window = _inside_image(py, px, h, w, prow, wq, sh, sw, pt, pl)
+            if window is None:
+                continue
+            u_lo, u_hi, v_lo, v_hi = window
+            for p_lo, p_hi, chans in ((0, c // 2, 2), (c // 2, cp, 1)):
+                if p_hi <= p_lo:
+                    continue
+                # AVX2: 8 pixels of the pair at a time (one load of 8 * sw bytes per channel,
+                # every sw-th lane widened, the two channels interleaved), the rest one by one
+                nvec = 0
+                while (self.avx2 and v_lo + (nvec + 1) * PANEL <= v_hi
+                       and (v_lo + nvec * PANEL) * sw + px - pl + PANEL * sw <= w):
+                    nvec += 1
+                with for_range(b, const_i64(p_lo), const_i64(p_hi), "fp") as p:
+                    base = b.mul(b.add(const_i64(pi * cp), p), const_i64(psz * 2))
+                    with for_range(b, const_i64(u_lo), const_i64(u_hi), "fu") as u:
+                        iy = b.add(b.mul(u, const_i64(sh)), const_i64(py - pt))
+                        row = b.add(base, b.mul(u, const_i64(wq * 2)))
+                        if nvec:
+                            self._fill_pair_vectors(xb, planes, p, chans, iy, row, v_lo, nvec,
+                                                    h, w, sw, px - pl, xzp, dtype)
+                        with for_range(b, const_i64(v_lo + nvec * PANEL), const_i64(v_hi),
+                                       "fv") as v:
+                            ix = b.add(b.mul(v, const_i64(sw)), const_i64(px - pl))
+                            dst = b.add(row, b.mul(v, const_i64(2)))
+                            for j in range(chans):
+                                ch = b.add(b.mul(p, const_i64(2)), const_i64(j))
+                                src = b.add(b.mul(ch, const_i64(h * w)),
+                                            b.add(b.mul(iy, const_i64(w)), ix))
+                                val = b.sub(self._widen(b.load(b.gep(xb, [src])), dtype), xzp)
+                                b.store(b.trunc(val, I16),
+                                        b.gep(planes, [b.add(dst, const_i64(j))]))
+
+    def _fill_pair_vectors(self, xb, planes, p, chans: int, iy, row, v_lo: int, nvec: int,
+                           h: int, w: int, sw: int, dx: int, xzp, dtype) -> None:
+        """``_fill_planes``' inner loop, vectorized: plane columns v_lo .. v_lo + 8 nvec of
+        row ``row`` (int16 index) from input row ``iy`` of channels 2p and 2p + 1 (``chans``
+        2; else the second is zero): per channel one load of 8 * sw bytes from column
+        v * sw + dx, lanes 0, sw, .. widened to int16 less x's zero point, the two interleaved
+        into 8 words (a 32-byte store)."""
+        b = self.builder
+        v8i16 = ir.VectorType(I16, PANEL)
+        src_ty = ir.VectorType(I8, PANEL * sw)
+        every = ir.Constant(ir.VectorType(I32, PANEL), [j * sw for j in range(PANEL)])
+        mix = ir.Constant(ir.VectorType(I32, 2 * PANEL),
+                          [k for j in range(PANEL) for k in (j, j + PANEL)])
+        zp = self._splat(b.trunc(xzp, I16), v8i16)
+        with for_range(b, const_i64(0), const_i64(nvec), "fw") as q:
+            v0 = b.add(const_i64(v_lo), b.mul(q, const_i64(PANEL)))
+            ix = b.add(b.mul(v0, const_i64(sw)), const_i64(dx))
+            vals = []
+            for j in range(chans):
+                ch = b.add(b.mul(p, const_i64(2)), const_i64(j))
+                src = b.add(b.mul(ch, const_i64(h * w)), b.add(b.mul(iy, const_i64(w)), ix))
+                raw = b.load(self._ptr(xb, src, src_ty), align=1)
+                if sw > 1:
+                    raw = b.shuffle_vector(raw, ir.Constant(src_ty, None), every)
+                wide = b.zext(raw, v8i16) if dtype == "uint8" else b.sext(raw, v8i16)
+                vals.append(b.sub(wide, zp))
+            if chans == 1:
+                vals.append(ir.Constant(v8i16, None))
+            pair = b.shuffle_vector(vals[0], vals[1], mix)
+            dst = b.add(row, b.mul(v0, const_i64(2)))
+            b.store(pair, self._ptr(planes, dst, V16I16), align=2)
