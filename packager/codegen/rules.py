@@ -37,6 +37,7 @@ from .nms import emit_nms
 from .norm import emit_normalize, emit_symbolic_normalize
 from .pool import emit_max_pool, emit_symbolic_max_pool
 from .qdepthwise import emit_qdepthwise
+from .qelementwise import emit_qelementwise
 from .qgemm import emit_qgemm
 from .rnn import emit_recurrence
 from .softmax import emit_softmax, emit_symbolic_softmax
@@ -118,6 +119,7 @@ KERNEL_RULES: tuple[KernelRule, ...] = (
     KernelRule("non-maximum suppression", None, _on_func(emit_nms), None),   # ops/dynamic.py
     KernelRule("integer GEMM", None, _integer_gemm, None),   # qmatmul / qconv2d (ops/qlinear.py)
     KernelRule("integer depthwise", None, _on_func(emit_qdepthwise), None),   # qdwconv2d
+    KernelRule("integer elementwise", None, _on_func(emit_qelementwise), None),   # qbinary, qgavgpool
     KernelRule("channel-lane convolution", None, _on_func(emit_conv_oc),   # nn.conv2d_oc
                _sized(emit_conv_oc)),
     KernelRule("depthwise convolution", is_depthwise, _with_match(emit_depthwise),

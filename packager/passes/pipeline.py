@@ -22,6 +22,7 @@ from .legalize import legalize
 from .quad_weights import pack_conv_quads
 from .rnn import drop_unread_cell_state
 from .fuse_qdq import fuse_quantized
+from .fuse_qdq_elementwise import fuse_quantized_elementwise
 from .quantize_lut import tabulate_quantized_chains
 from .simplify import eliminate_dead_code, fold_constants, fold_dequantize
 
@@ -40,6 +41,7 @@ DEFAULT_PIPELINE: tuple[Pass, ...] = (
     Pass("eliminate_dead_code", eliminate_dead_code),
     Pass("fuse_quantized", fuse_quantized, takes_options=True),
     Pass("tabulate_quantized_chains", tabulate_quantized_chains, takes_options=True),
+    Pass("fuse_quantized_elementwise", fuse_quantized_elementwise, takes_options=True),
     Pass("fold_dequantize", fold_dequantize),
     Pass("drop_unread_cell_state", drop_unread_cell_state),
     Pass("decompose_conv_transpose", decompose_conv_transpose),

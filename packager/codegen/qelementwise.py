@@ -1,0 +1,191 @@
+"""Vector kernels for the integer elementwise ops of ``ops/qelementwise.py``: ``qbinary``
+(QLinearAdd / QLinearMul) and ``qgavgpool`` (QLinearGlobalAveragePool), 8 bytes per vector.
+
+``qbinary``: the output is walked as rows x inner (one row when b has a's shape or one value;
+otherwise a row per value of b, the gate of a squeeze-and-excitation block broadcast once per
+row). Per vector: 8 bytes of a (and of b) widened to int32, the zero points subtracted, the
+product in int32 (mul) or both operands scaled in float32 (add), then the requantize epilogue
+of ``codegen/qgemm.py`` (``vcvtps2dq`` rounding and saturating packs of two vectors into one
+16-byte store on AVX2; the 1.5 * 2**23 rounding elsewhere). A row's last partial vector is
+gathered and stored lane by lane.
+
+``qgavgpool``: 8 planes (image, channel) at a time, each summed with <8 x i32> accumulators
+(bytes widened), reduced, the lanes requantized together and stored as 8 bytes.
+
+The float32 operations are the reference's, in its order, without contraction into fused
+multiply-adds, so the kernels equal ``ops/qelementwise.py``'s numpy definitions bit for bit.
+"""
+
+from __future__ import annotations
+
+import math
+
+from llvmlite import ir
+
+from ..ir.graph import PrimFunc
+from ..ops.qelementwise import row_broadcast
+from .helpers import I8, I32, alloca_once, const_i64, for_range, intrinsic
+from .lower import KernelInfo
+from .qgemm import V8F32, V8I8, V8I32, QEmitter, match_qgemm
+
+VL = 8
+
+
+def emit_qelementwise(module: ir.Module, func: PrimFunc, symbol: str, vl: int
+                      ) -> KernelInfo | None:
+    m = match_qgemm(func, ("qbinary", "qgavgpool"))
+    if m is None:
+        return None
+    kind, tag = m
+    avx2 = module.triple.startswith("x86_64") and vl >= 8
+    cls = _QBinary if kind == "qbinary" else _QGlobalAverage
+    return cls(module, func, symbol, tag, avx2).emit()
+
+
+class _QVector(QEmitter):
+    """Shared by both kernels: widening loads and the requantized store of vectors."""
+
+    def _widen_vec(self, v: ir.Value, dtype: str) -> ir.Value:
+        b = self.builder
+        return b.zext(v, V8I32) if dtype == "uint8" else b.sext(v, V8I32)
+
+    def _load8(self, base: ir.Value, at: ir.Value, dtype: str) -> ir.Value:
+        return self._widen_vec(self.builder.load(self._ptr(base, at, V8I8), align=1), dtype)
+
+    def _gather8(self, base: ir.Value, at: ir.Value, lanes: int, dtype: str) -> ir.Value:
+        """``lanes`` (< 8) bytes from ``base[at]`` as <8 x i32>, the other lanes zero."""
+        b = self.builder
+        v = ir.Constant(V8I8, None)
+        for j in range(lanes):
+            v = b.insert_element(v, b.load(b.gep(base, [b.add(at, const_i64(j))])),
+                                 ir.Constant(I32, j))
+        return self._widen_vec(v, dtype)
+
+    def _store(self, fs: list[ir.Value], dst: ir.Value, at: ir.Value, lanes: int = VL) -> None:
+        """Requantize the <8 x float> values ``fs`` (1 or 2) and store them from ``dst[at]``:
+        two packed into one 16-byte store on AVX2, ``lanes`` < 8 lane by lane."""
+        b = self.builder
+        if len(fs) == 2 and self.avx2:
+            packed = self._pack([self._requant_int(f, None, wide=True) for f in fs])
+            b.store(packed, self._ptr(dst, at, ir.VectorType(I8, 2 * VL)), align=1)
+            return
+        for k, f in enumerate(fs):
+            q = self._requant_int(f, None)
+            pos = b.add(at, const_i64(k * VL))
+            if lanes == VL:
+                b.store(q, self._ptr(dst, pos, V8I8), align=1)
+            else:
+                for j in range(lanes):
+                    b.store(b.extract_element(q, ir.Constant(I32, j)),
+                            b.gep(dst, [b.add(pos, const_i64(j))]))
+
+
+class _QBinary(_QVector):
+    def emit(self) -> KernelInfo:
+        a, bt, a_zp, b_zp, mult_a, mult_b, y_zp = self.func.inputs
+        y = self.func.outputs[0]
+        shape = tuple(int(d) for d in a.shape)
+        total = math.prod(shape)
+        b_shape = tuple(int(d) for d in bt.shape)
+        k = row_broadcast(shape, b_shape) if math.prod(b_shape) != 1 else 0
+        if k is None:
+            return None
+        mode = "scalar" if math.prod(b_shape) == 1 else ("full" if k == len(shape) else "row")
+        rows = math.prod(shape[:k]) if mode == "row" else 1
+        inner = total // rows
+        mul = self.tag.attrs["binary"] == "mul"
+        body_fn, ptr_types, n_ptrs, _ = self._start(0)
+        b = self.builder
+        buf = self.buffers
+        azp = self._splat(b.load(buf[a_zp.uid]), V8I32)
+        bzp = self._splat(b.load(buf[b_zp.uid]), V8I32)
+        ma = self._splat(b.load(buf[mult_a.uid]), V8F32)
+        mb = self._splat(b.load(buf[mult_b.uid]), V8F32)
+        self.y_zp = self._splat(b.load(buf[y_zp.uid]), V8F32)
+        ab, bb, yb = buf[a.uid], buf[bt.uid], buf[y.uid]
+
+        def scaled(av: ir.Value, bv: ir.Value) -> ir.Value:
+            da, db = b.sub(av, azp), b.sub(bv, bzp)
+            if mul:
+                return b.fmul(b.sitofp(b.mul(da, db), V8F32), ma)
+            return b.fadd(b.fmul(b.sitofp(da, V8F32), ma), b.fmul(b.sitofp(db, V8F32), mb))
+
+        def b_splat(at: ir.Value) -> ir.Value:
+            return self._splat(self._widen(b.load(b.gep(bb, [at])), bt.dtype), V8I32)
+
+        fixed = b_splat(const_i64(0)) if mode == "scalar" else None
+        step = 2 if self.avx2 else 1          # vectors per store
+        nvec = inner // VL
+        with for_range(b, const_i64(0), const_i64(rows), "row") as r:
+            base = b.mul(r, const_i64(inner))
+            row_b = b_splat(r) if mode == "row" else fixed
+
+            def vectors(at: ir.Value, count: int) -> list[ir.Value]:
+                out = []
+                for j in range(count):
+                    pos = b.add(at, const_i64(j * VL))
+                    bv = self._load8(bb, pos, bt.dtype) if mode == "full" else row_b
+                    out.append(scaled(self._load8(ab, pos, a.dtype), bv))
+                return out
+
+            if nvec // step:
+                with for_range(b, const_i64(0), const_i64(nvec // step), "vec") as v:
+                    at = b.add(base, b.mul(v, const_i64(step * VL)))
+                    self._store(vectors(at, step), yb, at)
+            if nvec % step:
+                at = b.add(base, const_i64((nvec - nvec % step) * VL))
+                self._store(vectors(at, nvec % step), yb, at)
+            if inner % VL:
+                at = b.add(base, const_i64(nvec * VL))
+                lanes = inner % VL
+                bv = self._gather8(bb, at, lanes, bt.dtype) if mode == "full" else row_b
+                f = scaled(self._gather8(ab, at, lanes, a.dtype), bv)
+                self._store([f], yb, at, lanes)
+        return self._finish(body_fn, n_ptrs, ptr_types, 0)
+
+
+class _QGlobalAverage(_QVector):
+    def emit(self) -> KernelInfo:
+        x, x_zp, mult, y_zp = self.func.inputs
+        y = self.func.outputs[0]
+        planes = int(x.shape[0]) * int(x.shape[1])
+        size = math.prod(int(d) for d in x.shape[2:])
+        body_fn, ptr_types, n_ptrs, _ = self._start(0)
+        b = self.builder
+        buf = self.buffers
+        xb, yb = buf[x.uid], buf[y.uid]
+        zp_total = b.mul(b.load(buf[x_zp.uid]), ir.Constant(I32, size))
+        mult_v = self._splat(b.load(buf[mult.uid]), V8F32)
+        self.y_zp = self._splat(b.load(buf[y_zp.uid]), V8F32)
+        sums = alloca_once(b, ir.ArrayType(I32, VL), "sums")
+        reduce_add = intrinsic(self.module, "llvm.vector.reduce.add.v8i32", I32, [V8I32])
+        nvec = size // VL
+
+        def plane_sums(p0: ir.Value, count: int) -> ir.Value:
+            """<8 x float>: sum(x - x_zp) of planes p0 .. p0 + count (other lanes 0)."""
+            for j in range(VL):
+                b.store(ir.Constant(I32, 0), b.gep(sums, [const_i64(0), const_i64(j)]))
+            with for_range(b, const_i64(0), const_i64(count), "pl") as j:
+                src = b.mul(b.add(p0, j), const_i64(size))
+                acc = alloca_once(b, V8I32, "acc")
+                b.store(ir.Constant(V8I32, None), acc)
+                if nvec:
+                    with for_range(b, const_i64(0), const_i64(nvec), "v") as v:
+                        at = b.add(src, b.mul(v, const_i64(VL)))
+                        b.store(b.add(b.load(acc), self._load8(xb, at, x.dtype)), acc)
+                total = b.call(reduce_add, [b.load(acc)])
+                for t in range(size % VL):
+                    at = b.add(src, const_i64(nvec * VL + t))
+                    total = b.add(total, self._widen(b.load(b.gep(xb, [at])), x.dtype))
+                b.store(b.sub(total, zp_total), b.gep(sums, [const_i64(0), j]))
+            vec = b.load(b.bitcast(sums, V8I32.as_pointer()))
+            return b.fmul(b.sitofp(vec, V8F32), mult_v)
+
+        if planes // VL:
+            with for_range(b, const_i64(0), const_i64(planes // VL), "pg") as g:
+                p0 = b.mul(g, const_i64(VL))
+                self._store([plane_sums(p0, VL)], yb, p0)
+        if planes % VL:
+            p0 = const_i64(planes - planes % VL)
+            self._store([plane_sums(p0, planes % VL)], yb, p0, planes % VL)
+        return self._finish(body_fn, n_ptrs, ptr_types, 0)
