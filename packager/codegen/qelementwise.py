@@ -19,27 +19,78 @@ multiply-adds, so the kernels equal ``ops/qelementwise.py``'s numpy definitions 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 from llvmlite import ir
 
+from ..ir import te
 from ..ir.graph import PrimFunc
 from ..ops.qelementwise import row_broadcast
-from .helpers import I8, I32, alloca_once, const_i64, for_range, intrinsic
+from .helpers import I8, I32, I64, alloca_once, const_i64, for_range, intrinsic
+from .contraction.geometry import PARALLEL_MIN_MACS
 from .lower import KernelInfo
 from .qgemm import V8F32, V8I8, V8I32, QEmitter, match_qgemm
 
 VL = 8
+# A table lookup splits its rows between threads from this many bytes on (a byte costs about
+# as much as a multiply-add of PARALLEL_MIN_MACS's kernels).
+TABLE_PARALLEL_BYTES = PARALLEL_MIN_MACS
 
 
 def emit_qelementwise(module: ir.Module, func: PrimFunc, symbol: str, vl: int
                       ) -> KernelInfo | None:
+    avx2 = module.triple.startswith("x86_64") and vl >= 8
+    table = match_lut8(func)
+    if table is not None:
+        return _QTable(module, func, symbol, _TableTag(func.inputs[0].dtype, table), avx2).emit()
     m = match_qgemm(func, ("qbinary", "qgavgpool"))
     if m is None:
         return None
     kind, tag = m
-    avx2 = module.triple.startswith("x86_64") and vl >= 8
     cls = _QBinary if kind == "qbinary" else _QGlobalAverage
     return cls(module, func, symbol, tag, avx2).emit()
+
+
+def match_lut8(func: PrimFunc) -> int | None:
+    """The table's axis (-1: one row) when ``func`` is exactly a ``lut8`` (ops/qlinear.py) of
+    its first input through its second: one stage ``table[axis index or 0, x[i] (+ 128)]``."""
+    if len(func.inputs) != 2 or len(func.outputs) != 1:
+        return None
+    x, table = func.inputs
+    out = func.outputs[0]
+    body = out.body
+    if (x.dtype not in ("int8", "uint8") or table.dtype not in ("int8", "uint8")
+            or len(table.shape) != 2 or table.shape[1] != 256 or tuple(out.shape) != tuple(x.shape)
+            or any(not isinstance(d, int) for d in x.shape) or not isinstance(body, te.Read)
+            or body.tensor.uid != table.uid or len(body.indices) != 2):
+        return None
+    row, col = body.indices
+    if isinstance(col, te.Binary) and col.op == "add" and x.dtype == "int8" \
+            and isinstance(col.b, te.Const) and col.b.value == 128:
+        col = col.a
+    elif x.dtype == "int8":
+        return None
+    if isinstance(col, te.Cast):
+        col = col.value
+    if not (isinstance(col, te.Read) and col.tensor.uid == x.uid
+            and tuple(col.indices) == tuple(out.axes)):
+        return None
+    if isinstance(row, te.Const) and row.value == 0 and table.shape[0] == 1:
+        return -1
+    if row in out.axes and table.shape[0] == x.shape[list(out.axes).index(row)]:
+        return list(out.axes).index(row)
+    return None
+
+
+@dataclass(frozen=True)
+class _TableTag:
+    """What ``QEmitter`` reads from a reduction tag, for the table kernel (which has none)."""
+    dtype: str
+    axis: int
+
+    @property
+    def attrs(self) -> dict:
+        return {"dtype": self.dtype}
 
 
 class _QVector(QEmitter):
@@ -189,3 +240,42 @@ class _QGlobalAverage(_QVector):
             p0 = const_i64(planes - planes % VL)
             self._store([plane_sums(p0, planes % VL)], yb, p0, planes % VL)
         return self._finish(body_fn, n_ptrs, ptr_types, 0)
+
+
+class _QTable(_QVector):
+    """``lut8``: rows of the table's axis (one row without one), on AVX2 looked up 32 bytes at
+    a time with ``vpshufb`` (``QEmitter._lut_chunk``) and each row's last bytes one by one,
+    elsewhere byte by byte; rows split between tasks when there are enough bytes."""
+
+    def emit(self) -> KernelInfo:
+        x, table = self.func.inputs
+        y = self.func.outputs[0]
+        shape = tuple(int(d) for d in x.shape)
+        axis = self.tag.axis
+        rows = math.prod(shape[:axis + 1]) if axis >= 0 else 1
+        inner = math.prod(shape) // rows
+        channels = shape[axis] if axis >= 0 else 1
+        parallel = rows > 1 and rows * inner >= TABLE_PARALLEL_BYTES
+        body_fn, ptr_types, n_ptrs, _ = self._start(0)
+        b = self.builder
+        buf = self.buffers
+        xb, tb, yb = buf[x.uid], buf[table.uid], buf[y.uid]
+        signed = x.dtype == "int8"
+        lo, hi = const_i64(0), const_i64(rows)
+        if parallel:
+            task, ntasks = body_fn.args[n_ptrs], body_fn.args[n_ptrs + 1]
+            lo = b.sdiv(b.mul(task, const_i64(rows)), ntasks)
+            hi = b.sdiv(b.mul(b.add(task, const_i64(1)), const_i64(rows)), ntasks)
+        wide = inner // 32 if self.avx2 else 0
+        with for_range(b, lo, hi, "row") as r:
+            base = b.mul(r, const_i64(inner))
+            row_tb = b.gep(tb, [b.mul(b.srem(r, const_i64(channels)), const_i64(256))])
+            if wide:
+                with for_range(b, const_i64(0), const_i64(wide), "lx") as i:
+                    self._lut_chunk(xb, yb, row_tb, b.add(base, b.mul(i, const_i64(32))), signed)
+            with for_range(b, const_i64(wide * 32), const_i64(inner), "tx") as i:
+                at = b.add(base, i)
+                v = b.load(b.gep(xb, [at]))
+                idx = b.add(b.sext(v, I64), const_i64(128)) if signed else b.zext(v, I64)
+                b.store(b.load(b.gep(row_tb, [idx])), b.gep(yb, [at]))
+        return self._finish(body_fn, n_ptrs, ptr_types, 0, parallel)

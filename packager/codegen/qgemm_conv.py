@@ -8,7 +8,7 @@ from __future__ import annotations
 from llvmlite import ir
 
 from ..ops.qlinear import CONV_ROWS, PANEL
-from .helpers import F32, I8, I16, I32, I64, alloca_once, const_i64, for_range, intrinsic
+from .helpers import F32, I8, I16, I32, I64, alloca_once, const_i64, for_range
 from .contraction.geometry import MAX_TASK_REGIONS, PARALLEL_MIN_MACS
 from .lower import KernelInfo, LoweringError
 from .qgemm import V8F32, V8I32, V16I8, V16I16, QEmitter, align_workspace
@@ -336,37 +336,17 @@ class QConv(QEmitter):
 
     def _lut_bytes(self, src, dst, tb, n: int) -> None:
         """dst[i] = tb[src[i]] for i < n (n >= 32; int8 bytes index from tb + 128), 32 bytes
-        at a time with AVX2 ``vpshufb``: the 256-byte row as 16 chunks of 16 bytes, each
-        looked up by the index's low nibble and kept where its high nibble is the chunk's (16
-        pshufb + compare + blend per 32 bytes, against one scalar load per byte); the last 32
-        bytes overlap the previous vector when n is not a multiple of 32 (same values)."""
+        at a time (``_lut_chunk``); the last 32 bytes overlap the previous vector when n is
+        not a multiple of 32 (same values: src is the staging buffer, never dst)."""
         b = self.builder
-        v32i8 = ir.VectorType(I8, 32)
-        shuf = intrinsic(self.module, "llvm.x86.avx2.pshuf.b", v32i8, [v32i8, v32i8])
-        both = ir.Constant(ir.VectorType(I32, 32), list(range(16)) * 2)
-        low = ir.Constant(v32i8, [0x0F] * 32)
-
-        def chunk(at) -> None:
-            v = b.load(self._ptr(src, at, v32i8), align=1)
-            if self.dtype == "int8":
-                v = b.xor(v, ir.Constant(v32i8, [0x80] * 32))
-            lo_n = b.and_(v, low)
-            hi_n = b.lshr(v, ir.Constant(v32i8, [4] * 32))
-            res = ir.Constant(v32i8, None)
-            for k in range(16):
-                t = b.load(self._ptr(tb, const_i64(16 * k), V16I8), align=1)
-                part = b.call(shuf, [b.shuffle_vector(t, t, both), lo_n])
-                sel = b.icmp_unsigned("==", hi_n, ir.Constant(v32i8, [k] * 32))
-                res = b.select(sel, part, res)
-            b.store(res, self._ptr(dst, at, v32i8), align=1)
-
+        signed = self.dtype == "int8"
         if n // 32 > 1:
             with for_range(b, const_i64(0), const_i64(n // 32), "lx") as i:
-                chunk(b.mul(i, const_i64(32)))
+                self._lut_chunk(src, dst, tb, b.mul(i, const_i64(32)), signed)
         else:
-            chunk(const_i64(0))
+            self._lut_chunk(src, dst, tb, const_i64(0), signed)
         if n % 32:
-            chunk(const_i64(n - 32))
+            self._lut_chunk(src, dst, tb, const_i64(n - 32), signed)
 
     def _tile_dp(self, rows: int, nvec: int, steps: int, a_word, b_vec,
                  init: list[ir.Value] | None = None) -> list[list[ir.Value]]:

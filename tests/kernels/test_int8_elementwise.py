@@ -1,5 +1,6 @@
 """Integer elementwise kernels (codegen/qelementwise.py) for ``qbinary`` (QLinearAdd /
-QLinearMul) and ``qgavgpool`` (QLinearGlobalAveragePool), ops/qelementwise.py: bit for bit
+QLinearMul), ``qgavgpool`` (QLinearGlobalAveragePool), ops/qelementwise.py, and ``lut8``
+(ops/qlinear.py, AVX2 levels): bit for bit
 against exact numpy integer math on this host's level and on x86-64-v2 (a per-channel gate
 over rows with a partial last vector, same-shape operands, one value, int8 and uint8 in and
 out, saturation at both ends), their code on every level, the same kernels on aarch64 under
@@ -127,6 +128,16 @@ def test_code_per_target(target: str) -> None:
     assert "mul <8 x i32>" in text and "llvm.vector.reduce.add.v8i32" in text
     if target in ("x86-64-v3", "x86-64-v4"):
         assert "llvm.x86.avx.cvt.ps2dq.256" in text and "llvm.x86.avx2.packuswb" in text
+    x = _ints(rng, "uint8", (1, 3, 5, 9))
+    table = _ints(rng, "uint8", (3, 256))
+    lmod = run_pipeline(build_op_module("lut8", [x, table], [False, True], axis=1),
+                        DEFAULT_PIPELINE, options=UNPACKED)
+    lcode = compile_prim_funcs([f for f in lmod.functions.values() if isinstance(f, PrimFunc)],
+                               resolve_target(target))
+    # the table kernel on every level, its 32-byte lookups on AVX2 ones
+    assert list(lcode.kernels) == ["lut8"]
+    assert ("llvm.x86.avx2.pshuf.b" in str(lcode.llvm_ir)) == (target in ("x86-64-v3",
+                                                                         "x86-64-v4"))
 
 
 @pytest.mark.skipif(not SLOW, reason="MLCPACK_SLOW=1: a qemu run (~20-75 s); "
@@ -205,3 +216,24 @@ def test_ort_quantized_se_block_takes_the_kernels(mode: str, se_models, tmp_path
     step = qm.output_step(q)
     ref = ort_outputs(q, feeds, threads=1, as_written=mode == "QDQ")["y"]
     assert np.abs(got - ref).max() <= step * 1.001, np.abs(got - ref).max() / step
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_lut8_kernel_exact(target: str, tmp_path: Path) -> None:
+    """A ``lut8`` with one table row per channel (rows of 44 100 bytes: 1378 32-byte vpshufb
+    chunks and 4 bytes one by one on AVX2, byte by byte elsewhere; enough bytes to split the
+    rows between threads), on one and two threads, and an int8 one with one row, against
+    numpy's indexing."""
+    rng = np.random.default_rng(17)
+    x = _ints(rng, "uint8", (2, 3, 210, 210))
+    table = _ints(rng, "int8", (3, 256))
+    mod = build_op_module("lut8", [x, table], [False, True], axis=1)
+    for threads in (1, 2):
+        got = compile_and_run(mod, {"x0": x}, tmp_path, target=target, threads=threads,
+                              name=f"t{threads}.mlc")["y"]
+        np.testing.assert_array_equal(got, table[np.arange(3).reshape(1, 3, 1, 1), x])
+    xs = _ints(rng, "int8", (5, 41))
+    one = _ints(rng, "uint8", (1, 256))
+    mod = build_op_module("lut8", [xs, one], [False, True], axis=-1)
+    got = compile_and_run(mod, {"x0": xs}, tmp_path, target=target, name="one.mlc")["y"]
+    np.testing.assert_array_equal(got, one[0][xs.astype(np.int64) + 128])
