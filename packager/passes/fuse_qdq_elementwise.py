@@ -8,13 +8,16 @@ its quantizer writes (QDQ) and the importer writes for the com.microsoft ops (QO
         -> qbinary(a, b, za, zb, sa * sb [* r] / ys, -, yzp, kind="mul")
     quantize(mean(dequantize(x, sx, zx), axes=spatial, keepdims), ys, yzp)
         -> qgavgpool(x, zx, sx / (ys * prod(spatial)), yzp)
+    quantize(concat(dequantize(q_1, s_1, z_1), ...), ys, yzp)
+        -> concat(q_1 or lut8(q_1, quantize(dequantize(v, s_1, z_1), ys, yzp) for v in 0..255), ...)
 
 a, b int8/uint8, every scale and zero point a per-tensor constant (float32 scales), the
 result 8-bit; the float intermediates read by the next step alone. b may broadcast to a as
 one value, or one value per row of a's leading axes (the squeeze-and-excitation gate
 ``[N, C, 1, 1]`` times ``[N, C, H, W]``); the operands are swapped when a is the smaller one.
 The scale ratios are computed in float32 in MLAS's order. The result is within one
-quantization step of the float composition (see ``ops/qelementwise.py``).
+quantization step of the float composition (see ``ops/qelementwise.py``); the concat's is the
+float composition's, bit for bit (each element goes through its own quantize(dequantize)).
 
 Runs after ``passes/quantize_lut.py``: a product of a value and a function of itself
 (HardSwish as x * HardSigmoid(x)) is one table there, cheaper than this kernel.
@@ -26,8 +29,10 @@ import math
 
 import numpy as np
 
-from ..ir.graph import Call, Constant, Function, IRModule, Value, used_values
+from ..ir.graph import (Binding, Call, Constant, Function, IRModule, TensorType, Value, Var,
+                        used_values)
 from ..ops.qelementwise import row_broadcast
+from ..ops.registry import OPS
 from ..options import CompileOptions
 from .common import map_functions, rewrite_function
 from .fuse_qdq_common import I8, const_of
@@ -78,6 +83,7 @@ def _fuse_in_function(fn: Function) -> Function:
         return q, np.float32(s), int(zp)
 
     fused: dict[int, Call] = {}
+    concats: dict[int, list[Binding]] = {}
     for b in fn.bindings():
         q = b.value
         if not (isinstance(q, Call) and q.op == "quantize" and q.attrs.get("dtype") in I8
@@ -90,7 +96,11 @@ def _fuse_in_function(fn: Function) -> Function:
                or _global_average(q, ys, yzp, sole, dequantized))
         if new is not None:
             fused[id(b.var)] = new
-    if not fused:
+            continue
+        steps = _concat(b, ys, yzp, sole, dequantized)
+        if steps is not None:
+            concats[id(b.var)] = steps
+    if not fused and not concats:
         return fn
 
     def visit(binding, lookup):
@@ -99,7 +109,46 @@ def _fuse_in_function(fn: Function) -> Function:
             return None
         return Call(new.op, [lookup(a) for a in new.args], new.attrs, new.type)
 
-    return rewrite_function(fn, visit)
+    out = rewrite_function(fn, visit)
+    for block in out.blocks:   # a concat: its inputs' tables, then the concat of 8-bit values
+        new_bindings = []
+        for b in block.bindings:
+            new_bindings.extend(concats.get(id(b.var), [b]))
+        block.bindings[:] = new_bindings
+    return out
+
+
+def _concat(b: Binding, ys, yzp, sole, dequantized) -> list[Binding] | None:
+    """quantize(concat(dq(q_1), ..., dq(q_n)), ys, yzp) (QLinearConcat, QDQ Concat) as the
+    concat of the q_i, each requantized to the output's scale and zero point by a ``lut8``
+    (quantize(dequantize(v)) for its 256 values, the float composition's own numbers) where its
+    own differ: bindings ending in ``b``'s var."""
+    q = b.value
+    c = sole(q.args[0], "concat")
+    if c is None or c.type.dtype != "float32":
+        return None
+    ops = [dequantized(a) for a in c.args]
+    if any(o is None for o in ops):
+        return None
+    dtype = q.attrs["dtype"]
+    out, parts = [], []
+    for i, (qi, si, zi) in enumerate(ops):
+        if qi.type.dtype == dtype and si == ys and zi == int(yzp):
+            parts.append(qi)
+            continue
+        values = np.arange(256) - (128 if qi.type.dtype == "int8" else 0)
+        with np.errstate(all="ignore"):
+            f = OPS["dequantize"].reference(values.astype(qi.type.dtype), np.asarray(si),
+                                            np.asarray(zi, qi.type.dtype))
+            table = OPS["quantize"].reference(f, np.asarray(ys), np.asarray(yzp, dtype),
+                                              dtype=dtype)
+        v = Var(f"{b.var.name}_in{i}", TensorType(qi.type.shape, dtype))
+        out.append(Binding(v, Call("lut8", [qi, Constant(f"{b.var.name}_lut{i}",
+                                                           table.reshape(1, 256))],
+                                   {"axis": -1}, v.type), b.source))
+        parts.append(v)
+    out.append(Binding(b.var, Call("concat", parts, dict(c.attrs), q.type), b.source))
+    return out
 
 
 def _binary(q: Call, ys, yzp, sole, dequantized) -> Call | None:

@@ -173,17 +173,18 @@ def test_kernels_on_aarch64_under_qemu(tmp_path: Path) -> None:
 
 def _se_block(path: Path) -> Path:
     """x [1, 8, 6, 10] -> 1x1 conv + Relu = c; squeeze-and-excitation: GlobalAveragePool(c) ->
-    1x1 conv -> HardSigmoid = g; c * g; + c (a residual add) -> y."""
+    1x1 conv -> HardSigmoid = g; c * g; + c (a residual add); concatenated with c -> y."""
     rng = np.random.default_rng(3)
     f = lambda *s, sd=0.4: rng.normal(0, sd, s).astype(F32)  # noqa: E731
     nodes = [h.make_node("Conv", ["x", "w1", "b1"], ["c0"]), h.make_node("Relu", ["c0"], ["c"]),
              h.make_node("GlobalAveragePool", ["c"], ["p"]),
              h.make_node("Conv", ["p", "w2", "b2"], ["s"]),
              h.make_node("HardSigmoid", ["s"], ["g"], alpha=1 / 6),
-             h.make_node("Mul", ["c", "g"], ["m"]), h.make_node("Add", ["m", "c"], ["y"])]
+             h.make_node("Mul", ["c", "g"], ["m"]), h.make_node("Add", ["m", "c"], ["a"]),
+             h.make_node("Concat", ["a", "c"], ["y"], axis=1)]
     inits = {"w1": f(8, 8, 1, 1), "b1": f(8, sd=0.1), "w2": f(8, 8, 1, 1), "b2": f(8, sd=0.1)}
     return qm._save(nodes, [h.make_tensor_value_info("x", T.FLOAT, [1, 8, 6, 10])],
-                    [h.make_tensor_value_info("y", T.FLOAT, [1, 8, 6, 10])], inits, path)
+                    [h.make_tensor_value_info("y", T.FLOAT, [1, 16, 6, 10])], inits, path)
 
 
 @pytest.fixture(scope="module")
@@ -199,7 +200,8 @@ def se_models(tmp_path_factory) -> dict[str, Path]:
 def test_ort_quantized_se_block_takes_the_kernels(mode: str, se_models, tmp_path: Path) -> None:
     """The squeeze-and-excitation multiply (a per-channel gate), the residual add and the
     global average pool of ORT's quantized model become qbinary / qgavgpool (no float
-    multiply, add or mean left), and the output is within one output step of ORT's: of the
+    multiply, add or mean left), the concat one of 8-bit values (its inputs requantized by
+    tables where their scales differ), and the output is within one output step of ORT's: of the
     QDQ graph as written (ORT's own fused run of it is tens of steps away from its unfused
     one), of ORT's QLinearMul / QLinearAdd / QLinearGlobalAveragePool for QOperator."""
     q = se_models[mode]
@@ -209,6 +211,9 @@ def test_ort_quantized_se_block_takes_the_kernels(mode: str, se_models, tmp_path
     ops = [getattr(b.value, "op", "") for b in fused.functions["main"].bindings()]
     assert ops.count("qbinary") == 2 and ops.count("qgavgpool") == 1, ops
     assert not {"multiply", "add", "mean"} & set(ops), ops
+    concat = next(b for b in fused.functions["main"].bindings()
+                  if getattr(b.value, "op", "") == "concat")
+    assert concat.value.type.dtype in ("uint8", "int8")
     feeds = qm.random_feeds(se_models["src"], seed=4)[0]
     export_module(mod, tmp_path / "se.mlc", ExportOptions(target="host", check=False))
     with load(tmp_path / "se.mlc", threads=1) as m:
