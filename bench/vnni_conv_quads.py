@@ -4,7 +4,7 @@
 - **Regrouping, per quad word** (one output channel x 4 input channels x one tap), measured:
   the dynamic instruction counts (valgrind's callgrind, ``Collected``) of the C runtime's
   ``mlcrun run`` on two x86-64-v3 bundles of one convolution with vpdpbusd written in portable
-  IR (``vnni_emulate``), its weights regrouped per call (``QConv._vnni_weights``, codegen/qgemm_conv.py) and packed at
+  IR (``vnni_emulate``), its weights regrouped per call (``QConv._vnni_weights``) and packed at
   export, differ by the regrouping plus the two kernels' other differences (LLVM's choices in
   their per-pixel loops). On a 2 x 2 image with many weights the per-pixel work is small, so
   the difference over the quad words is the regrouping's cost per word. That is AVX2 code

@@ -13,7 +13,7 @@ both layouts would double the int8 weights.
 
 Taken: int8 weights, a constant x zero point and bias (a static QDQ model's; a dynamically
 quantized input's zero point is computed at run time), and not the 1x1-image case
-(``_QConv._emit_vector`` reads the k-pairs directly)."""
+(``QConv._emit_vector``, codegen/qgemm_conv.py, reads the k-pairs directly)."""
 
 from __future__ import annotations
 
