@@ -1,7 +1,7 @@
 """Pack the quad kernels' convolution weights at export (``qconv2d`` -> ``qconv2d_quads``).
 
 On x86-64-v4+vnni (``vpdpbusd``) and aarch64+dotprod (``sdot``) a ``qconv2d`` with int8
-weights runs the quad kernel (codegen/qgemm.py), which reads the weights as int8 channel quads
+weights runs the quad kernel (codegen/qgemm_conv.py), which reads the weights as int8 channel quads
 per output channel and step and subtracts zp' * sum(w) per output channel. From the bundle's
 k-pair layout (``ops/qlinear.pack_conv_weights``, what every other level reads) it regroups
 them and sums them on every call. When every level of the bundle runs the quad kernel
