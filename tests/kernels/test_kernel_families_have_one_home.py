@@ -16,7 +16,8 @@ CODEGEN = Path(__file__).resolve().parents[2] / "packager" / "codegen"
 
 def test_rule_table_rows_in_order() -> None:
     ops = [r.op for r in rules.KERNEL_RULES]
-    assert ops == ["recurrence", "integer GEMM", "integer depthwise", "integer elementwise",
+    assert ops == ["recurrence", "non-maximum suppression", "integer GEMM", "integer depthwise",
+                   "integer elementwise",
                    "channel-lane convolution",
                    "depthwise convolution", "dot-product convolution", "bf16 pair matmul",
                    "bf16 pair convolution",
