@@ -120,31 +120,6 @@ def align_workspace(n: int) -> int:
     return -(-n // WORKSPACE_ALIGN) * WORKSPACE_ALIGN
 
 
-def emit_qgemm(module: ir.Module, func: PrimFunc, symbol: str, vl: int, features: str = "",
-               vnni_emulate: bool = False) -> KernelInfo | None:
-    """The integer kernel of ``func`` (None when it is no qmatmul / qconv2d); ``features``:
-    the target's LLVM features; ``vnni_emulate`` (``CompileOptions.vnni_emulate``)."""
-    m = match_qgemm(func)
-    if m is None:
-        return None
-    kind, tag = m
-    avx2 = module.triple.startswith("x86_64") and vl >= 8
-    # the kernel classes subclass QEmitter (below), so they are imported here
-    from .qgemm_conv import QConv
-    from .qgemm_matmul import QMatmul
-    cls = QMatmul if kind == "qmatmul" else QConv
-    emitter = cls(module, func, symbol, tag, avx2)
-    # AVX-512 VNNI: where the target's LLVM features name it (level x86-64-v4+vnni)
-    emitter.vnni = avx2 and "+avx512vnni" in features
-    # tests: the VNNI kernel with vpdpbusd written in portable IR, so its packing, column sums
-    # and epilogue run (and are checked) on a CPU without VNNI
-    emitter.vnni_emulated = vnni_emulate
-    # aarch64 with dotprod: the same kernels with sdot (int8 x int8 quads, uint8 x shifted)
-    emitter.sdot = module.triple.startswith("aarch64") and "+dotprod" in features
-    emitter.vnni = emitter.vnni or emitter.vnni_emulated or emitter.sdot
-    return emitter.emit()
-
-
 class QEmitter(KernelEmitter):
     def __init__(self, module: ir.Module, func: PrimFunc, symbol: str, tag, avx2: bool):
         super().__init__(module, func, symbol)

@@ -38,7 +38,7 @@ from .norm import emit_normalize, emit_symbolic_normalize
 from .pool import emit_max_pool, emit_symbolic_max_pool
 from .qdepthwise import emit_qdepthwise
 from .qelementwise import emit_qelementwise
-from .qgemm import emit_qgemm
+from .qgemm_emit import emit_qgemm
 from .rnn import emit_recurrence
 from .softmax import emit_softmax, emit_symbolic_softmax
 from .target import Target

@@ -1,0 +1,36 @@
+"""The integer contraction kernels' entry point: picks the kernel class for a qmatmul / qconv2d
+prim func (qgemm_matmul.QMatmul or qgemm_conv.QConv, both built on qgemm.QEmitter) and sets the
+instruction choices the target allows (AVX2, AVX-512 VNNI, aarch64 sdot). Kept apart from
+qgemm.py so the base class's module does not import its own subclasses."""
+
+from __future__ import annotations
+
+from llvmlite import ir
+
+from ..ir.graph import PrimFunc
+from .lower import KernelInfo
+from .qgemm import match_qgemm
+from .qgemm_conv import QConv
+from .qgemm_matmul import QMatmul
+
+
+def emit_qgemm(module: ir.Module, func: PrimFunc, symbol: str, vl: int, features: str = "",
+               vnni_emulate: bool = False) -> KernelInfo | None:
+    """The integer kernel of ``func`` (None when it is no qmatmul / qconv2d); ``features``:
+    the target's LLVM features; ``vnni_emulate`` (``CompileOptions.vnni_emulate``)."""
+    m = match_qgemm(func)
+    if m is None:
+        return None
+    kind, tag = m
+    avx2 = module.triple.startswith("x86_64") and vl >= 8
+    cls = QMatmul if kind == "qmatmul" else QConv
+    emitter = cls(module, func, symbol, tag, avx2)
+    # AVX-512 VNNI: where the target's LLVM features name it (level x86-64-v4+vnni)
+    emitter.vnni = avx2 and "+avx512vnni" in features
+    # tests: the VNNI kernel with vpdpbusd written in portable IR, so its packing, column sums
+    # and epilogue run (and are checked) on a CPU without VNNI
+    emitter.vnni_emulated = vnni_emulate
+    # aarch64 with dotprod: the same kernels with sdot (int8 x int8 quads, uint8 x shifted)
+    emitter.sdot = module.triple.startswith("aarch64") and "+dotprod" in features
+    emitter.vnni = emitter.vnni or emitter.vnni_emulated or emitter.sdot
+    return emitter.emit()
