@@ -161,6 +161,14 @@ def evaluate_ir(mod: IRModule, feeds: Mapping[str, np.ndarray],
     # a symbolic-shape module runs at the inputs' sizes (ir/concrete.py)
     try:
         sizes = bind_sizes(fn.params, {p.name: env[id(p)] for p in fn.params})
+        if getattr(mod, "value_vars", None):   # sizes set by inputs' values
+            from ..runtime.values import bind_values
+            from .vm_emit import value_rows
+            from ..runtime.errors import InputError
+            try:
+                bind_values(value_rows(mod), {p.name: env[id(p)] for p in fn.params}, sizes)
+            except InputError as exc:
+                raise SizeMismatch(str(exc)) from None
     except SizeMismatch as exc:
         raise ReferenceUnavailable(f"the check inputs do not fit the model: {exc}") from None
 
@@ -268,6 +276,61 @@ def check_size(relations: list, names: set[str] | None = None) -> dict[str, int]
     return {v: CHECK_SIZE for v in names}
 
 
+def check_values(rows: Any, sizes: Mapping[str, int]) -> dict[str, list[int]]:
+    """What the check feeds the inputs read as sizes (``IRModule.value_vars`` rows), by input:
+    values any data takes. A Reshape's target ``[1, ..., 1, -1]``, an Expand's ``[1, ...]``,
+    plain sizes the check's size; axes ``0, 1, ...``; a Slice the whole of each axis; a Pad
+    none (with its axes ``0, 1, ...``)."""
+    out: dict[str, list[int]] = {}
+    for row in rows:
+        name, rule, names = row[0], row[1], row[2]
+        k = len(names)
+        if rule == "reshape":
+            out[name] = [1] * (k - 1) + [-1]
+        elif rule == "expand":
+            out[name] = [1] * k
+        elif rule == "dims":
+            out[name] = [sizes.get(v, CHECK_SIZE) for v in names]
+        elif rule == "axes":
+            ones = [i for i, d in enumerate(row[3]) if isinstance(d, int) and d == 1]
+            out[name] = ones if row[4] == 3 else list(range(64))   # Squeeze: axes of size 1
+        elif rule in ("slice", "pad"):
+            out[name] = [0] * 64
+            for extra, fill in zip(row[4:], ("end", "axes", "one") if rule == "slice"
+                                   else ("axes",)):
+                if extra:
+                    out[extra] = {"end": [1 << 62] * 64, "axes": list(range(64)),
+                                  "one": [1] * 64}[fill]
+    return out
+
+
+def _sizes_unmet(mod: IRModule, inputs: Mapping[str, np.ndarray],
+                 params: Mapping[str, np.ndarray] | None) -> str:
+    """Why the check cannot run, when inputs read as sizes (``value_vars``) take check values
+    that a relation the model needs refuses (Split's sizes must add up to a dim the check
+    cannot guess); "" when they fit (or there are none)."""
+    if not getattr(mod, "value_vars", None):
+        return ""
+    from ..runtime.errors import InputError
+    from ..runtime.values import bind_values
+    from .ir.concrete import SizeMismatch, bind_sizes
+    from .vm_emit import value_rows
+
+    feeds = {**(params or {}), **inputs}
+    try:
+        env = bind_sizes(mod.main.params, feeds)
+        bind_values(value_rows(mod), feeds, env)
+    except (InputError, SizeMismatch, KeyError) as exc:
+        return f"the check's values for inputs read as sizes do not fit the model ({exc})"
+    for op, a, b, *_ in getattr(mod, "relations", []):
+        av, bv = sym_evaluate(to_record(a), env), sym_evaluate(to_record(b), env)
+        if not (av == bv if op == "eq" else av <= bv):
+            return (f"the check's values for inputs read as sizes do not meet a relation the "
+                    f"model needs ({a} {'==' if op == 'eq' else '<='} {b}): give real ones "
+                    "with --check-input")
+    return ""
+
+
 def _check_shape(shape: tuple, sizes: Mapping[str, int]) -> tuple[int, ...]:
     """The concrete shape the check feeds: symbolic dims at the check's sizes (the bundle is
     checked at those sizes; tests cover the others)."""
@@ -280,8 +343,10 @@ def prepare_golden(mod: IRModule, params: Mapping[str, np.ndarray] | None, opts:
     refuse the export, the IR's numpy reference for the magnitudes, and advice (see the module
     docstring)."""
     fn = mod.main
+    by_value = {row[0]: row for row in getattr(mod, "value_vars", ())}
     sizes = check_size(getattr(mod, "relations", []),
-                       shape_vars([d for p in fn.params for d in p.type.shape]))
+                       shape_vars([d for p in fn.params for d in p.type.shape])
+                       | {v for row in by_value.values() for v in row[2]})
     specs = [(p.name, _check_shape(p.type.shape, sizes), p.type.dtype) for p in fn.params
              if not (params and p.name in params)]
     if opts.check_inputs:
@@ -290,12 +355,22 @@ def prepare_golden(mod: IRModule, params: Mapping[str, np.ndarray] | None, opts:
         inputs, seed = given_inputs(given, opts.check_inputs), None
     else:
         inputs = random_inputs(specs, opts.check_seed, quantized_input_ranges(fn))
+        for name, values in check_values(getattr(mod, "value_vars", ()), sizes).items():
+            p = next((q for q in fn.params if q.name == name), None)
+            if p is not None and name in inputs:   # inputs read as sizes: values any data takes
+                top, count = np.iinfo(p.type.dtype).max, int(np.prod(p.type.shape))
+                inputs[name] = np.array([min(v, top) for v in values[:count]],
+                                        dtype=p.type.dtype).reshape(p.type.shape)
         seed = opts.check_seed
     reference = opts.reference
     refuses = reference is not None and getattr(reference, "refuses", True)
     magnitudes: dict[str, float] = {}
     steps: dict[str, float] = {}
     ir_outputs, ir_failed = None, ""
+    unmet = _sizes_unmet(mod, inputs, params)
+    if unmet:   # inputs read as sizes whose check values the model's relations refuse
+        return Golden(inputs, {}, IR_REFERENCE, seed, opts.check_rtol, opts.check_atol,
+                      skipped=unmet)
     try:
         with np.errstate(all="ignore"):  # random inputs may meet log(-1): NaN, not a warning
             ir_outputs = evaluate_ir(mod, inputs, params, magnitudes, steps)

@@ -85,8 +85,10 @@ def main_size_vars(mod: IRModule, func: str = "main") -> tuple[str, ...]:
     fn = mod.functions.get(func)
     if not isinstance(fn, Function):
         return ()
-    return tuple(sorted(set(mod.dynamic_sizes).union(*(shape_vars(p.type.shape)
-                                                       for p in fn.params))))
+    names = set(mod.dynamic_sizes).union(*(shape_vars(p.type.shape) for p in fn.params))
+    if func == "main":   # bound from inputs' values (a Reshape's shape fed at run time)
+        names |= {v for row in getattr(mod, "value_vars", ()) for v in row[2]}
+    return tuple(sorted(names))
 
 
 def dynamic_bounds(mod: IRModule) -> dict[str, Dim]:
@@ -96,6 +98,16 @@ def dynamic_bounds(mod: IRModule) -> dict[str, Dim]:
     for name, bound in mod.dynamic_sizes.items():
         out[name] = substitute(bound, out)
     return out
+
+
+def value_rows(mod: IRModule) -> tuple | None:
+    """The symbolic record's ``values``: how inputs' values bind size variables (format
+    1.6, docs/format.md section 10.8), dims as records; None when no input does."""
+    rows = []
+    for param, rule, names, *args in getattr(mod, "value_vars", ()):
+        extra = [[to_record(d) for d in a] if isinstance(a, (list, tuple)) else a for a in args]
+        rows.append(freeze([param, rule, list(names), *extra]))
+    return tuple(rows) or None
 
 
 def _shape_record(shape: tuple) -> list:
@@ -251,7 +263,7 @@ def emit_program(mod: IRModule, kernels: dict[str, KernelInfo], func: str = "mai
                              for _, b in sorted(buffers.items())),
             tuple(freeze(c) for c in checks) if checks else None,
             dynamic=tuple(freeze([name, to_record(bound)]) for name, bound in dynamic.items())
-            or None)
+            or None, values=value_rows(mod))
         return prog
     offsets, prog.arena_bytes = plan_memory(list(buffers.values()))
     prog.intermediate_bytes = sum(b.size for b in buffers.values())

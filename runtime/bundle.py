@@ -68,6 +68,9 @@ STORED_MINOR = 5
 # Bundles with sizes a kernel counts at run time (the symbolic record's "dynamic" list and the
 # BIND_SIZE instruction) say format 1.6 with min_reader 1.6; this reader reads them.
 DYNAMIC_MINOR = 6
+# Bundles whose size variables are bound from inputs' values (the symbolic record's "values": a
+# Reshape's shape fed at run time) say format 1.6 with min_reader 1.6; this reader reads them.
+VALUES_MINOR = 6   # the same minor as DYNAMIC_MINOR
 TREE_FORMAT = [1, 2]                # the oldest reader of tree-digest bundles
 MAGIC = b"\x83\xa7mlcpack"          # fixmap(3) then the 7-char key "mlcpack"
 DIGEST_KEY = b"\xa6sha256\xc4\x20"  # fixstr "sha256", then bin8 of 32 bytes
@@ -109,6 +112,8 @@ def reader_minor(header: dict) -> int:
     sym = header.get("symbolic")
     if isinstance(sym, dict) and "dynamic" in sym:
         reads = DYNAMIC_MINOR
+    if isinstance(sym, dict) and "values" in sym:
+        reads = VALUES_MINOR
     return reads
 
 

@@ -411,6 +411,9 @@ class Symbolic(_Record):
     # format 1.6: the size variables a kernel counts at run time (BIND_SIZE), each
     # ``(name, upper bound)``, the bound a dim record over the other variables
     dynamic: tuple[tuple[str, DimRecord], ...] | None = None
+    # format 1.6: how inputs' values bind size variables, ``[input, rule, vars, *args]`` rows
+    # (docs/format.md section 10.8; ``runtime/values.bind_values``)
+    values: tuple | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)
 
     @property
@@ -456,7 +459,44 @@ class Symbolic(_Record):
                 {n for n, _ in dynamic}
             if late:
                 raise _bad("symbolic dynamic sizes", "bounds must name input sizes only")
-        return cls(names, tuple(buffers), checks, bound, dynamic, cls._extra(obj))
+        values = obj.get("values")
+        if values is not None:
+            values = tuple(_value_row(r, i, names) for i, r in
+                           enumerate(_list(values, "symbolic values")))
+        return cls(names, tuple(buffers), checks, bound, dynamic, values, cls._extra(obj))
+
+
+VALUE_RULES = {"dims": 3, "reshape": 5, "expand": 4, "axes": 5, "slice": 7, "pad": 5}
+
+
+def _value_row(r: Any, i: int, names: tuple[str, ...]) -> tuple:
+    """A ``values`` row: ``[input, rule, [var...], *args]``, each var one of ``vars``; a
+    reshape's data dims and allowzero, an expand's data dims."""
+    what = f"symbolic values row {i}"
+    if not isinstance(r, list) or len(r) < 3 or not isinstance(r[0], str) \
+            or VALUE_RULES.get(r[1]) != len(r) or not isinstance(r[2], list) \
+            or not 1 <= len(r[2]) <= 64 or any(v not in names for v in r[2]):
+        raise _bad(what)
+    args: list = []
+    if r[1] in ("reshape", "expand", "axes", "slice", "pad"):
+        src = _list(r[3], what)
+        if len(src) > 64:
+            raise _bad(what)
+        args.append(tuple(_dim_record(d, what) for d in src))
+    if r[1] == "reshape":
+        args.append(_int(r[4], what, 0, 2))
+    if r[1] == "axes":   # mode: runtime/symbolic.py AXES_*
+        args.append(_int(r[4], what, 0, 5))
+    if r[1] == "slice":   # ends, axes, steps: input names ("" when absent)
+        if not all(isinstance(n, str) for n in r[4:7]) or not r[4] \
+                or len(r[2]) != 4 * len(args[0]):
+            raise _bad(what)
+        args.extend(r[4:7])
+    if r[1] == "pad":   # axes: an input name ("" when absent)
+        if not isinstance(r[4], str) or len(r[2]) != 3 * len(args[0]):
+            raise _bad(what)
+        args.append(r[4])
+    return (r[0], r[1], tuple(r[2]), *args)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -36,6 +36,7 @@ from .bundle import BundleReader, nbytes_of, storage_dtype
 from .errors import BundleError, InputError
 from .header import (ARENA, CONST, OP_BIND_SIZE, OP_CALL_KERNEL, OP_COPY, SIZES, DimRecord,
                      KernelRow, Plan, SymbolicBound)
+from .values import bind_values
 
 PLAN_CACHE = 4      # per-shape plans kept (arena + prepared calls each), unbounded bundles
 BOUND_CACHE = 64    # per-shape views kept over the one arena of a bounded bundle (cheap)
@@ -362,6 +363,18 @@ class SymbolicRunner:
         self.dynamic = sym.dynamic or ()
         self.buffers = sym.buffers
         self.checks = sym.checks or ()
+        self.values = sym.values or ()
+        for row in self.values:
+            read = [row[0], *(n for n in row[4:] if n)] if row[1] in ("slice", "pad") \
+                else [row[0]]
+            for n in read:
+                spec = next((r for r in plan.inputs if r.name == n), None)
+                if spec is None or spec.dtype not in ("int32", "int64") \
+                        or not all(isinstance(d, int) for d in spec.shape) \
+                        or int(np.prod(spec.shape)) != len(row[2]) \
+                        and row[1] in ("dims", "reshape", "expand"):
+                    raise BundleError(f"{name}: bundle header: symbolic values row for "
+                                      f"{row[0]!r} does not name a small integer input")
         self.tensors = plan.tensors
         self.storage = [storage_dtype(r.dtype) for r in self.tensors]
         # The distinct dim records of the buffers and tensor shapes (a model repeats a few
@@ -406,6 +419,9 @@ class SymbolicRunner:
         self._by_shape: dict[tuple, Any] = {}
         self._dtypes = [storage_dtype(s.dtype) for s in self.inputs]
         self._names = [s.name for s in self.inputs]
+        read = {n for r in self.values
+                for n in (r[0], *(r[4:] if r[1] in ("slice", "pad") else ())) if n}
+        self._by_value = [s.name in read for s in self.inputs]   # their values set sizes
 
     def _decode(self, reader: BundleReader, plan: Plan, image: elf.CodeImage) -> None:
         """The kernels' addresses in ``image``, the decoded program and what it is checked
@@ -514,6 +530,9 @@ class SymbolicRunner:
                     env.setdefault(rec, n)
                     where.setdefault(rec, f"input {spec.name!r} axis {axis}")
             values.append(value)
+        if self.values:   # format 1.6: sizes set by inputs' values
+            bind_values(self.values, {s.name: v for s, v in zip(self.inputs, values)}, env,
+                        where)
         counted = {name for name, _ in self.dynamic}
         missing = [v for v in self.vars if v not in env and v not in counted]
         if missing:
@@ -585,11 +604,11 @@ class SymbolicRunner:
         # their plan's key (a dict lookup instead of binding again).
         values = [feeds[name] for name in self._names]
         key: tuple | None = ()
-        for v, d in zip(values, self._dtypes):
+        for v, d, by_value in zip(values, self._dtypes, self._by_value):
             if type(v) is not np.ndarray or v.dtype != d:
                 key = None
                 break
-            key += (v.shape,)
+            key += (v.shape, v.tobytes()) if by_value else (v.shape,)   # values set sizes
         plan = self._by_shape.get(key) if key is not None else None
         if plan is None:
             env, values = self.bind(feeds)

@@ -24,7 +24,7 @@ from ...packager.errors import ExportError
 from ...packager.ir.builder import BlockBuilder, BuilderError
 from ...packager.ir.graph import Constant, IRModule, Source, Value, Var
 from ...packager.ir.sym import SymbolicShapeError, size_var
-from . import converters, symvalue  # noqa: F401  (registers every converter family)
+from . import converters, symvalue, valueinputs  # noqa: F401  (registers every converter family)
 from .common import RUNTIME_DTYPES
 from .registry import (IGNORED_ATTRIBUTES, NodeContext, lookup, make_constant, normalize_domain,
                        op_label)
@@ -82,6 +82,12 @@ def import_onnx(model_or_path: str | os.PathLike | onnx.ModelProto,
     bb = BlockBuilder()   # it keeps the relations between symbolic dims that inference assumed
     params = _make_params(bb, runtime_inputs, shapes, source)
     values: dict[str, Value] = dict(params)
+    # inputs read only as shapes: their values bind size variables at run start
+    taken = {v for p in params.values() for d in p.type.shape
+             if not isinstance(d, int) for v in d.variables()}
+    read_as_shapes = valueinputs.value_inputs(graph, params, taken)
+    bb.axes_params = {id(p): p for name, p in params.items() if name not in read_as_shapes}
+    values.update(read_as_shapes)
     for init in graph.initializer:
         values[init.name] = make_constant(bb, _tensor_array(init, source), init.name)
     for name, data in bound.items():
@@ -105,6 +111,7 @@ def import_onnx(model_or_path: str | os.PathLike | onnx.ModelProto,
         folded_nodes=converter.folded_nodes)
     mod = bb.get()
     mod.max_shapes = {params[k].name: v for k, v in bounds.items()}
+    mod.value_vars = valueinputs.module_rows_all(bb, read_as_shapes)
     return mod, info
 
 

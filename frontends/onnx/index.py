@@ -8,8 +8,11 @@ from typing import Callable, Sequence
 import numpy as np
 
 from ...packager.ir.graph import Value
-from ...packager.ir.sym import product
+from ...packager.ir.sym import SymExpr, product
+from .symvalue import SymValue
 from .registry import NodeContext, converter
+from . import valueinputs
+from .valueinputs import read_as
 
 
 @converter("GatherElements", since=11, attrs={"axis": 0})
@@ -24,6 +27,15 @@ def _gather_elements(ctx: NodeContext) -> Value:
 
 # ---- Split --------------------------------------------------------------------------------------
 
+def _split_sizes(ctx: NodeContext) -> list | None:
+    if not ctx.has_input(1):
+        return None
+    if isinstance(ctx.inputs[1], SymValue):   # fed at run time: sizes
+        read_as(ctx, 1, "dims")
+        return ctx.dims(1, "split")
+    return ctx.require_const(1, "split").reshape(-1).tolist()
+
+
 def _split(ctx: NodeContext, sizes: Sequence[int] | None, num_outputs: int | None) -> list[Value]:
     x = ctx.input(0)
     rank = len(x.type.shape)
@@ -36,9 +48,12 @@ def _split(ctx: NodeContext, sizes: Sequence[int] | None, num_outputs: int | Non
     if sizes is None or len(sizes) == 0:
         chunk = -(-total // count)  # the last part may be smaller (opset 18)
         sizes = [min(chunk, total - k * chunk) for k in range(count)]
-    sizes = [int(s) for s in sizes]
-    if sum(sizes) != total or any(s < 0 for s in sizes):
-        raise ctx.error(f"split sizes {sizes} do not add up to {total} on axis {axis}")
+    if any(isinstance(s, SymExpr) for s in sizes):   # sizes fed at run time: checked then
+        ctx.assume("eq", sum(sizes), total, f"split sizes {list(sizes)}")
+    else:
+        sizes = [int(s) for s in sizes]
+        if sum(sizes) != total or any(s < 0 for s in sizes):
+            raise ctx.error(f"split sizes {sizes} do not add up to {total} on axis {axis}")
     outs, start = [], 0
     for size in sizes:
         outs.append(_slice_axis(ctx, x, axis, start, start + size))
@@ -62,13 +77,13 @@ def _split_v1(ctx: NodeContext) -> list[Value]:
 
 @converter("Split", since=13, attrs={"axis": 0})
 def _split_v13(ctx: NodeContext) -> list[Value]:
-    sizes = ctx.require_const(1, "split").reshape(-1).tolist() if ctx.has_input(1) else None
+    sizes = _split_sizes(ctx)
     return _split(ctx, sizes, None)
 
 
 @converter("Split", since=18, attrs={"axis": 0, "num_outputs": None})
 def _split_v18(ctx: NodeContext) -> list[Value]:
-    sizes = ctx.require_const(1, "split").reshape(-1).tolist() if ctx.has_input(1) else None
+    sizes = _split_sizes(ctx)
     n = ctx.attrs["num_outputs"]
     return _split(ctx, sizes, int(n) if n is not None else None)
 
@@ -78,6 +93,9 @@ def _split_v18(ctx: NodeContext) -> list[Value]:
 @converter("Tile", since=6)
 def _tile(ctx: NodeContext) -> Value:
     x = ctx.input(0)
+    if isinstance(ctx.inputs[1], SymValue):   # repeats known at run time: sizes
+        read_as(ctx, 1, "dims")
+        return _tile_symbolic(ctx, x, ctx.dims(1, "repeats"))
     repeats = tuple(int(r) for r in ctx.require_const(1, "repeats").reshape(-1))
     if len(repeats) != len(x.type.shape) or any(r < 0 for r in repeats):
         raise ctx.error(f"repeats {list(repeats)} do not fit shape {x.type.shape}")
@@ -86,9 +104,25 @@ def _tile(ctx: NodeContext) -> Value:
     return ctx.emit("tile", x, repeats=repeats)
 
 
+def _tile_symbolic(ctx: NodeContext, x: Value, repeats: Sequence) -> Value:
+    """Tile by repeats that are size expressions: ``x`` as ``(1, d0, 1, d1, ...)`` broadcast to
+    ``(r0, d0, r1, d1, ...)``, then merged to ``(r0 * d0, r1 * d1, ...)``."""
+    shape = tuple(x.type.shape)
+    if len(repeats) != len(shape):
+        raise ctx.error(f"repeats {list(repeats)} do not fit shape {shape}")
+    spread = tuple(d for n in shape for d in (1, n))
+    wide = tuple(d for r, n in zip(repeats, shape) for d in (r, n))
+    out = ctx.emit("broadcast_to", ctx.reshape(x, spread), shape=wide)
+    return ctx.reshape(out, tuple(r * n for r, n in zip(repeats, shape)))
+
+
 @converter("CumSum", since=11, attrs={"exclusive": 0, "reverse": 0})
 def _cumsum(ctx: NodeContext) -> Value:
     x = ctx.input(0)
+    if valueinputs.run_time_axes(ctx, 1) is not None:   # the axis fed at run time
+        return valueinputs.along_chosen_axis(ctx, x, lambda a: ctx.emit(
+            "cumsum", x, axis=a, exclusive=bool(ctx.attrs["exclusive"]),
+            reverse=bool(ctx.attrs["reverse"])))
     axis = int(ctx.require_const(1, "axis").reshape(()))
     rank = len(x.type.shape)
     if not -rank <= axis < rank:
@@ -177,6 +211,10 @@ def _axis(ctx: NodeContext, axis: int, rank: int) -> int:
 @converter("CumProd", since=26, attrs={"exclusive": 0, "reverse": 0})
 def _cumprod(ctx: NodeContext) -> Value:
     x = ctx.input(0)
+    if valueinputs.run_time_axes(ctx, 1) is not None:   # the axis fed at run time
+        return valueinputs.along_chosen_axis(ctx, x, lambda a: ctx.emit(
+            "cumprod", x, axis=a, exclusive=bool(ctx.attrs["exclusive"]),
+            reverse=bool(ctx.attrs["reverse"])))
     axis = _axis(ctx, int(ctx.require_const(1, "axis").reshape(())), len(x.type.shape))
     return ctx.emit("cumprod", x, axis=axis, exclusive=bool(ctx.attrs["exclusive"]),
                     reverse=bool(ctx.attrs["reverse"]))

@@ -114,9 +114,12 @@ def _cast_like(ctx: NodeContext) -> Value:
 
 def _reduce_prod(from_input: bool) -> Callable[[NodeContext], Value]:
     def convert(ctx: NodeContext) -> Value:
-        from .nn import _reduce_axes
+        from . import valueinputs
+        from .nn import _reduce_axes, reduce_run_time_axes
 
         x = ctx.input(0)
+        if from_input and valueinputs.run_time_axes(ctx, 1) is not None:
+            return reduce_run_time_axes(ctx)
         axes = _reduce_axes(ctx, from_input)
         if axes == ():
             return x

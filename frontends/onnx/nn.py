@@ -11,6 +11,7 @@ import numpy as np
 from ...packager.ir.graph import Constant, Value
 from ...packager.ir.sym import is_static
 from .registry import NodeContext, converter
+from . import valueinputs
 
 # ---- convolution and pooling --------------------------------------------------------------------
 
@@ -564,7 +565,8 @@ converter("GroupNormalization", since=21, attrs={"num_groups": None, "epsilon": 
 def _reduce_axes(ctx: NodeContext, from_input: bool) -> tuple[int, ...] | None:
     """The axes to reduce, or None for all; () means 'no reduction' (noop_with_empty_axes)."""
     if from_input:
-        axes = ctx.require_const(1, "axes").tolist() if ctx.has_input(1) else []
+        axes = [] if not ctx.has_input(1) or valueinputs.holds_nothing(ctx, 1) else \
+            ctx.require_const(1, "axes").tolist()
     else:
         axes = ctx.attrs["axes"] or []
     if axes:
@@ -606,9 +608,47 @@ _REDUCE = {
 }
 
 
+# For axes fed at run time (valueinputs.reduce_over): elementwise before, the reduction that
+# composes over axes taken one at a time, elementwise after.
+_RUN_TIME_AXES = {
+    "ReduceSum": (None, "sum", None), "ReduceMean": (None, "mean", None),
+    "ReduceMax": (None, "max", None), "ReduceMin": (None, "min", None),
+    "ReduceL1": ("abs", "sum", None), "ReduceL2": ("square", "sum", "sqrt"),
+    "ReduceSumSquare": ("square", "sum", None), "ReduceLogSum": (None, "sum", "log"),
+    "ReduceLogSumExp": (None, "logsumexp", None), "ReduceProd": (None, "prod", None),
+}
+
+
+def reduce_run_time_axes(ctx: NodeContext) -> Value:
+    """A reduction whose axes (input 1) are fed at run time (``valueinputs.run_time_axes``)."""
+    before, op, after = _RUN_TIME_AXES[ctx.node.op_type]
+    x = ctx.input(0)
+    if x.type.dtype == "bool":   # max is any, min is all: reduce 0/1 bytes
+        if op not in ("max", "min"):
+            raise ctx.error(f"{ctx.node.op_type} of a bool tensor is not supported")
+        y = valueinputs.reduce_over(ctx, ctx.emit("cast", x, dtype="uint8"),
+                                    bool(ctx.attrs["keepdims"]),
+                                    lambda c, t, axis: c.emit(op, t, axes=(axis,), keepdims=True))
+        return ctx.emit("cast", y, dtype="bool")
+    if before == "square":
+        x = ctx.emit("multiply", x, x)
+    elif before is not None:
+        x = ctx.emit(before, x)
+
+    def core(c: NodeContext, y: Value, axis: int) -> Value:
+        if op == "logsumexp":
+            return _log_sum_exp(c, y, (axis,), True)
+        return c.emit(op, y, axes=(axis,), keepdims=True)
+
+    y = valueinputs.reduce_over(ctx, x, bool(ctx.attrs["keepdims"]), core)
+    return ctx.emit(after, y) if after else y
+
+
 def _reduce(body: Callable, from_input: bool) -> Callable[[NodeContext], Value]:
     def convert(ctx: NodeContext) -> Value:
         x = ctx.input(0)
+        if from_input and valueinputs.run_time_axes(ctx, 1) is not None:
+            return reduce_run_time_axes(ctx)
         axes = _reduce_axes(ctx, from_input)
         if axes == ():
             return x

@@ -16,6 +16,8 @@ from ...packager.ops.registry import broadcast_shape
 from . import quant, symvalue
 from .common import cast_to, onnx_dtype
 from .registry import NodeContext, converter
+from . import valueinputs
+from .valueinputs import read_as
 
 
 # ---- reshapes -----------------------------------------------------------------------------------
@@ -77,6 +79,7 @@ def _reshape_v1(ctx: NodeContext) -> Value:
 def _reshape_v5(ctx: NodeContext) -> Value:
     x = ctx.input(0)
     shape = ctx.dims(1, "the target shape")
+    read_as(ctx, 1, "reshape", list(x.type.shape), int(ctx.attrs["allowzero"]))
     return ctx.reshape(x, reshape_target(ctx, x.type.shape, shape, bool(ctx.attrs["allowzero"])))
 
 
@@ -122,6 +125,8 @@ def _unsqueeze_v1(ctx: NodeContext) -> Value:
 
 @converter("Unsqueeze", since=13)
 def _unsqueeze_v13(ctx: NodeContext) -> Value:
+    if valueinputs.run_time_axes(ctx, 1) is not None:   # axes fed at run time
+        return valueinputs.unsqueeze(ctx, ctx.input(0))
     return _unsqueeze(ctx, ctx.require_const(1, "axes").reshape(-1).tolist())
 
 
@@ -132,6 +137,8 @@ def _squeeze_v1(ctx: NodeContext) -> Value:
 
 @converter("Squeeze", since=13)
 def _squeeze_v13(ctx: NodeContext) -> Value:
+    if valueinputs.run_time_axes(ctx, 1) is not None:   # axes fed at run time
+        return valueinputs.squeeze(ctx, ctx.input(0))
     axes = ctx.require_const(1, "axes").reshape(-1).tolist() if ctx.has_input(1) else None
     return _squeeze(ctx, axes)
 
@@ -162,6 +169,17 @@ def _concat(ctx: NodeContext) -> Value:
     return ctx.emit("concat", *values, axis=axis)
 
 
+@converter("BitCast", since=26, attrs={"to": None})
+def _bitcast(ctx: NodeContext) -> Value:
+    x = ctx.input(0)
+    dtype = str(onnx_dtype(ctx, ctx.attrs["to"]))
+    if dtype == x.type.dtype:
+        return x
+    if isinstance(x, Constant):
+        return ctx.constant(np.ascontiguousarray(x.data).view(dtype), "bitcast")
+    return ctx.emit("bitcast", x, dtype=dtype)
+
+
 @converter("Identity", since=1)
 def _identity(ctx: NodeContext) -> Value:
     return ctx.input(0)
@@ -171,6 +189,7 @@ def _identity(ctx: NodeContext) -> Value:
 def _expand(ctx: NodeContext) -> Value:
     x = ctx.input(0)
     shape = ctx.dims(1, "the target shape")
+    read_as(ctx, 1, "expand", list(x.type.shape))
     relations: list = []
     try:
         out = tuple(broadcast_shape(x.type.shape, tuple(shape), relations=relations))
@@ -214,6 +233,10 @@ def _pad_v2(ctx: NodeContext) -> Value:
 
 @converter("Pad", since=11, attrs={"mode": "constant"})
 def _pad_v11(ctx: NodeContext) -> Value:
+    pads_in = valueinputs.run_time_axes(ctx, 1)
+    axes_in = valueinputs.run_time_axes(ctx, 3) if ctx.has_input(3) else None
+    if pads_in is not None and (axes_in is not None or not ctx.has_input(3)):   # fed at run time
+        return valueinputs.pad_run_time(ctx, ctx.input(0), ctx.attrs["mode"], pads_in, axes_in)
     pads = ctx.require_const(1, "pads").reshape(-1).tolist()
     fill = 0.0
     if ctx.has_input(2):
@@ -290,6 +313,7 @@ def _cast(ctx: NodeContext) -> Value:
 @converter("ConstantOfShape", since=9, attrs={"value": None})
 def _constant_of_shape(ctx: NodeContext) -> Value:
     shape = ctx.dims(0, "the shape")
+    read_as(ctx, 0, "dims")
     fill = ctx.attrs["value"]
     fill = np.zeros(1, np.float32) if fill is None else fill.reshape(-1)
     if not is_static(shape):   # sizes known at run time
@@ -366,5 +390,8 @@ def _slice_v10(ctx: NodeContext) -> Value:
             return None
         return ctx.dims(i, what)
 
+    parts = valueinputs.slice_inputs(ctx)
+    if parts is not None:   # starts and ends (axes, steps) fed at run time
+        return valueinputs.slice_run_time(ctx, ctx.input(0), parts)
     starts, ends = ints(1, "starts"), ints(2, "ends")
     return _slice_const(ctx, starts or [], ends or [], ints(3, "axes"), ints(4, "steps"))

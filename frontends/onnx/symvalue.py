@@ -27,6 +27,8 @@ SHAPE_INPUTS: dict[str, frozenset[int]] = {
     "Reshape": frozenset({1}), "Expand": frozenset({1}), "ConstantOfShape": frozenset({0}),
     "Range": frozenset({0, 1, 2}), "Slice": frozenset({1, 2, 3, 4}),
     "Resize": frozenset({1, 2, 3}), "Tile": frozenset({1}), "Upsample": frozenset({1}),
+    "Split": frozenset({1}), "HannWindow": frozenset({0}), "HammingWindow": frozenset({0}),
+    "BlackmanWindow": frozenset({0}),
 }
 
 

@@ -203,6 +203,10 @@ class IRModule:
     # count, NMS's boxes kept): name -> its upper bound, a dim over main's input size
     # variables and earlier such variables, in the order they are bound (``ops.dynamic``).
     dynamic_sizes: dict = field(default_factory=dict)
+    # Size variables bound from the *values* of small integer inputs (a Reshape's shape, an
+    # Expand's target fed at run time): rows ``(param name, rule, vars, *rule args)`` as the
+    # bundle's ``symbolic.values`` (runtime/values.py ``bind_values``, docs/format.md 10.8).
+    value_vars: list = field(default_factory=list)
 
     @property
     def main(self) -> Function:
@@ -229,7 +233,7 @@ class IRModule:
 
     def copy(self) -> IRModule:
         return IRModule(dict(self.functions), list(self.relations), dict(self.max_shapes),
-                        dict(self.dynamic_sizes))
+                        dict(self.dynamic_sizes), list(self.value_vars))
 
 
 def used_values(value: Expr) -> Sequence[Value]:

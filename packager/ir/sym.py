@@ -469,5 +469,7 @@ def relation_text(op: str, a: Dim, b: Dim, together: Iterable[tuple] = ()) -> st
                     return f"{v} must be at most {last}"
                 if last == _TRIED:
                     return f"{v} must be at least {first}"
+                if first == last:
+                    return f"{v} must be {first}"
                 return f"{v} must be between {first} and {last}"
     return f"{a} {'==' if op == 'eq' else '<='} {b} must hold"

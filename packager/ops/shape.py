@@ -24,6 +24,18 @@ def reshape(x: np.ndarray, shape=()) -> np.ndarray:
     return x.reshape(shape)
 
 
+def _infer_bitcast(x: TensorType, dtype: str = "float32") -> TensorType:
+    if dtype not in te.DTYPES or np.dtype(dtype).itemsize != np.dtype(x.dtype).itemsize:
+        raise ValueError(f"cannot reinterpret {x.dtype} as {dtype}: the element sizes differ")
+    return TensorType(x.shape, dtype)
+
+
+@register_op("bitcast", VIEW, _infer_bitcast)
+def bitcast(x: np.ndarray, dtype: str = "float32") -> np.ndarray:
+    """The same bytes read as ``dtype`` (an element of the same size): a view, no kernel."""
+    return np.ascontiguousarray(x).view(dtype)
+
+
 def _infer_transpose(x: TensorType, axes=None) -> TensorType:
     axes = tuple(reversed(range(len(x.shape)))) if axes is None else tuple(axes)
     return TensorType(tuple(x.shape[a] for a in axes), x.dtype)

@@ -433,14 +433,24 @@ def test_missing_file(tmp_path: Path) -> None:
 
 
 def test_shape_computed_at_run_time_is_refused() -> None:
-    graph = helper.make_graph([node("Reshape", ["x", "shape"], ["y"])], "g",
+    """A target shape computed from activations is refused; one fed as a graph input is read
+    at run start (issue 37 item 2: its values bind size variables, tests/runtime/
+    test_shape_inputs.py)."""
+    graph = helper.make_graph([node("Cast", ["s"], ["shape"], to=TensorProto.INT64),
+                               node("Reshape", ["x", "shape"], ["y"])], "g",
                               [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3]),
-                               helper.make_tensor_value_info("shape", TensorProto.INT64, [2])],
+                               helper.make_tensor_value_info("s", TensorProto.FLOAT, [2])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     with pytest.raises(ExportError, match=r"Reshape node 'y' \(opset 17\): the target shape "
                                           r"\(input 1\) must be a constant known at export"):
         import_onnx(model)
+    fed = helper.make_graph([node("Reshape", ["x", "shape"], ["y"])], "g",
+                            [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3]),
+                             helper.make_tensor_value_info("shape", TensorProto.INT64, [2])],
+                            [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    mod, _ = import_onnx(helper.make_model(fed, opset_imports=[helper.make_opsetid("", 17)]))
+    assert mod.value_vars == [["shape", "reshape", ["shape_0", "shape_1"], [2, 3], 0]]
 
 
 def test_unhandled_attribute_and_unused_output_refused() -> None:

@@ -13,6 +13,7 @@
 #define PAYLOAD64_MINOR 4
 #define STORED_MINOR 5      /* a constant's "stored" record (8-bit integers) */
 #define DYNAMIC_MINOR 6     /* the symbolic record's "dynamic" sizes (BIND_SIZE) */
+#define VALUES_MINOR 6      /* the symbolic record's "values" (sizes from inputs' values) */
 #define ALIGN 64
 #define MAX_HEADER_BYTES (64u << 20)
 #define MAX_DIM (1LL << 40)
@@ -97,6 +98,8 @@ static mlc_status check_version(mlc_model *m, mlc_error *err)
     const mp_node *symrec = mp_get(h, "symbolic");
     if (symrec && symrec->type == MP_MAP && mp_get(symrec, "dynamic"))
         reads = DYNAMIC_MINOR;
+    if (symrec && symrec->type == MP_MAP && mp_get(symrec, "values"))
+        reads = VALUES_MINOR;
     if (minor > reads) {
         const mp_node *need = mp_get(h, "min_reader");
         if (!need)

@@ -85,6 +85,8 @@ typedef struct {
     size_t ndynamic;            /* format 1.6: sizes a kernel counts (BIND_SIZE) */
     int *dyn_var;               /* each one's index in vars */
     const mp_node **dyn_rec;    /* its upper bound, a dim record over the input sizes */
+    size_t nvalues;
+    const mp_node **values;     /* format 1.6: [input, rule, [var...], *args] rows */
     int bounded;
     int64_t *bound_vals, *bound_offsets, *bound_sizes;
     uint64_t bound_arena;
@@ -191,6 +193,11 @@ mlc_status mlc_sym_alloc(mlc_model *m, mlc_plan *p, mlc_error *err);
 mlc_status mlc_sym_bind(mlc_model *m, mlc_plan *p, const mlc_tensor *inputs, mlc_error *err);
 int mlc_sym_counted(const mlc_symbolic *s, size_t v);
 mlc_status mlc_sym_counted_env(const mlc_plan *p, int64_t *env);
+/* Format 1.6: bind into env the size variables the inputs' values set (the symbolic record's
+ * values rows); bound_by (may be NULL) gets each one's input index. */
+int mlc_sym_var(const mlc_plan *p, const mp_node *name);   /* index in vars, or -1 */
+mlc_status mlc_sym_values(const mlc_model *m, const mlc_plan *p, const mlc_tensor *inputs,
+                          int64_t *env, int *bound_by, mlc_error *err);
 mlc_status mlc_sym_plan(mlc_model *m, mlc_plan *p, mlc_error *err);
 void mlc_sym_free(mlc_plan *p);
 char *mlc_sym_text(mlc_alloc *a, const mp_node *rec);

@@ -166,6 +166,9 @@ static mlc_status sym_output_nbytes(const mlc_model *m, size_t i, const mlc_tens
                 if (mp_str_eq(rec, p->sym->vars[v]))
                     env[v] = in[k].dims[a];
         }
+    mlc_status st = mlc_sym_values(m, p, in, env, NULL, err);   /* sizes set by values */
+    if (st)
+        return st;
     for (size_t v = 0; v < nvars; v++)
         if (env[v] < 1 && !mlc_sym_counted(p->sym, v))
             return mlc_fail(err, MLC_ERR_INPUT, "the inputs bind no valid size %s",

@@ -15,7 +15,7 @@
 #define MAX_DEPTH 32
 #define ALIGN 64
 
-static int var_index(const mlc_plan *p, const mp_node *n)
+int mlc_sym_var(const mlc_plan *p, const mp_node *n)
 {
     for (size_t i = 0; i < p->sym->nvars; i++)
         if (mp_str_eq(n, p->sym->vars[i]))
@@ -28,7 +28,7 @@ static int dim_ok(const mlc_plan *p, const mp_node *n, int depth)
     if (n->type == MP_INT)
         return n->v.i > -MAX_DIM && n->v.i < MAX_DIM;
     if (n->type == MP_STR)
-        return var_index(p, n) >= 0;
+        return mlc_sym_var(p, n) >= 0;
     if (n->type != MP_ARRAY || n->len == 0 || depth >= MAX_DEPTH)
         return 0;
     const mp_node *op = &n->v.items[0];
@@ -48,7 +48,7 @@ static int dim_ok(const mlc_plan *p, const mp_node *n, int depth)
 static int names_var(const mlc_plan *p, const mp_node *n, int v)
 {
     if (n->type == MP_STR)
-        return var_index(p, n) == v;
+        return mlc_sym_var(p, n) == v;
     if (n->type != MP_ARRAY)
         return 0;
     for (uint32_t i = 1; i < n->len; i++)
@@ -88,7 +88,7 @@ mlc_status mlc_sym_eval(const mlc_plan *p, const mp_node *n, const int64_t *env,
         return MLC_OK;
     }
     if (n->type == MP_STR) {
-        *out = env[var_index(p, n)];
+        *out = env[mlc_sym_var(p, n)];
         return MLC_OK;
     }
     const mp_node *op = &n->v.items[0];
@@ -227,9 +227,9 @@ mlc_status mlc_sym_parse(mlc_model *m, const mp_node *rec, mlc_plan *p, mlc_erro
         for (uint32_t i = 0; i < dyn->len; i++) {
             const mp_node *d = &dyn->v.items[i];
             if (d->type != MP_ARRAY || d->len != 2 || d->v.items[0].type != MP_STR
-                || var_index(p, &d->v.items[0]) < 0 || !dim_ok(p, &d->v.items[1], 0))
+                || mlc_sym_var(p, &d->v.items[0]) < 0 || !dim_ok(p, &d->v.items[1], 0))
                 return bad(err, "symbolic dynamic size");
-            s->dyn_var[i] = var_index(p, &d->v.items[0]);
+            s->dyn_var[i] = mlc_sym_var(p, &d->v.items[0]);
             s->dyn_rec[i] = &d->v.items[1];
             for (uint32_t j = 0; j < i; j++)
                 if (s->dyn_var[j] == s->dyn_var[i])
@@ -239,6 +239,48 @@ mlc_status mlc_sym_parse(mlc_model *m, const mp_node *rec, mlc_plan *p, mlc_erro
             for (uint32_t j = 0; j < dyn->len; j++)
                 if (names_var(p, s->dyn_rec[i], s->dyn_var[j]))
                     return bad(err, "symbolic dynamic size");
+    }
+    const mp_node *values = mp_get(rec, "values");
+    if (values && values->type != MP_NIL) {
+        if (values->type != MP_ARRAY)
+            return bad(err, "symbolic values");
+        s->nvalues = values->len;
+        s->values = mlc_zalloc(&m->alloc, (values->len + 1) * sizeof(mp_node *));
+        if (!s->values)
+            return mlc_fail(err, MLC_ERR_INTERNAL, "out of memory");
+        for (uint32_t i = 0; i < values->len; i++) {
+            const mp_node *r = &values->v.items[i];
+            if (r->type != MP_ARRAY || r->len < 3 || r->v.items[0].type != MP_STR)
+                return bad(err, "symbolic values row");
+            const mp_node *rule = &r->v.items[1], *vs = &r->v.items[2];
+            int axes = mp_str_eq(rule, "axes");
+            int slice = mp_str_eq(rule, "slice"), pad = mp_str_eq(rule, "pad");
+            uint32_t want = mp_str_eq(rule, "dims") ? 3 : mp_str_eq(rule, "expand") ? 4
+                            : mp_str_eq(rule, "reshape") || axes || pad ? 5 : slice ? 7 : 0;
+            if (!want || r->len != want || vs->type != MP_ARRAY || vs->len < 1 || vs->len > 64)
+                return bad(err, "symbolic values row");
+            for (uint32_t k = 0; k < vs->len; k++)
+                if (vs->v.items[k].type != MP_STR || mlc_sym_var(p, &vs->v.items[k]) < 0)
+                    return bad(err, "symbolic values row");
+            if (want >= 4) {
+                const mp_node *src = &r->v.items[3];
+                if (src->type != MP_ARRAY || src->len > MLC_MAX_DIMS)
+                    return bad(err, "symbolic values row");
+                for (uint32_t k = 0; k < src->len; k++)
+                    if (!dim_ok(p, &src->v.items[k], 0))
+                        return bad(err, "symbolic values row");
+            }
+            if (slice && (r->v.items[4].type != MP_STR || !r->v.items[4].len
+                          || r->v.items[5].type != MP_STR || r->v.items[6].type != MP_STR
+                          || vs->len != 4 * r->v.items[3].len))
+                return bad(err, "symbolic values row");
+            if (pad && (r->v.items[4].type != MP_STR || vs->len != 3 * r->v.items[3].len))
+                return bad(err, "symbolic values row");
+            if (want == 5 && !pad && !(mp_is_int(&r->v.items[4]) && r->v.items[4].v.i >= 0
+                               && r->v.items[4].v.i < (axes ? 5 : 2)))
+                return bad(err, "symbolic values row");
+            s->values[i] = r;
+        }
     }
     const mp_node *bound = mp_get(rec, "bound");
     if (bound && bound->type != MP_NIL) {
@@ -331,6 +373,11 @@ static void spec_text(const mlc_iorow *io, char *out, size_t size)
         snprintf(out + len, size - len, "%s)", io->ndim == 1 ? "," : "");
 }
 
+/* Format 1.6: size variables bound from inputs' values (runtime/symbolic.py bind_values):
+ * "dims" as they are; "reshape" gives 0 (copy the data's dim unless allowzero) and -1 (the
+ * count left) ONNX's meaning; "expand" gives 1 the data's dim where that is not 1. Each value
+ * must then be at least 1. Rows come in the order the model reads them (a reshape's data dims
+ * may use an earlier row's variables). */
 mlc_status mlc_sym_bind(mlc_model *m, mlc_plan *p, const mlc_tensor *in, mlc_error *err)
 {
     mlc_symbolic *s = p->sym;
@@ -362,7 +409,7 @@ mlc_status mlc_sym_bind(mlc_model *m, mlc_plan *p, const mlc_tensor *in, mlc_err
                                 (long long)n, a, want);
             const mp_node *rec = &spec->rec->v.items[a];
             if (rec->type == MP_STR) {
-                int v = var_index(p, rec);
+                int v = mlc_sym_var(p, rec);
                 if (s->env[v] >= 0 && s->env[v] != n)
                     return mlc_fail(err, MLC_ERR_INPUT, "input '%s' has %s = %lld at axis %d, "
                                     "but another input gives %s = %lld: they must agree",
@@ -374,6 +421,9 @@ mlc_status mlc_sym_bind(mlc_model *m, mlc_plan *p, const mlc_tensor *in, mlc_err
             }
         }
     }
+    mlc_status st = mlc_sym_values(m, p, in, s->env, bound_by, err);
+    if (st)
+        return st;
     for (size_t v = 0; v < s->nvars; v++) {
         if (mlc_sym_counted(s, v))
             continue;
