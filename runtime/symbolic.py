@@ -36,32 +36,12 @@ from .bundle import BundleReader, nbytes_of, storage_dtype
 from .errors import BundleError, InputError
 from .header import (ARENA, CONST, OP_BIND_SIZE, OP_CALL_KERNEL, OP_COPY, SIZES, DimRecord,
                      KernelRow, Plan, SymbolicBound)
+from .dims import evaluate
 from .values import bind_values
 
 PLAN_CACHE = 4      # per-shape plans kept (arena + prepared calls each), unbounded bundles
 BOUND_CACHE = 64    # per-shape views kept over the one arena of a bounded bundle (cheap)
 ALIGN = 64
-
-
-def evaluate(rec: Any, env: Mapping[str, int]) -> int:
-    """The value of a dim record for the size variables' values ``env``."""
-    if isinstance(rec, int) and not isinstance(rec, bool):
-        return rec
-    if isinstance(rec, str):
-        return env[rec]
-    if isinstance(rec, (tuple, list)) and rec:
-        op = rec[0]
-        if op == "+":
-            return sum(evaluate(r, env) for r in rec[1:])
-        if op == "*":
-            out = 1
-            for r in rec[1:]:
-                out *= evaluate(r, env)
-            return out
-        if op in ("//", "%") and len(rec) == 3 and isinstance(rec[2], int) and rec[2] > 0:
-            v = evaluate(rec[1], env)
-            return v // rec[2] if op == "//" else v % rec[2]
-    raise BundleError(f"bundle header: malformed dim record {rec!r}")
 
 
 def _names(rec: Any) -> set[str]:

@@ -13,6 +13,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from .dims import evaluate
 from .errors import InputError
 
 
@@ -25,7 +26,6 @@ def bind_values(rows: Any, feeds: Mapping[str, np.ndarray], env: dict[str, int],
     data's dim where the data's is not 1 (broadcasting). Each must then be at least 1, as an
     input dim; an ``InputError`` names the input otherwise. The relations (a reshape keeps the
     element count) are checked afterwards with the others."""
-    from .symbolic import evaluate   # dim records (symbolic.py imports this module)
     for name, rule, names, *args in rows:
         arr = np.asarray(feeds[name])
         if arr.dtype.kind not in "iu" or arr.size != len(names) and rule in ("dims", "reshape",
