@@ -74,8 +74,9 @@ def onnx_reference(model_path: str | os.PathLike | bytes, input_names: Mapping[s
     if ort is None:
         return advice, advice.name
 
-    as_written = _has_qdq(source)
-    exact = exact_integers(source)
+    parsed = _parse(source)   # once for both questions
+    as_written = _has_qdq(parsed if parsed is not None else source)
+    exact = exact_integers(parsed if parsed is not None else source)
     session_source = exact if exact is not None else source
 
     def run_ort(feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -104,26 +105,40 @@ def onnx_reference(model_path: str | os.PathLike | bytes, input_names: Mapping[s
     return Reference(run_ort, name, second=advice, fork_safe=True), name
 
 
-def _has_qdq(source: str | bytes) -> bool:
+def _has_qdq(source: str | bytes | Any) -> bool:
     """Whether the model quantizes with QuantizeLinear/DequantizeLinear pairs. ONNX Runtime
     fuses those into its own integer kernels, and its u8 x s8 kernel on AVX2 without VNNI
     saturates int16 pair sums (255 * 127 * 2 > 32767): several quantization steps off the
     model as ONNX defines it, which mlcpack computes exactly. The reference then runs the
-    graph as written (graph optimizations off), on every CPU alike."""
-    try:
-        import onnx
+    graph as written (graph optimizations off), on every CPU alike. ``source`` may be the
+    parsed ModelProto."""
+    from .onnx import proto
 
-        model = onnx.load_from_string(source) if isinstance(source, bytes) else \
-            onnx.load(source, load_external_data=False)
-    except Exception:  # noqa: BLE001  (the import has read it already; no reason to refuse)
+    model = _parse(source, load_external_data=False)
+    if model is None:
         return False
     graphs, ops = [model.graph], set()
     while graphs:
         g = graphs.pop()
         for node in g.node:
             ops.add(node.op_type)
-            graphs.extend(a.g for a in node.attribute if a.type == onnx.AttributeProto.GRAPH)
+            graphs.extend(a.g for a in node.attribute if a.type == proto.AttributeProto.GRAPH)
     return bool({"QuantizeLinear", "DequantizeLinear"} & ops)
+
+
+def _parse(source: str | bytes | Any, load_external_data: bool = True) -> Any:
+    """The ModelProto of a path or serialized bytes (``source`` itself when parsed already),
+    read without ``import onnx`` (``onnx/proto.py``); None when it cannot be read (the import
+    has read it already: no reason to refuse here)."""
+    from .onnx import proto
+
+    if isinstance(source, proto.ModelProto):
+        return source
+    try:
+        return proto.load_model_from_string(source) if isinstance(source, bytes) else \
+            proto.load_model(source, load_external_data=load_external_data)
+    except Exception:  # noqa: BLE001
+        return None
 
 
 def _onnxruntime() -> Any:
@@ -137,20 +152,14 @@ def _onnxruntime() -> Any:
     return onnxruntime
 
 
-def exact_integers(source: str | bytes) -> bytes | None:
+def exact_integers(source: str | bytes | Any) -> bytes | None:
     """The model with the int8 weights of its u8 x s8 integer operators made uint8
     (``exact_reference.py``: ONNX Runtime's u8 x s8 kernel saturates on AVX2 without VNNI),
-    serialized; None when it has none."""
-    import onnx
-
+    serialized; None when it has none. ``source`` may be the parsed ModelProto."""
     from .onnx.exact_reference import exact_integer_copy, has_u8s8_candidates
 
-    try:
-        model = onnx.load_from_string(source) if isinstance(source, bytes) else \
-            onnx.load(source)
-    except Exception:  # noqa: BLE001  (the import has read it already; no reason to refuse)
-        return None
-    if not has_u8s8_candidates(model):
+    model = _parse(source)
+    if model is None or not has_u8s8_candidates(model):
         return None
     exact = exact_integer_copy(model)
     return None if exact is None else exact.SerializeToString()

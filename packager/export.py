@@ -156,7 +156,9 @@ def compile_variants(mod: IRModule, params: Mapping[str, np.ndarray] | None = No
         if params:
             mod = bind_params(mod, params)
         note("passes")
-        mod = run_pipeline(mod, DEFAULT_PIPELINE, options=options, verify=options.verify_ir)
+        mod = run_pipeline(mod, DEFAULT_PIPELINE, options=options,
+                           verify=options.verify_ir and options.verify_each_pass,
+                           verify_result=options.verify_ir)
         note("codegen")
         funcs = list(mod.prim_funcs().values())
         targets = drop_idle_levels(targets, funcs)
