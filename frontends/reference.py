@@ -30,12 +30,16 @@ class Reference:
 
     def __init__(self, run: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]],
                  name: str, refuses: bool = True, second: Reference | None = None,
-                 fork_safe: bool = False) -> None:
+                 fork_safe: bool = False, identity: str | None = None) -> None:
         self.run, self.name, self.refuses, self.second = run, name, refuses, second
         # runs in a forked worker beside the compile (packager/export.py): true of references
         # that start their engine per run (ONNX Runtime, onnx.reference), not of one whose
         # engine already runs threads here (PyTorch's OpenMP pool does not survive a fork)
         self.fork_safe = fork_safe
+        # what its outputs are a function of besides the feeds (the engine and its version,
+        # the model's bytes, the fixed feeds), as a digest: the golden cache
+        # (packager/golden_cache.py) keeps the outputs of a reference that has one
+        self.identity = identity
 
     def __call__(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         return self.run(feeds)
@@ -52,6 +56,7 @@ def onnx_reference(model_path: str | os.PathLike | bytes, input_names: Mapping[s
     source = model_path if isinstance(model_path, bytes) else os.fspath(model_path)
     to_onnx = {bundle: onnx_name for onnx_name, bundle in input_names.items()}
     fixed = dict(fixed or {})
+    model_digest = _model_digest(source, to_onnx, fixed)
 
     def onnx_feeds(feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         return {**fixed, **{to_onnx.get(k, k): v for k, v in feeds.items()}}
@@ -69,7 +74,8 @@ def onnx_reference(model_path: str | os.PathLike | bytes, input_names: Mapping[s
                                        f"({' '.join(str(exc).split())[:200]})") from None
         return dict(zip(ev.output_names, values))
 
-    advice = Reference(run_ref, "onnx.reference", refuses=False, fork_safe=True)
+    advice = Reference(run_ref, "onnx.reference", refuses=False, fork_safe=True,
+                       identity=_identity("onnx", model_digest))
     ort = _onnxruntime()
     if ort is None:
         return advice, advice.name
@@ -102,7 +108,44 @@ def onnx_reference(model_path: str | os.PathLike | bytes, input_names: Mapping[s
     name = f"onnxruntime {ort.__version__}" + (" (the graph as written)" if as_written else "")
     if exact is not None:
         name += " (int8 weights of integer operators as uint8: exact on every CPU)"
-    return Reference(run_ort, name, second=advice, fork_safe=True), name
+    return Reference(run_ort, name, second=advice, fork_safe=True,
+                     identity=_identity("onnxruntime", model_digest, name)), name
+
+
+def _model_digest(source: str | bytes, to_onnx: Mapping[str, str],
+                  fixed: Mapping[str, np.ndarray]) -> str | None:
+    """SHA-256 of the model's bytes, the input names and the fixed feeds (None when the file
+    cannot be read: then nothing is cached)."""
+    import hashlib
+
+    h = hashlib.sha256()
+    try:
+        if isinstance(source, bytes):
+            h.update(source)
+        else:
+            with open(source, "rb") as f:
+                for chunk in iter(lambda: f.read(1 << 20), b""):
+                    h.update(chunk)
+    except OSError:
+        return None
+    h.update(repr(sorted(to_onnx.items())).encode())
+    for name in sorted(fixed):
+        value = np.ascontiguousarray(fixed[name])
+        h.update(f"\0{name}\0{value.dtype}\0{value.shape}\0".encode() + value.tobytes())
+    return h.hexdigest()
+
+
+def _identity(engine: str, model_digest: str | None, name: str = "") -> str | None:
+    """The engine's name and version, and the model's digest."""
+    if model_digest is None:
+        return None
+    from importlib import metadata
+
+    try:
+        version = metadata.version(engine)
+    except metadata.PackageNotFoundError:
+        version = "?"
+    return f"{engine} {version}; {name}; {model_digest}"
 
 
 def _has_qdq(source: str | bytes | Any) -> bool:
