@@ -6,8 +6,11 @@ float32 model, which needs none of it. This module loads onnx's generated protob
 C++ extension under their own names (``onnx.onnx_ml_pb2``, ``onnx.onnx_cpp2py_export``) without
 running the package's ``__init__``; a later ``import onnx`` (onnx.reference, a tensor of a dtype
 numpy lacks) finds them in ``sys.modules`` and reuses them, so the classes are the same objects
-either way. What needs ml_dtypes or onnx's Python helpers (bfloat16, float8, 4- and 2-bit
-tensors, string tensors, external data) goes through onnx itself.
+either way. That package then lacks the two as attributes (``onnx.onnx_ml_pb2``: an import
+found in ``sys.modules`` binds no attribute), which nothing in onnx, onnxruntime or torch
+reads; ``from onnx import onnx_ml_pb2`` and ``import onnx.onnx_ml_pb2`` still give them.
+What needs ml_dtypes or onnx's Python helpers (bfloat16, float8, 4- and 2-bit tensors, string
+tensors, external data) goes through onnx itself.
 """
 
 from __future__ import annotations

@@ -28,6 +28,23 @@ def test_an_onnx_import_and_its_reference_setup_leave_onnx_and_ml_dtypes_unimpor
     assert out.strip() == "[]", out
 
 
+def test_a_later_import_onnx_shares_the_modules() -> None:
+    """onnx imported after the stand-ins loaded its submodules runs on them (onnx.reference
+    too), and the documented ways to import them give the same modules."""
+    code = (
+        "from mlcpack.frontends.onnx import proto\n"
+        "proto.validation_error()\n"
+        "import onnx, onnx.reference, onnx.checker\n"
+        "from onnx import onnx_ml_pb2, onnx_cpp2py_export\n"
+        "assert onnx_ml_pb2 is proto.pb and onnx.ModelProto is proto.ModelProto\n"
+        "assert onnx.checker.ValidationError is proto.validation_error()\n"
+        "assert onnx_cpp2py_export.checker.ValidationError is proto.validation_error()\n"
+        "print('ok')\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout
+    assert out.strip() == "ok", out
+
+
 def test_the_classes_are_onnx_own() -> None:
     assert proto.ModelProto is onnx.ModelProto
     assert proto.TensorProto is onnx.TensorProto
