@@ -2,7 +2,9 @@
 first with an empty compile cache (cold), then again with the cache that run filled (warm).
 
 Each export runs as its own command (``python -m mlcpack.packager.cli export ... --timings``)
-with ``MLCPACK_CACHE_DIR`` pointing at a fresh directory per model and checkout. Printed per
+with ``MLCPACK_CACHE_DIR`` pointing at a fresh directory per model and checkout, and the
+checkouts' bytecode compiled first (as an installed package has it; ``PYTHONDONTWRITEBYTECODE``
+in the shell would otherwise add ~1 CPU-s of compiling sources to every command). Printed per
 model: wall seconds and CPU seconds (the command's and its compile workers': on a shared,
 loaded host the wall time is inflated by other processes, the CPU time much less), cold and
 warm, and the stages ``--timings`` reported (where the time goes). With ``--other DIR`` (a
@@ -70,12 +72,34 @@ def parse_timings(stdout: str) -> dict[str, float]:
     return stages
 
 
-def export(onnx_path: str, extra: list[str], out: Path, cache: Path, pythonpath: str | None,
-           flags: list[str]) -> Run:
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    env["MLCPACK_CACHE_DIR"] = str(cache)
+def _env(pythonpath: str | None, pycache: Path) -> dict[str, str]:
+    """The commands' environment: ``pythonpath`` (None: this checkout, as installed), and
+    bytecode cached under ``pycache`` as an installed package has it (pip compiles it), even
+    where the shell sets PYTHONDONTWRITEBYTECODE (compiling ~130 modules from source costs
+    ~1 CPU-s per command), outside both checkouts."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("PYTHONPATH", "PYTHONDONTWRITEBYTECODE")}
+    env["PYTHONPYCACHEPREFIX"] = str(pycache)
     if pythonpath:
         env["PYTHONPATH"] = pythonpath
+    return env
+
+
+def compile_bytecode(pythonpath: str | None, pycache: Path) -> None:
+    """Every module of the checkout compiled into ``pycache`` before anything is timed."""
+    code = ("import compileall, os, mlcpack\n"
+            "root = os.path.dirname(mlcpack.__file__)\n"
+            "compileall.compile_file(mlcpack.__file__, quiet=1)\n"
+            "for sub in ('runtime', 'packager', 'frontends'):\n"
+            "    compileall.compile_dir(os.path.join(root, sub), quiet=1)\n")
+    subprocess.run([sys.executable, "-c", code], check=True, env=_env(pythonpath, pycache),
+                   cwd=pycache.parent)
+
+
+def export(onnx_path: str, extra: list[str], out: Path, cache: Path, pythonpath: str | None,
+           flags: list[str], pycache: Path) -> Run:
+    env = _env(pythonpath, pycache)
+    env["MLCPACK_CACHE_DIR"] = str(cache)
     cmd = [sys.executable, "-m", "mlcpack.packager.cli", "export", onnx_path, "-o", str(out),
            *extra, "--timings", *flags]
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -109,6 +133,8 @@ def main() -> None:
     ap.add_argument("models", nargs="*", default=[])
     ap.add_argument("--corpus", action="store_true", help="every corpus model (bench/corpus.py)")
     ap.add_argument("--other", default=None, help="directory holding another mlcpack package")
+    ap.add_argument("--this", default=None, help="directory holding this mlcpack package "
+                    "(default: the one this Python has installed)")
     ap.add_argument("--runs", type=int, default=1, help="cold + warm pairs per checkout")
     ap.add_argument("--target", default=None, help="--target for both (default: portable)")
     ap.add_argument("--no-check", action="store_true", help="golden check off")
@@ -126,7 +152,7 @@ def main() -> None:
         (["--target", args.target] if args.target else [])
     who = [("other", args.other)] if args.other else []
     if not (args.only_other and args.other):
-        who.append(("this", None))
+        who.append(("this", args.this))
     cpuflags = sorted({f for line in open("/proc/cpuinfo") if line.startswith("flags")
                        for f in line.split() if f.startswith(("avx2", "avx512", "fma"))})
     print(f"host flags: {' '.join(cpuflags)}; {os.cpu_count()} CPUs; target "
@@ -135,6 +161,9 @@ def main() -> None:
           f"{' '.join(f'{x:.1f}' for x in os.getloadavg())}", flush=True)
     rows = []
     with tempfile.TemporaryDirectory(prefix="mlcpack-export-time-") as tmp:
+        pycache = {w: Path(tmp) / f"pycache-{w}" for w, _ in who}
+        for w, path in who:
+            compile_bytecode(path, pycache[w])
         for spec in specs:
             onnx_path, extra, name = model_args(spec, Path(tmp))
             cold: dict[str, list[Run]] = {w: [] for w, _ in who}
@@ -144,7 +173,7 @@ def main() -> None:
                 for table in (cold, warm):
                     for w, path in who:
                         table[w].append(export(onnx_path, extra, Path(tmp) / f"{w}.mlc",
-                                               caches[w], path, flags))
+                                               caches[w], path, flags, pycache[w]))
                 for c in caches.values():
                     shutil.rmtree(c, ignore_errors=True)
             rows.append((name, cold, warm))

@@ -117,10 +117,10 @@ def _onnx_batched(model: Path, shapes: dict) -> tuple[Any, dict[str, Callable[[i
     --input-shape naming them. An input named ``x=N,...`` whose declared first dim is fixed
     (exporters often write 1) gets a symbolic one, as do the graph outputs with that same
     fixed first dim; intermediate shape hints are dropped (they would pin the old batch)."""
-    import onnx
+    from .onnx.proto import load_model
 
     try:
-        proto = onnx.load(str(model))
+        proto = load_model(str(model))
     except Exception as exc:
         raise ExportError(f"{model.name} is not a valid ONNX file: "
                           f"{' '.join(str(exc).split())[:200]}") from None

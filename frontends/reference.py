@@ -30,12 +30,16 @@ class Reference:
 
     def __init__(self, run: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]],
                  name: str, refuses: bool = True, second: Reference | None = None,
-                 fork_safe: bool = False) -> None:
+                 fork_safe: bool = False, identity: str | None = None) -> None:
         self.run, self.name, self.refuses, self.second = run, name, refuses, second
         # runs in a forked worker beside the compile (packager/export.py): true of references
         # that start their engine per run (ONNX Runtime, onnx.reference), not of one whose
         # engine already runs threads here (PyTorch's OpenMP pool does not survive a fork)
         self.fork_safe = fork_safe
+        # what its outputs are a function of besides the feeds (the engine and its version,
+        # the model's bytes, the fixed feeds), as a digest: the golden cache
+        # (packager/golden_cache.py) keeps the outputs of a reference that has one
+        self.identity = identity
 
     def __call__(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         return self.run(feeds)
@@ -52,6 +56,7 @@ def onnx_reference(model_path: str | os.PathLike | bytes, input_names: Mapping[s
     source = model_path if isinstance(model_path, bytes) else os.fspath(model_path)
     to_onnx = {bundle: onnx_name for onnx_name, bundle in input_names.items()}
     fixed = dict(fixed or {})
+    model_digest = _model_digest(source, to_onnx, fixed)
 
     def onnx_feeds(feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         return {**fixed, **{to_onnx.get(k, k): v for k, v in feeds.items()}}
@@ -69,13 +74,15 @@ def onnx_reference(model_path: str | os.PathLike | bytes, input_names: Mapping[s
                                        f"({' '.join(str(exc).split())[:200]})") from None
         return dict(zip(ev.output_names, values))
 
-    advice = Reference(run_ref, "onnx.reference", refuses=False, fork_safe=True)
+    advice = Reference(run_ref, "onnx.reference", refuses=False, fork_safe=True,
+                       identity=_identity("onnx", model_digest))
     ort = _onnxruntime()
     if ort is None:
         return advice, advice.name
 
-    as_written = _has_qdq(source)
-    exact = exact_integers(source)
+    parsed = _parse(source)   # once for both questions
+    as_written = _has_qdq(parsed if parsed is not None else source)
+    exact = exact_integers(parsed if parsed is not None else source)
     session_source = exact if exact is not None else source
 
     def run_ort(feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -101,29 +108,80 @@ def onnx_reference(model_path: str | os.PathLike | bytes, input_names: Mapping[s
     name = f"onnxruntime {ort.__version__}" + (" (the graph as written)" if as_written else "")
     if exact is not None:
         name += " (int8 weights of integer operators as uint8: exact on every CPU)"
-    return Reference(run_ort, name, second=advice, fork_safe=True), name
+    return Reference(run_ort, name, second=advice, fork_safe=True,
+                     identity=_identity("onnxruntime", model_digest, name)), name
 
 
-def _has_qdq(source: str | bytes) -> bool:
+def _model_digest(source: str | bytes, to_onnx: Mapping[str, str],
+                  fixed: Mapping[str, np.ndarray]) -> str | None:
+    """SHA-256 of the model's bytes, the input names and the fixed feeds (None when the file
+    cannot be read: then nothing is cached)."""
+    import hashlib
+
+    h = hashlib.sha256()
+    try:
+        if isinstance(source, bytes):
+            h.update(source)
+        else:
+            with open(source, "rb") as f:
+                for chunk in iter(lambda: f.read(1 << 20), b""):
+                    h.update(chunk)
+    except OSError:
+        return None
+    h.update(repr(sorted(to_onnx.items())).encode())
+    for name in sorted(fixed):
+        value = np.ascontiguousarray(fixed[name])
+        h.update(f"\0{name}\0{value.dtype}\0{value.shape}\0".encode() + value.tobytes())
+    return h.hexdigest()
+
+
+def _identity(engine: str, model_digest: str | None, name: str = "") -> str | None:
+    """The engine's name and version, and the model's digest."""
+    if model_digest is None:
+        return None
+    from importlib import metadata
+
+    try:
+        version = metadata.version(engine)
+    except metadata.PackageNotFoundError:
+        version = "?"
+    return f"{engine} {version}; {name}; {model_digest}"
+
+
+def _has_qdq(source: str | bytes | Any) -> bool:
     """Whether the model quantizes with QuantizeLinear/DequantizeLinear pairs. ONNX Runtime
     fuses those into its own integer kernels, and its u8 x s8 kernel on AVX2 without VNNI
     saturates int16 pair sums (255 * 127 * 2 > 32767): several quantization steps off the
     model as ONNX defines it, which mlcpack computes exactly. The reference then runs the
-    graph as written (graph optimizations off), on every CPU alike."""
-    try:
-        import onnx
+    graph as written (graph optimizations off), on every CPU alike. ``source`` may be the
+    parsed ModelProto."""
+    from .onnx import proto
 
-        model = onnx.load_from_string(source) if isinstance(source, bytes) else \
-            onnx.load(source, load_external_data=False)
-    except Exception:  # noqa: BLE001  (the import has read it already; no reason to refuse)
+    model = _parse(source, load_external_data=False)
+    if model is None:
         return False
     graphs, ops = [model.graph], set()
     while graphs:
         g = graphs.pop()
         for node in g.node:
             ops.add(node.op_type)
-            graphs.extend(a.g for a in node.attribute if a.type == onnx.AttributeProto.GRAPH)
+            graphs.extend(a.g for a in node.attribute if a.type == proto.AttributeProto.GRAPH)
     return bool({"QuantizeLinear", "DequantizeLinear"} & ops)
+
+
+def _parse(source: str | bytes | Any, load_external_data: bool = True) -> Any:
+    """The ModelProto of a path or serialized bytes (``source`` itself when parsed already),
+    read without ``import onnx`` (``onnx/proto.py``); None when it cannot be read (the import
+    has read it already: no reason to refuse here)."""
+    from .onnx import proto
+
+    if isinstance(source, proto.ModelProto):
+        return source
+    try:
+        return proto.load_model_from_string(source) if isinstance(source, bytes) else \
+            proto.load_model(source, load_external_data=load_external_data)
+    except Exception:  # noqa: BLE001
+        return None
 
 
 def _onnxruntime() -> Any:
@@ -137,20 +195,14 @@ def _onnxruntime() -> Any:
     return onnxruntime
 
 
-def exact_integers(source: str | bytes) -> bytes | None:
+def exact_integers(source: str | bytes | Any) -> bytes | None:
     """The model with the int8 weights of its u8 x s8 integer operators made uint8
     (``exact_reference.py``: ONNX Runtime's u8 x s8 kernel saturates on AVX2 without VNNI),
-    serialized; None when it has none."""
-    import onnx
-
+    serialized; None when it has none. ``source`` may be the parsed ModelProto."""
     from .onnx.exact_reference import exact_integer_copy, has_u8s8_candidates
 
-    try:
-        model = onnx.load_from_string(source) if isinstance(source, bytes) else \
-            onnx.load(source)
-    except Exception:  # noqa: BLE001  (the import has read it already; no reason to refuse)
-        return None
-    if not has_u8s8_candidates(model):
+    model = _parse(source)
+    if model is None or not has_u8s8_candidates(model):
         return None
     exact = exact_integer_copy(model)
     return None if exact is None else exact.SerializeToString()

@@ -156,7 +156,9 @@ def compile_variants(mod: IRModule, params: Mapping[str, np.ndarray] | None = No
         if params:
             mod = bind_params(mod, params)
         note("passes")
-        mod = run_pipeline(mod, DEFAULT_PIPELINE, options=options, verify=options.verify_ir)
+        mod = run_pipeline(mod, DEFAULT_PIPELINE, options=options,
+                           verify=options.verify_ir and options.verify_each_pass,
+                           verify_result=options.verify_ir)
         note("codegen")
         funcs = list(mod.prim_funcs().values())
         targets = drop_idle_levels(targets, funcs)
@@ -389,7 +391,8 @@ def _export(mods: dict[int | None, IRModule], path: str | os.PathLike,
     if opts.check or bf16:
         # the reference runs on the source model, in a worker beside the passes and the
         # compile where it can (_GoldenRun); collected once the plans are compiled
-        reference = _GoldenRun(mods[largest], params, opts)
+        reference = _GoldenRun(mods[largest], params, opts, compile_options.cache_dir,
+                               compile_options.cache_max_bytes)
 
     writer = BundleWriter()
     constants = _Constants(writer)
@@ -504,15 +507,25 @@ class _GoldenRun:
     here, first, as before. ``result()`` gives the ``Golden`` (or raises its error)."""
 
     def __init__(self, mod: IRModule, params: Mapping[str, np.ndarray] | None,
-                 opts: ExportOptions) -> None:
-        from .golden import prepare_golden
+                 opts: ExportOptions, cache_dir: str | None = None,
+                 cache_max_bytes: int = 0) -> None:
+        from . import golden_cache
+        from .golden import Golden, prepare_golden
         self.opts = opts
         self.value = None
         self.background = None
-        if opts.reference is None or getattr(opts.reference, "fork_safe", False):
+        # a warm export finds the reference's run in the compile cache (golden_cache.py)
+        self.cache = (cache_dir, golden_cache.golden_key(mod, params, opts) if cache_dir
+                      else None, cache_max_bytes)
+        cached = golden_cache.load(cache_dir, self.cache[1], Golden, opts)
+        if cached is not None:
+            cached.second = getattr(opts.reference, "second", None)
+            self.value = cached
+        elif opts.reference is None or getattr(opts.reference, "fork_safe", False):
             self.background = Background(_prepare_golden_here, (mod, params, opts))
         else:
             self.value = prepare_golden(mod, params, opts)
+            self._store(self.value)
 
     def result(self):
         if self.background is not None:
@@ -520,7 +533,13 @@ class _GoldenRun:
             if had_second:   # a Reference holds closures: it stayed here
                 golden.second = getattr(self.opts.reference, "second", None)
             self.value, self.background = golden, None
+            self._store(golden)
         return self.value
+
+    def _store(self, golden) -> None:
+        from . import golden_cache
+        directory, key, limit = self.cache
+        golden_cache.store(directory, key, golden, limit)
 
     def cancel(self) -> None:
         if self.background is not None:

@@ -99,8 +99,11 @@ class CompileOptions:
     parallel_compile: bool = True
     cache_dir: str | None = None
     cache_max_bytes: int = 1 << 30
-    # -- debug: check IR invariants before and after every pass
+    # -- debug: check the IR invariants of the pipeline's result, and (verify_each_pass,
+    # MLCPACK_VERIFY_EACH_PASS=1) before and after every pass, which costs ~60 % of the passes'
+    # time and names the pass that broke an invariant
     verify_ir: bool = True
+    verify_each_pass: bool = False
     # test only: make LLVM "abort" on a kernel whose name contains NAME ("NAME": the default
     # pipeline; "NAME:always": every pipeline), as an LLVM assertion does (codegen/build.py
     # _inject_fault; tests/export/test_llvm_abort_fails_one_kernel.py; MLCPACK_TEST_LLVM_ABORT)
@@ -178,6 +181,8 @@ class CompileOptions:
             env["symbolic_generic"] = True
         if environ.get("MLCPACK_PARALLEL_COMPILE", "1") == "0":
             env["parallel_compile"] = False
+        if environ.get("MLCPACK_VERIFY_EACH_PASS", "") not in ("", "0"):
+            env["verify_each_pass"] = True
         if environ.get("MLCPACK_TEST_LLVM_ABORT"):
             env["llvm_abort"] = environ["MLCPACK_TEST_LLVM_ABORT"]
         from .codegen import cache   # where the cache lives and its cap: its own rules

@@ -324,8 +324,9 @@ def golden_arrays(reader: Any, header: Header | None = None
     rec = header.golden
     if rec is None:
         raise NoGoldenDataError(f"{reader.name} carries no golden data (exported before mlcpack "
-                                "embedded it, with --no-check, or the pair was too large): "
-                                "nothing to verify; export it again to add it")
+                                "embedded it, with --no-check, with no reference that could "
+                                "run at export, or the pair was too large): nothing to verify; "
+                                "export it again to add it")
     arrays = [{row.name: reader.array(row.data, row.shape, row.dtype) for row in rows}
               for rows in (rec.inputs, rec.outputs)]
     return arrays[0], arrays[1], rec

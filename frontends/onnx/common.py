@@ -6,8 +6,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import numpy as np
-import onnx
-from onnx import helper
+
+from . import proto as onnx
 
 from ...packager.ir.graph import Value
 
@@ -39,7 +39,7 @@ def onnx_dtype(ctx: NodeContext, to: int | str) -> np.dtype:
     if isinstance(to, str):  # opset 1 names the type: "FLOAT"
         to = onnx.TensorProto.DataType.Value(to.upper())
     try:
-        return np.dtype(helper.tensor_dtype_to_np_dtype(int(to)))
+        return np.dtype(onnx.tensor_dtype_to_np_dtype(int(to)))
     except (KeyError, TypeError, ValueError):
         raise ctx.error(f"cast to {onnx.TensorProto.DataType.Name(int(to))} is not "
                         "supported") from None

@@ -15,10 +15,9 @@ from dataclasses import dataclass, field
 from typing import Any, Iterator, Mapping, Sequence
 
 import numpy as np
-import onnx
-import onnx.inliner
 from google.protobuf.message import DecodeError
-from onnx import helper, numpy_helper
+
+from . import proto as onnx
 
 from ...packager.errors import ExportError
 from ...packager.ir.builder import BlockBuilder, BuilderError
@@ -62,7 +61,7 @@ def import_onnx(model_or_path: str | os.PathLike | onnx.ModelProto,
     Raises ``ExportError`` (one line) for anything it cannot convert."""
     model, source = _load(model_or_path)
     if model.functions:
-        model = onnx.inliner.inline_local_functions(model)
+        model = onnx.inline_local_functions(model)
     opsets = _opsets(model)
     check_supported(model.graph, opsets, source)
     _check_model(model, model_or_path, source)
@@ -127,7 +126,7 @@ def _bound_inputs(inputs: Sequence[onnx.ValueInfoProto], given: dict[str, np.nda
             raise ExportError(f"--bind names {name!r}, which is not an input of {source} "
                               f"(inputs: {', '.join(by_name) or 'none'})")
         tt = vi.type.tensor_type
-        want = np.dtype(helper.tensor_dtype_to_np_dtype(tt.elem_type)) if tt.elem_type else None
+        want = np.dtype(onnx.tensor_dtype_to_np_dtype(tt.elem_type)) if tt.elem_type else None
         data = np.asarray(data)
         if want is not None and data.dtype != want:
             raise ExportError(f"--bind {name}: the array is {data.dtype}; the model takes "
@@ -186,8 +185,8 @@ def _load(model_or_path: str | os.PathLike | onnx.ModelProto) -> tuple[onnx.Mode
     if not os.path.isfile(model_or_path):
         raise ExportError(f"{source}: no such file ({os.fspath(model_or_path)})")
     try:
-        model = onnx.load(model_or_path)
-    except (DecodeError, ValueError, RuntimeError, OSError, onnx.checker.ValidationError) as exc:
+        model = onnx.load_model(model_or_path)
+    except (DecodeError, ValueError, RuntimeError, OSError, onnx.validation_error()) as exc:
         raise ExportError(f"{source} is not a valid ONNX file: {_one_line(exc)}") from None
     if not model.HasField("graph") or model.ir_version <= 0:
         raise ExportError(f"{source} is not a valid ONNX file: it has no graph or no IR version")
@@ -248,12 +247,12 @@ def _check_model(model: onnx.ModelProto, original: Any, source: str) -> None:
         tt.shape.SetInParent()  # present but empty, for the checker only
     try:
         try:
-            onnx.checker.check_model(target)
-        except onnx.checker.ValidationError as exc:
+            onnx.check_model(target)
+        except onnx.validation_error() as exc:
             if not _deprecated_we_read(model, exc):
                 raise
-            onnx.checker.check_model(_without_deprecated(model))
-    except (onnx.checker.ValidationError, ValueError) as exc:
+            onnx.check_model(_without_deprecated(model))
+    except (onnx.validation_error(), ValueError) as exc:
         raise ExportError(f"{source} is not a valid ONNX model: {_one_line(exc)}") from None
     finally:
         for tt in shapeless:
@@ -296,7 +295,7 @@ def _check_unique_outputs(graph: onnx.GraphProto, source: str) -> None:
 
 def _tensor_array(tensor: onnx.TensorProto, source: str) -> np.ndarray:
     try:
-        return numpy_helper.to_array(tensor)
+        return onnx.to_array(tensor)
     except (ValueError, TypeError, OSError) as exc:
         raise ExportError(f"{source}: initializer {tensor.name!r} cannot be read: "
                           f"{_one_line(exc)}") from None
@@ -397,7 +396,7 @@ def _make_params(bb: BlockBuilder, inputs: Sequence[onnx.ValueInfoProto],
     ordered = sorted(inputs, key=lambda vi: not vi.name.isidentifier())
     for vi in ordered:
         elem = vi.type.tensor_type.elem_type
-        dtype = str(np.dtype(helper.tensor_dtype_to_np_dtype(elem))) if elem else "undefined"
+        dtype = str(np.dtype(onnx.tensor_dtype_to_np_dtype(elem))) if elem else "undefined"
         if dtype not in RUNTIME_DTYPES:
             raise ExportError(f"{source}: input {vi.name!r} is {dtype}: {dtype} tensors at run time "
                               f"are not supported yet (only {', '.join(RUNTIME_DTYPES)})")
@@ -408,11 +407,11 @@ def _make_params(bb: BlockBuilder, inputs: Sequence[onnx.ValueInfoProto],
 # ---- nodes --------------------------------------------------------------------------------------
 
 def _attribute_value(attr: onnx.AttributeProto) -> Any:
-    value = helper.get_attribute_value(attr)
+    value = onnx.get_attribute_value(attr)
     if isinstance(value, bytes):
         return value.decode("utf-8", "replace")
     if isinstance(value, onnx.TensorProto):
-        return numpy_helper.to_array(value)
+        return onnx.to_array(value)
     if isinstance(value, list) and value and isinstance(value[0], bytes):
         return [v.decode("utf-8", "replace") for v in value]
     return value

@@ -364,13 +364,13 @@ def _one_hot(ctx: NodeContext) -> Value:
 
 @converter("EyeLike", since=9, attrs={"dtype": None, "k": 0})
 def _eye_like(ctx: NodeContext) -> Value:
-    import onnx
+    from .proto import tensor_dtype_to_np_dtype
 
     x = ctx.input(0)
     if len(x.type.shape) != 2:
         raise ctx.error(f"input must be 2-D, not {x.type.shape}")
     code = ctx.attrs["dtype"]
-    dtype = onnx.helper.tensor_dtype_to_np_dtype(int(code)) if code is not None \
+    dtype = tensor_dtype_to_np_dtype(int(code)) if code is not None \
         else np.dtype(x.type.dtype)
     rows, cols = x.type.shape
     return ctx.constant(np.eye(rows, cols, k=int(ctx.attrs["k"]), dtype=dtype), "eye")

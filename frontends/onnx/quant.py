@@ -59,9 +59,9 @@ MatMul/Gemm -> ``matmul``), with per-operator results:
 from __future__ import annotations
 
 import numpy as np
-from onnx import helper
 
 from ...packager.ir.graph import Value
+from .proto import tensor_dtype_to_np_dtype
 from .registry import NodeContext, converter
 
 # Integer outputs mlcpack quantizes to (rounded, saturated), and float8 ones (cast, saturated).
@@ -73,6 +73,9 @@ FLOAT8_MAX = {"float8_e4m3fn": 448.0, "float8_e4m3fnuz": 240.0, "float8_e5m2": 5
 
 def fold_cast(data: np.ndarray, dtype: np.dtype | str, saturate: bool) -> np.ndarray:
     """ONNX Cast of a constant, with ONNX's float8 saturation (onnx's reference semantics)."""
+    if (dtype if isinstance(dtype, str) else np.dtype(dtype).name) not in FLOAT8_MAX:
+        # onnx's cast_to is astype for every other dtype
+        return np.asarray(data).astype(dtype)
     from onnx.helper import np_dtype_to_tensor_dtype
     from onnx.reference.ops.op_cast import cast_to as reference_cast
 
@@ -94,7 +97,7 @@ _FLOAT_SOURCES = ("float32", "float64", "float16", "bfloat16")
 
 def _dtype_of(ctx: NodeContext, code: int) -> str:
     try:
-        return str(np.dtype(helper.tensor_dtype_to_np_dtype(int(code))))
+        return str(np.dtype(tensor_dtype_to_np_dtype(int(code))))
     except (KeyError, TypeError, ValueError):
         raise ctx.error(f"output_dtype {code} is not a tensor type") from None
 

@@ -12,10 +12,9 @@ per ONNX output it provides; outputs it leaves out must be unused).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol, Sequence
 
 import numpy as np
-import onnx
 
 from ...packager.errors import ExportError
 from ...packager.ir.builder import BlockBuilder
@@ -23,6 +22,9 @@ from ...packager.ir.graph import Constant, Value
 from ...packager.ir.sym import dim, is_static
 from ...packager.ops import get_op
 from ...packager.passes.stored_int import derive
+
+if TYPE_CHECKING:   # annotations only: the frontend reads models without `import onnx` (proto.py)
+    import onnx
 
 # Attributes old opsets declare that change nothing at inference (in-place hints).
 IGNORED_ATTRIBUTES = frozenset({"consumed_inputs"})

@@ -38,10 +38,10 @@ def _dims(type_proto) -> Optional[tuple[Dim, ...]]:
 def read_signature(path: str | os.PathLike) -> Optional[Signature]:
     """The signature of the ONNX file at ``path``, or None when it cannot be read (the importer
     reports an unreadable file in its own words). Inputs that are not tensors are left out."""
-    import onnx
+    from .proto import load_model
 
     try:
-        proto = onnx.load(os.fspath(path), load_external_data=False)
+        proto = load_model(os.fspath(path), load_external_data=False)
     except Exception:
         return None
     inits = {t.name for t in proto.graph.initializer}

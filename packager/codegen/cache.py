@@ -155,8 +155,8 @@ def object_key(parts: Iterable[bytes], target: Target) -> str:
     return h.hexdigest()
 
 
-def _path(directory: Path, key: str) -> Path:
-    return directory / key[:2] / f"{key}.obj"
+def _path(directory: Path, key: str, suffix: str = ".obj") -> Path:
+    return directory / key[:2] / f"{key}{suffix}"
 
 
 @dataclass(frozen=True)
@@ -172,10 +172,11 @@ class Entry:
     kernels: dict | None = None
 
 
-def load(directory: Path, key: str) -> Entry | None:
-    """The cached entry for ``key``, or None when absent or damaged."""
+def load(directory: Path, key: str, suffix: str = ".obj") -> Entry | None:
+    """The cached entry for ``key``, or None when absent or damaged. ``suffix``: the kind of
+    entry (``.obj`` objects; ``packager/golden_cache.py`` keeps ``.ref`` ones apart)."""
     try:
-        data = _path(directory, key).read_bytes()
+        data = _path(directory, key, suffix).read_bytes()
     except OSError:
         return None
     if not data.startswith(_MAGIC) or len(data) < len(_MAGIC) + 32 + 24:
@@ -198,7 +199,7 @@ def load(directory: Path, key: str) -> Entry | None:
     if not isinstance(notes, list) or not all(_is_note(n) for n in notes) \
             or not (kernels is None or isinstance(kernels, dict)):
         return None
-    _touch(_path(directory, key))
+    _touch(_path(directory, key, suffix))
     return Entry(obj, ir_text, notes, kernels)
 
 
@@ -211,7 +212,7 @@ def _is_note(note: object) -> bool:
 
 def store(directory: Path, key: str, obj: bytes, ir_text: str,
           notes: list[dict] | None = None, limit: int = DEFAULT_MAX_BYTES,
-          kernels: dict | None = None) -> None:
+          kernels: dict | None = None, suffix: str = ".obj") -> None:
     """Store an entry (``notes`` and ``kernels``: see ``Entry``), then trim the cache to
     ``limit`` bytes (``trim``); a cache that cannot be written is skipped silently (it only
     saves time)."""
@@ -219,7 +220,7 @@ def store(directory: Path, key: str, obj: bytes, ir_text: str,
     note_bytes = json.dumps({"fallbacks": notes or [], "kernels": kernels}).encode()
     body = b"".join([len(obj).to_bytes(8, "little"), len(ir_bytes).to_bytes(8, "little"),
                      len(note_bytes).to_bytes(8, "little"), obj, ir_bytes, note_bytes])
-    path = _path(directory, key)
+    path = _path(directory, key, suffix)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
@@ -232,7 +233,7 @@ def store(directory: Path, key: str, obj: bytes, ir_text: str,
             raise
     except OSError:
         return
-    trim(directory, limit)
+    trim(directory, limit, suffix)
 
 
 def _touch(path: Path) -> None:
@@ -243,8 +244,9 @@ def _touch(path: Path) -> None:
         pass
 
 
-def entries(directory: Path) -> list[tuple[float, int, Path]]:
-    """(mtime, size, path) of every entry under ``directory``, in no order."""
+def entries(directory: Path, suffix: str = ".obj") -> list[tuple[float, int, Path]]:
+    """(mtime, size, path) of every entry (of kind ``suffix``) under ``directory``, in no
+    order."""
     found = []
     try:
         buckets = list(os.scandir(directory))
@@ -255,7 +257,7 @@ def entries(directory: Path) -> list[tuple[float, int, Path]]:
             continue
         try:
             for item in os.scandir(bucket.path):
-                if item.name.endswith(".obj") and item.is_file(follow_symlinks=False):
+                if item.name.endswith(suffix) and item.is_file(follow_symlinks=False):
                     st = item.stat(follow_symlinks=False)
                     found.append((st.st_mtime, st.st_size, Path(item.path)))
                 elif item.name.startswith(".tmp-") and item.is_file(follow_symlinks=False):
@@ -274,11 +276,11 @@ def _remove(path: str) -> None:
         pass
 
 
-def trim(directory: Path, limit: int) -> int:
+def trim(directory: Path, limit: int, suffix: str = ".obj") -> int:
     """Delete the least recently used entries while the cache holds more than ``limit`` bytes,
     down to ``LOW_WATER`` of it; the newest entry stays even when it alone is larger. Returns
     the bytes deleted. Entries another process deletes meanwhile are skipped."""
-    found = entries(directory)
+    found = entries(directory, suffix)
     total = sum(size for _, size, _ in found)
     if total <= limit:
         return 0

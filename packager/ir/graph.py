@@ -22,6 +22,9 @@ class TensorType:
     shape: tuple[int, ...]
     dtype: str
 
+    def __post_init__(self) -> None:
+        te.use_dtype(self.dtype)
+
     @property
     def nbytes(self) -> int:
         return int(np.prod(self.shape, dtype=np.int64)) * np.dtype(self.dtype).itemsize

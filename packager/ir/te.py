@@ -17,7 +17,6 @@ import itertools
 from dataclasses import dataclass, field
 from typing import Callable, Iterator, Sequence
 
-import ml_dtypes  # noqa: F401  (registers numpy's "bfloat16" dtype name)
 import numpy as np
 
 from .sym import SymExpr
@@ -33,6 +32,16 @@ FLOAT_DTYPES = frozenset({"float32", "float64"}) | REDUCED_FLOAT_DTYPES
 INT_DTYPES = frozenset({"int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64"})
 SUBBYTE_INT_DTYPES = frozenset({"int4", "uint4", "int2", "uint2"})
 DTYPES = FLOAT_DTYPES | INT_DTYPES | SUBBYTE_INT_DTYPES | {"bool"}
+# The dtypes numpy knows by name only once ml_dtypes is imported (np.dtype("bfloat16")). The
+# import costs ~0.7 CPU-s (it registers ufunc loops for each of its dtypes), more than a warm
+# export of a float32 model: it happens when the first tensor of one of these dtypes is typed.
+ML_DTYPES = (REDUCED_FLOAT_DTYPES - {"float16"}) | SUBBYTE_INT_DTYPES
+
+
+def use_dtype(dtype: str) -> None:
+    """Make numpy know ``dtype`` by name: import ml_dtypes for the dtypes it defines."""
+    if dtype in ML_DTYPES:
+        import ml_dtypes  # noqa: F401  (registers numpy's "bfloat16" dtype name)
 
 
 def itemsize(dtype: str) -> int:
@@ -204,6 +213,9 @@ class Tensor:
     body: Expr | None = None
     uid: int = field(default_factory=lambda: next(_ids))
 
+    def __post_init__(self) -> None:
+        use_dtype(self.dtype)
+
     @property
     def is_placeholder(self) -> bool:
         return self.body is None
@@ -294,6 +306,7 @@ def if_then_else(cond: Expr, a: object, b: object) -> Expr:
 
 
 def cast(value: object, dtype: str) -> Expr:
+    use_dtype(dtype)
     e = as_expr(value)
     return e if e.dtype == dtype else Cast(e, dtype)
 

@@ -216,18 +216,44 @@ def conv2d(x: np.ndarray, w: np.ndarray, strides=(1, 1), padding=(0, 0, 0, 0), d
     static: list = []   # numpy: sizes are known, nothing is assumed
     oh = _out_size(h, kh, strides[0], padding[0], padding[2], dilation[0], relations=static)
     ow = _out_size(wd, kw, strides[1], padding[1], padding[3], dilation[1], relations=static)
-    out = np.zeros((n, o, oh, ow), dtype=np.float64)
+    # float64, a tap at a time: out[n, g, o', p] += w[g, o', c', tap] @ x[n, g, c', p + tap]
+    # through BLAS (the golden check runs this on whole real models: a 1-D convolution over
+    # 144160 audio samples took minutes as an einsum per tap)
     og = o // groups
-    for g in range(groups):
-        xg = xp[:, g * cg:(g + 1) * cg].astype(np.float64)
-        wg = w[g * og:(g + 1) * og].astype(np.float64)
+    xg = xp.astype(np.float64).reshape(n, groups, cg, *xp.shape[2:])
+    # [KH, KW, G, O', C'] contiguous: numpy's matmul goes through BLAS only for contiguous rows
+    wg = np.ascontiguousarray(w.astype(np.float64).reshape(groups, og, cg, kh, kw)
+                              .transpose(3, 4, 0, 1, 2))
+    if tuple(strides) == (1, 1):
+        # stride 1: with the padded image flattened, a tap's window is one contiguous run of
+        # it (rows Wp apart), which BLAS reads in place; the Wp - ow columns past each output
+        # row are computed and cut
+        hp, wp = xp.shape[2:]
+        flat = xg.reshape(n, groups, cg, hp * wp)
+        run = (oh - 1) * wp + ow
+        out = np.zeros((n, groups, og, oh * wp), dtype=np.float64)
         for ky in range(kh):
             for kx in range(kw):
-                y0, x0 = ky * dilation[0], kx * dilation[1]
-                patch = xg[:, :, y0:y0 + strides[0] * (oh - 1) + 1:strides[0],
-                           x0:x0 + strides[1] * (ow - 1) + 1:strides[1]]
-                out[:, g * og:(g + 1) * og] += np.einsum("nchw,oc->nohw", patch, wg[:, :, ky, kx])
-    return out.astype(x.dtype)
+                start = ky * dilation[0] * wp + kx * dilation[1]
+                _accumulate_tap(out[..., :run], wg[ky, kx], flat[..., start:start + run])
+        return out.reshape(n, o, oh, wp)[..., :ow].astype(x.dtype)
+    out = np.zeros((n, groups, og, oh * ow), dtype=np.float64)
+    for ky in range(kh):
+        for kx in range(kw):
+            y0, x0 = ky * dilation[0], kx * dilation[1]
+            patch = xg[..., y0:y0 + strides[0] * (oh - 1) + 1:strides[0],
+                       x0:x0 + strides[1] * (ow - 1) + 1:strides[1]].reshape(n, groups, cg, -1)
+            _accumulate_tap(out, wg[ky, kx], patch)
+    return out.reshape(n, o, oh, ow).astype(x.dtype)
+
+
+def _accumulate_tap(out: np.ndarray, tap: np.ndarray, patch: np.ndarray) -> None:
+    """``out[n, g] += tap[g] @ patch[n, g]`` (out [N, G, O', P], tap [G, O', C'], patch
+    [N, G, C', P]): a scale per channel for depthwise, else BLAS's matmul."""
+    if tap.shape[1:] == (1, 1):
+        out += patch * tap[None]
+    else:
+        out += np.matmul(tap[None], patch)
 
 
 # ---- conv2d with packed weights (output channels on the vector lanes) ---------------------------
@@ -855,15 +881,16 @@ def conv(x: np.ndarray, w: np.ndarray, strides=(), padding=(), dilation=(),
     outs = _nd_out_sizes(spatial, kernel, strides, padding, dilation, relations=[])
     o, cg = w.shape[0], w.shape[1]
     og = o // groups
-    out = np.zeros((x.shape[0], o) + outs)
+    n = x.shape[0]
+    out = np.zeros((n, groups, og, int(np.prod(outs, dtype=np.int64))))
+    x64 = x.astype(np.float64)
     for offs, per_axis in _nd_taps(spatial, kernel, strides, padding, dilation, outs):
-        vals, mask = _gather_nd_window(x.astype(np.float64), per_axis)
-        vals = np.where(mask, vals, 0.0)
-        for g in range(groups):
-            wk = w[(slice(g * og, (g + 1) * og), slice(None)) + offs].astype(np.float64)
-            out[:, g * og:(g + 1) * og] += np.einsum("nc...,oc->no...",
-                                                      vals[:, g * cg:(g + 1) * cg], wk)
-    return out.astype(x.dtype)
+        vals, mask = _gather_nd_window(x64, per_axis)
+        vals = np.where(mask, vals, 0.0).reshape(n, groups, cg, -1)
+        wk = np.ascontiguousarray(w[(slice(None), slice(None)) + offs], np.float64) \
+            .reshape(groups, og, cg)
+        out += np.matmul(wk[None], vals)   # through BLAS, as conv2d's
+    return out.reshape((n, o) + outs).astype(x.dtype)
 
 
 # ``nn.window_unfold`` lays a convolution's window taps along some axes out as channels, so

@@ -9,7 +9,7 @@ from typing import Callable, Sequence
 
 from ..ir.graph import IRModule
 from ..ir.printer import module_text
-from ..ir.invariants import verify_module
+from ..ir.invariants import VerifyError, verify_module
 from ..options import CompileOptions
 from .conv_nd import decompose_conv_nd
 from .conv_transpose import decompose_conv_transpose
@@ -59,20 +59,32 @@ DEFAULT_PIPELINE: tuple[Pass, ...] = (
 
 
 def run_pipeline(mod: IRModule, passes: Sequence[Pass] = DEFAULT_PIPELINE, *,
-                 options: CompileOptions, verify: bool = False,
+                 options: CompileOptions, verify: bool = False, verify_result: bool = False,
                  trace: Callable[[str, str], None] | None = None) -> IRModule:
     """Run ``passes`` in order with ``options`` (required: the pipeline's result is a function
     of the module and the options; layout choices ``options`` leaves to the targets are made
     for ``options.target`` as an export makes them, ``CompileOptions.for_targets``);
-    ``verify`` checks IR invariants after each one; ``trace(name, text)`` receives the printed
-    module after each pass (for ``--dump-ir``-style debugging)."""
+    ``verify`` checks IR invariants before the first pass and after each one (a broken
+    invariant names the pass); ``verify_result`` checks them once, on the result (what an
+    export does by default); ``trace(name, text)`` receives the printed module after each pass
+    (for ``--dump-ir``-style debugging)."""
     options = options.for_targets()
     if verify:
-        verify_module(mod)
+        _verify(mod, "the pipeline's input")
     for p in passes:
         mod = p.run(mod, options) if p.takes_options else p.run(mod)
         if verify:
-            verify_module(mod)
+            _verify(mod, f"pass {p.name}")
         if trace is not None:
             trace(p.name, module_text(mod))
+    if verify_result and not verify:
+        _verify(mod, "the pipeline's result")
     return mod
+
+
+def _verify(mod: IRModule, where: str) -> None:
+    try:
+        verify_module(mod)
+    except VerifyError as exc:
+        raise VerifyError(f"after {where}: {exc}" if where.startswith("pass") else
+                          f"{where}: {exc}") from None

@@ -158,6 +158,23 @@ def test_verify_without_golden_data_says_so(mlp_bundle, run_cli, one_line_error)
     assert "carries no golden data" in one_line_error(proc)
 
 
+def test_verify_names_an_export_whose_reference_could_not_run(tmp_path, small, run_cli,
+                                                             one_line_error) -> None:
+    """A reference that cannot run the model skips the check, and the bundle has no pair:
+    verify's message names that case among the reasons."""
+    from mlcpack.frontends.reference import Reference, ReferenceUnavailable
+
+    def unavailable(feeds):
+        raise ReferenceUnavailable("this reference cannot run it")
+
+    path = tmp_path / "unchecked.mlc"
+    report = _export(small, path, reference=Reference(unavailable, "a failing reference"))
+    assert report.check.startswith("golden check skipped") and "cannot run it" in report.check
+    proc = run_cli("verify", path)
+    assert proc.returncode == 14
+    assert "no reference that could run at export" in one_line_error(proc)
+
+
 def test_cli_export_checks_against_onnxruntime_and_verify_passes_without_the_compiler(
         tmp_path, run_cli) -> None:
     path = tmp_path / "mlp.mlc"
