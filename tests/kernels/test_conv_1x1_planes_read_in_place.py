@@ -1,7 +1,8 @@
 """1x1 convolutions read in place whose planes take a quarter to half of L2 (PP-LCNet's 256 ->
 256 on 14x14, 64 -> 128 on 28x28, 192 -> 64 on 14x14) run panels outermost, like the other
 1x1s with weights in L2 and at least CHUNK_MIN_STEPS input channels: each panel's planes stay in
-L1 for all its block rows. Against ONNX Runtime on 1-3 threads (tasks split panels), with
+L1 for all its block rows, and the epilogue prefetches the next panel's output (and residual)
+runs (``EPILOGUE_PREFETCH_PANELS``). Against ONNX Runtime on 1-3 threads (tasks split panels), with
 fused epilogues and a batch; and the geometry these cases are meant to take."""
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ def test_mid_sized_planes_panels_outermost_match_onnxruntime(tmp_path, n, c, h, 
     g = _geometry(n, c, h, o)
     plane_bytes = 4 * c * h * h
     assert g["direct"] and g["panel_outer"], "the case no longer runs panels outermost"
+    assert g["prefetch_panels"] == geometry.EPILOGUE_PREFETCH_PANELS > 0   # output, residual
     assert geometry.L2_REUSE_BYTES // 4 < plane_bytes <= geometry.L2_REUSE_BYTES // 2
     model = conv_model(n, c, h, h, o, 1, 1, act, residual, "mid")
     assert_matches_onnxruntime(tmp_path, model, conv_feeds(n, c, h, h, o, 1, 1, residual),
@@ -44,4 +46,4 @@ def test_mid_sized_planes_panels_outermost_match_onnxruntime(tmp_path, n, c, h, 
 def test_short_reductions_keep_block_rows_outermost():
     # fewer than CHUNK_MIN_STEPS input channels: the block rows' scattered stores cost more
     g = _geometry(1, 32, 56, 192)
-    assert g["direct"] and not g["panel_outer"]
+    assert g["direct"] and not g["panel_outer"] and not g["prefetch_panels"]

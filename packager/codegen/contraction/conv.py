@@ -583,8 +583,11 @@ class ConvMixin:
         env = {id(out.axes[0]): n}
         if wq == g["ow"] and self._vector_epilogue_ok() and self._rows_contiguous():
             # a panel is a contiguous run of outputs: vectors across row ends
+            ahead = g.get("prefetch_panels", 0) * nr
             with for_range(b, const_i64(0), rows, "ti") as i:
                 env[id(out.axes[1])] = b.add(oc0, i)
+                if ahead:
+                    self._prefetch_run(env, out, b.add(p0, const_i64(ahead)), nr)
                 for v in range(g["nv"]):
                     p = b.add(p0, const_i64(v * self.vl))
                     left = b.sub(const_i64(g["pflat"]), p)
@@ -615,6 +618,32 @@ class ConvMixin:
                         self._store_epilogue(env, tile, t_idx)
                 else:
                     self._conv_row_vectors(env, out, tile, i, row0, p0, x_lo, x_hi)
+
+    def _prefetch_run(self, env: dict, out: te.Tensor, p: ir.Value, count: int) -> None:
+        """Prefetch the ``count`` flattened outputs from ``p`` of the output row ``env`` names
+        (for writing) and of every epilogue operand read along it (a residual; for reading):
+        a line per 16 floats, and the run's last one. Past the row's end the lines belong to
+        the next row (or past the buffer: a prefetch does not fault)."""
+        b = self.builder
+        i8p = ir.IntType(8).as_pointer()
+        fn = intrinsic(self.module, "llvm.prefetch.p0", ir.VoidType(), [i8p, I32, I32, I32])
+        wq = self._conv_geometry()["wq"]
+        tensors = [(out, 1)]
+        seen = {out.uid}
+        for e in te.reads(self.match.body):
+            if (e.tensor.uid not in seen and len(e.indices) == len(out.axes)
+                    and all(i is a for i, a in zip(e.indices, out.axes))):
+                seen.add(e.tensor.uid)
+                tensors.append((e.tensor, 0))
+        env = dict(env)
+        for t, rw in tensors:
+            for d in sorted({*range(0, count, 16), count - 1}):
+                q = b.add(p, const_i64(d))
+                env[id(out.axes[2])] = b.sdiv(q, const_i64(wq))
+                env[id(out.axes[3])] = b.srem(q, const_i64(wq))
+                ptr = b.gep(self.buffers[t.uid], [self._offset(t, [env[id(a)] for a in out.axes])])
+                b.call(fn, [b.bitcast(ptr, i8p), ir.Constant(I32, rw), ir.Constant(I32, 3),
+                            ir.Constant(I32, 1)])
 
     def _conv_row_vectors(self, env, out, tile, i, row0, p0, x_lo, x_hi) -> None:
         """The epilogue on outputs x_lo..x_hi of one row, vl at a time (the last masked)."""
