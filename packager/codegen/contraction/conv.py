@@ -386,6 +386,9 @@ class ConvMixin:
                                      tile=tile_buf, init=init)
             if final:
                 self._conv_epilogue(g, out, n, oc0, local0, p0, tile)
+                if g.get("prefetch_panels", 0) and g.get("prefetch_input"):
+                    self._prefetch_input_rows(g, src, ic_base if chunk is None else
+                                              b.sub(ic_base, chunk[0]), mb, p0)
 
         if not g["direct"] or g["panels"] * nr <= g["pflat"]:
             block(False)
@@ -618,6 +621,27 @@ class ConvMixin:
                         self._store_epilogue(env, tile, t_idx)
                 else:
                     self._conv_row_vectors(env, out, tile, i, row0, p0, x_lo, x_hi)
+
+    def _prefetch_input_rows(self, g: dict, src, ic_base, mb, p0) -> None:
+        """Direct 1x1, block rows innermost: block row ``mb`` prefetches its share (the
+        channels ``mb * per`` on) of the input rows' runs that the panel ``prefetch_panels``
+        ahead reads, so that all the block rows of a panel together fetch its input."""
+        b = self.builder
+        i8p = ir.IntType(8).as_pointer()
+        fn = intrinsic(self.module, "llvm.prefetch.p0", ir.VoidType(), [i8p, I32, I32, I32])
+        mblocks = -(-g["og"] // g["mr"])
+        per = -(-g["cg"] // mblocks)
+        nr = g["nr"]
+        k_lo = b.mul(mb, const_i64(per))
+        k_hi = b.add(k_lo, const_i64(per))
+        k_hi = b.select(b.icmp_signed("<", k_hi, const_i64(g["cg"])), k_hi, const_i64(g["cg"]))
+        p = b.add(p0, const_i64(g["prefetch_panels"] * nr))
+        with for_range(b, k_lo, k_hi, "pk") as k:
+            row = b.add(b.mul(b.add(ic_base, k), const_i64(g["pstride"])), p)
+            for d in sorted({*range(0, nr, 16), nr - 1}):
+                ptr = b.gep(src, [b.add(row, const_i64(d))])
+                b.call(fn, [b.bitcast(ptr, i8p), ir.Constant(I32, 0), ir.Constant(I32, 3),
+                            ir.Constant(I32, 1)])
 
     def _prefetch_run(self, env: dict, out: te.Tensor, p: ir.Value, count: int) -> None:
         """Prefetch the ``count`` flattened outputs from ``p`` of the output row ``env`` names
