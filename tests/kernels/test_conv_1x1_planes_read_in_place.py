@@ -68,3 +68,7 @@ def test_inputs_past_l2_prefetch_input_rows_match_onnxruntime(tmp_path, n, c, h,
     model = conv_model(n, c, h, h, o, 1, 1, act, residual, "pf")
     assert_matches_onnxruntime(tmp_path, model, conv_feeds(n, c, h, h, o, 1, 1, residual),
                                threads, runs=5 if threads > 1 else 1)
+    from mlcpack.runtime.describe import describe   # `mlcpack inspect` names the design
+    kernels = [k["kernel"] for k in describe(tmp_path / "m.mlc")["kernels"]]
+    assert any(k.startswith("register-blocked conv:") and "input read in place" in k
+               and k.endswith("next panel's outputs and input prefetched") for k in kernels)
