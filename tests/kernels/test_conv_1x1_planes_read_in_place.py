@@ -1,7 +1,8 @@
 """1x1 convolutions read in place whose planes take a quarter to half of L2 (PP-LCNet's 256 ->
 256 on 14x14, 64 -> 128 on 28x28, 192 -> 64 on 14x14) run panels outermost, like the other
 1x1s with weights in L2 and at least CHUNK_MIN_STEPS input channels: each panel's planes stay in
-L1 for all its block rows. Against ONNX Runtime on 1-3 threads (tasks split panels), with
+L1 for all its block rows, and the epilogue prefetches the next panel's output (and residual)
+runs (``EPILOGUE_PREFETCH_PANELS``). Against ONNX Runtime on 1-3 threads (tasks split panels), with
 fused epilogues and a batch; and the geometry these cases are meant to take."""
 
 from __future__ import annotations
@@ -35,6 +36,8 @@ def test_mid_sized_planes_panels_outermost_match_onnxruntime(tmp_path, n, c, h, 
     g = _geometry(n, c, h, o)
     plane_bytes = 4 * c * h * h
     assert g["direct"] and g["panel_outer"], "the case no longer runs panels outermost"
+    assert g["prefetch_panels"] == geometry.EPILOGUE_PREFETCH_PANELS > 0   # output, residual
+    assert not g["prefetch_input"]   # the input stays in L2
     assert geometry.L2_REUSE_BYTES // 4 < plane_bytes <= geometry.L2_REUSE_BYTES // 2
     model = conv_model(n, c, h, h, o, 1, 1, act, residual, "mid")
     assert_matches_onnxruntime(tmp_path, model, conv_feeds(n, c, h, h, o, 1, 1, residual),
@@ -44,4 +47,28 @@ def test_mid_sized_planes_panels_outermost_match_onnxruntime(tmp_path, n, c, h, 
 def test_short_reductions_keep_block_rows_outermost():
     # fewer than CHUNK_MIN_STEPS input channels: the block rows' scattered stores cost more
     g = _geometry(1, 32, 56, 192)
-    assert g["direct"] and not g["panel_outer"]
+    assert g["direct"] and not g["panel_outer"] and not g["prefetch_panels"]
+
+
+# inputs past L2: the block rows also prefetch the next panel's input rows (odd image with a
+# masked last panel, a batch, threads; 256 channels in reduction chunks, 10 block rows over
+# 256 channels: the last block row's share clamped)
+PREFETCH_CASES = [   # n, c, h, o, act, residual, threads
+    (2, 64, 47, 96, "relu", True, 2),
+    (1, 256, 24, 40, None, False, 1),
+]
+
+
+@pytest.mark.parametrize("n,c,h,o,act,residual,threads", PREFETCH_CASES)
+def test_inputs_past_l2_prefetch_input_rows_match_onnxruntime(tmp_path, n, c, h, o, act,
+                                                               residual, threads):
+    g = _geometry(n, c, h, o)
+    assert g["direct"] and g["panel_outer"] and g["prefetch_panels"] and g["prefetch_input"]
+    assert 4 * c * h * h > geometry.L2_REUSE_BYTES
+    model = conv_model(n, c, h, h, o, 1, 1, act, residual, "pf")
+    assert_matches_onnxruntime(tmp_path, model, conv_feeds(n, c, h, h, o, 1, 1, residual),
+                               threads, runs=5 if threads > 1 else 1)
+    from mlcpack.runtime.describe import describe   # `mlcpack inspect` names the design
+    kernels = [k["kernel"] for k in describe(tmp_path / "m.mlc")["kernels"]]
+    assert any(k.startswith("register-blocked conv:") and "input read in place" in k
+               and k.endswith("next panel's outputs and input prefetched") for k in kernels)

@@ -386,6 +386,9 @@ class ConvMixin:
                                      tile=tile_buf, init=init)
             if final:
                 self._conv_epilogue(g, out, n, oc0, local0, p0, tile)
+                if g.get("prefetch_panels", 0) and g.get("prefetch_input"):
+                    self._prefetch_input_rows(g, src, ic_base if chunk is None else
+                                              b.sub(ic_base, chunk[0]), mb, p0)
 
         if not g["direct"] or g["panels"] * nr <= g["pflat"]:
             block(False)
@@ -583,8 +586,11 @@ class ConvMixin:
         env = {id(out.axes[0]): n}
         if wq == g["ow"] and self._vector_epilogue_ok() and self._rows_contiguous():
             # a panel is a contiguous run of outputs: vectors across row ends
+            ahead = g.get("prefetch_panels", 0) * nr
             with for_range(b, const_i64(0), rows, "ti") as i:
                 env[id(out.axes[1])] = b.add(oc0, i)
+                if ahead:
+                    self._prefetch_run(env, out, b.add(p0, const_i64(ahead)), nr)
                 for v in range(g["nv"]):
                     p = b.add(p0, const_i64(v * self.vl))
                     left = b.sub(const_i64(g["pflat"]), p)
@@ -615,6 +621,53 @@ class ConvMixin:
                         self._store_epilogue(env, tile, t_idx)
                 else:
                     self._conv_row_vectors(env, out, tile, i, row0, p0, x_lo, x_hi)
+
+    def _prefetch_input_rows(self, g: dict, src, ic_base, mb, p0) -> None:
+        """Direct 1x1, block rows innermost: block row ``mb`` prefetches its share (the
+        channels ``mb * per`` on) of the input rows' runs that the panel ``prefetch_panels``
+        ahead reads, so that all the block rows of a panel together fetch its input."""
+        b = self.builder
+        i8p = ir.IntType(8).as_pointer()
+        fn = intrinsic(self.module, "llvm.prefetch.p0", ir.VoidType(), [i8p, I32, I32, I32])
+        mblocks = -(-g["og"] // g["mr"])
+        per = -(-g["cg"] // mblocks)
+        nr = g["nr"]
+        k_lo = b.mul(mb, const_i64(per))
+        k_hi = b.add(k_lo, const_i64(per))
+        k_hi = b.select(b.icmp_signed("<", k_hi, const_i64(g["cg"])), k_hi, const_i64(g["cg"]))
+        p = b.add(p0, const_i64(g["prefetch_panels"] * nr))
+        with for_range(b, k_lo, k_hi, "pk") as k:
+            row = b.add(b.mul(b.add(ic_base, k), const_i64(g["pstride"])), p)
+            for d in sorted({*range(0, nr, 16), nr - 1}):
+                ptr = b.gep(src, [b.add(row, const_i64(d))])
+                b.call(fn, [b.bitcast(ptr, i8p), ir.Constant(I32, 0), ir.Constant(I32, 3),
+                            ir.Constant(I32, 1)])
+
+    def _prefetch_run(self, env: dict, out: te.Tensor, p: ir.Value, count: int) -> None:
+        """Prefetch the ``count`` flattened outputs from ``p`` of the output row ``env`` names
+        (for writing) and of every epilogue operand read along it (a residual; for reading):
+        a line per 16 floats, and the run's last one. Past the row's end the lines belong to
+        the next row (or past the buffer: a prefetch does not fault)."""
+        b = self.builder
+        i8p = ir.IntType(8).as_pointer()
+        fn = intrinsic(self.module, "llvm.prefetch.p0", ir.VoidType(), [i8p, I32, I32, I32])
+        wq = self._conv_geometry()["wq"]
+        tensors = [(out, 1)]
+        seen = {out.uid}
+        for e in te.reads(self.match.body):
+            if (e.tensor.uid not in seen and len(e.indices) == len(out.axes)
+                    and all(i is a for i, a in zip(e.indices, out.axes))):
+                seen.add(e.tensor.uid)
+                tensors.append((e.tensor, 0))
+        env = dict(env)
+        for t, rw in tensors:
+            for d in sorted({*range(0, count, 16), count - 1}):
+                q = b.add(p, const_i64(d))
+                env[id(out.axes[2])] = b.sdiv(q, const_i64(wq))
+                env[id(out.axes[3])] = b.srem(q, const_i64(wq))
+                ptr = b.gep(self.buffers[t.uid], [self._offset(t, [env[id(a)] for a in out.axes])])
+                b.call(fn, [b.bitcast(ptr, i8p), ir.Constant(I32, rw), ir.Constant(I32, 3),
+                            ir.Constant(I32, 1)])
 
     def _conv_row_vectors(self, env, out, tile, i, row0, p0, x_lo, x_hi) -> None:
         """The epilogue on outputs x_lo..x_hi of one row, vl at a time (the last masked)."""

@@ -51,8 +51,12 @@ class ContractionEmitter(ConvMixin, MatmulMixin, EpilogueMixin, ContractionBase)
         planes = ("input read in place" if g["direct"] else
                   "shifted planes" if g["shifted"] else "planes by stride phase")
         tail = f", {len(g['tail'])} tail pixel(s) as dot products" if g["tail"] else ""
+        ahead = ""
+        if g.get("prefetch_panels"):
+            ahead = (", next panel's outputs and input prefetched" if g.get("prefetch_input")
+                     else ", next panel's outputs prefetched")
         return (f"register-blocked conv: {g['mr']} channels x {g['nv'] * g['vl']} pixels "
-                f"register tile, {planes}{tail}")
+                f"register tile, {planes}{tail}{ahead}")
 
 
 def emit_symbolic_matmul(module: ir.Module, func: PrimFunc, symbol: str, vl: int,
