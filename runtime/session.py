@@ -10,7 +10,7 @@ implements ``run``, ``profile``, ``arena_bytes`` and ``_release``.
 from __future__ import annotations
 
 import threading
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -93,6 +93,28 @@ def check_out(name: str, array: Any, spec: Any, shape: tuple[int, ...]) -> None:
                          "(np.ascontiguousarray, or a fresh np.empty)")
 
 
+def bind_outputs(views: Mapping[str, np.ndarray], names: Iterable[str],
+                 out: Mapping[str, np.ndarray],
+                 written: Mapping[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
+    """A run's result: each output in ``names``, in order, as the array its kernels wrote it
+    in (``written``), copied into the caller's ``out`` array (checked), or copied out of the
+    arena view ``views[name]`` into a new array."""
+    result = {}
+    if not written and not out:   # the common case: one test, then copies
+        for name in names:
+            result[name] = views[name].copy()
+        return result
+    for name in names:
+        if written and name in written:
+            result[name] = written[name]
+        elif name in out:
+            np.copyto(out[name], views[name])
+            result[name] = out[name]
+        else:
+            result[name] = views[name].copy()
+    return result
+
+
 class Session:
     """A model with an arena of its own: ``model.session()``. Sessions of one model run at
     the same time from different threads; each shares the model's mapped code and weights and
@@ -104,6 +126,7 @@ class Session:
         self._plan = plan
         self._name = plan.name
         self._input_names = frozenset(s.name for s in plan.inputs)
+        self._output_names = [s.name for s in plan.outputs]   # in order; never mutated
         self._open = True
         self._lock = threading.Lock()
         # which plan the last run took: "batch N" (a static plan of a symbolic bundle) or
@@ -191,7 +214,7 @@ class Session:
     def _selected_outputs(self, outputs: Sequence[str] | None,
                           out: Mapping[str, np.ndarray] | None) -> list[str]:
         """The output names a run returns, in order; every name known and ``out`` a subset."""
-        names = [s.name for s in self._plan.outputs]
+        names = self._output_names
         if outputs is None:
             chosen = names
         else:
