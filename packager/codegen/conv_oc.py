@@ -1,6 +1,6 @@
 """A direct kernel for ungrouped convolutions with the output channels on the vector lanes
 (``nn.conv2d_oc``: NCHW float32 in and out, any window, stride and padding; the weights packed
-at export by ``ops.nn.pack_oc_weights`` into blocks of 32 output channels, each block's
+at export by ``ops.layout.pack_oc_weights`` into blocks of 32 output channels, each block's
 ``[C * kh * kw, 32]`` weights contiguous).
 
 The register tile is MR output pixels times 4 channel vectors (on AVX2: 3 pixels x 32

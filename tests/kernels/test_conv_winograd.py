@@ -1,6 +1,6 @@
 """Winograd F(2x2, 3x3) in the channel-lane convolution kernel (codegen/conv_oc.py): the export
 transforms a 3x3 stride-1 convolution's weights (passes/layout.py ``uses_winograd``,
-ops/nn.py ``pack_wino_weights``) and the kernel transforms the input blocks, multiplies and
+ops/layout.py ``pack_wino_weights``) and the kernel transforms the input blocks, multiplies and
 transforms the outputs back. Checked against ONNX Runtime over odd sizes, partial channel
 blocks, padding, bands, batches, fused epilogues, 1-3 threads, the SSE variant and the
 operator's own expression (the generic lowering); and which convolutions take it."""
@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from conv_models import conv_feeds, conv_model
 
-from mlcpack.packager.ops.nn import OC_BLOCK, pack_wino_weights, unpack_wino_weights
+from mlcpack.packager.ops.layout import OC_BLOCK, pack_wino_weights, unpack_wino_weights
 from mlcpack.packager.passes.layout import uses_winograd
 
 ort = pytest.importorskip("onnxruntime")

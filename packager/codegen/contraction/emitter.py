@@ -61,7 +61,7 @@ class ContractionBase(KernelEmitter):
         self._part_base: ir.Value | None = None   # the conv's reduction-chunk tiles (workspace)
         # (image, gathered rows) of the tail outputs that follow each block row (_fuses_tail)
         self._fused_tail: tuple[ir.Value, ir.Value] | None = None
-        # B packed at export into panels [ceil(N / nr), K, nr] (ops/nn.py matmul_packed)
+        # B packed at export into panels [ceil(N / nr), K, nr] (ops/layout.py matmul_packed)
         self._const_panels = match.tag.kind == "matmul_packed"
 
     # The contraction inside the epilogue expression reads the register tile.

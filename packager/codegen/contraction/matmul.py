@@ -1,6 +1,6 @@
 """The register-blocked matmul: ``out[m, n] = sum_k a[m, k] * b[k, n]``: rows m are broadcast
 from ``a``, the wide operand is a row of ``b`` (masked loads on the last, partial panel), or of
-a panel of a constant ``b`` packed at export (``matmul_packed``, ops/nn.py: [ceil(N / 16), K,
+a panel of a constant ``b`` packed at export (``matmul_packed``, ops/layout.py: [ceil(N / 16), K,
 16], the last panel zero-filled: plain loads throughout, no copy at run time). M, N, K and the
 batch dims may be run-time sizes (symbolic matmuls).
 
