@@ -504,27 +504,8 @@ class SymbolicConvEmitter(ContractionEmitter):
                 end = b.sub(p1, row0)
                 x_hi = b.select(b.icmp_signed("<", end, OW), end, OW)
                 env[id(out.axes[2])] = oy
-                if not vector:
-                    with for_range(b, x_lo, x_hi, "ox") as ox:
-                        env[id(out.axes[3])] = ox
-                        t_idx = b.add(b.mul(i, const_i64(nr)), b.sub(b.add(row0, ox), p0))
-                        self._store_epilogue(env, tile, t_idx)
-                else:
-                    count = b.sub(x_hi, x_lo)
-                    count = b.select(b.icmp_signed(">", count, const_i64(0)), count,
-                                     const_i64(0))
-                    nvec = b.sdiv(b.add(count, const_i64(self.vl - 1)), const_i64(self.vl))
-                    with for_range(b, const_i64(0), nvec, "ov") as q:
-                        ox = b.add(x_lo, b.mul(q, const_i64(self.vl)))
-                        env[id(out.axes[3])] = ox
-                        t_idx = b.add(b.mul(i, const_i64(nr)), b.sub(b.add(row0, ox), p0))
-                        left = b.sub(x_hi, ox)
-                        with b.if_else(b.icmp_signed(">=", left, const_i64(self.vl))) \
-                                as (full, part):
-                            with full:
-                                self._store_vector(env, tile, t_idx, None)
-                            with part:
-                                self._store_vector(env, tile, t_idx, self._lane_mask(left, 0))
+                self._store_row_span(env, out.axes[3], tile, i, nr, row0, p0, x_lo, x_hi,
+                                     vector, clamp=True)
 
     def _fill_cols(self, x_grp, cols, H, W, OH, OW, P, oy_range=None) -> None:
         """cols[(ic*kh + ky)*kw + kx, oy*OW + ox] = x[ic, oy*sh + ky*dh - pt, ox*sw + kx*dw - pl]
@@ -643,12 +624,7 @@ class SymbolicConvEmitter(ContractionEmitter):
                 else:
                     env[id(out.axes[2])] = b.sdiv(p, OW)
                     env[id(out.axes[3])] = b.srem(p, OW)
-                t_idx = b.add(b.mul(i, const_i64(nr)), const_i64(v * self.vl))
-                if not masked:
-                    self._store_vector(env, tile, t_idx, None)
-                    continue
-                with b.if_then(b.icmp_signed(">", remaining, const_i64(v * self.vl))):
-                    self._store_vector(env, tile, t_idx, masks[v])
+                self._store_tile_vector(env, tile, i, nr, v, masked, remaining, masks)
 
         if og % mr == 0 and vector:
             # every block row whole: unrolled, so that the tile stays in registers (the loop
