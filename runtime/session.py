@@ -4,19 +4,46 @@
 ``outputs=``, ``out=`` arrays, input dtypes and shapes, each refused in one line), the lock
 that makes calls on one session take turns, ``model(x)``-style calls, closing. Each kind's
 subclass (``static_plan.FixedSession``, ``BatchSession``, ``symbolic_plan.SymbolicSession``)
-implements ``run``, ``profile``, ``arena_bytes`` and ``_release``.
+implements ``run``, ``profile``, ``arena_bytes`` and ``_release``. ``ModelPlan`` is the protocol of
+the plan objects (``plan.py``) that make them, beside the ``Session`` it returns.
 """
 
 from __future__ import annotations
 
 import threading
-from typing import Any, Iterable, Mapping, Sequence
+import weakref
+from typing import Any, Iterable, Mapping, Protocol, Sequence
 
 import numpy as np
 
 from .bundle import STORAGE_DTYPES, storage_dtype
 from .errors import InputError
-from .plan import ModelPlan, TensorSpec
+from .plan import BatchInfo, TensorSpec
+
+
+class ModelPlan(Protocol):
+    """One bundle kind's way to run: what ``Model`` reads and calls, and nothing else."""
+
+    name: str                        # the bundle's file name, for messages
+    inputs: list[Any]                # TensorSpec (static kinds) or symbolic.SymSpec
+    outputs: list[Any]
+    batch: BatchInfo | None          # the batch plans' sizes, when the bundle has them
+    specialized_batches: tuple[int, ...]   # a symbolic bundle's static plans (--batch-sizes)
+    code_variant: dict               # the code variant chosen for this CPU, as a header map
+    num_instructions: int            # VM instructions of one run (the largest plan's)
+    # the open sessions made by ``session(main=False)``: ``close`` closes them
+    sessions: weakref.WeakSet[Session]
+
+    @property
+    def has_parallel_kernels(self) -> bool:
+        """Some kernel splits its work into tasks when run on several threads."""
+
+    def session(self, threads: int, main: bool = False) -> Session:
+        """A session with an arena and ``threads`` of its own (``main``: the model's own,
+        which is not listed in ``sessions``)."""
+
+    def close(self) -> None:
+        """Close every session and unmap the code; nothing runs afterwards."""
 
 
 def shape_text(shape: tuple) -> str:
