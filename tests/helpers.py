@@ -112,6 +112,24 @@ def run_op(op: str, inputs: Sequence[np.ndarray], tmp_path: Path,
     return compile_and_run(mod, feeds, tmp_path)["y"]
 
 
+def force_parallel_kernels(monkeypatch, macs: bool = True, outputs: bool = True) -> None:
+    """Every kernel split over threads however small, for the exports this test makes with the
+    options of the environment (``CompileOptions.from_environ``, what export entries given no
+    options use): ``parallel_min_macs`` (contraction, depthwise, channel-lane kernels) and/or
+    ``parallel_min_outputs`` (generic loop nests, softmax, normalization) 0. Options are part
+    of the compile cache's key, so these kernels never meet the unsplit ones' entries."""
+    from mlcpack.packager.options import CompileOptions
+
+    original = CompileOptions.from_environ.__func__
+    changes = {**({"parallel_min_macs": 0} if macs else {}),
+               **({"parallel_min_outputs": 0} if outputs else {})}
+
+    def from_environ(cls, environ, **fields):
+        return original(cls, environ, **{**changes, **fields})
+
+    monkeypatch.setattr(CompileOptions, "from_environ", classmethod(from_environ))
+
+
 class SharedLog:
     """A list that spies fill from this process or from the forked compile workers
     (packager/codegen/parallel.py emits and compiles every module in a worker, so a plain list

@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from mlcpack.packager.codegen import lower, softmax
+from mlcpack.packager.codegen import softmax
 from mlcpack.packager.export import ExportOptions, export_module
 from mlcpack.packager.ir import BlockBuilder
 from mlcpack.packager.ops import get_op
 from mlcpack.runtime import load
 
-from helpers import SharedLog
+from helpers import SharedLog, force_parallel_kernels
 
 RNG = np.random.default_rng(21)
 # rows x row length: under one vector, exactly 16, the attention shape's 198 (groups of 2-4
@@ -51,7 +51,7 @@ def emitted(monkeypatch, tmp_path) -> SharedLog:
 @pytest.mark.parametrize("target", ["x86-64-v2", "x86-64-v3", "host"])
 @pytest.mark.parametrize("op", ["nn.softmax", "nn.log_softmax"])
 def test_row_lengths_and_widths(op, target, tmp_path, emitted, monkeypatch) -> None:
-    monkeypatch.setattr(lower, "PARALLEL_MIN_OUTPUTS", 0)   # every kernel splits its rows
+    force_parallel_kernels(monkeypatch, macs=False)   # every kernel splits its rows
     path = tmp_path / "m.mlc"
     export_module(module(op, SHAPES), path, ExportOptions(target=target))
     assert len(emitted) == len(SHAPES) and set(emitted.items()) == {op == "nn.log_softmax"}

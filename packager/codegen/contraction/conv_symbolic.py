@@ -21,7 +21,7 @@ groups, each task copying one group at a time into a region of the workspace of 
 (``MAX_TASK_REGIONS`` regions); an ungrouped one splits its (panel, block row) work, every
 image having planes (or columns) of its own, and each task copies only the plane rows (or
 output rows) its panels read, so the tasks share no row they write differently and need no
-barrier. A call with fewer multiply-adds than ``PARALLEL_MIN_MACS`` per task uses fewer
+barrier. A call with fewer multiply-adds than ``options.parallel_min_macs`` per task uses fewer
 tasks (the rest return at once). Depthwise convolutions (one channel per group, horizontal
 stride 1 or 2) take a kernel of their own (``codegen/depthwise/symbolic.py``); others with one
 channel per group use this kernel with a one-row tile.
@@ -36,9 +36,10 @@ from llvmlite import ir
 
 from ...ir import te
 from ...ir.graph import PrimFunc
+from ...options import CompileOptions
 from ..helpers import F32, I64, alloca_once, const_i64, for_range
 from ..lower import WORKSPACE_ALIGN, KernelInfo
-from .geometry import L2_REUSE_BYTES, MAX_TASK_REGIONS, PARALLEL_MIN_MACS, _conv_tiles
+from .geometry import L2_REUSE_BYTES, MAX_TASK_REGIONS, _conv_tiles
 from .kernel import ContractionEmitter
 from .match import match_contraction
 
@@ -109,7 +110,7 @@ class SymbolicConvEmitter(ContractionEmitter):
         # static bundle splits them.)
         per_position = g["og"] * g["K"] * g["groups"]
         return KernelInfo(self.symbol, len(self.func.inputs), len(self.func.outputs), 0,
-                          per_position * 128 * 128 >= 2 * PARALLEL_MIN_MACS, symbolic=True,
+                          per_position * 128 * 128 >= 2 * self.options.parallel_min_macs, symbolic=True,
                           workspace_expr=workspace)
 
     def _split_v(self, total: ir.Value, task: ir.Value, ntasks: ir.Value):
@@ -121,7 +122,7 @@ class SymbolicConvEmitter(ContractionEmitter):
         """How many of ``ntasks`` share ``macs`` multiply-adds: at least PARALLEL_MIN_MACS
         each, at least one, at most ``cap``."""
         b = self.builder
-        want = b.sdiv(macs, const_i64(PARALLEL_MIN_MACS))
+        want = b.sdiv(macs, const_i64(self.options.parallel_min_macs))
         want = b.select(b.icmp_signed("<", want, const_i64(1)), const_i64(1), want)
         nt = b.select(b.icmp_signed("<", want, ntasks), want, ntasks)
         if cap is not None:
@@ -652,7 +653,8 @@ class SymbolicConvEmitter(ContractionEmitter):
 
 
 def emit_symbolic_conv(module: ir.Module, func: PrimFunc, symbol: str, vl: int,
-                       size_vars: tuple[str, ...]) -> KernelInfo | None:
+                       size_vars: tuple[str, ...],
+                       options: CompileOptions = CompileOptions()) -> KernelInfo | None:
     """A conv2d (any groups, NCHW, float32) whose batch or spatial sizes are run-time values;
     None for anything else (the caller falls back). Depthwise convs take their own kernel
     first (the rule table, ``codegen/rules.py``, asks
@@ -665,4 +667,4 @@ def emit_symbolic_conv(module: ir.Module, func: PrimFunc, symbol: str, vl: int,
             or len(x_t.shape) != 4 or not all(isinstance(d, int) for d in w_t.shape) \
             or not isinstance(x_t.shape[1], int) or len(match.out.axes) != 4:
         return None
-    return SymbolicConvEmitter(module, func, symbol, match, vl, size_vars).emit()
+    return SymbolicConvEmitter(module, func, symbol, match, vl, size_vars, options).emit()

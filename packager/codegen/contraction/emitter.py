@@ -13,6 +13,7 @@ from llvmlite import ir
 
 from ...ir import te
 from ...ir.graph import PrimFunc
+from ...options import CompileOptions
 from ..helpers import F32, I1, I32, I64, alloca_once, const_i64, for_range, intrinsic
 from ..lower import KernelEmitter, LoweringError
 from ..vecmath_lanes import opaque_zero, splat_i32
@@ -43,8 +44,9 @@ class ContractionBase(KernelEmitter):
     plans_conv = True   # convolutions: conv_geometry() picks the vector width
 
     def __init__(self, module: ir.Module, func: PrimFunc, symbol: str, match: Contraction,
-                 vl: int, size_vars: tuple[str, ...] = ()) -> None:
-        super().__init__(module, func, symbol, size_vars)
+                 vl: int, size_vars: tuple[str, ...] = (),
+                 options: CompileOptions = CompileOptions()) -> None:
+        super().__init__(module, func, symbol, size_vars, options)
         self.match = match
         self.target_vl = vl
         self._geom_cache: dict | None = None
