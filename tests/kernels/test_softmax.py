@@ -37,7 +37,7 @@ def module(op: str, shapes: list[tuple[int, ...]]):
 def emitted(monkeypatch, tmp_path) -> SharedLog:
     """Records every softmax kernel emitted (so a test knows the fast path ran)."""
     seen = SharedLog(tmp_path / "emitted")
-    monkeypatch.setenv("MLCPACK_CACHE_DIR", "off")   # a cache hit emits no kernel to count
+    seen.count_cache_hits(monkeypatch, "SoftmaxEmitter.emit: log")
     original = softmax.SoftmaxEmitter.emit
 
     def spy(self):
@@ -105,3 +105,18 @@ def test_fused_softmax_is_not_taken(tmp_path, emitted) -> None:
     with load(path) as model:
         got = model.run({"x": v})["y"]
     np.testing.assert_allclose(got, 2 * get_op("nn.softmax").reference(v, axis=-1), rtol=1e-6)
+
+
+def test_a_cache_hit_is_counted(tmp_path, emitted) -> None:
+    """The spy counts with the compile cache on (helpers.SharedLog.count_cache_hits): a module
+    it has not seen emitted compiles without the cache (the spy sees it), the next export
+    compiles and stores it (unless another test did), the third comes from the cache, emits
+    nothing, and counts its kernels as they were emitted."""
+    mod = module("nn.softmax", SHAPES[:2])
+    hits = []
+    for name in "abc":
+        report = export_module(mod, tmp_path / f"{name}.mlc", ExportOptions(target="x86-64-v2"))
+        hits += [hit for _, _, hit in report.compiles]
+    assert not hits[0] and hits[2]   # (the second hits too if another test stored it)
+    assert emitted.items() == [False, False] * 3
+    assert (tmp_path / "a.mlc").read_bytes() == (tmp_path / "c.mlc").read_bytes()
