@@ -131,8 +131,10 @@ def force_parallel_kernels(monkeypatch, macs: bool = True, outputs: bool = True)
 
 
 # The emission under way in this process (``SharedLog.count_cache_hits``'s hook): a stack of
-# (per-function key, {log file: the values appended to it meanwhile}).
+# (per-function key, {log file: the values appended to it meanwhile}); and whether the compile
+# under way must miss the cache (a function a spy has not seen: it is emitted, then stored).
 _EMITTING: list[tuple[str | None, dict[str, list]]] = []
+_MISS: list[bool] = [False]
 
 
 class SharedLog:
@@ -171,14 +173,16 @@ class SharedLog:
     def __repr__(self) -> str:
         return f"SharedLog({self.items()!r})"
 
-    def count_cache_hits(self, monkeypatch, spy: str) -> None:
+    def count_cache_hits(self, monkeypatch, spy: str, pure: bool = True) -> None:
         """Make a compile cache hit append what the spy appended when the hit's kernels were
         emitted. ``spy`` names what the spy records (the same name, the same values for the
         same kernel: e.g. "SoftmaxEmitter.emit: log"). Every function emitted while this runs
         has its values kept beside the cache (one store per ``spy``, keyed by the function's
         compile key: the function, target, size variables and options); a hit replays them,
         and a compile with a function the spy has not seen emitted (an entry another test
-        stored) skips the cache, so that the spy sees it."""
+        stored) misses the cache, so that the spy sees it, and stores its object. ``pure``
+        False: the spy changes what is emitted (a patched emitter that declines), and such a
+        compile neither reads nor writes the cache."""
         from mlcpack.packager import export
         from mlcpack.packager.codegen import build, parallel
 
@@ -187,6 +191,7 @@ class SharedLog:
         if not directory or directory == "off":
             return   # no cache: every kernel is emitted, the spy sees each
         self.spy = spy
+        self.pure = pure
         self._cache_dir = directory
         monkeypatch.setattr(SharedLog, "_counting", [*SharedLog._counting, self])
         if getattr(build.emit_function, "_counts_hits", False):
@@ -213,8 +218,14 @@ class SharedLog:
             keys = [[_function_key(f, size_vars, t, options) for f in funcs] for t in targets]
             if options.cache_dir and not all(
                     log._seen(k) for log in SharedLog._counting for k in keys):
-                options = options.replace(cache_dir=None)   # the spies see every kernel
-            codes = compile_for_targets(funcs, targets, size_vars, options, **kwargs)
+                if all(log.pure for log in SharedLog._counting):
+                    _MISS[0] = True   # the spies see every kernel; the object is stored
+                else:
+                    options = options.replace(cache_dir=None)
+            try:
+                codes = compile_for_targets(funcs, targets, size_vars, options, **kwargs)
+            finally:
+                _MISS[0] = False
             for code, k in zip(codes, keys):
                 if code.from_cache:
                     for log in SharedLog._counting:
@@ -222,6 +233,10 @@ class SharedLog:
             return codes
         monkeypatch.setattr(parallel, "compile_for_targets", compiling)
         monkeypatch.setattr(export, "compile_for_targets", compiling)
+        cached_code, hit = parallel.cached_code, build._hit
+        monkeypatch.setattr(parallel, "cached_code",
+                            lambda *args: None if _MISS[0] else cached_code(*args))
+        monkeypatch.setattr(build, "_hit", lambda *args: None if _MISS[0] else hit(*args))
 
     _counting: list[SharedLog] = []   # the logs whose spies count cache hits (this test's)
 
