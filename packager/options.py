@@ -20,16 +20,9 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
+from .codegen.threads import PARALLEL_MIN_MACS, PARALLEL_MIN_OUTPUTS
+
 PRECISIONS = ("fp32", "bf16")
-# The work from which a kernel splits over the thread pool (CompileOptions.parallel_min_*).
-# Below this many multiply-adds (~4 µs on one core) a contraction, depthwise or channel-lane
-# kernel runs on one thread. The runtime's native hand-off (codegen/threadpool.py) costs about a
-# microsecond: a matmul of 131 K MACs measured 0.99x on 2 threads, 524 K 1.43x, 2 M 1.88x (the
-# lock hand-off it replaced cost 30-40 µs, and the threshold was 8 M).
-PARALLEL_MIN_MACS = 1 << 18
-# Below this many outputs the generic loop nest, softmax and normalization run on one thread (a
-# hand-off costs well under a microsecond, runtime/vm.py; a kernel this small not much more).
-PARALLEL_MIN_OUTPUTS = 1 << 14
 
 
 class OptionsError(ValueError):
@@ -101,7 +94,7 @@ class CompileOptions:
     symbolic_generic: bool = False
     # -- threads: the work from which a kernel splits over tasks (multiply-adds for the
     # contraction, depthwise and channel-lane kernels; outputs for the generic loop nest,
-    # softmax and normalization); tests set 0 to split every kernel
+    # softmax and normalization; codegen/threads.py); tests set 0 to split every kernel
     parallel_min_macs: int = PARALLEL_MIN_MACS
     parallel_min_outputs: int = PARALLEL_MIN_OUTPUTS
     # -- build: compile a fat bundle's targets in forked workers (MLCPACK_PARALLEL_COMPILE=0

@@ -44,7 +44,7 @@ from .contraction.match import Contraction, match_contraction
 from .helpers import F32, I1, I32, alloca_once, const_i64, for_range, intrinsic
 from .lower import KernelInfo
 from ..ir.graph import PrimFunc
-from ..options import CompileOptions
+from .threads import DEFAULTS, SplitThresholds
 
 OC_BLOCK = 32
 REGISTERS = 16
@@ -709,7 +709,7 @@ def _transpose(b: ir.IRBuilder, rows: list[ir.Value]) -> list[ir.Value]:
 
 
 def emit_conv_oc(module: ir.Module, func: PrimFunc, symbol: str, vl: int,
-                 size_vars: tuple[str, ...] = (), options: CompileOptions = CompileOptions()
+                 size_vars: tuple[str, ...] = (), options: SplitThresholds = DEFAULTS
                  ) -> KernelInfo | None:
     """The kernel of an ``nn.conv2d_oc`` (static, or with a run-time batch: the pass packs no
     other symbolic convolution), else None."""

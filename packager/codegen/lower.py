@@ -26,11 +26,11 @@ from llvmlite import ir
 from ..ir import te
 from ..ir.graph import PrimFunc
 from ..ir.sym import SymExpr, product, shape_vars, to_record
-from ..options import CompileOptions
 from . import vecmath
 from .helpers import (ARITH_FLAGS, F32, F64, I8, I64, LLVM_TYPES, REDUCE_FLAGS, STORAGE_TYPES,
                       VOID, alloca_once, const_i64, for_range, intrinsic, load_converted, round_to,
                       store_converted, type_suffix)
+from .threads import DEFAULTS, SplitThresholds
 
 WORKSPACE_ALIGN = 64
 
@@ -176,7 +176,7 @@ class KernelEmitter:
     """Emits one kernel into an LLVM module."""
 
     def __init__(self, module: ir.Module, func: PrimFunc, symbol: str,
-                 size_vars: tuple[str, ...] = (), options: CompileOptions = CompileOptions()
+                 size_vars: tuple[str, ...] = (), options: SplitThresholds = DEFAULTS
                  ) -> None:
         self.module = module
         self.options = options   # read for the thresholds of splitting over threads
@@ -677,7 +677,7 @@ def bound_select(b: ir.IRBuilder, op: str, x: ir.Value, bound: ir.Constant) -> i
 
 
 def emit_kernel(module: ir.Module, func: PrimFunc, symbol: str,
-                size_vars: tuple[str, ...] = (), options: CompileOptions = CompileOptions()
+                size_vars: tuple[str, ...] = (), options: SplitThresholds = DEFAULTS
                 ) -> KernelInfo:
     """Emit ``func`` into ``module`` as the exported function ``symbol``; ``size_vars`` orders
     the values a symbolic kernel reads from its sizes array."""

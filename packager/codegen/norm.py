@@ -37,10 +37,10 @@ from ..ir import te
 from ..ir.graph import PrimFunc
 from ..ir.patterns import reduction_tag
 from ..ir.sym import product
-from ..options import CompileOptions
 from .helpers import F32, I1, I32, I64, alloca_once, const_i64, for_range, intrinsic
 from .lower import KernelEmitter, KernelInfo
 from .vecmath_lanes import VECTOR_MATH, vector_math
+from .threads import DEFAULTS, SplitThresholds
 
 _VECTOR_BINARY = ("add", "sub", "mul", "div", "max", "min")
 _COMPARE = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!="}
@@ -210,7 +210,7 @@ class NormEmitter(KernelEmitter):
 
     def __init__(self, module: ir.Module, func: PrimFunc, symbol: str, match: NormMatch,
                  vl: int, size_vars: tuple[str, ...] = (),
-                 options: CompileOptions = CompileOptions()) -> None:
+                 options: SplitThresholds = DEFAULTS) -> None:
         super().__init__(module, func, symbol, size_vars, options)
         self.m, self.vl = match, vl
         self.vty = ir.VectorType(F32, vl)
@@ -491,7 +491,7 @@ class NormEmitter(KernelEmitter):
 
 
 def emit_normalize(module: ir.Module, func: PrimFunc, symbol: str, vl: int,
-                   size_vars: tuple[str, ...] = (), options: CompileOptions = CompileOptions()
+                   size_vars: tuple[str, ...] = (), options: SplitThresholds = DEFAULTS
                    ) -> KernelInfo | None:
     match = match_normalize(func)
     if match is None:
@@ -501,6 +501,6 @@ def emit_normalize(module: ir.Module, func: PrimFunc, symbol: str, vl: int,
 
 def emit_symbolic_normalize(module: ir.Module, func: PrimFunc, symbol: str, vl: int,
                             size_vars: tuple[str, ...],
-                            options: CompileOptions = CompileOptions()) -> KernelInfo | None:
+                            options: SplitThresholds = DEFAULTS) -> KernelInfo | None:
     """The same kernel with run-time rows and row length (read from the size variables)."""
     return emit_normalize(module, func, symbol, vl, size_vars, options)

@@ -22,11 +22,11 @@ from ..ir import te
 from ..ir.graph import PrimFunc
 from ..ir.patterns import reduction_tag
 from ..ir.sym import product
-from ..options import CompileOptions
 from .helpers import F32, I1, I32, I64, alloca_once, const_i64, for_range, intrinsic
 from .lower import KernelEmitter, KernelInfo
 from .vecmath import call_math, exp_nonpositive
 from .vecmath_lanes import _LaneOps
+from .threads import DEFAULTS, SplitThresholds
 
 def _read_of(e: te.Expr, tensor_uid: int | None = None) -> te.Read | None:
     if isinstance(e, te.Read) and (tensor_uid is None or e.tensor.uid == tensor_uid):
@@ -72,7 +72,7 @@ def match_softmax(func: PrimFunc) -> tuple[te.Tensor, bool] | None:
 
 class SoftmaxEmitter(KernelEmitter):
     def __init__(self, module: ir.Module, func: PrimFunc, symbol: str, out: te.Tensor,
-                 log: bool, vl: int, options: CompileOptions = CompileOptions()) -> None:
+                 log: bool, vl: int, options: SplitThresholds = DEFAULTS) -> None:
         super().__init__(module, func, symbol, options=options)
         self.out, self.log, self.vl = out, log, vl
         self.vty = ir.VectorType(F32, vl)
@@ -279,7 +279,7 @@ class SoftmaxEmitter(KernelEmitter):
 
 
 def emit_softmax(module: ir.Module, func: PrimFunc, symbol: str, vl: int,
-                 options: CompileOptions = CompileOptions()) -> KernelInfo | None:
+                 options: SplitThresholds = DEFAULTS) -> KernelInfo | None:
     match = match_softmax(func)
     if match is None:
         return None
@@ -290,7 +290,7 @@ def emit_softmax(module: ir.Module, func: PrimFunc, symbol: str, vl: int,
 
 def emit_symbolic_softmax(module: ir.Module, func: PrimFunc, symbol: str, vl: int,
                           size_vars: tuple[str, ...],
-                          options: CompileOptions = CompileOptions()) -> KernelInfo | None:
+                          options: SplitThresholds = DEFAULTS) -> KernelInfo | None:
     """The vectorized softmax kernel (``SoftmaxEmitter``) when only the number of rows is a
     run-time size (a recognizer's per-column class scores): the rows loop takes it from the
     size variables; the row length stays static."""
@@ -340,7 +340,7 @@ class _RowLengthSoftmax(SoftmaxEmitter):
     loop nest ran 2.5x the static kernel (encoder seq 128: 125 vs 49 us)."""
 
     def __init__(self, module, func, symbol, out, log, vl, size_vars,
-                 options: CompileOptions = CompileOptions()) -> None:
+                 options: SplitThresholds = DEFAULTS) -> None:
         super().__init__(module, func, symbol, out, log, vl, options)
         self.size_vars = size_vars
         self.symbolic = True

@@ -36,12 +36,12 @@ from llvmlite import ir
 
 from ...ir import te
 from ...ir.graph import PrimFunc
-from ...options import CompileOptions
 from ..helpers import F32, I64, alloca_once, const_i64, for_range
 from ..lower import WORKSPACE_ALIGN, KernelInfo
 from .geometry import L2_REUSE_BYTES, MAX_TASK_REGIONS, _conv_tiles
 from .kernel import ContractionEmitter
 from .match import match_contraction
+from ..threads import DEFAULTS, SplitThresholds
 
 
 def _symbolic_tile(og: int, vl: int, taps: int = 9) -> tuple[int, int]:
@@ -654,7 +654,7 @@ class SymbolicConvEmitter(ContractionEmitter):
 
 def emit_symbolic_conv(module: ir.Module, func: PrimFunc, symbol: str, vl: int,
                        size_vars: tuple[str, ...],
-                       options: CompileOptions = CompileOptions()) -> KernelInfo | None:
+                       options: SplitThresholds = DEFAULTS) -> KernelInfo | None:
     """A conv2d (any groups, NCHW, float32) whose batch or spatial sizes are run-time values;
     None for anything else (the caller falls back). Depthwise convs take their own kernel
     first (the rule table, ``codegen/rules.py``, asks

@@ -14,11 +14,11 @@ from __future__ import annotations
 from llvmlite import ir
 
 from ...ir.graph import PrimFunc
-from ...options import CompileOptions
 from ..helpers import F32, I1, I32, alloca_once, const_i64, for_range
 from ..lower import KernelInfo
 from .kernel import ContractionEmitter
 from .match import Contraction, is_row_matmul  # noqa: F401
+from ..threads import DEFAULTS, SplitThresholds
 
 ROWS = 4      # output channels per block
 UNROLL = 2    # vectors of k per step and row: 8 independent accumulators
@@ -141,5 +141,5 @@ class DotProductEmitter(ContractionEmitter):
 
 
 def emit_dot_product(module: ir.Module, match: Contraction, func: PrimFunc, symbol: str,
-                     vl: int, options: CompileOptions = CompileOptions()) -> KernelInfo:
+                     vl: int, options: SplitThresholds = DEFAULTS) -> KernelInfo:
     return DotProductEmitter(module, func, symbol, match, vl, options=options).emit()

@@ -13,11 +13,11 @@ from llvmlite import ir
 
 from ...ir import te
 from ...ir.graph import PrimFunc
-from ...options import CompileOptions
 from ..helpers import F32, I1, I32, I64, alloca_once, const_i64, for_range, intrinsic
 from ..lower import KernelEmitter, LoweringError
 from ..vecmath_lanes import opaque_zero, splat_i32
 from .match import Contraction
+from ..threads import DEFAULTS, SplitThresholds
 
 
 def load_weights(b: ir.IRBuilder, w_ptr: ir.Value, offset: ir.Value, lanes: int | None,
@@ -45,7 +45,7 @@ class ContractionBase(KernelEmitter):
 
     def __init__(self, module: ir.Module, func: PrimFunc, symbol: str, match: Contraction,
                  vl: int, size_vars: tuple[str, ...] = (),
-                 options: CompileOptions = CompileOptions()) -> None:
+                 options: SplitThresholds = DEFAULTS) -> None:
         super().__init__(module, func, symbol, size_vars, options)
         self.match = match
         self.target_vl = vl

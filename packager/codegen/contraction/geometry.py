@@ -6,9 +6,9 @@ packs weights in the tile's row blocks) both read it, so a graph pass never impo
 
 from __future__ import annotations
 
-# Below CompileOptions.parallel_min_macs multiply-adds a kernel runs on one thread; its default,
-# re-exported here for the emitters that read it as a constant (int8, bf16 kernels).
-from ...options import PARALLEL_MIN_MACS  # noqa: E402,F401
+# Below CompileOptions.parallel_min_macs multiply-adds a kernel runs on one thread; its default
+# (codegen/threads.py), here for the emitters that read it as a constant (int8, bf16 kernels).
+from ..threads import PARALLEL_MIN_MACS  # noqa: F401
 # The M a symbolic matmul's register tile is chosen for (rows = batch x seq, usually many).
 SYMBOLIC_M_HINT = 1 << 12
 # The N it is chosen for when the columns are a run-time size too (attention's q @ k^T: seq).

@@ -7,7 +7,6 @@ from __future__ import annotations
 from llvmlite import ir
 
 from ...ir.graph import PrimFunc
-from ...options import CompileOptions
 from ...ir.sym import product
 from ..lower import KernelInfo
 from .conv import ConvMixin
@@ -15,6 +14,7 @@ from .emitter import ContractionBase
 from .epilogue import EpilogueMixin
 from .match import CONV_KINDS, Contraction, match_contraction
 from .matmul import MatmulMixin
+from ..threads import DEFAULTS, SplitThresholds
 
 
 class ContractionEmitter(ConvMixin, MatmulMixin, EpilogueMixin, ContractionBase):
@@ -57,7 +57,7 @@ class ContractionEmitter(ConvMixin, MatmulMixin, EpilogueMixin, ContractionBase)
 
 def emit_symbolic_matmul(module: ir.Module, func: PrimFunc, symbol: str, vl: int,
                          size_vars: tuple[str, ...],
-                         options: CompileOptions = CompileOptions()) -> KernelInfo | None:
+                         options: SplitThresholds = DEFAULTS) -> KernelInfo | None:
     """Emit a symbolic ``func`` with the register-blocked matmul if it is a matmul; M, N, K
     and the batch dims may be run-time sizes. Other contractions with symbolic shapes (conv,
     depthwise) are not matched here."""
@@ -69,6 +69,6 @@ def emit_symbolic_matmul(module: ir.Module, func: PrimFunc, symbol: str, vl: int
 
 
 def emit_contraction(module: ir.Module, match: Contraction, func: PrimFunc, symbol: str, vl: int,
-                     options: CompileOptions = CompileOptions()) -> KernelInfo:
+                     options: SplitThresholds = DEFAULTS) -> KernelInfo:
     """Emit the contraction ``match`` of ``func`` with the register-blocked kernel."""
     return ContractionEmitter(module, func, symbol, match, vl, options=options).emit()

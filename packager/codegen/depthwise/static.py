@@ -36,11 +36,11 @@ from llvmlite import ir
 
 from ...ir import te
 from ...ir.graph import PrimFunc
-from ...options import CompileOptions
 from ..contraction.kernel import ContractionEmitter
 from ..contraction.match import Contraction, match_contraction
 from ..helpers import F32, I1, I32, I64, alloca_once, const_i64, for_range, intrinsic
 from ..lower import KernelInfo
+from ..threads import DEFAULTS, SplitThresholds
 
 # Output rows computed together where no window row is padding, by vector width: 4 with
 # AVX-512's 32 registers, 2 with 16 (AVX2: 9 weights + 4 accumulators would spill). Measured on
@@ -523,5 +523,5 @@ def _pieces(count: int) -> list[int]:
 
 
 def emit_depthwise(module: ir.Module, match: Contraction, func: PrimFunc, symbol: str, vl: int,
-                   options: CompileOptions = CompileOptions()) -> KernelInfo:
+                   options: SplitThresholds = DEFAULTS) -> KernelInfo:
     return DepthwiseEmitter(module, func, symbol, match, vl, options=options).emit()

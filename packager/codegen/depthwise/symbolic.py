@@ -38,7 +38,6 @@ from llvmlite import ir
 
 from ...ir import te
 from ...ir.graph import PrimFunc
-from ...options import CompileOptions
 from ..contraction.conv_symbolic import SymbolicConvEmitter
 from ..contraction.geometry import MAX_TASK_REGIONS
 from ..contraction.match import Contraction, match_contraction
@@ -46,6 +45,7 @@ from ..helpers import F32, I1, I32, I64, const_i64, for_range, intrinsic
 from ..lower import WORKSPACE_ALIGN, KernelInfo
 from .static import (PADDED_BLOCK, PADDED_BLOCK_MATH, begin_plane, emit_epilogue,
                      is_depthwise)
+from ..threads import DEFAULTS, SplitThresholds
 
 # Columns of right margin beyond the padding: the widest vector of any target (a bundle's
 # variants share the workspace size), so that a row's last chunk (up to vl - 1 lanes past the
@@ -367,7 +367,7 @@ class SymbolicDepthwiseEmitter(SymbolicConvEmitter):
 
 def emit_symbolic_depthwise(module: ir.Module, func: PrimFunc, symbol: str, vl: int,
                             size_vars: tuple[str, ...], match: Contraction | None = None,
-                            options: CompileOptions = CompileOptions()) -> KernelInfo | None:
+                            options: SplitThresholds = DEFAULTS) -> KernelInfo | None:
     """The kernel for a depthwise convolution (``depthwise.is_depthwise``, float32, static
     channels and window) whose batch or image size is a run-time value; None for anything
     else."""
