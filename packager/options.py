@@ -20,6 +20,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
+from .codegen.threads import PARALLEL_MIN_MACS, PARALLEL_MIN_OUTPUTS
+
 PRECISIONS = ("fp32", "bf16")
 
 
@@ -52,18 +54,15 @@ class CompileOptions:
     # more than passes/layout.py BF16_WIDEN_MAX_ROWS rows (compute-bound: the widening costs
     # more than the halved weight bytes save) keep fp32 weights; True stores them bf16 anyway
     bf16_widen_all: bool = False
-    # under "bf16", whether the targets multiply bf16 with vdpbf16ps or bfdot (the set has
-    # x86-64-v4+bf16 or aarch64+bf16: codegen/target.py has_bf16_dot); None: chosen for the
-    # targets (``for_targets``)
-    bf16_dot: bool | None = None
-    # under "bf16", plain convolutions (ungrouped, undilated, static shapes) become
-    # nn.conv2d_bf16p (weights in input-channel pairs, codegen/bf16conv.py: vdpbf16ps on
-    # x86-64-v4+bf16, bfdot on aarch64+bf16); None: chosen for the targets (``for_targets``: as
-    # bf16_dot)
-    bf16_pair_convs: bool | None = None
+    # whether the targets multiply bf16 pairs with a dot instruction (vdpbf16ps on
+    # x86-64-v4+bf16, bfdot on aarch64+bf16: codegen/target.py has_bf16_dot); None: chosen for
+    # the targets (``for_targets``). The ``bf16_dot`` and ``bf16_pair_convs`` properties
+    # derive from it.
+    bf16_dot_targets: bool | None = None
     # test only: the vdpbf16ps matmul's and convolution's data path (packing, loop order) with
     # vcvtne2ps2bf16 and vdpbf16ps written in portable IR (float32 FMAs, exact on normal
-    # values), on any target: runs it on a CPU without avx512_bf16 (codegen/bf16dot.py, bf16conv.py)
+    # values), on any target: runs it on a CPU without avx512_bf16 (codegen/bf16dot.py,
+    # bf16conv.py), and the passes choose as for a target set with the dot instruction
     bf16_emulate: bool = False
     # -- int8: quantized products take the integer kernels (codegen/qgemm.py); False: the
     # float32-exact chains they replaced, for comparison (MLCPACK_INT8_KERNELS=0)
@@ -93,6 +92,11 @@ class CompileOptions:
     # -- symbolic shapes: a symbolic convolution without a fast kernel gets the generic loop
     # nest instead of a refusal (debugging; MLCPACK_SYMBOLIC_GENERIC=1)
     symbolic_generic: bool = False
+    # -- threads: the work from which a kernel splits over tasks (multiply-adds for the
+    # contraction, depthwise and channel-lane kernels; outputs for the generic loop nest,
+    # softmax and normalization; codegen/threads.py); tests set 0 to split every kernel
+    parallel_min_macs: int = PARALLEL_MIN_MACS
+    parallel_min_outputs: int = PARALLEL_MIN_OUTPUTS
     # -- build: compile a fat bundle's targets in forked workers (MLCPACK_PARALLEL_COMPILE=0
     # off); the on-disk object cache directory, None none (from_environ: MLCPACK_CACHE_DIR,
     # else the user's cache, codegen/cache.py cache_dir), and its size cap (MLCPACK_CACHE_SIZE)
@@ -126,8 +130,22 @@ class CompileOptions:
     def resolved(self) -> bool:
         """Whether every layout choice is made (no field left to ``for_targets``)."""
         return None not in (self.pack_conv_weights, self.conv_row_widths,
-                            self.pack_matmul_weights, self.bf16_dot, self.bf16_pair_convs,
-                            self.conv_quads)
+                            self.pack_matmul_weights, self.bf16_dot_targets, self.conv_quads)
+
+    @property
+    def bf16_dot(self) -> bool:
+        """Under "bf16", the targets multiply bf16 with a dot instruction
+        (``bf16_dot_targets``, or vdpbf16ps's emulation): matmul weights are stored bf16
+        whatever the row count."""
+        return self.precision == "bf16" and bool(self.bf16_dot_targets or self.bf16_emulate)
+
+    @property
+    def bf16_pair_convs(self) -> bool:
+        """Under "bf16", plain convolutions (ungrouped, undilated, static shapes) become
+        nn.conv2d_bf16p (weights in input-channel pairs, codegen/bf16conv.py): the dot
+        instruction where a variant has it (the bundle's other variants widen the same pair
+        weights). The same targets as ``bf16_dot``: the two cannot disagree."""
+        return self.bf16_dot
 
     def replace(self, **changes: object) -> CompileOptions:
         return dataclasses.replace(self, **changes)
@@ -158,12 +176,8 @@ class CompileOptions:
         if self.pack_matmul_weights is None:
             changes["pack_matmul_weights"] = (
                 ("x86-64-v3" in names and names <= {"x86-64-v2", "x86-64-v3"}) or dot)
-        if self.bf16_dot is None:
-            changes["bf16_dot"] = dot
-        if self.bf16_pair_convs is None:
-            # vdpbf16ps convolutions where a variant has avx512_bf16 (the other variants of
-            # the bundle widen the same pair weights: codegen/bf16conv.py)
-            changes["bf16_pair_convs"] = dot
+        if self.bf16_dot_targets is None:
+            changes["bf16_dot_targets"] = has_bf16_dot(targets)
         if self.conv_quads is None:
             changes["conv_quads"] = quad_arch(targets, self.vnni_emulate)
         return dataclasses.replace(self, **changes)
@@ -199,4 +213,4 @@ class CompileOptions:
 # The layout of the old context variables' defaults: no target-specific packing (what a pass
 # test that inspects the generic kernels wants; an export chooses per target instead).
 UNPACKED = CompileOptions(pack_conv_weights=False, conv_row_widths=(), pack_matmul_weights=False,
-                          bf16_dot=False, bf16_pair_convs=False, conv_quads="")
+                          bf16_dot_targets=False, conv_quads="")

@@ -20,8 +20,8 @@ from . import library, vm
 from .bundle import BundleReader
 from .errors import InputError, UsageError
 from .header import Header
-from .plan import BatchInfo, Inplace, ModelPlan, TensorSpec
-from .session import Session
+from .plan import BatchInfo, Inplace, TensorSpec
+from .session import ModelPlan, Session
 from .static_plan import ARENA_ALIGN, BatchPlans, FixedPlan, StaticCode
 from .static_plan import aligned_empty as _aligned_empty
 from .symbolic_plan import SymbolicPlan

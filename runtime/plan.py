@@ -1,6 +1,7 @@
 """What a loaded ``Model`` delegates to: one plan object per bundle kind, chosen once at load.
 
-A bundle runs one of three ways, and each is one implementation of ``ModelPlan``:
+A bundle runs one of three ways, and each is one implementation of ``session.ModelPlan``
+(defined beside the ``Session`` it makes; this module holds the specs both read):
 
 - ``static_plan.FixedPlan``: every shape fixed at export, one memory plan (format 1.0);
 - ``static_plan.BatchPlans``: one static plan per batch size, any batch run in chunks of them
@@ -17,12 +18,8 @@ is its own session's ``run``; ``model.session()`` is ``plan.session(threads)``.
 
 from __future__ import annotations
 
-import weakref
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Protocol
-
-if TYPE_CHECKING:
-    from .session import Session
+from typing import Callable
 
 
 @dataclass(frozen=True)
@@ -63,28 +60,3 @@ class Inplace:
     when a session's plans are made."""
     input_min_bytes: Callable[[], int]
     output_min_bytes: Callable[[], int]
-
-
-class ModelPlan(Protocol):
-    """One bundle kind's way to run: what ``Model`` reads and calls, and nothing else."""
-
-    name: str                        # the bundle's file name, for messages
-    inputs: list[Any]                # TensorSpec (static kinds) or symbolic.SymSpec
-    outputs: list[Any]
-    batch: BatchInfo | None          # the batch plans' sizes, when the bundle has them
-    specialized_batches: tuple[int, ...]   # a symbolic bundle's static plans (--batch-sizes)
-    code_variant: dict               # the code variant chosen for this CPU, as a header map
-    num_instructions: int            # VM instructions of one run (the largest plan's)
-    # the open sessions made by ``session(main=False)``: ``close`` closes them
-    sessions: weakref.WeakSet[Session]
-
-    @property
-    def has_parallel_kernels(self) -> bool:
-        """Some kernel splits its work into tasks when run on several threads."""
-
-    def session(self, threads: int, main: bool = False) -> Session:
-        """A session with an arena and ``threads`` of its own (``main``: the model's own,
-        which is not listed in ``sessions``)."""
-
-    def close(self) -> None:
-        """Close every session and unmap the code; nothing runs afterwards."""

@@ -4,19 +4,46 @@
 ``outputs=``, ``out=`` arrays, input dtypes and shapes, each refused in one line), the lock
 that makes calls on one session take turns, ``model(x)``-style calls, closing. Each kind's
 subclass (``static_plan.FixedSession``, ``BatchSession``, ``symbolic_plan.SymbolicSession``)
-implements ``run``, ``profile``, ``arena_bytes`` and ``_release``.
+implements ``run``, ``profile``, ``arena_bytes`` and ``_release``. ``ModelPlan`` is the protocol of
+the plan objects (``plan.py``) that make them, beside the ``Session`` it returns.
 """
 
 from __future__ import annotations
 
 import threading
-from typing import Any, Mapping, Sequence
+import weakref
+from typing import Any, Iterable, Mapping, Protocol, Sequence
 
 import numpy as np
 
 from .bundle import STORAGE_DTYPES, storage_dtype
 from .errors import InputError
-from .plan import ModelPlan, TensorSpec
+from .plan import BatchInfo, TensorSpec
+
+
+class ModelPlan(Protocol):
+    """One bundle kind's way to run: what ``Model`` reads and calls, and nothing else."""
+
+    name: str                        # the bundle's file name, for messages
+    inputs: list[Any]                # TensorSpec (static kinds) or symbolic.SymSpec
+    outputs: list[Any]
+    batch: BatchInfo | None          # the batch plans' sizes, when the bundle has them
+    specialized_batches: tuple[int, ...]   # a symbolic bundle's static plans (--batch-sizes)
+    code_variant: dict               # the code variant chosen for this CPU, as a header map
+    num_instructions: int            # VM instructions of one run (the largest plan's)
+    # the open sessions made by ``session(main=False)``: ``close`` closes them
+    sessions: weakref.WeakSet[Session]
+
+    @property
+    def has_parallel_kernels(self) -> bool:
+        """Some kernel splits its work into tasks when run on several threads."""
+
+    def session(self, threads: int, main: bool = False) -> Session:
+        """A session with an arena and ``threads`` of its own (``main``: the model's own,
+        which is not listed in ``sessions``)."""
+
+    def close(self) -> None:
+        """Close every session and unmap the code; nothing runs afterwards."""
 
 
 def shape_text(shape: tuple) -> str:
@@ -93,6 +120,28 @@ def check_out(name: str, array: Any, spec: Any, shape: tuple[int, ...]) -> None:
                          "(np.ascontiguousarray, or a fresh np.empty)")
 
 
+def bind_outputs(views: Mapping[str, np.ndarray], names: Iterable[str],
+                 out: Mapping[str, np.ndarray],
+                 written: Mapping[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
+    """A run's result: each output in ``names``, in order, as the array its kernels wrote it
+    in (``written``), copied into the caller's ``out`` array (checked), or copied out of the
+    arena view ``views[name]`` into a new array."""
+    result = {}
+    if not written and not out:   # the common case: one test, then copies
+        for name in names:
+            result[name] = views[name].copy()
+        return result
+    for name in names:
+        if written and name in written:
+            result[name] = written[name]
+        elif name in out:
+            np.copyto(out[name], views[name])
+            result[name] = out[name]
+        else:
+            result[name] = views[name].copy()
+    return result
+
+
 class Session:
     """A model with an arena of its own: ``model.session()``. Sessions of one model run at
     the same time from different threads; each shares the model's mapped code and weights and
@@ -104,6 +153,7 @@ class Session:
         self._plan = plan
         self._name = plan.name
         self._input_names = frozenset(s.name for s in plan.inputs)
+        self._output_names = [s.name for s in plan.outputs]   # in order; never mutated
         self._open = True
         self._lock = threading.Lock()
         # which plan the last run took: "batch N" (a static plan of a symbolic bundle) or
@@ -191,7 +241,7 @@ class Session:
     def _selected_outputs(self, outputs: Sequence[str] | None,
                           out: Mapping[str, np.ndarray] | None) -> list[str]:
         """The output names a run returns, in order; every name known and ``out`` a subset."""
-        names = [s.name for s in self._plan.outputs]
+        names = self._output_names
         if outputs is None:
             chosen = names
         else:

@@ -27,7 +27,7 @@ from .bundle import BundleReader, nbytes_of, storage_dtype
 from .errors import BundleError, InputError
 from .header import ARENA, CONST, OP_CALL_KERNEL, IORow, KernelRow, Plan, TensorRow
 from .plan import BatchInfo, Inplace, TensorSpec
-from .session import Session, check_batched_input, check_input, check_out
+from .session import Session, bind_outputs, check_batched_input, check_input, check_out
 
 ARENA_ALIGN = 64
 
@@ -126,18 +126,7 @@ class ArenaPlan:
             for name in arrays:
                 binding = bindings[name]
                 binding.bind(binding.arena)
-        if not arrays and not out:
-            return {name: views[name].copy() for name in names}
-        result = {}
-        for name in names:
-            if name in arrays:
-                result[name] = arrays[name]
-            elif name in out:
-                np.copyto(out[name], views[name])
-                result[name] = out[name]
-            else:
-                result[name] = views[name].copy()
-        return result
+        return bind_outputs(views, names, out, arrays)
 
 
 def rows_over(ids: Any, tensor: int, tensors: Sequence[TensorRow], size: int) -> bool:

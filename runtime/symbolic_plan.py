@@ -20,7 +20,7 @@ import numpy as np
 from .bundle import BundleReader, storage_dtype
 from .header import Header
 from .plan import BatchInfo, Inplace
-from .session import Session, check_out
+from .session import Session, bind_outputs, check_out
 from .static_plan import ArenaPlan, StaticCode, profile_plan
 from .symbolic import SymbolicRunner
 
@@ -146,23 +146,13 @@ class SymbolicSession(Session):
         with self._lock:
             views = dict(self.runner.run_views(feeds, min_bytes))
             self.last_plan = "symbolic"
-            return self._results(views, names, out)
-
-    def _results(self, views: dict[str, np.ndarray], names: list[str] | None,
-                 out: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """The outputs named (all, in order, when None) copied out of the arena: into the
-        caller's ``out`` arrays, every one checked before any is written, or new arrays."""
-        specs = self._output_specs
-        for name, array in out.items():
-            check_out(name, array, specs[name], tuple(views[name].shape))
-        result = {}
-        for name in names if names is not None else views:
-            if name in out:
-                np.copyto(out[name], views[name])
-                result[name] = out[name]
-            else:
-                result[name] = views[name].copy()
-        return result
+            # the outputs named (all, in order, when None) copied out of the arena: into the
+            # caller's out= arrays, every one checked (against this run's shapes) before any is
+            # written, or new arrays
+            specs = self._output_specs
+            for name, array in out.items():
+                check_out(name, array, specs[name], tuple(views[name].shape))
+            return bind_outputs(views, views if names is None else names, out)
 
     def _profile(self, feeds: Mapping[str, Any], runs: int, warmup: int) -> Any:
         """The plan of the feeds' sizes: a static plan on an exact match, else the symbolic

@@ -112,19 +112,50 @@ def run_op(op: str, inputs: Sequence[np.ndarray], tmp_path: Path,
     return compile_and_run(mod, feeds, tmp_path)["y"]
 
 
+def force_parallel_kernels(monkeypatch, macs: bool = True, outputs: bool = True) -> None:
+    """Every kernel split over threads however small, for the exports this test makes with the
+    options of the environment (``CompileOptions.from_environ``, what export entries given no
+    options use): ``parallel_min_macs`` (contraction, depthwise, channel-lane kernels) and/or
+    ``parallel_min_outputs`` (generic loop nests, softmax, normalization) 0. Options are part
+    of the compile cache's key, so these kernels never meet the unsplit ones' entries."""
+    from mlcpack.packager.options import CompileOptions
+
+    original = CompileOptions.from_environ.__func__
+    changes = {**({"parallel_min_macs": 0} if macs else {}),
+               **({"parallel_min_outputs": 0} if outputs else {})}
+
+    def from_environ(cls, environ, **fields):
+        return original(cls, environ, **{**changes, **fields})
+
+    monkeypatch.setattr(CompileOptions, "from_environ", classmethod(from_environ))
+
+
+# The emission under way in this process (``SharedLog.count_cache_hits``'s hook): a stack of
+# (per-function key, {log file: the values appended to it meanwhile}); and whether the compile
+# under way must miss the cache (a function a spy has not seen: it is emitted, then stored).
+_EMITTING: list[tuple[str | None, dict[str, list]]] = []
+_MISS: list[bool] = [False]
+
+
 class SharedLog:
     """A list that spies fill from this process or from the forked compile workers
     (packager/codegen/parallel.py emits and compiles every module in a worker, so a plain list
     appended to by a spy there stays empty here). Values are written as Python literals, one a
-    line, to a file opened for each append, and read back with ``ast.literal_eval``."""
+    line, to a file opened for each append, and read back with ``ast.literal_eval``.
+
+    A spy on an emitter sees only the kernels that are emitted; a compile cache hit emits none.
+    ``count_cache_hits`` makes a hit count too, so such tests run with the cache on."""
 
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
         self.path.write_text("")
+        self.spy: str | None = None   # what the spy records (count_cache_hits)
 
     def append(self, value) -> None:
         with open(self.path, "a") as f:
             f.write(repr(value) + "\n")
+        if _EMITTING and self.spy is not None:
+            _EMITTING[-1][1].setdefault(str(self.path), []).append(value)
 
     def items(self) -> list:
         import ast
@@ -141,3 +172,106 @@ class SharedLog:
 
     def __repr__(self) -> str:
         return f"SharedLog({self.items()!r})"
+
+    def count_cache_hits(self, monkeypatch, spy: str, pure: bool = True) -> None:
+        """Make a compile cache hit append what the spy appended when the hit's kernels were
+        emitted. ``spy`` names what the spy records (the same name, the same values for the
+        same kernel: e.g. "SoftmaxEmitter.emit: log"). Every function emitted while this runs
+        has its values kept beside the cache (one store per ``spy``, keyed by the function's
+        compile key: the function, target, size variables and options); a hit replays them,
+        and a compile with a function the spy has not seen emitted (an entry another test
+        stored) misses the cache, so that the spy sees it, and stores its object. ``pure``
+        False: the spy changes what is emitted (a patched emitter that declines), and such a
+        compile neither reads nor writes the cache."""
+        from mlcpack.packager import export
+        from mlcpack.packager.codegen import build, parallel
+
+        import os
+        directory = os.environ.get("MLCPACK_CACHE_DIR")   # the test run's (conftest.py)
+        if not directory or directory == "off":
+            return   # no cache: every kernel is emitted, the spy sees each
+        self.spy = spy
+        self.pure = pure
+        self._cache_dir = directory
+        monkeypatch.setattr(SharedLog, "_counting", [*SharedLog._counting, self])
+        if getattr(build.emit_function, "_counts_hits", False):
+            return   # another log installed the hooks in this test
+        emit_function = build.emit_function
+
+        def emitting(module, func, symbol, vl, size_vars, target, options):
+            key = _function_key(func, size_vars, target, options)
+            _EMITTING.append((key, {}))
+            try:
+                return emit_function(module, func, symbol, vl, size_vars, target, options)
+            finally:
+                _, values = _EMITTING.pop()
+                if key is not None:
+                    for log in SharedLog._counting:
+                        log._remember(key, values.get(str(log.path), []))
+        emitting._counts_hits = True
+        monkeypatch.setattr(build, "emit_function", emitting)
+        compile_for_targets = parallel.compile_for_targets
+
+        def compiling(funcs, targets, size_vars=(), options=None, **kwargs):
+            from mlcpack.packager.options import CompileOptions
+            options = CompileOptions() if options is None else options
+            keys = [[_function_key(f, size_vars, t, options) for f in funcs] for t in targets]
+            if options.cache_dir and not all(
+                    log._seen(k) for log in SharedLog._counting for k in keys):
+                if all(log.pure for log in SharedLog._counting):
+                    _MISS[0] = True   # the spies see every kernel; the object is stored
+                else:
+                    options = options.replace(cache_dir=None)
+            try:
+                codes = compile_for_targets(funcs, targets, size_vars, options, **kwargs)
+            finally:
+                _MISS[0] = False
+            for code, k in zip(codes, keys):
+                if code.from_cache:
+                    for log in SharedLog._counting:
+                        log._replay(k)
+            return codes
+        monkeypatch.setattr(parallel, "compile_for_targets", compiling)
+        monkeypatch.setattr(export, "compile_for_targets", compiling)
+        cached_code, hit = parallel.cached_code, build._hit
+        monkeypatch.setattr(parallel, "cached_code",
+                            lambda *args: None if _MISS[0] else cached_code(*args))
+        monkeypatch.setattr(build, "_hit", lambda *args: None if _MISS[0] else hit(*args))
+
+    _counting: list[SharedLog] = []   # the logs whose spies count cache hits (this test's)
+
+    def _store(self) -> Path:
+        """Beside the test run's cache entries (cache.entries reads only its 2-hex buckets)."""
+        import hashlib
+        name = hashlib.sha256(str(self.spy).encode()).hexdigest()[:24]
+        return Path(self._cache_dir) / "spies" / f"{name}.log"
+
+    def _remember(self, key: str, values: list) -> None:
+        store = self._store()
+        store.parent.mkdir(parents=True, exist_ok=True)
+        with open(store, "a") as f:   # one line an emission; the last for a key counts
+            f.write(repr((key, values)) + "\n")
+
+    def _recorded(self) -> dict:
+        import ast
+        store = self._store()
+        if not store.exists():
+            return {}
+        return dict(ast.literal_eval(line) for line in store.read_text().splitlines())
+
+    def _seen(self, keys: list) -> bool:
+        recorded = self._recorded()
+        return all(k is not None and k in recorded for k in keys)
+
+    def _replay(self, keys: list) -> None:
+        recorded = self._recorded()
+        for k in keys:
+            for value in recorded[k]:
+                with open(self.path, "a") as f:
+                    f.write(repr(value) + "\n")
+
+
+def _function_key(func, size_vars, target, options) -> str | None:
+    """The compile cache's key of ``func`` compiled alone (None: not keyable)."""
+    from mlcpack.packager.codegen import build
+    return build.object_key([func], target, tuple(size_vars), True, options)

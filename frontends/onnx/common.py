@@ -7,20 +7,11 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from . import proto as onnx
-
 from ...packager.ir.graph import Value
+from .dtypes import RUNTIME_DTYPES, UnsupportedCast, numpy_dtype
 
 if TYPE_CHECKING:
     from .registry import NodeContext
-
-# Tensor dtypes a bundle can take and return at run time (the runtime's and the code generator's).
-# float16/bfloat16/float8 are stored narrow and computed in float32; the runtime carries the dtypes
-# numpy lacks (bfloat16, float8_*, int4/uint4/int2/uint2) as their unsigned bits (uint16/uint8)
-# and takes ml_dtypes arrays of them as well.
-RUNTIME_DTYPES = ("float32", "float64", "float16", "bfloat16", "float8_e4m3fn", "float8_e4m3fnuz",
-                  "float8_e5m2", "float8_e5m2fnuz", "int8", "int16", "int32", "int64", "uint8",
-                  "uint16", "uint32", "uint64", "int4", "uint4", "int2", "uint2", "bool")
 
 
 def cast_to(ctx: NodeContext, x: Value, dtype: np.dtype | str) -> Value:
@@ -35,14 +26,11 @@ def cast_to(ctx: NodeContext, x: Value, dtype: np.dtype | str) -> Value:
 
 
 def onnx_dtype(ctx: NodeContext, to: int | str) -> np.dtype:
-    """The numpy dtype of a Cast's ``to`` (an ONNX TensorProto type, or its name in opset 1)."""
-    if isinstance(to, str):  # opset 1 names the type: "FLOAT"
-        to = onnx.TensorProto.DataType.Value(to.upper())
+    """The numpy dtype of a Cast's ``to`` (``dtypes.numpy_dtype``), refused as the node's error."""
     try:
-        return np.dtype(onnx.tensor_dtype_to_np_dtype(int(to)))
-    except (KeyError, TypeError, ValueError):
-        raise ctx.error(f"cast to {onnx.TensorProto.DataType.Name(int(to))} is not "
-                        "supported") from None
+        return numpy_dtype(to)
+    except UnsupportedCast as exc:
+        raise ctx.error(str(exc)) from None
 
 
 def legacy_broadcast(ctx: NodeContext, a: Value, b: Value) -> Value:

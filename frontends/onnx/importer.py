@@ -24,7 +24,7 @@ from ...packager.ir.builder import BlockBuilder, BuilderError
 from ...packager.ir.graph import Constant, IRModule, Source, Value, Var
 from ...packager.ir.sym import SymbolicShapeError, size_var
 from . import converters, symvalue, valueinputs  # noqa: F401  (registers every converter family)
-from .common import RUNTIME_DTYPES
+from .dtypes import RUNTIME_DTYPES
 from .registry import (IGNORED_ATTRIBUTES, NodeContext, lookup, make_constant, normalize_domain,
                        op_label)
 

@@ -20,7 +20,7 @@ import numpy as np
 
 from ...packager.ir.graph import Constant, TensorType, Value
 from ...packager.ir.sym import SymbolicShapeError, SymExpr
-from .common import onnx_dtype
+from .dtypes import UnsupportedCast, numpy_dtype
 
 # Which inputs of an operator may stay symbolic (the converter reads them with ctx.dims).
 SHAPE_INPUTS: dict[str, frozenset[int]] = {
@@ -161,7 +161,10 @@ def fold(ctx: Any, op: str) -> Value | list[Value] | None:
             cond = ins[0].astype(bool)
             return make(ctx, np.where(cond, ins[1], ins[2]), ctx.inputs[1].type.dtype, "where")
         if op == "Cast":
-            to = str(onnx_dtype(ctx, ctx.attrs["to"]))
+            try:
+                to = str(numpy_dtype(ctx.attrs["to"]))
+            except UnsupportedCast as exc:
+                raise ctx.error(str(exc)) from None
             if to == "bool" or to.startswith("float") and dtype == "bool":
                 return None
             return make(ctx, ins[0], to, "cast")

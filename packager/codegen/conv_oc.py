@@ -1,6 +1,6 @@
 """A direct kernel for ungrouped convolutions with the output channels on the vector lanes
 (``nn.conv2d_oc``: NCHW float32 in and out, any window, stride and padding; the weights packed
-at export by ``ops.nn.pack_oc_weights`` into blocks of 32 output channels, each block's
+at export by ``ops.layout.pack_oc_weights`` into blocks of 32 output channels, each block's
 ``[C * kh * kw, 32]`` weights contiguous).
 
 The register tile is MR output pixels times 4 channel vectors (on AVX2: 3 pixels x 32
@@ -44,6 +44,7 @@ from .contraction.match import Contraction, match_contraction
 from .helpers import F32, I1, I32, alloca_once, const_i64, for_range, intrinsic
 from .lower import KernelInfo
 from ..ir.graph import PrimFunc
+from .threads import DEFAULTS, SplitThresholds
 
 OC_BLOCK = 32
 REGISTERS = 16
@@ -128,10 +129,10 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
             self.o * self.oh * self.ow * self.k
         if self.symbolic:
             return KernelInfo(self.symbol, len(self.func.inputs), len(self.func.outputs), 0,
-                              image_macs >= geometry.PARALLEL_MIN_MACS, symbolic=True,
+                              image_macs >= self.options.parallel_min_macs, symbolic=True,
                               workspace_expr=workspace, choice=self.choice())
         return KernelInfo(self.symbol, len(self.func.inputs), len(self.func.outputs), workspace,
-                          image_macs >= geometry.PARALLEL_MIN_MACS, choice=self.choice())
+                          image_macs >= self.options.parallel_min_macs, choice=self.choice())
 
     def choice(self) -> str:
         """The design, in words (``KernelInfo.choice``, shown by ``mlcpack inspect``)."""
@@ -708,10 +709,11 @@ def _transpose(b: ir.IRBuilder, rows: list[ir.Value]) -> list[ir.Value]:
 
 
 def emit_conv_oc(module: ir.Module, func: PrimFunc, symbol: str, vl: int,
-                 size_vars: tuple[str, ...] = ()) -> KernelInfo | None:
+                 size_vars: tuple[str, ...] = (), options: SplitThresholds = DEFAULTS
+                 ) -> KernelInfo | None:
     """The kernel of an ``nn.conv2d_oc`` (static, or with a run-time batch: the pass packs no
     other symbolic convolution), else None."""
     match = match_conv_oc(func)
     if match is None:
         return None
-    return ChannelLaneConvEmitter(module, func, symbol, match, vl, size_vars).emit()
+    return ChannelLaneConvEmitter(module, func, symbol, match, vl, size_vars, options).emit()

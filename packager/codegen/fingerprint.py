@@ -7,9 +7,13 @@ pipeline, the target, and what emission reads: every prim func in order, whole (
 tensors with shapes and dtypes, index variables with extents, every expression node, reduction
 tags and the functions' attributes), the module's size variables, whether the thread pool's
 hand-off functions are in, and the ``CompileOptions`` fields other than those that only say
-where and how to compile (``NOT_CODE``). The encoding is exact (floats by ``repr``, arrays by
-dtype, shape and content hash); a value it does not know makes ``encode_funcs`` return None,
-and the caller keys that module by its emitted IR instead, as before.
+where and how to compile (``NOT_CODE``). What the emitters read besides is code (their
+modules' constants, keyed with the sources) or an option (the thresholds of splitting over
+threads: ``parallel_min_macs``, ``parallel_min_outputs``): a test that patches a code
+generator's module at run time must compile without the cache (``MLCPACK_CACHE_DIR=off``).
+The encoding is exact (floats by ``repr``, arrays by dtype, shape and content hash); a value
+it does not know makes ``encode_funcs`` return None, and the caller keys that module by its
+emitted IR instead, as before.
 
 ``kernels_record`` / ``kernels_from_record``: the ``KernelInfo`` of every prim func as JSON
 (a cache hit returns them without emitting).
@@ -18,12 +22,7 @@ and the caller keys that module by its emitted IR instead, as before.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import hashlib
-import importlib
-import pkgutil
-import sys
-import types
 from typing import Any, Sequence
 
 import numpy as np
@@ -114,81 +113,6 @@ class _Encoder:
         self.out.append(">")
 
 
-_CODEGEN = __name__.rsplit(".", 1)[0]    # mlcpack.packager.codegen
-
-
-@functools.cache
-def _codegen_modules() -> tuple[str, ...]:
-    """Every module of the ``codegen`` package, imported (a fixed set: the state below must
-    not depend on what else a process happened to import)."""
-    package = sys.modules[_CODEGEN]
-    names = sorted(m.name for m in pkgutil.walk_packages(package.__path__, _CODEGEN + "."))
-    for name in names:
-        importlib.import_module(name)
-    return tuple(names)
-
-
-def live_state() -> str:
-    """The code generator's module-level state as it is now, for the key: every ``codegen``
-    module's globals (constants by value; functions and classes by the name of where they are
-    defined, a class of ours with its attributes), since emitters read module constants (e.g.
-    ``lower.PARALLEL_MIN_OUTPUTS``, ``gemm.PARALLEL_MIN_MACS``) and a replaced function changes
-    what they emit. The sources themselves are keyed by ``cache.compiler_fingerprint``; this
-    catches what changed after import (tests patch such constants: a patched code generator
-    never meets an entry of the unpatched one). About 10 ms."""
-    out: list[str] = []
-    for name in _codegen_modules():
-        module = sys.modules[name]
-        out.append(f"\x1d{name}")
-        for key, value in sorted(vars(module).items()):
-            if key.startswith("__"):
-                continue
-            out.append(key)
-            _state(value, out, name, 0)
-    return hashlib.sha256("\x1f".join(out).encode()).hexdigest()
-
-
-def _state(v: Any, out: list[str], module: str, depth: int) -> None:
-    if v is None or isinstance(v, (bool, int, float, str, bytes)):
-        out.append(repr(v) if not isinstance(v, (str, bytes)) or len(v) < 256
-                   else hashlib.sha256(v if isinstance(v, bytes) else v.encode()).hexdigest())
-    elif isinstance(v, type):
-        where = f"{v.__module__}.{v.__qualname__}"
-        out.append("class " + where)
-        if v.__module__ == module and depth < 2:   # our class: its methods and constants
-            for key, attr in sorted(vars(v).items()):
-                if not key.startswith("__"):
-                    out.append(key)
-                    _state(attr, out, module, depth + 1)
-    elif callable(v) and hasattr(v, "__qualname__"):
-        out.append(f"fn {getattr(v, '__module__', '?')}.{v.__qualname__}")
-    elif isinstance(v, (staticmethod, classmethod, property)):
-        out.append(type(v).__name__)
-    elif isinstance(v, types.ModuleType):
-        out.append("module " + v.__name__)
-    elif depth >= 3:
-        out.append(type(v).__qualname__)
-    elif isinstance(v, (tuple, list)):
-        out.append(f"{type(v).__name__}{len(v)}")
-        for x in v[:256]:
-            _state(x, out, module, depth + 1)
-    elif isinstance(v, (frozenset, set)):
-        out.append(f"set{len(v)}")
-        if all(isinstance(x, (str, int, float)) for x in v):
-            out.append(repr(sorted(v, key=repr)))
-    elif isinstance(v, dict):
-        out.append(f"dict{len(v)}")
-        for k in sorted(v, key=repr)[:256]:
-            out.append(repr(k) if isinstance(k, (str, int, float, bool)) else type(k).__name__)
-            _state(v[k], out, module, depth + 1)
-    elif dataclasses.is_dataclass(v):
-        out.append(type(v).__qualname__)
-        for f in dataclasses.fields(v):
-            _state(getattr(v, f.name), out, module, depth + 1)
-    else:   # any other object: its type (its value may be a counter or a cache)
-        out.append(type(v).__qualname__)
-
-
 def encode_funcs(funcs: Sequence[PrimFunc], size_vars: Sequence[str], thread_pool: bool,
                  options: CompileOptions) -> list[bytes] | None:
     """The key's parts for compiling ``funcs`` into one module (see the module docstring), or
@@ -196,7 +120,6 @@ def encode_funcs(funcs: Sequence[PrimFunc], size_vars: Sequence[str], thread_poo
     parts = []
     enc = _Encoder()
     try:
-        enc.value(live_state())
         enc.value(tuple(size_vars))
         enc.value(thread_pool)
         enc.value({f.name: getattr(options, f.name) for f in dataclasses.fields(options)

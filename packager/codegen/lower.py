@@ -30,12 +30,12 @@ from . import vecmath
 from .helpers import (ARITH_FLAGS, F32, F64, I8, I64, LLVM_TYPES, REDUCE_FLAGS, STORAGE_TYPES,
                       VOID, alloca_once, const_i64, for_range, intrinsic, load_converted, round_to,
                       store_converted, type_suffix)
+from .threads import DEFAULTS, SplitThresholds
 
 WORKSPACE_ALIGN = 64
 
 
 # Generic kernels with fewer output elements than this run on one thread.
-PARALLEL_MIN_OUTPUTS = 1 << 14
 
 
 @dataclass(frozen=True)
@@ -176,8 +176,10 @@ class KernelEmitter:
     """Emits one kernel into an LLVM module."""
 
     def __init__(self, module: ir.Module, func: PrimFunc, symbol: str,
-                 size_vars: tuple[str, ...] = ()) -> None:
+                 size_vars: tuple[str, ...] = (), options: SplitThresholds = DEFAULTS
+                 ) -> None:
         self.module = module
+        self.options = options   # read for the thresholds of splitting over threads
         self.func = func
         self.symbol = symbol
         self.buffers: dict[int, ir.Value] = {}
@@ -216,7 +218,7 @@ class KernelEmitter:
         # task only reads the rows it wrote itself.
         parallel = (not materialized or _rows_split_together(materialized, outputs)) and sum(
             int(np.prod(stage.shape, dtype=np.int64)) for stage, _ in outputs
-        ) >= PARALLEL_MIN_OUTPUTS
+        ) >= self.options.parallel_min_outputs
         for stage, body in materialized:
             if parallel:
                 self._emit_stage(stage, body, task, ntasks)
@@ -248,7 +250,7 @@ class KernelEmitter:
         static_work = sum(product(d for d in stage.shape if isinstance(d, int))
                           for stage, _ in outputs)
         parallel = (not materialized or _rows_split_together(materialized, outputs)) and \
-            static_work >= PARALLEL_MIN_OUTPUTS // 8
+            static_work >= self.options.parallel_min_outputs // 8
         for stage, body in materialized + outputs:
             self._emit_stage(stage, body, task if parallel else None,
                              ntasks if parallel else None)
@@ -675,10 +677,11 @@ def bound_select(b: ir.IRBuilder, op: str, x: ir.Value, bound: ir.Constant) -> i
 
 
 def emit_kernel(module: ir.Module, func: PrimFunc, symbol: str,
-                size_vars: tuple[str, ...] = ()) -> KernelInfo:
+                size_vars: tuple[str, ...] = (), options: SplitThresholds = DEFAULTS
+                ) -> KernelInfo:
     """Emit ``func`` into ``module`` as the exported function ``symbol``; ``size_vars`` orders
     the values a symbolic kernel reads from its sizes array."""
-    return KernelEmitter(module, func, symbol, size_vars).emit()
+    return KernelEmitter(module, func, symbol, size_vars, options).emit()
 
 
 def _func_dims(func: PrimFunc) -> list[object]:

@@ -38,9 +38,9 @@ from ..ir.graph import PrimFunc
 from ..ir.patterns import reduction_tag
 from ..ir.sym import product
 from .helpers import F32, I1, I32, I64, alloca_once, const_i64, for_range, intrinsic
-from . import lower
 from .lower import KernelEmitter, KernelInfo
 from .vecmath_lanes import VECTOR_MATH, vector_math
+from .threads import DEFAULTS, SplitThresholds
 
 _VECTOR_BINARY = ("add", "sub", "mul", "div", "max", "min")
 _COMPARE = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!="}
@@ -209,8 +209,9 @@ class NormEmitter(KernelEmitter):
     UNROLL = 4     # vectors per iteration of a pass (independent accumulators)
 
     def __init__(self, module: ir.Module, func: PrimFunc, symbol: str, match: NormMatch,
-                 vl: int, size_vars: tuple[str, ...] = ()) -> None:
-        super().__init__(module, func, symbol, size_vars)
+                 vl: int, size_vars: tuple[str, ...] = (),
+                 options: SplitThresholds = DEFAULTS) -> None:
+        super().__init__(module, func, symbol, size_vars, options)
         self.m, self.vl = match, vl
         self.vty = ir.VectorType(F32, vl)
         self.mty = ir.VectorType(I1, vl)
@@ -329,7 +330,7 @@ class NormEmitter(KernelEmitter):
         rows = self._dim_value(rows_dim)
         static = isinstance(n_dim, int) and isinstance(rows_dim, int)
         if static:
-            parallel = rows_dim > 1 and rows_dim * n_dim >= lower.PARALLEL_MIN_OUTPUTS
+            parallel = rows_dim > 1 and rows_dim * n_dim >= self.options.parallel_min_outputs
         else:
             parallel = True   # decided at run time below (a symbolic kernel's rows vary)
         lo, hi = const_i64(0), rows
@@ -341,7 +342,7 @@ class NormEmitter(KernelEmitter):
             else:
                 # too little work to share: task 0 takes every row, the others none
                 small = b.icmp_signed("<", b.mul(rows, n),
-                                      const_i64(lower.PARALLEL_MIN_OUTPUTS))
+                                      const_i64(self.options.parallel_min_outputs))
                 first = b.icmp_signed("==", task, const_i64(0))
                 lo = b.select(small, const_i64(0), split_lo)
                 hi = b.select(small, b.select(first, rows, const_i64(0)), split_hi)
@@ -490,14 +491,16 @@ class NormEmitter(KernelEmitter):
 
 
 def emit_normalize(module: ir.Module, func: PrimFunc, symbol: str, vl: int,
-                   size_vars: tuple[str, ...] = ()) -> KernelInfo | None:
+                   size_vars: tuple[str, ...] = (), options: SplitThresholds = DEFAULTS
+                   ) -> KernelInfo | None:
     match = match_normalize(func)
     if match is None:
         return None
-    return NormEmitter(module, func, symbol, match, vl, size_vars).emit()
+    return NormEmitter(module, func, symbol, match, vl, size_vars, options).emit()
 
 
 def emit_symbolic_normalize(module: ir.Module, func: PrimFunc, symbol: str, vl: int,
-                            size_vars: tuple[str, ...]) -> KernelInfo | None:
+                            size_vars: tuple[str, ...],
+                            options: SplitThresholds = DEFAULTS) -> KernelInfo | None:
     """The same kernel with run-time rows and row length (read from the size variables)."""
-    return emit_normalize(module, func, symbol, vl, size_vars)
+    return emit_normalize(module, func, symbol, vl, size_vars, options)

@@ -63,25 +63,30 @@ class KernelRule:
     symbolic: SymbolicEmit | None
 
 
-def _with_match(emit: Callable[[ir.Module, Contraction, PrimFunc, str, int], KernelInfo]
-                ) -> StaticEmit:
-    """A static emitter of the contraction ``applies`` accepted."""
+def _with_match(emit: Callable[..., KernelInfo]) -> StaticEmit:
+    """A static emitter of the contraction ``applies`` accepted (it reads the options'
+    thresholds of splitting over threads)."""
     def rule(module, func, symbol, vl, match, target, options):
-        return emit(module, match, func, symbol, vl)
+        return emit(module, match, func, symbol, vl, options=options)
     return rule
 
 
-def _on_func(emit: Callable[[ir.Module, PrimFunc, str, int], KernelInfo | None]) -> StaticEmit:
-    """A static emitter that matches ``func`` itself (recurrences, pools, softmax)."""
+def _on_func(emit: Callable[..., KernelInfo | None], takes_options: bool = False) -> StaticEmit:
+    """A static emitter that matches ``func`` itself (recurrences, pools, softmax); with
+    ``takes_options``, handed the compile options."""
     def rule(module, func, symbol, vl, match, target, options):
+        if takes_options:
+            return emit(module, func, symbol, vl, options=options)
         return emit(module, func, symbol, vl)
     return rule
 
 
-def _sized(emit: Callable[[ir.Module, PrimFunc, str, int, tuple[str, ...]], KernelInfo | None]
-           ) -> SymbolicEmit:
-    """A symbolic emitter that needs only the size variables."""
+def _sized(emit: Callable[..., KernelInfo | None], takes_options: bool = False) -> SymbolicEmit:
+    """A symbolic emitter that needs only the size variables (and with ``takes_options`` the
+    compile options)."""
     def rule(module, func, symbol, vl, size_vars, target, options):
+        if takes_options:
+            return emit(module, func, symbol, vl, size_vars, options=options)
         return emit(module, func, symbol, vl, size_vars)
     return rule
 
@@ -110,8 +115,8 @@ def _integer_gemm(module, func, symbol, vl, match, target, options):
 def _symbolic_contraction(module, func, symbol, vl, size_vars, target, options):
     """A matmul (M, N, K, batch may be run-time sizes), else a conv2d with run-time image
     sizes (``contraction/conv_symbolic.py``)."""
-    return emit_symbolic_matmul(module, func, symbol, vl, size_vars) or \
-        emit_symbolic_conv(module, func, symbol, vl, size_vars)
+    return emit_symbolic_matmul(module, func, symbol, vl, size_vars, options) or \
+        emit_symbolic_conv(module, func, symbol, vl, size_vars, options)
 
 
 KERNEL_RULES: tuple[KernelRule, ...] = (
@@ -120,19 +125,20 @@ KERNEL_RULES: tuple[KernelRule, ...] = (
     KernelRule("integer GEMM", None, _integer_gemm, None),   # qmatmul / qconv2d (ops/qlinear.py)
     KernelRule("integer depthwise", None, _on_func(emit_qdepthwise), None),   # qdwconv2d
     KernelRule("integer elementwise", None, _on_func(emit_qelementwise), None),   # qbinary, qgavgpool
-    KernelRule("channel-lane convolution", None, _on_func(emit_conv_oc),   # nn.conv2d_oc
-               _sized(emit_conv_oc)),
+    KernelRule("channel-lane convolution", None, _on_func(emit_conv_oc, True),   # nn.conv2d_oc
+               _sized(emit_conv_oc, True)),
     KernelRule("depthwise convolution", is_depthwise, _with_match(emit_depthwise),
-               _sized(emit_symbolic_depthwise)),
+               _sized(emit_symbolic_depthwise, True)),
     KernelRule("dot-product convolution", is_dot_product, _with_match(emit_dot_product), None),
     KernelRule("bf16 pair matmul", None, _bf16_pairs, _bf16_pairs_sized),   # matmul_bf16p
     KernelRule("bf16 pair convolution", None, _bf16_conv, None),   # nn.conv2d_bf16p (static)
     KernelRule("contraction", lambda match: match is not None, _with_match(emit_contraction),
                _symbolic_contraction),
     KernelRule("max pool", None, _on_func(emit_max_pool), _sized(emit_symbolic_max_pool)),
-    KernelRule("softmax", None, _on_func(emit_softmax), _sized(emit_symbolic_softmax)),
-    KernelRule("normalization", None, _on_func(emit_normalize),
-               _sized(emit_symbolic_normalize)),
+    KernelRule("softmax", None, _on_func(emit_softmax, True),
+               _sized(emit_symbolic_softmax, True)),
+    KernelRule("normalization", None, _on_func(emit_normalize, True),
+               _sized(emit_symbolic_normalize, True)),
     KernelRule("transpose", None, _on_func(emit_transpose), None),
 )
 
@@ -157,7 +163,7 @@ def emit_function(module: ir.Module, func: PrimFunc, symbol: str, vl: int,
             raise SymbolicShapeError(f"{func.name}: a {kind} with symbolic shapes ("
                                      + ", ".join(str(d) for d in func.outputs[0].shape)
                                      + ") has no fast kernel yet")
-        return _chosen(emit_kernel(module, func, symbol, size_vars), None)
+        return _chosen(emit_kernel(module, func, symbol, size_vars, options), None)
     match = match_contraction(func)
     for rule in KERNEL_RULES:
         if rule.static is None or (rule.applies is not None and not rule.applies(match)):
@@ -165,7 +171,7 @@ def emit_function(module: ir.Module, func: PrimFunc, symbol: str, vl: int,
         info = rule.static(module, func, symbol, vl, match, target, options)
         if info is not None:
             return _chosen(info, rule)
-    return _chosen(emit_kernel(module, func, symbol), None)
+    return _chosen(emit_kernel(module, func, symbol, options=options), None)
 
 
 def _chosen(info: KernelInfo, rule: KernelRule | None) -> KernelInfo:

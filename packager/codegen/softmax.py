@@ -23,10 +23,10 @@ from ..ir.graph import PrimFunc
 from ..ir.patterns import reduction_tag
 from ..ir.sym import product
 from .helpers import F32, I1, I32, I64, alloca_once, const_i64, for_range, intrinsic
-from . import lower
 from .lower import KernelEmitter, KernelInfo
 from .vecmath import call_math, exp_nonpositive
 from .vecmath_lanes import _LaneOps
+from .threads import DEFAULTS, SplitThresholds
 
 def _read_of(e: te.Expr, tensor_uid: int | None = None) -> te.Read | None:
     if isinstance(e, te.Read) and (tensor_uid is None or e.tensor.uid == tensor_uid):
@@ -72,8 +72,8 @@ def match_softmax(func: PrimFunc) -> tuple[te.Tensor, bool] | None:
 
 class SoftmaxEmitter(KernelEmitter):
     def __init__(self, module: ir.Module, func: PrimFunc, symbol: str, out: te.Tensor,
-                 log: bool, vl: int) -> None:
-        super().__init__(module, func, symbol)
+                 log: bool, vl: int, options: SplitThresholds = DEFAULTS) -> None:
+        super().__init__(module, func, symbol, options=options)
         self.out, self.log, self.vl = out, log, vl
         self.vty = ir.VectorType(F32, vl)
         self.mty = ir.VectorType(I1, vl)
@@ -85,7 +85,7 @@ class SoftmaxEmitter(KernelEmitter):
         b = self.builder
         n = x_t.shape[-1]
         rows = int(np.prod(x_t.shape[:-1], dtype=np.int64))
-        parallel = rows > 1 and rows * n >= lower.PARALLEL_MIN_OUTPUTS   # as generic kernels
+        parallel = rows > 1 and rows * n >= self.options.parallel_min_outputs   # as generic kernels
         lo, hi = const_i64(0), const_i64(rows)
         if parallel:
             lo = b.sdiv(b.mul(task, hi), ntasks)
@@ -278,17 +278,19 @@ class SoftmaxEmitter(KernelEmitter):
         return parts
 
 
-def emit_softmax(module: ir.Module, func: PrimFunc, symbol: str, vl: int) -> KernelInfo | None:
+def emit_softmax(module: ir.Module, func: PrimFunc, symbol: str, vl: int,
+                 options: SplitThresholds = DEFAULTS) -> KernelInfo | None:
     match = match_softmax(func)
     if match is None:
         return None
-    return SoftmaxEmitter(module, func, symbol, *match, vl).emit()
+    return SoftmaxEmitter(module, func, symbol, *match, vl, options).emit()
 
 
 # ---- softmax over a static last axis, a run-time number of rows ----------------------------------
 
 def emit_symbolic_softmax(module: ir.Module, func: PrimFunc, symbol: str, vl: int,
-                          size_vars: tuple[str, ...]) -> KernelInfo | None:
+                          size_vars: tuple[str, ...],
+                          options: SplitThresholds = DEFAULTS) -> KernelInfo | None:
     """The vectorized softmax kernel (``SoftmaxEmitter``) when only the number of rows is a
     run-time size (a recognizer's per-column class scores): the rows loop takes it from the
     size variables; the row length stays static."""
@@ -296,11 +298,11 @@ def emit_symbolic_softmax(module: ir.Module, func: PrimFunc, symbol: str, vl: in
     if match is None:
         return None
     if not isinstance(func.inputs[0].shape[-1], int):
-        return _RowLengthSoftmax(module, func, symbol, *match, vl, size_vars).emit()
+        return _RowLengthSoftmax(module, func, symbol, *match, vl, size_vars, options).emit()
 
     class _Emitter(SoftmaxEmitter):
         def __init__(self) -> None:
-            super().__init__(module, func, symbol, *match, vl)
+            super().__init__(module, func, symbol, *match, vl, options)
             self.size_vars = size_vars
             self.symbolic = True
 
@@ -334,11 +336,12 @@ class _RowLengthSoftmax(SoftmaxEmitter):
     each a loop over blocks of ``BLOCK`` vectors with ``BLOCK`` accumulators (independent
     chains), then single vectors, then the last vector masked by a mask built from the
     run-time count; rows four at a time, their passes interleaved (one accumulator each). Rows
-    split over tasks when there are at least ``lower.PARALLEL_MIN_OUTPUTS`` outputs. The generic
+    split over tasks when there are at least ``options.parallel_min_outputs`` outputs. The generic
     loop nest ran 2.5x the static kernel (encoder seq 128: 125 vs 49 us)."""
 
-    def __init__(self, module, func, symbol, out, log, vl, size_vars) -> None:
-        super().__init__(module, func, symbol, out, log, vl)
+    def __init__(self, module, func, symbol, out, log, vl, size_vars,
+                 options: SplitThresholds = DEFAULTS) -> None:
+        super().__init__(module, func, symbol, out, log, vl, options)
         self.size_vars = size_vars
         self.symbolic = True
 
@@ -351,7 +354,7 @@ class _RowLengthSoftmax(SoftmaxEmitter):
         n = self._dim_value(x_t.shape[-1])
         rows = self._dim_value(product(x_t.shape[:-1]))
         # fewer outputs than a task's worth: task 0 does every row, the others nothing
-        big = b.icmp_signed(">=", b.mul(rows, n), const_i64(lower.PARALLEL_MIN_OUTPUTS))
+        big = b.icmp_signed(">=", b.mul(rows, n), const_i64(self.options.parallel_min_outputs))
         nt = b.select(big, ntasks, const_i64(1))
         lo = b.sdiv(b.mul(task, rows), nt)
         hi = b.sdiv(b.mul(b.add(task, const_i64(1)), rows), nt)

@@ -1,6 +1,9 @@
-"""High-level operators; importing this package registers every row of the table."""
+"""High-level operators; importing this package registers every row of the table: the
+model-level operators (``nn``, ``elementwise``, ``shape``...) that frontends produce, and the
+layout-only ones (``layout``, ``bf16``: a constant weight packed for a kernel, made only by
+passes/layout.py; ``OpDef.layout`` marks their rows)."""
 
-from . import (bf16, dynamic, elementwise, index, logic, nn, norm,  # noqa: F401
+from . import (bf16, dynamic, elementwise, index, layout, logic, nn, norm, pool,  # noqa: F401
                qconv_quads, qelementwise, qlinear, quant, resize, sequence,
                shape)  # (registration side effect)
 from .registry import OPS, OpDef, get_op, register_op

@@ -2,7 +2,7 @@
 --precision bf16``; docs/precision.md).
 
 ``passes/layout.py weights_to_bf16`` turns ``matmul_packed`` (B in column panels [ceil(N / nr),
-K, nr], ops/nn.py) into this op, B rounded to bfloat16 (round to nearest even) and packed as
+K, nr], ops/layout.py) into this op, B rounded to bfloat16 (round to nearest even) and packed as
 ``bp`` [ceil(N / nr), ceil(K / 2), nr, 2]: ``bp[n // nr, k // 2, n % nr, k % 2] = B[k, n]``, zero
 past N and past K. Each 32-bit word holds the pair (B[2j, n], B[2j + 1, n]), the even row in the
 low half: the operand ``vdpbf16ps`` multiplies by a pair of activations (x86-64-v4 with
@@ -16,7 +16,7 @@ import numpy as np
 from ..ir import te
 from ..ir.graph import TensorType
 from ..ir.patterns import tag_reduction
-from .nn import MATMUL_PANEL
+from .layout import MATMUL_PANEL
 from .registry import COMPLEX, register_op
 
 PAIR_KIND = "matmul_bf16p"
@@ -59,7 +59,7 @@ def _legalize(a: te.Tensor, bp: te.Tensor, out_type: TensorType, name: str, n: i
     return te.compute(out_type.shape, body, name=name)
 
 
-@register_op(PAIR_KIND, COMPLEX, _infer, _legalize)
+@register_op(PAIR_KIND, COMPLEX, _infer, _legalize, layout=True)
 def matmul_bf16p(a: np.ndarray, bp: np.ndarray, n: int) -> np.ndarray:
     b = unpack_pairs(bp, a.shape[-1], n).astype(np.float32)
     return np.matmul(a, b).astype(a.dtype)
@@ -100,7 +100,8 @@ def _infer_conv(x: TensorType, wp: TensorType, strides=(1, 1), padding=(0, 0, 0,
 
 def _legalize_conv(x: te.Tensor, wp: te.Tensor, out_type: TensorType, name: str,
                    strides=(1, 1), padding=(0, 0, 0, 0)) -> te.Tensor:
-    from .nn import _widened, _window_value
+    from .layout import _widened
+    from .nn import _window_value
     c = x.shape[1]
     _, _, kh, kw, _ = wp.shape
     rc, ry, rx = te.reduce_axis(c, "rc"), te.reduce_axis(kh, "ry"), te.reduce_axis(kw, "rx")
@@ -113,7 +114,7 @@ def _legalize_conv(x: te.Tensor, wp: te.Tensor, out_type: TensorType, name: str,
     return te.compute(out_type.shape, body, name=name)
 
 
-@register_op("nn.conv2d_bf16p", COMPLEX, _infer_conv, _legalize_conv)
+@register_op("nn.conv2d_bf16p", COMPLEX, _infer_conv, _legalize_conv, layout=True)
 def conv2d_bf16p(x: np.ndarray, wp: np.ndarray, strides=(1, 1),
                  padding=(0, 0, 0, 0)) -> np.ndarray:
     from .nn import conv2d

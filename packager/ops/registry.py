@@ -38,6 +38,9 @@ class OpDef:
     reference: Callable[..., np.ndarray]
     legalize: Callable[..., object] | None  # (*te.Tensor, out_type=..., **attrs) -> te.Tensor
     assumes: bool = False                   # infer takes ``relations``
+    # made only by passes/layout.py (a constant operand packed for a kernel, ops/layout.py and
+    # ops/bf16.py), never by a frontend
+    layout: bool = False
 
     def infer_type(self, *types: TensorType, **attrs: object
                    ) -> tuple[TensorType, tuple[Relation, ...]]:
@@ -54,14 +57,15 @@ OPS: dict[str, OpDef] = {}
 
 
 def register_op(name: str, kind: str, infer: Callable[..., TensorType],
-                legalize: Callable[..., object] | None = None) -> Callable:
-    """Decorator over the numpy reference: registers the row; a name may be registered once."""
+                legalize: Callable[..., object] | None = None, layout: bool = False) -> Callable:
+    """Decorator over the numpy reference: registers the row; a name may be registered once.
+    ``layout``: a layout-only operator (see ``OpDef.layout``)."""
 
     def wrap(reference: Callable[..., np.ndarray]) -> Callable[..., np.ndarray]:
         if name in OPS:
             raise ValueError(f"operator {name!r} is registered twice")
         assumes = "relations" in inspect.signature(infer).parameters
-        OPS[name] = OpDef(name, kind, infer, reference, legalize, assumes)
+        OPS[name] = OpDef(name, kind, infer, reference, legalize, assumes, layout)
         return reference
 
     return wrap

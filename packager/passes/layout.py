@@ -49,7 +49,7 @@ def _one_row(v: Call, options: CompileOptions) -> bool:
     shape = getattr(v.args[0].type, "shape", None)
     if (options.pack_matmul_weights and v.args[1].data.ndim == 2   # packed unless B is narrow
             and v.args[1].data.dtype == np.float32):
-        from ..ops.nn import MATMUL_PANEL
+        from ..ops.layout import MATMUL_PANEL
         if v.args[1].data.shape[0] >= MATMUL_PANEL:
             return False
     return (options.one_row_gemv and shape is not None and len(shape) >= 1 and v.args[1].data.ndim == 2
@@ -102,13 +102,13 @@ def pack_conv_weights(mod: IRModule, options: CompileOptions) -> IRModule:
     """An ungrouped float32 ``nn.conv2d`` with a window wider than 1x1, a constant weight, a
     4-D input static but for the batch and output channels in whole vectors becomes
     ``nn.conv2d_oc`` with its
-    weight packed once (``ops.nn.pack_oc_weights``): codegen/conv_oc.py computes it with the
+    weight packed once (``ops.layout.pack_oc_weights``): codegen/conv_oc.py computes it with the
     output channels on the vector lanes (no plane copies by stride phase, no dropped columns).
     ``options.pack_conv_weights``: on for targets whose kernels take ``nn.conv2d_oc`` (AVX2,
     8-lane vectors: where the kernel is measured); off, every convolution keeps ``nn.conv2d``."""
     if not options.pack_conv_weights:
         return mod
-    from ..ops.nn import pack_oc_weights, pack_wino_weights
+    from ..ops.layout import pack_oc_weights, pack_wino_weights
 
     def visit(b, lookup):
         v = b.value
@@ -143,7 +143,7 @@ def conv_row_block(x_shape, w_shape, out_shape, attrs: dict,
 def pack_conv_rows(mod: IRModule, options: CompileOptions) -> IRModule:
     """An ungrouped float32 ``nn.conv2d`` with a constant weight, static shapes and no dilation,
     that the register-blocked kernel computes (not a one-pixel dot product), becomes
-    ``nn.conv2d_rows``: its weight packed once (``ops.nn.pack_row_weights``) in blocks of the
+    ``nn.conv2d_rows``: its weight packed once (``ops.layout.pack_row_weights``) in blocks of the
     kernel's tile rows, so that a block row reads its weights as one contiguous stream (ONNX
     Runtime packs its convolution weights too); its tail outputs then take the block's channels
     on the lanes (codegen/contraction/conv.py ``_tail_block_rows``). Measured on Zen 4 (AVX2), bench/'s
@@ -155,7 +155,7 @@ def pack_conv_rows(mod: IRModule, options: CompileOptions) -> IRModule:
     widths = options.conv_row_widths
     if not widths:
         return mod
-    from ..ops.nn import pack_row_weights
+    from ..ops.layout import pack_row_weights
 
     def visit(b, lookup):
         v = b.value
@@ -193,7 +193,7 @@ PACK_MIN_COLUMNS = 8
 def pack_matmul_weights(mod: IRModule, options: CompileOptions) -> IRModule:
     """``matmul(a, B)`` with a constant 2-D float32 B [K, N] of at least PACK_MIN_COLUMNS
     columns (MATMUL_PANEL for one row in a single plan; after ``pretranspose_weights``) becomes
-    ``matmul_packed``, B packed once into column panels (``ops.nn.pack_matmul_b``) that the
+    ``matmul_packed``, B packed once into column panels (``ops.layout.pack_matmul_b``) that the
     register-blocked kernel (codegen/contraction/) reads with plain loads, for any row count
     (static or not): no panel copy at run time, no strided or masked reads of B. Measured on Zen 4
     (1 thread, against B read in place or copied per call): bench's mlp_b64 0.92x, [128, 3072] x
@@ -201,7 +201,7 @@ def pack_matmul_weights(mod: IRModule, options: CompileOptions) -> IRModule:
     x [1024, 1024] 0.80x of the dot product."""
     if not options.pack_matmul_weights:
         return mod
-    from ..ops.nn import MATMUL_PANEL, pack_matmul_b
+    from ..ops.layout import MATMUL_PANEL, pack_matmul_b
 
     def visit(b, lookup):
         v = b.value
@@ -312,7 +312,7 @@ def weights_to_bf16(mod: IRModule, options: CompileOptions) -> IRModule:
         w = v.args[1]
         if v.op == "matmul_packed":   # K pairs (ops/bf16.py): vdpbf16ps's operand
             from ..ops.bf16 import PAIR_KIND, pack_pairs
-            from ..ops.nn import unpack_matmul_b
+            from ..ops.layout import unpack_matmul_b
             n = int(v.attrs["n"])
             pairs = pack_pairs(to_bfloat16(unpack_matmul_b(w.data, n)), w.data.shape[2])
             return Call(PAIR_KIND, [lookup(v.args[0]), Constant(f"{w.name}_bf16", pairs)],

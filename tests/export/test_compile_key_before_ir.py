@@ -16,7 +16,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from mlcpack.frontends.onnx import import_onnx
-from mlcpack.packager.codegen import build, cache, fingerprint, lower, rules
+from mlcpack.packager.codegen import build, cache, fingerprint
 from mlcpack.packager.codegen.target import resolve_targets
 from mlcpack.packager.export import compile_variants, export_module
 from mlcpack.packager.options import CompileOptions
@@ -104,13 +104,11 @@ def test_any_change_to_a_kernel_changes_the_key(lowered, monkeypatch):
         other = build.object_key(list(mod.prim_funcs().values()), targets[0],
                                  main_size_vars(mod), True, options)
         assert (other == key) is same
-    # a code generator constant patched at run time (as tests do), a replaced emitter
-    with monkeypatch.context() as patch:
-        patch.setattr(lower, "PARALLEL_MIN_OUTPUTS", 0)
-        assert build.object_key(funcs, targets[0], size_vars, True, options) != key
-    with monkeypatch.context() as patch:
-        patch.setattr(rules, "emit_recurrence", lambda *args: None)
-        assert build.object_key(funcs, targets[0], size_vars, True, options) != key
+    # a threshold the emitters read (tests set it to split every kernel) is an option: keyed
+    split = options.replace(parallel_min_outputs=0)
+    assert build.object_key(funcs, targets[0], size_vars, True, split) != key
+    assert build.object_key(funcs, targets[0], size_vars, True,
+                            options.replace(parallel_min_macs=0)) != key
     assert build.object_key(funcs, targets[0], size_vars, True, options) == key
     # the compiler's own code: an edited emitter never reuses an entry
     monkeypatch.setattr(cache, "compiler_fingerprint", lambda: "another compiler")
@@ -125,8 +123,7 @@ def test_warm_compile_emits_no_ir_and_gives_the_same_code(tmp_path, monkeypatch)
 
     def no_emission(*args, **kwargs):
         raise AssertionError("IR emitted on a warm compile")
-    # llvmlite's module class, which emission starts from (patching one of ours would change
-    # the key: fingerprint.live_state)
+    # llvmlite's module class, which emission starts from
     monkeypatch.setattr(build.ir, "Module", no_emission)
     _, warm, _ = compile_variants(mod, target="x86-64-v2,x86-64-v3", options=options)
     assert all(c.from_cache for c in warm)

@@ -517,7 +517,7 @@ def test_conv_dot_path_emulated_bit_exact(tmp_path, conv_compiled, case):
     w, bias = got_c["w"], got_c["bias"]
     mod, _ = import_onnx(got_c["model"])
     path = tmp_path / "emulated.mlc"
-    opts = CompileOptions(bf16_pair_convs=True, bf16_emulate=True, pack_conv_weights=False,
+    opts = CompileOptions(bf16_emulate=True, pack_conv_weights=False,
                           conv_row_widths=())
     report = export_module(mod, path, ExportOptions(target="x86-64-v3", precision="bf16",
                                                     compile=opts))

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from conv_models import conv_feeds, conv_model
 
-from mlcpack.packager.ops.nn import OC_BLOCK, pack_oc_weights, unpack_oc_weights
+from mlcpack.packager.ops.layout import OC_BLOCK, pack_oc_weights, unpack_oc_weights
 
 ort = pytest.importorskip("onnxruntime")
 

@@ -12,7 +12,8 @@ import pytest
 
 from mlcpack.packager.codegen.contraction.geometry import conv_geometry, conv_row_widths
 from mlcpack.packager.codegen.target import resolve_targets
-from mlcpack.packager.ops.nn import conv2d, conv2d_rows, pack_row_weights, unpack_row_weights
+from mlcpack.packager.ops.layout import conv2d_rows, pack_row_weights, unpack_row_weights
+from mlcpack.packager.ops.nn import conv2d
 from mlcpack.runtime.bundle import BundleReader
 
 from conv_models import conv_feeds, conv_model, conv_out_size

@@ -1,6 +1,6 @@
 """Winograd F(2x2, 3x3) in the channel-lane convolution kernel (codegen/conv_oc.py): the export
 transforms a 3x3 stride-1 convolution's weights (passes/layout.py ``uses_winograd``,
-ops/nn.py ``pack_wino_weights``) and the kernel transforms the input blocks, multiplies and
+ops/layout.py ``pack_wino_weights``) and the kernel transforms the input blocks, multiplies and
 transforms the outputs back. Checked against ONNX Runtime over odd sizes, partial channel
 blocks, padding, bands, batches, fused epilogues, 1-3 threads, the SSE variant and the
 operator's own expression (the generic lowering); and which convolutions take it."""
@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from conv_models import conv_feeds, conv_model
 
-from mlcpack.packager.ops.nn import OC_BLOCK, pack_wino_weights, unpack_wino_weights
+from mlcpack.packager.ops.layout import OC_BLOCK, pack_wino_weights, unpack_wino_weights
 from mlcpack.packager.passes.layout import uses_winograd
 
 ort = pytest.importorskip("onnxruntime")
@@ -93,6 +93,7 @@ def test_one_band_when_the_weights_are_large(tmp_path, monkeypatch, threads):
     from mlcpack.runtime import load
 
     monkeypatch.setattr(conv_oc, "WINO_U_TRAFFIC", 1)
+    monkeypatch.setenv("MLCPACK_CACHE_DIR", "off")   # a patched code generator: not in the cache key
     n, c, h, w, o = 1, 48, 30, 30, 96
     model = conv_model(n, c, h, w, o, 3, 1, residual=True)
     feeds = conv_feeds(n, c, h, w, o, 3, 1, residual=True)
@@ -179,6 +180,7 @@ def test_generic_lowering_of_the_operator(tmp_path, monkeypatch):
 
     monkeypatch.setattr(rules, "KERNEL_RULES", tuple(
         rule for rule in rules.KERNEL_RULES if rule.op != "channel-lane convolution"))
+    monkeypatch.setenv("MLCPACK_CACHE_DIR", "off")   # a patched code generator: not in the cache key
     n, c, h, w, o = 1, 16, 9, 8, 32
     model = conv_model(n, c, h, w, o, 3, 1, residual=True)
     feeds = conv_feeds(n, c, h, w, o, 3, 1, residual=True)

@@ -15,7 +15,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from helpers import assert_runs_match, ort_outputs
+from helpers import assert_runs_match, force_parallel_kernels, ort_outputs
 from mlcpack.frontends.onnx import import_onnx
 from mlcpack.packager.options import UNPACKED
 from mlcpack.packager.export import ExportOptions, export_module
@@ -99,9 +99,7 @@ def _runnable(target: str) -> bool:
 @pytest.fixture
 def split_every_kernel(monkeypatch):
     """Every kernel parallel however small, so 2 threads split these small layers' planes."""
-    from mlcpack.packager.codegen.contraction import geometry
-
-    monkeypatch.setattr(geometry, "PARALLEL_MIN_MACS", 0)
+    force_parallel_kernels(monkeypatch, outputs=False)
 
 
 @pytest.mark.parametrize("target", ["x86-64-v3", "x86-64-v2"])

@@ -1,5 +1,5 @@
 """Matmuls whose constant B is packed at export (``matmul_packed``: passes/layout.py
-pack_matmul_weights, ops/nn.py pack_matmul_b) and read by the register-blocked kernel
+pack_matmul_weights, ops/layout.py pack_matmul_b) and read by the register-blocked kernel
 (codegen/contraction/) panel by panel with plain loads: against ONNX Runtime over row counts, K and
 N (a partial, zero-filled last panel), batched A, Gemm with transB, 1-3 threads, several batch
 plans sharing the packed weights, a run-time row count; and which matmuls get packed."""
@@ -11,7 +11,7 @@ import pytest
 from conftest import X86_V3, X86_V4
 from onnx import TensorProto, helper, numpy_helper
 
-from mlcpack.packager.ops.nn import MATMUL_PANEL, pack_matmul_b, unpack_matmul_b
+from mlcpack.packager.ops.layout import MATMUL_PANEL, pack_matmul_b, unpack_matmul_b
 
 ort = pytest.importorskip("onnxruntime")
 

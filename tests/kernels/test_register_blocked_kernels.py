@@ -18,7 +18,7 @@ from mlcpack.packager.ops import get_op
 from mlcpack.packager.export import ExportOptions, export_module
 from mlcpack.packager.passes import DEFAULT_PIPELINE, run_pipeline
 
-from helpers import build_op_module, compile_and_run
+from helpers import build_op_module, compile_and_run, force_parallel_kernels
 
 RNG = np.random.default_rng(1)
 
@@ -45,9 +45,7 @@ def run(mod, feeds, tmp_path, **kw):
 def split_every_kernel(monkeypatch):
     """Mark every kernel parallel, however small, so the tests with threads > 1 run the task
     splits on these small, odd shapes."""
-    from mlcpack.packager.codegen.contraction import geometry
-
-    monkeypatch.setattr(geometry, "PARALLEL_MIN_MACS", 0)
+    force_parallel_kernels(monkeypatch, outputs=False)
 
 
 CONVS = [

@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from mlcpack.packager.codegen import lower, softmax
+from mlcpack.packager.codegen import softmax
 from mlcpack.packager.export import ExportOptions, export_module
 from mlcpack.packager.ir import BlockBuilder
 from mlcpack.packager.ops import get_op
 from mlcpack.runtime import load
 
-from helpers import SharedLog
+from helpers import SharedLog, force_parallel_kernels
 
 RNG = np.random.default_rng(21)
 # rows x row length: under one vector, exactly 16, the attention shape's 198 (groups of 2-4
@@ -37,7 +37,7 @@ def module(op: str, shapes: list[tuple[int, ...]]):
 def emitted(monkeypatch, tmp_path) -> SharedLog:
     """Records every softmax kernel emitted (so a test knows the fast path ran)."""
     seen = SharedLog(tmp_path / "emitted")
-    monkeypatch.setenv("MLCPACK_CACHE_DIR", "off")   # a cache hit emits no kernel to count
+    seen.count_cache_hits(monkeypatch, "SoftmaxEmitter.emit: log")
     original = softmax.SoftmaxEmitter.emit
 
     def spy(self):
@@ -51,7 +51,7 @@ def emitted(monkeypatch, tmp_path) -> SharedLog:
 @pytest.mark.parametrize("target", ["x86-64-v2", "x86-64-v3", "host"])
 @pytest.mark.parametrize("op", ["nn.softmax", "nn.log_softmax"])
 def test_row_lengths_and_widths(op, target, tmp_path, emitted, monkeypatch) -> None:
-    monkeypatch.setattr(lower, "PARALLEL_MIN_OUTPUTS", 0)   # every kernel splits its rows
+    force_parallel_kernels(monkeypatch, macs=False)   # every kernel splits its rows
     path = tmp_path / "m.mlc"
     export_module(module(op, SHAPES), path, ExportOptions(target=target))
     assert len(emitted) == len(SHAPES) and set(emitted.items()) == {op == "nn.log_softmax"}
@@ -105,3 +105,17 @@ def test_fused_softmax_is_not_taken(tmp_path, emitted) -> None:
     with load(path) as model:
         got = model.run({"x": v})["y"]
     np.testing.assert_allclose(got, 2 * get_op("nn.softmax").reference(v, axis=-1), rtol=1e-6)
+
+
+def test_a_cache_hit_is_counted(tmp_path, emitted) -> None:
+    """The spy counts with the compile cache on (helpers.SharedLog.count_cache_hits): a module
+    it has not seen emitted misses the cache (the spy sees it) and is stored; the next
+    exports come from the cache, emit nothing, and count its kernels as they were emitted."""
+    mod = module("nn.softmax", SHAPES[:2])
+    hits = []
+    for name in "abc":
+        report = export_module(mod, tmp_path / f"{name}.mlc", ExportOptions(target="x86-64-v2"))
+        hits += [hit for _, _, hit in report.compiles]
+    assert hits == [False, True, True]
+    assert emitted.items() == [False, False] * 3
+    assert (tmp_path / "a.mlc").read_bytes() == (tmp_path / "c.mlc").read_bytes()

@@ -6,19 +6,18 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from mlcpack.packager.codegen import lower
 from mlcpack.packager.export import export_module
 from mlcpack.packager.ops import get_op
 from mlcpack.runtime import load
 
-from helpers import build_op_module
+from helpers import build_op_module, force_parallel_kernels
 
 RNG = np.random.default_rng(12)
 
 
 @pytest.fixture(autouse=True)
 def split_everything(monkeypatch):
-    monkeypatch.setattr(lower, "PARALLEL_MIN_OUTPUTS", 0)
+    force_parallel_kernels(monkeypatch, macs=False)
 
 
 CASES = [

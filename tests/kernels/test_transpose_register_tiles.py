@@ -38,7 +38,7 @@ def module(cases):
 @pytest.mark.parametrize("target", ["x86-64-v2", "x86-64-v3", "host"])
 def test_transposes_exact(target, tmp_path, monkeypatch) -> None:
     used = SharedLog(tmp_path / "used")
-    monkeypatch.setenv("MLCPACK_CACHE_DIR", "off")   # a cache hit emits no kernel to count
+    used.count_cache_hits(monkeypatch, "TransposeEmitter.emit: perm")
     original = transpose.TransposeEmitter.emit
     monkeypatch.setattr(transpose.TransposeEmitter, "emit",
                         lambda self: used.append(self.perm) or original(self))
@@ -56,7 +56,7 @@ def test_transposes_exact(target, tmp_path, monkeypatch) -> None:
 
 def test_last_axis_in_place_is_not_taken(tmp_path, monkeypatch) -> None:
     used = SharedLog(tmp_path / "used")
-    monkeypatch.setenv("MLCPACK_CACHE_DIR", "off")   # a cache hit emits no kernel to count
+    used.count_cache_hits(monkeypatch, "TransposeEmitter.emit: none taken", pure=False)
     monkeypatch.setattr(transpose.TransposeEmitter, "emit",
                         lambda self: used.append(1) or None)
     cases = [((1, 198, 3, 64), (0, 2, 1, 3))]

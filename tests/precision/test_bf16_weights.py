@@ -118,7 +118,8 @@ def _winograd(x: np.ndarray, u: np.ndarray, pad: int) -> np.ndarray:
 
 def test_winograd_model_is_the_convolution():
     """The numpy F(2x2, 3x3) above on unrounded weights is the plain convolution."""
-    from mlcpack.packager.ops.nn import conv2d, pack_wino_weights, unpack_matmul_b
+    from mlcpack.packager.ops.layout import pack_wino_weights, unpack_matmul_b
+    from mlcpack.packager.ops.nn import conv2d
 
     w = RNG.standard_normal((5, 3, 3, 3))
     x = RNG.standard_normal((1, 3, 7, 9))
@@ -142,7 +143,8 @@ def _conv(c: int, o: int, k: int, hw: int, stride: int = 1):
     model.ir_version = 8
 
     def exact(x, bf16: bool):
-        from mlcpack.packager.ops.nn import conv2d, pack_wino_weights, unpack_matmul_b
+        from mlcpack.packager.ops.layout import pack_wino_weights, unpack_matmul_b
+        from mlcpack.packager.ops.nn import conv2d
         from mlcpack.packager.passes.layout import uses_winograd
 
         wq = to_bfloat16(w).astype(np.float32) if bf16 else w

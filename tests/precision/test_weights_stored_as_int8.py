@@ -17,7 +17,7 @@ from helpers import ort_outputs
 from mlcpack.frontends.onnx import import_onnx
 from mlcpack.packager.export import ExportOptions, export_module
 from mlcpack.packager.ir.graph import Constant
-from mlcpack.packager.ops.nn import pack_matmul_b, pack_oc_weights, pack_row_weights
+from mlcpack.packager.ops.layout import pack_matmul_b, pack_oc_weights, pack_row_weights
 from mlcpack.packager.passes.stored_int import derive, expand, make_stored, stored_dequantize
 from mlcpack.runtime import bundle as bundle_format
 from mlcpack.runtime import load

@@ -625,11 +625,10 @@ def test_aarch64_cross_build_under_qemu(mlp_weights, tmp_path, monkeypatch) -> N
     from arm64_root import arm64_root_or_fail, run_bundles
     from mlcpack.frontends.arch import build_from_spec, infer_mlp_spec
     from mlcpack.frontends.onnx import import_onnx
-    from mlcpack.packager.codegen import lower
-    from mlcpack.packager.codegen.contraction import geometry
     from mlcpack.packager.export import ExportOptions, export_module
 
     from conftest import ROOT
+    from helpers import force_parallel_kernels
 
     _make("aarch64")
     # SHA-256 both ways (qemu's CPU has the SHA2 extension) against hashlib
@@ -644,8 +643,7 @@ def test_aarch64_cross_build_under_qemu(mlp_weights, tmp_path, monkeypatch) -> N
     assert paths == {"c", "accel"}
     root = arm64_root_or_fail()
     rng = np.random.default_rng(7)
-    monkeypatch.setattr(geometry, "PARALLEL_MIN_MACS", 0)
-    monkeypatch.setattr(lower, "PARALLEL_MIN_OUTPUTS", 0)
+    force_parallel_kernels(monkeypatch)
     cnn, _ = import_onnx(str(ARTIFACTS / "cnn.onnx"))
     jobs = {"cnn": (cnn, "aarch64", {"x": rng.random((1, 1, 28, 28), dtype=np.float32)}),
             "mlp": (build_from_spec(infer_mlp_spec(mlp_weights), mlp_weights, None),

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from mlcpack.packager.codegen.contraction import geometry
 from mlcpack.packager.export import export_module
 from mlcpack.packager.ir import BlockBuilder
 from mlcpack.packager.ir.graph import TensorType
@@ -14,6 +13,7 @@ from mlcpack.runtime import load
 from mlcpack.runtime import model as runtime_model
 
 from bundle_parts import read_parts, write_parts
+from helpers import force_parallel_kernels
 
 RNG = np.random.default_rng(5)
 W1 = RNG.standard_normal((48, 32)).astype(np.float32)
@@ -127,7 +127,7 @@ def test_small_input_is_copied_not_bound(bundle, monkeypatch) -> None:
 
 def test_bound_input_with_two_threads(tmp_path, monkeypatch) -> None:
     """Parallel kernel tasks all read the caller's array."""
-    monkeypatch.setattr(geometry, "PARALLEL_MIN_MACS", 0)
+    force_parallel_kernels(monkeypatch, outputs=False)
     path = tmp_path / "mlp.mlc"
     export_module(mlp_module(), path)
     with load(path, threads=2) as model:

@@ -16,7 +16,7 @@ from mlcpack.packager.export import ExportOptions, export_module
 from mlcpack.runtime import elf, load
 
 from conftest import ARTIFACTS, ROOT
-from helpers import build_op_module
+from helpers import build_op_module, force_parallel_kernels
 
 pytestmark = pytest.mark.skipif(elf._real_arch() != "x86_64",
                                 reason="compares an emulated aarch64 run with an x86-64 one")
@@ -60,12 +60,8 @@ def test_aarch64_bundles_match_x86_64_under_qemu(level, models, arm64_root, tmp_
                                                  monkeypatch) -> None:
     """Each model on one thread, and the MLP again with every kernel split over 2 threads (the
     spinning hand-off's atomics and the AArch64 spin hint, for real)."""
-    from mlcpack.packager.codegen import lower
-    from mlcpack.packager.codegen.contraction import geometry
-
     bundles, expected = {}, {}
-    monkeypatch.setattr(geometry, "PARALLEL_MIN_MACS", 0)
-    monkeypatch.setattr(lower, "PARALLEL_MIN_OUTPUTS", 0)
+    force_parallel_kernels(monkeypatch)
     models = {**models, "mlp-threads": models["mlp"]}
     for name, (mod, feeds) in models.items():
         a64 = tmp_path / f"{name}-a64.mlc"

@@ -614,13 +614,8 @@ class ConvMixin:
                 x_hi = b.select(b.icmp_signed("<", end, const_i64(g["ow"])), end,
                                 const_i64(g["ow"]))
                 env[id(out.axes[2])] = oy
-                if not self._vector_epilogue_ok():
-                    with for_range(b, x_lo, x_hi, "ox") as ox:
-                        env[id(out.axes[3])] = ox
-                        t_idx = b.add(b.mul(i, const_i64(nr)), b.sub(b.add(row0, ox), p0))
-                        self._store_epilogue(env, tile, t_idx)
-                else:
-                    self._conv_row_vectors(env, out, tile, i, row0, p0, x_lo, x_hi)
+                self._store_row_span(env, out.axes[3], tile, i, nr, row0, p0, x_lo, x_hi,
+                                     self._vector_epilogue_ok())
 
     def _prefetch_input_rows(self, g: dict, src, ic_base, mb, p0) -> None:
         """Direct 1x1, block rows innermost: block row ``mb`` prefetches its share (the
@@ -668,20 +663,3 @@ class ConvMixin:
                 ptr = b.gep(self.buffers[t.uid], [self._offset(t, [env[id(a)] for a in out.axes])])
                 b.call(fn, [b.bitcast(ptr, i8p), ir.Constant(I32, rw), ir.Constant(I32, 3),
                             ir.Constant(I32, 1)])
-
-    def _conv_row_vectors(self, env, out, tile, i, row0, p0, x_lo, x_hi) -> None:
-        """The epilogue on outputs x_lo..x_hi of one row, vl at a time (the last masked)."""
-        b = self.builder
-        nr = self._conv_geometry()["nr"]
-        count = b.sub(x_hi, x_lo)
-        nvec = b.sdiv(b.add(count, const_i64(self.vl - 1)), const_i64(self.vl))
-        with for_range(b, const_i64(0), nvec, "ov") as q:
-            ox = b.add(x_lo, b.mul(q, const_i64(self.vl)))
-            env[id(out.axes[3])] = ox
-            t_idx = b.add(b.mul(i, const_i64(nr)), b.sub(b.add(row0, ox), p0))
-            left = b.sub(x_hi, ox)
-            with b.if_else(b.icmp_signed(">=", left, const_i64(self.vl))) as (full, part):
-                with full:
-                    self._store_vector(env, tile, t_idx, None)
-                with part:
-                    self._store_vector(env, tile, t_idx, self._lane_mask(left, 0))

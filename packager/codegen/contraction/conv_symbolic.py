@@ -21,7 +21,7 @@ groups, each task copying one group at a time into a region of the workspace of 
 (``MAX_TASK_REGIONS`` regions); an ungrouped one splits its (panel, block row) work, every
 image having planes (or columns) of its own, and each task copies only the plane rows (or
 output rows) its panels read, so the tasks share no row they write differently and need no
-barrier. A call with fewer multiply-adds than ``PARALLEL_MIN_MACS`` per task uses fewer
+barrier. A call with fewer multiply-adds than ``options.parallel_min_macs`` per task uses fewer
 tasks (the rest return at once). Depthwise convolutions (one channel per group, horizontal
 stride 1 or 2) take a kernel of their own (``codegen/depthwise/symbolic.py``); others with one
 channel per group use this kernel with a one-row tile.
@@ -38,9 +38,10 @@ from ...ir import te
 from ...ir.graph import PrimFunc
 from ..helpers import F32, I64, alloca_once, const_i64, for_range
 from ..lower import WORKSPACE_ALIGN, KernelInfo
-from .geometry import L2_REUSE_BYTES, MAX_TASK_REGIONS, PARALLEL_MIN_MACS, _conv_tiles
+from .geometry import L2_REUSE_BYTES, MAX_TASK_REGIONS, _conv_tiles
 from .kernel import ContractionEmitter
 from .match import match_contraction
+from ..threads import DEFAULTS, SplitThresholds
 
 
 def _symbolic_tile(og: int, vl: int, taps: int = 9) -> tuple[int, int]:
@@ -109,7 +110,7 @@ class SymbolicConvEmitter(ContractionEmitter):
         # static bundle splits them.)
         per_position = g["og"] * g["K"] * g["groups"]
         return KernelInfo(self.symbol, len(self.func.inputs), len(self.func.outputs), 0,
-                          per_position * 128 * 128 >= 2 * PARALLEL_MIN_MACS, symbolic=True,
+                          per_position * 128 * 128 >= 2 * self.options.parallel_min_macs, symbolic=True,
                           workspace_expr=workspace)
 
     def _split_v(self, total: ir.Value, task: ir.Value, ntasks: ir.Value):
@@ -121,7 +122,7 @@ class SymbolicConvEmitter(ContractionEmitter):
         """How many of ``ntasks`` share ``macs`` multiply-adds: at least PARALLEL_MIN_MACS
         each, at least one, at most ``cap``."""
         b = self.builder
-        want = b.sdiv(macs, const_i64(PARALLEL_MIN_MACS))
+        want = b.sdiv(macs, const_i64(self.options.parallel_min_macs))
         want = b.select(b.icmp_signed("<", want, const_i64(1)), const_i64(1), want)
         nt = b.select(b.icmp_signed("<", want, ntasks), want, ntasks)
         if cap is not None:
@@ -504,27 +505,8 @@ class SymbolicConvEmitter(ContractionEmitter):
                 end = b.sub(p1, row0)
                 x_hi = b.select(b.icmp_signed("<", end, OW), end, OW)
                 env[id(out.axes[2])] = oy
-                if not vector:
-                    with for_range(b, x_lo, x_hi, "ox") as ox:
-                        env[id(out.axes[3])] = ox
-                        t_idx = b.add(b.mul(i, const_i64(nr)), b.sub(b.add(row0, ox), p0))
-                        self._store_epilogue(env, tile, t_idx)
-                else:
-                    count = b.sub(x_hi, x_lo)
-                    count = b.select(b.icmp_signed(">", count, const_i64(0)), count,
-                                     const_i64(0))
-                    nvec = b.sdiv(b.add(count, const_i64(self.vl - 1)), const_i64(self.vl))
-                    with for_range(b, const_i64(0), nvec, "ov") as q:
-                        ox = b.add(x_lo, b.mul(q, const_i64(self.vl)))
-                        env[id(out.axes[3])] = ox
-                        t_idx = b.add(b.mul(i, const_i64(nr)), b.sub(b.add(row0, ox), p0))
-                        left = b.sub(x_hi, ox)
-                        with b.if_else(b.icmp_signed(">=", left, const_i64(self.vl))) \
-                                as (full, part):
-                            with full:
-                                self._store_vector(env, tile, t_idx, None)
-                            with part:
-                                self._store_vector(env, tile, t_idx, self._lane_mask(left, 0))
+                self._store_row_span(env, out.axes[3], tile, i, nr, row0, p0, x_lo, x_hi,
+                                     vector, clamp=True)
 
     def _fill_cols(self, x_grp, cols, H, W, OH, OW, P, oy_range=None) -> None:
         """cols[(ic*kh + ky)*kw + kx, oy*OW + ox] = x[ic, oy*sh + ky*dh - pt, ox*sw + kx*dw - pl]
@@ -643,12 +625,7 @@ class SymbolicConvEmitter(ContractionEmitter):
                 else:
                     env[id(out.axes[2])] = b.sdiv(p, OW)
                     env[id(out.axes[3])] = b.srem(p, OW)
-                t_idx = b.add(b.mul(i, const_i64(nr)), const_i64(v * self.vl))
-                if not masked:
-                    self._store_vector(env, tile, t_idx, None)
-                    continue
-                with b.if_then(b.icmp_signed(">", remaining, const_i64(v * self.vl))):
-                    self._store_vector(env, tile, t_idx, masks[v])
+                self._store_tile_vector(env, tile, i, nr, v, masked, remaining, masks)
 
         if og % mr == 0 and vector:
             # every block row whole: unrolled, so that the tile stays in registers (the loop
@@ -676,7 +653,8 @@ class SymbolicConvEmitter(ContractionEmitter):
 
 
 def emit_symbolic_conv(module: ir.Module, func: PrimFunc, symbol: str, vl: int,
-                       size_vars: tuple[str, ...]) -> KernelInfo | None:
+                       size_vars: tuple[str, ...],
+                       options: SplitThresholds = DEFAULTS) -> KernelInfo | None:
     """A conv2d (any groups, NCHW, float32) whose batch or spatial sizes are run-time values;
     None for anything else (the caller falls back). Depthwise convs take their own kernel
     first (the rule table, ``codegen/rules.py``, asks
@@ -689,4 +667,4 @@ def emit_symbolic_conv(module: ir.Module, func: PrimFunc, symbol: str, vl: int,
             or len(x_t.shape) != 4 or not all(isinstance(d, int) for d in w_t.shape) \
             or not isinstance(x_t.shape[1], int) or len(match.out.axes) != 4:
         return None
-    return SymbolicConvEmitter(module, func, symbol, match, vl, size_vars).emit()
+    return SymbolicConvEmitter(module, func, symbol, match, vl, size_vars, options).emit()

@@ -16,9 +16,9 @@ from llvmlite import ir
 from ...ir.graph import PrimFunc
 from ..helpers import F32, I1, I32, alloca_once, const_i64, for_range
 from ..lower import KernelInfo
-from .geometry import PARALLEL_MIN_MACS
 from .kernel import ContractionEmitter
 from .match import Contraction, is_row_matmul  # noqa: F401
+from ..threads import DEFAULTS, SplitThresholds
 
 ROWS = 4      # output channels per block
 UNROLL = 2    # vectors of k per step and row: 8 independent accumulators
@@ -52,7 +52,7 @@ class DotProductEmitter(ContractionEmitter):
         self.builder.ret_void()
         self._emit_entry(body_fn, n_ptrs, ptr_types)
         return KernelInfo(self.symbol, len(self.func.inputs), len(self.func.outputs), 0,
-                          self._macs() >= PARALLEL_MIN_MACS)
+                          self._macs() >= self.options.parallel_min_macs)
 
     def _emit_dots(self, task: ir.Value, ntasks: ir.Value) -> None:
         b = self.builder
@@ -141,5 +141,5 @@ class DotProductEmitter(ContractionEmitter):
 
 
 def emit_dot_product(module: ir.Module, match: Contraction, func: PrimFunc, symbol: str,
-                     vl: int) -> KernelInfo:
-    return DotProductEmitter(module, func, symbol, match, vl).emit()
+                     vl: int, options: SplitThresholds = DEFAULTS) -> KernelInfo:
+    return DotProductEmitter(module, func, symbol, match, vl, options=options).emit()

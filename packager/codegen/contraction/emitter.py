@@ -17,6 +17,7 @@ from ..helpers import F32, I1, I32, I64, alloca_once, const_i64, for_range, intr
 from ..lower import KernelEmitter, LoweringError
 from ..vecmath_lanes import opaque_zero, splat_i32
 from .match import Contraction
+from ..threads import DEFAULTS, SplitThresholds
 
 
 def load_weights(b: ir.IRBuilder, w_ptr: ir.Value, offset: ir.Value, lanes: int | None,
@@ -43,8 +44,9 @@ class ContractionBase(KernelEmitter):
     plans_conv = True   # convolutions: conv_geometry() picks the vector width
 
     def __init__(self, module: ir.Module, func: PrimFunc, symbol: str, match: Contraction,
-                 vl: int, size_vars: tuple[str, ...] = ()) -> None:
-        super().__init__(module, func, symbol, size_vars)
+                 vl: int, size_vars: tuple[str, ...] = (),
+                 options: SplitThresholds = DEFAULTS) -> None:
+        super().__init__(module, func, symbol, size_vars, options)
         self.match = match
         self.target_vl = vl
         self._geom_cache: dict | None = None
@@ -61,7 +63,7 @@ class ContractionBase(KernelEmitter):
         self._part_base: ir.Value | None = None   # the conv's reduction-chunk tiles (workspace)
         # (image, gathered rows) of the tail outputs that follow each block row (_fuses_tail)
         self._fused_tail: tuple[ir.Value, ir.Value] | None = None
-        # B packed at export into panels [ceil(N / nr), K, nr] (ops/nn.py matmul_packed)
+        # B packed at export into panels [ceil(N / nr), K, nr] (ops/layout.py matmul_packed)
         self._const_panels = match.tag.kind == "matmul_packed"
 
     # The contraction inside the epilogue expression reads the register tile.

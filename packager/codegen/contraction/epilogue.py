@@ -10,7 +10,7 @@ from __future__ import annotations
 from llvmlite import ir
 
 from ...ir import te
-from ..helpers import I1, I32, const_i64, intrinsic
+from ..helpers import I1, I32, const_i64, for_range, intrinsic
 from ..lower import bound_select
 from ..vecmath_lanes import VECTOR_MATH, opaque_constant, vector_math
 
@@ -174,6 +174,48 @@ class EpilogueMixin:
         fn = intrinsic(self.module, f"llvm.masked.store.v{self.vl}f32.p0", ir.VoidType(),
                        [self.vty, self.vty.as_pointer(), I32, ir.VectorType(I1, self.vl)])
         b.call(fn, [value, vptr, ir.Constant(I32, 4), mask])
+
+    def _store_tile_vector(self, env: dict, tile_f: ir.Value, row: ir.Value, nr: int, v: int,
+                           masked: bool, remaining: ir.Value, masks: list) -> None:
+        """The epilogue on vector ``v`` of tile row ``row`` (``nr`` columns a row), its output
+        indices set in ``env``: whole, or when ``masked`` only where some of the ``remaining``
+        columns lie in it, its lanes ``masks[v]``."""
+        b = self.builder
+        t_idx = b.add(b.mul(row, const_i64(nr)), const_i64(v * self.vl))
+        if not masked:
+            self._store_vector(env, tile_f, t_idx, None)
+            return
+        with b.if_then(b.icmp_signed(">", remaining, const_i64(v * self.vl))):
+            self._store_vector(env, tile_f, t_idx, masks[v])
+
+    def _store_row_span(self, env: dict, x_axis: te.IndexVar, tile_f: ir.Value, row: ir.Value,
+                        nr: int, row0: ir.Value, p0: ir.Value, x_lo: ir.Value, x_hi: ir.Value,
+                        vector: bool, clamp: bool = False) -> None:
+        """The epilogue on outputs ``x_lo`` .. ``x_hi`` of one output row of a convolution
+        tile (tile row ``row``, ``nr`` columns a row; output x at tile column row0 + x - p0),
+        ``x_axis`` set in ``env``: element by element, or with ``vector`` vl at a time, the
+        last vector masked (``clamp``: x_hi may lie below x_lo, then none)."""
+        b = self.builder
+        if not vector:
+            with for_range(b, x_lo, x_hi, "ox") as ox:
+                env[id(x_axis)] = ox
+                t_idx = b.add(b.mul(row, const_i64(nr)), b.sub(b.add(row0, ox), p0))
+                self._store_epilogue(env, tile_f, t_idx)
+            return
+        count = b.sub(x_hi, x_lo)
+        if clamp:
+            count = b.select(b.icmp_signed(">", count, const_i64(0)), count, const_i64(0))
+        nvec = b.sdiv(b.add(count, const_i64(self.vl - 1)), const_i64(self.vl))
+        with for_range(b, const_i64(0), nvec, "ov") as q:
+            ox = b.add(x_lo, b.mul(q, const_i64(self.vl)))
+            env[id(x_axis)] = ox
+            t_idx = b.add(b.mul(row, const_i64(nr)), b.sub(b.add(row0, ox), p0))
+            left = b.sub(x_hi, ox)
+            with b.if_else(b.icmp_signed(">=", left, const_i64(self.vl))) as (full, part):
+                with full:
+                    self._store_vector(env, tile_f, t_idx, None)
+                with part:
+                    self._store_vector(env, tile_f, t_idx, self._lane_mask(left, 0))
 
     def _store_epilogue(self, env: dict, tile_f: ir.Value, tile_index: ir.Value) -> None:
         b = self.builder

@@ -6,11 +6,9 @@ packs weights in the tile's row blocks) both read it, so a graph pass never impo
 
 from __future__ import annotations
 
-# Below this many multiply-adds (~4 µs on one core) a kernel runs on one thread. The runtime's
-# native hand-off (codegen/threadpool.py) costs about a microsecond: a matmul of 131 K MACs
-# measured 0.99x on 2 threads, 524 K 1.43x, 2 M 1.88x (the lock hand-off it replaced cost
-# 30-40 µs, and the threshold was 8 M).
-PARALLEL_MIN_MACS = 1 << 18
+# Below CompileOptions.parallel_min_macs multiply-adds a kernel runs on one thread; its default
+# (codegen/threads.py), here for the emitters that read it as a constant (int8, bf16 kernels).
+from ..threads import PARALLEL_MIN_MACS  # noqa: F401
 # The M a symbolic matmul's register tile is chosen for (rows = batch x seq, usually many).
 SYMBOLIC_M_HINT = 1 << 12
 # The N it is chosen for when the columns are a run-time size too (attention's q @ k^T: seq).

@@ -9,12 +9,12 @@ from llvmlite import ir
 from ...ir.graph import PrimFunc
 from ...ir.sym import product
 from ..lower import KernelInfo
-from . import geometry
 from .conv import ConvMixin
 from .emitter import ContractionBase
 from .epilogue import EpilogueMixin
 from .match import CONV_KINDS, Contraction, match_contraction
 from .matmul import MatmulMixin
+from ..threads import DEFAULTS, SplitThresholds
 
 
 class ContractionEmitter(ConvMixin, MatmulMixin, EpilogueMixin, ContractionBase):
@@ -39,9 +39,9 @@ class ContractionEmitter(ConvMixin, MatmulMixin, EpilogueMixin, ContractionBase)
             static *= product(a.extent for a in self.match.reduce.axes
                               if isinstance(a.extent, int))
             return KernelInfo(self.symbol, len(self.func.inputs), len(self.func.outputs), 0,
-                              static * 16 >= geometry.PARALLEL_MIN_MACS, symbolic=True)
+                              static * 16 >= self.options.parallel_min_macs, symbolic=True)
         return KernelInfo(self.symbol, len(self.func.inputs), len(self.func.outputs), workspace,
-                          self._macs() >= geometry.PARALLEL_MIN_MACS, choice=self._choice())
+                          self._macs() >= self.options.parallel_min_macs, choice=self._choice())
 
     def _choice(self) -> str:
         """The design, in words (``KernelInfo.choice``, shown by ``mlcpack inspect``)."""
@@ -60,7 +60,8 @@ class ContractionEmitter(ConvMixin, MatmulMixin, EpilogueMixin, ContractionBase)
 
 
 def emit_symbolic_matmul(module: ir.Module, func: PrimFunc, symbol: str, vl: int,
-                         size_vars: tuple[str, ...]) -> KernelInfo | None:
+                         size_vars: tuple[str, ...],
+                         options: SplitThresholds = DEFAULTS) -> KernelInfo | None:
     """Emit a symbolic ``func`` with the register-blocked matmul if it is a matmul; M, N, K
     and the batch dims may be run-time sizes. Other contractions with symbolic shapes (conv,
     depthwise) are not matched here."""
@@ -68,10 +69,10 @@ def emit_symbolic_matmul(module: ir.Module, func: PrimFunc, symbol: str, vl: int
     if match is None or match.tag.kind not in ("matmul", "matmul_packed") \
             or match.tag.attrs.get("transpose_b"):
         return None
-    return ContractionEmitter(module, func, symbol, match, vl, size_vars).emit()
+    return ContractionEmitter(module, func, symbol, match, vl, size_vars, options).emit()
 
 
-def emit_contraction(module: ir.Module, match: Contraction, func: PrimFunc, symbol: str, vl: int
-                     ) -> KernelInfo:
+def emit_contraction(module: ir.Module, match: Contraction, func: PrimFunc, symbol: str, vl: int,
+                     options: SplitThresholds = DEFAULTS) -> KernelInfo:
     """Emit the contraction ``match`` of ``func`` with the register-blocked kernel."""
-    return ContractionEmitter(module, func, symbol, match, vl).emit()
+    return ContractionEmitter(module, func, symbol, match, vl, options=options).emit()

@@ -22,7 +22,7 @@ class Contraction:
 
 
 # The tags the convolution path takes: ``conv2d`` (weight [O, C, KH, KW]) and ``conv2d_rows``
-# (ops/nn.py: the weight packed in blocks of the register tile's rows, [ceil(O / rows), C * KH *
+# (ops/layout.py: the weight packed in blocks of the register tile's rows, [ceil(O / rows), C * KH *
 # KW, rows]).
 CONV_KINDS = ("conv2d", "conv2d_rows")
 

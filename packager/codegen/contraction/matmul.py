@@ -1,6 +1,6 @@
 """The register-blocked matmul: ``out[m, n] = sum_k a[m, k] * b[k, n]``: rows m are broadcast
 from ``a``, the wide operand is a row of ``b`` (masked loads on the last, partial panel), or of
-a panel of a constant ``b`` packed at export (``matmul_packed``, ops/nn.py: [ceil(N / 16), K,
+a panel of a constant ``b`` packed at export (``matmul_packed``, ops/layout.py: [ceil(N / 16), K,
 16], the last panel zero-filled: plain loads throughout, no copy at run time). M, N, K and the
 batch dims may be run-time sizes (symbolic matmuls).
 
@@ -94,29 +94,14 @@ class MatmulMixin:
         """The panel loop of ``_emit_matmul`` for a symbolic matmul with an (mr, nv) tile;
         ``exact``: M is mr."""
         b = self.builder
-        out = self.match.out
-        a_t, b_t = self.match.tag.operands
         batch, _, K_dim, N = self._matmul_shape()
         K = self._dim_value(K_dim)
         nr = nv * self.vl
         panels_dim = -(-N // nr)   # N may be a run-time size
         panels = self._dim_value(panels_dim)
-        a_ptr, b_ptr = self.buffers[a_t.uid], self.buffers[b_t.uid]
         lo, hi = self._split(batch * panels_dim, task, ntasks)
         with for_range(b, lo, hi, "work") as work:
-            bi = b.sdiv(work, panels)
-            jp = b.srem(work, panels)
-            bidx, rest = [], bi
-            for n in reversed(out.shape[:-2]):
-                bidx.append(b.srem(rest, self._dim_value(n)))
-                rest = b.sdiv(rest, self._dim_value(n))
-            bidx.reverse()
-            a_base = b.gep(a_ptr, [self._batch_offset(a_t, bidx)], inbounds=True)
-            b_base = b_ptr if self._const_panels else \
-                b.gep(b_ptr, [self._batch_offset(b_t, bidx)], inbounds=True)
-            n0 = b.mul(jp, const_i64(nr))
-            remaining = b.sub(self._dim_value(N), n0)
-            masks = [self._lane_mask(remaining, v) for v in range(nv)]
+            bidx, a_base, b_base, n0, remaining, masks = self._panel_work(work, panels, N, nv)
 
             def panel(masked: bool) -> None:
                 if exact:
@@ -133,6 +118,30 @@ class MatmulMixin:
                         panel(False)
                     with part:
                         panel(True)
+
+    def _panel_work(self, work: ir.Value, panels: ir.Value, N: object, nv: int) -> tuple:
+        """Where work item ``work`` (batch-major over ``panels`` panels of nv vectors a row)
+        starts: the output's batch indices (outermost first), A's and B's bases for them, the
+        panel's first column n0, the columns left from n0 (of ``N``, an int or a size) and
+        their lane masks."""
+        b = self.builder
+        out = self.match.out
+        a_t, b_t = self.match.tag.operands
+        a_ptr, b_ptr = self.buffers[a_t.uid], self.buffers[b_t.uid]
+        bi = b.sdiv(work, panels)
+        jp = b.srem(work, panels)
+        bidx, rest = [], bi
+        for n in reversed(out.shape[:-2]):
+            bidx.append(b.srem(rest, self._dim_value(n)))
+            rest = b.sdiv(rest, self._dim_value(n))
+        bidx.reverse()
+        a_base = b.gep(a_ptr, [self._batch_offset(a_t, bidx)], inbounds=True)
+        b_base = b_ptr if self._const_panels else \
+            b.gep(b_ptr, [self._batch_offset(b_t, bidx)], inbounds=True)
+        n0 = b.mul(jp, const_i64(nv * self.vl))
+        remaining = b.sub(self._dim_value(N), n0)
+        masks = [self._lane_mask(remaining, v) for v in range(nv)]
+        return bidx, a_base, b_base, n0, remaining, masks
 
     def _emit_matmul(self, task: ir.Value, ntasks: ir.Value, ws: ir.Value | None = None) -> None:
         if self.symbolic:
@@ -152,29 +161,14 @@ class MatmulMixin:
 
     def _emit_matmul_tasks(self, task: ir.Value, ntasks: ir.Value) -> None:
         b = self.builder
-        out = self.match.out
-        a_t, b_t = self.match.tag.operands
         batch, M, K, N = self._matmul_shape()
         mr, nv = self._matmul_tile()
         nr = nv * self.vl
         panels = -(-N // nr)
-        a_ptr, b_ptr = self.buffers[a_t.uid], self.buffers[b_t.uid]
         lo, hi = self._split(batch * panels, task, ntasks)
         with for_range(b, lo, hi, "work") as work:
-            bi = b.sdiv(work, const_i64(panels))
-            jp = b.srem(work, const_i64(panels))
-            # batch indices of the output, outermost first
-            bidx, rest = [], bi
-            for n in reversed(out.shape[:-2]):
-                bidx.append(b.srem(rest, self._dim_value(n)))
-                rest = b.sdiv(rest, self._dim_value(n))
-            bidx.reverse()
-            a_base = b.gep(a_ptr, [self._batch_offset(a_t, bidx)], inbounds=True)
-            b_base = b_ptr if self._const_panels else \
-                b.gep(b_ptr, [self._batch_offset(b_t, bidx)], inbounds=True)
-            n0 = b.mul(jp, const_i64(nr))
-            remaining = b.sub(const_i64(N), n0)
-            masks = [self._lane_mask(remaining, v) for v in range(nv)]
+            bidx, a_base, b_base, n0, remaining, masks = self._panel_work(
+                work, const_i64(panels), N, nv)
             if N % nr == 0:
                 self._matmul_full_panel(b_base, n0, a_base, bidx, remaining, masks)
             else:  # plain loads on full panels, masked ones on the last, partial panel
@@ -382,9 +376,4 @@ class MatmulMixin:
                     self._store_epilogue(env, tile, b.add(b.mul(i, const_i64(nr)), j))
             for v in range(nv if vector else 0):
                 env[id(out.axes[-1])] = b.add(n0, const_i64(v * self.vl))
-                t_idx = b.add(b.mul(i, const_i64(nr)), const_i64(v * self.vl))
-                if not masked:
-                    self._store_vector(env, tile, t_idx, None)
-                    continue
-                with b.if_then(b.icmp_signed(">", remaining, const_i64(v * self.vl))):
-                    self._store_vector(env, tile, t_idx, masks[v])
+                self._store_tile_vector(env, tile, i, nr, v, masked, remaining, masks)

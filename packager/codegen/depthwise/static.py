@@ -36,11 +36,11 @@ from llvmlite import ir
 
 from ...ir import te
 from ...ir.graph import PrimFunc
-from ..contraction import geometry
 from ..contraction.kernel import ContractionEmitter
 from ..contraction.match import Contraction, match_contraction
 from ..helpers import F32, I1, I32, I64, alloca_once, const_i64, for_range, intrinsic
 from ..lower import KernelInfo
+from ..threads import DEFAULTS, SplitThresholds
 
 # Output rows computed together where no window row is padding, by vector width: 4 with
 # AVX-512's 32 registers, 2 with 16 (AVX2: 9 weights + 4 accumulators would spill). Measured on
@@ -63,7 +63,7 @@ PADDED_BLOCK = (3, 2)
 PADDED_BLOCK_MATH = (2, 2)
 # A depthwise multiply-add moves its own input and output (no reuse across channels), several
 # times a dense kernel's time per multiply-add (Zen 4: 10-14 per ns against ~45), so it splits
-# over threads from geometry.PARALLEL_MIN_MACS / DEPTHWISE_MAC_COST. Measured on 2 threads against
+# over threads from options.parallel_min_macs / DEPTHWISE_MAC_COST. Measured on 2 threads against
 # one (min / median us): MobileNetV2's 3x3 stride 2 on 14x14x576 (254 K) 40.8 / 58 -> 28.4 /
 # 45, 3x3 on 28x28x32 (226 K) 17.7 / 27 -> 14.0 / 23; not below: 3x3 on 14x14x64 (113 K) 11.5 /
 # 12 -> 10.8 / 17, 7x7x160 (70 K) 11.0 / 12 -> 9.9 / 17 (the medians pay for the hand-off).
@@ -113,7 +113,7 @@ class DepthwiseEmitter(ContractionEmitter):
         self.builder.ret_void()
         self._emit_entry(body_fn, n_ptrs, ptr_types)
         return KernelInfo(self.symbol, len(self.func.inputs), len(self.func.outputs), workspace,
-                          self._macs() * DEPTHWISE_MAC_COST >= geometry.PARALLEL_MIN_MACS)
+                          self._macs() * DEPTHWISE_MAC_COST >= self.options.parallel_min_macs)
 
     # ---- static plan ----------------------------------------------------------------------------
 
@@ -522,6 +522,6 @@ def _pieces(count: int) -> list[int]:
     return [1 << i for i in range(count.bit_length() - 1, -1, -1) if count >> i & 1]
 
 
-def emit_depthwise(module: ir.Module, match: Contraction, func: PrimFunc, symbol: str, vl: int
-                   ) -> KernelInfo:
-    return DepthwiseEmitter(module, func, symbol, match, vl).emit()
+def emit_depthwise(module: ir.Module, match: Contraction, func: PrimFunc, symbol: str, vl: int,
+                   options: SplitThresholds = DEFAULTS) -> KernelInfo:
+    return DepthwiseEmitter(module, func, symbol, match, vl, options=options).emit()

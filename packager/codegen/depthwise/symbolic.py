@@ -39,12 +39,13 @@ from llvmlite import ir
 from ...ir import te
 from ...ir.graph import PrimFunc
 from ..contraction.conv_symbolic import SymbolicConvEmitter
-from ..contraction.geometry import MAX_TASK_REGIONS, PARALLEL_MIN_MACS
+from ..contraction.geometry import MAX_TASK_REGIONS
 from ..contraction.match import Contraction, match_contraction
 from ..helpers import F32, I1, I32, I64, const_i64, for_range, intrinsic
 from ..lower import WORKSPACE_ALIGN, KernelInfo
 from .static import (PADDED_BLOCK, PADDED_BLOCK_MATH, begin_plane, emit_epilogue,
                      is_depthwise)
+from ..threads import DEFAULTS, SplitThresholds
 
 # Columns of right margin beyond the padding: the widest vector of any target (a bundle's
 # variants share the workspace size), so that a row's last chunk (up to vl - 1 lanes past the
@@ -100,7 +101,7 @@ class SymbolicDepthwiseEmitter(SymbolicConvEmitter):
         # (16-48 channels 3x3, the largest) on one thread
         per_position = self.o * self.kh * self.kw
         return KernelInfo(self.symbol, len(self.func.inputs), len(self.func.outputs), 0,
-                          per_position * 128 * 128 >= 2 * PARALLEL_MIN_MACS, symbolic=True,
+                          per_position * 128 * 128 >= 2 * self.options.parallel_min_macs, symbolic=True,
                           workspace_expr=workspace)
 
     # ---- emission -------------------------------------------------------------------------------
@@ -365,8 +366,8 @@ class SymbolicDepthwiseEmitter(SymbolicConvEmitter):
 
 
 def emit_symbolic_depthwise(module: ir.Module, func: PrimFunc, symbol: str, vl: int,
-                            size_vars: tuple[str, ...], match: Contraction | None = None
-                            ) -> KernelInfo | None:
+                            size_vars: tuple[str, ...], match: Contraction | None = None,
+                            options: SplitThresholds = DEFAULTS) -> KernelInfo | None:
     """The kernel for a depthwise convolution (``depthwise.is_depthwise``, float32, static
     channels and window) whose batch or image size is a run-time value; None for anything
     else."""
@@ -378,4 +379,4 @@ def emit_symbolic_depthwise(module: ir.Module, func: PrimFunc, symbol: str, vl: 
             or not all(isinstance(d, int) for d in w_t.shape) \
             or not isinstance(x_t.shape[1], int) or len(match.out.axes) != 4:
         return None
-    return SymbolicDepthwiseEmitter(module, func, symbol, match, vl, size_vars).emit()
+    return SymbolicDepthwiseEmitter(module, func, symbol, match, vl, size_vars, options).emit()
