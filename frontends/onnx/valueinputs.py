@@ -22,10 +22,10 @@ import itertools
 from typing import Any, Mapping, Sequence
 
 import numpy as np
-import onnx
 
 from ...packager.ir.graph import Value
 from ...packager.ir.sym import is_static, size_var
+from . import proto as onnx   # the protobuf classes without `import onnx` (proto.py)
 from .symvalue import SymValue
 
 # (operator, input index) whose value is read as sizes
