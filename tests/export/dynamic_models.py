@@ -134,30 +134,48 @@ def open_nonzero() -> onnx.ModelProto:
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
 
 
-_EXPORTED: dict[str, tuple] = {}   # one export of each per test process (two modules use them)
+def combined() -> onnx.ModelProto:
+    """The three models above in one graph (one export serves every test): their names
+    prefixed ``d_`` (detector), ``c_`` (counting), ``o_`` (open N)."""
+    from onnx import compose
+
+    parts = [compose.add_prefix(m, p) for m, p in ((detector(), "d_"), (counting(), "c_"),
+                                                    (open_nonzero(), "o_"))]
+    g = helper.make_graph([n for m in parts for n in m.graph.node], "counted",
+                          [i for m in parts for i in m.graph.input],
+                          [o for m in parts for o in m.graph.output],
+                          [t for m in parts for t in m.graph.initializer])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
 
 
-def exported(tmp_path_factory, run_cli) -> dict[str, tuple]:
-    """name -> (onnx file, bundle): the detector by the real command line with its defaults
-    (portable, golden check on), the two others in process for this host, no golden check
-    (their run-time inputs are checked by the tests)."""
+def combined_feeds(seed: int, zeros: bool = False, n: int = 5) -> dict[str, np.ndarray]:
+    """Inputs for ``combined``: a detector image, ``counting_feeds(seed, zeros)``, and an open
+    x of ``n`` rows, about half zero."""
+    rng = np.random.default_rng(100 + seed)
+    y = np.where(rng.random((n, 3)) < 0.5, rng.normal(size=(n, 3)), 0).astype(np.float32)
+    feeds = {"d_x": rng.normal(size=(1, 3, GRID, GRID)).astype(np.float32) * (0.5 + seed)}
+    feeds.update({f"c_{k}": v for k, v in counting_feeds(seed, zeros).items()})
+    feeds["o_x"] = y
+    return feeds
+
+
+_EXPORTED: list = []   # one export per test process
+
+
+def exported(tmp_path_factory, run_cli) -> tuple:
+    """(onnx file, bundle) of ``combined``, exported once by the real command line with its
+    defaults (portable, golden check on, at ``combined_feeds(1)``: TopK's k is an input the
+    random check inputs could put beyond its axis)."""
     if _EXPORTED:
-        return _EXPORTED
-    from mlcpack.frontends.onnx import import_onnx
-    from mlcpack.packager.export import ExportOptions, export_module
-
+        return _EXPORTED[0]
     folder = tmp_path_factory.mktemp("counted")
-    out = {}
-    for name, model in (("detector", detector()), ("counting", counting()),
-                        ("open", open_nonzero())):
-        src, bundle = folder / f"{name}.onnx", folder / f"{name}.mlc"
-        onnx.save(model, src)
-        if name == "detector":
-            proc = run_cli("export", src, "-o", bundle, timeout=300)
-            assert proc.returncode == 0, proc.stderr
-        else:
-            mod, _ = import_onnx(model)
-            export_module(mod, bundle, ExportOptions(target="host"))
-        out[name] = (src, bundle)
-    _EXPORTED.update(out)
-    return out
+    src, bundle = folder / "counted.onnx", folder / "counted.mlc"
+    onnx.save(combined(), src)
+    checks = []
+    for name, value in combined_feeds(1).items():
+        np.save(folder / f"{name}.npy", value)
+        checks += ["--check-input", f"{name}={folder / name}.npy"]
+    proc = run_cli("export", src, "-o", bundle, *checks, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    _EXPORTED.append((src, bundle))
+    return src, bundle
