@@ -159,23 +159,29 @@ def combined_feeds(seed: int, zeros: bool = False, n: int = 5) -> dict[str, np.n
     return feeds
 
 
-_EXPORTED: list = []   # one export per test process
-
-
 def exported(tmp_path_factory, run_cli) -> tuple:
-    """(onnx file, bundle) of ``combined``, exported once by the real command line with its
-    defaults (portable, golden check on, at ``combined_feeds(1)``: TopK's k is an input the
-    random check inputs could put beyond its axis)."""
-    if _EXPORTED:
-        return _EXPORTED[0]
-    folder = tmp_path_factory.mktemp("counted")
+    """(onnx file, bundle) of ``combined``, exported by the real command line with its defaults
+    (portable, golden check on, at ``combined_feeds(1)``: TopK's k is an input the random check
+    inputs could put beyond its axis). Once per test run: xdist workers share the folder above
+    their own temporary folders, and the first to take the lock exports for the others (this
+    module and tests/runtime/test_c_runtime.py run in different workers)."""
+    import fcntl
+    import os
+
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent
+    folder = root / "counted-sizes"
+    folder.mkdir(exist_ok=True)
     src, bundle = folder / "counted.onnx", folder / "counted.mlc"
-    onnx.save(combined(), src)
-    checks = []
-    for name, value in combined_feeds(1).items():
-        np.save(folder / f"{name}.npy", value)
-        checks += ["--check-input", f"{name}={folder / name}.npy"]
-    proc = run_cli("export", src, "-o", bundle, *checks, timeout=300)
-    assert proc.returncode == 0, proc.stderr
-    _EXPORTED.append((src, bundle))
+    with open(folder / "lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not bundle.exists():
+            onnx.save(combined(), src)
+            checks = []
+            for name, value in combined_feeds(1).items():
+                np.save(folder / f"{name}.npy", value)
+                checks += ["--check-input", f"{name}={folder / name}.npy"]
+            proc = run_cli("export", src, "-o", bundle, *checks, timeout=300)
+            assert proc.returncode == 0, proc.stderr
     return src, bundle

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from mlcpack.runtime import InputError, load
+from mlcpack.runtime import InputError, commands, load
 from mlcpack.runtime.bundle import BundleReader, reader_minor
 
 import dynamic_models as dm
@@ -70,7 +70,7 @@ def test_counted_size_bounded_by_an_open_input_size(counted) -> None:
             _compare(src, model, dm.combined_feeds(n, n=n), "o_")
 
 
-def test_bundle_says_format_1_6_and_lists_its_counted_sizes(counted, run_cli) -> None:
+def test_bundle_says_format_1_6_and_lists_its_counted_sizes(counted) -> None:
     _, bundle = counted
     with BundleReader(bundle) as reader:
         header = reader.header
@@ -81,7 +81,9 @@ def test_bundle_says_format_1_6_and_lists_its_counted_sizes(counted, run_cli) ->
     without = dict(header, symbolic={k: v for k, v in header["symbolic"].items()
                                      if k != "dynamic"})
     assert reader_minor(without) < 6   # what a 1.5 reader sees: it refuses the bundle
-    shown = run_cli("inspect", bundle).stdout
+    lines: list[str] = []
+    commands.inspect(bundle, echo=lines.append)   # what `mlcpack inspect` prints
+    shown = "\n".join(lines)
     assert "sizes counted at run time by kernels" in shown
     assert "nonzero1 <= 12" in shown and "nonzero2 <= 3 * N" in shown
 
