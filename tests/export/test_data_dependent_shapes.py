@@ -70,6 +70,18 @@ def test_counted_size_bounded_by_an_open_input_size(counted) -> None:
             _compare(src, model, dm.combined_feeds(n, n=n), "o_")
 
 
+def test_if_branches_of_different_shapes_bind_the_output_extents(counted) -> None:
+    """If on a run-time condition, branches [1, 4, 2 L] and [1, 3, L]: the output takes the
+    taken branch's shape, at several L, and the ops after it read those sizes."""
+    src, bundle = counted
+    shapes = set()
+    with load(bundle) as model:
+        for seed, n in ((1, 2), (2, 2), (3, 9), (4, 9)):
+            want = _compare(src, model, dm.combined_feeds(seed, n=n), "i_", rtol=1e-5)
+            shapes.add(want["i_z"].shape)
+    assert shapes == {(1, 4, 6), (1, 3, 3), (1, 4, 20), (1, 3, 10)}
+
+
 def test_bundle_says_format_1_6_and_lists_its_counted_sizes(counted) -> None:
     _, bundle = counted
     with BundleReader(bundle) as reader:
@@ -77,7 +89,8 @@ def test_bundle_says_format_1_6_and_lists_its_counted_sizes(counted) -> None:
     assert header["format"] == [1, 6] and header["min_reader"] == [1, 6]
     assert reader_minor(header) == 6
     assert [d[0] for d in header["symbolic"]["dynamic"]] == [
-        "selected1", "nonzero1", "k1", "kept1", "unique1", "unique2", "nonzero2", "k2"]
+        "selected1", "nonzero1", "k1", "kept1", "unique1", "unique2", "nonzero2", "k2",
+        "branch1", "branch2"]
     without = dict(header, symbolic={k: v for k, v in header["symbolic"].items()
                                      if k != "dynamic"})
     assert reader_minor(without) < 6   # what a 1.5 reader sees: it refuses the bundle
@@ -86,6 +99,7 @@ def test_bundle_says_format_1_6_and_lists_its_counted_sizes(counted) -> None:
     shown = "\n".join(lines)
     assert "sizes counted at run time by kernels" in shown
     assert "nonzero1 <= 12" in shown and "nonzero2 <= 3 * N" in shown
+    assert "branch1 <= 4" in shown and "branch2 <= 2 * L" in shown
 
 
 def test_topk_k_beyond_its_axis_is_refused_in_one_line(counted) -> None:
