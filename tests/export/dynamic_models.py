@@ -191,10 +191,11 @@ def combined_feeds(seed: int, zeros: bool = False, n: int = 5) -> dict[str, np.n
     return feeds
 
 
-def exported(tmp_path_factory, run_cli) -> tuple:
-    """(onnx file, bundle) of ``combined``, exported by the real command line with its defaults
-    (portable, golden check on, at ``combined_feeds(1)``: TopK's k is an input the random check
-    inputs could put beyond its axis). Once per test run: xdist workers share the folder above
+def exported(tmp_path_factory) -> tuple:
+    """(onnx file, bundle) of ``combined``, exported as ``mlcpack export`` does with its
+    defaults (``packager.api.export``, which the command line calls, in process: portable,
+    golden check on, at ``combined_feeds(1)``: TopK's k is an input the random check inputs
+    could put beyond its axis). Once per test run: xdist workers share the folder above
     their own temporary folders, and the first to take the lock exports for the others (this
     module and tests/runtime/test_c_runtime.py run in different workers)."""
     import fcntl
@@ -209,11 +210,9 @@ def exported(tmp_path_factory, run_cli) -> tuple:
     with open(folder / "lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not bundle.exists():
+            from mlcpack.packager.api import Options, export
+
             onnx.save(combined(), src)
-            checks = []
-            for name, value in combined_feeds(1).items():
-                np.save(folder / f"{name}.npy", value)
-                checks += ["--check-input", f"{name}={folder / name}.npy"]
-            proc = run_cli("export", src, "-o", bundle, *checks, timeout=300)
-            assert proc.returncode == 0, proc.stderr
+            result = export(src, bundle, Options(check_inputs=combined_feeds(1)))
+            assert result.check and "golden check passed" in result.check, result.check
     return src, bundle

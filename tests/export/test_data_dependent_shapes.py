@@ -3,9 +3,10 @@ counts at run time (NonZero, NonMaxSuppression, TopK with a run-time k, Compress
 condition, Unique), memory planned at its bound, later ops (GatherND, ScatterND, arithmetic,
 reductions) reading it as any size, outputs returned at their run-time size.
 
-The detector-like head (conv heads, NMS inside, GatherND of the kept boxes), the counting graph
-and the open-N graph are one model (``dynamic_models.combined``), exported once by the real
-command line with its defaults (portable, golden check on) and checked against ONNX Runtime;
+The detector-like head (conv heads, NMS inside, GatherND of the kept boxes), the counting graph,
+the open-N graph and an If whose branches give different shapes are one model
+(``dynamic_models.combined``), exported once per test run as ``mlcpack export`` does with its
+defaults (``packager.api.export``: portable, golden check on) and checked against ONNX Runtime;
 the C runtime gives bit-identical outputs on the same bundle
 (``tests/runtime/test_c_runtime.py::test_counted_sizes_bit_identical``)."""
 
@@ -25,8 +26,8 @@ from helpers import ort_outputs
 
 
 @pytest.fixture(scope="module")
-def counted(tmp_path_factory, run_cli) -> tuple[Path, Path]:
-    return dm.exported(tmp_path_factory, run_cli)
+def counted(tmp_path_factory) -> tuple[Path, Path]:
+    return dm.exported(tmp_path_factory)
 
 
 def _compare(src: Path, model, feeds: dict, prefix: str, rtol: float = 1e-6,

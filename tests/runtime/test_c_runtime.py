@@ -525,15 +525,15 @@ def test_symbolic_bundles_at_several_sizes(build, symbolic_bundles, name, thread
 
 
 @pytest.fixture(scope="module")
-def counted_bundle(tmp_path_factory, run_cli) -> Path:
+def counted_bundle(tmp_path_factory) -> Path:
     """A format 1.6 bundle whose output sizes kernels count at run time
     (``tests/export/dynamic_models.py``: the detector head with NMS inside, the NonZero / TopK /
-    Compress / Unique graph, the open-N NonZero model, in one graph), exported as
-    tests/export/test_data_dependent_shapes.py exports it: its kernels come from the test run's
-    compile cache when that module ran first."""
+    Compress / Unique graph, the open-N NonZero model, an If whose branches give different
+    shapes, in one graph), the very file tests/export/test_data_dependent_shapes.py checks:
+    exported once per test run, whichever xdist worker needs it first."""
     from dynamic_models import exported
 
-    return exported(tmp_path_factory, run_cli)[1]
+    return exported(tmp_path_factory)[1]
 
 
 def test_counted_sizes_bit_identical(build, asan, counted_bundle, tmp_path) -> None:
