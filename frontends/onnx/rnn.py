@@ -214,6 +214,10 @@ def _if(ctx: NodeContext) -> list[Value]:
         raise ctx.error("the branches give different numbers of outputs")
     out = []
     for i, (a, b) in enumerate(zip(yes, no)):
+        if a.type != b.type and a.type.dtype == b.type.dtype and \
+                len(a.type.shape) == len(b.type.shape) and len(a.type.shape) > 0:
+            out.append(_select_shapes(ctx, cond, a, b, i, hint))
+            continue
         if a.type != b.type:
             raise ctx.error(f"output {i}: the branches give {a.type.dtype}{list(a.type.shape)} "
                             f"and {b.type.dtype}{list(b.type.shape)}; with a condition computed "
@@ -221,6 +225,47 @@ def _if(ctx: NodeContext) -> list[Value]:
         c = ctx.reshape(cond, (1,) * len(a.type.shape)) if a.type.shape else ctx.reshape(cond, ())
         out.append(ctx.emit("where", c, a, b))
     return out
+
+
+def _select_shapes(ctx: NodeContext, cond: Value, a: Value, b: Value, i: int, hint: str
+                   ) -> Value:
+    """Output ``i`` of an If computed at run time whose branches give different shapes (same
+    dtype and rank): each extent the branches disagree on becomes a size variable bound at run
+    time (BIND_SIZE) to the taken branch's extent, at most the larger of the two, which must be
+    comparable at export (two ints, or expressions of the input sizes one of which is never
+    smaller: ``L`` and ``L + 6``, not ``L`` and ``8``)."""
+    from .symvalue import SymValue, make, materialize
+
+    c = ctx.reshape(cond, (1,))
+    shape, afters = [], []
+    for d, (x, y) in enumerate(zip(a.type.shape, b.type.shape)):
+        if x == y:
+            shape.append(x)
+            continue
+        bound = _larger(x, y)
+        if bound is None:
+            raise ctx.error(f"output {i} axis {d}: the branches give {x} and {y}, which cannot "
+                            "be ordered at export (the output's memory is planned at the "
+                            f"larger); {hint}")
+        sizes = []
+        for v in (x, y):
+            t = make(ctx, np.array([v], dtype=object), "int64", "extent")
+            sizes.append(materialize(ctx.bb, t) if isinstance(t, SymValue) else t)
+        count = ctx.emit("where", c, *sizes)
+        after, var = ctx.bb.bind_size(count, bound, "branch")
+        afters.append(after)
+        shape.append(var)
+    return ctx.bb.emit_op("branch_select", c, a, b, *afters, shape=tuple(shape))
+
+
+def _larger(x, y):
+    """The larger of two extents when one is never smaller for any sizes >= 1, else None."""
+    for big, small in ((x, y), (y, x)):
+        diff = big - small
+        low = diff if isinstance(diff, int) else diff.lower_bound()
+        if low is not None and low >= 0:
+            return big
+    return None
 
 
 _HINT_MARK = "is known only at run time, so both branches are compiled"

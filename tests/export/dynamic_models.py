@@ -134,30 +134,85 @@ def open_nonzero() -> onnx.ModelProto:
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
 
 
-_EXPORTED: dict[str, tuple] = {}   # one export of each per test process (two modules use them)
+def if_shapes(p: str = "") -> onnx.ModelProto:
+    """x [1, 4, L] (L open), c bool: If(c) then Concat(x, x) on the last axis [1, 4, 2 L] else
+    x's first 3 rows [1, 3, L], then + 1 and a sum: the output's extents are size variables the
+    taken branch binds (at most 4 and 2 L). Every name prefixed ``p`` (the branches read
+    outer names, which ``onnx.compose.add_prefix`` does not rename)."""
+    f = TensorProto.FLOAT
+    then_g = helper.make_graph([helper.make_node("Concat", [p + "x", p + "x"], [p + "t"],
+                                                 axis=2)], "then", [],
+                               [helper.make_tensor_value_info(p + "t", f, None)])
+    else_g = helper.make_graph([helper.make_node("Slice", [p + "x", p + "s0", p + "s3",
+                                                           p + "ax"], [p + "e"])],
+                               "else", [], [helper.make_tensor_value_info(p + "e", f, None)])
+    inits = [numpy_helper.from_array(np.array([0], np.int64), p + "s0"),
+             numpy_helper.from_array(np.array([3], np.int64), p + "s3"),
+             numpy_helper.from_array(np.array([1], np.int64), p + "ax"),
+             numpy_helper.from_array(np.array(1.0, np.float32), p + "one")]
+    nodes = [helper.make_node("If", [p + "c"], [p + "y"], then_branch=then_g,
+                              else_branch=else_g),
+             helper.make_node("Add", [p + "y", p + "one"], [p + "z"]),
+             helper.make_node("ReduceSum", [p + "z"], [p + "total"], keepdims=0)]
+    g = helper.make_graph(nodes, "if_shapes", [
+        helper.make_tensor_value_info(p + "x", f, [1, 4, "L"]),
+        helper.make_tensor_value_info(p + "c", TensorProto.BOOL, [])],
+        [helper.make_tensor_value_info(p + "z", f, None),
+         helper.make_tensor_value_info(p + "total", f, None)], inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
 
 
-def exported(tmp_path_factory, run_cli) -> dict[str, tuple]:
-    """name -> (onnx file, bundle): the detector by the real command line with its defaults
-    (portable, golden check on), the two others in process for this host, no golden check
-    (their run-time inputs are checked by the tests)."""
-    if _EXPORTED:
-        return _EXPORTED
-    from mlcpack.frontends.onnx import import_onnx
-    from mlcpack.packager.export import ExportOptions, export_module
+def combined() -> onnx.ModelProto:
+    """The four models above in one graph (one export serves every test): their names
+    prefixed ``d_`` (detector), ``c_`` (counting), ``o_`` (open N), ``i_`` (If)."""
+    from onnx import compose
 
-    folder = tmp_path_factory.mktemp("counted")
-    out = {}
-    for name, model in (("detector", detector()), ("counting", counting()),
-                        ("open", open_nonzero())):
-        src, bundle = folder / f"{name}.onnx", folder / f"{name}.mlc"
-        onnx.save(model, src)
-        if name == "detector":
-            proc = run_cli("export", src, "-o", bundle, timeout=300)
-            assert proc.returncode == 0, proc.stderr
-        else:
-            mod, _ = import_onnx(model)
-            export_module(mod, bundle, ExportOptions(target="host"))
-        out[name] = (src, bundle)
-    _EXPORTED.update(out)
-    return out
+    parts = [compose.add_prefix(m, p) for m, p in ((detector(), "d_"), (counting(), "c_"),
+                                                    (open_nonzero(), "o_"))]
+    parts.append(if_shapes("i_"))
+    g = helper.make_graph([n for m in parts for n in m.graph.node], "counted",
+                          [i for m in parts for i in m.graph.input],
+                          [o for m in parts for o in m.graph.output],
+                          [t for m in parts for t in m.graph.initializer])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def combined_feeds(seed: int, zeros: bool = False, n: int = 5) -> dict[str, np.ndarray]:
+    """Inputs for ``combined``: a detector image, ``counting_feeds(seed, zeros)``, an open x of
+    ``n`` rows, about half zero, and the If's x of length ``n + 1``, its condition ``seed``
+    odd."""
+    rng = np.random.default_rng(100 + seed)
+    y = np.where(rng.random((n, 3)) < 0.5, rng.normal(size=(n, 3)), 0).astype(np.float32)
+    feeds = {"d_x": rng.normal(size=(1, 3, GRID, GRID)).astype(np.float32) * (0.5 + seed)}
+    feeds.update({f"c_{k}": v for k, v in counting_feeds(seed, zeros).items()})
+    feeds["o_x"] = y
+    feeds["i_x"] = rng.normal(size=(1, 4, n + 1)).astype(np.float32)
+    feeds["i_c"] = np.array(seed % 2 == 1)
+    return feeds
+
+
+def exported(tmp_path_factory) -> tuple:
+    """(onnx file, bundle) of ``combined``, exported as ``mlcpack export`` does with its
+    defaults (``packager.api.export``, which the command line calls, in process: portable,
+    golden check on, at ``combined_feeds(1)``: TopK's k is an input the random check inputs
+    could put beyond its axis). Once per test run: xdist workers share the folder above
+    their own temporary folders, and the first to take the lock exports for the others (this
+    module and tests/runtime/test_c_runtime.py run in different workers)."""
+    import fcntl
+    import os
+
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent
+    folder = root / "counted-sizes"
+    folder.mkdir(exist_ok=True)
+    src, bundle = folder / "counted.onnx", folder / "counted.mlc"
+    with open(folder / "lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not bundle.exists():
+            from mlcpack.packager.api import Options, export
+
+            onnx.save(combined(), src)
+            result = export(src, bundle, Options(check_inputs=combined_feeds(1)))
+            assert result.check and "golden check passed" in result.check, result.check
+    return src, bundle

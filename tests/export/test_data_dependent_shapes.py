@@ -3,9 +3,11 @@ counts at run time (NonZero, NonMaxSuppression, TopK with a run-time k, Compress
 condition, Unique), memory planned at its bound, later ops (GatherND, ScatterND, arithmetic,
 reductions) reading it as any size, outputs returned at their run-time size.
 
-The detector-like head (conv heads, NMS inside, GatherND of the kept boxes) is exported by the
-real command line with its defaults (portable, golden check on) and checked box for box against
-ONNX Runtime; the C runtime gives bit-identical outputs on the same bundles
+The detector-like head (conv heads, NMS inside, GatherND of the kept boxes), the counting graph,
+the open-N graph and an If whose branches give different shapes are one model
+(``dynamic_models.combined``), exported once per test run as ``mlcpack export`` does with its
+defaults (``packager.api.export``: portable, golden check on) and checked against ONNX Runtime;
+the C runtime gives bit-identical outputs on the same bundle
 (``tests/runtime/test_c_runtime.py::test_counted_sizes_bit_identical``)."""
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from mlcpack.runtime import InputError, load
+from mlcpack.runtime import InputError, commands, load
 from mlcpack.runtime.bundle import BundleReader, reader_minor
 
 import dynamic_models as dm
@@ -24,81 +26,92 @@ from helpers import ort_outputs
 
 
 @pytest.fixture(scope="module")
-def bundles(tmp_path_factory, run_cli) -> dict[str, tuple[Path, Path]]:
-    return dm.exported(tmp_path_factory, run_cli)
+def counted(tmp_path_factory) -> tuple[Path, Path]:
+    return dm.exported(tmp_path_factory)
 
 
-def _images(n: int) -> list[dict[str, np.ndarray]]:
-    return [{"x": np.random.default_rng(s).normal(size=(1, 3, dm.GRID, dm.GRID))
-             .astype(np.float32) * (0.5 + s)} for s in range(n)]
+def _compare(src: Path, model, feeds: dict, prefix: str, rtol: float = 1e-6,
+             atol: float = 0.0) -> dict[str, np.ndarray]:
+    """Every output named ``prefix...``: its shape, dtype and values as ONNX Runtime's."""
+    want, got = ort_outputs(src, feeds), model.run(feeds)
+    for name, ref in want.items():
+        if name.startswith(prefix):
+            assert got[name].shape == ref.shape and got[name].dtype == ref.dtype, name
+            np.testing.assert_allclose(got[name], ref, rtol=rtol, atol=atol, err_msg=name)
+    return want
 
 
-def test_detector_with_nms_inside_matches_onnx_runtime_box_for_box(bundles) -> None:
-    src, bundle = bundles["detector"]
+def test_detector_with_nms_inside_matches_onnx_runtime_box_for_box(counted) -> None:
+    src, bundle = counted
     counts = set()
     with load(bundle) as model:
-        for feeds in _images(4):
-            want, got = ort_outputs(src, feeds), model.run(feeds)
-            assert got["selected"].dtype == np.int64
-            np.testing.assert_array_equal(got["selected"], want["selected"])
-            np.testing.assert_allclose(got["kept_boxes"], want["kept_boxes"], rtol=1e-5,
-                                       atol=1e-5)
-            np.testing.assert_allclose(got["kept_scores"], want["kept_scores"], rtol=1e-5)
-            counts.add(len(want["selected"]))
+        for seed in range(4):
+            want = _compare(src, model, dm.combined_feeds(seed), "d_", rtol=1e-5, atol=1e-5)
+            assert want["d_selected"].dtype == np.int64
+            counts.add(len(want["d_selected"]))
     assert len(counts) > 1, counts   # the count really changes with the image
 
 
-def test_counted_sizes_feed_later_ops_as_onnx_runtime_does(bundles) -> None:
+def test_counted_sizes_feed_later_ops_as_onnx_runtime_does(counted) -> None:
     """NonZero -> GatherND -> Mul -> ReduceSum, TopK with k fed, Compress with its condition
     fed, Unique -> ScatterND: every output, its shape and dtype, at counts from 0 up."""
-    src, bundle = bundles["counting"]
+    src, bundle = counted
     with load(bundle) as model:
-        for feeds in [dm.counting_feeds(s) for s in range(5)] + [dm.counting_feeds(9, True)]:
-            want, got = ort_outputs(src, feeds), model.run(feeds)
-            for name, ref in want.items():
-                assert got[name].shape == ref.shape and got[name].dtype == ref.dtype, name
-                np.testing.assert_allclose(got[name], ref, rtol=1e-6, err_msg=name)
-        assert model.run(dm.counting_feeds(9, True))["nz"].shape == (2, 0)
+        for feeds in [dm.combined_feeds(s) for s in range(5)] + [dm.combined_feeds(9, True)]:
+            _compare(src, model, feeds, "c_")
+        assert model.run(dm.combined_feeds(9, True))["c_nz"].shape == (2, 0)
 
 
-def test_counted_size_bounded_by_an_open_input_size(bundles) -> None:
+def test_counted_size_bounded_by_an_open_input_size(counted) -> None:
     """x [N, 3]: NonZero's count is at most 3 N, TopK's data-computed k at most 3; one bundle
     at every N, each N's memory planned at those bounds."""
-    src, bundle = bundles["open"]
+    src, bundle = counted
     with load(bundle) as model:
         for n in (1, 5, 17):
-            rng = np.random.default_rng(n)
-            x = np.where(rng.random((n, 3)) < 0.5, rng.normal(size=(n, 3)), 0).astype(np.float32)
-            want, got = ort_outputs(src, {"x": x}), model.run({"x": x})
-            for name, ref in want.items():
-                assert got[name].shape == ref.shape, (name, n)
-                np.testing.assert_allclose(got[name], ref, rtol=1e-6, err_msg=name)
+            _compare(src, model, dm.combined_feeds(n, n=n), "o_")
 
 
-def test_bundle_says_format_1_6_and_lists_its_counted_sizes(bundles, run_cli) -> None:
-    _, bundle = bundles["counting"]
+def test_if_branches_of_different_shapes_bind_the_output_extents(counted) -> None:
+    """If on a run-time condition, branches [1, 4, 2 L] and [1, 3, L]: the output takes the
+    taken branch's shape, at several L, and the ops after it read those sizes."""
+    src, bundle = counted
+    shapes = set()
+    with load(bundle) as model:
+        for seed, n in ((1, 2), (2, 2), (3, 9), (4, 9)):
+            want = _compare(src, model, dm.combined_feeds(seed, n=n), "i_", rtol=1e-5)
+            shapes.add(want["i_z"].shape)
+    assert shapes == {(1, 4, 6), (1, 3, 3), (1, 4, 20), (1, 3, 10)}
+
+
+def test_bundle_says_format_1_6_and_lists_its_counted_sizes(counted) -> None:
+    _, bundle = counted
     with BundleReader(bundle) as reader:
         header = reader.header
     assert header["format"] == [1, 6] and header["min_reader"] == [1, 6]
     assert reader_minor(header) == 6
-    assert [d[0] for d in header["symbolic"]["dynamic"]] == ["nonzero1", "k1", "kept1",
-                                                             "unique1", "unique2"]
+    assert [d[0] for d in header["symbolic"]["dynamic"]] == [
+        "selected1", "nonzero1", "k1", "kept1", "unique1", "unique2", "nonzero2", "k2",
+        "branch1", "branch2"]
     without = dict(header, symbolic={k: v for k, v in header["symbolic"].items()
                                      if k != "dynamic"})
     assert reader_minor(without) < 6   # what a 1.5 reader sees: it refuses the bundle
-    shown = run_cli("inspect", bundle).stdout
-    assert "sizes counted at run time by kernels" in shown and "nonzero1 <= 12" in shown
+    lines: list[str] = []
+    commands.inspect(bundle, echo=lines.append)   # what `mlcpack inspect` prints
+    shown = "\n".join(lines)
+    assert "sizes counted at run time by kernels" in shown
+    assert "nonzero1 <= 12" in shown and "nonzero2 <= 3 * N" in shown
+    assert "branch1 <= 4" in shown and "branch2 <= 2 * L" in shown
 
 
-def test_topk_k_beyond_its_axis_is_refused_in_one_line(bundles) -> None:
-    _, bundle = bundles["counting"]
-    feeds = dm.counting_feeds(1)
-    feeds["k"] = np.array([5], np.int64)   # the axis has 4
+def test_topk_k_beyond_its_axis_is_refused_in_one_line(counted) -> None:
+    _, bundle = counted
+    feeds = dm.combined_feeds(1)
+    feeds["c_k"] = np.array([5], np.int64)   # the axis has 4
     with load(bundle) as model:
         with pytest.raises(InputError, match=r"computes at run time is 5, outside \[0, 4\]"):
             model.run(feeds)
-        feeds["k"] = np.array([2], np.int64)
-        assert model.run(feeds)["top_values"].shape == (3, 2)   # and runs on afterwards
+        feeds["c_k"] = np.array([2], np.int64)
+        assert model.run(feeds)["c_top_values"].shape == (3, 2)   # and runs on afterwards
 
 
 # 20-40 s (torch's import and export, a compile): the detector above covers the same path

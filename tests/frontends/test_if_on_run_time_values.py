@@ -90,3 +90,28 @@ def test_branch_that_cannot_compile_names_the_condition_input(tmp_path, run_cli,
                    "--bind", f"sr={tmp_path / 'sr.npy'}")
     assert proc.returncode == 0, proc.stderr
     assert "golden check passed against onnxruntime" in proc.stdout, proc.stdout
+
+
+def test_branch_extents_that_cannot_be_ordered_are_refused_in_one_line() -> None:
+    """Branches of different shapes bind the output's extents at run time (issue 37 item 3;
+    run in tests/export/test_data_dependent_shapes.py and the C runtime test); memory is
+    planned at the larger extent, so extents of which neither is always the larger (L and 8)
+    are refused at import, naming the axis and the condition's input."""
+    from mlcpack.frontends.onnx import import_onnx
+    from mlcpack.packager.errors import ExportError
+
+    f = TensorProto.FLOAT
+    then_g = helper.make_graph([helper.make_node("Identity", ["x"], ["t"])], "then", [],
+                               [helper.make_tensor_value_info("t", f, None)])
+    else_g = helper.make_graph([helper.make_node("Identity", ["eight"], ["e"])], "else", [],
+                               [helper.make_tensor_value_info("e", f, None)])
+    graph = helper.make_graph(
+        [helper.make_node("If", ["c"], ["y"], then_branch=then_g, else_branch=else_g)], "ifs",
+        [helper.make_tensor_value_info("x", f, [1, "L"]),
+         helper.make_tensor_value_info("c", TensorProto.BOOL, [])],
+        [helper.make_tensor_value_info("y", f, None)],
+        [numpy_helper.from_array(np.zeros((1, 8), np.float32), "eight")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    with pytest.raises(ExportError, match=r"output 0 axis 1: the branches give L and 8, which "
+                       r"cannot be ordered at export.*depends on input 'c'"):
+        import_onnx(model)

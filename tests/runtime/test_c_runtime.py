@@ -525,38 +525,35 @@ def test_symbolic_bundles_at_several_sizes(build, symbolic_bundles, name, thread
 
 
 @pytest.fixture(scope="module")
-def counted_bundles(tmp_path_factory, run_cli) -> dict[str, Path]:
-    """Format 1.6 bundles whose output sizes a kernel counts at run time
-    (``tests/export/dynamic_models.py``: the detector head with NMS inside by the default
-    export, the NonZero / TopK / Compress / Unique graph, the open-N NonZero model)."""
+def counted_bundle(tmp_path_factory) -> Path:
+    """A format 1.6 bundle whose output sizes kernels count at run time
+    (``tests/export/dynamic_models.py``: the detector head with NMS inside, the NonZero / TopK /
+    Compress / Unique graph, the open-N NonZero model, an If whose branches give different
+    shapes, in one graph), the very file tests/export/test_data_dependent_shapes.py checks:
+    exported once per test run, whichever xdist worker needs it first."""
     from dynamic_models import exported
 
-    return {name: bundle for name, (_, bundle) in exported(tmp_path_factory, run_cli).items()}
+    return exported(tmp_path_factory)[1]
 
 
-def test_counted_sizes_bit_identical(build, asan, counted_bundles, tmp_path) -> None:
+def test_counted_sizes_bit_identical(build, asan, counted_bundle, tmp_path) -> None:
     """The C runtime returns each output at the size the run counted, bit-identical to the
     Python runtime (counts from 0 up, 1 and 2 threads; under the sanitizers too), and refuses a
     TopK k beyond its axis in one line with the input-error code."""
-    from dynamic_models import GRID, counting_feeds
+    from dynamic_models import combined_feeds
 
-    for seed in range(3):
-        x = np.random.default_rng(seed).normal(size=(1, 3, GRID, GRID)).astype(np.float32)
-        assert_bit_identical(build, counted_bundles["detector"], {"x": x}, tmp_path / f"d{seed}")
-    for seed, zeros in ((0, False), (3, False), (9, True)):
-        feeds = counting_feeds(seed, zeros)
-        assert_bit_identical(build, counted_bundles["counting"], feeds, tmp_path / f"c{seed}")
-        assert_bit_identical(asan, counted_bundles["counting"], feeds, tmp_path / f"a{seed}",
-                             threads=(1,), env=ASAN)
-    for n in (1, 6):
-        x = np.random.default_rng(n).normal(size=(n, 3)).astype(np.float32)
-        x[x < 0] = 0
-        assert_bit_identical(build, counted_bundles["open"], {"x": x}, tmp_path / f"o{n}")
-    feeds = counting_feeds(1)
-    feeds["k"] = np.array([5], np.int64)
+    for seed, zeros, n in ((0, False, 1), (3, False, 6), (9, True, 6)):
+        feeds = combined_feeds(seed, zeros, n)
+        feeds["o_x"][feeds["o_x"] < 0] = 0
+        assert_bit_identical(build, counted_bundle, feeds, tmp_path / f"c{seed}")
+        if seed:
+            assert_bit_identical(asan, counted_bundle, feeds, tmp_path / f"a{seed}",
+                                 threads=(1,), env=ASAN)
+    feeds = combined_feeds(1)
+    feeds["c_k"] = np.array([5], np.int64)
     for i, v in enumerate(feeds.values()):
         np.save(tmp_path / f"k{i}.npy", v)
-    proc = mlcrun(asan, "run", counted_bundles["counting"],
+    proc = mlcrun(asan, "run", counted_bundle,
                   *[tmp_path / f"k{i}.npy" for i in range(len(feeds))], "-o", tmp_path / "ko",
                   env=ASAN)
     assert proc.returncode == 7 and "is 5, outside [0, 4]" in one_line_error(proc)
