@@ -1,5 +1,6 @@
 """Vector kernels for the integer elementwise ops of ``ops/qelementwise.py``: ``qbinary``
-(QLinearAdd / QLinearMul) and ``qgavgpool`` (QLinearGlobalAveragePool), 8 bytes per vector.
+(QLinearAdd / QLinearMul) and ``qgavgpool`` (QLinearGlobalAveragePool), 8 bytes per vector;
+``lut8`` tables and a float32 input's ``quantize`` (``_QQuantize``) on AVX2.
 
 ``qbinary``: the output is walked as rows x inner (one row when b has a's shape or one value;
 otherwise a row per value of b, the gate of a squeeze-and-excitation block broadcast once per
