@@ -15,7 +15,10 @@ Each task takes whole (image, channel) planes. A plane is copied once into a zer
 float32 buffer of the task's own (``x - x_zp``, one buffer per horizontal stride phase: column
 ``v`` of phase ``p`` holds input column ``v * sw + p - pad_left``), so for a tap (ky, kx) the
 8 inputs of 8 consecutive outputs are one contiguous load at row ``oy * sh + ky`` of phase
-``kx % sw``, column ``ox + kx // sw``. Rows of two vectors or more are computed in blocks of
+``kx % sw``, column ``ox + kx // sw``. A phase row narrower than a vector (small images: 14 x 14 at
+stride 2, 7 x 7) is filled as one vector per row, its bytes loaded on into the next row and
+the lanes past the row zeroed (the plane's last rows, whose load would leave it, column by
+column). Rows of two vectors or more are computed in blocks of
 ``WIDE_BLOCK`` (rows x vectors: the input vectors that several rows of the block read are
 loaded once); narrower rows several at a time, ``ACCUMULATORS`` vectors in all: independent
 chains that hide the multiply-add latency. The weights are broadcast once per plane. A row's
@@ -219,7 +222,12 @@ class _QDepthwise(QEmitter):
                    and (v_lo + nvec * VL) * sw + p - pl + VL * sw <= w):
                 nvec += 1
             lanes = ir.Constant(ir.VectorType(I32, VL), [j * sw for j in range(VL)])
-            with for_range(b, const_i64(0), const_i64(rows), "fy") as iy:
+            if nvec == 0 and v_hi - v_lo <= VL and v_lo + VL <= wq:
+                first = self._fill_narrow(xb, plane, zp_v, dtype, w, sw, pt, pl, p, prow,
+                                          wq, v_lo, v_hi, rows, h * w, lanes)
+            else:
+                first = 0
+            with for_range(b, const_i64(first), const_i64(rows), "fy") as iy:
                 src = b.gep(xb, [b.mul(iy, const_i64(w))])
                 dst = b.gep(plane, [b.add(const_i64(p * prow * wq),
                                           b.mul(b.add(iy, const_i64(pt)), const_i64(wq)))])
@@ -237,3 +245,31 @@ class _QDepthwise(QEmitter):
                     ix = b.add(b.mul(v, const_i64(sw)), const_i64(p - pl))
                     val = b.sub(self._widen(b.load(b.gep(src, [ix])), dtype), xzp)
                     b.store(b.sitofp(val, F32), b.gep(dst, [v]))
+
+    def _fill_narrow(self, xb, plane, zp_v, dtype, w, sw, pt, pl, p, prow, wq, v_lo, v_hi,
+                     rows, plane_bytes, lanes) -> int:
+        """Phase ``p``'s rows when they are narrower than a vector (small images): each row
+        as one vector, its 8 * sw bytes loaded from the row's first column on (running into
+        the next row), the lanes past the row's v_hi - v_lo columns set to zero (the right
+        margin, which must stay zero). Rows whose load would leave the plane are left to the
+        caller's column loop: returns the first of them."""
+        b = self.builder
+        src_ty = ir.VectorType(ir.IntType(8), VL * sw)
+        x0 = v_lo * sw + p - pl
+        fit = max(0, min(rows, (plane_bytes - x0 - VL * sw) // w + 1))
+        if fit == 0:
+            return 0
+        keep = ir.Constant(ir.VectorType(ir.IntType(1), VL),
+                           [1 if j < v_hi - v_lo else 0 for j in range(VL)])
+        zero = ir.Constant(V8F32, [0.0] * VL)
+        with for_range(b, const_i64(0), const_i64(fit), "fn") as iy:
+            raw = b.load(self._ptr(xb, b.add(b.mul(iy, const_i64(w)), const_i64(x0)), src_ty),
+                         align=1)
+            if sw > 1:
+                raw = b.shuffle_vector(raw, ir.Constant(src_ty, None), lanes)
+            wide = b.zext(raw, V8I32) if dtype == "uint8" else b.sext(raw, V8I32)
+            val = b.select(keep, b.sitofp(b.sub(wide, zp_v), V8F32), zero)
+            at = b.add(const_i64(p * prow * wq + v_lo),
+                       b.mul(b.add(iy, const_i64(pt)), const_i64(wq)))
+            b.store(val, self._ptr(plane, at, V8F32), align=4)
+        return fit

@@ -1,5 +1,6 @@
 """Vector kernels for the integer elementwise ops of ``ops/qelementwise.py``: ``qbinary``
-(QLinearAdd / QLinearMul) and ``qgavgpool`` (QLinearGlobalAveragePool), 8 bytes per vector.
+(QLinearAdd / QLinearMul) and ``qgavgpool`` (QLinearGlobalAveragePool), 8 bytes per vector;
+``lut8`` tables and a float32 input's ``quantize`` (``_QQuantize``) on AVX2.
 
 ``qbinary``: the output is walked as rows x inner (one row when b has a's shape or one value;
 otherwise a row per value of b, the gate of a squeeze-and-excitation block broadcast once per
@@ -26,7 +27,8 @@ from llvmlite import ir
 from ..ir import te
 from ..ir.graph import PrimFunc
 from ..ops.qelementwise import row_broadcast
-from .helpers import I8, I32, I64, alloca_once, const_i64, for_range, intrinsic
+from ..ops.quant import saturation_range
+from .helpers import F32, I8, I32, I64, alloca_once, const_i64, for_range, intrinsic
 from .contraction.geometry import PARALLEL_MIN_MACS
 from .lower import KernelInfo
 from .qgemm import V8F32, V8I8, V8I32, QEmitter, match_qgemm
@@ -40,6 +42,10 @@ TABLE_PARALLEL_BYTES = PARALLEL_MIN_MACS
 def emit_qelementwise(module: ir.Module, func: PrimFunc, symbol: str, vl: int
                       ) -> KernelInfo | None:
     avx2 = module.triple.startswith("x86_64") and vl >= 8
+    if avx2:
+        qdtype = match_quantize(func)
+        if qdtype is not None:
+            return _QQuantize(module, func, symbol, _TableTag(qdtype, -1), avx2).emit()
     table = match_lut8(func)
     if table is not None:
         return _QTable(module, func, symbol, _TableTag(func.inputs[0].dtype, table), avx2).emit()
@@ -80,6 +86,46 @@ def match_lut8(func: PrimFunc) -> int | None:
     if row in out.axes and table.shape[0] == x.shape[list(out.axes).index(row)]:
         return list(out.axes).index(row)
     return None
+
+
+def match_quantize(func: PrimFunc) -> str | None:
+    """The output dtype when ``func`` is exactly ops/quant.py's ``quantize`` of a float32
+    tensor of static shape to int8 / uint8 with one scale and one zero point:
+    ``cast(min(max(round(x / s) + float(z), lo), hi))``."""
+    if len(func.inputs) != 3 or len(func.outputs) != 1:
+        return None
+    x, s, z = func.inputs
+    out = func.outputs[0]
+    if (x.dtype != "float32" or s.dtype != "float32" or z.dtype not in ("int8", "uint8")
+            or out.dtype != z.dtype or tuple(out.shape) != tuple(x.shape)
+            or any(not isinstance(d, int) for d in x.shape)
+            or math.prod(s.shape) != 1 or math.prod(z.shape) != 1):
+        return None
+    lo, hi = saturation_range(z.dtype)
+    e = out.body
+    if not (isinstance(e, te.Cast) and e.dtype == z.dtype):
+        return None
+    e = e.value
+    if not (isinstance(e, te.Binary) and e.op == "min" and _is_const(e.b, hi)):
+        return None
+    e = e.a
+    if not (isinstance(e, te.Binary) and e.op == "max" and _is_const(e.b, lo)):
+        return None
+    e = e.a
+    if not (isinstance(e, te.Binary) and e.op == "add" and isinstance(e.a, te.MathCall)
+            and e.a.name == "round" and isinstance(e.b, te.Cast)
+            and isinstance(e.b.value, te.Read) and e.b.value.tensor.uid == z.uid):
+        return None
+    q = e.a.arg
+    if not (isinstance(q, te.Binary) and q.op == "div" and isinstance(q.a, te.Read)
+            and q.a.tensor.uid == x.uid and tuple(q.a.indices) == tuple(out.axes)
+            and isinstance(q.b, te.Read) and q.b.tensor.uid == s.uid):
+        return None
+    return z.dtype
+
+
+def _is_const(e: te.Expr, value: float) -> bool:
+    return isinstance(e, te.Const) and float(e.value) == value
 
 
 @dataclass(frozen=True)
@@ -279,3 +325,48 @@ class _QTable(_QVector):
                 idx = b.add(b.sext(v, I64), const_i64(128)) if signed else b.zext(v, I64)
                 b.store(b.load(b.gep(row_tb, [idx])), b.gep(yb, [at]))
         return self._finish(body_fn, n_ptrs, ptr_types, 0, parallel)
+
+
+class _QQuantize(_QVector):
+    """``quantize`` of float32 to 8 bits (a model's input) on AVX2, 32 values per step:
+    x / s (``vdivps``, the reference's float32 quotient), then the requantize epilogue of
+    ``_QVector._store`` (clamp to [lo - z, hi - z], ``vcvtps2dq``'s round half to even, + z,
+    saturating packs into one 32-byte store); the generic loop nest does the same per value.
+    (Multiplying by RN(1 / s), with a check that the product rounds to the quotient's integer
+    and a division where it might not, measured slower: the kernel is not bound by the
+    division.)"""
+
+    def emit(self) -> KernelInfo:
+        x, s, z = self.func.inputs
+        y = self.func.outputs[0]
+        total = math.prod(int(d) for d in x.shape)
+        body_fn, ptr_types, n_ptrs, _ = self._start(0)
+        b = self.builder
+        buf = self.buffers
+        xb, yb = buf[x.uid], buf[y.uid]
+        s_v = self._splat(b.load(buf[s.uid]), V8F32)
+        self.y_zp = self._splat(b.sitofp(self._widen(b.load(buf[z.uid]), z.dtype), F32), V8F32)
+
+        def quotient(at: ir.Value) -> ir.Value:
+            return b.fdiv(b.load(self._ptr(xb, at, V8F32), align=4), s_v)
+
+        nvec = total // VL
+        group = 4
+        if nvec // group:
+            with for_range(b, const_i64(0), const_i64(nvec // group), "qv") as i:
+                at = b.mul(i, const_i64(group * VL))
+                packed = self._pack([self._requant_int(quotient(b.add(at, const_i64(k * VL))),
+                                                       None, wide=True) for k in range(group)])
+                b.store(packed, self._ptr(yb, at, packed.type), align=1)
+        for k in range((nvec - nvec % group) * VL, total, VL):
+            lanes = min(VL, total - k)
+            if lanes == VL:
+                f = quotient(const_i64(k))
+            else:
+                v = ir.Constant(V8F32, [0.0] * VL)
+                for j in range(lanes):
+                    v = b.insert_element(v, b.load(b.gep(xb, [const_i64(k + j)])),
+                                         ir.Constant(I32, j))
+                f = b.fdiv(v, s_v)
+            self._store([f], yb, const_i64(k), lanes)
+        return self._finish(body_fn, n_ptrs, ptr_types, 0)

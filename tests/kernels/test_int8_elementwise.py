@@ -242,3 +242,60 @@ def test_lut8_kernel_exact(target: str, tmp_path: Path) -> None:
     mod = build_op_module("lut8", [xs, one], [False, True], axis=-1)
     got = compile_and_run(mod, {"x0": xs}, tmp_path, target=target, name="one.mlc")["y"]
     np.testing.assert_array_equal(got, one[0][xs.astype(np.int64) + 128])
+
+
+def _quantize_inputs(scale: float) -> np.ndarray:
+    """float32 values at and around every rounding boundary of x / scale in the 8-bit range
+    (the half-way points k + 0.5 rounded to float32 and 2 ulps either side), zeros, tiny and
+    huge values, infinities; 3111 values (a tail past the 32-value steps and the 8-lane
+    vectors)."""
+    s = F32(scale)
+    halves = (np.arange(-300, 300, dtype=np.float64) + 0.5) * float(s)
+    at = halves.astype(F32)
+    near = [at]
+    for d in (1, 2):
+        up, down = at.copy(), at.copy()
+        for _ in range(d):
+            up, down = np.nextafter(up, F32(np.inf)), np.nextafter(down, F32(-np.inf))
+        near += [up, down]
+    special = np.array([0.0, -0.0, 1e-45, -1e-45, 1e-30, 3e38, -3e38, np.inf, -np.inf],
+                       F32)
+    x = np.concatenate(near + [special])
+    rng = np.random.default_rng(5)
+    x = np.concatenate([x, (rng.standard_normal(3111 - x.size) * 200 * s).astype(F32)])
+    return rng.permutation(x).reshape(3, 17, 61)
+
+
+@pytest.mark.parametrize("dtype,scale,zero", [("uint8", 0.0186, 128), ("int8", 0.25, -3)])
+def test_quantize_kernel_exact(dtype: str, scale: float, zero: int, tmp_path: Path) -> None:
+    """A model input's quantize (float32 to 8 bits, one scale and zero point): the AVX2 kernel
+    (codegen/qelementwise.py ``_QQuantize``) on this host's level equals ops/quant.py's numpy
+    definition (float32 x / s, round half to even, + z, saturation) at every rounding
+    boundary, ties included (scale 0.25: the half-way points are exact)."""
+    from mlcpack.packager.ops.quant import quantize
+    x = _quantize_inputs(scale)
+    s, z = np.array(scale, F32), np.array(zero, dtype)
+    expect = quantize(x, s, z, dtype)
+    mod = build_op_module("quantize", [x, s, z], [False, True, True], dtype=dtype)
+    got = compile_and_run(mod, {"x0": x}, tmp_path)["y"]
+    np.testing.assert_array_equal(got, expect)
+    info = np.iinfo(dtype)
+    assert (expect == info.min).any() and (expect == info.max).any()
+    if scale == 0.25:   # ties to even on both sides of zero
+        assert quantize(np.array([0.125, 0.375, -0.125], F32), s, z, dtype).tolist() == \
+            [zero, zero + 2, zero]
+
+
+@pytest.mark.parametrize("target", ["x86-64-v2", "x86-64-v3"])
+def test_quantize_kernel_code(target: str) -> None:
+    """The quantize kernel on AVX2 levels (vdivps, vcvtps2dq, the saturating packs), the
+    generic loop nest elsewhere."""
+    x = np.zeros((1, 3, 8, 9), F32)
+    mod = run_pipeline(build_op_module("quantize", [x, np.array(0.02, F32),
+                                                    np.array(128, np.uint8)],
+                                       [False, True, True], dtype="uint8"),
+                       DEFAULT_PIPELINE, options=UNPACKED)
+    funcs = [f for f in mod.functions.values() if isinstance(f, PrimFunc)]
+    text = str(compile_prim_funcs(funcs, resolve_target(target)).llvm_ir)
+    avx2 = "llvm.x86.avx2.packuswb" in text and "llvm.x86.avx.cvt.ps2dq.256" in text
+    assert avx2 == (target == "x86-64-v3")
