@@ -26,6 +26,11 @@ from ..ops.registry import OPAQUE, REDUCTION
 # (depthwise ones above all, which are memory-bound) keep it in their epilogue.
 EPILOGUE_EXCLUDED_MATH = frozenset({"erf"})
 
+# The float contractions whose fast kernels (codegen/contraction, depthwise, conv_oc, bf16
+# pairs) store a float32 output: none takes an epilogue that ends in another dtype.
+FLOAT_CONTRACTIONS = ("conv2d", "conv2d_rows", "conv2d_oc", "conv2d_bf16p", "matmul",
+                      "matmul_packed", "matmul_bf16p")
+
 
 def _reads_at_identity(func: PrimFunc, ph: te.Tensor) -> bool:
     """Every read of placeholder ``ph`` in ``func`` is at the reading stage's own indices."""
@@ -120,6 +125,13 @@ def _fuse_one(mod: IRModule, b: Binding, producer_of: dict[int, Binding], uses: 
         # MobileNetV3-small's SE means 0.14 ms)
         if producer.attrs.get("op_kind") == REDUCTION and _calls_math(consumer, ("round",)):
             continue
+        # nor does a float contraction take one (its fast kernels store float32): a float
+        # convolution the quantization guard kept between quantized layers, fused with the next
+        # layer's QuantizeLinear, fell to the generic loop nest (PP-OCRv4 recognizer's 480x480
+        # 1x1 p2o.Conv.28: 85 % of the int8 bundle's time). The quantize stays its own
+        # elementwise kernel, the rest of the epilogue fused.
+        if consumer.outputs[0].dtype != "float32" and _has_tag(producer, FLOAT_CONTRACTIONS):
+            continue
         new_name = mod.add_prim_func(fuse_pair(producer, consumer, slots))
         args = list(pv.args) + [a for i, a in enumerate(v.args) if i not in slots]
         # the fused kernel comes from both nodes, in graph order
@@ -141,12 +153,17 @@ def _calls_math(func: PrimFunc, names: tuple[str, ...]) -> bool:
 
 def _is_matmul(func: PrimFunc) -> bool:
     """Whether ``func``'s output contains a reduction tagged ``matmul``."""
+    return _has_tag(func, ("matmul", "matmul_packed", "matmul_bf16p"))
+
+
+def _has_tag(func: PrimFunc, kinds: tuple[str, ...]) -> bool:
+    """Whether ``func``'s output contains a reduction tagged one of ``kinds``."""
     stack = [st.body for st in te.stages(func.outputs) if st.body is not None]
     while stack:
         node = stack.pop()
         if isinstance(node, te.Reduce):
             tag = reduction_tag(node)
-            if tag is not None and tag.kind in ("matmul", "matmul_packed", "matmul_bf16p"):
+            if tag is not None and tag.kind in kinds:
                 return True
         stack.extend(te.children(node))
     return False
