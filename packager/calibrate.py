@@ -37,6 +37,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
+from .calibration_data import CALIBRATION_SUFFIXES, fits, read_calibration  # noqa: F401
 from .errors import ExportError
 from .options import CompileOptions
 
@@ -47,10 +48,6 @@ _ENTROPY_BINS = 2048            # histogram bins of |x| for the entropy method
 MAX_LAYER_ERROR = 0.05
 _SAMPLE_VALUES = 1 << 16        # values per tap and sample kept for the entropy method
 _TAIL_VALUES = 1 << 18          # at most this many per tap, sample and side for percentile
-_IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm",
-                   ".pgm")
-# what read_calibration reads from a folder (the command line checks a folder has one first)
-CALIBRATION_SUFFIXES = (".npy",) + _IMAGE_SUFFIXES
 
 
 @dataclass
@@ -101,120 +98,6 @@ class QuantizeReport:
         if self.speed:
             lines.append(self.speed)
         return lines
-
-
-def _is_fixed(d) -> bool:
-    return isinstance(d, (int, np.integer))
-
-
-def _shown(shape) -> str:
-    return "(" + ", ".join(map(str, shape)) + ")"
-
-
-def fits(shape: Sequence[int], spec_shape: Sequence) -> bool:
-    """Whether an array of ``shape`` is a value of an input of ``spec_shape`` (whose symbolic
-    dims take any size)."""
-    return len(shape) == len(spec_shape) and all(
-        not _is_fixed(d) or int(d) == n for d, n in zip(spec_shape, shape))
-
-
-def _resized(arr: np.ndarray, spec_shape: Sequence) -> np.ndarray | None:
-    """An NCHW (or NHWC) sample whose only mismatch is its height and width, bilinearly
-    resized to the input's fixed H and W; None when that is not what differs."""
-    if arr.ndim != 4 or len(spec_shape) != 4 or arr.dtype.kind != "f":
-        return None
-    for h_axis, c_axis in ((2, 1), (1, 3)):
-        hw = (spec_shape[h_axis], spec_shape[h_axis + 1])
-        keep = [a for a in range(4) if a not in (h_axis, h_axis + 1)]
-        if not all(_is_fixed(d) for d in hw) or not all(
-                not _is_fixed(spec_shape[a]) or int(spec_shape[a]) == arr.shape[a] for a in keep):
-            continue
-        if spec_shape[c_axis] not in (1, 3) and _is_fixed(spec_shape[c_axis]):
-            continue
-        return _bilinear(arr, h_axis, int(hw[0]), int(hw[1]))
-    return None
-
-
-def _bilinear(arr: np.ndarray, h_axis: int, out_h: int, out_w: int) -> np.ndarray:
-    """Resize axes ``h_axis`` and ``h_axis + 1`` of ``arr`` to (out_h, out_w), half-pixel
-    centres (as PIL's and ONNX Resize's bilinear)."""
-    out = arr.astype(np.float32)
-    for axis, size in ((h_axis, out_h), (h_axis + 1, out_w)):
-        n = out.shape[axis]
-        pos = np.clip((np.arange(size) + 0.5) * n / size - 0.5, 0, n - 1)
-        lo = np.floor(pos).astype(np.int64)
-        hi = np.minimum(lo + 1, n - 1)
-        frac = (pos - lo).astype(np.float32)
-        shape = [1] * out.ndim
-        shape[axis] = size
-        frac = frac.reshape(shape)
-        out = np.take(out, lo, axis) * (1 - frac) + np.take(out, hi, axis) * frac
-    return out.astype(arr.dtype)
-
-
-def _as_samples(arr: np.ndarray, spec, where: str) -> list[np.ndarray]:
-    """The samples one calibration array gives for input ``spec``: itself at its own shape, a
-    stack of them, or itself resized to the input's fixed height and width."""
-    shape = tuple(spec.shape)
-    if fits(arr.shape, shape):
-        return [arr.astype(spec.dtype, copy=False)]
-    if arr.ndim == len(shape) and _is_fixed(shape[0]) and int(shape[0]) == 1 and \
-            fits((1, *arr.shape[1:]), shape):
-        return [a[None].astype(spec.dtype, copy=False) for a in arr]   # a stack on the batch
-    if arr.ndim == len(shape) + 1 and all(fits(a.shape, shape) for a in arr[:1]):
-        return [a.astype(spec.dtype, copy=False) for a in arr]
-    if all(_is_fixed(d) for d in shape) and arr.size == int(np.prod(shape)):
-        return [arr.reshape(shape).astype(spec.dtype, copy=False)]   # e.g. no batch axis
-    if fits((1, *arr.shape), shape):
-        return [arr[None].astype(spec.dtype, copy=False)]
-    resized = _resized(arr, shape)
-    if resized is not None:
-        return [resized.astype(spec.dtype, copy=False)]
-    raise ExportError(f"--calibration: {where} has shape {_shown(arr.shape)}; input "
-                      f"{spec.name!r} takes {_shown(shape)} (or a stack of them), and no resize "
-                      "maps one to the other")
-
-
-def read_calibration(data: str | os.PathLike, spec, preprocess: dict | None) -> list[np.ndarray]:
-    """The calibration samples for input ``spec`` (a runtime ``TensorSpec``, its dims ints or,
-    where the model's are known only at run time, names): every image (read with
-    ``preprocess``, the bundle's recorded preprocessing) and ``.npy`` file of folder ``data``,
-    in name order; or one ``.npy`` file holding one sample or a stack of them. A sample keeps
-    its own size along the input's symbolic dims; an NCHW/NHWC one whose height and width differ
-    from the input's fixed ones is resized bilinearly; anything else is a one-line error."""
-    from ..runtime.errors import InputError
-    from ..runtime.preprocess import load_input
-
-    path = Path(data)
-    if not path.exists():
-        raise ExportError(f"--calibration {data}: no such file or folder")
-    if path.is_file():
-        if path.suffix.lower() != ".npy":
-            raise ExportError(f"--calibration {data}: give a folder of images or .npy files, "
-                              "or one .npy file")
-        return _as_samples(_load_npy(path), spec, path.name)
-    files = sorted(p for p in path.iterdir()
-                   if p.is_file() and p.suffix.lower() in (".npy",) + _IMAGE_SUFFIXES)
-    if not files:
-        raise ExportError(f"--calibration {data}: the folder has no images or .npy files")
-    samples = []
-    for f in files:
-        if f.suffix.lower() == ".npy":
-            samples += _as_samples(_load_npy(f), spec, f.name)
-            continue
-        try:
-            arr = np.asarray(load_input(f, spec, preprocess))
-        except InputError as exc:
-            raise ExportError(f"--calibration: {exc}") from None
-        samples += _as_samples(arr, spec, f.name)
-    return samples
-
-
-def _load_npy(path: Path) -> np.ndarray:
-    try:
-        return np.load(path, allow_pickle=False)
-    except (ValueError, OSError, EOFError) as exc:
-        raise ExportError(f"--calibration {path} is not a readable .npy file ({exc})") from None
 
 
 # ---- finding layers and taps ---------------------------------------------------------------------
