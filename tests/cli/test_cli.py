@@ -1,5 +1,8 @@
-"""The ``mlcpack`` command line, run as the real executable: export, infer, inspect, and its
-one-line errors with one exit code per error class."""
+"""The ``mlcpack`` command line: export, infer, inspect, and its one-line errors with one exit
+code per error class. The successes run the real executable; the error paths and the per-digit
+runs run the same command line in this process (tests/cli_in_process.py: no interpreter start
+and compiler import per case), and test_one_line_error_per_class.py runs every error class in a
+real process."""
 
 from __future__ import annotations
 
@@ -17,6 +20,7 @@ from mlcpack.runtime import load
 from mlcpack.runtime.errors import (BundleError, CodeLoadError, CpuFeatureError,
                                     FormatVersionError, InputError, LibraryFunctionError,
                                     MlcpackError)
+from cli_in_process import run_cli_in_process
 
 ERROR_CLASSES = [BundleError, FormatVersionError, CpuFeatureError, CodeLoadError, InputError,
                  LibraryFunctionError, WeightsError, ArchError, ExportError]
@@ -44,9 +48,9 @@ def test_exit_codes_are_distinct_per_class() -> None:
 
 
 @pytest.mark.parametrize("digit", range(10))
-def test_infer_every_sample_png(cli_bundle, run_cli, paths, digit) -> None:
+def test_infer_every_sample_png(cli_bundle, paths, digit) -> None:
     png = paths["samples"] / f"digit_{digit}.png"
-    proc = run_cli("infer", cli_bundle, png)
+    proc = run_cli_in_process("infer", cli_bundle, png)
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
     assert lines[0] == f"digit_{digit}.png: {digit}"
@@ -111,12 +115,12 @@ def test_inspect_ir(cli_bundle, run_cli) -> None:
     assert out.count("@prim_func") == 2
 
 
-def test_export_twice_to_the_same_path(tmp_path, run_cli, paths) -> None:
+def test_export_twice_to_the_same_path(tmp_path, paths) -> None:
     out = tmp_path / "again.mlc"
-    first = run_cli("export", paths["mlp_pickle"], "-o", out, cwd=tmp_path)
+    first = run_cli_in_process("export", paths["mlp_pickle"], "-o", out, cwd=tmp_path)
     assert first.returncode == 0, first.stderr
     data = out.read_bytes()
-    second = run_cli("export", paths["mlp_pickle"], "-o", out, cwd=tmp_path)
+    second = run_cli_in_process("export", paths["mlp_pickle"], "-o", out, cwd=tmp_path)
     assert second.returncode == 0, second.stderr
     assert out.read_bytes() == data  # deterministic, and replaced in place
     assert sorted(p.name for p in tmp_path.iterdir()) == ["again.mlc"]
@@ -152,53 +156,56 @@ def _check(proc, cls_or_code, one_line_error, *words: str) -> str:
     return line
 
 
-def test_infer_errors(tmp_path, cli_bundle, odd_input_bundle, run_cli, paths,
+def test_infer_errors(tmp_path, cli_bundle, odd_input_bundle, paths,
                       one_line_error) -> None:
+    def infer(*args):
+        return run_cli_in_process("infer", *args)
+
     png = paths["samples"] / "digit_7.png"
-    _check(run_cli("infer", tmp_path / "missing.mlc", png), BundleError, one_line_error,
+    _check(infer(tmp_path / "missing.mlc", png), BundleError, one_line_error,
            "missing.mlc", "no such file")
-    _check(run_cli("infer", tmp_path, png), BundleError, one_line_error, "directory")
+    _check(infer(tmp_path, png), BundleError, one_line_error, "directory")
     text = tmp_path / "notes.mlc"
     text.write_text("hello, this is not a bundle at all\n" * 3)
-    _check(run_cli("infer", text, png), BundleError, one_line_error, "not an mlcpack bundle")
+    _check(infer(text, png), BundleError, one_line_error, "not an mlcpack bundle")
 
     corrupt = tmp_path / "corrupt.mlc"
     data = bytearray(cli_bundle.read_bytes())
     data[-100] ^= 1
     corrupt.write_bytes(data)
-    _check(run_cli("infer", corrupt, png), BundleError, one_line_error, "SHA-256")
+    _check(infer(corrupt, png), BundleError, one_line_error, "SHA-256")
 
     newer = tmp_path / "newer.mlc"
     data = cli_bundle.read_bytes()
     version = b"\xa6format\x92\x01\x02"
     assert data.count(version) == 1
     newer.write_bytes(data.replace(version, b"\xa6format\x92\x02\x00"))
-    _check(run_cli("infer", newer, png), FormatVersionError, one_line_error, "2.0", "upgrade")
+    _check(infer(newer, png), FormatVersionError, one_line_error, "2.0", "upgrade")
 
     wrong_shape = tmp_path / "wrong.npy"
     np.save(wrong_shape, np.zeros((1, 783), np.float32))
-    _check(run_cli("infer", cli_bundle, wrong_shape), InputError, one_line_error, "(1, 783)",
+    _check(infer(cli_bundle, wrong_shape), InputError, one_line_error, "(1, 783)",
            "(1, 784)")
     wrong_dtype = tmp_path / "wrong_dtype.npy"
     np.save(wrong_dtype, np.zeros((1, 784), np.float64))
-    _check(run_cli("infer", cli_bundle, wrong_dtype), InputError, one_line_error, "float64",
+    _check(infer(cli_bundle, wrong_dtype), InputError, one_line_error, "float64",
            "float32")
     not_npy = tmp_path / "bad.npy"
     not_npy.write_text("nope")
-    _check(run_cli("infer", cli_bundle, not_npy), InputError, one_line_error, "bad.npy")
+    _check(infer(cli_bundle, not_npy), InputError, one_line_error, "bad.npy")
 
     fake_png = tmp_path / "x.png"
     fake_png.write_text("this is not a PNG\n")
-    _check(run_cli("infer", cli_bundle, fake_png), InputError, one_line_error, "x.png",
+    _check(infer(cli_bundle, fake_png), InputError, one_line_error, "x.png",
            "not a readable image")
-    _check(run_cli("infer", cli_bundle, tmp_path / "nope.png"), InputError, one_line_error,
+    _check(infer(cli_bundle, tmp_path / "nope.png"), InputError, one_line_error,
            "nope.png")
-    _check(run_cli("infer", odd_input_bundle, png), InputError, one_line_error, "(1, 10)",
+    _check(infer(odd_input_bundle, png), InputError, one_line_error, "(1, 10)",
            ".npy")
-    _check(run_cli("infer", cli_bundle, png, png), InputError, one_line_error, "1 input")
+    _check(infer(cli_bundle, png, png), InputError, one_line_error, "1 input")
 
 
-def test_infer_missing_library_function(tmp_path, run_cli, paths, one_line_error) -> None:
+def test_infer_missing_library_function(tmp_path, paths, one_line_error) -> None:
     from mlcpack.packager.export import export_module
     from mlcpack.packager.ir.builder import BlockBuilder
     from mlcpack.packager.ir.graph import TensorType
@@ -212,13 +219,13 @@ def test_infer_missing_library_function(tmp_path, run_cli, paths, one_line_error
         bb.emit_func_output(out)
     path = tmp_path / "lib.mlc"
     export_module(bb.get(), path)
-    _check(run_cli("infer", path, paths["samples"] / "digit_7.npy"), LibraryFunctionError,
-           one_line_error, "myapp.swish")
+    _check(run_cli_in_process("infer", path, paths["samples"] / "digit_7.npy"),
+           LibraryFunctionError, one_line_error, "myapp.swish")
 
 
-def test_export_errors(tmp_path, run_cli, one_line_error) -> None:
+def test_export_errors(tmp_path, one_line_error) -> None:
     def export(*args):
-        return run_cli("export", *args, cwd=tmp_path)
+        return run_cli_in_process("export", *args, cwd=tmp_path)
 
     line = _check(export("missing.pkl"), InputError, one_line_error, "missing.pkl")
     assert "no such file" in line
@@ -242,12 +249,12 @@ def test_export_errors(tmp_path, run_cli, one_line_error) -> None:
     assert not list(tmp_path.glob(".mlcpack-*"))
 
 
-def test_export_text_file_named_onnx(tmp_path, run_cli, one_line_error) -> None:
+def test_export_text_file_named_onnx(tmp_path, one_line_error) -> None:
     onnx_frontend = pytest.importorskip("mlcpack.frontends.onnx")
     if not hasattr(onnx_frontend, "import_onnx"):
         pytest.skip("the ONNX frontend (frontends/onnx) is not there yet")
     (tmp_path / "model.onnx").write_text("not really an onnx model\n")
-    proc = run_cli("export", "model.onnx", "-o", "m.mlc", cwd=tmp_path)
+    proc = run_cli_in_process("export", "model.onnx", "-o", "m.mlc", cwd=tmp_path)
     line = _check(proc, ExportError, one_line_error, "model.onnx")
     assert "internal error" not in line
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model.onnx"]
