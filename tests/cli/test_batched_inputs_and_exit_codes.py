@@ -1,7 +1,9 @@
 """The command line a new user meets (issue 14): batched inputs give one result per row (or one
 line of refusal), exit codes follow the README table with the cheap checks first, and the
-polish (--version, -h, completion, examples, validated options, inspect/bench JSON). Everything
-runs the real ``mlcpack`` executable in a subprocess."""
+polish (--version, -h, completion, examples, validated options, inspect/bench JSON). The
+successes run the real ``mlcpack`` executable in a subprocess; the refusals run the same command
+line in this process (tests/cli_in_process.py; test_one_line_error_per_class.py runs every error
+class in a real process)."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from cli_in_process import run_cli_in_process
 from conftest import mlp_reference
 
 USAGE, BAD_INPUT, NO_GOLDEN = 2, 7, 14
@@ -97,9 +100,9 @@ def test_mlp_batch_of_one_row(batched, run_cli, digits, tmp_path) -> None:
 
 
 @pytest.mark.parametrize("shape", [(784,), (2, 1, 784), (1, 2, 1, 784)])
-def test_mlp_batch_other_ranks_are_refused(batched, run_cli, tmp_path, shape) -> None:
+def test_mlp_batch_other_ranks_are_refused(batched, tmp_path, shape) -> None:
     x = _save(tmp_path, "x.npy", np.zeros(shape))
-    _refused(run_cli("infer", batched["mlp"], x), BAD_INPUT, "(N, 784)")
+    _refused(run_cli_in_process("infer", batched["mlp"], x), BAD_INPUT, "(N, 784)")
 
 
 def test_cnn_batch_rank4_prints_one_block_per_row(batched, run_cli, digits, tmp_path) -> None:
@@ -118,9 +121,9 @@ def test_cnn_batch_rank4_prints_one_block_per_row(batched, run_cli, digits, tmp_
 
 
 @pytest.mark.parametrize("shape", [(28, 28), (1, 28, 28), (1, 1, 1, 28, 28), (2, 3, 28, 28)])
-def test_cnn_batch_other_ranks_and_shapes_are_refused(batched, run_cli, tmp_path, shape) -> None:
+def test_cnn_batch_other_ranks_and_shapes_are_refused(batched, tmp_path, shape) -> None:
     x = _save(tmp_path, "x.npy", np.zeros(shape))
-    _refused(run_cli("infer", batched["cnn"], x), BAD_INPUT, "(N, 1, 28, 28)")
+    _refused(run_cli_in_process("infer", batched["cnn"], x), BAD_INPUT, "(N, 1, 28, 28)")
 
 
 def test_cnn_batch_bundle_takes_an_image(batched, run_cli, paths) -> None:
@@ -128,10 +131,10 @@ def test_cnn_batch_bundle_takes_an_image(batched, run_cli, paths) -> None:
     assert text.startswith("digit_9.png: 9\n"), text  # one image is never a batch
 
 
-def test_fixed_batch_one_bundle_refuses_two_rows(mlp_bundle, run_cli, digits, tmp_path) -> None:
+def test_fixed_batch_one_bundle_refuses_two_rows(mlp_bundle, digits, tmp_path) -> None:
     x = _save(tmp_path, "two.npy", np.stack([digits["7"], digits["3"]]))
-    _refused(run_cli("infer", mlp_bundle[0], x), BAD_INPUT, "(2, 784)", "(1, 784)",
-             "export with --batch-sizes")
+    _refused(run_cli_in_process("infer", mlp_bundle[0], x), BAD_INPUT, "(2, 784)",
+             "(1, 784)", "export with --batch-sizes")
 
 
 # ---- 4. exit codes, cheapest checks first -------------------------------------------------------
@@ -144,9 +147,9 @@ def evil(tmp_path_factory) -> Path:
     return path
 
 
-def test_export_exit_codes_follow_the_table(tmp_path, run_cli, evil, paths) -> None:
+def test_export_exit_codes_follow_the_table(tmp_path, evil, paths) -> None:
     def export(*args):
-        return run_cli("export", *args, cwd=tmp_path)
+        return run_cli_in_process("export", *args, cwd=tmp_path)
 
     _refused(export("missing.pkl"), BAD_INPUT, "missing.pkl", "no such file")
     _refused(export(tmp_path), BAD_INPUT, "is a directory")
@@ -163,12 +166,12 @@ def test_export_exit_codes_follow_the_table(tmp_path, run_cli, evil, paths) -> N
     assert sorted(p.name for p in tmp_path.iterdir()) == []
 
 
-def test_infer_checks_inputs_before_loading(tmp_path, run_cli, paths) -> None:
+def test_infer_checks_inputs_before_loading(tmp_path, paths) -> None:
     # the bundle is missing too: the missing input is reported first (7, not 3)
-    _refused(run_cli("infer", tmp_path / "missing.mlc", tmp_path / "nope.png"), BAD_INPUT,
-             "nope.png")
-    _refused(run_cli("infer", tmp_path / "missing.mlc", paths["samples"] / "digit_1.png"), 3,
-             "missing.mlc")
+    _refused(run_cli_in_process("infer", tmp_path / "missing.mlc", tmp_path / "nope.png"),
+             BAD_INPUT, "nope.png")
+    _refused(run_cli_in_process("infer", tmp_path / "missing.mlc",
+                                paths["samples"] / "digit_1.png"), 3, "missing.mlc")
 
 
 # ---- 5. polish ------------------------------------------------------------------------------------
@@ -217,9 +220,9 @@ def test_completion_installs_and_completes(run_cli, tmp_path) -> None:
     (["verify", "{b}", "--threads", "0"], "--threads must be >= 1, got 0"),
     (["verify", "{b}", "--atol", "-1"], "--atol must be >= 0, got -1"),
 ])
-def test_option_values_are_validated(run_cli, mlp_bundle, paths, args, flag) -> None:
+def test_option_values_are_validated(mlp_bundle, paths, args, flag) -> None:
     fill = {"{b}": str(mlp_bundle[0]), "{x}": str(paths["samples"] / "digit_7.npy")}
-    proc = run_cli(*[fill.get(a, a) for a in args])
+    proc = run_cli_in_process(*[fill.get(a, a) for a in args])
     assert _refused(proc, USAGE) == f"error: {flag}"
     assert proc.stdout == ""
 
@@ -259,9 +262,9 @@ def test_bench_budget_bounds_the_runs(run_cli, mlp_bundle) -> None:
     assert doc["runs"] > 5
 
 
-def test_verify_without_golden_data(run_cli, export_weights, mlp_weights, tmp_path) -> None:
+def test_verify_without_golden_data(export_weights, mlp_weights, tmp_path) -> None:
     bundle = export_weights(mlp_weights, tmp_path / "plain.mlc")
-    _refused(run_cli("verify", bundle), NO_GOLDEN)
+    _refused(run_cli_in_process("verify", bundle), NO_GOLDEN)
 
 
 def test_non_finite_output_is_flagged(run_cli, mlp_bundle, tmp_path) -> None:

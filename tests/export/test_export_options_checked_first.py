@@ -1,7 +1,9 @@
 """Export checks every preprocessing and label option against the model's input and output
 shapes before any compile work (issue 14, item 2): one line naming the option and what it
 allows, exit 2. At infer time an image the recorded preprocessing must resize or convert gets a
-note (``--strict``: exit 7), and non-finite outputs are flagged, never ranked as if fine."""
+note (``--strict``: exit 7), and non-finite outputs are flagged, never ranked as if fine. The
+refusals run the command line in this process (tests/cli_in_process.py), the rest the real
+executable."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ import time
 
 import numpy as np
 import pytest
+from cli_in_process import run_cli_in_process
 
 from mlcpack.runtime.model import TensorSpec
 from mlcpack.runtime.preprocess import (PreprocessError, check_labels, check_preprocess,
@@ -44,19 +47,20 @@ def _refused(proc, code: int, *words: str) -> str:
                                               "allowed layout for it: flat"]),
     ("mlp_params.pkl", ["--labels", "a,b"], ["--labels has 2", "exactly 10"]),
 ])
-def test_option_that_does_not_fit_is_refused_before_compiling(run_cli, paths, tmp_path, model,
-                                                              args, words) -> None:
+def test_option_that_does_not_fit_is_refused_before_compiling(paths, tmp_path, model, args,
+                                                              words) -> None:
     out = tmp_path / "m.mlc"
     t0 = time.perf_counter()
-    proc = run_cli("export", paths["artifacts"] / model, "-o", out, "--target", "host", *args)
+    proc = run_cli_in_process("export", paths["artifacts"] / model, "-o", out, "--target",
+                              "host", *args)
     _refused(proc, USAGE, *words)
     assert not out.exists()
     assert time.perf_counter() - t0 < 30  # no compile, no golden check ran
 
 
-def test_missing_labels_file_is_a_missing_input(run_cli, paths, tmp_path) -> None:
-    proc = run_cli("export", paths["artifacts"] / "cnn.onnx", "-o", tmp_path / "m.mlc",
-                   "--labels", tmp_path / "nope.txt")
+def test_missing_labels_file_is_a_missing_input(paths, tmp_path) -> None:
+    proc = run_cli_in_process("export", paths["artifacts"] / "cnn.onnx", "-o",
+                              tmp_path / "m.mlc", "--labels", tmp_path / "nope.txt")
     _refused(proc, BAD_INPUT, "nope.txt: no such file", "--labels")
 
 

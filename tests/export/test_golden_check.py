@@ -12,6 +12,7 @@ import textwrap
 
 import numpy as np
 import pytest
+from cli_in_process import run_cli_in_process
 from conftest import ARTIFACTS
 from mlcpack.runtime import load
 from mlcpack.runtime.bundle import BundleReader
@@ -144,17 +145,17 @@ def test_a_golden_output_altered_after_export_fails_verify(checked, tmp_path, ru
     bad = write_parts(tmp_path / "altered.mlc", header, payloads)  # re-hashed: loads fine
     with pytest.raises(GoldenMismatchError):
         raise GoldenMismatchError("") if not verify(bad).ok else AssertionError("passed")
-    proc = run_cli("verify", bad)
+    proc = run_cli_in_process("verify", bad)
     assert proc.returncode == 13
     assert proc.stdout.splitlines()[-1] == "FAIL" and "max rel error" in proc.stdout
     assert "does not reproduce its golden output" in one_line_error(proc)
 
 
-def test_verify_without_golden_data_says_so(mlp_bundle, run_cli, one_line_error) -> None:
+def test_verify_without_golden_data_says_so(mlp_bundle, one_line_error) -> None:
     path, _ = mlp_bundle  # exported through the API without the check
     with pytest.raises(NoGoldenDataError):
         verify(path)
-    proc = run_cli("verify", path)
+    proc = run_cli_in_process("verify", path)
     assert proc.returncode == 14
     assert "carries no golden data" in one_line_error(proc)
 
@@ -203,35 +204,36 @@ def test_cli_export_checks_against_onnxruntime_and_verify_passes_without_the_com
     assert "LEAKED []" in proc.stdout
 
 
-def test_check_input_is_used_and_embedded(tmp_path, run_cli) -> None:
+def test_check_input_is_used_and_embedded(tmp_path) -> None:
     x = np.random.default_rng(11).random((1, 784), dtype=np.float32)
     np.save(tmp_path / "x.npy", x)
     path = tmp_path / "m.mlc"
-    proc = run_cli("export", ARTIFACTS / "mlp.onnx", "-o", path, "--check-input",
-                   f"x={tmp_path / 'x.npy'}")
+    proc = run_cli_in_process("export", ARTIFACTS / "mlp.onnx", "-o", path, "--check-input",
+                              f"x={tmp_path / 'x.npy'}")
     assert proc.returncode == 0, proc.stderr
     from mlcpack.runtime.selftest import golden_arrays
     with BundleReader(path) as reader:
         ins, _, rec = golden_arrays(reader)
         np.testing.assert_array_equal(ins["x"], x)
         assert rec.seed is None
-    proc = run_cli("export", ARTIFACTS / "mlp.onnx", "-o", path, "--check-input", "y=a.npy")
+    proc = run_cli_in_process("export", ARTIFACTS / "mlp.onnx", "-o", path, "--check-input",
+                              "y=a.npy")
     assert proc.returncode == 7  # InputError: no such file
 
 
-def test_cli_check_options(tmp_path, run_cli, paths, one_line_error) -> None:
+def test_cli_check_options(tmp_path, paths, one_line_error) -> None:
     out = tmp_path / "m.mlc"
-    proc = run_cli("export", paths["mlp_pickle"], "-o", out, "--check-rtol", "-1")
+    proc = run_cli_in_process("export", paths["mlp_pickle"], "-o", out, "--check-rtol", "-1")
     assert proc.returncode == 2 and "--check-rtol" in one_line_error(proc)
-    proc = run_cli("export", paths["mlp_pickle"], "-o", out, "--no-check")
+    proc = run_cli_in_process("export", paths["mlp_pickle"], "-o", out, "--no-check")
     assert proc.returncode == 0 and "golden check: off" in proc.stdout
     with BundleReader(out) as reader:
         assert "golden" not in reader.header
-    proc = run_cli("inspect", out)
+    proc = run_cli_in_process("inspect", out)
     assert "golden check: none embedded" in proc.stdout
-    proc = run_cli("export", paths["mlp_pickle"], "-o", out)
+    proc = run_cli_in_process("export", paths["mlp_pickle"], "-o", out)
     assert "golden check passed against the numpy reference of the IR" in proc.stdout
-    info = json.loads(run_cli("inspect", "--json", out).stdout)
+    info = json.loads(run_cli_in_process("inspect", "--json", out).stdout)
     assert info["golden"]["inputs"] == [{"name": "x", "shape": [1, 784], "dtype": "float32"}]
 
 

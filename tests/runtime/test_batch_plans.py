@@ -14,6 +14,7 @@ import random
 
 import numpy as np
 import pytest
+from cli_in_process import run_cli_in_process
 from conftest import ARTIFACTS
 from mlcpack.runtime import load
 from mlcpack.runtime import bundle as bundle_format
@@ -172,12 +173,14 @@ def test_inspect_shows_the_plans(cnn_batched, mlp_batched, run_cli) -> None:
             ["plans"]] == [1, 4]
 
 
-def test_cli_batch_errors(tmp_path, run_cli, one_line_error) -> None:
+def test_cli_batch_errors(tmp_path, one_line_error) -> None:
     out = tmp_path / "m.mlc"
-    proc = run_cli("export", ARTIFACTS / "cnn.onnx", "-o", out, "--batch-sizes", "0,4")
+    proc = run_cli_in_process("export", ARTIFACTS / "cnn.onnx", "-o", out, "--batch-sizes",
+                              "0,4")
     assert proc.returncode == 2 and "--batch-sizes" in one_line_error(proc)
     # a named batch without --batch-sizes stays symbolic: one bundle, any batch
-    proc = run_cli("export", ARTIFACTS / "cnn.onnx", "-o", out, "--input-shape", "x=N,1,28,28")
+    proc = run_cli_in_process("export", ARTIFACTS / "cnn.onnx", "-o", out, "--input-shape",
+                              "x=N,1,28,28")
     assert proc.returncode == 0, proc.stderr
     with load(out) as m:
         x = np.random.default_rng(0).random((3, 1, 28, 28), dtype=np.float32)
@@ -185,7 +188,8 @@ def test_cli_batch_errors(tmp_path, run_cli, one_line_error) -> None:
                                    m.run({"x": x[1:2]})[m.outputs[0].name], rtol=1e-5,
                                    atol=1e-6)
     out.unlink()
-    proc = run_cli("export", ARTIFACTS / "cnn.onnx", "-o", out, "--batch-sizes", "1,4")
+    proc = run_cli_in_process("export", ARTIFACTS / "cnn.onnx", "-o", out, "--batch-sizes",
+                              "1,4")
     assert proc.returncode == 11 and "no input of cnn.onnx has a symbolic first" \
         in one_line_error(proc)
     assert not out.exists()
