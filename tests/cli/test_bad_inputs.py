@@ -27,6 +27,7 @@ from mlcpack.runtime.preprocess import load_input
 from onnx import TensorProto, helper
 from PIL import Image
 from bundle_parts import payload_spans, read_parts, write_parts
+from cli_in_process import run_cli_in_process
 
 # ---- ONNX graphs the checker or the importer must refuse -----------------------------------------
 
@@ -83,9 +84,9 @@ def test_truncated_onnx_is_refused(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("case", ["cycle", "dangling input", "duplicate graph output"])
-def test_cli_export_of_a_malformed_onnx(tmp_path, run_cli, one_line_error, case) -> None:
+def test_cli_export_of_a_malformed_onnx(tmp_path, one_line_error, case) -> None:
     onnx.save(ONNX_BAD_GRAPHS[case][0], tmp_path / "bad.onnx")
-    proc = run_cli("export", "bad.onnx", "-o", "bad.mlc", cwd=tmp_path)
+    proc = run_cli_in_process("export", "bad.onnx", "-o", "bad.mlc", cwd=tmp_path)
     line = one_line_error(proc)
     assert proc.returncode == ExportError.exit_code and "bad.onnx" in line
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.onnx"]
@@ -93,9 +94,9 @@ def test_cli_export_of_a_malformed_onnx(tmp_path, run_cli, one_line_error, case)
 
 @pytest.mark.parametrize(("name", "cls_code"), [("empty.onnx", ExportError.exit_code),
                                                 ("empty.pkl", 9), ("empty.npz", 9)])
-def test_cli_export_of_an_empty_file(tmp_path, run_cli, one_line_error, name, cls_code) -> None:
+def test_cli_export_of_an_empty_file(tmp_path, one_line_error, name, cls_code) -> None:
     (tmp_path / name).write_bytes(b"")
-    proc = run_cli("export", name, "-o", "out.mlc", cwd=tmp_path)
+    proc = run_cli_in_process("export", name, "-o", "out.mlc", cwd=tmp_path)
     line = one_line_error(proc)
     assert proc.returncode == cls_code and name in line and "internal error" not in line
     assert sorted(p.name for p in tmp_path.iterdir()) == [name]
@@ -113,10 +114,10 @@ def small_weights(tmp_path: Path) -> Path:
     return path
 
 
-def test_output_path_that_is_a_directory(tmp_path, small_weights, run_cli, one_line_error
+def test_output_path_that_is_a_directory(tmp_path, small_weights, one_line_error
                                          ) -> None:
     (tmp_path / "out.mlc").mkdir()
-    proc = run_cli("export", small_weights, "-o", "out.mlc", cwd=tmp_path)
+    proc = run_cli_in_process("export", small_weights, "-o", "out.mlc", cwd=tmp_path)
     line = one_line_error(proc)
     # checked before any compile work: a usage error (2) that shows the file name to give
     assert proc.returncode == 2 and "out.mlc is a directory" in line

@@ -14,6 +14,7 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 from PIL import Image
+from cli_in_process import run_cli_in_process
 
 from mlcpack.runtime import load
 from mlcpack.runtime.preprocess import load_input
@@ -72,8 +73,8 @@ def test_open_sizes_resize_to_the_nearest_valid_size(dense, run_cli):
     assert sum(a["share"] for a in summary["argmax"]) == pytest.approx(1.0)
 
 
-def test_open_sizes_strict_refuses_in_one_line(dense, run_cli, one_line_error):
-    proc = run_cli("infer", dense / "dense.mlc", dense / "img.png", "--strict")
+def test_open_sizes_strict_refuses_in_one_line(dense, one_line_error):
+    proc = run_cli_in_process("infer", dense / "dense.mlc", dense / "img.png", "--strict")
     assert proc.returncode == 7
     assert "a size the model does not take (H must be a multiple of 4; W must be a multiple " \
         "of 4; the nearest is 44x32)" in one_line_error(proc)

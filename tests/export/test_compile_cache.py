@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
+from cli_in_process import run_cli_in_process
 from onnx import TensorProto, helper, numpy_helper
 
 from mlcpack.frontends.onnx import import_onnx
@@ -236,9 +237,9 @@ def test_cap_through_the_command(tmp_path, run_cli):
     assert second != first
 
 
-def test_bad_cache_size_is_one_line(tmp_path, run_cli, one_line_error):
-    proc = run_cli("export", _model(tmp_path / "m.onnx"), "-o", tmp_path / "m.mlc",
-                   env={cache.SIZE_ENV: "lots"})
+def test_bad_cache_size_is_one_line(tmp_path, one_line_error):
+    proc = run_cli_in_process("export", _model(tmp_path / "m.onnx"), "-o", tmp_path / "m.mlc",
+                              env={cache.SIZE_ENV: "lots"})
     assert proc.returncode == 2
     assert cache.SIZE_ENV in one_line_error(proc)
     assert not (tmp_path / "m.mlc").exists()

@@ -132,7 +132,7 @@ def test_a_fault_in_the_parallel_split_fails_the_export(tmp_path, monkeypatch) -
     assert list(bad.parent.iterdir()) == []
 
 
-def test_a_golden_output_altered_after_export_fails_verify(checked, tmp_path, run_cli,
+def test_a_golden_output_altered_after_export_fails_verify(checked, tmp_path,
                                                            one_line_error) -> None:
     path, _ = checked
     header, payloads = read_parts(path)

@@ -9,6 +9,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+from cli_in_process import run_cli_in_process
 from onnx import TensorProto, helper, numpy_helper
 
 from mlcpack.frontends.onnx import import_onnx
@@ -176,7 +177,8 @@ def test_bind_and_max_shape_flags(tmp_path, run_cli, one_line_error) -> None:
     for args, text in ((["--bind", f"s={tmp_path / 'bad.npy'}"], "the model takes float32"),
                        (["--bind", "s=missing.npy"], "cannot read"),
                        (["--max-shape", "x=1,2,1,0"], "size 0 at axis 3 is below 1")):
-        proc = run_cli("export", tmp_path / "m.onnx", "-o", tmp_path / "bad.mlc", *args)
+        proc = run_cli_in_process("export", tmp_path / "m.onnx", "-o", tmp_path / "bad.mlc",
+                                  *args)
         assert text in one_line_error(proc)
     assert not (tmp_path / "bad.mlc").exists()
 

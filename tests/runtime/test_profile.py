@@ -16,6 +16,7 @@ from mlcpack.runtime.profile import read_sources
 from onnx import TensorProto, helper, numpy_helper
 
 from bundle_parts import read_parts, write_parts
+from cli_in_process import run_cli_in_process
 
 C, H, W, OUT = 8, 12, 12, 10
 
@@ -169,11 +170,11 @@ def test_old_header_without_sources_still_profiles(bundle, tmp_path, run_cli) ->
     assert proc.returncode == 0 and "<-" not in proc.stdout
 
 
-def test_malformed_sources_are_refused(bundle, tmp_path, run_cli, one_line_error) -> None:
+def test_malformed_sources_are_refused(bundle, tmp_path, one_line_error) -> None:
     header, payloads = read_parts(bundle)
     header["kernels"][0]["source"] = [{"name": 3}]
     bad = write_parts(tmp_path / "bad.mlc", header, payloads)
-    proc = run_cli("bench", bad, "--profile", "--runs", "2")
+    proc = run_cli_in_process("bench", bad, "--profile", "--runs", "2")
     assert proc.returncode == BundleError.exit_code
     assert "malformed source list" in one_line_error(proc)
     with pytest.raises(BundleError):
@@ -190,9 +191,9 @@ def test_profile_api_and_untouched_run(bundle) -> None:
         assert "conv_a (Conv)" in prof.text()
 
 
-def test_bad_flags_are_one_line_usage_errors(bundle, run_cli, one_line_error) -> None:
+def test_bad_flags_are_one_line_usage_errors(bundle, one_line_error) -> None:
     for flags in (("--runs", "0"), ("--top", "-1"), ("--threads", "0")):
-        proc = run_cli("bench", bundle, "--profile", *flags)
+        proc = run_cli_in_process("bench", bundle, "--profile", *flags)
         assert proc.returncode == 2, proc.stderr
         assert flags[0] in one_line_error(proc)
 

@@ -19,6 +19,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from bundle_parts import read_parts, write_parts
+from cli_in_process import run_cli_in_process
 from mlcpack.frontends.onnx.importer import import_onnx
 from mlcpack.packager.export import ExportOptions, export_module
 from mlcpack.packager.passes.memory_plan import box_max, interval, non_decreasing
@@ -127,7 +128,7 @@ def test_bounded_profile_runs_the_shape_it_is_given(conv_bundles) -> None:
         _close(model.run({"x": x})["y"], _ort(conv_model(), {"x": x}))
 
 
-def test_beyond_the_bound_is_one_line(conv_bundles, tmp_path, run_cli, one_line_error) -> None:
+def test_beyond_the_bound_is_one_line(conv_bundles, tmp_path, one_line_error) -> None:
     with load(conv_bundles["bound"]) as model:
         with pytest.raises(InputError, match="beyond the bundle's bound 48"):
             model.run({"x": np.zeros((1, 3, 8, 49), np.float32)})
@@ -135,7 +136,7 @@ def test_beyond_the_bound_is_one_line(conv_bundles, tmp_path, run_cli, one_line_
         _close(y, _ort(conv_model(), {"x": np.ones((1, 3, 8, 48), np.float32)}))
     big = tmp_path / "big.npy"
     np.save(big, np.zeros((1, 3, 41, 8), np.float32))
-    proc = run_cli("infer", conv_bundles["bound"], big)
+    proc = run_cli_in_process("infer", conv_bundles["bound"], big)
     assert proc.returncode == BAD_INPUT
     assert "beyond the bundle's bound 40" in one_line_error(proc)
 
@@ -267,19 +268,19 @@ def test_batch_sizes_inspect_lists_the_specialized_plans(mlp_specialized, run_cl
     assert "  batch     4: x [4, 12]" in text
 
 
-def test_batch_sizes_with_other_symbolic_dims_is_one_line(tmp_path, run_cli,
-                                                          one_line_error) -> None:
+def test_batch_sizes_with_other_symbolic_dims_is_one_line(tmp_path, one_line_error) -> None:
     onnx.save(conv_model("N"), tmp_path / "conv.onnx")
     out = tmp_path / "conv.mlc"
-    proc = run_cli("export", tmp_path / "conv.onnx", "-o", out, "--batch-sizes", "1,4")
+    proc = run_cli_in_process("export", tmp_path / "conv.onnx", "-o", out, "--batch-sizes",
+                              "1,4")
     assert proc.returncode == 2
     line = one_line_error(proc)
     assert "--batch-sizes makes static plans per batch size" in line
     assert "input x is (?,3,?,?): fix them with --input-shape x=N,3,64,64" in line
     assert not out.exists()
     # the other dims fixed: the specialized plans come beside the symbolic one
-    proc = run_cli("export", tmp_path / "conv.onnx", "-o", out, "--input-shape",
-                   "x=N,3,12,10", "--batch-sizes", "1,2", "--target", "host")
+    proc = run_cli_in_process("export", tmp_path / "conv.onnx", "-o", out, "--input-shape",
+                              "x=N,3,12,10", "--batch-sizes", "1,2", "--target", "host")
     assert proc.returncode == 0, proc.stderr
     x = np.random.default_rng(7).standard_normal((3, 3, 12, 10)).astype(np.float32)
     with load(out) as model:
