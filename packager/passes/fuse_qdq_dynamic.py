@@ -72,6 +72,24 @@ def _unit(v: Value) -> bool:
     return a is not None and a.size == 1 and a.dtype in (np.float32, np.float64) and a.item() == 1.0
 
 
+def _integer_operands(c: Call, defs: dict, w_ndim: int):
+    """The integer operands of a float ``matmul`` / ``nn.conv2d`` of two dequantizes with unit
+    scales, as the importer writes MatMulInteger / ConvInteger: (x int8/uint8, its scalar zero
+    point xzp, the constant weights w int8/uint8 with ``w_ndim`` dims, ws, wzp), else None."""
+    dx, dw = defs.get(id(c.args[0])), defs.get(id(c.args[1]))
+    if (dx is None or dw is None or dx.op != "dequantize" or dw.op != "dequantize"
+            or len(dx.args) != 3 or len(dw.args) != 3):
+        return None
+    x, xs, xzp = dx.args
+    w, ws, wzp = (const_of(a) for a in dw.args)
+    if (x.type.dtype not in I8 or not _unit(xs) or xzp.type.shape != ()
+            or xzp.type.dtype not in I8 + ("int32",) or w is None or ws is None
+            or wzp is None or w.dtype.name not in I8 or w.ndim != w_ndim
+            or ws.size != 1 or ws.item() != 1.0):
+        return None
+    return x, xzp, w, ws, wzp
+
+
 def plan_integer_products(fn: Function, defs: dict, uses: Counter, reader_of: dict) -> dict:
     """ONNX MatMulInteger with its result scaled back to float (what ONNX Runtime's dynamic
     quantizer writes, e.g. ddddocr's vocabulary projection), as the importer writes it:
@@ -92,17 +110,10 @@ def plan_integer_products(fn: Function, defs: dict, uses: Counter, reader_of: di
         if (not isinstance(c, Call) or c.op != "matmul" or len(c.args) != 2
                 or set(c.attrs) - {"transpose_b"}):
             continue
-        dx, dw = defs.get(id(c.args[0])), defs.get(id(c.args[1]))
-        if (dx is None or dw is None or dx.op != "dequantize" or dw.op != "dequantize"
-                or len(dx.args) != 3 or len(dw.args) != 3):
+        got = _integer_operands(c, defs, 2)
+        if got is None or len(got[0].type.shape) < 2:
             continue
-        x, xs, xzp = dx.args
-        w, ws, wzp = (const_of(a) for a in dw.args)
-        if (x.type.dtype not in I8 or not _unit(xs) or xzp.type.shape != ()
-                or xzp.type.dtype not in I8 + ("int32",) or w is None or ws is None
-                or wzp is None or w.dtype.name not in I8 or w.ndim != 2
-                or ws.size != 1 or ws.item() != 1.0 or len(x.type.shape) < 2):
-            continue
+        x, xzp, w, ws, wzp = got
         cols = matmul_columns(w, ws, wzp, bool(c.attrs.get("transpose_b", False)))
         if cols is None:
             continue
@@ -178,17 +189,10 @@ def plan_integer_convs(fn: Function, defs: dict, uses: Counter, reader_of: dict,
                 or c.attrs.get("groups", 1) != 1
                 or tuple(c.attrs.get("dilation", (1, 1))) != (1, 1)):
             continue
-        dx, dw = defs.get(id(c.args[0])), defs.get(id(c.args[1]))
-        if (dx is None or dw is None or dx.op != "dequantize" or dw.op != "dequantize"
-                or len(dx.args) != 3 or len(dw.args) != 3):
+        got = _integer_operands(c, defs, 4)
+        if got is None or not static_shapes(got[0], c):
             continue
-        x, xs, xzp = dx.args
-        w, ws, wzp = (const_of(a) for a in dw.args)
-        if (x.type.dtype not in I8 or not _unit(xs) or xzp.type.shape != ()
-                or xzp.type.dtype not in I8 + ("int32",) or w is None or ws is None
-                or wzp is None or w.dtype.name not in I8 or w.ndim != 4
-                or ws.size != 1 or ws.item() != 1.0 or not static_shapes(x, c)):
-            continue
+        x, xzp, w, ws, wzp = got
         o = w.shape[0]
         chans = conv_channels(ws, wzp, o)
         if chans is None:
