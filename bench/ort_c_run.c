@@ -1,6 +1,7 @@
 /* ONNX Runtime through its C API, timed as mlcrun bench times libmlcrt, for bench/c_runtime.py:
  * one float32 input and one output, both caller-owned tensors made once, OrtApi::Run on each,
- * clock_gettime around each Run; p50 and min of the timed runs.
+ * clock_gettime around each Run; p50 and min of the timed runs, then the output's first 16
+ * values (input i is ((i * 7919) % 1000) / 1000).
  *
  *   cc -O2 bench/ort_c_run.c -ldl -o ort_c_run
  *   ./ort_c_run LIBONNXRUNTIME.so MODEL.onnx INPUT OUTPUT "1,784" "1,10" RUNS THREADS
@@ -166,5 +167,9 @@ int main(int argc, char **argv)
     printf("onnxruntime %s C API: p50 %.2f us, min %.2f us (%d runs, %d thread%s)\n",
            get_base()->version(), t[runs / 2] / 1e3, t[0] / 1e3, runs, threads,
            threads > 1 ? "s" : "");
+    printf("output:");   /* its first values, for a check against the Python API */
+    for (size_t i = 0; i < out_n && i < 16; i++)
+        printf(" %.9g", y[i]);
+    printf("\n");
     return 0;
 }
