@@ -1,12 +1,14 @@
 """The C runtime (runtime/c) beside the Python runtime: footprint and speed (docs/c-runtime.md).
 
-    .venv/bin/python bench/c_runtime.py [--rounds 5]
+    .venv/bin/python bench/c_runtime.py [--rounds 5] [--sections mlp,cold]
 
 Prints: the stripped libmlcrt.so and what each part costs (text + data of each object), the
 per-run overhead of a bundle with no kernels, the demo MLP at batch 1 end to end (C mlc_run,
-Python Model.run, ONNX Runtime's Python API, 1 thread), a 64-channel 3x3 conv layer at 1 and 2
-threads (kernel time: the same code), and cold start (process start to first result, the demo
-CNN) with the process's peak RSS. Timings alternate between the engines for ``--rounds`` rounds;
+Python Model.run, ONNX Runtime's C API (bench/ort_c_run.c) and its Python API, 1 thread) and
+where the C run's time goes (each kernel alone, and the floor a kernel has: a plain read of the
+weights' bytes, bench/c_kernel_floor.c), a 64-channel 3x3 conv layer at 1 and 2 threads (kernel
+time: the same code), and cold start (process start to first result, the demo CNN) with the
+process's peak RSS. Timings alternate between the engines for ``--rounds`` rounds;
 each round's median (p50) and min are kept and the table shows the median of the rounds' p50s
 and the smallest min. The C side is timed inside C (mlcrun bench: clock_gettime around each
 mlc_run), the Python side with perf_counter_ns around each Model.run.
@@ -72,13 +74,66 @@ def footprint(tmp: Path) -> None:
                            sorted(cost.items(), key=lambda kv: -kv[1]) if v >= 512))
 
 
+def p50_min(text: str) -> tuple[float, float]:
+    return (float(re.search(r"p50 ([\d.]+) us", text).group(1)),
+            float(re.search(r"min ([\d.]+) us", text).group(1)))
+
+
 def c_bench(bundle: Path, runs: int, threads: int = 1, exe: Path = MLCRUN
             ) -> tuple[float, float]:
     proc = subprocess.run([str(exe), "bench", str(bundle), "--runs", str(runs), "--threads",
                            str(threads)], capture_output=True, text=True, check=True)
-    p50 = float(re.search(r"p50 ([\d.]+) us", proc.stdout).group(1))
-    low = float(re.search(r"min ([\d.]+) us", proc.stdout).group(1))
-    return p50, low
+    return p50_min(proc.stdout)
+
+
+def build_helpers(tmp: Path) -> tuple[Path, Path]:
+    """bench/c_kernel_floor.c (against libmlcrt's internal headers) and bench/ort_c_run.c."""
+    floor, ortc = tmp / "c_kernel_floor", tmp / "ort_c_run"
+    subprocess.run(["cc", "-O3", "-mavx2", f"-I{CDIR / 'include'}", f"-I{CDIR / 'src'}",
+                    str(ROOT / "bench" / "c_kernel_floor.c"), str(CDIR / "build" / "libmlcrt.a"),
+                    "-lpthread", "-lm", "-o", str(floor)], check=True)
+    subprocess.run(["cc", "-O2", "-std=gnu11", str(ROOT / "bench" / "ort_c_run.c"), "-ldl",
+                    "-o", str(ortc)], check=True)
+    return floor, ortc
+
+
+def ort_library() -> Path:
+    import onnxruntime
+    libs = sorted((Path(onnxruntime.__file__).parent / "capi").glob("libonnxruntime.so*"))
+    return libs[0]
+
+
+def ort_c_bench(exe: Path, model: Path, names: tuple[str, str], dims: tuple[str, str],
+                runs: int) -> tuple[float, float]:
+    proc = subprocess.run([str(exe), str(ort_library()), str(model), *names, *dims, str(runs),
+                           "1"], capture_output=True, text=True, check=True)
+    return p50_min(proc.stdout)
+
+
+def where_time_goes(floor: Path, bundle: Path, c_min: float, py_min: float) -> None:
+    """Each kernel alone and the read floor of the large constants (bench/c_kernel_floor.c),
+    and what they bound: the Python / C ratio if the kernels ran at that floor."""
+    proc = subprocess.run([str(floor), str(bundle), "20000"], capture_output=True, text=True,
+                          check=True)
+    kernels, reads = {}, {}
+    for line in proc.stdout.splitlines():
+        what, name, _, low, _, mid, *rest = line.split()
+        (kernels if what == "kernel" else reads)[name] = (float(low), float(mid), rest)
+    print("  where the C run's time goes (each call alone, clock_gettime; min / p50 us):")
+    for name, (low, mid, _) in kernels.items():
+        print(f"    kernel {name:34s} {low:7.3f} / {mid:7.3f}")
+    for name, (low, mid, rest) in reads.items():
+        print(f"    plain AVX2 read of {name} ({int(rest[1]) / 1024:.1f} KiB where the bundle "
+              f"maps it) {low:7.3f} / {mid:7.3f}  ({rest[-1]} GB/s)")
+    ksum = sum(v[0] for v in kernels.values())
+    floor_us = sum(v[0] for v in reads.values())
+    c_own, py_own = c_min - ksum, py_min - ksum
+    print(f"    kernels' mins sum {ksum:.3f} us; C's own time per run {c_own:.3f} us, the Python "
+          f"runtime's {py_own:.3f} us (each run's min minus the kernels')")
+    if floor_us:
+        print(f"    ratio ceiling by mins, Python / C, were the kernels as fast as reading their "
+              f"weights once and C's own time zero: ({py_own:.2f} + {floor_us:.2f}) / "
+              f"{floor_us:.2f} = {(py_own + floor_us) / floor_us:.2f}")
 
 
 def py_bench(run, runs: int) -> tuple[float, float]:
@@ -93,19 +148,24 @@ def py_bench(run, runs: int) -> tuple[float, float]:
     return statistics.median(times) / 1e3, min(times) / 1e3
 
 
-def compare(title: str, engines: dict, rounds: int) -> None:
-    """engines: name -> () -> (p50 us, min us); alternated for ``rounds`` rounds."""
+def compare(title: str, engines: dict, rounds: int) -> dict[str, tuple[float, float]]:
+    """engines: name -> () -> (p50 us, min us); alternated for ``rounds`` rounds. Returns each
+    engine's (median p50, smallest min)."""
     got: dict[str, list[tuple[float, float]]] = {k: [] for k in engines}
     for _ in range(rounds):
         for name, fn in engines.items():
             got[name].append(fn())
     print(title)
     first = None
+    result = {}
     for name, rows in got.items():
         p50 = statistics.median(r[0] for r in rows)
         low = min(r[1] for r in rows)
-        first = first or p50
-        print(f"  {name:34s} p50 {p50:9.2f} us   min {low:9.2f} us   p50 / first {p50 / first:5.2f}")
+        first = first or (p50, low)
+        result[name] = (p50, low)
+        print(f"  {name:34s} p50 {p50:9.2f} us   min {low:9.2f} us   / first: p50 "
+              f"{p50 / first[0]:5.2f}  min {low / first[1]:5.2f}")
+    return result
 
 
 def cold_start(cmd: list[str], runs: int) -> tuple[float, float, float, float, float]:
@@ -132,13 +192,67 @@ def cold_start(cmd: list[str], runs: int) -> tuple[float, float, float, float, f
             statistics.median(rss) if rss else float("nan"))
 
 
+SECTIONS = ("size", "overhead", "mlp", "widths", "conv", "cold")
+
+
+def mlp_model(hidden: int, seed: int = 0):
+    """An MLP 784-hidden-10 as torch exports the demo one (Gemm transB, Relu, Gemm)."""
+    from onnx import TensorProto, helper, numpy_helper
+    rng = np.random.default_rng(seed)
+    w0 = (rng.standard_normal((hidden, 784)) / 28).astype(np.float32)
+    w1 = (rng.standard_normal((10, hidden)) / np.sqrt(hidden)).astype(np.float32)
+    inits = [numpy_helper.from_array(a, n) for a, n in
+             ((w0, "w0"), (np.zeros(hidden, np.float32), "b0"), (w1, "w1"),
+              (np.zeros(10, np.float32), "b1"))]
+    nodes = [helper.make_node("Gemm", ["x", "w0", "b0"], ["h"], transB=1),
+             helper.make_node("Relu", ["h"], ["r"]),
+             helper.make_node("Gemm", ["r", "w1", "b1"], ["logits"], transB=1)]
+    g = helper.make_graph(nodes, f"mlp{hidden}",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 784])],
+                          [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, 10])],
+                          inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def widths(tmp: Path, rounds: int) -> None:
+    """The Python / C ratio as the first layer's weights grow (784-h-10 MLPs, batch 1): the
+    runtimes' own times are fixed, the kernels' time grows with the weights' bytes."""
+    import onnx
+    from mlcpack.runtime import load
+    exe = ROOT / ".venv" / "bin" / "mlcpack"
+    x = np.random.default_rng(2).random((1, 784), dtype=np.float32)
+    print("MLP 784-h-10 at batch 1, 1 thread, by hidden width h (C mlc_run vs Python Model.run, "
+          "alternated)")
+    for hidden in (32, 64, 96, 128, 256):
+        onnx.save(mlp_model(hidden), tmp / f"mlp{hidden}.onnx")
+        bundle = tmp / f"mlp{hidden}.mlc"
+        subprocess.run([str(exe), "export", str(tmp / f"mlp{hidden}.onnx"), "-o", str(bundle),
+                        "--target", "host"], check=True, capture_output=True)
+        model = load(bundle)
+        c, py = [], []
+        for _ in range(rounds):
+            c.append(c_bench(bundle, 20000))
+            py.append(py_bench(lambda m=model: m.run({"x": x}), 5000))
+        cp, cm = statistics.median(r[0] for r in c), min(r[1] for r in c)
+        pp, pm = statistics.median(r[0] for r in py), min(r[1] for r in py)
+        print(f"  h {hidden:4d} ({hidden * 784 * 4 / 1024:6.1f} KiB of first-layer weights): "
+              f"C p50 {cp:6.2f} min {cm:6.2f} us, Python p50 {pp:6.2f} min {pm:6.2f} us, "
+              f"Python / C: p50 {pp / cp:4.2f}x min {pm / cm:4.2f}x")
+        model.close()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--baseline-mlcrun", type=Path, default=None,
                     help="another build's mlcrun (e.g. main's) timed beside this one: MLP and "
                          "cold start rows")
+    ap.add_argument("--sections", default=",".join(SECTIONS),
+                    help=f"comma-separated, of {', '.join(SECTIONS)} (default: all)")
     args = ap.parse_args()
+    sections = set(args.sections.split(","))
+    if not sections <= set(SECTIONS):
+        ap.error(f"--sections: choose from {', '.join(SECTIONS)}")
     import onnx
     import onnxruntime as ort
     from conv_models import conv_model
@@ -147,7 +261,12 @@ def main() -> None:
     print(host_flags())
     tmp = Path(tempfile.mkdtemp(prefix="cbench"))
     try:
-        footprint(tmp)
+        if "size" in sections:
+            footprint(tmp)
+        else:
+            subprocess.run(["make", "-C", str(CDIR), "-j2", "all"], check=True,
+                           capture_output=True)
+        floor, ortc = build_helpers(tmp)
         exe = ROOT / ".venv" / "bin" / "mlcpack"
         from onnx import TensorProto, helper, numpy_helper
         g = helper.make_graph([helper.make_node("Reshape", ["x", "s"], ["y"])], "id",
@@ -161,39 +280,55 @@ def main() -> None:
                 "mlp": [ROOT / "artifacts" / "mlp.onnx", "--target", "host"],
                 "cnn": [ROOT / "artifacts" / "cnn.onnx"],
                 "conv": [tmp / "conv.onnx", "--target", "host"]}
+        needed = {"none": "overhead", "mlp": "mlp", "cnn": "cold", "conv": "conv"}
         for name, a in jobs.items():
-            subprocess.run([str(exe), "export", str(a[0]), "-o", str(tmp / f"{name}.mlc"),
-                            *map(str, a[1:])], check=True, capture_output=True)
+            if needed[name] in sections:
+                subprocess.run([str(exe), "export", str(a[0]), "-o", str(tmp / f"{name}.mlc"),
+                                *map(str, a[1:])], check=True, capture_output=True)
         rng = np.random.default_rng(0)
 
-        none = load(tmp / "none.mlc")
-        feeds_none = {"x": rng.random((1, 4), dtype=np.float32)}
-        compare("per-run overhead, a bundle with no kernels (one input, one output copied)",
-                {"C mlc_run": lambda: c_bench(tmp / "none.mlc", 200000),
-                 "Python Model.run": lambda: py_bench(lambda: none.run(feeds_none), 20000)},
-                args.rounds)
+        if "overhead" in sections:
+            none = load(tmp / "none.mlc")
+            feeds_none = {"x": rng.random((1, 4), dtype=np.float32)}
+            compare("per-run overhead, a bundle with no kernels (one input, one output copied)",
+                    {"C mlc_run": lambda: c_bench(tmp / "none.mlc", 200000),
+                     "Python Model.run": lambda: py_bench(lambda: none.run(feeds_none), 20000)},
+                    args.rounds)
 
-        mlp = load(tmp / "mlp.mlc")
-        x = rng.random((1, 784), dtype=np.float32)
-        opts = ort.SessionOptions()
-        opts.intra_op_num_threads = opts.inter_op_num_threads = 1
-        sess = ort.InferenceSession(str(ROOT / "artifacts" / "mlp.onnx"), opts,
-                                    providers=["CPUExecutionProvider"])
-        name = sess.get_inputs()[0].name
-        out = {k: np.empty_like(v) for k, v in mlp.run({"x": x}).items()}
         base = args.baseline_mlcrun
-        baseline = {} if base is None else {
-            "C mlc_run, baseline build": lambda: c_bench(tmp / "mlp.mlc", 20000, exe=base)}
-        compare("demo MLP 784-128-10, batch 1, end to end, 1 thread",
+        if "mlp" in sections:
+            mlp = load(tmp / "mlp.mlc")
+            x = rng.random((1, 784), dtype=np.float32)
+            opts = ort.SessionOptions()
+            opts.intra_op_num_threads = opts.inter_op_num_threads = 1
+            sess = ort.InferenceSession(str(ROOT / "artifacts" / "mlp.onnx"), opts,
+                                        providers=["CPUExecutionProvider"])
+            name = sess.get_inputs()[0].name
+            out = {k: np.empty_like(v) for k, v in mlp.run({"x": x}).items()}
+            baseline = {} if base is None else {
+                "C mlc_run, baseline build": lambda: c_bench(tmp / "mlp.mlc", 20000, exe=base)}
+            got = compare(
+                "demo MLP 784-128-10, batch 1, end to end, 1 thread",
                 {"C mlc_run": lambda: c_bench(tmp / "mlp.mlc", 20000), **baseline,
                  "Python Model.run": lambda: py_bench(lambda: mlp.run({"x": x}), 5000),
                  "Python Model.run(out=)": lambda: py_bench(lambda: mlp.run({"x": x}, out=out),
                                                             5000),
+                 "ONNX Runtime (C API)": lambda: ort_c_bench(
+                     ortc, ROOT / "artifacts" / "mlp.onnx", (name, sess.get_outputs()[0].name),
+                     ("1,784", "1,10"), 20000),
                  "ONNX Runtime (Python API)": lambda: py_bench(lambda: sess.run(None, {name: x}),
                                                                5000)},
                 args.rounds)
+            c, py, orc = got["C mlc_run"], got["Python Model.run"], got["ONNX Runtime (C API)"]
+            print(f"  Python runtime / C runtime: p50 {py[0] / c[0]:.2f}x, min {py[1] / c[1]:.2f}x; "
+                  f"ONNX Runtime C API / C runtime: p50 {orc[0] / c[0]:.2f}x, "
+                  f"min {orc[1] / c[1]:.2f}x")
+            where_time_goes(floor, tmp / "mlp.mlc", c[1], py[1])
 
-        for threads in (1, 2):
+        if "widths" in sections:
+            widths(tmp, args.rounds)
+
+        for threads in (1, 2) if "conv" in sections else ():
             conv = load(tmp / "conv.mlc", threads=threads)
             xc = rng.standard_normal((1, 64, 56, 56)).astype(np.float32)
             compare(f"conv 64->64 3x3 on 56x56 (kernel time: the same code), {threads} "
@@ -203,38 +338,45 @@ def main() -> None:
                     args.rounds)
             conv.close()
 
-        np.save(tmp / "x.npy", rng.random((1, 1, 28, 28), dtype=np.float32))
-        subprocess.run(["make", "-C", str(CDIR), "static"], check=True, capture_output=True)
-        cmds = {f"C: {prog.name} run (load, run, write .npy)":
-                [str(prog), "run", str(tmp / "cnn.mlc"), str(tmp / "x.npy"), "-o",
-                 str(tmp / "out")] for prog in (MLCRUN, MLCRUN.with_name("mlcrun-static"))}
-        if base is not None:
-            cmds["C: baseline build's mlcrun run"] = [str(base), *cmds[next(iter(cmds))][1:]]
-        cmds["Python: load + run"] = [
-            sys.executable, "-c", "import sys, numpy as np; from mlcpack.runtime import load; "
-            f"m = load({str(tmp / 'cnn.mlc')!r}); m.run({{'x': np.load({str(tmp / 'x.npy')!r})}})"]
-        cmds["(baseline: /bin/true)"] = ["/bin/true"]
-        rows = {name: [] for name in cmds}
-        for _ in range(args.rounds):
-            for name, cmd in cmds.items():
-                rows[name].append(cold_start(cmd, 1 if name.startswith("Python") else 9))
-        print("cold start, the demo CNN: process start to first result (fork/exec to exit)")
-        for name, vals in rows.items():
-            print(f"  {name:44s} wall median {statistics.median(v[0] for v in vals):7.2f} ms  "
-                  f"min {min(v[1] for v in vals):7.2f} ms   CPU median "
-                  f"{statistics.median(v[2] for v in vals):7.2f} ms  min "
-                  f"{min(v[3] for v in vals):7.2f} ms   peak RSS "
-                  f"{statistics.median(v[4] for v in vals):6.1f} MiB")
-        for exe in (MLCRUN, MLCRUN.with_name("mlcrun-static")):
-            proc = subprocess.run([str(exe), "bench", str(tmp / "cnn.mlc"), "--runs", "100"],
-                                  capture_output=True, text=True, check=True)
-            print(f"  {exe.name} bench: {proc.stdout.strip().splitlines()[-1]}")
-        print(f"  (peak RSS of `mlcrun-static --version`, the process alone: "
-              f"{cold_start([str(MLCRUN.with_name('mlcrun-static')), '--version'], 1)[4]:.2f} MiB)")
-        cnn_size = (tmp / "cnn.mlc").stat().st_size / 2**20
-        print(f"  (cnn.mlc is {cnn_size:.2f} MiB: weights, two code variants, golden pair)")
+        if "cold" in sections:
+            cold(tmp, args.rounds, base)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def cold(tmp: Path, rounds: int, base: Path | None) -> None:
+    """Cold start of the demo CNN (``tmp/cnn.mlc``): process start to first result."""
+    rng = np.random.default_rng(1)
+    np.save(tmp / "x.npy", rng.random((1, 1, 28, 28), dtype=np.float32))
+    subprocess.run(["make", "-C", str(CDIR), "static"], check=True, capture_output=True)
+    cmds = {f"C: {prog.name} run (load, run, write .npy)":
+            [str(prog), "run", str(tmp / "cnn.mlc"), str(tmp / "x.npy"), "-o",
+             str(tmp / "out")] for prog in (MLCRUN, MLCRUN.with_name("mlcrun-static"))}
+    if base is not None:
+        cmds["C: baseline build's mlcrun run"] = [str(base), *cmds[next(iter(cmds))][1:]]
+    cmds["Python: load + run"] = [
+        sys.executable, "-c", "import sys, numpy as np; from mlcpack.runtime import load; "
+        f"m = load({str(tmp / 'cnn.mlc')!r}); m.run({{'x': np.load({str(tmp / 'x.npy')!r})}})"]
+    cmds["(baseline: /bin/true)"] = ["/bin/true"]
+    rows = {name: [] for name in cmds}
+    for _ in range(rounds):
+        for name, cmd in cmds.items():
+            rows[name].append(cold_start(cmd, 1 if name.startswith("Python") else 9))
+    print("cold start, the demo CNN: process start to first result (fork/exec to exit)")
+    for name, vals in rows.items():
+        print(f"  {name:44s} wall median {statistics.median(v[0] for v in vals):7.2f} ms  "
+              f"min {min(v[1] for v in vals):7.2f} ms   CPU median "
+              f"{statistics.median(v[2] for v in vals):7.2f} ms  min "
+              f"{min(v[3] for v in vals):7.2f} ms   peak RSS "
+              f"{statistics.median(v[4] for v in vals):6.1f} MiB")
+    for exe in (MLCRUN, MLCRUN.with_name("mlcrun-static")):
+        proc = subprocess.run([str(exe), "bench", str(tmp / "cnn.mlc"), "--runs", "100"],
+                              capture_output=True, text=True, check=True)
+        print(f"  {exe.name} bench: {proc.stdout.strip().splitlines()[-1]}")
+    print(f"  (peak RSS of `mlcrun-static --version`, the process alone: "
+          f"{cold_start([str(MLCRUN.with_name('mlcrun-static')), '--version'], 1)[4]:.2f} MiB)")
+    cnn_size = (tmp / "cnn.mlc").stat().st_size / 2**20
+    print(f"  (cnn.mlc is {cnn_size:.2f} MiB: weights, two code variants, golden pair)")
 
 
 if __name__ == "__main__":

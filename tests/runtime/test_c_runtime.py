@@ -252,6 +252,45 @@ def test_verify_and_bench(build, bundles) -> None:
     assert proc.returncode == 0 and "p50" in proc.stdout and "(20 runs, 2 threads)" in proc.stdout
 
 
+@pytest.mark.skipif(not HOST_X86 or "avx2" not in HOST_FLAGS,
+                    reason="bench/c_kernel_floor.c reads with AVX2: needs an x86-64 host with it")
+def test_bench_helpers_time_the_mlp(build, bundles, tmp_path) -> None:
+    """bench/c_runtime.py's C helpers still build and measure: c_kernel_floor.c (libmlcrt's
+    internal headers) times each kernel of the MLP alone and a read of its large weights;
+    ort_c_run.c runs ONNX Runtime through its C API by OrtApi index (its thread-count check
+    passes) and gives ONNX Runtime's Python API's answer for the same input."""
+    import onnxruntime as ort
+    bench = Path(__file__).resolve().parents[2] / "bench"
+    floor, ortc = tmp_path / "floor", tmp_path / "ortc"
+    for args in ([f"-I{CDIR / 'include'}", f"-I{CDIR / 'src'}", "-mavx2",
+                  bench / "c_kernel_floor.c", build / "libmlcrt.a", "-lpthread", "-lm", "-o",
+                  floor],
+                 ["-std=gnu11", bench / "ort_c_run.c", "-ldl", "-o", ortc]):
+        proc = subprocess.run([CC, "-O2", "-Wall", "-Wextra", "-Werror", *map(str, args)],
+                              capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stderr
+    proc = subprocess.run([str(floor), str(bundles["mlp_onnx"]), "100"], capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    rows = [line.split() for line in proc.stdout.splitlines()]
+    assert [r[1] for r in rows if r[0] == "kernel"] == ["fused_matmul_packed_add_relu",
+                                                        "fused_matmul_add1"], proc.stdout
+    reads = [r for r in rows if r[0] == "read"]   # the 128 x 784 float32 weights
+    assert len(reads) == 1 and reads[0][reads[0].index("bytes") + 1] == str(128 * 784 * 4)
+    lib = sorted((Path(ort.__file__).parent / "capi").glob("libonnxruntime.so*"))[0]
+    model = ARTIFACTS / "mlp.onnx"
+    proc = subprocess.run([str(ortc), str(lib), str(model), "x", "logits", "1,784", "1,10",
+                           "20", "1"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert re.search(r"C API: p50 [\d.]+ us, min [\d.]+ us \(20 runs, 1 thread\)", proc.stdout)
+    got = np.array(proc.stdout.split("output:")[1].split(), np.float32)
+    x = (np.arange(784, dtype=np.uint64) * 7919 % 1000).astype(np.float32) / np.float32(1000)
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = 1
+    want = ort.InferenceSession(str(model), opts, providers=["CPUExecutionProvider"]).run(
+        None, {"x": x.reshape(1, 784)})[0].ravel()
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+
 def test_classify_example(build, bundles, tmp_path) -> None:
     """runtime/c/examples/classify.c: a raw RGB image in, top-k out, as the Python runtime
     computes it on the same pixels."""

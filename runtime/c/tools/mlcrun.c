@@ -456,7 +456,7 @@ static int cmd_bench(int argc, char **argv)
     } else {
         qsort(times, (size_t)n, sizeof *times, by_value);
         const char *name = strrchr(path, '/') ? strrchr(path, '/') + 1 : path;
-        printf("%s: load %.2f ms, first %.2f ms, p50 %.1f us, p90 %.1f us, p99 %.1f us, min %.1f "
+        printf("%s: load %.2f ms, first %.2f ms, p50 %.2f us, p90 %.2f us, p99 %.2f us, min %.2f "
                "us (%d runs, %d thread%s)\n", name, load_ms, first_ms, times[n / 2],
                times[(int)(n * 0.9)], times[(int)(n * 0.99)], times[0], n, threads,
                threads > 1 ? "s" : "");
