@@ -28,10 +28,10 @@ rows, whose loads could leave the plane: there word by word.
 Rows of two vectors or more are computed in blocks of ``WIDE_BLOCK`` (rows x vectors: the
 input vectors that several rows of the block read are loaded once); narrower rows several at a
 time, ``ACCUMULATORS`` vectors in all: independent chains that hide the multiply-add latency.
-The weight tuples are broadcast once per plane. A row's partial last vector stores its lanes
-one by one, except where whole rows are computed in order (the narrow rows): there it is
-stored whole, its extra lanes landing in the next row, which is stored after it (the plane's
-last row excepted). On AVX2 the 8-bit results are packed 4 or 2 vectors at a time
+The weight tuples are broadcast once per plane. A row's partial last vector is stored whole,
+its extra lanes landing in the next row's start, which is stored after it (rows are computed
+in order, each from its end: the block's last vectors first); the plane's last row stores it in
+pieces of 4, 2 and 1 lanes. On AVX2 the 8-bit results are packed 4 or 2 vectors at a time
 (``vpackssdw``, ``vpackuswb``/``vpacksswb``, ``vpermd``).
 
 Tests compile the quad kernel (``vpdpbusd`` in the assembly) and run it with the instruction
@@ -187,10 +187,13 @@ class _QDepthwise(QEmitter):
                 rest = full % chunks + (1 if ow % VL else 0)
 
                 def row_block(oy0, rows: int) -> None:
+                    # the rows' ends first: a partial last vector is stored whole, its extra
+                    # lanes landing in the next row's start, which is stored after it
+                    if rest:
+                        group(oy0, rows, const_i64(loop_groups * chunks), rest, bool(ow % VL),
+                              spill=True)
                     with for_range(b, const_i64(0), const_i64(loop_groups), "qg") as gi:
                         group(oy0, rows, b.mul(gi, const_i64(chunks)), chunks, False)
-                    if rest:
-                        group(oy0, rows, const_i64(loop_groups * chunks), rest, bool(ow % VL))
 
                 with for_range(b, const_i64(0), const_i64(oh // rows_b), "oyb") as t:
                     row_block(b.mul(t, const_i64(rows_b)), rows_b)
@@ -265,10 +268,19 @@ class _QDepthwise(QEmitter):
                 j += 1
 
     def _store_lanes(self, q, yb, dst, lanes: int) -> None:
+        """The first ``lanes`` lanes of ``q``, in pieces of 4, 2 and 1."""
         b = self.builder
-        for lane in range(lanes):
-            b.store(b.extract_element(q, ir.Constant(I32, lane)),
-                    b.gep(yb, [b.add(dst, const_i64(lane))]))
+        at = 0
+        for piece in (4, 2, 1):
+            if lanes - at < piece:
+                continue
+            if piece == 1:
+                part = b.extract_element(q, ir.Constant(I32, at))
+            else:
+                part = b.shuffle_vector(q, q, ir.Constant(ir.VectorType(I32, piece),
+                                                          list(range(at, at + piece))))
+            b.store(part, self._ptr(yb, b.add(dst, const_i64(at)), part.type), align=1)
+            at += piece
 
     # ---- the copy into tuple words -------------------------------------------------------------
 
