@@ -360,6 +360,13 @@ def profile_corpus(name: str, tmp: Path, rounds: int, baseline: str) -> None:
               f"{choice['QDQ'].get(st.symbol) or st.kind:34s} "
               f"{', '.join(s.name for s in st.sources[:2])}")
 
+    generic = [(rank, i) for rank, i in enumerate(order, 1)
+               if choice["QDQ"].get(steps["QDQ"][i].symbol) == "generic loop nest"]
+    if generic:
+        rank, i = generic[0]
+        print(f"  first generic loop nest: #{rank} of {len(order)}, {best['QDQ'][i]:.1f} us "
+              f"({steps['QDQ'][i].name}); {len(generic)} in all, "
+              f"{sum(best['QDQ'][j] for _, j in generic):.1f} us")
     # the depthwise kernels in program order (the fused QDQ kernel's sources name only its
     # QuantizeLinear; the fp32 kernel's name the Conv)
     dw = {}
@@ -367,13 +374,14 @@ def profile_corpus(name: str, tmp: Path, rounds: int, baseline: str) -> None:
         dw[k] = [(st, float(best[k][i])) for i, st in enumerate(steps[k]) if st.kind == "kernel"
                  and ("qdwconv2d" in st.name or (k == "fp32" and "depthwise" in (
                      choice[k].get(st.symbol) or "")))]
-    cols = list(models)
-    if len({len(v) for v in dw.values()}) != 1:
-        print(f"  depthwise layers: {', '.join(f'{k} {len(v)}' for k, v in dw.items())} "
-              "(not the same count: not compared)")
-    else:
+    cols = [k for k in models if len(dw[k]) == len(dw["QDQ"])]
+    for k in models:
+        if k not in cols:
+            print(f"  {k}: {len(dw[k])} depthwise kernels (QDQ {len(dw['QDQ'])}), "
+                  f"{sum(t for _, t in dw[k]):.1f} us in all; not compared per layer")
+    if cols:
         print(f"  depthwise layers, min us: {' / '.join(cols)}")
-        for j, (st, _) in enumerate(dw["fp32"]):
+        for j, (st, _) in enumerate(dw[cols[0]]):
             conv = next((s.name for s in st.sources if s.op == "Conv"), st.name)
             print(f"    {conv[-40:]:40s} " + " ".join(f"{dw[c][j][1]:8.1f}" for c in cols))
         print(f"    {'all':40s} " + " ".join(f"{sum(t for _, t in dw[c]):8.1f}" for c in cols))
