@@ -22,8 +22,9 @@ Pairs hold ``x - x_zp`` as int16 (padding 0); quads hold x as uint8 (int8 x + 12
 0x80``) with x's zero point in the padding, and ``zp' * sum(w)`` leaves the bias once per
 plane, so padding adds nothing. The copy runs 8 words at a time: G loads of 8 * sw bytes, every
 sw-th byte taken, widened, interleaved; the row's border chunks (and rows narrower than a
-vector) select the padding into the lanes outside the image, except in the first and last
-rows, whose loads could leave the plane: there word by word.
+vector) select the padding into the lanes outside the image; in the first and last rows, whose
+loads could leave the plane, each load is moved inside it by a known shift and its lanes taken
+from there (word by word only in a plane smaller than one load).
 
 Rows of two vectors or more are computed in blocks of ``WIDE_BLOCK`` (rows x vectors: the
 input vectors that several rows of the block read are loaded once); narrower rows several at a
@@ -309,7 +310,7 @@ class _QDepthwise(QEmitter):
         inner = [v0 for v0 in chunks if interior(v0)]
         edges = [v0 for v0 in chunks if not interior(v0)]
         # rows where every border chunk's loads stay inside the plane's h * w bytes
-        safe_lo = max([0] + [-(-(-first_col(v0, 0)) // w) for v0 in edges])
+        safe_lo = max([0] + [-(first_col(v0, 0) // w) for v0 in edges])
         safe_hi = min([rows] + [(h * w - first_col(v0, g - 1) - VL * sw) // w + 1
                                 for v0 in edges])
         safe_hi = max(safe_lo, safe_hi)
@@ -317,15 +318,25 @@ class _QDepthwise(QEmitter):
         pad_v = self._splat(pad_elt, ir.VectorType(self.elt, VL))
         elt_plane = b.bitcast(plane, self.elt.as_pointer())
 
-        def chunk(src, dst_row, v0: int, masked: bool) -> None:
+        def chunk(src, dst_row, v0: int, masked: bool, row: int | None = None) -> None:
+            """8 words from chunk ``v0``; ``row`` (the first or last rows): each load moved
+            inside the plane by a known shift, the lanes taken past it."""
             parts = []
             for i in range(g):
-                raw = b.load(self._ptr(src, const_i64(first_col(v0, i)),
-                                       ir.VectorType(I8, VL * sw)), align=1)
-                if sw > 1:
+                lanes = [j * sw for j in range(VL)]
+                if row is None:
+                    raw = b.load(self._ptr(src, const_i64(first_col(v0, i)),
+                                           ir.VectorType(I8, VL * sw)), align=1)
+                else:
+                    at = row * w + first_col(v0, i)
+                    moved = min(max(at, 0), h * w - VL * sw)
+                    raw = b.load(self._ptr(xb, const_i64(moved), ir.VectorType(I8, VL * sw)),
+                                 align=1)
+                    lanes = [k if 0 <= k < VL * sw else 0
+                             for k in (at - moved + j * sw for j in range(VL))]
+                if lanes != list(range(VL)):
                     raw = b.shuffle_vector(raw, ir.Constant(raw.type, None),
-                                           ir.Constant(ir.VectorType(I32, VL),
-                                                       [j * sw for j in range(VL)]))
+                                           ir.Constant(ir.VectorType(I32, VL), lanes))
                 val = self._convert(raw, dtype, zp16)
                 if masked:
                     keep = [0 <= first_col(v0, i) + j * sw < w for j in range(VL)]
@@ -350,21 +361,28 @@ class _QDepthwise(QEmitter):
                                const_i64(i))
                     b.store(val, b.gep(elt_plane, [at]))
 
+        def row_body(iy, row: int | None) -> None:
+            src = b.gep(xb, [b.mul(iy, const_i64(w))])
+            dst_row = b.add(const_i64(base), b.mul(b.add(iy, const_i64(pt)), const_i64(wq)))
+            if inner:
+                with for_range(b, const_i64(0), const_i64(len(inner)), "fq") as k:
+                    v0 = b.add(const_i64(inner[0]), b.mul(k, const_i64(VL)))
+                    self._inner_chunk(src, elt_plane, dst_row, v0, p, pl, sw, dtype, zp16)
+            for v0 in edges:
+                if row is None or h * w >= VL * sw:
+                    chunk(src, dst_row, v0, True, row)
+                else:       # a plane smaller than one load
+                    scalar_chunk(src, dst_row, v0)
+
         def fill_rows(r0: int, r1: int, vector_edges: bool) -> None:
             if r1 <= r0:
                 return
+            if not vector_edges:    # the few rows whose loads are moved: one by one
+                for row in range(r0, r1):
+                    row_body(const_i64(row), row)
+                return
             with for_range(b, const_i64(r0), const_i64(r1), "fy") as iy:
-                src = b.gep(xb, [b.mul(iy, const_i64(w))])
-                dst_row = b.add(const_i64(base), b.mul(b.add(iy, const_i64(pt)), const_i64(wq)))
-                if inner:
-                    with for_range(b, const_i64(0), const_i64(len(inner)), "fq") as k:
-                        v0 = b.add(const_i64(inner[0]), b.mul(k, const_i64(VL)))
-                        self._inner_chunk(src, elt_plane, dst_row, v0, p, pl, sw, dtype, zp16)
-                for v0 in edges:
-                    if vector_edges:
-                        chunk(src, dst_row, v0, True)
-                    else:
-                        scalar_chunk(src, dst_row, v0)
+                row_body(iy, None)
 
         fill_rows(0, min(safe_lo, rows), False)
         fill_rows(safe_lo, safe_hi, True)
