@@ -4,8 +4,9 @@ asymmetric padding, rows narrower than a vector, uint8 / int8 in and out, int32 
 2**31 that wrap as ONNX Runtime's accumulator does, float32 results with ReLU) on this host's
 level and on x86-64-v2, one and two threads; its code on every level (selected, with the
 integer pair product ``vpmaddwd``); the VNNI level's quad kernel (``vpdpbusd`` in its
-assembly, its arithmetic run with the instruction emulated); and the depthwise layers of ONNX Runtime's quantized models (QDQ and
-QOperator, per tensor and per channel, reduce_range) taking it, against ORT."""
+assembly, its arithmetic run with the instruction emulated); and the depthwise layers of ONNX
+Runtime's quantized models (QDQ and QOperator, per tensor and per channel, reduce_range)
+taking it (with int8 weights), against ORT."""
 
 from __future__ import annotations
 
@@ -251,6 +252,9 @@ def test_ort_quantized_depthwise_takes_the_kernel(form: str, tmp_path: Path) -> 
     fused = run_pipeline(mod, DEFAULT_PIPELINE[:6], options=UNPACKED)
     ops = [getattr(b.value, "op", "") for b in fused.functions["main"].bindings()]
     assert ops.count("qdwconv2d") == 3 and "nn.conv2d" not in ops, ops
+    # ORT's int8 weights (zero point 0): the VNNI level takes them as vpdpbusd quads
+    assert all(b.value.attrs["weights_int8"] for b in fused.functions["main"].bindings()
+               if getattr(b.value, "op", "") == "qdwconv2d")
     feeds = qm.random_feeds(src, seed=4)[0]
     export_module(mod, tmp_path / "dw.mlc", ExportOptions(target="host", check=False))
     with load(tmp_path / "dw.mlc", threads=1) as m:
