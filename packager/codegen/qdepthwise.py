@@ -20,8 +20,9 @@ row ``oy * sh + ky`` of phase ``kx0 % sw``, word ``ox + kx0 // sw``. Stride 1 an
 phase (tuples start at even kx); a stride-2 pair word is just the row's two inputs, widened.
 Pairs hold ``x - x_zp`` as int16 (padding 0); quads hold x as uint8 (int8 x + 128, ``xor
 0x80``) with x's zero point in the padding, and ``zp' * sum(w)`` leaves the bias once per
-plane, so padding adds nothing. The copy runs 8 words at a time: G loads of 8 * sw bytes, every
-sw-th byte taken, widened, interleaved; the row's border chunks (and rows narrower than a
+plane, so padding adds nothing. The copy runs 8 words at a time: one load of 16 or 32
+bytes, one byte shuffle into tuple order (none for pairs at stride 2: their words are the row's
+bytes in order), widened (pairs); the row's border chunks (and rows narrower than a
 vector) select the padding into the lanes outside the image; in the first and last rows, whose
 loads could leave the plane, each load is moved inside it by a known shift and its lanes taken
 from there (word by word only in a plane smaller than one load).
@@ -303,46 +304,39 @@ class _QDepthwise(QEmitter):
         def first_col(v0: int, i: int) -> int:
             return v0 * sw + p - pl + i
 
+        # a chunk's 8 G-tuples: element j * G + i is column first_col(v0, 0) + j * sw + i,
+        # all taken from one load of ``load`` bytes (one shuffle; none where sw == G)
+        offsets = [j * sw + i for j in range(VL) for i in range(g)]
+        load = max(16, 1 << offsets[-1].bit_length())
+
         def interior(v0: int) -> bool:
-            return all(first_col(v0, i) >= 0 and first_col(v0, i) + VL * sw <= w
-                       for i in range(g))
+            return first_col(v0, 0) >= 0 and first_col(v0, 0) + load <= w
 
         inner = [v0 for v0 in chunks if interior(v0)]
         edges = [v0 for v0 in chunks if not interior(v0)]
         # rows where every border chunk's loads stay inside the plane's h * w bytes
         safe_lo = max([0] + [-(first_col(v0, 0) // w) for v0 in edges])
-        safe_hi = min([rows] + [(h * w - first_col(v0, g - 1) - VL * sw) // w + 1
-                                for v0 in edges])
+        safe_hi = min([rows] + [(h * w - first_col(v0, 0) - load) // w + 1 for v0 in edges])
         safe_hi = max(safe_lo, safe_hi)
-        zp16 = self._splat(b.trunc(xzp, I16), ir.VectorType(I16, VL))
-        pad_v = self._splat(pad_elt, ir.VectorType(self.elt, VL))
+        zp_v = self._splat(b.trunc(xzp, I16), ir.VectorType(I16, VL * g))
+        pad_v = self._splat(pad_elt, ir.VectorType(self.elt, VL * g))
         elt_plane = b.bitcast(plane, self.elt.as_pointer())
 
-        def chunk(src, dst_row, v0: int, masked: bool, row: int | None = None) -> None:
-            """8 words from chunk ``v0``; ``row`` (the first or last rows): each load moved
-            inside the plane by a known shift, the lanes taken past it."""
-            parts = []
-            for i in range(g):
-                lanes = [j * sw for j in range(VL)]
-                if row is None:
-                    raw = b.load(self._ptr(src, const_i64(first_col(v0, i)),
-                                           ir.VectorType(I8, VL * sw)), align=1)
-                else:
-                    at = row * w + first_col(v0, i)
-                    moved = min(max(at, 0), h * w - VL * sw)
-                    raw = b.load(self._ptr(xb, const_i64(moved), ir.VectorType(I8, VL * sw)),
-                                 align=1)
-                    lanes = [k if 0 <= k < VL * sw else 0
-                             for k in (at - moved + j * sw for j in range(VL))]
-                if lanes != list(range(VL)):
-                    raw = b.shuffle_vector(raw, ir.Constant(raw.type, None),
-                                           ir.Constant(ir.VectorType(I32, VL), lanes))
-                val = self._convert(raw, dtype, zp16)
-                if masked:
-                    keep = [0 <= first_col(v0, i) + j * sw < w for j in range(VL)]
-                    val = b.select(ir.Constant(ir.VectorType(I1, VL), keep), val, pad_v)
-                parts.append(val)
-            words = self._interleave(parts)
+        def chunk(src, dst_row, v0: int, row: int | None = None) -> None:
+            """8 words from border chunk ``v0``, the padding selected into the elements
+            outside the row; ``row`` (the first or last rows): the load moved inside the
+            plane by a known shift, the elements taken past it."""
+            c0 = first_col(v0, 0)
+            offs = list(offsets)
+            if row is None:
+                ptr, at = src, c0
+            else:
+                plane_at = row * w + c0
+                at = min(max(plane_at, 0), h * w - load)
+                offs = [k if 0 <= k < load else 0 for k in (plane_at - at + o for o in offsets)]
+                ptr = xb
+            keep = [0 <= c0 + o < w for o in offsets]
+            words = self._words(ptr, const_i64(at), offs, load, dtype, zp_v, keep, pad_v)
             b.store(words, self._ptr(elt_plane, b.mul(b.add(dst_row, const_i64(v0)),
                                                        const_i64(g)), words.type), align=4)
 
@@ -367,10 +361,13 @@ class _QDepthwise(QEmitter):
             if inner:
                 with for_range(b, const_i64(0), const_i64(len(inner)), "fq") as k:
                     v0 = b.add(const_i64(inner[0]), b.mul(k, const_i64(VL)))
-                    self._inner_chunk(src, elt_plane, dst_row, v0, p, pl, sw, dtype, zp16)
+                    at = b.add(b.mul(v0, const_i64(sw)), const_i64(p - pl))
+                    words = self._words(src, at, offsets, load, dtype, zp_v)
+                    b.store(words, self._ptr(elt_plane, b.mul(b.add(dst_row, v0), const_i64(g)),
+                                             words.type), align=4)
             for v0 in edges:
-                if row is None or h * w >= VL * sw:
-                    chunk(src, dst_row, v0, True, row)
+                if row is None or h * w >= load:
+                    chunk(src, dst_row, v0, row)
                 else:       # a plane smaller than one load
                     scalar_chunk(src, dst_row, v0)
 
@@ -388,22 +385,19 @@ class _QDepthwise(QEmitter):
         fill_rows(safe_lo, safe_hi, True)
         fill_rows(max(safe_hi, safe_lo), rows, False)
 
-    def _inner_chunk(self, src, elt_plane, dst_row, v0, p, pl, sw, dtype, zp16) -> None:
-        """8 words from a run-time chunk start ``v0`` whose loads and columns are all inside
-        the row."""
+    def _words(self, ptr, at, offs: list[int], load: int, dtype: str, zp_v, keep=None,
+               pad_v=None) -> ir.Value:
+        """<8G x elt> tuple elements: ``load`` bytes from ``ptr + at``, element k its byte
+        ``offs[k]``, converted (``_convert``); where ``keep[k]`` is false the padding."""
         b = self.builder
-        parts = []
-        for i in range(self.g):
-            col = b.add(b.mul(v0, const_i64(sw)), const_i64(p - pl + i))
-            raw = b.load(self._ptr(src, col, ir.VectorType(I8, VL * sw)), align=1)
-            if sw > 1:
-                raw = b.shuffle_vector(raw, ir.Constant(raw.type, None),
-                                       ir.Constant(ir.VectorType(I32, VL),
-                                                   [j * sw for j in range(VL)]))
-            parts.append(self._convert(raw, dtype, zp16))
-        words = self._interleave(parts)
-        b.store(words, self._ptr(elt_plane, b.mul(b.add(dst_row, v0), const_i64(self.g)),
-                                 words.type), align=4)
+        raw = b.load(self._ptr(ptr, at, ir.VectorType(I8, load)), align=1)
+        if offs != list(range(load)):
+            raw = b.shuffle_vector(raw, ir.Constant(raw.type, None),
+                                   ir.Constant(ir.VectorType(I32, len(offs)), offs))
+        val = self._convert(raw, dtype, zp_v)
+        if keep is not None and not all(keep):
+            val = b.select(ir.Constant(ir.VectorType(I1, len(offs)), keep), val, pad_v)
+        return val
 
     def _convert(self, raw: ir.Value, dtype: str, zp16: ir.Value) -> ir.Value:
         """Loaded input bytes as tuple elements: x - x_zp as int16 (pairs), x as uint8
@@ -418,15 +412,3 @@ class _QDepthwise(QEmitter):
         ty = ir.VectorType(I16, raw.type.count) if isinstance(raw.type, ir.VectorType) else I16
         wide = b.zext(raw, ty) if dtype == "uint8" else b.sext(raw, ty)
         return b.sub(wide, zp16)
-
-    def _interleave(self, parts: list[ir.Value]) -> ir.Value:
-        """G vectors of 8 elements as 8 tuples <8G x elt>: lane j of part i at j * G + i."""
-        b = self.builder
-        pair = ir.Constant(ir.VectorType(I32, 2 * VL),
-                           [k // 2 + (k % 2) * VL for k in range(2 * VL)])
-        if self.g == 2:
-            return b.shuffle_vector(parts[0], parts[1], pair)
-        ab = b.shuffle_vector(parts[0], parts[1], pair)    # a0 b0 a1 b1 ...
-        cd = b.shuffle_vector(parts[2], parts[3], pair)
-        quad = [2 * (k // 4) + (k % 2) + (2 * VL if k % 4 >= 2 else 0) for k in range(4 * VL)]
-        return b.shuffle_vector(ab, cd, ir.Constant(ir.VectorType(I32, 4 * VL), quad))
