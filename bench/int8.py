@@ -342,6 +342,11 @@ def profile_corpus(name: str, tmp: Path, rounds: int, baseline: str) -> None:
                        capture_output=True)
         paths["QDQ baseline"] = out
     models = {k: load(p, threads=1) for k, p in paths.items()}
+    if baseline:
+        ours, base = (list(models[k].run(feed).values())[0] for k in ("QDQ", "QDQ baseline"))
+        print(f"{name}: QDQ bundle's output against the baseline's: max |diff| "
+              f"{np.abs(ours.astype(np.float64) - base).max():.3g} "
+              f"({'bit for bit' if np.array_equal(ours, base) else 'not equal'})")
     best: dict[str, np.ndarray] = {}
     steps = {}
     for _ in range(rounds):
