@@ -373,12 +373,13 @@ def profile_corpus(name: str, tmp: Path, rounds: int, baseline: str) -> None:
               f"({steps['QDQ'][i].name}); {len(generic)} in all, "
               f"{sum(best['QDQ'][j] for _, j in generic):.1f} us")
     # the depthwise kernels in program order (the fused QDQ kernel's sources name only its
-    # QuantizeLinear; the fp32 kernel's name the Conv)
+    # QuantizeLinear; the fp32 kernel's name the Conv: an AveragePool's depthwise kernel is left
+    # out)
     dw = {}
     for k in models:
         dw[k] = [(st, float(best[k][i])) for i, st in enumerate(steps[k]) if st.kind == "kernel"
                  and ("qdwconv2d" in st.name or (k == "fp32" and "depthwise" in (
-                     choice[k].get(st.symbol) or "")))]
+                     choice[k].get(st.symbol) or "") and any(s.op == "Conv" for s in st.sources)))]
     cols = [k for k in models if len(dw[k]) == len(dw["QDQ"])]
     for k in models:
         if k not in cols:
