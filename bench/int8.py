@@ -23,6 +23,12 @@ file, ORT fp32; median / min ms alternating (1 thread each), the least CPU time 
 (process time, alternating: robust to a loaded machine), the QDQ bundle's time over ORT QDQ's
 and over the fp32 bundle's, and argmax agreement on the corpus input.
 
+``--layers NAMES [--baseline CHECKOUT]``: the same QDQ bundle profiled per kernel (``Model.
+profile``, minimums over ``--budget`` alternating rounds of 20 runs): its ten slowest kernels
+with the kernel each one is (``mlcpack inspect``'s choice; "generic loop nest" is the slow
+fallback), and each depthwise layer beside the fp32 bundle's (and a baseline checkout's QDQ
+bundle).
+
 ``--kernels``: one layer each, integer kernel (codegen/qgemm.py) vs the fp32 kernel of the same
 shape, wall-clock (alternating) and CPU time (least of 20 calls; robust on a loaded machine):
 a ResNet-18 3x3 conv (64->64, 56x56), its 3x3 conv at 14x14 (256->256), a 1x1 conv (256->256
@@ -316,6 +322,79 @@ def bench_kernels(tmp: Path, budget: float) -> None:
         mf.close()
 
 
+def profile_corpus(name: str, tmp: Path, rounds: int, baseline: str) -> None:
+    """``--layers``: the QDQ bundle's ten slowest kernels (profile minimums, with the kernel
+    each rule chose: "generic loop nest" is the slow fallback), and every depthwise layer's
+    minimum beside the fp32 bundle's depthwise kernel of the same ONNX Conv (and ``baseline``'s
+    QDQ bundle: another checkout, exported by its own ``.venv/bin/mlcpack``); the bundles
+    profiled in alternating rounds of 20 runs."""
+    import subprocess
+
+    from mlcpack.runtime import load
+    from mlcpack.runtime.describe import describe
+
+    fp32, qdq, feed = corpus_qdq(name, tmp)
+    paths = {"fp32": _export(fp32, tmp / f"{name}.mlc"), "QDQ": _export(qdq, tmp / f"{name}_q.mlc")}
+    if baseline:
+        out = tmp / f"{name}_base.mlc"
+        subprocess.run([str(Path(baseline) / ".venv/bin/mlcpack"), "export", str(qdq), "-o",
+                        str(out), "--target", "host", "--no-check"], check=True,
+                       capture_output=True)
+        paths["QDQ baseline"] = out
+    models = {k: load(p, threads=1) for k, p in paths.items()}
+    if baseline:
+        ours, base = (list(models[k].run(feed).values())[0] for k in ("QDQ", "QDQ baseline"))
+        print(f"{name}: QDQ bundle's output against the baseline's: max |diff| "
+              f"{np.abs(ours.astype(np.float64) - base).max():.3g} "
+              f"({'bit for bit' if np.array_equal(ours, base) else 'not equal'})")
+    best: dict[str, np.ndarray] = {}
+    steps = {}
+    for _ in range(rounds):
+        for k, m in models.items():
+            prof = m.profile(feed, runs=20)
+            mins = prof.durations_ns.min(axis=0) / 1e3
+            best[k] = mins if k not in best else np.minimum(best[k], mins)
+            steps[k] = prof.steps
+    choice = {k: {r["symbol"]: r.get("kernel") for r in describe(p)["kernels"]}
+              for k, p in paths.items()}
+    print(f"{name}: QDQ bundle's ten slowest kernels (min us over {rounds * 20} runs; 1 thread)")
+    order = np.argsort(-best["QDQ"])
+    for rank, i in enumerate(order[:10], 1):
+        st = steps["QDQ"][i]
+        print(f"  {rank:2d} {best['QDQ'][i]:8.1f}  {st.name[:34]:34s} "
+              f"{choice['QDQ'].get(st.symbol) or st.kind:34s} "
+              f"{', '.join(s.name for s in st.sources[:2])}")
+
+    generic = [(rank, i) for rank, i in enumerate(order, 1)
+               if choice["QDQ"].get(steps["QDQ"][i].symbol) == "generic loop nest"]
+    if generic:
+        rank, i = generic[0]
+        print(f"  first generic loop nest: #{rank} of {len(order)}, {best['QDQ'][i]:.1f} us "
+              f"({steps['QDQ'][i].name}); {len(generic)} in all, "
+              f"{sum(best['QDQ'][j] for _, j in generic):.1f} us")
+    # the depthwise kernels in program order (the fused QDQ kernel's sources name only its
+    # QuantizeLinear; the fp32 kernel's name the Conv: an AveragePool's depthwise kernel is left
+    # out)
+    dw = {}
+    for k in models:
+        dw[k] = [(st, float(best[k][i])) for i, st in enumerate(steps[k]) if st.kind == "kernel"
+                 and ("qdwconv2d" in st.name or (k == "fp32" and "depthwise" in (
+                     choice[k].get(st.symbol) or "") and any(s.op == "Conv" for s in st.sources)))]
+    cols = [k for k in models if len(dw[k]) == len(dw["QDQ"])]
+    for k in models:
+        if k not in cols:
+            print(f"  {k}: {len(dw[k])} depthwise kernels (QDQ {len(dw['QDQ'])}), "
+                  f"{sum(t for _, t in dw[k]):.1f} us in all; not compared per layer")
+    if cols:
+        print(f"  depthwise layers, min us: {' / '.join(cols)}")
+        for j, (st, _) in enumerate(dw[cols[0]]):
+            conv = next((s.name for s in st.sources if s.op == "Conv"), st.name)
+            print(f"    {conv[-40:]:40s} " + " ".join(f"{dw[c][j][1]:8.1f}" for c in cols))
+        print(f"    {'all':40s} " + " ".join(f"{sum(t for _, t in dw[c]):8.1f}" for c in cols))
+    for m in models.values():
+        m.close()
+
+
 def _cpu_min(fn, runs: int = 20) -> float:
     """Least CPU time of one call, in µs (process time: the kernels run on this thread, so a
     loaded machine's time slices taken by others do not count)."""
@@ -336,8 +415,14 @@ def main() -> None:
     ap.add_argument("--kernels", action="store_true", help="also time single layers")
     ap.add_argument("--no-models", action="store_true")
     ap.add_argument("--corpus", default="", help="corpus models to time as ORT QDQ copies")
+    ap.add_argument("--layers", default="", help="corpus models to profile: top-10 kernels "
+                    "of the QDQ bundle, depthwise layers against the fp32 bundle")
+    ap.add_argument("--baseline", default="", help="with --layers: a checkout whose "
+                    ".venv exports a baseline QDQ bundle (e.g. /work/main)")
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="int8bench"))
+    for name in filter(None, args.layers.split(",")):
+        profile_corpus(name, tmp, max(2, int(args.budget)), args.baseline)
     for name in filter(None, args.corpus.split(",")):
         bench_corpus(name, tmp, args.budget)
     if args.kernels:

@@ -1,31 +1,43 @@
 """The quantized depthwise convolution kernel (``qdwconv2d``, ``ops/qlinear.py``): uint8/int8
 in, one input channel per output channel, any window, padding and stride, ONNX Runtime's
-requantization (or a float32 result) fused into the epilogue.
+requantization (or a float32 result) fused into the epilogue. Integer arithmetic throughout:
+int32 accumulators, wrapping like ONNX Runtime's (its quantizer writes biases near 2**31 for
+channels of tiny weight scale), then ``float32(acc + bias) * multiplier`` (MLAS's
+``MlasRequantizeOutput`` operand) and the requantize of ``qgemm.QEmitter``.
 
-Exact in float32: the fusion (``passes/fuse_qdq.py``) emits ``qdwconv2d`` only where every
-partial sum of ``sum (x - x_zp) * (w - w_zp)`` stays below 2**24 (a 5x5 window of 255 * 128
-products is 816 000), so float32 multiply-adds in any order give the integer sum exactly; it
-is converted to int32 and the bias added in int32 (wrapping as ONNX Runtime's accumulator:
-its quantizer writes biases near 2**31 for channels of tiny weight scale), and
-``float32(acc + bias) * multiplier`` is MLAS's ``MlasRequantizeOutput`` operand.
-Float32 keeps the depthwise arithmetic at 8 multiply-adds per ``vfmadd231ps`` (two a cycle),
-with no int16 saturation to mind and no widening of products.
+Taps are taken in *tuples* of G consecutive columns of a window row: G = 2 with ``vpmaddwd``
+(int16 pairs, AVX2 ``llvm.x86.avx2.pmadd.wd``; other targets the same product written as
+sext / mul / even+odd add), G = 4 with ``vpdpbusd`` (uint8 x int8 quads, level
+x86-64-v4+vnni, where every weight w - w_zp fits int8: the ``weights_int8`` attribute). A row of
+kw taps takes ceil(kw / G) instructions per 8 outputs (3x3: 6 pairs or 3 quads against 9 fp32
+FMAs; 5x5: 15 or 10 against 25); a tuple's taps past the window have weight 0.
 
-Each task takes whole (image, channel) planes. A plane is copied once into a zero-margined
-float32 buffer of the task's own (``x - x_zp``, one buffer per horizontal stride phase: column
-``v`` of phase ``p`` holds input column ``v * sw + p - pad_left``), so for a tap (ky, kx) the
-8 inputs of 8 consecutive outputs are one contiguous load at row ``oy * sh + ky`` of phase
-``kx % sw``, column ``ox + kx // sw``. A phase row narrower than a vector (small images: 14 x 14 at
-stride 2, 7 x 7) is filled as one vector per row, its bytes loaded on into the next row and
-the lanes past the row zeroed (the plane's last rows, whose load would leave it, column by
-column). Rows of two vectors or more are computed in blocks of
-``WIDE_BLOCK`` (rows x vectors: the input vectors that several rows of the block read are
-loaded once); narrower rows several at a time, ``ACCUMULATORS`` vectors in all: independent
-chains that hide the multiply-add latency. The weights are broadcast once per plane. A row's
-partial last vector stores its lanes one by one, except where whole rows are computed in
-order (the narrow rows): there it is stored whole, its extra lanes landing in the next row,
-which is stored after it (the plane's last row excepted). On AVX2 the 8-bit results are
-packed 4 or 2 vectors at a time (``vpackssdw``, ``vpackuswb``/``vpacksswb``, ``vpermd``).
+Each task takes whole (image, channel) planes. A plane is copied once into a margined buffer
+of 32-bit *tuple words* (one buffer per horizontal stride phase that a tuple starts at: word
+``v`` of phase ``p``, row ``u`` holds the G inputs ``x[u - pt, v * sw + p - pl + i]``, i < G),
+so the inputs of tuple (ky, kx0) for 8 consecutive outputs are one contiguous 32-byte load at
+row ``oy * sh + ky`` of phase ``kx0 % sw``, word ``ox + kx0 // sw``. Stride 1 and 2 need one
+phase (tuples start at even kx); a stride-2 pair word is just the row's two inputs, widened.
+Pairs hold ``x - x_zp`` as int16 (padding 0); quads hold x as uint8 (int8 x + 128, ``xor
+0x80``) with x's zero point in the padding, and ``zp' * sum(w)`` leaves the bias once per
+plane, so padding adds nothing. The copy runs 8 words at a time: one load of 16 or 32
+bytes, one byte shuffle into tuple order (none for pairs at stride 2: their words are the row's
+bytes in order), widened (pairs); the row's border chunks (and rows narrower than a
+vector) select the padding into the lanes outside the image; in the first and last rows, whose
+loads could leave the plane, each load is moved inside it by a known shift and its lanes taken
+from there (word by word only in a plane smaller than one load).
+
+Rows of two vectors or more are computed in blocks of ``WIDE_BLOCK`` (rows x vectors: the
+input vectors that several rows of the block read are loaded once); narrower rows several at a
+time, ``ACCUMULATORS`` vectors in all: independent chains that hide the multiply-add latency.
+The weight tuples are broadcast once per plane. A row's partial last vector is stored whole,
+its extra lanes landing in the next row's start, which is stored after it (rows are computed
+in order, each from its end: the block's last vectors first); the plane's last row stores it in
+pieces of 4, 2 and 1 lanes. On AVX2 the 8-bit results are packed 4 or 2 vectors at a time
+(``vpackssdw``, ``vpackuswb``/``vpacksswb``, ``vpermd``).
+
+Tests compile the quad kernel (``vpdpbusd`` in the assembly) and run it with the instruction
+written in portable IR (``CompileOptions.vnni_emulate``), bit for bit against numpy.
 """
 
 from __future__ import annotations
@@ -34,14 +46,14 @@ from llvmlite import ir
 
 from ..ir.graph import PrimFunc
 from .contraction.geometry import MAX_TASK_REGIONS, PARALLEL_MIN_MACS
-from .helpers import F32, I8, I32, const_i64, for_range, intrinsic
+from .helpers import I1, I8, I16, I32, const_i64, for_range
 from .lower import KernelInfo
 from .qgemm import V8F32, V8I32, QEmitter, align_workspace, match_qgemm
 
 VL = 8
 # Output vectors computed together (a row's, or several narrow rows'): 6 independent chains
-# of multiply-adds cover the FMA latency (4 cycles, 2 a cycle); the window's broadcast weights
-# that do not fit the remaining registers are reloaded from the stack.
+# of multiply-adds cover the latency; weight tuples that do not fit the remaining registers
+# are broadcast again from memory.
 ACCUMULATORS = 6
 # Rows of at least ACCUMULATORS vectors: rows x vectors per block; the input vectors that
 # several of the block's rows read (stride 1: rows oy + r and tap ky + 1 - r) are loaded once.
@@ -51,16 +63,25 @@ WIDE_BLOCK = (3, 2)
 MAC_COST = 2
 
 
-def emit_qdepthwise(module: ir.Module, func: PrimFunc, symbol: str, vl: int
-                    ) -> KernelInfo | None:
+def emit_qdepthwise(module: ir.Module, func: PrimFunc, symbol: str, vl: int,
+                    features: str = "", vnni_emulate: bool = False) -> KernelInfo | None:
+    """The kernel of a ``qdwconv2d`` prim func (None for any other); ``features``: the
+    target's LLVM features (+avx512vnni: quads with vpdpbusd); ``vnni_emulate``
+    (``CompileOptions.vnni_emulate``): the quad kernel with the instruction in portable IR."""
     m = match_qgemm(func, ("qdwconv2d",))
     if m is None:
         return None
-    avx = module.triple.startswith("x86_64") and vl >= 8
-    return _QDepthwise(module, func, symbol, m[1], avx).emit()
+    avx2 = module.triple.startswith("x86_64") and vl >= 8
+    emitter = _QDepthwise(module, func, symbol, m[1], avx2)
+    emitter.vnni_emulated = vnni_emulate and module.triple.startswith("x86_64")
+    emitter.quads = bool(m[1].attrs.get("weights_int8")) and (
+        emitter.vnni_emulated or (avx2 and "+avx512vnni" in features))
+    return emitter.emit()
 
 
 class _QDepthwise(QEmitter):
+    quads = False
+
     def emit(self) -> KernelInfo:
         x, wf, x_zp, bias, mult, y_zp = self.func.inputs
         y = self.func.outputs[0]
@@ -69,11 +90,18 @@ class _QDepthwise(QEmitter):
         sh, sw = self.tag.attrs["strides"]
         pt, pl = self.tag.attrs["padding"][:2]
         _, _, oh, ow = (int(d) for d in y.shape)
+        g = 4 if self.quads else 2
+        self.g = g
+        self.elt = I8 if self.quads else I16
+        self.tuple_vec = ir.VectorType(self.elt, VL * g)
+        starts = list(range(0, kw, g))                 # first column of each tuple
+        phases = sorted({kx % sw for kx in starts})
         nch = -(-ow // VL)
         prow = (oh - 1) * sh + kh                      # plane rows the outputs read
-        wq = nch * VL + (kw - 1) // sw                 # columns per phase row
-        phase_floats = prow * wq
-        p_bytes = align_workspace(sw * phase_floats * 4)
+        span = nch * VL + (kw - 1) // sw               # words per row the outputs read
+        wq = span + VL                                 # room for the copy's last chunk
+        phase_words = prow * wq
+        p_bytes = align_workspace(len(phases) * phase_words * 4)
         planes = batch * c
         parallel = planes * oh * ow * kh * kw * MAC_COST >= PARALLEL_MIN_MACS and planes > 1
         regions = MAX_TASK_REGIONS if parallel else 1
@@ -92,26 +120,43 @@ class _QDepthwise(QEmitter):
         else:
             lo, hi, region = const_i64(0), const_i64(planes), const_i64(0)
         xzp = b.load(buf[x_zp.uid])
+        shift = self._quad_shift(x.dtype) if self.quads else 0
+        zq = b.add(xzp, ir.Constant(I32, shift))       # quads: x's zero point as stored
+        if self.quads:
+            pad_elt = b.trunc(zq, I8)
+            pad_word = b.mul(b.zext(pad_elt, I32), ir.Constant(I32, 0x01010101))
+        else:
+            pad_elt = ir.Constant(I16, 0)
+            pad_word = ir.Constant(I32, 0)
         if not self.float_out:
             self.y_zp = self._splat(b.load(buf[y_zp.uid]), V8F32)
-        plane = b.bitcast(b.gep(ws, [b.mul(region, const_i64(p_bytes))]), F32.as_pointer())
-        # the margins stay zero: every plane writes the same rectangle
-        with for_range(b, const_i64(0), const_i64(sw * phase_floats), "pz") as i:
-            b.store(ir.Constant(F32, 0.0), b.gep(plane, [i]))
-        fma = intrinsic(self.module, "llvm.fmuladd.v8f32", V8F32, [V8F32, V8F32, V8F32])
+        plane = b.bitcast(b.gep(ws, [b.mul(region, const_i64(p_bytes))]), I32.as_pointer())
+        # the margins keep the padding: every plane writes the same rectangle
+        with for_range(b, const_i64(0), const_i64(len(phases) * phase_words), "pz") as i:
+            b.store(pad_word, b.gep(plane, [i]))
+        geo = dict(h=h, w=w, sw=sw, pt=pt, pl=pl, prow=prow, wq=wq, span=span)
         with for_range(b, lo, hi, "pl") as pidx:
             ch = b.srem(pidx, const_i64(c))
-            self._fill(b.gep(buf[x.uid], [b.mul(pidx, const_i64(h * w))]), plane, xzp,
-                       x.dtype, h, w, sw, pt, pl, prow, wq)
-            wv = [self._splat(b.load(b.gep(buf[wf.uid], [b.add(b.mul(ch, const_i64(kh * kw)),
-                                                                 const_i64(t))])), V8F32)
-                  for t in range(kh * kw)]
-            bias_i = b.load(b.gep(buf[bias.uid], [ch]))
-            bias_v = self._splat(bias_i, V8I32)
-            # with the bias inside the float32-exact range (the fusion checked it), the
-            # accumulators start from it and no int32 round trip is needed
-            start = (self._splat(b.sitofp(bias_i, F32), V8F32) if self.tag.attrs.get("bias_in_float")
-                     else ir.Constant(V8F32, None))
+            xb = b.gep(buf[x.uid], [b.mul(pidx, const_i64(h * w))])
+            for n, p in enumerate(phases):
+                self._fill(xb, plane, n * phase_words, p, x.dtype, xzp, pad_elt, geo)
+            wrow = b.mul(ch, const_i64(kh * kw))
+            taps = [[self._widen_w(b.load(b.gep(buf[wf.uid], [b.add(wrow, const_i64(ky * kw + kx))])))
+                     for kx in range(kw)] for ky in range(kh)]
+            wt = {}
+            for ky in range(kh):
+                for kx0 in starts:
+                    parts = [taps[ky][kx0 + i] if kx0 + i < kw else ir.Constant(self.elt, 0)
+                             for i in range(g)]
+                    wt[ky, kx0] = self._tuple_splat(parts)
+            start = b.load(b.gep(buf[bias.uid], [ch]))
+            if self.quads:      # zp' * sum(w) leaves once per plane (wrapping, as the sums)
+                wsum = ir.Constant(I32, 0)
+                for ky in range(kh):
+                    for kx in range(kw):
+                        wsum = b.add(wsum, b.sext(taps[ky][kx], I32))
+                start = b.sub(start, b.mul(zq, wsum))
+            start = self._splat(start, V8I32)
             mult_v = self._splat(b.load(b.gep(buf[mult.uid], [ch])), V8F32)
             off_v = (self._splat(b.load(b.gep(buf[y_zp.uid], [ch])), V8F32)
                      if self.float_out else None)
@@ -127,51 +172,15 @@ class _QDepthwise(QEmitter):
                         iy = b.add(b.mul(b.add(oy0, const_i64(r)), const_i64(sh)),
                                    const_i64(ky))
                         row = b.mul(iy, const_i64(wq))
-                        for kx in range(kw):
-                            base = b.add(row, const_i64((kx % sw) * phase_floats + kx // sw))
+                        for kx0 in starts:
+                            at = phases.index(kx0 % sw) * phase_words + kx0 // sw
+                            base = b.add(row, const_i64(at))
                             for j in range(n):
                                 col = b.mul(b.add(q0, const_i64(j)), const_i64(VL))
-                                v = b.load(self._ptr(plane, b.add(base, col), V8F32), align=4)
-                                accs[r][j] = b.call(fma, [v, wv[ky * kw + kx], accs[r][j]])
-                packs = self.avx2 and not self.float_out
-                for r in range(rows):
-                    oy = b.add(oy0, const_i64(r))
-                    res = []
-                    for j in range(n):
-                        total = accs[r][j]
-                        if not self.tag.attrs.get("bias_in_float"):
-                            total = b.sitofp(b.add(b.fptosi(total, V8I32), bias_v), V8F32)
-                        res.append(self._requant(b.fmul(total, mult_v), off_v, packs))
-                    whole = n - (1 if last_partial else 0)
-                    j = 0
-                    while j < n:
-                        dst = b.add(b.mul(oy, const_i64(ow)),
-                                    b.mul(b.add(q0, const_i64(j)), const_i64(VL)))
-                        if packs and whole - j >= 2:    # 4 or 2 vectors with two packs
-                            k = 4 if whole - j >= 4 else 2
-                            b.store(self._pack(res[j:j + k]),
-                                    self._ptr(yb, dst, ir.VectorType(I8, VL * k)), align=1)
-                            j += k
-                            continue
-                        q = b.trunc(res[j], self.out_vec) if packs else res[j]
-                        if last_partial and j == n - 1 and spill:
-                            # a row's partial last vector spills into the next row, which
-                            # is stored after it; the plane's last row stores lane by lane
-                            inner = b.icmp_signed("<", oy, const_i64(oh - 1))
-                            with b.if_else(inner, likely=True) as (then, other):
-                                with then:
-                                    b.store(q, self._ptr(yb, dst, self.out_vec), align=1)
-                                with other:
-                                    for lane in range(ow % VL):
-                                        b.store(b.extract_element(q, ir.Constant(I32, lane)),
-                                                b.gep(yb, [b.add(dst, const_i64(lane))]))
-                        elif last_partial and j == n - 1:
-                            for lane in range(ow % VL):
-                                b.store(b.extract_element(q, ir.Constant(I32, lane)),
-                                        b.gep(yb, [b.add(dst, const_i64(lane))]))
-                        else:
-                            b.store(q, self._ptr(yb, dst, self.out_vec), align=1)
-                        j += 1
+                                v = b.load(self._ptr(plane, b.add(base, col), V8I32), align=4)
+                                accs[r][j] = self._product(accs[r][j], v, wt[ky, kx0])
+                self._store_rows(accs, oy0, rows, q0, n, last_partial, spill, mult_v, off_v,
+                                 yb, oh, ow)
 
             if nch >= WIDE_BLOCK[1]:    # rows of 2 vectors or more: WIDE_BLOCK at a time
                 rows_b, chunks = min(WIDE_BLOCK[0], oh), WIDE_BLOCK[1]
@@ -180,10 +189,13 @@ class _QDepthwise(QEmitter):
                 rest = full % chunks + (1 if ow % VL else 0)
 
                 def row_block(oy0, rows: int) -> None:
-                    with for_range(b, const_i64(0), const_i64(loop_groups), "qg") as g:
-                        group(oy0, rows, b.mul(g, const_i64(chunks)), chunks, False)
+                    # the rows' ends first: a partial last vector is stored whole, its extra
+                    # lanes landing in the next row's start, which is stored after it
                     if rest:
-                        group(oy0, rows, const_i64(loop_groups * chunks), rest, bool(ow % VL))
+                        group(oy0, rows, const_i64(loop_groups * chunks), rest, bool(ow % VL),
+                              spill=True)
+                    with for_range(b, const_i64(0), const_i64(loop_groups), "qg") as gi:
+                        group(oy0, rows, b.mul(gi, const_i64(chunks)), chunks, False)
 
                 with for_range(b, const_i64(0), const_i64(oh // rows_b), "oyb") as t:
                     row_block(b.mul(t, const_i64(rows_b)), rows_b)
@@ -200,76 +212,203 @@ class _QDepthwise(QEmitter):
                           bool(ow % VL), spill=True)
         return self._finish(body_fn, n_ptrs, ptr_types, p_bytes * regions, parallel)
 
-    def _requant(self, f: ir.Value, off: ir.Value | None, wide: bool = False) -> ir.Value:
-        """``_requant_int`` (qgemm.py)."""
-        return self._requant_int(f, off, wide)
+    # ---- the product ---------------------------------------------------------------------------
 
-    def _fill(self, xb, plane, xzp, dtype, h, w, sw, pt, pl, prow, wq) -> None:
-        """plane[p, u, v] = x[u - pt, v * sw + p - pl] - x_zp as float32 inside the image
-        (the rest stays zero): 8 columns at a time (one load of 8 * sw bytes, every sw-th
-        lane widened), the row's last columns one by one."""
+    def _widen_w(self, wv: ir.Value) -> ir.Value:
+        """A weight w - w_zp (stored float32, an integer) as the tuple's element type."""
+        return self.builder.trunc(self.builder.fptosi(wv, I32), self.elt)
+
+    def _tuple_splat(self, parts: list[ir.Value]) -> ir.Value:
+        """G weights as one 32-bit word, broadcast to 8 lanes (as <8G x elt>)."""
         b = self.builder
-        rows = min(h, prow - pt)
-        src_ty = ir.VectorType(ir.IntType(8), VL * sw)
-        zp_v = self._splat(xzp, V8I32)
-        for p in range(sw):
-            v_lo = max(0, -(-(pl - p) // sw))
-            v_hi = min(wq, (w - 1 + pl - p) // sw + 1)
-            if rows <= 0 or v_hi <= v_lo:
+        word = ir.Constant(ir.VectorType(self.elt, self.g), None)
+        for i, part in enumerate(parts):
+            word = b.insert_element(word, part, ir.Constant(I32, i))
+        return b.bitcast(self._splat(b.bitcast(word, I32), V8I32), self.tuple_vec)
+
+    def _product(self, acc: ir.Value, words: ir.Value, wt: ir.Value) -> ir.Value:
+        """acc + the tuple products of 8 words of inputs with the broadcast weight tuple."""
+        b = self.builder
+        if self.quads:
+            return self._dpbusd(acc, b.bitcast(words, self.tuple_vec), wt)
+        return b.add(acc, self._madd(b.bitcast(words, self.tuple_vec), wt))
+
+    # ---- the epilogue --------------------------------------------------------------------------
+
+    def _store_rows(self, accs, oy0, rows, q0, n, last_partial, spill, mult_v, off_v, yb,
+                    oh, ow) -> None:
+        b = self.builder
+        packs = self.avx2 and not self.float_out
+        for r in range(rows):
+            oy = b.add(oy0, const_i64(r))
+            res = [self._requant_int(b.fmul(b.sitofp(acc, V8F32), mult_v), off_v, packs)
+                   for acc in accs[r]]
+            whole = n - (1 if last_partial else 0)
+            j = 0
+            while j < n:
+                dst = b.add(b.mul(oy, const_i64(ow)), b.mul(b.add(q0, const_i64(j)), const_i64(VL)))
+                if packs and whole - j >= 2:    # 4 or 2 vectors with two packs
+                    k = 4 if whole - j >= 4 else 2
+                    b.store(self._pack(res[j:j + k]),
+                            self._ptr(yb, dst, ir.VectorType(I8, VL * k)), align=1)
+                    j += k
+                    continue
+                q = b.trunc(res[j], self.out_vec) if packs else res[j]
+                if last_partial and j == n - 1 and spill:
+                    # a row's partial last vector spills into the next row, which is stored
+                    # after it; the plane's last row stores lane by lane
+                    inner = b.icmp_signed("<", oy, const_i64(oh - 1))
+                    with b.if_else(inner, likely=True) as (then, other):
+                        with then:
+                            b.store(q, self._ptr(yb, dst, self.out_vec), align=1)
+                        with other:
+                            self._store_lanes(q, yb, dst, ow % VL)
+                elif last_partial and j == n - 1:
+                    self._store_lanes(q, yb, dst, ow % VL)
+                else:
+                    b.store(q, self._ptr(yb, dst, self.out_vec), align=1)
+                j += 1
+
+    def _store_lanes(self, q, yb, dst, lanes: int) -> None:
+        """The first ``lanes`` lanes of ``q``, in pieces of 4, 2 and 1."""
+        b = self.builder
+        at = 0
+        for piece in (4, 2, 1):
+            if lanes - at < piece:
                 continue
-            nvec = 0      # whole vectors whose wide load stays inside the row
-            while (v_lo + (nvec + 1) * VL <= v_hi
-                   and (v_lo + nvec * VL) * sw + p - pl + VL * sw <= w):
-                nvec += 1
-            lanes = ir.Constant(ir.VectorType(I32, VL), [j * sw for j in range(VL)])
-            if nvec == 0 and v_hi - v_lo <= VL and v_lo + VL <= wq:
-                first = self._fill_narrow(xb, plane, zp_v, dtype, w, sw, pt, pl, p, prow,
-                                          wq, v_lo, v_hi, rows, h * w, lanes)
+            if piece == 1:
+                part = b.extract_element(q, ir.Constant(I32, at))
             else:
-                first = 0
-            with for_range(b, const_i64(first), const_i64(rows), "fy") as iy:
-                src = b.gep(xb, [b.mul(iy, const_i64(w))])
-                dst = b.gep(plane, [b.add(const_i64(p * prow * wq),
-                                          b.mul(b.add(iy, const_i64(pt)), const_i64(wq)))])
-                if nvec:
-                    with for_range(b, const_i64(0), const_i64(nvec), "fq") as q:
-                        v0 = b.add(const_i64(v_lo), b.mul(q, const_i64(VL)))
-                        ix = b.add(b.mul(v0, const_i64(sw)), const_i64(p - pl))
-                        raw = b.load(self._ptr(src, ix, src_ty), align=1)
-                        if sw > 1:
-                            raw = b.shuffle_vector(raw, ir.Constant(src_ty, None), lanes)
-                        wide = (b.zext(raw, V8I32) if dtype == "uint8" else b.sext(raw, V8I32))
-                        val = b.sitofp(b.sub(wide, zp_v), V8F32)
-                        b.store(val, self._ptr(dst, v0, V8F32), align=4)
-                with for_range(b, const_i64(v_lo + nvec * VL), const_i64(v_hi), "fv") as v:
-                    ix = b.add(b.mul(v, const_i64(sw)), const_i64(p - pl))
-                    val = b.sub(self._widen(b.load(b.gep(src, [ix])), dtype), xzp)
-                    b.store(b.sitofp(val, F32), b.gep(dst, [v]))
+                part = b.shuffle_vector(q, q, ir.Constant(ir.VectorType(I32, piece),
+                                                          list(range(at, at + piece))))
+            b.store(part, self._ptr(yb, b.add(dst, const_i64(at)), part.type), align=1)
+            at += piece
 
-    def _fill_narrow(self, xb, plane, zp_v, dtype, w, sw, pt, pl, p, prow, wq, v_lo, v_hi,
-                     rows, plane_bytes, lanes) -> int:
-        """Phase ``p``'s rows when they are narrower than a vector (small images): each row
-        as one vector, its 8 * sw bytes loaded from the row's first column on (running into
-        the next row), the lanes past the row's v_hi - v_lo columns set to zero (the right
-        margin, which must stay zero). Rows whose load would leave the plane are left to the
-        caller's column loop: returns the first of them."""
+    # ---- the copy into tuple words -------------------------------------------------------------
+
+    def _fill(self, xb, plane, base: int, p: int, dtype: str, xzp, pad_elt, geo: dict) -> None:
+        """Phase ``p``'s words inside the image's rows: word v holds the inputs of columns
+        ``v * sw + p - pl + i`` (i < G), the padding where a column is outside the row. Chunks
+        of 8 words; the border chunks select the padding, vector-wise in the rows where their
+        loads stay inside the plane, word by word in the others."""
         b = self.builder
-        src_ty = ir.VectorType(ir.IntType(8), VL * sw)
-        x0 = v_lo * sw + p - pl
-        fit = max(0, min(rows, (plane_bytes - x0 - VL * sw) // w + 1))
-        if fit == 0:
-            return 0
-        keep = ir.Constant(ir.VectorType(ir.IntType(1), VL),
-                           [1 if j < v_hi - v_lo else 0 for j in range(VL)])
-        zero = ir.Constant(V8F32, [0.0] * VL)
-        with for_range(b, const_i64(0), const_i64(fit), "fn") as iy:
-            raw = b.load(self._ptr(xb, b.add(b.mul(iy, const_i64(w)), const_i64(x0)), src_ty),
-                         align=1)
-            if sw > 1:
-                raw = b.shuffle_vector(raw, ir.Constant(src_ty, None), lanes)
-            wide = b.zext(raw, V8I32) if dtype == "uint8" else b.sext(raw, V8I32)
-            val = b.select(keep, b.sitofp(b.sub(wide, zp_v), V8F32), zero)
-            at = b.add(const_i64(p * prow * wq + v_lo),
-                       b.mul(b.add(iy, const_i64(pt)), const_i64(wq)))
-            b.store(val, self._ptr(plane, at, V8F32), align=4)
-        return fit
+        h, w, sw, pt, pl, wq = (geo[k] for k in ("h", "w", "sw", "pt", "pl", "wq"))
+        g = self.g
+        rows = min(h, geo["prow"] - pt)
+        v_lo = max(0, -(-(pl - p - (g - 1)) // sw))
+        v_hi = min(geo["span"], (w - 1 + pl - p) // sw + 1)
+        if rows <= 0 or v_hi <= v_lo:
+            return
+        chunks = [v_lo + VL * k for k in range(-(-(v_hi - v_lo) // VL))]
+
+        def first_col(v0: int, i: int) -> int:
+            return v0 * sw + p - pl + i
+
+        # a chunk's 8 G-tuples: element j * G + i is column first_col(v0, 0) + j * sw + i,
+        # all taken from one load of ``load`` bytes (one shuffle; none where sw == G)
+        offsets = [j * sw + i for j in range(VL) for i in range(g)]
+        load = max(16, 1 << offsets[-1].bit_length())
+
+        def interior(v0: int) -> bool:
+            return first_col(v0, 0) >= 0 and first_col(v0, 0) + load <= w
+
+        inner = [v0 for v0 in chunks if interior(v0)]
+        edges = [v0 for v0 in chunks if not interior(v0)]
+        # rows where every border chunk's loads stay inside the plane's h * w bytes
+        safe_lo = max([0] + [-(first_col(v0, 0) // w) for v0 in edges])
+        safe_hi = min([rows] + [(h * w - first_col(v0, 0) - load) // w + 1 for v0 in edges])
+        safe_hi = max(safe_lo, safe_hi)
+        zp_v = self._splat(b.trunc(xzp, I16), ir.VectorType(I16, VL * g))
+        pad_v = self._splat(pad_elt, ir.VectorType(self.elt, VL * g))
+        elt_plane = b.bitcast(plane, self.elt.as_pointer())
+
+        def chunk(src, dst_row, v0: int, row: int | None = None) -> None:
+            """8 words from border chunk ``v0``, the padding selected into the elements
+            outside the row; ``row`` (the first or last rows): the load moved inside the
+            plane by a known shift, the elements taken past it."""
+            c0 = first_col(v0, 0)
+            offs = list(offsets)
+            if row is None:
+                ptr, at = src, c0
+            else:
+                plane_at = row * w + c0
+                at = min(max(plane_at, 0), h * w - load)
+                offs = [k if 0 <= k < load else 0 for k in (plane_at - at + o for o in offsets)]
+                ptr = xb
+            keep = [0 <= c0 + o < w for o in offsets]
+            words = self._words(ptr, const_i64(at), offs, load, dtype, zp_v, keep, pad_v)
+            b.store(words, self._ptr(elt_plane, b.mul(b.add(dst_row, const_i64(v0)),
+                                                       const_i64(g)), words.type), align=4)
+
+        def scalar_chunk(src, dst_row, v0: int) -> None:
+            for j in range(VL):
+                if v0 + j >= wq:
+                    break
+                for i in range(g):
+                    col = first_col(v0, i) + j * sw
+                    if 0 <= col < w:
+                        raw = b.load(b.gep(src, [const_i64(col)]))
+                        val = self._convert(raw, dtype, b.trunc(xzp, I16))
+                    else:
+                        val = pad_elt
+                    at = b.add(b.mul(b.add(dst_row, const_i64(v0 + j)), const_i64(g)),
+                               const_i64(i))
+                    b.store(val, b.gep(elt_plane, [at]))
+
+        def row_body(iy, row: int | None) -> None:
+            src = b.gep(xb, [b.mul(iy, const_i64(w))])
+            dst_row = b.add(const_i64(base), b.mul(b.add(iy, const_i64(pt)), const_i64(wq)))
+            if inner:
+                with for_range(b, const_i64(0), const_i64(len(inner)), "fq") as k:
+                    v0 = b.add(const_i64(inner[0]), b.mul(k, const_i64(VL)))
+                    at = b.add(b.mul(v0, const_i64(sw)), const_i64(p - pl))
+                    words = self._words(src, at, offsets, load, dtype, zp_v)
+                    b.store(words, self._ptr(elt_plane, b.mul(b.add(dst_row, v0), const_i64(g)),
+                                             words.type), align=4)
+            for v0 in edges:
+                if row is None or h * w >= load:
+                    chunk(src, dst_row, v0, row)
+                else:       # a plane smaller than one load
+                    scalar_chunk(src, dst_row, v0)
+
+        def fill_rows(r0: int, r1: int, vector_edges: bool) -> None:
+            if r1 <= r0:
+                return
+            if not vector_edges:    # the few rows whose loads are moved: one by one
+                for row in range(r0, r1):
+                    row_body(const_i64(row), row)
+                return
+            with for_range(b, const_i64(r0), const_i64(r1), "fy") as iy:
+                row_body(iy, None)
+
+        fill_rows(0, min(safe_lo, rows), False)
+        fill_rows(safe_lo, safe_hi, True)
+        fill_rows(max(safe_hi, safe_lo), rows, False)
+
+    def _words(self, ptr, at, offs: list[int], load: int, dtype: str, zp_v, keep=None,
+               pad_v=None) -> ir.Value:
+        """<8G x elt> tuple elements: ``load`` bytes from ``ptr + at``, element k its byte
+        ``offs[k]``, converted (``_convert``); where ``keep[k]`` is false the padding."""
+        b = self.builder
+        raw = b.load(self._ptr(ptr, at, ir.VectorType(I8, load)), align=1)
+        if offs != list(range(load)):
+            raw = b.shuffle_vector(raw, ir.Constant(raw.type, None),
+                                   ir.Constant(ir.VectorType(I32, len(offs)), offs))
+        val = self._convert(raw, dtype, zp_v)
+        if keep is not None and not all(keep):
+            val = b.select(ir.Constant(ir.VectorType(I1, len(offs)), keep), val, pad_v)
+        return val
+
+    def _convert(self, raw: ir.Value, dtype: str, zp16: ir.Value) -> ir.Value:
+        """Loaded input bytes as tuple elements: x - x_zp as int16 (pairs), x as uint8
+        (quads: int8 x + 128)."""
+        b = self.builder
+        if self.quads:
+            if not self._quad_shift(dtype):
+                return raw
+            if isinstance(raw.type, ir.VectorType):
+                return b.xor(raw, ir.Constant(raw.type, [-128] * raw.type.count))
+            return b.xor(raw, ir.Constant(I8, -128))
+        ty = ir.VectorType(I16, raw.type.count) if isinstance(raw.type, ir.VectorType) else I16
+        wide = b.zext(raw, ty) if dtype == "uint8" else b.sext(raw, ty)
+        return b.sub(wide, zp16)

@@ -66,7 +66,8 @@ them natively only on a CPU with avx512_vnni.
 aarch64+dotprod: the same quad kernels with ``sdot`` (``llvm.aarch64.neon.sdot``, two per
 8-lane accumulator; int8 x int8, so uint8 x is shifted by -128 instead: ``_quad_shift``), run
 under qemu-aarch64 in the tests.
-Not done: VNNI/sdot depthwise, AVX-VNNI (VEX, no AVX-512), 512-bit vectors, ``udot``/``usdot``.
+Not done: sdot depthwise (VNNI depthwise: codegen/qdepthwise.py), AVX-VNNI (VEX, no AVX-512),
+512-bit vectors, ``udot``/``usdot``.
 """
 
 from __future__ import annotations

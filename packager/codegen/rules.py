@@ -112,6 +112,11 @@ def _integer_gemm(module, func, symbol, vl, match, target, options):
     return emit_qgemm(module, func, symbol, vl, target.llvm_features, options.vnni_emulate)
 
 
+def _integer_depthwise(module, func, symbol, vl, match, target, options):
+    """qdwconv2d: the target's features and the options choose VNNI quads."""
+    return emit_qdepthwise(module, func, symbol, vl, target.llvm_features, options.vnni_emulate)
+
+
 def _symbolic_contraction(module, func, symbol, vl, size_vars, target, options):
     """A matmul (M, N, K, batch may be run-time sizes), else a conv2d with run-time image
     sizes (``contraction/conv_symbolic.py``)."""
@@ -123,7 +128,7 @@ KERNEL_RULES: tuple[KernelRule, ...] = (
     KernelRule("recurrence", None, _on_func(emit_recurrence), _sized(emit_recurrence)),
     KernelRule("non-maximum suppression", None, _on_func(emit_nms), None),   # ops/dynamic.py
     KernelRule("integer GEMM", None, _integer_gemm, None),   # qmatmul / qconv2d (ops/qlinear.py)
-    KernelRule("integer depthwise", None, _on_func(emit_qdepthwise), None),   # qdwconv2d
+    KernelRule("integer depthwise", None, _integer_depthwise, None),   # qdwconv2d
     KernelRule("integer elementwise", None, _on_func(emit_qelementwise), None),   # qbinary, qgavgpool
     KernelRule("channel-lane convolution", None, _on_func(emit_conv_oc, True),   # nn.conv2d_oc
                _sized(emit_conv_oc, True)),

@@ -75,10 +75,10 @@ def resolve_target(name: str | None, precision: str = "fp32") -> Target:
     return _from_level(name)
 
 
-# Levels whose code differs from the level below only in the integer kernels (codegen/qgemm.py:
-# vpdpbusd): an export drops them where the level below is also a target and the model has no
-# qmatmul / qconv2d (``drop_idle_levels``), so an fp32 export on a VNNI host does not carry a
-# second, identical x86-64-v4 variant.
+# Levels whose code differs from the level below only in the integer kernels (codegen/qgemm.py
+# and qdepthwise.py: vpdpbusd): an export drops them where the level below is also a target and
+# the model has no qmatmul / qconv2d / qdwconv2d (``drop_idle_levels``), so an fp32 export on a
+# VNNI host does not carry a second, identical x86-64-v4 variant.
 INT8_LEVELS = frozenset({"x86-64-v4+vnni"})
 
 
@@ -90,7 +90,8 @@ def drop_idle_levels(targets: list[Target], funcs) -> list[Target]:
     names = {t.name for t in targets}
     idle = [t for t in targets if t.name in INT8_LEVELS
             and LEVEL_NAMES[LEVEL_NAMES.index(t.name) - 1] in names]
-    if not idle or any(match_qgemm(f) is not None for f in funcs):
+    kinds = ("qmatmul", "qconv2d", "qdwconv2d")
+    if not idle or any(match_qgemm(f, kinds) is not None for f in funcs):
         return targets
     return [t for t in targets if t not in idle]
 

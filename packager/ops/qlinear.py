@@ -32,7 +32,8 @@ Result ``[B, O, OH, OW]``. An optional 7th input, a ``lut8`` table ``[O or 1, 25
 bias_in_float)``: depthwise (one input channel per output channel), x int8/uint8 ``[B, C, H,
 W]``, wf = w - w_zp as float32 ``[C, KH*KW]``, x_zp int32 ``()``, bias int32 ``[C]``,
 multiplier float32 ``[C]``; the sums are exact in float32 (``passes/fuse_qdq_dw.py`` checks),
-the bias added in int32; ``bias_in_float``: it may join the float32 sums (still exact).
+the bias added in int32; ``bias_in_float``: it may join the float32 sums (still exact);
+``weights_int8``: every weight fits int8 (the VNNI kernel takes them as vpdpbusd quads).
 
 ``lut8(x, table, axis)``: ``table[c, x (+128 for int8)]`` per element, c its index on ``axis``
 (-1: one row).
@@ -362,7 +363,8 @@ def lut8(x: np.ndarray, table: np.ndarray, axis: int = -1) -> np.ndarray:
 def _infer_qdwconv2d(x: TensorType, wf: TensorType, x_zp: TensorType, bias: TensorType,
                      multiplier: TensorType, y_zp: TensorType, kernel=(1, 1), strides=(1, 1),
                      padding=(0, 0, 0, 0), dtype: str = "uint8",
-                     relu: bool = False, bias_in_float: bool = False) -> TensorType:
+                     relu: bool = False, bias_in_float: bool = False,
+                     weights_int8: bool = False) -> TensorType:
     if x.dtype not in ("int8", "uint8") or wf.dtype != "float32":
         raise ValueError(f"qdwconv2d takes int8/uint8 x and float32 weights, not "
                          f"{x.dtype} x {wf.dtype}")
@@ -383,13 +385,13 @@ def _legalize_qdwconv2d(x: te.Tensor, wf: te.Tensor, x_zp: te.Tensor, bias: te.T
                         multiplier: te.Tensor, y_zp: te.Tensor, out_type: TensorType, name: str,
                         kernel=(1, 1), strides=(1, 1), padding=(0, 0, 0, 0),
                         dtype: str = "uint8", relu: bool = False,
-                        bias_in_float: bool = False) -> te.Tensor:
+                        bias_in_float: bool = False, weights_int8: bool = False) -> te.Tensor:
     _, c, h, w = x.shape
     kh, kw = kernel
     ry, rx = te.reduce_axis(kh, "ry"), te.reduce_axis(kw, "rx")
     tag_reduction(ry, "qdwconv2d", (x, wf, x_zp, bias, multiplier, y_zp), kernel=tuple(kernel),
                   strides=tuple(strides), padding=tuple(padding), dtype=dtype, relu=relu,
-                  bias_in_float=bias_in_float)
+                  bias_in_float=bias_in_float, weights_int8=weights_int8)
 
     def clamp(i, size):
         return te.minimum(te.maximum(i, 0), size - 1)
@@ -422,7 +424,7 @@ def _legalize_qdwconv2d(x: te.Tensor, wf: te.Tensor, x_zp: te.Tensor, bias: te.T
 def qdwconv2d(x: np.ndarray, wf: np.ndarray, x_zp: np.ndarray, bias: np.ndarray,
               multiplier: np.ndarray, y_zp: np.ndarray, kernel=(1, 1), strides=(1, 1),
               padding=(0, 0, 0, 0), dtype: str = "uint8", relu: bool = False,
-              bias_in_float: bool = False) -> np.ndarray:
+              bias_in_float: bool = False, weights_int8: bool = False) -> np.ndarray:
     """Depthwise (one input channel per output channel): acc = sum (x - x_zp) * wf, exact
     (the fusion only emits it where every partial sum stays below 2**24, so the kernel's
     float32 accumulation is exact too), + bias in int32 (wrapping, as ONNX Runtime's int32

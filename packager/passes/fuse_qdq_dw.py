@@ -41,5 +41,7 @@ def depthwise_call(x: Value, conv: Call, wd: np.ndarray, xzp: int, bias: np.ndar
     attrs = {"kernel": (int(kh), int(kw)), "strides": tuple(conv.attrs["strides"]),
              "padding": tuple(conv.attrs["padding"]), "dtype": dtype, "relu": relu,
              # the bias joins the float32 sums where they stay exact with it
-             "bias_in_float": bool((bound + np.abs(bias)).max() < _F32_EXACT)}
+             "bias_in_float": bool((bound + np.abs(bias)).max() < _F32_EXACT),
+             # int8 weights: the VNNI kernel's vpdpbusd quads (codegen/qdepthwise.py)
+             "weights_int8": bool(wd.min() >= -128 and wd.max() <= 127)}
     return Call("qdwconv2d", args, attrs, out)

@@ -3,8 +3,10 @@ exact numpy integer math, bit for bit (3x3 / 5x5 / 1x3 windows, strides 1, 2 and
 asymmetric padding, rows narrower than a vector, uint8 / int8 in and out, int32 biases near
 2**31 that wrap as ONNX Runtime's accumulator does, float32 results with ReLU) on this host's
 level and on x86-64-v2, one and two threads; its code on every level (selected, with the
-vector multiply-add); and the depthwise layers of ONNX Runtime's quantized models (QDQ and
-QOperator, per tensor and per channel, reduce_range) taking it, against ORT."""
+integer pair product ``vpmaddwd``); the VNNI level's quad kernel (``vpdpbusd`` in its
+assembly, its arithmetic run with the instruction emulated); and the depthwise layers of ONNX
+Runtime's quantized models (QDQ and QOperator, per tensor and per channel, reduce_range)
+taking it (with int8 weights), against ORT."""
 
 from __future__ import annotations
 
@@ -27,6 +29,7 @@ from mlcpack.packager.ir.graph import PrimFunc
 from mlcpack.packager.options import UNPACKED
 from mlcpack.packager.passes.pipeline import DEFAULT_PIPELINE, run_pipeline
 from mlcpack.runtime import load
+from mlcpack.runtime.cpu import host_features
 
 X86 = platform.machine().lower() in ("x86_64", "amd64")
 TARGETS = ["host"] + (["x86-64-v2"] if X86 else [])
@@ -117,22 +120,95 @@ def test_float_output_with_relu(target: str, tmp_path: Path) -> None:
     assert (got == 0).any() and (got > 0).any()
 
 
-@pytest.mark.parametrize("target", ["x86-64-v2", "x86-64-v3", "x86-64-v4", "aarch64"])
-def test_qdwconv2d_code_per_target(target: str) -> None:
-    """Every level compiles the kernel (the vector multiply-add loop, not the generic loop
-    nest), with no libcall; on x86-64-v3 and v4 the multiply-adds are FMA instructions (VEX
-    C4 E2 .. 98/A8/B8, or EVEX), compiled here whatever the host."""
-    rng = np.random.default_rng(0)
-    args, attrs, _ = _case(rng, 1, 4, 6, 20, (3, 3), (1, 1), (1, 1, 1, 1), "uint8", 128, "uint8")
+def _code(args, attrs, level: str, emulate: bool = False):
+    """(assembly, compiled code) of the qdwconv2d kernel for ``level``."""
+    import llvmlite.binding as llvm
+
     mod = run_pipeline(build_op_module("qdwconv2d", args, MASK, **attrs), DEFAULT_PIPELINE,
                        options=UNPACKED)
     funcs = [f for f in mod.functions.values() if isinstance(f, PrimFunc)]
-    code = compile_prim_funcs(funcs, resolve_target(target))
+    target = resolve_target(level)
+    code = compile_prim_funcs(funcs, target, options=UNPACKED.replace(vnni_emulate=emulate))
     assert list(code.kernels) == ["qdwconv2d"]
-    assert "llvm.fmuladd.v8f32" in str(code.llvm_ir)
-    if target in ("x86-64-v3", "x86-64-v4"):
-        assert re.search(rb"\xc4\xe2[\x00-\xff][\x98\xa8\xb8]|\x62[\x00-\xff]{3}[\x98\xa8\xb8]",
-                         code.object_code)
+    llvm.initialize_all_targets()
+    llvm.initialize_all_asmprinters()
+    tm = llvm.Target.from_triple(target.triple).create_target_machine(
+        cpu=target.llvm_cpu, features=target.llvm_features, opt=3, reloc="pic")
+    return tm.emit_assembly(llvm.parse_assembly(code.llvm_ir)), code
+
+
+@pytest.mark.parametrize("target", ["x86-64-v2", "x86-64-v3", "x86-64-v4", "aarch64"])
+def test_qdwconv2d_code_per_target(target: str) -> None:
+    """Every level compiles the kernel (the integer pair product, not the generic loop nest,
+    no float multiply-add), with no libcall; on x86-64-v3 and v4 the products are
+    ``vpmaddwd`` (SSE's ``pmaddwd`` on v2), compiled here whatever the host."""
+    rng = np.random.default_rng(0)
+    args, attrs, _ = _case(rng, 1, 4, 6, 20, (3, 3), (1, 1), (1, 1, 1, 1), "uint8", 128, "uint8")
+    asm, code = _code(args, attrs, target)
+    assert "fmuladd" not in str(code.llvm_ir) and "vfmadd" not in asm
+    if target == "x86-64-v2":
+        assert re.search(r"\bpmaddwd\s", asm)
+    elif target != "aarch64":
+        assert "llvm.x86.avx2.pmadd.wd" in str(code.llvm_ir)
+        assert re.search(r"\bvpmaddwd\s+%ymm", asm)
+    else:
+        assert re.search(r"\bsmull2?\s", asm)
+
+
+# ---- the VNNI level: uint8 x int8 quads with vpdpbusd -----------------------------------------
+
+def test_vnni_level_emits_vpdpbusd() -> None:
+    """x86-64-v4+vnni with int8 weights: 4 taps per ``vpdpbusd`` (256-bit); weights that do not
+    fit int8 keep the int16 pairs (``vpmaddwd``), as does plain v4. The emulated kernel the
+    test below runs is the quad one (its workspace: 4 uint8 taps per word, one phase)."""
+    rng = np.random.default_rng(3)
+    args, attrs, _ = _case(rng, 1, 4, 9, 30, (5, 5), (2, 2), (2, 2, 2, 2), "int8", -5, "uint8")
+    asm, code = _code(args, dict(attrs, weights_int8=True), "x86-64-v4+vnni")
+    assert re.search(r"\bvpdpbusd\s+%ymm", asm) and "vpmaddwd" not in asm
+    wide, _ = _code(args, attrs, "x86-64-v4+vnni")
+    assert "vpdpbusd" not in wide and "vpmaddwd" in wide
+    plain, _ = _code(args, dict(attrs, weights_int8=True), "x86-64-v4")
+    assert "vpdpbusd" not in plain and "vpmaddwd" in plain
+    _, emulated = _code(args, dict(attrs, weights_int8=True), "x86-64-v3", emulate=True)
+    assert emulated.kernels["qdwconv2d"].workspace_bytes == \
+        code.kernels["qdwconv2d"].workspace_bytes
+
+
+QUAD_CASES = ["5x5_s2_int8_batch2", "3x3_s21_big_bias", "5x5_s12_int8_out",
+              "3x3_rows_narrower_than_a_vector"]
+
+
+@pytest.mark.skipif(not X86, reason="the emulated VNNI kernel is the x86-64 quad kernel")
+@pytest.mark.parametrize("case", QUAD_CASES)
+def test_vnni_quads_emulated_exact(case: str, tmp_path: Path,
+                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """The VNNI kernel's own code (uint8 quad words with x's zero point in the padding, int8
+    x shifted by 128, the zp' * sum(w) correction in the bias, the task split) with vpdpbusd
+    written in portable IR (``MLCPACK_VNNI_EMULATE=1``: per lane, the 4 uint8 x int8 products
+    added to the int32 accumulator with wrap-around, as the instruction), run here: bit for
+    bit against exact numpy integer math, one and two threads."""
+    monkeypatch.setenv("MLCPACK_VNNI_EMULATE", "1")
+    rng = np.random.default_rng(sorted(CASES).index(case))
+    args, attrs, expect = _case(rng, *CASES[case])
+    mod = build_op_module("qdwconv2d", args, MASK, **dict(attrs, weights_int8=True))
+    for threads in (1, 2):
+        got = compile_and_run(mod, {"x0": args[0]}, tmp_path, target="host", threads=threads,
+                              name=f"t{threads}.mlc")["y"]
+        np.testing.assert_array_equal(got, expect)
+
+
+@pytest.mark.skipif(not X86 or "avx512_vnni" not in host_features(),
+                    reason="runs vpdpbusd natively: needs an x86-64 host with avx512_vnni "
+                           "(AVX-512 VNNI, e.g. Zen 4, Ice Lake, Sapphire Rapids)")
+def test_vnni_quads_run_natively(tmp_path: Path) -> None:
+    for i, case in enumerate(QUAD_CASES):
+        rng = np.random.default_rng(sorted(CASES).index(case))
+        args, attrs, expect = _case(rng, *CASES[case])
+        path = tmp_path / f"{i}.mlc"
+        export_module(build_op_module("qdwconv2d", args, MASK, **dict(attrs, weights_int8=True)),
+                      path, ExportOptions(target="x86-64-v4+vnni", check=False))
+        with load(path, threads=1) as model:
+            np.testing.assert_array_equal(model.run({"x0": args[0]})["y"], expect, err_msg=case)
 
 
 # ---- the depthwise layers of ONNX Runtime's quantized models ----------------------------------
@@ -176,6 +252,9 @@ def test_ort_quantized_depthwise_takes_the_kernel(form: str, tmp_path: Path) -> 
     fused = run_pipeline(mod, DEFAULT_PIPELINE[:6], options=UNPACKED)
     ops = [getattr(b.value, "op", "") for b in fused.functions["main"].bindings()]
     assert ops.count("qdwconv2d") == 3 and "nn.conv2d" not in ops, ops
+    # ORT's int8 weights (zero point 0): the VNNI level takes them as vpdpbusd quads
+    assert all(b.value.attrs["weights_int8"] for b in fused.functions["main"].bindings()
+               if getattr(b.value, "op", "") == "qdwconv2d")
     feeds = qm.random_feeds(src, seed=4)[0]
     export_module(mod, tmp_path / "dw.mlc", ExportOptions(target="host", check=False))
     with load(tmp_path / "dw.mlc", threads=1) as m:
