@@ -5,7 +5,7 @@ passes/layout.py; ``OpDef.layout`` marks their rows)."""
 
 from . import (bf16, dynamic, elementwise, index, layout, logic, nn, norm, pool,  # noqa: F401
                qconv_quads, qelementwise, qlinear, quant, resize, sequence,
-               shape)  # (registration side effect)
+               shape, trees)  # (registration side effect)
 from .registry import OPS, OpDef, get_op, register_op
 
 __all__ = ["OPS", "OpDef", "get_op", "register_op"]
