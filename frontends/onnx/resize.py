@@ -23,122 +23,13 @@ from typing import Any
 
 from ...packager.ir.graph import Value
 from ...packager.ir.sym import is_static
+from ...packager.ops.resize_tables import resize_tables
 from .registry import NodeContext, converter
 
 _MODES = ("nearest", "linear", "cubic")
 _COORDS = ("half_pixel", "half_pixel_symmetric", "pytorch_half_pixel", "align_corners",
            "asymmetric", "tf_crop_and_resize")
 _NEAREST = ("round_prefer_floor", "round_prefer_ceil", "floor", "ceil")
-
-
-# ---- 1-D filter coefficients (as the ONNX specification writes them) ----------------------------
-
-def _nearest_coeffs(ratio: float, nearest_mode: str) -> np.ndarray:
-    if float(ratio).is_integer():
-        return np.array([0.0, 1.0])
-    if nearest_mode == "round_prefer_floor":
-        return np.array([ratio <= 0.5, ratio > 0.5], dtype=np.float64)
-    if nearest_mode == "round_prefer_ceil":
-        return np.array([ratio < 0.5, ratio >= 0.5], dtype=np.float64)
-    if nearest_mode == "floor":
-        return np.array([1.0, 0.0])
-    return np.array([0.0, 1.0])
-
-
-def _linear_coeffs(ratio: float, scale: float, antialias: bool) -> np.ndarray:
-    if not antialias:
-        return np.array([1 - ratio, ratio])
-    scale = min(scale, 1.0)
-    start = int(np.floor(-1 / scale) + 1)
-    footprint = 2 - 2 * start
-    args = (np.arange(start, start + footprint) - ratio) * scale
-    coeffs = np.clip(1 - np.abs(args), 0, 1)
-    return coeffs / coeffs.sum()
-
-
-def _cubic_coeffs(ratio: float, scale: float, a: float, antialias: bool) -> np.ndarray:
-    if not antialias:
-        r, s = ratio, 1 - ratio
-        return np.array([((a * (r + 1) - 5 * a) * (r + 1) + 8 * a) * (r + 1) - 4 * a,
-                         ((a + 2) * r - (a + 3)) * r * r + 1,
-                         ((a + 2) * s - (a + 3)) * s * s + 1,
-                         ((a * (s + 1) - 5 * a) * (s + 1) + 8 * a) * (s + 1) - 4 * a])
-    scale = min(scale, 1.0)
-
-    def coeff(x: float) -> float:
-        x = abs(x)
-        if x <= 1:
-            return (a + 2) * x ** 3 - (a + 3) * x ** 2 + 1
-        if x < 2:
-            return a * x ** 3 - 5 * a * x ** 2 + 8 * a * x - 4 * a
-        return 0.0
-
-    i_start = int(np.floor(-2 / scale) + 1)
-    coeffs = np.array([coeff(scale * (i - ratio)) for i in range(i_start, 2 - i_start)])
-    return coeffs / coeffs.sum()
-
-
-def _source_coords(coord: str, out_size: int, in_size: int, scale: float,
-                   roi: tuple[float, float] | None) -> tuple[np.ndarray, np.ndarray]:
-    """Each output position's source coordinate, and which ones extrapolate (tf_crop)."""
-    y = np.arange(out_size, dtype=np.float64)
-    out_width = scale * in_size  # the specification uses the unrounded output width
-    outside = np.zeros(out_size, dtype=bool)
-    if coord == "align_corners":
-        x = np.zeros(out_size) if out_width == 1 else y * (in_size - 1) / (out_width - 1)
-    elif coord == "asymmetric":
-        x = y / scale
-    elif coord == "tf_crop_and_resize":
-        start, end = roi if roi is not None else (0.0, 1.0)
-        if out_width == 1:
-            x = np.full(out_size, (end - start) * (in_size - 1) / 2)
-        else:
-            x = y * (end - start) * (in_size - 1) / (out_width - 1)
-        x = x + start * (in_size - 1)
-        outside = (x < 0) | (x > in_size - 1)
-    elif coord == "pytorch_half_pixel":
-        x = np.full(out_size, -0.5) if out_width == 1 else (y + 0.5) / scale - 0.5
-    elif coord == "half_pixel":
-        x = (y + 0.5) / scale - 0.5
-    else:  # half_pixel_symmetric
-        offset = in_size / 2 * (1 - out_size / out_width)
-        x = offset + (y + 0.5) / scale - 0.5
-    return x, outside
-
-
-def resize_tables(in_size: int, out_size: int, scale: float, mode: str, coord: str,
-                  roi: tuple[float, float] | None = None, nearest_mode: str = "round_prefer_floor",
-                  cubic_a: float = -0.75, exclude_outside: bool = False, antialias: bool = False,
-                  extrapolation: float = 0.0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(source indices [O, T] clamped into the input, weights [O, T], fill [O]) of one axis."""
-    x, outside = _source_coords(coord, out_size, in_size, scale, roi)
-    floor = np.floor(x)
-    ratios = np.where(x == floor, 1.0, x - floor)
-    if mode == "nearest":
-        coeffs = np.stack([_nearest_coeffs(r, nearest_mode) for r in ratios])
-    elif mode == "linear":
-        coeffs = np.stack([_linear_coeffs(r, scale, antialias) for r in ratios])
-    else:
-        coeffs = np.stack([_cubic_coeffs(r, scale, cubic_a, antialias) for r in ratios])
-    n = coeffs.shape[1]
-    # The n nearest positions to x (ties to the smaller), in the edge-padded input.
-    pad = int(np.ceil(n / 2))
-    xp = x + pad
-    p = np.floor(xp).astype(np.int64)
-    frac = xp - p
-    if n % 2 == 0:
-        first = p + np.where(frac == 0, -(n // 2), -(n // 2) + 1)
-    else:
-        first = p + np.where(frac <= 0.5, -((n - 1) // 2), -((n - 1) // 2) + 1)
-    neighbors = first[:, None] + np.arange(n)[None, :] - pad
-    if exclude_outside:
-        coeffs = np.where((neighbors < 0) | (neighbors >= in_size), 0.0, coeffs)
-        total = coeffs.sum(axis=1, keepdims=True)
-        coeffs = coeffs / np.where(total == 0, 1.0, total)
-    idx = np.clip(neighbors, 0, in_size - 1)
-    coeffs = np.where(outside[:, None], 0.0, coeffs)
-    fill = np.where(outside, extrapolation, 0.0)
-    return idx.astype(np.int64), coeffs, fill
 
 
 # ---- output sizes -------------------------------------------------------------------------------
@@ -323,10 +214,12 @@ def _convert_resize(ctx: NodeContext, scales_at: int, sizes_at: int | None) -> V
     axes = list(range(rank)) if not axes else [int(a) % rank for a in axes]
     if len(set(axes)) != len(axes):
         raise ctx.error(f"axes {ctx.attrs['axes']} repeat an axis")
+    policy = _text(ctx.attrs.get("keep_aspect_ratio_policy", "stretch"))
+    if _fed_at_run_time(ctx, scales_at, sizes_at):
+        return _resize_run_time(ctx, x, axes, scales_at, sizes_at)
     scales = _optional_const(ctx, scales_at, "scales")
     sizes = _optional_const(ctx, sizes_at, "sizes") if sizes_at is not None else None
     roi = _optional_const(ctx, 1, "roi") if scales_at == 2 else None
-    policy = _text(ctx.attrs.get("keep_aspect_ratio_policy", "stretch"))
     factors, out = _plan(ctx, x.type.shape, scales, sizes, axes, policy)
     nearest_mode = _text(ctx.attrs["nearest_mode"])
     if nearest_mode not in _NEAREST:
@@ -340,6 +233,76 @@ def _convert_resize(ctx: NodeContext, scales_at: int, sizes_at: int | None) -> V
                    cubic_a=float(ctx.attrs["cubic_coeff_a"]),
                    exclude_outside=bool(ctx.attrs["exclude_outside"]), antialias=antialias,
                    extrapolation=float(ctx.attrs["extrapolation_value"]))
+
+
+def _given(ctx: NodeContext, i: int | None) -> bool:
+    return i is not None and ctx.has_input(i) and 0 not in ctx.input(i).type.shape
+
+
+def _fed_at_run_time(ctx: NodeContext, scales_at: int, sizes_at: int | None) -> bool:
+    """Whether sizes (as size expressions) or roi arrive at run time (scales at run time still
+    need --bind)."""
+    from .symvalue import dims_of
+    if ctx.attrs.get("antialias", 0) or _text(ctx.attrs.get("keep_aspect_ratio_policy",
+                                                           "stretch")) != "stretch" \
+            or ctx.input(0).type.dtype not in ("float32", "float64"):
+        return False   # these need the sizes at export (an antialias filter's width depends
+        # on the scale; the aspect-ratio policies compute sizes in float): --bind
+    if _given(ctx, sizes_at) and ctx.const(sizes_at) is None:
+        return dims_of(ctx.input(sizes_at)) is not None
+    roi_at = 1 if scales_at == 2 else None
+    return _given(ctx, roi_at) and ctx.const(roi_at) is None and _given(ctx, sizes_at)
+
+
+def _resize_run_time(ctx: NodeContext, x: Value, axes: list[int], scales_at: int,
+                     sizes_at: int | None) -> Value:
+    """Resize to sizes known at run time (a graph input's values or a shape computation: size
+    expressions), or with a roi fed at run time: per resized axis, ``resize_taps`` kernels
+    build the tables for the sizes of this run and ``resize_axis`` applies them."""
+    from .valueinputs import read_as
+    mode, coord = _text(ctx.attrs["mode"]), _text(ctx.attrs["coordinate_transformation_mode"])
+    if mode not in _MODES or coord not in _COORDS:
+        raise ctx.error(f"mode={mode!r} / coordinate_transformation_mode={coord!r} is not "
+                        "supported")
+    nearest_mode = _text(ctx.attrs["nearest_mode"])
+    if nearest_mode not in _NEAREST:
+        raise ctx.error(f"nearest_mode={nearest_mode!r} is not one of {', '.join(_NEAREST)}")
+    if _given(ctx, scales_at):
+        raise ctx.error("exactly one of scales and sizes must be given")
+    read_as(ctx, sizes_at, "dims")
+    sizes = ctx.dims(sizes_at, "sizes")
+    if len(sizes) != len(axes):
+        raise ctx.error(f"sizes has {len(sizes)} values for {len(axes)} axes")
+    roi = _run_time_roi(ctx, axes) if coord == "tf_crop_and_resize" else None
+    dtype = x.type.dtype
+    y = x
+    for k, a in enumerate(axes):
+        span = roi[k] if roi is not None else ctx.constant(np.array([0.0, 1.0]), "roi")
+        if roi is None and (sizes[k] is y.type.shape[a] or sizes[k] == y.type.shape[a]):
+            continue
+        attrs = dict(in_size=y.type.shape[a], out_size=sizes[k], mode=mode, coord=coord,
+                     dtype=dtype, nearest_mode=nearest_mode,
+                     cubic_a=float(ctx.attrs["cubic_coeff_a"]),
+                     exclude_outside=bool(ctx.attrs["exclude_outside"]),
+                     extrapolation=float(ctx.attrs["extrapolation_value"]), from_sizes=True)
+        one = ctx.constant(np.array([1.0]), "scale")
+        tables = [ctx.emit("resize_taps", one, span, part=part, **attrs)
+                  for part in ("index", "weight", "fill")]
+        y = ctx.emit("resize_axis", y, *tables, axis=a)
+    return y
+
+
+def _run_time_roi(ctx: NodeContext, axes: list[int]) -> list[Value]:
+    """tf_crop_and_resize's (start, end) of each resized axis, float64 ``[2]`` tensors."""
+    if not _given(ctx, 1):
+        raise ctx.error("coordinate_transformation_mode='tf_crop_and_resize' needs roi")
+    roi = ctx.input(1)
+    k = len(axes)
+    if roi.type.shape != (2 * k,):
+        raise ctx.error(f"roi has shape {roi.type.shape}; ({2 * k},) expected")
+    roi = roi if roi.type.dtype == "float64" else ctx.emit("cast", roi, dtype="float64")
+    return [ctx.emit("take", roi, ctx.constant(np.array([i, k + i], np.int64), "roi_at"),
+                     axis=0) for i in range(k)]
 
 
 @converter("Resize", since=10, attrs={"mode": "nearest"})

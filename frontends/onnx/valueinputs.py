@@ -31,7 +31,7 @@ from .symvalue import SymValue
 # (operator, input index) whose value is read as sizes
 VALUE_SLOTS = frozenset({("Reshape", 1), ("Expand", 1), ("ConstantOfShape", 0), ("Tile", 1),
                          ("Split", 1), ("HannWindow", 0), ("HammingWindow", 0),
-                         ("BlackmanWindow", 0)})
+                         ("BlackmanWindow", 0), ("Resize", 3)})
 MAX_ELEMENTS = 16
 _READ = itertools.count()   # the order inputs are read in: a row may use an earlier row's sizes
 
