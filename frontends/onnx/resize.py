@@ -250,6 +250,13 @@ def _fed_at_run_time(ctx: NodeContext, scales_at: int, sizes_at: int | None) -> 
         # on the scale; the aspect-ratio policies compute sizes in float): --bind
     if _given(ctx, sizes_at) and ctx.const(sizes_at) is None:
         return dims_of(ctx.input(sizes_at)) is not None
+    if _given(ctx, scales_at) and ctx.const(scales_at) is None:
+        from .valueinputs import run_time_scales
+        rank = len(ctx.input(0).type.shape)
+        count = len(ctx.attrs.get("axes") or range(rank))
+        coord = _text(ctx.attrs.get("coordinate_transformation_mode", "asymmetric"))
+        return coord != "tf_crop_and_resize" and \
+            run_time_scales(ctx, scales_at, count) is not None
     roi_at = 1 if scales_at == 2 else None
     return _given(ctx, roi_at) and ctx.const(roi_at) is None and _given(ctx, sizes_at)
 
@@ -257,9 +264,10 @@ def _fed_at_run_time(ctx: NodeContext, scales_at: int, sizes_at: int | None) -> 
 def _resize_run_time(ctx: NodeContext, x: Value, axes: list[int], scales_at: int,
                      sizes_at: int | None) -> Value:
     """Resize to sizes known at run time (a graph input's values or a shape computation: size
-    expressions), or with a roi fed at run time: per resized axis, ``resize_taps`` kernels
-    build the tables for the sizes of this run and ``resize_axis`` applies them."""
-    from .valueinputs import read_as
+    expressions; or float scales fed as a graph input, whose sizes ``floor(scale * dim)`` are
+    bound at run start), or with a roi fed at run time: per resized axis, ``resize_taps``
+    kernels build the tables for the sizes of this run and ``resize_axis`` applies them."""
+    from .valueinputs import read_as, run_time_scales, scale_sizes
     mode, coord = _text(ctx.attrs["mode"]), _text(ctx.attrs["coordinate_transformation_mode"])
     if mode not in _MODES or coord not in _COORDS:
         raise ctx.error(f"mode={mode!r} / coordinate_transformation_mode={coord!r} is not "
@@ -267,10 +275,19 @@ def _resize_run_time(ctx: NodeContext, x: Value, axes: list[int], scales_at: int
     nearest_mode = _text(ctx.attrs["nearest_mode"])
     if nearest_mode not in _NEAREST:
         raise ctx.error(f"nearest_mode={nearest_mode!r} is not one of {', '.join(_NEAREST)}")
+    scales = None
     if _given(ctx, scales_at):
-        raise ctx.error("exactly one of scales and sizes must be given")
-    read_as(ctx, sizes_at, "dims")
-    sizes = ctx.dims(sizes_at, "sizes")
+        if _given(ctx, sizes_at):
+            raise ctx.error("exactly one of scales and sizes must be given")
+        scales = run_time_scales(ctx, scales_at, len(axes))
+        if scales is None:
+            ctx.require_const(scales_at, "scales")
+        sizes = scale_sizes(ctx, scales, [x.type.shape[a] for a in axes])
+        if scales.type.dtype != "float64":
+            scales = ctx.emit("cast", scales, dtype="float64")
+    else:
+        read_as(ctx, sizes_at, "dims")
+        sizes = ctx.dims(sizes_at, "sizes")
     if len(sizes) != len(axes):
         raise ctx.error(f"sizes has {len(sizes)} values for {len(axes)} axes")
     roi = _run_time_roi(ctx, axes) if coord == "tf_crop_and_resize" else None
@@ -284,9 +301,14 @@ def _resize_run_time(ctx: NodeContext, x: Value, axes: list[int], scales_at: int
                      dtype=dtype, nearest_mode=nearest_mode,
                      cubic_a=float(ctx.attrs["cubic_coeff_a"]),
                      exclude_outside=bool(ctx.attrs["exclude_outside"]),
-                     extrapolation=float(ctx.attrs["extrapolation_value"]), from_sizes=True)
-        one = ctx.constant(np.array([1.0]), "scale")
-        tables = [ctx.emit("resize_taps", one, span, part=part, **attrs)
+                     extrapolation=float(ctx.attrs["extrapolation_value"]),
+                     from_sizes=scales is None)
+        if scales is None:
+            scale = ctx.constant(np.array([1.0]), "scale")
+        else:
+            scale = ctx.emit("take", scales, ctx.constant(np.array([k], np.int64), "axis"),
+                             axis=0)
+        tables = [ctx.emit("resize_taps", scale, span, part=part, **attrs)
                   for part in ("index", "weight", "fill")]
         y = ctx.emit("resize_axis", y, *tables, axis=a)
     return y
@@ -347,6 +369,12 @@ def _upsample_7(ctx: NodeContext) -> Value:
 
 @converter("Upsample", since=9, attrs={"mode": "nearest"})
 def _upsample_9(ctx: NodeContext) -> Value:
+    if ctx.const(1) is None and _fed_at_run_time(ctx, 1, None):   # scales fed at run time
+        mode = _text(ctx.attrs["mode"])
+        ctx.attrs = {**_RESIZE_ATTRS, "mode": "linear" if mode == "bilinear" else mode,
+                     "coordinate_transformation_mode": "asymmetric", "nearest_mode": "floor"}
+        return _resize_run_time(ctx, ctx.input(0), list(range(len(ctx.input(0).type.shape))),
+                                1, None)
     return _upsample(ctx, ctx.require_const(1, "scales"))
 
 

@@ -1,7 +1,9 @@
-"""Resize with its sizes (and tf_crop_and_resize's roi) fed at run time (issue 37 item 2): the
-output dims are size variables bound from the sizes' values at run start (format 1.6
-``values`` rows), and ``resize_taps`` kernels build each axis's tables for the sizes of the
-run. One export, several sizes, against ONNX Runtime; the C runtime bit-identical."""
+"""Resize with its sizes, scales (and tf_crop_and_resize's roi) fed at run time (issue 37
+item 2): the output dims are size variables bound at run start from the sizes' values (format
+1.6 ``values`` rows) or as ``floor(scale * dim)`` from the float scales (format 1.7, the
+symbolic record's ``scales`` key), and ``resize_taps`` kernels build each axis's tables for the
+run. One export, several sizes and scales, against ONNX Runtime; the C runtime bit-identical;
+a bad scale is a one-line input error in both; a 1.6 reader refuses the scales bundle."""
 
 from __future__ import annotations
 
@@ -13,10 +15,13 @@ import pytest
 from onnx import TensorProto as T
 from onnx import helper
 
+from bundle_parts import read_parts
 from mlcpack.frontends.onnx import import_onnx
 from mlcpack.packager.export import ExportOptions, export_module
+from mlcpack.runtime import bundle as bundle_format
 from mlcpack.runtime import load
-from test_c_runtime import CC, assert_bit_identical
+from mlcpack.runtime.errors import FormatVersionError, InputError
+from test_c_runtime import CC, assert_bit_identical, mlcrun, one_line_error
 
 ort = pytest.importorskip("onnxruntime")
 
@@ -60,19 +65,50 @@ CASES = [feeds([1, 2, 8, 3], [3, 7], [0.1, 0.2, 0.9, 0.7]),
          feeds([1, 2, 4, 5], [9, 1], [0.0, 0.0, 1.0, 1.0])]
 
 
+def scales_model() -> onnx.ModelProto:
+    """Resize by scales fed at run time: linear half_pixel over every axis, cubic
+    pytorch_half_pixel over axes 2, 3."""
+    nodes = [
+        helper.make_node("Resize", ["x", "", "scales"], ["linear"], mode="linear"),
+        helper.make_node("Resize", ["x", "", "hw"], ["cubic"], mode="cubic", axes=[2, 3],
+                         coordinate_transformation_mode="pytorch_half_pixel")]
+    g = helper.make_graph(nodes, "resize_scales", [
+        helper.make_tensor_value_info("x", T.FLOAT, [1, 2, 4, 5]),
+        helper.make_tensor_value_info("scales", T.FLOAT, [4]),
+        helper.make_tensor_value_info("hw", T.FLOAT, [2])],
+        [helper.make_tensor_value_info(n, T.FLOAT, None) for n in ("linear", "cubic")])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 19)])
+
+
+def scale_feeds(scales, hw) -> dict:
+    x = np.random.default_rng(1).standard_normal((1, 2, 4, 5)).astype(F)
+    return {"x": x, "scales": np.array(scales, F), "hw": np.array(hw, F)}
+
+
+SCALE_CASES = [scale_feeds([1, 1, 2, 0.6], [1.5, 0.8]),
+               scale_feeds([1, 1, 0.5, 3], [2.0, 1.0]),
+               scale_feeds([1, 1, 1.3, 1.7], [0.75, 2.5])]
+MODELS = {"sizes": (sizes_model, CASES), "scales": (scales_model, SCALE_CASES)}
+
+
 @pytest.fixture(scope="module")
-def bundle(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("resize") / "resize.mlc"
-    mod, _ = import_onnx(sizes_model())
-    export_module(mod, path, ExportOptions(target="host"))
-    return path
+def bundles(tmp_path_factory) -> dict[str, Path]:
+    folder = tmp_path_factory.mktemp("resize")
+    out = {}
+    for name, (make, _) in MODELS.items():
+        mod, _ = import_onnx(make())
+        export_module(mod, folder / f"{name}.mlc", ExportOptions(target="host"))
+        out[name] = folder / f"{name}.mlc"
+    return out
 
 
-def test_resize_to_run_time_sizes_matches_onnxruntime(bundle) -> None:
-    model = sizes_model()
+@pytest.mark.parametrize("name", list(MODELS))
+def test_resize_at_run_time_matches_onnxruntime(bundles, name) -> None:
+    make, cases = MODELS[name]
+    model = make()
     session = ort.InferenceSession(model.SerializeToString())
-    with load(bundle) as b:
-        for feed in CASES:
+    with load(bundles[name]) as b:
+        for feed in cases:
             got = b.run(feed)
             for out, want in zip(model.graph.output, session.run(None, feed)):
                 g = got[out.name]
@@ -80,10 +116,47 @@ def test_resize_to_run_time_sizes_matches_onnxruntime(bundle) -> None:
                 np.testing.assert_allclose(g, want, rtol=1e-5, atol=1e-5, err_msg=out.name)
 
 
-def test_c_runtime_bit_identical(bundle, tmp_path) -> None:
+def test_scales_bundle_is_format_1_7(bundles, monkeypatch) -> None:
+    header, _ = read_parts(bundles["scales"])
+    assert header["format"] == [1, 7] and header["min_reader"] == [1, 7]
+    assert "values" not in header["symbolic"]
+    rows = header["symbolic"]["scales"]
+    assert [r[0] for r in rows] == ["scales", "hw"] and rows[0][3] == [1, 2, 4, 5]
+    assert read_parts(bundles["sizes"])[0]["format"] == [1, 6]
+    monkeypatch.setattr(bundle_format, "SCALES_MINOR", 6)   # a 1.6 reader
+    with pytest.raises(FormatVersionError, match="needs a runtime that reads"):
+        load(bundles["scales"])
+
+
+def test_bad_scale_is_a_one_line_input_error(bundles) -> None:
+    with load(bundles["scales"]) as b:
+        with pytest.raises(InputError) as err:
+            b.run(scale_feeds([1, 1, 0.2, 1], [1, 1]))
+    assert "\n" not in str(err.value) and "scale 0.2" in str(err.value), str(err.value)
+
+
+@pytest.fixture(scope="module")
+def cbuild() -> Path:
     if CC is None:
         pytest.skip("no C compiler (cc or gcc) on this machine: the C runtime cannot be built")
     from test_c_runtime import CDIR, _make
     _make("all")
-    for k, feed in enumerate(CASES[:2]):
-        assert_bit_identical(CDIR / "build", bundle, feed, tmp_path / str(k), threads=(1,))
+    return CDIR / "build"
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_c_runtime_bit_identical(cbuild, bundles, tmp_path, name) -> None:
+    for k, feed in enumerate(MODELS[name][1][:2]):
+        assert_bit_identical(cbuild, bundles[name], feed, tmp_path / str(k), threads=(1,))
+
+
+def test_c_runtime_refuses_a_bad_scale(cbuild, bundles, tmp_path) -> None:
+    feed = scale_feeds([1, 1, 0.2, 1], [1, 1])
+    paths = []
+    for k, v in enumerate(feed.values()):
+        paths.append(tmp_path / f"in{k}.npy")
+        np.save(paths[-1], v)
+    proc = mlcrun(cbuild, "run", bundles["scales"], *paths, "-o", tmp_path / "out")
+    assert proc.returncode == 7, proc.stderr
+    message = one_line_error(proc)
+    assert "scale 0.2" in message, message
