@@ -18,7 +18,7 @@ from typing import Sequence
 import numpy as np
 
 from ...packager.ir.graph import Value
-from ...packager.ops.trees import LEAF, MODES
+from ...packager.ops.trees import LEAF, MISSING, MODES
 from .registry import NodeContext, converter
 
 _TRANSFORMS = ("NONE", "SOFTMAX", "LOGISTIC", "SOFTMAX_ZERO", "PROBIT")
@@ -51,12 +51,17 @@ class Trees:
 
     def arrays(self, ctx: NodeContext, dtype: str, features: int, targets: int
                ) -> list[Value]:
-        nodes = np.array(self.rows, np.int64).reshape(-1, 5)
-        inner = nodes[:, 1] != LEAF
-        if inner.any() and (nodes[inner, 0].min() < 0 or nodes[inner, 0].max() >= features):
+        rows = np.array(self.rows, np.int64).reshape(-1, 5)
+        inner = rows[:, 1] != LEAF
+        if inner.any() and (rows[inner, 0].min() < 0 or rows[inner, 0].max() >= features):
             raise ctx.error(f"a node reads a feature outside the input's {features}")
-        if inner.any() and (nodes[inner, 2:4].min() < 0 or nodes[inner, 2:4].max() >= len(nodes)):
+        if inner.any() and (rows[inner, 2:4].min() < 0 or rows[inner, 2:4].max() >= len(rows)):
             raise ctx.error("a node's child is not a node of the ensemble")
+        if len(rows) >= 1 << 31:
+            raise ctx.error(f"{len(rows)} nodes are too many (at most 2^31 - 1)")
+        rows[~inner, 2:4] = 0
+        flags = rows[:, 1] + MISSING * ((rows[:, 4] != 0) & inner)
+        nodes = np.stack([rows[:, 0], rows[:, 2], rows[:, 3], flags], axis=1).astype(np.int32)
         counts = [len(w) for w in self.weights]
         begin = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
         flat = [pair for w in self.weights for pair in w]
@@ -142,8 +147,11 @@ def _legacy_trees(ctx: NodeContext, prefix: str) -> tuple[Trees, list[int]]:
 def _walk(ctx: NodeContext, x: Value, dtype: str, trees: Trees, roots: Sequence[int],
           targets: int, aggregate: str) -> Value:
     arrays = trees.arrays(ctx, dtype, x.type.shape[1], targets)
+    inner = [r for r in trees.rows if r[1] != LEAF]
     return ctx.emit("tree_ensemble", x, *arrays, ctx.constant(np.array(roots, np.int64), "roots"),
-                    targets=targets, aggregate="SUM" if aggregate == "AVERAGE" else aggregate)
+                    targets=targets, aggregate="SUM" if aggregate == "AVERAGE" else aggregate,
+                    modes=tuple(sorted({r[1] for r in inner})),
+                    missing=any(r[4] for r in inner))
 
 
 def _column(ctx: NodeContext, s: Value, k: int) -> Value:
