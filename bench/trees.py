@@ -83,10 +83,12 @@ def main() -> None:
                 assert np.allclose(got, want, rtol=1e-5, atol=1e-5)
                 times: dict[str, list[float]] = {"onnxruntime": [], "mlcpack": []}
                 for _ in range(args.rounds):   # alternate, so both see the same load
-                    for name, run in (("onnxruntime", lambda: session.run(None, feed)),
-                                      ("mlcpack", lambda: bundle.run(feed))):
+                    for name in times:
                         t0 = time.perf_counter()
-                        run()
+                        if name == "onnxruntime":
+                            session.run(None, feed)
+                        else:
+                            bundle.run(feed)
                         times[name].append((time.perf_counter() - t0) * 1e3)
                 for name, ts in times.items():
                     print(f"batch {batch:5d}  {name:12s} median {np.median(ts):8.3f}  "
