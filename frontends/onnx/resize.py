@@ -62,16 +62,21 @@ def _plan(ctx: NodeContext, shape: tuple[int, ...], scales: np.ndarray | None,
                 raise ctx.error(f"scale {s} must be positive")
             factors[a] = float(s)
         return factors, [int(f * n) if is_static([n]) else
-                         (n * int(f) if float(f).is_integer() else _no_size(ctx, f, n))
+                         (n * int(f) if float(f).is_integer() else _scaled_size(f, n))
                          for f, n in zip(factors, shape)]
     out = list(shape)
     for a, s in zip(axes, given.tolist()):
         if int(s) < 1:
             raise ctx.error(f"size {int(s)} must be positive")
         out[a] = int(s)
-    factors = [o / n for o, n in zip(out, shape)]
+    # a size known only at run time: the scale is out / in of each run (None)
+    factors = [o / n if is_static([n]) else 1.0 if o is n else None
+               for o, n in zip(out, shape)]
     if policy == "stretch":
         return factors, out
+    if None in factors:
+        raise ctx.error(f"keep_aspect_ratio_policy={policy!r} on sizes known only at run time "
+                        "is not supported: fix the input sizes with --input-shape")
     if policy not in ("not_larger", "not_smaller"):
         raise ctx.error(f"keep_aspect_ratio_policy={policy!r} is not stretch, not_larger or "
                         "not_smaller")
@@ -81,9 +86,12 @@ def _plan(ctx: NodeContext, shape: tuple[int, ...], scales: np.ndarray | None,
     return factors, [int(scale * shape[d] + 0.5) if d in axes else shape[d] for d in range(rank)]
 
 
-def _no_size(ctx: NodeContext, f: float, n: object) -> int:
-    raise ctx.error(f"scale {f} of size {n}, known only at run time, is not supported yet: fix "
-                    "the input sizes with --input-shape")
+def _scaled_size(f: float, n: object) -> object:
+    """``floor(f * n)`` for a size ``n`` known at run time: ``(n * p) // q`` with ``p / q`` the
+    float's exact value (the same as the float product for any size below 2^29)."""
+    from fractions import Fraction
+    ratio = Fraction(float(f))
+    return (n * ratio.numerator) // ratio.denominator
 
 
 def _resize(ctx: NodeContext, x: Value, factors: list[float], out: list[int], mode: str,
@@ -141,27 +149,57 @@ def _resize_symbolic(ctx: NodeContext, x: Value, factors: list[float], out: list
                      coord: str, roi: Any, axes: list[int], table_args: dict) -> Value:
     """Resize where a size is known at run time only: an integer upscale whose nearest tables
     repeat each element (the same at every size: checked on a few sizes here) is a broadcast;
-    anything else needs the sizes fixed."""
+    anything else builds its tables at run time (``resize_taps``), from the constant scale or,
+    for sizes, from out / in of the run."""
     shape = x.type.shape
     repeats = {}
-    for a in axes:
-        if out[a] is shape[a] or out[a] == shape[a]:
-            continue
+    changed = [a for a in axes if not (out[a] is shape[a] or out[a] == shape[a])
+               or (roi is not None and roi[a] != (0.0, 1.0))]
+    for a in changed:
         f = factors[a]
-        if not (is_static([shape[a]]) and is_static([out[a]])) and float(f).is_integer() \
-                and f >= 1 and out[a] == int(f) * shape[a] and roi is None:
+        if f is not None and not (is_static([shape[a]]) and is_static([out[a]])) \
+                and float(f).is_integer() and f >= 1 and out[a] == int(f) * shape[a] \
+                and roi is None:
             r = int(f)
             if all(_repeat_factor(n, n * r, *resize_tables(n, n * r, float(r), mode, coord,
                                                               None, **table_args)) == r
                    for n in (1, 2, 3, 5, 8, 13)):
                 repeats[a] = r
-                continue
-        raise ctx.error(f"resizing axis {a} from {shape[a]} to {out[a]} ({mode}, {coord}) with "
-                        "sizes known only at run time is not supported yet; fix the input sizes "
-                        "with --input-shape")
-    if not repeats:
-        return x
-    return _repeat(ctx, x, repeats)
+    if len(repeats) == len(changed):
+        return _repeat(ctx, x, repeats) if repeats else x
+    if table_args.get("antialias") or x.type.dtype not in ("float32", "float64"):
+        raise ctx.error(f"resizing {x.type.dtype} ({mode}, {coord}"
+                        f"{', antialias' if table_args.get('antialias') else ''}) with sizes "
+                        "known only at run time is not supported; fix the input sizes with "
+                        "--input-shape")
+    y = x
+    for a in changed:
+        span = (0.0, 1.0) if roi is None else roi[a]
+        y = _taps_axis(ctx, y, a, out[a], factors[a], ctx.constant(np.array(span), "roi"), mode,
+                       coord, table_args["nearest_mode"], table_args.get("cubic_a", -0.75),
+                       table_args.get("exclude_outside", False),
+                       table_args.get("extrapolation", 0.0))
+    return y
+
+
+def _taps_axis(ctx: NodeContext, y: Value, a: int, out_size: object, scale: Any, span: Value,
+               mode: str, coord: str, nearest_mode: str, cubic_a: float, exclude: bool,
+               extrapolation: float) -> Value:
+    """Axis ``a`` of ``y`` resized to ``out_size`` with tables built at run time: ``scale`` a
+    float, a float64 ``[1]`` tensor, or None (out / in of the run)."""
+    if scale is None or isinstance(scale, Value):
+        tensor = scale if scale is not None else ctx.constant(np.array([1.0]), "scale")
+    else:
+        tensor = ctx.constant(np.array([float(scale)]), "scale")
+    attrs = dict(in_size=y.type.shape[a], out_size=out_size, mode=mode, coord=coord,
+                 dtype=y.type.dtype, nearest_mode=nearest_mode, cubic_a=float(cubic_a),
+                 exclude_outside=bool(exclude), extrapolation=float(extrapolation),
+                 from_sizes=scale is None)
+    # a size known only at run time: a kernel, even when the tables' own shape is static
+    emit = ctx.emit if is_static([y.type.shape[a], out_size]) else ctx.bb.emit_op
+    tables = [emit("resize_taps", tensor, span, part=part, **attrs)
+              for part in ("index", "weight", "fill")]
+    return ctx.emit("resize_axis", y, *tables, axis=a)
 
 
 def _repeat_factor(in_size: int, out_size: int, idx: np.ndarray, w: np.ndarray,
@@ -291,26 +329,16 @@ def _resize_run_time(ctx: NodeContext, x: Value, axes: list[int], scales_at: int
     if len(sizes) != len(axes):
         raise ctx.error(f"sizes has {len(sizes)} values for {len(axes)} axes")
     roi = _run_time_roi(ctx, axes) if coord == "tf_crop_and_resize" else None
-    dtype = x.type.dtype
     y = x
     for k, a in enumerate(axes):
         span = roi[k] if roi is not None else ctx.constant(np.array([0.0, 1.0]), "roi")
         if roi is None and (sizes[k] is y.type.shape[a] or sizes[k] == y.type.shape[a]):
             continue
-        attrs = dict(in_size=y.type.shape[a], out_size=sizes[k], mode=mode, coord=coord,
-                     dtype=dtype, nearest_mode=nearest_mode,
-                     cubic_a=float(ctx.attrs["cubic_coeff_a"]),
-                     exclude_outside=bool(ctx.attrs["exclude_outside"]),
-                     extrapolation=float(ctx.attrs["extrapolation_value"]),
-                     from_sizes=scales is None)
-        if scales is None:
-            scale = ctx.constant(np.array([1.0]), "scale")
-        else:
-            scale = ctx.emit("take", scales, ctx.constant(np.array([k], np.int64), "axis"),
-                             axis=0)
-        tables = [ctx.emit("resize_taps", scale, span, part=part, **attrs)
-                  for part in ("index", "weight", "fill")]
-        y = ctx.emit("resize_axis", y, *tables, axis=a)
+        scale = None if scales is None else ctx.emit(
+            "take", scales, ctx.constant(np.array([k], np.int64), "axis"), axis=0)
+        y = _taps_axis(ctx, y, a, sizes[k], scale, span, mode, coord, nearest_mode,
+                       float(ctx.attrs["cubic_coeff_a"]), bool(ctx.attrs["exclude_outside"]),
+                       float(ctx.attrs["extrapolation_value"]))
     return y
 
 

@@ -3,7 +3,10 @@ item 2): the output dims are size variables bound at run start from the sizes' v
 1.6 ``values`` rows) or as ``floor(scale * dim)`` from the float scales (format 1.7, the
 symbolic record's ``scales`` key), and ``resize_taps`` kernels build each axis's tables for the
 run. One export, several sizes and scales, against ONNX Runtime; the C runtime bit-identical;
-a bad scale is a one-line input error in both; a 1.6 reader refuses the scales bundle."""
+a bad scale is a one-line input error in both; a 1.6 reader refuses the scales bundle.
+Constant scales and sizes on input sizes known at run time only build their tables the same
+way (a non-integer scale's output size is ``(dim * p) // q`` with ``p / q`` the float's
+value)."""
 
 from __future__ import annotations
 
@@ -88,7 +91,36 @@ def scale_feeds(scales, hw) -> dict:
 SCALE_CASES = [scale_feeds([1, 1, 2, 0.6], [1.5, 0.8]),
                scale_feeds([1, 1, 0.5, 3], [2.0, 1.0]),
                scale_feeds([1, 1, 1.3, 1.7], [0.75, 2.5])]
-MODELS = {"sizes": (sizes_model, CASES), "scales": (scales_model, SCALE_CASES)}
+def symbolic_model() -> onnx.ModelProto:
+    """Constant scales and sizes on an input whose sizes are known at run time only (a
+    dynamic-resolution model's bilinear upsampling), and sizes from another input's shape."""
+    scales = helper.make_tensor("s", T.FLOAT, [4], [1, 1, 1.5, 0.75])
+    sizes = helper.make_tensor("z", T.INT64, [4], [1, 2, 6, 9])
+    nodes = [
+        helper.make_node("Resize", ["x", "", "s"], ["linear"], mode="linear"),
+        helper.make_node("Resize", ["x", "", "", "z"], ["cubic"], mode="cubic"),
+        helper.make_node("Shape", ["b"], ["b_shape"]),
+        helper.make_node("Resize", ["x", "", "", "b_shape"], ["like_b"], mode="nearest",
+                         coordinate_transformation_mode="half_pixel",
+                         nearest_mode="round_prefer_ceil")]
+    g = helper.make_graph(nodes, "resize_symbolic", [
+        helper.make_tensor_value_info("x", T.FLOAT, [1, 2, "h", "w"]),
+        helper.make_tensor_value_info("b", T.FLOAT, [1, 2, "H", "W"])],
+        [helper.make_tensor_value_info(n, T.FLOAT, None) for n in ("linear", "cubic", "like_b")],
+        initializer=[scales, sizes])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 19)])
+
+
+def symbolic_feeds(h, w, hb, wb) -> dict:
+    rng = np.random.default_rng(h * 100 + w)
+    return {"x": rng.standard_normal((1, 2, h, w)).astype(F),
+            "b": np.zeros((1, 2, hb, wb), F)}
+
+
+SYMBOLIC_CASES = [symbolic_feeds(4, 5, 7, 3), symbolic_feeds(7, 10, 2, 11),
+                  symbolic_feeds(1, 3, 1, 1)]
+MODELS = {"sizes": (sizes_model, CASES), "scales": (scales_model, SCALE_CASES),
+          "symbolic": (symbolic_model, SYMBOLIC_CASES)}
 
 
 @pytest.fixture(scope="module")
