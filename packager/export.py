@@ -19,7 +19,7 @@ import numpy as np
 
 from .. import packager
 from ..runtime.bundle import (DYNAMIC_MINOR, FORMAT_MAJOR, FORMAT_MINOR, STORED_MINOR,
-                              SYMBOLIC_MINOR, VALUES_MINOR)
+                              SCALES_MINOR, SYMBOLIC_MINOR, VALUES_MINOR)
 from ..runtime.header import (CONST, BatchInfo, CodeVariant, ConstantRow, Header, IORow,
                               KernelRow, MemoryPlan, Plan, StoredRecord, SymbolicBound, VMRecord,
                               freeze, plain)
@@ -693,6 +693,8 @@ def _header(opts: ExportOptions, plans: list[Plan], constants: _Constants,
         minor = DYNAMIC_MINOR
     if symbolic and plans[-1].symbolic.values:   # sizes bound from inputs' values
         minor = VALUES_MINOR
+    if symbolic and plans[-1].symbolic.scales:   # sizes from float scales fed at run time
+        minor = SCALES_MINOR
     return Header(
         format=(FORMAT_MAJOR, minor or FORMAT_MINOR),
         plans=tuple(plans), constants=tuple(constants.rows),

@@ -291,6 +291,8 @@ def check_values(rows: Any, sizes: Mapping[str, int]) -> dict[str, list[int]]:
             out[name] = [1] * k
         elif rule == "dims":
             out[name] = [sizes.get(v, CHECK_SIZE) for v in names]
+        elif rule == "scales":   # float scales fed at run time: the input's own sizes
+            out[name] = [1.0] * k
         elif rule == "axes":
             ones = [i for i, d in enumerate(row[3]) if isinstance(d, int) and d == 1]
             out[name] = ones if row[4] == 3 else list(range(64))   # Squeeze: axes of size 1
@@ -358,7 +360,9 @@ def prepare_golden(mod: IRModule, params: Mapping[str, np.ndarray] | None, opts:
         for name, values in check_values(getattr(mod, "value_vars", ()), sizes).items():
             p = next((q for q in fn.params if q.name == name), None)
             if p is not None and name in inputs:   # inputs read as sizes: values any data takes
-                top, count = np.iinfo(p.type.dtype).max, int(np.prod(p.type.shape))
+                count = int(np.prod(p.type.shape))
+                top = np.finfo(p.type.dtype).max if p.type.dtype.startswith("float") \
+                    else np.iinfo(p.type.dtype).max
                 inputs[name] = np.array([min(v, top) for v in values[:count]],
                                         dtype=p.type.dtype).reshape(p.type.shape)
         seed = opts.check_seed

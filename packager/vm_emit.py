@@ -100,11 +100,15 @@ def dynamic_bounds(mod: IRModule) -> dict[str, Dim]:
     return out
 
 
-def value_rows(mod: IRModule) -> tuple | None:
+def value_rows(mod: IRModule, rules: str = "all") -> tuple | None:
     """The symbolic record's ``values``: how inputs' values bind size variables (format
-    1.6, docs/format.md section 10.8), dims as records; None when no input does."""
+    1.6, docs/format.md section 10.8), dims as records; None when no input does. ``rules``:
+    ``"values"`` leaves out the ``scales`` rows (format 1.7's own key), ``"scales"`` keeps only
+    them, ``"all"`` (what the runtime binds) keeps every row."""
     rows = []
     for param, rule, names, *args in getattr(mod, "value_vars", ()):
+        if rules != "all" and (rule == "scales") != (rules == "scales"):
+            continue
         extra = [[to_record(d) for d in a] if isinstance(a, (list, tuple)) else a for a in args]
         rows.append(freeze([param, rule, list(names), *extra]))
     return tuple(rows) or None
@@ -263,7 +267,7 @@ def emit_program(mod: IRModule, kernels: dict[str, KernelInfo], func: str = "mai
                              for _, b in sorted(buffers.items())),
             tuple(freeze(c) for c in checks) if checks else None,
             dynamic=tuple(freeze([name, to_record(bound)]) for name, bound in dynamic.items())
-            or None, values=value_rows(mod))
+            or None, values=value_rows(mod, "values"), scales=value_rows(mod, "scales"))
         return prog
     offsets, prog.arena_bytes = plan_memory(list(buffers.values()))
     prog.intermediate_bytes = sum(b.size for b in buffers.values())

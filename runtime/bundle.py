@@ -71,6 +71,9 @@ DYNAMIC_MINOR = 6
 # Bundles whose size variables are bound from inputs' values (the symbolic record's "values": a
 # Reshape's shape fed at run time) say format 1.6 with min_reader 1.6; this reader reads them.
 VALUES_MINOR = 6   # the same minor as DYNAMIC_MINOR
+# Bundles whose output sizes follow float scales fed at run time (the symbolic record's
+# "scales": a Resize's scales as a graph input) say format 1.7 with min_reader 1.7.
+SCALES_MINOR = 7
 TREE_FORMAT = [1, 2]                # the oldest reader of tree-digest bundles
 MAGIC = b"\x83\xa7mlcpack"          # fixmap(3) then the 7-char key "mlcpack"
 DIGEST_KEY = b"\xa6sha256\xc4\x20"  # fixstr "sha256", then bin8 of 32 bytes
@@ -114,6 +117,8 @@ def reader_minor(header: dict) -> int:
         reads = DYNAMIC_MINOR
     if isinstance(sym, dict) and "values" in sym:
         reads = VALUES_MINOR
+    if isinstance(sym, dict) and "scales" in sym:
+        reads = SCALES_MINOR
     return reads
 
 

@@ -379,6 +379,9 @@ class Symbolic(_Record):
     # format 1.6: how inputs' values bind size variables, ``[input, rule, vars, *args]`` rows
     # (docs/format.md section 10.8; ``runtime/values.bind_values``)
     values: tuple | None = None
+    # format 1.7: sizes from float scales fed at run time, ``[input, "scales", vars, src]``
+    # rows, each var ``floor(scale * src dim)`` (docs/format.md section 10.9)
+    scales: tuple | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)
 
     @property
@@ -428,7 +431,25 @@ class Symbolic(_Record):
         if values is not None:
             values = tuple(_value_row(r, i, names) for i, r in
                            enumerate(_list(values, "symbolic values")))
-        return cls(names, tuple(buffers), checks, bound, dynamic, values, cls._extra(obj))
+        scales = obj.get("scales")
+        if scales is not None:
+            scales = tuple(_scale_row(r, i, names) for i, r in
+                           enumerate(_list(scales, "symbolic scales")))
+        return cls(names, tuple(buffers), checks, bound, dynamic, values, scales,
+                   cls._extra(obj))
+
+
+def _scale_row(r: Any, i: int, names: tuple[str, ...]) -> tuple:
+    """A ``scales`` row: ``[input, "scales", [var...], [src dim...]]``, one var per dim."""
+    what = f"symbolic scales row {i}"
+    if not isinstance(r, list) or len(r) != 4 or not isinstance(r[0], str) \
+            or r[1] != "scales" or not isinstance(r[2], list) or not 1 <= len(r[2]) <= 64 \
+            or any(v not in names for v in r[2]):
+        raise _bad(what)
+    src = _list(r[3], what)
+    if len(src) != len(r[2]):
+        raise _bad(what)
+    return (r[0], r[1], tuple(r[2]), tuple(_dim_record(d, what) for d in src))
 
 
 VALUE_RULES = {"dims": 3, "reshape": 5, "expand": 4, "axes": 5, "slice": 7, "pad": 5}

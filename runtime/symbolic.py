@@ -341,9 +341,16 @@ class SymbolicRunner:
         self.vars = sym.vars
         # format 1.6: sizes a kernel counts at run time (BIND_SIZE), each with its bound
         self.dynamic = sym.dynamic or ()
+        self.values = sym.values or ()
         self.buffers = sym.buffers
         self.checks = sym.checks or ()
-        self.values = sym.values or ()
+        self.scales = sym.scales or ()
+        for row in self.scales:   # format 1.7: sizes from float scales
+            spec = next((r for r in plan.inputs if r.name == row[0]), None)
+            if spec is None or spec.dtype not in ("float32", "float64") \
+                    or tuple(spec.shape) != (len(row[2]),):
+                raise BundleError(f"{name}: bundle header: symbolic scales row for "
+                                  f"{row[0]!r} does not name a float input of its length")
         for row in self.values:
             read = [row[0], *(n for n in row[4:] if n)] if row[1] in ("slice", "pad") \
                 else [row[0]]
@@ -401,6 +408,7 @@ class SymbolicRunner:
         self._names = [s.name for s in self.inputs]
         read = {n for r in self.values
                 for n in (r[0], *(r[4:] if r[1] in ("slice", "pad") else ())) if n}
+        read |= {r[0] for r in self.scales}
         self._by_value = [s.name in read for s in self.inputs]   # their values set sizes
 
     def _decode(self, reader: BundleReader, plan: Plan, image: elf.CodeImage) -> None:
@@ -510,8 +518,9 @@ class SymbolicRunner:
                     env.setdefault(rec, n)
                     where.setdefault(rec, f"input {spec.name!r} axis {axis}")
             values.append(value)
-        if self.values:   # format 1.6: sizes set by inputs' values
-            bind_values(self.values, {s.name: v for s, v in zip(self.inputs, values)}, env,
+        if self.values or self.scales:   # sizes set by inputs' values (1.6), scales (1.7)
+            bind_values(self.values + self.scales,
+                        {s.name: v for s, v in zip(self.inputs, values)}, env,
                         where)
         counted = {name for name, _ in self.dynamic}
         missing = [v for v in self.vars if v not in env and v not in counted]

@@ -9,6 +9,7 @@ bound and before any shape is evaluated (``runtime/symbolic.py``); the C runtime
 
 from __future__ import annotations
 
+import math
 from typing import Any, Mapping
 
 import numpy as np
@@ -28,6 +29,9 @@ def bind_values(rows: Any, feeds: Mapping[str, np.ndarray], env: dict[str, int],
     element count) are checked afterwards with the others."""
     for name, rule, names, *args in rows:
         arr = np.asarray(feeds[name])
+        if rule == "scales":
+            _bind_scales(name, arr, names, [evaluate(d, env) for d in args[0]], env, where)
+            continue
         if arr.dtype.kind not in "iu" or arr.size != len(names) and rule in ("dims", "reshape",
                                                                              "expand") \
                 or arr.size > 64:
@@ -75,6 +79,23 @@ def bind_values(rows: Any, feeds: Mapping[str, np.ndarray], env: dict[str, int],
             env[var] = v
             if where is not None:
                 where[var] = f"input {name!r} value {i}"
+
+
+def _bind_scales(name: str, arr: np.ndarray, names: Any, src: list[int], env: dict[str, int],
+                 where: dict[str, str] | None) -> None:
+    """A ``scales`` row (format 1.7): each variable ``floor(scale * src)``, the product in
+    float64 of the float scale fed (as the C runtime computes it)."""
+    if arr.dtype.kind != "f" or arr.size != len(names):
+        raise InputError(f"input {name!r} holds {arr.size} {arr.dtype.name} values; the model "
+                         f"reads it as {len(names)} float scales")
+    for i, (var, s, n) in enumerate(zip(names, arr.reshape(-1).tolist(), src)):
+        size = float(s) * n
+        if not size >= 1 or size >= float(1 << 40):
+            raise InputError(f"input {name!r}: scale {s} at index {i} makes a size of {size} "
+                             f"from {n} (every size at least 1)")
+        env[var] = int(math.floor(size))
+        if where is not None:
+            where[var] = f"input {name!r} value {i}"
 
 
 def _ints_of(feeds: Mapping[str, np.ndarray], name: str) -> list[int]:

@@ -23,122 +23,13 @@ from typing import Any
 
 from ...packager.ir.graph import Value
 from ...packager.ir.sym import is_static
+from ...packager.ops.resize_tables import resize_tables
 from .registry import NodeContext, converter
 
 _MODES = ("nearest", "linear", "cubic")
 _COORDS = ("half_pixel", "half_pixel_symmetric", "pytorch_half_pixel", "align_corners",
            "asymmetric", "tf_crop_and_resize")
 _NEAREST = ("round_prefer_floor", "round_prefer_ceil", "floor", "ceil")
-
-
-# ---- 1-D filter coefficients (as the ONNX specification writes them) ----------------------------
-
-def _nearest_coeffs(ratio: float, nearest_mode: str) -> np.ndarray:
-    if float(ratio).is_integer():
-        return np.array([0.0, 1.0])
-    if nearest_mode == "round_prefer_floor":
-        return np.array([ratio <= 0.5, ratio > 0.5], dtype=np.float64)
-    if nearest_mode == "round_prefer_ceil":
-        return np.array([ratio < 0.5, ratio >= 0.5], dtype=np.float64)
-    if nearest_mode == "floor":
-        return np.array([1.0, 0.0])
-    return np.array([0.0, 1.0])
-
-
-def _linear_coeffs(ratio: float, scale: float, antialias: bool) -> np.ndarray:
-    if not antialias:
-        return np.array([1 - ratio, ratio])
-    scale = min(scale, 1.0)
-    start = int(np.floor(-1 / scale) + 1)
-    footprint = 2 - 2 * start
-    args = (np.arange(start, start + footprint) - ratio) * scale
-    coeffs = np.clip(1 - np.abs(args), 0, 1)
-    return coeffs / coeffs.sum()
-
-
-def _cubic_coeffs(ratio: float, scale: float, a: float, antialias: bool) -> np.ndarray:
-    if not antialias:
-        r, s = ratio, 1 - ratio
-        return np.array([((a * (r + 1) - 5 * a) * (r + 1) + 8 * a) * (r + 1) - 4 * a,
-                         ((a + 2) * r - (a + 3)) * r * r + 1,
-                         ((a + 2) * s - (a + 3)) * s * s + 1,
-                         ((a * (s + 1) - 5 * a) * (s + 1) + 8 * a) * (s + 1) - 4 * a])
-    scale = min(scale, 1.0)
-
-    def coeff(x: float) -> float:
-        x = abs(x)
-        if x <= 1:
-            return (a + 2) * x ** 3 - (a + 3) * x ** 2 + 1
-        if x < 2:
-            return a * x ** 3 - 5 * a * x ** 2 + 8 * a * x - 4 * a
-        return 0.0
-
-    i_start = int(np.floor(-2 / scale) + 1)
-    coeffs = np.array([coeff(scale * (i - ratio)) for i in range(i_start, 2 - i_start)])
-    return coeffs / coeffs.sum()
-
-
-def _source_coords(coord: str, out_size: int, in_size: int, scale: float,
-                   roi: tuple[float, float] | None) -> tuple[np.ndarray, np.ndarray]:
-    """Each output position's source coordinate, and which ones extrapolate (tf_crop)."""
-    y = np.arange(out_size, dtype=np.float64)
-    out_width = scale * in_size  # the specification uses the unrounded output width
-    outside = np.zeros(out_size, dtype=bool)
-    if coord == "align_corners":
-        x = np.zeros(out_size) if out_width == 1 else y * (in_size - 1) / (out_width - 1)
-    elif coord == "asymmetric":
-        x = y / scale
-    elif coord == "tf_crop_and_resize":
-        start, end = roi if roi is not None else (0.0, 1.0)
-        if out_width == 1:
-            x = np.full(out_size, (end - start) * (in_size - 1) / 2)
-        else:
-            x = y * (end - start) * (in_size - 1) / (out_width - 1)
-        x = x + start * (in_size - 1)
-        outside = (x < 0) | (x > in_size - 1)
-    elif coord == "pytorch_half_pixel":
-        x = np.full(out_size, -0.5) if out_width == 1 else (y + 0.5) / scale - 0.5
-    elif coord == "half_pixel":
-        x = (y + 0.5) / scale - 0.5
-    else:  # half_pixel_symmetric
-        offset = in_size / 2 * (1 - out_size / out_width)
-        x = offset + (y + 0.5) / scale - 0.5
-    return x, outside
-
-
-def resize_tables(in_size: int, out_size: int, scale: float, mode: str, coord: str,
-                  roi: tuple[float, float] | None = None, nearest_mode: str = "round_prefer_floor",
-                  cubic_a: float = -0.75, exclude_outside: bool = False, antialias: bool = False,
-                  extrapolation: float = 0.0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(source indices [O, T] clamped into the input, weights [O, T], fill [O]) of one axis."""
-    x, outside = _source_coords(coord, out_size, in_size, scale, roi)
-    floor = np.floor(x)
-    ratios = np.where(x == floor, 1.0, x - floor)
-    if mode == "nearest":
-        coeffs = np.stack([_nearest_coeffs(r, nearest_mode) for r in ratios])
-    elif mode == "linear":
-        coeffs = np.stack([_linear_coeffs(r, scale, antialias) for r in ratios])
-    else:
-        coeffs = np.stack([_cubic_coeffs(r, scale, cubic_a, antialias) for r in ratios])
-    n = coeffs.shape[1]
-    # The n nearest positions to x (ties to the smaller), in the edge-padded input.
-    pad = int(np.ceil(n / 2))
-    xp = x + pad
-    p = np.floor(xp).astype(np.int64)
-    frac = xp - p
-    if n % 2 == 0:
-        first = p + np.where(frac == 0, -(n // 2), -(n // 2) + 1)
-    else:
-        first = p + np.where(frac <= 0.5, -((n - 1) // 2), -((n - 1) // 2) + 1)
-    neighbors = first[:, None] + np.arange(n)[None, :] - pad
-    if exclude_outside:
-        coeffs = np.where((neighbors < 0) | (neighbors >= in_size), 0.0, coeffs)
-        total = coeffs.sum(axis=1, keepdims=True)
-        coeffs = coeffs / np.where(total == 0, 1.0, total)
-    idx = np.clip(neighbors, 0, in_size - 1)
-    coeffs = np.where(outside[:, None], 0.0, coeffs)
-    fill = np.where(outside, extrapolation, 0.0)
-    return idx.astype(np.int64), coeffs, fill
 
 
 # ---- output sizes -------------------------------------------------------------------------------
@@ -171,16 +62,21 @@ def _plan(ctx: NodeContext, shape: tuple[int, ...], scales: np.ndarray | None,
                 raise ctx.error(f"scale {s} must be positive")
             factors[a] = float(s)
         return factors, [int(f * n) if is_static([n]) else
-                         (n * int(f) if float(f).is_integer() else _no_size(ctx, f, n))
+                         (n * int(f) if float(f).is_integer() else _scaled_size(f, n))
                          for f, n in zip(factors, shape)]
     out = list(shape)
     for a, s in zip(axes, given.tolist()):
         if int(s) < 1:
             raise ctx.error(f"size {int(s)} must be positive")
         out[a] = int(s)
-    factors = [o / n for o, n in zip(out, shape)]
+    # a size known only at run time: the scale is out / in of each run (None)
+    factors = [o / n if is_static([n]) else 1.0 if o is n else None
+               for o, n in zip(out, shape)]
     if policy == "stretch":
         return factors, out
+    if None in factors:
+        raise ctx.error(f"keep_aspect_ratio_policy={policy!r} on sizes known only at run time "
+                        "is not supported: fix the input sizes with --input-shape")
     if policy not in ("not_larger", "not_smaller"):
         raise ctx.error(f"keep_aspect_ratio_policy={policy!r} is not stretch, not_larger or "
                         "not_smaller")
@@ -190,9 +86,12 @@ def _plan(ctx: NodeContext, shape: tuple[int, ...], scales: np.ndarray | None,
     return factors, [int(scale * shape[d] + 0.5) if d in axes else shape[d] for d in range(rank)]
 
 
-def _no_size(ctx: NodeContext, f: float, n: object) -> int:
-    raise ctx.error(f"scale {f} of size {n}, known only at run time, is not supported yet: fix "
-                    "the input sizes with --input-shape")
+def _scaled_size(f: float, n: object) -> object:
+    """``floor(f * n)`` for a size ``n`` known at run time: ``(n * p) // q`` with ``p / q`` the
+    float's exact value (the same as the float product for any size below 2^29)."""
+    from fractions import Fraction
+    ratio = Fraction(float(f))
+    return (n * ratio.numerator) // ratio.denominator
 
 
 def _resize(ctx: NodeContext, x: Value, factors: list[float], out: list[int], mode: str,
@@ -250,27 +149,57 @@ def _resize_symbolic(ctx: NodeContext, x: Value, factors: list[float], out: list
                      coord: str, roi: Any, axes: list[int], table_args: dict) -> Value:
     """Resize where a size is known at run time only: an integer upscale whose nearest tables
     repeat each element (the same at every size: checked on a few sizes here) is a broadcast;
-    anything else needs the sizes fixed."""
+    anything else builds its tables at run time (``resize_taps``), from the constant scale or,
+    for sizes, from out / in of the run."""
     shape = x.type.shape
     repeats = {}
-    for a in axes:
-        if out[a] is shape[a] or out[a] == shape[a]:
-            continue
+    changed = [a for a in axes if not (out[a] is shape[a] or out[a] == shape[a])
+               or (roi is not None and roi[a] != (0.0, 1.0))]
+    for a in changed:
         f = factors[a]
-        if not (is_static([shape[a]]) and is_static([out[a]])) and float(f).is_integer() \
-                and f >= 1 and out[a] == int(f) * shape[a] and roi is None:
+        if f is not None and not (is_static([shape[a]]) and is_static([out[a]])) \
+                and float(f).is_integer() and f >= 1 and out[a] == int(f) * shape[a] \
+                and roi is None:
             r = int(f)
             if all(_repeat_factor(n, n * r, *resize_tables(n, n * r, float(r), mode, coord,
                                                               None, **table_args)) == r
                    for n in (1, 2, 3, 5, 8, 13)):
                 repeats[a] = r
-                continue
-        raise ctx.error(f"resizing axis {a} from {shape[a]} to {out[a]} ({mode}, {coord}) with "
-                        "sizes known only at run time is not supported yet; fix the input sizes "
-                        "with --input-shape")
-    if not repeats:
-        return x
-    return _repeat(ctx, x, repeats)
+    if len(repeats) == len(changed):
+        return _repeat(ctx, x, repeats) if repeats else x
+    if table_args.get("antialias") or x.type.dtype not in ("float32", "float64"):
+        raise ctx.error(f"resizing {x.type.dtype} ({mode}, {coord}"
+                        f"{', antialias' if table_args.get('antialias') else ''}) with sizes "
+                        "known only at run time is not supported; fix the input sizes with "
+                        "--input-shape")
+    y = x
+    for a in changed:
+        span = (0.0, 1.0) if roi is None else roi[a]
+        y = _taps_axis(ctx, y, a, out[a], factors[a], ctx.constant(np.array(span), "roi"), mode,
+                       coord, table_args["nearest_mode"], table_args.get("cubic_a", -0.75),
+                       table_args.get("exclude_outside", False),
+                       table_args.get("extrapolation", 0.0))
+    return y
+
+
+def _taps_axis(ctx: NodeContext, y: Value, a: int, out_size: object, scale: Any, span: Value,
+               mode: str, coord: str, nearest_mode: str, cubic_a: float, exclude: bool,
+               extrapolation: float) -> Value:
+    """Axis ``a`` of ``y`` resized to ``out_size`` with tables built at run time: ``scale`` a
+    float, a float64 ``[1]`` tensor, or None (out / in of the run)."""
+    if scale is None or isinstance(scale, Value):
+        tensor = scale if scale is not None else ctx.constant(np.array([1.0]), "scale")
+    else:
+        tensor = ctx.constant(np.array([float(scale)]), "scale")
+    attrs = dict(in_size=y.type.shape[a], out_size=out_size, mode=mode, coord=coord,
+                 dtype=y.type.dtype, nearest_mode=nearest_mode, cubic_a=float(cubic_a),
+                 exclude_outside=bool(exclude), extrapolation=float(extrapolation),
+                 from_sizes=scale is None)
+    # a size known only at run time: a kernel, even when the tables' own shape is static
+    emit = ctx.emit if is_static([y.type.shape[a], out_size]) else ctx.bb.emit_op
+    tables = [emit("resize_taps", tensor, span, part=part, **attrs)
+              for part in ("index", "weight", "fill")]
+    return ctx.emit("resize_axis", y, *tables, axis=a)
 
 
 def _repeat_factor(in_size: int, out_size: int, idx: np.ndarray, w: np.ndarray,
@@ -323,10 +252,12 @@ def _convert_resize(ctx: NodeContext, scales_at: int, sizes_at: int | None) -> V
     axes = list(range(rank)) if not axes else [int(a) % rank for a in axes]
     if len(set(axes)) != len(axes):
         raise ctx.error(f"axes {ctx.attrs['axes']} repeat an axis")
+    policy = _text(ctx.attrs.get("keep_aspect_ratio_policy", "stretch"))
+    if _fed_at_run_time(ctx, scales_at, sizes_at):
+        return _resize_run_time(ctx, x, axes, scales_at, sizes_at)
     scales = _optional_const(ctx, scales_at, "scales")
     sizes = _optional_const(ctx, sizes_at, "sizes") if sizes_at is not None else None
     roi = _optional_const(ctx, 1, "roi") if scales_at == 2 else None
-    policy = _text(ctx.attrs.get("keep_aspect_ratio_policy", "stretch"))
     factors, out = _plan(ctx, x.type.shape, scales, sizes, axes, policy)
     nearest_mode = _text(ctx.attrs["nearest_mode"])
     if nearest_mode not in _NEAREST:
@@ -340,6 +271,88 @@ def _convert_resize(ctx: NodeContext, scales_at: int, sizes_at: int | None) -> V
                    cubic_a=float(ctx.attrs["cubic_coeff_a"]),
                    exclude_outside=bool(ctx.attrs["exclude_outside"]), antialias=antialias,
                    extrapolation=float(ctx.attrs["extrapolation_value"]))
+
+
+def _given(ctx: NodeContext, i: int | None) -> bool:
+    return i is not None and ctx.has_input(i) and 0 not in ctx.input(i).type.shape
+
+
+def _fed_at_run_time(ctx: NodeContext, scales_at: int, sizes_at: int | None) -> bool:
+    """Whether sizes (as size expressions) or roi arrive at run time (scales at run time still
+    need --bind)."""
+    from .symvalue import dims_of
+    if ctx.attrs.get("antialias", 0) or _text(ctx.attrs.get("keep_aspect_ratio_policy",
+                                                           "stretch")) != "stretch" \
+            or ctx.input(0).type.dtype not in ("float32", "float64"):
+        return False   # these need the sizes at export (an antialias filter's width depends
+        # on the scale; the aspect-ratio policies compute sizes in float): --bind
+    if _given(ctx, sizes_at) and ctx.const(sizes_at) is None:
+        return dims_of(ctx.input(sizes_at)) is not None
+    if _given(ctx, scales_at) and ctx.const(scales_at) is None:
+        from .valueinputs import run_time_scales
+        rank = len(ctx.input(0).type.shape)
+        count = len(ctx.attrs.get("axes") or range(rank))
+        coord = _text(ctx.attrs.get("coordinate_transformation_mode", "asymmetric"))
+        return coord != "tf_crop_and_resize" and \
+            run_time_scales(ctx, scales_at, count) is not None
+    roi_at = 1 if scales_at == 2 else None
+    return _given(ctx, roi_at) and ctx.const(roi_at) is None and _given(ctx, sizes_at)
+
+
+def _resize_run_time(ctx: NodeContext, x: Value, axes: list[int], scales_at: int,
+                     sizes_at: int | None) -> Value:
+    """Resize to sizes known at run time (a graph input's values or a shape computation: size
+    expressions; or float scales fed as a graph input, whose sizes ``floor(scale * dim)`` are
+    bound at run start), or with a roi fed at run time: per resized axis, ``resize_taps``
+    kernels build the tables for the sizes of this run and ``resize_axis`` applies them."""
+    from .valueinputs import read_as, run_time_scales, scale_sizes
+    mode, coord = _text(ctx.attrs["mode"]), _text(ctx.attrs["coordinate_transformation_mode"])
+    if mode not in _MODES or coord not in _COORDS:
+        raise ctx.error(f"mode={mode!r} / coordinate_transformation_mode={coord!r} is not "
+                        "supported")
+    nearest_mode = _text(ctx.attrs["nearest_mode"])
+    if nearest_mode not in _NEAREST:
+        raise ctx.error(f"nearest_mode={nearest_mode!r} is not one of {', '.join(_NEAREST)}")
+    scales = None
+    if _given(ctx, scales_at):
+        if _given(ctx, sizes_at):
+            raise ctx.error("exactly one of scales and sizes must be given")
+        scales = run_time_scales(ctx, scales_at, len(axes))
+        if scales is None:
+            ctx.require_const(scales_at, "scales")
+        sizes = scale_sizes(ctx, scales, [x.type.shape[a] for a in axes])
+        if scales.type.dtype != "float64":
+            scales = ctx.emit("cast", scales, dtype="float64")
+    else:
+        read_as(ctx, sizes_at, "dims")
+        sizes = ctx.dims(sizes_at, "sizes")
+    if len(sizes) != len(axes):
+        raise ctx.error(f"sizes has {len(sizes)} values for {len(axes)} axes")
+    roi = _run_time_roi(ctx, axes) if coord == "tf_crop_and_resize" else None
+    y = x
+    for k, a in enumerate(axes):
+        span = roi[k] if roi is not None else ctx.constant(np.array([0.0, 1.0]), "roi")
+        if roi is None and (sizes[k] is y.type.shape[a] or sizes[k] == y.type.shape[a]):
+            continue
+        scale = None if scales is None else ctx.emit(
+            "take", scales, ctx.constant(np.array([k], np.int64), "axis"), axis=0)
+        y = _taps_axis(ctx, y, a, sizes[k], scale, span, mode, coord, nearest_mode,
+                       float(ctx.attrs["cubic_coeff_a"]), bool(ctx.attrs["exclude_outside"]),
+                       float(ctx.attrs["extrapolation_value"]))
+    return y
+
+
+def _run_time_roi(ctx: NodeContext, axes: list[int]) -> list[Value]:
+    """tf_crop_and_resize's (start, end) of each resized axis, float64 ``[2]`` tensors."""
+    if not _given(ctx, 1):
+        raise ctx.error("coordinate_transformation_mode='tf_crop_and_resize' needs roi")
+    roi = ctx.input(1)
+    k = len(axes)
+    if roi.type.shape != (2 * k,):
+        raise ctx.error(f"roi has shape {roi.type.shape}; ({2 * k},) expected")
+    roi = roi if roi.type.dtype == "float64" else ctx.emit("cast", roi, dtype="float64")
+    return [ctx.emit("take", roi, ctx.constant(np.array([i, k + i], np.int64), "roi_at"),
+                     axis=0) for i in range(k)]
 
 
 @converter("Resize", since=10, attrs={"mode": "nearest"})
@@ -384,6 +397,12 @@ def _upsample_7(ctx: NodeContext) -> Value:
 
 @converter("Upsample", since=9, attrs={"mode": "nearest"})
 def _upsample_9(ctx: NodeContext) -> Value:
+    if ctx.const(1) is None and _fed_at_run_time(ctx, 1, None):   # scales fed at run time
+        mode = _text(ctx.attrs["mode"])
+        ctx.attrs = {**_RESIZE_ATTRS, "mode": "linear" if mode == "bilinear" else mode,
+                     "coordinate_transformation_mode": "asymmetric", "nearest_mode": "floor"}
+        return _resize_run_time(ctx, ctx.input(0), list(range(len(ctx.input(0).type.shape))),
+                                1, None)
     return _upsample(ctx, ctx.require_const(1, "scales"))
 
 

@@ -31,7 +31,7 @@ from .symvalue import SymValue
 # (operator, input index) whose value is read as sizes
 VALUE_SLOTS = frozenset({("Reshape", 1), ("Expand", 1), ("ConstantOfShape", 0), ("Tile", 1),
                          ("Split", 1), ("HannWindow", 0), ("HammingWindow", 0),
-                         ("BlackmanWindow", 0)})
+                         ("BlackmanWindow", 0), ("Resize", 3)})
 MAX_ELEMENTS = 16
 _READ = itertools.count()   # the order inputs are read in: a row may use an earlier row's sizes
 
@@ -159,6 +159,28 @@ def axes_sizes(ctx: Any, v: Any, src: Sequence[Any], mode: int, count: int) -> l
     names = [f"{base}_{len(rows)}_{j}" for j in range(count)]
     rows.append((next(_READ), [v.name, "axes", names, list(src), mode]))
     return [size_var(n) for n in names]
+
+
+def scale_sizes(ctx: Any, v: Any, src: Sequence[Any]) -> list:
+    """Size variables ``floor(scale * src dim)`` bound from the float scales fed in ``v`` (a
+    graph input of ``len(src)`` values): a ``scales`` row (format 1.7, the symbolic record's
+    own ``scales`` key)."""
+    rows = ctx.bb.__dict__.setdefault("value_rows", [])
+    base = "".join(c if c.isalnum() or c == "_" else "_" for c in v.name) or "scales"
+    base = base if not base[0].isdigit() else "v" + base
+    names = [f"{base}_{len(rows)}_{j}" for j in range(len(src))]
+    rows.append((next(_READ), [v.name, "scales", names, list(src)]))
+    return [size_var(n) for n in names]
+
+
+def run_time_scales(ctx: Any, i: int, count: int) -> Any:
+    """Input ``i`` when it is float scales fed as a graph input: float32/float64, 1-D of
+    ``count`` values; else None."""
+    v = ctx.inputs[i] if ctx.has_input(i) else None
+    if v is None or id(v) not in getattr(ctx.bb, "axes_params", {}) \
+            or v.type.dtype not in ("float32", "float64") or tuple(v.type.shape) != (count,):
+        return None
+    return v
 
 
 def flag(ctx: Any, expr: Any, rank: int) -> Any:

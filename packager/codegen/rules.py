@@ -43,6 +43,7 @@ from .rnn import emit_recurrence
 from .softmax import emit_softmax, emit_symbolic_softmax
 from .target import Target
 from .transpose import emit_transpose
+from .trees import emit_trees
 
 # (module, func, symbol, vector width, the func's contraction match or None, the target, the
 # compile options) -> the kernel it emitted, or None when ``func`` is not its kind.
@@ -127,6 +128,7 @@ def _symbolic_contraction(module, func, symbol, vl, size_vars, target, options):
 KERNEL_RULES: tuple[KernelRule, ...] = (
     KernelRule("recurrence", None, _on_func(emit_recurrence), _sized(emit_recurrence)),
     KernelRule("non-maximum suppression", None, _on_func(emit_nms), None),   # ops/dynamic.py
+    KernelRule("tree ensemble", None, _on_func(emit_trees), _sized(emit_trees)),   # ops/trees.py
     KernelRule("integer GEMM", None, _integer_gemm, None),   # qmatmul / qconv2d (ops/qlinear.py)
     KernelRule("integer depthwise", None, _integer_depthwise, None),   # qdwconv2d
     KernelRule("integer elementwise", None, _on_func(emit_qelementwise), None),   # qbinary, qgavgpool

@@ -15,7 +15,7 @@ import numpy as np
 
 from ..ir import te
 from ..ir.graph import TensorType
-from .registry import REDUCTION, register_op
+from .registry import REDUCTION, register_op, size_expr
 
 
 def _infer_resize_axis(x: TensorType, idx: TensorType, w: TensorType, fill: TensorType,
@@ -41,7 +41,7 @@ def _legalize_resize_axis(x: te.Tensor, idx: te.Tensor, w: te.Tensor, fill: te.T
 
     def body(*i):
         o = i[axis]
-        src = te.minimum(te.maximum(te.cast(idx[o, t], "int64"), 0), size - 1)
+        src = te.minimum(te.maximum(te.cast(idx[o, t], "int64"), 0), size_expr(size) - 1)
         read = x[tuple(src if d == axis else v for d, v in enumerate(i))]
         return te.sum_of(w[o, t] * read, t) + fill[o]
 

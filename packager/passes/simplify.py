@@ -7,7 +7,7 @@ from typing import Mapping
 
 import numpy as np
 
-from ..ir.sym import is_static
+from ..ir.sym import SymExpr, is_static
 from ..ir.graph import Call, CallTIR, Constant, Function, IRModule, used_values
 from ..ops import get_op
 from .common import map_functions, rewrite_function
@@ -45,6 +45,14 @@ def bind_params(mod: IRModule, params: Mapping[str, np.ndarray], func: str = "ma
 KEPT_UNFOLDED = frozenset({"dequantize"})
 
 
+def _sized_at_run_time(attrs: Mapping) -> bool:
+    """Whether an attribute is a size known only at run time (a ``resize_taps`` input size):
+    the call computes at run time even when its arguments are constants."""
+    def symbolic(v: object) -> bool:
+        return isinstance(v, SymExpr) or isinstance(v, (tuple, list)) and any(map(symbolic, v))
+    return any(symbolic(v) for v in attrs.values())
+
+
 def fold_constants(mod: IRModule, keep: frozenset[str] = KEPT_UNFOLDED) -> IRModule:
     """Evaluate every high-level call whose arguments are all constants, with its numpy
     reference, except calls of the operators in ``keep``."""
@@ -52,7 +60,8 @@ def fold_constants(mod: IRModule, keep: frozenset[str] = KEPT_UNFOLDED) -> IRMod
     def visit(b, lookup):
         v = b.value
         if isinstance(v, Call) and v.args and v.op not in keep and v.op != "bind_size" \
-                and all(isinstance(a, Constant) for a in v.args) and is_static(v.type.shape):
+                and all(isinstance(a, Constant) for a in v.args) and is_static(v.type.shape) \
+                and not _sized_at_run_time(v.attrs):
             ref = get_op(v.op).reference
             data = np.asarray(ref(*(a.data for a in v.args), **v.attrs), dtype=v.type.dtype,
                               order="C")

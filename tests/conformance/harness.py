@@ -445,7 +445,8 @@ def write_report(results: Sequence[Result], path: Path = REPORT, rest: str | Non
               "(`python tests/conformance/ort_count.py`; most of those it does not pass feed "
               "bfloat16, float8 or 4-bit arrays its Python API does not take). A shape, axes, "
               "pads, starts/ends or split sizes fed as a graph input bind size variables from "
-              "their values at run start (format 1.6, `docs/symbolic-shapes.md`); a data set "
+              "their values at run start (format 1.6, `docs/symbolic-shapes.md`), a Resize's "
+              "scales bind `floor(scale * dim)` (format 1.7); a data set "
               "that gives a size 0 still binds them (symbolic bundles take sizes of at least "
               "1).", ""]
     constant = sorted(r.key for r in results if r.status == "passed" and r.constant)

@@ -14,6 +14,7 @@
 #define STORED_MINOR 5      /* a constant's "stored" record (8-bit integers) */
 #define DYNAMIC_MINOR 6     /* the symbolic record's "dynamic" sizes (BIND_SIZE) */
 #define VALUES_MINOR 6      /* the symbolic record's "values" (sizes from inputs' values) */
+#define SCALES_MINOR 7      /* the symbolic record's "scales" (sizes from float scales) */
 #define ALIGN 64
 #define MAX_HEADER_BYTES (64u << 20)
 #define MAX_DIM (1LL << 40)
@@ -100,6 +101,8 @@ static mlc_status check_version(mlc_model *m, mlc_error *err)
         reads = DYNAMIC_MINOR;
     if (symrec && symrec->type == MP_MAP && mp_get(symrec, "values"))
         reads = VALUES_MINOR;
+    if (symrec && symrec->type == MP_MAP && mp_get(symrec, "scales"))
+        reads = SCALES_MINOR;
     if (minor > reads) {
         const mp_node *need = mp_get(h, "min_reader");
         if (!need)

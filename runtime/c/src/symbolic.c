@@ -240,14 +240,37 @@ mlc_status mlc_sym_parse(mlc_model *m, const mp_node *rec, mlc_plan *p, mlc_erro
                 if (names_var(p, s->dyn_rec[i], s->dyn_var[j]))
                     return bad(err, "symbolic dynamic size");
     }
-    const mp_node *values = mp_get(rec, "values");
-    if (values && values->type != MP_NIL) {
-        if (values->type != MP_ARRAY)
+    const mp_node *values = mp_get(rec, "values"), *scales = mp_get(rec, "scales");
+    uint32_t nscales = 0;
+    if (scales && scales->type != MP_NIL) {   /* format 1.7: [input, "scales", vars, src] */
+        if (scales->type != MP_ARRAY)
+            return bad(err, "symbolic scales");
+        nscales = scales->len;
+    }
+    if ((values && values->type != MP_NIL) || nscales) {
+        if (values && values->type != MP_NIL && values->type != MP_ARRAY)
             return bad(err, "symbolic values");
-        s->nvalues = values->len;
-        s->values = mlc_zalloc(&m->alloc, (values->len + 1) * sizeof(mp_node *));
+        uint32_t nvalues = values && values->type == MP_ARRAY ? values->len : 0;
+        s->nvalues = (size_t)nvalues + nscales;
+        s->values = mlc_zalloc(&m->alloc, (s->nvalues + 1) * sizeof(mp_node *));
         if (!s->values)
             return mlc_fail(err, MLC_ERR_INTERNAL, "out of memory");
+        for (uint32_t i = 0; i < nscales; i++) {   /* bound after every values row */
+            const mp_node *r = &scales->v.items[i];
+            if (r->type != MP_ARRAY || r->len != 4 || r->v.items[0].type != MP_STR
+                || !mp_str_eq(&r->v.items[1], "scales") || r->v.items[2].type != MP_ARRAY
+                || r->v.items[2].len < 1 || r->v.items[2].len > MLC_MAX_DIMS
+                || r->v.items[3].type != MP_ARRAY || r->v.items[3].len != r->v.items[2].len)
+                return bad(err, "symbolic scales row");
+            for (uint32_t k = 0; k < r->v.items[2].len; k++)
+                if (r->v.items[2].v.items[k].type != MP_STR
+                    || mlc_sym_var(p, &r->v.items[2].v.items[k]) < 0
+                    || !dim_ok(p, &r->v.items[3].v.items[k], 0))
+                    return bad(err, "symbolic scales row");
+            s->values[nvalues + i] = r;
+        }
+    }
+    if (values && values->type == MP_ARRAY) {
         for (uint32_t i = 0; i < values->len; i++) {
             const mp_node *r = &values->v.items[i];
             if (r->type != MP_ARRAY || r->len < 3 || r->v.items[0].type != MP_STR)

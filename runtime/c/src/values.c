@@ -1,6 +1,7 @@
 /* Size variables bound from inputs' values (format 1.6, docs/format.md section 10.8;
  * runtime/values.py): the symbolic record's "values" rows, applied after the inputs' dims are
  * bound and before any shape is evaluated. */
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -204,6 +205,51 @@ static mlc_status axes_sizes(const char *name, int64_t *vals, uint32_t k, const 
     return MLC_OK;
 }
 
+/* A "scales" row (format 1.7, runtime/values.py _bind_scales): each variable
+ * floor(scale * src dim), the product in double of the float32/float64 scale fed. */
+static mlc_status scale_sizes(const mlc_model *m, const mlc_plan *p, const mlc_tensor *in,
+                              const mp_node *row, size_t r, int64_t *env, int *bound_by,
+                              mlc_error *err)
+{
+    const mp_node *vs = &row->v.items[2], *sr = &row->v.items[3];
+    size_t i = 0;
+    while (i < p->ninputs && !mp_str_eq(&row->v.items[0], p->inputs[i].name))
+        i++;
+    if (i == p->ninputs || !(p->inputs[i].dtype == MLC_FLOAT32 || p->inputs[i].dtype == MLC_FLOAT64))
+        return mlc_fail(err, MLC_ERR_BUNDLE, "%s: bundle header: symbolic scales row %zu "
+                        "does not name a float input", m->name, r);
+    const mlc_tensor *t = &in[i];
+    const char *name = p->inputs[i].name;
+    if (t->dtype != p->inputs[i].dtype || t->ndim < 0 || t->ndim > MLC_MAX_DIMS)
+        return mlc_fail(err, MLC_ERR_INPUT, "input '%s' has dtype %s; the model takes %s",
+                        name, mlc_dtype_name(t->dtype), mlc_dtype_name(p->inputs[i].dtype));
+    uint64_t count = 1;
+    for (int a = 0; a < t->ndim; a++)
+        count *= (uint64_t)t->dims[a];
+    size_t esize = t->dtype == MLC_FLOAT32 ? 4 : 8;
+    if (count != vs->len || !t->data || t->nbytes < count * esize)
+        return mlc_fail(err, MLC_ERR_INPUT, "input '%s' holds %llu values; the model reads it "
+                        "as %u float scales", name, (unsigned long long)count, vs->len);
+    for (uint32_t k = 0; k < vs->len; k++) {
+        int64_t src;
+        if (mlc_sym_eval(p, &sr->v.items[k], env, &src) || src < 1)
+            return mlc_fail(err, MLC_ERR_BUNDLE, "%s: bundle header: symbolic scales row %zu "
+                            "reads sizes not bound yet", m->name, r);
+        double scale = esize == 4 ? (double)((const float *)t->data)[k]
+                                  : ((const double *)t->data)[k];
+        double size = scale * (double)src;
+        if (!(size >= 1.0) || size >= (double)MAX_DIM)
+            return mlc_fail(err, MLC_ERR_INPUT, "input '%s': scale %g at index %u makes a size "
+                            "of %g from %lld (every size at least 1)", name, scale, k, size,
+                            (long long)src);
+        int v = mlc_sym_var(p, &vs->v.items[k]);
+        env[v] = (int64_t)floor(size);
+        if (bound_by && v < 64)
+            bound_by[v] = (int)i;
+    }
+    return MLC_OK;
+}
+
 mlc_status mlc_sym_values(const mlc_model *m, const mlc_plan *p, const mlc_tensor *in,
                           int64_t *env, int *bound_by, mlc_error *err)
 {
@@ -211,6 +257,12 @@ mlc_status mlc_sym_values(const mlc_model *m, const mlc_plan *p, const mlc_tenso
     for (size_t r = 0; r < s->nvalues; r++) {
         const mp_node *row = s->values[r], *vs = &row->v.items[2];
         const mp_node *rule = &row->v.items[1];
+        if (mp_str_eq(rule, "scales")) {
+            mlc_status st = scale_sizes(m, p, in, row, r, env, bound_by, err);
+            if (st)
+                return st;
+            continue;
+        }
         size_t i = 0;
         while (i < p->ninputs && !mp_str_eq(&row->v.items[0], p->inputs[i].name))
             i++;

@@ -1,0 +1,159 @@
+"""``resize_taps``: one axis's Resize tables built by a kernel at run time, for a Resize whose
+scales or sizes arrive when the model runs (``frontends/onnx/resize.py``).
+
+The tables are those of ``resize_tables.resize_tables`` (the ONNX specification's
+coordinate transforms and nearest/linear/cubic filters, without antialias, whose tap count
+depends on the scale): ``part`` picks the source indices ``[O, T]`` (int64, clamped into the
+input), the weights ``[O, T]`` or the extrapolation fill ``[O]``. Inputs: the scale ``[1]``
+(float64; with ``from_sizes`` the output size over the input size instead) and
+tf_crop_and_resize's ``(start, end)`` ``[2]`` (float64); the input and output sizes are
+attributes, either of them a size expression read at run time. Everything is
+computed in float64, as the export-time tables are; ``resize_axis`` then applies them.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..ir import te
+from ..ir.graph import TensorType
+from ..ir.sym import Dim
+from .registry import INJECTIVE, register_op, size_expr
+from .resize_tables import resize_tables
+
+TAPS = {"nearest": 2, "linear": 2, "cubic": 4}
+
+
+def _infer(scale: TensorType, roi: TensorType, in_size: Dim = 1, out_size: Dim = 1,
+           mode: str = "linear", coord: str = "half_pixel", part: str = "index",
+           dtype: str = "float32", nearest_mode: str = "round_prefer_floor",
+           cubic_a: float = -0.75, exclude_outside: bool = False,
+           extrapolation: float = 0.0, from_sizes: bool = False) -> TensorType:
+    if scale.dtype != "float64" or roi.dtype != "float64" or scale.shape != (1,) \
+            or roi.shape != (2,):
+        raise ValueError(f"resize_taps: scale [1] and roi [2] of float64 expected, not "
+                         f"{scale} and {roi}")
+    if part == "fill":
+        return TensorType((out_size,), dtype)
+    return TensorType((out_size, TAPS[mode]), "int64" if part == "index" else dtype)
+
+
+def _legalize(scale: te.Tensor, roi: te.Tensor, out_type: TensorType, name: str,
+              in_size: Dim = 1, out_size: Dim = 1, mode: str = "linear",
+              coord: str = "half_pixel", part: str = "index", dtype: str = "float32",
+              nearest_mode: str = "round_prefer_floor", cubic_a: float = -0.75,
+              exclude_outside: bool = False, extrapolation: float = 0.0,
+              from_sizes: bool = False) -> te.Tensor:
+    f64 = "float64"
+
+    def c(v: float) -> te.Expr:
+        return te.const(float(v), f64)
+
+    def fsize(d: Dim) -> te.Expr:
+        return te.cast(size_expr(d), f64) if not isinstance(d, int) else c(d)
+
+    n_in, n_out = fsize(in_size), fsize(out_size)
+    s = n_out / n_in if from_sizes else scale[(0,)]
+    taps = TAPS[mode]
+
+    def source(o: te.Expr) -> tuple[te.Expr, te.Expr]:
+        """(source coordinate, whether it extrapolates) of output position ``o``."""
+        y = te.cast(o, f64)
+        width = s * n_in   # the specification's unrounded output width
+        outside = te.const(False, "bool")
+        if coord == "align_corners":
+            x = te.if_then_else(te.eq(width, c(1)), c(0), y * (n_in - c(1)) / (width - c(1)))
+        elif coord == "asymmetric":
+            x = y / s
+        elif coord == "tf_crop_and_resize":
+            start, end = roi[(0,)], roi[(1,)]
+            span = (end - start) * (n_in - c(1))
+            x = te.if_then_else(te.eq(width, c(1)), span / c(2), y * span / (width - c(1)))
+            x = x + start * (n_in - c(1))
+            outside = te.logical_or(x < c(0), x > n_in - c(1))
+        elif coord == "pytorch_half_pixel":
+            x = te.if_then_else(te.eq(width, c(1)), c(-0.5), (y + c(0.5)) / s - c(0.5))
+        elif coord == "half_pixel":
+            x = (y + c(0.5)) / s - c(0.5)
+        else:   # half_pixel_symmetric
+            offset = n_in / c(2) * (c(1) - n_out / width)
+            x = offset + (y + c(0.5)) / s - c(0.5)
+        return x, outside
+
+    def coeffs(ratio: te.Expr) -> list[te.Expr]:
+        if mode == "linear":
+            return [c(1) - ratio, ratio]
+        if mode == "cubic":
+            a, r, q = cubic_a, ratio, c(1) - ratio
+            return [((c(a) * (r + c(1)) - c(5 * a)) * (r + c(1)) + c(8 * a)) * (r + c(1)) - c(4 * a),
+                    ((c(a + 2) * r - c(a + 3)) * r) * r + c(1),
+                    ((c(a + 2) * q - c(a + 3)) * q) * q + c(1),
+                    ((c(a) * (q + c(1)) - c(5 * a)) * (q + c(1)) + c(8 * a)) * (q + c(1)) - c(4 * a)]
+        whole = te.eq(ratio, c(1))
+        if nearest_mode == "round_prefer_floor":
+            low = ratio <= c(0.5)
+        elif nearest_mode == "round_prefer_ceil":
+            low = ratio < c(0.5)
+        else:
+            low = te.const(nearest_mode == "floor", "bool")
+        first = te.if_then_else(whole, c(0), te.if_then_else(low, c(1), c(0)))
+        return [first, c(1) - first]
+
+    def taps_of(o: te.Expr) -> tuple[list[te.Expr], list[te.Expr], te.Expr]:
+        """(neighbour indices before clamping, weights, extrapolates) of position ``o``."""
+        x, outside = source(o)
+        fl = te.math("floor", x)
+        ratio = te.if_then_else(te.eq(x, fl), c(1), x - fl)
+        w = coeffs(ratio)
+        pad = -(-taps // 2)
+        xp = x + c(pad)
+        p = te.math("floor", xp)
+        first = p + te.if_then_else(te.eq(xp - p, c(0)), c(-(taps // 2)), c(-(taps // 2) + 1))
+        near = [first + c(t - pad) for t in range(taps)]
+        if exclude_outside:
+            w = [te.if_then_else(te.logical_or(n < c(0), n > n_in - c(1)), c(0), wt)
+                 for n, wt in zip(near, w)]
+            total = w[0]
+            for wt in w[1:]:
+                total = total + wt
+            total = te.if_then_else(te.eq(total, c(0)), c(1), total)
+            w = [wt / total for wt in w]
+        return near, w, outside
+
+    def pick(values: list[te.Expr], t: te.Expr) -> te.Expr:
+        out = values[-1]
+        for k in range(len(values) - 2, -1, -1):
+            out = te.if_then_else(te.eq(t, k), values[k], out)
+        return out
+
+    if part == "fill":
+        def fill(o):
+            _, outside = source(o)
+            return te.cast(te.if_then_else(outside, c(extrapolation), c(0)), dtype)
+        return te.compute(out_type.shape, fill, name=name, dtype=dtype)
+
+    def body(o, t):
+        near, w, outside = taps_of(o)
+        if part == "index":
+            at = te.minimum(te.maximum(pick(near, t), c(0)), n_in - c(1))
+            return te.cast(at, "int64")
+        return te.cast(te.if_then_else(outside, c(0), pick(w, t)), dtype)
+
+    return te.compute(out_type.shape, body, name=name, dtype=out_type.dtype)
+
+
+@register_op("resize_taps", INJECTIVE, _infer, _legalize)
+def resize_taps(scale: np.ndarray, roi: np.ndarray, in_size: Dim = 1, out_size: Dim = 1,
+                mode: str = "linear", coord: str = "half_pixel", part: str = "index",
+                dtype: str = "float32", nearest_mode: str = "round_prefer_floor",
+                cubic_a: float = -0.75, exclude_outside: bool = False,
+                extrapolation: float = 0.0, from_sizes: bool = False) -> np.ndarray:
+    factor = int(out_size) / int(in_size) if from_sizes else float(scale[0])
+    idx, w, fill = resize_tables(int(in_size), int(out_size), factor, mode, coord,
+                                 (float(roi[0]), float(roi[1])), nearest_mode, cubic_a,
+                                 exclude_outside, False, extrapolation)
+    if mode == "nearest" and idx.shape[1] != 2:
+        raise ValueError("resize_taps: nearest tables have two taps")
+    if part == "index":
+        return idx
+    return (w if part == "weight" else fill).astype(dtype)
