@@ -1,5 +1,5 @@
 """1x1 convolutions whose weights pass L2 (ResNet-50's 14x14 and 7x7 layers, the strided
-downsamples) copy their input into packed panels ([panel][K][nr], ``conv_packed.py``) and run
+downsamples) or whose input stays in L2 copy their input into packed panels ([panel][K][nr], ``conv_packed.py``) and run
 their block rows in chunks whose weights stay in L2. Against ONNX Runtime on 1-3 threads, with
 a residual, a batch, a stride, the tail pixels, a masked partial last panel, weights in row
 blocks (the AVX2 default) and plain [O, C] weights; and the geometry these cases take. The
@@ -25,6 +25,7 @@ CASES = [   # n, c, h, o, stride, act, residual, threads, tail pixels, partial l
     (1, 512, 7, 384, 1, "relu", True, 2, 1, False),     # 7x7: 2 panels and a tail pixel
     (2, 256, 13, 640, 2, None, False, 3, 1, False),     # strided, a batch, 3 threads
     (1, 256, 20, 640, 1, "silu", False, 2, 0, True),    # 400 outputs: a masked last panel
+    (1, 128, 16, 256, 1, "hsig", True, 2, 0, True),     # weights and input in L2: one chunk
 ]
 
 
@@ -44,8 +45,9 @@ def v3_host(monkeypatch):
 def test_packed_panels_match_onnxruntime(tmp_path, v3_host, n, c, h, o, s, act, residual,
                                          threads, tail, partial):
     g = _geometry(n, c, h, o, s)
-    assert g["packed"] and 0 < g["mc_blocks"] < -(-o // g["mr"]), "not packed in chunks"
-    assert 4 * o * c > geometry.L2_REUSE_BYTES
+    assert g["packed"] and 0 < g["mc_blocks"] <= -(-o // g["mr"])
+    # weights past L2: block rows in chunks; else one chunk
+    assert (g["mc_blocks"] < -(-o // g["mr"])) == (4 * o * c > geometry.L2_REUSE_BYTES)
     assert len(g["tail"]) == tail
     assert (g["panels"] * g["nr"] > g["pflat"]) == partial
     model = conv_model(n, c, h, h, o, 1, s, act, residual, "pk")
@@ -65,8 +67,11 @@ def test_packed_panels_on_plain_weights_match_onnxruntime(tmp_path, v3_host):
     assert_matches_onnxruntime(tmp_path, model, conv_feeds(n, c, h, h, o, 1, 1, True), 2, runs=3)
 
 
-def test_weights_in_l2_and_other_widths_are_not_packed():
-    assert not _geometry(1, 128, 28, 512, 1)["packed"]     # 256 KB of weights: in L2
+def test_which_1x1_convolutions_are_packed():
+    assert _geometry(1, 128, 28, 512, 1)["packed"]        # input in L2 (weights too)
+    assert _geometry(1, 256, 56, 512, 2)["packed"]        # strided: copied anyway
+    assert not _geometry(1, 64, 56, 256, 1)["packed"]     # large input in place, weights in L2
+    assert not _geometry(1, 256, 14, 32, 1)["packed"]     # few outputs: the copy costs more
     oh = 7
     g = conv_geometry((1, 512, 7, 7), (384, 512, 1, 1), (1, 384, oh, oh),
                       dict(strides=(1, 1), padding=(0,) * 4, groups=1, dilation=(1, 1)), 16)
