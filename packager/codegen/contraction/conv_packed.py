@@ -26,8 +26,7 @@ class PackedConvMixin:
         x_t = self.match.tag.operands[0]
         x_ptr = self.buffers[x_t.uid]
         ws_f = b.bitcast(ws, F32.as_pointer())
-        panels = g["panels"]
-        nch = -(-(-(-g["og"] // g["mr"])) // g["mc_blocks"])   # chunks of block rows
+        panels, nch = g["panels"], g["mchunks"]
         per_image = g["pack_floats"] + len(g["tail"]) * g["tail_kp"]
         lo, hi = self._split(panels * nch, task, ntasks)
         j_lo = b.sdiv(lo, const_i64(nch))
@@ -51,8 +50,7 @@ class PackedConvMixin:
         hi)), then, for the task that has the last panel's item, the chunk's tail outputs."""
         b = self.builder
         mblocks = -(-g["og"] // g["mr"])
-        mcb = g["mc_blocks"]
-        nch = -(-mblocks // mcb)
+        mcb, nch = g["mc_blocks"], g["mchunks"]
 
         def bound(v: ir.Value) -> ir.Value:   # ceil((v - c) / nch), clamped to [0, panels]
             q = b.sdiv(b.add(b.sub(v, c), const_i64(nch - 1)), const_i64(nch))

@@ -349,6 +349,7 @@ def conv_geometry(x_shape, w_shape, out_shape, attrs: dict, target_vl: int,
     mc_blocks = max(1, min(mblocks, PACK_A_BYTES // (4 * mr * cg))) if packed else 0
     return dict(c=c, h=h, w=wd, o=o, cg=cg, kh=kh, kw=kw, oh=oh, ow=ow, sh=sh, sw=sw,
                 packed=packed, mc_blocks=mc_blocks,
+                mchunks=-(-mblocks // mc_blocks) if packed else 0,
                 pack_floats=panels * nr * cg if packed else 0,
                 ny=ny, nx=nx, shifted=shifted, vl=vl,
                 per_group=per_group, region=region, slack_total=slack_total,
