@@ -23,10 +23,11 @@ MobileNetV2's time. Library calls and copies run between those stretches, and pr
 With ``threads`` > 1, a parallel kernel runs task 0 on the calling thread and tasks 1..n-1 on
 persistent workers. Bundles carry the hand-off code (the packager's ``codegen/threadpool.py``):
 workers wait for tasks spinning in native code, and a parallel kernel is one native call that
-posts the tasks, runs task 0 and waits, a fraction of a microsecond. A worker idle for about half
-a millisecond sleeps on a Python lock and the next call wakes it (tens of microseconds, the
-futex and the GIL). Older bundles use the lock for every hand-off. The hand-off cost decides
-which kernels are worth splitting (``PARALLEL_MIN_MACS`` and friends in the packager).
+posts the tasks, runs task 0 and waits, a fraction of a microsecond. A worker idle for about
+50 microseconds (``SPIN_ITERATIONS``) sleeps on a Python lock and the next call wakes it (tens
+of microseconds, the futex and the GIL). Older bundles use the lock for every hand-off. The
+hand-off cost decides which kernels are worth splitting (``PARALLEL_MIN_MACS`` and friends in
+the packager).
 """
 
 from __future__ import annotations
@@ -357,7 +358,12 @@ _POOL_JOIN = ctypes.CFUNCTYPE(ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64)
 _POOL_STEPS = ctypes.CFUNCTYPE(ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p,
                                ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p)
 MAX_THREADS = 63          # sleeping workers come back as bits 0..62 of a mask
-SPIN_ITERATIONS = 20000   # idle spin-loop hints before a worker sleeps (~0.5 ms on Zen 4)
+# Idle spin-loop hints before a worker sleeps (~50 us on Zen 4). Spinning longer (20000, ~0.5
+# ms) burned the time a descheduled caller was away on a shared host (the kernel groups a
+# session's threads: the spin came out of the caller's share): 2 threads, load ~16 on 2 vCPUs,
+# AVX2 host, wall median / CPU min, 20000 -> 2000: ResNet-50 528 -> 389 ms / 122 -> 90 ms,
+# YOLOv8n 114-122 -> 89-90 / 37-39 -> 27-29, ResNet-18 161-164 -> 130-136 / 40-41 -> 33-34.
+SPIN_ITERATIONS = 2000
 JOIN_SPINS = 4000         # the caller's wait before it yields the CPU to a late worker
 _LATE = 1 << 63
 _LINE = 8                 # u64 words per line: 64 bytes

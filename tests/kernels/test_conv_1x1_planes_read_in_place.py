@@ -3,7 +3,10 @@
 1x1s with weights in L2 and at least CHUNK_MIN_STEPS input channels: each panel's planes stay in
 L1 for all its block rows, and the epilogue prefetches the next panel's output (and residual)
 runs (``EPILOGUE_PREFETCH_PANELS``). Against ONNX Runtime on 1-3 threads (tasks split panels), with
-fused epilogues and a batch; and the geometry these cases are meant to take."""
+fused epilogues and a batch; and the geometry these cases are meant to take. On AVX2 (x86-64-v3)
+those with 64 channels or more in and out copy their input into packed panels instead
+(``geometry.conv_geometry``'s ``packed``, tests/kernels/test_conv_1x1_packed_panels.py); the
+last case keeps the in-place kernel there."""
 
 from __future__ import annotations
 
@@ -22,6 +25,7 @@ CASES = [   # n, c, h, o, act, residual, threads
     (1, 64, 28, 128, "silu", True, 2),      # 200 KB, a residual
     (2, 192, 14, 64, None, False, 3),       # 150 KB, a batch, 3 threads
     (1, 128, 20, 128, None, True, 2),       # 205 KB
+    (1, 256, 14, 48, "relu", True, 2),      # 200 KB, 48 outputs: read in place on AVX2 too
 ]
 
 

@@ -148,6 +148,9 @@ class ConvMixin:
     def _emit_conv(self, ws: ir.Value, task: ir.Value, ntasks: ir.Value) -> None:
         b = self.builder
         g = self._conv_geometry()
+        if g.get("packed"):
+            self._emit_conv_packed(g, ws, task, ntasks)
+            return
         x_t = self.match.tag.operands[0]
         x_ptr = self.buffers[x_t.uid]
         planes = None if ws is None else b.bitcast(ws, F32.as_pointer())

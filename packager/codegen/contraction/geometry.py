@@ -147,6 +147,20 @@ INPUT_PREFETCH = True
 
 CHUNK_MIN_STEPS = 64     # no chunks of fewer reduction steps (channels x taps)
 
+# A 1x1 convolution whose weights pass L2 runs panels innermost, each block row re-reading the
+# input's K rows of a panel (a short run in each of K rows a plane apart: more lines than L1
+# holds and more streams than the prefetcher follows). Packed instead (``conv_packed.py``): each
+# task first copies its panels of the input into [panel][K][nr] (contiguous, once per image),
+# then runs the block rows in chunks whose weights stay in L2 (PACK_A_BYTES), every panel of
+# the task per chunk: the microkernel streams one contiguous panel and one weight block.
+# Measured on AVX2 (Zen 4) only; the other widths keep the in-place kernel. ResNet-50 in the
+# network, 1 thread, % of the FMA peak before -> after: 14x14 256 -> 1024 + residual 74-78 ->
+# 87-89, 1024 -> 256 81-83 -> 88-90, 28x28 128 -> 512 + residual 77-80 -> 84-86, 7x7 80-82
+# -> 86-88, strided 512 -> 1024 74 -> 89 (bench/conv_peak.py).
+PACKED_1X1_VL = 8
+PACK_A_BYTES = L2_REUSE_BYTES // 2
+PACK_MIN_CHANNELS = 64
+
 
 def _chunk_channels(cg: int, khw: int, channel_bytes: int) -> int:
     """Input channels per reduction chunk: the largest divisor of ``cg`` whose planes fit in
@@ -323,7 +337,20 @@ def conv_geometry(x_shape, w_shape, out_shape, attrs: dict, target_vl: int,
             part_floats = max(part_floats, panels * mr * nr)
         if part_floats:
             part_floats = -(-(part_floats + vl) // 16) * 16
+    # Packed panels (see PACK_A_BYTES): a 1x1, unpadded, one group, at least one full panel,
+    # PACK_MIN_CHANNELS in and out (the copy costs about COPY_COST_MACS / og of the work), and
+    # weights past L2, a strided or aliasing input (copied anyway), or an input within L2.
+    # Not: a large input read in place with the weights in L2 (ResNet-50's 56x56 layers, whose
+    # block rows prefetch the next panel, INPUT_PREFETCH: level within noise, 83-89 %).
+    packed = (groups == 1 and (kh, kw) == (1, 1) and not any(attrs["padding"]) and wq == ow
+              and min(cg, og) >= PACK_MIN_CHANNELS and panels > 0
+              and (weight_bytes > L2_REUSE_BYTES or not direct or 4 * c * h * wd <= L2_REUSE_BYTES)
+              and vl == PACKED_1X1_VL and target_vl == PACKED_1X1_VL)
+    mc_blocks = max(1, min(mblocks, PACK_A_BYTES // (4 * mr * cg))) if packed else 0
     return dict(c=c, h=h, w=wd, o=o, cg=cg, kh=kh, kw=kw, oh=oh, ow=ow, sh=sh, sw=sw,
+                packed=packed, mc_blocks=mc_blocks,
+                mchunks=-(-mblocks // mc_blocks) if packed else 0,
+                pack_floats=panels * nr * cg if packed else 0,
                 ny=ny, nx=nx, shifted=shifted, vl=vl,
                 per_group=per_group, region=region, slack_total=slack_total,
                 pt=pt, pl=pl, hq=hq, wq=wq, pstride=pstride, groups=groups, og=og,

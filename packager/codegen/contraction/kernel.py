@@ -10,6 +10,7 @@ from ...ir.graph import PrimFunc
 from ...ir.sym import product
 from ..lower import KernelInfo
 from .conv import ConvMixin
+from .conv_packed import PackedConvMixin
 from .emitter import ContractionBase
 from .epilogue import EpilogueMixin
 from .match import CONV_KINDS, Contraction, match_contraction
@@ -17,7 +18,7 @@ from .matmul import MatmulMixin
 from ..threads import DEFAULTS, SplitThresholds
 
 
-class ContractionEmitter(ConvMixin, MatmulMixin, EpilogueMixin, ContractionBase):
+class ContractionEmitter(PackedConvMixin, ConvMixin, MatmulMixin, EpilogueMixin, ContractionBase):
     """Emits a matched contraction; the generic emitter evaluates the epilogue."""
 
     def emit(self) -> KernelInfo:
@@ -48,8 +49,12 @@ class ContractionEmitter(ConvMixin, MatmulMixin, EpilogueMixin, ContractionBase)
         if self.match.tag.kind not in CONV_KINDS:
             return f"register-blocked {self.match.tag.kind}"
         g = self._conv_geometry()
-        planes = ("input read in place" if g["direct"] else
-                  "shifted planes" if g["shifted"] else "planes by stride phase")
+        if g.get("packed"):
+            planes = (f"input packed in panels, block rows in chunks of {g['mc_blocks']} "
+                      "(weights in L2)")
+        else:
+            planes = ("input read in place" if g["direct"] else
+                      "shifted planes" if g["shifted"] else "planes by stride phase")
         tail = f", {len(g['tail'])} tail pixel(s) as dot products" if g["tail"] else ""
         ahead = ""
         if g.get("prefetch_panels"):

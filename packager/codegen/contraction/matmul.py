@@ -37,6 +37,10 @@ class MatmulMixin:
             return -(-self._packed_panel_bytes() * MAX_TASK_REGIONS // WORKSPACE_ALIGN) \
                 * WORKSPACE_ALIGN
         g = self._conv_geometry()
+        if g.get("packed"):   # each image's packed panels and tail inputs (conv_packed.py)
+            batch = self.match.tag.operands[0].shape[0]
+            nbytes = (g["pack_floats"] + len(g["tail"]) * g["tail_kp"]) * 4 * batch
+            return -(-nbytes // WORKSPACE_ALIGN) * WORKSPACE_ALIGN
         nbytes = 0 if g["direct"] else (g["planes_floats"] + g["slack_total"]) * 4
         if not g["per_group"]:
             # Tasks share the planes of one image and run without a barrier, so a task that
