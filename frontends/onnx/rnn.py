@@ -387,7 +387,9 @@ def _scan_v9(ctx: NodeContext) -> list[Value]:
 
 @converter("Loop", since=1, attrs={"body": None})
 def _loop(ctx: NodeContext) -> list[Value]:
-    """A loop whose trip count and condition are known at export, unrolled."""
+    """A loop whose trip count is known at export, unrolled. Its condition may be computed at run
+    time (``_loop_run_time_condition``); with one known at export, the loop unrolls only the
+    iterations it runs."""
     body = ctx.attrs["body"]
     trip = None
     if ctx.has_input(0):
@@ -396,7 +398,8 @@ def _loop(ctx: NodeContext) -> list[Value]:
     if ctx.has_input(1):
         known = _bool_const(ctx, ctx.input(1), "the condition")
         if known is None:
-            ctx.require_const(1, "the loop condition")
+            return _loop_run_time_condition(ctx, trip, ctx.input(1), 0,
+                                            [ctx.input(i) for i in range(2, ctx.num_inputs)], [])
         cond = bool(known)
     if trip is None:
         trip = _MAX_UNROLL + 1
@@ -411,7 +414,8 @@ def _loop(ctx: NodeContext) -> list[Value]:
                                    ctx.constant(np.array(cond), "cond")] + carried)
         known = _bool_const(ctx, outs[0], "the body's condition")
         if known is None:
-            raise ctx.error("the loop condition computed by the body must be known at export")
+            return _loop_run_time_condition(ctx, trip, outs[0], it + 1, outs[1:1 + n_carried],
+                                            scans + [outs[1 + n_carried:]])
         cond = known
         carried = outs[1:1 + n_carried]
         scans.append(outs[1 + n_carried:])
@@ -420,6 +424,61 @@ def _loop(ctx: NodeContext) -> list[Value]:
     if n_scan and not scans:
         raise ctx.error("a loop with scan outputs that runs zero iterations is not supported")
     return carried + [_stack(ctx, [s[j] for s in scans], 0) for j in range(n_scan)]
+
+
+def _loop_run_time_condition(ctx: NodeContext, trip: int | None, cond: Value, start: int,
+                             carried: list[Value], scans: list[list[Value]]) -> list[Value]:
+    """The iterations from ``start`` of a loop whose condition ``cond`` is computed at run time
+    (iterations ``0 .. start - 1`` already ran, giving ``carried`` and ``scans``): every
+    iteration up to the trip count is unrolled, and one that runs after the condition turned
+    false leaves the carried values as they were (``where`` on a running flag, the flag and-ed
+    with each iteration's condition). The scan outputs are planned for the trip count and
+    returned at the number of iterations that ran: a size variable bound at run time
+    (BIND_SIZE, as NonZero's count). Carried values must keep their shapes."""
+    body = ctx.attrs["body"]
+    if trip is None or trip > _MAX_UNROLL:
+        raise ctx.error("the loop condition is computed at run time, so every iteration up to "
+                        f"the trip count is compiled: the trip count must be known at export "
+                        f"and at most {_MAX_UNROLL}, not {'absent' if trip is None else trip}")
+    n_carried = len(carried)
+    running = ctx.reshape(_as_bool(ctx, cond, "the loop condition"), ())
+    count = ctx.constant(np.array([start], np.int64), "ran")
+    one = ctx.constant(np.array([1], np.int64), "one")
+    ran: list[list[Value]] = [list(s) for s in scans]
+    for it in range(start, trip):
+        outs = ctx.inline(body, [ctx.constant(np.array(it, np.int64), "iter"), running]
+                          + carried)
+        new = outs[1:1 + n_carried]
+        for k, (a, b) in enumerate(zip(new, carried)):
+            if a.type != b.type:
+                raise ctx.error(f"carried value {k} changes from {b.type} to {a.type}: a loop "
+                                "whose condition is computed at run time needs carried values "
+                                "of fixed shape")
+        carried = [ctx.emit("where", running, a, b) for a, b in zip(new, carried)]
+        ran.append(outs[1 + n_carried:])
+        count = ctx.emit("add", count, ctx.emit("cast", ctx.reshape(running, (1,)),
+                                                dtype="int64"))
+        running = ctx.emit("logical_and", running, ctx.reshape(
+            _as_bool(ctx, outs[0], "the body's condition"), ()))
+    n_scan = len(body.output) - 1 - n_carried
+    if not n_scan:
+        return carried
+    if not ran:
+        raise ctx.error("a loop with scan outputs and a trip count of 0 is not supported")
+    if start == trip:   # the condition turned run-time on the last iteration: all of them ran
+        return carried + [_stack(ctx, [s[j] for s in ran], 0) for j in range(n_scan)]
+    after, rows = ctx.bb.bind_size(count, len(ran), "iterations")
+    return carried + [ctx.bb.emit_op("prefix_rows", _stack(ctx, [s[j] for s in ran], 0), after,
+                                     count=rows) for j in range(n_scan)]
+
+
+def _as_bool(ctx: NodeContext, v: Value, what: str) -> Value:
+    n = 1
+    for d in v.type.shape:
+        n = n * d if isinstance(d, int) else -1
+    if n != 1:
+        raise ctx.error(f"{what} must hold one element, not {v.type}")
+    return v if v.type.dtype == "bool" else ctx.emit("cast", v, dtype="bool")
 
 
 # ---- operators defined by an ONNX function body --------------------------------------------------

@@ -1,0 +1,105 @@
+"""Loop whose condition is computed at run time (issue 37 item 3): every iteration up to the
+trip count (known at export) is compiled, an iteration after the condition turned false leaves
+the carried values as they were, and the scan output comes back with as many rows as the loop
+ran (a size variable bound at run time, BIND_SIZE, as NonZero's count). One export, several
+stopping points, against ONNX Runtime (rows and values); the C runtime bit-identical; a trip
+count too large to compile is a one-line export error."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto as T
+from onnx import helper
+
+from mlcpack.frontends.onnx import import_onnx
+from mlcpack.packager.errors import ExportError
+from mlcpack.packager.export import ExportOptions, export_module
+from mlcpack.runtime import load
+from test_c_runtime import CC, assert_bit_identical
+
+ort = pytest.importorskip("onnxruntime")
+
+F = np.float32
+TRIP = 6
+
+
+def while_model(trip: int = TRIP, cond_input: bool = True) -> onnx.ModelProto:
+    """``y = y * 1.5 + x`` while ``sum(y) < limit`` (checked after each step) and the input
+    condition held at the start, at most ``trip`` times; scan output: y after each step."""
+    body = helper.make_graph([
+        helper.make_node("Mul", ["y_in", "k"], ["y1"]),
+        helper.make_node("Add", ["y1", "x"], ["y_out"]),
+        helper.make_node("ReduceSum", ["y_out"], ["s"], keepdims=0),
+        helper.make_node("Less", ["s", "limit"], ["cond_out"]),
+        helper.make_node("Identity", ["y_out"], ["scan"]),
+    ], "body", [
+        helper.make_tensor_value_info("i", T.INT64, []),
+        helper.make_tensor_value_info("cond_in", T.BOOL, []),
+        helper.make_tensor_value_info("y_in", T.FLOAT, [2, 3])],
+        [helper.make_tensor_value_info("cond_out", T.BOOL, []),
+         helper.make_tensor_value_info("y_out", T.FLOAT, [2, 3]),
+         helper.make_tensor_value_info("scan", T.FLOAT, [2, 3])],
+        [helper.make_tensor("k", T.FLOAT, [], [1.5])])
+    nodes = [helper.make_node("Loop", ["trip", "cond" if cond_input else "yes", "y0"],
+                              ["y", "ys"], body=body)]
+    inits = [helper.make_tensor("trip", T.INT64, [], [trip]),
+             helper.make_tensor("yes", T.BOOL, [], [True])]
+    inputs = [helper.make_tensor_value_info("x", T.FLOAT, [2, 3]),
+              helper.make_tensor_value_info("y0", T.FLOAT, [2, 3]),
+              helper.make_tensor_value_info("limit", T.FLOAT, [])]
+    if cond_input:
+        inputs.append(helper.make_tensor_value_info("cond", T.BOOL, []))
+    g = helper.make_graph(nodes, "while", inputs,
+                          [helper.make_tensor_value_info("y", T.FLOAT, [2, 3]),
+                           helper.make_tensor_value_info("ys", T.FLOAT, None)], inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
+
+
+def feeds(limit: float, cond: bool = True) -> dict:
+    rng = np.random.default_rng(0)
+    return {"x": rng.random((2, 3)).astype(F), "y0": rng.random((2, 3)).astype(F),
+            "limit": np.array(limit, F), "cond": np.array(cond)}
+
+
+# stops after 1 step, after a few, never before the trip count; a false input condition runs
+# none (the scan output then has 0 rows)
+CASES = [feeds(0.5), feeds(12.0), feeds(1e9), feeds(1e9, False)]
+
+
+@pytest.fixture(scope="module")
+def bundle(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("loop") / "while.mlc"
+    mod, _ = import_onnx(while_model())
+    export_module(mod, path, ExportOptions(target="host"))
+    return path
+
+
+def test_loop_with_run_time_condition_matches_onnxruntime(bundle) -> None:
+    session = ort.InferenceSession(while_model().SerializeToString())
+    rows = []
+    with load(bundle) as b:
+        for feed in CASES:
+            got = b.run(feed)
+            for name, want in zip(("y", "ys"), session.run(None, feed)):
+                assert got[name].shape == want.shape, (name, got[name].shape, want.shape)
+                np.testing.assert_allclose(got[name], want, rtol=1e-6, atol=1e-6, err_msg=name)
+            rows.append(got["ys"].shape[0])
+    assert rows == [1, 2, TRIP, 0], rows   # the cases stop where they were made to
+
+
+def test_c_runtime_bit_identical(bundle, tmp_path) -> None:
+    if CC is None:
+        pytest.skip("no C compiler (cc or gcc) on this machine: the C runtime cannot be built")
+    from test_c_runtime import CDIR, _make
+    _make("all")
+    for k, feed in enumerate(CASES):
+        assert_bit_identical(CDIR / "build", bundle, feed, tmp_path / str(k), threads=(1,))
+
+
+def test_trip_count_too_large_is_a_clear_error() -> None:
+    with pytest.raises(ExportError, match="the trip count must be known at export and at most"):
+        import_onnx(while_model(trip=1 << 40))
