@@ -392,18 +392,22 @@ def _loop(ctx: NodeContext) -> list[Value]:
     iterations it runs."""
     body = ctx.attrs["body"]
     trip = None
+    carried = [ctx.input(i) for i in range(2, ctx.num_inputs)]
     if ctx.has_input(0):
+        limit = _symbolic_trip_count(ctx)
+        if limit is not None:
+            bound, limit = limit
+            cond = ctx.input(1) if ctx.has_input(1) else ctx.constant(np.array(True), "cond")
+            return _loop_run_time_condition(ctx, bound, cond, 0, carried, [], limit)
         trip = int(np.asarray(ctx.require_const(0, "the trip count")).reshape(()))
     cond = True
     if ctx.has_input(1):
         known = _bool_const(ctx, ctx.input(1), "the condition")
         if known is None:
-            return _loop_run_time_condition(ctx, trip, ctx.input(1), 0,
-                                            [ctx.input(i) for i in range(2, ctx.num_inputs)], [])
+            return _loop_run_time_condition(ctx, trip, ctx.input(1), 0, carried, [])
         cond = bool(known)
     if trip is None:
         trip = _MAX_UNROLL + 1
-    carried = [ctx.input(i) for i in range(2, ctx.num_inputs)]
     n_carried = len(carried)
     scans: list[list[Value]] = []
     it = 0
@@ -426,15 +430,47 @@ def _loop(ctx: NodeContext) -> list[Value]:
     return carried + [_stack(ctx, [s[j] for s in scans], 0) for j in range(n_scan)]
 
 
+def _symbolic_trip_count(ctx: NodeContext) -> tuple[int, Value] | None:
+    """A trip count computed from the input sizes (``Shape(x)[0]``, a size expression), as its
+    upper bound under ``--max-shape`` and its value as a run-time int64 tensor of shape (1,);
+    None when it is a constant or not a size expression."""
+    from ...packager.ir.sym import SymExpr, nondecreasing_in, substitute
+    from .symvalue import dims_of, make, materialize
+
+    if ctx.const(0) is not None:
+        return None
+    dims = dims_of(ctx.inputs[0])
+    if dims is None or len(dims) != 1 or not isinstance(dims[0], SymExpr):
+        return None
+    trip = dims[0]
+    bounds = getattr(ctx.bb, "size_bounds", {})
+    names = trip.variables()
+    bound = None
+    if names <= set(bounds) and nondecreasing_in(trip, names):
+        bound = substitute(trip, {v: bounds[v] for v in names})
+    if not isinstance(bound, int):
+        raise ctx.error(f"the trip count {trip} is known only at run time, so every iteration "
+                        "up to its largest value is compiled: give --max-shape for the inputs "
+                        f"whose sizes it depends on ({', '.join(sorted(names))})")
+    if bound > _MAX_UNROLL:
+        raise ctx.error(f"the trip count {trip} is at most {bound} under --max-shape: at most "
+                        f"{_MAX_UNROLL} iterations are unrolled")
+    value = make(ctx, np.array([trip], dtype=object), "int64", "trip")
+    return max(bound, 0), materialize(ctx.bb, value)
+
+
 def _loop_run_time_condition(ctx: NodeContext, trip: int | None, cond: Value, start: int,
-                             carried: list[Value], scans: list[list[Value]]) -> list[Value]:
+                             carried: list[Value], scans: list[list[Value]],
+                             limit: Value | None = None) -> list[Value]:
     """The iterations from ``start`` of a loop whose condition ``cond`` is computed at run time
     (iterations ``0 .. start - 1`` already ran, giving ``carried`` and ``scans``): every
     iteration up to the trip count is unrolled, and one that runs after the condition turned
     false leaves the carried values as they were (``where`` on a running flag, the flag and-ed
     with each iteration's condition). The scan outputs are planned for the trip count and
     returned at the number of iterations that ran: a size variable bound at run time
-    (BIND_SIZE, as NonZero's count). Carried values must keep their shapes."""
+    (BIND_SIZE, as NonZero's count). Carried values must keep their shapes. A trip count
+    computed at run time (``limit``, int64 of shape (1,), at most ``trip``) stops the
+    iterations the same way."""
     body = ctx.attrs["body"]
     if trip is None or trip > _MAX_UNROLL:
         raise ctx.error("the loop condition is computed at run time, so every iteration up to "
@@ -446,8 +482,15 @@ def _loop_run_time_condition(ctx: NodeContext, trip: int | None, cond: Value, st
     one = ctx.constant(np.array([1], np.int64), "one")
     ran: list[list[Value]] = [list(s) for s in scans]
     for it in range(start, trip):
-        outs = ctx.inline(body, [ctx.constant(np.array(it, np.int64), "iter"), running]
-                          + carried)
+        if limit is not None:   # a trip count computed at run time: iteration it runs if it < limit
+            below = ctx.emit("less", ctx.constant(np.array([it], np.int64), "iter"), limit)
+            running = ctx.emit("logical_and", running, ctx.reshape(below, ()))
+        # past a trip count computed at run time the body runs on discarded values: its
+        # iteration number is then a run-time tensor, so an index it takes along a size known at
+        # run time only is not checked at export (Gather wraps it into range at run time)
+        number = ctx.constant(np.array(it, np.int64), "iter") if limit is None else \
+            ctx.bb.emit_op("full", shape=(), value=it, dtype="int64", name="iter")
+        outs = ctx.inline(body, [number, running] + carried)
         new = outs[1:1 + n_carried]
         for k, (a, b) in enumerate(zip(new, carried)):
             if a.type != b.type:
@@ -465,7 +508,7 @@ def _loop_run_time_condition(ctx: NodeContext, trip: int | None, cond: Value, st
         return carried
     if not ran:
         raise ctx.error("a loop with scan outputs and a trip count of 0 is not supported")
-    if start == trip:   # the condition turned run-time on the last iteration: all of them ran
+    if start == trip and limit is None:   # the condition turned run-time on the last iteration: all of them ran
         return carried + [_stack(ctx, [s[j] for s in ran], 0) for j in range(n_scan)]
     after, rows = ctx.bb.bind_size(count, len(ran), "iterations")
     return carried + [ctx.bb.emit_op("prefix_rows", _stack(ctx, [s[j] for s in ran], 0), after,

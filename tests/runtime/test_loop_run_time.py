@@ -1,9 +1,11 @@
-"""Loop whose condition is computed at run time (issue 37 item 3): every iteration up to the
-trip count (known at export) is compiled, an iteration after the condition turned false leaves
+"""Loop whose condition or trip count is computed at run time (issue 37 item 3): every
+iteration up to the trip count (known at export, or the largest a trip count computed from the
+input sizes takes under ``--max-shape``) is compiled, an iteration after the condition turned false leaves
 the carried values as they were, and the scan output comes back with as many rows as the loop
 ran (a size variable bound at run time, BIND_SIZE, as NonZero's count). One export, several
 stopping points, against ONNX Runtime (rows and values); the C runtime bit-identical; a trip
-count too large to compile is a one-line export error."""
+count too large to compile, or one from the input sizes without ``--max-shape``, is a one-line
+export error."""
 
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ from mlcpack.frontends.onnx import import_onnx
 from mlcpack.packager.errors import ExportError
 from mlcpack.packager.export import ExportOptions, export_module
 from mlcpack.runtime import load
+from mlcpack.runtime.errors import InputError
 from test_c_runtime import CC, assert_bit_identical
 
 ort = pytest.importorskip("onnxruntime")
@@ -98,6 +101,77 @@ def test_c_runtime_bit_identical(bundle, tmp_path) -> None:
     _make("all")
     for k, feed in enumerate(CASES):
         assert_bit_identical(CDIR / "build", bundle, feed, tmp_path / str(k), threads=(1,))
+
+
+def sized_model() -> onnx.ModelProto:
+    """``for i in range(x.shape[0]): y += x[i]``, scan output ``2 * y`` after each step (as
+    torch.jit exports a loop over a dynamic dim); x is [N, 3], N symbolic."""
+    body = helper.make_graph([
+        helper.make_node("Gather", ["x", "i"], ["row"], axis=0),
+        helper.make_node("Add", ["y_in", "row"], ["y_out"]),
+        helper.make_node("Add", ["y_out", "y_out"], ["scan"]),
+        helper.make_node("Identity", ["cond_in"], ["cond_out"]),
+    ], "body", [
+        helper.make_tensor_value_info("i", T.INT64, []),
+        helper.make_tensor_value_info("cond_in", T.BOOL, []),
+        helper.make_tensor_value_info("y_in", T.FLOAT, [3])],
+        [helper.make_tensor_value_info("cond_out", T.BOOL, []),
+         helper.make_tensor_value_info("y_out", T.FLOAT, [3]),
+         helper.make_tensor_value_info("scan", T.FLOAT, [3])])
+    nodes = [helper.make_node("Shape", ["x"], ["shape"]),
+             helper.make_node("Gather", ["shape", "zero"], ["n"], axis=0),
+             helper.make_node("Loop", ["n", "", "y0"], ["y", "ys"], body=body)]
+    g = helper.make_graph(nodes, "for_range", [
+        helper.make_tensor_value_info("x", T.FLOAT, ["N", 3]),
+        helper.make_tensor_value_info("y0", T.FLOAT, [3])],
+        [helper.make_tensor_value_info("y", T.FLOAT, [3]),
+         helper.make_tensor_value_info("ys", T.FLOAT, None)],
+        [helper.make_tensor("zero", T.INT64, [], [0])])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
+
+
+def sized_feeds(n: int) -> dict:
+    rng = np.random.default_rng(n)
+    return {"x": rng.random((n, 3)).astype(F), "y0": rng.random(3).astype(F)}
+
+
+SIZED = [sized_feeds(n) for n in (1, 3, 5)]
+
+
+@pytest.fixture(scope="module")
+def sized_bundle(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("loop") / "for_range.mlc"
+    mod, _ = import_onnx(sized_model(), max_shapes={"x": (5, 3)})
+    export_module(mod, path, ExportOptions(target="host"))
+    return path
+
+
+def test_trip_count_from_input_sizes_matches_onnxruntime(sized_bundle) -> None:
+    session = ort.InferenceSession(sized_model().SerializeToString())
+    with load(sized_bundle) as b:
+        for feed in SIZED:
+            got = b.run(feed)
+            for name, want in zip(("y", "ys"), session.run(None, feed)):
+                assert got[name].shape == want.shape, (name, got[name].shape, want.shape)
+                np.testing.assert_allclose(got[name], want, rtol=1e-6, atol=1e-6, err_msg=name)
+        with pytest.raises(InputError):   # above --max-shape: refused, not run past the unroll
+            b.run(sized_feeds(6))
+
+
+def test_trip_count_from_input_sizes_c_runtime_bit_identical(sized_bundle, tmp_path) -> None:
+    if CC is None:
+        pytest.skip("no C compiler (cc or gcc) on this machine: the C runtime cannot be built")
+    from test_c_runtime import CDIR, _make
+    _make("all")
+    for k, feed in enumerate(SIZED):
+        assert_bit_identical(CDIR / "build", sized_bundle, feed, tmp_path / str(k),
+                             threads=(1,))
+
+
+def test_trip_count_from_input_sizes_needs_max_shape() -> None:
+    with pytest.raises(ExportError, match=r"the trip count N is known only at run time.*"
+                                          r"give --max-shape .*\(N\)"):
+        import_onnx(sized_model())
 
 
 def test_trip_count_too_large_is_a_clear_error() -> None:
