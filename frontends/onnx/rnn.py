@@ -312,6 +312,8 @@ def _scan_steps(ctx: NodeContext, body, states: list[Value], scans: list[Value],
     if len(lengths) != 1:
         raise ctx.error(f"scan inputs have different lengths along their axes: {sorted(lengths)}")
     (steps,) = lengths
+    if not isinstance(steps, int):
+        return _scan_masked(ctx, body, states, scans, in_axes, in_rev, out_axes, out_rev, steps)
     if steps > _MAX_UNROLL:
         raise ctx.error(f"{steps} iterations: at most {_MAX_UNROLL} are unrolled")
     n_state = len(states)
@@ -331,6 +333,50 @@ def _scan_steps(ctx: NodeContext, body, states: list[Value], scans: list[Value],
         if out_rev[j]:
             parts = parts[::-1]
         results.append(_stack(ctx, parts, out_axes[j]))
+    return results
+
+
+def _scan_masked(ctx: NodeContext, body, states: list[Value], scans: list[Value],
+                 in_axes: Sequence[int], in_rev: Sequence[int], out_axes: Sequence[int],
+                 out_rev: Sequence[int], steps) -> list[Value]:
+    """A Scan over an axis whose length ``steps`` is known only at run time: unrolled to its
+    largest value under ``--max-shape``; step ``t`` reads element ``t`` (a run-time index, so
+    one past the real length reads inside the input and is discarded), a step past the length
+    keeps the states (``where``), and each scan output is stacked at the bound and sliced to
+    the real length (its rows the steps that ran, in order, or at the end of the reversed
+    stack)."""
+    from .symvalue import make, materialize
+
+    bound = _unroll_bound(ctx, steps, "the scan length")
+    length = materialize(ctx.bb, make(ctx, np.array([steps], dtype=object), "int64", "steps"))
+    last = ctx.emit("subtract", length, ctx.constant(np.array([1], np.int64), "one"))
+    n_state = len(states)
+    per_step: list[list[Value]] = []
+    for t in range(bound):
+        step = ctx.bb.emit_op("full", shape=(1,), value=t, dtype="int64", name="step")
+        running = ctx.reshape(ctx.emit("less", step, length), ())
+        back = ctx.emit("subtract", last, step)   # negative past the length: clamped by the kernel
+        slices = [ctx.reshape(ctx.emit("take", x, back if r else step, axis=a),
+                              x.type.shape[:a] + x.type.shape[a + 1:])
+                  for x, a, r in zip(scans, in_axes, in_rev)]
+        outs = ctx.inline(body, states + slices)
+        for k, (a, b) in enumerate(zip(outs[:n_state], states)):
+            if a.type != b.type:
+                raise ctx.error(f"state {k} changes from {b.type} to {a.type}")
+        states = [ctx.emit("where", running, a, b) for a, b in zip(outs[:n_state], states)]
+        per_step.append(outs[n_state:])
+    results = list(states)
+    for j in range(len(body.output) - n_state):
+        parts = [step[j] for step in per_step]
+        axis = out_axes[j] % (len(parts[0].type.shape) + 1)
+        if out_rev[j]:   # the real rows are the last ``steps`` of the reversed stack
+            stacked = _stack(ctx, parts[::-1], axis)
+            results.append(ctx.emit("strided_slice", stacked, starts=(bound - steps,),
+                                    ends=(bound,), axes=(axis,), steps=(1,)))
+        else:
+            stacked = _stack(ctx, parts, axis)
+            results.append(ctx.emit("strided_slice", stacked, starts=(0,), ends=(steps,),
+                                    axes=(axis,), steps=(1,)))
     return results
 
 
@@ -434,7 +480,7 @@ def _symbolic_trip_count(ctx: NodeContext) -> tuple[int, Value] | None:
     """A trip count computed from the input sizes (``Shape(x)[0]``, a size expression), as its
     upper bound under ``--max-shape`` and its value as a run-time int64 tensor of shape (1,);
     None when it is a constant or not a size expression."""
-    from ...packager.ir.sym import SymExpr, nondecreasing_in, substitute
+    from ...packager.ir.sym import SymExpr
     from .symvalue import dims_of, make, materialize
 
     if ctx.const(0) is not None:
@@ -443,20 +489,28 @@ def _symbolic_trip_count(ctx: NodeContext) -> tuple[int, Value] | None:
     if dims is None or len(dims) != 1 or not isinstance(dims[0], SymExpr):
         return None
     trip = dims[0]
-    bounds = getattr(ctx.bb, "size_bounds", {})
-    names = trip.variables()
-    bound = None
-    if names <= set(bounds) and nondecreasing_in(trip, names):
-        bound = substitute(trip, {v: bounds[v] for v in names})
-    if not isinstance(bound, int):
-        raise ctx.error(f"the trip count {trip} is known only at run time, so every iteration "
-                        "up to its largest value is compiled: give --max-shape for the inputs "
-                        f"whose sizes it depends on ({', '.join(sorted(names))})")
-    if bound > _MAX_UNROLL:
-        raise ctx.error(f"the trip count {trip} is at most {bound} under --max-shape: at most "
-                        f"{_MAX_UNROLL} iterations are unrolled")
     value = make(ctx, np.array([trip], dtype=object), "int64", "trip")
-    return max(bound, 0), materialize(ctx.bb, value)
+    return _unroll_bound(ctx, trip, "the trip count"), materialize(ctx.bb, value)
+
+
+def _unroll_bound(ctx: NodeContext, steps, what: str) -> int:
+    """The largest value of the size expression ``steps`` under ``--max-shape`` (the importer's
+    ``bb.size_bounds``), at most ``_MAX_UNROLL``; a one-line error when it has none."""
+    from ...packager.ir.sym import nondecreasing_in, substitute
+
+    bounds = getattr(ctx.bb, "size_bounds", {})
+    names = steps.variables()
+    bound = None
+    if names <= set(bounds) and nondecreasing_in(steps, names):
+        bound = substitute(steps, {v: bounds[v] for v in names})
+    if not isinstance(bound, int):
+        raise ctx.error(f"{what} {steps} is known only at run time, so every iteration up to "
+                        "its largest value is compiled: give --max-shape for the inputs whose "
+                        f"sizes it depends on ({', '.join(sorted(names))})")
+    if bound > _MAX_UNROLL:
+        raise ctx.error(f"{what} {steps} is at most {bound} under --max-shape: at most "
+                        f"{_MAX_UNROLL} iterations are unrolled")
+    return max(bound, 0)
 
 
 def _loop_run_time_condition(ctx: NodeContext, trip: int | None, cond: Value, start: int,
@@ -479,7 +533,6 @@ def _loop_run_time_condition(ctx: NodeContext, trip: int | None, cond: Value, st
     n_carried = len(carried)
     running = ctx.reshape(_as_bool(ctx, cond, "the loop condition"), ())
     count = ctx.constant(np.array([start], np.int64), "ran")
-    one = ctx.constant(np.array([1], np.int64), "one")
     ran: list[list[Value]] = [list(s) for s in scans]
     for it in range(start, trip):
         if limit is not None:   # a trip count computed at run time: iteration it runs if it < limit
@@ -508,7 +561,8 @@ def _loop_run_time_condition(ctx: NodeContext, trip: int | None, cond: Value, st
         return carried
     if not ran:
         raise ctx.error("a loop with scan outputs and a trip count of 0 is not supported")
-    if start == trip and limit is None:   # the condition turned run-time on the last iteration: all of them ran
+    if start == trip and limit is None:   # the condition turned run-time on the last
+        # iteration: every iteration ran
         return carried + [_stack(ctx, [s[j] for s in ran], 0) for j in range(n_scan)]
     after, rows = ctx.bb.bind_size(count, len(ran), "iterations")
     return carried + [ctx.bb.emit_op("prefix_rows", _stack(ctx, [s[j] for s in ran], 0), after,

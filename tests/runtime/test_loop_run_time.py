@@ -174,6 +174,65 @@ def test_trip_count_from_input_sizes_needs_max_shape() -> None:
         import_onnx(sized_model())
 
 
+def scan_model() -> onnx.ModelProto:
+    """Scan (opset 11) over x's first axis of length L (symbolic), x read forward and backward:
+    ``s += a * b``; outputs s after each step forward and ``a - s`` in reversed order."""
+    body = helper.make_graph([
+        helper.make_node("Mul", ["a", "b"], ["ab"]),
+        helper.make_node("Add", ["s_in", "ab"], ["s_out"]),
+        helper.make_node("Identity", ["s_out"], ["fwd"]),
+        helper.make_node("Sub", ["a", "s_out"], ["rev"]),
+    ], "body", [helper.make_tensor_value_info(n, T.FLOAT, [2]) for n in ("s_in", "a", "b")],
+        [helper.make_tensor_value_info(n, T.FLOAT, [2]) for n in ("s_out", "fwd", "rev")])
+    node = helper.make_node("Scan", ["s0", "x", "x"], ["s", "ys", "zs"], body=body,
+                            num_scan_inputs=2, scan_input_directions=[0, 1],
+                            scan_output_directions=[0, 1], scan_output_axes=[0, 1])
+    g = helper.make_graph([node], "scan", [
+        helper.make_tensor_value_info("s0", T.FLOAT, [2]),
+        helper.make_tensor_value_info("x", T.FLOAT, ["L", 2])],
+        [helper.make_tensor_value_info("s", T.FLOAT, [2]),
+         helper.make_tensor_value_info("ys", T.FLOAT, None),
+         helper.make_tensor_value_info("zs", T.FLOAT, None)])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 11)])
+
+
+SCANS = [{"s0": np.random.default_rng(n).random(2).astype(F),
+          "x": np.random.default_rng(n + 9).random((n, 2)).astype(F)} for n in (1, 2, 4)]
+
+
+@pytest.fixture(scope="module")
+def scan_bundle(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("loop") / "scan.mlc"
+    mod, _ = import_onnx(scan_model(), max_shapes={"x": (4, 2)})
+    export_module(mod, path, ExportOptions(target="host"))
+    return path
+
+
+def test_scan_over_a_run_time_length_matches_onnxruntime(scan_bundle) -> None:
+    session = ort.InferenceSession(scan_model().SerializeToString())
+    with load(scan_bundle) as b:
+        for feed in SCANS:
+            got = b.run(feed)
+            for name, want in zip(("s", "ys", "zs"), session.run(None, feed)):
+                assert got[name].shape == want.shape, (name, got[name].shape, want.shape)
+                np.testing.assert_allclose(got[name], want, rtol=1e-6, atol=1e-6, err_msg=name)
+
+
+def test_scan_over_a_run_time_length_c_runtime_bit_identical(scan_bundle, tmp_path) -> None:
+    if CC is None:
+        pytest.skip("no C compiler (cc or gcc) on this machine: the C runtime cannot be built")
+    from test_c_runtime import CDIR, _make
+    _make("all")
+    for k, feed in enumerate(SCANS):
+        assert_bit_identical(CDIR / "build", scan_bundle, feed, tmp_path / str(k), threads=(1,))
+
+
+def test_scan_over_a_run_time_length_needs_max_shape() -> None:
+    with pytest.raises(ExportError, match=r"the scan length L is known only at run time.*"
+                                          r"give --max-shape .*\(L\)"):
+        import_onnx(scan_model())
+
+
 def test_trip_count_too_large_is_a_clear_error() -> None:
     with pytest.raises(ExportError, match="the trip count must be known at export and at most"):
         import_onnx(while_model(trip=1 << 40))
