@@ -103,21 +103,26 @@ def test_c_runtime_bit_identical(bundle, tmp_path) -> None:
         assert_bit_identical(CDIR / "build", bundle, feed, tmp_path / str(k), threads=(1,))
 
 
-def sized_model() -> onnx.ModelProto:
+def sized_model(stop: bool = False) -> onnx.ModelProto:
     """``for i in range(x.shape[0]): y += x[i]``, scan output ``2 * y`` after each step (as
-    torch.jit exports a loop over a dynamic dim); x is [N, 3], N symbolic."""
+    torch.jit exports a loop over a dynamic dim); x is [N, 3], N symbolic. With ``stop``, also
+    ``if sum(y) >= 6: break``."""
+    until = [helper.make_node("ReduceSum", ["y_out"], ["s"], keepdims=0),
+             helper.make_node("Less", ["s", "six"], ["cond_out"])] if stop else \
+        [helper.make_node("Identity", ["cond_in"], ["cond_out"])]
     body = helper.make_graph([
         helper.make_node("Gather", ["x", "i"], ["row"], axis=0),
         helper.make_node("Add", ["y_in", "row"], ["y_out"]),
         helper.make_node("Add", ["y_out", "y_out"], ["scan"]),
-        helper.make_node("Identity", ["cond_in"], ["cond_out"]),
+        *until,
     ], "body", [
         helper.make_tensor_value_info("i", T.INT64, []),
         helper.make_tensor_value_info("cond_in", T.BOOL, []),
         helper.make_tensor_value_info("y_in", T.FLOAT, [3])],
         [helper.make_tensor_value_info("cond_out", T.BOOL, []),
          helper.make_tensor_value_info("y_out", T.FLOAT, [3]),
-         helper.make_tensor_value_info("scan", T.FLOAT, [3])])
+         helper.make_tensor_value_info("scan", T.FLOAT, [3])],
+        [helper.make_tensor("six", T.FLOAT, [], [6.0])] if stop else None)
     nodes = [helper.make_node("Shape", ["x"], ["shape"]),
              helper.make_node("Gather", ["shape", "zero"], ["n"], axis=0),
              helper.make_node("Loop", ["n", "", "y0"], ["y", "ys"], body=body)]
@@ -138,24 +143,28 @@ def sized_feeds(n: int) -> dict:
 SIZED = [sized_feeds(n) for n in (1, 3, 5)]
 
 
-@pytest.fixture(scope="module")
-def sized_bundle(tmp_path_factory) -> Path:
+@pytest.fixture(scope="module", params=[False, True], ids=["for", "for_break"])
+def sized_bundle(request, tmp_path_factory) -> tuple[bool, Path]:
     path = tmp_path_factory.mktemp("loop") / "for_range.mlc"
-    mod, _ = import_onnx(sized_model(), max_shapes={"x": (5, 3)})
+    mod, _ = import_onnx(sized_model(request.param), max_shapes={"x": (5, 3)})
     export_module(mod, path, ExportOptions(target="host"))
-    return path
+    return request.param, path
 
 
 def test_trip_count_from_input_sizes_matches_onnxruntime(sized_bundle) -> None:
-    session = ort.InferenceSession(sized_model().SerializeToString())
-    with load(sized_bundle) as b:
+    stop, path = sized_bundle
+    session = ort.InferenceSession(sized_model(stop).SerializeToString())
+    rows = []
+    with load(path) as b:
         for feed in SIZED:
+            rows.append(b.run(feed)["ys"].shape[0])
             got = b.run(feed)
             for name, want in zip(("y", "ys"), session.run(None, feed)):
                 assert got[name].shape == want.shape, (name, got[name].shape, want.shape)
                 np.testing.assert_allclose(got[name], want, rtol=1e-6, atol=1e-6, err_msg=name)
         with pytest.raises(InputError):   # above --max-shape: refused, not run past the unroll
             b.run(sized_feeds(6))
+    assert rows == ([1, 3, 4] if stop else [1, 3, 5]), rows   # the break cut the longer ones
 
 
 def test_trip_count_from_input_sizes_c_runtime_bit_identical(sized_bundle, tmp_path) -> None:
@@ -164,7 +173,7 @@ def test_trip_count_from_input_sizes_c_runtime_bit_identical(sized_bundle, tmp_p
     from test_c_runtime import CDIR, _make
     _make("all")
     for k, feed in enumerate(SIZED):
-        assert_bit_identical(CDIR / "build", sized_bundle, feed, tmp_path / str(k),
+        assert_bit_identical(CDIR / "build", sized_bundle[1], feed, tmp_path / str(k),
                              threads=(1,))
 
 
