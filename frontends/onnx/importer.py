@@ -80,6 +80,11 @@ def import_onnx(model_or_path: str | os.PathLike | onnx.ModelProto,
                           "bundle needs at least one input")
     bb = BlockBuilder()   # it keeps the relations between symbolic dims that inference assumed
     params = _make_params(bb, runtime_inputs, shapes, source)
+    # the --max-shape bound of each size variable that is an input's dim (a Loop over it unrolls
+    # to the bound)
+    bb.size_bounds = {d.variables().pop(): m for name, dims in bounds.items()
+                      for d, m in zip(params[name].type.shape, dims)
+                      if not isinstance(d, int) and str(d) in d.variables()}
     values: dict[str, Value] = dict(params)
     # inputs read only as shapes: their values bind size variables at run start
     taken = {v for p in params.values() for d in p.type.shape

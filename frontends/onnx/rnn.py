@@ -312,6 +312,8 @@ def _scan_steps(ctx: NodeContext, body, states: list[Value], scans: list[Value],
     if len(lengths) != 1:
         raise ctx.error(f"scan inputs have different lengths along their axes: {sorted(lengths)}")
     (steps,) = lengths
+    if not isinstance(steps, int):
+        return _scan_masked(ctx, body, states, scans, in_axes, in_rev, out_axes, out_rev, steps)
     if steps > _MAX_UNROLL:
         raise ctx.error(f"{steps} iterations: at most {_MAX_UNROLL} are unrolled")
     n_state = len(states)
@@ -331,6 +333,50 @@ def _scan_steps(ctx: NodeContext, body, states: list[Value], scans: list[Value],
         if out_rev[j]:
             parts = parts[::-1]
         results.append(_stack(ctx, parts, out_axes[j]))
+    return results
+
+
+def _scan_masked(ctx: NodeContext, body, states: list[Value], scans: list[Value],
+                 in_axes: Sequence[int], in_rev: Sequence[int], out_axes: Sequence[int],
+                 out_rev: Sequence[int], steps) -> list[Value]:
+    """A Scan over an axis whose length ``steps`` is known only at run time: unrolled to its
+    largest value under ``--max-shape``; step ``t`` reads element ``t`` (a run-time index, so
+    one past the real length reads inside the input and is discarded), a step past the length
+    keeps the states (``where``), and each scan output is stacked at the bound and sliced to
+    the real length (its rows the steps that ran, in order, or at the end of the reversed
+    stack)."""
+    from .symvalue import make, materialize
+
+    bound = _unroll_bound(ctx, steps, "the scan length")
+    length = materialize(ctx.bb, make(ctx, np.array([steps], dtype=object), "int64", "steps"))
+    last = ctx.emit("subtract", length, ctx.constant(np.array([1], np.int64), "one"))
+    n_state = len(states)
+    per_step: list[list[Value]] = []
+    for t in range(bound):
+        step = ctx.bb.emit_op("full", shape=(1,), value=t, dtype="int64", name="step")
+        running = ctx.reshape(ctx.emit("less", step, length), ())
+        back = ctx.emit("subtract", last, step)   # negative past the length: clamped by the kernel
+        slices = [ctx.reshape(ctx.emit("take", x, back if r else step, axis=a),
+                              x.type.shape[:a] + x.type.shape[a + 1:])
+                  for x, a, r in zip(scans, in_axes, in_rev)]
+        outs = ctx.inline(body, states + slices)
+        for k, (a, b) in enumerate(zip(outs[:n_state], states)):
+            if a.type != b.type:
+                raise ctx.error(f"state {k} changes from {b.type} to {a.type}")
+        states = [ctx.emit("where", running, a, b) for a, b in zip(outs[:n_state], states)]
+        per_step.append(outs[n_state:])
+    results = list(states)
+    for j in range(len(body.output) - n_state):
+        parts = [step[j] for step in per_step]
+        axis = out_axes[j] % (len(parts[0].type.shape) + 1)
+        if out_rev[j]:   # the real rows are the last ``steps`` of the reversed stack
+            stacked = _stack(ctx, parts[::-1], axis)
+            results.append(ctx.emit("strided_slice", stacked, starts=(bound - steps,),
+                                    ends=(bound,), axes=(axis,), steps=(1,)))
+        else:
+            stacked = _stack(ctx, parts, axis)
+            results.append(ctx.emit("strided_slice", stacked, starts=(0,), ends=(steps,),
+                                    axes=(axis,), steps=(1,)))
     return results
 
 
@@ -387,20 +433,27 @@ def _scan_v9(ctx: NodeContext) -> list[Value]:
 
 @converter("Loop", since=1, attrs={"body": None})
 def _loop(ctx: NodeContext) -> list[Value]:
-    """A loop whose trip count and condition are known at export, unrolled."""
+    """A loop whose trip count is known at export, unrolled. Its condition may be computed at run
+    time (``_loop_run_time_condition``); with one known at export, the loop unrolls only the
+    iterations it runs."""
     body = ctx.attrs["body"]
     trip = None
+    carried = [ctx.input(i) for i in range(2, ctx.num_inputs)]
     if ctx.has_input(0):
+        limit = _symbolic_trip_count(ctx)
+        if limit is not None:
+            bound, limit = limit
+            cond = ctx.input(1) if ctx.has_input(1) else ctx.constant(np.array(True), "cond")
+            return _loop_run_time_condition(ctx, bound, cond, 0, carried, [], limit)
         trip = int(np.asarray(ctx.require_const(0, "the trip count")).reshape(()))
     cond = True
     if ctx.has_input(1):
         known = _bool_const(ctx, ctx.input(1), "the condition")
         if known is None:
-            ctx.require_const(1, "the loop condition")
+            return _loop_run_time_condition(ctx, trip, ctx.input(1), 0, carried, [])
         cond = bool(known)
     if trip is None:
         trip = _MAX_UNROLL + 1
-    carried = [ctx.input(i) for i in range(2, ctx.num_inputs)]
     n_carried = len(carried)
     scans: list[list[Value]] = []
     it = 0
@@ -411,7 +464,8 @@ def _loop(ctx: NodeContext) -> list[Value]:
                                    ctx.constant(np.array(cond), "cond")] + carried)
         known = _bool_const(ctx, outs[0], "the body's condition")
         if known is None:
-            raise ctx.error("the loop condition computed by the body must be known at export")
+            return _loop_run_time_condition(ctx, trip, outs[0], it + 1, outs[1:1 + n_carried],
+                                            scans + [outs[1 + n_carried:]])
         cond = known
         carried = outs[1:1 + n_carried]
         scans.append(outs[1 + n_carried:])
@@ -420,6 +474,108 @@ def _loop(ctx: NodeContext) -> list[Value]:
     if n_scan and not scans:
         raise ctx.error("a loop with scan outputs that runs zero iterations is not supported")
     return carried + [_stack(ctx, [s[j] for s in scans], 0) for j in range(n_scan)]
+
+
+def _symbolic_trip_count(ctx: NodeContext) -> tuple[int, Value] | None:
+    """A trip count computed from the input sizes (``Shape(x)[0]``, a size expression), as its
+    upper bound under ``--max-shape`` and its value as a run-time int64 tensor of shape (1,);
+    None when it is a constant or not a size expression."""
+    from ...packager.ir.sym import SymExpr
+    from .symvalue import dims_of, make, materialize
+
+    if ctx.const(0) is not None:
+        return None
+    dims = dims_of(ctx.inputs[0])
+    if dims is None or len(dims) != 1 or not isinstance(dims[0], SymExpr):
+        return None
+    trip = dims[0]
+    value = make(ctx, np.array([trip], dtype=object), "int64", "trip")
+    return _unroll_bound(ctx, trip, "the trip count"), materialize(ctx.bb, value)
+
+
+def _unroll_bound(ctx: NodeContext, steps, what: str) -> int:
+    """The largest value of the size expression ``steps`` under ``--max-shape`` (the importer's
+    ``bb.size_bounds``), at most ``_MAX_UNROLL``; a one-line error when it has none."""
+    from ...packager.ir.sym import nondecreasing_in, substitute
+
+    bounds = getattr(ctx.bb, "size_bounds", {})
+    names = steps.variables()
+    bound = None
+    if names <= set(bounds) and nondecreasing_in(steps, names):
+        bound = substitute(steps, {v: bounds[v] for v in names})
+    if not isinstance(bound, int):
+        raise ctx.error(f"{what} {steps} is known only at run time, so every iteration up to "
+                        "its largest value is compiled: give --max-shape for the inputs whose "
+                        f"sizes it depends on ({', '.join(sorted(names))})")
+    if bound > _MAX_UNROLL:
+        raise ctx.error(f"{what} {steps} is at most {bound} under --max-shape: at most "
+                        f"{_MAX_UNROLL} iterations are unrolled")
+    return max(bound, 0)
+
+
+def _loop_run_time_condition(ctx: NodeContext, trip: int | None, cond: Value, start: int,
+                             carried: list[Value], scans: list[list[Value]],
+                             limit: Value | None = None) -> list[Value]:
+    """The iterations from ``start`` of a loop whose condition ``cond`` is computed at run time
+    (iterations ``0 .. start - 1`` already ran, giving ``carried`` and ``scans``): every
+    iteration up to the trip count is unrolled, and one that runs after the condition turned
+    false leaves the carried values as they were (``where`` on a running flag, the flag and-ed
+    with each iteration's condition). The scan outputs are planned for the trip count and
+    returned at the number of iterations that ran: a size variable bound at run time
+    (BIND_SIZE, as NonZero's count). Carried values must keep their shapes. A trip count
+    computed at run time (``limit``, int64 of shape (1,), at most ``trip``) stops the
+    iterations the same way."""
+    body = ctx.attrs["body"]
+    if trip is None or trip > _MAX_UNROLL:
+        raise ctx.error("the loop condition is computed at run time, so every iteration up to "
+                        f"the trip count is compiled: the trip count must be known at export "
+                        f"and at most {_MAX_UNROLL}, not {'absent' if trip is None else trip}")
+    n_carried = len(carried)
+    running = ctx.reshape(_as_bool(ctx, cond, "the loop condition"), ())
+    count = ctx.constant(np.array([start], np.int64), "ran")
+    ran: list[list[Value]] = [list(s) for s in scans]
+    for it in range(start, trip):
+        if limit is not None:   # a trip count computed at run time: iteration it runs if it < limit
+            below = ctx.emit("less", ctx.constant(np.array([it], np.int64), "iter"), limit)
+            running = ctx.emit("logical_and", running, ctx.reshape(below, ()))
+        # past a trip count computed at run time the body runs on discarded values: its
+        # iteration number is then a run-time tensor, so an index it takes along a size known at
+        # run time only is not checked at export (Gather wraps it into range at run time)
+        number = ctx.constant(np.array(it, np.int64), "iter") if limit is None else \
+            ctx.bb.emit_op("full", shape=(), value=it, dtype="int64", name="iter")
+        outs = ctx.inline(body, [number, running] + carried)
+        new = outs[1:1 + n_carried]
+        for k, (a, b) in enumerate(zip(new, carried)):
+            if a.type != b.type:
+                raise ctx.error(f"carried value {k} changes from {b.type} to {a.type}: a loop "
+                                "whose condition is computed at run time needs carried values "
+                                "of fixed shape")
+        carried = [ctx.emit("where", running, a, b) for a, b in zip(new, carried)]
+        ran.append(outs[1 + n_carried:])
+        count = ctx.emit("add", count, ctx.emit("cast", ctx.reshape(running, (1,)),
+                                                dtype="int64"))
+        running = ctx.emit("logical_and", running, ctx.reshape(
+            _as_bool(ctx, outs[0], "the body's condition"), ()))
+    n_scan = len(body.output) - 1 - n_carried
+    if not n_scan:
+        return carried
+    if not ran:
+        raise ctx.error("a loop with scan outputs and a trip count of 0 is not supported")
+    if start == trip and limit is None:   # the condition turned run-time on the last
+        # iteration: every iteration ran
+        return carried + [_stack(ctx, [s[j] for s in ran], 0) for j in range(n_scan)]
+    after, rows = ctx.bb.bind_size(count, len(ran), "iterations")
+    return carried + [ctx.bb.emit_op("prefix_rows", _stack(ctx, [s[j] for s in ran], 0), after,
+                                     count=rows) for j in range(n_scan)]
+
+
+def _as_bool(ctx: NodeContext, v: Value, what: str) -> Value:
+    n = 1
+    for d in v.type.shape:
+        n = n * d if isinstance(d, int) else -1
+    if n != 1:
+        raise ctx.error(f"{what} must hold one element, not {v.type}")
+    return v if v.type.dtype == "bool" else ctx.emit("cast", v, dtype="bool")
 
 
 # ---- operators defined by an ONNX function body --------------------------------------------------

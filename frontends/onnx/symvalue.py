@@ -28,7 +28,7 @@ SHAPE_INPUTS: dict[str, frozenset[int]] = {
     "Range": frozenset({0, 1, 2}), "Slice": frozenset({1, 2, 3, 4}),
     "Resize": frozenset({1, 2, 3}), "Tile": frozenset({1}), "Upsample": frozenset({1}),
     "Split": frozenset({1}), "HannWindow": frozenset({0}), "HammingWindow": frozenset({0}),
-    "BlackmanWindow": frozenset({0}),
+    "BlackmanWindow": frozenset({0}), "Loop": frozenset({0}),
 }
 
 

@@ -446,3 +446,21 @@ def branch_select(cond: np.ndarray, a: np.ndarray, b: np.ndarray, *after: np.nda
     different shapes; the output's differing extents are size variables bound (``after``) to
     the taken branch's."""
     return (a if bool(np.asarray(cond).reshape(-1)[0]) else b).copy()
+
+
+# ---- prefix_rows: the rows a Loop computed at run time ran for ---------------------------------
+
+def _infer_prefix_rows(x: TensorType, after: TensorType, count: Dim = 0) -> TensorType:
+    return TensorType((count,) + tuple(x.shape[1:]), x.dtype)
+
+
+def _legalize_prefix_rows(x: te.Tensor, after: te.Tensor, out_type: TensorType, name: str,
+                          count: Dim = 0) -> te.Tensor:
+    return te.compute(out_type.shape, lambda *i: x[tuple(i)], name=name, dtype=x.dtype)
+
+
+@register_op("prefix_rows", INJECTIVE, _infer_prefix_rows, _legalize_prefix_rows)
+def prefix_rows(x: np.ndarray, after: np.ndarray, count: Dim = 0) -> np.ndarray:
+    """Rows 0 .. count - 1 of ``x`` (planned at its upper bound of rows): a Loop's scan output
+    when the loop stops at a condition computed at run time."""
+    return np.ascontiguousarray(x[:int(after.reshape(-1)[0])])
