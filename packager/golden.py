@@ -14,6 +14,12 @@ References, and which may refuse an export:
   ONNX Runtime on some real models (Paddle OCR's classifier: 0.578 against 0.576), so a
   disagreement is a one-line warning and never fails the export. The summary says the import
   was not independently checked and that ``pip install 'mlcpack[check]'`` adds ONNX Runtime.
+  The advice is asked by default only where it is cheap (``advice_too_large``): its
+  convolutions gather every window into memory (im2col) and its pools and transposed
+  convolutions loop in Python, so on a large model it would take most of the export and
+  gigabytes (DNSMOS at the check size: 37 CPU-s and 5.7 GB, against 6 CPU-s for the IR's
+  reference); the summary then says it was not asked and why. ``--check-advice`` asks it
+  always, ``--no-check-advice`` never (``ExportOptions.check_advice``: None, True, False).
 - Everything else (pickled weights, the builder API): the numpy reference of the IR.
 
 The IR's numpy reference also runs beside ONNX Runtime, for the magnitudes the comparison's
@@ -127,11 +133,82 @@ def given_inputs(specs: list[tuple[str, tuple[int, ...], str]],
 
 # ---- references ---------------------------------------------------------------------------------
 
+# onnx.reference's advice is asked by default while its estimated cost stays under both:
+ADVICE_MAX_SECONDS = 10.0          # CPU seconds, by ``AdviceWork.seconds``' estimate
+ADVICE_MAX_BYTES = 1 << 30         # its largest convolution's working memory
+_POOLS = ("nn.max_pool2d", "nn.avg_pool2d", "nn.pool", "nn.max_pool_indices")
+
+
+class AdviceWork:
+    """What onnx.reference's ``ReferenceEvaluator`` would do to run the model at the check's
+    sizes, counted from the shapes the IR's numpy reference meets (``evaluate_ir``'s
+    ``work``), so that whether the advice runs is decided the same way on every machine.
+    onnx 1.22's Conv gathers every window into one array (im2col, with an int64 index array
+    per spatial axis) and multiplies it out, once per batch and group when grouped; its
+    MaxPool, AveragePool and LpPool visit each window, and ConvTranspose's col2im each
+    column element, in Python loops. The seconds are an estimate (on a 2024 x86 core: about
+    40 ns per gathered value, 0.5 us per Python loop step, 100 us per grouped call; DNSMOS
+    sig_bak_ovr at the check size: estimated 19 s / 5.4 GB, measured 37 CPU-s / 5.7 GB);
+    the other operators are whole-array numpy calls and not counted."""
+
+    GATHER_SECONDS, LOOP_SECONDS, CALL_SECONDS = 40e-9, 0.5e-6, 100e-6
+
+    def __init__(self) -> None:
+        self.gathered = 0    # values its convolutions' im2col gathers
+        self.loops = 0       # steps of its Python loops
+        self.calls = 0       # grouped convolutions' per-batch-and-group calls
+        self.peak_bytes = 0  # the largest convolution's im2col memory
+
+    def add(self, op: str, attrs: Mapping[str, Any], args: list[np.ndarray],
+            result: np.ndarray) -> None:
+        if op in ("nn.conv2d", "nn.conv") and len(args) >= 2 and args[0].ndim >= 3:
+            x, w = args[0], args[1]
+            dilation = tuple(attrs.get("dilation") or ()) or (1,) * (w.ndim - 2)
+            taps = int(np.prod([k + (k - 1) * (d - 1) for k, d in zip(w.shape[2:], dilation)]))
+            groups = int(attrs.get("groups", 1) or 1)
+            positions = int(np.prod(result.shape[2:]))
+            per_image = x.shape[1] // groups * taps * positions    # one call's im2col rows
+            batch = 1 if groups > 1 else x.shape[0]                # grouped: one image a call
+            self.gathered += x.shape[0] * x.shape[1] * taps * positions
+            if groups > 1:
+                self.calls += x.shape[0] * groups
+            # the gathered windows and their concatenation, plus the index arrays
+            self.peak_bytes = max(self.peak_bytes, 2 * batch * per_image * x.dtype.itemsize
+                                  + 8 * (x.ndim - 2) * per_image)
+        elif op in _POOLS:
+            self.loops += result.size * int(np.prod(attrs.get("kernel") or (1,)))
+        elif op == "nn.conv_transpose" and len(args) >= 2:   # weight [C, O/groups, k...]
+            x, w = args[0], args[1]
+            self.loops += x.shape[0] * result.shape[1] * int(np.prod(w.shape[2:])) \
+                * int(np.prod(x.shape[2:]))
+
+    @property
+    def seconds(self) -> float:
+        return (self.gathered * self.GATHER_SECONDS + self.loops * self.LOOP_SECONDS
+                + self.calls * self.CALL_SECONDS)
+
+
+def advice_too_large(work: AdviceWork) -> str:
+    """Why onnx.reference's advice is not asked by default ("" when it is): its estimated
+    time or memory over ``ADVICE_MAX_SECONDS`` / ``ADVICE_MAX_BYTES``."""
+    over = []
+    if work.seconds > ADVICE_MAX_SECONDS:
+        over.append(f"about {work.seconds:.0f} CPU-s (limit {ADVICE_MAX_SECONDS:.0f})")
+    if work.peak_bytes > ADVICE_MAX_BYTES:
+        over.append(f"{work.peak_bytes / 2**30:.1f} GiB for one convolution (limit "
+                    f"{ADVICE_MAX_BYTES / 2**30:.0f} GiB)")
+    if not over:
+        return ""
+    return ("onnx.reference was not asked for advice: at the check size it would take "
+            + " and ".join(over) + " by mlcpack's estimate; --check-advice asks it")
+
+
 def evaluate_ir(mod: IRModule, feeds: Mapping[str, np.ndarray],
                 params: Mapping[str, np.ndarray] | None = None,
                 magnitudes: dict[str, float] | None = None,
                 steps: dict[str, float] | None = None,
-                float_activations: bool = False) -> dict[str, np.ndarray]:
+                float_activations: bool = False,
+                work: AdviceWork | None = None) -> dict[str, np.ndarray]:
     """Run ``main`` with numpy: each high-level call through its op's reference. If
     ``magnitudes`` is a dict, fill it, per output, with the largest finite |value| among the
     output and the inputs of the call that computed it, looking through calls that only move
@@ -139,7 +216,8 @@ def evaluate_ir(mod: IRModule, feeds: Mapping[str, np.ndarray],
     the output carries (``runtime/selftest.py``). If ``steps`` is a dict and the module
     quantizes, fill it with each output's quantization step. ``float_activations``: a
     ``dequantize`` of a ``quantize``'s result gives the quantize's float input back (the model
-    without its activations' quantization; weights stay quantized)."""
+    without its activations' quantization; weights stay quantized). ``work``: counts what
+    onnx.reference would do for each call at these sizes (``AdviceWork.add``)."""
     from ..runtime import library
     from .ir.concrete import SizeMismatch, bind_sizes, concrete, concrete_shape
     from .ops import get_op
@@ -179,8 +257,15 @@ def evaluate_ir(mod: IRModule, feeds: Mapping[str, np.ndarray],
             raise ReferenceUnavailable(f"{getattr(v, 'name', v)} is used before it is defined")
         return env[id(v)]
 
+    own: dict[int, float] = {}      # var or constant id -> its own largest |value|, once
+
+    def largest(v: Any) -> float:
+        if id(v) not in own:
+            own[id(v)] = _largest(value(v))
+        return own[id(v)]
+
     def carried_by(v: Any) -> float:
-        return carried[id(v)] if id(v) in carried else _largest(value(v))
+        return carried[id(v)] if id(v) in carried else largest(v)
 
     for b in fn.bindings():
         v = b.value
@@ -207,6 +292,8 @@ def evaluate_ir(mod: IRModule, feeds: Mapping[str, np.ndarray],
                 unquantized[id(b.var)] = args[0]
             env[id(b.var)] = result.astype(v.type.dtype, copy=False).reshape(
                 concrete_shape(v.type.shape, sizes))
+            if work is not None:
+                work.add(v.op, v.attrs, args, env[id(b.var)])
             moves = get_op(v.op).kind in (VIEW, INJECTIVE)
             if quantized:
                 qstep[id(b.var)] = quantization_step(v.op, get_op(v.op).kind, args,
@@ -223,8 +310,8 @@ def evaluate_ir(mod: IRModule, feeds: Mapping[str, np.ndarray],
             raise ReferenceUnavailable(f"{b.var.name} is a {type(v).__name__}, which the numpy "
                                        "reference cannot evaluate")
         if magnitudes is not None:
-            inputs = [carried_by(a) if moves else _largest(value(a)) for a in v.args]
-            carried[id(b.var)] = max([_largest(env[id(b.var)]), *inputs])
+            inputs = [carried_by(a) if moves else largest(a) for a in v.args]
+            carried[id(b.var)] = max([largest(b.var), *inputs])
     if magnitudes is not None:
         magnitudes.update({name: carried_by(o) for name, o in zip(fn.output_names, fn.outputs)})
     if quantized and steps is not None:
@@ -238,6 +325,9 @@ def _largest(a: np.ndarray) -> float:
     if a.dtype.kind != "f" or a.size == 0:
         return 0.0
     with np.errstate(invalid="ignore", over="ignore"):
+        low, high = a.min(), a.max()   # two passes that copy nothing, where all are finite
+        if np.isfinite(low) and np.isfinite(high):
+            return float(max(-low, high))
         m = np.abs(a[np.isfinite(a)]).max(initial=0.0)
     return float(m)
 
@@ -370,6 +460,9 @@ def prepare_golden(mod: IRModule, params: Mapping[str, np.ndarray] | None, opts:
     refuses = reference is not None and getattr(reference, "refuses", True)
     magnitudes: dict[str, float] = {}
     steps: dict[str, float] = {}
+    advice = reference is not None and not refuses   # an ONNX model without onnxruntime
+    asked = getattr(opts, "check_advice", None)        # --check-advice: None, True, False
+    work = AdviceWork() if advice and asked is None else None
     ir_outputs, ir_failed = None, ""
     unmet = _sizes_unmet(mod, inputs, params)
     if unmet:   # inputs read as sizes whose check values the model's relations refuse
@@ -377,7 +470,7 @@ def prepare_golden(mod: IRModule, params: Mapping[str, np.ndarray] | None, opts:
                       skipped=unmet)
     try:
         with np.errstate(all="ignore"):  # random inputs may meet log(-1): NaN, not a warning
-            ir_outputs = evaluate_ir(mod, inputs, params, magnitudes, steps)
+            ir_outputs = evaluate_ir(mod, inputs, params, magnitudes, steps, work=work)
     except IntegerDivisionByZero as exc:
         return Golden(inputs, {}, IR_REFERENCE, seed, opts.check_rtol, opts.check_atol,
                       skipped=str(exc))
@@ -388,7 +481,7 @@ def prepare_golden(mod: IRModule, params: Mapping[str, np.ndarray] | None, opts:
     golden = Golden(inputs, {}, name, seed, opts.check_rtol, opts.check_atol,
                     magnitudes=magnitudes, steps=steps,
                     second=getattr(reference, "second", None))
-    if reference is not None and not refuses:  # an ONNX model without onnxruntime
+    if advice:
         golden.note = ("the ONNX import was not independently checked (onnxruntime is not "
                        f"installed; {CHECK_EXTRA} adds it)")
     if refuses:
@@ -410,8 +503,13 @@ def prepare_golden(mod: IRModule, params: Mapping[str, np.ndarray] | None, opts:
     golden.outputs = {n: np.asarray(outputs[n], order="C") for n in fn.output_names}
     if steps and any(v == 0.0 for v in steps.values()):
         steps.update(_noise_steps(mod, inputs, params, golden.outputs, steps))
-    if reference is not None and not refuses:
-        golden.warnings = advise(reference, golden)
+    if advice:
+        not_asked = "onnx.reference was not asked for advice (--no-check-advice)" \
+            if asked is False else advice_too_large(work) if work is not None else ""
+        if not_asked:
+            golden.note += f"; {not_asked}"
+        else:
+            golden.warnings = advise(reference, golden)
     return golden
 
 
