@@ -137,3 +137,102 @@ def test_the_largest_magnitude_skips_non_finite_values() -> None:
     assert _largest(np.array([np.nan, -5.0, np.inf, 4.0])) == 5.0
     assert _largest(np.array([np.nan])) == 0.0
     assert _largest(np.array([], np.float32)) == 0.0 and _largest(np.array([7])) == 0.0
+
+
+def _onnx_file(path, nodes, inputs, outputs, inits, opset=11):
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    graph = helper.make_graph(
+        nodes, "spec", [helper.make_tensor_value_info(n, TensorProto.FLOAT, s) for n, s in inputs],
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in outputs],
+        [numpy_helper.from_array(v, k) for k, v in inits.items()])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)]), path)
+    return path
+
+
+def _advice_of(path, monkeypatch, feeds):
+    from mlcpack.frontends.reference import onnx_reference
+
+    monkeypatch.setenv("MLCPACK_NO_ORT", "1")
+    reference, name = onnx_reference(path, {k: k for k in feeds})
+    assert name == "onnx.reference" and not reference.refuses
+    return reference(feeds)
+
+
+@pytest.mark.parametrize("auto_pad,stride,size", [("VALID", 1, 5), ("SAME_UPPER", 2, 4),
+                                                   ("SAME_LOWER", 2, 4)])
+def test_the_advice_pads_auto_pad_convolutions_as_the_spec_says(tmp_path, monkeypatch, auto_pad,
+                                                                stride, size) -> None:
+    """onnx 1.22's Conv pads VALID as SAME and takes SAME's pads from the batch and channel
+    dims: MTCNN's P-Net (a Keras model) gave an 8x8 map for 3x3, a false alarm."""
+    from onnx import helper
+
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((1, 2, 7, 7)).astype(np.float32)
+    w = rng.standard_normal((3, 2, 3, 3)).astype(np.float32)
+    path = _onnx_file(tmp_path / "c.onnx", [helper.make_node(
+        "Conv", ["x", "w"], ["y"], kernel_shape=[3, 3], strides=[stride, stride],
+        auto_pad=auto_pad)], [("x", [1, 2, 7, 7])], ["y"], {"w": w})
+    y = _advice_of(path, monkeypatch, {"x": x})["y"]
+    assert y.shape == (1, 3, size, size)
+    total = (size - 1) * stride + 3 - 7          # SAME: the padding the spec asks for
+    lo = {"VALID": 0, "SAME_UPPER": total // 2, "SAME_LOWER": total - total // 2}[auto_pad]
+    xp = np.pad(x, ((0, 0), (0, 0), (lo, max(total - lo, 0)), (lo, max(total - lo, 0))))
+    want = np.array([[[(xp[0, :, i * stride:i * stride + 3, j * stride:j * stride + 3]
+                        * w[o]).sum() for j in range(size)] for i in range(size)]
+                     for o in range(3)])[None]
+    np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-5)
+
+
+def test_the_advice_runs_an_inference_batch_norm_with_its_momentum_in_test_mode(
+        tmp_path, monkeypatch) -> None:
+    """onnx 1.22 runs BatchNormalization 9-14 that carries a momentum attribute (Paddle writes
+    one on every node) with the batch's statistics: PP-OCR's classifier gave 0.73 for ONNX
+    Runtime's 0.06. One output Y is test mode by the spec."""
+    from onnx import helper
+
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((2, 3, 4, 4)).astype(np.float32)
+    p = {k: rng.uniform(0.5, 2.0, 3).astype(np.float32) for k in ("s", "b", "m", "v")}
+    path = _onnx_file(tmp_path / "bn.onnx", [helper.make_node(
+        "BatchNormalization", ["x", "s", "b", "m", "v"], ["y"], epsilon=1e-5, momentum=0.9)],
+        [("x", [2, 3, 4, 4])], ["y"], p)
+    y = _advice_of(path, monkeypatch, {"x": x})["y"]
+    c = (slice(None), None, None)
+    want = (x - p["m"][c]) / np.sqrt(p["v"][c] + 1e-5) * p["s"][c] + p["b"][c]
+    np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-6)
+
+
+def _golden_pair():
+    from mlcpack.packager.golden import Golden
+
+    return Golden({"x": np.ones((1, 2), np.float32)}, {"y": np.ones((1, 3, 3), np.float32)},
+                  "the numpy reference of the IR", 0, 1e-3, 1e-4,
+                  note="the ONNX import was not independently checked")
+
+
+def test_advice_of_another_shape_names_both_shapes() -> None:
+    from mlcpack.frontends.reference import Reference
+    from mlcpack.packager.golden import advise
+
+    golden = _golden_pair()
+    ref = Reference(lambda feeds: {"y": np.ones((1, 8, 8), np.float32)}, "onnx.reference",
+                    refuses=False)
+    (line,) = advise(ref, golden)
+    assert line.startswith("onnx.reference disagrees on output 'y' (it gives shape (1, 8, 8), "
+                           "mlcpack (1, 3, 3)). "), line
+    assert "inf" not in line
+
+
+def test_advice_that_cannot_run_says_so_in_the_summary() -> None:
+    from mlcpack.frontends.reference import Reference, ReferenceUnavailable
+    from mlcpack.packager.golden import advise
+
+    def fails(feeds):
+        raise ReferenceUnavailable("onnx's ReferenceEvaluator cannot run it (MatMul shapes)")
+
+    golden = _golden_pair()
+    assert advise(Reference(fails, "onnx.reference", refuses=False), golden) == []
+    assert golden.note == ("the ONNX import was not independently checked; no advice: onnx's "
+                           "ReferenceEvaluator cannot run it (MatMul shapes)")
