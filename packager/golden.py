@@ -348,7 +348,13 @@ def check_size(relations: list, names: set[str] | None = None) -> dict[str, int]
     times) for the variables of the relations the model needs that it does not meet yet (a
     multiple of 32...), so that a detector's H and W grow and its batch stays small."""
     names = set(names or ()) | shape_vars([d for r in relations for d in r[1:3]])
-    env = {v: CHECK_SIZE for v in names}
+    # a variable the model holds at one size (``batch_size == 1``: a state input exported at
+    # batch 1) takes that size, and is never doubled
+    pinned = {str(a): int(b) for op, *pair in relations if op == "eq"
+              for a, b in (pair[:2], pair[1::-1])
+              if isinstance(b, (int, np.integer)) and not isinstance(b, bool)
+              and len(shape_vars([a])) == 1 and str(a) in shape_vars([a])}
+    env = {v: CHECK_SIZE for v in names} | pinned
 
     def holds(op, a, b) -> bool:
         a, b = sym_evaluate(to_record(a), env), sym_evaluate(to_record(b), env)
@@ -358,14 +364,14 @@ def check_size(relations: list, names: set[str] | None = None) -> dict[str, int]
         failing = [r for r in relations if not holds(*r[:3])]
         if not failing:
             return env
-        for v in shape_vars([d for r in failing for d in r[1:3]]):
+        for v in shape_vars([d for r in failing for d in r[1:3]]) - pinned.keys():
             env[v] *= 2
     # no size up to 2**10 meets them all: every variable at the same size, as before
     for size in [CHECK_SIZE << k for k in range(10)]:
-        env = {v: size for v in names}
+        env = {v: size for v in names} | pinned
         if all(holds(*r[:3]) for r in relations):
             return env
-    return {v: CHECK_SIZE for v in names}
+    return {v: CHECK_SIZE for v in names} | pinned
 
 
 def check_values(rows: Any, sizes: Mapping[str, int]) -> dict[str, list[int]]:
