@@ -67,7 +67,7 @@ def onnx_reference(model_path: str | os.PathLike | bytes, input_names: Mapping[s
             from onnx.reference import ReferenceEvaluator
 
             ev = ReferenceEvaluator(onnx.load_from_string(source) if isinstance(source, bytes)
-                                    else source)
+                                    else source, new_ops=spec_ops())
             values = ev.run(None, onnx_feeds(feeds))
         except Exception as exc:
             raise ReferenceUnavailable(f"onnx's ReferenceEvaluator cannot run it "
@@ -110,6 +110,55 @@ def onnx_reference(model_path: str | os.PathLike | bytes, input_names: Mapping[s
         name += " (int8 weights of integer operators as uint8: exact on every CPU)"
     return Reference(run_ort, name, second=advice, fork_safe=True,
                      identity=_identity("onnxruntime", model_digest, name)), name
+
+
+def spec_ops() -> list:
+    """Two operators that onnx's ReferenceEvaluator (1.22) runs otherwise than the ONNX spec
+    says, on inputs real models give, as the spec says; the rest is onnx's own. Without
+    them it disagreed with ONNX Runtime and mlcpack on every Paddle model and every Keras
+    (tf2onnx) model with a convolution, and its advice was a false alarm there:
+
+    - ``Conv`` with ``auto_pad``: VALID is padded as SAME, and SAME takes its pads from the
+      batch and channel dims instead of the spatial ones (MTCNN's P-Net: an 8x8 map where
+      the model gives 3x3). The pads are computed here as the spec says, and Conv runs with
+      them explicit.
+    - ``BatchNormalization`` 9-14 with a ``momentum`` attribute (Paddle writes one on every
+      node): run with the batch's own statistics, as in training, although a node with the
+      one output Y is in test mode by the spec (PP-OCR's classifier: 0.73 where ONNX
+      Runtime gives 0.06). A node with one output runs in test mode here; one in training
+      mode is not run (no advice)."""
+    from onnx.reference.op_run import OpRun
+    from onnx.reference.ops.op_batch_normalization import _batchnorm_test_mode
+    from onnx.reference.ops_optimized.op_conv_optimized import Conv as _Conv
+
+    class Conv(_Conv):
+        def _run(self, X, W, B=None, auto_pad=None, dilations=None, group=None,  # noqa: N803
+                 kernel_shape=None, pads=None, strides=None):
+            if auto_pad in ("VALID", "SAME_UPPER", "SAME_LOWER"):
+                n = X.ndim - 2
+                kernel_shape = list(kernel_shape or W.shape[2:])
+                strides, dilations = list(strides or [1] * n), list(dilations or [1] * n)
+                head, tail = [0] * n, [0] * n
+                for i in range(n if auto_pad != "VALID" else 0):
+                    size = X.shape[2 + i]
+                    span = (kernel_shape[i] - 1) * dilations[i] + 1
+                    need = max(0, (-(-size // strides[i]) - 1) * strides[i] + span - size)
+                    head[i] = need // 2 if auto_pad == "SAME_UPPER" else need - need // 2
+                    tail[i] = need - head[i]
+                auto_pad, pads = "NOTSET", head + tail
+            return super()._run(X, W, B, auto_pad=auto_pad, dilations=dilations, group=group,
+                                kernel_shape=kernel_shape, pads=pads, strides=strides)
+
+    class BatchNormalization(OpRun):
+        def _run(self, x, scale, bias, mean, var, **attrs):
+            if len(self.onnx_node.output) == 1 and not attrs.get("training_mode"):
+                epsilon = attrs.get("epsilon")
+                return (_batchnorm_test_mode(x, scale, bias, mean, var,
+                                             epsilon=1e-5 if epsilon is None else epsilon
+                                             ).astype(x.dtype),)
+            raise RuntimeError("BatchNormalization in training mode (several outputs)")
+
+    return [Conv, BatchNormalization]
 
 
 def _model_digest(source: str | bytes, to_onnx: Mapping[str, str],

@@ -61,6 +61,7 @@ class Options:
     check_inputs: Optional[Mapping[str, np.ndarray]] = None   # [--check-input]
     check_rtol: float = 1e-3                                  # [--check-rtol]
     check_atol: float = 1e-4                                  # [--check-atol]
+    check_advice: Optional[bool] = None                       # [--check-advice] None: if cheap
     quantize: Optional[str] = None                            # [--quantize] "int8"
     calibration: Optional[str | os.PathLike] = None           # [--calibration]
     calibration_method: Optional[str] = None                  # [--calibration-method]
@@ -170,7 +171,8 @@ def export(model: str | os.PathLike, path: str | os.PathLike, options: Optional[
         source=model.name, source_sha256=file_sha256(model), sign_key=opts.sign_key,
         check=opts.check, check_inputs=dict(opts.check_inputs) if opts.check and
         opts.check_inputs is not None else None, check_rtol=opts.check_rtol,
-        check_atol=opts.check_atol, reference=loaded.reference,
+        check_atol=opts.check_atol, check_advice=opts.check_advice,
+        reference=loaded.reference,
         reference_name=loaded.reference_name, precision=opts.precision,
         compile=compile_options)
     quantization: list[str] = []

@@ -248,6 +248,11 @@ def export(
     check_atol: float = typer.Option(1e-4, help="golden check absolute tolerance, times the "
                                      "output's largest |value| (never below 64 float32 "
                                      "roundings of the values that computed it)", metavar="FLOAT"),
+    check_advice: Optional[bool] = typer.Option(
+        None, "--check-advice/--no-check-advice", help="without onnxruntime, also run the ONNX "
+        "model with onnx.reference as advice (a disagreement warns, never fails): default only "
+        "where it is cheap (it is slow and memory-hungry on large convolution networks)",
+        show_default=False),
     quantize: Optional[str] = typer.Option(None, help="int8: static post-training "
                                            "quantization (per-channel weights, per-tensor "
                                            "activations from --calibration)", metavar="int8"),
@@ -300,7 +305,8 @@ def export(
             arch=arch, target=target, input_shapes=shapes, batch_sizes=sizes,
             max_shapes=_parse_shapes(max_shape, "--max-shape"), bind=_parse_binds(bind),
             check=check, check_inputs=check_inputs, check_rtol=check_rtol,
-            check_atol=check_atol, preprocess=given, labels=label_list, sign_key=sign,
+            check_atol=check_atol, check_advice=check_advice, preprocess=given,
+            labels=label_list, sign_key=sign,
             quantize=quantize, calibration=calibration, calibration_method=calibration_method,
             quantize_fallback=quantize_fallback, precision=precision, cache=cache)
         report = api.export(model, out, options,

@@ -61,6 +61,9 @@ class ExportOptions:
     check_seed: int = 0
     check_rtol: float = 1e-3
     check_atol: float = 1e-4                  # times the output's scale (its largest |value|)
+    # onnx.reference's advice without onnxruntime (golden.py): None where it is cheap, True
+    # always, False never
+    check_advice: bool | None = None
     # feeds (bundle input names) -> outputs (bundle output names); None: the IR's numpy reference.
     # A golden.Reference with refuses=False (onnx.reference) is advice: it warns, never fails.
     reference: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]] | None = None

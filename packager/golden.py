@@ -11,9 +11,17 @@ References, and which may refuse an export:
   IR (``evaluate_ir``: each operator's ``OpDef.reference``, library calls through the runtime's
   library functions) is the reference that may refuse; it checks the compiled code, not the
   import. ``onnx.reference.ReferenceEvaluator`` runs beside it as advice only: it differs from
-  ONNX Runtime on some real models (Paddle OCR's classifier: 0.578 against 0.576), so a
-  disagreement is a one-line warning and never fails the export. The summary says the import
+  ONNX Runtime where it departs from the spec (its Conv with auto_pad and BatchNormalization
+  with a momentum attribute run as the spec says here: ``frontends.reference.spec_ops``), so a
+  disagreement is a one-line warning and never fails the export; advice that cannot run adds
+  "no advice: ..." to the summary. The summary says the import
   was not independently checked and that ``pip install 'mlcpack[check]'`` adds ONNX Runtime.
+  The advice is asked by default only where it is cheap (``advice_too_large``): its
+  convolutions gather every window into memory (im2col) and its pools and transposed
+  convolutions loop in Python, so on a large model it would take most of the export and
+  gigabytes (DNSMOS at the check size: 37 CPU-s and 5.7 GB, against 6 CPU-s for the IR's
+  reference); the summary then says it was not asked and why. ``--check-advice`` asks it
+  always, ``--no-check-advice`` never (``ExportOptions.check_advice``: None, True, False).
 - Everything else (pickled weights, the builder API): the numpy reference of the IR.
 
 The IR's numpy reference also runs beside ONNX Runtime, for the magnitudes the comparison's
@@ -127,11 +135,82 @@ def given_inputs(specs: list[tuple[str, tuple[int, ...], str]],
 
 # ---- references ---------------------------------------------------------------------------------
 
+# onnx.reference's advice is asked by default while its estimated cost stays under both:
+ADVICE_MAX_SECONDS = 10.0          # CPU seconds, by ``AdviceWork.seconds``' estimate
+ADVICE_MAX_BYTES = 1 << 30         # its largest convolution's working memory
+_POOLS = ("nn.max_pool2d", "nn.avg_pool2d", "nn.pool", "nn.max_pool_indices")
+
+
+class AdviceWork:
+    """What onnx.reference's ``ReferenceEvaluator`` would do to run the model at the check's
+    sizes, counted from the shapes the IR's numpy reference meets (``evaluate_ir``'s
+    ``work``), so that whether the advice runs is decided the same way on every machine.
+    onnx 1.22's Conv gathers every window into one array (im2col, with an int64 index array
+    per spatial axis) and multiplies it out, once per batch and group when grouped; its
+    MaxPool, AveragePool and LpPool visit each window, and ConvTranspose's col2im each
+    column element, in Python loops. The seconds are an estimate (on a 2024 x86 core: about
+    40 ns per gathered value, 0.5 us per Python loop step, 100 us per grouped call; DNSMOS
+    sig_bak_ovr at the check size: estimated 19 s / 5.4 GB, measured 37 CPU-s / 5.7 GB);
+    the other operators are whole-array numpy calls and not counted."""
+
+    GATHER_SECONDS, LOOP_SECONDS, CALL_SECONDS = 40e-9, 0.5e-6, 100e-6
+
+    def __init__(self) -> None:
+        self.gathered = 0    # values its convolutions' im2col gathers
+        self.loops = 0       # steps of its Python loops
+        self.calls = 0       # grouped convolutions' per-batch-and-group calls
+        self.peak_bytes = 0  # the largest convolution's im2col memory
+
+    def add(self, op: str, attrs: Mapping[str, Any], args: list[np.ndarray],
+            result: np.ndarray) -> None:
+        if op in ("nn.conv2d", "nn.conv") and len(args) >= 2 and args[0].ndim >= 3:
+            x, w = args[0], args[1]
+            dilation = tuple(attrs.get("dilation") or ()) or (1,) * (w.ndim - 2)
+            taps = int(np.prod([k + (k - 1) * (d - 1) for k, d in zip(w.shape[2:], dilation)]))
+            groups = int(attrs.get("groups", 1) or 1)
+            positions = int(np.prod(result.shape[2:]))
+            per_image = x.shape[1] // groups * taps * positions    # one call's im2col rows
+            batch = 1 if groups > 1 else x.shape[0]                # grouped: one image a call
+            self.gathered += x.shape[0] * x.shape[1] * taps * positions
+            if groups > 1:
+                self.calls += x.shape[0] * groups
+            # the gathered windows and their concatenation, plus the index arrays
+            self.peak_bytes = max(self.peak_bytes, 2 * batch * per_image * x.dtype.itemsize
+                                  + 8 * (x.ndim - 2) * per_image)
+        elif op in _POOLS:
+            self.loops += result.size * int(np.prod(attrs.get("kernel") or (1,)))
+        elif op == "nn.conv_transpose" and len(args) >= 2:   # weight [C, O/groups, k...]
+            x, w = args[0], args[1]
+            self.loops += x.shape[0] * result.shape[1] * int(np.prod(w.shape[2:])) \
+                * int(np.prod(x.shape[2:]))
+
+    @property
+    def seconds(self) -> float:
+        return (self.gathered * self.GATHER_SECONDS + self.loops * self.LOOP_SECONDS
+                + self.calls * self.CALL_SECONDS)
+
+
+def advice_too_large(work: AdviceWork) -> str:
+    """Why onnx.reference's advice is not asked by default ("" when it is): its estimated
+    time or memory over ``ADVICE_MAX_SECONDS`` / ``ADVICE_MAX_BYTES``."""
+    over = []
+    if work.seconds > ADVICE_MAX_SECONDS:
+        over.append(f"about {work.seconds:.0f} CPU-s (limit {ADVICE_MAX_SECONDS:.0f})")
+    if work.peak_bytes > ADVICE_MAX_BYTES:
+        over.append(f"{work.peak_bytes / 2**30:.1f} GiB for one convolution (limit "
+                    f"{ADVICE_MAX_BYTES / 2**30:.0f} GiB)")
+    if not over:
+        return ""
+    return ("onnx.reference was not asked for advice: at the check size it would take "
+            + " and ".join(over) + " by mlcpack's estimate; --check-advice asks it")
+
+
 def evaluate_ir(mod: IRModule, feeds: Mapping[str, np.ndarray],
                 params: Mapping[str, np.ndarray] | None = None,
                 magnitudes: dict[str, float] | None = None,
                 steps: dict[str, float] | None = None,
-                float_activations: bool = False) -> dict[str, np.ndarray]:
+                float_activations: bool = False,
+                work: AdviceWork | None = None) -> dict[str, np.ndarray]:
     """Run ``main`` with numpy: each high-level call through its op's reference. If
     ``magnitudes`` is a dict, fill it, per output, with the largest finite |value| among the
     output and the inputs of the call that computed it, looking through calls that only move
@@ -139,7 +218,8 @@ def evaluate_ir(mod: IRModule, feeds: Mapping[str, np.ndarray],
     the output carries (``runtime/selftest.py``). If ``steps`` is a dict and the module
     quantizes, fill it with each output's quantization step. ``float_activations``: a
     ``dequantize`` of a ``quantize``'s result gives the quantize's float input back (the model
-    without its activations' quantization; weights stay quantized)."""
+    without its activations' quantization; weights stay quantized). ``work``: counts what
+    onnx.reference would do for each call at these sizes (``AdviceWork.add``)."""
     from ..runtime import library
     from .ir.concrete import SizeMismatch, bind_sizes, concrete, concrete_shape
     from .ops import get_op
@@ -179,8 +259,15 @@ def evaluate_ir(mod: IRModule, feeds: Mapping[str, np.ndarray],
             raise ReferenceUnavailable(f"{getattr(v, 'name', v)} is used before it is defined")
         return env[id(v)]
 
+    own: dict[int, float] = {}      # var or constant id -> its own largest |value|, once
+
+    def largest(v: Any) -> float:
+        if id(v) not in own:
+            own[id(v)] = _largest(value(v))
+        return own[id(v)]
+
     def carried_by(v: Any) -> float:
-        return carried[id(v)] if id(v) in carried else _largest(value(v))
+        return carried[id(v)] if id(v) in carried else largest(v)
 
     for b in fn.bindings():
         v = b.value
@@ -207,6 +294,8 @@ def evaluate_ir(mod: IRModule, feeds: Mapping[str, np.ndarray],
                 unquantized[id(b.var)] = args[0]
             env[id(b.var)] = result.astype(v.type.dtype, copy=False).reshape(
                 concrete_shape(v.type.shape, sizes))
+            if work is not None:
+                work.add(v.op, v.attrs, args, env[id(b.var)])
             moves = get_op(v.op).kind in (VIEW, INJECTIVE)
             if quantized:
                 qstep[id(b.var)] = quantization_step(v.op, get_op(v.op).kind, args,
@@ -223,8 +312,8 @@ def evaluate_ir(mod: IRModule, feeds: Mapping[str, np.ndarray],
             raise ReferenceUnavailable(f"{b.var.name} is a {type(v).__name__}, which the numpy "
                                        "reference cannot evaluate")
         if magnitudes is not None:
-            inputs = [carried_by(a) if moves else _largest(value(a)) for a in v.args]
-            carried[id(b.var)] = max([_largest(env[id(b.var)]), *inputs])
+            inputs = [carried_by(a) if moves else largest(a) for a in v.args]
+            carried[id(b.var)] = max([largest(b.var), *inputs])
     if magnitudes is not None:
         magnitudes.update({name: carried_by(o) for name, o in zip(fn.output_names, fn.outputs)})
     if quantized and steps is not None:
@@ -238,6 +327,9 @@ def _largest(a: np.ndarray) -> float:
     if a.dtype.kind != "f" or a.size == 0:
         return 0.0
     with np.errstate(invalid="ignore", over="ignore"):
+        low, high = a.min(), a.max()   # two passes that copy nothing, where all are finite
+        if np.isfinite(low) and np.isfinite(high):
+            return float(max(-low, high))
         m = np.abs(a[np.isfinite(a)]).max(initial=0.0)
     return float(m)
 
@@ -256,7 +348,13 @@ def check_size(relations: list, names: set[str] | None = None) -> dict[str, int]
     times) for the variables of the relations the model needs that it does not meet yet (a
     multiple of 32...), so that a detector's H and W grow and its batch stays small."""
     names = set(names or ()) | shape_vars([d for r in relations for d in r[1:3]])
-    env = {v: CHECK_SIZE for v in names}
+    # a variable the model holds at one size (``batch_size == 1``: a state input exported at
+    # batch 1) takes that size, and is never doubled
+    pinned = {str(a): int(b) for op, *pair in relations if op == "eq"
+              for a, b in (pair[:2], pair[1::-1])
+              if isinstance(b, (int, np.integer)) and not isinstance(b, bool)
+              and len(shape_vars([a])) == 1 and str(a) in shape_vars([a])}
+    env = {v: CHECK_SIZE for v in names} | pinned
 
     def holds(op, a, b) -> bool:
         a, b = sym_evaluate(to_record(a), env), sym_evaluate(to_record(b), env)
@@ -266,14 +364,14 @@ def check_size(relations: list, names: set[str] | None = None) -> dict[str, int]
         failing = [r for r in relations if not holds(*r[:3])]
         if not failing:
             return env
-        for v in shape_vars([d for r in failing for d in r[1:3]]):
+        for v in shape_vars([d for r in failing for d in r[1:3]]) - pinned.keys():
             env[v] *= 2
     # no size up to 2**10 meets them all: every variable at the same size, as before
     for size in [CHECK_SIZE << k for k in range(10)]:
-        env = {v: size for v in names}
+        env = {v: size for v in names} | pinned
         if all(holds(*r[:3]) for r in relations):
             return env
-    return {v: CHECK_SIZE for v in names}
+    return {v: CHECK_SIZE for v in names} | pinned
 
 
 def check_values(rows: Any, sizes: Mapping[str, int]) -> dict[str, list[int]]:
@@ -370,6 +468,9 @@ def prepare_golden(mod: IRModule, params: Mapping[str, np.ndarray] | None, opts:
     refuses = reference is not None and getattr(reference, "refuses", True)
     magnitudes: dict[str, float] = {}
     steps: dict[str, float] = {}
+    advice = reference is not None and not refuses   # an ONNX model without onnxruntime
+    asked = getattr(opts, "check_advice", None)        # --check-advice: None, True, False
+    work = AdviceWork() if advice and asked is None else None
     ir_outputs, ir_failed = None, ""
     unmet = _sizes_unmet(mod, inputs, params)
     if unmet:   # inputs read as sizes whose check values the model's relations refuse
@@ -377,7 +478,7 @@ def prepare_golden(mod: IRModule, params: Mapping[str, np.ndarray] | None, opts:
                       skipped=unmet)
     try:
         with np.errstate(all="ignore"):  # random inputs may meet log(-1): NaN, not a warning
-            ir_outputs = evaluate_ir(mod, inputs, params, magnitudes, steps)
+            ir_outputs = evaluate_ir(mod, inputs, params, magnitudes, steps, work=work)
     except IntegerDivisionByZero as exc:
         return Golden(inputs, {}, IR_REFERENCE, seed, opts.check_rtol, opts.check_atol,
                       skipped=str(exc))
@@ -388,7 +489,7 @@ def prepare_golden(mod: IRModule, params: Mapping[str, np.ndarray] | None, opts:
     golden = Golden(inputs, {}, name, seed, opts.check_rtol, opts.check_atol,
                     magnitudes=magnitudes, steps=steps,
                     second=getattr(reference, "second", None))
-    if reference is not None and not refuses:  # an ONNX model without onnxruntime
+    if advice:
         golden.note = ("the ONNX import was not independently checked (onnxruntime is not "
                        f"installed; {CHECK_EXTRA} adds it)")
     if refuses:
@@ -410,8 +511,13 @@ def prepare_golden(mod: IRModule, params: Mapping[str, np.ndarray] | None, opts:
     golden.outputs = {n: np.asarray(outputs[n], order="C") for n in fn.output_names}
     if steps and any(v == 0.0 for v in steps.values()):
         steps.update(_noise_steps(mod, inputs, params, golden.outputs, steps))
-    if reference is not None and not refuses:
-        golden.warnings = advise(reference, golden)
+    if advice:
+        not_asked = "onnx.reference was not asked for advice (--no-check-advice)" \
+            if asked is False else advice_too_large(work) if work is not None else ""
+        if not_asked:
+            golden.note += f"; {not_asked}"
+        else:
+            golden.warnings = advise(reference, golden)
     return golden
 
 
@@ -450,27 +556,34 @@ def _failure(name: str, exc: Exception) -> str:
 
 def advise(reference: Reference, golden: Golden) -> list[str]:
     """Run a reference that may not refuse the export (onnx.reference) and compare it with the
-    golden outputs; a disagreement is one warning line. It never raises."""
+    golden outputs; a disagreement is one warning line. It never raises: advice that cannot
+    run gives none, and the summary (``golden.note``) says so."""
     try:
         with np.errstate(all="ignore"):
             outputs = reference(dict(golden.inputs))
         checks = [compare_output(n, np.asarray(outputs[n]), ref, golden.rtol, golden.atol,
                                  magnitude=golden.magnitudes.get(n), step=golden.steps.get(n))
                   for n, ref in golden.outputs.items()]
-    except Exception:  # noqa: BLE001  (advice that cannot run gives none)
+    except Exception as exc:  # noqa: BLE001
+        why = str(exc) if isinstance(exc, ReferenceUnavailable) else \
+            f"{reference.name} failed ({type(exc).__name__}: {' '.join(str(exc).split())[:200]})"
+        golden.note = "; ".join(n for n in (golden.note, f"no advice: {why}") if n)
         return []
     bad = [c for c in checks if not c.ok]
     if not bad:
         return []
     worst = max(bad, key=lambda c: c.max_rel)
-    where = ""
-    if worst.index is not None:
-        where = (f"at {worst.index} {reference.name} gives {worst.got:.6g}, mlcpack "
-                 f"{worst.ref:.6g}; ")
-    return [f"{reference.name} disagrees on output {worst.name!r} ({where}max abs error "
-            f"{worst.max_abs:.3g}, SNR {worst.snr_db:.0f} dB). {reference.name} is known to "
-            "differ from ONNX Runtime on some real models, so this does not fail the export; "
-            f"{CHECK_EXTRA} checks against ONNX Runtime"]
+    if worst.why.startswith("has shape"):   # compare_output: "has shape A, the reference B"
+        what = "it g" + worst.why.replace("has shape", "ives shape", 1).replace(
+            "the reference", "mlcpack", 1)
+    else:
+        what = f"max abs error {worst.max_abs:.3g}, SNR {worst.snr_db:.0f} dB"
+        if worst.index is not None:
+            what = (f"at {worst.index} {reference.name} gives {worst.got:.6g}, mlcpack "
+                    f"{worst.ref:.6g}; {what}")
+    return [f"{reference.name} disagrees on output {worst.name!r} ({what}). {reference.name} "
+            "is known to differ from ONNX Runtime on some real models, so this does not fail "
+            f"the export; {CHECK_EXTRA} checks against ONNX Runtime"]
 
 
 def embed_golden(golden: Golden, writer: Any, header: Header) -> tuple[Header, str | None]:

@@ -60,7 +60,7 @@ def golden_key(mod: IRModule, params: Mapping[str, np.ndarray] | None, opts: Any
         return None
     h = hashlib.sha256(_KIND + _sources().encode() + b"\0" + identity.encode() + b"\0")
     h.update(repr((opts.reference_name, getattr(reference, "refuses", True), opts.check_seed,
-                   opts.check_rtol, opts.check_atol)).encode())
+                   opts.check_rtol, opts.check_atol, getattr(opts, "check_advice", None))).encode())
     h.update(module_text(mod).encode())
     seen: set[int] = set()
     for fn in mod.functions.values():

@@ -217,8 +217,11 @@ def infer(bundle: str | os.PathLike, inputs: Sequence[str | os.PathLike], *, top
     if bad:
         warn(f"warning: output {model.outputs[0].name!r} has {bad} non-finite value(s) "
              "(NaN or inf): check the input")
-    if not model.labels and not is_vector(first.shape):   # a map, not scores: summarize
-        summaries = [summary_of(k, v) for k, v in outputs.items()]
+    # a map, or several outputs (a box and a score, as `is_classifier` says for many inputs),
+    # not one vector of scores: summarize each
+    if not model.labels and (len(outputs) > 1 or not is_vector(first.shape)):
+        axis = 3 if _layout(model) == "NHWC" else 1   # a channels-last model's maps too
+        summaries = [summary_of(k, v, axis) for k, v in outputs.items()]
         name = os.path.basename(os.fspath(inputs[0]))
         if as_json:
             echo(json.dumps({"bundle": os.fspath(bundle),
@@ -240,6 +243,15 @@ def infer(bundle: str | os.PathLike, inputs: Sequence[str | os.PathLike], *, top
         echo(json.dumps(doc))
         return
     echo("\n".join(_rows_text(os.path.basename(os.fspath(inputs[0])), tops, batched)))
+
+
+def _layout(model: Any) -> str | None:
+    """The layout the bundle's first input is read in: the recorded preprocessing's, else the
+    one ``load_input`` guesses from its shape (``preprocess.default_preprocess``)."""
+    from .preprocess import default_preprocess
+
+    pre = model.preprocess or (default_preprocess(model.inputs[0]) if model.inputs else None)
+    return None if not pre else str(pre.get("layout", "NCHW")).upper()
 
 
 # ---- inspect ---------------------------------------------------------------------------------------

@@ -10,6 +10,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from ...packager.ir.graph import Value
+from ...packager.ir.sym import SymExpr
 from .registry import NodeContext
 
 _ACTIVATION_DEFAULTS = {
@@ -146,7 +147,17 @@ class _Recurrence:
         want = ((self.num_dir, self.batch, self.hidden) if self.layout == 0
                 else (self.batch, self.num_dir, self.hidden))
         if s.type.shape != want:
-            raise ctx.error(f"{name} has shape {s.type.shape}, expected {want}")
+            # a state input exported at batch 1 beside an open batch (speechmos' AECMOS: h0
+            # [4, 1, 96], input [batch_size, ...]): the model runs at batch 1 only, as ONNX
+            # Runtime runs it; the bundle says so when a run binds another batch
+            axis = 1 if self.layout == 0 else 0
+            if s.type.shape[:axis] + s.type.shape[axis + 1:] == want[:axis] + want[axis + 1:] \
+                    and s.type.shape[axis] == 1 and isinstance(want[axis], SymExpr):
+                ctx.bb.assume([("eq", want[axis], 1, f"{name} of {ctx.node.name or ctx.node.op_type} "
+                                "has batch 1")])
+                s = ctx.emit("broadcast_to", s, shape=want)
+            else:
+                raise ctx.error(f"{name} has shape {s.type.shape}, expected {want}")
         return s if self.layout == 0 else ctx.emit("transpose", s, axes=(1, 0, 2))
 
     def initial(self, states: Value | None, d: int) -> Value:

@@ -106,7 +106,10 @@ def _squeeze(ctx: NodeContext, axes: Sequence[int] | None) -> Value:
     x = ctx.input(0)
     shape = x.type.shape
     if axes is None or len(axes) == 0:
-        drop = {d for d, n in enumerate(shape) if n == 1}
+        # every dim of size 1, and a size the model holds at 1 (a state input exported at
+        # batch 1 beside an open batch: recurrence.py), as ONNX Runtime drops it at run time
+        ones = {r[1] for r in ctx.bb.mod.relations if r[0] == "eq" and r[2] == 1}
+        drop = {d for d, n in enumerate(shape) if n == 1 or n in ones}
     else:
         drop = set(_normalized_axes(ctx, axes, len(shape)))
         wrong = [d for d in drop if shape[d] != 1 and is_static([shape[d]])]
