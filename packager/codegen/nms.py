@@ -7,8 +7,9 @@ overlaps it by more than the IoU threshold (ONNX Runtime's ``SuppressByIOU``, fl
 same operation order), at most ``max_output_boxes_per_class`` per class. The output is a
 ``[1 + rows, 3]`` int64 table: row 0 the count, then the (batch, class, box) triples; the VM
 binds the count as a size variable (BIND_SIZE). The workspace holds three int64 lists of the
-box count: the candidates, their order, the boxes kept. Boxes, classes and batches are fixed
-at export.
+box count: the candidates, their order, the boxes kept. Boxes, classes and batches may be
+run-time sizes (a detector exported with an open batch and image size): the kernel then reads
+them from the sizes array and its workspace is the same expression of them.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from llvmlite import ir
 
 from ..ir.graph import PrimFunc
 from ..ir.patterns import reduction_tag
+from ..ir.sym import is_static
 from .helpers import F32, I1, I64, alloca_once, const_i64, for_range
 from .lower import KernelEmitter, KernelInfo, LoweringError
 
@@ -46,17 +48,24 @@ class NmsEmitter(KernelEmitter):
     def emit(self) -> KernelInfo:
         func = self.func
         boxes, scores = func.inputs[0], func.inputs[1]
-        batches, n, _ = boxes.shape
-        classes = scores.shape[1]
-        if not all(isinstance(d, int) for d in (batches, n, classes)):
-            raise LoweringError(f"{func.name}: NonMaxSuppression needs its box, class and "
-                                "batch counts fixed at export (give --input-shape)")
-        workspace = -(-3 * n * 8 // WORKSPACE_ALIGN) * WORKSPACE_ALIGN
+        dims = (boxes.shape[0], boxes.shape[1], scores.shape[1])
+        if not is_static(dims) and not self.symbolic:
+            raise LoweringError(f"{func.name}: NonMaxSuppression with run-time box, class or "
+                                "batch counts needs the module's size variables")
+        workspace = 3 * dims[1] * 8   # whole int64s: 64-byte aligned when rounded to 8 of them
+        workspace = -(-workspace // WORKSPACE_ALIGN) * WORKSPACE_ALIGN if isinstance(
+            workspace, int) else (dims[1] + 7) // 8 * (3 * 64)
         body_fn, ptr_types = self._begin_body(func.inputs + func.outputs, True)
         b = self.builder
+        batches, n, classes = (self._dim_value(d) for d in dims)
+
+        def times(d: object, k: int) -> ir.Value:   # folded where the size is fixed
+            return const_i64(d * k) if isinstance(d, int) else b.mul(self._dim_value(d),
+                                                                        const_i64(k))
+        n4 = times(dims[1], 4)
         pb, ps, pk, piou, psc, out, ws = body_fn.args[:7]
         ws = b.bitcast(ws, I64.as_pointer())
-        cand, order, kept = (b.gep(ws, [const_i64(k * n)]) for k in range(3))
+        cand, order, kept = (b.gep(ws, [times(dims[1], k)]) for k in range(3))
         limit = b.load(pk)
         threshold = b.load(piou)
         score_min = b.load(psc)
@@ -66,13 +75,12 @@ class NmsEmitter(KernelEmitter):
         rank = alloca_once(b, I64, "rank")
         keep = alloca_once(b, I1, "keep")
         b.store(const_i64(0), total)
-        with for_range(b, const_i64(0), const_i64(batches), "b") as bi:
-            box_base = b.mul(bi, const_i64(n * 4))
-            with for_range(b, const_i64(0), const_i64(classes), "c") as ci:
-                row = b.gep(ps, [b.mul(b.add(b.mul(bi, const_i64(classes)), ci),
-                                       const_i64(n))])
+        with for_range(b, const_i64(0), batches, "b") as bi:
+            box_base = b.mul(bi, n4)
+            with for_range(b, const_i64(0), classes, "c") as ci:
+                row = b.gep(ps, [b.mul(b.add(b.mul(bi, classes), ci), n)])
                 b.store(const_i64(0), count)
-                with for_range(b, const_i64(0), const_i64(n), "i") as i:   # candidates
+                with for_range(b, const_i64(0), n, "i") as i:   # candidates
                     s = b.load(b.gep(row, [i]))
                     passes = b.fcmp_ordered(">", s, score_min) if self.has_score \
                         else ir.Constant(I1, 1)
@@ -115,6 +123,9 @@ class NmsEmitter(KernelEmitter):
         b.store(const_i64(0), b.gep(out, [const_i64(2)]))
         b.ret_void()
         self._emit_entry(body_fn, len(ptr_types), ptr_types)
+        if self.symbolic:
+            return KernelInfo(self.symbol, len(func.inputs), 1, 0, False, symbolic=True,
+                              workspace_expr=workspace)
         return KernelInfo(self.symbol, len(func.inputs), 1, workspace, False)
 
     def _suppresses(self, pb: ir.Value, base: ir.Value, i: ir.Value, j: ir.Value,

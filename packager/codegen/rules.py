@@ -127,7 +127,8 @@ def _symbolic_contraction(module, func, symbol, vl, size_vars, target, options):
 
 KERNEL_RULES: tuple[KernelRule, ...] = (
     KernelRule("recurrence", None, _on_func(emit_recurrence), _sized(emit_recurrence)),
-    KernelRule("non-maximum suppression", None, _on_func(emit_nms), None),   # ops/dynamic.py
+    KernelRule("non-maximum suppression", None, _on_func(emit_nms),   # ops/dynamic.py
+               _sized(emit_nms)),
     KernelRule("tree ensemble", None, _on_func(emit_trees), _sized(emit_trees)),   # ops/trees.py
     KernelRule("integer GEMM", None, _integer_gemm, None),   # qmatmul / qconv2d (ops/qlinear.py)
     KernelRule("integer depthwise", None, _integer_depthwise, None),   # qdwconv2d

@@ -414,6 +414,73 @@ def counted_rows(x: np.ndarray, after: np.ndarray, count: Dim = 0) -> np.ndarray
     return x[1:1 + int(after.reshape(-1)[0])]
 
 
+# ---- a slice along an axis whose extent a kernel counted ----------------------------------------
+
+def _span(n, start: int, end: int, step: int, part: str, lo, hi, where):
+    """ONNX Slice's first index or length along an axis of ``n`` (ints, or tensor expressions
+    with ``lo``/``hi`` as max/min and ``where`` as a select)."""
+    def norm(v: int, low, high):
+        at = n + v if v < 0 else v + 0 * n
+        return hi(lo(at, low), high)
+
+    if step > 0:
+        first, last = norm(start, 0, n), norm(end, 0, n)
+        length = lo((last - first + (step - 1)) // step, 0)
+    else:
+        first, last = norm(start, 0, n - 1), norm(end, -1, n - 1)
+        length = lo((first - last + (-step - 1)) // -step, 0)
+    return where(n > 0, first if part == "first" else length, 0 * n)
+
+
+def _infer_slice_span(x: TensorType, axis: int = 0, start: int = 0, end: int = 0, step: int = 1,
+                      part: str = "length") -> TensorType:
+    if part not in ("first", "length") or step == 0:
+        raise ValueError(f"slice_span: part {part!r}, step {step}")
+    return TensorType((1,), "int64")
+
+
+def _legalize_slice_span(x: te.Tensor, out_type: TensorType, name: str, axis: int = 0,
+                         start: int = 0, end: int = 0, step: int = 1,
+                         part: str = "length") -> te.Tensor:
+    """Reads ``x``'s extent along ``axis`` (a size variable) and nothing of its data."""
+    def body(i):
+        n = te.cast(te.as_expr(size_expr(x.shape[axis]), "int64"), "int64")
+        c = lambda v: te.const(v, "int64")   # noqa: E731
+        return _span(n, start, end, step, part, lambda a, b: te.maximum(a, c(b)) if isinstance(
+            b, int) else te.maximum(a, b), lambda a, b: te.minimum(a, b if not isinstance(
+                b, int) else c(b)), lambda k, a, b: te.if_then_else(k, a, b))
+    return te.compute((1,), body, name=name, dtype="int64")
+
+
+@register_op("slice_span", INJECTIVE, _infer_slice_span, _legalize_slice_span)
+def slice_span(x: np.ndarray, axis: int = 0, start: int = 0, end: int = 0, step: int = 1,
+               part: str = "length") -> np.ndarray:
+    """The first index (``part`` "first") or the length of ``x[start:end:step]`` along
+    ``axis``, as ONNX Slice clamps them: a slice along an axis whose extent a kernel counted
+    (NMS's selected rows) binds its length as a new counted size."""
+    v = _span(int(x.shape[axis]), int(start), int(end), int(step), part, max, min,
+              lambda k, a, b: a if k else b)
+    return np.array([v], np.int64)
+
+
+def _infer_counted_range(first: TensorType, after: TensorType, count: Dim = 0,
+                         step: int = 1) -> TensorType:
+    return TensorType((count,), "int64")
+
+
+def _legalize_counted_range(first: te.Tensor, after: te.Tensor, out_type: TensorType,
+                            name: str, count: Dim = 0, step: int = 1) -> te.Tensor:
+    return te.compute(out_type.shape, lambda p: first[(0,)] + te.cast(p, "int64") * step,
+                      name=name, dtype="int64")
+
+
+@register_op("counted_range", INJECTIVE, _infer_counted_range, _legalize_counted_range)
+def counted_range(first: np.ndarray, after: np.ndarray, count: Dim = 0,
+                  step: int = 1) -> np.ndarray:
+    """first, first + step, ... (``after`` of them: a size bound at run time)."""
+    return int(first[0]) + np.arange(int(after.reshape(-1)[0]), dtype=np.int64) * int(step)
+
+
 # ---- branch_select: an If whose branches give different shapes ----------------------------------
 
 def _infer_branch_select(cond: TensorType, a: TensorType, b: TensorType, *after: TensorType,

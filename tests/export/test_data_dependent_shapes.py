@@ -114,6 +114,40 @@ def test_topk_k_beyond_its_axis_is_refused_in_one_line(counted) -> None:
         assert model.run(feeds)["c_top_values"].shape == (3, 2)   # and runs on afterwards
 
 
+@pytest.fixture(scope="module")
+def open_detector(tmp_path_factory) -> tuple[Path, Path]:
+    return dm.exported(tmp_path_factory, "open_detector")
+
+
+# (batch, height, width, input scale): counts from 0 (scores all near 0.5) to 120
+OPEN_SIZES = ((1, 16, 12, 1.5), (3, 16, 12, 1.5), (1, 24, 32, 1.5), (3, 10, 20, 0.3),
+              (1, 8, 8, 0.01), (1, 2, 2, 1.5))
+
+
+def test_detector_with_open_batch_and_image_size_matches_onnx_runtime(open_detector) -> None:
+    """x [B, 3, H, W] with every dim open, exported by the default command: NMS over N = (H //
+    2)(W // 2) boxes of B images, its selected count bounded by B * 2 * 60 (classes times
+    max_output_boxes_per_class); then Gather of the columns, Gather of the kept boxes at batch
+    * N + box, Cast, Slice of columns and Squeeze, Concat into a [count, 6] table and Slices
+    along the counted axis (first 10 rows, all but two, reversed): the same triples as ONNX
+    Runtime at three image sizes, batch 1 and 3, boxes within 1e-5."""
+    src, bundle = open_detector
+    counts = set()
+    with load(bundle) as model:
+        for b, h, w, scale in OPEN_SIZES:
+            feeds = dm.open_detector_feeds(b, h, w, 100 * b + h, scale)
+            want = _compare(src, model, feeds, "", rtol=1e-5, atol=1e-5)
+            np.testing.assert_array_equal(model.run(feeds)["selected"], want["selected"])
+            counts.add(len(want["selected"]))
+            assert len(want["top_detections"]) == min(10, len(want["selected"]))
+    assert 0 in counts and 1 in counts and max(counts) > 100, counts
+    with BundleReader(bundle) as reader:
+        dynamic = dict((d[0], d[1]) for d in reader.header["symbolic"]["dynamic"])
+    # planned at 120 B rows (2 classes x 60), the first-10 slice at 10 rows
+    assert dynamic == {"selected1": ["*", 120, "B"], "sliced1": 10,
+                       "sliced2": ["*", 120, "B"], "sliced3": ["*", 120, "B"]}, dynamic
+
+
 # 20-40 s (torch's import and export, a compile): the detector above covers the same path
 @pytest.mark.skipif(not SLOW, reason="MLCPACK_SLOW=1 only (the ONNX detector test covers NMS "
                     "inside a model in the default run)")
