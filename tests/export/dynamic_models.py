@@ -290,9 +290,13 @@ def open_detector(max_boxes: int = 60, iou: float = 0.4, score: float = 0.75, to
         helper.make_node("Slice", ["kept_scores", "at_last", "at_small", "at0", "at_back"],
                          ["reversed_scores"]),
     ]
+    pf_nodes, pf_inits, pf_outputs = _prefiltered_nms()
     g = helper.make_graph(
-        nodes, "open_detector", [helper.make_tensor_value_info("x", f, ["B", 3, "H", "W"])],
-        [helper.make_tensor_value_info("selected", i64, None),
+        nodes + pf_nodes, "open_detector", [
+            helper.make_tensor_value_info("x", f, ["B", 3, "H", "W"]),
+            helper.make_tensor_value_info("pf_boxes", f, [1, "M", 4]),
+            helper.make_tensor_value_info("pf_logits", f, [1, 3, "M"])],
+        pf_outputs + [helper.make_tensor_value_info("selected", i64, None),
          helper.make_tensor_value_info("kept_boxes", f, None),
          helper.make_tensor_value_info("kept_scores", f, None),
          helper.make_tensor_value_info("kept_classes", f, None),
@@ -301,11 +305,55 @@ def open_detector(max_boxes: int = 60, iou: float = 0.4, score: float = 0.75, to
          helper.make_tensor_value_info("detections", f, None),
          helper.make_tensor_value_info("top_detections", f, None),
          helper.make_tensor_value_info("rest_detections", f, None),
-         helper.make_tensor_value_info("reversed_scores", f, None)], inits)
+         helper.make_tensor_value_info("reversed_scores", f, None)], inits + pf_inits)
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def _prefiltered_nms() -> tuple[list, list, list]:
+    """Nodes, initializers and outputs (names ``pf_``) of the other common form: boxes [1, M,
+    4] and class logits [1, 3, M] (M open) kept where the best class's sigmoid passes a
+    threshold (NonZero, Gather: a counted box count), NMS over those, the kept boxes and
+    scores, then the best ``min(count, 8)`` by TopK with k from Shape and Min, and each score
+    over the best (ReduceMax along the counted axis)."""
+    f, i64 = TensorProto.FLOAT, TensorProto.INT64
+    inits = [numpy_helper.from_array(np.array(v, dt), "pf_" + n) for n, v, dt in (
+        ("ax0", [0], np.int64), ("ax1", [1], np.int64), ("col2", 2, np.int64), ("thr", [0.6], np.float32),
+        ("maxb", [30], np.int64), ("iou", [0.5], np.float32), ("maxdet", [8], np.int64))]
+    p = "pf_"
+    nodes = [helper.make_node(op, [p + i for i in ins], [p + o for o in outs], **attrs)
+             for op, ins, outs, attrs in (
+        ("Sigmoid", ["logits"], ["scores"], {}),                         # [1, 3, M]
+        ("ReduceMax", ["scores"], ["conf"], {"axes": [1], "keepdims": 0}),   # [1, M]
+        ("Greater", ["conf", "thr"], ["mask"], {}),
+        ("NonZero", ["mask"], ["nz"], {}),                               # [2, k]
+        ("Gather", ["nz", "ax1"], ["idx2"], {"axis": 0}),
+        ("Squeeze", ["idx2", "ax0"], ["idx"], {}),                       # [k] (row 1 of nz)
+        ("Gather", ["boxes", "idx"], ["boxes_k"], {"axis": 1}),          # [1, k, 4]
+        ("Gather", ["scores", "idx"], ["scores_k"], {"axis": 2}),        # [1, 3, k]
+        ("NonMaxSuppression", ["boxes_k", "scores_k", "maxb", "iou"], ["selected"], {}),
+        ("Gather", ["selected", "col2"], ["box_i"], {"axis": 1}),
+        ("Gather", ["boxes_k", "box_i"], ["kept_boxes"], {"axis": 1}),   # [1, s, 4]
+        ("GatherND", ["scores_k", "selected"], ["kept_scores"], {}),      # [s]
+        ("Shape", ["kept_scores"], ["count"], {}),
+        ("Min", ["count", "maxdet"], ["k"], {}),
+        ("TopK", ["kept_scores", "k"], ["top_scores", "top_i"], {}),
+        ("Gather", ["kept_boxes", "top_i"], ["top_boxes"], {"axis": 1}),
+        ("ReduceMax", ["kept_scores"], ["best"], {"axes": [0], "keepdims": 1}),
+        ("Div", ["kept_scores", "best"], ["relative"], {}))]
+    outputs = [helper.make_tensor_value_info(p + n, t, None) for n, t in (
+        ("nz", i64), ("selected", i64), ("kept_boxes", f), ("top_scores", f), ("top_i", i64),
+        ("top_boxes", f), ("relative", f))]
+    return nodes, inits, outputs
 
 
 def open_detector_feeds(batch: int, h: int, w: int, seed: int, scale: float = 1.5
                         ) -> dict[str, np.ndarray]:
+    """Inputs for ``open_detector``: x [batch, 3, h, w], and M = h w // 4 - 2 candidate boxes
+    (at least 1) with their logits."""
     rng = np.random.default_rng(seed)
-    return {"x": (rng.normal(size=(batch, 3, h, w)) * scale).astype(np.float32)}
+    m = max(1, h * w // 4 - 2)
+    corner = rng.uniform(0, 10, (1, m, 2)).astype(np.float32)
+    size = rng.uniform(0.5, 3, (1, m, 2)).astype(np.float32)
+    return {"x": (rng.normal(size=(batch, 3, h, w)) * scale).astype(np.float32),
+            "pf_boxes": np.concatenate([corner, corner + size], -1),
+            "pf_logits": (rng.normal(size=(1, 3, m)) * scale).astype(np.float32)}

@@ -121,7 +121,7 @@ def open_detector(tmp_path_factory) -> tuple[Path, Path]:
 
 # (batch, height, width, input scale): counts from 0 (scores all near 0.5) to 120
 OPEN_SIZES = ((1, 16, 12, 1.5), (3, 16, 12, 1.5), (1, 24, 32, 1.5), (3, 10, 20, 0.3),
-              (1, 8, 8, 0.01), (1, 2, 2, 1.5))
+              (1, 8, 8, 0.01), (1, 4, 2, 1.5))
 
 
 def test_detector_with_open_batch_and_image_size_matches_onnx_runtime(open_detector) -> None:
@@ -130,22 +130,28 @@ def test_detector_with_open_batch_and_image_size_matches_onnx_runtime(open_detec
     max_output_boxes_per_class); then Gather of the columns, Gather of the kept boxes at batch
     * N + box, Cast, Slice of columns and Squeeze, Concat into a [count, 6] table and Slices
     along the counted axis (first 10 rows, all but two, reversed): the same triples as ONNX
-    Runtime at three image sizes, batch 1 and 3, boxes within 1e-5."""
+    Runtime at three image sizes, batch 1 and 3, boxes within 1e-5. Beside it (``pf_``), NMS
+    over the boxes a threshold kept (NonZero, Gather: a counted box count), then TopK with k =
+    min(count, 8) from Shape and Min, and a ReduceMax along the counted axis."""
     src, bundle = open_detector
-    counts = set()
+    counts, prefiltered = set(), set()
     with load(bundle) as model:
         for b, h, w, scale in OPEN_SIZES:
             feeds = dm.open_detector_feeds(b, h, w, 100 * b + h, scale)
             want = _compare(src, model, feeds, "", rtol=1e-5, atol=1e-5)
             np.testing.assert_array_equal(model.run(feeds)["selected"], want["selected"])
             counts.add(len(want["selected"]))
+            prefiltered.add(len(want["pf_selected"]))
             assert len(want["top_detections"]) == min(10, len(want["selected"]))
-    assert 0 in counts and 1 in counts and max(counts) > 100, counts
+    assert min(counts) == 0 and 0 < sorted(counts)[1] < 10 and max(counts) > 100, counts
+    assert min(prefiltered) == 0 and len(prefiltered) >= 4, prefiltered
     with BundleReader(bundle) as reader:
         dynamic = dict((d[0], d[1]) for d in reader.header["symbolic"]["dynamic"])
-    # planned at 120 B rows (2 classes x 60), the first-10 slice at 10 rows
+    # planned at 120 B rows (2 classes x 60), the first-10 slice at 10 rows; the prefiltered
+    # NMS at 3 x 30 rows, its TopK at its count
     assert dynamic == {"selected1": ["*", 120, "B"], "sliced1": 10,
-                       "sliced2": ["*", 120, "B"], "sliced3": ["*", 120, "B"]}, dynamic
+                       "sliced2": ["*", 120, "B"], "sliced3": ["*", 120, "B"],
+                       "nonzero1": "M", "selected2": 90, "k1": 90}, dynamic
 
 
 # 20-40 s (torch's import and export, a compile): the detector above covers the same path

@@ -606,7 +606,7 @@ def test_open_detector_bit_identical(build, asan, tmp_path_factory, tmp_path) ->
 
     bundle = exported(tmp_path_factory, "open_detector")[1]
     for k, (b, h, w, scale) in enumerate(((3, 16, 12, 1.5), (1, 24, 32, 1.5), (1, 8, 8, 0.01),
-                                          (1, 2, 2, 1.5))):
+                                          (1, 4, 2, 1.5))):
         feeds = open_detector_feeds(b, h, w, 100 * b + h, scale)
         assert_bit_identical(build, bundle, feeds, tmp_path / f"c{k}")
         assert_bit_identical(asan, bundle, feeds, tmp_path / f"a{k}", threads=(1,), env=ASAN)
