@@ -21,10 +21,9 @@ def nonzero_coords(ctx: NodeContext, x: Value, label: str = "nonzero") -> Value:
     shape = x.type.shape
     n = product(shape)
     flat = ctx.reshape(x, (n,))
-    count = bb.emit_op("nonzero_count", flat)
-    prefix = bb.emit_op("nonzero_prefix", flat)
-    after, d = bb.bind_size(count, n, label)
-    return bb.emit_op("nonzero_gather", flat, prefix, after, shape=tuple(shape), count=d)
+    table = bb.emit_op("nonzero_index", flat)   # the count, then the flat indices: one pass
+    after, d = bb.bind_size(bb.emit_op("head_count", table), n, label)
+    return bb.emit_op("nonzero_coords", table, after, shape=tuple(shape), count=d)
 
 
 @converter("NonZero", since=9)
