@@ -7,7 +7,9 @@ overlaps it by more than the IoU threshold (ONNX Runtime's ``SuppressByIOU``, fl
 same operation order), at most ``max_output_boxes_per_class`` per class. The output is a
 ``[1 + rows, 3]`` int64 table: row 0 the count, then the (batch, class, box) triples; the VM
 binds the count as a size variable (BIND_SIZE). The workspace holds three int64 lists of the
-box count: the candidates, their order, the boxes kept. Boxes, classes and batches may be
+box count: the candidates, a second list the merge sort that orders them writes to, the boxes
+kept. Ordering is n log n (a stable bottom-up merge sort), the selection compares each
+candidate with the boxes kept so far. Boxes, classes and batches may be
 run-time sizes (a detector exported with an open batch and image size): the kernel then reads
 them from the sizes array and its workspace is the same expression of them.
 """
@@ -65,14 +67,14 @@ class NmsEmitter(KernelEmitter):
         n4 = times(dims[1], 4)
         pb, ps, pk, piou, psc, out, ws = body_fn.args[:7]
         ws = b.bitcast(ws, I64.as_pointer())
-        cand, order, kept = (b.gep(ws, [times(dims[1], k)]) for k in range(3))
+        cand, spare, kept = (b.gep(ws, [times(dims[1], k)]) for k in range(3))
+        lists = tuple(alloca_once(b, I64.as_pointer(), f"list{k}") for k in range(2))
         limit = b.load(pk)
         threshold = b.load(piou)
         score_min = b.load(psc)
         total = alloca_once(b, I64, "total")
         count = alloca_once(b, I64, "count")
         chosen = alloca_once(b, I64, "chosen")
-        rank = alloca_once(b, I64, "rank")
         keep = alloca_once(b, I1, "keep")
         b.store(const_i64(0), total)
         with for_range(b, const_i64(0), batches, "b") as bi:
@@ -89,18 +91,7 @@ class NmsEmitter(KernelEmitter):
                         b.store(i, b.gep(cand, [m]))
                         b.store(b.add(m, const_i64(1)), count)
                 m = b.load(count)
-                with for_range(b, const_i64(0), m, "t") as t:   # order by rank, best first
-                    i = b.load(b.gep(cand, [t]))
-                    si = b.load(b.gep(row, [i]))
-                    b.store(const_i64(0), rank)
-                    with for_range(b, const_i64(0), m, "u") as u:
-                        j = b.load(b.gep(cand, [u]))
-                        sj = b.load(b.gep(row, [j]))
-                        better = b.or_(b.fcmp_ordered(">", sj, si),
-                                       b.and_(b.fcmp_ordered("==", sj, si),
-                                              b.icmp_signed("<", j, i)))
-                        b.store(b.add(b.load(rank), b.zext(better, I64)), rank)
-                    b.store(i, b.gep(order, [b.load(rank)]))
+                order = self._sort_best_first(row, cand, spare, m, lists)
                 b.store(const_i64(0), chosen)
                 with for_range(b, const_i64(0), m, "t") as t:   # greedy selection
                     i = b.load(b.gep(order, [t]))
@@ -127,6 +118,58 @@ class NmsEmitter(KernelEmitter):
             return KernelInfo(self.symbol, len(func.inputs), 1, 0, False, symbolic=True,
                               workspace_expr=workspace)
         return KernelInfo(self.symbol, len(func.inputs), 1, workspace, False)
+
+    def _sort_best_first(self, row: ir.Value, cand: ir.Value, spare: ir.Value, m: ir.Value,
+                         lists: tuple) -> ir.Value:
+        """Sort the ``m`` candidate indices of ``cand`` (in index order) by score, best first,
+        ties by lower index: a bottom-up merge sort (stable, so equal scores keep index order)
+        between ``cand`` and ``spare``, n log n; returns the list that holds the result."""
+        b = self.builder
+        src_at, dst_at = lists
+        b.store(cand, src_at)
+        b.store(spare, dst_at)
+        width = alloca_once(b, I64, "width")
+        at = tuple(alloca_once(b, I64, name) for name in ("left", "right"))
+        b.store(const_i64(1), width)
+        head = b.append_basic_block("sort.pass")
+        body = b.append_basic_block("sort.merge")
+        done = b.append_basic_block("sort.done")
+        b.branch(head)
+        b.position_at_end(head)
+        w = b.load(width)
+        b.cbranch(b.icmp_signed("<", w, m), body, done)
+        b.position_at_end(body)
+        src, dst = b.load(src_at), b.load(dst_at)
+        w2 = b.mul(w, const_i64(2))
+        last = b.sub(m, const_i64(1))
+
+        def smaller(x: ir.Value, y: ir.Value) -> ir.Value:
+            return b.select(b.icmp_signed("<", x, y), x, y)
+
+        runs = b.sdiv(b.add(m, b.sub(w2, const_i64(1))), w2)
+        with for_range(b, const_i64(0), runs, "run") as r:
+            lo = b.mul(r, w2)
+            mid, hi = smaller(b.add(lo, w), m), smaller(b.add(lo, w2), m)
+            b.store(lo, at[0])
+            b.store(mid, at[1])
+            with for_range(b, lo, hi, "k") as k:
+                i, j = b.load(at[0]), b.load(at[1])
+                # both reads inside the list (the index clamped); a run that has ended never
+                # gives its element
+                vi = b.load(b.gep(src, [smaller(i, last)]))
+                vj = b.load(b.gep(src, [smaller(j, last)]))
+                si, sj = b.load(b.gep(row, [vi])), b.load(b.gep(row, [vj]))
+                right = b.and_(b.icmp_signed("<", j, hi),
+                               b.or_(b.icmp_signed(">=", i, mid), b.fcmp_ordered(">", sj, si)))
+                b.store(b.select(right, vj, vi), b.gep(dst, [k]))
+                b.store(b.add(i, b.zext(b.not_(right), I64)), at[0])
+                b.store(b.add(j, b.zext(right, I64)), at[1])
+        b.store(dst, src_at)
+        b.store(src, dst_at)
+        b.store(w2, width)
+        b.branch(head)
+        b.position_at_end(done)
+        return b.load(src_at)
 
     def _suppresses(self, pb: ir.Value, base: ir.Value, i: ir.Value, j: ir.Value,
                     threshold: ir.Value) -> ir.Value:

@@ -349,11 +349,13 @@ def _prefiltered_nms() -> tuple[list, list, list]:
 def open_detector_feeds(batch: int, h: int, w: int, seed: int, scale: float = 1.5
                         ) -> dict[str, np.ndarray]:
     """Inputs for ``open_detector``: x [batch, 3, h, w], and M = h w // 4 - 2 candidate boxes
-    (at least 1) with their logits."""
+    (at least 1) with their logits, in steps of 0.5 (many equal scores: NMS orders ties by
+    lower index)."""
     rng = np.random.default_rng(seed)
     m = max(1, h * w // 4 - 2)
     corner = rng.uniform(0, 10, (1, m, 2)).astype(np.float32)
     size = rng.uniform(0.5, 3, (1, m, 2)).astype(np.float32)
     return {"x": (rng.normal(size=(batch, 3, h, w)) * scale).astype(np.float32),
             "pf_boxes": np.concatenate([corner, corner + size], -1),
-            "pf_logits": (rng.normal(size=(1, 3, m)) * scale).astype(np.float32)}
+            "pf_logits": np.round(rng.normal(size=(1, 3, m)) * scale * 2).astype(np.float32)
+            / 2}
