@@ -296,7 +296,12 @@ def _gather(ctx: NodeContext) -> Value:
     if not -len(x.type.shape) <= axis < len(x.type.shape):
         raise ctx.error(f"axis {axis} is out of range for shape {x.type.shape}")
     size = x.type.shape[axis]
-    if indices is not None and (np.any(indices >= size) or np.any(indices < -size)):
+    if indices is not None and isinstance(size, SymExpr):   # a run-time size: at least 1
+        outside = any(bool(size <= int(i)) or bool(size + int(i) < 0)
+                      for i in np.asarray(indices).reshape(-1))
+    else:
+        outside = indices is not None and (np.any(indices >= size) or np.any(indices < -size))
+    if outside:
         raise ctx.error(f"indices {indices.tolist()} are out of range for size {size}")
     if data is not None and indices is not None:
         return ctx.constant(np.take(data, indices.astype(np.int64), axis=axis), "gather")

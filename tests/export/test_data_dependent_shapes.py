@@ -164,7 +164,8 @@ def test_detector_with_open_batch_and_image_size_matches_onnx_runtime(open_detec
 def test_torch_detector_with_nms_inside(tmp_path) -> None:
     """A tiny seeded torch detector whose forward ends with NMS (a torch.autograd.Function that
     exports as ONNX NonMaxSuppression, as torchvision's ``ops.nms`` does) and index_select of
-    the kept boxes, through torch.onnx: the same boxes as ONNX Runtime and as torch itself.
+    the kept boxes, through torch.onnx with the batch a dynamic axis: the same boxes as ONNX
+    Runtime and as torch itself, at batch 1 and 3.
     (torchvision itself: its PyPI 0.28 wheel, the one for torch 2.13, is a CUDA build whose ops
     do not load beside torch's CPU build here.)"""
     torch = pytest.importorskip("torch", reason="torch is not installed (the 'torch' extra)")
@@ -208,14 +209,15 @@ def test_torch_detector_with_nms_inside(tmp_path) -> None:
     buf = io.BytesIO()
     with torch.no_grad():
         torch.onnx.export(net, (x,), buf, input_names=["x"], output_names=["selected", "boxes"],
-                          opset_version=17, dynamo=False)
+                          opset_version=17, dynamo=False, dynamic_axes={"x": {0: "B"}})
     src = tmp_path / "det.onnx"
     src.write_bytes(buf.getvalue())
     mod, _ = import_onnx(onnx.load(src))
     export_module(mod, tmp_path / "det.mlc", ExportOptions(target="host"))
     with load(tmp_path / "det.mlc") as model:
         for seed in range(3):
-            x = torch.randn(1, 3, 8, 8, generator=torch.Generator().manual_seed(seed)) * 2
+            batch = 1 + 2 * (seed % 2)   # the batch is open: 1 and 3 from one bundle
+            x = torch.randn(batch, 3, 8, 8, generator=torch.Generator().manual_seed(seed)) * 2
             feeds = {"x": x.numpy()}
             want, got = ort_outputs(src, feeds), model.run(feeds)
             np.testing.assert_array_equal(got["selected"], want["selected"])
