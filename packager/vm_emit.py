@@ -26,11 +26,11 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass, field
 
-from .codegen.lower import KernelInfo
+from .codegen.lower import KernelInfo, symbolic_vars
 from .ir.graph import (Call, CallLibrary, CallTIR, Constant, Function, IRModule, Source,
                        TensorType, Value, Var, merge_sources)
 from .ir import te
-from .ir.sym import (Dim, is_static, nondecreasing_in, product, relation_text, shape_vars,
+from .ir.sym import (Dim, SymExpr, is_static, nondecreasing_in, product, relation_text, shape_vars,
                      substitute, to_record)
 from .ops import get_op
 from .ops.registry import VIEW
@@ -114,6 +114,31 @@ def value_rows(mod: IRModule, rules: str = "all") -> tuple | None:
     return tuple(rows) or None
 
 
+def _nonnegative(d: Dim) -> bool:
+    """Whether ``d`` is at least 0 wherever its variables are: positive coefficients over
+    variables and floor divisions or remainders of such sums."""
+    if isinstance(d, int):
+        return d >= 0
+    return all(c > 0 and all(isinstance(a, str) or _nonnegative(a[1]) for a in m)
+               for m, c in d.terms.items())
+
+
+def _dropping_negative_terms(d: Dim) -> Dim | None:
+    """An upper bound of ``d`` (``-(-n // 64) * 64``, a workspace rounded up, is
+    ``64 n' - 64 (n'' // 64)`` in canonical form, which does not show that it grows with n):
+    ``d`` without its negative terms, where each of those is a nonnegative value; else None."""
+    if isinstance(d, int):
+        return d
+    kept: Dim = 0
+    for m, c in d.terms.items():
+        term = SymExpr({m: c})
+        if c > 0:
+            kept = kept + term
+        elif not _nonnegative(SymExpr({m: 1})):
+            return None
+    return kept
+
+
 def _shape_record(shape: tuple) -> list:
     return [to_record(d) for d in shape]
 
@@ -143,6 +168,8 @@ def emit_program(mod: IRModule, kernels: dict[str, KernelInfo], func: str = "mai
         if dynamic and shape_vars(ttype.shape) & dynamic.keys():
             # a size a kernel counts at run time: allocated at its bound
             if not nondecreasing_in(size, dynamic):
+                size = _dropping_negative_terms(size)   # a workspace rounded up to 64 bytes
+            if size is None or not nondecreasing_in(size, dynamic):
                 raise VMEmitError(f"a tensor of shape {ttype.shape} would not fit the memory "
                                   "planned for its sizes' upper bounds")
             size = substitute(size, dynamic)
@@ -198,6 +225,8 @@ def emit_program(mod: IRModule, kernels: dict[str, KernelInfo], func: str = "mai
             bound_now.add(name)
             continue
         late = shape_vars(v.type.shape) & dynamic.keys() - bound_now
+        if not late and dynamic and isinstance(v, CallTIR):   # a size read inside the kernel
+            late = symbolic_vars(mod.functions[v.func]) & dynamic.keys() - bound_now
         if late:
             raise VMEmitError(f"{b.var.name}: its shape {v.type.shape} uses {', '.join(late)} "
                               "before the kernel that counts it ran")

@@ -21,10 +21,9 @@ def nonzero_coords(ctx: NodeContext, x: Value, label: str = "nonzero") -> Value:
     shape = x.type.shape
     n = product(shape)
     flat = ctx.reshape(x, (n,))
-    count = bb.emit_op("nonzero_count", flat)
-    prefix = bb.emit_op("nonzero_prefix", flat)
-    after, d = bb.bind_size(count, n, label)
-    return bb.emit_op("nonzero_gather", flat, prefix, after, shape=tuple(shape), count=d)
+    table = bb.emit_op("nonzero_index", flat)   # the count, then the flat indices: one pass
+    after, d = bb.bind_size(bb.emit_op("head_count", table), n, label)
+    return bb.emit_op("nonzero_coords", table, after, shape=tuple(shape), count=d)
 
 
 @converter("NonZero", since=9)
@@ -90,24 +89,28 @@ def _unique(ctx: NodeContext) -> list[Value]:
     return [ctx.reshape(values, out_shape), indices, ranks, counts]
 
 
+# Where the box count is a run-time size and max_output_boxes_per_class a constant up to this,
+# each class's rows are planned at that constant (a detector's 100 or 300), not at the boxes.
+NMS_PLANNED_PER_CLASS = 1 << 16
+
+
 @converter("NonMaxSuppression", since=10, attrs={"center_point_box": 0})
 def _non_max_suppression(ctx: NodeContext) -> Value:
-    """The selected (batch, class, box) triples, [count, 3], the count bound at run time (at
-    most batches * classes * boxes, or * max_output_boxes_per_class when that is a constant)."""
+    """The selected (batch, class, box) triples, [count, 3], the count bound at run time: at
+    most batches * classes * boxes, or * max_output_boxes_per_class when that is a constant
+    below the box count (or, where the box count is a run-time size, below
+    ``NMS_PLANNED_PER_CLASS``). Batches, classes and boxes may be run-time sizes."""
     boxes, scores = ctx.input(0), ctx.input(1)
     if boxes.type.dtype != "float32" or scores.type.dtype != "float32":
         raise ctx.error(f"boxes and scores must be float32, not {boxes.type.dtype} and "
                         f"{scores.type.dtype}")
     bshape, sshape = boxes.type.shape, scores.type.shape
-    if len(bshape) != 3 or bshape[2] != 4 or len(sshape) != 3 or sshape[0] != bshape[0] \
-            or sshape[2] != bshape[1]:
+    if len(bshape) != 3 or len(sshape) != 3 or not (bshape[2] == 4 and sshape[0] == bshape[0]
+                                                    and sshape[2] == bshape[1]):
         raise ctx.error(f"boxes {bshape} and scores {sshape} do not fit [B, N, 4] and [B, C, N]")
     center = int(ctx.attrs["center_point_box"])
     if center not in (0, 1):
         raise ctx.error(f"center_point_box must be 0 or 1, not {center}")
-    if not all(isinstance(d, int) for d in (*bshape, *sshape)):
-        raise ctx.error(f"boxes {bshape} and scores {sshape} must have sizes fixed at export "
-                        "(give --input-shape)")
     n = bshape[1]
     limit = n
 
@@ -122,7 +125,11 @@ def _non_max_suppression(ctx: NodeContext) -> Value:
     max_out = scalar(2, "int64", 0)
     known = ctx.const(2) if ctx.has_input(2) else np.zeros(1, np.int64)
     if known is not None:
-        limit = max(0, min(n, int(np.asarray(known).reshape(-1)[0])))
+        k = max(0, int(np.asarray(known).reshape(-1)[0]))
+        if isinstance(n, int):
+            limit = min(n, k)
+        elif k <= NMS_PLANNED_PER_CLASS:
+            limit = k
     bb = ctx.bb
     table = bb.emit_op("nms", boxes, scores, max_out, scalar(3, "float32", 0.0),
                        scalar(4, "float32", 0.0), center_point_box=center,

@@ -296,7 +296,12 @@ def _gather(ctx: NodeContext) -> Value:
     if not -len(x.type.shape) <= axis < len(x.type.shape):
         raise ctx.error(f"axis {axis} is out of range for shape {x.type.shape}")
     size = x.type.shape[axis]
-    if indices is not None and (np.any(indices >= size) or np.any(indices < -size)):
+    if indices is not None and isinstance(size, SymExpr):   # a run-time size: at least 1
+        outside = any(bool(size <= int(i)) or bool(size + int(i) < 0)
+                      for i in np.asarray(indices).reshape(-1))
+    else:
+        outside = indices is not None and (np.any(indices >= size) or np.any(indices < -size))
+    if outside:
         raise ctx.error(f"indices {indices.tolist()} are out of range for size {size}")
     if data is not None and indices is not None:
         return ctx.constant(np.take(data, indices.astype(np.int64), axis=axis), "gather")
@@ -354,6 +359,18 @@ def _slice_const(ctx: NodeContext, starts: Sequence[int], ends: Sequence[int],
         rank = len(x.type.shape)
         axes = list(range(len(starts))) if axes is None else [int(a) % rank for a in axes]
         steps = [1] * len(starts) if steps is None else [int(st) for st in steps]
+        counted = set(ctx.bb.mod.dynamic_sizes)
+        along = [k for k, a in enumerate(axes) if x.type.shape[a] is not None
+                 and isinstance(x.type.shape[a], SymExpr) and x.type.shape[a].variables()
+                 & counted and isinstance(starts[k], int) and isinstance(ends[k], int)]
+        if along:   # axes whose extents kernels counted: each slice's length is counted too
+            for k in along:
+                x = _slice_counted(ctx, x, axes[k], starts[k], ends[k], steps[k])
+            keep = [k for k in range(len(axes)) if k not in along]
+            if not keep:
+                return x
+            starts, ends = [starts[k] for k in keep], [ends[k] for k in keep]
+            axes, steps = [axes[k] for k in keep], [steps[k] for k in keep]
         return ctx.emit("strided_slice", x, starts=tuple(dim(v) for v in starts),
                         ends=tuple(dim(v) for v in ends), axes=tuple(axes), steps=tuple(steps))
     axes = list(range(len(starts))) if axes is None else [int(a) for a in axes]
@@ -363,6 +380,28 @@ def _slice_const(ctx: NodeContext, starts: Sequence[int], ends: Sequence[int],
         # numpy clamps out-of-range starts and ends the way ONNX does (INT64_MAX means "to end")
         index[a] = slice(int(s), int(e), st)
     return ctx.constant(np.ascontiguousarray(data[tuple(index)]), "slice")
+
+
+def _slice_counted(ctx: NodeContext, x: Value, axis: int, start: int, end: int,
+                   step: int) -> Value:
+    """``x[start:end:step]`` along an axis whose extent a kernel counted at run time (the rows
+    NonMaxSuppression or NonZero selected): the slice's first index and length are computed
+    from that count (ONNX's clamping), the length bound as a new counted size (at most the
+    slice's constant span, else the axis's extent), and the rows taken by index."""
+    if step == 0:
+        raise ctx.error("steps must not be 0")
+    bb = ctx.bb
+    n = x.type.shape[axis]
+    first, length = (bb.emit_op("slice_span", x, axis=axis, start=start, end=end, step=step,
+                                part=part) for part in ("first", "length"))
+    bound = n
+    if step > 0 and 0 <= start <= end < 2 ** 62:
+        bound = -(-(end - start) // step)
+    elif step < 0 and 0 <= end <= start < 2 ** 62:
+        bound = -(-(start - end) // -step)
+    after, d = bb.bind_size(length, bound, "sliced")
+    rows = bb.emit_op("counted_range", first, after, count=d, step=step)
+    return ctx.emit("take", x, rows, axis=axis)
 
 
 def _is_whole_slice(shape: Sequence[int], starts: Sequence[int], ends: Sequence[int],

@@ -33,6 +33,7 @@ from .conv_oc import emit_conv_oc
 from .depthwise.static import emit_depthwise, is_depthwise
 from .depthwise.symbolic import emit_symbolic_depthwise
 from .lower import KernelInfo, emit_kernel, is_symbolic
+from .compact import emit_nonzero_index
 from .nms import emit_nms
 from .norm import emit_normalize, emit_symbolic_normalize
 from .pool import emit_max_pool, emit_symbolic_max_pool
@@ -127,8 +128,11 @@ def _symbolic_contraction(module, func, symbol, vl, size_vars, target, options):
 
 KERNEL_RULES: tuple[KernelRule, ...] = (
     KernelRule("recurrence", None, _on_func(emit_recurrence), _sized(emit_recurrence)),
-    KernelRule("non-maximum suppression", None, _on_func(emit_nms), None),   # ops/dynamic.py
+    KernelRule("non-maximum suppression", None, _on_func(emit_nms),   # ops/dynamic.py
+               _sized(emit_nms)),
     KernelRule("tree ensemble", None, _on_func(emit_trees), _sized(emit_trees)),   # ops/trees.py
+    KernelRule("nonzero index", None, _on_func(emit_nonzero_index),   # ops/dynamic.py
+               _sized(emit_nonzero_index)),
     KernelRule("integer GEMM", None, _integer_gemm, None),   # qmatmul / qconv2d (ops/qlinear.py)
     KernelRule("integer depthwise", None, _integer_depthwise, None),   # qdwconv2d
     KernelRule("integer elementwise", None, _on_func(emit_qelementwise), None),   # qbinary, qgavgpool

@@ -8,9 +8,10 @@ bound (a size expression known at export: NonZero's count is at most the input's
 writes it into the sizes array, and the kernels after it read the variable there as any other
 size. Memory is planned for the bound. Every kernel that writes a tensor of the new size takes
 the bound count as its last input (``after``): that orders it after the binding in the graph,
-and no pass can move it before. The kernels follow the house style of ``index.py``: plain tensor
-expressions (a rank or a prefix count by a reduction), quadratic in the input's length, which
-is small where these operators appear (post-processing of a few thousand candidates at most).
+and no pass can move it before. NonZero (and Compress through it) is one pass
+(``nonzero_index``, ``codegen/compact.py``) and a gather of coordinates: linear. Unique's
+kernels follow the house style of ``index.py``: plain tensor expressions (a rank by a
+reduction), quadratic in the number of items.
 """
 
 from __future__ import annotations
@@ -64,64 +65,72 @@ def nonzero_count(x: np.ndarray) -> np.ndarray:
     return np.array([np.count_nonzero(x)], dtype=np.int64)
 
 
-def _infer_prefix(x: TensorType) -> TensorType:
+# ---- nonzero_index: the flat indices of the nonzeros, after their count --------------------------
+
+def _infer_nonzero_index(x: TensorType) -> TensorType:
     if len(x.shape) != 1:
-        raise ValueError(f"nonzero_prefix: input must be flat, not {x.shape}")
-    return TensorType(x.shape, "int64")
+        raise ValueError(f"nonzero_index: input must be flat, not {x.shape}")
+    return TensorType((1 + x.shape[0],), "int64")
 
 
-def _legalize_prefix(x: te.Tensor, out_type: TensorType, name: str) -> te.Tensor:
-    r = te.reduce_axis(x.shape[0], "r")
-    one, zero = te.const(1, "int64"), te.const(0, "int64")
-    return te.compute(x.shape, lambda j: te.sum_of(te.if_then_else(
-        te.logical_and(r < j, _nonzero(x, r)), one, zero), r), name=name, dtype="int64")
+def _legalize_nonzero_index(x: te.Tensor, out_type: TensorType, name: str) -> te.Tensor:
+    """A stand-in body: the tag hands the function to the one-pass kernel
+    (``codegen/compact.py``)."""
+    from ..ir.patterns import tag_reduction
+    k = te.reduce_axis(1, "k")
+    tag_reduction(k, "nonzero_index", (x,))
+    return te.compute(out_type.shape, lambda i: te.sum_of(te.cast(x[(k,)], "int64"), k),
+                      name=name, dtype="int64")
 
 
-@register_op("nonzero_prefix", REDUCTION, _infer_prefix, _legalize_prefix)
-def nonzero_prefix(x: np.ndarray) -> np.ndarray:
-    nz = (x != 0).astype(np.int64)
-    return (np.cumsum(nz) - nz).astype(np.int64)
+@register_op("nonzero_index", OPAQUE, _infer_nonzero_index, _legalize_nonzero_index)
+def nonzero_index(x: np.ndarray) -> np.ndarray:
+    """[1 + n] int64: the count of nonzero elements, then their flat indices in order (the
+    rest zero). One pass in the kernel: NonZero and Compress are linear in the input."""
+    at = np.flatnonzero(x)
+    out = np.zeros(1 + x.shape[0], np.int64)
+    out[0] = len(at)
+    out[1:1 + len(at)] = at
+    return out
 
 
-# ---- nonzero_gather: the coordinates of the nonzeros, [rank, count] ----------------------------
+# ---- nonzero_coords: the coordinates of the nonzeros, [rank, count] ----------------------------
 
-def _infer_nonzero_gather(x: TensorType, prefix: TensorType, after: TensorType,
-                          shape: Sequence[Dim] = (), count: Dim = 0) -> TensorType:
-    if len(x.shape) != 1 or prefix.shape != x.shape:
-        raise ValueError(f"nonzero_gather: flat input and prefix expected, not {x.shape}, "
-                         f"{prefix.shape}")
+def _infer_nonzero_coords(table: TensorType, after: TensorType, shape: Sequence[Dim] = (),
+                          count: Dim = 0) -> TensorType:
+    if len(table.shape) != 1:
+        raise ValueError(f"nonzero_coords: a flat index table expected, not {table.shape}")
     return TensorType((max(len(shape), 1), count), "int64")
 
 
-def _legalize_nonzero_gather(x: te.Tensor, prefix: te.Tensor, after: te.Tensor,
-                             out_type: TensorType, name: str, shape: Sequence[Dim] = (),
-                             count: Dim = 0) -> te.Tensor:
-    """Output (a, p): coordinate a of the nonzero whose prefix count is p (its index, at rank
-    0); a sum over the flat input that one element meets."""
+def _legalize_nonzero_coords(table: te.Tensor, after: te.Tensor, out_type: TensorType,
+                             name: str, shape: Sequence[Dim] = (), count: Dim = 0
+                             ) -> te.Tensor:
+    """Output (a, p): coordinate a of the p-th nonzero's flat index (its index, at rank 0)."""
     shape = tuple(shape) or (1,)
-    r = te.reduce_axis(x.shape[0], "r")
     strides = [product(shape[d + 1:]) for d in range(len(shape))]
 
     def body(a, p):
+        flat = table[(p + 1,)]
         coord = te.const(0, "int64")
-        for d in range(len(shape)):   # coordinate a of flat index r, picked by a select chain
-            c = te.cast(r, "int64")
+        for d in range(len(shape)):   # coordinate a of the flat index, picked by a select chain
+            c = flat
             if not (isinstance(strides[d], int) and strides[d] == 1):
                 c = c // size_expr(strides[d])
             if d > 0:
                 c = c % size_expr(shape[d])
             coord = te.if_then_else(te.eq(a, d), c, coord)
-        hit = te.logical_and(_nonzero(x, r), te.eq(prefix[(r,)], te.cast(p, "int64")))
-        return te.sum_of(te.if_then_else(hit, coord, te.const(0, "int64")), r)
+        return coord
 
     return te.compute(out_type.shape, body, name=name, dtype="int64")
 
 
-@register_op("nonzero_gather", INJECTIVE, _infer_nonzero_gather, _legalize_nonzero_gather)
-def nonzero_gather(x: np.ndarray, prefix: np.ndarray, after: np.ndarray,
-                   shape: Sequence[Dim] = (), count: Dim = 0) -> np.ndarray:
+@register_op("nonzero_coords", INJECTIVE, _infer_nonzero_coords, _legalize_nonzero_coords)
+def nonzero_coords(table: np.ndarray, after: np.ndarray, shape: Sequence[Dim] = (),
+                   count: Dim = 0) -> np.ndarray:
     shape = tuple(int(d) for d in shape) or (1,)
-    return np.array(np.nonzero(x.reshape(shape)), dtype=np.int64).reshape(len(shape), -1)
+    flat = table[1:1 + int(after.reshape(-1)[0])]
+    return np.array(np.unravel_index(flat, shape), dtype=np.int64).reshape(len(shape), -1)
 
 
 # ---- topk with a run-time k ---------------------------------------------------------------------
@@ -389,13 +398,13 @@ def _infer_head_count(x: TensorType) -> TensorType:
 
 
 def _legalize_head_count(x: te.Tensor, out_type: TensorType, name: str) -> te.Tensor:
-    return te.compute((1,), lambda i: x[(0, 0)], name=name, dtype="int64")
+    return te.compute((1,), lambda i: x[(0,) * len(x.shape)], name=name, dtype="int64")
 
 
 @register_op("head_count", INJECTIVE, _infer_head_count, _legalize_head_count)
 def head_count(x: np.ndarray) -> np.ndarray:
-    """Element [0, 0] of a [1 + rows, ...] table whose row 0 holds its count."""
-    return x[0, :1].astype(np.int64)
+    """The first element of a [1 + rows, ...] table whose row 0 holds its count."""
+    return x.reshape(-1)[:1].astype(np.int64)
 
 
 def _infer_counted_rows(x: TensorType, after: TensorType, count: Dim = 0) -> TensorType:
@@ -412,6 +421,73 @@ def _legalize_counted_rows(x: te.Tensor, after: te.Tensor, out_type: TensorType,
 def counted_rows(x: np.ndarray, after: np.ndarray, count: Dim = 0) -> np.ndarray:
     """Rows 1 .. count of a table whose row 0 holds its count."""
     return x[1:1 + int(after.reshape(-1)[0])]
+
+
+# ---- a slice along an axis whose extent a kernel counted ----------------------------------------
+
+def _span(n, start: int, end: int, step: int, part: str, lo, hi, where):
+    """ONNX Slice's first index or length along an axis of ``n`` (ints, or tensor expressions
+    with ``lo``/``hi`` as max/min and ``where`` as a select)."""
+    def norm(v: int, low, high):
+        at = n + v if v < 0 else v + 0 * n
+        return hi(lo(at, low), high)
+
+    if step > 0:
+        first, last = norm(start, 0, n), norm(end, 0, n)
+        length = lo((last - first + (step - 1)) // step, 0)
+    else:
+        first, last = norm(start, 0, n - 1), norm(end, -1, n - 1)
+        length = lo((first - last + (-step - 1)) // -step, 0)
+    return where(n > 0, first if part == "first" else length, 0 * n)
+
+
+def _infer_slice_span(x: TensorType, axis: int = 0, start: int = 0, end: int = 0, step: int = 1,
+                      part: str = "length") -> TensorType:
+    if part not in ("first", "length") or step == 0:
+        raise ValueError(f"slice_span: part {part!r}, step {step}")
+    return TensorType((1,), "int64")
+
+
+def _legalize_slice_span(x: te.Tensor, out_type: TensorType, name: str, axis: int = 0,
+                         start: int = 0, end: int = 0, step: int = 1,
+                         part: str = "length") -> te.Tensor:
+    """Reads ``x``'s extent along ``axis`` (a size variable) and nothing of its data."""
+    def body(i):
+        n = te.cast(te.as_expr(size_expr(x.shape[axis]), "int64"), "int64")
+        c = lambda v: te.const(v, "int64")   # noqa: E731
+        return _span(n, start, end, step, part, lambda a, b: te.maximum(a, c(b)) if isinstance(
+            b, int) else te.maximum(a, b), lambda a, b: te.minimum(a, b if not isinstance(
+                b, int) else c(b)), lambda k, a, b: te.if_then_else(k, a, b))
+    return te.compute((1,), body, name=name, dtype="int64")
+
+
+@register_op("slice_span", INJECTIVE, _infer_slice_span, _legalize_slice_span)
+def slice_span(x: np.ndarray, axis: int = 0, start: int = 0, end: int = 0, step: int = 1,
+               part: str = "length") -> np.ndarray:
+    """The first index (``part`` "first") or the length of ``x[start:end:step]`` along
+    ``axis``, as ONNX Slice clamps them: a slice along an axis whose extent a kernel counted
+    (NMS's selected rows) binds its length as a new counted size."""
+    v = _span(int(x.shape[axis]), int(start), int(end), int(step), part, max, min,
+              lambda k, a, b: a if k else b)
+    return np.array([v], np.int64)
+
+
+def _infer_counted_range(first: TensorType, after: TensorType, count: Dim = 0,
+                         step: int = 1) -> TensorType:
+    return TensorType((count,), "int64")
+
+
+def _legalize_counted_range(first: te.Tensor, after: te.Tensor, out_type: TensorType,
+                            name: str, count: Dim = 0, step: int = 1) -> te.Tensor:
+    return te.compute(out_type.shape, lambda p: first[(0,)] + te.cast(p, "int64") * step,
+                      name=name, dtype="int64")
+
+
+@register_op("counted_range", INJECTIVE, _infer_counted_range, _legalize_counted_range)
+def counted_range(first: np.ndarray, after: np.ndarray, count: Dim = 0,
+                  step: int = 1) -> np.ndarray:
+    """first, first + step, ... (``after`` of them: a size bound at run time)."""
+    return int(first[0]) + np.arange(int(after.reshape(-1)[0]), dtype=np.int64) * int(step)
 
 
 # ---- branch_select: an If whose branches give different shapes ----------------------------------

@@ -191,28 +191,171 @@ def combined_feeds(seed: int, zeros: bool = False, n: int = 5) -> dict[str, np.n
     return feeds
 
 
-def exported(tmp_path_factory) -> tuple:
-    """(onnx file, bundle) of ``combined``, exported as ``mlcpack export`` does with its
-    defaults (``packager.api.export``, which the command line calls, in process: portable,
-    golden check on, at ``combined_feeds(1)``: TopK's k is an input the random check inputs
-    could put beyond its axis). Once per test run: xdist workers share the folder above
-    their own temporary folders, and the first to take the lock exports for the others (this
-    module and tests/runtime/test_c_runtime.py run in different workers)."""
+def exported(tmp_path_factory, name: str = "counted") -> tuple:
+    """(onnx file, bundle) of ``combined`` (or with ``name`` "open_detector", of
+    ``open_detector``), exported as ``mlcpack export`` does with its defaults
+    (``packager.api.export``, which the command line calls, in process: portable, golden check
+    on, at ``combined_feeds(1)``: TopK's k is an input the random check inputs could put beyond
+    its axis). Once per test run: xdist workers share the folder above their own temporary
+    folders, and the first to take the lock exports for the others (this module and
+    tests/runtime/test_c_runtime.py run in different workers)."""
     import fcntl
     import os
 
     root = tmp_path_factory.getbasetemp()
     if os.environ.get("PYTEST_XDIST_WORKER"):
         root = root.parent
-    folder = root / "counted-sizes"
+    folder = root / f"{name}-sizes"
     folder.mkdir(exist_ok=True)
-    src, bundle = folder / "counted.onnx", folder / "counted.mlc"
+    src, bundle = folder / f"{name}.onnx", folder / f"{name}.mlc"
     with open(folder / "lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not bundle.exists():
             from mlcpack.packager.api import Options, export
 
-            onnx.save(combined(), src)
-            result = export(src, bundle, Options(check_inputs=combined_feeds(1)))
+            model, feeds = (combined(), combined_feeds(1)) if name == "counted" else \
+                (open_detector(), open_detector_feeds(1, 16, 12, 0))
+            onnx.save(model, src)
+            result = export(src, bundle, Options(check_inputs=feeds))
             assert result.check and "golden check passed" in result.check, result.check
     return src, bundle
+
+def open_detector(max_boxes: int = 60, iou: float = 0.4, score: float = 0.75, top: int = 10
+                  ) -> onnx.ModelProto:
+    """x [B, 3, H, W], every dim open (as torch.onnx exports a detector with dynamic axes):
+    a 2x2 stride-2 conv head gives per cell a centre, a size and CLASSES sigmoid scores ->
+    boxes [B, N, 4] (center_point_box 1) and scores [B, CLASSES, N], N = (H // 2) (W // 2) a
+    run-time size -> NonMaxSuppression, then the post-processing detector exports put after
+    it: the box, class and batch columns by Gather, the kept boxes by Gather on the flattened
+    [B N, 4] boxes at batch * N + box, their scores by GatherND, class ids Cast to float,
+    columns by Slice and Squeeze, one [count, 6] table by Concat, and Slices along the counted
+    axis (its first ``top`` rows, all but two, the scores reversed)."""
+    rng = np.random.default_rng(38)
+    f, i64 = TensorProto.FLOAT, TensorProto.INT64
+    inits = [
+        numpy_helper.from_array(rng.normal(0, 0.6, (4 + CLASSES, 3, 2, 2)).astype(np.float32),
+                                "w"),
+        numpy_helper.from_array(np.array([0, 4 + CLASSES, -1], np.int64), "flat"),
+        numpy_helper.from_array(np.array([0], np.int64), "at0"),
+        numpy_helper.from_array(np.array([4], np.int64), "at4"),
+        numpy_helper.from_array(np.array([4 + CLASSES], np.int64), "at_end"),
+        numpy_helper.from_array(np.array([1], np.int64), "at1"),
+        numpy_helper.from_array(np.array([2], np.int64), "at2"),
+        numpy_helper.from_array(np.array([3], np.int64), "at3"),
+        numpy_helper.from_array(np.array([top], np.int64), "at_top"),
+        numpy_helper.from_array(np.array([2 ** 62], np.int64), "at_big"),
+        numpy_helper.from_array(np.array([-1], np.int64), "at_last"),
+        numpy_helper.from_array(np.array([-2 ** 63], np.int64), "at_small"),
+        numpy_helper.from_array(np.array([-1], np.int64), "at_back"),
+        numpy_helper.from_array(np.array([1], np.int64), "axis1"),
+        numpy_helper.from_array(np.array([-1, 4], np.int64), "rows4"),
+        numpy_helper.from_array(np.array([max_boxes], np.int64), "max_boxes"),
+        numpy_helper.from_array(np.array([iou], np.float32), "iou"),
+        numpy_helper.from_array(np.array([score], np.float32), "score"),
+        numpy_helper.from_array(np.array(0, np.int64), "col0"),
+        numpy_helper.from_array(np.array(1, np.int64), "col1"),
+        numpy_helper.from_array(np.array(2, np.int64), "col2"),
+        numpy_helper.from_array(np.array([4.0, 4.0, 2.0, 2.0], np.float32), "scale"),
+    ]
+    nodes = [
+        helper.make_node("Conv", ["x", "w"], ["head"], strides=[2, 2]),
+        helper.make_node("Reshape", ["head", "flat"], ["cells"]),            # [B, 4 + C, N]
+        helper.make_node("Slice", ["cells", "at4", "at_end", "axis1"], ["raw_scores"]),
+        helper.make_node("Sigmoid", ["raw_scores"], ["scores"]),
+        helper.make_node("Slice", ["cells", "at0", "at4", "axis1"], ["raw_box0"]),
+        helper.make_node("Transpose", ["raw_box0"], ["raw_box"], perm=[0, 2, 1]),  # [B, N, 4]
+        helper.make_node("Mul", ["raw_box", "scale"], ["boxes"]),
+        helper.make_node("NonMaxSuppression", ["boxes", "scores", "max_boxes", "iou", "score"],
+                         ["selected"], center_point_box=1),
+        helper.make_node("Gather", ["selected", "col0"], ["batch_idx"], axis=1),
+        helper.make_node("Gather", ["selected", "col1"], ["class_idx"], axis=1),
+        helper.make_node("Gather", ["selected", "col2"], ["box_idx"], axis=1),
+        helper.make_node("Shape", ["boxes"], ["bshape"]),
+        helper.make_node("Gather", ["bshape", "col1"], ["n_boxes"], axis=0),
+        helper.make_node("Mul", ["batch_idx", "n_boxes"], ["row0"]),
+        helper.make_node("Add", ["row0", "box_idx"], ["row"]),
+        helper.make_node("Reshape", ["boxes", "rows4"], ["all_boxes"]),
+        helper.make_node("Gather", ["all_boxes", "row"], ["kept_boxes"], axis=0),
+        helper.make_node("GatherND", ["scores", "selected"], ["kept_scores"]),
+        helper.make_node("Cast", ["class_idx"], ["kept_classes"], to=f),
+        helper.make_node("Slice", ["selected", "at1", "at3", "axis1"], ["class_box"]),
+        helper.make_node("Slice", ["class_box", "at1", "at2", "axis1"], ["box_col"]),
+        helper.make_node("Squeeze", ["box_col", "axis1"], ["box_idx2"]),
+        helper.make_node("Unsqueeze", ["kept_scores", "axis1"], ["score_col"]),
+        helper.make_node("Unsqueeze", ["kept_classes", "axis1"], ["class_col"]),
+        helper.make_node("Concat", ["kept_boxes", "score_col", "class_col"], ["detections"],
+                         axis=1),
+        helper.make_node("Slice", ["detections", "at0", "at_top", "at0"], ["top_detections"]),
+        helper.make_node("Slice", ["detections", "at2", "at_big", "at0"], ["rest_detections"]),
+        helper.make_node("Slice", ["kept_scores", "at_last", "at_small", "at0", "at_back"],
+                         ["reversed_scores"]),
+    ]
+    pf_nodes, pf_inits, pf_outputs = _prefiltered_nms()
+    g = helper.make_graph(
+        nodes + pf_nodes, "open_detector", [
+            helper.make_tensor_value_info("x", f, ["B", 3, "H", "W"]),
+            helper.make_tensor_value_info("pf_boxes", f, [1, "M", 4]),
+            helper.make_tensor_value_info("pf_logits", f, [1, 3, "M"])],
+        pf_outputs + [helper.make_tensor_value_info("selected", i64, None),
+         helper.make_tensor_value_info("kept_boxes", f, None),
+         helper.make_tensor_value_info("kept_scores", f, None),
+         helper.make_tensor_value_info("kept_classes", f, None),
+         helper.make_tensor_value_info("class_box", i64, None),
+         helper.make_tensor_value_info("box_idx2", i64, None),
+         helper.make_tensor_value_info("detections", f, None),
+         helper.make_tensor_value_info("top_detections", f, None),
+         helper.make_tensor_value_info("rest_detections", f, None),
+         helper.make_tensor_value_info("reversed_scores", f, None)], inits + pf_inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def _prefiltered_nms() -> tuple[list, list, list]:
+    """Nodes, initializers and outputs (names ``pf_``) of the other common form: boxes [1, M,
+    4] and class logits [1, 3, M] (M open) kept where the best class's sigmoid passes a
+    threshold (NonZero, Gather: a counted box count), NMS over those, the kept boxes and
+    scores, then the best ``min(count, 8)`` by TopK with k from Shape and Min, and each score
+    over the best (ReduceMax along the counted axis)."""
+    f, i64 = TensorProto.FLOAT, TensorProto.INT64
+    inits = [numpy_helper.from_array(np.array(v, dt), "pf_" + n) for n, v, dt in (
+        ("ax0", [0], np.int64), ("ax1", [1], np.int64), ("col2", 2, np.int64), ("thr", [0.6], np.float32),
+        ("maxb", [30], np.int64), ("iou", [0.5], np.float32), ("maxdet", [8], np.int64))]
+    p = "pf_"
+    nodes = [helper.make_node(op, [p + i for i in ins], [p + o for o in outs], **attrs)
+             for op, ins, outs, attrs in (
+        ("Sigmoid", ["logits"], ["scores"], {}),                         # [1, 3, M]
+        ("ReduceMax", ["scores"], ["conf"], {"axes": [1], "keepdims": 0}),   # [1, M]
+        ("Greater", ["conf", "thr"], ["mask"], {}),
+        ("NonZero", ["mask"], ["nz"], {}),                               # [2, k]
+        ("Gather", ["nz", "ax1"], ["idx2"], {"axis": 0}),
+        ("Squeeze", ["idx2", "ax0"], ["idx"], {}),                       # [k] (row 1 of nz)
+        ("Gather", ["boxes", "idx"], ["boxes_k"], {"axis": 1}),          # [1, k, 4]
+        ("Gather", ["scores", "idx"], ["scores_k"], {"axis": 2}),        # [1, 3, k]
+        ("NonMaxSuppression", ["boxes_k", "scores_k", "maxb", "iou"], ["selected"], {}),
+        ("Gather", ["selected", "col2"], ["box_i"], {"axis": 1}),
+        ("Gather", ["boxes_k", "box_i"], ["kept_boxes"], {"axis": 1}),   # [1, s, 4]
+        ("GatherND", ["scores_k", "selected"], ["kept_scores"], {}),      # [s]
+        ("Shape", ["kept_scores"], ["count"], {}),
+        ("Min", ["count", "maxdet"], ["k"], {}),
+        ("TopK", ["kept_scores", "k"], ["top_scores", "top_i"], {}),
+        ("Gather", ["kept_boxes", "top_i"], ["top_boxes"], {"axis": 1}),
+        ("ReduceMax", ["kept_scores"], ["best"], {"axes": [0], "keepdims": 1}),
+        ("Div", ["kept_scores", "best"], ["relative"], {}))]
+    outputs = [helper.make_tensor_value_info(p + n, t, None) for n, t in (
+        ("nz", i64), ("selected", i64), ("kept_boxes", f), ("top_scores", f), ("top_i", i64),
+        ("top_boxes", f), ("relative", f))]
+    return nodes, inits, outputs
+
+
+def open_detector_feeds(batch: int, h: int, w: int, seed: int, scale: float = 1.5
+                        ) -> dict[str, np.ndarray]:
+    """Inputs for ``open_detector``: x [batch, 3, h, w], and M = h w // 4 - 2 candidate boxes
+    (at least 1) with their logits, in steps of 0.5 (many equal scores: NMS orders ties by
+    lower index)."""
+    rng = np.random.default_rng(seed)
+    m = max(1, h * w // 4 - 2)
+    corner = rng.uniform(0, 10, (1, m, 2)).astype(np.float32)
+    size = rng.uniform(0.5, 3, (1, m, 2)).astype(np.float32)
+    return {"x": (rng.normal(size=(batch, 3, h, w)) * scale).astype(np.float32),
+            "pf_boxes": np.concatenate([corner, corner + size], -1),
+            "pf_logits": np.round(rng.normal(size=(1, 3, m)) * scale * 2).astype(np.float32)
+            / 2}

@@ -114,6 +114,46 @@ def test_topk_k_beyond_its_axis_is_refused_in_one_line(counted) -> None:
         assert model.run(feeds)["c_top_values"].shape == (3, 2)   # and runs on afterwards
 
 
+@pytest.fixture(scope="module")
+def open_detector(tmp_path_factory) -> tuple[Path, Path]:
+    return dm.exported(tmp_path_factory, "open_detector")
+
+
+# (batch, height, width, input scale): counts from 0 (scores all near 0.5) to 120
+OPEN_SIZES = ((1, 16, 12, 1.5), (3, 16, 12, 1.5), (1, 24, 32, 1.5), (3, 10, 20, 0.3),
+              (1, 8, 8, 0.01), (1, 4, 2, 1.5))
+
+
+def test_detector_with_open_batch_and_image_size_matches_onnx_runtime(open_detector) -> None:
+    """x [B, 3, H, W] with every dim open, exported by the default command: NMS over N = (H //
+    2)(W // 2) boxes of B images, its selected count bounded by B * 2 * 60 (classes times
+    max_output_boxes_per_class); then Gather of the columns, Gather of the kept boxes at batch
+    * N + box, Cast, Slice of columns and Squeeze, Concat into a [count, 6] table and Slices
+    along the counted axis (first 10 rows, all but two, reversed): the same triples as ONNX
+    Runtime at three image sizes, batch 1 and 3, boxes within 1e-5. Beside it (``pf_``), NMS
+    over the boxes a threshold kept (NonZero, Gather: a counted box count), then TopK with k =
+    min(count, 8) from Shape and Min, and a ReduceMax along the counted axis."""
+    src, bundle = open_detector
+    counts, prefiltered = set(), set()
+    with load(bundle) as model:
+        for b, h, w, scale in OPEN_SIZES:
+            feeds = dm.open_detector_feeds(b, h, w, 100 * b + h, scale)
+            want = _compare(src, model, feeds, "", rtol=1e-5, atol=1e-5)
+            np.testing.assert_array_equal(model.run(feeds)["selected"], want["selected"])
+            counts.add(len(want["selected"]))
+            prefiltered.add(len(want["pf_selected"]))
+            assert len(want["top_detections"]) == min(10, len(want["selected"]))
+    assert min(counts) == 0 and 0 < sorted(counts)[1] < 10 and max(counts) > 100, counts
+    assert min(prefiltered) == 0 and len(prefiltered) >= 4, prefiltered
+    with BundleReader(bundle) as reader:
+        dynamic = dict((d[0], d[1]) for d in reader.header["symbolic"]["dynamic"])
+    # planned at 120 B rows (2 classes x 60), the first-10 slice at 10 rows; the prefiltered
+    # NMS at 3 x 30 rows, its TopK at its count
+    assert dynamic == {"selected1": ["*", 120, "B"], "sliced1": 10,
+                       "sliced2": ["*", 120, "B"], "sliced3": ["*", 120, "B"],
+                       "nonzero1": "M", "selected2": 90, "k1": 90}, dynamic
+
+
 # 20-40 s (torch's import and export, a compile): the detector above covers the same path
 @pytest.mark.skipif(not SLOW, reason="MLCPACK_SLOW=1 only (the ONNX detector test covers NMS "
                     "inside a model in the default run)")
@@ -124,7 +164,8 @@ def test_topk_k_beyond_its_axis_is_refused_in_one_line(counted) -> None:
 def test_torch_detector_with_nms_inside(tmp_path) -> None:
     """A tiny seeded torch detector whose forward ends with NMS (a torch.autograd.Function that
     exports as ONNX NonMaxSuppression, as torchvision's ``ops.nms`` does) and index_select of
-    the kept boxes, through torch.onnx: the same boxes as ONNX Runtime and as torch itself.
+    the kept boxes, through torch.onnx with the batch a dynamic axis: the same boxes as ONNX
+    Runtime and as torch itself, at batch 1 and 3.
     (torchvision itself: its PyPI 0.28 wheel, the one for torch 2.13, is a CUDA build whose ops
     do not load beside torch's CPU build here.)"""
     torch = pytest.importorskip("torch", reason="torch is not installed (the 'torch' extra)")
@@ -168,14 +209,15 @@ def test_torch_detector_with_nms_inside(tmp_path) -> None:
     buf = io.BytesIO()
     with torch.no_grad():
         torch.onnx.export(net, (x,), buf, input_names=["x"], output_names=["selected", "boxes"],
-                          opset_version=17, dynamo=False)
+                          opset_version=17, dynamo=False, dynamic_axes={"x": {0: "B"}})
     src = tmp_path / "det.onnx"
     src.write_bytes(buf.getvalue())
     mod, _ = import_onnx(onnx.load(src))
     export_module(mod, tmp_path / "det.mlc", ExportOptions(target="host"))
     with load(tmp_path / "det.mlc") as model:
         for seed in range(3):
-            x = torch.randn(1, 3, 8, 8, generator=torch.Generator().manual_seed(seed)) * 2
+            batch = 1 + 2 * (seed % 2)   # the batch is open: 1 and 3 from one bundle
+            x = torch.randn(batch, 3, 8, 8, generator=torch.Generator().manual_seed(seed)) * 2
             feeds = {"x": x.numpy()}
             want, got = ort_outputs(src, feeds), model.run(feeds)
             np.testing.assert_array_equal(got["selected"], want["selected"])

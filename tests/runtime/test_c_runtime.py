@@ -598,6 +598,20 @@ def test_counted_sizes_bit_identical(build, asan, counted_bundle, tmp_path) -> N
     assert proc.returncode == 7 and "is 5, outside [0, 4]" in one_line_error(proc)
 
 
+def test_open_detector_bit_identical(build, asan, tmp_path_factory, tmp_path) -> None:
+    """NMS over a run-time batch and box count, and the Slices along its counted rows
+    (tests/export/dynamic_models.py ``open_detector``): bit-identical to the Python runtime at
+    batch 1 and 3, counts 0 and up, 1 and 2 threads, and under the sanitizers."""
+    from dynamic_models import exported, open_detector_feeds
+
+    bundle = exported(tmp_path_factory, "open_detector")[1]
+    for k, (b, h, w, scale) in enumerate(((3, 16, 12, 1.5), (1, 24, 32, 1.5), (1, 8, 8, 0.01),
+                                          (1, 4, 2, 1.5))):
+        feeds = open_detector_feeds(b, h, w, 100 * b + h, scale)
+        assert_bit_identical(build, bundle, feeds, tmp_path / f"c{k}")
+        assert_bit_identical(asan, bundle, feeds, tmp_path / f"a{k}", threads=(1,), env=ASAN)
+
+
 # ---- Ed25519 signatures (vendored Monocypher) --------------------------------------------------
 
 def test_signatures(asan, tmp_path) -> None:
