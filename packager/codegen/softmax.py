@@ -282,8 +282,151 @@ def emit_softmax(module: ir.Module, func: PrimFunc, symbol: str, vl: int,
                  options: SplitThresholds = DEFAULTS) -> KernelInfo | None:
     match = match_softmax(func)
     if match is None:
-        return None
+        q = match_qsoftmax(func)
+        return None if q is None else QSoftmaxEmitter(module, func, symbol, q, vl, options).emit()
     return SoftmaxEmitter(module, func, symbol, *match, vl, options).emit()
+
+
+# ---- 8-bit softmax (ops/qelementwise.py ``qsoftmax``) --------------------------------------------
+
+def match_qsoftmax(func: PrimFunc) -> str | None:
+    """The output dtype when ``func`` is exactly one ``qsoftmax`` of static shape (an opaque
+    op: its inputs are the op's arguments in order)."""
+    if len(func.outputs) != 1 or len(func.inputs) != 4:
+        return None
+    out = func.outputs[0]
+    if any(not isinstance(d, int) for d in out.shape):
+        return None
+    stack, seen = [out], set()
+    while stack:
+        t = stack.pop()
+        if t.uid in seen or t.body is None:
+            continue
+        seen.add(t.uid)
+        for node in te.walk(t.body):
+            if isinstance(node, te.Reduce):
+                tag = reduction_tag(node)
+                if tag is not None and tag.kind == "qsoftmax":
+                    if [o.uid for o in tag.operands] != [i.uid for i in func.inputs]:
+                        return None
+                    return str(tag.attrs["dtype"])
+            if isinstance(node, te.Read):
+                stack.append(node.tensor)
+    return None
+
+
+class QSoftmaxEmitter(SoftmaxEmitter):
+    """``qsoftmax``: the float kernel's three passes over 8-bit rows. The maximum pass reads
+    the bytes (converted to float32, exact); the sum pass writes e = exp((x - max) * x_scale)
+    to the workspace (a float row per row) while summing it; the last pass reads e back and
+    writes saturate(round_half_even(e * ((1 / sum) / y_scale)) + y_zp) as bytes (one multiply
+    per element; the float composition's e / sum / y_scale differs from it only where a
+    rounding boundary falls between them: within one quantization step). A quarter of
+    the float kernel's input and output traffic, and no dequantize / quantize pass over memory
+    of their own."""
+
+    def __init__(self, module: ir.Module, func: PrimFunc, symbol: str, dtype: str, vl: int,
+                 options: SplitThresholds = DEFAULTS) -> None:
+        super().__init__(module, func, symbol, func.outputs[0], False, vl, options)
+        self.dtype = dtype
+        self.bty = ir.VectorType(ir.IntType(8), vl)
+
+    def emit(self) -> KernelInfo:
+        x_t, xs_t, ys_t, yz_t = self.func.inputs
+        body_fn, ptr_types = self._begin_body([x_t, xs_t, ys_t, yz_t, self.out], workspace=True)
+        x_ptr, xs_ptr, ys_ptr, yz_ptr, out_ptr, ws, task, ntasks = body_fn.args[:8]
+        b = self.builder
+        ws_ptr = b.bitcast(ws, F32.as_pointer())
+        self.xs = self._splat(b.load(xs_ptr))
+        self.ys = self._splat(b.load(ys_ptr))
+        self.yz = self._splat(b.load(yz_ptr))
+        n = x_t.shape[-1]
+        rows = int(np.prod(x_t.shape[:-1], dtype=np.int64))
+        parallel = rows > 1 and rows * n >= self.options.parallel_min_outputs
+        lo, hi = const_i64(0), const_i64(rows)
+        if parallel:
+            lo = b.sdiv(b.mul(task, hi), ntasks)
+            hi = b.sdiv(b.mul(b.add(task, const_i64(1)), const_i64(rows)), ntasks)
+
+        def ptrs(row):
+            start = b.mul(row, const_i64(n), flags=("nsw",))
+            return tuple(b.gep(p, [start], inbounds=True) for p in (x_ptr, ws_ptr, out_ptr))
+
+        group = self._group(n)
+        groups = b.sdiv(b.sub(hi, lo), const_i64(group))
+        with for_range(b, const_i64(0), groups, "grp") as g:
+            first = b.add(lo, b.mul(g, const_i64(group), flags=("nsw",)), flags=("nsw",))
+            self._rows([ptrs(b.add(first, const_i64(r))) for r in range(group)], n)
+        if group > 1:
+            with for_range(b, b.add(lo, b.mul(groups, const_i64(group))), hi, "row") as row:
+                self._rows([ptrs(row)], n)
+        b.ret_void()
+        self._emit_entry(body_fn, 6, ptr_types)
+        workspace = -(-rows * n * 4 // 64) * 64
+        return KernelInfo(self.symbol, 4, 1, workspace, parallel)
+
+    def _bptr(self, row: ir.Value, offset: int) -> ir.Value:
+        b = self.builder
+        return b.bitcast(b.gep(row, [const_i64(offset)], inbounds=True), self.bty.as_pointer())
+
+    def _qload(self, row: ir.Value, offset: int, count: int, fill: float) -> ir.Value:
+        """row[offset : offset + vl] (bytes) as float32 (the first count lanes; the others
+        ``fill``)."""
+        b = self.builder
+        if count == self.vl:
+            raw = b.load(self._bptr(row, offset), align=1)
+        else:
+            fn = intrinsic(self.module, f"llvm.masked.load.v{self.vl}i8.p0", self.bty,
+                           [self.bty.as_pointer(), I32, self.mty, self.bty])
+            raw = b.call(fn, [self._bptr(row, offset), ir.Constant(I32, 1),
+                              self._tail_mask(count), ir.Constant(self.bty, None)])
+        signed = self.func.inputs[0].dtype == "int8"
+        v = b.sitofp(raw, self.vty) if signed else b.uitofp(raw, self.vty)
+        if count < self.vl:
+            v = b.select(self._tail_mask(count), v, self._splat(fill))
+        return v
+
+    def _store_q(self, e: ir.Value, mult: ir.Value, row: ir.Value, offset: int,
+                 count: int) -> None:
+        """saturate(round_half_even(e * mult) + y_zp) as bytes, mult = (1 / sum) / y_scale."""
+        b = self.builder
+        lo, hi = (-128.0, 127.0) if self.dtype == "int8" else (0.0, 255.0)
+        rint = intrinsic(self.module, f"llvm.rint.v{self.vl}f32", self.vty, [self.vty])
+        q = b.fadd(b.call(rint, [b.fmul(e, mult)]), self.yz)
+        q = b.select(b.fcmp_ordered("<", q, self._splat(lo)), self._splat(lo), q)
+        q = b.select(b.fcmp_ordered(">", q, self._splat(hi)), self._splat(hi), q)
+        v = b.trunc(b.fptosi(q, ir.VectorType(I32, self.vl)), self.bty)
+        if count == self.vl:
+            b.store(v, self._bptr(row, offset), align=1)
+            return
+        fn = intrinsic(self.module, f"llvm.masked.store.v{self.vl}i8.p0", ir.VoidType(),
+                       [self.bty, self.bty.as_pointer(), I32, self.mty])
+        b.call(fn, [v, self._bptr(row, offset), ir.Constant(I32, 1), self._tail_mask(count)])
+
+    def _rows(self, rows: list[tuple[ir.Value, ir.Value, ir.Value]], n: int) -> None:
+        """rows: (bytes in, float workspace row, bytes out) of each row of a group."""
+        b = self.builder
+        ops = _LaneOps(b, self.vl)
+        xw = [(x, w) for x, w, _ in rows]
+        ms = self._pass(xw, n, lambda xp, wp, off, cnt, acc, r:
+                        self._vmax(acc, self._qload(xp, off, cnt, -np.inf)),
+                        [self._splat(-np.inf)] * len(rows), combine=self._vmax)
+        ms = [self._splat(self._horizontal(m, self._vmax)) for m in ms]
+
+        def exp_step(xp, wp, off, cnt, acc, r):
+            e = exp_nonpositive(ops, b.fmul(b.fsub(self._qload(xp, off, cnt, -np.inf), ms[r]),
+                                            self.xs))
+            self._store(e, wp, off, cnt)
+            return b.fadd(acc, e)
+
+        totals = self._pass(xw, n, exp_step, [self._splat(0.0)] * len(rows), combine=b.fadd)
+        ys = b.extract_element(self.ys, ir.Constant(I32, 0))
+        mults = [self._splat(b.fdiv(b.fdiv(ir.Constant(F32, 1.0), self._horizontal(t, b.fadd)),
+                                    ys)) for t in totals]
+
+        def last_step(wp, op, off, cnt, acc, r):
+            self._store_q(self._load(wp, off, cnt, 0.0), mults[r], op, off, cnt)
+        self._pass([(w, o) for _, w, o in rows], n, last_step, [None] * len(rows))
 
 
 # ---- softmax over a static last axis, a run-time number of rows ----------------------------------

@@ -153,3 +153,56 @@ def qgavgpool(x: np.ndarray, x_zp: np.ndarray, mult: np.ndarray, y_zp: np.ndarra
     axes = tuple(range(2, x.ndim))
     acc = (x.astype(np.int64) - int(x_zp)).sum(axis=axes, keepdims=True).astype(np.int32)
     return _requant(acc.astype(np.float32) * np.float32(mult), y_zp, dtype)
+
+
+# ---- softmax of 8-bit values to 8-bit values ----------------------------------------------------
+# ``qsoftmax(x, x_scale, y_scale, y_zp, dtype)``: x int8/uint8 (any shape, the softmax over its
+# last axis), x_scale, y_scale, y_zp float32 ``()``; QDQ's quantize(softmax(dequantize(x)),
+# y_scale, y_zp) with the row maximum taken on the integers (x's zero point cancels):
+#     e = exp(float32(x - max(row)) * x_scale),   y = saturate(round_half_even(e / sum(e) /
+#     y_scale) + y_zp)
+# (passes/fuse_qdq_attention.py; the vector kernel is codegen/softmax.py's QSoftmaxEmitter,
+# which multiplies by (1 / sum) / y_scale: within one quantization step of the float
+# composition).
+
+def _infer_qsoftmax(x: TensorType, x_scale: TensorType, y_scale: TensorType, y_zp: TensorType,
+                    dtype: str = "uint8") -> TensorType:
+    if x.dtype not in _I8 or dtype not in _I8 or not x.shape:
+        raise ValueError(f"qsoftmax takes an int8/uint8 tensor (not {x.dtype} {x.shape}) and "
+                         f"an 8-bit dtype (not {dtype})")
+    return TensorType(x.shape, dtype)
+
+
+def _legalize_qsoftmax(x: te.Tensor, x_scale: te.Tensor, y_scale: te.Tensor, y_zp: te.Tensor,
+                       out_type: TensorType, name: str, dtype: str = "uint8") -> te.Tensor:
+    last = x.ndim - 1
+    r = te.reduce_axis(x.shape[last], "r")
+    row_shape = tuple(x.shape[:last]) + (1,)
+
+    def along(i, index):
+        return tuple(i[:last]) + (index,)
+
+    tag_reduction(r, "qsoftmax", (x, x_scale, y_scale, y_zp), dtype=dtype)
+    row_max = te.compute(row_shape, lambda *i: te.max_of(te.cast(x[along(i, r)], "float32"), r),
+                         name=f"{name}_max")
+    e = te.compute(x.shape, lambda *i: te.exp((te.cast(x[i], "float32") - row_max[along(i, 0)])
+                                              * x_scale[()]), name=f"{name}_exp")
+    total = te.compute(row_shape, lambda *i: te.sum_of(e[along(i, r)], r), name=f"{name}_sum")
+    lo, hi = saturation_range(dtype)
+
+    def body(*i: te.IndexVar) -> te.Expr:
+        q = te.math("round", e[i] / total[along(i, 0)] / y_scale[()]) + y_zp[()]
+        q = te.minimum(te.maximum(q, scalar_of(lo, "float32")), scalar_of(hi, "float32"))
+        return te.cast(q, dtype)
+
+    return te.compute(out_type.shape, body, name=name, dtype=dtype)
+
+
+@register_op("qsoftmax", OPAQUE, _infer_qsoftmax, _legalize_qsoftmax)
+def qsoftmax(x: np.ndarray, x_scale: np.ndarray, y_scale: np.ndarray, y_zp: np.ndarray,
+             dtype: str = "uint8") -> np.ndarray:
+    """See the comment above."""
+    d = (x.astype(np.int32) - x.max(axis=-1, keepdims=True).astype(np.int32)).astype(np.float32)
+    e = np.exp(d * np.float32(x_scale)).astype(np.float32)
+    y = e / e.sum(axis=-1, keepdims=True, dtype=np.float32) / np.float32(y_scale)
+    return _requant(y.astype(np.float32), y_zp, dtype)

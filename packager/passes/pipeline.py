@@ -23,6 +23,8 @@ from .quad_weights import pack_conv_quads
 from .rnn import drop_unread_cell_state
 from .fuse_qdq import fuse_quantized
 from .fuse_qdq_elementwise import fuse_quantized_elementwise
+from .fuse_qdq_attention import fuse_quantized_attention
+from .fuse_qdq_layout import fuse_quantized_layout
 from .quantize_lut import tabulate_quantized_chains
 from .simplify import eliminate_dead_code, fold_constants, fold_dequantize
 
@@ -41,6 +43,8 @@ DEFAULT_PIPELINE: tuple[Pass, ...] = (
     Pass("eliminate_dead_code", eliminate_dead_code),
     Pass("fuse_quantized", fuse_quantized, takes_options=True),
     Pass("tabulate_quantized_chains", tabulate_quantized_chains, takes_options=True),
+    Pass("fuse_quantized_layout", fuse_quantized_layout, takes_options=True),
+    Pass("fuse_quantized_attention", fuse_quantized_attention, takes_options=True),
     Pass("fuse_quantized_elementwise", fuse_quantized_elementwise, takes_options=True),
     Pass("fold_dequantize", fold_dequantize),
     Pass("drop_unread_cell_state", drop_unread_cell_state),

@@ -1,0 +1,90 @@
+"""Layout operations on 8-bit data: what ONNX Runtime's QDQ quantizer writes around every
+Reshape, Transpose, Flatten, Squeeze and Slice (it gives the layout op's output the input's
+scale and zero point),
+
+    quantize(L(dequantize(a, s, z)), s, z, dtype)  ->  L(a)
+
+with ``L`` a reshape, transpose or strided slice, ``a`` an 8-bit tensor of ``dtype``, and the
+quantize's scale and zero point the dequantize's (equal constants). Exact: a layout op moves
+elements without changing them, and quantize(dequantize(v, s, z), s, z) == v for every 8-bit
+v (``(v - z) * s / s`` rounds back to ``v - z``: the product's relative error is 2**-24, far
+below the half step rounding needs). ONNX Runtime drops the same pairs (its QDQ
+"drop Q/DQ around layout ops" transform).
+
+The float intermediate ``L(dequantize(a))`` must be read by the quantize alone; the dequantize
+may have other readers (it stays for them). A chain of such steps (Reshape, Q/DQ, Flatten,
+Q/DQ, ...) becomes a chain of layout ops on the 8-bit tensor: a reshape is a view, a transpose
+or slice moves a quarter of the bytes the float one did, and no quantize or dequantize pass
+over memory is left.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+
+from ..ir.graph import Call, Function, IRModule, TensorType, used_values
+from ..options import CompileOptions
+from .common import map_functions, rewrite_function
+from .fuse_qdq_common import I8, const_of
+from .simplify import eliminate_dead_code
+
+LAYOUT_OPS = ("reshape", "transpose", "strided_slice")
+
+
+def fuse_quantized_layout(mod: IRModule, options: CompileOptions) -> IRModule:
+    """The rewrite of the module doc, with the integer kernels (``options.int8_kernels``)."""
+    if not options.int8_kernels:
+        return mod
+    return eliminate_dead_code(map_functions(mod, _fuse_in_function))
+
+
+def _same_const(a, b) -> bool:
+    x, y = const_of(a), const_of(b)
+    return (x is not None and y is not None and x.size == 1 and y.size == 1
+            and x.dtype == y.dtype and np.array_equal(x.reshape(()), y.reshape(())))
+
+
+def _fuse_in_function(fn: Function) -> Function:
+    defs: dict[int, Call] = {}
+    uses: Counter = Counter()
+    for b in fn.bindings():
+        if isinstance(b.value, Call):
+            defs[id(b.var)] = b.value
+        for a in used_values(b.value):
+            uses[id(a)] += 1
+    for o in fn.outputs:
+        uses[id(o)] += 1
+
+    plans: dict[int, tuple[Call, Call]] = {}     # quantize's var -> (layout call, dequantize)
+    for b in fn.bindings():
+        q = b.value
+        if not (isinstance(q, Call) and q.op == "quantize" and len(q.args) == 3
+                and q.attrs.get("dtype") in I8 and set(q.attrs) <= {"dtype", "axis"}):
+            continue
+        lay = defs.get(id(q.args[0]))
+        if lay is None or lay.op not in LAYOUT_OPS or uses[id(q.args[0])] != 1:
+            continue
+        dq = defs.get(id(lay.args[0]))
+        if dq is None or dq.op != "dequantize" or len(dq.args) != 3 or set(dq.attrs) - {"axis"}:
+            continue
+        a = dq.args[0]
+        if (a.type.dtype != q.attrs["dtype"] or not _same_const(dq.args[1], q.args[1])
+                or not _same_const(dq.args[2], q.args[2])
+                or const_of(q.args[1]).dtype != np.float32):
+            continue
+        plans[id(b.var)] = (lay, dq)
+    if not plans:
+        return fn
+
+    def visit(binding, lookup):
+        plan = plans.get(id(binding.var))
+        if plan is None:
+            return None
+        lay, dq = plan
+        t = TensorType(tuple(lay.type.shape), binding.var.type.dtype)
+        return Call(lay.op, [lookup(dq.args[0])] + [lookup(x) for x in lay.args[1:]],
+                    dict(lay.attrs), t)
+
+    return rewrite_function(fn, visit)
