@@ -24,6 +24,7 @@ from typing import Any
 from ...packager.ir.graph import Value
 from ...packager.ir.sym import is_static
 from ...packager.ops.resize_tables import resize_tables
+from ...packager.ops.resize_taps import antialias_width
 from .registry import NodeContext, converter
 
 _MODES = ("nearest", "linear", "cubic")
@@ -184,9 +185,12 @@ def _resize_symbolic(ctx: NodeContext, x: Value, factors: list[float], out: list
 
 def _taps_axis(ctx: NodeContext, y: Value, a: int, out_size: object, scale: Any, span: Value,
                mode: str, coord: str, nearest_mode: str, cubic_a: float, exclude: bool,
-               extrapolation: float) -> Value:
+               extrapolation: float, antialias_taps: int = 0) -> Value:
     """Axis ``a`` of ``y`` resized to ``out_size`` with tables built at run time: ``scale`` a
-    float, a float64 ``[1]`` tensor, or None (out / in of the run)."""
+    float, a float64 ``[1]`` tensor, or None (out / in of the run). ``antialias_taps``: the
+    antialiased filter's widest tap count (its width follows the run's scale): the kernels
+    give each row's taps before normalisation (float64, zero past the filter's width), a sum
+    normalises them."""
     if scale is None or isinstance(scale, Value):
         tensor = scale if scale is not None else ctx.constant(np.array([1.0]), "scale")
     else:
@@ -197,6 +201,18 @@ def _taps_axis(ctx: NodeContext, y: Value, a: int, out_size: object, scale: Any,
                  from_sizes=scale is None)
     # a size known only at run time: a kernel, even when the tables' own shape is static
     emit = ctx.emit if is_static([y.type.shape[a], out_size]) else ctx.bb.emit_op
+    if antialias_taps:
+        fill = emit("resize_taps", tensor, span, part="fill", **attrs)
+        attrs.update(antialias=True, taps=antialias_taps)
+        idx = emit("resize_taps", tensor, span, part="index", **attrs)
+        raw = emit("resize_taps", tensor, span, part="raw", **attrs)
+        total = ctx.emit("sum", raw, axes=(1,), keepdims=True)
+        total = ctx.emit("where", ctx.emit("equal", total, ctx.scalar(0.0, total)),
+                         ctx.scalar(1.0, total), total)
+        w = ctx.emit("divide", raw, total)
+        if y.type.dtype != "float64":
+            w = ctx.emit("cast", w, dtype=y.type.dtype)
+        return ctx.emit("resize_axis", y, idx, w, fill, axis=a)
     tables = [emit("resize_taps", tensor, span, part=part, **attrs)
               for part in ("index", "weight", "fill")]
     return ctx.emit("resize_axis", y, *tables, axis=a)
@@ -281,11 +297,10 @@ def _fed_at_run_time(ctx: NodeContext, scales_at: int, sizes_at: int | None) -> 
     """Whether sizes (as size expressions) or roi arrive at run time (scales at run time still
     need --bind)."""
     from .symvalue import dims_of
-    if ctx.attrs.get("antialias", 0) or _text(ctx.attrs.get("keep_aspect_ratio_policy",
-                                                           "stretch")) != "stretch" \
+    if _text(ctx.attrs.get("keep_aspect_ratio_policy", "stretch")) != "stretch" \
             or ctx.input(0).type.dtype not in ("float32", "float64"):
-        return False   # these need the sizes at export (an antialias filter's width depends
-        # on the scale; the aspect-ratio policies compute sizes in float): --bind
+        return False   # these need the sizes at export (the aspect-ratio policies compute
+        # sizes in float): --bind
     if _given(ctx, sizes_at) and ctx.const(sizes_at) is None:
         return dims_of(ctx.input(sizes_at)) is not None
     if _given(ctx, scales_at) and ctx.const(scales_at) is None:
@@ -313,6 +328,12 @@ def _resize_run_time(ctx: NodeContext, x: Value, axes: list[int], scales_at: int
     nearest_mode = _text(ctx.attrs["nearest_mode"])
     if nearest_mode not in _NEAREST:
         raise ctx.error(f"nearest_mode={nearest_mode!r} is not one of {', '.join(_NEAREST)}")
+    antialias = bool(ctx.attrs.get("antialias", 0))
+    if antialias and mode == "nearest":
+        raise ctx.error("antialias=1 needs mode linear or cubic")
+    if antialias and not is_static([x.type.shape[a] for a in axes]):
+        raise ctx.error("antialias with input sizes known only at run time is not supported; "
+                        "fix the input sizes with --input-shape")
     scales = None
     if _given(ctx, scales_at):
         if _given(ctx, sizes_at):
@@ -338,7 +359,8 @@ def _resize_run_time(ctx: NodeContext, x: Value, axes: list[int], scales_at: int
             "take", scales, ctx.constant(np.array([k], np.int64), "axis"), axis=0)
         y = _taps_axis(ctx, y, a, sizes[k], scale, span, mode, coord, nearest_mode,
                        float(ctx.attrs["cubic_coeff_a"]), bool(ctx.attrs["exclude_outside"]),
-                       float(ctx.attrs["extrapolation_value"]))
+                       float(ctx.attrs["extrapolation_value"]),
+                       antialias_width(mode, x.type.shape[a]) if antialias else 0)
     return y
 
 
