@@ -297,10 +297,11 @@ def _fed_at_run_time(ctx: NodeContext, scales_at: int, sizes_at: int | None) -> 
     """Whether sizes (as size expressions) or roi arrive at run time (scales at run time still
     need --bind)."""
     from .symvalue import dims_of
-    if _text(ctx.attrs.get("keep_aspect_ratio_policy", "stretch")) != "stretch" \
+    policy = _text(ctx.attrs.get("keep_aspect_ratio_policy", "stretch"))
+    if policy not in ("stretch", "not_larger", "not_smaller") or (
+            policy != "stretch" and not _given(ctx, sizes_at)) \
             or ctx.input(0).type.dtype not in ("float32", "float64"):
-        return False   # these need the sizes at export (the aspect-ratio policies compute
-        # sizes in float): --bind
+        return False   # these need the sizes at export: --bind
     if _given(ctx, sizes_at) and ctx.const(sizes_at) is None:
         return dims_of(ctx.input(sizes_at)) is not None
     if _given(ctx, scales_at) and ctx.const(scales_at) is None:
@@ -349,6 +350,10 @@ def _resize_run_time(ctx: NodeContext, x: Value, axes: list[int], scales_at: int
         sizes = ctx.dims(sizes_at, "sizes")
     if len(sizes) != len(axes):
         raise ctx.error(f"sizes has {len(sizes)} values for {len(axes)} axes")
+    policy = _text(ctx.attrs.get("keep_aspect_ratio_policy", "stretch"))
+    if policy != "stretch":
+        sizes, scale = _policy_sizes(ctx, x, axes, sizes_at, sizes, policy)
+        scales = ctx.emit("concat", *([scale] * len(axes)), axis=0) if len(axes) > 1 else scale
     roi = _run_time_roi(ctx, axes) if coord == "tf_crop_and_resize" else None
     y = x
     for k, a in enumerate(axes):
@@ -362,6 +367,50 @@ def _resize_run_time(ctx: NodeContext, x: Value, axes: list[int], scales_at: int
                        float(ctx.attrs["extrapolation_value"]),
                        antialias_width(mode, x.type.shape[a]) if antialias else 0)
     return y
+
+
+def _policy_sizes(ctx: NodeContext, x: Value, axes: list[int], sizes_at: int, given: list,
+                  policy: str) -> tuple[list, Value]:
+    """keep_aspect_ratio_policy not_larger / not_smaller with sizes fed at run time: the
+    scale ``min`` (``max``) of ``size / dim`` over the axes and each output size
+    ``int(scale * dim + 0.5)``, computed by kernels in float64 as the export-time plan does,
+    each size a variable bound at run time (``bind_size``; at most the size asked for with
+    not_larger, ``sum(sizes) * dim`` with not_smaller). Returns (sizes, scale float64 [1])."""
+    dims = [x.type.shape[a] for a in axes]
+    if not is_static(dims):
+        raise ctx.error(f"keep_aspect_ratio_policy={policy!r} with input sizes known only at "
+                        "run time is not supported; fix the input sizes with --input-shape")
+    from .symvalue import SymValue, materialize
+    asked = ctx.input(sizes_at)
+    asked = materialize(ctx.bb, asked) if isinstance(asked, SymValue) else asked
+    asked = ctx.emit("cast", asked, dtype="float64")
+    ratios = ctx.emit("divide", ctx.reshape(asked, (len(axes),)),
+                      ctx.constant(np.array(dims, np.float64), "resize_dims"))
+    pick = [ctx.emit("take", ratios, ctx.constant(np.array([k], np.int64), "axis"), axis=0)
+            for k in range(len(axes))]
+    scale = pick[0]
+    for other in pick[1:]:
+        scale = ctx.emit("minimum" if policy == "not_larger" else "maximum", scale, other)
+    total = given[0]
+    for g in given[1:]:
+        total = total + g
+    out, bound = [], []
+    for k, n in enumerate(dims):
+        wide = ctx.emit("add", ctx.emit("multiply", scale, ctx.constant(np.array([float(n)]),
+                                                                          "resize_dim")),
+                        ctx.constant(np.array([0.5]), "half"))
+        count = ctx.emit("cast", ctx.emit("floor", wide), dtype="int64")
+        after, d = ctx.bb.bind_size(count, given[k] if policy == "not_larger" else total * n,
+                                    "resized")
+        out.append(d)
+        bound.append(after)
+    # the tables' kernels read the bound sizes: their scale input comes after the bindings
+    # (plus 0 times each count: the same value, in the order the VM needs)
+    for after in bound:
+        scale = ctx.emit("add", scale, ctx.emit("multiply", ctx.emit("cast", after,
+                                                                     dtype="float64"),
+                                                ctx.constant(np.array([0.0]), "zero")))
+    return out, scale
 
 
 def _run_time_roi(ctx: NodeContext, axes: list[int]) -> list[Value]:
