@@ -1,10 +1,12 @@
 """Converters for resampling ONNX operators (Resize, Upsample).
 
-Scales, sizes and roi must be known at export. Resize is separable, so each resized axis
-becomes one operator whose per-output-position tables (source indices and weights) are computed
-here with numpy, following the ONNX specification: ``nearest`` is a ``take`` with constant
-indices (any dtype); ``linear`` and ``cubic`` (with antialias, exclude_outside, cubic_coeff_a
-and tf_crop_and_resize's extrapolation) are ``resize_axis`` with a weight table.
+Scales, sizes and roi known at export build the tables here; fed at run time (any mode,
+antialias, the aspect-ratio policies), ``resize_taps`` kernels build them for each run.
+Resize is separable, so each resized axis becomes one operator whose per-output-position
+tables (source indices and weights) are computed here with numpy, following the ONNX
+specification: ``nearest`` is a ``take`` with constant indices (any dtype); ``linear`` and
+``cubic`` (with antialias, exclude_outside, cubic_coeff_a and tf_crop_and_resize's
+extrapolation) are ``resize_axis`` with a weight table.
 
 Two shapes of the tables get cheaper kernels: nearest tables that repeat every element r times
 (an integer scale, in whichever coordinate mode rounds that way) become one ``broadcast_to``

@@ -2,13 +2,15 @@
 scales or sizes arrive when the model runs (``frontends/onnx/resize.py``).
 
 The tables are those of ``resize_tables.resize_tables`` (the ONNX specification's
-coordinate transforms and nearest/linear/cubic filters, without antialias, whose tap count
-depends on the scale): ``part`` picks the source indices ``[O, T]`` (int64, clamped into the
-input), the weights ``[O, T]`` or the extrapolation fill ``[O]``. Inputs: the scale ``[1]``
-(float64; with ``from_sizes`` the output size over the input size instead) and
-tf_crop_and_resize's ``(start, end)`` ``[2]`` (float64); the input and output sizes are
-attributes, either of them a size expression read at run time. Everything is
+coordinate transforms and nearest/linear/cubic filters): ``part`` picks the source indices
+``[O, T]`` (int64, clamped into the input), the weights ``[O, T]`` or the extrapolation fill
+``[O]``. Inputs: the scale ``[1]`` (float64; with ``from_sizes`` the output size over the input
+size instead) and tf_crop_and_resize's ``(start, end)`` ``[2]`` (float64); the input and output
+sizes are attributes, either of them a size expression read at run time. Everything is
 computed in float64, as the export-time tables are; ``resize_axis`` then applies them.
+With ``antialias`` the filter's width follows the scale: ``taps`` (``antialias_width``) is the
+widest it can be, ``part`` is ``index`` or ``raw`` (the weights before normalisation, float64,
+0 past the filter's width), and the frontend normalises each row by its sum.
 """
 
 from __future__ import annotations
