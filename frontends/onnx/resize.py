@@ -1,10 +1,12 @@
 """Converters for resampling ONNX operators (Resize, Upsample).
 
-Scales, sizes and roi must be known at export. Resize is separable, so each resized axis
-becomes one operator whose per-output-position tables (source indices and weights) are computed
-here with numpy, following the ONNX specification: ``nearest`` is a ``take`` with constant
-indices (any dtype); ``linear`` and ``cubic`` (with antialias, exclude_outside, cubic_coeff_a
-and tf_crop_and_resize's extrapolation) are ``resize_axis`` with a weight table.
+Scales, sizes and roi known at export build the tables here; fed at run time (any mode,
+antialias, the aspect-ratio policies), ``resize_taps`` kernels build them for each run.
+Resize is separable, so each resized axis becomes one operator whose per-output-position
+tables (source indices and weights) are computed here with numpy, following the ONNX
+specification: ``nearest`` is a ``take`` with constant indices (any dtype); ``linear`` and
+``cubic`` (with antialias, exclude_outside, cubic_coeff_a and tf_crop_and_resize's
+extrapolation) are ``resize_axis`` with a weight table.
 
 Two shapes of the tables get cheaper kernels: nearest tables that repeat every element r times
 (an integer scale, in whichever coordinate mode rounds that way) become one ``broadcast_to``
@@ -24,6 +26,7 @@ from typing import Any
 from ...packager.ir.graph import Value
 from ...packager.ir.sym import is_static
 from ...packager.ops.resize_tables import resize_tables
+from ...packager.ops.resize_taps import antialias_width
 from .registry import NodeContext, converter
 
 _MODES = ("nearest", "linear", "cubic")
@@ -184,9 +187,12 @@ def _resize_symbolic(ctx: NodeContext, x: Value, factors: list[float], out: list
 
 def _taps_axis(ctx: NodeContext, y: Value, a: int, out_size: object, scale: Any, span: Value,
                mode: str, coord: str, nearest_mode: str, cubic_a: float, exclude: bool,
-               extrapolation: float) -> Value:
+               extrapolation: float, antialias_taps: int = 0) -> Value:
     """Axis ``a`` of ``y`` resized to ``out_size`` with tables built at run time: ``scale`` a
-    float, a float64 ``[1]`` tensor, or None (out / in of the run)."""
+    float, a float64 ``[1]`` tensor, or None (out / in of the run). ``antialias_taps``: the
+    antialiased filter's widest tap count (its width follows the run's scale): the kernels
+    give each row's taps before normalisation (float64, zero past the filter's width), a sum
+    normalises them."""
     if scale is None or isinstance(scale, Value):
         tensor = scale if scale is not None else ctx.constant(np.array([1.0]), "scale")
     else:
@@ -197,6 +203,18 @@ def _taps_axis(ctx: NodeContext, y: Value, a: int, out_size: object, scale: Any,
                  from_sizes=scale is None)
     # a size known only at run time: a kernel, even when the tables' own shape is static
     emit = ctx.emit if is_static([y.type.shape[a], out_size]) else ctx.bb.emit_op
+    if antialias_taps:
+        fill = emit("resize_taps", tensor, span, part="fill", **attrs)
+        attrs.update(antialias=True, taps=antialias_taps)
+        idx = emit("resize_taps", tensor, span, part="index", **attrs)
+        raw = emit("resize_taps", tensor, span, part="raw", **attrs)
+        total = ctx.emit("sum", raw, axes=(1,), keepdims=True)
+        total = ctx.emit("where", ctx.emit("equal", total, ctx.scalar(0.0, total)),
+                         ctx.scalar(1.0, total), total)
+        w = ctx.emit("divide", raw, total)
+        if y.type.dtype != "float64":
+            w = ctx.emit("cast", w, dtype=y.type.dtype)
+        return ctx.emit("resize_axis", y, idx, w, fill, axis=a)
     tables = [emit("resize_taps", tensor, span, part=part, **attrs)
               for part in ("index", "weight", "fill")]
     return ctx.emit("resize_axis", y, *tables, axis=a)
@@ -281,11 +299,11 @@ def _fed_at_run_time(ctx: NodeContext, scales_at: int, sizes_at: int | None) -> 
     """Whether sizes (as size expressions) or roi arrive at run time (scales at run time still
     need --bind)."""
     from .symvalue import dims_of
-    if ctx.attrs.get("antialias", 0) or _text(ctx.attrs.get("keep_aspect_ratio_policy",
-                                                           "stretch")) != "stretch" \
+    policy = _text(ctx.attrs.get("keep_aspect_ratio_policy", "stretch"))
+    if policy not in ("stretch", "not_larger", "not_smaller") or (
+            policy != "stretch" and not _given(ctx, sizes_at)) \
             or ctx.input(0).type.dtype not in ("float32", "float64"):
-        return False   # these need the sizes at export (an antialias filter's width depends
-        # on the scale; the aspect-ratio policies compute sizes in float): --bind
+        return False   # these need the sizes at export: --bind
     if _given(ctx, sizes_at) and ctx.const(sizes_at) is None:
         return dims_of(ctx.input(sizes_at)) is not None
     if _given(ctx, scales_at) and ctx.const(scales_at) is None:
@@ -313,6 +331,12 @@ def _resize_run_time(ctx: NodeContext, x: Value, axes: list[int], scales_at: int
     nearest_mode = _text(ctx.attrs["nearest_mode"])
     if nearest_mode not in _NEAREST:
         raise ctx.error(f"nearest_mode={nearest_mode!r} is not one of {', '.join(_NEAREST)}")
+    antialias = bool(ctx.attrs.get("antialias", 0))
+    if antialias and mode == "nearest":
+        raise ctx.error("antialias=1 needs mode linear or cubic")
+    if antialias and not is_static([x.type.shape[a] for a in axes]):
+        raise ctx.error("antialias with input sizes known only at run time is not supported; "
+                        "fix the input sizes with --input-shape")
     scales = None
     if _given(ctx, scales_at):
         if _given(ctx, sizes_at):
@@ -328,6 +352,10 @@ def _resize_run_time(ctx: NodeContext, x: Value, axes: list[int], scales_at: int
         sizes = ctx.dims(sizes_at, "sizes")
     if len(sizes) != len(axes):
         raise ctx.error(f"sizes has {len(sizes)} values for {len(axes)} axes")
+    policy = _text(ctx.attrs.get("keep_aspect_ratio_policy", "stretch"))
+    if policy != "stretch":
+        sizes, scale = _policy_sizes(ctx, x, axes, sizes_at, sizes, policy)
+        scales = ctx.emit("concat", *([scale] * len(axes)), axis=0) if len(axes) > 1 else scale
     roi = _run_time_roi(ctx, axes) if coord == "tf_crop_and_resize" else None
     y = x
     for k, a in enumerate(axes):
@@ -338,8 +366,53 @@ def _resize_run_time(ctx: NodeContext, x: Value, axes: list[int], scales_at: int
             "take", scales, ctx.constant(np.array([k], np.int64), "axis"), axis=0)
         y = _taps_axis(ctx, y, a, sizes[k], scale, span, mode, coord, nearest_mode,
                        float(ctx.attrs["cubic_coeff_a"]), bool(ctx.attrs["exclude_outside"]),
-                       float(ctx.attrs["extrapolation_value"]))
+                       float(ctx.attrs["extrapolation_value"]),
+                       antialias_width(mode, x.type.shape[a]) if antialias else 0)
     return y
+
+
+def _policy_sizes(ctx: NodeContext, x: Value, axes: list[int], sizes_at: int, given: list,
+                  policy: str) -> tuple[list, Value]:
+    """keep_aspect_ratio_policy not_larger / not_smaller with sizes fed at run time: the
+    scale ``min`` (``max``) of ``size / dim`` over the axes and each output size
+    ``int(scale * dim + 0.5)``, computed by kernels in float64 as the export-time plan does,
+    each size a variable bound at run time (``bind_size``; at most the size asked for with
+    not_larger, ``sum(sizes) * dim`` with not_smaller). Returns (sizes, scale float64 [1])."""
+    dims = [x.type.shape[a] for a in axes]
+    if not is_static(dims):
+        raise ctx.error(f"keep_aspect_ratio_policy={policy!r} with input sizes known only at "
+                        "run time is not supported; fix the input sizes with --input-shape")
+    from .symvalue import SymValue, materialize
+    asked = ctx.input(sizes_at)
+    asked = materialize(ctx.bb, asked) if isinstance(asked, SymValue) else asked
+    asked = ctx.emit("cast", asked, dtype="float64")
+    ratios = ctx.emit("divide", ctx.reshape(asked, (len(axes),)),
+                      ctx.constant(np.array(dims, np.float64), "resize_dims"))
+    pick = [ctx.emit("take", ratios, ctx.constant(np.array([k], np.int64), "axis"), axis=0)
+            for k in range(len(axes))]
+    scale = pick[0]
+    for other in pick[1:]:
+        scale = ctx.emit("minimum" if policy == "not_larger" else "maximum", scale, other)
+    total = given[0]
+    for g in given[1:]:
+        total = total + g
+    out, bound = [], []
+    for k, n in enumerate(dims):
+        wide = ctx.emit("add", ctx.emit("multiply", scale, ctx.constant(np.array([float(n)]),
+                                                                          "resize_dim")),
+                        ctx.constant(np.array([0.5]), "half"))
+        count = ctx.emit("cast", ctx.emit("floor", wide), dtype="int64")
+        after, d = ctx.bb.bind_size(count, given[k] if policy == "not_larger" else total * n,
+                                    "resized")
+        out.append(d)
+        bound.append(after)
+    # the tables' kernels read the bound sizes: their scale input comes after the bindings
+    # (plus 0 times each count: the same value, in the order the VM needs)
+    for after in bound:
+        scale = ctx.emit("add", scale, ctx.emit("multiply", ctx.emit("cast", after,
+                                                                     dtype="float64"),
+                                                ctx.constant(np.array([0.0]), "zero")))
+    return out, scale
 
 
 def _run_time_roi(ctx: NodeContext, axes: list[int]) -> list[Value]:

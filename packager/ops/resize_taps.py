@@ -2,13 +2,15 @@
 scales or sizes arrive when the model runs (``frontends/onnx/resize.py``).
 
 The tables are those of ``resize_tables.resize_tables`` (the ONNX specification's
-coordinate transforms and nearest/linear/cubic filters, without antialias, whose tap count
-depends on the scale): ``part`` picks the source indices ``[O, T]`` (int64, clamped into the
-input), the weights ``[O, T]`` or the extrapolation fill ``[O]``. Inputs: the scale ``[1]``
-(float64; with ``from_sizes`` the output size over the input size instead) and
-tf_crop_and_resize's ``(start, end)`` ``[2]`` (float64); the input and output sizes are
-attributes, either of them a size expression read at run time. Everything is
+coordinate transforms and nearest/linear/cubic filters): ``part`` picks the source indices
+``[O, T]`` (int64, clamped into the input), the weights ``[O, T]`` or the extrapolation fill
+``[O]``. Inputs: the scale ``[1]`` (float64; with ``from_sizes`` the output size over the input
+size instead) and tf_crop_and_resize's ``(start, end)`` ``[2]`` (float64); the input and output
+sizes are attributes, either of them a size expression read at run time. Everything is
 computed in float64, as the export-time tables are; ``resize_axis`` then applies them.
+With ``antialias`` the filter's width follows the scale: ``taps`` (``antialias_width``) is the
+widest it can be, ``part`` is ``index`` or ``raw`` (the weights before normalisation, float64,
+0 past the filter's width), and the frontend normalises each row by its sum.
 """
 
 from __future__ import annotations
@@ -28,13 +30,19 @@ def _infer(scale: TensorType, roi: TensorType, in_size: Dim = 1, out_size: Dim =
            mode: str = "linear", coord: str = "half_pixel", part: str = "index",
            dtype: str = "float32", nearest_mode: str = "round_prefer_floor",
            cubic_a: float = -0.75, exclude_outside: bool = False,
-           extrapolation: float = 0.0, from_sizes: bool = False) -> TensorType:
+           extrapolation: float = 0.0, from_sizes: bool = False, antialias: bool = False,
+           taps: int = 0) -> TensorType:
     if scale.dtype != "float64" or roi.dtype != "float64" or scale.shape != (1,) \
             or roi.shape != (2,):
         raise ValueError(f"resize_taps: scale [1] and roi [2] of float64 expected, not "
                          f"{scale} and {roi}")
     if part == "fill":
         return TensorType((out_size,), dtype)
+    if antialias:
+        if mode == "nearest" or taps < 2 or part not in ("index", "raw"):
+            raise ValueError("resize_taps: antialias needs mode linear or cubic, taps >= 2 and "
+                             "part index or raw")
+        return TensorType((out_size, taps), "int64" if part == "index" else "float64")
     return TensorType((out_size, TAPS[mode]), "int64" if part == "index" else dtype)
 
 
@@ -43,7 +51,7 @@ def _legalize(scale: te.Tensor, roi: te.Tensor, out_type: TensorType, name: str,
               coord: str = "half_pixel", part: str = "index", dtype: str = "float32",
               nearest_mode: str = "round_prefer_floor", cubic_a: float = -0.75,
               exclude_outside: bool = False, extrapolation: float = 0.0,
-              from_sizes: bool = False) -> te.Tensor:
+              from_sizes: bool = False, antialias: bool = False, taps: int = 0) -> te.Tensor:
     f64 = "float64"
 
     def c(v: float) -> te.Expr:
@@ -126,6 +134,12 @@ def _legalize(scale: te.Tensor, roi: te.Tensor, out_type: TensorType, name: str,
             out = te.if_then_else(te.eq(t, k), values[k], out)
         return out
 
+    if antialias:
+        width = out_type.shape[1]
+        return te.compute(out_type.shape, lambda o, t: _antialias_tap(
+            source(o), o, t, s, n_in, width, mode, part, cubic_a, exclude_outside),
+            name=name, dtype=out_type.dtype)
+
     if part == "fill":
         def fill(o):
             _, outside = source(o)
@@ -142,13 +156,95 @@ def _legalize(scale: te.Tensor, roi: te.Tensor, out_type: TensorType, name: str,
     return te.compute(out_type.shape, body, name=name, dtype=out_type.dtype)
 
 
+def _antialias_tap(at: tuple[te.Expr, te.Expr], o: te.Expr, t: te.Expr, s: te.Expr,
+                   n_in: te.Expr, taps: int, mode: str, part: str, cubic_a: float,
+                   exclude_outside: bool) -> te.Expr:
+    """Tap ``t`` of output position ``o`` of an antialiased filter: its source index (clamped)
+    or its weight before normalisation (float64). The filter of scale ``min(s, 1)`` spans
+    ``n = 2 * ceil(1 / scale)`` taps (linear; ``2 * ceil(2 / scale)`` cubic), at most ``taps``
+    (the scale is held at ``2 / taps``, ``4 / taps`` cubic, or above: the smallest scale that
+    still gives an output element); taps past ``n`` weigh 0."""
+    f64 = "float64"
+
+    def c(v: float) -> te.Expr:
+        return te.const(float(v), f64)
+
+    x, outside = at
+    reach = 1 if mode == "linear" else 2
+    scale = te.maximum(te.minimum(s, c(1)), c(2 * reach / taps))
+    start = te.math("floor", c(-reach) / scale) + c(1)
+    n = te.minimum(c(2) - c(2) * start, c(taps))
+    fl = te.math("floor", x)
+    whole = te.eq(x, fl)
+    tf = te.cast(t, f64)
+    near = fl - n / c(2) + tf + te.if_then_else(whole, c(0), c(1))
+    if part == "index":
+        return te.cast(te.minimum(te.maximum(near, c(0)), n_in - c(1)), "int64")
+    ratio = te.if_then_else(whole, c(1), x - fl)
+    arg = (start + tf - ratio) * scale
+    if mode == "linear":
+        w = te.minimum(te.maximum(c(1) - te.math("abs", arg), c(0)), c(1))
+    else:
+        a = cubic_a
+        v = te.math("abs", arg)
+        inner = (c(a + 2) * v * v * v - c(a + 3) * v * v) + c(1)
+        outer = ((c(a) * v * v * v - c(5 * a) * v * v) + c(8 * a) * v) - c(4 * a)
+        w = te.if_then_else(v <= c(1), inner, te.if_then_else(v < c(2), outer, c(0)))
+    off = te.logical_or(outside, tf >= n)
+    if exclude_outside:
+        off = te.logical_or(off, te.logical_or(near < c(0), near > n_in - c(1)))
+    return te.if_then_else(off, c(0), w)
+
+
+def antialias_taps(in_size: int, out_size: int, scale: float, mode: str, coord: str,
+                   roi: tuple[float, float], taps: int, cubic_a: float = -0.75,
+                   exclude_outside: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """The kernel's antialias tables in numpy: (source indices [O, taps], weights before
+    normalisation [O, taps], float64); normalised per row they are ``resize_tables``'s."""
+    from .resize_tables import _source_coords
+    x, outside = _source_coords(coord, out_size, in_size, scale, roi)
+    reach = 1 if mode == "linear" else 2
+    s = max(min(scale, 1.0), 2 * reach / taps)
+    start = np.floor(-reach / s) + 1
+    n = min(2 - 2 * start, float(taps))
+    fl = np.floor(x)
+    whole = x == fl
+    t = np.arange(taps, dtype=np.float64)[None, :]
+    near = fl[:, None] - n / 2 + t + np.where(whole, 0.0, 1.0)[:, None]
+    idx = np.clip(near, 0, in_size - 1).astype(np.int64)
+    ratio = np.where(whole, 1.0, x - fl)[:, None]
+    arg = (start + t - ratio) * s
+    if mode == "linear":
+        w = np.clip(1 - np.abs(arg), 0, 1)
+    else:
+        a, v = cubic_a, np.abs(arg)
+        inner = ((a + 2) * v * v * v - (a + 3) * v * v) + 1
+        outer = ((a * v * v * v - 5 * a * v * v) + 8 * a * v) - 4 * a
+        w = np.where(v <= 1, inner, np.where(v < 2, outer, 0.0))
+    off = outside[:, None] | (t >= n)
+    if exclude_outside:
+        off = off | (near < 0) | (near > in_size - 1)
+    return idx, np.where(off, 0.0, w)
+
+
+def antialias_width(mode: str, in_size: int) -> int:
+    """Taps an antialiased filter needs at most on an axis of ``in_size`` (the scale at least
+    ``1 / in_size``, below which the output is empty)."""
+    return (2 if mode == "linear" else 4) * in_size
+
+
 @register_op("resize_taps", INJECTIVE, _infer, _legalize)
 def resize_taps(scale: np.ndarray, roi: np.ndarray, in_size: Dim = 1, out_size: Dim = 1,
                 mode: str = "linear", coord: str = "half_pixel", part: str = "index",
                 dtype: str = "float32", nearest_mode: str = "round_prefer_floor",
                 cubic_a: float = -0.75, exclude_outside: bool = False,
-                extrapolation: float = 0.0, from_sizes: bool = False) -> np.ndarray:
+                extrapolation: float = 0.0, from_sizes: bool = False, antialias: bool = False,
+                taps: int = 0) -> np.ndarray:
     factor = int(out_size) / int(in_size) if from_sizes else float(scale[0])
+    if antialias:
+        idx, raw = antialias_taps(int(in_size), int(out_size), factor, mode, coord,
+                                  (float(roi[0]), float(roi[1])), taps, cubic_a, exclude_outside)
+        return idx if part == "index" else raw
     idx, w, fill = resize_tables(int(in_size), int(out_size), factor, mode, coord,
                                  (float(roi[0]), float(roi[1])), nearest_mode, cubic_a,
                                  exclude_outside, False, extrapolation)

@@ -6,7 +6,8 @@ run. One export, several sizes and scales, against ONNX Runtime; the C runtime b
 a bad scale is a one-line input error in both; a 1.6 reader refuses the scales bundle.
 Constant scales and sizes on input sizes known at run time only build their tables the same
 way (a non-integer scale's output size is ``(dim * p) // q`` with ``p / q`` the float's
-value)."""
+value). Antialias (its filter width following the run's scale) and keep_aspect_ratio_policy
+(output sizes bound by kernels at run time) with sizes or scales fed at run time too."""
 
 from __future__ import annotations
 
@@ -119,8 +120,40 @@ def symbolic_feeds(h, w, hb, wb) -> dict:
 
 SYMBOLIC_CASES = [symbolic_feeds(4, 5, 7, 3), symbolic_feeds(7, 10, 2, 11),
                   symbolic_feeds(1, 3, 1, 1)]
+def policy_model() -> onnx.ModelProto:
+    """Antialiased downsampling (linear to sizes, cubic by scales over axes 2, 3, their filter
+    width following the run's scale) and keep_aspect_ratio_policy not_larger / not_smaller
+    with sizes fed at run time (the output sizes bound by kernels at run time)."""
+    nodes = [
+        helper.make_node("Resize", ["x", "", "", "sizes"], ["linear"], mode="linear",
+                         antialias=1),
+        helper.make_node("Resize", ["x", "", "hw_scales"], ["cubic"], mode="cubic", axes=[2, 3],
+                         antialias=1, exclude_outside=1),
+        helper.make_node("Resize", ["x", "", "", "hw"], ["larger"], mode="nearest", axes=[2, 3],
+                         keep_aspect_ratio_policy="not_larger"),
+        helper.make_node("Resize", ["x", "", "", "hw"], ["smaller"], mode="linear", axes=[2, 3],
+                         keep_aspect_ratio_policy="not_smaller")]
+    g = helper.make_graph(nodes, "resize_policy", [
+        helper.make_tensor_value_info("x", T.FLOAT, [1, 2, 4, 5]),
+        helper.make_tensor_value_info("sizes", T.INT64, [4]),
+        helper.make_tensor_value_info("hw_scales", T.FLOAT, [2]),
+        helper.make_tensor_value_info("hw", T.INT64, [2])],
+        [helper.make_tensor_value_info(n, T.FLOAT, None)
+         for n in ("linear", "cubic", "larger", "smaller")])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 19)])
+
+
+def policy_feeds(sizes, hw_scales, hw) -> dict:
+    x = np.random.default_rng(2).standard_normal((1, 2, 4, 5)).astype(F)
+    return {"x": x, "sizes": np.array(sizes, np.int64), "hw_scales": np.array(hw_scales, F),
+            "hw": np.array(hw, np.int64)}
+
+
+POLICY_CASES = [policy_feeds([1, 2, 3, 2], [0.5, 0.6], [7, 3]),
+                policy_feeds([1, 2, 1, 4], [0.3, 1.5], [2, 9]),
+                policy_feeds([1, 2, 4, 5], [1.0, 0.2], [4, 5])]
 MODELS = {"sizes": (sizes_model, CASES), "scales": (scales_model, SCALE_CASES),
-          "symbolic": (symbolic_model, SYMBOLIC_CASES)}
+          "symbolic": (symbolic_model, SYMBOLIC_CASES), "policy": (policy_model, POLICY_CASES)}
 
 
 @pytest.fixture(scope="module")
