@@ -341,7 +341,9 @@ def conv_geometry(x_shape, w_shape, out_shape, attrs: dict, target_vl: int,
     # PACK_MIN_CHANNELS in and out (the copy costs about COPY_COST_MACS / og of the work), and
     # weights past L2, a strided or aliasing input (copied anyway), or an input within L2.
     # Not: a large input read in place with the weights in L2 (ResNet-50's 56x56 layers, whose
-    # block rows prefetch the next panel, INPUT_PREFETCH: level within noise, 83-89 %).
+    # block rows prefetch the next panel, INPUT_PREFETCH: level within noise, 83-89 %; three
+    # A/B runs of ResNet-50, sum of the 11 layers' mins packed / in place 1.011, 1.001, 1.010,
+    # docs/performance.md).
     packed = (groups == 1 and (kh, kw) == (1, 1) and not any(attrs["padding"]) and wq == ow
               and min(cg, og) >= PACK_MIN_CHANNELS and panels > 0
               and (weight_bytes > L2_REUSE_BYTES or not direct or 4 * c * h * wd <= L2_REUSE_BYTES)

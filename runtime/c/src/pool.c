@@ -15,7 +15,12 @@
 
 #include "internal.h"
 
-#define SPIN_ITERATIONS 20000
+/* Idle spin-loop hints before a worker parks (~50 us on Zen 4), as runtime/vm.py's. 20000 (~0.5
+ * ms) spun while the caller was descheduled on a shared host (sched_autogroup: a session's threads
+ * share one CPU share, so the spin came out of the caller's): mlcrun bench --threads 2, load ~15
+ * on 2 vCPUs, AVX2 host, p50 / CPU per run, 20000 -> 2000: ResNet-18 170 -> 116 ms / 54 -> 42 ms,
+ * ResNet-50 390 -> 327 ms / 133 -> 110 ms (bench/c_pool_spin.py). */
+#define SPIN_ITERATIONS 2000
 #define JOIN_SPINS 4000
 #define LATE (1ull << 63)
 #define LINE 8
