@@ -1,4 +1,4 @@
-"""From primitive functions to one relocatable object: emit LLVM IR, optimize at -O3, and write
+"""From primitive functions to one relocatable object: emit LLVM IR, optimize at -O2, and write
 position-independent, small-code-model ELF for the target: ``compile_in_process``. The
 compiler calls it in worker processes (``codegen/parallel.py``: ``compile_prim_funcs``,
 ``compile_for_targets``), since an LLVM assertion aborts the process it fires in."""
@@ -55,18 +55,23 @@ class KernelCompileError(CodegenError):
 
 @dataclass(frozen=True)
 class Pipeline:
-    """How LLVM optimizes a module: the default -O3 with both vectorizers, or a conservative
+    """How LLVM optimizes a module: the default -O2 with both vectorizers, or a conservative
     one for a kernel whose compile made LLVM abort (``codegen/parallel.py``)."""
-    name: str                 # in warnings: "-O3 without the loop vectorizer"
+    name: str                 # in warnings: "-O2 without the loop vectorizer"
     speed_level: int
     loop_vectorize: bool
     slp_vectorize: bool
 
 
-DEFAULT_PIPELINE = Pipeline("-O3", 3, True, True)
+# -O2, not -O3: the kernels' hot loops are vectorized and register-blocked by their emitters,
+# and what -O3 adds (non-trivial loop unswitching, higher unroll thresholds, aggressive
+# instcombine) made no kernel faster on the corpus (bench/bundle_ab.py --kernels: kernel time
+# summed 0.994-0.995 of -O3's on YOLOv8n and PP-OCR det) while it cost 8-13 % of a cold
+# export's CPU time, up to 17x on a generic loop nest (a concat: 0.39 -> 0.023 s).
+DEFAULT_PIPELINE = Pipeline("-O2", 2, True, True)
 # Tried in order for a kernel LLVM aborts on: the loop vectorizer is where LLVM's assertions
 # have fired (a cost-model disagreement); -O2 without vectorizers is the last resort.
-CONSERVATIVE_PIPELINES = (Pipeline("-O3 without the loop vectorizer", 3, False, True),
+CONSERVATIVE_PIPELINES = (Pipeline("-O2 without the loop vectorizer", 2, False, True),
                           Pipeline("-O2 without vectorizers", 2, False, False))
 
 @dataclass(frozen=True)
