@@ -2,16 +2,16 @@
 change (a pipeline, an optimization level) slow the code down?
 
     .venv/bin/python bench/bundle_ab.py A.mlc B.mlc [A2.mlc B2.mlc ...] [--budget 6]
-        [--threads 1] [--level x86-64-v2]
+        [--threads 1] [--level x86-64-v2] [--kernels 8]
 
-Each pair is loaded once (same random inputs, seeded by the input specs), warmed up, then timed
+Each pair is loaded once (same random inputs, seeded), warmed up, then timed
 in alternating blocks (A, B, A, B, ...; a block is about 0.2 s of runs) until ``--budget``
 seconds per pair have passed. Printed per pair: median and min milliseconds per run of each,
 and B / A for the medians and the mins. ``--kernels N`` then profiles both (``model.profile``,
 alternating rounds of 10 runs) and prints the N kernels whose min time changed most (B / A; the
-two bundles must come from one model, so their programs match instruction by instruction). ``--level`` pins the code variant the runtime picks
-(``MLCPACK_CPU_FEATURES`` with that level's flags, set before loading), to time a portable
-bundle's lower variant on this host.
+two bundles must come from one model, so their programs match instruction by instruction).
+``--level`` pins the code variant the runtime picks (``MLCPACK_CPU_FEATURES`` with that level's
+flags, set before loading), to time a portable bundle's lower variant on this host.
 """
 
 from __future__ import annotations
