@@ -340,7 +340,7 @@ def export(
             cpu = {"start-up": startup_cpu, **report.stage_cpu}   # import's is in "other"
             typer.echo(timings_table(stages, report.compiles,
                                      time.perf_counter() - started + (startup or 0.0), cpu,
-                                     cpu_seconds()))
+                                     cpu_seconds(), report.compile_phases))
         for line in report.compile_warnings + report.check_warnings:
             typer.echo(f"warning: {line}", err=True)
 

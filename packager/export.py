@@ -110,6 +110,9 @@ class ExportReport:
     stage_cpu: dict[str, float] = field(default_factory=dict)   # CPU seconds, same stages
     # every compile: (target name, seconds, from the compile cache), per plan and target
     compiles: list[tuple[str, float, bool]] = field(default_factory=list)
+    # every compile's (phase, CPU seconds) pairs (``CompiledCode.phases``), as ``compiles``
+    compile_phases: list[tuple[str, tuple[tuple[str, float], ...]]] = field(
+        default_factory=list)
     targets: list[Target] = field(default_factory=list)  # one code variant each
     plans: list[dict] = field(default_factory=list)  # per batch size (dynamic batch bundles)
     check: str | None = None                  # what the golden check did, one line
@@ -499,6 +502,7 @@ def _export(mods: dict[int | None, IRModule], path: str | os.PathLike,
         check_warnings=list(golden.warnings) if golden is not None else [],
         stages=clock.seconds, stage_cpu=clock.cpu,
         compiles=[c for r in reports for c in r["compiles"]],
+        compile_phases=[c for r in reports for c in r["phases"]],
         compile_warnings=list(dict.fromkeys(w for r in reports for w in r["warnings"])),
         precision=opts.precision, precision_note=precision_note)
 
@@ -642,7 +646,8 @@ def _compile_plan(batch: int | None, mod: IRModule, n_plans: int,
               "code_bytes": sum(len(v.object_code) for v in variants),
               "bound_bytes": bound.arena_bytes if bound is not None else None,
               "plan_note": plan_note, "warnings": fallback_warnings(optimized, variants),
-              "compiles": [(v.target.name, v.seconds, v.from_cache) for v in variants]}
+              "compiles": [(v.target.name, v.seconds, v.from_cache) for v in variants],
+              "phases": [(v.target.name, v.phases) for v in variants]}
     return plan, report, optimized, [v.target for v in variants]
 
 

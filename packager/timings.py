@@ -56,10 +56,14 @@ def cpu_seconds() -> float:
 
 def timings_table(stages: Mapping[str, float], compiles: Sequence[tuple[str, float, bool]],
                   total: float, cpu: Mapping[str, float] | None = None,
-                  total_cpu: float | None = None) -> str:
+                  total_cpu: float | None = None,
+                  phases: Sequence[tuple[str, Sequence[tuple[str, float]]]] = ()) -> str:
     """The table: one row per stage in the order it ran (seconds, CPU seconds from ``cpu``
     where given, and share of ``total``), a row per target under codegen (``compiles``: target
-    name, seconds, from the compile cache), the rest of ``total`` as "other" and the total."""
+    name, seconds, from the compile cache) with its compile workers' CPU seconds per phase
+    where any was spent (``phases``: target name and (phase, seconds) pairs, as
+    ``CompiledCode.phases``; summed over plans), the rest of ``total`` as "other" and the
+    total."""
     cpu = cpu or {}
     rows: list[tuple[str, str, str, str]] = []
 
@@ -70,9 +74,17 @@ def timings_table(stages: Mapping[str, float], compiles: Sequence[tuple[str, flo
         rows.append((name, f"{seconds:.2f}",
                      f"{cpu[name]:.2f}" if name in cpu else "", share(seconds)))
         if name == "codegen":
+            spent_cpu: dict[str, dict[str, float]] = {}
+            for target, pairs in phases:
+                summed = spent_cpu.setdefault(target, {})
+                for phase, seconds in pairs:
+                    summed[phase] = summed.get(phase, 0.0) + seconds
             for target, spent, cached in _per_target(compiles):
                 rows.append((f"  {target}", f"{spent:.2f}", "", "cache hit" if cached else
                              "compiled" if cached is False else "some from cache"))
+                if sum(spent_cpu.get(target, {}).values()) > 0:
+                    rows += [(f"    {phase}", "", f"{seconds:.2f}", "")
+                             for phase, seconds in spent_cpu[target].items()]
     other = total - sum(stages.values())
     if other >= 0.005:
         other_cpu = total_cpu - sum(cpu.values()) if total_cpu is not None and cpu else None

@@ -1,4 +1,4 @@
-"""From primitive functions to one relocatable object: emit LLVM IR, optimize at -O3, and write
+"""From primitive functions to one relocatable object: emit LLVM IR, optimize at -O2, and write
 position-independent, small-code-model ELF for the target: ``compile_in_process``. The
 compiler calls it in worker processes (``codegen/parallel.py``: ``compile_prim_funcs``,
 ``compile_for_targets``), since an LLVM assertion aborts the process it fires in."""
@@ -55,18 +55,23 @@ class KernelCompileError(CodegenError):
 
 @dataclass(frozen=True)
 class Pipeline:
-    """How LLVM optimizes a module: the default -O3 with both vectorizers, or a conservative
+    """How LLVM optimizes a module: the default -O2 with both vectorizers, or a conservative
     one for a kernel whose compile made LLVM abort (``codegen/parallel.py``)."""
-    name: str                 # in warnings: "-O3 without the loop vectorizer"
+    name: str                 # in warnings: "-O2 without the loop vectorizer"
     speed_level: int
     loop_vectorize: bool
     slp_vectorize: bool
 
 
-DEFAULT_PIPELINE = Pipeline("-O3", 3, True, True)
+# -O2, not -O3: the kernels' hot loops are vectorized and register-blocked by their emitters,
+# and what -O3 adds (non-trivial loop unswitching, higher unroll thresholds, aggressive
+# instcombine) made no kernel faster on the corpus (bench/bundle_ab.py --kernels: kernel time
+# summed 0.994-0.995 of -O3's on YOLOv8n and PP-OCR det) while it cost 8-13 % of a cold
+# export's CPU time, up to 17x on a generic loop nest (a concat: 0.39 -> 0.023 s).
+DEFAULT_PIPELINE = Pipeline("-O2", 2, True, True)
 # Tried in order for a kernel LLVM aborts on: the loop vectorizer is where LLVM's assertions
 # have fired (a cost-model disagreement); -O2 without vectorizers is the last resort.
-CONSERVATIVE_PIPELINES = (Pipeline("-O3 without the loop vectorizer", 3, False, True),
+CONSERVATIVE_PIPELINES = (Pipeline("-O2 without the loop vectorizer", 2, False, True),
                           Pipeline("-O2 without vectorizers", 2, False, False))
 
 @dataclass(frozen=True)
@@ -90,6 +95,19 @@ class CompiledCode:
     from_cache: bool = field(default=False, compare=False)
     # kernels LLVM aborted on, compiled with a conservative pipeline (codegen/parallel.py)
     fallbacks: tuple[Fallback, ...] = ()
+    # for `export --timings`: (phase, CPU seconds) per PHASES entry, summed over the workers
+    # that compiled it; none for a cache hit
+    phases: tuple[tuple[str, float], ...] = field(default=(), compare=False)
+
+
+# Where a compile's CPU time goes: Python emitting the LLVM IR text; LLVM parsing, verifying
+# and optimizing it (and linking the kernel groups); LLVM's code generator (the object, and the
+# optimized IR's text the compile cache keeps).
+PHASES = ("emit IR", "optimize", "object code")
+
+
+def _add(*phases: Sequence[float]) -> tuple[float, ...]:
+    return tuple(sum(p[i] for p in phases) for i in range(len(PHASES)))
 
 
 @functools.cache
@@ -170,6 +188,7 @@ def compile_in_process(funcs: Sequence[PrimFunc], target: Target, size_vars: tup
     a hit emits no IR) or, where they hold a value that key cannot encode, by its IR; an entry
     remembers the fallbacks, so a hit reports them again."""
     start = time.perf_counter()
+    cpu0 = time.process_time()
     conservative = {fb.kernel: fb.pipeline for fb in fallbacks}
     directory = Path(options.cache_dir) if use_cache and options.cache_dir else None
     if directory is not None and key is None:
@@ -186,6 +205,7 @@ def compile_in_process(funcs: Sequence[PrimFunc], target: Target, size_vars: tup
         if hit is not None:
             return hit
     tm = _target_machine(target)
+    cpu1 = time.process_time()
     if conservative:
         rest = [f for f in funcs if not any(f.name in emitted.groups[c] for c in conservative)]
         linked = _optimize(emit_module(rest, target, size_vars, thread_pool, options).text,
@@ -197,8 +217,10 @@ def compile_in_process(funcs: Sequence[PrimFunc], target: Target, size_vars: tup
             linked.link_in(_optimize(text, target, tm, pipeline, options.llvm_abort))
     else:
         linked = _optimize(emitted.text, target, tm, DEFAULT_PIPELINE, options.llvm_abort)
+    # (a module with fallbacks emits IR again per pipeline: counted as optimizing)
+    spent = (cpu1 - cpu0, time.process_time() - cpu1, 0.0)
     return _finish(linked, tm, target, emitted.kernels, options,
-                   key if directory is not None else None, start, fallbacks)
+                   key if directory is not None else None, start, fallbacks, spent)
 
 
 @dataclass(frozen=True)
@@ -206,6 +228,7 @@ class OptimizedGroup:
     """A kernel group's module after LLVM's optimizer (``optimize_group``), as bitcode."""
     bitcode: bytes
     kernels: dict[str, KernelInfo]          # prim func name -> kernel
+    phases: tuple[float, ...] = (0.0, 0.0, 0.0)   # CPU seconds (PHASES): emit, optimize
 
 
 def optimize_group(funcs: Sequence[PrimFunc], target: Target, size_vars: tuple[str, ...] = (),
@@ -213,10 +236,14 @@ def optimize_group(funcs: Sequence[PrimFunc], target: Target, size_vars: tuple[s
     """Emit and optimize one group of kernels (``codegen/parallel.py`` groups a module's
     kernels and optimizes the groups side by side; ``link_groups`` makes the object). Every
     function structurally equal to one in the group must be in it (they share its symbol)."""
+    cpu0 = time.process_time()
     emitted = emit_module(funcs, target, size_vars, False, options)
     tm = _target_machine(target)
+    cpu1 = time.process_time()
     module = _optimize(emitted.text, target, tm, DEFAULT_PIPELINE, options.llvm_abort)
-    return OptimizedGroup(module.as_bitcode(), emitted.kernels)
+    bitcode = module.as_bitcode()
+    return OptimizedGroup(bitcode, emitted.kernels,
+                          (cpu1 - cpu0, time.process_time() - cpu1, 0.0))
 
 
 def link_groups(groups: Sequence[OptimizedGroup], target: Target,
@@ -227,6 +254,7 @@ def link_groups(groups: Sequence[OptimizedGroup], target: Target,
     ``key`` (``object_key`` of the whole module) when given. Raises ``CodegenError`` when the
     groups do not link (the caller then compiles the module whole)."""
     start = time.perf_counter() if start is None else start
+    cpu0 = time.process_time()
     tm = _target_machine(target)
     pool = emit_module([], target, (), True, options)
     linked = _optimize(pool.text, target, tm, DEFAULT_PIPELINE, options.llvm_abort)
@@ -238,13 +266,18 @@ def link_groups(groups: Sequence[OptimizedGroup], target: Target,
     except RuntimeError as exc:
         raise CodegenError(f"the kernel groups do not link: {exc}") from None
     kernels = {name: k for g in groups for name, k in g.kernels.items()}
-    return _finish(head, tm, target, kernels, options, key, start, ())
+    linking = (0.0, time.process_time() - cpu0, 0.0)
+    return _finish(head, tm, target, kernels, options, key, start, (),
+                   _add(linking, *(g.phases for g in groups)))
 
 
 def _finish(linked: llvm.ModuleRef, tm: llvm.TargetMachine, target: Target,
             kernels: dict[str, KernelInfo], options: CompileOptions, key: str | None,
-            start: float, fallbacks: Sequence[Fallback]) -> CompiledCode:
-    """Code generation of an optimized module, the import check, and the cache store."""
+            start: float, fallbacks: Sequence[Fallback],
+            spent: tuple[float, ...] = (0.0, 0.0, 0.0)) -> CompiledCode:
+    """Code generation of an optimized module, the import check, and the cache store;
+    ``spent``: CPU seconds per phase so far (``PHASES``), the object's added."""
+    cpu0 = time.process_time()
     undefined = sorted(f.name for f in linked.functions
                        if f.is_declaration and not f.name.startswith("llvm.")
                        and f.name not in ALLOWED_EXTERNALS)
@@ -260,7 +293,9 @@ def _finish(linked: llvm.ModuleRef, tm: llvm.TargetMachine, target: Target,
         cache.store(Path(options.cache_dir), key, obj, optimized, notes,
                     options.cache_max_bytes, fingerprint.kernels_record(kernels))
     return CompiledCode(target, obj, kernels, optimized,
-                        seconds=time.perf_counter() - start, fallbacks=tuple(fallbacks))
+                        seconds=time.perf_counter() - start, fallbacks=tuple(fallbacks),
+                        phases=tuple(zip(PHASES, _add(spent, (0.0, 0.0,
+                                                              time.process_time() - cpu0)))))
 
 
 def object_key(funcs: Sequence[PrimFunc], target: Target, size_vars: tuple[str, ...] = (),

@@ -217,6 +217,13 @@ def test_no_cache_and_timings_through_the_command(tmp_path, run_cli):
         assert float(rows["total"][0]) >= float(rows["codegen"][0]) >= 0
         target = [v for k, v in rows.items() if k.startswith("x86-64") or k.startswith("aarch64")]
         assert len(target) == 1 and " ".join(target[0][1:]) == how, proc.stdout
+        # a compile's CPU seconds per phase under its target; a hit spent none
+        phases = [rows.get(p) for p in ("emit", "optimize", "object")]
+        if how == "compiled":
+            assert all(p is not None and float(p[-1]) >= 0 for p in phases), proc.stdout
+            assert float(rows["optimize"][-1]) > 0, proc.stdout
+        else:
+            assert phases == [None] * 3, proc.stdout
     # without --timings, no table
     plain = _export(run_cli, onnx_path, tmp_path / "p.mlc", env)
     assert "export stage" not in plain.stdout and "export stage" in procs[0].stdout

@@ -26,13 +26,13 @@ llvm.initialize_all_asmprinters()
 
 
 def compile_ir(ir: str, triple: str = X86, cpu: str = "x86-64-v3", features: str = "") -> bytes:
-    """Object code for ``ir`` the way the packager makes it: pic, small code model, -O3."""
+    """Object code for ``ir`` the way the packager makes it: pic, small code model, -O2."""
     mod = llvm.parse_assembly(ir)
     mod.verify()
     mod.triple = triple
     tm = llvm.Target.from_triple(triple).create_target_machine(
         cpu=cpu, features=features, opt=3, reloc="pic", codemodel="small")
-    pb = llvm.create_pass_builder(tm, llvm.PipelineTuningOptions(speed_level=3))
+    pb = llvm.create_pass_builder(tm, llvm.PipelineTuningOptions(speed_level=2))
     pb.getModulePassManager().run(mod, pb)
     return tm.emit_object(mod)
 
