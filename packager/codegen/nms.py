@@ -23,7 +23,7 @@ from llvmlite import ir
 from ..ir.graph import PrimFunc
 from ..ir.patterns import reduction_tag
 from ..ir.sym import is_static
-from .helpers import F32, I1, I64, alloca_once, const_i64, for_range
+from .helpers import F32, I1, I8, I64, alloca_once, const_i64, for_range
 from .lower import KernelEmitter, KernelInfo, LoweringError
 
 WORKSPACE_ALIGN = 64
@@ -56,9 +56,9 @@ class NmsEmitter(KernelEmitter):
         if not is_static(dims) and not self.symbolic:
             raise LoweringError(f"{func.name}: NonMaxSuppression with run-time box, class or "
                                 "batch counts needs the module's size variables")
-        workspace = 2 * dims[1] * 8   # whole int64s: 64-byte aligned when rounded to 8 of them
-        workspace = -(-workspace // WORKSPACE_ALIGN) * WORKSPACE_ALIGN if isinstance(
-            workspace, int) else (dims[1] + 7) // 8 * (2 * 64)
+        # an int64 list and five float32 ones of the box count, the count rounded up to 16
+        # (16 boxes take 2 * 64 + 5 * 64 bytes): whole multiples of 64 bytes
+        workspace = (dims[1] + 15) // 16 * (2 * 64 + 5 * 64)
         body_fn, ptr_types = self._begin_body(func.inputs + func.outputs, True)
         b = self.builder
         batches, n, classes = (self._dim_value(d) for d in dims)
@@ -69,14 +69,16 @@ class NmsEmitter(KernelEmitter):
         n4 = times(dims[1], 4)
         pb, ps, pk, piou, psc, out, ws = body_fn.args[:7]
         ws = b.bitcast(ws, I64.as_pointer())
-        cand, kept = (b.gep(ws, [times(dims[1], k)]) for k in range(2))
+        cand = ws
+        fws = b.bitcast(b.gep(ws, [times(dims[1], 1)]), F32.as_pointer())
+        kept_span = tuple(b.gep(fws, [times(dims[1], k)]) for k in range(5))
         limit = b.load(pk)
         threshold = b.load(piou)
         score_min = b.load(psc)
         total = alloca_once(b, I64, "total")
         count = alloca_once(b, I64, "count")
         chosen = alloca_once(b, I64, "chosen")
-        at_kept = alloca_once(b, I64, "at_kept")
+        any_hit = alloca_once(b, I8, "any_hit")
         self.hole = alloca_once(b, I64, "hole")
         b.store(const_i64(0), total)
         with for_range(b, const_i64(0), batches, "b") as bi:
@@ -88,10 +90,9 @@ class NmsEmitter(KernelEmitter):
                     s = b.load(b.gep(row, [i]))
                     passes = b.fcmp_ordered(">", s, score_min) if self.has_score \
                         else ir.Constant(I1, 1)
-                    with b.if_then(passes):
-                        m = b.load(count)
-                        b.store(i, b.gep(cand, [m]))
-                        b.store(b.add(m, const_i64(1)), count)
+                    m = b.load(count)   # written always, counted when it passes: no branch
+                    b.store(i, b.gep(cand, [m]))
+                    b.store(b.add(m, b.zext(passes, I64)), count)
                 heap, size = cand, count   # the candidates, made a heap in place
                 self._heapify(row, heap, b.load(count))
                 b.store(const_i64(0), chosen)
@@ -105,25 +106,18 @@ class NmsEmitter(KernelEmitter):
                 b.position_at_end(body)
                 i = self._pop_best(row, heap, size)
                 nsel = b.load(chosen)
-                # compare with the boxes kept, in the order kept, up to the first that overlaps
-                b.store(const_i64(0), at_kept)
-                q_head = b.append_basic_block("kept.head")
-                q_body = b.append_basic_block("kept.body")
-                q_done = b.append_basic_block("kept.done")
-                b.branch(q_head)
-                b.position_at_end(q_head)
-                q = b.load(at_kept)
-                b.cbranch(b.icmp_signed("<", q, nsel), q_body, q_done)
-                b.position_at_end(q_body)
-                hit = self._suppresses(pb, box_base, i, b.load(b.gep(kept, [q])), threshold)
-                q_step = b.append_basic_block("kept.step")
-                b.cbranch(hit, q_done, q_step)
-                b.position_at_end(q_step)
-                b.store(b.add(q, const_i64(1)), at_kept)
-                b.branch(q_head)
-                b.position_at_end(q_done)
-                with b.if_then(b.icmp_signed(">=", b.load(at_kept), nsel)):   # none did
-                    b.store(i, b.gep(kept, [nsel]))
+                # compare with every box kept (whether any suppresses it does not depend on the
+                # order; no early exit, so the loop runs over the kept spans in vectors)
+                span = self._span(pb, box_base, i)
+                area = self._area(span)
+                b.store(ir.Constant(I8, 0), any_hit)
+                with for_range(b, const_i64(0), nsel, "kept") as q:
+                    other = tuple(b.load(b.gep(lst, [q])) for lst in kept_span)
+                    hit = self._suppresses(span, area, other[:4], other[4], threshold)
+                    b.store(b.or_(b.load(any_hit), b.zext(hit, I8)), any_hit)
+                with b.if_then(b.icmp_unsigned("==", b.load(any_hit), ir.Constant(I8, 0))):
+                    for lst, v in zip(kept_span, (*span, area)):
+                        b.store(v, b.gep(lst, [nsel]))
                     b.store(b.add(nsel, const_i64(1)), chosen)
                     at = b.mul(b.add(b.load(total), const_i64(1)), const_i64(3))
                     for k, v in enumerate((bi, ci, i)):
@@ -200,13 +194,12 @@ class NmsEmitter(KernelEmitter):
         self._sift_down(row, heap, m, const_i64(0))
         return best
 
-    def _suppresses(self, pb: ir.Value, base: ir.Value, i: ir.Value, j: ir.Value,
-                    threshold: ir.Value) -> ir.Value:
-        """ONNX Runtime's SuppressByIOU(box i, box j) as an i1, its float32 operations in its
-        order (no fast-math: the boundary cases compare exactly)."""
+    def _span(self, pb: ir.Value, base: ir.Value, box: ir.Value) -> tuple:
+        """Box ``box``'s (x min, x max, y min, y max) as ONNX Runtime's SuppressByIOU computes
+        them (MaxMin of the corners, or the centre -/+ half the size), float32."""
         b = self.builder
 
-        def coord(box: ir.Value, k: int) -> ir.Value:
+        def coord(k: int) -> ir.Value:
             at = b.add(base, b.add(b.mul(box, const_i64(4)), const_i64(k)))
             return b.load(b.gep(pb, [at]))
 
@@ -214,31 +207,37 @@ class NmsEmitter(KernelEmitter):
             ge = b.fcmp_ordered(">=", x, y)
             return b.select(ge, y, x), b.select(ge, x, y)
 
+        if self.center:
+            two = ir.Constant(F32, 2.0)
+            cx, cy, w, h = (coord(k) for k in range(4))
+            hw, hh = b.fdiv(w, two), b.fdiv(h, two)
+            return b.fsub(cx, hw), b.fadd(cx, hw), b.fsub(cy, hh), b.fadd(cy, hh)
+        y0, x0, y1, x1 = (coord(k) for k in range(4))
+        return (*lo_hi(x0, x1), *lo_hi(y0, y1))
+
+    def _area(self, span: tuple) -> ir.Value:
+        b = self.builder
+        x0, x1, y0, y1 = span
+        return b.fmul(b.fsub(x1, x0), b.fsub(y1, y0))
+
+    def _suppresses(self, span_a: tuple, area_a: ir.Value, span_b: tuple, area_b: ir.Value,
+                    threshold: ir.Value) -> ir.Value:
+        """ONNX Runtime's SuppressByIOU(box a, box b) as an i1 from the two boxes' spans and
+        areas (computed once per box, the same float32 operations), its float32 operations in
+        its order (no fast-math: the boundary cases compare exactly)."""
+        b = self.builder
+
         def fmax(x: ir.Value, y: ir.Value) -> ir.Value:   # std::max
             return b.select(b.fcmp_ordered("<", x, y), y, x)
 
         def fmin(x: ir.Value, y: ir.Value) -> ir.Value:   # std::min
             return b.select(b.fcmp_ordered("<", y, x), y, x)
 
-        two = ir.Constant(F32, 2.0)
-        if self.center:
-            spans = []
-            for box in (i, j):
-                cx, cy, w, h = (coord(box, k) for k in range(4))
-                hw, hh = b.fdiv(w, two), b.fdiv(h, two)
-                spans.append((b.fsub(cx, hw), b.fadd(cx, hw), b.fsub(cy, hh), b.fadd(cy, hh)))
-        else:
-            spans = []
-            for box in (i, j):
-                y0, x0, y1, x1 = (coord(box, k) for k in range(4))
-                spans.append((*lo_hi(x0, x1), *lo_hi(y0, y1)))
-        (ax0, ax1, ay0, ay1), (bx0, bx1, by0, by1) = spans
+        (ax0, ax1, ay0, ay1), (bx0, bx1, by0, by1) = span_a, span_b
         ix0, ix1 = fmax(ax0, bx0), fmin(ax1, bx1)
         iy0, iy1 = fmax(ay0, by0), fmin(ay1, by1)
         zero = ir.Constant(F32, 0.0)
         inter = b.fmul(b.fsub(ix1, ix0), b.fsub(iy1, iy0))
-        area_a = b.fmul(b.fsub(ax1, ax0), b.fsub(ay1, ay0))
-        area_b = b.fmul(b.fsub(bx1, bx0), b.fsub(by1, by0))
         union = b.fsub(b.fadd(area_a, area_b), inter)
         ok = b.fcmp_ordered(">", ix1, ix0)
         ok = b.and_(ok, b.fcmp_ordered(">", iy1, iy0))
