@@ -4,13 +4,16 @@ expression can state, emitted directly.
 Per batch and class: the boxes whose score passes the threshold, made a binary heap in
 place (best first, ties by lower index; Floyd's construction, linear), then popped one at a time,
 as ONNX Runtime's priority queue does, while the class has fewer than
-``max_output_boxes_per_class`` boxes: each popped box is compared with the boxes kept so far, in
-the order kept, up to the first that overlaps it by more than the IoU threshold (ONNX Runtime's
-``SuppressByIOU``, float32, in the same operation order) and kept when none does. The output is
-a ``[1 + rows, 3]`` int64 table: row 0 the count, then the (batch, class, box) triples; the VM
-binds the count as a size variable (BIND_SIZE). The workspace holds two int64 lists of the box
-count: the candidates' heap and the boxes kept. Work is linear in the boxes plus log n per box
-popped (was a full merge sort of every candidate: 4.2x ONNX Runtime's time at 4000 boxes).
+``max_output_boxes_per_class`` boxes: each popped box is compared with every box kept so far
+and kept when none overlaps it by more than the IoU threshold (ONNX Runtime's ``SuppressByIOU``,
+float32, in the same operation order; whether any suppresses it does not depend on the order,
+so the loop has no early exit and runs in vectors). A box's span (x and y min and max) and area
+are computed once, when it is popped, and stored when it is kept. The output is a
+``[1 + rows, 3]`` int64 table: row 0 the count, then the (batch, class, box) triples; the VM
+binds the count as a size variable (BIND_SIZE). The workspace holds, for the box count, an
+int64 list (the candidates' heap) and five float32 lists (the kept boxes' spans and areas).
+Work is linear in the boxes plus log n per box popped (was a merge sort of every candidate:
+4.2x ONNX Runtime's time at 4000 boxes, now level, ``bench/nonzero.py``).
 Boxes, classes and batches may be
 run-time sizes (a detector exported with an open batch and image size): the kernel then reads
 them from the sizes array and its workspace is the same expression of them.
