@@ -225,3 +225,42 @@ def test_torch_detector_with_nms_inside(tmp_path) -> None:
             with torch.no_grad():
                 eager = net(x)
             np.testing.assert_array_equal(got["selected"], eager[0].numpy())
+
+
+def _nms_model(center: int) -> onnx.ModelProto:
+    from onnx import TensorProto, helper, numpy_helper
+
+    inits = [numpy_helper.from_array(np.array([4], np.int64), "k"),
+             numpy_helper.from_array(np.array([0.4], np.float32), "iou"),
+             numpy_helper.from_array(np.array([0.2], np.float32), "score")]
+    g = helper.make_graph(
+        [helper.make_node("NonMaxSuppression", ["boxes", "scores", "k", "iou", "score"], ["sel"],
+                          center_point_box=center)], "nms",
+        [helper.make_tensor_value_info("boxes", TensorProto.FLOAT, ["B", "N", 4]),
+         helper.make_tensor_value_info("scores", TensorProto.FLOAT, ["B", "C", "N"])],
+        [helper.make_tensor_value_info("sel", TensorProto.INT64, None)], inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize("center", [0, 1])
+def test_nms_heap_order_and_overlaps_match_onnx_runtime(center, tmp_path) -> None:
+    """The NMS kernel (a heap popped while the class has room, each box against the kept boxes'
+    stored spans) keeps ONNX Runtime's boxes in its order: scores in eighths (many ties, taken
+    by lower index), crowded boxes (many overlaps), some of negative size, 4 per class at most,
+    1 to 200 boxes, open batch and class counts."""
+    from mlcpack.frontends.onnx.importer import import_onnx
+    from mlcpack.packager.export import ExportOptions, export_module
+
+    src, bundle = tmp_path / "nms.onnx", tmp_path / "nms.mlc"
+    onnx.save(_nms_model(center), src)
+    export_module(import_onnx(onnx.load(src))[0], bundle, ExportOptions(check=False))
+    rng = np.random.default_rng(center)
+    with load(bundle) as model:
+        for n in (1, 7, 60, 200):
+            b, c = int(rng.integers(1, 3)), int(rng.integers(1, 4))
+            corner = rng.uniform(0, 12, (b, n, 2))
+            boxes = np.concatenate([corner, corner + rng.uniform(-2, 6, (b, n, 2))], -1)
+            feeds = {"boxes": boxes.astype(np.float32),
+                     "scores": (np.round(rng.random((b, c, n)) * 8) / 8).astype(np.float32)}
+            want, got = ort_outputs(src, feeds)["sel"], model.run(feeds)["sel"]
+            assert got.dtype == want.dtype and np.array_equal(got, want), (n, got, want)
