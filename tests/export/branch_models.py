@@ -73,3 +73,62 @@ def rate_switch(path: Path) -> Path:
 def feeds(n: int, length: int, rate: int, seed: int = 0) -> dict[str, np.ndarray]:
     x = np.random.default_rng(seed).standard_normal((n, 4, length)).astype(np.float32)
     return {"x": x, "sr": np.array(rate, np.int64)}
+
+
+def exported(tmp_path_factory) -> tuple[Path, Path]:
+    """(onnx file, bundle) of ``rate_switch``, exported as ``mlcpack export`` does with its
+    defaults (``packager.api.export``: golden check on). Once per test run: xdist workers share
+    the folder above their own, and the first to take the lock exports for the others (this
+    module's tests and tests/runtime/test_c_runtime.py's)."""
+    import fcntl
+    import os
+
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent
+    folder = root / "rate-switch"
+    folder.mkdir(exist_ok=True)
+    src, bundle = folder / "rate_switch.onnx", folder / "rate_switch.mlc"
+    with open(folder / "lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not bundle.exists():
+            from mlcpack.packager.api import Options, export
+
+            rate_switch(src)
+            result = export(src, bundle, Options())
+            assert result.check and "golden check passed" in result.check, result.check
+    return src, bundle
+
+
+def damaged_bytecode(bundle: Path, out: Path, change: str) -> Path:
+    """``bundle`` with its bytecode changed in place (same length, digest valid): ``change``
+    is "backward" (the first JUMP_UNLESS continues at itself), "past_end", "mid_instruction",
+    "not_bool" (it tests a float tensor) or "trap_reason" (a TRAP's reason 9)."""
+    import struct
+
+    from bundle_parts import payload_spans, read_parts, write_parts
+
+    header, payloads = read_parts(bundle)
+    ref = header["vm"]["bytecode"]
+    k = payload_spans(header).index((ref["offset"], ref["size"]))
+    words = list(struct.unpack(f"<{ref['size'] // 4}i", payloads[k]))
+    starts, pc = [], 0
+    while pc < len(words):   # instruction starts (docs/format.md section 6's encoding)
+        starts.append(pc)
+        op = words[pc]
+        pc += 3 + words[pc + 2] if op in (1, 2) else 2 if op in (6, 7) else 3
+    first = next(p for p in starts if words[p] == 5)   # JUMP_UNLESS t, w
+    if change == "backward":
+        words[first + 2] = first
+    elif change == "past_end":
+        words[first + 2] = len(words) + 3
+    elif change == "mid_instruction":
+        words[first + 2] = first + 1
+    elif change == "not_bool":
+        words[first + 1] = next(i for i, t in enumerate(header["tensors"]) if t[3] == "float32")
+    elif change == "trap_reason":
+        words[next(p for p in starts if words[p] == 7) + 1] = 9
+    else:
+        raise ValueError(change)
+    payloads[k] = struct.pack(f"<{len(words)}i", *words)
+    return write_parts(out, header, payloads)
