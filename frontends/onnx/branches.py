@@ -148,8 +148,6 @@ def _check_relations(ctx: NodeContext, branch: Branch) -> None:
 def _branch_size(ctx: NodeContext, i: int, d: int, x: Dim, y: Dim, hint: str) -> str:
     """A new size variable for axis ``d`` of output ``i``, at most the larger of ``x`` and
     ``y`` (which must be comparable at export: the output's memory is planned at it)."""
-    from .rnn import _larger
-
     bound = _larger(x, y)
     if bound is None:
         raise ctx.error(f"output {i} axis {d}: the branches give {x} and {y}, which cannot be "
@@ -229,3 +227,13 @@ def _outline(ctx: NodeContext, branch: Branch, label: str, outer: list[Var]) -> 
     mod.functions[name] = Function(name, params, [DataflowBlock(branch.body)], outputs,
                                    [f"out{k}" for k in range(len(outputs))])
     return name
+
+
+def _larger(x, y):
+    """The larger of two extents when one is never smaller for any sizes >= 1, else None."""
+    for big, small in ((x, y), (y, x)):
+        diff = big - small
+        low = diff if isinstance(diff, int) else diff.lower_bound()
+        if low is not None and low >= 0:
+            return big
+    return None

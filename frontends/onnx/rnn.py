@@ -224,16 +224,6 @@ def _if(ctx: NodeContext) -> list[Value]:
         raise ExportError(f"{exc}; {hint}") from None
 
 
-def _larger(x, y):
-    """The larger of two extents when one is never smaller for any sizes >= 1, else None."""
-    for big, small in ((x, y), (y, x)):
-        diff = big - small
-        low = diff if isinstance(diff, int) else diff.lower_bound()
-        if low is not None and low >= 0:
-            return big
-    return None
-
-
 _HINT_MARK = "is known only at run time, so both branches are compiled"
 
 

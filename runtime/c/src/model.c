@@ -26,7 +26,7 @@ void mlc_options_init(mlc_options *o)
 
 const char *mlc_version(void)
 {
-    return "0.1 (format 1.4, abi 1)";
+    return "0.1 (format 1.7, abi 1)";
 }
 
 static mlc_status decode(mlc_model *m, mlc_plan *p, mlc_error *err)
