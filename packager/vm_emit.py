@@ -72,8 +72,8 @@ class Program:
     inputs: list[IORow] = field(default_factory=list)
     outputs: list[IORow] = field(default_factory=list)
     arena_bytes: int = 0
-    intermediate_bytes: int = 0
-    branches: int = 0   # If regions (JUMP_UNLESS instructions): format 1.7   # what the tensors would take with no reuse
+    intermediate_bytes: int = 0   # what the tensors would take with no reuse
+    branches: int = 0   # JUMP_UNLESS instructions (an If's branch, a size check): format 1.7
     # A symbolic program (size variables in main's input shapes): tensor rows hold storage ids,
     # not offsets, and shapes as dim records; the runtime plans memory per concrete shape
     # (runtime/symbolic.py) from its size variables and buffers (no ``bound``: the export adds
