@@ -18,8 +18,8 @@ import llvmlite
 import numpy as np
 
 from .. import packager
-from ..runtime.bundle import (DYNAMIC_MINOR, FORMAT_MAJOR, FORMAT_MINOR, STORED_MINOR,
-                              SCALES_MINOR, SYMBOLIC_MINOR, VALUES_MINOR)
+from ..runtime.bundle import (BRANCH_MINOR, DYNAMIC_MINOR, FORMAT_MAJOR, FORMAT_MINOR,
+                              SCALES_MINOR, STORED_MINOR, SYMBOLIC_MINOR, VALUES_MINOR)
 from ..runtime.header import (CONST, BatchInfo, CodeVariant, ConstantRow, Header, IORow,
                               KernelRow, MemoryPlan, Plan, StoredRecord, SymbolicBound, VMRecord,
                               freeze, plain)
@@ -635,7 +635,8 @@ def _compile_plan(batch: int | None, mod: IRModule, n_plans: int,
         kernels=_kernel_rows(program, kernel_infos, optimized), code=tuple(code),
         library_calls=tuple(program.library_calls),
         tensors=tensors,
-        vm=VMRecord(writer.ref(program.bytecode), len(program.instructions)),
+        vm=VMRecord(writer.ref(program.bytecode), len(program.instructions),
+                    program.branches or None),
         memory_plan=MemoryPlan(program.arena_bytes, program.intermediate_bytes),
         symbolic=None if program.symbolic is None
         else dataclasses.replace(program.symbolic, bound=bound),
@@ -703,6 +704,8 @@ def _header(opts: ExportOptions, plans: list[Plan], constants: _Constants,
         minor = VALUES_MINOR
     if symbolic and plans[-1].symbolic.scales:   # sizes from float scales fed at run time
         minor = SCALES_MINOR
+    if any(p.vm.branches for p in plans):   # an If that runs only its taken branch
+        minor = BRANCH_MINOR
     return Header(
         format=(FORMAT_MAJOR, minor or FORMAT_MINOR),
         plans=tuple(plans), constants=tuple(constants.rows),

@@ -269,8 +269,14 @@ def evaluate_ir(mod: IRModule, feeds: Mapping[str, np.ndarray],
     def carried_by(v: Any) -> float:
         return carried[id(v)] if id(v) in carried else largest(v)
 
+    branch_outputs: dict[int, list[np.ndarray]] = {}   # an if's binding -> its outputs
     for b in fn.bindings():
         v = b.value
+        if isinstance(v, Call) and v.op in ("if", "if_output", "check"):
+            env[id(b.var)] = _run_branch(mod, v, value, branch_outputs, id(b.var))
+            if magnitudes is not None:
+                carried[id(b.var)] = _largest(env[id(b.var)])
+            continue
         if isinstance(v, (Var, Constant)):
             env[id(b.var)] = value(v)
             if magnitudes is not None:
@@ -319,6 +325,31 @@ def evaluate_ir(mod: IRModule, feeds: Mapping[str, np.ndarray],
     if quantized and steps is not None:
         steps.update({name: qstep.get(id(o), 0.0) for name, o in zip(fn.output_names, fn.outputs)})
     return {name: np.asarray(value(o)) for name, o in zip(fn.output_names, fn.outputs)}
+
+
+def _run_branch(mod: IRModule, v: Any, value: Any, outputs: dict[int, list[np.ndarray]],
+                key: int) -> np.ndarray:
+    """The value of an ``if`` (its taken branch's function, run by ``evaluate_ir``; its
+    outputs kept in ``outputs`` under ``key`` for its ``if_output``s), an ``if_output`` or a
+    ``check`` (ops/control.py)."""
+    if v.op == "if_output":
+        return outputs[id(v.args[0])][v.attrs["index"]]
+    flag = bool(np.asarray(value(v.args[0])).reshape(-1)[0])
+    if v.op == "check":
+        if flag:
+            raise ReferenceUnavailable(f"the check inputs break a size relation a branch of an "
+                                       f"If needs ({v.attrs.get('where', '')})")
+        return value(v.args[0])
+    taken = v.attrs["branches"][0 if flag else 1]
+    if not taken:
+        raise ReferenceUnavailable("the check inputs take a branch of an If that the export "
+                                   "left out")
+    branch = mod.functions[taken]
+    sub = dataclasses.replace(mod.copy(), value_vars=[])
+    sub.functions["main"] = branch
+    result = evaluate_ir(sub, {p.name: value(a) for p, a in zip(branch.params, v.args[1:])})
+    outputs[key] = [result[name] for name in branch.output_names[:len(v.attrs["outputs"])]]
+    return outputs[key][0]
 
 
 def _largest(a: np.ndarray) -> float:

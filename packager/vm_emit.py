@@ -11,6 +11,17 @@ Instruction set (little-endian int32 words; the runtime's ``vm.py`` documents th
     BIND_SIZE    4, var, t                  size variable ``var`` (its index in the sizes array)
                                             takes the int64 value of tensor ``t`` (one element,
                                             a count a kernel wrote), checked against its bound
+    JUMP_UNLESS  5, t, w                    (format 1.7) unless tensor ``t`` (one bool) is true,
+                                            continue at word ``w`` (forward only)
+    JUMP         6, w                       (format 1.7) continue at word ``w`` (forward only)
+    TRAP         7, reason                  (format 1.7) refuse the run: 0, a branch left out;
+                                            1, a size relation of the taken branch fails
+
+An ``if`` call (ops/control.py) is laid out as ``JUMP_UNLESS cond -> else; then; copies; JUMP ->
+end; else; copies``: each branch's bindings are emitted in place from its graph function, and
+its results copied into the If's outputs. Steps number the bindings in that order, so the memory
+plan sees the branches one after the other: a buffer of one branch may reuse one of the other
+(only one runs), and the outputs and what the branches read live across both.
 
 Tensors are rows of a table: ``[0, arena offset, shape, dtype]`` or ``[1, constant, shape,
 dtype]``. A reshape is a second row over the same bytes, so it costs no instruction. Each input
@@ -36,7 +47,8 @@ from .ops import get_op
 from .ops.registry import VIEW
 from .passes.memory_plan import Buffer, plan_memory
 # SIZES rows (symbolic programs) hold the int64 values of the size variables
-from ..runtime.header import (ARENA, CONST, OP_BIND_SIZE, OP_CALL_KERNEL, OP_CALL_LIB, SIZES,
+from ..runtime.header import (ARENA, CONST, OP_BIND_SIZE, OP_CALL_KERNEL, OP_CALL_LIB, OP_COPY,
+                              OP_JUMP, OP_JUMP_UNLESS, OP_TRAP, SIZES,
                               IORow,
                               LibraryCall, Symbolic, TensorRow, freeze)
 
@@ -61,6 +73,7 @@ class Program:
     outputs: list[IORow] = field(default_factory=list)
     arena_bytes: int = 0
     intermediate_bytes: int = 0   # what the tensors would take with no reuse
+    branches: int = 0   # JUMP_UNLESS instructions (an If's branch, a size check): format 1.7
     # A symbolic program (size variables in main's input shapes): tensor rows hold storage ids,
     # not offsets, and shapes as dim records; the runtime plans memory per concrete shape
     # (runtime/symbolic.py) from its size variables and buffers (no ``bound``: the export adds
@@ -206,24 +219,50 @@ def emit_program(mod: IRModule, kernels: dict[str, KernelInfo], func: str = "mai
         if bound is not None and not is_static(p.type.shape):   # --max-shape, checked at run
             inputs[-1]["max_shape"] = list(bound)
 
-    for step, b in enumerate(fn.bindings(), start=1):
+    clock = [0]   # steps: one per binding and per copy, in the order the program runs them
+    jumps: list[tuple[list[int], int, int]] = []   # (instruction, its slot, target instruction)
+
+    def tick() -> int:
+        clock[0] += 1
+        return clock[0]
+
+    def emit_bindings(body: Function) -> None:
+        for b in body.bindings():
+            emit_binding(b, tick())
+
+    def emit_binding(b, step: int) -> None:
         v = b.value
         if isinstance(v, Call) and get_op(v.op).kind == VIEW:
             src = use(v.args[0], step)
             if rows[src][0] == CONST:
                 raise VMEmitError(f"{b.var.name}: view of a constant should have been folded")
             tensor_of[id(b.var)] = arena_tensor(b.var.type, storage_of_tensor[src])
-            continue
+            return
         if isinstance(v, (Var, Constant)):
             tensor_of[id(b.var)] = use(v, step)
-            continue
+            return
         if isinstance(v, Call) and v.op == "bind_size":   # no kernel: the VM binds the size
             count = use(v.args[0], step)
             name = v.attrs["var"]
             prog.instructions.append([OP_BIND_SIZE, size_vars.index(name), count])
             tensor_of[id(b.var)] = count
             bound_now.add(name)
-            continue
+            return
+        if isinstance(v, Call) and v.op == "if":
+            emit_if(b, step)
+            return
+        if isinstance(v, Call) and v.op == "check":   # JUMP_UNLESS bad -> on; TRAP 1
+            bad = use(v.args[0], step)
+            over = [OP_JUMP_UNLESS, bad, -1]
+            prog.instructions += [over, [OP_TRAP, 1]]
+            jumps.append((over, 2, len(prog.instructions)))
+            tensor_of[id(b.var)] = bad
+            prog.branches += 1
+            return
+        if isinstance(v, Call) and v.op == "if_output":
+            use(v.args[0], step)
+            tensor_of[id(b.var)] = if_outputs[id(v.args[0])][v.attrs["index"]]
+            return
         late = shape_vars(v.type.shape) & dynamic.keys() - bound_now
         if not late and dynamic and isinstance(v, CallTIR):   # a size read inside the kernel
             late = symbolic_vars(mod.functions[v.func]) & dynamic.keys() - bound_now
@@ -260,11 +299,59 @@ def emit_program(mod: IRModule, kernels: dict[str, KernelInfo], func: str = "mai
         else:
             raise VMEmitError(f"{b.var.name}: operator {getattr(v, 'op', v)} was not legalized")
 
-    end = len(list(fn.bindings())) + 1
+    def emit_if(b, step: int) -> None:
+        """JUMP_UNLESS cond -> else; then's bindings, its copies out; JUMP -> end; else's
+        bindings, its copies out (or TRAP for a branch left out). Both branches' steps come
+        after the If's: their buffers live within them, the outputs' across both."""
+        v = b.value
+        cond = use(v.args[0], step)
+        captured = [use(a, step) for a in v.args[1:]]
+        outs = []
+        for shape, dtype in v.attrs["outputs"]:
+            ttype = TensorType(tuple(shape), dtype)
+            outs.append(arena_tensor(ttype, new_storage(ttype, step)))
+        tensor_of[id(b.var)] = outs[0]
+        if_outputs[id(b.var)] = outs
+        prog.branches += 1
+        skip = [OP_JUMP_UNLESS, cond, -1]
+        prog.instructions.append(skip)
+        done = [OP_JUMP, -1]
+        for k, name in enumerate(v.attrs["branches"]):
+            if k == 1:
+                prog.instructions.append(done)
+                jumps.append((skip, 2, len(prog.instructions)))
+            if not name:
+                prog.instructions.append([OP_TRAP, 0])
+                continue
+            fn_branch = mod.functions[name]
+            for p, t in zip(fn_branch.params, captured):
+                tensor_of[id(p)] = t
+            emit_bindings(fn_branch)
+            at = tick()
+            for o, dst in zip(fn_branch.outputs, outs):   # (past them: its extents' binds)
+                src = use(o, at)
+                sid = storage_of_tensor[dst]
+                buffers[sid].end = max(buffers[sid].end, at)
+                if tuple(rows[src][2]) != tuple(rows[dst][2]):   # this branch's extents
+                    dst = arena_tensor(o.type, sid)
+                prog.instructions.append([OP_COPY, src, dst])
+        jumps.append((done, 1, len(prog.instructions)))
+        for shape, _ in v.attrs["outputs"]:
+            bound_now.update(shape_vars(shape) & dynamic.keys())
+
+    if_outputs: dict[int, list[int]] = {}
+    emit_bindings(fn)
+    end = tick()
     for name, o in zip(fn.output_names, fn.outputs):
         t = use(o, end)
         outputs.append({"name": name, "shape": _shape_record(o.type.shape),
                         "dtype": o.type.dtype, "tensor": t})
+    # jump targets: instruction indices to words
+    offsets = [0]
+    for ins in prog.instructions:
+        offsets.append(offsets[-1] + len(ins))
+    for ins, slot, target in jumps:
+        ins[slot] = offsets[target]
 
     # Each input and output lists the rows over its bytes (itself and its reshapes): the
     # runtime may point the kernels that read an input at the caller's array instead of copying

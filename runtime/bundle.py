@@ -74,6 +74,10 @@ VALUES_MINOR = 6   # the same minor as DYNAMIC_MINOR
 # Bundles whose output sizes follow float scales fed at run time (the symbolic record's
 # "scales": a Resize's scales as a graph input) say format 1.7 with min_reader 1.7.
 SCALES_MINOR = 7
+# Bundles whose bytecode branches (an If that runs only its taken branch: JUMP_UNLESS, JUMP and
+# TRAP, marked by the vm record's "branches" count) say format 1.7 with min_reader 1.7; this
+# reader reads them.
+BRANCH_MINOR = 7
 TREE_FORMAT = [1, 2]                # the oldest reader of tree-digest bundles
 MAGIC = b"\x83\xa7mlcpack"          # fixmap(3) then the 7-char key "mlcpack"
 DIGEST_KEY = b"\xa6sha256\xc4\x20"  # fixstr "sha256", then bin8 of 32 bytes
@@ -119,6 +123,9 @@ def reader_minor(header: dict) -> int:
         reads = VALUES_MINOR
     if isinstance(sym, dict) and "scales" in sym:
         reads = SCALES_MINOR
+    vm = header.get("vm")
+    if isinstance(vm, dict) and "branches" in vm:
+        reads = BRANCH_MINOR
     return reads
 
 

@@ -18,7 +18,8 @@ from typing import Any
 import numpy as np
 
 from .errors import BundleError
-from .header import OP_BIND_SIZE, OP_CALL_KERNEL, OP_CALL_LIB, Plan
+from .header import (OP_BIND_SIZE, OP_CALL_KERNEL, OP_CALL_LIB, OP_JUMP, OP_JUMP_UNLESS, OP_TRAP,
+                     Plan)
 from .vm import Executor
 
 MAX_SOURCES = 1 << 16
@@ -62,7 +63,8 @@ def sources_text(sources: tuple[SourceNode, ...], shown: int = 2) -> str:
 @dataclass(frozen=True)
 class Step:
     """What one VM instruction is, from the bundle header."""
-    kind: str                         # "kernel", "library", "copy" or "bind" (BIND_SIZE)
+    # "kernel", "library", "copy", "bind" (BIND_SIZE) or "jump" (JUMP_UNLESS, JUMP, TRAP)
+    kind: str
     name: str                         # the prim function, the library function, or "copy"
     symbol: str                       # the kernel's symbol (shared by identical kernels)
     sources: tuple[SourceNode, ...]
@@ -86,6 +88,9 @@ def describe_steps(executor: Executor, plan: Plan) -> list[Step]:
         elif ins.opcode == OP_BIND_SIZE:   # a counted size: no kernel, the VM's check
             name = f"bind {plan.symbolic.vars[ins.target]}" if plan.symbolic else "bind"
             steps.append(Step("bind", name, name, (), None))
+        elif ins.opcode in (OP_JUMP_UNLESS, OP_JUMP, OP_TRAP):   # an If's branching
+            name = {OP_JUMP_UNLESS: "jump unless", OP_JUMP: "jump", OP_TRAP: "trap"}[ins.opcode]
+            steps.append(Step("jump", name, name, (), None))
         else:
             steps.append(Step("copy", "copy", "copy", (), None))
     return steps

@@ -166,6 +166,7 @@ class StaticCode:
                 program = vm.decode(reader.payload(row.vm.bytecode), len(row.tensors),
                                     len(kernels), len(site_list), name)
                 check_arity(program, row.kernels, row.tensors)
+                vm.check_branches(program, row.tensors, name)
                 self.recipes.append(_Recipe(row, row.tensors, specs(row.inputs), specs(row.outputs), kernels,
                                             site_list, program, image))
         except BaseException:

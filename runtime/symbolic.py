@@ -418,6 +418,7 @@ class SymbolicRunner:
         self.program = vm.decode(reader.payload(plan.vm.bytecode), len(self.tensors),
                                  len(self.kernels), len(self.sites), reader.name,
                                  len(self.vars))
+        vm.check_branches(self.program, self.tensors, reader.name)
         counted = plan.symbolic.dynamic_names
         for ins in self.program:
             if ins.opcode == OP_BIND_SIZE:

@@ -11,6 +11,15 @@ Instruction set (little-endian int32 words):
                                             takes the int64 count in tensor ``t``, which a
                                             kernel wrote: refused unless 0 <= count <= the
                                             variable's bound for this run's input sizes
+    JUMP_UNLESS  5, t, w                    (format 1.7) unless tensor ``t`` (one bool) holds
+                                            true, continue at word ``w``: an If's condition
+    JUMP         6, w                       (format 1.7) continue at word ``w``
+    TRAP         7, reason                  (format 1.7) refuse this run: reason 0, its input
+                                            sizes take a branch of an If that was not compiled;
+                                            1, they break a size relation of the taken branch
+
+A jump's word ``w`` must start an instruction (or be the bytecode's end) and lie after the jump
+itself: jumps only go forward, so every run ends, and an If runs only its taken branch.
 
 Every kernel has the C signature ``void k(void **args, int64_t task, int64_t ntasks)``. Tensor
 addresses are fixed by the static memory plan, so each call's ``void*[]`` is built once here and
@@ -45,16 +54,30 @@ from typing import Any, Callable
 import numpy as np
 
 from .errors import BundleError, CodeLoadError, InputError
-from .header import OP_BIND_SIZE, OP_CALL_KERNEL, OP_CALL_LIB, OP_COPY
+from .header import (OP_BIND_SIZE, OP_CALL_KERNEL, OP_CALL_LIB, OP_COPY, OP_JUMP,
+                     OP_JUMP_UNLESS, OP_TRAP)
 
 KERNEL_SIGNATURE = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64)
 MAX_OPERANDS = 4096
 
 
+JUMPS = (OP_JUMP_UNLESS, OP_JUMP)
+TRAP_REASONS = {0: "these input sizes take a branch of one of the model's If nodes that the "
+                   "export could not compile (the other branch was compiled): give inputs of the "
+                   "sizes the model is made for",
+                1: "these input sizes break a size relation that the branch of one of the "
+                   "model's If nodes they take needs (a Squeeze of an axis whose size is not 1, "
+                   "a Reshape whose element counts differ): give inputs of the sizes the model "
+                   "is made for"}
+
+
 @dataclass(frozen=True)
 class Instruction:
     opcode: int
-    target: int            # kernel index, library call site, or source tensor (COPY)
+    # kernel index, library call site, source tensor (COPY), size variable (BIND_SIZE), the
+    # instruction a jump continues at (decoded from its word; len(program): the end), or a
+    # TRAP's reason
+    target: int
     operands: tuple[int, ...]
 
 
@@ -71,8 +94,38 @@ def decode(bytecode: memoryview | bytes, num_tensors: int, num_kernels: int, num
     def bad(why: str) -> BundleError:
         return BundleError(f"{bundle_name}: invalid bytecode at word {pc}: {why}")
 
+    starts: dict[int, int] = {}   # word -> instruction index, for the jumps' targets
+    jumps: list[tuple[int, int]] = []   # (instruction index, its target word)
     while pc < len(words):
         op = words[pc]
+        starts[pc] = len(out)
+        if op in (OP_JUMP, OP_TRAP):
+            if pc + 2 > len(words):
+                raise bad("truncated JUMP or TRAP")
+            arg = words[pc + 1]
+            if op == OP_TRAP:
+                if arg not in TRAP_REASONS:
+                    raise bad(f"unknown TRAP reason {arg}")
+                out.append(Instruction(op, arg, ()))
+            else:
+                if not pc < arg <= len(words):
+                    raise bad("JUMP target outside the bytecode or not forward")
+                jumps.append((len(out), arg))
+                out.append(Instruction(op, -1, ()))
+            pc += 2
+            continue
+        if op == OP_JUMP_UNLESS:
+            if pc + 3 > len(words):
+                raise bad("truncated JUMP_UNLESS")
+            t, arg = words[pc + 1], words[pc + 2]
+            if not 0 <= t < num_tensors:
+                raise bad("tensor index out of range")
+            if not pc < arg <= len(words):
+                raise bad("JUMP_UNLESS target outside the bytecode or not forward")
+            jumps.append((len(out), arg))
+            out.append(Instruction(op, -1, (t,)))
+            pc += 3
+            continue
         if op == OP_COPY:
             if pc + 3 > len(words):
                 raise bad("truncated COPY")
@@ -106,7 +159,24 @@ def decode(bytecode: memoryview | bytes, num_tensors: int, num_kernels: int, num
             raise bad("tensor index out of range")
         out.append(Instruction(op, target, tuple(operands)))
         pc += 3 + n
+    starts[len(words)] = len(out)
+    for index, word in jumps:
+        if word not in starts:
+            pc = word
+            raise bad("a jump lands inside an instruction")
+        ins = out[index]
+        out[index] = Instruction(ins.opcode, starts[word], ins.operands)
     return out
+
+
+def check_branches(program: list[Instruction], tensors: Any, bundle_name: str) -> None:
+    """Refuse a JUMP_UNLESS whose condition is not one bool (``tensors``: the plan's rows)."""
+    for ins in program:
+        if ins.opcode == OP_JUMP_UNLESS:
+            row = tensors[ins.operands[0]]
+            if row.dtype != "bool" or tuple(row.shape) not in ((1,), ()):
+                raise BundleError(f"{bundle_name}: bundle header: JUMP_UNLESS tests tensor "
+                                  f"{ins.operands[0]}: one bool expected")
 
 
 class Executor:
@@ -146,6 +216,8 @@ class Executor:
                 continue
             self._args.append(None)
             self._steps.append(self._view_step(ins, views))
+        # with jumps (format 1.7): each jump's step returns the instruction to continue at
+        self._jumping = any(ins.opcode in JUMPS for ins in program)
         self._segments = self._native_segments(calls, pool)
 
     def _native_segments(self, calls: list[tuple[int, int, int, int]], pool: PoolCode | None
@@ -165,16 +237,24 @@ class Executor:
         self._native_args = (*workers, self._table.ctypes.data)
         self._status_address = self._status.ctypes.data
         segments: list[tuple[int, int]] = []
+        # a jump's target starts a segment; _segment_at maps it (and the end) to that segment
+        targets = {ins.target for ins in self._program if ins.opcode in JUMPS}
+        self._segment_at: dict[int, int] = {}
         k = 0
         for i in range(len(self._program)):
+            # where instruction i's segment begins, if it begins one (a jump's target, or the
+            # instruction after a jump: every jump is a segment of its own)
+            self._segment_at[i] = len(segments)
             if k < len(calls) and calls[k][0] == i:
-                if segments and segments[-1][0] >= 0 and segments[-1][1] == k:
+                if segments and segments[-1][0] >= 0 and segments[-1][1] == k \
+                        and i not in targets:
                     segments[-1] = (segments[-1][0], k + 1)
                 else:
                     segments.append((k, k + 1))
                 k += 1
             else:
                 segments.append((-1 - i, 0))
+        self._segment_at[len(self._program)] = len(segments)
         return segments
 
     def _view_step(self, ins: Instruction, views: Any) -> Callable[[], Any]:
@@ -185,6 +265,14 @@ class Executor:
             return _library_step(fn, ins_views, out_view, attrs)
         if ins.opcode == OP_BIND_SIZE:
             return _bind_step(views[ins.operands[0]], self._sizes, self._limits, ins.target)
+        if ins.opcode == OP_JUMP_UNLESS:
+            return _branch_step(views[ins.operands[0]], ins.target, index_after(self._program,
+                                                                               ins))
+        if ins.opcode == OP_JUMP:
+            target = ins.target
+            return lambda: target
+        if ins.opcode == OP_TRAP:
+            return _trap_step(ins.target)
         return _copy_step(views[ins.operands[0]], views[ins.target])
 
     def set_views(self, index: int, views: Any) -> None:
@@ -209,6 +297,9 @@ class Executor:
         return self._pool.step(fn, address, args_address, self.threads), args
 
     def run(self) -> None:
+        if self._jumping:
+            self._run_jumping()
+            return
         if self._segments is None:
             for step in self._steps:
                 step()
@@ -228,6 +319,45 @@ class Executor:
                 self._pool.finish(int(self._status[0]))
                 start = at + 1
 
+    def _run_jumping(self) -> None:
+        """``run`` for a program with jumps (format 1.7): a jump's step gives the instruction
+        to continue at (always later: the decoder allows forward jumps only)."""
+        program, steps = self._program, self._steps
+        if self._segments is None:
+            i, n = 0, len(steps)
+            while i < n:
+                if program[i].opcode in JUMPS:
+                    i = steps[i]()
+                else:
+                    steps[i]()
+                    i += 1
+            return
+        segments, at = self._segments, self._segment_at
+        s, n = 0, len(segments)
+        while s < n:
+            start, end = segments[s]
+            if start >= 0:
+                self._run_native(start, end)
+                s += 1
+                continue
+            i = -1 - start
+            if program[i].opcode in JUMPS:
+                s = at[steps[i]()]
+            else:
+                steps[i]()
+                s += 1
+
+    def _run_native(self, start: int, end: int) -> None:
+        """Kernel calls ``start`` .. ``end`` of the table in the bundle's native step loop."""
+        native, (pool_address, nworkers, table) = self._native, self._native_args
+        status_address = self._status_address
+        while start < end:
+            at = native(pool_address, nworkers, table, start, end, JOIN_SPINS, status_address)
+            if at >= end:
+                break
+            self._pool.finish(int(self._status[0]))
+            start = at + 1
+
     def run_timed(self) -> tuple[list[int], list[int], int, int]:
         """Run once timing every prepared call with ``time.perf_counter_ns``: (each
         instruction's start, each one's duration, the run's start, the run's end), all in ns.
@@ -236,12 +366,18 @@ class Executor:
         starts: list[int] = []
         durations: list[int] = []
         begin = clock()
-        for step in self._steps:
+        program, steps = self._program, self._steps
+        i = 0
+        while i < len(steps):
             t0 = clock()
-            step()
+            after = steps[i]()
             t1 = clock()
             starts.append(t0)
             durations.append(t1 - t0)
+            i = after if program[i].opcode in JUMPS else i + 1
+        # instructions a jump skipped: no time (run_timed's lists keep one entry each)
+        starts += [begin] * (len(steps) - len(starts))
+        durations += [0] * (len(steps) - len(durations))
         return starts, durations, begin, clock()
 
     @property
@@ -536,6 +672,23 @@ def _bind_step(count: np.ndarray, sizes: np.ndarray | None, limits: np.ndarray |
                              "larger than its axis, or negative)")
         sizes[var] = value
 
+    return step
+
+
+def index_after(program: list[Instruction], ins: Instruction) -> int:
+    """The index of the instruction after ``ins`` (by identity) in ``program``."""
+    return next(i for i, x in enumerate(program) if x is ins) + 1
+
+
+def _branch_step(cond: np.ndarray, target: int, after: int) -> Callable[[], int]:
+    """JUMP_UNLESS: the next instruction, or ``target`` when the condition is false."""
+    flat = cond.reshape(-1)
+    return lambda: after if flat[0] else target
+
+
+def _trap_step(reason: int) -> Callable[[], Any]:
+    def step() -> None:
+        raise InputError(TRAP_REASONS[reason])
     return step
 
 

@@ -156,6 +156,15 @@ class _Recurrence:
                 ctx.bb.assume([("eq", want[axis], 1, f"{name} of {ctx.node.name or ctx.node.op_type} "
                                 "has batch 1")])
                 s = ctx.emit("broadcast_to", s, shape=want)
+            elif len(s.type.shape) == 3 and all(a == b or not isinstance(a, int)
+                                                or not isinstance(b, int)
+                                                for a, b in zip(s.type.shape, want)):
+                # a symbolic size of its own (silero's state [2, B', 128] beside the input's
+                # batch B): the same size, checked at run time
+                for a, b in zip(s.type.shape, want):
+                    if a != b:
+                        ctx.assume("eq", a, b, f"{name}'s batch")
+                s = ctx.reshape(s, want)
             else:
                 raise ctx.error(f"{name} has shape {s.type.shape}, expected {want}")
         return s if self.layout == 0 else ctx.emit("transpose", s, axes=(1, 0, 2))

@@ -19,6 +19,7 @@ from ...packager.errors import ExportError
 from ...packager.ir.graph import Value
 from . import rnn_fast
 from .recurrence import _RNN_ATTRS, _Recurrence, _slice, _take
+from .branches import emit_if
 from .registry import NodeContext, converter
 
 # ---- activations --------------------------------------------------------------------------------
@@ -189,8 +190,9 @@ def _bool_const(ctx: NodeContext, v: Value, what: str) -> bool | None:
 
 @converter("If", since=1, attrs={"then_branch": None, "else_branch": None})
 def _if(ctx: NodeContext) -> list[Value]:
-    """A condition known at export inlines one branch; a run-time one computes both branches
-    and selects with ``where`` (both must give the same shapes and dtypes)."""
+    """A condition known at export inlines one branch; one known only at run time runs as the
+    VM's branch (format 1.7, ``branches.py``): only the taken branch runs, and outputs whose
+    extents differ between the branches get size variables that the taken branch binds."""
     then_g, else_g = ctx.attrs["then_branch"], ctx.attrs["else_branch"]
     if then_g is None or else_g is None:
         raise ctx.error("then_branch and else_branch are required")
@@ -202,83 +204,37 @@ def _if(ctx: NodeContext) -> list[Value]:
         raise ctx.error(f"the condition is {cond.type.dtype}, not bool")
     if cond.type.shape not in ((), (1,)):
         raise ctx.error(f"the condition has shape {cond.type.shape}; it must hold one value")
-    hint = _run_time_condition_hint(ctx, cond)
+    from .symvalue import SymValue, materialize
+
+    inputs = _condition_inputs(ctx, cond)
+    hint = _run_time_condition_hint(ctx, inputs)
+    if isinstance(cond, SymValue):
+        cond = materialize(ctx.bb, cond)
+
+    def mismatch(i: int, a: Value, b: Value) -> str:
+        return (f"output {i}: the branches give {a.type.dtype}{list(a.type.shape)} and "
+                f"{b.type.dtype}{list(b.type.shape)}; with a condition computed at run time both "
+                f"must match (shapes are static); {hint}")
+
     try:
-        yes = ctx.inline(then_g, [])
-        no = ctx.inline(else_g, [])
+        return emit_if(ctx, ctx.reshape(cond, (1,)), then_g, else_g, not inputs, hint, mismatch)
     except ExportError as exc:
         if _HINT_MARK in str(exc):   # an inner If said it already
             raise
         raise ExportError(f"{exc}; {hint}") from None
-    if len(yes) != len(no):
-        raise ctx.error("the branches give different numbers of outputs")
-    out = []
-    for i, (a, b) in enumerate(zip(yes, no)):
-        if a.type != b.type and a.type.dtype == b.type.dtype and \
-                len(a.type.shape) == len(b.type.shape) and len(a.type.shape) > 0:
-            out.append(_select_shapes(ctx, cond, a, b, i, hint))
-            continue
-        if a.type != b.type:
-            raise ctx.error(f"output {i}: the branches give {a.type.dtype}{list(a.type.shape)} "
-                            f"and {b.type.dtype}{list(b.type.shape)}; with a condition computed "
-                            f"at run time both must match (shapes are static); {hint}")
-        c = ctx.reshape(cond, (1,) * len(a.type.shape)) if a.type.shape else ctx.reshape(cond, ())
-        out.append(ctx.emit("where", c, a, b))
-    return out
-
-
-def _select_shapes(ctx: NodeContext, cond: Value, a: Value, b: Value, i: int, hint: str
-                   ) -> Value:
-    """Output ``i`` of an If computed at run time whose branches give different shapes (same
-    dtype and rank): each extent the branches disagree on becomes a size variable bound at run
-    time (BIND_SIZE) to the taken branch's extent, at most the larger of the two, which must be
-    comparable at export (two ints, or expressions of the input sizes one of which is never
-    smaller: ``L`` and ``L + 6``, not ``L`` and ``8``)."""
-    from .symvalue import SymValue, make, materialize
-
-    c = ctx.reshape(cond, (1,))
-    shape, afters = [], []
-    for d, (x, y) in enumerate(zip(a.type.shape, b.type.shape)):
-        if x == y:
-            shape.append(x)
-            continue
-        bound = _larger(x, y)
-        if bound is None:
-            raise ctx.error(f"output {i} axis {d}: the branches give {x} and {y}, which cannot "
-                            "be ordered at export (the output's memory is planned at the "
-                            f"larger); {hint}")
-        sizes = []
-        for v in (x, y):
-            t = make(ctx, np.array([v], dtype=object), "int64", "extent")
-            sizes.append(materialize(ctx.bb, t) if isinstance(t, SymValue) else t)
-        count = ctx.emit("where", c, *sizes)
-        after, var = ctx.bb.bind_size(count, bound, "branch")
-        afters.append(after)
-        shape.append(var)
-    return ctx.bb.emit_op("branch_select", c, a, b, *afters, shape=tuple(shape))
-
-
-def _larger(x, y):
-    """The larger of two extents when one is never smaller for any sizes >= 1, else None."""
-    for big, small in ((x, y), (y, x)):
-        diff = big - small
-        low = diff if isinstance(diff, int) else diff.lower_bound()
-        if low is not None and low >= 0:
-            return big
-    return None
 
 
 _HINT_MARK = "is known only at run time, so both branches are compiled"
 
 
-def _run_time_condition_hint(ctx: NodeContext, cond: Value) -> str:
-    """What a user can do when a branch of an If with a run-time condition cannot be compiled:
-    fix the graph inputs the condition depends on (found through the bindings emitted so far)."""
+def _condition_inputs(ctx: NodeContext, cond: Value) -> list[str]:
+    """The graph inputs whose values the condition depends on (found through the bindings
+    emitted so far); none when it is computed from the input sizes alone."""
     fn = ctx.bb._func
     producers = {id(b.var): b.value for blk in (fn.blocks if fn else []) for b in blk.bindings}
     if ctx.bb._block is not None:
         producers.update((id(b.var), b.value) for b in ctx.bb._block.bindings)
-    params = {id(p): p.name for p in (fn.params if fn else [])}
+    params = {id(p): p.name for p in (fn.params if fn else ctx.bb.params)}
     seen, stack, inputs = set(), [cond], []
     while stack:
         v = stack.pop()
@@ -289,7 +245,13 @@ def _run_time_condition_hint(ctx: NodeContext, cond: Value) -> str:
             inputs.append(params[id(v)])
         value = producers.get(id(v))
         stack.extend(a for a in getattr(value, "args", ()) if isinstance(a, Value))
-    named = ", ".join(repr(n) for n in sorted(inputs))
+    return sorted(inputs)
+
+
+def _run_time_condition_hint(ctx: NodeContext, inputs: list[str]) -> str:
+    """What a user can do when a branch of an If with a run-time condition cannot be compiled:
+    fix the graph inputs the condition depends on."""
+    named = ", ".join(repr(n) for n in inputs)
     what = (f"it depends on input {named}: --bind NAME=FILE.npy fixes an input's value at "
             "export, --input-shape its size" if inputs else
             "--bind NAME=FILE.npy fixes an input's value at export, --input-shape its size")

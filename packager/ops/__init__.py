@@ -3,9 +3,9 @@ model-level operators (``nn``, ``elementwise``, ``shape``...) that frontends pro
 layout-only ones (``layout``, ``bf16``: a constant weight packed for a kernel, made only by
 passes/layout.py; ``OpDef.layout`` marks their rows)."""
 
-from . import (bf16, dynamic, elementwise, index, layout, logic, nn, norm, pool,  # noqa: F401
-               qconv_quads, qelementwise, qlinear, quant, resize, resize_taps, sequence,
-               shape, trees)  # (registration side effect)
+from . import (bf16, control, dynamic, elementwise, index, layout, logic, nn,  # noqa: F401
+               norm, pool, qconv_quads, qelementwise, qlinear, quant, resize, resize_taps,
+               sequence, shape, trees)  # (registration side effect)
 from .registry import OPS, OpDef, get_op, register_op
 
 __all__ = ["OPS", "OpDef", "get_op", "register_op"]

@@ -490,40 +490,6 @@ def counted_range(first: np.ndarray, after: np.ndarray, count: Dim = 0,
     return int(first[0]) + np.arange(int(after.reshape(-1)[0]), dtype=np.int64) * int(step)
 
 
-# ---- branch_select: an If whose branches give different shapes ----------------------------------
-
-def _infer_branch_select(cond: TensorType, a: TensorType, b: TensorType, *after: TensorType,
-                         shape: Sequence[Dim] = ()) -> TensorType:
-    if a.dtype != b.dtype or len(a.shape) != len(b.shape) or len(shape) != len(a.shape):
-        raise ValueError(f"branch_select: branches {a} and {b} for shape {tuple(shape)}")
-    return TensorType(tuple(shape), a.dtype)
-
-
-def _legalize_branch_select(cond: te.Tensor, a: te.Tensor, b: te.Tensor, *rest: te.Tensor,
-                            out_type: TensorType, name: str, shape: Sequence[Dim] = ()
-                            ) -> te.Tensor:
-    """The taken branch's element; the other branch is read at clamped indices (always inside
-    it, whatever its extents) and discarded by the select."""
-    def read(x: te.Tensor, idx: tuple) -> te.Expr:
-        at = tuple(i if x.shape[d] == shape[d] else
-                   te.minimum(te.cast(i, "int64"), size_expr(x.shape[d]) - 1)
-                   for d, i in enumerate(idx))
-        return x[at]
-
-    return te.compute(out_type.shape, lambda *i: te.if_then_else(cond[(0,)], read(a, i),
-                                                                read(b, i)),
-                      name=name, dtype=a.dtype)
-
-
-@register_op("branch_select", INJECTIVE, _infer_branch_select, _legalize_branch_select)
-def branch_select(cond: np.ndarray, a: np.ndarray, b: np.ndarray, *after: np.ndarray,
-                  shape: Sequence[Dim] = ()) -> np.ndarray:
-    """``a`` if the condition holds, else ``b``: an If computed at run time whose branches give
-    different shapes; the output's differing extents are size variables bound (``after``) to
-    the taken branch's."""
-    return (a if bool(np.asarray(cond).reshape(-1)[0]) else b).copy()
-
-
 # ---- prefix_rows: the rows a Loop computed at run time ran for ---------------------------------
 
 def _infer_prefix_rows(x: TensorType, after: TensorType, count: Dim = 0) -> TensorType:

@@ -26,6 +26,7 @@ COMPLEX = "complex"        # matmul, conv: may take an elementwise epilogue
 VIEW = "view"              # no data movement: a new shape over the same bytes (reshape, flatten)
 OPAQUE = "opaque"          # one hand-written kernel (a recurrence's time loop): nothing fuses in
 BIND = "bind"              # no kernel: binds a size variable from a count (the VM's BIND_SIZE)
+BRANCH = "branch"          # no kernel: an If run as the VM's branch (ops/control.py)
 
 
 @dataclass(frozen=True)

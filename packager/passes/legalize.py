@@ -6,7 +6,7 @@ from __future__ import annotations
 from ..ir import te
 from ..ir.graph import Call, CallTIR, Constant, Function, IRModule, PrimFunc, Value
 from ..ops import get_op
-from ..ops.registry import BIND, VIEW
+from ..ops.registry import BIND, BRANCH, VIEW
 from .common import rewrite_function
 
 
@@ -66,7 +66,7 @@ def legalize(mod: IRModule) -> IRModule:
 
     def visit(b, lookup):
         v = b.value
-        if not isinstance(v, Call) or get_op(v.op).kind in (VIEW, BIND):
+        if not isinstance(v, Call) or get_op(v.op).kind in (VIEW, BIND, BRANCH):
             return None
         fname = out.add_prim_func(legalize_call(v))
         return CallTIR(fname, list(v.args), v.type)

@@ -43,6 +43,8 @@ def bind_params(mod: IRModule, params: Mapping[str, np.ndarray], func: str = "ma
 # Calls fold_constants leaves for later: a dequantized constant weight stays integer until the
 # quantized-kernel fusion has seen it (``fold_dequantize`` folds the rest after it).
 KEPT_UNFOLDED = frozenset({"dequantize"})
+# Calls never folded: a binding of a size, an If run as the VM's branch (their work is the VM's)
+UNFOLDED = frozenset({"bind_size", "if", "if_output", "check"})
 
 
 def _sized_at_run_time(attrs: Mapping) -> bool:
@@ -59,7 +61,7 @@ def fold_constants(mod: IRModule, keep: frozenset[str] = KEPT_UNFOLDED) -> IRMod
 
     def visit(b, lookup):
         v = b.value
-        if isinstance(v, Call) and v.args and v.op not in keep and v.op != "bind_size" \
+        if isinstance(v, Call) and v.args and v.op not in keep and v.op not in UNFOLDED \
                 and all(isinstance(a, Constant) for a in v.args) and is_static(v.type.shape) \
                 and not _sized_at_run_time(v.attrs):
             ref = get_op(v.op).reference
@@ -97,7 +99,7 @@ def eliminate_dead_code(mod: IRModule) -> IRModule:
         live = {id(o) for o in fn.outputs}
         kept_rev = []
         for b in reversed(list(fn.bindings())):
-            if id(b.var) in live:
+            if id(b.var) in live or (isinstance(b.value, Call) and b.value.op == "check"):
                 kept_rev.append(b)
                 live.update(id(a) for a in used_values(b.value))
                 if isinstance(b.value, CallTIR):

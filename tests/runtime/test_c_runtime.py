@@ -612,6 +612,41 @@ def test_open_detector_bit_identical(build, asan, tmp_path_factory, tmp_path) ->
         assert_bit_identical(asan, bundle, feeds, tmp_path / f"a{k}", threads=(1,), env=ASAN)
 
 
+@pytest.fixture(scope="module")
+def branch_bundle(tmp_path_factory) -> Path:
+    """The format 1.7 bundle of tests/export/test_if_branches.py (an If on the sample rate
+    whose branches give different shapes, each with an If on a size; only the taken branch
+    runs), the very file that module checks against ONNX Runtime."""
+    from branch_models import exported
+
+    return exported(tmp_path_factory)[1]
+
+
+def test_taken_branch_bit_identical_and_damaged_jumps_refused(build, asan, branch_bundle,
+                                                              tmp_path) -> None:
+    """The C runtime jumps over the untaken branch as the Python runtime does: outputs of the
+    taken branch's shapes, bit-identical (1 and 2 threads, and under the sanitizers); sizes
+    that take a left-out branch are refused with the input-error code; a damaged jump (not
+    forward, past the end, inside an instruction, a condition that is not one bool, an unknown
+    TRAP reason) is refused at load with the bundle-error code, in one line."""
+    from branch_models import damaged_bytecode, feeds
+
+    for n, length, rate in ((1, 12, 16000), (4, 8, 8000), (2, 16, 16000)):
+        assert_bit_identical(build, branch_bundle, feeds(n, length, rate), tmp_path / f"b{n}")
+        assert_bit_identical(asan, branch_bundle, feeds(n, length, rate), tmp_path / f"a{n}",
+                             threads=(1,), env=ASAN)
+    for i, v in enumerate(feeds(1, 12, 8000).values()):
+        np.save(tmp_path / f"t{i}.npy", v)
+    proc = mlcrun(asan, "run", branch_bundle, tmp_path / "t0.npy", tmp_path / "t1.npy", "-o",
+                  tmp_path / "to", env=ASAN)
+    assert proc.returncode == 7 and "branch of one of the model's If" in one_line_error(proc)
+    for change in ("backward", "past_end", "mid_instruction", "not_bool", "trap_reason"):
+        path = damaged_bytecode(branch_bundle, tmp_path / f"{change}.mlc", change)
+        proc = mlcrun(asan, "inspect", path, env=ASAN)
+        line = one_line_error(proc)
+        assert proc.returncode == 3 and "invalid bytecode" in line, (change, line)
+
+
 # ---- Ed25519 signatures (vendored Monocypher) --------------------------------------------------
 
 def test_signatures(asan, tmp_path) -> None:

@@ -13,6 +13,7 @@
 #define PAYLOAD64_MINOR 4
 #define STORED_MINOR 5      /* a constant's "stored" record (8-bit integers) */
 #define DYNAMIC_MINOR 6     /* the symbolic record's "dynamic" sizes (BIND_SIZE) */
+#define BRANCH_MINOR 7      /* the vm record's "branches" (JUMP_UNLESS, JUMP, TRAP) */
 #define VALUES_MINOR 6      /* the symbolic record's "values" (sizes from inputs' values) */
 #define SCALES_MINOR 7      /* the symbolic record's "scales" (sizes from float scales) */
 #define ALIGN 64
@@ -103,6 +104,9 @@ static mlc_status check_version(mlc_model *m, mlc_error *err)
         reads = VALUES_MINOR;
     if (symrec && symrec->type == MP_MAP && mp_get(symrec, "scales"))
         reads = SCALES_MINOR;
+    const mp_node *vmrec = mp_get(h, "vm");
+    if (vmrec && vmrec->type == MP_MAP && mp_get(vmrec, "branches"))
+        reads = BRANCH_MINOR;
     if (minor > reads) {
         const mp_node *need = mp_get(h, "min_reader");
         if (!need)

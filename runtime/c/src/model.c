@@ -26,7 +26,7 @@ void mlc_options_init(mlc_options *o)
 
 const char *mlc_version(void)
 {
-    return "0.1 (format 1.4, abi 1)";
+    return "0.1 (format 1.7, abi 1)";
 }
 
 static mlc_status decode(mlc_model *m, mlc_plan *p, mlc_error *err)
@@ -39,12 +39,55 @@ static mlc_status decode(mlc_model *m, mlc_plan *p, mlc_error *err)
     if (!w)
         return mlc_fail(err, MLC_ERR_INTERNAL, "out of memory");
     memcpy(w, m->data + m->data_start + p->bytecode.off, nw * 4);   /* little-endian hosts */
+    /* each word's instruction index, for the jumps' targets (-1: inside an instruction) */
+    int64_t *start_of = mlc_zalloc(&m->alloc, (nw + 1) * sizeof(int64_t));
+    if (!start_of)
+        return mlc_fail(err, MLC_ERR_INTERNAL, "out of memory");
+    for (size_t i = 0; i <= nw; i++)
+        start_of[i] = -1;
     /* count, then fill */
     for (int pass = 0; pass < 2; pass++) {
         size_t pc = 0, k = 0;
         while (pc < nw) {
             int32_t op = w[pc];
             const char *why = NULL;
+            start_of[pc] = (int64_t)k;
+            if (op == OP_JUMP || op == OP_TRAP || op == OP_JUMP_UNLESS) {
+                size_t len = op == OP_JUMP_UNLESS ? 3 : 2;
+                int32_t arg = 0;
+                if (pc + len > nw)
+                    why = "truncated JUMP, JUMP_UNLESS or TRAP";
+                else if (op == OP_TRAP) {
+                    if (w[pc + 1] != 0 && w[pc + 1] != 1)
+                        why = "unknown TRAP reason";
+                } else {
+                    arg = w[pc + len - 1];
+                    if (arg < 0 || (size_t)arg <= pc || (size_t)arg > nw)
+                        why = "jump target outside the bytecode or not forward";
+                    else if (op == OP_JUMP_UNLESS) {
+                        int32_t t = w[pc + 1];
+                        const mlc_trow *row = t >= 0 && (size_t)t < p->ntensors
+                                              ? &p->tensors[t] : NULL;
+                        if (!row)
+                            why = "tensor index out of range";
+                        else if (row->dtype != MLC_BOOL || row->rec->len > 1
+                                 || (row->rec->len == 1
+                                     && !(mp_is_int(&row->rec->v.items[0])
+                                          && row->rec->v.items[0].v.i == 1)))
+                            why = "JUMP_UNLESS must test one bool";
+                    }
+                }
+                if (why)
+                    return mlc_fail(err, MLC_ERR_BUNDLE, "%s: invalid bytecode at word %zu: %s",
+                                    m->name, pc, why);
+                if (pass)   /* the target word for now: an instruction index below */
+                    p->program[k] = (mlc_instr){op, (uint32_t)(op == OP_TRAP ? w[pc + 1] : arg),
+                                                op == OP_JUMP_UNLESS, &w[pc + 1], NULL, NULL};
+                p->jumps |= op != OP_TRAP;
+                k++;
+                pc += len;
+                continue;
+            }
             if (op == OP_COPY) {
                 if (pc + 3 > nw)
                     why = "truncated COPY";
@@ -112,12 +155,22 @@ static mlc_status decode(mlc_model *m, mlc_plan *p, mlc_error *err)
             k++;
             pc += 3 + (size_t)n;
         }
+        start_of[nw] = (int64_t)k;
         if (!pass) {
             p->nprogram = k;
             p->program = mlc_zalloc(&m->alloc, (k + 1) * sizeof(mlc_instr));
             if (!p->program)
                 return mlc_fail(err, MLC_ERR_INTERNAL, "out of memory");
         }
+    }
+    for (size_t i = 0; i < p->nprogram; i++) {   /* jump targets: words to instructions */
+        mlc_instr *in = &p->program[i];
+        if (in->op != OP_JUMP && in->op != OP_JUMP_UNLESS)
+            continue;
+        if (start_of[in->target] < 0)
+            return mlc_fail(err, MLC_ERR_BUNDLE, "%s: invalid bytecode at word %u: a jump "
+                            "lands inside an instruction", m->name, in->target);
+        in->target = (uint32_t)start_of[in->target];
     }
     for (size_t i = 0; i < p->nprogram; i++) {
         const mlc_instr *in = &p->program[i];
@@ -258,7 +311,7 @@ static mlc_status prepare(mlc_model *m, mlc_plan *p, mlc_error *err)
                 x->ndim = t->ndim;
                 memcpy(x->dims, t->shape, sizeof x->dims);
             }
-        } else if (!p->sym) {
+        } else if (in->op == OP_COPY && !p->sym) {
             const mlc_trow *src = &p->tensors[in->target], *dst = &p->tensors[in->operands[0]];
             if (src->nbytes != dst->nbytes || mlc_storage(src->dtype) != mlc_storage(dst->dtype))
                 return mlc_fail(err, MLC_ERR_BUNDLE, "%s: a COPY instruction joins tensors of "
@@ -283,16 +336,29 @@ static mlc_status prepare(mlc_model *m, mlc_plan *p, mlc_error *err)
     p->segments = mlc_zalloc(&m->alloc, (p->nprogram + 1) * sizeof(mlc_segment));
     if (!p->table || !p->segments)
         return mlc_fail(err, MLC_ERR_INTERNAL, "out of memory");
+    uint8_t *is_target = NULL;   /* with jumps: a target starts a segment of its own */
+    if (p->jumps) {
+        is_target = mlc_zalloc(&m->alloc, p->nprogram + 1);
+        p->segment_at = mlc_zalloc(&m->alloc, (p->nprogram + 1) * sizeof(size_t));
+        if (!is_target || !p->segment_at)
+            return mlc_fail(err, MLC_ERR_INTERNAL, "out of memory");
+        for (size_t i = 0; i < p->nprogram; i++)
+            if (p->program[i].op == OP_JUMP || p->program[i].op == OP_JUMP_UNLESS)
+                is_target[p->program[i].target] = 1;
+    }
     size_t k = 0;
     for (size_t i = 0; i < p->nprogram; i++) {
         mlc_instr *in = &p->program[i];
+        if (p->segment_at)
+            p->segment_at[i] = p->nsegments;
         if (in->op == OP_KERNEL) {
             p->table[3 * k] = p->kernel_addr[in->target];
             p->table[3 * k + 1] = (uint64_t)(uintptr_t)in->args;
             p->table[3 * k + 2] = p->kernels[in->target].parallel && p->threads
                                   ? (uint64_t)m->threads : 0;
             if (p->nsegments && p->segments[p->nsegments - 1].start >= 0
-                && p->segments[p->nsegments - 1].end == (int64_t)k)
+                && p->segments[p->nsegments - 1].end == (int64_t)k
+                && !(is_target && is_target[i]))
                 p->segments[p->nsegments - 1].end = (int64_t)k + 1;
             else
                 p->segments[p->nsegments++] = (mlc_segment){(int64_t)k, (int64_t)k + 1};
@@ -301,6 +367,8 @@ static mlc_status prepare(mlc_model *m, mlc_plan *p, mlc_error *err)
             p->segments[p->nsegments++] = (mlc_segment){-1 - (int64_t)i, 0};
         }
     }
+    if (p->segment_at)
+        p->segment_at[p->nprogram] = p->nsegments;
     return MLC_OK;
 }
 

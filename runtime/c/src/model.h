@@ -58,7 +58,11 @@ typedef struct {
     void *user;
 } mlc_site;
 
-enum { OP_KERNEL = 1, OP_LIB = 2, OP_COPY = 3, OP_BIND = 4 };
+/* format 1.7: JUMP_UNLESS, JUMP and TRAP (an If that runs only its taken branch); a decoded
+ * jump's target is the index of the instruction it continues at (nprogram: the end), always
+ * after the jump itself, so every run ends */
+enum { OP_KERNEL = 1, OP_LIB = 2, OP_COPY = 3, OP_BIND = 4, OP_JUMP_UNLESS = 5, OP_JUMP = 6,
+       OP_TRAP = 7 };
 typedef struct {
     int op;
     uint32_t target;
@@ -129,6 +133,8 @@ typedef struct mlc_plan {
     size_t ncalls;
     mlc_segment *segments;
     size_t nsegments;
+    size_t *segment_at;        /* with jumps: the segment a jump target (or the end) starts */
+    int jumps;                 /* the program has jumps (format 1.7) */
     mlc_pool_code pool;
     int has_pool;
     mlc_threads *threads;

@@ -10,9 +10,9 @@
 static mlc_status step(const mlc_model *m, const mlc_plan *p, const mlc_instr *in,
                        mlc_error *err)
 {
-    if (in->op == OP_COPY) {
+    if (in->op == OP_COPY) {   /* a symbolic plan's tensors have this shape's byte sizes */
         memcpy(p->addr[in->operands[0]], p->addr[in->target],
-               (size_t)p->tensors[in->target].nbytes);
+               (size_t)(p->sym ? p->sym->tbytes[in->target] : p->tensors[in->target].nbytes));
         return MLC_OK;
     }
     if (in->op == OP_BIND) {   /* a size a kernel counted, within its bound for this shape */
@@ -25,6 +25,15 @@ static mlc_status step(const mlc_model *m, const mlc_plan *p, const mlc_instr *i
         p->sym->sizes[in->target] = v;
         return MLC_OK;
     }
+    if (in->op == OP_TRAP && in->target == 0)
+        return mlc_fail(err, MLC_ERR_INPUT, "%s: these input sizes take a branch of one of the "
+                        "model's If nodes that the export could not compile (the other branch "
+                        "was compiled): give inputs of the sizes the model is made for", m->name);
+    if (in->op == OP_TRAP)
+        return mlc_fail(err, MLC_ERR_INPUT, "%s: these input sizes break a size relation that "
+                        "the branch of one of the model's If nodes they take needs (a Squeeze of "
+                        "an axis whose size is not 1, a Reshape whose element counts differ): "
+                        "give inputs of the sizes the model is made for", m->name);
     const mlc_site *site = &p->sites[in->target];
     if (site->fn(site->user, in->tensors, (int)in->n - 1, &in->tensors[in->n - 1], &site->attrs))
         return mlc_fail(err, MLC_ERR_INTERNAL, "%s: library function %s failed", m->name,
@@ -32,21 +41,43 @@ static mlc_status step(const mlc_model *m, const mlc_plan *p, const mlc_instr *i
     return MLC_OK;
 }
 
+/* Where a jump continues: its target, or (JUMP_UNLESS whose condition holds) the next one. */
+static size_t jump_next(const mlc_plan *p, const mlc_instr *in, size_t i)
+{
+    if (in->op == OP_JUMP_UNLESS && *(const uint8_t *)p->addr[in->operands[0]])
+        return i + 1;
+    return in->target;
+}
+
 static mlc_status execute(mlc_model *m, mlc_plan *p, mlc_error *err)
 {
     mlc_status s;
     if (p->segments) {
-        for (size_t i = 0; i < p->nsegments; i++) {
+        for (size_t i = 0; i < p->nsegments;) {
             const mlc_segment *seg = &p->segments[i];
-            if (seg->start >= 0)
+            if (seg->start >= 0) {
                 mlc_threads_steps(p->threads, &p->pool, p->table, seg->start, seg->end);
-            else if ((s = step(m, p, &p->program[-1 - seg->start], err)))
+                i++;
+                continue;
+            }
+            size_t at = (size_t)(-1 - seg->start);
+            const mlc_instr *in = &p->program[at];
+            if (in->op == OP_JUMP || in->op == OP_JUMP_UNLESS) {
+                i = p->segment_at[jump_next(p, in, at)];   /* a later segment: jumps go forward */
+                continue;
+            }
+            if ((s = step(m, p, in, err)))
                 return s;
+            i++;
         }
         return MLC_OK;
     }
     for (size_t i = 0; i < p->nprogram; i++) {
         const mlc_instr *in = &p->program[i];
+        if (in->op == OP_JUMP || in->op == OP_JUMP_UNLESS) {
+            i = jump_next(p, in, i) - 1;   /* the loop's i++ lands on it */
+            continue;
+        }
         if (in->op == OP_KERNEL) {
             mlc_kernel_fn fn = (mlc_kernel_fn)p->kernel_addr[in->target];
             if (p->threads && p->kernels[in->target].parallel)

@@ -1,0 +1,67 @@
+"""Control flow: an ONNX ``If`` whose condition is known only at run time, run as the VM's
+branch (format 1.7: JUMP_UNLESS, JUMP, TRAP) so that only the taken branch runs.
+
+``if`` takes the condition (one bool) and the values its branches read from outside
+(``captures``); ``branches`` names the two graph functions of the module that compute its
+outputs from the captures ("" for a branch that refuses the run: TRAP). Its value is output 0;
+``if_output`` gives output ``index`` > 0 of the ``if`` it takes; ``check`` refuses the run
+(JUMP_UNLESS over a TRAP) where a size relation that a branch needs fails. Neither is a kernel: the VM
+emitter (``vm_emit.py``) lays out both branches, each copying its results into the outputs'
+memory. An output's extents that differ between the branches are size variables that each
+branch binds (BIND_SIZE) before it copies. The references evaluate nothing: the numpy
+reference of a module with branches is ``golden.evaluate_ir``'s, which runs the taken one.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from ..ir.graph import TensorType
+from .registry import BRANCH, register_op
+
+
+def _output_type(outputs: Sequence[tuple], index: int) -> TensorType:
+    shape, dtype = outputs[index]
+    return TensorType(tuple(shape), dtype)
+
+
+def _infer_if(cond: TensorType, *captures: TensorType, branches: tuple[str, str] = ("", ""),
+              outputs: Sequence[tuple] = ()) -> TensorType:
+    if cond.dtype != "bool" or cond.shape != (1,):
+        raise ValueError(f"if: the condition must be one bool of shape (1,), not {cond}")
+    if len(branches) != 2 or not outputs or not any(branches):
+        raise ValueError("if: two branches (at most one refusing) and an output are needed")
+    return _output_type(outputs, 0)
+
+
+@register_op("if", BRANCH, _infer_if)
+def if_(cond: np.ndarray, *captures: np.ndarray, branches: tuple[str, str] = ("", ""),
+        outputs: Sequence[tuple] = ()) -> np.ndarray:
+    raise NotImplementedError("if: evaluated by golden.evaluate_ir, which runs one branch")
+
+
+def _infer_if_output(first: TensorType, index: int = 1, outputs: Sequence[tuple] = ()
+                     ) -> TensorType:
+    if not 0 < index < len(outputs):
+        raise ValueError(f"if_output: output {index} of an if with {len(outputs)} outputs")
+    return _output_type(outputs, index)
+
+
+@register_op("if_output", BRANCH, _infer_if_output)
+def if_output(first: np.ndarray, index: int = 1, outputs: Sequence[tuple] = ()) -> np.ndarray:
+    raise NotImplementedError("if_output: evaluated by golden.evaluate_ir with its if")
+
+
+def _infer_check(bad: TensorType, where: str = "") -> TensorType:
+    if bad.dtype != "bool" or bad.shape != (1,):
+        raise ValueError(f"check: the flag must be one bool of shape (1,), not {bad}")
+    return bad
+
+
+@register_op("check", BRANCH, _infer_check)
+def check(bad: np.ndarray, where: str = "") -> np.ndarray:
+    """A size relation a branch needs (``where`` names it): the VM refuses the run (TRAP)
+    where ``bad`` holds. Never dropped as dead code."""
+    return bad
