@@ -13,6 +13,8 @@ then
 - ``qdq_rr``: QDQ, per channel, ``reduce_range=True``;
 - ``qop``: QOperator format (QLinearConv / QLinearMatMul / QLinearAdd ...), per channel;
 - ``dyn``: ``quantize_dynamic`` (DynamicQuantizeLinear, MatMulInteger / ConvInteger);
+- ``V@fixed`` (not in the default list): variant V exported with the corpus's ``--input-shape``
+  (the dims fixed: the integer kernels need static shapes), for comparison;
 
 uint8 activations, int8 weights, calibrated on 8 of the corpus's realistic inputs (seeded). Besides
 them ``ours``: ``mlcpack export FP32 --quantize int8 --calibration DIR`` (the same 8 inputs as
@@ -78,10 +80,14 @@ def preprocessed(fp32: Path, folder: Path) -> Path:
         src = folder / "opset13.onnx"
         onnx.save(version_converter.convert_version(model, 13), src)
         fp32 = src
+    here = os.getcwd()
+    os.chdir(folder)   # ORT's symbolic shape inference leaves files in the working directory
     try:
         quant_pre_process(str(fp32), str(pre))
     except Exception:  # noqa: BLE001 -- ORT's symbolic shape inference gives up on some graphs
         quant_pre_process(str(fp32), str(pre), skip_symbolic_shape=True)
+    finally:
+        os.chdir(here)
     return pre
 
 
@@ -189,6 +195,100 @@ class _OrtAsBundle:
         return dict(zip(names, self.sess.run(None, feed)))
 
 
+def exact_session(qfile: Path):
+    """ORT with graph optimizations off on ``qfile`` as ONNX defines it: int8 weights of u8 x s8
+    integer operators stored as uint8 (``frontends/onnx/exact_reference.py``; ORT's u8 x s8
+    kernel saturates on AVX2 without VNNI), the golden check's reference."""
+    import onnx
+
+    from mlcpack.frontends.onnx.exact_reference import exact_integer_copy
+
+    model = onnx.load(str(qfile))
+    exact = exact_integer_copy(model)
+    if exact is None:
+        return ort_session(qfile, optimize=False)
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = 1
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    return ort.InferenceSession(exact.SerializeToString(), opts,
+                                providers=["CPUExecutionProvider"])
+
+
+def accuracies(bundle, qfile: Path, fp32: Path, feeds: list[dict]) -> dict:
+    """``bundle`` against ORT on ``qfile`` (default options; as written, exactly) and against the
+    float model, and ORT's run of ``qfile`` against the float model."""
+    sess = ort_session(qfile)
+    float_sess = ort_session(fp32)
+    return {"ort": accuracy(bundle, sess, feeds),
+            "ort_noopt": accuracy(bundle, exact_session(qfile), feeds),
+            "fp32": accuracy(bundle, float_sess, feeds),
+            "ort_vs_fp32": accuracy(_OrtAsBundle(sess), float_sess, feeds)}
+
+
+def reaccuracy(name: str, variants: list[str], root: Path, results: dict, save) -> None:
+    """Recompute the accuracy columns of the rows that exported (no export, no timing)."""
+    import corpus
+
+    from mlcpack.runtime import load
+
+    fp32 = corpus.model_path(name)
+    for variant in variants:
+        r = results.get(f"{name}/{variant}")
+        if not r or r["rc"]:
+            continue
+        base = variant.partition("@")[0]
+        qfile = fp32 if variant == "ours" else root / name / f"{base}.onnx"
+        with load(root / name / f"{variant}.mlc", threads=1) as q:
+            r.update(accuracies(q, qfile, fp32, eval_feeds(name)))
+        save()
+
+
+def profile_top(bundle: Path, shapes: list[str], top: int = 10) -> list[list]:
+    """The ``top`` kernels of ``mlcpack bench --profile`` at ``shapes`` (``--shape`` values),
+    ranked by their least time (the mean is noise on a loaded host): [name, kind (``mlcpack
+    inspect``: "generic loop nest", "contraction", "GEMM integer" ...), min µs, share of the
+    sum of the mins]."""
+    def cli(*args: str) -> dict:
+        out = subprocess.run([str(MLCPACK), *args, "--json"], capture_output=True, text=True,
+                             check=True, timeout=600).stdout
+        return json.loads(out)
+
+    kinds = {k["symbol"]: k["kernel"] for k in cli("inspect", str(bundle))["kernels"]}
+    shape_args = [a for s in shapes for a in ("--shape", s)]
+    rows = [k for k in cli("bench", str(bundle), "--profile", "--top", "0", "--budget", "1",
+                           *shape_args)["kernels"] if k["kind"] == "kernel"]
+    total = sum(k["min_us"] for k in rows) or 1.0
+    rows.sort(key=lambda k: -k["min_us"])
+    return [[k["name"], kinds.get(k["kernel"], "?"), k["min_us"], k["min_us"] / total]
+            for k in rows[:top]]
+
+
+def profile_rows(name: str, variants: list[str], root: Path, results: dict, save) -> None:
+    """``profile_top`` of every kept bundle of ``name`` (the fp32 one too), kept as "top"."""
+    import corpus
+
+    shapes = corpus.MODELS[name].input_shape_args()
+    for variant in ["fp32", *variants]:
+        r = results.get(f"{name}/{variant}")
+        if not r or r["rc"]:
+            continue
+        r["top"] = profile_top(root / name / f"{variant}.mlc", shapes)
+        save()
+        generic = [f"{n} ({share:.0%})" for n, kind, _, share in r["top"]
+                   if kind == "generic loop nest"]
+        print(f"{name}/{variant}: generic loop nests in the top 10: "
+              f"{', '.join(generic) or 'none'}", flush=True)
+
+
+def eval_feeds(name: str) -> list[dict]:
+    """The corpus's realistic input of ``name`` and two more (seeds apart from calibration)."""
+    import corpus
+
+    return [dict(corpus.realistic_inputs(name)), *calibration_feeds(name, n=2, seed=900)]
+
+
 def measure(qfile: Path, fp32: Path, qbundle: Path, f32bundle: Path, feeds: list[dict],
             budget: float) -> dict:
     """Accuracy of ``qbundle`` against ORT on ``qfile`` (default options, and graph
@@ -202,10 +302,7 @@ def measure(qfile: Path, fp32: Path, qbundle: Path, f32bundle: Path, feeds: list
     q = load(qbundle, threads=1)
     f = load(f32bundle, threads=1)
     try:
-        acc = {"ort": accuracy(q, sess, feeds),
-               "ort_noopt": accuracy(q, ort_session(qfile, optimize=False), feeds),
-               "fp32": accuracy(q, ort_session(fp32), feeds),
-               "ort_vs_fp32": accuracy(_OrtAsBundle(sess), ort_session(fp32), feeds)}
+        acc = accuracies(q, qfile, fp32, feeds)
         feed = feeds[0]
         fns = [lambda: q.run(feed), lambda: sess.run(None, feed), lambda: f.run(feed)]
         wall = time_interleaved(fns, budget)
@@ -233,8 +330,7 @@ def sweep_model(name: str, variants: list[str], root: Path, results: dict, budge
     if results[key]["rc"]:
         print(f"{name}: the fp32 export fails: {results[key]['msg']}")
         return
-    feeds = [{k: v for k, v in corpus.realistic_inputs(name).items()}]
-    feeds += calibration_feeds(name, n=2, seed=900)
+    feeds = eval_feeds(name)
     for variant in variants:
         key = f"{name}/{variant}"
         if key in results:
@@ -248,9 +344,12 @@ def sweep_model(name: str, variants: list[str], root: Path, results: dict, budge
                     np.save(calib / f"{i}.npy", next(iter(feed.values())))
                 qfile = fp32
                 args = [str(fp32), "--quantize", "int8", "--calibration", str(calib)]
-            else:
-                qfile = make_variant(variant, name, fp32, folder)
+            else:   # "qdq_pc@fixed": the same file exported with the corpus's --input-shape
+                base, _, fixed = variant.partition("@")
+                qfile = make_variant(base, name, fp32, folder)
                 args = [str(qfile)]
+                for shape in corpus.MODELS[name].input_shape_args() if fixed else ():
+                    args += ["--input-shape", shape]
         except Exception as e:  # noqa: BLE001 -- ORT's quantizer failing is a row of the table
             entry = {"rc": -1, "msg": f"onnxruntime.quantization: {type(e).__name__}: "
                      f"{str(e).splitlines()[0] if str(e) else ''}"[:200]}
@@ -307,6 +406,10 @@ def main() -> None:
     ap.add_argument("--root", type=Path, default=HERE / ".cache" / "quant_sweep")
     ap.add_argument("--results", type=Path, default=None)
     ap.add_argument("--redo", action="store_true", help="forget the kept results of these rows")
+    ap.add_argument("--profile", action="store_true",
+                    help="per-kernel profile of the kept bundles: the top 10 and their kinds")
+    ap.add_argument("--reaccuracy", action="store_true",
+                    help="recompute the accuracy columns of the kept rows (no export, no timing)")
     ap.add_argument("--table", action="store_true",
                     help="only print the table of the kept results (every results*.json in --root)")
     args = ap.parse_args()
@@ -329,7 +432,12 @@ def main() -> None:
                 for v in [*variants, "fp32"]:
                     results.pop(f"{m}/{v}", None)
         for name in args.models:
-            sweep_model(name, variants, args.root, results, args.budget, save)
+            if args.reaccuracy:
+                reaccuracy(name, variants, args.root, results, save)
+            elif args.profile:
+                profile_rows(name, variants, args.root, results, save)
+            else:
+                sweep_model(name, variants, args.root, results, args.budget, save)
     print(table(results, args.models, variants))
 
 
