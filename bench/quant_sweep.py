@@ -423,9 +423,10 @@ def main() -> None:
         tmp.write_text(json.dumps(results, indent=1))
         os.replace(tmp, path)
 
-    if args.table:   # every results file in the folder (sweeps run side by side keep their own)
+    if args.table:   # every results file in the folder (sweeps run side by side keep their own;
+        # a later file by name wins: a rerun of rows kept apart)
         for other in sorted(args.root.glob("results*.json")):
-            results = {**json.loads(other.read_text()), **results}
+            results = {**results, **json.loads(other.read_text())}
     else:
         if args.redo:
             for m in args.models:
