@@ -32,6 +32,7 @@ from .helpers import F32, I8, I32, I64, alloca_once, const_i64, for_range, intri
 from .contraction.geometry import PARALLEL_MIN_MACS
 from .lower import KernelInfo
 from .qgemm import V8F32, V8I8, V8I32, QEmitter, match_qgemm
+from .threads import DEFAULTS, SplitThresholds
 
 VL = 8
 # A table lookup splits its rows between threads from this many bytes on (a byte costs about
@@ -39,13 +40,16 @@ VL = 8
 TABLE_PARALLEL_BYTES = PARALLEL_MIN_MACS
 
 
-def emit_qelementwise(module: ir.Module, func: PrimFunc, symbol: str, vl: int
-                      ) -> KernelInfo | None:
+def emit_qelementwise(module: ir.Module, func: PrimFunc, symbol: str, vl: int,
+                      options: SplitThresholds = DEFAULTS) -> KernelInfo | None:
     avx2 = module.triple.startswith("x86_64") and vl >= 8
     if avx2:
         qdtype = match_quantize(func)
         if qdtype is not None:
-            return _QQuantize(module, func, symbol, _TableTag(qdtype, -1), avx2).emit()
+            # split between tasks where the generic loop nest other levels get is (lower.py):
+            # a bundle's levels must agree on every kernel's signature
+            return _QQuantize(module, func, symbol, _TableTag(qdtype, -1), avx2).emit(
+                options.parallel_min_outputs)
     table = match_lut8(func)
     if table is not None:
         return _QTable(module, func, symbol, _TableTag(func.inputs[0].dtype, table), avx2).emit()
@@ -336,10 +340,11 @@ class _QQuantize(_QVector):
     and a division where it might not, measured slower: the kernel is not bound by the
     division.)"""
 
-    def emit(self) -> KernelInfo:
+    def emit(self, parallel_min_outputs: int) -> KernelInfo:
         x, s, z = self.func.inputs
         y = self.func.outputs[0]
         total = math.prod(int(d) for d in x.shape)
+        parallel = total >= parallel_min_outputs
         body_fn, ptr_types, n_ptrs, _ = self._start(0)
         b = self.builder
         buf = self.buffers
@@ -352,13 +357,31 @@ class _QQuantize(_QVector):
 
         nvec = total // VL
         group = 4
-        if nvec // group:
-            with for_range(b, const_i64(0), const_i64(nvec // group), "qv") as i:
+        groups = nvec // group
+        lo, hi, last = const_i64(0), const_i64(groups), None
+        if parallel:   # groups split evenly between the tasks, the tail in the last one
+            task, ntasks = body_fn.args[n_ptrs], body_fn.args[n_ptrs + 1]
+            lo = b.sdiv(b.mul(task, const_i64(groups)), ntasks)
+            hi = b.sdiv(b.mul(b.add(task, const_i64(1)), const_i64(groups)), ntasks)
+            last = b.icmp_signed("==", b.add(task, const_i64(1)), ntasks)
+        if groups:
+            with for_range(b, lo, hi, "qv") as i:
                 at = b.mul(i, const_i64(group * VL))
                 packed = self._pack([self._requant_int(quotient(b.add(at, const_i64(k * VL))),
                                                        None, wide=True) for k in range(group)])
                 b.store(packed, self._ptr(yb, at, packed.type), align=1)
-        for k in range((nvec - nvec % group) * VL, total, VL):
+        if last is None:
+            self._tail(quotient, xb, yb, s_v, (nvec - nvec % group) * VL, total)
+        else:
+            with b.if_then(last):
+                self._tail(quotient, xb, yb, s_v, (nvec - nvec % group) * VL, total)
+        return self._finish(body_fn, n_ptrs, ptr_types, 0, parallel)
+
+    def _tail(self, quotient, xb: ir.Value, yb: ir.Value, s_v: ir.Value, start: int,
+              total: int) -> None:
+        """Values ``start`` .. ``total`` (fewer than a group's), a vector at a time."""
+        b = self.builder
+        for k in range(start, total, VL):
             lanes = min(VL, total - k)
             if lanes == VL:
                 f = quotient(const_i64(k))
@@ -369,4 +392,3 @@ class _QQuantize(_QVector):
                                          ir.Constant(I32, j))
                 f = b.fdiv(v, s_v)
             self._store([f], yb, const_i64(k), lanes)
-        return self._finish(body_fn, n_ptrs, ptr_types, 0)

@@ -135,7 +135,7 @@ KERNEL_RULES: tuple[KernelRule, ...] = (
                _sized(emit_nonzero_index)),
     KernelRule("integer GEMM", None, _integer_gemm, None),   # qmatmul / qconv2d (ops/qlinear.py)
     KernelRule("integer depthwise", None, _integer_depthwise, None),   # qdwconv2d
-    KernelRule("integer elementwise", None, _on_func(emit_qelementwise), None),   # qbinary, qgavgpool
+    KernelRule("integer elementwise", None, _on_func(emit_qelementwise, True), None),   # qbinary, qgavgpool
     KernelRule("channel-lane convolution", None, _on_func(emit_conv_oc, True),   # nn.conv2d_oc
                _sized(emit_conv_oc, True)),
     KernelRule("depthwise convolution", is_depthwise, _with_match(emit_depthwise),

@@ -1,7 +1,8 @@
 """The contraction kernels' fused epilogue (bias, BatchNorm scale/shift, activation, residual
 add), evaluated on the register tile after each block: a vector at a time along the output's
-last axis (masked at the ends of rows and panels) when it is plain float32 arithmetic;
-otherwise (math calls, casts) by the generic scalar expression lowering, element by element.
+last axis (masked at the ends of rows and panels) when it is plain float32 arithmetic, or the
+casts of a quantize -> dequantize round trip (``_vector_casts``); otherwise (other casts, math
+calls without a vector form) by the generic scalar expression lowering, element by element.
 ``EpilogueMixin.epilogue_vector`` is the public entry for kernels that hold their own
 accumulators (the depthwise kernels)."""
 
@@ -16,11 +17,45 @@ from ..vecmath_lanes import VECTOR_MATH, opaque_constant, vector_math
 
 
 _VECTOR_BINARY = ("add", "sub", "mul", "div", "max", "min")
+# Integers whose every value a float32 holds and an int32 lane holds: a float32 -> T -> float32
+# round trip is a truncation toward zero through int32 for every value T holds.
+_SMALL_INT = ("int8", "uint8", "int16", "uint16")
 
 
 def _is_bound(e: te.Expr) -> bool:
     """A float constant that is not NaN (max/min against it is one maxps/minps)."""
     return isinstance(e, te.Const) and te.is_float(e.dtype) and e.value == e.value
+
+
+def _vector_casts(body: te.Expr, skip: te.Expr, last: te.IndexVar) -> set[int] | None:
+    """The ids of the nodes a float32 cast in ``body`` lets the vector epilogue take (None: a
+    cast it cannot take). A QDQ model whose shapes stay symbolic runs its quantize ->
+    dequantize pairs in float inside the convolutions' epilogues (the integer kernels need
+    static shapes): ``float32(T(q))`` with ``q`` clamped to T's range and rounded (quantize's
+    saturation), and ``float32(zero_point)``, a T constant read once per channel. Allowed:
+    float32 -> float32; float32 of a float32 -> 8/16-bit integer cast (emitted as fptosi to
+    int32 and back: the same truncation for every value T holds; other values are poison in
+    the scalar lowering's fptoui/fptosi too); float32 of an 8/16-bit or int32 read that is not
+    along the output's last axis (a per-channel or per-tensor value, loaded and splat)."""
+    inner: set[int] = set()
+    for node in te.walk(body, skip=skip):
+        if not isinstance(node, te.Cast):
+            continue
+        if id(node) in inner:
+            continue   # the integer cast of a round trip, checked with its parent
+        v = node.value
+        if node.dtype != "float32":
+            return None
+        if v.dtype == "float32":
+            continue
+        if isinstance(v, te.Cast) and v.dtype in _SMALL_INT and v.value.dtype == "float32":
+            inner.add(id(v))
+        elif (isinstance(v, te.Read) and v.tensor.dtype in (*_SMALL_INT, "int32")
+              and all(i is not last for i in v.indices)):
+            inner.add(id(v))
+        else:
+            return None
+    return inner
 
 
 def _index_used_as_value(body: te.Expr, skip: te.Expr) -> bool:
@@ -61,7 +96,12 @@ class EpilogueMixin:
         plain output loop indices or constants, the last axis (if read) as their last index."""
         out, last = self.match.out, self.match.out.axes[-1]
         axes = {id(a) for a in out.axes}
+        cast_inner = _vector_casts(self.match.body, self.match.reduce, last)
+        if cast_inner is None:
+            return False
         for node in te.walk(self.match.body, skip=self.match.reduce):
+            if isinstance(node, te.Cast):
+                continue   # checked by _vector_casts
             if isinstance(node, te.Binary):
                 if node.dtype != "float32" or node.op not in _VECTOR_BINARY:
                     return False
@@ -72,7 +112,8 @@ class EpilogueMixin:
                 if node.dtype != "float32" or node.name not in VECTOR_MATH:
                     return False
             elif isinstance(node, te.Read):
-                if node.dtype != "float32" or node.tensor.dtype != "float32":
+                if id(node) not in cast_inner and (node.dtype != "float32"
+                                                   or node.tensor.dtype != "float32"):
                     return False
                 for d, idx in enumerate(node.indices):
                     if isinstance(idx, te.IndexVar):
@@ -118,6 +159,8 @@ class EpilogueMixin:
             if self._opaque is not None:
                 return opaque_constant(b, float(e.value), self._opaque)
             return ir.Constant(self.vty, [float(e.value)] * self.vl)
+        if isinstance(e, te.Read) and e.tensor.dtype != "float32":   # under a float32 cast
+            return self._splat(self.int_read_f32(e, env))
         if isinstance(e, te.Read):
             last = self.match.out.axes[-1]
             idx = [const_i64(int(i.value)) if isinstance(i, te.Const) else env[id(i)]
@@ -154,7 +197,33 @@ class EpilogueMixin:
         if isinstance(e, te.MathCall):
             return vector_math(b, e.name, self._vvalue(e.arg, env, mask, memo),
                                self._opaque_scalar)
+        if isinstance(e, te.Cast):   # the forms _vector_casts allows
+            v = e.value
+            if v.dtype == "float32":
+                return self._vvalue(v, env, mask, memo)
+            if isinstance(v, te.Cast):   # float32 -> 8/16-bit integer -> float32
+                x = self._vvalue(v.value, env, mask, memo)
+                return b.sitofp(b.fptosi(x, ir.VectorType(I32, self.vl)), self.vty)
+            return self._vvalue(v, env, mask, memo)   # an integer read: its float32 splat
         raise AssertionError(f"not vectorizable: {type(e).__name__}")
+
+    def int_read_f32(self, e: te.Read, env: dict) -> ir.Value:
+        """A scalar read of an integer tensor (not along the output's last axis: a zero point
+        per tensor or per channel), as float32."""
+        b = self.builder
+        idx = [const_i64(int(i.value)) if isinstance(i, te.Const) else env[id(i)]
+               for i in e.indices]
+        offset = self._offset(e.tensor, idx)
+        if self._opaque_scalar is not None:   # not hoisted over the reduction (see _vnode)
+            offset = b.add(offset, b.sext(self._opaque_scalar, offset.type))
+        return self.int_to_f32(b.load(b.gep(self.buffers[e.tensor.uid], [offset], inbounds=True)),
+                               e.tensor.dtype)
+
+    def int_to_f32(self, v: ir.Value, dtype: str) -> ir.Value:
+        """A loaded integer of ``dtype`` as float32."""
+        b = self.builder
+        f32 = self.vty.element
+        return b.uitofp(v, f32) if dtype.startswith("uint") else b.sitofp(v, f32)
 
     def _store_vector(self, env: dict, tile_f: ir.Value, tile_index: ir.Value,
                       mask: ir.Value | None) -> None:

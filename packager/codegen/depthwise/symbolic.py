@@ -178,7 +178,10 @@ class SymbolicDepthwiseEmitter(SymbolicConvEmitter):
                        for i in node.indices]
                 ptr = self.builder.gep(self.buffers[node.tensor.uid],
                                        [self._offset(node.tensor, idx)], inbounds=True)
-                memo[id(node)] = self._splat(self.builder.load(ptr))
+                value = self.builder.load(ptr)
+                if node.tensor.dtype != "float32":   # a zero point, under a float32 cast
+                    value = self.int_to_f32(value, node.tensor.dtype)
+                memo[id(node)] = self._splat(value)
         return memo
 
     def _copy_plane(self, src: ir.Value, dst: ir.Value) -> None:
