@@ -22,12 +22,19 @@ class KeyExistsError(SigningError):
     exit_code = 2
 
 
+class MissingExtraError(SigningError):
+    """Signing was asked for where the ``cryptography`` package (the ``sign`` extra) is not
+    installed: a usage error (install the extra, or drop ``--sign``), not a failed export."""
+
+    exit_code = 2
+
+
 def _crypto() -> Any:
     try:
         from cryptography.hazmat.primitives import serialization
         from cryptography.hazmat.primitives.asymmetric import ed25519
     except ImportError:
-        raise SigningError("signing bundles needs the 'cryptography' package: "
+        raise MissingExtraError("signing bundles needs the 'cryptography' package: "
                            "pip install 'mlcpack[sign]'") from None
     return serialization, ed25519
 

@@ -262,3 +262,23 @@ def test_cli_keygen_sign_and_trusted_key(tmp_path, run_cli, paths, one_line_erro
     line = one_line_error(proc)
     assert proc.returncode == SignatureError.exit_code and "not one of the trusted keys" in line
     assert not list(tmp_path.glob(".mlcpack-*"))
+
+
+def test_signing_without_cryptography_is_a_usage_error(tmp_path, paths, monkeypatch) -> None:
+    """`keygen` and `export --sign` where the `sign` extra is missing: one line naming the
+    extra, exit 2 (usage), not 11 ("export failed"), and nothing written."""
+    import sys
+
+    from cli_in_process import run_cli_in_process
+
+    for name in [m for m in sys.modules if m == "cryptography" or m.startswith("cryptography.")]:
+        monkeypatch.setitem(sys.modules, name, None)
+    monkeypatch.setitem(sys.modules, "cryptography", None)
+    proc = run_cli_in_process("keygen", "app.pem", cwd=tmp_path)
+    assert proc.returncode == 2, (proc.stdout, proc.stderr)
+    assert "pip install 'mlcpack[sign]'" in proc.stderr and "Traceback" not in proc.stderr
+    assert not (tmp_path / "app.pem").exists()
+    proc = run_cli_in_process("export", paths["mlp_pickle"], "-o", "s.mlc", "--sign", "k.pem",
+                              cwd=tmp_path)
+    assert proc.returncode == 2 and "cryptography" in proc.stderr, (proc.stdout, proc.stderr)
+    assert not (tmp_path / "s.mlc").exists()
