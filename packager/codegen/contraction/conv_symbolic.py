@@ -287,11 +287,11 @@ class SymbolicConvEmitter(ContractionEmitter):
         u < hq, v < wq, for the rows u in the ``rows`` ranges ([(lo, hi), ...]; default all);
         then zero slack. As the static kernel's ``_fill_planes``: the columns whose source lies
         inside the row for every column phase are copied by one interleaved loop that reads the
-        source row contiguously (LLVM vectorizes it; per-phase strided gathers it does not)."""
+        source row contiguously (LLVM vectorizes it; per-phase strided gathers it does not).
+        More than ``UNROLLED_PHASES`` column phases: ``_plane_rows_rolled`` instead."""
         b, g = self.builder, self.g
         sw, pl, ny, nx = g["sw"], g["pl"], g["ny"], g["nx"]
         hq, wq = self._dim_value(g["hq"]), self._dim_value(g["wq"])
-        zero = ir.Constant(F32, 0.0)
 
         def clamp(v, lo, hi):
             v = b.select(b.icmp_signed("<", v, lo), lo, v)
@@ -300,7 +300,7 @@ class SymbolicConvEmitter(ContractionEmitter):
         def pick(op, x, y):
             return b.select(b.icmp_signed(op, x, y), x, y)
 
-        if nx > self.UNROLLED_PHASES:
+        if nx > self.UNROLLED_PHASES:   # many column phases: one run-time loop over them
             plane = b.mul(hq, wq)
             with for_range(b, const_i64(0), const_i64(g["cg"]), "ic") as ic:
                 x_ch = b.gep(x_grp, [b.mul(ic, b.mul(H, W))], inbounds=True)
