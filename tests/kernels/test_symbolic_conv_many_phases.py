@@ -34,7 +34,7 @@ def _model():
 
 
 def test_many_phase_conv_against_ort(tmp_path) -> None:
-    assert min(64, 128) > SymbolicConvEmitter.UNROLLED_PHASES   # the rolled path is the one
+    assert 64 > SymbolicConvEmitter.UNROLLED_PHASES   # 64 column phases: the rolled path
     model = _model()
     mod, _ = import_onnx(model)
     # x86-64-v2 (SSE): where the unrolled phases were slowest to compile; runs on any x86-64
