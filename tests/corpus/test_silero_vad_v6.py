@@ -6,8 +6,9 @@ samples, state carried) at 16 kHz and 8 kHz, batch 1 and 4: every chunk's speech
 the final state as ONNX Runtime's, each runtime carrying its own state. The C runtime gives the
 Python runtime's bytes on the same chunks.
 
-Under ``MLCPACK_SLOW=1`` only: the export compiles two sub-networks for two CPU levels (minutes
-on 2 busy cores). The same path in seconds: tests/export/test_if_branches.py (a model with the
+Under ``MLCPACK_SLOW=1`` only: it fetches the wheel, and the export compiles two sub-networks
+for two CPU levels (about 20 CPU-s since the STFT conv's phase planes fill in a loop: it was
+minutes). The same path in seconds: tests/export/test_if_branches.py (a model with the
 same control flow) and its C runtime test."""
 
 from __future__ import annotations

@@ -287,11 +287,11 @@ class SymbolicConvEmitter(ContractionEmitter):
         u < hq, v < wq, for the rows u in the ``rows`` ranges ([(lo, hi), ...]; default all);
         then zero slack. As the static kernel's ``_fill_planes``: the columns whose source lies
         inside the row for every column phase are copied by one interleaved loop that reads the
-        source row contiguously (LLVM vectorizes it; per-phase strided gathers it does not)."""
+        source row contiguously (LLVM vectorizes it; per-phase strided gathers it does not).
+        More than ``UNROLLED_PHASES`` column phases: ``_plane_rows_rolled`` instead."""
         b, g = self.builder, self.g
         sw, pl, ny, nx = g["sw"], g["pl"], g["ny"], g["nx"]
         hq, wq = self._dim_value(g["hq"]), self._dim_value(g["wq"])
-        zero = ir.Constant(F32, 0.0)
 
         def clamp(v, lo, hi):
             v = b.select(b.icmp_signed("<", v, lo), lo, v)
@@ -300,6 +300,18 @@ class SymbolicConvEmitter(ContractionEmitter):
         def pick(op, x, y):
             return b.select(b.icmp_signed(op, x, y), x, y)
 
+        if nx > self.UNROLLED_PHASES:   # many column phases: one run-time loop over them
+            plane = b.mul(hq, wq)
+            with for_range(b, const_i64(0), const_i64(g["cg"]), "ic") as ic:
+                x_ch = b.gep(x_grp, [b.mul(ic, b.mul(H, W))], inbounds=True)
+                for py in range(ny):
+                    phase0 = b.mul(b.add(b.mul(ic, const_i64(ny * nx)), const_i64(py * nx)),
+                                   plane)
+                    for r_lo, r_hi in rows or [(const_i64(0), hq)]:
+                        self._plane_rows_rolled(planes, x_ch, phase0, plane, wq, r_lo, r_hi,
+                                                H, W, py)
+            self._zero_slack(planes, plane)
+            return
         # per column phase px: the columns [lo, hi) whose source v*sw + px - pl is in the row
         spans = []
         for px in range(nx):
@@ -323,9 +335,66 @@ class SymbolicConvEmitter(ContractionEmitter):
                 for r_lo, r_hi in rows or [(const_i64(0), hq)]:
                     self._plane_rows(planes, x_ch, bases, wq, r_lo, r_hi, H, W, py, spans,
                                      (c_lo, c_hi))
-        end = b.mul(const_i64(g["cg"] * ny * nx), plane)
+        self._zero_slack(planes, plane)
+
+    def _zero_slack(self, planes, plane) -> None:
+        b, g = self.builder, self.g
+        end = b.mul(const_i64(g["cg"] * g["ny"] * g["nx"]), plane)
         with for_range(b, const_i64(0), self._dim_value(g["slack"]), "s") as s:
-            b.store(zero, b.gep(planes, [b.add(end, s)], inbounds=True))
+            b.store(ir.Constant(F32, 0.0), b.gep(planes, [b.add(end, s)], inbounds=True))
+
+    # More column phases than this (a horizontal stride and window this wide) fill their
+    # planes by a run-time loop over the phases (``_plane_rows_rolled``).
+    UNROLLED_PHASES = 16
+
+    def _plane_rows_rolled(self, planes, x_ch, phase0, plane, wq, r_lo, r_hi, H, W, py
+                           ) -> None:
+        """``_plane_rows`` with the column phases px in a run-time loop, each phase's source
+        columns computed in it: for many phases (silero VAD v6's STFT conv, 1x256 stride 128,
+        has 128), where unrolled phases made 128 x 5 loops with run-time bounds per row range
+        and LLVM's loop strength reduction spent minutes on them (the kernel: 360 CPU-s of
+        code generation for x86-64-v2). Each phase reads its source at a stride of sw (LLVM
+        does not vectorize it); the rows such a conv reads are short (its output width)."""
+        b, g = self.builder, self.g
+        sh, sw, pt, pl, nx = g["sh"], g["sw"], g["pt"], g["pl"], g["nx"]
+        zero = ir.Constant(F32, 0.0)
+        c0 = const_i64(0)
+
+        def pick(op, x, y):
+            return b.select(b.icmp_signed(op, x, y), x, y)
+
+        def zeros(dst, lo, hi, name):
+            with for_range(b, lo, hi, name) as v:
+                b.store(zero, b.gep(dst, [v], inbounds=True))
+
+        with for_range(b, r_lo, r_hi, "u") as u:
+            row0 = b.add(phase0, b.mul(u, wq))
+            yy = b.add(b.mul(u, const_i64(sh)), const_i64(py - pt))
+            inside = b.and_(b.icmp_signed(">=", yy, c0), b.icmp_signed("<", yy, H))
+            with b.if_else(inside) as (then, otherwise):
+                with then:
+                    src = b.gep(x_ch, [b.mul(yy, W)], inbounds=True)
+                    with for_range(b, c0, const_i64(nx), "px") as px:
+                        dst = b.gep(planes, [b.add(row0, b.mul(px, plane))], inbounds=True)
+                        off_x = b.sub(px, const_i64(pl))
+                        # columns v whose source v*sw + off_x is in [0, W): from
+                        # ceil(-off_x / sw) (0 for off_x >= 0) to floor((W-1-off_x) / sw) + 1
+                        lo = b.sdiv(b.add(pick(">", b.sub(const_i64(0), off_x), c0),
+                                          const_i64(sw - 1)), const_i64(sw))
+                        hi = b.sdiv(pick(">", b.add(b.sub(b.sub(W, const_i64(1)), off_x),
+                                                    const_i64(sw)), c0), const_i64(sw))
+                        lo = pick("<", lo, wq)
+                        hi = pick(">", pick("<", hi, wq), lo)
+                        zeros(dst, c0, lo, "z0")
+                        with for_range(b, lo, hi, "cp") as v:
+                            xx = b.add(b.mul(v, const_i64(sw)), off_x)
+                            b.store(b.load(b.gep(src, [xx], inbounds=True)),
+                                    b.gep(dst, [v], inbounds=True))
+                        zeros(dst, hi, wq, "z1")
+                with otherwise:
+                    with for_range(b, c0, const_i64(nx), "px") as px:
+                        zeros(b.gep(planes, [b.add(row0, b.mul(px, plane))], inbounds=True),
+                              c0, wq, "z2")
 
     def _plane_rows(self, planes, x_ch, bases, wq, r_lo, r_hi, H, W, py, spans, common
                     ) -> None:
