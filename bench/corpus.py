@@ -159,9 +159,10 @@ PACKAGE_MODELS = (
                 "2623a2953f6ff3d2c1e61740c6cdb7168133479b267dfef114a4a3cc5bdd788f",
                 dynamic=True, bind=("sr",),
                 needs="the model runs at 512 samples with sr 16000 or 256 with 8000 only (ONNX "
-                      "Runtime fails at other sizes): the sample rate picks one of two whole "
-                      "sub-networks, so it is bound (--bind sr=...), and sizes decide Ifs that "
-                      "squeeze a length-1 axis, so they are fixed (--input-shape)"),
+                      "Runtime fails at other sizes): the default export writes a bundle that "
+                      "runs the branch the sample rate picks, but its golden check cannot run "
+                      "at the check's sizes, so the checked export binds the rate (--bind "
+                      "sr=...) and fixes the sizes (--input-shape)"),
 )
 
 TORCH_MODELS = (
