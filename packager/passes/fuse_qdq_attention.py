@@ -14,14 +14,13 @@ step of the float composition (exp of (a - max) * s instead of (a - z) * s - max
 
 from __future__ import annotations
 
-from collections import Counter
 
 import numpy as np
 
-from ..ir.graph import Call, Constant, Function, IRModule, used_values
+from ..ir.graph import Call, Constant, Function, IRModule
 from ..options import CompileOptions
 from .common import map_functions, rewrite_function
-from .fuse_qdq_common import I8, const_of
+from .fuse_qdq_common import I8, calls_and_uses, const_of, quantize_of_dequantized
 from .simplify import eliminate_dead_code
 
 
@@ -40,28 +39,15 @@ def _scalar(v, dtype=None):
 
 
 def _fuse_in_function(fn: Function) -> Function:
-    defs: dict[int, Call] = {}
-    uses: Counter = Counter()
-    for b in fn.bindings():
-        if isinstance(b.value, Call):
-            defs[id(b.var)] = b.value
-        for a in used_values(b.value):
-            uses[id(a)] += 1
-    for o in fn.outputs:
-        uses[id(o)] += 1
+    defs, uses = calls_and_uses(fn)
 
     plans: dict[int, Call] = {}
     for b in fn.bindings():
         q = b.value
-        if not (isinstance(q, Call) and q.op == "quantize" and len(q.args) == 3
-                and q.attrs.get("dtype") in I8 and set(q.attrs) <= {"dtype", "axis"}):
+        matched = quantize_of_dequantized(q, defs, uses, ("nn.softmax",))
+        if matched is None:
             continue
-        sm = defs.get(id(q.args[0]))
-        if sm is None or sm.op != "nn.softmax" or uses[id(q.args[0])] != 1:
-            continue
-        dq = defs.get(id(sm.args[0]))
-        if dq is None or dq.op != "dequantize" or len(dq.args) != 3 or set(dq.attrs) - {"axis"}:
-            continue
+        sm, dq = matched
         a = dq.args[0]
         shape = tuple(a.type.shape)
         if (a.type.dtype not in I8 or not shape or any(not isinstance(d, int) for d in shape)

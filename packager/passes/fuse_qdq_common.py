@@ -8,13 +8,44 @@ from collections import Counter
 
 import numpy as np
 
-from ..ir.graph import Binding, Call, Constant, Value
+from ..ir.graph import Binding, Call, Constant, Function, Value, used_values
 
 I8 = ("int8", "uint8")
 
 
 def const_of(v: Value) -> np.ndarray | None:
     return v.data if isinstance(v, Constant) else None
+
+
+def calls_and_uses(fn: Function) -> tuple[dict[int, Call], Counter]:
+    """The call that defines each variable of ``fn`` (by ``id``) and how many bindings or
+    function outputs read each value."""
+    defs: dict[int, Call] = {}
+    uses: Counter = Counter()
+    for b in fn.bindings():
+        if isinstance(b.value, Call):
+            defs[id(b.var)] = b.value
+        for a in used_values(b.value):
+            uses[id(a)] += 1
+    for o in fn.outputs:
+        uses[id(o)] += 1
+    return defs, uses
+
+
+def quantize_of_dequantized(q, defs: dict[int, Call], uses: Counter,
+                            ops) -> tuple[Call, Call] | None:
+    """``(op, dequantize)`` where ``q`` is an 8-bit ``quantize(op(dequantize(a, s, z)), ...)``
+    with ``op`` in ``ops`` read by nothing but ``q``; None otherwise."""
+    if not (isinstance(q, Call) and q.op == "quantize" and len(q.args) == 3
+            and q.attrs.get("dtype") in I8 and set(q.attrs) <= {"dtype", "axis"}):
+        return None
+    mid = defs.get(id(q.args[0]))
+    if mid is None or mid.op not in ops or uses[id(q.args[0])] != 1:
+        return None
+    dq = defs.get(id(mid.args[0]))
+    if dq is None or dq.op != "dequantize" or len(dq.args) != 3 or set(dq.attrs) - {"axis"}:
+        return None
+    return mid, dq
 
 
 def static_shapes(x: Value, q: Call) -> bool:

@@ -20,14 +20,13 @@ over memory is left.
 
 from __future__ import annotations
 
-from collections import Counter
 
 import numpy as np
 
-from ..ir.graph import Call, Function, IRModule, TensorType, used_values
+from ..ir.graph import Call, Function, IRModule, TensorType
 from ..options import CompileOptions
 from .common import map_functions, rewrite_function
-from .fuse_qdq_common import I8, const_of
+from .fuse_qdq_common import calls_and_uses, const_of, quantize_of_dequantized
 from .simplify import eliminate_dead_code
 
 LAYOUT_OPS = ("reshape", "transpose", "strided_slice")
@@ -47,28 +46,15 @@ def _same_const(a, b) -> bool:
 
 
 def _fuse_in_function(fn: Function) -> Function:
-    defs: dict[int, Call] = {}
-    uses: Counter = Counter()
-    for b in fn.bindings():
-        if isinstance(b.value, Call):
-            defs[id(b.var)] = b.value
-        for a in used_values(b.value):
-            uses[id(a)] += 1
-    for o in fn.outputs:
-        uses[id(o)] += 1
+    defs, uses = calls_and_uses(fn)
 
     plans: dict[int, tuple[Call, Call]] = {}     # quantize's var -> (layout call, dequantize)
     for b in fn.bindings():
         q = b.value
-        if not (isinstance(q, Call) and q.op == "quantize" and len(q.args) == 3
-                and q.attrs.get("dtype") in I8 and set(q.attrs) <= {"dtype", "axis"}):
+        matched = quantize_of_dequantized(q, defs, uses, LAYOUT_OPS)
+        if matched is None:
             continue
-        lay = defs.get(id(q.args[0]))
-        if lay is None or lay.op not in LAYOUT_OPS or uses[id(q.args[0])] != 1:
-            continue
-        dq = defs.get(id(lay.args[0]))
-        if dq is None or dq.op != "dequantize" or len(dq.args) != 3 or set(dq.attrs) - {"axis"}:
-            continue
+        lay, dq = matched
         a = dq.args[0]
         if (a.type.dtype != q.attrs["dtype"] or not _same_const(dq.args[1], q.args[1])
                 or not _same_const(dq.args[2], q.args[2])
