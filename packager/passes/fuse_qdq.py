@@ -23,7 +23,8 @@ Two ways to compute it, both equal to ONNX Runtime bit for bit:
 - ``qmatmul`` (``ops/qlinear.py``, int32 accumulation, a te loop nest: correct, slow) for
   matmuls whose integer result is a graph output.
 Everything else stays the float composition (``fold_dequantize`` folds the weights), within
-one quantization step of ONNX Runtime.
+one quantization step of ONNX Runtime; so does a convolution that ``int8_cost.py`` finds
+faster on the fp32 kernels for the targets (no int8 dot instruction, fp32 Winograd).
 
 Dynamic quantization (onnxruntime's quantize_dynamic: a float result scaled from int32 with a
 run-time x scale and zero point) takes the integer kernels too, with a float32 epilogue:
