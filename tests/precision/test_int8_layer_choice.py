@@ -112,3 +112,20 @@ def test_quantize_leaves_the_slower_layer_float(models) -> None:
                     "\n".join(q.report.summary())
         finally:
             q.close()
+
+
+@pytest.mark.parametrize("w_shape,strides,out_shape,target,floats", [
+    ((64, 64, 3, 3), (1, 1), (1, 64, 56, 56), "x86-64-v2,x86-64-v3", True),   # Winograd
+    ((512, 512, 3, 3), (1, 1), (1, 512, 7, 7), "x86-64-v2,x86-64-v3", True),  # 7 wide
+    ((512, 512, 3, 3), (1, 1), (1, 512, 7, 7), "x86-64-v3,x86-64-v4+vnni", False),
+    ((128, 64, 3, 3), (2, 2), (1, 128, 28, 28), "x86-64-v3", False),          # strided
+    ((128, 64, 1, 1), (1, 1), (1, 128, 28, 28), "x86-64-v3", False),          # 1x1
+    ((64, 3, 7, 7), (2, 2), (1, 64, 112, 112), "x86-64-v3", False),           # the stem
+    ((8, 8, 3, 3), (1, 1), (1, 8, 16, 16), "x86-64-v3", False),               # few channels
+    ((64, 64, 3, 3), (1, 1), (1, 64, 56, 56), "aarch64", False),              # no AVX2 kernel
+])
+def test_cost_rule(w_shape, strides, out_shape, target: str, floats: bool) -> None:
+    from mlcpack.packager.passes.int8_cost import float_conv_reason
+
+    options = CompileOptions(target=target).for_targets()
+    assert (float_conv_reason(w_shape, strides, out_shape, 1, options) is not None) == floats
