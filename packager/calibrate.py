@@ -15,7 +15,10 @@ integer-kernel fusion matches, ``frontends/onnx/quant.py``).
    int32 at scale x_scale * w_scale. The model may keep its weights in ``Constant`` nodes
    (Paddle) and have symbolic dims (each sample runs at its own size); an opset below 13 is
    converted to 13 (per-channel DequantizeLinear).
-3. Layers left in float. The accuracy guard (``_accuracy_guard``) keeps float the layers the
+3. Layers left in float. A convolution the integer kernels would run slower than the fp32
+   kernels on the export's targets (``passes/int8_cost.py``: no int8 dot instruction, and
+   fp32 runs it as Winograd, at the calibration samples' shapes) is not quantized; the report
+   says why. The accuracy guard (``_accuracy_guard``) keeps float the layers the
    outputs need, when they miss its targets against float. Each layer's error is also
    estimated on the calibration data as the RMS error of its quantized input and weights
    relative to their RMS (``sqrt(e_x^2 + e_w^2)``); a layer above ``max_layer_error`` keeps
@@ -59,6 +62,7 @@ class Layer:
     quantized: bool = True
     sensitive: float | None = None   # kept float by the accuracy guard: output SNR gained (dB)
     local_snr: float | None = None   # kept float by the guard's SNR ranking: its own SNR (dB)
+    speed: str | None = None         # kept float for speed: why (passes/int8_cost.py)
 
 
 @dataclass
@@ -83,7 +87,9 @@ class QuantizeReport:
                  + f"); weights per channel, activations per tensor from {self.method} over "
                  f"{self.samples} calibration sample{'s' * (self.samples != 1)}"]
         for x in kept:
-            if x.local_snr is not None:
+            if x.speed is not None:
+                lines.append(f"  left in float: {x.op} {x.node!r} (speed: {x.speed})")
+            elif x.local_snr is not None:
                 lines.append(f"  left in float: {x.op} {x.node!r} (accuracy guard: its int8 "
                              f"output's SNR {x.local_snr:.1f} dB, among the lowest)")
             elif x.sensitive is None:
@@ -357,9 +363,12 @@ def quantize_onnx(model_path: str | os.PathLike, samples: Sequence[np.ndarray],
         rng = np.random.default_rng(0)
         stats = {t: _Stats(len(samples)) for t in taps}
         outputs: list[dict[str, np.ndarray]] = []
+        tap_shapes: dict[str, tuple] = {}   # at the first sample's size
         with load(bundle) as fmodel:
             for x in samples:
                 got = fmodel.run({input_name: x})
+                for t in taps:
+                    tap_shapes.setdefault(t, got[t].shape)
                 for t in taps:
                     stats[t].add(got[t], method, rng)
                 outputs.append({k: np.array(got[k]) for k in originals})
@@ -377,8 +386,14 @@ def quantize_onnx(model_path: str | os.PathLike, samples: Sequence[np.ndarray],
     if max_layer_error is None:   # the estimate's gate only where the guard cannot run
         max_layer_error = np.inf if guard and _have_onnxruntime() else MAX_LAYER_ERROR
     chosen = []
+    options = (compile_options or ExportOptions().compile_options()).for_targets()
     for index, node, axis in layers:
         w = inits[node.input[1]]
+        slow = _integer_slower(node, w, tap_shapes.get(node.input[0]), options)
+        if slow is not None:
+            report.layers.append(Layer(_node_name(node), node.op_type, node.input[0],
+                                       quantized=False, speed=slow))
+            continue
         q, scale = weight_params(w, axis)
         shape = [1] * w.ndim
         shape[axis] = -1
@@ -395,6 +410,30 @@ def quantize_onnx(model_path: str | os.PathLike, samples: Sequence[np.ndarray],
                                  list(samples), outputs, by_index, report)
     qdq = _build_qdq(model, inits, chosen, params)
     return Quantized(qdq, report, bundle, outputs, input_name, list(samples), work)
+
+
+def _integer_slower(node, w: np.ndarray, x_shape, options: CompileOptions) -> str | None:
+    """Why the Conv ``node`` (weights ``w``, input of shape ``x_shape``) runs faster on the
+    fp32 kernels than on the integer ones for ``options``' targets, or None."""
+    from .passes.int8_cost import float_conv_reason
+
+    if node.op_type != "Conv" or w.ndim != 4 or x_shape is None or len(x_shape) != 4:
+        return None
+    attrs = {a.name: a for a in node.attribute}
+    ints = {k: list(a.ints) for k, a in attrs.items() if a.ints}
+    if "auto_pad" in attrs and attrs["auto_pad"].s not in (b"", b"NOTSET"):
+        return None
+    strides = ints.get("strides", [1, 1])
+    dil = ints.get("dilations", [1, 1])
+    pads = ints.get("pads", [0, 0, 0, 0])
+    groups = attrs["group"].i if "group" in attrs else 1
+    if dil != [1, 1] or len(strides) != 2 or len(pads) != 4:
+        return None
+    out = [x_shape[0], w.shape[0]]
+    for i in range(2):
+        span = x_shape[2 + i] + pads[i] + pads[2 + i] - w.shape[2 + i]
+        out.append(span // strides[i] + 1)
+    return float_conv_reason(w.shape, strides, out, groups, options)
 
 
 # ---- the accuracy guard ----------------------------------------------------------------------------
@@ -741,8 +780,9 @@ def export_int8(model_path: str | os.PathLike, out: str | os.PathLike, options,
     from ..frontends.onnx import import_onnx
     from .export import export_module
 
+    # the export's targets decide which layers stay float for speed (passes/int8_cost.py)
     quantized = quantize_onnx(model_path, samples, input_shapes, method,
-                              compile_options=options.compile)
+                              compile_options=options.compile_options())
     out = Path(out)
     tmp = out.with_name(f".mlcpack-int8-{os.getpid()}-{out.name}")
     try:

@@ -78,6 +78,16 @@ class CompileOptions:
     # sdot) every target runs, "" when some target does not; None: chosen for the targets
     # (``for_targets``; vnni_emulate makes every x86 target's a quad kernel)
     conv_quads: str | None = None
+    # whether some target multiplies int8 quads with a dot instruction (vpdpbusd on
+    # x86-64-v4+vnni, sdot on aarch64+dotprod; or vnni_emulate); None: chosen for the targets
+    # (``for_targets``). Without one, int8_float_convs may keep convolutions float.
+    int8_dot_targets: bool | None = None
+    # quantized convolutions that the integer kernel would run slower than the fp32 kernel of
+    # the same shape on targets without an int8 dot instruction (passes/int8_cost.py: 3x3
+    # stride-1 layers that fp32 runs as Winograd, or on outputs under 8 wide) stay float: the
+    # dequantized weights on the fp32 kernels (``--quantize int8`` leaves them unquantized).
+    # False: every quantized convolution the integer kernels take (MLCPACK_INT8_FLOAT_CONVS=0)
+    int8_float_convs: bool = True
     # -- layout and packing of constant weights (passes/layout.py). One-row products keep W
     # [N, K] for the dot-product kernel; export turns it off when several batch plans share W.
     one_row_gemv: bool = True
@@ -130,7 +140,8 @@ class CompileOptions:
     def resolved(self) -> bool:
         """Whether every layout choice is made (no field left to ``for_targets``)."""
         return None not in (self.pack_conv_weights, self.conv_row_widths,
-                            self.pack_matmul_weights, self.bf16_dot_targets, self.conv_quads)
+                            self.pack_matmul_weights, self.bf16_dot_targets, self.conv_quads,
+                            self.int8_dot_targets)
 
     @property
     def bf16_dot(self) -> bool:
@@ -161,7 +172,7 @@ class CompileOptions:
             return self
         from .codegen import conv_oc
         from .codegen.contraction import geometry
-        from .codegen.target import has_bf16_dot, quad_arch, resolve_targets
+        from .codegen.target import has_bf16_dot, has_int8_dot, quad_arch, resolve_targets
         if targets is None:
             targets = resolve_targets(self.target, self.precision)
         names = {t.name for t in targets}
@@ -180,6 +191,8 @@ class CompileOptions:
             changes["bf16_dot_targets"] = has_bf16_dot(targets)
         if self.conv_quads is None:
             changes["conv_quads"] = quad_arch(targets, self.vnni_emulate)
+        if self.int8_dot_targets is None:
+            changes["int8_dot_targets"] = has_int8_dot(targets) or self.vnni_emulate
         return dataclasses.replace(self, **changes)
 
     @classmethod
@@ -189,6 +202,8 @@ class CompileOptions:
         env: dict[str, object] = {}
         if environ.get("MLCPACK_INT8_KERNELS", "1") == "0":
             env["int8_kernels"] = False
+        if environ.get("MLCPACK_INT8_FLOAT_CONVS", "1") == "0":
+            env["int8_float_convs"] = False
         if environ.get("MLCPACK_VNNI_EMULATE", "") == "1":
             env["vnni_emulate"] = True
         if environ.get("MLCPACK_SYMBOLIC_GENERIC"):
@@ -213,4 +228,4 @@ class CompileOptions:
 # The layout of the old context variables' defaults: no target-specific packing (what a pass
 # test that inspects the generic kernels wants; an export chooses per target instead).
 UNPACKED = CompileOptions(pack_conv_weights=False, conv_row_widths=(), pack_matmul_weights=False,
-                          bf16_dot_targets=False, conv_quads="")
+                          bf16_dot_targets=False, conv_quads="", int8_dot_targets=False)

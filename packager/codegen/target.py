@@ -110,6 +110,13 @@ def quad_arch(targets, emulate: bool = False) -> str:
     return arch if runs or (emulate and arch == "x86_64") else ""
 
 
+def has_int8_dot(targets) -> bool:
+    """Whether some target of the set multiplies int8 quads with a dot instruction
+    (``vpdpbusd``: +avx512vnni; ``sdot``: +dotprod), where its integer convolutions beat fp32."""
+    return any(("+avx512vnni" if t.arch == "x86_64" else "+dotprod") in t.llvm_features.split(",")
+               for t in targets)
+
+
 # The oldest level a portable bundle covers on each architecture: x86-64-v2 (SSE4.2, 2009 on)
 # runs on every x86-64 machine still in service; the v1 baseline would only slow the common case.
 PORTABLE_BASELINE = {"x86_64": "x86-64-v2", "aarch64": "aarch64"}

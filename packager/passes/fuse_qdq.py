@@ -23,7 +23,8 @@ Two ways to compute it, both equal to ONNX Runtime bit for bit:
 - ``qmatmul`` (``ops/qlinear.py``, int32 accumulation, a te loop nest: correct, slow) for
   matmuls whose integer result is a graph output.
 Everything else stays the float composition (``fold_dequantize`` folds the weights), within
-one quantization step of ONNX Runtime.
+one quantization step of ONNX Runtime; so does a convolution that ``int8_cost.py`` finds
+faster on the fp32 kernels for the targets (no int8 dot instruction, fp32 Winograd).
 
 Dynamic quantization (onnxruntime's quantize_dynamic: a float result scaled from int32 with a
 run-time x scale and zero point) takes the integer kernels too, with a float32 epilogue:
@@ -56,6 +57,7 @@ from .fuse_qdq_dw import depthwise_call
 from .fuse_qdq_dynamic import (integer_recurrences, plan_integer_convs, plan_integer_products,
                                plan_requantized_products)
 from .fuse_qdq_float import plan_float_products
+from .int8_cost import float_conv_reason
 from .simplify import eliminate_dead_code
 from .stored_int import integer_constant
 
@@ -65,11 +67,12 @@ def fuse_quantized(mod: IRModule, options: CompileOptions) -> IRModule:
     bench/int8.py) into the float32-exact chains the integer kernels replaced."""
     # the float products replaced are dropped here, so nothing legalizes them
     int8 = options.int8_kernels
-    mod = eliminate_dead_code(map_functions(mod, lambda fn: _fuse_in_function(fn, int8)))
+    mod = eliminate_dead_code(map_functions(mod, lambda fn: _fuse_in_function(fn, int8,
+                                                                              options)))
     return map_functions(mod, integer_recurrences) if int8 else mod
 
 
-def _fuse_in_function(fn: Function, int8: bool) -> Function:
+def _fuse_in_function(fn: Function, int8: bool, options: CompileOptions) -> Function:
     defs: dict[int, Call] = {}
     uses: Counter = Counter()
     readers: dict[int, list[str]] = {}
@@ -214,7 +217,10 @@ def _fuse_in_function(fn: Function, int8: bool) -> Function:
         x_dev = max(int(xzp.reshape(())) - info.min, info.max - int(xzp.reshape(())))
         wd = w.astype(np.int64) - wzp_o.astype(np.int64).reshape(o, 1, 1, 1)
         mult = ((sx * ws_o) / np.float32(ys.reshape(()))).astype(np.float32).reshape(1, o, 1, 1)
-        if (int8 and cv.attrs.get("groups", 1) == 1
+        # faster on the fp32 kernels on these targets (passes/int8_cost.py): the float chain
+        float_reason = static_shapes(x, q) and float_conv_reason(
+            w.shape, cv.attrs["strides"], q.type.shape, cv.attrs.get("groups", 1), options)
+        if (int8 and not float_reason and cv.attrs.get("groups", 1) == 1
                 and tuple(cv.attrs.get("dilation", (1, 1))) == (1, 1) and static_shapes(x, q)):
             args = [x, Constant(f"{getattr(x, 'name', 'x')}_qw", pack_conv_weights(wd)),
                     Constant("x_zp", np.asarray(int(xzp.reshape(())), np.int32)),

@@ -44,8 +44,9 @@ TABLES = {("packager/ops/registry.py", "OPS"), ("frontends/onnx/registry.py", "_
           ("frontends/torch/registry.py", "_TABLE")}
 MUTATORS = {"append", "extend", "insert", "pop", "popitem", "clear", "update", "add",
             "setdefault", "remove", "discard", "set", "reset"}
-COMPILE_ENV = ("MLCPACK_INT8_KERNELS", "MLCPACK_VNNI_EMULATE", "MLCPACK_SYMBOLIC_GENERIC",
-               "MLCPACK_PARALLEL_COMPILE", "MLCPACK_CACHE_DIR", "MLCPACK_TEST_LLVM_ABORT")
+COMPILE_ENV = ("MLCPACK_INT8_KERNELS", "MLCPACK_INT8_FLOAT_CONVS", "MLCPACK_VNNI_EMULATE",
+               "MLCPACK_SYMBOLIC_GENERIC", "MLCPACK_PARALLEL_COMPILE", "MLCPACK_CACHE_DIR",
+               "MLCPACK_TEST_LLVM_ABORT")
 
 
 def _sources():
@@ -148,12 +149,13 @@ def test_environment_is_read_at_the_entries_only(monkeypatch: pytest.MonkeyPatch
     # compile cache lives (the user's cache directory; it never changes a bundle's bytes)
     default = ExportOptions().compile_options()
     assert default.replace(cache_dir=None) == CompileOptions()
-    env = {"MLCPACK_INT8_KERNELS": "0", "MLCPACK_VNNI_EMULATE": "1",
+    env = {"MLCPACK_INT8_KERNELS": "0", "MLCPACK_INT8_FLOAT_CONVS": "0",
+           "MLCPACK_VNNI_EMULATE": "1",
            "MLCPACK_SYMBOLIC_GENERIC": "1", "MLCPACK_PARALLEL_COMPILE": "0",
            "MLCPACK_CACHE_DIR": "/tmp/objects", "MLCPACK_TEST_LLVM_ABORT": "softmax:always"}
     assert CompileOptions.from_environ(env) == CompileOptions(
-        int8_kernels=False, vnni_emulate=True, symbolic_generic=True, parallel_compile=False,
-        cache_dir="/tmp/objects", llvm_abort="softmax:always")
+        int8_kernels=False, int8_float_convs=False, vnni_emulate=True, symbolic_generic=True,
+        parallel_compile=False, cache_dir="/tmp/objects", llvm_abort="softmax:always")
     assert CompileOptions.from_environ(env, int8_kernels=True).int8_kernels is True
     for name, value in env.items():
         monkeypatch.setenv(name, value)

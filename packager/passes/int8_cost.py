@@ -1,0 +1,47 @@
+"""Which quantized convolutions run faster on the fp32 kernels than on the integer ones.
+
+On targets without an int8 dot instruction (no ``vpdpbusd``, no ``sdot``) the integer
+convolution (``codegen/qgemm_conv.py``: ``vpmaddwd`` on int16 pairs, 16 exact multiply-adds per
+instruction) runs at most ~1.6x an FMA loop's multiply-adds, while the fp32 kernel of a 3x3
+stride-1 convolution does 2.25x fewer multiplies as Winograd F(2x2, 3x3). Measured per layer on
+ResNet-18 (AVX2 + FMA host, no AVX-512, 1 thread; docs/performance.md, "ResNet-18 int8 per
+layer"): int8 / fp32 speed 0.78-0.98 on the 3x3 stride-1 layers fp32 runs as Winograd, 0.85-0.89
+on its 3x3 stride-1 layers of 7x7 outputs (the int8 kernel's planes are 9 wide for 7 outputs
+there, fp32's direct kernel holds up; the rule takes outputs 4-7 wide with Winograd's channel
+minimums), and 1.05-1.99 on every other kind (the 7x7 stem, 3x3 stride 2, 1x1 stride 2, the
+classifier Gemm). ``float_conv_reason`` encodes that as a rule;
+where it returns a reason, the fusion passes leave the convolution float (its dequantized
+weights on the fp32 kernels) and ``--quantize int8`` does not quantize it. Targets with an int8
+dot instruction (4 products per lane and instruction) keep every convolution integer: a fat
+bundle shares one graph between its levels, so one that carries x86-64-v4+vnni keeps them
+integer for its AVX2 level too.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from ..options import CompileOptions
+from .layout import WINO_MIN_CHANNELS, WINO_MIN_OUT, uses_winograd
+
+
+def float_conv_reason(w_shape: Sequence[int], strides: Sequence[int],
+                      out_shape: Sequence[int], groups: int, options: CompileOptions
+                      ) -> str | None:
+    """Why a quantized convolution of weights ``w_shape`` (O, C, KH, KW), ``strides`` and
+    static NCHW ``out_shape`` should stay float on ``options``' targets (resolved options,
+    ``CompileOptions.for_targets``), or None when the integer kernel is at least as fast."""
+    if not options.int8_float_convs or options.int8_dot_targets or groups != 1:
+        return None
+    if len(w_shape) != 4 or len(out_shape) != 4 or not all(isinstance(d, int) for d in out_shape):
+        return None
+    if tuple(w_shape[2:]) != (3, 3) or tuple(strides) != (1, 1):
+        return None
+    if options.winograd and options.pack_conv_weights and uses_winograd(w_shape, strides,
+                                                                        out_shape):
+        return "fp32 runs it as Winograd F(2x2, 3x3), faster than the int8 kernel without VNNI"
+    if (options.pack_conv_weights and 4 <= min(out_shape[2:]) < WINO_MIN_OUT
+            and w_shape[1] >= WINO_MIN_CHANNELS[0] and w_shape[0] >= WINO_MIN_CHANNELS[1]):
+        return (f"the int8 kernel is slower than fp32's on {out_shape[2]}x{out_shape[3]} "
+                "outputs without VNNI")
+    return None

@@ -1,0 +1,131 @@
+"""Per-layer precision on targets without an int8 dot instruction (passes/int8_cost.py): a
+quantized 3x3 stride-1 convolution that fp32 runs as Winograd stays float (its dequantized
+weights on the fp32 Winograd kernel), a strided one takes the integer kernel; a target set with
+x86-64-v4+vnni keeps both integer. ``--quantize int8`` leaves the first unquantized and says
+why. Small model (16 -> 32 channels on 10 x 10): seconds."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from onnx import TensorProto as T
+from onnx import helper as h
+
+import quant_models as qm
+from helpers import ort_outputs
+from mlcpack.frontends.onnx import import_onnx
+from mlcpack.packager.calibrate import quantize_onnx
+from mlcpack.packager.export import ExportOptions, export_module
+from mlcpack.packager.options import CompileOptions
+from mlcpack.packager.passes import DEFAULT_PIPELINE, run_pipeline
+from mlcpack.runtime import load
+
+pytest.importorskip("onnxruntime")
+
+SHAPE = [1, 16, 10, 10]
+
+
+def _float_model(path: Path) -> Path:
+    """3x3 stride 1 (16 -> 32, Winograd for fp32 on AVX2) + Relu, 3x3 stride 2 (32 -> 32) + Relu."""
+    rng = np.random.default_rng(0)
+    f = lambda *s, sd=0.2: rng.normal(0, sd, s).astype(np.float32)  # noqa: E731
+    nodes = [h.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1], name="conv_s1"),
+             h.make_node("Relu", ["c1"], ["r1"]),
+             h.make_node("Conv", ["r1", "w2", "b2"], ["c2"], pads=[1, 1, 1, 1], strides=[2, 2],
+                         name="conv_s2"),
+             h.make_node("Relu", ["c2"], ["y"])]
+    inits = {"w1": f(32, 16, 3, 3), "b1": f(32, sd=0.1), "w2": f(32, 32, 3, 3),
+             "b2": f(32, sd=0.1)}
+    return qm._save(nodes, [h.make_tensor_value_info("x", T.FLOAT, SHAPE)],
+                    [h.make_tensor_value_info("y", T.FLOAT, [1, 32, 5, 5])], inits, path)
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    tmp = tmp_path_factory.mktemp("int8_choice")
+    fp32 = _float_model(tmp / "fp32.onnx")
+    qdq = qm.ort_quantize(fp32, tmp / "qdq.onnx", "QDQ", per_channel=True)
+    return {"fp32": fp32, "qdq": qdq, "tmp": tmp}
+
+
+def _products(path: Path, options: CompileOptions) -> list[str]:
+    """The convolutions after the passes up to legalization: "int" or "float winograd"/"float"."""
+    passes = DEFAULT_PIPELINE[:[p.name for p in DEFAULT_PIPELINE].index("legalize")]
+    fn = run_pipeline(import_onnx(str(path))[0], passes, options=options).functions["main"]
+    out = []
+    for b in fn.bindings():
+        op = getattr(b.value, "op", "")
+        if op == "qconv2d":
+            out.append("int")
+        elif op.startswith("nn.conv2d"):
+            out.append("float winograd" if b.value.attrs.get("winograd") else "float")
+    return out
+
+
+@pytest.mark.parametrize("target,choice,expect", [
+    ("x86-64-v3", True, ["float winograd", "int"]),
+    ("x86-64-v2,x86-64-v3", True, ["float winograd", "int"]),
+    ("x86-64-v3", False, ["int", "int"]),
+    ("x86-64-v3,x86-64-v4,x86-64-v4+vnni", True, ["int", "int"]),
+])
+def test_qdq_conv_precision_per_target(models, target: str, choice: bool, expect) -> None:
+    options = CompileOptions(target=target, int8_float_convs=choice)
+    assert _products(models["qdq"], options) == expect
+
+
+def test_mixed_bundle_within_one_step_of_ort(models) -> None:
+    """The mixed bundle (x86-64-v3: AVX2 hosts, and AVX-512 ones) against ORT running the QDQ
+    file as written, and against the all-integer bundle: within one output quantization step."""
+    tmp, qdq = models["tmp"], models["qdq"]
+    step = qm.output_step(qdq)
+    x = np.random.default_rng(3).normal(0, 1, SHAPE).astype(np.float32)
+    ref = ort_outputs(qdq, {"x": x}, threads=1, as_written=True)["y"]
+    got = {}
+    for label, choice in (("mixed", True), ("integer", False)):
+        mod, _ = import_onnx(str(qdq))
+        path = tmp / f"{label}.mlc"
+        export_module(mod, path, ExportOptions(target="x86-64-v3", check=False, compile=CompileOptions(
+            int8_float_convs=choice)))
+        with load(path) as model:
+            kernels = [k["kernel"] for k in model.header["kernels"]]
+            got[label] = model.run({"x": x})["y"]
+        assert any("Winograd" in k for k in kernels) == choice, kernels
+    assert np.abs(got["mixed"] - ref).max() <= step * 1.001
+    assert np.abs(got["mixed"] - got["integer"]).max() <= step * 1.001
+    assert np.mean(got["mixed"] == ref) > 0.95
+
+
+def test_quantize_leaves_the_slower_layer_float(models) -> None:
+    samples = [f["x"] for f in qm.random_feeds(models["fp32"], seed=5, n=2)]
+    for target, floated in (("x86-64-v3", {"conv_s1"}), ("x86-64-v4+vnni", set())):
+        q = quantize_onnx(models["fp32"], samples, guard=False,
+                          compile_options=CompileOptions(target=target))
+        try:
+            kept = {layer.node for layer in q.report.layers if not layer.quantized}
+            assert kept == floated, (target, q.report.summary())
+            ops = [n.op_type for n in q.model.graph.node]
+            assert ops.count("QuantizeLinear") == 2 - len(floated), ops
+            if floated:
+                assert "left in float: Conv 'conv_s1' (speed: fp32 runs it as Winograd" in \
+                    "\n".join(q.report.summary())
+        finally:
+            q.close()
+
+
+@pytest.mark.parametrize("w_shape,strides,out_shape,target,floats", [
+    ((64, 64, 3, 3), (1, 1), (1, 64, 56, 56), "x86-64-v2,x86-64-v3", True),   # Winograd
+    ((512, 512, 3, 3), (1, 1), (1, 512, 7, 7), "x86-64-v2,x86-64-v3", True),  # 7 wide
+    ((512, 512, 3, 3), (1, 1), (1, 512, 7, 7), "x86-64-v3,x86-64-v4+vnni", False),
+    ((128, 64, 3, 3), (2, 2), (1, 128, 28, 28), "x86-64-v3", False),          # strided
+    ((128, 64, 1, 1), (1, 1), (1, 128, 28, 28), "x86-64-v3", False),          # 1x1
+    ((64, 3, 7, 7), (2, 2), (1, 64, 112, 112), "x86-64-v3", False),           # the stem
+    ((8, 8, 3, 3), (1, 1), (1, 8, 16, 16), "x86-64-v3", False),               # few channels
+    ((64, 64, 3, 3), (1, 1), (1, 64, 56, 56), "aarch64", False),              # no AVX2 kernel
+])
+def test_cost_rule(w_shape, strides, out_shape, target: str, floats: bool) -> None:
+    from mlcpack.packager.passes.int8_cost import float_conv_reason
+
+    options = CompileOptions(target=target).for_targets()
+    assert (float_conv_reason(w_shape, strides, out_shape, 1, options) is not None) == floats
