@@ -1,9 +1,11 @@
 """QDQ models whose image size stays open (Paddle's dynamic H/W, YOLO's dynamic batch): what
-``onnxruntime.quantization`` writes of a small detector-style head (3x3 conv, two 2x2 stride-2
-ConvTranspose upsamplers, sigmoid) exports with H and W symbolic, its transposed convolutions
-(DequantizeLinear weights, constants only after ``fold_dequantize``) take the 1x1 convolution
-and block transpose (``passes/conv_transpose.py`` ``_pixels``) instead of the generic loop
-nest, and the bundle equals ONNX Runtime running the QDQ graph as written at several sizes."""
+``onnxruntime.quantization`` writes of a small detector-style head (3x3 conv, Paddle's HardSwish
+as Add / Clip / Mul / Div, two 2x2 stride-2 ConvTranspose upsamplers, sigmoid) exports with H
+and W symbolic; its transposed convolutions (DequantizeLinear weights, constants only after
+``fold_dequantize``) take the 1x1 convolution and block transpose (``passes/conv_transpose.py``
+``_pixels``) instead of the generic loop nest; its HardSwish chain of quantize / dequantize
+pairs becomes one ``lut8`` table (``passes/quantize_lut.py``); and the bundle equals ONNX
+Runtime running the QDQ graph as written at several sizes."""
 
 from __future__ import annotations
 
@@ -28,19 +30,23 @@ SIZES = ((12, 10), (5, 9), (17, 3), (32, 24))
 
 
 def _upsampling_head(path: Path) -> Path:
-    """x [1, 3, 12, 10] -> 3x3 conv (8) -> Relu -> ConvTranspose 2x2/2 (6) -> Relu ->
-    ConvTranspose 2x2/2 (1) -> Sigmoid -> y [1, 1, 48, 40]."""
+    """x [1, 3, 12, 10] -> 3x3 conv (8) -> HardSwish as Paddle writes it -> ConvTranspose
+    2x2/2 (6) -> Relu -> ConvTranspose 2x2/2 (1) -> Sigmoid -> y [1, 1, 48, 40]."""
     rng = np.random.default_rng(0)
     f = lambda *s, sd=0.3: rng.normal(0, sd, s).astype(np.float32)  # noqa: E731
     up = dict(kernel_shape=[2, 2], strides=[2, 2])
     nodes = [h.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1]),
-             h.make_node("Relu", ["c1"], ["r1"]),
+             h.make_node("Add", ["c1", "three"], ["a1"]),
+             h.make_node("Clip", ["a1", "zero", "six"], ["k1"]),
+             h.make_node("Mul", ["c1", "k1"], ["m1"]),
+             h.make_node("Div", ["m1", "six"], ["r1"]),
              h.make_node("ConvTranspose", ["r1", "w2", "b2"], ["t2"], **up),
              h.make_node("Relu", ["t2"], ["r2"]),
              h.make_node("ConvTranspose", ["r2", "w3", "b3"], ["t3"], **up),
              h.make_node("Sigmoid", ["t3"], ["y"])]
     inits = {"w1": f(8, 3, 3, 3), "b1": f(8, sd=.1), "w2": f(8, 6, 2, 2), "b2": f(6, sd=.1),
-             "w3": f(6, 1, 2, 2), "b3": f(1, sd=.1)}
+             "w3": f(6, 1, 2, 2), "b3": f(1, sd=.1), "three": np.float32(3),
+             "zero": np.float32(0), "six": np.float32(6)}
     return qm._save(nodes, [h.make_tensor_value_info("x", T.FLOAT, [1, 3, 12, 10])],
                     [h.make_tensor_value_info("y", T.FLOAT, None)], inits, path)
 
@@ -79,6 +85,14 @@ def test_conv_transpose_upsamplers_take_the_pixel_rewrite(head) -> None:
         names = [k.name for k in model.schema.plan.kernels]
     assert not any("conv_transpose" in n for n in names), names
     assert sum(n.startswith("transpose") for n in names) == 2, names
+
+
+def test_hardswish_chain_is_one_table_lookup(head) -> None:
+    _, bundle = head
+    with load(bundle) as model:
+        names = [k.name for k in model.schema.plan.kernels]
+    assert [n for n in names if "lut8" in n], names
+    assert not any("divide" in n or "clip" in n for n in names), names
 
 
 def test_equals_onnx_runtime_as_written_at_every_size(head) -> None:
