@@ -1,6 +1,6 @@
 """The ``lut8`` kernel with run-time extents (``codegen/qelementwise.py``
 ``emit_qelementwise_sized``): batch, height and width open, a table per channel or one row,
-uint8 and int8 inputs. One portable bundle (x86-64-v2 + x86-64-v3) per case, each level run
+uint8 and int8 inputs. One portable bundle (x86-64-v2 + x86-64-v3) of both, each level run
 here with its features pinned (v3: ``vpshufb`` 32 bytes a step, v2: byte by byte), at sizes
 with and without a 32-byte remainder per row, on 1 and 2 threads, bit for bit against the
 op's numpy definition; the bundle's kernel is the table kernel, not the generic loop nest."""
@@ -29,41 +29,42 @@ CHANNELS = 40
 SIZES = ((1, 3, 5), (2, 7, 32), (1, 16, 33), (3, 9, 70))   # batch, H, W
 
 
-def _bundle(folder: Path, dtype: str, per_channel: bool) -> tuple[Path, np.ndarray]:
+@pytest.fixture(scope="module")
+def bundle(tmp_path_factory) -> tuple[Path, np.ndarray, np.ndarray]:
+    """One portable bundle of two lookups: uint8 x through a table per channel (y0), int8 x
+    through one row (y1); with the two tables."""
     rng = np.random.default_rng(7)
-    table = rng.integers(0, 256, (CHANNELS if per_channel else 1, 256)).astype(np.uint8)
+    per_channel = rng.integers(0, 256, (CHANNELS, 256)).astype(np.uint8)
+    one_row = rng.integers(0, 256, (1, 256)).astype(np.uint8)
+    dims = (size_var("n"), CHANNELS, size_var("h"), size_var("w"))
     bb = BlockBuilder()
-    x = bb.input("x", (size_var("n"), CHANNELS, size_var("h"), size_var("w")), dtype)
-    t = bb.constant(table, "table")
-    with bb.function("main", [x]):
+    xu = bb.input("xu", dims, "uint8")
+    xs = bb.input("xs", dims, "int8")
+    tu, ts = bb.constant(per_channel, "per_channel"), bb.constant(one_row, "one_row")
+    with bb.function("main", [xu, xs]):
         with bb.dataflow():
-            y = bb.emit_output(bb.emit_op("lut8", x, t, axis=1 if per_channel else -1))
-        bb.emit_func_output(y, names=["y"])
-    path = folder / f"lut_{dtype}_{per_channel}.mlc"
+            y0 = bb.emit_output(bb.emit_op("lut8", xu, tu, axis=1))
+            y1 = bb.emit_output(bb.emit_op("lut8", xs, ts, axis=-1))
+        bb.emit_func_output([y0, y1], names=["y0", "y1"])
+    path = tmp_path_factory.mktemp("lut_open") / "lut.mlc"
     export_module(bb.get(), path, ExportOptions(target="x86-64-v2,x86-64-v3", check=False))
-    return path, table
-
-
-@pytest.fixture(scope="module", params=[("uint8", True), ("int8", False)],
-                ids=["uint8_per_channel", "int8_one_row"])
-def case(request, tmp_path_factory):
-    dtype, per_channel = request.param
-    path, table = _bundle(tmp_path_factory.mktemp("lut_open"), dtype, per_channel)
-    return path, table, dtype, per_channel
+    return path, per_channel, one_row
 
 
 @pytest.mark.parametrize("level", ["x86-64-v2", "x86-64-v3"])
-def test_lut8_with_run_time_extents(case, level: str, monkeypatch) -> None:
-    path, table, dtype, per_channel = case
+def test_lut8_with_run_time_extents(bundle, level: str, monkeypatch) -> None:
+    path, per_channel, one_row = bundle
     monkeypatch.setenv("MLCPACK_CPU_FEATURES", X86_V2 if level == "x86-64-v2" else X86_V3)
-    info = np.iinfo(dtype)
     rng = np.random.default_rng(3)
     for threads in (1, 2):
         with load(path, threads=threads) as model:
             kinds = [k.kernel for k in model.schema.plan.kernels]
-            assert kinds == ["integer elementwise"], kinds
+            assert kinds == ["integer elementwise"] * 2, kinds
             for n, h, w in SIZES:
-                x = rng.integers(info.min, info.max + 1, (n, CHANNELS, h, w)).astype(dtype)
-                x.reshape(-1)[:2] = (info.min, info.max)
-                got = model.run({"x": x})["y"]
-                np.testing.assert_array_equal(got, lut8(x, table, 1 if per_channel else -1))
+                xu = rng.integers(0, 256, (n, CHANNELS, h, w)).astype(np.uint8)
+                xs = rng.integers(-128, 128, (n, CHANNELS, h, w)).astype(np.int8)
+                xu.reshape(-1)[:2] = (0, 255)
+                xs.reshape(-1)[:2] = (-128, 127)
+                got = model.run({"xu": xu, "xs": xs})
+                np.testing.assert_array_equal(got["y0"], lut8(xu, per_channel, 1))
+                np.testing.assert_array_equal(got["y1"], lut8(xs, one_row, -1))
