@@ -19,6 +19,7 @@ multiply-adds, so the kernels equal ``ops/qelementwise.py``'s numpy definitions 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -26,6 +27,7 @@ from llvmlite import ir
 
 from ..ir import te
 from ..ir.graph import PrimFunc
+from ..ir.sym import product
 from ..ops.qelementwise import row_broadcast
 from ..ops.quant import saturation_range
 from .helpers import F32, I8, I32, I64, alloca_once, const_i64, for_range, intrinsic
@@ -61,9 +63,22 @@ def emit_qelementwise(module: ir.Module, func: PrimFunc, symbol: str, vl: int,
     return cls(module, func, symbol, tag, avx2).emit()
 
 
-def match_lut8(func: PrimFunc) -> int | None:
+def emit_qelementwise_sized(module: ir.Module, func: PrimFunc, symbol: str, vl: int,
+                            size_vars: tuple[str, ...]) -> KernelInfo | None:
+    """The ``lut8`` kernel with run-time extents (batch and image sizes open, the table's
+    axis static: QDQ files whose image size stays open); None for anything else."""
+    table = match_lut8(func, symbolic=True)
+    if table is None:
+        return None
+    avx2 = module.triple.startswith("x86_64") and vl >= 8
+    return _QTable(module, func, symbol, _TableTag(func.inputs[0].dtype, table), avx2,
+                   size_vars).emit()
+
+
+def match_lut8(func: PrimFunc, symbolic: bool = False) -> int | None:
     """The table's axis (-1: one row) when ``func`` is exactly a ``lut8`` (ops/qlinear.py) of
-    its first input through its second: one stage ``table[axis index or 0, x[i] (+ 128)]``."""
+    its first input through its second: one stage ``table[axis index or 0, x[i] (+ 128)]``;
+    of static shape, or with ``symbolic`` of run-time extents but for the table's axis."""
     if len(func.inputs) != 2 or len(func.outputs) != 1:
         return None
     x, table = func.inputs
@@ -71,7 +86,7 @@ def match_lut8(func: PrimFunc) -> int | None:
     body = out.body
     if (x.dtype not in ("int8", "uint8") or table.dtype not in ("int8", "uint8")
             or len(table.shape) != 2 or table.shape[1] != 256 or tuple(out.shape) != tuple(x.shape)
-            or any(not isinstance(d, int) for d in x.shape) or not isinstance(body, te.Read)
+            or symbolic == all(isinstance(d, int) for d in x.shape) or not isinstance(body, te.Read)
             or body.tensor.uid != table.uid or len(body.indices) != 2):
         return None
     row, col = body.indices
@@ -300,35 +315,64 @@ class _QTable(_QVector):
     def emit(self) -> KernelInfo:
         x, table = self.func.inputs
         y = self.func.outputs[0]
-        shape = tuple(int(d) for d in x.shape)
         axis = self.tag.axis
+        if self.symbolic:
+            return self._emit_sized(x, table, y, axis)
+        shape = tuple(int(d) for d in x.shape)
         rows = math.prod(shape[:axis + 1]) if axis >= 0 else 1
         inner = math.prod(shape) // rows
         channels = shape[axis] if axis >= 0 else 1
         parallel = rows > 1 and rows * inner >= TABLE_PARALLEL_BYTES
         body_fn, ptr_types, n_ptrs, _ = self._start(0)
+        wide = inner // 32 if self.avx2 else 0
+        self._rows(body_fn, n_ptrs, parallel, x, table, y, const_i64(rows), const_i64(inner),
+                   channels, wide)
+        return self._finish(body_fn, n_ptrs, ptr_types, 0, parallel)
+
+    def _emit_sized(self, x, table, y, axis: int) -> KernelInfo:
+        """The same rows with run-time extents: rows and their length from the size
+        variables; split between tasks where 32 x 32 bytes per channel would be (the sizes
+        are unknown here, as the symbolic max pool decides)."""
+        shape = tuple(x.shape)
+        rows = product(shape[:axis + 1]) if axis >= 0 else 1
+        inner = product(shape[axis + 1:] if axis >= 0 else shape)
+        channels = int(shape[axis]) if axis >= 0 else 1
+        parallel = not isinstance(rows, int) and channels * 1024 >= TABLE_PARALLEL_BYTES
+        body_fn, ptr_types, n_ptrs, _ = self._start(0)
+        b = self.builder
+        inner_v = self._dim_value(inner)
+        wide = b.sdiv(inner_v, const_i64(32)) if self.avx2 else 0
+        self._rows(body_fn, n_ptrs, parallel, x, table, y, self._dim_value(rows), inner_v,
+                   channels, wide)
+        info = self._finish(body_fn, n_ptrs, ptr_types, 0, parallel)
+        return dataclasses.replace(info, symbolic=True)
+
+    def _rows(self, body_fn, n_ptrs: int, parallel: bool, x, table, y, rows: ir.Value,
+              inner: ir.Value, channels: int, wide: int | ir.Value) -> None:
+        """Rows lo .. hi of this task (all without ``parallel``), ``wide`` chunks of 32 bytes
+        each (AVX2; a number, or computed at run time) then byte by byte."""
         b = self.builder
         buf = self.buffers
         xb, tb, yb = buf[x.uid], buf[table.uid], buf[y.uid]
         signed = x.dtype == "int8"
-        lo, hi = const_i64(0), const_i64(rows)
+        lo, hi = const_i64(0), rows
         if parallel:
             task, ntasks = body_fn.args[n_ptrs], body_fn.args[n_ptrs + 1]
-            lo = b.sdiv(b.mul(task, const_i64(rows)), ntasks)
-            hi = b.sdiv(b.mul(b.add(task, const_i64(1)), const_i64(rows)), ntasks)
-        wide = inner // 32 if self.avx2 else 0
+            lo = b.sdiv(b.mul(task, rows), ntasks)
+            hi = b.sdiv(b.mul(b.add(task, const_i64(1)), rows), ntasks)
         with for_range(b, lo, hi, "row") as r:
-            base = b.mul(r, const_i64(inner))
+            base = b.mul(r, inner)
             row_tb = b.gep(tb, [b.mul(b.srem(r, const_i64(channels)), const_i64(256))])
-            if wide:
-                with for_range(b, const_i64(0), const_i64(wide), "lx") as i:
+            static = isinstance(wide, int)
+            if wide or not static:
+                with for_range(b, const_i64(0), const_i64(wide) if static else wide, "lx") as i:
                     self._lut_chunk(xb, yb, row_tb, b.add(base, b.mul(i, const_i64(32))), signed)
-            with for_range(b, const_i64(wide * 32), const_i64(inner), "tx") as i:
+            tail = const_i64(wide * 32) if static else b.mul(wide, const_i64(32))
+            with for_range(b, tail, inner, "tx") as i:
                 at = b.add(base, i)
                 v = b.load(b.gep(xb, [at]))
                 idx = b.add(b.sext(v, I64), const_i64(128)) if signed else b.zext(v, I64)
                 b.store(b.load(b.gep(row_tb, [idx])), b.gep(yb, [at]))
-        return self._finish(body_fn, n_ptrs, ptr_types, 0, parallel)
 
 
 class _QQuantize(_QVector):

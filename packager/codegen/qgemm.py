@@ -122,8 +122,10 @@ def align_workspace(n: int) -> int:
 
 
 class QEmitter(KernelEmitter):
-    def __init__(self, module: ir.Module, func: PrimFunc, symbol: str, tag, avx2: bool):
-        super().__init__(module, func, symbol)
+    def __init__(self, module: ir.Module, func: PrimFunc, symbol: str, tag, avx2: bool,
+                 size_vars: tuple[str, ...] = ()):
+        # size_vars: a kernel with run-time extents reads them (KernelEmitter._dim_value)
+        super().__init__(module, func, symbol, size_vars)
         self.tag = tag
         self.avx2 = avx2
         # 6 x 2 accumulators + 2 operands + broadcast + product = AVX2's 16 registers; the

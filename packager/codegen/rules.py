@@ -38,7 +38,7 @@ from .nms import emit_nms
 from .norm import emit_normalize, emit_symbolic_normalize
 from .pool import emit_max_pool, emit_symbolic_max_pool
 from .qdepthwise import emit_qdepthwise
-from .qelementwise import emit_qelementwise
+from .qelementwise import emit_qelementwise, emit_qelementwise_sized
 from .qgemm_emit import emit_qgemm
 from .rnn import emit_recurrence
 from .softmax import emit_softmax, emit_symbolic_softmax
@@ -135,7 +135,8 @@ KERNEL_RULES: tuple[KernelRule, ...] = (
                _sized(emit_nonzero_index)),
     KernelRule("integer GEMM", None, _integer_gemm, None),   # qmatmul / qconv2d (ops/qlinear.py)
     KernelRule("integer depthwise", None, _integer_depthwise, None),   # qdwconv2d
-    KernelRule("integer elementwise", None, _on_func(emit_qelementwise, True), None),   # qbinary, qgavgpool
+    KernelRule("integer elementwise", None, _on_func(emit_qelementwise, True),   # qbinary, qgavgpool
+               _sized(emit_qelementwise_sized)),   # lut8 with run-time extents
     KernelRule("channel-lane convolution", None, _on_func(emit_conv_oc, True),   # nn.conv2d_oc
                _sized(emit_conv_oc, True)),
     KernelRule("depthwise convolution", is_depthwise, _with_match(emit_depthwise),

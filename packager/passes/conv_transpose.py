@@ -23,6 +23,12 @@ Everything is built from rows of the operator table (conv2d, pad, reshape), so t
 fast paths, and whatever they learn later (run-time extents), apply here too. Weights are
 rearranged once, at export. A transposed convolution whose weight is not a constant keeps the
 generic loop nest.
+
+Under sizes known only at run time, the 2-D kernel == stride case (a detector head's 2x2
+stride-2 upsampler) takes the same 1x1 convolution, its channels then placed as the kh x kw
+blocks by a transpose (``_pixels``: what the ONNX frontend does for a ``Constant`` weight; here
+for weights that became constants only in ``fold_dequantize``, as a QDQ file's
+DequantizeLinear weight does). The other symbolic cases keep the generic loop nest.
 """
 
 from __future__ import annotations
@@ -337,6 +343,43 @@ def _gemm_and_sum(em: _Emitter, x: Value, wdata: np.ndarray, groups: int, plan: 
     return [cols], tuple(phases)
 
 
+def _pixels(binding: Binding, out: list[Binding]) -> None:
+    """``binding``'s kernel == stride 2-D transposed convolution on run-time sizes: a 1x1
+    convolution to cout*kh*kw channels (bias repeated per block position, added in its
+    epilogue), reshaped to (n, cout, kh, kw, h, w) and transposed into the kh x kw blocks."""
+    call = binding.value
+    x, w = call.args[0], call.args[1]
+    cin, cout, kh, kw = w.data.shape
+    n, _, h, wd = x.type.shape
+    em = _Emitter(binding, out)
+    w2 = w.data.transpose(1, 2, 3, 0).reshape(cout * kh * kw, cin, 1, 1)
+    y = em.emit("nn.conv2d", [x, em.constant(w2, "w")], strides=(1, 1), padding=(0, 0, 0, 0),
+                dilation=(1, 1), groups=1)
+    if len(call.args) > 2:
+        bias = np.repeat(call.args[2].data.astype(np.float32), kh * kw)
+        y = em.emit("add", [y, em.constant(bias.reshape(1, -1, 1, 1), "b")])
+    y = em.emit("reshape", [y], shape=(n, cout, kh, kw, h, wd))
+    y = em.emit("transpose", [y], axes=(0, 1, 4, 2, 5, 3))
+    em.emit("reshape", [y], var=binding.var, shape=binding.var.type.shape)
+
+
+def _as_pixels(binding: Binding) -> bool:
+    """A 2-D transposed convolution with a constant float32 weight (and bias), window ==
+    stride, no padding, dilation or groups, on sizes known only at run time."""
+    v = binding.value
+    if not (isinstance(v, Call) and v.op == "nn.conv_transpose" and len(v.args) >= 2
+            and all(isinstance(a, Constant) for a in v.args[1:])
+            and v.type.dtype == "float32" and v.args[0].type.dtype == "float32"
+            and len(v.type.shape) == 4 and len(v.args[1].type.shape) == 4):
+        return False
+    attrs = v.attrs
+    kernel = tuple(v.args[1].type.shape[2:])
+    return (tuple(attrs["strides"]) == kernel and not any(attrs["padding"])
+            and tuple(attrs["dilation"]) == (1, 1) and not any(attrs.get("output_padding", ()))
+            and int(attrs.get("groups", 1)) == 1
+            and not all(isinstance(d, int) for d in v.args[0].type.shape))
+
+
 def _fast(binding: Binding) -> bool:
     v = binding.value
     return (isinstance(v, Call) and v.op == "nn.conv_transpose" and len(v.args) >= 2
@@ -355,6 +398,8 @@ def decompose_conv_transpose(mod: IRModule) -> IRModule:
             for b in block.bindings:
                 if _fast(b):
                     _rewrite(b, bindings)
+                elif _as_pixels(b):
+                    _pixels(b, bindings)
                 else:
                     bindings.append(b)
             blocks.append(type(block)(bindings) if isinstance(block, DataflowBlock)

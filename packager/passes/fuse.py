@@ -119,6 +119,11 @@ def _fuse_one(mod: IRModule, b: Binding, producer_of: dict[int, Binding], uses: 
             continue
         if _is_matmul(producer) and _calls_excluded_math(consumer):
             continue
+        # a table lookup with run-time extents keeps its own kernel (codegen/qelementwise.py:
+        # vpshufb, 32 bytes a step); fused with the dequantize after it, it fell to the scalar
+        # generic loop nest
+        if _is_sized_table_lookup(producer):
+            continue
         # the reduction kernels (softmax, global mean, normalization) take no quantize
         # epilogue: fused, a QDQ model's reduction and its QuantizeLinear fell to the generic
         # loop nest (PP-OCRv4 recognizer's attention softmax 0.55 ms, sixth in its profile;
@@ -138,6 +143,17 @@ def _fuse_one(mod: IRModule, b: Binding, producer_of: dict[int, Binding], uses: 
         return prod, Binding(b.var, CallTIR(new_name, args, v.type),
                              merge_sources(prod.source, b.source))
     return None
+
+
+def _is_sized_table_lookup(func: PrimFunc) -> bool:
+    """``func`` is a ``lut8`` (8-bit x through an 8-bit [C, 256] table) of run-time extents."""
+    if len(func.inputs) != 2 or len(func.outputs) != 1:
+        return False
+    x, table = func.inputs
+    return (x.dtype in ("int8", "uint8") and table.dtype in ("int8", "uint8")
+            and len(table.shape) == 2 and table.shape[1] == 256
+            and not all(isinstance(d, int) for d in func.outputs[0].shape)
+            and not func.is_elementwise)
 
 
 def _calls_math(func: PrimFunc, names: tuple[str, ...]) -> bool:

@@ -12,11 +12,14 @@ with the operators' numpy references (the same definitions constant folding uses
 table holds exactly what the chain computes; the run-time cost is one byte load per element
 instead of a float round trip per step.
 
-Matched, for each ``quantize`` to int8/uint8 with a static shape: walk back through elementwise
+Matched, for each ``quantize`` to int8/uint8: walk back through elementwise
 operations (``ops/registry.py`` ELEMWISE) whose results have the quantize's shape; a constant
 is a leaf, an int8/uint8 value is a leaf (or, when it is itself tabulated, its source), and
 anything else stops the match. It applies when exactly one non-constant leaf ``s`` remains
-(int8/uint8, the same shape) and the constants vary along at most one axis.
+(int8/uint8, the same shape) and the constants vary along at most one axis (an axis of static
+extent: the batch and image sizes may be open, as in Paddle's and YOLO's files, where the table's
+lookup runs on the generic loop nest with run-time extents and the chain's float32 quantize ->
+dequantize pairs leave the float convolutions' epilogues).
 
 A table whose input is the 8-bit result of a ``qconv2d`` read by it alone goes into that
 kernel (a 7th input): it looks each result up as it copies it out, so the activation after a
@@ -96,8 +99,7 @@ def _tabulate_in_function(fn: Function) -> Function:
     tables: dict[int, Call] = {}
     for b in fn.bindings():
         c = b.value
-        if not (isinstance(c, Call) and c.op == "quantize" and c.attrs.get("dtype") in _I8
-                and _static(b.var)):
+        if not (isinstance(c, Call) and c.op == "quantize" and c.attrs.get("dtype") in _I8):
             continue
         leaves: set[int] = set()
         consts: list[np.ndarray] = []
@@ -108,7 +110,7 @@ def _tabulate_in_function(fn: Function) -> Function:
         if s is b.var:
             continue
         axis = _table_axis(consts, b.var.type.shape)
-        if axis is None or axis == -2:
+        if axis is None or axis == -2 or (axis >= 0 and not isinstance(s.type.shape[axis], int)):
             continue
         table = _evaluate(b.var, s, defs, source, axis)
         if table is None:
@@ -126,10 +128,6 @@ def _tabulate_in_function(fn: Function) -> Function:
         return Call("lut8", [lookup(new.args[0]), new.args[1]], new.attrs, new.type)
 
     return rewrite_function(fn, visit)
-
-
-def _static(v: Value) -> bool:
-    return all(isinstance(d, int) for d in v.type.shape)
 
 
 def _leaves(v: Value, defs: dict, source: dict, leaves: set, consts: list, shape,
