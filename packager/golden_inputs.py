@@ -283,7 +283,7 @@ def taken_branch_relations(mod: IRModule, known: Mapping[str, np.ndarray],
 
 def _taken(mod: IRModule, fn: Function, env: dict[int, np.ndarray], sizes: Mapping[str, int],
            out: list[tuple], depth: int) -> None:
-    from .ir.concrete import concrete
+    from .ir.concrete import concrete, concrete_shape
     from .ops import get_op
 
     defs = {id(b.var): b.value for b in fn.bindings()}
@@ -316,6 +316,8 @@ def _taken(mod: IRModule, fn: Function, env: dict[int, np.ndarray], sizes: Mappi
         if any(a is None or a.size > _SMALL for a in args) or get_op(v.op).kind == "branch":
             continue
         try:
+            if int(np.prod(concrete_shape(v.type.shape, sizes))) > _SMALL:
+                continue   # not shape arithmetic (a constant-filled tensor, say)
             with np.errstate(all="ignore"):
                 result = np.asarray(get_op(v.op).reference(*args, **concrete(v.attrs, sizes)))
         except Exception:  # noqa: BLE001  (a condition it cannot evaluate decides nothing)
