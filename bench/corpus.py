@@ -160,9 +160,9 @@ PACKAGE_MODELS = (
                 dynamic=True, bind=("sr",),
                 needs="the model runs at 512 samples with sr 16000 or 256 with 8000 only (ONNX "
                       "Runtime fails at other sizes): the default export writes a bundle that "
-                      "runs the branch the sample rate picks, but its golden check cannot run "
-                      "at the check's sizes, so the checked export binds the rate (--bind "
-                      "sr=...) and fixes the sizes (--input-shape)"),
+                      "runs the branch the sample rate picks, checked at sr 16000 and a chunk "
+                      "length that branch takes; the comparison at the model's own sizes binds "
+                      "the rate (--bind sr=...) and fixes the sizes (--input-shape)"),
 )
 
 TORCH_MODELS = (

@@ -153,7 +153,8 @@ def main() -> None:
         bundle.parent.mkdir(parents=True, exist_ok=True)
         export_default(src, bundle)
     ort_run = ort_runner(src)
-    print(f"host: {host_flags()}, {os.cpu_count()} CPUs; ONNX Runtime 1 thread, mlcpack 1 thread")
+    print(f"host: {host_flags()}, {os.cpu_count()} CPUs, load average "
+          f"{os.getloadavg()[0]:.1f}; ONNX Runtime 1 thread, mlcpack 1 thread")
     print("rate  batch chunks  max|out-ORT|  max|state-ORT|  ORT us/chunk (med/min)  "
           "mlcpack us/chunk (med/min)")
     with load(bundle, threads=1) as model:
@@ -179,6 +180,7 @@ def main() -> None:
                 print(f"{rate:5d} {batch:5d} {len(inputs):6d}  {d_out:11.3g}  {d_state:14.3g}  "
                       f"{statistics.median(o):10.1f} / {min(o):7.1f}  "
                       f"{statistics.median(m):13.1f} / {min(m):7.1f}")
+    print(f"load average at the end {os.getloadavg()[0]:.1f}")
 
 
 if __name__ == "__main__":

@@ -49,8 +49,8 @@ from ..runtime.selftest import CheckResult, check_model, compare_output
 from .bundle_writer import BundleWriteError
 from .errors import ExportError
 from .ir.graph import Call, CallLibrary, Constant, Function, IRModule, Var
+from .golden_inputs import choose_inputs, sizes_unmet
 from .golden_quant import quantization_step, quantized_input_ranges
-from .ir.sym import evaluate as sym_evaluate, shape_vars, to_record
 
 MAX_EMBED_BYTES = 4 << 20
 IR_REFERENCE = "the numpy reference of the IR"
@@ -80,57 +80,6 @@ class Golden:
     note: str | None = None      # appended to the check's summary line
     warnings: list[str] = field(default_factory=list)  # advice that does not fail the export
     second: Reference | None = None  # asked when the bundle disagrees with ONNX Runtime
-
-
-# ---- inputs ---------------------------------------------------------------------------------------
-
-def random_inputs(specs: list[tuple[str, tuple[int, ...], str]], seed: int,
-                  ranges: Mapping[str, tuple[float, float]] | None = None
-                  ) -> dict[str, np.ndarray]:
-    """Seeded inputs: standard normal floats (uniform over ``ranges[name]`` where given: the
-    range a quantized model's input quantization represents), random bools, zeros for integers
-    (integer inputs are usually indices, and 0 is the one index every axis has; give real ones
-    with --check-input)."""
-    rng = np.random.default_rng(seed)
-    ranges = ranges or {}
-    out = {}
-    for name, shape, dtype in specs:
-        dt = np.dtype(dtype)
-        if dt.kind == "f" and name in ranges:
-            out[name] = rng.uniform(*ranges[name], shape).astype(dt)
-        elif dt.kind == "f":
-            out[name] = rng.standard_normal(shape).astype(dt)
-        elif dt.kind == "b":
-            out[name] = rng.random(shape) < 0.5
-        else:
-            out[name] = np.zeros(shape, dt)
-    return out
-
-
-def given_inputs(specs: list[tuple[str, tuple[int, ...], str]],
-                 given: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-    names = [s[0] for s in specs]
-    unknown = sorted(set(given) - set(names))
-    missing = [n for n in names if n not in given]
-    if unknown or missing:
-        raise _export_error(f"--check-input must give every input of the model ({names}); "
-                            + (f"unknown: {unknown}" if unknown else f"missing: {missing}"))
-    out = {}
-    for name, shape, dtype in specs:
-        value = np.asarray(given[name])
-        dt = np.dtype(dtype)
-        if value.dtype != dt:
-            if value.dtype.kind != dt.kind or value.dtype.kind not in "fiu":
-                raise _export_error(f"--check-input {name}: dtype {value.dtype}, the model takes "
-                                    f"{dtype}")
-            value = value.astype(dt)
-        # a symbolic dim takes the given size; the first (batch) dim any size, as before
-        if value.ndim != len(shape) or any(isinstance(d, (int, np.integer)) and int(d) != n
-                                           for d, n in zip(shape[1:], value.shape[1:])):
-            raise _export_error(f"--check-input {name}: shape {value.shape}, the model takes "
-                                f"{tuple(shape)}")
-        out[name] = np.asarray(value, order="C")  # ascontiguousarray makes a scalar (1,)
-    return out
 
 
 # ---- references ---------------------------------------------------------------------------------
@@ -371,130 +320,13 @@ _REFERENCE_ERRORS = (ReferenceUnavailable, FloatingPointError, ValueError, TypeE
                      IndexError)
 
 
-CHECK_SIZE = 2   # the value every size variable takes in the check of a symbolic model
-
-
-def check_size(relations: list, names: set[str] | None = None) -> dict[str, int]:
-    """The value each size variable takes in the check: ``CHECK_SIZE``, doubled (up to nine
-    times) for the variables of the relations the model needs that it does not meet yet (a
-    multiple of 32...), so that a detector's H and W grow and its batch stays small."""
-    names = set(names or ()) | shape_vars([d for r in relations for d in r[1:3]])
-    # a variable the model holds at one size (``batch_size == 1``: a state input exported at
-    # batch 1) takes that size, and is never doubled
-    pinned = {str(a): int(b) for op, *pair in relations if op == "eq"
-              for a, b in (pair[:2], pair[1::-1])
-              if isinstance(b, (int, np.integer)) and not isinstance(b, bool)
-              and len(shape_vars([a])) == 1 and str(a) in shape_vars([a])}
-    env = {v: CHECK_SIZE for v in names} | pinned
-
-    def holds(op, a, b) -> bool:
-        a, b = sym_evaluate(to_record(a), env), sym_evaluate(to_record(b), env)
-        return a == b if op == "eq" else a <= b
-
-    for _ in range(10):
-        failing = [r for r in relations if not holds(*r[:3])]
-        if not failing:
-            return env
-        for v in shape_vars([d for r in failing for d in r[1:3]]) - pinned.keys():
-            env[v] *= 2
-    # no size up to 2**10 meets them all: every variable at the same size, as before
-    for size in [CHECK_SIZE << k for k in range(10)]:
-        env = {v: size for v in names} | pinned
-        if all(holds(*r[:3]) for r in relations):
-            return env
-    return {v: CHECK_SIZE for v in names} | pinned
-
-
-def check_values(rows: Any, sizes: Mapping[str, int]) -> dict[str, list[int]]:
-    """What the check feeds the inputs read as sizes (``IRModule.value_vars`` rows), by input:
-    values any data takes. A Reshape's target ``[1, ..., 1, -1]``, an Expand's ``[1, ...]``,
-    plain sizes the check's size; axes ``0, 1, ...``; a Slice the whole of each axis; a Pad
-    none (with its axes ``0, 1, ...``)."""
-    out: dict[str, list[int]] = {}
-    for row in rows:
-        name, rule, names = row[0], row[1], row[2]
-        k = len(names)
-        if rule == "reshape":
-            out[name] = [1] * (k - 1) + [-1]
-        elif rule == "expand":
-            out[name] = [1] * k
-        elif rule == "dims":
-            out[name] = [sizes.get(v, CHECK_SIZE) for v in names]
-        elif rule == "scales":   # float scales fed at run time: the input's own sizes
-            out[name] = [1.0] * k
-        elif rule == "axes":
-            ones = [i for i, d in enumerate(row[3]) if isinstance(d, int) and d == 1]
-            out[name] = ones if row[4] == 3 else list(range(64))   # Squeeze: axes of size 1
-        elif rule in ("slice", "pad"):
-            out[name] = [0] * 64
-            for extra, fill in zip(row[4:], ("end", "axes", "one") if rule == "slice"
-                                   else ("axes",)):
-                if extra:
-                    out[extra] = {"end": [1 << 62] * 64, "axes": list(range(64)),
-                                  "one": [1] * 64}[fill]
-    return out
-
-
-def _sizes_unmet(mod: IRModule, inputs: Mapping[str, np.ndarray],
-                 params: Mapping[str, np.ndarray] | None) -> str:
-    """Why the check cannot run, when inputs read as sizes (``value_vars``) take check values
-    that a relation the model needs refuses (Split's sizes must add up to a dim the check
-    cannot guess); "" when they fit (or there are none)."""
-    if not getattr(mod, "value_vars", None):
-        return ""
-    from ..runtime.errors import InputError
-    from ..runtime.values import bind_values
-    from .ir.concrete import SizeMismatch, bind_sizes
-    from .vm_emit import value_rows
-
-    feeds = {**(params or {}), **inputs}
-    try:
-        env = bind_sizes(mod.main.params, feeds)
-        bind_values(value_rows(mod), feeds, env)
-    except (InputError, SizeMismatch, KeyError) as exc:
-        return f"the check's values for inputs read as sizes do not fit the model ({exc})"
-    for op, a, b, *_ in getattr(mod, "relations", []):
-        av, bv = sym_evaluate(to_record(a), env), sym_evaluate(to_record(b), env)
-        if not (av == bv if op == "eq" else av <= bv):
-            return (f"the check's values for inputs read as sizes do not meet a relation the "
-                    f"model needs ({a} {'==' if op == 'eq' else '<='} {b}): give real ones "
-                    "with --check-input")
-    return ""
-
-
-def _check_shape(shape: tuple, sizes: Mapping[str, int]) -> tuple[int, ...]:
-    """The concrete shape the check feeds: symbolic dims at the check's sizes (the bundle is
-    checked at those sizes; tests cover the others)."""
-    env = {v: sizes.get(v, CHECK_SIZE) for v in shape_vars(shape)}
-    return tuple(d if isinstance(d, int) else d.evaluate(env) for d in shape)
-
-
 def prepare_golden(mod: IRModule, params: Mapping[str, np.ndarray] | None, opts: Any) -> Golden:
     """Choose the inputs and run the references (before anything is compiled): the one that may
     refuse the export, the IR's numpy reference for the magnitudes, and advice (see the module
     docstring)."""
     fn = mod.main
-    by_value = {row[0]: row for row in getattr(mod, "value_vars", ())}
-    sizes = check_size(getattr(mod, "relations", []),
-                       shape_vars([d for p in fn.params for d in p.type.shape])
-                       | {v for row in by_value.values() for v in row[2]})
-    specs = [(p.name, _check_shape(p.type.shape, sizes), p.type.dtype) for p in fn.params
-             if not (params and p.name in params)]
-    if opts.check_inputs:
-        given = [(p.name, tuple(p.type.shape), p.type.dtype) for p in fn.params
-                 if not (params and p.name in params)]
-        inputs, seed = given_inputs(given, opts.check_inputs), None
-    else:
-        inputs = random_inputs(specs, opts.check_seed, quantized_input_ranges(fn))
-        for name, values in check_values(getattr(mod, "value_vars", ()), sizes).items():
-            p = next((q for q in fn.params if q.name == name), None)
-            if p is not None and name in inputs:   # inputs read as sizes: values any data takes
-                count = int(np.prod(p.type.shape))
-                top = np.finfo(p.type.dtype).max if p.type.dtype.startswith("float") \
-                    else np.iinfo(p.type.dtype).max
-                inputs[name] = np.array([min(v, top) for v in values[:count]],
-                                        dtype=p.type.dtype).reshape(p.type.shape)
-        seed = opts.check_seed
+    chosen = choose_inputs(mod, params, opts, quantized_input_ranges(fn))
+    inputs, seed = chosen.inputs, chosen.seed
     reference = opts.reference
     refuses = reference is not None and getattr(reference, "refuses", True)
     magnitudes: dict[str, float] = {}
@@ -503,26 +335,27 @@ def prepare_golden(mod: IRModule, params: Mapping[str, np.ndarray] | None, opts:
     asked = getattr(opts, "check_advice", None)        # --check-advice: None, True, False
     work = AdviceWork() if advice and asked is None else None
     ir_outputs, ir_failed = None, ""
-    unmet = _sizes_unmet(mod, inputs, params)
+    unmet = sizes_unmet(mod, inputs, params)
     if unmet:   # inputs read as sizes whose check values the model's relations refuse
         return Golden(inputs, {}, IR_REFERENCE, seed, opts.check_rtol, opts.check_atol,
-                      skipped=unmet)
+                      skipped=unmet, note=chosen.note)
     try:
         with np.errstate(all="ignore"):  # random inputs may meet log(-1): NaN, not a warning
             ir_outputs = evaluate_ir(mod, inputs, params, magnitudes, steps, work=work)
     except IntegerDivisionByZero as exc:
         return Golden(inputs, {}, IR_REFERENCE, seed, opts.check_rtol, opts.check_atol,
-                      skipped=str(exc))
+                      skipped=str(exc), note=chosen.note)
     except _REFERENCE_ERRORS as exc:
         magnitudes, steps, ir_failed = {}, {}, _failure(IR_REFERENCE, exc)
     name = (opts.reference_name or getattr(reference, "name", "the given reference")) \
         if refuses else IR_REFERENCE
     golden = Golden(inputs, {}, name, seed, opts.check_rtol, opts.check_atol,
-                    magnitudes=magnitudes, steps=steps,
+                    magnitudes=magnitudes, steps=steps, note=chosen.note,
                     second=getattr(reference, "second", None))
     if advice:
-        golden.note = ("the ONNX import was not independently checked (onnxruntime is not "
-                       f"installed; {CHECK_EXTRA} adds it)")
+        golden.note = "; ".join(n for n in (golden.note, (
+            "the ONNX import was not independently checked (onnxruntime is not "
+            f"installed; {CHECK_EXTRA} adds it)")) if n)
     if refuses:
         try:
             with np.errstate(all="ignore"):

@@ -13,7 +13,7 @@ chrome://tracing open.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -218,14 +218,19 @@ class Profile:
         return "\n".join(lines)
 
 
-def profile_executor(model: str, executor: Executor, plan: Plan, runs: int) -> Profile:
+def profile_executor(model: str, executor: Executor, plan: Plan, runs: int,
+                     place: Callable[[], None] | None = None) -> Profile:
     """Time ``runs`` runs of ``executor`` (inputs already in place) instruction by
-    instruction; ``plan`` is its header record (kernels, library calls, batch)."""
+    instruction; ``plan`` is its header record (kernels, library calls, batch). ``place``,
+    untimed before each run, puts the inputs back where the memory plan may have reused
+    their bytes for later tensors."""
     steps = describe_steps(executor, plan)
     starts = np.empty((runs, len(steps)), dtype=np.int64)
     durations = np.empty((runs, len(steps)), dtype=np.int64)
     totals = np.empty(runs, dtype=np.int64)
     for r in range(runs):
+        if place is not None:
+            place()
         s, d, begin, end = executor.run_timed()
         starts[r], durations[r], totals[r] = s, d, end - begin
     return Profile(model, executor.threads, steps, starts, durations, totals, plan.batch)

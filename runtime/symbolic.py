@@ -148,6 +148,16 @@ def _first_fit(sizes: list[int], spans: list[tuple[int, int]]) -> tuple[list[int
     return offsets, arena
 
 
+def _place(plan: Any, values: list, min_bytes: int) -> None:
+    """One run's input values where ``plan``'s kernels read them: copied into its arena, or
+    the kernels pointed at the caller's array (``vm.InputBinding.feed``)."""
+    for (_, view, binding), value in zip(plan.inputs, values):
+        if binding is None:
+            np.copyto(view, value)
+        else:
+            binding.feed(view, value, min_bytes)
+
+
 def _input_bindings(runner: Any, executor: vm.Executor, addresses: list[int]) -> list:
     """Per input, the binding that lets kernels read the caller's array where it lies, or
     None: only for an input that kernels only read (as Model._bindings does for static
@@ -609,11 +619,7 @@ class SymbolicRunner:
                 self._by_shape[key] = plan
         if plan.shared:
             plan.activate()
-        for (_, view, binding), value in zip(plan.inputs, values):
-            if binding is None:
-                np.copyto(view, value)
-            else:
-                binding.feed(view, value, min_bytes)
+        _place(plan, values, min_bytes)
         plan.executor.run()
         if not self.counted_outputs:
             return plan.outputs
@@ -640,12 +646,14 @@ class SymbolicRunner:
             raise InputError(f"profile needs runs >= 1 and warmup >= 0, got {runs} and {warmup}")
         for _ in range(max(1, warmup)):
             self.run(feeds)
-        env, _ = self.bind(feeds)
+        env, values = self.bind(feeds)
         plan = self.plan(env)
         plan.activate()
         sizes = ", ".join(f"{v}={env[v]}" for v in self.vars)
-        return profile_executor(f"{self.name} ({sizes})", plan.executor, self.record,
-                                runs)
+        # the inputs placed before every run, as ``run`` does: the plan may reuse an input's
+        # bytes once it is read (a JUMP_UNLESS on silero's sample rate read a stale one)
+        return profile_executor(f"{self.name} ({sizes})", plan.executor, self.record, runs,
+                                lambda: _place(plan, values, vm.INPLACE_MIN_BYTES))
 
     def close(self) -> None:
         for plan in self._plans.values():

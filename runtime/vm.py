@@ -363,21 +363,17 @@ class Executor:
         instruction's start, each one's duration, the run's start, the run's end), all in ns.
         A method apart from ``run`` so that the untimed path pays nothing for it."""
         clock = time.perf_counter_ns
-        starts: list[int] = []
-        durations: list[int] = []
         begin = clock()
         program, steps = self._program, self._steps
+        # by instruction; those a jump skipped keep no time
+        starts, durations = [begin] * len(steps), [0] * len(steps)
         i = 0
         while i < len(steps):
             t0 = clock()
             after = steps[i]()
             t1 = clock()
-            starts.append(t0)
-            durations.append(t1 - t0)
+            starts[i], durations[i] = t0, t1 - t0
             i = after if program[i].opcode in JUMPS else i + 1
-        # instructions a jump skipped: no time (run_timed's lists keep one entry each)
-        starts += [begin] * (len(steps) - len(starts))
-        durations += [0] * (len(steps) - len(durations))
         return starts, durations, begin, clock()
 
     @property

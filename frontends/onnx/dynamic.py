@@ -78,15 +78,13 @@ def _unique(ctx: NodeContext) -> list[Value]:
         view = (1, product(shape), 1)
     bb = ctx.bb
     x3 = ctx.reshape(x, view)
-    same = bb.emit_op("unique_same", x3)
-    first = bb.emit_op("unique_first", same)
-    ranks = bb.emit_op("unique_rank", x3, same, first, sort=bool(ctx.attrs["sorted"]))
-    count = bb.emit_op("nonzero_count", first)
-    after, d = bb.bind_size(count, view[1], "unique")
-    values, indices, counts = (bb.emit_op("unique_select", x3, first, ranks, after, count=d,
-                                          part=part) for part in ("values", "indices", "counts"))
+    table = bb.emit_op("unique_table", x3, sort=bool(ctx.attrs["sorted"]))   # one sort
+    after, d = bb.bind_size(bb.emit_op("head_count", table), view[1], "unique")
+    values, indices, inverse, counts = (
+        bb.emit_op("unique_select", x3, table, after, count=d, part=part)
+        for part in ("values", "indices", "inverse", "counts"))
     out_shape = (d,) if axis is None else shape[:axis] + (d,) + shape[axis + 1:]
-    return [ctx.reshape(values, out_shape), indices, ranks, counts]
+    return [ctx.reshape(values, out_shape), indices, inverse, counts]
 
 
 # Where the box count is a run-time size and max_output_boxes_per_class a constant up to this,

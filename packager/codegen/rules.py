@@ -45,6 +45,7 @@ from .softmax import emit_softmax, emit_symbolic_softmax
 from .target import Target
 from .transpose import emit_transpose
 from .trees import emit_trees
+from .unique import emit_unique
 
 # (module, func, symbol, vector width, the func's contraction match or None, the target, the
 # compile options) -> the kernel it emitted, or None when ``func`` is not its kind.
@@ -133,6 +134,7 @@ KERNEL_RULES: tuple[KernelRule, ...] = (
     KernelRule("tree ensemble", None, _on_func(emit_trees), _sized(emit_trees)),   # ops/trees.py
     KernelRule("nonzero index", None, _on_func(emit_nonzero_index),   # ops/dynamic.py
                _sized(emit_nonzero_index)),
+    KernelRule("unique by sorting", None, _on_func(emit_unique), _sized(emit_unique)),   # ditto
     KernelRule("integer GEMM", None, _integer_gemm, None),   # qmatmul / qconv2d (ops/qlinear.py)
     KernelRule("integer depthwise", None, _integer_depthwise, None),   # qdwconv2d
     KernelRule("integer elementwise", None, _on_func(emit_qelementwise, True),   # qbinary, qgavgpool

@@ -3,8 +3,8 @@ model-level operators (``nn``, ``elementwise``, ``shape``...) that frontends pro
 layout-only ones (``layout``, ``bf16``: a constant weight packed for a kernel, made only by
 passes/layout.py; ``OpDef.layout`` marks their rows)."""
 
-from . import (bf16, control, dynamic, elementwise, index, layout, logic, nn,  # noqa: F401
-               norm, pool, qconv_quads, qelementwise, qlinear, quant, resize, resize_taps,
+from . import (bf16, control, dynamic, elementwise, frames, index, layout, logic,  # noqa: F401
+               nn, norm, pool, qconv_quads, qelementwise, qlinear, quant, resize, resize_taps,
                sequence, shape, trees)  # (registration side effect)
 from .registry import OPS, OpDef, get_op, register_op
 

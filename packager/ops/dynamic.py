@@ -9,9 +9,9 @@ writes it into the sizes array, and the kernels after it read the variable there
 size. Memory is planned for the bound. Every kernel that writes a tensor of the new size takes
 the bound count as its last input (``after``): that orders it after the binding in the graph,
 and no pass can move it before. NonZero (and Compress through it) is one pass
-(``nonzero_index``, ``codegen/compact.py``) and a gather of coordinates: linear. Unique's
-kernels follow the house style of ``index.py``: plain tensor expressions (a rank by a
-reduction), quadratic in the number of items.
+(``nonzero_index``, ``codegen/compact.py``) and a gather of coordinates: linear. Unique is
+a stable sort of its items' indices and one pass over them (``unique_table``,
+``codegen/unique.py``): O(n log n), then gathers of its parts.
 """
 
 from __future__ import annotations
@@ -159,153 +159,84 @@ def topk_dynamic(x: np.ndarray, after: np.ndarray, k: Dim = 1, axis: int = -1,
 
 # ---- unique: items are the slices x3[:, j, :] of x viewed as [outer, length, inner] ------------
 
-BIG = 2 ** 62
-
-
-def _infer_unique_same(x: TensorType) -> TensorType:
+def _infer_unique_table(x: TensorType, sort: bool = True) -> TensorType:
     if len(x.shape) != 3:
         raise ValueError(f"unique: input must be [outer, length, inner], not {x.shape}")
-    return TensorType((x.shape[1], x.shape[1]), "int64")
+    return TensorType((1 + 3 * x.shape[1],), "int64")
 
 
-def _item_axes(x: te.Tensor) -> tuple:
-    return te.reduce_axis(x.shape[0], "o"), te.reduce_axis(x.shape[2], "e")
+def _legalize_unique_table(x: te.Tensor, out_type: TensorType, name: str,
+                           sort: bool = True) -> te.Tensor:
+    """A stand-in body: the tag hands the function to the sorting kernel
+    (``codegen/unique.py``)."""
+    from ..ir.patterns import tag_reduction
+    k = te.reduce_axis(1, "k")
+    tag_reduction(k, "unique_table", (x,), sort=bool(sort))
+    return te.compute(out_type.shape, lambda i: te.sum_of(te.cast(x[(0, k, 0)], "int64"), k),
+                      name=name, dtype="int64")
 
 
-def _legalize_unique_same(x: te.Tensor, out_type: TensorType, name: str) -> te.Tensor:
-    """same[r, j]: 1 where items r and j are equal, element for element."""
-    o, e = _item_axes(x)
-    one, zero = te.const(1, "int64"), te.const(0, "int64")
-    return te.compute(out_type.shape, lambda r, j: te.min_of(te.if_then_else(
-        te.eq(x[(o, r, e)], x[(o, j, e)]), one, zero), (o, e)), name=name, dtype="int64")
-
-
-@register_op("unique_same", REDUCTION, _infer_unique_same, _legalize_unique_same)
-def unique_same(x: np.ndarray) -> np.ndarray:
-    items = np.moveaxis(x, 1, 0).reshape(x.shape[1], -1)
-    return np.all(items[:, None, :] == items[None, :, :], axis=2).astype(np.int64)
-
-
-def _infer_unique_first(same: TensorType) -> TensorType:
-    return TensorType(same.shape[:1], "int64")
-
-
-def _legalize_unique_first(same: te.Tensor, out_type: TensorType, name: str) -> te.Tensor:
-    """1 where item j is its value's first occurrence, else 0."""
-    r = te.reduce_axis(same.shape[0], "r")
-    one, zero = te.const(1, "int64"), te.const(0, "int64")
-    return te.compute(out_type.shape, lambda j: one - te.max_of(te.if_then_else(
-        te.logical_and(r < j, te.eq(same[(r, j)], one)), one, zero), r), name=name,
-        dtype="int64")
-
-
-@register_op("unique_first", REDUCTION, _infer_unique_first, _legalize_unique_first)
-def unique_first(same: np.ndarray) -> np.ndarray:
-    n = same.shape[0]
-    return np.array([0 if same[:j, j].any() else 1 for j in range(n)], np.int64)
-
-
-def _infer_unique_rank(x: TensorType, same: TensorType, first: TensorType,
-                       sort: bool = False) -> TensorType:
-    return first
-
-
-def _legalize_unique_rank(x: te.Tensor, same: te.Tensor, first: te.Tensor, out_type: TensorType,
-                          name: str, sort: bool = False) -> te.Tensor:
-    """Item j's position among the distinct items: in sorted order (how many distinct items
-    are smaller, comparing at the first element where they differ) or in order of first
-    occurrence (how many distinct items occur first before its own first occurrence)."""
-    n = same.shape[0]
-    r = te.reduce_axis(n, "r")
-    one, zero, big = te.const(1, "int64"), te.const(0, "int64"), te.const(BIG, "int64")
-    if sort:
-        o, e = _item_axes(x)
-        inner = x.shape[2]
-        diff = te.compute((n, n), lambda a, c: te.min_of(te.if_then_else(
-            te.ne(x[(o, a, e)], x[(o, c, e)]),
-            te.cast(o, "int64") * size_expr(inner) + te.cast(e, "int64"), big), (o, e)),
-            name=f"{name}_diff", dtype="int64")
-
-        def smaller(a, c):   # item a < item c, compared where they first differ
-            q = te.minimum(diff[(a, c)], size_expr(product(x.shape[::2])) - 1)
-            at_o, at_e = q // size_expr(inner), q % size_expr(inner)
-            return te.logical_and(diff[(a, c)] < big, x[(at_o, a, at_e)] < x[(at_o, c, at_e)])
-
-        return te.compute(out_type.shape, lambda j: te.sum_of(te.if_then_else(
-            te.logical_and(te.eq(first[(r,)], one), smaller(r, j)), one, zero), r), name=name,
-            dtype="int64")
-    q = te.reduce_axis(n, "q")
-    at = te.compute((n,), lambda j: te.min_of(te.if_then_else(
-        te.eq(same[(q, j)], one), te.cast(q, "int64"), big), q), name=f"{name}_at", dtype="int64")
-    return te.compute(out_type.shape, lambda j: te.sum_of(te.if_then_else(te.logical_and(
-        te.eq(first[(r,)], one), te.cast(r, "int64") < at[(j,)]), one, zero), r), name=name,
-        dtype="int64")
-
-
-@register_op("unique_rank", REDUCTION, _infer_unique_rank, _legalize_unique_rank)
-def unique_rank(x: np.ndarray, same: np.ndarray, first: np.ndarray,
-                sort: bool = False) -> np.ndarray:
-    items = np.moveaxis(x, 1, 0).reshape(x.shape[1], -1)
-    _, firsts, inverse = np.unique(items, axis=0, return_index=True, return_inverse=True)
+@register_op("unique_table", OPAQUE, _infer_unique_table, _legalize_unique_table)
+def unique_table(x: np.ndarray, sort: bool = True) -> np.ndarray:
+    """[1 + 3n] int64 for the n items ``x[:, j, :]``: the count d of distinct items, then n
+    slots of each distinct item's first index, n of every item's inverse index and n of the
+    distinct items' counts (slots from d on zero); distinct items in sorted order
+    (lexicographic) or, without ``sort``, in order of first occurrence."""
+    n = x.shape[1]
+    out = np.zeros(1 + 3 * n, np.int64)
+    if n == 0:
+        return out
+    items = np.moveaxis(x, 1, 0).reshape(n, -1)
+    _, firsts, inverse, counts = np.unique(items, axis=0, return_index=True,
+                                           return_inverse=True, return_counts=True)
     inverse = inverse.reshape(-1)
-    if sort:
-        return inverse.astype(np.int64)
-    order = np.argsort(firsts, kind="stable")
-    pos = np.empty_like(order)
-    pos[order] = np.arange(len(order))
-    return pos[inverse].astype(np.int64)
+    if not sort:
+        order = np.argsort(firsts, kind="stable")
+        pos = np.empty_like(order)
+        pos[order] = np.arange(len(order))
+        firsts, counts, inverse = firsts[order], counts[order], pos[inverse]
+    d = len(firsts)
+    out[0] = d
+    out[1:1 + d] = firsts
+    out[1 + n:1 + 2 * n] = inverse
+    out[1 + 2 * n:1 + 2 * n + d] = counts
+    return out
 
 
-_UNIQUE_PARTS = ("values", "indices", "counts")
+_UNIQUE_PARTS = ("values", "indices", "inverse", "counts")
 
 
-def _infer_unique_select(x: TensorType, first: TensorType, rank: TensorType, after: TensorType,
-                         count: Dim = 0, part: str = "values") -> TensorType:
+def _infer_unique_select(x: TensorType, table: TensorType, after: TensorType, count: Dim = 0,
+                         part: str = "values") -> TensorType:
     if part not in _UNIQUE_PARTS:
         raise ValueError(f"unique_select: part {part!r} is not one of {_UNIQUE_PARTS}")
     if part == "values":
         return TensorType((x.shape[0], count, x.shape[2]), x.dtype)
-    return TensorType((count,), "int64")
+    return TensorType((x.shape[1] if part == "inverse" else count,), "int64")
 
 
-def _legalize_unique_select(x: te.Tensor, first: te.Tensor, rank: te.Tensor, after: te.Tensor,
+def _legalize_unique_select(x: te.Tensor, table: te.Tensor, after: te.Tensor,
                             out_type: TensorType, name: str, count: Dim = 0,
                             part: str = "values") -> te.Tensor:
-    """The distinct items in rank order ([outer, count, inner]), the index of each one's first
-    occurrence, or how often each occurs."""
-    r = te.reduce_axis(first.shape[0], "r")
-    one, zero = te.const(1, "int64"), te.const(0, "int64")
-
-    def pick(p):
-        return te.logical_and(te.eq(first[(r,)], one), te.eq(rank[(r,)], te.cast(p, "int64")))
-
+    """A part of ``unique_table``'s table: the distinct items ([outer, count, inner], each
+    gathered at its first index), their first indices, every item's inverse index or the
+    distinct items' counts."""
+    n = size_expr(x.shape[1])
     if part == "values":
-        return te.compute(out_type.shape, lambda o, p, e: te.sum_of(te.if_then_else(
-            pick(p), x[(o, r, e)], scalar_of(0, x.dtype)), r), name=name, dtype=x.dtype)
-    if part == "indices":
-        return te.compute(out_type.shape, lambda p: te.sum_of(te.if_then_else(
-            pick(p), te.cast(r, "int64"), zero), r), name=name, dtype="int64")
-    return te.compute(out_type.shape, lambda p: te.sum_of(te.if_then_else(
-        te.eq(rank[(r,)], te.cast(p, "int64")), one, zero), r), name=name, dtype="int64")
+        return te.compute(out_type.shape, lambda o, p, e: x[(o, table[(p + 1,)], e)],
+                          name=name, dtype=x.dtype)
+    start = {"indices": 1, "inverse": 1 + n, "counts": 1 + 2 * n}[part]
+    return te.compute(out_type.shape, lambda p: table[(p + start,)], name=name, dtype="int64")
 
 
-@register_op("unique_select", REDUCTION, _infer_unique_select, _legalize_unique_select)
-def unique_select(x: np.ndarray, first: np.ndarray, rank: np.ndarray, after: np.ndarray,
-                  count: Dim = 0, part: str = "values") -> np.ndarray:
-    n = int(after.reshape(-1)[0])
+@register_op("unique_select", INJECTIVE, _infer_unique_select, _legalize_unique_select)
+def unique_select(x: np.ndarray, table: np.ndarray, after: np.ndarray, count: Dim = 0,
+                  part: str = "values") -> np.ndarray:
+    d, n = int(after.reshape(-1)[0]), x.shape[1]
     if part == "values":
-        out = np.zeros((x.shape[0], n, x.shape[2]), x.dtype)
-    else:
-        out = np.zeros(n, np.int64)
-    for j in range(x.shape[1]):
-        if part == "counts":
-            out[rank[j]] += 1
-        elif first[j]:
-            if part == "values":
-                out[:, rank[j], :] = x[:, j, :]
-            else:
-                out[rank[j]] = j
-    return out
+        return x[:, table[1:1 + d], :]
+    start = {"indices": 1, "inverse": 1 + n, "counts": 1 + 2 * n}[part]
+    return table[start:start + (n if part == "inverse" else d)].copy()
 
 
 # ---- non-maximum suppression --------------------------------------------------------------------

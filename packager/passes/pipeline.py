@@ -27,6 +27,7 @@ from .fuse_qdq_attention import fuse_quantized_attention
 from .fuse_qdq_layout import fuse_quantized_layout
 from .quantize_lut import tabulate_quantized_chains
 from .simplify import eliminate_dead_code, fold_constants, fold_dequantize
+from .strided_frames import strided_frames_as_matmul
 
 
 @dataclass(frozen=True)
@@ -50,6 +51,7 @@ DEFAULT_PIPELINE: tuple[Pass, ...] = (
     Pass("drop_unread_cell_state", drop_unread_cell_state),
     Pass("decompose_conv_transpose", decompose_conv_transpose),
     Pass("decompose_conv_nd", decompose_conv_nd),
+    Pass("strided_frames_as_matmul", strided_frames_as_matmul),
     Pass("pretranspose_weights", pretranspose_weights, takes_options=True),
     Pass("pack_conv_weights", pack_conv_weights, takes_options=True),
     Pass("pack_conv_rows", pack_conv_rows, takes_options=True),

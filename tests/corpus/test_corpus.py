@@ -83,10 +83,10 @@ def _export(onnx_path: Path, name: str, bundle: Path, run_cli) -> str | None:
     its check.
 
     A model whose ``needs`` says why it cannot run at every size (silero-vad: one chunk size
-    per sample rate) must still export without options (format 1.7: an If on a run-time value
-    runs only its taken branch; the golden check is skipped where ONNX Runtime cannot run the
-    model at the check's sizes), and is then exported with them (``--input-shape``,
-    ``--bind``) for the checked comparison."""
+    per sample rate) must still export without options, checked (format 1.7: an If on a
+    run-time value runs only its taken branch; the check feeds the sample rate the If compares
+    with and a chunk length its branch takes, ``packager/golden_inputs.py``), and is then
+    exported with them (``--input-shape``, ``--bind``) for the comparison at its own sizes."""
     model = corpus.MODELS[name]
     # The portable default target compiles every kernel for x86-64-v2 and -v3; the check runs
     # this machine's level only, so the default run exports for it alone (half the LLVM time);
@@ -98,6 +98,9 @@ def _export(onnx_path: Path, name: str, bundle: Path, run_cli) -> str | None:
         proc = run_cli("export", onnx_path, "-o", bundle, *target, timeout=900)
         if proc.returncode != 0 or "Traceback" in proc.stderr or not bundle.exists():
             return f"mlcpack export {name} without options failed:\n{proc.stdout}{proc.stderr}"
+        check = _check_line(proc)
+        if not check.startswith("golden check passed"):
+            return f"mlcpack export {name} without options: {check or proc.stdout[-400:]}"
         bundle.unlink()
         for shape in model.input_shape_args():
             options += ["--input-shape", shape]
@@ -110,13 +113,17 @@ def _export(onnx_path: Path, name: str, bundle: Path, run_cli) -> str | None:
         proc = run_cli("export", onnx_path, "-o", out, *target, *options, env=env, timeout=900)
         if proc.returncode != 0:
             return f"mlcpack export {name} ({mode}) failed:\n{proc.stderr}"
-        check = next((ln.strip() for ln in (proc.stdout + proc.stderr).splitlines()
-                      if ln.strip().startswith("golden check")), "")
+        check = _check_line(proc)
         if not check.startswith("golden check passed"):
             return f"mlcpack export {name} ({mode}): {check or proc.stdout[-400:]}"
         if mode == "without onnxruntime" and "not independently checked" not in check:
             return f"mlcpack export {name} ({mode}) does not say the import went unchecked"
     return None
+
+
+def _check_line(proc) -> str:
+    return next((ln.strip() for ln in (proc.stdout + proc.stderr).splitlines()
+                 if ln.strip().startswith("golden check")), "")
 
 
 def _selected_models(session: pytest.Session) -> list[str]:

@@ -132,3 +132,57 @@ def damaged_bytecode(bundle: Path, out: Path, change: str) -> Path:
         raise ValueError(change)
     payloads[k] = struct.pack(f"<{len(words)}i", *words)
     return write_parts(out, header, payloads)
+
+
+def _padded_branch(tag: str, pad: int, step: int, scale: float) -> onnx.GraphProto:
+    """x reflect-padded by ``pad`` on the right of axis 2, one sample in ``step`` kept, the
+    size If (one frame: Squeeze), @ W [4, 3], times ``scale``."""
+    squeeze = helper.make_graph(
+        [helper.make_node("Squeeze", [f"{tag}_z", "axis2"], [f"{tag}_sq"])], f"{tag}_sq", [],
+        [helper.make_tensor_value_info(f"{tag}_sq", F, None)])
+    keep = helper.make_graph(
+        [helper.make_node("Identity", [f"{tag}_z"], [f"{tag}_id"])], f"{tag}_id", [],
+        [helper.make_tensor_value_info(f"{tag}_id", F, None)])
+    nodes = [
+        helper.make_node("Pad", ["x", f"{tag}_pads"], [f"{tag}_p"], mode="reflect"),
+        helper.make_node("Slice", [f"{tag}_p", "zero", "big", "axis2", f"{tag}_step"],
+                         [f"{tag}_z"]),
+        helper.make_node("Shape", [f"{tag}_z"], [f"{tag}_shape"]),
+        helper.make_node("Gather", [f"{tag}_shape", "two"], [f"{tag}_t"]),
+        helper.make_node("Equal", [f"{tag}_t", "one"], [f"{tag}_single"]),
+        helper.make_node("If", [f"{tag}_single"], [f"{tag}_h"], then_branch=squeeze,
+                         else_branch=keep),
+        helper.make_node("MatMul", [f"{tag}_h", "w"], [f"{tag}_m"]),
+        helper.make_node("Mul", [f"{tag}_m", f"{tag}_scale"], [f"{tag}_y"]),
+    ]
+    inits = [numpy_helper.from_array(np.array([0, 0, 0, 0, 0, pad], np.int64), f"{tag}_pads"),
+             numpy_helper.from_array(np.array([step], np.int64), f"{tag}_step"),
+             numpy_helper.from_array(np.array(scale, np.float32), f"{tag}_scale")]
+    return helper.make_graph(nodes, tag, [], [helper.make_tensor_value_info(f"{tag}_y", F, None)],
+                             inits)
+
+
+def padded_rate_switch(path: Path) -> Path:
+    """silero VAD's If on the sample rate with its size needs, in small: x [N, 4, L], sr int64
+    scalar; sr == 16000: reflect pad 64, one sample in 256 (so 65 <= L <= 192 for one frame);
+    else reflect pad 32, one in 128 (33 <= L <= 96). y [N, 3]. Zeros for sr and the check's
+    smallest L take the 8 kHz branch at L = 2, where ONNX Runtime's reflect Pad fails."""
+    nodes = [helper.make_node("Equal", ["sr", "sixteen"], ["is16"]),
+             helper.make_node("If", ["is16"], ["y"],
+                              then_branch=_padded_branch("k16", 64, 256, 2.0),
+                              else_branch=_padded_branch("k8", 32, 128, 3.0))]
+    inits = [numpy_helper.from_array(np.array(16000, np.int64), "sixteen"),
+             numpy_helper.from_array(np.array([0], np.int64), "zero"),
+             numpy_helper.from_array(np.array([1 << 30], np.int64), "big"),
+             numpy_helper.from_array(np.array([2], np.int64), "axis2"),
+             numpy_helper.from_array(np.array(2, np.int64), "two"),
+             numpy_helper.from_array(np.array(1, np.int64), "one"),
+             numpy_helper.from_array(np.random.default_rng(3).standard_normal((4, 3))
+                                     .astype(np.float32), "w")]
+    graph = helper.make_graph(
+        nodes, "padded_rate_switch",
+        [helper.make_tensor_value_info("x", F, ["N", 4, "L"]),
+         helper.make_tensor_value_info("sr", TensorProto.INT64, [])],
+        [helper.make_tensor_value_info("y", F, None)], inits)
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 16)]), path)
+    return path

@@ -90,3 +90,20 @@ def test_damaged_jumps_are_refused(switch, tmp_path, change) -> None:
         load(path).close()
     assert "\n" not in str(info.value)
     assert ("bytecode" in str(info.value) or "JUMP_UNLESS" in str(info.value)), info.value
+
+
+def test_profile_times_the_taken_branch_only(switch) -> None:
+    """``Model.profile`` of a bundle with branches: each timed instruction is the one that ran
+    (the skipped branch's kernels get no time), and the inputs are placed before every timed
+    run (the plan reuses the rate's bytes once it is read: a stale one took the wrong branch)."""
+    _, bundle = switch
+    with load(bundle) as model:
+        for rate, taken, skipped in ((16000, "k16", "k8"), (8000, "k8", "k16")):
+            prof = model.profile(bm.feeds(2, 8, rate), runs=3)
+
+            def timed(tag: str) -> list[float]:
+                return [t.min_us for t in prof.instructions if t.step.kind == "kernel"
+                        and any(s.name.startswith(tag) for s in t.step.sources)]
+
+            assert timed(taken) and all(us > 0 for us in timed(taken)), rate
+            assert timed(skipped) and all(us == 0 for us in timed(skipped)), rate

@@ -64,7 +64,7 @@ def test_it_matches_onnx_runtime_at_batch_1_and_refuses_another_batch(bundle) ->
 
 
 def test_the_check_size_takes_a_pinned_variable_at_its_value() -> None:
-    from mlcpack.packager.golden import check_size
+    from mlcpack.packager.golden_inputs import check_size
     from mlcpack.packager.ir.sym import SymExpr
 
     b, t = SymExpr.var("B"), SymExpr.var("T")

@@ -64,7 +64,7 @@ def test_pipeline_is_named_list():
         "tabulate_quantized_chains", "fuse_quantized_layout", "fuse_quantized_attention",
         "fuse_quantized_elementwise", "fold_dequantize",
         "drop_unread_cell_state", "decompose_conv_transpose", "decompose_conv_nd",
-        "pretranspose_weights", "pack_conv_weights", "pack_conv_rows", "pack_matmul_weights",
+        "strided_frames_as_matmul", "pretranspose_weights", "pack_conv_weights", "pack_conv_rows", "pack_matmul_weights",
         "weights_to_bf16", "pack_conv_quads", "legalize", "fuse_ops", "eliminate_dead_code"]
 
 

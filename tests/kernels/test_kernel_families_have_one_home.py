@@ -17,7 +17,7 @@ CODEGEN = Path(__file__).resolve().parents[2] / "packager" / "codegen"
 def test_rule_table_rows_in_order() -> None:
     ops = [r.op for r in rules.KERNEL_RULES]
     assert ops == ["recurrence", "non-maximum suppression", "tree ensemble", "nonzero index",
-                   "integer GEMM", "integer depthwise",
+                   "unique by sorting", "integer GEMM", "integer depthwise",
                    "integer elementwise",
                    "channel-lane convolution",
                    "depthwise convolution", "dot-product convolution", "bf16 pair matmul",
@@ -25,7 +25,7 @@ def test_rule_table_rows_in_order() -> None:
                    "contraction", "max pool", "softmax", "normalization", "transpose"]
     symbolic = [r.op for r in rules.KERNEL_RULES if r.symbolic is not None]
     assert symbolic == ["recurrence", "non-maximum suppression", "tree ensemble", "nonzero index",
-                        "channel-lane convolution", "depthwise convolution",
+                        "unique by sorting", "channel-lane convolution", "depthwise convolution",
                         "bf16 pair matmul", "contraction", "max pool", "softmax", "normalization"]
     assert all(r.static is not None for r in rules.KERNEL_RULES)
 
