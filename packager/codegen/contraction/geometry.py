@@ -45,10 +45,15 @@ def _pick_tile(rows: int, cols: int, vl: int) -> tuple[int, int]:
     return (6, 2) if computed(6, 2) < computed(4, 4) else (4, 4)
 
 
+# The widest vector any target's kernels use, in floats (x86-64-v4's): a matmul of more columns
+# has at least two column panels on every target once its tile is at most half its columns wide.
+WIDEST_VECTOR = 16
+
+
 def vector_width(target_name: str) -> int:
     """Floats per vector register the kernels are written for."""
     # a feature level ("x86-64-v4+vnni", "x86-64-v4+bf16") has its base level's registers
-    return {"x86-64-v4": 16, "x86-64-v3": 8}.get(target_name.split("+")[0], 4)
+    return {"x86-64-v4": WIDEST_VECTOR, "x86-64-v3": 8}.get(target_name.split("+")[0], 4)
 
 
 def conv_row_widths(targets) -> tuple[int, ...]:
