@@ -216,6 +216,24 @@ def test_conv_net_has_parallel_kernels_and_zero_copy(build, bundles) -> None:
         proc.stdout
 
 
+def test_mlp_first_layer_split_by_columns_is_bit_identical(build, bundles, tmp_path) -> None:
+    """The demo MLP's first layer is split over threads for its weights' bytes
+    (codegen/threads.py PARALLEL_MIN_WEIGHT_BYTES): each thread computes its column panels.
+    C and Python, 1 and 2 threads: the same bytes, all four."""
+    from mlcpack.runtime.describe import describe
+
+    bundle = bundles["mlp_onnx"]
+    kernels = describe(bundle)["kernels"]
+    assert [k["parallel"] for k in kernels] == [True, False], kernels
+    feeds = _feeds(bundle, seed=3)
+    outs = []
+    for t in (1, 2):
+        with load(bundle, threads=t) as model:
+            outs.extend(model.run(feeds).values())
+        outs.extend(c_outputs(build, bundle, list(feeds.values()), tmp_path / f"t{t}", t))
+    assert len(outs) == 4 and len({o.tobytes() for o in outs}) == 1
+
+
 @pytest.mark.parametrize("batch", [1, 3, 4, 9])
 def test_batch_plans(build, bundles, tmp_path, batch) -> None:
     assert_bit_identical(build, bundles["batch"], _feeds(bundles["batch"], batch=batch),

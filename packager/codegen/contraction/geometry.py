@@ -50,6 +50,15 @@ def _pick_tile(rows: int, cols: int, vl: int) -> tuple[int, int]:
 WIDEST_VECTOR = 16
 
 
+def few_rows_tile(rows: int, cols: int, vl: int, split: bool) -> tuple[int, int]:
+    """Register block (rows, vectors per row) of a matmul of fewer than 4 rows: all of them, as
+    wide as 8 accumulators allow; ``split`` (over threads by its column panels, for the bytes
+    of its weights): at most half its columns wide, so that with more than WIDEST_VECTOR
+    columns every target has two panels or more to share out."""
+    width = -(-cols // 2) if split else cols
+    return rows, max(1, min(8 // rows, -(-width // vl)))
+
+
 def vector_width(target_name: str) -> int:
     """Floats per vector register the kernels are written for."""
     # a feature level ("x86-64-v4+vnni", "x86-64-v4+bf16") has its base level's registers

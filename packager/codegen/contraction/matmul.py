@@ -15,7 +15,8 @@ from ...ir import te
 from ..helpers import F32, I32, const_i64, for_range, intrinsic
 from ..lower import WORKSPACE_ALIGN
 from .geometry import (MAX_TASK_REGIONS, PACK_B_MAX_BYTES, PACK_B_MIN_ROWS, PACK_B_PREFETCH_ROWS,
-                       SYMBOLIC_M_HINT, SYMBOLIC_N_HINT, WIDEST_VECTOR, _pick_tile)
+                       SYMBOLIC_M_HINT, SYMBOLIC_N_HINT, WIDEST_VECTOR, _pick_tile,
+                       few_rows_tile)
 from .match import CONV_KINDS
 
 
@@ -73,10 +74,7 @@ class MatmulMixin:
                               self.vl)
         if M >= 4:
             return _pick_tile(M, N, self.vl)
-        # as wide as 8 accumulators allow; split for its weights, at most half the columns wide,
-        # so that every target has two column panels (or more) to share out
-        cols = -(-N // 2) if self._splits_by_weights() else N
-        return M, max(1, min(8 // M, -(-cols // self.vl)))
+        return few_rows_tile(M, N, self.vl, self._splits_by_weights())
 
     def _splits_by_weights(self) -> bool:
         """A static matmul of fewer than 4 rows that splits over threads for the bytes of its
