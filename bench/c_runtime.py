@@ -116,13 +116,17 @@ def where_time_goes(floor: Path, bundle: Path, c_min: float, py_min: float) -> N
     and what they bound: the Python / C ratio if the kernels ran at that floor."""
     proc = subprocess.run([str(floor), str(bundle), "20000"], capture_output=True, text=True,
                           check=True)
-    kernels, reads = {}, {}
+    kernels, splits, reads = {}, {}, {}
     for line in proc.stdout.splitlines():
         what, name, _, low, _, mid, *rest = line.split()
-        (kernels if what == "kernel" else reads)[name] = (float(low), float(mid), rest)
+        {"kernel": kernels, "split": splits, "read": reads}[what][name] = (float(low),
+                                                                           float(mid), rest)
     print("  where the C run's time goes (each call alone, clock_gettime; min / p50 us):")
     for name, (low, mid, _) in kernels.items():
         print(f"    kernel {name:34s} {low:7.3f} / {mid:7.3f}")
+        if name in splits:
+            print(f"      split over 2 threads (as mlc_run posts it; blocks alternating with "
+                  f"the line above) {splits[name][0]:7.3f} / {splits[name][1]:7.3f}")
     for name, (low, mid, rest) in reads.items():
         print(f"    plain AVX2 read of {name} ({int(rest[1]) / 1024:.1f} KiB where the bundle "
               f"maps it) {low:7.3f} / {mid:7.3f}  ({rest[-1]} GB/s)")

@@ -274,7 +274,8 @@ def test_verify_and_bench(build, bundles) -> None:
                     reason="bench/c_kernel_floor.c reads with AVX2: needs an x86-64 host with it")
 def test_bench_helpers_time_the_mlp(build, bundles, tmp_path) -> None:
     """bench/c_runtime.py's C helpers still build and measure: c_kernel_floor.c (libmlcrt's
-    internal headers) times each kernel of the MLP alone and a read of its large weights;
+    internal headers) times each kernel of the MLP alone (the parallel one also split over 2
+    threads) and a read of its large weights;
     ort_c_run.c runs ONNX Runtime through its C API by OrtApi index (its thread-count check
     passes) and gives ONNX Runtime's Python API's answer for the same input."""
     import onnxruntime as ort
@@ -293,6 +294,8 @@ def test_bench_helpers_time_the_mlp(build, bundles, tmp_path) -> None:
     rows = [line.split() for line in proc.stdout.splitlines()]
     assert [r[1] for r in rows if r[0] == "kernel"] == ["fused_matmul_packed_add_relu",
                                                         "fused_matmul_add1"], proc.stdout
+    # the first layer is a parallel kernel: also timed split over 2 threads
+    assert [r[1] for r in rows if r[0] == "split"] == ["fused_matmul_packed_add_relu"]
     reads = [r for r in rows if r[0] == "read"]   # the 128 x 784 float32 weights
     assert len(reads) == 1 and reads[0][reads[0].index("bytes") + 1] == str(128 * 784 * 4)
     lib = sorted((Path(ort.__file__).parent / "capi").glob("libonnxruntime.so*"))[0]
