@@ -99,14 +99,17 @@ int main(int argc, char **argv)
         int parallel = p->threads && p->kernels[in->target].parallel;
         for (int c = 0; c < calls / 10; c++)
             fn(in->args, 0, 1);
-        /* blocks of 100 calls, alternating: one thread, then split over two */
-        for (int c0 = 0; c0 < calls; c0 += 100) {
-            int c1 = c0 + 100 < calls ? c0 + 100 : calls;
+        /* blocks of 1000 calls, alternating: one thread, then split over two (after 100
+         * untimed split calls: the worker, parked during the one-thread block, wakes up) */
+        for (int c0 = 0; c0 < calls; c0 += 1000) {
+            int c1 = c0 + 1000 < calls ? c0 + 1000 : calls;
             for (int c = c0; c < c1; c++) {
                 double t0 = now_ns();
                 fn(in->args, 0, 1);
                 t[c] = now_ns() - t0;
             }
+            for (int c = 0; c < 100 && parallel; c++)
+                mlc_threads_run(p->threads, fn, in->args, 2);
             for (int c = c0; c < c1 && parallel; c++) {
                 double t0 = now_ns();
                 mlc_threads_run(p->threads, fn, in->args, 2);
