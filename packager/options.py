@@ -105,7 +105,7 @@ class CompileOptions:
     # -- threads: the work from which a kernel splits over tasks (multiply-adds for the
     # contraction, depthwise and channel-lane kernels; outputs for the generic loop nest,
     # softmax and normalization; codegen/threads.py); tests set 0 to split every kernel. A
-    # matmul or dot product of few rows splits as well once its second operand (the weights it
+    # matmul of one to three rows splits as well once its second operand (the weights it
     # streams) has parallel_min_weight_bytes
     parallel_min_macs: int = PARALLEL_MIN_MACS
     parallel_min_weight_bytes: int = PARALLEL_MIN_WEIGHT_BYTES

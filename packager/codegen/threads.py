@@ -22,8 +22,12 @@ PARALLEL_MIN_MACS = 1 << 18
 # threshold above) reads its 392 KiB of packed weights in 4.1 us on one core of Zen 4 (AVX2),
 # the time of a plain read of them (~100 GB/s), and each half in 2.0 us. Split by output
 # columns, each thread reads only its share of the weights into its own core's cache. From
-# this many bytes (~2.7 us of reading on one core, ~10x the native hand-off's cost) a matmul
-# or dot-product kernel splits whatever its multiply-adds, if it has at least two work items.
+# this many bytes (~2.7 us of reading on one core, ~10x the native hand-off's cost) such a
+# matmul splits whatever its multiply-adds, if it has at least two work items (the
+# register-blocked kernel's column panels, or the dot-product kernel's rows of a narrow W). The
+# dot-product kernel's 1x1 convolutions on a 1x1 image (squeeze-and-excitation blocks) split
+# by their multiply-adds only: inside a whole model, splitting them was not measured on a
+# quiet host (a loaded one showed nothing either way).
 PARALLEL_MIN_WEIGHT_BYTES = 256 << 10
 # Below this many outputs the generic loop nest, softmax and normalization run on one thread (a
 # hand-off costs well under a microsecond, runtime/vm.py; a kernel this small not much more).

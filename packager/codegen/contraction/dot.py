@@ -52,8 +52,14 @@ class DotProductEmitter(ContractionEmitter):
         self.builder.ret_void()
         self._emit_entry(body_fn, n_ptrs, ptr_types)
         return KernelInfo(self.symbol, len(self.func.inputs), len(self.func.outputs), 0,
-                          self._macs() >= self.options.parallel_min_macs
-                          or self._weight_bytes_split(self._batch() * -(-self._outputs() // ROWS)))
+                          self._macs() >= self.options.parallel_min_macs or self._row_split())
+
+    def _row_split(self) -> bool:
+        """A row matmul (a Linear at batch 1) splits for its weights' bytes too; a 1x1
+        convolution on a 1x1 image (squeeze-and-excitation blocks) only by its multiply-adds:
+        inside a whole model, splitting those was not measured on a quiet host."""
+        return self.match.tag.kind == "matmul" and self._weight_bytes_split(
+            -(-self._outputs() // ROWS))
 
     def _batch(self) -> int:
         return 1 if self.match.tag.kind == "matmul" else self.match.tag.operands[0].shape[0]
