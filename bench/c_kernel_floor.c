@@ -8,13 +8,16 @@
  *      runtime/c/build/libmlcrt.a -lpthread -lm -o floor
  *   ./floor MODEL.mlc [CALLS]
  *
- * Prints one line per kernel ("kernel NAME min US p50 US") and per constant of at least 64 KiB
- * ("read CONSTANT BYTES min US p50 US GB/s"); x86-64 with AVX2 only. */
+ * Prints one line per kernel ("kernel NAME min US p50 US"), one per parallel kernel split over
+ * the runtime's 2 threads as mlc_run posts it ("split NAME min US p50 US": task 0 here, task 1
+ * on the worker; its calls alternate with the single-thread ones in blocks) and per constant of
+ * at least 64 KiB ("read CONSTANT BYTES min US p50 US GB/s"); x86-64 with AVX2 only. */
 #include <immintrin.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
 
+#include "internal.h"
 #include "model.h"
 
 static double now_ns(void)
@@ -73,6 +76,7 @@ int main(int argc, char **argv)
         calls = 10;
     mlc_options opt;
     mlc_options_init(&opt);
+    opt.threads = 2;   /* the worker a parallel kernel's split timing posts to */
     mlc_model *m;
     mlc_error err;
     if (mlc_open_file(argv[1], &opt, &m, &err) != MLC_OK) {
@@ -85,20 +89,36 @@ int main(int argc, char **argv)
         return 2;
     }
     double *t = malloc(sizeof *t * (size_t)calls);
+    double *split = malloc(sizeof *split * (size_t)calls);
     volatile float sink = 0;
     for (size_t i = 0; i < p->nprogram; i++) {
         const mlc_instr *in = &p->program[i];
         if (in->op != OP_KERNEL)
             continue;
         mlc_kernel_fn fn = (mlc_kernel_fn)p->kernel_addr[in->target];
+        int parallel = p->threads && p->kernels[in->target].parallel;
         for (int c = 0; c < calls / 10; c++)
             fn(in->args, 0, 1);
-        for (int c = 0; c < calls; c++) {
-            double t0 = now_ns();
-            fn(in->args, 0, 1);
-            t[c] = now_ns() - t0;
+        /* blocks of 1000 calls, alternating: one thread, then split over two (after 100
+         * untimed split calls: the worker, parked during the one-thread block, wakes up) */
+        for (int c0 = 0; c0 < calls; c0 += 1000) {
+            int c1 = c0 + 1000 < calls ? c0 + 1000 : calls;
+            for (int c = c0; c < c1; c++) {
+                double t0 = now_ns();
+                fn(in->args, 0, 1);
+                t[c] = now_ns() - t0;
+            }
+            for (int c = 0; c < 100 && parallel; c++)
+                mlc_threads_run(p->threads, fn, in->args, 2);
+            for (int c = c0; c < c1 && parallel; c++) {
+                double t0 = now_ns();
+                mlc_threads_run(p->threads, fn, in->args, 2);
+                split[c] = now_ns() - t0;
+            }
         }
         report("kernel", p->kernels[in->target].name, t, calls, 0);
+        if (parallel)
+            report("split", p->kernels[in->target].name, split, calls, 0);
     }
     for (size_t k = 0; k < m->nconstants; k++) {
         if (m->constant_bytes[k] < 65536)
@@ -117,6 +137,7 @@ int main(int argc, char **argv)
         report("read", name, t, calls, (double)m->constant_bytes[k]);
     }
     free(t);
+    free(split);
     mlc_close(m);
     return 0;
 }

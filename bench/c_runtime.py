@@ -4,7 +4,8 @@
 
 Prints: the stripped libmlcrt.so and what each part costs (text + data of each object), the
 per-run overhead of a bundle with no kernels, the demo MLP at batch 1 end to end (C mlc_run,
-Python Model.run, ONNX Runtime's C API (bench/ort_c_run.c) and its Python API, 1 thread) and
+Python Model.run, ONNX Runtime's C API (bench/ort_c_run.c) and its Python API, 1 thread; then
+C, Python and ONNX Runtime's C API at 2 threads, with the load average) and
 where the C run's time goes (each kernel alone, and the floor a kernel has: a plain read of the
 weights' bytes, bench/c_kernel_floor.c), a 64-channel 3x3 conv layer at 1 and 2 threads (kernel
 time: the same code), and cold start (process start to first result, the demo CNN) with the
@@ -104,9 +105,9 @@ def ort_library() -> Path:
 
 
 def ort_c_bench(exe: Path, model: Path, names: tuple[str, str], dims: tuple[str, str],
-                runs: int) -> tuple[float, float]:
+                runs: int, threads: int = 1) -> tuple[float, float]:
     proc = subprocess.run([str(exe), str(ort_library()), str(model), *names, *dims, str(runs),
-                           "1"], capture_output=True, text=True, check=True)
+                           str(threads)], capture_output=True, text=True, check=True)
     return p50_min(proc.stdout)
 
 
@@ -115,13 +116,17 @@ def where_time_goes(floor: Path, bundle: Path, c_min: float, py_min: float) -> N
     and what they bound: the Python / C ratio if the kernels ran at that floor."""
     proc = subprocess.run([str(floor), str(bundle), "20000"], capture_output=True, text=True,
                           check=True)
-    kernels, reads = {}, {}
+    kernels, splits, reads = {}, {}, {}
     for line in proc.stdout.splitlines():
         what, name, _, low, _, mid, *rest = line.split()
-        (kernels if what == "kernel" else reads)[name] = (float(low), float(mid), rest)
+        {"kernel": kernels, "split": splits, "read": reads}[what][name] = (float(low),
+                                                                           float(mid), rest)
     print("  where the C run's time goes (each call alone, clock_gettime; min / p50 us):")
     for name, (low, mid, _) in kernels.items():
         print(f"    kernel {name:34s} {low:7.3f} / {mid:7.3f}")
+        if name in splits:
+            print(f"      split over 2 threads (as mlc_run posts it; blocks alternating with "
+                  f"the line above) {splits[name][0]:7.3f} / {splits[name][1]:7.3f}")
     for name, (low, mid, rest) in reads.items():
         print(f"    plain AVX2 read of {name} ({int(rest[1]) / 1024:.1f} KiB where the bundle "
               f"maps it) {low:7.3f} / {mid:7.3f}  ({rest[-1]} GB/s)")
@@ -212,6 +217,31 @@ def mlp_model(hidden: int, seed: int = 0):
                           [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, 10])],
                           inits)
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def mlp_two_threads(bundle: Path, ortc: Path, names: tuple[str, str], x: np.ndarray,
+                    rounds: int) -> None:
+    """The demo MLP at 2 threads in every engine: its first layer (392 KiB of weights) splits
+    by output columns (codegen/threads.py PARALLEL_MIN_WEIGHT_BYTES), each core reading half
+    of the weights. The machine's load beside it: on a shared host the worker thread waits for
+    a core, and then the calling thread runs both halves."""
+    from mlcpack.runtime import load
+
+    with load(bundle, threads=2) as mlp:
+        assert mlp.has_parallel_kernels
+        print(f"  load average before: {os.getloadavg()[0]:.2f}")
+        got = compare(
+            "demo MLP 784-128-10, batch 1, end to end, 2 threads",
+            {"C mlc_run": lambda: c_bench(bundle, 20000, 2),
+             "Python Model.run": lambda: py_bench(lambda: mlp.run({"x": x}), 5000),
+             "ONNX Runtime (C API)": lambda: ort_c_bench(
+                 ortc, ROOT / "artifacts" / "mlp.onnx", names, ("1,784", "1,10"), 20000, 2)},
+            rounds)
+        print(f"  load average after: {os.getloadavg()[0]:.2f}")
+    c, py, orc = got["C mlc_run"], got["Python Model.run"], got["ONNX Runtime (C API)"]
+    print(f"  Python runtime / C runtime (both at 2 threads): p50 {py[0] / c[0]:.2f}x, "
+          f"min {py[1] / c[1]:.2f}x; ONNX Runtime C API / C runtime: p50 {orc[0] / c[0]:.2f}x, "
+          f"min {orc[1] / c[1]:.2f}x")
 
 
 def widths(tmp: Path, rounds: int) -> None:
@@ -324,6 +354,8 @@ def main() -> None:
                   f"ONNX Runtime C API / C runtime: p50 {orc[0] / c[0]:.2f}x, "
                   f"min {orc[1] / c[1]:.2f}x")
             where_time_goes(floor, tmp / "mlp.mlc", c[1], py[1])
+            mlp_two_threads(tmp / "mlp.mlc", ortc, (name, sess.get_outputs()[0].name), x,
+                            args.rounds)
 
         if "widths" in sections:
             widths(tmp, args.rounds)

@@ -20,7 +20,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
-from .codegen.threads import PARALLEL_MIN_MACS, PARALLEL_MIN_OUTPUTS
+from .codegen.threads import PARALLEL_MIN_MACS, PARALLEL_MIN_OUTPUTS, PARALLEL_MIN_WEIGHT_BYTES
 
 PRECISIONS = ("fp32", "bf16")
 
@@ -104,8 +104,11 @@ class CompileOptions:
     symbolic_generic: bool = False
     # -- threads: the work from which a kernel splits over tasks (multiply-adds for the
     # contraction, depthwise and channel-lane kernels; outputs for the generic loop nest,
-    # softmax and normalization; codegen/threads.py); tests set 0 to split every kernel
+    # softmax and normalization; codegen/threads.py); tests set 0 to split every kernel. A
+    # matmul of one to three rows splits as well once its second operand (the weights it
+    # streams) has parallel_min_weight_bytes
     parallel_min_macs: int = PARALLEL_MIN_MACS
+    parallel_min_weight_bytes: int = PARALLEL_MIN_WEIGHT_BYTES
     parallel_min_outputs: int = PARALLEL_MIN_OUTPUTS
     # -- build: compile a fat bundle's targets in forked workers (MLCPACK_PARALLEL_COMPILE=0
     # off); the on-disk object cache directory, None none (from_environ: MLCPACK_CACHE_DIR,

@@ -9,8 +9,9 @@ tags and the functions' attributes), the module's size variables, whether the th
 hand-off functions are in, and the ``CompileOptions`` fields other than those that only say
 where and how to compile (``NOT_CODE``). What the emitters read besides is code (their
 modules' constants, keyed with the sources) or an option (the thresholds of splitting over
-threads: ``parallel_min_macs``, ``parallel_min_outputs``): a test that patches a code
-generator's module at run time must compile without the cache (``MLCPACK_CACHE_DIR=off``).
+threads: ``parallel_min_macs``, ``parallel_min_weight_bytes``, ``parallel_min_outputs``): a
+test that patches a code generator's module at run time must compile without the cache
+(``MLCPACK_CACHE_DIR=off``).
 The encoding is exact (floats by ``repr``, arrays by dtype, shape and content hash); a value
 it does not know makes ``encode_funcs`` return None, and the caller keys that module by its
 emitted IR instead, as before.

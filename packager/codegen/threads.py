@@ -1,7 +1,8 @@
-"""How much work a kernel needs before it splits over the thread pool: the two thresholds the
-emitters read from the compile options (``CompileOptions.parallel_min_macs`` and
-``parallel_min_outputs``, tests set them to 0 to split every kernel), their defaults, and the
-defaults as an object for emitters built without options. Pure Python that imports nothing of
+"""How much work a kernel needs before it splits over the thread pool: the thresholds the
+emitters read from the compile options (``CompileOptions.parallel_min_macs``,
+``parallel_min_weight_bytes`` and ``parallel_min_outputs``; tests set the first and last to 0
+to split every kernel), their defaults, and the defaults as an object for emitters built
+without options. Pure Python that imports nothing of
 the compiler: ``options.py`` takes its defaults from here, and the emitters, which
 ``options.py`` reaches when it resolves layout choices, never import the options module."""
 
@@ -15,6 +16,19 @@ from typing import Protocol
 # microsecond: a matmul of 131 K MACs measured 0.99x on 2 threads, 524 K 1.43x, 2 M 1.88x (the
 # lock hand-off it replaced cost 30-40 µs, and the threshold was 8 M).
 PARALLEL_MIN_MACS = 1 << 18
+# A matmul of one to three rows (batch 1 or a small batch) does a multiply-add per weight it
+# reads, so its time follows the bytes of its second operand, streamed from L2 (or farther) on
+# every call, not its multiply-adds: the demo MLP's 784 x 128 layer (100 K MACs, under the
+# threshold above) reads its 392 KiB of packed weights in 4.1 us on one core of Zen 4 (AVX2),
+# the time of a plain read of them (~100 GB/s), and each half in 2.0 us. Split by output
+# columns, each thread reads only its share of the weights into its own core's cache. From
+# this many bytes (~2.7 us of reading on one core, ~10x the native hand-off's cost) such a
+# matmul splits whatever its multiply-adds, if it has at least two work items (the
+# register-blocked kernel's column panels, or the dot-product kernel's rows of a narrow W). The
+# dot-product kernel's 1x1 convolutions on a 1x1 image (squeeze-and-excitation blocks) split
+# by their multiply-adds only: inside a whole model, splitting them was not measured on a
+# quiet host (a loaded one showed nothing either way).
+PARALLEL_MIN_WEIGHT_BYTES = 256 << 10
 # Below this many outputs the generic loop nest, softmax and normalization run on one thread (a
 # hand-off costs well under a microsecond, runtime/vm.py; a kernel this small not much more).
 PARALLEL_MIN_OUTPUTS = 1 << 14
@@ -23,6 +37,7 @@ PARALLEL_MIN_OUTPUTS = 1 << 14
 class SplitThresholds(Protocol):
     """What an emitter reads of the compile options."""
     parallel_min_macs: int
+    parallel_min_weight_bytes: int
     parallel_min_outputs: int
 
 
@@ -30,6 +45,7 @@ class SplitThresholds(Protocol):
 class Thresholds:
     """The defaults, for an emitter built without compile options (tests, the int8 kernels)."""
     parallel_min_macs: int = PARALLEL_MIN_MACS
+    parallel_min_weight_bytes: int = PARALLEL_MIN_WEIGHT_BYTES
     parallel_min_outputs: int = PARALLEL_MIN_OUTPUTS
 
 

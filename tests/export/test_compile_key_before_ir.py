@@ -109,6 +109,8 @@ def test_any_change_to_a_kernel_changes_the_key(lowered, monkeypatch):
     assert build.object_key(funcs, targets[0], size_vars, True, split) != key
     assert build.object_key(funcs, targets[0], size_vars, True,
                             options.replace(parallel_min_macs=0)) != key
+    assert build.object_key(funcs, targets[0], size_vars, True,
+                            options.replace(parallel_min_weight_bytes=0)) != key
     assert build.object_key(funcs, targets[0], size_vars, True, options) == key
     # the compiler's own code: an edited emitter never reuses an entry
     monkeypatch.setattr(cache, "compiler_fingerprint", lambda: "another compiler")

@@ -216,6 +216,24 @@ def test_conv_net_has_parallel_kernels_and_zero_copy(build, bundles) -> None:
         proc.stdout
 
 
+def test_mlp_first_layer_split_by_columns_is_bit_identical(build, bundles, tmp_path) -> None:
+    """The demo MLP's first layer is split over threads for its weights' bytes
+    (codegen/threads.py PARALLEL_MIN_WEIGHT_BYTES): each thread computes its column panels.
+    C and Python, 1 and 2 threads: the same bytes, all four."""
+    from mlcpack.runtime.describe import describe
+
+    bundle = bundles["mlp_onnx"]
+    kernels = describe(bundle)["kernels"]
+    assert [k["parallel"] for k in kernels] == [True, False], kernels
+    feeds = _feeds(bundle, seed=3)
+    outs = []
+    for t in (1, 2):
+        with load(bundle, threads=t) as model:
+            outs.extend(model.run(feeds).values())
+        outs.extend(c_outputs(build, bundle, list(feeds.values()), tmp_path / f"t{t}", t))
+    assert len(outs) == 4 and len({o.tobytes() for o in outs}) == 1
+
+
 @pytest.mark.parametrize("batch", [1, 3, 4, 9])
 def test_batch_plans(build, bundles, tmp_path, batch) -> None:
     assert_bit_identical(build, bundles["batch"], _feeds(bundles["batch"], batch=batch),
@@ -256,7 +274,8 @@ def test_verify_and_bench(build, bundles) -> None:
                     reason="bench/c_kernel_floor.c reads with AVX2: needs an x86-64 host with it")
 def test_bench_helpers_time_the_mlp(build, bundles, tmp_path) -> None:
     """bench/c_runtime.py's C helpers still build and measure: c_kernel_floor.c (libmlcrt's
-    internal headers) times each kernel of the MLP alone and a read of its large weights;
+    internal headers) times each kernel of the MLP alone (the parallel one also split over 2
+    threads) and a read of its large weights;
     ort_c_run.c runs ONNX Runtime through its C API by OrtApi index (its thread-count check
     passes) and gives ONNX Runtime's Python API's answer for the same input."""
     import onnxruntime as ort
@@ -275,6 +294,8 @@ def test_bench_helpers_time_the_mlp(build, bundles, tmp_path) -> None:
     rows = [line.split() for line in proc.stdout.splitlines()]
     assert [r[1] for r in rows if r[0] == "kernel"] == ["fused_matmul_packed_add_relu",
                                                         "fused_matmul_add1"], proc.stdout
+    # the first layer is a parallel kernel: also timed split over 2 threads
+    assert [r[1] for r in rows if r[0] == "split"] == ["fused_matmul_packed_add_relu"]
     reads = [r for r in rows if r[0] == "read"]   # the 128 x 784 float32 weights
     assert len(reads) == 1 and reads[0][reads[0].index("bytes") + 1] == str(128 * 784 * 4)
     lib = sorted((Path(ort.__file__).parent / "capi").glob("libonnxruntime.so*"))[0]

@@ -52,17 +52,29 @@ class DotProductEmitter(ContractionEmitter):
         self.builder.ret_void()
         self._emit_entry(body_fn, n_ptrs, ptr_types)
         return KernelInfo(self.symbol, len(self.func.inputs), len(self.func.outputs), 0,
-                          self._macs() >= self.options.parallel_min_macs)
+                          self._macs() >= self.options.parallel_min_macs or self._row_split())
+
+    def _row_split(self) -> bool:
+        """A row matmul (a Linear at batch 1) splits for its weights' bytes too; a 1x1
+        convolution on a 1x1 image (squeeze-and-excitation blocks) only by its multiply-adds:
+        inside a whole model, splitting those was not measured on a quiet host."""
+        return self.match.tag.kind == "matmul" and self._weight_bytes_split(
+            -(-self._outputs() // ROWS))
+
+    def _batch(self) -> int:
+        return 1 if self.match.tag.kind == "matmul" else self.match.tag.operands[0].shape[0]
+
+    def _outputs(self) -> int:
+        """Output channels: W's rows (N of a row matmul's W (N, K), O of a conv's)."""
+        return self.match.tag.operands[1].shape[0]
 
     def _emit_dots(self, task: ir.Value, ntasks: ir.Value) -> None:
         b = self.builder
         x_t, w_t = self.match.tag.operands
         out = self.match.out
         row = self.match.tag.kind == "matmul"
-        if row:   # x (1, ..., 1, K), W (N, K), out (1, ..., 1, N)
-            batch, k_len, o_len = 1, x_t.shape[-1], w_t.shape[0]
-        else:
-            batch, k_len, o_len = x_t.shape[0], x_t.shape[1], w_t.shape[0]
+        # x (1, ..., 1, K), W (N, K), out (1, ..., 1, N); or a conv's x (B, C, 1, 1), W (O, C, ...)
+        batch, k_len, o_len = self._batch(), x_t.shape[-1] if row else x_t.shape[1], self._outputs()
         oc_axis = out.axes[-1] if row else out.axes[1]
         x_ptr, w_ptr = self.buffers[x_t.uid], self.buffers[w_t.uid]
         blocks = -(-o_len // ROWS)

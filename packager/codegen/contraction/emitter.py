@@ -12,6 +12,7 @@ from __future__ import annotations
 from llvmlite import ir
 
 from ...ir import te
+from ...ir.te import itemsize
 from ...ir.graph import PrimFunc
 from ..helpers import F32, I1, I32, I64, alloca_once, const_i64, for_range, intrinsic
 from ..lower import KernelEmitter, LoweringError
@@ -80,6 +81,17 @@ class ContractionBase(KernelEmitter):
         for a in red.axes:
             n *= a.extent
         return n
+
+    def _weight_bytes_split(self, work_items: int) -> bool:
+        """Whether the kernel is worth splitting over threads for the bytes of its second
+        operand (the weights a matmul or dot product streams once per call) whatever its
+        multiply-adds: at least ``options.parallel_min_weight_bytes`` of them and
+        ``work_items`` >= 2 to share (codegen/threads.py PARALLEL_MIN_WEIGHT_BYTES)."""
+        w = self.match.tag.operands[1]
+        nbytes = itemsize(w.dtype)
+        for d in w.shape:
+            nbytes *= d
+        return work_items >= 2 and nbytes >= self.options.parallel_min_weight_bytes
 
     # ---- shared pieces --------------------------------------------------------------------------
 

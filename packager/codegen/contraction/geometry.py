@@ -45,10 +45,24 @@ def _pick_tile(rows: int, cols: int, vl: int) -> tuple[int, int]:
     return (6, 2) if computed(6, 2) < computed(4, 4) else (4, 4)
 
 
+# The widest vector any target's kernels use, in floats (x86-64-v4's): a matmul of more columns
+# has at least two column panels on every target once its tile is at most half its columns wide.
+WIDEST_VECTOR = 16
+
+
+def few_rows_tile(rows: int, cols: int, vl: int, split: bool) -> tuple[int, int]:
+    """Register block (rows, vectors per row) of a matmul of fewer than 4 rows: all of them, as
+    wide as 8 accumulators allow; ``split`` (over threads by its column panels, for the bytes
+    of its weights): at most half its columns wide, so that with more than WIDEST_VECTOR
+    columns every target has two panels or more to share out."""
+    width = -(-cols // 2) if split else cols
+    return rows, max(1, min(8 // rows, -(-width // vl)))
+
+
 def vector_width(target_name: str) -> int:
     """Floats per vector register the kernels are written for."""
     # a feature level ("x86-64-v4+vnni", "x86-64-v4+bf16") has its base level's registers
-    return {"x86-64-v4": 16, "x86-64-v3": 8}.get(target_name.split("+")[0], 4)
+    return {"x86-64-v4": WIDEST_VECTOR, "x86-64-v3": 8}.get(target_name.split("+")[0], 4)
 
 
 def conv_row_widths(targets) -> tuple[int, ...]:

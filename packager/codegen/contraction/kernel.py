@@ -42,7 +42,13 @@ class ContractionEmitter(PackedConvMixin, ConvMixin, MatmulMixin, EpilogueMixin,
             return KernelInfo(self.symbol, len(self.func.inputs), len(self.func.outputs), 0,
                               static * 16 >= self.options.parallel_min_macs, symbolic=True)
         return KernelInfo(self.symbol, len(self.func.inputs), len(self.func.outputs), workspace,
-                          self._macs() >= self.options.parallel_min_macs, choice=self._choice())
+                          self._parallel(), choice=self._choice())
+
+    def _parallel(self) -> bool:
+        """Whether the static kernel splits over threads: by its multiply-adds, or (a matmul
+        of few rows, ``_splits_by_weights``) by the bytes of weights it streams."""
+        return self._macs() >= self.options.parallel_min_macs or (
+            self.match.tag.kind not in CONV_KINDS and self._splits_by_weights())
 
     def _choice(self) -> str:
         """The design, in words (``KernelInfo.choice``, shown by ``mlcpack inspect``)."""

@@ -15,7 +15,8 @@ from ...ir import te
 from ..helpers import F32, I32, const_i64, for_range, intrinsic
 from ..lower import WORKSPACE_ALIGN
 from .geometry import (MAX_TASK_REGIONS, PACK_B_MAX_BYTES, PACK_B_MIN_ROWS, PACK_B_PREFETCH_ROWS,
-                       SYMBOLIC_M_HINT, SYMBOLIC_N_HINT, _pick_tile)
+                       SYMBOLIC_M_HINT, SYMBOLIC_N_HINT, WIDEST_VECTOR, _pick_tile,
+                       few_rows_tile)
 from .match import CONV_KINDS
 
 
@@ -73,7 +74,19 @@ class MatmulMixin:
                               self.vl)
         if M >= 4:
             return _pick_tile(M, N, self.vl)
-        return M, max(1, min(8 // M, -(-N // self.vl)))
+        return few_rows_tile(M, N, self.vl, self._splits_by_weights())
+
+    def _splits_by_weights(self) -> bool:
+        """A static matmul of fewer than 4 rows that splits over threads for the bytes of its
+        second operand (the weights it streams once per call, codegen/threads.py
+        PARALLEL_MIN_WEIGHT_BYTES), not for its multiply-adds: its column panels, or the
+        matrices of its batch, are the work items, at least two on every target (the
+        kernel's parallel flag is one for all of a bundle's targets)."""
+        if self.symbolic:
+            return False
+        batch, M, _, N = self._matmul_shape()
+        return (M < 4 and self._macs() < self.options.parallel_min_macs
+                and (batch > 1 or N > WIDEST_VECTOR) and self._weight_bytes_split(2))
 
     def _emit_matmul_symbolic(self, task: ir.Value, ntasks: ir.Value) -> None:
         """A matmul with a run-time M: fewer rows than the register tile (a batch of one, a
