@@ -179,7 +179,14 @@ class QEmitter(KernelEmitter):
                                          b.shuffle_vector(a, a, quads),
                                          b.shuffle_vector(w, w, quads)]))
             return b.shuffle_vector(halves[0], halves[1], ir.Constant(V8I32, list(range(8))))
-        if getattr(self, "vnni_emulated", False):
+        if getattr(self, "madd7", False) and self.avx2:
+            # weights of 7 bits (|w| <= 64): vpmaddubsw's int16 pair sums (u8 x s8) stay
+            # within +-32640, never saturate; vpmaddwd by ones adds the two pairs of each quad
+            v16i16 = ir.VectorType(I16, 16)
+            ub = intrinsic(self.module, "llvm.x86.avx2.pmadd.ub.sw", v16i16, [v32i8, v32i8])
+            pairs = b.call(ub, [a, w])
+            return b.add(acc, self._madd(pairs, ir.Constant(v16i16, [1] * 16)))
+        if getattr(self, "vnni_emulated", False) or getattr(self, "madd7", False):
             v32i32 = ir.VectorType(I32, 32)
             p = b.mul(b.zext(a, v32i32), b.sext(w, v32i32))
             for j in range(4):

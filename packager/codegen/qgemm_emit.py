@@ -32,5 +32,9 @@ def emit_qgemm(module: ir.Module, func: PrimFunc, symbol: str, vl: int, features
     emitter.vnni_emulated = vnni_emulate
     # aarch64 with dotprod: the same kernels with sdot (int8 x int8 quads, uint8 x shifted)
     emitter.sdot = module.triple.startswith("aarch64") and "+dotprod" in features
-    emitter.vnni = emitter.vnni or emitter.vnni_emulated or emitter.sdot
+    # x86 without VNNI, a qconv2d_quads of 7-bit weights (passes/quad_weights.py ``w7``): the
+    # quad kernel with vpmaddubsw + vpmaddwd by ones (AVX2) or the exact products (x86-64-v2)
+    emitter.madd7 = (module.triple.startswith("x86_64") and bool(tag.attrs.get("w7"))
+                     and not emitter.vnni and not emitter.vnni_emulated)
+    emitter.vnni = emitter.vnni or emitter.vnni_emulated or emitter.sdot or emitter.madd7
     return emitter.emit()
