@@ -10,7 +10,6 @@ int8 127 shifted by 128) against weights +-64 in both channels of a pair."""
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import numpy as np
 import pytest
