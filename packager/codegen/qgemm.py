@@ -188,7 +188,37 @@ class QEmitter(KernelEmitter):
             ub = intrinsic(self.module, "llvm.x86.avx2.pmadd.ub.sw", v16i16, [v32i8, v32i8])
             pairs = b.call(ub, [a, w])
             return b.add(acc, self._madd(pairs, ir.Constant(v16i16, [1] * 16)))
-        if getattr(self, "vnni_emulated", False) or getattr(self, "madd7", False):
+        if getattr(self, "ssse3", False):
+            # x86-64-v2: the same two instructions on 128-bit halves (SSSE3 pmaddubsw, SSE2
+            # pmaddwd by ones)
+            v16i8, v8i16, v4i32 = (ir.VectorType(I8, 16), ir.VectorType(I16, 8),
+                                   ir.VectorType(I32, 4))
+            ub = intrinsic(self.module, "llvm.x86.ssse3.pmadd.ub.sw.128", v8i16, [v16i8, v16i8])
+            wd = intrinsic(self.module, "llvm.x86.sse2.pmadd.wd", v4i32, [v8i16, v8i16])
+            ones = ir.Constant(v8i16, [1] * 8)
+            parts = []
+            for k in range(2):
+                m = ir.Constant(ir.VectorType(I32, 16), list(range(16 * k, 16 * k + 16)))
+                pairs = b.call(ub, [b.shuffle_vector(a, a, m), b.shuffle_vector(w, w, m)])
+                parts.append(b.call(wd, [pairs, ones]))
+            return b.add(acc, b.shuffle_vector(parts[0], parts[1],
+                                               ir.Constant(V8I32, list(range(8)))))
+        if getattr(self, "madd7", False) and not getattr(self, "vnni_emulated", False):
+            # x86 without AVX2 or SSSE3 (x86-64 v1): the bytes widened to int16 (exact products
+            # for any weights), pair sums with ``_madd`` (pmaddwd on SSE2), the two pairs of
+            # each quad added
+            v32i16 = ir.VectorType(I16, 32)
+            a16, w16 = b.zext(a, v32i16), b.sext(w, v32i16)
+            halves = [ir.Constant(ir.VectorType(I32, 16), list(range(16 * k, 16 * k + 16)))
+                      for k in range(2)]
+            sums = [self._madd(b.shuffle_vector(a16, a16, m), b.shuffle_vector(w16, w16, m))
+                    for m in halves]
+            cat = b.shuffle_vector(sums[0], sums[1],
+                                   ir.Constant(ir.VectorType(I32, 16), list(range(16))))
+            even = b.shuffle_vector(cat, cat, ir.Constant(V8I32, list(range(0, 16, 2))))
+            odd = b.shuffle_vector(cat, cat, ir.Constant(V8I32, list(range(1, 16, 2))))
+            return b.add(acc, b.add(even, odd))
+        if getattr(self, "vnni_emulated", False):
             v32i32 = ir.VectorType(I32, 32)
             p = b.mul(b.zext(a, v32i32), b.sext(w, v32i32))
             for j in range(4):

@@ -15,9 +15,10 @@ from .qgemm_matmul import QMatmul
 
 
 def emit_qgemm(module: ir.Module, func: PrimFunc, symbol: str, vl: int, features: str = "",
-               vnni_emulate: bool = False) -> KernelInfo | None:
+               vnni_emulate: bool = False, level: str = "") -> KernelInfo | None:
     """The integer kernel of ``func`` (None when it is no qmatmul / qconv2d); ``features``:
-    the target's LLVM features; ``vnni_emulate`` (``CompileOptions.vnni_emulate``)."""
+    the target's LLVM features; ``vnni_emulate`` (``CompileOptions.vnni_emulate``); ``level``:
+    the target's level name (x86-64-v2 has SSSE3's 128-bit pmaddubsw)."""
     m = match_qgemm(func)
     if m is None:
         return None
@@ -37,4 +38,5 @@ def emit_qgemm(module: ir.Module, func: PrimFunc, symbol: str, vl: int, features
     emitter.madd7 = (module.triple.startswith("x86_64") and bool(tag.attrs.get("w7"))
                      and not emitter.vnni and not emitter.vnni_emulated)
     emitter.vnni = emitter.vnni or emitter.vnni_emulated or emitter.sdot or emitter.madd7
+    emitter.ssse3 = emitter.madd7 and not avx2 and level == "x86-64-v2"
     return emitter.emit()

@@ -2,9 +2,10 @@
 codegen/qgemm.py ``_dpbusd``'s ``madd7`` branch): on x86 bundles whose levels are not all VNNI,
 a ``qconv2d`` whose int8 weights all have |w| <= 64 (ONNX Runtime's ``reduce_range=True``)
 stores them as uint8 x int8 quads and runs ``vpmaddubsw`` + ``vpmaddwd`` by ones on AVX2
-(x86-64-v2: the exact products in portable IR); a weight of 65 keeps the k-pair kernel.
+(x86-64-v2: SSSE3's 128-bit pmaddubsw; x86-64 v1: int16 products in portable IR); a weight of
+65 keeps the k-pair kernel.
 
-Exact integer math in numpy is the reference, at x86-64-v3 and x86-64-v2 (the host's features
+Exact integer math in numpy is the reference, at x86-64-v3, v2 and v1 (the host's features
 pinned with MLCPACK_CPU_FEATURES), including the saturation corner: activations 255 (uint8, or
 int8 127 shifted by 128) against weights +-64 in both channels of a pair."""
 
@@ -20,6 +21,7 @@ from mlcpack.packager.ops.qlinear import pack_conv_weights
 from mlcpack.runtime.cpu import host_arch, host_features
 from test_int8_gemm import MASK, _requant
 
+X86_V1 = "fpu,cx8,cmov,fxsr,mmx,sse,sse2"     # the x86-64 baseline (no SSSE3)
 AVX2_HOST = pytest.mark.skipif(
     host_arch() != "x86_64" or not {"avx2", "fma"} <= host_features(),
     reason="runs x86-64-v3 code: needs an x86-64 host with AVX2 and FMA")
@@ -108,7 +110,7 @@ def test_selection_rule() -> None:
 
 @pytest.fixture(scope="module")
 def bundles(tmp_path_factory) -> dict:
-    """One fat x86-64-v2 + v3 bundle per case (each compile a few seconds)."""
+    """One fat x86-64 (v1) + v2 + v3 bundle per case (each compile a few seconds)."""
     from mlcpack.packager.export import ExportOptions, export_module
 
     out = {}
@@ -117,19 +119,19 @@ def bundles(tmp_path_factory) -> dict:
         args, attrs, expect = _case(seed, *shape)
         path = root / f"{name}.mlc"
         export_module(build_op_module("qconv2d", args, MASK, **attrs), path,
-                      ExportOptions(target="x86-64-v2,x86-64-v3", check=False))
+                      ExportOptions(target="x86-64,x86-64-v2,x86-64-v3", check=False))
         out[name] = (path, args[0], expect)
     return out
 
 
 @AVX2_HOST
 @pytest.mark.parametrize("case", list(CASES))
-def test_exact_at_v3_and_v2(case: str, bundles: dict, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_exact_at_v3_v2_v1(case: str, bundles: dict, monkeypatch: pytest.MonkeyPatch) -> None:
     from mlcpack.runtime import load
 
     path, x, expect = bundles[case]
     assert len(np.unique(expect)) > 3
-    for flags in (X86_V3, X86_V2):
+    for flags in (X86_V3, X86_V2, X86_V1):
         monkeypatch.setenv("MLCPACK_CPU_FEATURES", flags)
         for threads in (1, 2):
             with load(path, threads=threads) as model:
