@@ -78,6 +78,12 @@ class CompileOptions:
     # sdot) every target runs, "" when some target does not; None: chosen for the targets
     # (``for_targets``; vnni_emulate makes every x86 target's a quad kernel)
     conv_quads: str | None = None
+    # x86 targets whose quad kernel is not every level's: a convolution whose int8 weights all
+    # fit 7 bits (|w| <= 64, ORT's reduce_range) still gets its weights packed as quads, and
+    # the levels without VNNI run them with vpmaddubsw + vpmaddwd (exact: 255 * 64 * 2 <
+    # 2**15; passes/quad_weights.py); None: chosen for the targets (every target x86-64);
+    # False: those keep the k-pairs (MLCPACK_INT8_MADD7=0)
+    conv_quads7: bool | None = None
     # whether some target multiplies int8 quads with a dot instruction (vpdpbusd on
     # x86-64-v4+vnni, sdot on aarch64+dotprod; or vnni_emulate); None: chosen for the targets
     # (``for_targets``). Without one, int8_float_convs may keep convolutions float.
@@ -144,7 +150,7 @@ class CompileOptions:
         """Whether every layout choice is made (no field left to ``for_targets``)."""
         return None not in (self.pack_conv_weights, self.conv_row_widths,
                             self.pack_matmul_weights, self.bf16_dot_targets, self.conv_quads,
-                            self.int8_dot_targets)
+                            self.int8_dot_targets, self.conv_quads7)
 
     @property
     def bf16_dot(self) -> bool:
@@ -194,6 +200,8 @@ class CompileOptions:
             changes["bf16_dot_targets"] = has_bf16_dot(targets)
         if self.conv_quads is None:
             changes["conv_quads"] = quad_arch(targets, self.vnni_emulate)
+        if self.conv_quads7 is None:
+            changes["conv_quads7"] = all(t.arch == "x86_64" for t in targets)
         if self.int8_dot_targets is None:
             changes["int8_dot_targets"] = has_int8_dot(targets) or self.vnni_emulate
         return dataclasses.replace(self, **changes)
@@ -207,6 +215,8 @@ class CompileOptions:
             env["int8_kernels"] = False
         if environ.get("MLCPACK_INT8_FLOAT_CONVS", "1") == "0":
             env["int8_float_convs"] = False
+        if environ.get("MLCPACK_INT8_MADD7", "1") == "0":
+            env["conv_quads7"] = False
         if environ.get("MLCPACK_VNNI_EMULATE", "") == "1":
             env["vnni_emulate"] = True
         if environ.get("MLCPACK_SYMBOLIC_GENERIC"):
@@ -231,4 +241,4 @@ class CompileOptions:
 # The layout of the old context variables' defaults: no target-specific packing (what a pass
 # test that inspects the generic kernels wants; an export chooses per target instead).
 UNPACKED = CompileOptions(pack_conv_weights=False, conv_row_widths=(), pack_matmul_weights=False,
-                          bf16_dot_targets=False, conv_quads="", int8_dot_targets=False)
+                          bf16_dot_targets=False, conv_quads="", int8_dot_targets=False, conv_quads7=False)

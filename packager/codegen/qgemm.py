@@ -10,8 +10,10 @@ columns n, and the instruction returns ``a[m,k] b[k,n] + a[m,k+1] b[k+1,n]`` per
 16 multiply-adds per instruction against an fp32 FMA's 8, but on Zen 4 (measured here) it issues
 at half the FMA's rate, so the integer kernels run at the fp32 kernels' multiply-add rate: the
 gains are int8 weights (4x smaller bundles, faster weight-bound layers), not throughput.
-``vpmaddubsw`` (u8 x s8, 32 per instruction) is not used: it saturates its int16 pair sums,
-which is not exact, and widening them takes a second multiply-port instruction.
+``vpmaddubsw`` (u8 x s8, 32 per instruction) saturates its int16 pair sums, so it is used only
+where every weight fits 7 bits (|w| <= 64: 2 x 255 x 64 < 2**15), on the quad kernel below
+(``madd7``, passes/quad_weights.py ``w7``): ``vpmaddubsw`` + ``vpmaddwd`` by ones is then
+``vpdpbusd``, exact.
 
 Zero points: x - x_zp is formed while packing the activations into int16 (so u8 and s8
 activations take the same kernel); w - w_zp is folded into the weights at export
@@ -179,6 +181,43 @@ class QEmitter(KernelEmitter):
                                          b.shuffle_vector(a, a, quads),
                                          b.shuffle_vector(w, w, quads)]))
             return b.shuffle_vector(halves[0], halves[1], ir.Constant(V8I32, list(range(8))))
+        if getattr(self, "madd7", False) and self.avx2:
+            # weights of 7 bits (|w| <= 64): vpmaddubsw's int16 pair sums (u8 x s8) stay
+            # within +-32640, never saturate; vpmaddwd by ones adds the two pairs of each quad
+            v16i16 = ir.VectorType(I16, 16)
+            ub = intrinsic(self.module, "llvm.x86.avx2.pmadd.ub.sw", v16i16, [v32i8, v32i8])
+            pairs = b.call(ub, [a, w])
+            return b.add(acc, self._madd(pairs, ir.Constant(v16i16, [1] * 16)))
+        if getattr(self, "ssse3", False):
+            # x86-64-v2: the same two instructions on 128-bit halves (SSSE3 pmaddubsw, SSE2
+            # pmaddwd by ones)
+            v16i8, v8i16, v4i32 = (ir.VectorType(I8, 16), ir.VectorType(I16, 8),
+                                   ir.VectorType(I32, 4))
+            ub = intrinsic(self.module, "llvm.x86.ssse3.pmadd.ub.sw.128", v8i16, [v16i8, v16i8])
+            wd = intrinsic(self.module, "llvm.x86.sse2.pmadd.wd", v4i32, [v8i16, v8i16])
+            ones = ir.Constant(v8i16, [1] * 8)
+            parts = []
+            for k in range(2):
+                m = ir.Constant(ir.VectorType(I32, 16), list(range(16 * k, 16 * k + 16)))
+                pairs = b.call(ub, [b.shuffle_vector(a, a, m), b.shuffle_vector(w, w, m)])
+                parts.append(b.call(wd, [pairs, ones]))
+            return b.add(acc, b.shuffle_vector(parts[0], parts[1],
+                                               ir.Constant(V8I32, list(range(8)))))
+        if getattr(self, "madd7", False) and not getattr(self, "vnni_emulated", False):
+            # x86 without AVX2 or SSSE3 (x86-64 v1): the bytes widened to int16 (exact products
+            # for any weights), pair sums with ``_madd`` (pmaddwd on SSE2), the two pairs of
+            # each quad added
+            v32i16 = ir.VectorType(I16, 32)
+            a16, w16 = b.zext(a, v32i16), b.sext(w, v32i16)
+            halves = [ir.Constant(ir.VectorType(I32, 16), list(range(16 * k, 16 * k + 16)))
+                      for k in range(2)]
+            sums = [self._madd(b.shuffle_vector(a16, a16, m), b.shuffle_vector(w16, w16, m))
+                    for m in halves]
+            cat = b.shuffle_vector(sums[0], sums[1],
+                                   ir.Constant(ir.VectorType(I32, 16), list(range(16))))
+            even = b.shuffle_vector(cat, cat, ir.Constant(V8I32, list(range(0, 16, 2))))
+            odd = b.shuffle_vector(cat, cat, ir.Constant(V8I32, list(range(1, 16, 2))))
+            return b.add(acc, b.add(even, odd))
         if getattr(self, "vnni_emulated", False):
             v32i32 = ir.VectorType(I32, 32)
             p = b.mul(b.zext(a, v32i32), b.sext(w, v32i32))

@@ -441,12 +441,22 @@ class QConv(QEmitter):
             for q_lo, q_hi, chans in ((0, c // 4, 4), (c // 4, cg, c % 4)):
                 if q_hi <= q_lo:
                     continue
+                # AVX2: 8 pixels of the quad at a time (``_fill_quad_vectors``), the rest one
+                # by one
+                nvec = 0
+                while (self.avx2 and v_lo + (nvec + 1) * PANEL <= v_hi
+                       and (v_lo + nvec * PANEL) * sw + px - pl + PANEL * sw <= w):
+                    nvec += 1
                 with for_range(b, const_i64(q_lo), const_i64(q_hi), "fq") as q:
                     base = b.mul(b.add(const_i64(pi * cg), q), const_i64(psz * 4))
                     with for_range(b, const_i64(u_lo), const_i64(u_hi), "fu") as u:
                         iy = b.add(b.mul(u, const_i64(sh)), const_i64(py - pt))
                         row = b.add(base, b.mul(u, const_i64(wq * 4)))
-                        with for_range(b, const_i64(v_lo), const_i64(v_hi), "fv") as v:
+                        if nvec:
+                            self._fill_quad_vectors(xb, planes, q, chans, iy, row, v_lo, nvec,
+                                                    h, w, sw, px - pl, shift)
+                        with for_range(b, const_i64(v_lo + nvec * PANEL), const_i64(v_hi),
+                                       "fv") as v:
                             ix = b.add(b.mul(v, const_i64(sw)), const_i64(px - pl))
                             dst = b.add(row, b.mul(v, const_i64(4)))
                             for j in range(chans):
@@ -457,6 +467,43 @@ class QConv(QEmitter):
                                 if shift:
                                     val = b.xor(val, ir.Constant(I8, 0x80))
                                 b.store(val, b.gep(planes, [b.add(dst, const_i64(j))]))
+
+    def _fill_quad_vectors(self, xb, planes, q, chans: int, iy, row, v_lo: int, nvec: int,
+                           h: int, w: int, sw: int, dx: int, shift: int) -> None:
+        """``_fill_quads``' inner loop, vectorized: plane columns v_lo .. v_lo + 8 nvec of
+        row ``row`` (byte index) from input row ``iy`` of channels 4q .. 4q + chans - 1: per
+        channel one load of 8 * sw bytes from column v * sw + dx, lanes 0, sw, .. kept (xor
+        0x80 with ``shift``), the four interleaved into 8 quads (a 32-byte store); a channel
+        past the last is zero (it meets zero weights)."""
+        b = self.builder
+        v8i8 = ir.VectorType(I8, PANEL)
+        v32i8 = ir.VectorType(I8, 4 * PANEL)
+        src_ty = ir.VectorType(I8, PANEL * sw)
+        every = ir.Constant(ir.VectorType(I32, PANEL), [j * sw for j in range(PANEL)])
+        cat = ir.Constant(ir.VectorType(I32, 2 * PANEL), list(range(2 * PANEL)))
+        mix = ir.Constant(ir.VectorType(I32, 4 * PANEL),
+                          [e * PANEL + j for j in range(PANEL) for e in range(4)])
+        with for_range(b, const_i64(0), const_i64(nvec), "fw") as k:
+            v0 = b.add(const_i64(v_lo), b.mul(k, const_i64(PANEL)))
+            ix = b.add(b.mul(v0, const_i64(sw)), const_i64(dx))
+            vals = []
+            for j in range(4):
+                if j >= chans:
+                    vals.append(ir.Constant(v8i8, None))
+                    continue
+                ch = b.add(b.mul(q, const_i64(4)), const_i64(j))
+                src = b.add(b.mul(ch, const_i64(h * w)), b.add(b.mul(iy, const_i64(w)), ix))
+                raw = b.load(self._ptr(xb, src, src_ty), align=1)
+                if sw > 1:
+                    raw = b.shuffle_vector(raw, ir.Constant(src_ty, None), every)
+                if shift:
+                    raw = b.xor(raw, ir.Constant(v8i8, [0x80] * PANEL))
+                vals.append(raw)
+            lo = b.shuffle_vector(vals[0], vals[1], cat)
+            hi = b.shuffle_vector(vals[2], vals[3], cat)
+            quads = b.shuffle_vector(lo, hi, mix)
+            dst = b.add(row, b.mul(v0, const_i64(4)))
+            b.store(quads, self._ptr(planes, dst, v32i8), align=1)
 
     def _fill_planes(self, xb, planes, phases, c, h, w, cp, prow, wq, psz, sh, sw, pt, pl,
                      xzp, dtype, zero: bool = True) -> None:

@@ -15,9 +15,10 @@ from .qgemm_matmul import QMatmul
 
 
 def emit_qgemm(module: ir.Module, func: PrimFunc, symbol: str, vl: int, features: str = "",
-               vnni_emulate: bool = False) -> KernelInfo | None:
+               vnni_emulate: bool = False, level: str = "") -> KernelInfo | None:
     """The integer kernel of ``func`` (None when it is no qmatmul / qconv2d); ``features``:
-    the target's LLVM features; ``vnni_emulate`` (``CompileOptions.vnni_emulate``)."""
+    the target's LLVM features; ``vnni_emulate`` (``CompileOptions.vnni_emulate``); ``level``:
+    the target's level name (x86-64-v2 has SSSE3's 128-bit pmaddubsw)."""
     m = match_qgemm(func)
     if m is None:
         return None
@@ -32,5 +33,10 @@ def emit_qgemm(module: ir.Module, func: PrimFunc, symbol: str, vl: int, features
     emitter.vnni_emulated = vnni_emulate
     # aarch64 with dotprod: the same kernels with sdot (int8 x int8 quads, uint8 x shifted)
     emitter.sdot = module.triple.startswith("aarch64") and "+dotprod" in features
-    emitter.vnni = emitter.vnni or emitter.vnni_emulated or emitter.sdot
+    # x86 without VNNI, a qconv2d_quads of 7-bit weights (passes/quad_weights.py ``w7``): the
+    # quad kernel with vpmaddubsw + vpmaddwd by ones (AVX2) or the exact products (x86-64-v2)
+    emitter.madd7 = (module.triple.startswith("x86_64") and bool(tag.attrs.get("w7"))
+                     and not emitter.vnni and not emitter.vnni_emulated)
+    emitter.vnni = emitter.vnni or emitter.vnni_emulated or emitter.sdot or emitter.madd7
+    emitter.ssse3 = emitter.madd7 and not avx2 and level == "x86-64-v2"
     return emitter.emit()

@@ -112,7 +112,8 @@ def _bf16_conv(module, func, symbol, vl, match, target, options):
 
 def _integer_gemm(module, func, symbol, vl, match, target, options):
     """qmatmul / qconv2d: the target's features and the options choose VNNI."""
-    return emit_qgemm(module, func, symbol, vl, target.llvm_features, options.vnni_emulate)
+    return emit_qgemm(module, func, symbol, vl, target.llvm_features, options.vnni_emulate,
+                      level=target.name)
 
 
 def _integer_depthwise(module, func, symbol, vl, match, target, options):

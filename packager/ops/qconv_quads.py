@@ -62,7 +62,7 @@ def folded_bias(bias: np.ndarray, wq: np.ndarray, zp_shifted: int) -> np.ndarray
 
 def _infer(x: TensorType, wq: TensorType, x_zp: TensorType, bias: TensorType,
            multiplier: TensorType, y_zp: TensorType, *table: TensorType, shift: int = 0,
-           **attrs) -> TensorType:
+           w7: bool = False, **attrs) -> TensorType:
     c = x.shape[1]
     kh, kw = attrs.get("kernel", (1, 1))
     o = attrs.get("out_channels", 0)
@@ -80,7 +80,7 @@ def _legalize(x: te.Tensor, wq: te.Tensor, x_zp: te.Tensor, bias: te.Tensor,
               multiplier: te.Tensor, y_zp: te.Tensor, *table: te.Tensor,
               out_type: TensorType, name: str, out_channels: int = 0, kernel=(1, 1),
               strides=(1, 1), padding=(0, 0, 0, 0), dtype: str = "uint8", relu: bool = False,
-              shift: int = 0) -> te.Tensor:
+              shift: int = 0, w7: bool = False) -> te.Tensor:
     _, c, h, w = x.shape
     kh, kw = kernel
     cg = -(-c // 4)
@@ -88,7 +88,8 @@ def _legalize(x: te.Tensor, wq: te.Tensor, x_zp: te.Tensor, bias: te.Tensor,
     # the kind codegen/qgemm.py emits, with the attributes that say the weights are quads
     tag_reduction(rc, "qconv2d", (x, wq, x_zp, bias, multiplier, y_zp) + table,
                   out_channels=out_channels, kernel=tuple(kernel), strides=tuple(strides),
-                  padding=tuple(padding), dtype=dtype, relu=relu, quads=True, shift=shift)
+                  padding=tuple(padding), dtype=dtype, relu=relu, quads=True, shift=shift,
+                  w7=w7)
 
     def clamp(i, size):
         return te.minimum(te.maximum(i, 0), size - 1)
@@ -113,7 +114,8 @@ def _legalize(x: te.Tensor, wq: te.Tensor, x_zp: te.Tensor, bias: te.Tensor,
 def qconv2d_quads(x: np.ndarray, wq: np.ndarray, x_zp: np.ndarray, bias: np.ndarray,
                   multiplier: np.ndarray, y_zp: np.ndarray, *table: np.ndarray,
                   out_channels: int = 0, kernel=(1, 1), strides=(1, 1), padding=(0, 0, 0, 0),
-                  dtype: str = "uint8", relu: bool = False, shift: int = 0) -> np.ndarray:
+                  dtype: str = "uint8", relu: bool = False, shift: int = 0,
+                  w7: bool = False) -> np.ndarray:
     b, c, h, w = x.shape
     kh, kw = kernel
     o = out_channels

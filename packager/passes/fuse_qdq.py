@@ -219,7 +219,8 @@ def _fuse_in_function(fn: Function, int8: bool, options: CompileOptions) -> Func
         mult = ((sx * ws_o) / np.float32(ys.reshape(()))).astype(np.float32).reshape(1, o, 1, 1)
         # faster on the fp32 kernels on these targets (passes/int8_cost.py): the float chain
         float_reason = static_shapes(x, q) and float_conv_reason(
-            w.shape, cv.attrs["strides"], q.type.shape, cv.attrs.get("groups", 1), options)
+            w.shape, cv.attrs["strides"], q.type.shape, cv.attrs.get("groups", 1), options,
+            w7=bool(wd.size) and int(np.abs(wd).max()) <= 64)
         if (int8 and not float_reason and cv.attrs.get("groups", 1) == 1
                 and tuple(cv.attrs.get("dilation", (1, 1))) == (1, 1) and static_shapes(x, q)):
             args = [x, Constant(f"{getattr(x, 'name', 'x')}_qw", pack_conv_weights(wd)),

@@ -9,7 +9,11 @@ layer"): int8 / fp32 speed 0.78-0.98 on the 3x3 stride-1 layers fp32 runs as Win
 on its 3x3 stride-1 layers of 7x7 outputs (the int8 kernel's planes are 9 wide for 7 outputs
 there, fp32's direct kernel holds up; the rule takes outputs 4-7 wide with Winograd's channel
 minimums), and 1.05-1.99 on every other kind (the 7x7 stem, 3x3 stride 2, 1x1 stride 2, the
-classifier Gemm). ``float_conv_reason`` encodes that as a rule;
+classifier Gemm). With 7-bit weights (ONNX Runtime's ``reduce_range=True``; x86 targets,
+``CompileOptions.conv_quads7``) the quad kernel with ``vpmaddubsw`` (32 exact multiply-adds per
+instruction pair) runs every kind faster than fp32: on ResNet-18 70-88 GMAC/s on the 3x3
+stride-1 layers, 1.13-1.47x fp32's Winograd and direct kernels (docs/performance.md), so those
+stay integer. ``float_conv_reason`` encodes that as a rule;
 where it returns a reason, the fusion passes leave the convolution float (its dequantized
 weights on the fp32 kernels) and ``--quantize int8`` does not quantize it. Targets with an int8
 dot instruction (4 products per lane and instruction) keep every convolution integer: a fat
@@ -26,12 +30,17 @@ from .layout import WINO_MIN_CHANNELS, WINO_MIN_OUT, uses_winograd
 
 
 def float_conv_reason(w_shape: Sequence[int], strides: Sequence[int],
-                      out_shape: Sequence[int], groups: int, options: CompileOptions
-                      ) -> str | None:
+                      out_shape: Sequence[int], groups: int, options: CompileOptions,
+                      w7: bool = False) -> str | None:
     """Why a quantized convolution of weights ``w_shape`` (O, C, KH, KW), ``strides`` and
     static NCHW ``out_shape`` should stay float on ``options``' targets (resolved options,
-    ``CompileOptions.for_targets``), or None when the integer kernel is at least as fast."""
+    ``CompileOptions.for_targets``), or None when the integer kernel is at least as fast.
+    ``w7``: its integer weights (w - w_zp) all fit 7 bits (|w| <= 64), so with
+    ``options.conv_quads7`` it takes the ``vpmaddubsw`` quad kernel, faster than fp32 on every
+    kind measured."""
     if not options.int8_float_convs or options.int8_dot_targets or groups != 1:
+        return None
+    if w7 and options.conv_quads7:
         return None
     if len(w_shape) != 4 or len(out_shape) != 4 or not all(isinstance(d, int) for d in out_shape):
         return None

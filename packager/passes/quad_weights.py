@@ -13,7 +13,14 @@ both layouts would double the int8 weights.
 
 Taken: int8 weights, a constant x zero point and bias (a static QDQ model's; a dynamically
 quantized input's zero point is computed at run time), and not the 1x1-image case
-(``QConv._emit_vector``, codegen/qgemm_conv.py, reads the k-pairs directly)."""
+(``QConv._emit_vector``, codegen/qgemm_conv.py, reads the k-pairs directly).
+
+x86 bundles whose levels are not all VNNI (``options.conv_quads7``, the default portable set
+of an AVX2 host): a convolution whose weights all fit 7 bits (|w| <= 64, what ONNX Runtime's
+``quantize_static(reduce_range=True)`` writes) is packed the same way, marked ``w7``; its
+levels without VNNI run the quad kernel with ``vpmaddubsw`` + ``vpmaddwd`` by ones (AVX2;
+x86-64-v2: the exact products in portable IR), the VNNI level with ``vpdpbusd``. Others keep
+the k-pairs and the ``vpmaddwd`` kernel."""
 
 from __future__ import annotations
 
@@ -32,6 +39,13 @@ def quad_shift(arch: str, x_dtype: str) -> int:
     return 128 if x_dtype == "int8" else 0
 
 
+def fits_madd7(w: np.ndarray) -> bool:
+    """Whether every int8 weight has |w| <= 64: then ``vpmaddubsw``'s int16 sum of two
+    products uint8 x int8 never saturates (2 * 255 * 64 = 32640 <= 32767), so with a widening
+    ``vpmaddwd`` by ones it is ``vpdpbusd``, exact (codegen/qgemm.py ``_dpbusd``)."""
+    return w.size == 0 or int(np.abs(w.astype(np.int16)).max()) <= 64
+
+
 def _vector_case(v: Call) -> bool:
     """The 1x1 convolution of a 1x1 image: a matrix-vector kernel on the k-pairs."""
     _, _, h, w = v.args[0].type.shape
@@ -40,8 +54,13 @@ def _vector_case(v: Call) -> bool:
 
 def pack_conv_quads(mod: IRModule, options: CompileOptions) -> IRModule:
     """Every takeable ``qconv2d`` (module docstring) becomes ``qconv2d_quads`` when
-    ``options.conv_quads`` names the targets' architecture; else the module is unchanged."""
+    ``options.conv_quads`` names the targets' architecture; else, with ``options.conv_quads7``
+    (x86 targets), those whose weights all fit 7 bits (``fits_madd7``), marked ``w7``; else the
+    module is unchanged."""
     arch = options.conv_quads
+    w7 = False
+    if not arch and options.conv_quads7:
+        arch, w7 = "x86_64", True
     if not arch:
         return mod
     from ..ops.qconv_quads import QUADS_KIND, folded_bias, pairs_to_quads
@@ -57,6 +76,8 @@ def pack_conv_quads(mod: IRModule, options: CompileOptions) -> IRModule:
                 and isinstance(bias, Constant) and wk.data.dtype == np.int8
                 and not _vector_case(v)):
             return None
+        if w7 and not fits_madd7(wk.data):
+            return None
         kh, kw = v.attrs["kernel"]
         shift = quad_shift(arch, x.type.dtype)
         if id(wk) not in made:
@@ -65,6 +86,9 @@ def pack_conv_quads(mod: IRModule, options: CompileOptions) -> IRModule:
         zp = int(np.asarray(x_zp.data).reshape(())) + shift
         folded = Constant(f"{bias.name}_q4", folded_bias(bias.data, wq.data, zp))
         args = [lookup(x), wq, x_zp, folded] + [lookup(a) for a in v.args[4:]]
-        return Call(QUADS_KIND, args, {**v.attrs, "shift": shift}, v.type)
+        attrs = {**v.attrs, "shift": shift}
+        if w7:
+            attrs["w7"] = True
+        return Call(QUADS_KIND, args, attrs, v.type)
 
     return map_functions(mod, lambda fn: rewrite_function(fn, visit))

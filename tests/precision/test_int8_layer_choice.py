@@ -21,6 +21,7 @@ from mlcpack.packager.export import ExportOptions, export_module
 from mlcpack.packager.options import CompileOptions
 from mlcpack.packager.passes import DEFAULT_PIPELINE, run_pipeline
 from mlcpack.runtime import load
+from mlcpack.runtime.cpu import host_arch, host_features
 
 pytest.importorskip("onnxruntime")
 
@@ -129,3 +130,42 @@ def test_cost_rule(w_shape, strides, out_shape, target: str, floats: bool) -> No
 
     options = CompileOptions(target=target).for_targets()
     assert (float_conv_reason(w_shape, strides, out_shape, 1, options) is not None) == floats
+
+
+def test_cost_rule_7bit_weights() -> None:
+    """Weights that fit 7 bits (ORT's reduce_range) take the vpmaddubsw quad kernel on x86
+    sets, faster than fp32 on the layers that would otherwise stay float; not with
+    ``conv_quads7`` off (MLCPACK_INT8_MADD7=0)."""
+    from mlcpack.packager.passes.int8_cost import float_conv_reason
+
+    for w_shape, out_shape in (((64, 64, 3, 3), (1, 64, 56, 56)),
+                               ((512, 512, 3, 3), (1, 512, 7, 7))):
+        options = CompileOptions(target="x86-64-v2,x86-64-v3").for_targets()
+        assert float_conv_reason(w_shape, (1, 1), out_shape, 1, options, w7=True) is None
+        assert float_conv_reason(w_shape, (1, 1), out_shape, 1, options) is not None
+        off = CompileOptions(target="x86-64-v2,x86-64-v3", conv_quads7=False).for_targets()
+        assert float_conv_reason(w_shape, (1, 1), out_shape, 1, off, w7=True) is not None
+
+
+@pytest.mark.skipif(host_arch() != "x86_64" or not {"avx2", "fma"} <= host_features(),
+                    reason="runs x86-64-v3 code: needs an x86-64 host with AVX2 and FMA")
+def test_reduce_range_qdq_stays_integer_on_the_7bit_kernel(models) -> None:
+    """ORT's ``reduce_range=True`` QDQ copy (7-bit weights): on an AVX2 set both convolutions
+    take the vpmaddubsw quad kernel (``qconv2d_quads`` marked w7), none stays float, and the
+    bundle is within one output step of ORT running the file as written."""
+    tmp = models["tmp"]
+    rr = qm.ort_quantize(models["fp32"], tmp / "qdq_rr.onnx", "QDQ", per_channel=True,
+                         reduce_range=True)
+    passes = DEFAULT_PIPELINE[:[p.name for p in DEFAULT_PIPELINE].index("legalize")]
+    fn = run_pipeline(import_onnx(str(rr))[0], passes,
+                      options=CompileOptions(target="x86-64-v2,x86-64-v3")).functions["main"]
+    convs = [b.value for b in fn.bindings()
+             if getattr(b.value, "op", "").startswith(("qconv2d", "nn.conv2d"))]
+    assert [(v.op, v.attrs.get("w7")) for v in convs] == [("qconv2d_quads", True)] * 2
+    x = np.random.default_rng(3).normal(0, 1, SHAPE).astype(np.float32)
+    ref = ort_outputs(rr, {"x": x}, threads=1, as_written=True)["y"]
+    path = tmp / "rr.mlc"
+    export_module(import_onnx(str(rr))[0], path, ExportOptions(target="x86-64-v3", check=False))
+    with load(path) as model:
+        got = model.run({"x": x})["y"]
+    assert np.abs(got - ref).max() <= qm.output_step(rr) * 1.001
