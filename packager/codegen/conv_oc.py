@@ -39,7 +39,7 @@ from llvmlite import ir
 
 from .contraction import geometry
 from .contraction.emitter import load_weights
-from .depthwise.static import DepthwiseEmitter, emit_epilogue
+from .depthwise.static import PADDED_BELOW_VL, DepthwiseEmitter, emit_epilogue
 from .contraction.match import Contraction, match_contraction
 from .helpers import F32, I1, I32, I64, alloca_once, const_i64, for_range, intrinsic
 from .lower import KernelInfo
@@ -643,13 +643,18 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
             chunk(const_i64(nq - 1), tail)
 
     def _emit_open_row(self, nb, blk, oy, rowbuf, nv: int) -> None:
-        """``_emit_row`` for a run-time row width: its whole vectors in a loop, then the last
-        one's lanes inside the row, masked."""
+        """``_emit_row`` for a run-time row width: the row's vectors in one loop, the epilogue
+        emitted once (its reads masked to the lanes inside the row), each vector stored whole
+        or, the last one, masked (a second copy of the epilogue for the tail would double
+        the kernel's code and its compile time)."""
         b, vl = self.builder, self.vl
         out = self.match.out
-
-        def chunk(q, mask):
+        nq = b.udiv(b.add(self.ow, const_i64(vl - 1)), const_i64(vl))
+        with for_range(b, const_i64(0), nq, "oq") as q:
             ox0 = b.mul(q, const_i64(vl))
+            left = b.sub(self.ow, ox0)
+            mask = self._lane_mask(left, 0)
+            whole = b.icmp_signed(">=", left, const_i64(vl))
             for v in range(nv):
                 rows = [b.load(self._vec_ptr(rowbuf, b.add(b.mul(b.add(ox0, const_i64(i)),
                                                                  const_i64(OC_BLOCK)),
@@ -659,14 +664,26 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
                 for i in range(vl):
                     oc = b.add(b.mul(blk, const_i64(OC_BLOCK)), const_i64(v * vl + i))
                     self.env = {id(out.axes[0]): nb, id(out.axes[1]): oc}
-                    emit_epilogue(self, cols[i], oy, ox0, mask, self.ow)
-
-        whole = b.udiv(self.ow, const_i64(vl))
-        with for_range(b, const_i64(0), whole, "oq") as q:
-            chunk(q, None)
-        tail = b.sub(self.ow, b.mul(whole, const_i64(vl)))
-        with b.if_then(b.icmp_signed(">", tail, const_i64(0))):
-            chunk(whole, self._lane_mask(tail, 0))
+                    if not self.vector_epilogue:   # element by element, to the row's end
+                        emit_epilogue(self, cols[i], oy, ox0, mask, self.ow)
+                        continue
+                    env = dict(self.env)
+                    env[id(out.axes[2])] = oy
+                    env[id(out.axes[3])] = ox0
+                    value = self.epilogue_vector(cols[i], env, mask, None,
+                                                 opaque_constants=self.target_vl >= PADDED_BELOW_VL)
+                    ptr = b.gep(self.buffers[out.uid],
+                                [self._offset(out, [env[id(a)] for a in out.axes])],
+                                inbounds=True)
+                    vptr = b.bitcast(ptr, self.vty.as_pointer())
+                    with b.if_else(whole) as (full, part):
+                        with full:
+                            b.store(value, vptr, align=4)
+                        with part:
+                            fn = intrinsic(self.module, f"llvm.masked.store.v{vl}f32.p0",
+                                           ir.VoidType(), [self.vty, self.vty.as_pointer(), I32,
+                                                           ir.VectorType(I1, vl)])
+                            b.call(fn, [value, vptr, ir.Constant(I32, 4), mask])
 
     # ---- Winograd F(2x2, 3x3) -----------------------------------------------------------------
 
