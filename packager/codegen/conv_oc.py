@@ -149,6 +149,9 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
         """The design, in words (``KernelInfo.choice``, shown by ``mlcpack inspect``)."""
         nv = min(MAX_TILE_VECTORS, OC_BLOCK // self.vl)
         mr = self._tile_rows(nv)
+        if self.wino and self.open_image:
+            return (f"channel-lane Winograd F(2x2, 3x3): {mr} tiles x {nv * self.vl} channels "
+                    "register tile, bands planned at run time")
         if self.wino:
             return (f"channel-lane Winograd F(2x2, 3x3): {mr} tiles x {nv * self.vl} channels "
                     f"register tile, {self.nbands} band(s)")
@@ -213,18 +216,73 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
         one output row's window rows, and its row buffer at most ROW_BUFFER_BYTES plus one
         output row (``rows`` output rows of ``ow`` pixels, ``rows * ow`` <= max(ROW_PIXELS,
         ow))."""
-        assert not self.match.tag.attrs.get("winograd"), "Winograd takes static image sizes"
-        self.wino = False
+        self.wino = bool(self.match.tag.attrs.get("winograd"))
         self.bf16 = self.match.tag.operands[1].dtype == "bfloat16"
         self.chunk = min(self.c, max(1, CHUNK_STEPS // (self.kh * self.kw)))
         self.task_regions = MAX_TASK_REGIONS
         self.wpc = self.w + self.pl + pr if self.copy else self.w
-        self.wpc_margin = pr
         self.rows = None   # run-time values from here on (_runtime_geometry)
+        if self.wino:
+            self._open_wino_geometry()
+            return
         plane_bound = BAND_BYTES // 4 + self.c * self.kh * self.wpc + 16 if self.copy else 0
         self.plane_region = plane_bound
         self.rowbuf_floats = (ROW_PIXELS + self.ow + 8) * OC_BLOCK
         self.region_floats = (plane_bound + self.rowbuf_floats + 15) // 16 * 16
+
+    def _open_wino_geometry(self) -> None:
+        """``_wino_geometry``'s export-time part for a run-time image size: the workspace bound
+        of a region (planes, transformed inputs V, products M, two output rows), the same for
+        every vector width up to 16 lanes (a bundle's variants share it). A band's tile rows
+        ``band_tr`` times its padded tiles per row ``ntp`` are at most WINO_V_BYTES' worth, or
+        one tile row, or the rows that WINO_U_TRAFFIC asks (``_runtime_geometry``)."""
+        self.copy = True
+        c = self.c
+        nt, ntr = (self.ow + 1) // 2, (self.oh + 1) // 2
+        ntp = nt + 15
+        self.wgroups = WINO_GROUPS if -(-self.o // OC_BLOCK) >= WINO_GROUPS else 1
+        u_bytes = 16 * c * self.nblocks * OC_BLOCK * 4
+        self.u_rows = max(1, WINO_U_TRAFFIC // u_bytes)   # tile rows per band of U's traffic
+        band_tiles = WINO_V_BYTES // (64 * c) + ntp * (ntr // self.u_rows + 2)
+        plane = 4 * c * band_tiles + 4 * c * ntr + 4 * c * ntp + 4 * c + 32
+        self.region_floats = (plane + 16 * c * band_tiles + 16 * OC_BLOCK * band_tiles
+                              + 2 * (2 * nt + 16) * OC_BLOCK + 15) // 16 * 16
+
+    def _runtime_wino_geometry(self) -> None:
+        """``_wino_geometry``'s plan, as values computed at the kernel's entry."""
+        b, vl = self.builder, self.vl
+
+        def lo(x, y):
+            return b.select(b.icmp_signed("<", x, y), x, y)
+
+        def hi(x, y):
+            return b.select(b.icmp_signed(">", x, y), x, y)
+
+        def ceil_div(x, y):
+            return b.sdiv(b.add(x, b.sub(y, const_i64(1))), y)
+
+        one = const_i64(1)
+        self.nt = b.udiv(b.add(self.ow, one), const_i64(2))
+        self.ntr = b.udiv(b.add(self.oh, one), const_i64(2))
+        self.ntp = b.mul(ceil_div(self.nt, const_i64(vl)), const_i64(vl))
+        self.wpc = hi(b.add(b.mul(self.ntp, const_i64(2)), const_i64(2)), self.wpc)
+        by_v = hi(b.sdiv(const_i64(WINO_V_BYTES),
+                         b.mul(self.ntp, const_i64(16 * self.c * 4))), one)
+        images = self.n if isinstance(self.n, int) else 1
+        per = const_i64(-(-WINO_MIN_ITEMS // (images * self.wgroups)))
+        by_items = ceil_div(self.ntr, lo(self.ntr, per))
+        by_u = ceil_div(self.ntr, const_i64(self.u_rows))
+        self.band_tr = lo(self.ntr, hi(by_u, lo(by_v, by_items)))
+        self.nbands = ceil_div(self.ntr, self.band_tr)
+        self.band_in = b.add(b.mul(self.band_tr, const_i64(2)), const_i64(2))
+        self.plane_floats = b.mul(self.band_in, self.wpc)
+        plane = b.add(b.mul(self.plane_floats, const_i64(self.c)), const_i64(16 + 15))
+        self.plane_region = b.mul(b.udiv(plane, const_i64(16)), const_i64(16))
+        self.v_floats = b.mul(b.mul(self.band_tr, self.ntp), const_i64(16 * self.c))
+        self.m_tiles = b.mul(self.band_tr, self.nt)
+        self.m_floats = b.mul(self.m_tiles, const_i64(16 * OC_BLOCK))
+        self.row_len = hi(b.mul(self.nt, const_i64(2)),
+                          b.mul(ceil_div(self.ow, const_i64(vl)), const_i64(vl)))
 
     def _runtime_geometry(self) -> None:
         """The image's sizes and the plan that depends on them as values computed at the
@@ -241,6 +299,12 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
         def ceil_div(x, y):
             return b.sdiv(b.add(x, b.sub(y, const_i64(1))), y)
 
+        if self.wino:
+            self.h, self.w, self.oh, self.ow, self.wpc, self.region_floats = (
+                self._value(d) for d in (self.h, self.w, self.oh, self.ow, self.wpc,
+                                         self.region_floats))
+            self._runtime_wino_geometry()
+            return
         self.h, self.w, self.oh, self.ow, self.wpc, self.plane_region, self.region_floats = (
             self._value(d) for d in (self.h, self.w, self.oh, self.ow, self.wpc,
                                      self.plane_region, self.region_floats))
@@ -406,11 +470,10 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
                             inbounds=True)
                 row = b.gep(dst_plane, [b.mul(r, self._value(self.wpc))], inbounds=True)
                 if self.open_image:   # margins of pl and wpc - w - pl columns
-                    right = b.gep(row, [b.add(self.w, const_i64(self.pl))], inbounds=True)
                     for j in range(self.pl):
                         b.store(zeros, b.gep(row, [const_i64(j)], inbounds=True))
-                    for j in range(self.wpc_margin):
-                        b.store(zeros, b.gep(right, [const_i64(j)], inbounds=True))
+                    with for_range(b, b.add(self.w, const_i64(self.pl)), self.wpc, "cpm") as j:
+                        b.store(zeros, b.gep(row, [j], inbounds=True))
                     self._copy_floats(src, b.gep(row, [const_i64(self.pl)], inbounds=True),
                                       self.w)
                 else:
@@ -699,23 +762,26 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
         nt, region = self._task_region(ws, task, ntasks)
         x_ptr = self.buffers[self.match.tag.operands[0].uid]
         with b.if_then(b.icmp_signed("<", task, nt)):
-            self.vbuf = b.gep(region, [const_i64(self.plane_region)], inbounds=True)
-            self.mbuf = b.gep(self.vbuf, [const_i64(self.v_floats)], inbounds=True)
-            self.rowbuf = b.gep(self.mbuf, [const_i64(self.m_floats)], inbounds=True)
-            lo, hi = self._split(self.n * self.nbands * self.wgroups, task, nt)
+            v = self._value
+            self.vbuf = b.gep(region, [v(self.plane_region)], inbounds=True)
+            self.mbuf = b.gep(self.vbuf, [v(self.v_floats)], inbounds=True)
+            self.rowbuf = b.gep(self.mbuf, [v(self.m_floats)], inbounds=True)
+            items = self.n * self.nbands * self.wgroups if not self.open_image else \
+                self._product(self.n, self.nbands, self.wgroups)
+            lo, hi = self._split(items, task, nt)
             copied = alloca_once(b, ir.IntType(64), name="wino_band")
             b.store(const_i64(-1), copied)
             with for_range(b, lo, hi, "item") as item:
                 grp = b.srem(item, const_i64(self.wgroups))
                 nb_band = b.sdiv(item, const_i64(self.wgroups))
-                nb = b.sdiv(nb_band, const_i64(self.nbands))
-                band = b.srem(nb_band, const_i64(self.nbands))
-                tr0 = b.mul(band, const_i64(self.band_tr))
-                left = b.sub(const_i64(self.ntr), tr0)
-                ntr = b.select(b.icmp_signed("<", left, const_i64(self.band_tr)), left,
-                               const_i64(self.band_tr))
+                nb = b.sdiv(nb_band, v(self.nbands))
+                band = b.srem(nb_band, v(self.nbands))
+                tr0 = b.mul(band, v(self.band_tr))
+                left = b.sub(v(self.ntr), tr0)
+                ntr = b.select(b.icmp_signed("<", left, v(self.band_tr)), left,
+                               v(self.band_tr))
                 oy_lo = b.mul(tr0, const_i64(2))
-                x_img = b.gep(x_ptr, [b.mul(nb, const_i64(self.c * self.h * self.w))],
+                x_img = b.gep(x_ptr, [b.mul(nb, v(self._product(self.c, self.h, self.w)))],
                               inbounds=True)
                 with b.if_then(b.icmp_signed("!=", b.load(copied), nb_band)):
                     self._copy_band(x_img, oy_lo, region)
@@ -739,18 +805,23 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
         b, vl = self.builder, self.vl
         evens = ir.Constant(ir.VectorType(I32, vl), [2 * i for i in range(vl)])
         odds = ir.Constant(ir.VectorType(I32, vl), [2 * i + 1 for i in range(vl)])
-        row_stride = self.band_tr * self.ntp
+        v = self._value
+        row_stride = self._product(self.band_tr, self.ntp)
         with for_range(b, const_i64(0), ntr, "wtr") as tr:
             with for_range(b, const_i64(0), const_i64(self.c), "wc") as c:
-                plane = b.gep(planes, [b.add(b.mul(c, const_i64(self.plane_floats)),
-                                             b.mul(tr, const_i64(2 * self.wpc)))], inbounds=True)
-                vrow = b.gep(self.vbuf, [b.add(b.mul(c, const_i64(row_stride)),
-                                               b.mul(tr, const_i64(self.ntp)))], inbounds=True)
-                with for_range(b, const_i64(0), const_i64(self.ntp // vl), "wq") as q:
+                plane = b.gep(planes, [b.add(b.mul(c, v(self.plane_floats)),
+                                             b.mul(tr, v(self._product(2, self.wpc))))],
+                              inbounds=True)
+                vrow = b.gep(self.vbuf, [b.add(b.mul(c, v(row_stride)),
+                                               b.mul(tr, v(self.ntp)))], inbounds=True)
+                nq = b.udiv(self.ntp, const_i64(vl)) if self.open_image else \
+                    const_i64(self.ntp // vl)
+                with for_range(b, const_i64(0), nq, "wq") as q:
                     col = b.mul(q, const_i64(2 * vl))
                     d = []
                     for i in range(4):
-                        row = b.gep(plane, [b.add(col, const_i64(i * self.wpc))], inbounds=True)
+                        row = b.gep(plane, [b.add(col, v(self._product(i, self.wpc)))],
+                                    inbounds=True)
                         vs = [b.load(self._vec_ptr(row, const_i64(k)), align=4)
                               for k in (0, vl, 2, 2 + vl)]
                         d.append([b.shuffle_vector(vs[0], vs[1], evens),
@@ -766,7 +837,7 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
                         vals = (b.fsub(r[0], r[2]), b.fadd(r[1], r[2]), b.fsub(r[2], r[1]),
                                 b.fsub(r[1], r[3]))
                         for bb, val in enumerate(vals):
-                            off = const_i64((a * 4 + bb) * self.c * row_stride)
+                            off = v(self._product((a * 4 + bb) * self.c, row_stride))
                             dst = b.gep(vrow, [b.add(off, b.mul(q, const_i64(vl)))],
                                         inbounds=True)
                             b.store(val, b.bitcast(dst, self.vty.as_pointer()), align=4)
@@ -776,7 +847,7 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
         b = self.builder
         w_ptr = self.buffers[self.match.tag.operands[1].uid]
         wblk = b.gep(w_ptr, [b.mul(blk, const_i64(16 * self.c * OC_BLOCK))], inbounds=True)
-        ntiles = b.mul(ntr, const_i64(self.nt))
+        ntiles = b.mul(ntr, self._value(self.nt))
         for v0 in range(0, nvb, MAX_TILE_VECTORS):
             nv = min(MAX_TILE_VECTORS, nvb - v0)
             mr = self._tile_rows(nv)
@@ -788,13 +859,14 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
                 for count in range(1, mr):
                     with b.if_then(b.icmp_signed("==", rest, const_i64(count))):
                         self._wino_gemm(xi, b.mul(full, const_i64(mr)), count, v0, nv, wblk)
+        v = self._value
         with for_range(b, const_i64(0), ntr, "otr") as tr:
-            with for_range(b, const_i64(0), const_i64(self.nt), "otx") as tx:
-                self._wino_output(b.add(b.mul(tr, const_i64(self.nt)), tx), tx, nvb)
+            with for_range(b, const_i64(0), v(self.nt), "otx") as tx:
+                self._wino_output(b.add(b.mul(tr, v(self.nt)), tx), tx, nvb)
             for i in range(2):
                 oy = b.add(oy_lo, b.add(b.mul(tr, const_i64(2)), const_i64(i)))
-                with b.if_then(b.icmp_signed("<", oy, const_i64(self.oh))):
-                    row = b.gep(self.rowbuf, [const_i64(i * self.row_len * OC_BLOCK)],
+                with b.if_then(b.icmp_signed("<", oy, v(self.oh))):
+                    row = b.gep(self.rowbuf, [v(self._product(i, self.row_len, OC_BLOCK))],
                                 inbounds=True)
                     self._emit_row(nb, blk, oy, row, nvb)
 
@@ -803,11 +875,22 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
         u % nt), channel vectors v0 .. v0 + nv - 1: the sum over input channels of V[xi][c][u]
         times U[xi][c][:] (broadcast times weight vectors, mr x nv accumulators)."""
         b, vl = self.builder, self.vl
-        row_stride = self.band_tr * self.ntp
-        vx = b.gep(self.vbuf, [b.mul(xi, const_i64(self.c * row_stride))], inbounds=True)
+        row_stride = self._product(self.band_tr, self.ntp)
+        vx = b.gep(self.vbuf, [b.mul(xi, self._value(self._product(self.c, row_stride)))],
+                   inbounds=True)
         ux = b.gep(wblk, [b.mul(xi, const_i64(self.c * OC_BLOCK))], inbounds=True)
         bases = []
-        for j in range(mr):
+        if self.open_image:   # one division per tile, then tile after tile
+            r = b.udiv(u0, self.nt)
+            tx = b.sub(u0, b.mul(r, self.nt))
+            for j in range(mr):
+                if j:
+                    tx = b.add(tx, const_i64(1))
+                    wrap = b.icmp_signed("==", tx, self.nt)
+                    tx = b.select(wrap, const_i64(0), tx)
+                    r = b.add(r, b.zext(wrap, I64))
+                bases.append(b.gep(vx, [b.add(b.mul(r, self.ntp), tx)], inbounds=True))
+        for j in range(mr if not self.open_image else 0):
             u = b.add(u0, const_i64(j)) if j else u0
             pos = b.add(b.mul(b.sdiv(u, const_i64(self.nt)), const_i64(self.ntp)),
                         b.srem(u, const_i64(self.nt)))
@@ -823,7 +906,7 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
             vals = [b.load(a) for a in accs]
             for k in range(count):
                 c = b.add(c0, const_i64(k)) if k else c0
-                xs = [self._splat(b.load(b.gep(base, [b.mul(c, const_i64(row_stride))],
+                xs = [self._splat(b.load(b.gep(base, [b.mul(c, self._value(row_stride))],
                                                inbounds=True))) for base in bases]
                 for v in range(nv):
                     wv = load_weights(b, ux, b.add(b.mul(c, const_i64(OC_BLOCK)),
@@ -843,7 +926,7 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
         for j in range(mr):
             u = b.add(u0, const_i64(j)) if j else u0
             for v in range(nv):
-                off = b.add(b.mul(b.add(b.mul(xi, const_i64(self.m_tiles)), u),
+                off = b.add(b.mul(b.add(b.mul(xi, self._value(self.m_tiles)), u),
                                   const_i64(OC_BLOCK)), const_i64((v0 + v) * vl))
                 b.store(b.load(accs[j * nv + v]), self._vec_ptr(self.mbuf, off), align=4)
 
@@ -853,7 +936,8 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
         b, vl = self.builder, self.vl
         for v in range(nvb):
             m = [[b.load(self._vec_ptr(self.mbuf, b.add(
-                b.mul(b.add(const_i64((a * 4 + c) * self.m_tiles), u), const_i64(OC_BLOCK)),
+                b.mul(b.add(self._value(self._product(a * 4 + c, self.m_tiles)), u),
+                      const_i64(OC_BLOCK)),
                 const_i64(v * vl))), align=4) for c in range(4)] for a in range(4)]
             s = [[b.fadd(b.fadd(m[0][j], m[1][j]), m[2][j]) for j in range(4)],
                  [b.fsub(b.fsub(m[1][j], m[2][j]), m[3][j]) for j in range(4)]]
@@ -862,7 +946,7 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
                 y1 = b.fsub(b.fsub(s[i][1], s[i][2]), s[i][3])
                 for j, y in enumerate((y0, y1)):
                     ox = b.add(b.mul(tx, const_i64(2)), const_i64(j))
-                    off = b.add(b.mul(b.add(const_i64(i * self.row_len), ox),
+                    off = b.add(b.mul(b.add(self._value(self._product(i, self.row_len)), ox),
                                       const_i64(OC_BLOCK)), const_i64(v * vl))
                     b.store(y, self._vec_ptr(self.rowbuf, off), align=4)
 

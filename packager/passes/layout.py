@@ -72,10 +72,13 @@ WINO_MAX_WEIGHT_BYTES = 20 << 20
 
 def uses_winograd(w_shape, strides, out_shape) -> bool:
     """Whether the packed convolution takes Winograd F(2x2, 3x3) (see above) when
-    ``options.winograd`` allows it."""
+    ``options.winograd`` allows it. An output size known at run time only counts as large
+    enough: the kernel's tile counts are computed at run time and right for any size; below
+    WINO_MIN_OUT it costs up to ~1.2x the direct kernel's time, on the smallest layers."""
     o, c, kh, kw = w_shape
+    sizes = [d for d in out_shape[2:] if isinstance(d, int)]
     return ((kh, kw) == (3, 3) and tuple(strides) == (1, 1)
-            and min(out_shape[2:]) >= WINO_MIN_OUT
+            and min(sizes, default=WINO_MIN_OUT) >= WINO_MIN_OUT
             and c >= WINO_MIN_CHANNELS[0] and o >= WINO_MIN_CHANNELS[1]
             and 16 * c * o * 4 <= WINO_MAX_WEIGHT_BYTES)
 
@@ -107,7 +110,7 @@ def pack_conv_weights(mod: IRModule, options: CompileOptions) -> IRModule:
     weight packed once (``ops.layout.pack_oc_weights``): codegen/conv_oc.py computes it with the
     output channels on the vector lanes (no plane copies by stride phase, no dropped columns).
     With ``options.symbolic_conv_oc`` the input's height and width may be run-time sizes (the
-    direct kernel then plans its bands at run time; Winograd only where they are static).
+    direct and Winograd kernels then plan their bands and tiles at run time).
     ``options.pack_conv_weights``: on for targets whose kernels take ``nn.conv2d_oc`` (AVX2,
     8-lane vectors: where the kernel is measured); off, every convolution keeps ``nn.conv2d``."""
     if not options.pack_conv_weights:
@@ -124,10 +127,7 @@ def pack_conv_weights(mod: IRModule, options: CompileOptions) -> IRModule:
         attrs = {k: val for k, val in v.attrs.items() if k not in ("groups", "dilation")}
         attrs.update(out_channels=int(w.data.shape[0]), kernel=tuple(w.data.shape[2:]))
         strides = tuple(attrs.get("strides", (1, 1)))
-        static_image = all(isinstance(d, int) for d in tuple(x.type.shape[2:])
-                           + tuple(v.type.shape[2:]))
-        if options.winograd and static_image and uses_winograd(w.data.shape, strides,
-                                                               v.type.shape):
+        if options.winograd and uses_winograd(w.data.shape, strides, v.type.shape):
             attrs["winograd"] = True
             packed = Constant(f"{w.name}_wino", pack_wino_weights(w.data))
             return Call("nn.conv2d_oc", [lookup(x), packed], attrs, v.type)

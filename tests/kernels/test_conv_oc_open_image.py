@@ -68,6 +68,7 @@ def _check(path, bundle, cases, threads=(1, 2)):
     (8, 16, 3, 1, "silu", True),     # a partial block of 16 channels, vector-math epilogue
     (12, 40, 5, 2, "hsig", False),   # a block and a vector, 5x5 stride 2, chunks of 5 and 7
     (3, 16, 7, 2, None, False),      # a stem: 7x7 window (its rows a loop), stride 2
+    (16, 40, 3, 1, "silu", True),    # Winograd: tile counts and bands at run time
 ])
 def test_open_image_matches_onnxruntime(tmp_path, monkeypatch, c, o, k, s, act, residual):
     monkeypatch.setenv("MLCPACK_CPU_FEATURES", X86_V3)
@@ -89,21 +90,24 @@ def test_open_batch_and_no_padding(tmp_path, monkeypatch):
 
 
 def test_bands_of_a_large_open_image(tmp_path, monkeypatch):
-    """Input rows past BAND_BYTES: the run-time plan cuts several bands."""
+    """Input rows past BAND_BYTES (direct) and transformed inputs past WINO_V_BYTES
+    (Winograd): the run-time plans cut several bands."""
     from mlcpack.packager.codegen import conv_oc
 
     monkeypatch.setenv("MLCPACK_CPU_FEATURES", X86_V3)
-    c, h, o = 64, 72, 16
+    c, h = 64, 72
     assert 4 * c * h * (h + 2) > conv_oc.BAND_BYTES
-    path, bundle = _export(tmp_path, _open(conv_model(1, c, 8, 8, o, 3, 1)), "x86-64-v3")
-    _check(path, bundle, [conv_feeds(1, c, h, h - 1, o, 3, 1)])
+    assert 2 * 16 * c * 40 * 4 > conv_oc.WINO_V_BYTES   # two tile rows of a 71-wide image
+    for o in (16, 32):   # 16 output channels: direct; 32: Winograd
+        path, bundle = _export(tmp_path, _open(conv_model(1, c, 8, 8, o, 3, 1)), "x86-64-v3")
+        _check(path, bundle, [conv_feeds(1, c, h, h - 1, o, 3, 1)])
 
 
-def test_the_sse_variant_on_an_open_image(tmp_path, monkeypatch):
+@pytest.mark.parametrize("c,o,k,s", [(12, 40, 3, 2), (16, 40, 3, 1)])   # direct, Winograd
+def test_the_sse_variant_on_an_open_image(tmp_path, monkeypatch, c, o, k, s):
     """The 4-lane variant of a portable bundle (a block in two passes, 4 x 4 transposes)."""
     from mlcpack.runtime import load
 
-    c, o, k, s = 12, 40, 3, 2
     path, bundle = _export(tmp_path, _open(conv_model(1, c, 8, 8, o, k, s, act="silu")),
                            "x86-64-v2,x86-64-v3")
     monkeypatch.setenv("MLCPACK_CPU_FEATURES", X86_V2)
