@@ -863,6 +863,15 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
         with for_range(b, const_i64(0), ntr, "otr") as tr:
             with for_range(b, const_i64(0), v(self.nt), "otx") as tx:
                 self._wino_output(b.add(b.mul(tr, v(self.nt)), tx), tx, nvb)
+            if self.open_image:   # the two rows in a loop: one copy of the epilogue's code
+                with for_range(b, const_i64(0), const_i64(2), "orow") as i:
+                    oy = b.add(oy_lo, b.add(b.mul(tr, const_i64(2)), i))
+                    with b.if_then(b.icmp_signed("<", oy, self.oh)):
+                        row = b.gep(self.rowbuf, [b.mul(i, b.mul(self.row_len,
+                                                                 const_i64(OC_BLOCK)))],
+                                    inbounds=True)
+                        self._emit_row(nb, blk, oy, row, nvb)
+                return
             for i in range(2):
                 oy = b.add(oy_lo, b.add(b.mul(tr, const_i64(2)), const_i64(i)))
                 with b.if_then(b.icmp_signed("<", oy, v(self.oh))):
