@@ -259,14 +259,7 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
         """``_wino_geometry``'s plan, as values computed at the kernel's entry."""
         b, vl = self.builder, self.vl
 
-        def lo(x, y):
-            return b.select(b.icmp_signed("<", x, y), x, y)
-
-        def hi(x, y):
-            return b.select(b.icmp_signed(">", x, y), x, y)
-
-        def ceil_div(x, y):
-            return b.sdiv(b.add(x, b.sub(y, const_i64(1))), y)
+        lo, hi, ceil_div = self._lo, self._hi, self._ceil_div
 
         one = const_i64(1)
         self.nt = b.udiv(b.add(self.ow, one), const_i64(2))
@@ -297,14 +290,7 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
         one output row."""
         b = self.builder
 
-        def lo(x, y):
-            return b.select(b.icmp_signed("<", x, y), x, y)
-
-        def hi(x, y):
-            return b.select(b.icmp_signed(">", x, y), x, y)
-
-        def ceil_div(x, y):
-            return b.sdiv(b.add(x, b.sub(y, const_i64(1))), y)
+        lo, hi, ceil_div = self._lo, self._hi, self._ceil_div
 
         if self.wino:
             self.h, self.w, self.oh, self.ow, self.wpc, self.region_floats = (
@@ -335,6 +321,15 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
         else:
             self.band_in = self.h
             self.plane_floats = b.mul(self.h, self.w)
+
+    def _lo(self, x: ir.Value, y: ir.Value) -> ir.Value:
+        return self.builder.select(self.builder.icmp_signed("<", x, y), x, y)
+
+    def _hi(self, x: ir.Value, y: ir.Value) -> ir.Value:
+        return self.builder.select(self.builder.icmp_signed(">", x, y), x, y)
+
+    def _ceil_div(self, x: ir.Value, y: ir.Value) -> ir.Value:
+        return self.builder.sdiv(self.builder.add(x, self.builder.sub(y, const_i64(1))), y)
 
     def _value(self, d) -> ir.Value:
         """``d`` (an int, a size expression or a value computed in the kernel) as an i64."""
