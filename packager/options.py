@@ -99,6 +99,10 @@ class CompileOptions:
     one_row_gemv: bool = True
     # Winograd F(2x2, 3x3) for the convolutions passes/layout.py ``uses_winograd`` accepts
     winograd: bool = True
+    # nn.conv2d_oc (with pack_conv_weights) also for convolutions whose image size is known at
+    # run time only (codegen/conv_oc.py's run-time geometry); False: they keep nn.conv2d and the
+    # symbolic register-blocked kernel (codegen/contraction/conv_symbolic.py), for comparison
+    symbolic_conv_oc: bool = True
     # None: chosen for the targets (``for_targets``): nn.conv2d_oc packing on AVX2 ...
     pack_conv_weights: bool | None = None
     # ... nn.conv2d_rows packing for these vector widths (() none) ...

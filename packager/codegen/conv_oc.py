@@ -31,6 +31,13 @@ With 4-lane vectors (the SSE levels of a portable bundle) a block's 8 vectors ru
 of 4. Measured on Zen 4 (AVX2, 1 thread, against ORT's NCHWc convolution, same process, the
 register-blocked kernel before it in parentheses): ResNet-18's 3x3 convolutions 0.94-1.01x
 (1.06-1.21x), its 7x7 stride-2 stem 0.98x (1.20x).
+
+Run-time image sizes (a model exported with open height and width): the same kernels, with the
+plan's size-dependent part (bands, row groups, Winograd tile counts, the padded row width)
+computed from the sizes at the kernel's entry (``_runtime_geometry``) by the static plan's
+rules, a band at least one output row; the remainder tiles and the last vector of an output
+row handled at run time (that vector's epilogue masked); the workspace a size expression that
+bounds every region (``_open_geometry``), the same for every vector width of a bundle.
 """
 
 from __future__ import annotations
@@ -39,9 +46,9 @@ from llvmlite import ir
 
 from .contraction import geometry
 from .contraction.emitter import load_weights
-from .depthwise.static import DepthwiseEmitter, emit_epilogue
+from .depthwise.static import PADDED_BELOW_VL, DepthwiseEmitter, emit_epilogue
 from .contraction.match import Contraction, match_contraction
-from .helpers import F32, I1, I32, alloca_once, const_i64, for_range, intrinsic
+from .helpers import F32, I1, I32, I64, alloca_once, const_i64, for_range, intrinsic
 from .lower import KernelInfo
 from ..ir.graph import PrimFunc
 from .threads import DEFAULTS, SplitThresholds
@@ -67,6 +74,12 @@ UNROLLED_TAPS = 9
 ROW_BUFFER_BYTES = 16 * 1024
 # A band's copied input rows: at most this many bytes (in L2 for all its blocks).
 BAND_BYTES = 256 * 1024
+# The row buffer's pixels (ROW_BUFFER_BYTES of 32 channels): a run-time image size's row
+# groups take this many pixels' worth of rows (at least one row).
+ROW_PIXELS = ROW_BUFFER_BYTES // (OC_BLOCK * 4)
+# With a run-time image size, whether the kernel splits over threads is decided for an image of
+# this many output pixels (128 x 128, as codegen/contraction/conv_symbolic.py does).
+OPEN_IMAGE_PIXELS = 128 * 128
 # Work items (image, band, block) the tasks share: at least this many where the output has the
 # rows (a 32-channel conv on 40x40 was one item, all of it on one thread).
 MIN_ITEMS = 8
@@ -118,15 +131,20 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
         self._geometry()
         params = self.func.inputs + self.func.outputs
         workspace = self.task_regions * self.region_floats * 4
+        # a run-time batch: one image's work decides; a run-time image size: a 128 x 128 one
+        if self.open_image:
+            image_macs = self.o * self.k * OPEN_IMAGE_PIXELS
+        else:
+            image_macs = self._macs() if not self.symbolic else \
+                self.o * self.oh * self.ow * self.k
         body_fn, ptr_types = self._begin_body(params, workspace=True)
         n_ptrs = len(ptr_types)
         ws = body_fn.args[len(params)]
+        if self.open_image:
+            self._runtime_geometry()
         self._emit_tasks(ws, body_fn.args[n_ptrs], body_fn.args[n_ptrs + 1])
         self.builder.ret_void()
         self._emit_entry(body_fn, n_ptrs, ptr_types)
-        # a run-time batch (the only size it takes at run time): one image's work decides
-        image_macs = self._macs() if not self.symbolic else \
-            self.o * self.oh * self.ow * self.k
         if self.symbolic:
             return KernelInfo(self.symbol, len(self.func.inputs), len(self.func.outputs), 0,
                               image_macs >= self.options.parallel_min_macs, symbolic=True,
@@ -138,12 +156,16 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
         """The design, in words (``KernelInfo.choice``, shown by ``mlcpack inspect``)."""
         nv = min(MAX_TILE_VECTORS, OC_BLOCK // self.vl)
         mr = self._tile_rows(nv)
+        if self.wino and self.open_image:
+            return (f"channel-lane Winograd F(2x2, 3x3): {mr} tiles x {nv * self.vl} channels "
+                    "register tile, bands planned at run time")
         if self.wino:
             return (f"channel-lane Winograd F(2x2, 3x3): {mr} tiles x {nv * self.vl} channels "
                     f"register tile, {self.nbands} band(s)")
         prefetch = ", next weights prefetched" if self._prefetch_lines(mr) else ""
+        sizes = ", bands and row groups planned at run time" if self.open_image else ""
         return (f"channel-lane direct: {mr} pixels x {nv * self.vl} channels register tile, "
-                f"chunks of {self.chunk} input channels{prefetch}")
+                f"chunks of {self.chunk} input channels{prefetch}{sizes}")
 
     # ---- plan -----------------------------------------------------------------------------------
 
@@ -161,6 +183,10 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
         self.nblocks = wp.shape[0]
         self.k = self.c * self.kh * self.kw
         self.copy = any(attrs["padding"])
+        self.open_image = not all(isinstance(d, int) for d in (self.h, self.w, self.oh, self.ow))
+        if self.open_image:
+            self._open_geometry(pr)
+            return
         # padded planes: the rows and columns the windows reach, zeros outside the image
         self.wpc = max(self.w + self.pl + pr, (self.ow - 1) * self.sw + self.kw) \
             if self.copy else self.w
@@ -188,6 +214,142 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
         self.bf16 = self.match.tag.operands[1].dtype == "bfloat16"   # --precision bf16
         if self.wino:
             self._wino_geometry(pr)
+
+    def _open_geometry(self, pr: int) -> None:
+        """The plan's export-time part for a run-time image size (``_runtime_geometry`` makes
+        the rest in the kernel): the chunk and the workspace, a bound on every region's
+        floats. Bands are cut to BAND_BYTES of copied rows (at least one output row, not a whole
+        row group as in the static plan), so a region's planes take at most BAND_BYTES plus
+        one output row's window rows, and its row buffer at most ROW_BUFFER_BYTES plus one
+        output row (``rows`` output rows of ``ow`` pixels, ``rows * ow`` <= max(ROW_PIXELS,
+        ow))."""
+        self.wino = bool(self.match.tag.attrs.get("winograd"))
+        self.bf16 = self.match.tag.operands[1].dtype == "bfloat16"
+        self.chunk = min(self.c, max(1, CHUNK_STEPS // (self.kh * self.kw)))
+        self.task_regions = MAX_TASK_REGIONS
+        self.wpc = self.w + self.pl + pr if self.copy else self.w
+        self.rows = None   # run-time values from here on (_runtime_geometry)
+        if self.wino:
+            self._open_wino_geometry()
+            return
+        plane_bound = BAND_BYTES // 4 + self.c * self.kh * self.wpc + 16 if self.copy else 0
+        self.plane_region = plane_bound
+        self.rowbuf_floats = (ROW_PIXELS + self.ow + 8) * OC_BLOCK
+        self.region_floats = (plane_bound + self.rowbuf_floats + 15) // 16 * 16
+
+    def _open_wino_geometry(self) -> None:
+        """``_wino_geometry``'s export-time part for a run-time image size: the workspace bound
+        of a region (planes, transformed inputs V, products M, two output rows), the same for
+        every vector width up to 16 lanes (a bundle's variants share it). A band's tile rows
+        ``band_tr`` times its padded tiles per row ``ntp`` are at most WINO_V_BYTES' worth, or
+        one tile row, or the rows that WINO_U_TRAFFIC asks (``_runtime_geometry``)."""
+        self.copy = True
+        c = self.c
+        nt, ntr = (self.ow + 1) // 2, (self.oh + 1) // 2
+        ntp = nt + 15
+        self.wgroups = WINO_GROUPS if -(-self.o // OC_BLOCK) >= WINO_GROUPS else 1
+        u_bytes = 16 * c * self.nblocks * OC_BLOCK * 4
+        self.u_rows = max(1, WINO_U_TRAFFIC // u_bytes)   # tile rows per band of U's traffic
+        band_tiles = WINO_V_BYTES // (64 * c) + ntp * (ntr // self.u_rows + 2)
+        plane = 4 * c * band_tiles + 4 * c * ntr + 4 * c * ntp + 4 * c + 32
+        self.region_floats = (plane + 16 * c * band_tiles + 16 * OC_BLOCK * band_tiles
+                              + 2 * (2 * nt + 16) * OC_BLOCK + 15) // 16 * 16
+
+    def _runtime_wino_geometry(self) -> None:
+        """``_wino_geometry``'s plan, as values computed at the kernel's entry."""
+        b, vl = self.builder, self.vl
+
+        lo, hi, ceil_div = self._lo, self._hi, self._ceil_div
+
+        one = const_i64(1)
+        self.nt = b.udiv(b.add(self.ow, one), const_i64(2))
+        self.ntr = b.udiv(b.add(self.oh, one), const_i64(2))
+        self.ntp = b.mul(ceil_div(self.nt, const_i64(vl)), const_i64(vl))
+        self.wpc = hi(b.add(b.mul(self.ntp, const_i64(2)), const_i64(2)), self.wpc)
+        by_v = hi(b.sdiv(const_i64(WINO_V_BYTES),
+                         b.mul(self.ntp, const_i64(16 * self.c * 4))), one)
+        images = self.n if isinstance(self.n, int) else 1
+        per = const_i64(-(-WINO_MIN_ITEMS // (images * self.wgroups)))
+        by_items = ceil_div(self.ntr, lo(self.ntr, per))
+        by_u = ceil_div(self.ntr, const_i64(self.u_rows))
+        self.band_tr = lo(self.ntr, hi(by_u, lo(by_v, by_items)))
+        self.nbands = ceil_div(self.ntr, self.band_tr)
+        self.band_in = b.add(b.mul(self.band_tr, const_i64(2)), const_i64(2))
+        self.plane_floats = b.mul(self.band_in, self.wpc)
+        plane = b.add(b.mul(self.plane_floats, const_i64(self.c)), const_i64(16 + 15))
+        self.plane_region = b.mul(b.udiv(plane, const_i64(16)), const_i64(16))
+        self.v_floats = b.mul(b.mul(self.band_tr, self.ntp), const_i64(16 * self.c))
+        self.m_tiles = b.mul(self.band_tr, self.nt)
+        self.m_floats = b.mul(self.m_tiles, const_i64(16 * OC_BLOCK))
+        self.row_len = hi(b.mul(self.nt, const_i64(2)),
+                          b.mul(ceil_div(self.ow, const_i64(vl)), const_i64(vl)))
+
+    def _runtime_geometry(self) -> None:
+        """The image's sizes and the plan that depends on them as values computed at the
+        kernel's entry (``_open_geometry``): the static plan's rules, with bands of at least
+        one output row."""
+        b = self.builder
+
+        lo, hi, ceil_div = self._lo, self._hi, self._ceil_div
+
+        if self.wino:
+            self.h, self.w, self.oh, self.ow, self.wpc, self.region_floats = (
+                self._value(d) for d in (self.h, self.w, self.oh, self.ow, self.wpc,
+                                         self.region_floats))
+            self._runtime_wino_geometry()
+            return
+        self.h, self.w, self.oh, self.ow, self.wpc, self.plane_region, self.region_floats = (
+            self._value(d) for d in (self.h, self.w, self.oh, self.ow, self.wpc,
+                                     self.plane_region, self.region_floats))
+        one = const_i64(1)
+        self.rows = hi(lo(b.sdiv(const_i64(ROW_PIXELS), self.ow), self.oh), one)
+        if self.copy:
+            fit = b.sdiv(const_i64(BAND_BYTES // 4), b.mul(self.wpc, const_i64(self.c)))
+            band = b.add(b.sdiv(b.sub(fit, const_i64(self.kh)), const_i64(self.sh)), one)
+            band = hi(lo(band, self.oh), one)
+        else:
+            band = self.oh
+        nbands = ceil_div(self.oh, band)
+        images = self.n if isinstance(self.n, int) else 1
+        nbands = hi(nbands, lo(self.oh, const_i64(-(-MIN_ITEMS // (images * self.nblocks)))))
+        self.band = ceil_div(self.oh, nbands)
+        self.nbands = ceil_div(self.oh, self.band)
+        if self.copy:
+            self.band_in = b.add(b.mul(b.sub(self.band, one), const_i64(self.sh)),
+                                 const_i64(self.kh))
+            self.plane_floats = b.mul(self.band_in, self.wpc)
+        else:
+            self.band_in = self.h
+            self.plane_floats = b.mul(self.h, self.w)
+
+    def _lo(self, x: ir.Value, y: ir.Value) -> ir.Value:
+        return self.builder.select(self.builder.icmp_signed("<", x, y), x, y)
+
+    def _hi(self, x: ir.Value, y: ir.Value) -> ir.Value:
+        return self.builder.select(self.builder.icmp_signed(">", x, y), x, y)
+
+    def _ceil_div(self, x: ir.Value, y: ir.Value) -> ir.Value:
+        return self.builder.sdiv(self.builder.add(x, self.builder.sub(y, const_i64(1))), y)
+
+    def _value(self, d) -> ir.Value:
+        """``d`` (an int, a size expression or a value computed in the kernel) as an i64."""
+        if isinstance(d, ir.Value):
+            return d
+        return const_i64(d) if isinstance(d, int) else self._dim_value(d)
+
+    def _product(self, *dims):
+        """The product of ``dims``: folded at export unless one is a value computed in the
+        kernel."""
+        if not any(isinstance(d, ir.Value) for d in dims):
+            out = 1
+            for d in dims:
+                out = out * d
+            return out
+        out = None
+        for d in dims:
+            v = self._value(d)
+            out = v if out is None else self.builder.mul(out, v)
+        return out
 
     def _wino_geometry(self, pr: int) -> None:
         """The Winograd plan (``_emit_tasks_wino``): 2x2 output tiles, nt per tile row (ntp
@@ -240,7 +402,7 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
         nt = b.select(b.icmp_signed("<", ntasks, const_i64(self.task_regions)), ntasks,
                       const_i64(self.task_regions))
         region = b.gep(b.bitcast(ws, F32.as_pointer()),
-                       [b.mul(task, const_i64(self.region_floats))], inbounds=True)
+                       [b.mul(task, self._value(self.region_floats))], inbounds=True)
         return nt, region
 
     def _emit_tasks(self, ws: ir.Value, task: ir.Value, ntasks: ir.Value) -> None:
@@ -251,18 +413,20 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
         nt, region = self._task_region(ws, task, ntasks)
         x_ptr = self.buffers[self.match.tag.operands[0].uid]
         with b.if_then(b.icmp_signed("<", task, nt)):
-            self.rowbuf = b.gep(region, [const_i64(self.plane_region)], inbounds=True)
-            items = self.n * (self.nbands * self.nblocks)
+            self.rowbuf = b.gep(region, [self._value(self.plane_region)], inbounds=True)
+            items = self.n * (self.nbands * self.nblocks) if not self.open_image else \
+                self._product(self.n, self.nbands, self.nblocks)
             lo, hi = self._split(items, task, nt)
             copied = alloca_once(b, ir.IntType(64), name="copied_band")
             b.store(const_i64(-1), copied)
             with for_range(b, lo, hi, "item") as item:
                 nb_band = b.sdiv(item, const_i64(self.nblocks))
                 blk = b.srem(item, const_i64(self.nblocks))
-                nb = b.sdiv(nb_band, const_i64(self.nbands))
-                band = b.srem(nb_band, const_i64(self.nbands))
-                oy_lo = b.mul(band, const_i64(self.band))
-                x_img = b.gep(x_ptr, [b.mul(nb, const_i64(self.c * self.h * self.w))],
+                nb = b.sdiv(nb_band, self._value(self.nbands))
+                band = b.srem(nb_band, self._value(self.nbands))
+                oy_lo = b.mul(band, self._value(self.band))
+                x_img = b.gep(x_ptr, [b.mul(nb, self._value(self._product(self.c, self.h,
+                                                                          self.w)))],
                               inbounds=True)
                 if self.copy:
                     with b.if_then(b.icmp_signed("!=", b.load(copied), nb_band)):
@@ -289,24 +453,46 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
         top = b.sub(b.mul(oy_lo, const_i64(self.sh)), const_i64(self.pt))
         # the band's rows inside the image: r in [max(0, -top), min(band_in, h - top))
         r_lo = b.select(b.icmp_signed("<", top, const_i64(0)), b.neg(top), const_i64(0))
-        r_hi = b.sub(const_i64(self.h), top)
-        r_hi = b.select(b.icmp_signed("<", r_hi, const_i64(self.band_in)), r_hi,
-                        const_i64(self.band_in))
+        r_hi = b.sub(self._value(self.h), top)
+        r_hi = b.select(b.icmp_signed("<", r_hi, self._value(self.band_in)), r_hi,
+                        self._value(self.band_in))
         zeros = ir.Constant(F32, 0.0)
         with for_range(b, const_i64(0), const_i64(self.c), "cpc") as ic:
-            src_plane = b.gep(x_img, [b.mul(ic, const_i64(self.h * self.w))], inbounds=True)
-            dst_plane = b.gep(region, [b.mul(ic, const_i64(self.plane_floats))], inbounds=True)
+            src_plane = b.gep(x_img, [b.mul(ic, self._value(self._product(self.h, self.w)))],
+                              inbounds=True)
+            dst_plane = b.gep(region, [b.mul(ic, self._value(self.plane_floats))],
+                              inbounds=True)
             # rows above and below the image: zeros; rows inside: their margins zeroed (the
             # rest is copied), not the whole band cleared first
-            zero(dst_plane, b.mul(r_lo, const_i64(self.wpc)))
-            zero(b.gep(dst_plane, [b.mul(r_hi, const_i64(self.wpc))], inbounds=True),
-                 b.mul(b.sub(const_i64(self.band_in), r_hi), const_i64(self.wpc)))
+            zero(dst_plane, b.mul(r_lo, self._value(self.wpc)))
+            zero(b.gep(dst_plane, [b.mul(r_hi, self._value(self.wpc))], inbounds=True),
+                 b.mul(b.sub(self._value(self.band_in), r_hi), self._value(self.wpc)))
             with for_range(b, r_lo, r_hi, "cpr") as r:
-                src = b.gep(src_plane, [b.mul(b.add(top, r), const_i64(self.w))], inbounds=True)
-                row = b.gep(dst_plane, [b.mul(r, const_i64(self.wpc))], inbounds=True)
-                for j in list(range(self.pl)) + list(range(self.pl + self.w, self.wpc)):
-                    b.store(zeros, b.gep(row, [const_i64(j)], inbounds=True))
-                self._copy_run(src, 0, row, self.pl, self.w)
+                src = b.gep(src_plane, [b.mul(b.add(top, r), self._value(self.w))],
+                            inbounds=True)
+                row = b.gep(dst_plane, [b.mul(r, self._value(self.wpc))], inbounds=True)
+                if self.open_image:   # margins of pl and wpc - w - pl columns
+                    for j in range(self.pl):
+                        b.store(zeros, b.gep(row, [const_i64(j)], inbounds=True))
+                    with for_range(b, b.add(self.w, const_i64(self.pl)), self.wpc, "cpm") as j:
+                        b.store(zeros, b.gep(row, [j], inbounds=True))
+                    self._copy_floats(src, b.gep(row, [const_i64(self.pl)], inbounds=True),
+                                      self.w)
+                else:
+                    for j in list(range(self.pl)) + list(range(self.pl + self.w, self.wpc)):
+                        b.store(zeros, b.gep(row, [const_i64(j)], inbounds=True))
+                    self._copy_run(src, 0, row, self.pl, self.w)
+
+    def _copy_floats(self, src: ir.Value, dst: ir.Value, count: ir.Value) -> None:
+        """``count`` (a run-time value) floats from ``src`` to ``dst``: whole vectors, then one
+        at a time."""
+        b, vl = self.builder, self.vl
+        whole = b.udiv(count, const_i64(vl))
+        with for_range(b, const_i64(0), whole, "cpq") as q:
+            off = b.mul(q, const_i64(vl))
+            b.store(b.load(self._vec_ptr(src, off), align=4), self._vec_ptr(dst, off), align=4)
+        with for_range(b, b.mul(whole, const_i64(vl)), count, "cpt") as j:
+            b.store(b.load(b.gep(src, [j], inbounds=True)), b.gep(dst, [j], inbounds=True))
 
     def _emit_block(self, nb, blk, oy_lo, planes, row0) -> None:
         """Block ``blk`` of output channels over the band from output row oy_lo: its full
@@ -330,18 +516,22 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
         b = self.builder
         w_ptr = self.buffers[self.match.tag.operands[1].uid]
         wblk = b.gep(w_ptr, [b.mul(blk, const_i64(self.k * OC_BLOCK))], inbounds=True)
-        band_end = b.add(oy_lo, const_i64(self.band))
-        band_end = b.select(b.icmp_signed("<", band_end, const_i64(self.oh)), band_end,
-                            const_i64(self.oh))
-        ngroups = b.sdiv(b.add(b.sub(band_end, oy_lo), const_i64(self.rows - 1)),
-                         const_i64(self.rows))
+        band_end = b.add(oy_lo, self._value(self.band))
+        band_end = b.select(b.icmp_signed("<", band_end, self._value(self.oh)), band_end,
+                            self._value(self.oh))
+        if self.open_image:
+            ngroups = b.sdiv(b.add(b.sub(band_end, oy_lo), b.sub(self.rows, const_i64(1))),
+                             self.rows)
+        else:
+            ngroups = b.sdiv(b.add(b.sub(band_end, oy_lo), const_i64(self.rows - 1)),
+                             const_i64(self.rows))
         passes = [(v0, min(MAX_TILE_VECTORS, nvb - v0))
                   for v0 in range(0, nvb, MAX_TILE_VECTORS)]
         with for_range(b, const_i64(0), ngroups, "grp") as g:
-            oy0 = b.add(oy_lo, b.mul(g, const_i64(self.rows)))
+            oy0 = b.add(oy_lo, b.mul(g, self._value(self.rows)))
             left = b.sub(band_end, oy0)
-            nrows = b.select(b.icmp_signed("<", left, const_i64(self.rows)), left,
-                             const_i64(self.rows))
+            nrows = b.select(b.icmp_signed("<", left, self._value(self.rows)), left,
+                             self._value(self.rows))
             nchunks = -(-self.c // self.chunk)
             with for_range(b, const_i64(0), const_i64(nchunks), "chunk") as cc:
                 c0 = b.mul(cc, const_i64(self.chunk))
@@ -352,7 +542,7 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
                 first = b.icmp_signed("==", cc, const_i64(0))
                 # the group's pixels, row after row, mr at a time (a tile may span two rows)
                 prow0 = b.mul(b.sub(oy0, row0), const_i64(self.sh))
-                npix = b.mul(nrows, const_i64(self.ow))
+                npix = b.mul(nrows, self._value(self.ow))
                 for v0, nv in passes:
                     mr = self._tile_rows(nv)
                     full = b.sdiv(npix, const_i64(mr))
@@ -365,7 +555,8 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
                             self._tile(planes, prow0, b.mul(full, const_i64(mr)), count, v0, nv,
                                        wblk, c0, c1, first)
             with for_range(b, const_i64(0), nrows, "orow") as r:
-                rowbuf = b.gep(self.rowbuf, [b.mul(r, const_i64(self.ow * OC_BLOCK))],
+                rowbuf = b.gep(self.rowbuf, [b.mul(r, self._value(self._product(self.ow,
+                                                                                OC_BLOCK)))],
                                inbounds=True)
                 self._emit_row(nb, blk, b.add(oy0, r), rowbuf, nvb)
 
@@ -377,6 +568,8 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
         b, vl = self.builder, self.vl
         plane_stride = self.plane_floats
         row_stride = self.wpc
+        if self.open_image:
+            plane_stride, row_stride = self._value(plane_stride), self._value(row_stride)
         accs = [alloca_once(b, self.vty, name=f"oc_acc{j}_{v}") for j in range(mr)
                 for v in range(nv)]
         zero = ir.Constant(self.vty, [0.0] * vl)
@@ -390,17 +583,35 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
             for v in range(nv):
                 b.store(b.select(first, zero, b.load(buf_ptr(j, v), align=4)), accs[j * nv + v])
         bases = []
-        for p in pix:
+        if self.open_image:   # one division per tile, then pixel after pixel
+            r = b.udiv(p0, self.ow)
+            ox = b.sub(p0, b.mul(r, self.ow))
+            for j in range(mr):
+                if j:
+                    ox = b.add(ox, const_i64(1))
+                    wrap = b.icmp_signed("==", ox, self.ow)
+                    ox = b.select(wrap, const_i64(0), ox)
+                    r = b.add(r, b.zext(wrap, I64))
+                prow = b.add(prow0, b.mul(r, const_i64(self.sh)))
+                bases.append(b.gep(planes, [b.add(b.mul(prow, row_stride),
+                                                  b.mul(ox, const_i64(self.sw)))], inbounds=True))
+        for p in pix if not self.open_image else ():
             r, ox = b.sdiv(p, const_i64(self.ow)), b.srem(p, const_i64(self.ow))
             prow = b.add(prow0, b.mul(r, const_i64(self.sh)))
             bases.append(b.gep(planes, [b.add(b.mul(prow, const_i64(row_stride)),
                                               b.mul(ox, const_i64(self.sw)))], inbounds=True))
+
+        def tap_offset(ky_row: int, kx: int) -> ir.Value:
+            if self.open_image:
+                return b.add(b.mul(row_stride, const_i64(ky_row)), const_i64(kx)) if ky_row \
+                    else const_i64(kx)
+            return const_i64(ky_row * row_stride + kx)
+
         def taps(xcs, wc, ky, ky_row: int, vals: list) -> list:
             """One window row's taps (``ky`` the row's offset, ``ky_row`` its index in the
             unrolled rows) added to ``vals``."""
             for kx in range(self.kw):
-                xs = [self._splat(b.load(b.gep(xc, [b.add(ky, const_i64(ky_row * row_stride
-                                                                          + kx))],
+                xs = [self._splat(b.load(b.gep(xc, [b.add(ky, tap_offset(ky_row, kx))],
                                                inbounds=True))) for xc in xcs]
                 for v in range(nv):
                     wv = load_weights(b, wc, const_i64((ky_row * self.kw + kx) * OC_BLOCK
@@ -412,7 +623,7 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
         khw32 = self.kh * self.kw * OC_BLOCK
         lines = self._prefetch_lines(mr) if prefetch is not None else 0
         with for_range(b, c0, c1, "ic") as ic:
-            off = b.mul(ic, const_i64(plane_stride))
+            off = b.mul(ic, self._value(plane_stride))
             xcs = [b.gep(base, [off], inbounds=True) for base in bases]
             wc = b.gep(wblk, [b.mul(ic, const_i64(khw32))], inbounds=True)
             if lines:
@@ -433,7 +644,7 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
             else:   # a loop over the window's rows (LLVM spills a fully unrolled 7x7)
                 with for_range(b, const_i64(0), const_i64(self.kh), "ky") as ky:
                     vals = taps(xcs, b.gep(wc, [b.mul(ky, const_i64(self.kw * OC_BLOCK))],
-                                           inbounds=True), b.mul(ky, const_i64(row_stride)), 0,
+                                           inbounds=True), b.mul(ky, self._value(row_stride)), 0,
                                 [b.load(a) for a in accs])
                     for a, val in zip(accs, vals):
                         b.store(val, a)
@@ -447,7 +658,8 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
         PREFETCH_MIN_WEIGHT_BYTES): enough that a group's tiles together cover the chunk."""
         if (2 if self.bf16 else 4) * self.nblocks * self.k * OC_BLOCK <= PREFETCH_MIN_WEIGHT_BYTES:
             return 0
-        tiles = max(1, self.rows * self.ow // mr)
+        pixels = ROW_PIXELS if self.open_image else self.rows * self.ow
+        tiles = max(1, pixels // mr)
         lines_per_channel = self.kh * self.kw * OC_BLOCK * (2 if self.bf16 else 4) // 64
         return max(1, min(PREFETCH_LINES_MAX, -(-lines_per_channel // tiles)))
 
@@ -465,6 +677,9 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
         epilogue."""
         b, vl = self.builder, self.vl
         out = self.match.out
+        if self.open_image:
+            self._emit_open_row(nb, blk, oy, rowbuf, nv)
+            return
         nq = -(-self.ow // vl)
         tail = self.ow % vl
 
@@ -492,6 +707,49 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
         if tail:
             chunk(const_i64(nq - 1), tail)
 
+    def _emit_open_row(self, nb, blk, oy, rowbuf, nv: int) -> None:
+        """``_emit_row`` for a run-time row width: the row's vectors in one loop, the epilogue
+        emitted once (its reads masked to the lanes inside the row), each vector stored whole
+        or, the last one, masked (a second copy of the epilogue for the tail would double
+        the kernel's code and its compile time)."""
+        b, vl = self.builder, self.vl
+        out = self.match.out
+        nq = b.udiv(b.add(self.ow, const_i64(vl - 1)), const_i64(vl))
+        with for_range(b, const_i64(0), nq, "oq") as q:
+            ox0 = b.mul(q, const_i64(vl))
+            left = b.sub(self.ow, ox0)
+            mask = self._lane_mask(left, 0)
+            whole = b.icmp_signed(">=", left, const_i64(vl))
+            for v in range(nv):
+                rows = [b.load(self._vec_ptr(rowbuf, b.add(b.mul(b.add(ox0, const_i64(i)),
+                                                                 const_i64(OC_BLOCK)),
+                                                           const_i64(v * vl))), align=4)
+                        for i in range(vl)]
+                cols = _transpose(b, rows)
+                for i in range(vl):
+                    oc = b.add(b.mul(blk, const_i64(OC_BLOCK)), const_i64(v * vl + i))
+                    self.env = {id(out.axes[0]): nb, id(out.axes[1]): oc}
+                    if not self.vector_epilogue:   # element by element, to the row's end
+                        emit_epilogue(self, cols[i], oy, ox0, mask, self.ow)
+                        continue
+                    env = dict(self.env)
+                    env[id(out.axes[2])] = oy
+                    env[id(out.axes[3])] = ox0
+                    value = self.epilogue_vector(cols[i], env, mask, None,
+                                                 opaque_constants=self.target_vl >= PADDED_BELOW_VL)
+                    ptr = b.gep(self.buffers[out.uid],
+                                [self._offset(out, [env[id(a)] for a in out.axes])],
+                                inbounds=True)
+                    vptr = b.bitcast(ptr, self.vty.as_pointer())
+                    with b.if_else(whole) as (full, part):
+                        with full:
+                            b.store(value, vptr, align=4)
+                        with part:
+                            fn = intrinsic(self.module, f"llvm.masked.store.v{vl}f32.p0",
+                                           ir.VoidType(), [self.vty, self.vty.as_pointer(), I32,
+                                                           ir.VectorType(I1, vl)])
+                            b.call(fn, [value, vptr, ir.Constant(I32, 4), mask])
+
     # ---- Winograd F(2x2, 3x3) -----------------------------------------------------------------
 
     def _emit_tasks_wino(self, ws: ir.Value, task: ir.Value, ntasks: ir.Value) -> None:
@@ -506,23 +764,26 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
         nt, region = self._task_region(ws, task, ntasks)
         x_ptr = self.buffers[self.match.tag.operands[0].uid]
         with b.if_then(b.icmp_signed("<", task, nt)):
-            self.vbuf = b.gep(region, [const_i64(self.plane_region)], inbounds=True)
-            self.mbuf = b.gep(self.vbuf, [const_i64(self.v_floats)], inbounds=True)
-            self.rowbuf = b.gep(self.mbuf, [const_i64(self.m_floats)], inbounds=True)
-            lo, hi = self._split(self.n * self.nbands * self.wgroups, task, nt)
+            v = self._value
+            self.vbuf = b.gep(region, [v(self.plane_region)], inbounds=True)
+            self.mbuf = b.gep(self.vbuf, [v(self.v_floats)], inbounds=True)
+            self.rowbuf = b.gep(self.mbuf, [v(self.m_floats)], inbounds=True)
+            items = self.n * self.nbands * self.wgroups if not self.open_image else \
+                self._product(self.n, self.nbands, self.wgroups)
+            lo, hi = self._split(items, task, nt)
             copied = alloca_once(b, ir.IntType(64), name="wino_band")
             b.store(const_i64(-1), copied)
             with for_range(b, lo, hi, "item") as item:
                 grp = b.srem(item, const_i64(self.wgroups))
                 nb_band = b.sdiv(item, const_i64(self.wgroups))
-                nb = b.sdiv(nb_band, const_i64(self.nbands))
-                band = b.srem(nb_band, const_i64(self.nbands))
-                tr0 = b.mul(band, const_i64(self.band_tr))
-                left = b.sub(const_i64(self.ntr), tr0)
-                ntr = b.select(b.icmp_signed("<", left, const_i64(self.band_tr)), left,
-                               const_i64(self.band_tr))
+                nb = b.sdiv(nb_band, v(self.nbands))
+                band = b.srem(nb_band, v(self.nbands))
+                tr0 = b.mul(band, v(self.band_tr))
+                left = b.sub(v(self.ntr), tr0)
+                ntr = b.select(b.icmp_signed("<", left, v(self.band_tr)), left,
+                               v(self.band_tr))
                 oy_lo = b.mul(tr0, const_i64(2))
-                x_img = b.gep(x_ptr, [b.mul(nb, const_i64(self.c * self.h * self.w))],
+                x_img = b.gep(x_ptr, [b.mul(nb, v(self._product(self.c, self.h, self.w)))],
                               inbounds=True)
                 with b.if_then(b.icmp_signed("!=", b.load(copied), nb_band)):
                     self._copy_band(x_img, oy_lo, region)
@@ -546,18 +807,23 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
         b, vl = self.builder, self.vl
         evens = ir.Constant(ir.VectorType(I32, vl), [2 * i for i in range(vl)])
         odds = ir.Constant(ir.VectorType(I32, vl), [2 * i + 1 for i in range(vl)])
-        row_stride = self.band_tr * self.ntp
+        v = self._value
+        row_stride = self._product(self.band_tr, self.ntp)
         with for_range(b, const_i64(0), ntr, "wtr") as tr:
             with for_range(b, const_i64(0), const_i64(self.c), "wc") as c:
-                plane = b.gep(planes, [b.add(b.mul(c, const_i64(self.plane_floats)),
-                                             b.mul(tr, const_i64(2 * self.wpc)))], inbounds=True)
-                vrow = b.gep(self.vbuf, [b.add(b.mul(c, const_i64(row_stride)),
-                                               b.mul(tr, const_i64(self.ntp)))], inbounds=True)
-                with for_range(b, const_i64(0), const_i64(self.ntp // vl), "wq") as q:
+                plane = b.gep(planes, [b.add(b.mul(c, v(self.plane_floats)),
+                                             b.mul(tr, v(self._product(2, self.wpc))))],
+                              inbounds=True)
+                vrow = b.gep(self.vbuf, [b.add(b.mul(c, v(row_stride)),
+                                               b.mul(tr, v(self.ntp)))], inbounds=True)
+                nq = b.udiv(self.ntp, const_i64(vl)) if self.open_image else \
+                    const_i64(self.ntp // vl)
+                with for_range(b, const_i64(0), nq, "wq") as q:
                     col = b.mul(q, const_i64(2 * vl))
                     d = []
                     for i in range(4):
-                        row = b.gep(plane, [b.add(col, const_i64(i * self.wpc))], inbounds=True)
+                        row = b.gep(plane, [b.add(col, v(self._product(i, self.wpc)))],
+                                    inbounds=True)
                         vs = [b.load(self._vec_ptr(row, const_i64(k)), align=4)
                               for k in (0, vl, 2, 2 + vl)]
                         d.append([b.shuffle_vector(vs[0], vs[1], evens),
@@ -573,7 +839,7 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
                         vals = (b.fsub(r[0], r[2]), b.fadd(r[1], r[2]), b.fsub(r[2], r[1]),
                                 b.fsub(r[1], r[3]))
                         for bb, val in enumerate(vals):
-                            off = const_i64((a * 4 + bb) * self.c * row_stride)
+                            off = v(self._product((a * 4 + bb) * self.c, row_stride))
                             dst = b.gep(vrow, [b.add(off, b.mul(q, const_i64(vl)))],
                                         inbounds=True)
                             b.store(val, b.bitcast(dst, self.vty.as_pointer()), align=4)
@@ -583,7 +849,7 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
         b = self.builder
         w_ptr = self.buffers[self.match.tag.operands[1].uid]
         wblk = b.gep(w_ptr, [b.mul(blk, const_i64(16 * self.c * OC_BLOCK))], inbounds=True)
-        ntiles = b.mul(ntr, const_i64(self.nt))
+        ntiles = b.mul(ntr, self._value(self.nt))
         for v0 in range(0, nvb, MAX_TILE_VECTORS):
             nv = min(MAX_TILE_VECTORS, nvb - v0)
             mr = self._tile_rows(nv)
@@ -595,13 +861,23 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
                 for count in range(1, mr):
                     with b.if_then(b.icmp_signed("==", rest, const_i64(count))):
                         self._wino_gemm(xi, b.mul(full, const_i64(mr)), count, v0, nv, wblk)
+        v = self._value
         with for_range(b, const_i64(0), ntr, "otr") as tr:
-            with for_range(b, const_i64(0), const_i64(self.nt), "otx") as tx:
-                self._wino_output(b.add(b.mul(tr, const_i64(self.nt)), tx), tx, nvb)
+            with for_range(b, const_i64(0), v(self.nt), "otx") as tx:
+                self._wino_output(b.add(b.mul(tr, v(self.nt)), tx), tx, nvb)
+            if self.open_image:   # the two rows in a loop: one copy of the epilogue's code
+                with for_range(b, const_i64(0), const_i64(2), "orow") as i:
+                    oy = b.add(oy_lo, b.add(b.mul(tr, const_i64(2)), i))
+                    with b.if_then(b.icmp_signed("<", oy, self.oh)):
+                        row = b.gep(self.rowbuf, [b.mul(i, b.mul(self.row_len,
+                                                                 const_i64(OC_BLOCK)))],
+                                    inbounds=True)
+                        self._emit_row(nb, blk, oy, row, nvb)
+                return
             for i in range(2):
                 oy = b.add(oy_lo, b.add(b.mul(tr, const_i64(2)), const_i64(i)))
-                with b.if_then(b.icmp_signed("<", oy, const_i64(self.oh))):
-                    row = b.gep(self.rowbuf, [const_i64(i * self.row_len * OC_BLOCK)],
+                with b.if_then(b.icmp_signed("<", oy, v(self.oh))):
+                    row = b.gep(self.rowbuf, [v(self._product(i, self.row_len, OC_BLOCK))],
                                 inbounds=True)
                     self._emit_row(nb, blk, oy, row, nvb)
 
@@ -610,11 +886,22 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
         u % nt), channel vectors v0 .. v0 + nv - 1: the sum over input channels of V[xi][c][u]
         times U[xi][c][:] (broadcast times weight vectors, mr x nv accumulators)."""
         b, vl = self.builder, self.vl
-        row_stride = self.band_tr * self.ntp
-        vx = b.gep(self.vbuf, [b.mul(xi, const_i64(self.c * row_stride))], inbounds=True)
+        row_stride = self._product(self.band_tr, self.ntp)
+        vx = b.gep(self.vbuf, [b.mul(xi, self._value(self._product(self.c, row_stride)))],
+                   inbounds=True)
         ux = b.gep(wblk, [b.mul(xi, const_i64(self.c * OC_BLOCK))], inbounds=True)
         bases = []
-        for j in range(mr):
+        if self.open_image:   # one division per tile, then tile after tile
+            r = b.udiv(u0, self.nt)
+            tx = b.sub(u0, b.mul(r, self.nt))
+            for j in range(mr):
+                if j:
+                    tx = b.add(tx, const_i64(1))
+                    wrap = b.icmp_signed("==", tx, self.nt)
+                    tx = b.select(wrap, const_i64(0), tx)
+                    r = b.add(r, b.zext(wrap, I64))
+                bases.append(b.gep(vx, [b.add(b.mul(r, self.ntp), tx)], inbounds=True))
+        for j in range(mr if not self.open_image else 0):
             u = b.add(u0, const_i64(j)) if j else u0
             pos = b.add(b.mul(b.sdiv(u, const_i64(self.nt)), const_i64(self.ntp)),
                         b.srem(u, const_i64(self.nt)))
@@ -630,7 +917,7 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
             vals = [b.load(a) for a in accs]
             for k in range(count):
                 c = b.add(c0, const_i64(k)) if k else c0
-                xs = [self._splat(b.load(b.gep(base, [b.mul(c, const_i64(row_stride))],
+                xs = [self._splat(b.load(b.gep(base, [b.mul(c, self._value(row_stride))],
                                                inbounds=True))) for base in bases]
                 for v in range(nv):
                     wv = load_weights(b, ux, b.add(b.mul(c, const_i64(OC_BLOCK)),
@@ -650,7 +937,7 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
         for j in range(mr):
             u = b.add(u0, const_i64(j)) if j else u0
             for v in range(nv):
-                off = b.add(b.mul(b.add(b.mul(xi, const_i64(self.m_tiles)), u),
+                off = b.add(b.mul(b.add(b.mul(xi, self._value(self.m_tiles)), u),
                                   const_i64(OC_BLOCK)), const_i64((v0 + v) * vl))
                 b.store(b.load(accs[j * nv + v]), self._vec_ptr(self.mbuf, off), align=4)
 
@@ -660,7 +947,8 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
         b, vl = self.builder, self.vl
         for v in range(nvb):
             m = [[b.load(self._vec_ptr(self.mbuf, b.add(
-                b.mul(b.add(const_i64((a * 4 + c) * self.m_tiles), u), const_i64(OC_BLOCK)),
+                b.mul(b.add(self._value(self._product(a * 4 + c, self.m_tiles)), u),
+                      const_i64(OC_BLOCK)),
                 const_i64(v * vl))), align=4) for c in range(4)] for a in range(4)]
             s = [[b.fadd(b.fadd(m[0][j], m[1][j]), m[2][j]) for j in range(4)],
                  [b.fsub(b.fsub(m[1][j], m[2][j]), m[3][j]) for j in range(4)]]
@@ -669,7 +957,7 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
                 y1 = b.fsub(b.fsub(s[i][1], s[i][2]), s[i][3])
                 for j, y in enumerate((y0, y1)):
                     ox = b.add(b.mul(tx, const_i64(2)), const_i64(j))
-                    off = b.add(b.mul(b.add(const_i64(i * self.row_len), ox),
+                    off = b.add(b.mul(b.add(self._value(self._product(i, self.row_len)), ox),
                                       const_i64(OC_BLOCK)), const_i64(v * vl))
                     b.store(y, self._vec_ptr(self.rowbuf, off), align=4)
 
@@ -711,8 +999,8 @@ def _transpose(b: ir.IRBuilder, rows: list[ir.Value]) -> list[ir.Value]:
 def emit_conv_oc(module: ir.Module, func: PrimFunc, symbol: str, vl: int,
                  size_vars: tuple[str, ...] = (), options: SplitThresholds = DEFAULTS
                  ) -> KernelInfo | None:
-    """The kernel of an ``nn.conv2d_oc`` (static, or with a run-time batch: the pass packs no
-    other symbolic convolution), else None."""
+    """The kernel of an ``nn.conv2d_oc`` (static, or with a run-time batch, height or width:
+    ``_runtime_geometry`` then plans it at the kernel's entry), else None."""
     match = match_conv_oc(func)
     if match is None:
         return None

@@ -72,18 +72,22 @@ WINO_MAX_WEIGHT_BYTES = 20 << 20
 
 def uses_winograd(w_shape, strides, out_shape) -> bool:
     """Whether the packed convolution takes Winograd F(2x2, 3x3) (see above) when
-    ``options.winograd`` allows it."""
+    ``options.winograd`` allows it. An output size known at run time only counts as large
+    enough: the kernel's tile counts are computed at run time and right for any size; below
+    WINO_MIN_OUT it costs up to ~1.2x the direct kernel's time, on the smallest layers."""
     o, c, kh, kw = w_shape
+    sizes = [d for d in out_shape[2:] if isinstance(d, int)]
     return ((kh, kw) == (3, 3) and tuple(strides) == (1, 1)
-            and min(out_shape[2:]) >= WINO_MIN_OUT
+            and min(sizes, default=WINO_MIN_OUT) >= WINO_MIN_OUT
             and c >= WINO_MIN_CHANNELS[0] and o >= WINO_MIN_CHANNELS[1]
             and 16 * c * o * 4 <= WINO_MAX_WEIGHT_BYTES)
 
 
-def _plain_conv(v, static_batch: bool) -> bool:
+def _plain_conv(v, static_batch: bool, static_image: bool = True) -> bool:
     """``v`` is an ungrouped, undilated float32 ``nn.conv2d`` of a 4-D input by a constant 4-D
     weight, its input and output static but for the batch (and the batch too if
-    ``static_batch``): what the weight-packing rewrites start from."""
+    ``static_batch``; with ``static_image`` False, the height and width may be run-time sizes
+    too): what the weight-packing rewrites start from."""
     if not (isinstance(v, Call) and v.op == "nn.conv2d" and len(v.args) == 2
             and isinstance(v.args[1], Constant)):
         return False
@@ -91,9 +95,10 @@ def _plain_conv(v, static_batch: bool) -> bool:
     shape = getattr(x.type, "shape", None)
     out = tuple(getattr(v.type, "shape", ()))
     first = 0 if static_batch else 1
+    last = 4 if static_image else 2
     return (w.data.dtype == np.float32 and w.data.ndim == 4 and x.type.dtype == "float32"
             and shape is not None and len(shape) == 4 and len(out) == 4
-            and all(isinstance(d, int) for d in tuple(shape[first:]) + out[first:])
+            and all(isinstance(d, int) for d in tuple(shape[first:last]) + out[first:last])
             and int(v.attrs.get("groups", 1)) == 1
             and tuple(v.attrs.get("dilation", (1, 1))) == (1, 1))
 
@@ -104,6 +109,8 @@ def pack_conv_weights(mod: IRModule, options: CompileOptions) -> IRModule:
     ``nn.conv2d_oc`` with its
     weight packed once (``ops.layout.pack_oc_weights``): codegen/conv_oc.py computes it with the
     output channels on the vector lanes (no plane copies by stride phase, no dropped columns).
+    With ``options.symbolic_conv_oc`` the input's height and width may be run-time sizes (the
+    direct and Winograd kernels then plan their bands and tiles at run time).
     ``options.pack_conv_weights``: on for targets whose kernels take ``nn.conv2d_oc`` (AVX2,
     8-lane vectors: where the kernel is measured); off, every convolution keeps ``nn.conv2d``."""
     if not options.pack_conv_weights:
@@ -112,7 +119,7 @@ def pack_conv_weights(mod: IRModule, options: CompileOptions) -> IRModule:
 
     def visit(b, lookup):
         v = b.value
-        if not _plain_conv(v, static_batch=False):
+        if not _plain_conv(v, static_batch=False, static_image=not options.symbolic_conv_oc):
             return None
         x, w = v.args
         if w.data.shape[2] * w.data.shape[3] == 1 or w.data.shape[0] % 8:

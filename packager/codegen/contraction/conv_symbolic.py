@@ -1,4 +1,6 @@
-"""Convolutions whose spatial extents are known at run time only (symbolic H, W, batch).
+"""Convolutions whose spatial extents are known at run time only (symbolic H, W, batch) that
+the channel-lane kernel (``codegen/conv_oc.py``, on AVX2 targets) does not take: 1x1,
+grouped and dilated ones, output channels not in whole vectors, other targets.
 
 The static conv kernel (``conv.py``) chooses its plane layout, register tile and loop order
 from the sizes at export. Here the channel counts, the window, strides and padding are known

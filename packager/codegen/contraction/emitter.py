@@ -146,7 +146,7 @@ class ContractionBase(KernelEmitter):
 
     def _split(self, total: int, task: ir.Value, ntasks: ir.Value) -> tuple[ir.Value, ir.Value]:
         b = self.builder
-        t = self._dim_value(total)
+        t = total if isinstance(total, ir.Value) else self._dim_value(total)
         return (b.sdiv(b.mul(task, t), ntasks),
                 b.sdiv(b.mul(b.add(task, const_i64(1)), t), ntasks))
 
