@@ -11,7 +11,10 @@ integer-kernel fusion matches, ``frontends/onnx/quant.py``).
    sample's tails are kept), ``minmax`` or ``entropy`` method (the clipping threshold of |x|
    minimizing the KL divergence of its histogram, TensorRT's). The default was measured on
    corpus models against ground truth (``bench/calibration.py``, docs/quantization.md).
-   Weights per output channel, symmetric int8 (zero point 0, scale max|w| / 127); biases
+   Weights per output channel, symmetric int8 (zero point 0, scale max|w| / 127); a
+   convolution's (groups 1) 7-bit (scale max|w| / 64, ONNX Runtime's ``reduce_range``) where
+   no target of the export has an int8 dot instruction (``conv_weight_qmax``): every one then
+   runs the exact ``vpmaddubsw`` quad kernel (passes/quad_weights.py), faster than fp32; biases
    int32 at scale x_scale * w_scale. The model may keep its weights in ``Constant`` nodes
    (Paddle) and have symbolic dims (each sample runs at its own size); an opset below 13 is
    converted to 13 (per-channel DequantizeLinear).
@@ -75,6 +78,7 @@ class QuantizeReport:
     int8_ms: float | None = None
     float_ms: float | None = None
     guard: str = ""    # the accuracy guard's line (quantize_onnx)
+    weights: str = "weights per channel"   # the weights' range (quantize_onnx)
 
     def summary(self) -> list[str]:
         done = [x for x in self.layers if x.quantized]
@@ -84,7 +88,7 @@ class QuantizeReport:
             ops[x.op] = ops.get(x.op, 0) + 1
         lines = [f"quantized int8: {len(done)} of {len(self.layers)} layers ("
                  + ", ".join(f"{op} {n}" for op, n in sorted(ops.items()))
-                 + f"); weights per channel, activations per tensor from {self.method} over "
+                 + f"); {self.weights}, activations per tensor from {self.method} over "
                  f"{self.samples} calibration sample{'s' * (self.samples != 1)}"]
         for x in kept:
             if x.speed is not None:
@@ -280,15 +284,28 @@ def _qdq_uint8(x: np.ndarray, scale: np.float32, zp: np.uint8) -> np.ndarray:
     return (q - np.float32(zp)) * scale
 
 
-def weight_params(w: np.ndarray, axis: int) -> tuple[np.ndarray, np.ndarray]:
-    """Per-channel symmetric int8: (q int8, scale float32 [C])."""
+def weight_params(w: np.ndarray, axis: int, qmax: int = 127) -> tuple[np.ndarray, np.ndarray]:
+    """Per-channel symmetric int8 over [-qmax, qmax]: (q int8, scale float32 [C]). ``qmax``
+    64: the 7-bit range (ONNX Runtime's ``reduce_range`` for weights, ``W7_QMAX``)."""
     moved = np.moveaxis(w, axis, 0)
     peak = np.abs(moved.reshape(moved.shape[0], -1)).max(axis=1)
-    scale = np.where(peak > 0, peak / 127.0, 1.0).astype(np.float32)
+    scale = np.where(peak > 0, peak / float(qmax), 1.0).astype(np.float32)
     shape = [1] * w.ndim
     shape[axis] = -1
-    q = np.clip(np.round(w / scale.reshape(shape)), -127, 127).astype(np.int8)
+    q = np.clip(np.round(w / scale.reshape(shape)), -qmax, qmax).astype(np.int8)
     return q, scale
+
+
+W7_QMAX = 64   # |w| <= 64: the vpmaddubsw quad kernel is exact (passes/quad_weights.py)
+
+
+def conv_weight_qmax(options: CompileOptions) -> int:
+    """The weight range ``--quantize int8`` gives a convolution (groups 1) on ``options``'
+    targets (resolved, ``CompileOptions.for_targets``): 7 bits (``W7_QMAX``) where no target
+    has an int8 dot instruction (``int8_dot_targets`` False, the test ``int8_cost`` uses) and
+    the x86 ``vpmaddubsw`` quad kernel is on (``conv_quads7``), so every such convolution runs
+    it, exact and faster than fp32; else the full 127 (``vpdpbusd``/``sdot`` take 8 bits)."""
+    return W7_QMAX if options.conv_quads7 and not options.int8_dot_targets else 127
 
 
 def _relative_rms(err: np.ndarray, ref: np.ndarray) -> float:
@@ -387,14 +404,20 @@ def quantize_onnx(model_path: str | os.PathLike, samples: Sequence[np.ndarray],
         max_layer_error = np.inf if guard and _have_onnxruntime() else MAX_LAYER_ERROR
     chosen = []
     options = (compile_options or ExportOptions().compile_options()).for_targets()
+    conv_qmax = conv_weight_qmax(options)
+    if conv_qmax != 127 and any(_conv_groups(node) == 1 for _, node, _ in layers):
+        report.weights = ("weights per channel, conv weights 7-bit (no int8 dot instruction in "
+                          "the target set)")
     for index, node, axis in layers:
         w = inits[node.input[1]]
-        slow = _integer_slower(node, w, tap_shapes.get(node.input[0]), options)
+        qmax = conv_qmax if _conv_groups(node) == 1 else 127
+        slow = _integer_slower(node, w, tap_shapes.get(node.input[0]), options,
+                               w7=qmax <= W7_QMAX)
         if slow is not None:
             report.layers.append(Layer(_node_name(node), node.op_type, node.input[0],
                                        quantized=False, speed=slow))
             continue
-        q, scale = weight_params(w, axis)
+        q, scale = weight_params(w, axis, qmax)
         shape = [1] * w.ndim
         shape[axis] = -1
         w_err = _relative_rms(q.astype(np.float32) * scale.reshape(shape) - w, w)
@@ -412,9 +435,18 @@ def quantize_onnx(model_path: str | os.PathLike, samples: Sequence[np.ndarray],
     return Quantized(qdq, report, bundle, outputs, input_name, list(samples), work)
 
 
-def _integer_slower(node, w: np.ndarray, x_shape, options: CompileOptions) -> str | None:
+def _conv_groups(node) -> int | None:
+    """A Conv node's groups; None for other operators."""
+    if node.op_type != "Conv":
+        return None
+    return next((a.i for a in node.attribute if a.name == "group"), 1)
+
+
+def _integer_slower(node, w: np.ndarray, x_shape, options: CompileOptions,
+                    w7: bool = False) -> str | None:
     """Why the Conv ``node`` (weights ``w``, input of shape ``x_shape``) runs faster on the
-    fp32 kernels than on the integer ones for ``options``' targets, or None."""
+    fp32 kernels than on the integer ones for ``options``' targets, or None. ``w7``: its
+    weights will be quantized to 7 bits (``conv_weight_qmax``)."""
     from .passes.int8_cost import float_conv_reason
 
     if node.op_type != "Conv" or w.ndim != 4 or x_shape is None or len(x_shape) != 4:
@@ -433,7 +465,7 @@ def _integer_slower(node, w: np.ndarray, x_shape, options: CompileOptions) -> st
     for i in range(2):
         span = x_shape[2 + i] + pads[i] + pads[2 + i] - w.shape[2 + i]
         out.append(span // strides[i] + 1)
-    return float_conv_reason(w.shape, strides, out, groups, options)
+    return float_conv_reason(w.shape, strides, out, groups, options, w7=w7)
 
 
 # ---- the accuracy guard ----------------------------------------------------------------------------

@@ -15,7 +15,9 @@ instruction pair) runs every kind faster than fp32: on ResNet-18 70-88 GMAC/s on
 stride-1 layers, 1.13-1.47x fp32's Winograd and direct kernels (docs/performance.md), so those
 stay integer. ``float_conv_reason`` encodes that as a rule;
 where it returns a reason, the fusion passes leave the convolution float (its dequantized
-weights on the fp32 kernels) and ``--quantize int8`` does not quantize it. Targets with an int8
+weights on the fp32 kernels) and ``--quantize int8`` does not quantize it (with full-range
+weights: on such x86 targets it writes 7-bit conv weights, ``calibrate.conv_weight_qmax``, so
+none stays float). Targets with an int8
 dot instruction (4 products per lane and instruction) keep every convolution integer: a fat
 bundle shares one graph between its levels, so one that carries x86-64-v4+vnni keeps them
 integer for its AVX2 level too.

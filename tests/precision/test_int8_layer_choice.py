@@ -9,8 +9,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import onnx
 import pytest
 from onnx import TensorProto as T
+from onnx import numpy_helper
 from onnx import helper as h
 
 import quant_models as qm
@@ -99,10 +101,12 @@ def test_mixed_bundle_within_one_step_of_ort(models) -> None:
 
 
 def test_quantize_leaves_the_slower_layer_float(models) -> None:
+    """With full-range weights (the 7-bit kernel off: MLCPACK_INT8_MADD7=0) the Winograd layer
+    stays float on AVX2; a VNNI target keeps it integer."""
     samples = [f["x"] for f in qm.random_feeds(models["fp32"], seed=5, n=2)]
     for target, floated in (("x86-64-v3", {"conv_s1"}), ("x86-64-v4+vnni", set())):
         q = quantize_onnx(models["fp32"], samples, guard=False,
-                          compile_options=CompileOptions(target=target))
+                          compile_options=CompileOptions(target=target, conv_quads7=False))
         try:
             kept = {layer.node for layer in q.report.layers if not layer.quantized}
             assert kept == floated, (target, q.report.summary())
@@ -113,6 +117,54 @@ def test_quantize_leaves_the_slower_layer_float(models) -> None:
                     "\n".join(q.report.summary())
         finally:
             q.close()
+
+
+@pytest.mark.parametrize("target,qmax", [
+    ("x86-64-v3", 64), ("x86-64-v2,x86-64-v3", 64), ("x86-64-v2", 64),
+    ("x86-64-v3,x86-64-v4,x86-64-v4+vnni", 127), ("x86-64-v4+vnni", 127),
+    ("aarch64", 127), ("aarch64+dotprod", 127),
+])
+def test_quantize_conv_weight_range_per_target(target: str, qmax: int) -> None:
+    """7-bit conv weights where no target has an int8 dot instruction (x86: the vpmaddubsw
+    kernel), full range where one has (vpdpbusd / sdot take 8 bits) and on aarch64 without
+    dotprod (no 7-bit kernel there)."""
+    from mlcpack.packager.calibrate import conv_weight_qmax
+
+    assert conv_weight_qmax(CompileOptions(target=target).for_targets()) == qmax
+    off = CompileOptions(target=target, conv_quads7=False).for_targets()
+    assert conv_weight_qmax(off) == 127
+
+
+def test_quantize_7bit_weights_keep_every_conv_on_the_quad_kernel(models) -> None:
+    """``--quantize int8`` for an AVX2 set: the conv weights fit 7 bits, no layer stays float
+    for speed, the report says why, and both convolutions become w7 quad kernels; for a set
+    with VNNI the weights keep the full range."""
+    samples = [f["x"] for f in qm.random_feeds(models["fp32"], seed=5, n=2)]
+    peaks = {}
+    for target in ("x86-64-v2,x86-64-v3", "x86-64-v3,x86-64-v4+vnni"):
+        q = quantize_onnx(models["fp32"], samples, guard=False,
+                          compile_options=CompileOptions(target=target))
+        try:
+            assert all(layer.quantized for layer in q.report.layers), q.report.summary()
+            ws = [numpy_helper.to_array(i) for i in q.model.graph.initializer
+                  if i.data_type == T.INT8 and len(i.dims) == 4]
+            assert len(ws) == 2
+            peaks[target] = max(int(np.abs(w.astype(np.int16)).max()) for w in ws)
+            said = "conv weights 7-bit (no int8 dot instruction in the target set)" in \
+                q.report.summary()[0]
+            assert said == (target == "x86-64-v2,x86-64-v3"), q.report.summary()
+            if target == "x86-64-v2,x86-64-v3":
+                path = models["tmp"] / "own7.onnx"
+                onnx.save(q.model, path)
+                passes = DEFAULT_PIPELINE[:[p.name for p in DEFAULT_PIPELINE].index("legalize")]
+                fn = run_pipeline(import_onnx(str(path))[0], passes,
+                                  options=CompileOptions(target=target)).functions["main"]
+                convs = [b.value for b in fn.bindings()
+                         if getattr(b.value, "op", "").startswith(("qconv2d", "nn.conv2d"))]
+                assert [(v.op, v.attrs.get("w7")) for v in convs] == [("qconv2d_quads", True)] * 2
+        finally:
+            q.close()
+    assert peaks == {"x86-64-v2,x86-64-v3": 64, "x86-64-v3,x86-64-v4+vnni": 127}
 
 
 @pytest.mark.parametrize("w_shape,strides,out_shape,target,floats", [
