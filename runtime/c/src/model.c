@@ -35,9 +35,12 @@ static int one_element(const mlc_plan *p, int32_t t, mlc_dtype d)
     if (t < 0 || (size_t)t >= p->ntensors)
         return 0;
     const mlc_trow *row = &p->tensors[t];
-    return row->dtype == d && (row->rec->len == 0
-                               || (row->rec->len == 1 && mp_is_int(&row->rec->v.items[0])
-                                   && row->rec->v.items[0].v.i == 1));
+    if (row->dtype != d)
+        return 0;
+    if (!row->rec)   /* a static plan's row */
+        return row->ndim == 0 || (row->ndim == 1 && row->shape[0] == 1);
+    return row->rec->len == 0 || (row->rec->len == 1 && mp_is_int(&row->rec->v.items[0])
+                                  && row->rec->v.items[0].v.i == 1);
 }
 
 /* Format 1.8's loops (runtime/vm.py: _link_loops): every LOOP's end word follows a NEXT that
@@ -141,14 +144,9 @@ static mlc_status decode(mlc_model *m, mlc_plan *p, mlc_error *err)
                         why = "jump target outside the bytecode or not forward";
                     else if (op == OP_JUMP_UNLESS) {
                         int32_t t = w[pc + 1];
-                        const mlc_trow *row = t >= 0 && (size_t)t < p->ntensors
-                                              ? &p->tensors[t] : NULL;
-                        if (!row)
+                        if (t < 0 || (size_t)t >= p->ntensors)
                             why = "tensor index out of range";
-                        else if (row->dtype != MLC_BOOL || row->rec->len > 1
-                                 || (row->rec->len == 1
-                                     && !(mp_is_int(&row->rec->v.items[0])
-                                          && row->rec->v.items[0].v.i == 1)))
+                        else if (!one_element(p, t, MLC_BOOL))
                             why = "JUMP_UNLESS must test one bool";
                     }
                 }
