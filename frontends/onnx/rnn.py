@@ -20,7 +20,7 @@ from ...packager.ir.graph import Value
 from . import rnn_fast
 from .recurrence import _RNN_ATTRS, _Recurrence, _slice, _take
 from .branches import emit_if
-from .loops import NeedsRunTimeLoop, run_time_loop
+from .loops import NeedsRunTimeLoop, run_time_loop, run_time_scan
 from .registry import NodeContext, converter
 
 # ---- activations --------------------------------------------------------------------------------
@@ -310,7 +310,10 @@ def _scan_masked(ctx: NodeContext, body, states: list[Value], scans: list[Value]
     stack)."""
     from .symvalue import make, materialize
 
-    bound = _unroll_bound(ctx, steps, "the scan length")
+    try:
+        bound = _unroll_bound(ctx, steps, "the scan length")
+    except ExportError:   # no bound under --max-shape, or too many to unroll: the VM's loop
+        return run_time_scan(ctx, body, states, scans, in_axes, in_rev, out_axes, out_rev, steps)
     length = materialize(ctx.bb, make(ctx, np.array([steps], dtype=object), "int64", "steps"))
     last = ctx.emit("subtract", length, ctx.constant(np.array([1], np.int64), "one"))
     n_state = len(states)
