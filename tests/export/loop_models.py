@@ -1,7 +1,11 @@
-"""A small ONNX Loop whose trip count and condition are graph inputs (format 1.8: the VM's
-LOOP ... NEXT), with a break condition computed in the body and an If on the iteration number
-inside the body (a jump within the loop's body). Shared by tests/export/test_run_time_loops.py
-and the C runtime's test.
+"""Small ONNX loops run by the VM (format 1.8: LOOP ... NEXT), shared by
+tests/export/test_run_time_loops.py and the C runtime's test: ``counted_loop`` (below), a Scan
+over an open axis (``open_scan``) and a Loop over a tensor's rows with a scan output and a break
+(``rows_loop``).
+
+``counted_loop``: a Loop whose trip count and condition are graph inputs, with a break
+condition computed in the body and an If on the iteration number inside the body (a jump within
+the loop's body).
 
 M int64 scalar, cond bool scalar, x0 float32 [N], lim float32 [1]; carried x [N], s [1]:
     for i in range(M) while cond:
@@ -63,6 +67,71 @@ def counted_loop(path: Path, symbolic: bool = True) -> Path:
     return path
 
 
+def open_scan(path: Path) -> Path:
+    """A Scan over x [4, L] along axis 1, backwards, L open (no --max-shape): two states and
+    a scan output written forwards along axis 1 (ONNX's test_scan9 pattern)."""
+    body = helper.make_graph(
+        [helper.make_node("Add", ["s_in", "x_t"], ["s_out"]),
+         helper.make_node("Mul", ["p_in", "x_t"], ["p_out"]),
+         helper.make_node("Sub", ["s_out", "p_out"], ["scan_out"])],
+        "body", [helper.make_tensor_value_info(n, F, [4]) for n in ("s_in", "p_in", "x_t")],
+        [helper.make_tensor_value_info(n, F, [4]) for n in ("s_out", "p_out", "scan_out")])
+    node = helper.make_node("Scan", ["s0", "p0", "x"], ["s", "p", "z"], body=body,
+                            num_scan_inputs=1, scan_input_axes=[1], scan_input_directions=[1],
+                            scan_output_axes=[1], scan_output_directions=[0])
+    graph = helper.make_graph(
+        [node], "open_scan",
+        [helper.make_tensor_value_info("s0", F, [4]), helper.make_tensor_value_info("p0", F, [4]),
+         helper.make_tensor_value_info("x", F, [4, "L"])],
+        [helper.make_tensor_value_info(k, F, None) for k in ("s", "p", "z")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 16)])
+    model.ir_version = 8
+    onnx.save(model, path)
+    return path
+
+
+def open_scan_feeds(length: int, seed: int = 0) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return {"s0": rng.standard_normal(4).astype(np.float32),
+            "p0": rng.standard_normal(4).astype(np.float32),
+            "x": rng.standard_normal((4, length)).astype(np.float32)}
+
+
+def rows_loop(path: Path) -> Path:
+    """``for i in range(x.shape[0])`` as torch.jit exports it (the trip count Shape(x)[0], N
+    open, no --max-shape), summing x's rows and emitting 2 * the sum each iteration (a scan
+    output), breaking once the sum's total reaches ``lim``."""
+    body = helper.make_graph(
+        [helper.make_node("Gather", ["x", "i"], ["row"], axis=0),
+         helper.make_node("Add", ["acc", "row"], ["acc2"]),
+         helper.make_node("Mul", ["acc2", "two"], ["out"]),
+         helper.make_node("ReduceSum", ["acc2"], ["tot"], keepdims=0),
+         helper.make_node("Less", ["tot", "lim"], ["cond_out"])],
+        "body",
+        [helper.make_tensor_value_info("i", I64, []), helper.make_tensor_value_info("c", B, []),
+         helper.make_tensor_value_info("acc", F, [3])],
+        [helper.make_tensor_value_info("cond_out", B, []),
+         helper.make_tensor_value_info("acc2", F, [3]), helper.make_tensor_value_info("out", F, [3])],
+        [numpy_helper.from_array(np.array(2, np.float32), "two")])
+    graph = helper.make_graph(
+        [helper.make_node("Shape", ["x"], ["shape"]),
+         helper.make_node("Gather", ["shape", "zero"], ["n"], axis=0),
+         helper.make_node("Loop", ["n", "", "acc0"], ["acc", "outs"], body=body)], "rows_loop",
+        [helper.make_tensor_value_info("x", F, ["N", 3]), helper.make_tensor_value_info("lim", F, [])],
+        [helper.make_tensor_value_info("acc", F, None), helper.make_tensor_value_info("outs", F, None)],
+        [numpy_helper.from_array(np.array(0, np.int64), "zero"),
+         numpy_helper.from_array(np.zeros(3, np.float32), "acc0")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 16)])
+    model.ir_version = 8
+    onnx.save(model, path)
+    return path
+
+
+def rows_loop_feeds(n: int, lim: float, seed: int = 0) -> dict[str, np.ndarray]:
+    x = np.abs(np.random.default_rng(seed).standard_normal((n, 3))).astype(np.float32)
+    return {"x": x, "lim": np.array(lim, np.float32)}
+
+
 def feeds(m: int, cond: bool = True, lim: float = 1e9, n: int = 3, seed: int = 0
           ) -> dict[str, np.ndarray]:
     x = np.random.default_rng(seed).standard_normal(n).astype(np.float32)
@@ -70,8 +139,12 @@ def feeds(m: int, cond: bool = True, lim: float = 1e9, n: int = 3, seed: int = 0
             "lim": np.array([lim], np.float32)}
 
 
-def exported(tmp_path_factory, symbolic: bool = True) -> tuple[Path, Path]:
-    """(onnx file, bundle) of ``counted_loop``, exported with the command line's defaults
+MODELS = {"counted": lambda p: counted_loop(p), "counted-static": lambda p: counted_loop(p, False),
+          "open-scan": open_scan, "rows-loop": rows_loop}
+
+
+def exported(tmp_path_factory, kind: str = "counted") -> tuple[Path, Path]:
+    """(onnx file, bundle) of one of ``MODELS``, exported with the command line's defaults
     (golden check on), once per test run (shared with tests/runtime/test_c_runtime.py)."""
     import fcntl
     import os
@@ -79,15 +152,15 @@ def exported(tmp_path_factory, symbolic: bool = True) -> tuple[Path, Path]:
     root = tmp_path_factory.getbasetemp()
     if os.environ.get("PYTEST_XDIST_WORKER"):
         root = root.parent
-    folder = root / ("counted-loop" + ("" if symbolic else "-static"))
+    folder = root / f"loop-{kind}"
     folder.mkdir(exist_ok=True)
-    src, bundle = folder / "counted_loop.onnx", folder / "counted_loop.mlc"
+    src, bundle = folder / "model.onnx", folder / "model.mlc"
     with open(folder / "lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not bundle.exists():
             from mlcpack.packager.api import Options, export
 
-            counted_loop(src, symbolic)
+            MODELS[kind](src)
             result = export(src, bundle, Options())
             assert result.check and "golden check passed" in result.check, result.check
     return src, bundle

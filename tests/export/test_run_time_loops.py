@@ -31,6 +31,26 @@ def counted(tmp_path_factory):
     return lm.exported(tmp_path_factory)
 
 
+@pytest.mark.parametrize("kind", ["open-scan", "rows-loop"])
+def test_scan_outputs_planned_at_an_input_size(tmp_path_factory, kind) -> None:
+    """A Scan over an axis of open length and a Loop over an input's rows (its trip count
+    Shape(x)[0]), with no --max-shape: one body, run as the VM's loop; the scan outputs have
+    the length (the Scan) or the rows that ran before the break (the Loop), ONNX Runtime's
+    values bit for bit."""
+    src, bundle = lm.exported(tmp_path_factory, kind)
+    session = ort.InferenceSession(str(src), providers=["CPUExecutionProvider"])
+    cases = ([lm.open_scan_feeds(n, seed=n) for n in (1, 2, 9)] if kind == "open-scan" else
+             [lm.rows_loop_feeds(n, lim, seed=n) for n in (1, 2, 9) for lim in (1e9, 0.5, 2.5)])
+    names = [o.name for o in onnx.load(str(src)).graph.output]
+    with load(bundle) as model:
+        assert [ins.opcode for ins in model._plan.runner.program].count(OP_LOOP) == 1
+        for feeds in cases:
+            got = model.run(feeds)
+            for name, ref in zip(names, session.run(None, feeds)):
+                assert got[name].shape == ref.shape, (name, feeds)
+                assert got[name].tobytes() == ref.tobytes(), (name, feeds)
+
+
 # (trip count, condition, limit): zero trips, a false condition, the count running out, a break
 CASES = [(0, True, 1e9), (1, True, 1e9), (3, True, 1e9), (7, True, 1e9), (7, False, 1e9),
          (40, True, 1e9), (40, True, 2.0), (-5, True, 1e9), ((1 << 63) - 1, True, 2.0)]
