@@ -22,6 +22,7 @@ from ...packager.ir.graph import (Call, CallLibrary, CallTIR, DataflowBlock, Fun
 from .registry import NeedsConstantError, NodeContext
 
 INT64_MAX = (1 << 63) - 1
+MAX_ROWS = 1 << 16   # scan rows planned for a constant trip count (a larger one is refused)
 
 
 def _one(ctx: NodeContext, v: Value, dtype: str, what: str) -> Value:
@@ -55,14 +56,19 @@ def run_time_loop(ctx: NodeContext) -> list[Value]:
     bound = None
     if n_scan and ctx.has_input(0):
         dims = dims_of(ctx.inputs[0])
-        if dims is not None and len(dims) == 1 and not isinstance(dims[0], int):
-            bound = dims[0]   # a size expression: the rows are planned at it, for each shape
+        if dims is not None and len(dims) == 1 and (not isinstance(dims[0], int)
+                                                    or 0 <= dims[0] <= MAX_ROWS):
+            # a size expression, or a constant: the rows are planned at it
+            bound = dims[0]
     if n_scan and bound is None:
+        known = ctx.const(0) if ctx.has_input(0) else None
+        why = (f"up to the trip count {int(np.asarray(known).reshape(()))}, more than "
+               f"{MAX_ROWS} rows" if known is not None else
+               "and the number of iterations (the trip count (input 0) and the condition) is "
+               "known only at run time with no bound at export")
         message = str(ctx.error(
-            f"its {n_scan} scan output(s) stack one row per iteration, and the number of "
-            "iterations (the trip count (input 0) and the condition) is known only at run time "
-            "with no bound at export: give the trip count with --bind NAME=FILE.npy, or compute "
-            "it from input sizes"))
+            f"its {n_scan} scan output(s) stack one row per iteration, {why}: give the trip "
+            "count with --bind NAME=FILE.npy, or compute it from input sizes"))
         given = [i for i in (0, 1) if ctx.has_input(i) and ctx.const(i) is None]
         if given:   # a caller that knows the value can bind it and try again
             raise NeedsConstantError(message, ctx.node.input[given[0]])
