@@ -1,7 +1,8 @@
 """Small ONNX loops run by the VM (format 1.8: LOOP ... NEXT), shared by
 tests/export/test_run_time_loops.py and the C runtime's test: ``counted_loop`` (below), a Scan
 over an open axis (``open_scan``) and a Loop over a tensor's rows with a scan output and a break
-(``rows_loop``).
+(``rows_loop``),
+and two nested Loops (``nested_loops``).
 
 ``counted_loop``: a Loop whose trip count and condition are graph inputs, with a break
 condition computed in the body and an If on the iteration number inside the body (a jump within
@@ -132,6 +133,40 @@ def rows_loop_feeds(n: int, lim: float, seed: int = 0) -> dict[str, np.ndarray]:
     return {"x": x, "lim": np.array(lim, np.float32)}
 
 
+def nested_loops(path: Path) -> Path:
+    """A Loop of M iterations (a graph input) whose body runs a Loop of K iterations (another
+    graph input, read from the outer scope): two nested LOOP ... NEXT regions."""
+    half = numpy_helper.from_array(np.array(0.5, np.float32), "half")
+    inner = helper.make_graph(
+        [helper.make_node("Cast", ["j"], ["fj"], to=F), helper.make_node("Add", ["a", "fj"], ["a2"]),
+         helper.make_node("Mul", ["a2", "half"], ["a3"]),
+         helper.make_node("Identity", ["cj"], ["cj_out"])],
+        "inner", [helper.make_tensor_value_info("j", I64, []), helper.make_tensor_value_info("cj", B, []),
+                  helper.make_tensor_value_info("a", F, [2])],
+        [helper.make_tensor_value_info("cj_out", B, []), helper.make_tensor_value_info("a3", F, [2])],
+        [half])
+    outer = helper.make_graph(
+        [helper.make_node("Loop", ["K", "", "y"], ["y2"], body=inner),
+         helper.make_node("Cast", ["i"], ["fi"], to=F), helper.make_node("Add", ["y2", "fi"], ["y3"]),
+         helper.make_node("Identity", ["c"], ["c_out"])],
+        "outer", [helper.make_tensor_value_info("i", I64, []), helper.make_tensor_value_info("c", B, []),
+                  helper.make_tensor_value_info("y", F, [2])],
+        [helper.make_tensor_value_info("c_out", B, []), helper.make_tensor_value_info("y3", F, [2])])
+    graph = helper.make_graph(
+        [helper.make_node("Loop", ["M", "", "y0"], ["yf"], body=outer)], "nested_loops",
+        [helper.make_tensor_value_info("M", I64, []), helper.make_tensor_value_info("K", I64, []),
+         helper.make_tensor_value_info("y0", F, [2])], [helper.make_tensor_value_info("yf", F, None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 16)])
+    model.ir_version = 8
+    onnx.save(model, path)
+    return path
+
+
+def nested_feeds(m: int, k: int) -> dict[str, np.ndarray]:
+    return {"M": np.array(m, np.int64), "K": np.array(k, np.int64),
+            "y0": np.array([1.0, -2.0], np.float32)}
+
+
 def feeds(m: int, cond: bool = True, lim: float = 1e9, n: int = 3, seed: int = 0
           ) -> dict[str, np.ndarray]:
     x = np.random.default_rng(seed).standard_normal(n).astype(np.float32)
@@ -140,7 +175,7 @@ def feeds(m: int, cond: bool = True, lim: float = 1e9, n: int = 3, seed: int = 0
 
 
 MODELS = {"counted": lambda p: counted_loop(p), "counted-static": lambda p: counted_loop(p, False),
-          "open-scan": open_scan, "rows-loop": rows_loop}
+          "open-scan": open_scan, "rows-loop": rows_loop, "nested": nested_loops}
 
 
 def exported(tmp_path_factory, kind: str = "counted") -> tuple[Path, Path]:
@@ -175,6 +210,19 @@ def instruction_starts(words: list[int]) -> list[int]:
         op = words[pc]
         pc += 3 + words[pc + 2] if op in (1, 2) else size[op]
     return starts
+
+
+def opcodes(bundle: Path) -> list[int]:
+    """The opcode of each instruction of ``bundle``'s (top-level) bytecode."""
+    import struct
+
+    from bundle_parts import payload_spans, read_parts
+
+    header, payloads = read_parts(bundle)
+    ref = header["vm"]["bytecode"]
+    data = payloads[payload_spans(header).index((ref["offset"], ref["size"]))]
+    words = list(struct.unpack(f"<{len(data) // 4}i", data))
+    return [words[p] for p in instruction_starts(words)]
 
 
 DAMAGE = ("next_elsewhere", "next_forward", "end_elsewhere", "count_float", "number_constant",

@@ -31,19 +31,21 @@ def counted(tmp_path_factory):
     return lm.exported(tmp_path_factory)
 
 
-@pytest.mark.parametrize("kind", ["open-scan", "rows-loop"])
-def test_scan_outputs_planned_at_an_input_size(tmp_path_factory, kind) -> None:
+@pytest.mark.parametrize("kind", ["open-scan", "rows-loop", "nested"])
+def test_scans_and_nested_loops_match_onnx_runtime(tmp_path_factory, kind) -> None:
     """A Scan over an axis of open length and a Loop over an input's rows (its trip count
     Shape(x)[0]), with no --max-shape: one body, run as the VM's loop; the scan outputs have
-    the length (the Scan) or the rows that ran before the break (the Loop), ONNX Runtime's
-    values bit for bit."""
+    the length (the Scan) or the rows that ran before the break (the Loop). Two nested Loops
+    on run-time trip counts (0 and up, each). ONNX Runtime's values bit for bit."""
     src, bundle = lm.exported(tmp_path_factory, kind)
     session = ort.InferenceSession(str(src), providers=["CPUExecutionProvider"])
-    cases = ([lm.open_scan_feeds(n, seed=n) for n in (1, 2, 9)] if kind == "open-scan" else
-             [lm.rows_loop_feeds(n, lim, seed=n) for n in (1, 2, 9) for lim in (1e9, 0.5, 2.5)])
+    cases = {"open-scan": [lm.open_scan_feeds(n, seed=n) for n in (1, 2, 9)],
+             "rows-loop": [lm.rows_loop_feeds(n, lim, seed=n) for n in (1, 2, 9)
+                           for lim in (1e9, 0.5, 2.5)],
+             "nested": [lm.nested_feeds(m, k) for m, k in ((0, 3), (1, 0), (2, 3), (5, 4))]}[kind]
     names = [o.name for o in onnx.load(str(src)).graph.output]
     with load(bundle) as model:
-        assert [ins.opcode for ins in model._plan.runner.program].count(OP_LOOP) == 1
+        assert lm.opcodes(bundle).count(OP_LOOP) == (2 if kind == "nested" else 1)
         for feeds in cases:
             got = model.run(feeds)
             for name, ref in zip(names, session.run(None, feeds)):
@@ -79,8 +81,7 @@ def test_bundle_is_format_1_8_and_older_readers_refuse_it(counted, monkeypatch) 
         assert header["format"] == [1, 8] and header["min_reader"] == [1, 8]
         assert header["vm"]["loops"] == 1 and header["vm"]["branches"] == 1
         assert reader_minor(header) == 8
-    with load(bundle) as model:
-        ops = [ins.opcode for ins in model._plan.runner.program]
+    ops = lm.opcodes(bundle)
     assert ops.count(OP_LOOP) == 1 and ops.count(OP_NEXT) == 1
     assert ops.index(OP_LOOP) < ops.index(OP_JUMP_UNLESS) < ops.index(OP_NEXT)
     monkeypatch.setattr(bundle_format, "LOOP_MINOR", 7)   # a 1.7 reader
