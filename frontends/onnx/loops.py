@@ -62,13 +62,12 @@ def run_time_loop(ctx: NodeContext) -> list[Value]:
             bound = dims[0]
     if n_scan and bound is None:
         known = ctx.const(0) if ctx.has_input(0) else None
-        why = (f"up to the trip count {int(np.asarray(known).reshape(()))}, more than "
-               f"{MAX_ROWS} rows" if known is not None else
-               "and the number of iterations (the trip count (input 0) and the condition) is "
-               "known only at run time with no bound at export")
+        why = (f"at most {MAX_ROWS}, not {int(np.asarray(known).reshape(()))}"
+               if known is not None else "a constant known at export, not computed at run time,")
         message = str(ctx.error(
-            f"its {n_scan} scan output(s) stack one row per iteration, {why}: give the trip "
-            "count with --bind NAME=FILE.npy, or compute it from input sizes"))
+            f"the trip count (input 0) must be {why} or computed from input sizes: its "
+            f"{n_scan} scan output(s) stack one row per iteration and need a bound on the "
+            "iterations (give the trip count with --bind NAME=FILE.npy)"))
         given = [i for i in (0, 1) if ctx.has_input(i) and ctx.const(i) is None]
         if given:   # a caller that knows the value can bind it and try again
             raise NeedsConstantError(message, ctx.node.input[given[0]])
