@@ -175,6 +175,7 @@ def feeds(m: int, cond: bool = True, lim: float = 1e9, n: int = 3, seed: int = 0
 
 
 MODELS = {"counted": lambda p: counted_loop(p), "counted-static": lambda p: counted_loop(p, False),
+          "counted-bounded": lambda p: counted_loop(p),
           "open-scan": open_scan, "rows-loop": rows_loop, "nested": nested_loops}
 
 
@@ -196,7 +197,9 @@ def exported(tmp_path_factory, kind: str = "counted") -> tuple[Path, Path]:
             from mlcpack.packager.api import Options, export
 
             MODELS[kind](src)
-            result = export(src, bundle, Options())
+            # "counted-bounded": one arena planned at x0's largest length for every length
+            bounds = {"x0": (64,)} if kind == "counted-bounded" else None
+            result = export(src, bundle, Options(max_shapes=bounds or {}))
             assert result.check and "golden check passed" in result.check, result.check
     return src, bundle
 
