@@ -64,10 +64,18 @@ def run_time_loop(ctx: NodeContext) -> list[Value]:
         known = ctx.const(0) if ctx.has_input(0) else None
         why = (f"at most {MAX_ROWS}, not {int(np.asarray(known).reshape(()))}"
                if known is not None else "a constant known at export, not computed at run time,")
+        fix = "give the trip count with --bind NAME=FILE.npy"
+        if ctx.has_input(0) and known is None:
+            from .rnn import graph_inputs_behind
+
+            behind = graph_inputs_behind(ctx, ctx.input(0))
+            if behind and behind != [ctx.node.input[0]]:
+                fix = ("give the inputs it is computed from (" + ", ".join(behind) +
+                       ") with --bind NAME=FILE.npy")
         message = str(ctx.error(
             f"the trip count (input 0) must be {why} or computed from input sizes: its "
             f"{n_scan} scan output(s) stack one row per iteration and need a bound on the "
-            "iterations (give the trip count with --bind NAME=FILE.npy)"))
+            f"iterations ({fix})"))
         given = [i for i in (0, 1) if ctx.has_input(i) and ctx.const(i) is None]
         if given:   # a caller that knows the value can bind it and try again
             raise NeedsConstantError(message, ctx.node.input[given[0]])

@@ -207,7 +207,7 @@ def _if(ctx: NodeContext) -> list[Value]:
         raise ctx.error(f"the condition has shape {cond.type.shape}; it must hold one value")
     from .symvalue import SymValue, materialize
 
-    inputs = _condition_inputs(ctx, cond)
+    inputs = graph_inputs_behind(ctx, cond)
     hint = _run_time_condition_hint(ctx, inputs)
     if isinstance(cond, SymValue):
         cond = materialize(ctx.bb, cond)
@@ -228,9 +228,10 @@ def _if(ctx: NodeContext) -> list[Value]:
 _HINT_MARK = "is known only at run time, so both branches are compiled"
 
 
-def _condition_inputs(ctx: NodeContext, cond: Value) -> list[str]:
-    """The graph inputs whose values the condition depends on (found through the bindings
-    emitted so far); none when it is computed from the input sizes alone."""
+def graph_inputs_behind(ctx: NodeContext, cond: Value) -> list[str]:
+    """The graph inputs whose values ``cond`` (an If's condition, a Loop's trip count) depends
+    on (found through the bindings emitted so far); none when it is computed from the input
+    sizes alone."""
     fn = ctx.bb._func
     producers = {id(b.var): b.value for blk in (fn.blocks if fn else []) for b in blk.bindings}
     if ctx.bb._block is not None:
