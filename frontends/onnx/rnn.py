@@ -7,6 +7,9 @@ the (static) sequence length: the input projection of every step is one matmul o
 sequence, then each step is a small matmul with the recurrence weights plus elementwise gates.
 ``sequence_lens`` given at run time is honoured with selects: a step past a batch row's length
 keeps that row's state and writes zeros to ``Y``.
+
+Loop and Scan are unrolled where their iterations have a small bound at export; the others run
+as the VM's counted loop (``loops.py``, format 1.8).
 """
 
 from __future__ import annotations

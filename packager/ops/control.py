@@ -10,6 +10,13 @@ emitter (``vm_emit.py``) lays out both branches, each copying its results into t
 memory. An output's extents that differ between the branches are size variables that each
 branch binds (BIND_SIZE) before it copies. The references evaluate nothing: the numpy
 reference of a module with branches is ``golden.evaluate_ir``'s, which runs the taken one.
+
+A Loop whose trip count or condition has no bound at export is the VM's counted loop (format
+1.8: LOOP ... NEXT): ``loop`` takes the trip count (int64 (1,)), the condition (bool (1,)), the
+carried values' first values and the captures; ``body`` names the graph function of one
+iteration (iteration number, carried values, captures -> condition, new carried values). Its
+value is carried value 0 at the end, ``loop_output`` the others. ``golden.evaluate_ir`` runs
+the body as the VM does.
 """
 
 from __future__ import annotations
