@@ -69,6 +69,7 @@ from typing import Any, Callable
 import numpy as np
 
 from .errors import BundleError, CodeLoadError, InputError
+from .vm_loops import link_loops, loop_step, next_step
 from .header import (ARENA, OP_BIND_SIZE, OP_CALL_KERNEL, OP_CALL_LIB, OP_COPY, OP_JUMP,
                      OP_JUMP_UNLESS, OP_LOOP, OP_NEXT, OP_TRAP)
 
@@ -200,48 +201,9 @@ def decode(bytecode: memoryview | bytes, num_tensors: int, num_kernels: int, num
         ins = out[index]
         out[index] = Instruction(ins.opcode, starts[word], ins.operands)
     if loops:
-        _link_loops(out, loops, starts, words, bad_at=lambda at, why: BundleError(
+        link_loops(out, loops, starts, words, bad_at=lambda at, why: BundleError(
             f"{bundle_name}: invalid bytecode at word {at}: {why}"))
     return out
-
-
-def _link_loops(out: list[Instruction], loops: list[tuple[int, int, int]], starts: dict[int, int],
-                words: tuple[int, ...], bad_at: Callable[[int, str], BundleError]) -> None:
-    """Pair every LOOP with its NEXT (each names the other), check that loops nest and that
-    no jump enters or leaves a loop's body, and set the decoded targets: a LOOP's, the
-    instruction after its NEXT; a NEXT's, its LOOP."""
-    heads: dict[int, int] = {}   # LOOP instruction -> its NEXT instruction
-    for index, word, arg in loops:
-        if out[index].opcode == OP_LOOP:
-            after = starts.get(arg)
-            nxt = starts.get(arg - 3)
-            if after is None or nxt is None or out[nxt].opcode != OP_NEXT \
-                    or words[arg - 1] != word:
-                raise bad_at(word, "LOOP's end is not right after a NEXT that names it")
-            heads[index] = nxt
-        else:
-            head = starts.get(arg)
-            if head is None or out[head].opcode != OP_LOOP or words[arg + 4] != word + 3:
-                raise bad_at(word, "NEXT names no LOOP that ends right after it")
-    # the innermost loop around each instruction: its body is the instructions after its LOOP
-    # up to its NEXT (-1: none; the end of the program is outside every loop)
-    word_of = {i: w for w, i in starts.items()}
-    inner: list[int] = [-1] * (len(out) + 1)
-    stack: list[int] = []
-    for i in range(len(out) + 1):
-        while stack and heads[stack[-1]] < i:
-            stack.pop()
-        if i < len(out) and out[i].opcode == OP_NEXT and (not stack or heads[stack[-1]] != i):
-            raise bad_at(word_of[i], "loops overlap without nesting")
-        inner[i] = stack[-1] if stack else -1
-        if i < len(out) and out[i].opcode == OP_LOOP:
-            stack.append(i)
-    for i, ins in enumerate(out):
-        if ins.opcode in (OP_JUMP, OP_JUMP_UNLESS) and inner[ins.target] != inner[i]:
-            raise bad_at(word_of[i], "a jump enters or leaves a loop's body")
-    for head, nxt in heads.items():
-        out[head] = Instruction(OP_LOOP, nxt + 1, out[head].operands)
-        out[nxt] = Instruction(OP_NEXT, head, out[nxt].operands)
 
 
 def check_branches(program: list[Instruction], tensors: Any, bundle_name: str) -> None:
@@ -358,11 +320,11 @@ class Executor:
             return _trap_step(ins.target)
         if ins.opcode == OP_LOOP:
             m, c, i = (views[t] for t in ins.operands)
-            return _loop_step(m, c, i, self._loop_state(ins), index_after(self._program, ins),
+            return loop_step(m, c, i, self._loop_state(ins), index_after(self._program, ins),
                               ins.target)
         if ins.opcode == OP_NEXT:
             head = self._program[ins.target]
-            return _next_step(views[ins.operands[0]], views[head.operands[2]],
+            return next_step(views[ins.operands[0]], views[head.operands[2]],
                               self._loop_state(head), index_after(self._program, ins),
                               ins.target + 1)
         return _copy_step(views[ins.operands[0]], views[ins.target])
@@ -780,38 +742,6 @@ def _branch_step(cond: np.ndarray, target: int, after: int) -> Callable[[], int]
     """JUMP_UNLESS: the next instruction, or ``target`` when the condition is false."""
     flat = cond.reshape(-1)
     return lambda: after if flat[0] else target
-
-
-def _loop_step(m: np.ndarray, c: np.ndarray, i: np.ndarray, state: list[int], body: int,
-               end: int) -> Callable[[], int]:
-    """LOOP: read the count once; iteration 0 runs (from ``body``) if the count is positive and
-    the condition holds, else continue at ``end``."""
-    count, cond, number = m.reshape(-1), c.reshape(-1), i.reshape(-1)
-
-    def step() -> int:
-        limit = int(count[0])
-        if limit <= 0 or not cond[0]:
-            return end
-        state[0], state[1] = 0, limit
-        number[0] = 0
-        return body
-    return step
-
-
-def _next_step(c: np.ndarray, i: np.ndarray, state: list[int], after: int, body: int
-               ) -> Callable[[], int]:
-    """NEXT: the next iteration (from ``body``) while it is below the count read at the LOOP
-    and the condition holds, else continue at ``after``."""
-    cond, number = c.reshape(-1), i.reshape(-1)
-
-    def step() -> int:
-        k = state[0] + 1
-        if k >= state[1] or not cond[0]:
-            return after
-        state[0] = k
-        number[0] = k
-        return body
-    return step
 
 
 def _trap_step(reason: int) -> Callable[[], Any]:

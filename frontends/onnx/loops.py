@@ -19,6 +19,7 @@ import numpy as np
 from ...packager.errors import ExportError
 from ...packager.ir.graph import (Call, CallLibrary, CallTIR, DataflowBlock, Function,
                                   TensorType, Value, Var)
+from .branches import graph_inputs_behind
 from .registry import NeedsConstantError, NodeContext
 
 INT64_MAX = (1 << 63) - 1
@@ -66,8 +67,6 @@ def run_time_loop(ctx: NodeContext) -> list[Value]:
                if known is not None else "a constant known at export, not computed at run time,")
         fix = "give the trip count with --bind NAME=FILE.npy"
         if ctx.has_input(0) and known is None:
-            from .rnn import graph_inputs_behind
-
             behind = graph_inputs_behind(ctx, ctx.input(0))
             if behind and behind != [ctx.node.input[0]]:
                 fix = ("give the inputs it is computed from (" + ", ".join(behind) +

@@ -216,4 +216,9 @@ char *mlc_sym_text(mlc_alloc *a, const mp_node *rec);
 void mlc_plan_bindings(mlc_model *m, mlc_plan *p);
 void mlc_content_digest(const mlc_model *m, const uint8_t *head, uint64_t chunk, uint8_t out[32]);
 
+/* loops.c: format 1.8 */
+int mlc_one_element(const mlc_plan *p, int32_t t, mlc_dtype d);
+mlc_status mlc_link_loops(mlc_model *m, mlc_plan *p, const int32_t *w, size_t nw,
+                          const int64_t *start_of, mlc_error *err);
+
 #endif
