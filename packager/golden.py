@@ -221,7 +221,7 @@ def evaluate_ir(mod: IRModule, feeds: Mapping[str, np.ndarray],
     branch_outputs: dict[int, list[np.ndarray]] = {}   # an if's binding -> its outputs
     for b in fn.bindings():
         v = b.value
-        if isinstance(v, Call) and v.op in ("if", "if_output", "check"):
+        if isinstance(v, Call) and v.op in ("if", "if_output", "check", "loop", "loop_output"):
             env[id(b.var)] = _run_branch(mod, v, value, branch_outputs, id(b.var))
             if magnitudes is not None:
                 carried[id(b.var)] = _largest(env[id(b.var)])
@@ -281,8 +281,10 @@ def _run_branch(mod: IRModule, v: Any, value: Any, outputs: dict[int, list[np.nd
     """The value of an ``if`` (its taken branch's function, run by ``evaluate_ir``; its
     outputs kept in ``outputs`` under ``key`` for its ``if_output``s), an ``if_output`` or a
     ``check`` (ops/control.py)."""
-    if v.op == "if_output":
+    if v.op in ("if_output", "loop_output"):
         return outputs[id(v.args[0])][v.attrs["index"]]
+    if v.op == "loop":
+        return _run_loop(mod, v, value, outputs, key)
     flag = bool(np.asarray(value(v.args[0])).reshape(-1)[0])
     if v.op == "check":
         if flag:
@@ -299,6 +301,31 @@ def _run_branch(mod: IRModule, v: Any, value: Any, outputs: dict[int, list[np.nd
     result = evaluate_ir(sub, {p.name: value(a) for p, a in zip(branch.params, v.args[1:])})
     outputs[key] = [result[name] for name in branch.output_names[:len(v.attrs["outputs"])]]
     return outputs[key][0]
+
+
+def _run_loop(mod: IRModule, v: Any, value: Any, outputs: dict[int, list[np.ndarray]],
+              key: int) -> np.ndarray:
+    """The value of a ``loop`` (ops/control.py): its body function run by ``evaluate_ir``
+    while the iteration number is below the trip count and the condition holds; its carried
+    values kept in ``outputs`` under ``key`` for its ``loop_output``s."""
+    body = mod.functions[v.attrs["body"]]
+    n = v.attrs["carried"]
+    trip = int(np.asarray(value(v.args[0])).reshape(-1)[0])
+    running = bool(np.asarray(value(v.args[1])).reshape(-1)[0])
+    state = [value(a) for a in v.args[2:2 + n]]
+    captures = [value(a) for a in v.args[2 + n:]]
+    sub = dataclasses.replace(mod.copy(), value_vars=[])
+    sub.functions["main"] = body
+    k = 0
+    while running and k < trip:
+        feed = [np.array(k, np.int64)] + state + captures
+        result = evaluate_ir(sub, {p.name: x for p, x in zip(body.params, feed)})
+        got = [result[name] for name in body.output_names]
+        running = bool(np.asarray(got[0]).reshape(-1)[0])
+        state = got[1:1 + n]
+        k += 1
+    outputs[key] = state
+    return state[0]
 
 
 def _largest(a: np.ndarray) -> float:

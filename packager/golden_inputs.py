@@ -48,7 +48,8 @@ def random_inputs(specs: list[tuple[str, tuple[int, ...], str]], seed: int,
         elif dt.kind == "f":
             out[name] = rng.standard_normal(shape).astype(dt)
         elif dt.kind == "b":
-            out[name] = rng.random(shape) < 0.5
+            # an array even of shape () (a comparison gives a numpy scalar)
+            out[name] = np.asarray(rng.random(shape) < 0.5)
         else:
             out[name] = np.zeros(shape, dt)
     return out

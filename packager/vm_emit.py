@@ -16,12 +16,27 @@ Instruction set (little-endian int32 words; the runtime's ``vm.py`` documents th
     JUMP         6, w                       (format 1.7) continue at word ``w`` (forward only)
     TRAP         7, reason                  (format 1.7) refuse the run: 0, a branch left out;
                                             1, a size relation of the taken branch fails
+    LOOP         8, m, c, i, w              (format 1.8) a counted loop's head: unless count
+                                            ``m`` > 0 and ``c`` holds, continue at word ``w``
+                                            (after its NEXT); the VM writes the iteration
+                                            number into ``i``
+    NEXT         9, c, h                    (format 1.8) back to the body of the LOOP at word
+                                            ``h`` while the next iteration is below its count
+                                            and ``c`` holds
 
 An ``if`` call (ops/control.py) is laid out as ``JUMP_UNLESS cond -> else; then; copies; JUMP ->
 end; else; copies``: each branch's bindings are emitted in place from its graph function, and
 its results copied into the If's outputs. Steps number the bindings in that order, so the memory
 plan sees the branches one after the other: a buffer of one branch may reuse one of the other
 (only one runs), and the outputs and what the branches read live across both.
+
+A ``loop`` call (ops/control.py) is laid out as ``COPY init -> state (each carried value); LOOP
+trip, cond, i -> end; body; COPY new -> state; NEXT cond' -> LOOP; end:``. The body's bindings
+are emitted once, in place, from its graph function, over the state buffers; a new value that
+is itself a state (a carried value passed on or swapped) goes through a buffer of its own
+first. The states, the iteration number and what the body reads from outside live from the
+LOOP to the NEXT, so no buffer of the body shares their memory; the body's own buffers live
+within one iteration, which writes each before it reads it.
 
 Tensors are rows of a table: ``[0, arena offset, shape, dtype]`` or ``[1, constant, shape,
 dtype]``. A reshape is a second row over the same bytes, so it costs no instruction. Each input
@@ -48,7 +63,7 @@ from .ops.registry import VIEW
 from .passes.memory_plan import Buffer, plan_memory
 # SIZES rows (symbolic programs) hold the int64 values of the size variables
 from ..runtime.header import (ARENA, CONST, OP_BIND_SIZE, OP_CALL_KERNEL, OP_CALL_LIB, OP_COPY,
-                              OP_JUMP, OP_JUMP_UNLESS, OP_TRAP, SIZES,
+                              OP_JUMP, OP_JUMP_UNLESS, OP_LOOP, OP_NEXT, OP_TRAP, SIZES,
                               IORow,
                               LibraryCall, Symbolic, TensorRow, freeze)
 
@@ -74,6 +89,7 @@ class Program:
     arena_bytes: int = 0
     intermediate_bytes: int = 0   # what the tensors would take with no reuse
     branches: int = 0   # JUMP_UNLESS instructions (an If's branch, a size check): format 1.7
+    loops: int = 0      # LOOP ... NEXT regions (a Loop run by the VM): format 1.8
     # A symbolic program (size variables in main's input shapes): tensor rows hold storage ids,
     # not offsets, and shapes as dim records; the runtime plans memory per concrete shape
     # (runtime/symbolic.py) from its size variables and buffers (no ``bound``: the export adds
@@ -259,9 +275,12 @@ def emit_program(mod: IRModule, kernels: dict[str, KernelInfo], func: str = "mai
             tensor_of[id(b.var)] = bad
             prog.branches += 1
             return
-        if isinstance(v, Call) and v.op == "if_output":
+        if isinstance(v, Call) and v.op in ("if_output", "loop_output"):
             use(v.args[0], step)
             tensor_of[id(b.var)] = if_outputs[id(v.args[0])][v.attrs["index"]]
+            return
+        if isinstance(v, Call) and v.op == "loop":
+            emit_loop(b, step)
             return
         late = shape_vars(v.type.shape) & dynamic.keys() - bound_now
         if not late and dynamic and isinstance(v, CallTIR):   # a size read inside the kernel
@@ -338,6 +357,57 @@ def emit_program(mod: IRModule, kernels: dict[str, KernelInfo], func: str = "mai
         jumps.append((done, 1, len(prog.instructions)))
         for shape, _ in v.attrs["outputs"]:
             bound_now.update(shape_vars(shape) & dynamic.keys())
+
+    def emit_loop(b, step: int) -> None:
+        """COPY inits -> states; LOOP; the body over the states; its new values copied into
+        the states; NEXT. What the loop reads lives until its NEXT."""
+        v = b.value
+        n = v.attrs["carried"]
+        body = mod.functions[v.attrs["body"]]
+        trip, cond = use(v.args[0], step), use(v.args[1], step)
+        inits = [use(a, step) for a in v.args[2:2 + n]]
+        captured = [use(a, step) for a in v.args[2 + n:]]
+        states = [arena_tensor(p.type, new_storage(p.type, step)) for p in body.params[1:1 + n]]
+        for src, dst in zip(inits, states):
+            prog.instructions.append([OP_COPY, src, dst])
+        number = arena_tensor(body.params[0].type, new_storage(body.params[0].type, step))
+        head = [OP_LOOP, trip, cond, number, -1]
+        prog.instructions.append(head)
+        head_index = len(prog.instructions) - 1
+        for p, t in zip(body.params, [number] + states + captured):
+            tensor_of[id(p)] = t
+        emit_bindings(body)
+        at = tick()
+        again = use(body.outputs[0], at)
+        kept = {storage_of_tensor[t] for t in states}
+
+        def own_buffer(src: int, ttype: TensorType) -> int:
+            tmp = arena_tensor(ttype, new_storage(ttype, at))
+            prog.instructions.append([OP_COPY, src, tmp])
+            return tmp
+
+        if storage_of_tensor.get(again) in kept:   # the condition is a carried value
+            again = own_buffer(again, body.outputs[0].type)
+        moves = []
+        for o, dst in zip(body.outputs[1:], states):
+            src = use(o, at)
+            sid = storage_of_tensor.get(src)
+            if sid == storage_of_tensor[dst]:
+                continue   # passed on unchanged
+            moves.append((own_buffer(src, o.type) if sid in kept else src, dst))
+        prog.instructions += [[OP_COPY, src, dst] for src, dst in moves]
+        nxt = [OP_NEXT, again, -1]
+        prog.instructions.append(nxt)
+        jumps.append((nxt, 2, head_index))
+        jumps.append((head, 4, len(prog.instructions)))
+        end = tick()
+        for t in [number, again] + states + captured:
+            sid = storage_of_tensor.get(t)
+            if sid is not None:
+                buffers[sid].end = max(buffers[sid].end, end)
+        tensor_of[id(b.var)] = states[0]
+        if_outputs[id(b.var)] = states
+        prog.loops += 1
 
     if_outputs: dict[int, list[int]] = {}
     emit_bindings(fn)

@@ -78,6 +78,10 @@ SCALES_MINOR = 7
 # TRAP, marked by the vm record's "branches" count) say format 1.7 with min_reader 1.7; this
 # reader reads them.
 BRANCH_MINOR = 7
+# Bundles with a counted loop (a Loop whose trip count or condition is known only at run time:
+# LOOP and NEXT, marked by the vm record's "loops" count) say format 1.8 with min_reader 1.8;
+# this reader reads them.
+LOOP_MINOR = 8
 TREE_FORMAT = [1, 2]                # the oldest reader of tree-digest bundles
 MAGIC = b"\x83\xa7mlcpack"          # fixmap(3) then the 7-char key "mlcpack"
 DIGEST_KEY = b"\xa6sha256\xc4\x20"  # fixstr "sha256", then bin8 of 32 bytes
@@ -126,6 +130,8 @@ def reader_minor(header: dict) -> int:
     vm = header.get("vm")
     if isinstance(vm, dict) and "branches" in vm:
         reads = BRANCH_MINOR
+    if isinstance(vm, dict) and "loops" in vm:
+        reads = LOOP_MINOR
     return reads
 
 

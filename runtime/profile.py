@@ -18,7 +18,8 @@ from typing import Any, Callable
 import numpy as np
 
 from .errors import BundleError
-from .header import (OP_BIND_SIZE, OP_CALL_KERNEL, OP_CALL_LIB, OP_JUMP, OP_JUMP_UNLESS, OP_TRAP,
+from .header import (OP_BIND_SIZE, OP_CALL_KERNEL, OP_CALL_LIB, OP_JUMP, OP_JUMP_UNLESS, OP_LOOP,
+                     OP_NEXT, OP_TRAP,
                      Plan)
 from .vm import Executor
 
@@ -63,7 +64,8 @@ def sources_text(sources: tuple[SourceNode, ...], shown: int = 2) -> str:
 @dataclass(frozen=True)
 class Step:
     """What one VM instruction is, from the bundle header."""
-    # "kernel", "library", "copy", "bind" (BIND_SIZE) or "jump" (JUMP_UNLESS, JUMP, TRAP)
+    # "kernel", "library", "copy", "bind" (BIND_SIZE) or "jump" (JUMP_UNLESS, JUMP, TRAP, and
+    # format 1.8's LOOP, NEXT)
     kind: str
     name: str                         # the prim function, the library function, or "copy"
     symbol: str                       # the kernel's symbol (shared by identical kernels)
@@ -88,8 +90,9 @@ def describe_steps(executor: Executor, plan: Plan) -> list[Step]:
         elif ins.opcode == OP_BIND_SIZE:   # a counted size: no kernel, the VM's check
             name = f"bind {plan.symbolic.vars[ins.target]}" if plan.symbolic else "bind"
             steps.append(Step("bind", name, name, (), None))
-        elif ins.opcode in (OP_JUMP_UNLESS, OP_JUMP, OP_TRAP):   # an If's branching
-            name = {OP_JUMP_UNLESS: "jump unless", OP_JUMP: "jump", OP_TRAP: "trap"}[ins.opcode]
+        elif ins.opcode in (OP_JUMP_UNLESS, OP_JUMP, OP_TRAP, OP_LOOP, OP_NEXT):   # control flow
+            name = {OP_JUMP_UNLESS: "jump unless", OP_JUMP: "jump", OP_TRAP: "trap",
+                    OP_LOOP: "loop", OP_NEXT: "next"}[ins.opcode]
             steps.append(Step("jump", name, name, (), None))
         else:
             steps.append(Step("copy", "copy", "copy", (), None))

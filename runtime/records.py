@@ -24,6 +24,7 @@ from .errors import BundleError
 ARENA, CONST, SIZES = 0, 1, 2     # a tensor row's storage kind (docs/format.md section 5)
 OP_CALL_KERNEL, OP_CALL_LIB, OP_COPY, OP_BIND_SIZE = 1, 2, 3, 4   # VM opcodes (format.md section 6)
 OP_JUMP_UNLESS, OP_JUMP, OP_TRAP = 5, 6, 7   # format 1.7: an If that runs only its taken branch
+OP_LOOP, OP_NEXT = 8, 9   # format 1.8: a Loop whose trip count is known only at run time
 MAX_PLANS = 64
 MAX_DIM = 1 << 40
 MAX_RECORD_DEPTH = 32
@@ -330,6 +331,9 @@ class VMRecord(_Record):
     # format 1.7: how many If regions (JUMP_UNLESS instructions) the bytecode has; present only
     # when it has some, so that a reader knows it must understand opcodes 5-7
     branches: int | None = None
+    # format 1.8: how many counted loops (LOOP ... NEXT regions) the bytecode has; present only
+    # when it has some, so that a reader knows it must understand opcodes 8-9
+    loops: int | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)
 
 
@@ -529,9 +533,11 @@ class Plan(_Record):
         vm = _map(obj.get("vm"), f"{at}vm")
         ins = vm.get("instructions")
         branches = vm.get("branches")
+        loops = vm.get("loops")
         vm_rec = VMRecord(payload_ref(vm.get("bytecode"), f"{at}bytecode", data_size),
                           None if ins is None else _int(ins, f"{at}vm instructions"),
                           None if branches is None else _int(branches, f"{at}vm branches"),
+                          None if loops is None else _int(loops, f"{at}vm loops"),
                           VMRecord._extra(vm))
         mp = obj.get("memory_plan")
         if not isinstance(mp, dict) or not _is_int(mp.get("arena_bytes")) \

@@ -17,9 +17,24 @@ Instruction set (little-endian int32 words):
     TRAP         7, reason                  (format 1.7) refuse this run: reason 0, its input
                                             sizes take a branch of an If that was not compiled;
                                             1, they break a size relation of the taken branch
+    LOOP         8, m, c, i, w              (format 1.8) a counted loop's head: its count is
+                                            tensor ``m`` (one int64, read once here); unless
+                                            m > 0 and tensor ``c`` (one bool) holds, continue at
+                                            word ``w`` (after its NEXT); else iteration 0 runs,
+                                            its number written into tensor ``i`` (one int64)
+    NEXT         9, c, h                    (format 1.8) the loop's end, its head LOOP at word
+                                            ``h``: the next iteration runs (its number into
+                                            ``i``, from the instruction after the head) while it
+                                            is below the count and tensor ``c`` (one bool) holds
 
 A jump's word ``w`` must start an instruction (or be the bytecode's end) and lie after the jump
-itself: jumps only go forward, so every run ends, and an If runs only its taken branch.
+itself: jumps only go forward, and an If runs only its taken branch. The only backward edge is a
+NEXT's, to its own LOOP's body: a LOOP names the word after its NEXT, that NEXT names the LOOP,
+loops nest (their regions are disjoint or one inside the other) and no jump enters or leaves a
+loop's body (a jump's target lies in the body of the innermost loop around the jump, or is its
+NEXT). The count lives in the VM, not in a tensor a kernel could write: each loop runs at most
+``m`` iterations (``m`` as read at its LOOP), so every run ends (a Loop whose count is 2**63 - 1
+and whose condition stays true runs that long, as ONNX Runtime would).
 
 Every kernel has the C signature ``void k(void **args, int64_t task, int64_t ntasks)``. Tensor
 addresses are fixed by the static memory plan, so each call's ``void*[]`` is built once here and
@@ -54,14 +69,16 @@ from typing import Any, Callable
 import numpy as np
 
 from .errors import BundleError, CodeLoadError, InputError
-from .header import (OP_BIND_SIZE, OP_CALL_KERNEL, OP_CALL_LIB, OP_COPY, OP_JUMP,
-                     OP_JUMP_UNLESS, OP_TRAP)
+from .vm_loops import link_loops, loop_step, next_step
+from .header import (ARENA, OP_BIND_SIZE, OP_CALL_KERNEL, OP_CALL_LIB, OP_COPY, OP_JUMP,
+                     OP_JUMP_UNLESS, OP_LOOP, OP_NEXT, OP_TRAP)
 
 KERNEL_SIGNATURE = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64)
 MAX_OPERANDS = 4096
 
 
-JUMPS = (OP_JUMP_UNLESS, OP_JUMP)
+# instructions whose step returns the instruction to continue at
+JUMPS = (OP_JUMP_UNLESS, OP_JUMP, OP_LOOP, OP_NEXT)
 TRAP_REASONS = {0: "these input sizes take a branch of one of the model's If nodes that the "
                    "export could not compile (the other branch was compiled): give inputs of the "
                    "sizes the model is made for",
@@ -75,8 +92,8 @@ TRAP_REASONS = {0: "these input sizes take a branch of one of the model's If nod
 class Instruction:
     opcode: int
     # kernel index, library call site, source tensor (COPY), size variable (BIND_SIZE), the
-    # instruction a jump continues at (decoded from its word; len(program): the end), or a
-    # TRAP's reason
+    # instruction a jump continues at (decoded from its word; len(program): the end), a TRAP's
+    # reason, the instruction after a LOOP's NEXT, or a NEXT's LOOP
     target: int
     operands: tuple[int, ...]
 
@@ -96,6 +113,7 @@ def decode(bytecode: memoryview | bytes, num_tensors: int, num_kernels: int, num
 
     starts: dict[int, int] = {}   # word -> instruction index, for the jumps' targets
     jumps: list[tuple[int, int]] = []   # (instruction index, its target word)
+    loops: list[tuple[int, int, int]] = []   # LOOP and NEXT: (instruction index, word, its word)
     while pc < len(words):
         op = words[pc]
         starts[pc] = len(out)
@@ -125,6 +143,22 @@ def decode(bytecode: memoryview | bytes, num_tensors: int, num_kernels: int, num
             jumps.append((len(out), arg))
             out.append(Instruction(op, -1, (t,)))
             pc += 3
+            continue
+        if op in (OP_LOOP, OP_NEXT):
+            size = 5 if op == OP_LOOP else 3
+            if pc + size > len(words):
+                raise bad("truncated LOOP or NEXT")
+            tensors = words[pc + 1:pc + size - 1]
+            if not all(0 <= t < num_tensors for t in tensors):
+                raise bad("tensor index out of range")
+            arg = words[pc + size - 1]
+            if op == OP_LOOP and not pc + size + 3 <= arg <= len(words):
+                raise bad("LOOP's end outside the bytecode or not after it")
+            if op == OP_NEXT and not 0 <= arg < pc:
+                raise bad("NEXT's head is not before it")
+            loops.append((len(out), pc, arg))
+            out.append(Instruction(op, -1, tuple(tensors)))
+            pc += size
             continue
         if op == OP_COPY:
             if pc + 3 > len(words):
@@ -166,17 +200,27 @@ def decode(bytecode: memoryview | bytes, num_tensors: int, num_kernels: int, num
             raise bad("a jump lands inside an instruction")
         ins = out[index]
         out[index] = Instruction(ins.opcode, starts[word], ins.operands)
+    if loops:
+        link_loops(out, loops, starts, words, bad_at=lambda at, why: BundleError(
+            f"{bundle_name}: invalid bytecode at word {at}: {why}"))
     return out
 
 
 def check_branches(program: list[Instruction], tensors: Any, bundle_name: str) -> None:
-    """Refuse a JUMP_UNLESS whose condition is not one bool (``tensors``: the plan's rows)."""
+    """Refuse a JUMP_UNLESS, LOOP or NEXT whose tensors are not what it reads or writes
+    (``tensors``: the plan's rows): a condition is one bool, a LOOP's count one int64 and its
+    iteration number one int64 in the arena (the VM writes it)."""
+    want = {OP_JUMP_UNLESS: ("bool",), OP_LOOP: ("int64", "bool", "int64"), OP_NEXT: ("bool",)}
     for ins in program:
-        if ins.opcode == OP_JUMP_UNLESS:
-            row = tensors[ins.operands[0]]
-            if row.dtype != "bool" or tuple(row.shape) not in ((1,), ()):
-                raise BundleError(f"{bundle_name}: bundle header: JUMP_UNLESS tests tensor "
-                                  f"{ins.operands[0]}: one bool expected")
+        for k, dtype in enumerate(want.get(ins.opcode, ())):
+            t = ins.operands[k]
+            row = tensors[t]
+            if row.dtype != dtype or tuple(row.shape) not in ((1,), ()) \
+                    or (k == 2 and row.kind != ARENA):
+                name = {OP_JUMP_UNLESS: "JUMP_UNLESS", OP_LOOP: "LOOP", OP_NEXT: "NEXT"}
+                what = "one int64 in the arena" if k == 2 else f"one {dtype}"
+                raise BundleError(f"{bundle_name}: bundle header: {name[ins.opcode]} reads "
+                                  f"tensor {t}: {what} expected")
 
 
 class Executor:
@@ -190,6 +234,7 @@ class Executor:
         """``sizes`` is the sizes array the kernels read and ``limits`` each variable's largest
         value for this plan (symbolic plans with BIND_SIZE instructions)."""
         self._steps: list[Callable[[], Any]] = []
+        self._loops: dict[int, list[int]] = {}   # per LOOP: its iteration and count (format 1.8)
         self._sizes, self._limits = sizes, limits
         self._program = program
         self._sites = sites
@@ -273,7 +318,20 @@ class Executor:
             return lambda: target
         if ins.opcode == OP_TRAP:
             return _trap_step(ins.target)
+        if ins.opcode == OP_LOOP:
+            m, c, i = (views[t] for t in ins.operands)
+            return loop_step(m, c, i, self._loop_state(ins), index_after(self._program, ins),
+                              ins.target)
+        if ins.opcode == OP_NEXT:
+            head = self._program[ins.target]
+            return next_step(views[ins.operands[0]], views[head.operands[2]],
+                              self._loop_state(head), index_after(self._program, ins),
+                              ins.target + 1)
         return _copy_step(views[ins.operands[0]], views[ins.target])
+
+    def _loop_state(self, head: Instruction) -> list[int]:
+        """The count of the loop whose LOOP is ``head``, kept by the VM: [iteration, limit]."""
+        return self._loops.setdefault(id(head), [0, 0])
 
     def set_views(self, index: int, views: Any) -> None:
         """Prepare instruction ``index``, a library call or a copy, again on ``views`` (tensor
@@ -363,16 +421,20 @@ class Executor:
         instruction's start, each one's duration, the run's start, the run's end), all in ns.
         A method apart from ``run`` so that the untimed path pays nothing for it."""
         clock = time.perf_counter_ns
-        begin = clock()
         program, steps = self._program, self._steps
-        # by instruction; those a jump skipped keep no time
-        starts, durations = [begin] * len(steps), [0] * len(steps)
+        # instructions a jump skipped: no time; one a loop ran again: the sum of its runs
+        begin = clock()
+        starts = [begin] * len(steps)
+        durations = [0] * len(steps)
+        ran = [False] * len(steps)
         i = 0
         while i < len(steps):
             t0 = clock()
             after = steps[i]()
             t1 = clock()
-            starts[i], durations[i] = t0, t1 - t0
+            if not ran[i]:
+                starts[i], ran[i] = t0, True
+            durations[i] += t1 - t0
             i = after if program[i].opcode in JUMPS else i + 1
         return starts, durations, begin, clock()
 

@@ -237,3 +237,25 @@ def _larger(x, y):
         if low is not None and low >= 0:
             return big
     return None
+
+
+def graph_inputs_behind(ctx: NodeContext, cond: Value) -> list[str]:
+    """The graph inputs whose values ``cond`` (an If's condition, a Loop's trip count) depends
+    on (found through the bindings emitted so far); none when it is computed from the input
+    sizes alone."""
+    fn = ctx.bb._func
+    producers = {id(b.var): b.value for blk in (fn.blocks if fn else []) for b in blk.bindings}
+    if ctx.bb._block is not None:
+        producers.update((id(b.var), b.value) for b in ctx.bb._block.bindings)
+    params = {id(p): p.name for p in (fn.params if fn else ctx.bb.params)}
+    seen, stack, inputs = set(), [cond], []
+    while stack:
+        v = stack.pop()
+        if id(v) in seen:
+            continue
+        seen.add(id(v))
+        if id(v) in params:
+            inputs.append(params[id(v)])
+        value = producers.get(id(v))
+        stack.extend(a for a in getattr(value, "args", ()) if isinstance(a, Value))
+    return sorted(inputs)

@@ -7,6 +7,9 @@ the (static) sequence length: the input projection of every step is one matmul o
 sequence, then each step is a small matmul with the recurrence weights plus elementwise gates.
 ``sequence_lens`` given at run time is honoured with selects: a step past a batch row's length
 keeps that row's state and writes zeros to ``Y``.
+
+Loop and Scan are unrolled where their iterations have a small bound at export; the others run
+as the VM's counted loop (``loops.py``, format 1.8).
 """
 
 from __future__ import annotations
@@ -19,7 +22,8 @@ from ...packager.errors import ExportError
 from ...packager.ir.graph import Value
 from . import rnn_fast
 from .recurrence import _RNN_ATTRS, _Recurrence, _slice, _take
-from .branches import emit_if
+from .branches import emit_if, graph_inputs_behind
+from .loops import NeedsRunTimeLoop, run_time_loop, run_time_scan
 from .registry import NodeContext, converter
 
 # ---- activations --------------------------------------------------------------------------------
@@ -206,7 +210,7 @@ def _if(ctx: NodeContext) -> list[Value]:
         raise ctx.error(f"the condition has shape {cond.type.shape}; it must hold one value")
     from .symvalue import SymValue, materialize
 
-    inputs = _condition_inputs(ctx, cond)
+    inputs = graph_inputs_behind(ctx, cond)
     hint = _run_time_condition_hint(ctx, inputs)
     if isinstance(cond, SymValue):
         cond = materialize(ctx.bb, cond)
@@ -225,27 +229,6 @@ def _if(ctx: NodeContext) -> list[Value]:
 
 
 _HINT_MARK = "is known only at run time, so both branches are compiled"
-
-
-def _condition_inputs(ctx: NodeContext, cond: Value) -> list[str]:
-    """The graph inputs whose values the condition depends on (found through the bindings
-    emitted so far); none when it is computed from the input sizes alone."""
-    fn = ctx.bb._func
-    producers = {id(b.var): b.value for blk in (fn.blocks if fn else []) for b in blk.bindings}
-    if ctx.bb._block is not None:
-        producers.update((id(b.var), b.value) for b in ctx.bb._block.bindings)
-    params = {id(p): p.name for p in (fn.params if fn else ctx.bb.params)}
-    seen, stack, inputs = set(), [cond], []
-    while stack:
-        v = stack.pop()
-        if id(v) in seen:
-            continue
-        seen.add(id(v))
-        if id(v) in params:
-            inputs.append(params[id(v)])
-        value = producers.get(id(v))
-        stack.extend(a for a in getattr(value, "args", ()) if isinstance(a, Value))
-    return sorted(inputs)
 
 
 def _run_time_condition_hint(ctx: NodeContext, inputs: list[str]) -> str:
@@ -309,7 +292,10 @@ def _scan_masked(ctx: NodeContext, body, states: list[Value], scans: list[Value]
     stack)."""
     from .symvalue import make, materialize
 
-    bound = _unroll_bound(ctx, steps, "the scan length")
+    try:
+        bound = _unroll_bound(ctx, steps, "the scan length")
+    except ExportError:   # no bound under --max-shape, or too many to unroll: the VM's loop
+        return run_time_scan(ctx, body, states, scans, in_axes, in_rev, out_axes, out_rev, steps)
     length = materialize(ctx.bb, make(ctx, np.array([steps], dtype=object), "int64", "steps"))
     last = ctx.emit("subtract", length, ctx.constant(np.array([1], np.int64), "one"))
     n_state = len(states)
@@ -395,19 +381,42 @@ def _scan_v9(ctx: NodeContext) -> list[Value]:
 
 @converter("Loop", since=1, attrs={"body": None})
 def _loop(ctx: NodeContext) -> list[Value]:
+    """A loop whose trip count is known at export (or bounded under ``--max-shape``), unrolled;
+    one whose count has no such bound runs as the VM's loop (format 1.8, ``loops.py``)."""
+    bb, mod = ctx.bb, ctx.bb.mod
+    mark, rel_mark = len(bb._block.bindings), len(mod.relations)
+    dynamic, functions = dict(mod.dynamic_sizes), set(mod.functions)
+    try:
+        return _loop_unrolled(ctx)
+    except NeedsRunTimeLoop:
+        del bb._block.bindings[mark:]
+        del mod.relations[rel_mark:]
+        mod.dynamic_sizes.clear()
+        mod.dynamic_sizes.update(dynamic)
+        for name in set(mod.functions) - functions:
+            del mod.functions[name]
+    return run_time_loop(ctx)
+
+
+def _loop_unrolled(ctx: NodeContext) -> list[Value]:
     """A loop whose trip count is known at export, unrolled. Its condition may be computed at run
     time (``_loop_run_time_condition``); with one known at export, the loop unrolls only the
-    iterations it runs."""
+    iterations it runs. ``NeedsRunTimeLoop`` when the iterations have no bound at export."""
     body = ctx.attrs["body"]
     trip = None
     carried = [ctx.input(i) for i in range(2, ctx.num_inputs)]
     if ctx.has_input(0):
-        limit = _symbolic_trip_count(ctx)
+        try:
+            limit = _symbolic_trip_count(ctx)
+        except ExportError as exc:   # a size expression with no bound under --max-shape
+            raise NeedsRunTimeLoop(str(exc)) from None
         if limit is not None:
             bound, limit = limit
             cond = ctx.input(1) if ctx.has_input(1) else ctx.constant(np.array(True), "cond")
             return _loop_run_time_condition(ctx, bound, cond, 0, carried, [], limit)
-        trip = int(np.asarray(ctx.require_const(0, "the trip count")).reshape(()))
+        if ctx.const(0) is None:
+            raise NeedsRunTimeLoop("the trip count is computed at run time")
+        trip = int(np.asarray(ctx.const(0)).reshape(()))
     cond = True
     if ctx.has_input(1):
         known = _bool_const(ctx, ctx.input(1), "the condition")
@@ -421,7 +430,7 @@ def _loop(ctx: NodeContext) -> list[Value]:
     it = 0
     while cond and it < trip:
         if it >= _MAX_UNROLL:
-            raise ctx.error(f"the loop runs more than {_MAX_UNROLL} iterations")
+            raise NeedsRunTimeLoop(f"the loop runs more than {_MAX_UNROLL} iterations")
         outs = ctx.inline(body, [ctx.constant(np.array(it, np.int64), "iter"),
                                    ctx.constant(np.array(cond), "cond")] + carried)
         known = _bool_const(ctx, outs[0], "the body's condition")
@@ -489,9 +498,8 @@ def _loop_run_time_condition(ctx: NodeContext, trip: int | None, cond: Value, st
     iterations the same way."""
     body = ctx.attrs["body"]
     if trip is None or trip > _MAX_UNROLL:
-        raise ctx.error("the loop condition is computed at run time, so every iteration up to "
-                        f"the trip count is compiled: the trip count must be known at export "
-                        f"and at most {_MAX_UNROLL}, not {'absent' if trip is None else trip}")
+        raise NeedsRunTimeLoop("the loop condition is computed at run time and the trip count "
+                               f"is {'absent' if trip is None else trip}")
     n_carried = len(carried)
     running = ctx.reshape(_as_bool(ctx, cond, "the loop condition"), ())
     count = ctx.constant(np.array([start], np.int64), "ran")

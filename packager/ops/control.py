@@ -10,6 +10,13 @@ emitter (``vm_emit.py``) lays out both branches, each copying its results into t
 memory. An output's extents that differ between the branches are size variables that each
 branch binds (BIND_SIZE) before it copies. The references evaluate nothing: the numpy
 reference of a module with branches is ``golden.evaluate_ir``'s, which runs the taken one.
+
+A Loop whose trip count or condition has no bound at export is the VM's counted loop (format
+1.8: LOOP ... NEXT): ``loop`` takes the trip count (int64 (1,)), the condition (bool (1,)), the
+carried values' first values and the captures; ``body`` names the graph function of one
+iteration (iteration number, carried values, captures -> condition, new carried values). Its
+value is carried value 0 at the end, ``loop_output`` the others. ``golden.evaluate_ir`` runs
+the body as the VM does.
 """
 
 from __future__ import annotations
@@ -65,3 +72,40 @@ def check(bad: np.ndarray, where: str = "") -> np.ndarray:
     """A size relation a branch needs (``where`` names it): the VM refuses the run (TRAP)
     where ``bad`` holds. Never dropped as dead code."""
     return bad
+
+
+def _infer_loop(trip: TensorType, cond: TensorType, *values: TensorType, body: str = "",
+                carried: int = 0, outputs: Sequence[tuple] = ()) -> TensorType:
+    if trip.dtype != "int64" or trip.shape != (1,):
+        raise ValueError(f"loop: the trip count must be one int64 of shape (1,), not {trip}")
+    if cond.dtype != "bool" or cond.shape != (1,):
+        raise ValueError(f"loop: the condition must be one bool of shape (1,), not {cond}")
+    if not body or carried < 1 or len(outputs) != carried or len(values) < carried:
+        raise ValueError("loop: a body and at least one carried value are needed")
+    for k, (t, out) in enumerate(zip(values, outputs)):
+        if t != _output_type(outputs, k):
+            raise ValueError(f"loop: carried value {k} is {t}, its output {out}")
+    return _output_type(outputs, 0)
+
+
+@register_op("loop", BRANCH, _infer_loop)
+def loop(trip: np.ndarray, cond: np.ndarray, *values: np.ndarray, body: str = "",
+         carried: int = 0, outputs: Sequence[tuple] = ()) -> np.ndarray:
+    """A Loop run by the VM (format 1.8: LOOP ... NEXT): the graph function ``body`` takes the
+    iteration number (int64 of shape ()), the ``carried`` values and the captures (``values``
+    past the carried ones) and gives the condition (one bool) and the new carried values; it
+    runs while the iteration number is below ``trip`` and the condition holds. Its value is
+    the last carried value 0 (``loop_output`` the others)."""
+    raise NotImplementedError("loop: evaluated by golden.evaluate_ir, which runs its body")
+
+
+def _infer_loop_output(first: TensorType, index: int = 1, outputs: Sequence[tuple] = ()
+                       ) -> TensorType:
+    if not 0 < index < len(outputs):
+        raise ValueError(f"loop_output: output {index} of a loop with {len(outputs)} outputs")
+    return _output_type(outputs, index)
+
+
+@register_op("loop_output", BRANCH, _infer_loop_output)
+def loop_output(first: np.ndarray, index: int = 1, outputs: Sequence[tuple] = ()) -> np.ndarray:
+    raise NotImplementedError("loop_output: evaluated by golden.evaluate_ir with its loop")

@@ -668,6 +668,44 @@ def test_taken_branch_bit_identical_and_damaged_jumps_refused(build, asan, branc
         assert proc.returncode == 3 and "invalid bytecode" in line, (change, line)
 
 
+def test_counted_loop_bit_identical_and_damaged_loops_refused(build, asan, tmp_path_factory,
+                                                            tmp_path) -> None:
+    """The C runtime runs format 1.8's LOOP ... NEXT as the Python runtime does (the bundles of
+    tests/export/test_run_time_loops.py: the counted loop, symbolic (per-shape plans, and one
+    arena planned under --max-shape) and with static shapes, at
+    trip counts 0, 1, 7, negative and 2**63 - 1 with a break, a false condition; a Scan over an
+    open axis; a Loop over an input's rows with a scan output and a break; two nested Loops):
+    bit-identical at 1
+    and 2 threads and under the sanitizers. Damaged loops (a NEXT that names no LOOP or one
+    after it, a LOOP whose end is elsewhere, a float count, a constant iteration number, a
+    jump out of the body) are refused at load with the bundle-error code, in one line."""
+    from loop_models import (DAMAGE, damaged_bytecode, exported, feeds, nested_feeds,
+                             open_scan_feeds, rows_loop_feeds)
+
+    bundles = [exported(tmp_path_factory)[1], exported(tmp_path_factory, "counted-static")[1],
+               exported(tmp_path_factory, "counted-bounded")[1]]
+    cases = [(0, True, 1e9), (1, True, 1e9), (7, True, 1e9), (7, False, 1e9), (-3, True, 1e9),
+             ((1 << 63) - 1, True, 2.0)]
+    for b, bundle in enumerate(bundles):
+        for k, (m, cond, lim) in enumerate(cases):
+            f = feeds(m, cond, lim, n=3 if b == 1 else 3 + 9 * k, seed=k)
+            assert_bit_identical(build, bundle, f, tmp_path / f"b{b}c{k}")
+            assert_bit_identical(asan, bundle, f, tmp_path / f"b{b}a{k}", threads=(1,), env=ASAN)
+    # scan outputs planned at an input size: a Scan over an open axis, a Loop over x's rows
+    for k, (kind, f) in enumerate((("open-scan", open_scan_feeds(5)),
+                                   ("rows-loop", rows_loop_feeds(6, 2.5)),
+                                   ("rows-loop", rows_loop_feeds(3, 1e9)),
+                                   ("nested", nested_feeds(3, 2)), ("nested", nested_feeds(2, 0)))):
+        bundle = exported(tmp_path_factory, kind)[1]
+        assert_bit_identical(build, bundle, f, tmp_path / f"s{k}")
+        assert_bit_identical(asan, bundle, f, tmp_path / f"s{k}a", threads=(1,), env=ASAN)
+    for change in DAMAGE:
+        path = damaged_bytecode(bundles[0], tmp_path / f"{change}.mlc", change)
+        proc = mlcrun(asan, "inspect", path, env=ASAN)
+        line = one_line_error(proc)
+        assert proc.returncode == 3 and "invalid bytecode" in line, (change, line)
+
+
 # ---- Ed25519 signatures (vendored Monocypher) --------------------------------------------------
 
 def test_signatures(asan, tmp_path) -> None:

@@ -3,9 +3,10 @@ iteration up to the trip count (known at export, or the largest a trip count com
 input sizes takes under ``--max-shape``) is compiled, an iteration after the condition turned false leaves
 the carried values as they were, and the scan output comes back with as many rows as the loop
 ran (a size variable bound at run time, BIND_SIZE, as NonZero's count). One export, several
-stopping points, against ONNX Runtime (rows and values); the C runtime bit-identical; a trip
-count too large to compile, or one from the input sizes without ``--max-shape``, is a one-line
-export error."""
+stopping points, against ONNX Runtime (rows and values); the C runtime bit-identical. A trip
+count from the input sizes or a scan length without ``--max-shape`` runs as the VM's loop
+(format 1.8, tests/export/test_run_time_loops.py); a scan output planned at a constant trip count
+too large (2**40 rows) is a one-line export error."""
 
 from __future__ import annotations
 
@@ -177,10 +178,13 @@ def test_trip_count_from_input_sizes_c_runtime_bit_identical(sized_bundle, tmp_p
                              threads=(1,))
 
 
-def test_trip_count_from_input_sizes_needs_max_shape() -> None:
-    with pytest.raises(ExportError, match=r"the trip count N is known only at run time.*"
-                                          r"give --max-shape .*\(N\)"):
-        import_onnx(sized_model())
+def test_trip_count_from_input_sizes_without_max_shape_is_the_vms_loop() -> None:
+    """With no --max-shape the trip count has no bound to unroll to: the loop runs as the VM's
+    (format 1.8; tests/export/test_run_time_loops.py runs such a loop against ONNX Runtime),
+    its scan output planned at N rows for each shape."""
+    mod, _ = import_onnx(sized_model())
+    assert "loop" in [b.value.op for b in mod.functions["main"].bindings()
+                      if hasattr(b.value, "op")]
 
 
 def scan_model() -> onnx.ModelProto:
@@ -236,12 +240,24 @@ def test_scan_over_a_run_time_length_c_runtime_bit_identical(scan_bundle, tmp_pa
         assert_bit_identical(CDIR / "build", scan_bundle, feed, tmp_path / str(k), threads=(1,))
 
 
-def test_scan_over_a_run_time_length_needs_max_shape() -> None:
-    with pytest.raises(ExportError, match=r"the scan length L is known only at run time.*"
-                                          r"give --max-shape .*\(L\)"):
-        import_onnx(scan_model())
+def test_scan_over_a_run_time_length_without_max_shape_matches_onnxruntime(tmp_path) -> None:
+    """With no --max-shape the scan length has no bound to unroll to: the Scan runs as the VM's
+    loop (format 1.8), both directions of its inputs and of its outputs as ONNX Runtime."""
+    path = tmp_path / "scan_open.mlc"
+    mod, _ = import_onnx(scan_model())
+    export_module(mod, path, ExportOptions(target="host"))
+    session = ort.InferenceSession(scan_model().SerializeToString())
+    with load(path) as b:
+        for feed in SCANS + [{"s0": np.ones(2, F), "x": np.arange(14, dtype=F).reshape(7, 2)}]:
+            got = b.run(feed)
+            for name, want in zip(("s", "ys", "zs"), session.run(None, feed)):
+                assert got[name].shape == want.shape, (name, got[name].shape, want.shape)
+                np.testing.assert_allclose(got[name], want, rtol=1e-6, atol=1e-6, err_msg=name)
 
 
 def test_trip_count_too_large_is_a_clear_error() -> None:
-    with pytest.raises(ExportError, match="the trip count must be known at export and at most"):
+    """A run-time condition and a trip count too large to unroll: the VM's loop, but its scan
+    output would be planned at 2**40 rows: refused in one line that names the trip count."""
+    with pytest.raises(ExportError, match=r"the trip count \(input 0\) must be at most 65536, "
+                                          r"not 1099511627776 .*scan output"):
         import_onnx(while_model(trip=1 << 40))

@@ -16,6 +16,7 @@
 #define BRANCH_MINOR 7      /* the vm record's "branches" (JUMP_UNLESS, JUMP, TRAP) */
 #define VALUES_MINOR 6      /* the symbolic record's "values" (sizes from inputs' values) */
 #define SCALES_MINOR 7      /* the symbolic record's "scales" (sizes from float scales) */
+#define LOOP_MINOR 8        /* the vm record's "loops" (LOOP, NEXT) */
 #define ALIGN 64
 #define MAX_HEADER_BYTES (64u << 20)
 #define MAX_DIM (1LL << 40)
@@ -107,6 +108,8 @@ static mlc_status check_version(mlc_model *m, mlc_error *err)
     const mp_node *vmrec = mp_get(h, "vm");
     if (vmrec && vmrec->type == MP_MAP && mp_get(vmrec, "branches"))
         reads = BRANCH_MINOR;
+    if (vmrec && vmrec->type == MP_MAP && mp_get(vmrec, "loops"))
+        reads = LOOP_MINOR;
     if (minor > reads) {
         const mp_node *need = mp_get(h, "min_reader");
         if (!need)

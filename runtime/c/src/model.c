@@ -26,7 +26,7 @@ void mlc_options_init(mlc_options *o)
 
 const char *mlc_version(void)
 {
-    return "0.1 (format 1.7, abi 1)";
+    return "0.1 (format 1.8, abi 1)";
 }
 
 static mlc_status decode(mlc_model *m, mlc_plan *p, mlc_error *err)
@@ -66,14 +66,9 @@ static mlc_status decode(mlc_model *m, mlc_plan *p, mlc_error *err)
                         why = "jump target outside the bytecode or not forward";
                     else if (op == OP_JUMP_UNLESS) {
                         int32_t t = w[pc + 1];
-                        const mlc_trow *row = t >= 0 && (size_t)t < p->ntensors
-                                              ? &p->tensors[t] : NULL;
-                        if (!row)
+                        if (t < 0 || (size_t)t >= p->ntensors)
                             why = "tensor index out of range";
-                        else if (row->dtype != MLC_BOOL || row->rec->len > 1
-                                 || (row->rec->len == 1
-                                     && !(mp_is_int(&row->rec->v.items[0])
-                                          && row->rec->v.items[0].v.i == 1)))
+                        else if (!mlc_one_element(p, t, MLC_BOOL))
                             why = "JUMP_UNLESS must test one bool";
                     }
                 }
@@ -84,6 +79,44 @@ static mlc_status decode(mlc_model *m, mlc_plan *p, mlc_error *err)
                     p->program[k] = (mlc_instr){op, (uint32_t)(op == OP_TRAP ? w[pc + 1] : arg),
                                                 op == OP_JUMP_UNLESS, &w[pc + 1], NULL, NULL};
                 p->jumps |= op != OP_TRAP;
+                k++;
+                pc += len;
+                continue;
+            }
+            if (op == OP_LOOP || op == OP_NEXT) {
+                size_t len = op == OP_LOOP ? 5 : 3;
+                int32_t arg = 0;
+                if (pc + len > nw)
+                    why = "truncated LOOP or NEXT";
+                else {
+                    arg = w[pc + len - 1];
+                    for (size_t j = 1; j + 1 < len; j++)
+                        if (w[pc + j] < 0 || (size_t)w[pc + j] >= p->ntensors)
+                            why = "tensor index out of range";
+                    if (why)
+                        ;
+                    else if (op == OP_LOOP && (arg < 0 || (size_t)arg < pc + len + 3
+                                               || (size_t)arg > nw))
+                        why = "LOOP's end outside the bytecode or not after it";
+                    else if (op == OP_NEXT && (arg < 0 || (size_t)arg >= pc))
+                        why = "NEXT's head is not before it";
+                    else if (op == OP_LOOP && !(mlc_one_element(p, w[pc + 1], MLC_INT64)
+                                                && mlc_one_element(p, w[pc + 2], MLC_BOOL)
+                                                && mlc_one_element(p, w[pc + 3], MLC_INT64)
+                                                && p->tensors[w[pc + 3]].kind == T_ARENA))
+                        why = "LOOP must read one int64 count and one bool and write one int64 "
+                              "in the arena";
+                    else if (op == OP_NEXT && !mlc_one_element(p, w[pc + 1], MLC_BOOL))
+                        why = "NEXT must test one bool";
+                }
+                if (why)
+                    return mlc_fail(err, MLC_ERR_BUNDLE, "%s: invalid bytecode at word %zu: %s",
+                                    m->name, pc, why);
+                if (pass)   /* the word for now: an instruction index in link_loops */
+                    p->program[k] = (mlc_instr){op, (uint32_t)arg, (uint32_t)(len - 2),
+                                                &w[pc + 1], NULL, NULL};
+                p->jumps = 1;
+                p->loops = 1;
                 k++;
                 pc += len;
                 continue;
@@ -171,6 +204,11 @@ static mlc_status decode(mlc_model *m, mlc_plan *p, mlc_error *err)
             return mlc_fail(err, MLC_ERR_BUNDLE, "%s: invalid bytecode at word %u: a jump "
                             "lands inside an instruction", m->name, in->target);
         in->target = (uint32_t)start_of[in->target];
+    }
+    if (p->loops) {
+        mlc_status s = mlc_link_loops(m, p, w, nw, start_of, err);
+        if (s)
+            return s;
     }
     for (size_t i = 0; i < p->nprogram; i++) {
         const mlc_instr *in = &p->program[i];
@@ -343,8 +381,11 @@ static mlc_status prepare(mlc_model *m, mlc_plan *p, mlc_error *err)
         if (!is_target || !p->segment_at)
             return mlc_fail(err, MLC_ERR_INTERNAL, "out of memory");
         for (size_t i = 0; i < p->nprogram; i++)
-            if (p->program[i].op == OP_JUMP || p->program[i].op == OP_JUMP_UNLESS)
+            if (p->program[i].op == OP_JUMP || p->program[i].op == OP_JUMP_UNLESS
+                || p->program[i].op == OP_LOOP)
                 is_target[p->program[i].target] = 1;
+            else if (p->program[i].op == OP_NEXT)   /* its back edge: the body's first */
+                is_target[p->program[i].target + 1] = 1;
     }
     size_t k = 0;
     for (size_t i = 0; i < p->nprogram; i++) {

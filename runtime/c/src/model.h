@@ -62,7 +62,11 @@ typedef struct {
  * jump's target is the index of the instruction it continues at (nprogram: the end), always
  * after the jump itself, so every run ends */
 enum { OP_KERNEL = 1, OP_LIB = 2, OP_COPY = 3, OP_BIND = 4, OP_JUMP_UNLESS = 5, OP_JUMP = 6,
-       OP_TRAP = 7 };
+       OP_TRAP = 7, OP_LOOP = 8, OP_NEXT = 9 };
+/* format 1.8: LOOP (operands m, c, i; target: the instruction after its NEXT) and NEXT (operand
+ * c; target: its LOOP), verified at load (model.c: link_loops): each names the other, loops nest,
+ * no jump enters or leaves a loop's body; a loop's count lives in the plan (loop_iter,
+ * loop_limit), never in a tensor, so a run ends after at most the counts read at the LOOPs */
 typedef struct {
     int op;
     uint32_t target;
@@ -134,7 +138,9 @@ typedef struct mlc_plan {
     mlc_segment *segments;
     size_t nsegments;
     size_t *segment_at;        /* with jumps: the segment a jump target (or the end) starts */
-    int jumps;                 /* the program has jumps (format 1.7) */
+    int jumps;                 /* the program has jumps (format 1.7) or loops (1.8) */
+    int loops;                 /* the program has loops (format 1.8) */
+    int64_t *loop_iter, *loop_limit;   /* per instruction: a LOOP's iteration and count */
     mlc_pool_code pool;
     int has_pool;
     mlc_threads *threads;
@@ -209,5 +215,10 @@ void mlc_sym_free(mlc_plan *p);
 char *mlc_sym_text(mlc_alloc *a, const mp_node *rec);
 void mlc_plan_bindings(mlc_model *m, mlc_plan *p);
 void mlc_content_digest(const mlc_model *m, const uint8_t *head, uint64_t chunk, uint8_t out[32]);
+
+/* loops.c: format 1.8 */
+int mlc_one_element(const mlc_plan *p, int32_t t, mlc_dtype d);
+mlc_status mlc_link_loops(mlc_model *m, mlc_plan *p, const int32_t *w, size_t nw,
+                          const int64_t *start_of, mlc_error *err);
 
 #endif

@@ -41,12 +41,40 @@ static mlc_status step(const mlc_model *m, const mlc_plan *p, const mlc_instr *i
     return MLC_OK;
 }
 
-/* Where a jump continues: its target, or (JUMP_UNLESS whose condition holds) the next one. */
-static size_t jump_next(const mlc_plan *p, const mlc_instr *in, size_t i)
+/* Where a jump continues: its target, or (JUMP_UNLESS whose condition holds) the next one. A
+ * LOOP reads its count once and runs iteration 0 (the next instruction) if it is positive and
+ * the condition holds, else continues after its NEXT; a NEXT runs the next iteration (from the
+ * instruction after its LOOP) while it is below that count and its condition holds. The count
+ * is the plan's (loop_iter, loop_limit), never a tensor's: each loop ends. */
+static size_t jump_next(mlc_plan *p, const mlc_instr *in, size_t i)
 {
+    if (in->op == OP_LOOP) {
+        int64_t count;
+        memcpy(&count, p->addr[in->operands[0]], 8);
+        if (count <= 0 || !*(const uint8_t *)p->addr[in->operands[1]])
+            return in->target;
+        p->loop_iter[i] = 0;
+        p->loop_limit[i] = count;
+        memset(p->addr[in->operands[2]], 0, 8);
+        return i + 1;
+    }
+    if (in->op == OP_NEXT) {
+        size_t head = in->target;
+        int64_t k = p->loop_iter[head] + 1;
+        if (k >= p->loop_limit[head] || !*(const uint8_t *)p->addr[in->operands[0]])
+            return i + 1;
+        p->loop_iter[head] = k;
+        memcpy(p->addr[p->program[head].operands[2]], &k, 8);
+        return head + 1;
+    }
     if (in->op == OP_JUMP_UNLESS && *(const uint8_t *)p->addr[in->operands[0]])
         return i + 1;
     return in->target;
+}
+
+static int is_jump(int op)
+{
+    return op == OP_JUMP || op == OP_JUMP_UNLESS || op == OP_LOOP || op == OP_NEXT;
 }
 
 static mlc_status execute(mlc_model *m, mlc_plan *p, mlc_error *err)
@@ -62,8 +90,8 @@ static mlc_status execute(mlc_model *m, mlc_plan *p, mlc_error *err)
             }
             size_t at = (size_t)(-1 - seg->start);
             const mlc_instr *in = &p->program[at];
-            if (in->op == OP_JUMP || in->op == OP_JUMP_UNLESS) {
-                i = p->segment_at[jump_next(p, in, at)];   /* a later segment: jumps go forward */
+            if (is_jump(in->op)) {   /* a later segment, or a NEXT's back edge */
+                i = p->segment_at[jump_next(p, in, at)];
                 continue;
             }
             if ((s = step(m, p, in, err)))
@@ -74,7 +102,7 @@ static mlc_status execute(mlc_model *m, mlc_plan *p, mlc_error *err)
     }
     for (size_t i = 0; i < p->nprogram; i++) {
         const mlc_instr *in = &p->program[i];
-        if (in->op == OP_JUMP || in->op == OP_JUMP_UNLESS) {
+        if (is_jump(in->op)) {
             i = jump_next(p, in, i) - 1;   /* the loop's i++ lands on it */
             continue;
         }

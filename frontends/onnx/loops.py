@@ -1,0 +1,221 @@
+"""An ONNX ``Loop`` whose trip count or condition has no bound at export, run by the VM
+(format 1.8: LOOP ... NEXT, ``packager/ops/control.py``): its body is compiled once and runs as
+many times as the model's own trip count and condition say, at run time.
+
+The body is converted in place over placeholders (its iteration number, the carried values),
+then its bindings are cut out of the current block into a graph function of the module whose
+parameters are the iteration number, the carried values and the outside values it reads (the
+captures), and whose outputs are its condition and the new carried values. Inside the body the
+condition it is given is always true (an iteration runs only while it holds). Carried values
+must keep their type (they are double-buffered in the arena: the body reads one buffer, its
+results are copied into it before the next iteration). Scan outputs would need memory for
+every iteration, and the count has no bound at export: refused, naming what to bound.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ...packager.errors import ExportError
+from ...packager.ir.graph import (Call, CallLibrary, CallTIR, DataflowBlock, Function,
+                                  TensorType, Value, Var)
+from .branches import graph_inputs_behind
+from .registry import NeedsConstantError, NodeContext
+
+INT64_MAX = (1 << 63) - 1
+MAX_ROWS = 1 << 16   # scan rows planned for a constant trip count (a larger one is refused)
+
+
+def _one(ctx: NodeContext, v: Value, dtype: str, what: str) -> Value:
+    """``v`` as one ``dtype`` element of shape (1,), as a run-time tensor."""
+    from .symvalue import SymValue, materialize
+
+    if isinstance(v, SymValue):
+        v = materialize(ctx.bb, v)
+    n = 1
+    for d in v.type.shape:
+        n = n * d if isinstance(d, int) else -1
+    if n != 1:
+        raise ctx.error(f"{what} must hold one element, not {v.type}")
+    if v.type.dtype != dtype:
+        v = ctx.emit("cast", v, dtype=dtype)
+    return ctx.reshape(v, (1,))
+
+
+def run_time_loop(ctx: NodeContext) -> list[Value]:
+    """The outputs of the Loop node of ``ctx`` as one ``loop`` call over its body's function:
+    the trip count (absent: 2**63 - 1, as ONNX Runtime runs it) and the condition are read at
+    run time. Scan outputs need a bound on the iterations: a trip count computed from input
+    sizes (their rows planned at it, the rows that ran counted at run time); else refused."""
+    from .symvalue import SymValue, dims_of, materialize
+
+    body = ctx.attrs["body"]
+    carried = [ctx.input(i) for i in range(2, ctx.num_inputs)]
+    carried = [materialize(ctx.bb, v) if isinstance(v, SymValue) else v for v in carried]
+    n = len(carried)
+    n_scan = len(body.output) - 1 - n
+    bound = None
+    if n_scan and ctx.has_input(0):
+        dims = dims_of(ctx.inputs[0])
+        if dims is not None and len(dims) == 1 and (not isinstance(dims[0], int)
+                                                    or 0 <= dims[0] <= MAX_ROWS):
+            # a size expression, or a constant: the rows are planned at it
+            bound = dims[0]
+    if n_scan and bound is None:
+        known = ctx.const(0) if ctx.has_input(0) else None
+        why = (f"at most {MAX_ROWS}, not {int(np.asarray(known).reshape(()))}"
+               if known is not None else "a constant known at export, not computed at run time,")
+        fix = "give the trip count with --bind NAME=FILE.npy"
+        if ctx.has_input(0) and known is None:
+            behind = graph_inputs_behind(ctx, ctx.input(0))
+            if behind and behind != [ctx.node.input[0]]:
+                fix = ("give the inputs it is computed from (" + ", ".join(behind) +
+                       ") with --bind NAME=FILE.npy")
+        message = str(ctx.error(
+            f"the trip count (input 0) must be {why} or computed from input sizes: its "
+            f"{n_scan} scan output(s) stack one row per iteration and need a bound on the "
+            f"iterations ({fix})"))
+        given = [i for i in (0, 1) if ctx.has_input(i) and ctx.const(i) is None]
+        if given:   # a caller that knows the value can bind it and try again
+            raise NeedsConstantError(message, ctx.node.input[given[0]])
+        raise ExportError(message)
+    if not n and not n_scan:
+        raise ctx.error("a loop with neither carried values nor scan outputs computes nothing")
+    trip = (_one(ctx, ctx.input(0), "int64", "the trip count") if ctx.has_input(0)
+            else ctx.constant(np.array([INT64_MAX], np.int64), "trip"))
+    cond = (_one(ctx, ctx.input(1), "bool", "the condition") if ctx.has_input(1)
+            else ctx.constant(np.array([True]), "cond"))
+    counter = [ctx.constant(np.zeros(1, np.int64), "ran")] if n_scan else []
+
+    def step(number: Var, states: list[Var]) -> tuple[Value, list[Value], list[Value]]:
+        outs = ctx.inline(body, [number, ctx.constant(np.array(True), "running")]
+                          + states[:n])
+        outs = [materialize(ctx.bb, v) if isinstance(v, SymValue) else v for v in outs]
+        again = _one(ctx, outs[0], "bool", "the body's condition")
+        ran = [ctx.emit("add", ctx.reshape(number, (1,)),
+                        ctx.constant(np.ones(1, np.int64), "one"))] if n_scan else []
+        return again, outs[1:1 + n] + ran, outs[1 + n:]
+
+    finals, stacks = emit_vm_loop(ctx, trip, cond, carried + counter, step, bound)
+    if not n_scan:
+        return finals
+    after, rows = ctx.bb.bind_size(finals[n], bound, "iterations")
+    return finals[:n] + [ctx.bb.emit_op("prefix_rows", s, after, count=rows) for s in stacks]
+
+
+def run_time_scan(ctx: NodeContext, body, states: list[Value], scans: list[Value],
+                  in_axes, in_rev, out_axes, out_rev, steps) -> list[Value]:
+    """A Scan over an axis whose length ``steps`` (a size expression) has no bound at export,
+    as the VM's loop: iteration ``t`` reads element ``t`` of each scan input (``L - 1 - t``
+    backwards) and writes row ``t`` (``L - 1 - t``) of each scan output, planned at ``L`` rows
+    for each input size."""
+    from .symvalue import SymValue, make, materialize
+
+    length = make(ctx, np.array([steps], dtype=object), "int64", "steps")
+    length = materialize(ctx.bb, length) if isinstance(length, SymValue) else length
+    n = len(states)
+
+    def step(number: Var, carried: list[Var]) -> tuple[Value, list[Value], list[Value]]:
+        t = ctx.reshape(number, (1,))
+        back = ctx.emit("subtract", ctx.emit("subtract", length, t),
+                        ctx.constant(np.ones(1, np.int64), "one"))
+        slices = [ctx.reshape(ctx.emit("take", x, back if r else t, axis=a),
+                              x.type.shape[:a] + x.type.shape[a + 1:])
+                  for x, a, r in zip(scans, in_axes, in_rev)]
+        outs = ctx.inline(body, carried[:n] + slices)
+        outs = [materialize(ctx.bb, v) if isinstance(v, SymValue) else v for v in outs]
+        return ctx.constant(np.array([True]), "running"), outs[:n], outs[n:]
+
+    finals, stacks = emit_vm_loop(ctx, length, ctx.constant(np.array([True]), "cond"), states,
+                                  step, steps, [bool(r) for r in out_rev])
+    results = list(finals)
+    for stack, axis in zip(stacks, out_axes):
+        axis %= len(stack.type.shape)
+        if axis:
+            perm = list(range(1, axis + 1)) + [0] + list(range(axis + 1, len(stack.type.shape)))
+            stack = ctx.emit("transpose", stack, axes=tuple(perm))
+        results.append(stack)
+    return results
+
+
+def emit_vm_loop(ctx: NodeContext, trip: Value, cond: Value, inits: list[Value], step,
+                 rows=None, reverse: list[bool] | None = None
+                 ) -> tuple[list[Value], list[Value]]:
+    """One ``loop`` call: ``step(number, states)`` converts the body in place over placeholders
+    (the iteration number, int64 of shape (); the carried values) and gives its condition (one
+    bool, shape (1,)), the new carried values and the rows it adds to each scan output. Those
+    rows are written into stacks of ``rows`` rows (row ``t`` of iteration ``t``, ``rows - 1 -
+    t`` where ``reverse``), carried too. Returns the carried values' and the stacks' finals."""
+    bb = ctx.bb
+    block = bb._block
+    number = Var(bb.fresh_name("iteration"), TensorType((), "int64"))
+    states = [Var(bb.fresh_name("carried"), v.type) for v in inits]
+    mark = len(block.bindings)
+    again, new, added = step(number, states)
+    for k, (a, b) in enumerate(zip(new, states)):
+        if a.type != b.type:
+            raise ctx.error(f"carried value {k} changes from {b.type} to {a.type} between "
+                            "iterations: a loop whose trip count is known only at run time "
+                            "needs carried values of fixed shape and dtype")
+    stack_types = [TensorType((rows,) + tuple(r.type.shape), r.type.dtype) for r in added]
+    stacks = [Var(bb.fresh_name("rows"), t) for t in stack_types]
+    if added:
+        t = ctx.reshape(number, (1, 1))
+        for k, (stack, row) in enumerate(zip(stacks, added)):
+            at = t
+            if reverse and reverse[k]:
+                last = ctx.constant(np.array([[rows - 1]], np.int64), "last") if \
+                    isinstance(rows, int) else _size_tensor(ctx, rows - 1, (1, 1))
+                at = ctx.emit("subtract", last, t)
+            new.append(ctx.emit("scatter_nd", stack, at,
+                                ctx.reshape(row, (1,) + tuple(row.type.shape))))
+    bindings = block.bindings[mark:]
+    del block.bindings[mark:]
+    placeholders = [number] + states + stacks
+    inside = {id(v) for v in placeholders} | {id(b.var) for b in bindings}
+    captures: dict[int, Var] = {}
+    for v in [a for b in bindings for a in _reads(b.value)] + [again] + new:
+        if isinstance(v, Var) and id(v) not in inside:
+            captures.setdefault(id(v), v)
+    outer = list(captures.values())
+    params = [Var(bb.fresh_name(f"loop_{v.name}"), v.type) for v in outer]
+    swap = {id(v): p for v, p in zip(outer, params)}
+    for b in bindings:
+        v = b.value
+        if isinstance(v, (Call, CallTIR, CallLibrary)):
+            v.args = [swap.get(id(a), a) for a in v.args]
+        elif isinstance(v, Var):
+            b.value = swap.get(id(v), v)
+    results = [swap.get(id(o), o) for o in [again] + new]
+    mod = bb.mod
+    name = mod.unique_name("loop_body")
+    mod.functions[name] = Function(name, placeholders + params, [DataflowBlock(bindings)],
+                                   results, [f"out{k}" for k in range(len(results))])
+    first_rows = [bb.emit_op("full", shape=t.shape, value=0, dtype=t.dtype, name="rows")
+                  for t in stack_types]
+    carried = list(inits) + first_rows
+    record = tuple((tuple(v.type.shape), v.type.dtype) for v in carried)
+    first = bb.emit_op("loop", trip, cond, *carried, *outer, body=name, carried=len(carried),
+                       outputs=record, name="loop")
+    finals = [first] + [bb.emit_op("loop_output", first, index=k, outputs=record,
+                                   name="loop_output") for k in range(1, len(carried))]
+    return finals[:len(inits)], finals[len(inits):]
+
+
+def _size_tensor(ctx: NodeContext, expr, shape: tuple) -> Value:
+    """The size expression ``expr`` as an int64 tensor of ``shape`` (one element)."""
+    from .symvalue import SymValue, make, materialize
+
+    v = make(ctx, np.array([expr], dtype=object), "int64", "size")
+    v = materialize(ctx.bb, v) if isinstance(v, SymValue) else v
+    return ctx.reshape(v, shape)
+
+
+def _reads(value) -> list[Value]:
+    if isinstance(value, (Call, CallTIR, CallLibrary)):
+        return list(value.args)
+    return [value] if isinstance(value, Var) else []
+
+
+class NeedsRunTimeLoop(ExportError):
+    """Unrolling a Loop needs a bound its trip count does not have at export."""

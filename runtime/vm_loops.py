@@ -1,0 +1,88 @@
+"""Format 1.8's counted loops in the VM: LOOP and NEXT (``vm.py`` documents the instructions).
+
+``link_loops`` checks a decoded program's loops at load (each LOOP and its NEXT name each other,
+loops nest, no jump enters or leaves a loop's body) and sets their targets; ``loop_step`` and
+``next_step`` are the prepared steps, which keep each loop's iteration and count in the VM (a
+list the executor owns), never in a tensor a kernel could write, so every run ends.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+import numpy as np
+
+from .errors import BundleError
+from .header import OP_JUMP, OP_JUMP_UNLESS, OP_LOOP, OP_NEXT
+
+
+def link_loops(out: list[Any], loops: list[tuple[int, int, int]], starts: dict[int, int],
+                words: tuple[int, ...], bad_at: Callable[[int, str], BundleError]) -> None:
+    """Pair every LOOP with its NEXT (each names the other), check that loops nest and that
+    no jump enters or leaves a loop's body, and set the decoded targets: a LOOP's, the
+    instruction after its NEXT; a NEXT's, its LOOP."""
+    heads: dict[int, int] = {}   # LOOP instruction -> its NEXT instruction
+    for index, word, arg in loops:
+        if out[index].opcode == OP_LOOP:
+            after = starts.get(arg)
+            nxt = starts.get(arg - 3)
+            if after is None or nxt is None or out[nxt].opcode != OP_NEXT \
+                    or words[arg - 1] != word:
+                raise bad_at(word, "LOOP's end is not right after a NEXT that names it")
+            heads[index] = nxt
+        else:
+            head = starts.get(arg)
+            if head is None or out[head].opcode != OP_LOOP or words[arg + 4] != word + 3:
+                raise bad_at(word, "NEXT names no LOOP that ends right after it")
+    # the innermost loop around each instruction: its body is the instructions after its LOOP
+    # up to its NEXT (-1: none; the end of the program is outside every loop)
+    word_of = {i: w for w, i in starts.items()}
+    inner: list[int] = [-1] * (len(out) + 1)
+    stack: list[int] = []
+    for i in range(len(out) + 1):
+        while stack and heads[stack[-1]] < i:
+            stack.pop()
+        if i < len(out) and out[i].opcode == OP_NEXT and (not stack or heads[stack[-1]] != i):
+            raise bad_at(word_of[i], "loops overlap without nesting")
+        inner[i] = stack[-1] if stack else -1
+        if i < len(out) and out[i].opcode == OP_LOOP:
+            stack.append(i)
+    for i, ins in enumerate(out):
+        if ins.opcode in (OP_JUMP, OP_JUMP_UNLESS) and inner[ins.target] != inner[i]:
+            raise bad_at(word_of[i], "a jump enters or leaves a loop's body")
+    for head, nxt in heads.items():
+        out[head] = dataclasses.replace(out[head], target=nxt + 1)
+        out[nxt] = dataclasses.replace(out[nxt], target=head)
+
+
+def loop_step(m: np.ndarray, c: np.ndarray, i: np.ndarray, state: list[int], body: int,
+               end: int) -> Callable[[], int]:
+    """LOOP: read the count once; iteration 0 runs (from ``body``) if the count is positive and
+    the condition holds, else continue at ``end``."""
+    count, cond, number = m.reshape(-1), c.reshape(-1), i.reshape(-1)
+
+    def step() -> int:
+        limit = int(count[0])
+        if limit <= 0 or not cond[0]:
+            return end
+        state[0], state[1] = 0, limit
+        number[0] = 0
+        return body
+    return step
+
+
+def next_step(c: np.ndarray, i: np.ndarray, state: list[int], after: int, body: int
+               ) -> Callable[[], int]:
+    """NEXT: the next iteration (from ``body``) while it is below the count read at the LOOP
+    and the condition holds, else continue at ``after``."""
+    cond, number = c.reshape(-1), i.reshape(-1)
+
+    def step() -> int:
+        k = state[0] + 1
+        if k >= state[1] or not cond[0]:
+            return after
+        state[0] = k
+        number[0] = k
+        return body
+    return step

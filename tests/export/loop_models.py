@@ -1,0 +1,269 @@
+"""Small ONNX loops run by the VM (format 1.8: LOOP ... NEXT), shared by
+tests/export/test_run_time_loops.py and the C runtime's test: ``counted_loop`` (below), a Scan
+over an open axis (``open_scan``) and a Loop over a tensor's rows with a scan output and a break
+(``rows_loop``),
+and two nested Loops (``nested_loops``).
+
+``counted_loop``: a Loop whose trip count and condition are graph inputs, with a break
+condition computed in the body and an If on the iteration number inside the body (a jump within
+the loop's body).
+
+M int64 scalar, cond bool scalar, x0 float32 [N], lim float32 [1]; carried x [N], s [1]:
+    for i in range(M) while cond:
+        x = (x * 1.5 if i % 2 == 0 else x * -0.5) + i
+        s = s + sum(x)
+        cond = s < lim
+    outputs x, s
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+F, I64, B = TensorProto.FLOAT, TensorProto.INT64, TensorProto.BOOL
+
+
+def _scaled(tag: str, scale: float) -> onnx.GraphProto:
+    return helper.make_graph(
+        [helper.make_node("Mul", ["x", f"{tag}_k"], [f"{tag}_y"])], tag, [],
+        [helper.make_tensor_value_info(f"{tag}_y", F, None)],
+        [numpy_helper.from_array(np.array(scale, np.float32), f"{tag}_k")])
+
+
+def counted_loop(path: Path, symbolic: bool = True) -> Path:
+    """The model above, saved at ``path`` (``symbolic``: x's length open, else 3)."""
+    body = helper.make_graph(
+        [helper.make_node("Cast", ["i"], ["fi"], to=F),
+         helper.make_node("Mod", ["i", "two"], ["odd"]),
+         helper.make_node("Equal", ["odd", "zero"], ["even"]),
+         helper.make_node("If", ["even"], ["xm"], then_branch=_scaled("up", 1.5),
+                          else_branch=_scaled("down", -0.5)),
+         helper.make_node("Add", ["xm", "fi"], ["x2"]),
+         helper.make_node("ReduceSum", ["x2"], ["total"], keepdims=1),
+         helper.make_node("Add", ["s", "total"], ["s2"]),
+         helper.make_node("Less", ["s2", "lim"], ["below"]),
+         helper.make_node("Squeeze", ["below"], ["cond_out"])],
+        "body",
+        [helper.make_tensor_value_info("i", I64, []), helper.make_tensor_value_info("cond_in", B, []),
+         helper.make_tensor_value_info("x", F, None), helper.make_tensor_value_info("s", F, [1])],
+        [helper.make_tensor_value_info("cond_out", B, []),
+         helper.make_tensor_value_info("x2", F, None), helper.make_tensor_value_info("s2", F, [1])],
+        [numpy_helper.from_array(np.array(2, np.int64), "two"),
+         numpy_helper.from_array(np.array(0, np.int64), "zero")])
+    graph = helper.make_graph(
+        [helper.make_node("Loop", ["M", "cond", "x0", "s0"], ["x", "s"], body=body)],
+        "counted_loop",
+        [helper.make_tensor_value_info("M", I64, []), helper.make_tensor_value_info("cond", B, []),
+         helper.make_tensor_value_info("x0", F, ["N"] if symbolic else [3]),
+         helper.make_tensor_value_info("lim", F, [1])],
+        [helper.make_tensor_value_info("x", F, None), helper.make_tensor_value_info("s", F, None)],
+        [numpy_helper.from_array(np.zeros(1, np.float32), "s0")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, path)
+    return path
+
+
+def open_scan(path: Path) -> Path:
+    """A Scan over x [4, L] along axis 1, backwards, L open (no --max-shape): two states and
+    a scan output written forwards along axis 1 (ONNX's test_scan9 pattern)."""
+    body = helper.make_graph(
+        [helper.make_node("Add", ["s_in", "x_t"], ["s_out"]),
+         helper.make_node("Mul", ["p_in", "x_t"], ["p_out"]),
+         helper.make_node("Sub", ["s_out", "p_out"], ["scan_out"])],
+        "body", [helper.make_tensor_value_info(n, F, [4]) for n in ("s_in", "p_in", "x_t")],
+        [helper.make_tensor_value_info(n, F, [4]) for n in ("s_out", "p_out", "scan_out")])
+    node = helper.make_node("Scan", ["s0", "p0", "x"], ["s", "p", "z"], body=body,
+                            num_scan_inputs=1, scan_input_axes=[1], scan_input_directions=[1],
+                            scan_output_axes=[1], scan_output_directions=[0])
+    graph = helper.make_graph(
+        [node], "open_scan",
+        [helper.make_tensor_value_info("s0", F, [4]), helper.make_tensor_value_info("p0", F, [4]),
+         helper.make_tensor_value_info("x", F, [4, "L"])],
+        [helper.make_tensor_value_info(k, F, None) for k in ("s", "p", "z")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 16)])
+    model.ir_version = 8
+    onnx.save(model, path)
+    return path
+
+
+def open_scan_feeds(length: int, seed: int = 0) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return {"s0": rng.standard_normal(4).astype(np.float32),
+            "p0": rng.standard_normal(4).astype(np.float32),
+            "x": rng.standard_normal((4, length)).astype(np.float32)}
+
+
+def rows_loop(path: Path) -> Path:
+    """``for i in range(x.shape[0])`` as torch.jit exports it (the trip count Shape(x)[0], N
+    open, no --max-shape), summing x's rows and emitting 2 * the sum each iteration (a scan
+    output), breaking once the sum's total reaches ``lim``."""
+    body = helper.make_graph(
+        [helper.make_node("Gather", ["x", "i"], ["row"], axis=0),
+         helper.make_node("Add", ["acc", "row"], ["acc2"]),
+         helper.make_node("Mul", ["acc2", "two"], ["out"]),
+         helper.make_node("ReduceSum", ["acc2"], ["tot"], keepdims=0),
+         helper.make_node("Less", ["tot", "lim"], ["cond_out"])],
+        "body",
+        [helper.make_tensor_value_info("i", I64, []), helper.make_tensor_value_info("c", B, []),
+         helper.make_tensor_value_info("acc", F, [3])],
+        [helper.make_tensor_value_info("cond_out", B, []),
+         helper.make_tensor_value_info("acc2", F, [3]), helper.make_tensor_value_info("out", F, [3])],
+        [numpy_helper.from_array(np.array(2, np.float32), "two")])
+    graph = helper.make_graph(
+        [helper.make_node("Shape", ["x"], ["shape"]),
+         helper.make_node("Gather", ["shape", "zero"], ["n"], axis=0),
+         helper.make_node("Loop", ["n", "", "acc0"], ["acc", "outs"], body=body)], "rows_loop",
+        [helper.make_tensor_value_info("x", F, ["N", 3]), helper.make_tensor_value_info("lim", F, [])],
+        [helper.make_tensor_value_info("acc", F, None), helper.make_tensor_value_info("outs", F, None)],
+        [numpy_helper.from_array(np.array(0, np.int64), "zero"),
+         numpy_helper.from_array(np.zeros(3, np.float32), "acc0")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 16)])
+    model.ir_version = 8
+    onnx.save(model, path)
+    return path
+
+
+def rows_loop_feeds(n: int, lim: float, seed: int = 0) -> dict[str, np.ndarray]:
+    x = np.abs(np.random.default_rng(seed).standard_normal((n, 3))).astype(np.float32)
+    return {"x": x, "lim": np.array(lim, np.float32)}
+
+
+def nested_loops(path: Path) -> Path:
+    """A Loop of M iterations (a graph input) whose body runs a Loop of K iterations (another
+    graph input, read from the outer scope): two nested LOOP ... NEXT regions."""
+    half = numpy_helper.from_array(np.array(0.5, np.float32), "half")
+    inner = helper.make_graph(
+        [helper.make_node("Cast", ["j"], ["fj"], to=F), helper.make_node("Add", ["a", "fj"], ["a2"]),
+         helper.make_node("Mul", ["a2", "half"], ["a3"]),
+         helper.make_node("Identity", ["cj"], ["cj_out"])],
+        "inner", [helper.make_tensor_value_info("j", I64, []), helper.make_tensor_value_info("cj", B, []),
+                  helper.make_tensor_value_info("a", F, [2])],
+        [helper.make_tensor_value_info("cj_out", B, []), helper.make_tensor_value_info("a3", F, [2])],
+        [half])
+    outer = helper.make_graph(
+        [helper.make_node("Loop", ["K", "", "y"], ["y2"], body=inner),
+         helper.make_node("Cast", ["i"], ["fi"], to=F), helper.make_node("Add", ["y2", "fi"], ["y3"]),
+         helper.make_node("Identity", ["c"], ["c_out"])],
+        "outer", [helper.make_tensor_value_info("i", I64, []), helper.make_tensor_value_info("c", B, []),
+                  helper.make_tensor_value_info("y", F, [2])],
+        [helper.make_tensor_value_info("c_out", B, []), helper.make_tensor_value_info("y3", F, [2])])
+    graph = helper.make_graph(
+        [helper.make_node("Loop", ["M", "", "y0"], ["yf"], body=outer)], "nested_loops",
+        [helper.make_tensor_value_info("M", I64, []), helper.make_tensor_value_info("K", I64, []),
+         helper.make_tensor_value_info("y0", F, [2])], [helper.make_tensor_value_info("yf", F, None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 16)])
+    model.ir_version = 8
+    onnx.save(model, path)
+    return path
+
+
+def nested_feeds(m: int, k: int) -> dict[str, np.ndarray]:
+    return {"M": np.array(m, np.int64), "K": np.array(k, np.int64),
+            "y0": np.array([1.0, -2.0], np.float32)}
+
+
+def feeds(m: int, cond: bool = True, lim: float = 1e9, n: int = 3, seed: int = 0
+          ) -> dict[str, np.ndarray]:
+    x = np.random.default_rng(seed).standard_normal(n).astype(np.float32)
+    return {"M": np.array(m, np.int64), "cond": np.array(cond), "x0": x,
+            "lim": np.array([lim], np.float32)}
+
+
+MODELS = {"counted": lambda p: counted_loop(p), "counted-static": lambda p: counted_loop(p, False),
+          "counted-bounded": lambda p: counted_loop(p),
+          "open-scan": open_scan, "rows-loop": rows_loop, "nested": nested_loops}
+
+
+def exported(tmp_path_factory, kind: str = "counted") -> tuple[Path, Path]:
+    """(onnx file, bundle) of one of ``MODELS``, exported with the command line's defaults
+    (golden check on), once per test run (shared with tests/runtime/test_c_runtime.py)."""
+    import fcntl
+    import os
+
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent
+    folder = root / f"loop-{kind}"
+    folder.mkdir(exist_ok=True)
+    src, bundle = folder / "model.onnx", folder / "model.mlc"
+    with open(folder / "lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not bundle.exists():
+            from mlcpack.packager.api import Options, export
+
+            MODELS[kind](src)
+            # "counted-bounded": one arena planned at x0's largest length for every length
+            bounds = {"x0": (64,)} if kind == "counted-bounded" else None
+            result = export(src, bundle, Options(max_shapes=bounds or {}))
+            assert result.check and "golden check passed" in result.check, result.check
+    return src, bundle
+
+
+def instruction_starts(words: list[int]) -> list[int]:
+    """The word of each instruction (docs/format.md section 6's encoding)."""
+    starts, pc = [], 0
+    size = {3: 3, 4: 3, 5: 3, 6: 2, 7: 2, 8: 5, 9: 3}
+    while pc < len(words):
+        starts.append(pc)
+        op = words[pc]
+        pc += 3 + words[pc + 2] if op in (1, 2) else size[op]
+    return starts
+
+
+def opcodes(bundle: Path) -> list[int]:
+    """The opcode of each instruction of ``bundle``'s (top-level) bytecode."""
+    import struct
+
+    from bundle_parts import payload_spans, read_parts
+
+    header, payloads = read_parts(bundle)
+    ref = header["vm"]["bytecode"]
+    data = payloads[payload_spans(header).index((ref["offset"], ref["size"]))]
+    words = list(struct.unpack(f"<{len(data) // 4}i", data))
+    return [words[p] for p in instruction_starts(words)]
+
+
+DAMAGE = ("next_elsewhere", "next_forward", "end_elsewhere", "count_float", "number_constant",
+          "jump_out")
+
+
+def damaged_bytecode(bundle: Path, out: Path, change: str) -> Path:
+    """``bundle`` with its loop's bytecode changed in place (same length, digest valid):
+    "next_elsewhere" (NEXT names the word after its LOOP), "end_elsewhere" (LOOP's end is one
+    instruction early), "count_float" (the count is a float32 tensor), "number_constant" (the
+    iteration number is a constant row: the VM would write it), "jump_out" (the body's JUMP
+    leaves the body), "next_forward" (NEXT names a word after itself)."""
+    import struct
+
+    from bundle_parts import payload_spans, read_parts, write_parts
+
+    header, payloads = read_parts(bundle)
+    ref = header["vm"]["bytecode"]
+    k = payload_spans(header).index((ref["offset"], ref["size"]))
+    words = list(struct.unpack(f"<{ref['size'] // 4}i", payloads[k]))
+    starts = instruction_starts(words)
+    head = next(p for p in starts if words[p] == 8)
+    nxt = next(p for p in starts if words[p] == 9)
+    tensors = header["tensors"]
+    if change == "next_elsewhere":
+        words[nxt + 2] = head + 5
+    elif change == "end_elsewhere":
+        words[head + 4] = starts[starts.index(nxt) - 1]
+    elif change == "count_float":
+        words[head + 1] = next(i for i, t in enumerate(tensors) if t[3] == "float32")
+    elif change == "number_constant":
+        words[head + 3] = next(i for i, t in enumerate(tensors) if t[0] == 1)
+    elif change == "jump_out":
+        jump = next(p for p in starts if words[p] == 6 and head < p < nxt)
+        words[jump + 1] = nxt + 3
+    elif change == "next_forward":
+        words[nxt + 2] = nxt + 3
+    else:
+        raise ValueError(change)
+    payloads[k] = struct.pack(f"<{len(words)}i", *words)
+    return write_parts(out, header, payloads)

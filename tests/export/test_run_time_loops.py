@@ -1,0 +1,145 @@
+"""A Loop whose trip count and condition are known only at run time runs as the VM's counted
+loop (issue 37 item 3, format 1.8: LOOP ... NEXT): the body is compiled once and runs as many
+times as the model's trip count and condition say, its carried values double-buffered in the
+arena. The model (``loop_models.counted_loop``) takes its trip count and condition as graph
+inputs, breaks when a running sum passes a limit, and branches inside its body (an If on the
+iteration number: a jump inside the loop's body).
+
+The bundle is exported once per test run with the command line's defaults (golden check on);
+tests/runtime/test_c_runtime.py checks the C runtime bit-identical on it and refusing the same
+damaged loops."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from mlcpack.runtime import bundle as bundle_format
+from mlcpack.runtime import load
+from mlcpack.runtime.bundle import BundleReader, reader_minor
+from mlcpack.runtime.errors import BundleError, FormatVersionError
+from mlcpack.runtime.header import OP_JUMP_UNLESS, OP_LOOP, OP_NEXT
+from onnx import TensorProto, helper, numpy_helper
+
+import loop_models as lm
+from conftest import assert_one_line_error
+
+
+@pytest.fixture(scope="module")
+def counted(tmp_path_factory):
+    return lm.exported(tmp_path_factory)
+
+
+@pytest.mark.parametrize("kind", ["open-scan", "rows-loop", "nested"])
+def test_scans_and_nested_loops_match_onnx_runtime(tmp_path_factory, kind) -> None:
+    """A Scan over an axis of open length and a Loop over an input's rows (its trip count
+    Shape(x)[0]), with no --max-shape: one body, run as the VM's loop; the scan outputs have
+    the length (the Scan) or the rows that ran before the break (the Loop). Two nested Loops
+    on run-time trip counts (0 and up, each). ONNX Runtime's values and shapes."""
+    src, bundle = lm.exported(tmp_path_factory, kind)
+    session = ort.InferenceSession(str(src), providers=["CPUExecutionProvider"])
+    cases = {"open-scan": [lm.open_scan_feeds(n, seed=n) for n in (1, 2, 9)],
+             "rows-loop": [lm.rows_loop_feeds(n, lim, seed=n) for n in (1, 2, 9)
+                           for lim in (1e9, 0.5, 2.5)],
+             "nested": [lm.nested_feeds(m, k) for m, k in ((0, 3), (1, 0), (2, 3), (5, 4))]}[kind]
+    names = [o.name for o in onnx.load(str(src)).graph.output]
+    with load(bundle) as model:
+        assert lm.opcodes(bundle).count(OP_LOOP) == (2 if kind == "nested" else 1)
+        for feeds in cases:
+            got = model.run(feeds)
+            for name, ref in zip(names, session.run(None, feeds)):
+                assert got[name].shape == ref.shape, (name, feeds)
+                np.testing.assert_allclose(got[name], ref, rtol=1e-5, atol=1e-6, err_msg=name)
+
+
+# (trip count, condition, limit): zero trips, a false condition, the count running out, a break
+CASES = [(0, True, 1e9), (1, True, 1e9), (3, True, 1e9), (7, True, 1e9), (7, False, 1e9),
+         (40, True, 1e9), (40, True, 2.0), (-5, True, 1e9), ((1 << 63) - 1, True, 2.0)]
+
+
+def test_matches_onnx_runtime_at_run_time_trip_counts(counted) -> None:
+    """Every trip count (0, negative, 2**63 - 1 with a break), condition and limit, at several
+    lengths of the carried value: ONNX Runtime's outputs (within float32 rounding: the sum's
+    order is the kernel's)."""
+    src, bundle = counted
+    session = ort.InferenceSession(str(src), providers=["CPUExecutionProvider"])
+    with load(bundle) as model:
+        for n in (1, 3, 17):
+            for m, cond, lim in CASES:
+                feeds = lm.feeds(m, cond, lim, n=n, seed=n)
+                got = model.run(feeds)
+                want = dict(zip(["x", "s"], session.run(None, feeds)))
+                for name, ref in want.items():
+                    assert got[name].shape == ref.shape, (name, m, cond, lim, n)
+                    np.testing.assert_allclose(got[name], ref, rtol=1e-5, atol=1e-6,
+                                               err_msg=f"{name} {m} {cond} {lim} {n}")
+
+
+def test_bundle_is_format_1_8_and_older_readers_refuse_it(counted, monkeypatch) -> None:
+    _, bundle = counted
+    with BundleReader(bundle) as reader:
+        header = reader.header
+        assert header["format"] == [1, 8] and header["min_reader"] == [1, 8]
+        assert header["vm"]["loops"] == 1 and header["vm"]["branches"] == 1
+        assert reader_minor(header) == 8
+    ops = lm.opcodes(bundle)
+    assert ops.count(OP_LOOP) == 1 and ops.count(OP_NEXT) == 1
+    assert ops.index(OP_LOOP) < ops.index(OP_JUMP_UNLESS) < ops.index(OP_NEXT)
+    monkeypatch.setattr(bundle_format, "LOOP_MINOR", 7)   # a 1.7 reader
+    with pytest.raises(FormatVersionError, match="1.8"):
+        load(bundle).close()
+
+
+@pytest.mark.parametrize("change", lm.DAMAGE)
+def test_damaged_loops_are_refused(counted, tmp_path, change) -> None:
+    """A NEXT that names no LOOP or one after it, a LOOP whose end is not after its NEXT, a count
+    that is not one int64, an iteration number the VM would write into a constant, a jump out
+    of the body: refused at load, in one line."""
+    _, bundle = counted
+    path = lm.damaged_bytecode(bundle, tmp_path / f"{change}.mlc", change)
+    with pytest.raises(BundleError) as info:
+        load(path).close()
+    text = str(info.value)
+    assert "\n" not in text and ("invalid bytecode" in text or "LOOP reads" in text), text
+
+
+def _scan_loop(path, changing: bool = False):
+    """A Loop on a trip count fed at run time with a scan output, or (``changing``) a carried
+    value that grows each iteration."""
+    body_nodes = [helper.make_node("Add", ["y", "one"], ["y2"]),
+                  helper.make_node("Identity", ["cond_in"], ["cond_out"])]
+    outs = [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
+            helper.make_tensor_value_info("y2", TensorProto.FLOAT, None)]
+    if changing:
+        body_nodes[0] = helper.make_node("Concat", ["y", "y"], ["y2"], axis=0)
+    else:
+        body_nodes.append(helper.make_node("Identity", ["y2"], ["row"]))
+        outs.append(helper.make_tensor_value_info("row", TensorProto.FLOAT, None))
+    body = helper.make_graph(
+        body_nodes, "body",
+        [helper.make_tensor_value_info("i", TensorProto.INT64, []),
+         helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])], outs,
+        [numpy_helper.from_array(np.ones(2, np.float32), "one")])
+    names = ["y_out"] if changing else ["y_out", "rows"]
+    graph = helper.make_graph(
+        [helper.make_node("Loop", ["M", "", "y0"], names, body=body)], "scan_loop",
+        [helper.make_tensor_value_info("M", TensorProto.INT64, []),
+         helper.make_tensor_value_info("y0", TensorProto.FLOAT, [2])],
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in names])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    return path
+
+
+@pytest.mark.parametrize("changing", [False, True], ids=["scan_output", "growing_carried"])
+def test_what_a_run_time_loop_cannot_hold_is_refused_in_one_line(tmp_path, run_cli,
+                                                                  changing) -> None:
+    """Scan outputs of a loop whose count has no bound at export (their memory would have no
+    bound) and carried values whose shapes change: one line that names what to bound or why,
+    the export error's exit code, nothing written."""
+    src = _scan_loop(tmp_path / "m.onnx", changing)
+    out = tmp_path / "m.mlc"
+    line = assert_one_line_error(run_cli("export", src, "-o", out, timeout=300))
+    words = "carried value 0 changes" if changing else "--bind"
+    assert words in line and "Loop" in line and not out.exists(), line
