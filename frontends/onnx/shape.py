@@ -201,7 +201,7 @@ def _expand(ctx: NodeContext) -> Value:
     ctx.bb.assume(relations)
     if out == x.type.shape:
         return x
-    if isinstance(x, Constant):
+    if isinstance(x, Constant) and is_static(out):
         return ctx.constant(np.broadcast_to(x.data, out).copy(), "expand")
     if len(out) > len(x.type.shape):
         x = ctx.reshape(x, (1,) * (len(out) - len(x.type.shape)) + x.type.shape)
@@ -218,8 +218,8 @@ def _pad(ctx: NodeContext, pads: Sequence[int], mode: str, fill: float,
         raise ctx.error(f"pads {list(pads)} should have {2 * len(axes)} values")
     full = [0] * (2 * rank)
     for i, axis in enumerate(axes):
-        full[axis], full[axis + rank] = int(pads[i]), int(pads[i + len(axes)])
-    if not any(full):
+        full[axis], full[axis + rank] = dim(pads[i]), dim(pads[i + len(axes)])
+    if is_static(full) and not any(full):
         return x
     return ctx.emit("pad", x, pads=tuple(full), mode=mode, value=fill)
 
@@ -240,7 +240,10 @@ def _pad_v11(ctx: NodeContext) -> Value:
     axes_in = valueinputs.run_time_axes(ctx, 3) if ctx.has_input(3) else None
     if pads_in is not None and (axes_in is not None or not ctx.has_input(3)):   # fed at run time
         return valueinputs.pad_run_time(ctx, ctx.input(0), ctx.attrs["mode"], pads_in, axes_in)
-    pads = ctx.require_const(1, "pads").reshape(-1).tolist()
+    # pads computed from sizes known at run time (``Shape`` of a counted tensor): size
+    # expressions, read by the kernel from the sizes array
+    pads = symvalue.dims_of(ctx.inputs[1]) if isinstance(ctx.inputs[1], symvalue.SymValue) \
+        else ctx.require_const(1, "pads").reshape(-1).tolist()
     fill = 0.0
     if ctx.has_input(2):
         value = ctx.require_const(2, "constant_value")

@@ -28,7 +28,7 @@ SHAPE_INPUTS: dict[str, frozenset[int]] = {
     "Range": frozenset({0, 1, 2}), "Slice": frozenset({1, 2, 3, 4}),
     "Resize": frozenset({1, 2, 3}), "Tile": frozenset({1}), "Upsample": frozenset({1}),
     "Split": frozenset({1}), "HannWindow": frozenset({0}), "HammingWindow": frozenset({0}),
-    "BlackmanWindow": frozenset({0}), "Loop": frozenset({0}),
+    "BlackmanWindow": frozenset({0}), "Loop": frozenset({0}), "Pad": frozenset({1}),
 }
 
 
@@ -208,6 +208,10 @@ def fold(ctx: Any, op: str) -> Value | list[Value] | None:
             for ax, s, e, st in zip(axes, starts, ends, steps):
                 index[int(ax)] = slice(s, e, st)
             return make(ctx, ins[0][tuple(index)], dtype, "slice")
+        if op == "Transpose":   # torch's pad order reversal: pads [2, rank] -> [rank, 2]
+            perm = ctx.attrs.get("perm")
+            return make(ctx, np.transpose(ins[0], None if not perm else [int(p) for p in perm]),
+                        dtype, "transpose")
         if op == "ReduceProd" and ins[0].ndim == 1 and ctx.attrs.get("keepdims", 1) in (0, 1) \
                 and len(present) == 1 and not ctx.attrs.get("axes"):
             out = 1

@@ -203,7 +203,11 @@ def _infer_pad(x: TensorType, pads=(), mode: str = "constant", value: float = 0.
         raise ValueError(f"pad: {len(pads)} pads for rank {rank}")
     if mode not in PAD_MODES:
         raise ValueError(f"pad mode {mode!r} is not one of {', '.join(PAD_MODES)}")
-    shape = tuple(n + int(pads[d]) + int(pads[d + rank]) for d, n in enumerate(x.shape))
+    if mode not in ("constant", "edge") and not is_static(pads):
+        raise ValueError(f"pad mode {mode!r} needs pads known at export, not {list(pads)}")
+    # pads are dims: a pad computed from a run-time size (a detector padding its kept boxes to
+    # a fixed row count: 300 - count) is a size expression, and the padded size often folds
+    shape = tuple(n + dim(pads[d]) + dim(pads[d + rank]) for d, n in enumerate(x.shape))
     if any(n < 0 for n in shape):
         raise ValueError(f"pads {list(pads)} crop {x.shape} below zero")
     if mode == "reflect":
@@ -226,7 +230,8 @@ def _legalize_pad(x: te.Tensor, out_type: TensorType, name: str, pads=(), mode: 
         idx, inside = [], None
         for d, v in enumerate(i):
             n = size_expr(x.shape[d])
-            j = v - int(pads[d])
+            run_time = not is_static([pads[d]])
+            j = v - (size_expr(pads[d]) if run_time else int(pads[d]))
             if mode == "edge":
                 j = te.minimum(te.maximum(j, 0), n - 1)
             elif mode == "reflect":
@@ -237,7 +242,10 @@ def _legalize_pad(x: te.Tensor, out_type: TensorType, name: str, pads=(), mode: 
             else:
                 ok = te.logical_and(j >= 0, j < n)
                 inside = ok if inside is None else te.logical_and(inside, ok)
-                j = te.minimum(te.maximum(j, 0), n - 1)
+                # a pad computed at run time pads counted rows, which may be none: the read
+                # stays at index 0 of the (bound-sized) buffer, never -1
+                j = te.maximum(te.minimum(j, n - 1), 0) if run_time else \
+                    te.minimum(te.maximum(j, 0), n - 1)
             idx.append(j)
         read = x[tuple(idx)]
         if inside is None:

@@ -48,8 +48,10 @@ ACCURACY_TESTS = {"test_magika_accuracy": "magika",
 # The three longest corpus models (40-56 s each on 2 cores) run under MLCPACK_SLOW=1 only: the
 # default run has to fit CI's 30 minutes, and each keeps a cheaper test there (ppocr_det both
 # ways in test_golden_check_on_the_cli_default, ppocr_rec at ten widths in test_symbolic_models,
-# yolov8n's kernels through the torch-built YOLO detectors in test_pytorch_models).
-SLOW_ONLY = {"ppocr_det", "ppocr_rec", "yolov8n_320"}
+# yolov8n's kernels through the torch-built YOLO detectors in test_pytorch_models). The
+# retuve YOLO11n-seg with NMS inside (~70 CPU-s) keeps its post-processing's path in
+# tests/export/test_data_dependent_shapes.py::test_ultralytics_style_nms_export_matches_onnx_runtime.
+SLOW_ONLY = {"ppocr_det", "ppocr_rec", "yolov8n_320", "yolo11n_seg_nms"}
 
 
 def _params() -> list:

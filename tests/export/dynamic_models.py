@@ -192,8 +192,8 @@ def combined_feeds(seed: int, zeros: bool = False, n: int = 5) -> dict[str, np.n
 
 
 def exported(tmp_path_factory, name: str = "counted") -> tuple:
-    """(onnx file, bundle) of ``combined`` (or with ``name`` "open_detector", of
-    ``open_detector``), exported as ``mlcpack export`` does with its defaults
+    """(onnx file, bundle) of ``combined`` (or with ``name`` "open_detector" or
+    "padded_detector", of that model), exported as ``mlcpack export`` does with its defaults
     (``packager.api.export``, which the command line calls, in process: portable, golden check
     on, at ``combined_feeds(1)``: TopK's k is an input the random check inputs could put beyond
     its axis). Once per test run: xdist workers share the folder above their own temporary
@@ -213,8 +213,11 @@ def exported(tmp_path_factory, name: str = "counted") -> tuple:
         if not bundle.exists():
             from mlcpack.packager.api import Options, export
 
-            model, feeds = (combined(), combined_feeds(1)) if name == "counted" else \
-                (open_detector(), open_detector_feeds(1, 16, 12, 0))
+            model, feeds = {
+                "counted": lambda: (combined(), combined_feeds(1)),
+                "open_detector": lambda: (open_detector(), open_detector_feeds(1, 16, 12, 0)),
+                "padded_detector": lambda: (padded_detector(), padded_detector_feeds(1)),
+            }[name]()
             onnx.save(model, src)
             result = export(src, bundle, Options(check_inputs=feeds))
             assert result.check and "golden check passed" in result.check, result.check
@@ -359,3 +362,133 @@ def open_detector_feeds(batch: int, h: int, w: int, seed: int, scale: float = 1.
             "pf_boxes": np.concatenate([corner, corner + size], -1),
             "pf_logits": np.round(rng.normal(size=(1, 3, m)) * scale * 2).astype(np.float32)
             / 2}
+
+
+PADDED_ROWS = 20   # the padded detector's fixed output rows (ultralytics: max_det, 300)
+
+
+def padded_detector(conf: float = 0.75, iou: float = 0.5) -> onnx.ModelProto:
+    """The post-processing ultralytics puts in a YOLO exported with ``nms=True`` (read from
+    retuve-yolo-plugin 1.1.0's hip-yolo-us.onnx, node for node in its order and form) over a
+    seeded 1x1 conv head: x [1, 3, GRID, GRID] -> per cell [cx, cy, w, h] and CLASSES sigmoid
+    scores; best class by ReduceMax/ArgMax; cells over ``conf`` by NonZero (three NonZero of one
+    mask, one per gathered column: one count); xywh -> xyxy by two ScatterND whose indices are
+    a counted Range Expanded with a constant [0, 1] (an Expand of a constant to a counted
+    shape); class offsets for class-aware NMS; NonMaxSuppression (no box limit); at most
+    PADDED_ROWS kept (Slice of the counted rows); [box, score, class] rows padded to
+    PADDED_ROWS by a Pad whose pads are computed from the count (PADDED_ROWS - count, reversed
+    and transposed as torch's F.pad writes them); written into a zero [1, PADDED_ROWS, 6]
+    by ScatterND. Output ``dets`` is always [1, PADDED_ROWS, 6], zero rows after the kept."""
+    rng = np.random.default_rng(39)
+    f, i64 = TensorProto.FLOAT, TensorProto.INT64
+    c = 4 + CLASSES
+    big = np.iinfo(np.int64).max
+
+    def const(name: str, value, dtype=np.int64):
+        return numpy_helper.from_array(np.array(value, dtype), name)
+
+    inits = [
+        numpy_helper.from_array(rng.normal(0, 0.5, (c, 3, 1, 1)).astype(np.float32), "w"),
+        const("flat", [1, c, GRID * GRID]), const("at0", [0]), const("at2", [2]),
+        const("at4", [4]), const("at_big", [big]), const("ax0", [0]), const("ax1", [1]),
+        const("ax_last", [-1]), const("i0", 0), const("i1", 1), const("one_col", [-1, 1]),
+        const("cols_lo", [0, 1]), const("cols_hi", [2, 3]), const("thr", conf, np.float32),
+        const("two", 2.0, np.float32), const("scale", [GRID, GRID, 4, 4], np.float32),
+        const("offset", 2.0 * GRID, np.float32), const("max_out", [big]),
+        const("iou", [iou], np.float32), const("rows", [PADDED_ROWS]),
+        const("rows_i", PADDED_ROWS), const("zeros3", [0, 0, 0]), const("pair", [-1, 2]),
+        const("back", [-1]), const("front", [-big]), const("flat1", [-1]),
+        const("table", [PADDED_ROWS, c]), const("table3", [1, PADDED_ROWS, c]),
+        numpy_helper.from_array(np.zeros((1, PADDED_ROWS, c), np.float32), "empty"),
+        const("at_batch", [[0]]),
+    ]
+    nodes = [helper.make_node(op, ins, outs, **attrs) for op, ins, outs, attrs in (
+        ("Conv", ["x", "w"], ["head"], {}),
+        ("Reshape", ["head", "flat"], ["cells"], {}),                     # [1, c, N]
+        ("Transpose", ["cells"], ["pred"], {"perm": [0, 2, 1]}),          # [1, N, c]
+        ("Squeeze", ["pred", "ax0"], ["p"], {}),                          # [N, c]
+        ("Slice", ["p", "at0", "at4", "ax1"], ["raw_box"], {}),
+        ("Sigmoid", ["raw_box"], ["unit_box"], {}),
+        ("Mul", ["unit_box", "scale"], ["xywh"], {}),                     # [N, 4]
+        ("Slice", ["p", "at4", "at_big", "ax1"], ["raw_scores"], {}),
+        ("Sigmoid", ["raw_scores"], ["scores"], {}),                      # [N, C]
+        ("ReduceMax", ["scores", "ax_last"], ["best"], {"keepdims": 0}),  # [N]
+        ("ArgMax", ["scores"], ["label"], {"axis": -1, "keepdims": 0}),
+        ("Greater", ["best", "thr"], ["mask"], {}),
+        ("NonZero", ["mask"], ["nz_a"], {}),
+        ("Transpose", ["nz_a"], ["ta"], {"perm": [1, 0]}),
+        ("GatherND", ["xywh", "ta"], ["kbox"], {}),                       # [k, 4]
+        ("NonZero", ["mask"], ["nz_b"], {}),
+        ("Transpose", ["nz_b"], ["tb"], {"perm": [1, 0]}),
+        ("GatherND", ["best", "tb"], ["kscore"], {}),                     # [k]
+        ("NonZero", ["mask"], ["nz_c"], {}),
+        ("Transpose", ["nz_c"], ["tc"], {"perm": [1, 0]}),
+        ("GatherND", ["label", "tc"], ["klabel"], {}),                    # [k]
+        # xyxy: out[:, 0:2] = xy - wh / 2, out[:, 2:4] = xy + wh / 2, as torch exports it
+        ("Shape", ["kbox"], ["kshape"], {}),
+        ("ConstantOfShape", ["kshape"], ["zeros"],
+         {"value": helper.make_tensor("z", f, [1], [0.0])}),
+        ("Slice", ["kbox", "at0", "at2", "ax1"], ["xy"], {}),
+        ("Slice", ["kbox", "at2", "at_big", "ax1"], ["wh"], {}),
+        ("Div", ["wh", "two"], ["half"], {}),
+        ("Sub", ["xy", "half"], ["lo"], {}),
+        ("Add", ["xy", "half"], ["hi"], {}),
+        ("Shape", ["zeros"], ["zshape"], {}),
+        ("Gather", ["zshape", "i0"], ["zrows"], {"axis": 0}),
+        ("Cast", ["zrows"], ["zrows64"], {"to": i64}),
+        ("Range", ["i0", "zrows64", "i1"], ["row_ids"], {}),
+        ("Reshape", ["row_ids", "one_col"], ["row_col"], {}),             # [k, 1]
+        ("Add", ["row_col", "cols_lo"], ["grid_lo"], {}),
+        ("Shape", ["grid_lo"], ["gshape"], {}),                           # [k, 2]
+        ("Expand", ["row_col", "gshape"], ["er"], {}),
+        ("Unsqueeze", ["er", "ax_last"], ["er3"], {}),
+        ("Expand", ["cols_lo", "gshape"], ["ec_lo"], {}),                 # constant -> [k, 2]
+        ("Unsqueeze", ["ec_lo", "ax_last"], ["ec_lo3"], {}),
+        ("Concat", ["er3", "ec_lo3"], ["idx_lo"], {"axis": -1}),          # [k, 2, 2]
+        ("ScatterND", ["zeros", "idx_lo", "lo"], ["xyxy_lo"], {}),
+        ("Expand", ["cols_hi", "gshape"], ["ec_hi"], {}),
+        ("Unsqueeze", ["ec_hi", "ax_last"], ["ec_hi3"], {}),
+        ("Concat", ["er3", "ec_hi3"], ["idx_hi"], {"axis": -1}),
+        ("ScatterND", ["xyxy_lo", "idx_hi", "hi"], ["xyxy"], {}),         # [k, 4]
+        # class-aware NMS: boxes moved apart by class
+        ("Reshape", ["klabel", "one_col"], ["label_col"], {}),
+        ("Cast", ["label_col"], ["label_f"], {"to": f}),
+        ("Mul", ["label_f", "offset"], ["shift"], {}),
+        ("Add", ["xyxy", "shift"], ["nms_box"], {}),
+        ("Unsqueeze", ["nms_box", "ax0"], ["nms_boxes"], {}),             # [1, k, 4]
+        ("Unsqueeze", ["kscore", "ax0"], ["s1"], {}),
+        ("Unsqueeze", ["s1", "ax0"], ["nms_scores"], {}),                 # [1, 1, k]
+        ("NonMaxSuppression", ["nms_boxes", "nms_scores", "max_out", "iou"], ["selected"], {}),
+        ("Gather", ["selected", "at2"], ["sel_box"], {"axis": 1}),
+        ("Squeeze", ["sel_box", "ax1"], ["sel"], {}),
+        ("Slice", ["sel", "at0", "rows", "ax0"], ["keep"], {}),           # at most PADDED_ROWS
+        ("Gather", ["xyxy", "keep"], ["dbox"], {"axis": 0}),
+        ("Gather", ["kscore", "keep"], ["dscore"], {"axis": 0}),
+        ("Reshape", ["dscore", "one_col"], ["dscore_col"], {}),
+        ("Gather", ["klabel", "keep"], ["dlabel"], {"axis": 0}),
+        ("Reshape", ["dlabel", "one_col"], ["dlabel_col"], {}),
+        ("Cast", ["dlabel_col"], ["dlabel_f"], {"to": f}),
+        ("Concat", ["dbox", "dscore_col", "dlabel_f"], ["kept"], {"axis": -1}),   # [s, 6]
+        # F.pad(kept, (0, 0, 0, rows - s)) as torch exports it
+        ("Shape", ["kept"], ["kept_shape"], {}),
+        ("Gather", ["kept_shape", "i0"], ["s"], {"axis": 0}),
+        ("Sub", ["rows_i", "s"], ["missing"], {}),
+        ("Unsqueeze", ["missing", "ax0"], ["missing1"], {}),
+        ("Concat", ["zeros3", "missing1"], ["pads4"], {"axis": 0}),
+        ("Reshape", ["pads4", "pair"], ["pads22"], {}),
+        ("Slice", ["pads22", "back", "front", "ax0", "back"], ["pads_rev"], {}),
+        ("Transpose", ["pads_rev"], ["pads_t"], {"perm": [1, 0]}),
+        ("Reshape", ["pads_t", "flat1"], ["pads"], {}),
+        ("Pad", ["kept", "pads"], ["padded"], {"mode": "constant"}),
+        ("Expand", ["padded", "table"], ["full"], {}),
+        ("Reshape", ["full", "table3"], ["full3"], {}),
+        ("ScatterND", ["empty", "at_batch", "full3"], ["dets"], {}))]
+    g = helper.make_graph(
+        nodes, "padded_detector", [helper.make_tensor_value_info("x", f, [1, 3, GRID, GRID])],
+        [helper.make_tensor_value_info("dets", f, [1, PADDED_ROWS, c])], inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 19)])
+
+
+def padded_detector_feeds(seed: int, scale: float = 1.0) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(200 + seed)
+    return {"x": (rng.normal(size=(1, 3, GRID, GRID)) * scale).astype(np.float32)}

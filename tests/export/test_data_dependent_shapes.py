@@ -158,6 +158,58 @@ def test_detector_with_open_batch_and_image_size_matches_onnx_runtime(open_detec
                        "nonzero1": "M", "selected2": 90, "k1": 90}, dynamic
 
 
+
+@pytest.fixture(scope="module")
+def padded_detector(tmp_path_factory) -> tuple[Path, Path]:
+    return dm.exported(tmp_path_factory, "padded_detector")
+
+
+# (seed, input scale) -> kept rows 0, 1, 3, 4, 10, 15, 17 and 20 (20 or more candidates)
+PADDED_FEEDS = ((4, 0.01), (2, 0.5), (4, 0.5), (0, 0.5), (0, 1.0), (2, 1.0), (1, 2.0),
+                (0, 2.0))
+
+
+def test_ultralytics_style_nms_export_matches_onnx_runtime(padded_detector) -> None:
+    """The post-processing of a YOLO exported by ultralytics with ``nms=True`` (as in the
+    corpus's retuve hip detector, ``tests/corpus/test_packaged_nms_detector.py``), exported by
+    the default command: three NonZero of one mask (one count), xywh -> xyxy by ScatterND at a
+    constant Expanded to the counted shape, NMS, a Slice of the kept rows, and a Pad to
+    PADDED_ROWS rows whose pads are computed from the count: always [1, 20, 6], the same rows
+    as ONNX Runtime (boxes within 1e-5) at 0 to 20 kept rows."""
+    src, bundle = padded_detector
+    kept = set()
+    with load(bundle) as model:
+        for seed, scale in PADDED_FEEDS:
+            feeds = dm.padded_detector_feeds(seed, scale)
+            want = _compare(src, model, feeds, "", rtol=1e-5, atol=1e-5)
+            dets = want["dets"][0]
+            np.testing.assert_array_equal(model.run(feeds)["dets"][0][:, 5], dets[:, 5])
+            kept.add(int((dets[:, 4] > 0).sum()))
+    assert kept == {0, 1, 3, 4, 10, 15, 17, dm.PADDED_ROWS}, kept
+    with BundleReader(bundle) as reader:
+        dynamic = dict((d[0], d[1]) for d in reader.header["symbolic"]["dynamic"])
+    # one count for the three NonZero; the output is fixed: nothing else is counted
+    assert dynamic == {"nonzero1": dm.GRID * dm.GRID, "selected1": dm.GRID * dm.GRID,
+                       "sliced1": dm.PADDED_ROWS}, dynamic
+
+
+def test_numpy_reference_binds_counted_sizes(tmp_path) -> None:
+    """The golden check without onnxruntime (``MLCPACK_NO_ORT=1``, a plain ``pip install .``)
+    runs the IR's numpy references (``packager/golden.py`` ``evaluate_ir``); a size a kernel
+    counts binds there as in the VM, so the ops after it (the padded detector's Expand, Pad,
+    ScatterND) get their sizes (before: ``KeyError: 'nonzero1'``, the check skipped): ONNX
+    Runtime's table at 0, 4 and 17 kept rows. No compile: about a second."""
+    from mlcpack.frontends.onnx.importer import import_onnx
+    from mlcpack.packager.golden import evaluate_ir
+
+    src = tmp_path / "padded.onnx"
+    onnx.save(dm.padded_detector(), src)
+    mod, _ = import_onnx(src)
+    for seed, scale in PADDED_FEEDS[::3]:
+        feeds = dm.padded_detector_feeds(seed, scale)
+        want = ort_outputs(src, feeds)["dets"]
+        np.testing.assert_allclose(evaluate_ir(mod, feeds)["dets"], want, rtol=1e-5, atol=1e-5)
+
 # 20-40 s (torch's import and export, a compile): the detector above covers the same path
 @pytest.mark.skipif(not SLOW, reason="MLCPACK_SLOW=1 only (the ONNX detector test covers NMS "
                     "inside a model in the default run)")

@@ -633,6 +633,19 @@ def test_open_detector_bit_identical(build, asan, tmp_path_factory, tmp_path) ->
         assert_bit_identical(asan, bundle, feeds, tmp_path / f"a{k}", threads=(1,), env=ASAN)
 
 
+def test_padded_detector_bit_identical(build, asan, tmp_path_factory, tmp_path) -> None:
+    """Ultralytics' end-to-end NMS post-processing (tests/export/dynamic_models.py
+    ``padded_detector``: one count for three NonZero, a Pad whose pads are computed from the
+    count): bit-identical to the Python runtime at 0, 4 and 20 kept rows, 1 and 2 threads, and
+    under the sanitizers (0 rows: the pad reads nothing outside its buffer)."""
+    from dynamic_models import exported, padded_detector_feeds
+
+    bundle = exported(tmp_path_factory, "padded_detector")[1]
+    for k, (seed, scale) in enumerate(((4, 0.01), (0, 0.5), (0, 2.0))):
+        feeds = padded_detector_feeds(seed, scale)
+        assert_bit_identical(build, bundle, feeds, tmp_path / f"c{k}")
+        assert_bit_identical(asan, bundle, feeds, tmp_path / f"a{k}", threads=(1,), env=ASAN)
+
 @pytest.fixture(scope="module")
 def branch_bundle(tmp_path_factory) -> Path:
     """The format 1.7 bundle of tests/export/test_if_branches.py (an If on the sample rate
