@@ -101,7 +101,7 @@ def test_profile_times_the_taken_branch_only(switch) -> None:
         for rate, taken, skipped in ((16000, "k16", "k8"), (8000, "k8", "k16")):
             prof = model.profile(bm.feeds(2, 8, rate), runs=3)
 
-            def timed(tag: str) -> list[float]:
+            def timed(tag: str, prof=prof) -> list[float]:
                 return [t.min_us for t in prof.instructions if t.step.kind == "kernel"
                         and any(s.name.startswith(tag) for s in t.step.sources)]
 
