@@ -85,15 +85,19 @@ REDUCED_IN_OPTIMIZER = frozenset({"x86_64"})
 
 
 def skips_strength_reduction(func: PrimFunc, info: KernelInfo) -> bool:
-    """A kernel LLVM's LSR is not run on: a symbolic convolution with a stride (its phase
-    planes give the microkernel's loop as many run-time load offsets as taps, and LSR's search
-    grows with them). YOLOv8n's seven stride-2 3x3 convolutions took 5.5 of the 7.6 CPU-s that
-    LSR cost its x86-64-v3 object (0.65-0.93 s each, 70-85 % of each one's code generation),
-    and none ran slower without it (docs/performance.md, "Export time, fourth round")."""
+    """A kernel LLVM's LSR is not run on: a symbolic convolution with a stride and a 2-D
+    window (its phase planes give the microkernel's loop as many run-time load offsets as
+    taps, and LSR's search grows with them). YOLOv8n's seven stride-2 3x3 convolutions took 5.5
+    of the 7.6 CPU-s that LSR cost its x86-64-v3 object (0.65-0.93 s each, 70-85 % of each
+    one's code generation), and none ran slower without it (docs/performance.md, "Export
+    time, fourth round"). 1-D windows (silero VAD's) keep it: not measured."""
     if not info.symbolic or info.choice != "contraction":
         return False
     match = match_contraction(func, kinds=("conv2d",))
-    return match is not None and tuple(match.tag.attrs["strides"]) != (1, 1)
+    if match is None:
+        return False
+    kh, kw = match.tag.operands[1].shape[2:]
+    return tuple(match.tag.attrs["strides"]) != (1, 1) and kh > 1 and kw > 1
 
 
 @dataclass(frozen=True)
