@@ -78,7 +78,7 @@ CONSERVATIVE_PIPELINES = (Pipeline("-O2 without the loop vectorizer", 2, False, 
 # LLVM's loop strength reduction (LSR) is a code-generator pass: there it runs on every
 # function of the object, in the one process per target that makes the object, under a switch
 # that is process-wide. On x86-64 it runs instead at the end of the optimizer (``_optimize``:
-# in the kernel groups' parallel workers, the same pass, the same code), on every kernel but
+# in the kernel groups' parallel workers, the same pass), on every kernel but
 # those ``skips_strength_reduction`` names, and the code generator's own run is off.
 # AArch64 keeps the code generator's run: nothing was measured there.
 REDUCED_IN_OPTIMIZER = frozenset({"x86_64"})
