@@ -21,8 +21,9 @@ V3 = resolve_targets("x86-64-v3", "fp32")[0]
 
 
 def _funcs():
-    """x (1, 8, H, W) -> 3x3/2 conv (8 -> 16) -> 3x3 conv (16 -> 16) -> 1x3/(1, 2) conv
-    (16 -> 4): symbolic H, W."""
+    """x (1, 8, H, W) -> 3x3/2 conv (8 -> 6) -> 3x3 conv (6 -> 6) -> 1x3/(1, 2) conv
+    (6 -> 4): symbolic H, W; 6 output channels keep the first two off the channel-lane
+    kernels (conv_oc), on the symbolic contraction kernel (conv_symbolic)."""
     rng = np.random.default_rng(0)
 
     def w(name, *shape):
@@ -34,7 +35,7 @@ def _funcs():
     graph = helper.make_graph(
         nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, "H", "W"])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
-        [w("w1", 16, 8, 3, 3), w("w2", 16, 16, 3, 3), w("w3", 4, 16, 1, 3)])
+        [w("w1", 6, 8, 3, 3), w("w2", 6, 6, 3, 3), w("w3", 4, 6, 1, 3)])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     options = CompileOptions().for_targets([V3])
     mod = run_pipeline(import_onnx(model)[0], DEFAULT_PIPELINE, options=options)
@@ -54,14 +55,15 @@ def _by_weights(funcs, shape) -> str:
 
 def _strided(funcs) -> tuple[str, str]:
     """(the 3x3/2 conv's prim func name, the 3x3/1 one's)."""
-    return _by_weights(funcs, (16, 8, 3, 3)), _by_weights(funcs, (16, 16, 3, 3))
+    return _by_weights(funcs, (6, 8, 3, 3)), _by_weights(funcs, (6, 6, 3, 3))
 
 
 def test_only_the_strided_2d_window_skips_it(kernels) -> None:
     funcs, size_vars, options = kernels
     emitted = build.emit_module(list(funcs.values()), V3, size_vars, False, options)
     strided, plain = _strided(funcs)
-    row = _by_weights(funcs, (4, 16, 1, 3))   # strided, a 1-D window: keeps LSR
+    row = _by_weights(funcs, (4, 6, 1, 3))   # strided, a 1-D window: keeps LSR
+    assert {emitted.kernels[n].choice for n in (strided, plain)} == {"contraction"}
     assert emitted.no_lsr == {build.SYMBOL_PREFIX + strided}
     assert build.SYMBOL_PREFIX + plain in emitted.text
     assert build.SYMBOL_PREFIX + row in emitted.text
