@@ -21,7 +21,6 @@ from ..ir.structure import structural_key
 from ..options import CompileOptions
 from . import cache, fingerprint
 from .contraction.geometry import vector_width
-from .contraction.match import match_contraction
 from .lower import KernelInfo
 from .objinfo import undefined_symbols
 from .rules import emit_function
@@ -74,31 +73,6 @@ DEFAULT_PIPELINE = Pipeline("-O2", 2, True, True)
 # have fired (a cost-model disagreement); -O2 without vectorizers is the last resort.
 CONSERVATIVE_PIPELINES = (Pipeline("-O2 without the loop vectorizer", 2, False, True),
                           Pipeline("-O2 without vectorizers", 2, False, False))
-
-# LLVM's loop strength reduction (LSR) is a code-generator pass: there it runs on every
-# function of the object, in the one process per target that makes the object, under a switch
-# that is process-wide. On x86-64 it runs instead at the end of the optimizer (``_optimize``:
-# in the kernel groups' parallel workers, the same pass), on every kernel but
-# those ``skips_strength_reduction`` names, and the code generator's own run is off.
-# AArch64 keeps the code generator's run: nothing was measured there.
-REDUCED_IN_OPTIMIZER = frozenset({"x86_64"})
-
-
-def skips_strength_reduction(func: PrimFunc, info: KernelInfo) -> bool:
-    """A kernel LLVM's LSR is not run on: a symbolic convolution with a stride and a 2-D
-    window (its phase planes give the microkernel's loop as many run-time load offsets as
-    taps, and LSR's search grows with them). YOLOv8n's seven stride-2 3x3 convolutions took 5.5
-    of the 7.6 CPU-s that LSR cost its x86-64-v3 object (0.65-0.93 s each, 70-85 % of each
-    one's code generation), and none ran slower without it (docs/performance.md, "Export
-    time, fourth round"). 1-D windows (silero VAD's) keep it: not measured."""
-    if not info.symbolic or info.choice != "contraction":
-        return False
-    match = match_contraction(func, kinds=("conv2d",))
-    if match is None:
-        return False
-    kh, kw = match.tag.operands[1].shape[2:]
-    return tuple(match.tag.attrs["strides"]) != (1, 1) and kh > 1 and kw > 1
-
 
 @dataclass(frozen=True)
 class Fallback:
@@ -164,7 +138,6 @@ class EmittedModule:
     text: str
     kernels: dict[str, KernelInfo]          # prim func name -> kernel
     groups: dict[str, tuple[str, ...]]      # compiled func name -> every func it serves
-    no_lsr: frozenset[str] = frozenset()    # symbols ``skips_strength_reduction`` names
 
 
 def emit_module(funcs: Sequence[PrimFunc], target: Target, size_vars: tuple[str, ...] = (),
@@ -181,7 +154,6 @@ def emit_module(funcs: Sequence[PrimFunc], target: Target, size_vars: tuple[str,
     kernels: dict[str, KernelInfo] = {}
     first: dict[object, str] = {}
     groups: dict[str, list[str]] = {}
-    no_lsr = set()
     for f in funcs:
         key = structural_key(f)
         if key in first:
@@ -192,12 +164,9 @@ def emit_module(funcs: Sequence[PrimFunc], target: Target, size_vars: tuple[str,
             groups[f.name] = [f.name]
             kernels[f.name] = emit_function(module, f, SYMBOL_PREFIX + f.name, vl, size_vars,
                                             target, options)
-            if skips_strength_reduction(f, kernels[f.name]):
-                no_lsr.add(SYMBOL_PREFIX + f.name)
     if thread_pool:
         emit_thread_pool(module, target)
-    return EmittedModule(str(module), kernels, {k: tuple(v) for k, v in groups.items()},
-                         frozenset(no_lsr))
+    return EmittedModule(str(module), kernels, {k: tuple(v) for k, v in groups.items()})
 
 
 def compile_in_process(funcs: Sequence[PrimFunc], target: Target, size_vars: tuple[str, ...] = (),
@@ -239,15 +208,15 @@ def compile_in_process(funcs: Sequence[PrimFunc], target: Target, size_vars: tup
     cpu1 = time.process_time()
     if conservative:
         rest = [f for f in funcs if not any(f.name in emitted.groups[c] for c in conservative)]
-        linked = _optimize(emit_module(rest, target, size_vars, thread_pool, options),
+        linked = _optimize(emit_module(rest, target, size_vars, thread_pool, options).text,
                            target, tm, DEFAULT_PIPELINE, options.llvm_abort)
         for pipeline in dict.fromkeys(conservative.values()):
             names = [c for c, p in conservative.items() if p == pipeline]
             part = [f for f in funcs if f.name in names]
-            part_module = emit_module(part, target, size_vars, False, options)
-            linked.link_in(_optimize(part_module, target, tm, pipeline, options.llvm_abort))
+            text = emit_module(part, target, size_vars, False, options).text
+            linked.link_in(_optimize(text, target, tm, pipeline, options.llvm_abort))
     else:
-        linked = _optimize(emitted, target, tm, DEFAULT_PIPELINE, options.llvm_abort)
+        linked = _optimize(emitted.text, target, tm, DEFAULT_PIPELINE, options.llvm_abort)
     # (a module with fallbacks emits IR again per pipeline: counted as optimizing)
     spent = (cpu1 - cpu0, time.process_time() - cpu1, 0.0)
     return _finish(linked, tm, target, emitted.kernels, options,
@@ -271,7 +240,7 @@ def optimize_group(funcs: Sequence[PrimFunc], target: Target, size_vars: tuple[s
     emitted = emit_module(funcs, target, size_vars, False, options)
     tm = _target_machine(target)
     cpu1 = time.process_time()
-    module = _optimize(emitted, target, tm, DEFAULT_PIPELINE, options.llvm_abort)
+    module = _optimize(emitted.text, target, tm, DEFAULT_PIPELINE, options.llvm_abort)
     bitcode = module.as_bitcode()
     return OptimizedGroup(bitcode, emitted.kernels,
                           (cpu1 - cpu0, time.process_time() - cpu1, 0.0))
@@ -288,7 +257,7 @@ def link_groups(groups: Sequence[OptimizedGroup], target: Target,
     cpu0 = time.process_time()
     tm = _target_machine(target)
     pool = emit_module([], target, (), True, options)
-    linked = _optimize(pool, target, tm, DEFAULT_PIPELINE, options.llvm_abort)
+    linked = _optimize(pool.text, target, tm, DEFAULT_PIPELINE, options.llvm_abort)
     try:
         parts = [llvm.parse_bitcode(g.bitcode) for g in groups]
         head = parts[0]
@@ -315,14 +284,7 @@ def _finish(linked: llvm.ModuleRef, tm: llvm.TargetMachine, target: Target,
     if undefined:
         raise CodegenError(f"kernels would import {', '.join(undefined)}, which the runtime "
                            "does not provide")
-    if target.arch in REDUCED_IN_OPTIMIZER:   # LSR ran in _optimize: not again
-        llvm.set_option("mlcpack", "-disable-lsr=true")
-        try:
-            obj = tm.emit_object(linked)
-        finally:   # the switch is process-wide: back to LLVM's default
-            llvm.set_option("mlcpack", "-disable-lsr=false")
-    else:
-        obj = tm.emit_object(linked)
+    obj = tm.emit_object(linked)
     _check_imports(obj, target)
     optimized = str(linked)
     if options.cache_dir and key:
@@ -385,12 +347,12 @@ def _from_notes(notes: Sequence[dict]) -> tuple[Fallback, ...]:
                  for n in notes if n["pipeline"] in pipelines)
 
 
-def _optimize(emitted: EmittedModule, target: Target, tm: llvm.TargetMachine,
-              pipeline: Pipeline, fault: str = "") -> llvm.ModuleRef:
-    """Parse, verify and optimize ``emitted`` with ``pipeline`` (``fault``: the test-only
-    abort, ``CompileOptions.llvm_abort``); on ``REDUCED_IN_OPTIMIZER`` targets, then LSR."""
+def _optimize(text: str, target: Target, tm: llvm.TargetMachine, pipeline: Pipeline,
+              fault: str = "") -> llvm.ModuleRef:
+    """Parse, verify and optimize ``text`` with ``pipeline`` (``fault``: the test-only abort,
+    ``CompileOptions.llvm_abort``)."""
     try:
-        parsed = llvm.parse_assembly(emitted.text)
+        parsed = llvm.parse_assembly(text)
         parsed.verify()
     except RuntimeError as exc:
         raise CodegenError(f"LLVM rejected the generated kernels: {exc}") from None
@@ -404,20 +366,7 @@ def _optimize(emitted: EmittedModule, target: Target, tm: llvm.TargetMachine,
     tuning.slp_vectorization = pipeline.slp_vectorize
     pb = llvm.create_pass_builder(tm, tuning)
     pb.getModulePassManager().run(parsed, pb)
-    if target.arch in REDUCED_IN_OPTIMIZER:
-        _reduce_strength(parsed, pb, emitted.no_lsr)
     return parsed
-
-
-def _reduce_strength(module: llvm.ModuleRef, pb: llvm.PassBuilder, skip: frozenset[str]) -> None:
-    """LLVM's loop strength reduction on every function of ``module`` but the kernels in
-    ``skip`` (and their bodies, ``<symbol>.body``): the code generator's run of the pass, here
-    (see ``REDUCED_IN_OPTIMIZER``)."""
-    fpm = llvm.create_new_function_pass_manager()
-    fpm.add_loop_strength_reduce_pass()
-    for fn in module.functions:
-        if not fn.is_declaration and fn.name.split(".")[0] not in skip:
-            fpm.run(fn, pb)
 
 
 def _inject_fault(module: llvm.ModuleRef, pipeline: Pipeline, spec: str) -> None:
