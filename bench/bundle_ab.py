@@ -2,7 +2,8 @@
 change (a pipeline, an optimization level) slow the code down?
 
     .venv/bin/python bench/bundle_ab.py A.mlc B.mlc [A2.mlc B2.mlc ...] [--budget 6]
-        [--threads 1] [--level x86-64-v2] [--kernels 8]
+        [--threads 1] [--level x86-64-v2] [--kernels 8] [--show NAME ...]
+        [--dim height=320 ...]
 
 Each pair is loaded once (same random inputs, seeded), warmed up, then timed
 in alternating blocks (A, B, A, B, ...; a block is about 0.2 s of runs) until ``--budget``
@@ -12,6 +13,8 @@ alternating rounds of 10 runs) and prints the N kernels whose min time changed m
 two bundles must come from one model, so their programs match instruction by instruction).
 ``--level`` pins the code variant the runtime picks (``MLCPACK_CPU_FEATURES`` with that level's
 flags, set before loading), to time a portable bundle's lower variant on this host.
+``--show TEXT`` also lists every kernel whose name holds TEXT (the kernels a change touched),
+with their sums; ``--dim NAME=N`` gives a symbolic input size (``--dim height=320``).
 """
 
 from __future__ import annotations
@@ -31,11 +34,19 @@ LEVEL_FLAGS["x86-64-v3"] = LEVEL_FLAGS["x86-64-v2"] + \
     ",avx,avx2,bmi1,bmi2,f16c,fma,abm,movbe,xsave"
 
 
+# symbolic input sizes (``--dim batch=1``): name -> value
+DIMS: dict[str, int] = {}
+
+
 def _inputs(model) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(0)
     feeds = {}
     for spec in model.inputs:
-        shape = tuple(int(d) for d in spec.shape)
+        unknown = [d for d in spec.shape if isinstance(d, str) and d not in DIMS]
+        if unknown:
+            raise SystemExit(f"input {spec.name} has symbolic size(s) {', '.join(unknown)}: "
+                             f"give each with --dim NAME=N")
+        shape = tuple(DIMS[d] if isinstance(d, str) else int(d) for d in spec.shape)
         dtype = np.dtype(spec.dtype)
         if dtype.kind == "f":
             feeds[spec.name] = rng.standard_normal(shape).astype(dtype)
@@ -102,7 +113,16 @@ def main() -> None:
                     help="pin the code variant the runtime picks")
     ap.add_argument("--kernels", type=int, default=0, metavar="N",
                     help="also list the N kernels whose min time changed most")
+    ap.add_argument("--show", action="append", default=[], metavar="TEXT",
+                    help="with --kernels, also list every kernel whose name holds TEXT")
+    ap.add_argument("--dim", action="append", default=[], metavar="NAME=N",
+                    help="a symbolic input size, e.g. --dim height=320 (repeatable)")
     args = ap.parse_args()
+    for item in args.dim:
+        name, _, value = item.partition("=")
+        if not value.isdigit():
+            raise SystemExit(f"--dim {item}: give NAME=N, e.g. height=320")
+        DIMS[name] = int(value)
     if len(args.bundles) % 2:
         raise SystemExit("give the bundles in pairs: A.mlc B.mlc")
     if args.level:
@@ -128,6 +148,12 @@ def main() -> None:
             print(f"  kernels' min times summed: A {total_a:.0f} us, B {total_b:.0f} us "
                   f"(B/A {total_b / total_a:.3f}); most changed:")
             for ratio, ma, mb, name in rows[:args.kernels]:
+                print(f"    {ratio:6.3f}  {ma:9.1f} -> {mb:9.1f} us  {name[:70]}")
+            shown = [r for r in rows if any(t in r[3] for t in args.show)]
+            if shown:
+                print(f"  kernels named {', '.join(args.show)}: A {sum(r[1] for r in shown):.0f} "
+                      f"us, B {sum(r[2] for r in shown):.0f} us")
+            for ratio, ma, mb, name in shown:
                 print(f"    {ratio:6.3f}  {ma:9.1f} -> {mb:9.1f} us  {name[:70]}")
 
 
