@@ -294,12 +294,12 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
 
         if self.wino:
             self.h, self.w, self.oh, self.ow, self.wpc, self.region_floats = (
-                self._value(d) for d in (self.h, self.w, self.oh, self.ow, self.wpc,
+                self._extent(d) for d in (self.h, self.w, self.oh, self.ow, self.wpc,
                                          self.region_floats))
             self._runtime_wino_geometry()
             return
         self.h, self.w, self.oh, self.ow, self.wpc, self.plane_region, self.region_floats = (
-            self._value(d) for d in (self.h, self.w, self.oh, self.ow, self.wpc,
+            self._extent(d) for d in (self.h, self.w, self.oh, self.ow, self.wpc,
                                      self.plane_region, self.region_floats))
         one = const_i64(1)
         self.rows = hi(lo(b.sdiv(const_i64(ROW_PIXELS), self.ow), self.oh), one)
@@ -331,7 +331,7 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
     def _ceil_div(self, x: ir.Value, y: ir.Value) -> ir.Value:
         return self.builder.sdiv(self.builder.add(x, self.builder.sub(y, const_i64(1))), y)
 
-    def _value(self, d) -> ir.Value:
+    def _extent(self, d) -> ir.Value:
         """``d`` (an int, a size expression or a value computed in the kernel) as an i64."""
         if isinstance(d, ir.Value):
             return d
@@ -347,7 +347,7 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
             return out
         out = None
         for d in dims:
-            v = self._value(d)
+            v = self._extent(d)
             out = v if out is None else self.builder.mul(out, v)
         return out
 
@@ -402,7 +402,7 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
         nt = b.select(b.icmp_signed("<", ntasks, const_i64(self.task_regions)), ntasks,
                       const_i64(self.task_regions))
         region = b.gep(b.bitcast(ws, F32.as_pointer()),
-                       [b.mul(task, self._value(self.region_floats))], inbounds=True)
+                       [b.mul(task, self._extent(self.region_floats))], inbounds=True)
         return nt, region
 
     def _emit_tasks(self, ws: ir.Value, task: ir.Value, ntasks: ir.Value) -> None:
@@ -413,7 +413,7 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
         nt, region = self._task_region(ws, task, ntasks)
         x_ptr = self.buffers[self.match.tag.operands[0].uid]
         with b.if_then(b.icmp_signed("<", task, nt)):
-            self.rowbuf = b.gep(region, [self._value(self.plane_region)], inbounds=True)
+            self.rowbuf = b.gep(region, [self._extent(self.plane_region)], inbounds=True)
             items = self.n * (self.nbands * self.nblocks) if not self.open_image else \
                 self._product(self.n, self.nbands, self.nblocks)
             lo, hi = self._split(items, task, nt)
@@ -422,10 +422,10 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
             with for_range(b, lo, hi, "item") as item:
                 nb_band = b.sdiv(item, const_i64(self.nblocks))
                 blk = b.srem(item, const_i64(self.nblocks))
-                nb = b.sdiv(nb_band, self._value(self.nbands))
-                band = b.srem(nb_band, self._value(self.nbands))
-                oy_lo = b.mul(band, self._value(self.band))
-                x_img = b.gep(x_ptr, [b.mul(nb, self._value(self._product(self.c, self.h,
+                nb = b.sdiv(nb_band, self._extent(self.nbands))
+                band = b.srem(nb_band, self._extent(self.nbands))
+                oy_lo = b.mul(band, self._extent(self.band))
+                x_img = b.gep(x_ptr, [b.mul(nb, self._extent(self._product(self.c, self.h,
                                                                           self.w)))],
                               inbounds=True)
                 if self.copy:
@@ -453,24 +453,24 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
         top = b.sub(b.mul(oy_lo, const_i64(self.sh)), const_i64(self.pt))
         # the band's rows inside the image: r in [max(0, -top), min(band_in, h - top))
         r_lo = b.select(b.icmp_signed("<", top, const_i64(0)), b.neg(top), const_i64(0))
-        r_hi = b.sub(self._value(self.h), top)
-        r_hi = b.select(b.icmp_signed("<", r_hi, self._value(self.band_in)), r_hi,
-                        self._value(self.band_in))
+        r_hi = b.sub(self._extent(self.h), top)
+        r_hi = b.select(b.icmp_signed("<", r_hi, self._extent(self.band_in)), r_hi,
+                        self._extent(self.band_in))
         zeros = ir.Constant(F32, 0.0)
         with for_range(b, const_i64(0), const_i64(self.c), "cpc") as ic:
-            src_plane = b.gep(x_img, [b.mul(ic, self._value(self._product(self.h, self.w)))],
+            src_plane = b.gep(x_img, [b.mul(ic, self._extent(self._product(self.h, self.w)))],
                               inbounds=True)
-            dst_plane = b.gep(region, [b.mul(ic, self._value(self.plane_floats))],
+            dst_plane = b.gep(region, [b.mul(ic, self._extent(self.plane_floats))],
                               inbounds=True)
             # rows above and below the image: zeros; rows inside: their margins zeroed (the
             # rest is copied), not the whole band cleared first
-            zero(dst_plane, b.mul(r_lo, self._value(self.wpc)))
-            zero(b.gep(dst_plane, [b.mul(r_hi, self._value(self.wpc))], inbounds=True),
-                 b.mul(b.sub(self._value(self.band_in), r_hi), self._value(self.wpc)))
+            zero(dst_plane, b.mul(r_lo, self._extent(self.wpc)))
+            zero(b.gep(dst_plane, [b.mul(r_hi, self._extent(self.wpc))], inbounds=True),
+                 b.mul(b.sub(self._extent(self.band_in), r_hi), self._extent(self.wpc)))
             with for_range(b, r_lo, r_hi, "cpr") as r:
-                src = b.gep(src_plane, [b.mul(b.add(top, r), self._value(self.w))],
+                src = b.gep(src_plane, [b.mul(b.add(top, r), self._extent(self.w))],
                             inbounds=True)
-                row = b.gep(dst_plane, [b.mul(r, self._value(self.wpc))], inbounds=True)
+                row = b.gep(dst_plane, [b.mul(r, self._extent(self.wpc))], inbounds=True)
                 if self.open_image:   # margins of pl and wpc - w - pl columns
                     for j in range(self.pl):
                         b.store(zeros, b.gep(row, [const_i64(j)], inbounds=True))
@@ -516,9 +516,9 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
         b = self.builder
         w_ptr = self.buffers[self.match.tag.operands[1].uid]
         wblk = b.gep(w_ptr, [b.mul(blk, const_i64(self.k * OC_BLOCK))], inbounds=True)
-        band_end = b.add(oy_lo, self._value(self.band))
-        band_end = b.select(b.icmp_signed("<", band_end, self._value(self.oh)), band_end,
-                            self._value(self.oh))
+        band_end = b.add(oy_lo, self._extent(self.band))
+        band_end = b.select(b.icmp_signed("<", band_end, self._extent(self.oh)), band_end,
+                            self._extent(self.oh))
         if self.open_image:
             ngroups = b.sdiv(b.add(b.sub(band_end, oy_lo), b.sub(self.rows, const_i64(1))),
                              self.rows)
@@ -528,10 +528,10 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
         passes = [(v0, min(MAX_TILE_VECTORS, nvb - v0))
                   for v0 in range(0, nvb, MAX_TILE_VECTORS)]
         with for_range(b, const_i64(0), ngroups, "grp") as g:
-            oy0 = b.add(oy_lo, b.mul(g, self._value(self.rows)))
+            oy0 = b.add(oy_lo, b.mul(g, self._extent(self.rows)))
             left = b.sub(band_end, oy0)
-            nrows = b.select(b.icmp_signed("<", left, self._value(self.rows)), left,
-                             self._value(self.rows))
+            nrows = b.select(b.icmp_signed("<", left, self._extent(self.rows)), left,
+                             self._extent(self.rows))
             nchunks = -(-self.c // self.chunk)
             with for_range(b, const_i64(0), const_i64(nchunks), "chunk") as cc:
                 c0 = b.mul(cc, const_i64(self.chunk))
@@ -542,7 +542,7 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
                 first = b.icmp_signed("==", cc, const_i64(0))
                 # the group's pixels, row after row, mr at a time (a tile may span two rows)
                 prow0 = b.mul(b.sub(oy0, row0), const_i64(self.sh))
-                npix = b.mul(nrows, self._value(self.ow))
+                npix = b.mul(nrows, self._extent(self.ow))
                 for v0, nv in passes:
                     mr = self._tile_rows(nv)
                     full = b.sdiv(npix, const_i64(mr))
@@ -555,7 +555,7 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
                             self._tile(planes, prow0, b.mul(full, const_i64(mr)), count, v0, nv,
                                        wblk, c0, c1, first)
             with for_range(b, const_i64(0), nrows, "orow") as r:
-                rowbuf = b.gep(self.rowbuf, [b.mul(r, self._value(self._product(self.ow,
+                rowbuf = b.gep(self.rowbuf, [b.mul(r, self._extent(self._product(self.ow,
                                                                                 OC_BLOCK)))],
                                inbounds=True)
                 self._emit_row(nb, blk, b.add(oy0, r), rowbuf, nvb)
@@ -569,7 +569,7 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
         plane_stride = self.plane_floats
         row_stride = self.wpc
         if self.open_image:
-            plane_stride, row_stride = self._value(plane_stride), self._value(row_stride)
+            plane_stride, row_stride = self._extent(plane_stride), self._extent(row_stride)
         accs = [alloca_once(b, self.vty, name=f"oc_acc{j}_{v}") for j in range(mr)
                 for v in range(nv)]
         zero = ir.Constant(self.vty, [0.0] * vl)
@@ -623,7 +623,7 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
         khw32 = self.kh * self.kw * OC_BLOCK
         lines = self._prefetch_lines(mr) if prefetch is not None else 0
         with for_range(b, c0, c1, "ic") as ic:
-            off = b.mul(ic, self._value(plane_stride))
+            off = b.mul(ic, self._extent(plane_stride))
             xcs = [b.gep(base, [off], inbounds=True) for base in bases]
             wc = b.gep(wblk, [b.mul(ic, const_i64(khw32))], inbounds=True)
             if lines:
@@ -644,7 +644,7 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
             else:   # a loop over the window's rows (LLVM spills a fully unrolled 7x7)
                 with for_range(b, const_i64(0), const_i64(self.kh), "ky") as ky:
                     vals = taps(xcs, b.gep(wc, [b.mul(ky, const_i64(self.kw * OC_BLOCK))],
-                                           inbounds=True), b.mul(ky, self._value(row_stride)), 0,
+                                           inbounds=True), b.mul(ky, self._extent(row_stride)), 0,
                                 [b.load(a) for a in accs])
                     for a, val in zip(accs, vals):
                         b.store(val, a)
@@ -764,7 +764,7 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
         nt, region = self._task_region(ws, task, ntasks)
         x_ptr = self.buffers[self.match.tag.operands[0].uid]
         with b.if_then(b.icmp_signed("<", task, nt)):
-            v = self._value
+            v = self._extent
             self.vbuf = b.gep(region, [v(self.plane_region)], inbounds=True)
             self.mbuf = b.gep(self.vbuf, [v(self.v_floats)], inbounds=True)
             self.rowbuf = b.gep(self.mbuf, [v(self.m_floats)], inbounds=True)
@@ -807,7 +807,7 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
         b, vl = self.builder, self.vl
         evens = ir.Constant(ir.VectorType(I32, vl), [2 * i for i in range(vl)])
         odds = ir.Constant(ir.VectorType(I32, vl), [2 * i + 1 for i in range(vl)])
-        v = self._value
+        v = self._extent
         row_stride = self._product(self.band_tr, self.ntp)
         with for_range(b, const_i64(0), ntr, "wtr") as tr:
             with for_range(b, const_i64(0), const_i64(self.c), "wc") as c:
@@ -849,7 +849,7 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
         b = self.builder
         w_ptr = self.buffers[self.match.tag.operands[1].uid]
         wblk = b.gep(w_ptr, [b.mul(blk, const_i64(16 * self.c * OC_BLOCK))], inbounds=True)
-        ntiles = b.mul(ntr, self._value(self.nt))
+        ntiles = b.mul(ntr, self._extent(self.nt))
         for v0 in range(0, nvb, MAX_TILE_VECTORS):
             nv = min(MAX_TILE_VECTORS, nvb - v0)
             mr = self._tile_rows(nv)
@@ -861,7 +861,7 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
                 for count in range(1, mr):
                     with b.if_then(b.icmp_signed("==", rest, const_i64(count))):
                         self._wino_gemm(xi, b.mul(full, const_i64(mr)), count, v0, nv, wblk)
-        v = self._value
+        v = self._extent
         with for_range(b, const_i64(0), ntr, "otr") as tr:
             with for_range(b, const_i64(0), v(self.nt), "otx") as tx:
                 self._wino_output(b.add(b.mul(tr, v(self.nt)), tx), tx, nvb)
@@ -887,7 +887,7 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
         times U[xi][c][:] (broadcast times weight vectors, mr x nv accumulators)."""
         b, vl = self.builder, self.vl
         row_stride = self._product(self.band_tr, self.ntp)
-        vx = b.gep(self.vbuf, [b.mul(xi, self._value(self._product(self.c, row_stride)))],
+        vx = b.gep(self.vbuf, [b.mul(xi, self._extent(self._product(self.c, row_stride)))],
                    inbounds=True)
         ux = b.gep(wblk, [b.mul(xi, const_i64(self.c * OC_BLOCK))], inbounds=True)
         bases = []
@@ -917,7 +917,7 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
             vals = [b.load(a) for a in accs]
             for k in range(count):
                 c = b.add(c0, const_i64(k)) if k else c0
-                xs = [self._splat(b.load(b.gep(base, [b.mul(c, self._value(row_stride))],
+                xs = [self._splat(b.load(b.gep(base, [b.mul(c, self._extent(row_stride))],
                                                inbounds=True))) for base in bases]
                 for v in range(nv):
                     wv = load_weights(b, ux, b.add(b.mul(c, const_i64(OC_BLOCK)),
@@ -937,7 +937,7 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
         for j in range(mr):
             u = b.add(u0, const_i64(j)) if j else u0
             for v in range(nv):
-                off = b.add(b.mul(b.add(b.mul(xi, self._value(self.m_tiles)), u),
+                off = b.add(b.mul(b.add(b.mul(xi, self._extent(self.m_tiles)), u),
                                   const_i64(OC_BLOCK)), const_i64((v0 + v) * vl))
                 b.store(b.load(accs[j * nv + v]), self._vec_ptr(self.mbuf, off), align=4)
 
@@ -947,7 +947,7 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
         b, vl = self.builder, self.vl
         for v in range(nvb):
             m = [[b.load(self._vec_ptr(self.mbuf, b.add(
-                b.mul(b.add(self._value(self._product(a * 4 + c, self.m_tiles)), u),
+                b.mul(b.add(self._extent(self._product(a * 4 + c, self.m_tiles)), u),
                       const_i64(OC_BLOCK)),
                 const_i64(v * vl))), align=4) for c in range(4)] for a in range(4)]
             s = [[b.fadd(b.fadd(m[0][j], m[1][j]), m[2][j]) for j in range(4)],
@@ -957,7 +957,7 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
                 y1 = b.fsub(b.fsub(s[i][1], s[i][2]), s[i][3])
                 for j, y in enumerate((y0, y1)):
                     ox = b.add(b.mul(tx, const_i64(2)), const_i64(j))
-                    off = b.add(b.mul(b.add(self._value(self._product(i, self.row_len)), ox),
+                    off = b.add(b.mul(b.add(self._extent(self._product(i, self.row_len)), ox),
                                       const_i64(OC_BLOCK)), const_i64(v * vl))
                     b.store(y, self._vec_ptr(self.rowbuf, off), align=4)
 
