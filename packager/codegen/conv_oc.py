@@ -331,6 +331,21 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
     def _ceil_div(self, x: ir.Value, y: ir.Value) -> ir.Value:
         return self.builder.sdiv(self.builder.add(x, self.builder.sub(y, const_i64(1))), y)
 
+    def _row_major_steps(self, start: ir.Value, width: ir.Value, count: int):
+        """(row, column) of the ``count`` consecutive row-major positions from ``start`` in
+        rows of run-time ``width``: one division for the first, then a step with a wrap for
+        each next one. A generator: each step is emitted just before it is used."""
+        b = self.builder
+        r = b.udiv(start, width)
+        col = b.sub(start, b.mul(r, width))
+        for j in range(count):
+            if j:
+                col = b.add(col, const_i64(1))
+                wrap = b.icmp_signed("==", col, width)
+                col = b.select(wrap, const_i64(0), col)
+                r = b.add(r, b.zext(wrap, I64))
+            yield r, col
+
     def _extent(self, d) -> ir.Value:
         """``d`` (an int, a size expression or a value computed in the kernel) as an i64."""
         if isinstance(d, ir.Value):
@@ -584,14 +599,7 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
                 b.store(b.select(first, zero, b.load(buf_ptr(j, v), align=4)), accs[j * nv + v])
         bases = []
         if self.open_image:   # one division per tile, then pixel after pixel
-            r = b.udiv(p0, self.ow)
-            ox = b.sub(p0, b.mul(r, self.ow))
-            for j in range(mr):
-                if j:
-                    ox = b.add(ox, const_i64(1))
-                    wrap = b.icmp_signed("==", ox, self.ow)
-                    ox = b.select(wrap, const_i64(0), ox)
-                    r = b.add(r, b.zext(wrap, I64))
+            for r, ox in self._row_major_steps(p0, self.ow, mr):
                 prow = b.add(prow0, b.mul(r, const_i64(self.sh)))
                 bases.append(b.gep(planes, [b.add(b.mul(prow, row_stride),
                                                   b.mul(ox, const_i64(self.sw)))], inbounds=True))
@@ -892,14 +900,7 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
         ux = b.gep(wblk, [b.mul(xi, const_i64(self.c * OC_BLOCK))], inbounds=True)
         bases = []
         if self.open_image:   # one division per tile, then tile after tile
-            r = b.udiv(u0, self.nt)
-            tx = b.sub(u0, b.mul(r, self.nt))
-            for j in range(mr):
-                if j:
-                    tx = b.add(tx, const_i64(1))
-                    wrap = b.icmp_signed("==", tx, self.nt)
-                    tx = b.select(wrap, const_i64(0), tx)
-                    r = b.add(r, b.zext(wrap, I64))
+            for r, tx in self._row_major_steps(u0, self.nt, mr):
                 bases.append(b.gep(vx, [b.add(b.mul(r, self.ntp), tx)], inbounds=True))
         for j in range(mr if not self.open_image else 0):
             u = b.add(u0, const_i64(j)) if j else u0
