@@ -84,7 +84,13 @@ def bench_model(name: str, threads_list: list[int], budget: float, reuse: bool =
     for threads in threads_list:
         try:
             engines = [peers.ort_engine(onnx_path, feeds, threads)]
-            engines += peers.openvino_engines(onnx_path, feeds, threads)
+            try:
+                engines += peers.openvino_engines(onnx_path, feeds, threads)
+            except Exception as exc:  # a peer that cannot take the model is a note, not a
+                # failed model: mlcpack is still compared with the peers that run it
+                first = str(exc).strip().splitlines()
+                row.setdefault("peer_errors", {})["OpenVINO"] = (
+                    f"{type(exc).__name__}: {first[-1] if first else ''}"[:200])
             with load(bundle, threads=threads) as mlc:
                 timing = time_engines(engines, mlc, budget, corpus.bundle_inputs(name))
         except Exception as exc:  # a model that fails to run is a line, not a crash
@@ -168,10 +174,13 @@ def print_text(results: list[dict], threads_list: list[int]) -> None:
         print(f"{t} thread{'s' * (t > 1)}, {n} models: geometric mean of mlcpack/ORT "
               f"{summary(results, [t])[t]:.2f}, of mlcpack/best fp32 peer "
               f"{summary(results, [t], 'ratio_best')[t]:.2f} (worst {ratio:.2f}, {model})")
-    if not labels:
+    if not labels and peers.openvino_version() is None:
         print(peers.OPENVINO_MISSING)
     for note in sorted(notes):
         print(f"note: {note}")
+    for res in results:
+        for peer, error in res.get("peer_errors", {}).items():
+            print(f"note: {peer} cannot run {res['model']}: {error}")
     failed = [res for res in results if "error" in res]
     if failed:
         print(f"\n{len(failed)} model(s) not benchmarked:")
@@ -194,6 +203,9 @@ def markdown(results: list[dict], threads_list: list[int]) -> str:
                          f"{res.get('ov_compile_s', float('nan')):.2f} |")
         if "error" in res:
             lines.append(f"| {res['model']} | | fails: {res['error']} |" + " |" * (len(labels) + 6))
+        for peer, error in res.get("peer_errors", {}).items():
+            lines.append(f"| {res['model']} | | {peer} cannot run it: {error} |"
+                         + " |" * (len(labels) + 6))
     for t in threads_list:
         lines.append(f"| **geometric mean** | {t} | | " + " | " * len(labels)
                      + f" | **{summary(results, [t])[t]:.2f}** | "
