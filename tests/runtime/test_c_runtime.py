@@ -719,6 +719,35 @@ def test_counted_loop_bit_identical_and_damaged_loops_refused(build, asan, tmp_p
         assert proc.returncode == 3 and "invalid bytecode" in line, (change, line)
 
 
+def test_row_stores_bit_identical_and_damaged_stores_refused(build, asan, tmp_path_factory,
+                                                            tmp_path) -> None:
+    """Format 1.9's row stores (tests/export/test_run_time_loops.py's "stored" bundle: a Loop on
+    a fed trip count whose two scan outputs have no bound at export): bit-identical to the
+    Python runtime at 0, 1, 7 and 40 rows and 2**63 - 1 stopped by a break, at 1 and 2 threads
+    and under the sanitizers (the stores grow by doubling, freed at close); a loop past the
+    rows' cap refused with the input-error code; damaged stores (an APPEND into an arena row,
+    of a row of another shape, a COPY reading a STORE row) refused at load with the
+    bundle-error code, in one line."""
+    from loop_models import STORE_DAMAGE, damaged_bytecode, exported, stored_feeds
+
+    bundle = exported(tmp_path_factory, "stored")[1]
+    for k, (m, lim) in enumerate(((0, 1e9), (1, 1e9), (7, 1e9), (40, 1e9),
+                                  ((1 << 63) - 1, 30.0))):
+        f = stored_feeds(m, lim, seed=k)
+        assert_bit_identical(build, bundle, f, tmp_path / f"c{k}")
+        assert_bit_identical(asan, bundle, f, tmp_path / f"a{k}", threads=(1,), env=ASAN)
+    for i, v in enumerate(stored_feeds(41).values()):
+        np.save(tmp_path / f"m{i}.npy", v)
+    proc = mlcrun(asan, "run", bundle, *[tmp_path / f"m{i}.npy" for i in range(3)], "-o",
+                  tmp_path / "mo", env=ASAN)
+    assert proc.returncode == 7 and "would pass its cap" in one_line_error(proc)
+    for change in STORE_DAMAGE:
+        path = damaged_bytecode(bundle, tmp_path / f"{change}.mlc", change)
+        proc = mlcrun(asan, "inspect", path, env=ASAN)
+        line = one_line_error(proc)
+        assert proc.returncode == 3 and ("APPEND" in line or "STORE" in line), (change, line)
+
+
 # ---- Ed25519 signatures (vendored Monocypher) --------------------------------------------------
 
 def test_signatures(asan, tmp_path) -> None:
