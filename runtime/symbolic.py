@@ -530,7 +530,11 @@ class SymbolicRunner:
                     value = np.asarray(value)
                 except Exception:
                     raise InputError(f"input {spec.name!r} is not array-like") from None
-            if value.dtype != storage_dtype(spec.dtype):
+            store = storage_dtype(spec.dtype)
+            if value.dtype != store and value.dtype.name == spec.dtype \
+                    and value.dtype.itemsize == store.itemsize:
+                value = value.view(store)   # an ml_dtypes array of a narrow dtype: its bits
+            if value.dtype != store:
                 raise InputError(f"input {spec.name!r} has dtype {value.dtype.name}; the model "
                                  f"takes {spec.dtype}: convert it with .astype(np.{spec.dtype})")
             if value.ndim != len(spec.shape):

@@ -215,6 +215,23 @@ def stored_feeds(m: int, lim: float = 1e9, seed: int = 0) -> dict[str, np.ndarra
     return {"M": np.array(m, np.int64), "x0": x, "lim": np.array(lim, np.float32)}
 
 
+def onnx_loop11(path: Path) -> Path:
+    """ONNX's node test ``test_loop11`` (onnx 1.22.0's data), as shipped: a Loop on a fed trip
+    count whose body slices a constant [1, 2, 3, 4, 5] by the iteration number (``x[i:i+1]``,
+    a Slice whose starts and ends are computed at run time), adds it to the carried ``y`` (its
+    extent the slice's counted length) and emits ``y`` as a scan output with no bound."""
+    import shutil
+
+    src = Path(onnx.__file__).parent / "backend/test/data/node/test_loop11/model.onnx"
+    shutil.copyfile(src, path)
+    return path
+
+
+def loop11_feeds(m: int, cond: bool = True) -> dict[str, np.ndarray]:
+    return {"trip_count": np.array(m, np.int64), "cond": np.array(cond),
+            "y": np.array([-2.0], np.float32)}
+
+
 # the "stored" bundle's row stores stop at this many bytes (40 rows of float32 [3]), so that a
 # loop that would pass them is refused in a test of seconds (the export's default is 256 MiB)
 STORED_TEST_BYTES = 480
@@ -222,7 +239,7 @@ STORED_TEST_BYTES = 480
 MODELS = {"counted": lambda p: counted_loop(p), "counted-static": lambda p: counted_loop(p, False),
           "counted-bounded": lambda p: counted_loop(p),
           "open-scan": open_scan, "rows-loop": rows_loop, "nested": nested_loops,
-          "stored": stored_rows}
+          "stored": stored_rows, "loop11": onnx_loop11}
 
 
 def exported(tmp_path_factory, kind: str = "counted") -> tuple[Path, Path]:

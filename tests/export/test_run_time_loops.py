@@ -212,3 +212,31 @@ def test_damaged_row_stores_are_refused(stored, tmp_path, change) -> None:
         load(path).close()
     text = str(info.value)
     assert "\n" not in text and ("APPEND" in text or "STORE" in text), text
+
+
+def test_slice_by_the_iteration_number_matches_onnx_runtime(tmp_path_factory, tmp_path,
+                                                            run_cli) -> None:
+    """ONNX's test_loop11 with its trip count fed (no --bind): a Slice of a constant by the
+    iteration number (its length counted in the body), a carried value whose extent is that
+    length (checked at run time to stay 1), a scan output with no bound. ONNX Runtime's
+    outputs at trip counts 0 to 5 and a false condition; at 6 the slice is empty and the
+    carried value would change shape: ONNX Runtime fails the run, and so do we, in one line
+    (TRAP 2, exit code 7)."""
+    src, bundle = lm.exported(tmp_path_factory, "loop11")
+    session = ort.InferenceSession(str(src), providers=["CPUExecutionProvider"])
+    with BundleReader(bundle) as reader:
+        assert reader.header["format"] == [1, 9]
+    with load(bundle) as model:
+        for m, cond in ((0, True), (1, True), (3, True), (5, True), (5, False)):
+            feeds = lm.loop11_feeds(m, cond)
+            got = model.run(feeds)
+            for name, ref in zip(["res_y", "res_scan"], session.run(None, feeds)):
+                assert got[name].shape == ref.shape, (name, m, cond)
+                np.testing.assert_array_equal(got[name], ref, err_msg=f"{name} {m}")
+    paths = []
+    for name, value in lm.loop11_feeds(6).items():
+        paths.append(tmp_path / f"{name}.npy")
+        np.save(paths[-1], value)
+    proc = run_cli("infer", bundle, *paths, timeout=120)
+    line = assert_one_line_error(proc)
+    assert proc.returncode == 7 and "changes shape between iterations" in line, line

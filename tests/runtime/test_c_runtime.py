@@ -725,10 +725,13 @@ def test_row_stores_bit_identical_and_damaged_stores_refused(build, asan, tmp_pa
     a fed trip count whose two scan outputs have no bound at export): bit-identical to the
     Python runtime at 0, 1, 7 and 40 rows and 2**63 - 1 stopped by a break, at 1 and 2 threads
     and under the sanitizers (the stores grow by doubling, freed at close); a loop past the
-    rows' cap refused with the input-error code; damaged stores (an APPEND into an arena row,
+    rows' cap refused with the input-error code; ONNX's test_loop11 (a Slice by the iteration
+    number) bit-identical at 0, 3 and 5 iterations and refused at 6 (TRAP 2: a carried value
+    that changes shape) with the input-error code; damaged stores (an APPEND into an arena row,
     of a row of another shape, a COPY reading a STORE row) refused at load with the
     bundle-error code, in one line."""
-    from loop_models import STORE_DAMAGE, damaged_bytecode, exported, stored_feeds
+    from loop_models import (STORE_DAMAGE, damaged_bytecode, exported, loop11_feeds,
+                             stored_feeds)
 
     bundle = exported(tmp_path_factory, "stored")[1]
     for k, (m, lim) in enumerate(((0, 1e9), (1, 1e9), (7, 1e9), (40, 1e9),
@@ -741,6 +744,17 @@ def test_row_stores_bit_identical_and_damaged_stores_refused(build, asan, tmp_pa
     proc = mlcrun(asan, "run", bundle, *[tmp_path / f"m{i}.npy" for i in range(3)], "-o",
                   tmp_path / "mo", env=ASAN)
     assert proc.returncode == 7 and "would pass its cap" in one_line_error(proc)
+    # test_loop11: a Slice by the iteration number, a carried extent checked at run time
+    loop11 = exported(tmp_path_factory, "loop11")[1]
+    for m in (0, 3, 5):
+        f = loop11_feeds(m)
+        assert_bit_identical(build, loop11, f, tmp_path / f"l{m}")
+        assert_bit_identical(asan, loop11, f, tmp_path / f"l{m}a", threads=(1,), env=ASAN)
+    for i, v in enumerate(loop11_feeds(6).values()):
+        np.save(tmp_path / f"e{i}.npy", v)
+    proc = mlcrun(asan, "run", loop11, *[tmp_path / f"e{i}.npy" for i in range(3)], "-o",
+                  tmp_path / "eo", env=ASAN)
+    assert proc.returncode == 7 and "changes shape between iterations" in one_line_error(proc)
     for change in STORE_DAMAGE:
         path = damaged_bytecode(bundle, tmp_path / f"{change}.mlc", change)
         proc = mlcrun(asan, "inspect", path, env=ASAN)
