@@ -230,9 +230,9 @@ def emit_program(mod: IRModule, kernels: dict[str, KernelInfo], func: str = "mai
         if t is None:
             raise VMEmitError(f"{getattr(v, 'name', v)} is used before it is defined")
         if rows[t][0] == STORE and not output:
-            raise VMEmitError(f"{getattr(v, 'name', v)}: a Loop's scan output whose trip count "
-                              "has no bound at export can only be a model output, not read by "
-                              "other nodes: give the trip count with --bind NAME=FILE.npy")
+            raise VMEmitError("a Loop's scan output whose trip count has no bound at export "
+                              "can only be a model output, not read by other nodes: give the "
+                              "trip count with --bind NAME=FILE.npy")
         sid = storage_of_tensor.get(t)
         if sid is not None:
             buffers[sid].end = max(buffers[sid].end, step)

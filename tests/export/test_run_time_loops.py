@@ -143,6 +143,21 @@ def test_what_a_run_time_loop_cannot_hold_is_refused_in_one_line(tmp_path, run_c
 
 # ---- format 1.9: scan outputs with no bound at export (row stores) ------------------------------
 
+def test_a_row_store_read_by_another_node_is_refused_in_one_line(tmp_path, run_cli) -> None:
+    """A scan output with no bound at export that another node reads (here an Add): its size
+    has no bound to plan the reader's memory at; refused in one line naming --bind, the export
+    error's exit code, nothing written."""
+    model = onnx.load(_scan_loop(tmp_path / "m.onnx"))
+    graph = model.graph
+    graph.output[1].name = "rows_plus"
+    graph.node.append(helper.make_node("Add", ["rows", "bump"], ["rows_plus"]))
+    graph.initializer.append(numpy_helper.from_array(np.ones(2, np.float32), "bump"))
+    onnx.save(model, tmp_path / "m.onnx")
+    out = tmp_path / "m.mlc"
+    line = assert_one_line_error(run_cli("export", tmp_path / "m.onnx", "-o", out, timeout=300))
+    assert "can only be a model output" in line and "--bind" in line and not out.exists(), line
+
+
 @pytest.fixture(scope="module")
 def stored(tmp_path_factory):
     return lm.exported(tmp_path_factory, "stored")
