@@ -187,10 +187,13 @@ def test_scan_outputs_with_no_bound_match_onnx_runtime(stored) -> None:
                                            err_msg=f"{name} {m} {lim}")
 
 
-def test_row_stores_are_format_1_9_and_older_readers_refuse_them(stored, monkeypatch) -> None:
+def test_row_stores_are_format_1_9_and_older_readers_refuse_them(stored, monkeypatch,
+                                                                  run_cli) -> None:
     from mlcpack.runtime.header import OP_APPEND, STORE
 
     _, bundle = stored
+    shown = run_cli("inspect", bundle).stdout
+    assert "rows a Loop appends at run time (memory grown as they come): rows1 <= 40" in shown
     with BundleReader(bundle) as reader:
         header = reader.header
         assert header["format"] == [1, 9] and header["min_reader"] == [1, 9]
