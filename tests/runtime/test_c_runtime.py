@@ -762,6 +762,57 @@ def test_row_stores_bit_identical_and_damaged_stores_refused(build, asan, tmp_pa
         assert proc.returncode == 3 and ("APPEND" in line or "STORE" in line), (change, line)
 
 
+class _Tensor(ctypes.Structure):   # mlcrt.h's mlc_tensor
+    _fields_ = [("data", ctypes.c_void_p), ("nbytes", ctypes.c_size_t), ("dtype", ctypes.c_int),
+                ("ndim", ctypes.c_int), ("dims", ctypes.c_int64 * 16)]
+
+
+def test_row_store_output_buffer_too_small_names_the_bytes(build, tmp_path_factory) -> None:
+    """mlc_run on a row store's output (format 1.9) whose buffer is smaller than this run's
+    rows: the usage code and a message naming the rows and the bytes needed; with that many
+    bytes the same run gives the Python runtime's rows and dims."""
+    from loop_models import exported, stored_feeds
+
+    bundle = exported(tmp_path_factory, "stored")[1]
+    feeds = stored_feeds(7, 1e9, seed=3)
+    with load(bundle) as model:
+        want = model.run(feeds)
+    lib = ctypes.CDLL(str(build / "libmlcrt.so"))
+    lib.mlc_open_file.argtypes = [ctypes.c_char_p, ctypes.c_void_p, ctypes.c_void_p,
+                                  ctypes.c_void_p]
+    lib.mlc_run.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p,
+                            ctypes.c_size_t, ctypes.c_void_p]
+    lib.mlc_close.argtypes = [ctypes.c_void_p]
+    err = ctypes.create_string_buffer(600)
+    model = ctypes.c_void_p()
+    assert lib.mlc_open_file(str(bundle).encode(), None, ctypes.byref(model), err) == 0
+    arrays = [np.array(v, order="C") for v in feeds.values()]   # 0-d stays 0-d
+    inputs = (_Tensor * 3)()
+    for t, a in zip(inputs, arrays):
+        t.data, t.nbytes, t.ndim = a.ctypes.data, a.nbytes, a.ndim
+        t.dtype = {"int64": 6, "float32": 0}[a.dtype.name]
+        t.dims[:a.ndim] = a.shape
+    try:
+        for rows_bytes in (3 * 12, 7 * 12):
+            out = [np.zeros(3, np.float32), np.zeros(rows_bytes // 4, np.float32),
+                   np.zeros(7, np.int64)]
+            outputs = (_Tensor * 3)()
+            for t, a in zip(outputs, out):
+                t.data, t.nbytes = a.ctypes.data, a.nbytes
+            rc = lib.mlc_run(model, inputs, 3, outputs, 3, err)
+            message = err.raw[4:].split(b"\0")[0].decode()
+            if rows_bytes < 7 * 12:
+                assert rc == 2 and "'rows' has 7 rows this run and needs a buffer of 84 bytes" \
+                    in message, (rc, message)
+                continue
+            assert rc == 0, message
+            assert list(outputs[1].dims[:outputs[1].ndim]) == [7, 3]
+            assert out[1].reshape(7, 3).tobytes() == want["rows"].tobytes()
+            assert out[2].tobytes() == want["iters"].tobytes()
+    finally:
+        lib.mlc_close(model)
+
+
 # ---- Ed25519 signatures (vendored Monocypher) --------------------------------------------------
 
 def test_signatures(asan, tmp_path) -> None:
