@@ -174,11 +174,12 @@ def feeds(m: int, cond: bool = True, lim: float = 1e9, n: int = 3, seed: int = 0
             "lim": np.array([lim], np.float32)}
 
 
-def stored_rows(path: Path) -> Path:
+def stored_rows(path: Path, open_lim: bool = False) -> Path:
     """A Loop whose trip count M is a graph input, with two scan outputs whose rows have no bound
     at export (format 1.9: row stores): ``rows`` (float32 [3] a row, the carried value) and
     ``iters`` (the iteration number, int64 scalars); it breaks once the carried sum reaches
-    ``lim``.
+    ``lim`` (``open_lim``: the sum of ``lim`` float32 [N], N open, so the plan is made per
+    shape at run time).
 
         for i in range(M) while cond: acc = acc * 0.5 + i; rows += [acc]; iters += [i];
                                       cond = sum(acc) < lim
@@ -197,11 +198,14 @@ def stored_rows(path: Path) -> Path:
         [helper.make_tensor_value_info("cond_out", B, []), helper.make_tensor_value_info("acc2", F, [3]),
          helper.make_tensor_value_info("row", F, [3]), helper.make_tensor_value_info("it", I64, [])],
         [numpy_helper.from_array(np.array(0.5, np.float32), "half")])
+    nodes = [helper.make_node("Loop", ["M", "", "x0"], ["acc", "rows", "iters"], body=body)]
+    if open_lim:   # the body reads the outer "lim" scalar: the sum of an open-length input
+        nodes.insert(0, helper.make_node("ReduceSum", ["lims"], ["lim"], keepdims=0))
     graph = helper.make_graph(
-        [helper.make_node("Loop", ["M", "", "x0"], ["acc", "rows", "iters"], body=body)],
-        "stored_rows",
+        nodes, "stored_rows",
         [helper.make_tensor_value_info("M", I64, []), helper.make_tensor_value_info("x0", F, [3]),
-         helper.make_tensor_value_info("lim", F, [])],
+         helper.make_tensor_value_info("lims", F, ["N"]) if open_lim
+         else helper.make_tensor_value_info("lim", F, [])],
         [helper.make_tensor_value_info("acc", F, None), helper.make_tensor_value_info("rows", F, None),
          helper.make_tensor_value_info("iters", I64, None)])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 16)])
@@ -210,8 +214,12 @@ def stored_rows(path: Path) -> Path:
     return path
 
 
-def stored_feeds(m: int, lim: float = 1e9, seed: int = 0) -> dict[str, np.ndarray]:
+def stored_feeds(m: int, lim: float = 1e9, seed: int = 0, n: int = 0
+                 ) -> dict[str, np.ndarray]:
+    """Feeds of ``stored_rows``; ``n`` > 0: of its ``open_lim`` form, ``lim`` spread over n."""
     x = np.random.default_rng(seed).standard_normal(3).astype(np.float32)
+    if n:
+        return {"M": np.array(m, np.int64), "x0": x, "lims": np.full(n, lim / n, np.float32)}
     return {"M": np.array(m, np.int64), "x0": x, "lim": np.array(lim, np.float32)}
 
 
@@ -239,7 +247,8 @@ STORED_TEST_BYTES = 480
 MODELS = {"counted": lambda p: counted_loop(p), "counted-static": lambda p: counted_loop(p, False),
           "counted-bounded": lambda p: counted_loop(p),
           "open-scan": open_scan, "rows-loop": rows_loop, "nested": nested_loops,
-          "stored": stored_rows, "loop11": onnx_loop11}
+          "stored": stored_rows, "stored-open": lambda p: stored_rows(p, open_lim=True),
+          "loop11": onnx_loop11}
 
 
 def exported(tmp_path_factory, kind: str = "counted") -> tuple[Path, Path]:

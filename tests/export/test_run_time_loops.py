@@ -187,6 +187,22 @@ def test_scan_outputs_with_no_bound_match_onnx_runtime(stored) -> None:
                                            err_msg=f"{name} {m} {lim}")
 
 
+def test_row_stores_under_plans_made_per_shape_match_onnx_runtime(tmp_path_factory) -> None:
+    """The same loop where an input of open length feeds the break's limit: the memory plan is
+    made per input shape at run time (not once at export); its row stores as before, ONNX
+    Runtime's outputs at three lengths."""
+    src, bundle = lm.exported(tmp_path_factory, "stored-open")
+    session = ort.InferenceSession(str(src), providers=["CPUExecutionProvider"])
+    with load(bundle) as model:
+        for k, (m, lim, n) in enumerate(((0, 5.0, 1), (9, 5.0, 2), (50, 100.0, 5), (30, 1e9, 3))):
+            feeds = lm.stored_feeds(m, lim, seed=k, n=n)
+            got = model.run(feeds)
+            assert model.last_plan == "symbolic"
+            for name, ref in zip(["acc", "rows", "iters"], session.run(None, feeds)):
+                assert got[name].shape == ref.shape, (name, m, n)
+                np.testing.assert_allclose(got[name], ref, rtol=1e-6, atol=1e-6, err_msg=name)
+
+
 def test_row_stores_are_format_1_9_and_older_readers_refuse_them(stored, monkeypatch,
                                                                   run_cli) -> None:
     from mlcpack.runtime.header import OP_APPEND, STORE

@@ -739,6 +739,11 @@ def test_row_stores_bit_identical_and_damaged_stores_refused(build, asan, tmp_pa
         f = stored_feeds(m, lim, seed=k)
         assert_bit_identical(build, bundle, f, tmp_path / f"c{k}")
         assert_bit_identical(asan, bundle, f, tmp_path / f"a{k}", threads=(1,), env=ASAN)
+    open_bundle = exported(tmp_path_factory, "stored-open")[1]   # planned per shape
+    for k, (m, lim, n) in enumerate(((9, 5.0, 2), (30, 1e9, 3))):
+        f = stored_feeds(m, lim, seed=k, n=n)
+        assert_bit_identical(build, open_bundle, f, tmp_path / f"o{k}")
+        assert_bit_identical(asan, open_bundle, f, tmp_path / f"o{k}a", threads=(1,), env=ASAN)
     for i, v in enumerate(stored_feeds(41).values()):
         np.save(tmp_path / f"m{i}.npy", v)
     proc = mlcrun(asan, "run", bundle, *[tmp_path / f"m{i}.npy" for i in range(3)], "-o",
