@@ -221,7 +221,8 @@ def evaluate_ir(mod: IRModule, feeds: Mapping[str, np.ndarray],
     branch_outputs: dict[int, list[np.ndarray]] = {}   # an if's binding -> its outputs
     for b in fn.bindings():
         v = b.value
-        if isinstance(v, Call) and v.op in ("if", "if_output", "check", "loop", "loop_output"):
+        if isinstance(v, Call) and v.op in ("if", "if_output", "check", "loop", "loop_output",
+                                            "loop_rows"):
             env[id(b.var)] = _run_branch(mod, v, value, branch_outputs, id(b.var))
             if magnitudes is not None:
                 carried[id(b.var)] = _largest(env[id(b.var)])
@@ -283,7 +284,7 @@ def _run_branch(mod: IRModule, v: Any, value: Any, outputs: dict[int, list[np.nd
     """The value of an ``if`` (its taken branch's function, run by ``evaluate_ir``; its
     outputs kept in ``outputs`` under ``key`` for its ``if_output``s), an ``if_output`` or a
     ``check`` (ops/control.py)."""
-    if v.op in ("if_output", "loop_output"):
+    if v.op in ("if_output", "loop_output", "loop_rows"):
         return outputs[id(v.args[0])][v.attrs["index"]]
     if v.op == "loop":
         return _run_loop(mod, v, value, outputs, key)
@@ -291,7 +292,7 @@ def _run_branch(mod: IRModule, v: Any, value: Any, outputs: dict[int, list[np.nd
     if v.op == "check":
         if flag:
             raise ReferenceUnavailable(f"the check inputs break a size relation a branch of an "
-                                       f"If needs ({v.attrs.get('where', '')})")
+                                       f"If or a Loop's body needs ({v.attrs.get('where', '')})")
         return value(v.args[0])
     taken = v.attrs["branches"][0 if flag else 1]
     if not taken:
@@ -318,6 +319,8 @@ def _run_loop(mod: IRModule, v: Any, value: Any, outputs: dict[int, list[np.ndar
     captures = [value(a) for a in v.args[2 + n:]]
     sub = dataclasses.replace(mod.copy(), value_vars=[])
     sub.functions["main"] = body
+    row_types = v.attrs.get("rows", ())
+    rows: list[list[np.ndarray]] = [[] for _ in row_types]   # format 1.9: appended rows
     k = 0
     while running and k < trip:
         feed = [np.array(k, np.int64)] + state + captures
@@ -325,8 +328,12 @@ def _run_loop(mod: IRModule, v: Any, value: Any, outputs: dict[int, list[np.ndar
         got = [result[name] for name in body.output_names]
         running = bool(np.asarray(got[0]).reshape(-1)[0])
         state = got[1:1 + n]
+        for r, x in zip(rows, got[1 + n:]):
+            r.append(np.asarray(x))
         k += 1
-    outputs[key] = state
+    stacks = [np.stack(r) if r else np.zeros((0,) + tuple(shape), dtype)
+              for r, (shape, dtype) in zip(rows, row_types)]
+    outputs[key] = state + stacks
     return state[0]
 
 

@@ -23,6 +23,8 @@ Instruction set (little-endian int32 words; the runtime's ``vm.py`` documents th
     NEXT         9, c, h                    (format 1.8) back to the body of the LOOP at word
                                             ``h`` while the next iteration is below its count
                                             and ``c`` holds
+    APPEND      10, s, r                    (format 1.9) append tensor ``r`` as one more row
+                                            of STORE row ``s`` (a scan output with no bound)
 
 An ``if`` call (ops/control.py) is laid out as ``JUMP_UNLESS cond -> else; then; copies; JUMP ->
 end; else; copies``: each branch's bindings are emitted in place from its graph function, and
@@ -37,6 +39,9 @@ is itself a state (a carried value passed on or swapped) goes through a buffer o
 first. The states, the iteration number and what the body reads from outside live from the
 LOOP to the NEXT, so no buffer of the body shares their memory; the body's own buffers live
 within one iteration, which writes each before it reads it.
+A loop with ``rows`` (scan outputs with no bound at export, format 1.9) appends each of the
+body's row results to a STORE tensor row (``APPEND s, r``, after the body, before the copies);
+its ``loop_rows`` outputs are those STORE rows, which only the model's outputs may name.
 
 Tensors are rows of a table: ``[0, arena offset, shape, dtype]`` or ``[1, constant, shape,
 dtype]``. A reshape is a second row over the same bytes, so it costs no instruction. Each input
@@ -57,13 +62,14 @@ from .ir.graph import (Call, CallLibrary, CallTIR, Constant, Function, IRModule,
                        TensorType, Value, Var, merge_sources)
 from .ir import te
 from .ir.sym import (Dim, SymExpr, is_static, nondecreasing_in, product, relation_text, shape_vars,
-                     substitute, to_record)
+                     size_var, substitute, to_record)
 from .ops import get_op
 from .ops.registry import VIEW
 from .passes.memory_plan import Buffer, plan_memory
 # SIZES rows (symbolic programs) hold the int64 values of the size variables
-from ..runtime.header import (ARENA, CONST, OP_BIND_SIZE, OP_CALL_KERNEL, OP_CALL_LIB, OP_COPY,
-                              OP_JUMP, OP_JUMP_UNLESS, OP_LOOP, OP_NEXT, OP_TRAP, SIZES,
+from ..runtime.header import (ARENA, CONST, OP_APPEND, OP_BIND_SIZE, OP_CALL_KERNEL,
+                              OP_CALL_LIB, OP_COPY, OP_JUMP, OP_JUMP_UNLESS, OP_LOOP, OP_NEXT,
+                              OP_TRAP, SIZES, STORE,
                               IORow,
                               LibraryCall, Symbolic, TensorRow, freeze)
 
@@ -90,6 +96,8 @@ class Program:
     intermediate_bytes: int = 0   # what the tensors would take with no reuse
     branches: int = 0   # JUMP_UNLESS instructions (an If's branch, a size check): format 1.7
     loops: int = 0      # LOOP ... NEXT regions (a Loop run by the VM): format 1.8
+    stores: int = 0     # STORE rows (a Loop's scan outputs with no bound): format 1.9
+    carried_checks: int = 0   # TRAP 2 (a Loop's carried value whose shape changed): 1.9
     # A symbolic program (size variables in main's input shapes): tensor rows hold storage ids,
     # not offsets, and shapes as dim records; the runtime plans memory per concrete shape
     # (runtime/symbolic.py) from its size variables and buffers (no ``bound``: the export adds
@@ -210,7 +218,7 @@ def emit_program(mod: IRModule, kernels: dict[str, KernelInfo], func: str = "mai
         storage_of_tensor[len(rows) - 1] = sid
         return len(rows) - 1
 
-    def use(v: Value, step: int) -> int:
+    def use(v: Value, step: int, output: bool = False) -> int:
         if isinstance(v, Constant):
             if id(v) not in const_index:
                 const_index[id(v)] = len(prog.constants)
@@ -221,6 +229,10 @@ def emit_program(mod: IRModule, kernels: dict[str, KernelInfo], func: str = "mai
         t = tensor_of.get(id(v))
         if t is None:
             raise VMEmitError(f"{getattr(v, 'name', v)} is used before it is defined")
+        if rows[t][0] == STORE and not output:
+            raise VMEmitError("a Loop's scan output whose trip count has no bound at export "
+                              "can only be a model output, not read by other nodes: give the "
+                              "trip count with --bind NAME=FILE.npy")
         sid = storage_of_tensor.get(t)
         if sid is not None:
             buffers[sid].end = max(buffers[sid].end, step)
@@ -267,10 +279,12 @@ def emit_program(mod: IRModule, kernels: dict[str, KernelInfo], func: str = "mai
         if isinstance(v, Call) and v.op == "if":
             emit_if(b, step)
             return
-        if isinstance(v, Call) and v.op == "check":   # JUMP_UNLESS bad -> on; TRAP 1
+        if isinstance(v, Call) and v.op == "check":   # JUMP_UNLESS bad -> on; TRAP 1 (or 2)
             bad = use(v.args[0], step)
             over = [OP_JUMP_UNLESS, bad, -1]
-            prog.instructions += [over, [OP_TRAP, 1]]
+            trap = v.attrs.get("trap", 1)
+            prog.instructions += [over, [OP_TRAP, trap]]
+            prog.carried_checks += trap == 2
             jumps.append((over, 2, len(prog.instructions)))
             tensor_of[id(b.var)] = bad
             prog.branches += 1
@@ -281,6 +295,11 @@ def emit_program(mod: IRModule, kernels: dict[str, KernelInfo], func: str = "mai
             return
         if isinstance(v, Call) and v.op == "loop":
             emit_loop(b, step)
+            return
+        if isinstance(v, Call) and v.op == "loop_rows":   # a STORE row, named by outputs only
+            use(v.args[0], step)
+            use(v.args[1], step)
+            tensor_of[id(b.var)] = if_outputs[id(v.args[0])][v.attrs["index"]]
             return
         late = shape_vars(v.type.shape) & dynamic.keys() - bound_now
         if not late and dynamic and isinstance(v, CallTIR):   # a size read inside the kernel
@@ -388,8 +407,20 @@ def emit_program(mod: IRModule, kernels: dict[str, KernelInfo], func: str = "mai
 
         if storage_of_tensor.get(again) in kept:   # the condition is a carried value
             again = own_buffer(again, body.outputs[0].type)
+        stores = []
+        for o, (shape, dtype) in zip(body.outputs[1 + n:], v.attrs.get("rows", ())):
+            # format 1.9: a row of a scan output with no bound, appended by the VM
+            rows.append([STORE, 0, [to_record(size_var(v.attrs["count"]))]
+                         + _shape_record(shape), dtype])
+            store = len(rows) - 1
+            stores.append(store)
+            row = use(o, at)
+            if rows[row][0] != ARENA:   # a constant row: appended from a buffer of its own
+                row = own_buffer(row, o.type)
+            prog.instructions.append([OP_APPEND, store, row])
+        prog.stores += len(stores)
         moves = []
-        for o, dst in zip(body.outputs[1:], states):
+        for o, dst in zip(body.outputs[1:1 + n], states):
             src = use(o, at)
             sid = storage_of_tensor.get(src)
             if sid == storage_of_tensor[dst]:
@@ -406,14 +437,14 @@ def emit_program(mod: IRModule, kernels: dict[str, KernelInfo], func: str = "mai
             if sid is not None:
                 buffers[sid].end = max(buffers[sid].end, end)
         tensor_of[id(b.var)] = states[0]
-        if_outputs[id(b.var)] = states
+        if_outputs[id(b.var)] = states + stores
         prog.loops += 1
 
     if_outputs: dict[int, list[int]] = {}
     emit_bindings(fn)
     end = tick()
     for name, o in zip(fn.output_names, fn.outputs):
-        t = use(o, end)
+        t = use(o, end, output=True)
         outputs.append({"name": name, "shape": _shape_record(o.type.shape),
                         "dtype": o.type.dtype, "tensor": t})
     # jump targets: instruction indices to words

@@ -82,6 +82,10 @@ BRANCH_MINOR = 7
 # LOOP and NEXT, marked by the vm record's "loops" count) say format 1.8 with min_reader 1.8;
 # this reader reads them.
 LOOP_MINOR = 8
+# Bundles with a loop's rows that have no bound at export (STORE tensor rows grown by APPEND,
+# marked by the vm record's "stores" count; TRAP 2, a carried value's shape that changed) say
+# format 1.9 with min_reader 1.9; this reader reads them.
+STORE_MINOR = 9
 TREE_FORMAT = [1, 2]                # the oldest reader of tree-digest bundles
 MAGIC = b"\x83\xa7mlcpack"          # fixmap(3) then the 7-char key "mlcpack"
 DIGEST_KEY = b"\xa6sha256\xc4\x20"  # fixstr "sha256", then bin8 of 32 bytes
@@ -132,6 +136,8 @@ def reader_minor(header: dict) -> int:
         reads = BRANCH_MINOR
     if isinstance(vm, dict) and "loops" in vm:
         reads = LOOP_MINOR
+    if isinstance(vm, dict) and "stores" in vm:
+        reads = STORE_MINOR
     return reads
 
 

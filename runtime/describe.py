@@ -8,7 +8,7 @@ from typing import Any
 from . import cpu
 from .bundle import BundleReader, nbytes_of
 from .errors import BundleError, MlcpackError
-from .header import Header, plain
+from .header import STORE, Header, plain
 from .profile import read_sources, sources_text
 from .signing import fingerprint
 from .symbolic import dim_text
@@ -67,6 +67,9 @@ def _summarize(path: str | os.PathLike, h: Header, name: str) -> dict[str, Any]:
         "memory_plan": plan.memory_plan.to_msgpack(),
         "symbolic": None if plan.symbolic is None else plan.symbolic.to_msgpack(),
         "vm_instructions": plan.vm.instructions,
+        # format 1.9: the size variables that count a row store's rows (grown at run time)
+        "row_counts": sorted({t.shape[0] for t in plan.tensors
+                              if t.kind == STORE and t.shape and isinstance(t.shape[0], str)}),
         "signed_by": signed_by,
         "plans": _plans(h, chosen),
         "specialized": _specialized(h, chosen),
@@ -131,7 +134,7 @@ def _kib(n: int | None) -> str:
     return "?" if n is None else f"{n / 1024:.1f} KiB"
 
 
-def _symbolic_plan_lines(sym: dict[str, Any], shown: int = 6) -> list[str]:
+def _symbolic_plan_lines(sym: dict[str, Any], rows: Any = (), shown: int = 6) -> list[str]:
     """A symbolic bundle's memory plan: with a ``--max-shape`` bound, the one arena planned at
     export; otherwise how it is planned per shape and its buffers' sizes as formulas over the
     size variables (the distinct ones, largest first at every size 64, with their counts)."""
@@ -140,12 +143,17 @@ def _symbolic_plan_lines(sym: dict[str, Any], shown: int = 6) -> list[str]:
     names = ", ".join(map(str, sym.get("vars", [])))
     buffers = sym.get("buffers", [])
     bound = sym.get("bound")
-    counted = [f"{d[0]} <= {dim_text(d[1])}" for d in sym.get("dynamic") or ()]
+    counted = [f"{d[0]} <= {dim_text(d[1])}" for d in sym.get("dynamic") or ()
+               if d[0] not in rows]
+    stored = [f"{d[0]} <= {dim_text(d[1])}" for d in sym.get("dynamic") or () if d[0] in rows]
     counted_line = [f"sizes counted at run time by kernels (each allocated at its bound): "
                     f"{', '.join(counted)}"] if counted else []
+    if stored:   # format 1.9
+        counted_line.append(f"rows a Loop appends at run time (memory grown as they come): "
+                            f"{', '.join(stored)}")
     if isinstance(bound, dict):
         sizes = ", ".join(f"{v} <= {n}" for v, n in bound.get("sizes", {}).items())
-        why = "(--max-shape)" if len(counted) < len(bound.get("sizes", {})) else \
+        why = "(--max-shape)" if len(counted) + len(stored) < len(bound.get("sizes", {})) else \
             "(the inputs' sizes are fixed)"
         return [f"memory plan: one arena of {bound.get('arena_bytes')} B "
                 f"({_kib(bound.get('arena_bytes'))}), planned at export for the bound {sizes} "
@@ -223,7 +231,7 @@ def _text(info: dict[str, Any]) -> str:
     saved = f" ({100 * (1 - arena / total):.0f}% saved by reuse)" if arena and total else ""
     sym = info.get("symbolic")
     if isinstance(sym, dict):   # format 1.3 (runtime/symbolic.py)
-        lines += _symbolic_plan_lines(sym)
+        lines += _symbolic_plan_lines(sym, info.get("row_counts") or ())
     else:
         lines.append(f"memory plan: arena {_kib(arena)} vs {_kib(total)} for all tensors"
                      f"{saved}")

@@ -32,7 +32,7 @@ from .bundle import (DIGEST_ALG, MAX_CHUNK, MIN_CHUNK, PayloadRef, check_disjoin
                      check_shape, nbytes_of, payload_ref, storage_dtype)
 from .records import (ALWAYS, ARENA, CONST, MAX_DIM, MAX_PLANS, MAX_RECORD_DEPTH,  # noqa: F401
                       OP_BIND_SIZE, OP_CALL_KERNEL, OP_CALL_LIB, OP_COPY, OP_JUMP, OP_JUMP_UNLESS,
-                      OP_LOOP, OP_NEXT, OP_TRAP, SIGNATURE_ALG, SIZES,
+                      OP_APPEND, OP_LOOP, OP_NEXT, OP_TRAP, SIGNATURE_ALG, SIZES, STORE,
                       STORED_DTYPES,
                       BatchInfo, CodeVariant, ConstantRow, Digest, DimRecord, Golden, GoldenRow,
                       IORow, KernelRow, LibraryCall, MemoryPlan, PayloadArea, Plan, Signature,

@@ -18,9 +18,8 @@ from typing import Any, Callable
 import numpy as np
 
 from .errors import BundleError
-from .header import (OP_BIND_SIZE, OP_CALL_KERNEL, OP_CALL_LIB, OP_JUMP, OP_JUMP_UNLESS, OP_LOOP,
-                     OP_NEXT, OP_TRAP,
-                     Plan)
+from .header import (OP_APPEND, OP_BIND_SIZE, OP_CALL_KERNEL, OP_CALL_LIB, OP_JUMP,
+                     OP_JUMP_UNLESS, OP_LOOP, OP_NEXT, OP_TRAP, Plan)
 from .vm import Executor
 
 MAX_SOURCES = 1 << 16
@@ -64,8 +63,8 @@ def sources_text(sources: tuple[SourceNode, ...], shown: int = 2) -> str:
 @dataclass(frozen=True)
 class Step:
     """What one VM instruction is, from the bundle header."""
-    # "kernel", "library", "copy", "bind" (BIND_SIZE) or "jump" (JUMP_UNLESS, JUMP, TRAP, and
-    # format 1.8's LOOP, NEXT)
+    # "kernel", "library", "copy" (COPY, and format 1.9's APPEND), "bind" (BIND_SIZE) or "jump"
+    # (JUMP_UNLESS, JUMP, TRAP, and format 1.8's LOOP, NEXT)
     kind: str
     name: str                         # the prim function, the library function, or "copy"
     symbol: str                       # the kernel's symbol (shared by identical kernels)
@@ -94,6 +93,8 @@ def describe_steps(executor: Executor, plan: Plan) -> list[Step]:
             name = {OP_JUMP_UNLESS: "jump unless", OP_JUMP: "jump", OP_TRAP: "trap",
                     OP_LOOP: "loop", OP_NEXT: "next"}[ins.opcode]
             steps.append(Step("jump", name, name, (), None))
+        elif ins.opcode == OP_APPEND:   # a row appended to a row store
+            steps.append(Step("copy", "append", "append", (), None))
         else:
             steps.append(Step("copy", "copy", "copy", (), None))
     return steps

@@ -22,9 +22,11 @@ from .errors import BundleError
 
 # The format's constants, defined here only (the emitter, the VM and the runtime import them).
 ARENA, CONST, SIZES = 0, 1, 2     # a tensor row's storage kind (docs/format.md section 5)
+STORE = 3   # format 1.9: a loop's rows with no bound at export, grown by the VM (APPEND)
 OP_CALL_KERNEL, OP_CALL_LIB, OP_COPY, OP_BIND_SIZE = 1, 2, 3, 4   # VM opcodes (format.md section 6)
 OP_JUMP_UNLESS, OP_JUMP, OP_TRAP = 5, 6, 7   # format 1.7: an If that runs only its taken branch
 OP_LOOP, OP_NEXT = 8, 9   # format 1.8: a Loop whose trip count is known only at run time
+OP_APPEND = 10   # format 1.9: a row appended to a STORE row (a scan output with no bound)
 MAX_PLANS = 64
 MAX_DIM = 1 << 40
 MAX_RECORD_DEPTH = 32
@@ -201,17 +203,20 @@ class IORow(_Record):
 class TensorRow:
     """One row of a plan's tensor table, ``[kind, ref, shape, dtype]``: ``ref`` is a byte offset
     in the arena (ARENA), a constant's index (CONST) or 0 (SIZES: a symbolic plan's size
-    variables)."""
+    variables; STORE, format 1.9: rows the VM appends, its first dim their count)."""
     kind: int
     ref: int
     shape: tuple
     dtype: str
 
     @classmethod
-    def parse(cls, obj: Any, what: str, num_constants: int, symbolic: bool) -> TensorRow:
+    def parse(cls, obj: Any, what: str, num_constants: int, symbolic: bool,
+              stores: bool = False) -> TensorRow:
+        """``stores``: the plan's vm record says it has STORE rows (format 1.9, symbolic
+        plans only)."""
         if not isinstance(obj, list) or len(obj) != 4:
             raise _bad(what)
-        kind = _int(obj[0], f"{what} kind", 0, 3 if symbolic else 2)
+        kind = _int(obj[0], f"{what} kind", 0, (STORE + 1 if stores else 3) if symbolic else 2)
         ref = _int(obj[1], f"{what} offset", 0, num_constants if kind == CONST else MAX_DIM)
         return cls(kind, ref, _shape(obj[2], what, symbolic), check_dtype(obj[3], what))
 
@@ -334,6 +339,9 @@ class VMRecord(_Record):
     # format 1.8: how many counted loops (LOOP ... NEXT regions) the bytecode has; present only
     # when it has some, so that a reader knows it must understand opcodes 8-9
     loops: int | None = None
+    # format 1.9: how many STORE rows (scan outputs with no bound at export, APPEND) the plan
+    # has; present only when it has some, so that a reader knows it must understand them
+    stores: int | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)
 
 
@@ -516,7 +524,9 @@ class Plan(_Record):
         sym = obj.get("symbolic")
         symbolic = Symbolic.parse(sym) if sym is not None else None
         is_sym = symbolic is not None
-        tensors = tuple(TensorRow.parse(r, f"{at}tensor {i}", num_constants, is_sym)
+        vm = obj.get("vm")
+        has_stores = isinstance(vm, dict) and "stores" in vm
+        tensors = tuple(TensorRow.parse(r, f"{at}tensor {i}", num_constants, is_sym, has_stores)
                         for i, r in enumerate(_list(obj.get("tensors"), f"{at}tensors")))
         n = len(tensors)
         io = [tuple(IORow.parse(r, f"{at}{kind}[{i}]", n, is_sym)
@@ -534,10 +544,12 @@ class Plan(_Record):
         ins = vm.get("instructions")
         branches = vm.get("branches")
         loops = vm.get("loops")
+        stores = vm.get("stores")
         vm_rec = VMRecord(payload_ref(vm.get("bytecode"), f"{at}bytecode", data_size),
                           None if ins is None else _int(ins, f"{at}vm instructions"),
                           None if branches is None else _int(branches, f"{at}vm branches"),
                           None if loops is None else _int(loops, f"{at}vm loops"),
+                          None if stores is None else _int(stores, f"{at}vm stores"),
                           VMRecord._extra(vm))
         mp = obj.get("memory_plan")
         if not isinstance(mp, dict) or not _is_int(mp.get("arena_bytes")) \

@@ -34,7 +34,8 @@ import numpy as np
 from . import cpu, elf, library, vm
 from .bundle import BundleReader, nbytes_of, storage_dtype
 from .errors import BundleError, InputError
-from .header import (ARENA, CONST, OP_BIND_SIZE, OP_CALL_KERNEL, OP_COPY, SIZES, DimRecord,
+from .header import (ARENA, CONST, OP_BIND_SIZE, OP_CALL_KERNEL, OP_COPY, SIZES, STORE,
+                     DimRecord,
                      KernelRow, Plan, SymbolicBound)
 from .dims import evaluate
 from .values import bind_values
@@ -203,6 +204,8 @@ class _Plan:
                 view = runner.constants[ref].reshape(shape)
             elif kind == SIZES and shape == self.sizes.shape and dtype == "int64":
                 view = self.sizes
+            elif kind == STORE:   # format 1.9: its rows are the VM's (APPEND), never the arena's
+                view = np.zeros(0, storage)
             else:
                 raise BundleError(f"bundle header: tensor {i} lies outside its storage")
             views.append(view)
@@ -211,7 +214,7 @@ class _Plan:
         self.limits = np.array([env[v] for v in runner.vars], dtype=np.int64)
         self.executor = vm.Executor(runner.program, runner.kernels, runner.sites,
                                     list(addresses), views, runner.threads, pool=runner.pool,
-                                    sizes=self.sizes, limits=self.limits)
+                                    sizes=self.sizes, limits=self.limits, stores=runner.stores)
         self.live_sizes = self.sizes   # what BIND_SIZE wrote during the last run
         bindings = _input_bindings(runner, self.executor, addresses)
         self.inputs = [(s, views[s.tensor], b) for s, b in zip(runner.inputs, bindings)]
@@ -248,7 +251,7 @@ class _Bound:
                 addresses.append(base + runner.bound_offsets[ref])
             elif kind == CONST:
                 addresses.append(runner.constants[ref].ctypes.data)
-            else:
+            else:   # SIZES; a STORE row's address is never read (only APPEND names it)
                 addresses.append(self.sizes.ctypes.data)
         self.addresses = addresses
         first.views_over(self)
@@ -257,7 +260,7 @@ class _Bound:
             views[t] = v
         self.executor = vm.Executor(runner.program, runner.kernels, runner.sites, addresses,
                                     views, runner.threads, pool=runner.pool, sizes=self.sizes,
-                                    limits=self.limits)
+                                    limits=self.limits, stores=runner.stores)
         self.bindings = _input_bindings(runner, self.executor, addresses)
         self.current: _BoundPlan | None = None
 
@@ -315,6 +318,8 @@ class _BoundPlan:
                 if runner.constants[ref].nbytes != nbytes_of(shape, dtype):
                     raise BundleError(f"bundle header: tensor {t} lies outside its storage")
                 view = runner.constants[ref].reshape(shape)
+            elif kind == STORE:
+                view = np.zeros(0, runner.storage[t])
             else:
                 view = bound.sizes
             self.views[t] = view
@@ -439,6 +444,7 @@ class SymbolicRunner:
                                       f"{self.vars[ins.target]!r} from tensor "
                                       f"{ins.operands[0]}: a run-time size bound by a "
                                       "one-element int64 tensor expected")
+        self.stores = self._stores(plan, reader.name)
         self._check_arity(plan.kernels)
         self.num_inputs = [k.num_inputs for k in plan.kernels]
         self.input_views = []
@@ -448,6 +454,24 @@ class SymbolicRunner:
                                                 for t in ids)
             self.input_views.append(ids if ok else ())
         self.pool = vm.PoolCode.from_image(image)
+
+    def _stores(self, plan: Plan, name: str) -> dict[int, int]:
+        """Format 1.9: each STORE row -> the size variable that counts its rows, its first dim
+        (a variable BIND_SIZE binds); an output whose tensor is one returns its rows."""
+        counted = plan.symbolic.dynamic_names
+        out = {}
+        for t, row in enumerate(self.tensors):
+            if row.kind != STORE:
+                continue
+            first = row.shape[0] if row.shape else None
+            if not isinstance(first, str) or first not in counted:
+                raise BundleError(f"{name}: bundle header: STORE row {t}'s first dim must be a "
+                                  "size variable bound at run time")
+            out[t] = self.vars.index(first)
+        if len(out) != (plan.vm.stores or 0):
+            raise BundleError(f"{name}: bundle header: the vm record's stores count "
+                              f"{plan.vm.stores} is not its {len(out)} STORE rows")
+        return out
 
     def _bounded(self, rec: SymbolicBound | None) -> None:
         """The upper-bound plan, when the bundle has one (validated by ``Header``): every
@@ -506,7 +530,11 @@ class SymbolicRunner:
                     value = np.asarray(value)
                 except Exception:
                     raise InputError(f"input {spec.name!r} is not array-like") from None
-            if value.dtype != storage_dtype(spec.dtype):
+            store = storage_dtype(spec.dtype)
+            if value.dtype != store and value.dtype.name == spec.dtype \
+                    and value.dtype.itemsize == store.itemsize:
+                value = value.view(store)   # an ml_dtypes array of a narrow dtype: its bits
+            if value.dtype != store:
                 raise InputError(f"input {spec.name!r} has dtype {value.dtype.name}; the model "
                                  f"takes {spec.dtype}: convert it with .astype(np.{spec.dtype})")
             if value.ndim != len(spec.shape):
@@ -633,6 +661,14 @@ class SymbolicRunner:
         for i in self.counted_outputs:
             name, view = outputs[i]
             shape = tuple(evaluate(d, env) for d in self.outputs[i].shape)
+            store = plan.executor.stores.get(self.outputs[i].tensor)
+            if store is not None:   # format 1.9: the rows the VM appended
+                rows = store.rows()
+                if rows.shape != shape:
+                    raise BundleError(f"{self.name}: output {name!r} has {rows.shape[0]} rows "
+                                      f"appended, its shape says {shape}")
+                outputs[i] = (name, rows)
+                continue
             outputs[i] = (name, view.reshape(-1)[:int(np.prod(shape))].reshape(shape))
         return outputs
 

@@ -16,7 +16,8 @@ Instruction set (little-endian int32 words):
     JUMP         6, w                       (format 1.7) continue at word ``w``
     TRAP         7, reason                  (format 1.7) refuse this run: reason 0, its input
                                             sizes take a branch of an If that was not compiled;
-                                            1, they break a size relation of the taken branch
+                                            1, they break a size relation of the taken branch;
+                                            2 (format 1.9), a Loop's carried value changes shape
     LOOP         8, m, c, i, w              (format 1.8) a counted loop's head: its count is
                                             tensor ``m`` (one int64, read once here); unless
                                             m > 0 and tensor ``c`` (one bool) holds, continue at
@@ -26,6 +27,12 @@ Instruction set (little-endian int32 words):
                                             ``h``: the next iteration runs (its number into
                                             ``i``, from the instruction after the head) while it
                                             is below the count and tensor ``c`` (one bool) holds
+    APPEND      10, s, r                    (format 1.9) append tensor ``r`` (an arena row) as
+                                            one more row of tensor ``s``, a STORE row: the rows
+                                            of a scan output with no bound at export, kept by
+                                            the VM (empty at each run's start, grown by
+                                            doubling, at most its count variable's bound and
+                                            STORE_MAX_BYTES); no other instruction names a STORE
 
 A jump's word ``w`` must start an instruction (or be the bytecode's end) and lie after the jump
 itself: jumps only go forward, and an If runs only its taken branch. The only backward edge is a
@@ -69,9 +76,9 @@ from typing import Any, Callable
 import numpy as np
 
 from .errors import BundleError, CodeLoadError, InputError
-from .vm_loops import link_loops, loop_step, next_step
-from .header import (ARENA, OP_BIND_SIZE, OP_CALL_KERNEL, OP_CALL_LIB, OP_COPY, OP_JUMP,
-                     OP_JUMP_UNLESS, OP_LOOP, OP_NEXT, OP_TRAP)
+from .vm_loops import RowStore, append_step, link_loops, loop_step, next_step
+from .header import (ARENA, OP_APPEND, OP_BIND_SIZE, OP_CALL_KERNEL, OP_CALL_LIB, OP_COPY,
+                     OP_JUMP, OP_JUMP_UNLESS, OP_LOOP, OP_NEXT, OP_TRAP, STORE)
 
 KERNEL_SIGNATURE = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64)
 MAX_OPERANDS = 4096
@@ -85,7 +92,11 @@ TRAP_REASONS = {0: "these input sizes take a branch of one of the model's If nod
                 1: "these input sizes break a size relation that the branch of one of the "
                    "model's If nodes they take needs (a Squeeze of an axis whose size is not 1, "
                    "a Reshape whose element counts differ): give inputs of the sizes the model "
-                   "is made for"}
+                   "is made for",
+                # format 1.9
+                2: "at these inputs a carried value of one of the model's Loop nodes changes "
+                   "shape between iterations (a size the loop's body computes), which this "
+                   "bundle's loop does not run: its export assumed the shape stays"}
 
 
 @dataclass(frozen=True)
@@ -160,6 +171,15 @@ def decode(bytecode: memoryview | bytes, num_tensors: int, num_kernels: int, num
             out.append(Instruction(op, -1, tuple(tensors)))
             pc += size
             continue
+        if op == OP_APPEND:
+            if pc + 3 > len(words):
+                raise bad("truncated APPEND")
+            store, t = words[pc + 1], words[pc + 2]
+            if not (0 <= store < num_tensors and 0 <= t < num_tensors):
+                raise bad("tensor index out of range")
+            out.append(Instruction(op, store, (t,)))
+            pc += 3
+            continue
         if op == OP_COPY:
             if pc + 3 > len(words):
                 raise bad("truncated COPY")
@@ -209,9 +229,21 @@ def decode(bytecode: memoryview | bytes, num_tensors: int, num_kernels: int, num
 def check_branches(program: list[Instruction], tensors: Any, bundle_name: str) -> None:
     """Refuse a JUMP_UNLESS, LOOP or NEXT whose tensors are not what it reads or writes
     (``tensors``: the plan's rows): a condition is one bool, a LOOP's count one int64 and its
-    iteration number one int64 in the arena (the VM writes it)."""
+    iteration number one int64 in the arena (the VM writes it); an APPEND that does not append
+    an arena row to a STORE row of its dtype, and a STORE row any other instruction names."""
     want = {OP_JUMP_UNLESS: ("bool",), OP_LOOP: ("int64", "bool", "int64"), OP_NEXT: ("bool",)}
     for ins in program:
+        named = ins.operands + ((ins.target,) if ins.opcode == OP_COPY else ())
+        if any(tensors[t].kind == STORE for t in named):
+            raise BundleError(f"{bundle_name}: bundle header: a STORE row is named by an "
+                              "instruction other than APPEND")
+        if ins.opcode == OP_APPEND:
+            store, row = tensors[ins.target], tensors[ins.operands[0]]
+            if store.kind != STORE or row.kind != ARENA or store.dtype != row.dtype \
+                    or tuple(store.shape[1:]) != tuple(row.shape):
+                raise BundleError(f"{bundle_name}: bundle header: APPEND {ins.target}, "
+                                  f"{ins.operands[0]}: a row of the STORE's dtype and row "
+                                  "shape, in the arena, expected")
         for k, dtype in enumerate(want.get(ins.opcode, ())):
             t = ins.operands[k]
             row = tensors[t]
@@ -230,10 +262,14 @@ class Executor:
                  sites: list[tuple[Callable[..., Any], dict]], addresses: list[int],
                  views: list[np.ndarray], threads: int = 1,
                  pool: PoolCode | None = None, sizes: np.ndarray | None = None,
-                 limits: np.ndarray | None = None) -> None:
+                 limits: np.ndarray | None = None, stores: dict[int, int] | None = None
+                 ) -> None:
         """``sizes`` is the sizes array the kernels read and ``limits`` each variable's largest
-        value for this plan (symbolic plans with BIND_SIZE instructions)."""
+        value for this plan (symbolic plans with BIND_SIZE instructions); ``stores`` maps each
+        STORE row (format 1.9) to the size variable that counts its rows."""
         self._steps: list[Callable[[], Any]] = []
+        # format 1.9: each STORE row's rows, kept across runs (emptied at each run's start)
+        self.stores = {t: RowStore(var) for t, var in (stores or {}).items()}
         self._loops: dict[int, list[int]] = {}   # per LOOP: its iteration and count (format 1.8)
         self._sizes, self._limits = sizes, limits
         self._program = program
@@ -322,6 +358,10 @@ class Executor:
             m, c, i = (views[t] for t in ins.operands)
             return loop_step(m, c, i, self._loop_state(ins), index_after(self._program, ins),
                               ins.target)
+        if ins.opcode == OP_APPEND:
+            if self._limits is None or ins.target not in self.stores:
+                raise BundleError("bundle header: APPEND outside a plan with run-time sizes")
+            return append_step(views[ins.operands[0]], self.stores[ins.target], self._limits)
         if ins.opcode == OP_NEXT:
             head = self._program[ins.target]
             return next_step(views[ins.operands[0]], views[head.operands[2]],
@@ -355,6 +395,8 @@ class Executor:
         return self._pool.step(fn, address, args_address, self.threads), args
 
     def run(self) -> None:
+        for store in self.stores.values():   # format 1.9: each run appends from row 0
+            store.count = 0
         if self._jumping:
             self._run_jumping()
             return
@@ -422,6 +464,8 @@ class Executor:
         A method apart from ``run`` so that the untimed path pays nothing for it."""
         clock = time.perf_counter_ns
         program, steps = self._program, self._steps
+        for store in self.stores.values():
+            store.count = 0
         # instructions a jump skipped: no time; one a loop ran again: the sum of its runs
         begin = clock()
         starts = [begin] * len(steps)

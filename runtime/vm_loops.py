@@ -1,4 +1,5 @@
-"""Format 1.8's counted loops in the VM: LOOP and NEXT (``vm.py`` documents the instructions).
+"""Format 1.8's counted loops in the VM: LOOP and NEXT (``vm.py`` documents the instructions),
+and format 1.9's row stores: APPEND.
 
 ``link_loops`` checks a decoded program's loops at load (each LOOP and its NEXT name each other,
 loops nest, no jump enters or leaves a loop's body) and sets their targets; ``loop_step`` and
@@ -13,7 +14,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .errors import BundleError
+from .errors import BundleError, InputError
 from .header import OP_JUMP, OP_JUMP_UNLESS, OP_LOOP, OP_NEXT
 
 
@@ -85,4 +86,54 @@ def next_step(c: np.ndarray, i: np.ndarray, state: list[int], after: int, body: 
         state[0] = k
         number[0] = k
         return body
+    return step
+
+
+# A hard cap on one STORE's bytes, whatever its bound says (a damaged bundle's bound, or a loop
+# whose count and condition never stop it): the run is refused past it.
+STORE_MAX_BYTES = 1 << 32
+FIRST_ROWS = 16   # a store's first capacity, in rows; it doubles when full
+
+
+class RowStore:
+    """The rows APPEND adds to one STORE row during a run (format 1.9): bytes grown by doubling
+    (amortised: each row is copied O(1) times), kept across runs, ``count`` rows of
+    ``row_shape`` valid; at most the bound of size variable ``var`` rows."""
+
+    def __init__(self, var: int) -> None:
+        self.var = var
+        self.data = np.zeros(0, np.uint8)
+        self.count = 0
+        self.row_shape: tuple[int, ...] = ()
+        self.dtype = np.dtype(np.uint8)
+
+    def rows(self) -> np.ndarray:
+        """The rows of the last run, a view of the store (valid until the next run)."""
+        size = int(np.prod(self.row_shape, dtype=np.int64)) * self.dtype.itemsize
+        return self.data[:self.count * size].view(self.dtype).reshape(
+            (self.count,) + self.row_shape)
+
+
+def append_step(row: np.ndarray, store: RowStore, limits: np.ndarray) -> Callable[[], None]:
+    """APPEND: ``row`` (an arena view) copied in as row ``store.count``; refused (an input
+    error) past the bound of the store's count variable or STORE_MAX_BYTES."""
+    store.row_shape, store.dtype = tuple(row.shape), row.dtype
+    flat = row.reshape(-1).view(np.uint8)
+    size = flat.size
+
+    def step() -> None:
+        k = store.count
+        cap = int(limits[store.var])
+        end = (k + 1) * size
+        if k >= cap or end > STORE_MAX_BYTES:
+            raise InputError(f"a scan output of one of the model's Loop nodes would pass its "
+                             f"cap ({cap} rows, {STORE_MAX_BYTES} bytes): the loop runs longer "
+                             "than the model can return")
+        if end > store.data.size:
+            grown = np.empty(min(max(end, 2 * store.data.size, FIRST_ROWS * size),
+                                 STORE_MAX_BYTES), np.uint8)
+            grown[:k * size] = store.data[:k * size]
+            store.data = grown
+        store.data[k * size:end] = flat
+        store.count = k + 1
     return step

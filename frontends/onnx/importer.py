@@ -25,6 +25,7 @@ from ...packager.ir.graph import Constant, IRModule, Source, Value, Var
 from ...packager.ir.sym import SymbolicShapeError, size_var
 from . import converters, symvalue, valueinputs  # noqa: F401  (registers every converter family)
 from .dtypes import RUNTIME_DTYPES
+from .loops import casts_into_rows
 from .registry import (IGNORED_ATTRIBUTES, NodeContext, lookup, make_constant, normalize_domain,
                        op_label)
 
@@ -114,6 +115,7 @@ def import_onnx(model_or_path: str | os.PathLike | onnx.ModelProto,
         op_counts=dict(Counter(op_label(n.domain, n.op_type) for n in graph.node)),
         folded_nodes=converter.folded_nodes)
     mod = bb.get()
+    casts_into_rows(mod)   # format 1.9: a row store's Cast (Range's function) on each row
     mod.max_shapes = {params[k].name: v for k, v in bounds.items()}
     mod.value_vars = valueinputs.module_rows_all(bb, read_as_shapes)
     return mod, info

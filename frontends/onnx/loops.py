@@ -8,8 +8,10 @@ parameters are the iteration number, the carried values and the outside values i
 captures), and whose outputs are its condition and the new carried values. Inside the body the
 condition it is given is always true (an iteration runs only while it holds). Carried values
 must keep their type (they are double-buffered in the arena: the body reads one buffer, its
-results are copied into it before the next iteration). Scan outputs would need memory for
-every iteration, and the count has no bound at export: refused, naming what to bound.
+results are copied into it before the next iteration). Scan outputs need memory for every
+iteration: planned at the trip count where it has a bound at export (input sizes, a constant up
+to MAX_ROWS); else (format 1.9) the body gives its rows and the VM appends them to a row store
+that grows by doubling, and each such output must be a model output.
 """
 
 from __future__ import annotations
@@ -17,13 +19,16 @@ from __future__ import annotations
 import numpy as np
 
 from ...packager.errors import ExportError
-from ...packager.ir.graph import (Call, CallLibrary, CallTIR, DataflowBlock, Function,
-                                  TensorType, Value, Var)
-from .branches import graph_inputs_behind
-from .registry import NeedsConstantError, NodeContext
+from ...packager.ir.graph import (Binding, Call, CallLibrary, CallTIR, DataflowBlock,
+                                  Function, TensorType, Value, Var)
+from ...packager.ir.sym import is_static, product, shape_vars
+from ...packager.ir.te import itemsize
+from .registry import NodeContext
 
 INT64_MAX = (1 << 63) - 1
-MAX_ROWS = 1 << 16   # scan rows planned for a constant trip count (a larger one is refused)
+MAX_ROWS = 1 << 16   # scan rows planned for a constant trip count (a larger one: a row store)
+STORE_BYTES = 1 << 28   # a row store's rows (format 1.9) stop at this many bytes: an input error
+STORED = "stored"   # emit_vm_loop's rows: appended to row stores by the VM (format 1.9)
 
 
 def _one(ctx: NodeContext, v: Value, dtype: str, what: str) -> Value:
@@ -45,8 +50,9 @@ def _one(ctx: NodeContext, v: Value, dtype: str, what: str) -> Value:
 def run_time_loop(ctx: NodeContext) -> list[Value]:
     """The outputs of the Loop node of ``ctx`` as one ``loop`` call over its body's function:
     the trip count (absent: 2**63 - 1, as ONNX Runtime runs it) and the condition are read at
-    run time. Scan outputs need a bound on the iterations: a trip count computed from input
-    sizes (their rows planned at it, the rows that ran counted at run time); else refused."""
+    run time. Scan outputs: with a bound on the iterations at export (a trip count computed
+    from input sizes or a constant), their rows planned at it and the rows that ran counted at
+    run time; else appended to row stores by the VM (``_stored_rows``)."""
     from .symvalue import SymValue, dims_of, materialize
 
     body = ctx.attrs["body"]
@@ -61,24 +67,6 @@ def run_time_loop(ctx: NodeContext) -> list[Value]:
                                                     or 0 <= dims[0] <= MAX_ROWS):
             # a size expression, or a constant: the rows are planned at it
             bound = dims[0]
-    if n_scan and bound is None:
-        known = ctx.const(0) if ctx.has_input(0) else None
-        why = (f"at most {MAX_ROWS}, not {int(np.asarray(known).reshape(()))}"
-               if known is not None else "a constant known at export, not computed at run time,")
-        fix = "give the trip count with --bind NAME=FILE.npy"
-        if ctx.has_input(0) and known is None:
-            behind = graph_inputs_behind(ctx, ctx.input(0))
-            if behind and behind != [ctx.node.input[0]]:
-                fix = ("give the inputs it is computed from (" + ", ".join(behind) +
-                       ") with --bind NAME=FILE.npy")
-        message = str(ctx.error(
-            f"the trip count (input 0) must be {why} or computed from input sizes: its "
-            f"{n_scan} scan output(s) stack one row per iteration and need a bound on the "
-            f"iterations ({fix})"))
-        given = [i for i in (0, 1) if ctx.has_input(i) and ctx.const(i) is None]
-        if given:   # a caller that knows the value can bind it and try again
-            raise NeedsConstantError(message, ctx.node.input[given[0]])
-        raise ExportError(message)
     if not n and not n_scan:
         raise ctx.error("a loop with neither carried values nor scan outputs computes nothing")
     trip = (_one(ctx, ctx.input(0), "int64", "the trip count") if ctx.has_input(0)
@@ -96,11 +84,30 @@ def run_time_loop(ctx: NodeContext) -> list[Value]:
                         ctx.constant(np.ones(1, np.int64), "one"))] if n_scan else []
         return again, outs[1:1 + n] + ran, outs[1 + n:]
 
+    if n_scan and bound is None:   # format 1.9: rows the VM appends, no bound at export
+        return _stored_rows(ctx, trip, cond, carried + counter, step, n)
     finals, stacks = emit_vm_loop(ctx, trip, cond, carried + counter, step, bound)
     if not n_scan:
         return finals
     after, rows = ctx.bb.bind_size(finals[n], bound, "iterations")
     return finals[:n] + [ctx.bb.emit_op("prefix_rows", s, after, count=rows) for s in stacks]
+
+
+def _stored_rows(ctx: NodeContext, trip: Value, cond: Value, inits: list[Value], step,
+                 n: int) -> list[Value]:
+    """A Loop's scan outputs with no bound on the iterations at export (a trip count fed or
+    computed at run time, or none): the VM appends each iteration's rows to a row store (format
+    1.9: APPEND), the rows that ran counted (carried value ``n``) and bound as a size variable
+    ``rowsK`` after the loop, at most STORE_BYTES of rows; each such output may only be a
+    model output (``vm_emit`` refuses another use)."""
+    finals, loop, row_types = emit_vm_loop(ctx, trip, cond, inits, step, STORED)
+    cap = min(max(1, STORE_BYTES // max(1, product(shape) * itemsize(dtype)))
+              for shape, dtype in row_types)
+    after, count = ctx.bb.bind_size(finals[n], cap, "rows")
+    loop.attrs["count"] = str(count)
+    return finals[:n] + [ctx.bb.emit_op("loop_rows", finals[0], after, index=len(inits) + k,
+                                        count=count, row=(tuple(shape), dtype))
+                         for k, (shape, dtype) in enumerate(row_types)]
 
 
 def run_time_scan(ctx: NodeContext, body, states: list[Value], scans: list[Value],
@@ -152,11 +159,20 @@ def emit_vm_loop(ctx: NodeContext, trip: Value, cond: Value, inits: list[Value],
     states = [Var(bb.fresh_name("carried"), v.type) for v in inits]
     mark = len(block.bindings)
     again, new, added = step(number, states)
+    viewed: dict[int, Value] = {}   # a new carried value checked to keep its shape -> the view
     for k, (a, b) in enumerate(zip(new, states)):
         if a.type != b.type:
-            raise ctx.error(f"carried value {k} changes from {b.type} to {a.type} between "
-                            "iterations: a loop whose trip count is known only at run time "
-                            "needs carried values of fixed shape and dtype")
+            new[k] = viewed[id(a)] = _same_shape(ctx, k, a, b.type)
+    added = [viewed.get(id(r), r) for r in added]   # a scan output of that value: checked too
+    stored = rows is STORED
+    if stored:   # format 1.9: the body gives its rows; the VM appends them (APPEND)
+        for k, r in enumerate(added):
+            if not is_static(r.type.shape):
+                raise ctx.error(f"scan output {k} has rows of shape {r.type.shape}, known only "
+                                "at run time, and the loop's trip count has no bound at export: "
+                                "give the trip count with --bind NAME=FILE.npy")
+        new = new + added
+        added = []
     stack_types = [TensorType((rows,) + tuple(r.type.shape), r.type.dtype) for r in added]
     stacks = [Var(bb.fresh_name("rows"), t) for t in stack_types]
     if added:
@@ -195,11 +211,43 @@ def emit_vm_loop(ctx: NodeContext, trip: Value, cond: Value, inits: list[Value],
                   for t in stack_types]
     carried = list(inits) + first_rows
     record = tuple((tuple(v.type.shape), v.type.dtype) for v in carried)
+    row_types = tuple((tuple(r.type.shape), r.type.dtype) for r in new[len(carried):])
+    extra = {"rows": row_types} if stored else {}
     first = bb.emit_op("loop", trip, cond, *carried, *outer, body=name, carried=len(carried),
-                       outputs=record, name="loop")
+                       outputs=record, name="loop", **extra)
+    loop = block.bindings[-1].value
     finals = [first] + [bb.emit_op("loop_output", first, index=k, outputs=record,
                                    name="loop_output") for k in range(1, len(carried))]
+    if stored:
+        return finals, loop, row_types
     return finals[:len(inits)], finals[len(inits):]
+
+
+def _same_shape(ctx: NodeContext, k: int, new: Value, old: TensorType) -> Value:
+    """Carried value ``k``'s new value ``new`` as the type it had (``old``) where their extents
+    differ only by sizes a kernel counts in the body (a Slice by the iteration number: its
+    length is counted): the body checks each such extent equals the old one at run time (TRAP 2
+    where not: a carried value whose shape changes between iterations, which this loop does not
+    run) and the value keeps its buffer's shape. Any other change is refused at export."""
+    from .symvalue import SymValue, materialize
+
+    counted = set(ctx.bb.mod.dynamic_sizes)
+    shape, want = new.type.shape, old.shape
+    if new.type.dtype != old.dtype or len(shape) != len(want) or any(
+            x != y and not (shape_vars([x, y]) and shape_vars([x, y]) <= counted)
+            for x, y in zip(shape, want)):
+        raise ctx.error(f"carried value {k} changes from {old} to {new.type} between "
+                        "iterations: a loop whose trip count is known only at run time needs "
+                        "carried values of fixed shape and dtype")
+    zero = ctx.constant(np.zeros(1, np.int64), "zero")
+    for x, y in zip(shape, want):
+        if x == y:
+            continue
+        diff = materialize(ctx.bb, SymValue("extent", np.array([x - y], dtype=object), "int64"))
+        bad = ctx.emit("logical_not", ctx.emit("equal", diff, zero))
+        ctx.bb.emit(Call("check", [bad], {"where": f"carried value {k}", "trap": 2}, bad.type),
+                    "check")
+    return ctx.bb.emit_op("carried_view", new, shape=tuple(want), name="carried")
 
 
 def _size_tensor(ctx: NodeContext, expr, shape: tuple) -> Value:
@@ -219,3 +267,51 @@ def _reads(value) -> list[Value]:
 
 class NeedsRunTimeLoop(ExportError):
     """Unrolling a Loop needs a bound its trip count does not have at export."""
+
+
+def casts_into_rows(mod) -> None:
+    """A Cast of a row-store output (format 1.9) that nothing else reads, as ONNX's Range
+    function ends (``Cast(Loop(...)[1])``), done on each row inside the loop's body before the
+    VM appends it: a row store is returned as it is, so only the model's outputs may read it,
+    and the rows are then already of the output's dtype."""
+    fn = mod.functions.get("main")
+    if not isinstance(fn, Function):
+        return
+    blocks = [blk for blk in fn.blocks if blk.bindings]
+    producer = {id(b.var): b for blk in blocks for b in blk.bindings}
+    reads: dict[int, int] = {}
+    for blk in blocks:
+        for b in blk.bindings:
+            for a in _reads(b.value):
+                reads[id(a)] = reads.get(id(a), 0) + 1
+    for blk in blocks:
+        for b in list(blk.bindings):
+            v = b.value
+            src = producer.get(id(v.args[0])) if isinstance(v, Call) and v.op == "cast" else None
+            if src is None or not (isinstance(src.value, Call) and src.value.op == "loop_rows") \
+                    or reads.get(id(src.var)) != 1 or any(o is src.var for o in fn.outputs):
+                continue
+            rows_call = src.value
+            loop = producer[id(rows_call.args[0])].value
+            body = mod.functions[loop.attrs["body"]]
+            k = rows_call.attrs["index"] - loop.attrs["carried"]
+            at = 1 + loop.attrs["carried"] + k
+            row = body.outputs[at]
+            dtype = v.attrs["dtype"]
+            cast = Var(f"{row.name}_as_{dtype}", TensorType(row.type.shape, dtype))
+            body.blocks[-1].bindings.append(Binding(cast, Call("cast", [row], dict(v.attrs),
+                                                               cast.type)))
+            body.outputs[at] = cast
+            kinds = list(loop.attrs["rows"])
+            kinds[k] = (kinds[k][0], dtype)
+            loop.attrs["rows"] = tuple(kinds)
+            rows_call.attrs["row"] = kinds[k]
+            rows_call.type = TensorType(rows_call.type.shape, dtype)
+            src.var.type = rows_call.type
+            blk.bindings.remove(b)   # the cast's readers read the rows
+            fn.outputs = [src.var if o is b.var else o for o in fn.outputs]
+            for other in (x for blk2 in blocks for x in blk2.bindings):
+                if isinstance(other.value, (Call, CallTIR, CallLibrary)):
+                    other.value.args = [src.var if a is b.var else a for a in other.value.args]
+                elif other.value is b.var:
+                    other.value = src.var

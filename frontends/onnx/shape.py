@@ -407,6 +407,42 @@ def _slice_counted(ctx: NodeContext, x: Value, axis: int, start: int, end: int,
     return ctx.emit("take", x, rows, axis=axis)
 
 
+def _slice_computed(ctx: NodeContext, axes: Sequence[int] | None,
+                    steps: Sequence[int] | None) -> Value:
+    """``x[starts:ends:steps]`` with starts and ends computed at run time (a Slice by a Loop's
+    iteration number inside its body): per axis, a kernel computes the first index and length
+    from the tensors as ONNX clamps them (``slice_span_at``), the length is bound as a counted
+    size (at most the axis's extent) and the elements taken by index."""
+    from .symvalue import SymValue, materialize
+
+    bb = ctx.bb
+    x = ctx.input(0)
+    rank = len(x.type.shape)
+    bounds = []
+    for i in (1, 2):
+        v = ctx.input(i)
+        v = materialize(bb, v) if isinstance(v, SymValue) else v
+        if len(v.type.shape) != 1 or not isinstance(v.type.shape[0], int):
+            raise ctx.error(f"input {i} must be a vector of known length, not {v.type}")
+        bounds.append(v if v.type.dtype == "int64" else ctx.emit("cast", v, dtype="int64"))
+    starts, ends = bounds
+    k = starts.type.shape[0]
+    if ends.type.shape[0] != k or (axes is not None and len(axes) != k) or \
+            (steps is not None and len(steps) != k):
+        raise ctx.error("starts, ends, axes and steps must have the same length")
+    axes = list(range(k)) if axes is None else [int(a) % rank for a in axes]
+    steps = [1] * k if steps is None else [int(st) for st in steps]
+    for j, (axis, step) in enumerate(zip(axes, steps)):
+        if step == 0:
+            raise ctx.error("steps must not be 0")
+        first, length = (bb.emit_op("slice_span_at", x, starts, ends, index=j, axis=axis,
+                                    step=step, part=part) for part in ("first", "length"))
+        after, d = bb.bind_size(length, x.type.shape[axis], "sliced")
+        rows = bb.emit_op("counted_range", first, after, count=d, step=step)
+        x = ctx.emit("take", x, rows, axis=axis)
+    return x
+
+
 def _is_whole_slice(shape: Sequence[int], starts: Sequence[int], ends: Sequence[int],
                     axes: Sequence[int] | None, steps: Sequence[int] | None) -> bool:
     axes = list(range(len(starts))) if axes is None else list(axes)
@@ -438,5 +474,8 @@ def _slice_v10(ctx: NodeContext) -> Value:
     parts = valueinputs.slice_inputs(ctx)
     if parts is not None:   # starts and ends (axes, steps) fed at run time
         return valueinputs.slice_run_time(ctx, ctx.input(0), parts)
+    if any(symvalue.dims_of(ctx.inputs[i]) is None and ctx.const(i) is None for i in (1, 2)):
+        # computed at run time (a Slice by a Loop's iteration number)
+        return _slice_computed(ctx, ints(3, "axes"), ints(4, "steps"))
     starts, ends = ints(1, "starts"), ints(2, "ends")
     return _slice_const(ctx, starts or [], ends or [], ints(3, "axes"), ints(4, "steps"))

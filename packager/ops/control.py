@@ -16,7 +16,10 @@ A Loop whose trip count or condition has no bound at export is the VM's counted 
 carried values' first values and the captures; ``body`` names the graph function of one
 iteration (iteration number, carried values, captures -> condition, new carried values). Its
 value is carried value 0 at the end, ``loop_output`` the others. ``golden.evaluate_ir`` runs
-the body as the VM does.
+the body as the VM does. Scan outputs with no bound at export (format 1.9): ``rows`` lists their
+rows' (shape, dtype), which the body gives after its carried values and the VM appends to a
+row store each iteration; ``count`` names the size variable the loop's row count is bound to
+after it (``bind_size``), and ``loop_rows`` is one such output, of that many rows.
 """
 
 from __future__ import annotations
@@ -26,7 +29,8 @@ from typing import Sequence
 import numpy as np
 
 from ..ir.graph import TensorType
-from .registry import BRANCH, register_op
+from ..ir.sym import Dim
+from .registry import BRANCH, VIEW, register_op
 
 
 def _output_type(outputs: Sequence[tuple], index: int) -> TensorType:
@@ -61,21 +65,37 @@ def if_output(first: np.ndarray, index: int = 1, outputs: Sequence[tuple] = ()) 
     raise NotImplementedError("if_output: evaluated by golden.evaluate_ir with its if")
 
 
-def _infer_check(bad: TensorType, where: str = "") -> TensorType:
-    if bad.dtype != "bool" or bad.shape != (1,):
+def _infer_check(bad: TensorType, where: str = "", trap: int = 1) -> TensorType:
+    if bad.dtype != "bool" or bad.shape != (1,) or trap not in (1, 2):
         raise ValueError(f"check: the flag must be one bool of shape (1,), not {bad}")
     return bad
 
 
 @register_op("check", BRANCH, _infer_check)
-def check(bad: np.ndarray, where: str = "") -> np.ndarray:
-    """A size relation a branch needs (``where`` names it): the VM refuses the run (TRAP)
-    where ``bad`` holds. Never dropped as dead code."""
+def check(bad: np.ndarray, where: str = "", trap: int = 1) -> np.ndarray:
+    """A size relation a branch needs (``where`` names it): the VM refuses the run (TRAP
+    ``trap``: 1, a relation of an If's branch; 2, format 1.9, a Loop's carried value whose
+    shape changed) where ``bad`` holds. Never dropped as dead code."""
     return bad
 
 
+def _infer_carried_view(x: TensorType, shape: tuple = ()) -> TensorType:
+    if len(shape) != len(x.shape):
+        raise ValueError(f"carried_view: {x} as rank {len(shape)}")
+    return TensorType(tuple(shape), x.dtype)
+
+
+@register_op("carried_view", VIEW, _infer_carried_view)
+def carried_view(x: np.ndarray, shape: tuple = ()) -> np.ndarray:
+    """A Loop's new carried value as the shape it had, its extents counted in the body and
+    checked equal to those at run time (a ``check`` with ``trap`` 2 before it): a view, no
+    kernel, no size relation assumed."""
+    return x.reshape(shape)
+
+
 def _infer_loop(trip: TensorType, cond: TensorType, *values: TensorType, body: str = "",
-                carried: int = 0, outputs: Sequence[tuple] = ()) -> TensorType:
+                carried: int = 0, outputs: Sequence[tuple] = (), rows: Sequence[tuple] = (),
+                count: str = "") -> TensorType:
     if trip.dtype != "int64" or trip.shape != (1,):
         raise ValueError(f"loop: the trip count must be one int64 of shape (1,), not {trip}")
     if cond.dtype != "bool" or cond.shape != (1,):
@@ -90,7 +110,8 @@ def _infer_loop(trip: TensorType, cond: TensorType, *values: TensorType, body: s
 
 @register_op("loop", BRANCH, _infer_loop)
 def loop(trip: np.ndarray, cond: np.ndarray, *values: np.ndarray, body: str = "",
-         carried: int = 0, outputs: Sequence[tuple] = ()) -> np.ndarray:
+         carried: int = 0, outputs: Sequence[tuple] = (), rows: Sequence[tuple] = (),
+         count: str = "") -> np.ndarray:
     """A Loop run by the VM (format 1.8: LOOP ... NEXT): the graph function ``body`` takes the
     iteration number (int64 of shape ()), the ``carried`` values and the captures (``values``
     past the carried ones) and gives the condition (one bool) and the new carried values; it
@@ -109,3 +130,19 @@ def _infer_loop_output(first: TensorType, index: int = 1, outputs: Sequence[tupl
 @register_op("loop_output", BRANCH, _infer_loop_output)
 def loop_output(first: np.ndarray, index: int = 1, outputs: Sequence[tuple] = ()) -> np.ndarray:
     raise NotImplementedError("loop_output: evaluated by golden.evaluate_ir with its loop")
+
+
+def _infer_loop_rows(first: TensorType, after: TensorType, index: int = 0,
+                     count: Dim = 0, row: tuple = ((), "float32")) -> TensorType:
+    shape, dtype = row
+    return TensorType((count,) + tuple(shape), dtype)
+
+
+@register_op("loop_rows", BRANCH, _infer_loop_rows)
+def loop_rows(first: np.ndarray, after: np.ndarray, index: int = 0, count: Dim = 0,
+              row: tuple = ((), "float32")) -> np.ndarray:
+    """The loop's output ``index`` (its carried values first, then its row outputs), a scan
+    output of a loop whose rows
+    have no bound at export (format 1.9): the ``count`` rows the VM appended, ``after`` the
+    binding of that count. Evaluated by golden.evaluate_ir with its loop."""
+    raise NotImplementedError("loop_rows: evaluated by golden.evaluate_ir with its loop")

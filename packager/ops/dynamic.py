@@ -403,6 +403,56 @@ def slice_span(x: np.ndarray, axis: int = 0, start: int = 0, end: int = 0, step:
     return np.array([v], np.int64)
 
 
+# ---- a slice whose starts and ends are computed at run time (a Slice by a Loop's iteration) ----
+
+def _infer_slice_span_at(x: TensorType, starts: TensorType, ends: TensorType, index: int = 0,
+                         axis: int = 0, step: int = 1, part: str = "length") -> TensorType:
+    if part not in ("first", "length") or step == 0:
+        raise ValueError(f"slice_span_at: part {part!r}, step {step}")
+    for t in (starts, ends):
+        if t.dtype != "int64" or len(t.shape) != 1 or not 0 <= index < t.shape[0]:
+            raise ValueError(f"slice_span_at: element {index} of int64 vectors, not {t}")
+    return TensorType((1,), "int64")
+
+
+def _legalize_slice_span_at(x: te.Tensor, starts: te.Tensor, ends: te.Tensor,
+                            out_type: TensorType, name: str, index: int = 0, axis: int = 0,
+                            step: int = 1, part: str = "length") -> te.Tensor:
+    """Reads element ``index`` of ``starts`` and ``ends`` and ``x``'s extent along ``axis``,
+    nothing of ``x``'s data."""
+    def c(v: int) -> te.Expr:
+        return te.const(v, "int64")
+
+    def body(i):
+        n = te.cast(te.as_expr(size_expr(x.shape[axis]), "int64"), "int64")
+
+        def norm(v, low, high):
+            return te.minimum(te.maximum(te.if_then_else(v < c(0), n + v, v), low), high)
+
+        s, e = starts[(index,)], ends[(index,)]
+        if step > 0:
+            first, last = norm(s, c(0), n), norm(e, c(0), n)
+            length = te.maximum((last - first + c(step - 1)) // c(step), c(0))
+        else:
+            first, last = norm(s, c(0), n - c(1)), norm(e, c(-1), n - c(1))
+            length = te.maximum((first - last + c(-step - 1)) // c(-step), c(0))
+        return te.if_then_else(n > c(0), first if part == "first" else length, c(0))
+    return te.compute((1,), body, name=name, dtype="int64")
+
+
+@register_op("slice_span_at", INJECTIVE, _infer_slice_span_at, _legalize_slice_span_at)
+def slice_span_at(x: np.ndarray, starts: np.ndarray, ends: np.ndarray, index: int = 0,
+                  axis: int = 0, step: int = 1, part: str = "length") -> np.ndarray:
+    """The first index (``part`` "first") or the length of ``x[s:e:step]`` along ``axis``, as
+    ONNX Slice clamps them, ``s`` and ``e`` element ``index`` of ``starts`` and ``ends``
+    (tensors computed at run time: a Slice by a Loop's iteration number). The length is bound
+    as a counted size."""
+    s, e = int(starts.reshape(-1)[index]), int(ends.reshape(-1)[index])
+    v = _span(int(x.shape[axis]), s, e, int(step), part, max, min,
+              lambda k, a, b: a if k else b)
+    return np.array([v], np.int64)
+
+
 def _infer_counted_range(first: TensorType, after: TensorType, count: Dim = 0,
                          step: int = 1) -> TensorType:
     return TensorType((count,), "int64")

@@ -44,7 +44,8 @@ def bind_params(mod: IRModule, params: Mapping[str, np.ndarray], func: str = "ma
 # quantized-kernel fusion has seen it (``fold_dequantize`` folds the rest after it).
 KEPT_UNFOLDED = frozenset({"dequantize"})
 # Calls never folded: a binding of a size, an If run as the VM's branch (their work is the VM's)
-UNFOLDED = frozenset({"bind_size", "if", "if_output", "check", "loop", "loop_output"})
+UNFOLDED = frozenset({"bind_size", "if", "if_output", "check", "loop", "loop_output",
+                      "loop_rows"})
 
 
 def _sized_at_run_time(attrs: Mapping) -> bool:

@@ -1,8 +1,8 @@
 """Small ONNX loops run by the VM (format 1.8: LOOP ... NEXT), shared by
 tests/export/test_run_time_loops.py and the C runtime's test: ``counted_loop`` (below), a Scan
 over an open axis (``open_scan``) and a Loop over a tensor's rows with a scan output and a break
-(``rows_loop``),
-and two nested Loops (``nested_loops``).
+(``rows_loop``), two nested Loops (``nested_loops``), and a Loop on a fed trip count whose scan
+outputs have no bound at export (``stored_rows``, format 1.9's row stores).
 
 ``counted_loop``: a Loop whose trip count and condition are graph inputs, with a break
 condition computed in the body and an If on the iteration number inside the body (a jump within
@@ -174,9 +174,81 @@ def feeds(m: int, cond: bool = True, lim: float = 1e9, n: int = 3, seed: int = 0
             "lim": np.array([lim], np.float32)}
 
 
+def stored_rows(path: Path, open_lim: bool = False) -> Path:
+    """A Loop whose trip count M is a graph input, with two scan outputs whose rows have no bound
+    at export (format 1.9: row stores): ``rows`` (float32 [3] a row, the carried value) and
+    ``iters`` (the iteration number, int64 scalars); it breaks once the carried sum reaches
+    ``lim`` (``open_lim``: the sum of ``lim`` float32 [N], N open, so the plan is made per
+    shape at run time).
+
+        for i in range(M) while cond: acc = acc * 0.5 + i; rows += [acc]; iters += [i];
+                                      cond = sum(acc) < lim
+    """
+    body = helper.make_graph(
+        [helper.make_node("Cast", ["i"], ["fi"], to=F),
+         helper.make_node("Mul", ["acc", "half"], ["scaled"]),
+         helper.make_node("Add", ["scaled", "fi"], ["acc2"]),
+         helper.make_node("ReduceSum", ["acc2"], ["tot"], keepdims=0),
+         helper.make_node("Less", ["tot", "lim"], ["cond_out"]),
+         helper.make_node("Identity", ["acc2"], ["row"]),
+         helper.make_node("Identity", ["i"], ["it"])],
+        "body",
+        [helper.make_tensor_value_info("i", I64, []), helper.make_tensor_value_info("c", B, []),
+         helper.make_tensor_value_info("acc", F, [3])],
+        [helper.make_tensor_value_info("cond_out", B, []), helper.make_tensor_value_info("acc2", F, [3]),
+         helper.make_tensor_value_info("row", F, [3]), helper.make_tensor_value_info("it", I64, [])],
+        [numpy_helper.from_array(np.array(0.5, np.float32), "half")])
+    nodes = [helper.make_node("Loop", ["M", "", "x0"], ["acc", "rows", "iters"], body=body)]
+    if open_lim:   # the body reads the outer "lim" scalar: the sum of an open-length input
+        nodes.insert(0, helper.make_node("ReduceSum", ["lims"], ["lim"], keepdims=0))
+    graph = helper.make_graph(
+        nodes, "stored_rows",
+        [helper.make_tensor_value_info("M", I64, []), helper.make_tensor_value_info("x0", F, [3]),
+         helper.make_tensor_value_info("lims", F, ["N"]) if open_lim
+         else helper.make_tensor_value_info("lim", F, [])],
+        [helper.make_tensor_value_info("acc", F, None), helper.make_tensor_value_info("rows", F, None),
+         helper.make_tensor_value_info("iters", I64, None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 16)])
+    model.ir_version = 8
+    onnx.save(model, path)
+    return path
+
+
+def stored_feeds(m: int, lim: float = 1e9, seed: int = 0, n: int = 0
+                 ) -> dict[str, np.ndarray]:
+    """Feeds of ``stored_rows``; ``n`` > 0: of its ``open_lim`` form, ``lim`` spread over n."""
+    x = np.random.default_rng(seed).standard_normal(3).astype(np.float32)
+    if n:
+        return {"M": np.array(m, np.int64), "x0": x, "lims": np.full(n, lim / n, np.float32)}
+    return {"M": np.array(m, np.int64), "x0": x, "lim": np.array(lim, np.float32)}
+
+
+def onnx_loop11(path: Path) -> Path:
+    """ONNX's node test ``test_loop11`` (onnx 1.22.0's data), as shipped: a Loop on a fed trip
+    count whose body slices a constant [1, 2, 3, 4, 5] by the iteration number (``x[i:i+1]``,
+    a Slice whose starts and ends are computed at run time), adds it to the carried ``y`` (its
+    extent the slice's counted length) and emits ``y`` as a scan output with no bound."""
+    import shutil
+
+    src = Path(onnx.__file__).parent / "backend/test/data/node/test_loop11/model.onnx"
+    shutil.copyfile(src, path)
+    return path
+
+
+def loop11_feeds(m: int, cond: bool = True) -> dict[str, np.ndarray]:
+    return {"trip_count": np.array(m, np.int64), "cond": np.array(cond),
+            "y": np.array([-2.0], np.float32)}
+
+
+# the "stored" bundle's row stores stop at this many bytes (40 rows of float32 [3]), so that a
+# loop that would pass them is refused in a test of seconds (the export's default is 256 MiB)
+STORED_TEST_BYTES = 480
+
 MODELS = {"counted": lambda p: counted_loop(p), "counted-static": lambda p: counted_loop(p, False),
           "counted-bounded": lambda p: counted_loop(p),
-          "open-scan": open_scan, "rows-loop": rows_loop, "nested": nested_loops}
+          "open-scan": open_scan, "rows-loop": rows_loop, "nested": nested_loops,
+          "stored": stored_rows, "stored-open": lambda p: stored_rows(p, open_lim=True),
+          "loop11": onnx_loop11}
 
 
 def exported(tmp_path_factory, kind: str = "counted") -> tuple[Path, Path]:
@@ -196,10 +268,17 @@ def exported(tmp_path_factory, kind: str = "counted") -> tuple[Path, Path]:
         if not bundle.exists():
             from mlcpack.packager.api import Options, export
 
+            from mlcpack.frontends.onnx import loops
+
             MODELS[kind](src)
             # "counted-bounded": one arena planned at x0's largest length for every length
             bounds = {"x0": (64,)} if kind == "counted-bounded" else None
-            result = export(src, bundle, Options(max_shapes=bounds or {}))
+            cap = loops.STORE_BYTES
+            loops.STORE_BYTES = STORED_TEST_BYTES if kind == "stored" else cap
+            try:
+                result = export(src, bundle, Options(max_shapes=bounds or {}))
+            finally:
+                loops.STORE_BYTES = cap
             assert result.check and "golden check passed" in result.check, result.check
     return src, bundle
 
@@ -207,7 +286,7 @@ def exported(tmp_path_factory, kind: str = "counted") -> tuple[Path, Path]:
 def instruction_starts(words: list[int]) -> list[int]:
     """The word of each instruction (docs/format.md section 6's encoding)."""
     starts, pc = [], 0
-    size = {3: 3, 4: 3, 5: 3, 6: 2, 7: 2, 8: 5, 9: 3}
+    size = {3: 3, 4: 3, 5: 3, 6: 2, 7: 2, 8: 5, 9: 3, 10: 3}
     while pc < len(words):
         starts.append(pc)
         op = words[pc]
@@ -230,6 +309,8 @@ def opcodes(bundle: Path) -> list[int]:
 
 DAMAGE = ("next_elsewhere", "next_forward", "end_elsewhere", "count_float", "number_constant",
           "jump_out")
+# format 1.9's row stores, damaged (damaged_bytecode on the "stored" bundle)
+STORE_DAMAGE = ("append_to_arena", "append_other_row", "store_read")
 
 
 def damaged_bytecode(bundle: Path, out: Path, change: str) -> Path:
@@ -263,6 +344,15 @@ def damaged_bytecode(bundle: Path, out: Path, change: str) -> Path:
         words[jump + 1] = nxt + 3
     elif change == "next_forward":
         words[nxt + 2] = nxt + 3
+    elif change in STORE_DAMAGE:
+        app = next(p for p in starts if words[p] == 10)
+        if change == "append_to_arena":   # APPEND into the row it reads (an arena row)
+            words[app + 1] = words[app + 2]
+        elif change == "append_other_row":   # a row of another shape: the trip count
+            words[app + 2] = words[head + 1]
+        else:   # the first COPY reads the STORE row
+            copy = next(p for p in starts if words[p] == 3)
+            words[copy + 1] = words[app + 1]
     else:
         raise ValueError(change)
     payloads[k] = struct.pack(f"<{len(words)}i", *words)

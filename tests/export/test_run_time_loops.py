@@ -132,14 +132,145 @@ def _scan_loop(path, changing: bool = False):
     return path
 
 
-@pytest.mark.parametrize("changing", [False, True], ids=["scan_output", "growing_carried"])
-def test_what_a_run_time_loop_cannot_hold_is_refused_in_one_line(tmp_path, run_cli,
-                                                                  changing) -> None:
-    """Scan outputs of a loop whose count has no bound at export (their memory would have no
-    bound) and carried values whose shapes change: one line that names what to bound or why,
-    the export error's exit code, nothing written."""
-    src = _scan_loop(tmp_path / "m.onnx", changing)
+def test_what_a_run_time_loop_cannot_hold_is_refused_in_one_line(tmp_path, run_cli) -> None:
+    """Carried values whose shapes change between iterations: one line that says why, the
+    export error's exit code, nothing written."""
+    src = _scan_loop(tmp_path / "m.onnx", changing=True)
     out = tmp_path / "m.mlc"
     line = assert_one_line_error(run_cli("export", src, "-o", out, timeout=300))
-    words = "carried value 0 changes" if changing else "--bind"
-    assert words in line and "Loop" in line and not out.exists(), line
+    assert "carried value 0 changes" in line and "Loop" in line and not out.exists(), line
+
+
+# ---- format 1.9: scan outputs with no bound at export (row stores) ------------------------------
+
+def test_a_row_store_read_by_another_node_is_refused_in_one_line(tmp_path, run_cli) -> None:
+    """A scan output with no bound at export that another node reads (here an Add): its size
+    has no bound to plan the reader's memory at; refused in one line naming --bind, the export
+    error's exit code, nothing written."""
+    model = onnx.load(_scan_loop(tmp_path / "m.onnx"))
+    graph = model.graph
+    graph.output[1].name = "rows_plus"
+    graph.node.append(helper.make_node("Add", ["rows", "bump"], ["rows_plus"]))
+    graph.initializer.append(numpy_helper.from_array(np.ones(2, np.float32), "bump"))
+    onnx.save(model, tmp_path / "m.onnx")
+    out = tmp_path / "m.mlc"
+    line = assert_one_line_error(run_cli("export", tmp_path / "m.onnx", "-o", out, timeout=300))
+    assert "can only be a model output" in line and "--bind" in line and not out.exists(), line
+
+
+@pytest.fixture(scope="module")
+def stored(tmp_path_factory):
+    return lm.exported(tmp_path_factory, "stored")
+
+
+# (trip count, limit): none, one, a few, up to the test bundle's cap (40 rows), negative, and
+# 2**63 - 1 stopped by the break
+STORED_CASES = [(0, 1e9), (1, 1e9), (5, 1e9), (40, 1e9), (-2, 1e9), (40, 30.0),
+                ((1 << 63) - 1, 30.0)]
+
+
+def test_scan_outputs_with_no_bound_match_onnx_runtime(stored) -> None:
+    """A Loop on a fed trip count (and a break) whose scan outputs (float32 rows of the
+    carried value, the int64 iteration numbers) have no bound at export: exported by default
+    (format 1.9), the VM appends their rows; ONNX Runtime's shapes and values, 0 rows
+    included."""
+    src, bundle = stored
+    session = ort.InferenceSession(str(src), providers=["CPUExecutionProvider"])
+    names = ["acc", "rows", "iters"]
+    with load(bundle) as model:
+        for k, (m, lim) in enumerate(STORED_CASES):
+            feeds = lm.stored_feeds(m, lim, seed=k)
+            got = model.run(feeds)
+            for name, ref in zip(names, session.run(None, feeds)):
+                assert got[name].shape == ref.shape and got[name].dtype == ref.dtype, (name, m)
+                np.testing.assert_allclose(got[name], ref, rtol=1e-6, atol=1e-6,
+                                           err_msg=f"{name} {m} {lim}")
+
+
+def test_row_stores_under_plans_made_per_shape_match_onnx_runtime(tmp_path_factory) -> None:
+    """The same loop where an input of open length feeds the break's limit: the memory plan is
+    made per input shape at run time (not once at export); its row stores as before, ONNX
+    Runtime's outputs at three lengths."""
+    src, bundle = lm.exported(tmp_path_factory, "stored-open")
+    session = ort.InferenceSession(str(src), providers=["CPUExecutionProvider"])
+    with load(bundle) as model:
+        for k, (m, lim, n) in enumerate(((0, 5.0, 1), (9, 5.0, 2), (50, 100.0, 5), (30, 1e9, 3))):
+            feeds = lm.stored_feeds(m, lim, seed=k, n=n)
+            got = model.run(feeds)
+            assert model.last_plan == "symbolic"
+            for name, ref in zip(["acc", "rows", "iters"], session.run(None, feeds)):
+                assert got[name].shape == ref.shape, (name, m, n)
+                np.testing.assert_allclose(got[name], ref, rtol=1e-6, atol=1e-6, err_msg=name)
+
+
+def test_row_stores_are_format_1_9_and_older_readers_refuse_them(stored, monkeypatch,
+                                                                  run_cli) -> None:
+    from mlcpack.runtime.header import OP_APPEND, STORE
+
+    _, bundle = stored
+    shown = run_cli("inspect", bundle).stdout
+    assert "rows a Loop appends at run time (memory grown as they come): rows1 <= 40" in shown
+    with BundleReader(bundle) as reader:
+        header = reader.header
+        assert header["format"] == [1, 9] and header["min_reader"] == [1, 9]
+        assert header["vm"]["stores"] == 2 and reader_minor(header) == 9
+        assert sum(t[0] == STORE for t in header["tensors"]) == 2
+    assert lm.opcodes(bundle).count(OP_APPEND) == 2
+    monkeypatch.setattr(bundle_format, "STORE_MINOR", 8)   # a 1.8 reader
+    with pytest.raises(FormatVersionError, match="1.9"):
+        load(bundle).close()
+
+
+def test_a_loop_past_its_row_cap_is_refused_in_one_line(stored, tmp_path, run_cli) -> None:
+    """A loop that would append more rows than the store's cap (here 40 rows, the test bundle's;
+    256 MiB by default): an input error in one line, exit code 7, at 41 iterations and at
+    2**63 - 1 with no break."""
+    _, bundle = stored
+    for m in (41, (1 << 63) - 1):
+        paths = []
+        for name, value in lm.stored_feeds(m).items():   # in the model's input order
+            paths.append(tmp_path / f"{name}.npy")
+            np.save(paths[-1], value)
+        proc = run_cli("infer", bundle, *paths, timeout=120)
+        line = assert_one_line_error(proc)
+        assert proc.returncode == 7 and "scan output" in line and "cap" in line, line
+
+
+@pytest.mark.parametrize("change", lm.STORE_DAMAGE)
+def test_damaged_row_stores_are_refused(stored, tmp_path, change) -> None:
+    """An APPEND into an arena row, an APPEND of a row of another dtype or shape, a COPY that
+    reads a STORE row: refused at load, in one line."""
+    _, bundle = stored
+    path = lm.damaged_bytecode(bundle, tmp_path / f"{change}.mlc", change)
+    with pytest.raises(BundleError) as info:
+        load(path).close()
+    text = str(info.value)
+    assert "\n" not in text and ("APPEND" in text or "STORE" in text), text
+
+
+def test_slice_by_the_iteration_number_matches_onnx_runtime(tmp_path_factory, tmp_path,
+                                                            run_cli) -> None:
+    """ONNX's test_loop11 with its trip count fed (no --bind): a Slice of a constant by the
+    iteration number (its length counted in the body), a carried value whose extent is that
+    length (checked at run time to stay 1), a scan output with no bound. ONNX Runtime's
+    outputs at trip counts 0 to 5 and a false condition; at 6 the slice is empty and the
+    carried value would change shape: ONNX Runtime fails the run, and so do we, in one line
+    (TRAP 2, exit code 7)."""
+    src, bundle = lm.exported(tmp_path_factory, "loop11")
+    session = ort.InferenceSession(str(src), providers=["CPUExecutionProvider"])
+    with BundleReader(bundle) as reader:
+        assert reader.header["format"] == [1, 9]
+    with load(bundle) as model:
+        for m, cond in ((0, True), (1, True), (3, True), (5, True), (5, False)):
+            feeds = lm.loop11_feeds(m, cond)
+            got = model.run(feeds)
+            for name, ref in zip(["res_y", "res_scan"], session.run(None, feeds)):
+                assert got[name].shape == ref.shape, (name, m, cond)
+                np.testing.assert_array_equal(got[name], ref, err_msg=f"{name} {m}")
+    paths = []
+    for name, value in lm.loop11_feeds(6).items():
+        paths.append(tmp_path / f"{name}.npy")
+        np.save(paths[-1], value)
+    proc = run_cli("infer", bundle, *paths, timeout=120)
+    line = assert_one_line_error(proc)
+    assert proc.returncode == 7 and "changes shape between iterations" in line, line

@@ -719,6 +719,105 @@ def test_counted_loop_bit_identical_and_damaged_loops_refused(build, asan, tmp_p
         assert proc.returncode == 3 and "invalid bytecode" in line, (change, line)
 
 
+def test_row_stores_bit_identical_and_damaged_stores_refused(build, asan, tmp_path_factory,
+                                                            tmp_path) -> None:
+    """Format 1.9's row stores (tests/export/test_run_time_loops.py's "stored" bundle: a Loop on
+    a fed trip count whose two scan outputs have no bound at export): bit-identical to the
+    Python runtime at 0, 1, 7 and 40 rows and 2**63 - 1 stopped by a break, at 1 and 2 threads
+    and under the sanitizers (the stores grow by doubling, freed at close); a loop past the
+    rows' cap refused with the input-error code; ONNX's test_loop11 (a Slice by the iteration
+    number) bit-identical at 0, 3 and 5 iterations and refused at 6 (TRAP 2: a carried value
+    that changes shape) with the input-error code; damaged stores (an APPEND into an arena row,
+    of a row of another shape, a COPY reading a STORE row) refused at load with the
+    bundle-error code, in one line."""
+    from loop_models import (STORE_DAMAGE, damaged_bytecode, exported, loop11_feeds,
+                             stored_feeds)
+
+    bundle = exported(tmp_path_factory, "stored")[1]
+    for k, (m, lim) in enumerate(((0, 1e9), (1, 1e9), (7, 1e9), (40, 1e9),
+                                  ((1 << 63) - 1, 30.0))):
+        f = stored_feeds(m, lim, seed=k)
+        assert_bit_identical(build, bundle, f, tmp_path / f"c{k}")
+        assert_bit_identical(asan, bundle, f, tmp_path / f"a{k}", threads=(1,), env=ASAN)
+    open_bundle = exported(tmp_path_factory, "stored-open")[1]   # planned per shape
+    for k, (m, lim, n) in enumerate(((9, 5.0, 2), (30, 1e9, 3))):
+        f = stored_feeds(m, lim, seed=k, n=n)
+        assert_bit_identical(build, open_bundle, f, tmp_path / f"o{k}")
+        assert_bit_identical(asan, open_bundle, f, tmp_path / f"o{k}a", threads=(1,), env=ASAN)
+    for i, v in enumerate(stored_feeds(41).values()):
+        np.save(tmp_path / f"m{i}.npy", v)
+    proc = mlcrun(asan, "run", bundle, *[tmp_path / f"m{i}.npy" for i in range(3)], "-o",
+                  tmp_path / "mo", env=ASAN)
+    assert proc.returncode == 7 and "would pass its cap" in one_line_error(proc)
+    # test_loop11: a Slice by the iteration number, a carried extent checked at run time
+    loop11 = exported(tmp_path_factory, "loop11")[1]
+    for m in (0, 3, 5):
+        f = loop11_feeds(m)
+        assert_bit_identical(build, loop11, f, tmp_path / f"l{m}")
+        assert_bit_identical(asan, loop11, f, tmp_path / f"l{m}a", threads=(1,), env=ASAN)
+    for i, v in enumerate(loop11_feeds(6).values()):
+        np.save(tmp_path / f"e{i}.npy", v)
+    proc = mlcrun(asan, "run", loop11, *[tmp_path / f"e{i}.npy" for i in range(3)], "-o",
+                  tmp_path / "eo", env=ASAN)
+    assert proc.returncode == 7 and "changes shape between iterations" in one_line_error(proc)
+    for change in STORE_DAMAGE:
+        path = damaged_bytecode(bundle, tmp_path / f"{change}.mlc", change)
+        proc = mlcrun(asan, "inspect", path, env=ASAN)
+        line = one_line_error(proc)
+        assert proc.returncode == 3 and ("APPEND" in line or "STORE" in line), (change, line)
+
+
+class _Tensor(ctypes.Structure):   # mlcrt.h's mlc_tensor
+    _fields_ = [("data", ctypes.c_void_p), ("nbytes", ctypes.c_size_t), ("dtype", ctypes.c_int),
+                ("ndim", ctypes.c_int), ("dims", ctypes.c_int64 * 16)]
+
+
+def test_row_store_output_buffer_too_small_names_the_bytes(build, tmp_path_factory) -> None:
+    """mlc_run on a row store's output (format 1.9) whose buffer is smaller than this run's
+    rows: the usage code and a message naming the rows and the bytes needed; with that many
+    bytes the same run gives the Python runtime's rows and dims."""
+    from loop_models import exported, stored_feeds
+
+    bundle = exported(tmp_path_factory, "stored")[1]
+    feeds = stored_feeds(7, 1e9, seed=3)
+    with load(bundle) as model:
+        want = model.run(feeds)
+    lib = ctypes.CDLL(str(build / "libmlcrt.so"))
+    lib.mlc_open_file.argtypes = [ctypes.c_char_p, ctypes.c_void_p, ctypes.c_void_p,
+                                  ctypes.c_void_p]
+    lib.mlc_run.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p,
+                            ctypes.c_size_t, ctypes.c_void_p]
+    lib.mlc_close.argtypes = [ctypes.c_void_p]
+    err = ctypes.create_string_buffer(600)
+    model = ctypes.c_void_p()
+    assert lib.mlc_open_file(str(bundle).encode(), None, ctypes.byref(model), err) == 0
+    arrays = [np.array(v, order="C") for v in feeds.values()]   # 0-d stays 0-d
+    inputs = (_Tensor * 3)()
+    for t, a in zip(inputs, arrays):
+        t.data, t.nbytes, t.ndim = a.ctypes.data, a.nbytes, a.ndim
+        t.dtype = {"int64": 6, "float32": 0}[a.dtype.name]
+        t.dims[:a.ndim] = a.shape
+    try:
+        for rows_bytes in (3 * 12, 7 * 12):
+            out = [np.zeros(3, np.float32), np.zeros(rows_bytes // 4, np.float32),
+                   np.zeros(7, np.int64)]
+            outputs = (_Tensor * 3)()
+            for t, a in zip(outputs, out):
+                t.data, t.nbytes = a.ctypes.data, a.nbytes
+            rc = lib.mlc_run(model, inputs, 3, outputs, 3, err)
+            message = err.raw[4:].split(b"\0")[0].decode()
+            if rows_bytes < 7 * 12:
+                assert rc == 2 and "'rows' has 7 rows this run and needs a buffer of 84 bytes" \
+                    in message, (rc, message)
+                continue
+            assert rc == 0, message
+            assert list(outputs[1].dims[:outputs[1].ndim]) == [7, 3]
+            assert out[1].reshape(7, 3).tobytes() == want["rows"].tobytes()
+            assert out[2].tobytes() == want["iters"].tobytes()
+    finally:
+        lib.mlc_close(model)
+
+
 # ---- Ed25519 signatures (vendored Monocypher) --------------------------------------------------
 
 def test_signatures(asan, tmp_path) -> None:

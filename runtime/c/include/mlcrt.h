@@ -6,8 +6,9 @@
  * bit-identical to the Python runtime's for the same bundle and thread count.
  *
  * Contract: no global state (every object is reached from a handle the caller holds), nothing
- * printed, no exit(), no allocation during mlc_run, every input checked. One model may be run
- * from several threads: calls take turns (a mutex per model). Errors: every function returns an
+ * printed, no exit(), no allocation during mlc_run (but a format 1.9 row store's, below), every
+ * input checked. One model may be run from several threads: calls take turns (a mutex per
+ * model). Errors: every function returns an
  * mlc_status whose value is the exit code the mlcpack command line uses for the same case, with a
  * one-line message in the caller's mlc_error.
  */
@@ -140,7 +141,11 @@ MLC_API mlc_status mlc_input_info(const mlc_model *model, size_t i, mlc_tensor_i
 MLC_API mlc_status mlc_output_info(const mlc_model *model, size_t i, mlc_tensor_info *info);
 
 /* Run once: inputs[i] is the i-th input; outputs[i] receives the i-th output (its buffer
- * must hold it: nbytes >= the output's size). Allocates nothing. */
+ * must hold it: nbytes >= the output's size). Allocates nothing, except for a Loop's scan output
+ * with no bound at export (format 1.9, a row store): its rows grow by doubling (realloc) during
+ * the run, kept for the next run, freed at mlc_close; they are copied into outputs[i] after the
+ * run, and a buffer smaller than this run's rows fails with MLC_ERR_USAGE naming the bytes
+ * needed (mlc_output_nbytes gives its cap's bytes). */
 MLC_API mlc_status mlc_run(mlc_model *model, const mlc_tensor *inputs, size_t ninputs,
                    mlc_tensor *outputs, size_t noutputs, mlc_error *err);
 /* The bytes output `i` takes for the given inputs' shapes (for a fixed-shape bundle, NULL

@@ -1,7 +1,9 @@
 /* Format 1.8's counted loops, checked at load (runtime/vm_loops.py is the reference): every
  * LOOP and its NEXT name each other, loops nest, no jump enters or leaves a loop's body; then
  * their targets become instruction indices and the plan gets the per-loop counters the run
- * keeps (run.c: jump_next), never in a tensor. */
+ * keeps (run.c: jump_next), never in a tensor. Format 1.9's row stores: APPEND checked at load
+ * and run here (runtime/vm_loops.py: RowStore). */
+#include <stdlib.h>
 #include <string.h>
 
 #include "model.h"
@@ -84,3 +86,128 @@ mlc_status mlc_link_loops(mlc_model *m, mlc_plan *p, const int32_t *w, size_t nw
     return MLC_OK;
 }
 
+
+/* ---- format 1.9: row stores (a Loop's scan outputs with no bound at export) ---- */
+
+/* Whether two dim records are the same record (depth-limited: records are shallow). */
+static int same_record(const mp_node *a, const mp_node *b, int depth)
+{
+    if (depth > MP_MAX_DEPTH || a->type != b->type || a->len != b->len)
+        return 0;
+    switch (a->type) {
+    case MP_INT:
+    case MP_BOOL:
+        return a->v.i == b->v.i;
+    case MP_UINT:
+        return a->v.u == b->v.u;
+    case MP_STR:
+    case MP_BIN:
+        return !a->len || !memcmp(a->v.p, b->v.p, a->len);
+    case MP_ARRAY:
+        for (uint32_t i = 0; i < a->len; i++)
+            if (!same_record(&a->v.items[i], &b->v.items[i], depth + 1))
+                return 0;
+        return 1;
+    case MP_NIL:
+        return 1;
+    default:
+        return 0;
+    }
+}
+
+int mlc_append_ok(const mlc_plan *p, int32_t s, int32_t r)
+{
+    const mlc_trow *store = &p->tensors[s], *row = &p->tensors[r];
+    if (!p->sym || store->kind != T_STORE || row->kind != T_ARENA || store->dtype != row->dtype
+        || !store->rec || !row->rec || store->rec->len != row->rec->len + 1)
+        return 0;
+    for (uint32_t d = 0; d < row->rec->len; d++)
+        if (!same_record(&store->rec->v.items[d + 1], &row->rec->v.items[d], 0))
+            return 0;
+    return 1;
+}
+
+mlc_status mlc_link_stores(mlc_model *m, mlc_plan *p, mlc_error *err)
+{
+    size_t n = 0;
+    for (size_t t = 0; t < p->ntensors; t++)
+        n += p->tensors[t].kind == T_STORE;
+    if ((int64_t)n != (p->has_stores ? p->nstores_declared : 0))
+        return mlc_fail(err, MLC_ERR_BUNDLE, "%s: bundle header: the vm record's stores count "
+                        "is not its %zu STORE rows", m->name, n);
+    for (size_t i = 0; i < p->nprogram; i++) {   /* only APPEND names a STORE row */
+        const mlc_instr *in = &p->program[i];
+        int bad = in->op == OP_COPY && p->tensors[in->target].kind == T_STORE;
+        for (uint32_t j = 0; j < in->n; j++)
+            bad |= p->tensors[in->operands[j]].kind == T_STORE;
+        if (bad)
+            return mlc_fail(err, MLC_ERR_BUNDLE, "%s: bundle header: a STORE row is named by an "
+                            "instruction other than APPEND", m->name);
+    }
+    if (!n)
+        return MLC_OK;
+    p->stores = mlc_zalloc(&m->alloc, n * sizeof(mlc_store));
+    p->store_of = mlc_zalloc(&m->alloc, p->ntensors * sizeof(int32_t));
+    if (!p->stores || !p->store_of)
+        return mlc_fail(err, MLC_ERR_INTERNAL, "out of memory");
+    for (size_t t = 0; t < p->ntensors; t++) {
+        p->store_of[t] = -1;
+        const mlc_trow *row = &p->tensors[t];
+        if (row->kind != T_STORE)
+            continue;
+        int var = row->rec && row->rec->len ? mlc_sym_var(p, &row->rec->v.items[0]) : -1;
+        int counted = 0;
+        for (size_t d = 0; var >= 0 && d < p->sym->ndynamic; d++)
+            counted |= p->sym->dyn_var[d] == var;
+        if (!counted)
+            return mlc_fail(err, MLC_ERR_BUNDLE, "%s: bundle header: STORE row %zu's first dim "
+                            "must be a size variable bound at run time", m->name, t);
+        p->store_of[t] = (int32_t)p->nstores;
+        p->stores[p->nstores++] = (mlc_store){(uint32_t)t, var, NULL, 0, 0, 0};
+    }
+    return MLC_OK;
+}
+
+mlc_status mlc_store_append(const mlc_model *m, mlc_plan *p, const mlc_instr *in,
+                            mlc_error *err)
+{
+    mlc_store *st = &p->stores[p->store_of[in->target]];
+    uint64_t size = p->sym->tbytes[in->operands[0]], end;
+    int64_t cap = p->sym->limits[st->var];
+    if (st->count == 0)
+        st->row_bytes = size;
+    if (st->count >= cap || __builtin_mul_overflow((uint64_t)st->count + 1, size, &end)
+        || end > MLC_STORE_MAX_BYTES)
+        return mlc_fail(err, MLC_ERR_INPUT, "%s: a scan output of one of the model's Loop nodes "
+                        "would pass its cap (%lld rows, %llu bytes): the loop runs longer than "
+                        "the model can return", m->name, (long long)cap,
+                        (unsigned long long)MLC_STORE_MAX_BYTES);
+    if (end > st->capacity) {   /* doubling: each row is copied O(1) times */
+        uint64_t grown = st->capacity * 2;
+        if (grown < end)
+            grown = end;
+        if (grown < 16 * size)
+            grown = 16 * size;
+        if (grown > MLC_STORE_MAX_BYTES)
+            grown = MLC_STORE_MAX_BYTES;
+        uint8_t *data = realloc(st->data, (size_t)grown);
+        if (!data)
+            return mlc_fail(err, MLC_ERR_INTERNAL, "%s: out of memory for a loop's rows (%llu "
+                            "bytes)", m->name, (unsigned long long)grown);
+        st->data = data;
+        st->capacity = grown;
+    }
+    if (size)
+        memcpy(st->data + (size_t)st->count * size, p->addr[in->operands[0]], (size_t)size);
+    st->count++;
+    return MLC_OK;
+}
+
+void mlc_stores_free(mlc_plan *p)
+{
+    for (size_t i = 0; i < p->nstores; i++) {
+        free(p->stores[i].data);
+        p->stores[i].data = NULL;
+        p->stores[i].capacity = 0;
+    }
+}

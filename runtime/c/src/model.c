@@ -58,7 +58,7 @@ static mlc_status decode(mlc_model *m, mlc_plan *p, mlc_error *err)
                 if (pc + len > nw)
                     why = "truncated JUMP, JUMP_UNLESS or TRAP";
                 else if (op == OP_TRAP) {
-                    if (w[pc + 1] != 0 && w[pc + 1] != 1)
+                    if (w[pc + 1] < 0 || w[pc + 1] > 2)   /* 2: format 1.9 */
                         why = "unknown TRAP reason";
                 } else {
                     arg = w[pc + len - 1];
@@ -137,6 +137,25 @@ static mlc_status decode(mlc_model *m, mlc_plan *p, mlc_error *err)
                 pc += 3;
                 continue;
             }
+            if (op == OP_APPEND) {   /* format 1.9: s, a STORE row; r, an arena row */
+                if (pc + 3 > nw)
+                    why = "truncated APPEND";
+                else if (w[pc + 1] < 0 || (size_t)w[pc + 1] >= p->ntensors || w[pc + 2] < 0
+                         || (size_t)w[pc + 2] >= p->ntensors)
+                    why = "tensor index out of range";
+                else if (!mlc_append_ok(p, w[pc + 1], w[pc + 2]))
+                    why = "APPEND must append an arena row to a STORE row of its dtype and row "
+                          "shape";
+                if (why)
+                    return mlc_fail(err, MLC_ERR_BUNDLE, "%s: invalid bytecode at word %zu: %s",
+                                    m->name, pc, why);
+                if (pass)
+                    p->program[k] = (mlc_instr){OP_APPEND, (uint32_t)w[pc + 1], 1, &w[pc + 2],
+                                                NULL, NULL};
+                k++;
+                pc += 3;
+                continue;
+            }
             if (op == OP_BIND) {
                 if (pc + 3 > nw)
                     why = "truncated BIND_SIZE";
@@ -210,6 +229,9 @@ static mlc_status decode(mlc_model *m, mlc_plan *p, mlc_error *err)
         if (s)
             return s;
     }
+    mlc_status st = mlc_link_stores(m, p, err);
+    if (st)
+        return st;
     for (size_t i = 0; i < p->nprogram; i++) {
         const mlc_instr *in = &p->program[i];
         if (in->op != OP_KERNEL)

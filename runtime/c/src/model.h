@@ -6,7 +6,8 @@
 
 typedef struct { uint64_t off, size; } mlc_ref;
 
-enum { T_ARENA = 0, T_CONST = 1, T_SIZES = 2 };
+/* format 1.9: T_STORE, a loop's rows with no bound at export, appended by APPEND (run.c) */
+enum { T_ARENA = 0, T_CONST = 1, T_SIZES = 2, T_STORE = 3 };
 typedef struct {
     int kind;                  /* T_ARENA, T_CONST, T_SIZES (symbolic plans) */
     const mp_node *rec;        /* symbolic plans: the shape's dim records */
@@ -62,7 +63,7 @@ typedef struct {
  * jump's target is the index of the instruction it continues at (nprogram: the end), always
  * after the jump itself, so every run ends */
 enum { OP_KERNEL = 1, OP_LIB = 2, OP_COPY = 3, OP_BIND = 4, OP_JUMP_UNLESS = 5, OP_JUMP = 6,
-       OP_TRAP = 7, OP_LOOP = 8, OP_NEXT = 9 };
+       OP_TRAP = 7, OP_LOOP = 8, OP_NEXT = 9, OP_APPEND = 10 };
 /* format 1.8: LOOP (operands m, c, i; target: the instruction after its NEXT) and NEXT (operand
  * c; target: its LOOP), verified at load (model.c: link_loops): each names the other, loops nest,
  * no jump enters or leaves a loop's body; a loop's count lives in the plan (loop_iter,
@@ -75,6 +76,18 @@ typedef struct {
     void **args;               /* OP_KERNEL: its void*[] */
     mlc_tensor *tensors;       /* OP_LIB: operands as tensors (inputs, then the output) */
 } mlc_instr;
+
+/* format 1.9: the rows APPEND adds to one STORE row during a run: malloc'd, grown by doubling,
+ * kept across runs (emptied at each run's start), freed at close; at most the bound of size
+ * variable var rows and MLC_STORE_MAX_BYTES */
+#define MLC_STORE_MAX_BYTES ((uint64_t)1 << 32)
+typedef struct {
+    uint32_t tensor;           /* its STORE row */
+    int var;                   /* the size variable that counts its rows (its first dim) */
+    uint8_t *data;
+    uint64_t capacity, row_bytes;
+    int64_t count;
+} mlc_store;
 
 typedef struct {
     int64_t start, end;        /* start >= 0: kernel calls [start, end) of the table;
@@ -141,6 +154,11 @@ typedef struct mlc_plan {
     int jumps;                 /* the program has jumps (format 1.7) or loops (1.8) */
     int loops;                 /* the program has loops (format 1.8) */
     int64_t *loop_iter, *loop_limit;   /* per instruction: a LOOP's iteration and count */
+    int has_stores;            /* the vm record says "stores" (format 1.9) */
+    int64_t nstores_declared;  /* its count */
+    mlc_store *stores;         /* format 1.9: one per STORE row */
+    size_t nstores;
+    int32_t *store_of;         /* per tensor: its index in stores, or -1 */
     mlc_pool_code pool;
     int has_pool;
     mlc_threads *threads;
@@ -220,5 +238,13 @@ void mlc_content_digest(const mlc_model *m, const uint8_t *head, uint64_t chunk,
 int mlc_one_element(const mlc_plan *p, int32_t t, mlc_dtype d);
 mlc_status mlc_link_loops(mlc_model *m, mlc_plan *p, const int32_t *w, size_t nw,
                           const int64_t *start_of, mlc_error *err);
+/* format 1.9: whether APPEND s, r appends arena row r to STORE row s (same dtype, row shape);
+ * mlc_link_stores: every STORE row's store (its first dim a counted size variable), none named
+ * by another instruction, as many as the vm record says; mlc_store_append: APPEND at run time */
+int mlc_append_ok(const mlc_plan *p, int32_t s, int32_t r);
+mlc_status mlc_link_stores(mlc_model *m, mlc_plan *p, mlc_error *err);
+mlc_status mlc_store_append(const mlc_model *m, mlc_plan *p, const mlc_instr *in,
+                            mlc_error *err);
+void mlc_stores_free(mlc_plan *p);
 
 #endif

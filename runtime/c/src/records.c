@@ -202,6 +202,17 @@ static mlc_status parse_plan(mlc_model *m, const mp_node *obj, const char *what,
     p->tensors = mlc_zalloc(&m->alloc, (tensors->len + 1) * sizeof(mlc_trow));
     if (!p->tensors)
         return mlc_fail(err, MLC_ERR_INTERNAL, "out of memory");
+    /* format 1.9: STORE rows (symbolic plans whose vm record says "stores") */
+    const mp_node *vmrec = mp_get(obj, "vm");
+    const mp_node *stores = vmrec && vmrec->type == MP_MAP ? mp_get(vmrec, "stores") : NULL;
+    if (stores) {
+        if (!in_range(stores, 0, INT64_MAX)) {
+            snprintf(w, sizeof w, "%svm stores", at);
+            return bad(err, w, "is not an integer");
+        }
+        p->has_stores = 1;
+        p->nstores_declared = stores->v.i;
+    }
     for (uint32_t i = 0; i < tensors->len; i++) {
         const mp_node *r = &tensors->v.items[i];
         mlc_trow *t = &p->tensors[i];
@@ -211,7 +222,8 @@ static mlc_status parse_plan(mlc_model *m, const mp_node *obj, const char *what,
         int64_t kind, ref;
         char w2[220];
         snprintf(w2, sizeof w2, "%s kind", w);
-        if ((s = get_int(&r->v.items[0], w2, 0, p->sym ? 3 : 2, &kind, err)))
+        if ((s = get_int(&r->v.items[0], w2, 0, p->sym ? (p->has_stores ? 4 : 3) : 2, &kind,
+                         err)))
             return s;
         snprintf(w2, sizeof w2, "%s offset", w);
         if ((s = get_int(&r->v.items[1], w2, 0,

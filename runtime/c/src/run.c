@@ -7,7 +7,7 @@
 #include "model.h"
 
 /* An instruction that is not a kernel call: a copy, or a library function. */
-static mlc_status step(const mlc_model *m, const mlc_plan *p, const mlc_instr *in,
+static mlc_status step(const mlc_model *m, mlc_plan *p, const mlc_instr *in,
                        mlc_error *err)
 {
     if (in->op == OP_COPY) {   /* a symbolic plan's tensors have this shape's byte sizes */
@@ -25,10 +25,17 @@ static mlc_status step(const mlc_model *m, const mlc_plan *p, const mlc_instr *i
         p->sym->sizes[in->target] = v;
         return MLC_OK;
     }
+    if (in->op == OP_APPEND)   /* format 1.9: a row of a scan output with no bound */
+        return mlc_store_append(m, p, in, err);
     if (in->op == OP_TRAP && in->target == 0)
         return mlc_fail(err, MLC_ERR_INPUT, "%s: these input sizes take a branch of one of the "
                         "model's If nodes that the export could not compile (the other branch "
                         "was compiled): give inputs of the sizes the model is made for", m->name);
+    if (in->op == OP_TRAP && in->target == 2)   /* format 1.9 */
+        return mlc_fail(err, MLC_ERR_INPUT, "%s: at these inputs a carried value of one of the "
+                        "model's Loop nodes changes shape between iterations (a size the loop's "
+                        "body computes), which this bundle's loop does not run: its export "
+                        "assumed the shape stays", m->name);
     if (in->op == OP_TRAP)
         return mlc_fail(err, MLC_ERR_INPUT, "%s: these input sizes break a size relation that "
                         "the branch of one of the model's If nodes they take needs (a Squeeze of "
@@ -80,6 +87,8 @@ static int is_jump(int op)
 static mlc_status execute(mlc_model *m, mlc_plan *p, mlc_error *err)
 {
     mlc_status s;
+    for (size_t k = 0; k < p->nstores; k++)   /* format 1.9: each run appends from row 0 */
+        p->stores[k].count = 0;
     if (p->segments) {
         for (size_t i = 0; i < p->nsegments;) {
             const mlc_segment *seg = &p->segments[i];
@@ -406,6 +415,8 @@ static mlc_status run_symbolic(mlc_model *m, const mlc_tensor *inputs, mlc_tenso
         return s;
     mlc_symbolic *sym = p->sym;
     for (size_t i = 0; i < p->noutputs; i++) {
+        if (p->tensors[p->outputs[i].tensor].kind == T_STORE)
+            continue;   /* its rows are counted during the run: checked after it */
         size_t need = (size_t)sym->tbytes[p->outputs[i].tensor];
         if (!outputs[i].data || outputs[i].nbytes < need)
             return mlc_fail(err, MLC_ERR_USAGE, "output '%s' needs a buffer of %zu bytes, got "
@@ -419,6 +430,18 @@ static mlc_status run_symbolic(mlc_model *m, const mlc_tensor *inputs, mlc_tenso
         memcpy(p->addr[t], inputs[i].data, (size_t)sym->tbytes[t]);
     }
     s = execute(m, p, err);
+    for (size_t i = 0; !s && i < p->noutputs; i++) {   /* format 1.9: before any is written */
+        uint32_t t = p->outputs[i].tensor;
+        if (p->tensors[t].kind != T_STORE)
+            continue;
+        const mlc_store *st = &p->stores[p->store_of[t]];
+        uint64_t bytes = st->count ? (uint64_t)st->count * st->row_bytes : 0;
+        if ((!outputs[i].data && bytes) || outputs[i].nbytes < bytes)
+            return mlc_fail(err, MLC_ERR_USAGE, "output '%s' has %lld rows this run and needs a "
+                            "buffer of %llu bytes, got %zu: run again with one that large",
+                            p->outputs[i].name, (long long)st->count,
+                            (unsigned long long)bytes, outputs[i].nbytes);
+    }
     for (size_t i = 0; !s && i < p->noutputs; i++) {
         uint32_t t = p->outputs[i].tensor;
         const mlc_trow *row = &p->tensors[t];
@@ -436,6 +459,17 @@ static mlc_status run_symbolic(mlc_model *m, const mlc_tensor *inputs, mlc_tenso
                 || bytes > sym->tbytes[t])
                 return mlc_fail(err, MLC_ERR_BUNDLE, "%s: output '%s' outgrew its bound",
                                 m->name, p->outputs[i].name);
+        }
+        if (row->kind == T_STORE) {   /* format 1.9: the rows the VM appended */
+            const mlc_store *st = &p->stores[p->store_of[t]];
+            if (bytes != (st->count ? (uint64_t)st->count * st->row_bytes : 0)
+                || outputs[i].dims[0] != st->count)
+                return mlc_fail(err, MLC_ERR_BUNDLE, "%s: output '%s' has %lld rows appended, "
+                                "its shape says otherwise", m->name, p->outputs[i].name,
+                                (long long)st->count);
+            if (bytes)
+                memcpy(outputs[i].data, st->data, (size_t)bytes);
+            continue;
         }
         memcpy(outputs[i].data, p->addr[t], (size_t)bytes);
     }

@@ -375,6 +375,7 @@ void mlc_sym_free(mlc_plan *p)
 {
     if (p->sym && p->sym->arena)
         munmap(p->sym->arena, p->sym->arena_size);
+    mlc_stores_free(p);
 }
 
 static void shape_of(const int64_t *dims, int n, char *out, size_t size)
@@ -613,6 +614,8 @@ mlc_status mlc_sym_plan(mlc_model *m, mlc_plan *p, mlc_error *err)
         else if (ok && t->kind == T_SIZES && t->rec->len == 1 && dims[0] == (int64_t)s->nvars
                  && t->dtype == MLC_INT64)
             p->addr[i] = (uint8_t *)s->sizes;
+        else if (ok && t->kind == T_STORE)   /* format 1.9: rows the VM keeps (APPEND) */
+            p->addr[i] = NULL;
         else
             return mlc_fail(err, MLC_ERR_BUNDLE, "bundle header: tensor %zu lies outside its "
                             "storage", i);

@@ -1,0 +1,100 @@
+"""A Loop's scan output with no bound at export (format 1.9: a row store the VM appends to)
+beside ONNX Runtime (issue 37 item 3): whether its cost per iteration stays flat as the trip
+count grows (the store doubles: amortised O(1) copies per row) and how it compares.
+
+    python bench/loop_rows.py [runs] [trip counts ...]
+
+The model: ``for i in range(M): acc = acc * 0.5 + i; rows += [acc]`` with ``acc`` float32 [16]
+and M fed at run time (no bound at export). One bundle exported for the host with no golden
+check; each trip count run alternating with an ONNX Runtime session (1 thread, both), medians
+and mins in microseconds, and our time per iteration.
+"""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from mlcpack.frontends.onnx.importer import import_onnx
+from mlcpack.packager.export import ExportOptions, export_module
+from mlcpack.runtime.model import load
+
+WIDTH = 16
+
+
+def rows_model() -> onnx.ModelProto:
+    F = TensorProto.FLOAT
+    body = helper.make_graph(
+        [helper.make_node("Cast", ["i"], ["fi"], to=F),
+         helper.make_node("Mul", ["acc", "half"], ["scaled"]),
+         helper.make_node("Add", ["scaled", "fi"], ["acc2"]),
+         helper.make_node("Identity", ["cond_in"], ["cond_out"]),
+         helper.make_node("Identity", ["acc2"], ["row"])],
+        "body",
+        [helper.make_tensor_value_info("i", TensorProto.INT64, []),
+         helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("acc", F, [WIDTH])],
+        [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("acc2", F, [WIDTH]),
+         helper.make_tensor_value_info("row", F, [WIDTH])],
+        [numpy_helper.from_array(np.array(0.5, np.float32), "half")])
+    g = helper.make_graph(
+        [helper.make_node("Loop", ["M", "", "x0"], ["acc", "rows"], body=body)], "loop_rows",
+        [helper.make_tensor_value_info("M", TensorProto.INT64, []),
+         helper.make_tensor_value_info("x0", F, [WIDTH])],
+        [helper.make_tensor_value_info("acc", F, None),
+         helper.make_tensor_value_info("rows", F, None)])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def timed(fn, runs: int) -> tuple[float, float]:
+    times = []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return float(np.median(times)) * 1e6, float(np.min(times)) * 1e6
+
+
+def main(argv: list[str]) -> None:
+    import onnxruntime as ort
+
+    runs = int(argv[0]) if argv else 20
+    trips = [int(a) for a in argv[1:]] or [10, 100, 1000, 10000]
+    model = rows_model()
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = opts.inter_op_num_threads = 1
+    session = ort.InferenceSession(model.SerializeToString(), opts,
+                                   providers=["CPUExecutionProvider"])
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "rows.mlc"
+        mod, _ = import_onnx(model)
+        export_module(mod, path, ExportOptions(target="host", check=False))
+        print("| trip count | ours median | ours min | ORT median | ORT min | "
+              "ours us / iteration (min) |")
+        print("|---|---|---|---|---|---|")
+        with load(path, threads=1) as bundle:
+            for m in trips:
+                feeds = {"M": np.array(m, np.int64),
+                         "x0": np.linspace(-1, 1, WIDTH).astype(np.float32)}
+                got, want = bundle.run(feeds), session.run(None, feeds)
+                assert got["rows"].shape == want[1].shape
+                np.testing.assert_allclose(got["rows"], want[1], rtol=1e-6, atol=1e-6)
+                ours, peer = [], []
+                for _ in range(3):   # alternating rounds
+                    ours.append(timed(lambda f=feeds: bundle.run(f), runs))
+                    peer.append(timed(lambda f=feeds: session.run(None, f), runs))
+                om, omin = np.median([o[0] for o in ours]), min(o[1] for o in ours)
+                pm, pmin = np.median([p[0] for p in peer]), min(p[1] for p in peer)
+                print(f"| {m:,} | {om:,.1f} | {omin:,.1f} | {pm:,.1f} | {pmin:,.1f} | "
+                      f"{omin / m:.3f} |")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
