@@ -119,9 +119,11 @@ def plan_integer_products(fn: Function, defs: dict, uses: Counter, reader_of: di
             continue
         wk = cols[0]
         n = wk.shape[1]
-        wzp_n = cols[2].astype(np.int64)
-        wd = wk.astype(np.int64) - wzp_n.reshape(1, n)
-        if (np.abs(wd).sum(axis=0).max() * 255 >= 2 ** 31 or not static_shapes(x, c)
+        # 8-bit weights and zero points: w - wzp in int16 (a quarter of int64's traffic)
+        wide = np.int16 if cols[2].dtype.name in I8 else np.int64
+        wd = wk.astype(wide) - cols[2].astype(wide).reshape(1, n)
+        if (np.abs(wd).sum(axis=0, dtype=np.int64).max() * 255 >= 2 ** 31
+                or not static_shapes(x, c)
                 or tuple(c.type.shape) != tuple(x.type.shape[:-1]) + (n,)):
             continue
         r1 = sole_reader(reader_of, uses, b.var)
