@@ -246,6 +246,9 @@ def plan_integer_convs(fn: Function, defs: dict, uses: Counter, reader_of: dict,
     return plan
 
 
+PROBE_ROWS = 8   # rows a candidate scale is tried on before the whole column (_integer_columns)
+
+
 def _integer_columns(wk: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
     """(d int64 [K, N], s float32 [N]) with float32(d * s[n]) == wk exactly and |d| <= 255,
     when the float32 constant ``wk`` [K, N] is such a product column by column (weights that
@@ -262,6 +265,15 @@ def _integer_columns(wk: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
     todo = top > 0
 
     def attempt(cols: np.ndarray, sc: np.ndarray) -> None:
+        # the first rows first: a candidate that fails there fails the whole column (the
+        # test is elementwise), so most wrong scales cost 8 rows, not k
+        probe = wk[:PROBE_ROWS, cols]
+        qp = np.rint(probe / sc)
+        keep = (sc > 0) & (np.abs(qp) <= 255).all(axis=0) & (
+            qp.astype(np.float32) * sc == probe).all(axis=0)
+        if not keep.all():
+            cols = cols[keep]
+            sc = sc[keep] if sc.ndim else sc
         q = np.rint(wk[:, cols] / sc)
         ok = (sc > 0) & (np.abs(q) <= 255).all(axis=0) & (
             q.astype(np.float32) * sc == wk[:, cols]).all(axis=0)
