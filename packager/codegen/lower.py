@@ -30,6 +30,7 @@ from . import vecmath
 from .helpers import (ARITH_FLAGS, F32, F64, I8, I64, LLVM_TYPES, REDUCE_FLAGS, STORAGE_TYPES,
                       VOID, alloca_once, const_i64, for_range, intrinsic, load_converted, round_to,
                       store_converted, type_suffix)
+from .reduce_flat import whole_min_max
 from .threads import DEFAULTS, SplitThresholds
 
 WORKSPACE_ALIGN = 64
@@ -471,8 +472,9 @@ class KernelEmitter:
     def _reduce(self, e: te.Reduce, env: dict[int, ir.Value]) -> ir.Value:
         b = self.builder
         whole = self._whole_tensor_read(e)
-        if whole is not None:
-            return self._reduce_whole_min_max(e, whole)
+        if whole is not None:   # DynamicQuantizeLinear's range: a vector loop, same result
+            n = int(np.prod(whole.tensor.shape, dtype=np.int64))
+            return whole_min_max(b, self.module, self.buffers[whole.tensor.uid], n, e.combiner)
         ty = LLVM_TYPES[e.dtype]
         is_float = te.is_float(e.dtype)
         if e.combiner in ("sum", "prod"):
@@ -522,45 +524,6 @@ class KernelEmitter:
                        for a, n in zip(e.axes, body.tensor.shape))):
             return None
         return body
-
-    def _reduce_whole_min_max(self, e: te.Reduce, read: te.Read) -> ir.Value:
-        """``_reduce`` of a whole contiguous float32 tensor (``_whole_tensor_read``) as one
-        flat loop of 4 x 8-lane ``llvm.minimum`` / ``llvm.maximum`` accumulators, then the
-        lanes, then the last elements one by one. Those intrinsics are exact in any order
-        (NaN propagates, -0 < +0), so the result is the scalar loop's, ~10x faster: the
-        generic loop is a serial chain the vectorizer leaves alone."""
-        b = self.builder
-        n = int(np.prod(read.tensor.shape, dtype=np.int64))
-        name = "maximum" if e.combiner == "max" else "minimum"
-        v8 = ir.VectorType(F32, 8)
-        vec_op = intrinsic(self.module, f"llvm.{name}.v8f32", v8, [v8, v8])
-        one_op = intrinsic(self.module, f"llvm.{name}.f32", F32, [F32, F32])
-        init = float("-inf") if e.combiner == "max" else float("inf")
-        base = self.buffers[read.tensor.uid]
-        blocks, lanes = n // 32, 4
-        acc = alloca_once(b, F32, name=f"acc.{e.combiner}")
-        b.store(ir.Constant(F32, init), acc)
-        if blocks:
-            accs = [alloca_once(b, v8, name=f"vacc.{e.combiner}{k}") for k in range(lanes)]
-            for a in accs:
-                b.store(ir.Constant(v8, [init] * 8), a)
-            with for_range(b, const_i64(0), const_i64(blocks), "wr") as blk:
-                start = b.mul(blk, const_i64(32))
-                for k, a in enumerate(accs):
-                    at = b.gep(base, [b.add(start, const_i64(8 * k))], inbounds=True)
-                    x = b.load(b.bitcast(at, v8.as_pointer()), align=4)
-                    b.store(b.call(vec_op, [b.load(a), x]), a)
-            v = b.call(vec_op, [b.call(vec_op, [b.load(accs[0]), b.load(accs[1])]),
-                                b.call(vec_op, [b.load(accs[2]), b.load(accs[3])])])
-            r = b.extract_element(v, ir.Constant(ir.IntType(32), 0))
-            for j in range(1, 8):
-                r = b.call(one_op, [r, b.extract_element(v, ir.Constant(ir.IntType(32), j))])
-            b.store(r, acc)
-        if n % 32:
-            with for_range(b, const_i64(blocks * 32), const_i64(n), "wt") as i:
-                x = b.load(b.gep(base, [i], inbounds=True))
-                b.store(b.call(one_op, [b.load(acc), x]), acc)
-        return b.load(acc)
 
     def _binary(self, op: str, x: ir.Value, y: ir.Value, dtype: str,
                 flags: tuple[str, ...] = ARITH_FLAGS) -> ir.Value:
