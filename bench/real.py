@@ -1,7 +1,7 @@
 """mlcpack against ONNX Runtime and OpenVINO on the real-model corpus (bench/corpus.py).
 
 Run: .venv/bin/python bench/real.py [model ...] [--threads 1,2] [--budget S] [--markdown]
-                                    [--json [PATH]]
+                                    [--cpu-time] [--json [PATH]]
 Every model is exported the way a user would (``mlcpack export MODEL -o X.mlc --input-shape
 ...``: golden check on, ``--target host``), then the peers (bench/peers.py: ONNX Runtime, and
 OpenVINO in f32 and at its default precision when it is installed) and the bundle run the
@@ -57,7 +57,7 @@ def export_cli(name: str, onnx_path: Path, bundle: Path, cache: bool = True
 
 
 def bench_model(name: str, threads_list: list[int], budget: float, reuse: bool = False,
-                cache: bool = True) -> dict:
+                cache: bool = True, clock=time.perf_counter) -> dict:
     """One model: export (or, with ``reuse``, take the bundle already in the cache when it is
     newer than the ONNX file), then per thread count the interleaved timing of the peers and
     the bundle."""
@@ -92,7 +92,7 @@ def bench_model(name: str, threads_list: list[int], budget: float, reuse: bool =
                 row.setdefault("peer_errors", {})["OpenVINO"] = (
                     f"{type(exc).__name__}: {first[-1] if first else ''}"[:200])
             with load(bundle, threads=threads) as mlc:
-                timing = time_engines(engines, mlc, budget, corpus.bundle_inputs(name))
+                timing = time_engines(engines, mlc, budget, corpus.bundle_inputs(name), clock)
         except Exception as exc:  # a model that fails to run is a line, not a crash
             row["error"] = f"run ({threads} threads): {type(exc).__name__}: {exc}"[:200]
             break
@@ -104,14 +104,15 @@ def bench_model(name: str, threads_list: list[int], budget: float, reuse: bool =
 
 
 def time_engines(engines: list[peers.Engine], mlc, budget: float,
-                 mlc_feeds: dict[str, np.ndarray]) -> dict:
+                 mlc_feeds: dict[str, np.ndarray], clock=time.perf_counter) -> dict:
     """The peers (``engines``, ONNX Runtime first) and the bundle alternating, the bundle on
     ``mlc_feeds`` (the inputs not bound at export): times in ms, mlcpack's ratios to ONNX
     Runtime and to the best fp32 peer, and the largest absolute difference of each engine's
     outputs from ONNX Runtime's."""
     expected = engines[0].outputs()
     mlc_err = peers.max_abs_err(list(mlc.run(mlc_feeds).values()), expected)
-    timed = time_interleaved([e.run for e in engines] + [lambda: mlc.run(mlc_feeds)], budget)
+    timed = time_interleaved([e.run for e in engines] + [lambda: mlc.run(mlc_feeds)], budget,
+                             clock=clock)
     medians = {e.label: t[0] / 1e3 for e, t in zip(engines, timed)}
     mins = {e.label: t[1] / 1e3 for e, t in zip(engines, timed)}
     m_med, m_min, runs = timed[-1][0] / 1e3, timed[-1][1] / 1e3, timed[-1][2]
@@ -255,6 +256,10 @@ def main() -> None:
                     help="export every model (into the cache) and time nothing")
     ap.add_argument("--no-cache", action="store_true",
                     help="export without the compile cache (cold export times)")
+    ap.add_argument("--cpu-time", action="store_true",
+                    help="time each run by the process's CPU seconds, not the wall clock (a "
+                         "loaded host: time spent descheduled is not counted; at 1 thread that "
+                         "is each engine's own work, at more it sums the threads)")
     ap.add_argument("--json", nargs="?", const="-", metavar="PATH",
                     help="write the results as JSON to PATH (or stdout)")
     args = ap.parse_args()
@@ -267,12 +272,15 @@ def main() -> None:
     for name in args.models:
         print(f"{name} ...", file=sys.stderr, flush=True)
         results.append(bench_model(name, [] if args.export_only else threads_list, args.budget,
-                                   reuse=args.reuse_bundles, cache=not args.no_cache))
+                                   reuse=args.reuse_bundles, cache=not args.no_cache,
+                                   clock=time.process_time if args.cpu_time
+                                   else time.perf_counter))
     print_text(results, threads_list)
     if args.markdown:
         print("\n" + markdown(results, threads_list))
     print(f"machine: {machine()}; CPU flags: {cpu_flags()}; ONNX Runtime {ort_version()}, "
-          f"OpenVINO {peers.openvino_version() or 'not installed'}")
+          f"OpenVINO {peers.openvino_version() or 'not installed'}"
+          + ("; times are CPU seconds per run (--cpu-time)" if args.cpu_time else ""))
     if args.json:
         doc = {"machine": machine(), "cpu_flags": cpu_flags(), "threads": threads_list,
                "openvino": peers.openvino_version(), "results": results,

@@ -129,11 +129,20 @@ def _qgemm(ctx: NodeContext) -> Value:
 
 # ---- integer products: ConvInteger, MatMulInteger, MatMulIntegerToFloat -----------------------
 
+def _difference_dtype(v: Constant, zero_point: Value | None) -> type:
+    """int16 when ``v`` and its zero point are 8-bit (their difference fits it: a quarter of
+    int64's memory traffic on a large weight), else int64."""
+    small = ("int8", "uint8")
+    return np.int16 if v.data.dtype.name in small and (
+        zero_point is None or zero_point.type.dtype in small) else np.int64
+
+
 def _max_offset(v: Value, zero_point: Value | None) -> float:
     """The largest |v - zero_point| possible (exact when both are constants)."""
     if isinstance(v, Constant) and (zero_point is None or isinstance(zero_point, Constant)):
-        zp = 0 if zero_point is None else zero_point.data.astype(np.int64)
-        return float(np.abs(v.data.astype(np.int64) - zp).max(initial=0))
+        wide = _difference_dtype(v, zero_point)
+        zp = 0 if zero_point is None else zero_point.data.astype(wide)
+        return float(np.abs(v.data.astype(wide) - zp).max(initial=0))
     return float(np.iinfo(v.type.dtype).max - np.iinfo(v.type.dtype).min)
 
 
@@ -143,8 +152,9 @@ def _sum_bound(x: Value, x_zp: Value | None, w: Value, w_zp: Value | None,
     the largest column sum of |w - w_zp| (from the weights when they are constants)."""
     x_max = _max_offset(x, x_zp)
     if isinstance(w, Constant) and (w_zp is None or isinstance(w_zp, Constant)):
-        zp = 0 if w_zp is None else w_zp.data.astype(np.int64).reshape(zp_shape)
-        col = np.abs(w.data.astype(np.int64) - zp).sum(axis=reduce_axes)
+        wide = _difference_dtype(w, w_zp)
+        zp = 0 if w_zp is None else w_zp.data.astype(wide).reshape(zp_shape)
+        col = np.abs(w.data.astype(wide) - zp).sum(axis=reduce_axes, dtype=np.int64)
         return x_max * float(col.max(initial=0))
     k = int(np.prod([w.type.shape[a] for a in reduce_axes], dtype=np.int64))
     return x_max * k * _max_offset(w, None)

@@ -30,6 +30,7 @@ from . import vecmath
 from .helpers import (ARITH_FLAGS, F32, F64, I8, I64, LLVM_TYPES, REDUCE_FLAGS, STORAGE_TYPES,
                       VOID, alloca_once, const_i64, for_range, intrinsic, load_converted, round_to,
                       store_converted, type_suffix)
+from .reduce_flat import whole_min_max
 from .threads import DEFAULTS, SplitThresholds
 
 WORKSPACE_ALIGN = 64
@@ -470,6 +471,10 @@ class KernelEmitter:
 
     def _reduce(self, e: te.Reduce, env: dict[int, ir.Value]) -> ir.Value:
         b = self.builder
+        whole = self._whole_tensor_read(e)
+        if whole is not None:   # DynamicQuantizeLinear's range: a vector loop, same result
+            n = int(np.prod(whole.tensor.shape, dtype=np.int64))
+            return whole_min_max(b, self.module, self.buffers[whole.tensor.uid], n, e.combiner)
         ty = LLVM_TYPES[e.dtype]
         is_float = te.is_float(e.dtype)
         if e.combiner in ("sum", "prod"):
@@ -504,6 +509,21 @@ class KernelEmitter:
 
         nest(0)
         return b.load(acc)
+
+    def _whole_tensor_read(self, e: te.Reduce) -> te.Read | None:
+        """The read of a float32 min / max reduction over a whole static tensor in its own
+        order (``x[r0, .., rn]``, every axis reduced: the range DynamicQuantizeLinear
+        takes), else None."""
+        body = e.body
+        if (e.combiner not in ("min", "max") or e.dtype != "float32"
+                or not isinstance(body, te.Read) or body.tensor.dtype != "float32"
+                or body.tensor.uid not in self.buffers
+                or len(body.indices) != len(e.axes) or not e.axes
+                or any(i is not a for i, a in zip(body.indices, e.axes))
+                or any(not isinstance(n, int) or a.extent != n
+                       for a, n in zip(e.axes, body.tensor.shape))):
+            return None
+        return body
 
     def _binary(self, op: str, x: ir.Value, y: ir.Value, dtype: str,
                 flags: tuple[str, ...] = ARITH_FLAGS) -> ir.Value:

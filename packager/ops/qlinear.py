@@ -70,10 +70,10 @@ def pack_weights(wd: np.ndarray) -> np.ndarray:
     k, n = wd.shape
     k2, npn = -(-k // 2), -(-n // PANEL)
     dtype = np.int8 if wd.min(initial=0) >= -128 and wd.max(initial=0) <= 127 else np.int16
-    full = np.zeros((2 * k2, npn * PANEL), np.int32)
+    full = np.zeros((2 * k2, npn * PANEL), dtype)   # in the stored dtype: 4x less to move
     full[:k, :n] = wd
     # [k2, 2, npn, 8] -> [npn, k2, 8, 2]
-    return np.ascontiguousarray(full.reshape(k2, 2, npn, PANEL).transpose(2, 0, 3, 1)).astype(dtype)
+    return np.ascontiguousarray(full.reshape(k2, 2, npn, PANEL).transpose(2, 0, 3, 1))
 
 
 def pack_weights_offset(wd: np.ndarray) -> tuple[np.ndarray, int]:
@@ -86,7 +86,10 @@ def pack_weights_offset(wd: np.ndarray) -> tuple[np.ndarray, int]:
     if (lo >= -128 and hi <= 127) or hi - lo > 255:
         return pack_weights(wd), 0
     c = hi - 127
-    return pack_weights(wd.astype(np.int64) - c), c
+    # int16 arithmetic where wd and c fit it (the exact result, within int8, does too)
+    narrow = -(1 << 15) + 255 <= lo and hi <= (1 << 15) - 1
+    wide = np.int16 if narrow else np.int64
+    return pack_weights(wd.astype(wide, copy=False) - wide(c)), c
 
 
 CONV_ROWS = 6   # output channels per packed convolution weight tile (the kernel's register rows)
@@ -97,11 +100,11 @@ def pack_conv_weights(wd: np.ndarray) -> np.ndarray:
     o, c, kh, kw = wd.shape
     cp, ot = -(-c // 2), -(-o // CONV_ROWS)
     dtype = np.int8 if wd.min(initial=0) >= -128 and wd.max(initial=0) <= 127 else np.int16
-    full = np.zeros((ot * CONV_ROWS, 2 * cp, kh, kw), np.int32)
+    full = np.zeros((ot * CONV_ROWS, 2 * cp, kh, kw), dtype)
     full[:o, :c] = wd
     t = full.transpose(0, 2, 3, 1).reshape(ot, CONV_ROWS, kh * kw, cp, 2)
     return np.ascontiguousarray(t.transpose(0, 2, 3, 1, 4).reshape(ot, kh * kw * cp,
-                                                                   CONV_ROWS, 2)).astype(dtype)
+                                                                   CONV_ROWS, 2))
 
 
 def unpack_conv_weights(wk: np.ndarray, o: int, c: int, kh: int, kw: int) -> np.ndarray:

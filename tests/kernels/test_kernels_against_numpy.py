@@ -144,6 +144,55 @@ def test_reductions(op, axes, keepdims, tmp_path):
     check(op, [rand(3, 17, 5)], tmp_path, rtol=1e-5, atol=1e-5, axes=axes, keepdims=keepdims)
 
 
+def test_whole_tensor_min_max_vector_loop_keeps_nan_and_zero_order(tmp_path):
+    """A float32 min / max over every axis (DynamicQuantizeLinear's range) runs as a flat
+    8-lane loop plus a tail (codegen/lower.py ``_reduce_whole_min_max``); its result is the
+    scalar loop's: a NaN anywhere, in a vector block or the tail, propagates, and -0 is below
+    +0 in either order."""
+    from mlcpack.packager.ir import BlockBuilder, prim_func, te
+
+    from helpers import compile_and_run
+
+    shape = (2, 5, 7, 8)                                     # 560: 17 blocks of 32 + 16
+    bb = BlockBuilder()
+    x = bb.input("x", shape)
+    a = te.placeholder(shape, name="a")
+    low = tuple(te.reduce_axis(n, f"r{d}") for d, n in enumerate(shape))
+    high = tuple(te.reduce_axis(n, f"s{d}") for d, n in enumerate(shape))
+    lo = te.compute((2,), lambda i: te.min_of(a[low], low)
+                    - te.max_of(a[high], high) * te.cast(i, "float32"), name="range")
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            y = bb.emit_output(bb.call_tir(prim_func("range", [a], lo), [x]))
+        bb.emit_func_output(y, names=["y"])
+    mod = bb.get()
+    from llvmlite import ir
+
+    from mlcpack.packager.codegen.lower import emit_kernel
+
+    module = ir.Module("range")
+    emit_kernel(module, prim_func("range", [a], lo), "range")
+    assert "llvm.minimum.v8f32" in str(module) and "llvm.maximum.v8f32" in str(module)
+    cases = []
+    v = RNG.standard_normal(shape).astype(np.float32)
+    cases.append(v)
+    for at in (3, 40 * 8 + 5, 551):                           # block lanes and the tail
+        w = v.copy()
+        w.reshape(-1)[at] = np.nan
+        cases.append(w)
+    for first in (-0.0, 0.0):
+        z = np.abs(v)                                          # min is a zero, max positive
+        z.reshape(-1)[[10, 555]] = [first, -first]
+        cases.append(z)
+    for case in cases:
+        got = compile_and_run(mod, {"x": case}, tmp_path)["y"]
+        lo_w, hi_w = np.min(case), np.max(case)
+        want = np.array([lo_w, lo_w - hi_w], np.float32)
+        np.testing.assert_array_equal(got, want)
+        if not np.isnan(lo_w) and lo_w == 0:
+            assert np.signbit(got[0])                          # -0 < +0, wherever they are
+
+
 @pytest.mark.parametrize("op", ["nn.softmax", "nn.log_softmax"])
 @pytest.mark.parametrize("axis", [-1, 1])
 def test_softmax(op, axis, tmp_path):

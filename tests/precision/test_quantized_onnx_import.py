@@ -300,3 +300,36 @@ def test_saturating_qoperator_model_passes_the_default_export(tmp_path: Path, ru
     assert "exact on every CPU" in proc.stdout
     with load(out) as bundle:
         np.testing.assert_array_equal(bundle.run({"x": x})["y"][0], exact)
+
+
+def test_exact_integer_check_leaves_uint8_weights_alone_without_onnx(tmp_path: Path) -> None:
+    """The golden check's exact copy (``exact_reference.py``) only changes int8 weights of
+    u8 x s8 operators: a ConvInteger with uint8 weights (onnxruntime's dynamic quantizer, as in
+    ddddocr) needs none, and finding that reads the initializers' data types only: nothing is
+    copied and the ``onnx`` package (~1 CPU-s to import, ml_dtypes) is never imported."""
+    import subprocess
+    import sys
+
+    from onnx import TensorProto as T, helper as h, numpy_helper
+
+    w = np.arange(2 * 3 * 3 * 3, dtype=np.uint8).reshape(2, 3, 3, 3)
+    inits = [numpy_helper.from_array(w, "w"), numpy_helper.from_array(np.uint8(3), "wz"),
+             numpy_helper.from_array(np.uint8(128), "xz")]
+    node = h.make_node("ConvInteger", ["x", "w", "xz", "wz"], ["y"])
+    graph = h.make_graph([node], "ci", [h.make_tensor_value_info("x", T.UINT8, [1, 3, 5, 5])],
+                         [h.make_tensor_value_info("y", T.INT32, [1, 2, 3, 3])], inits)
+    path = tmp_path / "conv_integer_u8.onnx"
+    path.write_bytes(h.make_model(graph, opset_imports=[h.make_opsetid("", 13)])
+                     .SerializeToString())
+    code = ("import sys\n"
+            "from mlcpack.frontends.onnx.exact_reference import has_u8s8_candidates\n"
+            "from mlcpack.frontends.reference import exact_integers\n"
+            f"data = open({str(path)!r}, 'rb').read()\n"
+            "from mlcpack.frontends.onnx import proto\n"
+            "assert has_u8s8_candidates(proto.load_model_from_string(data))\n"
+            "assert exact_integers(data) is None\n"
+            "assert 'onnx.helper' not in sys.modules and 'ml_dtypes' not in sys.modules, "
+            "sorted(m for m in sys.modules if m.startswith(('onnx', 'ml_dtypes')))\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
