@@ -273,8 +273,9 @@ class QConv(QEmitter):
         outputs of a channel are split into ceil(n / 6) tiles of 6 or 5 (49: 4 x 6 + 5 x 5);
         tiles of 16 channels outer (their 64 bytes a step stay in L2 for every pixel tile),
         split over tasks. The epilogue rounds each 16-channel row as ``tile_packed`` does into a
-        pixel-major staging buffer [n][O], transposed into the output (through the lut8 table
-        when one is folded in)."""
+        pixel-major staging buffer [n][O] (float32 results: with y's offset, as ``tile``),
+        transposed into the output by 16 x 16 byte or 8 x 8 float blocks
+        (``_transpose_block``), or byte by byte through the lut8 table when one is folded in."""
         rows = 16
         batch, c, h, w = (int(d) for d in x.shape)
         o = int(self.tag.attrs["out_channels"])
@@ -282,11 +283,10 @@ class QConv(QEmitter):
         _, _, oh, ow = (int(d) for d in y.shape)
         sh, sw = self.tag.attrs["strides"]
         pt, pl, pb, pr = self.tag.attrs["padding"]
-        if (self.float_out or o % rows or not self.tag.attrs.get("quads")
-                or not getattr(self, "vnni", False)
+        if (o % rows or not self.tag.attrs.get("quads") or not getattr(self, "vnni", False)
                 or self._quad_shift(x.dtype) != self.tag.attrs["shift"]):
-            raise LoweringError(f"{self.func.name}: channel-lane quads need a quad kernel, "
-                                f"an 8-bit result and output channels a multiple of {rows}")
+            raise LoweringError(f"{self.func.name}: channel-lane quads need a quad kernel "
+                                f"and output channels a multiple of {rows}")
         hq, wq = -(-(h + pt + pb) // sh), -(-(w + pl + pr) // sw)
         cg = -(-c // 4)
         phases = sorted({(ky % sh, kx % sw) for ky in range(kh) for kx in range(kw)})
@@ -301,7 +301,8 @@ class QConv(QEmitter):
         n_tiles = -(-n // mr)
         small, extra = divmod(n, n_tiles)       # `extra` tiles of small + 1, then of small
         p_bytes = align_workspace(len(phases) * cg * psz * 4)
-        s_bytes = align_workspace(n * o)
+        esize = 4 if self.float_out else 1
+        s_bytes = align_workspace(n * o * esize)
         parallel = batch * o * n * c * kh * kw >= PARALLEL_MIN_MACS
         regions = MAX_TASK_REGIONS if parallel else 1
         workspace = s_bytes + p_bytes * regions
@@ -324,9 +325,10 @@ class QConv(QEmitter):
             xzp = self._widen(xzp, x_zp.dtype)
         shift = self._quad_shift(x.dtype)
         zpq = b.add(xzp, ir.Constant(I32, shift))
-        self.y_zp = self._splat(b.load(buf[y_zp.uid]), V8F32)
+        if not self.float_out:
+            self.y_zp = self._splat(b.load(buf[y_zp.uid]), V8F32)
         w32 = b.bitcast(buf[wk.uid], I32.as_pointer())
-        stage = ws                                                  # [n][o] bytes
+        stage = b.bitcast(ws, self.out_ty.as_pointer())             # [n][o] results
         planes = b.gep(ws, [b.add(const_i64(s_bytes), b.mul(region, const_i64(p_bytes)))])
         planes32 = b.bitcast(planes, I32.as_pointer())
         # pixel-major planes [phase][u][v][quad]: step j = t * cg + q reads word
@@ -370,10 +372,16 @@ class QConv(QEmitter):
                               align=4) for v in range(2)]
             else:
                 mvs = [self._splat(b.load(buf[mult.uid]), V8F32)] * 2
+            ovs = ([b.load(self._ptr(buf[y_zp.uid], b.add(oc0, const_i64(8 * v)), V8F32),
+                           align=4) for v in range(2)] if self.float_out else [None] * 2)
             for r in range(size):
                 dst = b.add(b.mul(b.add(i0, const_i64(r)), const_i64(o)), oc0)
                 fs = [b.fmul(b.sitofp(b.load(accs[r][v]), V8F32), mvs[v]) for v in range(2)]
-                if self.avx2:
+                if self.float_out:      # float32(acc) * mult + y's offset [relu]
+                    for v in range(2):
+                        b.store(self._requant_float(fs[v], ovs[v]),
+                                self._ptr(stage, b.add(dst, const_i64(8 * v)), V8F32), align=4)
+                elif self.avx2:
                     wide = [self._requant_int(f, None, True) for f in fs]
                     b.store(self._pack(wide), self._ptr(stage, dst, V16I8), align=1)
                 else:
@@ -402,19 +410,56 @@ class QConv(QEmitter):
                         tile(oc0, wbase, b.mul(p, const_i64(small)), small)
             # this task's channels out of the pixel-major staging rows
             yb = b.gep(buf[y.uid], [b.mul(bi, const_i64(o * n))])
-            with for_range(b, b.mul(lo, const_i64(rows)), b.mul(hi, const_i64(rows)), "co") as oc:
-                src = b.gep(stage, [oc])
-                dst = b.gep(yb, [b.mul(oc, const_i64(n))])
-                tb = None if lut is None else b.gep(buf[lut.uid], [
-                    b.mul(oc, const_i64(256)) if int(lut.shape[0]) != 1 else const_i64(0)])
-                with for_range(b, const_i64(0), const_i64(n), "cx") as i:
-                    val = b.load(b.gep(src, [b.mul(i, const_i64(o))]))
-                    if tb is not None:
-                        idx = (b.add(b.sext(val, I64), const_i64(128)) if self.dtype == "int8"
-                               else b.zext(val, I64))
-                        val = b.load(b.gep(tb, [idx]))
-                    b.store(val, b.gep(dst, [i]))
+            blk = 8 if self.float_out else 16       # a block: 8 x 8 floats, 16 x 16 bytes
+            if lut is None and n >= blk:
+                # blocks transposed in registers (the last block of pixels overlapping the one
+                # before when blk does not divide n)
+                starts = len(range(0, n - blk + 1, blk)) + (1 if n % blk else 0)
+                with for_range(b, b.mul(lo, const_i64(rows // blk)),
+                               b.mul(hi, const_i64(rows // blk)), "cb") as t:
+                    oc0 = b.mul(t, const_i64(blk))
+                    with for_range(b, const_i64(0), const_i64(starts), "pb") as k:
+                        p0 = b.mul(k, const_i64(blk))
+                        if n % blk:
+                            p0 = b.select(b.icmp_signed("<", p0, const_i64(n - blk)), p0,
+                                          const_i64(n - blk))
+                        self._transpose_block(
+                            b.gep(stage, [b.add(b.mul(p0, const_i64(o)), oc0)]), o,
+                            b.gep(yb, [b.add(b.mul(oc0, const_i64(n)), p0)]), n, blk)
+            else:
+                with for_range(b, b.mul(lo, const_i64(rows)), b.mul(hi, const_i64(rows)),
+                               "co") as oc:
+                    src = b.gep(stage, [oc])
+                    dst = b.gep(yb, [b.mul(oc, const_i64(n))])
+                    tb = None if lut is None else b.gep(buf[lut.uid], [
+                        b.mul(oc, const_i64(256)) if int(lut.shape[0]) != 1 else const_i64(0)])
+                    with for_range(b, const_i64(0), const_i64(n), "cx") as i:
+                        val = b.load(b.gep(src, [b.mul(i, const_i64(o))]))
+                        if tb is not None:
+                            idx = (b.add(b.sext(val, I64), const_i64(128))
+                                   if self.dtype == "int8" else b.zext(val, I64))
+                            val = b.load(b.gep(tb, [idx]))
+                        b.store(val, b.gep(dst, [i]))
         return self._finish(body_fn, n_ptrs, ptr_types, workspace, parallel)
+
+    def _transpose_block(self, src, src_stride: int, dst, dst_stride: int, m: int) -> None:
+        """dst[k * dst_stride + i] = src[i * src_stride + k] for i, k < m (16 bytes or 8
+        floats, the pointers' element type): m row loads, log2(m) rounds of interleaves (row
+        2i of a round is the low interleave of rows i and i + m / 2 of the one before, row
+        2i + 1 the high one: punpcklbw / punpckhbw on bytes), m row stores."""
+        b = self.builder
+        vec = ir.VectorType(src.type.pointee, m)
+        half = m // 2
+        lo_mask = ir.Constant(ir.VectorType(I32, m), [k for j in range(half) for k in (j, j + m)])
+        hi_mask = ir.Constant(ir.VectorType(I32, m),
+                              [k for j in range(half, m) for k in (j, j + m)])
+        vals = [b.load(self._ptr(src, const_i64(i * src_stride), vec), align=1)
+                for i in range(m)]
+        for _ in range(m.bit_length() - 1):
+            vals = [b.shuffle_vector(vals[i], vals[i + half], mk)
+                    for i in range(half) for mk in (lo_mask, hi_mask)]
+        for k, v in enumerate(vals):
+            b.store(v, self._ptr(dst, const_i64(k * dst_stride), vec), align=1)
 
     def _fill_pixel_quads(self, xb, planes, phases, c, h, w, cg, prow, wq, psz, sh, sw, pt,
                           pl, zpq, shift: int, zero: bool) -> None:

@@ -26,7 +26,7 @@ x86 quad convolutions on small output planes (``use_oc_lanes``; ``options.conv_o
 store the quads 16 output channels per step instead of 6 (``oc_lanes``): the channel-lane
 kernel (codegen/qgemm_conv.py ``_emit_oc_lanes``) computes only the outputs, where the
 pixel-lane kernel computes each plane row's padding columns too (a 7x7 output: 64 lanes for 49
-outputs)."""
+outputs; 14x14: 224 for 196; 28x28: 848 for 784)."""
 
 from __future__ import annotations
 
@@ -52,9 +52,13 @@ def fits_madd7(w: np.ndarray) -> bool:
     return w.size == 0 or int(np.abs(w.astype(np.int16)).max()) <= 64
 
 
-# The pixel-lane kernel's share of useful lanes below which the channel-lane kernel is taken
-# (ResNet-18's 14x14 and 7x7 layers: 0.875 and 0.77; its 28x28 and 56x56 ones 0.93-0.97)
-OC_LANES_BELOW = 0.9
+# The pixel-lane kernel's share of useful lanes below which the channel-lane kernel is taken.
+# ResNet-18 (reduce_range QDQ, AVX2 host, docs/performance.md): its 7x7, 14x14 and 28x28 3x3
+# layers (0.77, 0.875, 0.925) run 24 %, 10 % and 5 % faster on channel lanes; the 3x3/2 to
+# 56x56 and 56x56 layers (0.96, 0.966), the stem (0.97) and the 1x1/2 to 28x28 and 14x14 (1.0,
+# 0.94) slower (the channel-lane kernel's tiles end every 144-288 steps there, and its output
+# is transposed)
+OC_LANES_BELOW = 0.93
 PIXEL_LANES = 16    # the pixel-lane kernel's outputs per step (two 8-lane vectors)
 
 
@@ -70,10 +74,10 @@ def pixel_lane_share(v: Call) -> float:
 
 
 def use_oc_lanes(v: Call, options: CompileOptions) -> bool:
-    """Whether an x86 quad ``qconv2d`` takes the channel-lane kernel: static shapes, an 8-bit
-    result, output channels a multiple of 16, and the pixel-lane kernel would waste more than
+    """Whether an x86 quad ``qconv2d`` takes the channel-lane kernel: static shapes, output
+    channels a multiple of 16, and the pixel-lane kernel would waste more than
     ``1 - OC_LANES_BELOW`` of its lanes."""
-    if not options.conv_oc_lanes or v.attrs.get("dtype") == "float32":
+    if not options.conv_oc_lanes:
         return False
     shapes = (*v.args[0].type.shape, *v.type.shape)
     if not all(isinstance(d, int) for d in shapes):

@@ -1,14 +1,15 @@
 """The quad convolution kernel with output channels on the lanes (codegen/qgemm_conv.py
 ``_emit_oc_lanes``; passes/quad_weights.py ``use_oc_lanes``): x86 quad convolutions whose
-output rows are short (the pixel-lane kernel would fill under 90 % of its lanes: 7x7 and 14x14
-planes) store their quads 16 output channels per step and broadcast one pixel's quad against
+output rows are short (the pixel-lane kernel would fill under 93 % of its lanes: 7x7, 14x14 and
+28x28 planes) store their quads 16 output channels per step and broadcast one pixel's quad against
 two vectors of 8 channels.
 
 Checked: the layout round trip and the numpy reference (no compile); which convolutions take
 it; exact integer math at x86-64-v3, v2 and v1 with 7-bit weights (``vpmaddubsw``; SSSE3
 ``pmaddubsw``; int16 products), on 1 and 2 threads, uint8 and int8 x, a stride-2 layer, a 1x1
-layer and a folded lut8 table; and with full-range weights on the VNNI kernel's own code with
-``vpdpbusd`` in portable IR (``vnni_emulate``). test_int8_gemm_vnni.py's emulated 14x14 case
+layer, a folded lut8 table and a float32 result (bit for bit the op's numpy reference); and
+with full-range weights on the VNNI kernel's own code with ``vpdpbusd`` in portable IR
+(``vnni_emulate``). test_int8_gemm_vnni.py's emulated 14x14 case
 (32 output channels, batch 2, 2 threads) takes this kernel too."""
 
 from __future__ import annotations
@@ -65,8 +66,9 @@ def test_layout_and_reference(case: str) -> None:
 
 def test_which_convolutions_take_it() -> None:
     """Small planes with 16k output channels take the channel-lane quads on x86 (portable and
-    VNNI sets); a 28x28 output (93 % of the pixel lanes used), 24 output channels, a float32
-    result and ``conv_oc_lanes=False`` keep the pixel-lane quads. The pipeline only."""
+    VNNI sets), with a float32 result too; a 30x30 output (94 % of the pixel lanes used), 24
+    output channels and ``conv_oc_lanes=False`` keep the pixel-lane quads. The pipeline
+    only."""
     for case in CASES:
         args, attrs, _ = _case(*CASES[case])
         for target in ("x86-64-v2,x86-64-v3", "x86-64-v4+vnni"):
@@ -75,15 +77,24 @@ def test_which_convolutions_take_it() -> None:
             assert call.args[1].data.shape[2:] == (16, 4)
         (call,) = _main_ops(args, attrs, "x86-64-v3", conv_oc_lanes=False)
         assert call.op == "qconv2d_quads" and not call.attrs.get("oc_lanes"), case
-    for shape in ((11, 8, 28, 28, 16, 3, 1, 1, "uint8", 0, False),
+    for shape in ((11, 8, 30, 30, 16, 3, 1, 1, "uint8", 0, False),
                   (11, 8, 7, 7, 24, 3, 1, 1, "uint8", 0, False)):
         args, attrs, _ = _case(*shape)
         (call,) = _main_ops(args, attrs, "x86-64-v3")
         assert call.op == "qconv2d_quads" and not call.attrs.get("oc_lanes"), shape
+    fargs, fattrs, _ = _float_case()
+    (call,) = _main_ops(fargs, fattrs, "x86-64-v3")
+    assert call.op == "qconv2d_quads" and call.attrs.get("oc_lanes") is True
+
+
+def _float_case():
+    """A 7x7 convolution with a float32 result (``--quantize int8``'s form: per-channel
+    offsets, ReLU) and a per-tensor multiplier."""
     args, attrs, _ = _case(*CASES["3x3_s1_7x7_worst_u8"])
-    fargs = args[:5] + [np.zeros(32, np.float32)]
-    (call,) = _main_ops(fargs, {**attrs, "dtype": "float32"}, "x86-64-v3")
-    assert call.op == "qconv2d_quads" and not call.attrs.get("oc_lanes")
+    rng = np.random.default_rng(22)
+    args = args[:4] + [np.array(3e-5, np.float32), rng.normal(0, 0.5, 32).astype(np.float32)]
+    attrs = {**attrs, "dtype": "float32", "relu": True}
+    return args, attrs, qconv2d(*args, **attrs)
 
 
 def _lut_case():
@@ -106,6 +117,7 @@ def bundles(tmp_path_factory) -> dict:
     root = tmp_path_factory.mktemp("oclanes")
     cases = {name: _case(*shape) for name, shape in CASES.items()}
     cases["lut8_int8_out"] = _lut_case()
+    cases["float32_out"] = _float_case()
     for name, (args, attrs, expect) in cases.items():
         path = root / f"{name}.mlc"
         export_module(build_op_module("qconv2d", args, [False] + [True] * (len(args) - 1),
@@ -116,7 +128,7 @@ def bundles(tmp_path_factory) -> dict:
 
 
 @AVX2_HOST
-@pytest.mark.parametrize("case", list(CASES) + ["lut8_int8_out"])
+@pytest.mark.parametrize("case", list(CASES) + ["lut8_int8_out", "float32_out"])
 def test_exact_at_v3_v2_v1(case: str, bundles: dict, monkeypatch: pytest.MonkeyPatch) -> None:
     from mlcpack.runtime import load
     from mlcpack.runtime.bundle import BundleReader
