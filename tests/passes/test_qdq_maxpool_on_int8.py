@@ -97,3 +97,38 @@ def test_8bit_pools_equal_ort(model: Path, tmp_path: Path,
                 ours = m.run(feeds)
             for k in ("y1", "y2", "y3", "y4"):
                 np.testing.assert_array_equal(ours[k], ref[k], err_msg=f"{k} {flags[-8:]}")
+
+
+@pytest.mark.skipif(host_arch() != "x86_64" or not {"avx2", "fma"} <= host_features(),
+                    reason="runs x86-64-v3 code: needs an x86-64 host with AVX2 and FMA")
+def test_8bit_pools_with_runtime_sizes_equal_ort(tmp_path: Path) -> None:
+    """H and W known at run time only: the 8-bit pools take the max pool kernel with its sizes
+    read at run time (masked stores for the rows' last vectors), bit for bit ORT at sizes with
+    whole and partial vectors, 1 and 2 threads."""
+    nodes = [h.make_node("QuantizeLinear", ["x", "s", "z"], ["q"]),
+             h.make_node("DequantizeLinear", ["q", "s", "z"], ["d"]),
+             h.make_node("MaxPool", ["d"], ["p1"], kernel_shape=[3, 3], strides=[2, 2],
+                         pads=[1] * 4),
+             h.make_node("QuantizeLinear", ["p1", "s", "z"], ["y1"]),
+             h.make_node("MaxPool", ["d"], ["p2"], kernel_shape=[2, 2]),
+             h.make_node("QuantizeLinear", ["p2", "s", "z"], ["y2"])]
+    inits = [nh.from_array(np.array(0.05, np.float32), "s"),
+             nh.from_array(np.array(131, np.uint8), "z")]
+    graph = h.make_graph(nodes, "qdq_maxpool_open",
+                         [h.make_tensor_value_info("x", T.FLOAT, [1, 16, "H", "W"])],
+                         [h.make_tensor_value_info(k, T.UINT8, None) for k in ("y1", "y2")],
+                         inits)
+    src = tmp_path / "open.onnx"
+    onnx.save(h.make_model(graph, opset_imports=[h.make_opsetid("", 13)], ir_version=8), src)
+    mod, _ = import_onnx(str(src))
+    path = tmp_path / "open.mlc"
+    export_module(mod, path, ExportOptions(target="x86-64-v3", check=False))
+    rng = np.random.default_rng(1)
+    for threads in (1, 2):
+        with load(path, threads=threads) as m:
+            for shape in ((1, 16, 9, 7), (1, 16, 33, 70), (1, 16, 40, 129)):
+                feeds = {"x": rng.normal(0, 3, shape).astype(np.float32)}
+                ref = ort_outputs(src, feeds, as_written=True)
+                ours = m.run(feeds)
+                for k in ("y1", "y2"):
+                    np.testing.assert_array_equal(ours[k], ref[k], err_msg=f"{k} {shape}")
