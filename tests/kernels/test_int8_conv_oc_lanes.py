@@ -162,3 +162,31 @@ def test_vnni_emulated_full_range(tmp_path) -> None:
     for threads in (1, 2):
         with load(path, threads=threads) as model:
             np.testing.assert_array_equal(model.run({"x0": args[0]})["y"], expect)
+
+
+def test_instructions_in_assembly() -> None:
+    """The channel-lane kernel compiles for x86-64-v3 (vpmaddubsw + vpmaddwd on 7-bit weights)
+    and x86-64-v4+vnni (vpdpbusd; its native run needs an avx512_vnni host), with the 16x16
+    byte transpose's unpacks; nothing run."""
+    import llvmlite.binding as llvm
+
+    from mlcpack.packager.codegen.build import _target_machine
+    from mlcpack.packager.codegen.parallel import compile_prim_funcs
+    from mlcpack.packager.codegen.qgemm import match_qgemm
+    from mlcpack.packager.codegen.target import resolve_target
+    from mlcpack.packager.ir.graph import PrimFunc
+    from mlcpack.packager.options import CompileOptions
+    from mlcpack.packager.passes.pipeline import DEFAULT_PIPELINE, run_pipeline
+
+    args, attrs, _ = _case(*CASES["3x3_s1_7x7_worst_u8"])
+    for name, want in (("x86-64-v3", "vpmaddubsw"), ("x86-64-v4+vnni", "vpdpbusd")):
+        target = resolve_target(name)
+        opts = CompileOptions(target=target.name)
+        mod = run_pipeline(build_op_module("qconv2d", args, MASK, **attrs), DEFAULT_PIPELINE,
+                           options=opts)
+        funcs = [f for f in mod.functions.values() if isinstance(f, PrimFunc)]
+        tags = [match_qgemm(f) for f in funcs]
+        assert [t[1].attrs.get("oc_lanes") for t in tags if t] == [True], name
+        code = compile_prim_funcs(funcs, target, options=opts.for_targets([target]))
+        asm = _target_machine(target).emit_assembly(llvm.parse_assembly(code.llvm_ir))
+        assert want in asm and "punpcklbw" in asm, name
