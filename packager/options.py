@@ -84,6 +84,11 @@ class CompileOptions:
     # 2**15; passes/quad_weights.py); None: chosen for the targets (every target x86-64);
     # False: those keep the k-pairs (MLCPACK_INT8_MADD7=0)
     conv_quads7: bool | None = None
+    # x86 quad kernels on small output planes (rows of a few outputs, where the pixel-lane
+    # kernel computes the planes' padding columns too): output channels on the lanes instead
+    # (passes/quad_weights.py ``use_oc_lanes``); False: every quad convolution keeps pixel
+    # lanes (MLCPACK_INT8_OC_LANES=0)
+    conv_oc_lanes: bool = True
     # whether some target multiplies int8 quads with a dot instruction (vpdpbusd on
     # x86-64-v4+vnni, sdot on aarch64+dotprod; or vnni_emulate); None: chosen for the targets
     # (``for_targets``). Without one, int8_float_convs may keep convolutions float.
@@ -221,6 +226,8 @@ class CompileOptions:
             env["int8_float_convs"] = False
         if environ.get("MLCPACK_INT8_MADD7", "1") == "0":
             env["conv_quads7"] = False
+        if environ.get("MLCPACK_INT8_OC_LANES", "1") == "0":
+            env["conv_oc_lanes"] = False
         if environ.get("MLCPACK_VNNI_EMULATE", "") == "1":
             env["vnni_emulate"] = True
         if environ.get("MLCPACK_SYMBOLIC_GENERIC"):

@@ -2,7 +2,10 @@
 trailing axes, SE blocks' squeeze).
 
 Max pooling: a vectorized kernel for 2-D max pooling (NCHW float32, stride 1 or 2, any window, padding and
-dilation), tagged ``max_pool2d`` by its legalizer (see ``ir.patterns``).
+dilation), tagged ``max_pool2d`` by its legalizer (see ``ir.patterns``); the same kernel on
+uint8 / int8 planes (a quantized model's MaxPool, passes/fuse_qdq_layout.py): 4x the lanes per
+vector, byte maxima (``vpmaxub`` / ``vpmaxsb``), the type's least value in the margins instead of
+-inf, no NaN, and a row's partial last vector stored as an overlapping whole one.
 
 Each task takes whole (image, channel) planes and computes the window's maximum separably, one
 output row at a time: first the maximum over the window's rows of every input column (whole
@@ -28,7 +31,7 @@ from ..ir import te
 from ..ir.graph import PrimFunc
 from ..ir.patterns import reduction_tag
 from ..ir.sym import product
-from .helpers import F32, I1, I32, alloca_once, const_i64, for_range, intrinsic
+from .helpers import F32, I1, I8, I32, alloca_once, const_i64, for_range, intrinsic
 from .lower import KernelEmitter, KernelInfo, _plan_stages
 
 # Outputs per kernel below which it stays on one thread (a few microseconds of work).
@@ -37,12 +40,16 @@ PARALLEL_MIN_OUTPUTS = 1 << 14
 MEAN_PARALLEL_MIN_INPUTS = 1 << 16
 # Workspace regions (one per task) for the row maxima; tasks beyond them get no planes.
 MAX_TASK_REGIONS = 8
+# the max pool's element types (8-bit ones: passes/fuse_qdq_layout.py)
+POOL_DTYPES = ("float32", "uint8", "int8")
 
 
-def _one_float32_stage(func: PrimFunc) -> tuple[te.Tensor, te.Expr] | None:
+def _one_float32_stage(func: PrimFunc, dtypes: tuple[str, ...] = ("float32",)
+                       ) -> tuple[te.Tensor, te.Expr] | None:
     """(output, body) when ``func`` is one float32 input to one float32 output computed with
-    no materialized stage: what both pooling kernels start from."""
-    if len(func.outputs) != 1 or func.outputs[0].dtype != "float32" or len(func.inputs) != 1:
+    no materialized stage: what both pooling kernels start from (``dtypes``: the max pool
+    also takes 8-bit integers)."""
+    if len(func.outputs) != 1 or func.outputs[0].dtype not in dtypes or len(func.inputs) != 1:
         return None
     materialized, outputs = _plan_stages(func)
     if materialized:
@@ -51,8 +58,9 @@ def _one_float32_stage(func: PrimFunc) -> tuple[te.Tensor, te.Expr] | None:
 
 
 def match_max_pool(func: PrimFunc):
-    """(output, tag) if ``func`` is exactly one tagged float32 max pool this kernel handles."""
-    stage = _one_float32_stage(func)
+    """(output, tag) if ``func`` is exactly one tagged float32 (or uint8 / int8) max pool this
+    kernel handles."""
+    stage = _one_float32_stage(func, POOL_DTYPES)
     if stage is None:
         return None
     out, body = stage
@@ -62,7 +70,7 @@ def match_max_pool(func: PrimFunc):
     if tag is None or tag.kind != "max_pool2d":
         return None
     (x,) = tag.operands
-    if x.uid != func.inputs[0].uid or x.dtype != "float32" or len(x.shape) != 4:
+    if x.uid != func.inputs[0].uid or x.dtype != out.dtype or len(x.shape) != 4:
         return None
     if any(s not in (1, 2) for s in tag.attrs["strides"]):
         return None
@@ -83,17 +91,24 @@ class MaxPoolEmitter(KernelEmitter):
     def __init__(self, module: ir.Module, func: PrimFunc, symbol: str, out: te.Tensor, tag,
                  vl: int, size_vars: tuple[str, ...] = ()) -> None:
         super().__init__(module, func, symbol, size_vars)
-        self.out, self.tag, self.vl = out, tag, vl
-        self.vty = ir.VectorType(F32, vl)
-        self.vl_bound = 16 if self.symbolic else vl
+        self.out, self.tag = out, tag
+        # 8-bit planes: bytes, 4x the float lanes per vector
+        self.dtype = tag.operands[0].dtype
+        self.ints = self.dtype != "float32"
+        self.elt, self.esize = (I8, 1) if self.ints else (F32, 4)
+        self.vl = vl * 4 if self.ints else vl
+        self.vty = ir.VectorType(self.elt, self.vl)
+        self.vl_bound = (64 if self.ints else 16) if self.symbolic else self.vl
 
     def emit(self) -> KernelInfo:
         x_t = self.tag.operands[0]
-        workspace = MAX_TASK_REGIONS * self._region_floats() * 4
+        workspace = MAX_TASK_REGIONS * self._region_floats() * self.esize
         body_fn, ptr_types = self._begin_body([x_t, self.out], workspace=True)
         x_ptr, out_ptr, ws = body_fn.args[:3]
         task, ntasks = body_fn.args[len(ptr_types)], body_fn.args[len(ptr_types) + 1]
-        self._emit_body(x_ptr, out_ptr, b_f32(self.builder, ws), task, ntasks)
+        ws = self.builder.bitcast(ws, self.elt.as_pointer()) if self.ints \
+            else b_f32(self.builder, ws)
+        self._emit_body(x_ptr, out_ptr, ws, task, ntasks)
         self.builder.ret_void()
         self._emit_entry(body_fn, len(ptr_types), ptr_types)
         if self.symbolic:   # parallel where 32 x 32 outputs per plane would be; see _tasks
@@ -138,9 +153,14 @@ class MaxPoolEmitter(KernelEmitter):
         """The maximum of ``values`` (vectors or scalars), NaN if any is NaN: a chain of
         ``v > acc ? v : acc`` (one maxps each) and one unordered compare per pair of values
         (llvm.maximum costs five instructions on AVX2; the -0/+0 order is not kept, as ONNX
-        Runtime's pool does not keep it)."""
+        Runtime's pool does not keep it). 8-bit values: the plain maximum."""
         b = self.builder
         acc = values[0]
+        if self.ints:
+            cmp = b.icmp_unsigned if self.dtype == "uint8" else b.icmp_signed
+            for v in values[1:]:
+                acc = b.select(cmp(">", v, acc), v, acc)
+            return acc
         for v in values[1:]:
             acc = b.select(b.fcmp_ordered(">", v, acc), v, acc)
         nan = None
@@ -157,35 +177,52 @@ class MaxPoolEmitter(KernelEmitter):
         image point at the -inf row) of columns 0..w, into the row buffer(s) at padded column
         pl + x (for stride 2, into buffer (pl + x) % 2 at (pl + x) // 2): whole vectors (two,
         split into even and odd lanes, for stride 2), then the last columns one by one
-        (unrolled when ``w`` is static; ``w`` is an int or an i64 value)."""
+        (unrolled when ``w`` is static; ``w`` is an int or an i64 value; 8-bit values: an
+        overlapping last vector where the row has one)."""
         b, vl = self.builder, self.vl
         vty = self.vty
         w_v = const_i64(w) if isinstance(w, int) else w
 
         def vmax(i):
             return self._max_nan([
-                b.load(b.bitcast(b.gep(r, [i], inbounds=True), vty.as_pointer()), align=4)
+                b.load(b.bitcast(b.gep(r, [i], inbounds=True), vty.as_pointer()),
+                       align=self.esize)
                 for r in rows])
+
+        def one(i):
+            dst = b.gep(bufs[0], [b.add(i, const_i64(pl))], inbounds=True)
+            b.store(vmax(i), b.bitcast(dst, vty.as_pointer()), align=self.esize)
+
+        def two(i, m_of):   # columns i .. i + 2 vl (i even); m_of(): i / 2
+            # x[2m] -> padded column pl + 2m, x[2m + 1] -> pl + 2m + 1
+            even_buf, even_off = bufs[pl % 2], pl // 2
+            odd_buf, odd_off = bufs[(pl + 1) % 2], (pl + 1) // 2
+            lo_v, hi_v = vmax(i), vmax(b.add(i, const_i64(vl)))
+            m = m_of()
+            for buf, off, first in ((even_buf, even_off, 0), (odd_buf, odd_off, 1)):
+                v = b.shuffle_vector(lo_v, hi_v, self._lanes(I32, range(first, 2 * vl, 2)))
+                dst = b.gep(buf, [b.add(m, const_i64(off))], inbounds=True)
+                b.store(v, b.bitcast(dst, vty.as_pointer()), align=self.esize)
 
         if sw == 1:
             full = b.sdiv(w_v, const_i64(vl))
             with for_range(b, const_i64(0), full, "cv") as q:
-                i = b.mul(q, const_i64(vl))
-                dst = b.gep(bufs[0], [b.add(i, const_i64(pl))], inbounds=True)
-                b.store(vmax(i), b.bitcast(dst, vty.as_pointer()), align=4)
+                one(b.mul(q, const_i64(vl)))
         else:
             full = b.sdiv(w_v, const_i64(2 * vl))
-            # x[2m] -> padded column pl + 2m, x[2m + 1] -> pl + 2m + 1
-            even_buf, even_off = bufs[pl % 2], pl // 2
-            odd_buf, odd_off = bufs[(pl + 1) % 2], (pl + 1) // 2
             with for_range(b, const_i64(0), full, "cv") as q:
-                i = b.mul(q, const_i64(2 * vl))
-                lo_v, hi_v = vmax(i), vmax(b.add(i, const_i64(vl)))
-                m = b.mul(q, const_i64(vl))
-                for buf, off, first in ((even_buf, even_off, 0), (odd_buf, odd_off, 1)):
-                    v = b.shuffle_vector(lo_v, hi_v, self._lanes(I32, range(first, 2 * vl, 2)))
-                    dst = b.gep(buf, [b.add(m, const_i64(off))], inbounds=True)
-                    b.store(v, b.bitcast(dst, vty.as_pointer()), align=4)
+                two(b.mul(q, const_i64(2 * vl)), lambda: b.mul(q, const_i64(vl)))
+        if self.ints and isinstance(w, int) and w % (sw * vl):
+            # bytes: the row's last whole vector(s) again, overlapping (the same values), in
+            # place of up to 2 vl - 1 columns one by one (ResNet's 112-wide stem pool: 48)
+            last = w - sw * vl
+            last -= last % sw                   # stride 2: an even first column
+            if last >= 0:
+                if sw == 1:
+                    one(const_i64(last))
+                else:
+                    two(const_i64(last), lambda: const_i64(last // 2))
+                return
         step = vl * sw
 
         def smax(x):
@@ -241,10 +278,14 @@ class MaxPoolEmitter(KernelEmitter):
         dh, dw = attrs["dilation"]
         planes = b.mul(n, c)
         nt = self._tasks(ntasks, b.mul(planes, b.mul(oh, ow)))
-        store = intrinsic(self.module, f"llvm.masked.store.v{vl}f32.p0", ir.VoidType(),
+        kind = "i8" if self.ints else "f32"
+        store = intrinsic(self.module, f"llvm.masked.store.v{vl}{kind}.p0", ir.VoidType(),
                           [self.vty, self.vty.as_pointer(), I32, ir.VectorType(I1, vl)])
         buf_floats = self._dim_value(self._row_buffer_floats())
-        ninf = ir.Constant(F32, float("-inf"))
+        if self.ints:       # the type's least value: never above a value of the image
+            ninf = ir.Constant(I8, 0 if self.dtype == "uint8" else -128)
+        else:
+            ninf = ir.Constant(F32, float("-inf"))
 
         with b.if_then(b.icmp_signed("<", task, nt)):
             region = b.gep(ws, [b.mul(task, self._dim_value(self._region_floats()))],
@@ -278,14 +319,16 @@ class MaxPoolEmitter(KernelEmitter):
                                        else w, pl, sw)
 
                     def out_vector(q):
-                        ox0 = b.mul(q, const_i64(vl))
+                        return out_vector_at(b.mul(q, const_i64(vl)))
+
+                    def out_vector_at(ox0):
                         taps = []
                         for kx in range(kw):
                             t = kx * dw          # padded column sw * ox + t
                             src = b.gep(bufs[t % sw], [b.add(ox0, const_i64(t // sw))],
                                         inbounds=True)
                             taps.append(b.load(b.bitcast(src, self.vty.as_pointer()),
-                                               align=4))
+                                               align=self.esize))
                         dst = b.bitcast(b.gep(o_row, [ox0], inbounds=True),
                                         self.vty.as_pointer())
                         return ox0, self._max_nan(taps), dst
@@ -296,15 +339,21 @@ class MaxPoolEmitter(KernelEmitter):
                     full = b.sdiv(ow, const_i64(vl))
                     with for_range(b, const_i64(0), full, "ov") as q:
                         _, acc, dst = out_vector(q)
-                        b.store(acc, dst, align=4)
+                        b.store(acc, dst, align=self.esize)
                     ow_static = self.out.shape[3]
                     if isinstance(ow_static, int) and not ow_static % vl:
+                        return
+                    if self.ints and isinstance(ow_static, int) and ow_static > vl:
+                        # bytes (no byte masked store on AVX2): the row's last whole vector,
+                        # overlapping the one before (the same values there)
+                        _, acc, dst = out_vector_at(const_i64(ow_static - vl))
+                        b.store(acc, dst, align=1)
                         return
                     with b.if_then(b.icmp_signed("<", b.mul(full, const_i64(vl)), ow)):
                         ox0, acc, dst = out_vector(full)
                         lanes = b.add(self._splat_i32(ox0), self._lanes(I32, range(vl)))
                         mask = b.icmp_signed("<", lanes, self._splat_i32(ow))
-                        b.call(store, [acc, dst, ir.Constant(I32, 4), mask])
+                        b.call(store, [acc, dst, ir.Constant(I32, self.esize), mask])
 
 
 def b_f32(b: ir.IRBuilder, ws: ir.Value) -> ir.Value:

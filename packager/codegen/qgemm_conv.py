@@ -40,6 +40,8 @@ class QConv(QEmitter):
         pt, pl, pb, pr = self.tag.attrs["padding"]
         if (h, w, kh, kw, oh, ow) == (1, 1, 1, 1, 1, 1) and not any(self.tag.attrs["padding"]):
             return self._emit_vector(x, wk, x_zp, bias, mult, y_zp, lut, y, batch, c, o)
+        if self.tag.attrs.get("oc_lanes"):
+            return self._emit_oc_lanes(x, wk, x_zp, bias, mult, y_zp, lut, y)
         hp, wpd = h + pt + pb, w + pl + pr
         hq, wq = -(-hp // sh), -(-wpd // sw)
         cp = -(-c // 2)
@@ -257,6 +259,238 @@ class QConv(QEmitter):
                                else b.zext(v, I64))
                         b.store(b.load(b.gep(tb, [idx])), b.gep(dst, [i]))
         return self._finish(body_fn, n_ptrs, ptr_types, workspace, parallel)
+
+    def _emit_oc_lanes(self, x, wk, x_zp, bias, mult, y_zp, lut, y) -> KernelInfo:
+        """The quad kernel with output channels on the lanes, for small output planes
+        (``oc_lanes``: passes/quad_weights.py ``use_oc_lanes``; weights [O / 16][steps][16][4],
+        ops/qconv_quads.py). The planes hold the pixel-lane kernel's quads pixel-major
+        (``_fill_pixel_quads``: a pixel's channel quads in a row, so that every stream of the
+        loop is sequential; channel-major, ResNet-18's 7x7 layers ran 1.8x slower), and a
+        register tile is 6 output pixels (3 on the generic targets) x 16 output channels: per
+        step one pixel's channel quad is broadcast (a word of the planes) against two vectors of
+        8 output channels' quads, so only outputs are computed (the pixel-lane kernel computes
+        whole plane rows: 64 lanes for a 7x7 output's 49 pixels, 224 for 14x14's 196). The n
+        outputs of a channel are split into ceil(n / 6) tiles of 6 or 5 (49: 4 x 6 + 5 x 5);
+        tiles of 16 channels outer (their 64 bytes a step stay in L2 for every pixel tile),
+        split over tasks. The epilogue rounds each 16-channel row as ``tile_packed`` does into a
+        pixel-major staging buffer [n][O] (float32 results: with y's offset, as ``tile``),
+        transposed into the output by 16 x 16 byte or 8 x 8 float blocks
+        (``_transpose_block``), or byte by byte through the lut8 table when one is folded in."""
+        rows = 16
+        batch, c, h, w = (int(d) for d in x.shape)
+        o = int(self.tag.attrs["out_channels"])
+        kh, kw = self.tag.attrs["kernel"]
+        _, _, oh, ow = (int(d) for d in y.shape)
+        sh, sw = self.tag.attrs["strides"]
+        pt, pl, pb, pr = self.tag.attrs["padding"]
+        if (o % rows or not self.tag.attrs.get("quads") or not getattr(self, "vnni", False)
+                or self._quad_shift(x.dtype) != self.tag.attrs["shift"]):
+            raise LoweringError(f"{self.func.name}: channel-lane quads need a quad kernel "
+                                f"and output channels a multiple of {rows}")
+        hq, wq = -(-(h + pt + pb) // sh), -(-(w + pl + pr) // sw)
+        cg = -(-c // 4)
+        phases = sorted({(ky % sh, kx % sw) for ky in range(kh) for kx in range(kw)})
+        taps = [(ky, kx) for ky in range(kh) for kx in range(kw)]
+        n = oh * ow
+        offmax = ((kh - 1) // sh) * wq + (kw - 1) // sw
+        prow = max(hq, -(-((oh - 1) * wq + ow + offmax) // wq))   # reads stay inside
+        psz = prow * wq
+        ksteps = len(taps) * cg
+        ot = o // rows
+        mr = self.mr
+        n_tiles = -(-n // mr)
+        small, extra = divmod(n, n_tiles)       # `extra` tiles of small + 1, then of small
+        p_bytes = align_workspace(len(phases) * cg * psz * 4)
+        esize = 4 if self.float_out else 1
+        s_bytes = align_workspace(n * o * esize)
+        parallel = batch * o * n * c * kh * kw >= PARALLEL_MIN_MACS
+        regions = MAX_TASK_REGIONS if parallel else 1
+        workspace = s_bytes + p_bytes * regions
+        body_fn, ptr_types, n_ptrs, ws = self._start(workspace)
+        task, ntasks = body_fn.args[n_ptrs], body_fn.args[n_ptrs + 1]
+        b = self.builder
+        buf = self.buffers
+        if parallel:
+            cap = const_i64(regions)
+            eff = b.select(b.icmp_signed("<", ntasks, cap), ntasks, cap)
+            with b.if_then(b.icmp_signed(">=", task, eff), likely=False):
+                b.ret_void()
+            lo = b.sdiv(b.mul(task, const_i64(ot)), eff)
+            hi = b.sdiv(b.mul(b.add(task, const_i64(1)), const_i64(ot)), eff)
+            region = task
+        else:
+            lo, hi, region = const_i64(0), const_i64(ot), const_i64(0)
+        xzp = b.load(buf[x_zp.uid])
+        if x_zp.dtype != "int32":
+            xzp = self._widen(xzp, x_zp.dtype)
+        shift = self._quad_shift(x.dtype)
+        zpq = b.add(xzp, ir.Constant(I32, shift))
+        if not self.float_out:
+            self.y_zp = self._splat(b.load(buf[y_zp.uid]), V8F32)
+        w32 = b.bitcast(buf[wk.uid], I32.as_pointer())
+        stage = b.bitcast(ws, self.out_ty.as_pointer())             # [n][o] results
+        planes = b.gep(ws, [b.add(const_i64(s_bytes), b.mul(region, const_i64(p_bytes)))])
+        planes32 = b.bitcast(planes, I32.as_pointer())
+        # pixel-major planes [phase][u][v][quad]: step j = t * cg + q reads word
+        # (pixel + off(t)) * cg + q, so each pixel's steps walk its quads in order
+        table = [(phases.index((ky % sh, kx % sw)) * psz + (ky // sh) * wq + kx // sw) * cg + p
+                 for ky, kx in taps for p in range(cg)]
+        tbl_ty = ir.ArrayType(I64, len(table))
+        gv = ir.GlobalVariable(self.module, tbl_ty, name=f"{self.symbol}.steps")
+        gv.global_constant = True
+        gv.linkage = "internal"
+        gv.initializer = ir.Constant(tbl_ty, table)
+        v32i8 = ir.VectorType(I8, 32)
+        per_channel = tuple(mult.shape) != ()
+
+        def tile(oc0, wbase, i0, size: int) -> None:
+            pos = []
+            for r in range(size):
+                i = b.add(i0, const_i64(r))
+                cell = b.add(b.mul(b.sdiv(i, const_i64(ow)), const_i64(wq)),
+                             b.srem(i, const_i64(ow)))
+                pos.append(b.mul(cell, const_i64(cg)))
+            bvs = [b.load(self._ptr(buf[bias.uid], b.add(oc0, const_i64(8 * v)), V8I32),
+                          align=4) for v in range(2)]
+            accs = [[alloca_once(b, V8I32, f"cacc{r}_{v}") for v in range(2)]
+                    for r in range(size)]
+            for row in accs:
+                for v, a in enumerate(row):
+                    b.store(bvs[v], a)
+            with for_range(b, const_i64(0), const_i64(ksteps), "kc") as j:
+                off = b.load(b.gep(gv, [const_i64(0), j]))
+                at = b.add(wbase, b.mul(j, const_i64(rows)))
+                wv = [b.bitcast(b.load(self._ptr(w32, b.add(at, const_i64(8 * v)), V8I32),
+                                       align=4), v32i8) for v in range(2)]
+                for r in range(size):
+                    word = b.load(b.gep(planes32, [b.add(off, pos[r])]))
+                    a = b.bitcast(self._splat(word, V8I32), v32i8)
+                    for v in range(2):
+                        b.store(self._dpbusd(b.load(accs[r][v]), a, wv[v]), accs[r][v])
+            if per_channel:
+                mvs = [b.load(self._ptr(buf[mult.uid], b.add(oc0, const_i64(8 * v)), V8F32),
+                              align=4) for v in range(2)]
+            else:
+                mvs = [self._splat(b.load(buf[mult.uid]), V8F32)] * 2
+            ovs = ([b.load(self._ptr(buf[y_zp.uid], b.add(oc0, const_i64(8 * v)), V8F32),
+                           align=4) for v in range(2)] if self.float_out else [None] * 2)
+            for r in range(size):
+                dst = b.add(b.mul(b.add(i0, const_i64(r)), const_i64(o)), oc0)
+                fs = [b.fmul(b.sitofp(b.load(accs[r][v]), V8F32), mvs[v]) for v in range(2)]
+                if self.float_out:      # float32(acc) * mult + y's offset [relu]
+                    for v in range(2):
+                        b.store(self._requant_float(fs[v], ovs[v]),
+                                self._ptr(stage, b.add(dst, const_i64(8 * v)), V8F32), align=4)
+                elif self.avx2:
+                    wide = [self._requant_int(f, None, True) for f in fs]
+                    b.store(self._pack(wide), self._ptr(stage, dst, V16I8), align=1)
+                else:
+                    for v in range(2):
+                        b.store(self._requant_float(fs[v]),
+                                self._ptr(stage, b.add(dst, const_i64(8 * v)), self.out_vec),
+                                align=1)
+
+        with for_range(b, const_i64(0), const_i64(batch), "b") as bi:
+            xb = b.gep(buf[x.uid], [b.mul(bi, const_i64(c * h * w))])
+            self._fill_pixel_quads(xb, planes, phases, c, h, w, cg, prow, wq, psz, sh, sw,
+                                   pt, pl, zpq, shift, zero=any(self.tag.attrs["padding"]))
+            with for_range(b, lo, hi, "ct") as t:
+                oc0 = b.mul(t, const_i64(rows))
+                wbase = b.mul(t, const_i64(ksteps * rows))
+                with for_range(b, const_i64(0), const_i64(n_tiles), "pt") as p:
+                    if extra:
+                        with b.if_else(b.icmp_signed("<", p, const_i64(extra))) as (big, rest):
+                            with big:
+                                tile(oc0, wbase, b.mul(p, const_i64(small + 1)), small + 1)
+                            with rest:
+                                i0 = b.add(const_i64(extra * (small + 1)),
+                                           b.mul(b.sub(p, const_i64(extra)), const_i64(small)))
+                                tile(oc0, wbase, i0, small)
+                    else:
+                        tile(oc0, wbase, b.mul(p, const_i64(small)), small)
+            # this task's channels out of the pixel-major staging rows
+            yb = b.gep(buf[y.uid], [b.mul(bi, const_i64(o * n))])
+            blk = 8 if self.float_out else 16       # a block: 8 x 8 floats, 16 x 16 bytes
+            if lut is None and n >= blk:
+                # blocks transposed in registers (the last block of pixels overlapping the one
+                # before when blk does not divide n)
+                starts = len(range(0, n - blk + 1, blk)) + (1 if n % blk else 0)
+                with for_range(b, b.mul(lo, const_i64(rows // blk)),
+                               b.mul(hi, const_i64(rows // blk)), "cb") as t:
+                    oc0 = b.mul(t, const_i64(blk))
+                    with for_range(b, const_i64(0), const_i64(starts), "pb") as k:
+                        p0 = b.mul(k, const_i64(blk))
+                        if n % blk:
+                            p0 = b.select(b.icmp_signed("<", p0, const_i64(n - blk)), p0,
+                                          const_i64(n - blk))
+                        self._transpose_block(
+                            b.gep(stage, [b.add(b.mul(p0, const_i64(o)), oc0)]), o,
+                            b.gep(yb, [b.add(b.mul(oc0, const_i64(n)), p0)]), n, blk)
+            else:
+                with for_range(b, b.mul(lo, const_i64(rows)), b.mul(hi, const_i64(rows)),
+                               "co") as oc:
+                    src = b.gep(stage, [oc])
+                    dst = b.gep(yb, [b.mul(oc, const_i64(n))])
+                    tb = None if lut is None else b.gep(buf[lut.uid], [
+                        b.mul(oc, const_i64(256)) if int(lut.shape[0]) != 1 else const_i64(0)])
+                    with for_range(b, const_i64(0), const_i64(n), "cx") as i:
+                        val = b.load(b.gep(src, [b.mul(i, const_i64(o))]))
+                        if tb is not None:
+                            idx = (b.add(b.sext(val, I64), const_i64(128))
+                                   if self.dtype == "int8" else b.zext(val, I64))
+                            val = b.load(b.gep(tb, [idx]))
+                        b.store(val, b.gep(dst, [i]))
+        return self._finish(body_fn, n_ptrs, ptr_types, workspace, parallel)
+
+    def _transpose_block(self, src, src_stride: int, dst, dst_stride: int, m: int) -> None:
+        """dst[k * dst_stride + i] = src[i * src_stride + k] for i, k < m (16 bytes or 8
+        floats, the pointers' element type): m row loads, log2(m) rounds of interleaves (row
+        2i of a round is the low interleave of rows i and i + m / 2 of the one before, row
+        2i + 1 the high one: punpcklbw / punpckhbw on bytes), m row stores."""
+        b = self.builder
+        vec = ir.VectorType(src.type.pointee, m)
+        half = m // 2
+        lo_mask = ir.Constant(ir.VectorType(I32, m), [k for j in range(half) for k in (j, j + m)])
+        hi_mask = ir.Constant(ir.VectorType(I32, m),
+                              [k for j in range(half, m) for k in (j, j + m)])
+        vals = [b.load(self._ptr(src, const_i64(i * src_stride), vec), align=1)
+                for i in range(m)]
+        for _ in range(m.bit_length() - 1):
+            vals = [b.shuffle_vector(vals[i], vals[i + half], mk)
+                    for i in range(half) for mk in (lo_mask, hi_mask)]
+        for k, v in enumerate(vals):
+            b.store(v, self._ptr(dst, const_i64(k * dst_stride), vec), align=1)
+
+    def _fill_pixel_quads(self, xb, planes, phases, c, h, w, cg, prow, wq, psz, sh, sw, pt,
+                          pl, zpq, shift: int, zero: bool) -> None:
+        """``_fill_quads``' bytes pixel-major: planes[ph, u, v, q, j] = x[4q + j, u*sh + py -
+        pt, v*sw + px - pl] as uint8 (``shift``), x's zero point ``zpq`` outside the image when
+        ``zero``; channels past the last meet zero weights. Per input row and channel, the
+        row's bytes are read in order and stored cg * 4 bytes apart."""
+        b = self.builder
+        total = len(phases) * psz * cg * 4
+        if zero:
+            fill = b.trunc(zpq, I8)
+            with for_range(b, const_i64(0), const_i64(total), "fz") as i:
+                b.store(fill, b.gep(planes, [i]))
+        for pi, (py, px) in enumerate(phases):
+            window = _inside_image(py, px, h, w, prow, wq, sh, sw, pt, pl)
+            if window is None:
+                continue
+            u_lo, u_hi, v_lo, v_hi = window
+            with for_range(b, const_i64(u_lo), const_i64(u_hi), "pu") as u:
+                iy = b.add(b.mul(u, const_i64(sh)), const_i64(py - pt))
+                row = b.mul(b.add(const_i64(pi * prow), u), const_i64(wq * cg * 4))
+                with for_range(b, const_i64(0), const_i64(c), "pc") as ch:
+                    src = b.gep(xb, [b.add(b.mul(ch, const_i64(h * w)),
+                                           b.mul(iy, const_i64(w)))])
+                    dst = b.gep(planes, [b.add(row, ch)])
+                    with for_range(b, const_i64(v_lo), const_i64(v_hi), "pv") as v:
+                        ix = b.add(b.mul(v, const_i64(sw)), const_i64(px - pl))
+                        val = b.load(b.gep(src, [ix]))
+                        if shift:
+                            val = b.xor(val, ir.Constant(I8, 0x80))
+                        b.store(val, b.gep(dst, [b.mul(v, const_i64(cg * 4))]))
 
     def _emit_vector(self, x, wk, x_zp, bias, mult, y_zp, lut, y, batch: int, c: int,
                      o: int) -> KernelInfo:

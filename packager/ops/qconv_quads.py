@@ -15,6 +15,12 @@ weights, x zero point and bias when every level of the bundle runs the quad kern
   correction zp' * sum_{c, ky, kx} w[o] is folded into the bias at export: ``bias' = bias - zp'
   sum w`` (int32, wrapping like the kernel's accumulators, so the results are the same bits).
 
+``oc_lanes`` (x86 quad kernels, small output planes; passes/quad_weights.py ``use_oc_lanes``):
+the weights are ``wq [ceil(O / 16), taps * cg, 16, 4]`` instead, 16 output channels' quads per
+step, which the channel-lane kernel loads as two vectors of 8 output channels and multiplies by
+one pixel's broadcast quad (codegen/qgemm_conv.py ``_emit_oc_lanes``): no plane columns past a
+row's last output computed. The folded bias is the same.
+
 The value is qconv2d's: ``acc = sum (x' w) + bias'``, then the same requantize epilogue and
 optional ``lut8`` table."""
 
@@ -30,6 +36,13 @@ from .qlinear import (CONV_ROWS, _apply_table, _epilogue, _infer_qconv2d, _looku
 from .registry import OPAQUE, register_op
 
 QUADS_KIND = "qconv2d_quads"
+OC_LANE_ROWS = 16   # output channels per step of the channel-lane layout (two 8-lane vectors)
+
+
+def quad_rows(oc_lanes: bool) -> int:
+    """Output channels per weight tile: the pixel-lane kernel's 6 register rows, or the
+    channel-lane kernel's 16 lanes."""
+    return OC_LANE_ROWS if oc_lanes else CONV_ROWS
 
 
 def pairs_to_quads(wk: np.ndarray, taps: int) -> np.ndarray:
@@ -44,12 +57,24 @@ def pairs_to_quads(wk: np.ndarray, taps: int) -> np.ndarray:
     return np.ascontiguousarray(quads.reshape(ot, taps * cg, CONV_ROWS, 4))
 
 
+def quads_to_oc_lanes(wq: np.ndarray, o: int) -> np.ndarray:
+    """The 6-row quads [ot, taps * cg, 6, 4] -> the channel-lane layout [ceil(O / 16),
+    taps * cg, 16, 4] (``wq[g, t * cg + q, r, e] = w[16g + r, 4q + e, ky, kx]``, zero past O
+    and C)."""
+    steps = wq.shape[1]
+    rows = -(-o // OC_LANE_ROWS) * OC_LANE_ROWS
+    full = np.zeros((rows, steps, 4), wq.dtype)
+    full[:o] = wq.transpose(0, 2, 1, 3).reshape(-1, steps, 4)[:o]
+    t = full.reshape(rows // OC_LANE_ROWS, OC_LANE_ROWS, steps, 4).transpose(0, 2, 1, 3)
+    return np.ascontiguousarray(t)
+
+
 def unpack_quads(wq: np.ndarray, o: int, c: int, kh: int, kw: int) -> np.ndarray:
-    """The quads back to weights [O, C, KH, KW]."""
-    ot, steps = wq.shape[:2]
+    """The quads (either layout: 6 or 16 rows per tile) back to weights [O, C, KH, KW]."""
+    ot, steps, rows = wq.shape[:3]
     cg = steps // (kh * kw)
-    t = wq.reshape(ot, kh * kw, cg, CONV_ROWS, 4).transpose(0, 3, 1, 2, 4)
-    return t.reshape(ot * CONV_ROWS, kh, kw, 4 * cg).transpose(0, 3, 1, 2)[:o, :c]
+    t = wq.reshape(ot, kh * kw, cg, rows, 4).transpose(0, 3, 1, 2, 4)
+    return t.reshape(ot * rows, kh, kw, 4 * cg).transpose(0, 3, 1, 2)[:o, :c]
 
 
 def folded_bias(bias: np.ndarray, wq: np.ndarray, zp_shifted: int) -> np.ndarray:
@@ -62,17 +87,18 @@ def folded_bias(bias: np.ndarray, wq: np.ndarray, zp_shifted: int) -> np.ndarray
 
 def _infer(x: TensorType, wq: TensorType, x_zp: TensorType, bias: TensorType,
            multiplier: TensorType, y_zp: TensorType, *table: TensorType, shift: int = 0,
-           w7: bool = False, **attrs) -> TensorType:
+           w7: bool = False, oc_lanes: bool = False, **attrs) -> TensorType:
     c = x.shape[1]
     kh, kw = attrs.get("kernel", (1, 1))
     o = attrs.get("out_channels", 0)
-    if (wq.dtype != "int8" or len(wq.shape) != 4 or wq.shape[0] != -(-o // CONV_ROWS)
-            or wq.shape[1] != kh * kw * -(-c // 4) or tuple(wq.shape[2:]) != (CONV_ROWS, 4)):
+    rows = quad_rows(oc_lanes)
+    if (wq.dtype != "int8" or len(wq.shape) != 4 or wq.shape[0] != -(-o // rows)
+            or wq.shape[1] != kh * kw * -(-c // 4) or tuple(wq.shape[2:]) != (rows, 4)):
         raise ValueError(f"{QUADS_KIND}: int8 quads {wq.dtype} {wq.shape} do not fit x "
                          f"{x.shape}, {o} outputs, kernel {(kh, kw)}")
     if shift not in (-128, 0, 128):
         raise ValueError(f"{QUADS_KIND}: shift {shift} is none of -128, 0, 128")
-    pairs = TensorType((wq.shape[0], kh * kw * -(-c // 2), CONV_ROWS, 2), "int8")
+    pairs = TensorType((-(-o // CONV_ROWS), kh * kw * -(-c // 2), CONV_ROWS, 2), "int8")
     return _infer_qconv2d(x, pairs, x_zp, bias, multiplier, y_zp, *table, **attrs)
 
 
@@ -80,16 +106,17 @@ def _legalize(x: te.Tensor, wq: te.Tensor, x_zp: te.Tensor, bias: te.Tensor,
               multiplier: te.Tensor, y_zp: te.Tensor, *table: te.Tensor,
               out_type: TensorType, name: str, out_channels: int = 0, kernel=(1, 1),
               strides=(1, 1), padding=(0, 0, 0, 0), dtype: str = "uint8", relu: bool = False,
-              shift: int = 0, w7: bool = False) -> te.Tensor:
+              shift: int = 0, w7: bool = False, oc_lanes: bool = False) -> te.Tensor:
     _, c, h, w = x.shape
     kh, kw = kernel
     cg = -(-c // 4)
+    rows = quad_rows(oc_lanes)
     rc, ry, rx = te.reduce_axis(c, "rc"), te.reduce_axis(kh, "ry"), te.reduce_axis(kw, "rx")
     # the kind codegen/qgemm.py emits, with the attributes that say the weights are quads
     tag_reduction(rc, "qconv2d", (x, wq, x_zp, bias, multiplier, y_zp) + table,
                   out_channels=out_channels, kernel=tuple(kernel), strides=tuple(strides),
                   padding=tuple(padding), dtype=dtype, relu=relu, quads=True, shift=shift,
-                  w7=w7)
+                  w7=w7, oc_lanes=oc_lanes)
 
     def clamp(i, size):
         return te.minimum(te.maximum(i, 0), size - 1)
@@ -101,7 +128,7 @@ def _legalize(x: te.Tensor, wq: te.Tensor, x_zp: te.Tensor, bias: te.Tensor,
         zp = te.cast(x_zp[()], "int32") + te.const(shift, "int32")
         xv = te.if_then_else(inside, te.cast(x[b, rc, clamp(iy, h), clamp(ix, w)], "int32")
                              + te.const(shift, "int32"), zp)
-        wv = wq[oc // CONV_ROWS, (ry * kw + rx) * cg + rc // 4, oc % CONV_ROWS, rc % 4]
+        wv = wq[oc // rows, (ry * kw + rx) * cg + rc // 4, oc % rows, rc % 4]
         return te.sum_of(xv * te.cast(wv, "int32"), (rc, ry, rx))
 
     acc = te.compute(out_type.shape, acc_body, name=name + "_acc", dtype="int32")
@@ -115,7 +142,7 @@ def qconv2d_quads(x: np.ndarray, wq: np.ndarray, x_zp: np.ndarray, bias: np.ndar
                   multiplier: np.ndarray, y_zp: np.ndarray, *table: np.ndarray,
                   out_channels: int = 0, kernel=(1, 1), strides=(1, 1), padding=(0, 0, 0, 0),
                   dtype: str = "uint8", relu: bool = False, shift: int = 0,
-                  w7: bool = False) -> np.ndarray:
+                  w7: bool = False, oc_lanes: bool = False) -> np.ndarray:
     b, c, h, w = x.shape
     kh, kw = kernel
     o = out_channels

@@ -20,7 +20,13 @@ of an AVX2 host): a convolution whose weights all fit 7 bits (|w| <= 64, what ON
 ``quantize_static(reduce_range=True)`` writes) is packed the same way, marked ``w7``; its
 levels without VNNI run the quad kernel with ``vpmaddubsw`` + ``vpmaddwd`` by ones (AVX2;
 x86-64-v2: the exact products in portable IR), the VNNI level with ``vpdpbusd``. Others keep
-the k-pairs and the ``vpmaddwd`` kernel."""
+the k-pairs and the ``vpmaddwd`` kernel.
+
+x86 quad convolutions on small output planes (``use_oc_lanes``; ``options.conv_oc_lanes``)
+store the quads 16 output channels per step instead of 6 (``oc_lanes``): the channel-lane
+kernel (codegen/qgemm_conv.py ``_emit_oc_lanes``) computes only the outputs, where the
+pixel-lane kernel computes each plane row's padding columns too (a 7x7 output: 64 lanes for 49
+outputs; 14x14: 224 for 196; 28x28: 848 for 784)."""
 
 from __future__ import annotations
 
@@ -46,6 +52,41 @@ def fits_madd7(w: np.ndarray) -> bool:
     return w.size == 0 or int(np.abs(w.astype(np.int16)).max()) <= 64
 
 
+# The pixel-lane kernel's share of useful lanes below which the channel-lane kernel is taken.
+# ResNet-18 (reduce_range QDQ, AVX2 host, docs/performance.md): its 7x7, 14x14 and 28x28 3x3
+# layers (0.77, 0.875, 0.925) run 24 %, 10 % and 5 % faster on channel lanes; the 3x3/2 to
+# 56x56 and 56x56 layers (0.96, 0.966), the stem (0.97) and the 1x1/2 to 28x28 and 14x14 (1.0,
+# 0.94) slower (the channel-lane kernel's tiles end every 144-288 steps there, and its output
+# is transposed)
+OC_LANES_BELOW = 0.93
+PIXEL_LANES = 16    # the pixel-lane kernel's outputs per step (two 8-lane vectors)
+
+
+def pixel_lane_share(v: Call) -> float:
+    """Of the pixel-lane kernel's lanes (rows of plane columns, 16 a step), the share that
+    carries outputs (codegen/qgemm_conv.py: plane rows ceil((W + pads) / stride) wide)."""
+    _, _, h, w = v.args[0].type.shape
+    _, _, oh, ow = v.type.shape
+    sw = v.attrs["strides"][1]
+    pads = v.attrs["padding"]
+    wq = -(-(w + pads[1] + pads[3]) // sw)
+    return oh * ow / (-(-oh * wq // PIXEL_LANES) * PIXEL_LANES)
+
+
+def use_oc_lanes(v: Call, options: CompileOptions) -> bool:
+    """Whether an x86 quad ``qconv2d`` takes the channel-lane kernel: static shapes, output
+    channels a multiple of 16, and the pixel-lane kernel would waste more than
+    ``1 - OC_LANES_BELOW`` of its lanes."""
+    if not options.conv_oc_lanes:
+        return False
+    shapes = (*v.args[0].type.shape, *v.type.shape)
+    if not all(isinstance(d, int) for d in shapes):
+        return False
+    if v.attrs["out_channels"] % 16:       # ops/qconv_quads.py OC_LANE_ROWS
+        return False
+    return pixel_lane_share(v) < OC_LANES_BELOW
+
+
 def _vector_case(v: Call) -> bool:
     """The 1x1 convolution of a 1x1 image: a matrix-vector kernel on the k-pairs."""
     _, _, h, w = v.args[0].type.shape
@@ -63,9 +104,9 @@ def pack_conv_quads(mod: IRModule, options: CompileOptions) -> IRModule:
         arch, w7 = "x86_64", True
     if not arch:
         return mod
-    from ..ops.qconv_quads import QUADS_KIND, folded_bias, pairs_to_quads
+    from ..ops.qconv_quads import QUADS_KIND, folded_bias, pairs_to_quads, quads_to_oc_lanes
 
-    made: dict[int, Constant] = {}   # one quad constant per k-pair constant
+    made: dict[tuple[int, bool], Constant] = {}   # one quad constant per k-pair constant
 
     def visit(b, lookup):
         v = b.value
@@ -80,15 +121,22 @@ def pack_conv_quads(mod: IRModule, options: CompileOptions) -> IRModule:
             return None
         kh, kw = v.attrs["kernel"]
         shift = quad_shift(arch, x.type.dtype)
-        if id(wk) not in made:
-            made[id(wk)] = Constant(f"{wk.name}_q4", pairs_to_quads(wk.data, kh * kw))
-        wq = made[id(wk)]
+        lanes = arch == "x86_64" and use_oc_lanes(v, options)
+        key = (id(wk), lanes)
+        if key not in made:
+            quads = pairs_to_quads(wk.data, kh * kw)
+            if lanes:
+                quads = quads_to_oc_lanes(quads, v.attrs["out_channels"])
+            made[key] = Constant(f"{wk.name}_q4" + ("c" if lanes else ""), quads)
+        wq = made[key]
         zp = int(np.asarray(x_zp.data).reshape(())) + shift
         folded = Constant(f"{bias.name}_q4", folded_bias(bias.data, wq.data, zp))
         args = [lookup(x), wq, x_zp, folded] + [lookup(a) for a in v.args[4:]]
         attrs = {**v.attrs, "shift": shift}
         if w7:
             attrs["w7"] = True
+        if lanes:
+            attrs["oc_lanes"] = True
         return Call(QUADS_KIND, args, attrs, v.type)
 
     return map_functions(mod, lambda fn: rewrite_function(fn, visit))
