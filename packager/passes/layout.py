@@ -6,7 +6,7 @@ batch 1) keeps W as (N, K): the dot-product kernel (codegen/contraction/dot.py) 
 kernel's column panels (``pack_matmul_weights``), a one-row product's too unless B is narrow.
 
 Every choice comes from the ``CompileOptions`` each pass is handed (packager/options.py):
-``one_row_gemv``, ``pack_conv_weights``, ``winograd``, ``conv_row_widths``,
+``one_row_gemv``, ``pack_conv_weights``, ``winograd``, ``conv_row_widths``, ``symbolic_conv_rows``,
 ``pack_matmul_weights``, ``precision`` and ``bf16_keep``; an export sets them for the targets it
 compiles for."""
 
@@ -158,7 +158,9 @@ def pack_conv_rows(mod: IRModule, options: CompileOptions) -> IRModule:
     0.79-0.87x (320 -> 1280: 574 -> 474 us), the others within 3 %. ``options.conv_row_widths``:
     the vector widths (floats) of the targets when their register-blocked convolution reads
     ``nn.conv2d_rows`` (x86-64, AVX2 with or without its 128-bit level: where it is measured);
-    empty, every such convolution keeps ``nn.conv2d``."""
+    empty, every such convolution keeps ``nn.conv2d``. A 1x1 whose batch or image size is
+    known at run time only takes ``nn.conv2d_rows`` too where its kernel packs the input in
+    panels (``_open_1x1_rows``)."""
     widths = options.conv_row_widths
     if not widths:
         return mod
