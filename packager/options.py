@@ -108,6 +108,10 @@ class CompileOptions:
     # run time only (codegen/conv_oc.py's run-time geometry); False: they keep nn.conv2d and the
     # symbolic register-blocked kernel (codegen/contraction/conv_symbolic.py), for comparison
     symbolic_conv_oc: bool = True
+    # nn.conv2d_rows (with conv_row_widths) also for 1x1 convolutions whose image size is known
+    # at run time only, on packed input panels (codegen/contraction/conv_packed_symbolic.py);
+    # False: they keep nn.conv2d, their input read in place, for comparison
+    symbolic_conv_rows: bool = True
     # None: chosen for the targets (``for_targets``): nn.conv2d_oc packing on AVX2 ...
     pack_conv_weights: bool | None = None
     # ... nn.conv2d_rows packing for these vector widths (() none) ...

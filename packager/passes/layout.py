@@ -6,7 +6,7 @@ batch 1) keeps W as (N, K): the dot-product kernel (codegen/contraction/dot.py) 
 kernel's column panels (``pack_matmul_weights``), a one-row product's too unless B is narrow.
 
 Every choice comes from the ``CompileOptions`` each pass is handed (packager/options.py):
-``one_row_gemv``, ``pack_conv_weights``, ``winograd``, ``conv_row_widths``,
+``one_row_gemv``, ``pack_conv_weights``, ``winograd``, ``conv_row_widths``, ``symbolic_conv_rows``,
 ``pack_matmul_weights``, ``precision`` and ``bf16_keep``; an export sets them for the targets it
 compiles for."""
 
@@ -158,7 +158,9 @@ def pack_conv_rows(mod: IRModule, options: CompileOptions) -> IRModule:
     0.79-0.87x (320 -> 1280: 574 -> 474 us), the others within 3 %. ``options.conv_row_widths``:
     the vector widths (floats) of the targets when their register-blocked convolution reads
     ``nn.conv2d_rows`` (x86-64, AVX2 with or without its 128-bit level: where it is measured);
-    empty, every such convolution keeps ``nn.conv2d``."""
+    empty, every such convolution keeps ``nn.conv2d``. A 1x1 whose batch or image size is
+    known at run time only takes ``nn.conv2d_rows`` too where its kernel packs the input in
+    panels (``_open_1x1_rows``)."""
     widths = options.conv_row_widths
     if not widths:
         return mod
@@ -166,7 +168,9 @@ def pack_conv_rows(mod: IRModule, options: CompileOptions) -> IRModule:
 
     def visit(b, lookup):
         v = b.value
-        if not _plain_conv(v, static_batch=True) or v.args[1].data.shape[0] < 4:
+        if not _plain_conv(v, static_batch=True):
+            return _open_1x1_rows(v, lookup, options)
+        if v.args[1].data.shape[0] < 4:
             return None
         x, w = v.args
         shape, out = tuple(x.type.shape), tuple(v.type.shape)
@@ -186,6 +190,37 @@ def pack_conv_rows(mod: IRModule, options: CompileOptions) -> IRModule:
         return Call("nn.conv2d_rows", [lookup(x), packed], new_attrs, v.type)
 
     return map_functions(mod, lambda fn: rewrite_function(fn, visit))
+
+
+def _open_1x1_rows(v, lookup, options: CompileOptions) -> Call | None:
+    """``pack_conv_rows`` for a 1x1 convolution whose batch or image size is known at run time
+    only, where its register-blocked kernel copies the input into packed panels
+    (``geometry.packs_open_1x1``: codegen/contraction/conv_packed_symbolic.py) at one of
+    ``options.conv_row_widths``: ``nn.conv2d_rows`` in blocks of the symbolic kernel's tile
+    rows (``geometry.symbolic_conv_tile``, the same at every width). With
+    ``options.symbolic_conv_rows`` False it keeps ``nn.conv2d`` (the kernel then reads the
+    input in place), for comparison."""
+    from ..codegen.contraction.geometry import packs_open_1x1, symbolic_conv_tile
+    from ..ops.layout import pack_row_weights
+
+    if not options.symbolic_conv_rows or not _plain_conv(v, static_batch=False,
+                                                         static_image=False):
+        return None
+    x, w = v.args
+    o, c = int(w.data.shape[0]), int(w.data.shape[1])
+    strides = tuple(v.attrs.get("strides", (1, 1)))
+    padding = tuple(v.attrs.get("padding", (0, 0, 0, 0)))
+    widths = options.conv_row_widths
+    if not any(packs_open_1x1(c, o, w.data.shape[2:], strides, padding, vl) for vl in widths):
+        return None
+    rows = {symbolic_conv_tile(o, vl, 1)[0] for vl in widths}
+    if len(rows) != 1:
+        return None
+    rows = rows.pop()
+    new_attrs = {k: val for k, val in v.attrs.items() if k not in ("groups", "dilation")}
+    new_attrs.update(out_channels=o, kernel=(1, 1), rows=rows)
+    packed = derive(f"{w.name}_r{rows}", w, lambda d: pack_row_weights(d, rows))
+    return Call("nn.conv2d_rows", [lookup(x), packed], new_attrs, v.type)
 
 
 # ``options.pack_matmul_weights``: on for targets whose matmul kernel reads ``matmul_packed``

@@ -13,8 +13,7 @@ import numpy as np
 import pytest
 from conv_models import assert_matches_onnxruntime, conv_feeds, conv_model, conv_out_size
 
-from mlcpack.packager.codegen.contraction.conv_symbolic import _symbolic_tile
-from mlcpack.packager.codegen.contraction.geometry import conv_geometry
+from mlcpack.packager.codegen.contraction.geometry import conv_geometry, symbolic_conv_tile
 
 ort = pytest.importorskip("onnxruntime")
 # these tests are of the register-blocked kernel (codegen/contraction/), not conv_oc.py
@@ -32,7 +31,7 @@ def test_tile_by_window(c, o, k, tile):
     g = conv_geometry((1, c, 40, 40), (o, c, k, k), (1, o, 40, 40),
                       dict(strides=(1, 1), padding=(k // 2,) * 4, groups=1), 8)
     assert (g["mr"], g["nv"]) == tile
-    assert _symbolic_tile(o, 8, k * k) == tile
+    assert symbolic_conv_tile(o, 8, k * k) == tile
 
 
 @pytest.mark.parametrize("c,h,w,o,s,tall", [

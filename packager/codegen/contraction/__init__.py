@@ -10,7 +10,8 @@
 - ``matmul.py``, ``conv.py``: the two static paths (a matmul's M, N, K may be run-time sizes).
 - ``kernel.py``: ``ContractionEmitter``, composed of the above; ``emit_contraction``,
   ``emit_symbolic_matmul``.
-- ``conv_symbolic.py``: the conv2d with run-time image sizes.
+- ``conv_symbolic.py``: the conv2d with run-time image sizes; ``conv_packed_symbolic.py`` its
+  1x1 on packed input panels (``conv_packed.py``'s, the pixel count a run-time value).
 - ``dot.py``: one-pixel convolutions and one-row linear layers, the reduction on the lanes.
 
 Nothing is imported here, so that importing ``geometry`` never loads llvmlite.

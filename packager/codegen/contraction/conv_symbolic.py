@@ -40,31 +40,31 @@ from ...ir import te
 from ...ir.graph import PrimFunc
 from ..helpers import F32, I64, alloca_once, const_i64, for_range
 from ..lower import WORKSPACE_ALIGN, KernelInfo
-from .geometry import L2_REUSE_BYTES, MAX_TASK_REGIONS, _conv_tiles
+from .geometry import (L2_REUSE_BYTES, MAX_TASK_REGIONS, PACKED_1X1_VL, packs_open_1x1,
+                       symbolic_conv_tile)
+from .conv_packed_symbolic import SymbolicPackedMixin
 from .kernel import ContractionEmitter
 from .match import match_contraction
 from ..threads import DEFAULTS, SplitThresholds
 
 
-def _symbolic_tile(og: int, vl: int, taps: int = 9) -> tuple[int, int]:
-    """(rows, vectors) of the register tile: of the static kernel's tiles at this vector width
-    (``geometry._conv_tiles``), the one computing the fewest output rows, weighted by its relative
-    cost (on AVX2, 4 x 3 rather than 6 x 2: 0.9 the cost per output, and no rows wasted on 16,
-    32 or 64 channels; past a 3x3 window of ``taps``, 6 x 2). The columns are not known at
-    export; every tile wastes at most one panel of them per row of outputs."""
-    tiles = [(mr, nv, eff) for tvl, mr, nv, eff in _conv_tiles(og, vl, taps) if tvl == vl]
-    mr, nv, _ = min(tiles, key=lambda t: -(-og // t[0]) * t[0] * t[2])   # the first of ties
-    return min(mr, og), nv
+# The columns an image's packed panels hold past its pixels (the last panel's zeros), at most:
+# a panel of any target's tile (AVX2's 24).
+PACKED_SLACK = 32
 
 
-class SymbolicConvEmitter(ContractionEmitter):
+class SymbolicConvEmitter(SymbolicPackedMixin, ContractionEmitter):
     plans_conv = False
 
+    def _conv_geometry(self) -> dict:
+        """The plan made in ``emit`` (its ``mr`` is the row block of ``conv2d_rows`` weights)."""
+        return self.g
+
     def emit(self) -> KernelInfo:
-        x_t, w_t = self.match.tag.operands
+        x_t = self.match.tag.operands[0]
         attrs = self.match.tag.attrs
         _, c, h, w = x_t.shape
-        o, cg, kh, kw = w_t.shape
+        o, cg, kh, kw = self._weight_shape()
         out = self.match.out
         _, _, oh, ow = out.shape
         g = dict(c=c, h=h, w=w, o=o, cg=cg, kh=kh, kw=kw, oh=oh, ow=ow,
@@ -74,7 +74,7 @@ class SymbolicConvEmitter(ContractionEmitter):
                  groups=attrs["groups"], og=o // attrs["groups"])
         g["direct"] = (kh, kw, g["sh"], g["sw"]) == (1, 1, 1, 1) and not any(attrs["padding"])
         g["K"] = cg * kh * kw
-        g["mr"], g["nv"] = _symbolic_tile(g["og"], self.vl, kh * kw)
+        g["mr"], g["nv"] = symbolic_conv_tile(g["og"], self.vl, kh * kw)
         self.g = g
         # Stride-phase planes (as the static kernel lays them out): one copy of the input,
         # every tap reads them at a shift; columns past the output width are computed and
@@ -93,17 +93,29 @@ class SymbolicConvEmitter(ContractionEmitter):
             floats = cg * g["ny"] * g["nx"] * g["hq"] * g["wq"] + g["slack"]
         else:
             floats = g["K"] * oh * ow
-        # one region: a group's planes (or columns), 64-byte aligned; grouped convolutions
-        # have one per task, ungrouped ones one per image
+        # A 1x1 on weights packed in row blocks copies its input into packed panels on AVX2
+        # (``conv_packed_symbolic.py``): an image's panels, zeros past its last pixel. Every
+        # variant of a bundle has the workspace (they share its size expression); the others
+        # read the input in place.
+        packs = (self._row_block() is not None and g["groups"] == 1
+                 and packs_open_1x1(cg, o, (kh, kw), attrs["strides"], attrs["padding"],
+                                    PACKED_1X1_VL))
+        g["packed"] = packs and self.vl == PACKED_1X1_VL
+        if packs:
+            assert nr <= PACKED_SLACK
+            floats = cg * (oh * ow + PACKED_SLACK)
+        # one region: a group's planes (or columns, or packed panels), 64-byte aligned;
+        # grouped convolutions have one per task, ungrouped ones one per image
         g["region"] = -(-floats // 16) * 16
         copies = MAX_TASK_REGIONS if g["groups"] > 1 else x_t.shape[0]
-        workspace = None if g["direct"] else g["region"] * copies * 4 + WORKSPACE_ALIGN
+        workspace = (None if g["direct"] and not packs
+                     else g["region"] * copies * 4 + WORKSPACE_ALIGN)
         params = self.func.inputs + self.func.outputs
         body_fn, ptr_types = self._begin_body(params, workspace is not None)
         n_ptrs = len(ptr_types)
         ws = body_fn.args[len(params)] if workspace is not None else None
         task, ntasks = body_fn.args[n_ptrs], body_fn.args[n_ptrs + 1]
-        self._emit_body(ws, task, ntasks)
+        self._emit_body(None if g["direct"] and not g["packed"] else ws, task, ntasks)
         self.builder.ret_void()
         self._emit_entry(body_fn, n_ptrs, ptr_types)
         # parallel when a 128 x 128 output would pay for a second task; a smaller call uses
@@ -113,7 +125,8 @@ class SymbolicConvEmitter(ContractionEmitter):
         per_position = g["og"] * g["K"] * g["groups"]
         return KernelInfo(self.symbol, len(self.func.inputs), len(self.func.outputs), 0,
                           per_position * 128 * 128 >= 2 * self.options.parallel_min_macs, symbolic=True,
-                          workspace_expr=workspace)
+                          workspace_expr=workspace,
+                          choice=self.packed_choice() if packs else None)
 
     def _split_v(self, total: ir.Value, task: ir.Value, ntasks: ir.Value):
         b = self.builder
@@ -133,6 +146,9 @@ class SymbolicConvEmitter(ContractionEmitter):
 
     def _emit_body(self, ws: ir.Value | None, task: ir.Value, ntasks: ir.Value) -> None:
         b, g = self.builder, self.g
+        if g["packed"]:
+            self._emit_packed_sym(ws, task, ntasks)
+            return
         x_t = self.match.tag.operands[0]
         x_ptr = self.buffers[x_t.uid]
         H, W = self._dim_value(g["h"]), self._dim_value(g["w"])
@@ -726,15 +742,17 @@ class SymbolicConvEmitter(ContractionEmitter):
 def emit_symbolic_conv(module: ir.Module, func: PrimFunc, symbol: str, vl: int,
                        size_vars: tuple[str, ...],
                        options: SplitThresholds = DEFAULTS) -> KernelInfo | None:
-    """A conv2d (any groups, NCHW, float32) whose batch or spatial sizes are run-time values;
+    """A conv2d (any groups, NCHW, float32; or ``conv2d_rows``, its weights packed in the
+    tile's row blocks by passes/layout.py) whose batch or spatial sizes are run-time values;
     None for anything else (the caller falls back). Depthwise convs take their own kernel
     first (the rule table, ``codegen/rules.py``, asks
     ``depthwise.symbolic.emit_symbolic_depthwise`` before this)."""
     match = match_contraction(func)
-    if match is None or match.tag.kind != "conv2d":
+    if match is None or match.tag.kind not in ("conv2d", "conv2d_rows"):
         return None
     x_t, w_t = match.tag.operands
-    if x_t.dtype != "float32" or w_t.dtype != "float32" or match.out.dtype != "float32" \
+    w_types = ("float32", "bfloat16") if match.tag.kind == "conv2d_rows" else ("float32",)
+    if x_t.dtype != "float32" or w_t.dtype not in w_types or match.out.dtype != "float32" \
             or len(x_t.shape) != 4 or not all(isinstance(d, int) for d in w_t.shape) \
             or not isinstance(x_t.shape[1], int) or len(match.out.axes) != 4:
         return None

@@ -197,6 +197,31 @@ def _conv_tiles(rows: int, vl: int, taps: int = 9) -> tuple[tuple[int, int, int,
     return _conv_tiles_16_regs(vl, taps)
 
 
+def symbolic_conv_tile(og: int, vl: int, taps: int = 9) -> tuple[int, int]:
+    """(rows, vectors) of the register tile of a convolution whose image size is known at run
+    time only (``conv_symbolic.py``): of the static kernel's tiles at this vector width
+    (``_conv_tiles``), the one computing the fewest output rows, weighted by its relative cost
+    (on AVX2, 4 x 3 rather than 6 x 2: 0.9 the cost per output, and no rows wasted on 16, 32
+    or 64 channels; past a 3x3 window of ``taps``, 6 x 2). The columns are not known at
+    export; every tile wastes at most one panel of them per row of outputs. The rows are the
+    same at every width of a portable bundle (``passes/layout.py`` packs the weights of a 1x1
+    by them)."""
+    tiles = [(mr, nv, eff) for tvl, mr, nv, eff in _conv_tiles(og, vl, taps) if tvl == vl]
+    mr, nv, _ = min(tiles, key=lambda t: -(-og // t[0]) * t[0] * t[2])   # the first of ties
+    return min(mr, og), nv
+
+
+def packs_open_1x1(c: int, o: int, kernel, strides, padding, vl: int) -> bool:
+    """Whether a 1x1 convolution whose pixel count is known at run time only copies its input
+    into packed panels (``conv_packed_symbolic.py``), as the static kernel does
+    (``conv_geometry``'s ``packed``): stride 1, unpadded, one group, PACK_MIN_CHANNELS in
+    and out, on AVX2 (PACKED_1X1_VL). Whatever the image's size: the static kernel reads a
+    large input with its weights in L2 in place instead, level within noise (see
+    ``conv_geometry``)."""
+    return (tuple(kernel) == (1, 1) and tuple(strides) == (1, 1) and not any(padding)
+            and min(c, o) >= PACK_MIN_CHANNELS and vl == PACKED_1X1_VL)
+
+
 def conv_geometry(x_shape, w_shape, out_shape, attrs: dict, target_vl: int,
                   _tall_tile: bool = False) -> dict:
     """How a conv2d is computed: plane layout, register tile, loop order (see the module

@@ -1,0 +1,146 @@
+"""The packed 1x1 convolution (``conv_packed.py``) when its pixel count is known at run time
+only (open image sizes, ``conv_symbolic.py``; ``geometry.packs_open_1x1``): a GEMM ``out[oc,
+p] = sum_k w[oc, k] * x[k, p]`` whose input each task first copies, for the panels it runs,
+into ``[panel][K][nr]`` in the image's workspace region (the last panel's columns past the
+pixel count are zeros: masked loads), then runs its block rows in chunks whose weights stay in
+L2 (``PACK_A_BYTES``), every panel of the task per chunk. The microkernel reads one contiguous
+packed panel and one block of the weights packed in row blocks (``conv2d_rows``), as the static
+kernel's; the last panel's outputs past the pixel count are computed on the zeros and not
+stored (the epilogue's lanes masked).
+
+Tasks split the (panel, chunk) work items, panel-major, so that each task copies only its own
+panels (tasks that share the boundary panel copy the same values into it: no barrier). The
+panel count, the split and the masks are computed at the kernel's entry from the sizes."""
+
+from __future__ import annotations
+
+from llvmlite import ir
+
+from ..helpers import F32, const_i64, for_range
+from .geometry import PACK_A_BYTES
+
+# (panel, chunk) work items per task at least, where the panels allow (``_runtime_chunks``).
+ITEMS_PER_TASK = 4
+
+
+class SymbolicPackedMixin:
+    """The packed 1x1 part of ``conv_symbolic.SymbolicConvEmitter`` (its plan ``self.g``)."""
+
+    def _packed_chunks(self) -> tuple[int, int]:
+        """(block rows per chunk, chunks): a chunk's weights fit in PACK_A_BYTES."""
+        g = self.g
+        mblocks = -(-g["og"] // g["mr"])
+        mcb = max(1, min(mblocks, PACK_A_BYTES // (4 * g["mr"] * g["cg"])))
+        return mcb, -(-mblocks // mcb)
+
+    def packed_choice(self) -> str:
+        """The design, in words (``KernelInfo.choice``, shown by ``mlcpack inspect``): the
+        same text from every variant of a bundle (the header keeps one per kernel)."""
+        g = self.g
+        return (f"register-blocked conv: {g['mr']} channels x {g['nv']} vectors register "
+                f"tile, input packed in panels (8 lanes; read in place at 4), block rows in "
+                f"chunks of {self._packed_chunks()[0]} (weights in L2), panels planned at "
+                "run time")
+
+    def _emit_packed_sym(self, ws: ir.Value, task: ir.Value, ntasks: ir.Value) -> None:
+        b, g = self.builder, self.g
+        x_t = self.match.tag.operands[0]
+        x_ptr = self.buffers[x_t.uid]
+        nr = g["nv"] * self.vl
+        _, nch = self._packed_chunks()
+        OW = self._dim_value(g["ow"])
+        P = b.mul(self._dim_value(g["oh"]), OW)   # stride 1, unpadded: the input's pixels too
+        N = self._dim_value(x_t.shape[0])
+        region = self._dim_value(g["region"])
+        base = b.bitcast(ws, F32.as_pointer())
+        panels = b.sdiv(b.add(P, const_i64(nr - 1)), const_i64(nr))
+        macs = b.mul(b.mul(N, P), const_i64(g["og"] * g["cg"]))
+        nt = self._tasks_used(macs, ntasks)
+        with b.if_then(b.icmp_signed("<", task, nt)):
+            mcb, nch = self._runtime_chunks(nch, panels, nt)
+            lo, hi = self._split_v(b.mul(panels, nch), task, nt)
+            j_lo = b.sdiv(lo, nch)
+            j_hi = b.sdiv(b.add(hi, b.sub(nch, const_i64(1))), nch)
+            with for_range(b, const_i64(0), N, "n") as n:
+                x_img = b.gep(x_ptr, [b.mul(n, b.mul(P, const_i64(g["c"])))], inbounds=True)
+                packed = b.gep(base, [b.mul(n, region)], inbounds=True)
+                self._pack_panels_sym(x_img, packed, j_lo, j_hi, P)
+                with for_range(b, const_i64(0), nch, "mc") as c:
+                    self._packed_chunk_sym(n, c, lo, hi, packed, panels, P, OW, mcb, nch)
+
+    def _runtime_chunks(self, nch: int, panels: ir.Value, nt: ir.Value
+                        ) -> tuple[ir.Value, ir.Value]:
+        """(block rows per chunk, chunks) at run time: the static plan's chunks, or more of
+        them (each fewer block rows) where the image has too few panels for ``nt`` tasks to
+        get ITEMS_PER_TASK (panel, chunk) items each (a 256 -> 256 on 10 x 10 has 5 panels:
+        3 and 2 on two threads, one chunk a panel)."""
+        b = self.builder
+        mblocks = -(-self.g["og"] // self.g["mr"])
+        want = b.sdiv(b.add(b.mul(nt, const_i64(ITEMS_PER_TASK)), b.sub(panels, const_i64(1))),
+                      b.select(b.icmp_signed(">", panels, const_i64(0)), panels, const_i64(1)))
+        want = b.select(b.icmp_signed("<", want, const_i64(mblocks)), want, const_i64(mblocks))
+        chunks = b.select(b.icmp_signed(">", want, const_i64(nch)), want, const_i64(nch))
+        mcb = b.sdiv(b.add(const_i64(mblocks - 1), chunks), chunks)
+        return mcb, b.sdiv(b.add(const_i64(mblocks - 1), mcb), mcb)
+
+    def _pack_panels_sym(self, x_img, packed, j_lo, j_hi, P) -> None:
+        """packed[jp][k][i] = x[k, p] for p = jp * nr + i < P (zero past it), panels [j_lo,
+        j_hi): vector copies of the input rows' runs, masked in the last, partial panel."""
+        b, g = self.builder, self.g
+        cg, nv, vl = g["cg"], g["nv"], self.vl
+        nr = nv * vl
+        with for_range(b, j_lo, j_hi, "pj") as jp:
+            p0 = b.mul(jp, const_i64(nr))
+            dst = b.gep(packed, [b.mul(jp, const_i64(cg * nr))], inbounds=True)
+            left = b.sub(P, p0)
+            with b.if_else(b.icmp_signed(">=", left, const_i64(nr))) as (whole, part):
+                for block, masked in ((whole, False), (part, True)):
+                    with block:
+                        masks = [self._lane_mask(left, v) for v in range(nv)] if masked else None
+                        with for_range(b, const_i64(0), const_i64(cg), "pk") as k:
+                            src = b.add(b.mul(k, P), p0)
+                            for v in range(nv):
+                                ptr = self._vec_ptr(x_img, b.add(src, const_i64(v * vl)))
+                                val = (self._masked_load(ptr, masks[v]) if masked
+                                       else b.load(ptr, align=4))
+                                out = b.add(b.mul(k, const_i64(nr)), const_i64(v * vl))
+                                b.store(val, self._vec_ptr(dst, out), align=4)
+
+    def _packed_chunk_sym(self, n, c, lo, hi, packed, panels, P, OW, mcb, nch) -> None:
+        """Chunk ``c`` (of ``nch``, ``mcb`` block rows each) of block rows over the task's
+        panels (items ``jp * nch + c`` in [lo, hi)), each block's reduction then its epilogue
+        (masked in the last panel)."""
+        b, g = self.builder, self.g
+        mr, nv, og, cg = g["mr"], g["nv"], g["og"], g["cg"]
+        nr = nv * self.vl
+        mblocks = -(-og // mr)
+
+        def bound(v: ir.Value) -> ir.Value:   # ceil((v - c) / nch), clamped to [0, panels]
+            q = b.sdiv(b.add(b.sub(v, c), b.sub(nch, const_i64(1))), nch)
+            q = b.select(b.icmp_signed(">", q, const_i64(0)), q, const_i64(0))
+            return b.select(b.icmp_signed("<", q, panels), q, panels)
+
+        jl, jh = bound(lo), bound(hi)
+        mb_lo = b.mul(c, mcb)
+        mb_hi = b.add(mb_lo, mcb)
+        mb_hi = b.select(b.icmp_signed("<", mb_hi, const_i64(mblocks)), mb_hi,
+                         const_i64(mblocks))
+        with for_range(b, jl, jh, "jp") as jp:
+            p0 = b.mul(jp, const_i64(nr))
+            panel = b.gep(packed, [b.mul(jp, const_i64(cg * nr))], inbounds=True)
+            remaining = b.sub(P, p0)
+
+            def b_vector(k, u, v):
+                off = b.add(b.mul(k, const_i64(nr)), const_i64(v * self.vl))
+                return b.load(self._vec_ptr(panel, off), align=4)
+
+            with for_range(b, mb_lo, mb_hi, "mb") as mb:
+                oc0 = b.mul(mb, const_i64(mr))
+                a_scalar = self._conv_weight(oc0, oc0, og, 1)
+                tile = self._microkernel(mr, nv, cg, a_scalar, b_vector, [0])
+                with b.if_else(b.icmp_signed(">=", remaining, const_i64(nr))) as (full, part):
+                    with full:
+                        self._epilogue(n, oc0, oc0, p0, remaining, tile, OW, None, False)
+                    with part:
+                        masks = [self._lane_mask(remaining, v) for v in range(nv)]
+                        self._epilogue(n, oc0, oc0, p0, remaining, tile, OW, masks, True)
