@@ -7,7 +7,8 @@ count grows (the store doubles: amortised O(1) copies per row) and how it compar
 The model: ``for i in range(M): acc = acc * 0.5 + i; rows += [acc]`` with ``acc`` float32 [16]
 and M fed at run time (no bound at export). One bundle exported for the host with no golden
 check; each trip count run alternating with an ONNX Runtime session (1 thread, both), medians
-and mins in microseconds, and our time per iteration.
+and mins in microseconds (wall, and CPU time of the process), and the CPU time per
+iteration of both.
 """
 
 from __future__ import annotations
@@ -53,13 +54,16 @@ def rows_model() -> onnx.ModelProto:
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
 
 
-def timed(fn, runs: int) -> tuple[float, float]:
-    times = []
+def timed(fn, runs: int) -> tuple[float, float, float]:
+    """(median wall, min wall, min CPU time of this process) of ``runs`` calls, in us."""
+    times, cpu = [], []
     for _ in range(runs):
-        t0 = time.perf_counter()
+        c0, t0 = time.process_time(), time.perf_counter()
         fn()
-        times.append(time.perf_counter() - t0)
-    return float(np.median(times)) * 1e6, float(np.min(times)) * 1e6
+        t1, c1 = time.perf_counter(), time.process_time()
+        times.append(t1 - t0)
+        cpu.append(c1 - c0)
+    return float(np.median(times)) * 1e6, float(np.min(times)) * 1e6, float(np.min(cpu)) * 1e6
 
 
 def main(argv: list[str]) -> None:
@@ -76,9 +80,9 @@ def main(argv: list[str]) -> None:
         path = Path(tmp) / "rows.mlc"
         mod, _ = import_onnx(model)
         export_module(mod, path, ExportOptions(target="host", check=False))
-        print("| trip count | ours median | ours min | ORT median | ORT min | "
-              "ours us / iteration (min) |")
-        print("|---|---|---|---|---|---|")
+        print("| trip count | ours median | ours min | ours CPU min | ORT median | ORT min | "
+              "ORT CPU min | ours CPU us / iteration | ORT CPU us / iteration |")
+        print("|---|---|---|---|---|---|---|---|---|")
         with load(path, threads=1) as bundle:
             for m in trips:
                 feeds = {"M": np.array(m, np.int64),
@@ -92,8 +96,10 @@ def main(argv: list[str]) -> None:
                     peer.append(timed(lambda f=feeds: session.run(None, f), runs))
                 om, omin = np.median([o[0] for o in ours]), min(o[1] for o in ours)
                 pm, pmin = np.median([p[0] for p in peer]), min(p[1] for p in peer)
-                print(f"| {m:,} | {om:,.1f} | {omin:,.1f} | {pm:,.1f} | {pmin:,.1f} | "
-                      f"{omin / m:.3f} |")
+                ocpu, pcpu = min(o[2] for o in ours), min(p[2] for p in peer)
+                print(f"| {m:,} | {om:,.1f} | {omin:,.1f} | {ocpu:,.1f} | {pm:,.1f} | "
+                      f"{pmin:,.1f} | {pcpu:,.1f} | {ocpu / max(m, 1):.3f} | "
+                      f"{pcpu / max(m, 1):.3f} |")
 
 
 if __name__ == "__main__":

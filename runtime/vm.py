@@ -65,6 +65,7 @@ from __future__ import annotations
 
 import _thread
 import ctypes
+import functools
 import os
 import struct
 import threading
@@ -299,6 +300,7 @@ class Executor:
             self._steps.append(self._view_step(ins, views))
         # with jumps (format 1.7): each jump's step returns the instruction to continue at
         self._jumping = any(ins.opcode in JUMPS for ins in program)
+        self._plan: tuple[list[Callable[[], Any]], list[bool], list[int]] | None = None
         self._segments = self._native_segments(calls, pool)
 
     def _native_segments(self, calls: list[tuple[int, int, int, int]], pool: PoolCode | None
@@ -383,6 +385,7 @@ class Executor:
         if ins.opcode == OP_CALL_KERNEL:
             raise ValueError(f"instruction {index} is a kernel call: its addresses are fixed")
         self._steps[index] = self._view_step(ins, views)
+        self._plan = None   # _run_jumping's plan holds the old step
 
     def _kernel_step(self, address: int, parallel: bool, pointers: list[int]
                      ) -> tuple[Callable[[], Any], Any]:
@@ -421,31 +424,51 @@ class Executor:
 
     def _run_jumping(self) -> None:
         """``run`` for a program with jumps (format 1.7): a jump's step gives the instruction
-        to continue at (always later: the decoder allows forward jumps only)."""
+        to continue at (forward, or a NEXT's back to its loop's body, format 1.8). The loop
+        runs on a plan prepared once (``_jump_plan``): per segment its call and whether it
+        jumps, and where each instruction's segment starts, all in lists (no per-step lookup
+        of the program, no dict)."""
+        plan = self._plan
+        if plan is None:
+            plan = self._plan = self._jump_plan()
+        calls, jumps, at = plan
+        s, n = 0, len(calls)
+        while s < n:
+            if jumps[s]:
+                s = at[calls[s]()]
+            else:
+                calls[s]()
+                s += 1
+
+    def _jump_plan(self) -> tuple[list[Callable[[], Any]], list[bool], list[int]]:
+        """``_run_jumping``'s plan: per segment (an instruction when there is no native step
+        loop) its prepared call and whether it returns the instruction to continue at, and
+        per instruction (and the end) the segment it starts. A run of kernel calls with no
+        worker pool is one pre-bound call of the native step loop (it runs them all on this
+        thread); with a pool, ``_run_native`` (workers to wake)."""
         program, steps = self._program, self._steps
         if self._segments is None:
-            i, n = 0, len(steps)
-            while i < n:
-                if program[i].opcode in JUMPS:
-                    i = steps[i]()
-                else:
-                    steps[i]()
-                    i += 1
-            return
-        segments, at = self._segments, self._segment_at
-        s, n = 0, len(segments)
-        while s < n:
-            start, end = segments[s]
-            if start >= 0:
-                self._run_native(start, end)
-                s += 1
-                continue
-            i = -1 - start
-            if program[i].opcode in JUMPS:
-                s = at[steps[i]()]
+            return (list(steps), [ins.opcode in JUMPS for ins in program],
+                    list(range(len(program) + 1)))
+        calls: list[Callable[[], Any]] = []
+        jumps: list[bool] = []
+        native, (pool_address, nworkers, table) = self._native, self._native_args
+        for start, end in self._segments:
+            if start < 0:
+                calls.append(steps[-1 - start])
+                jumps.append(program[-1 - start].opcode in JUMPS)
+            elif self._pool is None:
+                # arguments as ctypes objects of the prototype's types: ctypes passes them
+                # as they are (Python ints are converted at every call: ~0.4 us more)
+                calls.append(functools.partial(native, *(
+                    kind(value) for kind, value in zip(_POOL_STEPS._argtypes_, (
+                        pool_address, nworkers, table, start, end, JOIN_SPINS,
+                        self._status_address)))))
+                jumps.append(False)
             else:
-                steps[i]()
-                s += 1
+                calls.append(functools.partial(self._run_native, start, end))
+                jumps.append(False)
+        return calls, jumps, [self._segment_at[i] for i in range(len(program) + 1)]
 
     def _run_native(self, start: int, end: int) -> None:
         """Kernel calls ``start`` .. ``end`` of the table in the bundle's native step loop."""
@@ -795,4 +818,11 @@ def _trap_step(reason: int) -> Callable[[], Any]:
 
 
 def _copy_step(dst: np.ndarray, src: np.ndarray) -> Callable[[], Any]:
-    return lambda: np.copyto(dst, src.reshape(dst.shape))
+    """A copy: ``src`` (reshaped once, here) into ``dst``; of one dtype (every copy the
+    packager emits) an item assignment, a tenth of ``np.copyto``'s cost on small tensors."""
+    if not src.flags.c_contiguous:   # its reshape would be a copy: reshaped at each call
+        return lambda: np.copyto(dst, src.reshape(dst.shape))
+    src = src.reshape(dst.shape)
+    if src.dtype == dst.dtype:
+        return functools.partial(dst.__setitem__, Ellipsis, src)
+    return functools.partial(np.copyto, dst, src)

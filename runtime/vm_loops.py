@@ -119,21 +119,27 @@ def append_step(row: np.ndarray, store: RowStore, limits: np.ndarray) -> Callabl
     error) past the bound of the store's count variable or STORE_MAX_BYTES."""
     store.row_shape, store.dtype = tuple(row.shape), row.dtype
     flat = row.reshape(-1).view(np.uint8)
-    size = flat.size
+    size, var = flat.size, store.var
 
     def step() -> None:
         k = store.count
-        cap = int(limits[store.var])
-        end = (k + 1) * size
-        if k >= cap or end > STORE_MAX_BYTES:
+        start = k * size
+        end = start + size
+        if k >= limits[var] or end > store.data.size and not grow(k, end):
             raise InputError(f"a scan output of one of the model's Loop nodes would pass its "
-                             f"cap ({cap} rows, {STORE_MAX_BYTES} bytes): the loop runs longer "
-                             "than the model can return")
-        if end > store.data.size:
-            grown = np.empty(min(max(end, 2 * store.data.size, FIRST_ROWS * size),
-                                 STORE_MAX_BYTES), np.uint8)
-            grown[:k * size] = store.data[:k * size]
-            store.data = grown
-        store.data[k * size:end] = flat
+                             f"cap ({int(limits[var])} rows, {STORE_MAX_BYTES} bytes): the "
+                             "loop runs longer than the model can return")
+        store.data[start:end] = flat
         store.count = k + 1
+
+    def grow(k: int, end: int) -> bool:
+        """Room for ``end`` bytes (the store doubled, its ``k`` rows kept); False past
+        STORE_MAX_BYTES."""
+        if end > STORE_MAX_BYTES:
+            return False
+        grown = np.empty(min(max(end, 2 * store.data.size, FIRST_ROWS * size),
+                             STORE_MAX_BYTES), np.uint8)
+        grown[:k * size] = store.data[:k * size]
+        store.data = grown
+        return True
     return step

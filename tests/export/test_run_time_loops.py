@@ -187,6 +187,21 @@ def test_scan_outputs_with_no_bound_match_onnx_runtime(stored) -> None:
                                            err_msg=f"{name} {m} {lim}")
 
 
+def test_loops_with_a_worker_pool_match_one_thread(stored, counted) -> None:
+    """The VM's loop with a worker pool (threads=2: each run of kernel calls posted through
+    the pool, not the pre-bound single-thread call): the one-thread run's values, bit for
+    bit, for the row-store loop and the counted loop with a branch in its body."""
+    for (src, bundle), cases in ((stored, [lm.stored_feeds(m, lim, seed=k)
+                                           for k, (m, lim) in enumerate(STORED_CASES)]),
+                                 (counted, [lm.feeds(m, c, lim, n=3, seed=3)
+                                            for m, c, lim in CASES[:7]])):
+        with load(bundle, threads=1) as one, load(bundle, threads=2) as two:
+            for feeds in cases:
+                want, got = one.run(feeds), two.run(feeds)
+                for name, ref in want.items():
+                    np.testing.assert_array_equal(got[name], ref, err_msg=name)
+
+
 def test_row_stores_under_plans_made_per_shape_match_onnx_runtime(tmp_path_factory) -> None:
     """The same loop where an input of open length feeds the break's limit: the memory plan is
     made per input shape at run time (not once at export); its row stores as before, ONNX
