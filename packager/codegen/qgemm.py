@@ -11,9 +11,11 @@ columns n, and the instruction returns ``a[m,k] b[k,n] + a[m,k+1] b[k+1,n]`` per
 at half the FMA's rate, so the integer kernels run at the fp32 kernels' multiply-add rate: the
 gains are int8 weights (4x smaller bundles, faster weight-bound layers), not throughput.
 ``vpmaddubsw`` (u8 x s8, 32 per instruction) saturates its int16 pair sums, so it is used only
-where every weight fits 7 bits (|w| <= 64: 2 x 255 x 64 < 2**15), on the quad kernel below
-(``madd7``, passes/quad_weights.py ``w7``): ``vpmaddubsw`` + ``vpmaddwd`` by ones is then
-``vpdpbusd``, exact.
+where every byte pair of weights keeps 255 (|w0| + |w1|) <= 32767 for same signs (always with
+|w| <= 64), on the quad kernel below (``madd7``, passes/quad_weights.py ``w7``): ``vpmaddubsw``
++ ``vpmaddwd`` by ones is then ``vpdpbusd``, exact; full-range weights are split into such
+main quads and residual words run in short per-row loops first (``split``,
+ops/qconv_quads.py).
 
 Zero points: x - x_zp is formed while packing the activations into int16 (so u8 and s8
 activations take the same kernel); w - w_zp is folded into the weights at export

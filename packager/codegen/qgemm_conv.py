@@ -30,7 +30,12 @@ def _inside_image(py: int, px: int, h: int, w: int, prow: int, wq: int, sh: int,
 class QConv(QEmitter):
     def emit(self) -> KernelInfo:
         x, wk, x_zp, bias, mult, y_zp = self.func.inputs[:6]
-        lut = self.func.inputs[6] if len(self.func.inputs) > 6 else None
+        # full-range weights split for vpmaddubsw (ops/qconv_quads.py ``split``): the residual
+        # words' index and quads come next, before the table
+        split = bool(self.tag.attrs.get("split", False))
+        res = self.func.inputs[6:8] if split else ()
+        n_in = 8 if split else 6
+        lut = self.func.inputs[n_in] if len(self.func.inputs) > n_in else None
         y = self.func.outputs[0]
         batch, c, h, w = (int(d) for d in x.shape)
         o = int(self.tag.attrs["out_channels"])
@@ -169,11 +174,38 @@ class QConv(QEmitter):
                     return b.load(self._ptr(planes32, p, V16I16), align=4)
                 return b_vec
 
+            def residual(nrows, init, q0, oc0):
+                """The split weights' residual (``split``): per row of the tile, a loop over
+                its listed words e, each its step's plane vectors against one word, from
+                ``init`` (per row, else zero); the main loop starts from its sums (run first,
+                the main loop's 12 accumulators keep their registers). Without ``split``,
+                ``init``."""
+                if not split:
+                    return init
+                zero = ir.Constant(V8I32, None)
+                accs = [[zero if init is None else init[r]] * self.nv for r in range(nrows)]
+                index = buf[res[0].uid]
+                words = b.bitcast(buf[res[1].uid], I32.as_pointer())
+                first = const_i64(ot * rows6 + 1)     # the words' steps follow the pointers
+
+                def b_vec(v, e):
+                    j = b.sext(b.load(b.gep(index, [b.add(e, first)])), I64)
+                    return b_vec_at(q0)(v, j)
+                out = []
+                for r, row in enumerate(accs):
+                    ocr = b.add(oc0, const_i64(r))
+                    e_lo = b.sext(b.load(b.gep(index, [ocr])), I64)
+                    e_hi = b.sext(b.load(b.gep(index, [b.add(ocr, const_i64(1))])), I64)
+                    out.append(self._row_dp(row, e_lo, e_hi,
+                                            lambda e: b.load(b.gep(words, [e])), b_vec))
+                return out
+
             def tile(q0, oc0, nrows):
                 if packed:
                     return tile_packed(q0, oc0, nrows)
                 if vnni:
-                    accs = self._tile_dp(nrows, self.nv, ksteps, a_word_at(oc0), b_vec_at(q0))
+                    accs = self._tile_dp(nrows, self.nv, ksteps, a_word_at(oc0), b_vec_at(q0),
+                                         residual(nrows, None, q0, oc0))
                 else:
                     accs = self._tile(nrows, self.nv, steps, a_word_at(oc0), b_vec_at(q0))
                 for r in range(nrows):
@@ -207,7 +239,7 @@ class QConv(QEmitter):
                     init.append(self._splat(start, V8I32))
                 if vnni:
                     accs = self._tile_dp(nrows, self.nv, ksteps, a_word_at(oc0), b_vec_at(q0),
-                                         init)
+                                         residual(nrows, init, q0, oc0))
                 else:
                     accs = self._tile(nrows, self.nv, steps, a_word_at(oc0), b_vec_at(q0), init)
                 for r, ocr in enumerate(ocs):
@@ -591,8 +623,10 @@ class QConv(QEmitter):
         accs = [[alloca_once(b, V8I32, f"qacc{r}_{v}") for v in range(nvec)] for r in range(rows)]
         zero = ir.Constant(V8I32, None)
         for r, row in enumerate(accs):
-            for a in row:
-                b.store(zero if init is None else init[r], a)
+            for v, a in enumerate(row):
+                # init[r]: the row's start, one vector or one per accumulator
+                start = zero if init is None else init[r]
+                b.store(start[v] if isinstance(start, list) else start, a)
         with for_range(b, const_i64(0), const_i64(steps), "kq") as j:
             ws = [b.bitcast(b_vec(v, j), v32i8) for v in range(nvec)]
             for r in range(rows):
@@ -601,6 +635,21 @@ class QConv(QEmitter):
                     acc = accs[r][v]
                     b.store(self._dpbusd(b.load(acc), ws[v], a), acc)
         return [[b.load(a) for a in row] for row in accs]
+
+    def _row_dp(self, accs: list[ir.Value], lo: ir.Value, hi: ir.Value, a_word,
+                b_vec) -> list[ir.Value]:
+        """One row's accumulators ``accs`` [nvec] += ``_dpbusd``(b_vec(v, e), broadcast
+        a_word(e)) for e in lo .. hi (run-time bounds): the split weights' residual words."""
+        b = self.builder
+        v32i8 = ir.VectorType(I8, 32)
+        cells = [alloca_once(b, V8I32, f"racc{v}") for v in range(len(accs))]
+        for cell, val in zip(cells, accs):
+            b.store(val, cell)
+        with for_range(b, lo, hi, "ke") as e:
+            a = b.bitcast(self._splat(a_word(e), V8I32), v32i8)
+            for v, cell in enumerate(cells):
+                b.store(self._dpbusd(b.load(cell), b.bitcast(b_vec(v, e), v32i8), a), cell)
+        return [b.load(c) for c in cells]
 
     def _vnni_weights(self, ws, wk, lo, hi, mr, ot, ntaps, cp, cg, steps, ksteps, wsum_at):
         """The bundle's int8 k-pair weights [ot][taps * cp][6][2] regrouped as int8 channel

@@ -22,7 +22,21 @@ one pixel's broadcast quad (codegen/qgemm_conv.py ``_emit_oc_lanes``): no plane 
 row's last output computed. The folded bias is the same.
 
 The value is qconv2d's: ``acc = sum (x' w) + bias'``, then the same requantize epilogue and
-optional ``lut8`` table."""
+optional ``lut8`` table.
+
+Full-range weights on x86 levels without VNNI (``split``, passes/quad_weights.py): ``vpmaddubsw``
+adds the two products of a byte pair (channels 4q, 4q+1 or 4q+2, 4q+3 of one tap and output
+channel; uint8 x' in [0, 255], int8 w) into one int16 with saturation, which cannot saturate
+iff 255 (max(w0, 0) + max(w1, 0)) <= 32767 and 255 (min(w0, 0) + min(w1, 0)) >= -32768
+(``pair_overflow``): pairs of opposite signs, or same-sign pairs with |w0| + |w1| <= 128.
+``split_quads`` writes w = main + residual, both within that bound (a pair over it keeps a sum
+of +-128 in ``wq``, the rest in the residual), and keeps the residual only for the *words*
+(output channel, step) that have one: two more inputs after y_zp, before the table,
+``res_index`` int32 [6 ot + 1 + nnz] (pointers per output channel row ``ptr[oc] .. ptr[oc +
+1]``, then each word's step j) and ``res_quads`` int8 [nnz, 4] (the words).
+The kernel runs its main loop on ``wq``, then per row of its tile a short loop over that
+row's listed words (finer than the tile's blocks: one word costs its row's two products, not
+the tile's twelve)."""
 
 from __future__ import annotations
 
@@ -77,6 +91,64 @@ def unpack_quads(wq: np.ndarray, o: int, c: int, kh: int, kw: int) -> np.ndarray
     return t.reshape(ot * rows, kh, kw, 4 * cg).transpose(0, 3, 1, 2)[:o, :c]
 
 
+def pair_overflow(w0: np.ndarray, w1: np.ndarray) -> np.ndarray:
+    """Where ``vpmaddubsw``'s int16 sum x0 w0 + x1 w1 can saturate for some uint8 x0, x1."""
+    a, b = np.asarray(w0, np.int64), np.asarray(w1, np.int64)
+    top = 255 * (np.maximum(a, 0) + np.maximum(b, 0))
+    low = 255 * (np.minimum(a, 0) + np.minimum(b, 0))
+    return (top > 32767) | (low < -32768)
+
+
+def split_quads(wq: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Quads ``wq`` [ot, steps, 6, 4] -> (main quads of the same shape, ``res_index``,
+    ``res_quads``; module docstring): each pair over the bound keeps +-128 in main (|m0|, |m1|
+    <= |w0|, |w1|), the rest (|r0 + r1| <= 126) in the residual, listed by word (output
+    channel row 6 g + r, step j) wherever it is not zero."""
+    w = wq.astype(np.int64).reshape(*wq.shape[:3], 2, 2)
+    a, b = w[..., 0], w[..., 1]
+    over = pair_overflow(a, b)
+    sign = np.where(a < 0, -1, 1)
+    sa, sb = sign * a, sign * b                     # both > 0 where over
+    m0 = np.minimum(sa, 128 - np.minimum(sb, 64))
+    main = w.copy()
+    main[..., 0] = np.where(over, sign * m0, a)
+    main[..., 1] = np.where(over, sign * (128 - m0), b)
+    res = (w - main).reshape(wq.shape)
+    main = main.reshape(wq.shape)
+    assert not pair_overflow(main[..., 0::2], main[..., 1::2]).any()
+    assert not pair_overflow(res[..., 0::2], res[..., 1::2]).any()
+    rows = res.transpose(0, 2, 1, 3).reshape(-1, wq.shape[1], 4)    # [6 ot, steps, 4]
+    words = rows.any(axis=2)
+    ptr = np.concatenate([[0], np.cumsum(words.sum(axis=1))])
+    oc, j = np.nonzero(words)                       # by output channel row, then step
+    index = np.concatenate([ptr, j]).astype(np.int32)
+    return main.astype(np.int8), index, rows[oc, j].astype(np.int8)
+
+
+def word_share(wq: np.ndarray, o: int | None = None) -> float:
+    """The share of (output channel, step) words of quads ``wq`` that ``split_quads`` lists
+    (what its residual loops cost against the main loop), over the first ``o`` channels."""
+    w = wq.reshape(*wq.shape[:3], 2, 2)
+    over = pair_overflow(w[..., 0], w[..., 1]).any(axis=3)          # [ot, steps, 6]
+    rows = over.transpose(0, 2, 1).reshape(-1, wq.shape[1])[:o]
+    return float(rows.mean()) if rows.size else 0.0
+
+
+def with_residual(wq: np.ndarray, res_index: np.ndarray, res_quads: np.ndarray) -> np.ndarray:
+    """The main quads plus the listed residual words, as int16 quads (the weights)."""
+    out = wq.astype(np.int16)
+    n = wq.shape[0] * CONV_ROWS
+    ptr, steps = res_index[:n + 1], res_index[n + 1:]
+    oc = np.repeat(np.arange(n), np.diff(ptr))
+    out[oc // CONV_ROWS, steps, oc % CONV_ROWS] += res_quads.astype(np.int16)
+    return out
+
+
+def _split_inputs(table: tuple, split: bool) -> tuple[tuple, tuple]:
+    """(res_index, res_quads) or (), and the lut table or () from the inputs after y_zp."""
+    return (table[:2], table[2:]) if split else ((), table)
+
+
 def folded_bias(bias: np.ndarray, wq: np.ndarray, zp_shifted: int) -> np.ndarray:
     """``bias - zp' * sum w`` per output channel, int32 with wrap-around (the kernel's)."""
     o = bias.shape[0]
@@ -87,8 +159,19 @@ def folded_bias(bias: np.ndarray, wq: np.ndarray, zp_shifted: int) -> np.ndarray
 
 def _infer(x: TensorType, wq: TensorType, x_zp: TensorType, bias: TensorType,
            multiplier: TensorType, y_zp: TensorType, *table: TensorType, shift: int = 0,
-           w7: bool = False, oc_lanes: bool = False, **attrs) -> TensorType:
+           w7: bool = False, oc_lanes: bool = False, split: bool = False,
+           **attrs) -> TensorType:
     c = x.shape[1]
+    res, table = _split_inputs(table, split)
+    if split:
+        index, quads = (res + (None, None))[:2]
+        n = wq.shape[0] * CONV_ROWS
+        if (index is None or quads is None or index.dtype != "int32" or len(index.shape) != 1
+                or quads.dtype != "int8" or len(quads.shape) != 2 or quads.shape[1] != 4
+                or index.shape[0] != n + 1 + quads.shape[0]):
+            raise ValueError(f"{QUADS_KIND}: split residual inputs do not fit {n} rows")
+        if oc_lanes:
+            raise ValueError(f"{QUADS_KIND}: split weights are in 6-row tiles, not oc_lanes")
     kh, kw = attrs.get("kernel", (1, 1))
     o = attrs.get("out_channels", 0)
     rows = quad_rows(oc_lanes)
@@ -106,7 +189,8 @@ def _legalize(x: te.Tensor, wq: te.Tensor, x_zp: te.Tensor, bias: te.Tensor,
               multiplier: te.Tensor, y_zp: te.Tensor, *table: te.Tensor,
               out_type: TensorType, name: str, out_channels: int = 0, kernel=(1, 1),
               strides=(1, 1), padding=(0, 0, 0, 0), dtype: str = "uint8", relu: bool = False,
-              shift: int = 0, w7: bool = False, oc_lanes: bool = False) -> te.Tensor:
+              shift: int = 0, w7: bool = False, oc_lanes: bool = False,
+              split: bool = False) -> te.Tensor:
     _, c, h, w = x.shape
     kh, kw = kernel
     cg = -(-c // 4)
@@ -116,7 +200,8 @@ def _legalize(x: te.Tensor, wq: te.Tensor, x_zp: te.Tensor, bias: te.Tensor,
     tag_reduction(rc, "qconv2d", (x, wq, x_zp, bias, multiplier, y_zp) + table,
                   out_channels=out_channels, kernel=tuple(kernel), strides=tuple(strides),
                   padding=tuple(padding), dtype=dtype, relu=relu, quads=True, shift=shift,
-                  w7=w7, oc_lanes=oc_lanes)
+                  w7=w7, oc_lanes=oc_lanes, split=split)
+    res, table = _split_inputs(table, split)
 
     def clamp(i, size):
         return te.minimum(te.maximum(i, 0), size - 1)
@@ -132,9 +217,45 @@ def _legalize(x: te.Tensor, wq: te.Tensor, x_zp: te.Tensor, bias: te.Tensor,
         return te.sum_of(xv * te.cast(wv, "int32"), (rc, ry, rx))
 
     acc = te.compute(out_type.shape, acc_body, name=name + "_acc", dtype="int32")
+    if res:
+        acc = _residual_acc(acc, x, x_zp, *res, kernel, strides, padding, shift, name)
     q = _epilogue(acc, bias, multiplier, y_zp, 1, out_type.shape,
                   name + "_q" if table else name, dtype, relu)
     return _lookup(q, table, 1, name)
+
+
+def _residual_acc(acc: te.Tensor, x: te.Tensor, x_zp: te.Tensor, index: te.Tensor,
+                  quads: te.Tensor, kernel, strides, padding, shift: int,
+                  name: str) -> te.Tensor:
+    """``acc`` plus the listed residual words' products (``split``): output channel oc sums
+    its words e (ptr[oc] <= e < ptr[oc + 1]), each at its step's tap and quad."""
+    _, c, h, w = x.shape
+    kh, kw = kernel
+    cg = -(-c // 4)
+    n = index.shape[0] - 1 - quads.shape[0]
+    re, ri = te.reduce_axis(quads.shape[0], "re"), te.reduce_axis(4, "ri")
+
+    def clamp(i, size):
+        return te.minimum(te.maximum(i, 0), size - 1)
+
+    def at(i):
+        return te.cast(index[i], "int64")
+
+    def body(b, oc, oy, ox):
+        mine = te.logical_and(re >= at(oc), re < at(oc + 1))
+        step = at(re + n + 1)
+        tap, ch = step // cg, (step % cg) * 4 + ri
+        iy = oy * strides[0] - padding[0] + tap // kw
+        ix = ox * strides[1] - padding[1] + tap % kw
+        inside = te.logical_and(te.logical_and(iy >= 0, iy < h), te.logical_and(ix >= 0, ix < w))
+        zp = te.cast(x_zp[()], "int32") + te.const(shift, "int32")
+        xv = te.if_then_else(inside, te.cast(x[b, clamp(ch, c), clamp(iy, h), clamp(ix, w)],
+                                             "int32") + te.const(shift, "int32"), zp)
+        wv = te.if_then_else(mine, te.cast(quads[re, ri], "int32"),
+                             te.const(0, "int32"))
+        return acc[b, oc, oy, ox] + te.sum_of(xv * wv, (re, ri))
+
+    return te.compute(acc.shape, body, name=name + "_acc_res", dtype="int32")
 
 
 @register_op(QUADS_KIND, OPAQUE, _infer, _legalize)
@@ -142,11 +263,13 @@ def qconv2d_quads(x: np.ndarray, wq: np.ndarray, x_zp: np.ndarray, bias: np.ndar
                   multiplier: np.ndarray, y_zp: np.ndarray, *table: np.ndarray,
                   out_channels: int = 0, kernel=(1, 1), strides=(1, 1), padding=(0, 0, 0, 0),
                   dtype: str = "uint8", relu: bool = False, shift: int = 0,
-                  w7: bool = False, oc_lanes: bool = False) -> np.ndarray:
+                  w7: bool = False, oc_lanes: bool = False, split: bool = False) -> np.ndarray:
     b, c, h, w = x.shape
     kh, kw = kernel
     o = out_channels
-    wd = unpack_quads(wq, o, c, kh, kw).astype(np.int64)
+    res, table = _split_inputs(table, split)
+    full = with_residual(wq, *res) if res else wq
+    wd = unpack_quads(full, o, c, kh, kw).astype(np.int64)
     zp = int(x_zp) + shift
     xp = np.pad(x.astype(np.int64) + shift, ((0, 0), (0, 0), (padding[0], padding[2]),
                                              (padding[1], padding[3])), constant_values=zp)

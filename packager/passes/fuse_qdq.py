@@ -58,6 +58,7 @@ from .fuse_qdq_dynamic import (integer_recurrences, plan_integer_convs, plan_int
                                plan_requantized_products)
 from .fuse_qdq_float import plan_float_products
 from .int8_cost import float_conv_reason
+from .quad_weights import split_share
 from .simplify import eliminate_dead_code
 from .stored_int import integer_constant
 
@@ -218,9 +219,11 @@ def _fuse_in_function(fn: Function, int8: bool, options: CompileOptions) -> Func
         wd = w.astype(np.int64) - wzp_o.astype(np.int64).reshape(o, 1, 1, 1)
         mult = ((sx * ws_o) / np.float32(ys.reshape(()))).astype(np.float32).reshape(1, o, 1, 1)
         # faster on the fp32 kernels on these targets (passes/int8_cost.py): the float chain
+        # share of the quad kernel's words over vpmaddubsw's pair bound: 0 with 7-bit weights
+        share = split_share(wd) if options.conv_quads7 else None
         float_reason = static_shapes(x, q) and float_conv_reason(
             w.shape, cv.attrs["strides"], q.type.shape, cv.attrs.get("groups", 1), options,
-            w7=bool(wd.size) and int(np.abs(wd).max()) <= 64)
+            w7=share == 0, split_share=share)
         if (int8 and not float_reason and cv.attrs.get("groups", 1) == 1
                 and tuple(cv.attrs.get("dilation", (1, 1))) == (1, 1) and static_shapes(x, q)):
             args = [x, Constant(f"{getattr(x, 'name', 'x')}_qw", pack_conv_weights(wd)),

@@ -21,6 +21,16 @@ none stays float). Targets with an int8
 dot instruction (4 products per lane and instruction) keep every convolution integer: a fat
 bundle shares one graph between its levels, so one that carries x86-64-v4+vnni keeps them
 integer for its AVX2 level too.
+
+Full-range weights on those x86 targets can take the same quad kernel split in two
+(ops/qconv_quads.py ``split_quads``): the main loop, then per output channel a loop over the
+share ``s`` of its (output channel, step) words holding a pair over ``vpmaddubsw``'s bound,
+each costing up to ``SPLIT_WORD_COST`` main-loop row steps: time ~ (1 + SPLIT_WORD_COST s)
+x the 7-bit kernel's. The 7-bit kernel is 1.2-1.65x faster than the k-pair kernel on
+ResNet-18's layers and 1.08-1.46x faster than fp32 on its 3x3 stride-1 ones
+(docs/performance.md), so the split is taken for s <= ``SPLIT_MAX_SHARE`` (against the k-pair
+kernel, ``split_quads_pays``) and keeps a 3x3 stride-1 layer integer for s <=
+``SPLIT_MAX_SHARE_FLOAT`` (against fp32, ``float_conv_reason``'s ``split_share``).
 """
 
 from __future__ import annotations
@@ -31,18 +41,36 @@ from ..options import CompileOptions
 from .layout import WINO_MIN_CHANNELS, WINO_MIN_OUT, uses_winograd
 
 
+# bench/int8_split.py (AVX2 + FMA host, no AVX-512): split / 7-bit time 1.04-1.08 at 3 % of
+# the words, 1.05-1.14 at 5 %, 1.15-1.24 at 10 %, 1.30 at 20 %, 1.60 at 40 %: 1-2.8 row steps
+# a word, the larger on layers of many steps (planes out of L1)
+SPLIT_WORD_COST = 2.0
+KPAIR_OVER_7BIT = 1.2      # the least k-pair / 7-bit kernel time measured on ResNet-18's layers
+FP32_OVER_7BIT = 1.08      # the least fp32 / 7-bit time on its 3x3 stride-1 layers
+SPLIT_MAX_SHARE = (KPAIR_OVER_7BIT - 1) / SPLIT_WORD_COST
+SPLIT_MAX_SHARE_FLOAT = (FP32_OVER_7BIT - 1) / SPLIT_WORD_COST
+
+
+def split_quads_pays(share: float) -> bool:
+    """Whether the pair-split quad kernel with residual words in ``share`` of its (output
+    channel, step) words beats the k-pair kernel (module docstring)."""
+    return share <= SPLIT_MAX_SHARE
+
+
 def float_conv_reason(w_shape: Sequence[int], strides: Sequence[int],
                       out_shape: Sequence[int], groups: int, options: CompileOptions,
-                      w7: bool = False) -> str | None:
+                      w7: bool = False, split_share: float | None = None) -> str | None:
     """Why a quantized convolution of weights ``w_shape`` (O, C, KH, KW), ``strides`` and
     static NCHW ``out_shape`` should stay float on ``options``' targets (resolved options,
     ``CompileOptions.for_targets``), or None when the integer kernel is at least as fast.
     ``w7``: its integer weights (w - w_zp) all fit 7 bits (|w| <= 64), so with
     ``options.conv_quads7`` it takes the ``vpmaddubsw`` quad kernel, faster than fp32 on every
-    kind measured."""
+    kind measured. ``split_share``: with full-range weights, the share of the split quad
+    kernel's words with a residual (``split_quads_pays``), None when not known."""
     if not options.int8_float_convs or options.int8_dot_targets or groups != 1:
         return None
-    if w7 and options.conv_quads7:
+    if options.conv_quads7 and (w7 or (split_share is not None
+                                       and split_share <= SPLIT_MAX_SHARE_FLOAT)):
         return None
     if len(w_shape) != 4 or len(out_shape) != 4 or not all(isinstance(d, int) for d in out_shape):
         return None

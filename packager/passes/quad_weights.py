@@ -16,17 +16,23 @@ quantized input's zero point is computed at run time), and not the 1x1-image cas
 (``QConv._emit_vector``, codegen/qgemm_conv.py, reads the k-pairs directly).
 
 x86 bundles whose levels are not all VNNI (``options.conv_quads7``, the default portable set
-of an AVX2 host): a convolution whose weights all fit 7 bits (|w| <= 64, what ONNX Runtime's
+of an AVX2 host): a convolution whose weights keep every byte pair within ``vpmaddubsw``'s
+bound (ops/qconv_quads.py ``pair_overflow``; any with |w| <= 64, what ONNX Runtime's
 ``quantize_static(reduce_range=True)`` writes) is packed the same way, marked ``w7``; its
 levels without VNNI run the quad kernel with ``vpmaddubsw`` + ``vpmaddwd`` by ones (AVX2;
-x86-64-v2: the exact products in portable IR), the VNNI level with ``vpdpbusd``. Others keep
-the k-pairs and the ``vpmaddwd`` kernel.
+x86-64-v2: the exact products in portable IR), the VNNI level with ``vpdpbusd``. Full-range
+weights (ORT without ``reduce_range``) take the same kernel, marked ``w7`` and ``split``, where
+the pair split pays (``ops/qconv_quads.split_quads``: main quads within ``vpmaddubsw``'s pair
+bound, the excess of the pairs over it in residual loops over the (output channel, step)
+words that hold one; passes/int8_cost.py ``split_quads_pays`` on the share of such words).
+Others keep the k-pairs and the ``vpmaddwd`` kernel.
 
 x86 quad convolutions on small output planes (``use_oc_lanes``; ``options.conv_oc_lanes``)
 store the quads 16 output channels per step instead of 6 (``oc_lanes``): the channel-lane
 kernel (codegen/qgemm_conv.py ``_emit_oc_lanes``) computes only the outputs, where the
 pixel-lane kernel computes each plane row's padding columns too (a 7x7 output: 64 lanes for 49
-outputs; 14x14: 224 for 196; 28x28: 848 for 784)."""
+outputs; 14x14: 224 for 196; 28x28: 848 for 784). Split weights stay in the 6-row tiles of the
+pixel-lane kernel, whose residual loops run per row of them."""
 
 from __future__ import annotations
 
@@ -45,11 +51,18 @@ def quad_shift(arch: str, x_dtype: str) -> int:
     return 128 if x_dtype == "int8" else 0
 
 
-def fits_madd7(w: np.ndarray) -> bool:
-    """Whether every int8 weight has |w| <= 64: then ``vpmaddubsw``'s int16 sum of two
-    products uint8 x int8 never saturates (2 * 255 * 64 = 32640 <= 32767), so with a widening
-    ``vpmaddwd`` by ones it is ``vpdpbusd``, exact (codegen/qgemm.py ``_dpbusd``)."""
-    return w.size == 0 or int(np.abs(w.astype(np.int16)).max()) <= 64
+def split_share(wd: np.ndarray) -> float | None:
+    """For integer conv weights ``wd`` [O, C, KH, KW] (w - w_zp): the share of the quad
+    kernel's (output channel, step) words holding a pair over ``vpmaddubsw``'s bound (what the
+    split's residual loops run; ops/qconv_quads.py ``word_share``), None when they do not fit
+    int8."""
+    from ..ops.qconv_quads import pairs_to_quads, word_share
+    from ..ops.qlinear import pack_conv_weights
+
+    if wd.ndim != 4 or not wd.size or wd.min() < -128 or wd.max() > 127:
+        return None
+    kh, kw = wd.shape[2:]
+    return word_share(pairs_to_quads(pack_conv_weights(wd), kh * kw), wd.shape[0])
 
 
 # The pixel-lane kernel's share of useful lanes below which the channel-lane kernel is taken.
@@ -96,7 +109,10 @@ def _vector_case(v: Call) -> bool:
 def pack_conv_quads(mod: IRModule, options: CompileOptions) -> IRModule:
     """Every takeable ``qconv2d`` (module docstring) becomes ``qconv2d_quads`` when
     ``options.conv_quads`` names the targets' architecture; else, with ``options.conv_quads7``
-    (x86 targets), those whose weights all fit 7 bits (``fits_madd7``), marked ``w7``; else the
+    (x86 targets), those whose int8 weights keep every byte pair within ``vpmaddubsw``'s
+    bound (ops/qconv_quads.py ``pair_overflow``; all of them when |w| <= 64), marked ``w7``,
+    and those with pairs over it where the pair split pays (``int8_cost.split_quads_pays``),
+    marked ``w7`` and ``split`` with the residual as two more inputs after y_zp; else the
     module is unchanged."""
     arch = options.conv_quads
     w7 = False
@@ -104,9 +120,11 @@ def pack_conv_quads(mod: IRModule, options: CompileOptions) -> IRModule:
         arch, w7 = "x86_64", True
     if not arch:
         return mod
-    from ..ops.qconv_quads import QUADS_KIND, folded_bias, pairs_to_quads, quads_to_oc_lanes
+    from ..ops.qconv_quads import (QUADS_KIND, folded_bias, pairs_to_quads, quads_to_oc_lanes,
+                                   split_quads, word_share)
+    from .int8_cost import split_quads_pays
 
-    made: dict[tuple[int, bool], Constant] = {}   # one quad constant per k-pair constant
+    made: dict = {}   # one quad constant per k-pair constant and layout (and its split)
 
     def visit(b, lookup):
         v = b.value
@@ -117,26 +135,41 @@ def pack_conv_quads(mod: IRModule, options: CompileOptions) -> IRModule:
                 and isinstance(bias, Constant) and wk.data.dtype == np.int8
                 and not _vector_case(v)):
             return None
-        if w7 and not fits_madd7(wk.data):
-            return None
         kh, kw = v.attrs["kernel"]
+        six = (id(wk), False)
+        if six not in made:
+            made[six] = Constant(f"{wk.name}_q4", pairs_to_quads(wk.data, kh * kw))
+        share = word_share(made[six].data, v.attrs["out_channels"]) if w7 else 0.0
+        split = share > 0
+        if split and not split_quads_pays(share):
+            return None
         shift = quad_shift(arch, x.type.dtype)
-        lanes = arch == "x86_64" and use_oc_lanes(v, options)
+        # the split's residual rows are the 6-row tiles': its layers keep the pixel lanes
+        lanes = arch == "x86_64" and not split and use_oc_lanes(v, options)
         key = (id(wk), lanes)
         if key not in made:
-            quads = pairs_to_quads(wk.data, kh * kw)
-            if lanes:
-                quads = quads_to_oc_lanes(quads, v.attrs["out_channels"])
-            made[key] = Constant(f"{wk.name}_q4" + ("c" if lanes else ""), quads)
+            made[key] = Constant(f"{wk.name}_q4c",
+                                 quads_to_oc_lanes(made[six].data, v.attrs["out_channels"]))
         wq = made[key]
         zp = int(np.asarray(x_zp.data).reshape(())) + shift
         folded = Constant(f"{bias.name}_q4", folded_bias(bias.data, wq.data, zp))
-        args = [lookup(x), wq, x_zp, folded] + [lookup(a) for a in v.args[4:]]
+        extra = []
+        if split:
+            key = ("split", id(wk))
+            if key not in made:
+                main, index, res = split_quads(wq.data)
+                made[key] = (Constant(f"{wk.name}_q4m", main),
+                             Constant(f"{wk.name}_q4ri", index), Constant(f"{wk.name}_q4r", res))
+            wq, *extra = made[key]
+        args = [lookup(x), wq, x_zp, folded] + [lookup(a) for a in v.args[4:6]] + extra
+        args += [lookup(a) for a in v.args[6:]]
         attrs = {**v.attrs, "shift": shift}
         if w7:
             attrs["w7"] = True
         if lanes:
             attrs["oc_lanes"] = True
+        if split:
+            attrs["split"] = True
         return Call(QUADS_KIND, args, attrs, v.type)
 
     return map_functions(mod, lambda fn: rewrite_function(fn, visit))

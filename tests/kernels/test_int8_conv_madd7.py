@@ -2,12 +2,13 @@
 codegen/qgemm.py ``_dpbusd``'s ``madd7`` branch): on x86 bundles whose levels are not all VNNI,
 a ``qconv2d`` whose int8 weights all have |w| <= 64 (ONNX Runtime's ``reduce_range=True``)
 stores them as uint8 x int8 quads and runs ``vpmaddubsw`` + ``vpmaddwd`` by ones on AVX2
-(x86-64-v2: SSSE3's 128-bit pmaddubsw; x86-64 v1: int16 products in portable IR); a weight of
-65 keeps the k-pair kernel.
+(x86-64-v2: SSSE3's 128-bit pmaddubsw; x86-64 v1: int16 products in portable IR).
 
 Exact integer math in numpy is the reference, at x86-64-v3, v2 and v1 (the host's features
 pinned with MLCPACK_CPU_FEATURES), including the saturation corner: activations 255 (uint8, or
-int8 127 shifted by 128) against weights +-64 in both channels of a pair."""
+int8 127 shifted by 128) against weights +-64 in both channels of a pair. Weights past 64 whose
+byte pairs stay within the bound take the same kernel; pairs over it are split
+(test_int8_conv_split.py)."""
 
 from __future__ import annotations
 
@@ -84,8 +85,9 @@ def _main_ops(args, attrs, target: str, **fields):
 
 def test_selection_rule() -> None:
     """7-bit weights on an x86 set without VNNI on every level: quads marked w7; a weight of
-    65 (or -65) keeps qconv2d; a set of VNNI levels alone keeps its quads unmarked; aarch64
-    and ``conv_quads7=False`` keep qconv2d. The pipeline only: nothing compiled."""
+    65 (or -65) too where its byte pair stays within the bound, split where it does not; a set
+    of VNNI levels alone keeps its quads unmarked; aarch64 and ``conv_quads7=False`` keep
+    qconv2d. The pipeline only: nothing compiled."""
     args, attrs, _ = _case(1, *CASES["3x3_s1_worst_u8"][1:])
     for target in ("x86-64-v3", "x86-64-v2,x86-64-v3", "x86-64-v4,x86-64-v4+vnni"):
         (call,) = _main_ops(args, attrs, target)
@@ -96,16 +98,25 @@ def test_selection_rule() -> None:
         (call,) = _main_ops(args, attrs, target, **fields)
         assert call.op == "qconv2d", target
     for edge in (65, -65):
+        # the kernel's bound is per byte pair (channels 2k, 2k + 1 of a tap): 255 (|w0| +
+        # |w1|) <= 32767 for a same-sign pair. A 65 beside a zero or a 63 keeps it (w7, one
+        # pass); beside a 64 of its sign it does not: the pair split (test_int8_conv_split.py)
         args65, attrs65, _ = _case(1, 7, 12, 13, 13, 3, 1, 1, "uint8", 0, lim=64)
         wd = np.zeros((13, 7, 3, 3), np.int64)
         wd[5, 2, 1, 1] = edge
-        args65[1] = pack_conv_weights(wd)
-        (call,) = _main_ops(args65, attrs65, "x86-64-v3")
+        for partner, split in ((0, False), (63 * np.sign(edge), False),
+                               (64 * np.sign(edge), True)):
+            wd[5, 3, 1, 1] = partner
+            args65[1] = pack_conv_weights(wd)
+            (call,) = _main_ops(args65, attrs65, "x86-64-v3")
+            assert call.op == "qconv2d_quads" and call.attrs.get("w7") is True, (edge, partner)
+            assert bool(call.attrs.get("split")) == split, (edge, partner)
+        (call,) = _main_ops(args65, attrs65, "x86-64-v3", conv_quads7=False)
         assert call.op == "qconv2d", edge
-        wd[5, 2, 1, 1] = edge - np.sign(edge)     # +-64: taken
+        wd[5, 2, 1, 1] = edge - np.sign(edge)     # +-64 beside +-64: one pass
         args65[1] = pack_conv_weights(wd)
         (call,) = _main_ops(args65, attrs65, "x86-64-v3")
-        assert call.op == "qconv2d_quads", edge
+        assert call.op == "qconv2d_quads" and not call.attrs.get("split"), edge
 
 
 @pytest.fixture(scope="module")

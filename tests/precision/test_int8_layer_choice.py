@@ -60,7 +60,7 @@ def _products(path: Path, options: CompileOptions) -> list[str]:
     out = []
     for b in fn.bindings():
         op = getattr(b.value, "op", "")
-        if op == "qconv2d":
+        if op in ("qconv2d", "qconv2d_quads"):      # quads: the vpmaddubsw kernel's weights
             out.append("int")
         elif op.startswith("nn.conv2d"):
             out.append("float winograd" if b.value.attrs.get("winograd") else "float")
