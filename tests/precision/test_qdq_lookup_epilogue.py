@@ -20,10 +20,14 @@ from onnx import helper as h
 import quant_models as qm
 from conftest import X86_V2, X86_V3
 from mlcpack.frontends.onnx import import_onnx
+from mlcpack.packager.codegen.parallel import compile_prim_funcs
+from mlcpack.packager.codegen.target import resolve_target
 from mlcpack.packager.export import ExportOptions, export_module
+from mlcpack.packager.ir.graph import PrimFunc
 from mlcpack.packager.ops import OPS
 from mlcpack.packager.options import CompileOptions
 from mlcpack.packager.passes import DEFAULT_PIPELINE, run_pipeline
+from mlcpack.packager.vm_emit import main_size_vars
 from mlcpack.runtime import load
 
 ort = pytest.importorskip("onnxruntime")
@@ -113,6 +117,27 @@ def test_no_kernel_of_its_own_for_quantize_table_or_dequantize(bundle) -> None:
     fused = [n for n in names if "qlookup" in n]
     assert len(fused) == 3 and all("conv2d" in n for n in fused), names
     assert not any(n.startswith(("lut8", "fused_lut8", "dequantize")) for n in names), names
+
+
+@pytest.mark.parametrize("level", ["x86-64-v3", "x86-64-v4"])
+def test_the_gather_is_vgatherdps(qfile, level) -> None:
+    """The 1x1 convolution with its SiLU lookup compiled for AVX2 (8 lanes) and AVX-512 (16
+    lanes, two AVX2 gathers): ``vgatherdps``, no call to a sigmoid."""
+    import llvmlite.binding as llvm
+
+    options = CompileOptions(target=level)
+    mod = run_pipeline(import_onnx(str(qfile))[0], DEFAULT_PIPELINE, options=options)
+    funcs = [f for f in mod.functions.values() if isinstance(f, PrimFunc) and "qlookup" in f.name]
+    assert len(funcs) == 3, [f.name for f in funcs]
+    target = resolve_target(level)
+    code = compile_prim_funcs(funcs[-1:], target, main_size_vars(mod), options)
+    llvm.initialize_all_targets()
+    llvm.initialize_all_asmprinters()
+    tm = llvm.Target.from_triple(target.triple).create_target_machine(
+        cpu=target.llvm_cpu, features=target.llvm_features, opt=3, reloc="pic")
+    asm = tm.emit_assembly(llvm.parse_assembly(code.llvm_ir))
+    assert "vgatherdps" in asm
+    assert "sigmoid" not in code.llvm_ir
 
 
 def _ort_as_written(qfile: Path):
