@@ -1,9 +1,11 @@
 """``qlookup``: quantize a float tensor to 8 bits and look each value up in a float32 table, in
 one elementwise step (``passes/quantize_lut.py`` makes it from ``dequantize(lut8(quantize(y)))``).
 
-``qlookup(y, scale, zero_point, table, dtype=D, axis=A)``: y float32; scale float32 and
+``qlookup(y, scale, zero_point, table, dtype=D, axis=A, unit_scale=U)``: y float32; scale float32 and
 zero_point D (int8/uint8) as ``quantize`` takes them (per tensor, or broadcasting to y); table
-float32 ``[C, 256]`` (C = y's extent on axis A, or 1 row with A = -1). Result float32, y's shape:
+float32 ``[C, 256]`` (C = y's extent on axis A, or 1 row with A = -1); U: the scale is 1.0 (the
+float32-exact chains of ``passes/fuse_qdq.py``), so the code does not divide by it (y / 1.0 is
+y). Result float32, y's shape:
 
     q = quantize(y, scale, zero_point, D)            (ops/quant.py, bit for bit)
     out[..., c, ...] = table[c, q + 128 * (D is int8)]
@@ -28,7 +30,7 @@ from .registry import INJECTIVE, register_op
 
 
 def _infer_qlookup(y: TensorType, scale: TensorType, zero_point: TensorType, table: TensorType,
-                   dtype: str = "uint8", axis: int = -1) -> TensorType:
+                   dtype: str = "uint8", axis: int = -1, unit_scale: bool = False) -> TensorType:
     if (y.dtype != "float32" or scale.dtype != "float32" or dtype not in ("int8", "uint8")
             or zero_point.dtype != dtype):
         raise ValueError(f"qlookup takes a float32 y and scale and a {dtype} zero point, not "
@@ -44,14 +46,16 @@ def _infer_qlookup(y: TensorType, scale: TensorType, zero_point: TensorType, tab
 
 
 def _legalize_qlookup(y: te.Tensor, scale: te.Tensor, zero_point: te.Tensor, table: te.Tensor,
-                      out_type: TensorType, name: str, dtype: str = "uint8",
-                      axis: int = -1) -> te.Tensor:
+                      out_type: TensorType, name: str, dtype: str = "uint8", axis: int = -1,
+                      unit_scale: bool = False) -> te.Tensor:
     lo, hi = saturation_range(dtype)
     off = 128.0 if dtype == "int8" else 0.0
 
     def body(*i: te.IndexVar) -> te.Expr:
         # ops/quant.py's quantize up to its last cast, then the table's column as an int64
-        q = te.cast(broadcast_read(y, i) / broadcast_read(scale, i), "float32")
+        q = broadcast_read(y, i)
+        if not unit_scale:   # y / 1.0 is y: no division (vdivps) for the float32-exact chains
+            q = te.cast(q / broadcast_read(scale, i), "float32")
         q = te.math("round", q) + te.cast(broadcast_read(zero_point, i), "float32")
         q = te.minimum(te.maximum(q, scalar_of(lo, "float32")), scalar_of(hi, "float32"))
         if off:
@@ -66,8 +70,9 @@ def _legalize_qlookup(y: te.Tensor, scale: te.Tensor, zero_point: te.Tensor, tab
 
 @register_op("qlookup", INJECTIVE, _infer_qlookup, _legalize_qlookup)
 def qlookup(y: np.ndarray, scale: np.ndarray, zero_point: np.ndarray, table: np.ndarray,
-            dtype: str = "uint8", axis: int = -1) -> np.ndarray:
-    """``table[c, quantize(y) + 128 * (dtype is int8)]`` per element (see the module doc)."""
+            dtype: str = "uint8", axis: int = -1, unit_scale: bool = False) -> np.ndarray:
+    """``table[c, quantize(y) + 128 * (dtype is int8)]`` per element (see the module doc);
+    ``unit_scale``: the scale is 1.0 everywhere (the compiled code skips the division)."""
     q = quantize(y, scale, zero_point, dtype)
     idx = q.astype(np.int64) + (128 if dtype == "int8" else 0)
     if axis < 0:

@@ -271,10 +271,12 @@ def _lookup_in_function(fn: Function) -> Function:
         if table is None:
             continue
         rows, axis = table
-        new[id(b.var)] = Call("qlookup", [q.args[0], q.args[1], q.args[2],
+        scale = q.args[1]
+        unit = isinstance(scale, Constant) and bool(np.all(scale.data == 1))
+        new[id(b.var)] = Call("qlookup", [q.args[0], scale, q.args[2],
                                           Constant(f"{b.var.name}_table", rows)],
-                              {"dtype": q.attrs.get("dtype", "uint8"), "axis": axis},
-                              b.var.type)
+                              {"dtype": q.attrs.get("dtype", "uint8"), "axis": axis,
+                               "unit_scale": unit}, b.var.type)
     if not new:
         return fn
 
