@@ -235,8 +235,10 @@ def lookup_dequantized_tables(mod: IRModule, options: CompileOptions) -> IRModul
     three elementwise passes (an 8-bit quantize, the table, a dequantize). What a QDQ model
     whose convolutions run on the float kernels computes around each activation: open image
     sizes (YOLOv8n's and Paddle's files), or layers ``int8_cost.py`` leaves float. Runs after
-    the 8-bit fusions (concat, qbinary), which read the tables' 8-bit values themselves."""
-    if not (options.int8_kernels and options.lut8):
+    the 8-bit fusions (concat, qbinary), which read the tables' 8-bit values themselves. With
+    ``options.qlookup`` only (off by default: on Zen 4 with AVX2 the gather cost more than the
+    passes it saves, docs/performance.md)."""
+    if not (options.int8_kernels and options.lut8 and options.qlookup):
         return mod
     return eliminate_dead_code(map_functions(mod, _lookup_in_function))
 

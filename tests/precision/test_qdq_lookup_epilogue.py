@@ -1,6 +1,7 @@
-"""An activation between Q/DQ pairs after a convolution that runs on the float kernels (a QDQ
-model with open image sizes, as YOLOv8n's file: Conv -> Q -> DQ -> Sigmoid -> Q -> DQ -> Mul ->
-Q -> DQ) is one ``qlookup`` (``ops/qlookup.py``, ``passes/quantize_lut.py``
+"""With ``CompileOptions.qlookup`` (off by default: slower on Zen 4 with AVX2), an activation
+between Q/DQ pairs after a convolution that runs on the float kernels (a QDQ model with open
+image sizes, as YOLOv8n's file: Conv -> Q -> DQ -> Sigmoid -> Q -> DQ -> Mul -> Q -> DQ) is one
+``qlookup`` (``ops/qlookup.py``, ``passes/quantize_lut.py``
 ``lookup_dequantized_tables``) in the convolution's epilogue: the value quantized, its
 dequantized table entry gathered (``vgatherdps`` on AVX2, a load per lane on SSE), no quantize,
 ``lut8`` or dequantize pass of its own; and the bundle still equals ONNX Runtime running the
@@ -82,7 +83,8 @@ def bundle(qfile, tmp_path_factory) -> Path:
     on."""
     mod, _ = import_onnx(str(qfile))
     out = tmp_path_factory.mktemp("silu_bundle") / "block.mlc"
-    export_module(mod, out, ExportOptions(target="x86-64-v2,x86-64-v3", check=True))
+    export_module(mod, out, ExportOptions(target="x86-64-v2,x86-64-v3", check=True,
+                                          compile=CompileOptions(qlookup=True)))
     return out
 
 
@@ -105,10 +107,15 @@ def test_reference_is_the_chain_it_replaces(dtype) -> None:
 def test_each_silu_is_a_lookup_in_its_convolution(qfile) -> None:
     passes = DEFAULT_PIPELINE[:[p.name for p in DEFAULT_PIPELINE].index("legalize")]
     fn = run_pipeline(import_onnx(str(qfile))[0], passes,
-                      options=CompileOptions(target="x86-64-v3")).functions["main"]
+                      options=CompileOptions(target="x86-64-v3", qlookup=True)).functions["main"]
     ops = [getattr(b.value, "op", "") for b in fn.bindings()]
     assert ops.count("qlookup") == 3, ops
     assert "lut8" not in ops, ops
+    # off by default (slower on Zen 4 with AVX2): the tables stay lut8 kernels
+    fn = run_pipeline(import_onnx(str(qfile))[0], passes,
+                      options=CompileOptions(target="x86-64-v3")).functions["main"]
+    ops = [getattr(b.value, "op", "") for b in fn.bindings()]
+    assert "qlookup" not in ops and ops.count("lut8") == 3, ops
 
 
 def test_no_kernel_of_its_own_for_quantize_table_or_dequantize(bundle) -> None:
@@ -126,7 +133,7 @@ def test_the_gather_is_vgatherdps(qfile, level) -> None:
     is 1.0: the float32-exact chain of passes/fuse_qdq.py)."""
     import llvmlite.binding as llvm
 
-    options = CompileOptions(target=level)
+    options = CompileOptions(target=level, qlookup=True)
     mod = run_pipeline(import_onnx(str(qfile))[0], DEFAULT_PIPELINE, options=options)
     funcs = [f for f in mod.functions.values() if isinstance(f, PrimFunc) and "qlookup" in f.name]
     assert len(funcs) == 3, [f.name for f in funcs]

@@ -4,8 +4,7 @@ as Add / Clip / Mul / Div, two 2x2 stride-2 ConvTranspose upsamplers, sigmoid) e
 and W symbolic; its transposed convolutions (DequantizeLinear weights, constants only after
 ``fold_dequantize``) take the 1x1 convolution and block transpose (``passes/conv_transpose.py``
 ``_pixels``) instead of the generic loop nest; its HardSwish chain of quantize / dequantize
-pairs becomes one table (``passes/quantize_lut.py``: a ``qlookup`` in the convolution's
-epilogue); and the bundle equals ONNX
+pairs becomes one ``lut8`` table (``passes/quantize_lut.py``); and the bundle equals ONNX
 Runtime running the QDQ graph as written at several sizes."""
 
 from __future__ import annotations
@@ -92,7 +91,7 @@ def test_hardswish_chain_is_one_table_lookup(head) -> None:
     _, bundle = head
     with load(bundle) as model:
         names = [k.name for k in model.schema.plan.kernels]
-    assert [n for n in names if "lut8" in n or "qlookup" in n], names
+    assert [n for n in names if "lut8" in n], names
     assert not any("divide" in n or "clip" in n for n in names), names
 
 
