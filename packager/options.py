@@ -70,6 +70,10 @@ class CompileOptions:
     # quantized elementwise chains as 8-bit lookup tables (passes/quantize_lut.py), with the
     # integer kernels; False: the chains stay as they are (tests compare the two)
     lut8: bool = True
+    # dequantize(lut8(quantize(y))) after a float product as one qlookup in its epilogue, a
+    # gather per 8 values (passes/quantize_lut.py lookup_dequantized_tables); off: measured
+    # slower on Zen 4 with AVX2 (vgatherdps), docs/performance.md (MLCPACK_QLOOKUP=1: on)
+    qlookup: bool = False
     # the VNNI qmatmul and qconv2d with vpdpbusd written in portable IR, on any target (tests:
     # runs the VNNI data path on a CPU without VNNI; MLCPACK_VNNI_EMULATE=1)
     vnni_emulate: bool = False
@@ -234,6 +238,8 @@ class CompileOptions:
             env["conv_oc_lanes"] = False
         if environ.get("MLCPACK_VNNI_EMULATE", "") == "1":
             env["vnni_emulate"] = True
+        if environ.get("MLCPACK_QLOOKUP", "") == "1":
+            env["qlookup"] = True
         if environ.get("MLCPACK_SYMBOLIC_GENERIC"):
             env["symbolic_generic"] = True
         if environ.get("MLCPACK_PARALLEL_COMPILE", "1") == "0":

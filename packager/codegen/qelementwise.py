@@ -110,7 +110,7 @@ def match_lut8(func: PrimFunc, symbolic: bool = False) -> int | None:
 def match_quantize(func: PrimFunc) -> str | None:
     """The output dtype when ``func`` is exactly ops/quant.py's ``quantize`` of a float32
     tensor of static shape to int8 / uint8 with one scale and one zero point:
-    ``cast(min(max(round(x / s) + float(z), lo), hi))``."""
+    ``cast(min(max(round(x / s) + float(z), lo), hi))``, or ``round(x)`` (``unit_scale``)."""
     if len(func.inputs) != 3 or len(func.outputs) != 1:
         return None
     x, s, z = func.inputs
@@ -136,11 +136,22 @@ def match_quantize(func: PrimFunc) -> str | None:
             and isinstance(e.b.value, te.Read) and e.b.value.tensor.uid == z.uid):
         return None
     q = e.a.arg
-    if not (isinstance(q, te.Binary) and q.op == "div" and isinstance(q.a, te.Read)
-            and q.a.tensor.uid == x.uid and tuple(q.a.indices) == tuple(out.axes)
-            and isinstance(q.b, te.Read) and q.b.tensor.uid == s.uid):
+    if isinstance(q, te.Read):   # unit_scale: x itself (passes/fuse_qdq.py's float32-exact chains)
+        x_read = q
+    elif (isinstance(q, te.Binary) and q.op == "div" and isinstance(q.b, te.Read)
+          and q.b.tensor.uid == s.uid):
+        x_read = q.a
+    else:
+        return None
+    if not (isinstance(x_read, te.Read) and x_read.tensor.uid == x.uid
+            and tuple(x_read.indices) == tuple(out.axes)):
         return None
     return z.dtype
+
+
+def _divides(func: PrimFunc) -> bool:
+    """Whether a ``match_quantize`` function divides by its scale (not ``unit_scale``)."""
+    return any(isinstance(n, te.Binary) and n.op == "div" for n in te.walk(func.outputs[0].body))
 
 
 def _is_const(e: te.Expr, value: float) -> bool:
@@ -395,9 +406,11 @@ class _QQuantize(_QVector):
         xb, yb = buf[x.uid], buf[y.uid]
         s_v = self._splat(b.load(buf[s.uid]), V8F32)
         self.y_zp = self._splat(b.sitofp(self._widen(b.load(buf[z.uid]), z.dtype), F32), V8F32)
+        divides = _divides(self.func)
 
         def quotient(at: ir.Value) -> ir.Value:
-            return b.fdiv(b.load(self._ptr(xb, at, V8F32), align=4), s_v)
+            v = b.load(self._ptr(xb, at, V8F32), align=4)
+            return b.fdiv(v, s_v) if divides else v
 
         nvec = total // VL
         group = 4
@@ -434,5 +447,5 @@ class _QQuantize(_QVector):
                 for j in range(lanes):
                     v = b.insert_element(v, b.load(b.gep(xb, [const_i64(k + j)])),
                                          ir.Constant(I32, j))
-                f = b.fdiv(v, s_v)
+                f = b.fdiv(v, s_v) if _divides(self.func) else v
             self._store([f], yb, const_i64(k), lanes)

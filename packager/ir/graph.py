@@ -172,13 +172,14 @@ class PrimFunc:
             if any(isinstance(n, te.Reduce) for n in te.walk(stage.body)):
                 return False
             for r in te.reads(stage.body):
-                if not _is_broadcast_read(stage, r):
+                if not is_broadcast_read(stage, r):
                     return False
         return True
 
 
-def _is_broadcast_read(stage: te.Tensor, r: te.Read) -> bool:
-    # Reads of the form t[i_k, ..., 0, i_m] aligned to the stage's trailing axes (numpy broadcast).
+def is_broadcast_read(stage: te.Tensor, r: te.Read) -> bool:
+    """``r`` reads its tensor as ``t[i_k, ..., 0, i_m]``, aligned to ``stage``'s trailing axes
+    (numpy broadcast)."""
     offset = len(stage.axes) - len(r.indices)
     if offset < 0:
         return False

@@ -8,7 +8,9 @@ quantized axis and 1 elsewhere per channel (``[O, 1, 1, 1]`` for a convolution's
 
 - ``quantize``: ``saturate(round_half_even(x / scale) + zero_point)`` as ``D``; the division in
   ``x``'s float dtype, rounding, the zero point and saturation in float32 (ONNX QuantizeLinear,
-  ONNX Runtime's MLAS kernel). ``zero_point`` has dtype ``D``.
+  ONNX Runtime's MLAS kernel). ``zero_point`` has dtype ``D``. ``unit_scale=True`` (set by
+  ``passes/fuse_qdq.py`` on its float32-exact chains, whose scale is the constant 1.0): the
+  compiled code does not divide (x / 1.0 is x for every float32 x, so the result is the same).
 - ``dequantize``: ``(q - zero_point) * scale`` in ``scale``'s dtype; the subtraction runs in
   float64 for int32/uint32 (exact), float32 otherwise. ``zero_point`` has ``q``'s dtype.
 """
@@ -47,7 +49,8 @@ def _wide(dtype: str) -> str:
 
 
 def _infer_quantize(x: TensorType, scale: TensorType, zero_point: TensorType,
-                    dtype: str = "uint8", *, relations: list) -> TensorType:
+                    dtype: str = "uint8", unit_scale: bool = False, *,
+                    relations: list) -> TensorType:
     if x.dtype not in te.FLOAT_DTYPES or x.dtype in te.FLOAT8_DTYPES:
         raise ValueError(f"quantize takes a float tensor, not {x.dtype}")
     if scale.dtype != x.dtype:
@@ -61,11 +64,14 @@ def _infer_quantize(x: TensorType, scale: TensorType, zero_point: TensorType,
 
 
 def _legalize_quantize(x: te.Tensor, scale: te.Tensor, zero_point: te.Tensor,
-                       out_type: TensorType, name: str, dtype: str = "uint8") -> te.Tensor:
+                       out_type: TensorType, name: str, dtype: str = "uint8",
+                       unit_scale: bool = False) -> te.Tensor:
     lo, hi = saturation_range(dtype)
 
     def body(*i: te.IndexVar) -> te.Expr:
-        q = te.cast(broadcast_read(x, i) / broadcast_read(scale, i), "float32")
+        q = broadcast_read(x, i)
+        if not unit_scale or x.dtype != "float32":
+            q = te.cast(q / broadcast_read(scale, i), "float32")
         q = te.math("round", q) + te.cast(broadcast_read(zero_point, i), "float32")
         q = te.minimum(te.maximum(q, scalar_of(lo, "float32")), scalar_of(hi, "float32"))
         return te.cast(q, dtype)
@@ -75,7 +81,7 @@ def _legalize_quantize(x: te.Tensor, scale: te.Tensor, zero_point: te.Tensor,
 
 @register_op("quantize", ELEMWISE, _infer_quantize, _legalize_quantize)
 def quantize(x: np.ndarray, scale: np.ndarray, zero_point: np.ndarray,
-             dtype: str = "uint8") -> np.ndarray:
+             dtype: str = "uint8", unit_scale: bool = False) -> np.ndarray:
     lo, hi = saturation_range(dtype)
     with np.errstate(all="ignore"):
         q = np.round((x / scale).astype(np.float32)) + zero_point.astype(np.float32)

@@ -14,9 +14,10 @@ from collections import Counter
 from typing import Sequence
 
 from ..ir import te
-from ..ir.graph import (Binding, CallTIR, Function, IRModule, PrimFunc, merge_sources,
-                        used_values)
+from ..ir.graph import (Binding, CallTIR, Function, IRModule, PrimFunc, is_broadcast_read,
+                        merge_sources, used_values)
 from ..ir.patterns import reduction_tag
+from ..ops.qlookup import is_table_read
 from ..ops.registry import OPAQUE, REDUCTION
 
 # Math functions a matmul's epilogue does not take: evaluated on the register tile, erf (GELU)
@@ -103,7 +104,7 @@ def _fuse_one(mod: IRModule, b: Binding, producer_of: dict[int, Binding], uses: 
     v = b.value
     consumer = mod.functions[v.func]
     assert isinstance(consumer, PrimFunc)
-    if not consumer.is_elementwise:
+    if not (consumer.is_elementwise or _is_float_table_lookup(consumer)):
         return None
     for arg in v.args:
         prod = producer_of.get(id(arg))
@@ -143,6 +144,24 @@ def _fuse_one(mod: IRModule, b: Binding, producer_of: dict[int, Binding], uses: 
         return prod, Binding(b.var, CallTIR(new_name, args, v.type),
                              merge_sources(prod.source, b.source))
     return None
+
+
+def _is_float_table_lookup(func: PrimFunc) -> bool:
+    """``func`` is elementwise but for gathers from float32 [C, 256] tables (``qlookup``,
+    ops/qlookup.py): a float contraction takes it as its epilogue (the vector epilogue gathers
+    the table, codegen/contraction/epilogue.py)."""
+    if len(func.outputs) != 1 or func.outputs[0].dtype != "float32":
+        return False
+    stages = [st for st in te.stages(func.outputs) if st.body is not None]
+    if len(stages) != 1 or any(isinstance(n, te.Reduce) for n in te.walk(stages[0].body)):
+        return False
+    tables = 0
+    for r in te.reads(stages[0].body):
+        if is_table_read(r):
+            tables += 1
+        elif not is_broadcast_read(stages[0], r):
+            return False
+    return tables > 0
 
 
 def _is_sized_table_lookup(func: PrimFunc) -> bool:

@@ -255,7 +255,7 @@ def _fuse_in_function(fn: Function, int8: bool, options: CompileOptions) -> Func
                           {}, ct))
         steps.append(("multiply", [None, Constant("requant_scale", mult)], {}, ct))
         steps.append(("quantize", [None, one, Constant("y_zp", yzp.astype(q.attrs["dtype"]))],
-                      {"dtype": q.attrs["dtype"]}, q.type))
+                      {"dtype": q.attrs["dtype"], "unit_scale": True}, q.type))
         return "float", steps
 
     def visit(b, lookup):
@@ -366,7 +366,7 @@ def _float_chain(b: Binding, m: dict) -> list[Binding]:
                       mm_t))
     steps.append(("multiply", [None, Constant("requant_scale", m["mult"])], {}, mm_t))
     steps.append(("quantize", [None, one, Constant("y_zp", np.asarray(m["yzp"], dtype))],
-                  {"dtype": dtype}, b.value.type))
+                  {"dtype": dtype, "unit_scale": True}, b.value.type))
     return _bind_chain(b, steps)
 
 

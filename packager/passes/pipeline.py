@@ -25,7 +25,7 @@ from .fuse_qdq import fuse_quantized
 from .fuse_qdq_elementwise import fuse_quantized_elementwise
 from .fuse_qdq_attention import fuse_quantized_attention
 from .fuse_qdq_layout import fuse_quantized_layout
-from .quantize_lut import tabulate_quantized_chains
+from .quantize_lut import lookup_dequantized_tables, tabulate_quantized_chains
 from .simplify import eliminate_dead_code, fold_constants, fold_dequantize
 from .strided_frames import strided_frames_as_matmul
 
@@ -47,6 +47,7 @@ DEFAULT_PIPELINE: tuple[Pass, ...] = (
     Pass("fuse_quantized_layout", fuse_quantized_layout, takes_options=True),
     Pass("fuse_quantized_attention", fuse_quantized_attention, takes_options=True),
     Pass("fuse_quantized_elementwise", fuse_quantized_elementwise, takes_options=True),
+    Pass("lookup_dequantized_tables", lookup_dequantized_tables, takes_options=True),
     Pass("fold_dequantize", fold_dequantize),
     Pass("drop_unread_cell_state", drop_unread_cell_state),
     Pass("decompose_conv_transpose", decompose_conv_transpose),

@@ -219,3 +219,133 @@ def _evaluate(out: Value, s: Value, defs: dict, source: dict, axis: int) -> np.n
         y = np.moveaxis(y, lane, 0)[None]
     return np.ascontiguousarray(y.reshape(rows, 256))
 
+
+
+# The products whose float kernels take a ``qlookup`` as their epilogue (the vector epilogue
+# gathers the table, codegen/contraction/epilogue.py); the float steps between them and the
+# quantize (bias, the requantizing multiplier) fuse too.
+_LOOKUP_PRODUCERS = ("nn.conv2d", "matmul")
+
+
+def lookup_dequantized_tables(mod: IRModule, options: CompileOptions) -> IRModule:
+    """``dequantize(lut8(quantize(y)))`` -> ``qlookup(y)`` (ops/qlookup.py) where y is a float
+    convolution's or matmul's result (through elementwise steps with constants) and each of
+    the three reads the one before it alone: the table's dequantized values precomputed, so
+    the product's kernel quantizes, looks up and stores float32 in its epilogue instead of
+    three elementwise passes (an 8-bit quantize, the table, a dequantize). What a QDQ model
+    whose convolutions run on the float kernels computes around each activation: open image
+    sizes (YOLOv8n's and Paddle's files), or layers ``int8_cost.py`` leaves float. Runs after
+    the 8-bit fusions (concat, qbinary), which read the tables' 8-bit values themselves. With
+    ``options.qlookup`` only (off by default: on Zen 4 with AVX2 the gather cost more than the
+    passes it saves, docs/performance.md)."""
+    if not (options.int8_kernels and options.lut8 and options.qlookup):
+        return mod
+    return eliminate_dead_code(map_functions(mod, _lookup_in_function))
+
+
+def _lookup_in_function(fn: Function) -> Function:
+    defs: dict[int, Call] = {}
+    uses: dict[int, int] = {}
+    for b in fn.bindings():
+        if isinstance(b.value, Call):
+            defs[id(b.var)] = b.value
+        for a in getattr(b.value, "args", []):
+            uses[id(a)] = uses.get(id(a), 0) + 1
+    for o in fn.outputs:
+        uses[id(o)] = uses.get(id(o), 0) + 1
+    new: dict[int, Call] = {}
+    for b in fn.bindings():
+        c = b.value
+        if not (isinstance(c, Call) and c.op == "dequantize" and len(c.args) == 3):
+            continue
+        t = defs.get(id(c.args[0]))
+        if t is None or t.op != "lut8" or uses.get(id(c.args[0])) != 1:
+            continue
+        q = defs.get(id(t.args[0]))
+        if (q is None or q.op != "quantize" or uses.get(id(t.args[0])) != 1
+                or q.args[0].type.dtype != "float32" or q.args[1].type.dtype != "float32"
+                or not _from_product(q.args[0], defs)):
+            continue
+        shape = tuple(b.var.type.shape)
+        if tuple(q.args[0].type.shape) != shape or tuple(t.args[0].type.shape) != shape:
+            continue
+        table = _dequantized_table(t, c, len(shape))
+        if table is None:
+            continue
+        rows, axis = table
+        scale = q.args[1]
+        unit = isinstance(scale, Constant) and bool(np.all(scale.data == 1))
+        new[id(b.var)] = Call("qlookup", [q.args[0], scale, q.args[2],
+                                          Constant(f"{b.var.name}_table", rows)],
+                              {"dtype": q.attrs.get("dtype", "uint8"), "axis": axis,
+                               "unit_scale": unit}, b.var.type)
+    if not new:
+        return fn
+
+    def visit(binding: Binding, lookup):
+        call = new.get(id(binding.var))
+        if call is None:
+            return None
+        return Call("qlookup", [lookup(a) for a in call.args], call.attrs, call.type)
+
+    return rewrite_function(fn, visit)
+
+
+def _from_product(v: Value, defs: dict) -> bool:
+    """``v`` is a ``_LOOKUP_PRODUCERS`` result through elementwise steps whose other operands
+    are constant (the bias, the multiplier)."""
+    for _ in range(8):
+        c = defs.get(id(v))
+        if c is None:
+            return False
+        if c.op in _LOOKUP_PRODUCERS:
+            return True
+        if OPS.get(c.op) is None or OPS[c.op].kind != ELEMWISE:
+            return False
+        inner = [a for a in c.args if not _constant_valued(a, defs)]
+        if len(inner) != 1:
+            return False
+        v = inner[0]
+    return False
+
+
+def _constant_valued(v: Value, defs: dict, depth: int = 4) -> bool:
+    """``v`` is a constant, or computed from constants alone (a DequantizeLinear of an int32
+    bias and its reshape, which ``fold_dequantize`` folds later)."""
+    if isinstance(v, Constant):
+        return True
+    c = defs.get(id(v))
+    return (c is not None and depth > 0 and bool(c.args)
+            and all(_constant_valued(a, defs, depth - 1) for a in c.args))
+
+
+def _dequantized_table(lut: Call, dq: Call, rank: int) -> tuple[np.ndarray, int] | None:
+    """(the float32 [C, 256] table of dequantize(lut8(.)), its axis), or None when the
+    dequantize's scale or zero point is not constant or varies along another axis than the
+    table's."""
+    table8, scale, zp = lut.args[1], dq.args[1], dq.args[2]
+    if not all(isinstance(a, Constant) for a in (table8, scale, zp)):
+        return None
+    t8, s, z = table8.data, scale.data, zp.data
+    axis = lut.attrs.get("axis", -1)
+    rows = t8.shape[0]
+    per = {rank - max(d.ndim, 1) + i for d in (s, z) for i, n in enumerate(d.shape) if n != 1}
+    if len(per) > 1 or any(d.ndim > rank for d in (s, z)):
+        return None
+    if per:
+        dq_axis = per.pop()
+        if axis >= 0 and axis != dq_axis:
+            return None
+        c = int(max(s.size, z.size))
+        if rows not in (1, c):
+            return None
+        axis, rows = dq_axis, c
+        s = np.broadcast_to(s.reshape(-1), (c,)).reshape(c, 1)
+        z = np.broadcast_to(z.reshape(-1), (c,)).reshape(c, 1)
+        t8 = np.broadcast_to(t8, (c, 256))
+    else:
+        s, z = s.reshape(()), z.reshape(())
+    out = OPS["dequantize"].reference(np.ascontiguousarray(t8), s, z)
+    if out.dtype != np.float32:
+        return None
+    return np.ascontiguousarray(out.reshape(rows, 256)), axis

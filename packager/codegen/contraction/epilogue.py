@@ -1,7 +1,8 @@
 """The contraction kernels' fused epilogue (bias, BatchNorm scale/shift, activation, residual
 add), evaluated on the register tile after each block: a vector at a time along the output's
 last axis (masked at the ends of rows and panels) when it is plain float32 arithmetic, or the
-casts of a quantize -> dequantize round trip (``_vector_casts``); otherwise (other casts, math
+casts of a quantize -> dequantize round trip (``_vector_casts``) or a ``qlookup``'s gather from
+its float table (``_gather_table``); otherwise (other casts, math
 calls without a vector form) by the generic scalar expression lowering, element by element.
 ``EpilogueMixin.epilogue_vector`` is the public entry for kernels that hold their own
 accumulators (the depthwise kernels)."""
@@ -11,7 +12,8 @@ from __future__ import annotations
 from llvmlite import ir
 
 from ...ir import te
-from ..helpers import I1, I32, const_i64, for_range, intrinsic
+from ...ops.qlookup import is_table_read
+from ..helpers import F32, I1, I8, I32, I64, const_i64, for_range, intrinsic
 from ..lower import bound_select
 from ..vecmath_lanes import VECTOR_MATH, opaque_constant, vector_math
 
@@ -36,8 +38,9 @@ def _vector_casts(body: te.Expr, skip: te.Expr, last: te.IndexVar) -> set[int] |
     float32 -> float32; float32 of a float32 -> 8/16-bit integer cast (emitted as fptosi to
     int32 and back: the same truncation for every value T holds; other values are poison in
     the scalar lowering's fptoui/fptosi too); float32 of an 8/16-bit or int32 read that is not
-    along the output's last axis (a per-channel or per-tensor value, loaded and splat)."""
-    inner: set[int] = set()
+    along the output's last axis (a per-channel or per-tensor value, loaded and splat); the
+    int64 column of a table read (``ops/qlookup.is_table_read``: a gather)."""
+    inner: set[int] = {id(n.indices[1]) for n in te.walk(body, skip=skip) if is_table_read(n)}
     for node in te.walk(body, skip=skip):
         if not isinstance(node, te.Cast):
             continue
@@ -111,6 +114,10 @@ class EpilogueMixin:
             elif isinstance(node, te.MathCall):   # sigmoid (SiLU), erf (GELU), tanh, exp
                 if node.dtype != "float32" or node.name not in VECTOR_MATH:
                     return False
+            elif is_table_read(node):   # a qlookup's gather: its row per channel, not per lane
+                row = node.indices[0]
+                if isinstance(row, te.IndexVar) and (id(row) not in axes or row is last):
+                    return False
             elif isinstance(node, te.Read):
                 if id(node) not in cast_inner and (node.dtype != "float32"
                                                    or node.tensor.dtype != "float32"):
@@ -159,6 +166,8 @@ class EpilogueMixin:
             if self._opaque is not None:
                 return opaque_constant(b, float(e.value), self._opaque)
             return ir.Constant(self.vty, [float(e.value)] * self.vl)
+        if is_table_read(e):
+            return self._gather_table(e, env, mask, memo)
         if isinstance(e, te.Read) and e.tensor.dtype != "float32":   # under a float32 cast
             return self._splat(self.int_read_f32(e, env))
         if isinstance(e, te.Read):
@@ -206,6 +215,21 @@ class EpilogueMixin:
                 return b.sitofp(b.fptosi(x, ir.VectorType(I32, self.vl)), self.vty)
             return self._vvalue(v, env, mask, memo)   # an integer read: its float32 splat
         raise AssertionError(f"not vectorizable: {type(e).__name__}")
+
+    def _gather_table(self, e: te.Read, env: dict, mask: ir.Value | None, memo: dict
+                      ) -> ir.Value:
+        """A ``qlookup``'s read ``table[row, int64(column)]`` for vl outputs: the row (the
+        vector's channel, or 0) is one per vector, the columns are the lanes' quantized values
+        (rounded, clamped to 0..255, a NaN made 0 by the op: never outside the row)."""
+        b = self.builder
+        row, col = e.indices
+        r = const_i64(int(row.value)) if isinstance(row, te.Const) else env[id(row)]
+        offset = self._offset(e.tensor, [r, const_i64(0)])
+        if self._opaque_scalar is not None:   # not hoisted over the reduction (see _vnode)
+            offset = b.add(offset, b.sext(self._opaque_scalar, offset.type))
+        base = b.gep(self.buffers[e.tensor.uid], [offset], inbounds=True)
+        idx = b.fptosi(self._vvalue(col.value, env, mask, memo), ir.VectorType(I32, self.vl))
+        return gather_f32(b, self.module, base, idx, self.vl)
 
     def int_read_f32(self, e: te.Read, env: dict) -> ir.Value:
         """A scalar read of an integer tensor (not along the output's last axis: a zero point
@@ -293,3 +317,36 @@ class EpilogueMixin:
         value = self._value(self.match.body, env)
         self._tile_value = None
         self._store(self.buffers[out.uid], out, [env[id(a)] for a in out.axes], value)
+
+
+def gather_f32(b: ir.IRBuilder, module: ir.Module, base: ir.Value, idx: ir.Value, vl: int
+               ) -> ir.Value:
+    """``base[idx[j]]`` for the vl lanes of the int32 vector ``idx`` (every index in bounds):
+    on x86 with 8-lane vectors or more, AVX2's ``vgatherdps`` 8 lanes at a time (LLVM's generic
+    masked gather is scalarized on CPUs it does not tune for fast gathers, AMD's among them);
+    elsewhere one load per lane."""
+    vty = ir.VectorType(F32, vl)
+    if module.triple.startswith("x86_64") and vl % 8 == 0:
+        v8f, v8i = ir.VectorType(F32, 8), ir.VectorType(I32, 8)
+        fn = intrinsic(module, "llvm.x86.avx2.gather.d.ps.256", v8f,
+                       [v8f, I8.as_pointer(), v8i, v8f, I8])
+        ptr = b.bitcast(base, I8.as_pointer())
+        ones = b.bitcast(ir.Constant(v8i, [-1] * 8), v8f)
+        zero = ir.Constant(v8f, [0.0] * 8)
+        parts = []
+        for k in range(vl // 8):
+            part = idx if vl == 8 else b.shuffle_vector(
+                idx, ir.Constant(idx.type, None), ir.Constant(v8i, list(range(8 * k, 8 * k + 8))))
+            parts.append(b.call(fn, [zero, ptr, part, ones, ir.Constant(I8, 4)]))
+        while len(parts) > 1:   # concatenate pairwise: 8 + 8 -> 16
+            n = parts[0].type.count
+            parts = [b.shuffle_vector(parts[i], parts[i + 1],
+                                      ir.Constant(ir.VectorType(I32, 2 * n), list(range(2 * n))))
+                     for i in range(0, len(parts), 2)]
+        return parts[0]
+    out = ir.Constant(vty, None)
+    for j in range(vl):
+        at = b.sext(b.extract_element(idx, ir.Constant(I32, j)), I64)
+        out = b.insert_element(out, b.load(b.gep(base, [at], inbounds=True)),
+                               ir.Constant(I32, j))
+    return out

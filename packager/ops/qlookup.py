@@ -1,0 +1,94 @@
+"""``qlookup``: quantize a float tensor to 8 bits and look each value up in a float32 table, in
+one elementwise step (``passes/quantize_lut.py`` makes it from ``dequantize(lut8(quantize(y)))``).
+
+``qlookup(y, scale, zero_point, table, dtype=D, axis=A, unit_scale=U)``: y float32; scale float32 and
+zero_point D (int8/uint8) as ``quantize`` takes them (per tensor, or broadcasting to y); table
+float32 ``[C, 256]`` (C = y's extent on axis A, or 1 row with A = -1); U: the scale is 1.0 (the
+float32-exact chains of ``passes/fuse_qdq.py``), so the code does not divide by it (y / 1.0 is
+y). Result float32, y's shape:
+
+    q = quantize(y, scale, zero_point, D)            (ops/quant.py, bit for bit)
+    out[..., c, ...] = table[c, q + 128 * (D is int8)]
+
+The table holds ``dequantize(lut8_table, ...)``: what the QDQ chain computes after the 8-bit
+value, so the op equals the chain it replaces element for element. A float convolution takes it
+as its epilogue (the vector epilogue gathers the table row of the vector's channel,
+``codegen/contraction/epilogue.py``): an activation between Q/DQ pairs (YOLO's SiLU, Paddle's
+HardSwish) costs one rounding and one gather per 8 values instead of three passes over memory
+(quantize, table, dequantize).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..ir import te
+from ..ir.graph import TensorType
+from .elementwise import broadcast_read, scalar_of
+from .quant import quantize, saturation_range
+from .registry import INJECTIVE, register_op
+
+
+def _infer_qlookup(y: TensorType, scale: TensorType, zero_point: TensorType, table: TensorType,
+                   dtype: str = "uint8", axis: int = -1, unit_scale: bool = False) -> TensorType:
+    if (y.dtype != "float32" or scale.dtype != "float32" or dtype not in ("int8", "uint8")
+            or zero_point.dtype != dtype):
+        raise ValueError(f"qlookup takes a float32 y and scale and a {dtype} zero point, not "
+                         f"{y.dtype}, {scale.dtype}, {zero_point.dtype}")
+    if table.dtype != "float32" or len(table.shape) != 2 or table.shape[1] != 256:
+        raise ValueError(f"qlookup takes a float32 [C, 256] table, not {table.dtype} "
+                         f"{table.shape}")
+    if axis >= 0 and (axis >= len(y.shape) or y.shape[axis] != table.shape[0]):
+        raise ValueError(f"qlookup: table {table.shape} does not fit axis {axis} of {y.shape}")
+    if axis < 0 and table.shape[0] != 1:
+        raise ValueError(f"qlookup: a table of {table.shape[0]} rows needs an axis")
+    return TensorType(y.shape, "float32")
+
+
+def _legalize_qlookup(y: te.Tensor, scale: te.Tensor, zero_point: te.Tensor, table: te.Tensor,
+                      out_type: TensorType, name: str, dtype: str = "uint8", axis: int = -1,
+                      unit_scale: bool = False) -> te.Tensor:
+    lo, hi = saturation_range(dtype)
+    off = 128.0 if dtype == "int8" else 0.0
+
+    def body(*i: te.IndexVar) -> te.Expr:
+        # ops/quant.py's quantize up to its last cast, then the table's column as an int64
+        q = broadcast_read(y, i)
+        if not unit_scale:   # y / 1.0 is y: no division (vdivps) for the float32-exact chains
+            q = te.cast(q / broadcast_read(scale, i), "float32")
+        q = te.math("round", q) + te.cast(broadcast_read(zero_point, i), "float32")
+        q = te.minimum(te.maximum(q, scalar_of(lo, "float32")), scalar_of(hi, "float32"))
+        if off:
+            q = q + scalar_of(off, "float32")
+        # a NaN (which quantize's clamp lets through) reads column 0: never outside the table
+        q = te.if_then_else(te.eq(q, q), q, scalar_of(0.0, "float32"))
+        row = i[axis] if axis >= 0 else te.const(0, "int64")
+        return table[row, te.cast(q, "int64")]
+
+    return te.compute(out_type.shape, body, name=name, dtype="float32")
+
+
+@register_op("qlookup", INJECTIVE, _infer_qlookup, _legalize_qlookup)
+def qlookup(y: np.ndarray, scale: np.ndarray, zero_point: np.ndarray, table: np.ndarray,
+            dtype: str = "uint8", axis: int = -1, unit_scale: bool = False) -> np.ndarray:
+    """``table[c, quantize(y) + 128 * (dtype is int8)]`` per element (see the module doc);
+    ``unit_scale``: the scale is 1.0 everywhere (the compiled code skips the division)."""
+    q = quantize(y, scale, zero_point, dtype)
+    idx = q.astype(np.int64) + (128 if dtype == "int8" else 0)
+    if axis < 0:
+        return table[0][idx]
+    shape = [1] * q.ndim
+    shape[axis] = q.shape[axis]
+    rows = np.arange(q.shape[axis]).reshape(shape)
+    return table[rows, idx]
+
+
+def is_table_read(node: te.Expr) -> bool:
+    """``node`` reads a float32 ``[C, 256]`` table at a column computed from float32 values (a
+    ``qlookup``'s gather): ``table[row, int64(float32 expression)]``."""
+    if not (isinstance(node, te.Read) and node.tensor.dtype == "float32"
+            and len(node.indices) == 2 and tuple(node.tensor.shape)[1:] == (256,)):
+        return False
+    row, col = node.indices
+    return (isinstance(row, (te.IndexVar, te.Const)) and isinstance(col, te.Cast)
+            and col.dtype == "int64" and col.value.dtype == "float32")
