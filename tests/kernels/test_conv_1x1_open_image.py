@@ -90,3 +90,14 @@ def test_chunks_and_a_partial_block_row(tmp_path, monkeypatch):
     kernel = [k for k in describe(bundle)["kernels"] if "conv" in k["name"]][0]["kernel"]
     assert "chunks of 16" in kernel
     _check(path, bundle, _cases(1024, 66, False)[:4], "x86-64-v3", True)
+
+
+def test_partial_panel_narrow_tiles_odd_channels(tmp_path, monkeypatch):
+    """65 -> 64 with SiLU: the last, partial panel's narrow tiles (1, 6 and 100 pixels: one
+    vector, its two accumulator sets over an odd input-channel count; 35: two vectors; 143:
+    the whole tile)."""
+    monkeypatch.setenv("MLCPACK_CPU_FEATURES", X86_V3)
+    path, bundle = _export(tmp_path, _open(conv_model(1, 65, 8, 8, 64, 1, 1, act="silu")),
+                           "x86-64-v3")
+    cases = [conv_feeds(1, 65, h, w, 64, 1, 1, seed=h * w) for h, w in SIZES]
+    _check(path, bundle, cases, "x86-64-v3", True)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from llvmlite import ir
 
-from ..helpers import F32, const_i64, for_range
+from ..helpers import F32, alloca_once, const_i64, for_range
 from .geometry import PACK_A_BYTES
 
 # (panel, chunk) work items per task at least, where the panels allow (``_runtime_chunks``).
@@ -137,10 +137,90 @@ class SymbolicPackedMixin:
             with for_range(b, mb_lo, mb_hi, "mb") as mb:
                 oc0 = b.mul(mb, const_i64(mr))
                 a_scalar = self._conv_weight(oc0, oc0, og, 1)
-                tile = self._microkernel(mr, nv, cg, a_scalar, b_vector, [0])
                 with b.if_else(b.icmp_signed(">=", remaining, const_i64(nr))) as (full, part):
                     with full:
+                        tile = self._microkernel(mr, nv, cg, a_scalar, b_vector, [0])
                         self._epilogue(n, oc0, oc0, p0, remaining, tile, OW, None, False)
                     with part:
+                        tile = self._partial_tile(remaining, a_scalar, b_vector)
                         masks = [self._lane_mask(remaining, v) for v in range(nv)]
                         self._epilogue(n, oc0, oc0, p0, remaining, tile, OW, masks, True)
+
+    def _partial_tile(self, remaining, a_scalar, b_vector) -> ir.Value:
+        """The last, partial panel's tile (mr x nv vectors, the epilogue's layout): only the
+        vectors that hold pixels are computed (``remaining`` <= vl: one vector, <= 2 vl: two;
+        the others zero, their lanes not stored). A 10 x 10 image's last panel holds 4
+        pixels: one vector of 8 columns instead of 24. One vector per row gives mr FMA
+        chains, fewer than the FMA units' latency hides: two sets of accumulators (even and
+        odd k), added at the end."""
+        b, g = self.builder, self.g
+        mr, nv, cg, vl = g["mr"], g["nv"], g["cg"], self.vl
+        tile = alloca_once(b, ir.ArrayType(F32, (mr * nv + 1) * vl), name="ptile")
+        tile_f = b.bitcast(tile, F32.as_pointer())
+        if nv == 1:
+            small = self._microkernel(mr, nv, cg, a_scalar, b_vector, [0])
+            for q in range(mr):
+                off = const_i64(q * vl)
+                b.store(b.load(self._vec_ptr(small, off), align=4),
+                        self._vec_ptr(tile_f, off), align=4)
+            return tile_f
+        zero = ir.Constant(self.vty, [0.0] * vl)
+        cases = [(1, b.icmp_signed("<=", remaining, const_i64(vl)))]
+        if nv > 2:
+            cases.append((2, b.icmp_signed("<=", remaining, const_i64(2 * vl))))
+        cases.append((nv, None))
+
+        def fill(nt: int) -> None:
+            if nt == 1:
+                small = self._two_chain_vector(mr, cg, a_scalar, b_vector)
+            else:
+                small = self._microkernel(mr, nt, cg, a_scalar, b_vector, [0])
+            for i in range(mr):
+                for v in range(nv):
+                    val = (b.load(self._vec_ptr(small, const_i64((i * nt + v) * vl)), align=4)
+                           if v < nt else zero)
+                    b.store(val, self._vec_ptr(tile_f, const_i64((i * nv + v) * vl)), align=4)
+
+        def chain(k: int) -> None:
+            nt, cond = cases[k]
+            if cond is None:
+                fill(nt)
+                return
+            with b.if_else(cond) as (yes, no):
+                with yes:
+                    fill(nt)
+                with no:
+                    chain(k + 1)
+
+        chain(0)
+        self._begin_epilogue()   # the epilogue's opaque zero, where every branch has joined
+        return tile_f
+
+    def _two_chain_vector(self, mr, cg, a_scalar, b_vector) -> ir.Value:
+        """mr x 1 vector tile over cg steps, even and odd steps in separate accumulators."""
+        b, vl = self.builder, self.vl
+        zero = ir.Constant(self.vty, [0.0] * vl)
+        accs = [[alloca_once(b, self.vty, name=f"nacc{s}_{i}") for i in range(mr)]
+                for s in range(2)]
+        for row in accs:
+            for a in row:
+                b.store(zero, a)
+
+        def step(k, s) -> None:
+            x = b_vector(k, 0, 0)
+            for i in range(mr):
+                acc = accs[s][i]
+                b.store(self._fma(self._splat(a_scalar(k, 0, i)), x, b.load(acc)), acc)
+
+        with for_range(b, const_i64(0), const_i64(cg // 2), "k2") as k2:
+            k = b.mul(k2, const_i64(2))
+            step(k, 0)
+            step(b.add(k, const_i64(1)), 1)
+        if cg % 2:
+            step(const_i64(cg - 1), 0)
+        small = alloca_once(b, ir.ArrayType(F32, (mr + 1) * vl), name="ntile")
+        small_f = b.bitcast(small, F32.as_pointer())
+        for i in range(mr):
+            b.store(b.fadd(b.load(accs[0][i]), b.load(accs[1][i])),
+                    self._vec_ptr(small_f, const_i64(i * vl)), align=4)
+        return small_f
