@@ -88,14 +88,21 @@ class Arm64Root:
                    ) -> subprocess.CompletedProcess:
         """Run the arm64 python3.11 under qemu with ``args``; ``pythonpath`` goes before the
         wheels' folder. The host's MLCPACK_* and PYTHON* variables are not passed on."""
+        cmd = [self.qemu, "-L", str(self.path), str(self.python), *args]
+        return subprocess.run(cmd, capture_output=True, text=True,
+                              env=self.python_env(pythonpath, env), timeout=timeout)
+
+    def python_env(self, pythonpath: list[Path] | None = None,
+                   env: dict[str, str] | None = None) -> dict[str, str]:
+        """The emulated python's environment: ``pythonpath`` before the wheels' folder, the
+        host's MLCPACK_*, PYTHON* and QEMU_* variables left out."""
         clean = {k: v for k, v in os.environ.items()
                  if not k.startswith(("MLCPACK_", "PYTHON", "QEMU_"))}
         paths = [*(pythonpath or []), self.site]
         clean.update({"PYTHONPATH": os.pathsep.join(map(str, paths)),
                       "PYTHONDONTWRITEBYTECODE": "1", "LC_ALL": "C.UTF-8"})
         clean.update(env or {})
-        cmd = [self.qemu, "-L", str(self.path), str(self.python), *args]
-        return subprocess.run(cmd, capture_output=True, text=True, env=clean, timeout=timeout)
+        return clean
 
 
 def _apt_options(state: Path) -> list[str]:
@@ -205,37 +212,108 @@ def runtime_package(dest: Path, repo_root: Path) -> Path:
     return dest
 
 
-# Run by the emulated python: load each bundle, run it on its inputs, save outputs and the
-# code variant the runtime chose.
+# Served by one emulated python per test process (``_Server``): each request names a jobs
+# file; each job loads a bundle, runs it on its inputs, saves the outputs and the code variant
+# the runtime chose. One answer line (JSON) per request: the report, or the traceback.
 _RUNNER = """
-import json, platform, sys
+import json, platform, sys, traceback
 import numpy as np
 from mlcpack.runtime import load
-jobs = json.load(open(sys.argv[1]))
-report = {"machine": platform.machine(), "chosen": {}, "pool": {}, "native_steps": {}}
-for job in jobs:
-    feeds = dict(np.load(job["inputs"]))
-    with load(job["bundle"], threads=job["threads"]) as model:
-        outputs = model.run(feeds)
-        report["chosen"][job["bundle"]] = model.code_variant["level"]
-        report["pool"][job["bundle"]] = type(model._main._executor._pool).__name__
-        report["native_steps"][job["bundle"]] = model._main._executor._segments is not None
-    np.savez(job["outputs"], **outputs)
-print(json.dumps(report))
+
+def run(jobs):
+    report = {"machine": platform.machine(), "chosen": {}, "pool": {}, "native_steps": {}}
+    for job in jobs:
+        feeds = dict(np.load(job["inputs"]))
+        with load(job["bundle"], threads=job["threads"]) as model:
+            outputs = model.run(feeds)
+            report["chosen"][job["bundle"]] = model.code_variant["level"]
+            report["pool"][job["bundle"]] = type(model._main._executor._pool).__name__
+            report["native_steps"][job["bundle"]] = model._main._executor._segments is not None
+        np.savez(job["outputs"], **outputs)
+    return report
+
+print(json.dumps({"ready": True}), flush=True)
+for line in sys.stdin:
+    try:
+        with open(json.loads(line)["jobs"]) as f:
+            answer = {"report": run(json.load(f))}
+    except BaseException:
+        answer = {"error": traceback.format_exc()}
+    print(json.dumps(answer), flush=True)
 """
+
+
+class _Server:
+    """The emulated python that runs ``_RUNNER``, started once per test process (starting numpy
+    and the runtime under qemu costs ~5 s of CPU each time) with its own copy of the runtime,
+    and stopped at exit; started again after a crash."""
+
+    def __init__(self, root: Arm64Root, repo_root: Path) -> None:
+        import atexit
+
+        self.folder = Path(tempfile.mkdtemp(prefix="mlcpack-arm64-runner-"))
+        pkg = runtime_package(self.folder / "app", repo_root)
+        (self.folder / "runner.py").write_text(_RUNNER)
+        self.stderr = open(self.folder / "stderr.txt", "w+")
+        self.proc = subprocess.Popen(
+            [root.qemu, "-L", str(root.path), str(root.python), str(self.folder / "runner.py")],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr, text=True,
+            env=root.python_env([pkg]))
+        atexit.register(self.close)
+        self.key = (root, repo_root)
+        ready = self.answer(300)
+        if not ready.get("ready"):
+            raise AssertionError(f"the emulated aarch64 python did not start: {ready}")
+
+    def answer(self, timeout: float) -> dict:
+        import json
+        import select
+
+        ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
+        line = self.proc.stdout.readline() if ready else ""
+        if not line:
+            if ready:
+                self.proc.wait(timeout=30)
+            self.close()
+            self.stderr.seek(0)
+            why = (f"exit {self.proc.returncode}" if ready else f"no answer in {timeout:.0f} s")
+            raise AssertionError(f"the emulated aarch64 run failed ({why}):\n"
+                                 f"{self.stderr.read()[-4000:]}")
+        return json.loads(line)
+
+    def ask(self, jobs: Path, timeout: float = 180) -> dict:
+        import json
+
+        self.proc.stdin.write(json.dumps({"jobs": str(jobs)}) + "\n")
+        self.proc.stdin.flush()
+        return self.answer(timeout)
+
+    def close(self) -> None:
+        if _SERVERS.get(self.key) is self:
+            del _SERVERS[self.key]
+        if self.proc.poll() is None:
+            try:
+                self.proc.stdin.close()
+                self.proc.wait(timeout=10)
+            except (OSError, subprocess.TimeoutExpired):
+                self.proc.kill()
+                self.proc.wait()
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
+_SERVERS: dict[tuple, _Server] = {}
 
 
 def run_bundles(root: Arm64Root, work: Path, repo_root: Path,
                 bundles: dict[str, tuple[Path, dict]], threads: dict[str, int] | None = None
                 ) -> tuple[dict, dict[str, dict]]:
-    """Run each ``name: (bundle, feeds)`` with the copied runtime in ONE emulated process
-    (starting numpy under qemu costs seconds), on ``threads[name]`` threads (default 1); return
-    (report, name -> outputs)."""
+    """Run each ``name: (bundle, feeds)`` with a copy of ``repo_root``'s runtime in the test
+    process's one emulated python (``_Server``: starting numpy under qemu costs seconds), on
+    ``threads[name]`` threads (default 1); return (report, name -> outputs)."""
     import json
 
     import numpy as np
 
-    pkg = runtime_package(work / "app", repo_root)
     jobs = []
     for name, (bundle, feeds) in bundles.items():
         np.savez(work / f"{name}-in.npz", **feeds)
@@ -243,12 +321,14 @@ def run_bundles(root: Arm64Root, work: Path, repo_root: Path,
                      "outputs": str(work / f"{name}-out.npz"),
                      "threads": (threads or {}).get(name, 1)})
     (work / "jobs.json").write_text(json.dumps(jobs))
-    (work / "runner.py").write_text(_RUNNER)
-    proc = root.run_python([str(work / "runner.py"), str(work / "jobs.json")], pythonpath=[pkg])
-    if proc.returncode != 0:
-        raise AssertionError(f"the emulated aarch64 run failed (exit {proc.returncode}):\n"
-                             f"{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}")
-    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    key = (root, Path(repo_root).resolve())
+    server = _SERVERS.get(key)
+    if server is None or server.proc.poll() is not None:
+        server = _SERVERS[key] = _Server(root, key[1])
+    answer = server.ask(work / "jobs.json")
+    if "error" in answer:
+        raise AssertionError(f"the emulated aarch64 run failed:\n{answer['error'][-4000:]}")
+    report = answer["report"]
     outputs = {}
     for name in bundles:
         with np.load(work / f"{name}-out.npz") as data:
