@@ -540,8 +540,6 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
         else:
             ngroups = b.sdiv(b.add(b.sub(band_end, oy_lo), const_i64(self.rows - 1)),
                              const_i64(self.rows))
-        passes = [(v0, min(MAX_TILE_VECTORS, nvb - v0))
-                  for v0 in range(0, nvb, MAX_TILE_VECTORS)]
         with for_range(b, const_i64(0), ngroups, "grp") as g:
             oy0 = b.add(oy_lo, b.mul(g, self._extent(self.rows)))
             left = b.sub(band_end, oy0)
@@ -558,28 +556,60 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
                 # the group's pixels, row after row, mr at a time (a tile may span two rows)
                 prow0 = b.mul(b.sub(oy0, row0), const_i64(self.sh))
                 npix = b.mul(nrows, self._extent(self.ow))
-                for v0, nv in passes:
+                last = b.sub(npix, const_i64(1))
+
+                def run(v0, nv: int) -> None:
                     mr = self._tile_rows(nv)
                     full = b.sdiv(npix, const_i64(mr))
                     with for_range(b, const_i64(0), full, "tx") as tx:
                         self._tile(planes, prow0, b.mul(tx, const_i64(mr)), mr, v0, nv, wblk,
                                    c0, c1, first, prefetch=tx)
-                    rest = b.sub(npix, b.mul(full, const_i64(mr)))
-                    for count in range(1, mr):
-                        with b.if_then(b.icmp_signed("==", rest, const_i64(count))):
-                            self._tile(planes, prow0, b.mul(full, const_i64(mr)), count, v0, nv,
-                                       wblk, c0, c1, first)
+                    if mr > 1:   # the rest: one tile, its pixels past the last repeating it
+                        p0 = b.mul(full, const_i64(mr))
+                        with b.if_then(b.icmp_signed("<", p0, npix)):
+                            self._tile(planes, prow0, p0, mr, v0, nv, wblk, c0, c1, first,
+                                       last=last)
+
+                self._for_passes(nvb, run)
             with for_range(b, const_i64(0), nrows, "orow") as r:
                 rowbuf = b.gep(self.rowbuf, [b.mul(r, self._extent(self._product(self.ow,
                                                                                 OC_BLOCK)))],
                                inbounds=True)
                 self._emit_row(nb, blk, b.add(oy0, r), rowbuf, nvb)
 
-    def _tile(self, planes, prow0, p0, mr: int, v0: int, nv: int, wblk, c0, c1, first,
-              prefetch: ir.Value | None = None) -> None:
+    def _for_passes(self, nvb: int, run) -> None:
+        """``run(v0, nv)`` for each pass of at most MAX_TILE_VECTORS of a block's ``nvb``
+        channel vectors (``v0`` the pass's first vector: an int, or a run-time value): the whole
+        passes in one loop (4-lane targets: two passes of a block's 8 vectors, one copy of
+        their code), then the rest."""
+        b = self.builder
+        whole, rest = divmod(nvb, MAX_TILE_VECTORS)
+        if whole > 1:
+            with for_range(b, const_i64(0), const_i64(whole), "pass") as p:
+                run(b.mul(p, const_i64(MAX_TILE_VECTORS)), MAX_TILE_VECTORS)
+        elif whole:
+            run(0, MAX_TILE_VECTORS)
+        if rest:
+            run(whole * MAX_TILE_VECTORS, rest)
+
+    def _lanes(self, v0, v: int, extra: int = 0) -> ir.Value:
+        """(v0 + v) * vl + extra as an i64 (``v0`` an int or a run-time value)."""
+        if isinstance(v0, int):
+            return const_i64((v0 + v) * self.vl + extra)
+        return self.builder.add(self.builder.mul(v0, const_i64(self.vl)),
+                                const_i64(v * self.vl + extra))
+
+    def _tile(self, planes, prow0, p0, mr: int, v0, nv: int, wblk, c0, c1, first,
+              last: ir.Value | None = None, prefetch: ir.Value | None = None) -> None:
         """The group's pixels p0 .. p0 + mr - 1 (pixel p: row p // ow from plane row
         ``prow0``, column p % ow) times the block's channel vectors v0 .. v0 + nv - 1, over
-        input channels c0 .. c1 - 1, added to (first chunk: stored in) the row buffer."""
+        input channels c0 .. c1 - 1, added to (first chunk: stored in) the row buffer. With
+        ``last`` (the group's last tile) the pixels past it repeat pixel ``last``: the same
+        value from the same partial sums, stored twice; one such tile serves every remainder
+        (a copy per remainder, 1 .. mr - 1 pixels, was a third to most of the kernel's
+        reduction code). Not the full tiles: choosing their pixels' rows at run time made
+        LLVM spill in the reduction loop (a 3x3 stride-2 64 -> 128 on 40 x 40 took 1.9x the
+        time)."""
         b, vl = self.builder, self.vl
         plane_stride = self.plane_floats
         row_stride = self.wpc
@@ -589,20 +619,25 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
                 for v in range(nv)]
         zero = ir.Constant(self.vty, [0.0] * vl)
         pix = [b.add(p0, const_i64(j)) if j else p0 for j in range(mr)]
+        inside = [None] * mr
+        if last is not None:
+            inside = [None] + [b.icmp_signed("<=", p, last) for p in pix[1:]]
+            pix = [pix[0]] + [b.select(c, p, last) for c, p in zip(inside[1:], pix[1:])]
 
         def buf_ptr(j, v):
             return self._vec_ptr(self.rowbuf, b.add(b.mul(pix[j], const_i64(OC_BLOCK)),
-                                                    const_i64((v0 + v) * vl)))
+                                                    self._lanes(v0, v)))
 
         for j in range(mr):
             for v in range(nv):
                 b.store(b.select(first, zero, b.load(buf_ptr(j, v), align=4)), accs[j * nv + v])
         bases = []
         if self.open_image:   # one division per tile, then pixel after pixel
-            for r, ox in self._row_major_steps(p0, self.ow, mr):
+            for j, (r, ox) in enumerate(self._row_major_steps(p0, self.ow, mr)):
                 prow = b.add(prow0, b.mul(r, const_i64(self.sh)))
-                bases.append(b.gep(planes, [b.add(b.mul(prow, row_stride),
-                                                  b.mul(ox, const_i64(self.sw)))], inbounds=True))
+                base = b.gep(planes, [b.add(b.mul(prow, row_stride),
+                                            b.mul(ox, const_i64(self.sw)))], inbounds=True)
+                bases.append(b.select(inside[j], base, bases[-1]) if inside[j] else base)
         for p in pix if not self.open_image else ():
             r, ox = b.sdiv(p, const_i64(self.ow)), b.srem(p, const_i64(self.ow))
             prow = b.add(prow0, b.mul(r, const_i64(self.sh)))
@@ -622,8 +657,8 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
                 xs = [self._splat(b.load(b.gep(xc, [b.add(ky, tap_offset(ky_row, kx))],
                                                inbounds=True))) for xc in xcs]
                 for v in range(nv):
-                    wv = load_weights(b, wc, const_i64((ky_row * self.kw + kx) * OC_BLOCK
-                                                            + (v0 + v) * vl), vl, self.bf16)
+                    wv = load_weights(b, wc, self._lanes(v0, v, (ky_row * self.kw + kx)
+                                                         * OC_BLOCK), vl, self.bf16)
                     for j in range(mr):
                         vals[j * nv + v] = self._fma(wv, xs[j], vals[j * nv + v])
             return vals
@@ -693,20 +728,15 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
 
         def chunk(q, pieces):
             ox0 = b.mul(q, const_i64(vl))
-            for v in range(nv):
-                rows = [b.load(self._vec_ptr(rowbuf, b.add(b.mul(b.add(ox0, const_i64(i)),
-                                                                 const_i64(OC_BLOCK)),
-                                                           const_i64(v * vl))), align=4)
-                        for i in range(vl)]
-                cols = _transpose(b, rows)
-                for i in range(vl):
-                    oc = b.add(b.mul(blk, const_i64(OC_BLOCK)), const_i64(v * vl + i))
-                    self.env = {id(out.axes[0]): nb, id(out.axes[1]): oc}
-                    mask = None
-                    if pieces is not None:
-                        mask = ir.Constant(ir.VectorType(I1, vl), [j < pieces for j in range(vl)])
-                    emit_epilogue(self, cols[i], oy, ox0, mask, const_i64(self.ow),
-                                  pieces=pieces)
+            mask = None
+            if pieces is not None:
+                mask = ir.Constant(ir.VectorType(I1, vl), [j < pieces for j in range(vl)])
+
+            def finish(col: ir.Value, oc: ir.Value) -> None:
+                self.env = {id(out.axes[0]): nb, id(out.axes[1]): oc}
+                emit_epilogue(self, col, oy, ox0, mask, const_i64(self.ow), pieces=pieces)
+
+            self._row_columns(blk, rowbuf, ox0, nv, finish)
 
         whole = self.ow // vl
         if whole:
@@ -728,35 +758,50 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
             left = b.sub(self.ow, ox0)
             mask = self._lane_mask(left, 0)
             whole = b.icmp_signed(">=", left, const_i64(vl))
-            for v in range(nv):
-                rows = [b.load(self._vec_ptr(rowbuf, b.add(b.mul(b.add(ox0, const_i64(i)),
-                                                                 const_i64(OC_BLOCK)),
-                                                           const_i64(v * vl))), align=4)
-                        for i in range(vl)]
-                cols = _transpose(b, rows)
-                for i in range(vl):
-                    oc = b.add(b.mul(blk, const_i64(OC_BLOCK)), const_i64(v * vl + i))
-                    self.env = {id(out.axes[0]): nb, id(out.axes[1]): oc}
-                    if not self.vector_epilogue:   # element by element, to the row's end
-                        emit_epilogue(self, cols[i], oy, ox0, mask, self.ow)
-                        continue
-                    env = dict(self.env)
-                    env[id(out.axes[2])] = oy
-                    env[id(out.axes[3])] = ox0
-                    value = self.epilogue_vector(cols[i], env, mask, None,
-                                                 opaque_constants=self.target_vl >= PADDED_BELOW_VL)
-                    ptr = b.gep(self.buffers[out.uid],
-                                [self._offset(out, [env[id(a)] for a in out.axes])],
-                                inbounds=True)
-                    vptr = b.bitcast(ptr, self.vty.as_pointer())
-                    with b.if_else(whole) as (full, part):
-                        with full:
-                            b.store(value, vptr, align=4)
-                        with part:
-                            fn = intrinsic(self.module, f"llvm.masked.store.v{vl}f32.p0",
-                                           ir.VoidType(), [self.vty, self.vty.as_pointer(), I32,
-                                                           ir.VectorType(I1, vl)])
-                            b.call(fn, [value, vptr, ir.Constant(I32, 4), mask])
+
+            def finish(col: ir.Value, oc: ir.Value) -> None:
+                self.env = {id(out.axes[0]): nb, id(out.axes[1]): oc}
+                if not self.vector_epilogue:   # element by element, to the row's end
+                    emit_epilogue(self, col, oy, ox0, mask, self.ow)
+                    return
+                env = dict(self.env)
+                env[id(out.axes[2])] = oy
+                env[id(out.axes[3])] = ox0
+                value = self.epilogue_vector(col, env, mask, None,
+                                             opaque_constants=self.target_vl >= PADDED_BELOW_VL)
+                ptr = b.gep(self.buffers[out.uid],
+                            [self._offset(out, [env[id(a)] for a in out.axes])], inbounds=True)
+                vptr = b.bitcast(ptr, self.vty.as_pointer())
+                with b.if_else(whole) as (full, part):
+                    with full:
+                        b.store(value, vptr, align=4)
+                    with part:
+                        fn = intrinsic(self.module, f"llvm.masked.store.v{vl}f32.p0",
+                                       ir.VoidType(), [self.vty, self.vty.as_pointer(), I32,
+                                                       ir.VectorType(I1, vl)])
+                        b.call(fn, [value, vptr, ir.Constant(I32, 4), mask])
+
+            self._row_columns(blk, rowbuf, ox0, nv, finish)
+
+    def _row_columns(self, blk, rowbuf, ox0, nv: int, finish) -> None:
+        """The row buffer's vl pixels from ``ox0`` by the block's ``nv`` channel vectors, as
+        vectors along the row: per channel vector a vl x vl transpose in registers, its vl
+        columns put in a small stack buffer, then a loop over them calling ``finish(column,
+        output channel)``: the epilogue's code once per kernel, not once per channel of the
+        block (32 copies of an inline SiLU were most of a kernel's IR and compile time)."""
+        b, vl = self.builder, self.vl
+        cols_buf = alloca_once(b, ir.ArrayType(self.vty, vl), name="oc_cols")
+        zero = ir.Constant(I32, 0)
+        with for_range(b, const_i64(0), const_i64(nv), "ocv") as v:
+            c0 = b.mul(v, const_i64(vl))
+            rows = [b.load(self._vec_ptr(rowbuf, b.add(b.mul(b.add(ox0, const_i64(i)),
+                                                             const_i64(OC_BLOCK)), c0)),
+                           align=4) for i in range(vl)]
+            for i, col in enumerate(_transpose(b, rows)):
+                b.store(col, b.gep(cols_buf, [zero, ir.Constant(I32, i)], inbounds=True))
+            with for_range(b, const_i64(0), const_i64(vl), "oci") as i:
+                col = b.load(b.gep(cols_buf, [zero, i], inbounds=True))
+                finish(col, b.add(b.mul(blk, const_i64(OC_BLOCK)), b.add(c0, i)))
 
     # ---- Winograd F(2x2, 3x3) -----------------------------------------------------------------
 
@@ -858,17 +903,16 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
         w_ptr = self.buffers[self.match.tag.operands[1].uid]
         wblk = b.gep(w_ptr, [b.mul(blk, const_i64(16 * self.c * OC_BLOCK))], inbounds=True)
         ntiles = b.mul(ntr, self._extent(self.nt))
-        for v0 in range(0, nvb, MAX_TILE_VECTORS):
-            nv = min(MAX_TILE_VECTORS, nvb - v0)
+        last = b.sub(ntiles, const_i64(1))
+
+        def run(v0, nv: int) -> None:
             mr = self._tile_rows(nv)
             with for_range(b, const_i64(0), const_i64(16), "xi") as xi:
-                full = b.sdiv(ntiles, const_i64(mr))
-                with for_range(b, const_i64(0), full, "wg") as g:
-                    self._wino_gemm(xi, b.mul(g, const_i64(mr)), mr, v0, nv, wblk)
-                rest = b.sub(ntiles, b.mul(full, const_i64(mr)))
-                for count in range(1, mr):
-                    with b.if_then(b.icmp_signed("==", rest, const_i64(count))):
-                        self._wino_gemm(xi, b.mul(full, const_i64(mr)), count, v0, nv, wblk)
+                groups = b.sdiv(b.add(ntiles, const_i64(mr - 1)), const_i64(mr))
+                with for_range(b, const_i64(0), groups, "wg") as g:
+                    self._wino_gemm(xi, b.mul(g, const_i64(mr)), mr, v0, nv, wblk, last)
+
+        self._for_passes(nvb, run)
         v = self._extent
         with for_range(b, const_i64(0), ntr, "otr") as tr:
             with for_range(b, const_i64(0), v(self.nt), "otx") as tx:
@@ -889,21 +933,27 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
                                 inbounds=True)
                     self._emit_row(nb, blk, oy, row, nvb)
 
-    def _wino_gemm(self, xi, u0, mr: int, v0: int, nv: int, wblk) -> None:
+    def _wino_gemm(self, xi, u0, mr: int, v0, nv: int, wblk, last: ir.Value) -> None:
         """M[xi][u][32] for tiles u0 .. u0 + mr - 1 of the band (tile u: row u // nt, column
         u % nt), channel vectors v0 .. v0 + nv - 1: the sum over input channels of V[xi][c][u]
-        times U[xi][c][:] (broadcast times weight vectors, mr x nv accumulators)."""
+        times U[xi][c][:] (broadcast times weight vectors, mr x nv accumulators). Tiles past
+        ``last`` (the band's last) repeat tile ``last`` (the same sums stored twice): one copy
+        of this code serves the remainder too."""
         b, vl = self.builder, self.vl
         row_stride = self._product(self.band_tr, self.ntp)
         vx = b.gep(self.vbuf, [b.mul(xi, self._extent(self._product(self.c, row_stride)))],
                    inbounds=True)
         ux = b.gep(wblk, [b.mul(xi, const_i64(self.c * OC_BLOCK))], inbounds=True)
+        inside = [None] + [b.icmp_signed("<=", b.add(u0, const_i64(j)), last)
+                           for j in range(1, mr)]
+        tiles = [u0] + [b.select(inside[j], b.add(u0, const_i64(j)), last)
+                        for j in range(1, mr)]
         bases = []
         if self.open_image:   # one division per tile, then tile after tile
-            for r, tx in self._row_major_steps(u0, self.nt, mr):
-                bases.append(b.gep(vx, [b.add(b.mul(r, self.ntp), tx)], inbounds=True))
-        for j in range(mr if not self.open_image else 0):
-            u = b.add(u0, const_i64(j)) if j else u0
+            for j, (r, tx) in enumerate(self._row_major_steps(u0, self.nt, mr)):
+                base = b.gep(vx, [b.add(b.mul(r, self.ntp), tx)], inbounds=True)
+                bases.append(b.select(inside[j], base, bases[-1]) if j else base)
+        for u in tiles if not self.open_image else ():
             pos = b.add(b.mul(b.sdiv(u, const_i64(self.nt)), const_i64(self.ntp)),
                         b.srem(u, const_i64(self.nt)))
             bases.append(b.gep(vx, [pos], inbounds=True))
@@ -922,7 +972,7 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
                                                inbounds=True))) for base in bases]
                 for v in range(nv):
                     wv = load_weights(b, ux, b.add(b.mul(c, const_i64(OC_BLOCK)),
-                                                        const_i64((v0 + v) * vl)), vl, self.bf16)
+                                                   self._lanes(v0, v)), vl, self.bf16)
                     for j in range(mr):
                         vals[j * nv + v] = self._fma(wv, xs[j], vals[j * nv + v])
             for a, val in zip(accs, vals):
@@ -935,22 +985,21 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
                 steps(b.mul(kk, const_i64(unroll)), unroll)
         if self.c % unroll:
             steps(const_i64(whole * unroll), self.c % unroll)
-        for j in range(mr):
-            u = b.add(u0, const_i64(j)) if j else u0
+        for j, u in enumerate(tiles):
             for v in range(nv):
                 off = b.add(b.mul(b.add(b.mul(xi, self._extent(self.m_tiles)), u),
-                                  const_i64(OC_BLOCK)), const_i64((v0 + v) * vl))
+                                  const_i64(OC_BLOCK)), self._lanes(v0, v))
                 b.store(b.load(accs[j * nv + v]), self._vec_ptr(self.mbuf, off), align=4)
 
     def _wino_output(self, u, tx, nvb: int) -> None:
         """Tile u's 2x2 outputs Y = A^T M A of every channel vector into the row buffer's two
         rows, columns 2 tx and 2 tx + 1."""
         b, vl = self.builder, self.vl
-        for v in range(nvb):
+        with for_range(b, const_i64(0), const_i64(nvb), "wov") as v:   # one copy of the code
+            c0 = b.mul(v, const_i64(vl))
             m = [[b.load(self._vec_ptr(self.mbuf, b.add(
                 b.mul(b.add(self._extent(self._product(a * 4 + c, self.m_tiles)), u),
-                      const_i64(OC_BLOCK)),
-                const_i64(v * vl))), align=4) for c in range(4)] for a in range(4)]
+                      const_i64(OC_BLOCK)), c0)), align=4) for c in range(4)] for a in range(4)]
             s = [[b.fadd(b.fadd(m[0][j], m[1][j]), m[2][j]) for j in range(4)],
                  [b.fsub(b.fsub(m[1][j], m[2][j]), m[3][j]) for j in range(4)]]
             for i in range(2):
@@ -959,7 +1008,7 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
                 for j, y in enumerate((y0, y1)):
                     ox = b.add(b.mul(tx, const_i64(2)), const_i64(j))
                     off = b.add(b.mul(b.add(self._extent(self._product(i, self.row_len)), ox),
-                                      const_i64(OC_BLOCK)), const_i64(v * vl))
+                                      const_i64(OC_BLOCK)), c0)
                     b.store(y, self._vec_ptr(self.rowbuf, off), align=4)
 
 
