@@ -540,6 +540,8 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
         else:
             ngroups = b.sdiv(b.add(b.sub(band_end, oy_lo), const_i64(self.rows - 1)),
                              const_i64(self.rows))
+        passes = [(v0, min(MAX_TILE_VECTORS, nvb - v0))
+                  for v0 in range(0, nvb, MAX_TILE_VECTORS)]
         with for_range(b, const_i64(0), ngroups, "grp") as g:
             oy0 = b.add(oy_lo, b.mul(g, self._extent(self.rows)))
             left = b.sub(band_end, oy0)
@@ -556,60 +558,26 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
                 # the group's pixels, row after row, mr at a time (a tile may span two rows)
                 prow0 = b.mul(b.sub(oy0, row0), const_i64(self.sh))
                 npix = b.mul(nrows, self._extent(self.ow))
-                last = b.sub(npix, const_i64(1))
-
-                def run(v0, nv: int) -> None:
+                for v0, nv in passes:
                     mr = self._tile_rows(nv)
                     full = b.sdiv(npix, const_i64(mr))
                     with for_range(b, const_i64(0), full, "tx") as tx:
                         self._tile(planes, prow0, b.mul(tx, const_i64(mr)), mr, v0, nv, wblk,
                                    c0, c1, first, prefetch=tx)
-                    if mr > 1:   # the rest: one tile, its pixels past the last repeating it
-                        p0 = b.mul(full, const_i64(mr))
-                        with b.if_then(b.icmp_signed("<", p0, npix)):
-                            self._tile(planes, prow0, p0, mr, v0, nv, wblk, c0, c1, first,
-                                       last=last)
-
-                self._for_passes(nvb, run)
+                    if mr > 1:   # the rest a pixel at a time: one more copy, not mr - 1
+                        with for_range(b, b.mul(full, const_i64(mr)), npix, "tp") as p:
+                            self._tile(planes, prow0, p, 1, v0, nv, wblk, c0, c1, first)
             with for_range(b, const_i64(0), nrows, "orow") as r:
                 rowbuf = b.gep(self.rowbuf, [b.mul(r, self._extent(self._product(self.ow,
                                                                                 OC_BLOCK)))],
                                inbounds=True)
                 self._emit_row(nb, blk, b.add(oy0, r), rowbuf, nvb)
 
-    def _for_passes(self, nvb: int, run) -> None:
-        """``run(v0, nv)`` for each pass of at most MAX_TILE_VECTORS of a block's ``nvb``
-        channel vectors (``v0`` the pass's first vector: an int, or a run-time value): the whole
-        passes in one loop (4-lane targets: two passes of a block's 8 vectors, one copy of
-        their code), then the rest."""
-        b = self.builder
-        whole, rest = divmod(nvb, MAX_TILE_VECTORS)
-        if whole > 1:
-            with for_range(b, const_i64(0), const_i64(whole), "pass") as p:
-                run(b.mul(p, const_i64(MAX_TILE_VECTORS)), MAX_TILE_VECTORS)
-        elif whole:
-            run(0, MAX_TILE_VECTORS)
-        if rest:
-            run(whole * MAX_TILE_VECTORS, rest)
-
-    def _lanes(self, v0, v: int, extra: int = 0) -> ir.Value:
-        """(v0 + v) * vl + extra as an i64 (``v0`` an int or a run-time value)."""
-        if isinstance(v0, int):
-            return const_i64((v0 + v) * self.vl + extra)
-        return self.builder.add(self.builder.mul(v0, const_i64(self.vl)),
-                                const_i64(v * self.vl + extra))
-
-    def _tile(self, planes, prow0, p0, mr: int, v0, nv: int, wblk, c0, c1, first,
-              last: ir.Value | None = None, prefetch: ir.Value | None = None) -> None:
+    def _tile(self, planes, prow0, p0, mr: int, v0: int, nv: int, wblk, c0, c1, first,
+              prefetch: ir.Value | None = None) -> None:
         """The group's pixels p0 .. p0 + mr - 1 (pixel p: row p // ow from plane row
         ``prow0``, column p % ow) times the block's channel vectors v0 .. v0 + nv - 1, over
-        input channels c0 .. c1 - 1, added to (first chunk: stored in) the row buffer. With
-        ``last`` (the group's last tile) the pixels past it repeat pixel ``last``: the same
-        value from the same partial sums, stored twice; one such tile serves every remainder
-        (a copy per remainder, 1 .. mr - 1 pixels, was a third to most of the kernel's
-        reduction code). Not the full tiles: choosing their pixels' rows at run time made
-        LLVM spill in the reduction loop (a 3x3 stride-2 64 -> 128 on 40 x 40 took 1.9x the
-        time)."""
+        input channels c0 .. c1 - 1, added to (first chunk: stored in) the row buffer."""
         b, vl = self.builder, self.vl
         plane_stride = self.plane_floats
         row_stride = self.wpc
@@ -619,25 +587,20 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
                 for v in range(nv)]
         zero = ir.Constant(self.vty, [0.0] * vl)
         pix = [b.add(p0, const_i64(j)) if j else p0 for j in range(mr)]
-        inside = [None] * mr
-        if last is not None:
-            inside = [None] + [b.icmp_signed("<=", p, last) for p in pix[1:]]
-            pix = [pix[0]] + [b.select(c, p, last) for c, p in zip(inside[1:], pix[1:])]
 
         def buf_ptr(j, v):
             return self._vec_ptr(self.rowbuf, b.add(b.mul(pix[j], const_i64(OC_BLOCK)),
-                                                    self._lanes(v0, v)))
+                                                    const_i64((v0 + v) * vl)))
 
         for j in range(mr):
             for v in range(nv):
                 b.store(b.select(first, zero, b.load(buf_ptr(j, v), align=4)), accs[j * nv + v])
         bases = []
         if self.open_image:   # one division per tile, then pixel after pixel
-            for j, (r, ox) in enumerate(self._row_major_steps(p0, self.ow, mr)):
+            for r, ox in self._row_major_steps(p0, self.ow, mr):
                 prow = b.add(prow0, b.mul(r, const_i64(self.sh)))
-                base = b.gep(planes, [b.add(b.mul(prow, row_stride),
-                                            b.mul(ox, const_i64(self.sw)))], inbounds=True)
-                bases.append(b.select(inside[j], base, bases[-1]) if inside[j] else base)
+                bases.append(b.gep(planes, [b.add(b.mul(prow, row_stride),
+                                                  b.mul(ox, const_i64(self.sw)))], inbounds=True))
         for p in pix if not self.open_image else ():
             r, ox = b.sdiv(p, const_i64(self.ow)), b.srem(p, const_i64(self.ow))
             prow = b.add(prow0, b.mul(r, const_i64(self.sh)))
@@ -657,8 +620,8 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
                 xs = [self._splat(b.load(b.gep(xc, [b.add(ky, tap_offset(ky_row, kx))],
                                                inbounds=True))) for xc in xcs]
                 for v in range(nv):
-                    wv = load_weights(b, wc, self._lanes(v0, v, (ky_row * self.kw + kx)
-                                                         * OC_BLOCK), vl, self.bf16)
+                    wv = load_weights(b, wc, const_i64((ky_row * self.kw + kx) * OC_BLOCK
+                                                            + (v0 + v) * vl), vl, self.bf16)
                     for j in range(mr):
                         vals[j * nv + v] = self._fma(wv, xs[j], vals[j * nv + v])
             return vals
@@ -903,16 +866,16 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
         w_ptr = self.buffers[self.match.tag.operands[1].uid]
         wblk = b.gep(w_ptr, [b.mul(blk, const_i64(16 * self.c * OC_BLOCK))], inbounds=True)
         ntiles = b.mul(ntr, self._extent(self.nt))
-        last = b.sub(ntiles, const_i64(1))
-
-        def run(v0, nv: int) -> None:
+        for v0 in range(0, nvb, MAX_TILE_VECTORS):
+            nv = min(MAX_TILE_VECTORS, nvb - v0)
             mr = self._tile_rows(nv)
             with for_range(b, const_i64(0), const_i64(16), "xi") as xi:
-                groups = b.sdiv(b.add(ntiles, const_i64(mr - 1)), const_i64(mr))
-                with for_range(b, const_i64(0), groups, "wg") as g:
-                    self._wino_gemm(xi, b.mul(g, const_i64(mr)), mr, v0, nv, wblk, last)
-
-        self._for_passes(nvb, run)
+                full = b.sdiv(ntiles, const_i64(mr))
+                with for_range(b, const_i64(0), full, "wg") as g:
+                    self._wino_gemm(xi, b.mul(g, const_i64(mr)), mr, v0, nv, wblk)
+                if mr > 1:   # the rest a tile at a time: one more copy, not mr - 1
+                    with for_range(b, b.mul(full, const_i64(mr)), ntiles, "wt") as u:
+                        self._wino_gemm(xi, u, 1, v0, nv, wblk)
         v = self._extent
         with for_range(b, const_i64(0), ntr, "otr") as tr:
             with for_range(b, const_i64(0), v(self.nt), "otx") as tx:
@@ -933,26 +896,20 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
                                 inbounds=True)
                     self._emit_row(nb, blk, oy, row, nvb)
 
-    def _wino_gemm(self, xi, u0, mr: int, v0, nv: int, wblk, last: ir.Value) -> None:
+    def _wino_gemm(self, xi, u0, mr: int, v0: int, nv: int, wblk) -> None:
         """M[xi][u][32] for tiles u0 .. u0 + mr - 1 of the band (tile u: row u // nt, column
         u % nt), channel vectors v0 .. v0 + nv - 1: the sum over input channels of V[xi][c][u]
-        times U[xi][c][:] (broadcast times weight vectors, mr x nv accumulators). Tiles past
-        ``last`` (the band's last) repeat tile ``last`` (the same sums stored twice): one copy
-        of this code serves the remainder too."""
+        times U[xi][c][:] (broadcast times weight vectors, mr x nv accumulators)."""
         b, vl = self.builder, self.vl
         row_stride = self._product(self.band_tr, self.ntp)
         vx = b.gep(self.vbuf, [b.mul(xi, self._extent(self._product(self.c, row_stride)))],
                    inbounds=True)
         ux = b.gep(wblk, [b.mul(xi, const_i64(self.c * OC_BLOCK))], inbounds=True)
-        inside = [None] + [b.icmp_signed("<=", b.add(u0, const_i64(j)), last)
-                           for j in range(1, mr)]
-        tiles = [u0] + [b.select(inside[j], b.add(u0, const_i64(j)), last)
-                        for j in range(1, mr)]
+        tiles = [b.add(u0, const_i64(j)) if j else u0 for j in range(mr)]
         bases = []
         if self.open_image:   # one division per tile, then tile after tile
-            for j, (r, tx) in enumerate(self._row_major_steps(u0, self.nt, mr)):
-                base = b.gep(vx, [b.add(b.mul(r, self.ntp), tx)], inbounds=True)
-                bases.append(b.select(inside[j], base, bases[-1]) if j else base)
+            for r, tx in self._row_major_steps(u0, self.nt, mr):
+                bases.append(b.gep(vx, [b.add(b.mul(r, self.ntp), tx)], inbounds=True))
         for u in tiles if not self.open_image else ():
             pos = b.add(b.mul(b.sdiv(u, const_i64(self.nt)), const_i64(self.ntp)),
                         b.srem(u, const_i64(self.nt)))
@@ -972,7 +929,7 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
                                                inbounds=True))) for base in bases]
                 for v in range(nv):
                     wv = load_weights(b, ux, b.add(b.mul(c, const_i64(OC_BLOCK)),
-                                                   self._lanes(v0, v)), vl, self.bf16)
+                                                   const_i64((v0 + v) * vl)), vl, self.bf16)
                     for j in range(mr):
                         vals[j * nv + v] = self._fma(wv, xs[j], vals[j * nv + v])
             for a, val in zip(accs, vals):
@@ -988,7 +945,7 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
         for j, u in enumerate(tiles):
             for v in range(nv):
                 off = b.add(b.mul(b.add(b.mul(xi, self._extent(self.m_tiles)), u),
-                                  const_i64(OC_BLOCK)), self._lanes(v0, v))
+                                  const_i64(OC_BLOCK)), const_i64((v0 + v) * vl))
                 b.store(b.load(accs[j * nv + v]), self._vec_ptr(self.mbuf, off), align=4)
 
     def _wino_output(self, u, tx, nvb: int) -> None:
