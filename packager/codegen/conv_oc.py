@@ -564,11 +564,9 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
                     with for_range(b, const_i64(0), full, "tx") as tx:
                         self._tile(planes, prow0, b.mul(tx, const_i64(mr)), mr, v0, nv, wblk,
                                    c0, c1, first, prefetch=tx)
-                    rest = b.sub(npix, b.mul(full, const_i64(mr)))
-                    for count in range(1, mr):
-                        with b.if_then(b.icmp_signed("==", rest, const_i64(count))):
-                            self._tile(planes, prow0, b.mul(full, const_i64(mr)), count, v0, nv,
-                                       wblk, c0, c1, first)
+                    if mr > 1:   # the rest a pixel at a time: one more copy, not mr - 1
+                        with for_range(b, b.mul(full, const_i64(mr)), npix, "tp") as p:
+                            self._tile(planes, prow0, p, 1, v0, nv, wblk, c0, c1, first)
             with for_range(b, const_i64(0), nrows, "orow") as r:
                 rowbuf = b.gep(self.rowbuf, [b.mul(r, self._extent(self._product(self.ow,
                                                                                 OC_BLOCK)))],
@@ -693,20 +691,15 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
 
         def chunk(q, pieces):
             ox0 = b.mul(q, const_i64(vl))
-            for v in range(nv):
-                rows = [b.load(self._vec_ptr(rowbuf, b.add(b.mul(b.add(ox0, const_i64(i)),
-                                                                 const_i64(OC_BLOCK)),
-                                                           const_i64(v * vl))), align=4)
-                        for i in range(vl)]
-                cols = _transpose(b, rows)
-                for i in range(vl):
-                    oc = b.add(b.mul(blk, const_i64(OC_BLOCK)), const_i64(v * vl + i))
-                    self.env = {id(out.axes[0]): nb, id(out.axes[1]): oc}
-                    mask = None
-                    if pieces is not None:
-                        mask = ir.Constant(ir.VectorType(I1, vl), [j < pieces for j in range(vl)])
-                    emit_epilogue(self, cols[i], oy, ox0, mask, const_i64(self.ow),
-                                  pieces=pieces)
+            mask = None
+            if pieces is not None:
+                mask = ir.Constant(ir.VectorType(I1, vl), [j < pieces for j in range(vl)])
+
+            def finish(col: ir.Value, oc: ir.Value) -> None:
+                self.env = {id(out.axes[0]): nb, id(out.axes[1]): oc}
+                emit_epilogue(self, col, oy, ox0, mask, const_i64(self.ow), pieces=pieces)
+
+            self._row_columns(blk, rowbuf, ox0, nv, finish)
 
         whole = self.ow // vl
         if whole:
@@ -728,35 +721,50 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
             left = b.sub(self.ow, ox0)
             mask = self._lane_mask(left, 0)
             whole = b.icmp_signed(">=", left, const_i64(vl))
-            for v in range(nv):
-                rows = [b.load(self._vec_ptr(rowbuf, b.add(b.mul(b.add(ox0, const_i64(i)),
-                                                                 const_i64(OC_BLOCK)),
-                                                           const_i64(v * vl))), align=4)
-                        for i in range(vl)]
-                cols = _transpose(b, rows)
-                for i in range(vl):
-                    oc = b.add(b.mul(blk, const_i64(OC_BLOCK)), const_i64(v * vl + i))
-                    self.env = {id(out.axes[0]): nb, id(out.axes[1]): oc}
-                    if not self.vector_epilogue:   # element by element, to the row's end
-                        emit_epilogue(self, cols[i], oy, ox0, mask, self.ow)
-                        continue
-                    env = dict(self.env)
-                    env[id(out.axes[2])] = oy
-                    env[id(out.axes[3])] = ox0
-                    value = self.epilogue_vector(cols[i], env, mask, None,
-                                                 opaque_constants=self.target_vl >= PADDED_BELOW_VL)
-                    ptr = b.gep(self.buffers[out.uid],
-                                [self._offset(out, [env[id(a)] for a in out.axes])],
-                                inbounds=True)
-                    vptr = b.bitcast(ptr, self.vty.as_pointer())
-                    with b.if_else(whole) as (full, part):
-                        with full:
-                            b.store(value, vptr, align=4)
-                        with part:
-                            fn = intrinsic(self.module, f"llvm.masked.store.v{vl}f32.p0",
-                                           ir.VoidType(), [self.vty, self.vty.as_pointer(), I32,
-                                                           ir.VectorType(I1, vl)])
-                            b.call(fn, [value, vptr, ir.Constant(I32, 4), mask])
+
+            def finish(col: ir.Value, oc: ir.Value) -> None:
+                self.env = {id(out.axes[0]): nb, id(out.axes[1]): oc}
+                if not self.vector_epilogue:   # element by element, to the row's end
+                    emit_epilogue(self, col, oy, ox0, mask, self.ow)
+                    return
+                env = dict(self.env)
+                env[id(out.axes[2])] = oy
+                env[id(out.axes[3])] = ox0
+                value = self.epilogue_vector(col, env, mask, None,
+                                             opaque_constants=self.target_vl >= PADDED_BELOW_VL)
+                ptr = b.gep(self.buffers[out.uid],
+                            [self._offset(out, [env[id(a)] for a in out.axes])], inbounds=True)
+                vptr = b.bitcast(ptr, self.vty.as_pointer())
+                with b.if_else(whole) as (full, part):
+                    with full:
+                        b.store(value, vptr, align=4)
+                    with part:
+                        fn = intrinsic(self.module, f"llvm.masked.store.v{vl}f32.p0",
+                                       ir.VoidType(), [self.vty, self.vty.as_pointer(), I32,
+                                                       ir.VectorType(I1, vl)])
+                        b.call(fn, [value, vptr, ir.Constant(I32, 4), mask])
+
+            self._row_columns(blk, rowbuf, ox0, nv, finish)
+
+    def _row_columns(self, blk, rowbuf, ox0, nv: int, finish) -> None:
+        """The row buffer's vl pixels from ``ox0`` by the block's ``nv`` channel vectors, as
+        vectors along the row: per channel vector a vl x vl transpose in registers, its vl
+        columns put in a small stack buffer, then a loop over them calling ``finish(column,
+        output channel)``: the epilogue's code once per kernel, not once per channel of the
+        block (32 copies of an inline SiLU were most of a kernel's IR and compile time)."""
+        b, vl = self.builder, self.vl
+        cols_buf = alloca_once(b, ir.ArrayType(self.vty, vl), name="oc_cols")
+        zero = ir.Constant(I32, 0)
+        with for_range(b, const_i64(0), const_i64(nv), "ocv") as v:
+            c0 = b.mul(v, const_i64(vl))
+            rows = [b.load(self._vec_ptr(rowbuf, b.add(b.mul(b.add(ox0, const_i64(i)),
+                                                             const_i64(OC_BLOCK)), c0)),
+                           align=4) for i in range(vl)]
+            for i, col in enumerate(_transpose(b, rows)):
+                b.store(col, b.gep(cols_buf, [zero, ir.Constant(I32, i)], inbounds=True))
+            with for_range(b, const_i64(0), const_i64(vl), "oci") as i:
+                col = b.load(b.gep(cols_buf, [zero, i], inbounds=True))
+                finish(col, b.add(b.mul(blk, const_i64(OC_BLOCK)), b.add(c0, i)))
 
     # ---- Winograd F(2x2, 3x3) -----------------------------------------------------------------
 
@@ -865,10 +873,9 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
                 full = b.sdiv(ntiles, const_i64(mr))
                 with for_range(b, const_i64(0), full, "wg") as g:
                     self._wino_gemm(xi, b.mul(g, const_i64(mr)), mr, v0, nv, wblk)
-                rest = b.sub(ntiles, b.mul(full, const_i64(mr)))
-                for count in range(1, mr):
-                    with b.if_then(b.icmp_signed("==", rest, const_i64(count))):
-                        self._wino_gemm(xi, b.mul(full, const_i64(mr)), count, v0, nv, wblk)
+                if mr > 1:   # the rest a tile at a time: one more copy, not mr - 1
+                    with for_range(b, b.mul(full, const_i64(mr)), ntiles, "wt") as u:
+                        self._wino_gemm(xi, u, 1, v0, nv, wblk)
         v = self._extent
         with for_range(b, const_i64(0), ntr, "otr") as tr:
             with for_range(b, const_i64(0), v(self.nt), "otx") as tx:
@@ -898,12 +905,12 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
         vx = b.gep(self.vbuf, [b.mul(xi, self._extent(self._product(self.c, row_stride)))],
                    inbounds=True)
         ux = b.gep(wblk, [b.mul(xi, const_i64(self.c * OC_BLOCK))], inbounds=True)
+        tiles = [b.add(u0, const_i64(j)) if j else u0 for j in range(mr)]
         bases = []
         if self.open_image:   # one division per tile, then tile after tile
             for r, tx in self._row_major_steps(u0, self.nt, mr):
                 bases.append(b.gep(vx, [b.add(b.mul(r, self.ntp), tx)], inbounds=True))
-        for j in range(mr if not self.open_image else 0):
-            u = b.add(u0, const_i64(j)) if j else u0
+        for u in tiles if not self.open_image else ():
             pos = b.add(b.mul(b.sdiv(u, const_i64(self.nt)), const_i64(self.ntp)),
                         b.srem(u, const_i64(self.nt)))
             bases.append(b.gep(vx, [pos], inbounds=True))
@@ -922,7 +929,7 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
                                                inbounds=True))) for base in bases]
                 for v in range(nv):
                     wv = load_weights(b, ux, b.add(b.mul(c, const_i64(OC_BLOCK)),
-                                                        const_i64((v0 + v) * vl)), vl, self.bf16)
+                                                   const_i64((v0 + v) * vl)), vl, self.bf16)
                     for j in range(mr):
                         vals[j * nv + v] = self._fma(wv, xs[j], vals[j * nv + v])
             for a, val in zip(accs, vals):
@@ -935,8 +942,7 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
                 steps(b.mul(kk, const_i64(unroll)), unroll)
         if self.c % unroll:
             steps(const_i64(whole * unroll), self.c % unroll)
-        for j in range(mr):
-            u = b.add(u0, const_i64(j)) if j else u0
+        for j, u in enumerate(tiles):
             for v in range(nv):
                 off = b.add(b.mul(b.add(b.mul(xi, self._extent(self.m_tiles)), u),
                                   const_i64(OC_BLOCK)), const_i64((v0 + v) * vl))
@@ -946,11 +952,11 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
         """Tile u's 2x2 outputs Y = A^T M A of every channel vector into the row buffer's two
         rows, columns 2 tx and 2 tx + 1."""
         b, vl = self.builder, self.vl
-        for v in range(nvb):
+        with for_range(b, const_i64(0), const_i64(nvb), "wov") as v:   # one copy of the code
+            c0 = b.mul(v, const_i64(vl))
             m = [[b.load(self._vec_ptr(self.mbuf, b.add(
                 b.mul(b.add(self._extent(self._product(a * 4 + c, self.m_tiles)), u),
-                      const_i64(OC_BLOCK)),
-                const_i64(v * vl))), align=4) for c in range(4)] for a in range(4)]
+                      const_i64(OC_BLOCK)), c0)), align=4) for c in range(4)] for a in range(4)]
             s = [[b.fadd(b.fadd(m[0][j], m[1][j]), m[2][j]) for j in range(4)],
                  [b.fsub(b.fsub(m[1][j], m[2][j]), m[3][j]) for j in range(4)]]
             for i in range(2):
@@ -959,7 +965,7 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
                 for j, y in enumerate((y0, y1)):
                     ox = b.add(b.mul(tx, const_i64(2)), const_i64(j))
                     off = b.add(b.mul(b.add(self._extent(self._product(i, self.row_len)), ox),
-                                      const_i64(OC_BLOCK)), const_i64(v * vl))
+                                      const_i64(OC_BLOCK)), c0)
                     b.store(y, self._vec_ptr(self.rowbuf, off), align=4)
 
 

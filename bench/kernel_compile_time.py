@@ -1,0 +1,199 @@
+"""Where a cold export's LLVM time goes, kernel by kernel: each distinct kernel of a model
+compiled alone, per code variant, with its phases' CPU seconds and its IR's size.
+
+    .venv/bin/python bench/kernel_compile_time.py MODEL.onnx [--input-shape x=1,3,320,320]
+        [--target portable] [--match TEXT] [--top 25] [--json OUT.json] [--compare A.json]
+
+The model goes through ``mlcpack export``'s own path (``packager.api.export``, golden check off,
+no compile cache) up to the first ``compile_for_targets`` call, whose arguments (prim funcs,
+targets, size variables, options) are kept and the export stopped. Then, in this process, for
+every target and every distinct kernel (structural twins share one kernel, as in
+``codegen/build.py emit_module``): ``emit_module([func])`` (Python writing the IR: *emit*),
+``_optimize`` (LLVM parsing, verifying and optimizing it at -O2: *opt*), ``emit_object``
+(LLVM's code generator: *obj*), each timed in CPU seconds (``time.process_time``), and the
+emitted and optimized IR's instruction counts. A kernel compiled alone costs about what it costs
+inside its group's module (the export optimizes four groups per target and then makes one
+object per target).
+
+Printed: the ``--top`` kernels by opt + obj summed over the targets, with their design
+(``KernelInfo.choice``), then sums per target and per kernel family (the name's stem:
+``fused_conv2d_oc``, ``concat``, ...). ``--json`` writes every row; ``--compare A.json`` prints
+this run's rows beside another run's (the same model, e.g. main's checkout against this one),
+kernel by kernel, where both hold the kernel's name.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+import time
+from pathlib import Path
+
+
+class _Captured(BaseException):
+    """Stops the export at its first compile (a BaseException: the export's handlers let it
+    through)."""
+
+
+def capture(model: str, shapes: dict[str, list], target: str | None = None
+            ) -> tuple[list, list, tuple, object]:
+    """(prim funcs, targets, size vars, options) of the model's first compile."""
+    import mlcpack.packager.export as export_mod
+    from mlcpack.packager import api
+
+    seen = {}
+
+    def fake(funcs, targets, size_vars=(), options=None):
+        seen.update(funcs=list(funcs), targets=list(targets), size_vars=tuple(size_vars),
+                    options=options)
+        raise _Captured()
+
+    real = export_mod.compile_for_targets
+    export_mod.compile_for_targets = fake
+    try:
+        api.export(model, "/tmp/kernel_compile_time.mlc",
+                   api.Options(input_shapes=shapes, target=target, check=False, cache=False))
+    except _Captured:
+        pass
+    finally:
+        export_mod.compile_for_targets = real
+    if not seen:
+        raise SystemExit("the export compiled nothing")
+    return seen["funcs"], seen["targets"], seen["size_vars"], seen["options"]
+
+
+_INSTR = re.compile(r"^  \S", re.M)
+
+
+def instructions(text: str) -> int:
+    """Instructions in LLVM IR text (llvmlite and LLVM indent them by two spaces)."""
+    return len(_INSTR.findall(text))
+
+
+def family(row: dict) -> str:
+    """A kernel's family: its design's first words (``KernelInfo.choice`` up to a colon:
+    "channel-lane Winograd F(2x2, 3x3)"), else its name without numbers (``concat``)."""
+    choice = row["choice"].split(":")[0]
+    return choice if choice else re.sub(r"\d+", "", row["kernel"])
+
+
+def measure(funcs, targets, size_vars, options, match: str = "") -> list[dict]:
+    from mlcpack.packager.ir.structure import structural_key
+    from mlcpack.packager.codegen import build
+
+    distinct: dict[object, list] = {}
+    for f in funcs:
+        distinct.setdefault(structural_key(f), []).append(f)
+    rows = []
+    for target in targets:
+        tm = build._target_machine(target)
+        for twins in distinct.values():
+            f = twins[0]
+            if match and match not in f.name:
+                continue
+            t0 = time.process_time()
+            emitted = build.emit_module([f], target, size_vars, False, options)
+            t1 = time.process_time()
+            mod = build._optimize(emitted.text, target, tm, build.DEFAULT_PIPELINE)
+            t2 = time.process_time()
+            tm.emit_object(mod)
+            t3 = time.process_time()
+            optimized = str(mod)
+            info = emitted.kernels[f.name]
+            rows.append(dict(target=target.name, kernel=f.name, uses=len(twins),
+                             choice=getattr(info, "choice", "") or "",
+                             emit=t1 - t0, opt=t2 - t1, obj=t3 - t2,
+                             ir=instructions(emitted.text), ir_opt=instructions(optimized)))
+            del mod
+    return rows
+
+
+def report(rows: list[dict], top: int) -> None:
+    targets = list(dict.fromkeys(r["target"] for r in rows))
+    by_kernel: dict[str, dict[str, dict]] = {}
+    for r in rows:
+        by_kernel.setdefault(r["kernel"], {})[r["target"]] = r
+    cost = {k: sum(r["opt"] + r["obj"] for r in v.values()) for k, v in by_kernel.items()}
+    head = "".join(f" | {t} opt / obj s, IR in / out" for t in targets)
+    print(f"| kernel (uses){head} | design |")
+    print("|---" * (len(targets) + 2) + "|")
+    for k in sorted(cost, key=lambda k: -cost[k])[:top]:
+        v = by_kernel[k]
+        first = next(iter(v.values()))
+        cells = "".join(
+            f" | {v[t]['opt']:.2f} / {v[t]['obj']:.2f}, {v[t]['ir']} / {v[t]['ir_opt']}"
+            if t in v else " | -" for t in targets)
+        print(f"| {k} ({first['uses']}){cells} | {first['choice'][:70]} |")
+    print()
+    print("| target | kernels | emit | opt | obj | IR in | IR out |")
+    print("|---|---|---|---|---|---|---|")
+    for t in targets:
+        rs = [r for r in rows if r["target"] == t]
+        print(f"| {t} | {len(rs)} | {sum(r['emit'] for r in rs):.2f} | "
+              f"{sum(r['opt'] for r in rs):.2f} | {sum(r['obj'] for r in rs):.2f} | "
+              f"{sum(r['ir'] for r in rs)} | {sum(r['ir_opt'] for r in rs)} |")
+    print()
+    fams: dict[str, list[dict]] = {}
+    for r in rows:
+        fams.setdefault(family(r), []).append(r)
+    fcost = {f: sum(r["opt"] + r["obj"] for r in rs) for f, rs in fams.items()}
+    print("| family | distinct kernels | emit | opt | obj (all targets) | IR in |")
+    print("|---|---|---|---|---|---|")
+    for f in sorted(fcost, key=lambda f: -fcost[f]):
+        rs = fams[f]
+        print(f"| {f} | {len({r['kernel'] for r in rs})} | {sum(r['emit'] for r in rs):.2f} | "
+              f"{sum(r['opt'] for r in rs):.2f} | {sum(r['obj'] for r in rs):.2f} | "
+              f"{sum(r['ir'] for r in rs)} |")
+
+
+def compare(rows: list[dict], old: list[dict], top: int) -> None:
+    """This run (B) beside ``old`` (A), per kernel and target."""
+    a = {(r["target"], r["kernel"]): r for r in old}
+    both = [(a[r["target"], r["kernel"]], r) for r in rows if (r["target"], r["kernel"]) in a]
+    print("| target | kernel | A opt + obj | B opt + obj | B/A | IR A -> B |")
+    print("|---|---|---|---|---|---|")
+    both.sort(key=lambda p: -(p[0]["opt"] + p[0]["obj"]))
+    for ra, rb in both[:top]:
+        ca, cb = ra["opt"] + ra["obj"], rb["opt"] + rb["obj"]
+        print(f"| {rb['target']} | {rb['kernel']} | {ca:.2f} | {cb:.2f} | "
+              f"{cb / ca if ca else float('nan'):.2f} | {ra['ir']} -> {rb['ir']} |")
+    for t in dict.fromkeys(r["target"] for _, r in both):
+        sa = [p for p in both if p[1]["target"] == t]
+        print(f"{t}: A emit / opt / obj "
+              f"{sum(p[0]['emit'] for p in sa):.2f} / {sum(p[0]['opt'] for p in sa):.2f} / "
+              f"{sum(p[0]['obj'] for p in sa):.2f}, B "
+              f"{sum(p[1]['emit'] for p in sa):.2f} / {sum(p[1]['opt'] for p in sa):.2f} / "
+              f"{sum(p[1]['obj'] for p in sa):.2f}; IR {sum(p[0]['ir'] for p in sa)} -> "
+              f"{sum(p[1]['ir'] for p in sa)}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("model")
+    ap.add_argument("--input-shape", action="append", default=[], metavar="NAME=DIMS")
+    ap.add_argument("--target", default=None, help="as export's --target (default: portable)")
+    ap.add_argument("--match", default="", help="only kernels whose name holds this")
+    ap.add_argument("--top", type=int, default=25)
+    ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--compare", type=Path, default=None, metavar="A.json")
+    args = ap.parse_args()
+    shapes = {}
+    for s in args.input_shape:
+        name, _, dims = s.partition("=")
+        shapes[name] = [int(d) if d.lstrip("-").isdigit() else d for d in dims.split(",")]
+    funcs, targets, size_vars, options = capture(args.model, shapes, args.target)
+    print(f"{len(funcs)} prim funcs, targets {', '.join(t.name for t in targets)}, "
+          f"size vars {size_vars}", file=sys.stderr)
+    rows = measure(funcs, targets, size_vars, options, args.match)
+    report(rows, args.top)
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=1))
+    if args.compare:
+        print()
+        compare(rows, json.loads(args.compare.read_text()), args.top)
+
+
+if __name__ == "__main__":
+    main()
