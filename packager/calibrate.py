@@ -369,16 +369,19 @@ def quantize_onnx(model_path: str | os.PathLike, samples: Sequence[np.ndarray],
         raise ExportError("--quantize int8: the model has no Conv, Gemm or MatMul with constant "
                           "float weights to quantize")
     taps = list(dict.fromkeys(node.input[0] for _, node, _ in layers))
+    # the ranges of the tensors an 8-bit chain may quantize too (``_chain_plan``)
+    chain_taps = [t for t in _chain_candidates(model, layers) if t not in set(taps)] \
+        if chain_enabled() else []
     originals = [o.name for o in model.graph.output]
     work = tempfile.TemporaryDirectory(prefix="mlcpack-calibration-")
     try:
-        mod, info = import_onnx(_tapped(model, taps), input_shapes=input_shapes)
+        mod, info = import_onnx(_tapped(model, taps + chain_taps), input_shapes=input_shapes)
         bundle = Path(work.name) / "float.mlc"
         export_module(mod, bundle, ExportOptions(target="host", check=False,
                                                  compile=compile_options))
         input_name = info.input_names[graph_inputs[0].name]
         rng = np.random.default_rng(0)
-        stats = {t: _Stats(len(samples)) for t in taps}
+        stats = {t: _Stats(len(samples)) for t in taps + chain_taps}
         outputs: list[dict[str, np.ndarray]] = []
         tap_shapes: dict[str, tuple] = {}   # at the first sample's size
         with load(bundle) as fmodel:
@@ -386,10 +389,10 @@ def quantize_onnx(model_path: str | os.PathLike, samples: Sequence[np.ndarray],
                 got = fmodel.run({input_name: x})
                 for t in taps:
                     tap_shapes.setdefault(t, got[t].shape)
-                for t in taps:
+                for t in stats:
                     stats[t].add(got[t], method, rng)
                 outputs.append({k: np.array(got[k]) for k in originals})
-            params = {t: uint8_params(*stats[t].range(method)) for t in taps}
+            params = {t: uint8_params(*stats[t].range(method)) for t in stats}
             act_err = {t: 0.0 for t in taps}
             for x in samples:   # second pass: each tap's quantization error
                 got = fmodel.run({input_name: x})
@@ -627,7 +630,7 @@ def _layer_snr(model, inits, chosen, params, onnx_input: str,
         probe.graph.node.append(node)
         copies.append((len(probe.graph.node) - 1, axis, q, scale))
         pairs.append((original, node.output[0]))
-    probe = _build_qdq(probe, inits, copies, params)
+    probe = _build_qdq(probe, inits, copies, params, chain=False)
     taps = [t for pair in pairs for t in pair]
     sess = _guard_session(_tapped(probe, taps).SerializeToString())
     power = np.zeros(len(pairs))
@@ -643,9 +646,90 @@ def _layer_snr(model, inits, chosen, params, onnx_input: str,
                 for p, n in zip(power, noise)]
 
 
-def _build_qdq(model, inits: dict[str, np.ndarray], chosen, params):
+def chain_enabled() -> bool:
+    """``MLCPACK_INT8_CHAIN=0`` turns the 8-bit activation chain off (``_chain_plan``)."""
+    return os.environ.get("MLCPACK_INT8_CHAIN", "1") != "0"
+
+
+def _chain_candidates(model, layers) -> list[str]:
+    """Tensors whose ranges ``_chain_plan`` may use: the outputs of the quantizable Conv
+    nodes, and of every Relu, Add and MaxPool (and the Add's inputs)."""
+    names = [node.output[0] for _, node, _ in layers if node.op_type == "Conv"]
+    for node in model.graph.node:
+        if node.domain not in ("", "ai.onnx"):
+            continue
+        if node.op_type in ("Relu", "MaxPool") and node.output:
+            names.append(node.output[0])
+        elif node.op_type == "Add" and len(node.input) == 2:
+            names += list(node.input) + [node.output[0]]
+    return list(dict.fromkeys(names))
+
+
+def _chain_plan(graph, chosen, params) -> tuple[dict, set]:
+    """The 8-bit activation chain, what ONNX Runtime's ``quantize_static`` writes: a QDQ pair
+    on the output of every chosen Conv, of every Add one of whose inputs is already 8-bit (its
+    other input quantized too) and of a MaxPool of an 8-bit tensor (the input's scale and zero
+    point). A Relu that alone reads such an output is dropped and its range (zero point 0, so
+    the quantize's clamp is the ReLU) quantizes the output instead. The integer fusions then
+    requantize in the convolutions' epilogues, add on bytes and pool on bytes
+    (passes/fuse_qdq*.py). Returns ({tensor whose readers read the DQ: (tensor the Q reads,
+    (scale, zero point))}, indices of the dropped Relu nodes)."""
+    readers: dict[str, list[int]] = {}
+    for i, n in enumerate(graph.node):
+        for x in n.input:
+            readers.setdefault(x, []).append(i)
+    outputs = {o.name for o in graph.output}
+    chosen_idx = {index for index, *_ in chosen}
+    chain: dict[str, tuple] = {}
+    relu_of: dict[str, int] = {}   # chained tensor -> the Relu folded into its quantize
+    for i, n in enumerate(graph.node):
+        if n.domain not in ("", "ai.onnx") or len(n.output) != 1 or n.output[0] in outputs:
+            continue
+        y = n.output[0]
+        if n.op_type == "MaxPool" and n.input[0] in chain:
+            chain[y] = (y, chain[n.input[0]][1])
+            continue
+        if n.op_type == "Add" and len(n.input) == 2 and any(x in chain for x in n.input) \
+                and all(x in chain or x in params for x in n.input) \
+                and len(set(n.input)) == 2:
+            for x in n.input:
+                if x not in chain:
+                    chain[x] = (x, params[x])
+        elif not (i in chosen_idx and n.op_type == "Conv"):
+            continue
+        target, relu = y, None
+        after = readers.get(y, [])
+        if len(after) == 1 and graph.node[after[0]].op_type == "Relu":
+            r = graph.node[after[0]].output[0]
+            if r not in outputs and r in params and int(params[r][1]) == 0:
+                target, relu = r, after[0]
+        if target not in params:
+            continue
+        if relu is not None:
+            relu_of[target] = relu
+        chain[target] = (y, params[target])
+    # an 8-bit tensor no integer kernel reads stays float (a dequantize pass would undo the
+    # saving): kept where a chosen layer, a chained Add or a chained MaxPool reads it
+    dropped = set(relu_of.values())
+    changed = True
+    while changed:
+        changed = False
+        for t in list(chain):
+            if not any((i in chosen_idx and graph.node[i].input[0] == t)
+                       or (graph.node[i].op_type in ("Add", "MaxPool")
+                           and graph.node[i].output[0] in chain)
+                       for i in readers.get(t, []) if i not in dropped):
+                del chain[t]
+                dropped.discard(relu_of.pop(t, None))
+                changed = True
+    return chain, dropped
+
+
+def _build_qdq(model, inits: dict[str, np.ndarray], chosen, params, chain: bool = True):
     """``model`` with QuantizeLinear/DequantizeLinear on the chosen layers' inputs, their
-    weights int8 per channel behind DequantizeLinear, and Conv/Gemm biases int32."""
+    weights int8 per channel behind DequantizeLinear, and Conv/Gemm biases int32; with
+    ``chain`` (and ``chain_enabled()``) the activations stay 8-bit between layers
+    (``_chain_plan``)."""
     from onnx import helper, numpy_helper
 
     out = type(model)()
@@ -653,6 +737,20 @@ def _build_qdq(model, inits: dict[str, np.ndarray], chosen, params):
     graph = out.graph
     new_inits, new_nodes = [], []
     dq_of: dict[str, str] = {}   # activation -> its dequantized name
+    plan, dropped = _chain_plan(graph, chosen, params) if chain and chain_enabled() else ({}, set())
+    act = {t: p for t, (_, p) in plan.items()}
+    act.update((k, v) for k, v in params.items() if k not in act)
+    for t, (src, (s, zp)) in plan.items():
+        base = f"{t}_mlcq"
+        new_inits += [numpy_helper.from_array(np.asarray(s, np.float32), f"{base}_scale"),
+                      numpy_helper.from_array(np.asarray(zp, np.uint8), f"{base}_zp")]
+        new_nodes.append((src, [helper.make_node("QuantizeLinear", [src, f"{base}_scale",
+                                                                    f"{base}_zp"], [f"{base}_q"]),
+                                helper.make_node("DequantizeLinear", [f"{base}_q",
+                                                                      f"{base}_scale",
+                                                                      f"{base}_zp"],
+                                                 [f"{base}_dq"])]))
+        dq_of[t] = f"{base}_dq"
     for index, axis, q, scale in chosen:
         node = graph.node[index]
         x = node.input[0]
@@ -681,7 +779,7 @@ def _build_qdq(model, inits: dict[str, np.ndarray], chosen, params):
         if len(node.input) > 2 and node.input[2] in inits and bias_ok \
                 and inits[node.input[2]].shape == scale.shape:
             b = inits[node.input[2]]
-            b_scale = (np.float32(params[x][0]) * scale).astype(np.float32)
+            b_scale = (np.float32(act[x][0]) * scale).astype(np.float32)
             bq = np.round(b.astype(np.float64) / b_scale).astype(np.int64)
             if np.abs(bq).max(initial=0) < 2 ** 31:
                 bname = f"{node.input[2]}_{_node_name(node)}_mlcq"
@@ -695,6 +793,18 @@ def _build_qdq(model, inits: dict[str, np.ndarray], chosen, params):
         node.input[0] = dq_of[x]
         node.input[1] = f"{wname}_dq"
         new_nodes.append((None, extra))
+    if plan:   # every reader of a chained tensor reads its dequantized value
+        gone = {graph.node[i].output[0] for i in dropped}
+        for i, n in enumerate(graph.node):
+            for k, x in enumerate(n.input):
+                if x in plan and i not in dropped:
+                    n.input[k] = dq_of[x]
+        keep = [n for i, n in enumerate(graph.node) if i not in dropped]
+        del graph.node[:]
+        graph.node.extend(keep)
+        vi = [v for v in graph.value_info if v.name not in gone]
+        del graph.value_info[:]
+        graph.value_info.extend(vi)
     # Q/DQ of a graph input go first; of another tensor, right after its producer; weight DQs
     # first (they read initializers only)
     after: dict[str, list] = {}
