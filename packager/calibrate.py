@@ -653,24 +653,49 @@ def chain_enabled() -> bool:
 
 def _chain_candidates(model, layers) -> list[str]:
     """Tensors whose ranges ``_chain_plan`` may use: the outputs of the quantizable Conv
-    nodes, and of every Relu, Add and MaxPool (and the Add's inputs)."""
+    nodes, and of every Relu, Clip, Add and MaxPool (and the Add's inputs)."""
     names = [node.output[0] for _, node, _ in layers if node.op_type == "Conv"]
     for node in model.graph.node:
         if node.domain not in ("", "ai.onnx"):
             continue
-        if node.op_type in ("Relu", "MaxPool") and node.output:
+        if node.op_type in ("Relu", "Clip", "MaxPool") and node.output:
             names.append(node.output[0])
         elif node.op_type == "Add" and len(node.input) == 2:
             names += list(node.input) + [node.output[0]]
     return list(dict.fromkeys(names))
 
 
+def _folds(node, p: tuple, consts: dict) -> bool:
+    """Whether quantizing with ``p`` (scale, zero point) after ``node`` (a Relu, or a Clip
+    with constant bounds) equals quantizing without it: zero point 0, and a Clip's upper bound
+    absent or at or past the range's top (ReLU6 calibrated to at most 6)."""
+    from onnx import numpy_helper
+
+    scale, zp = p
+    if int(zp) != 0:
+        return False
+    if node.op_type == "Relu":
+        return True
+    if node.attribute or len(node.input) < 2 or node.input[1] not in consts:
+        return False   # opset < 11's attribute bounds, or no lower bound
+    lo = numpy_helper.to_array(consts[node.input[1]])
+    if lo.size != 1 or float(lo) != 0.0:
+        return False
+    if len(node.input) < 3 or not node.input[2]:
+        return True
+    if node.input[2] not in consts:
+        return False
+    hi = numpy_helper.to_array(consts[node.input[2]])
+    return hi.size == 1 and float(hi) / float(scale) >= 254.6   # rounds to 255 or more
+
+
 def _chain_plan(graph, chosen, params) -> tuple[dict, set]:
     """The 8-bit activation chain, what ONNX Runtime's ``quantize_static`` writes: a QDQ pair
     on the output of every chosen Conv, of every Add one of whose inputs is already 8-bit (its
     other input quantized too) and of a MaxPool of an 8-bit tensor (the input's scale and zero
-    point). A Relu that alone reads such an output is dropped and its range (zero point 0, so
-    the quantize's clamp is the ReLU) quantizes the output instead. The integer fusions then
+    point). A Relu (or a Clip from 0 to at least the range's top: ReLU6) that alone reads such
+    an output is dropped and its range (zero point 0, so the quantize's clamp is the ReLU)
+    quantizes the output instead. The integer fusions then
     requantize in the convolutions' epilogues, add on bytes and pool on bytes
     (passes/fuse_qdq*.py). Returns ({tensor whose readers read the DQ: (tensor the Q reads,
     (scale, zero point))}, indices of the dropped Relu nodes)."""
@@ -679,6 +704,7 @@ def _chain_plan(graph, chosen, params) -> tuple[dict, set]:
         for x in n.input:
             readers.setdefault(x, []).append(i)
     outputs = {o.name for o in graph.output}
+    consts = {t.name: t for t in graph.initializer}
     chosen_idx = {index for index, *_ in chosen}
     chain: dict[str, tuple] = {}
     relu_of: dict[str, int] = {}   # chained tensor -> the Relu folded into its quantize
@@ -699,9 +725,10 @@ def _chain_plan(graph, chosen, params) -> tuple[dict, set]:
             continue
         target, relu = y, None
         after = readers.get(y, [])
-        if len(after) == 1 and graph.node[after[0]].op_type == "Relu":
+        if len(after) == 1 and graph.node[after[0]].op_type in ("Relu", "Clip"):
             r = graph.node[after[0]].output[0]
-            if r not in outputs and r in params and int(params[r][1]) == 0:
+            if r not in outputs and r in params and _folds(graph.node[after[0]], params[r],
+                                                           consts):
                 target, relu = r, after[0]
         if target not in params:
             continue

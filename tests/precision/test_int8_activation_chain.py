@@ -94,3 +94,32 @@ def test_chain_off_by_environment(net, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("MLCPACK_INT8_CHAIN", "0")
     ops = [n.op_type for n in C._build_qdq(model, inits, chosen, params).graph.node]
     assert ops.count("QuantizeLinear") == 4 and "Relu" in ops
+
+
+@pytest.mark.parametrize("top, folds", [(6.0, True), (None, True), (1.0, False)])
+def test_relu6_folds_where_its_top_is_past_the_range(top, folds) -> None:
+    """conv -> Clip(0, top) -> conv: the Clip folds into the first conv's quantize when the
+    calibrated range (here [0, 6]: scale 6 / 255, zero point 0) ends at or below its top."""
+    from onnx import TensorProto as T
+    from onnx import helper as h
+
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(rng.normal(0, 0.3, (4, 4, 1, 1)).astype(np.float32), w)
+             for w in ("w1", "w2")]
+    inits.append(numpy_helper.from_array(np.array(0.0, np.float32), "lo"))
+    clip_in = ["c1", "lo"]
+    if top is not None:
+        inits.append(numpy_helper.from_array(np.array(top, np.float32), "hi"))
+        clip_in.append("hi")
+    nodes = [h.make_node("Conv", ["x", "w1"], ["c1"]), h.make_node("Clip", clip_in, ["r1"]),
+             h.make_node("Conv", ["r1", "w2"], ["y"])]
+    graph = h.make_graph(nodes, "relu6", [h.make_tensor_value_info("x", T.FLOAT, [1, 4, 3, 3])],
+                         [h.make_tensor_value_info("y", T.FLOAT, [1, 4, 3, 3])], inits)
+    chosen = [(0, 0, None, None), (2, 0, None, None)]
+    params = {"x": C.uint8_params(-1, 1), "c1": C.uint8_params(-6, 6),
+              "r1": C.uint8_params(0.0, 6.0)}
+    plan, dropped = C._chain_plan(graph, chosen, params)
+    # not folded: c1 is read by the float Clip alone, so it stays float (r1 gets the
+    # second conv's own input QDQ)
+    assert (plan == {"r1": ("c1", params["r1"])} and dropped == {1}) if folds else \
+        (plan == {} and not dropped), plan
