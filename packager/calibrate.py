@@ -28,7 +28,16 @@ integer-kernel fusion matches, ``frontends/onnx/quant.py``).
    float input and weights. Its default: 5 % where the guard cannot run (``guard=False``, no
    onnxruntime), else no limit: on the PP-OCRv4 recognizer the 5 % gate floated 10 of 47
    layers and cost 1.8 points of held-out character accuracy (docs/quantization.md).
-4. After export the caller runs ``compare`` for the report: per output, the error of the int8
+4. The 8-bit chain (``_chain_plan``; ``MLCPACK_INT8_CHAIN=0`` turns it off): activations stay
+   uint8 between layers, the graph ONNX Runtime's ``quantize_static`` writes: a QDQ pair on
+   every int8 convolution's output (a Relu, or a Clip from 0 to at least the calibrated top,
+   alone after it folds into the quantize's clamp: its range has zero point 0), on a residual
+   Add with an 8-bit input (its other input quantized too) and on a MaxPool of an 8-bit tensor
+   (the input's scale and zero point), where an integer kernel reads the result. The QDQ
+   fusions (passes/fuse_qdq*.py) then requantize in the convolutions' epilogues, add on bytes
+   (``qbinary``) and pool on bytes. The ranges come from the same calibration run (the extra
+   tensors are tapped too).
+5. After export the caller runs ``compare`` for the report: per output, the error of the int8
    bundle against the float model on the calibration data, and both bundles' run times.
 """
 
