@@ -87,6 +87,7 @@ class QuantizeReport:
     int8_ms: float | None = None
     float_ms: float | None = None
     guard: str = ""    # the accuracy guard's line (quantize_onnx)
+    chain: bool = True   # activations 8-bit between layers (_chain_plan; the guard may drop it)
     weights: str = "weights per channel"   # the weights' range (quantize_onnx)
 
     def summary(self) -> list[str]:
@@ -98,7 +99,8 @@ class QuantizeReport:
         lines = [f"quantized int8: {len(done)} of {len(self.layers)} layers ("
                  + ", ".join(f"{op} {n}" for op, n in sorted(ops.items()))
                  + f"); {self.weights}, activations per tensor from {self.method} over "
-                 f"{self.samples} calibration sample{'s' * (self.samples != 1)}"]
+                 f"{self.samples} calibration sample{'s' * (self.samples != 1)}"
+                 + ("; 8-bit between layers" if self.chain else "")]
         for x in kept:
             if x.speed is not None:
                 lines.append(f"  left in float: {x.op} {x.node!r} (speed: {x.speed})")
@@ -411,7 +413,7 @@ def quantize_onnx(model_path: str | os.PathLike, samples: Sequence[np.ndarray],
     except BaseException:
         work.cleanup()
         raise
-    report = QuantizeReport(method, len(samples))
+    report = QuantizeReport(method, len(samples), chain=chain_enabled())
     if max_layer_error is None:   # the estimate's gate only where the guard cannot run
         max_layer_error = np.inf if guard and _have_onnxruntime() else MAX_LAYER_ERROR
     chosen = []
@@ -443,7 +445,7 @@ def quantize_onnx(model_path: str | os.PathLike, samples: Sequence[np.ndarray],
         by_index = {index: layer for (index, _, _), layer in zip(layers, report.layers)}
         chosen = _accuracy_guard(model, inits, chosen, params, graph_inputs[0].name, originals,
                                  list(samples), outputs, by_index, report)
-    qdq = _build_qdq(model, inits, chosen, params)
+    qdq = _build_qdq(model, inits, chosen, params, chain=report.chain)
     return Quantized(qdq, report, bundle, outputs, input_name, list(samples), work)
 
 
@@ -549,7 +551,8 @@ def _accuracy_guard(model, inits, chosen, params, onnx_input: str, names: Sequen
         return chosen
 
     def measure(subset) -> tuple[float, float]:
-        sess = _guard_session(_build_qdq(model, inits, subset, params).SerializeToString())
+        sess = _guard_session(_build_qdq(model, inits, subset, params,
+                                         chain=report.chain).SerializeToString())
         gots = [sess.run(list(names), {onnx_input: x}) for x in samples]
         return _accuracy(refs, gots, names)
 
@@ -570,6 +573,16 @@ def _accuracy_guard(model, inits, chosen, params, onnx_input: str, names: Sequen
     if good(first):
         report.guard = f"  accuracy guard: {targets(first)}: every layer kept int8"
         return chosen
+    chained = ""
+    if report.chain and chain_enabled():   # the 8-bit chain first goes, then layers
+        report.chain = False
+        chained = (f"  accuracy guard: activations 8-bit between layers: {targets(first)}; "
+                   f"float between layers instead")
+        first = measure(chosen)
+        if good(first):
+            report.guard = f"{chained}: {targets(first)}: every layer kept int8"
+            return chosen
+        chained += "\n"
     whole = first
     if len(samples) > GUARD_SAMPLES:   # the search on a few samples, the targets on them too
         samples, refs = samples[:GUARD_SAMPLES], refs[:GUARD_SAMPLES]
@@ -611,7 +624,7 @@ def _accuracy_guard(model, inits, chosen, params, onnx_input: str, names: Sequen
             layer.quantized, layer.sensitive, layer.local_snr = True, None, None
     acc = best[0]
     floated = len(chosen) - len(best[1])
-    report.guard = (f"  accuracy guard: {targets(whole)} (targets {GUARD_SNR_DB:.0f} dB, "
+    report.guard = chained + (f"  accuracy guard: {targets(whole)} (targets {GUARD_SNR_DB:.0f} dB, "
                     f"{GUARD_AGREEMENT:.1%}); {how}: with the {floated} most sensitive layer"
                     f"{'s' * (floated != 1)} float: {acc[0]:.1f} dB, {acc[1]:.1%} on "
                     f"{len(samples)} sample{'s' * (len(samples) != 1)}"
@@ -717,12 +730,14 @@ def _chain_plan(graph, chosen, params) -> tuple[dict, set]:
     chosen_idx = {index for index, *_ in chosen}
     chain: dict[str, tuple] = {}
     relu_of: dict[str, int] = {}   # chained tensor -> the Relu folded into its quantize
+    key: dict[int, str] = {}       # a chained Add or MaxPool node -> its chained tensor
     for i, n in enumerate(graph.node):
         if n.domain not in ("", "ai.onnx") or len(n.output) != 1 or n.output[0] in outputs:
             continue
         y = n.output[0]
         if n.op_type == "MaxPool" and n.input[0] in chain:
             chain[y] = (y, chain[n.input[0]][1])
+            key[i] = y
             continue
         if n.op_type == "Add" and len(n.input) == 2 and any(x in chain for x in n.input) \
                 and all(x in chain or x in params for x in n.input) \
@@ -744,6 +759,7 @@ def _chain_plan(graph, chosen, params) -> tuple[dict, set]:
         if relu is not None:
             relu_of[target] = relu
         chain[target] = (y, params[target])
+        key[i] = target
     # an 8-bit tensor no integer kernel reads stays float (a dequantize pass would undo the
     # saving): kept where a chosen layer, a chained Add or a chained MaxPool reads it
     dropped = set(relu_of.values())
@@ -752,8 +768,7 @@ def _chain_plan(graph, chosen, params) -> tuple[dict, set]:
         changed = False
         for t in list(chain):
             if not any((i in chosen_idx and graph.node[i].input[0] == t)
-                       or (graph.node[i].op_type in ("Add", "MaxPool")
-                           and graph.node[i].output[0] in chain)
+                       or key.get(i) in chain
                        for i in readers.get(t, []) if i not in dropped):
                 del chain[t]
                 dropped.discard(relu_of.pop(t, None))
