@@ -123,3 +123,25 @@ def test_relu6_folds_where_its_top_is_past_the_range(top, folds) -> None:
     # second conv's own input QDQ)
     assert (plan == {"r1": ("c1", params["r1"])} and dropped == {1}) if folds else \
         (plan == {} and not dropped), plan
+
+
+def test_residual_block_stays_8bit_through_the_folded_relus() -> None:
+    """ResNet's block: conv1 -> relu -> conv2 -> add(., relu1) -> relu -> conv3. Both Relus
+    fold; conv2's output is chained because the Add (chained under its Relu's name) reads it."""
+    from onnx import TensorProto as T
+    from onnx import helper as h
+
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(rng.normal(0, 0.3, (4, 4, 1, 1)).astype(np.float32), w)
+             for w in ("w1", "w2", "w3")]
+    nodes = [h.make_node("Conv", ["x", "w1"], ["c1"]), h.make_node("Relu", ["c1"], ["r1"]),
+             h.make_node("Conv", ["r1", "w2"], ["c2"]), h.make_node("Add", ["c2", "r1"], ["a"]),
+             h.make_node("Relu", ["a"], ["r2"]), h.make_node("Conv", ["r2", "w3"], ["y"])]
+    graph = h.make_graph(nodes, "block", [h.make_tensor_value_info("x", T.FLOAT, [1, 4, 3, 3])],
+                         [h.make_tensor_value_info("y", T.FLOAT, [1, 4, 3, 3])], inits)
+    chosen = [(0, 0, None, None), (2, 0, None, None), (5, 0, None, None)]
+    params = {"x": C.uint8_params(-1, 1), "c1": C.uint8_params(-2, 2), "r1": C.uint8_params(0, 2),
+              "c2": C.uint8_params(-3, 3), "a": C.uint8_params(-4, 4), "r2": C.uint8_params(0, 4)}
+    plan, dropped = C._chain_plan(graph, chosen, params)
+    assert {t: src for t, (src, _) in plan.items()} == {"r1": "c1", "c2": "c2", "r2": "a"}
+    assert dropped == {1, 4}
