@@ -28,7 +28,16 @@ integer-kernel fusion matches, ``frontends/onnx/quant.py``).
    float input and weights. Its default: 5 % where the guard cannot run (``guard=False``, no
    onnxruntime), else no limit: on the PP-OCRv4 recognizer the 5 % gate floated 10 of 47
    layers and cost 1.8 points of held-out character accuracy (docs/quantization.md).
-4. After export the caller runs ``compare`` for the report: per output, the error of the int8
+4. The 8-bit chain (``_chain_plan``; ``MLCPACK_INT8_CHAIN=0`` turns it off): activations stay
+   uint8 between layers, the graph ONNX Runtime's ``quantize_static`` writes: a QDQ pair on
+   every int8 convolution's output (a Relu, or a Clip from 0 to at least the calibrated top,
+   alone after it folds into the quantize's clamp: its range has zero point 0), on a residual
+   Add with an 8-bit input (its other input quantized too) and on a MaxPool of an 8-bit tensor
+   (the input's scale and zero point), where an integer kernel reads the result. The QDQ
+   fusions (passes/fuse_qdq*.py) then requantize in the convolutions' epilogues, add on bytes
+   (``qbinary``) and pool on bytes. The ranges come from the same calibration run (the extra
+   tensors are tapped too).
+5. After export the caller runs ``compare`` for the report: per output, the error of the int8
    bundle against the float model on the calibration data, and both bundles' run times.
 """
 
@@ -78,6 +87,7 @@ class QuantizeReport:
     int8_ms: float | None = None
     float_ms: float | None = None
     guard: str = ""    # the accuracy guard's line (quantize_onnx)
+    chain: bool = True   # activations 8-bit between layers (_chain_plan; the guard may drop it)
     weights: str = "weights per channel"   # the weights' range (quantize_onnx)
 
     def summary(self) -> list[str]:
@@ -89,7 +99,8 @@ class QuantizeReport:
         lines = [f"quantized int8: {len(done)} of {len(self.layers)} layers ("
                  + ", ".join(f"{op} {n}" for op, n in sorted(ops.items()))
                  + f"); {self.weights}, activations per tensor from {self.method} over "
-                 f"{self.samples} calibration sample{'s' * (self.samples != 1)}"]
+                 f"{self.samples} calibration sample{'s' * (self.samples != 1)}"
+                 + ("; 8-bit between layers" if self.chain else "")]
         for x in kept:
             if x.speed is not None:
                 lines.append(f"  left in float: {x.op} {x.node!r} (speed: {x.speed})")
@@ -369,16 +380,19 @@ def quantize_onnx(model_path: str | os.PathLike, samples: Sequence[np.ndarray],
         raise ExportError("--quantize int8: the model has no Conv, Gemm or MatMul with constant "
                           "float weights to quantize")
     taps = list(dict.fromkeys(node.input[0] for _, node, _ in layers))
+    # the ranges of the tensors an 8-bit chain may quantize too (``_chain_plan``)
+    chain_taps = [t for t in _chain_candidates(model, layers) if t not in set(taps)] \
+        if chain_enabled() else []
     originals = [o.name for o in model.graph.output]
     work = tempfile.TemporaryDirectory(prefix="mlcpack-calibration-")
     try:
-        mod, info = import_onnx(_tapped(model, taps), input_shapes=input_shapes)
+        mod, info = import_onnx(_tapped(model, taps + chain_taps), input_shapes=input_shapes)
         bundle = Path(work.name) / "float.mlc"
         export_module(mod, bundle, ExportOptions(target="host", check=False,
                                                  compile=compile_options))
         input_name = info.input_names[graph_inputs[0].name]
         rng = np.random.default_rng(0)
-        stats = {t: _Stats(len(samples)) for t in taps}
+        stats = {t: _Stats(len(samples)) for t in taps + chain_taps}
         outputs: list[dict[str, np.ndarray]] = []
         tap_shapes: dict[str, tuple] = {}   # at the first sample's size
         with load(bundle) as fmodel:
@@ -386,10 +400,10 @@ def quantize_onnx(model_path: str | os.PathLike, samples: Sequence[np.ndarray],
                 got = fmodel.run({input_name: x})
                 for t in taps:
                     tap_shapes.setdefault(t, got[t].shape)
-                for t in taps:
+                for t in stats:
                     stats[t].add(got[t], method, rng)
                 outputs.append({k: np.array(got[k]) for k in originals})
-            params = {t: uint8_params(*stats[t].range(method)) for t in taps}
+            params = {t: uint8_params(*stats[t].range(method)) for t in stats}
             act_err = {t: 0.0 for t in taps}
             for x in samples:   # second pass: each tap's quantization error
                 got = fmodel.run({input_name: x})
@@ -399,7 +413,7 @@ def quantize_onnx(model_path: str | os.PathLike, samples: Sequence[np.ndarray],
     except BaseException:
         work.cleanup()
         raise
-    report = QuantizeReport(method, len(samples))
+    report = QuantizeReport(method, len(samples), chain=chain_enabled())
     if max_layer_error is None:   # the estimate's gate only where the guard cannot run
         max_layer_error = np.inf if guard and _have_onnxruntime() else MAX_LAYER_ERROR
     chosen = []
@@ -431,7 +445,7 @@ def quantize_onnx(model_path: str | os.PathLike, samples: Sequence[np.ndarray],
         by_index = {index: layer for (index, _, _), layer in zip(layers, report.layers)}
         chosen = _accuracy_guard(model, inits, chosen, params, graph_inputs[0].name, originals,
                                  list(samples), outputs, by_index, report)
-    qdq = _build_qdq(model, inits, chosen, params)
+    qdq = _build_qdq(model, inits, chosen, params, chain=report.chain)
     return Quantized(qdq, report, bundle, outputs, input_name, list(samples), work)
 
 
@@ -537,7 +551,8 @@ def _accuracy_guard(model, inits, chosen, params, onnx_input: str, names: Sequen
         return chosen
 
     def measure(subset) -> tuple[float, float]:
-        sess = _guard_session(_build_qdq(model, inits, subset, params).SerializeToString())
+        sess = _guard_session(_build_qdq(model, inits, subset, params,
+                                         chain=report.chain).SerializeToString())
         gots = [sess.run(list(names), {onnx_input: x}) for x in samples]
         return _accuracy(refs, gots, names)
 
@@ -558,6 +573,16 @@ def _accuracy_guard(model, inits, chosen, params, onnx_input: str, names: Sequen
     if good(first):
         report.guard = f"  accuracy guard: {targets(first)}: every layer kept int8"
         return chosen
+    chained = ""
+    if report.chain and chain_enabled():   # the 8-bit chain first goes, then layers
+        report.chain = False
+        chained = (f"  accuracy guard: activations 8-bit between layers: {targets(first)}; "
+                   f"float between layers instead")
+        first = measure(chosen)
+        if good(first):
+            report.guard = f"{chained}: {targets(first)}: every layer kept int8"
+            return chosen
+        chained += "\n"
     whole = first
     if len(samples) > GUARD_SAMPLES:   # the search on a few samples, the targets on them too
         samples, refs = samples[:GUARD_SAMPLES], refs[:GUARD_SAMPLES]
@@ -599,7 +624,7 @@ def _accuracy_guard(model, inits, chosen, params, onnx_input: str, names: Sequen
             layer.quantized, layer.sensitive, layer.local_snr = True, None, None
     acc = best[0]
     floated = len(chosen) - len(best[1])
-    report.guard = (f"  accuracy guard: {targets(whole)} (targets {GUARD_SNR_DB:.0f} dB, "
+    report.guard = chained + (f"  accuracy guard: {targets(whole)} (targets {GUARD_SNR_DB:.0f} dB, "
                     f"{GUARD_AGREEMENT:.1%}); {how}: with the {floated} most sensitive layer"
                     f"{'s' * (floated != 1)} float: {acc[0]:.1f} dB, {acc[1]:.1%} on "
                     f"{len(samples)} sample{'s' * (len(samples) != 1)}"
@@ -627,7 +652,7 @@ def _layer_snr(model, inits, chosen, params, onnx_input: str,
         probe.graph.node.append(node)
         copies.append((len(probe.graph.node) - 1, axis, q, scale))
         pairs.append((original, node.output[0]))
-    probe = _build_qdq(probe, inits, copies, params)
+    probe = _build_qdq(probe, inits, copies, params, chain=False)
     taps = [t for pair in pairs for t in pair]
     sess = _guard_session(_tapped(probe, taps).SerializeToString())
     power = np.zeros(len(pairs))
@@ -643,9 +668,119 @@ def _layer_snr(model, inits, chosen, params, onnx_input: str,
                 for p, n in zip(power, noise)]
 
 
-def _build_qdq(model, inits: dict[str, np.ndarray], chosen, params):
+def chain_enabled() -> bool:
+    """``MLCPACK_INT8_CHAIN=0`` turns the 8-bit activation chain off (``_chain_plan``)."""
+    return os.environ.get("MLCPACK_INT8_CHAIN", "1") != "0"
+
+
+def _chain_candidates(model, layers) -> list[str]:
+    """Tensors whose ranges ``_chain_plan`` may use: the outputs of the quantizable Conv
+    nodes, and of every Relu, Clip, Add and MaxPool (and the Add's inputs)."""
+    names = [node.output[0] for _, node, _ in layers if node.op_type == "Conv"]
+    for node in model.graph.node:
+        if node.domain not in ("", "ai.onnx"):
+            continue
+        if node.op_type in ("Relu", "Clip", "MaxPool") and node.output:
+            names.append(node.output[0])
+        elif node.op_type == "Add" and len(node.input) == 2:
+            names += list(node.input) + [node.output[0]]
+    return list(dict.fromkeys(names))
+
+
+def _folds(node, p: tuple, consts: dict) -> bool:
+    """Whether quantizing with ``p`` (scale, zero point) after ``node`` (a Relu, or a Clip
+    with constant bounds) equals quantizing without it: zero point 0, and a Clip's upper bound
+    absent or at or past the range's top (ReLU6 calibrated to at most 6)."""
+    from onnx import numpy_helper
+
+    scale, zp = p
+    if int(zp) != 0:
+        return False
+    if node.op_type == "Relu":
+        return True
+    if node.attribute or len(node.input) < 2 or node.input[1] not in consts:
+        return False   # opset < 11's attribute bounds, or no lower bound
+    lo = numpy_helper.to_array(consts[node.input[1]])
+    if lo.size != 1 or float(lo) != 0.0:
+        return False
+    if len(node.input) < 3 or not node.input[2]:
+        return True
+    if node.input[2] not in consts:
+        return False
+    hi = numpy_helper.to_array(consts[node.input[2]])
+    return hi.size == 1 and float(hi) / float(scale) >= 254.6   # rounds to 255 or more
+
+
+def _chain_plan(graph, chosen, params) -> tuple[dict, set]:
+    """The 8-bit activation chain, what ONNX Runtime's ``quantize_static`` writes: a QDQ pair
+    on the output of every chosen Conv, of every Add one of whose inputs is already 8-bit (its
+    other input quantized too) and of a MaxPool of an 8-bit tensor (the input's scale and zero
+    point). A Relu (or a Clip from 0 to at least the range's top: ReLU6) that alone reads such
+    an output is dropped and its range (zero point 0, so the quantize's clamp is the ReLU)
+    quantizes the output instead. The integer fusions then
+    requantize in the convolutions' epilogues, add on bytes and pool on bytes
+    (passes/fuse_qdq*.py). Returns ({tensor whose readers read the DQ: (tensor the Q reads,
+    (scale, zero point))}, indices of the dropped Relu nodes)."""
+    readers: dict[str, list[int]] = {}
+    for i, n in enumerate(graph.node):
+        for x in n.input:
+            readers.setdefault(x, []).append(i)
+    outputs = {o.name for o in graph.output}
+    consts = {t.name: t for t in graph.initializer}
+    chosen_idx = {index for index, *_ in chosen}
+    chain: dict[str, tuple] = {}
+    relu_of: dict[str, int] = {}   # chained tensor -> the Relu folded into its quantize
+    key: dict[int, str] = {}       # a chained Add or MaxPool node -> its chained tensor
+    for i, n in enumerate(graph.node):
+        if n.domain not in ("", "ai.onnx") or len(n.output) != 1 or n.output[0] in outputs:
+            continue
+        y = n.output[0]
+        if n.op_type == "MaxPool" and n.input[0] in chain:
+            chain[y] = (y, chain[n.input[0]][1])
+            key[i] = y
+            continue
+        if n.op_type == "Add" and len(n.input) == 2 and any(x in chain for x in n.input) \
+                and all(x in chain or x in params for x in n.input) \
+                and len(set(n.input)) == 2:
+            for x in n.input:
+                if x not in chain:
+                    chain[x] = (x, params[x])
+        elif not (i in chosen_idx and n.op_type == "Conv"):
+            continue
+        target, relu = y, None
+        after = readers.get(y, [])
+        if len(after) == 1 and graph.node[after[0]].op_type in ("Relu", "Clip"):
+            r = graph.node[after[0]].output[0]
+            if r not in outputs and r in params and _folds(graph.node[after[0]], params[r],
+                                                           consts):
+                target, relu = r, after[0]
+        if target not in params:
+            continue
+        if relu is not None:
+            relu_of[target] = relu
+        chain[target] = (y, params[target])
+        key[i] = target
+    # an 8-bit tensor no integer kernel reads stays float (a dequantize pass would undo the
+    # saving): kept where a chosen layer, a chained Add or a chained MaxPool reads it
+    dropped = set(relu_of.values())
+    changed = True
+    while changed:
+        changed = False
+        for t in list(chain):
+            if not any((i in chosen_idx and graph.node[i].input[0] == t)
+                       or key.get(i) in chain
+                       for i in readers.get(t, []) if i not in dropped):
+                del chain[t]
+                dropped.discard(relu_of.pop(t, None))
+                changed = True
+    return chain, dropped
+
+
+def _build_qdq(model, inits: dict[str, np.ndarray], chosen, params, chain: bool = True):
     """``model`` with QuantizeLinear/DequantizeLinear on the chosen layers' inputs, their
-    weights int8 per channel behind DequantizeLinear, and Conv/Gemm biases int32."""
+    weights int8 per channel behind DequantizeLinear, and Conv/Gemm biases int32; with
+    ``chain`` (and ``chain_enabled()``) the activations stay 8-bit between layers
+    (``_chain_plan``)."""
     from onnx import helper, numpy_helper
 
     out = type(model)()
@@ -653,6 +788,20 @@ def _build_qdq(model, inits: dict[str, np.ndarray], chosen, params):
     graph = out.graph
     new_inits, new_nodes = [], []
     dq_of: dict[str, str] = {}   # activation -> its dequantized name
+    plan, dropped = _chain_plan(graph, chosen, params) if chain and chain_enabled() else ({}, set())
+    act = {t: p for t, (_, p) in plan.items()}
+    act.update((k, v) for k, v in params.items() if k not in act)
+    for t, (src, (s, zp)) in plan.items():
+        base = f"{t}_mlcq"
+        new_inits += [numpy_helper.from_array(np.asarray(s, np.float32), f"{base}_scale"),
+                      numpy_helper.from_array(np.asarray(zp, np.uint8), f"{base}_zp")]
+        new_nodes.append((src, [helper.make_node("QuantizeLinear", [src, f"{base}_scale",
+                                                                    f"{base}_zp"], [f"{base}_q"]),
+                                helper.make_node("DequantizeLinear", [f"{base}_q",
+                                                                      f"{base}_scale",
+                                                                      f"{base}_zp"],
+                                                 [f"{base}_dq"])]))
+        dq_of[t] = f"{base}_dq"
     for index, axis, q, scale in chosen:
         node = graph.node[index]
         x = node.input[0]
@@ -681,7 +830,7 @@ def _build_qdq(model, inits: dict[str, np.ndarray], chosen, params):
         if len(node.input) > 2 and node.input[2] in inits and bias_ok \
                 and inits[node.input[2]].shape == scale.shape:
             b = inits[node.input[2]]
-            b_scale = (np.float32(params[x][0]) * scale).astype(np.float32)
+            b_scale = (np.float32(act[x][0]) * scale).astype(np.float32)
             bq = np.round(b.astype(np.float64) / b_scale).astype(np.int64)
             if np.abs(bq).max(initial=0) < 2 ** 31:
                 bname = f"{node.input[2]}_{_node_name(node)}_mlcq"
@@ -695,6 +844,18 @@ def _build_qdq(model, inits: dict[str, np.ndarray], chosen, params):
         node.input[0] = dq_of[x]
         node.input[1] = f"{wname}_dq"
         new_nodes.append((None, extra))
+    if plan:   # every reader of a chained tensor reads its dequantized value
+        gone = {graph.node[i].output[0] for i in dropped}
+        for i, n in enumerate(graph.node):
+            for k, x in enumerate(n.input):
+                if x in plan and i not in dropped:
+                    n.input[k] = dq_of[x]
+        keep = [n for i, n in enumerate(graph.node) if i not in dropped]
+        del graph.node[:]
+        graph.node.extend(keep)
+        vi = [v for v in graph.value_info if v.name not in gone]
+        del graph.value_info[:]
+        graph.value_info.extend(vi)
     # Q/DQ of a graph input go first; of another tensor, right after its producer; weight DQs
     # first (they read initializers only)
     after: dict[str, list] = {}
