@@ -191,7 +191,7 @@ def test_loops_with_a_worker_pool_match_one_thread(stored, counted) -> None:
     """The VM's loop with a worker pool (threads=2: each run of kernel calls posted through
     the pool, not the pre-bound single-thread call): the one-thread run's values, bit for
     bit, for the row-store loop and the counted loop with a branch in its body."""
-    for (src, bundle), cases in ((stored, [lm.stored_feeds(m, lim, seed=k)
+    for (_src, bundle), cases in ((stored, [lm.stored_feeds(m, lim, seed=k)
                                            for k, (m, lim) in enumerate(STORED_CASES)]),
                                  (counted, [lm.feeds(m, c, lim, n=3, seed=3)
                                             for m, c, lim in CASES[:7]])):
