@@ -380,9 +380,10 @@ def quantize_onnx(model_path: str | os.PathLike, samples: Sequence[np.ndarray],
         raise ExportError("--quantize int8: the model has no Conv, Gemm or MatMul with constant "
                           "float weights to quantize")
     taps = list(dict.fromkeys(node.input[0] for _, node, _ in layers))
+    options = (compile_options or ExportOptions().compile_options()).for_targets()
     # the ranges of the tensors an 8-bit chain may quantize too (``_chain_plan``)
     chain_taps = [t for t in _chain_candidates(model, layers) if t not in set(taps)] \
-        if chain_enabled() else []
+        if options.int8_chain else []
     originals = [o.name for o in model.graph.output]
     work = tempfile.TemporaryDirectory(prefix="mlcpack-calibration-")
     try:
@@ -413,11 +414,10 @@ def quantize_onnx(model_path: str | os.PathLike, samples: Sequence[np.ndarray],
     except BaseException:
         work.cleanup()
         raise
-    report = QuantizeReport(method, len(samples), chain=chain_enabled())
+    report = QuantizeReport(method, len(samples), chain=options.int8_chain)
     if max_layer_error is None:   # the estimate's gate only where the guard cannot run
         max_layer_error = np.inf if guard and _have_onnxruntime() else MAX_LAYER_ERROR
     chosen = []
-    options = (compile_options or ExportOptions().compile_options()).for_targets()
     conv_qmax = conv_weight_qmax(options)
     if conv_qmax != 127 and any(_conv_groups(node) == 1 for _, node, _ in layers):
         report.weights = ("weights per channel, conv weights 7-bit (no int8 dot instruction in "
@@ -574,7 +574,7 @@ def _accuracy_guard(model, inits, chosen, params, onnx_input: str, names: Sequen
         report.guard = f"  accuracy guard: {targets(first)}: every layer kept int8"
         return chosen
     chained = ""
-    if report.chain and chain_enabled():   # the 8-bit chain first goes, then layers
+    if report.chain:   # the 8-bit chain first goes, then layers
         report.chain = False
         chained = (f"  accuracy guard: activations 8-bit between layers: {targets(first)}; "
                    f"float between layers instead")
@@ -666,11 +666,6 @@ def _layer_snr(model, inits, chosen, params, onnx_input: str,
     with np.errstate(divide="ignore"):
         return [float(10 * np.log10(p / n)) if n > 0 else np.inf
                 for p, n in zip(power, noise)]
-
-
-def chain_enabled() -> bool:
-    """``MLCPACK_INT8_CHAIN=0`` turns the 8-bit activation chain off (``_chain_plan``)."""
-    return os.environ.get("MLCPACK_INT8_CHAIN", "1") != "0"
 
 
 def _chain_candidates(model, layers) -> list[str]:
@@ -779,7 +774,7 @@ def _chain_plan(graph, chosen, params) -> tuple[dict, set]:
 def _build_qdq(model, inits: dict[str, np.ndarray], chosen, params, chain: bool = True):
     """``model`` with QuantizeLinear/DequantizeLinear on the chosen layers' inputs, their
     weights int8 per channel behind DequantizeLinear, and Conv/Gemm biases int32; with
-    ``chain`` (and ``chain_enabled()``) the activations stay 8-bit between layers
+    ``chain`` (``CompileOptions.int8_chain``) the activations stay 8-bit between layers
     (``_chain_plan``)."""
     from onnx import helper, numpy_helper
 
@@ -788,7 +783,7 @@ def _build_qdq(model, inits: dict[str, np.ndarray], chosen, params, chain: bool 
     graph = out.graph
     new_inits, new_nodes = [], []
     dq_of: dict[str, str] = {}   # activation -> its dequantized name
-    plan, dropped = _chain_plan(graph, chosen, params) if chain and chain_enabled() else ({}, set())
+    plan, dropped = _chain_plan(graph, chosen, params) if chain else ({}, set())
     act = {t: p for t, (_, p) in plan.items()}
     act.update((k, v) for k, v in params.items() if k not in act)
     for t, (src, (s, zp)) in plan.items():

@@ -93,6 +93,10 @@ class CompileOptions:
     # (passes/quad_weights.py ``use_oc_lanes``); False: every quad convolution keeps pixel
     # lanes (MLCPACK_INT8_OC_LANES=0)
     conv_oc_lanes: bool = True
+    # ``--quantize int8`` keeps activations 8-bit between layers (QDQ on conv outputs, ReLU /
+    # ReLU6 folded into the quantize, residual adds and MaxPool on bytes: calibrate.py
+    # ``_chain_plan``); False: only the int8 layers' inputs are quantized (MLCPACK_INT8_CHAIN=0)
+    int8_chain: bool = True
     # whether some target multiplies int8 quads with a dot instruction (vpdpbusd on
     # x86-64-v4+vnni, sdot on aarch64+dotprod; or vnni_emulate); None: chosen for the targets
     # (``for_targets``). Without one, int8_float_convs may keep convolutions float.
@@ -236,6 +240,8 @@ class CompileOptions:
             env["conv_quads7"] = False
         if environ.get("MLCPACK_INT8_OC_LANES", "1") == "0":
             env["conv_oc_lanes"] = False
+        if environ.get("MLCPACK_INT8_CHAIN", "1") == "0":
+            env["int8_chain"] = False
         if environ.get("MLCPACK_VNNI_EMULATE", "") == "1":
             env["vnni_emulate"] = True
         if environ.get("MLCPACK_QLOOKUP", "") == "1":

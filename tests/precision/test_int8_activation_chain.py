@@ -19,6 +19,7 @@ from onnx import numpy_helper
 import quant_models as qm
 from mlcpack.frontends.onnx import import_onnx
 from mlcpack.packager import calibrate as C
+from mlcpack.packager.options import CompileOptions
 from mlcpack.packager.options import UNPACKED
 from mlcpack.packager.passes.pipeline import DEFAULT_PIPELINE, run_pipeline
 
@@ -89,10 +90,12 @@ def test_chain_fuses_to_byte_kernels_and_stays_close(net) -> None:
     assert _snr(chained, path) > 30 and _snr(flat, path) > 35
 
 
-def test_chain_off_by_environment(net, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_chain_off_by_environment(net) -> None:
     _, model, inits, chosen, params = net
-    monkeypatch.setenv("MLCPACK_INT8_CHAIN", "0")
-    ops = [n.op_type for n in C._build_qdq(model, inits, chosen, params).graph.node]
+    options = CompileOptions.from_environ({"MLCPACK_INT8_CHAIN": "0"})
+    assert options.int8_chain is False and CompileOptions.from_environ({}).int8_chain
+    ops = [n.op_type for n in C._build_qdq(model, inits, chosen, params,
+                                             chain=options.int8_chain).graph.node]
     assert ops.count("QuantizeLinear") == 4 and "Relu" in ops
 
 

@@ -104,7 +104,10 @@ def test_profile_json_covers_every_instruction(bundle, run_cli) -> None:
     # the instructions account for nearly all of a run; what is left is the loop and the timer
     summed = sum(r["mean_us"] for r in rows)
     assert summed == pytest.approx(prof["instructions_sum_us"], rel=1e-3)
-    assert summed <= prof["total_us"]["mean"] <= summed + 50 * count
+    # (the upper bound on the quietest run: one preemption between two instructions of one
+    # of the 7 runs adds milliseconds to the mean on a loaded 2-core host)
+    assert summed <= prof["total_us"]["mean"]
+    assert prof["total_us"]["min"] <= summed + 50 * count
     for r in rows:
         kernel = header["kernels"][[k["symbol"] for k in header["kernels"]].index(r["kernel"])]
         assert r["kind"] == "kernel" and r["sources"]
