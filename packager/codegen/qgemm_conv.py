@@ -493,6 +493,14 @@ class QConv(QEmitter):
         for k, v in enumerate(vals):
             b.store(v, self._ptr(dst, const_i64(k * dst_stride), vec), align=1)
 
+    def _fill_zero_point(self, planes, total: int, zpq) -> None:
+        """The planes' ``total`` bytes set to x's zero point ``zpq`` (the padding's value;
+        ``_fill_quads`` and ``_fill_pixel_quads`` then write the image's bytes over them)."""
+        b = self.builder
+        fill = b.trunc(zpq, I8)
+        with for_range(b, const_i64(0), const_i64(total), "fz") as i:
+            b.store(fill, b.gep(planes, [i]))
+
     def _fill_pixel_quads(self, xb, planes, phases, c, h, w, cg, prow, wq, psz, sh, sw, pt,
                           pl, zpq, shift: int, zero: bool) -> None:
         """``_fill_quads``' bytes pixel-major: planes[ph, u, v, q, j] = x[4q + j, u*sh + py -
@@ -500,11 +508,8 @@ class QConv(QEmitter):
         ``zero``; channels past the last meet zero weights. Per input row and channel, the
         row's bytes are read in order and stored cg * 4 bytes apart."""
         b = self.builder
-        total = len(phases) * psz * cg * 4
         if zero:
-            fill = b.trunc(zpq, I8)
-            with for_range(b, const_i64(0), const_i64(total), "fz") as i:
-                b.store(fill, b.gep(planes, [i]))
+            self._fill_zero_point(planes, len(phases) * psz * cg * 4, zpq)
         for pi, (py, px) in enumerate(phases):
             window = _inside_image(py, px, h, w, prow, wq, sh, sw, pt, pl)
             if window is None:
@@ -711,11 +716,8 @@ class QConv(QEmitter):
         adds nothing after the correction) outside the image when ``zero``; channels past the
         last meet zero weights, so what they hold does not matter."""
         b = self.builder
-        total = len(phases) * cg * psz * 4
         if zero:
-            fill = b.trunc(zpq, I8)
-            with for_range(b, const_i64(0), const_i64(total), "fz") as i:
-                b.store(fill, b.gep(planes, [i]))
+            self._fill_zero_point(planes, len(phases) * cg * psz * 4, zpq)
         for pi, (py, px) in enumerate(phases):
             window = _inside_image(py, px, h, w, prow, wq, sh, sw, pt, pl)
             if window is None:
