@@ -850,8 +850,8 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
                          [b.fadd(d[1][j], d[2][j]) for j in range(4)],
                          [b.fsub(d[2][j], d[1][j]) for j in range(4)],
                          [b.fsub(d[1][j], d[3][j]) for j in range(4)]]
-                    dst = b.gep(vrow, [b.mul(q, const_i64(vl))], inbounds=True)
                     if self.open_image:
+                        dst = b.gep(vrow, [b.mul(q, const_i64(vl))], inbounds=True)
                         # xi's rows lie a run-time stride apart: one pointer stepped by it,
                         # the stride made opaque here so that LLVM cannot hoist its 16
                         # multiples out of the loop (they were spilled and reloaded)
@@ -867,7 +867,8 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
                                 at = dst
                             else:
                                 off = v(self._product((a * 4 + bb) * self.c, row_stride))
-                                at = b.gep(dst, [off], inbounds=True)
+                                at = b.gep(vrow, [b.add(off, b.mul(q, const_i64(vl)))],
+                                           inbounds=True)
                             b.store(val, b.bitcast(at, self.vty.as_pointer()), align=4)
 
     def _wino_block(self, nb, blk, oy_lo, ntr: ir.Value, nvb: int) -> None:
