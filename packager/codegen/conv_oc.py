@@ -934,10 +934,19 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
 
         def steps(c0, count: int) -> None:
             vals = [b.load(a) for a in accs]
+            if self.open_image:
+                # the channel's offset in V, shared by the mr tiles: made from a stride that
+                # LLVM cannot hoist (_opaque_i64), so that it does not keep mr x unroll
+                # offsets live across the loop (they were spilled: 8 reloads per 48 FMAs)
+                rs = _opaque_i64(b, self._extent(row_stride))
+                c_off = b.mul(c0, rs)
             for k in range(count):
                 c = b.add(c0, const_i64(k)) if k else c0
-                xs = [self._splat(b.load(b.gep(base, [b.mul(c, self._extent(row_stride))],
-                                               inbounds=True))) for base in bases]
+                if self.open_image:
+                    off = b.add(c_off, b.mul(rs, const_i64(k))) if k else c_off
+                else:
+                    off = b.mul(c, self._extent(row_stride))
+                xs = [self._splat(b.load(b.gep(base, [off], inbounds=True))) for base in bases]
                 for v in range(nv):
                     wv = load_weights(b, ux, b.add(b.mul(c, const_i64(OC_BLOCK)),
                                                    const_i64((v0 + v) * vl)), vl, self.bf16)
