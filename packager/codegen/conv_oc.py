@@ -850,15 +850,26 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
                          [b.fadd(d[1][j], d[2][j]) for j in range(4)],
                          [b.fsub(d[2][j], d[1][j]) for j in range(4)],
                          [b.fsub(d[1][j], d[3][j]) for j in range(4)]]
+                    if self.open_image:
+                        dst = b.gep(vrow, [b.mul(q, const_i64(vl))], inbounds=True)
+                        # xi's rows lie a run-time stride apart: one pointer stepped by it,
+                        # the stride made opaque here so that LLVM cannot hoist its 16
+                        # multiples out of the loop (they were spilled and reloaded)
+                        xi_stride = _opaque_i64(b, v(self._product(self.c, row_stride)))
                     for a in range(4):
                         r = t[a]
                         vals = (b.fsub(r[0], r[2]), b.fadd(r[1], r[2]), b.fsub(r[2], r[1]),
                                 b.fsub(r[1], r[3]))
                         for bb, val in enumerate(vals):
-                            off = v(self._product((a * 4 + bb) * self.c, row_stride))
-                            dst = b.gep(vrow, [b.add(off, b.mul(q, const_i64(vl)))],
-                                        inbounds=True)
-                            b.store(val, b.bitcast(dst, self.vty.as_pointer()), align=4)
+                            if self.open_image:
+                                if a or bb:
+                                    dst = b.gep(dst, [xi_stride], inbounds=True)
+                                at = dst
+                            else:
+                                off = v(self._product((a * 4 + bb) * self.c, row_stride))
+                                at = b.gep(vrow, [b.add(off, b.mul(q, const_i64(vl)))],
+                                           inbounds=True)
+                            b.store(val, b.bitcast(at, self.vty.as_pointer()), align=4)
 
     def _wino_block(self, nb, blk, oy_lo, ntr: ir.Value, nvb: int) -> None:
         """Block ``blk`` of output channels (``nvb`` vectors) over the band's ``ntr`` tile rows."""
@@ -923,10 +934,19 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
 
         def steps(c0, count: int) -> None:
             vals = [b.load(a) for a in accs]
+            if self.open_image:
+                # the channel's offset in V, shared by the mr tiles: made from a stride that
+                # LLVM cannot hoist (_opaque_i64), so that it does not keep mr x unroll
+                # offsets live across the loop (they were spilled: 8 reloads per 48 FMAs)
+                rs = _opaque_i64(b, self._extent(row_stride))
+                c_off = b.mul(c0, rs)
             for k in range(count):
                 c = b.add(c0, const_i64(k)) if k else c0
-                xs = [self._splat(b.load(b.gep(base, [b.mul(c, self._extent(row_stride))],
-                                               inbounds=True))) for base in bases]
+                if self.open_image:
+                    off = b.add(c_off, b.mul(rs, const_i64(k))) if k else c_off
+                else:
+                    off = b.mul(c, self._extent(row_stride))
+                xs = [self._splat(b.load(b.gep(base, [off], inbounds=True))) for base in bases]
                 for v in range(nv):
                     wv = load_weights(b, ux, b.add(b.mul(c, const_i64(OC_BLOCK)),
                                                    const_i64((v0 + v) * vl)), vl, self.bf16)
@@ -954,9 +974,24 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
         b, vl = self.builder, self.vl
         with for_range(b, const_i64(0), const_i64(nvb), "wov") as v:   # one copy of the code
             c0 = b.mul(v, const_i64(vl))
-            m = [[b.load(self._vec_ptr(self.mbuf, b.add(
-                b.mul(b.add(self._extent(self._product(a * 4 + c, self.m_tiles)), u),
-                      const_i64(OC_BLOCK)), c0)), align=4) for c in range(4)] for a in range(4)]
+            if self.open_image:
+                # M's 16 planes lie a run-time stride apart: one pointer stepped by it (opaque,
+                # as in _wino_input: not 16 hoisted, spilled offsets)
+                at = b.gep(self.mbuf, [b.add(b.mul(u, const_i64(OC_BLOCK)), c0)],
+                           inbounds=True)
+                step = _opaque_i64(b, b.mul(self._extent(self.m_tiles), const_i64(OC_BLOCK)))
+                m = []
+                for a in range(4):
+                    m.append([])
+                    for c in range(4):
+                        if a or c:
+                            at = b.gep(at, [step], inbounds=True)
+                        m[a].append(b.load(b.bitcast(at, self.vty.as_pointer()), align=4))
+            else:
+                m = [[b.load(self._vec_ptr(self.mbuf, b.add(
+                    b.mul(b.add(self._extent(self._product(a * 4 + c, self.m_tiles)), u),
+                          const_i64(OC_BLOCK)), c0)), align=4) for c in range(4)]
+                     for a in range(4)]
             s = [[b.fadd(b.fadd(m[0][j], m[1][j]), m[2][j]) for j in range(4)],
                  [b.fsub(b.fsub(m[1][j], m[2][j]), m[3][j]) for j in range(4)]]
             for i in range(2):
@@ -967,6 +1002,14 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
                     off = b.add(b.mul(b.add(self._extent(self._product(i, self.row_len)), ox),
                                       const_i64(OC_BLOCK)), c0)
                     b.store(y, self._vec_ptr(self.rowbuf, off), align=4)
+
+
+def _opaque_i64(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
+    """``x`` through an empty inline asm that returns its operand: the same value, which LLVM
+    can neither see through nor hoist out of the loop it is made in (so it cannot precompute
+    multiples of a run-time stride there and hold, or spill, each)."""
+    fnty = ir.FunctionType(I64, [I64])
+    return b.asm(fnty, "", "=r,0", [x], side_effect=True)
 
 
 def _transpose(b: ir.IRBuilder, rows: list[ir.Value]) -> list[ir.Value]:
