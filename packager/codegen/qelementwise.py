@@ -27,13 +27,14 @@ from llvmlite import ir
 
 from ..ir import te
 from ..ir.graph import PrimFunc
+from ..ir.patterns import reduction_tag
 from ..ir.sym import product
 from ..ops.qelementwise import row_broadcast
 from ..ops.quant import saturation_range
 from .helpers import F32, I8, I32, I64, alloca_once, const_i64, for_range, intrinsic
 from .contraction.geometry import PARALLEL_MIN_MACS
 from .lower import KernelInfo
-from .qgemm import V8F32, V8I8, V8I32, QEmitter, match_qgemm
+from .qgemm import V8F32, V8I8, V8I32, V16I8, QEmitter, match_qgemm
 from .threads import DEFAULTS, SplitThresholds
 
 VL = 8
@@ -67,10 +68,13 @@ def emit_qelementwise_sized(module: ir.Module, func: PrimFunc, symbol: str, vl: 
                             size_vars: tuple[str, ...]) -> KernelInfo | None:
     """The ``lut8`` kernel with run-time extents (batch and image sizes open, the table's
     axis static: QDQ files whose image size stays open); None for anything else."""
+    avx2 = module.triple.startswith("x86_64") and vl >= 8
+    tag = match_qtable(func)
+    if tag is not None:
+        return _QTableChain(module, func, symbol, tag, avx2, size_vars).emit()
     table = match_lut8(func, symbolic=True)
     if table is None:
         return None
-    avx2 = module.triple.startswith("x86_64") and vl >= 8
     return _QTable(module, func, symbol, _TableTag(func.inputs[0].dtype, table), avx2,
                    size_vars).emit()
 
@@ -449,3 +453,204 @@ class _QQuantize(_QVector):
                                          ir.Constant(I32, j))
                 f = b.fdiv(v, s_v) if _divides(self.func) else v
             self._store([f], yb, const_i64(k), lanes)
+
+
+def match_qtable(func: PrimFunc):
+    """The reduction tag of ``func`` when it is exactly a ``qtable`` (ops/qlookup.py) of its
+    inputs in order, with run-time extents; else None."""
+    if len(func.outputs) != 1 or all(isinstance(d, int) for d in func.outputs[0].shape):
+        return None
+    for node in te.walk(func.outputs[0].body):
+        if isinstance(node, te.Reduce):
+            tag = reduction_tag(node)
+            if tag is None or tag.kind != "qtable":
+                return None
+            if [o.uid for o in tag.operands] != [i.uid for i in func.inputs]:
+                return None
+            return tag
+    return None
+
+
+class _QTableChain(_QVector):
+    """``qtable`` with run-time extents on AVX2, 32 values a step: four float32 vectors
+    quantized as ``_QQuantize`` does (``vdivps`` unless ``unit_scale``, clamp, ``vcvtps2dq``,
+    + z, saturating packs into 32 bytes), looked up 32 at a time with ``vpshufb`` (as the
+    ``lut8`` kernel, on the register instead of memory), widened back to four <8 x i32>
+    (``vpmovzxbd`` / ``vpmovsxbd``), minus the out zero point and times the out scale in
+    float32, stored. A table of one row walks the tensor flat, chunks split between tasks (the
+    last takes the tail); a table per channel walks rows of the channel axis, rows split. The
+    last values (fewer than 32) go through a 32-value staging buffer."""
+
+    def emit(self) -> KernelInfo:
+        y, s, z, table, os_, oz = self.func.inputs
+        out = self.func.outputs[0]
+        attrs = self.tag.attrs
+        axis = int(attrs["table_axis"])
+        self.unit = bool(attrs.get("unit_scale", False))
+        self.signed = attrs["dtype"] == "int8"
+        self.table_dtype = table.dtype
+        shape = tuple(out.shape)
+        static = product([d for d in shape if isinstance(d, int)])
+        # split between tasks where 1024 values per static value would be (the sizes are
+        # unknown here, as the lut8 kernel decides)
+        parallel = static * 1024 >= TABLE_PARALLEL_BYTES
+        body_fn, ptr_types, n_ptrs, _ = self._start(0)
+        b = self.builder
+        buf = self.buffers
+        self.xb, self.yb, self.tb = buf[y.uid], buf[out.uid], buf[table.uid]
+        self.s, self.os = b.load(buf[s.uid]), b.load(buf[os_.uid])
+        self.zp = b.sitofp(self._widen(b.load(buf[z.uid]), z.dtype), F32)
+        self.oz = b.sitofp(self._widen(b.load(buf[oz.uid]), oz.dtype), F32)
+        self.s_v, self.os_v = self._splat(self.s, V8F32), self._splat(self.os, V8F32)
+        # x * RN(1 / s) in place of x / s where it rounds alike (``_quotients``): 1 / s normal
+        self.r_v = self._splat(b.fdiv(ir.Constant(F32, 1.0), self.s), V8F32)
+        self.divide_always = b.not_(b.and_(
+            b.fcmp_ordered(">=", self.s, ir.Constant(F32, 2.0 ** -125)),
+            b.fcmp_ordered("<=", self.s, ir.Constant(F32, 2.0 ** 125))))
+        self.y_zp, self.oz_v = self._splat(self.zp, V8F32), self._splat(self.oz, V8F32)
+        self.stage_in = alloca_once(b, ir.ArrayType(F32, 32), "stage_in")
+        self.stage_out = alloca_once(b, ir.ArrayType(F32, 32), "stage_out")
+        task, ntasks = body_fn.args[n_ptrs], body_fn.args[n_ptrs + 1]
+        if axis < 0:
+            total = self._dim_value(product(shape))
+            chunks = b.sdiv(total, const_i64(32))
+            lo, hi, last = const_i64(0), chunks, None
+            if parallel:
+                lo = b.sdiv(b.mul(task, chunks), ntasks)
+                hi = b.sdiv(b.mul(b.add(task, const_i64(1)), chunks), ntasks)
+                last = b.icmp_signed("==", b.add(task, const_i64(1)), ntasks)
+            with for_range(b, lo, hi, "qc") as i:
+                at = b.mul(i, const_i64(32))
+                self._chunk(self._ptr(self.xb, at, F32), self._ptr(self.yb, at, F32), self.tb)
+            start = b.mul(chunks, const_i64(32))
+            if last is None:
+                self._tail(start, total, self.tb)
+            else:
+                with b.if_then(last):
+                    self._tail(start, total, self.tb)
+        else:
+            rows_v = self._dim_value(product(shape[:axis + 1]))
+            inner = self._dim_value(product(shape[axis + 1:]))
+            channels = int(shape[axis])
+            lo, hi = const_i64(0), rows_v
+            if parallel:
+                lo = b.sdiv(b.mul(task, rows_v), ntasks)
+                hi = b.sdiv(b.mul(b.add(task, const_i64(1)), rows_v), ntasks)
+            chunks = b.sdiv(inner, const_i64(32))
+            with for_range(b, lo, hi, "row") as r:
+                base = b.mul(r, inner)
+                row_tb = b.gep(self.tb, [b.mul(b.srem(r, const_i64(channels)), const_i64(256))])
+                with for_range(b, const_i64(0), chunks, "qc") as i:
+                    at = b.add(base, b.mul(i, const_i64(32)))
+                    self._chunk(self._ptr(self.xb, at, F32), self._ptr(self.yb, at, F32),
+                                row_tb)
+                self._tail(b.add(base, b.mul(chunks, const_i64(32))), b.add(base, inner),
+                           row_tb)
+        info = self._finish(body_fn, n_ptrs, ptr_types, 0, parallel)
+        return dataclasses.replace(info, symbolic=True, choice="quantize, table, dequantize")
+
+    def _chunk(self, src: ir.Value, dst: ir.Value, tb: ir.Value) -> None:
+        """32 values from float* ``src`` to float* ``dst`` through the table row ``tb``
+        (without AVX2 one by one, ``_scalar``)."""
+        b = self.builder
+        if not self.avx2:
+            with for_range(b, const_i64(0), const_i64(32), "qe") as j:
+                self._scalar(b.gep(src, [j]), b.gep(dst, [j]), tb)
+            return
+        qs = [self._requant_int(v, None, wide=True) for v in self._quotients(src)]
+        looked = self._lookup32(self._pack(qs), tb)
+        for k in range(4):
+            lanes = ir.Constant(ir.VectorType(I32, VL), list(range(8 * k, 8 * k + 8)))
+            part = b.shuffle_vector(looked, looked, lanes)
+            f = b.sitofp(self._widen_vec(part, self.table_dtype), V8F32)
+            f = b.fmul(b.fsub(f, self.oz_v), self.os_v)
+            b.store(f, self._ptr(dst, k * VL, V8F32), align=4)
+
+    def _quotients(self, src: ir.Value) -> list[ir.Value]:
+        """The four <8 x float> ``x / s`` from ``src`` as the division rounds them, or values
+        that round to the same integers: ``x * RN(1 / s)`` (relative error under 3 * 2**-24,
+        against ``RN(x / s)`` too) wherever no product lies within 2**-12 of a half-integer
+        (there both round alike) or beyond 1024 in magnitude (both clamp alike); else, and where
+        the scale is outside [2**-125, 2**125], the four divisions. With ``unit_scale`` the
+        values themselves."""
+        b = self.builder
+        xs = [b.load(self._ptr(src, k * VL, V8F32), align=4) for k in range(4)]
+        if self.unit:
+            return xs
+        floor = intrinsic(self.module, "llvm.floor.v8f32", V8F32, [V8F32])
+        fabs = intrinsic(self.module, "llvm.fabs.v8f32", V8F32, [V8F32])
+        half = self._splat(ir.Constant(F32, 0.5), V8F32)
+        eps = self._splat(ir.Constant(F32, 2.0 ** -12), V8F32)
+        big = self._splat(ir.Constant(F32, 1024.0), V8F32)
+        slots = []
+        near = None
+        for x in xs:
+            q = b.fmul(x, self.r_v)
+            d = b.call(fabs, [b.fsub(b.fsub(q, b.call(floor, [q])), half)])
+            bad = b.and_(b.fcmp_ordered("<", d, eps), b.fcmp_ordered("<", b.call(fabs, [q]), big))
+            near = bad if near is None else b.or_(near, bad)
+            slot = alloca_once(b, V8F32, "quot")
+            b.store(q, slot)
+            slots.append(slot)
+        any_near = b.icmp_unsigned("!=", b.bitcast(near, ir.IntType(8)), ir.Constant(ir.IntType(8), 0))
+        with b.if_then(b.or_(any_near, self.divide_always), likely=False):
+            for x, slot in zip(xs, slots):
+                b.store(b.fdiv(x, self.s_v), slot)
+        return [b.load(slot) for slot in slots]
+
+    def _scalar(self, src: ir.Value, dst: ir.Value, tb: ir.Value) -> None:
+        """One value, in the legalized loop nest's order (ops/qlookup.py): a NaN reads the
+        table's column 0, as the vector path's saturating packs make it."""
+        b = self.builder
+        lo, hi = saturation_range(self.tag.attrs["dtype"])
+        v = b.load(src)
+        if not self.unit:
+            v = b.fdiv(v, self.s)
+        rnd = intrinsic(self.module, "llvm.roundeven.f32", F32, [F32])
+        q = b.fadd(b.call(rnd, [v]), self.zp)
+        q = b.select(b.fcmp_ordered("<", q, ir.Constant(F32, lo)), ir.Constant(F32, lo), q)
+        q = b.select(b.fcmp_ordered(">", q, ir.Constant(F32, hi)), ir.Constant(F32, hi), q)
+        if self.signed:
+            q = b.fadd(q, ir.Constant(F32, 128.0))
+        q = b.select(b.fcmp_ordered("==", q, q), q, ir.Constant(F32, 0.0))
+        t = b.load(b.gep(tb, [b.fptosi(q, I64)]))
+        f = b.sitofp(self._widen(t, self.table_dtype), F32)
+        b.store(b.fmul(b.fsub(f, self.oz), self.os), dst)
+
+    def _lookup32(self, v: ir.Value, tb: ir.Value) -> ir.Value:
+        """<32 x i8> ``tb[v]`` (int8 values index from tb + 128): ``QEmitter._lut_chunk`` on a
+        register (16 ``vpshufb`` + compare + blend)."""
+        b = self.builder
+        v32i8 = ir.VectorType(I8, 32)
+        shuf = intrinsic(self.module, "llvm.x86.avx2.pshuf.b", v32i8, [v32i8, v32i8])
+        both = ir.Constant(ir.VectorType(I32, 32), list(range(16)) * 2)
+        if self.signed:
+            v = b.xor(v, ir.Constant(v32i8, [0x80] * 32))
+        lo_n = b.and_(v, ir.Constant(v32i8, [0x0F] * 32))
+        hi_n = b.lshr(v, ir.Constant(v32i8, [4] * 32))
+        res = ir.Constant(v32i8, None)
+        for k in range(16):
+            t = b.load(self._ptr(tb, const_i64(16 * k), V16I8), align=1)
+            part = b.call(shuf, [b.shuffle_vector(t, t, both), lo_n])
+            res = b.select(b.icmp_unsigned("==", hi_n, ir.Constant(v32i8, [k] * 32)), part, res)
+        return res
+
+    def _tail(self, start: ir.Value, stop: ir.Value, tb: ir.Value) -> None:
+        """Values ``start`` .. ``stop`` (fewer than 32) through the staging buffers: copied in
+        (the rest zero), one chunk, copied out."""
+        b = self.builder
+        if not self.avx2:
+            with for_range(b, start, stop, "te") as j:
+                self._scalar(b.gep(self.xb, [j]), b.gep(self.yb, [j]), tb)
+            return
+        n = b.sub(stop, start)
+        with b.if_then(b.icmp_signed(">", n, const_i64(0))):
+            sin = b.bitcast(self.stage_in, F32.as_pointer())
+            sout = b.bitcast(self.stage_out, F32.as_pointer())
+            for k in range(4):
+                b.store(ir.Constant(V8F32, None), self._ptr(sin, k * VL, V8F32), align=4)
+            with for_range(b, const_i64(0), n, "ti") as j:
+                b.store(b.load(b.gep(self.xb, [b.add(start, j)])), b.gep(sin, [j]))
+            self._chunk(sin, sout, tb)
+            with for_range(b, const_i64(0), n, "to") as j:
+                b.store(b.load(b.gep(sout, [j])), b.gep(self.yb, [b.add(start, j)]))
