@@ -502,12 +502,17 @@ class _QTableChain(_QVector):
         self.zp = b.sitofp(self._widen(b.load(buf[z.uid]), z.dtype), F32)
         self.oz = b.sitofp(self._widen(b.load(buf[oz.uid]), oz.dtype), F32)
         self.s_v, self.os_v = self._splat(self.s, V8F32), self._splat(self.os, V8F32)
-        # x * RN(1 / s) in place of x / s where it rounds alike (``_quotients``): 1 / s normal
-        self.r_v = self._splat(b.fdiv(ir.Constant(F32, 1.0), self.s), V8F32)
-        self.divide_always = b.not_(b.and_(
-            b.fcmp_ordered(">=", self.s, ir.Constant(F32, 2.0 ** -125)),
-            b.fcmp_ordered("<=", self.s, ir.Constant(F32, 2.0 ** 125))))
         self.y_zp, self.oz_v = self._splat(self.zp, V8F32), self._splat(self.oz, V8F32)
+        # the columns the table can differ in (``fuse_table_chains``): quantized values
+        # clamped to them read the same entries, and only their 16-byte chunks are looked up
+        shift = 128 if self.signed else 0
+        self.cols = (int(attrs.get("col_lo", 0)), int(attrs.get("col_hi", 255)))
+        self.affine = attrs.get("affine_shift")
+        self.lo_v = b.fsub(self._splat(ir.Constant(F32, float(self.cols[0] - shift)), V8F32),
+                           self.y_zp)
+        self.hi_v = b.fsub(self._splat(ir.Constant(F32, float(self.cols[1] - shift)), V8F32),
+                           self.y_zp)
+        self.zp_i = b.fptosi(self.y_zp, V8I32)
         self.stage_in = alloca_once(b, ir.ArrayType(F32, 32), "stage_in")
         self.stage_out = alloca_once(b, ir.ArrayType(F32, 32), "stage_out")
         task, ntasks = body_fn.args[n_ptrs], body_fn.args[n_ptrs + 1]
@@ -557,46 +562,31 @@ class _QTableChain(_QVector):
             with for_range(b, const_i64(0), const_i64(32), "qe") as j:
                 self._scalar(b.gep(src, [j]), b.gep(dst, [j]), tb)
             return
-        qs = [self._requant_int(v, None, wide=True) for v in self._quotients(src)]
-        looked = self._lookup32(self._pack(qs), tb)
+        cvt = intrinsic(self.module, "llvm.x86.avx.cvt.ps2dq.256", V8I32, [V8F32])
+        qs = []
         for k in range(4):
-            lanes = ir.Constant(ir.VectorType(I32, VL), list(range(8 * k, 8 * k + 8)))
-            part = b.shuffle_vector(looked, looked, lanes)
-            f = b.sitofp(self._widen_vec(part, self.table_dtype), V8F32)
+            v = b.load(self._ptr(src, k * VL, V8F32), align=4)
+            if not self.unit:
+                v = b.fdiv(v, self.s_v)
+            # clamp, round half to even (vcvtps2dq), + z: the quantized value (as
+            # _requant_int, to the table's columns; a NaN reads column col_lo, whose entry
+            # is column 0's, the legalized loop nest's choice)
+            v = b.select(b.fcmp_unordered("<", v, self.lo_v), self.lo_v, v)
+            v = b.select(b.fcmp_ordered(">", v, self.hi_v), self.hi_v, v)
+            qs.append(b.add(b.call(cvt, [v]), self.zp_i))
+        if self.affine is not None:   # table[c] = c + shift on the columns: no lookup
+            off = (128 if self.signed else 0) + int(self.affine)
+            ts = [b.sitofp(b.add(q, ir.Constant(V8I32, [off] * VL)), V8F32) for q in qs]
+        else:
+            looked = self._lookup32(self._pack(qs), tb)
+            ts = []
+            for k in range(4):
+                lanes = ir.Constant(ir.VectorType(I32, VL), list(range(8 * k, 8 * k + 8)))
+                part = b.shuffle_vector(looked, looked, lanes)
+                ts.append(b.sitofp(self._widen_vec(part, self.table_dtype), V8F32))
+        for k, f in enumerate(ts):
             f = b.fmul(b.fsub(f, self.oz_v), self.os_v)
             b.store(f, self._ptr(dst, k * VL, V8F32), align=4)
-
-    def _quotients(self, src: ir.Value) -> list[ir.Value]:
-        """The four <8 x float> ``x / s`` from ``src`` as the division rounds them, or values
-        that round to the same integers: ``x * RN(1 / s)`` (relative error under 3 * 2**-24,
-        against ``RN(x / s)`` too) wherever no product lies within 2**-12 of a half-integer
-        (there both round alike) or beyond 1024 in magnitude (both clamp alike); else, and where
-        the scale is outside [2**-125, 2**125], the four divisions. With ``unit_scale`` the
-        values themselves."""
-        b = self.builder
-        xs = [b.load(self._ptr(src, k * VL, V8F32), align=4) for k in range(4)]
-        if self.unit:
-            return xs
-        floor = intrinsic(self.module, "llvm.floor.v8f32", V8F32, [V8F32])
-        fabs = intrinsic(self.module, "llvm.fabs.v8f32", V8F32, [V8F32])
-        half = self._splat(ir.Constant(F32, 0.5), V8F32)
-        eps = self._splat(ir.Constant(F32, 2.0 ** -12), V8F32)
-        big = self._splat(ir.Constant(F32, 1024.0), V8F32)
-        slots = []
-        near = None
-        for x in xs:
-            q = b.fmul(x, self.r_v)
-            d = b.call(fabs, [b.fsub(b.fsub(q, b.call(floor, [q])), half)])
-            bad = b.and_(b.fcmp_ordered("<", d, eps), b.fcmp_ordered("<", b.call(fabs, [q]), big))
-            near = bad if near is None else b.or_(near, bad)
-            slot = alloca_once(b, V8F32, "quot")
-            b.store(q, slot)
-            slots.append(slot)
-        any_near = b.icmp_unsigned("!=", b.bitcast(near, ir.IntType(8)), ir.Constant(ir.IntType(8), 0))
-        with b.if_then(b.or_(any_near, self.divide_always), likely=False):
-            for x, slot in zip(xs, slots):
-                b.store(b.fdiv(x, self.s_v), slot)
-        return [b.load(slot) for slot in slots]
 
     def _scalar(self, src: ir.Value, dst: ir.Value, tb: ir.Value) -> None:
         """One value, in the legalized loop nest's order (ops/qlookup.py): a NaN reads the
@@ -619,7 +609,8 @@ class _QTableChain(_QVector):
 
     def _lookup32(self, v: ir.Value, tb: ir.Value) -> ir.Value:
         """<32 x i8> ``tb[v]`` (int8 values index from tb + 128): ``QEmitter._lut_chunk`` on a
-        register (16 ``vpshufb`` + compare + blend)."""
+        register (a ``vpshufb`` + compare + blend per 16-byte chunk), over the chunks of the
+        columns ``v`` can hold (``self.cols``: the first chunk needs no blend)."""
         b = self.builder
         v32i8 = ir.VectorType(I8, 32)
         shuf = intrinsic(self.module, "llvm.x86.avx2.pshuf.b", v32i8, [v32i8, v32i8])
@@ -628,11 +619,12 @@ class _QTableChain(_QVector):
             v = b.xor(v, ir.Constant(v32i8, [0x80] * 32))
         lo_n = b.and_(v, ir.Constant(v32i8, [0x0F] * 32))
         hi_n = b.lshr(v, ir.Constant(v32i8, [4] * 32))
-        res = ir.Constant(v32i8, None)
-        for k in range(16):
+        res = None
+        for k in range(self.cols[0] // 16, self.cols[1] // 16 + 1):
             t = b.load(self._ptr(tb, const_i64(16 * k), V16I8), align=1)
             part = b.call(shuf, [b.shuffle_vector(t, t, both), lo_n])
-            res = b.select(b.icmp_unsigned("==", hi_n, ir.Constant(v32i8, [k] * 32)), part, res)
+            res = part if res is None else b.select(
+                b.icmp_unsigned("==", hi_n, ir.Constant(v32i8, [k] * 32)), part, res)
         return res
 
     def _tail(self, start: ir.Value, stop: ir.Value, tb: ir.Value) -> None:

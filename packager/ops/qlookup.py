@@ -105,7 +105,11 @@ def is_table_read(node: te.Expr) -> bool:
 #
 #     dequantize(lut8(quantize(y, scale, zero_point, D), table, A), out_scale, out_zero_point)
 #
-# bit for bit (ops/quant.py, ops/qlinear.py). What a QDQ model with open image sizes computes
+# bit for bit (ops/quant.py, ops/qlinear.py). Hints for the kernel, facts of the table that
+# ``fuse_table_chains`` computes (they never change the result): every row is constant on
+# columns 0 .. col_lo and on col_hi .. 255 (so a column clamped to [col_lo, col_hi] reads the
+# same entry), and with ``affine_shift`` every row holds column + affine_shift on
+# [col_lo, col_hi] (the table's values as its dtype's integers). What a QDQ model with open image sizes computes
 # around each activation between float convolutions (``passes/quantize_lut.py``
 # ``fuse_table_chains``): one pass over memory instead of three. Opaque; its legalized loop nest
 # (the generic fallback) carries a reduction tag over one element that hands the function to the
@@ -114,7 +118,8 @@ def is_table_read(node: te.Expr) -> bool:
 
 def _infer_qtable(y: TensorType, scale: TensorType, zero_point: TensorType, table: TensorType,
                   out_scale: TensorType, out_zero_point: TensorType, dtype: str = "uint8",
-                  axis: int = -1, unit_scale: bool = False) -> TensorType:
+                  axis: int = -1, unit_scale: bool = False, col_lo: int = 0, col_hi: int = 255,
+                  affine_shift: int | None = None) -> TensorType:
     if (y.dtype != "float32" or scale.dtype != "float32" or out_scale.dtype != "float32"
             or dtype not in ("int8", "uint8") or zero_point.dtype != dtype
             or table.dtype not in ("int8", "uint8") or out_zero_point.dtype != table.dtype):
@@ -136,12 +141,14 @@ def _infer_qtable(y: TensorType, scale: TensorType, zero_point: TensorType, tabl
 def _legalize_qtable(y: te.Tensor, scale: te.Tensor, zero_point: te.Tensor, table: te.Tensor,
                      out_scale: te.Tensor, out_zero_point: te.Tensor, out_type: TensorType,
                      name: str, dtype: str = "uint8", axis: int = -1,
-                     unit_scale: bool = False) -> te.Tensor:
+                     unit_scale: bool = False, col_lo: int = 0, col_hi: int = 255,
+                     affine_shift: int | None = None) -> te.Tensor:
     lo, hi = saturation_range(dtype)
     off = 128.0 if dtype == "int8" else 0.0
     one = te.reduce_axis(1, "r")
     tag_reduction(one, "qtable", (y, scale, zero_point, table, out_scale, out_zero_point),
-                  dtype=dtype, table_axis=axis, unit_scale=unit_scale)
+                  dtype=dtype, table_axis=axis, unit_scale=unit_scale, col_lo=col_lo,
+                  col_hi=col_hi, affine_shift=affine_shift)
 
     def scalar(t: te.Tensor) -> te.Expr:
         return t[(0,) * len(t.shape)]
@@ -167,7 +174,9 @@ def _legalize_qtable(y: te.Tensor, scale: te.Tensor, zero_point: te.Tensor, tabl
 @register_op("qtable", OPAQUE, _infer_qtable, _legalize_qtable)
 def qtable(y: np.ndarray, scale: np.ndarray, zero_point: np.ndarray, table: np.ndarray,
            out_scale: np.ndarray, out_zero_point: np.ndarray, dtype: str = "uint8",
-           axis: int = -1, unit_scale: bool = False) -> np.ndarray:
-    """See the comment above: the three reference ops in a row."""
+           axis: int = -1, unit_scale: bool = False, col_lo: int = 0, col_hi: int = 255,
+           affine_shift: int | None = None) -> np.ndarray:
+    """See the comment above: the three reference ops in a row (the hints do not change
+    the result)."""
     q = quantize(y, scale, zero_point, dtype)
     return dequantize(lut8(q, table, axis), out_scale, out_zero_point)

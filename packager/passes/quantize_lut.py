@@ -403,7 +403,8 @@ def _table_chains_in_function(fn: Function) -> Function:
         args = [q.args[0], scale, q.args[2], t.args[1], c.args[1], c.args[2]]
         new[id(b.var)] = Call("qtable", args,
                               {"dtype": q.attrs.get("dtype", "uint8"),
-                               "axis": t.attrs.get("axis", -1), "unit_scale": unit}, b.var.type)
+                               "axis": t.attrs.get("axis", -1), "unit_scale": unit,
+                               **_table_hints(t.args[1].data)}, b.var.type)
     if not new:
         return fn
 
@@ -414,3 +415,21 @@ def _table_chains_in_function(fn: Function) -> Function:
         return Call("qtable", [lookup(a) for a in call.args], call.attrs, call.type)
 
     return rewrite_function(fn, visit)
+
+
+def _table_hints(table: np.ndarray) -> dict:
+    """``qtable``'s hints (ops/qlookup.py) for a [C, 256] table: the columns col_lo .. col_hi
+    outside which every row is constant (a row's first and last runs of equal entries), and
+    the shift when every row is column + shift between them."""
+    rows = table.astype(np.int64).reshape(-1, 256)
+    lo, hi = 255, 0
+    for row in rows:
+        first = int(np.argmax(row != row[0])) - 1 if np.any(row != row[0]) else 255
+        last = 256 - int(np.argmax(row[::-1] != row[-1])) if np.any(row != row[-1]) else 0
+        lo, hi = min(lo, first), max(hi, last)
+    hi = max(hi, lo)   # every row constant: one column reads them all
+    hints: dict = {"col_lo": lo, "col_hi": hi}
+    shifts = rows[:, lo:hi + 1] - np.arange(lo, hi + 1)
+    if np.all(shifts == shifts[0, 0]):
+        hints["affine_shift"] = int(shifts[0, 0])
+    return hints
