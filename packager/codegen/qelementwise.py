@@ -1,6 +1,8 @@
 """Vector kernels for the integer elementwise ops of ``ops/qelementwise.py``: ``qbinary``
 (QLinearAdd / QLinearMul) and ``qgavgpool`` (QLinearGlobalAveragePool), 8 bytes per vector;
-``lut8`` tables and a float32 input's ``quantize`` (``_QQuantize``) on AVX2.
+``lut8`` tables and a float32 input's ``quantize`` (``_QQuantize``) on AVX2; ``qtable``
+(ops/qlookup.py: quantize, table, dequantize in one pass) with run-time extents
+(``_QTableChain``).
 
 ``qbinary``: the output is walked as rows x inner (one row when b has a's shape or one value;
 otherwise a row per value of b, the gate of a squeeze-and-excitation block broadcast once per
@@ -472,14 +474,18 @@ def match_qtable(func: PrimFunc):
 
 
 class _QTableChain(_QVector):
-    """``qtable`` with run-time extents on AVX2, 32 values a step: four float32 vectors
-    quantized as ``_QQuantize`` does (``vdivps`` unless ``unit_scale``, clamp, ``vcvtps2dq``,
-    + z, saturating packs into 32 bytes), looked up 32 at a time with ``vpshufb`` (as the
-    ``lut8`` kernel, on the register instead of memory), widened back to four <8 x i32>
-    (``vpmovzxbd`` / ``vpmovsxbd``), minus the out zero point and times the out scale in
-    float32, stored. A table of one row walks the tensor flat, chunks split between tasks (the
+    """``qtable`` with run-time extents, 32 values a step on AVX2: four float32 vectors
+    quantized as ``_QQuantize`` does (``vdivps`` unless ``unit_scale``: a multiply by the
+    reciprocal with a check for values near a rounding tie measured slower than the divisions,
+    which overlap the rest), clamped to the table's columns [col_lo, col_hi] (the op's hints:
+    the entries outside are the ends' own), ``vcvtps2dq``, + z, saturating packs into 32
+    bytes, looked up with ``vpshufb`` over the chunks of those columns only (as the ``lut8``
+    kernel, on the register), widened back (``vpmovzxbd`` / ``vpmovsxbd``), minus the out zero
+    point and times the out scale in float32, stored; a table that is column + shift there
+    needs no lookup. A table of one row walks the tensor flat, chunks split between tasks (the
     last takes the tail); a table per channel walks rows of the channel axis, rows split. The
-    last values (fewer than 32) go through a 32-value staging buffer."""
+    last values (fewer than 32) go through a 32-value staging buffer. Without AVX2 (x86-64-v2)
+    the same walk value by value, the full table, in the legalized loop nest's order."""
 
     def emit(self) -> KernelInfo:
         y, s, z, table, os_, oz = self.func.inputs

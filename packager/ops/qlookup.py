@@ -105,16 +105,16 @@ def is_table_read(node: te.Expr) -> bool:
 #
 #     dequantize(lut8(quantize(y, scale, zero_point, D), table, A), out_scale, out_zero_point)
 #
-# bit for bit (ops/quant.py, ops/qlinear.py). Hints for the kernel, facts of the table that
-# ``fuse_table_chains`` computes (they never change the result): every row is constant on
-# columns 0 .. col_lo and on col_hi .. 255 (so a column clamped to [col_lo, col_hi] reads the
-# same entry), and with ``affine_shift`` every row holds column + affine_shift on
-# [col_lo, col_hi] (the table's values as its dtype's integers). What a QDQ model with open image sizes computes
+# bit for bit (ops/quant.py, ops/qlinear.py): what a QDQ model with open image sizes computes
 # around each activation between float convolutions (``passes/quantize_lut.py``
-# ``fuse_table_chains``): one pass over memory instead of three. Opaque; its legalized loop nest
-# (the generic fallback) carries a reduction tag over one element that hands the function to the
-# vector kernel (``codegen/qelementwise.py``: ``vcvtps2dq``, packs, ``vpshufb``, 32 values a
-# step).
+# ``fuse_table_chains``), one pass over memory instead of three. Hints for the kernel, facts of
+# the table that the pass computes (they never change the result): every row is constant on
+# columns 0 .. col_lo and on col_hi .. 255 (a column clamped to [col_lo, col_hi] reads the
+# same entry), and with ``affine_shift`` every row holds column + affine_shift on [col_lo,
+# col_hi] (the table's values as its dtype's integers). Opaque; its legalized loop nest (the
+# generic fallback) carries a reduction tag over one element that hands the function to the
+# vector kernel (``codegen/qelementwise.py`` ``_QTableChain``: ``vdivps``, ``vcvtps2dq``,
+# packs, ``vpshufb`` over the chunks of [col_lo, col_hi], 32 values a step).
 
 def _infer_qtable(y: TensorType, scale: TensorType, zero_point: TensorType, table: TensorType,
                   out_scale: TensorType, out_zero_point: TensorType, dtype: str = "uint8",

@@ -1,14 +1,15 @@
 """``qtable`` (quantize, an 8-bit table, dequantize in one pass) with run-time extents: what
 ORT's QDQ files with open image sizes compute around each activation between float
 convolutions. A QDQ graph as ``onnxruntime.quantization`` writes it, batch, height and width
-open, 264 channels (the kernels split between tasks): a Sigmoid between Q/DQ pairs (uint8, a real
-scale: the quotient's multiply-and-check path, one table row, walked flat) and a per-channel Mul
-(int8, unit-free scales, a table per channel, walked by rows). One portable bundle (x86-64-v2 +
-x86-64-v3), each level run with its features pinned (v3: 32 values a step with ``vpshufb``; v2:
-value by value), at two sizes whose element counts (whole, and per row) leave tails of 3 to 24
-values past the last 32, on 1 and 2 threads, bit for bit against ONNX Runtime running the graph as written and
-(the Mul branch) against exact float32 numpy; the chains are ``qtable`` kernels, and a fixed
-shape keeps its three kernels."""
+open, 264 channels (the kernels split between tasks): a Sigmoid between Q/DQ pairs (uint8, one
+table row, walked flat), a per-channel Mul (int8, a table per channel, walked by rows) and a
+Relu (its table constant up to the zero point, then the column itself: clamped, no lookup).
+One portable bundle (x86-64-v2 + x86-64-v3), each level run with its features pinned (v3: 32
+values a step with ``vpshufb``; v2: value by value), at two sizes whose element counts (whole,
+and per row) leave tails of 3 to 24 values past the last 32, values at and beside the
+quotient's rounding ties, on 1 and 2 threads, bit for bit against ONNX Runtime running the
+graph as written and (the Mul and Relu branches) against exact float32 numpy; the chains are
+``qtable`` kernels, and a fixed shape keeps its three kernels."""
 
 from __future__ import annotations
 
@@ -16,7 +17,6 @@ import platform
 from pathlib import Path
 
 import numpy as np
-import onnx
 import pytest
 from onnx import TensorProto as T
 from onnx import helper as h
@@ -44,33 +44,41 @@ MUL = (np.random.default_rng(5).uniform(-2, 2, C)).astype(np.float32)
 
 
 def _chains(path: Path, dims) -> Path:
-    """x -> Q -> DQ -> Sigmoid -> Q -> DQ -> y0 and x -> Q -> DQ -> Mul(c) -> Q -> DQ -> y1."""
+    """x -> Q -> DQ -> Sigmoid -> Q -> DQ -> y0, x -> Q -> DQ -> Mul(c) -> Q -> DQ -> y1 and
+    x -> Q -> DQ -> Relu -> Q -> DQ -> y2 (its table: constant up to the zero point, then the
+    column itself: no lookup)."""
     def qdq(src: str, s: str, z: str, out: str) -> list:
         return [h.make_node("QuantizeLinear", [src, s, z], [out + "_q"]),
                 h.make_node("DequantizeLinear", [out + "_q", s, z], [out])]
     nodes = (qdq("x", "s0", "z0", "a") + [h.make_node("Sigmoid", ["a"], ["sg"])]
              + qdq("sg", "s1", "z1", "y0")
              + qdq("x", "s2", "z2", "b") + [h.make_node("Mul", ["b", "c"], ["m"])]
-             + qdq("m", "s3", "z3", "y1"))
+             + qdq("m", "s3", "z3", "y1")
+             + qdq("x", "s0", "z0", "r") + [h.make_node("Relu", ["r"], ["rl"])]
+             + qdq("rl", "s0", "z0", "y2"))
     inits = {"s0": np.float32(S0), "z0": np.uint8(Z0), "s1": np.float32(S1),
              "z1": np.uint8(Z1), "s2": np.float32(S2), "z2": np.int8(Z2),
              "s3": np.float32(S3), "z3": np.int8(Z3), "c": MUL.reshape(1, C, 1, 1)}
-    outs = [h.make_tensor_value_info(n, T.FLOAT, None) for n in ("y0", "y1")]
+    outs = [h.make_tensor_value_info(n, T.FLOAT, None) for n in ("y0", "y1", "y2")]
     return qm._save(nodes, [h.make_tensor_value_info("x", T.FLOAT, dims)], outs, inits, path)
 
 
-def _mul_branch(x: np.ndarray) -> np.ndarray:
-    """The Mul branch in exact float32 numpy (ONNX QuantizeLinear / DequantizeLinear)."""
+def _exact(x: np.ndarray) -> dict[str, np.ndarray]:
+    """The Mul and Relu branches in exact float32 numpy (ONNX QuantizeLinear /
+    DequantizeLinear)."""
     f = np.float32
 
-    def q(v, s, z):
-        return np.clip(np.round((v / f(s)).astype(f)) + f(z), -128, 127).astype(np.int8)
+    def q(v, s, z, dtype):
+        info = np.iinfo(dtype)
+        return np.clip(np.round((v / f(s)).astype(f)) + f(z), info.min, info.max).astype(dtype)
 
     def dq(v, s, z):
         return ((v.astype(f) - f(z)) * f(s)).astype(f)
 
-    b = dq(q(x, S2, Z2), S2, Z2)
-    return dq(q((b * MUL.reshape(1, C, 1, 1)).astype(f), S3, Z3), S3, Z3)
+    b = dq(q(x, S2, Z2, np.int8), S2, Z2)
+    r = np.maximum(dq(q(x, S0, Z0, np.uint8), S0, Z0), f(0))
+    return {"y1": dq(q((b * MUL.reshape(1, C, 1, 1)).astype(f), S3, Z3, np.int8), S3, Z3),
+            "y2": dq(q(r, S0, Z0, np.uint8), S0, Z0)}
 
 
 @pytest.fixture(scope="module")
@@ -94,7 +102,7 @@ def test_table_chains_with_run_time_extents(bundle, level: str, monkeypatch) -> 
     for threads in (1, 2):
         with load(path, threads=threads) as model:
             kinds = [k.kernel for k in model.schema.plan.kernels]
-            assert kinds == ["quantize, table, dequantize"] * 2, kinds
+            assert kinds == ["quantize, table, dequantize"] * 3, kinds
             assert all(k.parallel for k in model.schema.plan.kernels)
             for n, hh, ww in SIZES:
                 x = (rng.standard_normal((n, C, hh, ww)) * 6).astype(np.float32)
@@ -104,21 +112,27 @@ def test_table_chains_with_run_time_extents(bundle, level: str, monkeypatch) -> 
                 x.reshape(-1)[64:128] = np.nextafter(ties, np.float32(np.inf))
                 x.reshape(-1)[128:192] = np.nextafter(ties, np.float32(-np.inf))
                 got = model.run({"x": x})
-                want = dict(zip(("y0", "y1"), sess.run(None, {"x": x})))
-                for name in ("y0", "y1"):
+                want = dict(zip(("y0", "y1", "y2"), sess.run(None, {"x": x})))
+                for name in ("y0", "y1", "y2"):
                     np.testing.assert_array_equal(got[name], want[name], err_msg=name)
-                np.testing.assert_array_equal(got["y1"], _mul_branch(x))
+                for name, exact in _exact(x).items():
+                    np.testing.assert_array_equal(got[name], exact, err_msg=name)
 
 
 def test_fixed_shapes_keep_three_kernels(tmp_path: Path) -> None:
     """Static shapes keep quantize, lut8 and dequantize apart (static bundles unchanged); the
-    open shapes get the two ``qtable`` calls."""
+    open shapes get the three ``qtable`` calls, the Relu's with its table's hints (constant
+    up to the zero point's column, then the column itself)."""
     ops = {}
+    hints = []
     for name, dims in (("fixed", [1, C, 4, 4]), ("open", ["N", C, "H", "W"])):
         mod, _ = import_onnx(str(_chains(tmp_path / f"{name}.onnx", dims)))
         passes = DEFAULT_PIPELINE[:[p.name for p in DEFAULT_PIPELINE].index("legalize")]
         mod = run_pipeline(mod, passes, options=CompileOptions(target="x86-64-v3"))
-        ops[name] = sorted(b.value.op for b in mod.functions["main"].bindings()
-                           if hasattr(b.value, "op"))
-    assert "qtable" not in ops["fixed"] and ops["fixed"].count("lut8") == 2, ops["fixed"]
-    assert ops["open"].count("qtable") == 2 and "lut8" not in ops["open"], ops["open"]
+        calls = [b.value for b in mod.functions["main"].bindings() if hasattr(b.value, "op")]
+        ops[name] = sorted(c.op for c in calls)
+        hints += [c.attrs for c in calls if c.op == "qtable"]
+    assert "qtable" not in ops["fixed"] and ops["fixed"].count("lut8") == 3, ops["fixed"]
+    assert ops["open"].count("qtable") == 3 and "lut8" not in ops["open"], ops["open"]
+    relu = [a for a in hints if a.get("affine_shift") is not None]
+    assert len(relu) == 1 and (relu[0]["col_lo"], relu[0]["col_hi"]) == (Z0, 255), hints
