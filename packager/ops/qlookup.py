@@ -113,7 +113,7 @@ def is_table_read(node: te.Expr) -> bool:
 # same entry), and with ``affine_shift`` every row holds column + affine_shift on [col_lo,
 # col_hi] (the table's values as its dtype's integers). Opaque; its legalized loop nest (the
 # generic fallback) carries a reduction tag over one element that hands the function to the
-# vector kernel (``codegen/qelementwise.py`` ``_QTableChain``: ``vdivps``, ``vcvtps2dq``,
+# vector kernel (``codegen/qtable.py`` ``QTableEmitter``: ``vdivps``, ``vcvtps2dq``,
 # packs, ``vpshufb`` over the chunks of [col_lo, col_hi], 32 values a step).
 
 def _infer_qtable(y: TensorType, scale: TensorType, zero_point: TensorType, table: TensorType,
