@@ -74,6 +74,10 @@ class CompileOptions:
     # gather per 8 values (passes/quantize_lut.py lookup_dequantized_tables); off: measured
     # slower on Zen 4 with AVX2 (vgatherdps), docs/performance.md (MLCPACK_QLOOKUP=1: on)
     qlookup: bool = False
+    # dequantize(lut8(quantize(y))) of run-time extents as one qtable kernel (float32 in and
+    # out, one pass: passes/quantize_lut.py fuse_table_chains); False: the three kernels
+    # (MLCPACK_QTABLE=0)
+    qtable: bool = True
     # the VNNI qmatmul and qconv2d with vpdpbusd written in portable IR, on any target (tests:
     # runs the VNNI data path on a CPU without VNNI; MLCPACK_VNNI_EMULATE=1)
     vnni_emulate: bool = False
@@ -246,6 +250,8 @@ class CompileOptions:
             env["vnni_emulate"] = True
         if environ.get("MLCPACK_QLOOKUP", "") == "1":
             env["qlookup"] = True
+        if environ.get("MLCPACK_QTABLE", "1") == "0":
+            env["qtable"] = False
         if environ.get("MLCPACK_SYMBOLIC_GENERIC"):
             env["symbolic_generic"] = True
         if environ.get("MLCPACK_PARALLEL_COMPILE", "1") == "0":

@@ -1,6 +1,7 @@
 """Vector kernels for the integer elementwise ops of ``ops/qelementwise.py``: ``qbinary``
 (QLinearAdd / QLinearMul) and ``qgavgpool`` (QLinearGlobalAveragePool), 8 bytes per vector;
-``lut8`` tables and a float32 input's ``quantize`` (``_QQuantize``) on AVX2.
+``lut8`` tables and a float32 input's ``quantize`` (``_QQuantize``) on AVX2 (``qtable``'s
+kernel, quantize, table and dequantize in one pass, is ``codegen/qtable.py``).
 
 ``qbinary``: the output is walked as rows x inner (one row when b has a's shape or one value;
 otherwise a row per value of b, the gate of a squeeze-and-excitation block broadcast once per
@@ -34,6 +35,7 @@ from .helpers import F32, I8, I32, I64, alloca_once, const_i64, for_range, intri
 from .contraction.geometry import PARALLEL_MIN_MACS
 from .lower import KernelInfo
 from .qgemm import V8F32, V8I8, V8I32, QEmitter, match_qgemm
+from .qtable import QTableEmitter, match_qtable
 from .threads import DEFAULTS, SplitThresholds
 
 VL = 8
@@ -66,11 +68,15 @@ def emit_qelementwise(module: ir.Module, func: PrimFunc, symbol: str, vl: int,
 def emit_qelementwise_sized(module: ir.Module, func: PrimFunc, symbol: str, vl: int,
                             size_vars: tuple[str, ...]) -> KernelInfo | None:
     """The ``lut8`` kernel with run-time extents (batch and image sizes open, the table's
-    axis static: QDQ files whose image size stays open); None for anything else."""
+    axis static: QDQ files whose image size stays open), or ``qtable``'s (``codegen/
+    qtable.py``); None for anything else."""
+    avx2 = module.triple.startswith("x86_64") and vl >= 8
+    tag = match_qtable(func)
+    if tag is not None:
+        return QTableEmitter(module, func, symbol, tag, avx2, size_vars).emit()
     table = match_lut8(func, symbolic=True)
     if table is None:
         return None
-    avx2 = module.triple.startswith("x86_64") and vl >= 8
     return _QTable(module, func, symbol, _TableTag(func.inputs[0].dtype, table), avx2,
                    size_vars).emit()
 

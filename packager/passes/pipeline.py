@@ -25,7 +25,8 @@ from .fuse_qdq import fuse_quantized
 from .fuse_qdq_elementwise import fuse_quantized_elementwise
 from .fuse_qdq_attention import fuse_quantized_attention
 from .fuse_qdq_layout import fuse_quantized_layout
-from .quantize_lut import lookup_dequantized_tables, tabulate_quantized_chains
+from .quantize_lut import (fuse_table_chains, lookup_dequantized_tables,
+                           tabulate_quantized_chains)
 from .simplify import eliminate_dead_code, fold_constants, fold_dequantize
 from .strided_frames import strided_frames_as_matmul
 
@@ -48,6 +49,7 @@ DEFAULT_PIPELINE: tuple[Pass, ...] = (
     Pass("fuse_quantized_attention", fuse_quantized_attention, takes_options=True),
     Pass("fuse_quantized_elementwise", fuse_quantized_elementwise, takes_options=True),
     Pass("lookup_dequantized_tables", lookup_dequantized_tables, takes_options=True),
+    Pass("fuse_table_chains", fuse_table_chains, takes_options=True),
     Pass("fold_dequantize", fold_dequantize),
     Pass("drop_unread_cell_state", drop_unread_cell_state),
     Pass("decompose_conv_transpose", decompose_conv_transpose),

@@ -349,3 +349,87 @@ def _dequantized_table(lut: Call, dq: Call, rank: int) -> tuple[np.ndarray, int]
     if out.dtype != np.float32:
         return None
     return np.ascontiguousarray(out.reshape(rows, 256)), axis
+
+
+def fuse_table_chains(mod: IRModule, options: CompileOptions) -> IRModule:
+    """``dequantize(lut8(quantize(y)))`` -> ``qtable(y)`` (ops/qlookup.py) where y is float32
+    of run-time extents, each of the three is read by the next alone and the quantize's and
+    the dequantize's scales and zero points are single constants: one vector pass (float32 in,
+    float32 out) instead of three kernels, element for element the same. What ORT's QDQ files
+    with open image sizes (Paddle's, YOLO's) compute around each activation between the float
+    convolutions. Fixed shapes keep the three kernels (static bundles unchanged). With the
+    integer kernels, ``options.lut8`` and ``options.qtable``."""
+    if not (options.int8_kernels and options.lut8 and options.qtable):
+        return mod
+    return eliminate_dead_code(map_functions(mod, _table_chains_in_function))
+
+
+def _single(v: Value) -> bool:
+    """``v`` is a constant holding one value (a per-tensor scale or zero point)."""
+    return isinstance(v, Constant) and v.data.size == 1
+
+
+def _table_chains_in_function(fn: Function) -> Function:
+    defs: dict[int, Call] = {}
+    uses: dict[int, int] = {}
+    for b in fn.bindings():
+        if isinstance(b.value, Call):
+            defs[id(b.var)] = b.value
+        for a in getattr(b.value, "args", []):
+            uses[id(a)] = uses.get(id(a), 0) + 1
+    for o in fn.outputs:
+        uses[id(o)] = uses.get(id(o), 0) + 1
+    new: dict[int, Call] = {}
+    for b in fn.bindings():
+        c = b.value
+        if not (isinstance(c, Call) and c.op == "dequantize" and len(c.args) == 3):
+            continue
+        shape = tuple(b.var.type.shape)
+        if all(isinstance(d, int) for d in shape):
+            continue
+        t = defs.get(id(c.args[0]))
+        if t is None or t.op != "lut8" or uses.get(id(c.args[0])) != 1:
+            continue
+        q = defs.get(id(t.args[0]))
+        if (q is None or q.op != "quantize" or uses.get(id(t.args[0])) != 1
+                or q.attrs.get("dtype", "uint8") not in _I8
+                or q.args[0].type.dtype != "float32" or q.args[1].type.dtype != "float32"
+                or c.args[1].type.dtype != "float32" or not isinstance(t.args[1], Constant)
+                or not all(_single(a) for a in (q.args[1], q.args[2], c.args[1], c.args[2]))
+                or tuple(q.args[0].type.shape) != shape or tuple(t.args[0].type.shape) != shape):
+            continue
+        scale = q.args[1]
+        unit = bool(np.all(scale.data == 1))
+        args = [q.args[0], scale, q.args[2], t.args[1], c.args[1], c.args[2]]
+        new[id(b.var)] = Call("qtable", args,
+                              {"dtype": q.attrs.get("dtype", "uint8"),
+                               "axis": t.attrs.get("axis", -1), "unit_scale": unit,
+                               **_table_hints(t.args[1].data)}, b.var.type)
+    if not new:
+        return fn
+
+    def visit(binding: Binding, lookup):
+        call = new.get(id(binding.var))
+        if call is None:
+            return None
+        return Call("qtable", [lookup(a) for a in call.args], call.attrs, call.type)
+
+    return rewrite_function(fn, visit)
+
+
+def _table_hints(table: np.ndarray) -> dict:
+    """``qtable``'s hints (ops/qlookup.py) for a [C, 256] table: the columns col_lo .. col_hi
+    outside which every row is constant (a row's first and last runs of equal entries), and
+    the shift when every row is column + shift between them."""
+    rows = table.astype(np.int64).reshape(-1, 256)
+    lo, hi = 255, 0
+    for row in rows:
+        first = int(np.argmax(row != row[0])) - 1 if np.any(row != row[0]) else 255
+        last = 256 - int(np.argmax(row[::-1] != row[-1])) if np.any(row != row[-1]) else 0
+        lo, hi = min(lo, first), max(hi, last)
+    hi = max(hi, lo)   # every row constant: one column reads them all
+    hints: dict = {"col_lo": lo, "col_hi": hi}
+    shifts = rows[:, lo:hi + 1] - np.arange(lo, hi + 1)
+    if np.all(shifts == shifts[0, 0]):
+        hints["affine_shift"] = int(shifts[0, 0])
+    return hints

@@ -62,7 +62,8 @@ def test_pipeline_is_named_list():
     assert [p.name for p in DEFAULT_PIPELINE] == [
         "fold_constants", "fuse_gelu", "fuse_normalize", "eliminate_dead_code", "fuse_quantized",
         "tabulate_quantized_chains", "fuse_quantized_layout", "fuse_quantized_attention",
-        "fuse_quantized_elementwise", "lookup_dequantized_tables", "fold_dequantize",
+        "fuse_quantized_elementwise", "lookup_dequantized_tables", "fuse_table_chains",
+        "fold_dequantize",
         "drop_unread_cell_state", "decompose_conv_transpose", "decompose_conv_nd",
         "strided_frames_as_matmul", "pretranspose_weights", "pack_conv_weights", "pack_conv_rows", "pack_matmul_weights",
         "weights_to_bf16", "pack_conv_quads", "legalize", "fuse_ops", "eliminate_dead_code"]
