@@ -796,6 +796,23 @@ def test_grown_values_bit_identical_and_damaged_grows_refused(build, asan, tmp_p
         proc = mlcrun(asan, "inspect", path, env=ASAN)
         line = one_line_error(proc)
         assert proc.returncode == 3 and ("APPEND" in line or "grows" in line), (change, line)
+    # tests/fuzzing.py aimed at the loop: APPEND words rewritten, its vm record, STORE rows and
+    # run-time sizes mutated (bench/fuzz_bundle.py --loops runs thousands)
+    import fuzzing
+
+    seed = fuzzing.make_seed(bundle, grown_feeds(5, seed=1))
+    paths, rng = fuzzing.loop_paths(seed.header), random.Random(37)
+    env = {k: v for k, v in os.environ.items() if k not in ENV_KEYS}
+    env.update(ASAN)
+    outcomes: dict[str, int] = {}
+    for i in range(16):
+        case = None
+        while case is None:
+            case = (fuzzing.random_append_case(seed, rng) if i % 2
+                    else fuzzing.random_header_case(seed, rng, paths))
+        got = fuzzing.check_c(seed, case, tmp_path / "case.mlc", asan / "mlcrun", env)
+        outcomes[got] = outcomes.get(got, 0) + 1
+    assert outcomes.get("exit 3", 0) >= 8, outcomes
 
 
 class _Tensor(ctypes.Structure):   # mlcrt.h's mlc_tensor
