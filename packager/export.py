@@ -19,8 +19,8 @@ import numpy as np
 
 from .. import packager
 from ..runtime.bundle import (BRANCH_MINOR, DYNAMIC_MINOR, FORMAT_MAJOR, FORMAT_MINOR,
-                              GROW_MINOR, LOOP_MINOR, SCALES_MINOR, STORE_MINOR, STORED_MINOR, SYMBOLIC_MINOR,
-                              VALUES_MINOR)
+                              GROW_MINOR, LOOP_MINOR, SCALES_MINOR, STORE_MINOR, STORED_MINOR,
+                              SYMBOLIC_MINOR, VALUES_MINOR)
 from ..runtime.header import (CONST, BatchInfo, CodeVariant, ConstantRow, Header, IORow,
                               KernelRow, MemoryPlan, Plan, StoredRecord, SymbolicBound, VMRecord,
                               freeze, plain)

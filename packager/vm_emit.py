@@ -41,7 +41,10 @@ LOOP to the NEXT, so no buffer of the body shares their memory; the body's own b
 within one iteration, which writes each before it reads it.
 A loop with ``rows`` (scan outputs with no bound at export, format 1.9) appends each of the
 body's row results to a STORE tensor row (``APPEND s, r``, after the body, before the copies);
-its ``loop_rows`` outputs are those STORE rows, which only the model's outputs may name.
+its ``loop_rows`` outputs are those STORE rows, which only the model's outputs may name. A
+loop with ``grown`` (carried values that grow, format 1.10) has a STORE row for each, named by
+the vm record's ``grows``: its initial value appended before the LOOP, the body's piece after
+the body (several rows at once).
 
 Tensors are rows of a table: ``[0, arena offset, shape, dtype]`` or ``[1, constant, shape,
 dtype]``. A reshape is a second row over the same bytes, so it costs no instruction. Each input
@@ -231,9 +234,10 @@ def emit_program(mod: IRModule, kernels: dict[str, KernelInfo], func: str = "mai
         if t is None:
             raise VMEmitError(f"{getattr(v, 'name', v)} is used before it is defined")
         if rows[t][0] == STORE and not output:
-            raise VMEmitError("a Loop's scan output whose trip count has no bound at export "
-                              "can only be a model output, not read by other nodes: give the "
-                              "trip count with --bind NAME=FILE.npy")
+            raise VMEmitError("a Loop's scan output, or a carried value that grows, whose "
+                              "trip count has no bound at export can only be a model output, "
+                              "not read by other nodes: give the trip count with --bind "
+                              "NAME=FILE.npy")
         sid = storage_of_tensor.get(t)
         if sid is not None:
             buffers[sid].end = max(buffers[sid].end, step)
