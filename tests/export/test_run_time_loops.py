@@ -23,7 +23,7 @@ from mlcpack.runtime.header import OP_JUMP_UNLESS, OP_LOOP, OP_NEXT
 from onnx import TensorProto, helper, numpy_helper
 
 import loop_models as lm
-from conftest import assert_one_line_error
+from conftest import SLOW, assert_one_line_error
 
 
 @pytest.fixture(scope="module")
@@ -407,3 +407,55 @@ def test_a_scan_state_that_grows_matches_numpy(tmp_path) -> None:
             got = m.run({"s0": np.zeros(2, np.float32), "acc0": acc0, "xs": xs})
             np.testing.assert_array_equal(got["acc"], np.concatenate([acc0, xs]))
             np.testing.assert_allclose(got["s"], xs.sum(0), rtol=1e-6)
+
+
+@pytest.mark.skipif(not SLOW, reason="MLCPACK_SLOW=1 only (torch's export takes seconds; "
+                    "test_grown_values_match_onnx_runtime covers the same path)")
+def test_a_torch_exported_greedy_decode_matches_onnx_runtime(tmp_path) -> None:
+    """A greedy decode as torch exports it (torch.jit.script of ``for i in range(int(n)): tok,
+    h = step(tok, h); tokens = torch.cat([tokens, tok.unsqueeze(1)], 1)``, the TorchScript
+    exporter, seeded weights; the prompt's length open): exported by default, ONNX Runtime's
+    tokens and state at 0, 1, 6 and 50 steps."""
+    import torch
+    from mlcpack.packager.api import Options, export
+    from torch import nn
+
+    torch.manual_seed(0)
+
+    class Step(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.emb, self.inp = nn.Embedding(12, 8), nn.Linear(8, 8)
+            self.rec, self.out = nn.Linear(8, 8), nn.Linear(8, 12)
+
+        def forward(self, tok: torch.Tensor, h: torch.Tensor):
+            h = torch.tanh(self.inp(self.emb(tok)) + self.rec(h))
+            return self.out(h).argmax(-1), h
+
+    class Greedy(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.step = Step()
+
+        def forward(self, prompt: torch.Tensor, h: torch.Tensor, n: torch.Tensor):
+            tokens, tok = prompt, prompt[:, -1]
+            for _ in range(int(n)):
+                tok, h = self.step(tok, h)
+                tokens = torch.cat([tokens, tok.unsqueeze(1)], 1)
+            return tokens, h
+
+    src = tmp_path / "greedy.onnx"
+    torch.onnx.export(torch.jit.script(Greedy().eval()),
+                      (torch.tensor([[3, 5]]), torch.zeros(1, 8), torch.tensor(4)), str(src),
+                      input_names=["prompt", "h0", "n"], output_names=["tokens", "h"],
+                      dynamic_axes={"prompt": {1: "T"}}, opset_version=17, dynamo=False)
+    export(src, tmp_path / "greedy.mlc", Options())
+    session = ort.InferenceSession(str(src), providers=["CPUExecutionProvider"])
+    with load(tmp_path / "greedy.mlc") as model:
+        for k, t in ((0, 2), (1, 1), (6, 3), (50, 2)):
+            feeds = {"prompt": np.arange(1, t + 1, dtype=np.int64)[None],
+                     "h0": np.full((1, 8), 0.1, np.float32), "n": np.array(k, np.int64)}
+            got, (tokens, h) = model.run(feeds), session.run(None, feeds)
+            assert got["tokens"].shape == tokens.shape, (k, got["tokens"].shape)
+            np.testing.assert_array_equal(got["tokens"], tokens)
+            np.testing.assert_allclose(got["h"], h, rtol=1e-5, atol=1e-6)
