@@ -370,6 +370,7 @@ def casts_into_rows(mod) -> None:
             v = b.value
             src = producer.get(id(v.args[0])) if isinstance(v, Call) and v.op == "cast" else None
             if src is None or not (isinstance(src.value, Call) and src.value.op == "loop_rows") \
+                    or "lead" in src.value.attrs \
                     or reads.get(id(src.var)) != 1 or any(o is src.var for o in fn.outputs):
                 continue
             rows_call = src.value
