@@ -165,13 +165,20 @@ def emit_vm_loop(ctx: NodeContext, trip: Value, cond: Value, inits: list[Value],
     number = Var(bb.fresh_name("iteration"), TensorType((), "int64"))
     states = [Var(bb.fresh_name("carried"), v.type) for v in inits]
     mark = len(block.bindings)
-    again, new, added = step(number, states)
+    outer_reads = getattr(bb, "shapes_read", None)
+    bb.shapes_read = set()   # the values whose shapes the body reads (Shape, Size)
+    try:
+        again, new, added = step(number, states)
+    finally:
+        shape_reads, bb.shapes_read = bb.shapes_read, outer_reads
+        if outer_reads is not None:
+            outer_reads |= shape_reads
     # format 1.10: a carried value that the body only grows by a Concat (``acc = Concat(acc,
     # r)``, read by nothing else) is a row store: its first rows the initial value's (APPEND
     # before the loop), the body's ``r`` appended each iteration, its rows counted
     grown: dict[int, tuple[Binding, Value, int]] = {}
     for k, (a, b) in enumerate(zip(new, states)):
-        if a.type != b.type:
+        if a.type != b.type and not {id(a), id(b)} & shape_reads:
             g = _appended(block.bindings[mark:], a, b,
                           [again] + new[:k] + new[k + 1:] + added)
             if g is not None:

@@ -459,3 +459,25 @@ def test_a_torch_exported_greedy_decode_matches_onnx_runtime(tmp_path) -> None:
             assert got["tokens"].shape == tokens.shape, (k, got["tokens"].shape)
             np.testing.assert_array_equal(got["tokens"], tokens)
             np.testing.assert_allclose(got["h"], h, rtol=1e-5, atol=1e-6)
+
+
+def test_a_grown_value_whose_shape_the_body_reads_is_refused(tmp_path) -> None:
+    """The body reads the token list's length (``Shape(tokens)[1]``, as a decoder computes its
+    position): the value is not only appended to (its shape in the body would be the initial
+    one's), so the import refuses it in one line instead of running it with a stale length."""
+    from mlcpack.frontends.onnx.importer import import_onnx
+    from mlcpack.packager.errors import ExportError
+
+    model = onnx.load(lm.grown_values(tmp_path / "m.onnx"))
+    loop = model.graph.node[0]
+    body = loop.attribute[0].g
+    body.node.extend([helper.make_node("Shape", ["tokens_in"], ["tshape"]),
+                      helper.make_node("Gather", ["tshape", "one"], ["tlen"], axis=0)])
+    body.initializer.append(numpy_helper.from_array(np.array(1, np.int64), "one"))
+    body.output.append(helper.make_tensor_value_info("tlen", TensorProto.INT64, []))
+    loop.output.append("lens")
+    model.graph.output.append(helper.make_tensor_value_info("lens", TensorProto.INT64, None))
+    with pytest.raises(ExportError) as info:
+        import_onnx(model)
+    text = str(info.value)
+    assert "\n" not in text and "carried value 1 changes" in text and "only grow" in text, text
