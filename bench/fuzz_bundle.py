@@ -4,6 +4,12 @@ real bundle (outside CI; ``tests/format/test_fuzzed_bundles.py`` runs a short ve
     .venv/bin/python bench/fuzz_bundle.py                      # 100 000 mutations, all cores
     .venv/bin/python bench/fuzz_bundle.py --mutations 20000 --bundle my.mlc --json out.json
     .venv/bin/python bench/fuzz_bundle.py --mlcrun runtime/c/build-asan/mlcrun   # the C runtime
+    .venv/bin/python bench/fuzz_bundle.py --loops --mutations 5000   # a Loop's grown values
+
+``--loops`` mutates a greedy-decode Loop (tests/export/loop_models.py ``grown_values``: format
+1.10's grown values and a counted size) instead of the MLP: half its header mutations hit the
+vm record, the STORE rows and the run-time sizes (``fuzzing.loop_paths``), and a third family
+rewrites words of its APPEND instructions in the bytecode (``fuzzing.random_append_case``).
 
 Batches run in worker processes (``faulthandler`` on), so a segfault, an abort or a hang in one
 batch is seen and reported with the batch seed and the index of the case it was running, instead
@@ -52,13 +58,32 @@ def _tiny_bundle(folder: Path) -> Path:
 
 # ---- worker ---------------------------------------------------------------------------------
 
+def _loop_bundle(folder: Path) -> Path:
+    """The greedy-decode Loop of tests/export/loop_models.py (format 1.10), exported."""
+    sys.path.insert(0, str(ROOT / "tests" / "export"))
+    import loop_models
+    from mlcpack.packager.api import Options, export
+
+    src, path = loop_models.grown_values(folder / "grown.onnx"), folder / "grown.mlc"
+    export(src, path, Options())
+    return path
+
+
+def _loop_feeds() -> dict:
+    sys.path.insert(0, str(ROOT / "tests" / "export"))
+    import loop_models
+
+    return loop_models.grown_feeds(5, seed=1)
+
+
 def run_worker(bundle: Path, batch_seed: int, count: int, progress: Path, scratch: Path,
-               mlcrun: Path | None = None) -> None:
+               mlcrun: Path | None = None, loops: bool = False) -> None:
     import fuzzing
 
     faulthandler.enable()
-    seed = fuzzing.make_seed(bundle)
+    seed = fuzzing.make_seed(bundle, _loop_feeds() if loops else None)
     paths = fuzzing.header_paths(seed.header)
+    focus = fuzzing.loop_paths(seed.header) if loops else paths
     rng = random.Random(batch_seed)
     outcomes: collections.Counter = collections.Counter()
     violations: list[str] = []
@@ -68,12 +93,15 @@ def run_worker(bundle: Path, batch_seed: int, count: int, progress: Path, scratc
             mark[:8] = struct.pack("<q", i)  # survives a crash: the parent reads it
             if i == crash_at:
                 ctypes.string_at(0)  # a real SIGSEGV
-            header = rng.random() < 0.5
+            pick = rng.random()
+            family = ("append" if loops and pick < 0.2 else "header" if pick < 0.6
+                      else "bytes")
             case = None
             while case is None:
-                case = (fuzzing.random_header_case(seed, rng, paths) if header
+                case = (fuzzing.random_append_case(seed, rng) if family == "append"
+                        else fuzzing.random_header_case(seed, rng, focus if rng.random() < 0.5
+                                                        else paths) if family == "header"
                         else fuzzing.random_byte_case(seed, rng))
-            family = "header" if header else "bytes"
             try:
                 got = (fuzzing.check_c(seed, case, scratch, mlcrun) if mlcrun
                        else fuzzing.check(seed, case, scratch))
@@ -88,18 +116,18 @@ def run_worker(bundle: Path, batch_seed: int, count: int, progress: Path, scratc
 # ---- parent ---------------------------------------------------------------------------------
 
 def run(mutations: int, batch: int, workers: int, bundle: Path | None, seed: int,
-        timeout: float, mlcrun: Path | None = None) -> dict:
+        timeout: float, mlcrun: Path | None = None, loops: bool = False) -> dict:
     work = Path(tempfile.mkdtemp(prefix="mlcfuzz-", dir="/dev/shm" if os.path.isdir("/dev/shm")
                                  else None))
     try:
-        return _run(work, bundle or _tiny_bundle(work), mutations, batch, workers, seed, timeout,
-                    mlcrun)
+        bundle = bundle or (_loop_bundle(work) if loops else _tiny_bundle(work))
+        return _run(work, bundle, mutations, batch, workers, seed, timeout, mlcrun, loops)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
 
 def _run(work: Path, bundle: Path, mutations: int, batch: int, workers: int, seed: int,
-         timeout: float, mlcrun: Path | None = None) -> dict:
+         timeout: float, mlcrun: Path | None = None, loops: bool = False) -> dict:
     batches = [(seed * 1_000_003 + b, min(batch, mutations - b * batch))
                for b in range((mutations + batch - 1) // batch)]
     pending = list(batches)
@@ -118,6 +146,8 @@ def _run(work: Path, bundle: Path, mutations: int, batch: int, workers: int, see
                    "--scratch", str(work / f"case-{bseed}.mlc")]
             if mlcrun:
                 cmd += ["--mlcrun", str(mlcrun)]
+            if loops:
+                cmd.append("--loops")
             proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
             running.append((proc, bseed, n, progress, time.perf_counter()))
         time.sleep(0.02)
@@ -158,6 +188,8 @@ def main() -> int:
     ap.add_argument("--mlcrun", type=Path, help="check the C runtime's mlcrun (runtime/c) "
                     "instead of the Python runtime: refuse with a README code or give the "
                     "original answer, never crash (point it at build-asan/mlcrun)")
+    ap.add_argument("--loops", action="store_true", help="mutate a greedy-decode Loop (format "
+                    "1.10's grown values) with mutations aimed at its loop records and APPENDs")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--batch-seed", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--count", type=int, help=argparse.SUPPRESS)
@@ -166,11 +198,11 @@ def main() -> int:
     args = ap.parse_args()
     if args.worker:
         run_worker(args.bundle, args.batch_seed, args.count, args.progress, args.scratch,
-                   args.mlcrun)
+                   args.mlcrun, args.loops)
         return 0
     mlcrun = args.mlcrun.resolve() if args.mlcrun else None
     report = run(args.mutations, args.batch, args.workers, args.bundle, args.seed, args.timeout,
-                 mlcrun)
+                 mlcrun, args.loops)
     if args.json:
         args.json.write_text(json.dumps(report, indent=2))
     print(f"{report['mutations']} mutations in {report['seconds']} s "

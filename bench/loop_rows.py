@@ -3,6 +3,11 @@ beside ONNX Runtime (issue 37 item 3): whether its cost per iteration stays flat
 count grows (the store doubles: amortised O(1) copies per row) and how it compares.
 
     python bench/loop_rows.py [runs] [trip counts ...]
+    python bench/loop_rows.py --grown [runs] [trip counts ...]
+
+``--grown`` (format 1.10): the rows are a carried value that grows instead of a scan output,
+``hist = Concat(hist, acc[None])`` from an empty [0, 16], as a greedy decode grows its tokens
+(ONNX Runtime allocates each iteration's value anew: its copies grow with the rows).
 
 The model: ``for i in range(M): acc = acc * 0.5 + i; rows += [acc]`` with ``acc`` float32 [16]
 and M fed at run time (no bound at export). One bundle exported for the host with no golden
@@ -27,6 +32,37 @@ from mlcpack.packager.export import ExportOptions, export_module
 from mlcpack.runtime.model import load
 
 WIDTH = 16
+
+
+def grown_model() -> onnx.ModelProto:
+    """The same loop with its rows a carried value that grows (format 1.10)."""
+    F = TensorProto.FLOAT
+    body = helper.make_graph(
+        [helper.make_node("Cast", ["i"], ["fi"], to=F),
+         helper.make_node("Mul", ["acc", "half"], ["scaled"]),
+         helper.make_node("Add", ["scaled", "fi"], ["acc2"]),
+         helper.make_node("Identity", ["cond_in"], ["cond_out"]),
+         helper.make_node("Unsqueeze", ["acc2", "zero"], ["row"]),
+         helper.make_node("Concat", ["hist", "row"], ["hist2"], axis=0)],
+        "body",
+        [helper.make_tensor_value_info("i", TensorProto.INT64, []),
+         helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("acc", F, [WIDTH]),
+         helper.make_tensor_value_info("hist", F, [None, WIDTH])],
+        [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("acc2", F, [WIDTH]),
+         helper.make_tensor_value_info("hist2", F, [None, WIDTH])],
+        [numpy_helper.from_array(np.array(0.5, np.float32), "half"),
+         numpy_helper.from_array(np.array([0], np.int64), "zero")])
+    g = helper.make_graph(
+        [helper.make_node("Loop", ["M", "", "x0", "hist0"], ["acc", "rows"], body=body)],
+        "loop_grown",
+        [helper.make_tensor_value_info("M", TensorProto.INT64, []),
+         helper.make_tensor_value_info("x0", F, [WIDTH])],
+        [helper.make_tensor_value_info("acc", F, None),
+         helper.make_tensor_value_info("rows", F, None)],
+        [numpy_helper.from_array(np.zeros((0, WIDTH), np.float32), "hist0")])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
 
 
 def rows_model() -> onnx.ModelProto:
@@ -69,9 +105,11 @@ def timed(fn, runs: int) -> tuple[float, float, float]:
 def main(argv: list[str]) -> None:
     import onnxruntime as ort
 
+    grown = "--grown" in argv
+    argv = [a for a in argv if a != "--grown"]
     runs = int(argv[0]) if argv else 20
     trips = [int(a) for a in argv[1:]] or [10, 100, 1000, 10000]
-    model = rows_model()
+    model = grown_model() if grown else rows_model()
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = opts.inter_op_num_threads = 1
     session = ort.InferenceSession(model.SerializeToString(), opts,

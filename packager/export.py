@@ -18,9 +18,9 @@ import llvmlite
 import numpy as np
 
 from .. import packager
-from ..runtime.bundle import (BRANCH_MINOR, DYNAMIC_MINOR, FORMAT_MAJOR, FORMAT_MINOR, LOOP_MINOR,
-                              SCALES_MINOR, STORE_MINOR, STORED_MINOR, SYMBOLIC_MINOR,
-                              VALUES_MINOR)
+from ..runtime.bundle import (BRANCH_MINOR, DYNAMIC_MINOR, FORMAT_MAJOR, FORMAT_MINOR,
+                              GROW_MINOR, LOOP_MINOR, SCALES_MINOR, STORE_MINOR, STORED_MINOR,
+                              SYMBOLIC_MINOR, VALUES_MINOR)
 from ..runtime.header import (CONST, BatchInfo, CodeVariant, ConstantRow, Header, IORow,
                               KernelRow, MemoryPlan, Plan, StoredRecord, SymbolicBound, VMRecord,
                               freeze, plain)
@@ -638,7 +638,8 @@ def _compile_plan(batch: int | None, mod: IRModule, n_plans: int,
         tensors=tensors,
         vm=VMRecord(writer.ref(program.bytecode), len(program.instructions),
                     program.branches or None, program.loops or None,
-                    program.stores if program.stores or program.carried_checks else None),
+                    program.stores if program.stores or program.carried_checks else None,
+                    tuple(program.grows) or None),
         memory_plan=MemoryPlan(program.arena_bytes, program.intermediate_bytes),
         symbolic=None if program.symbolic is None
         else dataclasses.replace(program.symbolic, bound=bound),
@@ -712,6 +713,8 @@ def _header(opts: ExportOptions, plans: list[Plan], constants: _Constants,
         minor = LOOP_MINOR
     if any(p.vm.stores is not None for p in plans):   # STORE rows, APPEND, TRAP 2
         minor = STORE_MINOR
+    if any(p.vm.grows is not None for p in plans):   # carried values that grow (format 1.10)
+        minor = GROW_MINOR
     return Header(
         format=(FORMAT_MAJOR, minor or FORMAT_MINOR),
         plans=tuple(plans), constants=tuple(constants.rows),

@@ -315,8 +315,10 @@ def _run_loop(mod: IRModule, v: Any, value: Any, outputs: dict[int, list[np.ndar
     n = v.attrs["carried"]
     trip = int(np.asarray(value(v.args[0])).reshape(-1)[0])
     running = bool(np.asarray(value(v.args[1])).reshape(-1)[0])
+    grown = v.attrs.get("grown", ())
     state = [value(a) for a in v.args[2:2 + n]]
-    captures = [value(a) for a in v.args[2 + n:]]
+    captures = [value(a) for a in v.args[2 + n:len(v.args) - len(grown)]]
+    pieces = [[value(a)] for a in v.args[len(v.args) - len(grown):]]   # format 1.10
     sub = dataclasses.replace(mod.copy(), value_vars=[])
     sub.functions["main"] = body
     row_types = v.attrs.get("rows", ())
@@ -330,10 +332,13 @@ def _run_loop(mod: IRModule, v: Any, value: Any, outputs: dict[int, list[np.ndar
         state = got[1:1 + n]
         for r, x in zip(rows, got[1 + n:]):
             r.append(np.asarray(x))
+        for r, x in zip(pieces, got[1 + n + len(row_types):]):
+            r.append(np.asarray(x))
         k += 1
     stacks = [np.stack(r) if r else np.zeros((0,) + tuple(shape), dtype)
               for r, (shape, dtype) in zip(rows, row_types)]
-    outputs[key] = state + stacks
+    outputs[key] = state + stacks + [np.concatenate(r, axis=g[0])
+                                     for r, g in zip(pieces, grown)]
     return state[0]
 
 

@@ -41,7 +41,10 @@ LOOP to the NEXT, so no buffer of the body shares their memory; the body's own b
 within one iteration, which writes each before it reads it.
 A loop with ``rows`` (scan outputs with no bound at export, format 1.9) appends each of the
 body's row results to a STORE tensor row (``APPEND s, r``, after the body, before the copies);
-its ``loop_rows`` outputs are those STORE rows, which only the model's outputs may name.
+its ``loop_rows`` outputs are those STORE rows, which only the model's outputs may name. A
+loop with ``grown`` (carried values that grow, format 1.10) has a STORE row for each, named by
+the vm record's ``grows``: its initial value appended before the LOOP, the body's piece after
+the body (several rows at once).
 
 Tensors are rows of a table: ``[0, arena offset, shape, dtype]`` or ``[1, constant, shape,
 dtype]``. A reshape is a second row over the same bytes, so it costs no instruction. Each input
@@ -98,6 +101,7 @@ class Program:
     loops: int = 0      # LOOP ... NEXT regions (a Loop run by the VM): format 1.8
     stores: int = 0     # STORE rows (a Loop's scan outputs with no bound): format 1.9
     carried_checks: int = 0   # TRAP 2 (a Loop's carried value whose shape changed): 1.9
+    grows: list = field(default_factory=list)   # STORE rows of carried values that grow: 1.10
     # A symbolic program (size variables in main's input shapes): tensor rows hold storage ids,
     # not offsets, and shapes as dim records; the runtime plans memory per concrete shape
     # (runtime/symbolic.py) from its size variables and buffers (no ``bound``: the export adds
@@ -230,9 +234,10 @@ def emit_program(mod: IRModule, kernels: dict[str, KernelInfo], func: str = "mai
         if t is None:
             raise VMEmitError(f"{getattr(v, 'name', v)} is used before it is defined")
         if rows[t][0] == STORE and not output:
-            raise VMEmitError("a Loop's scan output whose trip count has no bound at export "
-                              "can only be a model output, not read by other nodes: give the "
-                              "trip count with --bind NAME=FILE.npy")
+            raise VMEmitError("a Loop's scan output, or a carried value that grows, whose "
+                              "trip count has no bound at export can only be a model output, "
+                              "not read by other nodes: give the trip count with --bind "
+                              "NAME=FILE.npy")
         sid = storage_of_tensor.get(t)
         if sid is not None:
             buffers[sid].end = max(buffers[sid].end, step)
@@ -382,13 +387,30 @@ def emit_program(mod: IRModule, kernels: dict[str, KernelInfo], func: str = "mai
         the states; NEXT. What the loop reads lives until its NEXT."""
         v = b.value
         n = v.attrs["carried"]
+        grown = v.attrs.get("grown", ())
         body = mod.functions[v.attrs["body"]]
         trip, cond = use(v.args[0], step), use(v.args[1], step)
         inits = [use(a, step) for a in v.args[2:2 + n]]
-        captured = [use(a, step) for a in v.args[2 + n:]]
+        captured = [use(a, step) for a in v.args[2 + n:len(v.args) - len(grown)]]
+        prefixes = [use(a, step) for a in v.args[len(v.args) - len(grown):]]
         states = [arena_tensor(p.type, new_storage(p.type, step)) for p in body.params[1:1 + n]]
         for src, dst in zip(inits, states):
             prog.instructions.append([OP_COPY, src, dst])
+        # format 1.10: a carried value that only grows is a STORE row, its initial value's
+        # rows appended before the loop (from a buffer of their own if a constant)
+        grown_stores = []
+        for (axis, shape, dtype, count), src, a in zip(grown, prefixes,
+                                                       v.args[len(v.args) - len(grown):]):
+            rows.append([STORE, 0, [1] * axis + [to_record(size_var(count))]
+                         + _shape_record(shape), dtype])
+            grown_stores.append(len(rows) - 1)
+            if a.type.shape[axis] == 0:
+                continue
+            if rows[src][0] != ARENA:
+                tmp = arena_tensor(a.type, new_storage(a.type, step))
+                prog.instructions.append([OP_COPY, src, tmp])
+                src = tmp
+            prog.instructions.append([OP_APPEND, len(rows) - 1, src])
         number = arena_tensor(body.params[0].type, new_storage(body.params[0].type, step))
         head = [OP_LOOP, trip, cond, number, -1]
         prog.instructions.append(head)
@@ -418,7 +440,13 @@ def emit_program(mod: IRModule, kernels: dict[str, KernelInfo], func: str = "mai
             if rows[row][0] != ARENA:   # a constant row: appended from a buffer of its own
                 row = own_buffer(row, o.type)
             prog.instructions.append([OP_APPEND, store, row])
-        prog.stores += len(stores)
+        for o, store in zip(body.outputs[1 + n + len(stores):], grown_stores):
+            row = use(o, at)   # format 1.10: what a grown value appends each iteration
+            if rows[row][0] != ARENA:
+                row = own_buffer(row, o.type)
+            prog.instructions.append([OP_APPEND, store, row])
+        prog.stores += len(stores) + len(grown_stores)
+        prog.grows += grown_stores
         moves = []
         for o, dst in zip(body.outputs[1:1 + n], states):
             src = use(o, at)
@@ -437,7 +465,7 @@ def emit_program(mod: IRModule, kernels: dict[str, KernelInfo], func: str = "mai
             if sid is not None:
                 buffers[sid].end = max(buffers[sid].end, end)
         tensor_of[id(b.var)] = states[0]
-        if_outputs[id(b.var)] = states + stores
+        if_outputs[id(b.var)] = states + stores + grown_stores
         prog.loops += 1
 
     if_outputs: dict[int, list[int]] = {}

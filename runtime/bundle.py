@@ -86,6 +86,11 @@ LOOP_MINOR = 8
 # marked by the vm record's "stores" count; TRAP 2, a carried value's shape that changed) say
 # format 1.9 with min_reader 1.9; this reader reads them.
 STORE_MINOR = 9
+# Bundles with a Loop's carried value that grows between iterations (a Concat of itself and a
+# piece: a STORE row the initial value's rows are appended to before the loop and a piece of
+# one or more rows each iteration, marked by the vm record's "grows" list) say format 1.10 with
+# min_reader 1.10; this reader reads them.
+GROW_MINOR = 10
 TREE_FORMAT = [1, 2]                # the oldest reader of tree-digest bundles
 MAGIC = b"\x83\xa7mlcpack"          # fixmap(3) then the 7-char key "mlcpack"
 DIGEST_KEY = b"\xa6sha256\xc4\x20"  # fixstr "sha256", then bin8 of 32 bytes
@@ -138,6 +143,8 @@ def reader_minor(header: dict) -> int:
         reads = LOOP_MINOR
     if isinstance(vm, dict) and "stores" in vm:
         reads = STORE_MINOR
+    if isinstance(vm, dict) and "grows" in vm:
+        reads = GROW_MINOR
     return reads
 
 

@@ -12,6 +12,7 @@ from .header import STORE, Header, plain
 from .profile import read_sources, sources_text
 from .signing import fingerprint
 from .symbolic import dim_text
+from .vm import store_lead
 
 
 def describe(path: str | os.PathLike) -> dict[str, Any]:
@@ -67,9 +68,10 @@ def _summarize(path: str | os.PathLike, h: Header, name: str) -> dict[str, Any]:
         "memory_plan": plan.memory_plan.to_msgpack(),
         "symbolic": None if plan.symbolic is None else plan.symbolic.to_msgpack(),
         "vm_instructions": plan.vm.instructions,
-        # format 1.9: the size variables that count a row store's rows (grown at run time)
-        "row_counts": sorted({t.shape[0] for t in plan.tensors
-                              if t.kind == STORE and t.shape and isinstance(t.shape[0], str)}),
+        # format 1.9: the size variables that count a row store's rows (grown at run time;
+        # 1.10: a carried value's, after the 1s before its count)
+        "row_counts": sorted({d for t in plan.tensors if t.kind == STORE
+                              for d in t.shape[:1 + store_lead(t.shape)] if isinstance(d, str)}),
         "signed_by": signed_by,
         "plans": _plans(h, chosen),
         "specialized": _specialized(h, chosen),

@@ -342,6 +342,9 @@ class VMRecord(_Record):
     # format 1.9: how many STORE rows (scan outputs with no bound at export, APPEND) the plan
     # has; present only when it has some, so that a reader knows it must understand them
     stores: int | None = None
+    # format 1.10: the STORE rows that hold a Loop's carried value that grows (a Concat of
+    # itself and a piece); present only when there are some
+    grows: tuple[int, ...] | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)
 
 
@@ -545,12 +548,16 @@ class Plan(_Record):
         branches = vm.get("branches")
         loops = vm.get("loops")
         stores = vm.get("stores")
+        grows = vm.get("grows")
+        if grows is not None:
+            grows = tuple(_int(g, f"{at}vm grows", 0, n)
+                          for g in _list(grows, f"{at}vm grows"))
         vm_rec = VMRecord(payload_ref(vm.get("bytecode"), f"{at}bytecode", data_size),
                           None if ins is None else _int(ins, f"{at}vm instructions"),
                           None if branches is None else _int(branches, f"{at}vm branches"),
                           None if loops is None else _int(loops, f"{at}vm loops"),
                           None if stores is None else _int(stores, f"{at}vm stores"),
-                          VMRecord._extra(vm))
+                          grows, VMRecord._extra(vm))
         mp = obj.get("memory_plan")
         if not isinstance(mp, dict) or not _is_int(mp.get("arena_bytes")) \
                 or not 0 <= mp["arena_bytes"] < MAX_DIM:

@@ -214,7 +214,8 @@ class _Plan:
         self.limits = np.array([env[v] for v in runner.vars], dtype=np.int64)
         self.executor = vm.Executor(runner.program, runner.kernels, runner.sites,
                                     list(addresses), views, runner.threads, pool=runner.pool,
-                                    sizes=self.sizes, limits=self.limits, stores=runner.stores)
+                                    sizes=self.sizes, limits=self.limits, stores=runner.stores,
+                                    extents=runner.row_extents(self.sizes))
         self.live_sizes = self.sizes   # what BIND_SIZE wrote during the last run
         bindings = _input_bindings(runner, self.executor, addresses)
         self.inputs = [(s, views[s.tensor], b) for s, b in zip(runner.inputs, bindings)]
@@ -260,7 +261,8 @@ class _Bound:
             views[t] = v
         self.executor = vm.Executor(runner.program, runner.kernels, runner.sites, addresses,
                                     views, runner.threads, pool=runner.pool, sizes=self.sizes,
-                                    limits=self.limits, stores=runner.stores)
+                                    limits=self.limits, stores=runner.stores,
+                                    extents=runner.row_extents(self.sizes))
         self.bindings = _input_bindings(runner, self.executor, addresses)
         self.current: _BoundPlan | None = None
 
@@ -433,7 +435,7 @@ class SymbolicRunner:
         self.program = vm.decode(reader.payload(plan.vm.bytecode), len(self.tensors),
                                  len(self.kernels), len(self.sites), reader.name,
                                  len(self.vars))
-        vm.check_branches(self.program, self.tensors, reader.name)
+        vm.check_branches(self.program, self.tensors, reader.name, plan.vm.grows or ())
         counted = plan.symbolic.dynamic_names
         for ins in self.program:
             if ins.opcode == OP_BIND_SIZE:
@@ -445,6 +447,12 @@ class SymbolicRunner:
                                       f"{ins.operands[0]}: a run-time size bound by a "
                                       "one-element int64 tensor expected")
         self.stores = self._stores(plan, reader.name)
+        self.appended = {}   # format 1.10: a tensor APPEND appends as rows -> its count's dim
+        for ins in self.program:
+            if ins.opcode == vm.OP_APPEND and vm.appends_rows(self.tensors[ins.target],
+                                                               self.tensors[ins.operands[0]]):
+                self.appended[ins.operands[0]] = \
+                    self.tensors[ins.operands[0]].shape[self.stores[ins.target][1]]
         self._check_arity(plan.kernels)
         self.num_inputs = [k.num_inputs for k in plan.kernels]
         self.input_views = []
@@ -455,22 +463,43 @@ class SymbolicRunner:
             self.input_views.append(ids if ok else ())
         self.pool = vm.PoolCode.from_image(image)
 
-    def _stores(self, plan: Plan, name: str) -> dict[int, int]:
+    def _stores(self, plan: Plan, name: str) -> dict[int, tuple[int, int, bool]]:
         """Format 1.9: each STORE row -> the size variable that counts its rows, its first dim
-        (a variable BIND_SIZE binds); an output whose tensor is one returns its rows."""
+        (a variable BIND_SIZE binds), that dim's axis and whether the row holds a carried value
+        that grows (format 1.10: the vm record's ``grows``, whose count may follow 1s); an
+        output whose tensor is one returns its rows."""
         counted = plan.symbolic.dynamic_names
+        grows = plan.vm.grows or ()
         out = {}
         for t, row in enumerate(self.tensors):
             if row.kind != STORE:
                 continue
-            first = row.shape[0] if row.shape else None
+            lead = vm.store_lead(row.shape) if t in grows else 0
+            first = row.shape[lead] if lead < len(row.shape) else None
             if not isinstance(first, str) or first not in counted:
                 raise BundleError(f"{name}: bundle header: STORE row {t}'s first dim must be a "
                                   "size variable bound at run time")
-            out[t] = self.vars.index(first)
+            out[t] = (self.vars.index(first), lead, t in grows)
         if len(out) != (plan.vm.stores or 0):
             raise BundleError(f"{name}: bundle header: the vm record's stores count "
                               f"{plan.vm.stores} is not its {len(out)} STORE rows")
+        if len(set(grows)) != len(grows) or any(t not in out for t in grows):
+            raise BundleError(f"{name}: bundle header: the vm record's grows must name "
+                              "distinct STORE rows")
+        return out
+
+    def row_extents(self, sizes: np.ndarray) -> dict[int, Any]:
+        """Format 1.10: each tensor an APPEND appends as several rows -> its row count at run
+        time (its dim at the STORE's count axis, over ``sizes``, which BIND_SIZE updates)."""
+        out = {}
+        for t, rec in self.appended.items():
+            if type(rec) is int:
+                out[t] = (lambda r: lambda: r)(rec)
+            elif isinstance(rec, str):
+                out[t] = (lambda i: lambda: int(sizes[i]))(self.vars.index(rec))
+            else:
+                out[t] = (lambda r: lambda: evaluate(r, dict(zip(self.vars, sizes.tolist())))
+                          )(rec)
         return out
 
     def _bounded(self, rec: SymbolicBound | None) -> None:

@@ -32,7 +32,12 @@ Instruction set (little-endian int32 words):
                                             of a scan output with no bound at export, kept by
                                             the VM (empty at each run's start, grown by
                                             doubling, at most its count variable's bound and
-                                            STORE_MAX_BYTES); no other instruction names a STORE
+                                            STORE_MAX_BYTES); (format 1.10) to a STORE row of
+                                            the vm record's ``grows`` (a Loop's carried value
+                                            that grows), ``r`` of the STORE's rank appends its
+                                            extent along the count's axis as that many rows, and
+                                            APPEND may run before the loop (the initial value's
+                                            rows); no other instruction names a STORE
 
 A jump's word ``w`` must start an instruction (or be the bytecode's end) and lie after the jump
 itself: jumps only go forward, and an If runs only its taken branch. The only backward edge is a
@@ -227,24 +232,53 @@ def decode(bytecode: memoryview | bytes, num_tensors: int, num_kernels: int, num
     return out
 
 
-def check_branches(program: list[Instruction], tensors: Any, bundle_name: str) -> None:
+def store_lead(shape: Any) -> int:
+    """The axis of a STORE row's count: its dims before it are 1s (format 1.10's grown values
+    along an axis with only 1s before it; 0 for every 1.9 row store)."""
+    lead = 0
+    while lead < len(shape) and type(shape[lead]) is int and shape[lead] == 1:
+        lead += 1
+    return lead
+
+
+def appends_rows(store: Any, row: Any) -> bool | None:
+    """Whether APPEND of tensor row ``row`` to STORE row ``store`` appends several rows (format
+    1.10: ``row`` has the STORE's rank and its dims but at the count's axis), one (its dims are
+    the STORE's without the count's: format 1.9), or neither (None)."""
+    lead, shape, got = store_lead(store.shape), tuple(store.shape), tuple(row.shape)
+    if got == shape[:lead] + shape[lead + 1:]:
+        return False
+    if len(got) == len(shape) and got[:lead] == shape[:lead] and got[lead + 1:] == shape[lead + 1:]:
+        return True
+    return None
+
+
+def check_branches(program: list[Instruction], tensors: Any, bundle_name: str,
+                   grows: tuple[int, ...] = ()) -> None:
     """Refuse a JUMP_UNLESS, LOOP or NEXT whose tensors are not what it reads or writes
     (``tensors``: the plan's rows): a condition is one bool, a LOOP's count one int64 and its
     iteration number one int64 in the arena (the VM writes it); an APPEND that does not append
     an arena row to a STORE row of its dtype, and a STORE row any other instruction names."""
     want = {OP_JUMP_UNLESS: ("bool",), OP_LOOP: ("int64", "bool", "int64"), OP_NEXT: ("bool",)}
+    depth = 0   # loops around the instruction (they nest: link_loops checked)
     for ins in program:
+        depth += (ins.opcode == OP_LOOP) - (ins.opcode == OP_NEXT)
         named = ins.operands + ((ins.target,) if ins.opcode == OP_COPY else ())
         if any(tensors[t].kind == STORE for t in named):
             raise BundleError(f"{bundle_name}: bundle header: a STORE row is named by an "
                               "instruction other than APPEND")
         if ins.opcode == OP_APPEND:
             store, row = tensors[ins.target], tensors[ins.operands[0]]
+            several = appends_rows(store, row) if store.kind == STORE else None
             if store.kind != STORE or row.kind != ARENA or store.dtype != row.dtype \
-                    or tuple(store.shape[1:]) != tuple(row.shape):
+                    or several is None:
                 raise BundleError(f"{bundle_name}: bundle header: APPEND {ins.target}, "
                                   f"{ins.operands[0]}: a row of the STORE's dtype and row "
                                   "shape, in the arena, expected")
+            if (several or not depth) and ins.target not in grows:
+                raise BundleError(f"{bundle_name}: bundle header: APPEND {ins.target}, "
+                                  f"{ins.operands[0]}: only a STORE row of the vm record's "
+                                  "grows takes several rows at once or rows before its loop")
         for k, dtype in enumerate(want.get(ins.opcode, ())):
             t = ins.operands[k]
             row = tensors[t]
@@ -263,14 +297,17 @@ class Executor:
                  sites: list[tuple[Callable[..., Any], dict]], addresses: list[int],
                  views: list[np.ndarray], threads: int = 1,
                  pool: PoolCode | None = None, sizes: np.ndarray | None = None,
-                 limits: np.ndarray | None = None, stores: dict[int, int] | None = None
-                 ) -> None:
+                 limits: np.ndarray | None = None, stores: dict[int, tuple] | None = None,
+                 extents: dict[int, Callable[[], int]] | None = None) -> None:
         """``sizes`` is the sizes array the kernels read and ``limits`` each variable's largest
         value for this plan (symbolic plans with BIND_SIZE instructions); ``stores`` maps each
-        STORE row (format 1.9) to the size variable that counts its rows."""
+        STORE row (format 1.9) to the size variable that counts its rows, the axis of that
+        count and whether it holds a carried value that grows (format 1.10); ``extents`` maps
+        each tensor that an APPEND appends as several rows to its row count at run time."""
         self._steps: list[Callable[[], Any]] = []
         # format 1.9: each STORE row's rows, kept across runs (emptied at each run's start)
-        self.stores = {t: RowStore(var) for t, var in (stores or {}).items()}
+        self.stores = {t: RowStore(*spec) for t, spec in (stores or {}).items()}
+        self._extents = extents or {}
         self._loops: dict[int, list[int]] = {}   # per LOOP: its iteration and count (format 1.8)
         self._sizes, self._limits = sizes, limits
         self._program = program
@@ -363,7 +400,8 @@ class Executor:
         if ins.opcode == OP_APPEND:
             if self._limits is None or ins.target not in self.stores:
                 raise BundleError("bundle header: APPEND outside a plan with run-time sizes")
-            return append_step(views[ins.operands[0]], self.stores[ins.target], self._limits)
+            return append_step(views[ins.operands[0]], self.stores[ins.target], self._limits,
+                               self._extents.get(ins.operands[0]))
         if ins.opcode == OP_NEXT:
             head = self._program[ins.target]
             return next_step(views[ins.operands[0]], views[head.operands[2]],

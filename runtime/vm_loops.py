@@ -1,5 +1,6 @@
 """Format 1.8's counted loops in the VM: LOOP and NEXT (``vm.py`` documents the instructions),
-and format 1.9's row stores: APPEND.
+and format 1.9's row stores: APPEND (format 1.10: several rows at once, for a Loop's carried
+value that grows).
 
 ``link_loops`` checks a decoded program's loops at load (each LOOP and its NEXT name each other,
 loops nest, no jump enters or leaves a loop's body) and sets their targets; ``loop_step`` and
@@ -98,10 +99,13 @@ FIRST_ROWS = 16   # a store's first capacity, in rows; it doubles when full
 class RowStore:
     """The rows APPEND adds to one STORE row during a run (format 1.9): bytes grown by doubling
     (amortised: each row is copied O(1) times), kept across runs, ``count`` rows of
-    ``row_shape`` valid; at most the bound of size variable ``var`` rows."""
+    ``row_shape`` valid; at most the bound of size variable ``var`` rows. Its count is at axis
+    ``lead`` (1s before it; format 1.10: a Loop's carried value that grows, ``grown``)."""
 
-    def __init__(self, var: int) -> None:
+    def __init__(self, var: int, lead: int = 0, grown: bool = False) -> None:
         self.var = var
+        self.lead = lead
+        self.grown = grown
         self.data = np.zeros(0, np.uint8)
         self.count = 0
         self.row_shape: tuple[int, ...] = ()
@@ -111,26 +115,49 @@ class RowStore:
         """The rows of the last run, a view of the store (valid until the next run)."""
         size = int(np.prod(self.row_shape, dtype=np.int64)) * self.dtype.itemsize
         return self.data[:self.count * size].view(self.dtype).reshape(
-            (self.count,) + self.row_shape)
+            (1,) * self.lead + (self.count,) + self.row_shape)
 
 
-def append_step(row: np.ndarray, store: RowStore, limits: np.ndarray) -> Callable[[], None]:
-    """APPEND: ``row`` (an arena view) copied in as row ``store.count``; refused (an input
-    error) past the bound of the store's count variable or STORE_MAX_BYTES."""
-    store.row_shape, store.dtype = tuple(row.shape), row.dtype
+def append_step(row: np.ndarray, store: RowStore, limits: np.ndarray,
+                extent: Callable[[], int] | None = None) -> Callable[[], None]:
+    """APPEND: ``row`` (an arena view) copied in as row ``store.count``; with ``extent``
+    (format 1.10), ``row`` holds ``extent()`` rows along the store's count axis, which a kernel
+    may have counted this iteration (the view is then at its bound: the rows are its leading
+    bytes). Refused (an input error) past the bound of the store's count variable or
+    STORE_MAX_BYTES."""
+    lead = store.lead
+    store.row_shape = tuple(row.shape[lead + 1:] if extent is not None else row.shape[lead:])
+    store.dtype = row.dtype
     flat = row.reshape(-1).view(np.uint8)
-    size, var = flat.size, store.var
+    size = int(np.prod(store.row_shape, dtype=np.int64)) * row.dtype.itemsize
+    var = store.var
+    what = ("a carried value of one of the model's Loop nodes would grow past" if store.grown
+            else "a scan output of one of the model's Loop nodes would pass")
 
-    def step() -> None:
+    def refuse() -> None:
+        raise InputError(f"{what} its cap ({int(limits[var])} rows, {STORE_MAX_BYTES} bytes): "
+                         "the loop runs longer than the model can return")
+
+    def step() -> None:   # one row (format 1.9)
         k = store.count
         start = k * size
         end = start + size
         if k >= limits[var] or end > store.data.size and not grow(k, end):
-            raise InputError(f"a scan output of one of the model's Loop nodes would pass its "
-                             f"cap ({int(limits[var])} rows, {STORE_MAX_BYTES} bytes): the "
-                             "loop runs longer than the model can return")
+            refuse()
         store.data[start:end] = flat
         store.count = k + 1
+
+    def rows_step() -> None:   # extent() rows (format 1.10)
+        n = extent()
+        k = store.count
+        start = k * size
+        end = start + n * size
+        if n < 0 or n * size > flat.size:
+            raise BundleError("bundle header: APPEND appends more rows than its tensor holds")
+        if k + n > limits[var] or end > store.data.size and not grow(k, end):
+            refuse()
+        store.data[start:end] = flat[:n * size]
+        store.count = k + n
 
     def grow(k: int, end: int) -> bool:
         """Room for ``end`` bytes (the store doubled, its ``k`` rows kept); False past
@@ -142,4 +169,4 @@ def append_step(row: np.ndarray, store: RowStore, limits: np.ndarray) -> Callabl
         grown[:k * size] = store.data[:k * size]
         store.data = grown
         return True
-    return step
+    return step if extent is None else rows_step

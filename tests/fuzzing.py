@@ -55,9 +55,8 @@ class Seed:
     header: dict                 # without the writer's "pad"
     payloads: list[bytes]        # in file order
     data_start: int
-    input_name: str
-    x: np.ndarray
-    expected: bytes              # the first output's bytes for ``x``
+    feeds: dict                  # every input's value (random normal, or the caller's)
+    expected: bytes              # the first output's bytes for ``feeds``
 
 
 @dataclass
@@ -68,17 +67,19 @@ class Case:
     may_run: bool
 
 
-def make_seed(path: str | Path) -> Seed:
-    """Read a real bundle, run it once on a fixed input and keep its answer."""
+def make_seed(path: str | Path, feeds: dict | None = None) -> Seed:
+    """Read a real bundle, run it once on fixed inputs (``feeds``, else one random normal input
+    of the bundle's shape) and keep its first output's answer."""
     header, payloads = read_parts(path)
     with BundleReader(path) as reader:
         data_start = reader.data_start
     with load(path) as model:
-        spec = model.inputs[0]
-        x = np.random.default_rng(0).standard_normal(spec.shape).astype(spec.dtype)
-        expected = model(x)
-        expected = (expected[0] if isinstance(expected, tuple) else expected).tobytes()
-    return Seed(Path(path).read_bytes(), header, payloads, data_start, spec.name, x, expected)
+        if feeds is None:
+            spec = model.inputs[0]
+            feeds = {spec.name: np.random.default_rng(0).standard_normal(spec.shape)
+                     .astype(spec.dtype)}
+        expected = model.run(feeds)[model.outputs[0].name].tobytes()
+    return Seed(Path(path).read_bytes(), header, payloads, data_start, dict(feeds), expected)
 
 
 # ---- byte mutations ---------------------------------------------------------------------------
@@ -214,6 +215,50 @@ def random_header_case(seed: Seed, rng: random.Random, paths: list[tuple] | None
     return header_case(seed, path, op, value, rng)
 
 
+# ---- format 1.9 / 1.10 loops: their records and APPEND instructions ------------------------------
+
+def loop_paths(header: dict) -> list[tuple]:
+    """The header paths of what a Loop's row stores and grown values (formats 1.9, 1.10) are
+    made of: the vm record (``stores``, ``grows``, ``loops``), the STORE tensor rows and the
+    symbolic record's run-time sizes (their bounds: the stores' caps)."""
+    from mlcpack.runtime.header import STORE
+
+    stores = [i for i, t in enumerate(header.get("tensors", ())) if t[0] == STORE]
+    return [p for p in header_paths(header)
+            if p[0] == "vm" or (p[0] == "tensors" and len(p) > 1 and p[1] in stores)
+            or p[:2] == ("symbolic", "dynamic")]
+
+
+def random_append_case(seed: Seed, rng: random.Random) -> Case | None:
+    """One word of an APPEND instruction (its opcode, STORE row or appended tensor), or of the
+    instruction before it, set to another value in the bytecode payload, re-packed with a valid
+    digest: only loaded (the verifiers must refuse what is not a valid APPEND)."""
+    import struct
+
+    from bundle_parts import payload_spans
+
+    ref = seed.header["vm"]["bytecode"]
+    k = payload_spans(seed.header).index((ref["offset"], ref["size"]))
+    data = seed.payloads[k]
+    words = list(struct.unpack(f"<{len(data) // 4}i", data))
+    starts, pc = [], 0
+    size = {3: 3, 4: 3, 5: 3, 6: 2, 7: 2, 8: 5, 9: 3, 10: 3}
+    while pc < len(words):
+        starts.append(pc)
+        pc += 3 + words[pc + 2] if words[pc] in (1, 2) else size[words[pc]]
+    appends = [p for p in starts if words[p] == 10]
+    if not appends:
+        return None
+    at = rng.choice(appends) + rng.randrange(3)
+    n = len(seed.header["tensors"])
+    words[at] = rng.choice((0, 1, 3, 10, -1, n, n - 1, rng.randrange(n), words[at] + 1,
+                            words[at] - 1, 1 << 30))
+    payloads = list(seed.payloads)
+    payloads[k] = struct.pack(f"<{len(words)}i", *words)
+    return Case(f"bytecode word {at} = {words[at]}", pack(seed.header, payloads), verify=True,
+                may_run=False)
+
+
 def _lookup(obj: Any, path: tuple) -> Any:
     for key in path:
         obj = obj[key]
@@ -243,7 +288,7 @@ def check(seed: Seed, case: Case, path: Path) -> str:
         if not case.may_run:
             return "loaded"
         try:
-            out = model.run({seed.input_name: seed.x})
+            out = model.run(seed.feeds)
         except MlcpackError as exc:
             raise PropertyViolation(f"{case.what}: loaded but refused to run: {exc}") from None
         first = out[model.outputs[0].name]
@@ -272,10 +317,12 @@ def check_c(seed: Seed, case: Case, path: Path, mlcrun: Path, env: dict | None =
 
     path.write_bytes(case.blob)
     run = case.may_run and case.verify
-    x, out = path.with_suffix(".x.npy"), path.with_suffix(".out")
+    xs = [path.with_suffix(f".x{i}.npy") for i in range(len(seed.feeds))]
+    out = path.with_suffix(".out")
     if run:
-        np.save(x, seed.x)
-    args = ["run", path, x, "-o", out] if run else ["inspect", path]
+        for x, value in zip(xs, seed.feeds.values()):
+            np.save(x, value)
+    args = ["run", path, *xs, "-o", out] if run else ["inspect", path]
     try:
         proc = subprocess.run([str(mlcrun), *map(str, args)], capture_output=True, text=True,
                               env=env, timeout=timeout)

@@ -365,7 +365,9 @@ def _one_hot(ctx: NodeContext) -> Value:
 @converter("EyeLike", since=9, attrs={"dtype": None, "k": 0})
 def _eye_like(ctx: NodeContext) -> Value:
     from .proto import tensor_dtype_to_np_dtype
+    from .shape import _shape_read
 
+    _shape_read(ctx)   # its shape only: a Loop's grown value read so is not only appended to
     x = ctx.input(0)
     if len(x.type.shape) != 2:
         raise ctx.error(f"input must be 2-D, not {x.type.shape}")

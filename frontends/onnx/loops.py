@@ -105,9 +105,16 @@ def _stored_rows(ctx: NodeContext, trip: Value, cond: Value, inits: list[Value],
               for shape, dtype in row_types)
     after, count = ctx.bb.bind_size(finals[n], cap, "rows")
     loop.attrs["count"] = str(count)
-    return finals[:n] + [ctx.bb.emit_op("loop_rows", finals[0], after, index=len(inits) + k,
+    first = ctx.bb._block.bindings[_binding_at(ctx, loop)].var
+    return finals[:n] + [ctx.bb.emit_op("loop_rows", first, after,
+                                        index=loop.attrs["carried"] + k,
                                         count=count, row=(tuple(shape), dtype))
                          for k, (shape, dtype) in enumerate(row_types)]
+
+
+def _binding_at(ctx: NodeContext, call: Call) -> int:
+    """The index of the binding of ``call`` in the current block."""
+    return next(i for i, b in enumerate(ctx.bb._block.bindings) if b.value is call)
 
 
 def run_time_scan(ctx: NodeContext, body, states: list[Value], scans: list[Value],
@@ -158,12 +165,48 @@ def emit_vm_loop(ctx: NodeContext, trip: Value, cond: Value, inits: list[Value],
     number = Var(bb.fresh_name("iteration"), TensorType((), "int64"))
     states = [Var(bb.fresh_name("carried"), v.type) for v in inits]
     mark = len(block.bindings)
-    again, new, added = step(number, states)
+    outer_reads = getattr(bb, "shapes_read", None)
+    bb.shapes_read = set()   # the values whose shapes the body reads (Shape, Size)
+    try:
+        again, new, added = step(number, states)
+    finally:
+        shape_reads, bb.shapes_read = bb.shapes_read, outer_reads
+        if outer_reads is not None:
+            outer_reads |= shape_reads
+    # format 1.10: a carried value that the body only grows by a Concat (``acc = Concat(acc,
+    # r)``, read by nothing else) is a row store: its first rows the initial value's (APPEND
+    # before the loop), the body's ``r`` appended each iteration, its rows counted
+    grown: dict[int, tuple[Binding, Value, int]] = {}
+    for k, (a, b) in enumerate(zip(new, states)):
+        if a.type != b.type and not {id(a), id(b)} & shape_reads:
+            g = _appended(block.bindings[mark:], a, b,
+                          [again] + new[:k] + new[k + 1:] + added)
+            if g is not None:
+                grown[k] = g
     viewed: dict[int, Value] = {}   # a new carried value checked to keep its shape -> the view
     for k, (a, b) in enumerate(zip(new, states)):
-        if a.type != b.type:
+        if a.type != b.type and k not in grown:
             new[k] = viewed[id(a)] = _same_shape(ctx, k, a, b.type)
     added = [viewed.get(id(r), r) for r in added]   # a scan output of that value: checked too
+    kept = [k for k in range(len(inits)) if k not in grown]
+    pieces, prefixes, counters, counted, first_counts = [], [], [], [], []
+    for k, (binding, piece, axis) in grown.items():
+        block.bindings.remove(binding)
+        pieces.append(piece)
+        prefixes.append(inits[k])
+        at = len(block.bindings)   # the initial value's extent: computed before the loop
+        first_counts.append(_size_tensor(ctx, inits[k].type.shape[axis], (1,)))
+        moved = block.bindings[at:]
+        del block.bindings[at:]
+        block.bindings[mark:mark] = moved
+        mark += len(moved)
+        state = Var(bb.fresh_name("grown"), TensorType((1,), "int64"))
+        counters.append(state)
+        counted.append(ctx.emit("add", state, _size_tensor(ctx, piece.type.shape[axis], (1,))))
+    n_in = len(inits)
+    inits = [inits[k] for k in kept] + first_counts
+    states = [states[k] for k in kept] + counters
+    new = [new[k] for k in kept] + counted
     stored = rows is STORED
     if stored:   # format 1.9: the body gives its rows; the VM appends them (APPEND)
         for k, r in enumerate(added):
@@ -190,7 +233,7 @@ def emit_vm_loop(ctx: NodeContext, trip: Value, cond: Value, inits: list[Value],
     placeholders = [number] + states + stacks
     inside = {id(v) for v in placeholders} | {id(b.var) for b in bindings}
     captures: dict[int, Var] = {}
-    for v in [a for b in bindings for a in _reads(b.value)] + [again] + new:
+    for v in [a for b in bindings for a in _reads(b.value)] + [again] + new + pieces:
         if isinstance(v, Var) and id(v) not in inside:
             captures.setdefault(id(v), v)
     outer = list(captures.values())
@@ -202,7 +245,7 @@ def emit_vm_loop(ctx: NodeContext, trip: Value, cond: Value, inits: list[Value],
             v.args = [swap.get(id(a), a) for a in v.args]
         elif isinstance(v, Var):
             b.value = swap.get(id(v), v)
-    results = [swap.get(id(o), o) for o in [again] + new]
+    results = [swap.get(id(o), o) for o in [again] + new + pieces]
     mod = bb.mod
     name = mod.unique_name("loop_body")
     mod.functions[name] = Function(name, placeholders + params, [DataflowBlock(bindings)],
@@ -213,14 +256,58 @@ def emit_vm_loop(ctx: NodeContext, trip: Value, cond: Value, inits: list[Value],
     record = tuple((tuple(v.type.shape), v.type.dtype) for v in carried)
     row_types = tuple((tuple(r.type.shape), r.type.dtype) for r in new[len(carried):])
     extra = {"rows": row_types} if stored else {}
-    first = bb.emit_op("loop", trip, cond, *carried, *outer, body=name, carried=len(carried),
-                       outputs=record, name="loop", **extra)
+    if grown:   # (axis, the rows' shape past it, dtype, the count's name: set below)
+        extra["grown"] = tuple((axis, tuple(p.type.shape[axis + 1:]), p.type.dtype, "")
+                               for (_, p, axis) in grown.values())
+    first = bb.emit_op("loop", trip, cond, *carried, *outer, *prefixes, body=name,
+                       carried=len(carried), outputs=record, name="loop", **extra)
     loop = block.bindings[-1].value
     finals = [first] + [bb.emit_op("loop_output", first, index=k, outputs=record,
                                    name="loop_output") for k in range(1, len(carried))]
+    by_k = dict(zip(kept, finals))
+    kinds = list(extra.get("grown", ()))
+    for j, k in enumerate(grown):
+        axis, shape, dtype, _ = kinds[j]
+        cap = max(1, STORE_BYTES // max(1, product(shape) * itemsize(dtype)))
+        after, count = bb.bind_size(finals[len(kept) + j], cap, "grown")
+        kinds[j] = (axis, shape, dtype, str(count))
+        by_k[k] = bb.emit_op("loop_rows", first, after, index=len(carried) + len(row_types) + j,
+                             count=count, row=(shape, dtype), lead=axis, name="grown")
+    if grown:
+        loop.attrs["grown"] = tuple(kinds)
+    ordered = [by_k[k] for k in range(n_in)]
     if stored:
-        return finals, loop, row_types
-    return finals[:len(inits)], finals[len(inits):]
+        return ordered, loop, row_types
+    return ordered, finals[len(inits):]
+
+
+def _appended(bindings: list[Binding], new: Value, state: Var, others: list[Value]
+              ) -> tuple[Binding, Value, int] | None:
+    """Where carried value ``state``'s new value ``new`` is ``Concat(state, r)`` along an axis
+    with only 1s before it (so that each iteration's ``r`` is whole rows after the ones before)
+    and the rows' other extents known at export, and neither ``state`` nor ``new`` is read by
+    anything else in the body (``bindings``, ``others``: the body's other results): that
+    binding, ``r`` and the axis. Such a value grows by ``r`` each iteration (format 1.10)."""
+    b = next((b for b in bindings if b.var is new), None)
+    v = None if b is None else b.value
+    if not (isinstance(v, Call) and v.op == "concat" and len(v.args) == 2
+            and v.args[0] is state and v.args[1] is not state):
+        return None
+    piece = v.args[1]
+    shape, rows = tuple(state.type.shape), tuple(piece.type.shape)
+    if not shape or len(rows) != len(shape) or piece.type.dtype != state.type.dtype:
+        return None
+    axis = int(v.attrs.get("axis", 0)) % len(shape)
+    if any(not (isinstance(d, int) and d == 1) for d in shape[:axis]) \
+            or rows[:axis] != shape[:axis] or rows[axis + 1:] != shape[axis + 1:] \
+            or not is_static(rows[axis + 1:]):
+        return None
+    for o in bindings:
+        if o is not b and any(a is state or a is new for a in _reads(o.value)):
+            return None
+    if any(o is state or o is new for o in others):
+        return None
+    return b, piece, axis
 
 
 def _same_shape(ctx: NodeContext, k: int, new: Value, old: TensorType) -> Value:
@@ -238,7 +325,8 @@ def _same_shape(ctx: NodeContext, k: int, new: Value, old: TensorType) -> Value:
             for x, y in zip(shape, want)):
         raise ctx.error(f"carried value {k} changes from {old} to {new.type} between "
                         "iterations: a loop whose trip count is known only at run time needs "
-                        "carried values of fixed shape and dtype")
+                        "carried values of fixed shape and dtype, or values that only grow by "
+                        "a Concat with themselves first, read by nothing else in the body")
     zero = ctx.constant(np.zeros(1, np.int64), "zero")
     for x, y in zip(shape, want):
         if x == y:
@@ -289,6 +377,7 @@ def casts_into_rows(mod) -> None:
             v = b.value
             src = producer.get(id(v.args[0])) if isinstance(v, Call) and v.op == "cast" else None
             if src is None or not (isinstance(src.value, Call) and src.value.op == "loop_rows") \
+                    or "lead" in src.value.attrs \
                     or reads.get(id(src.var)) != 1 or any(o is src.var for o in fn.outputs):
                 continue
             rows_call = src.value

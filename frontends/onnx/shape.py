@@ -277,8 +277,18 @@ def _constant(ctx: NodeContext) -> Value:
     raise ctx.error("string constants are not supported")
 
 
+def _shape_read(ctx: NodeContext) -> None:
+    """Note that input 0's shape is read at import (no binding reads the tensor itself): a
+    Loop's body converted by ``loops.emit_vm_loop`` must not treat a carried value whose shape
+    it reads as one that only grows (its shape then is the initial one's)."""
+    seen = getattr(ctx.bb, "shapes_read", None)
+    if seen is not None:
+        seen.add(id(ctx.input(0)))
+
+
 @converter("Shape", since=1, attrs={"start": 0, "end": None})
 def _shape(ctx: NodeContext) -> Value:
+    _shape_read(ctx)
     shape = ctx.input(0).type.shape
     start, end = ctx.attrs["start"], ctx.attrs["end"]
     # symbolic dims make a SymValue: shape arithmetic on it folds at import (symvalue.py)
@@ -287,6 +297,7 @@ def _shape(ctx: NodeContext) -> Value:
 
 @converter("Size", since=1)
 def _size(ctx: NodeContext) -> Value:
+    _shape_read(ctx)
     return symvalue.make(ctx, np.array(sym_product(ctx.input(0).type.shape), dtype=object),
                          "int64", "size")
 

@@ -19,7 +19,12 @@ value is carried value 0 at the end, ``loop_output`` the others. ``golden.evalua
 the body as the VM does. Scan outputs with no bound at export (format 1.9): ``rows`` lists their
 rows' (shape, dtype), which the body gives after its carried values and the VM appends to a
 row store each iteration; ``count`` names the size variable the loop's row count is bound to
-after it (``bind_size``), and ``loop_rows`` is one such output, of that many rows.
+after it (``bind_size``), and ``loop_rows`` is one such output, of that many rows. Carried
+values that grow (format 1.10): ``grown`` lists, per carried value the body only grows by a
+Concat (``acc = Concat(acc, r)``), ``(axis, the rows' shape past the axis, dtype, count)``; its
+initial value is one of the ``loop``'s last arguments (after the captures, one per entry), the
+body gives its ``r`` after the scan rows, the VM appends the initial value then each ``r`` to a
+row store, and ``loop_rows`` with ``lead = axis`` (that many 1s before the count) returns it.
 """
 
 from __future__ import annotations
@@ -95,7 +100,7 @@ def carried_view(x: np.ndarray, shape: tuple = ()) -> np.ndarray:
 
 def _infer_loop(trip: TensorType, cond: TensorType, *values: TensorType, body: str = "",
                 carried: int = 0, outputs: Sequence[tuple] = (), rows: Sequence[tuple] = (),
-                count: str = "") -> TensorType:
+                count: str = "", grown: Sequence[tuple] = ()) -> TensorType:
     if trip.dtype != "int64" or trip.shape != (1,):
         raise ValueError(f"loop: the trip count must be one int64 of shape (1,), not {trip}")
     if cond.dtype != "bool" or cond.shape != (1,):
@@ -111,7 +116,7 @@ def _infer_loop(trip: TensorType, cond: TensorType, *values: TensorType, body: s
 @register_op("loop", BRANCH, _infer_loop)
 def loop(trip: np.ndarray, cond: np.ndarray, *values: np.ndarray, body: str = "",
          carried: int = 0, outputs: Sequence[tuple] = (), rows: Sequence[tuple] = (),
-         count: str = "") -> np.ndarray:
+         count: str = "", grown: Sequence[tuple] = ()) -> np.ndarray:
     """A Loop run by the VM (format 1.8: LOOP ... NEXT): the graph function ``body`` takes the
     iteration number (int64 of shape ()), the ``carried`` values and the captures (``values``
     past the carried ones) and gives the condition (one bool) and the new carried values; it
@@ -133,14 +138,14 @@ def loop_output(first: np.ndarray, index: int = 1, outputs: Sequence[tuple] = ()
 
 
 def _infer_loop_rows(first: TensorType, after: TensorType, index: int = 0,
-                     count: Dim = 0, row: tuple = ((), "float32")) -> TensorType:
+                     count: Dim = 0, row: tuple = ((), "float32"), lead: int = 0) -> TensorType:
     shape, dtype = row
-    return TensorType((count,) + tuple(shape), dtype)
+    return TensorType((1,) * lead + (count,) + tuple(shape), dtype)
 
 
 @register_op("loop_rows", BRANCH, _infer_loop_rows)
 def loop_rows(first: np.ndarray, after: np.ndarray, index: int = 0, count: Dim = 0,
-              row: tuple = ((), "float32")) -> np.ndarray:
+              row: tuple = ((), "float32"), lead: int = 0) -> np.ndarray:
     """The loop's output ``index`` (its carried values first, then its row outputs), a scan
     output of a loop whose rows
     have no bound at export (format 1.9): the ``count`` rows the VM appended, ``after`` the

@@ -2,7 +2,8 @@
 tests/export/test_run_time_loops.py and the C runtime's test: ``counted_loop`` (below), a Scan
 over an open axis (``open_scan``) and a Loop over a tensor's rows with a scan output and a break
 (``rows_loop``), two nested Loops (``nested_loops``), and a Loop on a fed trip count whose scan
-outputs have no bound at export (``stored_rows``, format 1.9's row stores).
+outputs have no bound at export (``stored_rows``, format 1.9's row stores), and a greedy decode
+whose carried values grow (``grown_values``, format 1.10).
 
 ``counted_loop``: a Loop whose trip count and condition are graph inputs, with a break
 condition computed in the body and an If on the iteration number inside the body (a jump within
@@ -240,15 +241,93 @@ def loop11_feeds(m: int, cond: bool = True) -> dict[str, np.ndarray]:
             "y": np.array([-2.0], np.float32)}
 
 
+def grown_values(path: Path) -> Path:
+    """A greedy decode (format 1.10: carried values that grow between iterations): a Loop on a
+    fed trip count M with a break, whose body steps a hidden state and appends to three carried
+    values that only a Concat reads, as a torch export of ``tokens = torch.cat([tokens, tok],
+    1)`` writes:
+
+        for i in range(M) while cond:
+            h = tanh(h @ W + i * 0.25)
+            tokens = Concat(tokens, ArgMax(h)[None, :], axis=1)     # int64 [1, T + i]
+            hist = Concat(hist, h[None, :], axis=0)                 # float32 [i, 4] from [0, 4]
+            kept = Concat(kept, Compress(h, h > 0), axis=0)         # a counted number each time
+            cond = sum(h) < lim
+        outputs h, tokens, hist, kept
+
+    ``tokens0`` [1, T] is an input of open length T (the prompt); ``hist`` starts empty (a
+    constant [0, 4]), ``kept`` with ``kept0`` [K] (K open)."""
+    w = (np.arange(16, dtype=np.float32).reshape(4, 4) % 5 - 2) * 0.4
+    body = helper.make_graph(
+        [helper.make_node("Cast", ["i"], ["fi"], to=F),
+         helper.make_node("Mul", ["fi", "quarter"], ["shift"]),
+         helper.make_node("MatMul", ["h_in", "w"], ["hw"]),
+         helper.make_node("Add", ["hw", "shift"], ["pre"]),
+         helper.make_node("Tanh", ["pre"], ["h_out"]),
+         helper.make_node("ArgMax", ["h_out"], ["tok"], axis=0, keepdims=1),
+         helper.make_node("Unsqueeze", ["tok", "zero"], ["tok2"]),
+         helper.make_node("Concat", ["tokens_in", "tok2"], ["tokens_out"], axis=1),
+         helper.make_node("Unsqueeze", ["h_out", "zero"], ["h_row"]),
+         helper.make_node("Concat", ["hist_in", "h_row"], ["hist_out"], axis=0),
+         helper.make_node("Greater", ["h_out", "zerof"], ["pos"]),
+         helper.make_node("Compress", ["h_out", "pos"], ["sel"], axis=0),
+         helper.make_node("Concat", ["kept_in", "sel"], ["kept_out"], axis=0),
+         helper.make_node("ReduceSum", ["h_out"], ["tot"], keepdims=0),
+         helper.make_node("Less", ["tot", "lim"], ["cond_out"])],
+        "body",
+        [helper.make_tensor_value_info("i", I64, []), helper.make_tensor_value_info("c", B, []),
+         helper.make_tensor_value_info("h_in", F, [4]),
+         helper.make_tensor_value_info("tokens_in", I64, [1, None]),
+         helper.make_tensor_value_info("hist_in", F, [None, 4]),
+         helper.make_tensor_value_info("kept_in", F, [None])],
+        [helper.make_tensor_value_info("cond_out", B, []),
+         helper.make_tensor_value_info("h_out", F, [4]),
+         helper.make_tensor_value_info("tokens_out", I64, [1, None]),
+         helper.make_tensor_value_info("hist_out", F, [None, 4]),
+         helper.make_tensor_value_info("kept_out", F, [None])],
+        [numpy_helper.from_array(w, "w"),
+         numpy_helper.from_array(np.array(0.25, np.float32), "quarter"),
+         numpy_helper.from_array(np.array([0], np.int64), "zero"),
+         numpy_helper.from_array(np.array(0.0, np.float32), "zerof")])
+    graph = helper.make_graph(
+        [helper.make_node("Loop", ["M", "", "h0", "tokens0", "hist0", "kept0"],
+                          ["h", "tokens", "hist", "kept"], body=body)],
+        "grown_values",
+        [helper.make_tensor_value_info("M", I64, []), helper.make_tensor_value_info("h0", F, [4]),
+         helper.make_tensor_value_info("tokens0", I64, [1, "T"]),
+         helper.make_tensor_value_info("kept0", F, ["K"]),
+         helper.make_tensor_value_info("lim", F, [])],
+        [helper.make_tensor_value_info("h", F, None), helper.make_tensor_value_info("tokens", I64, None),
+         helper.make_tensor_value_info("hist", F, None), helper.make_tensor_value_info("kept", F, None)],
+        [numpy_helper.from_array(np.zeros((0, 4), np.float32), "hist0")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 16)])
+    model.ir_version = 8
+    onnx.save(model, path)
+    return path
+
+
+def grown_feeds(m: int, lim: float = 1e9, seed: int = 0, t: int = 2, k: int = 1
+                ) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return {"M": np.array(m, np.int64), "h0": rng.standard_normal(4).astype(np.float32),
+            "tokens0": rng.integers(0, 4, (1, t)).astype(np.int64),
+            "kept0": rng.standard_normal(k).astype(np.float32),
+            "lim": np.array(lim, np.float32)}
+
+
 # the "stored" bundle's row stores stop at this many bytes (40 rows of float32 [3]), so that a
 # loop that would pass them is refused in a test of seconds (the export's default is 256 MiB)
 STORED_TEST_BYTES = 480
+
+# the "grown" bundle's carried values stop at this many bytes (128 tokens, 64 rows of hist, 256
+# kept values), so that a loop that would pass them is refused in a test of seconds
+GROWN_TEST_BYTES = 1024
 
 MODELS = {"counted": lambda p: counted_loop(p), "counted-static": lambda p: counted_loop(p, False),
           "counted-bounded": lambda p: counted_loop(p),
           "open-scan": open_scan, "rows-loop": rows_loop, "nested": nested_loops,
           "stored": stored_rows, "stored-open": lambda p: stored_rows(p, open_lim=True),
-          "loop11": onnx_loop11}
+          "loop11": onnx_loop11, "grown": grown_values}
 
 
 def exported(tmp_path_factory, kind: str = "counted") -> tuple[Path, Path]:
@@ -274,7 +353,8 @@ def exported(tmp_path_factory, kind: str = "counted") -> tuple[Path, Path]:
             # "counted-bounded": one arena planned at x0's largest length for every length
             bounds = {"x0": (64,)} if kind == "counted-bounded" else None
             cap = loops.STORE_BYTES
-            loops.STORE_BYTES = STORED_TEST_BYTES if kind == "stored" else cap
+            loops.STORE_BYTES = {"stored": STORED_TEST_BYTES,
+                                 "grown": GROWN_TEST_BYTES}.get(kind, cap)
             try:
                 result = export(src, bundle, Options(max_shapes=bounds or {}))
             finally:
@@ -311,6 +391,35 @@ DAMAGE = ("next_elsewhere", "next_forward", "end_elsewhere", "count_float", "num
           "jump_out")
 # format 1.9's row stores, damaged (damaged_bytecode on the "stored" bundle)
 STORE_DAMAGE = ("append_to_arena", "append_other_row", "store_read")
+
+
+# format 1.10's grown values, damaged (damaged_grows on the "grown" bundle)
+GROWN_DAMAGE = ("rows_not_grown", "grows_arena", "grows_duplicate", "grows_not_list")
+
+
+def damaged_grows(bundle: Path, out: Path, change: str) -> Path:
+    """``bundle`` with its vm record's ``grows`` changed (digest valid): "rows_not_grown" (its
+    first STORE row left out: its APPENDs of several rows, and of the initial value before the
+    loop, then name a 1.9 row store), "grows_arena" (an arena row named), "grows_duplicate" (a
+    row named twice), "grows_not_list" (an int)."""
+    from bundle_parts import read_parts, write_parts
+
+    header, payloads = read_parts(bundle)
+    grows = header["vm"]["grows"]
+    if change == "rows_not_grown":
+        grows = grows[1:]
+    elif change == "grows_arena":
+        grows = [next(i for i, t in enumerate(header["tensors"]) if t[0] == 0)] + grows[1:]
+    elif change == "grows_duplicate":
+        grows = [grows[0]] + grows[:-1]
+    elif change == "grows_not_list":
+        grows = grows[0]
+    else:
+        raise ValueError(change)
+    header["vm"]["grows"] = grows
+    for plan in header.get("plans") or ():
+        plan["vm"]["grows"] = grows
+    return write_parts(out, header, payloads)
 
 
 def damaged_bytecode(bundle: Path, out: Path, change: str) -> Path:

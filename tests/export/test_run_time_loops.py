@@ -23,7 +23,7 @@ from mlcpack.runtime.header import OP_JUMP_UNLESS, OP_LOOP, OP_NEXT
 from onnx import TensorProto, helper, numpy_helper
 
 import loop_models as lm
-from conftest import assert_one_line_error
+from conftest import SLOW, assert_one_line_error
 
 
 @pytest.fixture(scope="module")
@@ -289,3 +289,195 @@ def test_slice_by_the_iteration_number_matches_onnx_runtime(tmp_path_factory, tm
     proc = run_cli("infer", bundle, *paths, timeout=120)
     line = assert_one_line_error(proc)
     assert proc.returncode == 7 and "changes shape between iterations" in line, line
+
+
+# ---- format 1.10: carried values that grow between iterations ----------------------------------
+
+@pytest.fixture(scope="module")
+def grown(tmp_path_factory):
+    return lm.exported(tmp_path_factory, "grown")
+
+
+# (trip count, limit, prompt tokens, kept0's length): none, one, a few, 40, a break, negative,
+# and 2**63 - 1 stopped by the break
+GROWN_CASES = [(0, 1e9, 2, 1), (1, 1e9, 1, 3), (5, 1e9, 3, 1), (40, 1e9, 2, 2), (40, 0.5, 2, 1),
+               (-3, 1e9, 1, 1), ((1 << 63) - 1, 0.5, 2, 1)]
+
+
+def test_grown_values_match_onnx_runtime(grown) -> None:
+    """A greedy decode on a fed trip count with a break (``loop_models.grown_values``): its
+    token list (int64 [1, T + i], Concat along axis 1 after a 1), its hidden states' history
+    (float32 [i, 4] from an empty constant) and a value that grows by a number of elements a
+    kernel counts each iteration (a Compress) are exported by default (format 1.10) and have
+    ONNX Runtime's shapes and values at every trip count, prompts of 1 to 3 tokens; 2 threads
+    give the same bytes."""
+    src, bundle = grown
+    session = ort.InferenceSession(str(src), providers=["CPUExecutionProvider"])
+    names = ["h", "tokens", "hist", "kept"]
+    with load(bundle) as model, load(bundle, threads=2) as two:
+        for k, (m, lim, t, n) in enumerate(GROWN_CASES):
+            feeds = lm.grown_feeds(m, lim, seed=k, t=t, k=n)
+            got, again = model.run(feeds), two.run(feeds)
+            for name, ref in zip(names, session.run(None, feeds)):
+                assert got[name].shape == ref.shape and got[name].dtype == ref.dtype, (name, m)
+                np.testing.assert_allclose(got[name], ref, rtol=1e-5, atol=1e-6,
+                                           err_msg=f"{name} {m} {lim}")
+                np.testing.assert_array_equal(again[name], got[name], err_msg=name)
+
+
+def test_grown_values_are_format_1_10_and_older_readers_refuse_them(grown, stored, monkeypatch,
+                                                                    run_cli) -> None:
+    """Only bundles with a carried value that grows say 1.10 (the vm record's ``grows``: its
+    three STORE rows); the row-store bundle stays 1.9 with no ``grows``; a 1.9 reader refuses
+    the 1.10 bundle naming its version."""
+    from mlcpack.runtime.header import OP_APPEND, STORE
+
+    _, bundle = grown
+    with BundleReader(bundle) as reader:
+        header = reader.header
+        assert header["format"] == [1, 10] and header["min_reader"] == [1, 10]
+        assert reader_minor(header) == 10 and len(header["vm"]["grows"]) == 3
+        assert all(header["tensors"][t][0] == STORE for t in header["vm"]["grows"])
+    assert lm.opcodes(bundle).count(OP_APPEND) == 5   # tokens0 and kept0 before the loop, 3 in it
+    shown = run_cli("inspect", bundle).stdout
+    assert "rows a Loop appends at run time (memory grown as they come): grown1 <= 128" in shown
+    with BundleReader(stored[1]) as reader:
+        assert reader.header["format"] == [1, 9] and "grows" not in reader.header["vm"]
+    monkeypatch.setattr(bundle_format, "GROW_MINOR", 9)   # a 1.9 reader
+    with pytest.raises(FormatVersionError, match="1.10"):
+        load(bundle).close()
+
+
+def test_a_value_past_its_cap_is_refused_in_one_line(grown, tmp_path, run_cli) -> None:
+    """A loop whose carried value would grow past its cap (here 64 rows of the history, the
+    test bundle's; 256 MiB by default): an input error in one line, exit code 7."""
+    _, bundle = grown
+    paths = []
+    for name, value in lm.grown_feeds(100).items():
+        paths.append(tmp_path / f"{name}.npy")
+        np.save(paths[-1], value)
+    line = assert_one_line_error(proc := run_cli("infer", bundle, *paths, timeout=120))
+    assert proc.returncode == 7 and "would grow past its cap" in line, line
+
+
+@pytest.mark.parametrize("change", lm.GROWN_DAMAGE)
+def test_damaged_grows_are_refused(grown, tmp_path, change) -> None:
+    """The vm record's ``grows`` leaving out a STORE row that takes several rows at once and
+    rows before its loop, naming an arena row, naming a row twice, not a list: refused at load,
+    in one line."""
+    path = lm.damaged_grows(grown[1], tmp_path / f"{change}.mlc", change)
+    with pytest.raises(BundleError) as info:
+        load(path).close()
+    text = str(info.value)
+    assert "\n" not in text and ("APPEND" in text or "grows" in text), text
+
+
+def test_a_scan_state_that_grows_matches_numpy(tmp_path) -> None:
+    """A Scan over an axis of open length whose state is ``Concat(acc, x_t[None])`` (ONNX
+    Runtime refuses to run it: its Scan keeps state shapes fixed) runs as the VM's loop with a
+    grown value: numpy's concatenation at three lengths and initial sizes."""
+    from mlcpack.packager.api import Options, export
+
+    body = helper.make_graph(
+        [helper.make_node("Unsqueeze", ["x", "zero"], ["xr"]),
+         helper.make_node("Concat", ["acc", "xr"], ["acc2"], axis=0),
+         helper.make_node("Add", ["s", "x"], ["s2"])], "body",
+        [helper.make_tensor_value_info("s", TensorProto.FLOAT, [2]),
+         helper.make_tensor_value_info("acc", TensorProto.FLOAT, [None, 2]),
+         helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+        [helper.make_tensor_value_info("s2", TensorProto.FLOAT, [2]),
+         helper.make_tensor_value_info("acc2", TensorProto.FLOAT, [None, 2])],
+        [numpy_helper.from_array(np.array([0], np.int64), "zero")])
+    graph = helper.make_graph(
+        [helper.make_node("Scan", ["s0", "acc0", "xs"], ["s", "acc"], body=body,
+                          num_scan_inputs=1)], "scan_grows",
+        [helper.make_tensor_value_info("s0", TensorProto.FLOAT, [2]),
+         helper.make_tensor_value_info("acc0", TensorProto.FLOAT, ["A", 2]),
+         helper.make_tensor_value_info("xs", TensorProto.FLOAT, ["S", 2])],
+        [helper.make_tensor_value_info("s", TensorProto.FLOAT, None),
+         helper.make_tensor_value_info("acc", TensorProto.FLOAT, None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 16)])
+    model.ir_version = 8
+    onnx.save(model, tmp_path / "scan.onnx")
+    export(tmp_path / "scan.onnx", tmp_path / "scan.mlc", Options())
+    with load(tmp_path / "scan.mlc") as m:
+        for s, a in ((1, 1), (4, 2), (9, 3)):
+            xs = np.random.default_rng(s).standard_normal((s, 2)).astype(np.float32)
+            acc0 = np.arange(2 * a, dtype=np.float32).reshape(a, 2)
+            got = m.run({"s0": np.zeros(2, np.float32), "acc0": acc0, "xs": xs})
+            np.testing.assert_array_equal(got["acc"], np.concatenate([acc0, xs]))
+            np.testing.assert_allclose(got["s"], xs.sum(0), rtol=1e-6)
+
+
+@pytest.mark.skipif(not SLOW, reason="MLCPACK_SLOW=1 only (torch's export takes seconds; "
+                    "test_grown_values_match_onnx_runtime covers the same path)")
+def test_a_torch_exported_greedy_decode_matches_onnx_runtime(tmp_path) -> None:
+    """A greedy decode as torch exports it (torch.jit.script of ``for i in range(int(n)): tok,
+    h = step(tok, h); tokens = torch.cat([tokens, tok.unsqueeze(1)], 1)``, the TorchScript
+    exporter, seeded weights; the prompt's length open): exported by default, ONNX Runtime's
+    tokens and state at 0, 1, 6 and 50 steps."""
+    import torch
+    from mlcpack.packager.api import Options, export
+    from torch import nn
+
+    torch.manual_seed(0)
+
+    class Step(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.emb, self.inp = nn.Embedding(12, 8), nn.Linear(8, 8)
+            self.rec, self.out = nn.Linear(8, 8), nn.Linear(8, 12)
+
+        def forward(self, tok: torch.Tensor, h: torch.Tensor):
+            h = torch.tanh(self.inp(self.emb(tok)) + self.rec(h))
+            return self.out(h).argmax(-1), h
+
+    class Greedy(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.step = Step()
+
+        def forward(self, prompt: torch.Tensor, h: torch.Tensor, n: torch.Tensor):
+            tokens, tok = prompt, prompt[:, -1]
+            for _ in range(int(n)):
+                tok, h = self.step(tok, h)
+                tokens = torch.cat([tokens, tok.unsqueeze(1)], 1)
+            return tokens, h
+
+    src = tmp_path / "greedy.onnx"
+    torch.onnx.export(torch.jit.script(Greedy().eval()),
+                      (torch.tensor([[3, 5]]), torch.zeros(1, 8), torch.tensor(4)), str(src),
+                      input_names=["prompt", "h0", "n"], output_names=["tokens", "h"],
+                      dynamic_axes={"prompt": {1: "T"}}, opset_version=17, dynamo=False)
+    export(src, tmp_path / "greedy.mlc", Options())
+    session = ort.InferenceSession(str(src), providers=["CPUExecutionProvider"])
+    with load(tmp_path / "greedy.mlc") as model:
+        for k, t in ((0, 2), (1, 1), (6, 3), (50, 2)):
+            feeds = {"prompt": np.arange(1, t + 1, dtype=np.int64)[None],
+                     "h0": np.full((1, 8), 0.1, np.float32), "n": np.array(k, np.int64)}
+            got, (tokens, h) = model.run(feeds), session.run(None, feeds)
+            assert got["tokens"].shape == tokens.shape, (k, got["tokens"].shape)
+            np.testing.assert_array_equal(got["tokens"], tokens)
+            np.testing.assert_allclose(got["h"], h, rtol=1e-5, atol=1e-6)
+
+
+def test_a_grown_value_whose_shape_the_body_reads_is_refused(tmp_path) -> None:
+    """The body reads the token list's length (``Shape(tokens)[1]``, as a decoder computes its
+    position): the value is not only appended to (its shape in the body would be the initial
+    one's), so the import refuses it in one line instead of running it with a stale length."""
+    from mlcpack.frontends.onnx.importer import import_onnx
+    from mlcpack.packager.errors import ExportError
+
+    model = onnx.load(lm.grown_values(tmp_path / "m.onnx"))
+    loop = model.graph.node[0]
+    body = loop.attribute[0].g
+    body.node.extend([helper.make_node("Shape", ["tokens_in"], ["tshape"]),
+                      helper.make_node("Gather", ["tshape", "one"], ["tlen"], axis=0)])
+    body.initializer.append(numpy_helper.from_array(np.array(1, np.int64), "one"))
+    body.output.append(helper.make_tensor_value_info("tlen", TensorProto.INT64, []))
+    loop.output.append("lens")
+    model.graph.output.append(helper.make_tensor_value_info("lens", TensorProto.INT64, None))
+    with pytest.raises(ExportError) as info:
+        import_onnx(model)
+    text = str(info.value)
+    assert "\n" not in text and "carried value 1 changes" in text and "only grow" in text, text

@@ -767,6 +767,54 @@ def test_row_stores_bit_identical_and_damaged_stores_refused(build, asan, tmp_pa
         assert proc.returncode == 3 and ("APPEND" in line or "STORE" in line), (change, line)
 
 
+def test_grown_values_bit_identical_and_damaged_grows_refused(build, asan, tmp_path_factory,
+                                                              tmp_path) -> None:
+    """Format 1.10's carried values that grow (tests/export/test_run_time_loops.py's "grown"
+    bundle: a greedy decode appending a token, a hidden-state row and a counted number of
+    values each iteration to carried values only a Concat reads): bit-identical to the Python
+    runtime at 0, 1, 5 and 40 iterations and 2**63 - 1 stopped by a break, prompts of 1 to 3
+    tokens, at 1 and 2 threads and under the sanitizers; a loop past a value's cap refused with
+    the input-error code; damaged grows (a multi-row APPEND to a store not in grows, a grows
+    entry that is an arena row, a multi-row APPEND of another shape) refused at load with the
+    bundle-error code, in one line."""
+    from loop_models import GROWN_DAMAGE, damaged_grows, exported, grown_feeds
+
+    bundle = exported(tmp_path_factory, "grown")[1]
+    for k, (m, lim, t) in enumerate(((0, 1e9, 2), (1, 1e9, 1), (5, 1e9, 3), (40, 1e9, 2),
+                                     ((1 << 63) - 1, 0.5, 2))):
+        f = grown_feeds(m, lim, seed=k, t=t, k=1 + k % 2)
+        assert_bit_identical(build, bundle, f, tmp_path / f"c{k}")
+        if k in (0, 2, 4):
+            assert_bit_identical(asan, bundle, f, tmp_path / f"a{k}", threads=(1,), env=ASAN)
+    for i, v in enumerate(grown_feeds(100).values()):   # hist passes its 64 rows
+        np.save(tmp_path / f"m{i}.npy", v)
+    proc = mlcrun(asan, "run", bundle, *[tmp_path / f"m{i}.npy" for i in range(5)], "-o",
+                  tmp_path / "mo", env=ASAN)
+    assert proc.returncode == 7 and "would grow past its cap" in one_line_error(proc)
+    for change in GROWN_DAMAGE:
+        path = damaged_grows(bundle, tmp_path / f"{change}.mlc", change)
+        proc = mlcrun(asan, "inspect", path, env=ASAN)
+        line = one_line_error(proc)
+        assert proc.returncode == 3 and ("APPEND" in line or "grows" in line), (change, line)
+    # tests/fuzzing.py aimed at the loop: APPEND words rewritten, its vm record, STORE rows and
+    # run-time sizes mutated (bench/fuzz_bundle.py --loops runs thousands)
+    import fuzzing
+
+    seed = fuzzing.make_seed(bundle, grown_feeds(5, seed=1))
+    paths, rng = fuzzing.loop_paths(seed.header), random.Random(37)
+    env = {k: v for k, v in os.environ.items() if k not in ENV_KEYS}
+    env.update(ASAN)
+    outcomes: dict[str, int] = {}
+    for i in range(16):
+        case = None
+        while case is None:
+            case = (fuzzing.random_append_case(seed, rng) if i % 2
+                    else fuzzing.random_header_case(seed, rng, paths))
+        got = fuzzing.check_c(seed, case, tmp_path / "case.mlc", asan / "mlcrun", env)
+        outcomes[got] = outcomes.get(got, 0) + 1
+    assert outcomes.get("exit 3", 0) >= 8, outcomes
+
+
 class _Tensor(ctypes.Structure):   # mlcrt.h's mlc_tensor
     _fields_ = [("data", ctypes.c_void_p), ("nbytes", ctypes.c_size_t), ("dtype", ctypes.c_int),
                 ("ndim", ctypes.c_int), ("dims", ctypes.c_int64 * 16)]

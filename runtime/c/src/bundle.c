@@ -18,6 +18,7 @@
 #define SCALES_MINOR 7      /* the symbolic record's "scales" (sizes from float scales) */
 #define LOOP_MINOR 8        /* the vm record's "loops" (LOOP, NEXT) */
 #define STORE_MINOR 9       /* the vm record's "stores" (STORE rows, APPEND, TRAP 2) */
+#define GROW_MINOR 10       /* the vm record's "grows" (a Loop's carried values that grow) */
 #define ALIGN 64
 #define MAX_HEADER_BYTES (64u << 20)
 #define MAX_DIM (1LL << 40)
@@ -113,6 +114,8 @@ static mlc_status check_version(mlc_model *m, mlc_error *err)
         reads = LOOP_MINOR;
     if (vmrec && vmrec->type == MP_MAP && mp_get(vmrec, "stores"))
         reads = STORE_MINOR;
+    if (vmrec && vmrec->type == MP_MAP && mp_get(vmrec, "grows"))
+        reads = GROW_MINOR;
     if (minor > reads) {
         const mp_node *need = mp_get(h, "min_reader");
         if (!need)

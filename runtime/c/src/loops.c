@@ -115,16 +115,47 @@ static int same_record(const mp_node *a, const mp_node *b, int depth)
     }
 }
 
+/* The axis of a STORE row's count: its dims before it are 1s (format 1.10; 0 for 1.9's). */
+int mlc_store_lead(const mlc_trow *row)
+{
+    int lead = 0;
+    while (row->rec && (uint32_t)lead < row->rec->len && mp_is_int(&row->rec->v.items[lead])
+           && row->rec->v.items[lead].v.i == 1)
+        lead++;
+    return lead;
+}
+
+/* 0: APPEND s, r is not valid; 1: r is one row (its dims the STORE's without the count's, format
+ * 1.9); 2: r is rows (format 1.10: the STORE's rank, its dims but at the count's axis). */
 int mlc_append_ok(const mlc_plan *p, int32_t s, int32_t r)
 {
     const mlc_trow *store = &p->tensors[s], *row = &p->tensors[r];
     if (!p->sym || store->kind != T_STORE || row->kind != T_ARENA || store->dtype != row->dtype
-        || !store->rec || !row->rec || store->rec->len != row->rec->len + 1)
+        || !store->rec || !row->rec || !store->rec->len)
         return 0;
-    for (uint32_t d = 0; d < row->rec->len; d++)
-        if (!same_record(&store->rec->v.items[d + 1], &row->rec->v.items[d], 0))
+    uint32_t lead = (uint32_t)mlc_store_lead(store);
+    if (lead >= store->rec->len)
+        return 0;
+    if (store->rec->len == row->rec->len + 1) {
+        for (uint32_t d = 0, e = 0; d < store->rec->len; d++)
+            if (d != lead && !same_record(&store->rec->v.items[d], &row->rec->v.items[e++], 0))
+                return 0;
+        return 1;
+    }
+    if (store->rec->len != row->rec->len)
+        return 0;
+    for (uint32_t d = 0; d < store->rec->len; d++)
+        if (d != lead && !same_record(&store->rec->v.items[d], &row->rec->v.items[d], 0))
             return 0;
-    return 1;
+    return 2;
+}
+
+static int grows_names(const mlc_plan *p, size_t t)
+{
+    for (uint32_t i = 0; p->grows && i < p->grows->len; i++)
+        if (p->grows->v.items[i].v.i == (int64_t)t)
+            return 1;
+    return 0;
 }
 
 mlc_status mlc_link_stores(mlc_model *m, mlc_plan *p, mlc_error *err)
@@ -135,14 +166,31 @@ mlc_status mlc_link_stores(mlc_model *m, mlc_plan *p, mlc_error *err)
     if ((int64_t)n != (p->has_stores ? p->nstores_declared : 0))
         return mlc_fail(err, MLC_ERR_BUNDLE, "%s: bundle header: the vm record's stores count "
                         "is not its %zu STORE rows", m->name, n);
+    for (uint32_t i = 0; p->grows && i < p->grows->len; i++) {   /* format 1.10 */
+        int64_t t = p->grows->v.items[i].v.i;
+        int dup = 0;
+        for (uint32_t j = 0; j < i; j++)
+            dup |= p->grows->v.items[j].v.i == t;
+        if (dup || p->tensors[t].kind != T_STORE)
+            return mlc_fail(err, MLC_ERR_BUNDLE, "%s: bundle header: the vm record's grows must "
+                            "name distinct STORE rows", m->name);
+    }
+    int64_t depth = 0;   /* loops around the instruction (they nest: mlc_link_loops checked) */
     for (size_t i = 0; i < p->nprogram; i++) {   /* only APPEND names a STORE row */
         const mlc_instr *in = &p->program[i];
+        depth += (in->op == OP_LOOP) - (in->op == OP_NEXT);
         int bad = in->op == OP_COPY && p->tensors[in->target].kind == T_STORE;
         for (uint32_t j = 0; j < in->n; j++)
             bad |= p->tensors[in->operands[j]].kind == T_STORE;
         if (bad)
             return mlc_fail(err, MLC_ERR_BUNDLE, "%s: bundle header: a STORE row is named by an "
                             "instruction other than APPEND", m->name);
+        if (in->op == OP_APPEND && (depth <= 0 || mlc_append_ok(p, (int32_t)in->target,
+                                                                in->operands[0]) == 2)
+            && !grows_names(p, in->target))
+            return mlc_fail(err, MLC_ERR_BUNDLE, "%s: bundle header: APPEND %u, %d: only a "
+                            "STORE row of the vm record's grows takes several rows at once or "
+                            "rows before its loop", m->name, in->target, in->operands[0]);
     }
     if (!n)
         return MLC_OK;
@@ -155,7 +203,10 @@ mlc_status mlc_link_stores(mlc_model *m, mlc_plan *p, mlc_error *err)
         const mlc_trow *row = &p->tensors[t];
         if (row->kind != T_STORE)
             continue;
-        int var = row->rec && row->rec->len ? mlc_sym_var(p, &row->rec->v.items[0]) : -1;
+        int grown = grows_names(p, t);
+        int lead = grown ? mlc_store_lead(row) : 0;
+        int var = row->rec && (uint32_t)lead < row->rec->len
+                  ? mlc_sym_var(p, &row->rec->v.items[lead]) : -1;
         int counted = 0;
         for (size_t d = 0; var >= 0 && d < p->sym->ndynamic; d++)
             counted |= p->sym->dyn_var[d] == var;
@@ -163,7 +214,7 @@ mlc_status mlc_link_stores(mlc_model *m, mlc_plan *p, mlc_error *err)
             return mlc_fail(err, MLC_ERR_BUNDLE, "%s: bundle header: STORE row %zu's first dim "
                             "must be a size variable bound at run time", m->name, t);
         p->store_of[t] = (int32_t)p->nstores;
-        p->stores[p->nstores++] = (mlc_store){(uint32_t)t, var, NULL, 0, 0, 0};
+        p->stores[p->nstores++] = (mlc_store){(uint32_t)t, var, NULL, 0, 0, 0, lead, grown};
     }
     return MLC_OK;
 }
@@ -172,22 +223,40 @@ mlc_status mlc_store_append(const mlc_model *m, mlc_plan *p, const mlc_instr *in
                             mlc_error *err)
 {
     mlc_store *st = &p->stores[p->store_of[in->target]];
-    uint64_t size = p->sym->tbytes[in->operands[0]], end;
-    int64_t cap = p->sym->limits[st->var];
-    if (st->count == 0)
+    int32_t r = in->operands[0];
+    uint64_t size = p->sym->tbytes[r], end;
+    int64_t cap = p->sym->limits[st->var], rows = 1;
+    const mlc_trow *row = &p->tensors[r];
+    if (row->rec->len == p->tensors[in->target].rec->len) {   /* format 1.10: rows */
+        uint32_t rank = row->rec->len;
+        const int64_t *dims = p->sym->tdims + (size_t)r * MLC_MAX_DIMS;
+        uint64_t one;
+        /* its count along the axis as the kernels counted it this iteration (the tensor is
+           planned at its bound: the rows are its leading bytes) */
+        if (mlc_sym_eval(p, &row->rec->v.items[st->lead], p->sym->sizes, &rows) || rows < 0
+            || mlc_nbytes(dims + st->lead + 1, (int)(rank - (uint32_t)st->lead - 1), row->dtype,
+                          &one)
+            || __builtin_mul_overflow((uint64_t)rows, one, &size) || size > p->sym->tbytes[r])
+            return mlc_fail(err, MLC_ERR_BUNDLE, "%s: bundle header: APPEND appends more rows "
+                            "than its tensor holds", m->name);
+        st->row_bytes = one;
+    } else if (st->count == 0) {
         st->row_bytes = size;
-    if (st->count >= cap || __builtin_mul_overflow((uint64_t)st->count + 1, size, &end)
+    }
+    uint64_t have = (uint64_t)st->count * st->row_bytes;
+    if (rows > cap - st->count || __builtin_add_overflow(have, size, &end)
         || end > MLC_STORE_MAX_BYTES)
-        return mlc_fail(err, MLC_ERR_INPUT, "%s: a scan output of one of the model's Loop nodes "
-                        "would pass its cap (%lld rows, %llu bytes): the loop runs longer than "
-                        "the model can return", m->name, (long long)cap,
-                        (unsigned long long)MLC_STORE_MAX_BYTES);
+        return mlc_fail(err, MLC_ERR_INPUT, "%s: %s its cap (%lld rows, %llu bytes): the loop "
+                        "runs longer than the model can return", m->name,
+                        st->grown ? "a carried value of one of the model's Loop nodes would grow "
+                        "past" : "a scan output of one of the model's Loop nodes would pass",
+                        (long long)cap, (unsigned long long)MLC_STORE_MAX_BYTES);
     if (end > st->capacity) {   /* doubling: each row is copied O(1) times */
         uint64_t grown = st->capacity * 2;
         if (grown < end)
             grown = end;
-        if (grown < 16 * size)
-            grown = 16 * size;
+        if (grown < 16 * st->row_bytes)
+            grown = 16 * st->row_bytes;
         if (grown > MLC_STORE_MAX_BYTES)
             grown = MLC_STORE_MAX_BYTES;
         uint8_t *data = realloc(st->data, (size_t)grown);
@@ -198,8 +267,8 @@ mlc_status mlc_store_append(const mlc_model *m, mlc_plan *p, const mlc_instr *in
         st->capacity = grown;
     }
     if (size)
-        memcpy(st->data + (size_t)st->count * size, p->addr[in->operands[0]], (size_t)size);
-    st->count++;
+        memcpy(st->data + (size_t)have, p->addr[r], (size_t)size);
+    st->count += rows;
     return MLC_OK;
 }
 

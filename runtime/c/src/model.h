@@ -87,6 +87,8 @@ typedef struct {
     uint8_t *data;
     uint64_t capacity, row_bytes;
     int64_t count;
+    int lead;                  /* format 1.10: the count's axis (1s before it) */
+    int grown;                 /* format 1.10: a Loop's carried value that grows ("grows") */
 } mlc_store;
 
 typedef struct {
@@ -159,6 +161,7 @@ typedef struct mlc_plan {
     mlc_store *stores;         /* format 1.9: one per STORE row */
     size_t nstores;
     int32_t *store_of;         /* per tensor: its index in stores, or -1 */
+    const mp_node *grows;      /* format 1.10: the vm record's "grows" (STORE rows), or NULL */
     mlc_pool_code pool;
     int has_pool;
     mlc_threads *threads;
@@ -241,6 +244,7 @@ mlc_status mlc_link_loops(mlc_model *m, mlc_plan *p, const int32_t *w, size_t nw
 /* format 1.9: whether APPEND s, r appends arena row r to STORE row s (same dtype, row shape);
  * mlc_link_stores: every STORE row's store (its first dim a counted size variable), none named
  * by another instruction, as many as the vm record says; mlc_store_append: APPEND at run time */
+int mlc_store_lead(const mlc_trow *row);
 int mlc_append_ok(const mlc_plan *p, int32_t s, int32_t r);
 mlc_status mlc_link_stores(mlc_model *m, mlc_plan *p, mlc_error *err);
 mlc_status mlc_store_append(const mlc_model *m, mlc_plan *p, const mlc_instr *in,

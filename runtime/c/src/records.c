@@ -213,6 +213,17 @@ static mlc_status parse_plan(mlc_model *m, const mp_node *obj, const char *what,
         p->has_stores = 1;
         p->nstores_declared = stores->v.i;
     }
+    /* format 1.10: the STORE rows of carried values that grow (checked in loops.c) */
+    const mp_node *grows = vmrec && vmrec->type == MP_MAP ? mp_get(vmrec, "grows") : NULL;
+    if (grows) {
+        snprintf(w, sizeof w, "%svm grows", at);
+        if (grows->type != MP_ARRAY)
+            return bad(err, w, "is not an array");
+        for (uint32_t i = 0; i < grows->len; i++)
+            if (!in_range(&grows->v.items[i], 0, (int64_t)tensors->len))
+                return bad(err, w, "names no tensor row");
+        p->grows = grows;
+    }
     for (uint32_t i = 0; i < tensors->len; i++) {
         const mp_node *r = &tensors->v.items[i];
         mlc_trow *t = &p->tensors[i];

@@ -463,7 +463,7 @@ static mlc_status run_symbolic(mlc_model *m, const mlc_tensor *inputs, mlc_tenso
         if (row->kind == T_STORE) {   /* format 1.9: the rows the VM appended */
             const mlc_store *st = &p->stores[p->store_of[t]];
             if (bytes != (st->count ? (uint64_t)st->count * st->row_bytes : 0)
-                || outputs[i].dims[0] != st->count)
+                || outputs[i].dims[st->lead] != st->count)
                 return mlc_fail(err, MLC_ERR_BUNDLE, "%s: output '%s' has %lld rows appended, "
                                 "its shape says otherwise", m->name, p->outputs[i].name,
                                 (long long)st->count);
