@@ -45,7 +45,7 @@ def weights(rng, o: int, c: int, k: int, share: float) -> np.ndarray:
         oc, rest = divmod(int(word), cg * taps)
         t, q = divmod(rest, cg)
         ch = min(4 * q + 2 * int(rng.integers(2)), c - 2)
-        wd[oc, ch:ch + 2, t // k, t % k] = 127 if rng.random() < 0.5 else -128
+        wd[oc, ch:ch + 2, t // k, t % k] = 127 if rng.random() < 0.5 else -127
     return wd
 
 
@@ -83,8 +83,8 @@ def main() -> None:
     args = ap.parse_args()
     rng = np.random.default_rng(0)
     tmp = Path(tempfile.mkdtemp(prefix="int8split"))
-    print(f"{'layer':20s} {'share':>6s} {'k-pair':>8s} {'split':>8s} {'7-bit':>8s}"
-          "  split / 7-bit  k-pair / split  (us, least CPU time of a call)")
+    print(f"{'layer':20s} {'share':>6s} {'k-pair':>8s} {'split':>8s} {'sign':>8s} {'7-bit':>8s}"
+          "  split / 7-bit  sign / 7-bit  k-pair / sign  (us, least CPU time of a call)")
     for name in args.layers.split(","):
         spec = LAYERS[name]
         c, h, w, o, k = spec[:5]
@@ -94,14 +94,18 @@ def main() -> None:
             got = word_share(pairs_to_quads(pack_conv_weights(wd), k * k), o)
             tag = f"{name.replace(' ', '_').replace('@', '_')}_{share}"
             paths = {"k-pair": bundle(tmp / f"{tag}_kp.mlc", x, wd, spec, conv_quads7=False,
-                                      int8_float_convs=False),
-                     "split": bundle(tmp / f"{tag}_sp.mlc", x, wd, spec, int8_float_convs=False),
+                                      int8_float_convs=False)}
+            paths["split"] = bundle(tmp / f"{tag}_sp.mlc", x, wd, spec, int8_float_convs=False)
+            # the sign kernel (ops/qconv_quads.py ``signed_x``) on the same weights
+            paths["sign"] = bundle(tmp / f"{tag}_sg.mlc", x, wd, spec, int8_float_convs=False,
+                                   conv_signed_x=True)
+            paths.update({
                      "7-bit": bundle(tmp / f"{tag}_7.mlc", x, np.clip(wd, -64, 64), spec,
-                                     int8_float_convs=False)}
+                                     int8_float_convs=False)})
             models = {n: load(p, threads=1) for n, p in paths.items()}
             best = dict.fromkeys(models, np.inf)
             for r in range(args.rounds):
-                for n in list(models)[r % 3:] + list(models)[:r % 3]:
+                for n in list(models)[r % 4:] + list(models)[:r % 4]:
                     m = models[n]
                     m.run({"x0": x})
                     for _ in range(args.calls):
@@ -110,8 +114,9 @@ def main() -> None:
                         best[n] = min(best[n], time.process_time() - c0)
             us = {n: v * 1e6 for n, v in best.items()}
             print(f"{name:20s} {got:6.3f} {us['k-pair']:8.0f} {us['split']:8.0f} "
-                  f"{us['7-bit']:8.0f}  {us['split'] / us['7-bit']:13.2f}  "
-                  f"{us['k-pair'] / us['split']:14.2f}", flush=True)
+                  f"{us['sign']:8.0f} {us['7-bit']:8.0f}  {us['split'] / us['7-bit']:13.2f}  "
+                  f"{us['sign'] / us['7-bit']:12.2f}  {us['k-pair'] / us['sign']:13.2f}",
+                  flush=True)
             for m in models.values():
                 m.close()
 

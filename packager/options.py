@@ -93,6 +93,12 @@ class CompileOptions:
     # (passes/quad_weights.py ``use_oc_lanes``); False: every quad convolution keeps pixel
     # lanes (MLCPACK_INT8_OC_LANES=0)
     conv_oc_lanes: bool = True
+    # x86 quad kernels on full-range int8 weights in [-127, 127] whose byte pairs pass
+    # vpmaddubsw's bound: int8 planes and vpmaddubsw(|x|, sign(w, x)), exact for any such
+    # weights with no residual (passes/quad_weights.py ``signed_x``), instead of the split or
+    # the k-pair kernel; off by default: 1.3-1.9x the 7-bit kernel's time on this AVX2 host,
+    # no faster than the k-pair kernel (docs/performance.md) (MLCPACK_INT8_SIGNED_X=1)
+    conv_signed_x: bool = False
     # ``--quantize int8`` keeps activations 8-bit between layers (QDQ on conv outputs, ReLU /
     # ReLU6 folded into the quantize, residual adds and MaxPool on bytes: calibrate.py
     # ``_chain_plan``); False: only the int8 layers' inputs are quantized (MLCPACK_INT8_CHAIN=0)
@@ -240,6 +246,8 @@ class CompileOptions:
             env["conv_quads7"] = False
         if environ.get("MLCPACK_INT8_OC_LANES", "1") == "0":
             env["conv_oc_lanes"] = False
+        if environ.get("MLCPACK_INT8_SIGNED_X", "") == "1":
+            env["conv_signed_x"] = True
         if environ.get("MLCPACK_INT8_CHAIN", "1") == "0":
             env["int8_chain"] = False
         if environ.get("MLCPACK_VNNI_EMULATE", "") == "1":

@@ -25,7 +25,11 @@ weights (ORT without ``reduce_range``) take the same kernel, marked ``w7`` and `
 the pair split pays (``ops/qconv_quads.split_quads``: main quads within ``vpmaddubsw``'s pair
 bound, the excess of the pairs over it in residual loops over the (output channel, step)
 words that hold one; passes/int8_cost.py ``split_quads_pays`` on the share of such words).
-Others keep the k-pairs and the ``vpmaddwd`` kernel.
+Others keep the k-pairs and the ``vpmaddwd`` kernel. With ``options.conv_signed_x`` (off by
+default: slower than the 7-bit kernel by more than the split on this AVX2 host, and no faster
+than the k-pair kernel; docs/performance.md) full-range weights in [-127, 127] take the sign
+kernel instead, marked ``w7`` and ``signed_x``, shift -128 for uint8 x (int8 planes; ops/
+qconv_quads.py): exact for any such weights, no residual, pixel or channel lanes.
 
 x86 quad convolutions on small output planes (``use_oc_lanes``; ``options.conv_oc_lanes``)
 store the quads 16 output channels per step instead of 6 (``oc_lanes``): the channel-lane
@@ -140,10 +144,13 @@ def pack_conv_quads(mod: IRModule, options: CompileOptions) -> IRModule:
         if six not in made:
             made[six] = Constant(f"{wk.name}_q4", pairs_to_quads(wk.data, kh * kw))
         share = word_share(made[six].data, v.attrs["out_channels"]) if w7 else 0.0
-        split = share > 0
+        # full-range weights: with ``options.conv_signed_x`` the sign kernel where they keep
+        # to [-127, 127], else the split where it pays, else the k-pair kernel
+        signed = share > 0 and options.conv_signed_x and int(wk.data.min()) >= -127
+        split = share > 0 and not signed
         if split and not split_quads_pays(share):
             return None
-        shift = quad_shift(arch, x.type.dtype)
+        shift = quad_shift("aarch64" if signed else arch, x.type.dtype)
         # the split's residual rows are the 6-row tiles': its layers keep the pixel lanes
         lanes = arch == "x86_64" and not split and use_oc_lanes(v, options)
         key = (id(wk), lanes)
@@ -170,6 +177,8 @@ def pack_conv_quads(mod: IRModule, options: CompileOptions) -> IRModule:
             attrs["oc_lanes"] = True
         if split:
             attrs["split"] = True
+        if signed:
+            attrs["signed_x"] = True
         return Call(QUADS_KIND, args, attrs, v.type)
 
     return map_functions(mod, lambda fn: rewrite_function(fn, visit))
