@@ -67,6 +67,19 @@ def bundle(path: Path, x, wd, spec, **fields) -> Path:
     return path
 
 
+def bundle_fp32(path: Path, x, wd, spec) -> Path:
+    """The same convolution in float32 (weights wd as float, Winograd / packed kernels as
+    the fp32 export picks them): what an int8 layer left float runs."""
+    from helpers import build_op_module
+    from mlcpack.packager.export import ExportOptions, export_module
+
+    c, h, w, o, k, s, p = spec
+    mod = build_op_module("nn.conv2d", [x.astype(np.float32), wd.astype(np.float32)],
+                          [False, True], strides=(s, s), padding=(p, p, p, p))
+    export_module(mod, path, ExportOptions(target="x86-64-v3", check=False))
+    return path
+
+
 def main() -> None:
     from mlcpack.packager.ops.qconv_quads import word_share, pairs_to_quads
     from mlcpack.packager.ops.qlinear import pack_conv_weights
@@ -84,7 +97,8 @@ def main() -> None:
     rng = np.random.default_rng(0)
     tmp = Path(tempfile.mkdtemp(prefix="int8split"))
     print(f"{'layer':20s} {'share':>6s} {'k-pair':>8s} {'split':>8s} {'sign':>8s} {'7-bit':>8s}"
-          "  split / 7-bit  sign / 7-bit  k-pair / sign  (us, least CPU time of a call)")
+          f" {'fp32':>8s}  split / 7-bit  sign / 7-bit  k-pair / sign  fp32 / sign"
+          "  (us, least CPU time of a call)")
     for name in args.layers.split(","):
         spec = LAYERS[name]
         c, h, w, o, k = spec[:5]
@@ -95,27 +109,31 @@ def main() -> None:
             tag = f"{name.replace(' ', '_').replace('@', '_')}_{share}"
             paths = {"k-pair": bundle(tmp / f"{tag}_kp.mlc", x, wd, spec, conv_quads7=False,
                                       int8_float_convs=False)}
-            paths["split"] = bundle(tmp / f"{tag}_sp.mlc", x, wd, spec, int8_float_convs=False)
+            paths["split"] = bundle(tmp / f"{tag}_sp.mlc", x, wd, spec, int8_float_convs=False,
+                                    conv_signed_x=False)
             # the sign kernel (ops/qconv_quads.py ``signed_x``) on the same weights
             paths["sign"] = bundle(tmp / f"{tag}_sg.mlc", x, wd, spec, int8_float_convs=False,
                                    conv_signed_x=True)
             paths.update({
                      "7-bit": bundle(tmp / f"{tag}_7.mlc", x, np.clip(wd, -64, 64), spec,
-                                     int8_float_convs=False)})
+                                     int8_float_convs=False),
+                          "fp32": bundle_fp32(tmp / f"{tag}_f.mlc", x, wd, spec)})
             models = {n: load(p, threads=1) for n, p in paths.items()}
             best = dict.fromkeys(models, np.inf)
             for r in range(args.rounds):
-                for n in list(models)[r % 4:] + list(models)[:r % 4]:
+                for n in list(models)[r % 5:] + list(models)[:r % 5]:
                     m = models[n]
-                    m.run({"x0": x})
+                    feed = {"x0": x.astype(np.float32) if n == "fp32" else x}
+                    m.run(feed)
                     for _ in range(args.calls):
                         c0 = time.process_time()
-                        m.run({"x0": x})
+                        m.run(feed)
                         best[n] = min(best[n], time.process_time() - c0)
             us = {n: v * 1e6 for n, v in best.items()}
             print(f"{name:20s} {got:6.3f} {us['k-pair']:8.0f} {us['split']:8.0f} "
-                  f"{us['sign']:8.0f} {us['7-bit']:8.0f}  {us['split'] / us['7-bit']:13.2f}  "
-                  f"{us['sign'] / us['7-bit']:12.2f}  {us['k-pair'] / us['sign']:13.2f}",
+                  f"{us['sign']:8.0f} {us['7-bit']:8.0f} {us['fp32']:8.0f}  "
+                  f"{us['split'] / us['7-bit']:13.2f}  {us['sign'] / us['7-bit']:12.2f}  "
+                  f"{us['k-pair'] / us['sign']:13.2f}  {us['fp32'] / us['sign']:11.2f}",
                   flush=True)
             for m in models.values():
                 m.close()

@@ -95,10 +95,12 @@ class CompileOptions:
     conv_oc_lanes: bool = True
     # x86 quad kernels on full-range int8 weights in [-127, 127] whose byte pairs pass
     # vpmaddubsw's bound: int8 planes and vpmaddubsw(|x|, sign(w, x)), exact for any such
-    # weights with no residual (passes/quad_weights.py ``signed_x``), instead of the split or
-    # the k-pair kernel; off by default: 1.3-1.9x the 7-bit kernel's time on this AVX2 host,
-    # no faster than the k-pair kernel (docs/performance.md) (MLCPACK_INT8_SIGNED_X=1)
-    conv_signed_x: bool = False
+    # weights with no residual (passes/quad_weights.py ``signed_x``). None: where the
+    # pixel-lane kernels would leave lanes idle (outputs 4-7 wide: the channel-lane sign kernel
+    # beats the k-pair and fp32 kernels there) and the split does not pay; True: wherever
+    # the split does not pay or it would run (for comparison, MLCPACK_INT8_SIGNED_X=1); False:
+    # never (MLCPACK_INT8_SIGNED_X=0)
+    conv_signed_x: bool | None = None
     # ``--quantize int8`` keeps activations 8-bit between layers (QDQ on conv outputs, ReLU /
     # ReLU6 folded into the quantize, residual adds and MaxPool on bytes: calibrate.py
     # ``_chain_plan``); False: only the int8 layers' inputs are quantized (MLCPACK_INT8_CHAIN=0)
@@ -246,8 +248,8 @@ class CompileOptions:
             env["conv_quads7"] = False
         if environ.get("MLCPACK_INT8_OC_LANES", "1") == "0":
             env["conv_oc_lanes"] = False
-        if environ.get("MLCPACK_INT8_SIGNED_X", "") == "1":
-            env["conv_signed_x"] = True
+        if environ.get("MLCPACK_INT8_SIGNED_X", "") in ("0", "1"):
+            env["conv_signed_x"] = environ["MLCPACK_INT8_SIGNED_X"] == "1"
         if environ.get("MLCPACK_INT8_CHAIN", "1") == "0":
             env["int8_chain"] = False
         if environ.get("MLCPACK_VNNI_EMULATE", "") == "1":

@@ -104,10 +104,11 @@ def test_pair_sums_never_saturate() -> None:
 
 
 def test_selection_rule() -> None:
-    """With ``conv_signed_x`` full-range weights in [-127, 127] become quads marked w7 and
-    signed_x (channel lanes on small planes) (shift -128 for uint8 x, 0 for int8 x; six inputs: no residual)
-    on x86 sets without VNNI on every level; a -128 weight, the option off, 7-bit weights
-    or a VNNI-only set leave it unmarked. The pipeline only: nothing compiled."""
+    """With ``conv_signed_x`` (and by default on planes of outputs 4-7 wide) full-range
+    weights in [-127, 127] become quads marked w7 and signed_x (shift -128 for uint8 x, 0
+    for int8 x; six inputs: no residual; channel lanes on small planes) on x86 sets without
+    VNNI on every level; a -128 weight, the option off, 7-bit weights or a VNNI-only set
+    leave it unmarked. The pipeline only: nothing compiled."""
     for name, shift in (("3x3_s1_u8", -128), ("3x3_s2_s8", 0)):
         args, attrs, _ = _case(*CASES[name])
         for target in ("x86-64-v3", "x86-64,x86-64-v2,x86-64-v3"):
@@ -115,13 +116,18 @@ def test_selection_rule() -> None:
             assert call.op == "qconv2d_quads" and call.attrs.get("signed_x") is True, target
             assert call.attrs["shift"] == shift and call.attrs.get("w7") is True
             assert len(call.args) == 6 and not call.attrs.get("oc_lanes")
-        (call,) = _main_ops(*_case(*CASES["3x3_s1_7x7_u8"])[:2], "x86-64-v3",
-                            conv_signed_x=True)
-        assert call.attrs.get("signed_x") is True and call.attrs.get("oc_lanes") is True
-        (call,) = _main_ops(args, attrs, "x86-64-v3")
-        assert not call.attrs.get("signed_x")
+        for fields in ({}, {"conv_signed_x": False}):    # 12-13 wide outputs, or off
+            (call,) = _main_ops(args, attrs, "x86-64-v3", **fields)
+            assert not call.attrs.get("signed_x")
         (call,) = _main_ops(args, attrs, "x86-64-v4+vnni", conv_signed_x=True)
         assert call.op == "qconv2d_quads" and not call.attrs.get("signed_x")
+    # by default on small planes only (outputs 4-7 wide: passes/quad_weights.py use_signed_x)
+    small_plane = _case(*CASES["3x3_s1_7x7_u8"])[:2]
+    for fields in ({}, {"conv_signed_x": True}):
+        (call,) = _main_ops(*small_plane, "x86-64-v3", **fields)
+        assert call.attrs.get("signed_x") is True and call.attrs.get("oc_lanes") is True
+    (call,) = _main_ops(*small_plane, "x86-64-v3", conv_signed_x=False)
+    assert not call.attrs.get("signed_x")
     args, attrs, _ = _case(*CASES["3x3_s1_u8"])
     low = list(args)
     low[1] = args[1].copy()
