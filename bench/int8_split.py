@@ -33,6 +33,7 @@ LAYERS = {   # C, H, W, O, k, stride, pad
     "3x3 s1 512@7": (512, 7, 7, 512, 3, 1, 1),
     "3x3 s2 256->512@14": (256, 14, 14, 512, 3, 2, 1),
     "1x1 s2 64->128@56": (64, 56, 56, 128, 1, 2, 0),
+    "7x7 s2 3->64@224": (3, 224, 224, 64, 7, 2, 3),
 }
 
 
@@ -111,7 +112,7 @@ def main() -> None:
                                       int8_float_convs=False)}
             paths["split"] = bundle(tmp / f"{tag}_sp.mlc", x, wd, spec, int8_float_convs=False,
                                     conv_signed_x=False)
-            # the sign kernel (ops/qconv_quads.py ``signed_x``) on the same weights
+            # the sign kernel (ops/qconv_quads.py ``signed_x``) on the same weights, everywhere
             paths["sign"] = bundle(tmp / f"{tag}_sg.mlc", x, wd, spec, int8_float_convs=False,
                                    conv_signed_x=True)
             paths.update({

@@ -30,8 +30,8 @@ on small output planes where the split does not pay (``use_signed_x``: the chann
 the pixel lanes under 80 % used, outputs 4-7 wide): the sign kernel, marked ``w7`` and
 ``signed_x``, shift -128 for uint8 x (int8 planes; ops/qconv_quads.py), exact for any such
 weights with no residual, 1.2-1.5x the k-pair kernel's speed there and 1.35x fp32's on a 3x3
-layer of 7x7 outputs (``options.conv_signed_x``: True takes it wherever the split does not
-pay, False never).
+layer of 7x7 outputs (``options.conv_signed_x``: True takes it for all such weights, False
+never).
 
 x86 quad convolutions on small output planes (``use_oc_lanes``; ``options.conv_oc_lanes``)
 store the quads 16 output channels per step instead of 6 (``oc_lanes``): the channel-lane
@@ -115,10 +115,10 @@ SIGNED_X_BELOW = 0.8
 def use_signed_x(v: Call, options: CompileOptions, split_pays: bool) -> bool:
     """Whether an x86 ``qconv2d`` with full-range weights in [-127, 127] (some byte pairs over
     ``vpmaddubsw``'s bound) takes the sign kernel: ``options.conv_signed_x`` when set (True:
-    wherever the split does not pay), else where it takes the channel lanes with the pixel
-    lanes under ``SIGNED_X_BELOW`` used (outputs 4-7 wide) and the split does not pay."""
+    always, for comparison), else where it takes the channel lanes with the pixel lanes under
+    ``SIGNED_X_BELOW`` used (outputs 4-7 wide) and the split does not pay."""
     if options.conv_signed_x is not None:
-        return options.conv_signed_x and not split_pays
+        return options.conv_signed_x
     return not split_pays and use_oc_lanes(v, options) and pixel_lane_share(v) < SIGNED_X_BELOW
 
 

@@ -176,7 +176,8 @@ def test_exact_at_v3_v2_v1(case: str, bundles: dict, monkeypatch: pytest.MonkeyP
 @pytest.mark.parametrize("case", ["3x3_s1_u8", "3x3_s1_7x7_u8"])
 def test_instructions_in_assembly(case: str) -> None:
     """The sign kernel (pixel and channel lanes) compiles for x86-64-v3 with vpabsb, vpsignb
-    and vpmaddubsw, and for x86-64-v2 with their SSSE3 forms; nothing run."""
+    and vpmaddubsw, for x86-64-v2 with their SSSE3 forms, and for a VNNI level with vpdpbusd;
+    nothing run."""
     import llvmlite.binding as llvm
 
     from mlcpack.packager.codegen.build import _target_machine
@@ -188,10 +189,13 @@ def test_instructions_in_assembly(case: str) -> None:
     from mlcpack.packager.passes.pipeline import DEFAULT_PIPELINE, run_pipeline
 
     args, attrs, _ = _case(*CASES[case])
+    # a VNNI level beside AVX2 ones (one graph for all): vpdpbusd on (|x|, sign(w, x)), whose
+    # native run needs an avx512_vnni host
     for name, want in (("x86-64-v3", ("vpabsb", "vpsignb", "vpmaddubsw")),
-                       ("x86-64-v2", ("pabsb", "psignb", "pmaddubsw"))):
-        target = resolve_target(name)
-        opts = CompileOptions(target=target.name, conv_signed_x=True)
+                       ("x86-64-v2", ("pabsb", "psignb", "pmaddubsw")),
+                       ("x86-64-v3,x86-64-v4+vnni", ("vpabsb", "vpsignb", "vpdpbusd"))):
+        target = resolve_target(name.split(",")[-1])
+        opts = CompileOptions(target=name, conv_signed_x=True)
         mod = run_pipeline(build_op_module("qconv2d", args, MASK, **attrs), DEFAULT_PIPELINE,
                            options=opts)
         funcs = [f for f in mod.functions.values() if isinstance(f, PrimFunc)]
@@ -200,3 +204,24 @@ def test_instructions_in_assembly(case: str) -> None:
         code = compile_prim_funcs(funcs, target, options=opts.for_targets([target]))
         asm = _target_machine(target).emit_assembly(llvm.parse_assembly(code.llvm_ir))
         assert all(op in asm for op in want), name
+
+
+def test_small_planes_stay_integer() -> None:
+    """The layer choice (passes/int8_cost.py ``float_conv_reason``): a 3x3 stride-1 layer of
+    7x7 outputs with full-range weights over the bound stays float unless its weights lie in
+    [-127, 127] (the channel-lane sign kernel takes it: 1.35x fp32's speed measured there),
+    with 16k output channels and the sign kernel not turned off; 14x14 outputs (Winograd)
+    stay float either way."""
+    from mlcpack.packager.options import CompileOptions
+    from mlcpack.packager.passes.int8_cost import float_conv_reason
+
+    options = CompileOptions(target="x86-64-v2,x86-64-v3").for_targets()
+    off = CompileOptions(target="x86-64-v2,x86-64-v3", conv_signed_x=False).for_targets()
+    w, s7 = (512, 512, 3, 3), (1, 512, 7, 7)
+    assert float_conv_reason(w, (1, 1), s7, 1, options, split_share=0.4, signed_ok=True) is None
+    assert float_conv_reason(w, (1, 1), s7, 1, options, split_share=0.4) is not None
+    assert float_conv_reason(w, (1, 1), s7, 1, off, split_share=0.4, signed_ok=True) is not None
+    assert float_conv_reason((500, 512, 3, 3), (1, 1), (1, 500, 7, 7), 1, options,
+                             split_share=0.4, signed_ok=True) is not None
+    assert float_conv_reason((256, 256, 3, 3), (1, 1), (1, 256, 14, 14), 1, options,
+                             split_share=0.4, signed_ok=True) is not None
