@@ -1,15 +1,19 @@
 """One quantized convolution, full-range int8 weights: the pair-split ``vpmaddubsw`` quad kernel
-(ops/qconv_quads.py ``split_quads``) against the k-pair ``vpmaddwd`` kernel on the same
-weights, and the 7-bit quad kernel on the weights clamped to |w| <= 64 (the split's floor: its
-main loop alone), at several shares of (output channel, step) words with a residual. 1 thread, the
-kernels alternating, least CPU time of a call (robust on a loaded host).
+(ops/qconv_quads.py ``split_quads``) and the sign kernel (``signed_x``: vpmaddubsw(|x|, sign(w,
+x)) on int8 planes) against the k-pair ``vpmaddwd`` kernel on the same weights, the 7-bit quad
+kernel on the weights clamped to |w| <= 64 (the split's floor: its main loop alone), and the
+same convolution as an fp32 bundle, at several shares of (output channel, step) words with a
+residual. 1 thread, the kernels alternating, least CPU time of a call (robust on a loaded host).
 
     .venv/bin/python bench/int8_split.py [--rounds 7] [--shares 0,0.05,0.1,0.2,0.4]
 
 Layers: ResNet-18's 3x3 stride-1 convolutions at 56x56 (64 ch), 14x14 (256 ch) and 7x7 (512
-ch), its 3x3 stride-2 ones at 28x28 (128 -> 256) and 14x14 (256 -> 512), and a 1x1 stride-2
-downsample (64 -> 128 at 56x56). Weights: |w| <= 40 at random, then one same-sign pair
-over the bound (127, 127 or -128, -128) in the given share of the words.
+ch), its 3x3 stride-2 ones at 28x28 (128 -> 256) and 14x14 (256 -> 512), a 1x1 stride-2
+downsample (64 -> 128 at 56x56) and the 7x7 stride-2 stem (3 -> 64 at 224x224). Weights:
+|w| <= 40 at random, then one same-sign pair over the bound (127, 127 or -127, -127) in the
+given share of the words. The split and the sign kernel are forced (``SPLIT_MAX_SHARE`` 1,
+``conv_signed_x`` False / True), whatever the rules would take; the quad kernels take the
+channel lanes where ``use_oc_lanes`` does (not the split).
 """
 
 from __future__ import annotations
