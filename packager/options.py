@@ -97,8 +97,9 @@ class CompileOptions:
     # vpmaddubsw's bound: int8 planes and vpmaddubsw(|x|, sign(w, x)), exact for any such
     # weights with no residual (passes/quad_weights.py ``signed_x``). None: where the
     # pixel-lane kernels would leave lanes idle (outputs 4-7 wide: the channel-lane sign kernel
-    # beats the k-pair and fp32 kernels there) and the split does not pay; True: for all such
-    # weights (for comparison, MLCPACK_INT8_SIGNED_X=1); False: never (MLCPACK_INT8_SIGNED_X=0)
+    # beats the k-pair and fp32 kernels there), the split does not pay and no level has VNNI;
+    # True: for all such weights (for comparison, MLCPACK_INT8_SIGNED_X=1); False: never
+    # (MLCPACK_INT8_SIGNED_X=0)
     conv_signed_x: bool | None = None
     # ``--quantize int8`` keeps activations 8-bit between layers (QDQ on conv outputs, ReLU /
     # ReLU6 folded into the quantize, residual adds and MaxPool on bytes: calibrate.py

@@ -116,10 +116,13 @@ def use_signed_x(v: Call, options: CompileOptions, split_pays: bool) -> bool:
     """Whether an x86 ``qconv2d`` with full-range weights in [-127, 127] (some byte pairs over
     ``vpmaddubsw``'s bound) takes the sign kernel: ``options.conv_signed_x`` when set (True:
     always, for comparison), else where it takes the channel lanes with the pixel lanes under
-    ``SIGNED_X_BELOW`` used (outputs 4-7 wide) and the split does not pay."""
+    ``SIGNED_X_BELOW`` used (outputs 4-7 wide), the split does not pay and no level has an int8
+    dot instruction (a VNNI level would pay ``vpsignb`` beside each ``vpdpbusd``; one graph
+    serves every level)."""
     if options.conv_signed_x is not None:
         return options.conv_signed_x
-    return not split_pays and use_oc_lanes(v, options) and pixel_lane_share(v) < SIGNED_X_BELOW
+    return (not split_pays and not options.int8_dot_targets and use_oc_lanes(v, options)
+            and pixel_lane_share(v) < SIGNED_X_BELOW)
 
 
 def _vector_case(v: Call) -> bool:

@@ -126,8 +126,10 @@ def test_selection_rule() -> None:
     for fields in ({}, {"conv_signed_x": True}):
         (call,) = _main_ops(*small_plane, "x86-64-v3", **fields)
         assert call.attrs.get("signed_x") is True and call.attrs.get("oc_lanes") is True
-    (call,) = _main_ops(*small_plane, "x86-64-v3", conv_signed_x=False)
-    assert not call.attrs.get("signed_x")
+    for target, fields in (("x86-64-v3", {"conv_signed_x": False}),
+                           ("x86-64-v3,x86-64-v4+vnni", {})):   # a VNNI level: vpdpbusd alone
+        (call,) = _main_ops(*small_plane, target, **fields)
+        assert not call.attrs.get("signed_x"), target
     args, attrs, _ = _case(*CASES["3x3_s1_u8"])
     low = list(args)
     low[1] = args[1].copy()
