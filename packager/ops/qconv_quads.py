@@ -212,7 +212,8 @@ def _legalize(x: te.Tensor, wq: te.Tensor, x_zp: te.Tensor, bias: te.Tensor,
     tag_reduction(rc, "qconv2d", (x, wq, x_zp, bias, multiplier, y_zp) + table,
                   out_channels=out_channels, kernel=tuple(kernel), strides=tuple(strides),
                   padding=tuple(padding), dtype=dtype, relu=relu, quads=True, shift=shift,
-                  w7=w7, oc_lanes=oc_lanes, split=split, signed_x=signed_x)
+                  w7=w7, oc_lanes=oc_lanes, split=split,
+                  **({"signed_x": True} if signed_x else {}))   # others' tags as before
     res, table = _split_inputs(table, split)
 
     def clamp(i, size):
