@@ -68,6 +68,9 @@ def _loop(kind: str):
         starts = [b.add(a1, ir.Constant(v8i, [k] * 8)) for k in range(CHAINS)]
         y16, y8 = b.bitcast(a1, v16s), b.bitcast(a1, v32b)
         ones = ir.Constant(v16s, [1] * 16)
+        planes = b.bitcast(out, v32b.as_pointer())
+        sg = ir.Function(mod, ir.FunctionType(v32b, [v32b, v32b]), "llvm.x86.avx2.psign.b")
+        uy8 = b.xor(y8, ir.Constant(v32b, [0x7F] * 32))
         macs = 16 if kind == "pmaddwd" else 32
     b.branch(loop)
     b.position_at_end(loop)
@@ -82,6 +85,23 @@ def _loop(kind: str):
         elif kind == "pmaddwd":
             # the operand depends on the chain, so no product is hoisted out of the loop
             nxt.append(b.add(acc, b.call(wd, [b.bitcast(acc, v16s), y16])))
+        elif kind == "vload":
+            # a plane vector loaded per row and vector (a per-row plane variant), from L1
+            at = b.and_(b.add(b.mul(i, ir.Constant(i64, CHAINS)), ir.Constant(i64, k)),
+                        ir.Constant(i64, 255))
+            xv = b.load(b.gep(planes, [at]), align=4)
+            p = b.call(ub, [xv, b.bitcast(acc, v32b)])
+            nxt.append(b.add(acc, b.call(wd, [p, ones])))
+        elif kind == "pxor":
+            # the byte-flip kernel's step: x xor a per-word mask (255 - x where flipped)
+            p = b.call(ub, [b.xor(b.bitcast(acc, v32b), uy8), y8])
+            nxt.append(b.add(acc, b.call(wd, [p, ones])))
+        elif kind == "psignb":
+            # the sign kernel's step (codegen/qgemm.py ``_dp_signed``): the weight's sign
+            # from x, |x| as the unsigned operand
+            s = b.call(sg, [b.bitcast(acc, v32b), y8])
+            p = b.call(ub, [uy8, s])
+            nxt.append(b.add(acc, b.call(wd, [p, ones])))
         else:
             p = b.call(ub, [b.bitcast(acc, v32b), y8])
             nxt.append(b.add(acc, b.call(wd, [p, ones])))
@@ -106,8 +126,8 @@ def _loop(kind: str):
 
 def peaks(rounds: int) -> dict[str, float]:
     """GMAC/s of each register-only loop (minimum thread time over ``rounds``, alternating)."""
-    loops = {k: _loop(k) for k in ("fma", "pmaddwd", "pmaddubsw")}
-    buf = (ctypes.c_float * 16)(*([0.5] * 16))
+    loops = {k: _loop(k) for k in ("fma", "pmaddwd", "pmaddubsw", "vload", "pxor", "psignb")}
+    buf = (ctypes.c_float * 2048)(*([0.5] * 2048))     # the vload loop's 8 KB of planes
     best = dict.fromkeys(loops, float("inf"))
     for _ in range(rounds):
         for k, (_, f, _) in loops.items():

@@ -97,6 +97,14 @@ class CompileOptions:
     # (passes/quad_weights.py ``use_oc_lanes``); False: every quad convolution keeps pixel
     # lanes (MLCPACK_INT8_OC_LANES=0)
     conv_oc_lanes: bool = True
+    # x86 quad kernels on full-range int8 weights in [-127, 127] whose byte pairs pass
+    # vpmaddubsw's bound: int8 planes and vpmaddubsw(|x|, sign(w, x)), exact for any such
+    # weights with no residual (passes/quad_weights.py ``signed_x``). None: where the
+    # pixel-lane kernels would leave lanes idle (outputs 4-7 wide: the channel-lane sign kernel
+    # beats the k-pair and fp32 kernels there), the split does not pay and no level has VNNI;
+    # True: for all such weights (for comparison, MLCPACK_INT8_SIGNED_X=1); False: never
+    # (MLCPACK_INT8_SIGNED_X=0)
+    conv_signed_x: bool | None = None
     # ``--quantize int8`` keeps activations 8-bit between layers (QDQ on conv outputs, ReLU /
     # ReLU6 folded into the quantize, residual adds and MaxPool on bytes: calibrate.py
     # ``_chain_plan``); False: only the int8 layers' inputs are quantized (MLCPACK_INT8_CHAIN=0)
@@ -244,6 +252,8 @@ class CompileOptions:
             env["conv_quads7"] = False
         if environ.get("MLCPACK_INT8_OC_LANES", "1") == "0":
             env["conv_oc_lanes"] = False
+        if environ.get("MLCPACK_INT8_SIGNED_X", "") in ("0", "1"):
+            env["conv_signed_x"] = environ["MLCPACK_INT8_SIGNED_X"] == "1"
         if environ.get("MLCPACK_INT8_CHAIN", "1") == "0":
             env["int8_chain"] = False
         if environ.get("MLCPACK_VNNI_EMULATE", "") == "1":

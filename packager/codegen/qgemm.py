@@ -183,6 +183,8 @@ class QEmitter(KernelEmitter):
                                          b.shuffle_vector(a, a, quads),
                                          b.shuffle_vector(w, w, quads)]))
             return b.shuffle_vector(halves[0], halves[1], ir.Constant(V8I32, list(range(8))))
+        if getattr(self, "signed_x", False):
+            return self._dp_signed(acc, a, w)
         if getattr(self, "madd7", False) and self.avx2:
             # weights of 7 bits (|w| <= 64): vpmaddubsw's int16 pair sums (u8 x s8) stay
             # within +-32640, never saturate; vpmaddwd by ones adds the two pairs of each quad
@@ -230,10 +232,60 @@ class QEmitter(KernelEmitter):
         f = intrinsic(self.module, "llvm.x86.avx512.vpdpbusd.256", V8I32, [V8I32, v32i8, v32i8])
         return b.call(f, [acc, a, w])
 
+    def _dp_signed(self, acc: ir.Value, a: ir.Value, w: ir.Value) -> ir.Value:
+        """``_dpbusd`` on *int8* activations ``a`` (the planes of a ``signed_x`` kernel: uint8
+        x - 128, int8 x as is) and int8 weights ``w`` in [-127, 127] (no -128), exact for all
+        of them: ``vpmaddubsw``(|a|, sign(w, a)) multiplies |a| <= 128 (uint8) by +-w (int8,
+        |w| <= 127, ``vpsignb``: -w where a < 0, 0 where a = 0), so a byte pair's sum is at
+        most 2 x 128 x 127 = 32512 in magnitude and never saturates, whatever the weights;
+        ``vpmaddwd`` by ones adds each quad's two pairs. The |a| of a plane vector is the same
+        for every row of the tile (LLVM computes it once). x86-64-v2: SSSE3's 128-bit
+        ``pabsb`` / ``psignb`` / ``pmaddubsw`` + ``pmaddwd``; a VNNI level: ``vpdpbusd`` on the
+        same (|a|, sign(w, a)); x86-64 v1 and the emulation: the exact products of the
+        sign-extended bytes."""
+        b = self.builder
+        v32i8 = ir.VectorType(I8, 32)
+        v32i32 = ir.VectorType(I32, 32)
+        native = getattr(self, "vnni", False) and not getattr(self, "madd7", False)
+        if self.avx2 and not getattr(self, "vnni_emulated", False):
+            absb = intrinsic(self.module, "llvm.abs.v32i8", v32i8, [v32i8, ir.IntType(1)])
+            sign = intrinsic(self.module, "llvm.x86.avx2.psign.b", v32i8, [v32i8, v32i8])
+            ua = b.call(absb, [a, ir.Constant(ir.IntType(1), 0)])
+            sw = b.call(sign, [w, a])
+            if native:
+                f = intrinsic(self.module, "llvm.x86.avx512.vpdpbusd.256", V8I32,
+                              [V8I32, v32i8, v32i8])
+                return b.call(f, [acc, ua, sw])
+            v16i16 = ir.VectorType(I16, 16)
+            ub = intrinsic(self.module, "llvm.x86.avx2.pmadd.ub.sw", v16i16, [v32i8, v32i8])
+            return b.add(acc, self._madd(b.call(ub, [ua, sw]), ir.Constant(v16i16, [1] * 16)))
+        if getattr(self, "ssse3", False):
+            v16i8, v8i16, v4i32 = (ir.VectorType(I8, 16), ir.VectorType(I16, 8),
+                                   ir.VectorType(I32, 4))
+            absb = intrinsic(self.module, "llvm.abs.v16i8", v16i8, [v16i8, ir.IntType(1)])
+            sign = intrinsic(self.module, "llvm.x86.ssse3.psign.b.128", v16i8, [v16i8, v16i8])
+            ub = intrinsic(self.module, "llvm.x86.ssse3.pmadd.ub.sw.128", v8i16, [v16i8, v16i8])
+            wd = intrinsic(self.module, "llvm.x86.sse2.pmadd.wd", v4i32, [v8i16, v8i16])
+            ones = ir.Constant(v8i16, [1] * 8)
+            parts = []
+            for k in range(2):
+                m = ir.Constant(ir.VectorType(I32, 16), list(range(16 * k, 16 * k + 16)))
+                ah, wh = b.shuffle_vector(a, a, m), b.shuffle_vector(w, w, m)
+                pairs = b.call(ub, [b.call(absb, [ah, ir.Constant(ir.IntType(1), 0)]),
+                                    b.call(sign, [wh, ah])])
+                parts.append(b.call(wd, [pairs, ones]))
+            return b.add(acc, b.shuffle_vector(parts[0], parts[1],
+                                               ir.Constant(V8I32, list(range(8)))))
+        # x86-64 v1, the VNNI emulation: exact products of the sign-extended bytes
+        p = b.mul(b.sext(a, v32i32), b.sext(w, v32i32))
+        for j in range(4):
+            acc = b.add(acc, b.shuffle_vector(p, p, ir.Constant(V8I32, list(range(j, 32, 4)))))
+        return acc
+
     def _quad_shift(self, dtype: str) -> int:
         """What the quad kernels add to x (a xor with 0x80): vpdpbusd takes uint8, so int8 x
         + 128; aarch64's sdot takes int8, so uint8 x - 128; else 0."""
-        if getattr(self, "sdot", False):
+        if getattr(self, "sdot", False) or getattr(self, "signed_x", False):
             return -128 if dtype == "uint8" else 0
         return 128 if dtype == "int8" else 0
 

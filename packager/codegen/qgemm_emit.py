@@ -39,4 +39,7 @@ def emit_qgemm(module: ir.Module, func: PrimFunc, symbol: str, vl: int, features
                      and not emitter.vnni and not emitter.vnni_emulated)
     emitter.vnni = emitter.vnni or emitter.vnni_emulated or emitter.sdot or emitter.madd7
     emitter.ssse3 = emitter.madd7 and not avx2 and level == "x86-64-v2"
+    # full-range weights in [-127, 127] on int8 planes (passes/quad_weights.py ``signed_x``):
+    # vpmaddubsw(|x|, sign(w, x)), exact for any such weights, on every x86 level
+    emitter.signed_x = module.triple.startswith("x86_64") and bool(tag.attrs.get("signed_x"))
     return emitter.emit()

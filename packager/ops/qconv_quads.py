@@ -36,7 +36,16 @@ of +-128 in ``wq``, the rest in the residual), and keeps the residual only for t
 1]``, then each word's step j) and ``res_quads`` int8 [nnz, 4] (the words).
 The kernel runs its main loop on ``wq``, then per row of its tile a short loop over that
 row's listed words (finer than the tile's blocks: one word costs its row's two products, not
-the tile's twelve)."""
+the tile's twelve).
+
+Full-range weights in [-127, 127] on the same levels, by the sign kernel instead (``signed_x``,
+``CompileOptions.conv_signed_x``, off by default): the planes hold *int8* x (``shift`` -128 for
+uint8 x, 0 for int8 x, as for ``sdot``; the bias folded with that zero point), and the kernel
+multiplies ``vpmaddubsw``(|x|, sign(w, x)) (``vpabsb``, ``vpsignb``: -w where x < 0, 0 where
+x = 0): |x| <= 128 times |w| <= 127, so a pair's sum stays within 2 x 128 x 127 = 32512 and
+never saturates, whatever the weights; no residual; pixel or channel lanes. Exact, but on the AVX2
+host measured 1.3-1.9x the 7-bit kernel's time (``vpsignb`` competes with the multiplies:
+docs/performance.md), so it is for comparison and for hosts where that differs."""
 
 from __future__ import annotations
 
@@ -160,7 +169,7 @@ def folded_bias(bias: np.ndarray, wq: np.ndarray, zp_shifted: int) -> np.ndarray
 def _infer(x: TensorType, wq: TensorType, x_zp: TensorType, bias: TensorType,
            multiplier: TensorType, y_zp: TensorType, *table: TensorType, shift: int = 0,
            w7: bool = False, oc_lanes: bool = False, split: bool = False,
-           **attrs) -> TensorType:
+           signed_x: bool = False, **attrs) -> TensorType:
     c = x.shape[1]
     res, table = _split_inputs(table, split)
     if split:
@@ -172,6 +181,9 @@ def _infer(x: TensorType, wq: TensorType, x_zp: TensorType, bias: TensorType,
             raise ValueError(f"{QUADS_KIND}: split residual inputs do not fit {n} rows")
         if oc_lanes:
             raise ValueError(f"{QUADS_KIND}: split weights are in 6-row tiles, not oc_lanes")
+    if signed_x and (split or not w7 or shift != (-128 if x.dtype == "uint8" else 0)):
+        raise ValueError(f"{QUADS_KIND}: signed_x takes unsplit w7 quads of int8 planes "
+                         f"(shift {shift}, split {split})")
     kh, kw = attrs.get("kernel", (1, 1))
     o = attrs.get("out_channels", 0)
     rows = quad_rows(oc_lanes)
@@ -190,7 +202,7 @@ def _legalize(x: te.Tensor, wq: te.Tensor, x_zp: te.Tensor, bias: te.Tensor,
               out_type: TensorType, name: str, out_channels: int = 0, kernel=(1, 1),
               strides=(1, 1), padding=(0, 0, 0, 0), dtype: str = "uint8", relu: bool = False,
               shift: int = 0, w7: bool = False, oc_lanes: bool = False,
-              split: bool = False) -> te.Tensor:
+              split: bool = False, signed_x: bool = False) -> te.Tensor:
     _, c, h, w = x.shape
     kh, kw = kernel
     cg = -(-c // 4)
@@ -200,7 +212,8 @@ def _legalize(x: te.Tensor, wq: te.Tensor, x_zp: te.Tensor, bias: te.Tensor,
     tag_reduction(rc, "qconv2d", (x, wq, x_zp, bias, multiplier, y_zp) + table,
                   out_channels=out_channels, kernel=tuple(kernel), strides=tuple(strides),
                   padding=tuple(padding), dtype=dtype, relu=relu, quads=True, shift=shift,
-                  w7=w7, oc_lanes=oc_lanes, split=split)
+                  w7=w7, oc_lanes=oc_lanes, split=split,
+                  **({"signed_x": True} if signed_x else {}))   # others' tags as before
     res, table = _split_inputs(table, split)
 
     def clamp(i, size):
@@ -263,7 +276,8 @@ def qconv2d_quads(x: np.ndarray, wq: np.ndarray, x_zp: np.ndarray, bias: np.ndar
                   multiplier: np.ndarray, y_zp: np.ndarray, *table: np.ndarray,
                   out_channels: int = 0, kernel=(1, 1), strides=(1, 1), padding=(0, 0, 0, 0),
                   dtype: str = "uint8", relu: bool = False, shift: int = 0,
-                  w7: bool = False, oc_lanes: bool = False, split: bool = False) -> np.ndarray:
+                  w7: bool = False, oc_lanes: bool = False, split: bool = False,
+                  signed_x: bool = False) -> np.ndarray:
     b, c, h, w = x.shape
     kh, kw = kernel
     o = out_channels

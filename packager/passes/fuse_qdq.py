@@ -223,7 +223,8 @@ def _fuse_in_function(fn: Function, int8: bool, options: CompileOptions) -> Func
         share = split_share(wd) if options.conv_quads7 else None
         float_reason = static_shapes(x, q) and float_conv_reason(
             w.shape, cv.attrs["strides"], q.type.shape, cv.attrs.get("groups", 1), options,
-            w7=share == 0, split_share=share)
+            w7=share == 0, split_share=share,
+            signed_ok=share is not None and bool(wd.min() >= -127))
         if (int8 and not float_reason and cv.attrs.get("groups", 1) == 1
                 and tuple(cv.attrs.get("dilation", (1, 1))) == (1, 1) and static_shapes(x, q)):
             args = [x, Constant(f"{getattr(x, 'name', 'x')}_qw", pack_conv_weights(wd)),

@@ -59,14 +59,18 @@ def split_quads_pays(share: float) -> bool:
 
 def float_conv_reason(w_shape: Sequence[int], strides: Sequence[int],
                       out_shape: Sequence[int], groups: int, options: CompileOptions,
-                      w7: bool = False, split_share: float | None = None) -> str | None:
+                      w7: bool = False, split_share: float | None = None,
+                      signed_ok: bool = False) -> str | None:
     """Why a quantized convolution of weights ``w_shape`` (O, C, KH, KW), ``strides`` and
     static NCHW ``out_shape`` should stay float on ``options``' targets (resolved options,
     ``CompileOptions.for_targets``), or None when the integer kernel is at least as fast.
     ``w7``: its integer weights (w - w_zp) all fit 7 bits (|w| <= 64), so with
     ``options.conv_quads7`` it takes the ``vpmaddubsw`` quad kernel, faster than fp32 on every
     kind measured. ``split_share``: with full-range weights, the share of the split quad
-    kernel's words with a residual (``split_quads_pays``), None when not known."""
+    kernel's words with a residual (``split_quads_pays``), None when not known; ``signed_ok``:
+    they lie in [-127, 127], so on outputs 4-7 wide (with 16k output channels) the
+    channel-lane sign kernel takes them (passes/quad_weights.py ``use_signed_x``), faster
+    than fp32 there."""
     if not options.int8_float_convs or options.int8_dot_targets or groups != 1:
         return None
     if options.conv_quads7 and (w7 or (split_share is not None
@@ -81,6 +85,10 @@ def float_conv_reason(w_shape: Sequence[int], strides: Sequence[int],
         return "fp32 runs it as Winograd F(2x2, 3x3), faster than the int8 kernel without VNNI"
     if (options.pack_conv_weights and 4 <= min(out_shape[2:]) < WINO_MIN_OUT
             and w_shape[1] >= WINO_MIN_CHANNELS[0] and w_shape[0] >= WINO_MIN_CHANNELS[1]):
+        if (signed_ok and options.conv_quads7 and options.conv_oc_lanes
+                and options.conv_signed_x is not False and w_shape[0] % 16 == 0
+                and max(out_shape[2:]) < WINO_MIN_OUT):
+            return None     # the channel-lane sign kernel (bench/int8_split.py: 1.35x fp32)
         return (f"the int8 kernel is slower than fp32's on {out_shape[2]}x{out_shape[3]} "
                 "outputs without VNNI")
     return None

@@ -25,7 +25,13 @@ weights (ORT without ``reduce_range``) take the same kernel, marked ``w7`` and `
 the pair split pays (``ops/qconv_quads.split_quads``: main quads within ``vpmaddubsw``'s pair
 bound, the excess of the pairs over it in residual loops over the (output channel, step)
 words that hold one; passes/int8_cost.py ``split_quads_pays`` on the share of such words).
-Others keep the k-pairs and the ``vpmaddwd`` kernel.
+Others keep the k-pairs and the ``vpmaddwd`` kernel, but for full-range weights in [-127, 127]
+on small output planes where the split does not pay (``use_signed_x``: the channel lanes with
+the pixel lanes under 80 % used, outputs 4-7 wide): the sign kernel, marked ``w7`` and
+``signed_x``, shift -128 for uint8 x (int8 planes; ops/qconv_quads.py), exact for any such
+weights with no residual, 1.2-1.5x the k-pair kernel's speed there and 1.35x fp32's on a 3x3
+layer of 7x7 outputs (``options.conv_signed_x``: True takes it for all such weights, False
+never).
 
 x86 quad convolutions on small output planes (``use_oc_lanes``; ``options.conv_oc_lanes``)
 store the quads 16 output channels per step instead of 6 (``oc_lanes``): the channel-lane
@@ -100,6 +106,25 @@ def use_oc_lanes(v: Call, options: CompileOptions) -> bool:
     return pixel_lane_share(v) < OC_LANES_BELOW
 
 
+# The pixel-lane share under which the channel-lane sign kernel (``signed_x``) beats the k-pair
+# kernel on full-range weights (bench/int8_split.py, AVX2 host: 1.47x on a 3x3 512-channel
+# layer of 7x7 outputs, share 0.77, and 1.17x on a stride-2 one to 7x7; 0.88x at 14x14, 0.875)
+SIGNED_X_BELOW = 0.8
+
+
+def use_signed_x(v: Call, options: CompileOptions, split_pays: bool) -> bool:
+    """Whether an x86 ``qconv2d`` with full-range weights in [-127, 127] (some byte pairs over
+    ``vpmaddubsw``'s bound) takes the sign kernel: ``options.conv_signed_x`` when set (True:
+    always, for comparison), else where it takes the channel lanes with the pixel lanes under
+    ``SIGNED_X_BELOW`` used (outputs 4-7 wide), the split does not pay and no level has an int8
+    dot instruction (a VNNI level would pay ``vpsignb`` beside each ``vpdpbusd``; one graph
+    serves every level)."""
+    if options.conv_signed_x is not None:
+        return options.conv_signed_x
+    return (not split_pays and not options.int8_dot_targets and use_oc_lanes(v, options)
+            and pixel_lane_share(v) < SIGNED_X_BELOW)
+
+
 def _vector_case(v: Call) -> bool:
     """The 1x1 convolution of a 1x1 image: a matrix-vector kernel on the k-pairs."""
     _, _, h, w = v.args[0].type.shape
@@ -140,10 +165,14 @@ def pack_conv_quads(mod: IRModule, options: CompileOptions) -> IRModule:
         if six not in made:
             made[six] = Constant(f"{wk.name}_q4", pairs_to_quads(wk.data, kh * kw))
         share = word_share(made[six].data, v.attrs["out_channels"]) if w7 else 0.0
-        split = share > 0
+        # full-range weights: the sign kernel where they keep to [-127, 127] and it pays
+        # (``use_signed_x``), else the split where it pays, else the k-pair kernel
+        signed = (share > 0 and int(wk.data.min()) >= -127
+                  and use_signed_x(v, options, split_quads_pays(share)))
+        split = share > 0 and not signed
         if split and not split_quads_pays(share):
             return None
-        shift = quad_shift(arch, x.type.dtype)
+        shift = quad_shift("aarch64" if signed else arch, x.type.dtype)
         # the split's residual rows are the 6-row tiles': its layers keep the pixel lanes
         lanes = arch == "x86_64" and not split and use_oc_lanes(v, options)
         key = (id(wk), lanes)
@@ -170,6 +199,8 @@ def pack_conv_quads(mod: IRModule, options: CompileOptions) -> IRModule:
             attrs["oc_lanes"] = True
         if split:
             attrs["split"] = True
+        if signed:
+            attrs["signed_x"] = True
         return Call(QUADS_KIND, args, attrs, v.type)
 
     return map_functions(mod, lambda fn: rewrite_function(fn, visit))
