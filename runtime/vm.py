@@ -263,11 +263,13 @@ class Executor:
                  sites: list[tuple[Callable[..., Any], dict]], addresses: list[int],
                  views: list[np.ndarray], threads: int = 1,
                  pool: PoolCode | None = None, sizes: np.ndarray | None = None,
-                 limits: np.ndarray | None = None, stores: dict[int, int] | None = None
-                 ) -> None:
+                 limits: np.ndarray | None = None, stores: dict[int, int] | None = None,
+                 macs: list[int | None] | None = None) -> None:
         """``sizes`` is the sizes array the kernels read and ``limits`` each variable's largest
         value for this plan (symbolic plans with BIND_SIZE instructions); ``stores`` maps each
-        STORE row (format 1.9) to the size variable that counts its rows."""
+        STORE row (format 1.9) to the size variable that counts its rows; ``macs`` gives each
+        kernel's multiply-adds (the header's, None where it has none), which decide how many
+        tasks a parallel kernel is posted as (``task_count``)."""
         self._steps: list[Callable[[], Any]] = []
         # format 1.9: each STORE row's rows, kept across runs (emptied at each run's start)
         self.stores = {t: RowStore(var) for t, var in (stores or {}).items()}
@@ -285,16 +287,18 @@ class Executor:
         # An executor dropped without close() still stops its workers.
         self._finalizer = weakref.finalize(self, _stop_pool, self._pool)
         calls = []   # per kernel call: (its instruction, kernel, void*[], task count or 0)
+        ranges = pool is not None and pool.ranges
         for i, ins in enumerate(program):
             if ins.opcode == OP_CALL_KERNEL:
                 address, parallel = kernels[ins.target]
+                ntasks = task_count(self.threads, macs[ins.target] if macs else None, ranges)
                 step, args = self._kernel_step(address, parallel,
-                                               [addresses[t] for t in ins.operands])
+                                               [addresses[t] for t in ins.operands], ntasks)
                 self._steps.append(step)
                 self._args.append(args)
                 # a parallel kernel is posted to the pool (a _SpinPool whenever there is code)
                 split = parallel and self._pool is not None
-                calls.append((i, address, ctypes.addressof(args), self.threads if split else 0))
+                calls.append((i, address, ctypes.addressof(args), ntasks if split else 0))
                 continue
             self._args.append(None)
             self._steps.append(self._view_step(ins, views))
@@ -387,7 +391,7 @@ class Executor:
         self._steps[index] = self._view_step(ins, views)
         self._plan = None   # _run_jumping's plan holds the old step
 
-    def _kernel_step(self, address: int, parallel: bool, pointers: list[int]
+    def _kernel_step(self, address: int, parallel: bool, pointers: list[int], ntasks: int
                      ) -> tuple[Callable[[], Any], Any]:
         """The prepared call and the ``void*[]`` it passes (kept alive by ``_args``)."""
         fn = KERNEL_SIGNATURE(address)
@@ -395,7 +399,7 @@ class Executor:
         args_address = ctypes.addressof(args)
         if self._pool is None or not parallel:
             return (lambda: fn(args_address, 0, 1)), args
-        return self._pool.step(fn, address, args_address, self.threads), args
+        return self._pool.step(fn, address, args_address, ntasks), args
 
     def run(self) -> None:
         for store in self.stores.values():   # format 1.9: each run appends from row 0
@@ -594,9 +598,11 @@ class PoolCode:
     join: int
     image: Any = None   # the code image they live in: kept mapped while the pool runs
     steps: int = 0
+    ranges: bool = False   # home ranges: a job may have more tasks than threads
 
     SYMBOLS = ("mlcpack_pool_worker", "mlcpack_pool_run", "mlcpack_pool_join")
     STEPS = "mlcpack_pool_steps"
+    RANGES = "mlcpack_pool_ranges"
 
     @classmethod
     def from_image(cls, image: Any) -> PoolCode | None:
@@ -609,7 +615,11 @@ class PoolCode:
             steps = image.address(cls.STEPS)
         except CodeLoadError:   # made before the native step loop
             steps = 0
-        return cls(*addresses, image=image, steps=steps)
+        try:
+            ranges = bool(image.address(cls.RANGES))
+        except CodeLoadError:   # made before home ranges: one task per thread
+            ranges = False
+        return cls(*addresses, image=image, steps=steps, ranges=ranges)
 
 
 _POOL_WORKER = ctypes.CFUNCTYPE(ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64)
@@ -619,6 +629,24 @@ _POOL_JOIN = ctypes.CFUNCTYPE(ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64)
 _POOL_STEPS = ctypes.CFUNCTYPE(ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p,
                                ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p)
 MAX_THREADS = 63          # sleeping workers come back as bits 0..62 of a mask
+# A parallel kernel of at least this many multiply-adds (~40-80 us on one core) is posted as
+# several tasks per thread, at most MAX_TASKS in all, when the bundle's hand-off has home
+# ranges (codegen/threadpool.py): each thread still runs one contiguous part of the kernel
+# while they keep pace, and a thread that falls behind (descheduled, a slower core) has the
+# far end of its part taken by the others instead of holding up the call. Eight tasks instead
+# of two cost PP-OCRv4's recognizer 0-1 % more work on its large layers (each task run alone on
+# one core, AVX2 host); smaller kernels keep one task per thread (their tasks' fixed costs).
+FINE_TASK_MACS = 1 << 22
+MAX_TASKS = 8   # the kernels' per-task workspace regions (MAX_TASK_REGIONS in the packager)
+
+
+def task_count(threads: int, macs: int | None, ranges: bool) -> int:
+    """How many tasks a parallel kernel of ``macs`` multiply-adds is posted as on ``threads``
+    threads (``ranges``: the bundle's hand-off has home ranges). runtime/c's is the same."""
+    if not ranges or threads < 2 or macs is None or macs < FINE_TASK_MACS:
+        return threads
+    return max(threads, MAX_TASKS // threads * threads)
+
 # Idle spin-loop hints before a worker sleeps (~50 us on Zen 4). Spinning longer (20000, ~0.5
 # ms) burned the time a descheduled caller was away on a shared host (the kernel groups a
 # session's threads: the spin came out of the caller's share): 2 threads, load ~16 on 2 vCPUs,
