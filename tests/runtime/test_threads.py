@@ -229,9 +229,7 @@ def test_kernel_calls_run_in_one_native_call(monkeypatch, batch_bundle) -> None:
         assert _segments(one) == [(0, kernels)] and _segments(three) == [(0, kernels)]
         # per call: kernel, void*[], task count (0: on the calling thread)
         counts = three._main._executor._table.reshape(-1, 3)[:, 2]
-        # the small layers stay on one thread; the first (9.6 M MACs) is posted as two tasks
-        # per thread (home ranges: vm.task_count)
-        assert set(counts.tolist()) == {0, vm.task_count(3, vm.FINE_TASK_MACS, True)} == {0, 6}
+        assert set(counts.tolist()) == {0, 3}   # the small layers stay on one thread
         assert (one._main._executor._table.reshape(-1, 3)[:, 2] == 0).all()
         want = [one(x).tobytes(), three(x).tobytes()]
     monkeypatch.setattr(vm.PoolCode, "STEPS", "no_such_steps")
