@@ -629,7 +629,7 @@ _POOL_JOIN = ctypes.CFUNCTYPE(ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64)
 _POOL_STEPS = ctypes.CFUNCTYPE(ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p,
                                ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p)
 MAX_THREADS = 63          # sleeping workers come back as bits 0..62 of a mask
-# A parallel kernel of at least this many multiply-adds (~200 us on one core) is posted as
+# A parallel kernel of at least this many multiply-adds (~400 us on one core) is posted as
 # several tasks per thread, at most MAX_TASKS in all, when the bundle's hand-off has home
 # ranges (codegen/threadpool.py): each thread still runs one contiguous part of the kernel
 # while they keep pace, and a thread that falls behind (descheduled, a slower core) has the
@@ -637,8 +637,11 @@ MAX_THREADS = 63          # sleeping workers come back as bits 0..62 of a mask
 # PP-OCRv4's recognizer (2 threads, AVX2 host, each task's thread CPU time in the pool): at
 # 2^22 a conv on copied planes whose every task copies all of them (6.9 M MACs, one output row)
 # took 2.7x the work at 8 tasks (the tasks write the same planes), and 8 tasks cost the large
-# layers ~1-4 %; smaller kernels keep one task per thread.
-FINE_TASK_MACS = 1 << 24
+# layers ~1-4 %; at 2^24 conv3d's last Winograd layer (17.7 M MACs in 5 bands, so 8 tasks get
+# 0-2 bands each) ran 1.26x its work, its 2-thread median 1.17x. Smaller kernels keep one task
+# per thread; which kernels split finely is a property of the kernel (its work items), which
+# the header does not carry yet, so the size stands in for it.
+FINE_TASK_MACS = 1 << 25
 MAX_TASKS = 8   # the kernels' per-task workspace regions (MAX_TASK_REGIONS in the packager)
 
 

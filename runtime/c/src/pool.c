@@ -24,7 +24,7 @@
 /* Parallel kernels of at least FINE_TASK_MACS multiply-adds are posted as several tasks per
  * thread, at most MAX_TASKS in all, when the bundle's hand-off has home ranges (runtime/vm.py's
  * FINE_TASK_MACS says why). */
-#define FINE_TASK_MACS (1 << 24)
+#define FINE_TASK_MACS (1 << 25)
 #define MAX_TASKS 8
 #define JOIN_SPINS 4000
 #define LATE (1ull << 63)
