@@ -194,7 +194,8 @@ class StaticCode:
             views, addresses = tensor_views(r.tensors, self.constants,
                                             r.row.memory_plan.arena_bytes, arena)
             executor = vm.Executor(r.program, r.kernels, r.sites, addresses, views, threads,
-                                   pool=vm.PoolCode.from_image(r.image))
+                                   pool=vm.PoolCode.from_image(r.image),
+                                   macs=[k.macs for k in r.row.kernels])
             plans.append(ArenaPlan(
                 r, arena, views, executor,
                 input_bindings(r.row, r.inputs, r.outputs, executor, addresses),

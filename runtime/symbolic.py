@@ -215,7 +215,8 @@ class _Plan:
         self.executor = vm.Executor(runner.program, runner.kernels, runner.sites,
                                     list(addresses), views, runner.threads, pool=runner.pool,
                                     sizes=self.sizes, limits=self.limits, stores=runner.stores,
-                                    extents=runner.row_extents(self.sizes))
+                                    extents=runner.row_extents(self.sizes),
+                                    macs=runner.macs)
         self.live_sizes = self.sizes   # what BIND_SIZE wrote during the last run
         bindings = _input_bindings(runner, self.executor, addresses)
         self.inputs = [(s, views[s.tensor], b) for s, b in zip(runner.inputs, bindings)]
@@ -262,7 +263,8 @@ class _Bound:
         self.executor = vm.Executor(runner.program, runner.kernels, runner.sites, addresses,
                                     views, runner.threads, pool=runner.pool, sizes=self.sizes,
                                     limits=self.limits, stores=runner.stores,
-                                    extents=runner.row_extents(self.sizes))
+                                    extents=runner.row_extents(self.sizes),
+                                    macs=runner.macs)
         self.bindings = _input_bindings(runner, self.executor, addresses)
         self.current: _BoundPlan | None = None
 
@@ -432,6 +434,7 @@ class SymbolicRunner:
         """The kernels' addresses in ``image``, the decoded program and what it is checked
         against."""
         self.kernels = [(image.address(k.symbol), bool(k.parallel)) for k in plan.kernels]
+        self.macs = [k.macs for k in plan.kernels]
         self.program = vm.decode(reader.payload(plan.vm.bytecode), len(self.tensors),
                                  len(self.kernels), len(self.sites), reader.name,
                                  len(self.vars))

@@ -298,12 +298,15 @@ class Executor:
                  views: list[np.ndarray], threads: int = 1,
                  pool: PoolCode | None = None, sizes: np.ndarray | None = None,
                  limits: np.ndarray | None = None, stores: dict[int, tuple] | None = None,
-                 extents: dict[int, Callable[[], int]] | None = None) -> None:
+                 extents: dict[int, Callable[[], int]] | None = None,
+                 macs: list[int | None] | None = None) -> None:
         """``sizes`` is the sizes array the kernels read and ``limits`` each variable's largest
         value for this plan (symbolic plans with BIND_SIZE instructions); ``stores`` maps each
         STORE row (format 1.9) to the size variable that counts its rows, the axis of that
         count and whether it holds a carried value that grows (format 1.10); ``extents`` maps
-        each tensor that an APPEND appends as several rows to its row count at run time."""
+        each tensor that an APPEND appends as several rows to its row count at run time;
+        ``macs`` gives each kernel's multiply-adds (the header's, None where it has none), which
+        decide how many tasks a parallel kernel is posted as (``task_count``)."""
         self._steps: list[Callable[[], Any]] = []
         # format 1.9: each STORE row's rows, kept across runs (emptied at each run's start)
         self.stores = {t: RowStore(*spec) for t, spec in (stores or {}).items()}
@@ -322,16 +325,18 @@ class Executor:
         # An executor dropped without close() still stops its workers.
         self._finalizer = weakref.finalize(self, _stop_pool, self._pool)
         calls = []   # per kernel call: (its instruction, kernel, void*[], task count or 0)
+        ranges = pool is not None and pool.ranges
         for i, ins in enumerate(program):
             if ins.opcode == OP_CALL_KERNEL:
                 address, parallel = kernels[ins.target]
+                ntasks = task_count(self.threads, macs[ins.target] if macs else None, ranges)
                 step, args = self._kernel_step(address, parallel,
-                                               [addresses[t] for t in ins.operands])
+                                               [addresses[t] for t in ins.operands], ntasks)
                 self._steps.append(step)
                 self._args.append(args)
                 # a parallel kernel is posted to the pool (a _SpinPool whenever there is code)
                 split = parallel and self._pool is not None
-                calls.append((i, address, ctypes.addressof(args), self.threads if split else 0))
+                calls.append((i, address, ctypes.addressof(args), ntasks if split else 0))
                 continue
             self._args.append(None)
             self._steps.append(self._view_step(ins, views))
@@ -425,7 +430,7 @@ class Executor:
         self._steps[index] = self._view_step(ins, views)
         self._plan = None   # _run_jumping's plan holds the old step
 
-    def _kernel_step(self, address: int, parallel: bool, pointers: list[int]
+    def _kernel_step(self, address: int, parallel: bool, pointers: list[int], ntasks: int
                      ) -> tuple[Callable[[], Any], Any]:
         """The prepared call and the ``void*[]`` it passes (kept alive by ``_args``)."""
         fn = KERNEL_SIGNATURE(address)
@@ -433,7 +438,7 @@ class Executor:
         args_address = ctypes.addressof(args)
         if self._pool is None or not parallel:
             return (lambda: fn(args_address, 0, 1)), args
-        return self._pool.step(fn, address, args_address, self.threads), args
+        return self._pool.step(fn, address, args_address, ntasks), args
 
     def run(self) -> None:
         for store in self.stores.values():   # format 1.9: each run appends from row 0
@@ -632,9 +637,11 @@ class PoolCode:
     join: int
     image: Any = None   # the code image they live in: kept mapped while the pool runs
     steps: int = 0
+    ranges: bool = False   # home ranges: a job may have more tasks than threads
 
     SYMBOLS = ("mlcpack_pool_worker", "mlcpack_pool_run", "mlcpack_pool_join")
     STEPS = "mlcpack_pool_steps"
+    RANGES = "mlcpack_pool_ranges"
 
     @classmethod
     def from_image(cls, image: Any) -> PoolCode | None:
@@ -647,7 +654,11 @@ class PoolCode:
             steps = image.address(cls.STEPS)
         except CodeLoadError:   # made before the native step loop
             steps = 0
-        return cls(*addresses, image=image, steps=steps)
+        try:
+            ranges = bool(image.address(cls.RANGES))
+        except CodeLoadError:   # made before home ranges: one task per thread
+            ranges = False
+        return cls(*addresses, image=image, steps=steps, ranges=ranges)
 
 
 _POOL_WORKER = ctypes.CFUNCTYPE(ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64)
@@ -657,6 +668,29 @@ _POOL_JOIN = ctypes.CFUNCTYPE(ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64)
 _POOL_STEPS = ctypes.CFUNCTYPE(ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p,
                                ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p)
 MAX_THREADS = 63          # sleeping workers come back as bits 0..62 of a mask
+# A parallel kernel of at least this many multiply-adds (~400 us on one core) is posted as
+# several tasks per thread, at most MAX_TASKS in all, when the bundle's hand-off has home
+# ranges (codegen/threadpool.py): each thread still runs one contiguous part of the kernel
+# while they keep pace, and a thread that falls behind (descheduled, a slower core) has the
+# far end of its part taken by the others instead of holding up the call. Measured on
+# PP-OCRv4's recognizer (2 threads, AVX2 host, each task's thread CPU time in the pool): at
+# 2^22 a conv on copied planes whose every task copies all of them (6.9 M MACs, one output row)
+# took 2.7x the work at 8 tasks (the tasks write the same planes), and 8 tasks cost the large
+# layers ~1-4 %; at 2^24 conv3d's last Winograd layer (17.7 M MACs in 5 bands, so 8 tasks get
+# 0-2 bands each) ran 1.26x its work, its 2-thread median 1.17x. Smaller kernels keep one task
+# per thread; which kernels split finely is a property of the kernel (its work items), which
+# the header does not carry yet, so the size stands in for it.
+FINE_TASK_MACS = 1 << 25
+MAX_TASKS = 8   # the kernels' per-task workspace regions (MAX_TASK_REGIONS in the packager)
+
+
+def task_count(threads: int, macs: int | None, ranges: bool) -> int:
+    """How many tasks a parallel kernel of ``macs`` multiply-adds is posted as on ``threads``
+    threads (``ranges``: the bundle's hand-off has home ranges). runtime/c's is the same."""
+    if not ranges or threads < 2 or macs is None or macs < FINE_TASK_MACS:
+        return threads
+    return max(threads, MAX_TASKS // threads * threads)
+
 # Idle spin-loop hints before a worker sleeps (~50 us on Zen 4). Spinning longer (20000, ~0.5
 # ms) burned the time a descheduled caller was away on a shared host (the kernel groups a
 # session's threads: the spin came out of the caller's share): 2 threads, load ~16 on 2 vCPUs,

@@ -4,24 +4,34 @@ Python lock per task (a futex wake and a GIL hand-off each, 30-40 us on a loaded
 
 The runtime owns the memory, 64-byte lines of eight u64. Line 0 is the job::
 
-    0 word     gen << 32 | ntasks << 16 | next: the job number, its task count and the next
-               unclaimed task, in one word so a claim is one compare-and-swap on all three
+    0 word     gen << 32 | ntasks << 16: the job number and its task count, published last
     1 fn       kernel address          2 args      its void*[]
     3 finished tasks done so far       4 stop      1 once the pool is shutting down
     5 owed     1 while the caller still owes task 0 (only the caller reads or writes it)
+    6 range    the caller's range      7 nranges   the number of ranges (threads)
 
 and line 1 + w belongs to worker w: ``0 state`` (IDLE 0 spinning, PARKED 1 asleep on its Python
-lock, PENDING 2 a job was posted) and ``1 seen`` (the last job number it looked at).
+lock, PENDING 2 a job was posted), ``1 seen`` (the last job number it looked at) and ``2
+range``, its range.
 
-Task 0 of every job is the caller's: the job is posted with ``next`` = 1 and ``owed`` = 1, and
-the caller runs task 0 before it claims anything (``mlcpack_pool_join``). With two threads the
-same half of every kernel then runs on the same thread, so a kernel reads the rows its
-producer wrote on that core; when the worker claimed first at times, MobileNetV2's kernels took
-4 % longer in those calls, up to 1.4x on some. Every thread, the caller included, then claims
-tasks of the current job until none is left, so a worker that is slow to notice a job
-(descheduled on a busy machine) leaves its share to the others instead of stalling the call.
-A claim succeeds only while the word still carries the job's number, and ``fn``/``args`` are
-read after it: the caller rewrites them only once every claimed task has finished.
+**Home ranges.** A job of ``ntasks`` tasks on ``T`` threads (the caller is thread 0, worker w
+thread w + 1) gives thread t the tasks ``[t * ntasks / T, (t + 1) * ntasks / T)``, posted as
+its range word ``gen << 32 | hi << 16 | lo``. A thread runs its own range from the bottom
+(``lo`` + 1 by compare-and-swap on its own line, which no other thread touches while it has
+work), then takes tasks from the top of the others' (``hi`` - 1), the next thread first, until
+every range is empty; a claim succeeds only while the word still carries the job's number. So
+when the threads keep pace, each runs one contiguous part of every kernel, the part its
+producer wrote on that core (with ``ntasks`` = T exactly one task, as before ranges); when one
+is late (descheduled on a busy machine, a slower core), the others take over the rest of its
+part from the far end. Each thread counts the tasks it ran into ``finished`` once, when it finds
+no task left. A runtime may post several tasks per thread (``mlcpack_pool_ranges``, present
+from this protocol on, says it may); a kernel's tasks are disjoint and give the same result
+however many there are.
+
+Task 0 is the caller's: its range is posted from 1 and ``owed`` = 1, and the caller runs task 0
+before it claims anything (``mlcpack_pool_join``). The kernel and its void*[] are read after a
+thread's first successful claim: the caller rewrites them only once every claimed task has
+finished.
 
 ``mlcpack_pool_worker(pool, w, spins)`` runs jobs; after ``spins`` idle spin-loop iterations it
 swaps its state IDLE -> PARKED and returns 1 (its thread then sleeps on its lock), or returns 0
@@ -56,12 +66,15 @@ from .target import Target
 I1, I8, I32, I64 = ir.IntType(1), ir.IntType(8), ir.IntType(32), ir.IntType(64)
 PTR = I64.as_pointer()
 KERNEL = ir.FunctionType(ir.VoidType(), [I8.as_pointer(), I64, I64])
-WORD, FN, ARGS, FINISHED, STOP, OWED = range(6)  # job line
-STATE, SEEN = range(2)                         # worker lines
+WORD, FN, ARGS, FINISHED, STOP, OWED, CALLER_RANGE, NRANGES = range(8)  # job line
+STATE, SEEN, RANGE = range(3)                  # worker lines
 LINE = 8                                       # u64 per line (64 bytes)
 IDLE, PARKED, PENDING = 0, 1, 2
 WORKER, RUN, JOIN = "mlcpack_pool_worker", "mlcpack_pool_run", "mlcpack_pool_join"
 STEPS = "mlcpack_pool_steps"
+# Its presence says that the hand-off splits a job's tasks into home ranges (module doc): a
+# runtime may then post more tasks than threads without losing which thread runs which part.
+RANGES = "mlcpack_pool_ranges"
 STEP_WORDS = 3                                 # u64 per call in mlcpack_pool_steps' table
 
 
@@ -91,55 +104,94 @@ class _Emitter:
         b.call(self.hint, self.hint_args)
 
     @staticmethod
-    def pay_owed(b: ir.IRBuilder, pool: ir.Value) -> None:
-        """If the caller still owes task 0 of the posted job: run it and count it done."""
-        owed_ptr = b.gep(pool, [_c(OWED)], inbounds=True)
-        with b.if_then(b.icmp_unsigned("!=", b.load(owed_ptr), _c(0))):
-            b.store(_c(0), owed_ptr)
-            word = b.load_atomic(b.gep(pool, [_c(WORD)], inbounds=True), "monotonic", 8)
-            _Emitter.run_task(b, pool, _c(0), b.and_(b.lshr(word, _c(16)), _c(0xFFFF)))
-
-    @staticmethod
-    def run_task(b: ir.IRBuilder, pool: ir.Value, task: ir.Value, ntasks: ir.Value) -> None:
-        """Run task ``task`` of the posted job (its kernel and void*[] read from the job line)
-        and count it finished."""
-        kernel = b.load_atomic(b.gep(pool, [_c(FN)], inbounds=True), "monotonic", 8)
-        args = b.load_atomic(b.gep(pool, [_c(ARGS)], inbounds=True), "monotonic", 8)
-        b.call(b.inttoptr(kernel, KERNEL.as_pointer()),
-               [b.inttoptr(args, I8.as_pointer()), task, ntasks])
-        b.atomic_rmw("add", b.gep(pool, [_c(FINISHED)], inbounds=True), _c(1), "release")
+    def field(b: ir.IRBuilder, pool: ir.Value, index: int) -> ir.Value:
+        return b.gep(pool, [_c(index)], inbounds=True)
 
     @staticmethod
     def at(b: ir.IRBuilder, pool: ir.Value, line: ir.Value, field: int) -> ir.Value:
         return b.gep(pool, [b.add(b.mul(line, _c(LINE)), _c(field))], inbounds=True)
 
+    @staticmethod
+    def range_ptr(b: ir.IRBuilder, pool: ir.Value, thread: ir.Value) -> ir.Value:
+        """Thread ``thread``'s range word: the caller's (thread 0) on the job line, worker
+        ``w``'s (thread ``w + 1``) on its own line."""
+        index = b.select(b.icmp_unsigned("==", thread, _c(0)), _c(CALLER_RANGE),
+                         b.add(b.mul(thread, _c(LINE)), _c(RANGE)))
+        return b.gep(pool, [index], inbounds=True)
+
+    @staticmethod
+    def call_kernel(b: ir.IRBuilder, kernel: ir.Value, args: ir.Value, task: ir.Value,
+                    ntasks: ir.Value) -> None:
+        b.call(b.inttoptr(kernel, KERNEL.as_pointer()),
+               [b.inttoptr(args, I8.as_pointer()), task, ntasks])
+
     def emit_claim(self) -> ir.Function:
-        """``void claim(pool, gen)``: run tasks of job ``gen`` until none is left."""
-        fn = self.function("mlcpack_pool_claim", ir.VoidType(), [PTR, I64])
+        """``i64 claim(pool, gen, me, ntasks, nranges, done)``: thread ``me`` runs tasks of job
+        ``gen``, first from the bottom of its own range, then from the top of the others'
+        (``me + 1``, ``me + 2``, ... round), until every range is empty; it then adds the tasks
+        it ran, plus ``done`` (a task it ran before), to ``finished`` in one atomic add, and
+        returns that count. The kernel and its void*[] are read after the first successful
+        claim: the job cannot be replaced while a task of it is unfinished."""
+        fn = self.function("mlcpack_pool_claim", I64, [PTR, I64, I64, I64, I64, I64])
         fn.linkage = "internal"
-        pool, gen = fn.args
-        entry, loop, check, grab, work, done = (fn.append_basic_block(n) for n in
-                                                ("entry", "loop", "check", "grab", "work",
-                                                 "done"))
-        b = ir.IRBuilder(entry)
-        word_ptr = b.gep(pool, [_c(WORD)], inbounds=True)
-        b.branch(loop)
-        b.position_at_end(loop)
-        word = b.load_atomic(word_ptr, "acquire", 8)
-        b.cbranch(b.icmp_unsigned("==", b.lshr(word, _c(32)), gen), check, done)
-        b.position_at_end(check)
-        nxt = b.and_(word, _c(0xFFFF))
-        ntasks = b.and_(b.lshr(word, _c(16)), _c(0xFFFF))
-        b.cbranch(b.icmp_unsigned("<", nxt, ntasks), grab, done)
-        b.position_at_end(grab)
-        claimed = b.extract_value(b.cmpxchg(word_ptr, word, b.add(word, _c(1)), "acq_rel",
-                                            "acquire"), 1)
-        b.cbranch(claimed, work, loop)
-        b.position_at_end(work)
-        self.run_task(b, pool, nxt, ntasks)
-        b.branch(loop)
-        b.position_at_end(done)
-        b.ret_void()
+        pool, gen, me, ntasks, nranges, done = fn.args
+        blocks = {n: fn.append_basic_block(n) for n in
+                  ("entry", "head", "body", "look", "next", "grab", "load", "work", "out",
+                   "count", "ret")}
+        b = ir.IRBuilder(blocks["entry"])
+        count, kernel_at, args_at, victim = (b.alloca(I64) for _ in range(4))
+        b.store(done, count)
+        b.store(_c(0), kernel_at)
+        b.store(_c(0), args_at)
+        b.store(_c(0), victim)
+        b.branch(blocks["head"])
+
+        b.position_at_end(blocks["head"])   # range number ``victim`` after this thread's own
+        v = b.load(victim)
+        b.cbranch(b.icmp_unsigned("<", v, nranges), blocks["body"], blocks["out"])
+        b.position_at_end(blocks["body"])
+        who = b.add(me, v)
+        who = b.select(b.icmp_unsigned(">=", who, nranges), b.sub(who, nranges), who)
+        ptr = self.range_ptr(b, pool, who)
+        own = b.icmp_unsigned("==", v, _c(0))
+        b.branch(blocks["look"])
+
+        b.position_at_end(blocks["look"])
+        r = b.load_atomic(ptr, "acquire", 8)
+        lo = b.and_(r, _c(0xFFFF))
+        hi = b.and_(b.lshr(r, _c(16)), _c(0xFFFF))
+        live = b.and_(b.icmp_unsigned("==", b.lshr(r, _c(32)), gen),
+                      b.icmp_unsigned("<", lo, hi))
+        b.cbranch(live, blocks["grab"], blocks["next"])
+        b.position_at_end(blocks["next"])
+        b.store(b.add(v, _c(1)), victim)
+        b.branch(blocks["head"])
+
+        b.position_at_end(blocks["grab"])   # own range: its bottom task; another's: its top
+        task = b.select(own, lo, b.sub(hi, _c(1)))
+        claimed = b.extract_value(b.cmpxchg(ptr, r, b.select(own, b.add(r, _c(1)),
+                                                             b.sub(r, _c(1 << 16))),
+                                            "acq_rel", "acquire"), 1)
+        b.cbranch(claimed, blocks["load"], blocks["look"])
+        b.position_at_end(blocks["load"])
+        have = b.icmp_unsigned("!=", b.load(kernel_at), _c(0))
+        with b.if_then(b.not_(have)):
+            b.store(b.load_atomic(self.field(b, pool, FN), "monotonic", 8), kernel_at)
+            b.store(b.load_atomic(self.field(b, pool, ARGS), "monotonic", 8), args_at)
+        b.branch(blocks["work"])
+        b.position_at_end(blocks["work"])
+        self.call_kernel(b, b.load(kernel_at), b.load(args_at), task, ntasks)
+        b.store(b.add(b.load(count), _c(1)), count)
+        b.branch(blocks["look"])
+
+        b.position_at_end(blocks["out"])
+        n = b.load(count)
+        b.cbranch(b.icmp_unsigned("!=", n, _c(0)), blocks["count"], blocks["ret"])
+        b.position_at_end(blocks["count"])
+        b.atomic_rmw("add", self.field(b, pool, FINISHED), n, "release")
+        b.branch(blocks["ret"])
+        b.position_at_end(blocks["ret"])
+        b.ret(n)
         return fn
 
     def emit_worker(self, claim: ir.Function) -> None:
@@ -155,16 +207,18 @@ class _Emitter:
         b.branch(blocks["loop"])
 
         b.position_at_end(blocks["loop"])
-        gen = b.lshr(b.load_atomic(b.gep(pool, [_c(WORD)], inbounds=True), "acquire", 8),
-                     _c(32))
+        word = b.load_atomic(self.field(b, pool, WORD), "acquire", 8)
+        gen = b.lshr(word, _c(32))
         b.cbranch(b.icmp_unsigned("!=", gen, b.load(seen)), blocks["new"], blocks["idle"])
 
         b.position_at_end(blocks["new"])
         b.store(gen, seen)
-        stop = b.load_atomic(b.gep(pool, [_c(STOP)], inbounds=True), "acquire", 8)
+        stop = b.load_atomic(self.field(b, pool, STOP), "acquire", 8)
         b.cbranch(b.icmp_unsigned("!=", stop, _c(0)), blocks["stop"], blocks["job"])
         b.position_at_end(blocks["job"])
-        b.call(claim, [pool, gen])
+        nranges = b.load_atomic(self.field(b, pool, NRANGES), "monotonic", 8)
+        b.call(claim, [pool, gen, line, b.and_(b.lshr(word, _c(16)), _c(0xFFFF)), nranges,
+                       _c(0)])
         b.store(_c(0), count)
         b.branch(blocks["loop"])
         b.position_at_end(blocks["stop"])
@@ -194,16 +248,24 @@ class _Emitter:
         entry, wait, spin, done, late = (fn.append_basic_block(n) for n in
                                          ("entry", "wait", "spin", "done", "late"))
         b = ir.IRBuilder(entry)
-        self.pay_owed(b, pool)
-        word = b.load_atomic(b.gep(pool, [_c(WORD)], inbounds=True), "acquire", 8)
-        b.call(claim, [pool, b.lshr(word, _c(32))])
+        word = b.load_atomic(self.field(b, pool, WORD), "acquire", 8)
         ntasks = b.and_(b.lshr(word, _c(16)), _c(0xFFFF))
+        # Task 0, if the caller still owes it (see run), before anything else.
+        owed_ptr = self.field(b, pool, OWED)
+        owed = b.load(owed_ptr)
+        with b.if_then(b.icmp_unsigned("!=", owed, _c(0))):
+            b.store(_c(0), owed_ptr)
+            self.call_kernel(b, b.load_atomic(self.field(b, pool, FN), "monotonic", 8),
+                             b.load_atomic(self.field(b, pool, ARGS), "monotonic", 8),
+                             _c(0), ntasks)
+        b.call(claim, [pool, b.lshr(word, _c(32)), _c(0), ntasks,
+                       b.load_atomic(self.field(b, pool, NRANGES), "monotonic", 8), owed])
         claimed = b.block
         b.branch(wait)
         b.position_at_end(wait)
         i = b.phi(I64)
         i.add_incoming(_c(0), claimed)
-        finished = b.load_atomic(b.gep(pool, [_c(FINISHED)], inbounds=True), "acquire", 8)
+        finished = b.load_atomic(self.field(b, pool, FINISHED), "acquire", 8)
         b.cbranch(b.icmp_unsigned(">=", finished, ntasks), done, spin)
         b.position_at_end(spin)
         self.pause(b)
@@ -219,50 +281,75 @@ class _Emitter:
     def emit_run(self, join: ir.Function) -> ir.Function:
         fn = self.function(RUN, I64, [PTR, I64, I64, I64, I64, I64])
         pool, nworkers, kernel, args, ntasks, spins = fn.args
-        entry, head, post, after, work, out = (fn.append_basic_block(n) for n in
-                                               ("entry", "head", "post", "after", "work", "out"))
-        b = ir.IRBuilder(entry)
-        word_ptr = b.gep(pool, [_c(WORD)], inbounds=True)
-        gen = b.add(b.lshr(b.load_atomic(word_ptr, "monotonic", 8), _c(32)), _c(1))
+        blocks = {n: fn.append_basic_block(n) for n in
+                  ("entry", "split", "part", "publish", "head", "post", "after", "work", "out")}
+        b = ir.IRBuilder(blocks["entry"])
+        word_ptr = self.field(b, pool, WORD)
+        gen = b.and_(b.add(b.lshr(b.load_atomic(word_ptr, "monotonic", 8), _c(32)), _c(1)),
+                     _c(0xFFFFFFFF))
         is_stop = b.icmp_unsigned("==", kernel, _c(0))
-        b.store_atomic(kernel, b.gep(pool, [_c(FN)], inbounds=True), "monotonic", 8)
-        b.store_atomic(args, b.gep(pool, [_c(ARGS)], inbounds=True), "monotonic", 8)
-        b.store_atomic(_c(0), b.gep(pool, [_c(FINISHED)], inbounds=True), "monotonic", 8)
-        b.store_atomic(b.zext(is_stop, I64), b.gep(pool, [_c(STOP)], inbounds=True),
-                       "monotonic", 8)
-        # Task 0 is the caller's (not claimed): with two threads the same half of every
-        # kernel runs on the same thread, so a kernel reads the rows its producer wrote on
-        # that core. A worker that is late still leaves its task to the caller (join).
-        owed = b.zext(b.icmp_unsigned("!=", ntasks, _c(0)), I64)
-        b.store(owed, b.gep(pool, [_c(OWED)], inbounds=True))
-        word = b.or_(b.or_(b.shl(b.and_(gen, _c(0xFFFFFFFF)), _c(32)),
-                           b.shl(b.and_(ntasks, _c(0xFFFF)), _c(16))), owed)
-        b.store_atomic(word, word_ptr, "release", 8)
-        b.branch(head)
+        nranges = b.add(nworkers, _c(1))
+        b.store_atomic(kernel, self.field(b, pool, FN), "monotonic", 8)
+        b.store_atomic(args, self.field(b, pool, ARGS), "monotonic", 8)
+        b.store_atomic(_c(0), self.field(b, pool, FINISHED), "monotonic", 8)
+        b.store_atomic(b.zext(is_stop, I64), self.field(b, pool, STOP), "monotonic", 8)
+        b.store_atomic(nranges, self.field(b, pool, NRANGES), "monotonic", 8)
+        # Task 0 is the caller's (it is taken out of the caller's range, so no other thread
+        # can claim it): with two threads the same part of every kernel runs on the same
+        # thread, so a kernel reads the rows its producer wrote on that core. A worker that is
+        # late still leaves the rest of its range to the others.
+        ntasks = b.and_(ntasks, _c(0xFFFF))
+        owed = b.zext(b.icmp_unsigned("<", _c(0), b.udiv(ntasks, nranges)), I64)
+        b.store(owed, self.field(b, pool, OWED))
+        b.branch(blocks["split"])
 
-        b.position_at_end(head)
+        # thread t's home range: tasks [t * ntasks / nranges, (t + 1) * ntasks / nranges)
+        b.position_at_end(blocks["split"])
+        t = b.phi(I64)
+        t.add_incoming(_c(0), blocks["entry"])
+        b.cbranch(b.icmp_unsigned("<", t, nranges), blocks["part"], blocks["publish"])
+        b.position_at_end(blocks["part"])
+        lo = b.udiv(b.mul(t, ntasks), nranges)
+        hi = b.udiv(b.mul(b.add(t, _c(1)), ntasks), nranges)
+        lo = b.select(b.icmp_unsigned("==", t, _c(0)), b.add(lo, owed), lo)
+        b.store_atomic(b.or_(b.or_(b.shl(gen, _c(32)), b.shl(hi, _c(16))), lo),
+                       self.range_ptr(b, pool, t), "monotonic", 8)
+        t.add_incoming(b.add(t, _c(1)), blocks["part"])
+        b.branch(blocks["split"])
+
+        b.position_at_end(blocks["publish"])
+        b.store_atomic(b.or_(b.shl(gen, _c(32)), b.shl(ntasks, _c(16))), word_ptr, "release", 8)
+        b.branch(blocks["head"])
+
+        b.position_at_end(blocks["head"])
         w = b.phi(I64)
         mask = b.phi(I64)
-        w.add_incoming(_c(0), entry)
-        mask.add_incoming(_c(0), entry)
-        b.cbranch(b.icmp_signed("<", w, nworkers), post, after)
-        b.position_at_end(post)
+        w.add_incoming(_c(0), blocks["publish"])
+        mask.add_incoming(_c(0), blocks["publish"])
+        b.cbranch(b.icmp_signed("<", w, nworkers), blocks["post"], blocks["after"])
+        b.position_at_end(blocks["post"])
         prev = b.atomic_rmw("xchg", self.at(b, pool, b.add(w, _c(1)), STATE), _c(PENDING),
                             "seq_cst")
         parked = b.zext(b.icmp_unsigned("==", prev, _c(PARKED)), I64)
-        mask.add_incoming(b.or_(mask, b.shl(parked, w)), post)
-        w.add_incoming(b.add(w, _c(1)), post)
-        b.branch(head)
+        mask.add_incoming(b.or_(mask, b.shl(parked, w)), blocks["post"])
+        w.add_incoming(b.add(w, _c(1)), blocks["post"])
+        b.branch(blocks["head"])
 
-        b.position_at_end(after)
-        b.cbranch(b.or_(b.icmp_unsigned("!=", mask, _c(0)), is_stop), out, work)
-        b.position_at_end(work)
+        b.position_at_end(blocks["after"])
+        b.cbranch(b.or_(b.icmp_unsigned("!=", mask, _c(0)), is_stop), blocks["out"],
+                  blocks["work"])
+        b.position_at_end(blocks["work"])
         # Nobody to wake: join here. Bit 63 says the job is still running after ``spins``.
         late = b.call(join, [pool, spins])
         b.ret(b.shl(late, _c(63)))
-        b.position_at_end(out)
+        b.position_at_end(blocks["out"])
         b.ret(mask)
         return fn
+
+    def emit_ranges_marker(self) -> None:
+        """``int64_t mlcpack_pool_ranges(void)``, 1: never called, its presence is the mark."""
+        fn = self.function(RANGES, I64, [])
+        ir.IRBuilder(fn.append_basic_block("entry")).ret(_c(1))
 
     def emit_steps(self, run: ir.Function) -> None:
         fn = self.function(STEPS, I64, [PTR, I64, PTR, I64, I64, I64, PTR])
@@ -304,3 +391,4 @@ def emit_thread_pool(module: ir.Module, target: Target) -> None:
     claim = e.emit_claim()
     e.emit_worker(claim)
     e.emit_steps(e.emit_run(e.emit_join(claim)))
+    e.emit_ranges_marker()

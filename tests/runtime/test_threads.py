@@ -160,7 +160,11 @@ def test_spinning_workers_sleep_when_idle_and_wake_for_the_next_call(batch_bundl
         word = int(pool._slots[0])
         ntasks = word >> 16 & 0xFFFF
         assert word >> 32 >= 4, "every parallel kernel is a job"
-        assert ntasks == 2 and word & 0xFFFF == ntasks and pool._slots[3] == ntasks  # all done
+        # all done: every task counted finished, and both home ranges (the caller's on the job
+        # line, worker 0's on its line) of the last job are empty
+        assert ntasks in (2, vm.MAX_TASKS) and pool._slots[3] == ntasks
+        for r in (int(pool._slots[6]), int(pool._slots[8 + 2])):
+            assert r >> 32 == word >> 32 and r & 0xFFFF >= r >> 16 & 0xFFFF
 
 
 def test_bundles_without_hand_off_code_use_lock_workers(monkeypatch, batch_bundle) -> None:
@@ -283,3 +287,51 @@ def test_the_calling_thread_runs_task_0_of_every_job(batch_bundle, threads) -> N
             assert sorted(task for task, _, _ in seen) == list(range(threads))
             assert {n for _, n, _ in seen} == {threads}
             assert [who for task, _, who in seen if task == 0] == [me], i
+
+
+@pytest.mark.parametrize("threads", [2, 3])
+def test_home_ranges_split_a_job_of_more_tasks_than_threads(batch_bundle, threads) -> None:
+    """A bundle whose hand-off has home ranges (``mlcpack_pool_ranges``) takes more tasks than
+    threads: each thread runs its own range bottom-up (the caller's from task 0) and then
+    takes what is left of the others' from their top, so every task runs exactly once and a
+    thread that is late (asleep here, every fifth call) leaves its part to the others."""
+    import ctypes
+    import time
+
+    from mlcpack.runtime import vm
+
+    seen = []
+
+    @ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64)
+    def kernel(args, task, ntasks):
+        seen.append((task, ntasks, threading.get_ident()))
+
+    address = ctypes.cast(kernel, ctypes.c_void_p).value
+    me = threading.get_ident()
+    ntasks = vm.task_count(threads, vm.FINE_TASK_MACS, True)
+    assert ntasks == {2: 8, 3: 6}[threads] and vm.task_count(threads, None, True) == threads
+    assert vm.task_count(threads, vm.FINE_TASK_MACS, False) == threads
+    home = [range(t * ntasks // threads, (t + 1) * ntasks // threads) for t in range(threads)]
+    with load(batch_bundle, threads=threads) as model:
+        assert model._main._executor._code.ranges
+        job = _pool(model).step(None, address, 0, ntasks)
+        for i in range(40):
+            if i % 5 == 0:
+                time.sleep(0.02)   # the workers park; the caller takes over their ranges
+            seen.clear()
+            job()
+            assert sorted(task for task, _, _ in seen) == list(range(ntasks)), i
+            assert {n for _, n, _ in seen} == {ntasks}
+            assert [who for task, _, who in seen if task == 0] == [me], i
+            by_thread: dict[int, list[int]] = {}
+            for task, _, who in seen:
+                by_thread.setdefault(who, []).append(task)
+            for tasks in by_thread.values():
+                # of each range, a thread runs a run up from its bottom (its own) or takes
+                # tasks down from its top (another's)
+                for h in home:
+                    part = [t for t in tasks if t in h]
+                    if part and part[0] == h[0]:
+                        assert part == list(h[:len(part)]), (i, part)
+                    else:
+                        assert all(a > b for a, b in zip(part, part[1:])), (i, part)

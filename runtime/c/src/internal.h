@@ -108,10 +108,14 @@ typedef void (*mlc_kernel_fn)(void **args, int64_t task, int64_t ntasks);
 typedef struct mlc_threads mlc_threads;
 typedef struct mlc_pool_code {
     uintptr_t worker, run, join, steps;
+    int ranges;   /* mlcpack_pool_ranges: a job may have more tasks than threads */
 } mlc_pool_code;
 mlc_status mlc_threads_start(int nworkers, const mlc_pool_code *code, mlc_threads **out,
                              mlc_error *err);
 void mlc_threads_stop(mlc_threads *t);
+/* How many tasks a parallel kernel of `macs` multiply-adds (-1: unknown) is posted as on
+ * `threads` threads; runtime/vm.py task_count's rule. */
+int64_t mlc_task_count(int threads, int64_t macs, int ranges);
 /* Run ntasks tasks of `fn` (task 0 on this thread). */
 void mlc_threads_run(mlc_threads *t, mlc_kernel_fn fn, void **args, int64_t ntasks);
 /* Run the kernel calls table[start..end) (3 u64 each) with the bundle's step loop. */

@@ -307,6 +307,7 @@ static mlc_status map_code(mlc_model *m, mlc_plan *p, mlc_error *err)
     p->pool.join = mlc_image_symbol(&p->image, "mlcpack_pool_join");
     p->has_pool = p->pool.worker && p->pool.run && p->pool.join;
     p->pool.steps = p->has_pool ? mlc_image_symbol(&p->image, "mlcpack_pool_steps") : 0;
+    p->pool.ranges = p->has_pool && mlc_image_symbol(&p->image, "mlcpack_pool_ranges") != 0;
     return MLC_OK;
 }
 
@@ -418,7 +419,10 @@ static mlc_status prepare(mlc_model *m, mlc_plan *p, mlc_error *err)
             p->table[3 * k] = p->kernel_addr[in->target];
             p->table[3 * k + 1] = (uint64_t)(uintptr_t)in->args;
             p->table[3 * k + 2] = p->kernels[in->target].parallel && p->threads
-                                  ? (uint64_t)m->threads : 0;
+                                  ? (uint64_t)mlc_task_count(m->threads,
+                                                             p->kernels[in->target].macs,
+                                                             p->pool.ranges)
+                                  : 0;
             if (p->nsegments && p->segments[p->nsegments - 1].start >= 0
                 && p->segments[p->nsegments - 1].end == (int64_t)k
                 && !(is_target && is_target[i]))

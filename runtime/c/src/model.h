@@ -43,6 +43,7 @@ typedef struct {
     const mp_node *workspace_rec;
     int parallel;
     int symbolic;
+    int64_t macs;              /* the header's multiply-adds, -1 where it has none */
 } mlc_krow;
 
 typedef struct {

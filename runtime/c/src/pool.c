@@ -21,6 +21,11 @@
  * on 2 vCPUs, AVX2 host, p50 / CPU per run, 20000 -> 2000: ResNet-18 170 -> 116 ms / 54 -> 42 ms,
  * ResNet-50 390 -> 327 ms / 133 -> 110 ms (bench/c_pool_spin.py). */
 #define SPIN_ITERATIONS 2000
+/* Parallel kernels of at least FINE_TASK_MACS multiply-adds are posted as several tasks per
+ * thread, at most MAX_TASKS in all, when the bundle's hand-off has home ranges (runtime/vm.py's
+ * FINE_TASK_MACS says why). */
+#define FINE_TASK_MACS (1 << 25)
+#define MAX_TASKS 8
 #define JOIN_SPINS 4000
 #define LATE (1ull << 63)
 #define LINE 8
@@ -65,6 +70,14 @@ static int usable_cpus(void)
 #endif
     long n = sysconf(_SC_NPROCESSORS_ONLN);
     return n > 0 ? (int)n : 1;
+}
+
+int64_t mlc_task_count(int threads, int64_t macs, int ranges)
+{
+    if (!ranges || threads < 2 || macs < FINE_TASK_MACS)
+        return threads;
+    int64_t n = MAX_TASKS / threads * threads;
+    return n > threads ? n : threads;
 }
 
 static void *spin_worker(void *p)

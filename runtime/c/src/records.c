@@ -317,6 +317,7 @@ static mlc_status parse_plan(mlc_model *m, const mp_node *obj, const char *what,
             snprintf(w2, sizeof w2, "%s macs", w);
             return bad(err, w2, "is not an integer");
         }
+        kr->macs = macs && macs->type != MP_NIL ? macs->v.i : -1;
     }
     const mp_node *code = mp_get(obj, "code");
     snprintf(w, sizeof w, "%scode", at);

@@ -118,7 +118,9 @@ static mlc_status execute(mlc_model *m, mlc_plan *p, mlc_error *err)
         if (in->op == OP_KERNEL) {
             mlc_kernel_fn fn = (mlc_kernel_fn)p->kernel_addr[in->target];
             if (p->threads && p->kernels[in->target].parallel)
-                mlc_threads_run(p->threads, fn, in->args, m->threads);
+                mlc_threads_run(p->threads, fn, in->args,
+                                mlc_task_count(m->threads, p->kernels[in->target].macs,
+                                               p->has_pool && p->pool.ranges));
             else
                 fn(in->args, 0, 1);
         } else if ((s = step(m, p, in, err))) {
