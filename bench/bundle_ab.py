@@ -15,6 +15,9 @@ two bundles must come from one model, so their programs match instruction by ins
 flags, set before loading), to time a portable bundle's lower variant on this host.
 ``--show TEXT`` also lists every kernel whose name holds TEXT (the kernels a change touched),
 with their sums; ``--dim NAME=N`` gives a symbolic input size (``--dim height=320``).
+``--cpu`` times each run in this process's CPU seconds (``time.process_time``) instead of wall
+seconds: on a loaded host a run the scheduler preempts counts only what it ran (1 thread
+only: with more, the workers' CPU adds up).
 """
 
 from __future__ import annotations
@@ -36,6 +39,8 @@ LEVEL_FLAGS["x86-64-v3"] = LEVEL_FLAGS["x86-64-v2"] + \
 
 # symbolic input sizes (``--dim batch=1``): name -> value
 DIMS: dict[str, int] = {}
+# the clock each run is timed with (``--cpu``: time.process_time)
+CLOCK = time.perf_counter
 
 
 def _inputs(model) -> dict[str, np.ndarray]:
@@ -60,11 +65,10 @@ def _block(model, feeds, seconds: float) -> list[float]:
     times = []
     end = time.perf_counter() + seconds
     while True:
-        t0 = time.perf_counter()
+        t0 = CLOCK()
         model.run(feeds)
-        t1 = time.perf_counter()
-        times.append(t1 - t0)
-        if t1 > end:
+        times.append(CLOCK() - t0)
+        if time.perf_counter() > end:
             return times
 
 
@@ -117,7 +121,14 @@ def main() -> None:
                     help="with --kernels, also list every kernel whose name holds TEXT")
     ap.add_argument("--dim", action="append", default=[], metavar="NAME=N",
                     help="a symbolic input size, e.g. --dim height=320 (repeatable)")
+    ap.add_argument("--cpu", action="store_true",
+                    help="time runs in CPU seconds of this process (1 thread only)")
     args = ap.parse_args()
+    if args.cpu:
+        if args.threads != 1:
+            raise SystemExit("--cpu times one thread's runs: use it with --threads 1")
+        global CLOCK
+        CLOCK = time.process_time
     for item in args.dim:
         name, _, value = item.partition("=")
         if not value.isdigit():
@@ -131,7 +142,8 @@ def main() -> None:
                     for f in line.split() if f.startswith(("avx2", "avx512", "fma"))})
     print(f"host flags: {' '.join(flags)}; {os.cpu_count()} CPUs; load average "
           f"{' '.join(f'{x:.1f}' for x in os.getloadavg())}; threads {args.threads}; variant "
-          f"{args.level or 'best for this host'}; blocks of 0.2 s alternating, "
+          f"{args.level or 'best for this host'}; "
+          f"{'CPU' if args.cpu else 'wall'} time per run; blocks of 0.2 s alternating, "
           f"{args.budget:.0f} s per pair", flush=True)
     print(f"{'A':28s} {'B':28s} {'A med ms':>9s} {'B med ms':>9s} {'A min':>8s} {'B min':>8s} "
           f"{'B/A med':>8s} {'B/A min':>8s}")

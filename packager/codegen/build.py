@@ -63,6 +63,10 @@ class Pipeline:
     speed_level: int
     loop_vectorize: bool
     slp_vectorize: bool
+    # LLVM's loop strength reduction (LSR) in the code generator; off: ``-disable-lsr``
+    # around ``emit_object`` (the process-wide switch set back after it), and the pass runs at
+    # the end of the optimizer instead, on every function but the kernels ``lsr_skipped`` names
+    strength_reduction: bool = True
 
 
 # -O2, not -O3: the kernels' hot loops are vectorized and register-blocked by their emitters,
@@ -75,6 +79,34 @@ DEFAULT_PIPELINE = Pipeline("-O2", 2, True, True)
 # have fired (a cost-model disagreement); -O2 without vectorizers is the last resort.
 CONSERVATIVE_PIPELINES = (Pipeline("-O2 without the loop vectorizer", 2, False, True),
                           Pipeline("-O2 without vectorizers", 2, False, False))
+
+# The portable bundle's fallback level (x86-64-v2, SSE4.2) when a higher level of its
+# architecture is compiled beside it: -O1 (vectorizers on), and no loop strength reduction in
+# the channel-lane convolutions (``lsr_skipped``), where LSR's time sits (0.2-0.4 CPU-s per
+# Winograd kernel): YOLOv8n's v2 object 8.5 -> 4.3 CPU-s. The other kernels keep LSR (the
+# packed 1x1 convolutions ran 1.17x slower on v2 without it). The v2 code runs only on CPUs
+# without AVX2 (before 2013-2015). Measured before it was kept: docs/performance.md, "Export
+# time, sixth round". The host's own best level and a level exported alone keep
+# DEFAULT_PIPELINE.
+LEAN_PIPELINE = Pipeline("-O1, channel-lane kernels without loop strength reduction", 1,
+                         True, True, False)
+
+
+def lsr_skipped(kernels: dict[str, KernelInfo]) -> frozenset[str]:
+    """The symbols of the kernels a pipeline without the code generator's LSR leaves without
+    it (the others get it at the end of the optimizer): the channel-lane convolutions
+    (``codegen/conv_oc.py``; their design, ``KernelInfo.choice``, says "channel-lane")."""
+    return frozenset(k.symbol for k in kernels.values()
+                     if (k.choice or "").startswith("channel-lane"))
+
+
+def target_pipelines(targets: Sequence[Target]) -> list[Pipeline]:
+    """The pipeline each of ``targets`` is compiled with: ``LEAN_PIPELINE`` for x86-64-v2
+    beside a higher x86-64 level, else ``DEFAULT_PIPELINE``."""
+    higher = {t.arch for t in targets if t.arch == "x86_64" and t.name != "x86-64-v2"}
+    return [LEAN_PIPELINE if t.name == "x86-64-v2" and t.arch in higher else DEFAULT_PIPELINE
+            for t in targets]
+
 
 @dataclass(frozen=True)
 class Fallback:
@@ -193,15 +225,16 @@ def compile_in_process(funcs: Sequence[PrimFunc], target: Target, size_vars: tup
                        fallbacks: Sequence[Fallback] = (), use_cache: bool = True,
                        thread_pool: bool = True,
                        options: CompileOptions = CompileOptions(),
-                       key: str | None = None) -> CompiledCode:
+                       key: str | None = None,
+                       pipeline: Pipeline = DEFAULT_PIPELINE) -> CompiledCode:
     """Compile ``funcs`` into one object for ``target`` in this process (an LLVM abort ends
     the process: ``parallel.compile_prim_funcs`` runs this in a worker); kernel symbols are
     ``mlc_<name>``. ``size_vars`` (a symbolic module's size variables, in the order of the
     runtime's sizes array) gives symbolic kernels their run-time extents; ``options`` the
     kernel choices, the object cache (``cache_dir``, None: none; ``cache_max_bytes``) and the
     test-only ``llvm_abort``. ``fallbacks`` name kernels to optimize with their conservative
-    pipeline, in modules of their own linked in after optimization; the others get the default
-    pipeline.
+    pipeline, in modules of their own linked in after optimization; the others get
+    ``pipeline`` (``target_pipelines``: the default, or the lean one of a portable fallback).
     ``thread_pool`` False leaves out the pool's hand-off functions (a kernel compiled alone to
     see whether LLVM survives it). ``key``: ``object_key``'s, when the caller has it. The
     compile cache (``codegen/cache.py``) keys the result by the module's inputs (``object_key``:
@@ -212,7 +245,7 @@ def compile_in_process(funcs: Sequence[PrimFunc], target: Target, size_vars: tup
     conservative = {fb.kernel: fb.pipeline for fb in fallbacks}
     directory = Path(options.cache_dir) if use_cache and options.cache_dir else None
     if directory is not None and key is None:
-        key = object_key(funcs, target, size_vars, thread_pool, options)
+        key = object_key(funcs, target, size_vars, thread_pool, options, pipeline)
     if key is not None:   # keyed by its inputs: a hit emits no IR at all
         hit = _hit(directory, key, target, None, start)
         if hit is not None:
@@ -220,27 +253,31 @@ def compile_in_process(funcs: Sequence[PrimFunc], target: Target, size_vars: tup
     emitted = emit_module(funcs, target, size_vars, thread_pool, options)
     record = fingerprint.kernels_record(emitted.kernels)
     if directory is not None and (key is None or record is None):   # keyed by its IR
-        key = cache.cache_key(emitted.text, target)
+        key = cache.cache_key(emitted.text, target, _key_part(pipeline))
         hit = _hit(directory, key, target, emitted.kernels, start)
         if hit is not None:
             return hit
     tm = _target_machine(target)
     cpu1 = time.process_time()
+    # the object is made with `pipeline`'s code generator: without its LSR, the pass runs in
+    # the optimizer, conservative parts included
+    skip = None if pipeline.strength_reduction else lsr_skipped(emitted.kernels)
     if conservative:
         rest = [f for f in funcs if not any(f.name in emitted.groups[c] for c in conservative)]
         linked = _optimize(emit_module(rest, target, size_vars, thread_pool, options).text,
-                           target, tm, DEFAULT_PIPELINE, options.llvm_abort)
-        for pipeline in dict.fromkeys(conservative.values()):
-            names = [c for c, p in conservative.items() if p == pipeline]
+                           target, tm, pipeline, options.llvm_abort, skip)
+        for part_pipeline in dict.fromkeys(conservative.values()):
+            names = [c for c, p in conservative.items() if p == part_pipeline]
             part = [f for f in funcs if f.name in names]
             text = emit_module(part, target, size_vars, False, options).text
-            linked.link_in(_optimize(text, target, tm, pipeline, options.llvm_abort))
+            linked.link_in(_optimize(text, target, tm, part_pipeline, options.llvm_abort,
+                                     skip))
     else:
-        linked = _optimize(emitted.text, target, tm, DEFAULT_PIPELINE, options.llvm_abort)
+        linked = _optimize(emitted.text, target, tm, pipeline, options.llvm_abort, skip)
     # (a module with fallbacks emits IR again per pipeline: counted as optimizing)
     spent = (cpu1 - cpu0, time.process_time() - cpu1, 0.0)
     return _finish(linked, tm, target, emitted.kernels, options,
-                   key if directory is not None else None, start, fallbacks, spent)
+                   key if directory is not None else None, start, fallbacks, spent, pipeline)
 
 
 @dataclass(frozen=True)
@@ -252,7 +289,8 @@ class OptimizedGroup:
 
 
 def optimize_group(funcs: Sequence[PrimFunc], target: Target, size_vars: tuple[str, ...] = (),
-                   options: CompileOptions = CompileOptions()) -> OptimizedGroup:
+                   options: CompileOptions = CompileOptions(),
+                   pipeline: Pipeline = DEFAULT_PIPELINE) -> OptimizedGroup:
     """Emit and optimize one group of kernels (``codegen/parallel.py`` groups a module's
     kernels and optimizes the groups side by side; ``link_groups`` makes the object). Every
     function structurally equal to one in the group must be in it (they share its symbol)."""
@@ -260,7 +298,8 @@ def optimize_group(funcs: Sequence[PrimFunc], target: Target, size_vars: tuple[s
     emitted = emit_module(funcs, target, size_vars, False, options)
     tm = _target_machine(target)
     cpu1 = time.process_time()
-    module = _optimize(emitted.text, target, tm, DEFAULT_PIPELINE, options.llvm_abort)
+    module = _optimize(emitted.text, target, tm, pipeline, options.llvm_abort,
+                       None if pipeline.strength_reduction else lsr_skipped(emitted.kernels))
     bitcode = module.as_bitcode()
     return OptimizedGroup(bitcode, emitted.kernels,
                           (cpu1 - cpu0, time.process_time() - cpu1, 0.0))
@@ -268,16 +307,19 @@ def optimize_group(funcs: Sequence[PrimFunc], target: Target, size_vars: tuple[s
 
 def link_groups(groups: Sequence[OptimizedGroup], target: Target,
                 options: CompileOptions = CompileOptions(), key: str | None = None,
-                start: float | None = None) -> CompiledCode:
+                start: float | None = None, pipeline: Pipeline = DEFAULT_PIPELINE
+                ) -> CompiledCode:
     """The object of optimized kernel groups, linked in order, with the thread pool's
-    hand-off functions after them (optimized on their own); stored in the compile cache under
+    hand-off functions after them (optimized on their own), made with ``pipeline`` (the one
+    the groups were optimized with: its code generator options); stored in the compile cache under
     ``key`` (``object_key`` of the whole module) when given. Raises ``CodegenError`` when the
     groups do not link (the caller then compiles the module whole)."""
     start = time.perf_counter() if start is None else start
     cpu0 = time.process_time()
     tm = _target_machine(target)
     pool = emit_module([], target, (), True, options)
-    linked = _optimize(pool.text, target, tm, DEFAULT_PIPELINE, options.llvm_abort)
+    linked = _optimize(pool.text, target, tm, pipeline, options.llvm_abort,
+                       None if pipeline.strength_reduction else frozenset())
     try:
         parts = [llvm.parse_bitcode(g.bitcode) for g in groups]
         head = parts[0]
@@ -288,15 +330,17 @@ def link_groups(groups: Sequence[OptimizedGroup], target: Target,
     kernels = {name: k for g in groups for name, k in g.kernels.items()}
     linking = (0.0, time.process_time() - cpu0, 0.0)
     return _finish(head, tm, target, kernels, options, key, start, (),
-                   _add(linking, *(g.phases for g in groups)))
+                   _add(linking, *(g.phases for g in groups)), pipeline)
 
 
 def _finish(linked: llvm.ModuleRef, tm: llvm.TargetMachine, target: Target,
             kernels: dict[str, KernelInfo], options: CompileOptions, key: str | None,
             start: float, fallbacks: Sequence[Fallback],
-            spent: tuple[float, ...] = (0.0, 0.0, 0.0)) -> CompiledCode:
-    """Code generation of an optimized module, the import check, and the cache store;
-    ``spent``: CPU seconds per phase so far (``PHASES``), the object's added."""
+            spent: tuple[float, ...] = (0.0, 0.0, 0.0),
+            pipeline: Pipeline = DEFAULT_PIPELINE) -> CompiledCode:
+    """Code generation of an optimized module (with ``pipeline``'s code generator options),
+    the import check, and the cache store; ``spent``: CPU seconds per phase so far
+    (``PHASES``), the object's added."""
     cpu0 = time.process_time()
     undefined = sorted(f.name for f in linked.functions
                        if f.is_declaration and not f.name.startswith("llvm.")
@@ -304,7 +348,7 @@ def _finish(linked: llvm.ModuleRef, tm: llvm.TargetMachine, target: Target,
     if undefined:
         raise CodegenError(f"kernels would import {', '.join(undefined)}, which the runtime "
                            "does not provide")
-    obj = tm.emit_object(linked)
+    obj = _emit_object(tm, linked, pipeline)
     _check_imports(obj, target)
     optimized = str(linked)
     if options.cache_dir and key:
@@ -319,20 +363,31 @@ def _finish(linked: llvm.ModuleRef, tm: llvm.TargetMachine, target: Target,
 
 
 def object_key(funcs: Sequence[PrimFunc], target: Target, size_vars: tuple[str, ...] = (),
-               thread_pool: bool = True, options: CompileOptions = CompileOptions()
-               ) -> str | None:
-    """The compile cache's key for compiling ``funcs`` into one module for ``target``, from
-    the kernels' inputs (``codegen/fingerprint.py``), before any IR is emitted; None when they
-    hold a value the encoding does not know (the module is then keyed by its IR)."""
-    return object_keys(funcs, [target], size_vars, thread_pool, options)[0]
+               thread_pool: bool = True, options: CompileOptions = CompileOptions(),
+               pipeline: Pipeline = DEFAULT_PIPELINE) -> str | None:
+    """The compile cache's key for compiling ``funcs`` into one module for ``target`` with
+    ``pipeline``, from the kernels' inputs (``codegen/fingerprint.py``), before any IR is
+    emitted; None when they hold a value the encoding does not know (the module is then
+    keyed by its IR)."""
+    return object_keys(funcs, [target], size_vars, thread_pool, options, [pipeline])[0]
 
 
 def object_keys(funcs: Sequence[PrimFunc], targets: Sequence[Target],
                 size_vars: tuple[str, ...] = (), thread_pool: bool = True,
-                options: CompileOptions = CompileOptions()) -> list[str | None]:
-    """``object_key`` for each of ``targets`` (the functions are encoded once)."""
+                options: CompileOptions = CompileOptions(),
+                pipelines: Sequence[Pipeline] | None = None) -> list[str | None]:
+    """``object_key`` for each of ``targets`` (the functions are encoded once), each with its
+    pipeline (None: the default for all)."""
     parts = fingerprint.encode_funcs(funcs, size_vars, thread_pool, options)
-    return [None if parts is None else cache.object_key(parts, t) for t in targets]
+    pipelines = pipelines or [DEFAULT_PIPELINE] * len(targets)
+    return [None if parts is None else cache.object_key(parts, t, _key_part(p))
+            for t, p in zip(targets, pipelines)]
+
+
+def _key_part(pipeline: Pipeline) -> str:
+    """What a pipeline adds to a cache key: nothing for the default (``cache.PIPELINE`` names
+    it), else its name."""
+    return "" if pipeline == DEFAULT_PIPELINE else pipeline.name
 
 
 def cached_code(key: str | None, target: Target, options: CompileOptions) -> CompiledCode | None:
@@ -368,9 +423,11 @@ def _from_notes(notes: Sequence[dict]) -> tuple[Fallback, ...]:
 
 
 def _optimize(text: str, target: Target, tm: llvm.TargetMachine, pipeline: Pipeline,
-              fault: str = "") -> llvm.ModuleRef:
+              fault: str = "", lsr_skip: frozenset[str] | None = None) -> llvm.ModuleRef:
     """Parse, verify and optimize ``text`` with ``pipeline`` (``fault``: the test-only abort,
-    ``CompileOptions.llvm_abort``)."""
+    ``CompileOptions.llvm_abort``); ``lsr_skip`` not None: then loop strength reduction on
+    every function but those kernels (and their bodies, ``<symbol>.body``), for an object
+    made without the code generator's LSR."""
     try:
         parsed = llvm.parse_assembly(text)
         parsed.verify()
@@ -386,6 +443,12 @@ def _optimize(text: str, target: Target, tm: llvm.TargetMachine, pipeline: Pipel
     tuning.slp_vectorization = pipeline.slp_vectorize
     pb = llvm.create_pass_builder(tm, tuning)
     pb.getModulePassManager().run(parsed, pb)
+    if lsr_skip is not None:
+        fpm = llvm.create_new_function_pass_manager()
+        fpm.add_loop_strength_reduce_pass()
+        for fn in parsed.functions:
+            if not fn.is_declaration and fn.name.split(".")[0] not in lsr_skip:
+                fpm.run(fn, pb)
     return parsed
 
 
@@ -394,11 +457,23 @@ def _inject_fault(module: llvm.ModuleRef, pipeline: Pipeline, spec: str) -> None
     if not spec:
         return
     name, _, when = spec.partition(":")
-    if pipeline != DEFAULT_PIPELINE and when != "always":
+    if pipeline in CONSERVATIVE_PIPELINES and when != "always":
         return
     if any(name in f.name for f in module.functions
            if f.name.startswith(SYMBOL_PREFIX) and not f.is_declaration):
         os.abort()
+
+
+def _emit_object(tm: llvm.TargetMachine, module: llvm.ModuleRef, pipeline: Pipeline) -> bytes:
+    """``module``'s object code; without loop strength reduction where ``pipeline`` says so
+    (the switch is process-wide: set back to LLVM's default afterwards)."""
+    if pipeline.strength_reduction:
+        return tm.emit_object(module)
+    llvm.set_option("mlcpack", "-disable-lsr=true")
+    try:
+        return tm.emit_object(module)
+    finally:
+        llvm.set_option("mlcpack", "-disable-lsr=false")
 
 
 def _check_imports(obj: bytes, target: Target) -> None:

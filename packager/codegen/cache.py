@@ -110,11 +110,12 @@ def max_bytes(environ: Mapping[str, str]) -> int:
     return int(value * _UNITS[unit])
 
 
-def cache_key(text: str, target: Target) -> str:
+def cache_key(text: str, target: Target, pipeline: str = "") -> str:
     """The key of a module known only by its LLVM IR ``text`` (the fallback of
-    ``build.object_key``, for kernels holding a value it cannot encode)."""
+    ``build.object_key``, for kernels holding a value it cannot encode); ``pipeline``: the
+    name of a pipeline other than the default (``build.LEAN_PIPELINE``), "" for the default."""
     h = hashlib.sha256()
-    for part in (PIPELINE, llvmlite.__version__, ".".join(map(str, llvm.llvm_version_info)),
+    for part in (PIPELINE + pipeline, llvmlite.__version__, ".".join(map(str, llvm.llvm_version_info)),
                  target.triple, target.llvm_cpu, target.llvm_features):
         h.update(part.encode() + b"\0")
     h.update(text.encode())
@@ -142,11 +143,12 @@ def _version() -> str:
     return __version__
 
 
-def object_key(parts: Iterable[bytes], target: Target) -> str:
+def object_key(parts: Iterable[bytes], target: Target, pipeline: str = "") -> str:
     """The key of a module known by its inputs (``build.object_key`` encodes them): taken
-    before any LLVM IR is emitted, so a warm export neither emits nor prints IR."""
+    before any LLVM IR is emitted, so a warm export neither emits nor prints IR; ``pipeline``
+    as in ``cache_key``."""
     h = hashlib.sha256(b"inputs\0")
-    for part in (PIPELINE, llvmlite.__version__, ".".join(map(str, llvm.llvm_version_info)),
+    for part in (PIPELINE + pipeline, llvmlite.__version__, ".".join(map(str, llvm.llvm_version_info)),
                  compiler_fingerprint(), target.name, target.triple, target.llvm_cpu,
                  target.llvm_features):
         h.update(part.encode() + b"\0")

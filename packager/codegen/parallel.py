@@ -48,9 +48,9 @@ from typing import Any, Callable, Sequence
 from ..ir.graph import PrimFunc
 from ..ir.structure import structural_key
 from ..options import CompileOptions
-from .build import (CONSERVATIVE_PIPELINES, CodegenError, CompiledCode, Fallback,
-                    KernelCompileError, cached_code, compile_in_process, link_groups,
-                    object_keys, optimize_group)
+from .build import (CONSERVATIVE_PIPELINES, DEFAULT_PIPELINE, CodegenError, CompiledCode,
+                    Fallback, KernelCompileError, Pipeline, cached_code, compile_in_process,
+                    link_groups, object_keys, optimize_group, target_pipelines)
 from .target import Target
 
 
@@ -158,28 +158,49 @@ def death_reason(stderr: str, exitcode: int | None) -> str:
 def _run(jobs: Sequence[tuple[Callable[..., Any], tuple]], at_once: int) -> list[_Outcome]:
     """Run every job in a worker, ``at_once`` at a time; their outcomes in order."""
     pending = list(enumerate(jobs))
-    running: dict[int, _Worker] = {}
     outcomes: dict[int, _Outcome] = {}
+
+    def take():
+        if not pending:
+            return None
+        index, (fn, args) = pending.pop(0)
+        return index, fn, args
+
+    _schedule(take, outcomes.__setitem__, at_once)
+    return [outcomes[i] for i in range(len(jobs))]
+
+
+def _schedule(take: Callable[[], tuple[Any, Callable[..., Any], tuple] | None],
+              done: Callable[[Any, _Outcome], None], at_once: int) -> None:
+    """Workers, ``at_once`` at a time, for the jobs ``take()`` hands out as ``(tag, fn,
+    args)`` (None: no job is ready now; once none is running either, the end); each outcome
+    goes to ``done(tag, outcome)`` as its worker ends, which may make more jobs ready. An
+    exception ``done`` raises ends every running worker."""
+    running: dict[Any, _Worker] = {}
     # the workers' garbage collector then skips this process's objects, so it does not copy
     # every page that holds one (copy-on-write) just to look at it
     gc.freeze()
     try:
-        while pending or running:
-            while pending and len(running) < at_once:
-                index, (fn, args) = pending.pop(0)
-                running[index] = _Worker(fn, args)
+        while True:
+            while len(running) < at_once:
+                job = take()
+                if job is None:
+                    break
+                tag, fn, args = job
+                running[tag] = _Worker(fn, args)
+            if not running:
+                return
             ready = wait([w.conn for w in running.values()])
-            for index, worker in list(running.items()):
+            for tag, worker in list(running.items()):
                 if worker.conn in ready:
                     worker.receive()
                     if worker.finished:
-                        outcomes[index] = worker.outcome
-                        del running[index]
+                        del running[tag]
+                        done(tag, worker.outcome)
     finally:
         gc.unfreeze()
         for worker in running.values():
             worker.kill()
-    return [outcomes[i] for i in range(len(jobs))]
 
 
 class Background:
@@ -226,9 +247,9 @@ def _call(report, fn, args):
 
 
 def _compile_job(report, funcs, target, size_vars, options, fallbacks=(), use_cache=True,
-                 key=None) -> CompiledCode:
+                 key=None, pipeline=DEFAULT_PIPELINE) -> CompiledCode:
     return compile_in_process(funcs, target, size_vars, fallbacks, use_cache, options=options,
-                              key=key)
+                              key=key, pipeline=pipeline)
 
 
 def compile_prim_funcs(funcs: Sequence[PrimFunc], target: Target,
@@ -250,12 +271,14 @@ def compile_for_targets(funcs: Sequence[PrimFunc], targets: Sequence[Target],
     once on a machine with more than one usable CPU (``options.parallel_compile`` False,
     ``MLCPACK_PARALLEL_COMPILE=0`` at the command line: one at a time). A kernel LLVM aborts on
     is compiled with a conservative pipeline (the code's ``fallbacks`` say which), or raises
-    ``KernelCompileError``. Without ``fork``, or in a
+    ``KernelCompileError``. Each target gets ``build.target_pipelines``' pipeline (a portable
+    bundle's x86-64-v2 fallback the lean one). Without ``fork``, or in a
     daemonic process (a multiprocessing pool's worker), everything compiles in this process."""
     # a cache hit needs no compile, so no worker: it is looked up here, before any IR exists
     done: dict[int, CompiledCode] = {}
-    keys = object_keys(funcs, targets, size_vars, True, options) if options.cache_dir \
-        else [None] * len(targets)
+    pipelines = target_pipelines(targets)
+    keys = object_keys(funcs, targets, size_vars, True, options, pipelines) \
+        if options.cache_dir else [None] * len(targets)
     for i, t in enumerate(targets):
         hit = cached_code(keys[i], t, options)
         if hit is not None:
@@ -265,7 +288,8 @@ def compile_for_targets(funcs: Sequence[PrimFunc], targets: Sequence[Target],
         return [done[i] for i in range(len(targets))]
     if "fork" not in multiprocessing.get_all_start_methods() \
             or multiprocessing.current_process().daemon:   # a daemon may not start processes
-        done.update((i, compile_in_process(funcs, t, size_vars, options=options, key=keys[i]))
+        done.update((i, compile_in_process(funcs, t, size_vars, options=options, key=keys[i],
+                                           pipeline=pipelines[i]))
                     for i, t in missing)
         return [done[i] for i in range(len(targets))]
     cpus = _usable_cpus() if options.parallel_compile else 1
@@ -275,19 +299,22 @@ def compile_for_targets(funcs: Sequence[PrimFunc], targets: Sequence[Target],
         whole = []
         for (i, t), code in zip(missing, _compile_grouped(groups, [t for _, t in missing],
                                                           size_vars, options,
-                                                          [keys[i] for i, _ in missing], cpus)):
+                                                          [keys[i] for i, _ in missing], cpus,
+                                                          [pipelines[i] for i, _ in missing])):
             if code is None:
                 whole.append((i, t))
             else:
                 done[i] = code
     # one module per target (a group died: LLVM aborted, see _recover; or one kernel group)
-    outcomes = _run([(_compile_job, (funcs, t, size_vars, options, (), True, keys[i]))
+    outcomes = _run([(_compile_job, (funcs, t, size_vars, options, (), True, keys[i],
+                                     pipelines[i]))
                      for i, t in whole], max(1, min(len(whole), cpus)))
     for outcome in outcomes:
         if outcome.error is not None:
             raise outcome.error
     for (i, t), o in zip(whole, outcomes):
-        done[i] = o.value if o.died is None else _recover(funcs, t, size_vars, o.died, options)
+        done[i] = o.value if o.died is None else _recover(funcs, t, size_vars, o.died, options,
+                                                          pipelines[i])
     return [done[i] for i in range(len(targets))]
 
 
@@ -329,61 +356,89 @@ def _estimated_cost(key) -> float:
     return len(nodes) * (1 + 4 * reductions)
 
 
-def _group_job(report, funcs, target, size_vars, options):
-    return optimize_group(funcs, target, size_vars, options)
+def _group_job(report, funcs, target, size_vars, options, pipeline):
+    return optimize_group(funcs, target, size_vars, options, pipeline)
 
 
-def _link_job(report, groups, target, options, key, start):
-    return link_groups(groups, target, options, key, start)
+def _link_job(report, groups, target, options, key, start, pipeline):
+    return link_groups(groups, target, options, key, start, pipeline)
 
 
 def _compile_grouped(grouped: Sequence[tuple[Sequence[PrimFunc], float]],
                      targets: Sequence[Target],
                      size_vars: tuple[str, ...], options: CompileOptions,
-                     keys: Sequence[str | None], cpus: int) -> list[CompiledCode | None]:
-    """Each target's object from its kernel groups, optimized in parallel workers (every
-    target's groups at once, ``cpus`` at a time, the costliest first), then linked and
-    compiled to an object in a worker per target. None for a target where a worker died (LLVM
-    aborted): the caller compiles that one whole, which finds the culprit (``_recover``)."""
+                     keys: Sequence[str | None], cpus: int,
+                     pipelines: Sequence[Pipeline]) -> list[CompiledCode | None]:
+    """Each target's object from its kernel groups, optimized in parallel workers (``cpus``
+    at a time), then linked and compiled to an object in a worker per target, which starts as
+    soon as that target's groups are done (beside the other targets' groups): the targets in
+    ``_target_order``, each one's groups the costliest first, a ready link before any group.
+    The object is one long job per target; started early, it runs beside the next target's
+    groups instead of leaving a CPU idle at the end. None for a target where a worker died
+    (LLVM aborted): the caller compiles that one whole, which finds the culprit
+    (``_recover``)."""
     start = time.perf_counter()
     groups = [g for g, _ in grouped]
     cost = [c for _, c in grouped]
-    jobs = sorted(((t, g) for t in range(len(targets)) for g in range(len(groups))),
-                  key=lambda tg: -cost[tg[1]])
-    outcomes = _run([(_group_job, (groups[g], targets[t], size_vars, options))
-                     for t, g in jobs], max(1, min(cpus, len(jobs))))
+    pending = [(t, g) for t in _target_order(targets, pipelines)
+               for g in sorted(range(len(groups)), key=lambda g: -cost[g])]
     parts: dict[tuple[int, int], Any] = {}
-    failed = set()
-    for (t, g), outcome in zip(jobs, outcomes):
+    left = {t: len(groups) for t in range(len(targets))}
+    links: list[int] = []
+    result: list[CompiledCode | None] = [None] * len(targets)
+
+    def take():
+        if links:
+            t = links.pop(0)
+            return ("link", t), _link_job, ([parts[t, g] for g in range(len(groups))],
+                                            targets[t], options, keys[t], start, pipelines[t])
+        if pending:
+            t, g = pending.pop(0)
+            return ("group", t, g), _group_job, (groups[g], targets[t], size_vars, options,
+                                                 pipelines[t])
+        return None
+
+    def done(tag, outcome: _Outcome) -> None:
+        if tag[0] == "link":
+            if outcome.error is not None and not isinstance(outcome.error, CodegenError):
+                raise outcome.error
+            if outcome.died is None and outcome.error is None:
+                result[tag[1]] = outcome.value
+            return
+        _, t, g = tag
         if outcome.error is not None:
             raise outcome.error
-        if outcome.died is not None:
-            failed.add(t)
-        else:
-            parts[t, g] = outcome.value
-    linking = [t for t in range(len(targets)) if t not in failed]
-    outcomes = _run([(_link_job, ([parts[t, g] for g in range(len(groups))], targets[t],
-                                  options, keys[t], start)) for t in linking],
-                    max(1, min(cpus, len(linking))))
-    result: list[CompiledCode | None] = [None] * len(targets)
-    for t, outcome in zip(linking, outcomes):
-        if outcome.error is not None and not isinstance(outcome.error, CodegenError):
-            raise outcome.error
-        if outcome.died is None and outcome.error is None:
-            result[t] = outcome.value
+        if outcome.died is not None:   # this target compiles whole afterwards: drop the rest
+            left[t] = -1
+            pending[:] = [tg for tg in pending if tg[0] != t]
+            return
+        parts[t, g] = outcome.value
+        left[t] -= 1
+        if left[t] == 0:
+            links.append(t)
+
+    _schedule(take, done, max(1, cpus))
     return result
 
 
-def _scan_job(report, kernels, target, size_vars, options) -> None:
+def _target_order(targets: Sequence[Target], pipelines: Sequence[Pipeline]) -> list[int]:
+    """The order in which the targets' groups are optimized: the costliest object last to
+    start is what the compile waits for at the end, so the targets with the default pipeline
+    come first (the highest level first: wider vectors, more code), the lean ones after."""
+    return sorted(range(len(targets)),
+                  key=lambda t: (pipelines[t] != DEFAULT_PIPELINE, -t))
+
+
+def _scan_job(report, kernels, target, size_vars, options, pipeline) -> None:
     """Compile ``kernels`` one at a time, each alone, reporting how many are done."""
     for i, kernel in enumerate(kernels):
         compile_in_process([kernel], target, size_vars, use_cache=False, thread_pool=False,
-                           options=options)
+                           options=options, pipeline=pipeline)
         report(i + 1)
 
 
 def _find_culprits(kernels: Sequence[PrimFunc], target: Target, size_vars: tuple[str, ...],
-                   options: CompileOptions) -> dict[str, str]:
+                   options: CompileOptions, pipeline: Pipeline) -> dict[str, str]:
     """The kernels LLVM aborts on when each is compiled alone, and why: contiguous runs of
     ``kernels`` scanned by parallel workers, a run that dies going on after its culprit."""
     at_once = max(1, min(_usable_cpus(), len(kernels)))
@@ -391,7 +446,7 @@ def _find_culprits(kernels: Sequence[PrimFunc], target: Target, size_vars: tuple
     runs = [(lo, min(lo + step, len(kernels))) for lo in range(0, len(kernels), step)]
     culprits: dict[str, str] = {}
     while runs:
-        outcomes = _run([(_scan_job, (kernels[lo:hi], target, size_vars, options))
+        outcomes = _run([(_scan_job, (kernels[lo:hi], target, size_vars, options, pipeline))
                          for lo, hi in runs], at_once)
         again = []
         for (lo, hi), outcome in zip(runs, outcomes):
@@ -407,20 +462,24 @@ def _find_culprits(kernels: Sequence[PrimFunc], target: Target, size_vars: tuple
 
 
 def _recover(funcs: Sequence[PrimFunc], target: Target, size_vars: tuple[str, ...],
-             reason: str, options: CompileOptions) -> CompiledCode:
-    """The module's object when compiling it whole made a worker die (see the module doc)."""
+             reason: str, options: CompileOptions,
+             pipeline: Pipeline = DEFAULT_PIPELINE) -> CompiledCode:
+    """The module's object when compiling it whole with ``pipeline`` made a worker die (see
+    the module doc): the kernels that survive keep ``pipeline``."""
     groups: dict[object, list[PrimFunc]] = {}
     for f in funcs:
         groups.setdefault(structural_key(f), []).append(f)
     members = {g[0].name: g for g in groups.values()}
-    culprits = _find_culprits([g[0] for g in groups.values()], target, size_vars, options)
+    culprits = _find_culprits([g[0] for g in groups.values()], target, size_vars, options,
+                              pipeline)
     if not culprits:   # every kernel compiles alone: give them all the conservative pipelines
         culprits = {name: reason for name in members}
     serves = {name: tuple(f.name for f in members[name]) for name in culprits}
     # first try: every culprit with the first conservative pipeline, in one compile
     fallbacks = [Fallback(name, serves[name], CONSERVATIVE_PIPELINES[0], why)
                  for name, why in culprits.items()]
-    (outcome,) = _run([(_compile_job, (funcs, target, size_vars, options, fallbacks))], 1)
+    (outcome,) = _run([(_compile_job, (funcs, target, size_vars, options, fallbacks, True,
+                                       None, pipeline))], 1)
     if outcome.error is not None:
         raise outcome.error
     if outcome.died is None:
@@ -440,7 +499,8 @@ def _recover(funcs: Sequence[PrimFunc], target: Target, size_vars: tuple[str, ..
         else:
             failed.append(name)
     if not failed:
-        (outcome,) = _run([(_compile_job, (funcs, target, size_vars, options, fallbacks))], 1)
+        (outcome,) = _run([(_compile_job, (funcs, target, size_vars, options, fallbacks, True,
+                                       None, pipeline))], 1)
         if outcome.error is not None:
             raise outcome.error
         if outcome.died is None:
