@@ -125,7 +125,8 @@ def test_depthwise_padded_rows_match_onnxruntime(target, tmp_path, split_every_k
 def test_padded_geometry_on_narrow_targets():
     """The plan: a border chunk or stride 2 takes the padded rows below AVX-512's width (the
     16-lane path keeps its masked border chunks); stride-2 taps read their parity row with
-    one plain load each; the region holds every row of the plane."""
+    one plain load each; the region holds every row of the plane and the zero rows its windows
+    reach past it."""
     from mlcpack.packager.codegen.depthwise.static import PADDED_BELOW_VL, DepthwiseEmitter, \
         match_depthwise
     from mlcpack.packager.ir import BlockBuilder
@@ -151,9 +152,14 @@ def test_padded_geometry_on_narrow_targets():
     assert PADDED_BELOW_VL == 16
     e = plan((1, 8, 14, 14), 5, 1, 2, 8)
     assert e.padded and e.row_stride >= 2 + 14 and (e.q_lo, e.q_hi, e.nq) == (0, 1, 2)
-    assert e.region_floats >= 14 * e.row_stride
+    # the zero rows above and below the plane's: every window inside the region, one
+    # group of output rows (one copy of the row block's code)
+    assert e.pad_rows == 2 and e.region_floats >= (2 + 14 + 2) * e.row_stride
+    assert e.segments == [(0, 14, 0, 5)]
     e = plan((1, 8, 14, 14), 5, 2, 2, 8)
     assert e.padded and e.x_step == 1 and e.row_stride == 2 * e.phase_len
+    assert e.segments == [(0, 7, 0, 5)] and e.region_floats >= (2 + 14 + 1) * e.row_stride
     assert e.recipes == {kx: ("load", kx % 2 * e.phase_len + kx // 2) for kx in range(5)}
-    assert not plan((1, 8, 14, 14), 5, 1, 2, 16).padded        # AVX-512: masked borders
+    e = plan((1, 8, 14, 14), 5, 1, 2, 16)
+    assert not e.padded and len(e.segments) == 5                # AVX-512: masked borders
     assert not plan((1, 8, 6, 16), 1, 1, 0, 8).padded          # no border chunk: in place

@@ -22,8 +22,11 @@ load with masks (lanes outside the row read 0) and store with one.
 
 That is the AVX-512 path. With narrower vectors (AVX2, SSE, NEON), where masked loads are slow
 (AMD's vmaskmovps) or scalarized, and 8-lane cross-lane shuffles cost more than loads, each
-task first copies its plane into a zero-margined row buffer of its own (``padded``): every
-chunk then loads plainly, a row's partial last chunk stores its lanes in pieces (4, 2, 1), and
+task first copies its plane into a zero-margined row buffer of its own (``padded``), with zero
+rows above and below the plane's: every chunk then loads plainly, every output row's window
+lies inside the buffer (one group of rows: one copy of the row block's code, where a group per
+border row's window made 2-3x the IR for a 5x5 window, all of it compile time), a row's
+partial last chunk stores its lanes in pieces (4, 2, 1), and
 with stride 2 the copy splits each row by column parity so that every tap is one plain load
 (no shuffles). There 3 rows x 2 chunks (2 x 2 under a SiLU) share each weight load. MobileNetV3 /
 EfficientNet / ConvNeXt depthwise layers went from 2.0x ORT's time (geometric mean, 1 thread,
@@ -189,13 +192,22 @@ class DepthwiseEmitter(ContractionEmitter):
                 self.x_step = 1
                 self.recipes = {kx: ("load", kx % 2 * self.phase_len + kx // 2)
                                 for kx in range(self.kw)}
-            self.region_floats = -(-self.h * self.row_stride // 16) * 16
+            # Zero rows above and below the plane's (``pad_rows`` above): every output row's
+            # window then lies inside the region, so all rows are one segment (one copy of the
+            # row block's code instead of one per border row's window; the border rows multiply
+            # zeros instead)
+            self.pad_rows = self.pt
+            rows = max(self.pt + self.h, (self.oh - 1) * self.sh + self.kh)
+            self.region_floats = -(-rows * self.row_stride // 16) * 16
             math = any(isinstance(node, te.MathCall)
                        for node in te.walk(self.match.body, skip=self.match.reduce))
             self.row_block, self.col_block = PADDED_BLOCK_MATH if math else PADDED_BLOCK
             if self.nq == 1 and not math:   # one chunk per row (7-wide): 6 rows
                 self.row_block, self.col_block = self.row_block * self.col_block, 1
         # output rows grouped by the window rows inside the image: (oy0, oy1, ky_lo, ky_hi)
+        if self.padded:   # inside the region's zero rows: one group
+            self.segments = [(0, self.oh, 0, self.kh)]
+            return
         segments: list[list[int]] = []
         for oy in range(self.oh):
             top = oy * self.sh - self.pt
@@ -224,7 +236,7 @@ class DepthwiseEmitter(ContractionEmitter):
                                [ir.IntType(8).as_pointer(), ir.IntType(8), I64, I1])
             b.call(memset, [b.bitcast(region, ir.IntType(8).as_pointer()),
                             ir.Constant(ir.IntType(8), 0),
-                            const_i64(self.h * self.row_stride * 4), ir.Constant(I1, 0)])
+                            const_i64(self.region_floats * 4), ir.Constant(I1, 0)])
             self._emit_plane_range(*self._split(self.n * self.o, task, nt), region)
 
     def _emit_plane_range(self, lo, hi, region: ir.Value | None) -> None:
@@ -238,6 +250,9 @@ class DepthwiseEmitter(ContractionEmitter):
             ic = b.sdiv(oc, const_i64(mult)) if mult > 1 else oc
             plane = b.add(b.mul(nb, const_i64(self.c)), ic)
             x_plane = b.gep(x_ptr, [b.mul(plane, const_i64(self.h * self.w))], inbounds=True)
+            if region is not None:   # input row 0 after the zero rows
+                region = b.gep(region, [const_i64(self.pad_rows * self.row_stride)],
+                               inbounds=True)
             if region is not None and 4 * self.region_floats >= LAZY_COPY_BYTES:
                 self._lazy = (x_plane, region)   # copied row block by row block (_emit_rows)
                 x_plane = region

@@ -22,7 +22,7 @@ one it uses on AVX2, SSE and NEON) with every extent a run-time value:
   store, vmaskmovps, is slow on AMD's AVX2 cores), unless the row is narrower than a vector
   or the epilogue reads along it (a residual that could be the output itself, in place):
   then the partial chunk's lanes are stored with a mask. The leftover rows of a plane
-  (``OH % rows``) go as blocks of 2 and 1;
+  (``OH % rows``) go one at a time;
 * the fused epilogue (bias, folded batch norm, activation, residual) is the static kernel's,
   a vector at a time.
 
@@ -150,16 +150,11 @@ class SymbolicDepthwiseEmitter(SymbolicConvEmitter):
             nblk = b.sdiv(self.OH, const_i64(R))
             with for_range(b, const_i64(0), nblk, "oyb") as blk:
                 self._emit_rows(region, b.mul(blk, const_i64(R)), R)
-            # the leftover rows (fewer than R): blocks of 2 and 1
-            done = b.mul(nblk, const_i64(R))
-            left = b.sub(self.OH, done)
-            size = 1 << ((R - 1).bit_length() - 1) if R > 1 else 0
-            while size:   # powers of two below R: left's bits
-                bit = b.and_(left, const_i64(size))
-                with b.if_then(b.icmp_signed("!=", bit, const_i64(0))):
-                    self._emit_rows(region, done, size)
-                done = b.add(done, bit)
-                size //= 2
+            # the leftover rows (fewer than R) one at a time: one more copy of the row code
+            # (blocks of 2 and 1 were two; the 2-row block saved one weight load in 2 rows of
+            # a plane, and cost its copy's compile time in every kernel)
+            with for_range(b, b.mul(nblk, const_i64(R)), self.OH, "oyr") as oy:
+                self._emit_rows(region, oy, 1)
 
     def _plane_values(self) -> dict:
         """The epilogue's reads that do not move along the plane (a bias, a folded batch
