@@ -57,7 +57,7 @@ from .fuse_qdq_dw import depthwise_call
 from .fuse_qdq_dynamic import (integer_recurrences, plan_integer_convs, plan_integer_products,
                                plan_requantized_products)
 from .fuse_qdq_float import plan_float_products
-from .int8_cost import float_conv_reason
+from .int8_cost import float_conv_reason, open_conv_integer
 from .quad_weights import split_share
 from .simplify import eliminate_dead_code
 from .stored_int import integer_constant
@@ -225,8 +225,11 @@ def _fuse_in_function(fn: Function, int8: bool, options: CompileOptions) -> Func
             w.shape, cv.attrs["strides"], q.type.shape, cv.attrs.get("groups", 1), options,
             w7=share == 0, split_share=share,
             signed_ok=share is not None and bool(wd.min() >= -127))
+        # run-time image sizes: the quad kernel's open form where it applies (int8_cost.py)
+        sized = static_shapes(x, q) or open_conv_integer(
+            w.shape, cv.attrs["strides"], cv.attrs.get("groups", 1), options, share)
         if (int8 and not float_reason and cv.attrs.get("groups", 1) == 1
-                and tuple(cv.attrs.get("dilation", (1, 1))) == (1, 1) and static_shapes(x, q)):
+                and tuple(cv.attrs.get("dilation", (1, 1))) == (1, 1) and sized):
             args = [x, Constant(f"{getattr(x, 'name', 'x')}_qw", pack_conv_weights(wd)),
                     Constant("x_zp", np.asarray(int(xzp.reshape(())), np.int32)),
                     Constant("bias_i32", bias.astype(np.int32)),
