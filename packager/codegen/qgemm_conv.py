@@ -1175,7 +1175,7 @@ class QConv(QEmitter):
             vals = []
             for j in range(chans):
                 ch = b.add(b.mul(p, const_i64(2)), const_i64(j))
-                src = b.add(b.mul(ch, hw), b.add(b.mul(iy, _i64(w)), ix))
+                src = b.add(b.mul(ch, const_i64(h * w)), b.add(b.mul(iy, const_i64(w)), ix))
                 raw = b.load(self._ptr(xb, src, src_ty), align=1)
                 if sw > 1:
                     raw = b.shuffle_vector(raw, ir.Constant(src_ty, None), every)

@@ -142,7 +142,8 @@ KERNEL_RULES: tuple[KernelRule, ...] = (
     KernelRule("nonzero index", None, _on_func(emit_nonzero_index),   # ops/dynamic.py
                _sized(emit_nonzero_index)),
     KernelRule("unique by sorting", None, _on_func(emit_unique), _sized(emit_unique)),   # ditto
-    KernelRule("integer GEMM", None, _integer_gemm, _integer_gemm_sized),   # qmatmul / qconv2d (ops/qlinear.py)
+    KernelRule("integer GEMM", None, _integer_gemm,   # qmatmul / qconv2d (ops/qlinear.py)
+               _integer_gemm_sized),   # qconv2d quads with run-time image sizes
     KernelRule("integer depthwise", None, _integer_depthwise, None),   # qdwconv2d
     KernelRule("integer elementwise", None, _on_func(emit_qelementwise, True),   # qbinary, qgavgpool
                _sized(emit_qelementwise_sized)),   # lut8 with run-time extents
