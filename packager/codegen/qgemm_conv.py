@@ -1,7 +1,13 @@
 """The ``qconv2d`` integer convolution kernel (groups 1, dilation 1, any kernel / stride /
 padding; no im2col: int16 pair planes on AVX2 / generic targets, uint8 quad planes with VNNI /
 sdot; a 1x1 image as a matrix-vector product; an optional ``lut8`` table on the copy out); the
-family's design, packing and epilogue are described in ``codegen/qgemm.py``."""
+family's design, packing and epilogue are described in ``codegen/qgemm.py``.
+
+Run-time image sizes (an ONNX file's open batch, height or width): the pixel-lane quad kernel
+(weights packed as quads at export, 7-bit or split, a lut8 table folded in or not) with its
+size-dependent plan computed at the kernel's entry (``_emit_open``); ``passes/int8_cost.py``
+``open_conv_integer`` decides which convolutions take it. The channel-lane (``oc_lanes``) and
+k-pair kernels stay static-only: their choice or layout depends on the image size."""
 
 from __future__ import annotations
 

@@ -25,6 +25,10 @@ Two ways to compute it, both equal to ONNX Runtime bit for bit:
 Everything else stays the float composition (``fold_dequantize`` folds the weights), within
 one quantization step of ONNX Runtime; so does a convolution that ``int8_cost.py`` finds
 faster on the fp32 kernels for the targets (no int8 dot instruction, fp32 Winograd).
+With run-time image sizes (open batch / height / width) a convolution takes the integer kernel
+where the quad kernel's run-time-size form applies (``int8_cost.open_conv_integer``: int8
+weights packed as quads, 7-bit or split where that pays, not a 3x3 stride-1 layer fp32's
+Winograd wins); the others keep the float32-exact chain.
 
 Dynamic quantization (onnxruntime's quantize_dynamic: a float result scaled from int32 with a
 run-time x scale and zero point) takes the integer kernels too, with a float32 epilogue:
