@@ -3,10 +3,12 @@
 with its batch, height and width open as in ONNX files from the wild, exports with the default
 command (golden check on, portable x86-64-v2 + v3) onto the quad kernels, one of each form: 7-bit
 pairs (3x3, stride 1, padded), split in two with a SiLU table folded into its copy out (3x3,
-stride 2), split (1x1), instead of the fp32 kernels over exact integers. At two run-time sizes
-and on both levels (MLCPACK_CPU_FEATURES pins the host), the bundle equals ONNX Runtime running
-the QDQ graph as written and exact integer math in numpy (int64 sums, ORT's requantization,
-the SiLU chain's table from ORT on its 256 inputs)."""
+stride 2), split (1x1), instead of the fp32 kernels over exact integers; and the concat before
+the 1x1 (of the SiLU's output and a MaxPool of the first conv's) on bytes, the MaxPool too.
+At two run-time sizes and on both levels (MLCPACK_CPU_FEATURES pins the host), the bundle
+equals ONNX Runtime running the QDQ graph as written and exact integer math in numpy (int64
+sums, ORT's requantization, maxima of bytes, the concat's requantization per byte, the SiLU
+chain's table from ORT on its 256 inputs)."""
 
 from __future__ import annotations
 
@@ -27,12 +29,13 @@ from mlcpack.runtime.describe import describe
 ort = pytest.importorskip("onnxruntime")
 pytest.importorskip("onnxruntime.quantization")
 
-SIZES = ((2, 13, 21), (1, 40, 33))      # (batch, height, width) at run time
+SIZES = ((2, 14, 22), (1, 40, 34))      # (batch, height, width) at run time: even (the concat)
 OPEN = "integer quad convolution, pixel lanes, planes sized at run time"
 
 
 def _net(path: Path) -> Path:
-    """x [1, 3, 12, 10] -> 3x3 conv (16) -> Relu -> 3x3/2 conv (32) -> SiLU -> 1x1 conv (16).
+    """x [1, 3, 12, 10] -> 3x3 conv (16) -> Relu -> 3x3/2 conv (32) -> SiLU, concat with a 2x2/2
+    MaxPool of the Relu's output (48) -> 1x1 conv (16).
     Weights N(0, 0.04) with one +-1 outlier per output channel, which sets its scale: the rest
     stay within 7 bits; the first conv's outliers sit on channel 2 (paired with the quad's
     padding), a few same-sign pairs of 0.9 in the others go past ``vpmaddubsw``'s bound."""
@@ -55,9 +58,11 @@ def _net(path: Path) -> Path:
              h.make_node("Conv", ["r1", "w2", "b2"], ["c2"], pads=[1, 1, 1, 1], strides=[2, 2]),
              h.make_node("Sigmoid", ["c2"], ["s2"]),
              h.make_node("Mul", ["c2", "s2"], ["r2"]),
-             h.make_node("Conv", ["r2", "w3", "b3"], ["y"])]
+             h.make_node("MaxPool", ["r1"], ["p1"], kernel_shape=[2, 2], strides=[2, 2]),
+             h.make_node("Concat", ["r2", "p1"], ["cat"], axis=1),
+             h.make_node("Conv", ["cat", "w3", "b3"], ["y"])]
     inits = {"w1": w(16, 3, 3, at=2), "b1": b(16), "w2": w(32, 16, 3, hot=2), "b2": b(32),
-             "w3": w(16, 32, 1, hot=1), "b3": b(16)}
+             "w3": w(16, 48, 1, hot=1), "b3": b(16)}
     return qm._save(nodes, [h.make_tensor_value_info("x", T.FLOAT, [1, 3, 12, 10])],
                     [h.make_tensor_value_info("y", T.FLOAT, None)], inits, path)
 
@@ -115,57 +120,77 @@ def _int_conv(xq, xs, xzp, wq, ws, wzp, bq, ys, yzp, stride: int, pad: int) -> n
     return np.clip(np.rint(f) + np.int64(yzp), info.min, info.max).astype(yzp.dtype)
 
 
+def _silu_table(model: onnx.ModelProto, c: dict, src: str, dst: str, dtype, folder: Path):
+    """ORT's bytes at ``dst`` (the SiLU chain's quantized output, the graph as written) for the
+    256 bytes at ``src``: the chain's nodes alone, as a model of their own."""
+    reached, nodes = {src}, []
+    for node in model.graph.node:
+        if dst not in reached and reached & set(node.input):
+            nodes.append(node)
+            reached.update(node.output)
+    elem = T.UINT8 if dtype == np.uint8 else T.INT8
+    sub = qm._save(nodes, [h.make_tensor_value_info(src, elem, None)],
+                   [h.make_tensor_value_info(dst, elem, None)], c, folder / "silu.onnx",
+                   opsets=[(o.domain, o.version) for o in model.opset_import])
+    levels = (np.arange(256) + np.iinfo(dtype).min).astype(dtype).reshape(1, 1, 256, 1)
+    return ort.InferenceSession(str(sub), providers=["CPUExecutionProvider"]).run(
+        None, {src: levels})[0].reshape(256)
+
+
 def _integer_reference(qfile: Path, x: np.ndarray) -> np.ndarray:
-    """The net in exact integer math from the QDQ file's constants; the SiLU chain between the
-    second conv's quantize and the third conv's input as a table of ORT's values on the 256
-    bytes (the graph as written)."""
+    """The net in exact integer math from the QDQ file's constants: the convolutions as ORT's
+    QLinearConv, the MaxPool as the maximum of bytes, the concat's inputs requantized
+    (quantize(dequantize(v)) per byte), the SiLU chain as a table of ORT's values on its 256
+    bytes (the graph as written); the bytes of each quantize's output kept by its name."""
     model = onnx.load(str(qfile))
     c = {t.name: nh.to_array(t) for t in model.graph.initializer}
     by_out = {o: n for n in model.graph.node for o in n.output}
-    convs = [n for n in model.graph.node if n.op_type == "Conv"]
+    nodes = list(model.graph.node)
 
-    def dq_args(name: str):
-        return [c[i] for i in by_out[name].input]           # (q, scale, zero point)
+    def quantize_of(name: str) -> onnx.NodeProto:
+        return next(n for n in nodes if n.op_type == "QuantizeLinear" and n.input[0] == name)
 
-    def q_after(conv) -> onnx.NodeProto:
-        return next(n for n in model.graph.node
-                    if n.op_type == "QuantizeLinear" and n.input[0] == conv.output[0])
+    def source(dq_out: str):          # (bytes, scale, zero point) behind a DequantizeLinear
+        dq = by_out[dq_out]
+        return ints[dq.input[0]], c[dq.input[1]], c[dq.input[2]]
 
-    qx = next(n for n in model.graph.node if n.op_type == "QuantizeLinear" and n.input[0] == "x")
-    cur = _quantize(x, c[qx.input[1]], c[qx.input[2]])
-    outs = []
-    for conv in convs:
-        dx = by_out[conv.input[0]]
-        xs, xzp = c[dx.input[1]], c[dx.input[2]]
-        wq, ws, wzp = dq_args(conv.input[1])
-        bq = dq_args(conv.input[2])[0]
-        qn = q_after(conv)
-        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in conv.attribute}
-        cur = _int_conv(cur, xs, xzp, wq, ws, wzp, bq, c[qn.input[1]], c[qn.input[2]],
-                        attrs.get("strides", [1, 1])[0], attrs.get("pads", [0] * 4)[0])
-        outs.append(qn.output[0])
-        if conv is convs[1]:      # the SiLU chain: its table from ORT
-            nxt = by_out[convs[2].input[0]].input[0]        # the third conv's quantized input
-            reached, nodes = {qn.output[0]}, []
-            for node in model.graph.node:
-                if nxt not in reached and reached & set(node.input):
-                    nodes.append(node)
-                    reached.update(node.output)
-            elem = T.UINT8 if cur.dtype == np.uint8 else T.INT8
-            sub = qm._save(nodes, [h.make_tensor_value_info(qn.output[0], elem, None)],
-                           [h.make_tensor_value_info(nxt, elem, None)],
-                           c, qfile.with_name("silu.onnx"),
-                           opsets=[(o.domain, o.version) for o in model.opset_import])
-            levels = np.arange(256, dtype=np.int64) + np.iinfo(cur.dtype).min
-            feed = np.broadcast_to(levels.astype(cur.dtype).reshape(1, 1, 256, 1),
-                                   (1, cur.shape[1], 256, 1)).copy()
-            table = ort.InferenceSession(str(sub), providers=["CPUExecutionProvider"]).run(
-                None, {qn.output[0]: feed})[0][0, 0, :, 0]
-            cur = table[cur.astype(np.int64) - np.iinfo(cur.dtype).min]
-    dy = next(n for n in model.graph.node
-              if n.op_type == "DequantizeLinear" and n.input[0] == outs[-1])
-    return ((cur.astype(np.float32) - np.float32(c[dy.input[2]]))
-            * np.float32(c[dy.input[1]])).astype(np.float32)
+    ints: dict[str, np.ndarray] = {}
+    qx = quantize_of("x")
+    ints[qx.output[0]] = _quantize(x, c[qx.input[1]], c[qx.input[2]])
+    for node in nodes:
+        if node.op_type == "Conv":
+            xq, xs, xzp = source(node.input[0])
+            wdq, bdq = by_out[node.input[1]], by_out[node.input[2]]
+            qn = quantize_of(node.output[0])
+            attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+            ints[qn.output[0]] = _int_conv(
+                xq, xs, xzp, *(c[i] for i in wdq.input), c[bdq.input[0]], c[qn.input[1]],
+                c[qn.input[2]], attrs.get("strides", [1, 1])[0], attrs.get("pads", [0] * 4)[0])
+        elif node.op_type == "MaxPool":           # 2x2, stride 2, the input's scale kept
+            xq, xs, xzp = source(node.input[0])
+            qn = quantize_of(node.output[0])
+            assert c[qn.input[1]] == xs and c[qn.input[2]] == xzp
+            n, ch, hh, ww = xq.shape
+            ints[qn.output[0]] = xq[:, :, :hh // 2 * 2, :ww // 2 * 2].reshape(
+                n, ch, hh // 2, 2, ww // 2, 2).max(axis=(3, 5))
+        elif node.op_type == "Sigmoid":           # SiLU: sigmoid, then its product
+            src = by_out[node.input[0]].input[0]
+            mul = next(n for n in nodes if n.op_type == "Mul" and node.input[0] in n.input)
+            dst = quantize_of(mul.output[0]).output[0]
+            table = _silu_table(model, c, src, dst, ints[src].dtype, qfile.parent)
+            ints[dst] = table[ints[src].astype(np.int64) - np.iinfo(ints[src].dtype).min]
+        elif node.op_type == "Concat":
+            qn = quantize_of(node.output[0])
+            ys, yzp = c[qn.input[1]], c[qn.input[2]]
+            parts = []
+            for name in node.input:
+                q, s, zp = source(name)
+                f = (q.astype(np.float32) - np.float32(zp)) * np.float32(s)
+                parts.append(_quantize(f, ys, yzp))
+            ints[qn.output[0]] = np.concatenate(parts, axis=1)
+    dy = by_out[model.graph.output[0].name]
+    q, s, zp = source(dy.output[0])
+    return ((q.astype(np.float32) - np.float32(zp)) * np.float32(s)).astype(np.float32)
 
 
 def test_every_conv_takes_the_open_quad_kernel(net) -> None:
