@@ -130,7 +130,9 @@ def _silu_table(model: onnx.ModelProto, c: dict, src: str, dst: str, dtype, fold
             reached.update(node.output)
     elem = T.UINT8 if dtype == np.uint8 else T.INT8
     sub = qm._save(nodes, [h.make_tensor_value_info(src, elem, None)],
-                   [h.make_tensor_value_info(dst, elem, None)], c, folder / "silu.onnx",
+                   [h.make_tensor_value_info(dst, elem, None)],
+                   {k: v for k, v in c.items() if any(k in n.input for n in nodes)},
+                   folder / "silu.onnx",
                    opsets=[(o.domain, o.version) for o in model.opset_import])
     levels = (np.arange(256) + np.iinfo(dtype).min).astype(dtype).reshape(1, 1, 256, 1)
     return ort.InferenceSession(str(sub), providers=["CPUExecutionProvider"]).run(
