@@ -43,8 +43,10 @@ class QConv(QEmitter):
     @staticmethod
     def takes_open(func, tag) -> bool:
         """Whether ``_emit_open`` takes a ``qconv2d`` with run-time extents: quads packed at
-        export for the pixel-lane kernel (passes/quad_weights.py), 8-bit x."""
+        export for the pixel-lane kernel (passes/quad_weights.py; not the sign kernel's
+        ``signed_x``, a channel-lane form), 8-bit x."""
         return (bool(tag.attrs.get("quads")) and not tag.attrs.get("oc_lanes")
+                and not tag.attrs.get("signed_x")
                 and func.inputs[0].dtype in ("int8", "uint8")
                 and func.inputs[1].dtype == "int8")
 
