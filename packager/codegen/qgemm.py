@@ -95,7 +95,8 @@ V16I8 = ir.VectorType(I8, 2 * PANEL)
 MAGIC = 12582912.0   # 1.5 * 2**23: (f + M) - M rounds half to even for |f| < 2**22
 
 
-def match_qgemm(func: PrimFunc, kinds: tuple[str, ...] = ("qmatmul", "qconv2d")):
+def match_qgemm(func: PrimFunc, kinds: tuple[str, ...] = ("qmatmul", "qconv2d"),
+                sized: bool = False):
     """(kind, tag) when ``func`` is one of the integer ops ``kinds`` (an opaque op, so its
     inputs are the op's arguments in order), else None."""
     if len(func.outputs) != 1:
@@ -113,7 +114,9 @@ def match_qgemm(func: PrimFunc, kinds: tuple[str, ...] = ("qmatmul", "qconv2d"))
                 if tag is not None and tag.kind in kinds:
                     if [o.uid for o in tag.operands] != [i.uid for i in func.inputs]:
                         return None
-                    if any(not isinstance(d, int) for d in func.outputs[0].shape):
+                    # run-time extents: only where the caller emits them (``sized``)
+                    if not sized and any(not isinstance(d, int)
+                                         for d in func.outputs[0].shape):
                         return None
                     return tag.kind, tag
             if isinstance(node, te.Read):

@@ -1,7 +1,13 @@
 """The ``qconv2d`` integer convolution kernel (groups 1, dilation 1, any kernel / stride /
 padding; no im2col: int16 pair planes on AVX2 / generic targets, uint8 quad planes with VNNI /
 sdot; a 1x1 image as a matrix-vector product; an optional ``lut8`` table on the copy out); the
-family's design, packing and epilogue are described in ``codegen/qgemm.py``."""
+family's design, packing and epilogue are described in ``codegen/qgemm.py``.
+
+Run-time image sizes (an ONNX file's open batch, height or width): the pixel-lane quad kernel
+(weights packed as quads at export, 7-bit or split, a lut8 table folded in or not) with its
+size-dependent plan computed at the kernel's entry (``_emit_open``); ``passes/int8_cost.py``
+``open_conv_integer`` decides which convolutions take it. The channel-lane (``oc_lanes``) and
+k-pair kernels stay static-only: their choice or layout depends on the image size."""
 
 from __future__ import annotations
 
@@ -10,7 +16,8 @@ from llvmlite import ir
 from ..ops.qlinear import CONV_ROWS, PANEL
 from .helpers import F32, I8, I16, I32, I64, alloca_once, const_i64, for_range
 from .contraction.geometry import MAX_TASK_REGIONS, PARALLEL_MIN_MACS
-from .lower import KernelInfo, LoweringError
+from .conv_oc import OPEN_IMAGE_PIXELS
+from .lower import WORKSPACE_ALIGN, KernelInfo, LoweringError
 from .qgemm import V8F32, V8I32, V16I8, V16I16, QEmitter, align_workspace
 
 
@@ -27,8 +34,25 @@ def _inside_image(py: int, px: int, h: int, w: int, prow: int, wq: int, sh: int,
     return u_lo, u_hi, v_lo, v_hi
 
 
+def _i64(v) -> ir.Value:
+    """An extent as an i64: a constant for an int, else the value itself."""
+    return const_i64(v) if isinstance(v, int) else v
+
+
 class QConv(QEmitter):
+    @staticmethod
+    def takes_open(func, tag) -> bool:
+        """Whether ``_emit_open`` takes a ``qconv2d`` with run-time extents: quads packed at
+        export for the pixel-lane kernel (passes/quad_weights.py; not the sign kernel's
+        ``signed_x``, a channel-lane form), 8-bit x."""
+        return (bool(tag.attrs.get("quads")) and not tag.attrs.get("oc_lanes")
+                and not tag.attrs.get("signed_x")
+                and func.inputs[0].dtype in ("int8", "uint8")
+                and func.inputs[1].dtype == "int8")
+
     def emit(self) -> KernelInfo:
+        if self.symbolic:
+            return self._emit_open()
         x, wk, x_zp, bias, mult, y_zp = self.func.inputs[:6]
         # full-range weights split for vpmaddubsw (ops/qconv_quads.py ``split``): the residual
         # words' index and quads come next, before the table
@@ -292,6 +316,307 @@ class QConv(QEmitter):
                         b.store(b.load(b.gep(tb, [idx])), b.gep(dst, [i]))
         return self._finish(body_fn, n_ptrs, ptr_types, workspace, parallel)
 
+    def _emit_open(self) -> KernelInfo:
+        """``emit``'s pixel-lane quad kernel (weights packed as quads at export, with a split's
+        residual loops and a folded lut8 table) with run-time image sizes: the batch, the
+        image's and the output's height and width are read from the sizes, and the plan that
+        depends on them (plane width ``wq``, plane rows, the padded pixel count ``qpad``, the
+        step table's word offsets, the workspace's regions) is computed at the kernel's entry
+        by ``emit``'s rules; the workspace is a size expression that bounds it. The planes'
+        windows inside the image and their vector fills are counted at run time
+        (``_fill_quads_open``); the tiles, their epilogue and the copy out are ``emit``'s."""
+        x, wk, x_zp, bias, mult, y_zp = self.func.inputs[:6]
+        split = bool(self.tag.attrs.get("split", False))
+        res = self.func.inputs[6:8] if split else ()
+        n_in = 8 if split else 6
+        lut = self.func.inputs[n_in] if len(self.func.inputs) > n_in else None
+        y = self.func.outputs[0]
+        if (not self.takes_open(self.func, self.tag) or not getattr(self, "vnni", False)
+                or self._quad_shift(x.dtype) != self.tag.attrs["shift"]):
+            raise LoweringError(f"{self.func.name}: run-time image sizes need the quad "
+                                "kernel's weights")
+        n_dim, c, h_dim, w_dim = x.shape
+        c = int(c)
+        o = int(self.tag.attrs["out_channels"])
+        kh, kw = self.tag.attrs["kernel"]
+        _, _, oh_dim, ow_dim = y.shape
+        sh, sw = self.tag.attrs["strides"]
+        pt, pl, pb, pr = self.tag.attrs["padding"]
+        cg = -(-c // 4)
+        phases = sorted({(ky % sh, kx % sw) for ky in range(kh) for kx in range(kw)})
+        taps = [(ky, kx) for ky in range(kh) for kx in range(kw)]
+        lanes = PANEL * self.nv
+        rows6 = CONV_ROWS
+        ksteps = len(taps) * cg
+        ot = int(wk.shape[0])
+        esize = 4 if self.float_out else 1
+        tbl_bytes = align_workspace(ksteps * 8)
+        # the workspace's bound, a size expression: emit's plan with qpad <= oh * wq + lanes
+        # and plane rows x wq <= hq * wq + qpad + offmax + wq, each part aligned
+        wq_e = (w_dim + (pl + pr + sw - 1)) // sw
+        hq_e = (h_dim + (pt + pb + sh - 1)) // sh
+        qpad_e = oh_dim * wq_e + lanes
+        psz_e = hq_e * wq_e + qpad_e + wq_e * ((kh - 1) // sh + 1) + (kw - 1) // sw
+        # a run-time batch: one image's work decides; a run-time image size: 128 x 128's
+        parallel = o * c * kh * kw * OPEN_IMAGE_PIXELS >= PARALLEL_MIN_MACS
+        regions = MAX_TASK_REGIONS if parallel else 1
+        region_e = psz_e * (len(phases) * cg * 4) + (WORKSPACE_ALIGN + tbl_bytes)
+        workspace_e = qpad_e * (o * esize) + WORKSPACE_ALIGN + region_e * regions
+        body_fn, ptr_types = self._begin_body(self.func.inputs + self.func.outputs, True)
+        n_ptrs = len(ptr_types)
+        ws = body_fn.args[len(self.func.inputs) + 1]
+        task, ntasks = body_fn.args[n_ptrs], body_fn.args[n_ptrs + 1]
+        b = self.builder
+        buf = self.buffers
+        one = const_i64(1)
+
+        def cdiv(v, k: int):
+            return b.udiv(b.add(v, const_i64(k - 1)), const_i64(k))
+
+        def aligned(v):
+            return b.mul(cdiv(v, WORKSPACE_ALIGN), const_i64(WORKSPACE_ALIGN))
+
+        batch, h, w, oh, ow = (self._dim_value(d) for d in (n_dim, h_dim, w_dim, oh_dim, ow_dim))
+        wq = cdiv(b.add(w, const_i64(pl + pr)), sw)
+        hq = cdiv(b.add(h, const_i64(pt + pb)), sh)
+        qpad = b.mul(cdiv(b.mul(oh, wq), lanes), const_i64(lanes))
+        offmax = b.add(b.mul(const_i64((kh - 1) // sh), wq), const_i64((kw - 1) // sw))
+        need = b.udiv(b.add(b.add(qpad, offmax), b.sub(wq, one)), wq)   # reads stay inside
+        prow = b.select(b.icmp_signed(">", hq, need), hq, need)
+        psz = b.mul(prow, wq)
+        p_bytes = aligned(b.mul(psz, const_i64(len(phases) * cg * 4)))
+        s_bytes = aligned(b.mul(qpad, const_i64(o * esize)))
+        mr = self.mr
+        full, tail = o // mr, o % mr
+        n_tiles = full + (1 if tail else 0)
+        if parallel:
+            cap = const_i64(regions)
+            eff = b.select(b.icmp_signed("<", ntasks, cap), ntasks, cap)
+            with b.if_then(b.icmp_signed(">=", task, eff), likely=False):
+                b.ret_void()
+            lo = b.sdiv(b.mul(task, const_i64(n_tiles)), eff)
+            hi = b.sdiv(b.mul(b.add(task, one), const_i64(n_tiles)), eff)
+            region = task
+        else:
+            lo, hi, region = const_i64(0), const_i64(n_tiles), const_i64(0)
+        xzp = b.load(buf[x_zp.uid])
+        if x_zp.dtype != "int32":
+            xzp = self._widen(xzp, x_zp.dtype)
+        shift = self._quad_shift(x.dtype)
+        zpq = b.add(xzp, ir.Constant(I32, shift))
+        if not self.float_out:
+            self.y_zp = self._splat(b.load(buf[y_zp.uid]), V8F32)
+        wexp32 = b.bitcast(buf[wk.uid], I32.as_pointer())
+        stage = b.bitcast(ws, self.out_ty.as_pointer())               # [o][qpad] results
+        planes = b.gep(ws, [b.add(s_bytes, b.mul(region, b.add(p_bytes,
+                                                                const_i64(tbl_bytes))))])
+        planes32 = b.bitcast(planes, I32.as_pointer())
+        # step j = t * cg + p reads word (phase(t) * cg + p) * psz + (ky // sh) * wq + kx // sw:
+        # this task's table of them, after its planes
+        table = b.bitcast(b.gep(planes, [p_bytes]), I64.as_pointer())
+        parts = [k for ky, kx in taps for p in range(cg)
+                 for k in (phases.index((ky % sh, kx % sw)) * cg + p, ky // sh, kx // sw)]
+        parts_ty = ir.ArrayType(I64, len(parts))
+        gv = ir.GlobalVariable(self.module, parts_ty, name=f"{self.symbol}.steps")
+        gv.global_constant = True
+        gv.linkage = "internal"
+        gv.initializer = ir.Constant(parts_ty, parts)
+        with for_range(b, const_i64(0), const_i64(ksteps), "st") as j:
+            at = b.mul(j, const_i64(3))
+            pa, pu, pv = (b.load(b.gep(gv, [const_i64(0), b.add(at, const_i64(k))]))
+                          for k in range(3))
+            b.store(b.add(b.add(b.mul(pa, psz), b.mul(pu, wq)), pv), b.gep(table, [j]))
+        per_channel = tuple(mult.shape) != ()
+
+        def a_word_at(oc0):
+            # word ((oc // 6) * steps + j) * 6 + oc % 6; a tile never crosses a 6-row group
+            base = b.add(b.mul(b.sdiv(oc0, const_i64(rows6)), const_i64(ksteps * rows6)),
+                         b.srem(oc0, const_i64(rows6)))
+
+            def a_word(r, j):
+                return b.load(b.gep(wexp32, [b.add(b.add(base, const_i64(r)),
+                                                   b.mul(j, const_i64(rows6)))]))
+            return a_word
+
+        def b_vec_at(q0):
+            def b_vec(v, j):
+                p = b.add(b.add(b.load(b.gep(table, [j])), q0), const_i64(v * PANEL))
+                return b.load(self._ptr(planes32, p, V16I16), align=4)
+            return b_vec
+
+        def residual(nrows, init, q0, oc0):
+            """``emit``'s residual loops of a split's words (else ``init``)."""
+            if not split:
+                return init
+            zero = ir.Constant(V8I32, None)
+            accs = [[zero if init is None else init[r]] * self.nv for r in range(nrows)]
+            index = buf[res[0].uid]
+            words = b.bitcast(buf[res[1].uid], I32.as_pointer())
+            first = const_i64(ot * rows6 + 1)
+
+            def b_vec(v, e):
+                j = b.sext(b.load(b.gep(index, [b.add(e, first)])), I64)
+                return b_vec_at(q0)(v, j)
+            out = []
+            for r, row in enumerate(accs):
+                ocr = b.add(oc0, const_i64(r))
+                e_lo = b.sext(b.load(b.gep(index, [ocr])), I64)
+                e_hi = b.sext(b.load(b.gep(index, [b.add(ocr, one)])), I64)
+                out.append(self._row_dp(row, e_lo, e_hi,
+                                        lambda e: b.load(b.gep(words, [e])), b_vec))
+            return out
+
+        def mult_at(ocr):
+            return self._splat(b.load(b.gep(buf[mult.uid], [ocr]) if per_channel
+                                      else buf[mult.uid]), V8F32)
+
+        def tile(q0, oc0, nrows):
+            ocs = [b.add(oc0, const_i64(r)) for r in range(nrows)]
+            if packed:    # emit's tile_packed: from the bias, vcvtps2dq and saturating packs
+                init = [self._splat(b.load(b.gep(buf[bias.uid], [ocr])), V8I32) for ocr in ocs]
+                accs = self._tile_dp(nrows, self.nv, ksteps, a_word_at(oc0), b_vec_at(q0),
+                                     residual(nrows, init, q0, oc0))
+                for r, ocr in enumerate(ocs):
+                    mv = mult_at(ocr)
+                    wide = [self._requant_int(b.fmul(b.sitofp(a, V8F32), mv), None, True)
+                            for a in accs[r]]
+                    dst = b.add(b.mul(ocr, qpad), q0)
+                    b.store(self._pack(wide), self._ptr(stage, dst, V16I8), align=4)
+                return
+            accs = self._tile_dp(nrows, self.nv, ksteps, a_word_at(oc0), b_vec_at(q0),
+                                 residual(nrows, None, q0, oc0))
+            for r, ocr in enumerate(ocs):
+                bv = self._splat(b.load(b.gep(buf[bias.uid], [ocr])), V8I32)
+                mv = mult_at(ocr)
+                ov = (self._splat(b.load(b.gep(buf[y_zp.uid], [ocr])), V8F32)
+                      if self.float_out else None)
+                for v in range(self.nv):
+                    q = self._requant(accs[r][v], bv, mv, ov)
+                    dst = b.add(b.mul(ocr, qpad), b.add(q0, const_i64(v * PANEL)))
+                    b.store(q, self._ptr(stage, dst, self.out_vec), align=4)
+
+        packed = self.avx2 and not self.float_out and self.nv == 2
+        chw = b.mul(b.mul(h, w), const_i64(c))
+        ohw = b.mul(oh, ow)
+        with for_range(b, const_i64(0), batch, "b") as bi:
+            xb = b.gep(buf[x.uid], [b.mul(bi, chw)])
+            self._fill_quads_open(xb, planes, phases, c, h, w, cg, prow, wq, psz, sh, sw,
+                                  pt, pl, zpq, shift, zero=any(self.tag.attrs["padding"]))
+            with for_range(b, const_i64(0), b.udiv(qpad, const_i64(lanes)), "qc") as qc:
+                q0 = b.mul(qc, const_i64(lanes))
+                with for_range(b, lo, hi, "ot") as t:
+                    oc0 = b.mul(t, const_i64(mr))
+                    if tail:
+                        with b.if_else(b.icmp_signed("<", t, const_i64(full))) as (whole, part):
+                            with whole:
+                                tile(q0, oc0, mr)
+                            with part:
+                                tile(q0, oc0, tail)
+                    else:
+                        tile(q0, oc0, mr)
+            # this task's rows of ow out of the staging rows of wq, or whole channels where
+            # the staging rows are the output's (wq == ow: 1 x 1 windows, stride 1, no padding)
+            yb = b.gep(buf[y.uid], [b.mul(bi, b.mul(ohw, const_i64(o)))])
+            oc_hi = b.mul(hi, const_i64(mr))
+            oc_hi = b.select(b.icmp_signed("<", oc_hi, const_i64(o)), oc_hi, const_i64(o))
+            whole_rows = (kw, sw, pl + pr) == (1, 1, 0)
+            per, n = (one, ohw) if whole_rows else (oh, ow)
+            with for_range(b, b.mul(b.mul(lo, const_i64(mr)), per), b.mul(oc_hi, per),
+                           "cr") as r:
+                oc = b.udiv(r, per)
+                oy = b.sub(r, b.mul(oc, per))
+                src = b.gep(stage, [b.add(b.mul(oc, qpad), b.mul(oy, wq))])
+                dst = b.gep(yb, [b.mul(r, n)])
+                tb = None if lut is None else b.gep(buf[lut.uid], [
+                    b.mul(oc, const_i64(256)) if int(lut.shape[0]) != 1 else const_i64(0)])
+                if tb is None:
+                    with for_range(b, const_i64(0), n, "cx") as i:
+                        b.store(b.load(b.gep(src, [i])), b.gep(dst, [i]))
+                else:
+                    self._lut_open(src, dst, tb, n)
+        b.ret_void()
+        self._emit_entry(body_fn, n_ptrs, ptr_types)
+        return KernelInfo(self.symbol, len(self.func.inputs), 1, 0, parallel, symbolic=True,
+                          workspace_expr=workspace_e,
+                          choice="integer quad convolution, pixel lanes, planes sized at "
+                                 "run time")
+
+    def _lut_open(self, src, dst, tb, n) -> None:
+        """dst[i] = tb[src[i]] for i < n (a run-time count): ``_lut_bytes``' 32-byte chunks
+        on AVX2 where n >= 32 (the last overlapping), else byte by byte."""
+        b = self.builder
+        signed = self.dtype == "int8"
+
+        def bytewise():
+            with for_range(b, const_i64(0), n, "cx") as i:
+                v = b.load(b.gep(src, [i]))
+                idx = b.add(b.sext(v, I64), const_i64(128)) if signed else b.zext(v, I64)
+                b.store(b.load(b.gep(tb, [idx])), b.gep(dst, [i]))
+        if not self.avx2:
+            bytewise()
+            return
+        with b.if_else(b.icmp_signed(">=", n, const_i64(32))) as (wide, short):
+            with wide:
+                with for_range(b, const_i64(0), b.udiv(n, const_i64(32)), "lx") as i:
+                    self._lut_chunk(src, dst, tb, b.mul(i, const_i64(32)), signed)
+                self._lut_chunk(src, dst, tb, b.sub(n, const_i64(32)), signed)
+            with short:
+                bytewise()
+
+    def _fill_quads_open(self, xb, planes, phases, c: int, h, w, cg: int, prow, wq, psz,
+                         sh: int, sw: int, pt: int, pl: int, zpq, shift: int,
+                         zero: bool) -> None:
+        """``_fill_quads`` with run-time sizes (``h``, ``w``, ``prow``, ``wq``, ``psz``
+        values): each phase's window inside the image, and on AVX2 its columns filled 8 at a
+        time (``_fill_quad_vectors``), counted at run time."""
+        b = self.builder
+
+        def vmin(p, q):
+            return b.select(b.icmp_signed("<", p, q), p, q)
+
+        if zero:
+            self._fill_zero_point(planes, b.mul(psz, const_i64(len(phases) * cg * 4)), zpq)
+        hw = b.mul(h, w)
+        for pi, (py, px) in enumerate(phases):
+            u_lo = max(0, -(-(pt - py) // sh))
+            v_lo = max(0, -(-(pl - px) // sw))
+            # floor((h + pt - py - 1) / sh) + 1, the numerator + sh >= 0
+            u_hi = vmin(prow, b.udiv(b.add(h, const_i64(pt - py - 1 + sh)), const_i64(sh)))
+            v_hi = vmin(wq, b.udiv(b.add(w, const_i64(pl - px - 1 + sw)), const_i64(sw)))
+            dx = px - pl
+            nvec = None
+            if self.avx2:
+                span = b.sub(v_hi, const_i64(v_lo))
+                by_cols = b.select(b.icmp_signed(">", span, const_i64(0)),
+                                   b.udiv(span, const_i64(PANEL)), const_i64(0))
+                room = b.sub(w, const_i64(v_lo * sw + dx))
+                by_row = b.select(b.icmp_signed(">", room, const_i64(0)),
+                                  b.udiv(room, const_i64(PANEL * sw)), const_i64(0))
+                nvec = vmin(by_cols, by_row)
+            v_rest = const_i64(v_lo) if nvec is None else \
+                b.add(const_i64(v_lo), b.mul(nvec, const_i64(PANEL)))
+            for q_lo, q_hi, chans in ((0, c // 4, 4), (c // 4, cg, c % 4)):
+                if q_hi <= q_lo:
+                    continue
+                with for_range(b, const_i64(q_lo), const_i64(q_hi), "fq") as q:
+                    base = b.mul(b.add(const_i64(pi * cg), q), b.mul(psz, const_i64(4)))
+                    with for_range(b, const_i64(u_lo), u_hi, "fu") as u:
+                        iy = b.add(b.mul(u, const_i64(sh)), const_i64(py - pt))
+                        row = b.add(base, b.mul(u, b.mul(wq, const_i64(4))))
+                        if nvec is not None:
+                            self._fill_quad_vectors(xb, planes, q, chans, iy, row, v_lo, nvec,
+                                                    h, w, sw, dx, shift)
+                        with for_range(b, v_rest, v_hi, "fv") as v:
+                            ix = b.add(b.mul(v, const_i64(sw)), const_i64(dx))
+                            dst = b.add(row, b.mul(v, const_i64(4)))
+                            for j in range(chans):
+                                ch = b.add(b.mul(q, const_i64(4)), const_i64(j))
+                                src = b.add(b.mul(ch, hw), b.add(b.mul(iy, w), ix))
+                                val = b.load(b.gep(xb, [src]))
+                                if shift:
+                                    val = b.xor(val, ir.Constant(I8, 0x80))
+                                b.store(val, b.gep(planes, [b.add(dst, const_i64(j))]))
+
     def _emit_oc_lanes(self, x, wk, x_zp, bias, mult, y_zp, lut, y) -> KernelInfo:
         """The quad kernel with output channels on the lanes, for small output planes
         (``oc_lanes``: passes/quad_weights.py ``use_oc_lanes``; weights [O / 16][steps][16][4],
@@ -498,7 +823,7 @@ class QConv(QEmitter):
         ``_fill_quads`` and ``_fill_pixel_quads`` then write the image's bytes over them)."""
         b = self.builder
         fill = b.trunc(zpq, I8)
-        with for_range(b, const_i64(0), const_i64(total), "fz") as i:
+        with for_range(b, const_i64(0), _i64(total), "fz") as i:
             b.store(fill, b.gep(planes, [i]))
 
     def _fill_pixel_quads(self, xb, planes, phases, c, h, w, cg, prow, wq, psz, sh, sw, pt,
@@ -768,7 +1093,8 @@ class QConv(QEmitter):
         cat = ir.Constant(ir.VectorType(I32, 2 * PANEL), list(range(2 * PANEL)))
         mix = ir.Constant(ir.VectorType(I32, 4 * PANEL),
                           [e * PANEL + j for j in range(PANEL) for e in range(4)])
-        with for_range(b, const_i64(0), const_i64(nvec), "fw") as k:
+        hw = const_i64(h * w) if isinstance(h, int) else b.mul(h, w)
+        with for_range(b, const_i64(0), _i64(nvec), "fw") as k:
             v0 = b.add(const_i64(v_lo), b.mul(k, const_i64(PANEL)))
             ix = b.add(b.mul(v0, const_i64(sw)), const_i64(dx))
             vals = []
@@ -777,7 +1103,7 @@ class QConv(QEmitter):
                     vals.append(ir.Constant(v8i8, None))
                     continue
                 ch = b.add(b.mul(q, const_i64(4)), const_i64(j))
-                src = b.add(b.mul(ch, const_i64(h * w)), b.add(b.mul(iy, const_i64(w)), ix))
+                src = b.add(b.mul(ch, hw), b.add(b.mul(iy, _i64(w)), ix))
                 raw = b.load(self._ptr(xb, src, src_ty), align=1)
                 if sw > 1:
                     raw = b.shuffle_vector(raw, ir.Constant(src_ty, None), every)

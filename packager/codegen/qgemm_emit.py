@@ -15,17 +15,22 @@ from .qgemm_matmul import QMatmul
 
 
 def emit_qgemm(module: ir.Module, func: PrimFunc, symbol: str, vl: int, features: str = "",
-               vnni_emulate: bool = False, level: str = "") -> KernelInfo | None:
+               vnni_emulate: bool = False, level: str = "",
+               size_vars: tuple[str, ...] = ()) -> KernelInfo | None:
     """The integer kernel of ``func`` (None when it is no qmatmul / qconv2d); ``features``:
     the target's LLVM features; ``vnni_emulate`` (``CompileOptions.vnni_emulate``); ``level``:
-    the target's level name (x86-64-v2 has SSSE3's 128-bit pmaddubsw)."""
-    m = match_qgemm(func)
+    the target's level name (x86-64-v2 has SSSE3's 128-bit pmaddubsw). With ``size_vars``
+    (run-time extents): a quad ``qconv2d`` with run-time image sizes only
+    (``QConv._emit_open``), else None."""
+    m = match_qgemm(func, sized=bool(size_vars))
     if m is None:
         return None
     kind, tag = m
+    if size_vars and (kind != "qconv2d" or not QConv.takes_open(func, tag)):
+        return None
     avx2 = module.triple.startswith("x86_64") and vl >= 8
     cls = QMatmul if kind == "qmatmul" else QConv
-    emitter = cls(module, func, symbol, tag, avx2)
+    emitter = cls(module, func, symbol, tag, avx2, size_vars)
     # AVX-512 VNNI: where the target's LLVM features name it (level x86-64-v4+vnni)
     emitter.vnni = avx2 and "+avx512vnni" in features
     # tests: the VNNI kernel with vpdpbusd written in portable IR, so its packing, column sums

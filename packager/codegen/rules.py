@@ -116,6 +116,12 @@ def _integer_gemm(module, func, symbol, vl, match, target, options):
                       level=target.name)
 
 
+def _integer_gemm_sized(module, func, symbol, vl, size_vars, target, options):
+    """qconv2d quads with run-time image sizes (QConv._emit_open)."""
+    return emit_qgemm(module, func, symbol, vl, target.llvm_features, options.vnni_emulate,
+                      level=target.name, size_vars=size_vars)
+
+
 def _integer_depthwise(module, func, symbol, vl, match, target, options):
     """qdwconv2d: the target's features and the options choose VNNI quads."""
     return emit_qdepthwise(module, func, symbol, vl, target.llvm_features, options.vnni_emulate)
@@ -136,7 +142,8 @@ KERNEL_RULES: tuple[KernelRule, ...] = (
     KernelRule("nonzero index", None, _on_func(emit_nonzero_index),   # ops/dynamic.py
                _sized(emit_nonzero_index)),
     KernelRule("unique by sorting", None, _on_func(emit_unique), _sized(emit_unique)),   # ditto
-    KernelRule("integer GEMM", None, _integer_gemm, None),   # qmatmul / qconv2d (ops/qlinear.py)
+    KernelRule("integer GEMM", None, _integer_gemm,   # qmatmul / qconv2d (ops/qlinear.py)
+               _integer_gemm_sized),   # qconv2d quads with run-time image sizes
     KernelRule("integer depthwise", None, _integer_depthwise, None),   # qdwconv2d
     KernelRule("integer elementwise", None, _on_func(emit_qelementwise, True),   # qbinary, qgavgpool
                _sized(emit_qelementwise_sized)),   # lut8 with run-time extents

@@ -25,6 +25,10 @@ Two ways to compute it, both equal to ONNX Runtime bit for bit:
 Everything else stays the float composition (``fold_dequantize`` folds the weights), within
 one quantization step of ONNX Runtime; so does a convolution that ``int8_cost.py`` finds
 faster on the fp32 kernels for the targets (no int8 dot instruction, fp32 Winograd).
+With run-time image sizes (open batch / height / width) a convolution takes the integer kernel
+where the quad kernel's run-time-size form applies (``int8_cost.open_conv_integer``: int8
+weights packed as quads, 7-bit or split where that pays, not a 3x3 stride-1 layer fp32's
+Winograd wins); the others keep the float32-exact chain.
 
 Dynamic quantization (onnxruntime's quantize_dynamic: a float result scaled from int32 with a
 run-time x scale and zero point) takes the integer kernels too, with a float32 epilogue:
@@ -57,7 +61,7 @@ from .fuse_qdq_dw import depthwise_call
 from .fuse_qdq_dynamic import (integer_recurrences, plan_integer_convs, plan_integer_products,
                                plan_requantized_products)
 from .fuse_qdq_float import plan_float_products
-from .int8_cost import float_conv_reason
+from .int8_cost import float_conv_reason, open_conv_integer
 from .quad_weights import split_share
 from .simplify import eliminate_dead_code
 from .stored_int import integer_constant
@@ -225,8 +229,11 @@ def _fuse_in_function(fn: Function, int8: bool, options: CompileOptions) -> Func
             w.shape, cv.attrs["strides"], q.type.shape, cv.attrs.get("groups", 1), options,
             w7=share == 0, split_share=share,
             signed_ok=share is not None and bool(wd.min() >= -127))
+        # run-time image sizes: the quad kernel's open form where it applies (int8_cost.py)
+        sized = static_shapes(x, q) or open_conv_integer(
+            w.shape, cv.attrs["strides"], cv.attrs.get("groups", 1), options, share)
         if (int8 and not float_reason and cv.attrs.get("groups", 1) == 1
-                and tuple(cv.attrs.get("dilation", (1, 1))) == (1, 1) and static_shapes(x, q)):
+                and tuple(cv.attrs.get("dilation", (1, 1))) == (1, 1) and sized):
             args = [x, Constant(f"{getattr(x, 'name', 'x')}_qw", pack_conv_weights(wd)),
                     Constant("x_zp", np.asarray(int(xzp.reshape(())), np.int32)),
                     Constant("bias_i32", bias.astype(np.int32)),

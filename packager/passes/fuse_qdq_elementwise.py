@@ -18,6 +18,10 @@ one value, or one value per row of a's leading axes (the squeeze-and-excitation 
 The scale ratios are computed in float32 in MLAS's order. The result is within one
 quantization step of the float composition (see ``ops/qelementwise.py``); the concat's is the
 float composition's, bit for bit (each element goes through its own quantize(dequantize)).
+Static shapes only, except the concat (its ``lut8`` tables and the concat have run-time-size
+kernels): an open-size QDQ YOLOv8n's C2f / SPPF concats then read and write bytes, and the
+MaxPools before them run on bytes (``fuse_qdq_layout.py``) instead of a float pool fused with
+a dequantize in a generic loop nest.
 
 Runs after ``passes/quantize_lut.py``: a product of a value and a function of itself
 (HardSwish as x * HardSigmoid(x)) is one table there, cheaper than this kernel.
@@ -72,13 +76,14 @@ def _fuse_in_function(fn: Function) -> Function:
         c = defs.get(id(v))
         return c if c is not None and c.op == op and uses.get(id(v)) == 1 else None
 
-    def dequantized(v: Value):
-        """(q, scale float32, zero point int) when ``v`` = dequantize(q 8-bit, const, const)."""
+    def dequantized(v: Value, sized: bool = False):
+        """(q, scale float32, zero point int) when ``v`` = dequantize(q 8-bit, const, const),
+        q of static shape unless ``sized``."""
         d = defs.get(id(v))
         if d is None or d.op != "dequantize" or len(d.args) != 3:
             return None
         q, s, zp = d.args[0], _scalar(d.args[1], np.float32), _scalar(d.args[2])
-        if q.type.dtype not in I8 or s is None or zp is None or not _static(q):
+        if q.type.dtype not in I8 or s is None or zp is None or not (sized or _static(q)):
             return None
         return q, np.float32(s), int(zp)
 
@@ -87,17 +92,18 @@ def _fuse_in_function(fn: Function) -> Function:
     for b in fn.bindings():
         q = b.value
         if not (isinstance(q, Call) and q.op == "quantize" and q.attrs.get("dtype") in I8
-                and len(q.args) == 3 and _static(b.var)):
+                and len(q.args) == 3):
             continue
         ys, yzp = _scalar(q.args[1], np.float32), _scalar(q.args[2])
         if ys is None or yzp is None:
             continue
-        new = (_binary(q, ys, yzp, sole, dequantized)
-               or _global_average(q, ys, yzp, sole, dequantized))
+        new = None if not _static(b.var) else (_binary(q, ys, yzp, sole, dequantized)
+                                               or _global_average(q, ys, yzp, sole, dequantized))
         if new is not None:
             fused[id(b.var)] = new
             continue
-        steps = _concat(b, ys, yzp, sole, dequantized)
+        # a concat of bytes with run-time sizes too: lut8 and concat have run-time-size kernels
+        steps = _concat(b, ys, yzp, sole, lambda v: dequantized(v, True))
         if steps is not None:
             concats[id(b.var)] = steps
     if not fused and not concats:

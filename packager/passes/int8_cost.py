@@ -92,3 +92,23 @@ def float_conv_reason(w_shape: Sequence[int], strides: Sequence[int],
         return (f"the int8 kernel is slower than fp32's on {out_shape[2]}x{out_shape[3]} "
                 "outputs without VNNI")
     return None
+
+
+def open_conv_integer(w_shape: Sequence[int], strides: Sequence[int], groups: int,
+                      options: CompileOptions, split_share: float | None) -> bool:
+    """Whether a quantized convolution with run-time image sizes (an open batch, height or
+    width) takes the integer kernel: only the quad kernel has a run-time-size form
+    (codegen/qgemm_conv.py ``_emit_open``), so int8 weights (``split_share`` not None) that
+    ``passes/quad_weights.py`` packs as quads (every level a quad kernel, or on x86 7-bit
+    weights or a split that pays), and not a 3x3 stride-1 layer that ``float_conv_reason``
+    would keep on fp32's (run-time-size Winograd) kernels for its share of split words."""
+    if groups != 1 or split_share is None or len(w_shape) != 4:
+        return False
+    if options.conv_quads:
+        return True
+    if not options.conv_quads7 or (split_share > 0 and not split_quads_pays(split_share)):
+        return False
+    slow3x3 = (tuple(w_shape[2:]) == (3, 3) and tuple(strides) == (1, 1)
+               and split_share > SPLIT_MAX_SHARE_FLOAT and options.int8_float_convs
+               and not options.int8_dot_targets)
+    return not slow3x3
