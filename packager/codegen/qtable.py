@@ -54,13 +54,15 @@ class QTableEmitter(QEmitter):
     needs no lookup. A table of one row walks the tensor flat, chunks split between tasks (the
     last takes the tail); a table per channel walks rows of the channel axis, rows split. The
     last values (fewer than 32) go through a 32-value staging buffer. Without AVX2 (x86-64-v2)
-    the same walk value by value, the full table, in the legalized loop nest's order."""
+    the same walk value by value, the full table, in the legalized loop nest's order. With a
+    gate (a 7th operand, [N, C, 1, 1]) rows of N * C, each value times its row's gate first."""
 
     def emit(self) -> KernelInfo:
-        y, s, z, table, os_, oz = self.func.inputs
+        y, s, z, table, os_, oz, *gate = self.func.inputs
         out = self.func.outputs[0]
         attrs = self.tag.attrs
         axis = int(attrs["table_axis"])
+        self.g = self.g_v = None
         self.unit = bool(attrs.get("unit_scale", False))
         self.signed = attrs["dtype"] == "int8"
         self.table_dtype = table.dtype
@@ -91,7 +93,9 @@ class QTableEmitter(QEmitter):
         self.stage_in = alloca_once(b, ir.ArrayType(F32, 32), "stage_in")
         self.stage_out = alloca_once(b, ir.ArrayType(F32, 32), "stage_out")
         task, ntasks = body_fn.args[n_ptrs], body_fn.args[n_ptrs + 1]
-        if axis < 0:
+        if gate:
+            self._gated_rows(shape, axis, buf[gate[0].uid], task, ntasks, parallel)
+        elif axis < 0:
             total = self._dim_value(product(shape))
             chunks = b.sdiv(total, const_i64(32))
             lo, hi, last = const_i64(0), chunks, None
@@ -129,6 +133,31 @@ class QTableEmitter(QEmitter):
         info = self._finish(body_fn, n_ptrs, ptr_types, 0, parallel)
         return dataclasses.replace(info, symbolic=True, choice="quantize, table, dequantize")
 
+    def _gated_rows(self, shape: tuple, axis: int, gb: ir.Value, task: ir.Value,
+                    ntasks: ir.Value, parallel: bool) -> None:
+        """With a gate (float32 [N, C, 1, 1], ops/qlookup.py): rows of N * C, each times its
+        gate value first (``vmulps`` before the quantize, the reference's float32 product),
+        the table row the channel's (or the one row), rows split between tasks."""
+        b = self.builder
+        rows_v = self._dim_value(product(shape[:2]))
+        inner = self._dim_value(product(shape[2:]))
+        channels = int(shape[1]) if axis >= 0 else None
+        lo, hi = const_i64(0), rows_v
+        if parallel:
+            lo = b.sdiv(b.mul(task, rows_v), ntasks)
+            hi = b.sdiv(b.mul(b.add(task, const_i64(1)), rows_v), ntasks)
+        chunks = b.sdiv(inner, const_i64(32))
+        with for_range(b, lo, hi, "row") as r:
+            base = b.mul(r, inner)
+            row_tb = self.tb if channels is None else b.gep(
+                self.tb, [b.mul(b.srem(r, const_i64(channels)), const_i64(256))])
+            self.g = b.load(b.gep(gb, [r]))
+            self.g_v = self._splat(self.g, V8F32)
+            with for_range(b, const_i64(0), chunks, "qc") as i:
+                at = b.add(base, b.mul(i, const_i64(32)))
+                self._chunk(self._ptr(self.xb, at, F32), self._ptr(self.yb, at, F32), row_tb)
+            self._tail(b.add(base, b.mul(chunks, const_i64(32))), b.add(base, inner), row_tb)
+
     def _chunk(self, src: ir.Value, dst: ir.Value, tb: ir.Value) -> None:
         """32 values from float* ``src`` to float* ``dst`` through the table row ``tb``
         (without AVX2 one by one, ``_scalar``)."""
@@ -141,6 +170,8 @@ class QTableEmitter(QEmitter):
         qs = []
         for k in range(4):
             v = b.load(self._ptr(src, k * VL, V8F32), align=4)
+            if self.g_v is not None:
+                v = b.fmul(v, self.g_v)
             if not self.unit:
                 v = b.fdiv(v, self.s_v)
             # clamp, round half to even (vcvtps2dq), + z: the quantized value (as
@@ -174,6 +205,8 @@ class QTableEmitter(QEmitter):
         b = self.builder
         lo, hi = saturation_range(self.tag.attrs["dtype"])
         v = b.load(src)
+        if self.g is not None:
+            v = b.fmul(v, self.g)
         if not self.unit:
             v = b.fdiv(v, self.s)
         rnd = intrinsic(self.module, "llvm.roundeven.f32", F32, [F32])

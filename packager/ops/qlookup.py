@@ -114,10 +114,14 @@ def is_table_read(node: te.Expr) -> bool:
 # col_hi] (the table's values as its dtype's integers). Opaque; its legalized loop nest (the
 # generic fallback) carries a reduction tag over one element that hands the function to the
 # vector kernel (``codegen/qtable.py`` ``QTableEmitter``: ``vdivps``, ``vcvtps2dq``,
-# packs, ``vpshufb`` over the chunks of [col_lo, col_hi], 32 values a step).
+# packs, ``vpshufb`` over the chunks of [col_lo, col_hi], 32 values a step). An optional 7th
+# operand, ``gate`` (float32 [N, C, 1, 1] of a rank-4 y [N, C, H, W]), multiplies y first,
+# in float32: ``qtable(y * gate, ...)``, the squeeze-and-excitation gate's multiply -> quantize
+# -> dequantize (an identity table where the QDQ file has no activation there).
 
 def _infer_qtable(y: TensorType, scale: TensorType, zero_point: TensorType, table: TensorType,
-                  out_scale: TensorType, out_zero_point: TensorType, dtype: str = "uint8",
+                  out_scale: TensorType, out_zero_point: TensorType,
+                  gate: TensorType | None = None, *, dtype: str = "uint8",
                   axis: int = -1, unit_scale: bool = False, col_lo: int = 0, col_hi: int = 255,
                   affine_shift: int | None = None) -> TensorType:
     if (y.dtype != "float32" or scale.dtype != "float32" or out_scale.dtype != "float32"
@@ -135,18 +139,33 @@ def _infer_qtable(y: TensorType, scale: TensorType, zero_point: TensorType, tabl
         raise ValueError(f"qtable: table {table.shape} does not fit axis {axis} of {y.shape}")
     if axis < 0 and table.shape[0] != 1:
         raise ValueError(f"qtable: a table of {table.shape[0]} rows needs an axis")
+    if gate is not None and not gate_fits(tuple(y.shape), tuple(gate.shape), gate.dtype, axis):
+        raise ValueError(f"qtable: a gate takes float32 {tuple(y.shape[:2])} + ones on a "
+                         f"rank-4 y (and a table per channel 1 or one row), not {gate.dtype} "
+                         f"{gate.shape} on {y.shape}")
     return TensorType(y.shape, "float32")
 
 
+def gate_fits(y_shape: tuple, gate_shape: tuple, dtype: str, axis: int) -> bool:
+    """Whether ``gate_shape`` is a ``qtable`` gate of ``y_shape``: float32, y's first two dims
+    then ones (a value per image and channel, the squeeze-and-excitation multiply), rank 4,
+    the table one row or per channel 1."""
+    return (dtype == "float32" and len(y_shape) == 4 and len(gate_shape) == 4
+            and tuple(gate_shape[:2]) == tuple(y_shape[:2])
+            and tuple(gate_shape[2:]) == (1, 1) and axis in (-1, 1))
+
+
 def _legalize_qtable(y: te.Tensor, scale: te.Tensor, zero_point: te.Tensor, table: te.Tensor,
-                     out_scale: te.Tensor, out_zero_point: te.Tensor, out_type: TensorType,
+                     out_scale: te.Tensor, out_zero_point: te.Tensor,
+                     gate: te.Tensor | None = None, *, out_type: TensorType,
                      name: str, dtype: str = "uint8", axis: int = -1,
                      unit_scale: bool = False, col_lo: int = 0, col_hi: int = 255,
                      affine_shift: int | None = None) -> te.Tensor:
     lo, hi = saturation_range(dtype)
     off = 128.0 if dtype == "int8" else 0.0
     one = te.reduce_axis(1, "r")
-    tag_reduction(one, "qtable", (y, scale, zero_point, table, out_scale, out_zero_point),
+    operands = (y, scale, zero_point, table, out_scale, out_zero_point)
+    tag_reduction(one, "qtable", operands + ((gate,) if gate is not None else ()),
                   dtype=dtype, table_axis=axis, unit_scale=unit_scale, col_lo=col_lo,
                   col_hi=col_hi, affine_shift=affine_shift)
 
@@ -155,6 +174,8 @@ def _legalize_qtable(y: te.Tensor, scale: te.Tensor, zero_point: te.Tensor, tabl
 
     def body(*i: te.IndexVar) -> te.Expr:
         q = y[i]
+        if gate is not None:
+            q = q * gate[i[0], i[1], 0, 0]
         if not unit_scale:
             q = te.cast(q / scalar(scale), "float32")
         q = te.math("round", q) + te.cast(scalar(zero_point), "float32")
@@ -173,10 +194,12 @@ def _legalize_qtable(y: te.Tensor, scale: te.Tensor, zero_point: te.Tensor, tabl
 
 @register_op("qtable", OPAQUE, _infer_qtable, _legalize_qtable)
 def qtable(y: np.ndarray, scale: np.ndarray, zero_point: np.ndarray, table: np.ndarray,
-           out_scale: np.ndarray, out_zero_point: np.ndarray, dtype: str = "uint8",
-           axis: int = -1, unit_scale: bool = False, col_lo: int = 0, col_hi: int = 255,
-           affine_shift: int | None = None) -> np.ndarray:
-    """See the comment above: the three reference ops in a row (the hints do not change
-    the result)."""
+           out_scale: np.ndarray, out_zero_point: np.ndarray, gate: np.ndarray | None = None,
+           *, dtype: str = "uint8", axis: int = -1, unit_scale: bool = False, col_lo: int = 0,
+           col_hi: int = 255, affine_shift: int | None = None) -> np.ndarray:
+    """See the comment above: the three reference ops in a row, after ``y * gate`` in float32
+    with a gate (the hints do not change the result)."""
+    if gate is not None:
+        y = (y * gate).astype(np.float32)
     q = quantize(y, scale, zero_point, dtype)
     return dequantize(lut8(q, table, axis), out_scale, out_zero_point)

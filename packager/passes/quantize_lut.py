@@ -31,6 +31,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..ir.graph import Binding, Call, Constant, Function, IRModule, Value
+from ..ops.qlookup import gate_fits
 from ..ops.registry import ELEMWISE, OPS
 from ..options import CompileOptions
 from .common import map_functions, rewrite_function
@@ -358,7 +359,10 @@ def fuse_table_chains(mod: IRModule, options: CompileOptions) -> IRModule:
     float32 out) instead of three kernels, element for element the same. What ORT's QDQ files
     with open image sizes (Paddle's, YOLO's) compute around each activation between the float
     convolutions. Fixed shapes keep the three kernels (static bundles unchanged). With the
-    integer kernels, ``options.lut8`` and ``options.qtable``."""
+    integer kernels, ``options.lut8`` and ``options.qtable``. A ``multiply(y, gate)`` read by
+    the quantize alone, gate [N, C, 1, 1] (the squeeze-and-excitation gate), becomes the op's
+    gate operand, so ``dequantize(quantize(y * gate))`` is one pass too (an identity table,
+    no lookup), where it ran on a generic loop nest."""
     if not (options.int8_kernels and options.lut8 and options.qtable):
         return mod
     return eliminate_dead_code(map_functions(mod, _table_chains_in_function))
@@ -388,23 +392,40 @@ def _table_chains_in_function(fn: Function) -> Function:
         if all(isinstance(d, int) for d in shape):
             continue
         t = defs.get(id(c.args[0]))
-        if t is None or t.op != "lut8" or uses.get(id(c.args[0])) != 1:
+        if t is None or t.op not in ("lut8", "quantize") or uses.get(id(c.args[0])) != 1:
             continue
-        q = defs.get(id(t.args[0]))
-        if (q is None or q.op != "quantize" or uses.get(id(t.args[0])) != 1
-                or q.attrs.get("dtype", "uint8") not in _I8
+        if t.op == "lut8":
+            q = defs.get(id(t.args[0]))
+            if q is None or uses.get(id(t.args[0])) != 1 or not isinstance(t.args[1], Constant):
+                continue
+            table, axis = t.args[1], t.attrs.get("axis", -1)
+        else:   # dequantize(quantize(...)): the identity table, taken with a gate only
+            q, table, axis = t, None, -1
+        if (q.op != "quantize" or q.attrs.get("dtype", "uint8") not in _I8
                 or q.args[0].type.dtype != "float32" or q.args[1].type.dtype != "float32"
-                or c.args[1].type.dtype != "float32" or not isinstance(t.args[1], Constant)
+                or c.args[1].type.dtype != "float32"
                 or not all(_single(a) for a in (q.args[1], q.args[2], c.args[1], c.args[2]))
-                or tuple(q.args[0].type.shape) != shape or tuple(t.args[0].type.shape) != shape):
+                or tuple(q.args[0].type.shape) != shape or tuple(c.args[0].type.shape) != shape):
             continue
+        y, gate = q.args[0], _gate_of(defs.get(id(q.args[0])), shape, axis)
+        if gate is not None and uses.get(id(q.args[0])) == 1:
+            y = gate[0]
+        else:
+            gate = None
+        if table is None:
+            if gate is None:
+                continue
+            dtype = q.attrs.get("dtype", "uint8")
+            ident = np.arange(256) - (128 if dtype == "int8" else 0)
+            table = Constant("qtable_identity", ident.astype(dtype).reshape(1, 256))
         scale = q.args[1]
         unit = bool(np.all(scale.data == 1))
-        args = [q.args[0], scale, q.args[2], t.args[1], c.args[1], c.args[2]]
+        args = [y, scale, q.args[2], table, c.args[1], c.args[2]] + (
+            [gate[1]] if gate is not None else [])
         new[id(b.var)] = Call("qtable", args,
                               {"dtype": q.attrs.get("dtype", "uint8"),
-                               "axis": t.attrs.get("axis", -1), "unit_scale": unit,
-                               **_table_hints(t.args[1].data)}, b.var.type)
+                               "axis": axis, "unit_scale": unit,
+                               **_table_hints(table.data)}, b.var.type)
     if not new:
         return fn
 
@@ -415,6 +436,19 @@ def _table_chains_in_function(fn: Function) -> Function:
         return Call("qtable", [lookup(a) for a in call.args], call.attrs, call.type)
 
     return rewrite_function(fn, visit)
+
+
+def _gate_of(m: Call | None, shape: tuple, axis: int) -> tuple[Value, Value] | None:
+    """(y, gate) when ``m`` is ``multiply(y, gate)`` (either order) of float32 y of ``shape``
+    and a ``qtable`` gate (ops/qlookup.py ``gate_fits``: [N, C, 1, 1], the squeeze-and-
+    excitation multiply); else None."""
+    if m is None or m.op != "multiply" or len(m.args) != 2:
+        return None
+    for y, g in (m.args, m.args[::-1]):
+        if (y.type.dtype == "float32" and tuple(y.type.shape) == shape
+                and gate_fits(shape, tuple(g.type.shape), g.type.dtype, axis)):
+            return y, g
+    return None
 
 
 def _table_hints(table: np.ndarray) -> dict:
