@@ -6,7 +6,8 @@ Run: .venv/bin/python bench/conv_peak.py [MODEL.onnx|BUNDLE.mlc|resnet18 ...] [-
                                          [--runs 5] [--min-gflop 0.05]
 A name is one of bench/models.py's models (built into bench/.cache and exported there if
 missing), an ONNX file (exported into a temporary directory, ``--target host``) or a bundle.
-1 thread. Each round times the FMA loop, numpy's sgemm (512 x 512) and ``--runs`` profiled
+1 thread. Each round times the FMA loop, numpy's sgemm (square, each of ``--sgemm-sizes``;
+the %sgemm column is of the best size's rate, as bench/sgemm.py reports) and ``--runs`` profiled
 runs of each bundle, one after another, so all see the same machine load; each kernel's time
 is its minimum over all rounds (on a shared machine the minimum is what the code does when it
 has the core). Prints, per convolution kernel (at least ``--min-gflop`` GFLOP per call): its
@@ -123,6 +124,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=8)
     ap.add_argument("--runs", type=int, default=5, help="profiled runs per bundle per round")
     ap.add_argument("--min-gflop", type=float, default=0.05)
+    ap.add_argument("--sgemm-sizes", default="512",
+                    help="square numpy sgemm sizes, e.g. 512,1024,2048 (the best is the column)")
     args = ap.parse_args()
 
     from mlcpack.runtime import load
@@ -131,8 +134,9 @@ def main() -> None:
     engine, fma = fma_loop()
     buf = (ctypes.c_float * (2 * FMA_LANES))(*([1.0] * FMA_LANES + [0.0] * FMA_LANES))
     rng = np.random.default_rng(0)
-    a = rng.standard_normal((512, 512)).astype(np.float32)
-    bm = rng.standard_normal((512, 512)).astype(np.float32)
+    sizes = [int(s) for s in args.sgemm_sizes.split(",")]
+    mats = {n: (rng.standard_normal((n, n)).astype(np.float32),
+                rng.standard_normal((n, n)).astype(np.float32)) for n in sizes}
     with tempfile.TemporaryDirectory() as tmp:
         bundles = [bundle_for(m, Path(tmp)) for m in args.models]
         models, feeds, best, choices = [], [], [], []
@@ -145,16 +149,18 @@ def main() -> None:
             best.append({})
             with BundleReader(str(path)) as r:
                 choices.append({k.get("name"): k.get("kernel") for k in r.header["kernels"]})
-        peak_s, sgemm_s = float("inf"), float("inf")
+        peak_s = float("inf")
+        sgemm_s = dict.fromkeys(sizes, float("inf"))
         for _ in range(args.rounds):
             for _ in range(3):
                 t0 = time.thread_time()
                 fma(FMA_ITERS, ctypes.addressof(buf))
                 peak_s = min(peak_s, time.thread_time() - t0)
-            for _ in range(3):
-                t0 = time.thread_time()
-                a @ bm
-                sgemm_s = min(sgemm_s, time.thread_time() - t0)
+            for n, (a, bm) in mats.items():
+                for _ in range(3):
+                    t0 = time.thread_time()
+                    a @ bm
+                    sgemm_s[n] = min(sgemm_s[n], time.thread_time() - t0)
             for model, feed, kbest in zip(models, feeds, best):
                 prof = model.profile(feed, runs=args.runs)
                 for ins in prof.instructions:
@@ -164,8 +170,11 @@ def main() -> None:
                         if prev is None or ins.min_us < prev[1]:
                             kbest[key] = (ins, ins.min_us)
         peak = 2.0 * FMA_CHAINS * FMA_LANES * FMA_ITERS / peak_s / 1e9
-        sgemm = 2.0 * 512 ** 3 / sgemm_s / 1e9
-        print(f"FMA loop peak {peak:.1f} GFLOP/s, numpy sgemm 512 {sgemm:.1f} GFLOP/s "
+        rates = {n: 2.0 * n ** 3 / sgemm_s[n] / 1e9 for n in sizes}
+        best_n = max(rates, key=rates.get)
+        sgemm = rates[best_n]
+        each = ", ".join(f"{n}: {r:.1f}" for n, r in rates.items())
+        print(f"FMA loop peak {peak:.1f} GFLOP/s, numpy sgemm {each} GFLOP/s, best {best_n} "
               f"(1 thread, CPU-time mins over {args.rounds} rounds)")
         for path, kbest, chosen in zip(bundles, best, choices):
             print(f"\n{path.name}:")

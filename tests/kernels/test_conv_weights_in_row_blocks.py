@@ -119,6 +119,8 @@ def _check(path, bundle, feeds, threads, runs=3):
 CASES = [   # n, c, h, o, k, s, act, residual, threads
     (1, 96, 7, 1280 - 2, 1, 1, "hsig", False, 2),   # one tail pixel, a partial last block
     (1, 37, 10, 22, 1, 1, "silu", True, 1),         # four tail pixels, K = 37 (chains + 5)
+    (1, 37, 7, 20, 1, 1, "silu", True, 1),          # one tail pixel, K = 37: the paired
+                                                    # steps (_tail_block_pairs) and a last one
     (1, 20, 20, 36, 3, 2, None, True, 2),           # strided 3x3, 36 channels (not conv_oc)
     (2, 24, 28, 30, 1, 1, None, False, 3),          # a batch, 30 channels, 3 threads
     (1, 64, 16, 64, 1, 1, None, False, 2),          # planes copied a line apart (aliasing)

@@ -25,7 +25,7 @@ from llvmlite import ir
 
 from ...ir import te
 from ..helpers import F32, I1, I32, alloca_once, const_i64, for_range, intrinsic
-from .geometry import L2_REUSE_BYTES, MAX_TASK_REGIONS, TAIL_CHAINS, conv_geometry
+from .geometry import L2_REUSE_BYTES, MAX_TASK_REGIONS, TAIL_CHAINS, TAIL_PAIRS, conv_geometry
 
 
 class ConvMixin:
@@ -538,6 +538,9 @@ class ConvMixin:
         fma = intrinsic(self.module, f"llvm.fmuladd.v{mo}f32", lanes, [lanes] * 3)
         block = b.gep(w_ptr, [b.mul(b.sdiv(o0, const_i64(mo)), const_i64(k_taps * mo))],
                       inbounds=True)
+        if TAIL_PAIRS and 2 * mo == self.vl and k_taps >= 2 and len(tail) == 1:
+            self._tail_block_pairs(g, n, xt, o0, mo, rp, block)
+            return
         for j0 in range(0, len(tail), rp):
             r = min(rp, len(tail) - j0)
             # TAIL_CHAINS independent accumulators in all (steps k interleaved), so that the
@@ -573,6 +576,68 @@ class ConvMixin:
                     acc = b.fadd(acc, b.load(accs[j][c]))
                 for i in range(mo):
                     b.store(b.extract_element(acc, ir.Constant(I32, i)),
+                            b.gep(tile_f, [const_i64(i * r + j)], inbounds=True))
+            self._store_tail_tile(n, o0, mo, tail[j0:j0 + r], tile_f)
+
+    def _tail_block_pairs(self, g: dict, n, xt, o0, mo: int, rp: int, block) -> None:
+        """``_tail_block_rows`` two reduction steps a vector: the ``mo`` weights of steps k and
+        k + 1 are one contiguous vector of 2 * mo = vl lanes, multiplied by the pixel's inputs
+        k and k + 1 each on its half (one 8-byte load and a permute), so that each multiply-add
+        is a full vector and each weight load serves it (the 4-lane form loads a weight vector
+        and broadcasts an input for every half-width multiply-add: load-bound, ~4x the
+        microkernel's cost per multiply-add on Zen 4). An odd last step: the 4-lane form."""
+        b = self.builder
+        tail, kp = g["tail"], g["tail_kp"]
+        k_taps = g["cg"] * g["kh"] * g["kw"]
+        vl = self.vl
+        half = ir.VectorType(F32, mo)
+        pair = ir.VectorType(F32, 2)
+        spread = ir.Constant(ir.VectorType(I32, vl), [i // mo for i in range(vl)])
+        lo_idx = ir.Constant(ir.VectorType(I32, mo), list(range(mo)))
+        hi_idx = ir.Constant(ir.VectorType(I32, mo), list(range(mo, vl)))
+        fma4 = intrinsic(self.module, f"llvm.fmuladd.v{mo}f32", half, [half] * 3)
+        for j0 in range(0, len(tail), rp):
+            r = min(rp, len(tail) - j0)
+            chains = max(1, TAIL_CHAINS // r)
+            accs = [[alloca_once(b, self.vty, name=f"tpacc{j}_{c}") for c in range(chains)]
+                    for j in range(r)]
+            for a in (a for row in accs for a in row):
+                b.store(ir.Constant(self.vty, [0.0] * vl), a)
+
+            def step(kk, c: int, j0=j0, r=r, accs=accs) -> None:
+                k = b.mul(kk, const_i64(2))
+                wv = self._weight_vector(block, b.mul(k, const_i64(mo)), vl)
+                for j in range(r):
+                    ptr = b.bitcast(b.gep(xt, [b.add(k, const_i64((j0 + j) * kp))],
+                                          inbounds=True), pair.as_pointer())
+                    xv = b.shuffle_vector(b.load(ptr, align=4), ir.Constant(pair, None), spread)
+                    b.store(self._fma(wv, xv, b.load(accs[j][c])), accs[j][c])
+
+            pairs = k_taps // 2
+            full, rem = divmod(pairs, chains)
+            with for_range(b, const_i64(0), const_i64(full), "tpk") as kk:
+                for c in range(chains):
+                    step(b.add(b.mul(kk, const_i64(chains)), const_i64(c)), c)
+            for c in range(rem):
+                step(const_i64(full * chains + c), c)
+            self._begin_epilogue()
+            tile = alloca_once(b, ir.ArrayType(F32, mo * r), name="tptile")
+            tile_f = b.bitcast(tile, F32.as_pointer())
+            for j in range(r):
+                acc = b.load(accs[j][0])
+                for c in range(1, chains):
+                    acc = b.fadd(acc, b.load(accs[j][c]))
+                row = b.fadd(b.shuffle_vector(acc, acc, lo_idx), b.shuffle_vector(acc, acc, hi_idx))
+                if k_taps % 2:
+                    k = const_i64(k_taps - 1)
+                    wv = self._weight_vector(block, b.mul(k, const_i64(mo)), mo)
+                    x = b.load(b.gep(xt, [b.add(k, const_i64((j0 + j) * kp))], inbounds=True))
+                    xv = b.shuffle_vector(
+                        b.insert_element(ir.Constant(half, None), x, ir.Constant(I32, 0)),
+                        ir.Constant(half, None), ir.Constant(ir.VectorType(I32, mo), [0] * mo))
+                    row = b.call(fma4, [wv, xv, row])
+                for i in range(mo):
+                    b.store(b.extract_element(row, ir.Constant(I32, i)),
                             b.gep(tile_f, [const_i64(i * r + j)], inbounds=True))
             self._store_tail_tile(n, o0, mo, tail[j0:j0 + r], tile_f)
 

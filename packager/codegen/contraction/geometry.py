@@ -115,6 +115,12 @@ TAIL_MAX_BYTES = 128 * 1024
 # Accumulators of the tail on weights packed by row blocks (``_tail_block_rows``): enough
 # independent multiply-adds in flight for two FMA pipes of 4 cycles' latency.
 TAIL_CHAINS = 8
+# ... and, for a single tail pixel, two reduction steps a full vector where the row blocks are
+# half a vector wide (AVX2's 4-row blocks: ``_tail_block_pairs``; measured on Zen 4, one-conv
+# bundles, CPU-time min: 2048 -> 512 on 7x7 1151 / 1149 -> 1130 / 1124 us, 512 -> 2048 + a
+# residual 1172 / 1204 -> 1140 / 1167; with 4 tail pixels (14x14) not better: 1024 -> 256
+# 1189 / 1174 -> 1223 / 1212, so not there). False: one step a half-width vector.
+TAIL_PAIRS = True
 # Shifted planes that the kernel re-reads from L2 once per block row (panels innermost: weights
 # past L2_REUSE_BYTES, planes within it but past a quarter of it) lose to the by-phase copy
 # (a third of the bytes) when planes and weights together pass this many bytes, unless by phase
