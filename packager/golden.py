@@ -364,7 +364,14 @@ _REFERENCE_ERRORS = (ReferenceUnavailable, FloatingPointError, ValueError, TypeE
 def prepare_golden(mod: IRModule, params: Mapping[str, np.ndarray] | None, opts: Any) -> Golden:
     """Choose the inputs and run the references (before anything is compiled): the one that may
     refuse the export, the IR's numpy reference for the magnitudes, and advice (see the module
-    docstring)."""
+    docstring). numpy's BLAS runs on one thread meanwhile (``blas_threads.py``: the compile
+    workers have the cores; more threads only spun against them)."""
+    from .blas_threads import one_blas_thread
+    with one_blas_thread():
+        return _prepare_golden(mod, params, opts)
+
+
+def _prepare_golden(mod: IRModule, params: Mapping[str, np.ndarray] | None, opts: Any) -> Golden:
     fn = mod.main
     chosen = choose_inputs(mod, params, opts, quantized_input_ranges(fn))
     inputs, seed = chosen.inputs, chosen.seed
