@@ -109,16 +109,7 @@ class _QDepthwise(QEmitter):
         task, ntasks = body_fn.args[n_ptrs], body_fn.args[n_ptrs + 1]
         b = self.builder
         buf = self.buffers
-        if parallel:
-            cap = const_i64(regions)
-            eff = b.select(b.icmp_signed("<", ntasks, cap), ntasks, cap)
-            with b.if_then(b.icmp_signed(">=", task, eff), likely=False):
-                b.ret_void()
-            lo = b.sdiv(b.mul(task, const_i64(planes)), eff)
-            hi = b.sdiv(b.mul(b.add(task, const_i64(1)), const_i64(planes)), eff)
-            region = task
-        else:
-            lo, hi, region = const_i64(0), const_i64(planes), const_i64(0)
+        lo, hi, region = self._task_span(parallel, regions, planes, task, ntasks)
         xzp = b.load(buf[x_zp.uid])
         shift = self._quad_shift(x.dtype) if self.quads else 0
         zq = b.add(xzp, ir.Constant(I32, shift))       # quads: x's zero point as stored

@@ -292,6 +292,38 @@ class QEmitter(KernelEmitter):
             return -128 if dtype == "uint8" else 0
         return 128 if dtype == "int8" else 0
 
+    def _task_span(self, parallel: bool, regions: int, count: int, task: ir.Value,
+                   ntasks: ir.Value) -> tuple[ir.Value, ir.Value, ir.Value]:
+        """This task's [lo, hi) of ``count`` work items and its workspace region: the items
+        split evenly over min(ntasks, regions) tasks, the tasks past those returning at once
+        (a pool with more threads than the kernel has regions); one task does everything when
+        the kernel is not parallel."""
+        if not parallel:
+            return const_i64(0), const_i64(count), const_i64(0)
+        b = self.builder
+        cap = const_i64(regions)
+        eff = b.select(b.icmp_signed("<", ntasks, cap), ntasks, cap)
+        with b.if_then(b.icmp_signed(">=", task, eff), likely=False):
+            b.ret_void()
+        lo = b.sdiv(b.mul(task, const_i64(count)), eff)
+        hi = b.sdiv(b.mul(b.add(task, const_i64(1)), const_i64(count)), eff)
+        return lo, hi, task
+
+    def _zero_points(self, x_zp: te.Tensor, y_zp: te.Tensor,
+                     shift: int | None = None) -> ir.Value:
+        """x's zero point as int32 (a DynamicQuantizeLinear's uint8/int8 one widened), plus
+        ``shift`` where given (the quad kernels' planes hold x + ``_quad_shift``), and for
+        integer outputs y's as the epilogue's vector, ``self.y_zp``."""
+        b = self.builder
+        xzp = b.load(self.buffers[x_zp.uid])
+        if x_zp.dtype != "int32":
+            xzp = self._widen(xzp, x_zp.dtype)
+        if shift is not None:
+            xzp = b.add(xzp, ir.Constant(I32, shift))
+        if not self.float_out:
+            self.y_zp = self._splat(b.load(self.buffers[y_zp.uid]), V8F32)
+        return xzp
+
     def _widen(self, v: ir.Value, dtype: str) -> ir.Value:
         """A loaded int8/uint8/int16 scalar as int32 (x86 u8 zero-extends)."""
         b = self.builder

@@ -118,22 +118,8 @@ class QConv(QEmitter):
         mr = self.mr
         full, tail = o // mr, o % mr
         n_tiles = full + (1 if tail else 0)
-        if parallel:
-            cap = const_i64(regions)
-            eff = b.select(b.icmp_signed("<", ntasks, cap), ntasks, cap)
-            skip = b.icmp_signed(">=", task, eff)
-            with b.if_then(skip, likely=False):
-                b.ret_void()
-            lo = b.sdiv(b.mul(task, const_i64(n_tiles)), eff)
-            hi = b.sdiv(b.mul(b.add(task, const_i64(1)), const_i64(n_tiles)), eff)
-            region = task
-        else:
-            lo, hi, region = const_i64(0), const_i64(n_tiles), const_i64(0)
-        xzp = b.load(buf[x_zp.uid])
-        if x_zp.dtype != "int32":     # a DynamicQuantizeLinear's uint8/int8 zero point
-            xzp = self._widen(xzp, x_zp.dtype)
-        if not self.float_out:
-            self.y_zp = self._splat(b.load(buf[y_zp.uid]), V8F32)
+        lo, hi, region = self._task_span(parallel, regions, n_tiles, task, ntasks)
+        xzp = self._zero_points(x_zp, y_zp)
         tile_words = steps * rows6 * 2                      # int16 values per 6-row tile
         if vnni:
             shift = self._quad_shift(x.dtype)
@@ -389,23 +375,9 @@ class QConv(QEmitter):
         mr = self.mr
         full, tail = o // mr, o % mr
         n_tiles = full + (1 if tail else 0)
-        if parallel:
-            cap = const_i64(regions)
-            eff = b.select(b.icmp_signed("<", ntasks, cap), ntasks, cap)
-            with b.if_then(b.icmp_signed(">=", task, eff), likely=False):
-                b.ret_void()
-            lo = b.sdiv(b.mul(task, const_i64(n_tiles)), eff)
-            hi = b.sdiv(b.mul(b.add(task, one), const_i64(n_tiles)), eff)
-            region = task
-        else:
-            lo, hi, region = const_i64(0), const_i64(n_tiles), const_i64(0)
-        xzp = b.load(buf[x_zp.uid])
-        if x_zp.dtype != "int32":
-            xzp = self._widen(xzp, x_zp.dtype)
+        lo, hi, region = self._task_span(parallel, regions, n_tiles, task, ntasks)
         shift = self._quad_shift(x.dtype)
-        zpq = b.add(xzp, ir.Constant(I32, shift))
-        if not self.float_out:
-            self.y_zp = self._splat(b.load(buf[y_zp.uid]), V8F32)
+        zpq = self._zero_points(x_zp, y_zp, shift)
         wexp32 = b.bitcast(buf[wk.uid], I32.as_pointer())
         stage = b.bitcast(ws, self.out_ty.as_pointer())               # [o][qpad] results
         planes = b.gep(ws, [b.add(s_bytes, b.mul(region, b.add(p_bytes,
@@ -667,23 +639,9 @@ class QConv(QEmitter):
         task, ntasks = body_fn.args[n_ptrs], body_fn.args[n_ptrs + 1]
         b = self.builder
         buf = self.buffers
-        if parallel:
-            cap = const_i64(regions)
-            eff = b.select(b.icmp_signed("<", ntasks, cap), ntasks, cap)
-            with b.if_then(b.icmp_signed(">=", task, eff), likely=False):
-                b.ret_void()
-            lo = b.sdiv(b.mul(task, const_i64(ot)), eff)
-            hi = b.sdiv(b.mul(b.add(task, const_i64(1)), const_i64(ot)), eff)
-            region = task
-        else:
-            lo, hi, region = const_i64(0), const_i64(ot), const_i64(0)
-        xzp = b.load(buf[x_zp.uid])
-        if x_zp.dtype != "int32":
-            xzp = self._widen(xzp, x_zp.dtype)
+        lo, hi, region = self._task_span(parallel, regions, ot, task, ntasks)
         shift = self._quad_shift(x.dtype)
-        zpq = b.add(xzp, ir.Constant(I32, shift))
-        if not self.float_out:
-            self.y_zp = self._splat(b.load(buf[y_zp.uid]), V8F32)
+        zpq = self._zero_points(x_zp, y_zp, shift)
         w32 = b.bitcast(buf[wk.uid], I32.as_pointer())
         stage = b.bitcast(ws, self.out_ty.as_pointer())             # [n][o] results
         planes = b.gep(ws, [b.add(const_i64(s_bytes), b.mul(region, const_i64(p_bytes)))])
@@ -872,11 +830,7 @@ class QConv(QEmitter):
         buf = self.buffers
         xpairs = b.bitcast(ws, I16.as_pointer())
         words = b.bitcast(ws, I32.as_pointer())
-        xzp = b.load(buf[x_zp.uid])
-        if x_zp.dtype != "int32":
-            xzp = self._widen(xzp, x_zp.dtype)
-        if not self.float_out:
-            self.y_zp = self._splat(b.load(buf[y_zp.uid]), V8F32)
+        xzp = self._zero_points(x_zp, y_zp)
         w_el = I16 if wide else I8
         v12, v12i16 = ir.VectorType(w_el, 2 * rows6), ir.VectorType(I16, 2 * rows6)
         to16 = ir.Constant(ir.VectorType(I32, 2 * PANEL),

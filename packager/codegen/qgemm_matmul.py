@@ -122,11 +122,7 @@ class QMatmul(QEmitter):
             g_lo = b.sdiv(b.mul(task, const_i64(len(groups))), eff)
             g_hi = b.sdiv(b.mul(b.add(task, const_i64(1)), const_i64(len(groups))), eff)
             ws = b.gep(ws, [b.mul(task, const_i64(region))])
-        xzp = b.load(buf[x_zp.uid])
-        if x_zp.dtype != "int32":     # a DynamicQuantizeLinear's uint8/int8 zero point
-            xzp = self._widen(xzp, x_zp.dtype)
-        if not self.float_out:
-            self.y_zp = self._splat(b.load(buf[y_zp.uid]), V8F32)
+        xzp = self._zero_points(x_zp, y_zp)
         if vnni:
             return self._emit_vnni(body_fn, ptr_types, n_ptrs, ws, workspace, parallel, groups,
                                    g_lo if parallel else None, g_hi if parallel else None,
