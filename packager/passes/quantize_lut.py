@@ -35,6 +35,7 @@ from ..ops.qlookup import gate_fits
 from ..ops.registry import ELEMWISE, OPS
 from ..options import CompileOptions
 from .common import map_functions, rewrite_function
+from .fuse_qdq_common import calls_and_uses
 from .simplify import eliminate_dead_code
 
 _I8 = ("int8", "uint8")
@@ -245,15 +246,7 @@ def lookup_dequantized_tables(mod: IRModule, options: CompileOptions) -> IRModul
 
 
 def _lookup_in_function(fn: Function) -> Function:
-    defs: dict[int, Call] = {}
-    uses: dict[int, int] = {}
-    for b in fn.bindings():
-        if isinstance(b.value, Call):
-            defs[id(b.var)] = b.value
-        for a in getattr(b.value, "args", []):
-            uses[id(a)] = uses.get(id(a), 0) + 1
-    for o in fn.outputs:
-        uses[id(o)] = uses.get(id(o), 0) + 1
+    defs, uses = calls_and_uses(fn)
     new: dict[int, Call] = {}
     for b in fn.bindings():
         c = b.value
@@ -374,15 +367,7 @@ def _single(v: Value) -> bool:
 
 
 def _table_chains_in_function(fn: Function) -> Function:
-    defs: dict[int, Call] = {}
-    uses: dict[int, int] = {}
-    for b in fn.bindings():
-        if isinstance(b.value, Call):
-            defs[id(b.var)] = b.value
-        for a in getattr(b.value, "args", []):
-            uses[id(a)] = uses.get(id(a), 0) + 1
-    for o in fn.outputs:
-        uses[id(o)] = uses.get(id(o), 0) + 1
+    defs, uses = calls_and_uses(fn)
     new: dict[int, Call] = {}
     for b in fn.bindings():
         c = b.value
