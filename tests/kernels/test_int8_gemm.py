@@ -67,6 +67,9 @@ MATMULS = {   # x shape, N, x dtype, x zp, int16 weights, y dtype, y zp
     "batch_2x5x33x9_int16w": ((2, 5, 33), 9, "uint8", 255, True, "uint8", 7),
     "6x256x40_s8_int16w": ((6, 256), 40, "int8", 100, True, "int8", -20),
     "1x600x16_u8_long_k": ((1, 600), 16, "uint8", 17, False, "uint8", 0),
+    # many column groups (the VNNI kernel's loop over whole groups, then a partial panel) and
+    # enough work for the task split
+    "20x96x203_s8_wide_n": ((20, 96), 203, "int8", -3, False, "uint8", 3),
 }
 
 
