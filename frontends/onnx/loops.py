@@ -165,27 +165,59 @@ def emit_vm_loop(ctx: NodeContext, trip: Value, cond: Value, inits: list[Value],
     number = Var(bb.fresh_name("iteration"), TensorType((), "int64"))
     states = [Var(bb.fresh_name("carried"), v.type) for v in inits]
     mark = len(block.bindings)
-    outer_reads = getattr(bb, "shapes_read", None)
-    bb.shapes_read = set()   # the values whose shapes the body reads (Shape, Size)
-    try:
-        again, new, added = step(number, states)
-    finally:
-        shape_reads, bb.shapes_read = bb.shapes_read, outer_reads
-        if outer_reads is not None:
-            outer_reads |= shape_reads
-    # format 1.10: a carried value that the body only grows by a Concat (``acc = Concat(acc,
-    # r)``, read by nothing else) is a row store: its first rows the initial value's (APPEND
-    # before the loop), the body's ``r`` appended each iteration, its rows counted
-    grown: dict[int, tuple[Binding, Value, int]] = {}
-    for k, (a, b) in enumerate(zip(new, states)):
-        if a.type != b.type and not {id(a), id(b)} & shape_reads:
-            g = _appended(block.bindings[mark:], a, b,
-                          [again] + new[:k] + new[k + 1:] + added)
-            if g is not None:
-                grown[k] = g
+    # carried values whose extents change between iterations in ways the body reads (a KV
+    # cache attention reads, a list that shrinks or is recomputed at another size): after a
+    # first conversion shows which axes change, the body is converted again over a state whose
+    # extent on each such axis is a size variable bound at run time (``carriedK``)
+    resized: dict[int, list[tuple[int, str]]] = {}
+    saved = (dict(bb.mod.dynamic_sizes), list(bb.mod.relations))
+    for _ in range(4):
+        outer_reads = getattr(bb, "shapes_read", None)
+        bb.shapes_read = set()   # the values whose shapes the body reads (Shape, Size)
+        try:
+            again, new, added = step(number, states)
+        finally:
+            shape_reads, bb.shapes_read = bb.shapes_read, outer_reads
+            if outer_reads is not None:
+                outer_reads |= shape_reads
+        # format 1.10: a carried value that the body only grows by a Concat (``acc =
+        # Concat(acc, r)``, read by nothing else) is a row store: its first rows the initial
+        # value's (APPEND before the loop), the body's ``r`` appended each iteration, its rows
+        # counted
+        grown: dict[int, tuple[Binding, Value, int]] = {}
+        for k, (a, b) in enumerate(zip(new, states)):
+            if a.type != b.type and k not in resized and not {id(a), id(b)} & shape_reads:
+                g = _appended(block.bindings[mark:], a, b,
+                              [again] + new[:k] + new[k + 1:] + added)
+                if g is not None:
+                    grown[k] = g
+        changing = _changing_axes(new, states, grown, resized, set(bb.mod.dynamic_sizes))
+        if not changing:
+            break
+        del block.bindings[mark:]   # converted again over the resized states
+        bb.mod.dynamic_sizes.clear()
+        bb.mod.dynamic_sizes.update(saved[0])
+        bb.mod.relations[:] = saved[1]
+        for k, axes in changing.items():
+            shape = list(states[k].type.shape)
+            for axis in axes:
+                first = inits[k].type.shape[axis]
+                _, var = bb.bind_size(_size_tensor(ctx, first, (1,)),
+                                      _carried_bound(bb.mod, first, states[k].type, axis),
+                                      "carried")
+                shape[axis] = var
+                resized.setdefault(k, []).append((axis, str(var)))
+            states[k] = Var(bb.fresh_name("carried"), TensorType(tuple(shape),
+                                                                 states[k].type.dtype))
+        saved = (dict(bb.mod.dynamic_sizes), list(bb.mod.relations))
+        mark = len(block.bindings)
+    else:
+        raise ctx.error("a carried value of a loop whose trip count is known only at run time "
+                        "changes its extents in ways that do not settle after four conversions "
+                        "of its body")
     viewed: dict[int, Value] = {}   # a new carried value checked to keep its shape -> the view
     for k, (a, b) in enumerate(zip(new, states)):
-        if a.type != b.type and k not in grown:
+        if a.type != b.type and k not in grown and k not in resized:
             new[k] = viewed[id(a)] = _same_shape(ctx, k, a, b.type)
     added = [viewed.get(id(r), r) for r in added]   # a scan output of that value: checked too
     kept = [k for k in range(len(inits)) if k not in grown]
@@ -228,6 +260,8 @@ def emit_vm_loop(ctx: NodeContext, trip: Value, cond: Value, inits: list[Value],
                 at = ctx.emit("subtract", last, t)
             new.append(ctx.emit("scatter_nd", stack, at,
                                 ctx.reshape(row, (1,) + tuple(row.type.shape))))
+    if resized:
+        _resize_tail(ctx, resized, new, states, kept, [again] + added)
     bindings = block.bindings[mark:]
     del block.bindings[mark:]
     placeholders = [number] + states + stacks
@@ -253,9 +287,12 @@ def emit_vm_loop(ctx: NodeContext, trip: Value, cond: Value, inits: list[Value],
     first_rows = [bb.emit_op("full", shape=t.shape, value=0, dtype=t.dtype, name="rows")
                   for t in stack_types]
     carried = list(inits) + first_rows
-    record = tuple((tuple(v.type.shape), v.type.dtype) for v in carried)
+    # a resized value's type is its state's (its extents the ``carriedK`` bound at run time)
+    record = tuple((tuple(v.type.shape), v.type.dtype) for v in states + stacks)
     row_types = tuple((tuple(r.type.shape), r.type.dtype) for r in new[len(carried):])
     extra = {"rows": row_types} if stored else {}
+    if resized:   # the carried values (their positions) the body writes into their states
+        extra["resized"] = tuple(kept.index(k) for k in resized)
     if grown:   # (axis, the rows' shape past it, dtype, the count's name: set below)
         extra["grown"] = tuple((axis, tuple(p.type.shape[axis + 1:]), p.type.dtype, "")
                                for (_, p, axis) in grown.values())
@@ -279,6 +316,73 @@ def emit_vm_loop(ctx: NodeContext, trip: Value, cond: Value, inits: list[Value],
     if stored:
         return ordered, loop, row_types
     return ordered, finals[len(inits):]
+
+
+def _changing_axes(new: list[Value], states: list[Var], grown: dict, resized: dict,
+                   counted: set[str]) -> dict[int, list[int]]:
+    """The axes of each carried value whose new extent differs from its state's in a way that
+    neither the row stores (``grown``) nor a check at run time (extents a kernel counts, equal
+    each iteration) hold, and that are not resized yet: they become ``carriedK`` sizes. A
+    change of dtype or rank is left to ``_same_shape``, which refuses it."""
+    carried = {name for axes in resized.values() for _, name in axes}
+    plain = counted - carried
+    out: dict[int, list[int]] = {}
+    for k, (a, b) in enumerate(zip(new, states)):
+        shape, want = a.type.shape, b.type.shape
+        if k in grown or a.type == b.type or a.type.dtype != b.type.dtype \
+                or len(shape) != len(want):
+            continue
+        done = {axis for axis, _ in resized.get(k, ())}
+        axes = [i for i, (x, y) in enumerate(zip(shape, want)) if x != y and i not in done
+                and (k in resized or not (shape_vars([x, y]) and shape_vars([x, y]) <= plain))]
+        if axes:
+            out[k] = axes
+    return out
+
+
+def _carried_bound(mod, first, ttype: TensorType, axis: int):
+    """The upper bound of a resized carried value's extent on ``axis``: its initial extent
+    (over the inputs' sizes) plus as many entries as STORE_BYTES hold of its other extents
+    known at export (the state and the body's values over that extent are planned at it: a
+    reservation of address space, touched only as far as the loop grows it)."""
+    from ...packager.ir.sym import substitute
+    from ...packager.vm_emit import dynamic_bounds
+
+    rest = product([d if isinstance(d, int) else 1
+                    for i, d in enumerate(ttype.shape) if i != axis])
+    cap = max(1, STORE_BYTES // max(1, rest * itemsize(ttype.dtype)))
+    if isinstance(first, int):
+        return max(first, cap)
+    return substitute(first, dynamic_bounds(mod)) + cap
+
+
+def _resize_tail(ctx: NodeContext, resized: dict, new: list[Value], states: list[Var],
+                 kept: list[int], others: list[Value]) -> None:
+    """The end of a body with resized carried values: each new extent computed (at this
+    iteration's sizes), then bound to its ``carriedK`` (BIND_SIZE), then each new value,
+    viewed at its state's shape (now the new extents) where its own shape names those sizes,
+    copied by a kernel of its own into the state's buffer (``carried_copy``; vm_emit gives it the state's storage). ``new`` and
+    ``states`` are in the loop's carried order (``kept``); ``new`` is updated."""
+    bb = ctx.bb
+    pos = {k: kept.index(k) for k in resized}
+    for k, j in pos.items():
+        if any(o is states[j] for i, o in enumerate(new) if i != j) \
+                or any(o is states[j] for o in others):
+            raise ctx.error(f"carried value {k} changes its extents between iterations and is "
+                            "also passed on as another of the loop's values, which a loop "
+                            "whose trip count is known only at run time does not run")
+    extents = [(_size_tensor(ctx, new[j].type.shape[axis], (1,)), name)
+               for k, j in pos.items() for axis, name in resized[k]]
+    afters = [bb.emit(Call("bind_size", [e], {"var": name}, e.type), name)
+              for e, name in extents]
+    names = {name for axes in resized.values() for _, name in axes}
+    for j in pos.values():
+        src = new[j]
+        if shape_vars(src.type.shape) & names:   # its extents over this iteration's sizes
+            src = bb.emit_op("carried_view", src, shape=tuple(states[j].type.shape),
+                             name="resized")
+        new[j] = bb.emit_op("carried_copy", src, *afters, out=tuple(states[j].type.shape),
+                            name="resized")
 
 
 def _appended(bindings: list[Binding], new: Value, state: Var, others: list[Value]
