@@ -2,8 +2,9 @@
 tests/export/test_run_time_loops.py and the C runtime's test: ``counted_loop`` (below), a Scan
 over an open axis (``open_scan``) and a Loop over a tensor's rows with a scan output and a break
 (``rows_loop``), two nested Loops (``nested_loops``), and a Loop on a fed trip count whose scan
-outputs have no bound at export (``stored_rows``, format 1.9's row stores), and a greedy decode
-whose carried values grow (``grown_values``, format 1.10).
+outputs have no bound at export (``stored_rows``, format 1.9's row stores), a greedy decode
+whose carried values grow (``grown_values``, format 1.10), and a decoder loop whose body reads
+carried values that grow, shrink or are recomputed at another size (``kv_cache``).
 
 ``counted_loop``: a Loop whose trip count and condition are graph inputs, with a break
 condition computed in the body and an If on the iteration number inside the body (a jump within
@@ -427,6 +428,10 @@ STORED_TEST_BYTES = 480
 # kept values), so that a loop that would pass them is refused in a test of seconds
 GROWN_TEST_BYTES = 1024
 
+# the "kv" bundle's resized values stop at this many bytes past their initial extents (64 cache
+# rows of 2 x 4 floats, 512 queue or sel values), so that a loop past them is refused quickly
+KV_TEST_BYTES = 2048
+
 MODELS = {"counted": lambda p: counted_loop(p), "counted-static": lambda p: counted_loop(p, False),
           "counted-bounded": lambda p: counted_loop(p),
           "open-scan": open_scan, "rows-loop": rows_loop, "nested": nested_loops,
@@ -457,8 +462,8 @@ def exported(tmp_path_factory, kind: str = "counted") -> tuple[Path, Path]:
             # "counted-bounded": one arena planned at x0's largest length for every length
             bounds = {"x0": (64,)} if kind == "counted-bounded" else None
             cap = loops.STORE_BYTES
-            loops.STORE_BYTES = {"stored": STORED_TEST_BYTES,
-                                 "grown": GROWN_TEST_BYTES}.get(kind, cap)
+            loops.STORE_BYTES = {"stored": STORED_TEST_BYTES, "grown": GROWN_TEST_BYTES,
+                                 "kv": KV_TEST_BYTES}.get(kind, cap)
             try:
                 result = export(src, bundle, Options(max_shapes=bounds or {}))
             finally:

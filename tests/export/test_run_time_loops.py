@@ -461,13 +461,11 @@ def test_a_torch_exported_greedy_decode_matches_onnx_runtime(tmp_path) -> None:
             np.testing.assert_allclose(got["h"], h, rtol=1e-5, atol=1e-6)
 
 
-def test_a_grown_value_whose_shape_the_body_reads_is_refused(tmp_path) -> None:
+def test_a_grown_value_whose_shape_the_body_reads_matches_onnx_runtime(tmp_path) -> None:
     """The body reads the token list's length (``Shape(tokens)[1]``, as a decoder computes its
-    position): the value is not only appended to (its shape in the body would be the initial
-    one's), so the import refuses it in one line instead of running it with a stale length."""
-    from mlcpack.frontends.onnx.importer import import_onnx
-    from mlcpack.packager.errors import ExportError
-
+    position): the token list is no row store (the body would see its initial length) but a
+    resized carried value (``carriedK`` bound at run time); its lengths, returned as a scan
+    output, and every value are ONNX Runtime's, open prompt lengths included."""
     model = onnx.load(lm.grown_values(tmp_path / "m.onnx"))
     loop = model.graph.node[0]
     body = loop.attribute[0].g
@@ -477,7 +475,66 @@ def test_a_grown_value_whose_shape_the_body_reads_is_refused(tmp_path) -> None:
     body.output.append(helper.make_tensor_value_info("tlen", TensorProto.INT64, []))
     loop.output.append("lens")
     model.graph.output.append(helper.make_tensor_value_info("lens", TensorProto.INT64, None))
-    with pytest.raises(ExportError) as info:
-        import_onnx(model)
-    text = str(info.value)
-    assert "\n" not in text and "carried value 1 changes" in text and "only grow" in text, text
+    src, bundle = tmp_path / "lens.onnx", tmp_path / "lens.mlc"
+    onnx.save(model, src)
+    from mlcpack.packager.api import Options, export
+
+    export(src, bundle, Options())
+    session = ort.InferenceSession(str(src), providers=["CPUExecutionProvider"])
+    names = ["h", "tokens", "hist", "kept", "lens"]
+    with load(bundle) as m:
+        for k, (trips, lim, t, n) in enumerate(GROWN_CASES[:5]):
+            feeds = lm.grown_feeds(trips, lim, seed=k, t=t, k=n)
+            got = m.run(feeds)
+            for name, ref in zip(names, session.run(None, feeds)):
+                assert got[name].shape == ref.shape, (name, trips)
+                np.testing.assert_allclose(got[name], ref, rtol=1e-5, atol=1e-6,
+                                           err_msg=f"{name} {trips}")
+
+
+# ---- carried values whose extents change and that the body reads (no new format) ----------------
+
+@pytest.fixture(scope="module")
+def kv(tmp_path_factory):
+    return lm.exported(tmp_path_factory, "kv")
+
+
+# (trip count, limit, seed, cache rows, queue length, sel length): none, one, a few, 40 (past the
+# queue's length: it stays empty), an empty cache and queue, breaks, negative, 2**63 - 1 broken
+KV_CASES = [(0, 1e9, 0, 2, 3, 1), (1, 1e9, 1, 1, 2, 2), (5, 1e9, 2, 3, 3, 1),
+            (40, 1e9, 3, 2, 5, 4), (7, 1e9, 4, 0, 0, 1), (40, 1.0, 0, 2, 3, 1),
+            (-3, 1e9, 5, 2, 1, 1), ((1 << 63) - 1, 2.0, 4, 3, 2, 2)]
+
+
+def test_carried_values_the_body_reads_match_onnx_runtime(kv) -> None:
+    """A decoder loop (``loop_models.kv_cache``) whose body reads a KV cache that grows along
+    its third axis (two heads before it: attention over the whole cache each step, its length
+    read by Shape), a queue that shrinks to empty and a value recomputed at a counted size each
+    iteration, with a reader of the cache after the loop: ONNX Runtime's shapes and values at
+    every trip count, 2 threads the same bytes. The bundle needs no new format (LOOP, BIND_SIZE
+    inside the body, kernels over the resized extents: 1.8)."""
+    src, bundle = kv
+    with BundleReader(bundle) as reader:
+        assert reader.header["format"] == [1, 8], reader.header["format"]
+    session = ort.InferenceSession(str(src), providers=["CPUExecutionProvider"])
+    names = ["h", "cache", "queue", "sel", "cache_mean"]
+    with load(bundle) as model, load(bundle, threads=2) as two:
+        for m, lim, seed, p, q, n in KV_CASES:
+            feeds = lm.kv_feeds(m, lim, seed=seed, p=p, q=q, s=n)
+            got, again = model.run(feeds), two.run(feeds)
+            for name, ref in zip(names, session.run(None, feeds)):
+                assert got[name].shape == ref.shape and got[name].dtype == ref.dtype, (name, m)
+                np.testing.assert_allclose(got[name], ref, rtol=1e-5, atol=1e-6,
+                                           err_msg=f"{name} {m} {lim}")
+                np.testing.assert_array_equal(again[name], got[name], err_msg=name)
+
+
+def test_a_carried_value_past_its_bound_is_refused_in_one_line(kv, tmp_path, run_cli) -> None:
+    """A loop whose KV cache would pass its bound (here 64 rows past the prompt, the test
+    bundle's; 256 MiB of them by default): an input error in one line, exit code 7."""
+    paths = []
+    for name, value in lm.kv_feeds(100).items():
+        paths.append(tmp_path / f"{name}.npy")
+        np.save(paths[-1], value)
+    line = assert_one_line_error(proc := run_cli("infer", kv[1], *paths, timeout=120))
+    assert proc.returncode == 7 and "grown past its cap" in line, line
