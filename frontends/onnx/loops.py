@@ -361,8 +361,9 @@ def _resize_tail(ctx: NodeContext, resized: dict, new: list[Value], states: list
     """The end of a body with resized carried values: each new extent computed (at this
     iteration's sizes), then bound to its ``carriedK`` (BIND_SIZE), then each new value,
     viewed at its state's shape (now the new extents) where its own shape names those sizes,
-    copied by a kernel of its own into the state's buffer (``carried_copy``; vm_emit gives it the state's storage). ``new`` and
-    ``states`` are in the loop's carried order (``kept``); ``new`` is updated."""
+    copied by a kernel of its own into the state's buffer (``carried_copy``; vm_emit gives it
+    the state's storage). ``new`` and ``states`` are in the loop's carried order (``kept``);
+    ``new`` is updated."""
     bb = ctx.bb
     pos = {k: kept.index(k) for k in resized}
     for k, j in pos.items():

@@ -538,3 +538,64 @@ def test_a_carried_value_past_its_bound_is_refused_in_one_line(kv, tmp_path, run
         np.save(paths[-1], value)
     line = assert_one_line_error(proc := run_cli("infer", kv[1], *paths, timeout=120))
     assert proc.returncode == 7 and "grown past its cap" in line, line
+
+
+@pytest.mark.skipif(not SLOW, reason="MLCPACK_SLOW=1 only (torch's export takes seconds; "
+                    "test_carried_values_the_body_reads_match_onnx_runtime covers the same path)")
+def test_a_torch_exported_kv_cache_decode_matches_onnx_runtime(tmp_path) -> None:
+    """A greedy decode with a KV cache as torch exports it (torch.jit.script of a loop whose
+    step attends over key and value caches ``[1, 2, T, 4]`` grown by ``torch.cat(.., 2)``
+    each step, the prompt's cache of open length, seeded weights; the TorchScript exporter):
+    exported by default, ONNX Runtime's tokens and caches at 0, 1, 6 and 40 steps."""
+    import torch
+    from mlcpack.packager.api import Options, export
+    from torch import nn
+
+    torch.manual_seed(0)
+
+    class Step(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.emb, self.qkv, self.out = nn.Embedding(12, 8), nn.Linear(8, 24), nn.Linear(8, 12)
+
+        def forward(self, tok: torch.Tensor, keys: torch.Tensor, values: torch.Tensor):
+            q, k, v = self.qkv(self.emb(tok)).reshape(1, 3, 2, 1, 4).unbind(1)
+            keys, values = torch.cat([keys, k], 2), torch.cat([values, v], 2)
+            att = torch.softmax(q @ keys.transpose(2, 3) * 0.5, -1) @ values
+            return self.out(att.reshape(1, 8)).argmax(-1), keys, values
+
+    class Decode(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.step = Step()
+
+        def forward(self, tok: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+                    n: torch.Tensor):
+            tokens = tok.unsqueeze(1)
+            for _ in range(int(n)):
+                tok, keys, values = self.step(tok, keys, values)
+                tokens = torch.cat([tokens, tok.unsqueeze(1)], 1)
+            return tokens, keys, values
+
+    src = tmp_path / "kv.onnx"
+    torch.onnx.export(torch.jit.script(Decode().eval()),
+                      (torch.tensor([3]), torch.zeros(1, 2, 2, 4), torch.zeros(1, 2, 2, 4),
+                       torch.tensor(4)), str(src),
+                      input_names=["tok", "keys0", "values0", "n"],
+                      output_names=["tokens", "keys", "values"],
+                      dynamic_axes={"keys0": {2: "T"}, "values0": {2: "T"}}, opset_version=17,
+                      dynamo=False)
+    export(src, tmp_path / "kv.mlc", Options())
+    session = ort.InferenceSession(str(src), providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(0)
+    with load(tmp_path / "kv.mlc") as model:
+        for k, t in ((0, 2), (1, 1), (6, 3), (40, 2)):
+            feeds = {"tok": np.array([k % 12], np.int64),
+                     "keys0": rng.standard_normal((1, 2, t, 4)).astype(np.float32),
+                     "values0": rng.standard_normal((1, 2, t, 4)).astype(np.float32),
+                     "n": np.array(k, np.int64)}
+            got = model.run(feeds)
+            for name, ref in zip(["tokens", "keys", "values"], session.run(None, feeds)):
+                assert got[name].shape == ref.shape, (name, k, got[name].shape)
+                np.testing.assert_allclose(got[name], ref, rtol=1e-5, atol=1e-5,
+                                           err_msg=f"{name} {k}")

@@ -1,0 +1,90 @@
+"""ONNX sequences inside a graph (issue 37): SequenceConstruct / Insert / Erase / At / Length,
+ConcatFromSequence and SplitToSequence are converted at import (``frontends/onnx/sequences.py``:
+a sequence of a length known at export is a list of IR values, stacked into one tensor where a
+position arrives at run time), so the bundle holds only tensors. Checked against ONNX Runtime
+with the positions fed at run time, as users export such models."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from mlcpack.frontends.onnx import import_onnx
+from mlcpack.packager.errors import ExportError
+from mlcpack.packager.export import export_module
+from mlcpack.runtime import load
+
+ort = pytest.importorskip("onnxruntime")
+
+F, I64 = TensorProto.FLOAT, TensorProto.INT64
+
+
+def _model() -> onnx.ModelProto:
+    """seq = [x, y, z] ([2, 3] each); insert w at ``pos``; erase at ``gone``; outputs: the
+    element at ``at``, the stack along a new axis 1, the length; and a split of ``v`` [6, 4]
+    into rows 1, 2, 3 concatenated back in reverse with its last row-piece of a split into
+    single rows (keepdims 0)."""
+    nodes = [
+        helper.make_node("SequenceConstruct", ["x", "y", "z"], ["s1"]),
+        helper.make_node("SequenceInsert", ["s1", "w", "pos"], ["s2"]),
+        helper.make_node("SequenceErase", ["s2", "gone"], ["s3"]),
+        helper.make_node("SequenceAt", ["s3", "at"], ["picked"]),
+        helper.make_node("ConcatFromSequence", ["s3"], ["stacked"], axis=1, new_axis=1),
+        helper.make_node("SequenceLength", ["s3"], ["length"]),
+        helper.make_node("SplitToSequence", ["v", "sizes"], ["parts"], axis=0),
+        helper.make_node("SequenceAt", ["parts", "minus_one"], ["last_part"]),
+        helper.make_node("SequenceAt", ["parts", "zero"], ["first_part"]),
+        helper.make_node("Concat", ["last_part", "first_part"], ["ends"], axis=0),
+        helper.make_node("SplitToSequence", ["v"], ["rows"], axis=1, keepdims=0),
+        helper.make_node("SequenceAt", ["rows", "at_row"], ["row"]),
+        helper.make_node("ConcatFromSequence", ["rows"], ["rejoined"], axis=0)]
+    inputs = [helper.make_tensor_value_info(n, F, [2, 3]) for n in ("x", "y", "z", "w")]
+    inputs += [helper.make_tensor_value_info(n, I64, []) for n in ("pos", "gone", "at", "at_row")]
+    inputs.append(helper.make_tensor_value_info("v", F, [6, 4]))
+    outputs = [helper.make_tensor_value_info(n, F, None)
+               for n in ("picked", "stacked", "ends", "row", "rejoined")]
+    outputs.append(helper.make_tensor_value_info("length", I64, None))
+    graph = helper.make_graph(nodes, "sequences", inputs, outputs, [
+        numpy_helper.from_array(np.array([1, 2, 3], np.int64), "sizes"),
+        numpy_helper.from_array(np.array(-1, np.int64), "minus_one"),
+        numpy_helper.from_array(np.array(0, np.int64), "zero")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+def test_sequences_with_run_time_positions_match_onnx_runtime(tmp_path) -> None:
+    """Positions fed at run time, negative ones included, at the ends and in the middle: the
+    element picked, the stack, the length and the splits are ONNX Runtime's."""
+    model = _model()
+    mod, info = import_onnx(model)
+    export_module(mod, tmp_path / "seq.mlc")
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(0)
+    names = [o.name for o in model.graph.output]
+    with load(tmp_path / "seq.mlc") as bundle:
+        for pos, gone, at, at_row in ((0, 0, 0, 0), (3, -1, -1, 3), (-2, 2, 1, -4),
+                                      (1, -4, 2, 1), (-3, 3, -3, 2)):
+            feeds = {n: rng.standard_normal((2, 3)).astype(np.float32) for n in "xyzw"}
+            feeds.update({"pos": np.array(pos, np.int64), "gone": np.array(gone, np.int64),
+                          "at": np.array(at, np.int64), "at_row": np.array(at_row, np.int64),
+                          "v": rng.standard_normal((6, 4)).astype(np.float32)})
+            got = bundle.run(feeds)
+            for name, ref in zip(names, session.run(None, feeds)):
+                assert got[name].shape == ref.shape, (name, pos, gone, at)
+                np.testing.assert_array_equal(got[name], ref, err_msg=f"{name} {pos} {gone}")
+
+
+def test_a_sequence_graph_output_is_refused_in_one_line() -> None:
+    """A bundle's outputs are tensors: a sequence-typed graph output is refused at import,
+    naming it."""
+    graph = helper.make_graph(
+        [helper.make_node("SplitToSequence", ["v"], ["parts"], axis=0)], "seq_out",
+        [helper.make_tensor_value_info("v", F, [4, 2])],
+        [helper.make_value_info("parts", helper.make_sequence_type_proto(
+            helper.make_tensor_type_proto(F, None)))])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    with pytest.raises(ExportError) as info:
+        import_onnx(model)
+    text = str(info.value)
+    assert "\n" not in text and "'parts' is a sequence" in text, text
