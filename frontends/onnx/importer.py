@@ -479,7 +479,7 @@ class _GraphConverter:
         inputs = [self.value(name, who) if name else None for name in node.input]
         # If/Loop/Scan convert their subgraphs against this graph's values (``inline``)
         ctx = NodeContext(self.bb, node, opset, inputs, attrs, self.source, scope=self)
-        if domain == "" and node.op_type not in sequences.SEQUENCE_OPS:
+        if domain == "" and node.op_type not in sequences.SEQUENCE_OPS | {"Loop"}:
             sequences.refuse_sequences(ctx)
         try:
             # every binding this node becomes names it, through the passes into the bundle

@@ -55,11 +55,25 @@ def run_time_loop(ctx: NodeContext) -> list[Value]:
     run time; else appended to row stores by the VM (``_stored_rows``)."""
     from .symvalue import SymValue, dims_of, materialize
 
+    from .sequences import SeqValue
+
     body = ctx.attrs["body"]
     carried = [ctx.input(i) for i in range(2, ctx.num_inputs)]
     carried = [materialize(ctx.bb, v) if isinstance(v, SymValue) else v for v in carried]
+    # a carried sequence that starts empty and that the body appends one element to (a list
+    # torch.jit.script appends to, stacked after the loop): the elements are a scan output
+    seqs = [k for k, v in enumerate(carried) if isinstance(v, SeqValue)]
+    for k in seqs:
+        if carried[k].items != []:
+            raise ctx.error(f"carried value {k} is a sequence that does not start empty: a "
+                            "loop whose trip count is known only at run time carries only "
+                            "sequences it starts empty and appends to")
+    tensors = [v for k, v in enumerate(carried) if k not in seqs]
+    n_all = len(carried)
+    n_onnx_scan = len(body.output) - 1 - n_all
+    carried = tensors
     n = len(carried)
-    n_scan = len(body.output) - 1 - n
+    n_scan = n_onnx_scan + len(seqs)
     bound = None
     if n_scan and ctx.has_input(0):
         dims = dims_of(ctx.inputs[0])
@@ -69,6 +83,9 @@ def run_time_loop(ctx: NodeContext) -> list[Value]:
             bound = dims[0]
     if not n and not n_scan:
         raise ctx.error("a loop with neither carried values nor scan outputs computes nothing")
+    if not n:   # only sequences: the loop still needs one carried tensor (the iterations)
+        raise ctx.error("a loop that carries only sequences is not supported: carry a tensor "
+                        "too")
     trip = (_one(ctx, ctx.input(0), "int64", "the trip count") if ctx.has_input(0)
             else ctx.constant(np.array([INT64_MAX], np.int64), "trip"))
     cond = (_one(ctx, ctx.input(1), "bool", "the condition") if ctx.has_input(1)
@@ -76,21 +93,45 @@ def run_time_loop(ctx: NodeContext) -> list[Value]:
     counter = [ctx.constant(np.zeros(1, np.int64), "ran")] if n_scan else []
 
     def step(number: Var, states: list[Var]) -> tuple[Value, list[Value], list[Value]]:
+        given = iter(states[:n])
+        placeholders = [SeqValue(ctx.input(2 + k).dtype, [], carried=True) if k in seqs
+                        else next(given) for k in range(n_all)]
         outs = ctx.inline(body, [number, ctx.constant(np.array(True), "running")]
-                          + states[:n])
+                          + placeholders)
+        elements = []
+        for k in seqs:   # this iteration's element of each carried sequence
+            v = outs[1 + k]
+            if not (isinstance(v, SeqValue) and v.appended_to is placeholders[k]):
+                raise ctx.error(f"carried value {k} is a sequence the body does not append "
+                                "one element to (SequenceInsert at its end, once an iteration)")
+            elements.append(v.items[0])
+        outs = [o for k, o in enumerate(outs) if k - 1 not in seqs]
         outs = [materialize(ctx.bb, v) if isinstance(v, SymValue) else v for v in outs]
+        if any(isinstance(v, SeqValue) for v in outs):
+            raise ctx.error("a loop whose trip count is known only at run time gives a "
+                            "sequence it does not carry")
         again = _one(ctx, outs[0], "bool", "the body's condition")
         ran = [ctx.emit("add", ctx.reshape(number, (1,)),
                         ctx.constant(np.ones(1, np.int64), "one"))] if n_scan else []
-        return again, outs[1:1 + n] + ran, outs[1 + n:]
+        return again, outs[1:1 + n] + ran, outs[1 + n:] + elements
+
+    def ordered(finals: list[Value], scans: list[Value]) -> list[Value]:
+        """The Loop's outputs: carried tensors and sequences (their elements stacked) in the
+        node's order, then its scan outputs."""
+        kept, rows = iter(finals), scans[n_onnx_scan:]
+        out = [SeqValue(ctx.input(2 + k).dtype, stack=rows[seqs.index(k)]) if k in seqs
+               else next(kept) for k in range(n_all)]
+        return out + scans[:n_onnx_scan]
 
     if n_scan and bound is None:   # format 1.9: rows the VM appends, no bound at export
-        return _stored_rows(ctx, trip, cond, carried + counter, step, n)
+        got = _stored_rows(ctx, trip, cond, carried + counter, step, n)
+        return ordered(got[:n], got[n:])
     finals, stacks = emit_vm_loop(ctx, trip, cond, carried + counter, step, bound)
     if not n_scan:
         return finals
     after, rows = ctx.bb.bind_size(finals[n], bound, "iterations")
-    return finals[:n] + [ctx.bb.emit_op("prefix_rows", s, after, count=rows) for s in stacks]
+    return ordered(finals[:n], [ctx.bb.emit_op("prefix_rows", s, after, count=rows)
+                                for s in stacks])
 
 
 def _stored_rows(ctx: NodeContext, trip: Value, cond: Value, inits: list[Value], step,

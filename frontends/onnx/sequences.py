@@ -29,19 +29,27 @@ class SeqValue:
     (a split by sizes fed at run time); ``unknown`` says why."""
 
     def __init__(self, dtype: str, items: list[Value] | None = None, stack: Value | None = None,
-                 length: int | None = None, unknown: str = "") -> None:
+                 length: int | None = None, unknown: str = "", carried: bool = False,
+                 appended_to: SeqValue | None = None) -> None:
         self.dtype = dtype
         self.items = items
         self.stack = stack
+        # a stack's length may be a size known only at run time (a Loop's appended elements)
         self.length = (len(items) if items is not None else
-                       int(stack.type.shape[0]) if stack is not None else int(length or 0))
+                       stack.type.shape[0] if stack is not None else int(length or 0))
         self.unknown = unknown
+        self.carried = carried   # a run-time Loop's carried sequence, in its body
+        self.appended_to = appended_to   # this is ``appended_to`` with ``items`` appended
 
     def elements(self, ctx: NodeContext) -> list[Value]:
         if self.items is not None:
             return list(self.items)
         if self.stack is None:
             raise ctx.error(f"the sequence's elements are {self.unknown}")
+        if not isinstance(self.length, int):
+            raise ctx.error(f"the sequence's {self.length} elements (a Loop's, known at run "
+                            "time) are taken only by ConcatFromSequence, SequenceAt and "
+                            "SequenceLength")
         shape = tuple(self.stack.type.shape[1:])
         return [ctx.reshape(ctx.emit("take", self.stack,
                                      ctx.constant(np.array([k], np.int64), "at"), axis=0),
@@ -62,14 +70,26 @@ class SeqValue:
         return rows[0] if len(rows) == 1 else ctx.emit("concat", *rows, axis=0)
 
 
-def _seq(ctx: NodeContext, i: int) -> SeqValue:
+def _seq(ctx: NodeContext, i: int, append: bool = False) -> SeqValue:
     v = ctx.inputs[i] if i < len(ctx.inputs) else None
     if not isinstance(v, SeqValue):
         raise ctx.error(f"input {i} must be a sequence")
+    if (v.carried or v.appended_to is not None) and not append:
+        raise ctx.error("a sequence carried by a Loop whose trip count is known only at run "
+                        "time may only be appended to in its body (SequenceInsert at the end, "
+                        "once an iteration)")
     return v
 
 
-def _position(ctx: NodeContext, i: int, n: int, what: str, end: bool) -> int | Value | None:
+def _length_tensor(ctx: NodeContext, seq: SeqValue) -> Value:
+    """The sequence's length as an int64 tensor of shape (1,) (a size expression at run time)."""
+    from .symvalue import SymValue, make, materialize
+
+    v = make(ctx, np.array([seq.length], dtype=object), "int64", "length")
+    return materialize(ctx.bb, v) if isinstance(v, SymValue) else v
+
+
+def _position(ctx: NodeContext, i: int, n, what: str, end: bool) -> int | Value | None:
     """Input ``i`` (a position in a sequence of ``n``; absent: None), as an int where known at
     export (negative ones from the end, checked in range: ``end`` allows ``n``), else as a
     run-time int64 tensor of shape (1,), negative ones turned from the end."""
@@ -77,7 +97,7 @@ def _position(ctx: NodeContext, i: int, n: int, what: str, end: bool) -> int | V
         return None
     data = ctx.const(i)
     top = n if end else n - 1
-    if data is not None:
+    if data is not None and isinstance(n, int):
         p = int(np.asarray(data).reshape(-1)[0])
         if not -n <= p <= top:
             raise ctx.error(f"{what} position {p} is out of range for a sequence of {n}")
@@ -87,8 +107,8 @@ def _position(ctx: NodeContext, i: int, n: int, what: str, end: bool) -> int | V
         p = ctx.emit("cast", p, dtype="int64")
     p = ctx.reshape(p, (1,))
     zero = ctx.constant(np.zeros(1, np.int64), "zero")
-    return ctx.emit("where", ctx.emit("less", p, zero),
-                    ctx.emit("add", p, ctx.constant(np.array([n], np.int64), "n")), p)
+    size = ctx.constant(np.array([n], np.int64), "n") if isinstance(n, int) else n
+    return ctx.emit("where", ctx.emit("less", p, zero), ctx.emit("add", p, size), p)
 
 
 @converter("SequenceEmpty", since=11, attrs={"dtype": None})
@@ -107,7 +127,10 @@ def _construct(ctx: NodeContext) -> SeqValue:
 
 @converter("SequenceLength", since=11)
 def _length(ctx: NodeContext) -> Value:
-    return ctx.constant(np.array(_seq(ctx, 0).length, np.int64), "length")
+    seq = _seq(ctx, 0)
+    if not isinstance(seq.length, int):
+        return ctx.reshape(_length_tensor(ctx, seq), ())
+    return ctx.constant(np.array(seq.length, np.int64), "length")
 
 
 @converter("SequenceAt", since=11)
@@ -115,7 +138,8 @@ def _at(ctx: NodeContext) -> Value:
     seq = _seq(ctx, 0)
     if seq.length == 0:
         raise ctx.error("SequenceAt of an empty sequence")
-    p = _position(ctx, 1, seq.length, "SequenceAt", False)
+    n = seq.length if isinstance(seq.length, int) else _length_tensor(ctx, seq)
+    p = _position(ctx, 1, n, "SequenceAt", False)
     if isinstance(p, int):
         return seq.elements(ctx)[p]
     stack = seq.stacked(ctx, "SequenceAt")
@@ -124,10 +148,16 @@ def _at(ctx: NodeContext) -> Value:
 
 @converter("SequenceInsert", since=11)
 def _insert(ctx: NodeContext) -> SeqValue:
-    seq, x = _seq(ctx, 0), ctx.input(1)
+    seq, x = _seq(ctx, 0, append=not ctx.has_input(2)), ctx.input(1)
     if seq.length and x.type.dtype != seq.dtype:
         raise ctx.error(f"inserting a {x.type.dtype} tensor into a sequence of {seq.dtype}")
+    if seq.carried:   # a run-time Loop's carried sequence: this iteration's element
+        return SeqValue(x.type.dtype, [x], appended_to=seq)
+    if seq.appended_to is not None:
+        _seq(ctx, 0)   # refused: one element an iteration
     n = seq.length
+    if not isinstance(n, int):
+        raise ctx.error("inserting into a Loop's sequence after the loop is not supported")
     p = _position(ctx, 2, n, "SequenceInsert", True)
     if p is None or isinstance(p, int):
         items = seq.elements(ctx)
@@ -153,6 +183,8 @@ def _insert(ctx: NodeContext) -> SeqValue:
 def _erase(ctx: NodeContext) -> SeqValue:
     seq = _seq(ctx, 0)
     n = seq.length
+    if not isinstance(n, int):
+        raise ctx.error("erasing from a Loop's sequence after the loop is not supported")
     if n == 0:
         raise ctx.error("SequenceErase of an empty sequence")
     p = _position(ctx, 1, n, "SequenceErase", False)
@@ -172,11 +204,14 @@ def _erase(ctx: NodeContext) -> SeqValue:
 @converter("ConcatFromSequence", since=11, attrs={"axis": None, "new_axis": 0})
 def _concat_from(ctx: NodeContext) -> Value:
     seq = _seq(ctx, 0)
+    if ctx.attrs["axis"] is None:
+        raise ctx.error("ConcatFromSequence needs its axis attribute")
+    if not isinstance(seq.length, int):   # a Loop's elements, stacked: moved, not split
+        return _concat_stack(ctx, seq.stack, int(ctx.attrs["axis"]),
+                             bool(ctx.attrs["new_axis"]))
     items = seq.elements(ctx)
     if not items:
         raise ctx.error("ConcatFromSequence of an empty sequence")
-    if ctx.attrs["axis"] is None:
-        raise ctx.error("ConcatFromSequence needs its axis attribute")
     rank = len(items[0].type.shape)
     new = bool(ctx.attrs["new_axis"])
     top = rank + 1 if new else rank
@@ -192,6 +227,24 @@ def _concat_from(ctx: NodeContext) -> Value:
     if all(isinstance(v, Constant) for v in items):
         return ctx.constant(np.concatenate([v.data for v in items], axis=axis), "concat")
     return ctx.emit("concat", *items, axis=axis)
+
+
+def _concat_stack(ctx: NodeContext, stack: Value, axis: int, new: bool) -> Value:
+    """ConcatFromSequence of elements stacked along axis 0 (``[n, d_0, ...]``): the stack with
+    its first axis moved to ``axis`` (``new``), or merged into ``d_axis``."""
+    shape = tuple(stack.type.shape)
+    rank = len(shape) - 1
+    top = rank + 1 if new else rank
+    if not -top <= axis < top:
+        raise ctx.error(f"axis {axis} is out of range for rank {rank}")
+    axis %= top
+    if axis:
+        perm = list(range(1, axis + 1)) + [0] + list(range(axis + 1, rank + 1))
+        stack = ctx.emit("transpose", stack, axes=tuple(perm))
+    if new:
+        return stack
+    moved = tuple(stack.type.shape)
+    return ctx.reshape(stack, moved[:axis] + (moved[axis] * moved[axis + 1],) + moved[axis + 2:])
 
 
 @converter("SplitToSequence", since=11, attrs={"axis": 0, "keepdims": 1})
