@@ -88,3 +88,75 @@ def test_a_sequence_graph_output_is_refused_in_one_line() -> None:
         import_onnx(model)
     text = str(info.value)
     assert "\n" not in text and "'parts' is a sequence" in text, text
+
+
+def _list_loop(new_axis: int, axis: int, trips: int | None = None) -> onnx.ModelProto:
+    """``outs = []; for i in range(M) while sum(h) < lim: h = tanh(h); outs.append(2 h)``, then
+    ``ConcatFromSequence(outs, axis, new_axis)`` (torch.stack: new_axis 1, axis 0): M fed, or
+    the constant ``trips``."""
+    seq = helper.make_sequence_type_proto(helper.make_tensor_type_proto(F, None))
+    body = helper.make_graph(
+        [helper.make_node("Tanh", ["h_in"], ["h_out"]),
+         helper.make_node("Mul", ["h_out", "two"], ["el"]),
+         helper.make_node("SequenceInsert", ["s_in", "el"], ["s_out"]),
+         helper.make_node("ReduceSum", ["h_out"], ["tot"], keepdims=0),
+         helper.make_node("Less", ["tot", "lim"], ["cond_out"])],
+        "body",
+        [helper.make_tensor_value_info("i", I64, []),
+         helper.make_tensor_value_info("c", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("h_in", F, [2, 3]), helper.make_value_info("s_in", seq)],
+        [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("h_out", F, [2, 3]), helper.make_value_info("s_out", seq)],
+        [numpy_helper.from_array(np.array(2.0, np.float32), "two")])
+    inputs = [helper.make_tensor_value_info("h0", F, [2, 3]),
+              helper.make_tensor_value_info("lim", F, [])]
+    consts = []
+    if trips is None:
+        inputs.insert(0, helper.make_tensor_value_info("M", I64, []))
+    else:
+        consts.append(numpy_helper.from_array(np.array(trips, np.int64), "M"))
+    graph = helper.make_graph(
+        [helper.make_node("SequenceEmpty", [], ["s0"], dtype=F),
+         helper.make_node("Loop", ["M", "", "h0", "s0"], ["h", "s"], body=body),
+         helper.make_node("ConcatFromSequence", ["s"], ["out"], axis=axis, new_axis=new_axis)],
+        "list_loop", inputs,
+        [helper.make_tensor_value_info("h", F, None), helper.make_tensor_value_info("out", F, None)],
+        consts)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+@pytest.mark.parametrize("new_axis, axis, trips", [(1, 0, None), (0, 1, 4)])
+def test_a_list_a_loop_appends_to_matches_onnx_runtime(tmp_path, new_axis, axis, trips) -> None:
+    """A Loop carrying a sequence it starts empty and appends one element to each iteration
+    (torch.jit.script's ``outs.append(x)``): with a fed trip count its elements are a scan
+    output the VM appends (format 1.9's row store), returned stacked (torch.stack); with a
+    constant one and a condition computed at run time, planned rows any node may read
+    (torch.cat along axis 1). ONNX Runtime's values at several trip counts and a break."""
+    model = _list_loop(new_axis, axis, trips)
+    mod, _ = import_onnx(model)
+    export_module(mod, tmp_path / "list.mlc")
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    with load(tmp_path / "list.mlc") as bundle:
+        for m, lim in ((1, 1e9), (3, 1e9), (7, 1e9), (7, 0.0)):
+            feeds = {"h0": np.random.default_rng(m).standard_normal((2, 3)).astype(np.float32),
+                     "lim": np.array(lim, np.float32)}
+            if trips is None:
+                feeds["M"] = np.array(m, np.int64)
+            got = bundle.run(feeds)
+            for name, ref in zip(["h", "out"], session.run(None, feeds)):
+                assert got[name].shape == ref.shape, (name, m, lim)
+                np.testing.assert_allclose(got[name], ref, rtol=1e-6, atol=1e-6, err_msg=name)
+
+
+def test_a_loop_sequence_the_body_reads_is_refused_in_one_line() -> None:
+    """A body that reads its carried sequence (its length) instead of only appending: refused
+    at import in one line, not run with a wrong length."""
+    model = _list_loop(1, 0)
+    body = model.graph.node[1].attribute[0].g
+    body.node.append(helper.make_node("SequenceLength", ["s_in"], ["n_in"]))
+    body.output.append(helper.make_tensor_value_info("n_in", I64, []))
+    model.graph.node[1].output.append("lens")
+    with pytest.raises(ExportError) as info:
+        import_onnx(model)
+    text = str(info.value)
+    assert "\n" not in text and "may only be appended to" in text, text
