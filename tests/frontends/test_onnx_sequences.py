@@ -160,3 +160,25 @@ def test_a_loop_sequence_the_body_reads_is_refused_in_one_line() -> None:
         import_onnx(model)
     text = str(info.value)
     assert "\n" not in text and "may only be appended to" in text, text
+
+
+def test_an_if_giving_a_sequence_at_run_time_is_refused_in_one_line() -> None:
+    """An If on a run-time condition whose branches give sequences: refused in one line (a
+    condition known at export inlines its branch, sequences included)."""
+    seq = helper.make_sequence_type_proto(helper.make_tensor_type_proto(F, None))
+
+    def branch(name: str) -> onnx.GraphProto:
+        return helper.make_graph([helper.make_node("SequenceConstruct", ["x", "x"], [name])],
+                                 name, [], [helper.make_value_info(name, seq)])
+
+    graph = helper.make_graph(
+        [helper.make_node("If", ["c"], ["s"], then_branch=branch("a"), else_branch=branch("b")),
+         helper.make_node("ConcatFromSequence", ["s"], ["y"], axis=0)], "if_seq",
+        [helper.make_tensor_value_info("c", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("x", F, [2])],
+        [helper.make_tensor_value_info("y", F, None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    with pytest.raises(ExportError) as info:
+        import_onnx(model)
+    text = str(info.value)
+    assert "\n" not in text and "a branch gives a sequence" in text, text
