@@ -407,6 +407,11 @@ def _resize_tail(ctx: NodeContext, resized: dict, new: list[Value], states: list
     ``new`` is updated."""
     bb = ctx.bb
     pos = {k: kept.index(k) for k in resized}
+    names = {name for axes in resized.values() for _, name in axes}
+    if any(shape_vars(o.type.shape) & names for o in others):
+        raise ctx.error("a scan output of a loop whose trip count is known only at run time "
+                        "has rows whose extents change between iterations (a carried value's "
+                        "that grows or shrinks), which rows of one shape cannot hold")
     for k, j in pos.items():
         if any(o is states[j] for i, o in enumerate(new) if i != j) \
                 or any(o is states[j] for o in others):
@@ -417,7 +422,6 @@ def _resize_tail(ctx: NodeContext, resized: dict, new: list[Value], states: list
                for k, j in pos.items() for axis, name in resized[k]]
     afters = [bb.emit(Call("bind_size", [e], {"var": name}, e.type), name)
               for e, name in extents]
-    names = {name for axes in resized.values() for _, name in axes}
     for j in pos.values():
         src = new[j]
         if shape_vars(src.type.shape) & names:   # its extents over this iteration's sizes
