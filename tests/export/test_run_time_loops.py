@@ -111,8 +111,10 @@ def _scan_loop(path, changing: bool = False):
                   helper.make_node("Identity", ["cond_in"], ["cond_out"])]
     outs = [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
             helper.make_tensor_value_info("y2", TensorProto.FLOAT, None)]
-    if changing:
+    if changing == "double":   # its extent doubles: a resized carried value
         body_nodes[0] = helper.make_node("Concat", ["y", "y"], ["y2"], axis=0)
+    elif changing:   # its rank grows: refused
+        body_nodes[0] = helper.make_node("Unsqueeze", ["y", "zero"], ["y2"])
     else:
         body_nodes.append(helper.make_node("Identity", ["y2"], ["row"]))
         outs.append(helper.make_tensor_value_info("row", TensorProto.FLOAT, None))
@@ -121,7 +123,8 @@ def _scan_loop(path, changing: bool = False):
         [helper.make_tensor_value_info("i", TensorProto.INT64, []),
          helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
          helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])], outs,
-        [numpy_helper.from_array(np.ones(2, np.float32), "one")])
+        [numpy_helper.from_array(np.ones(2, np.float32), "one"),
+         numpy_helper.from_array(np.zeros(1, np.int64), "zero")])
     names = ["y_out"] if changing else ["y_out", "rows"]
     graph = helper.make_graph(
         [helper.make_node("Loop", ["M", "", "y0"], names, body=body)], "scan_loop",
@@ -133,12 +136,22 @@ def _scan_loop(path, changing: bool = False):
 
 
 def test_what_a_run_time_loop_cannot_hold_is_refused_in_one_line(tmp_path, run_cli) -> None:
-    """Carried values whose shapes change between iterations: one line that says why, the
-    export error's exit code, nothing written."""
-    src = _scan_loop(tmp_path / "m.onnx", changing=True)
+    """A carried value whose rank changes between iterations: one line that says why, the
+    export error's exit code, nothing written. One whose extent doubles each iteration runs
+    (a resized carried value) and is ONNX Runtime's at 0 to 5 iterations."""
+    src = _scan_loop(tmp_path / "m.onnx", changing="rank")
     out = tmp_path / "m.mlc"
     line = assert_one_line_error(run_cli("export", src, "-o", out, timeout=300))
     assert "carried value 0 changes" in line and "Loop" in line and not out.exists(), line
+    src = _scan_loop(tmp_path / "d.onnx", changing="double")
+    from mlcpack.packager.api import Options, export
+
+    export(src, tmp_path / "d.mlc", Options())
+    session = ort.InferenceSession(str(src), providers=["CPUExecutionProvider"])
+    with load(tmp_path / "d.mlc") as model:
+        for m in range(6):
+            feeds = {"M": np.array(m, np.int64), "y0": np.array([1.5, -2.0], np.float32)}
+            np.testing.assert_array_equal(model.run(feeds)["y_out"], session.run(None, feeds)[0])
 
 
 # ---- format 1.9: scan outputs with no bound at export (row stores) ------------------------------
@@ -500,9 +513,9 @@ def kv(tmp_path_factory):
 
 
 # (trip count, limit, seed, cache rows, queue length, sel length): none, one, a few, 40 (past the
-# queue's length: it stays empty), an empty cache and queue, breaks, negative, 2**63 - 1 broken
+# queue's length: it stays empty), a one-row cache and queue, breaks, negative, 2**63 - 1 broken
 KV_CASES = [(0, 1e9, 0, 2, 3, 1), (1, 1e9, 1, 1, 2, 2), (5, 1e9, 2, 3, 3, 1),
-            (40, 1e9, 3, 2, 5, 4), (7, 1e9, 4, 0, 0, 1), (40, 1.0, 0, 2, 3, 1),
+            (40, 1e9, 3, 2, 5, 4), (7, 1e9, 4, 1, 1, 1), (40, 1.0, 0, 2, 3, 1),
             (-3, 1e9, 5, 2, 1, 1), ((1 << 63) - 1, 2.0, 4, 3, 2, 2)]
 
 

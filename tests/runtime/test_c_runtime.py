@@ -821,14 +821,14 @@ def test_carried_values_the_body_reads_bit_identical(build, asan, tmp_path_facto
     axis, two heads before it), shrink (a queue to empty) or are recomputed at a counted size
     (tests/export/test_run_time_loops.py's "kv" bundle: BIND_SIZE of each ``carriedK`` inside
     the body, a kernel copying each new value into its state): bit-identical to the Python
-    runtime at 0, 1, 5 and 40 iterations, an empty cache, and 2**63 - 1 stopped by a break, at
+    runtime at 0, 1, 5, 7 and 40 iterations and 2**63 - 1 stopped by a break, at
     1 and 2 threads and under the sanitizers; a loop past the cache's bound refused with the
     input-error code in one line."""
     from loop_models import exported, kv_feeds
 
     bundle = exported(tmp_path_factory, "kv")[1]
     cases = ((0, 1e9, 0, 2, 3, 1), (1, 1e9, 1, 1, 2, 2), (5, 1e9, 2, 3, 3, 1),
-             (40, 1e9, 3, 2, 5, 4), (7, 1e9, 4, 0, 0, 1), ((1 << 63) - 1, 2.0, 4, 3, 2, 2))
+             (40, 1e9, 3, 2, 5, 4), (7, 1e9, 4, 1, 1, 1), ((1 << 63) - 1, 2.0, 4, 3, 2, 2))
     for k, (m, lim, seed, p, q, n) in enumerate(cases):
         f = kv_feeds(m, lim, seed=seed, p=p, q=q, s=n)
         assert_bit_identical(build, bundle, f, tmp_path / f"c{k}")
