@@ -21,7 +21,7 @@ import numpy as np
 from ...packager.errors import ExportError
 from ...packager.ir.graph import (Binding, Call, CallLibrary, CallTIR, DataflowBlock,
                                   Function, TensorType, Value, Var)
-from ...packager.ir.sym import is_static, product, shape_vars
+from ...packager.ir.sym import Dim, is_static, product, shape_vars, size_var
 from ...packager.ir.te import itemsize
 from .registry import NodeContext
 
@@ -211,8 +211,15 @@ def emit_vm_loop(ctx: NodeContext, trip: Value, cond: Value, inits: list[Value],
     # first conversion shows which axes change, the body is converted again over a state whose
     # extent on each such axis is a size variable bound at run time (``carriedK``)
     resized: dict[int, list[tuple[int, str]]] = {}
+    # (carried value, axis) -> its sharing key: axes that start at the same extent and change
+    # alike in the first conversion (a decoder's key and value caches) share one ``carriedK``,
+    # so that the body's relations between them hold (attention's probs @ values); where they
+    # then change differently, each takes its own (``separate``)
+    plan: dict[tuple[int, int], tuple[str, str]] = {}
+    separate: set[tuple[int, int]] = set()
+    first_states, first_mark = list(states), mark
     saved = (dict(bb.mod.dynamic_sizes), list(bb.mod.relations))
-    for _ in range(4):
+    for _ in range(6):
         outer_reads = getattr(bb, "shapes_read", None)
         bb.shapes_read = set()   # the values whose shapes the body reads (Shape, Size)
         try:
@@ -233,28 +240,38 @@ def emit_vm_loop(ctx: NodeContext, trip: Value, cond: Value, inits: list[Value],
                 if g is not None:
                     grown[k] = g
         changing = _changing_axes(new, states, grown, resized, set(bb.mod.dynamic_sizes))
-        if not changing:
+        for k, axes in changing.items():
+            for axis in axes:
+                plan[(k, axis)] = (str(inits[k].type.shape[axis]), str(new[k].type.shape[axis]))
+        split = _diverging(resized, new)
+        if not changing and not split:
             break
-        del block.bindings[mark:]   # converted again over the resized states
+        separate |= split
+        # converted again, from the start, over the resized states
+        del block.bindings[first_mark:]
         bb.mod.dynamic_sizes.clear()
         bb.mod.dynamic_sizes.update(saved[0])
         bb.mod.relations[:] = saved[1]
-        for k, axes in changing.items():
-            shape = list(states[k].type.shape)
-            for axis in axes:
+        states, resized = list(first_states), {}
+        made: dict[tuple, Dim] = {}
+        for (k, axis), key in sorted(plan.items()):
+            key = (k, axis) if (k, axis) in separate else key
+            if key not in made:
                 first = inits[k].type.shape[axis]
-                _, var = bb.bind_size(_size_tensor(ctx, first, (1,)),
-                                      _carried_bound(bb.mod, first, states[k].type, axis),
-                                      "carried")
-                shape[axis] = var
-                resized.setdefault(k, []).append((axis, str(var)))
+                made[key] = bb.bind_size(_size_tensor(ctx, first, (1,)),
+                                         _carried_bound(bb.mod, first, states[k].type, axis),
+                                         "carried")[1]
+            resized.setdefault(k, []).append((axis, str(made[key])))
+        for k, axes in resized.items():
+            shape = list(states[k].type.shape)
+            for axis, name in axes:
+                shape[axis] = size_var(name)
             states[k] = Var(bb.fresh_name("carried"), TensorType(tuple(shape),
                                                                  states[k].type.dtype))
-        saved = (dict(bb.mod.dynamic_sizes), list(bb.mod.relations))
         mark = len(block.bindings)
     else:
         raise ctx.error("a carried value of a loop whose trip count is known only at run time "
-                        "changes its extents in ways that do not settle after four conversions "
+                        "changes its extents in ways that do not settle after six conversions "
                         "of its body")
     viewed: dict[int, Value] = {}   # a new carried value checked to keep its shape -> the view
     for k, (a, b) in enumerate(zip(new, states)):
@@ -381,6 +398,17 @@ def _changing_axes(new: list[Value], states: list[Var], grown: dict, resized: di
     return out
 
 
+def _diverging(resized: dict, new: list[Value]) -> set[tuple[int, int]]:
+    """The (carried value, axis) pairs that share a ``carriedK`` whose new extents differ (each
+    then takes its own)."""
+    extents: dict[str, set[str]] = {}
+    for k, axes in resized.items():
+        for axis, name in axes:
+            extents.setdefault(name, set()).add(str(new[k].type.shape[axis]))
+    bad = {name for name, got in extents.items() if len(got) > 1}
+    return {(k, axis) for k, axes in resized.items() for axis, name in axes if name in bad}
+
+
 def _carried_bound(mod, first, ttype: TensorType, axis: int):
     """The upper bound of a resized carried value's extent on ``axis``: its initial extent
     (over the inputs' sizes) plus as many entries as STORE_BYTES hold of its other extents
@@ -418,8 +446,12 @@ def _resize_tail(ctx: NodeContext, resized: dict, new: list[Value], states: list
             raise ctx.error(f"carried value {k} changes its extents between iterations and is "
                             "also passed on as another of the loop's values, which a loop "
                             "whose trip count is known only at run time does not run")
-    extents = [(_size_tensor(ctx, new[j].type.shape[axis], (1,)), name)
-               for k, j in pos.items() for axis, name in resized[k]]
+    extents, seen = [], set()   # one binding of each (a shared one's extents are equal)
+    for k, j in pos.items():
+        for axis, name in resized[k]:
+            if name not in seen:
+                seen.add(name)
+                extents.append((_size_tensor(ctx, new[j].type.shape[axis], (1,)), name))
     afters = [bb.emit(Call("bind_size", [e], {"var": name}, e.type), name)
               for e, name in extents]
     for j in pos.values():
