@@ -322,32 +322,37 @@ def kv_cache(path: Path) -> Path:
     count M with a break,
 
         for i in range(M) while cond:
-            k = (h @ Wk).reshape(1, 2, 1, 4)
+            k, v = (h @ Wk).reshape(1, 2, 1, 4), (h @ Wv).reshape(1, 2, 1, 4)
             cache = Concat(cache, k, axis=2)             # [1, 2, P + i, 4]: 2 heads before T
+            vals = Concat(vals, v, axis=2)               # the values' cache, as long
             q = (h @ Wq).reshape(1, 2, 1, 4)
-            a = softmax(q @ cache^T) @ cache              # attention over the whole cache
+            a = softmax(q @ cache^T) @ vals               # attention over the whole cache
             h = tanh(a.reshape(1, 8) + h * 0.5 + T(cache) * 0.01 + sum(queue) * 0.1
                      + sum(sel) * 0.05 + i * 0.1)
             queue = queue[1:]                             # shrinks to empty
             sel = Compress(h.reshape(8), h > 0)           # recomputed at a counted size
             cond = sum(h) < lim
-        outputs h, cache, queue, sel, mean(cache, axis=2)  # a reader after the loop
+        outputs h, cache, queue, sel, mean(cache, axis=2), vals  # a reader after the loop
 
-    ``cache0`` [1, 2, P, 4] (P open: the prompt's keys), ``queue0`` [Q] and ``sel0`` [S] open."""
+    ``cache0`` and ``vals0`` [1, 2, P, 4] (P open: the prompt's keys and values), ``queue0``
+    [Q] and ``sel0`` [S] open."""
     rng = np.random.default_rng(7)
-    wk, wq = (rng.standard_normal((2, 8, 8)) * 0.5).astype(np.float32)
+    wk, wq, wv = (rng.standard_normal((3, 8, 8)) * 0.5).astype(np.float32)
     body = helper.make_graph(
         [helper.make_node("Cast", ["i"], ["fi"], to=F),
          helper.make_node("Mul", ["fi", "tenth"], ["shift"]),
          helper.make_node("MatMul", ["h_in", "wk"], ["hk"]),
          helper.make_node("Reshape", ["hk", "head_shape"], ["k"]),
          helper.make_node("Concat", ["cache_in", "k"], ["cache_out"], axis=2),
+         helper.make_node("MatMul", ["h_in", "wv"], ["hv"]),
+         helper.make_node("Reshape", ["hv", "head_shape"], ["v"]),
+         helper.make_node("Concat", ["vals_in", "v"], ["vals_out"], axis=2),
          helper.make_node("MatMul", ["h_in", "wq"], ["hq"]),
          helper.make_node("Reshape", ["hq", "head_shape"], ["q"]),
          helper.make_node("Transpose", ["cache_out"], ["kt"], perm=[0, 1, 3, 2]),
          helper.make_node("MatMul", ["q", "kt"], ["scores"]),
          helper.make_node("Softmax", ["scores"], ["probs"], axis=-1),
-         helper.make_node("MatMul", ["probs", "cache_out"], ["att"]),
+         helper.make_node("MatMul", ["probs", "vals_out"], ["att"]),
          helper.make_node("Reshape", ["att", "row_shape"], ["att_row"]),
          helper.make_node("Mul", ["h_in", "half"], ["h_half"]),
          helper.make_node("Shape", ["cache_out"], ["cshape"]),
@@ -372,13 +377,16 @@ def kv_cache(path: Path) -> Path:
          helper.make_tensor_value_info("h_in", F, [1, 8]),
          helper.make_tensor_value_info("cache_in", F, [1, 2, None, 4]),
          helper.make_tensor_value_info("queue_in", F, [None]),
-         helper.make_tensor_value_info("sel_in", F, [None])],
+         helper.make_tensor_value_info("sel_in", F, [None]),
+         helper.make_tensor_value_info("vals_in", F, [1, 2, None, 4])],
         [helper.make_tensor_value_info("cond_out", B, []),
          helper.make_tensor_value_info("h_out", F, [1, 8]),
          helper.make_tensor_value_info("cache_out", F, [1, 2, None, 4]),
          helper.make_tensor_value_info("queue_out", F, [None]),
-         helper.make_tensor_value_info("sel_out", F, [None])],
+         helper.make_tensor_value_info("sel_out", F, [None]),
+         helper.make_tensor_value_info("vals_out", F, [1, 2, None, 4])],
         [numpy_helper.from_array(wk, "wk"), numpy_helper.from_array(wq, "wq"),
+         numpy_helper.from_array(wv, "wv"),
          numpy_helper.from_array(np.array([1, 2, 1, 4], np.int64), "head_shape"),
          numpy_helper.from_array(np.array([1, 8], np.int64), "row_shape"),
          numpy_helper.from_array(np.array([8], np.int64), "flat"),
@@ -392,17 +400,18 @@ def kv_cache(path: Path) -> Path:
          numpy_helper.from_array(np.array(0.05, np.float32), "twentieth"),
          numpy_helper.from_array(np.array(0.01, np.float32), "hundredth")])
     graph = helper.make_graph(
-        [helper.make_node("Loop", ["M", "", "h0", "cache0", "queue0", "sel0"],
-                          ["h", "cache", "queue", "sel"], body=body),
+        [helper.make_node("Loop", ["M", "", "h0", "cache0", "queue0", "sel0", "vals0"],
+                          ["h", "cache", "queue", "sel", "vals"], body=body),
          helper.make_node("ReduceMean", ["cache", "axis2"], ["cache_mean"], keepdims=0)],
         "kv_cache",
         [helper.make_tensor_value_info("M", I64, []), helper.make_tensor_value_info("h0", F, [1, 8]),
          helper.make_tensor_value_info("cache0", F, [1, 2, "P", 4]),
          helper.make_tensor_value_info("queue0", F, ["Q"]),
          helper.make_tensor_value_info("sel0", F, ["S"]),
-         helper.make_tensor_value_info("lim", F, [])],
+         helper.make_tensor_value_info("lim", F, []),
+         helper.make_tensor_value_info("vals0", F, [1, 2, "P", 4])],
         [helper.make_tensor_value_info(n, F, None)
-         for n in ("h", "cache", "queue", "sel", "cache_mean")],
+         for n in ("h", "cache", "queue", "sel", "cache_mean", "vals")],
         [numpy_helper.from_array(np.array([2], np.int64), "axis2")])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
     model.ir_version = 8
@@ -417,7 +426,8 @@ def kv_feeds(m: int, lim: float = 1e9, seed: int = 0, p: int = 2, q: int = 3, s:
             "cache0": rng.standard_normal((1, 2, p, 4)).astype(np.float32),
             "queue0": rng.standard_normal(q).astype(np.float32),
             "sel0": rng.standard_normal(s).astype(np.float32),
-            "lim": np.array(lim, np.float32)}
+            "lim": np.array(lim, np.float32),
+            "vals0": rng.standard_normal((1, 2, p, 4)).astype(np.float32)}
 
 
 # the "stored" bundle's row stores stop at this many bytes (40 rows of float32 [3]), so that a

@@ -520,9 +520,9 @@ KV_CASES = [(0, 1e9, 0, 2, 3, 1), (1, 1e9, 1, 1, 2, 2), (5, 1e9, 2, 3, 3, 1),
 
 
 def test_carried_values_the_body_reads_match_onnx_runtime(kv) -> None:
-    """A decoder loop (``loop_models.kv_cache``) whose body reads a KV cache that grows along
-    its third axis (two heads before it: attention over the whole cache each step, its length
-    read by Shape), a queue that shrinks to empty and a value recomputed at a counted size each
+    """A decoder loop (``loop_models.kv_cache``) whose body reads key and value caches that
+    grow along their third axis (two heads before it: attention over the whole caches each
+    step, sharing one ``carriedK``; the length read by Shape), a queue that shrinks to empty and a value recomputed at a counted size each
     iteration, with a reader of the cache after the loop: ONNX Runtime's shapes and values at
     every trip count, 2 threads the same bytes. The bundle needs no new format (LOOP, BIND_SIZE
     inside the body, kernels over the resized extents: 1.8)."""
@@ -530,7 +530,7 @@ def test_carried_values_the_body_reads_match_onnx_runtime(kv) -> None:
     with BundleReader(bundle) as reader:
         assert reader.header["format"] == [1, 8], reader.header["format"]
     session = ort.InferenceSession(str(src), providers=["CPUExecutionProvider"])
-    names = ["h", "cache", "queue", "sel", "cache_mean"]
+    names = ["h", "cache", "queue", "sel", "cache_mean", "vals"]
     with load(bundle) as model, load(bundle, threads=2) as two:
         for m, lim, seed, p, q, n in KV_CASES:
             feeds = lm.kv_feeds(m, lim, seed=seed, p=p, q=q, s=n)

@@ -836,7 +836,7 @@ def test_carried_values_the_body_reads_bit_identical(build, asan, tmp_path_facto
             assert_bit_identical(asan, bundle, f, tmp_path / f"a{k}", threads=(1,), env=ASAN)
     for i, v in enumerate(kv_feeds(100).values()):   # the cache passes its 64 rows
         np.save(tmp_path / f"m{i}.npy", v)
-    proc = mlcrun(asan, "run", bundle, *[tmp_path / f"m{i}.npy" for i in range(6)], "-o",
+    proc = mlcrun(asan, "run", bundle, *[tmp_path / f"m{i}.npy" for i in range(7)], "-o",
                   tmp_path / "mo", env=ASAN)
     assert proc.returncode == 7 and "grown past its cap" in one_line_error(proc)
 
