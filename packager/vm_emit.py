@@ -401,8 +401,12 @@ def emit_program(mod: IRModule, kernels: dict[str, KernelInfo], func: str = "mai
             prog.instructions.append([OP_COPY, src, dst])
         # a carried value whose extents change (``resized``): the body's last kernel copies its
         # new value into the state's buffer, after every read of the state in the iteration
+        made = {id(x.var): x.value for x in body.bindings()}
         for j in v.attrs.get("resized", ()):
-            into_state[id(body.outputs[1 + j])] = storage_of_tensor[states[j]]
+            out = body.outputs[1 + j]   # (through its views: the copy kernel's output)
+            while isinstance(made.get(id(out)), Call) and get_op(made[id(out)].op).kind == VIEW:
+                out = made[id(out)].args[0]
+            into_state[id(out)] = storage_of_tensor[states[j]]
         # format 1.10: a carried value that only grows is a STORE row, its initial value's
         # rows appended before the loop (from a buffer of their own if a constant)
         grown_stores = []

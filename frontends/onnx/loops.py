@@ -459,8 +459,12 @@ def _resize_tail(ctx: NodeContext, resized: dict, new: list[Value], states: list
         if shape_vars(src.type.shape) & names:   # its extents over this iteration's sizes
             src = bb.emit_op("carried_view", src, shape=tuple(states[j].type.shape),
                              name="resized")
-        new[j] = bb.emit_op("carried_copy", src, *afters, out=tuple(states[j].type.shape),
-                            name="resized")
+        # copied as one flat run of elements (a memcpy), then viewed at the state's shape
+        shape = tuple(states[j].type.shape)
+        flat = (product(shape),)
+        copied = bb.emit_op("carried_copy", ctx.reshape(src, (product(src.type.shape),)),
+                            *afters, out=flat, name="resized")
+        new[j] = ctx.reshape(copied, shape)
 
 
 def _appended(bindings: list[Binding], new: Value, state: Var, others: list[Value]
