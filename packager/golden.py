@@ -224,6 +224,8 @@ def evaluate_ir(mod: IRModule, feeds: Mapping[str, np.ndarray],
         if isinstance(v, Call) and v.op in ("if", "if_output", "check", "loop", "loop_output",
                                             "loop_rows"):
             env[id(b.var)] = _run_branch(mod, v, value, branch_outputs, id(b.var))
+            if v.op in ("loop", "loop_output"):   # resized carried values: their final extents
+                _bind_final_extents(b.var.type.shape, np.shape(env[id(b.var)]), mod, sizes)
             if magnitudes is not None:
                 carried[id(b.var)] = _largest(env[id(b.var)])
             continue
@@ -304,6 +306,16 @@ def _run_branch(mod: IRModule, v: Any, value: Any, outputs: dict[int, list[np.nd
     result = evaluate_ir(sub, {p.name: value(a) for p, a in zip(branch.params, v.args[1:])})
     outputs[key] = [result[name] for name in branch.output_names[:len(v.attrs["outputs"])]]
     return outputs[key][0]
+
+
+def _bind_final_extents(shape: tuple, got: tuple, mod: IRModule, sizes: dict) -> None:
+    """A loop output's run-time-bound sizes (a carried value's ``carriedK``, bound in its
+    body at each iteration) take the extents the loop ended with."""
+    from .ir.sym import SymExpr
+
+    for d, n in zip(shape, got):
+        if isinstance(d, SymExpr) and str(d) in mod.dynamic_sizes:
+            sizes[str(d)] = int(n)
 
 
 def _run_loop(mod: IRModule, v: Any, value: Any, outputs: dict[int, list[np.ndarray]],

@@ -313,7 +313,8 @@ def emit_program(mod: IRModule, kernels: dict[str, KernelInfo], func: str = "mai
             raise VMEmitError(f"{b.var.name}: its shape {v.type.shape} uses {', '.join(late)} "
                               "before the kernel that counts it ran")
         args = [use(a, step) for a in v.args]
-        out = arena_tensor(v.type, new_storage(v.type, step))
+        into = into_state.pop(id(b.var), None)   # a resized carried value's copy (below)
+        out = arena_tensor(v.type, new_storage(v.type, step) if into is None else into)
         tensor_of[id(b.var)] = out
         if isinstance(v, CallTIR):
             info = kernels[v.func]
@@ -394,8 +395,18 @@ def emit_program(mod: IRModule, kernels: dict[str, KernelInfo], func: str = "mai
         captured = [use(a, step) for a in v.args[2 + n:len(v.args) - len(grown)]]
         prefixes = [use(a, step) for a in v.args[len(v.args) - len(grown):]]
         states = [arena_tensor(p.type, new_storage(p.type, step)) for p in body.params[1:1 + n]]
-        for src, dst in zip(inits, states):
+        for src, dst, a in zip(inits, states, v.args[2:2 + n]):
+            if tuple(rows[src][2]) != tuple(rows[dst][2]):   # resized: the initial extents
+                dst = arena_tensor(a.type, storage_of_tensor[dst])
             prog.instructions.append([OP_COPY, src, dst])
+        # a carried value whose extents change (``resized``): the body's last kernel copies its
+        # new value into the state's buffer, after every read of the state in the iteration
+        made = {id(x.var): x.value for x in body.bindings()}
+        for j in v.attrs.get("resized", ()):
+            out = body.outputs[1 + j]   # (through its views: the copy kernel's output)
+            while isinstance(made.get(id(out)), Call) and get_op(made[id(out)].op).kind == VIEW:
+                out = made[id(out)].args[0]
+            into_state[id(out)] = storage_of_tensor[states[j]]
         # format 1.10: a carried value that only grows is a STORE row, its initial value's
         # rows appended before the loop (from a buffer of their own if a constant)
         grown_stores = []
@@ -469,6 +480,7 @@ def emit_program(mod: IRModule, kernels: dict[str, KernelInfo], func: str = "mai
         prog.loops += 1
 
     if_outputs: dict[int, list[int]] = {}
+    into_state: dict[int, int] = {}   # a body result's var id -> the state storage it writes
     emit_bindings(fn)
     end = tick()
     for name, o in zip(fn.output_names, fn.outputs):

@@ -866,7 +866,8 @@ def _bind_step(count: np.ndarray, sizes: np.ndarray | None, limits: np.ndarray |
             raise InputError(f"a size the model computes at run time is {value}, outside "
                              f"[0, {int(limits[var])}] (its bound for these input sizes): the "
                              "input asks for more than the model's shapes allow (a TopK k "
-                             "larger than its axis, or negative)")
+                             "larger than its axis, or negative; a Loop's carried value "
+                             "grown past its cap)")
         sizes[var] = value
 
     return step

@@ -45,6 +45,7 @@ def convert_branch(ctx: NodeContext, graph: Any, keep_error: bool) -> Branch:
     """Convert ``graph`` in place and cut its bindings out of the current block. With
     ``keep_error``, a conversion error is returned in the branch (the block, relations and
     dynamic sizes as before it) instead of raised."""
+    from .sequences import SeqValue
     from .symvalue import SymValue, materialize
 
     bb, mod = ctx.bb, ctx.bb.mod
@@ -54,6 +55,9 @@ def convert_branch(ctx: NodeContext, graph: Any, keep_error: bool) -> Branch:
     try:
         outputs = ctx.inline(graph, [])
         outputs = [materialize(bb, v) if isinstance(v, SymValue) else v for v in outputs]
+        if any(isinstance(v, SeqValue) for v in outputs):
+            raise ctx.error("a branch gives a sequence: an If whose condition is known only "
+                            "at run time gives tensors only")
     except ExportError as exc:
         if not keep_error:
             raise

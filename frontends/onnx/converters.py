@@ -5,11 +5,11 @@
 from __future__ import annotations
 
 from . import (attention, dynamic, elementwise, index, logic, nn, quant, quant_ops, resize, rnn,
-               shape, trees, windows)
+               sequences, shape, trees, windows)
 from .registry import SupportedOp, registered_ops
 
 FAMILIES = (elementwise, logic, nn, shape, index, dynamic, resize, attention, rnn, quant,
-            quant_ops, trees, windows)
+            quant_ops, trees, windows, sequences)
 
 
 def supported_ops() -> list[SupportedOp]:

@@ -23,7 +23,7 @@ from ...packager.errors import ExportError
 from ...packager.ir.builder import BlockBuilder, BuilderError
 from ...packager.ir.graph import Constant, IRModule, Source, Value, Var
 from ...packager.ir.sym import SymbolicShapeError, size_var
-from . import converters, symvalue, valueinputs  # noqa: F401  (registers every converter family)
+from . import converters, sequences, symvalue, valueinputs  # noqa: F401  (registers every converter family)
 from .dtypes import RUNTIME_DTYPES
 from .loops import casts_into_rows
 from .registry import (IGNORED_ATTRIBUTES, NodeContext, lookup, make_constant, normalize_domain,
@@ -448,6 +448,9 @@ class _GraphConverter:
 
     def graph_output(self, name: str) -> Value:
         v = self.value(name, "graph output")
+        if isinstance(v, sequences.SeqValue):
+            raise ExportError(f"{self.source}: graph output {name!r} is a sequence: only "
+                              "tensors are a bundle's outputs (a ConcatFromSequence of it is)")
         return self._materialize(v) if isinstance(v, symvalue.SymValue) else v
 
     def value(self, name: str, user: str) -> Value:
@@ -476,6 +479,8 @@ class _GraphConverter:
         inputs = [self.value(name, who) if name else None for name in node.input]
         # If/Loop/Scan convert their subgraphs against this graph's values (``inline``)
         ctx = NodeContext(self.bb, node, opset, inputs, attrs, self.source, scope=self)
+        if domain == "" and node.op_type not in sequences.SEQUENCE_OPS | {"Loop"}:
+            sequences.refuse_sequences(ctx)
         try:
             # every binding this node becomes names it, through the passes into the bundle
             with self.bb.source(Source(node.name or (node.output[0] if node.output else label),

@@ -21,7 +21,7 @@ import numpy as np
 from ...packager.errors import ExportError
 from ...packager.ir.graph import (Binding, Call, CallLibrary, CallTIR, DataflowBlock,
                                   Function, TensorType, Value, Var)
-from ...packager.ir.sym import is_static, product, shape_vars
+from ...packager.ir.sym import Dim, is_static, product, shape_vars, size_var
 from ...packager.ir.te import itemsize
 from .registry import NodeContext
 
@@ -55,11 +55,25 @@ def run_time_loop(ctx: NodeContext) -> list[Value]:
     run time; else appended to row stores by the VM (``_stored_rows``)."""
     from .symvalue import SymValue, dims_of, materialize
 
+    from .sequences import SeqValue
+
     body = ctx.attrs["body"]
     carried = [ctx.input(i) for i in range(2, ctx.num_inputs)]
     carried = [materialize(ctx.bb, v) if isinstance(v, SymValue) else v for v in carried]
+    # a carried sequence that starts empty and that the body appends one element to (a list
+    # torch.jit.script appends to, stacked after the loop): the elements are a scan output
+    seqs = [k for k, v in enumerate(carried) if isinstance(v, SeqValue)]
+    for k in seqs:
+        if carried[k].items != []:
+            raise ctx.error(f"carried value {k} is a sequence that does not start empty: a "
+                            "loop whose trip count is known only at run time carries only "
+                            "sequences it starts empty and appends to")
+    tensors = [v for k, v in enumerate(carried) if k not in seqs]
+    n_all = len(carried)
+    n_onnx_scan = len(body.output) - 1 - n_all
+    carried = tensors
     n = len(carried)
-    n_scan = len(body.output) - 1 - n
+    n_scan = n_onnx_scan + len(seqs)
     bound = None
     if n_scan and ctx.has_input(0):
         dims = dims_of(ctx.inputs[0])
@@ -69,6 +83,9 @@ def run_time_loop(ctx: NodeContext) -> list[Value]:
             bound = dims[0]
     if not n and not n_scan:
         raise ctx.error("a loop with neither carried values nor scan outputs computes nothing")
+    if not n:   # only sequences: the loop still needs one carried tensor (the iterations)
+        raise ctx.error("a loop that carries only sequences is not supported: carry a tensor "
+                        "too")
     trip = (_one(ctx, ctx.input(0), "int64", "the trip count") if ctx.has_input(0)
             else ctx.constant(np.array([INT64_MAX], np.int64), "trip"))
     cond = (_one(ctx, ctx.input(1), "bool", "the condition") if ctx.has_input(1)
@@ -76,21 +93,45 @@ def run_time_loop(ctx: NodeContext) -> list[Value]:
     counter = [ctx.constant(np.zeros(1, np.int64), "ran")] if n_scan else []
 
     def step(number: Var, states: list[Var]) -> tuple[Value, list[Value], list[Value]]:
+        given = iter(states[:n])
+        placeholders = [SeqValue(ctx.input(2 + k).dtype, [], carried=True) if k in seqs
+                        else next(given) for k in range(n_all)]
         outs = ctx.inline(body, [number, ctx.constant(np.array(True), "running")]
-                          + states[:n])
+                          + placeholders)
+        elements = []
+        for k in seqs:   # this iteration's element of each carried sequence
+            v = outs[1 + k]
+            if not (isinstance(v, SeqValue) and v.appended_to is placeholders[k]):
+                raise ctx.error(f"carried value {k} is a sequence the body does not append "
+                                "one element to (SequenceInsert at its end, once an iteration)")
+            elements.append(v.items[0])
+        outs = [o for k, o in enumerate(outs) if k - 1 not in seqs]
         outs = [materialize(ctx.bb, v) if isinstance(v, SymValue) else v for v in outs]
+        if any(isinstance(v, SeqValue) for v in outs):
+            raise ctx.error("a loop whose trip count is known only at run time gives a "
+                            "sequence it does not carry")
         again = _one(ctx, outs[0], "bool", "the body's condition")
         ran = [ctx.emit("add", ctx.reshape(number, (1,)),
                         ctx.constant(np.ones(1, np.int64), "one"))] if n_scan else []
-        return again, outs[1:1 + n] + ran, outs[1 + n:]
+        return again, outs[1:1 + n] + ran, outs[1 + n:] + elements
+
+    def ordered(finals: list[Value], scans: list[Value]) -> list[Value]:
+        """The Loop's outputs: carried tensors and sequences (their elements stacked) in the
+        node's order, then its scan outputs."""
+        kept, rows = iter(finals), scans[n_onnx_scan:]
+        out = [SeqValue(ctx.input(2 + k).dtype, stack=rows[seqs.index(k)]) if k in seqs
+               else next(kept) for k in range(n_all)]
+        return out + scans[:n_onnx_scan]
 
     if n_scan and bound is None:   # format 1.9: rows the VM appends, no bound at export
-        return _stored_rows(ctx, trip, cond, carried + counter, step, n)
+        got = _stored_rows(ctx, trip, cond, carried + counter, step, n)
+        return ordered(got[:n], got[n:])
     finals, stacks = emit_vm_loop(ctx, trip, cond, carried + counter, step, bound)
     if not n_scan:
         return finals
     after, rows = ctx.bb.bind_size(finals[n], bound, "iterations")
-    return finals[:n] + [ctx.bb.emit_op("prefix_rows", s, after, count=rows) for s in stacks]
+    return ordered(finals[:n], [ctx.bb.emit_op("prefix_rows", s, after, count=rows)
+                                for s in stacks])
 
 
 def _stored_rows(ctx: NodeContext, trip: Value, cond: Value, inits: list[Value], step,
@@ -165,27 +206,76 @@ def emit_vm_loop(ctx: NodeContext, trip: Value, cond: Value, inits: list[Value],
     number = Var(bb.fresh_name("iteration"), TensorType((), "int64"))
     states = [Var(bb.fresh_name("carried"), v.type) for v in inits]
     mark = len(block.bindings)
-    outer_reads = getattr(bb, "shapes_read", None)
-    bb.shapes_read = set()   # the values whose shapes the body reads (Shape, Size)
-    try:
-        again, new, added = step(number, states)
-    finally:
-        shape_reads, bb.shapes_read = bb.shapes_read, outer_reads
-        if outer_reads is not None:
-            outer_reads |= shape_reads
-    # format 1.10: a carried value that the body only grows by a Concat (``acc = Concat(acc,
-    # r)``, read by nothing else) is a row store: its first rows the initial value's (APPEND
-    # before the loop), the body's ``r`` appended each iteration, its rows counted
-    grown: dict[int, tuple[Binding, Value, int]] = {}
-    for k, (a, b) in enumerate(zip(new, states)):
-        if a.type != b.type and not {id(a), id(b)} & shape_reads:
-            g = _appended(block.bindings[mark:], a, b,
-                          [again] + new[:k] + new[k + 1:] + added)
-            if g is not None:
-                grown[k] = g
+    # carried values whose extents change between iterations in ways the body reads (a KV
+    # cache attention reads, a list that shrinks or is recomputed at another size): after a
+    # first conversion shows which axes change, the body is converted again over a state whose
+    # extent on each such axis is a size variable bound at run time (``carriedK``)
+    resized: dict[int, list[tuple[int, str]]] = {}
+    # (carried value, axis) -> its sharing key: axes that start at the same extent and change
+    # alike in the first conversion (a decoder's key and value caches) share one ``carriedK``,
+    # so that the body's relations between them hold (attention's probs @ values); where they
+    # then change differently, each takes its own (``separate``)
+    plan: dict[tuple[int, int], tuple[str, str]] = {}
+    separate: set[tuple[int, int]] = set()
+    first_states, first_mark = list(states), mark
+    saved = (dict(bb.mod.dynamic_sizes), list(bb.mod.relations))
+    for _ in range(6):
+        outer_reads = getattr(bb, "shapes_read", None)
+        bb.shapes_read = set()   # the values whose shapes the body reads (Shape, Size)
+        try:
+            again, new, added = step(number, states)
+        finally:
+            shape_reads, bb.shapes_read = bb.shapes_read, outer_reads
+            if outer_reads is not None:
+                outer_reads |= shape_reads
+        # format 1.10: a carried value that the body only grows by a Concat (``acc =
+        # Concat(acc, r)``, read by nothing else) is a row store: its first rows the initial
+        # value's (APPEND before the loop), the body's ``r`` appended each iteration, its rows
+        # counted
+        grown: dict[int, tuple[Binding, Value, int]] = {}
+        for k, (a, b) in enumerate(zip(new, states)):
+            if a.type != b.type and k not in resized and not {id(a), id(b)} & shape_reads:
+                g = _appended(block.bindings[mark:], a, b,
+                              [again] + new[:k] + new[k + 1:] + added)
+                if g is not None:
+                    grown[k] = g
+        changing = _changing_axes(new, states, grown, resized, set(bb.mod.dynamic_sizes))
+        for k, axes in changing.items():
+            for axis in axes:
+                plan[(k, axis)] = (str(inits[k].type.shape[axis]), str(new[k].type.shape[axis]))
+        split = _diverging(resized, new)
+        if not changing and not split:
+            break
+        separate |= split
+        # converted again, from the start, over the resized states
+        del block.bindings[first_mark:]
+        bb.mod.dynamic_sizes.clear()
+        bb.mod.dynamic_sizes.update(saved[0])
+        bb.mod.relations[:] = saved[1]
+        states, resized = list(first_states), {}
+        made: dict[tuple, Dim] = {}
+        for (k, axis), key in sorted(plan.items()):
+            key = (k, axis) if (k, axis) in separate else key
+            if key not in made:
+                first = inits[k].type.shape[axis]
+                made[key] = bb.bind_size(_size_tensor(ctx, first, (1,)),
+                                         _carried_bound(bb.mod, first, states[k].type, axis),
+                                         "carried")[1]
+            resized.setdefault(k, []).append((axis, str(made[key])))
+        for k, axes in resized.items():
+            shape = list(states[k].type.shape)
+            for axis, name in axes:
+                shape[axis] = size_var(name)
+            states[k] = Var(bb.fresh_name("carried"), TensorType(tuple(shape),
+                                                                 states[k].type.dtype))
+        mark = len(block.bindings)
+    else:
+        raise ctx.error("a carried value of a loop whose trip count is known only at run time "
+                        "changes its extents in ways that do not settle after six conversions "
+                        "of its body")
     viewed: dict[int, Value] = {}   # a new carried value checked to keep its shape -> the view
     for k, (a, b) in enumerate(zip(new, states)):
-        if a.type != b.type and k not in grown:
+        if a.type != b.type and k not in grown and k not in resized:
             new[k] = viewed[id(a)] = _same_shape(ctx, k, a, b.type)
     added = [viewed.get(id(r), r) for r in added]   # a scan output of that value: checked too
     kept = [k for k in range(len(inits)) if k not in grown]
@@ -228,6 +318,8 @@ def emit_vm_loop(ctx: NodeContext, trip: Value, cond: Value, inits: list[Value],
                 at = ctx.emit("subtract", last, t)
             new.append(ctx.emit("scatter_nd", stack, at,
                                 ctx.reshape(row, (1,) + tuple(row.type.shape))))
+    if resized:
+        _resize_tail(ctx, resized, new, states, kept, [again] + added)
     bindings = block.bindings[mark:]
     del block.bindings[mark:]
     placeholders = [number] + states + stacks
@@ -253,9 +345,12 @@ def emit_vm_loop(ctx: NodeContext, trip: Value, cond: Value, inits: list[Value],
     first_rows = [bb.emit_op("full", shape=t.shape, value=0, dtype=t.dtype, name="rows")
                   for t in stack_types]
     carried = list(inits) + first_rows
-    record = tuple((tuple(v.type.shape), v.type.dtype) for v in carried)
+    # a resized value's type is its state's (its extents the ``carriedK`` bound at run time)
+    record = tuple((tuple(v.type.shape), v.type.dtype) for v in states + stacks)
     row_types = tuple((tuple(r.type.shape), r.type.dtype) for r in new[len(carried):])
     extra = {"rows": row_types} if stored else {}
+    if resized:   # the carried values (their positions) the body writes into their states
+        extra["resized"] = tuple(kept.index(k) for k in resized)
     if grown:   # (axis, the rows' shape past it, dtype, the count's name: set below)
         extra["grown"] = tuple((axis, tuple(p.type.shape[axis + 1:]), p.type.dtype, "")
                                for (_, p, axis) in grown.values())
@@ -279,6 +374,97 @@ def emit_vm_loop(ctx: NodeContext, trip: Value, cond: Value, inits: list[Value],
     if stored:
         return ordered, loop, row_types
     return ordered, finals[len(inits):]
+
+
+def _changing_axes(new: list[Value], states: list[Var], grown: dict, resized: dict,
+                   counted: set[str]) -> dict[int, list[int]]:
+    """The axes of each carried value whose new extent differs from its state's in a way that
+    neither the row stores (``grown``) nor a check at run time (extents a kernel counts, equal
+    each iteration) hold, and that are not resized yet: they become ``carriedK`` sizes. A
+    change of dtype or rank is left to ``_same_shape``, which refuses it."""
+    carried = {name for axes in resized.values() for _, name in axes}
+    plain = counted - carried
+    out: dict[int, list[int]] = {}
+    for k, (a, b) in enumerate(zip(new, states)):
+        shape, want = a.type.shape, b.type.shape
+        if k in grown or a.type == b.type or a.type.dtype != b.type.dtype \
+                or len(shape) != len(want):
+            continue
+        done = {axis for axis, _ in resized.get(k, ())}
+        axes = [i for i, (x, y) in enumerate(zip(shape, want)) if x != y and i not in done
+                and (k in resized or not (shape_vars([x, y]) and shape_vars([x, y]) <= plain))]
+        if axes:
+            out[k] = axes
+    return out
+
+
+def _diverging(resized: dict, new: list[Value]) -> set[tuple[int, int]]:
+    """The (carried value, axis) pairs that share a ``carriedK`` whose new extents differ (each
+    then takes its own)."""
+    extents: dict[str, set[str]] = {}
+    for k, axes in resized.items():
+        for axis, name in axes:
+            extents.setdefault(name, set()).add(str(new[k].type.shape[axis]))
+    bad = {name for name, got in extents.items() if len(got) > 1}
+    return {(k, axis) for k, axes in resized.items() for axis, name in axes if name in bad}
+
+
+def _carried_bound(mod, first, ttype: TensorType, axis: int):
+    """The upper bound of a resized carried value's extent on ``axis``: its initial extent
+    (over the inputs' sizes) plus as many entries as STORE_BYTES hold of its other extents
+    known at export (the state and the body's values over that extent are planned at it: a
+    reservation of address space, touched only as far as the loop grows it)."""
+    from ...packager.ir.sym import substitute
+    from ...packager.vm_emit import dynamic_bounds
+
+    rest = product([d if isinstance(d, int) else 1
+                    for i, d in enumerate(ttype.shape) if i != axis])
+    cap = max(1, STORE_BYTES // max(1, rest * itemsize(ttype.dtype)))
+    if isinstance(first, int):
+        return max(first, cap)
+    return substitute(first, dynamic_bounds(mod)) + cap
+
+
+def _resize_tail(ctx: NodeContext, resized: dict, new: list[Value], states: list[Var],
+                 kept: list[int], others: list[Value]) -> None:
+    """The end of a body with resized carried values: each new extent computed (at this
+    iteration's sizes), then bound to its ``carriedK`` (BIND_SIZE), then each new value,
+    viewed at its state's shape (now the new extents) where its own shape names those sizes,
+    copied by a kernel of its own into the state's buffer (``carried_copy``; vm_emit gives it
+    the state's storage). ``new`` and ``states`` are in the loop's carried order (``kept``);
+    ``new`` is updated."""
+    bb = ctx.bb
+    pos = {k: kept.index(k) for k in resized}
+    names = {name for axes in resized.values() for _, name in axes}
+    if any(shape_vars(o.type.shape) & names for o in others):
+        raise ctx.error("a scan output of a loop whose trip count is known only at run time "
+                        "has rows whose extents change between iterations (a carried value's "
+                        "that grows or shrinks), which rows of one shape cannot hold")
+    for k, j in pos.items():
+        if any(o is states[j] for i, o in enumerate(new) if i != j) \
+                or any(o is states[j] for o in others):
+            raise ctx.error(f"carried value {k} changes its extents between iterations and is "
+                            "also passed on as another of the loop's values, which a loop "
+                            "whose trip count is known only at run time does not run")
+    extents, seen = [], set()   # one binding of each (a shared one's extents are equal)
+    for k, j in pos.items():
+        for axis, name in resized[k]:
+            if name not in seen:
+                seen.add(name)
+                extents.append((_size_tensor(ctx, new[j].type.shape[axis], (1,)), name))
+    afters = [bb.emit(Call("bind_size", [e], {"var": name}, e.type), name)
+              for e, name in extents]
+    for j in pos.values():
+        src = new[j]
+        if shape_vars(src.type.shape) & names:   # its extents over this iteration's sizes
+            src = bb.emit_op("carried_view", src, shape=tuple(states[j].type.shape),
+                             name="resized")
+        # copied as one flat run of elements (a memcpy), then viewed at the state's shape
+        shape = tuple(states[j].type.shape)
+        flat = (product(shape),)
+        copied = bb.emit_op("carried_copy", ctx.reshape(src, (product(src.type.shape),)),
+                            *afters, out=flat, name="resized")
+        new[j] = ctx.reshape(copied, shape)
 
 
 def _appended(bindings: list[Binding], new: Value, state: Var, others: list[Value]

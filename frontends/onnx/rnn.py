@@ -496,7 +496,11 @@ def _loop_run_time_condition(ctx: NodeContext, trip: int | None, cond: Value, st
     (BIND_SIZE, as NonZero's count). Carried values must keep their shapes. A trip count
     computed at run time (``limit``, int64 of shape (1,), at most ``trip``) stops the
     iterations the same way."""
+    from .sequences import SeqValue
+
     body = ctx.attrs["body"]
+    if any(isinstance(v, SeqValue) for v in carried):   # the VM's loop appends its elements
+        raise NeedsRunTimeLoop("a sequence is carried past a condition computed at run time")
     if trip is None or trip > _MAX_UNROLL:
         raise NeedsRunTimeLoop("the loop condition is computed at run time and the trip count "
                                f"is {'absent' if trip is None else trip}")

@@ -396,6 +396,11 @@ def _slice_const(ctx: NodeContext, starts: Sequence[int], ends: Sequence[int],
     return ctx.constant(np.ascontiguousarray(data[tuple(index)]), "slice")
 
 
+# a counted slice's constant span past this many elements is "to the end" (``x[1:2**40]``, as
+# exporters write it): its length is bound by the axis's extent, not planned at the span
+SPAN_BOUND = 1 << 24
+
+
 def _slice_counted(ctx: NodeContext, x: Value, axis: int, start: int, end: int,
                    step: int) -> Value:
     """``x[start:end:step]`` along an axis whose extent a kernel counted at run time (the rows
@@ -413,6 +418,8 @@ def _slice_counted(ctx: NodeContext, x: Value, axis: int, start: int, end: int,
         bound = -(-(end - start) // step)
     elif step < 0 and 0 <= end <= start < 2 ** 62:
         bound = -(-(start - end) // -step)
+    if bound is not n and bound > SPAN_BOUND:   # "to the end" written as a large number
+        bound = n
     after, d = bb.bind_size(length, bound, "sliced")
     rows = bb.emit_op("counted_range", first, after, count=d, step=step)
     return ctx.emit("take", x, rows, axis=axis)

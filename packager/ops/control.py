@@ -100,7 +100,8 @@ def carried_view(x: np.ndarray, shape: tuple = ()) -> np.ndarray:
 
 def _infer_loop(trip: TensorType, cond: TensorType, *values: TensorType, body: str = "",
                 carried: int = 0, outputs: Sequence[tuple] = (), rows: Sequence[tuple] = (),
-                count: str = "", grown: Sequence[tuple] = ()) -> TensorType:
+                count: str = "", grown: Sequence[tuple] = (),
+                resized: Sequence[int] = ()) -> TensorType:
     if trip.dtype != "int64" or trip.shape != (1,):
         raise ValueError(f"loop: the trip count must be one int64 of shape (1,), not {trip}")
     if cond.dtype != "bool" or cond.shape != (1,):
@@ -108,7 +109,10 @@ def _infer_loop(trip: TensorType, cond: TensorType, *values: TensorType, body: s
     if not body or carried < 1 or len(outputs) != carried or len(values) < carried:
         raise ValueError("loop: a body and at least one carried value are needed")
     for k, (t, out) in enumerate(zip(values, outputs)):
-        if t != _output_type(outputs, k):
+        if k in resized:   # its extents the body's (size variables bound at run time)
+            if t.dtype != out[1] or len(t.shape) != len(out[0]):
+                raise ValueError(f"loop: resized carried value {k} is {t}, its output {out}")
+        elif t != _output_type(outputs, k):
             raise ValueError(f"loop: carried value {k} is {t}, its output {out}")
     return _output_type(outputs, 0)
 
@@ -116,7 +120,8 @@ def _infer_loop(trip: TensorType, cond: TensorType, *values: TensorType, body: s
 @register_op("loop", BRANCH, _infer_loop)
 def loop(trip: np.ndarray, cond: np.ndarray, *values: np.ndarray, body: str = "",
          carried: int = 0, outputs: Sequence[tuple] = (), rows: Sequence[tuple] = (),
-         count: str = "", grown: Sequence[tuple] = ()) -> np.ndarray:
+         count: str = "", grown: Sequence[tuple] = (), resized: Sequence[int] = ()
+         ) -> np.ndarray:
     """A Loop run by the VM (format 1.8: LOOP ... NEXT): the graph function ``body`` takes the
     iteration number (int64 of shape ()), the ``carried`` values and the captures (``values``
     past the carried ones) and gives the condition (one bool) and the new carried values; it

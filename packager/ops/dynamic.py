@@ -471,6 +471,29 @@ def counted_range(first: np.ndarray, after: np.ndarray, count: Dim = 0,
     return int(first[0]) + np.arange(int(after.reshape(-1)[0]), dtype=np.int64) * int(step)
 
 
+# ---- carried_copy: a Loop's carried value whose extents change, into its state's buffer -------
+
+def _infer_carried_copy(x: TensorType, *after: TensorType, out: tuple = ()) -> TensorType:
+    if len(out) != len(x.shape):
+        raise ValueError(f"carried_copy: {x} as rank {len(out)}")
+    return TensorType(tuple(out), x.dtype)
+
+
+def _legalize_carried_copy(x: te.Tensor, *after: te.Tensor, out_type: TensorType,
+                           name: str, out: tuple = ()) -> te.Tensor:
+    return te.compute(out_type.shape, lambda *i: x[tuple(i)], name=name, dtype=x.dtype)
+
+
+@register_op("carried_copy", OPAQUE, _infer_carried_copy, _legalize_carried_copy)
+def carried_copy(x: np.ndarray, *after: np.ndarray, out: tuple = ()) -> np.ndarray:
+    """``x`` (a Loop body's new carried value; its extents, where its shape names the sizes
+    ``after`` rebinds, through a view at the state's shape) as the state's shape ``out`` (the
+    new extents ``after`` bound), copied by a kernel of its own that vm_emit points at the
+    state's buffer: the elements at this iteration's extents, where a VM COPY would move the
+    bytes planned at their bounds. Opaque: nothing fuses into it."""
+    return np.array(x, copy=True)
+
+
 # ---- prefix_rows: the rows a Loop computed at run time ran for ---------------------------------
 
 def _infer_prefix_rows(x: TensorType, after: TensorType, count: Dim = 0) -> TensorType:

@@ -7,7 +7,7 @@ from typing import Mapping
 
 import numpy as np
 
-from ..ir.sym import SymExpr, is_static
+from ..ir.sym import SymExpr, is_static, shape_vars
 from ..ir.graph import Call, CallTIR, Constant, Function, IRModule, used_values
 from ..ops import get_op
 from .common import map_functions, rewrite_function
@@ -98,11 +98,19 @@ def eliminate_dead_code(mod: IRModule) -> IRModule:
         if not isinstance(fn, Function):
             continue
         live = {id(o) for o in fn.outputs}
+        # a size bound at run time that a kept value's shape names (a Loop's resized carried
+        # value, ``carriedK``, bound before the loop and read by the body's kernels)
+        named = shape_vars([d for o in fn.outputs for d in o.type.shape])
         kept_rev = []
         for b in reversed(list(fn.bindings())):
-            if id(b.var) in live or (isinstance(b.value, Call) and b.value.op == "check"):
+            v = b.value
+            if id(b.var) in live or (isinstance(v, Call) and (
+                    v.op == "check" or v.op == "bind_size" and v.attrs["var"] in named)):
                 kept_rev.append(b)
                 live.update(id(a) for a in used_values(b.value))
+                named |= shape_vars(b.var.type.shape)
+                if isinstance(v, Call) and v.op == "loop":   # its states' shapes
+                    named |= shape_vars([d for shape, _ in v.attrs["outputs"] for d in shape])
                 if isinstance(b.value, CallTIR):
                     called.add(b.value.func)
         new_fn = Function(fn.name, fn.params, [type(fn.blocks[0])(list(reversed(kept_rev)))]

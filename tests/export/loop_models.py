@@ -2,8 +2,9 @@
 tests/export/test_run_time_loops.py and the C runtime's test: ``counted_loop`` (below), a Scan
 over an open axis (``open_scan``) and a Loop over a tensor's rows with a scan output and a break
 (``rows_loop``), two nested Loops (``nested_loops``), and a Loop on a fed trip count whose scan
-outputs have no bound at export (``stored_rows``, format 1.9's row stores), and a greedy decode
-whose carried values grow (``grown_values``, format 1.10).
+outputs have no bound at export (``stored_rows``, format 1.9's row stores), a greedy decode
+whose carried values grow (``grown_values``, format 1.10), and a decoder loop whose body reads
+carried values that grow, shrink or are recomputed at another size (``kv_cache``).
 
 ``counted_loop``: a Loop whose trip count and condition are graph inputs, with a break
 condition computed in the body and an If on the iteration number inside the body (a jump within
@@ -315,6 +316,120 @@ def grown_feeds(m: int, lim: float = 1e9, seed: int = 0, t: int = 2, k: int = 1
             "lim": np.array(lim, np.float32)}
 
 
+def kv_cache(path: Path) -> Path:
+    """A decoder step loop whose carried values change extent and are read by the body (no
+    format change: ``carriedK`` sizes bound at run time, ``carried_copy``): a Loop on a fed trip
+    count M with a break,
+
+        for i in range(M) while cond:
+            k, v = (h @ Wk).reshape(1, 2, 1, 4), (h @ Wv).reshape(1, 2, 1, 4)
+            cache = Concat(cache, k, axis=2)             # [1, 2, P + i, 4]: 2 heads before T
+            vals = Concat(vals, v, axis=2)               # the values' cache, as long
+            q = (h @ Wq).reshape(1, 2, 1, 4)
+            a = softmax(q @ cache^T) @ vals               # attention over the whole cache
+            h = tanh(a.reshape(1, 8) + h * 0.5 + T(cache) * 0.01 + sum(queue) * 0.1
+                     + sum(sel) * 0.05 + i * 0.1)
+            queue = queue[1:]                             # shrinks to empty
+            sel = Compress(h.reshape(8), h > 0)           # recomputed at a counted size
+            cond = sum(h) < lim
+        outputs h, cache, queue, sel, mean(cache, axis=2), vals  # a reader after the loop
+
+    ``cache0`` and ``vals0`` [1, 2, P, 4] (P open: the prompt's keys and values), ``queue0``
+    [Q] and ``sel0`` [S] open."""
+    rng = np.random.default_rng(7)
+    wk, wq, wv = (rng.standard_normal((3, 8, 8)) * 0.5).astype(np.float32)
+    body = helper.make_graph(
+        [helper.make_node("Cast", ["i"], ["fi"], to=F),
+         helper.make_node("Mul", ["fi", "tenth"], ["shift"]),
+         helper.make_node("MatMul", ["h_in", "wk"], ["hk"]),
+         helper.make_node("Reshape", ["hk", "head_shape"], ["k"]),
+         helper.make_node("Concat", ["cache_in", "k"], ["cache_out"], axis=2),
+         helper.make_node("MatMul", ["h_in", "wv"], ["hv"]),
+         helper.make_node("Reshape", ["hv", "head_shape"], ["v"]),
+         helper.make_node("Concat", ["vals_in", "v"], ["vals_out"], axis=2),
+         helper.make_node("MatMul", ["h_in", "wq"], ["hq"]),
+         helper.make_node("Reshape", ["hq", "head_shape"], ["q"]),
+         helper.make_node("Transpose", ["cache_out"], ["kt"], perm=[0, 1, 3, 2]),
+         helper.make_node("MatMul", ["q", "kt"], ["scores"]),
+         helper.make_node("Softmax", ["scores"], ["probs"], axis=-1),
+         helper.make_node("MatMul", ["probs", "vals_out"], ["att"]),
+         helper.make_node("Reshape", ["att", "row_shape"], ["att_row"]),
+         helper.make_node("Mul", ["h_in", "half"], ["h_half"]),
+         helper.make_node("Shape", ["cache_out"], ["cshape"]),
+         helper.make_node("Gather", ["cshape", "two"], ["clen"], axis=0),
+         helper.make_node("Cast", ["clen"], ["fclen"], to=F),
+         helper.make_node("Mul", ["fclen", "hundredth"], ["pos"]),
+         helper.make_node("ReduceSum", ["queue_in"], ["qsum"], keepdims=0),
+         helper.make_node("Mul", ["qsum", "tenth"], ["qterm"]),
+         helper.make_node("ReduceSum", ["sel_in"], ["ssum"], keepdims=0),
+         helper.make_node("Mul", ["ssum", "twentieth"], ["sterm"]),
+         helper.make_node("Sum", ["att_row", "h_half", "pos", "qterm", "sterm", "shift"],
+                          ["pre"]),
+         helper.make_node("Tanh", ["pre"], ["h_out"]),
+         helper.make_node("Slice", ["queue_in", "one", "big", "zero"], ["queue_out"]),
+         helper.make_node("Reshape", ["h_out", "flat"], ["h_flat"]),
+         helper.make_node("Greater", ["h_flat", "zerof"], ["pos_mask"]),
+         helper.make_node("Compress", ["h_flat", "pos_mask"], ["sel_out"], axis=0),
+         helper.make_node("ReduceSum", ["h_out"], ["tot"], keepdims=0),
+         helper.make_node("Less", ["tot", "lim"], ["cond_out"])],
+        "body",
+        [helper.make_tensor_value_info("i", I64, []), helper.make_tensor_value_info("c", B, []),
+         helper.make_tensor_value_info("h_in", F, [1, 8]),
+         helper.make_tensor_value_info("cache_in", F, [1, 2, None, 4]),
+         helper.make_tensor_value_info("queue_in", F, [None]),
+         helper.make_tensor_value_info("sel_in", F, [None]),
+         helper.make_tensor_value_info("vals_in", F, [1, 2, None, 4])],
+        [helper.make_tensor_value_info("cond_out", B, []),
+         helper.make_tensor_value_info("h_out", F, [1, 8]),
+         helper.make_tensor_value_info("cache_out", F, [1, 2, None, 4]),
+         helper.make_tensor_value_info("queue_out", F, [None]),
+         helper.make_tensor_value_info("sel_out", F, [None]),
+         helper.make_tensor_value_info("vals_out", F, [1, 2, None, 4])],
+        [numpy_helper.from_array(wk, "wk"), numpy_helper.from_array(wq, "wq"),
+         numpy_helper.from_array(wv, "wv"),
+         numpy_helper.from_array(np.array([1, 2, 1, 4], np.int64), "head_shape"),
+         numpy_helper.from_array(np.array([1, 8], np.int64), "row_shape"),
+         numpy_helper.from_array(np.array([8], np.int64), "flat"),
+         numpy_helper.from_array(np.array(2, np.int64), "two"),
+         numpy_helper.from_array(np.array([1], np.int64), "one"),
+         numpy_helper.from_array(np.array([1 << 40], np.int64), "big"),
+         numpy_helper.from_array(np.array([0], np.int64), "zero"),
+         numpy_helper.from_array(np.array(0.0, np.float32), "zerof"),
+         numpy_helper.from_array(np.array(0.5, np.float32), "half"),
+         numpy_helper.from_array(np.array(0.1, np.float32), "tenth"),
+         numpy_helper.from_array(np.array(0.05, np.float32), "twentieth"),
+         numpy_helper.from_array(np.array(0.01, np.float32), "hundredth")])
+    graph = helper.make_graph(
+        [helper.make_node("Loop", ["M", "", "h0", "cache0", "queue0", "sel0", "vals0"],
+                          ["h", "cache", "queue", "sel", "vals"], body=body),
+         helper.make_node("ReduceMean", ["cache", "axis2"], ["cache_mean"], keepdims=0)],
+        "kv_cache",
+        [helper.make_tensor_value_info("M", I64, []), helper.make_tensor_value_info("h0", F, [1, 8]),
+         helper.make_tensor_value_info("cache0", F, [1, 2, "P", 4]),
+         helper.make_tensor_value_info("queue0", F, ["Q"]),
+         helper.make_tensor_value_info("sel0", F, ["S"]),
+         helper.make_tensor_value_info("lim", F, []),
+         helper.make_tensor_value_info("vals0", F, [1, 2, "P", 4])],
+        [helper.make_tensor_value_info(n, F, None)
+         for n in ("h", "cache", "queue", "sel", "cache_mean", "vals")],
+        [numpy_helper.from_array(np.array([2], np.int64), "axis2")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    model.ir_version = 8
+    onnx.save(model, path)
+    return path
+
+
+def kv_feeds(m: int, lim: float = 1e9, seed: int = 0, p: int = 2, q: int = 3, s: int = 1
+             ) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return {"M": np.array(m, np.int64), "h0": rng.standard_normal((1, 8)).astype(np.float32),
+            "cache0": rng.standard_normal((1, 2, p, 4)).astype(np.float32),
+            "queue0": rng.standard_normal(q).astype(np.float32),
+            "sel0": rng.standard_normal(s).astype(np.float32),
+            "lim": np.array(lim, np.float32),
+            "vals0": rng.standard_normal((1, 2, p, 4)).astype(np.float32)}
+
+
 # the "stored" bundle's row stores stop at this many bytes (40 rows of float32 [3]), so that a
 # loop that would pass them is refused in a test of seconds (the export's default is 256 MiB)
 STORED_TEST_BYTES = 480
@@ -323,11 +438,15 @@ STORED_TEST_BYTES = 480
 # kept values), so that a loop that would pass them is refused in a test of seconds
 GROWN_TEST_BYTES = 1024
 
+# the "kv" bundle's resized values stop at this many bytes past their initial extents (64 cache
+# rows of 2 x 4 floats, 512 queue or sel values), so that a loop past them is refused quickly
+KV_TEST_BYTES = 2048
+
 MODELS = {"counted": lambda p: counted_loop(p), "counted-static": lambda p: counted_loop(p, False),
           "counted-bounded": lambda p: counted_loop(p),
           "open-scan": open_scan, "rows-loop": rows_loop, "nested": nested_loops,
           "stored": stored_rows, "stored-open": lambda p: stored_rows(p, open_lim=True),
-          "loop11": onnx_loop11, "grown": grown_values}
+          "loop11": onnx_loop11, "grown": grown_values, "kv": kv_cache}
 
 
 def exported(tmp_path_factory, kind: str = "counted") -> tuple[Path, Path]:
@@ -353,8 +472,8 @@ def exported(tmp_path_factory, kind: str = "counted") -> tuple[Path, Path]:
             # "counted-bounded": one arena planned at x0's largest length for every length
             bounds = {"x0": (64,)} if kind == "counted-bounded" else None
             cap = loops.STORE_BYTES
-            loops.STORE_BYTES = {"stored": STORED_TEST_BYTES,
-                                 "grown": GROWN_TEST_BYTES}.get(kind, cap)
+            loops.STORE_BYTES = {"stored": STORED_TEST_BYTES, "grown": GROWN_TEST_BYTES,
+                                 "kv": KV_TEST_BYTES}.get(kind, cap)
             try:
                 result = export(src, bundle, Options(max_shapes=bounds or {}))
             finally:

@@ -818,6 +818,32 @@ def test_grown_values_bit_identical_and_damaged_grows_refused(build, asan, tmp_p
     assert outcomes.get("exit 3", 0) >= 8, outcomes
 
 
+def test_carried_values_the_body_reads_bit_identical(build, asan, tmp_path_factory,
+                                                    tmp_path) -> None:
+    """A decoder loop whose body reads carried values that grow (a KV cache along its third
+    axis, two heads before it), shrink (a queue to empty) or are recomputed at a counted size
+    (tests/export/test_run_time_loops.py's "kv" bundle: BIND_SIZE of each ``carriedK`` inside
+    the body, a kernel copying each new value into its state): bit-identical to the Python
+    runtime at 0, 1, 5, 7 and 40 iterations and 2**63 - 1 stopped by a break, at
+    1 and 2 threads and under the sanitizers; a loop past the cache's bound refused with the
+    input-error code in one line."""
+    from loop_models import exported, kv_feeds
+
+    bundle = exported(tmp_path_factory, "kv")[1]
+    cases = ((0, 1e9, 0, 2, 3, 1), (1, 1e9, 1, 1, 2, 2), (5, 1e9, 2, 3, 3, 1),
+             (40, 1e9, 3, 2, 5, 4), (7, 1e9, 4, 1, 1, 1), ((1 << 63) - 1, 2.0, 4, 3, 2, 2))
+    for k, (m, lim, seed, p, q, n) in enumerate(cases):
+        f = kv_feeds(m, lim, seed=seed, p=p, q=q, s=n)
+        assert_bit_identical(build, bundle, f, tmp_path / f"c{k}")
+        if k in (2, 3, 5):
+            assert_bit_identical(asan, bundle, f, tmp_path / f"a{k}", threads=(1,), env=ASAN)
+    for i, v in enumerate(kv_feeds(100).values()):   # the cache passes its 64 rows
+        np.save(tmp_path / f"m{i}.npy", v)
+    proc = mlcrun(asan, "run", bundle, *[tmp_path / f"m{i}.npy" for i in range(7)], "-o",
+                  tmp_path / "mo", env=ASAN)
+    assert proc.returncode == 7 and "grown past its cap" in one_line_error(proc)
+
+
 class _Tensor(ctypes.Structure):   # mlcrt.h's mlc_tensor
     _fields_ = [("data", ctypes.c_void_p), ("nbytes", ctypes.c_size_t), ("dtype", ctypes.c_int),
                 ("ndim", ctypes.c_int), ("dims", ctypes.c_int64 * 16)]

@@ -74,7 +74,9 @@ class MatmulMixin:
                               self.vl)
         if M >= 4:
             return _pick_tile(M, N, self.vl)
-        return few_rows_tile(M, N, self.vl, self._splits_by_weights())
+        # a run-time N (attention scores over a cache that grows): as wide as a large N
+        return few_rows_tile(M, N if isinstance(N, int) else SYMBOLIC_N_HINT, self.vl,
+                             self._splits_by_weights())
 
     def _splits_by_weights(self) -> bool:
         """A static matmul of fewer than 4 rows that splits over threads for the bytes of its

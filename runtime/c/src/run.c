@@ -20,7 +20,8 @@ static mlc_status step(const mlc_model *m, mlc_plan *p, const mlc_instr *in,
         memcpy(&v, p->addr[in->operands[0]], 8);
         if (v < 0 || v > p->sym->limits[in->target])
             return mlc_fail(err, MLC_ERR_INPUT, "%s: a size the model computes at run time is "
-                            "%lld, outside [0, %lld] (its bound for these input sizes)", m->name,
+                            "%lld, outside [0, %lld] (its bound for these input sizes; a Loop's carried "
+                            "value grown past its cap)", m->name,
                             (long long)v, (long long)p->sym->limits[in->target]);
         p->sym->sizes[in->target] = v;
         return MLC_OK;
