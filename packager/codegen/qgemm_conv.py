@@ -14,11 +14,26 @@ from __future__ import annotations
 from llvmlite import ir
 
 from ..ops.qlinear import CONV_ROWS, PANEL
-from .helpers import F32, I8, I16, I32, I64, alloca_once, const_i64, for_range
+from .helpers import F32, I8, I16, I32, I64, alloca_once, const_i64, for_range, intrinsic
 from .contraction.geometry import MAX_TASK_REGIONS, PARALLEL_MIN_MACS
 from .conv_oc import OPEN_IMAGE_PIXELS
 from .lower import WORKSPACE_ALIGN, KernelInfo, LoweringError
-from .qgemm import V8F32, V8I32, V16I8, V16I16, QEmitter, align_workspace
+from .qgemm import V8F32, V8I32, V16I8, V16I16, V16I32, QEmitter, align_workspace
+
+ZMM_LANES = 16      # int32 lanes of a 512-bit vector: pixels per vector of the zmm quad tile
+ZMM_TILES = (4, 3, 2)   # 16-pixel vectors per tile row (6 rows: 24, 18, 12 accumulators)
+
+
+def zmm_vectors(qn: int) -> int:
+    """The zmm quad tile's 16-pixel vectors per row for ``qn`` plane columns of output
+    (``oh * wq``): the most of ``ZMM_TILES`` (fewest steps per multiply-add: 6 weight
+    broadcasts and nz plane loads per 6 nz vpdpbusd) whose padding to a whole tile wastes no
+    more than 2 % more lanes than the least wasteful one's."""
+    def waste(nz: int) -> float:
+        lanes = ZMM_LANES * nz
+        return (-(-qn // lanes) * lanes - qn) / qn
+    least = min(waste(nz) for nz in ZMM_TILES)
+    return next(nz for nz in ZMM_TILES if waste(nz) <= least + 0.02)
 
 
 def _inside_image(py: int, px: int, h: int, w: int, prow: int, wq: int, sh: int, sw: int,
@@ -85,8 +100,10 @@ class QConv(QEmitter):
         cg = -(-c // 4) if vnni else cp                  # channel groups of a plane word
         phases = sorted({(ky % sh, kx % sw) for ky in range(kh) for kx in range(kw)})
         taps = [(ky, kx) for ky in range(kh) for kx in range(kw)]
-        lanes = PANEL * self.nv
         qn = oh * wq
+        # native vpdpbusd on a 512-bit level: tiles of 6 rows x nz 16-pixel vectors (``_zmm``)
+        nz = zmm_vectors(qn) if vnni and self._zmm() and not split else 0
+        lanes = ZMM_LANES * nz if nz else PANEL * self.nv
         qpad = -(-qn // lanes) * lanes
         offmax = ((kh - 1) // sh) * wq + (kw - 1) // sw
         prow = max(hq, -(-(qpad + offmax) // wq))       # plane rows, reads stay inside
@@ -182,7 +199,23 @@ class QConv(QEmitter):
                     off = b.load(b.gep(gv, [const_i64(0), j]))
                     p = b.add(b.add(off, q0), const_i64(v * PANEL))
                     return b.load(self._ptr(planes32, p, V16I16), align=4)
-                return b_vec
+
+                def b_vec16(v, j):     # 16 pixels' quads (``nz``)
+                    off = b.load(b.gep(gv, [const_i64(0), j]))
+                    p = b.add(b.add(off, q0), const_i64(v * ZMM_LANES))
+                    return b.load(self._ptr(planes32, p, V16I32), align=4)
+                return b_vec16 if nz else b_vec
+
+            def dp_tile(nrows, q0, oc0, init):
+                """The quad tile's accumulators, as 8-lane vectors per row (``nz``: each
+                16-lane one's halves, in pixel order)."""
+                if not nz:
+                    return self._tile_dp(nrows, self.nv, ksteps, a_word_at(oc0), b_vec_at(q0),
+                                         residual(nrows, init, q0, oc0))
+                init16 = None if init is None else [self._widen_splat(v) for v in init]
+                accs = self._tile_dp16(nrows, nz, ksteps, a_word_at(oc0), b_vec_at(q0),
+                                       init16)
+                return [[h for a in row for h in self._halves(a)] for row in accs]
 
             def residual(nrows, init, q0, oc0):
                 """The split weights' residual (``split``): per row of the tile, a loop over
@@ -214,8 +247,7 @@ class QConv(QEmitter):
                 if packed:
                     return tile_packed(q0, oc0, nrows)
                 if vnni:
-                    accs = self._tile_dp(nrows, self.nv, ksteps, a_word_at(oc0), b_vec_at(q0),
-                                         residual(nrows, None, q0, oc0))
+                    accs = dp_tile(nrows, q0, oc0, None)
                 else:
                     accs = self._tile(nrows, self.nv, steps, a_word_at(oc0), b_vec_at(q0))
                 for r in range(nrows):
@@ -229,7 +261,7 @@ class QConv(QEmitter):
                                             else b.gep(buf[mult.uid], [ocr])), V8F32)
                     ov = (self._splat(b.load(b.gep(buf[y_zp.uid], [ocr])), V8F32)
                           if self.float_out else None)
-                    for v in range(self.nv):
+                    for v in range(len(accs[r])):
                         q = self._requant(accs[r][v], bv, mv, ov)
                         dst = b.add(b.mul(ocr, const_i64(qpad)), b.add(q0, const_i64(v * PANEL)))
                         b.store(q, self._ptr(stage, dst, self.out_vec), align=4)
@@ -248,8 +280,7 @@ class QConv(QEmitter):
                         start = b.sub(start, b.mul(zpq, b.load(b.gep(wsum, [ocr]))))
                     init.append(self._splat(start, V8I32))
                 if vnni:
-                    accs = self._tile_dp(nrows, self.nv, ksteps, a_word_at(oc0), b_vec_at(q0),
-                                         residual(nrows, init, q0, oc0))
+                    accs = dp_tile(nrows, q0, oc0, init)
                 else:
                     accs = self._tile(nrows, self.nv, steps, a_word_at(oc0), b_vec_at(q0), init)
                 for r, ocr in enumerate(ocs):
@@ -258,7 +289,12 @@ class QConv(QEmitter):
                     wide = [self._requant_int(b.fmul(b.sitofp(a, V8F32), mv), None, True)
                             for a in accs[r]]
                     dst = b.add(b.mul(ocr, const_i64(qpad)), q0)
-                    b.store(self._pack(wide), self._ptr(stage, dst, V16I8), align=4)
+                    # 4 vectors (32 bytes) a store, the last 2 (16 bytes) where left
+                    for g in range(0, len(wide), 4):
+                        part = wide[g:g + 4]
+                        ty = V16I8 if len(part) == 2 else ir.VectorType(I8, 4 * PANEL)
+                        at = b.add(dst, const_i64(g * PANEL)) if g else dst
+                        b.store(self._pack(part), self._ptr(stage, at, ty), align=4)
 
             packed = self.avx2 and not self.float_out and self.nv == 2
             # pixels outer: one chunk's plane columns (all steps) stay in L1 for every tile
@@ -918,6 +954,50 @@ class QConv(QEmitter):
                 for v in range(nvec):
                     acc = accs[r][v]
                     b.store(self._dpbusd(b.load(acc), ws[v], a), acc)
+        return [[b.load(a) for a in row] for row in accs]
+
+    def _zmm(self) -> bool:
+        """Whether the quad kernels take 512-bit ``vpdpbusd`` (``_tile_dp16``): native VNNI
+        on a level with 512-bit vectors (x86-64-v4+vnni), not its emulation, sdot, the
+        7-bit or sign kernels. Zen 5 (measured, bench/int8_peak.py): 64 MAC / instruction at
+        the 256-bit form's rate, 4x the 512-bit FMA's multiply-adds (the 256-bit form 2x)."""
+        return (getattr(self, "vl", 8) >= ZMM_LANES and getattr(self, "vnni", False)
+                and not getattr(self, "vnni_emulated", False)
+                and not getattr(self, "sdot", False) and not getattr(self, "madd7", False)
+                and not getattr(self, "signed_x", False))
+
+    def _widen_splat(self, v: ir.Value) -> ir.Value:
+        """A splat <8 x i32> (a tile row's start) as <16 x i32>."""
+        return self.builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(I32, ZMM_LANES),
+                                                             list(range(PANEL)) * 2))
+
+    def _halves(self, v: ir.Value) -> list[ir.Value]:
+        """A <16 x i32> as its two <8 x i32> halves, low first."""
+        b = self.builder
+        return [b.shuffle_vector(v, v, ir.Constant(V8I32, list(range(k, k + PANEL))))
+                for k in (0, PANEL)]
+
+    def _tile_dp16(self, rows: int, nz: int, steps: int, a_word, b_vec16,
+                   init: list[ir.Value] | None = None) -> list[list[ir.Value]]:
+        """``_tile_dp`` on 512-bit vectors: ``rows`` x ``nz`` <16 x i32> accumulators,
+        acc[r][v] += vpdpbusd(b_vec16(v, j) as 16 pixels' uint8 quads, broadcast(a_word(r, j))
+        as int8 quads), from ``init[r]`` (<16 x i32>) or zero."""
+        b = self.builder
+        v64i8 = ir.VectorType(I8, 64)
+        f = intrinsic(self.module, "llvm.x86.avx512.vpdpbusd.512", V16I32,
+                      [V16I32, v64i8, v64i8])
+        accs = [[alloca_once(b, V16I32, f"zacc{r}_{v}") for v in range(nz)] for r in range(rows)]
+        zero = ir.Constant(V16I32, None)
+        for r, row in enumerate(accs):
+            for a in row:
+                b.store(zero if init is None else init[r], a)
+        with for_range(b, const_i64(0), const_i64(steps), "kz") as j:
+            ws = [b.bitcast(b_vec16(v, j), v64i8) for v in range(nz)]
+            for r in range(rows):
+                a = b.bitcast(self._splat(a_word(r, j), V16I32), v64i8)
+                for v in range(nz):
+                    acc = accs[r][v]
+                    b.store(b.call(f, [b.load(acc), ws[v], a]), acc)
         return [[b.load(a) for a in row] for row in accs]
 
     def _row_dp(self, accs: list[ir.Value], lo: ir.Value, hi: ir.Value, a_word,
