@@ -665,6 +665,9 @@ class QConv(QEmitter):
         mr = self.mr
         n_tiles = -(-n // mr)
         small, extra = divmod(n, n_tiles)       # `extra` tiles of small + 1, then of small
+        # native 512-bit vpdpbusd: a tile is 6 pixels x gz weight tiles of 16 output channels
+        # (one zmm each, up to 24 accumulators), the groups of gz tiles split over tasks
+        gz = next((g for g in (4, 3, 2) if ot % g == 0), 1) if self._zmm() else 1
         p_bytes = align_workspace(len(phases) * cg * psz * 4)
         esize = 4 if self.float_out else 1
         s_bytes = align_workspace(n * o * esize)
@@ -675,7 +678,9 @@ class QConv(QEmitter):
         task, ntasks = body_fn.args[n_ptrs], body_fn.args[n_ptrs + 1]
         b = self.builder
         buf = self.buffers
-        lo, hi, region = self._task_span(parallel, regions, ot, task, ntasks)
+        glo, ghi, region = self._task_span(parallel, regions, ot // gz, task, ntasks)
+        lo, hi = ((glo, ghi) if gz == 1 else
+                  (b.mul(glo, const_i64(gz)), b.mul(ghi, const_i64(gz))))   # weight tiles
         shift = self._quad_shift(x.dtype)
         zpq = self._zero_points(x_zp, y_zp, shift)
         w32 = b.bitcast(buf[wk.uid], I32.as_pointer())
@@ -694,13 +699,19 @@ class QConv(QEmitter):
         v32i8 = ir.VectorType(I8, 32)
         per_channel = tuple(mult.shape) != ()
 
-        def tile(oc0, wbase, i0, size: int) -> None:
+        def positions(i0, size: int) -> list:
             pos = []
             for r in range(size):
                 i = b.add(i0, const_i64(r))
                 cell = b.add(b.mul(b.sdiv(i, const_i64(ow)), const_i64(wq)),
                              b.srem(i, const_i64(ow)))
                 pos.append(b.mul(cell, const_i64(cg)))
+            return pos
+
+        def tile(oc0, wbase, i0, size: int) -> None:
+            if gz > 1 or self._zmm():
+                return tile_zmm(oc0, wbase, i0, size)
+            pos = positions(i0, size)
             bvs = [b.load(self._ptr(buf[bias.uid], b.add(oc0, const_i64(8 * v)), V8I32),
                           align=4) for v in range(2)]
             accs = [[alloca_once(b, V8I32, f"cacc{r}_{v}") for v in range(2)]
@@ -718,6 +729,40 @@ class QConv(QEmitter):
                     a = b.bitcast(self._splat(word, V8I32), v32i8)
                     for v in range(2):
                         b.store(self._dpbusd(b.load(accs[r][v]), a, wv[v]), accs[r][v])
+            finish(oc0, i0, size, [[b.load(a) for a in row] for row in accs])
+
+        def tile_zmm(oc0, wbase, i0, size: int) -> None:
+            """``tile`` on 512-bit vectors: ``size`` pixels x ``gz`` weight tiles of 16 output
+            channels (oc0, oc0 + 16, ..; their weights ksteps * 16 words apart), one zmm
+            accumulator each, from the bias; ``finish`` per weight tile on the halves."""
+            v64i8 = ir.VectorType(I8, 64)
+            dp = intrinsic(self.module, "llvm.x86.avx512.vpdpbusd.512", V16I32,
+                           [V16I32, v64i8, v64i8])
+            pos = positions(i0, size)
+            bvs = [b.load(self._ptr(buf[bias.uid], b.add(oc0, const_i64(rows * g)), V16I32),
+                          align=4) for g in range(gz)]
+            accs = [[alloca_once(b, V16I32, f"zcacc{r}_{g}") for g in range(gz)]
+                    for r in range(size)]
+            for row in accs:
+                for g, a in enumerate(row):
+                    b.store(bvs[g], a)
+            with for_range(b, const_i64(0), const_i64(ksteps), "kz") as j:
+                off = b.load(b.gep(gv, [const_i64(0), j]))
+                at = b.add(wbase, b.mul(j, const_i64(rows)))
+                wv = [b.bitcast(b.load(self._ptr(w32, b.add(at, const_i64(g * ksteps * rows)),
+                                                 V16I32), align=4), v64i8) for g in range(gz)]
+                for r in range(size):
+                    word = b.load(b.gep(planes32, [b.add(off, pos[r])]))
+                    a = b.bitcast(self._splat(word, V16I32), v64i8)
+                    for g in range(gz):
+                        b.store(b.call(dp, [b.load(accs[r][g]), a, wv[g]]), accs[r][g])
+            for g in range(gz):
+                finish(b.add(oc0, const_i64(rows * g)), i0, size,
+                       [self._halves(b.load(row[g])) for row in accs])
+
+        def finish(oc0, i0, size: int, accs) -> None:
+            """The epilogue of ``size`` pixels' 16 output channels from oc0 (two <8 x i32>
+            accumulators per pixel) into the pixel-major staging rows."""
             if per_channel:
                 mvs = [b.load(self._ptr(buf[mult.uid], b.add(oc0, const_i64(8 * v)), V8F32),
                               align=4) for v in range(2)]
@@ -727,7 +772,7 @@ class QConv(QEmitter):
                            align=4) for v in range(2)] if self.float_out else [None] * 2)
             for r in range(size):
                 dst = b.add(b.mul(b.add(i0, const_i64(r)), const_i64(o)), oc0)
-                fs = [b.fmul(b.sitofp(b.load(accs[r][v]), V8F32), mvs[v]) for v in range(2)]
+                fs = [b.fmul(b.sitofp(accs[r][v], V8F32), mvs[v]) for v in range(2)]
                 if self.float_out:      # float32(acc) * mult + y's offset [relu]
                     for v in range(2):
                         b.store(self._requant_float(fs[v], ovs[v]),
@@ -745,9 +790,9 @@ class QConv(QEmitter):
             xb = b.gep(buf[x.uid], [b.mul(bi, const_i64(c * h * w))])
             self._fill_pixel_quads(xb, planes, phases, c, h, w, cg, prow, wq, psz, sh, sw,
                                    pt, pl, zpq, shift, zero=any(self.tag.attrs["padding"]))
-            with for_range(b, lo, hi, "ct") as t:
-                oc0 = b.mul(t, const_i64(rows))
-                wbase = b.mul(t, const_i64(ksteps * rows))
+            with for_range(b, glo, ghi, "ct") as t:
+                oc0 = b.mul(t, const_i64(rows * gz))
+                wbase = b.mul(t, const_i64(ksteps * rows * gz))
                 with for_range(b, const_i64(0), const_i64(n_tiles), "pt") as p:
                     if extra:
                         with b.if_else(b.icmp_signed("<", p, const_i64(extra))) as (big, rest):
