@@ -14,6 +14,7 @@ from __future__ import annotations
 from llvmlite import ir
 
 from ..ops.qlinear import CONV_ROWS, PANEL
+from ..ops.quant import saturation_range
 from .helpers import F32, I8, I16, I32, I64, alloca_once, const_i64, for_range, intrinsic
 from .contraction.geometry import MAX_TASK_REGIONS, PARALLEL_MIN_MACS
 from .conv_oc import OPEN_IMAGE_PIXELS
@@ -206,15 +207,17 @@ class QConv(QEmitter):
                     return b.load(self._ptr(planes32, p, V16I32), align=4)
                 return b_vec16 if nz else b_vec
 
-            def dp_tile(nrows, q0, oc0, init):
+            def dp_tile(nrows, q0, oc0, init, whole: bool = False):
                 """The quad tile's accumulators, as 8-lane vectors per row (``nz``: each
-                16-lane one's halves, in pixel order)."""
+                16-lane one's halves, in pixel order; ``whole``: the 16-lane ones)."""
                 if not nz:
                     return self._tile_dp(nrows, self.nv, ksteps, a_word_at(oc0), b_vec_at(q0),
                                          residual(nrows, init, q0, oc0))
                 init16 = None if init is None else [self._widen_splat(v) for v in init]
                 accs = self._tile_dp16(nrows, nz, ksteps, a_word_at(oc0), b_vec_at(q0),
                                        init16)
+                if whole:
+                    return accs
                 return [[h for a in row for h in self._halves(a)] for row in accs]
 
             def residual(nrows, init, q0, oc0):
@@ -280,9 +283,19 @@ class QConv(QEmitter):
                         start = b.sub(start, b.mul(zpq, b.load(b.gep(wsum, [ocr]))))
                     init.append(self._splat(start, V8I32))
                 if vnni:
-                    accs = dp_tile(nrows, q0, oc0, init)
+                    accs = dp_tile(nrows, q0, oc0, init, whole=bool(nz))
                 else:
                     accs = self._tile(nrows, self.nv, steps, a_word_at(oc0), b_vec_at(q0), init)
+                if nz:      # 512-bit: each 16 pixels' bytes by ``_requant_zmm``
+                    for r, ocr in enumerate(ocs):
+                        m = b.load(buf[mult.uid] if tuple(mult.shape) == ()
+                                   else b.gep(buf[mult.uid], [ocr]))
+                        dst = b.add(b.mul(ocr, const_i64(qpad)), q0)
+                        for v, a in enumerate(accs[r]):
+                            at = b.add(dst, const_i64(v * ZMM_LANES)) if v else dst
+                            b.store(self._requant_zmm(a, m), self._ptr(stage, at, V16I8),
+                                    align=4)
+                    return
                 for r, ocr in enumerate(ocs):
                     mv = self._splat(b.load(buf[mult.uid] if tuple(mult.shape) == ()
                                             else b.gep(buf[mult.uid], [ocr])), V8F32)
@@ -757,8 +770,17 @@ class QConv(QEmitter):
                     for g in range(gz):
                         b.store(b.call(dp, [b.load(accs[r][g]), a, wv[g]]), accs[r][g])
             for g in range(gz):
-                finish(b.add(oc0, const_i64(rows * g)), i0, size,
-                       [self._halves(b.load(row[g])) for row in accs])
+                ocg = b.add(oc0, const_i64(rows * g))
+                if self.float_out or not self.avx2:
+                    finish(ocg, i0, size, [self._halves(b.load(row[g])) for row in accs])
+                    continue
+                # 8-bit results: ``_requant_zmm`` on the 16 channels' vector
+                m = (b.load(self._ptr(buf[mult.uid], ocg, ir.VectorType(F32, 16)), align=4)
+                     if per_channel else b.load(buf[mult.uid]))
+                for r in range(size):
+                    dst = b.add(b.mul(b.add(i0, const_i64(r)), const_i64(o)), ocg)
+                    b.store(self._requant_zmm(b.load(accs[r][g]), m),
+                            self._ptr(stage, dst, V16I8), align=1)
 
         def finish(oc0, i0, size: int, accs) -> None:
             """The epilogue of ``size`` pixels' 16 output channels from oc0 (two <8 x i32>
@@ -1010,6 +1032,30 @@ class QConv(QEmitter):
                 and not getattr(self, "vnni_emulated", False)
                 and not getattr(self, "sdot", False) and not getattr(self, "madd7", False)
                 and not getattr(self, "signed_x", False))
+
+    def _requant_zmm(self, acc: ir.Value, mult: ir.Value) -> ir.Value:
+        """``_requant_int`` on a <16 x i32> accumulator (from the bias) with the multiplier
+        ``mult`` (a scalar, or <16 x float> per lane), to <16 x i8>: float32(acc) * mult
+        clamped to [lo - y_zp, hi - y_zp], rounded half to even by vcvtps2dq (the default
+        MXCSR mode), + y_zp in int32, truncated (vpmovdb): the same bytes, one 512-bit vector
+        instead of two 256-bit ones and their packs."""
+        b = self.builder
+        v16f = ir.VectorType(F32, ZMM_LANES)
+        lo, hi = saturation_range(self.dtype)
+        zp = self.builder.extract_element(self.y_zp, ir.Constant(I32, 0))
+        lo_v = self._splat(b.fsub(ir.Constant(F32, float(lo)), zp), v16f)
+        hi_v = self._splat(b.fsub(ir.Constant(F32, float(hi)), zp), v16f)
+        if not isinstance(mult.type, ir.VectorType):
+            mult = self._splat(mult, v16f)
+        f = b.fmul(b.sitofp(acc, v16f), mult)
+        f = b.select(b.fcmp_ordered("<", f, lo_v), lo_v, f)
+        f = b.select(b.fcmp_ordered(">", f, hi_v), hi_v, f)
+        cvt = intrinsic(self.module, "llvm.x86.avx512.mask.cvtps2dq.512", V16I32,
+                        [v16f, V16I32, ir.IntType(16), I32])
+        q = b.call(cvt, [f, ir.Constant(V16I32, None), ir.Constant(ir.IntType(16), -1),
+                         ir.Constant(I32, 4)])
+        q = b.add(q, self._splat(b.fptosi(zp, I32), V16I32))
+        return b.trunc(q, ir.VectorType(I8, ZMM_LANES))
 
     def _widen_splat(self, v: ir.Value) -> ir.Value:
         """A splat <8 x i32> (a tile row's start) as <16 x i32>."""
