@@ -209,9 +209,12 @@ def layers(fp32_onnx: Path, samples: list[np.ndarray], rounds: int, work: Path,
         return n.name if n is not None else None
 
     f32 = {s.name: (st, t) for st, t in _products(steps["fp32"], best["fp32"]) for s in st.sources}
-    wd = peak["pmaddwd"]
+    # the int8 kernel's share of its instruction's loop: vpdpbusd (512-bit) on a VNNI host
+    ref = "dpbusd512" if "dpbusd512" in peak else "pmaddwd"
+    wd = peak[ref]
+    col = "%dp" if ref == "dpbusd512" else "%wd"
     print(f"{'layer':38s} {'MMAC':>6s} | {'fp32 us':>8s} {'GMAC/s':>6s} | {'int8 us':>8s} "
-          f"{'GMAC/s':>6s} {'%wd':>4s} | int8/fp32 | int8 kernel")
+          f"{'GMAC/s':>6s} {col:>4s} | int8/fp32 | int8 kernel")
     tot = {"fp32": 0.0, "int8": 0.0}
     for st8, t8 in _products(steps["int8"], best["int8"]):
         name = product_of(st8.sources[0].name) if st8.sources else None

@@ -11,6 +11,8 @@ k-pair kernels stay static-only: their choice or layout depends on the image siz
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from llvmlite import ir
 
 from ..ops.qlinear import CONV_ROWS, PANEL
@@ -349,7 +351,11 @@ class QConv(QEmitter):
                         idx = (b.add(b.sext(v, I64), const_i64(128)) if self.dtype == "int8"
                                else b.zext(v, I64))
                         b.store(b.load(b.gep(tb, [idx])), b.gep(dst, [i]))
-        return self._finish(body_fn, n_ptrs, ptr_types, workspace, parallel)
+        info = self._finish(body_fn, n_ptrs, ptr_types, workspace, parallel)
+        if nz:      # `mlcpack inspect`: which quad kernel (the 256-bit ones keep the rule's row)
+            return replace(info, choice=f"integer quad convolution, vpdpbusd on 512-bit "
+                                        f"vectors, pixel lanes: 6 x {ZMM_LANES * nz} tile")
+        return info
 
     def _emit_open(self) -> KernelInfo:
         """``emit``'s pixel-lane quad kernel (weights packed as quads at export, with a split's
@@ -858,7 +864,12 @@ class QConv(QEmitter):
                                    if self.dtype == "int8" else b.zext(val, I64))
                             val = b.load(b.gep(tb, [idx]))
                         b.store(val, b.gep(dst, [i]))
-        return self._finish(body_fn, n_ptrs, ptr_types, workspace, parallel)
+        info = self._finish(body_fn, n_ptrs, ptr_types, workspace, parallel)
+        if self._zmm():
+            return replace(info, choice=f"integer quad convolution, vpdpbusd on 512-bit "
+                                        f"vectors, output channels on lanes: {mr} x "
+                                        f"{rows * gz} tile")
+        return info
 
     def _transpose_block(self, src, src_stride: int, dst, dst_stride: int, m: int) -> None:
         """dst[k * dst_stride + i] = src[i * src_stride + k] for i, k < m (16 bytes or 8
