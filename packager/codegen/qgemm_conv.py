@@ -912,19 +912,70 @@ class QConv(QEmitter):
             if window is None:
                 continue
             u_lo, u_hi, v_lo, v_hi = window
+            # 512-bit levels: blocks of 16 channels x 16 pixels transposed in registers
+            # (``_fill_pixel_block``), the rest byte by byte
+            nblk, blk = 0, ZMM_LANES
+            while (self._zmm() and c >= blk and v_lo + (nblk + 1) * blk <= v_hi
+                   and (v_lo + nblk * blk) * sw + px - pl + blk * sw <= w):
+                nblk += 1
+            v_mid = v_lo + nblk * blk
             with for_range(b, const_i64(u_lo), const_i64(u_hi), "pu") as u:
                 iy = b.add(b.mul(u, const_i64(sh)), const_i64(py - pt))
                 row = b.mul(b.add(const_i64(pi * prow), u), const_i64(wq * cg * 4))
-                with for_range(b, const_i64(0), const_i64(c), "pc") as ch:
-                    src = b.gep(xb, [b.add(b.mul(ch, const_i64(h * w)),
-                                           b.mul(iy, const_i64(w)))])
-                    dst = b.gep(planes, [b.add(row, ch)])
-                    with for_range(b, const_i64(v_lo), const_i64(v_hi), "pv") as v:
-                        ix = b.add(b.mul(v, const_i64(sw)), const_i64(px - pl))
-                        val = b.load(b.gep(src, [ix]))
-                        if shift:
-                            val = b.xor(val, ir.Constant(I8, 0x80))
-                        b.store(val, b.gep(dst, [b.mul(v, const_i64(cg * 4))]))
+                if nblk:
+                    with for_range(b, const_i64(0), const_i64(c // blk), "pb") as cb:
+                        with for_range(b, const_i64(0), const_i64(nblk), "pk") as k:
+                            v0 = b.add(const_i64(v_lo), b.mul(k, const_i64(blk)))
+                            self._fill_pixel_block(xb, planes, b.mul(cb, const_i64(blk)), iy,
+                                                   row, v0, h, w, cg, sw, px - pl, shift)
+                for c_lo, c_hi, vv_lo in ((0, c, v_mid), (c - c % blk if nblk else c, c, v_lo)):
+                    if c_hi <= c_lo or v_hi <= vv_lo:
+                        continue
+                    with for_range(b, const_i64(c_lo), const_i64(c_hi), "pc") as ch:
+                        src = b.gep(xb, [b.add(b.mul(ch, const_i64(h * w)),
+                                               b.mul(iy, const_i64(w)))])
+                        dst = b.gep(planes, [b.add(row, ch)])
+                        with for_range(b, const_i64(vv_lo), const_i64(v_hi if c_lo == 0
+                                                                      else v_mid), "pv") as v:
+                            ix = b.add(b.mul(v, const_i64(sw)), const_i64(px - pl))
+                            val = b.load(b.gep(src, [ix]))
+                            if shift:
+                                val = b.xor(val, ir.Constant(I8, 0x80))
+                            b.store(val, b.gep(dst, [b.mul(v, const_i64(cg * 4))]))
+
+    def _fill_pixel_block(self, xb, planes, ch0, iy, row, v0, h: int, w: int, cg: int,
+                          sw: int, dx: int, shift: int) -> None:
+        """``_fill_pixel_quads``' bytes of channels ch0 .. ch0 + 15 at plane columns v0 ..
+        v0 + 15 of row ``row`` (byte index): per channel one load of 16 * sw bytes of input
+        row ``iy`` from column v0 * sw + dx (every sw-th kept, xor 0x80 with ``shift``), the
+        16 x 16 bytes transposed by 4 rounds of interleaves (as ``_transpose_block``), each
+        pixel's 16 channel bytes one store."""
+        b = self.builder
+        m = ZMM_LANES
+        v16i8 = ir.VectorType(I8, m)
+        src_ty = ir.VectorType(I8, m * sw)
+        every = ir.Constant(ir.VectorType(I32, m), [j * sw for j in range(m)])
+        ix = b.add(b.mul(v0, const_i64(sw)), const_i64(dx))
+        vals = []
+        for j in range(m):
+            src = b.add(b.mul(b.add(ch0, const_i64(j)), const_i64(h * w)),
+                        b.add(b.mul(iy, const_i64(w)), ix))
+            raw = b.load(self._ptr(xb, src, src_ty), align=1)
+            if sw > 1:
+                raw = b.shuffle_vector(raw, ir.Constant(src_ty, None), every)
+            if shift:
+                raw = b.xor(raw, ir.Constant(v16i8, [0x80] * m))
+            vals.append(raw)
+        half = m // 2
+        lo_mask = ir.Constant(ir.VectorType(I32, m), [k for j in range(half) for k in (j, j + m)])
+        hi_mask = ir.Constant(ir.VectorType(I32, m),
+                              [k for j in range(half, m) for k in (j, j + m)])
+        for _ in range(m.bit_length() - 1):
+            vals = [b.shuffle_vector(vals[i], vals[i + half], mk)
+                    for i in range(half) for mk in (lo_mask, hi_mask)]
+        base = b.add(b.add(row, b.mul(v0, const_i64(cg * 4))), ch0)
+        for k, v in enumerate(vals):
+            b.store(v, self._ptr(planes, b.add(base, const_i64(k * cg * 4)), v16i8), align=1)
 
     def _emit_vector(self, x, wk, x_zp, bias, mult, y_zp, lut, y, batch: int, c: int,
                      o: int) -> KernelInfo:
