@@ -12,6 +12,10 @@ llvmlite for the host CPU), multiply-adds per second, minimum thread time over r
   pmaddubsw  vpmaddubsw (u8 x s8 pairs, int16 saturating) + vpmaddwd by ones (widen) + vpaddd
                                                             32 MAC / 3 instructions (exact
              only while a pair sum fits int16: 7-bit weights)
+and on a host with avx512_vnni (x86-64-v4+vnni):
+  fma512     vfmadd231ps on 512-bit vectors (the fp32 kernels' at x86-64-v4)  16 MAC / instruction
+  dpbusd     vpdpbusd on 256-bit vectors (u8 x s8 quads into int32, exact)   32 MAC / instruction
+  dpbusd512  vpdpbusd on 512-bit vectors                                     64 MAC / instruction
 Then (unless --loops-only) the fp32 bundle and the int8 bundle of the model (mlcpack's own
 static quantization, packager/calibrate.quantize_onnx, on DIR's .npy samples; default
 bench/models.py's ResNet-18 and 8 seeded normal samples) profiled in alternating rounds (1
@@ -51,7 +55,8 @@ def _loop(kind: str):
                             ir.VectorType(i16, 16), ir.VectorType(i8, 32))
     mod = ir.Module(kind)
     mod.triple = llvm.get_process_triple()
-    acc_t = v8f if kind == "fma" else v8i
+    v16f, v16i, v64b = ir.VectorType(f32, 16), ir.VectorType(i32, 16), ir.VectorType(i8, 64)
+    acc_t = {"fma": v8f, "fma512": v16f, "dpbusd512": v16i}.get(kind, v8i)
     fn = ir.Function(mod, ir.FunctionType(ir.VoidType(), [i64, acc_t.as_pointer()]), "peak")
     n, out = fn.args
     entry, loop, done = (fn.append_basic_block(s) for s in ("entry", "loop", "done"))
@@ -62,6 +67,18 @@ def _loop(kind: str):
         op = ir.Function(mod, ir.FunctionType(v8f, [v8f] * 3), "llvm.fma.v8f32")
         starts = [b.fadd(a1, ir.Constant(v8f, [float(k)] * 8)) for k in range(CHAINS)]
         macs = 8
+    elif kind == "fma512":
+        op = ir.Function(mod, ir.FunctionType(v16f, [v16f] * 3), "llvm.fma.v16f32")
+        starts = [b.fadd(a1, ir.Constant(v16f, [float(k)] * 16)) for k in range(CHAINS)]
+        macs = 16
+    elif kind in ("dpbusd", "dpbusd512"):
+        wide = kind == "dpbusd512"
+        vi, vb = (v16i, v64b) if wide else (v8i, v32b)
+        op = ir.Function(mod, ir.FunctionType(vi, [vi, vb, vb]),
+                         f"llvm.x86.avx512.vpdpbusd.{512 if wide else 256}")
+        starts = [b.add(a1, ir.Constant(vi, [k] * vi.count)) for k in range(CHAINS)]
+        y8 = b.bitcast(a1, vb)
+        macs = 4 * vi.count
     else:
         wd = ir.Function(mod, ir.FunctionType(v8i, [v16s, v16s]), "llvm.x86.avx2.pmadd.wd")
         ub = ir.Function(mod, ir.FunctionType(v16s, [v32b, v32b]), "llvm.x86.avx2.pmadd.ub.sw")
@@ -80,8 +97,11 @@ def _loop(kind: str):
     nxt = []
     for k, acc in enumerate(accs):
         acc.add_incoming(starts[k], entry)
-        if kind == "fma":
+        if kind in ("fma", "fma512"):
             nxt.append(b.call(op, [acc, a0, a1]))
+        elif kind in ("dpbusd", "dpbusd512"):
+            # the chain's own bytes as the unsigned operand: nothing hoisted out of the loop
+            nxt.append(b.call(op, [acc, b.bitcast(acc, y8.type), y8]))
         elif kind == "pmaddwd":
             # the operand depends on the chain, so no product is hoisted out of the loop
             nxt.append(b.add(acc, b.call(wd, [b.bitcast(acc, v16s), y16])))
@@ -113,7 +133,7 @@ def _loop(kind: str):
     b.position_at_end(done)
     total = nxt[0]
     for v in nxt[1:]:
-        total = b.fadd(total, v) if kind == "fma" else b.add(total, v)
+        total = b.fadd(total, v) if kind.startswith("fma") else b.add(total, v)
     b.store(total, out, align=4)
     b.ret_void()
     tm = llvm.Target.from_default_triple().create_target_machine(
@@ -126,8 +146,13 @@ def _loop(kind: str):
 
 def peaks(rounds: int) -> dict[str, float]:
     """GMAC/s of each register-only loop (minimum thread time over ``rounds``, alternating)."""
-    loops = {k: _loop(k) for k in ("fma", "pmaddwd", "pmaddubsw", "vload", "pxor", "psignb")}
-    buf = (ctypes.c_float * 2048)(*([0.5] * 2048))     # the vload loop's 8 KB of planes
+    from mlcpack.runtime.cpu import host_features
+
+    kinds = ["fma", "pmaddwd", "pmaddubsw", "vload", "pxor", "psignb"]
+    if "avx512_vnni" in host_features():
+        kinds += ["fma512", "dpbusd", "dpbusd512"]
+    loops = {k: _loop(k) for k in kinds}
+    buf = (ctypes.c_float * 4096)(*([0.5] * 4096))     # the vload loop's 8 KB of planes
     best = dict.fromkeys(loops, float("inf"))
     for _ in range(rounds):
         for k, (_, f, _) in loops.items():
@@ -184,9 +209,12 @@ def layers(fp32_onnx: Path, samples: list[np.ndarray], rounds: int, work: Path,
         return n.name if n is not None else None
 
     f32 = {s.name: (st, t) for st, t in _products(steps["fp32"], best["fp32"]) for s in st.sources}
-    wd = peak["pmaddwd"]
+    # the int8 kernel's share of its instruction's loop: vpdpbusd (512-bit) on a VNNI host
+    ref = "dpbusd512" if "dpbusd512" in peak else "pmaddwd"
+    wd = peak[ref]
+    col = "%dp" if ref == "dpbusd512" else "%wd"
     print(f"{'layer':38s} {'MMAC':>6s} | {'fp32 us':>8s} {'GMAC/s':>6s} | {'int8 us':>8s} "
-          f"{'GMAC/s':>6s} {'%wd':>4s} | int8/fp32 | int8 kernel")
+          f"{'GMAC/s':>6s} {col:>4s} | int8/fp32 | int8 kernel")
     tot = {"fp32": 0.0, "int8": 0.0}
     for st8, t8 in _products(steps["int8"], best["int8"]):
         name = product_of(st8.sources[0].name) if st8.sources else None

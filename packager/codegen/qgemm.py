@@ -70,8 +70,11 @@ them natively only on a CPU with avx512_vnni.
 aarch64+dotprod: the same quad kernels with ``sdot`` (``llvm.aarch64.neon.sdot``, two per
 8-lane accumulator; int8 x int8, so uint8 x is shifted by -128 instead: ``_quad_shift``), run
 under qemu-aarch64 in the tests.
+x86-64-v4+vnni (512-bit vectors, native vpdpbusd): the quad convolutions on zmm registers
+(codegen/qgemm_conv.py ``_tile_dp16``, ``tile_zmm``, ``_requant_zmm``): 64 multiply-adds an
+instruction at the 256-bit form's rate on Zen 5 (bench/int8_peak.py).
 Not done: sdot depthwise (VNNI depthwise: codegen/qdepthwise.py), AVX-VNNI (VEX, no AVX-512),
-512-bit vectors, ``udot``/``usdot``.
+512-bit ``qmatmul``, ``udot``/``usdot``.
 """
 
 from __future__ import annotations

@@ -11,14 +11,32 @@ k-pair kernels stay static-only: their choice or layout depends on the image siz
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from llvmlite import ir
 
 from ..ops.qlinear import CONV_ROWS, PANEL
-from .helpers import F32, I8, I16, I32, I64, alloca_once, const_i64, for_range
+from ..ops.quant import saturation_range
+from .helpers import F32, I8, I16, I32, I64, alloca_once, const_i64, for_range, intrinsic
 from .contraction.geometry import MAX_TASK_REGIONS, PARALLEL_MIN_MACS
 from .conv_oc import OPEN_IMAGE_PIXELS
 from .lower import WORKSPACE_ALIGN, KernelInfo, LoweringError
-from .qgemm import V8F32, V8I32, V16I8, V16I16, QEmitter, align_workspace
+from .qgemm import V8F32, V8I32, V16I8, V16I16, V16I32, QEmitter, align_workspace
+
+ZMM_LANES = 16      # int32 lanes of a 512-bit vector: pixels per vector of the zmm quad tile
+ZMM_TILES = (4, 3, 2)   # 16-pixel vectors per tile row (6 rows: 24, 18, 12 accumulators)
+
+
+def zmm_vectors(qn: int) -> int:
+    """The zmm quad tile's 16-pixel vectors per row for ``qn`` plane columns of output
+    (``oh * wq``): the most of ``ZMM_TILES`` (fewest steps per multiply-add: 6 weight
+    broadcasts and nz plane loads per 6 nz vpdpbusd) whose padding to a whole tile wastes no
+    more than 2 % more lanes than the least wasteful one's."""
+    def waste(nz: int) -> float:
+        lanes = ZMM_LANES * nz
+        return (-(-qn // lanes) * lanes - qn) / qn
+    least = min(waste(nz) for nz in ZMM_TILES)
+    return next(nz for nz in ZMM_TILES if waste(nz) <= least + 0.02)
 
 
 def _inside_image(py: int, px: int, h: int, w: int, prow: int, wq: int, sh: int, sw: int,
@@ -85,8 +103,10 @@ class QConv(QEmitter):
         cg = -(-c // 4) if vnni else cp                  # channel groups of a plane word
         phases = sorted({(ky % sh, kx % sw) for ky in range(kh) for kx in range(kw)})
         taps = [(ky, kx) for ky in range(kh) for kx in range(kw)]
-        lanes = PANEL * self.nv
         qn = oh * wq
+        # native vpdpbusd on a 512-bit level: tiles of 6 rows x nz 16-pixel vectors (``_zmm``)
+        nz = zmm_vectors(qn) if vnni and self._zmm() and not split else 0
+        lanes = ZMM_LANES * nz if nz else PANEL * self.nv
         qpad = -(-qn // lanes) * lanes
         offmax = ((kh - 1) // sh) * wq + (kw - 1) // sw
         prow = max(hq, -(-(qpad + offmax) // wq))       # plane rows, reads stay inside
@@ -182,7 +202,25 @@ class QConv(QEmitter):
                     off = b.load(b.gep(gv, [const_i64(0), j]))
                     p = b.add(b.add(off, q0), const_i64(v * PANEL))
                     return b.load(self._ptr(planes32, p, V16I16), align=4)
-                return b_vec
+
+                def b_vec16(v, j):     # 16 pixels' quads (``nz``)
+                    off = b.load(b.gep(gv, [const_i64(0), j]))
+                    p = b.add(b.add(off, q0), const_i64(v * ZMM_LANES))
+                    return b.load(self._ptr(planes32, p, V16I32), align=4)
+                return b_vec16 if nz else b_vec
+
+            def dp_tile(nrows, q0, oc0, init, whole: bool = False):
+                """The quad tile's accumulators, as 8-lane vectors per row (``nz``: each
+                16-lane one's halves, in pixel order; ``whole``: the 16-lane ones)."""
+                if not nz:
+                    return self._tile_dp(nrows, self.nv, ksteps, a_word_at(oc0), b_vec_at(q0),
+                                         residual(nrows, init, q0, oc0))
+                init16 = None if init is None else [self._widen_splat(v) for v in init]
+                accs = self._tile_dp16(nrows, nz, ksteps, a_word_at(oc0), b_vec_at(q0),
+                                       init16)
+                if whole:
+                    return accs
+                return [[h for a in row for h in self._halves(a)] for row in accs]
 
             def residual(nrows, init, q0, oc0):
                 """The split weights' residual (``split``): per row of the tile, a loop over
@@ -214,8 +252,7 @@ class QConv(QEmitter):
                 if packed:
                     return tile_packed(q0, oc0, nrows)
                 if vnni:
-                    accs = self._tile_dp(nrows, self.nv, ksteps, a_word_at(oc0), b_vec_at(q0),
-                                         residual(nrows, None, q0, oc0))
+                    accs = dp_tile(nrows, q0, oc0, None)
                 else:
                     accs = self._tile(nrows, self.nv, steps, a_word_at(oc0), b_vec_at(q0))
                 for r in range(nrows):
@@ -229,7 +266,7 @@ class QConv(QEmitter):
                                             else b.gep(buf[mult.uid], [ocr])), V8F32)
                     ov = (self._splat(b.load(b.gep(buf[y_zp.uid], [ocr])), V8F32)
                           if self.float_out else None)
-                    for v in range(self.nv):
+                    for v in range(len(accs[r])):
                         q = self._requant(accs[r][v], bv, mv, ov)
                         dst = b.add(b.mul(ocr, const_i64(qpad)), b.add(q0, const_i64(v * PANEL)))
                         b.store(q, self._ptr(stage, dst, self.out_vec), align=4)
@@ -248,17 +285,31 @@ class QConv(QEmitter):
                         start = b.sub(start, b.mul(zpq, b.load(b.gep(wsum, [ocr]))))
                     init.append(self._splat(start, V8I32))
                 if vnni:
-                    accs = self._tile_dp(nrows, self.nv, ksteps, a_word_at(oc0), b_vec_at(q0),
-                                         residual(nrows, init, q0, oc0))
+                    accs = dp_tile(nrows, q0, oc0, init, whole=bool(nz))
                 else:
                     accs = self._tile(nrows, self.nv, steps, a_word_at(oc0), b_vec_at(q0), init)
+                if nz:      # 512-bit: each 16 pixels' bytes by ``_requant_zmm``
+                    for r, ocr in enumerate(ocs):
+                        m = b.load(buf[mult.uid] if tuple(mult.shape) == ()
+                                   else b.gep(buf[mult.uid], [ocr]))
+                        dst = b.add(b.mul(ocr, const_i64(qpad)), q0)
+                        for v, a in enumerate(accs[r]):
+                            at = b.add(dst, const_i64(v * ZMM_LANES)) if v else dst
+                            b.store(self._requant_zmm(a, m), self._ptr(stage, at, V16I8),
+                                    align=4)
+                    return
                 for r, ocr in enumerate(ocs):
                     mv = self._splat(b.load(buf[mult.uid] if tuple(mult.shape) == ()
                                             else b.gep(buf[mult.uid], [ocr])), V8F32)
                     wide = [self._requant_int(b.fmul(b.sitofp(a, V8F32), mv), None, True)
                             for a in accs[r]]
                     dst = b.add(b.mul(ocr, const_i64(qpad)), q0)
-                    b.store(self._pack(wide), self._ptr(stage, dst, V16I8), align=4)
+                    # 4 vectors (32 bytes) a store, the last 2 (16 bytes) where left
+                    for g in range(0, len(wide), 4):
+                        part = wide[g:g + 4]
+                        ty = V16I8 if len(part) == 2 else ir.VectorType(I8, 4 * PANEL)
+                        at = b.add(dst, const_i64(g * PANEL)) if g else dst
+                        b.store(self._pack(part), self._ptr(stage, at, ty), align=4)
 
             packed = self.avx2 and not self.float_out and self.nv == 2
             # pixels outer: one chunk's plane columns (all steps) stay in L1 for every tile
@@ -300,7 +351,11 @@ class QConv(QEmitter):
                         idx = (b.add(b.sext(v, I64), const_i64(128)) if self.dtype == "int8"
                                else b.zext(v, I64))
                         b.store(b.load(b.gep(tb, [idx])), b.gep(dst, [i]))
-        return self._finish(body_fn, n_ptrs, ptr_types, workspace, parallel)
+        info = self._finish(body_fn, n_ptrs, ptr_types, workspace, parallel)
+        if nz:      # `mlcpack inspect`: which quad kernel (the 256-bit ones keep the rule's row)
+            return replace(info, choice=f"integer quad convolution, vpdpbusd on 512-bit "
+                                        f"vectors, pixel lanes: 6 x {ZMM_LANES * nz} tile")
+        return info
 
     def _emit_open(self) -> KernelInfo:
         """``emit``'s pixel-lane quad kernel (weights packed as quads at export, with a split's
@@ -629,6 +684,9 @@ class QConv(QEmitter):
         mr = self.mr
         n_tiles = -(-n // mr)
         small, extra = divmod(n, n_tiles)       # `extra` tiles of small + 1, then of small
+        # native 512-bit vpdpbusd: a tile is 6 pixels x gz weight tiles of 16 output channels
+        # (one zmm each, up to 24 accumulators), the groups of gz tiles split over tasks
+        gz = next((g for g in (4, 3, 2) if ot % g == 0), 1) if self._zmm() else 1
         p_bytes = align_workspace(len(phases) * cg * psz * 4)
         esize = 4 if self.float_out else 1
         s_bytes = align_workspace(n * o * esize)
@@ -639,7 +697,9 @@ class QConv(QEmitter):
         task, ntasks = body_fn.args[n_ptrs], body_fn.args[n_ptrs + 1]
         b = self.builder
         buf = self.buffers
-        lo, hi, region = self._task_span(parallel, regions, ot, task, ntasks)
+        glo, ghi, region = self._task_span(parallel, regions, ot // gz, task, ntasks)
+        lo, hi = ((glo, ghi) if gz == 1 else
+                  (b.mul(glo, const_i64(gz)), b.mul(ghi, const_i64(gz))))   # weight tiles
         shift = self._quad_shift(x.dtype)
         zpq = self._zero_points(x_zp, y_zp, shift)
         w32 = b.bitcast(buf[wk.uid], I32.as_pointer())
@@ -658,13 +718,19 @@ class QConv(QEmitter):
         v32i8 = ir.VectorType(I8, 32)
         per_channel = tuple(mult.shape) != ()
 
-        def tile(oc0, wbase, i0, size: int) -> None:
+        def positions(i0, size: int) -> list:
             pos = []
             for r in range(size):
                 i = b.add(i0, const_i64(r))
                 cell = b.add(b.mul(b.sdiv(i, const_i64(ow)), const_i64(wq)),
                              b.srem(i, const_i64(ow)))
                 pos.append(b.mul(cell, const_i64(cg)))
+            return pos
+
+        def tile(oc0, wbase, i0, size: int) -> None:
+            if gz > 1 or self._zmm():
+                return tile_zmm(oc0, wbase, i0, size)
+            pos = positions(i0, size)
             bvs = [b.load(self._ptr(buf[bias.uid], b.add(oc0, const_i64(8 * v)), V8I32),
                           align=4) for v in range(2)]
             accs = [[alloca_once(b, V8I32, f"cacc{r}_{v}") for v in range(2)]
@@ -682,6 +748,49 @@ class QConv(QEmitter):
                     a = b.bitcast(self._splat(word, V8I32), v32i8)
                     for v in range(2):
                         b.store(self._dpbusd(b.load(accs[r][v]), a, wv[v]), accs[r][v])
+            finish(oc0, i0, size, [[b.load(a) for a in row] for row in accs])
+
+        def tile_zmm(oc0, wbase, i0, size: int) -> None:
+            """``tile`` on 512-bit vectors: ``size`` pixels x ``gz`` weight tiles of 16 output
+            channels (oc0, oc0 + 16, ..; their weights ksteps * 16 words apart), one zmm
+            accumulator each, from the bias; ``finish`` per weight tile on the halves."""
+            v64i8 = ir.VectorType(I8, 64)
+            dp = intrinsic(self.module, "llvm.x86.avx512.vpdpbusd.512", V16I32,
+                           [V16I32, v64i8, v64i8])
+            pos = positions(i0, size)
+            bvs = [b.load(self._ptr(buf[bias.uid], b.add(oc0, const_i64(rows * g)), V16I32),
+                          align=4) for g in range(gz)]
+            accs = [[alloca_once(b, V16I32, f"zcacc{r}_{g}") for g in range(gz)]
+                    for r in range(size)]
+            for row in accs:
+                for g, a in enumerate(row):
+                    b.store(bvs[g], a)
+            with for_range(b, const_i64(0), const_i64(ksteps), "kz") as j:
+                off = b.load(b.gep(gv, [const_i64(0), j]))
+                at = b.add(wbase, b.mul(j, const_i64(rows)))
+                wv = [b.bitcast(b.load(self._ptr(w32, b.add(at, const_i64(g * ksteps * rows)),
+                                                 V16I32), align=4), v64i8) for g in range(gz)]
+                for r in range(size):
+                    word = b.load(b.gep(planes32, [b.add(off, pos[r])]))
+                    a = b.bitcast(self._splat(word, V16I32), v64i8)
+                    for g in range(gz):
+                        b.store(b.call(dp, [b.load(accs[r][g]), a, wv[g]]), accs[r][g])
+            for g in range(gz):
+                ocg = b.add(oc0, const_i64(rows * g))
+                if self.float_out or not self.avx2:
+                    finish(ocg, i0, size, [self._halves(b.load(row[g])) for row in accs])
+                    continue
+                # 8-bit results: ``_requant_zmm`` on the 16 channels' vector
+                m = (b.load(self._ptr(buf[mult.uid], ocg, ir.VectorType(F32, 16)), align=4)
+                     if per_channel else b.load(buf[mult.uid]))
+                for r in range(size):
+                    dst = b.add(b.mul(b.add(i0, const_i64(r)), const_i64(o)), ocg)
+                    b.store(self._requant_zmm(b.load(accs[r][g]), m),
+                            self._ptr(stage, dst, V16I8), align=1)
+
+        def finish(oc0, i0, size: int, accs) -> None:
+            """The epilogue of ``size`` pixels' 16 output channels from oc0 (two <8 x i32>
+            accumulators per pixel) into the pixel-major staging rows."""
             if per_channel:
                 mvs = [b.load(self._ptr(buf[mult.uid], b.add(oc0, const_i64(8 * v)), V8F32),
                               align=4) for v in range(2)]
@@ -691,7 +800,7 @@ class QConv(QEmitter):
                            align=4) for v in range(2)] if self.float_out else [None] * 2)
             for r in range(size):
                 dst = b.add(b.mul(b.add(i0, const_i64(r)), const_i64(o)), oc0)
-                fs = [b.fmul(b.sitofp(b.load(accs[r][v]), V8F32), mvs[v]) for v in range(2)]
+                fs = [b.fmul(b.sitofp(accs[r][v], V8F32), mvs[v]) for v in range(2)]
                 if self.float_out:      # float32(acc) * mult + y's offset [relu]
                     for v in range(2):
                         b.store(self._requant_float(fs[v], ovs[v]),
@@ -709,9 +818,9 @@ class QConv(QEmitter):
             xb = b.gep(buf[x.uid], [b.mul(bi, const_i64(c * h * w))])
             self._fill_pixel_quads(xb, planes, phases, c, h, w, cg, prow, wq, psz, sh, sw,
                                    pt, pl, zpq, shift, zero=any(self.tag.attrs["padding"]))
-            with for_range(b, lo, hi, "ct") as t:
-                oc0 = b.mul(t, const_i64(rows))
-                wbase = b.mul(t, const_i64(ksteps * rows))
+            with for_range(b, glo, ghi, "ct") as t:
+                oc0 = b.mul(t, const_i64(rows * gz))
+                wbase = b.mul(t, const_i64(ksteps * rows * gz))
                 with for_range(b, const_i64(0), const_i64(n_tiles), "pt") as p:
                     if extra:
                         with b.if_else(b.icmp_signed("<", p, const_i64(extra))) as (big, rest):
@@ -755,7 +864,12 @@ class QConv(QEmitter):
                                    if self.dtype == "int8" else b.zext(val, I64))
                             val = b.load(b.gep(tb, [idx]))
                         b.store(val, b.gep(dst, [i]))
-        return self._finish(body_fn, n_ptrs, ptr_types, workspace, parallel)
+        info = self._finish(body_fn, n_ptrs, ptr_types, workspace, parallel)
+        if self._zmm():
+            return replace(info, choice=f"integer quad convolution, vpdpbusd on 512-bit "
+                                        f"vectors, output channels on lanes: {mr} x "
+                                        f"{rows * gz} tile")
+        return info
 
     def _transpose_block(self, src, src_stride: int, dst, dst_stride: int, m: int) -> None:
         """dst[k * dst_stride + i] = src[i * src_stride + k] for i, k < m (16 bytes or 8
@@ -798,19 +912,70 @@ class QConv(QEmitter):
             if window is None:
                 continue
             u_lo, u_hi, v_lo, v_hi = window
+            # 512-bit levels: blocks of 16 channels x 16 pixels transposed in registers
+            # (``_fill_pixel_block``), the rest byte by byte
+            nblk, blk = 0, ZMM_LANES
+            while (self._zmm() and c >= blk and v_lo + (nblk + 1) * blk <= v_hi
+                   and (v_lo + nblk * blk) * sw + px - pl + blk * sw <= w):
+                nblk += 1
+            v_mid = v_lo + nblk * blk
             with for_range(b, const_i64(u_lo), const_i64(u_hi), "pu") as u:
                 iy = b.add(b.mul(u, const_i64(sh)), const_i64(py - pt))
                 row = b.mul(b.add(const_i64(pi * prow), u), const_i64(wq * cg * 4))
-                with for_range(b, const_i64(0), const_i64(c), "pc") as ch:
-                    src = b.gep(xb, [b.add(b.mul(ch, const_i64(h * w)),
-                                           b.mul(iy, const_i64(w)))])
-                    dst = b.gep(planes, [b.add(row, ch)])
-                    with for_range(b, const_i64(v_lo), const_i64(v_hi), "pv") as v:
-                        ix = b.add(b.mul(v, const_i64(sw)), const_i64(px - pl))
-                        val = b.load(b.gep(src, [ix]))
-                        if shift:
-                            val = b.xor(val, ir.Constant(I8, 0x80))
-                        b.store(val, b.gep(dst, [b.mul(v, const_i64(cg * 4))]))
+                if nblk:
+                    with for_range(b, const_i64(0), const_i64(c // blk), "pb") as cb:
+                        with for_range(b, const_i64(0), const_i64(nblk), "pk") as k:
+                            v0 = b.add(const_i64(v_lo), b.mul(k, const_i64(blk)))
+                            self._fill_pixel_block(xb, planes, b.mul(cb, const_i64(blk)), iy,
+                                                   row, v0, h, w, cg, sw, px - pl, shift)
+                for c_lo, c_hi, vv_lo in ((0, c, v_mid), (c - c % blk if nblk else c, c, v_lo)):
+                    if c_hi <= c_lo or v_hi <= vv_lo:
+                        continue
+                    with for_range(b, const_i64(c_lo), const_i64(c_hi), "pc") as ch:
+                        src = b.gep(xb, [b.add(b.mul(ch, const_i64(h * w)),
+                                               b.mul(iy, const_i64(w)))])
+                        dst = b.gep(planes, [b.add(row, ch)])
+                        with for_range(b, const_i64(vv_lo), const_i64(v_hi if c_lo == 0
+                                                                      else v_mid), "pv") as v:
+                            ix = b.add(b.mul(v, const_i64(sw)), const_i64(px - pl))
+                            val = b.load(b.gep(src, [ix]))
+                            if shift:
+                                val = b.xor(val, ir.Constant(I8, 0x80))
+                            b.store(val, b.gep(dst, [b.mul(v, const_i64(cg * 4))]))
+
+    def _fill_pixel_block(self, xb, planes, ch0, iy, row, v0, h: int, w: int, cg: int,
+                          sw: int, dx: int, shift: int) -> None:
+        """``_fill_pixel_quads``' bytes of channels ch0 .. ch0 + 15 at plane columns v0 ..
+        v0 + 15 of row ``row`` (byte index): per channel one load of 16 * sw bytes of input
+        row ``iy`` from column v0 * sw + dx (every sw-th kept, xor 0x80 with ``shift``), the
+        16 x 16 bytes transposed by 4 rounds of interleaves (as ``_transpose_block``), each
+        pixel's 16 channel bytes one store."""
+        b = self.builder
+        m = ZMM_LANES
+        v16i8 = ir.VectorType(I8, m)
+        src_ty = ir.VectorType(I8, m * sw)
+        every = ir.Constant(ir.VectorType(I32, m), [j * sw for j in range(m)])
+        ix = b.add(b.mul(v0, const_i64(sw)), const_i64(dx))
+        vals = []
+        for j in range(m):
+            src = b.add(b.mul(b.add(ch0, const_i64(j)), const_i64(h * w)),
+                        b.add(b.mul(iy, const_i64(w)), ix))
+            raw = b.load(self._ptr(xb, src, src_ty), align=1)
+            if sw > 1:
+                raw = b.shuffle_vector(raw, ir.Constant(src_ty, None), every)
+            if shift:
+                raw = b.xor(raw, ir.Constant(v16i8, [0x80] * m))
+            vals.append(raw)
+        half = m // 2
+        lo_mask = ir.Constant(ir.VectorType(I32, m), [k for j in range(half) for k in (j, j + m)])
+        hi_mask = ir.Constant(ir.VectorType(I32, m),
+                              [k for j in range(half, m) for k in (j, j + m)])
+        for _ in range(m.bit_length() - 1):
+            vals = [b.shuffle_vector(vals[i], vals[i + half], mk)
+                    for i in range(half) for mk in (lo_mask, hi_mask)]
+        base = b.add(b.add(row, b.mul(v0, const_i64(cg * 4))), ch0)
+        for k, v in enumerate(vals):
+            b.store(v, self._ptr(planes, b.add(base, const_i64(k * cg * 4)), v16i8), align=1)
 
     def _emit_vector(self, x, wk, x_zp, bias, mult, y_zp, lut, y, batch: int, c: int,
                      o: int) -> KernelInfo:
@@ -918,6 +1083,74 @@ class QConv(QEmitter):
                 for v in range(nvec):
                     acc = accs[r][v]
                     b.store(self._dpbusd(b.load(acc), ws[v], a), acc)
+        return [[b.load(a) for a in row] for row in accs]
+
+    def _zmm(self) -> bool:
+        """Whether the quad kernels take 512-bit ``vpdpbusd`` (``_tile_dp16``): native VNNI
+        on a level with 512-bit vectors (x86-64-v4+vnni), not its emulation, sdot, the
+        7-bit or sign kernels. Zen 5 (measured, bench/int8_peak.py): 64 MAC / instruction at
+        the 256-bit form's rate, 4x the 512-bit FMA's multiply-adds (the 256-bit form 2x)."""
+        return (getattr(self, "vl", 8) >= ZMM_LANES and getattr(self, "vnni", False)
+                and not getattr(self, "vnni_emulated", False)
+                and not getattr(self, "sdot", False) and not getattr(self, "madd7", False)
+                and not getattr(self, "signed_x", False))
+
+    def _requant_zmm(self, acc: ir.Value, mult: ir.Value) -> ir.Value:
+        """``_requant_int`` on a <16 x i32> accumulator (from the bias) with the multiplier
+        ``mult`` (a scalar, or <16 x float> per lane), to <16 x i8>: float32(acc) * mult
+        clamped to [lo - y_zp, hi - y_zp], rounded half to even by vcvtps2dq (the default
+        MXCSR mode), + y_zp in int32, truncated (vpmovdb): the same bytes, one 512-bit vector
+        instead of two 256-bit ones and their packs."""
+        b = self.builder
+        v16f = ir.VectorType(F32, ZMM_LANES)
+        lo, hi = saturation_range(self.dtype)
+        zp = self.builder.extract_element(self.y_zp, ir.Constant(I32, 0))
+        lo_v = self._splat(b.fsub(ir.Constant(F32, float(lo)), zp), v16f)
+        hi_v = self._splat(b.fsub(ir.Constant(F32, float(hi)), zp), v16f)
+        if not isinstance(mult.type, ir.VectorType):
+            mult = self._splat(mult, v16f)
+        f = b.fmul(b.sitofp(acc, v16f), mult)
+        f = b.select(b.fcmp_ordered("<", f, lo_v), lo_v, f)
+        f = b.select(b.fcmp_ordered(">", f, hi_v), hi_v, f)
+        cvt = intrinsic(self.module, "llvm.x86.avx512.mask.cvtps2dq.512", V16I32,
+                        [v16f, V16I32, ir.IntType(16), I32])
+        q = b.call(cvt, [f, ir.Constant(V16I32, None), ir.Constant(ir.IntType(16), -1),
+                         ir.Constant(I32, 4)])
+        q = b.add(q, self._splat(b.fptosi(zp, I32), V16I32))
+        return b.trunc(q, ir.VectorType(I8, ZMM_LANES))
+
+    def _widen_splat(self, v: ir.Value) -> ir.Value:
+        """A splat <8 x i32> (a tile row's start) as <16 x i32>."""
+        return self.builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(I32, ZMM_LANES),
+                                                             list(range(PANEL)) * 2))
+
+    def _halves(self, v: ir.Value) -> list[ir.Value]:
+        """A <16 x i32> as its two <8 x i32> halves, low first."""
+        b = self.builder
+        return [b.shuffle_vector(v, v, ir.Constant(V8I32, list(range(k, k + PANEL))))
+                for k in (0, PANEL)]
+
+    def _tile_dp16(self, rows: int, nz: int, steps: int, a_word, b_vec16,
+                   init: list[ir.Value] | None = None) -> list[list[ir.Value]]:
+        """``_tile_dp`` on 512-bit vectors: ``rows`` x ``nz`` <16 x i32> accumulators,
+        acc[r][v] += vpdpbusd(b_vec16(v, j) as 16 pixels' uint8 quads, broadcast(a_word(r, j))
+        as int8 quads), from ``init[r]`` (<16 x i32>) or zero."""
+        b = self.builder
+        v64i8 = ir.VectorType(I8, 64)
+        f = intrinsic(self.module, "llvm.x86.avx512.vpdpbusd.512", V16I32,
+                      [V16I32, v64i8, v64i8])
+        accs = [[alloca_once(b, V16I32, f"zacc{r}_{v}") for v in range(nz)] for r in range(rows)]
+        zero = ir.Constant(V16I32, None)
+        for r, row in enumerate(accs):
+            for a in row:
+                b.store(zero if init is None else init[r], a)
+        with for_range(b, const_i64(0), const_i64(steps), "kz") as j:
+            ws = [b.bitcast(b_vec16(v, j), v64i8) for v in range(nz)]
+            for r in range(rows):
+                a = b.bitcast(self._splat(a_word(r, j), V16I32), v64i8)
+                for v in range(nz):
+                    acc = accs[r][v]
+                    b.store(b.call(f, [b.load(acc), ws[v], a]), acc)
         return [[b.load(a) for a in row] for row in accs]
 
     def _row_dp(self, accs: list[ir.Value], lo: ir.Value, hi: ir.Value, a_word,

@@ -31,6 +31,7 @@ def emit_qgemm(module: ir.Module, func: PrimFunc, symbol: str, vl: int, features
     avx2 = module.triple.startswith("x86_64") and vl >= 8
     cls = QMatmul if kind == "qmatmul" else QConv
     emitter = cls(module, func, symbol, tag, avx2, size_vars)
+    emitter.vl = vl     # floats per vector of the target: 16 where 512-bit (QConv._zmm)
     # AVX-512 VNNI: where the target's LLVM features name it (level x86-64-v4+vnni)
     emitter.vnni = avx2 and "+avx512vnni" in features
     # tests: the VNNI kernel with vpdpbusd written in portable IR, so its packing, column sums
