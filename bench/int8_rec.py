@@ -9,9 +9,11 @@ bench/calibration.py calibrates on), saved as ``.npy`` files in ``WORK/calibrati
 ``DIR`` of the command. Bundles: ``mlcpack export MODEL -o WORK/fp32.mlc`` and, per variant,
 ``mlcpack export MODEL -o WORK/NAME.mlc --quantize int8 --calibration WORK/calibration FLAGS``
 (default variant ``int8`` with no flags: golden check on, portable target, the model's
-symbolic dims kept). Every variant's extra FLAGS go to the fp32 export too when they are
-not quantization flags (``--target``, ``--input-shape``), so each int8 bundle is compared with
-the fp32 bundle of its own command (``fp32@NAME``).
+symbolic dims kept). FLAGS may start with ``VAR=VALUE`` words: environment variables of that
+export (docs/env-vars.md), ``MLCPACK_BIN=PATH`` another checkout's ``mlcpack`` (a baseline).
+A variant's flags other than the quantization ones and the variables (``--target``,
+``--input-shape``) go to an fp32 export too, so each int8 bundle is compared with the fp32
+bundle of its own command (``fp32@NAME``, one per set of such flags).
 
 Accuracy: each bundle itself (1 thread) on bench/calibration.py's held-out lines: 100
 digits-only lines (seed 2: the issue's "digits accuracy") and 200 mixed lines (seed 1),
@@ -26,6 +28,8 @@ their least time (``Model.profile``), with the kernel ``mlcpack inspect`` names.
 from __future__ import annotations
 
 import argparse
+import os
+import re
 import shlex
 import subprocess
 import sys
@@ -46,6 +50,8 @@ def _float_flags(flags: list[str]) -> list[str]:
         if skip:
             skip = False
             continue
+        if re.fullmatch(r"[A-Z_0-9]+=.*", f):
+            continue
         name = f.split("=")[0]
         if name in QUANT_FLAGS:
             skip = "=" not in f and name != "--quantize-fallback"
@@ -58,11 +64,17 @@ def _export(model: Path, out: Path, flags: list[str], reuse: bool) -> None:
     if reuse and out.exists():
         print(f"  {out.name}: reused", flush=True)
         return
-    cmd = [str(Path(sys.executable).parent / "mlcpack"), "export", str(model), "-o", str(out),
-           *flags]
-    print("  $", " ".join(shlex.quote(c) for c in cmd[1:]), flush=True)
+    env = dict(os.environ)
+    for f in [f for f in flags if re.fullmatch(r"[A-Z_0-9]+=.*", f)]:   # VAR=VALUE words
+        flags.remove(f)
+        k, v = f.split("=", 1)
+        env[k] = v
+    exe = Path(env.pop("MLCPACK_BIN", str(Path(sys.executable).parent / "mlcpack")))
+    cmd = [str(exe), "export", str(model), "-o", str(out), *flags]
+    print("  $", " ".join(f"{k}={v}" for k, v in env.items() if k not in os.environ),
+          " ".join(shlex.quote(c) for c in cmd), flush=True)
     t = time.perf_counter()
-    res = subprocess.run(cmd, capture_output=True, text=True)
+    res = subprocess.run(cmd, capture_output=True, text=True, env=env)
     print(f"    exit {res.returncode}, {time.perf_counter() - t:.0f} s", flush=True)
     for line in (res.stdout + res.stderr).strip().splitlines():
         print("    |", line)
@@ -133,10 +145,13 @@ def main() -> None:
         np.save(calib / f"{i:03d}.npy", x)
     variants = dict(v.split("=", 1) for v in args.variant) or {"int8": ""}
     bundles: dict[str, Path] = {}
+    fp32_of: dict[str, str] = {}    # variant -> its fp32 bundle's key
+    by_flags: dict[str, str] = {}   # fp32 flags -> key
     for name, extra in variants.items():
         extra_flags = shlex.split(extra)
         fflags = _float_flags(extra_flags)
-        fkey = "fp32" + (f"@{name}" if fflags else "")
+        fkey = by_flags.setdefault(" ".join(fflags), "fp32" + (f"@{name}" if fflags else ""))
+        fp32_of[name] = fkey
         if fkey not in bundles:
             bundles[fkey] = work / f"{fkey.replace('@', '_')}.mlc"
             _export(path, bundles[fkey], fflags, args.reuse)
@@ -174,7 +189,7 @@ def main() -> None:
         print(f"    {k:14s} wall {1e3 * np.median(wall[k]):7.2f} / {1e3 * min(wall[k]):7.2f}   "
               f"cpu {1e3 * np.median(cpu[k]):7.2f} / {1e3 * min(cpu[k]):7.2f}")
     for k in variants:
-        fp = "fp32@" + k if "fp32@" + k in models else "fp32"
+        fp = fp32_of[k]
         print(f"    {k} vs {fp}: wall median {np.median(wall[fp]) / np.median(wall[k]):.2f}x, "
               f"min {min(wall[fp]) / min(wall[k]):.2f}x; cpu median "
               f"{np.median(cpu[fp]) / np.median(cpu[k]):.2f}x, min "

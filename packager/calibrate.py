@@ -502,6 +502,11 @@ GUARD_MAX_FLOAT = 0.5
 GUARD_SAMPLES = 8
 GUARD_BUDGET_S = 60.0
 GUARD_SWEEP_SHARE = 0.5   # of the budget a leave-one-out sweep may take, else the SNR ranking
+# When the int8 model misses the targets with activations 8-bit between layers and without,
+# the 8-bit chain stays (and layers go float with it) where dropping it gains at most this
+# much SNR and agreement; else it goes first, as where dropping it meets the targets.
+GUARD_CHAIN_DB = 1.0
+GUARD_CHAIN_AGREEMENT = 0.002
 
 
 def _have_onnxruntime() -> bool:
@@ -578,10 +583,19 @@ def _accuracy_guard(model, inits, chosen, params, onnx_input: str, names: Sequen
         report.chain = False
         chained = (f"  accuracy guard: activations 8-bit between layers: {targets(first)}; "
                    f"float between layers instead")
-        first = measure(chosen)
-        if good(first):
-            report.guard = f"{chained}: {targets(first)}: every layer kept int8"
+        flat = measure(chosen)
+        if good(flat):
+            report.guard = f"{chained}: {targets(flat)}: every layer kept int8"
             return chosen
+        if (flat[0] - first[0] <= GUARD_CHAIN_DB
+                and flat[1] - first[1] <= GUARD_CHAIN_AGREEMENT):
+            # float between layers misses the targets too, and buys little: the chain stays
+            # (its integer kernels are the speed), layers go float below
+            report.chain = True
+            chained = (f"  accuracy guard: activations 8-bit between layers: {targets(first)}; "
+                       f"float between layers: {flat[0]:.1f} dB, {flat[1]:.1%}: 8-bit kept")
+        else:
+            first = flat
         chained += "\n"
     whole = first
     if len(samples) > GUARD_SAMPLES:   # the search on a few samples, the targets on them too
@@ -706,6 +720,54 @@ def _folds(node, p: tuple, consts: dict) -> bool:
     return hi.size == 1 and float(hi) / float(scale) >= 254.6   # rounds to 255 or more
 
 
+# ONNX operators an activation region between two int8 layers may hold (``_table_region``):
+# elementwise, the tensor's other operands constants, so the region's result is a function of
+# one 8-bit value per channel, which passes/quantize_lut.py turns into one lut8 table
+_TABLE_OPS = frozenset({"Add", "Sub", "Mul", "Div", "Clip", "Relu", "LeakyRelu", "Sigmoid",
+                        "HardSigmoid", "HardSwish", "BatchNormalization", "Neg", "Max", "Min"})
+_REGION_GAP = 8   # nodes scanned past the region's last one before it is closed
+
+
+def _per_channel(t) -> bool:
+    """Whether the constant ``t`` (a TensorProto) broadcasts along the channel axis at most:
+    one value, ``[C]`` (BatchNormalization's), or ones but for axis 1 of an NCHW operand."""
+    dims = list(t.dims)
+    big = [i for i, d in enumerate(dims) if d != 1]
+    return not big or len(dims) == 1 or (len(big) == 1 and len(dims) == 4 and big == [1])
+
+
+def _table_region(graph, start: int, y: str, readers: dict, consts: dict,
+                  outputs: set) -> str | None:
+    """The tensor in which the elementwise region reading ``y`` (the output of node
+    ``start``) ends: the nodes after ``start`` of ``_TABLE_OPS`` whose inputs are ``y``, the
+    region's own tensors and per-channel constants, with one result read outside it (not
+    ``y``, not a graph output); None when there is no such region. Paddle's PP-LCNet writes
+    its convolutions' affine, HardSwish and learnable affine so (Mul, Add, Add, Clip, Mul, Div,
+    Mul, Add)."""
+    inside, nodes = {y}, set()
+    last = start
+    for i in range(start + 1, len(graph.node)):
+        if i - last > _REGION_GAP:
+            break
+        n = graph.node[i]
+        if (n.domain not in ("", "ai.onnx") or n.op_type not in _TABLE_OPS
+                or len(n.output) != 1):
+            continue
+        live = [x for x in n.input if x and x not in consts]
+        if not live or not all(x in inside for x in live):
+            continue
+        if not all(_per_channel(consts[x]) for x in n.input if x and x in consts):
+            continue
+        nodes.add(i)
+        inside.add(n.output[0])
+        last = i
+    exits = [t for t in inside if t in outputs
+             or any(r not in nodes for r in readers.get(t, []))]
+    if not nodes or len(exits) != 1 or exits[0] == y or exits[0] in outputs:
+        return None
+    return exits[0]
+
+
 def _chain_plan(graph, chosen, params) -> tuple[dict, set]:
     """The 8-bit activation chain, what ONNX Runtime's ``quantize_static`` writes: a QDQ pair
     on the output of every chosen Conv, of every Add one of whose inputs is already 8-bit (its
@@ -726,6 +788,7 @@ def _chain_plan(graph, chosen, params) -> tuple[dict, set]:
     chain: dict[str, tuple] = {}
     relu_of: dict[str, int] = {}   # chained tensor -> the Relu folded into its quantize
     key: dict[int, str] = {}       # a chained Add or MaxPool node -> its chained tensor
+    tabled: set[str] = set()       # conv outputs an activation region reads (kept 8-bit)
     for i, n in enumerate(graph.node):
         if n.domain not in ("", "ai.onnx") or len(n.output) != 1 or n.output[0] in outputs:
             continue
@@ -749,6 +812,14 @@ def _chain_plan(graph, chosen, params) -> tuple[dict, set]:
             if r not in outputs and r in params and _folds(graph.node[after[0]], params[r],
                                                            consts):
                 target, relu = r, after[0]
+        if relu is None and n.op_type == "Conv" and y in params:
+            # an activation region between int8 layers (_table_region): y 8-bit, the region
+            # one lut8 table (folded into the convolution), its result the next layers' input
+            t = _table_region(graph, i, y, readers, consts, outputs)
+            if t is not None and t in params and all(
+                    r in chosen_idx and list(graph.node[r].input).count(t) == 1
+                    and graph.node[r].input[0] == t for r in readers.get(t, [])):
+                tabled.add(y)
         if target not in params:
             continue
         if relu is not None:
@@ -762,6 +833,8 @@ def _chain_plan(graph, chosen, params) -> tuple[dict, set]:
     while changed:
         changed = False
         for t in list(chain):
+            if t in tabled:
+                continue
             if not any((i in chosen_idx and graph.node[i].input[0] == t)
                        or key.get(i) in chain
                        for i in readers.get(t, []) if i not in dropped):
