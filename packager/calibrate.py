@@ -38,7 +38,8 @@ integer-kernel fusion matches, ``frontends/onnx/quant.py``).
    (``qbinary``) and pool on bytes. The ranges come from the same calibration run (the extra
    tensors are tapped too).
 5. After export the caller runs ``compare`` for the report: per output, the error of the int8
-   bundle against the float model on the calibration data, and both bundles' run times.
+   bundle against the float model on the calibration data, and both bundles' run times (the
+   float model compiled for this host without the calibration's taps: ``export_int8``).
 """
 
 from __future__ import annotations
@@ -335,6 +336,10 @@ class Quantized:
     input_name: str               # the bundle's input name
     samples: list[np.ndarray]
     workdir: tempfile.TemporaryDirectory
+    # the float model compiled as it is (no taps) for this host, which ``compare`` times the
+    # int8 bundle against; None: ``float_bundle``, whose taps (extra outputs) keep its kernels
+    # from fusing: the PP-OCRv4 recognizer's ran 4-5x slower than its fp32 bundle
+    plain_bundle: Path | None = None
 
     def close(self) -> None:
         self.workdir.cleanup()
@@ -502,11 +507,6 @@ GUARD_MAX_FLOAT = 0.5
 GUARD_SAMPLES = 8
 GUARD_BUDGET_S = 60.0
 GUARD_SWEEP_SHARE = 0.5   # of the budget a leave-one-out sweep may take, else the SNR ranking
-# When the int8 model misses the targets with activations 8-bit between layers and without,
-# the 8-bit chain stays (and layers go float with it) where dropping it gains at most this
-# much SNR and agreement; else it goes first, as where dropping it meets the targets.
-GUARD_CHAIN_DB = 1.0
-GUARD_CHAIN_AGREEMENT = 0.002
 
 
 def _have_onnxruntime() -> bool:
@@ -583,19 +583,10 @@ def _accuracy_guard(model, inits, chosen, params, onnx_input: str, names: Sequen
         report.chain = False
         chained = (f"  accuracy guard: activations 8-bit between layers: {targets(first)}; "
                    f"float between layers instead")
-        flat = measure(chosen)
-        if good(flat):
-            report.guard = f"{chained}: {targets(flat)}: every layer kept int8"
+        first = measure(chosen)
+        if good(first):
+            report.guard = f"{chained}: {targets(first)}: every layer kept int8"
             return chosen
-        if (flat[0] - first[0] <= GUARD_CHAIN_DB
-                and flat[1] - first[1] <= GUARD_CHAIN_AGREEMENT):
-            # float between layers misses the targets too, and buys little: the chain stays
-            # (its integer kernels are the speed), layers go float below
-            report.chain = True
-            chained = (f"  accuracy guard: activations 8-bit between layers: {targets(first)}; "
-                       f"float between layers: {flat[0]:.1f} dB, {flat[1]:.1%}: 8-bit kept")
-        else:
-            first = flat
         chained += "\n"
     whole = first
     if len(samples) > GUARD_SAMPLES:   # the search on a few samples, the targets on them too
@@ -720,54 +711,6 @@ def _folds(node, p: tuple, consts: dict) -> bool:
     return hi.size == 1 and float(hi) / float(scale) >= 254.6   # rounds to 255 or more
 
 
-# ONNX operators an activation region between two int8 layers may hold (``_table_region``):
-# elementwise, the tensor's other operands constants, so the region's result is a function of
-# one 8-bit value per channel, which passes/quantize_lut.py turns into one lut8 table
-_TABLE_OPS = frozenset({"Add", "Sub", "Mul", "Div", "Clip", "Relu", "LeakyRelu", "Sigmoid",
-                        "HardSigmoid", "HardSwish", "BatchNormalization", "Neg", "Max", "Min"})
-_REGION_GAP = 8   # nodes scanned past the region's last one before it is closed
-
-
-def _per_channel(t) -> bool:
-    """Whether the constant ``t`` (a TensorProto) broadcasts along the channel axis at most:
-    one value, ``[C]`` (BatchNormalization's), or ones but for axis 1 of an NCHW operand."""
-    dims = list(t.dims)
-    big = [i for i, d in enumerate(dims) if d != 1]
-    return not big or len(dims) == 1 or (len(big) == 1 and len(dims) == 4 and big == [1])
-
-
-def _table_region(graph, start: int, y: str, readers: dict, consts: dict,
-                  outputs: set) -> str | None:
-    """The tensor in which the elementwise region reading ``y`` (the output of node
-    ``start``) ends: the nodes after ``start`` of ``_TABLE_OPS`` whose inputs are ``y``, the
-    region's own tensors and per-channel constants, with one result read outside it (not
-    ``y``, not a graph output); None when there is no such region. Paddle's PP-LCNet writes
-    its convolutions' affine, HardSwish and learnable affine so (Mul, Add, Add, Clip, Mul, Div,
-    Mul, Add)."""
-    inside, nodes = {y}, set()
-    last = start
-    for i in range(start + 1, len(graph.node)):
-        if i - last > _REGION_GAP:
-            break
-        n = graph.node[i]
-        if (n.domain not in ("", "ai.onnx") or n.op_type not in _TABLE_OPS
-                or len(n.output) != 1):
-            continue
-        live = [x for x in n.input if x and x not in consts]
-        if not live or not all(x in inside for x in live):
-            continue
-        if not all(_per_channel(consts[x]) for x in n.input if x and x in consts):
-            continue
-        nodes.add(i)
-        inside.add(n.output[0])
-        last = i
-    exits = [t for t in inside if t in outputs
-             or any(r not in nodes for r in readers.get(t, []))]
-    if not nodes or len(exits) != 1 or exits[0] == y or exits[0] in outputs:
-        return None
-    return exits[0]
-
-
 def _chain_plan(graph, chosen, params) -> tuple[dict, set]:
     """The 8-bit activation chain, what ONNX Runtime's ``quantize_static`` writes: a QDQ pair
     on the output of every chosen Conv, of every Add one of whose inputs is already 8-bit (its
@@ -788,7 +731,6 @@ def _chain_plan(graph, chosen, params) -> tuple[dict, set]:
     chain: dict[str, tuple] = {}
     relu_of: dict[str, int] = {}   # chained tensor -> the Relu folded into its quantize
     key: dict[int, str] = {}       # a chained Add or MaxPool node -> its chained tensor
-    tabled: set[str] = set()       # conv outputs an activation region reads (kept 8-bit)
     for i, n in enumerate(graph.node):
         if n.domain not in ("", "ai.onnx") or len(n.output) != 1 or n.output[0] in outputs:
             continue
@@ -812,14 +754,6 @@ def _chain_plan(graph, chosen, params) -> tuple[dict, set]:
             if r not in outputs and r in params and _folds(graph.node[after[0]], params[r],
                                                            consts):
                 target, relu = r, after[0]
-        if relu is None and n.op_type == "Conv" and y in params:
-            # an activation region between int8 layers (_table_region): y 8-bit, the region
-            # one lut8 table (folded into the convolution), its result the next layers' input
-            t = _table_region(graph, i, y, readers, consts, outputs)
-            if t is not None and t in params and all(
-                    r in chosen_idx and list(graph.node[r].input).count(t) == 1
-                    and graph.node[r].input[0] == t for r in readers.get(t, [])):
-                tabled.add(y)
         if target not in params:
             continue
         if relu is not None:
@@ -833,8 +767,6 @@ def _chain_plan(graph, chosen, params) -> tuple[dict, set]:
     while changed:
         changed = False
         for t in list(chain):
-            if t in tabled:
-                continue
             if not any((i in chosen_idx and graph.node[i].input[0] == t)
                        or key.get(i) in chain
                        for i in readers.get(t, []) if i not in dropped):
@@ -955,7 +887,8 @@ def compare(quantized: Quantized, bundle: str | os.PathLike, runs: int = 21) -> 
 
     report = quantized.report
     name = quantized.input_name
-    with load(bundle) as qmodel, load(quantized.float_bundle) as fmodel:
+    with load(bundle) as qmodel, load(quantized.plain_bundle
+                                      or quantized.float_bundle) as fmodel:
         got = [qmodel.run({name: x}) for x in quantized.samples]
         for out in quantized.float_outputs[0]:
             # samples of a symbolic-shape model may differ in size: compared value for value
@@ -1039,7 +972,7 @@ def export_int8(model_path: str | os.PathLike, out: str | os.PathLike, options,
     import dataclasses
 
     from ..frontends.onnx import import_onnx
-    from .export import export_module
+    from .export import ExportOptions, export_module
 
     # the export's targets decide which layers stay float for speed (passes/int8_cost.py)
     quantized = quantize_onnx(model_path, samples, input_shapes, method,
@@ -1047,6 +980,12 @@ def export_int8(model_path: str | os.PathLike, out: str | os.PathLike, options,
     out = Path(out)
     tmp = out.with_name(f".mlcpack-int8-{os.getpid()}-{out.name}")
     try:
+        # the float model as the user's fp32 export compiles it, for the speed comparison
+        plain_module, _ = import_onnx(str(model_path), input_shapes=input_shapes)
+        plain = Path(quantized.workdir.name) / "plain.mlc"
+        export_module(plain_module, plain, ExportOptions(target="host", check=False,
+                                                         compile=options.compile_options()))
+        quantized.plain_bundle = plain
         mod, info = import_onnx(quantized.model, input_shapes=input_shapes)
         if options.check and options.check_inputs is None:
             # the check runs on a calibration sample: inputs in the range the model is

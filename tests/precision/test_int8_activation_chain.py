@@ -122,10 +122,10 @@ def test_relu6_folds_where_its_top_is_past_the_range(top, folds) -> None:
     params = {"x": C.uint8_params(-1, 1), "c1": C.uint8_params(-6, 6),
               "r1": C.uint8_params(0.0, 6.0)}
     plan, dropped = C._chain_plan(graph, chosen, params)
-    # not folded: c1 8-bit with its own range, the Clip a region between int8 layers
-    # (calibrate._table_region: a lut8 table), r1 the second conv's own input QDQ
+    # not folded: c1 is read by the float Clip alone, so it stays float (r1 gets the
+    # second conv's own input QDQ)
     assert (plan == {"r1": ("c1", params["r1"])} and dropped == {1}) if folds else \
-        (plan == {"c1": ("c1", params["c1"])} and not dropped), plan
+        (plan == {} and not dropped), plan
 
 
 def test_residual_block_stays_8bit_through_the_folded_relus() -> None:
@@ -148,112 +148,3 @@ def test_residual_block_stays_8bit_through_the_folded_relus() -> None:
     plan, dropped = C._chain_plan(graph, chosen, params)
     assert {t: src for t, (src, _) in plan.items()} == {"r1": "c1", "c2": "c2", "r2": "a"}
     assert dropped == {1, 4}
-
-
-def _lcnet_blocks(path: Path) -> Path:
-    """PP-LCNet's blocks as Paddle's exporter writes them (the PP-OCRv4 recognizer's): conv ->
-    affine (Mul, Add) -> HardSwish written out (Add 3, Clip 0..6, Mul, Div 6) -> learnable
-    affine (Mul, Add), a 3x3 conv then a depthwise 3x3 so, then a 1x1 conv to the output."""
-    from onnx import TensorProto as T
-    from onnx import helper as h
-
-    rng = np.random.default_rng(3)
-    f = lambda *s, sd=0.3: rng.normal(0, sd, s).astype(np.float32)  # noqa: E731
-    inits = {"w1": f(16, 3, 3, 3), "b1": f(16, sd=0.1), "w2": f(16, 1, 3, 3), "b2": f(16, sd=0.1),
-             "w3": f(8, 16, 1, 1), "three": np.float32(3), "zero": np.float32(0),
-             "six": np.float32(6)}
-    nodes = [h.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1])]
-    for k, c in ((1, "c1"), (2, "c2")):
-        inits.update({f"s{k}": f(1, 16, 1, 1, sd=0.5) + 1, f"t{k}": f(1, 16, 1, 1, sd=0.2),
-                      f"g{k}": np.float32(1.1), f"h{k}": np.float32(-0.05)})
-        nodes += [h.make_node("Mul", [f"s{k}", c], [f"m{k}"]),
-                  h.make_node("Add", [f"m{k}", f"t{k}"], [f"a{k}"]),
-                  h.make_node("Add", [f"a{k}", "three"], [f"p{k}"]),
-                  h.make_node("Clip", [f"p{k}", "zero", "six"], [f"k{k}"]),
-                  h.make_node("Mul", [f"a{k}", f"k{k}"], [f"q{k}"]),
-                  h.make_node("Div", [f"q{k}", "six"], [f"hs{k}"]),
-                  h.make_node("Mul", [f"g{k}", f"hs{k}"], [f"n{k}"]),
-                  h.make_node("Add", [f"n{k}", f"h{k}"], [f"o{k}"])]
-        nodes.append(h.make_node("Conv", [f"o{k}", "w2", "b2"], ["c2"], pads=[1, 1, 1, 1],
-                                 group=16) if k == 1 else h.make_node("Conv", ["o2", "w3"], ["y"]))
-    graph = h.make_graph(nodes, "lcnet", [h.make_tensor_value_info("x", T.FLOAT, [1, 3, 8, 12])],
-                         [h.make_tensor_value_info("y", T.FLOAT, [1, 8, 8, 12])],
-                         [numpy_helper.from_array(np.asarray(v), k) for k, v in inits.items()])
-    model = h.make_model(graph, opset_imports=[h.make_opsetid("", 13)], ir_version=8)
-    onnx.save(model, path)
-    return path
-
-
-def test_activation_regions_between_int8_layers_become_tables(tmp_path: Path) -> None:
-    """Each conv -> affine -> HardSwish -> affine region ending at the next int8 layer's input
-    (calibrate._table_region): the conv's output is 8-bit too, so the region is one lut8 table
-    (folded into the 3x3 conv's copy out; after the depthwise conv its own kernel) and every
-    conv reads bytes, as in ONNX Runtime's QDQ files; the last conv's output (a graph output)
-    stays float. ORT runs the QDQ model within the steps of the float model's."""
-    path = _lcnet_blocks(tmp_path / "lcnet.onnx")
-    model = onnx.load(str(path))
-    inits = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
-    layers = C._quantizable(model, inits)
-    taps = list(dict.fromkeys([n.input[0] for _, n, _ in layers]
-                              + C._chain_candidates(model, layers)))
-    sess = ort.InferenceSession(C._tapped(model, taps).SerializeToString(),
-                                providers=["CPUExecutionProvider"])
-    feeds = [{"x": np.random.default_rng(s).normal(0, 1, (1, 3, 8, 12)).astype(np.float32)}
-             for s in range(4)]
-    runs = [dict(zip(taps, sess.run(taps, f))) for f in feeds]
-    params = {t: C.uint8_params(min(float(r[t].min()) for r in runs),
-                                max(float(r[t].max()) for r in runs)) for t in taps}
-    chosen = [(i, axis, *C.weight_params(inits[n.input[1]], axis)) for i, n, axis in layers]
-    plan, dropped = C._chain_plan(model.graph, chosen, params)
-    assert {t: src for t, (src, _) in plan.items()} == {"c1": "c1", "c2": "c2"} and not dropped
-    qdq = C._build_qdq(model, inits, chosen, params)
-    onnx.checker.check_model(qdq)
-    assert [n.op_type for n in qdq.graph.node].count("QuantizeLinear") == 5
-    ops = [(op, dtype) for op, dtype in _fused_tables(qdq)]
-    assert ops == [("quantize", "uint8"), ("qconv2d", "uint8"), ("qdwconv2d", "uint8"),
-                   ("lut8", "uint8"), ("qconv2d", "float32")], ops
-    opts = ort.SessionOptions()
-    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    x = {"x": np.random.default_rng(9).normal(0, 1, (1, 3, 8, 12)).astype(np.float32)}
-    got = ort.InferenceSession(qdq.SerializeToString(), opts,
-                               providers=["CPUExecutionProvider"]).run(None, x)[0]
-    ref = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, x)[0]
-    assert 10 * np.log10(np.sum(ref ** 2) / np.sum((got - ref) ** 2)) > 25
-
-
-def _fused_tables(model: onnx.ModelProto) -> list[tuple[str, str]]:
-    mod, _ = import_onnx(model)
-    upto = [p.name for p in DEFAULT_PIPELINE].index("fold_dequantize") + 1
-    fused = run_pipeline(mod, DEFAULT_PIPELINE[:upto], options=UNPACKED)
-    return [(b.value.op, b.value.type.dtype) for b in fused.functions["main"].bindings()
-            if hasattr(b.value, "op") and b.value.op not in ("dequantize",)]
-
-
-def test_activation_region_needs_one_exit_read_by_int8_layers() -> None:
-    """No table where the region's result is also read by a float operator (a
-    squeeze-and-excitation's pool), where the conv's output leaves the region, or where a
-    constant varies along more than the channel axis."""
-    from onnx import TensorProto as T
-    from onnx import helper as h
-
-    def graph(extra_nodes, consts):
-        nodes = [h.make_node("Conv", ["x", "w1"], ["c1"]),
-                 h.make_node("Mul", ["c1", "s"], ["m1"]),
-                 h.make_node("HardSwish", ["m1"], ["o1"]),
-                 h.make_node("Conv", ["o1", "w2"], ["y"])] + extra_nodes
-        inits = [numpy_helper.from_array(np.ones((4, 4, 1, 1), np.float32), w)
-                 for w in ("w1", "w2")] + [numpy_helper.from_array(consts, "s")]
-        outs = [h.make_tensor_value_info(o, T.FLOAT, None) for o in
-                ["y"] + [n.output[0] for n in extra_nodes]]
-        return h.make_graph(nodes, "g", [h.make_tensor_value_info("x", T.FLOAT, [1, 4, 3, 3])],
-                            outs, inits)
-
-    params = {t: C.uint8_params(-1, 1) for t in ("x", "c1", "o1")}
-    chosen = [(0, 0, None, None), (3, 0, None, None)]
-    per_channel = np.ones((1, 4, 1, 1), np.float32)
-    assert C._chain_plan(graph([], per_channel), chosen, params)[0] == {
-        "c1": ("c1", params["c1"])}
-    for extra, consts in (([h.make_node("GlobalAveragePool", ["o1"], ["g"])], per_channel),
-                          ([h.make_node("Relu", ["c1"], ["r"])], per_channel),
-                          ([], np.ones((1, 4, 3, 1), np.float32))):
-        assert C._chain_plan(graph(extra, consts), chosen, params)[0] == {}
