@@ -41,7 +41,9 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-QUANT_FLAGS = ("--quantize", "--calibration", "--calibration-method", "--quantize-fallback")
+QUANT_FLAGS = ("--quantize", "--calibration", "--calibration-method", "--quantize-fallback",
+               "--no-quantize-guard", "--quantize-guard")
+NO_VALUE = ("--quantize-fallback", "--no-quantize-guard", "--quantize-guard")
 
 
 def _float_flags(flags: list[str]) -> list[str]:
@@ -54,7 +56,7 @@ def _float_flags(flags: list[str]) -> list[str]:
             continue
         name = f.split("=")[0]
         if name in QUANT_FLAGS:
-            skip = "=" not in f and name != "--quantize-fallback"
+            skip = "=" not in f and name not in NO_VALUE
             continue
         out.append(f)
     return out

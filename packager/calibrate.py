@@ -961,14 +961,15 @@ def _qdq_reference(model: bytes, input_names: Mapping[str, str]):
 
 def export_int8(model_path: str | os.PathLike, out: str | os.PathLike, options,
                 samples: Sequence[np.ndarray], input_shapes: Mapping[str, Sequence[int]] | None,
-                method: str = DEFAULT_METHOD, fallback: bool = False, float_module=None
-                ) -> tuple[object, QuantizeReport]:
+                method: str = DEFAULT_METHOD, fallback: bool = False, float_module=None,
+                guard: bool = True) -> tuple[object, QuantizeReport]:
     """Quantize ``model_path`` on ``samples``, export the int8 bundle to ``out`` with
     ``options`` (an ``ExportOptions``; its golden check, when on, runs ONNX Runtime on the QDQ
     model), and report. When the int8 bundle runs slower than the float model: an
     ``ExportError`` and nothing written, or with ``fallback`` the float bundle
-    (``float_module``, the imported float model) written instead. Returns (ExportReport,
-    QuantizeReport)."""
+    (``float_module``, the imported float model) written instead. ``guard`` False
+    (``--no-quantize-guard``): every layer int8 (no accuracy guard, no per-layer error gate)
+    but those the targets run faster in float. Returns (ExportReport, QuantizeReport)."""
     import dataclasses
 
     from ..frontends.onnx import import_onnx
@@ -976,7 +977,11 @@ def export_int8(model_path: str | os.PathLike, out: str | os.PathLike, options,
 
     # the export's targets decide which layers stay float for speed (passes/int8_cost.py)
     quantized = quantize_onnx(model_path, samples, input_shapes, method,
-                              compile_options=options.compile_options())
+                              max_layer_error=None if guard else np.inf,
+                              compile_options=options.compile_options(), guard=guard)
+    if not guard:
+        quantized.report.guard = ("  accuracy guard: off (--no-quantize-guard): every layer "
+                                  "int8 but those faster in float")
     out = Path(out)
     tmp = out.with_name(f".mlcpack-int8-{os.getpid()}-{out.name}")
     try:
