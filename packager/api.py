@@ -66,6 +66,7 @@ class Options:
     calibration: Optional[str | os.PathLike] = None           # [--calibration]
     calibration_method: Optional[str] = None                  # [--calibration-method]
     quantize_fallback: bool = False                           # [--quantize-fallback]
+    quantize_guard: bool = True                               # [--quantize-guard/--no-...]
     precision: str = "fp32"                                   # [--precision] fp32 or bf16
     cache: bool = True                                        # [--cache/--no-cache]
     compile: Optional[CompileOptions] = None
@@ -223,9 +224,10 @@ def _check_quantize_options(model: Path, opts: Options, sizes: Optional[list[int
     calibration = Path(opts.calibration) if opts.calibration is not None else None
     method = opts.calibration_method
     if opts.quantize is None:
-        if calibration is not None or opts.quantize_fallback or method is not None:
-            raise UsageError("--calibration, --calibration-method and --quantize-fallback go "
-                             "with --quantize int8")
+        if (calibration is not None or opts.quantize_fallback or method is not None
+                or not opts.quantize_guard):
+            raise UsageError("--calibration, --calibration-method, --quantize-fallback and "
+                             "--no-quantize-guard go with --quantize int8")
         return
     if opts.quantize != "int8":
         raise UsageError(f"--quantize {opts.quantize}: only int8 is supported")
@@ -357,7 +359,7 @@ def _export_int8(model: Path, path: Path, export_opts: Any, mod: Any, pre: Any, 
     report, qreport = export_int8(model, path, export_opts, samples,
                                   shapes_at_batch(shapes, None) or None,
                                   opts.calibration_method or DEFAULT_METHOD,
-                                  opts.quantize_fallback, mod)
+                                  opts.quantize_fallback, mod, guard=opts.quantize_guard)
     summary.extend(qreport.summary())
     return report
 

@@ -269,6 +269,12 @@ def export(
                                   "the error against fp32 passes 1 % of an output's scale "
                                   "(docs/precision.md)",
                                   metavar="fp32|bf16"),
+    quantize_guard: bool = typer.Option(True, "--quantize-guard/--no-quantize-guard",
+                                        help="with --quantize: keep float the layers the "
+                                        "outputs' accuracy on the calibration data needs "
+                                        "(default); off: every layer int8 but those faster in "
+                                        "float (the report still gives the error against "
+                                        "float)"),
     quantize_fallback: bool = typer.Option(False, help="when int8 runs slower than float, "
                                            "write the float bundle instead of failing"),
     cache: bool = typer.Option(True, "--cache/--no-cache", help="reuse compiled kernels from "
@@ -308,7 +314,8 @@ def export(
             check_atol=check_atol, check_advice=check_advice, preprocess=given,
             labels=label_list, sign_key=sign,
             quantize=quantize, calibration=calibration, calibration_method=calibration_method,
-            quantize_fallback=quantize_fallback, precision=precision, cache=cache)
+            quantize_fallback=quantize_fallback, quantize_guard=quantize_guard,
+            precision=precision, cache=cache)
         report = api.export(model, out, options,
                             on_note=lambda line: typer.echo(f"note: {line}", err=True))
         for line in report.quantization:

@@ -86,6 +86,30 @@ def test_outlier_layer_left_in_float(conv_net) -> None:
         q.close()
 
 
+def test_no_quantize_guard_keeps_every_layer_int8(conv_net, tmp_path: Path) -> None:
+    # --no-quantize-guard: the spiked sample's first conv, which the per-layer gate (and the
+    # guard, by its outputs' accuracy) may keep float, is int8 with the rest, and the report
+    # says the guard is off; the speed line times the float model without the calibration's
+    # taps (compare: export_int8's plain bundle)
+    from mlcpack.packager.api import Options, export
+
+    path, samples = conv_net
+    folder = tmp_path / "calib"
+    folder.mkdir()
+    for i, s in enumerate(samples):
+        s = s.copy()
+        if i == 0:
+            s[0, 0, 3, 3] = 5000.0
+        np.save(folder / f"{i}.npy", s)
+    report = export(path, tmp_path / "q.mlc", Options(
+        target="host", check=False, quantize="int8", calibration=folder,
+        calibration_method="minmax", quantize_guard=False, quantize_fallback=True))
+    text = "\n".join(report.quantization)
+    assert "quantized int8: 4 of 4 layers" in text, text
+    assert "accuracy guard: off (--no-quantize-guard)" in text, text
+    assert "speed (1 thread" in text
+
+
 def test_error_threshold_splits_layers(conv_net) -> None:
     path, samples = conv_net
     errors = sorted(layer.error
@@ -236,6 +260,7 @@ def test_int8_digits_match_float_predictions(tmp_path: Path) -> None:
     (["--quantize", "int4", "--calibration", "SAMPLES"], "only int8"),
     (["--quantize", "int8"], "needs --calibration"),
     (["--calibration", "SAMPLES"], "go with --quantize int8"),
+    (["--no-quantize-guard"], "go with --quantize int8"),
     (["--quantize", "int8", "--calibration", "SAMPLES", "--calibration-method", "mse"],
      "use percentile or minmax or entropy"),
     (["--quantize", "int8", "--calibration", "MISSING"], "no such file or folder"),
