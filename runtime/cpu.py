@@ -44,6 +44,11 @@ class Level:
         return TRIPLES[self.arch]
 
 
+V4_FEATURES = "-prefer-256-bit,+prefer-no-scatter"
+"""LLVM features of every x86-64-v4 level: 512-bit vectors in auto-vectorized loops, and no
+scatters of the vectorizer's own (see the rows below)."""
+
+
 def _levels() -> tuple[Level, ...]:
     # Each row adds flags to the row before it on the same architecture.
     rows = [
@@ -53,15 +58,19 @@ def _levels() -> tuple[Level, ...]:
          "avx avx2 bmi1 bmi2 f16c fma abm movbe xsave"),
         # LLVM's generic v4 tuning keeps auto-vectorized loops at 256 bits; the matmul kernels
         # use 512-bit vectors anyway, and the rest (GELU, softmax, norms) gain ~30% from them.
-        ("x86-64-v4", "x86_64", "x86-64-v4", "-prefer-256-bit",
+        # It also takes AVX-512's scatters as cheap, and vectorizes a strided copy (a Concat
+        # or Split of 20x20 planes) across rows with vgatherdps + vscatterdps: 5x slower than
+        # the row copy on Zen 4. No scatters (gathers stay: strided reductions and transposes
+        # lose up to 1.8x without them; measured on YOLOv8n and Magika).
+        ("x86-64-v4", "x86_64", "x86-64-v4", V4_FEATURES,
          "avx512f avx512bw avx512cd avx512dq avx512vl"),
         # v4 with AVX-512 VNNI (vpdpbusd): the integer kernels (codegen/qgemm.py) use it
-        ("x86-64-v4+vnni", "x86_64", "x86-64-v4", "-prefer-256-bit,+avx512vnni", "avx512_vnni"),
+        ("x86-64-v4+vnni", "x86_64", "x86-64-v4", V4_FEATURES + ",+avx512vnni", "avx512_vnni"),
         # v4 with vdpbf16ps: the bf16 matmul kernel (--precision bf16; codegen/bf16dot.py).
         # A portable export includes it for --precision bf16 only (codegen/target.py). Every
         # CPU with avx512_bf16 has avx512_vnni (Cooper Lake, Sapphire Rapids, Zen 4), so the
         # level follows v4+vnni and keeps its integer kernels.
-        ("x86-64-v4+bf16", "x86_64", "x86-64-v4", "-prefer-256-bit,+avx512vnni,+avx512bf16",
+        ("x86-64-v4+bf16", "x86_64", "x86-64-v4", V4_FEATURES + ",+avx512vnni,+avx512bf16",
          "avx512_bf16"),
         ("aarch64", "aarch64", "generic", "+neon", "asimd fp"),
         ("aarch64+dotprod", "aarch64", "generic", "+neon,+dotprod", "asimddp"),

@@ -34,6 +34,9 @@ def contraction_macs(call: Call) -> int:
         return _elements(call.type.shape) * call.args[0].type.shape[-1]
     if call.op in ("nn.conv2d", "nn.conv"):          # weight [O, C/groups, k...]
         return _elements(call.type.shape) * _elements(call.args[1].type.shape[1:])
+    if call.op == "nn.conv2d_bf16p":                 # x [N, C, H, W], wp [O, C/2, kh, kw, 2]
+        return _elements(call.type.shape) * _elements(call.args[0].type.shape[1:2]) \
+            * _elements(call.args[1].type.shape[2:4])
     if call.op == "nn.conv2d_oc":   # the direct convolution's, Winograd's too (its packed
         kh, kw = call.attrs["kernel"]   # weight [blocks, 16 * C, lanes] has 16 taps)
         return _elements(call.type.shape) * call.args[0].type.shape[1] * kh * kw

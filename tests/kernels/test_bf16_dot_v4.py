@@ -492,6 +492,9 @@ def test_which_convolutions_take_pairs():
               for a in getattr(b.value, "args", ()) if isinstance(a, Constant)}
     bf16 = {k: v.shape for k, v in consts.items() if str(v.dtype) == "bfloat16"}
     assert bf16 == {"w_bf16": (16, 4, 3, 3, 2)}, bf16
+    # its multiply-adds (the profiler's GFLOP/s): 16 x 9 x 9 outputs of 8 channels x 3 x 3 taps
+    (pair,) = [f for f in mod.functions.values() if "conv2d_bf16p" in f.name]
+    assert pair.attrs["macs"] == 16 * 9 * 9 * 8 * 3 * 3
     note = fp32_note(mod, opts.for_targets(), (V4_BF16,))
     assert note.startswith("; 2 convolutions stay fp32 (grouped, dilated, depthwise or of one "
                            "output pixel: no bf16 kernel; wd"), note

@@ -181,8 +181,13 @@ def test_integer_kernel_code_per_target(target: str) -> None:
 @pytest.mark.skipif(not X86 or "avx2" not in host_features(), reason="runs AVX2 code")
 def test_host_level_uses_vpmaddwd(tmp_path: Path) -> None:
     """Where the host has AVX2 its bundle's integer kernel is the vpmaddwd one (it ran in the
-    tests above)."""
-    assert "llvm.x86.avx2.pmadd.wd" in _object("host").llvm_ir
+    tests above); where it also has AVX-512 VNNI (the x86-64-v4+vnni level and above), the
+    vpdpbusd one."""
+    ir = _object("host").llvm_ir
+    if "avx512_vnni" in host_features():
+        assert "llvm.x86.avx512.vpdpbusd" in ir and "llvm.x86.avx2.pmadd.wd" not in ir
+    else:
+        assert "llvm.x86.avx2.pmadd.wd" in ir
 
 
 @pytest.mark.parametrize("target", TARGETS)

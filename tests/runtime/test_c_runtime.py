@@ -292,10 +292,13 @@ def test_bench_helpers_time_the_mlp(build, bundles, tmp_path) -> None:
                           text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     rows = [line.split() for line in proc.stdout.splitlines()]
-    assert [r[1] for r in rows if r[0] == "kernel"] == ["fused_matmul_packed_add_relu",
-                                                        "fused_matmul_add1"], proc.stdout
+    # the two layers' kernels (named by the host level's choice: the first one's weights are
+    # packed in panels on AVX2 hosts, not on AVX-512 ones)
+    kernels = [r[1] for r in rows if r[0] == "kernel"]
+    assert len(kernels) == 2 and kernels[0].endswith("_add_relu"), proc.stdout
+    assert all(k.startswith("fused_matmul") for k in kernels), proc.stdout
     # the first layer is a parallel kernel: also timed split over 2 threads
-    assert [r[1] for r in rows if r[0] == "split"] == ["fused_matmul_packed_add_relu"]
+    assert [r[1] for r in rows if r[0] == "split"] == kernels[:1]
     reads = [r for r in rows if r[0] == "read"]   # the 128 x 784 float32 weights
     assert len(reads) == 1 and reads[0][reads[0].index("bytes") + 1] == str(128 * 784 * 4)
     lib = sorted((Path(ort.__file__).parent / "capi").glob("libonnxruntime.so*"))[0]
