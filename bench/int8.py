@@ -22,6 +22,10 @@ of other seeds). Rows: mlcpack fp32 bundle, mlcpack bundle of the QDQ file, ORT 
 file, ORT fp32; median / min ms alternating (1 thread each), the least CPU time of a run
 (process time, alternating: robust to a loaded machine), the QDQ bundle's time over ORT QDQ's
 and over the fp32 bundle's, and argmax agreement on the corpus input.
+``--accuracy N`` (text-line recognizers: ppocr_rec): also each engine's accuracy against
+ground truth on N digits-only and N mixed text lines drawn with Pillow (bench/text_lines.py;
+seeds 2 and 1 as bench/calibration.py's held-out sets): 1 - character error rate of the
+greedy CTC decoding with the model's own dictionary (the issue's "digits accuracy").
 
 ``--layers NAMES [--baseline CHECKOUT]``: the same QDQ bundle profiled per kernel (``Model.
 profile``, minimums over ``--budget`` alternating rounds of 20 runs): its ten slowest kernels
@@ -222,7 +226,29 @@ def corpus_qdq(name: str, tmp: Path) -> tuple[Path, Path, dict[str, np.ndarray]]
     return fp32, qdq, {inp: corpus.realistic_inputs(name)[inp]}
 
 
-def bench_corpus(name: str, tmp: Path, budget: float) -> None:
+def text_accuracy(name: str, engines: dict, n: int) -> None:
+    """Each engine's (a function x -> output) accuracy on ``n`` digits-only and ``n`` mixed
+    text lines: 1 - character error rate of greedy CTC decoding."""
+    import corpus
+    import text_lines
+
+    meta = {p.key: p.value for p in onnx.load(str(corpus.model_path(name)),
+                                              load_external_data=False).metadata_props}
+    chars = meta.get("character", "").split("\n")
+    rng_d, rng_m = np.random.default_rng(2), np.random.default_rng(1)
+    sets = {"digits": [text_lines.text_line(rng_d, True) for _ in range(n)],
+            "mixed": [text_lines.text_line(rng_m) for _ in range(n)]}
+    print(f"{name}: accuracy (1 - CER, greedy CTC) on {n} digits-only / {n} mixed lines")
+    for label, fn in engines.items():
+        acc = []
+        for lines in sets.values():
+            errors = sum(text_lines.edit_distance(text_lines.ctc_decode(fn(x), chars), t)
+                         for x, t in lines)
+            acc.append(1 - errors / sum(len(t) for _, t in lines))
+        print(f"  {label:14s} digits {acc[0]:7.2%}   mixed {acc[1]:7.2%}")
+
+
+def bench_corpus(name: str, tmp: Path, budget: float, accuracy: int = 0) -> None:
     import onnxruntime as ort
 
     from bench import time_interleaved
@@ -245,6 +271,11 @@ def bench_corpus(name: str, tmp: Path, budget: float) -> None:
         print(f"  {label:14s} {np.mean(y.argmax(-1) == outs[3].argmax(-1)):6.1%} "
               f"{np.mean(y.argmax(-1) == outs[2].argmax(-1)):6.1%}   max |y - ORT QDQ| "
               f"{np.abs(y - outs[2]).max():.3g}")
+    if accuracy:
+        key = next(iter(feed))
+        text_accuracy(name, {label: fn for label, fn in zip(labels, [
+            lambda x, m=m: list(m.run({key: x}).values())[0] for m in models] + [
+            lambda x, s=s: s.run(None, {key: x})[0] for s in sessions])}, accuracy)
     fns = [lambda m=m: m.run(feed) for m in models] + [lambda s=s: s.run(None, feed)
                                                        for s in sessions]
     res = time_interleaved(fns, budget)
@@ -415,6 +446,8 @@ def main() -> None:
     ap.add_argument("--kernels", action="store_true", help="also time single layers")
     ap.add_argument("--no-models", action="store_true")
     ap.add_argument("--corpus", default="", help="corpus models to time as ORT QDQ copies")
+    ap.add_argument("--accuracy", type=int, default=0, help="with --corpus ppocr_rec: "
+                    "accuracy of every engine on this many digits-only and mixed text lines")
     ap.add_argument("--layers", default="", help="corpus models to profile: top-10 kernels "
                     "of the QDQ bundle, depthwise layers against the fp32 bundle")
     ap.add_argument("--baseline", default="", help="with --layers: a checkout whose "
@@ -424,7 +457,7 @@ def main() -> None:
     for name in filter(None, args.layers.split(",")):
         profile_corpus(name, tmp, max(2, int(args.budget)), args.baseline)
     for name in filter(None, args.corpus.split(",")):
-        bench_corpus(name, tmp, args.budget)
+        bench_corpus(name, tmp, args.budget, args.accuracy)
     if args.kernels:
         bench_kernels(tmp, args.budget / 2)
     if not args.no_models:

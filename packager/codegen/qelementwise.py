@@ -56,7 +56,8 @@ def emit_qelementwise(module: ir.Module, func: PrimFunc, symbol: str, vl: int,
                 options.parallel_min_outputs)
     table = match_lut8(func)
     if table is not None:
-        return _QTable(module, func, symbol, _TableTag(func.inputs[0].dtype, table), avx2).emit()
+        return _QTable(module, func, symbol, _TableTag(func.inputs[0].dtype, table), avx2,
+                       zmm=avx2 and vl >= 16).emit()
     m = match_qgemm(func, ("qbinary", "qgavgpool"))
     if m is None:
         return None
@@ -78,7 +79,7 @@ def emit_qelementwise_sized(module: ir.Module, func: PrimFunc, symbol: str, vl: 
     if table is None:
         return None
     return _QTable(module, func, symbol, _TableTag(func.inputs[0].dtype, table), avx2,
-                   size_vars).emit()
+                   size_vars, zmm=avx2 and vl >= 16).emit()
 
 
 def match_lut8(func: PrimFunc, symbolic: bool = False) -> int | None:
@@ -327,7 +328,15 @@ class _QGlobalAverage(_QVector):
 class _QTable(_QVector):
     """``lut8``: rows of the table's axis (one row without one), on AVX2 looked up 32 bytes at
     a time with ``vpshufb`` (``QEmitter._lut_chunk``) and each row's last bytes one by one,
-    elsewhere byte by byte; rows split between tasks when there are enough bytes."""
+    elsewhere byte by byte; rows split between tasks when there are enough bytes. On AVX-512
+    levels (``zmm``: x86-64-v4 and its feature levels, AVX512BW) 64 bytes at a time with
+    masked ``vpshufb`` (``_lut_chunk64``: a compare into a mask register and one shuffle per
+    16-byte piece of the row, no blend)."""
+
+    def __init__(self, *args, zmm: bool = False, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.zmm = zmm
+        self.chunk = 64 if zmm else 32
 
     def emit(self) -> KernelInfo:
         x, table = self.func.inputs
@@ -341,7 +350,7 @@ class _QTable(_QVector):
         channels = shape[axis] if axis >= 0 else 1
         parallel = rows > 1 and rows * inner >= TABLE_PARALLEL_BYTES
         body_fn, ptr_types, n_ptrs, _ = self._start(0)
-        wide = inner // 32 if self.avx2 else 0
+        wide = inner // self.chunk if self.avx2 else 0
         self._rows(body_fn, n_ptrs, parallel, x, table, y, const_i64(rows), const_i64(inner),
                    channels, wide)
         return self._finish(body_fn, n_ptrs, ptr_types, 0, parallel)
@@ -358,7 +367,7 @@ class _QTable(_QVector):
         body_fn, ptr_types, n_ptrs, _ = self._start(0)
         b = self.builder
         inner_v = self._dim_value(inner)
-        wide = b.sdiv(inner_v, const_i64(32)) if self.avx2 else 0
+        wide = b.sdiv(inner_v, const_i64(self.chunk)) if self.avx2 else 0
         self._rows(body_fn, n_ptrs, parallel, x, table, y, self._dim_value(rows), inner_v,
                    channels, wide)
         info = self._finish(body_fn, n_ptrs, ptr_types, 0, parallel)
@@ -366,8 +375,9 @@ class _QTable(_QVector):
 
     def _rows(self, body_fn, n_ptrs: int, parallel: bool, x, table, y, rows: ir.Value,
               inner: ir.Value, channels: int, wide: int | ir.Value) -> None:
-        """Rows lo .. hi of this task (all without ``parallel``), ``wide`` chunks of 32 bytes
-        each (AVX2; a number, or computed at run time) then byte by byte."""
+        """Rows lo .. hi of this task (all without ``parallel``), ``wide`` chunks of
+        ``self.chunk`` bytes each (AVX2 / AVX-512; a number, or computed at run time) then byte
+        by byte."""
         b = self.builder
         buf = self.buffers
         xb, tb, yb = buf[x.uid], buf[table.uid], buf[y.uid]
@@ -382,14 +392,40 @@ class _QTable(_QVector):
             row_tb = b.gep(tb, [b.mul(b.srem(r, const_i64(channels)), const_i64(256))])
             static = isinstance(wide, int)
             if wide or not static:
+                lookup = self._lut_chunk64 if self.zmm else self._lut_chunk
                 with for_range(b, const_i64(0), const_i64(wide) if static else wide, "lx") as i:
-                    self._lut_chunk(xb, yb, row_tb, b.add(base, b.mul(i, const_i64(32))), signed)
-            tail = const_i64(wide * 32) if static else b.mul(wide, const_i64(32))
+                    lookup(xb, yb, row_tb, b.add(base, b.mul(i, const_i64(self.chunk))), signed)
+            tail = (const_i64(wide * self.chunk) if static
+                    else b.mul(wide, const_i64(self.chunk)))
             with for_range(b, tail, inner, "tx") as i:
                 at = b.add(base, i)
                 v = b.load(b.gep(xb, [at]))
                 idx = b.add(b.sext(v, I64), const_i64(128)) if signed else b.zext(v, I64)
                 b.store(b.load(b.gep(row_tb, [idx])), b.gep(yb, [at]))
+
+
+    def _lut_chunk64(self, src, dst, tb, at, signed: bool) -> None:
+        """dst[at + i] = tb[src[at + i]] for i < 64 (``signed``: int8 bytes index from tb +
+        128) with AVX-512BW: each 16-byte piece k of the 256-byte row broadcast to the four
+        128-bit lanes, looked up by the index's low nibble with ``vpshufb`` and merged under
+        the mask of the bytes whose high nibble is k (``vpcmpeqb`` into a mask register, a
+        merge-masked ``vpshufb``): 2 instructions per piece for 64 bytes, against the AVX2
+        kernel's 6 (two shuffles, two compares, two blends) for the same bytes."""
+        b = self.builder
+        v64 = ir.VectorType(I8, 64)
+        shuf = intrinsic(self.module, "llvm.x86.avx512.pshuf.b.512", v64, [v64, v64])
+        lanes = ir.Constant(ir.VectorType(I32, 64), list(range(16)) * 4)
+        v = b.load(self._ptr(src, at, v64), align=1)
+        if signed:
+            v = b.xor(v, ir.Constant(v64, [0x80] * 64))
+        lo_n = b.and_(v, ir.Constant(v64, [0x0F] * 64))
+        hi_n = b.lshr(v, ir.Constant(v64, [4] * 64))
+        res = ir.Constant(v64, None)
+        for k in range(16):
+            t = b.load(self._ptr(tb, const_i64(16 * k), ir.VectorType(I8, 16)), align=1)
+            part = b.call(shuf, [b.shuffle_vector(t, t, lanes), lo_n])
+            res = b.select(b.icmp_unsigned("==", hi_n, ir.Constant(v64, [k] * 64)), part, res)
+        b.store(res, self._ptr(dst, at, v64), align=1)
 
 
 class _QQuantize(_QVector):

@@ -48,4 +48,6 @@ def emit_qgemm(module: ir.Module, func: PrimFunc, symbol: str, vl: int, features
     # full-range weights in [-127, 127] on int8 planes (passes/quad_weights.py ``signed_x``):
     # vpmaddubsw(|x|, sign(w, x)), exact for any such weights, on every x86 level
     emitter.signed_x = module.triple.startswith("x86_64") and bool(tag.attrs.get("signed_x"))
+    # AVX-512 levels: 32 vector registers (EVEX), so qmatmul's VNNI tile may take more rows
+    emitter.registers32 = avx2 and vl >= 16
     return emitter.emit()

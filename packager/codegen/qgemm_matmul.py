@@ -13,6 +13,11 @@ from .lower import KernelInfo, LoweringError
 from .qgemm import V8F32, V8I32, V16I8, V16I16, QEmitter, align_workspace
 
 
+# Rows of qmatmul's VNNI tile on AVX-512 levels: 12 x 2 accumulators, 2 column sums, 2 weight
+# quads and a broadcast row in 32 registers.
+VNNI_ROWS = 12
+
+
 class QMatmul(QEmitter):
     def _store_panel(self, m0: ir.Value, nrows: int, n: int, col0, acc) -> None:
         """The requantize epilogue of one tile column: rows m0 .. m0 + nrows of the PANEL
@@ -123,6 +128,11 @@ class QMatmul(QEmitter):
             g_hi = b.sdiv(b.mul(b.add(task, const_i64(1)), const_i64(len(groups))), eff)
             ws = b.gep(ws, [b.mul(task, const_i64(region))])
         xzp = self._zero_points(x_zp, y_zp)
+        if vnni and getattr(self, "registers32", False) and not getattr(self, "sdot", False):
+            # 32 registers (AVX-512): up to VNNI_ROWS rows a tile, the rows split evenly
+            # (40 -> 4 tiles of 10): the weight quads' loads and shuffles and the column sums
+            # of each step serve more rows
+            self.mr = -(-rows // -(-rows // VNNI_ROWS))
         if vnni:
             return self._emit_vnni(body_fn, ptr_types, n_ptrs, ws, workspace, parallel, groups,
                                    g_lo if parallel else None, g_hi if parallel else None,

@@ -175,7 +175,7 @@ def test_vnni_level_emits_vpdpbusd() -> None:
 
 
 QUAD_CASES = ["5x5_s2_int8_batch2", "3x3_s21_big_bias", "5x5_s12_int8_out",
-              "3x3_rows_narrower_than_a_vector"]
+              "3x3_rows_narrower_than_a_vector", "3x3_s1_rows_of_160"]
 
 
 @pytest.mark.skipif(not X86, reason="the emulated VNNI kernel is the x86-64 quad kernel")

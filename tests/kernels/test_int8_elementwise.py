@@ -10,6 +10,7 @@ one quantization step of ORT."""
 from __future__ import annotations
 
 import platform
+import re
 from pathlib import Path
 
 import numpy as np
@@ -25,6 +26,7 @@ from mlcpack.packager.codegen.parallel import compile_prim_funcs
 from mlcpack.packager.codegen.target import resolve_target
 from mlcpack.packager.export import ExportOptions, export_module
 from mlcpack.packager.ir.graph import PrimFunc
+from mlcpack.packager.ops.qlinear import lut8
 from mlcpack.packager.options import UNPACKED
 from mlcpack.packager.passes.pipeline import DEFAULT_PIPELINE, run_pipeline
 from mlcpack.runtime import load
@@ -128,16 +130,16 @@ def test_code_per_target(target: str) -> None:
     assert "mul <8 x i32>" in text and "llvm.vector.reduce.add.v8i32" in text
     if target in ("x86-64-v3", "x86-64-v4"):
         assert "llvm.x86.avx.cvt.ps2dq.256" in text and "llvm.x86.avx2.packuswb" in text
-    x = _ints(rng, "uint8", (1, 3, 5, 9))
+    x = _ints(rng, "uint8", (1, 3, 5, 13))
     table = _ints(rng, "uint8", (3, 256))
     lmod = run_pipeline(build_op_module("lut8", [x, table], [False, True], axis=1),
                         DEFAULT_PIPELINE, options=UNPACKED)
     lcode = compile_prim_funcs([f for f in lmod.functions.values() if isinstance(f, PrimFunc)],
                                resolve_target(target))
-    # the table kernel on every level, its 32-byte lookups on AVX2 ones
+    # the table kernel on every level, its 32-byte lookups on AVX2, 64-byte ones on AVX-512
     assert list(lcode.kernels) == ["lut8"]
-    assert ("llvm.x86.avx2.pshuf.b" in str(lcode.llvm_ir)) == (target in ("x86-64-v3",
-                                                                         "x86-64-v4"))
+    assert ("llvm.x86.avx2.pshuf.b" in str(lcode.llvm_ir)) == (target == "x86-64-v3")
+    assert ("llvm.x86.avx512.pshuf.b.512" in str(lcode.llvm_ir)) == (target == "x86-64-v4")
 
 
 @pytest.mark.skipif(not SLOW, reason="MLCPACK_SLOW=1: a qemu run (~20-75 s); "
@@ -242,6 +244,57 @@ def test_lut8_kernel_exact(target: str, tmp_path: Path) -> None:
     mod = build_op_module("lut8", [xs, one], [False, True], axis=-1)
     got = compile_and_run(mod, {"x0": xs}, tmp_path, target=target, name="one.mlc")["y"]
     np.testing.assert_array_equal(got, one[0][xs.astype(np.int64) + 128])
+
+
+def _lut64_model(x: np.ndarray, row: np.ndarray) -> np.ndarray:
+    """The AVX-512 lookup of ``_QTable._lut_chunk64`` step by step on a row of bytes: for each
+    16-byte piece k of the table, ``vpshufb`` of the piece (in every 128-bit lane) by the low
+    nibbles, merged where ``vpcmpeqb`` finds the high nibble k."""
+    v = x.view(np.uint8) ^ (0x80 if x.dtype == np.int8 else 0)
+    lo, hi = v & 0x0F, v >> 4
+    res = np.zeros(v.shape, np.uint8)
+    for k in range(16):
+        part = row.view(np.uint8)[16 * k:16 * k + 16][lo]     # vpshufb: index bit 7 is 0
+        res = np.where(hi == k, part, res)
+    return res.view(row.dtype)
+
+
+@pytest.mark.skipif(not X86, reason="the AVX-512 table kernel is x86-64's")
+def test_lut8_avx512_lookup(tmp_path: Path) -> None:
+    """x86-64-v4 levels look the table up 64 bytes at a time (``_lut_chunk64``): merge-masked
+    ``vpshufb`` on zmm registers (one per 16-byte piece of the row), no blend; rows of 64k + r
+    bytes (the r tail bytes one by one), uint8 and int8 x. Run natively bit for bit against
+    numpy on one and two threads where the host has AVX-512BW; elsewhere its arithmetic is
+    checked with an instruction-by-instruction numpy model."""
+    import llvmlite.binding as llvm
+
+    from mlcpack.runtime.cpu import host_features
+
+    rng = np.random.default_rng(23)
+    cases = {"uint8": (_ints(rng, "uint8", (1, 3, 7, 45)), _ints(rng, "uint8", (3, 256)), 1),
+             "int8": (_ints(rng, "int8", (2, 137)), _ints(rng, "int8", (1, 256)), -1)}
+    target = resolve_target("x86-64-v4")
+    llvm.initialize_all_targets()
+    llvm.initialize_all_asmprinters()
+    tm = llvm.Target.from_triple(target.triple).create_target_machine(
+        cpu=target.llvm_cpu, features=target.llvm_features, opt=3, reloc="pic")
+    for name, (x, table, axis) in cases.items():
+        expect = lut8(x, table, axis)
+        mod = build_op_module("lut8", [x, table], [False, True], axis=axis)
+        funcs = [f for f in run_pipeline(mod, DEFAULT_PIPELINE, options=UNPACKED)
+                 .functions.values() if isinstance(f, PrimFunc)]
+        asm = tm.emit_assembly(llvm.parse_assembly(compile_prim_funcs(funcs, target).llvm_ir))
+        masked = len(re.findall(r"vpshufb\s+%zmm\d+, %zmm\d+, %zmm\d+ \{%k\d\}", asm))
+        assert masked and masked % 16 == 0 and "vpblendvb" not in asm, name
+        rows = x.reshape(-1, x.shape[-1]) if axis < 0 else x.reshape(3, -1)
+        model = np.stack([_lut64_model(r, table[i if axis >= 0 else 0])
+                          for i, r in enumerate(rows)]).reshape(x.shape)
+        np.testing.assert_array_equal(model, expect)
+        if {"avx512bw", "avx512f"} <= host_features():
+            for threads in (1, 2):
+                got = compile_and_run(mod, {"x0": x}, tmp_path, target="x86-64-v4",
+                                      threads=threads, name=f"{name}{threads}.mlc")["y"]
+                np.testing.assert_array_equal(got, expect, err_msg=name)
 
 
 def _quantize_inputs(scale: float) -> np.ndarray:

@@ -275,6 +275,37 @@ def test_vnni_level_runs_natively(tmp_path: Path) -> None:
                 np.testing.assert_array_equal(model.run({"x0": args[0]})["y"], expect)
 
 
+@pytest.mark.parametrize("rows,tile", [(40, 10), (25, 9)])
+def test_vnni_qmatmul_tile_rows_on_avx512(rows: int, tile: int, tmp_path: Path) -> None:
+    """x86-64-v4+vnni has 32 vector registers: qmatmul's VNNI tile takes up to 12 rows (x 2
+    panels), the rows split evenly (40 rows: 4 tiles of 10; 25: 9, 9 and 7), where the AVX2
+    levels keep 6. Checked in the emitted code on any host; run natively, bit for bit against numpy with uint8 and int8 x, where the
+    host has avx512_vnni."""
+    from mlcpack.packager.export import ExportOptions, export_module
+    from mlcpack.runtime import load
+
+    rng = np.random.default_rng(rows)
+    cases = [_matmul_case(rng, (rows, 120), 37, "uint8", 131, False, "uint8", 3),
+             _matmul_case(rng, (rows, 61), 70, "int8", -9, False, "int8", 5)]
+    def widest_step(asm: str) -> int:
+        """The most vpdpbusd of one basic block: whole tile steps of tile x 2 + 2 (the column
+        sums) each (LLVM unrolls the step loop)."""
+        return max(len(re.findall(r"\bvpdpbusd\s", block))
+                   for block in re.split(r"\n\.LBB\w*:", asm))
+
+    for args, attrs, expect, _ in cases:
+        asm, _ = _assembly("qmatmul", args, attrs, "x86-64-v4+vnni")
+        steps = widest_step(asm)
+        assert steps % (2 * tile + 2) == 0 and steps % (2 * 6 + 2), steps   # not 6-row tiles
+        if not X86 or "avx512_vnni" not in host_features():
+            continue
+        path = tmp_path / "m.mlc"
+        export_module(build_op_module("qmatmul", args, MASK, **attrs), path,
+                      ExportOptions(target="x86-64-v4+vnni", check=False))
+        with load(path, threads=1) as model:
+            np.testing.assert_array_equal(model.run({"x0": args[0]})["y"], expect)
+
+
 def test_vnni_bundle_refused_without_vnni(tmp_path: Path, monkeypatch) -> None:
     """A bundle with only x86-64-v4+vnni code refuses to load on a host without avx512_vnni
     (flags pinned: a plain AVX-512 CPU), with the one-line advice."""
