@@ -19,8 +19,9 @@ from helpers import SharedLog, force_parallel_kernels
 
 ort = pytest.importorskip("onnxruntime")
 
-# (op, shape, axis): the DFL layout with a tail on every width; axis -2 of a 3-D tensor whose
-# inner 48 needs no mask; 40 bins over a 3-wide inner axis (looping passes, masked lanes)
+# (op, shape, axis): the DFL layout (inner 148: a masked last vector on AVX2 and AVX-512);
+# axis -2 of a 3-D tensor whose inner 48 needs no mask; 40 and 33 bins (looping passes) over
+# inner axes of 3 and 10 (masked on every width)
 CASES = [("Softmax", (1, 16, 4, 37), 1), ("LogSoftmax", (2, 5, 48), -2),
          ("Softmax", (40, 3), 0), ("LogSoftmax", (3, 33, 2, 5), 1)]
 
