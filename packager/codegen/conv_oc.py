@@ -59,7 +59,7 @@ REGISTERS = 16
 # MAX_TILE_ROWS_32 pixels of accumulators (the pixels' broadcasts folded into the FMAs).
 REGISTERS_32 = 32
 MAX_TILE_ROWS = 8
-MAX_TILE_ROWS_32 = 12
+MAX_TILE_ROWS_32 = 8
 # Weight vectors per register tile (16 registers: 4 x 3 pixels of accumulators); a block's
 # vectors past it (4-lane targets: 8 per block) are computed in passes of up to this many.
 MAX_TILE_VECTORS = 4
