@@ -136,11 +136,12 @@ class CompileOptions:
     pack_conv_weights: bool | None = None
     # ... nn.conv2d_rows packing for these vector widths (() none) ...
     conv_row_widths: tuple[int, ...] | None = None
-    # ... and matmul_packed column panels; with pack_conv_weights, 1x1 convolutions of
-    # PACK_1X1_MIN_CHANNELS inputs or PACK_1X1_MAX_PIXELS outputs (passes/layout.py) on
-    # nn.conv2d_oc too (chosen where a target has AVX-512's 16 lanes; None / False: not)
+    # ... and matmul_packed column panels. conv_oc_wide: a target runs nn.conv2d_oc on
+    # AVX-512's 16 lanes (chosen with pack_conv_weights; None / False: not): output channels
+    # in whole 16-lane vectors only, and 1x1 convolutions of PACK_1X1_MIN_CHANNELS inputs on
+    # it too (passes/layout.py)
     pack_matmul_weights: bool | None = None
-    conv_oc_1x1: bool | None = None
+    conv_oc_wide: bool | None = None
     # -- symbolic shapes: a symbolic convolution without a fast kernel gets the generic loop
     # nest instead of a refusal (debugging; MLCPACK_SYMBOLIC_GENERIC=1)
     symbolic_generic: bool = False
@@ -229,10 +230,8 @@ class CompileOptions:
             wide = any(geometry.vector_width(t.name) == 16 for t in targets)
             changes["pack_conv_weights"] = conv_oc.packs_conv_weights(targets) and not (
                 wide and self.precision == "bf16")
-            # 1x1s on the channel-lane kernel too where it runs 16 lanes (ResNet-50 at
-            # x86-64-v4, 1 thread: 44.1 -> 33.7 ms; AVX2 keeps its packed 1x1 panels)
-            if self.conv_oc_1x1 is None:
-                changes["conv_oc_1x1"] = changes["pack_conv_weights"] and wide
+            if self.conv_oc_wide is None:
+                changes["conv_oc_wide"] = changes["pack_conv_weights"] and wide
         if self.conv_row_widths is None:
             changes["conv_row_widths"] = geometry.conv_row_widths(targets)
         # bf16 with a dot instruction (vdpbf16ps on x86-64-v4+bf16, bfdot on aarch64+bf16):

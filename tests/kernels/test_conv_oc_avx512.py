@@ -1,8 +1,9 @@
 """Channel-lane convolutions (codegen/conv_oc.py) on AVX-512 (x86-64-v4, 16 lanes): the export
 packs the weights for x86-64-v4 targets as for AVX2 (not under bf16), the kernel's register
-tile is 8 pixels x 2 zmm weight vectors (16 accumulators of 32 registers), and output channels
-not in whole 16-lane vectors take 8-lane (ymm) vectors. The emitted code is checked on any
-x86-64 host (compile only); the runs against ONNX Runtime need a host with AVX-512."""
+tile is 8 pixels x 2 zmm weight vectors (16 accumulators of 32 registers); output channels
+not in whole 16-lane vectors keep the register-blocked kernel, and 1x1 convolutions of 256
+input channels or more take this one. The emitted code is checked on any x86-64 host (compile
+only); the runs against ONNX Runtime need a host with AVX-512."""
 
 from __future__ import annotations
 
@@ -63,6 +64,20 @@ def test_packed_for_avx512_but_not_for_its_bf16():
         assert CompileOptions(target=target).for_targets().pack_conv_weights
         assert not CompileOptions(target=target, precision="bf16").for_targets().pack_conv_weights
     assert CompileOptions(target="x86-64-v3", precision="bf16").for_targets().pack_conv_weights
+    assert not CompileOptions(target="x86-64-v3").for_targets().conv_oc_wide
+
+
+@pytest.mark.parametrize("c,o,k,target,packed", [
+    (16, 32, 3, V4, True),
+    (16, 40, 3, V4, False),            # 40 channels: not in whole 16-lane vectors
+    (16, 40, 3, "x86-64-v3", True),    # ... but in 8-lane ones
+    (256, 32, 1, V4, True),            # a 1x1 of 256 input channels
+    (128, 32, 1, V4, False),           # fewer: the register-blocked kernel
+    (256, 32, 1, "x86-64-v3", False),  # AVX2: its packed 1x1 panels
+])
+def test_which_convolutions_are_packed(tmp_path, c, o, k, target, packed):
+    _, bundle = _export(tmp_path, conv_model(1, c, 6, 6, o, k, 1), target)
+    assert any("conv2d_oc" in kk["name"] for kk in _conv_kernels(bundle)) == packed
 
 
 @pytest.mark.parametrize("c,o,hw,s,choice,fmas", [
@@ -101,7 +116,9 @@ CASES = [
     (1, 64, 20, 20, 64, 3, 1, None, True),        # Winograd, a residual
     (1, 32, 14, 14, 64, 3, 2, "silu", False),     # direct, stride 2, vector-math epilogue
     (1, 3, 30, 34, 64, 7, 2, None, False),        # a 7x7 stem (its window rows a loop)
-    (2, 24, 9, 13, 40, 5, 2, "hsig", True),       # 40 channels: 8-lane vectors, batch 2
+    (2, 24, 9, 13, 48, 5, 2, "hsig", True),       # batch 2, a block and one vector
+    (1, 256, 9, 7, 32, 1, 1, "silu", True),       # a 1x1 of 256 input channels
+    (1, 256, 9, 9, 64, 1, 2, None, False),        # ... stride 2, read in place
     (1, 32, 9, 9, 48, 3, 1, None, True),          # a block and one 16-lane vector
     (1, 16, 20, 1, 32, 3, 1, None, False),        # 1-pixel rows: tiles span rows
     (1, 16, 17, 19, 32, 3, 1, "silu", False),     # odd sizes: a tail tile, a masked vector
@@ -128,8 +145,9 @@ def test_matches_onnxruntime(tmp_path, n, c, h, w, o, k, s, act, residual):
             np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("o,k,s", [(32, 3, 1), (48, 3, 2)])   # Winograd; direct, 16 + 32
-def test_open_image_sizes(tmp_path, o, k, s):
+@pytest.mark.parametrize("o,k,s,residual", [(32, 3, 1, True),    # Winograd
+                                            (48, 3, 2, False)])  # direct, 16 + 32 channels
+def test_open_image_sizes(tmp_path, o, k, s, residual):
     """Run-time height and width at 16 lanes: tiny images (rows of 1-3 pixels, where the row
     groups are cut so the transposes stay in the row buffer) up to a few bands."""
     from mlcpack.runtime import load
@@ -137,7 +155,7 @@ def test_open_image_sizes(tmp_path, o, k, s):
     if not _avx512():
         pytest.skip("runs x86-64-v4 code: needs an x86-64 host with AVX-512")
     c = 16
-    model = conv_model(1, c, 8, 8, o, k, s, act="silu", residual=True)
+    model = conv_model(1, c, 8, 8, o, k, s, act="silu", residual=residual)
     for vi in list(model.graph.input) + list(model.graph.output):
         dims = vi.type.tensor_type.shape.dim
         dims[2].dim_param, dims[3].dim_param = ("OH", "OW") if vi in model.graph.output \
@@ -149,7 +167,7 @@ def test_open_image_sizes(tmp_path, o, k, s):
     for threads in (1, 2):
         with load(bundle, threads=threads) as m:
             for h, w in [(1, 1), (200, 2), (5, 7), (13, 11), (9, 40)]:
-                feeds = conv_feeds(1, c, h, w, o, k, s, residual=True, seed=h)
+                feeds = conv_feeds(1, c, h, w, o, k, s, residual=residual, seed=h)
                 want = sess.run(None, feeds)[0]
                 for _ in range(2):
                     got = list(m.run(feeds).values())[0]
