@@ -14,7 +14,8 @@ has the core). Prints, per convolution kernel (at least ``--min-gflop`` GFLOP pe
 source node, GFLOP per call, min µs, GFLOP/s, its share of the FMA peak and of sgemm's, and
 the kernel the export chose for it (``mlcpack inspect``'s ``kernel:``).
 
-The FMA loop: 12 independent 8-lane (AVX2) multiply-add chains in registers, compiled here with
+The FMA loop: 12 independent 8-lane (AVX2) multiply-add chains in registers (16-lane where the
+host has AVX-512: Zen 5's 512-bit FMA pipes double the peak, Zen 4's do not), compiled here with
 llvmlite for the host CPU: the machine's fp32 limit (2 FMA pipes x 8 lanes x 2 FLOP per cycle
 on AVX2 cores) with nothing to load.
 """
@@ -39,7 +40,15 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 FMA_CHAINS = 12
-FMA_LANES = 8
+
+
+def _fma_lanes() -> int:
+    from mlcpack.runtime.cpu import host_features
+
+    return 16 if "avx512f" in host_features() else 8
+
+
+FMA_LANES = _fma_lanes()
 FMA_ITERS = 1 << 20
 
 

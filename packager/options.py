@@ -136,8 +136,12 @@ class CompileOptions:
     pack_conv_weights: bool | None = None
     # ... nn.conv2d_rows packing for these vector widths (() none) ...
     conv_row_widths: tuple[int, ...] | None = None
-    # ... and matmul_packed column panels
+    # ... and matmul_packed column panels. conv_oc_wide: a target runs nn.conv2d_oc on
+    # AVX-512's 16 lanes (chosen with pack_conv_weights; None / False: not): output channels
+    # in whole 16-lane vectors only, and 1x1 convolutions of PACK_1X1_MIN_CHANNELS inputs on
+    # it too (passes/layout.py)
     pack_matmul_weights: bool | None = None
+    conv_oc_wide: bool | None = None
     # -- symbolic shapes: a symbolic convolution without a fast kernel gets the generic loop
     # nest instead of a refusal (debugging; MLCPACK_SYMBOLIC_GENERIC=1)
     symbolic_generic: bool = False
@@ -206,7 +210,8 @@ class CompileOptions:
     def for_targets(self, targets: Sequence | None = None) -> CompileOptions:
         """These options with the layout fields left ``None`` chosen for ``targets`` (resolved
         ``codegen.target.Target`` objects; default: ``target`` resolved), as an export for them
-        chooses: conv weights packed for AVX2 8-lane targets (``conv_oc.packs_conv_weights``),
+        chooses: conv weights packed for AVX2 8-lane and AVX-512 16-lane targets
+        (``conv_oc.packs_conv_weights``; not for bf16 on 16 lanes),
         row-block packing and packed matmul panels where x86-64-v3 is the widest level
         (``codegen/contraction/geometry.py`` ``conv_row_widths``; AVX2 measured, its 128-bit
         level beside it neutral)."""
@@ -220,7 +225,13 @@ class CompileOptions:
         names = {t.name for t in targets}
         changes: dict[str, object] = {}
         if self.pack_conv_weights is None:
-            changes["pack_conv_weights"] = conv_oc.packs_conv_weights(targets)
+            # bf16 on AVX-512 levels keeps nn.conv2d for weights_to_bf16 (its pair kernel or
+            # the register-blocked one): the channel-lane kernel at 16 lanes is fp32's
+            wide = any(geometry.vector_width(t.name) == 16 for t in targets)
+            changes["pack_conv_weights"] = conv_oc.packs_conv_weights(targets) and not (
+                wide and self.precision == "bf16")
+            if self.conv_oc_wide is None:
+                changes["conv_oc_wide"] = changes["pack_conv_weights"] and wide
         if self.conv_row_widths is None:
             changes["conv_row_widths"] = geometry.conv_row_widths(targets)
         # bf16 with a dot instruction (vdpbf16ps on x86-64-v4+bf16, bfdot on aarch64+bf16):

@@ -28,7 +28,12 @@ Per task (a run of (image, band, block) items, the block innermost):
   (bias, BatchNorm, activation, residual add: depthwise.emit_epilogue) finishes and stores.
 
 With 4-lane vectors (the SSE levels of a portable bundle) a block's 8 vectors run in two passes
-of 4. Measured on Zen 4 (AVX2, 1 thread, against ORT's NCHWc convolution, same process, the
+of 4. With AVX-512's 16 lanes (x86-64-v4) a block is 2 zmm vectors and the tile 8 pixels (16
+accumulators of 32 registers; 10 pixels spill in the direct kernel, 12 in both: 244 stack accesses per
+216 multiply-adds), the row transposes 16 x 16; on Zen 5, whose 512-bit FMA pipes double the
+AVX2 peak, ResNet-18 1 thread 24.4 -> 14.0 ms (0.87x the best fp32 peer) against the
+register-blocked kernel, and 8-lane (ymm) vectors at v4 ran the layers 1.7-1.9x slower.
+Measured on Zen 4 (AVX2, 1 thread, against ORT's NCHWc convolution, same process, the
 register-blocked kernel before it in parentheses): ResNet-18's 3x3 convolutions 0.94-1.01x
 (1.06-1.21x), its 7x7 stride-2 stem 0.98x (1.20x).
 
@@ -55,6 +60,11 @@ from .threads import DEFAULTS, SplitThresholds
 
 OC_BLOCK = 32
 REGISTERS = 16
+# AVX-512 (16 lanes) has 32 vector registers: a block's 2 weight vectors times up to
+# MAX_TILE_ROWS_32 pixels of accumulators (the pixels' broadcasts folded into the FMAs).
+REGISTERS_32 = 32
+MAX_TILE_ROWS = 8
+MAX_TILE_ROWS_32 = 8
 # Weight vectors per register tile (16 registers: 4 x 3 pixels of accumulators); a block's
 # vectors past it (4-lane targets: 8 per block) are computed in passes of up to this many.
 MAX_TILE_VECTORS = 4
@@ -108,12 +118,13 @@ PREFETCH_LINES_MAX = 4
 
 def packs_conv_weights(targets) -> bool:
     """Whether the export packs convolution weights for ``targets`` (passes/layout.py): x86
-    targets with 8-lane vectors (AVX2), where the kernel is measured, with or without the
-    4-lane (SSE) levels of a portable bundle; not with AVX-512's 16 lanes or on aarch64, where
-    the register-blocked kernel stays (tuned there, this kernel not measured)."""
+    targets with 8-lane (AVX2) or 16-lane (AVX-512: 2 zmm weight vectors per block, 32
+    registers) vectors, where the kernel is measured, with or without the 4-lane (SSE) levels
+    of a portable bundle; not on aarch64, where the register-blocked kernel stays (tuned there,
+    this kernel not measured)."""
     widths = {geometry.vector_width(t.name) for t in targets}
-    return (bool(targets) and all(t.arch == "x86_64" for t in targets) and 8 in widths
-            and widths <= {4, 8})
+    return (bool(targets) and all(t.arch == "x86_64" for t in targets)
+            and bool(widths & {8, 16}) and widths <= {4, 8, 16})
 
 
 def match_conv_oc(func: PrimFunc) -> Contraction | None:
@@ -172,7 +183,7 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
     def _geometry(self) -> None:
         x, wp = self.match.tag.operands
         attrs = self.match.tag.attrs
-        assert self.vl in (4, 8), "nn.conv2d_oc is packed for 4- and 8-lane targets only"
+        assert self.vl in (4, 8, 16), "nn.conv2d_oc is packed for 4-, 8- and 16-lane targets"
         self.n, self.c, self.h, self.w = x.shape   # n: an int, or a run-time batch
         self.o = attrs["out_channels"]
         self.kh, self.kw = attrs["kernel"]
@@ -205,7 +216,8 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
         self.band_in = rows_for(self.band) if self.copy else self.h
         self.plane_floats = self.band_in * self.wpc if self.copy else self.h * self.w
         plane_region = self.c * self.plane_floats + 16 if self.copy else 0
-        self.rowbuf_floats = (self.rows * self.ow + 8) * OC_BLOCK
+        # the last row's last transpose reads up to vl - 1 pixels past the group's end
+        self.rowbuf_floats = (self.rows * self.ow + max(8, self.vl)) * OC_BLOCK
         self.region_floats = -(-(plane_region + self.rowbuf_floats) // 16) * 16
         self.plane_region = plane_region
         self.chunk = min(self.c, max(1, CHUNK_STEPS // (self.kh * self.kw)))
@@ -302,7 +314,10 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
             self._extent(d) for d in (self.h, self.w, self.oh, self.ow, self.wpc,
                                      self.plane_region, self.region_floats))
         one = const_i64(1)
-        self.rows = hi(lo(b.sdiv(const_i64(ROW_PIXELS), self.ow), self.oh), one)
+        # 16 lanes: the last row's transposes read up to 15 pixels past the group's end, and
+        # the workspace (shared by a bundle's variants) leaves ow + 8 (at least 9)
+        pixels = ROW_PIXELS - (self.vl if self.vl > 8 else 0)
+        self.rows = hi(lo(b.sdiv(const_i64(pixels), self.ow), self.oh), one)
         if self.copy:
             fit = b.sdiv(const_i64(BAND_BYTES // 4), b.mul(self.wpc, const_i64(self.c)))
             band = b.add(b.sdiv(b.sub(fit, const_i64(self.kh)), const_i64(self.sh)), one)
@@ -405,8 +420,11 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
 
     def _tile_rows(self, nv: int) -> int:
         """Pixels per register tile for a block of ``nv`` weight vectors: accumulators, the
-        pixels' broadcasts and one weight vector in the registers."""
-        return max(1, min(8, (REGISTERS - 1) // (nv + 1)))
+        pixels' broadcasts and one weight vector in the registers (AVX-512: 32 registers, the
+        broadcasts folded into the multiply-adds as memory operands)."""
+        if self.vl == 16:
+            return max(1, min(MAX_TILE_ROWS_32, (REGISTERS_32 - nv) // nv))
+        return max(1, min(MAX_TILE_ROWS, (REGISTERS - 1) // (nv + 1)))
 
     # ---- emission -------------------------------------------------------------------------------
 
@@ -1013,12 +1031,23 @@ def _opaque_i64(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
 
 
 def _transpose(b: ir.IRBuilder, rows: list[ir.Value]) -> list[ir.Value]:
-    """A 4 x 4 or 8 x 8 float transpose of as many vectors (row i lane j -> vector j lane i):
-    unpacks of 32-bit, then 64-bit pairs (then 128-bit halves)."""
+    """A 4 x 4, 8 x 8 or 16 x 16 float transpose of as many vectors (row i lane j -> vector j
+    lane i): unpacks of 32-bit, then 64-bit pairs (then 128-bit halves); 16 x 16 as four
+    perfect shuffles (two-source permutes on AVX-512)."""
     n = len(rows)
 
     def shuf(a, c, lanes):
         return b.shuffle_vector(a, c, ir.Constant(ir.VectorType(I32, n), lanes))
+
+    if n == 16:
+        half = n // 2
+        lo = [x for i in range(half) for x in (i, n + i)]
+        hi = [x for i in range(half, n) for x in (i, n + i)]
+        for _ in range(4):   # each stage interleaves row i with row i + 8
+            rows = [r for i in range(half)
+                    for r in (shuf(rows[i], rows[i + half], lo),
+                              shuf(rows[i], rows[i + half], hi))]
+        return rows
 
     if n == 4:
         lo01, hi01 = shuf(rows[0], rows[1], [0, 4, 1, 5]), shuf(rows[0], rows[1], [2, 6, 3, 7])
@@ -1054,4 +1083,6 @@ def emit_conv_oc(module: ir.Module, func: PrimFunc, symbol: str, vl: int,
     match = match_conv_oc(func)
     if match is None:
         return None
+    if vl == 16 and match.tag.attrs["out_channels"] % 16:
+        vl = 8   # output channels in whole 8-lane vectors only: AVX-512VL's ymm registers
     return ChannelLaneConvEmitter(module, func, symbol, match, vl, size_vars, options).emit()

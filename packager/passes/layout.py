@@ -104,15 +104,17 @@ def _plain_conv(v, static_batch: bool, static_image: bool = True) -> bool:
 
 
 def pack_conv_weights(mod: IRModule, options: CompileOptions) -> IRModule:
-    """An ungrouped float32 ``nn.conv2d`` with a window wider than 1x1, a constant weight, a
+    """An ungrouped float32 ``nn.conv2d`` with a window wider than 1x1 (or a 1x1 that
+    ``_oc_1x1`` takes: AVX-512 targets), a constant weight, a
     4-D input static but for the batch and output channels in whole vectors becomes
     ``nn.conv2d_oc`` with its
     weight packed once (``ops.layout.pack_oc_weights``): codegen/conv_oc.py computes it with the
     output channels on the vector lanes (no plane copies by stride phase, no dropped columns).
     With ``options.symbolic_conv_oc`` the input's height and width may be run-time sizes (the
     direct and Winograd kernels then plan their bands and tiles at run time).
-    ``options.pack_conv_weights``: on for targets whose kernels take ``nn.conv2d_oc`` (AVX2,
-    8-lane vectors: where the kernel is measured); off, every convolution keeps ``nn.conv2d``."""
+    ``options.pack_conv_weights``: on for targets whose kernels take ``nn.conv2d_oc`` (AVX2's
+    8-lane and AVX-512's 16-lane vectors: where the kernel is measured); off, every
+    convolution keeps ``nn.conv2d``."""
     if not options.pack_conv_weights:
         return mod
     from ..ops.layout import pack_oc_weights, pack_wino_weights
@@ -122,7 +124,11 @@ def pack_conv_weights(mod: IRModule, options: CompileOptions) -> IRModule:
         if not _plain_conv(v, static_batch=False, static_image=not options.symbolic_conv_oc):
             return None
         x, w = v.args
-        if w.data.shape[2] * w.data.shape[3] == 1 or w.data.shape[0] % 8:
+        # 16 lanes: other output channel counts keep the register-blocked kernel (the kernel's
+        # 8-lane ymm fallback runs at half Zen 5's peak: PP-OCR det's 96 -> 24 3x3s 2x slower)
+        if w.data.shape[0] % (16 if options.conv_oc_wide else 8) or (
+                w.data.shape[2] * w.data.shape[3] == 1
+                and not _oc_1x1(w.data.shape, v.type.shape, options)):
             return None
         attrs = {k: val for k, val in v.attrs.items() if k not in ("groups", "dilation")}
         attrs.update(out_channels=int(w.data.shape[0]), kernel=tuple(w.data.shape[2:]))
@@ -136,6 +142,23 @@ def pack_conv_weights(mod: IRModule, options: CompileOptions) -> IRModule:
                     attrs, v.type)
 
     return map_functions(mod, lambda fn: rewrite_function(fn, visit))
+
+
+# 1x1 convolutions on nn.conv2d_oc (``options.conv_oc_wide``: AVX-512 targets) with at least
+# this many input channels; those with fewer keep the register-blocked kernel. Measured at
+# x86-64-v4 (Zen 5, 1 thread, ResNet-50's 1x1s, kernel min us, register-blocked ->
+# channel-lane): 1024 -> 256 on 14x14 966 -> 445, 256 -> 1024 on 14x14 800 -> 476, 512 -> 128
+# on 28x28 802 -> 422, 256 -> 64 on 56x56 499 -> 432; fewer channels lose: 64 -> 256 on
+# 56x56 437 -> 545, 128 -> 512 on 28x28 458 -> 507, PP-OCR det's 1x1 on 16x16 38 -> 52.
+PACK_1X1_MIN_CHANNELS = 256
+
+
+def _oc_1x1(w_shape, out_shape, options: CompileOptions) -> bool:
+    """Whether a 1x1 convolution (weights ``w_shape``, output ``out_shape``) takes
+    nn.conv2d_oc (see PACK_1X1_MIN_CHANNELS)."""
+    if not options.conv_oc_wide or tuple(out_shape[2:]) == (1, 1):
+        return False   # one pixel: the dot-product kernel (codegen/contraction/dot.py)
+    return w_shape[1] >= PACK_1X1_MIN_CHANNELS
 
 
 def conv_row_block(x_shape, w_shape, out_shape, attrs: dict,
