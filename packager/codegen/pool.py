@@ -142,7 +142,20 @@ class MaxPoolEmitter(KernelEmitter):
         return self.tag.attrs["strides"][1] * self._row_buffer_floats() + self._inf_row_floats()
 
     def _lanes(self, ty: ir.Type, values) -> ir.Constant:
-        return ir.Constant(ir.VectorType(ty, self.vl), list(values))
+        return ir.Constant(ir.VectorType(ty, len(values)), list(values))
+
+    def _byte_width(self, columns) -> int:
+        """The byte lanes a step over a row of ``columns`` (static) takes: the widest of vl,
+        vl / 2, ... (at least 16) that fits in it, so that a row shorter than a step is
+        whole vectors and an overlapping last one, not bytes one by one (64 lanes at
+        x86-64-v4: ResNet-18's 112-wide stem pool went scalar, 158 us against fp32's 71).
+        vl where nothing fits, or for floats and run-time widths."""
+        if not self.ints or not isinstance(columns, int):
+            return self.vl
+        vl = self.vl
+        while vl > 16 and vl > columns:
+            vl //= 2
+        return vl if vl <= columns else self.vl
 
     def _splat_i32(self, v: ir.Value) -> ir.Value:
         b, vec = self.builder, ir.VectorType(I32, self.vl)
@@ -172,15 +185,15 @@ class MaxPoolEmitter(KernelEmitter):
             else ir.Constant(ty, float("nan"))
         return b.select(nan, qnan, acc)
 
-    def _vertical_row(self, rows, bufs, w, pl: int, sw: int) -> None:
+    def _vertical_row(self, rows, bufs, w, pl: int, sw: int, vl: int) -> None:
         """The maximum over the window's input rows ``rows`` (row pointers; rows outside the
         image point at the -inf row) of columns 0..w, into the row buffer(s) at padded column
         pl + x (for stride 2, into buffer (pl + x) % 2 at (pl + x) // 2): whole vectors (two,
         split into even and odd lanes, for stride 2), then the last columns one by one
         (unrolled when ``w`` is static; ``w`` is an int or an i64 value; 8-bit values: an
-        overlapping last vector where the row has one)."""
-        b, vl = self.builder, self.vl
-        vty = self.vty
+        overlapping last vector where the row has one; ``vl`` lanes a vector)."""
+        b = self.builder
+        vty = ir.VectorType(self.elt, vl)
         w_v = const_i64(w) if isinstance(w, int) else w
 
         def vmax(i):
@@ -315,11 +328,16 @@ class MaxPoolEmitter(KernelEmitter):
                                     inbounds=True)
                         rows.append(b.select(ok, row, inf_row))
                     o_row = b.gep(o_plane, [b.mul(oy, ow)], inbounds=True)
-                    self._vertical_row(rows, bufs, w_static if isinstance(w_static, int)
-                                       else w, pl, sw)
+                    w_row = w_static if isinstance(w_static, int) else w
+                    self._vertical_row(rows, bufs, w_row, pl, sw,
+                                       self._byte_width(w_row // sw) if isinstance(w_row, int)
+                                       else vl)
+                    ow_static = self.out.shape[3]
+                    vlo = self._byte_width(ow_static)
+                    voty = ir.VectorType(self.elt, vlo)
 
                     def out_vector(q):
-                        return out_vector_at(b.mul(q, const_i64(vl)))
+                        return out_vector_at(b.mul(q, const_i64(vlo)))
 
                     def out_vector_at(ox0):
                         taps = []
@@ -327,26 +345,25 @@ class MaxPoolEmitter(KernelEmitter):
                             t = kx * dw          # padded column sw * ox + t
                             src = b.gep(bufs[t % sw], [b.add(ox0, const_i64(t // sw))],
                                         inbounds=True)
-                            taps.append(b.load(b.bitcast(src, self.vty.as_pointer()),
+                            taps.append(b.load(b.bitcast(src, voty.as_pointer()),
                                                align=self.esize))
                         dst = b.bitcast(b.gep(o_row, [ox0], inbounds=True),
-                                        self.vty.as_pointer())
+                                        voty.as_pointer())
                         return ox0, self._max_nan(taps), dst
 
                     # full vectors with plain stores (a masked store is microcoded on AMD's
                     # AVX2 cores: ResNet-18's 3x3/2 stem pool took 6x ORT's time), the
                     # row's partial last vector masked
-                    full = b.sdiv(ow, const_i64(vl))
+                    full = b.sdiv(ow, const_i64(vlo))
                     with for_range(b, const_i64(0), full, "ov") as q:
                         _, acc, dst = out_vector(q)
                         b.store(acc, dst, align=self.esize)
-                    ow_static = self.out.shape[3]
-                    if isinstance(ow_static, int) and not ow_static % vl:
+                    if isinstance(ow_static, int) and not ow_static % vlo:
                         return
-                    if self.ints and isinstance(ow_static, int) and ow_static > vl:
+                    if self.ints and isinstance(ow_static, int) and ow_static > vlo:
                         # bytes (no byte masked store on AVX2): the row's last whole vector,
                         # overlapping the one before (the same values there)
-                        _, acc, dst = out_vector_at(const_i64(ow_static - vl))
+                        _, acc, dst = out_vector_at(const_i64(ow_static - vlo))
                         b.store(acc, dst, align=1)
                         return
                     with b.if_then(b.icmp_signed("<", b.mul(full, const_i64(vl)), ow)):

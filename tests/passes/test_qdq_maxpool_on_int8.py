@@ -8,6 +8,7 @@ than a vector (10: the masked store). Another scale after the pool keeps it floa
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import numpy as np
@@ -132,3 +133,71 @@ def test_8bit_pools_with_runtime_sizes_equal_ort(tmp_path: Path) -> None:
                 ours = m.run(feeds)
                 for k in ("y1", "y2"):
                     np.testing.assert_array_equal(ours[k], ref[k], err_msg=f"{k} {shape}")
+
+
+def _row_model(path: Path) -> Path:
+    """Rows shorter than a step of the widest byte vector (issue 33): xa [1, 4, 112, 112]
+    (uint8, ResNet's stem pool 3x3/2 pad 1 -> 56 wide); xb [1, 3, 6, 40] (int8): 3x3/2 pad 1
+    -> 20 wide, and 2x2/1 -> 39 wide."""
+    shapes = {"xa": [1, 4, 112, 112], "xb": [1, 3, 6, 40]}
+    nodes = [h.make_node("QuantizeLinear", ["xa", "s", "z"], ["qa"]),
+             h.make_node("DequantizeLinear", ["qa", "s", "z"], ["da"]),
+             h.make_node("QuantizeLinear", ["xb", "s", "z8"], ["qb"]),
+             h.make_node("DequantizeLinear", ["qb", "s", "z8"], ["db"])]
+    stem = dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1] * 4)
+    pools = (("ya", "da", "z", stem), ("yb", "db", "z8", stem),
+             ("yc", "db", "z8", dict(kernel_shape=[2, 2])))
+    for name, src, z, attrs in pools:
+        nodes += [h.make_node("MaxPool", [src], [f"{name}_p"], **attrs),
+                  h.make_node("QuantizeLinear", [f"{name}_p", "s", z], [name])]
+    inits = [nh.from_array(np.array(0.05, np.float32), "s"),
+             nh.from_array(np.array(131, np.uint8), "z"),
+             nh.from_array(np.array(-5, np.int8), "z8")]
+    outs = {"ya": ([1, 4, 56, 56], T.UINT8), "yb": ([1, 3, 3, 20], T.INT8),
+            "yc": ([1, 3, 5, 39], T.INT8)}
+    graph = h.make_graph(nodes, "qdq_maxpool_rows",
+                         [h.make_tensor_value_info(k, T.FLOAT, v) for k, v in shapes.items()],
+                         [h.make_tensor_value_info(k, t, v) for k, (v, t) in outs.items()],
+                         inits)
+    onnx.save(h.make_model(graph, opset_imports=[h.make_opsetid("", 13)], ir_version=8), path)
+    return path
+
+
+@pytest.mark.skipif(host_arch() != "x86_64" or not {"avx2", "fma"} <= host_features(),
+                    reason="runs x86-64-v3 code: needs an x86-64 host with AVX2 and FMA")
+def test_8bit_pools_on_short_rows_take_narrower_vectors(tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A row shorter than a step of vl bytes (ResNet-18's 112-wide stem rows at x86-64-v4: 64
+    lanes, stride 2) takes the widest of vl / 2, vl / 4 that fits, not bytes one by one: the v4
+    kernels have no scalar byte load left (before: 3 x 112 a row), and the outputs equal ORT's
+    bit for bit at v2, v3 and (where the host has AVX-512BW) v4, on 1 and 2 threads."""
+    from mlcpack.packager.codegen.parallel import compile_prim_funcs
+    from mlcpack.packager.codegen.target import resolve_target
+    from mlcpack.packager.ir.graph import PrimFunc
+    from mlcpack.packager.options import UNPACKED as OPTS
+
+    src = _row_model(tmp_path / "rows.onnx")
+    mod, _ = import_onnx(str(src))
+    funcs = [f for f in run_pipeline(mod, DEFAULT_PIPELINE, options=OPTS).functions.values()
+             if isinstance(f, PrimFunc) and "max_pool2d" in f.name]
+    assert len(funcs) == 3, [f.name for f in funcs]
+    ir_text = compile_prim_funcs(funcs, resolve_target("x86-64-v4")).llvm_ir
+    assert not re.findall(r"load i8, (i8\*|ptr) ", ir_text)
+    path = tmp_path / "rows.mlc"
+    targets = "x86-64-v2,x86-64-v3,x86-64-v4"
+    export_module(mod, path, ExportOptions(target=targets, check=False))
+    rng = np.random.default_rng(3)
+    feeds = {"xa": rng.normal(0, 3, (1, 4, 112, 112)).astype(np.float32),
+             "xb": rng.normal(0, 3, (1, 3, 6, 40)).astype(np.float32)}
+    ref = ort_outputs(src, feeds, as_written=True)
+    levels = [X86_V2, X86_V3] + ([None] if {"avx512bw", "avx512f"} <= host_features() else [])
+    for flags in levels:
+        if flags is None:
+            monkeypatch.delenv("MLCPACK_CPU_FEATURES", raising=False)
+        else:
+            monkeypatch.setenv("MLCPACK_CPU_FEATURES", flags)
+        for threads in (1, 2):
+            with load(path, threads=threads) as m:
+                ours = m.run(feeds)
+            for k in ("ya", "yb", "yc"):
+                np.testing.assert_array_equal(ours[k], ref[k], err_msg=f"{k} {flags}")
