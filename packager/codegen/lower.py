@@ -705,8 +705,10 @@ def _contiguous_source(stage: te.Tensor, d: int, e: te.Expr, split: int | None
     stage's own (axis ``d`` perhaps shifted by a constant: a concatenation's piece), over the
     same extents after ``d``, and the outer indices do not use axes from ``d`` on: the elements
     of one range of axis ``d`` (with all that follows) are one contiguous run in both. Only
-    when no axis after ``d`` is split over threads."""
-    if not isinstance(e, te.Read) or e.tensor.dtype != stage.dtype \
+    when no axis after ``d`` is split over threads, and not on the last axis alone: rows of a
+    few elements (a Concat along the last axis) copy faster as the vectorized loop than as a
+    memcpy call each ([1, 4, 1000, 16 + 16]: 8.9 us as loops, 12.0 as calls)."""
+    if d == len(stage.shape) - 1 or not isinstance(e, te.Read) or e.tensor.dtype != stage.dtype \
             or e.tensor.dtype in te.SUBBYTE_INT_DTYPES \
             or len(e.tensor.shape) != len(stage.shape) or (split is not None and split > d):
         return None
