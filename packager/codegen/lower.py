@@ -381,9 +381,15 @@ class KernelEmitter:
                 axis = stage.axes[d]
                 for start, stop, piece, span in self._run_time_ranges(
                         body, axis, lo, hi, (0, stage.shape[d])):
+                    piece = _unclamped(piece, axis, *span)
+                    source = _contiguous_source(stage, d, piece, split)
+                    if source is not None and source.tensor.uid in self.buffers:
+                        # indices d.. of both alike: one run of elements per range
+                        self._copy_run(stage, d, source, env, start, stop)
+                        continue
                     with for_range(b, start, stop, axis.name) as idx:
                         env[id(axis)] = idx
-                        nest(d + 1, _unclamped(piece, axis, *span))
+                        nest(d + 1, piece)
                 return
             ranges = (_ranges(body, stage.axes[d], 0, stage.shape[d])
                       if isinstance(stage.shape[d], int) else [(0, stage.shape[d], body)])
@@ -417,6 +423,30 @@ class KernelEmitter:
         out = self._run_time_ranges(below, axis, lo, c, (span[0], c_s)) + \
             self._run_time_ranges(above, axis, c, hi, (c_s, span[1]))
         return out if len(out) <= MAX_RANGES else [(lo, hi, e, span)]
+
+    def _copy_run(self, stage: te.Tensor, d: int, read: te.Read, env: dict[int, ir.Value],
+                  start: ir.Value, stop: ir.Value) -> None:
+        """``stage[outer..., start:stop, ...] = read`` for a read that ``_contiguous_source``
+        accepted: one ``llvm.memcpy`` of (stop - start) * (the extents after axis ``d``)
+        elements (a KV cache's Concat along T copied a 16-float row per call before)."""
+        b = self.builder
+        axis = stage.axes[d]
+        out_idx = [env[id(a)] for a in stage.axes[:d]] + [start] + \
+            [const_i64(0)] * (len(stage.shape) - d - 1)
+        env[id(axis)] = start
+        src_idx = [self._value(i, env) if k <= d else const_i64(0)
+                   for k, i in enumerate(read.indices)]
+        inner = self._dim_value(product(stage.shape[d + 1:]))
+        count = b.mul(b.sub(stop, start), inner, flags=("nsw",))
+        count = b.select(b.icmp_signed(">", count, const_i64(0)), count, const_i64(0))
+        nbytes = b.mul(count, const_i64(te.itemsize(stage.dtype)), flags=("nsw",))
+        i8p = I8.as_pointer()
+        memcpy = self.module.declare_intrinsic("llvm.memcpy", [i8p, i8p, I64])
+        dst = b.bitcast(b.gep(self.buffers[stage.uid], [self._offset(stage, out_idx)],
+                              inbounds=True), i8p)
+        src = b.bitcast(b.gep(self.buffers[read.tensor.uid], [self._offset(read.tensor, src_idx)],
+                              inbounds=True), i8p)
+        b.call(memcpy, [dst, src, nbytes, ir.Constant(ir.IntType(1), 0)])
 
     def _bound(self, pick, task_bound: ir.Value, value: int, split: bool) -> ir.Value:
         """``value``, or on the axis split over tasks ``pick(task_bound, value)``."""
@@ -667,6 +697,42 @@ def _same_size(a: object, b: object) -> bool:
         return bool(a == b)
     except Exception:   # noqa: BLE001  (an undecidable comparison: not known to be equal)
         return False
+
+
+def _contiguous_source(stage: te.Tensor, d: int, e: te.Expr, split: int | None
+                       ) -> te.Read | None:
+    """``e`` when it reads a buffer of the stage's dtype whose indices from ``d`` on are the
+    stage's own (axis ``d`` perhaps shifted by a constant: a concatenation's piece), over the
+    same extents after ``d``, and the outer indices do not use axes from ``d`` on: the elements
+    of one range of axis ``d`` (with all that follows) are one contiguous run in both. Only
+    when no axis after ``d`` is split over threads, and not on the last axis alone: rows of a
+    few elements (a Concat along the last axis) copy faster as the vectorized loop than as a
+    memcpy call each ([1, 4, 1000, 16 + 16]: 8.9 us as loops, 12.0 as calls)."""
+    if d == len(stage.shape) - 1 or not isinstance(e, te.Read) or e.tensor.dtype != stage.dtype \
+            or e.tensor.dtype in te.SUBBYTE_INT_DTYPES \
+            or len(e.tensor.shape) != len(stage.shape) or (split is not None and split > d):
+        return None
+    axes = stage.axes
+    inner = {id(a) for a in axes[d:]}
+    for k, idx in enumerate(e.indices):
+        if k < d:
+            if any(id(n) in inner for n in _walk(idx)):
+                return None
+        elif k == d:
+            if not (idx is axes[d] or (isinstance(idx, te.Binary) and idx.op == "sub"
+                                       and idx.a is axes[d] and isinstance(idx.b, te.Const))):
+                return None
+        elif idx is not axes[k] or not _same_size(e.tensor.shape[k], stage.shape[k]):
+            return None
+    return e
+
+
+def _walk(e: te.Expr):
+    stack = [e]
+    while stack:
+        node = stack.pop()
+        yield node
+        stack.extend(te.children(node))
 
 
 def _unclamped(e: te.Expr, axis: te.IndexVar, lo: object, hi: object) -> te.Expr:

@@ -161,7 +161,7 @@ KERNEL_RULES: tuple[KernelRule, ...] = (
                _sized(emit_symbolic_softmax, True)),
     KernelRule("normalization", None, _on_func(emit_normalize, True),
                _sized(emit_symbolic_normalize, True)),
-    KernelRule("transpose", None, _on_func(emit_transpose), None),
+    KernelRule("transpose", None, _on_func(emit_transpose), _sized(emit_transpose)),
 )
 
 

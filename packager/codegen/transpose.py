@@ -13,8 +13,9 @@ from llvmlite import ir
 
 from ..ir import te
 from ..ir.graph import PrimFunc
+from ..ir.sym import product
 from .helpers import F32, I32, const_i64, for_range
-from .lower import KernelEmitter, KernelInfo
+from .lower import KernelEmitter, KernelInfo, _same_size, is_symbolic
 
 TILE = 8                      # T: vectors of 8 floats on every x86 level (two SSE registers on v2)
 PARALLEL_MIN_ELEMENTS = 1 << 16
@@ -23,7 +24,8 @@ PARALLEL_MIN_ELEMENTS = 1 << 16
 def match_transpose(func: PrimFunc) -> tuple[te.Tensor, list[int]] | None:
     """(output, perm) if ``func`` is exactly out[i...] = x[j...] for a permutation of the
     output's loop indices, float32, where the input's last axis is not the output's last one
-    and both span at least a tile; perm[d] = the output axis that indexes x's axis d."""
+    and both span at least a tile (or are known only at run time: a KV cache's T); perm[d] = the
+    output axis that indexes x's axis d."""
     if len(func.inputs) != 1 or len(func.outputs) != 1:
         return None
     x, out = func.inputs[0], func.outputs[0]
@@ -35,10 +37,11 @@ def match_transpose(func: PrimFunc) -> tuple[te.Tensor, list[int]] | None:
     perm = [axis_of.get(id(i)) for i in body.indices]
     if None in perm or sorted(perm) != list(range(len(out.shape))):
         return None
-    if any(x.shape[d] != out.shape[perm[d]] for d in range(len(perm))):
+    if not all(_same_size(x.shape[d], out.shape[perm[d]]) for d in range(len(perm))):
         return None
     a_axis, b_axis = perm[-1], len(out.shape) - 1
-    if a_axis == b_axis or out.shape[a_axis] < TILE or out.shape[b_axis] < TILE:
+    if a_axis == b_axis or any(isinstance(out.shape[k], int) and out.shape[k] < TILE
+                               for k in (a_axis, b_axis)):
         return None
     return out, perm
 
@@ -64,36 +67,45 @@ def transpose_tile(b: ir.IRBuilder, rows: list[ir.Value]) -> list[ir.Value]:
 
 class TransposeEmitter(KernelEmitter):
     def __init__(self, module: ir.Module, func: PrimFunc, symbol: str, out: te.Tensor,
-                 perm: list[int], vl: int) -> None:
-        super().__init__(module, func, symbol)
+                 perm: list[int], vl: int, size_vars: tuple[str, ...] = ()) -> None:
+        super().__init__(module, func, symbol, size_vars)
         self.out, self.perm = out, perm
         self.vty = ir.VectorType(F32, TILE)
 
     def emit(self) -> KernelInfo:
         x_t = self.func.inputs[0]
         body_fn, ptr_types = self._begin_body([x_t, self.out], workspace=False)
-        x_ptr, out_ptr, task, ntasks = body_fn.args[:4]
+        x_ptr, out_ptr = body_fn.args[:2]
+        task, ntasks = body_fn.args[len(ptr_types):]
         b = self.builder
         shape = self.out.shape
         rank = len(shape)
         a_axis, b_axis = self.perm[-1], rank - 1
         others = [k for k in range(rank) if k not in (a_axis, b_axis)]
-        outer = int(np.prod([shape[k] for k in others], dtype=np.int64))
-        parallel = outer > 1 and int(np.prod(shape, dtype=np.int64)) >= PARALLEL_MIN_ELEMENTS
-        lo, hi = const_i64(0), const_i64(outer)
+        if self.symbolic:   # run-time extents: split over threads on the static dims' work
+            static = [n for n in shape if isinstance(n, int)]
+            outer_dims = [shape[k] for k in others]
+            parallel = bool(others) and not all(n == 1 for n in outer_dims) and int(
+                np.prod(static, dtype=np.int64)) >= PARALLEL_MIN_ELEMENTS // 8
+            outer = self._dim_value(product(outer_dims))
+        else:
+            n_outer = int(np.prod([shape[k] for k in others], dtype=np.int64))
+            parallel = n_outer > 1 and int(np.prod(shape, dtype=np.int64)) >= PARALLEL_MIN_ELEMENTS
+            outer = const_i64(n_outer)
+        lo, hi = const_i64(0), outer
         if parallel:
             lo = b.sdiv(b.mul(task, hi), ntasks)
-            hi = b.sdiv(b.mul(b.add(task, const_i64(1)), const_i64(outer)), ntasks)
+            hi = b.sdiv(b.mul(b.add(task, const_i64(1)), outer), ntasks)
         with for_range(b, lo, hi, "outer") as flat:
             idx: list[ir.Value | None] = [None] * rank
             rest = flat
             for k in reversed(others):
-                idx[k] = b.srem(rest, const_i64(shape[k]))
-                rest = b.sdiv(rest, const_i64(shape[k]))
+                idx[k] = b.srem(rest, self._dim_value(shape[k]))
+                rest = b.sdiv(rest, self._dim_value(shape[k]))
             self._plane(x_ptr, out_ptr, idx, a_axis, b_axis)
         b.ret_void()
-        self._emit_entry(body_fn, 2, ptr_types)
-        return KernelInfo(self.symbol, 1, 1, 0, parallel)
+        self._emit_entry(body_fn, len(ptr_types), ptr_types)
+        return KernelInfo(self.symbol, 1, 1, 0, parallel, symbolic=self.symbolic)
 
     def _offsets(self, idx: list[ir.Value]) -> tuple[ir.Value, ir.Value]:
         """(offset in x, offset in out) of the element at output indices ``idx``."""
@@ -105,11 +117,11 @@ class TransposeEmitter(KernelEmitter):
         """Every (a, b) of one plane of the output (the other indices fixed in ``idx``)."""
         b = self.builder
         na, nb = self.out.shape[a_axis], self.out.shape[b_axis]
-        fa, fb = na // TILE * TILE, nb // TILE * TILE
+        fa, fb = self._tiled(na), self._tiled(nb)
         vptr = self.vty.as_pointer()
-        with for_range(b, const_i64(0), const_i64(fa // TILE), "ta") as ta:
+        with for_range(b, const_i64(0), self._tiles(na), "ta") as ta:
             a0 = b.mul(ta, const_i64(TILE))
-            with for_range(b, const_i64(0), const_i64(fb // TILE), "tb") as tb:
+            with for_range(b, const_i64(0), self._tiles(nb), "tb") as tb:
                 b0 = b.mul(tb, const_i64(TILE))
                 rows = []
                 for t in range(TILE):    # x's last axis runs along a: a vector per b
@@ -127,20 +139,40 @@ class TransposeEmitter(KernelEmitter):
 
     def _copy(self, x_ptr, out_ptr, idx: list, a_axis: int, b_axis: int, a_range, b_range
               ) -> None:
-        if a_range[0] >= a_range[1] or b_range[0] >= b_range[1]:
+        if all(isinstance(v, int) for v in a_range + b_range) and (
+                a_range[0] >= a_range[1] or b_range[0] >= b_range[1]):
             return
         b = self.builder
-        with for_range(b, const_i64(a_range[0]), const_i64(a_range[1]), "ea") as a:
-            with for_range(b, const_i64(b_range[0]), const_i64(b_range[1]), "eb") as bi:
+        with for_range(b, self._end(a_range[0]), self._end(a_range[1]), "ea") as a:
+            with for_range(b, self._end(b_range[0]), self._end(b_range[1]), "eb") as bi:
                 idx[a_axis], idx[b_axis] = a, bi
                 xo, oo = self._offsets(idx)
                 b.store(b.load(b.gep(x_ptr, [xo], inbounds=True)),
                         b.gep(out_ptr, [oo], inbounds=True))
 
 
-def emit_transpose(module: ir.Module, func: PrimFunc, symbol: str, vl: int
-                   ) -> KernelInfo | None:
+    def _tiles(self, n: object) -> ir.Value:
+        """Whole tiles along an extent (a constant, or counted at run time)."""
+        if isinstance(n, int):
+            return const_i64(n // TILE)
+        return self.builder.sdiv(self._dim_value(n), const_i64(TILE))
+
+    def _tiled(self, n: object) -> int | ir.Value:
+        """The elements of ``n`` the whole tiles cover."""
+        if isinstance(n, int):
+            return n // TILE * TILE
+        return self.builder.mul(self._tiles(n), const_i64(TILE))
+
+    def _end(self, v: object) -> ir.Value:
+        return v if isinstance(v, ir.Value) else self._dim_value(v)
+
+
+def emit_transpose(module: ir.Module, func: PrimFunc, symbol: str, vl: int,
+                   size_vars: tuple[str, ...] = ()) -> KernelInfo | None:
+    """The tiled transpose, also with run-time extents (``size_vars``: a KV cache's T)."""
+    if is_symbolic(func) and not size_vars:
+        return None
     match = match_transpose(func)
     if match is None:
         return None
-    return TransposeEmitter(module, func, symbol, *match, vl).emit()
+    return TransposeEmitter(module, func, symbol, *match, vl, size_vars).emit()

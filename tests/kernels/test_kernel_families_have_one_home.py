@@ -28,7 +28,8 @@ def test_rule_table_rows_in_order() -> None:
                         "unique by sorting", "integer GEMM",   # qconv2d quads, open sizes
                         "integer elementwise", "channel-lane convolution",
                         "depthwise convolution",
-                        "bf16 pair matmul", "contraction", "max pool", "softmax", "normalization"]
+                        "bf16 pair matmul", "contraction", "max pool", "softmax", "normalization",
+                        "transpose"]   # a KV cache's T
     assert all(r.static is not None for r in rules.KERNEL_RULES)
 
 
