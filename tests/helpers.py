@@ -275,3 +275,18 @@ def _function_key(func, size_vars, target, options) -> str | None:
     """The compile cache's key of ``func`` compiled alone (None: not keyable)."""
     from mlcpack.packager.codegen import build
     return build.object_key([func], target, tuple(size_vars), True, options)
+
+
+def self_loops(asm: str) -> list[list[str]]:
+    """The instructions of each basic block of the assembly text ``asm`` that branches back to its
+    own label: a kernel's innermost loops, to count what their bodies hold."""
+    loops, label, body = [], None, []
+    for line in asm.splitlines():
+        if line.endswith(":") and not line.startswith("\t"):
+            label, body = line[:-1], []
+        elif label and line.startswith("\t") and not line.startswith("\t."):
+            body.append(line.strip())
+            if line.split()[0].startswith("j") and line.split()[-1] == label:
+                loops.append(body)
+                label = None
+    return loops

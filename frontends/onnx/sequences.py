@@ -249,14 +249,11 @@ def _concat_stack(ctx: NodeContext, stack: Value, axis: int, new: bool) -> Value
 
 @converter("SplitToSequence", since=11, attrs={"axis": 0, "keepdims": 1})
 def _split_to(ctx: NodeContext) -> SeqValue:
-    from .index import _slice_axis
+    from .index import _axis, _slice_axis
 
     x = ctx.input(0)
     rank = len(x.type.shape)
-    axis = int(ctx.attrs["axis"])
-    if not -rank <= axis < rank:
-        raise ctx.error(f"axis {axis} is out of range for rank {rank}")
-    axis %= rank
+    axis = _axis(ctx, int(ctx.attrs["axis"]), rank)
     total = x.type.shape[axis]
     dtype = x.type.dtype
     if ctx.has_input(1):

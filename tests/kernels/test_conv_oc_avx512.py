@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from conftest import X86_V3
 from conv_models import conv_feeds, conv_model
-
+from helpers import self_loops
 from mlcpack.runtime.cpu import host_arch, host_features
 
 ort = pytest.importorskip("onnxruntime")
@@ -26,7 +26,6 @@ def _avx512() -> bool:
 
 def _export(tmp_path, model, target=V4):
     import onnx
-
     from mlcpack.frontends.onnx import import_onnx
     from mlcpack.packager.export import ExportOptions, export_module
 
@@ -41,20 +40,6 @@ def _conv_kernels(bundle) -> list[dict]:
     from mlcpack.runtime.describe import describe
 
     return [k for k in describe(bundle)["kernels"] if "conv" in k["name"]]
-
-
-def _self_loops(asm: str) -> list[list[str]]:
-    """The instructions of each basic block of ``asm`` that branches back to its own label."""
-    loops, label, body = [], None, []
-    for line in asm.splitlines():
-        if line.endswith(":") and not line.startswith("\t"):
-            label, body = line[:-1], []
-        elif label and line.startswith("\t") and not line.startswith("\t."):
-            body.append(line.strip())
-            if line.split()[0].startswith("j") and line.split()[-1] == label:
-                loops.append(body)
-                label = None
-    return loops
 
 
 def test_packed_for_avx512_but_not_for_its_bf16():
@@ -88,7 +73,6 @@ def test_zmm_tile_stays_in_registers(tmp_path, monkeypatch, c, o, hw, s, choice,
     """The v4 kernel's product loop: 8 pixels (tiles) x 2 zmm vectors, every multiply-add on
     zmm registers, no stack access (12 pixels spilled: 244 stack accesses per 216 FMAs)."""
     import llvmlite.binding as llvm
-
     import mlcpack.packager.export as export
     from mlcpack.packager.codegen.build import _target_machine
 
@@ -105,7 +89,7 @@ def test_zmm_tile_stays_in_registers(tmp_path, monkeypatch, c, o, hw, s, choice,
     (target, code), = captured
     assert choice in next(iter(code.kernels.values())).choice
     asm = _target_machine(target).emit_assembly(llvm.parse_assembly(code.llvm_ir))
-    product = [body for body in _self_loops(asm) if sum("vfmadd" in i for i in body) == fmas]
+    product = [body for body in self_loops(asm) if sum("vfmadd" in i for i in body) == fmas]
     assert product
     for body in product:
         assert all("zmm" in i for i in body if "vfmadd" in i)

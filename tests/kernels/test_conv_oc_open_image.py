@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from conftest import X86_V2, X86_V3
 from conv_models import conv_feeds, conv_model
+from helpers import self_loops
 
 ort = pytest.importorskip("onnxruntime")
 
@@ -36,7 +37,6 @@ def _open(model, batch: bool = False, pads: int | None = None):
 
 def _export(tmp_path, model, target):
     import onnx
-
     from mlcpack.frontends.onnx import import_onnx
     from mlcpack.packager.export import ExportOptions, export_module
 
@@ -116,20 +116,6 @@ def test_the_sse_variant_on_an_open_image(tmp_path, monkeypatch, c, o, k, s):
     _check(path, bundle, [conv_feeds(1, c, h, w, o, k, s, seed=h) for h, w in SIZES])
 
 
-def _self_loops(asm: str) -> list[list[str]]:
-    """The instructions of each basic block of ``asm`` that branches back to its own label."""
-    loops, label, body = [], None, []
-    for line in asm.splitlines():
-        if line.endswith(":") and not line.startswith("\t"):
-            label, body = line[:-1], []
-        elif label and line.startswith("\t") and not line.startswith("\t."):
-            body.append(line.strip())
-            if line.split()[0].startswith("j") and line.split()[-1] == label:
-                loops.append(body)
-                label = None
-    return loops
-
-
 def test_open_winograd_product_loop_keeps_its_offsets_in_registers(tmp_path, monkeypatch):
     """The open-size Winograd kernel's run-time V stride is opaque in its product loop
     (conv_oc.py ``_opaque_i64``), so LLVM does not hoist the mr x unroll channel offsets out
@@ -138,7 +124,6 @@ def test_open_winograd_product_loop_keeps_its_offsets_in_registers(tmp_path, mon
     touches the stack at most once (the stride's own reload; main's loop reloaded 3 offsets
     here, 8 in a 64 -> 64 layer with SiLU)."""
     import llvmlite.binding as llvm
-
     import mlcpack.packager.export as export
     from mlcpack.packager.codegen.build import _target_machine
 
@@ -155,7 +140,7 @@ def test_open_winograd_product_loop_keeps_its_offsets_in_registers(tmp_path, mon
     _export(tmp_path, _open(conv_model(1, 32, 8, 8, 32, 3, 1)), "x86-64-v3")
     (target, code), = captured
     assert "Winograd" in next(iter(code.kernels.values())).choice
-    loops = _self_loops(_target_machine(target).emit_assembly(llvm.parse_assembly(code.llvm_ir)))
+    loops = self_loops(_target_machine(target).emit_assembly(llvm.parse_assembly(code.llvm_ir)))
     product = [body for body in loops if sum("vfmadd" in i for i in body) == 48]
     assert product
     assert all(sum("(%rsp)" in i for i in body) <= 1 for body in product)
