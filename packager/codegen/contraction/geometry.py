@@ -188,7 +188,7 @@ PACKED_1X1_WIDE = True
 # ... and every 1x1 of at least WIDE_1X1_MIN_CHANNELS channels in and out takes a 16-lane tile
 # there, packed or not: the cost model's half-width (8-lane) tiles assume Zen 4's two 256-bit
 # FMA pipes and run at half Zen 5's 512-bit rate (1 thread, kernel min, 8-lane -> 16-lane
-# tile: MobileNetV3's 576 -> 96 on 7x7 48 -> 28 us, 96 -> 40 on 14x14 11.8 -> 7.5,
+# tile: MobileNetV3's 96 -> 576 on 7x7 48 -> 28 us, 96 -> 40 on 14x14 11.8 -> 7.5,
 # EfficientNet's 112 -> 672 on 14x14 262 -> 158; see docs/performance.md, issue 35).
 WIDE_1X1_MIN_CHANNELS = 16
 PACK_A_BYTES = L2_REUSE_BYTES // 2
