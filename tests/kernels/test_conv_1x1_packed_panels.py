@@ -75,4 +75,7 @@ def test_which_1x1_convolutions_are_packed():
     oh = 7
     g = conv_geometry((1, 512, 7, 7), (384, 512, 1, 1), (1, 384, oh, oh),
                       dict(strides=(1, 1), padding=(0,) * 4, groups=1, dilation=(1, 1)), 16)
-    assert not g["packed"]   # AVX-512 keeps the in-place kernel (not measured there)
+    assert g["packed"] and g["vl"] == 16   # AVX-512: packed where the weights pass L2 ...
+    g = conv_geometry((1, 128, 28, 28), (512, 128, 1, 1), (1, 512, 28, 28),
+                      dict(strides=(1, 1), padding=(0,) * 4, groups=1, dilation=(1, 1)), 16)
+    assert not g["packed"]   # ... not with them in L2 (test_conv_1x1_avx512.py)

@@ -178,6 +178,19 @@ CHUNK_MIN_STEPS = 64     # no chunks of fewer reduction steps (channels x taps)
 # 87-89, 1024 -> 256 81-83 -> 88-90, 28x28 128 -> 512 + residual 77-80 -> 84-86, 7x7 80-82
 # -> 86-88, strided 512 -> 1024 74 -> 89 (bench/conv_peak.py).
 PACKED_1X1_VL = 8
+# At 16 lanes (x86-64-v4, 32 zmm registers) the static kernel packs too, where the weights
+# pass L2 (PACKED_1X1_WIDE; the 16-lane tiles of _CONV_TILES_512, no tail): the weights then
+# stay in L2 chunk by chunk. Measured on Zen 5, 1 thread, kernel min, packed / in place (both
+# 16-lane tiles): EfficientNet-B0's 192 -> 1152 on 7x7 (884 KB of weights) 0.83-0.85; with the
+# weights in L2 packing loses: MobileNetV3's 16 -> 16 on 56x56 1.41, 72 -> 24 on 28x28 1.29,
+# 96 -> 40 on 14x14 1.07, EfficientNet's 144 -> 40 on 28x28 1.19.
+PACKED_1X1_WIDE = True
+# ... and every 1x1 of at least WIDE_1X1_MIN_CHANNELS channels in and out takes a 16-lane tile
+# there, packed or not: the cost model's half-width (8-lane) tiles assume Zen 4's two 256-bit
+# FMA pipes and run at half Zen 5's 512-bit rate (1 thread, kernel min, 8-lane -> 16-lane
+# tile: MobileNetV3's 96 -> 576 on 7x7 48 -> 28 us, 96 -> 40 on 14x14 11.8 -> 7.5,
+# EfficientNet's 112 -> 672 on 14x14 262 -> 158; see docs/performance.md, issue 35).
+WIDE_1X1_MIN_CHANNELS = 16
 PACK_A_BYTES = L2_REUSE_BYTES // 2
 PACK_MIN_CHANNELS = 64
 
@@ -264,6 +277,9 @@ def conv_geometry(x_shape, w_shape, out_shape, attrs: dict, target_vl: int,
             and L2_REUSE_BYTES // 4 < shifted_bytes <= L2_REUSE_BYTES < w_bytes
             and shifted_bytes + w_bytes > SHIFTED_REREAD_BYTES):
         layouts = [False]
+    # a 1x1 at 16 lanes: 16-lane tiles only (see WIDE_1X1_MIN_CHANNELS)
+    wide_1x1 = (target_vl == 16 and groups == 1 and (kh, kw) == (1, 1)
+                and min(cg, og) >= WIDE_1X1_MIN_CHANNELS)
     best = None
     for shifted in layouts:
         wq = ow if shifted else max(-(-wp // sw), ow + (kw - 1) // sw)
@@ -271,7 +287,7 @@ def conv_geometry(x_shape, w_shape, out_shape, attrs: dict, target_vl: int,
         pflat = oh * wq                          # flattened outputs computed per channel
         copied = 0 if direct else c * ny * nx * hq * wq
         for vl, mr, nv, eff in _conv_tiles(og, target_vl, kh * kw):
-            if _tall_tile and mr < 6:
+            if _tall_tile and mr < 6 or wide_1x1 and vl != 16:
                 continue
             nr = nv * vl
             computed = -(-og // mr) * mr * groups * -(-pflat // nr) * nr * cg * kh * kw
@@ -390,9 +406,11 @@ def conv_geometry(x_shape, w_shape, out_shape, attrs: dict, target_vl: int,
     # A/B runs of ResNet-50, sum of the 11 layers' mins packed / in place 1.011, 1.001, 1.010,
     # docs/performance.md).
     packed = (groups == 1 and (kh, kw) == (1, 1) and not any(attrs["padding"]) and wq == ow
-              and min(cg, og) >= PACK_MIN_CHANNELS and panels > 0
+              and panels > 0
               and (weight_bytes > L2_REUSE_BYTES or not direct or 4 * c * h * wd <= L2_REUSE_BYTES)
-              and vl == PACKED_1X1_VL and target_vl == PACKED_1X1_VL)
+              and min(cg, og) >= PACK_MIN_CHANNELS and vl == target_vl
+              and (target_vl == PACKED_1X1_VL or (
+                  PACKED_1X1_WIDE and target_vl == 16 and weight_bytes > L2_REUSE_BYTES)))
     mc_blocks = max(1, min(mblocks, PACK_A_BYTES // (4 * mr * cg))) if packed else 0
     return dict(c=c, h=h, w=wd, o=o, cg=cg, kh=kh, kw=kw, oh=oh, ow=ow, sh=sh, sw=sw,
                 packed=packed, mc_blocks=mc_blocks,
