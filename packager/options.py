@@ -64,9 +64,10 @@ class CompileOptions:
     # whose output channels fill 16-lane vectors take nn.conv2d_oc with weights in
     # input-channel pairs (output channels on the lanes, codegen/conv_oc.py) instead of
     # nn.conv2d_bf16p (pixels on the lanes: 7x7 planes compute 31 % more outputs than they
-    # have); 0: none. Measured on Zen 5 (1 thread, kernel CPU minima, pair -> channel-lane):
-    # ResNet's 7x7 layers 0.76-0.84x, its 14x14 ones 0.94-1.30x (docs/performance.md)
-    bf16_oc_pixels: int = 7 * 7
+    # have; 1x1 windows: passes/layout.py BF16_OC_1X1_PIXELS); 0: none. Measured on Zen 5
+    # (1 thread, kernel CPU minima, pair -> channel-lane): ResNet's 7x7 layers 0.75-0.84x,
+    # its 3x3s at 14x14 0.93-0.95x (docs/performance.md)
+    bf16_oc_pixels: int = 14 * 14
     bf16_oc_targets: bool | None = None
     # test only: the vdpbf16ps matmul's and convolution's data path (packing, loop order) with
     # vcvtne2ps2bf16 and vdpbf16ps written in portable IR (float32 FMAs, exact on normal

@@ -658,8 +658,16 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
                     with for_range(b, const_i64(0), full, "tx") as tx:
                         self._tile(planes, prow0, b.mul(tx, const_i64(mr)), mr, v0, nv, wblk,
                                    c0, c1, first, prefetch=tx)
+                    rest = b.mul(full, const_i64(mr))
+                    if self.pairs and mr >= 4:   # bf16 pairs: half a tile first (a 1-pixel
+                        half = mr // 2           # tile is load-bound on vdpbf16ps)
+                        with b.if_then(b.icmp_signed(">=", b.sub(npix, rest),
+                                                     const_i64(half))):
+                            self._tile(planes, prow0, rest, half, v0, nv, wblk, c0, c1, first)
+                        rest = b.select(b.icmp_signed(">=", b.sub(npix, rest), const_i64(half)),
+                                        b.add(rest, const_i64(half)), rest)
                     if mr > 1:   # the rest a pixel at a time: one more copy, not mr - 1
-                        with for_range(b, b.mul(full, const_i64(mr)), npix, "tp") as p:
+                        with for_range(b, rest, npix, "tp") as p:
                             self._tile(planes, prow0, p, 1, v0, nv, wblk, c0, c1, first)
             with for_range(b, const_i64(0), nrows, "orow") as r:
                 rowbuf = b.gep(self.rowbuf, [b.mul(r, self._extent(self._product(self.ow,

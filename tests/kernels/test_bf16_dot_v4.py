@@ -542,8 +542,9 @@ def test_conv_dot_path_emulated_bit_exact(tmp_path, conv_compiled, case):
 # ---- the channel-lane pair convolution (codegen/conv_oc.py with ``pairs``) --------------------
 
 # (C, O, k, H = W, stride): an odd C over two chunks of 16 pairs (19 pairs) and a block and a
-# half of output channels (48: a 16-channel partial block), 7x7; a strided 1x1 to 7x7
-OC_CASES = {"3x3_c37": (37, 48, 3, 7, 1), "1x1_s2": (24, 32, 1, 13, 2)}
+# half of output channels (48: a 16-channel partial block), 14x14 (row groups with a half
+# tile and single pixels left); a strided 1x1 to 7x7
+OC_CASES = {"3x3_c37": (37, 48, 3, 14, 1), "1x1_s2": (24, 32, 1, 13, 2)}
 
 
 def _oc_pipeline(shape, target: str, **fields):
@@ -560,7 +561,7 @@ def _oc_pipeline(shape, target: str, **fields):
 
 
 def test_oc_pairs_chosen_for_small_planes():
-    """Planes of at most 7x7 (``bf16_oc_pixels``) with output channels in 16-lane vectors take nn.conv2d_oc with
+    """Planes of at most 14x14 (``bf16_oc_pixels``; 1x1 windows 7x7) with output channels in 16-lane vectors take nn.conv2d_oc with
     pair weights (``pack_oc_pairs``: the pairs of ``pack_conv_pairs`` by blocks of 32 output
     channels) where every target has vdpbf16ps; larger planes, other channel counts and a
     set with a level without avx512_bf16 keep nn.conv2d_bf16p. Pipeline only."""
@@ -577,8 +578,9 @@ def test_oc_pairs_chosen_for_small_planes():
 
     assert picked((5, 32, 3, 7, 1)) == ({"conv2d_oc"}, [(1, 3 * 9, 32, 2)])
     assert picked(OC_CASES["3x3_c37"]) == ({"conv2d_oc"}, [(2, 19 * 9, 32, 2)])
-    assert picked((5, 32, 3, 8, 1))[0] == {"conv2d_bf16p"}         # 8x8 > 7x7
-    assert picked((5, 32, 3, 14, 1), bf16_oc_pixels=196)[0] == {"conv2d_oc"}
+    assert picked((5, 32, 3, 15, 1))[0] == {"conv2d_bf16p"}        # 15x15 > 14x14
+    assert picked((5, 32, 1, 8, 1))[0] == {"conv2d_bf16p"}         # a 1x1 on 8x8 > 7x7
+    assert picked((5, 32, 1, 7, 1))[0] == {"conv2d_oc"}
     assert picked((5, 20, 3, 7, 1))[0] == {"conv2d_bf16p"}         # 20 channels
     assert picked((5, 32, 3, 7, 1), f"x86-64-v4,{V4_BF16}")[0] == {"conv2d_bf16p"}
     assert picked((5, 32, 3, 7, 1), bf16_oc_pixels=0)[0] == {"conv2d_bf16p"}
