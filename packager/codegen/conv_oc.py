@@ -37,6 +37,17 @@ Measured on Zen 4 (AVX2, 1 thread, against ORT's NCHWc convolution, same process
 register-blocked kernel before it in parentheses): ResNet-18's 3x3 convolutions 0.94-1.01x
 (1.06-1.21x), its 7x7 stride-2 stem 0.98x (1.20x).
 
+bf16 pairs (``pairs``: ``--precision bf16`` where every target is x86-64-v4+bf16, planes of
+at most ``CompileOptions.bf16_oc_pixels``, weights packed by ``ops.layout.pack_oc_pairs``): the
+same bands, row groups, tiles and transposes, with a reduction unit of an input-channel pair:
+the band's planes hold pair words (``bf16conv.pair_words``: vcvtne2ps2bf16 of channels 2j and
+2j + 1, interleaved; made by the copy even without padding), each step broadcasts a pixel's
+word against the block's 2 vectors of 16 output channels' weight pairs in ``vdpbf16ps``
+(``bf16dot.dot_words``; static shapes, 16 lanes only). Per pair and tap in order, as
+bf16conv.py's kernel: tests/kernels/test_bf16_dot_v4.py's model holds for both. Unlike
+bf16conv.py's pixels on the lanes it computes no padding column and no rounding to 16 pixels
+(7x7 planes: 64 lanes for 49 pixels); a row group's rest runs half a tile before single pixels.
+
 Run-time image sizes (a model exported with open height and width): the same kernels, with the
 plan's size-dependent part (bands, row groups, Winograd tile counts, the padded row width)
 computed from the sizes at the kernel's entry (``_runtime_geometry``) by the static plan's

@@ -103,23 +103,21 @@ def pack_oc_pairs(w: np.ndarray) -> np.ndarray:
     bf16`` on x86-64-v4+bf16): a reduction step's OC_BLOCK 32-bit words, each the pair (w[o, 2j],
     w[o, 2j + 1]) of one output channel, the even channel in the low half (vdpbf16ps's operand
     against a broadcast pair of input channels, codegen/conv_oc.py)."""
-    from .bf16 import pack_conv_pairs
-    pairs = pack_conv_pairs(w)                       # [O, cp, kh, kw, 2]
-    o = pairs.shape[0]
-    blocks = -(-o // OC_BLOCK)
-    padded = np.zeros((blocks * OC_BLOCK,) + pairs.shape[1:], dtype=w.dtype)
-    padded[:o] = pairs
-    steps = int(np.prod(pairs.shape[1:4]))
-    return np.ascontiguousarray(
-        padded.reshape(blocks, OC_BLOCK, steps, 2).transpose(0, 2, 1, 3))
+    o, c, kh, kw = w.shape
+    blocks, cp = -(-o // OC_BLOCK), -(-c // 2)
+    padded = np.zeros((blocks * OC_BLOCK, cp * 2, kh, kw), dtype=w.dtype)
+    padded[:o, :c] = w
+    # [blocks, 32, cp, 2, kh, kw] -> [blocks, cp, kh, kw, 32, 2]
+    return np.ascontiguousarray(padded.reshape(blocks, OC_BLOCK, cp, 2, kh, kw).transpose(
+        0, 2, 4, 5, 1, 3).reshape(blocks, cp * kh * kw, OC_BLOCK, 2))
 
 
 def unpack_oc_pairs(wp: np.ndarray, out_channels: int, c: int, kernel) -> np.ndarray:
-    from .bf16 import unpack_conv_pairs
     kh, kw = kernel
     blocks, steps = wp.shape[:2]
-    flat = wp.transpose(0, 2, 1, 3).reshape(blocks * OC_BLOCK, steps // (kh * kw), kh, kw, 2)
-    return unpack_conv_pairs(flat[:out_channels], c)
+    cp = steps // (kh * kw)
+    w = wp.reshape(blocks, cp, kh, kw, OC_BLOCK, 2).transpose(0, 4, 1, 5, 2, 3)
+    return w.reshape(blocks * OC_BLOCK, cp * 2, kh, kw)[:out_channels, :c]
 
 
 # Winograd F(2x2, 3x3) (Lavin and Gray, 2016): a 3x3 stride-1 convolution computes each 2x2
