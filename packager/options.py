@@ -59,6 +59,16 @@ class CompileOptions:
     # the targets (``for_targets``). The ``bf16_dot`` and ``bf16_pair_convs`` properties
     # derive from it.
     bf16_dot_targets: bool | None = None
+    # under "bf16" where every target has vdpbf16ps at 16 lanes (``bf16_oc_targets``, chosen
+    # by ``for_targets``): convolutions whose output plane has at most this many pixels and
+    # whose output channels fill 16-lane vectors take nn.conv2d_oc with weights in
+    # input-channel pairs (output channels on the lanes, codegen/conv_oc.py) instead of
+    # nn.conv2d_bf16p (pixels on the lanes: 7x7 planes compute 31 % more outputs than they
+    # have; 1x1 windows: passes/layout.py BF16_OC_1X1_PIXELS); 0: none. Measured on Zen 5
+    # (1 thread, kernel CPU minima, pair -> channel-lane): ResNet's 7x7 layers 0.75-0.84x,
+    # its 3x3s at 14x14 0.93-0.95x (docs/performance.md)
+    bf16_oc_pixels: int = 14 * 14
+    bf16_oc_targets: bool | None = None
     # test only: the vdpbf16ps matmul's and convolution's data path (packing, loop order) with
     # vcvtne2ps2bf16 and vdpbf16ps written in portable IR (float32 FMAs, exact on normal
     # values), on any target: runs it on a CPU without avx512_bf16 (codegen/bf16dot.py,
@@ -242,6 +252,11 @@ class CompileOptions:
                 ("x86-64-v3" in names and names <= {"x86-64-v2", "x86-64-v3"}) or dot)
         if self.bf16_dot_targets is None:
             changes["bf16_dot_targets"] = has_bf16_dot(targets)
+        if self.bf16_oc_targets is None:
+            from .codegen.bf16dot import VDPBF16PS, dot_kind
+            changes["bf16_oc_targets"] = bool(targets) and all(
+                geometry.vector_width(t.name) == 16 and dot_kind(t.llvm_features) == VDPBF16PS
+                for t in targets)
         if self.conv_quads is None:
             changes["conv_quads"] = quad_arch(targets, self.vnni_emulate)
         if self.conv_quads7 is None:

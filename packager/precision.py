@@ -67,8 +67,9 @@ def fp32_note(mod: Any, options: Any, targets: tuple[str, ...] = ()) -> str:
         weights = [a.name for a in v.args   # the layer's weight: its first such constant
                    if isinstance(a, Constant) and a.data.dtype == np.float32
                    and a.data.ndim >= 2]
-        if not weights or _kept(weights[0], options.bf16_keep):
-            continue
+        if not weights or _kept(weights[0], options.bf16_keep) or any(
+                isinstance(a, Constant) and str(a.data.dtype) == "bfloat16" for a in v.args):
+            continue   # (a bf16 layer: its float32 constants are biases, BatchNorm's)
         if "matmul_packed" in v.func:
             matmuls.append(weights[0])
         elif "conv2d" in v.func and "bf16p" not in v.func:

@@ -274,27 +274,7 @@ class PairConvEmitter(ContractionEmitter):
                                 ir.Constant(ir.VectorType(I32, self.vl), [0] * self.vl))
 
     def _pair_words(self, even: ir.Value, odd: ir.Value) -> ir.Value:
-        """16 words (bf16(even[l]), bf16(odd[l])), the even channel in the low half:
-        vcvtne2ps2bf16 (round to nearest even) gives even's 16 then odd's 16; interleaved."""
-        b = self.builder
-        if self.emulate:
-            return self._pair_words_portable(even, odd)
-        if self.kind == BFDOT:
-            return bfcvtn_words(b, even, odd, interleave=True)
-        v32b = ir.VectorType(BF16, 2 * DOT_LANES)
-        cvt = intrinsic(self.module, "llvm.x86.avx512bf16.cvtne2ps2bf16.512", v32b,
-                        [self.vty, self.vty])
-        halves = b.bitcast(b.call(cvt, [odd, even]), ir.VectorType(I16, 2 * DOT_LANES))
-        order = [k for lane in range(DOT_LANES) for k in (lane, lane + DOT_LANES)]
-        mixed = b.shuffle_vector(halves, halves, ir.Constant(ir.VectorType(I32, 2 * DOT_LANES),
-                                                              order))
-        return b.bitcast(mixed, ir.VectorType(I32, DOT_LANES))
-
-    def _pair_words_portable(self, even: ir.Value, odd: ir.Value) -> ir.Value:
-        """``_pair_words`` in integer IR (``bf16dot.bf16_bits_portable``)."""
-        b = self.builder
-        shift = ir.Constant(ir.VectorType(I32, DOT_LANES), [16] * DOT_LANES)
-        return b.or_(bf16_bits_portable(b, even), b.shl(bf16_bits_portable(b, odd), shift))
+        return pair_words(self.builder, self.module, even, odd, self.emulate, self.kind)
 
     def _dot(self, acc: ir.Value, pair: ir.Value, xw: ir.Value) -> ir.Value:
         return dot_words(self.builder, self.module, acc, pair, xw, self.emulate, self.kind)
@@ -398,6 +378,26 @@ class PairConvEmitter(ContractionEmitter):
         ivec = ir.VectorType(I32, self.vl)
         v = b.insert_element(ir.Constant(ivec, None), x, ir.Constant(I32, 0))
         return b.shuffle_vector(v, ir.Constant(ivec, None), ir.Constant(ivec, [0] * self.vl))
+
+
+def pair_words(b: ir.IRBuilder, module: ir.Module, even: ir.Value, odd: ir.Value,
+               emulate: bool = False, kind: str | None = VDPBF16PS) -> ir.Value:
+    """16 words (bf16(even[l]), bf16(odd[l])), the even channel in the low half:
+    vcvtne2ps2bf16 (round to nearest even) gives even's 16 then odd's 16; interleaved
+    (``emulate``: in integer IR, ``bf16dot.bf16_bits_portable``; ``BFDOT``: bfcvtn)."""
+    if emulate:
+        shift = ir.Constant(ir.VectorType(I32, DOT_LANES), [16] * DOT_LANES)
+        return b.or_(bf16_bits_portable(b, even), b.shl(bf16_bits_portable(b, odd), shift))
+    if kind == BFDOT:
+        return bfcvtn_words(b, even, odd, interleave=True)
+    vty = ir.VectorType(F32, DOT_LANES)
+    v32b = ir.VectorType(BF16, 2 * DOT_LANES)
+    cvt = intrinsic(module, "llvm.x86.avx512bf16.cvtne2ps2bf16.512", v32b, [vty, vty])
+    halves = b.bitcast(b.call(cvt, [odd, even]), ir.VectorType(I16, 2 * DOT_LANES))
+    order = [k for lane in range(DOT_LANES) for k in (lane, lane + DOT_LANES)]
+    mixed = b.shuffle_vector(halves, halves, ir.Constant(ir.VectorType(I32, 2 * DOT_LANES),
+                                                          order))
+    return b.bitcast(mixed, ir.VectorType(I32, DOT_LANES))
 
 
 def emit_pair_conv(module: ir.Module, func: PrimFunc, symbol: str, vl: int,

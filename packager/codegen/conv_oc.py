@@ -37,6 +37,17 @@ Measured on Zen 4 (AVX2, 1 thread, against ORT's NCHWc convolution, same process
 register-blocked kernel before it in parentheses): ResNet-18's 3x3 convolutions 0.94-1.01x
 (1.06-1.21x), its 7x7 stride-2 stem 0.98x (1.20x).
 
+bf16 pairs (``pairs``: ``--precision bf16`` where every target is x86-64-v4+bf16, planes of
+at most ``CompileOptions.bf16_oc_pixels``, weights packed by ``ops.layout.pack_oc_pairs``): the
+same bands, row groups, tiles and transposes, with a reduction unit of an input-channel pair:
+the band's planes hold pair words (``bf16conv.pair_words``: vcvtne2ps2bf16 of channels 2j and
+2j + 1, interleaved; made by the copy even without padding), each step broadcasts a pixel's
+word against the block's 2 vectors of 16 output channels' weight pairs in ``vdpbf16ps``
+(``bf16dot.dot_words``; static shapes, 16 lanes only). Per pair and tap in order, as
+bf16conv.py's kernel: tests/kernels/test_bf16_dot_v4.py's model holds for both. Unlike
+bf16conv.py's pixels on the lanes it computes no padding column and no rounding to 16 pixels
+(7x7 planes: 64 lanes for 49 pixels); a row group's rest runs half a tile before single pixels.
+
 Run-time image sizes (a model exported with open height and width): the same kernels, with the
 plan's size-dependent part (bands, row groups, Winograd tile counts, the padded row width)
 computed from the sizes at the kernel's entry (``_runtime_geometry``) by the static plan's
@@ -53,6 +64,8 @@ from .contraction import geometry
 from .contraction.emitter import load_weights
 from .depthwise.static import PADDED_BELOW_VL, DepthwiseEmitter, emit_epilogue
 from .contraction.match import Contraction, match_contraction
+from .bf16conv import pair_words
+from .bf16dot import dot_words
 from .helpers import F32, I1, I32, I64, alloca_once, const_i64, for_range, intrinsic
 from .lower import KernelInfo
 from ..ir.graph import PrimFunc
@@ -175,6 +188,10 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
                     f"register tile, {self.nbands} band(s)")
         prefetch = ", next weights prefetched" if self._prefetch_lines(mr) else ""
         sizes = ", bands and row groups planned at run time" if self.open_image else ""
+        if self.pairs:
+            return (f"channel-lane direct, bf16 pairs (vdpbf16ps): {mr} pixels x "
+                    f"{nv * self.vl} channels register tile, chunks of {self.chunk} input "
+                    f"channel pairs{prefetch}")
         return (f"channel-lane direct: {mr} pixels x {nv * self.vl} channels register tile, "
                 f"chunks of {self.chunk} input channels{prefetch}{sizes}")
 
@@ -193,7 +210,10 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
         self.vector_epilogue = self._vector_epilogue_ok()
         self.nblocks = wp.shape[0]
         self.k = self.c * self.kh * self.kw
-        self.copy = any(attrs["padding"])
+        # bf16 pairs (``pairs``): the planes hold pair words, made by the copy even unpadded
+        self.pairs = bool(attrs.get("pairs"))
+        self.cp = -(-self.c // 2)
+        self.copy = any(attrs["padding"]) or self.pairs
         self.open_image = not all(isinstance(d, int) for d in (self.h, self.w, self.oh, self.ow))
         if self.open_image:
             self._open_geometry(pr)
@@ -220,7 +240,9 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
         self.rowbuf_floats = (self.rows * self.ow + max(8, self.vl)) * OC_BLOCK
         self.region_floats = -(-(plane_region + self.rowbuf_floats) // 16) * 16
         self.plane_region = plane_region
-        self.chunk = min(self.c, max(1, CHUNK_STEPS // (self.kh * self.kw)))
+        # the reduction's units: input channels, or (pairs) channel pairs
+        self.units = self.cp if self.pairs else self.c
+        self.chunk = min(self.units, max(1, CHUNK_STEPS // (self.kh * self.kw)))
         self.task_regions = MAX_TASK_REGIONS
         self.wino = bool(attrs.get("winograd"))
         self.bf16 = self.match.tag.operands[1].dtype == "bfloat16"   # --precision bf16
@@ -475,6 +497,9 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
         the region: padded row r at r * wpc (input row oy_lo * sh - pt + r, column ix at
         pl + ix), zeros outside the image."""
         b = self.builder
+        if self.pairs:
+            self._copy_band_pairs(x_img, oy_lo, region)
+            return
         memset = intrinsic(self.module, "llvm.memset.p0i8.i64", ir.VoidType(),
                                 [ir.IntType(8).as_pointer(), ir.IntType(8), ir.IntType(64), I1])
 
@@ -516,6 +541,62 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
                         b.store(zeros, b.gep(row, [const_i64(j)], inbounds=True))
                     self._copy_run(src, 0, row, self.pl, self.w)
 
+    def _copy_band_pairs(self, x_img: ir.Value, oy_lo: ir.Value, region: ir.Value) -> None:
+        """``_copy_band`` for bf16 pairs: plane j of the region holds, per padded position, the
+        32-bit word (bf16(x[2j]), bf16(x[2j + 1])) (bf16conv.pair_words: vcvtne2ps2bf16, the
+        even channel in the low half), zeros outside the image and past C; 16 columns at a
+        time by masked loads (a masked lane is not read)."""
+        b, vl = self.builder, self.vl
+        words = b.bitcast(region, I32.as_pointer())
+        ivec = ir.VectorType(I32, vl)
+        lanes = ir.Constant(ir.VectorType(I64, vl), list(range(vl)))
+
+        def splat64(x):
+            v = b.insert_element(ir.Constant(ir.VectorType(I64, vl), None), x,
+                                 ir.Constant(I32, 0))
+            return b.shuffle_vector(v, ir.Constant(ir.VectorType(I64, vl), None),
+                                    ir.Constant(ir.VectorType(I32, vl), [0] * vl))
+
+        def splat1(x):
+            v = b.insert_element(ir.Constant(ir.VectorType(I1, vl), None), x,
+                                 ir.Constant(I32, 0))
+            return b.shuffle_vector(v, ir.Constant(ir.VectorType(I1, vl), None),
+                                    ir.Constant(ir.VectorType(I32, vl), [0] * vl))
+
+        store = intrinsic(self.module, f"llvm.masked.store.v{vl}i32.p0", ir.VoidType(),
+                          [ivec, ivec.as_pointer(), I32, ir.VectorType(I1, vl)])
+        top = b.sub(b.mul(oy_lo, const_i64(self.sh)), const_i64(self.pt))
+        with for_range(b, const_i64(0), const_i64(self.cp), "cpj") as j:
+            c0 = b.mul(j, const_i64(2))
+            second = b.icmp_signed("<", b.add(c0, const_i64(1)), const_i64(self.c))
+            dst_plane = b.gep(words, [b.mul(j, const_i64(self.plane_floats))], inbounds=True)
+            with for_range(b, const_i64(0), const_i64(self.band_in), "cpr") as r:
+                yy = b.add(top, r)
+                row_ok = b.and_(b.icmp_signed(">=", yy, const_i64(0)),
+                                b.icmp_signed("<", yy, const_i64(self.h)))
+                yyc = b.select(row_ok, yy, const_i64(0))
+                srcs = [b.gep(x_img, [b.add(b.mul(ch, const_i64(self.h * self.w)),
+                                             b.mul(yyc, const_i64(self.w)))], inbounds=True)
+                        for ch in (c0, b.add(c0, const_i64(1)))]
+                oks = [row_ok, b.and_(row_ok, second)]
+                row = b.gep(dst_plane, [b.mul(r, const_i64(self.wpc))], inbounds=True)
+                for q in range(-(-self.wpc // vl)):
+                    cols = b.add(splat64(const_i64(q * vl)), lanes)
+                    ix = b.sub(cols, splat64(const_i64(self.pl)))
+                    inside = b.and_(b.icmp_signed(">=", ix, splat64(const_i64(0))),
+                                    b.icmp_signed("<", ix, splat64(const_i64(self.w))))
+                    vals = []
+                    for src, ok in zip(srcs, oks):
+                        # the address may lie before the row: only inside lanes are read
+                        ptr = b.gep(src, [const_i64(q * vl - self.pl)])
+                        vals.append(self._masked_load(b.bitcast(ptr, self.vty.as_pointer()),
+                                                      b.and_(inside, splat1(ok))))
+                    pair = pair_words(b, self.module, vals[0], vals[1])
+                    keep = b.icmp_signed("<", cols, splat64(const_i64(self.wpc)))
+                    b.call(store, [pair, b.bitcast(b.gep(row, [const_i64(q * vl)]),
+                                                   ivec.as_pointer()), ir.Constant(I32, 4),
+                                   keep])
+
     def _copy_floats(self, src: ir.Value, dst: ir.Value, count: ir.Value) -> None:
         """``count`` (a run-time value) floats from ``src`` to ``dst``: whole vectors, then one
         at a time."""
@@ -548,7 +629,12 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
         MAX_TILE_VECTORS vectors per register tile."""
         b = self.builder
         w_ptr = self.buffers[self.match.tag.operands[1].uid]
-        wblk = b.gep(w_ptr, [b.mul(blk, const_i64(self.k * OC_BLOCK))], inbounds=True)
+        if self.pairs:   # 32-bit pair words, cp * kh * kw steps of OC_BLOCK per block
+            w_ptr = b.bitcast(w_ptr, I32.as_pointer())
+            wblk = b.gep(w_ptr, [b.mul(blk, const_i64(self.cp * self.kh * self.kw * OC_BLOCK))],
+                         inbounds=True)
+        else:
+            wblk = b.gep(w_ptr, [b.mul(blk, const_i64(self.k * OC_BLOCK))], inbounds=True)
         band_end = b.add(oy_lo, self._extent(self.band))
         band_end = b.select(b.icmp_signed("<", band_end, self._extent(self.oh)), band_end,
                             self._extent(self.oh))
@@ -565,13 +651,14 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
             left = b.sub(band_end, oy0)
             nrows = b.select(b.icmp_signed("<", left, self._extent(self.rows)), left,
                              self._extent(self.rows))
-            nchunks = -(-self.c // self.chunk)
+            units = self.units if self.pairs else self.c
+            nchunks = -(-units // self.chunk)
             with for_range(b, const_i64(0), const_i64(nchunks), "chunk") as cc:
                 c0 = b.mul(cc, const_i64(self.chunk))
                 c1 = b.add(c0, const_i64(self.chunk))
-                if self.c % self.chunk:
-                    c1 = b.select(b.icmp_signed("<", c1, const_i64(self.c)), c1,
-                                  const_i64(self.c))
+                if units % self.chunk:
+                    c1 = b.select(b.icmp_signed("<", c1, const_i64(units)), c1,
+                                  const_i64(units))
                 first = b.icmp_signed("==", cc, const_i64(0))
                 # the group's pixels, row after row, mr at a time (a tile may span two rows)
                 prow0 = b.mul(b.sub(oy0, row0), const_i64(self.sh))
@@ -582,8 +669,16 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
                     with for_range(b, const_i64(0), full, "tx") as tx:
                         self._tile(planes, prow0, b.mul(tx, const_i64(mr)), mr, v0, nv, wblk,
                                    c0, c1, first, prefetch=tx)
+                    rest = b.mul(full, const_i64(mr))
+                    if self.pairs and mr >= 4:   # bf16 pairs: half a tile first (a 1-pixel
+                        half = mr // 2           # tile is load-bound on vdpbf16ps)
+                        with b.if_then(b.icmp_signed(">=", b.sub(npix, rest),
+                                                     const_i64(half))):
+                            self._tile(planes, prow0, rest, half, v0, nv, wblk, c0, c1, first)
+                        rest = b.select(b.icmp_signed(">=", b.sub(npix, rest), const_i64(half)),
+                                        b.add(rest, const_i64(half)), rest)
                     if mr > 1:   # the rest a pixel at a time: one more copy, not mr - 1
-                        with for_range(b, b.mul(full, const_i64(mr)), npix, "tp") as p:
+                        with for_range(b, rest, npix, "tp") as p:
                             self._tile(planes, prow0, p, 1, v0, nv, wblk, c0, c1, first)
             with for_range(b, const_i64(0), nrows, "orow") as r:
                 rowbuf = b.gep(self.rowbuf, [b.mul(r, self._extent(self._product(self.ow,
@@ -637,6 +732,16 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
             for kx in range(self.kw):
                 xs = [self._splat(b.load(b.gep(xc, [b.add(ky, tap_offset(ky_row, kx))],
                                                inbounds=True))) for xc in xcs]
+                if self.pairs:   # one vdpbf16ps per pixel and weight vector: 2 products
+                    # (the planes' pair words loaded and broadcast as float32 bits)
+                    for v in range(nv):
+                        wv = b.load(b.bitcast(b.gep(wc, [const_i64(
+                            (ky_row * self.kw + kx) * OC_BLOCK + (v0 + v) * vl)],
+                            inbounds=True), ir.VectorType(I32, vl).as_pointer()), align=4)
+                        for j in range(mr):
+                            vals[j * nv + v] = dot_words(b, self.module, vals[j * nv + v],
+                                                         wv, xs[j], False)
+                    continue
                 for v in range(nv):
                     wv = load_weights(b, wc, const_i64((ky_row * self.kw + kx) * OC_BLOCK
                                                             + (v0 + v) * vl), vl, self.bf16)
@@ -653,7 +758,7 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
             if lines:
                 # the next chunk's weights (the next block's first chunk after the last: the
                 # blocks lie one after another), a few lines per step of every tile
-                per_line = 32 if self.bf16 else 16
+                per_line = 32 if self.bf16 and not self.pairs else 16
                 step = b.add(b.mul(prefetch, const_i64(self.chunk)), b.sub(ic, c0))
                 nxt = b.gep(wblk, [b.add(b.mul(c1, const_i64(khw32)),
                                          b.mul(step, const_i64(per_line * lines)))])
@@ -684,7 +789,9 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
             return 0
         pixels = ROW_PIXELS if self.open_image else self.rows * self.ow
         tiles = max(1, pixels // mr)
-        lines_per_channel = self.kh * self.kw * OC_BLOCK * (2 if self.bf16 else 4) // 64
+        # bytes per reduction unit's weight (a channel's, or a pair word: 4)
+        unit = 4 if self.pairs or not self.bf16 else 2
+        lines_per_channel = self.kh * self.kw * OC_BLOCK * unit // 64
         return max(1, min(PREFETCH_LINES_MAX, -(-lines_per_channel // tiles)))
 
     def _prefetch(self, ptr: ir.Value) -> None:
@@ -1083,6 +1190,9 @@ def emit_conv_oc(module: ir.Module, func: PrimFunc, symbol: str, vl: int,
     match = match_conv_oc(func)
     if match is None:
         return None
+    if match.tag.attrs.get("pairs") and vl != 16:
+        raise ValueError("nn.conv2d_oc with bf16 pairs needs x86-64-v4+bf16 (vdpbf16ps) on "
+                         f"16 lanes; this target has {vl}")
     if vl == 16 and match.tag.attrs["out_channels"] % 16:
         vl = 8   # output channels in whole 8-lane vectors only: AVX-512VL's ymm registers
     return ChannelLaneConvEmitter(module, func, symbol, match, vl, size_vars, options).emit()

@@ -96,6 +96,30 @@ def unpack_oc_weights(wp: np.ndarray, out_channels: int, kernel) -> np.ndarray:
     return flat.reshape(out_channels, wp.shape[1] // (kh * kw), kh, kw)
 
 
+def pack_oc_pairs(w: np.ndarray) -> np.ndarray:
+    """``w`` [O, C, KH, KW] (bfloat16, kept as is) -> ``wp`` [ceil(O / OC_BLOCK), ceil(C / 2) *
+    KH * KW, OC_BLOCK, 2] with ``wp[o // OC_BLOCK, (c // 2 * KH + ky) * KW + kx, o % OC_BLOCK,
+    c % 2] = w[o, c, ky, kx]``, zero past C and O: ``nn.conv2d_oc`` with ``pairs`` (``--precision
+    bf16`` on x86-64-v4+bf16): a reduction step's OC_BLOCK 32-bit words, each the pair (w[o, 2j],
+    w[o, 2j + 1]) of one output channel, the even channel in the low half (vdpbf16ps's operand
+    against a broadcast pair of input channels, codegen/conv_oc.py)."""
+    o, c, kh, kw = w.shape
+    blocks, cp = -(-o // OC_BLOCK), -(-c // 2)
+    padded = np.zeros((blocks * OC_BLOCK, cp * 2, kh, kw), dtype=w.dtype)
+    padded[:o, :c] = w
+    # [blocks, 32, cp, 2, kh, kw] -> [blocks, cp, kh, kw, 32, 2]
+    return np.ascontiguousarray(padded.reshape(blocks, OC_BLOCK, cp, 2, kh, kw).transpose(
+        0, 2, 4, 5, 1, 3).reshape(blocks, cp * kh * kw, OC_BLOCK, 2))
+
+
+def unpack_oc_pairs(wp: np.ndarray, out_channels: int, c: int, kernel) -> np.ndarray:
+    kh, kw = kernel
+    blocks, steps = wp.shape[:2]
+    cp = steps // (kh * kw)
+    w = wp.reshape(blocks, cp, kh, kw, OC_BLOCK, 2).transpose(0, 4, 1, 5, 2, 3)
+    return w.reshape(blocks * OC_BLOCK, cp * 2, kh, kw)[:out_channels, :c]
+
+
 # Winograd F(2x2, 3x3) (Lavin and Gray, 2016): a 3x3 stride-1 convolution computes each 2x2
 # block of outputs from the 4x4 block of inputs under it as Y = A^T [U * V] A, with U = G g G^T
 # the 3x3 weights g transformed once at export, V = B^T d B the input block transformed: 16
@@ -121,14 +145,15 @@ def unpack_wino_weights(wp: np.ndarray, out_channels: int) -> np.ndarray:
 
 def _infer_conv2d_oc(x: TensorType, wp: TensorType, out_channels: int, kernel=(1, 1),
                      strides=(1, 1), padding=(0, 0, 0, 0), dilation=(1, 1),
-                     groups: int = 1, winograd: bool = False, *, relations: list
-                     ) -> TensorType:
+                     groups: int = 1, winograd: bool = False, pairs: bool = False, *,
+                     relations: list) -> TensorType:
     n, c, h, wd = x.shape
     kh, kw = kernel
-    rows = 16 * c if winograd else c * kh * kw
-    if winograd and (tuple(kernel) != (3, 3) or tuple(strides) != (1, 1)):
+    rows = 16 * c if winograd else (-(-c // 2) if pairs else c) * kh * kw
+    if winograd and (tuple(kernel) != (3, 3) or tuple(strides) != (1, 1) or pairs):
         raise ValueError(f"conv2d_oc: Winograd weights for a {kernel} window, strides {strides}")
-    if groups != 1 or tuple(wp.shape) != (-(-out_channels // OC_BLOCK), rows, OC_BLOCK):
+    want = (-(-out_channels // OC_BLOCK), rows, OC_BLOCK) + ((2,) if pairs else ())
+    if groups != 1 or tuple(wp.shape) != want:
         raise ValueError(f"conv2d_oc: packed weight {wp.shape} does not match input {x.shape}, "
                          f"{out_channels} output channels, window {kernel}")
     return _infer_conv2d(x, TensorType((out_channels, c, kh, kw), wp.dtype), strides, padding,
@@ -137,12 +162,14 @@ def _infer_conv2d_oc(x: TensorType, wp: TensorType, out_channels: int, kernel=(1
 
 def _legalize_conv2d_oc(x: te.Tensor, wp: te.Tensor, out_type: TensorType, name: str,
                         out_channels: int, kernel=(1, 1), strides=(1, 1), padding=(0, 0, 0, 0),
-                        dilation=(1, 1), groups: int = 1, winograd: bool = False) -> te.Tensor:
+                        dilation=(1, 1), groups: int = 1, winograd: bool = False,
+                        pairs: bool = False) -> te.Tensor:
     c = x.shape[1]
     kh, kw = kernel
     rc, ry, rx = te.reduce_axis(c, "rc"), te.reduce_axis(kh, "ry"), te.reduce_axis(kw, "rx")
+    extra = {"pairs": True} if pairs else {}   # (fp32 and unpaired bf16 tags as before)
     tag_reduction(rc, "conv2d_oc", (x, wp), strides=tuple(strides), padding=tuple(padding),
-                  kernel=(kh, kw), out_channels=out_channels, winograd=bool(winograd))
+                  kernel=(kh, kw), out_channels=out_channels, winograd=bool(winograd), **extra)
 
     def wino_weight(oc: te.IndexVar) -> te.Expr:   # g = P U P^T, P's rows as (a, sign) terms
         terms = [[(0, 1.0)], [(1, 1.0), (2, -1.0)], [(3, 1.0)]]
@@ -164,8 +191,12 @@ def _legalize_conv2d_oc(x: te.Tensor, wp: te.Tensor, out_type: TensorType, name:
 
     def body(n: te.IndexVar, oc: te.IndexVar, y: te.IndexVar, xx: te.IndexVar) -> te.Expr:
         value = _window_value(x, n, rc, y, xx, ry, rx, strides, padding)
-        weight = wino_weight(oc) if winograd else \
-            _widened(wp[oc // OC_BLOCK, (rc * kh + ry) * kw + rx, oc % OC_BLOCK])
+        if pairs:
+            weight = _widened(wp[oc // OC_BLOCK, ((rc // 2) * kh + ry) * kw + rx,
+                                 oc % OC_BLOCK, rc % 2])
+        else:
+            weight = wino_weight(oc) if winograd else \
+                _widened(wp[oc // OC_BLOCK, (rc * kh + ry) * kw + rx, oc % OC_BLOCK])
         return te.sum_of(value * weight, (rc, ry, rx))
 
     return te.compute(out_type.shape, body, name=name)
@@ -174,8 +205,11 @@ def _legalize_conv2d_oc(x: te.Tensor, wp: te.Tensor, out_type: TensorType, name:
 @register_op("nn.conv2d_oc", COMPLEX, _infer_conv2d_oc, _legalize_conv2d_oc, layout=True)
 def conv2d_oc(x: np.ndarray, wp: np.ndarray, out_channels: int, kernel=(1, 1), strides=(1, 1),
               padding=(0, 0, 0, 0), dilation=(1, 1), groups: int = 1,
-              winograd: bool = False) -> np.ndarray:
+              winograd: bool = False, pairs: bool = False) -> np.ndarray:
     wp = wp.astype(x.dtype)   # bfloat16 weights (--precision bf16) widen exactly
+    if pairs:
+        return conv2d(x, unpack_oc_pairs(wp, out_channels, x.shape[1], kernel), strides,
+                      padding, dilation, groups)
     w = unpack_wino_weights(wp, out_channels) if winograd else \
         unpack_oc_weights(wp, out_channels, kernel)
     return conv2d(x, w, strides, padding, dilation, groups)

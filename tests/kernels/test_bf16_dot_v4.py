@@ -442,13 +442,16 @@ def test_conv_native_run_bit_exact(tmp_path, conv_compiled, case):
     from mlcpack.frontends.onnx import import_onnx
     from mlcpack.packager.export import ExportOptions, export_module
     from mlcpack.packager.ops.bf16 import pack_conv_pairs
+    from mlcpack.packager.options import CompileOptions
     from mlcpack.runtime import load
 
     got_c = conv_compiled[case]
     w, bias = got_c["w"], got_c["bias"]
     mod, _ = import_onnx(got_c["model"])
     path = tmp_path / "v4bf16.mlc"
-    report = export_module(mod, path, ExportOptions(target=V4_BF16, precision="bf16"))
+    # the pixel-lane pair kernel (small planes otherwise take the channel-lane one)
+    report = export_module(mod, path, ExportOptions(
+        target=V4_BF16, precision="bf16", compile=CompileOptions(bf16_oc_pixels=0)))
     assert report.precision == "bf16", report.precision_note
     wp = pack_conv_pairs(to_bfloat16(w)).view(np.uint16)
     hw = CONV_CASES[case][3]
@@ -486,7 +489,8 @@ def test_which_convolutions_take_pairs():
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
     mod, _ = import_onnx(model)
-    opts = CompileOptions(target=V4_BF16, precision="bf16")
+    # (bf16_oc_pixels 0: the 9x9 plane on the pair kernel, not on the channel-lane one)
+    opts = CompileOptions(target=V4_BF16, precision="bf16", bf16_oc_pixels=0)
     mod = run_pipeline(mod, DEFAULT_PIPELINE, options=opts)
     consts = {a.name: a.data for b in mod.functions["main"].bindings()
               for a in getattr(b.value, "args", ()) if isinstance(a, Constant)}
@@ -529,6 +533,123 @@ def test_conv_dot_path_emulated_bit_exact(tmp_path, conv_compiled, case):
     hw = CONV_CASES[case][3]
     x = RNG.standard_normal((1, w.shape[1], hw, hw)).astype(np.float32)
     acc = vdpbf16ps_conv(x, wp, got_c["strides"], got_c["padding"])
+    want = np.maximum(acc + bias[None, :, None, None], np.float32(0))
+    for threads in (1, 2):
+        with load(path, threads=threads) as bundle:
+            np.testing.assert_array_equal(bundle.run({"x": x})["y"], want)
+
+
+# ---- the channel-lane pair convolution (codegen/conv_oc.py with ``pairs``) --------------------
+
+# (C, O, k, H = W, stride): an odd C over two chunks of 16 pairs (19 pairs) and a block and a
+# half of output channels (48: a 16-channel partial block), 14x14 (row groups with a half
+# tile and single pixels left); a strided 1x1 to 7x7
+OC_CASES = {"3x3_c37": (37, 48, 3, 14, 1), "1x1_s2": (24, 32, 1, 13, 2)}
+
+
+def _oc_pipeline(shape, target: str, **fields):
+    from mlcpack.frontends.onnx import import_onnx
+    from mlcpack.packager.codegen.target import resolve_target
+    from mlcpack.packager.options import CompileOptions
+    from mlcpack.packager.passes.pipeline import DEFAULT_PIPELINE, run_pipeline
+
+    model, w, bias, strides, padding = _conv_model(*shape)
+    mod, _ = import_onnx(model)
+    targets = [resolve_target(n) for n in target.split(",")]
+    opts = CompileOptions(target=target, precision="bf16", **fields).for_targets(targets)
+    return run_pipeline(mod, DEFAULT_PIPELINE, options=opts), opts, model, w, bias
+
+
+def test_oc_pairs_chosen_for_small_planes():
+    """Planes of at most 14x14 (``bf16_oc_pixels``; 1x1 windows 7x7) with output channels in 16-lane vectors take nn.conv2d_oc with
+    pair weights (``pack_oc_pairs``: the pairs of ``pack_conv_pairs`` by blocks of 32 output
+    channels) where every target has vdpbf16ps; larger planes, other channel counts and a
+    set with a level without avx512_bf16 keep nn.conv2d_bf16p. Pipeline only."""
+    from mlcpack.packager.ir.graph import Constant
+    from mlcpack.packager.ops.layout import pack_oc_pairs, unpack_oc_pairs
+
+    def picked(shape, target=V4_BF16, **fields):
+        mod = _oc_pipeline(shape, target, **fields)[0]
+        consts = [a.data for b in mod.functions["main"].bindings()
+                  for a in getattr(b.value, "args", ())
+                  if isinstance(a, Constant) and str(a.data.dtype) == "bfloat16"]
+        kinds = {k for f in mod.functions for k in ("conv2d_oc", "conv2d_bf16p") if k in f}
+        return kinds, [c.shape for c in consts]
+
+    assert picked((5, 32, 3, 7, 1)) == ({"conv2d_oc"}, [(1, 3 * 9, 32, 2)])
+    assert picked(OC_CASES["3x3_c37"]) == ({"conv2d_oc"}, [(2, 19 * 9, 32, 2)])
+    assert picked((5, 32, 3, 15, 1))[0] == {"conv2d_bf16p"}        # 15x15 > 14x14
+    assert picked((5, 32, 1, 8, 1))[0] == {"conv2d_bf16p"}         # a 1x1 on 8x8 > 7x7
+    assert picked((5, 32, 1, 7, 1))[0] == {"conv2d_oc"}
+    assert picked((5, 20, 3, 7, 1))[0] == {"conv2d_bf16p"}         # 20 channels
+    assert picked((5, 32, 3, 7, 1), f"x86-64-v4,{V4_BF16}")[0] == {"conv2d_bf16p"}
+    assert picked((5, 32, 3, 7, 1), bf16_oc_pixels=0)[0] == {"conv2d_bf16p"}
+    w = to_bfloat16(RNG.standard_normal((48, 37, 3, 3)).astype(np.float32))
+    wp = pack_oc_pairs(w)
+    assert wp[1, (18 * 3 + 2) * 3 + 1, 15, 0] == w[47, 36, 2, 1]   # o 47: block 1, lane 15
+    assert wp[1, (18 * 3 + 2) * 3 + 1, 15, 1] == 0                 # past C
+    assert not wp[1, :, 16:].astype(np.float32).any()              # past O
+    np.testing.assert_array_equal(unpack_oc_pairs(wp, 48, 37, (3, 3)), w)
+
+
+@pytest.fixture(scope="module")
+def oc_compiled():
+    """Each OC case's kernels and their x86-64-v4+bf16 assembly (any host)."""
+    import llvmlite.binding as llvm
+
+    from mlcpack.packager.codegen.build import _target_machine
+    from mlcpack.packager.codegen.parallel import compile_prim_funcs
+    from mlcpack.packager.codegen.target import resolve_target
+    from mlcpack.packager.ir.graph import PrimFunc
+
+    out = {}
+    for case, shape in OC_CASES.items():
+        mod, opts, model, w, bias = _oc_pipeline(shape, V4_BF16)
+        funcs = [f for f in mod.functions.values() if isinstance(f, PrimFunc)]
+        target = resolve_target(V4_BF16)
+        code = compile_prim_funcs(funcs, target, options=opts)
+        asm = _target_machine(target).emit_assembly(llvm.parse_assembly(code.llvm_ir))
+        out[case] = dict(asm=asm, model=model, w=w, bias=bias, funcs=[f.name for f in funcs])
+    return out
+
+
+@pytest.mark.parametrize("case", sorted(OC_CASES))
+def test_oc_pairs_emitted(oc_compiled, case):
+    """The channel-lane kernel's planes converted with vcvtne2ps2bf16, its reduction in
+    vdpbf16ps of 16 output channels' weight pairs against a broadcast input pair word, on
+    zmm registers."""
+    got = oc_compiled[case]
+    assert any("conv2d_oc" in f for f in got["funcs"]), got["funcs"]
+    asm = got["asm"]
+    assert "vdpbf16ps" in asm and "vcvtne2ps2bf16" in asm
+    assert "{1to16}" in asm or "vpbroadcastd" in asm or "vbroadcastss" in asm
+    dots = [ln for ln in asm.splitlines() if "vdpbf16ps" in ln]
+    assert all("zmm" in ln for ln in dots)
+
+
+@pytest.mark.parametrize("case", sorted(OC_CASES))
+def test_oc_pairs_native_run_bit_exact(tmp_path, oc_compiled, case):
+    """Bit for bit the numpy model of vdpbf16ps (``vdpbf16ps_conv``: per channel pair, per
+    tap, the odd product then the even one: the kernel's chunks of pairs keep that order
+    through the row buffer), then bias and ReLU in float32; 1 and 2 threads."""
+    if host_arch() != "x86_64" or not {"avx512f", "avx512_bf16"} <= host_features():
+        pytest.skip("runs vdpbf16ps: needs an x86-64 host with AVX-512 and avx512_bf16 "
+                    "(Zen 4, Sapphire Rapids, Cooper Lake); this one has neither or not both")
+    from mlcpack.frontends.onnx import import_onnx
+    from mlcpack.packager.export import ExportOptions, export_module
+    from mlcpack.packager.ops.bf16 import pack_conv_pairs
+    from mlcpack.runtime import load
+
+    got_c = oc_compiled[case]
+    w, bias = got_c["w"], got_c["bias"]
+    c, _, k, hw, stride = OC_CASES[case]
+    mod, _ = import_onnx(got_c["model"])
+    path = tmp_path / "oc.mlc"
+    report = export_module(mod, path, ExportOptions(target=V4_BF16, precision="bf16"))
+    assert report.precision == "bf16", report.precision_note
+    x = RNG.standard_normal((1, c, hw, hw)).astype(np.float32)
+    acc = vdpbf16ps_conv(x, pack_conv_pairs(to_bfloat16(w)).view(np.uint16), (stride,) * 2,
+                         (k // 2,) * 4)
     want = np.maximum(acc + bias[None, :, None, None], np.float32(0))
     for threads in (1, 2):
         with load(path, threads=threads) as bundle:
