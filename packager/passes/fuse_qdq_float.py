@@ -76,7 +76,9 @@ def plan_float_products(fn: Function, defs: dict, uses: Counter, reader_of: dict
             o = wk.shape[1]
             ws_o, wzp_o = cols[1].astype(np.float32), cols[2].astype(np.int64)
             wd = wk.astype(np.int64) - wzp_o.reshape(1, o)
-        if not static_shapes(x, c):
+        # run-time image sizes: only the depthwise kernel has an open form here
+        # (codegen/qdepthwise.py ``_emit_open``)
+        if not static_shapes(x, c) and not (conv and depthwise):
             continue
         mult = (xs * ws_o).astype(np.float32)
         bias_i = np.zeros(o, np.int64)

@@ -1,7 +1,8 @@
 """``qdwconv2d`` with run-time image sizes (``_QDepthwise._emit_open``, codegen/qdepthwise.py):
 QDQ depthwise convolutions as ``onnxruntime.quantization`` writes them (uint8 x, int8
 per-channel weights, int32 bias, uint8 out) in a graph whose batch, height and width are open:
-3x3 stride 1 and 2, 5x5 stride 1 (pairs of taps / quads). One bundle for x86-64-v2,
+3x3 stride 1 and 2, 5x5 stride 1 (pairs of taps / quads), and a float32 result with ReLU
+(``--quantize int8``'s form, fuse_qdq_float.py). One bundle for x86-64-v2,
 x86-64-v3 and this host's level, each level pinned, several run-time sizes (odd widths, rows
 and planes smaller than one vector), 1 and 2 threads, bit for bit against ONNX Runtime and
 exact integer numpy; the plan shows the integer depthwise kernel (not fp32 depthwise)."""
@@ -56,6 +57,18 @@ def _graph(path: Path) -> Path:
                   h.make_node("QuantizeLinear", [f"c{name}", "sy", "zy"], [f"q{name}"]),
                   h.make_node("DequantizeLinear", [f"q{name}", "sy", "zy"], [f"y{name}"])]
         outs.append(h.make_tensor_value_info(f"y{name}", T.FLOAT, None))
+    # a float32 result (``--quantize int8``'s form: BN / activations after it): ReLU fused
+    ws = rng.uniform(0.002, 0.01, C).astype(np.float32)
+    inits.update({"wf": rng.integers(-127, 128, (C, 1, 3, 3)).astype(np.int8), "wsf": ws,
+                  "wzf": np.zeros(C, np.int8),
+                  "bf": rng.integers(-4000, 4000, C).astype(np.int32),
+                  "bsf": (np.float32(SX) * ws).astype(np.float32), "bzf": np.zeros(C, np.int32)})
+    nodes += [h.make_node("DequantizeLinear", ["wf", "wsf", "wzf"], ["wdf"], axis=0),
+              h.make_node("DequantizeLinear", ["bf", "bsf", "bzf"], ["bdf"], axis=0),
+              h.make_node("Conv", ["xd", "wdf", "bdf"], ["cf"], group=C, kernel_shape=[3, 3],
+                          strides=[1, 1], pads=[1] * 4),
+              h.make_node("Relu", ["cf"], ["yf"])]
+    outs.append(h.make_tensor_value_info("yf", T.FLOAT, None))
     return qm._save(nodes, [h.make_tensor_value_info("x", T.FLOAT, ["N", C, "H", "W"])], outs,
                     inits, path)
 
@@ -67,7 +80,7 @@ def _exact(src: Path, x: np.ndarray) -> dict[str, np.ndarray]:
     init = {i.name: numpy_helper.to_array(i) for i in onnx.load(str(src)).graph.initializer}
     xq = np.clip(np.round(x / np.float32(SX)) + ZX, 0, 255).astype(np.int64) - ZX
     out = {}
-    for name, k, s, p in LAYERS:
+    for name, k, s, p in LAYERS + (("f", 3, 1, 1),):
         w = init[f"w{name}"].astype(np.int64)[:, 0]
         xp = np.pad(xq, ((0, 0), (0, 0), (p, p), (p, p)))
         oh = (x.shape[2] + 2 * p - k) // s + 1
@@ -78,6 +91,11 @@ def _exact(src: Path, x: np.ndarray) -> dict[str, np.ndarray]:
                 acc += xp[:, :, ky:ky + s * (oh - 1) + 1:s, kx:kx + s * (ow - 1) + 1:s] * \
                     w[:, ky, kx].reshape(1, C, 1, 1)
         acc += init[f"b{name}"].astype(np.int64).reshape(1, C, 1, 1)
+        if name == "f":     # float32(acc) * (sx * ws), ReLU
+            mult = (np.float32(SX) * init["wsf"]).astype(np.float32)
+            f = acc.astype(np.int32).astype(np.float32) * mult.reshape(1, C, 1, 1)
+            out["yf"] = np.maximum(f, np.float32(0))
+            continue
         mult = (np.float32(SX) * init[f"ws{name}"] / np.float32(SY)).astype(np.float32)
         f = acc.astype(np.int32).astype(np.float32) * mult.reshape(1, C, 1, 1)
         q = np.clip(np.round(f) + np.float32(ZY), 0, 255)
@@ -105,12 +123,16 @@ def test_open_size_depthwise_is_integer_and_exact(bundle, level: str, monkeypatc
     for threads in (1, 2):
         with load(path, threads=threads) as model:
             kinds = [k.kernel for k in model.schema.plan.kernels]
-            assert sum(k.startswith("integer depthwise") for k in kinds) == len(LAYERS), kinds
+            assert sum(k.startswith("integer depthwise") for k in kinds) == len(LAYERS) + 1, kinds
             for n, hh, ww in SIZES:
                 x = (rng.standard_normal((n, C, hh, ww)) * 3).astype(np.float32)
                 got = model.run({"x": x})
-                want = dict(zip([f"y{n_}" for n_, *_ in LAYERS], sess.run(None, {"x": x})))
+                names = [f"y{n_}" for n_, *_ in LAYERS] + ["yf"]
+                want = dict(zip(names, sess.run(None, {"x": x})))
                 for name, exact in _exact(src, x).items():
                     np.testing.assert_array_equal(got[name], exact, err_msg=f"{name} {x.shape}")
-                    np.testing.assert_array_equal(got[name], want[name],
-                                                  err_msg=f"{name} {x.shape} ORT")
+                    if name == "yf":    # ORT: a float32 convolution of the dequantized values
+                        np.testing.assert_allclose(got[name], want[name], rtol=1e-5, atol=1e-5)
+                    else:
+                        np.testing.assert_array_equal(got[name], want[name],
+                                                      err_msg=f"{name} {x.shape} ORT")
