@@ -2,7 +2,8 @@
 QDQ depthwise convolutions as ``onnxruntime.quantization`` writes them (uint8 x, int8
 per-channel weights, int32 bias, uint8 out) in a graph whose batch, height and width are open:
 3x3 stride 1 and 2, 5x5 stride 1 (pairs of taps / quads), and a float32 result with ReLU
-(``--quantize int8``'s form, fuse_qdq_float.py). One bundle for x86-64-v2,
+(``--quantize int8``'s form, fuse_qdq_float.py), as is a 1x1 convolution's (7-bit weights:
+the open quad kernel, ``QConv._emit_open``). One bundle for x86-64-v2,
 x86-64-v3 and this host's level, each level pinned, several run-time sizes (odd widths, rows
 and planes smaller than one vector), 1 and 2 threads, bit for bit against ONNX Runtime and
 exact integer numpy; the plan shows the integer depthwise kernel (not fp32 depthwise)."""
@@ -69,6 +70,17 @@ def _graph(path: Path) -> Path:
                           strides=[1, 1], pads=[1] * 4),
               h.make_node("Relu", ["cf"], ["yf"])]
     outs.append(h.make_tensor_value_info("yf", T.FLOAT, None))
+    # and a 1x1 convolution's (7-bit weights): the open quad kernel (QConv._emit_open)
+    ws = rng.uniform(0.002, 0.01, C).astype(np.float32)
+    inits.update({"wp": rng.integers(-63, 64, (C, C, 1, 1)).astype(np.int8), "wsp": ws,
+                  "wzp": np.zeros(C, np.int8),
+                  "bp": rng.integers(-4000, 4000, C).astype(np.int32),
+                  "bsp": (np.float32(SX) * ws).astype(np.float32), "bzp": np.zeros(C, np.int32)})
+    nodes += [h.make_node("DequantizeLinear", ["wp", "wsp", "wzp"], ["wdp"], axis=0),
+              h.make_node("DequantizeLinear", ["bp", "bsp", "bzp"], ["bdp"], axis=0),
+              h.make_node("Conv", ["xd", "wdp", "bdp"], ["cp"], kernel_shape=[1, 1]),
+              h.make_node("Relu", ["cp"], ["yp"])]
+    outs.append(h.make_tensor_value_info("yp", T.FLOAT, None))
     return qm._save(nodes, [h.make_tensor_value_info("x", T.FLOAT, ["N", C, "H", "W"])], outs,
                     inits, path)
 
@@ -80,7 +92,14 @@ def _exact(src: Path, x: np.ndarray) -> dict[str, np.ndarray]:
     init = {i.name: numpy_helper.to_array(i) for i in onnx.load(str(src)).graph.initializer}
     xq = np.clip(np.round(x / np.float32(SX)) + ZX, 0, 255).astype(np.int64) - ZX
     out = {}
-    for name, k, s, p in LAYERS + (("f", 3, 1, 1),):
+    for name, k, s, p in LAYERS + (("f", 3, 1, 1), ("p", 1, 1, 0)):
+        if name == "p":
+            w = init["wp"].astype(np.int64)[:, :, 0, 0]
+            acc = np.einsum("oc,nchw->nohw", w, xq) + init["bp"].astype(np.int64).reshape(1, C, 1, 1)
+            mult = (np.float32(SX) * init["wsp"]).astype(np.float32)
+            f = acc.astype(np.int32).astype(np.float32) * mult.reshape(1, C, 1, 1)
+            out["yp"] = np.maximum(f, np.float32(0))
+            continue
         w = init[f"w{name}"].astype(np.int64)[:, 0]
         xp = np.pad(xq, ((0, 0), (0, 0), (p, p), (p, p)))
         oh = (x.shape[2] + 2 * p - k) // s + 1
@@ -124,14 +143,15 @@ def test_open_size_depthwise_is_integer_and_exact(bundle, level: str, monkeypatc
         with load(path, threads=threads) as model:
             kinds = [k.kernel for k in model.schema.plan.kernels]
             assert sum(k.startswith("integer depthwise") for k in kinds) == len(LAYERS) + 1, kinds
+            assert sum(k.startswith("integer quad convolution") for k in kinds) == 1, kinds
             for n, hh, ww in SIZES:
                 x = (rng.standard_normal((n, C, hh, ww)) * 3).astype(np.float32)
                 got = model.run({"x": x})
-                names = [f"y{n_}" for n_, *_ in LAYERS] + ["yf"]
+                names = [f"y{n_}" for n_, *_ in LAYERS] + ["yf", "yp"]
                 want = dict(zip(names, sess.run(None, {"x": x})))
                 for name, exact in _exact(src, x).items():
                     np.testing.assert_array_equal(got[name], exact, err_msg=f"{name} {x.shape}")
-                    if name == "yf":    # ORT: a float32 convolution of the dequantized values
+                    if name in ("yf", "yp"):    # ORT: a float32 convolution of the dequantized values
                         np.testing.assert_allclose(got[name], want[name], rtol=1e-5, atol=1e-5)
                     else:
                         np.testing.assert_array_equal(got[name], want[name],
