@@ -19,7 +19,7 @@ from onnx import TensorProto as T
 from onnx import helper as h
 
 import quant_models as qm
-from conftest import X86_V2, X86_V3
+from conftest import X86_V2, X86_V3, X86_V4
 from mlcpack.frontends.onnx import import_onnx
 from mlcpack.packager.export import ExportOptions, export_module
 from mlcpack.runtime import load
@@ -156,3 +156,21 @@ def test_open_size_depthwise_is_integer_and_exact(bundle, level: str, monkeypatc
                     else:
                         np.testing.assert_array_equal(got[name], want[name],
                                                       err_msg=f"{name} {x.shape} ORT")
+
+
+def test_open_int8_bundle_keeps_the_vnni_level(bundle, monkeypatch) -> None:
+    """The portable levels of a VNNI host end with x86-64-v4+vnni; an open-size int8 model's
+    kernels (run-time sizes) count as integer kernels, so the export keeps that variant."""
+    from mlcpack.packager.codegen.target import drop_idle_levels, resolve_targets
+    from mlcpack.packager.ir.graph import PrimFunc
+    from mlcpack.packager.options import UNPACKED
+    from mlcpack.packager.passes.pipeline import DEFAULT_PIPELINE, run_pipeline
+
+    monkeypatch.setenv("MLCPACK_CPU_ARCH", "x86_64")
+    monkeypatch.setenv("MLCPACK_CPU_FEATURES", X86_V4 + ",avx512_vnni")
+    targets = resolve_targets(None)
+    assert targets[-1].name == "x86-64-v4+vnni"
+    mod, _ = import_onnx(str(bundle[0]))
+    mod = run_pipeline(mod, DEFAULT_PIPELINE, options=UNPACKED)
+    funcs = [f for f in mod.functions.values() if isinstance(f, PrimFunc)]
+    assert drop_idle_levels(targets, funcs) == targets
