@@ -47,8 +47,9 @@ from llvmlite import ir
 
 from ..ir.graph import PrimFunc
 from .contraction.geometry import MAX_TASK_REGIONS, PARALLEL_MIN_MACS
-from .helpers import I1, I8, I16, I32, const_i64, for_range
-from .lower import KernelInfo
+from .conv_oc import OPEN_IMAGE_PIXELS
+from .helpers import I1, I8, I16, I32, I64, alloca_once, const_i64, for_range
+from .lower import WORKSPACE_ALIGN, KernelInfo
 from .qgemm import V8F32, V8I32, QEmitter, align_workspace, match_qgemm
 
 VL = 8
@@ -69,15 +70,17 @@ MAC_COST = 2
 
 
 def emit_qdepthwise(module: ir.Module, func: PrimFunc, symbol: str, vl: int,
-                    features: str = "", vnni_emulate: bool = False) -> KernelInfo | None:
+                    features: str = "", vnni_emulate: bool = False,
+                    size_vars: tuple[str, ...] = ()) -> KernelInfo | None:
     """The kernel of a ``qdwconv2d`` prim func (None for any other); ``features``: the
     target's LLVM features (+avx512vnni: quads with vpdpbusd); ``vnni_emulate``
-    (``CompileOptions.vnni_emulate``): the quad kernel with the instruction in portable IR."""
-    m = match_qgemm(func, ("qdwconv2d",))
+    (``CompileOptions.vnni_emulate``): the quad kernel with the instruction in portable IR;
+    ``size_vars``: run-time image sizes (``_emit_open``)."""
+    m = match_qgemm(func, ("qdwconv2d",), sized=bool(size_vars))
     if m is None:
         return None
     avx2 = module.triple.startswith("x86_64") and vl >= 8
-    emitter = _QDepthwise(module, func, symbol, m[1], avx2)
+    emitter = _QDepthwise(module, func, symbol, m[1], avx2, size_vars)
     emitter.vnni_emulated = vnni_emulate and module.triple.startswith("x86_64")
     emitter.quads = bool(m[1].attrs.get("weights_int8")) and (
         emitter.vnni_emulated or (avx2 and "+avx512vnni" in features))
@@ -91,6 +94,8 @@ class _QDepthwise(QEmitter):
     wide_block, accumulators = WIDE_BLOCK, ACCUMULATORS
 
     def emit(self) -> KernelInfo:
+        if self.symbolic:
+            return self._emit_open()
         x, wf, x_zp, bias, mult, y_zp = self.func.inputs
         y = self.func.outputs[0]
         batch, c, h, w = (int(d) for d in x.shape)
@@ -139,26 +144,7 @@ class _QDepthwise(QEmitter):
             xb = b.gep(buf[x.uid], [b.mul(pidx, const_i64(h * w))])
             for n, p in enumerate(phases):
                 self._fill(xb, plane, n * phase_words, p, x.dtype, xzp, pad_elt, geo)
-            wrow = b.mul(ch, const_i64(kh * kw))
-            taps = [[self._widen_w(b.load(b.gep(buf[wf.uid], [b.add(wrow, const_i64(ky * kw + kx))])))
-                     for kx in range(kw)] for ky in range(kh)]
-            wt = {}
-            for ky in range(kh):
-                for kx0 in starts:
-                    parts = [taps[ky][kx0 + i] if kx0 + i < kw else ir.Constant(self.elt, 0)
-                             for i in range(g)]
-                    wt[ky, kx0] = self._tuple_splat(parts)
-            start = b.load(b.gep(buf[bias.uid], [ch]))
-            if self.quads:      # zp' * sum(w) leaves once per plane (wrapping, as the sums)
-                wsum = ir.Constant(I32, 0)
-                for ky in range(kh):
-                    for kx in range(kw):
-                        wsum = b.add(wsum, b.sext(taps[ky][kx], I32))
-                start = b.sub(start, b.mul(zq, wsum))
-            start = self._splat(start, V8I32)
-            mult_v = self._splat(b.load(b.gep(buf[mult.uid], [ch])), V8F32)
-            off_v = (self._splat(b.load(b.gep(buf[y_zp.uid], [ch])), V8F32)
-                     if self.float_out else None)
+            wt, start, mult_v, off_v = self._plane_constants(ch, kh, kw, starts, zq)
             yb = b.gep(buf[y.uid], [b.mul(pidx, const_i64(oh * ow))])
 
             def group(oy0, rows: int, q0, n: int, last_partial: bool,
@@ -210,6 +196,35 @@ class _QDepthwise(QEmitter):
                     group(const_i64(oh - oh % rows), oh % rows, const_i64(0), nch,
                           bool(ow % VL), spill=True)
         return self._finish(body_fn, n_ptrs, ptr_types, p_bytes * regions, parallel)
+
+    def _plane_constants(self, ch, kh: int, kw: int, starts: list[int], zq):
+        """Channel ``ch``'s broadcast weight tuples {(ky, kx0): vector}, its accumulators'
+        start (the bias, less zp' * sum(w) for quads), multiplier and float offset vectors."""
+        b = self.builder
+        buf = self.buffers
+        _, wf, _, bias, mult, y_zp = self.func.inputs
+        g = self.g
+        wrow = b.mul(ch, const_i64(kh * kw))
+        taps = [[self._widen_w(b.load(b.gep(buf[wf.uid], [b.add(wrow, const_i64(ky * kw + kx))])))
+                 for kx in range(kw)] for ky in range(kh)]
+        wt = {}
+        for ky in range(kh):
+            for kx0 in starts:
+                parts = [taps[ky][kx0 + i] if kx0 + i < kw else ir.Constant(self.elt, 0)
+                         for i in range(g)]
+                wt[ky, kx0] = self._tuple_splat(parts)
+        start = b.load(b.gep(buf[bias.uid], [ch]))
+        if self.quads:      # zp' * sum(w) leaves once per plane (wrapping, as the sums)
+            wsum = ir.Constant(I32, 0)
+            for ky in range(kh):
+                for kx in range(kw):
+                    wsum = b.add(wsum, b.sext(taps[ky][kx], I32))
+            start = b.sub(start, b.mul(zq, wsum))
+        start = self._splat(start, V8I32)
+        mult_v = self._splat(b.load(b.gep(buf[mult.uid], [ch])), V8F32)
+        off_v = (self._splat(b.load(b.gep(buf[y_zp.uid], [ch])), V8F32)
+                 if self.float_out else None)
+        return wt, start, mult_v, off_v
 
     # ---- the product ---------------------------------------------------------------------------
 
@@ -411,3 +426,259 @@ class _QDepthwise(QEmitter):
         ty = ir.VectorType(I16, raw.type.count) if isinstance(raw.type, ir.VectorType) else I16
         wide = b.zext(raw, ty) if dtype == "uint8" else b.sext(raw, ty)
         return b.sub(wide, zp16)
+
+    # ---- run-time image sizes ------------------------------------------------------------------
+
+    def _emit_open(self) -> KernelInfo:
+        """``emit``'s kernel with run-time sizes (an ONNX file's open batch, height or width):
+        the plan that depends on them (output vectors per row, plane rows and words per row,
+        the workspace's regions) is computed at the kernel's entry by ``emit``'s rules; the
+        workspace is a size expression that bounds it. The blocks keep ``emit``'s shapes: a
+        row's last vectors (fewer than a block's) and narrow rows choose among the block's
+        compiled counts at run time; the copy counts its chunks at run time
+        (``_fill_open``)."""
+        x, wf, x_zp, bias, mult, y_zp = self.func.inputs
+        y = self.func.outputs[0]
+        n_dim, c, h_dim, w_dim = x.shape
+        c = int(c)
+        kh, kw = self.tag.attrs["kernel"]
+        sh, sw = self.tag.attrs["strides"]
+        pt, pl = self.tag.attrs["padding"][:2]
+        _, _, oh_dim, ow_dim = y.shape
+        g = 4 if self.quads else 2
+        self.g = g
+        self.elt = I8 if self.quads else I16
+        self.tuple_vec = ir.VectorType(self.elt, VL * g)
+        starts = list(range(0, kw, g))
+        phases = sorted({kx % sw for kx in starts})
+        # the workspace's bound: wq <= ow + 2 VL - 1 + (kw - 1) // sw, plane rows <= oh sh + kh
+        wq_e = ow_dim + (2 * VL - 1 + (kw - 1) // sw)
+        region_e = (oh_dim * sh + kh) * wq_e * (len(phases) * 4) + WORKSPACE_ALIGN
+        # a run-time size: one channel of 128 x 128 outputs per plane decides, as _emit_open's
+        parallel = c > 1 and c * OPEN_IMAGE_PIXELS * kh * kw * MAC_COST >= PARALLEL_MIN_MACS
+        regions = MAX_TASK_REGIONS if parallel else 1
+        workspace_e = region_e * regions
+        body_fn, ptr_types = self._begin_body(self.func.inputs + self.func.outputs, True)
+        n_ptrs = len(ptr_types)
+        ws = body_fn.args[len(self.func.inputs) + 1]
+        task, ntasks = body_fn.args[n_ptrs], body_fn.args[n_ptrs + 1]
+        b = self.builder
+        buf = self.buffers
+        batch, h, w, oh, ow = (self._dim_value(d) for d in (n_dim, h_dim, w_dim, oh_dim, ow_dim))
+        nfull = b.udiv(ow, const_i64(VL))
+        part = b.zext(b.icmp_signed("!=", b.urem(ow, const_i64(VL)), const_i64(0)), I64)
+        nch = b.add(nfull, part)
+        prow = b.add(b.mul(b.sub(oh, const_i64(1)), const_i64(sh)), const_i64(kh))
+        span = b.add(b.mul(nch, const_i64(VL)), const_i64((kw - 1) // sw))
+        wq = b.add(span, const_i64(VL))
+        phase_words = b.mul(prow, wq)
+        p_bytes = b.mul(b.udiv(b.add(b.mul(phase_words, const_i64(len(phases) * 4)),
+                                     const_i64(WORKSPACE_ALIGN - 1)), const_i64(WORKSPACE_ALIGN)),
+                        const_i64(WORKSPACE_ALIGN))
+        planes = b.mul(batch, const_i64(c))
+        lo, hi, region = self._task_span(parallel, regions, planes, task, ntasks)
+        xzp = b.load(buf[x_zp.uid])
+        shift = self._quad_shift(x.dtype) if self.quads else 0
+        zq = b.add(xzp, ir.Constant(I32, shift))
+        if self.quads:
+            pad_elt = b.trunc(zq, I8)
+            pad_word = b.mul(b.zext(pad_elt, I32), ir.Constant(I32, 0x01010101))
+        else:
+            pad_elt = ir.Constant(I16, 0)
+            pad_word = ir.Constant(I32, 0)
+        if not self.float_out:
+            self.y_zp = self._splat(b.load(buf[y_zp.uid]), V8F32)
+        plane = b.bitcast(b.gep(ws, [b.mul(region, p_bytes)]), I32.as_pointer())
+        with for_range(b, const_i64(0), b.mul(phase_words, const_i64(len(phases))), "pz") as i:
+            b.store(pad_word, b.gep(plane, [i]))
+        geo = dict(h=h, w=w, sw=sw, pt=pt, pl=pl, prow=prow, wq=wq, span=span)
+        hw, ohw = b.mul(h, w), b.mul(oh, ow)
+        with for_range(b, lo, hi, "pl") as pidx:
+            ch = b.srem(pidx, const_i64(c))
+            xb = b.gep(buf[x.uid], [b.mul(pidx, hw)])
+            for n, p in enumerate(phases):
+                self._fill_open(xb, plane, b.mul(phase_words, const_i64(n)), p, x.dtype, xzp,
+                                pad_elt, geo)
+            wt, start, mult_v, off_v = self._plane_constants(ch, kh, kw, starts, zq)
+            yb = b.gep(buf[y.uid], [b.mul(pidx, ohw)])
+
+            def group(oy0, rows: int, q0, n: int, ends: bool) -> None:
+                """``emit``'s group: output vectors q0 .. q0 + n of rows oy0 .. oy0 + rows;
+                ``ends``: the last is each row's last (partial where ow % 8)."""
+                accs = [[start] * n for _ in range(rows)]
+                for ky in range(kh):
+                    for r in range(rows):
+                        iy = b.add(b.mul(b.add(oy0, const_i64(r)), const_i64(sh)),
+                                   const_i64(ky))
+                        row = b.mul(iy, wq)
+                        for kx0 in starts:
+                            at = b.add(b.mul(phase_words, const_i64(phases.index(kx0 % sw))),
+                                       const_i64(kx0 // sw))
+                            base = b.add(row, at)
+                            for j in range(n):
+                                col = b.mul(b.add(q0, const_i64(j)), const_i64(VL))
+                                v = b.load(self._ptr(plane, b.add(base, col), V8I32), align=4)
+                                accs[r][j] = self._product(accs[r][j], v, wt[ky, kx0])
+                self._store_rows_open(accs, oy0, rows, q0, n, ends, mult_v, off_v, yb, ow,
+                                      ohw)
+
+            def counted(count, choices, emit_one) -> None:
+                """``emit_one(k)`` for the k of ``choices`` equal to the run-time ``count``."""
+                for k in choices:
+                    with b.if_then(b.icmp_signed("==", count, const_i64(k))):
+                        emit_one(k)
+
+            rows_b, chunks = self.wide_block
+            wide = b.icmp_signed(">=", nch, const_i64(chunks))
+            with b.if_else(wide) as (blocks, narrow):
+                with blocks:       # rows of a block's vectors or more: a block at a time
+                    loop_groups = b.udiv(nfull, const_i64(chunks))
+                    rest = b.add(b.urem(nfull, const_i64(chunks)), part)
+
+                    def row_block(oy0, rows: int) -> None:
+                        # the rows' ends first (their partial vectors spill into the next row)
+                        counted(rest, range(1, chunks + 1), lambda k: group(
+                            oy0, rows, b.mul(loop_groups, const_i64(chunks)), k, True))
+                        with for_range(b, const_i64(0), loop_groups, "qg") as gi:
+                            group(oy0, rows, b.mul(gi, const_i64(chunks)), chunks, False)
+
+                    nb = b.udiv(oh, const_i64(rows_b))
+                    with for_range(b, const_i64(0), nb, "oyb") as t:
+                        row_block(b.mul(t, const_i64(rows_b)), rows_b)
+                    with for_range(b, b.mul(nb, const_i64(rows_b)), oh, "oyr") as oy:
+                        row_block(oy, 1)
+                with narrow:       # narrow rows: whole rows, several at a time
+
+                    def rows_of(n: int) -> None:
+                        rows = max(1, self.accumulators // n)
+                        nb = b.udiv(oh, const_i64(rows))
+                        with for_range(b, const_i64(0), nb, "oyb") as t:
+                            group(b.mul(t, const_i64(rows)), rows, const_i64(0), n, True)
+                        if rows > 1:
+                            with for_range(b, b.mul(nb, const_i64(rows)), oh, "oyr") as oy:
+                                group(oy, 1, const_i64(0), n, True)
+                    counted(nch, range(1, chunks), rows_of)
+        b.ret_void()
+        self._emit_entry(body_fn, n_ptrs, ptr_types)
+        return KernelInfo(self.symbol, len(self.func.inputs), 1, 0, parallel, symbolic=True,
+                          workspace_expr=workspace_e,
+                          choice="integer depthwise, tuple words, planes sized at run time")
+
+    def _store_rows_open(self, accs, oy0, rows, q0, n, ends, mult_v, off_v, yb, ow,
+                         ohw) -> None:
+        """``_store_rows`` with run-time ``ow``: the whole vectors packed as there; a row's
+        last vector (``ends``) stored whole, spilling into the next rows (stored after it),
+        except where it would pass the plane's end: its row's lanes one by one."""
+        b = self.builder
+        packs = self.avx2 and not self.float_out
+        for r in range(rows):
+            oy = b.add(oy0, const_i64(r))
+            res = [self._requant_int(b.fmul(b.sitofp(acc, V8F32), mult_v), off_v, packs)
+                   for acc in accs[r]]
+            whole = n - (1 if ends else 0)
+            j = 0
+            while j < n:
+                dst = b.add(b.mul(oy, ow), b.mul(b.add(q0, const_i64(j)), const_i64(VL)))
+                if packs and whole - j >= 2:
+                    k = 4 if whole - j >= 4 else 2
+                    b.store(self._pack(res[j:j + k]),
+                            self._ptr(yb, dst, ir.VectorType(I8, VL * k)), align=1)
+                    j += k
+                    continue
+                q = b.trunc(res[j], self.out_vec) if packs else res[j]
+                if ends and j == n - 1:
+                    cut = b.icmp_signed(">", b.add(dst, const_i64(VL)), ohw)
+                    with b.if_else(cut, likely=False) as (then, other):
+                        with then:
+                            tmp = alloca_once(b, self.out_vec, "lanes")
+                            b.store(q, tmp)
+                            elts = b.bitcast(tmp, self.out_vec.element.as_pointer())
+                            left = b.sub(b.mul(b.add(oy, const_i64(1)), ow), dst)
+                            with for_range(b, const_i64(0), left, "ln") as i:
+                                b.store(b.load(b.gep(elts, [i])), b.gep(yb, [b.add(dst, i)]))
+                        with other:
+                            b.store(q, self._ptr(yb, dst, self.out_vec), align=1)
+                else:
+                    b.store(q, self._ptr(yb, dst, self.out_vec), align=1)
+                j += 1
+
+    def _fill_open(self, xb, plane, base, p: int, dtype: str, xzp, pad_elt, geo: dict) -> None:
+        """``_fill`` with run-time sizes: each image row's chunks of 8 words counted at run
+        time; the chunks whose load stays inside the row as there, the border chunks with the
+        padding selected by a run-time mask where their load stays inside the plane, else
+        element by element (a clamped load, the padding selected)."""
+        b = self.builder
+        h, w, sw, pt, pl, wq = (geo[k] for k in ("h", "w", "sw", "pt", "pl", "wq"))
+        g = self.g
+        rows = b.sub(geo["prow"], const_i64(pt))
+        rows = b.select(b.icmp_signed("<", h, rows), h, rows)
+        v_lo = max(0, -(-(pl - p - (g - 1)) // sw))
+        v_hi = b.udiv(b.add(w, const_i64(pl - p + sw - 1)), const_i64(sw))
+        v_hi = b.select(b.icmp_signed("<", geo["span"], v_hi), geo["span"], v_hi)
+        width = b.sub(v_hi, const_i64(v_lo))
+        width = b.select(b.icmp_signed("<", width, const_i64(0)), const_i64(0), width)
+        n_chunks = b.udiv(b.add(width, const_i64(VL - 1)), const_i64(VL))
+        offsets = [j * sw + i for j in range(VL) for i in range(g)]
+        load = max(16, 1 << offsets[-1].bit_length())
+        c0_at = v_lo * sw + p - pl                   # chunk k's first column: c0_at + 8 sw k
+        k_a = 0                                      # the first chunk whose c0 >= 0
+        while c0_at + VL * sw * k_a < 0:
+            k_a += 1
+        # the chunks past k_b load past the row's end: c0 + load > w
+        num = b.sub(w, const_i64(load + c0_at))
+        k_b = b.select(b.icmp_signed("<", num, const_i64(0)), const_i64(-1),
+                       b.sdiv(num, const_i64(VL * sw)))
+        k_b = b.add(k_b, const_i64(1))
+        k_a_v = b.select(b.icmp_signed("<", n_chunks, const_i64(k_a)), n_chunks, const_i64(k_a))
+        k_b = b.select(b.icmp_signed("<", n_chunks, k_b), n_chunks, k_b)
+        k_b = b.select(b.icmp_signed("<", k_b, k_a_v), k_a_v, k_b)
+        n_edges = b.add(k_a_v, b.sub(n_chunks, k_b))
+        hw = b.mul(h, w)
+        zp_v = self._splat(b.trunc(xzp, I16), ir.VectorType(I16, VL * g))
+        pad_v = self._splat(pad_elt, ir.VectorType(self.elt, VL * g))
+        elt_plane = b.bitcast(plane, self.elt.as_pointer())
+        vec_i64 = ir.VectorType(I64, VL * g)
+        offs_v = ir.Constant(vec_i64, offsets)
+        zero_v = ir.Constant(vec_i64, [0] * (VL * g))
+
+        def store_words(words, dst_row, v0) -> None:
+            b.store(words, self._ptr(elt_plane, b.mul(b.add(dst_row, v0), const_i64(g)),
+                                     words.type), align=4)
+
+        with for_range(b, const_i64(0), rows, "fy") as iy:
+            src = b.gep(xb, [b.mul(iy, w)])
+            dst_row = b.add(base, b.mul(b.add(iy, const_i64(pt)), wq))
+            with for_range(b, k_a_v, k_b, "fq") as k:
+                v0 = b.add(const_i64(v_lo), b.mul(k, const_i64(VL)))
+                at = b.add(b.mul(v0, const_i64(sw)), const_i64(p - pl))
+                store_words(self._words(src, at, offsets, load, dtype, zp_v), dst_row, v0)
+            with for_range(b, const_i64(0), n_edges, "fe") as e:
+                k = b.select(b.icmp_signed("<", e, k_a_v), e, b.add(k_b, b.sub(e, k_a_v)))
+                v0 = b.add(const_i64(v_lo), b.mul(k, const_i64(VL)))
+                c0 = b.add(b.mul(v0, const_i64(sw)), const_i64(p - pl))
+                plane_at = b.add(b.mul(iy, w), c0)
+                inside = b.and_(b.icmp_signed(">=", plane_at, const_i64(0)),
+                                b.icmp_signed("<=", b.add(plane_at, const_i64(load)), hw))
+                cols = b.add(self._splat(c0, vec_i64), offs_v)
+                keep = b.and_(b.icmp_signed(">=", cols, zero_v),
+                              b.icmp_signed("<", cols, self._splat(w, vec_i64)))
+                with b.if_else(inside, likely=True) as (vec, scalar):
+                    with vec:
+                        val = self._words(xb, plane_at, offsets, load, dtype, zp_v)
+                        store_words(b.select(keep, val, pad_v), dst_row, v0)
+                    with scalar:    # a plane smaller than one load, or its corner chunks
+                        last = b.sub(w, const_i64(1))
+                        for j in range(VL):
+                            for i in range(g):
+                                col = b.add(c0, const_i64(j * sw + i))
+                                ok = b.and_(b.icmp_signed(">=", col, const_i64(0)),
+                                            b.icmp_signed("<", col, w))
+                                cc = b.select(b.icmp_signed("<", col, const_i64(0)),
+                                              const_i64(0), col)
+                                cc = b.select(b.icmp_signed(">", cc, last), last, cc)
+                                raw = b.load(b.gep(src, [cc]))
+                                val = b.select(ok, self._convert(raw, dtype, b.trunc(xzp, I16)),
+                                               pad_elt)
+                                at = b.add(b.mul(b.add(dst_row, b.add(v0, const_i64(j))),
+                                                 const_i64(g)), const_i64(i))
+                                b.store(val, b.gep(elt_plane, [at]))

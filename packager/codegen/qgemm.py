@@ -98,6 +98,10 @@ V16I8 = ir.VectorType(I8, 2 * PANEL)
 MAGIC = 12582912.0   # 1.5 * 2**23: (f + M) - M rounds half to even for |f| < 2**22
 
 
+def _count(count: int | ir.Value) -> ir.Value:
+    return count if isinstance(count, ir.Value) else const_i64(count)
+
+
 def match_qgemm(func: PrimFunc, kinds: tuple[str, ...] = ("qmatmul", "qconv2d"),
                 sized: bool = False):
     """(kind, tag) when ``func`` is one of the integer ops ``kinds`` (an opaque op, so its
@@ -295,21 +299,21 @@ class QEmitter(KernelEmitter):
             return -128 if dtype == "uint8" else 0
         return 128 if dtype == "int8" else 0
 
-    def _task_span(self, parallel: bool, regions: int, count: int, task: ir.Value,
+    def _task_span(self, parallel: bool, regions: int, count: int | ir.Value, task: ir.Value,
                    ntasks: ir.Value) -> tuple[ir.Value, ir.Value, ir.Value]:
         """This task's [lo, hi) of ``count`` work items and its workspace region: the items
         split evenly over min(ntasks, regions) tasks, the tasks past those returning at once
         (a pool with more threads than the kernel has regions); one task does everything when
-        the kernel is not parallel."""
+        the kernel is not parallel. ``count``: an int, or a run-time value (open sizes)."""
         if not parallel:
-            return const_i64(0), const_i64(count), const_i64(0)
+            return const_i64(0), _count(count), const_i64(0)
         b = self.builder
         cap = const_i64(regions)
         eff = b.select(b.icmp_signed("<", ntasks, cap), ntasks, cap)
         with b.if_then(b.icmp_signed(">=", task, eff), likely=False):
             b.ret_void()
-        lo = b.sdiv(b.mul(task, const_i64(count)), eff)
-        hi = b.sdiv(b.mul(b.add(task, const_i64(1)), const_i64(count)), eff)
+        lo = b.sdiv(b.mul(task, _count(count)), eff)
+        hi = b.sdiv(b.mul(b.add(task, const_i64(1)), _count(count)), eff)
         return lo, hi, task
 
     def _zero_points(self, x_zp: te.Tensor, y_zp: te.Tensor,

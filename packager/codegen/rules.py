@@ -127,6 +127,12 @@ def _integer_depthwise(module, func, symbol, vl, match, target, options):
     return emit_qdepthwise(module, func, symbol, vl, target.llvm_features, options.vnni_emulate)
 
 
+def _integer_depthwise_sized(module, func, symbol, vl, size_vars, target, options):
+    """qdwconv2d with run-time image sizes (``_QDepthwise._emit_open``)."""
+    return emit_qdepthwise(module, func, symbol, vl, target.llvm_features, options.vnni_emulate,
+                           size_vars=size_vars)
+
+
 def _symbolic_contraction(module, func, symbol, vl, size_vars, target, options):
     """A matmul (M, N, K, batch may be run-time sizes), else a conv2d with run-time image
     sizes (``contraction/conv_symbolic.py``)."""
@@ -144,7 +150,8 @@ KERNEL_RULES: tuple[KernelRule, ...] = (
     KernelRule("unique by sorting", None, _on_func(emit_unique), _sized(emit_unique)),   # ditto
     KernelRule("integer GEMM", None, _integer_gemm,   # qmatmul / qconv2d (ops/qlinear.py)
                _integer_gemm_sized),   # qconv2d quads with run-time image sizes
-    KernelRule("integer depthwise", None, _integer_depthwise, None),   # qdwconv2d
+    KernelRule("integer depthwise", None, _integer_depthwise,   # qdwconv2d
+               _integer_depthwise_sized),   # with run-time image sizes (_emit_open)
     KernelRule("integer elementwise", None, _on_func(emit_qelementwise, True),   # qbinary, qgavgpool
                _sized(emit_qelementwise_sized)),   # lut8 with run-time extents
     KernelRule("channel-lane convolution", None, _on_func(emit_conv_oc, True),   # nn.conv2d_oc

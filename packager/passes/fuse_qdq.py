@@ -91,7 +91,7 @@ def _fuse_in_function(fn: Function, int8: bool, options: CompileOptions) -> Func
             reader_of.setdefault(id(a), []).append(b)
     for o in fn.outputs:
         uses[id(o)] += 1
-    float_products = plan_float_products(fn, defs, uses, reader_of) if int8 else {}
+    float_products = plan_float_products(fn, defs, uses, reader_of, options) if int8 else {}
     pre_bindings: dict[int, list[Binding]] = {}   # bindings a planned call reads, put before it
     if int8:
         float_products.update(plan_integer_products(fn, defs, uses, reader_of))

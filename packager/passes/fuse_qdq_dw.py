@@ -1,6 +1,7 @@
 """The arguments of a ``qdwconv2d`` (``ops/qlinear.py``, kernel ``codegen/qdepthwise.py``) for
 a quantized depthwise convolution the fusion in ``passes/fuse_qdq.py`` matched: one input
-channel per output channel, dilation 1, static shapes, and every partial sum exact in float32
+channel per output channel, dilation 1, static channels (the batch, height and width may be
+run-time sizes), and every partial sum exact in float32
 (below 2**24: the largest |x - x_zp| times the sum of |w - w_zp| of a channel; the int32 bias is
 added after, in int32)."""
 
@@ -23,7 +24,8 @@ def depthwise_call(x: Value, conv: Call, wd: np.ndarray, xzp: int, bias: np.ndar
     apply."""
     shape = x.type.shape
     o = wd.shape[0]
-    if (len(shape) != 4 or not all(isinstance(d, int) for d in tuple(shape) + tuple(out.shape))
+    # run-time batch / height / width: the kernel's open form (codegen/qdepthwise.py)
+    if (len(shape) != 4 or not isinstance(shape[1], int) or not isinstance(out.shape[1], int)
             or conv.attrs.get("groups", 1) != shape[1] or o != shape[1] or wd.shape[1] != 1
             or tuple(conv.attrs.get("dilation", (1, 1))) != (1, 1)):
         return None

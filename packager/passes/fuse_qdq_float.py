@@ -13,6 +13,8 @@ from ..ir.graph import Call, Constant, Function, Value
 from ..ops.qlinear import PANEL, pack_conv_weights, pack_weights
 from .fuse_qdq_common import I8, const_of, conv_channels, matmul_columns, sole_reader, static_shapes
 from .fuse_qdq_dw import depthwise_call
+from .int8_cost import open_conv_integer
+from .quad_weights import split_share
 
 
 def dq_input(defs: dict, v: Value):
@@ -38,7 +40,8 @@ def dq_weight(defs: dict, v: Value):
     return w, ws, wzp
 
 
-def plan_float_products(fn: Function, defs: dict, uses: Counter, reader_of: dict) -> dict:
+def plan_float_products(fn: Function, defs: dict, uses: Counter, reader_of: dict,
+                        options=None) -> dict:
     """Quantized products whose result stays float (mlcpack's own ``--quantize int8`` graphs:
     conv2d / matmul of dequantize(x) and dequantize(W const), no quantize after): [bias add]
     [relu] folded into a ``qconv2d`` / ``qmatmul`` with a float32 result. Returns {id(var the
@@ -76,7 +79,12 @@ def plan_float_products(fn: Function, defs: dict, uses: Counter, reader_of: dict
             o = wk.shape[1]
             ws_o, wzp_o = cols[1].astype(np.float32), cols[2].astype(np.int64)
             wd = wk.astype(np.int64) - wzp_o.reshape(1, o)
-        if not static_shapes(x, c):
+        # run-time image sizes: only the depthwise kernel has an open form here
+        # (codegen/qdepthwise.py ``_emit_open``)
+        if not static_shapes(x, c) and not (conv and depthwise) and not (
+                conv and options is not None and open_conv_integer(
+                    w.shape, c.attrs["strides"], 1, options,
+                    split_share(wd) if options.conv_quads7 else None)):
             continue
         mult = (xs * ws_o).astype(np.float32)
         bias_i = np.zeros(o, np.int64)

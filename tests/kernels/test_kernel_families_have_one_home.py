@@ -26,6 +26,7 @@ def test_rule_table_rows_in_order() -> None:
     symbolic = [r.op for r in rules.KERNEL_RULES if r.symbolic is not None]
     assert symbolic == ["recurrence", "non-maximum suppression", "tree ensemble", "nonzero index",
                         "unique by sorting", "integer GEMM",   # qconv2d quads, open sizes
+                        "integer depthwise",   # qdwconv2d, open sizes
                         "integer elementwise", "channel-lane convolution",
                         "depthwise convolution",
                         "bf16 pair matmul", "contraction", "max pool", "softmax", "normalization",
