@@ -53,13 +53,18 @@ def _header(path) -> dict:
 
 
 def test_fat_bundle_shares_one_copy_of_the_weights(bundles) -> None:
-    # against the single AVX-512 bundle: an AVX2-only bundle packs its weights for AVX2's
-    # kernels (passes/layout.py), a bundle with AVX-512 or aarch64 variants does not
-    fat, single = _header(bundles["fat_all"]), _header(bundles["x86-64-v4"])
+    # one copy of each weight for all variants: as many constants as a single-level bundle,
+    # none larger than the largest layout a single level packs it in (passes/layout.py packs
+    # for a level's kernels: AVX2's panels, AVX-512's 32-channel blocks; a bundle whose
+    # variants want different layouts keeps one copy they all read)
+    fat = _header(bundles["fat_all"])
+    singles = [_header(bundles[lv]) for lv in X86_LEVELS]
     levels = [v["level"] for v in fat["code"]]
     assert levels == FAT_ALL.split(",")
-    assert len(fat["constants"]) == len(single["constants"])
-    assert [c["data"] for c in fat["constants"]] == [c["data"] for c in single["constants"]]
+    for single in singles:
+        assert len(fat["constants"]) == len(single["constants"])
+    for i, c in enumerate(fat["constants"]):
+        assert c["data"]["size"] <= max(s["constants"][i]["data"]["size"] for s in singles)
     objects = sum(v["object"]["size"] for v in fat["code"])
     weights = sum(c["data"]["size"] for c in fat["constants"])
     size = bundles["fat_all"].stat().st_size
