@@ -76,3 +76,25 @@ def assert_matches_onnxruntime(tmp_path, model, feeds, threads, runs=1):
         for _ in range(runs):
             got = list(m.run(feeds).values())[0]
             np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+def avx512_host() -> bool:
+    """This host runs x86-64-v4 code (AVX-512 F, BW, DQ, VL)."""
+    from mlcpack.runtime.cpu import host_arch, host_features
+
+    return host_arch() == "x86_64" and {"avx512f", "avx512bw", "avx512dq", "avx512vl"} <= \
+        host_features()
+
+
+def export_model(tmp_path, model, target="x86-64-v4"):
+    """(ONNX path, bundle path) of ``model`` saved and exported for ``target`` in ``tmp_path``."""
+    import onnx
+
+    from mlcpack.frontends.onnx import import_onnx
+    from mlcpack.packager.export import ExportOptions, export_module
+
+    path = tmp_path / "m.onnx"
+    onnx.save(model, str(path))
+    mod, _ = import_onnx(str(path))
+    export_module(mod, tmp_path / "m.mlc", ExportOptions(target=target))
+    return path, tmp_path / "m.mlc"

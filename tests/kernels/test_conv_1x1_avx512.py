@@ -9,19 +9,14 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conv_models import conv_feeds, conv_model
+from conv_models import avx512_host, conv_feeds, conv_model, export_model
+from helpers import self_loops
 
-from mlcpack.runtime.cpu import host_arch, host_features
 
 ort = pytest.importorskip("onnxruntime")
 
 V4 = "x86-64-v4"
 ONE = dict(strides=(1, 1), padding=(0, 0, 0, 0), groups=1)
-
-
-def _avx512() -> bool:
-    return host_arch() == "x86_64" and {"avx512f", "avx512bw", "avx512dq", "avx512vl"} <= \
-        host_features()
 
 
 def _geometry(c, o, hw, vl):
@@ -44,33 +39,6 @@ def test_16_lane_tiles_packed_past_l2(c, o, hw, packed):
     assert _geometry(c, o, hw, 8)["packed"] == (min(c, o) >= 64)
 
 
-def _self_loops(asm: str) -> list[list[str]]:
-    """The instructions of each basic block of ``asm`` that branches back to its own label."""
-    loops, label, body = [], None, []
-    for line in asm.splitlines():
-        if line.endswith(":") and not line.startswith("\t"):
-            label, body = line[:-1], []
-        elif label and line.startswith("\t") and not line.startswith("\t."):
-            body.append(line.strip())
-            if line.split()[0].startswith("j") and line.split()[-1] == label:
-                loops.append(body)
-                label = None
-    return loops
-
-
-def _export(tmp_path, model, target=V4):
-    import onnx
-
-    from mlcpack.frontends.onnx import import_onnx
-    from mlcpack.packager.export import ExportOptions, export_module
-
-    path = tmp_path / "m.onnx"
-    onnx.save(model, str(path))
-    mod, _ = import_onnx(str(path))
-    export_module(mod, tmp_path / "m.mlc", ExportOptions(target=target))
-    return path, tmp_path / "m.mlc"
-
-
 @pytest.mark.parametrize("c,o,hw,choice", [
     (192, 768, 7, "4 channels x 64 pixels register tile, input packed in panels"),
     (96, 240, 7, "4 channels x 64 pixels register tile, input read in place"),
@@ -90,11 +58,11 @@ def test_zmm_product_loop_without_spills(tmp_path, monkeypatch, c, o, hw, choice
         return out
 
     monkeypatch.setattr(export, "compile_for_targets", spy)
-    _export(tmp_path, conv_model(1, c, hw, hw, o, 1, 1))
+    export_model(tmp_path, conv_model(1, c, hw, hw, o, 1, 1))
     (target, code), = captured
     assert choice in next(iter(code.kernels.values())).choice
     asm = _target_machine(target).emit_assembly(llvm.parse_assembly(code.llvm_ir))
-    product = [body for body in _self_loops(asm) if sum("vfmadd" in i for i in body) >= 16]
+    product = [body for body in self_loops(asm) if sum("vfmadd" in i for i in body) >= 16]
     assert product
     for body in product:
         assert all("zmm" in i for i in body if "vfmadd" in i)
@@ -110,9 +78,9 @@ def test_zmm_product_loop_without_spills(tmp_path, monkeypatch, c, o, hw, choice
 def test_matches_onnxruntime(tmp_path, n, c, h, w, o, s, act, residual):
     from mlcpack.runtime import load
 
-    if not _avx512():
+    if not avx512_host():
         pytest.skip("runs x86-64-v4 code: needs an x86-64 host with AVX-512")
-    path, bundle = _export(tmp_path, conv_model(n, c, h, w, o, 1, s, act=act,
+    path, bundle = export_model(tmp_path, conv_model(n, c, h, w, o, 1, s, act=act,
                                                 residual=residual))
     feeds = conv_feeds(n, c, h, w, o, 1, s, residual=residual)
     want = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, feeds)[0]

@@ -10,30 +10,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from conftest import X86_V3
-from conv_models import conv_feeds, conv_model
+from conv_models import avx512_host, conv_feeds, conv_model, export_model
 from helpers import self_loops
 from mlcpack.runtime.cpu import host_arch, host_features
 
 ort = pytest.importorskip("onnxruntime")
 
 V4 = "x86-64-v4"
-
-
-def _avx512() -> bool:
-    return host_arch() == "x86_64" and {"avx512f", "avx512bw", "avx512dq", "avx512vl"} <= \
-        host_features()
-
-
-def _export(tmp_path, model, target=V4):
-    import onnx
-    from mlcpack.frontends.onnx import import_onnx
-    from mlcpack.packager.export import ExportOptions, export_module
-
-    path = tmp_path / "m.onnx"
-    onnx.save(model, str(path))
-    mod, _ = import_onnx(str(path))
-    export_module(mod, tmp_path / "m.mlc", ExportOptions(target=target))
-    return path, tmp_path / "m.mlc"
 
 
 def _conv_kernels(bundle) -> list[dict]:
@@ -61,7 +44,7 @@ def test_packed_for_avx512_but_not_for_its_bf16():
     (256, 32, 1, "x86-64-v3", False),  # AVX2: its packed 1x1 panels
 ])
 def test_which_convolutions_are_packed(tmp_path, c, o, k, target, packed):
-    _, bundle = _export(tmp_path, conv_model(1, c, 6, 6, o, k, 1), target)
+    _, bundle = export_model(tmp_path, conv_model(1, c, 6, 6, o, k, 1), target)
     assert any("conv2d_oc" in kk["name"] for kk in _conv_kernels(bundle)) == packed
 
 
@@ -85,7 +68,7 @@ def test_zmm_tile_stays_in_registers(tmp_path, monkeypatch, c, o, hw, s, choice,
         return out
 
     monkeypatch.setattr(export, "compile_for_targets", spy)
-    _export(tmp_path, conv_model(1, c, hw, hw, o, 3, s))
+    export_model(tmp_path, conv_model(1, c, hw, hw, o, 3, s))
     (target, code), = captured
     assert choice in next(iter(code.kernels.values())).choice
     asm = _target_machine(target).emit_assembly(llvm.parse_assembly(code.llvm_ir))
@@ -113,9 +96,9 @@ CASES = [
 def test_matches_onnxruntime(tmp_path, n, c, h, w, o, k, s, act, residual):
     from mlcpack.runtime import load
 
-    if not _avx512():
+    if not avx512_host():
         pytest.skip("runs x86-64-v4 code: needs an x86-64 host with AVX-512")
-    path, bundle = _export(tmp_path, conv_model(n, c, h, w, o, k, s, act=act,
+    path, bundle = export_model(tmp_path, conv_model(n, c, h, w, o, k, s, act=act,
                                                 residual=residual))
     kernels = _conv_kernels(bundle)
     assert kernels and all("conv2d_oc" in kk["name"] for kk in kernels)
@@ -136,7 +119,7 @@ def test_open_image_sizes(tmp_path, o, k, s, residual):
     groups are cut so the transposes stay in the row buffer) up to a few bands."""
     from mlcpack.runtime import load
 
-    if not _avx512():
+    if not avx512_host():
         pytest.skip("runs x86-64-v4 code: needs an x86-64 host with AVX-512")
     c = 16
     model = conv_model(1, c, 8, 8, o, k, s, act="silu", residual=residual)
@@ -144,7 +127,7 @@ def test_open_image_sizes(tmp_path, o, k, s, residual):
         dims = vi.type.tensor_type.shape.dim
         dims[2].dim_param, dims[3].dim_param = ("OH", "OW") if vi in model.graph.output \
             else ("H", "W")
-    path, bundle = _export(tmp_path, model)
+    path, bundle = export_model(tmp_path, model)
     kernels = _conv_kernels(bundle)
     assert kernels and all(kk["kernel"].endswith("planned at run time") for kk in kernels)
     sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
@@ -166,7 +149,7 @@ def test_avx2_variant_of_a_portable_bundle(tmp_path, monkeypatch):
     if host_arch() != "x86_64" or not {"avx2", "fma"} <= host_features():
         pytest.skip("runs x86-64-v3 code: needs an x86-64 host with AVX2 and FMA")
     n, c, h, w, o, k, s = 1, 32, 12, 12, 48, 3, 1
-    path, bundle = _export(tmp_path, conv_model(n, c, h, w, o, k, s, act="silu"),
+    path, bundle = export_model(tmp_path, conv_model(n, c, h, w, o, k, s, act="silu"),
                            "x86-64-v3,x86-64-v4")
     assert all("conv2d_oc" in kk["name"] for kk in _conv_kernels(bundle))
     feeds = conv_feeds(n, c, h, w, o, k, s)
