@@ -429,10 +429,14 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
         u_bytes = 16 * self.c * self.nblocks * OC_BLOCK * 4
         by_u = -(-self.ntr // max(1, WINO_U_TRAFFIC // u_bytes))
         band_tr = min(self.ntr, max(by_u, min(by_v, by_items)))
-        if vl >= 16 and u_bytes > geometry.L2_REUSE_BYTES:
+        if vl >= 16 and u_bytes > geometry.L2_REUSE_BYTES and \
+                band_tr * self.nt < WINO_MIN_BAND_TILES:
             # the transformed weights past L2 stream from L3 once per band: bands of at least
-            # WINO_MIN_BAND_TILES tiles (see there)
-            band_tr = max(band_tr, min(self.ntr, -(-WINO_MIN_BAND_TILES // self.nt)))
+            # WINO_MIN_BAND_TILES tiles (see there), as many as have them, an even number
+            # where more than one (two threads' shares of equal bands)
+            nb = max(1, self.ntr // -(-WINO_MIN_BAND_TILES // self.nt))
+            nb -= nb % 2 if nb > 1 else 0
+            band_tr = -(-self.ntr // nb)
         self.band_tr = band_tr
         self.nbands = -(-self.ntr // band_tr)
         # no more task regions than items (one band of a large layer: two, not MAX_TASK_REGIONS)
