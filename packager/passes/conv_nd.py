@@ -230,8 +230,13 @@ def _conv_3d(em: _Emitter, x: Value, w: Value, attrs: dict, tail: list[Binding])
         return 0
     # rows: each output depth slice's rows, padded and rounded up to a multiple of the row
     # stride, stacked (the rows between slices' outputs are dropped at the end), or with the
-    # row taps folded, exactly the output rows
-    slice_out = oh if fold_h else -(-(height + ph0 + ph1) // sh)
+    # row taps folded, exactly the output rows. At row stride 1 with no more bottom than top
+    # padding, a slice's bottom padding is the next one's top padding (the last one's is the
+    # conv's): rows H + pt, not H + pt + pb (conv3d's 3x3x3 layers: 65 rows per slice, not 66)
+    if not fold_h and sh == 1 and ph1 <= ph0 and ph1 < kh:
+        slice_out = height + ph0
+    else:
+        slice_out = oh if fold_h else -(-(height + ph0 + ph1) // sh)
     rows = oh if fold_h else slice_out * sh
     cols = em.emit("nn.window_unfold", [x],
                    kernel=(kd, kh if fold_h else 1, kw if fold_w else 1),
