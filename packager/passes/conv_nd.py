@@ -7,19 +7,20 @@ ONNX frontend emits for 3-D windows, and for 1-D/2-D ones the 2-D rows do not co
 - 1-D and 2-D: the 2-D row itself (a 1-D window is a 2-D one of height 1).
 - 3-D convolution: ``nn.window_unfold`` lays the depth taps out as channels and stacks the
   output depth slices on top of each other, each slice's rows padded and rounded up to a
-  multiple of the row stride: ``[N, C * kd, OD * Hs, W]``. One 2-D convolution with the weight
+  multiple of the row stride (at row stride 1, a slice's bottom padding is the next one's
+  top padding): ``[N, C * kd, OD * Hs, W]``. One 2-D convolution with the weight
   viewed as ``[O, Cg * kd, kh, kw]`` then computes every depth slice at once (the reduction
   runs over channels and depth taps, as the 3-D one does); output rows ``od * Hs / sh + oh``
   with ``oh < OH`` are the result, the few rows between slices are dropped by a strided slice
   (where the epilogue, bias and activation, then fuses). The unfold copies the input ``kd``
   times, as the 2-D kernel's own planes copy does for its taps. Without depth taps, row
   padding or a row stride (a 1x1x1 or 1x1xk convolution), the input is only viewed as 2-D.
-  A short clip (no more input slices than depth taps, constant weights, one group) folds its
-  depth into the channels instead: one 2-D convolution from ``[N, C * D, H, W]`` to
+  A short clip (at most 4/3 as many input slices as depth taps, constant weights, one group)
+  folds its depth into the channels instead: one 2-D convolution from ``[N, C * D, H, W]`` to
   ``[N, O * OD, OH, OW]`` (both views) with a banded weight built at export, which multiplies
-  no padding tap the unfold would and copies nothing; the bias and unary activations after it
-  move before the output's view, into the kernel's epilogue (conv3d's last layer, 64 -> 64 on
-  2 x 8 x 8: 265 -> 59 us, 1 thread, AVX-512 host).
+  at most a third more than the unfold does and copies nothing; the bias and unary
+  activations after it move before the output's view, into the kernel's epilogue
+  (``_depth_as_channels``).
 - Dilation (any rank; the 2-D kernels take none): the dilated axes' taps are unfolded into
   channels too (rows, or rows and columns: a 1x1 convolution over an im2col).
 - 3-D max/avg pooling is separable: a 2-D pool over (H, W) of every depth slice, then a
@@ -128,15 +129,16 @@ def _conv_2d(em: _Emitter, x: Value, w: Value, attrs: dict) -> None:
 def _depth_as_channels(x: Value, w: Value, attrs: dict) -> bool:
     """Whether a 3-D convolution runs as one 2-D convolution with the depth slices folded into
     the channels (``_fold_depth``): constant weights, one group, undilated rows and columns,
-    depth taps, and at most as many input slices as taps (``D <= kd``: the block-banded
-    folded weight then multiplies no more zeros than the unfolded path's padding taps, and
-    the unfold's copy and the slice's copy go). A short clip's deep layer (conv3d's 64 -> 64 on
-    2 x 8 x 8: every output slice reads every input slice)."""
+    depth taps, and at most 4/3 as many input slices as taps (``3 D <= 4 kd``): the banded
+    weight then multiplies at most a third more than the unfold path does with its padding
+    taps and rows (none where ``D <= kd``), and the unfold's and the slice's copies go.
+    conv3d's last two layers (1 thread, AVX-512 host): 64 -> 64 on 2 x 8 x 8, 265 -> 59 us;
+    32 -> 64 on 4 x 16 x 16 (16 slice pairs against 12), 335 -> 287 us with the copies."""
     (_, dh, dw) = attrs["dilation"]
     o, _, kd, kh, kw = w.type.shape
     depth = x.type.shape[2]
     return (isinstance(w, Constant) and attrs["groups"] == 1 and dh == dw == 1 and kd > 1
-            and depth <= kd and not (kw > 1 and _long_row(w, 1, attrs["strides"])))
+            and 3 * depth <= 4 * kd and not (kw > 1 and _long_row(w, 1, attrs["strides"])))
 
 
 def _fold_depth(em: _Emitter, x: Value, w: Value, attrs: dict, od: int,

@@ -61,7 +61,10 @@ CONV_CASES = {
     "3d_kernel_covers_input": (dict(), (1, 2, 3, 3, 3), (4, 2, 3, 3, 3)),
     "3d_dilation_cols": (dict(dilations=[1, 1, 2], pads=[1, 0, 2, 1, 1, 2], strides=[1, 2, 1]),
                          (1, 2, 3, 6, 7), (3, 2, 3, 2, 3)),
-    # depth folded into the channels (D <= kd: one banded 2-D conv, passes/conv_nd.py)
+    # stacked slices sharing padding rows (row stride 1, bottom <= top), and not
+    "3d_rows_pad_above": (dict(pads=[1, 2, 0, 1, 1, 1]), (1, 2, 6, 5, 4), (3, 2, 3, 3, 2)),
+    "3d_rows_pad_below": (dict(pads=[1, 0, 1, 1, 2, 0]), (1, 2, 6, 5, 4), (3, 2, 3, 3, 2)),
+    # depth folded into the channels (3 D <= 4 kd: one banded 2-D conv, passes/conv_nd.py)
     "3d_fold_d2_p1": (dict(pads=[1] * 6), (1, 8, 2, 5, 6), (6, 8, 3, 3, 3)),
     "3d_fold_depth_dilated_strided": (dict(strides=[2, 1, 2], dilations=[2, 1, 1],
                                            pads=[2, 1, 0, 2, 0, 1]), (1, 3, 3, 6, 7),
@@ -235,7 +238,7 @@ def test_3d_conv_is_an_unfold_and_one_conv2d() -> None:
 
 
 def test_short_clip_folds_its_depth_into_one_conv2d() -> None:
-    # D <= kd: every output slice a block of output channels of one 2-D conv over the input's
+    # 3 D <= 4 kd: every output slice a block of output channels of one 2-D conv over the input's
     # slices as channels (views: no unfold, no slice); runtime weights keep the unfold
     args = dict(strides=(1, 1, 1), padding=(1,) * 6, dilation=(1, 1, 1), groups=1)
     x, w = rand(1, 4, 2, 6, 6), rand(8, 4, 3, 3, 3)
