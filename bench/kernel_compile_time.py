@@ -12,9 +12,9 @@ every target and every distinct kernel (structural twins share one kernel, as in
 ``_optimize`` (LLVM parsing, verifying and optimizing it at -O2: *opt*), ``emit_object``
 (LLVM's code generator: *obj*; without loop strength reduction for a channel-lane
 convolution, as the export's default pipeline makes it), each timed in CPU seconds
-(``time.process_time``), and the emitted and optimized IR's instruction counts. A kernel compiled alone costs about what it costs
-inside its group's module (the export optimizes four groups per target and then makes one
-object per target).
+(``time.process_time``), and the emitted and optimized IR's instruction counts. A kernel
+compiled alone costs about what it costs inside its group's module (the export optimizes four
+groups per target and then makes one object per target).
 
 Printed: the ``--top`` kernels by opt + obj summed over the targets, with their design
 (``KernelInfo.choice``), then sums per target and per kernel family (the name's stem:
