@@ -11,7 +11,7 @@ every target and every distinct kernel (structural twins share one kernel, as in
 ``codegen/build.py emit_module``): ``emit_module([func])`` (Python writing the IR: *emit*),
 ``_optimize`` (LLVM parsing, verifying and optimizing it at -O2: *opt*), ``emit_object``
 (LLVM's code generator: *obj*; without loop strength reduction for a channel-lane
-convolution, as the export's default pipeline makes it), each timed in CPU seconds
+Winograd convolution, as the export's default pipeline makes it), each timed in CPU seconds
 (``time.process_time``), and the emitted and optimized IR's instruction counts. A kernel
 compiled alone costs about what it costs inside its group's module (the export optimizes four
 groups per target and then makes one object per target).
@@ -101,8 +101,8 @@ def measure(funcs, targets, size_vars, options, match: str = "") -> list[dict]:
             pipeline = build.DEFAULT_PIPELINE
             mod = build._optimize(emitted.text, target, tm, pipeline)
             t2 = time.process_time()
-            if not pipeline.channel_lane_lsr and build.lsr_skipped(emitted.kernels):
-                # a channel-lane convolution: no LSR, as the export makes it
+            if not pipeline.winograd_lsr and build.winograd_kernels(emitted.kernels):
+                # a channel-lane Winograd convolution: no LSR, as the export makes it
                 pipeline = replace(pipeline, strength_reduction=False)
             build._emit_object(tm, mod, pipeline)
             t3 = time.process_time()

@@ -68,10 +68,10 @@ class Pipeline:
     # the end of the optimizer instead, on every function but the kernels ``lsr_skipped`` names
     strength_reduction: bool = True
     # with the code generator's LSR (``strength_reduction``): False leaves the channel-lane
-    # convolutions (``lsr_skipped``) without it: the object of a module that has one is made
-    # without the code generator's LSR, the pass run on every other function after linking
-    # (``_finish``); a module without one is made exactly as with LSR everywhere
-    channel_lane_lsr: bool = True
+    # Winograd convolutions (``winograd_kernels``) without it: the object of a module that has
+    # one is made without the code generator's LSR, the pass run on every other function after
+    # linking (``_finish``); a module without one is made exactly as with LSR everywhere
+    winograd_lsr: bool = True
 
 
 # -O2, not -O3: the kernels' hot loops are vectorized and register-blocked by their emitters,
@@ -80,13 +80,13 @@ class Pipeline:
 # summed 0.994-0.995 of -O3's on YOLOv8n and PP-OCR det) while it cost 8-13 % of a cold
 # export's CPU time, up to 17x on a generic loop nest (a concat: 0.39 -> 0.023 s).
 #
-# No loop strength reduction in the channel-lane convolutions (``channel_lane_lsr``): at
-# x86-64-v4 it was 0.60 of their object time (yolo11n_seg_nms: 34 channel-lane kernels, object
-# 2.16 -> 0.90 CPU-s without it; 1.43 of the whole v4 object's 3.4 CPU-s was LSR) and their
-# speed did not move (docs/performance.md, "Export time at x86-64-v4: no loop strength reduction
-# in the channel-lane convolutions"). The other kernels keep it (the packed 1x1 convolutions ran
-# 1.17x slower without it).
-DEFAULT_PIPELINE = Pipeline("-O2", 2, True, True, channel_lane_lsr=False)
+# No loop strength reduction in the channel-lane Winograd convolutions (``winograd_lsr``): LSR
+# was 0.57 of their object time at x86-64-v4 (yolo11n_seg_nms's 17: 1.27 -> 0.54 CPU-s; 1.43
+# of that whole object's 3.4 CPU-s was LSR) and their speed did not move (docs/performance.md,
+# "Export time at x86-64-v4: no loop strength reduction in the channel-lane Winograd
+# convolutions"). The other kernels keep it: the channel-lane direct convolutions ran up to
+# 1.24x slower without it at v4, the packed 1x1 convolutions 1.17x on v2.
+DEFAULT_PIPELINE = Pipeline("-O2", 2, True, True, winograd_lsr=False)
 # Tried in order for a kernel LLVM aborts on: the loop vectorizer is where LLVM's assertions
 # have fired (a cost-model disagreement); -O2 without vectorizers is the last resort.
 CONSERVATIVE_PIPELINES = (Pipeline("-O2 without the loop vectorizer", 2, False, True),
@@ -110,6 +110,14 @@ def lsr_skipped(kernels: dict[str, KernelInfo]) -> frozenset[str]:
     (``codegen/conv_oc.py``; their design, ``KernelInfo.choice``, says "channel-lane")."""
     return frozenset(k.symbol for k in kernels.values()
                      if (k.choice or "").startswith("channel-lane"))
+
+
+def winograd_kernels(kernels: dict[str, KernelInfo]) -> frozenset[str]:
+    """The symbols of the channel-lane Winograd convolutions (``codegen/conv_oc.py``; their
+    design, ``KernelInfo.choice``, says "channel-lane Winograd"): the kernels the default
+    pipeline leaves without loop strength reduction."""
+    return frozenset(k.symbol for k in kernels.values()
+                     if (k.choice or "").startswith("channel-lane Winograd"))
 
 
 def target_pipelines(targets: Sequence[Target]) -> list[Pipeline]:
@@ -360,8 +368,8 @@ def _finish(linked: llvm.ModuleRef, tm: llvm.TargetMachine, target: Target,
     if undefined:
         raise CodegenError(f"kernels would import {', '.join(undefined)}, which the runtime "
                            "does not provide")
-    skip = lsr_skipped(kernels) if pipeline.strength_reduction \
-        and not pipeline.channel_lane_lsr else frozenset()
+    skip = winograd_kernels(kernels) if pipeline.strength_reduction \
+        and not pipeline.winograd_lsr else frozenset()
     if skip:   # LSR in the optimizer's place on the others, none in the code generator
         _reduce_strength(linked, tm, pipeline, skip)
         pipeline = replace(pipeline, strength_reduction=False)
