@@ -69,6 +69,10 @@ class CompileOptions:
     # its 3x3s at 14x14 0.93-0.95x (docs/performance.md)
     bf16_oc_pixels: int = 14 * 14
     bf16_oc_targets: bool | None = None
+    # under "bf16" where ``bf16_oc_targets``: convolutions of few, odd input channels (C = 3
+    # stems) pair a window row's adjacent taps instead of two input channels, on nn.conv2d_oc
+    # at any plane size (passes/layout.py _bf16_tap_pairs); False: channel pairs as before
+    bf16_tap_pairs: bool = True
     # test only: the vdpbf16ps matmul's and convolution's data path (packing, loop order) with
     # vcvtne2ps2bf16 and vdpbf16ps written in portable IR (float32 FMAs, exact on normal
     # values), on any target: runs it on a CPU without avx512_bf16 (codegen/bf16dot.py,

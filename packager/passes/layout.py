@@ -362,6 +362,18 @@ def _bf16_oc(w_shape, out_shape, options: CompileOptions) -> bool:
             and w_shape[0] % 16 == 0 and pixels <= options.bf16_oc_pixels)
 
 
+def _bf16_tap_pairs(w_shape, options: CompileOptions) -> bool:
+    """Whether a convolution that takes bf16 pairs pairs a window row's adjacent taps instead
+    of two input channels (``options.bf16_tap_pairs``; nn.conv2d_oc with ``tap_pairs``, at any
+    plane size): vdpbf16ps on every target, output channels in whole 16-lane vectors, and
+    fewer reduction steps so (C * ceil(KW / 2) < ceil(C / 2) * KW: an odd C of few channels, a
+    7x7 stem of C = 3 28 steps per window for 35)."""
+    o, c, _, kw = w_shape
+    return (options.bf16_tap_pairs and bool(options.bf16_oc_targets)
+            and not options.bf16_emulate and o % 16 == 0
+            and c * -(-kw // 2) < -(-c // 2) * kw)
+
+
 def weights_to_bf16(mod: IRModule, options: CompileOptions) -> IRModule:
     """Under ``options.precision`` "bf16": the float32 packed weight of every ``BF16_OPS`` call
     but those ``options.bf16_keep`` names becomes bfloat16 (``to_bfloat16``), a convolution's
@@ -381,6 +393,15 @@ def weights_to_bf16(mod: IRModule, options: CompileOptions) -> IRModule:
             w = v.args[1]
             attrs = {"strides": tuple(v.attrs.get("strides", (1, 1))),
                      "padding": tuple(v.attrs.get("padding", (0, 0, 0, 0)))}
+            if _bf16_tap_pairs(w.data.shape, options):
+                # few odd input channels: a window row's adjacent taps paired
+                from ..ops.layout import pack_oc_tap_pairs
+                attrs.update(out_channels=int(w.data.shape[0]), kernel=tuple(w.data.shape[2:]),
+                             pairs=True, tap_pairs=True)
+                return Call("nn.conv2d_oc",
+                            [lookup(v.args[0]),
+                             Constant(f"{w.name}_bf16", pack_oc_tap_pairs(to_bfloat16(w.data)))],
+                            attrs, v.type)
             if _bf16_oc(w.data.shape, v.type.shape, options):
                 # small planes: output channels on the lanes (ops/layout.py pack_oc_pairs)
                 from ..ops.layout import pack_oc_pairs
