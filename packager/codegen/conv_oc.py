@@ -646,8 +646,8 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
         w_ptr = self.buffers[self.match.tag.operands[1].uid]
         if self.pairs:   # 32-bit pair words, cp * kh * kw steps of OC_BLOCK per block
             w_ptr = b.bitcast(w_ptr, I32.as_pointer())
-            wblk = b.gep(w_ptr, [b.mul(blk, const_i64(self.cp * self.kh * self.kw * OC_BLOCK))],
-                         inbounds=True)
+            wblk = b.gep(w_ptr, [b.mul(blk, const_i64(self.units * self.kh * self.kws
+                                                      * OC_BLOCK))], inbounds=True)
         else:
             wblk = b.gep(w_ptr, [b.mul(blk, const_i64(self.k * OC_BLOCK))], inbounds=True)
         band_end = b.add(oy_lo, self._extent(self.band))

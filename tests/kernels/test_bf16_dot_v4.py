@@ -659,8 +659,8 @@ def test_oc_pairs_native_run_bit_exact(tmp_path, oc_compiled, case):
 # ---- tap pairs: a window row's adjacent taps paired (few, odd input channels) ------------------
 
 # (C, O, k, H = W, stride): a 7x7 stride-2 stem of C = 3 (4 tap pairs per window row, the
-# last against a zero weight); C = 1, 3x3 stride 1 (pairs at odd columns too), 16 channels
-TAP_CASES = {"7x7_s2_c3": (3, 32, 7, 20, 2), "3x3_c1": (1, 16, 3, 9, 1)}
+# last against a zero weight; a block and a half of output channels); C = 1, 3x3 stride 1 (pairs at odd columns too), 16 channels
+TAP_CASES = {"7x7_s2_c3": (3, 48, 7, 20, 2), "3x3_c1": (1, 16, 3, 9, 1)}
 
 
 def vdpbf16ps_conv_taps(x: np.ndarray, wp: np.ndarray, out_channels: int, kernel, strides,
