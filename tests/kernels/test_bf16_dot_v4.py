@@ -561,7 +561,9 @@ def _oc_pipeline(shape, target: str, **fields):
 
 
 def test_oc_pairs_chosen_for_small_planes():
-    """Planes of at most 14x14 (``bf16_oc_pixels``; 1x1 windows 7x7) with output channels in 16-lane vectors take nn.conv2d_oc with
+    """Planes of at most 14x14 (56x56 from 64 input channels, ``bf16_oc_pixels``; strided stems
+    of up to 4 any size; 1x1 windows 7x7) with output channels in 16-lane vectors take
+    nn.conv2d_oc with
     pair weights (``pack_oc_pairs``: the pairs of ``pack_conv_pairs`` by blocks of 32 output
     channels) where every target has vdpbf16ps; larger planes, other channel counts and a
     set with a level without avx512_bf16 keep nn.conv2d_bf16p. Pipeline only."""
@@ -578,7 +580,11 @@ def test_oc_pairs_chosen_for_small_planes():
 
     assert picked((5, 32, 3, 7, 1)) == ({"conv2d_oc"}, [(1, 3 * 9, 32, 2)])
     assert picked(OC_CASES["3x3_c37"]) == ({"conv2d_oc"}, [(2, 19 * 9, 32, 2)])
-    assert picked((5, 32, 3, 15, 1))[0] == {"conv2d_bf16p"}        # 15x15 > 14x14
+    assert picked((5, 32, 3, 15, 1))[0] == {"conv2d_bf16p"}        # 15x15 > 14x14, C < 64
+    assert picked((64, 32, 3, 56, 1))[0] == {"conv2d_oc"}          # C 64: up to 56x56
+    assert picked((64, 32, 3, 57, 1))[0] == {"conv2d_bf16p"}
+    assert picked((3, 16, 3, 40, 2))[0] == {"conv2d_oc"}           # a strided stem, any size
+    assert picked((3, 16, 3, 40, 1))[0] == {"conv2d_bf16p"}
     assert picked((5, 32, 1, 8, 1))[0] == {"conv2d_bf16p"}         # a 1x1 on 8x8 > 7x7
     assert picked((5, 32, 1, 7, 1))[0] == {"conv2d_oc"}
     assert picked((5, 20, 3, 7, 1))[0] == {"conv2d_bf16p"}         # 20 channels
@@ -659,7 +665,8 @@ def test_oc_pairs_native_run_bit_exact(tmp_path, oc_compiled, case):
 # ---- tap pairs: a window row's adjacent taps paired (few, odd input channels) ------------------
 
 # (C, O, k, H = W, stride): a 7x7 stride-2 stem of C = 3 (4 tap pairs per window row, the
-# last against a zero weight; a block and a half of output channels); C = 1, 3x3 stride 1 (pairs at odd columns too), 16 channels
+# last against a zero weight; a block and a half of output channels); C = 1, 3x3 stride 1
+# (pairs at odd columns too), 16 channels
 TAP_CASES = {"7x7_s2_c3": (3, 48, 7, 20, 2), "3x3_c1": (1, 16, 3, 9, 1)}
 
 
