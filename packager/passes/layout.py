@@ -352,9 +352,10 @@ BF16_OC_1X1_PIXELS = 7 * 7
 # ``options.bf16_oc_pixels``) with at least BF16_OC_MIN_CHANNELS input channels, and any plane
 # with at most BF16_OC_STEM_CHANNELS and a stride (stems). Measured on Zen 5 (1 thread, kernel
 # CPU minima, pair -> channel-lane kernel): ResNet-18's 3x3s of 64 channels at 56x56
-# 0.96-0.97x, of 128 at 28x28 0.93-0.95x, U-Net's of 64 at 32x32 0.87-0.90x; YOLOv8n's of 32 channels at 40x40 (SiLU
-# epilogue) 1.6-1.8x, U-Net's of 16-32 at 64x64 and 128x128 1.45x; YOLOv8n's 3x3 stride-2 stem
-# (C = 3, 16 channels, 160x160) 0.56-0.58x, U-Net's stride-1 one (16 channels, 128x128) 1.19x.
+# 0.96-0.97x, of 128 at 28x28 0.93-0.95x, U-Net's of 64 at 32x32 0.87-0.90x; YOLOv8n's of 32
+# channels at 40x40 (SiLU epilogue) 1.6-1.8x, U-Net's of 16-32 at 64x64 and 128x128 1.45x;
+# YOLOv8n's 3x3 stride-2 stem (C = 3, 16 channels, 160x160) 0.56-0.58x, U-Net's stride-1 one
+# (16 channels, 128x128) 1.19x.
 BF16_OC_SMALL_PIXELS = 14 * 14
 BF16_OC_MIN_CHANNELS = 64
 BF16_OC_STEM_CHANNELS = 4

@@ -701,8 +701,8 @@ def vdpbf16ps_conv_taps(x: np.ndarray, wp: np.ndarray, out_channels: int, kernel
 def test_tap_pairs_chosen_and_packed():
     """Few odd input channels (C * ceil(KW / 2) < ceil(C / 2) * KW) take nn.conv2d_oc with tap
     pairs at any plane size (``pack_oc_tap_pairs``) where every target has vdpbf16ps; a 3x3 of
-    C = 3 (6 steps either way), a portable set and ``bf16_tap_pairs`` False keep channel
-    pairs. Pipeline only."""
+    C = 3 (6 steps either way) and ``bf16_tap_pairs`` False keep channel pairs, a portable set
+    the pixel-lane kernel. Pipeline only."""
     from mlcpack.packager.ir.graph import Constant
     from mlcpack.packager.ops.layout import pack_oc_tap_pairs, unpack_oc_tap_pairs
 
@@ -717,9 +717,11 @@ def test_tap_pairs_chosen_and_packed():
     # (tap pairs: C * KH * ceil(KW / 2) steps; channel pairs 2 * 49 for the 7x7)
     assert picked((3, 64, 7, 56, 2)) == ({"conv2d_oc"}, [(2, 3 * 7 * 4, 32, 2)])
     assert picked((1, 16, 3, 9, 1)) == ({"conv2d_oc"}, [(1, 3 * 2, 32, 2)])
-    assert picked((3, 64, 3, 56, 2))[0] == {"conv2d_bf16p"}
+    # a 3x3 of C = 3: channel pairs (6 steps either way)
+    assert picked((3, 64, 3, 56, 2)) == ({"conv2d_oc"}, [(2, 2 * 9, 32, 2)])
     assert picked((3, 64, 7, 56, 2), f"x86-64-v4,{V4_BF16}")[0] == {"conv2d_bf16p"}
-    assert picked((3, 64, 7, 56, 2), bf16_tap_pairs=False)[0] == {"conv2d_bf16p"}
+    assert picked((3, 64, 7, 56, 2), bf16_tap_pairs=False) == ({"conv2d_oc"},
+                                                               [(2, 2 * 49, 32, 2)])
     w = to_bfloat16(RNG.standard_normal((48, 3, 7, 7)).astype(np.float32))
     wp = pack_oc_tap_pairs(w)
     assert wp[1, (2 * 7 + 6) * 4 + 2, 15, 1] == w[47, 2, 6, 5]   # o 47: block 1, lane 15
