@@ -47,6 +47,12 @@ word against the block's 2 vectors of 16 output channels' weight pairs in ``vdpb
 bf16conv.py's kernel: tests/kernels/test_bf16_dot_v4.py's model holds for both. Unlike
 bf16conv.py's pixels on the lanes it computes no padding column and no rounding to 16 pixels
 (7x7 planes: 64 lanes for 49 pixels); a row group's rest runs half a tile before single pixels.
+With ``tap_pairs`` (few, odd input channels: C = 3 stems; weights ``ops.layout.
+pack_oc_tap_pairs``) a step pairs a window row's taps kx and kx + 1 of one channel instead of
+two channels: plane c holds per padded column the word (x[col], x[col + 1]), and a pixel's
+step reads the word at its column + 2t (a 7x7 window: 4 pairs per row, the last against a zero
+weight; 28 steps per channel where channel pairs take 2 x 49 for C = 3). Per channel, window
+row and tap pair in order, the odd tap's product first (test_bf16_dot_v4.py's tap model).
 
 Run-time image sizes (a model exported with open height and width): the same kernels, with the
 plan's size-dependent part (bands, row groups, Winograd tile counts, the padded row width)
