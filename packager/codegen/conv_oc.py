@@ -51,7 +51,7 @@ With ``tap_pairs`` (few, odd input channels: C = 3 stems; weights ``ops.layout.
 pack_oc_tap_pairs``) a step pairs a window row's taps kx and kx + 1 of one channel instead of
 two channels: plane c holds per padded column the word (x[col], x[col + 1]), and a pixel's
 step reads the word at its column + 2t (a 7x7 window: 4 pairs per row, the last against a zero
-weight; 28 steps per channel where channel pairs take 2 x 49 for C = 3). Per channel, window
+weight; 3 x 28 steps for C = 3 where channel pairs take 2 x 49). Per channel, window
 row and tap pair in order, the odd tap's product first (test_bf16_dot_v4.py's tap model).
 
 Run-time image sizes (a model exported with open height and width): the same kernels, with the

@@ -385,7 +385,7 @@ def _bf16_tap_pairs(w_shape, options: CompileOptions) -> bool:
     of two input channels (``options.bf16_tap_pairs``; nn.conv2d_oc with ``tap_pairs``, at any
     plane size): vdpbf16ps on every target, output channels in whole 16-lane vectors, and
     fewer reduction steps so (C * ceil(KW / 2) < ceil(C / 2) * KW: an odd C of few channels, a
-    7x7 stem of C = 3 28 steps per window for 35)."""
+    7x7 stem of C = 3 84 steps per window for 98)."""
     o, c, _, kw = w_shape
     return (options.bf16_tap_pairs and bool(options.bf16_oc_targets)
             and not options.bf16_emulate and o % 16 == 0
