@@ -125,6 +125,11 @@ WINO_GROUPS = 2
 # this many bytes (512 -> 512 on 14x14, 16.8 MB of them: 7 bands of one tile row 1.05x ORT's
 # time, one band of 7 0.71x; on 7x7 1.63x -> 0.95x), whatever WINO_V_BYTES says.
 WINO_U_TRAFFIC = 8 << 20
+# At 16 lanes, where the transformed weights pass L2 (geometry.L2_REUSE_BYTES), a band takes at
+# least this many tiles: a band of one tile row of a small image (10x10: 5 tiles) read all of
+# them from L3 for 5 tiles' products (YOLOv8n 320's 256 -> 64 head conv on 10x10, 1 MB of
+# them, 5 bands: 230 us, OpenVINO 115).
+WINO_MIN_BAND_TILES = 24
 # Weights past L2 stream from L3 or memory once per band: each chunk's (18 KB) arrive at the
 # first tile that reads them, faster than the hardware prefetcher brings them (ResNet-18's
 # 512 -> 512 3x3 on 7x7, 9.4 MB of weights read by 49 pixels: 2.89 -> 2.49 ms, 80 -> 93
@@ -440,6 +445,14 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
         u_bytes = 16 * self.c * self.nblocks * OC_BLOCK * 4
         by_u = -(-self.ntr // max(1, WINO_U_TRAFFIC // u_bytes))
         band_tr = min(self.ntr, max(by_u, min(by_v, by_items)))
+        if vl >= 16 and u_bytes > geometry.L2_REUSE_BYTES and \
+                band_tr * self.nt < WINO_MIN_BAND_TILES:
+            # the transformed weights past L2 stream from L3 once per band: bands of at least
+            # WINO_MIN_BAND_TILES tiles (see there), as many as have them, an even number
+            # where more than one (two threads' shares of equal bands)
+            nb = max(1, self.ntr // -(-WINO_MIN_BAND_TILES // self.nt))
+            nb -= nb % 2 if nb > 1 else 0
+            band_tr = -(-self.ntr // nb)
         self.band_tr = band_tr
         self.nbands = -(-self.ntr // band_tr)
         # no more task regions than items (one band of a large layer: two, not MAX_TASK_REGIONS)
