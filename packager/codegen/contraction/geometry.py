@@ -49,6 +49,25 @@ def _pick_tile(rows: int, cols: int, vl: int) -> tuple[int, int]:
 # has at least two column panels on every target once its tile is at most half its columns wide.
 WIDEST_VECTOR = 16
 
+# Register blocks of a float32 matmul on 16-lane vectors (x86-64-v4, 32 zmm registers): (rows,
+# vectors per row, relative cost per computed output). TODO measured on Zen 5.
+MATMUL_TILES_512 = ((4, 4, 1.0), (6, 2, 1.0))
+
+
+def wide_matmul_tile(rows: int, cols: int) -> tuple[int, int]:
+    """Register block (rows, vectors per row) of a float32 matmul of at least 4 rows on 16-lane
+    vectors: the MATMUL_TILES_512 entry of least cost for the outputs it computes (whole row
+    blocks; whole panels but for the last, which computes only the vectors it needs)."""
+    def cost(tile: tuple[int, int, float]) -> float:
+        mr, nv, rel = tile
+        nr = nv * WIDEST_VECTOR
+        last = cols % nr
+        computed_cols = cols // nr * nr + -(-last // WIDEST_VECTOR) * WIDEST_VECTOR
+        return -(-rows // mr) * mr * computed_cols * rel
+
+    best = min(MATMUL_TILES_512, key=cost)
+    return best[0], best[1]
+
 
 def few_rows_tile(rows: int, cols: int, vl: int, split: bool) -> tuple[int, int]:
     """Register block (rows, vectors per row) of a matmul of fewer than 4 rows: all of them, as

@@ -16,7 +16,7 @@ from ..helpers import F32, I32, const_i64, for_range, intrinsic
 from ..lower import WORKSPACE_ALIGN
 from .geometry import (MAX_TASK_REGIONS, PACK_B_MAX_BYTES, PACK_B_MIN_ROWS, PACK_B_PREFETCH_ROWS,
                        SYMBOLIC_M_HINT, SYMBOLIC_N_HINT, WIDEST_VECTOR, _pick_tile,
-                       few_rows_tile)
+                       few_rows_tile, wide_matmul_tile)
 from .match import CONV_KINDS
 
 
@@ -70,13 +70,31 @@ class MatmulMixin:
         """(rows, vectors per row) of the register block."""
         _, M, K, N = self._matmul_shape()
         if not isinstance(M, int):   # a run-time M: the large-M tile, a 1-row remainder path
-            return _pick_tile(SYMBOLIC_M_HINT, N if isinstance(N, int) else SYMBOLIC_N_HINT,
-                              self.vl)
+            n_hint = N if isinstance(N, int) else SYMBOLIC_N_HINT
+            if self._wide_fp32():
+                return wide_matmul_tile(SYMBOLIC_M_HINT, n_hint)
+            return _pick_tile(SYMBOLIC_M_HINT, n_hint, self.vl)
         if M >= 4:
+            if self._wide_fp32():
+                return wide_matmul_tile(M, N)
             return _pick_tile(M, N, self.vl)
         # a run-time N (attention scores over a cache that grows): as wide as a large N
         return few_rows_tile(M, N if isinstance(N, int) else SYMBOLIC_N_HINT, self.vl,
                              self._splits_by_weights())
+
+    def _wide_fp32(self) -> bool:
+        """A float32 matmul on 16-lane vectors (x86-64-v4): its own tile table and a last,
+        partial panel of only the vectors it needs (geometry.wide_matmul_tile); the bf16 pair
+        kernels and the narrower targets keep theirs."""
+        return self.vl == WIDEST_VECTOR and self.match.tag.kind in ("matmul", "matmul_packed")
+
+    def _last_panel_vectors(self, N, nv: int) -> int:
+        """Vectors of the last, partial panel's tile: at 16 lanes (``_wide_fp32``) with a
+        static N, only those that hold its columns; else the whole tile's ``nv``."""
+        if not (self._wide_fp32() and isinstance(N, int)):
+            return nv
+        rest = N % (nv * self.vl)
+        return -(-rest // self.vl) if rest else nv
 
     def _splits_by_weights(self) -> bool:
         """A static matmul of fewer than 4 rows that splits over threads for the bytes of its
@@ -123,12 +141,13 @@ class MatmulMixin:
             bidx, a_base, b_base, n0, remaining, masks = self._panel_work(work, panels, N, nv)
 
             def panel(masked: bool) -> None:
+                nv_p = self._last_panel_vectors(N, nv) if masked else nv
                 if exact:
-                    self._matmul_rows(const_i64(0), mr, nv, K, a_base, b_base, bidx, n0,
-                                      remaining, masks, masked)
+                    self._matmul_rows(const_i64(0), mr, nv_p, K, a_base, b_base, bidx, n0,
+                                      remaining, masks[:nv_p], masked)
                 else:
-                    self._matmul_panel_symbolic(a_base, b_base, bidx, n0, remaining, masks,
-                                                masked)
+                    self._matmul_panel_symbolic(a_base, b_base, bidx, n0, remaining,
+                                                masks[:nv_p], masked, nv=nv_p)
             if isinstance(N, int) and N % nr == 0:
                 panel(False)
             else:
@@ -195,7 +214,8 @@ class MatmulMixin:
                     with full:
                         self._matmul_full_panel(b_base, n0, a_base, bidx, remaining, masks)
                     with part:
-                        self._matmul_panel(a_base, b_base, bidx, n0, remaining, masks, True)
+                        self._matmul_panel(a_base, b_base, bidx, n0, remaining, masks, True,
+                                           nv=self._last_panel_vectors(N, nv))
 
     def _packs_b(self) -> bool:
         """Copy each full panel of B (K rows x nr columns, row stride N) into a contiguous
@@ -257,7 +277,8 @@ class MatmulMixin:
         finally:
             self._packed_b = None
 
-    def _matmul_panel(self, a_base, b_base, bidx, n0, remaining, masks, masked: bool) -> None:
+    def _matmul_panel(self, a_base, b_base, bidx, n0, remaining, masks, masked: bool,
+                      nv: int | None = None) -> None:
         """All M rows of one panel: blocks of the tile's mr rows, then one block of the M % mr
         rows left, with a tile of exactly that many rows (none computed past M). With a packed
         panel (``_packed_b``) the first block fills it, the strided reads of B overlapping its
@@ -265,13 +286,15 @@ class MatmulMixin:
         AVX2, 1 thread, profiler minimum), 131 us (98 GFLOP/s, this core's FMA peak) against
         145 us with a copy loop before the row blocks and 11 blocks of 6 rows."""
         if self.symbolic:
-            self._matmul_panel_symbolic(a_base, b_base, bidx, n0, remaining, masks, masked)
+            self._matmul_panel_symbolic(a_base, b_base, bidx, n0, remaining, masks, masked,
+                                        nv=nv)
             return
         b = self.builder
         _, M, _, _ = self._matmul_shape()
-        mr, nv = self._matmul_tile()
+        mr, tile_nv = self._matmul_tile()
+        nv = tile_nv if nv is None else nv   # the last, partial panel's may be narrower
         full, rest = divmod(M, mr)
-        args = (nv, a_base, b_base, bidx, n0, remaining, masks, masked)
+        args = (nv, a_base, b_base, bidx, n0, remaining, masks[:nv], masked)
         first = 0
         if self._packed_b is not None:   # _packs_b: M >= PACK_B_MIN_ROWS, at least one block
             assert full >= 1
@@ -335,14 +358,15 @@ class MatmulMixin:
         self._store_matmul_tile(tile, bidx, m0, rows, nv, n0, remaining, masks, masked)
 
     def _matmul_panel_symbolic(self, a_base, b_base, bidx, n0, remaining, masks,
-                               masked: bool) -> None:
+                               masked: bool, nv: int | None = None) -> None:
         """A panel of a matmul whose M (and K, batch dims) are known at run time: blocks of the
         register tile's rows while whole ones fit, then one block of the rows left (a
         microkernel for each possible count, 1 .. rows - 1)."""
         b = self.builder
         _, M_dim, K_dim, _ = self._matmul_shape()
         M, K = self._dim_value(M_dim), self._dim_value(K_dim)
-        mr, nv = self._matmul_tile()
+        mr, tile_nv = self._matmul_tile()
+        nv = tile_nv if nv is None else nv
         full = b.mul(b.sdiv(M, const_i64(mr)), const_i64(mr))
         with for_range(b, const_i64(0), b.sdiv(M, const_i64(mr)), "mb") as mb:
             self._matmul_rows(b.mul(mb, const_i64(mr)), mr, nv, K, a_base, b_base, bidx, n0,
