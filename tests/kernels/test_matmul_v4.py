@@ -83,17 +83,19 @@ needs_avx512 = pytest.mark.skipif(not avx512_host(), reason="runs x86-64-v4 code
 
 
 @needs_avx512
-@pytest.mark.parametrize("a_shape,k,n,gemm", [
-    ((37, 29), 29, 196, False),      # odd rows and K; a last panel of one vector
-    ((100, 130), 130, 17, True),     # Gemm transB: a last panel of 1 column
-    ((1, 300), 300, 214, True),      # one row (Magika's head): packed, not the dot product
-    ((3, 70), 70, 130, False),       # three rows
-    ((2, 20, 24), 24, 72, False),    # one B for two matrices
+@pytest.mark.parametrize("a_shape,k,n,gemm,b_input", [
+    ((37, 29), 29, 196, False, False),      # odd rows and K; a last panel of one vector
+    ((100, 130), 130, 17, True, False),     # Gemm transB: a last panel of 1 column
+    ((1, 300), 300, 214, True, False),      # one row (Magika's head): packed, not the dot
+    ((3, 70), 70, 130, False, False),       # three rows
+    ((2, 20, 24), 24, 72, False, False),    # one B for two matrices
+    ((301, 40), 40, 64, False, False),      # one panel: 8 chunks of row blocks, 1 row left
+    ((203, 48), 48, 136, False, True),      # B an input, packed per chunk; a partial panel
 ])
-def test_matches_onnxruntime(tmp_path, a_shape, k, n, gemm):
-    model, _ = _model(a_shape, k, n, gemm=gemm)
+def test_matches_onnxruntime(tmp_path, a_shape, k, n, gemm, b_input):
+    model, w = _model(a_shape, k, n, gemm=gemm, b_input=b_input)
     bundle = _export(tmp_path, model)
-    _check(bundle, model, _feeds(a_shape), threads=(1, 2))
+    _check(bundle, model, _feeds(a_shape, w if b_input else None), threads=(1, 2, 3))
 
 
 @needs_avx512

@@ -54,6 +54,12 @@ WIDEST_VECTOR = 16
 MATMUL_TILES_512 = ((4, 4, 1.0), (6, 2, 1.0))
 
 
+# A static matmul that splits over threads at 16 lanes has at least this many work items:
+# fewer panels are split into chunks of row blocks (MatmulMixin._row_chunks), so that two
+# threads (or up to MAX_TASK_REGIONS) share it with at most 1/8 of it left over.
+SPLIT_MIN_ITEMS = 8
+
+
 def wide_matmul_tile(rows: int, cols: int) -> tuple[int, int]:
     """Register block (rows, vectors per row) of a float32 matmul of at least 4 rows on 16-lane
     vectors: the MATMUL_TILES_512 entry of least cost for the outputs it computes (whole row

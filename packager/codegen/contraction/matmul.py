@@ -16,7 +16,7 @@ from ..helpers import F32, I32, const_i64, for_range, intrinsic
 from ..lower import WORKSPACE_ALIGN
 from .geometry import (MAX_TASK_REGIONS, PACK_B_MAX_BYTES, PACK_B_MIN_ROWS, PACK_B_PREFETCH_ROWS,
                        SYMBOLIC_M_HINT, SYMBOLIC_N_HINT, WIDEST_VECTOR, _pick_tile,
-                       few_rows_tile, wide_matmul_tile)
+                       SPLIT_MIN_ITEMS, few_rows_tile, wide_matmul_tile)
 from .match import CONV_KINDS
 
 
@@ -203,8 +203,12 @@ class MatmulMixin:
         mr, nv = self._matmul_tile()
         nr = nv * self.vl
         panels = -(-N // nr)
-        lo, hi = self._split(batch * panels, task, ntasks)
+        chunks = self._row_chunks()
+        lo, hi = self._split(batch * panels * chunks, task, ntasks)
         with for_range(b, lo, hi, "work") as work:
+            if chunks > 1:   # work item: (panel, chunk of its row blocks)
+                self._row_chunk = (b.srem(work, const_i64(chunks)), chunks)
+                work = b.sdiv(work, const_i64(chunks))
             bidx, a_base, b_base, n0, remaining, masks = self._panel_work(
                 work, const_i64(panels), N, nv)
             if N % nr == 0:
@@ -216,6 +220,22 @@ class MatmulMixin:
                     with part:
                         self._matmul_panel(a_base, b_base, bidx, n0, remaining, masks, True,
                                            nv=self._last_panel_vectors(N, nv))
+
+    def _row_chunks(self) -> int:
+        """Chunks of row blocks each panel's rows are split into, as separate work items: at
+        16 lanes (``_wide_fp32``), a static matmul that splits over threads but has fewer than
+        SPLIT_MIN_ITEMS panels (Magika's [2048, 257] x [257, 64]: one panel of 64 columns,
+        which a second thread could not share) gets enough chunks for SPLIT_MIN_ITEMS items,
+        at most one a row block; 1 elsewhere."""
+        if not self._wide_fp32() or self.symbolic:
+            return 1
+        batch, M, _, N = self._matmul_shape()
+        mr, nv = self._matmul_tile()
+        items = batch * -(-N // (nv * self.vl))
+        blocks = M // mr
+        if items >= SPLIT_MIN_ITEMS or blocks < 2 or not self._parallel():
+            return 1
+        return min(blocks, -(-SPLIT_MIN_ITEMS // items))
 
     def _packs_b(self) -> bool:
         """Copy each full panel of B (K rows x nr columns, row stride N) into a contiguous
@@ -295,6 +315,9 @@ class MatmulMixin:
         nv = tile_nv if nv is None else nv   # the last, partial panel's may be narrower
         full, rest = divmod(M, mr)
         args = (nv, a_base, b_base, bidx, n0, remaining, masks[:nv], masked)
+        if self._row_chunk is not None:
+            self._matmul_chunk(mr, full, rest, args)
+            return
         first = 0
         if self._packed_b is not None:   # _packs_b: M >= PACK_B_MIN_ROWS, at least one block
             assert full >= 1
@@ -305,6 +328,23 @@ class MatmulMixin:
                 self._matmul_block(b.mul(mb, const_i64(mr)), mr, *args)
         if rest:
             self._matmul_block(const_i64(full * mr), rest, *args)
+
+    def _matmul_chunk(self, mr: int, full: int, rest: int, args: tuple) -> None:
+        """The row blocks of chunk ``_row_chunk`` of a panel (``_row_chunks``): whole blocks
+        c * full / chunks .. (c + 1) * full / chunks (at least one), the first filling a
+        packed panel as ``_matmul_panel``'s does; the last chunk also the M % mr rows left."""
+        b = self.builder
+        c, chunks = self._row_chunk
+        b0 = b.sdiv(b.mul(c, const_i64(full)), const_i64(chunks))
+        b1 = b.sdiv(b.mul(b.add(c, const_i64(1)), const_i64(full)), const_i64(chunks))
+        if self._packed_b is not None:
+            self._matmul_block(b.mul(b0, const_i64(mr)), mr, *args, fill=True)
+            b0 = b.add(b0, const_i64(1))
+        with for_range(b, b0, b1, "mb") as mb:
+            self._matmul_block(b.mul(mb, const_i64(mr)), mr, *args)
+        if rest:
+            with b.if_then(b.icmp_signed("==", c, const_i64(chunks - 1))):
+                self._matmul_block(const_i64(full * mr), rest, *args)
 
     def _prefetch(self, ptr: ir.Value) -> None:
         """Hint the cache line at ``ptr`` (a float pointer) into L1 for reading."""
