@@ -1,7 +1,9 @@
 """float32 MatMul / Gemm at x86-64-v4 (16 lanes): a constant B packed at export into the
 16-column panels the AVX2 level reads too (passes/layout.py ``pack_matmul_weights``, on for
-every target set with a 16-lane level), and the last, partial panel computed with only the
-vectors it needs (``MatmulMixin._last_panel_vectors``; x86-64-v3 code unchanged). The emitted
+every target set with a 16-lane level), the last, partial panel computed with only the
+vectors it needs (``MatmulMixin._last_panel_vectors``), few panels split into chunks of row
+blocks over threads (``_row_chunks``), the next panel of weights past L2 prefetched
+(``_prefetches_next_panel``); x86-64-v3 code unchanged. The emitted
 code is checked on any x86-64 host (compile only); the runs against ONNX Runtime (odd sizes,
 Gemm, one to three rows, run-time rows, attention's batched products of two activations with a
 run-time sequence length) need a host with AVX-512."""
@@ -55,9 +57,10 @@ def _product_loops(tmp_path, monkeypatch, model, target=V4) -> tuple[list[str], 
 
 
 def test_packed_panels_stream_at_16_lanes(tmp_path, monkeypatch):
-    """MLP-Mixer's [196, 1024] x [1024, 256]: B packed at export, the 4 x 4 zmm tile's loop
-    reads each panel's next row 64 bytes on (B in place steps a 1 KB row), no stack access."""
-    model, _ = _model((196, 1024), 1024, 256, relu=False)
+    """MLP-Mixer's [196, 256] x [256, 1024]: B packed at export, the 4 x 4 zmm tile's loop
+    reads each panel's next row 64 bytes on (B in place steps a 4 KB row), no stack access;
+    the first row block's loop also prefetches the next panel (a line per vector)."""
+    model, _ = _model((196, 256), 256, 1024, relu=False)
     names, loops = _product_loops(tmp_path, monkeypatch, model)
     assert any("matmul_packed" in n for n in names)
     main = [body for body in loops if sum("vfmadd" in i for i in body) == 16]
@@ -66,6 +69,8 @@ def test_packed_panels_stream_at_16_lanes(tmp_path, monkeypatch):
         assert all("zmm" in i for i in body if "vfmadd" in i)
         assert not any("(%rsp)" in i for i in body)
         assert any(i.startswith("addq\t$64,") for i in body), body
+    # 1 MB of weights: the first row block of a panel prefetches the next one's rows
+    assert any(sum("prefetcht0" in i for i in body) == 4 for body in main)
 
 
 def test_last_panel_computes_only_its_vectors(tmp_path, monkeypatch):
@@ -91,6 +96,7 @@ needs_avx512 = pytest.mark.skipif(not avx512_host(), reason="runs x86-64-v4 code
     ((2, 20, 24), 24, 72, False, False),    # one B for two matrices
     ((301, 40), 40, 64, False, False),      # one panel: 8 chunks of row blocks, 1 row left
     ((203, 48), 48, 136, False, True),      # B an input, packed per chunk; a partial panel
+    ((8, 256), 256, 520, False, False),     # 520 KB of B: the next panel prefetched
 ])
 def test_matches_onnxruntime(tmp_path, a_shape, k, n, gemm, b_input):
     model, w = _model(a_shape, k, n, gemm=gemm, b_input=b_input)

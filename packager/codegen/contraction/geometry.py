@@ -54,6 +54,11 @@ WIDEST_VECTOR = 16
 MATMUL_TILES_512 = ((4, 4, 1.0), (6, 2, 1.0))
 
 
+# At 16 lanes a static matmul whose B, packed at export, has at least this many bytes
+# prefetches each next panel of it during the current panel's first row block
+# (MatmulMixin._prefetches_next_panel): such weights come from L3 or memory on every call.
+PREFETCH_B_MIN_BYTES = L2_REUSE_BYTES
+
 # A static matmul that splits over threads at 16 lanes has at least this many work items:
 # fewer panels are split into chunks of row blocks (MatmulMixin._row_chunks), so that two
 # threads (or up to MAX_TASK_REGIONS) share it with at most 1/8 of it left over.
