@@ -224,7 +224,8 @@ class CompileOptions:
         (``conv_oc.packs_conv_weights``; not for bf16 on 16 lanes),
         row-block packing and packed matmul panels where x86-64-v3 is the widest level
         (``codegen/contraction/geometry.py`` ``conv_row_widths``; AVX2 measured, its 128-bit
-        level beside it neutral)."""
+        level beside it neutral), packed matmul panels for fp32 also where a level has 16
+        lanes (x86-64-v4 measured)."""
         if self.resolved:
             return self
         from .codegen import conv_oc
