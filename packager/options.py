@@ -229,7 +229,8 @@ class CompileOptions:
         (``conv_oc.packs_conv_weights``; not for bf16 on 16 lanes),
         row-block packing and packed matmul panels where x86-64-v3 is the widest level
         (``codegen/contraction/geometry.py`` ``conv_row_widths``; AVX2 measured, its 128-bit
-        level beside it neutral)."""
+        level beside it neutral), packed matmul panels for fp32 also where a level has 16
+        lanes (x86-64-v4 measured)."""
         if self.resolved:
             return self
         from .codegen import conv_oc
@@ -253,8 +254,14 @@ class CompileOptions:
         # every level of the set reads the K-pair panels (codegen/bf16dot.py)
         dot = self.precision == "bf16" and has_bf16_dot(targets)
         if self.pack_matmul_weights is None:
+            # AVX2 (alone or beside its 128-bit level), bf16 dot targets, and fp32 where a
+            # target has 16-lane vectors (every level of the set then reads the same 16-column
+            # panels: x86-64-v4 measured, the lower levels as on AVX2)
+            wide_fp32 = self.precision == "fp32" and any(
+                geometry.vector_width(t.name) == geometry.WIDEST_VECTOR for t in targets)
             changes["pack_matmul_weights"] = (
-                ("x86-64-v3" in names and names <= {"x86-64-v2", "x86-64-v3"}) or dot)
+                ("x86-64-v3" in names and names <= {"x86-64-v2", "x86-64-v3"}) or dot
+                or wide_fp32)
         if self.bf16_dot_targets is None:
             changes["bf16_dot_targets"] = has_bf16_dot(targets)
         if self.bf16_oc_targets is None:

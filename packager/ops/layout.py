@@ -24,7 +24,9 @@ from .registry import COMPLEX, register_op
 # (codegen/contraction/): ``bp`` [ceil(N / nr), K, nr], panel p's row k the nr columns p * nr ..
 # contiguous, the last panel zero-filled past N (no masked loads in the reduction).
 
-MATMUL_PANEL = 16   # nr: the kernel's 6 x 2-vector tile on 8-lane (AVX2) vectors
+# nr: the kernel's 6 x 2-vector tile on 8-lane (AVX2) vectors; x86-64-v4 reads the same
+# panels, a 16-lane vector each (its 4 x 4 tile: four panels, each a sequential stream)
+MATMUL_PANEL = 16
 
 
 def pack_matmul_b(b: np.ndarray, nr: int = MATMUL_PANEL) -> np.ndarray:
