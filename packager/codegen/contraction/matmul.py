@@ -9,6 +9,8 @@ Only the last, partial panel uses masked loads in the reduction loop: masked loa
 
 from __future__ import annotations
 
+import math
+
 from llvmlite import ir
 
 from ...ir import te
@@ -19,9 +21,15 @@ from .geometry import (MAX_TASK_REGIONS, PACK_B_MAX_BYTES, PACK_B_MIN_ROWS, PACK
                        few_rows_tile)
 from .match import CONV_KINDS
 
+# A parallel static matmul has at least this many work items, or a multiple of it
+# (``_row_chunks``): the tasks on 2, 4 or 8 threads then get equal shares.
+ROW_CHUNK_ITEMS = 8
+
 
 class MatmulMixin:
     """The matmul part of ``kernel.ContractionEmitter``."""
+
+    _blocks = None   # (first, end, last?) of a row-block run while one is emitted
 
     def _matmul_shape(self) -> tuple[int, int, int, int]:
         out = self.match.out
@@ -178,14 +186,38 @@ class MatmulMixin:
             return
         self._emit_matmul_tasks(task, ntasks)
 
+    def _row_chunks(self) -> int:
+        """Runs of row blocks per panel that are work items of their own (static matmuls that
+        split over threads): 1, unless the matrices of the batch times the column panels are
+        fewer than ROW_CHUNK_ITEMS; then as many as make the items a multiple of it, at most
+        one per row block. Magika's one-hot Dense (2048 x 257 x 64: one panel of 64 columns)
+        was one item, all of it on one thread at any thread count."""
+        if self.symbolic or not self._parallel():
+            return 1
+        batch, M, _, N = self._matmul_shape()
+        mr, nv = self._matmul_tile()
+        items = batch * -(-N // (nv * self.vl))
+        if items >= ROW_CHUNK_ITEMS:
+            return 1
+        return max(1, min(M // mr, ROW_CHUNK_ITEMS // math.gcd(items, ROW_CHUNK_ITEMS)))
+
     def _emit_matmul_tasks(self, task: ir.Value, ntasks: ir.Value) -> None:
         b = self.builder
         batch, M, K, N = self._matmul_shape()
         mr, nv = self._matmul_tile()
         nr = nv * self.vl
         panels = -(-N // nr)
-        lo, hi = self._split(batch * panels, task, ntasks)
+        chunks = self._row_chunks()
+        lo, hi = self._split(batch * panels * chunks, task, ntasks)
         with for_range(b, lo, hi, "work") as work:
+            if chunks > 1:   # a run of the panel's row blocks (the last one: the rest rows too)
+                chunk = b.srem(work, const_i64(chunks))
+                work = b.sdiv(work, const_i64(chunks))
+                full = M // mr
+                self._blocks = (b.sdiv(b.mul(chunk, const_i64(full)), const_i64(chunks)),
+                                b.sdiv(b.mul(b.add(chunk, const_i64(1)), const_i64(full)),
+                                       const_i64(chunks)),
+                                b.icmp_signed("==", chunk, const_i64(chunks - 1)))
             bidx, a_base, b_base, n0, remaining, masks = self._panel_work(
                 work, const_i64(panels), N, nv)
             if N % nr == 0:
@@ -196,6 +228,7 @@ class MatmulMixin:
                         self._matmul_full_panel(b_base, n0, a_base, bidx, remaining, masks)
                     with part:
                         self._matmul_panel(a_base, b_base, bidx, n0, remaining, masks, True)
+        self._blocks = None
 
     def _packs_b(self) -> bool:
         """Copy each full panel of B (K rows x nr columns, row stride N) into a contiguous
@@ -272,6 +305,18 @@ class MatmulMixin:
         mr, nv = self._matmul_tile()
         full, rest = divmod(M, mr)
         args = (nv, a_base, b_base, bidx, n0, remaining, masks, masked)
+        if self._blocks is not None:   # a run of row blocks (_row_chunks), each one or more
+            blo, bhi, last = self._blocks
+            first = blo
+            if self._packed_b is not None:   # each run fills the packed panel again
+                self._matmul_block(b.mul(blo, const_i64(mr)), mr, *args, fill=True)
+                first = b.add(blo, const_i64(1))
+            with for_range(b, first, bhi, "mb") as mb:
+                self._matmul_block(b.mul(mb, const_i64(mr)), mr, *args)
+            if rest:
+                with b.if_then(last):
+                    self._matmul_block(const_i64(full * mr), rest, *args)
+            return
         first = 0
         if self._packed_b is not None:   # _packs_b: M >= PACK_B_MIN_ROWS, at least one block
             assert full >= 1
