@@ -69,7 +69,7 @@ from .bf16dot import dot_words
 from .helpers import F32, I1, I32, I64, alloca_once, const_i64, for_range, intrinsic
 from .lower import KernelInfo
 from ..ir.graph import PrimFunc
-from .threads import DEFAULTS, SplitThresholds
+from .threads import DEFAULTS, SplitThresholds, balanced
 
 OC_BLOCK = 32
 REGISTERS = 16
@@ -231,6 +231,10 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
         nbands = -(-self.oh // band)
         images = self.n if isinstance(self.n, int) else 1
         nbands = max(nbands, min(self.oh, -(-MIN_ITEMS // (images * self.nblocks))))
+        # more bands where the items then split more evenly on two threads (PP-OCRv4's 480
+        # channels on 6x80: 15 items, one thread's share 8 of them; in 2 bands 15 of 30)
+        nbands = balanced(list(range(nbands, min(self.oh, 4 * nbands) + 1)),
+                          lambda nb: self._items_work(images, nb))
         self.band = -(-self.oh // nbands)
         self.nbands = -(-self.oh // self.band)
         self.band_in = rows_for(self.band) if self.copy else self.h
@@ -248,6 +252,14 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
         self.bf16 = self.match.tag.operands[1].dtype == "bfloat16"   # --precision bf16
         if self.wino:
             self._wino_geometry(pr)
+
+    def _items_work(self, images: int, nbands: int) -> list[int]:
+        """Each work item's multiply-adds over output pixels (rows x channels) in item order,
+        for ``nbands`` bands of equal heights (the last one shorter)."""
+        band = -(-self.oh // nbands)
+        rows = [min(band, self.oh - y) for y in range(0, self.oh, band)]
+        chans = [min(OC_BLOCK, self.o - k) for k in range(0, self.o, OC_BLOCK)]
+        return [r * c for _ in range(images) for r in rows for c in chans]
 
     def _open_geometry(self, pr: int) -> None:
         """The plan's export-time part for a run-time image size (``_runtime_geometry`` makes
@@ -424,6 +436,10 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
         u_bytes = 16 * self.c * self.nblocks * OC_BLOCK * 4
         by_u = -(-self.ntr // max(1, WINO_U_TRAFFIC // u_bytes))
         band_tr = min(self.ntr, max(by_u, min(by_v, by_items)))
+        # lower bands where the items then split more evenly on two threads (YOLOv8n's 64
+        # channels on 20x20: bands of 4, 4 and 2 tile rows, one thread's share 12 of 20)
+        band_tr = balanced([band_tr, *range(band_tr - 1, max(by_u, -(-band_tr // 2)) - 1, -1)],
+                           lambda tr: self._wino_items_work(images, tr))
         self.band_tr = band_tr
         self.nbands = -(-self.ntr // band_tr)
         # no more task regions than items (one band of a large layer: two, not MAX_TASK_REGIONS)
@@ -439,6 +455,15 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
         self.rowbuf_floats = 2 * self.row_len * OC_BLOCK
         self.region_floats = -(-(self.plane_region + self.v_floats + self.m_floats
                                  + self.rowbuf_floats) // 16) * 16
+
+    def _wino_items_work(self, images: int, band_tr: int) -> list[int]:
+        """Each Winograd work item's tile rows times output channels, in item order, for
+        bands of ``band_tr`` tile rows."""
+        rows = [min(band_tr, self.ntr - y) for y in range(0, self.ntr, band_tr)]
+        full, g = self.o // OC_BLOCK, self.wgroups
+        chans = [(full * (k + 1) // g - full * k // g) * OC_BLOCK
+                 + (self.o % OC_BLOCK if k == g - 1 else 0) for k in range(g)]
+        return [r * c for _ in range(images) for r in rows for c in chans]
 
     def _tile_rows(self, nv: int) -> int:
         """Pixels per register tile for a block of ``nv`` weight vectors: accumulators, the
