@@ -436,10 +436,6 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
         u_bytes = 16 * self.c * self.nblocks * OC_BLOCK * 4
         by_u = -(-self.ntr // max(1, WINO_U_TRAFFIC // u_bytes))
         band_tr = min(self.ntr, max(by_u, min(by_v, by_items)))
-        # lower bands where the items then split more evenly on two threads (YOLOv8n's 64
-        # channels on 20x20: bands of 4, 4 and 2 tile rows, one thread's share 12 of 20)
-        band_tr = balanced([band_tr, *range(band_tr - 1, max(by_u, -(-band_tr // 2)) - 1, -1)],
-                           lambda tr: self._wino_items_work(images, tr))
         self.band_tr = band_tr
         self.nbands = -(-self.ntr // band_tr)
         # no more task regions than items (one band of a large layer: two, not MAX_TASK_REGIONS)
@@ -455,15 +451,6 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
         self.rowbuf_floats = 2 * self.row_len * OC_BLOCK
         self.region_floats = -(-(self.plane_region + self.v_floats + self.m_floats
                                  + self.rowbuf_floats) // 16) * 16
-
-    def _wino_items_work(self, images: int, band_tr: int) -> list[int]:
-        """Each Winograd work item's tile rows times output channels, in item order, for
-        bands of ``band_tr`` tile rows."""
-        rows = [min(band_tr, self.ntr - y) for y in range(0, self.ntr, band_tr)]
-        full, g = self.o // OC_BLOCK, self.wgroups
-        chans = [(full * (k + 1) // g - full * k // g) * OC_BLOCK
-                 + (self.o % OC_BLOCK if k == g - 1 else 0) for k in range(g)]
-        return [r * c for _ in range(images) for r in rows for c in chans]
 
     def _tile_rows(self, nv: int) -> int:
         """Pixels per register tile for a block of ``nv`` weight vectors: accumulators, the
