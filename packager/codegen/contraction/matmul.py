@@ -24,6 +24,9 @@ from .match import CONV_KINDS
 # A parallel static matmul has at least this many work items, or a multiple of it
 # (``_row_chunks``): the tasks on 2, 4 or 8 threads then get equal shares.
 ROW_CHUNK_ITEMS = 8
+# ... and each run of row blocks at least this many blocks (a packed B panel is filled again
+# by every run: PP-OCRv4's 40-row attention matmuls stay whole)
+ROW_CHUNK_MIN_BLOCKS = 4
 
 
 class MatmulMixin:
@@ -189,9 +192,9 @@ class MatmulMixin:
     def _row_chunks(self) -> int:
         """Runs of row blocks per panel that are work items of their own (static matmuls that
         split over threads): 1, unless the matrices of the batch times the column panels are
-        fewer than ROW_CHUNK_ITEMS; then as many as make the items a multiple of it, at most
-        one per row block. Magika's one-hot Dense (2048 x 257 x 64: one panel of 64 columns)
-        was one item, all of it on one thread at any thread count."""
+        fewer than ROW_CHUNK_ITEMS; then as many as make the items a multiple of it, each at
+        least ROW_CHUNK_MIN_BLOCKS row blocks. Magika's one-hot Dense (2048 x 257 x 64: one
+        panel of 64 columns) was one item, all of it on one thread at any thread count."""
         if self.symbolic or not self._parallel():
             return 1
         batch, M, _, N = self._matmul_shape()
@@ -199,7 +202,8 @@ class MatmulMixin:
         items = batch * -(-N // (nv * self.vl))
         if items >= ROW_CHUNK_ITEMS:
             return 1
-        return max(1, min(M // mr, ROW_CHUNK_ITEMS // math.gcd(items, ROW_CHUNK_ITEMS)))
+        return max(1, min(M // mr // ROW_CHUNK_MIN_BLOCKS,
+                          ROW_CHUNK_ITEMS // math.gcd(items, ROW_CHUNK_ITEMS)))
 
     def _emit_matmul_tasks(self, task: ir.Value, ntasks: ir.Value) -> None:
         b = self.builder
