@@ -24,8 +24,9 @@ from .match import CONV_KINDS
 # A parallel static matmul has at least this many work items, or a multiple of it
 # (``_row_chunks``): the tasks on 2, 4 or 8 threads then get equal shares.
 ROW_CHUNK_ITEMS = 8
-# ... and each run of row blocks at least this many blocks (a packed B panel is filled again
-# by every run: PP-OCRv4's 40-row attention matmuls stay whole)
+# ... and each run of row blocks at least this many blocks, 4x as many where B's panels are
+# packed at run time (each run fills the panel again: PP-OCRv4's 40-row attention matmuls stay
+# whole)
 ROW_CHUNK_MIN_BLOCKS = 4
 
 
@@ -202,8 +203,8 @@ class MatmulMixin:
         items = batch * -(-N // (nv * self.vl))
         if items >= ROW_CHUNK_ITEMS:
             return 1
-        return max(1, min(M // mr // ROW_CHUNK_MIN_BLOCKS,
-                          ROW_CHUNK_ITEMS // math.gcd(items, ROW_CHUNK_ITEMS)))
+        blocks = ROW_CHUNK_MIN_BLOCKS * (4 if self._packs_b() else 1)
+        return max(1, min(M // mr // blocks, ROW_CHUNK_ITEMS // math.gcd(items, ROW_CHUNK_ITEMS)))
 
     def _emit_matmul_tasks(self, task: ir.Value, ntasks: ir.Value) -> None:
         b = self.builder
