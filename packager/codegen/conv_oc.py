@@ -106,6 +106,10 @@ OPEN_IMAGE_PIXELS = 128 * 128
 # Work items (image, band, block) the tasks share: at least this many where the output has the
 # rows (a 32-channel conv on 40x40 was one item, all of it on one thread).
 MIN_ITEMS = 8
+# Bands added only to split the items evenly on two threads have at least this many output
+# pixels: EfficientNet-B0's 1x1s on 7x7 (up to 1.1 MB of weights) in bands of 4 and 3 rows took
+# 2.2x their time on one thread, 2.1x on two, the weights streamed once per band.
+BALANCE_BAND_PIXELS = 64
 # Winograd: a band's transformed inputs (16 x C x its tiles) at most this many bytes (in L2
 # while every block of output channels reads them); at least this many work items.
 WINO_V_BYTES = 256 * 1024
@@ -232,8 +236,10 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
         images = self.n if isinstance(self.n, int) else 1
         nbands = max(nbands, min(self.oh, -(-MIN_ITEMS // (images * self.nblocks))))
         # more bands where the items then split more evenly on two threads (PP-OCRv4's 480
-        # channels on 6x80: 15 items, one thread's share 8 of them; in 2 bands 15 of 30)
-        nbands = balanced(list(range(nbands, min(self.oh, 4 * nbands) + 1)),
+        # channels on 6x80: 15 items, one thread's share 8 of them; in 2 bands 15 of 30), of
+        # at least BALANCE_BAND_PIXELS (every band streams all the weights again)
+        nbands = balanced([nbands] + [nb for nb in range(nbands + 1, min(self.oh, 4 * nbands) + 1)
+                                      if -(-self.oh // nb) * self.ow >= BALANCE_BAND_PIXELS],
                           lambda nb: self._items_work(images, nb))
         self.band = -(-self.oh // nbands)
         self.nbands = -(-self.oh // self.band)
