@@ -1,8 +1,10 @@
 """Kernel by kernel: mlcpack's profile (``Model.profile``) against ONNX Runtime's per-node
-profile (``SessionOptions.enable_profiling``) on one corpus model.
+profile (``SessionOptions.enable_profiling``) on one corpus model, or with ``--peer openvino``
+against OpenVINO's (f32, ``PERF_COUNT``: each executed node's real time, its kernel in the
+"ORT ops" column as ``type:exec_type``).
 
 Run: .venv/bin/python bench/kernels_vs_ort.py MODEL|FILE.onnx [--threads 1] [--rounds 6] [--runs 10]
-                                              [--top 30] [--bundle X.mlc]
+                                              [--top 30] [--bundle X.mlc] [--peer openvino]
 The bundle is the corpus cache's (``bench/real.py`` exports it) unless ``--bundle`` names one.
 Both engines run the model's realistic input in alternating rounds (``--runs`` runs each) so
 that both see the same load; each kernel's and each ORT node's time is its minimum over all
@@ -86,6 +88,48 @@ def ort_profile(onnx_path: Path, feeds, threads: int, runs: int, workdir: str
     return best
 
 
+_OV_REQUESTS: dict = {}
+
+
+def openvino_profile(onnx_path: Path, feeds, threads: int, runs: int, workdir: str
+                     ) -> dict[tuple[str, str, int], float]:
+    """OpenVINO f32 with PERF_COUNT: (node name, ``type:exec_type``, 0) -> min us over ``runs``
+    runs (OpenVINO's fused nodes carry the name of the node they were fused into; Reorders and
+    nodes it adds are named after no ONNX node and end up unmatched)."""
+    req = _OV_REQUESTS.get((onnx_path, threads))
+    if req is None:   # compiled once, warmed up: every round then times the same compiled model
+        import openvino as ov
+
+        core = ov.Core()
+        model = core.read_model(str(onnx_path))
+        model.reshape({name: list(np.asarray(a).shape) for name, a in feeds.items()})
+        compiled = core.compile_model(model, "CPU", {
+            "INFERENCE_NUM_THREADS": threads, "NUM_STREAMS": 1, "PERFORMANCE_HINT": "LATENCY",
+            "ENABLE_CPU_PINNING": False, "PERF_COUNT": True, "INFERENCE_PRECISION_HINT": "f32"})
+        req = _OV_REQUESTS[(onnx_path, threads)] = compiled.create_infer_request()
+        for _ in range(20):
+            req.infer(feeds)
+    best: dict[tuple[str, str, int], float] = {}
+    for _ in range(runs):
+        req.infer(feeds)
+        # an executed node, then the nodes fused into it (NOT_RUN; they keep their ONNX names
+        # where the executed one got a new name, e.g. a Conv with its BatchNormalization folded
+        # in): the key's name is all of their names joined by "|"
+        nodes: list[list] = []
+        for p in req.profiling_info:
+            if p.status == p.status.EXECUTED:
+                op = "Reorder" if p.node_type == "Reorder" else f"{p.node_type}:{p.exec_type}"
+                nodes.append([[p.node_name.removesuffix("/WithoutBiases")], op,
+                              p.real_time.total_seconds() * 1e6])
+            elif nodes:
+                nodes[-1][0].append(p.node_name)
+        for names, op, us in nodes:
+            if us > 0:
+                key = ("|".join(names), op, 0)
+                best[key] = min(best.get(key, float("inf")), us)
+    return best
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("model")
@@ -94,6 +138,8 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=10)
     ap.add_argument("--top", type=int, default=30)
     ap.add_argument("--bundle", help="a bundle of the model (default: the corpus cache's)")
+    ap.add_argument("--peer", choices=("ort", "openvino"), default="ort",
+                    help="the peer whose per-node profile is set beside ours")
     args = ap.parse_args()
     from mlcpack.runtime import load
 
@@ -119,7 +165,9 @@ def main() -> None:
     totals = {"mlcpack": float("inf"), "ort": float("inf")}
     with tempfile.TemporaryDirectory() as work, load(bundle, threads=args.threads) as mlc:
         for _ in range(args.rounds):
-            for key, us in ort_profile(onnx_path, feeds, args.threads, args.runs, work).items():
+            peer_profile = openvino_profile if args.peer == "openvino" else ort_profile
+            for key, us in peer_profile(onnx_path, feeds, args.threads, args.runs,
+                                        work).items():
                 theirs[key] = min(theirs.get(key, float("inf")), us)
             prof = mlc.profile(feeds, runs=args.runs)
             totals["mlcpack"] = min(totals["mlcpack"], prof.total_min_us)
@@ -140,12 +188,26 @@ def main() -> None:
                 owner.setdefault(out, owner[node.name])
     charged: dict[int, list[tuple[str, float]]] = defaultdict(list)
     loose: dict[str, float] = defaultdict(float)
+    unmatched_convs = []
     for (base, op, _), us in theirs.items():
-        i = owner.get(base)
-        if i is None:
+        # OpenVINO's key names the executed node and the nodes fused into it ("a|b|c")
+        i = next((owner[n] for n in base.split("|") if n in owner), None)
+        if i is None and op.split(":")[0] in ("Convolution", "GroupConvolution"):
+            unmatched_convs.append((op, us))
+        elif i is None:
             loose[op if op.startswith("Reorder") else f"{op} (unmatched)"] += us
         else:
             charged[i].append((op, us))
+    # OpenVINO renames a convolution whose BatchNormalization it folded ("Multiply_123"), and
+    # models with unnamed activations leave no name to match: where as many convolution kernels
+    # of ours as such nodes are left, they are paired in execution order
+    free = [i for i in sorted(steps) if "conv2d" in steps[i].name and i not in charged]
+    if unmatched_convs and len(free) == len(unmatched_convs):
+        for i, (op, us) in zip(free, unmatched_convs):
+            charged[i].append((op, us))
+    else:
+        for op, us in unmatched_convs:
+            loose[f"{op} (unmatched)"] += us
     rows = []
     for i, step in steps.items():
         ort_us = sum(us for _, us in charged.get(i, []))
@@ -154,10 +216,12 @@ def main() -> None:
         rows.append((ours[i] - ort_us, i, step.name, src, ops, ours[i], ort_us))
     rows.sort(reverse=True)
     mlc_sum, ort_sum = sum(ours.values()), sum(theirs.values())
+    peer = "OV" if args.peer == "openvino" else "ORT"
     print(f"{args.model}, {args.threads} thread(s), min over {args.rounds}x{args.runs} runs: "
           f"mlcpack kernels {mlc_sum / 1e3:.2f} ms (run min {totals['mlcpack'] / 1e3:.2f}), "
-          f"ORT nodes {ort_sum / 1e3:.2f} ms")
-    print(f"{'mlc us':>8} {'ORT us':>8} {'diff':>8}  {'ORT ops':<28} kernel / first source")
+          f"{peer} nodes {ort_sum / 1e3:.2f} ms")
+    print(f"{'mlc us':>8} {peer + ' us':>8} {'diff':>8}  {peer + ' ops':<28} "
+          f"kernel / first source")
     for diff, _i, name, src, ops, m, o in rows[:args.top or None]:
         print(f"{m:8.1f} {o:8.1f} {diff:+8.1f}  {ops[:28]:<28} {name[:48]}  {src[-60:]}")
     by_kind: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
@@ -165,11 +229,11 @@ def main() -> None:
         kind = re.sub(r"\d+", "", name.replace("fused_", ""))
         by_kind[kind][0] += m
         by_kind[kind][1] += o
-    print("\nby kernel kind (digits dropped): mlc us, ORT us")
+    print(f"\nby kernel kind (digits dropped): mlc us, {peer} us")
     for kind, (m, o) in sorted(by_kind.items(), key=lambda kv: -(kv[1][0] - kv[1][1]))[:20]:
         print(f"{m:8.1f} {o:8.1f} {m - o:+8.1f}  {kind[:90]}")
     if loose:
-        print("\nORT nodes charged to no kernel: " + ", ".join(
+        print(f"\n{peer} nodes charged to no kernel: " + ", ".join(
             f"{k} {v:.0f} us" for k, v in sorted(loose.items(), key=lambda kv: -kv[1])))
 
 

@@ -40,6 +40,9 @@ PARALLEL_MIN_OUTPUTS = 1 << 14
 MEAN_PARALLEL_MIN_INPUTS = 1 << 16
 # Workspace regions (one per task) for the row maxima; tasks beyond them get no planes.
 MAX_TASK_REGIONS = 8
+# Float vectors of at least this many lanes take narrower vectors on narrow rows and an
+# overlapping last vector (MaxPoolEmitter.overlap)
+FLOAT_OVERLAP_LANES = 16
 # the max pool's element types (8-bit ones: passes/fuse_qdq_layout.py)
 POOL_DTYPES = ("float32", "uint8", "int8")
 
@@ -99,6 +102,11 @@ class MaxPoolEmitter(KernelEmitter):
         self.vl = vl * 4 if self.ints else vl
         self.vty = ir.VectorType(self.elt, self.vl)
         self.vl_bound = (64 if self.ints else 16) if self.symbolic else self.vl
+        # Rows narrower than a step take narrower vectors and an overlapping last one (the same
+        # values again): bytes at any width, floats at 16 lanes (YOLOv8n's SPPF 5x5 pools on
+        # 10x10 planes ran every column of the vertical pass scalar: 17 us against OpenVINO's
+        # 4). Floats at 8 lanes keep their pieces (x86-64-v3 bundles unchanged).
+        self.overlap = self.ints or self.vl >= FLOAT_OVERLAP_LANES
 
     def emit(self) -> KernelInfo:
         x_t = self.tag.operands[0]
@@ -145,15 +153,16 @@ class MaxPoolEmitter(KernelEmitter):
         return ir.Constant(ir.VectorType(ty, len(values)), list(values))
 
     def _byte_width(self, columns) -> int:
-        """The byte lanes a step over a row of ``columns`` (static) takes: the widest of vl,
-        vl / 2, ... (at least 16) that fits in it, so that a row shorter than a step is
-        whole vectors and an overlapping last one, not bytes one by one (64 lanes at
-        x86-64-v4: ResNet-18's 112-wide stem pool went scalar, 158 us against fp32's 71).
-        vl where nothing fits, or for floats and run-time widths."""
-        if not self.ints or not isinstance(columns, int):
+        """The lanes a step over a row of ``columns`` (static) takes: the widest of vl,
+        vl / 2, ... (at least 16 bytes, or 4 floats) that fits in it, so that a row shorter
+        than a step is whole vectors and an overlapping last one, not elements one by one (64
+        lanes at x86-64-v4: ResNet-18's 112-wide stem pool on bytes went scalar, 158 us
+        against fp32's 71). vl where nothing fits, for run-time widths, or without
+        ``overlap``."""
+        if not self.overlap or not isinstance(columns, int):
             return self.vl
-        vl = self.vl
-        while vl > 16 and vl > columns:
+        vl, least = self.vl, 16 if self.ints else 4
+        while vl > least and vl > columns:
             vl //= 2
         return vl if vl <= columns else self.vl
 
@@ -225,9 +234,10 @@ class MaxPoolEmitter(KernelEmitter):
             full = b.sdiv(w_v, const_i64(2 * vl))
             with for_range(b, const_i64(0), full, "cv") as q:
                 two(b.mul(q, const_i64(2 * vl)), lambda: b.mul(q, const_i64(vl)))
-        if self.ints and isinstance(w, int) and w % (sw * vl):
-            # bytes: the row's last whole vector(s) again, overlapping (the same values), in
-            # place of up to 2 vl - 1 columns one by one (ResNet's 112-wide stem pool: 48)
+        tail = 0
+        if self.overlap and isinstance(w, int) and w % (sw * vl):
+            # the row's last whole vector(s) again, overlapping (the same values), in place
+            # of up to 2 vl - 1 columns one by one (ResNet's 112-wide stem pool on bytes: 48)
             last = w - sw * vl
             last -= last % sw                   # stride 2: an even first column
             if last >= 0:
@@ -235,14 +245,16 @@ class MaxPoolEmitter(KernelEmitter):
                     one(const_i64(last))
                 else:
                     two(const_i64(last), lambda: const_i64(last // 2))
-                return
+                if last + sw * vl >= w:
+                    return
+                tail = last + sw * vl   # stride 2 on an odd width: the last column alone
         step = vl * sw
 
         def smax(x):
             return self._max_nan([b.load(b.gep(r, [x], inbounds=True)) for r in rows])
 
         if isinstance(w, int):
-            for x in range(w // step * step, w):   # fewer than sw * vl columns, unrolled
+            for x in range(tail or w // step * step, w):   # < sw * vl columns, unrolled
                 j = pl + x
                 b.store(smax(const_i64(x)),
                         b.gep(bufs[j % sw], [const_i64(j // sw)], inbounds=True))
@@ -360,11 +372,11 @@ class MaxPoolEmitter(KernelEmitter):
                         b.store(acc, dst, align=self.esize)
                     if isinstance(ow_static, int) and not ow_static % vlo:
                         return
-                    if self.ints and isinstance(ow_static, int) and ow_static > vlo:
-                        # bytes (no byte masked store on AVX2): the row's last whole vector,
-                        # overlapping the one before (the same values there)
+                    if self.overlap and isinstance(ow_static, int) and ow_static > vlo:
+                        # the row's last whole vector, overlapping the one before (the same
+                        # values there; bytes have no masked store on AVX2)
                         _, acc, dst = out_vector_at(const_i64(ow_static - vlo))
-                        b.store(acc, dst, align=1)
+                        b.store(acc, dst, align=self.esize)
                         return
                     with b.if_then(b.icmp_signed("<", b.mul(full, const_i64(vl)), ow)):
                         ox0, acc, dst = out_vector(full)

@@ -32,6 +32,9 @@ CASES = [
     ((1, 6, 30, 41), (3, 3), (2, 2), (2, 2, 2, 2), (2, 2), 0),      # dilated, stride 2
     ((1, 6, 5, 6), (3, 2), (1, 2), (1, 0, 1, 1), (1, 1), 0),        # rows under a vector
     ((1, 40, 28, 28), (3, 3), (2, 1), (1, 2, 1, 2), (1, 1), 1),
+    # at 16 lanes, rows narrower than a vector: narrower vectors and an overlapping last one
+    ((1, 16, 10, 10), (5, 5), (1, 1), (2, 2, 2, 2), (1, 1), 0),     # SPPF at 320x320
+    ((1, 8, 11, 23), (3, 3), (2, 2), (1, 1, 1, 1), (1, 1), 0),      # odd widths, stride 2
 ]
 
 

@@ -61,6 +61,17 @@ CONV_CASES = {
     "3d_kernel_covers_input": (dict(), (1, 2, 3, 3, 3), (4, 2, 3, 3, 3)),
     "3d_dilation_cols": (dict(dilations=[1, 1, 2], pads=[1, 0, 2, 1, 1, 2], strides=[1, 2, 1]),
                          (1, 2, 3, 6, 7), (3, 2, 3, 2, 3)),
+    # stacked slices sharing padding rows (row stride 1, bottom <= top), and not
+    "3d_rows_pad_above": (dict(pads=[1, 2, 0, 1, 1, 1]), (1, 2, 6, 5, 4), (3, 2, 3, 3, 2)),
+    "3d_rows_pad_below": (dict(pads=[1, 0, 1, 1, 2, 0]), (1, 2, 6, 5, 4), (3, 2, 3, 3, 2)),
+    # depth folded into the channels (3 D <= 4 kd: one banded 2-D conv, passes/conv_nd.py)
+    "3d_fold_d2_p1": (dict(pads=[1] * 6), (1, 8, 2, 5, 6), (6, 8, 3, 3, 3)),
+    "3d_fold_depth_dilated_strided": (dict(strides=[2, 1, 2], dilations=[2, 1, 1],
+                                           pads=[2, 1, 0, 2, 0, 1]), (1, 3, 3, 6, 7),
+                                      (4, 3, 3, 3, 2)),
+    "3d_fold_asym_stride_rows": (dict(strides=[1, 2, 1], pads=[1, 0, 1, 0, 2, 1]),
+                                 (2, 3, 2, 7, 5), (5, 3, 2, 2, 3)),
+    "3d_fold_1x1_plane": (dict(pads=[1, 0, 0, 2, 0, 0]), (1, 5, 3, 4, 4), (7, 5, 3, 1, 1)),
     "2d_dilation": (dict(dilations=[2, 2], pads=[2, 2, 2, 2]), (1, 4, 9, 8), (5, 4, 3, 3)),
     "2d_dilation_rows_strided": (dict(dilations=[3, 1], strides=[2, 2], pads=[3, 1, 2, 0]),
                                  (1, 3, 11, 9), (4, 3, 3, 3)),
@@ -221,9 +232,23 @@ def _kernels(mod) -> list[str]:
 
 
 def test_3d_conv_is_an_unfold_and_one_conv2d() -> None:
-    mod = build_op_module("nn.conv", [rand(1, 4, 3, 6, 6), rand(8, 4, 3, 3, 3)], [False, True],
+    mod = build_op_module("nn.conv", [rand(1, 4, 5, 6, 6), rand(8, 4, 3, 3, 3)], [False, True],
                           strides=(1, 1, 1), padding=(1,) * 6, dilation=(1, 1, 1), groups=1)
     assert _kernels(mod) == ["conv2d", "strided_slice", "window_unfold"]
+
+
+def test_short_clip_folds_its_depth_into_one_conv2d() -> None:
+    # 3 D <= 4 kd: every output slice a block of output channels of one 2-D conv over the input's
+    # slices as channels (views: no unfold, no slice); runtime weights keep the unfold
+    args = dict(strides=(1, 1, 1), padding=(1,) * 6, dilation=(1, 1, 1), groups=1)
+    x, w = rand(1, 4, 2, 6, 6), rand(8, 4, 3, 3, 3)
+    mod = build_op_module("nn.conv", [x, w], [False, True], **args)
+    assert _kernels(mod) == ["conv2d"]
+    after = [b.value for b in decompose_conv_nd(mod).main.bindings() if isinstance(b.value, Call)]
+    conv = next(v for v in after if v.op == "nn.conv2d")
+    assert conv.type.shape == (1, 8 * 2, 6, 6) and conv.args[1].type.shape == (16, 8, 3, 3)
+    assert _kernels(build_op_module("nn.conv", [x, w], [False, False], **args)) == \
+        ["conv2d", "strided_slice", "window_unfold"]
 
 
 def test_dilated_conv_is_an_unfold_and_a_fast_conv2d() -> None:
