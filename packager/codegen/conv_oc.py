@@ -75,7 +75,7 @@ from .bf16dot import dot_words
 from .helpers import F32, I1, I32, I64, alloca_once, const_i64, for_range, intrinsic
 from .lower import KernelInfo
 from ..ir.graph import PrimFunc
-from .threads import DEFAULTS, SplitThresholds
+from .threads import DEFAULTS, SplitThresholds, balanced
 
 OC_BLOCK = 32
 REGISTERS = 16
@@ -112,6 +112,10 @@ OPEN_IMAGE_PIXELS = 128 * 128
 # Work items (image, band, block) the tasks share: at least this many where the output has the
 # rows (a 32-channel conv on 40x40 was one item, all of it on one thread).
 MIN_ITEMS = 8
+# Bands added only to split the items evenly on two threads have at least this many output
+# pixels: EfficientNet-B0's 1x1s on 7x7 (up to 1.1 MB of weights) in bands of 4 and 3 rows took
+# 2.2x their time on one thread, 2.1x on two, the weights streamed once per band.
+BALANCE_BAND_PIXELS = 64
 # Winograd: a band's transformed inputs (16 x C x its tiles) at most this many bytes (in L2
 # while every block of output channels reads them); at least this many work items.
 WINO_V_BYTES = 256 * 1024
@@ -252,6 +256,12 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
         nbands = -(-self.oh // band)
         images = self.n if isinstance(self.n, int) else 1
         nbands = max(nbands, min(self.oh, -(-MIN_ITEMS // (images * self.nblocks))))
+        # more bands where the items then split more evenly on two threads (PP-OCRv4's 480
+        # channels on 6x80: 15 items, one thread's share 8 of them; in 2 bands 15 of 30), of
+        # at least BALANCE_BAND_PIXELS (every band streams all the weights again)
+        nbands = balanced([nbands] + [nb for nb in range(nbands + 1, min(self.oh, 4 * nbands) + 1)
+                                      if -(-self.oh // nb) * self.ow >= BALANCE_BAND_PIXELS],
+                          lambda nb: self._items_work(images, nb))
         self.band = -(-self.oh // nbands)
         self.nbands = -(-self.oh // self.band)
         self.band_in = rows_for(self.band) if self.copy else self.h
@@ -269,6 +279,14 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
         self.bf16 = self.match.tag.operands[1].dtype == "bfloat16"   # --precision bf16
         if self.wino:
             self._wino_geometry(pr)
+
+    def _items_work(self, images: int, nbands: int) -> list[int]:
+        """Each work item's multiply-adds over output pixels (rows x channels) in item order,
+        for ``nbands`` bands of equal heights (the last one shorter)."""
+        band = -(-self.oh // nbands)
+        rows = [min(band, self.oh - y) for y in range(0, self.oh, band)]
+        chans = [min(OC_BLOCK, self.o - k) for k in range(0, self.o, OC_BLOCK)]
+        return [r * c for _ in range(images) for r in rows for c in chans]
 
     def _open_geometry(self, pr: int) -> None:
         """The plan's export-time part for a run-time image size (``_runtime_geometry`` makes
