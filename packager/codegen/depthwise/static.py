@@ -78,6 +78,11 @@ DEPTHWISE_MAC_COST = 2
 # -> 146, and on 14x14 and 7x7 planes (a few rows per block) the per-block copies cost more than
 # they save (29 -> 44).
 LAZY_COPY_BYTES = 16 * 1024
+# AVX-512, stride 1: planes at most this wide with at most this many 16-lane vectors of outputs
+# run as one flat run of vectors (``_emit_flat_plane``; 7x7: 4 vectors, 49 of 64 lanes used,
+# where rows took 7 masked 8-lane chunks).
+FLAT_MAX_OW = 8
+FLAT_MAX_VECTORS = 4
 
 
 def is_depthwise(match: Contraction | None) -> bool:
@@ -126,17 +131,21 @@ class DepthwiseEmitter(ContractionEmitter):
         self.n, self.c, self.h, self.w = x.shape
         self.o, _, self.kh, self.kw = w.shape
         _, _, self.oh, self.ow = self.match.out.shape
+        self.sh, self.sw = attrs["strides"]
+        self.flat = self._flat_ok()
         # rows narrower than half a vector: half-width vectors (on AVX-512, twice the throughput
         # of full ones, and otherwise half the lanes would be wasted)
-        while self.vl > 4 and self.vl // 2 >= self.ow:
+        while not self.flat and self.vl > 4 and self.vl // 2 >= self.ow:
             self.vl //= 2
         vl = self.vl
         self.vty = ir.VectorType(F32, vl)
         self.row_block = ROW_BLOCK.get(vl, 2)
         self.col_block = 1
         self.vector_epilogue = self._vector_epilogue_ok()
-        self.sh, self.sw = attrs["strides"]
         self.pt, self.pl = attrs["padding"][0], attrs["padding"][1]
+        if self.flat:
+            self.padded, self.region_floats, self.segments = False, 0, []
+            return
         # How each tap's vector is made: ("load", offset) or ("shuffle", a, b, lanes), where
         # a and b are tap recipes or loads; offsets are relative to ix0.
         recipes = {}
@@ -219,6 +228,60 @@ class DepthwiseEmitter(ContractionEmitter):
                 segments.append([oy, oy + 1, *ky])
         self.segments = [tuple(s) for s in segments]
 
+    def _flat_ok(self) -> bool:
+        """AVX-512, stride 1, a plane as wide as its input and at most ``FLAT_MAX_OW`` wide
+        with at most ``FLAT_MAX_VECTORS`` vectors of outputs (7x7): the plane's outputs as one
+        flat run of 16-lane vectors (``_emit_flat_plane``), when every tensor the epilogue reads
+        is indexed like the output over the plane or not at all (flat offsets then stay
+        right)."""
+        if self.target_vl < PADDED_BELOW_VL or (self.sh, self.sw) != (1, 1):
+            return False
+        if not (self.ow == self.w and self.ow <= FLAT_MAX_OW
+                and -(-self.oh * self.ow // self.target_vl) <= FLAT_MAX_VECTORS):
+            return False
+        x, w = self.match.tag.operands
+        for t in self.func.inputs:
+            if t.uid in (x.uid, w.uid):
+                continue
+            shape = tuple(t.shape)
+            if len(shape) < 2 and any(d != 1 for d in shape):
+                return False
+            if len(shape) >= 2 and shape[-2:] not in ((1, 1), (self.oh, self.ow)):
+                return False
+        return True
+
+    def _emit_flat_plane(self, x_plane: ir.Value) -> None:
+        """One plane's oh*ow outputs as flat 16-lane vectors: output o (row o // ow, column
+        o % ow) reads input o + (ky - pt) * w + kx - pl, so every tap of a vector is one load
+        from the plane, masked (a constant mask) where lanes fall outside the window's rows or
+        columns; the vector stored whole (the last one masked)."""
+        b, vl, ow = self.builder, self.vl, self.ow
+        total = self.oh * ow
+        for v in range(-(-total // vl)):
+            acc = None
+            outs = [o for o in range(v * vl, (v + 1) * vl)]
+            for ky in range(self.kh):
+                for kx in range(self.kw):
+                    valid = [o < total and 0 <= o // ow + ky - self.pt < self.h
+                             and 0 <= o % ow + kx - self.pl < self.w for o in outs]
+                    if not any(valid):
+                        continue
+                    off = v * vl + (ky - self.pt) * self.w + kx - self.pl
+                    ptr = b.bitcast(b.gep(x_plane, [const_i64(off)]), self.vty.as_pointer())
+                    if all(valid):
+                        x = b.load(ptr, align=4)
+                    else:
+                        x = self._masked_load(ptr, ir.Constant(ir.VectorType(I1, vl), valid))
+                    wv = self.weights[ky][kx]
+                    acc = b.fmul(wv, x) if acc is None else self._fma(wv, x, acc)
+            if acc is None:
+                acc = ir.Constant(self.vty, [0.0] * vl)
+            mask = None
+            if (v + 1) * vl > total:
+                mask = ir.Constant(ir.VectorType(I1, vl), [o < total for o in outs])
+            # oy 0, ox the flat offset: every tensor the epilogue reads is flat like the output
+            emit_epilogue(self, acc, const_i64(0), const_i64(v * vl), mask, const_i64(total))
+
     # ---- emission -------------------------------------------------------------------------------
 
     def _emit_planes(self, ws: ir.Value | None, task: ir.Value, ntasks: ir.Value) -> None:
@@ -260,6 +323,8 @@ class DepthwiseEmitter(ContractionEmitter):
                 self._copy_plane(x_plane, region)
                 x_plane = region
             begin_plane(self, w_ptr, nb, oc)
+            if self.flat:   # no segments
+                self._emit_flat_plane(x_plane)
             for oy0, oy1, ky_lo, ky_hi in self.segments:
                 rows = oy1 - oy0
                 full = (ky_lo, ky_hi) == (0, self.kh)
