@@ -32,8 +32,9 @@ input vectors that several rows of the block read are loaded once); narrower row
 time, ``ACCUMULATORS`` vectors in all: independent chains that hide the multiply-add latency.
 The weight tuples are broadcast once per plane. A row's partial last vector is stored whole,
 its extra lanes landing in the next row's start, which is stored after it (rows are computed
-in order, each from its end: the block's last vectors first); the plane's last row stores it in
-pieces of 4, 2 and 1 lanes. The quad kernel on AVX-512 levels has 32 vector registers and takes
+in order, each from its end: the block's last vectors first); the plane's last row (its last
+rows where a row holds 1-3 pixels and the spill would pass the plane's end) stores it in pieces
+of 4, 2 and 1 lanes. The quad kernel on AVX-512 levels has 32 vector registers and takes
 ``WIDE_BLOCK_512`` / ``ACCUMULATORS_512`` instead. On AVX2 the 8-bit results are packed 4 or
 2 vectors at a time (``vpackssdw``, ``vpackuswb``/``vpacksswb``, ``vpermd``).
 
@@ -253,6 +254,11 @@ class _QDepthwise(QEmitter):
                     oh, ow) -> None:
         b = self.builder
         packs = self.avx2 and not self.float_out
+        # the rows after a row that its whole last vector spills into (VL - ow % VL lanes): one
+        # for rows of 4 pixels or more, more for rows of 1-3 (whose vector, stored whole from
+        # the plane's last rows but one, passed the plane's end: into the next plane, another
+        # task's, or past the tensor)
+        after = -(-(VL - ow % VL) // ow) if ow % VL else 1
         for r in range(rows):
             oy = b.add(oy0, const_i64(r))
             res = [self._requant_int(b.fmul(b.sitofp(acc, V8F32), mult_v), off_v, packs)
@@ -270,8 +276,8 @@ class _QDepthwise(QEmitter):
                 q = b.trunc(res[j], self.out_vec) if packs else res[j]
                 if last_partial and j == n - 1 and spill:
                     # a row's partial last vector spills into the next row, which is stored
-                    # after it; the plane's last row stores lane by lane
-                    inner = b.icmp_signed("<", oy, const_i64(oh - 1))
+                    # after it; the plane's last rows (``after``) store lane by lane
+                    inner = b.icmp_signed("<", oy, const_i64(oh - after))
                     with b.if_else(inner, likely=True) as (then, other):
                         with then:
                             b.store(q, self._ptr(yb, dst, self.out_vec), align=1)
