@@ -49,8 +49,9 @@ from llvmlite import ir
 from ..ir.graph import PrimFunc
 from .contraction.geometry import MAX_TASK_REGIONS, PARALLEL_MIN_MACS
 from .conv_oc import OPEN_IMAGE_PIXELS
-from .helpers import I1, I8, I16, I32, I64, alloca_once, const_i64, for_range
+from .helpers import I1, I8, I16, I32, I64, STORAGE_TYPES, alloca_once, const_i64, for_range
 from .lower import WORKSPACE_ALIGN, KernelInfo
+from .qchain import match_chain
 from .qgemm import V8F32, V8I32, QEmitter, align_workspace, match_qgemm
 
 VL = 8
@@ -77,11 +78,16 @@ def emit_qdepthwise(module: ir.Module, func: PrimFunc, symbol: str, vl: int,
     target's LLVM features (+avx512vnni: quads with vpdpbusd); ``vnni_emulate``
     (``CompileOptions.vnni_emulate``): the quad kernel with the instruction in portable IR;
     ``size_vars``: run-time image sizes (``_emit_open``)."""
-    m = match_qgemm(func, ("qdwconv2d",), sized=bool(size_vars))
+    m = match_qgemm(func, ("qdwconv2d",), sized=bool(size_vars), chain=True)
     if m is None:
         return None
     avx2 = module.triple.startswith("x86_64") and vl >= 8
     emitter = _QDepthwise(module, func, symbol, m[1], avx2, size_vars)
+    # an elementwise chain fused after a float32 result (codegen/qchain.py): applied to each
+    # result vector before it is stored, which stores the chain's result
+    emitter.chain = match_chain(func, m[1])
+    if emitter.chain is not None:
+        emitter.out_vec = ir.VectorType(STORAGE_TYPES[emitter.chain.out.dtype], VL)
     emitter.vnni_emulated = vnni_emulate and module.triple.startswith("x86_64")
     emitter.quads = bool(m[1].attrs.get("weights_int8")) and (
         emitter.vnni_emulated or (avx2 and "+avx512vnni" in features))
@@ -97,7 +103,7 @@ class _QDepthwise(QEmitter):
     def emit(self) -> KernelInfo:
         if self.symbolic:
             return self._emit_open()
-        x, wf, x_zp, bias, mult, y_zp = self.func.inputs
+        x, wf, x_zp, bias, mult, y_zp = self.func.inputs[:6]
         y = self.func.outputs[0]
         batch, c, h, w = (int(d) for d in x.shape)
         kh, kw = self.tag.attrs["kernel"]
@@ -142,6 +148,7 @@ class _QDepthwise(QEmitter):
         geo = dict(h=h, w=w, sw=sw, pt=pt, pl=pl, prow=prow, wq=wq, span=span)
         with for_range(b, lo, hi, "pl") as pidx:
             ch = b.srem(pidx, const_i64(c))
+            self.channel = ch      # the chain's per-channel values (``_chain``)
             xb = b.gep(buf[x.uid], [b.mul(pidx, const_i64(h * w))])
             for n, p in enumerate(phases):
                 self._fill(xb, plane, n * phase_words, p, x.dtype, xzp, pad_elt, geo)
@@ -203,7 +210,7 @@ class _QDepthwise(QEmitter):
         start (the bias, less zp' * sum(w) for quads), multiplier and float offset vectors."""
         b = self.builder
         buf = self.buffers
-        _, wf, _, bias, mult, y_zp = self.func.inputs
+        _, wf, _, bias, mult, y_zp = self.func.inputs[:6]
         g = self.g
         wrow = b.mul(ch, const_i64(kh * kw))
         taps = [[self._widen_w(b.load(b.gep(buf[wf.uid], [b.add(wrow, const_i64(ky * kw + kx))])))
@@ -261,8 +268,8 @@ class _QDepthwise(QEmitter):
         after = -(-(VL - ow % VL) // ow) if ow % VL else 1
         for r in range(rows):
             oy = b.add(oy0, const_i64(r))
-            res = [self._requant_int(b.fmul(b.sitofp(acc, V8F32), mult_v), off_v, packs)
-                   for acc in accs[r]]
+            res = self._chain([self._requant_int(b.fmul(b.sitofp(acc, V8F32), mult_v), off_v,
+                                                 packs) for acc in accs[r]])
             whole = n - (1 if last_partial else 0)
             j = 0
             while j < n:
@@ -288,6 +295,13 @@ class _QDepthwise(QEmitter):
                 else:
                     b.store(q, self._ptr(yb, dst, self.out_vec), align=1)
                 j += 1
+
+    def _chain(self, res: list[ir.Value]) -> list[ir.Value]:
+        """The result vectors through the fused chain (codegen/qchain.py), if there is one:
+        what is stored (float32 or 8-bit, ``out_vec``)."""
+        if self.chain is None:
+            return res
+        return [self.chain_vector(v, self.channel) for v in res]
 
     def _store_lanes(self, q, yb, dst, lanes: int) -> None:
         """The first ``lanes`` lanes of ``q``, in pieces of 4, 2 and 1."""
@@ -443,7 +457,7 @@ class _QDepthwise(QEmitter):
         row's last vectors (fewer than a block's) and narrow rows choose among the block's
         compiled counts at run time; the copy counts its chunks at run time
         (``_fill_open``)."""
-        x, wf, x_zp, bias, mult, y_zp = self.func.inputs
+        x, wf, x_zp, bias, mult, y_zp = self.func.inputs[:6]
         y = self.func.outputs[0]
         n_dim, c, h_dim, w_dim = x.shape
         c = int(c)
@@ -501,6 +515,7 @@ class _QDepthwise(QEmitter):
         hw, ohw = b.mul(h, w), b.mul(oh, ow)
         with for_range(b, lo, hi, "pl") as pidx:
             ch = b.srem(pidx, const_i64(c))
+            self.channel = ch      # the chain's per-channel values (``_chain``)
             xb = b.gep(buf[x.uid], [b.mul(pidx, hw)])
             for n, p in enumerate(phases):
                 self._fill_open(xb, plane, b.mul(phase_words, const_i64(n)), p, x.dtype, xzp,
@@ -579,8 +594,8 @@ class _QDepthwise(QEmitter):
         packs = self.avx2 and not self.float_out
         for r in range(rows):
             oy = b.add(oy0, const_i64(r))
-            res = [self._requant_int(b.fmul(b.sitofp(acc, V8F32), mult_v), off_v, packs)
-                   for acc in accs[r]]
+            res = self._chain([self._requant_int(b.fmul(b.sitofp(acc, V8F32), mult_v), off_v,
+                                                 packs) for acc in accs[r]])
             whole = n - (1 if ends else 0)
             j = 0
             while j < n:
