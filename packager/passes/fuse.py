@@ -6,7 +6,12 @@ splice together).
 The reader may read that output several times: a diamond such as HardSwish written as
 ``y * clip(y + 3, 0, 6) / 6`` or SiLU as ``y * sigmoid(y)`` first fuses its branches into one
 elementwise call that takes ``y`` twice, then fuses into ``y``'s producer (a convolution's
-epilogue) as long as no other binding reads ``y``."""
+epilogue) as long as no other binding reads ``y``.
+
+Opaque ops (a recurrence's time loop, the integer kernels) take no epilogue, but for the
+integer convolutions with a float32 result (``qconv2d`` / ``qdwconv2d`` of ``--quantize int8``
+graphs): a chain of per-channel arithmetic after them, up to the next layer's quantize, fuses
+where every kernel they may compile to applies it as it stores (``codegen/qchain.py``)."""
 
 from __future__ import annotations
 
