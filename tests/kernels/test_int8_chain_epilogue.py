@@ -135,3 +135,12 @@ def test_chain_in_the_integer_kernels_matches_ort(case: str, tmp_path: Path,
                 scale = float(np.abs(ref).max())
                 np.testing.assert_allclose(got, ref, rtol=0, atol=2e-6 * scale + 1e-6,
                                            err_msg=f"{level} {(n, hh, ww)} {threads}")
+
+
+def test_chain_math_is_lane_wise() -> None:
+    """Every math function a chain may hold (codegen/qchain.py, pure Python) has a lane-wise
+    form (codegen/vecmath_lanes.py), which ``QEmitter.chain_vector`` emits."""
+    from mlcpack.packager.codegen.qchain import CHAIN_MATH
+    from mlcpack.packager.codegen.vecmath_lanes import VECTOR_MATH
+
+    assert CHAIN_MATH <= VECTOR_MATH
