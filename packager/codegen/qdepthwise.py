@@ -49,7 +49,7 @@ from llvmlite import ir
 from ..ir.graph import PrimFunc
 from .contraction.geometry import MAX_TASK_REGIONS, PARALLEL_MIN_MACS
 from .conv_oc import OPEN_IMAGE_PIXELS
-from .helpers import I1, I8, I16, I32, I64, STORAGE_TYPES, alloca_once, const_i64, for_range
+from .helpers import I1, I8, I16, I32, I64, alloca_once, const_i64, for_range
 from .lower import WORKSPACE_ALIGN, KernelInfo
 from .qchain import match_chain
 from .qgemm import V8F32, V8I32, QEmitter, align_workspace, match_qgemm
@@ -83,11 +83,10 @@ def emit_qdepthwise(module: ir.Module, func: PrimFunc, symbol: str, vl: int,
         return None
     avx2 = module.triple.startswith("x86_64") and vl >= 8
     emitter = _QDepthwise(module, func, symbol, m[1], avx2, size_vars)
-    # an elementwise chain fused after a float32 result (codegen/qchain.py): applied to each
-    # result vector before it is stored, which stores the chain's result
+    # an elementwise chain fused after a float32 result (codegen/qchain.py): each plane's
+    # results staged, then through the chain into y
     emitter.chain = match_chain(func, m[1])
-    if emitter.chain is not None:
-        emitter.out_vec = ir.VectorType(STORAGE_TYPES[emitter.chain.out.dtype], VL)
+    emitter.vl = vl     # the chain's lanes (``QEmitter.chain_copy``)
     emitter.vnni_emulated = vnni_emulate and module.triple.startswith("x86_64")
     emitter.quads = bool(m[1].attrs.get("weights_int8")) and (
         emitter.vnni_emulated or (avx2 and "+avx512vnni" in features))
@@ -125,7 +124,12 @@ class _QDepthwise(QEmitter):
         planes = batch * c
         parallel = planes * oh * ow * kh * kw * MAC_COST >= PARALLEL_MIN_MACS and planes > 1
         regions = MAX_TASK_REGIONS if parallel else 1
-        body_fn, ptr_types, n_ptrs, ws = self._start(p_bytes * regions)
+        # a chain (codegen/qchain.py): each plane's float32 results staged per task, then
+        # through the chain into y 16 lanes a step (``chain_copy``): on the row blocks' 8-lane
+        # vectors, beside their accumulators and weights, it ran 2x slower than its own pass
+        s_bytes = align_workspace(oh * ow * 4) if self.chain is not None else 0
+        workspace = (p_bytes + s_bytes) * regions
+        body_fn, ptr_types, n_ptrs, ws = self._start(workspace)
         task, ntasks = body_fn.args[n_ptrs], body_fn.args[n_ptrs + 1]
         b = self.builder
         buf = self.buffers
@@ -148,12 +152,16 @@ class _QDepthwise(QEmitter):
         geo = dict(h=h, w=w, sw=sw, pt=pt, pl=pl, prow=prow, wq=wq, span=span)
         with for_range(b, lo, hi, "pl") as pidx:
             ch = b.srem(pidx, const_i64(c))
-            self.channel = ch      # the chain's per-channel values (``_chain``)
             xb = b.gep(buf[x.uid], [b.mul(pidx, const_i64(h * w))])
             for n, p in enumerate(phases):
                 self._fill(xb, plane, n * phase_words, p, x.dtype, xzp, pad_elt, geo)
             wt, start, mult_v, off_v = self._plane_constants(ch, kh, kw, starts, zq)
             yb = b.gep(buf[y.uid], [b.mul(pidx, const_i64(oh * ow))])
+            if s_bytes:
+                out_y = yb
+                yb = b.bitcast(b.gep(ws, [b.add(const_i64(p_bytes * regions),
+                                                 b.mul(region, const_i64(s_bytes)))]),
+                               self.out_vec.element.as_pointer())
 
             def group(oy0, rows: int, q0, n: int, last_partial: bool,
                       spill: bool = False) -> None:
@@ -203,7 +211,9 @@ class _QDepthwise(QEmitter):
                 if oh % rows:
                     group(const_i64(oh - oh % rows), oh % rows, const_i64(0), nch,
                           bool(ow % VL), spill=True)
-        return self._finish(body_fn, n_ptrs, ptr_types, p_bytes * regions, parallel)
+            if s_bytes:
+                self.chain_copy(yb, out_y, oh * ow, ch)
+        return self._finish(body_fn, n_ptrs, ptr_types, workspace, parallel)
 
     def _plane_constants(self, ch, kh: int, kw: int, starts: list[int], zq):
         """Channel ``ch``'s broadcast weight tuples {(ky, kx0): vector}, its accumulators'
@@ -268,8 +278,8 @@ class _QDepthwise(QEmitter):
         after = -(-(VL - ow % VL) // ow) if ow % VL else 1
         for r in range(rows):
             oy = b.add(oy0, const_i64(r))
-            res = self._chain([self._requant_int(b.fmul(b.sitofp(acc, V8F32), mult_v), off_v,
-                                                 packs) for acc in accs[r]])
+            res = [self._requant_int(b.fmul(b.sitofp(acc, V8F32), mult_v), off_v, packs)
+                   for acc in accs[r]]
             whole = n - (1 if last_partial else 0)
             j = 0
             while j < n:
@@ -295,13 +305,6 @@ class _QDepthwise(QEmitter):
                 else:
                     b.store(q, self._ptr(yb, dst, self.out_vec), align=1)
                 j += 1
-
-    def _chain(self, res: list[ir.Value]) -> list[ir.Value]:
-        """The result vectors through the fused chain (codegen/qchain.py), if there is one:
-        what is stored (float32 or 8-bit, ``out_vec``)."""
-        if self.chain is None:
-            return res
-        return [self.chain_vector(v, self.channel) for v in res]
 
     def _store_lanes(self, q, yb, dst, lanes: int) -> None:
         """The first ``lanes`` lanes of ``q``, in pieces of 4, 2 and 1."""
@@ -477,7 +480,10 @@ class _QDepthwise(QEmitter):
         # a run-time size: one channel of 128 x 128 outputs per plane decides, as _emit_open's
         parallel = c > 1 and c * OPEN_IMAGE_PIXELS * kh * kw * MAC_COST >= PARALLEL_MIN_MACS
         regions = MAX_TASK_REGIONS if parallel else 1
+        # a chain: each plane's float32 results staged per task (``emit``), after the planes
         workspace_e = region_e * regions
+        if self.chain is not None:
+            workspace_e = (region_e + (oh_dim * ow_dim * 4 + WORKSPACE_ALIGN)) * regions
         body_fn, ptr_types = self._begin_body(self.func.inputs + self.func.outputs, True)
         n_ptrs = len(ptr_types)
         ws = body_fn.args[len(self.func.inputs) + 1]
@@ -515,13 +521,19 @@ class _QDepthwise(QEmitter):
         hw, ohw = b.mul(h, w), b.mul(oh, ow)
         with for_range(b, lo, hi, "pl") as pidx:
             ch = b.srem(pidx, const_i64(c))
-            self.channel = ch      # the chain's per-channel values (``_chain``)
             xb = b.gep(buf[x.uid], [b.mul(pidx, hw)])
             for n, p in enumerate(phases):
                 self._fill_open(xb, plane, b.mul(phase_words, const_i64(n)), p, x.dtype, xzp,
                                 pad_elt, geo)
             wt, start, mult_v, off_v = self._plane_constants(ch, kh, kw, starts, zq)
             yb = b.gep(buf[y.uid], [b.mul(pidx, ohw)])
+            if self.chain is not None:
+                out_y = yb
+                s_bytes = b.mul(b.udiv(b.add(b.mul(ohw, const_i64(4)),
+                                             const_i64(WORKSPACE_ALIGN - 1)),
+                                       const_i64(WORKSPACE_ALIGN)), const_i64(WORKSPACE_ALIGN))
+                at = b.add(b.mul(p_bytes, const_i64(regions)), b.mul(region, s_bytes))
+                yb = b.bitcast(b.gep(ws, [at]), self.out_vec.element.as_pointer())
 
             def group(oy0, rows: int, q0, n: int, ends: bool) -> None:
                 """``emit``'s group: output vectors q0 .. q0 + n of rows oy0 .. oy0 + rows;
@@ -579,6 +591,8 @@ class _QDepthwise(QEmitter):
                             with for_range(b, b.mul(nb, const_i64(rows)), oh, "oyr") as oy:
                                 group(oy, 1, const_i64(0), n, True)
                     counted(nch, range(1, chunks), rows_of)
+            if self.chain is not None:
+                self.chain_copy(yb, out_y, ohw, ch)
         b.ret_void()
         self._emit_entry(body_fn, n_ptrs, ptr_types)
         return KernelInfo(self.symbol, len(self.func.inputs), 1, 0, parallel, symbolic=True,
@@ -594,8 +608,8 @@ class _QDepthwise(QEmitter):
         packs = self.avx2 and not self.float_out
         for r in range(rows):
             oy = b.add(oy0, const_i64(r))
-            res = self._chain([self._requant_int(b.fmul(b.sitofp(acc, V8F32), mult_v), off_v,
-                                                 packs) for acc in accs[r]])
+            res = [self._requant_int(b.fmul(b.sitofp(acc, V8F32), mult_v), off_v, packs)
+                   for acc in accs[r]]
             whole = n - (1 if ends else 0)
             j = 0
             while j < n:
