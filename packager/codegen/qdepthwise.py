@@ -32,8 +32,9 @@ input vectors that several rows of the block read are loaded once); narrower row
 time, ``ACCUMULATORS`` vectors in all: independent chains that hide the multiply-add latency.
 The weight tuples are broadcast once per plane. A row's partial last vector is stored whole,
 its extra lanes landing in the next row's start, which is stored after it (rows are computed
-in order, each from its end: the block's last vectors first); the plane's last row stores it in
-pieces of 4, 2 and 1 lanes. The quad kernel on AVX-512 levels has 32 vector registers and takes
+in order, each from its end: the block's last vectors first); the plane's last row (its last
+rows where a row holds 1-3 pixels and the spill would pass the plane's end) stores it in pieces
+of 4, 2 and 1 lanes. The quad kernel on AVX-512 levels has 32 vector registers and takes
 ``WIDE_BLOCK_512`` / ``ACCUMULATORS_512`` instead. On AVX2 the 8-bit results are packed 4 or
 2 vectors at a time (``vpackssdw``, ``vpackuswb``/``vpacksswb``, ``vpermd``).
 
@@ -50,6 +51,7 @@ from .contraction.geometry import MAX_TASK_REGIONS, PARALLEL_MIN_MACS
 from .conv_oc import OPEN_IMAGE_PIXELS
 from .helpers import I1, I8, I16, I32, I64, alloca_once, const_i64, for_range
 from .lower import WORKSPACE_ALIGN, KernelInfo
+from .qchain import match_chain
 from .qgemm import V8F32, V8I32, QEmitter, align_workspace, match_qgemm
 
 VL = 8
@@ -76,11 +78,15 @@ def emit_qdepthwise(module: ir.Module, func: PrimFunc, symbol: str, vl: int,
     target's LLVM features (+avx512vnni: quads with vpdpbusd); ``vnni_emulate``
     (``CompileOptions.vnni_emulate``): the quad kernel with the instruction in portable IR;
     ``size_vars``: run-time image sizes (``_emit_open``)."""
-    m = match_qgemm(func, ("qdwconv2d",), sized=bool(size_vars))
+    m = match_qgemm(func, ("qdwconv2d",), sized=bool(size_vars), chain=True)
     if m is None:
         return None
     avx2 = module.triple.startswith("x86_64") and vl >= 8
     emitter = _QDepthwise(module, func, symbol, m[1], avx2, size_vars)
+    # an elementwise chain fused after a float32 result (codegen/qchain.py): each plane's
+    # results staged, then through the chain into y
+    emitter.chain = match_chain(func, m[1])
+    emitter.vl = vl     # the chain's lanes (``QEmitter.chain_copy``)
     emitter.vnni_emulated = vnni_emulate and module.triple.startswith("x86_64")
     emitter.quads = bool(m[1].attrs.get("weights_int8")) and (
         emitter.vnni_emulated or (avx2 and "+avx512vnni" in features))
@@ -96,7 +102,7 @@ class _QDepthwise(QEmitter):
     def emit(self) -> KernelInfo:
         if self.symbolic:
             return self._emit_open()
-        x, wf, x_zp, bias, mult, y_zp = self.func.inputs
+        x, wf, x_zp, bias, mult, y_zp = self.func.inputs[:6]
         y = self.func.outputs[0]
         batch, c, h, w = (int(d) for d in x.shape)
         kh, kw = self.tag.attrs["kernel"]
@@ -118,7 +124,12 @@ class _QDepthwise(QEmitter):
         planes = batch * c
         parallel = planes * oh * ow * kh * kw * MAC_COST >= PARALLEL_MIN_MACS and planes > 1
         regions = MAX_TASK_REGIONS if parallel else 1
-        body_fn, ptr_types, n_ptrs, ws = self._start(p_bytes * regions)
+        # a chain (codegen/qchain.py): each plane's float32 results staged per task, then
+        # through the chain into y 16 lanes a step (``chain_copy``): on the row blocks' 8-lane
+        # vectors, beside their accumulators and weights, it ran 2x slower than its own pass
+        s_bytes = align_workspace(oh * ow * 4) if self.chain is not None else 0
+        workspace = (p_bytes + s_bytes) * regions
+        body_fn, ptr_types, n_ptrs, ws = self._start(workspace)
         task, ntasks = body_fn.args[n_ptrs], body_fn.args[n_ptrs + 1]
         b = self.builder
         buf = self.buffers
@@ -146,6 +157,11 @@ class _QDepthwise(QEmitter):
                 self._fill(xb, plane, n * phase_words, p, x.dtype, xzp, pad_elt, geo)
             wt, start, mult_v, off_v = self._plane_constants(ch, kh, kw, starts, zq)
             yb = b.gep(buf[y.uid], [b.mul(pidx, const_i64(oh * ow))])
+            if s_bytes:
+                out_y = yb
+                yb = b.bitcast(b.gep(ws, [b.add(const_i64(p_bytes * regions),
+                                                 b.mul(region, const_i64(s_bytes)))]),
+                               self.out_vec.element.as_pointer())
 
             def group(oy0, rows: int, q0, n: int, last_partial: bool,
                       spill: bool = False) -> None:
@@ -195,14 +211,16 @@ class _QDepthwise(QEmitter):
                 if oh % rows:
                     group(const_i64(oh - oh % rows), oh % rows, const_i64(0), nch,
                           bool(ow % VL), spill=True)
-        return self._finish(body_fn, n_ptrs, ptr_types, p_bytes * regions, parallel)
+            if s_bytes:
+                self.chain_copy(yb, out_y, oh * ow, ch)
+        return self._finish(body_fn, n_ptrs, ptr_types, workspace, parallel)
 
     def _plane_constants(self, ch, kh: int, kw: int, starts: list[int], zq):
         """Channel ``ch``'s broadcast weight tuples {(ky, kx0): vector}, its accumulators'
         start (the bias, less zp' * sum(w) for quads), multiplier and float offset vectors."""
         b = self.builder
         buf = self.buffers
-        _, wf, _, bias, mult, y_zp = self.func.inputs
+        _, wf, _, bias, mult, y_zp = self.func.inputs[:6]
         g = self.g
         wrow = b.mul(ch, const_i64(kh * kw))
         taps = [[self._widen_w(b.load(b.gep(buf[wf.uid], [b.add(wrow, const_i64(ky * kw + kx))])))
@@ -253,6 +271,11 @@ class _QDepthwise(QEmitter):
                     oh, ow) -> None:
         b = self.builder
         packs = self.avx2 and not self.float_out
+        # the rows after a row that its whole last vector spills into (VL - ow % VL lanes): one
+        # for rows of 4 pixels or more, more for rows of 1-3 (whose vector, stored whole from
+        # the plane's last rows but one, passed the plane's end: into the next plane, another
+        # task's, or past the tensor)
+        after = -(-(VL - ow % VL) // ow) if ow % VL else 1
         for r in range(rows):
             oy = b.add(oy0, const_i64(r))
             res = [self._requant_int(b.fmul(b.sitofp(acc, V8F32), mult_v), off_v, packs)
@@ -270,8 +293,8 @@ class _QDepthwise(QEmitter):
                 q = b.trunc(res[j], self.out_vec) if packs else res[j]
                 if last_partial and j == n - 1 and spill:
                     # a row's partial last vector spills into the next row, which is stored
-                    # after it; the plane's last row stores lane by lane
-                    inner = b.icmp_signed("<", oy, const_i64(oh - 1))
+                    # after it; the plane's last rows (``after``) store lane by lane
+                    inner = b.icmp_signed("<", oy, const_i64(oh - after))
                     with b.if_else(inner, likely=True) as (then, other):
                         with then:
                             b.store(q, self._ptr(yb, dst, self.out_vec), align=1)
@@ -437,7 +460,7 @@ class _QDepthwise(QEmitter):
         row's last vectors (fewer than a block's) and narrow rows choose among the block's
         compiled counts at run time; the copy counts its chunks at run time
         (``_fill_open``)."""
-        x, wf, x_zp, bias, mult, y_zp = self.func.inputs
+        x, wf, x_zp, bias, mult, y_zp = self.func.inputs[:6]
         y = self.func.outputs[0]
         n_dim, c, h_dim, w_dim = x.shape
         c = int(c)
@@ -457,7 +480,10 @@ class _QDepthwise(QEmitter):
         # a run-time size: one channel of 128 x 128 outputs per plane decides, as _emit_open's
         parallel = c > 1 and c * OPEN_IMAGE_PIXELS * kh * kw * MAC_COST >= PARALLEL_MIN_MACS
         regions = MAX_TASK_REGIONS if parallel else 1
+        # a chain: each plane's float32 results staged per task (``emit``), after the planes
         workspace_e = region_e * regions
+        if self.chain is not None:
+            workspace_e = (region_e + (oh_dim * ow_dim * 4 + WORKSPACE_ALIGN)) * regions
         body_fn, ptr_types = self._begin_body(self.func.inputs + self.func.outputs, True)
         n_ptrs = len(ptr_types)
         ws = body_fn.args[len(self.func.inputs) + 1]
@@ -501,6 +527,13 @@ class _QDepthwise(QEmitter):
                                 pad_elt, geo)
             wt, start, mult_v, off_v = self._plane_constants(ch, kh, kw, starts, zq)
             yb = b.gep(buf[y.uid], [b.mul(pidx, ohw)])
+            if self.chain is not None:
+                out_y = yb
+                s_bytes = b.mul(b.udiv(b.add(b.mul(ohw, const_i64(4)),
+                                             const_i64(WORKSPACE_ALIGN - 1)),
+                                       const_i64(WORKSPACE_ALIGN)), const_i64(WORKSPACE_ALIGN))
+                at = b.add(b.mul(p_bytes, const_i64(regions)), b.mul(region, s_bytes))
+                yb = b.bitcast(b.gep(ws, [at]), self.out_vec.element.as_pointer())
 
             def group(oy0, rows: int, q0, n: int, ends: bool) -> None:
                 """``emit``'s group: output vectors q0 .. q0 + n of rows oy0 .. oy0 + rows;
@@ -558,6 +591,8 @@ class _QDepthwise(QEmitter):
                             with for_range(b, b.mul(nb, const_i64(rows)), oh, "oyr") as oy:
                                 group(oy, 1, const_i64(0), n, True)
                     counted(nch, range(1, chunks), rows_of)
+            if self.chain is not None:
+                self.chain_copy(yb, out_y, ohw, ch)
         b.ret_void()
         self._emit_entry(body_fn, n_ptrs, ptr_types)
         return KernelInfo(self.symbol, len(self.func.inputs), 1, 0, parallel, symbolic=True,

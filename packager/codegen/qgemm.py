@@ -86,8 +86,11 @@ from ..ir.graph import PrimFunc
 from ..ir.patterns import reduction_tag
 from ..ops.qlinear import PANEL
 from ..ops.quant import saturation_range
-from .helpers import F32, I8, I16, I32, alloca_once, const_i64, for_range, intrinsic
-from .lower import WORKSPACE_ALIGN, KernelEmitter, KernelInfo
+from .helpers import (F32, I8, I16, I32, STORAGE_TYPES, alloca_once, const_i64, for_range,
+                      intrinsic)
+from .lower import WORKSPACE_ALIGN, KernelEmitter, KernelInfo, bound_select
+from .qchain import CHAIN_KINDS, chained, channel_offset, match_chain
+from .vecmath_lanes import vector_math
 
 V8I32 = ir.VectorType(I32, PANEL)
 V16I16 = ir.VectorType(I16, 2 * PANEL)
@@ -103,9 +106,12 @@ def _count(count: int | ir.Value) -> ir.Value:
 
 
 def match_qgemm(func: PrimFunc, kinds: tuple[str, ...] = ("qmatmul", "qconv2d"),
-                sized: bool = False):
+                sized: bool = False, chain: bool = False):
     """(kind, tag) when ``func`` is one of the integer ops ``kinds`` (an opaque op, so its
-    inputs are the op's arguments in order), else None."""
+    inputs are the op's arguments in order), else None. ``chain``: the caller's kernel takes
+    an elementwise chain after a float32 result (codegen/qchain.py: the op's arguments are
+    then the first inputs, the chain's follow); without it a function with a chain is no
+    match."""
     if len(func.outputs) != 1:
         return None
     stack = [func.outputs[0]]
@@ -119,7 +125,12 @@ def match_qgemm(func: PrimFunc, kinds: tuple[str, ...] = ("qmatmul", "qconv2d"),
             if isinstance(node, te.Reduce):
                 tag = reduction_tag(node)
                 if tag is not None and tag.kind in kinds:
-                    if [o.uid for o in tag.operands] != [i.uid for i in func.inputs]:
+                    n = len(tag.operands)
+                    if [o.uid for o in tag.operands] != [i.uid for i in func.inputs[:n]]:
+                        return None
+                    has_chain = tag.kind in CHAIN_KINDS and chained(func, tag)
+                    if (has_chain and (not chain or match_chain(func, tag) is None)) or (
+                            not has_chain and len(func.inputs) != n):
                         return None
                     # run-time extents: only where the caller emits them (``sized``)
                     if not sized and any(not isinstance(d, int)
@@ -444,6 +455,122 @@ class QEmitter(KernelEmitter):
                     acc = accs[r][v]
                     b.store(b.add(b.load(acc), self._madd(a, ws[v])), acc)
         return [[b.load(a) for a in row] for row in accs]
+
+    # ---- an elementwise chain after a float32 result (codegen/qchain.py) ----------------------
+
+    chain = None    # the matched chain (qchain.Chain), set by the entry points that take one
+
+    def chain_vector(self, value: ir.Value, channel: ir.Value,
+                     channel_lanes: bool = False) -> ir.Value:
+        """``self.chain`` on ``value`` (<n x float>: the kernel's float32 results of channel
+        ``channel``, an i64; with ``channel_lanes`` of channels ``channel`` .. + n, one a
+        lane): the chain's result, <n x float> or <n x i8>. The operations are the generic
+        loop nest's, lane by lane (max / min against a constant as one compare and select,
+        math functions with vecmath's polynomials, round as roundeven), without contracting
+        multiply-adds."""
+        b = self.builder
+        ch = self.chain
+        n = value.type.count
+        vty = ir.VectorType(F32, n)
+        memo: dict[int, ir.Value] = {ch.mid.uid: value}
+
+        def stage_value(t: te.Tensor) -> ir.Value:
+            if t.uid not in memo:
+                memo[t.uid] = node(t.body, t, {})
+            return memo[t.uid]
+
+        def lanes(e: te.Read, stage: te.Tensor) -> ir.Value:
+            """A placeholder's values (per tensor, or per channel), loaded, as <n x T>."""
+            stride, by_channel = channel_offset(e, stage)
+            ptr = self.buffers[e.tensor.uid]
+            el = STORAGE_TYPES[e.tensor.dtype]
+            if not by_channel:
+                return self._splat(b.load(ptr), ir.VectorType(el, n))
+            at = b.mul(channel, const_i64(stride))
+            if not channel_lanes:
+                return self._splat(b.load(b.gep(ptr, [at], inbounds=True)),
+                                   ir.VectorType(el, n))
+            assert stride == 1, "per-channel values one after another (qchain.match_chain)"
+            return b.load(self._ptr(ptr, at, ir.VectorType(el, n)), align=1)
+
+        def node(e: te.Expr, stage: te.Tensor, seen: dict) -> ir.Value:
+            if id(e) in seen:
+                return seen[id(e)]
+            if isinstance(e, te.Read):
+                if e.tensor.body is not None or e.tensor.uid == ch.mid.uid:
+                    v = stage_value(e.tensor)
+                else:
+                    v = lanes(e, stage)
+            elif isinstance(e, te.Const):
+                v = ir.Constant(vty, [float(e.value)] * n)
+            elif isinstance(e, te.Binary):
+                x, y = node(e.a, stage, seen), node(e.b, stage, seen)
+                if e.op in ("max", "min"):
+                    if isinstance(e.b, te.Const):
+                        v = bound_select(b, e.op, x, y)
+                    elif isinstance(e.a, te.Const):
+                        v = bound_select(b, e.op, y, x)
+                    else:
+                        name = f"llvm.{'maximum' if e.op == 'max' else 'minimum'}.v{n}f32"
+                        v = b.call(intrinsic(self.module, name, vty, [vty, vty]), [x, y])
+                else:
+                    v = {"add": b.fadd, "sub": b.fsub, "mul": b.fmul, "div": b.fdiv}[e.op](x, y)
+            elif isinstance(e, te.Compare):
+                sym = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==",
+                       "ne": "!="}[e.op]
+                x, y = node(e.a, stage, seen), node(e.b, stage, seen)
+                v = b.fcmp_unordered(sym, x, y) if e.op == "ne" else b.fcmp_ordered(sym, x, y)
+            elif isinstance(e, te.Select):
+                v = b.select(node(e.cond, stage, seen), node(e.a, stage, seen),
+                             node(e.b, stage, seen))
+            elif isinstance(e, te.MathCall):
+                v = vector_math(b, e.name, node(e.arg, stage, seen))
+            elif isinstance(e, te.Cast):
+                inner = e.value
+                if e.dtype != "float32":            # the last stage's quantize: clamped before
+                    wide = b.fptosi(node(inner, stage, seen), ir.VectorType(I32, n))
+                    v = b.trunc(wide, ir.VectorType(I8, n))
+                elif inner.dtype == "float32":
+                    v = node(inner, stage, seen)
+                else:                               # a zero point: an integer placeholder
+                    raw = lanes(inner, stage)
+                    v = (b.uitofp(raw, vty) if inner.tensor.dtype.startswith("uint")
+                         else b.sitofp(raw, vty))
+            else:
+                raise AssertionError(f"not in a chain: {type(e).__name__}")
+            seen[id(e)] = v
+            return v
+
+        return stage_value(ch.out)
+
+    def chain_copy(self, src: ir.Value, dst: ir.Value, n, channel: ir.Value) -> None:
+        """dst[i] = chain(src[i]) for i < ``n`` (an int or a run-time i64): float32 ``src``
+        (staging rows of channel ``channel``), 8 lanes a step (16 on 512-bit levels); the last
+        partial vector through a copy (no load or store past ``n``)."""
+        b = self.builder
+        lanes = 16 if getattr(self, "vl", 8) >= 16 else 8
+        vty = ir.VectorType(F32, lanes)
+        out_el = STORAGE_TYPES[self.chain.out.dtype]
+        n = const_i64(n) if isinstance(n, int) else n
+        full = b.udiv(n, const_i64(lanes))
+        with for_range(b, const_i64(0), full, "chv") as i:
+            at = b.mul(i, const_i64(lanes))
+            r = self.chain_vector(b.load(self._ptr(src, at, vty), align=4), channel)
+            b.store(r, self._ptr(dst, at, r.type), align=1)
+        at = b.mul(full, const_i64(lanes))
+        left = b.sub(n, at)
+        with b.if_then(b.icmp_signed(">", left, const_i64(0)), likely=False):
+            tmp = alloca_once(b, vty, "chain_in")
+            b.store(ir.Constant(vty, None), tmp)
+            elts = b.bitcast(tmp, F32.as_pointer())
+            with for_range(b, const_i64(0), left, "chl") as k:
+                b.store(b.load(b.gep(src, [b.add(at, k)])), b.gep(elts, [k]))
+            r = self.chain_vector(b.load(tmp), channel)
+            res = alloca_once(b, r.type, "chain_out")
+            b.store(r, res)
+            outs = b.bitcast(res, out_el.as_pointer())
+            with for_range(b, const_i64(0), left, "chs") as k:
+                b.store(b.load(b.gep(outs, [k])), b.gep(dst, [b.add(at, k)]))
 
     def _start(self, workspace: int):
         body_fn, ptr_types = self._begin_body(self.func.inputs + self.func.outputs,

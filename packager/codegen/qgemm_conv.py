@@ -17,7 +17,8 @@ from llvmlite import ir
 
 from ..ops.qlinear import CONV_ROWS, PANEL
 from ..ops.quant import saturation_range
-from .helpers import F32, I8, I16, I32, I64, alloca_once, const_i64, for_range, intrinsic
+from .helpers import (F32, I8, I16, I32, I64, STORAGE_TYPES, alloca_once, const_i64, for_range,
+                      intrinsic)
 from .contraction.geometry import MAX_TASK_REGIONS, PARALLEL_MIN_MACS
 from .conv_oc import OPEN_IMAGE_PIXELS
 from .lower import WORKSPACE_ALIGN, KernelInfo, LoweringError
@@ -77,7 +78,8 @@ class QConv(QEmitter):
         split = bool(self.tag.attrs.get("split", False))
         res = self.func.inputs[6:8] if split else ()
         n_in = 8 if split else 6
-        lut = self.func.inputs[n_in] if len(self.func.inputs) > n_in else None
+        # the op's own arguments (an elementwise chain's follow them: codegen/qchain.py)
+        lut = self.func.inputs[n_in] if len(self.tag.operands) > n_in else None
         y = self.func.outputs[0]
         batch, c, h, w = (int(d) for d in x.shape)
         o = int(self.tag.attrs["out_channels"])
@@ -85,7 +87,11 @@ class QConv(QEmitter):
         _, _, oh, ow = (int(d) for d in y.shape)
         sh, sw = self.tag.attrs["strides"]
         pt, pl, pb, pr = self.tag.attrs["padding"]
-        if (h, w, kh, kw, oh, ow) == (1, 1, 1, 1, 1, 1) and not any(self.tag.attrs["padding"]):
+        vector = (h, w, kh, kw, oh, ow) == (1, 1, 1, 1, 1, 1) and not any(self.tag.attrs["padding"])
+        if self.chain is not None and vector:
+            raise LoweringError(f"{self.func.name}: no chain after a 1x1 image's kernel "
+                                "(qchain.chain_paths)")
+        if vector:
             return self._emit_vector(x, wk, x_zp, bias, mult, y_zp, lut, y, batch, c, o)
         if self.tag.attrs.get("oc_lanes"):
             return self._emit_oc_lanes(x, wk, x_zp, bias, mult, y_zp, lut, y)
@@ -340,7 +346,9 @@ class QConv(QEmitter):
                 # a lut8 folded in (passes/quantize_lut.py): the row's table
                 tb = None if lut is None else b.gep(buf[lut.uid], [
                     b.mul(oc, const_i64(256)) if int(lut.shape[0]) != 1 else const_i64(0)])
-                if tb is None:
+                if self.chain is not None:   # the fused chain (codegen/qchain.py)
+                    self.chain_copy(src, dst, n, oc)
+                elif tb is None:
                     with for_range(b, const_i64(0), const_i64(n), "cx") as i:
                         b.store(b.load(b.gep(src, [i])), b.gep(dst, [i]))
                 elif self.avx2 and n >= 32:
@@ -370,7 +378,8 @@ class QConv(QEmitter):
         split = bool(self.tag.attrs.get("split", False))
         res = self.func.inputs[6:8] if split else ()
         n_in = 8 if split else 6
-        lut = self.func.inputs[n_in] if len(self.func.inputs) > n_in else None
+        # the op's own arguments (an elementwise chain's follow them: codegen/qchain.py)
+        lut = self.func.inputs[n_in] if len(self.tag.operands) > n_in else None
         y = self.func.outputs[0]
         if (not self.takes_open(self.func, self.tag) or not getattr(self, "vnni", False)
                 or self._quad_shift(x.dtype) != self.tag.attrs["shift"]):
@@ -556,7 +565,9 @@ class QConv(QEmitter):
                 dst = b.gep(yb, [b.mul(r, n)])
                 tb = None if lut is None else b.gep(buf[lut.uid], [
                     b.mul(oc, const_i64(256)) if int(lut.shape[0]) != 1 else const_i64(0)])
-                if tb is None:
+                if self.chain is not None:   # the fused chain (codegen/qchain.py)
+                    self.chain_copy(src, dst, n, oc)
+                elif tb is None:
                     with for_range(b, const_i64(0), n, "cx") as i:
                         b.store(b.load(b.gep(src, [i])), b.gep(dst, [i]))
                 else:
@@ -688,7 +699,9 @@ class QConv(QEmitter):
         # (one zmm each, up to 24 accumulators), the groups of gz tiles split over tasks
         gz = next((g for g in (4, 3, 2) if ot % g == 0), 1) if self._zmm() else 1
         p_bytes = align_workspace(len(phases) * cg * psz * 4)
-        esize = 4 if self.float_out else 1
+        # the staging rows hold what is stored: a fused chain's result (codegen/qchain.py)
+        s_ty = STORAGE_TYPES[self.chain.out.dtype] if self.chain is not None else self.out_ty
+        esize = 4 if s_ty == F32 else 1
         s_bytes = align_workspace(n * o * esize)
         parallel = batch * o * n * c * kh * kw >= PARALLEL_MIN_MACS
         regions = MAX_TASK_REGIONS if parallel else 1
@@ -703,7 +716,7 @@ class QConv(QEmitter):
         shift = self._quad_shift(x.dtype)
         zpq = self._zero_points(x_zp, y_zp, shift)
         w32 = b.bitcast(buf[wk.uid], I32.as_pointer())
-        stage = b.bitcast(ws, self.out_ty.as_pointer())             # [n][o] results
+        stage = b.bitcast(ws, s_ty.as_pointer())                    # [n][o] results
         planes = b.gep(ws, [b.add(const_i64(s_bytes), b.mul(region, const_i64(p_bytes)))])
         planes32 = b.bitcast(planes, I32.as_pointer())
         # pixel-major planes [phase][u][v][quad]: step j = t * cg + q reads word
@@ -801,10 +814,13 @@ class QConv(QEmitter):
             for r in range(size):
                 dst = b.add(b.mul(b.add(i0, const_i64(r)), const_i64(o)), oc0)
                 fs = [b.fmul(b.sitofp(accs[r][v], V8F32), mvs[v]) for v in range(2)]
-                if self.float_out:      # float32(acc) * mult + y's offset [relu]
+                if self.float_out:      # float32(acc) * mult + y's offset [relu] [chain]
                     for v in range(2):
-                        b.store(self._requant_float(fs[v], ovs[v]),
-                                self._ptr(stage, b.add(dst, const_i64(8 * v)), V8F32), align=4)
+                        f = self._requant_float(fs[v], ovs[v])
+                        if self.chain is not None:
+                            f = self.chain_vector(f, b.add(oc0, const_i64(8 * v)), True)
+                        b.store(f, self._ptr(stage, b.add(dst, const_i64(8 * v)), f.type),
+                                align=4 if esize == 4 else 1)
                 elif self.avx2:
                     wide = [self._requant_int(f, None, True) for f in fs]
                     b.store(self._pack(wide), self._ptr(stage, dst, V16I8), align=1)
@@ -834,7 +850,7 @@ class QConv(QEmitter):
                         tile(oc0, wbase, b.mul(p, const_i64(small)), small)
             # this task's channels out of the pixel-major staging rows
             yb = b.gep(buf[y.uid], [b.mul(bi, const_i64(o * n))])
-            blk = 8 if self.float_out else 16       # a block: 8 x 8 floats, 16 x 16 bytes
+            blk = 8 if esize == 4 else 16           # a block: 8 x 8 floats, 16 x 16 bytes
             if lut is None and n >= blk:
                 # blocks transposed in registers (the last block of pixels overlapping the one
                 # before when blk does not divide n)

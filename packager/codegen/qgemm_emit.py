@@ -9,6 +9,7 @@ from llvmlite import ir
 
 from ..ir.graph import PrimFunc
 from .lower import KernelInfo
+from .qchain import match_chain
 from .qgemm import match_qgemm
 from .qgemm_conv import QConv
 from .qgemm_matmul import QMatmul
@@ -22,7 +23,7 @@ def emit_qgemm(module: ir.Module, func: PrimFunc, symbol: str, vl: int, features
     the target's level name (x86-64-v2 has SSSE3's 128-bit pmaddubsw). With ``size_vars``
     (run-time extents): a quad ``qconv2d`` with run-time image sizes only
     (``QConv._emit_open``), else None."""
-    m = match_qgemm(func, sized=bool(size_vars))
+    m = match_qgemm(func, sized=bool(size_vars), chain=True)
     if m is None:
         return None
     kind, tag = m
@@ -31,6 +32,9 @@ def emit_qgemm(module: ir.Module, func: PrimFunc, symbol: str, vl: int, features
     avx2 = module.triple.startswith("x86_64") and vl >= 8
     cls = QMatmul if kind == "qmatmul" else QConv
     emitter = cls(module, func, symbol, tag, avx2, size_vars)
+    # an elementwise chain fused after a qconv2d's float32 result (codegen/qchain.py): its
+    # pixel-lane copy out applies it
+    emitter.chain = match_chain(func, tag) if kind == "qconv2d" else None
     emitter.vl = vl     # floats per vector of the target: 16 where 512-bit (QConv._zmm)
     # AVX-512 VNNI: where the target's LLVM features name it (level x86-64-v4+vnni)
     emitter.vnni = avx2 and "+avx512vnni" in features

@@ -91,8 +91,10 @@ def drop_idle_levels(targets: list[Target], funcs) -> list[Target]:
     idle = [t for t in targets if t.name in INT8_LEVELS
             and LEVEL_NAMES[LEVEL_NAMES.index(t.name) - 1] in names]
     kinds = ("qmatmul", "qconv2d", "qdwconv2d")
-    # sized: a kernel with run-time image sizes counts (open-dims int8 bundles)
-    if not idle or any(match_qgemm(f, kinds, sized=True) is not None for f in funcs):
+    # sized: a kernel with run-time image sizes counts (open-dims int8 bundles); chain: one
+    # with an elementwise chain fused after it (codegen/qchain.py)
+    if not idle or any(match_qgemm(f, kinds, sized=True, chain=True) is not None
+                       for f in funcs):
         return targets
     return [t for t in targets if t not in idle]
 

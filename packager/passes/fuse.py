@@ -6,7 +6,12 @@ splice together).
 The reader may read that output several times: a diamond such as HardSwish written as
 ``y * clip(y + 3, 0, 6) / 6`` or SiLU as ``y * sigmoid(y)`` first fuses its branches into one
 elementwise call that takes ``y`` twice, then fuses into ``y``'s producer (a convolution's
-epilogue) as long as no other binding reads ``y``."""
+epilogue) as long as no other binding reads ``y``.
+
+Opaque ops (a recurrence's time loop, the integer kernels) take no epilogue, but for the
+integer convolutions with a float32 result (``qconv2d`` / ``qdwconv2d`` of ``--quantize int8``
+graphs): a chain of per-channel arithmetic after them, up to the next layer's quantize, fuses
+where every kernel they may compile to applies it as it stores (``codegen/qchain.py``)."""
 
 from __future__ import annotations
 
@@ -16,6 +21,7 @@ from typing import Sequence
 from ..ir import te
 from ..ir.graph import (Binding, CallTIR, Function, IRModule, PrimFunc, is_broadcast_read,
                         merge_sources, used_values)
+from ..codegen.qchain import chain_paths, kernel_tag, match_chain
 from ..ir.patterns import reduction_tag
 from ..ops.qlookup import is_table_read
 from ..ops.registry import OPAQUE, REDUCTION
@@ -115,9 +121,19 @@ def _fuse_one(mod: IRModule, b: Binding, producer_of: dict[int, Binding], uses: 
             continue
         pv = prod.value
         producer = mod.functions[pv.func]
-        # an opaque kernel (a recurrence's time loop) has no loop nest to take an epilogue
-        if len(producer.outputs) != 1 or producer.attrs.get("op_kind") == OPAQUE:
+        if len(producer.outputs) != 1:
             continue
+        # an opaque kernel (a recurrence's time loop) has no loop nest to take an epilogue, but
+        # for the integer convolutions with a float32 result, whose copy out takes a chain of
+        # per-channel arithmetic and the next quantize (codegen/qchain.py)
+        if producer.attrs.get("op_kind") == OPAQUE:
+            chained = _integer_chain(producer, consumer, slots)
+            if chained is None:
+                continue
+            new_name = mod.add_prim_func(chained)
+            args = list(pv.args) + [a for i, a in enumerate(v.args) if i not in slots]
+            return prod, Binding(b.var, CallTIR(new_name, args, v.type),
+                                 merge_sources(prod.source, b.source))
         if _is_matmul(producer) and _calls_excluded_math(consumer):
             continue
         # a table lookup with run-time extents keeps its own kernel (codegen/qelementwise.py:
@@ -144,6 +160,18 @@ def _fuse_one(mod: IRModule, b: Binding, producer_of: dict[int, Binding], uses: 
         return prod, Binding(b.var, CallTIR(new_name, args, v.type),
                              merge_sources(prod.source, b.source))
     return None
+
+
+def _integer_chain(producer: PrimFunc, consumer: PrimFunc, slots: list[int]
+                   ) -> PrimFunc | None:
+    """``producer`` (a ``qconv2d`` / ``qdwconv2d`` with a float32 result, and the chain it
+    already took) fused with ``consumer`` when the kernel takes the result as its chain
+    (``codegen/qchain.py`` ``match_chain``) on every path it may compile to; else None."""
+    tag = kernel_tag(producer)
+    if tag is None or tag.attrs.get("dtype") != "float32" or not chain_paths(producer, tag):
+        return None
+    fused = fuse_pair(producer, consumer, slots)
+    return fused if match_chain(fused, tag) is not None else None
 
 
 def _is_float_table_lookup(func: PrimFunc) -> bool:

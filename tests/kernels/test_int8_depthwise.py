@@ -288,3 +288,56 @@ def test_qdwconv2d_on_aarch64_under_qemu(tmp_path: Path) -> None:
     assert report["machine"] == "aarch64"
     for name, (_, _, expect) in cases.items():
         np.testing.assert_array_equal(got[name]["y"], expect, err_msg=name)
+
+
+# ---- rows of 1-3 pixels: the spilled last vector stays inside the plane -----------------------
+
+def _run_jit(code, args, out: np.ndarray, level: str) -> None:
+    """Calls the compiled ``qdwconv2d`` (JIT, one task) on ``args`` with ``out`` as its output
+    buffer (larger than the result: what lies past it is the next tensor)."""
+    import ctypes
+
+    import llvmlite.binding as llvm
+
+    target = resolve_target(level)
+    llvm.initialize_all_targets()
+    llvm.initialize_all_asmprinters()
+    tm = llvm.Target.from_triple(target.triple).create_target_machine(
+        cpu=target.llvm_cpu, features=target.llvm_features, opt=3, reloc="pic")
+    engine = llvm.create_mcjit_compiler(llvm.parse_assembly(code.llvm_ir), tm)
+    engine.finalize_object()
+    info = code.kernels["qdwconv2d"]
+    kernel = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64)(
+        engine.get_function_address(info.symbol))
+    work = np.zeros(info.workspace_bytes + 64, np.uint8)
+    arrays = [np.ascontiguousarray(a) for a in args]
+    ptrs = (ctypes.c_void_p * 8)(*([a.ctypes.data for a in arrays] + [
+        out.ctypes.data, work.ctypes.data + (-work.ctypes.data % 64)]))
+    kernel(ctypes.cast(ptrs, ctypes.c_void_p), 0, 1)
+
+
+@pytest.mark.skipif(not X86, reason="runs x86-64-v2 / v3 code natively (JIT)")
+@pytest.mark.parametrize("level", ["x86-64-v2", "x86-64-v3"])
+def test_narrow_rows_store_nothing_past_the_plane(level: str) -> None:
+    """A row of 1-3 output pixels (a partial vector): its last vector is stored whole, spilling
+    into the rows after it, which are stored later; it used to do so from every row but the
+    plane's last, so from the last rows but one it wrote 8 - 2 ow lanes past the plane (into
+    the next plane, another task's, or past the tensor: the next live tensor). The kernel
+    writes into a buffer that holds a guard after the result: the result exact, the guard
+    untouched, 8-bit and float32 results."""
+    if level == "x86-64-v3" and "avx2" not in host_features():
+        pytest.skip("runs x86-64-v3 code: needs an x86-64 host with AVX2")
+    rng = np.random.default_rng(21)
+    for ow, yd in ((1, "uint8"), (2, "uint8"), (3, "uint8"), (2, "float32")):
+        args, attrs, expect = _case(rng, 1, 3, 5, ow, (3, 3), (1, 1), (1, 1, 1, 1), "uint8", 7,
+                                    yd, "int32")
+        mod = run_pipeline(build_op_module("qdwconv2d", args, MASK, **attrs), DEFAULT_PIPELINE,
+                           options=UNPACKED)
+        funcs = [f for f in mod.functions.values() if isinstance(f, PrimFunc)]
+        code = compile_prim_funcs(funcs, resolve_target(level), options=UNPACKED)
+        guard = np.full(16, 77, expect.dtype)
+        out = np.concatenate([np.zeros(expect.size, expect.dtype), guard])
+        _run_jit(code, args, out, level)
+        np.testing.assert_array_equal(out[:expect.size].reshape(expect.shape), expect,
+                                      err_msg=f"ow {ow} {yd}")
+        np.testing.assert_array_equal(out[expect.size:], guard, err_msg=f"ow {ow} {yd}")
