@@ -21,13 +21,14 @@ def emit_qgemm(module: ir.Module, func: PrimFunc, symbol: str, vl: int, features
     """The integer kernel of ``func`` (None when it is no qmatmul / qconv2d); ``features``:
     the target's LLVM features; ``vnni_emulate`` (``CompileOptions.vnni_emulate``); ``level``:
     the target's level name (x86-64-v2 has SSSE3's 128-bit pmaddubsw). With ``size_vars``
-    (run-time extents): a quad ``qconv2d`` with run-time image sizes only
-    (``QConv._emit_open``), else None."""
+    (run-time extents): a quad ``qconv2d`` with run-time image sizes (``QConv._emit_open``)
+    or a ``qmatmul`` with run-time rows (``QMatmul._open_rows``), else None."""
     m = match_qgemm(func, sized=bool(size_vars), chain=True)
     if m is None:
         return None
     kind, tag = m
-    if size_vars and (kind != "qconv2d" or not QConv.takes_open(func, tag)):
+    if size_vars and not (QConv.takes_open(func, tag) if kind == "qconv2d"
+                          else QMatmul.takes_open(func)):
         return None
     avx2 = module.triple.startswith("x86_64") and vl >= 8
     cls = QMatmul if kind == "qmatmul" else QConv

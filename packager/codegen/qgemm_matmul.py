@@ -9,16 +9,25 @@ from llvmlite import ir
 from ..ops.qlinear import PANEL
 from .helpers import I8, I16, I32, alloca_once, const_i64, for_range
 from .contraction.geometry import MAX_TASK_REGIONS, PARALLEL_MIN_MACS
-from .lower import KernelInfo, LoweringError
+from .lower import WORKSPACE_ALIGN, KernelInfo, LoweringError
 from .qgemm import V8F32, V8I32, V16I8, V16I16, QEmitter, align_workspace
 
 
 # Rows of qmatmul's VNNI tile on AVX-512 levels: 12 x 2 accumulators, 2 column sums, 2 weight
 # quads and a broadcast row in 32 registers.
 VNNI_ROWS = 12
+# Run-time rows (an open batch or sequence length, ``_open_rows``): whether the kernel splits
+# over tasks is decided as for this many rows.
+OPEN_ROWS = 64
 
 
 class QMatmul(QEmitter):
+    @staticmethod
+    def takes_open(func) -> bool:
+        """Whether ``_open_rows`` takes a ``qmatmul`` with run-time extents: only its rows
+        (x's leading dimensions) open, K fixed."""
+        return isinstance(func.inputs[0].shape[-1], int)
+
     def _store_panel(self, m0: ir.Value, nrows: int, n: int, col0, acc) -> None:
         """The requantize epilogue of one tile column: rows m0 .. m0 + nrows of the PANEL
         columns from ``col0``, ``acc(r)`` giving row r's <8 x i32> accumulator (called after
@@ -45,6 +54,33 @@ class QMatmul(QEmitter):
                     b.store(b.extract_element(q, ir.Constant(I32, lane)),
                             b.gep(buf[y.uid], [b.add(row, const_i64(col0 + lane))]))
 
+    def _row_tiles(self, rows: int | ir.Value, p0, nvec: int, tile_at) -> None:
+        """``tile_at(m0, nrows, p0, nvec)`` over rows 0 .. rows: tiles of mr, then the rest;
+        with run-time ``rows`` (``_open_rows``) the rest is tiles of the powers of two below mr
+        its bits name (11 rows: 8, 2 and 1), each under a run-time test."""
+        b = self.builder
+        mr = self.mr
+        if isinstance(rows, int):
+            full = rows // mr
+            if full:
+                with for_range(b, const_i64(0), const_i64(full), "mt") as t:
+                    tile_at(b.mul(t, const_i64(mr)), mr, p0, nvec)
+            if rows % mr:
+                tile_at(const_i64(full * mr), rows % mr, p0, nvec)
+            return
+        full = b.udiv(rows, const_i64(mr))
+        with for_range(b, const_i64(0), full, "mt") as t:
+            tile_at(b.mul(t, const_i64(mr)), mr, p0, nvec)
+        at = b.mul(full, const_i64(mr))
+        tail = b.sub(rows, at)
+        bit = 1 << (mr - 1).bit_length() - 1
+        while bit:
+            # rows of the larger bits come first: this tile starts past them
+            m0 = b.add(at, b.and_(tail, const_i64(~(2 * bit - 1))))
+            with b.if_then(b.icmp_unsigned("!=", b.and_(tail, const_i64(bit)), const_i64(0))):
+                tile_at(m0, bit, p0, nvec)
+            bit >>= 1
+
     def _groups(self, groups: list[int], parallel: bool, g_lo, g_hi, rows: int, npn: int,
                 tile_at, n: int | None = None) -> None:
         """Calls ``tile_at(m0, nrows, p0, nvec)`` over all rows (tiles of mr, then the rest)
@@ -54,7 +90,7 @@ class QMatmul(QEmitter):
         one per group, which for 8210 columns made half a megabyte of code), the rest
         unrolled with constant p0."""
         b = self.builder
-        mr, nv = self.mr, self.nv
+        nv = self.nv
         if n is not None:
             uniform = sum(1 for p0 in groups if p0 + nv <= npn and (p0 + nv) * PANEL <= n)
             if uniform > 1:
@@ -62,14 +98,8 @@ class QMatmul(QEmitter):
                 if parallel:
                     lo = b.select(b.icmp_signed(">", g_lo, lo), g_lo, lo)
                     hi = b.select(b.icmp_signed("<", g_hi, hi), g_hi, hi)
-                full = rows // mr
                 with for_range(b, lo, hi, "gq") as gi:
-                    p0 = b.mul(gi, const_i64(nv))
-                    if full:
-                        with for_range(b, const_i64(0), const_i64(full), "mt") as t:
-                            tile_at(b.mul(t, const_i64(mr)), mr, p0, nv)
-                    if rows % mr:
-                        tile_at(const_i64(full * mr), rows % mr, p0, nv)
+                    self._row_tiles(rows, b.mul(gi, const_i64(nv)), nv, tile_at)
                 rest = list(enumerate(groups))[uniform:]
             else:
                 rest = list(enumerate(groups))
@@ -77,13 +107,7 @@ class QMatmul(QEmitter):
             rest = list(enumerate(groups))
 
         def group(p0: int) -> None:
-            nvec = min(nv, npn - p0)
-            full = rows // mr
-            if full:
-                with for_range(b, const_i64(0), const_i64(full), "mt") as t:
-                    tile_at(b.mul(t, const_i64(mr)), mr, p0, nvec)
-            if rows % mr:
-                tile_at(const_i64(full * mr), rows % mr, p0, nvec)
+            self._row_tiles(rows, p0, min(nv, npn - p0), tile_at)
 
         for gi, p0 in rest:
             if parallel:
@@ -95,30 +119,72 @@ class QMatmul(QEmitter):
                 group(p0)
 
     def emit(self) -> KernelInfo:
-        x, wp, x_zp, _, _, y_zp = self.func.inputs
-        n = int(self.tag.attrs["n"])
-        k = int(x.shape[-1])
+        x = self.func.inputs[0]
+        if self.symbolic:
+            return self._open_rows()
         rows = 1
         for d in x.shape[:-1]:
             rows *= int(d)
+        return self._emit_rows(rows)
+
+    def _open_rows(self) -> KernelInfo:
+        """``emit`` with run-time rows (x [..., M, K] with an open batch or M; K and the
+        columns fixed): the rows are read from the sizes, the workspace is a size expression
+        bounding the packed rows, the last rows' tiles are picked at run time
+        (``_row_tiles``); the packing, tiles and epilogue are ``emit``'s."""
+        return self._emit_rows(None)
+
+    def _emit_rows(self, rows: int | None) -> KernelInfo:
+        """``emit`` for ``rows`` rows (None: run-time rows, ``_open_rows``)."""
+        x, wp, x_zp, _, _, y_zp = self.func.inputs
+        n = int(self.tag.attrs["n"])
+        k = int(x.shape[-1])
         npn, k2 = int(wp.shape[0]), int(wp.shape[1])
         if wp.dtype not in ("int8", "int16"):
             raise LoweringError(f"{self.func.name}: packed weights of dtype {wp.dtype}")
         # Split over tasks by groups of column panels when there is work enough; every task
         # packs the rows into a region of its own.
         groups = list(range(0, npn, self.nv))
-        parallel = rows * k * n >= PARALLEL_MIN_MACS and len(groups) > 1
+        open_rows = rows is None
+        parallel = ((OPEN_ROWS if open_rows else rows) * k * n >= PARALLEL_MIN_MACS
+                    and len(groups) > 1)
         w_off = int(self.tag.attrs.get("w_offset", 0))
         vnni = getattr(self, "vnni", False) and wp.dtype == "int8" and not w_off
         k4 = -(-k2 // 2)
-        # after the packed rows, with w_offset: each row's sum_k (x - x_zp) (int32)
-        sums_at = align_workspace(rows * (k4 * 4 if vnni else k2 * 4))
-        region = align_workspace(sums_at + (rows * 4 if w_off else 0))
-        workspace = region * (MAX_TASK_REGIONS if parallel else 1)
+        row_bytes = k4 * 4 if vnni else k2 * 4
+        regions = MAX_TASK_REGIONS if parallel else 1
+        if open_rows:
+            # the workspace's bound, a size expression: each region's packed rows and row sums,
+            # each part aligned
+            rows_e = 1
+            for d in x.shape[:-1]:
+                rows_e = rows_e * d
+            per_row = row_bytes + (4 if w_off else 0)
+            workspace_e = (rows_e * per_row + 2 * WORKSPACE_ALIGN) * regions
+            workspace = 1
+        else:
+            # after the packed rows, with w_offset: each row's sum_k (x - x_zp) (int32)
+            sums_at = align_workspace(rows * row_bytes)
+            region = align_workspace(sums_at + (rows * 4 if w_off else 0))
+            workspace = region * regions
         body_fn, ptr_types, n_ptrs, ws = self._start(workspace)
         task, ntasks = body_fn.args[n_ptrs], body_fn.args[n_ptrs + 1]
         b = self.builder
         buf = self.buffers
+        if open_rows:
+            rows = const_i64(1)
+            for d in x.shape[:-1]:
+                rows = b.mul(rows, self._dim_value(d))
+
+            def aligned(v):
+                return b.mul(b.udiv(b.add(v, const_i64(WORKSPACE_ALIGN - 1)),
+                                    const_i64(WORKSPACE_ALIGN)), const_i64(WORKSPACE_ALIGN))
+            sums_at = aligned(b.mul(rows, const_i64(row_bytes)))
+            region = aligned(b.add(sums_at, b.mul(rows, const_i64(4))) if w_off else sums_at)
+        else:
+            region = const_i64(region)
+            sums_at = const_i64(sums_at)
+        nrows = rows if open_rows else const_i64(rows)
         if parallel:
             cap = const_i64(MAX_TASK_REGIONS)
             eff = b.select(b.icmp_signed("<", ntasks, cap), ntasks, cap)
@@ -126,22 +192,24 @@ class QMatmul(QEmitter):
                 b.ret_void()
             g_lo = b.sdiv(b.mul(task, const_i64(len(groups))), eff)
             g_hi = b.sdiv(b.mul(b.add(task, const_i64(1)), const_i64(len(groups))), eff)
-            ws = b.gep(ws, [b.mul(task, const_i64(region))])
+            ws = b.gep(ws, [b.mul(task, region)])
         xzp = self._zero_points(x_zp, y_zp)
         if vnni and getattr(self, "registers32", False) and not getattr(self, "sdot", False):
             # 32 registers (AVX-512): up to VNNI_ROWS rows a tile, the rows split evenly
             # (40 -> 4 tiles of 10): the weight quads' loads and shuffles and the column sums
             # of each step serve more rows
-            self.mr = -(-rows // -(-rows // VNNI_ROWS))
+            self.mr = VNNI_ROWS if open_rows else -(-rows // -(-rows // VNNI_ROWS))
         if vnni:
-            return self._emit_vnni(body_fn, ptr_types, n_ptrs, ws, workspace, parallel, groups,
-                                   g_lo if parallel else None, g_hi if parallel else None,
-                                   rows, k, k2, k4, n, npn, xzp)
+            self._emit_vnni(body_fn, ptr_types, n_ptrs, ws, workspace, parallel, groups,
+                            g_lo if parallel else None, g_hi if parallel else None,
+                            rows, k, k2, k4, n, npn, xzp)
+            return self._done(body_fn, n_ptrs, ptr_types, workspace, parallel,
+                              workspace_e if open_rows else None)
         a16 = b.bitcast(ws, I16.as_pointer())
-        sums = b.bitcast(b.gep(ws, [const_i64(sums_at)]), I32.as_pointer())
+        sums = b.bitcast(b.gep(ws, [sums_at]), I32.as_pointer())
         total = alloca_once(b, I32, "rowsum")
         # pack x - x_zp as int16, rows of 2 * k2 (a zero after an odd K)
-        with for_range(b, const_i64(0), const_i64(rows), "pm") as m:
+        with for_range(b, const_i64(0), nrows, "pm") as m:
             src = b.gep(buf[x.uid], [b.mul(m, const_i64(k))])
             dst = b.gep(a16, [b.mul(m, const_i64(2 * k2))])
             b.store(ir.Constant(I32, 0), total)
@@ -184,11 +252,24 @@ class QMatmul(QEmitter):
 
         self._groups(groups, parallel, g_lo if parallel else None, g_hi if parallel else None,
                      rows, npn, tile_at, n)
-        return self._finish(body_fn, n_ptrs, ptr_types, workspace, parallel)
+        return self._done(body_fn, n_ptrs, ptr_types, workspace, parallel,
+                          workspace_e if open_rows else None)
+
+    def _done(self, body_fn, n_ptrs, ptr_types, workspace: int, parallel: bool,
+              workspace_e) -> KernelInfo:
+        """``_finish``; with run-time rows (``workspace_e``, a size expression) a symbolic
+        kernel's info."""
+        if workspace_e is None:
+            return self._finish(body_fn, n_ptrs, ptr_types, workspace, parallel)
+        self.builder.ret_void()
+        self._emit_entry(body_fn, n_ptrs, ptr_types)
+        return KernelInfo(self.symbol, len(self.func.inputs), 1, 0, parallel, symbolic=True,
+                          workspace_expr=workspace_e,
+                          choice="integer GEMM, rows read at run time")
 
 
     def _emit_vnni(self, body_fn, ptr_types, n_ptrs, ws, workspace, parallel, groups, g_lo,
-                   g_hi, rows, k, k2, k4, n, npn, xzp) -> KernelInfo:
+                   g_hi, rows, k, k2, k4, n, npn, xzp) -> None:
         """``qmatmul`` with ``vpdpbusd`` (AVX-512 VNNI, 256-bit): u8 x s8 quads, 4 exact
         products summed into each int32 lane per instruction. x is packed as uint8 (int8 x
         shifted by +128) in rows of 4 * k4 bytes; the weights are the bundle's int8 panels,
@@ -203,7 +284,8 @@ class QMatmul(QEmitter):
         dpbusd = self._dpbusd
         a8 = ws
         shift = self._quad_shift(x.dtype)
-        with for_range(b, const_i64(0), const_i64(rows), "pm") as m:
+        with for_range(b, const_i64(0), rows if isinstance(rows, ir.Value) else const_i64(rows),
+                       "pm") as m:
             src = b.gep(buf[x.uid], [b.mul(m, const_i64(k))])
             dst = b.gep(a8, [b.mul(m, const_i64(4 * k4))])
             with for_range(b, const_i64(0), const_i64(k), "pk") as kk:
@@ -268,4 +350,3 @@ class QMatmul(QEmitter):
         # the groups of whole panels as one loop (``n``): unrolled, ddddocr's 20 x 512 @
         # 512 x 4096 head was 121,689 lines of IR and 10 CPU-s of compile per export
         self._groups(groups, parallel, g_lo, g_hi, rows, npn, tile_at, n)
-        return self._finish(body_fn, n_ptrs, ptr_types, workspace, parallel)

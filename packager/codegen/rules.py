@@ -117,7 +117,8 @@ def _integer_gemm(module, func, symbol, vl, match, target, options):
 
 
 def _integer_gemm_sized(module, func, symbol, vl, size_vars, target, options):
-    """qconv2d quads with run-time image sizes (QConv._emit_open)."""
+    """qconv2d quads with run-time image sizes (QConv._emit_open), qmatmul with run-time rows
+    (QMatmul._open_rows)."""
     return emit_qgemm(module, func, symbol, vl, target.llvm_features, options.vnni_emulate,
                       level=target.name, size_vars=size_vars)
 
@@ -149,7 +150,7 @@ KERNEL_RULES: tuple[KernelRule, ...] = (
                _sized(emit_nonzero_index)),
     KernelRule("unique by sorting", None, _on_func(emit_unique), _sized(emit_unique)),   # ditto
     KernelRule("integer GEMM", None, _integer_gemm,   # qmatmul / qconv2d (ops/qlinear.py)
-               _integer_gemm_sized),   # qconv2d quads with run-time image sizes
+               _integer_gemm_sized),   # qconv2d quads / qmatmul rows with run-time sizes
     KernelRule("integer depthwise", None, _integer_depthwise,   # qdwconv2d
                _integer_depthwise_sized),   # with run-time image sizes (_emit_open)
     KernelRule("integer elementwise", None, _on_func(emit_qelementwise, True),   # qbinary, qgavgpool

@@ -79,9 +79,11 @@ def plan_float_products(fn: Function, defs: dict, uses: Counter, reader_of: dict
             o = wk.shape[1]
             ws_o, wzp_o = cols[1].astype(np.float32), cols[2].astype(np.int64)
             wd = wk.astype(np.int64) - wzp_o.reshape(1, o)
-        # run-time image sizes: only the depthwise kernel has an open form here
-        # (codegen/qdepthwise.py ``_emit_open``)
+        # run-time image sizes: the depthwise kernel (codegen/qdepthwise.py ``_emit_open``),
+        # the quad convolutions ``open_conv_integer`` takes, matmuls with run-time rows only
+        # (codegen/qgemm_matmul.py ``_open_rows``)
         if not static_shapes(x, c) and not (conv and depthwise) and not (
+                not conv and isinstance(x.type.shape[-1], int)) and not (
                 conv and options is not None and open_conv_integer(
                     w.shape, c.attrs["strides"], 1, options,
                     split_share(wd) if options.conv_quads7 else None)):
