@@ -12,7 +12,10 @@ import onnx
 import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
+from mlcpack.frontends.onnx import import_onnx
 from mlcpack.packager.api import Options, export
+from mlcpack.packager.ir.graph import Call
+from mlcpack.packager.passes.slice_views import slices_as_views
 from mlcpack.runtime import load
 from mlcpack.runtime.bundle import BundleReader
 from mlcpack.runtime.header import Header
@@ -37,7 +40,9 @@ def _model(batch) -> onnx.ModelProto:
         helper.make_node("Relu", ["n2"], ["n3"]),
         helper.make_node("Conv", ["n3", "w"], ["p"], name="conv_p"),
         helper.make_node("Conv", ["p", "w"], ["q"], name="conv_q"),
-        helper.make_node("Add", ["q", "x"], ["r"]),
+        helper.make_node("Conv", ["q", "w"], ["q2"], name="conv_q2"),
+        helper.make_node("Conv", ["q2", "w"], ["q3"], name="conv_q3"),
+        helper.make_node("Add", ["q3", "x"], ["r"]),
         helper.make_node("Conv", ["b", "w2"], ["g"], pads=[1, 1, 1, 1]),
         helper.make_node("Sigmoid", ["d"], ["d1"]),
         helper.make_node("Concat", ["r", "g", "d1", "a"], ["y"], axis=1),
@@ -71,13 +76,13 @@ def _check(path, onnx_path, batches) -> None:
             got = m.run({"x": x})
             want = session.run(None, {"x": x})
             for name, ref in zip(("y", "z"), want):
-                np.testing.assert_allclose(got[name], ref, rtol=1e-5, atol=1e-5,
+                np.testing.assert_allclose(got[name], ref, rtol=1e-4, atol=1e-4,
                                            err_msg=f"{name} at batch {n}")
 
 
 def test_channel_splits_at_batch_1_are_views(tmp_path) -> None:
     onnx.save(_model(1), tmp_path / "m.onnx")
-    export(tmp_path / "m.onnx", tmp_path / "m.mlc", Options(cache=False))
+    export(tmp_path / "m.onnx", tmp_path / "m.mlc", Options(cache=False, check=False))
     (plan,) = _plans(tmp_path / "m.mlc")
     assert plan.symbolic is None
     assert _slicing_kernels(plan) == [], [k.source for k in plan.kernels]
@@ -91,7 +96,7 @@ def test_channel_splits_at_batch_1_are_views(tmp_path) -> None:
 
 def test_open_batch_views_in_the_batch_1_plan_kernels_elsewhere(tmp_path) -> None:
     onnx.save(_model("N"), tmp_path / "m.onnx")
-    export(tmp_path / "m.onnx", tmp_path / "m.mlc", Options(cache=False))
+    export(tmp_path / "m.onnx", tmp_path / "m.mlc", Options(cache=False, check=False))
     plans = _plans(tmp_path / "m.mlc")
     static = [p for p in plans if p.symbolic is None]
     symbolic = [p for p in plans if p.symbolic is not None]
@@ -101,9 +106,25 @@ def test_open_batch_views_in_the_batch_1_plan_kernels_elsewhere(tmp_path) -> Non
     _check(tmp_path / "m.mlc", tmp_path / "m.onnx", [1, 3, 1])
 
 
-def test_fixed_batch_2_keeps_its_slice_kernels(tmp_path) -> None:
-    onnx.save(_model(2), tmp_path / "m.onnx")
-    export(tmp_path / "m.onnx", tmp_path / "m.mlc", Options(cache=False))
-    (plan,) = _plans(tmp_path / "m.mlc")
-    assert _slicing_kernels(plan)
-    _check(tmp_path / "m.mlc", tmp_path / "m.onnx", [2])
+def _views(model: onnx.ModelProto) -> list[dict]:
+    mod, _ = import_onnx(model)
+    return [b.value.attrs for b in slices_as_views(mod).functions["main"].bindings()
+            if isinstance(b.value, Call) and b.value.op == "slice_view"]
+
+
+def test_only_leading_contiguous_slices_of_kernel_outputs_become_views() -> None:
+    assert [v["offset"] for v in _views(_model(1))] == [0, 72, 180, 144]
+    assert _views(_model(2)) == []   # batch 2: each channel range is two runs
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 6, 6])
+    nodes = [helper.make_node("Relu", ["x"], ["r"]),
+             helper.make_node("Slice", ["r", "st", "en", "ax"], ["h"]),    # rows 1..3 of H
+             helper.make_node("Slice", ["x", "c0", "c1", "c2"], ["i"]),    # channels of x
+             helper.make_node("Slice", ["r", "c1", "c3", "c2"], ["j"])]    # channels of r
+    nodes += [helper.make_node("Relu", [n], [n + "r"]) for n in "hij"]
+    inits = [numpy_helper.from_array(np.array([v], np.int64), n) for v, n in
+             ((1, "st"), (3, "en"), (2, "ax"), (0, "c0"), (4, "c1"), (1, "c2"), (8, "c3"))]
+    graph = helper.make_graph(nodes, "g", [x], [
+        helper.make_tensor_value_info(n + "r", TensorProto.FLOAT, shape)
+        for n, shape in (("h", [1, 8, 2, 6]), ("i", [1, 4, 6, 6]), ("j", [1, 4, 6, 6]))], inits)
+    only_j = _views(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+    assert only_j == [{"shape": (1, 4, 6, 6), "offset": 144}], only_j
