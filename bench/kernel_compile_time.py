@@ -10,10 +10,11 @@ targets, size variables, options) are kept and the export stopped. Then, in this
 every target and every distinct kernel (structural twins share one kernel, as in
 ``codegen/build.py emit_module``): ``emit_module([func])`` (Python writing the IR: *emit*),
 ``_optimize`` (LLVM parsing, verifying and optimizing it at -O2: *opt*), ``emit_object``
-(LLVM's code generator: *obj*), each timed in CPU seconds (``time.process_time``), and the
-emitted and optimized IR's instruction counts. A kernel compiled alone costs about what it costs
-inside its group's module (the export optimizes four groups per target and then makes one
-object per target).
+(LLVM's code generator: *obj*; without loop strength reduction for a channel-lane
+Winograd convolution, as the export's default pipeline makes it), each timed in CPU seconds
+(``time.process_time``), and the emitted and optimized IR's instruction counts. A kernel
+compiled alone costs about what it costs inside its group's module (the export optimizes four
+groups per target and then makes one object per target).
 
 Printed: the ``--top`` kernels by opt + obj summed over the targets, with their design
 (``KernelInfo.choice``), then sums per target and per kernel family (the name's stem:
@@ -29,6 +30,7 @@ import json
 import re
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 
@@ -96,9 +98,13 @@ def measure(funcs, targets, size_vars, options, match: str = "") -> list[dict]:
             t0 = time.process_time()
             emitted = build.emit_module([f], target, size_vars, False, options)
             t1 = time.process_time()
-            mod = build._optimize(emitted.text, target, tm, build.DEFAULT_PIPELINE)
+            pipeline = build.DEFAULT_PIPELINE
+            mod = build._optimize(emitted.text, target, tm, pipeline)
             t2 = time.process_time()
-            tm.emit_object(mod)
+            if not pipeline.winograd_lsr and build.winograd_kernels(emitted.kernels):
+                # a channel-lane Winograd convolution: no LSR, as the export makes it
+                pipeline = replace(pipeline, strength_reduction=False)
+            build._emit_object(tm, mod, pipeline)
             t3 = time.process_time()
             optimized = str(mod)
             info = emitted.kernels[f.name]

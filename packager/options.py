@@ -60,15 +60,20 @@ class CompileOptions:
     # derive from it.
     bf16_dot_targets: bool | None = None
     # under "bf16" where every target has vdpbf16ps at 16 lanes (``bf16_oc_targets``, chosen
-    # by ``for_targets``): convolutions whose output plane has at most this many pixels and
-    # whose output channels fill 16-lane vectors take nn.conv2d_oc with weights in
-    # input-channel pairs (output channels on the lanes, codegen/conv_oc.py) instead of
-    # nn.conv2d_bf16p (pixels on the lanes: 7x7 planes compute 31 % more outputs than they
-    # have; 1x1 windows: passes/layout.py BF16_OC_1X1_PIXELS); 0: none. Measured on Zen 5
-    # (1 thread, kernel CPU minima, pair -> channel-lane): ResNet's 7x7 layers 0.75-0.84x,
-    # its 3x3s at 14x14 0.93-0.95x (docs/performance.md)
-    bf16_oc_pixels: int = 14 * 14
+    # by ``for_targets``): convolutions whose output channels fill 16-lane vectors take
+    # nn.conv2d_oc with weights in input-channel pairs (output channels on the lanes,
+    # codegen/conv_oc.py) instead of nn.conv2d_bf16p (pixels on the lanes: 7x7 planes compute
+    # 31 % more outputs than they have) on output planes of up to 14x14, up to this many pixels
+    # with 64 input channels or more, any strided stem of up to 4 (passes/layout.py _bf16_oc,
+    # BF16_OC_1X1_PIXELS for 1x1 windows); 0: none. Measured on Zen 5 (1 thread, kernel CPU
+    # minima, pair -> channel-lane): ResNet's 7x7 layers 0.75-0.84x, its 3x3s at 14x14
+    # 0.93-0.95x, at 28x28 0.93-0.95x, at 56x56 0.96-0.97x (docs/performance.md)
+    bf16_oc_pixels: int = 56 * 56
     bf16_oc_targets: bool | None = None
+    # under "bf16" where ``bf16_oc_targets``: convolutions of few, odd input channels (C = 3
+    # stems) pair a window row's adjacent taps instead of two input channels, on nn.conv2d_oc
+    # at any plane size (passes/layout.py _bf16_tap_pairs); False: channel pairs as before
+    bf16_tap_pairs: bool = True
     # test only: the vdpbf16ps matmul's and convolution's data path (packing, loop order) with
     # vcvtne2ps2bf16 and vdpbf16ps written in portable IR (float32 FMAs, exact on normal
     # values), on any target: runs it on a CPU without avx512_bf16 (codegen/bf16dot.py,
@@ -224,7 +229,8 @@ class CompileOptions:
         (``conv_oc.packs_conv_weights``; not for bf16 on 16 lanes),
         row-block packing and packed matmul panels where x86-64-v3 is the widest level
         (``codegen/contraction/geometry.py`` ``conv_row_widths``; AVX2 measured, its 128-bit
-        level beside it neutral)."""
+        level beside it neutral), packed matmul panels for fp32 also where a level has 16
+        lanes (x86-64-v4 measured)."""
         if self.resolved:
             return self
         from .codegen import conv_oc
@@ -248,8 +254,14 @@ class CompileOptions:
         # every level of the set reads the K-pair panels (codegen/bf16dot.py)
         dot = self.precision == "bf16" and has_bf16_dot(targets)
         if self.pack_matmul_weights is None:
+            # AVX2 (alone or beside its 128-bit level), bf16 dot targets, and fp32 where a
+            # target has 16-lane vectors (every level of the set then reads the same 16-column
+            # panels: x86-64-v4 measured, the lower levels as on AVX2)
+            wide_fp32 = self.precision == "fp32" and any(
+                geometry.vector_width(t.name) == geometry.WIDEST_VECTOR for t in targets)
             changes["pack_matmul_weights"] = (
-                ("x86-64-v3" in names and names <= {"x86-64-v2", "x86-64-v3"}) or dot)
+                ("x86-64-v3" in names and names <= {"x86-64-v2", "x86-64-v3"}) or dot
+                or wide_fp32)
         if self.bf16_dot_targets is None:
             changes["bf16_dot_targets"] = has_bf16_dot(targets)
         if self.bf16_oc_targets is None:

@@ -11,7 +11,7 @@ import os
 import time
 
 import functools
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Sequence
 
@@ -67,6 +67,11 @@ class Pipeline:
     # around ``emit_object`` (the process-wide switch set back after it), and the pass runs at
     # the end of the optimizer instead, on every function but the kernels ``lsr_skipped`` names
     strength_reduction: bool = True
+    # with the code generator's LSR (``strength_reduction``): False leaves the channel-lane
+    # Winograd convolutions (``winograd_kernels``) without it: the object of a module that has
+    # one is made without the code generator's LSR, the pass run on every other function after
+    # linking (``_finish``); a module without one is made exactly as with LSR everywhere
+    winograd_lsr: bool = True
 
 
 # -O2, not -O3: the kernels' hot loops are vectorized and register-blocked by their emitters,
@@ -74,7 +79,14 @@ class Pipeline:
 # instcombine) made no kernel faster on the corpus (bench/bundle_ab.py --kernels: kernel time
 # summed 0.994-0.995 of -O3's on YOLOv8n and PP-OCR det) while it cost 8-13 % of a cold
 # export's CPU time, up to 17x on a generic loop nest (a concat: 0.39 -> 0.023 s).
-DEFAULT_PIPELINE = Pipeline("-O2", 2, True, True)
+#
+# No loop strength reduction in the channel-lane Winograd convolutions (``winograd_lsr``): LSR
+# was 0.57 of their object time at x86-64-v4 (yolo11n_seg_nms's 17: 1.27 -> 0.54 CPU-s; 1.43
+# of that whole object's 3.4 CPU-s was LSR) and their speed did not move (docs/performance.md,
+# "Export time at x86-64-v4: no loop strength reduction in the channel-lane Winograd
+# convolutions"). The other kernels keep it: the channel-lane direct convolutions ran up to
+# 1.24x slower without it at v4, the packed 1x1 convolutions 1.17x on v2.
+DEFAULT_PIPELINE = Pipeline("-O2", 2, True, True, winograd_lsr=False)
 # Tried in order for a kernel LLVM aborts on: the loop vectorizer is where LLVM's assertions
 # have fired (a cost-model disagreement); -O2 without vectorizers is the last resort.
 CONSERVATIVE_PIPELINES = (Pipeline("-O2 without the loop vectorizer", 2, False, True),
@@ -98,6 +110,14 @@ def lsr_skipped(kernels: dict[str, KernelInfo]) -> frozenset[str]:
     (``codegen/conv_oc.py``; their design, ``KernelInfo.choice``, says "channel-lane")."""
     return frozenset(k.symbol for k in kernels.values()
                      if (k.choice or "").startswith("channel-lane"))
+
+
+def winograd_kernels(kernels: dict[str, KernelInfo]) -> frozenset[str]:
+    """The symbols of the channel-lane Winograd convolutions (``codegen/conv_oc.py``; their
+    design, ``KernelInfo.choice``, says "channel-lane Winograd"): the kernels the default
+    pipeline leaves without loop strength reduction."""
+    return frozenset(k.symbol for k in kernels.values()
+                     if (k.choice or "").startswith("channel-lane Winograd"))
 
 
 def target_pipelines(targets: Sequence[Target]) -> list[Pipeline]:
@@ -348,6 +368,11 @@ def _finish(linked: llvm.ModuleRef, tm: llvm.TargetMachine, target: Target,
     if undefined:
         raise CodegenError(f"kernels would import {', '.join(undefined)}, which the runtime "
                            "does not provide")
+    skip = winograd_kernels(kernels) if pipeline.strength_reduction \
+        and not pipeline.winograd_lsr else frozenset()
+    if skip:   # LSR in the optimizer's place on the others, none in the code generator
+        _reduce_strength(linked, tm, pipeline, skip)
+        pipeline = replace(pipeline, strength_reduction=False)
     obj = _emit_object(tm, linked, pipeline)
     _check_imports(obj, target)
     optimized = str(linked)
@@ -444,12 +469,25 @@ def _optimize(text: str, target: Target, tm: llvm.TargetMachine, pipeline: Pipel
     pb = llvm.create_pass_builder(tm, tuning)
     pb.getModulePassManager().run(parsed, pb)
     if lsr_skip is not None:
-        fpm = llvm.create_new_function_pass_manager()
-        fpm.add_loop_strength_reduce_pass()
-        for fn in parsed.functions:
-            if not fn.is_declaration and fn.name.split(".")[0] not in lsr_skip:
-                fpm.run(fn, pb)
+        _reduce_strength(parsed, tm, pipeline, lsr_skip, pb)
     return parsed
+
+
+def _reduce_strength(module: llvm.ModuleRef, tm: llvm.TargetMachine, pipeline: Pipeline,
+                     skip: frozenset[str], pb: llvm.PassBuilder | None = None) -> None:
+    """Loop strength reduction as an IR pass on every function of ``module`` but the kernels
+    ``skip`` names (and their bodies, ``<symbol>.body``), for an object made without the code
+    generator's LSR."""
+    if pb is None:
+        tuning = llvm.PipelineTuningOptions(speed_level=pipeline.speed_level)
+        tuning.loop_vectorization = pipeline.loop_vectorize
+        tuning.slp_vectorization = pipeline.slp_vectorize
+        pb = llvm.create_pass_builder(tm, tuning)
+    fpm = llvm.create_new_function_pass_manager()
+    fpm.add_loop_strength_reduce_pass()
+    for fn in module.functions:
+        if not fn.is_declaration and fn.name.split(".")[0] not in skip:
+            fpm.run(fn, pb)
 
 
 def _inject_fault(module: llvm.ModuleRef, pipeline: Pipeline, spec: str) -> None:

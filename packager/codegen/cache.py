@@ -57,7 +57,7 @@ LOW_WATER = 0.8
 STALE_TMP_SECONDS = 3600
 # The optimization pipeline and code-generation options of build.py, as a version: part of
 # every key, so entries written by an older pipeline are never used.
-PIPELINE = "O2+slp,pic,small,v1"
+PIPELINE = "O2+slp,pic,small,v2"
 _MAGIC = b"mlcpack-object-cache-3\n"
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 

@@ -47,6 +47,12 @@ word against the block's 2 vectors of 16 output channels' weight pairs in ``vdpb
 bf16conv.py's kernel: tests/kernels/test_bf16_dot_v4.py's model holds for both. Unlike
 bf16conv.py's pixels on the lanes it computes no padding column and no rounding to 16 pixels
 (7x7 planes: 64 lanes for 49 pixels); a row group's rest runs half a tile before single pixels.
+With ``tap_pairs`` (few, odd input channels: C = 3 stems; weights ``ops.layout.
+pack_oc_tap_pairs``) a step pairs a window row's taps kx and kx + 1 of one channel instead of
+two channels: plane c holds per padded column the word (x[col], x[col + 1]), and a pixel's
+step reads the word at its column + 2t (a 7x7 window: 4 pairs per row, the last against a zero
+weight; 3 x 28 steps for C = 3 where channel pairs take 2 x 49). Per channel, window
+row and tap pair in order, the odd tap's product first (test_bf16_dot_v4.py's tap model).
 
 Run-time image sizes (a model exported with open height and width): the same kernels, with the
 plan's size-dependent part (bands, row groups, Winograd tile counts, the padded row width)
@@ -69,7 +75,7 @@ from .bf16dot import dot_words
 from .helpers import F32, I1, I32, I64, alloca_once, const_i64, for_range, intrinsic
 from .lower import KernelInfo
 from ..ir.graph import PrimFunc
-from .threads import DEFAULTS, SplitThresholds
+from .threads import DEFAULTS, SplitThresholds, balanced
 
 OC_BLOCK = 32
 REGISTERS = 16
@@ -106,6 +112,10 @@ OPEN_IMAGE_PIXELS = 128 * 128
 # Work items (image, band, block) the tasks share: at least this many where the output has the
 # rows (a 32-channel conv on 40x40 was one item, all of it on one thread).
 MIN_ITEMS = 8
+# Bands added only to split the items evenly on two threads have at least this many output
+# pixels: EfficientNet-B0's 1x1s on 7x7 (up to 1.1 MB of weights) in bands of 4 and 3 rows took
+# 2.2x their time on one thread, 2.1x on two, the weights streamed once per band.
+BALANCE_BAND_PIXELS = 64
 # Winograd: a band's transformed inputs (16 x C x its tiles) at most this many bytes (in L2
 # while every block of output channels reads them); at least this many work items.
 WINO_V_BYTES = 256 * 1024
@@ -193,6 +203,10 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
                     f"register tile, {self.nbands} band(s)")
         prefetch = ", next weights prefetched" if self._prefetch_lines(mr) else ""
         sizes = ", bands and row groups planned at run time" if self.open_image else ""
+        if self.tap_pairs:
+            return (f"channel-lane direct, bf16 tap pairs (vdpbf16ps): {mr} pixels x "
+                    f"{nv * self.vl} channels register tile, chunks of {self.chunk} input "
+                    f"channels{prefetch}")
         if self.pairs:
             return (f"channel-lane direct, bf16 pairs (vdpbf16ps): {mr} pixels x "
                     f"{nv * self.vl} channels register tile, chunks of {self.chunk} input "
@@ -218,6 +232,12 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
         # bf16 pairs (``pairs``): the planes hold pair words, made by the copy even unpadded
         self.pairs = bool(attrs.get("pairs"))
         self.cp = -(-self.c // 2)
+        # tap pairs (``tap_pairs``, with ``pairs``): a window row's taps kx, kx + 1 paired, the
+        # planes one per channel holding the words (x[col], x[col + 1]); ``kws`` reduction steps
+        # per window row, ``kx_step`` columns apart
+        self.tap_pairs = bool(attrs.get("tap_pairs"))
+        self.kws = -(-self.kw // 2) if self.tap_pairs else self.kw
+        self.kx_step = 2 if self.tap_pairs else 1
         self.copy = any(attrs["padding"]) or self.pairs
         self.open_image = not all(isinstance(d, int) for d in (self.h, self.w, self.oh, self.ow))
         if self.open_image:
@@ -236,6 +256,12 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
         nbands = -(-self.oh // band)
         images = self.n if isinstance(self.n, int) else 1
         nbands = max(nbands, min(self.oh, -(-MIN_ITEMS // (images * self.nblocks))))
+        # more bands where the items then split more evenly on two threads (PP-OCRv4's 480
+        # channels on 6x80: 15 items, one thread's share 8 of them; in 2 bands 15 of 30), of
+        # at least BALANCE_BAND_PIXELS (every band streams all the weights again)
+        nbands = balanced([nbands] + [nb for nb in range(nbands + 1, min(self.oh, 4 * nbands) + 1)
+                                      if -(-self.oh // nb) * self.ow >= BALANCE_BAND_PIXELS],
+                          lambda nb: self._items_work(images, nb))
         self.band = -(-self.oh // nbands)
         self.nbands = -(-self.oh // self.band)
         self.band_in = rows_for(self.band) if self.copy else self.h
@@ -246,13 +272,21 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
         self.region_floats = -(-(plane_region + self.rowbuf_floats) // 16) * 16
         self.plane_region = plane_region
         # the reduction's units: input channels, or (pairs) channel pairs
-        self.units = self.cp if self.pairs else self.c
-        self.chunk = min(self.units, max(1, CHUNK_STEPS // (self.kh * self.kw)))
+        self.units = self.cp if self.pairs and not self.tap_pairs else self.c
+        self.chunk = min(self.units, max(1, CHUNK_STEPS // (self.kh * self.kws)))
         self.task_regions = MAX_TASK_REGIONS
         self.wino = bool(attrs.get("winograd"))
         self.bf16 = self.match.tag.operands[1].dtype == "bfloat16"   # --precision bf16
         if self.wino:
             self._wino_geometry(pr)
+
+    def _items_work(self, images: int, nbands: int) -> list[int]:
+        """Each work item's multiply-adds over output pixels (rows x channels) in item order,
+        for ``nbands`` bands of equal heights (the last one shorter)."""
+        band = -(-self.oh // nbands)
+        rows = [min(band, self.oh - y) for y in range(0, self.oh, band)]
+        chans = [min(OC_BLOCK, self.o - k) for k in range(0, self.o, OC_BLOCK)]
+        return [r * c for _ in range(images) for r in rows for c in chans]
 
     def _open_geometry(self, pr: int) -> None:
         """The plan's export-time part for a run-time image size (``_runtime_geometry`` makes
@@ -579,9 +613,13 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
         store = intrinsic(self.module, f"llvm.masked.store.v{vl}i32.p0", ir.VoidType(),
                           [ivec, ivec.as_pointer(), I32, ir.VectorType(I1, vl)])
         top = b.sub(b.mul(oy_lo, const_i64(self.sh)), const_i64(self.pt))
-        with for_range(b, const_i64(0), const_i64(self.cp), "cpj") as j:
-            c0 = b.mul(j, const_i64(2))
-            second = b.icmp_signed("<", b.add(c0, const_i64(1)), const_i64(self.c))
+        # channel pairs: planes of channels (2j, 2j + 1); tap pairs: of channel j at columns
+        # (col, col + 1)
+        taps = self.tap_pairs
+        with for_range(b, const_i64(0), const_i64(self.c if taps else self.cp), "cpj") as j:
+            c0 = j if taps else b.mul(j, const_i64(2))
+            second = ir.Constant(I1, 1) if taps else \
+                b.icmp_signed("<", b.add(c0, const_i64(1)), const_i64(self.c))
             dst_plane = b.gep(words, [b.mul(j, const_i64(self.plane_floats))], inbounds=True)
             with for_range(b, const_i64(0), const_i64(self.band_in), "cpr") as r:
                 yy = b.add(top, r)
@@ -590,18 +628,19 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
                 yyc = b.select(row_ok, yy, const_i64(0))
                 srcs = [b.gep(x_img, [b.add(b.mul(ch, const_i64(self.h * self.w)),
                                              b.mul(yyc, const_i64(self.w)))], inbounds=True)
-                        for ch in (c0, b.add(c0, const_i64(1)))]
+                        for ch in ((c0, c0) if taps else (c0, b.add(c0, const_i64(1))))]
                 oks = [row_ok, b.and_(row_ok, second)]
                 row = b.gep(dst_plane, [b.mul(r, const_i64(self.wpc))], inbounds=True)
                 for q in range(-(-self.wpc // vl)):
                     cols = b.add(splat64(const_i64(q * vl)), lanes)
-                    ix = b.sub(cols, splat64(const_i64(self.pl)))
-                    inside = b.and_(b.icmp_signed(">=", ix, splat64(const_i64(0))),
-                                    b.icmp_signed("<", ix, splat64(const_i64(self.w))))
                     vals = []
-                    for src, ok in zip(srcs, oks):
+                    for half, (src, ok) in enumerate(zip(srcs, oks)):
+                        shift = half if taps else 0   # tap pairs: the high half at col + 1
+                        ix = b.sub(cols, splat64(const_i64(self.pl - shift)))
+                        inside = b.and_(b.icmp_signed(">=", ix, splat64(const_i64(0))),
+                                        b.icmp_signed("<", ix, splat64(const_i64(self.w))))
                         # the address may lie before the row: only inside lanes are read
-                        ptr = b.gep(src, [const_i64(q * vl - self.pl)])
+                        ptr = b.gep(src, [const_i64(q * vl - self.pl + shift)])
                         vals.append(self._masked_load(b.bitcast(ptr, self.vty.as_pointer()),
                                                       b.and_(inside, splat1(ok))))
                     pair = pair_words(b, self.module, vals[0], vals[1])
@@ -644,8 +683,8 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
         w_ptr = self.buffers[self.match.tag.operands[1].uid]
         if self.pairs:   # 32-bit pair words, cp * kh * kw steps of OC_BLOCK per block
             w_ptr = b.bitcast(w_ptr, I32.as_pointer())
-            wblk = b.gep(w_ptr, [b.mul(blk, const_i64(self.cp * self.kh * self.kw * OC_BLOCK))],
-                         inbounds=True)
+            wblk = b.gep(w_ptr, [b.mul(blk, const_i64(self.units * self.kh * self.kws
+                                                      * OC_BLOCK))], inbounds=True)
         else:
             wblk = b.gep(w_ptr, [b.mul(blk, const_i64(self.k * OC_BLOCK))], inbounds=True)
         band_end = b.add(oy_lo, self._extent(self.band))
@@ -742,14 +781,14 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
         def taps(xcs, wc, ky, ky_row: int, vals: list) -> list:
             """One window row's taps (``ky`` the row's offset, ``ky_row`` its index in the
             unrolled rows) added to ``vals``."""
-            for kx in range(self.kw):
-                xs = [self._splat(b.load(b.gep(xc, [b.add(ky, tap_offset(ky_row, kx))],
-                                               inbounds=True))) for xc in xcs]
+            for kx in range(self.kws):
+                xs = [self._splat(b.load(b.gep(xc, [b.add(ky, tap_offset(
+                    ky_row, kx * self.kx_step))], inbounds=True))) for xc in xcs]
                 if self.pairs:   # one vdpbf16ps per pixel and weight vector: 2 products
                     # (the planes' pair words loaded and broadcast as float32 bits)
                     for v in range(nv):
                         wv = b.load(b.bitcast(b.gep(wc, [const_i64(
-                            (ky_row * self.kw + kx) * OC_BLOCK + (v0 + v) * vl)],
+                            (ky_row * self.kws + kx) * OC_BLOCK + (v0 + v) * vl)],
                             inbounds=True), ir.VectorType(I32, vl).as_pointer()), align=4)
                         for j in range(mr):
                             vals[j * nv + v] = dot_words(b, self.module, vals[j * nv + v],
@@ -762,7 +801,7 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
                         vals[j * nv + v] = self._fma(wv, xs[j], vals[j * nv + v])
             return vals
 
-        khw32 = self.kh * self.kw * OC_BLOCK
+        khw32 = self.kh * self.kws * OC_BLOCK
         lines = self._prefetch_lines(mr) if prefetch is not None else 0
         with for_range(b, c0, c1, "ic") as ic:
             off = b.mul(ic, self._extent(plane_stride))
@@ -777,7 +816,7 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
                                          b.mul(step, const_i64(per_line * lines)))])
                 for q in range(lines):
                     self._prefetch(b.gep(nxt, [const_i64(per_line * q)]))
-            if self.kh * self.kw <= UNROLLED_TAPS:
+            if self.kh * self.kws <= UNROLLED_TAPS:
                 vals = [b.load(a) for a in accs]
                 for ky in range(self.kh):
                     vals = taps(xcs, wc, const_i64(0), ky, vals)
@@ -785,7 +824,7 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
                     b.store(val, a)
             else:   # a loop over the window's rows (LLVM spills a fully unrolled 7x7)
                 with for_range(b, const_i64(0), const_i64(self.kh), "ky") as ky:
-                    vals = taps(xcs, b.gep(wc, [b.mul(ky, const_i64(self.kw * OC_BLOCK))],
+                    vals = taps(xcs, b.gep(wc, [b.mul(ky, const_i64(self.kws * OC_BLOCK))],
                                            inbounds=True), b.mul(ky, self._extent(row_stride)), 0,
                                 [b.load(a) for a in accs])
                     for a, val in zip(accs, vals):

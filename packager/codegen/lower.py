@@ -155,6 +155,14 @@ def _ranges(e: te.Expr, axis: te.IndexVar, lo: int, hi: int
     return out if len(out) <= MAX_RANGES else [(lo, hi, e)]
 
 
+def _stage_work(stage: te.Tensor, body: te.Expr) -> int:
+    """A static stage's outputs times the elements its largest reduction reads per output (1
+    without one): the work ``emit`` weighs before splitting the stage over threads."""
+    per_output = max((int(np.prod([a.extent for a in r.axes], dtype=np.int64))
+                      for r in te.walk(body) if isinstance(r, te.Reduce)), default=1)
+    return int(np.prod(stage.shape, dtype=np.int64)) * max(1, per_output)
+
+
 def _rows_split_together(materialized: list[tuple[te.Tensor, te.Expr]],
                          outputs: list[tuple[te.Tensor, te.Expr]]) -> bool:
     """Whether splitting every stage on the outputs' first dim of extent > 1 keeps each task to
@@ -221,9 +229,11 @@ class KernelEmitter:
         # costs well under a microsecond (runtime/vm.py), a kernel this small not much more.
         # Materialized stages (a softmax's row max and sum) split with the outputs when every
         # task only reads the rows it wrote itself.
+        # A reduction's work is its outputs times the elements each one reads: a layer norm's
+        # sums over 512 rows into 256 outputs (magika) ran on one thread, 72 us each.
         parallel = (not materialized or _rows_split_together(materialized, outputs)) and sum(
-            int(np.prod(stage.shape, dtype=np.int64)) for stage, _ in outputs
-        ) >= self.options.parallel_min_outputs
+            _stage_work(stage, body) for stage, body in outputs
+        ) >= self.options.parallel_min_outputs and any(n > 1 for n in outputs[0][0].shape)
         for stage, body in materialized:
             if parallel:
                 self._emit_stage(stage, body, task, ntasks)

@@ -9,7 +9,7 @@ the compiler: ``options.py`` takes its defaults from here, and the emitters, whi
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Callable, Protocol
 
 # Below this many multiply-adds (~4 µs on one core) a contraction, depthwise or channel-lane
 # kernel runs on one thread. The runtime's native hand-off (codegen/threadpool.py) costs about a
@@ -50,3 +50,25 @@ class Thresholds:
 
 
 DEFAULTS = Thresholds()
+
+
+def two_thread_share(weights: list[int]) -> float:
+    """The larger of two threads' shares of a kernel's work when its ``weights`` (per work item,
+    in item order) are split as the kernels split them on two threads (items ``[0, n // 2)``
+    on the first, with one task per thread or with home ranges of 8 tasks alike), as a
+    fraction of half the work: 1.0 is an even split."""
+    total = sum(weights)
+    if total <= 0 or len(weights) < 2:
+        return 2.0
+    first = sum(weights[:len(weights) // 2])
+    return max(first, total - first) * 2 / total
+
+
+def balanced(candidates: list, weights: Callable[[Any], list[int]], gain: float = 0.02) -> Any:
+    """Of ``candidates`` (the kernel's own plan first, then others it may take instead), the
+    one whose work items split most evenly on two threads (``two_thread_share`` of
+    ``weights(candidate)``; the earliest of equals), if that beats the first by more than
+    ``gain``; else the first."""
+    shares = [two_thread_share(weights(c)) for c in candidates]
+    best = min(range(len(candidates)), key=lambda i: (shares[i], i))
+    return candidates[best] if shares[best] < shares[0] - gain else candidates[0]

@@ -24,7 +24,9 @@ from .registry import COMPLEX, register_op
 # (codegen/contraction/): ``bp`` [ceil(N / nr), K, nr], panel p's row k the nr columns p * nr ..
 # contiguous, the last panel zero-filled past N (no masked loads in the reduction).
 
-MATMUL_PANEL = 16   # nr: the kernel's 6 x 2-vector tile on 8-lane (AVX2) vectors
+# nr: the kernel's 6 x 2-vector tile on 8-lane (AVX2) vectors; x86-64-v4 reads the same
+# panels, a 16-lane vector each (its 4 x 4 tile: four panels, each a sequential stream)
+MATMUL_PANEL = 16
 
 
 def pack_matmul_b(b: np.ndarray, nr: int = MATMUL_PANEL) -> np.ndarray:
@@ -120,6 +122,29 @@ def unpack_oc_pairs(wp: np.ndarray, out_channels: int, c: int, kernel) -> np.nda
     return w.reshape(blocks * OC_BLOCK, cp * 2, kh, kw)[:out_channels, :c]
 
 
+def pack_oc_tap_pairs(w: np.ndarray) -> np.ndarray:
+    """``w`` [O, C, KH, KW] (bfloat16, kept as is) -> ``wp`` [ceil(O / OC_BLOCK), C * KH *
+    ceil(KW / 2), OC_BLOCK, 2] with ``wp[o // OC_BLOCK, (c * KH + ky) * ceil(KW / 2) + kx // 2,
+    o % OC_BLOCK, kx % 2] = w[o, c, ky, kx]``, zero past KW and O: ``nn.conv2d_oc`` with
+    ``tap_pairs`` (a window's horizontally adjacent taps paired instead of two input channels:
+    few, odd input channels, a 7x7 stem of C = 3 computes 8 taps for 7, not 4 channels for 3)."""
+    o, c, kh, kw = w.shape
+    blocks, kwp = -(-o // OC_BLOCK), -(-kw // 2)
+    padded = np.zeros((blocks * OC_BLOCK, c, kh, kwp * 2), dtype=w.dtype)
+    padded[:o, :, :, :kw] = w
+    # [blocks, 32, c, kh, kwp, 2] -> [blocks, c, kh, kwp, 32, 2]
+    return np.ascontiguousarray(padded.reshape(blocks, OC_BLOCK, c, kh, kwp, 2).transpose(
+        0, 2, 3, 4, 1, 5).reshape(blocks, c * kh * kwp, OC_BLOCK, 2))
+
+
+def unpack_oc_tap_pairs(wp: np.ndarray, out_channels: int, c: int, kernel) -> np.ndarray:
+    kh, kw = kernel
+    kwp = -(-kw // 2)
+    blocks = wp.shape[0]
+    w = wp.reshape(blocks, c, kh, kwp, OC_BLOCK, 2).transpose(0, 4, 1, 2, 3, 5)
+    return w.reshape(blocks * OC_BLOCK, c, kh, kwp * 2)[:out_channels, :, :, :kw]
+
+
 # Winograd F(2x2, 3x3) (Lavin and Gray, 2016): a 3x3 stride-1 convolution computes each 2x2
 # block of outputs from the 4x4 block of inputs under it as Y = A^T [U * V] A, with U = G g G^T
 # the 3x3 weights g transformed once at export, V = B^T d B the input block transformed: 16
@@ -145,11 +170,13 @@ def unpack_wino_weights(wp: np.ndarray, out_channels: int) -> np.ndarray:
 
 def _infer_conv2d_oc(x: TensorType, wp: TensorType, out_channels: int, kernel=(1, 1),
                      strides=(1, 1), padding=(0, 0, 0, 0), dilation=(1, 1),
-                     groups: int = 1, winograd: bool = False, pairs: bool = False, *,
-                     relations: list) -> TensorType:
+                     groups: int = 1, winograd: bool = False, pairs: bool = False,
+                     tap_pairs: bool = False, *, relations: list) -> TensorType:
     n, c, h, wd = x.shape
     kh, kw = kernel
     rows = 16 * c if winograd else (-(-c // 2) if pairs else c) * kh * kw
+    if tap_pairs:
+        rows = c * kh * -(-kw // 2)
     if winograd and (tuple(kernel) != (3, 3) or tuple(strides) != (1, 1) or pairs):
         raise ValueError(f"conv2d_oc: Winograd weights for a {kernel} window, strides {strides}")
     want = (-(-out_channels // OC_BLOCK), rows, OC_BLOCK) + ((2,) if pairs else ())
@@ -163,11 +190,13 @@ def _infer_conv2d_oc(x: TensorType, wp: TensorType, out_channels: int, kernel=(1
 def _legalize_conv2d_oc(x: te.Tensor, wp: te.Tensor, out_type: TensorType, name: str,
                         out_channels: int, kernel=(1, 1), strides=(1, 1), padding=(0, 0, 0, 0),
                         dilation=(1, 1), groups: int = 1, winograd: bool = False,
-                        pairs: bool = False) -> te.Tensor:
+                        pairs: bool = False, tap_pairs: bool = False) -> te.Tensor:
     c = x.shape[1]
     kh, kw = kernel
     rc, ry, rx = te.reduce_axis(c, "rc"), te.reduce_axis(kh, "ry"), te.reduce_axis(kw, "rx")
     extra = {"pairs": True} if pairs else {}   # (fp32 and unpaired bf16 tags as before)
+    if tap_pairs:
+        extra["tap_pairs"] = True
     tag_reduction(rc, "conv2d_oc", (x, wp), strides=tuple(strides), padding=tuple(padding),
                   kernel=(kh, kw), out_channels=out_channels, winograd=bool(winograd), **extra)
 
@@ -191,7 +220,10 @@ def _legalize_conv2d_oc(x: te.Tensor, wp: te.Tensor, out_type: TensorType, name:
 
     def body(n: te.IndexVar, oc: te.IndexVar, y: te.IndexVar, xx: te.IndexVar) -> te.Expr:
         value = _window_value(x, n, rc, y, xx, ry, rx, strides, padding)
-        if pairs:
+        if tap_pairs:
+            weight = _widened(wp[oc // OC_BLOCK, (rc * kh + ry) * -(-kw // 2) + rx // 2,
+                                 oc % OC_BLOCK, rx % 2])
+        elif pairs:
             weight = _widened(wp[oc // OC_BLOCK, ((rc // 2) * kh + ry) * kw + rx,
                                  oc % OC_BLOCK, rc % 2])
         else:
@@ -205,8 +237,12 @@ def _legalize_conv2d_oc(x: te.Tensor, wp: te.Tensor, out_type: TensorType, name:
 @register_op("nn.conv2d_oc", COMPLEX, _infer_conv2d_oc, _legalize_conv2d_oc, layout=True)
 def conv2d_oc(x: np.ndarray, wp: np.ndarray, out_channels: int, kernel=(1, 1), strides=(1, 1),
               padding=(0, 0, 0, 0), dilation=(1, 1), groups: int = 1,
-              winograd: bool = False, pairs: bool = False) -> np.ndarray:
+              winograd: bool = False, pairs: bool = False, tap_pairs: bool = False
+              ) -> np.ndarray:
     wp = wp.astype(x.dtype)   # bfloat16 weights (--precision bf16) widen exactly
+    if tap_pairs:
+        return conv2d(x, unpack_oc_tap_pairs(wp, out_channels, x.shape[1], kernel), strides,
+                      padding, dilation, groups)
     if pairs:
         return conv2d(x, unpack_oc_pairs(wp, out_channels, x.shape[1], kernel), strides,
                       padding, dilation, groups)

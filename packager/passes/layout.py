@@ -247,8 +247,11 @@ def _open_1x1_rows(v, lookup, options: CompileOptions) -> Call | None:
 
 
 # ``options.pack_matmul_weights``: on for targets whose matmul kernel reads ``matmul_packed``
-# (x86-64 AVX2, and its 128-bit level beside it in a portable bundle: where it is measured); off,
-# every matmul keeps its constant B as [K, N] (or [N, K] for the one-row dot product).
+# (x86-64 AVX2, and its 128-bit level beside it in a portable bundle: where it is measured; and
+# fp32 for any set with a 16-lane x86-64-v4 level, whose kernel reads the same 16-column panels:
+# Zen 5, 1 thread, MLP-Mixer 0.90-0.92x the unpacked bundle's time, its [196, 1024] x [1024,
+# 256] layers 404 -> 358 us standalone); off, every matmul keeps its constant B as [K, N] (or
+# [N, K] for the one-row dot product).
 # A B of fewer columns stays as it is: packed, its panel would be mostly zeros (a one-row product
 # by B [1024, 1]: 1.09x slower packed). Fewer than MATMUL_PANEL columns at one row keep the dot
 # product (codegen/contraction/dot.py; 4 columns measured the same either way).
@@ -348,18 +351,48 @@ def to_bfloat16(data: np.ndarray) -> np.ndarray:
 # (and of at most ``options.bf16_oc_pixels``): its pair planes are a copy the pixel-lane kernel
 # makes too, but at 14x14 ResNet-50's 1x1s ran 1.18-1.30x slower on it, its 7x7 ones 0.76-0.84x.
 BF16_OC_1X1_PIXELS = 7 * 7
+# Planes of up to this many pixels take it whatever their input channels; larger ones (up to
+# ``options.bf16_oc_pixels``) with at least BF16_OC_MIN_CHANNELS input channels, and any plane
+# with at most BF16_OC_STEM_CHANNELS and a stride (stems). Measured on Zen 5 (1 thread, kernel
+# CPU minima, pair -> channel-lane kernel): ResNet-18's 3x3s of 64 channels at 56x56
+# 0.96-0.97x, of 128 at 28x28 0.93-0.95x, U-Net's of 64 at 32x32 0.87-0.90x; YOLOv8n's of 32
+# channels at 40x40 (SiLU epilogue) 1.6-1.8x, U-Net's of 16-32 at 64x64 and 128x128 1.45x;
+# YOLOv8n's 3x3 stride-2 stem (C = 3, 16 channels, 160x160) 0.56-0.58x, U-Net's stride-1 one
+# (16 channels, 128x128) 1.19x.
+BF16_OC_SMALL_PIXELS = 14 * 14
+BF16_OC_MIN_CHANNELS = 64
+BF16_OC_STEM_CHANNELS = 4
 
 
-def _bf16_oc(w_shape, out_shape, options: CompileOptions) -> bool:
+def _bf16_oc(w_shape, out_shape, strides, options: CompileOptions) -> bool:
     """Whether a convolution that takes bf16 pairs takes them with the output channels on the
     lanes (``options.bf16_oc_pixels``): vdpbf16ps on every target, output channels in whole
-    16-lane vectors, an output plane of at most bf16_oc_pixels pixels (1x1 windows:
-    BF16_OC_1X1_PIXELS)."""
+    16-lane vectors, an output plane of at most BF16_OC_SMALL_PIXELS pixels, or at most
+    bf16_oc_pixels with BF16_OC_MIN_CHANNELS input channels, or any strided one with at most
+    BF16_OC_STEM_CHANNELS (1x1 windows: BF16_OC_1X1_PIXELS); bf16_oc_pixels 0: none."""
     pixels = out_shape[2] * out_shape[3]
+    c = w_shape[1]
     if w_shape[2] * w_shape[3] == 1 and pixels > BF16_OC_1X1_PIXELS:
         return False
-    return (bool(options.bf16_oc_targets) and not options.bf16_emulate
-            and w_shape[0] % 16 == 0 and pixels <= options.bf16_oc_pixels)
+    if not (options.bf16_oc_targets and not options.bf16_emulate and w_shape[0] % 16 == 0
+            and options.bf16_oc_pixels > 0):
+        return False
+    if c <= BF16_OC_STEM_CHANNELS and tuple(strides) != (1, 1):
+        return True
+    return pixels <= (options.bf16_oc_pixels if c >= BF16_OC_MIN_CHANNELS
+                      else min(options.bf16_oc_pixels, BF16_OC_SMALL_PIXELS))
+
+
+def _bf16_tap_pairs(w_shape, options: CompileOptions) -> bool:
+    """Whether a convolution that takes bf16 pairs pairs a window row's adjacent taps instead
+    of two input channels (``options.bf16_tap_pairs``; nn.conv2d_oc with ``tap_pairs``, at any
+    plane size): vdpbf16ps on every target, output channels in whole 16-lane vectors, and
+    fewer reduction steps so (C * ceil(KW / 2) < ceil(C / 2) * KW: an odd C of few channels, a
+    7x7 stem of C = 3 84 steps per window for 98)."""
+    o, c, _, kw = w_shape
+    return (options.bf16_tap_pairs and bool(options.bf16_oc_targets)
+            and not options.bf16_emulate and o % 16 == 0
+            and c * -(-kw // 2) < -(-c // 2) * kw)
 
 
 def weights_to_bf16(mod: IRModule, options: CompileOptions) -> IRModule:
@@ -381,7 +414,16 @@ def weights_to_bf16(mod: IRModule, options: CompileOptions) -> IRModule:
             w = v.args[1]
             attrs = {"strides": tuple(v.attrs.get("strides", (1, 1))),
                      "padding": tuple(v.attrs.get("padding", (0, 0, 0, 0)))}
-            if _bf16_oc(w.data.shape, v.type.shape, options):
+            if _bf16_tap_pairs(w.data.shape, options):
+                # few odd input channels: a window row's adjacent taps paired
+                from ..ops.layout import pack_oc_tap_pairs
+                attrs.update(out_channels=int(w.data.shape[0]), kernel=tuple(w.data.shape[2:]),
+                             pairs=True, tap_pairs=True)
+                return Call("nn.conv2d_oc",
+                            [lookup(v.args[0]),
+                             Constant(f"{w.name}_bf16", pack_oc_tap_pairs(to_bfloat16(w.data)))],
+                            attrs, v.type)
+            if _bf16_oc(w.data.shape, v.type.shape, attrs["strides"], options):
                 # small planes: output channels on the lanes (ops/layout.py pack_oc_pairs)
                 from ..ops.layout import pack_oc_pairs
                 attrs.update(out_channels=int(w.data.shape[0]), kernel=tuple(w.data.shape[2:]),

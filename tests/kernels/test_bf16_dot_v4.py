@@ -561,7 +561,9 @@ def _oc_pipeline(shape, target: str, **fields):
 
 
 def test_oc_pairs_chosen_for_small_planes():
-    """Planes of at most 14x14 (``bf16_oc_pixels``; 1x1 windows 7x7) with output channels in 16-lane vectors take nn.conv2d_oc with
+    """Planes of at most 14x14 (56x56 from 64 input channels, ``bf16_oc_pixels``; strided stems
+    of up to 4 any size; 1x1 windows 7x7) with output channels in 16-lane vectors take
+    nn.conv2d_oc with
     pair weights (``pack_oc_pairs``: the pairs of ``pack_conv_pairs`` by blocks of 32 output
     channels) where every target has vdpbf16ps; larger planes, other channel counts and a
     set with a level without avx512_bf16 keep nn.conv2d_bf16p. Pipeline only."""
@@ -578,7 +580,11 @@ def test_oc_pairs_chosen_for_small_planes():
 
     assert picked((5, 32, 3, 7, 1)) == ({"conv2d_oc"}, [(1, 3 * 9, 32, 2)])
     assert picked(OC_CASES["3x3_c37"]) == ({"conv2d_oc"}, [(2, 19 * 9, 32, 2)])
-    assert picked((5, 32, 3, 15, 1))[0] == {"conv2d_bf16p"}        # 15x15 > 14x14
+    assert picked((5, 32, 3, 15, 1))[0] == {"conv2d_bf16p"}        # 15x15 > 14x14, C < 64
+    assert picked((64, 32, 3, 56, 1))[0] == {"conv2d_oc"}          # C 64: up to 56x56
+    assert picked((64, 32, 3, 57, 1))[0] == {"conv2d_bf16p"}
+    assert picked((3, 16, 3, 40, 2))[0] == {"conv2d_oc"}           # a strided stem, any size
+    assert picked((3, 16, 3, 40, 1))[0] == {"conv2d_bf16p"}
     assert picked((5, 32, 1, 8, 1))[0] == {"conv2d_bf16p"}         # a 1x1 on 8x8 > 7x7
     assert picked((5, 32, 1, 7, 1))[0] == {"conv2d_oc"}
     assert picked((5, 20, 3, 7, 1))[0] == {"conv2d_bf16p"}         # 20 channels
@@ -651,6 +657,121 @@ def test_oc_pairs_native_run_bit_exact(tmp_path, oc_compiled, case):
     acc = vdpbf16ps_conv(x, pack_conv_pairs(to_bfloat16(w)).view(np.uint16), (stride,) * 2,
                          (k // 2,) * 4)
     want = np.maximum(acc + bias[None, :, None, None], np.float32(0))
+    for threads in (1, 2):
+        with load(path, threads=threads) as bundle:
+            np.testing.assert_array_equal(bundle.run({"x": x})["y"], want)
+
+
+# ---- tap pairs: a window row's adjacent taps paired (few, odd input channels) ------------------
+
+# (C, O, k, H = W, stride): a 7x7 stride-2 stem of C = 3 (4 tap pairs per window row, the
+# last against a zero weight; a block and a half of output channels); C = 1, 3x3 stride 1
+# (pairs at odd columns too), 16 channels
+TAP_CASES = {"7x7_s2_c3": (3, 48, 7, 20, 2), "3x3_c1": (1, 16, 3, 9, 1)}
+
+
+def vdpbf16ps_conv_taps(x: np.ndarray, wp: np.ndarray, out_channels: int, kernel, strides,
+                        padding) -> np.ndarray:
+    """The tap-pair kernel's accumulators for x [1, C, H, W] float32 and the packed tap pairs
+    ``wp`` [blocks, C * KH * ceil(KW / 2), 32, 2] (bfloat16 bits, ``pack_oc_tap_pairs``), in
+    its loop order: per input channel, per window row, per tap pair, one vdpbf16ps (the odd
+    tap's product, then the even one's); the activations as the planes hold them (the word at
+    column j: vcvtne2ps2bf16 of the padded row's columns j and j + 1, zero past it)."""
+    _, c, h, w = x.shape
+    kh, kw = kernel
+    kwp = -(-kw // 2)
+    sh, sw = strides
+    pt, pl, pb, pr = padding
+    oh, ow = (h + pt + pb - kh) // sh + 1, (w + pl + pr - kw) // sw + 1
+    xb = np.zeros((c, h + pt + pb, w + pl + pr + 1), np.uint16)
+    xb[:, pt:pt + h, pl:pl + w] = cvt_bf16(x[0])
+    o = np.arange(out_channels)
+    acc = np.zeros((out_channels, oh, ow))
+    for ch in range(c):
+        for ky in range(kh):
+            for t in range(kwp):
+                for half in (1, 0):
+                    kx = 2 * t + half
+                    a = widen(xb[ch, ky:ky + sh * (oh - 1) + 1:sh, kx:kx + sw * (ow - 1) + 1:sw])
+                    wt = widen(wp[o // 32, (ch * kh + ky) * kwp + t, o % 32, half])
+                    acc = fma_rne_ftz(acc, wt[:, None, None] * a)
+    return acc.astype(np.float32)[None]
+
+
+def test_tap_pairs_chosen_and_packed():
+    """Few odd input channels (C * ceil(KW / 2) < ceil(C / 2) * KW) take nn.conv2d_oc with tap
+    pairs at any plane size (``pack_oc_tap_pairs``) where every target has vdpbf16ps; a 3x3 of
+    C = 3 (6 steps either way) and ``bf16_tap_pairs`` False keep channel pairs, a portable set
+    the pixel-lane kernel. Pipeline only."""
+    from mlcpack.packager.ir.graph import Constant
+    from mlcpack.packager.ops.layout import pack_oc_tap_pairs, unpack_oc_tap_pairs
+
+    def picked(shape, target=V4_BF16, **fields):
+        mod = _oc_pipeline(shape, target, **fields)[0]
+        consts = [a.data.shape for b in mod.functions["main"].bindings()
+                  for a in getattr(b.value, "args", ())
+                  if isinstance(a, Constant) and str(a.data.dtype) == "bfloat16"]
+        kinds = {k for f in mod.functions for k in ("conv2d_oc", "conv2d_bf16p") if k in f}
+        return kinds, consts
+
+    # (tap pairs: C * KH * ceil(KW / 2) steps; channel pairs 2 * 49 for the 7x7)
+    assert picked((3, 64, 7, 56, 2)) == ({"conv2d_oc"}, [(2, 3 * 7 * 4, 32, 2)])
+    assert picked((1, 16, 3, 9, 1)) == ({"conv2d_oc"}, [(1, 3 * 2, 32, 2)])
+    # a 3x3 of C = 3: channel pairs (6 steps either way)
+    assert picked((3, 64, 3, 56, 2)) == ({"conv2d_oc"}, [(2, 2 * 9, 32, 2)])
+    assert picked((3, 64, 7, 56, 2), f"x86-64-v4,{V4_BF16}")[0] == {"conv2d_bf16p"}
+    assert picked((3, 64, 7, 56, 2), bf16_tap_pairs=False) == ({"conv2d_oc"},
+                                                               [(2, 2 * 49, 32, 2)])
+    w = to_bfloat16(RNG.standard_normal((48, 3, 7, 7)).astype(np.float32))
+    wp = pack_oc_tap_pairs(w)
+    assert wp[1, (2 * 7 + 6) * 4 + 2, 15, 1] == w[47, 2, 6, 5]   # o 47: block 1, lane 15
+    assert wp[1, (2 * 7 + 6) * 4 + 3, 15, 1] == 0                # past KW
+    np.testing.assert_array_equal(unpack_oc_tap_pairs(wp, 48, 3, (7, 7)), w)
+
+
+@pytest.mark.parametrize("case", sorted(TAP_CASES))
+def test_tap_pairs_bit_exact(tmp_path, case):
+    """The tap-pair kernel bit for bit against its numpy model (``vdpbf16ps_conv_taps``), then
+    bias and ReLU in float32, 1 and 2 threads, on an avx512_bf16 host; elsewhere its emitted
+    code (vdpbf16ps on zmm, vcvtne2ps2bf16) and the model against the convolution of the
+    rounded operands."""
+    from mlcpack.packager.ops.layout import pack_oc_tap_pairs
+    from mlcpack.packager.ops.nn import conv2d
+
+    c, o, k, hw, stride = TAP_CASES[case]
+    model, w, bias, strides, padding = _conv_model(c, o, k, hw, stride)
+    x = RNG.standard_normal((1, c, hw, hw)).astype(np.float32)
+    wp = pack_oc_tap_pairs(to_bfloat16(w)).view(np.uint16)
+    acc = vdpbf16ps_conv_taps(x, wp, o, (k, k), strides, padding)
+    exact = conv2d(widen(cvt_bf16(x)), to_bfloat16(w).astype(np.float64), strides, padding)
+    np.testing.assert_allclose(acc, exact, rtol=0,
+                               atol=2 ** -24 * c * k * k * float(np.abs(exact).max()))
+    want = np.maximum(acc + bias[None, :, None, None], np.float32(0))
+    if host_arch() != "x86_64" or not {"avx512f", "avx512_bf16"} <= host_features():
+        import llvmlite.binding as llvm
+
+        from mlcpack.packager.codegen.build import _target_machine
+        from mlcpack.packager.codegen.parallel import compile_prim_funcs
+        from mlcpack.packager.codegen.target import resolve_target
+        from mlcpack.packager.ir.graph import PrimFunc
+
+        mod, opts = _oc_pipeline((c, o, k, hw, stride), V4_BF16)[:2]
+        funcs = [f for f in mod.functions.values() if isinstance(f, PrimFunc)]
+        target = resolve_target(V4_BF16)
+        code = compile_prim_funcs(funcs, target, options=opts)
+        asm = _target_machine(target).emit_assembly(llvm.parse_assembly(code.llvm_ir))
+        assert "vcvtne2ps2bf16" in asm
+        dots = [ln for ln in asm.splitlines() if "vdpbf16ps" in ln]
+        assert dots and all("zmm" in ln for ln in dots)
+        return
+    from mlcpack.frontends.onnx import import_onnx
+    from mlcpack.packager.export import ExportOptions, export_module
+    from mlcpack.runtime import load
+
+    mod, _ = import_onnx(model)
+    path = tmp_path / "taps.mlc"
+    report = export_module(mod, path, ExportOptions(target=V4_BF16, precision="bf16"))
+    assert report.precision == "bf16", report.precision_note
     for threads in (1, 2):
         with load(path, threads=threads) as bundle:
             np.testing.assert_array_equal(bundle.run({"x": x})["y"], want)

@@ -245,7 +245,12 @@ def test_native_loop_hands_sleeping_workers_back_to_python(monkeypatch, batch_bu
                                                           threads) -> None:
     """Workers that park after every job: each parallel call inside the native loop finds them
     asleep, returns its index and status, Python wakes them, joins the job and resumes the loop
-    at the next call. Every run still matches one thread's, bit for bit."""
+    at the next call. Every run still matches one thread's, bit for bit. Each run starts once
+    every worker is parked (a loaded host may not have run a worker far enough to park between
+    two runs, and the caller then runs its tasks itself: nothing to hand back)."""
+    import time
+
+    from mlcpack.packager.codegen.threadpool import LINE, PARKED, STATE
     from mlcpack.runtime import vm
 
     monkeypatch.setattr(vm, "SPIN_ITERATIONS", 1)
@@ -255,11 +260,18 @@ def test_native_loop_hands_sleeping_workers_back_to_python(monkeypatch, batch_bu
                         lambda self, status: (finished.append(status), finish(self, status)))
     rng = np.random.default_rng(13)
     with load(batch_bundle, threads=1) as one, load(batch_bundle, threads=threads) as many:
-        assert _segments(many) is not None and _pool(many).spins <= 1
-        for _ in range(4):
+        pool = _pool(many)
+        assert _segments(many) is not None and pool.spins <= 1
+        for i in range(4):
+            deadline = time.monotonic() + 60
+            while not all(pool._slots[(1 + w) * LINE + STATE] == PARKED for w in range(pool.n)):
+                assert time.monotonic() < deadline, "a worker never parked"
+                time.sleep(0.001)
             x = rng.standard_normal((96, 784)).astype(np.float32)
+            before = len(finished)
             assert many(x).tobytes() == one(x).tobytes()
-    assert finished, "the native loop never handed a sleeping worker back to Python"
+            assert len(finished) > before, \
+                f"run {i}: the native loop never handed a sleeping worker back to Python"
 
 
 @pytest.mark.parametrize("threads", [2, 3])

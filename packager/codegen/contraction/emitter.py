@@ -61,6 +61,8 @@ class ContractionBase(KernelEmitter):
         self._opaque_scalar: ir.Value | None = None
         self._packed_b: ir.Value | None = None   # the packed B panel _matmul_panel reads
         self._pack_region: ir.Value | None = None   # this task's region for it (workspace)
+        # (chunk index, chunks) of the work item's rows (MatmulMixin._row_chunks), or None
+        self._row_chunk: tuple[ir.Value, int] | None = None
         self._part_base: ir.Value | None = None   # the conv's reduction-chunk tiles (workspace)
         # (image, gathered rows) of the tail outputs that follow each block row (_fuses_tail)
         self._fused_tail: tuple[ir.Value, ir.Value] | None = None

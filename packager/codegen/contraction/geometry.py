@@ -49,6 +49,39 @@ def _pick_tile(rows: int, cols: int, vl: int) -> tuple[int, int]:
 # has at least two column panels on every target once its tile is at most half its columns wide.
 WIDEST_VECTOR = 16
 
+# Register blocks of a float32 matmul on 16-lane vectors (x86-64-v4, 32 zmm registers): (rows,
+# vectors per row, relative cost per computed output). Measured on Zen 5 (1 thread, kernel min,
+# B packed at export): 4 x 4 and 6 x 2 run the corpus's shapes at 270-285 GFLOP/s (the FMA
+# peak); 6 x 4, 8 x 2, 8 x 3 were the same within 2 %, 7 x 4 and 14 x 2 5-25 % slower on
+# MLP-Mixer's [196, 256] x [256, 1024] (28 accumulators: spills), so they are not entries.
+MATMUL_TILES_512 = ((4, 4, 1.0), (6, 2, 1.0))
+
+
+# At 16 lanes a static matmul whose B, packed at export, has at least this many bytes
+# prefetches each next panel of it during the current panel's first row block
+# (MatmulMixin._prefetches_next_panel): such weights come from L3 or memory on every call.
+PREFETCH_B_MIN_BYTES = L2_REUSE_BYTES
+
+# A static matmul that splits over threads at 16 lanes has at least this many work items:
+# fewer panels are split into chunks of row blocks (MatmulMixin._row_chunks), so that two
+# threads (or up to MAX_TASK_REGIONS) share it with at most 1/8 of it left over.
+SPLIT_MIN_ITEMS = 8
+
+
+def wide_matmul_tile(rows: int, cols: int) -> tuple[int, int]:
+    """Register block (rows, vectors per row) of a float32 matmul of at least 4 rows on 16-lane
+    vectors: the MATMUL_TILES_512 entry of least cost for the outputs it computes (whole row
+    blocks; whole panels but for the last, which computes only the vectors it needs)."""
+    def cost(tile: tuple[int, int, float]) -> float:
+        mr, nv, rel = tile
+        nr = nv * WIDEST_VECTOR
+        last = cols % nr
+        computed_cols = cols // nr * nr + -(-last // WIDEST_VECTOR) * WIDEST_VECTOR
+        return -(-rows // mr) * mr * computed_cols * rel
+
+    best = min(MATMUL_TILES_512, key=cost)
+    return best[0], best[1]
+
 
 def few_rows_tile(rows: int, cols: int, vl: int, split: bool) -> tuple[int, int]:
     """Register block (rows, vectors per row) of a matmul of fewer than 4 rows: all of them, as

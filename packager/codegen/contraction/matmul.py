@@ -5,7 +5,9 @@ a panel of a constant ``b`` packed at export (``matmul_packed``, ops/layout.py: 
 batch dims may be run-time sizes (symbolic matmuls).
 
 Only the last, partial panel uses masked loads in the reduction loop: masked loads there cost
-~25 % of the kernel's speed on Zen 4."""
+~25 % of the kernel's speed on Zen 4. At 16 lanes (x86-64-v4) the last panel computes only the
+vectors it needs, a matmul of few panels splits its rows over threads too, and weights past L2
+are prefetched a panel ahead (``_wide_fp32`` and the methods it gates)."""
 
 from __future__ import annotations
 
@@ -15,8 +17,9 @@ from ...ir import te
 from ..helpers import F32, I32, const_i64, for_range, intrinsic
 from ..lower import WORKSPACE_ALIGN
 from .geometry import (MAX_TASK_REGIONS, PACK_B_MAX_BYTES, PACK_B_MIN_ROWS, PACK_B_PREFETCH_ROWS,
+                       PREFETCH_B_MIN_BYTES,
                        SYMBOLIC_M_HINT, SYMBOLIC_N_HINT, WIDEST_VECTOR, _pick_tile,
-                       few_rows_tile)
+                       SPLIT_MIN_ITEMS, few_rows_tile, wide_matmul_tile)
 from .match import CONV_KINDS
 
 
@@ -70,13 +73,31 @@ class MatmulMixin:
         """(rows, vectors per row) of the register block."""
         _, M, K, N = self._matmul_shape()
         if not isinstance(M, int):   # a run-time M: the large-M tile, a 1-row remainder path
-            return _pick_tile(SYMBOLIC_M_HINT, N if isinstance(N, int) else SYMBOLIC_N_HINT,
-                              self.vl)
+            n_hint = N if isinstance(N, int) else SYMBOLIC_N_HINT
+            if self._wide_fp32():
+                return wide_matmul_tile(SYMBOLIC_M_HINT, n_hint)
+            return _pick_tile(SYMBOLIC_M_HINT, n_hint, self.vl)
         if M >= 4:
+            if self._wide_fp32():
+                return wide_matmul_tile(M, N)
             return _pick_tile(M, N, self.vl)
         # a run-time N (attention scores over a cache that grows): as wide as a large N
         return few_rows_tile(M, N if isinstance(N, int) else SYMBOLIC_N_HINT, self.vl,
                              self._splits_by_weights())
+
+    def _wide_fp32(self) -> bool:
+        """A float32 matmul on 16-lane vectors (x86-64-v4): its own tile table and a last,
+        partial panel of only the vectors it needs (geometry.wide_matmul_tile); the bf16 pair
+        kernels and the narrower targets keep theirs."""
+        return self.vl == WIDEST_VECTOR and self.match.tag.kind in ("matmul", "matmul_packed")
+
+    def _last_panel_vectors(self, N, nv: int) -> int:
+        """Vectors of the last, partial panel's tile: at 16 lanes (``_wide_fp32``) with a
+        static N, only those that hold its columns; else the whole tile's ``nv``."""
+        if not (self._wide_fp32() and isinstance(N, int)):
+            return nv
+        rest = N % (nv * self.vl)
+        return -(-rest // self.vl) if rest else nv
 
     def _splits_by_weights(self) -> bool:
         """A static matmul of fewer than 4 rows that splits over threads for the bytes of its
@@ -123,12 +144,13 @@ class MatmulMixin:
             bidx, a_base, b_base, n0, remaining, masks = self._panel_work(work, panels, N, nv)
 
             def panel(masked: bool) -> None:
+                nv_p = self._last_panel_vectors(N, nv) if masked else nv
                 if exact:
-                    self._matmul_rows(const_i64(0), mr, nv, K, a_base, b_base, bidx, n0,
-                                      remaining, masks, masked)
+                    self._matmul_rows(const_i64(0), mr, nv_p, K, a_base, b_base, bidx, n0,
+                                      remaining, masks[:nv_p], masked)
                 else:
-                    self._matmul_panel_symbolic(a_base, b_base, bidx, n0, remaining, masks,
-                                                masked)
+                    self._matmul_panel_symbolic(a_base, b_base, bidx, n0, remaining,
+                                                masks[:nv_p], masked, nv=nv_p)
             if isinstance(N, int) and N % nr == 0:
                 panel(False)
             else:
@@ -184,8 +206,12 @@ class MatmulMixin:
         mr, nv = self._matmul_tile()
         nr = nv * self.vl
         panels = -(-N // nr)
-        lo, hi = self._split(batch * panels, task, ntasks)
+        chunks = self._row_chunks()
+        lo, hi = self._split(batch * panels * chunks, task, ntasks)
         with for_range(b, lo, hi, "work") as work:
+            if chunks > 1:   # work item: (panel, chunk of its row blocks)
+                self._row_chunk = (b.srem(work, const_i64(chunks)), chunks)
+                work = b.sdiv(work, const_i64(chunks))
             bidx, a_base, b_base, n0, remaining, masks = self._panel_work(
                 work, const_i64(panels), N, nv)
             if N % nr == 0:
@@ -195,7 +221,24 @@ class MatmulMixin:
                     with full:
                         self._matmul_full_panel(b_base, n0, a_base, bidx, remaining, masks)
                     with part:
-                        self._matmul_panel(a_base, b_base, bidx, n0, remaining, masks, True)
+                        self._matmul_panel(a_base, b_base, bidx, n0, remaining, masks, True,
+                                           nv=self._last_panel_vectors(N, nv))
+
+    def _row_chunks(self) -> int:
+        """Chunks of row blocks each panel's rows are split into, as separate work items: at
+        16 lanes (``_wide_fp32``), a static matmul that splits over threads but has fewer than
+        SPLIT_MIN_ITEMS panels (Magika's [2048, 257] x [257, 64]: one panel of 64 columns,
+        which a second thread could not share) gets enough chunks for SPLIT_MIN_ITEMS items,
+        at most one a row block; 1 elsewhere."""
+        if not self._wide_fp32() or self.symbolic:
+            return 1
+        batch, M, _, N = self._matmul_shape()
+        mr, nv = self._matmul_tile()
+        items = batch * -(-N // (nv * self.vl))
+        blocks = M // mr
+        if items >= SPLIT_MIN_ITEMS or blocks < 2 or not self._parallel():
+            return 1
+        return min(blocks, -(-SPLIT_MIN_ITEMS // items))
 
     def _packs_b(self) -> bool:
         """Copy each full panel of B (K rows x nr columns, row stride N) into a contiguous
@@ -231,6 +274,19 @@ class MatmulMixin:
         _, _, K, N = self._matmul_shape()
         nrp = int(self.match.tag.attrs["nr"])
         assert nrp % self.vl == 0, (nrp, self.vl)
+        bases = self._const_panel_offsets(n0, nv)
+
+        def load(k, v):
+            return self._weight_vector(b_base, b.add(bases[v], b.mul(k, const_i64(nrp))),
+                                       self.vl)
+        return load
+
+    def _const_panel_offsets(self, n0, nv: int) -> list:
+        """Element offsets in the packed B (``_const_panel_vector``) of row 0 of the vectors
+        at columns n0 + v * vl, v < nv; panel 0's for a vector wholly past the last panel."""
+        b = self.builder
+        _, _, K, N = self._matmul_shape()
+        nrp = int(self.match.tag.attrs["nr"])
         padded = -(-N // nrp) * nrp
         bases = []
         for v in range(nv):
@@ -238,11 +294,22 @@ class MatmulMixin:
             off = b.add(b.mul(b.sdiv(col, const_i64(nrp)), const_i64(K * nrp)),
                         b.srem(col, const_i64(nrp)))
             bases.append(b.select(b.icmp_signed("<", col, const_i64(padded)), off, const_i64(0)))
+        return bases
 
-        def load(k, v):
-            return self._weight_vector(b_base, b.add(bases[v], b.mul(k, const_i64(nrp))),
-                                       self.vl)
-        return load
+    def _prefetches_next_panel(self) -> bool:
+        """At 16 lanes (``_wide_fp32``), a static matmul whose float32 B, packed at export,
+        has at least PREFETCH_B_MIN_BYTES (weights that come from L3 or memory, not from L2,
+        on every call: MLP-Mixer's 1 MB layers, PP-OCR's 3.2 MB CTC head): the first row block
+        of each panel prefetches the next panel's rows (into L1: measured better than L2 on
+        both), one line per vector and k step, while the other row blocks of this panel run
+        (none with row chunks, whose next work item is the same panel). Zen 5, 1 thread,
+        kernel min in the model: the CTC head [40, 120] x [120, 6625] 312 -> 284 us, the
+        Mixer's 1 MB layers 1-2 % faster."""
+        if not (self._wide_fp32() and self._const_panels and not self.symbolic
+                and not self._bf16_weights() and self._row_chunks() == 1):
+            return False
+        _, _, K, N = self._matmul_shape()
+        return K * N * 4 >= PREFETCH_B_MIN_BYTES
 
     def _matmul_full_panel(self, b_base, n0, a_base, bidx, remaining, masks) -> None:
         """A panel of nr columns, all present: packed on the way if ``_packs_b`` (the first row
@@ -257,7 +324,8 @@ class MatmulMixin:
         finally:
             self._packed_b = None
 
-    def _matmul_panel(self, a_base, b_base, bidx, n0, remaining, masks, masked: bool) -> None:
+    def _matmul_panel(self, a_base, b_base, bidx, n0, remaining, masks, masked: bool,
+                      nv: int | None = None) -> None:
         """All M rows of one panel: blocks of the tile's mr rows, then one block of the M % mr
         rows left, with a tile of exactly that many rows (none computed past M). With a packed
         panel (``_packed_b``) the first block fills it, the strided reads of B overlapping its
@@ -265,23 +333,48 @@ class MatmulMixin:
         AVX2, 1 thread, profiler minimum), 131 us (98 GFLOP/s, this core's FMA peak) against
         145 us with a copy loop before the row blocks and 11 blocks of 6 rows."""
         if self.symbolic:
-            self._matmul_panel_symbolic(a_base, b_base, bidx, n0, remaining, masks, masked)
+            self._matmul_panel_symbolic(a_base, b_base, bidx, n0, remaining, masks, masked,
+                                        nv=nv)
             return
         b = self.builder
         _, M, _, _ = self._matmul_shape()
-        mr, nv = self._matmul_tile()
+        mr, tile_nv = self._matmul_tile()
+        nv = tile_nv if nv is None else nv   # the last, partial panel's may be narrower
         full, rest = divmod(M, mr)
-        args = (nv, a_base, b_base, bidx, n0, remaining, masks, masked)
+        args = (nv, a_base, b_base, bidx, n0, remaining, masks[:nv], masked)
+        if self._row_chunk is not None:
+            self._matmul_chunk(mr, full, rest, args)
+            return
         first = 0
         if self._packed_b is not None:   # _packs_b: M >= PACK_B_MIN_ROWS, at least one block
             assert full >= 1
             self._matmul_block(const_i64(0), mr, *args, fill=True)
+            first = 1
+        elif not masked and full >= 2 and self._prefetches_next_panel():
+            self._matmul_block(const_i64(0), mr, *args, ahead=True)
             first = 1
         if full > first:
             with for_range(b, const_i64(first), const_i64(full), "mb") as mb:
                 self._matmul_block(b.mul(mb, const_i64(mr)), mr, *args)
         if rest:
             self._matmul_block(const_i64(full * mr), rest, *args)
+
+    def _matmul_chunk(self, mr: int, full: int, rest: int, args: tuple) -> None:
+        """The row blocks of chunk ``_row_chunk`` of a panel (``_row_chunks``): whole blocks
+        c * full / chunks .. (c + 1) * full / chunks (at least one), the first filling a
+        packed panel as ``_matmul_panel``'s does; the last chunk also the M % mr rows left."""
+        b = self.builder
+        c, chunks = self._row_chunk
+        b0 = b.sdiv(b.mul(c, const_i64(full)), const_i64(chunks))
+        b1 = b.sdiv(b.mul(b.add(c, const_i64(1)), const_i64(full)), const_i64(chunks))
+        if self._packed_b is not None:
+            self._matmul_block(b.mul(b0, const_i64(mr)), mr, *args, fill=True)
+            b0 = b.add(b0, const_i64(1))
+        with for_range(b, b0, b1, "mb") as mb:
+            self._matmul_block(b.mul(mb, const_i64(mr)), mr, *args)
+        if rest:
+            with b.if_then(b.icmp_signed("==", c, const_i64(chunks - 1))):
+                self._matmul_block(const_i64(full * mr), rest, *args)
 
     def _prefetch(self, ptr: ir.Value) -> None:
         """Hint the cache line at ``ptr`` (a float pointer) into L1 for reading."""
@@ -292,7 +385,7 @@ class MatmulMixin:
                     ir.Constant(I32, 1)])
 
     def _matmul_block(self, m0, rows: int, nv: int, a_base, b_base, bidx, n0, remaining, masks,
-                      masked: bool, fill: bool = False) -> None:
+                      masked: bool, fill: bool = False, ahead: bool = False) -> None:
         """Rows m0 .. m0 + rows (all present) of one panel: the microkernel, then the epilogue.
         B's rows come from the packed panel ``_packed_b`` if set, else from B (row stride N);
         ``fill``: from B, each vector also stored into ``_packed_b``, and the line
@@ -304,6 +397,8 @@ class MatmulMixin:
         packed = self._packed_b
         line_floats = 64 // 4
         const_panel = self._const_panel_vector(b_base, n0, nv)
+        # ``ahead`` (_prefetches_next_panel): the next panel's vectors, prefetched row by row
+        nxt = self._const_panel_offsets(b.add(n0, const_i64(nr)), nv) if ahead else None
 
         def a_scalar(k, u, i):
             return b.load(b.gep(a_base, [b.add(b.mul(b.add(m0, const_i64(i)), const_i64(K)), k)],
@@ -311,6 +406,10 @@ class MatmulMixin:
 
         def b_vector(k, u, v):
             if const_panel is not None:
+                if nxt is not None:
+                    nrp = int(self.match.tag.attrs["nr"])
+                    self._prefetch(b.gep(b_base, [b.add(nxt[v], b.mul(k, const_i64(nrp)))],
+                                         inbounds=True))
                 return const_panel(k, v)
             in_panel = b.add(b.mul(k, const_i64(nr)), const_i64(v * self.vl))
             if packed is not None and not fill:   # the panel, contiguous: row k at k * nr
@@ -335,14 +434,15 @@ class MatmulMixin:
         self._store_matmul_tile(tile, bidx, m0, rows, nv, n0, remaining, masks, masked)
 
     def _matmul_panel_symbolic(self, a_base, b_base, bidx, n0, remaining, masks,
-                               masked: bool) -> None:
+                               masked: bool, nv: int | None = None) -> None:
         """A panel of a matmul whose M (and K, batch dims) are known at run time: blocks of the
         register tile's rows while whole ones fit, then one block of the rows left (a
         microkernel for each possible count, 1 .. rows - 1)."""
         b = self.builder
         _, M_dim, K_dim, _ = self._matmul_shape()
         M, K = self._dim_value(M_dim), self._dim_value(K_dim)
-        mr, nv = self._matmul_tile()
+        mr, tile_nv = self._matmul_tile()
+        nv = tile_nv if nv is None else nv
         full = b.mul(b.sdiv(M, const_i64(mr)), const_i64(mr))
         with for_range(b, const_i64(0), b.sdiv(M, const_i64(mr)), "mb") as mb:
             self._matmul_rows(b.mul(mb, const_i64(mr)), mr, nv, K, a_base, b_base, bidx, n0,
