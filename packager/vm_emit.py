@@ -47,8 +47,9 @@ the vm record's ``grows``: its initial value appended before the LOOP, the body'
 the body (several rows at once).
 
 Tensors are rows of a table: ``[0, arena offset, shape, dtype]`` or ``[1, constant, shape,
-dtype]``. A reshape is a second row over the same bytes, so it costs no instruction. Each input
-record lists its ``views``: its own row and those of its reshapes.
+dtype]``. A reshape is a second row over the same bytes, so it costs no instruction; so is a
+``slice_view`` (a leading-contiguous slice, passes/slice_views.py), at its offset into them. Each
+input record lists its ``views``: its own row and those of its reshapes.
 
 The program's rows are the bundle header's records (``runtime/header.py``: ``TensorRow``,
 ``IORow``, ``LibraryCall``, ``Symbolic``), which the export puts in the plan as they are
@@ -196,6 +197,7 @@ def emit_program(mod: IRModule, kernels: dict[str, KernelInfo], func: str = "mai
     sizes_row: list[int] = []   # the tensor row of the sizes array (symbolic kernels' last arg)
     tensor_of: dict[int, int] = {}          # id(value) -> tensor row
     storage_of_tensor: dict[int, int] = {}  # tensor row -> storage id (arena rows only)
+    view_delta: dict[int, int] = {}   # tensor row -> bytes past its storage's start (slice_view)
     buffers: dict[int, Buffer] = {}
     kernel_index: dict[str, int] = {}
     const_index: dict[int, int] = {}
@@ -269,7 +271,15 @@ def emit_program(mod: IRModule, kernels: dict[str, KernelInfo], func: str = "mai
             src = use(v.args[0], step)
             if rows[src][0] == CONST:
                 raise VMEmitError(f"{b.var.name}: view of a constant should have been folded")
-            tensor_of[id(b.var)] = arena_tensor(b.var.type, storage_of_tensor[src])
+            t = tensor_of[id(b.var)] = arena_tensor(b.var.type, storage_of_tensor[src])
+            delta = view_delta.get(src, 0)
+            if v.op == "slice_view":   # a leading-contiguous slice: its offset in the buffer
+                delta += int(v.attrs["offset"]) * te.itemsize(v.type.dtype)
+            if delta:
+                if size_vars:
+                    raise VMEmitError(f"{b.var.name}: a view at an offset in a symbolic "
+                                      "program (its rows hold storage ids, not offsets)")
+                view_delta[t] = delta
             return
         if isinstance(v, (Var, Constant)):
             tensor_of[id(b.var)] = use(v, step)
@@ -528,9 +538,9 @@ def emit_program(mod: IRModule, kernels: dict[str, KernelInfo], func: str = "mai
         return prog
     offsets, prog.arena_bytes = plan_memory(list(buffers.values()))
     prog.intermediate_bytes = sum(b.size for b in buffers.values())
-    for row in rows:
+    for t, row in enumerate(rows):
         if row[0] == ARENA:
-            row[1] = offsets[row[1]]
+            row[1] = offsets[row[1]] + view_delta.get(t, 0)
     prog.tensors = [_tensor_row(r) for r in rows]
     return prog
 

@@ -36,6 +36,21 @@ def bitcast(x: np.ndarray, dtype: str = "float32") -> np.ndarray:
     return np.ascontiguousarray(x).view(dtype)
 
 
+def _infer_slice_view(x: TensorType, shape=(), offset: int = 0) -> TensorType:
+    shape = tuple(int(d) for d in shape)
+    if not is_static(x.shape) or offset < 0 or offset + int(np.prod(shape)) > product(x.shape):
+        raise ValueError(f"slice_view {shape} at {offset} does not lie inside {x.shape}")
+    return TensorType(shape, x.dtype)
+
+
+@register_op("slice_view", VIEW, _infer_slice_view)
+def slice_view(x: np.ndarray, shape=(), offset: int = 0) -> np.ndarray:
+    """The ``prod(shape)`` elements of ``x`` from element ``offset`` on (row-major), as
+    ``shape``: a leading-contiguous slice (passes/slice_views.py), a view with no kernel."""
+    flat = np.ascontiguousarray(x).reshape(-1)
+    return flat[int(offset):int(offset) + int(np.prod(shape))].reshape(shape)
+
+
 def _infer_transpose(x: TensorType, axes=None) -> TensorType:
     axes = tuple(reversed(range(len(x.shape)))) if axes is None else tuple(axes)
     return TensorType(tuple(x.shape[a] for a in axes), x.dtype)

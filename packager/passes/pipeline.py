@@ -19,6 +19,7 @@ from .normalize import fuse_normalize
 from .layout import (pack_conv_rows, pack_conv_weights, pack_matmul_weights, pretranspose_weights,
                      weights_to_bf16)
 from .legalize import legalize
+from .slice_views import slices_as_views
 from .quad_weights import pack_conv_quads
 from .rnn import drop_unread_cell_state
 from .fuse_qdq import fuse_quantized
@@ -61,6 +62,7 @@ DEFAULT_PIPELINE: tuple[Pass, ...] = (
     Pass("pack_matmul_weights", pack_matmul_weights, takes_options=True),
     Pass("weights_to_bf16", weights_to_bf16, takes_options=True),
     Pass("pack_conv_quads", pack_conv_quads, takes_options=True),
+    Pass("slices_as_views", slices_as_views),
     Pass("legalize", legalize),
     Pass("fuse_ops", fuse_ops),
     Pass("eliminate_dead_code", eliminate_dead_code),

@@ -206,6 +206,20 @@ def test_outputs_are_bit_identical_to_the_python_runtime(build, bundles, tmp_pat
     assert_bit_identical(build, bundles[name], _feeds(bundles[name]), tmp_path)
 
 
+def test_channel_split_views_bit_identical(build, tmp_path) -> None:
+    """A batch-1 plan whose channel Split/Slice are views at offsets into their input's buffer
+    (tests/passes/test_channel_slices_are_views.py): the C runtime reads them where the Python
+    runtime does."""
+    import onnx
+    from mlcpack.packager.api import Options, export
+    from test_channel_slices_are_views import _model
+
+    onnx.save(_model(1), tmp_path / "m.onnx")
+    export(tmp_path / "m.onnx", tmp_path / "m.mlc", Options(cache=False, check=False))
+    x = np.random.default_rng(3).standard_normal((1, 8, 6, 6)).astype(np.float32)
+    assert_bit_identical(build, tmp_path / "m.mlc", {"x": x}, tmp_path)
+
+
 def test_conv_net_has_parallel_kernels_and_zero_copy(build, bundles) -> None:
     """So the 2-thread runs above go through the bundle's hand-off code and the C workers, and
     the kernels read the input where mlcrun holds it and write the output into its buffer."""
