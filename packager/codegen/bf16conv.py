@@ -174,10 +174,31 @@ class PairConvEmitter(ContractionEmitter):
                 u_hi = b.select(b.icmp_signed("<", u_hi, const_i64(g["rows"])), u_hi,
                                 const_i64(g["rows"]))
                 self._fill_pair_planes(g, x_img, planes, u_lo, u_hi)
+                tail = self._tail_geometry(g)
                 with for_range(b, lo, hi, "work") as work:
                     mb = b.srem(work, const_i64(mblocks))
                     jp = b.sdiv(work, const_i64(mblocks))
-                    self._pair_block(g, n, mb, jp, planes)
+                    if tail is None:
+                        self._pair_block(g, n, mb, jp, planes)
+                    else:
+                        last = b.icmp_signed("==", jp, const_i64(g["panels"] - 1))
+                        with b.if_else(last) as (in_tail, in_body):
+                            with in_tail:
+                                self._pair_block(tail, n, mb, jp, planes)
+                            with in_body:
+                                self._pair_block(g, n, mb, jp, planes)
+
+    def _tail_geometry(self, g: dict) -> dict | None:
+        """vdpbf16ps on a 1x1 window: the last panel with only the vectors that hold outputs
+        (``nv`` of them where the panel is full: None), so that a 14x14 plane in panels of 32
+        pixels computes 208 of them, not 224."""
+        if not self.dot or g["kh"] * g["kw"] != 1:
+            return None
+        left = g["pflat"] - (g["panels"] - 1) * g["nr"]
+        nv = -(-left // self.vl)
+        if nv >= g["nv"]:
+            return None
+        return dict(g, nv=nv, nr=nv * self.vl, panel_nr=g["nr"])
 
     # ---- the planes ---------------------------------------------------------------------------
 
@@ -295,7 +316,7 @@ class PairConvEmitter(ContractionEmitter):
         taps = [(ky, kx) for ky in range(g["kh"]) for kx in range(g["kw"])]
         ntaps = len(taps)
         sh, sw, ny, nx, wq, pstride = g["sh"], g["sw"], g["ny"], g["nx"], g["wq"], g["pstride"]
-        p0 = b.mul(jp, const_i64(nr))
+        p0 = b.mul(jp, const_i64(g.get("panel_nr", nr)))   # (a tail panel: the full panels')
         oc0 = b.mul(mb, const_i64(mr))
         w_ptr = self.buffers[self.match.tag.operands[1].uid]
         # rows past the last channel repeat it: computed, not stored

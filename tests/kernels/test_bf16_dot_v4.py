@@ -304,8 +304,10 @@ def _conv_model(c: int, o: int, k: int, hw: int, stride: int):
 
 
 # an odd C (the last pair's odd channel is zero), a stride-2 3x3 with padding, 20 output
-# channels (a partial block of tile rows); a strided 1x1
-CONV_CASES = {"3x3_s2": (5, 20, 3, 11, 2), "1x1_s2": (6, 16, 1, 9, 2)}
+# channels (a partial block of tile rows); a strided 1x1; a 1x1 on 14x14 (panels of 32 pixels,
+# the last one a 1-vector tail panel: 196 = 6 * 32 + 4)
+CONV_CASES = {"3x3_s2": (5, 20, 3, 11, 2), "1x1_s2": (6, 16, 1, 9, 2),
+              "1x1_tail": (6, 16, 1, 14, 1)}
 
 
 def vdpbf16ps_conv(x: np.ndarray, wp: np.ndarray, strides, padding) -> np.ndarray:
@@ -379,6 +381,21 @@ def test_conv_kernel_selected_and_emitted(conv_compiled, case):
     assert "vbroadcastss" in asm[V4_BF16] or "{1to16}" in asm[V4_BF16]
     # without avx512_bf16 the same pair weights are widened on float32 planes
     assert "vdpbf16ps" not in asm["x86-64-v4"] and "vcvtne2ps2bf16" not in asm["x86-64-v4"]
+
+
+def test_conv_1x1_tail_panel():
+    """vdpbf16ps 1x1 windows: a last panel with fewer vectors than the tile's computes only
+    those that hold outputs (the 1x1_tail case: 6 panels of 2 vectors and one of 1)."""
+    from mlcpack.packager.codegen.bf16conv import PairConvEmitter, pair_conv_geometry
+
+    g = pair_conv_geometry((1, 6, 14, 14), (16, 3, 1, 1, 2), (1, 16, 14, 14), (1, 1),
+                           (0, 0, 0, 0), 16)
+    assert (g["mr"], g["nv"], g["panels"]) == (8, 2, 7)
+    fake = type("E", (), {"dot": True, "vl": 16})()
+    tail = PairConvEmitter._tail_geometry(fake, g)
+    assert (tail["nv"], tail["nr"], tail["panel_nr"]) == (1, 16, 32)
+    fake.dot = False   # the widened levels (and 3x3 windows) keep whole panels
+    assert PairConvEmitter._tail_geometry(fake, g) is None
 
 
 @pytest.mark.parametrize("case", sorted(CONV_CASES))
