@@ -144,3 +144,41 @@ def test_chain_math_is_lane_wise() -> None:
     from mlcpack.packager.codegen.vecmath_lanes import VECTOR_MATH
 
     assert CHAIN_MATH <= VECTOR_MATH
+
+
+def _markstein(x: np.ndarray, d: np.float32) -> np.ndarray:
+    """``QEmitter._divide_by_invariant`` in numpy, exactly: r = 1 / d, q = x * r, then
+    q + (x - q * d) * r with FMAs (one rounding each), emulated in float64 with the second
+    FMA's sum kept exact (TwoSum) and rounded to float32 once."""
+    r = np.float32(1) / d
+    q = x * r
+    rem64 = x.astype(np.float64) - q.astype(np.float64) * np.float64(d)    # exact
+    rem = rem64.astype(np.float32)
+    assert np.array_equal(rem.astype(np.float64), rem64)    # the remainder is a float32
+    p = rem.astype(np.float64) * np.float64(r)                             # exact
+    q64 = q.astype(np.float64)
+    s = q64 + p
+    bb = s - q64
+    err = (q64 - (s - bb)) + (p - bb)                      # s + err == q + p exactly
+    c = s.astype(np.float32)
+    # s rounded onto a float32 midpoint: the exact sum's side of it decides
+    lo = np.where(c.astype(np.float64) > s, np.nextafter(c, np.float32(-np.inf)), c)
+    hi = np.nextafter(lo, np.float32(np.inf))
+    at = (s == (lo.astype(np.float64) + hi.astype(np.float64)) / 2) & (err != 0)
+    return np.where(at, np.where(err > 0, hi, lo), c)
+
+
+def test_division_by_an_invariant_is_exact() -> None:
+    """The chain's divisions by a constant or a per-tensor / per-channel value (HardSwish's
+    ``/ 6``, QuantizeLinear's ``/ scale``) are a reciprocal multiply and one FMA correction
+    step at x86-64-v3 and up: the correctly rounded quotient (``fdiv``'s) for every float32
+    significand (x in [1, 2); other binades scale exactly) of these divisors, where the
+    plain reciprocal multiply is off on a third of them."""
+    x = (np.arange(1 << 23, dtype=np.uint32) | np.uint32(0x3F800000)).view(np.float32)
+    rng = np.random.default_rng(1)
+    divisors = [6.0, 3.0, *rng.uniform(1e-3, 0.2, 2)]
+    for d in np.asarray(divisors, np.float32):
+        want = x / d
+        assert np.array_equal(_markstein(x, d), want), d
+        if d != 3.0:
+            assert not np.array_equal(x * (np.float32(1) / d), want)
