@@ -146,15 +146,6 @@ def align_workspace(n: int) -> int:
     return -(-n // WORKSPACE_ALIGN) * WORKSPACE_ALIGN
 
 
-def _invariant(e: te.Expr) -> bool:
-    """A chain operand the same for every element of a channel: a constant, a placeholder
-    (per tensor or per channel: ``qchain.match_chain`` allows no other reads of one), or a
-    float32 cast of either."""
-    if isinstance(e, te.Cast):
-        e = e.value
-    return isinstance(e, te.Const) or (isinstance(e, te.Read) and e.tensor.body is None)
-
-
 class QEmitter(KernelEmitter):
     def __init__(self, module: ir.Module, func: PrimFunc, symbol: str, tag, avx2: bool,
                  size_vars: tuple[str, ...] = ()):
@@ -522,8 +513,6 @@ class QEmitter(KernelEmitter):
                     else:
                         name = f"llvm.{'maximum' if e.op == 'max' else 'minimum'}.v{n}f32"
                         v = b.call(intrinsic(self.module, name, vty, [vty, vty]), [x, y])
-                elif e.op == "div" and self.avx2 and _invariant(e.b):
-                    v = self._divide_by_invariant(x, y)
                 else:
                     v = {"add": b.fadd, "sub": b.fsub, "mul": b.fmul, "div": b.fdiv}[e.op](x, y)
             elif isinstance(e, te.Compare):
@@ -553,25 +542,6 @@ class QEmitter(KernelEmitter):
             return v
 
         return stage_value(ch.out)
-
-    def _divide_by_invariant(self, x: ir.Value, d: ir.Value) -> ir.Value:
-        """x / d for a divisor the same across the chain's loop (a constant, a value per
-        tensor or per channel: HardSwish's ``/ 6``, QuantizeLinear's ``/ scale``) without a
-        division per vector: r = 1 / d (one division LLVM hoists out of the loop: the kernels'
-        pointers are noalias), q = x * r, then one Newton / Markstein step with FMAs,
-        q + (x - q * d) * r (the remainder x - q * d is exact in an FMA). That is the
-        correctly rounded quotient wherever q is within an ulp of it (``tests/kernels/
-        test_int8_chain_epilogue.py`` checks every float32 significand for the recognizer's
-        divisors); where it is not, at most one ulp off, which moves a quantized value by one
-        step only on a rounding tie. Levels with FMA only (``self.avx2``: x86-64-v3 and up);
-        x86-64-v2 keeps ``fdiv``."""
-        b = self.builder
-        vty = x.type
-        fma = intrinsic(self.module, f"llvm.fma.v{vty.count}f32", vty, [vty] * 3)
-        r = b.fdiv(ir.Constant(vty, [1.0] * vty.count), d)
-        q = b.fmul(x, r)
-        rem = b.call(fma, [b.fneg(q), d, x])
-        return b.call(fma, [rem, r, q])
 
     def chain_copy(self, src: ir.Value, dst: ir.Value, n, channel: ir.Value) -> None:
         """dst[i] = chain(src[i]) for i < ``n`` (an int or a run-time i64): float32 ``src``
