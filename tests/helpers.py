@@ -290,3 +290,20 @@ def self_loops(asm: str) -> list[list[str]]:
                 loops.append(body)
                 label = None
     return loops
+
+
+def capture_compiles(monkeypatch) -> list:
+    """The (target, compiled code) pairs of every ``export.compile_for_targets`` call from now
+    on in this test, in order (the export's own compile, spied on, not replaced)."""
+    import mlcpack.packager.export as export
+
+    captured: list = []
+    real = export.compile_for_targets
+
+    def spy(funcs, targets, *args, **kwargs):
+        out = real(funcs, targets, *args, **kwargs)
+        captured.extend(zip(targets, out))
+        return out
+
+    monkeypatch.setattr(export, "compile_for_targets", spy)
+    return captured

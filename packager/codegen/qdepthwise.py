@@ -134,17 +134,7 @@ class _QDepthwise(QEmitter):
         b = self.builder
         buf = self.buffers
         lo, hi, region = self._task_span(parallel, regions, planes, task, ntasks)
-        xzp = b.load(buf[x_zp.uid])
-        shift = self._quad_shift(x.dtype) if self.quads else 0
-        zq = b.add(xzp, ir.Constant(I32, shift))       # quads: x's zero point as stored
-        if self.quads:
-            pad_elt = b.trunc(zq, I8)
-            pad_word = b.mul(b.zext(pad_elt, I32), ir.Constant(I32, 0x01010101))
-        else:
-            pad_elt = ir.Constant(I16, 0)
-            pad_word = ir.Constant(I32, 0)
-        if not self.float_out:
-            self.y_zp = self._splat(b.load(buf[y_zp.uid]), V8F32)
+        xzp, zq, pad_elt, pad_word = self._plane_pads(x.dtype, buf[x_zp.uid], buf[y_zp.uid])
         plane = b.bitcast(b.gep(ws, [b.mul(region, const_i64(p_bytes))]), I32.as_pointer())
         # the margins keep the padding: every plane writes the same rectangle
         with for_range(b, const_i64(0), const_i64(len(phases) * phase_words), "pz") as i:
@@ -214,6 +204,25 @@ class _QDepthwise(QEmitter):
             if s_bytes:
                 self.chain_copy(yb, out_y, oh * ow, ch)
         return self._finish(body_fn, n_ptrs, ptr_types, workspace, parallel)
+
+    def _plane_pads(self, dtype: str, x_zp_ptr, y_zp_ptr):
+        """x's zero point (loaded), as stored in the planes (``zq``: quads shift it), the
+        padding element and the padding word of four (the zero point: padding adds nothing);
+        sets ``self.y_zp`` where the result is 8-bit. Both kernels (static, run-time sizes);
+        ``QEmitter._zero_points`` without the padding, for the GEMM kernels."""
+        b = self.builder
+        xzp = b.load(x_zp_ptr)
+        shift = self._quad_shift(dtype) if self.quads else 0
+        zq = b.add(xzp, ir.Constant(I32, shift))       # quads: x's zero point as stored
+        if self.quads:
+            pad_elt = b.trunc(zq, I8)
+            pad_word = b.mul(b.zext(pad_elt, I32), ir.Constant(I32, 0x01010101))
+        else:
+            pad_elt = ir.Constant(I16, 0)
+            pad_word = ir.Constant(I32, 0)
+        if not self.float_out:
+            self.y_zp = self._splat(b.load(y_zp_ptr), V8F32)
+        return xzp, zq, pad_elt, pad_word
 
     def _plane_constants(self, ch, kh: int, kw: int, starts: list[int], zq):
         """Channel ``ch``'s broadcast weight tuples {(ky, kx0): vector}, its accumulators'
@@ -503,17 +512,7 @@ class _QDepthwise(QEmitter):
                         const_i64(WORKSPACE_ALIGN))
         planes = b.mul(batch, const_i64(c))
         lo, hi, region = self._task_span(parallel, regions, planes, task, ntasks)
-        xzp = b.load(buf[x_zp.uid])
-        shift = self._quad_shift(x.dtype) if self.quads else 0
-        zq = b.add(xzp, ir.Constant(I32, shift))
-        if self.quads:
-            pad_elt = b.trunc(zq, I8)
-            pad_word = b.mul(b.zext(pad_elt, I32), ir.Constant(I32, 0x01010101))
-        else:
-            pad_elt = ir.Constant(I16, 0)
-            pad_word = ir.Constant(I32, 0)
-        if not self.float_out:
-            self.y_zp = self._splat(b.load(buf[y_zp.uid]), V8F32)
+        xzp, zq, pad_elt, pad_word = self._plane_pads(x.dtype, buf[x_zp.uid], buf[y_zp.uid])
         plane = b.bitcast(b.gep(ws, [b.mul(region, p_bytes)]), I32.as_pointer())
         with for_range(b, const_i64(0), b.mul(phase_words, const_i64(len(phases))), "pz") as i:
             b.store(pad_word, b.gep(plane, [i]))

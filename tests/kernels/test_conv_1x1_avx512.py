@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from conv_models import avx512_host, conv_feeds, conv_model, export_model
-from helpers import self_loops
+from helpers import capture_compiles, self_loops
 
 
 ort = pytest.importorskip("onnxruntime")
@@ -46,18 +46,9 @@ def test_16_lane_tiles_packed_past_l2(c, o, hw, packed):
 def test_zmm_product_loop_without_spills(tmp_path, monkeypatch, c, o, hw, choice):
     import llvmlite.binding as llvm
 
-    import mlcpack.packager.export as export
     from mlcpack.packager.codegen.build import _target_machine
 
-    captured = []
-    real = export.compile_for_targets
-
-    def spy(funcs, targets, *args, **kwargs):
-        out = real(funcs, targets, *args, **kwargs)
-        captured.extend(zip(targets, out))
-        return out
-
-    monkeypatch.setattr(export, "compile_for_targets", spy)
+    captured = capture_compiles(monkeypatch)
     export_model(tmp_path, conv_model(1, c, hw, hw, o, 1, 1))
     (target, code), = captured
     assert choice in next(iter(code.kernels.values())).choice

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from conftest import X86_V3
 from conv_models import avx512_host, conv_feeds, conv_model, export_model
-from helpers import self_loops
+from helpers import capture_compiles, self_loops
 from mlcpack.runtime.cpu import host_arch, host_features
 
 ort = pytest.importorskip("onnxruntime")
@@ -56,18 +56,9 @@ def test_zmm_tile_stays_in_registers(tmp_path, monkeypatch, c, o, hw, s, choice,
     """The v4 kernel's product loop: 8 pixels (tiles) x 2 zmm vectors, every multiply-add on
     zmm registers, no stack access (12 pixels spilled: 244 stack accesses per 216 FMAs)."""
     import llvmlite.binding as llvm
-    import mlcpack.packager.export as export
     from mlcpack.packager.codegen.build import _target_machine
 
-    captured = []
-    real = export.compile_for_targets
-
-    def spy(funcs, targets, *args, **kwargs):
-        out = real(funcs, targets, *args, **kwargs)
-        captured.extend(zip(targets, out))
-        return out
-
-    monkeypatch.setattr(export, "compile_for_targets", spy)
+    captured = capture_compiles(monkeypatch)
     export_model(tmp_path, conv_model(1, c, hw, hw, o, 3, s))
     (target, code), = captured
     assert choice in next(iter(code.kernels.values())).choice

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from conftest import X86_V2, X86_V3
 from conv_models import conv_feeds, conv_model
-from helpers import self_loops
+from helpers import capture_compiles, self_loops
 
 ort = pytest.importorskip("onnxruntime")
 
@@ -124,18 +124,9 @@ def test_open_winograd_product_loop_keeps_its_offsets_in_registers(tmp_path, mon
     touches the stack at most once (the stride's own reload; main's loop reloaded 3 offsets
     here, 8 in a 64 -> 64 layer with SiLU)."""
     import llvmlite.binding as llvm
-    import mlcpack.packager.export as export
     from mlcpack.packager.codegen.build import _target_machine
 
-    captured = []
-    real = export.compile_for_targets
-
-    def spy(funcs, targets, *args, **kwargs):
-        out = real(funcs, targets, *args, **kwargs)
-        captured.extend(zip(targets, out))
-        return out
-
-    monkeypatch.setattr(export, "compile_for_targets", spy)
+    captured = capture_compiles(monkeypatch)
     monkeypatch.setenv("MLCPACK_CPU_FEATURES", X86_V3)
     _export(tmp_path, _open(conv_model(1, 32, 8, 8, 32, 3, 1)), "x86-64-v3")
     (target, code), = captured

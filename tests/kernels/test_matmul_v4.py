@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from conv_models import avx512_host
-from helpers import self_loops
+from helpers import capture_compiles, self_loops
 from onnx import TensorProto, helper
 from test_matmul_packed_weights import _check, _feeds, _model
 
@@ -36,18 +36,9 @@ def _product_loops(tmp_path, monkeypatch, model, target=V4) -> tuple[list[str], 
     """(kernel names, the FMA loops' instructions) of ``model`` compiled for ``target``."""
     import llvmlite.binding as llvm
 
-    import mlcpack.packager.export as export
     from mlcpack.packager.codegen.build import _target_machine
 
-    captured = []
-    real = export.compile_for_targets
-
-    def spy(funcs, targets, *args, **kwargs):
-        out = real(funcs, targets, *args, **kwargs)
-        captured.extend(zip(targets, out))
-        return out
-
-    monkeypatch.setattr(export, "compile_for_targets", spy)
+    captured = capture_compiles(monkeypatch)
     monkeypatch.setenv("MLCPACK_CACHE_DIR", "off")   # compile here, not a cached object
     _export(tmp_path, model, target)
     (tgt, code), = captured
