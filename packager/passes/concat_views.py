@@ -1,0 +1,161 @@
+"""A concat of a leading-contiguous range (channels at batch 1, or the outer-most axis: every
+axis before the concatenated one has extent 1) is made in place: the kernels that produce its
+parts write them straight into the concat's buffer at their byte offsets, and the concat kernel
+disappears (the mirror of ``passes/slice_views.py``). Only in a static ``main``, after fusion
+(a concat that took an elementwise epilogue stays a kernel), and never over an input's or an
+output's bytes (the runtimes read inputs and write outputs in place through their rows).
+
+The concat becomes a ``concat_in_place`` call whose ``hosted`` attribute says, per part,
+whether that part's value is written in place; ``vm_emit`` gives the concat one buffer, alive
+from its first part's kernel to its last reader, and each hosted value (through its reshapes)
+a tensor row at its offset in it. A part that is not hosted is copied there (a ``COPY``
+instruction) where the concat ran: a graph input, a constant, a slice view (its bytes are
+another buffer's), a value a library call or a branch made, a model output, a value another
+concat (or an earlier part of this one) already hosts, or one at an offset that is not a whole
+64-byte unit (the planner's alignment, which every kernel may assume of its output). A concat
+that would host nothing stays a kernel. A nested concat made in place is itself hosted: its
+parts land in the outer concat's buffer.
+
+The format does not change: a view at a byte offset is a tensor row (as for slice views)."""
+
+from __future__ import annotations
+
+import re
+
+from ..ir.graph import Call, CallTIR, Function, IRModule, PrimFunc, Var
+from ..ir.sym import is_static
+from ..ops import get_op
+from ..ops.registry import INJECTIVE, VIEW
+from .common import rewrite_function
+from .slice_views import _static_program
+
+PART_ALIGN = 64   # bytes: a hosted part's offset in the concat's buffer is a multiple of this
+_CONCAT_KERNEL = re.compile(r"concat\d*")   # legalize's names for a concat's own kernel
+
+
+def concat_axis(call: CallTIR, func: PrimFunc) -> int | None:
+    """The axis ``call`` (a call of a legalized, unfused ``concat``) concatenates along, when
+    the result is the parts one after the other in memory (each axis before it of extent 1),
+    else None."""
+    if (not _CONCAT_KERNEL.fullmatch(call.func) or func.attrs.get("op_kind") != INJECTIVE
+            or len(call.args) < 2):
+        return None
+    out = tuple(call.type.shape)
+    shapes = [tuple(a.type.shape) for a in call.args]
+    if not is_static(out) or not all(is_static(s) and len(s) == len(out) for s in shapes):
+        return None
+    if any(a.type.dtype != call.type.dtype for a in call.args):
+        return None
+    differ = {d for s in shapes for d in range(len(out)) if s[d] != out[d]}
+    if len(differ) > 1:
+        return None
+    axis = differ.pop() if differ else next((d for d in range(len(out))
+                                             if sum(s[d] for s in shapes) == out[d]), None)
+    if axis is None or sum(s[axis] for s in shapes) != out[axis]:
+        return None
+    if any(out[d] != 1 for d in range(axis)):
+        return None
+    return axis
+
+
+def part_offsets(call: Call) -> list[int]:
+    """Each part's byte offset in the result of a ``concat_in_place`` call."""
+    offsets, at = [], 0
+    for a in call.args:
+        offsets.append(at)
+        at += a.type.nbytes
+    return offsets
+
+
+def view_root(v, made: dict):
+    """The value whose whole buffer ``v``'s bytes are, through reshapes (None through a slice
+    view: its bytes are part of another buffer)."""
+    while isinstance(made.get(id(v)), Call) and get_op(made[id(v)].op).kind == VIEW:
+        call = made[id(v)]
+        if call.op not in ("reshape", "bitcast"):
+            return None
+        v = call.args[0]
+    return v
+
+
+def concats_in_place(mod: IRModule, func: str = "main") -> IRModule:
+    fn = mod.functions.get(func)
+    if not isinstance(fn, Function) or not _static_program(mod, fn):
+        return mod
+    bindings = list(fn.bindings())
+    made = {id(b.var): b.value for b in bindings}
+    io = {id(p) for p in fn.params}
+    for o in fn.outputs:   # an output's bytes, and what they are a view of
+        while True:
+            io.add(id(o))
+            value = made.get(id(o))
+            if not (isinstance(value, Call) and get_op(value.op).kind == VIEW):
+                break
+            o = value.args[0]
+    concats = {}
+    for b in bindings:
+        v = b.value
+        if isinstance(v, CallTIR) and id(b.var) not in io:
+            func_ = mod.functions.get(v.func)
+            if isinstance(func_, PrimFunc):
+                axis = concat_axis(v, func_)
+                if axis is not None:
+                    concats[id(b.var)] = axis
+    if not concats:
+        return mod
+
+    hosted_by: set[int] = set()   # values some concat hosts
+    decided: dict[int, tuple[bool, ...]] = {}
+    for b in bindings:   # program order: a value feeding two concats is the first one's
+        if id(b.var) not in concats:
+            continue
+        flags, at = [], 0
+        for a in b.value.args:
+            r = view_root(a, made) if isinstance(a, Var) else None
+            ok = (r is not None and id(r) not in io and id(r) not in hosted_by
+                  and at % PART_ALIGN == 0 and r.type.nbytes == a.type.nbytes
+                  and isinstance(made.get(id(r)), CallTIR))   # a kernel's output (a nested
+            # concat's too: made in place, its parts land here; else its kernel writes here)
+            if ok:
+                hosted_by.add(id(r))
+            flags.append(ok)
+            at += a.type.nbytes
+        if any(flags):
+            decided[id(b.var)] = tuple(flags)
+    if not decided:
+        return mod
+
+    def visit(b, lookup):
+        if id(b.var) not in decided:
+            return None
+        v = b.value
+        return Call("concat_in_place", list(v.args),
+                    {"axis": concats[id(b.var)], "hosted": decided[id(b.var)]}, v.type)
+
+    out = mod.copy()
+    out.functions[func] = rewrite_function(fn, visit)
+    called = {b.value.func for f in out.functions.values() if isinstance(f, Function)
+              for b in f.bindings() if isinstance(b.value, CallTIR)}
+    for name in [n for n, f in out.functions.items() if isinstance(f, PrimFunc)]:
+        if name not in called and _CONCAT_KERNEL.fullmatch(name) and name in mod.functions \
+                and any(mod.functions[name] is mod.functions.get(b.value.func)
+                        for b in bindings if id(b.var) in decided):
+            del out.functions[name]
+    return out
+
+
+def hosted_parts(fn: Function) -> dict[int, tuple[int, int]]:
+    """For a function after ``concats_in_place``: each hosted value's id (the buffer a part's
+    kernel writes, through its reshapes) -> (the id of the concat that hosts it, its byte
+    offset in the concat's result)."""
+    made = {id(b.var): b.value for b in fn.bindings()}
+    out: dict[int, tuple[int, int]] = {}
+    for b in fn.bindings():
+        v = b.value
+        if not (isinstance(v, Call) and v.op == "concat_in_place"):
+            continue
+        for a, hosted, offset in zip(v.args, v.attrs["hosted"], part_offsets(v)):
+            if hosted:
+                out[id(view_root(a, made))] = (id(b.var), offset)
+    return out
+

@@ -1,0 +1,97 @@
+"""A channel Concat at batch 1 is made in place in a static plan (passes/concat_views.py): the
+kernels that produce its parts write them into the concat's buffer at their offsets and the
+concat kernel disappears; a part that cannot be written there (a graph input, a constant, a
+slice view, a model output, a value another concat or an earlier part already holds) is copied
+in. Two to four parts, a nested concat, a concat read by a kernel before the outer one is
+complete, a concat that took an epilogue (stays a kernel), an output concat (stays a kernel).
+ONNX Runtime is the oracle; the C runtime gives the Python runtime's bytes."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+from onnx import TensorProto, helper, numpy_helper
+
+from mlcpack.packager.api import Options, export
+from mlcpack.runtime import load
+from mlcpack.runtime.bundle import BundleReader
+from mlcpack.runtime.header import Header
+
+
+def _model(batch) -> onnx.ModelProto:
+    rng = np.random.default_rng(35)
+
+    def weight(name, o, c):
+        return numpy_helper.from_array(rng.standard_normal((o, c, 1, 1)).astype(np.float32), name)
+
+    inits = [weight("wa", 4, 8), weight("wb", 4, 8), weight("wd", 4, 8), weight("we", 4, 24),
+             weight("wf", 4, 20), weight("wy", 4, 20), weight("wg", 4, 8),
+             numpy_helper.from_array(rng.standard_normal((batch if batch != "N" else 1, 4, 6, 6))
+                                     .astype(np.float32), "cst")]
+    inits += [numpy_helper.from_array(np.array([v], np.int64), n)
+              for v, n in ((0, "s0"), (4, "s1"), (1, "ax"))]
+    conv = lambda x, w, y: helper.make_node("Conv", [x, w], [y])  # noqa: E731
+    nodes = [
+        conv("x", "wa", "a"), conv("x", "wb", "b"),
+        helper.make_node("Sigmoid", ["x"], ["c"]),
+        helper.make_node("Concat", ["a", "b"], ["k1"], axis=1),             # 2 parts, b an output
+        conv("k1", "wd", "d"),                                               # reads k1 early
+        helper.make_node("Slice", ["c", "s0", "s1", "ax"], ["s"]),           # a slice view of c
+        helper.make_node("Concat", ["x", "a", "c", "d"], ["k2"], axis=1),    # 4: input, a again
+        conv("k2", "we", "e"),
+        helper.make_node("Concat", ["k1", "s", "e", "e"], ["k3"], axis=1),   # nested, e twice
+        conv("k3", "wf", "f"),
+        helper.make_node("Concat", ["f", "cst"], ["k4"], axis=1),            # a constant part
+        conv("k4", "wg", "g"),
+        conv("k3", "wy", "y1"),
+        helper.make_node("Concat", ["b", "e"], ["k5"], axis=1),              # takes an epilogue
+        helper.make_node("Sigmoid", ["k5"], ["h"]),
+        helper.make_node("Concat", ["d", "e"], ["o"], axis=1),               # an output
+    ]
+    shape = lambda c: [batch, c, 6, 6]  # noqa: E731
+    outs = [("b", 4), ("y1", 4), ("g", 4), ("h", 8), ("o", 8)]
+    graph = helper.make_graph(
+        nodes, "concats", [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape(8))],
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, shape(c)) for n, c in outs], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def _plans(path) -> list:
+    with BundleReader(path) as reader:
+        h = Header.from_msgpack(reader.header, reader.data_size, reader.name)
+    return list(h.plans) + list(h.specialized or ())
+
+
+def _concat_kernels(plan) -> list[str]:
+    return sorted(k.name for k in plan.kernels
+                  if any(s.get("op") == "Concat" for s in (k.source or ())))
+
+
+def _check(path, onnx_path, batches) -> None:
+    session = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(5)
+    for threads in (1, 2):
+        with load(path, threads=threads) as m:
+            for n in batches:
+                x = rng.standard_normal((n, 8, 6, 6)).astype(np.float32)
+                got = m.run({"x": x})
+                names = [o.name for o in session.get_outputs()]
+                for name, ref in zip(names, session.run(None, {"x": x})):
+                    np.testing.assert_allclose(got[name], ref, rtol=1e-4, atol=1e-4,
+                                               err_msg=f"{name} at batch {n}")
+
+
+def test_channel_concats_at_batch_1_are_made_in_place(tmp_path) -> None:
+    onnx.save(_model(1), tmp_path / "m.onnx")
+    export(tmp_path / "m.onnx", tmp_path / "m.mlc", Options(cache=False, check=False))
+    (plan,) = _plans(tmp_path / "m.mlc")
+    # k1..k4 in place; k5 took the Sigmoid, o is an output: their kernels stay
+    kernels = _concat_kernels(plan)
+    assert len(kernels) == 2 and kernels[1].startswith("fused_concat"), kernels
+    # the copies: b (an output) into k1; x, a into k2; s, the second e into k3; cst into k4
+    with load(tmp_path / "m.mlc") as m:
+        steps = [t.step for t in m.profile({"x": np.ones((1, 8, 6, 6), np.float32)},
+                                           runs=1).instructions]
+    assert [s.kind for s in steps].count("copy") == 6, [s.name for s in steps]
+    _check(tmp_path / "m.mlc", tmp_path / "m.onnx", [1, 1])
