@@ -49,7 +49,10 @@ the body (several rows at once).
 Tensors are rows of a table: ``[0, arena offset, shape, dtype]`` or ``[1, constant, shape,
 dtype]``. A reshape is a second row over the same bytes, so it costs no instruction; so is a
 ``slice_view`` (a leading-contiguous slice, passes/slice_views.py), at its offset into them. Each
-input record lists its ``views``: its own row and those of its reshapes.
+input record lists its ``views``: its own row and those of its reshapes. A ``concat_in_place``
+(passes/concat_views.py) has one buffer from its first part's kernel to its last reader: the
+kernels of its hosted parts write rows at their offsets in it (a nested one's parts at the
+outer one's), the other parts are COPY-ed in where the concat was, and it costs no kernel.
 
 The program's rows are the bundle header's records (``runtime/header.py``: ``TensorRow``,
 ``IORow``, ``LibraryCall``, ``Symbolic``), which the export puts in the plan as they are

@@ -95,3 +95,29 @@ def test_channel_concats_at_batch_1_are_made_in_place(tmp_path) -> None:
                                            runs=1).instructions]
     assert [s.kind for s in steps].count("copy") == 6, [s.name for s in steps]
     _check(tmp_path / "m.mlc", tmp_path / "m.onnx", [1, 1])
+
+
+def _open_batch_model() -> onnx.ModelProto:
+    rng = np.random.default_rng(7)
+    inits = [numpy_helper.from_array(rng.standard_normal((o, c, 1, 1)).astype(np.float32), n)
+             for n, o, c in (("wa", 4, 8), ("wb", 4, 8), ("wy", 4, 12))]
+    nodes = [helper.make_node("Conv", ["x", "wa"], ["a"]),
+             helper.make_node("Conv", ["x", "wb"], ["b"]),
+             helper.make_node("Concat", ["a", "b", "a"], ["k"], axis=1),
+             helper.make_node("Conv", ["k", "wy"], ["y"])]
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 8, 6, 6])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4, 6, 6])], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_open_batch_in_place_in_the_batch_1_plan_a_kernel_elsewhere(tmp_path) -> None:
+    onnx.save(_open_batch_model(), tmp_path / "m.onnx")
+    export(tmp_path / "m.onnx", tmp_path / "m.mlc", Options(cache=False, check=False))
+    plans = _plans(tmp_path / "m.mlc")
+    static = [p for p in plans if p.symbolic is None]
+    symbolic = [p for p in plans if p.symbolic is not None]
+    assert static and symbolic
+    assert all(_concat_kernels(p) == [] for p in static)
+    assert all(_concat_kernels(p) for p in symbolic)
+    _check(tmp_path / "m.mlc", tmp_path / "m.onnx", [1, 3, 1])
