@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import re
 
+from ..ir import te
 from ..ir.graph import Call, CallTIR, Function, IRModule, PrimFunc, Var
 from ..ir.sym import is_static
 from ..ops import get_op
@@ -78,6 +79,18 @@ def view_root(v, made: dict):
     return v
 
 
+def slice_of(v, made: dict) -> tuple[Var, int] | None:
+    """(the value whose whole buffer it is a slice of, the byte offset there) for a slice view
+    of a value (through reshapes), else None."""
+    call = made.get(id(v))
+    if not (isinstance(call, Call) and call.op == "slice_view"):
+        return None
+    root = view_root(call.args[0], made)
+    if root is None:
+        return None
+    return root, int(call.attrs["offset"]) * te.itemsize(call.type.dtype)
+
+
 def concats_in_place(mod: IRModule, func: str = "main") -> IRModule:
     fn = mod.functions.get(func)
     if not isinstance(fn, Function) or not _static_program(mod, fn):
@@ -109,17 +122,40 @@ def concats_in_place(mod: IRModule, func: str = "main") -> IRModule:
     for b in bindings:   # program order: a value feeding two concats is the first one's
         if id(b.var) not in concats:
             continue
-        flags, at = [], 0
-        for a in b.value.args:
-            r = view_root(a, made) if isinstance(a, Var) else None
-            ok = (r is not None and id(r) not in io and id(r) not in hosted_by
-                  and at % PART_ALIGN == 0 and r.type.nbytes == a.type.nbytes
-                  and isinstance(made.get(id(r)), CallTIR))   # a kernel's output (a nested
-            # concat's too: made in place, its parts land here; else its kernel writes here)
-            if ok:
+        args = b.value.args
+        offsets = part_offsets(b.value)
+        total = b.var.type.nbytes
+
+        def free(r) -> bool:   # a kernel's output (a nested concat's too: made in place, its
+            # parts land here; else its kernel writes here) that nothing else holds
+            return (id(r) not in io and id(r) not in hosted_by
+                    and isinstance(made.get(id(r)), CallTIR))
+
+        flags = [False] * len(args)
+        # parts that are slices of one value, in its order, covering all of it (a C2f block's
+        # Split halves): that value is written where they lie, and they are in place
+        for k, a in enumerate(args):
+            sliced = slice_of(a, made)
+            if sliced is None or flags[k] or not free(sliced[0]):
+                continue
+            r, at = sliced[0], offsets[k] - sliced[1]
+            end = at + r.type.nbytes
+            if at < 0 or at % PART_ALIGN or end > total:
+                continue
+            cover = [j for j in range(len(args))
+                     if offsets[j] < end and offsets[j] + args[j].type.nbytes > at]
+            if offsets[cover[0]] == at and all(
+                    slice_of(args[j], made) is not None and slice_of(args[j], made)[0] is r
+                    and offsets[j] - slice_of(args[j], made)[1] == at for j in cover):
+                for j in cover:
+                    flags[j] = True
                 hosted_by.add(id(r))
-            flags.append(ok)
-            at += a.type.nbytes
+        for k, a in enumerate(args):
+            r = view_root(a, made) if isinstance(a, Var) else None
+            if (not flags[k] and r is not None and free(r) and offsets[k] % PART_ALIGN == 0
+                    and r.type.nbytes == a.type.nbytes):
+                hosted_by.add(id(r))
+                flags[k] = True
         if any(flags):
             decided[id(b.var)] = tuple(flags)
     if not decided:
@@ -155,7 +191,10 @@ def hosted_parts(fn: Function) -> dict[int, tuple[int, int]]:
         if not (isinstance(v, Call) and v.op == "concat_in_place"):
             continue
         for a, hosted, offset in zip(v.args, v.attrs["hosted"], part_offsets(v)):
-            if hosted:
+            sliced = slice_of(a, made)
+            if hosted and sliced is not None:   # a slice of a value written here whole
+                out[id(sliced[0])] = (id(b.var), offset - sliced[1])
+            elif hosted:
                 out[id(view_root(a, made))] = (id(b.var), offset)
     return out
 

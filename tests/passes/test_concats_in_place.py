@@ -2,7 +2,8 @@
 kernels that produce its parts write them into the concat's buffer at their offsets and the
 concat kernel disappears; a part that cannot be written there (a graph input, a constant, a
 slice view, a model output, a value another concat or an earlier part already holds) is copied
-in. Two to four parts, a nested concat, a concat read by a kernel before the outer one is
+in; slices that cover a value in its order (a C2f block's Split halves) lie where that
+value is written. Two to four parts, a nested concat, a concat read by a kernel before the outer one is
 complete, a concat that took an epilogue (stays a kernel), an output concat (stays a kernel).
 ONNX Runtime is the oracle; the C runtime gives the Python runtime's bytes."""
 
@@ -27,10 +28,12 @@ def _model(batch) -> onnx.ModelProto:
 
     inits = [weight("wa", 4, 8), weight("wb", 4, 8), weight("wd", 4, 8), weight("we", 4, 24),
              weight("wf", 4, 20), weight("wy", 4, 20), weight("wg", 4, 8),
+             weight("wr", 8, 8), weight("wq", 4, 4), weight("wz", 4, 12),
              numpy_helper.from_array(rng.standard_normal((batch if batch != "N" else 1, 4, 6, 6))
                                      .astype(np.float32), "cst")]
     inits += [numpy_helper.from_array(np.array([v], np.int64), n)
               for v, n in ((0, "s0"), (4, "s1"), (1, "ax"))]
+    inits.append(numpy_helper.from_array(np.array([4, 4], np.int64), "halves"))
     conv = lambda x, w, y: helper.make_node("Conv", [x, w], [y])  # noqa: E731
     nodes = [
         conv("x", "wa", "a"), conv("x", "wb", "b"),
@@ -48,9 +51,14 @@ def _model(batch) -> onnx.ModelProto:
         helper.make_node("Concat", ["b", "e"], ["k5"], axis=1),              # takes an epilogue
         helper.make_node("Sigmoid", ["k5"], ["h"]),
         helper.make_node("Concat", ["d", "e"], ["o"], axis=1),               # an output
+        conv("x", "wr", "r"),                                                # C2f: r's halves,
+        helper.make_node("Split", ["r", "halves"], ["p", "q"], axis=1),      # views, lie in k6
+        conv("q", "wq", "m"),
+        helper.make_node("Concat", ["p", "q", "m"], ["k6"], axis=1),
+        conv("k6", "wz", "z"),
     ]
     shape = lambda c: [batch, c, 6, 6]  # noqa: E731
-    outs = [("b", 4), ("y1", 4), ("g", 4), ("h", 8), ("o", 8)]
+    outs = [("b", 4), ("y1", 4), ("g", 4), ("h", 8), ("o", 8), ("z", 4)]
     graph = helper.make_graph(
         nodes, "concats", [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape(8))],
         [helper.make_tensor_value_info(n, TensorProto.FLOAT, shape(c)) for n, c in outs], inits)
