@@ -201,11 +201,12 @@ def main() -> None:
         if args.kernels:
             changes = kernel_changes(path_a, path_b, args.threads)
             rows = changes["pairs"]
-            total_a = sum(r[1] for r in rows) + sum(r[0] for r in changes["only_a"])
-            total_b = sum(r[2] for r in rows) + sum(r[0] for r in changes["only_b"])
-            print(f"  kernels' min times summed: A {total_a:.0f} us, B {total_b:.0f} us "
-                  f"(B/A {total_b / total_a:.3f}); {len(rows)} matched by source nodes or "
-                  "name; most changed:")
+            (na, ta), (nb, tb) = changes["copies"]["a"], changes["copies"]["b"]
+            total_a = sum(r[1] for r in rows) + sum(r[0] for r in changes["only_a"]) + ta
+            total_b = sum(r[2] for r in rows) + sum(r[0] for r in changes["only_b"]) + tb
+            print(f"  kernels' and copies' min times summed: A {total_a:.0f} us, B "
+                  f"{total_b:.0f} us (B/A {total_b / total_a:.3f}); {len(rows)} kernels matched "
+                  "by source nodes or name; most changed:")
             for ratio, ma, mb, name in rows[:args.kernels]:
                 print(f"    {ratio:6.3f}  {ma:9.1f} -> {mb:9.1f} us  {name[:70]}")
             for side, label in (("only_a", "only in A (removed)"), ("only_b", "only in B (added)")):
@@ -214,7 +215,6 @@ def main() -> None:
                     print(f"  {len(gone)} kernels {label}, {sum(r[0] for r in gone):.0f} us:")
                     for t, name, key in gone[:args.kernels]:
                         print(f"    {t:9.1f} us  {name[:40]}  ({key[:60]})")
-            (na, ta), (nb, tb) = changes["copies"]["a"], changes["copies"]["b"]
             if na or nb:
                 print(f"  copies: A {na} ({ta:.0f} us), B {nb} ({tb:.0f} us)")
             shown = [r for r in rows if any(t in r[3] for t in args.show)]

@@ -31,6 +31,12 @@ from .common import rewrite_function
 from .slice_views import _static_program
 
 PART_ALIGN = 64   # bytes: a hosted part's offset in the concat's buffer is a multiple of this
+# A part is written in place only when the kernels between its own and the concat write at most
+# this many bytes: the concat's buffer lives from its first part on, and bytes held that long
+# come back cold when the later parts are written (layout_cdla's PAN concats, whose backbone
+# parts came 8-28 MB of writes earlier: their 1x1 convolutions ran 1.2-1.3x slower writing in
+# place, 1210 -> 1570 us, more than the concat kernels saved). Such a part is copied in.
+PART_SPAN_BYTES = 4 << 20
 _CONCAT_KERNEL = re.compile(r"concat\d*")   # legalize's names for a concat's own kernel
 
 
@@ -117,19 +123,30 @@ def concats_in_place(mod: IRModule, func: str = "main") -> IRModule:
     if not concats:
         return mod
 
+    written = [0]   # bytes the bindings before each one write (views and concats: none)
+    for b in bindings:
+        v = b.value
+        moves = isinstance(v, Call) and get_op(v.op).kind == VIEW or id(b.var) in concats
+        written.append(written[-1] + (0 if moves else b.var.type.nbytes))
+    index = {id(b.var): i for i, b in enumerate(bindings)}
+    first: dict[int, int] = {}   # a concat made in place -> the binding of its first part
+
     hosted_by: set[int] = set()   # values some concat hosts
     decided: dict[int, tuple[bool, ...]] = {}
-    for b in bindings:   # program order: a value feeding two concats is the first one's
+    for here, b in enumerate(bindings):   # program order: a value feeding two is the first's
         if id(b.var) not in concats:
             continue
         args = b.value.args
         offsets = part_offsets(b.value)
         total = b.var.type.nbytes
 
-        def free(r) -> bool:   # a kernel's output (a nested concat's too: made in place, its
-            # parts land here; else its kernel writes here) that nothing else holds
-            return (id(r) not in io and id(r) not in hosted_by
-                    and isinstance(made.get(id(r)), CallTIR))
+        def free(r, here=here) -> bool:
+            """A kernel's output (a nested concat's too: made in place, its parts land here;
+            else its kernel writes here) that nothing else holds, made shortly before."""
+            if (id(r) in io or id(r) in hosted_by or not isinstance(made.get(id(r)), CallTIR)):
+                return False
+            start = first.get(id(r), index[id(r)])
+            return written[here] - written[start + 1] <= PART_SPAN_BYTES
 
         flags = [False] * len(args)
         # parts that are slices of one value, in its order, covering all of it (a C2f block's
@@ -158,6 +175,9 @@ def concats_in_place(mod: IRModule, func: str = "main") -> IRModule:
                 flags[k] = True
         if any(flags):
             decided[id(b.var)] = tuple(flags)
+            first[id(b.var)] = min(first.get(id(r), index[id(r)]) for r in (
+                (slice_of(a, made) or (view_root(a, made),))[0]
+                for a, f in zip(args, flags) if f))
     if not decided:
         return mod
 
