@@ -129,3 +129,34 @@ def test_open_batch_in_place_in_the_batch_1_plan_a_kernel_elsewhere(tmp_path) ->
     assert all(_concat_kernels(p) == [] for p in static)
     assert all(_concat_kernels(p) for p in symbolic)
     _check(tmp_path / "m.mlc", tmp_path / "m.onnx", [1, 3, 1])
+
+
+def test_parts_made_long_before_their_concat_are_copied(monkeypatch) -> None:
+    """The flags the pass gives each part (pipeline only, no code): as the export above; with
+    no span allowed, only parts made right before their concat are written in place."""
+    from mlcpack.frontends.onnx import import_onnx
+    from mlcpack.packager.codegen.target import resolve_targets
+    from mlcpack.packager.ir.graph import Call
+    from mlcpack.packager.options import CompileOptions
+    from mlcpack.packager.passes import concat_views
+    from mlcpack.packager.passes.pipeline import DEFAULT_PIPELINE, run_pipeline
+
+    assert DEFAULT_PIPELINE[-1].name == "concats_in_place"
+    mod, _ = import_onnx(_model(1))
+    mod = run_pipeline(mod, DEFAULT_PIPELINE[:-1],
+                       options=CompileOptions().for_targets(resolve_targets("x86-64-v3")))
+
+    def flags() -> list:
+        return [b.value.attrs["hosted"] for b in
+                concat_views.concats_in_place(mod).functions["main"].bindings()
+                if isinstance(b.value, Call) and b.value.op == "concat_in_place"]
+
+    # k1 (b an output), k2 (x an input, a in k1, c, d), k3 (k1, s a view of c, e, e again),
+    # k4 (f, a constant), k6 (r's halves p, q in place, m)
+    assert flags() == [(True, False), (False, False, True, True), (True, False, True, False),
+                       (True, False), (True, True, True)]
+    monkeypatch.setattr(concat_views, "PART_SPAN_BYTES", 0)
+    # k1's a came before b (an output, copied): k1 stays a kernel; k2's c before d; k3's k1
+    # (now a kernel) before d, c and e; k6's r before the m convolution
+    assert flags() == [(False, False, False, True), (False, False, True, False), (True, False),
+                       (False, False, True)]
