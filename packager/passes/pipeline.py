@@ -11,6 +11,7 @@ from ..ir.graph import IRModule
 from ..ir.printer import module_text
 from ..ir.invariants import VerifyError, verify_module
 from ..options import CompileOptions
+from .concat_views import concats_in_place
 from .conv_nd import decompose_conv_nd
 from .conv_transpose import decompose_conv_transpose
 from .fuse import fuse_ops
@@ -66,6 +67,7 @@ DEFAULT_PIPELINE: tuple[Pass, ...] = (
     Pass("legalize", legalize),
     Pass("fuse_ops", fuse_ops),
     Pass("eliminate_dead_code", eliminate_dead_code),
+    Pass("concats_in_place", concats_in_place),
 )
 
 
