@@ -25,7 +25,8 @@ CASES = [
     ("r5x5_13_hswish", (1, 7, 13, 13), 5, 2, (2, 2, 2, 2), 1, "hswish"),
     ("r3x3_15_odd", (1, 3, 15, 15), 3, 2, (1, 1, 1, 1), 1, "residual"),     # 8 wide
     ("r3x3_31_two_vectors", (1, 3, 9, 31), 3, 2, (1, 1, 1, 1), 1, "relu"),  # 16 wide
-    ("r2x2_16_unpadded", (1, 3, 6, 16), 2, 2, (0, 0, 0, 0), 1, None),       # past the end
+    ("r2x2_16_unpadded", (1, 3, 6, 16), 2, 2, (0, 0, 0, 0), 1, None),       # 8 wide, 1 row
+    ("r2x2_14_unpadded", (1, 3, 5, 14), 2, 2, (0, 0, 0, 0), 1, "silu"),     # past the end
     ("r3x3_17_asym", (1, 3, 11, 17), 3, 2, (0, 1, 1, 0), 1, "silu"),        # 9 wide
     ("r7x7_22", (1, 3, 12, 22), 7, 2, (3, 3, 3, 3), 1, None),
     ("r3x3_mult2", (1, 4, 14, 14), 3, 2, (1, 1, 1, 1), 2, "residual"),
@@ -51,14 +52,15 @@ def test_stride2_rows_match_onnxruntime(tmp_path):
 
 
 def test_stride2_rows_plan_and_emitted_code():
-    """Stride 2 at 16 lanes only, output rows <= 16 wide from input rows <= 32 (<= 16 where
-    two rows share a vector); the 14x14 -> 7x7 5x5 kernel permutes whole 16-lane row vectors
-    (no 8-lane chunks, no masked loads but the one past the plane's end); AVX2's 8 lanes keep
-    the padded rows."""
+    """Stride 2 at 16 lanes only, output rows <= 16 wide from input rows < 32 (two rows per
+    vector: <= 8 wide from < 16); the 14x14 -> 7x7 5x5 kernel permutes whole 16-lane row
+    vectors, each row loaded once (masked to its 14 columns), one permute index per window
+    column; AVX2's 8 lanes keep the padded rows."""
     for shape, k, pad, rows in (((1, 8, 14, 14), 5, 2, 2), ((1, 8, 28, 28), 3, 1, 1),
                                 ((1, 8, 15, 15), 3, 1, 2), ((1, 8, 9, 31), 3, 1, 1),
                                 ((1, 8, 17, 17), 3, 1, 1), ((1, 8, 56, 56), 3, 1, 0),
-                                ((1, 8, 9, 34), 3, 1, 0), ((1, 8, 40, 28), 3, 1, 0)):
+                                ((1, 8, 9, 34), 3, 1, 0), ((1, 8, 40, 28), 3, 1, 0),
+                                ((1, 8, 16, 16), 3, 1, 1), ((1, 8, 10, 32), 3, 1, 0)):
         e = _emitter(shape, k, 2, pad, 16)
         e._geometry()
         assert (e.s2_rows, e.vl) == (rows, 16) and not e.flat, (shape, k, pad)
@@ -69,6 +71,9 @@ def test_stride2_rows_plan_and_emitted_code():
     e.emit()
     text = str(e.module)
     assert "<8 x float>" not in text and "shufflevector <16 x float>" in text
-    # 14 input rows, one load each; the last row's vector masked past the plane's end
-    assert text.count("load <16 x float>") == 13
-    assert text.count('call <16 x float> @"llvm.masked.load.v16f32') == 1
+    # 14 input rows, one masked load each; 5 permute indices
+    assert "load <16 x float>" not in text
+    assert text.count('call <16 x float> @"llvm.masked.load.v16f32') == 14
+    shuffles = [line.split("<16 x i32>")[-1] for line in text.splitlines()
+                if "shufflevector <16 x float>" in line and "<16 x i32> <i32 0, i32 0" not in line]
+    assert len(set(shuffles)) == 5 + 1, set(shuffles)   # and the two rows' packing

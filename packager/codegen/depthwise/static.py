@@ -83,11 +83,11 @@ LAZY_COPY_BYTES = 16 * 1024
 # where rows took 7 masked 8-lane chunks).
 FLAT_MAX_OW = 8
 FLAT_MAX_VECTORS = 4
-# AVX-512, horizontal stride 2: output rows at most 16 wide from input rows at most 32 wide
-# (two rows of at most 8 per 16-lane vector from input rows of at most 16) with at most this
-# many vectors per plane run unrolled from whole input-row vectors (``_emit_s2_plane``): each
-# tap one two-source permute of them (its padding lanes zeroed), where rows took masked chunks
-# with run-time masks (14x14 -> 7x7: 8-lane rows).
+# AVX-512, horizontal stride 2: output rows at most 16 wide from input rows under 32 wide
+# (two rows of at most 8 per 16-lane vector from input rows under 16) with at most this many
+# vectors per plane run unrolled from whole input-row vectors (``_emit_s2_plane``): each tap
+# one two-source permute of them, where rows took chunks with run-time masks (14x14 -> 7x7:
+# 8-lane rows).
 S2_MAX_VECTORS = 16
 
 
@@ -250,15 +250,17 @@ class DepthwiseEmitter(ContractionEmitter):
 
     def _s2_rows(self) -> int:
         """AVX-512, horizontal stride 2, output rows at most a vector wide read from input
-        rows of at most two vectors (one where two output rows share a vector), at most
-        ``S2_MAX_VECTORS`` vectors per plane, an epilogue that reads flat offsets
-        (``_flat_epilogue_ok``): output rows per vector of ``_emit_s2_plane`` (2 for rows of
-        at most half a vector, else 1); 0 where it does not apply."""
+        rows narrower than two vectors, at most ``S2_MAX_VECTORS`` vectors per plane, an
+        epilogue that reads flat offsets (``_flat_epilogue_ok``): output rows per vector of
+        ``_emit_s2_plane`` (2 for output rows of at most half a vector from input rows
+        narrower than one, else 1); 0 where it does not apply."""
         vl = self.target_vl
         if vl < PADDED_BELOW_VL or self.sw != 2 or self.ow > vl:
             return 0
-        rows = 2 if self.ow <= vl // 2 else 1
-        if self.w > 2 * vl // rows or -(-self.oh // rows) > S2_MAX_VECTORS:
+        rows = 2 if self.ow <= vl // 2 and self.w < vl else 1
+        # input rows narrower than their vectors (one of two rows, the two of one row): a
+        # lane past the row reads 0 for the taps' columns outside it
+        if self.w >= 2 * vl or -(-self.oh // rows) > S2_MAX_VECTORS:
             return 0
         return rows if self._flat_epilogue_ok() else 0
 
@@ -315,55 +317,63 @@ class DepthwiseEmitter(ContractionEmitter):
     def _emit_s2_plane(self, x_plane: ir.Value) -> None:
         """One plane of a horizontal stride 2 (``_s2_rows``): ``g`` = s2_rows output rows per
         16-lane vector, lane j output row v * g + j // (vl / g), column j % (vl / g). Each
-        input row is loaded once as whole vectors from its column 0 (masked only past the
-        plane's end); tap (ky, kx) of a vector is one permute of at most two of them (lane j
-        takes column 2 * column + kx - pl of its row's input row), its lanes outside the
-        window's rows or columns zeroed (constant masks), taps wholly outside skipped. The
-        rows' lanes are then packed to flat outputs (two rows: one more permute) and stored
+        input row is loaded once as whole vectors from its column 0, masked to the row's own
+        columns (the lanes past them read 0). Tap (ky, kx) of a vector is one permute of two
+        vectors (two rows' with g = 2, one row's two with g = 1; a row outside the image a zero
+        vector): lane j takes input column 2 * (its column) + kx - pl, or a zero lane where
+        that lies outside the row, so the permute's lanes depend on kx only (kw constants).
+        The rows' lanes are then packed to flat outputs (two rows: one more permute) and stored
         through the flat epilogue (``_flat_epilogue_ok``)."""
         b, vl, ow, w = self.builder, self.vl, self.ow, self.w
         g = self.s2_rows
         per = vl // g
         size = self.h * w
+        zero = ir.Constant(self.vty, [0.0] * vl)
         rows: dict[tuple[int, int], ir.Value] = {}
 
         def row_vector(iy: int, t: int) -> ir.Value:
+            """Input row iy's vector t, or zeros outside the image or the row."""
+            if not (0 <= iy < self.h and t * vl < w):
+                return zero
             if (iy, t) not in rows:
                 off = iy * w + t * vl
                 ptr = b.bitcast(b.gep(x_plane, [const_i64(off)], inbounds=True),
                                 self.vty.as_pointer())
-                if off + vl <= size:
-                    rows[iy, t] = b.load(ptr, align=4)
-                else:
-                    rows[iy, t] = self._masked_load(ptr, ir.Constant(
-                        ir.VectorType(I1, vl), [off + j < size for j in range(vl)]))
+                keep = [t * vl + j < w and off + j < size for j in range(vl)]
+                rows[iy, t] = b.load(ptr, align=4) if all(keep) else self._masked_load(
+                    ptr, ir.Constant(ir.VectorType(I1, vl), keep))
             return rows[iy, t]
 
-        zero = ir.Constant(self.vty, [0.0] * vl)
+        # lane j of tap kx: input column 2 * (j % per) + kx - pl of its source (g = 2: vector
+        # j // per; g = 1: the row's two vectors as one), else a lane that reads 0 (_s2_rows:
+        # the row's width leaves one)
+        index, used = {}, {}
+        for kx in range(self.kw):
+            lanes = []
+            for j in range(vl):
+                half, ix = j // per, 2 * (j % per) + kx - self.pl
+                inside = j % per < ow and 0 <= ix < w
+                base = half * vl if g == 2 else 0
+                lanes.append(base + (ix if inside else (w if g == 2 or w > vl else vl)))
+            index[kx] = ir.Constant(ir.VectorType(I32, vl), lanes)
+            used[kx] = any(0 <= 2 * c + kx - self.pl < w for c in range(ow))
         total = self.oh * ow
         for v in range(-(-self.oh // g)):
             acc = None
             for ky in range(self.kh):
+                if g == 2:
+                    iys = [(v * 2 + r) * self.sh + ky - self.pt if v * 2 + r < self.oh else -1
+                           for r in (0, 1)]
+                    srcs = [row_vector(iys[0], 0), row_vector(iys[1], 0)]
+                else:
+                    iy = v * self.sh + ky - self.pt
+                    srcs = [row_vector(iy, 0), row_vector(iy, 1)]
+                if all(src is zero for src in srcs):
+                    continue
                 for kx in range(self.kw):
-                    lanes = []   # (input row, its vector, lane) or None
-                    for j in range(vl):
-                        oy, ox = v * g + j // per, j % per
-                        iy, ix = oy * self.sh + ky - self.pt, 2 * ox + kx - self.pl
-                        inside = ox < ow and oy < self.oh and 0 <= iy < self.h and 0 <= ix < w
-                        lanes.append((iy, ix // vl, ix % vl) if inside else None)
-                    sources = sorted({lane[:2] for lane in lanes if lane is not None})
-                    if not sources:
+                    if not used[kx]:
                         continue
-                    assert len(sources) <= 2, sources
-                    a = row_vector(*sources[0])
-                    c = row_vector(*sources[1]) if len(sources) > 1 else ir.Constant(
-                        self.vty, None)
-                    idx = [0 if lane is None else sources.index(lane[:2]) * vl + lane[2]
-                           for lane in lanes]
-                    x = b.shuffle_vector(a, c, ir.Constant(ir.VectorType(I32, vl), idx))
-                    if None in lanes:
-                        x = b.select(ir.Constant(ir.VectorType(I1, vl),
-                                                 [lane is not None for lane in lanes]), x, zero)
+                    x = b.shuffle_vector(srcs[0], srcs[1], index[kx])
                     wv = self.weights[ky][kx]
                     acc = b.fmul(wv, x) if acc is None else self._fma(wv, x, acc)
             if acc is None:
