@@ -14,6 +14,9 @@ that reads it). For a chunk starting at output column ``ox0``, tap kx needs the 
   3-wide window); taps beyond that reach are loaded and deinterleaved on their own.
 
 Rows narrower than half a vector use half-width vectors (7-wide rows: 8 lanes on AVX-512).
+Small planes skip the rows at AVX-512: stride 1 up to 8x8 as one flat run of vectors
+(``_emit_flat_plane``), stride 2 with output rows up to a vector wide from whole input-row
+vectors, each tap one two-source permute (``_emit_s2_plane``).
 
 Padding costs no bounds checks in the inner loops: output rows are grouped (at compile time)
 by which window rows lie inside the image, and chunks whose reads lie inside the row and whose
