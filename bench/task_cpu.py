@@ -135,6 +135,10 @@ def main() -> None:
           f"{hm[serial].sum() / 1e3:6.2f} ms (1 thread {h1[serial].sum() / 1e3:6.2f}); "
           f"{int((~serial).sum())} split calls {hm[~serial].sum() / 1e3:6.2f} ms against half "
           f"their 1-thread work {h1[~serial].sum() / 2e3:6.2f}")
+    hw = np.median(wn, 0)
+    print(f"  split calls: uneven split {(hm - hw / 2)[~serial].sum() / 1e3:6.2f} ms (path "
+          f"beyond half their {args.threads}-thread work), work grown "
+          f"{(hw - h1)[~serial].sum() / 2e3:6.2f} ms (half the growth)")
     gap = hm - np.where(serial, 0.0, h1 / 2)
     print("calls with the longest path beyond half their 1-thread work (us; serial calls "
           "whole):")
