@@ -141,25 +141,7 @@ WINO_MIN_BAND_TILES = 24
 # (``_prefetch_lines``) into L2, a few lines per reduction step, where the weights pass
 # PREFETCH_MIN_WEIGHT_BYTES (below, no gain measured: 128 -> 256 3x3 s2 on 28x28, the stem).
 PREFETCH_MIN_WEIGHT_BYTES = geometry.L2_REUSE_BYTES
-# Output channels not in whole 16-lane vectors (``partial_lanes``): at least this many, the
-# last vector's unused lanes at most 1 / PARTIAL_LANES_WASTE of those computed. PP-OCRv4
-# recognizer's 1x3 convolutions to 60 channels on 1x40 (4 of 64 lanes unused): measured in
-# docs/performance.md (issue 35, rec2t).
-PARTIAL_LANES_MIN_CHANNELS = 48
-PARTIAL_LANES_WASTE = 16
 PREFETCH_LINES_MAX = 4
-
-
-def partial_lanes(out_channels: int) -> bool:
-    """Whether a convolution to ``out_channels`` not in whole 16-lane vectors runs at 16 lanes
-    all the same (passes/layout.py packs it for this kernel on AVX-512 targets): at least
-    PARTIAL_LANES_MIN_CHANNELS, the last vector's unused lanes (computed on the packed
-    weights' zeros, not stored: ``_row_columns``) at most 1 / PARTIAL_LANES_WASTE of the
-    lanes computed. Others keep 8-lane vectors, or (passes/layout.py) the register-blocked
-    kernel."""
-    lanes = -(-out_channels // 16) * 16
-    return (out_channels >= PARTIAL_LANES_MIN_CHANNELS
-            and (lanes - out_channels) * PARTIAL_LANES_WASTE <= lanes)
 
 
 def packs_conv_weights(targets) -> bool:
@@ -1269,6 +1251,6 @@ def emit_conv_oc(module: ir.Module, func: PrimFunc, symbol: str, vl: int,
         raise ValueError("nn.conv2d_oc with bf16 pairs needs x86-64-v4+bf16 (vdpbf16ps) on "
                          f"16 lanes; this target has {vl}")
     if vl == 16 and match.tag.attrs["out_channels"] % 16 and \
-            not partial_lanes(match.tag.attrs["out_channels"]):
+            not geometry.oc_partial_lanes(match.tag.attrs["out_channels"]):
         vl = 8   # output channels in whole 8-lane vectors only: AVX-512VL's ymm registers
     return ChannelLaneConvEmitter(module, func, symbol, match, vl, size_vars, options).emit()

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..codegen.contraction.geometry import conv_geometry
+from ..codegen.contraction.geometry import conv_geometry, oc_partial_lanes
 from ..ir.graph import Call, Constant, IRModule
 from ..options import CompileOptions
 from .common import map_functions, rewrite_function
@@ -148,12 +148,11 @@ def pack_conv_weights(mod: IRModule, options: CompileOptions) -> IRModule:
 
 def _partial_lanes_ok(w_shape, options: CompileOptions) -> bool:
     """Whether a convolution of ``w_shape`` whose output channels are not whole 16-lane
-    vectors takes nn.conv2d_oc at 16 lanes (``codegen/conv_oc.py`` ``partial_lanes``): windows
+    vectors takes nn.conv2d_oc at 16 lanes (``geometry.oc_partial_lanes``): windows
     wider than 1x1 only (PP-OCR det's 384 -> 360 1x1 on 16x16 measured 71 -> 74 us, 1 thread:
     it keeps the register-blocked kernel's packed panels)."""
-    from ..codegen.conv_oc import partial_lanes
     return (bool(options.conv_oc_wide) and w_shape[2] * w_shape[3] > 1
-            and partial_lanes(w_shape[0]))
+            and oc_partial_lanes(w_shape[0]))
 
 
 # 1x1 convolutions on nn.conv2d_oc (``options.conv_oc_wide``: AVX-512 targets) with at least

@@ -1,5 +1,5 @@
 """Channel-lane convolutions (codegen/conv_oc.py) whose output channels are not whole 16-lane
-vectors (``conv_oc.partial_lanes``: at least 48, at most 1/16 of the lanes unused; windows wider
+vectors (``geometry.oc_partial_lanes``: at least 48, at most 1/16 of the lanes unused; windows wider
 than 1x1): on AVX-512 targets they take nn.conv2d_oc at 16 lanes, the last vector computed on
 the packed weights' zeros and its lanes past the output channels not stored (PP-OCRv4
 recognizer's 1x3 convolutions to 60 channels on 1x40). Others keep the register-blocked kernel.
