@@ -131,3 +131,21 @@ def test_avx2_variant_of_a_portable_bundle(tmp_path, monkeypatch):
     with load(bundle) as m:
         assert m.code_variant["level"] == "x86-64-v3"
     _check(path, bundle, conv_feeds(n, c, h, w, o, k, s))
+
+
+def test_open_image_sizes(tmp_path):
+    """Run-time height and width (the recognizer's default export): the row groups and bands
+    planned at the kernel's entry, the last vector's lanes past 60 channels not stored."""
+    if not avx512_host():
+        pytest.skip("runs x86-64-v4 code: needs an x86-64 host with AVX-512")
+    c, o, k, s = 16, 60, 3, 2
+    model = conv_model(1, c, 8, 8, o, k, s, act="silu")
+    for vi in list(model.graph.input) + list(model.graph.output):
+        dims = vi.type.tensor_type.shape.dim
+        dims[2].dim_param, dims[3].dim_param = ("OH", "OW") if vi in model.graph.output \
+            else ("H", "W")
+    path, bundle = export_model(tmp_path, model)
+    (kernel,) = _conv_kernels(bundle)
+    assert "conv2d_oc" in kernel["name"] and kernel["kernel"].endswith("planned at run time")
+    for h, w in [(1, 1), (5, 7), (9, 40)]:
+        _check(path, bundle, conv_feeds(1, c, h, w, o, k, s, seed=h))
