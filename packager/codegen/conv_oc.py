@@ -678,7 +678,7 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
         blocks of 32 channels, or the last one's whole vectors."""
         b = self.builder
         full = self.o // OC_BLOCK
-        last_nv = (self.o % OC_BLOCK) // self.vl
+        last_nv = -(-(self.o % OC_BLOCK) // self.vl)   # its last vector partial: _row_columns
         if not last_nv:
             self._emit_band(nb, blk, oy_lo, planes, row0, OC_BLOCK // self.vl)
             return
@@ -954,7 +954,12 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
                            align=4) for i in range(vl)]
             for i, col in enumerate(_transpose(b, rows)):
                 b.store(col, b.gep(cols_buf, [zero, ir.Constant(I32, i)], inbounds=True))
-            with for_range(b, const_i64(0), const_i64(vl), "oci") as i:
+            count = const_i64(vl)
+            if self.o % vl:   # output channels not in whole vectors: the last one's lanes
+                left = b.sub(const_i64(self.o),   # past them are computed, not stored
+                             b.add(b.mul(blk, const_i64(OC_BLOCK)), c0))
+                count = b.select(b.icmp_signed("<", left, count), left, count)
+            with for_range(b, const_i64(0), count, "oci") as i:
                 col = b.load(b.gep(cols_buf, [zero, i], inbounds=True))
                 finish(col, b.add(b.mul(blk, const_i64(OC_BLOCK)), b.add(c0, i)))
 
@@ -998,7 +1003,7 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
                     self._wino_input(region, ntr)
                     b.store(nb_band, copied)
                 full = self.o // OC_BLOCK
-                last_nv = (self.o % OC_BLOCK) // self.vl
+                last_nv = -(-(self.o % OC_BLOCK) // self.vl)
                 g = self.wgroups
                 blo = b.sdiv(b.mul(grp, const_i64(full)), const_i64(g))
                 bhi = b.sdiv(b.mul(b.add(grp, const_i64(1)), const_i64(full)), const_i64(g))
@@ -1260,6 +1265,7 @@ def emit_conv_oc(module: ir.Module, func: PrimFunc, symbol: str, vl: int,
     if match.tag.attrs.get("pairs") and vl != 16:
         raise ValueError("nn.conv2d_oc with bf16 pairs needs x86-64-v4+bf16 (vdpbf16ps) on "
                          f"16 lanes; this target has {vl}")
-    if vl == 16 and match.tag.attrs["out_channels"] % 16:
+    if vl == 16 and match.tag.attrs["out_channels"] % 16 and \
+            not geometry.oc_partial_lanes(match.tag.attrs["out_channels"]):
         vl = 8   # output channels in whole 8-lane vectors only: AVX-512VL's ymm registers
     return ChannelLaneConvEmitter(module, func, symbol, match, vl, size_vars, options).emit()
