@@ -446,11 +446,11 @@ def _group_order(order: Sequence[int], cost: Sequence[float]) -> list[tuple[int,
     groups alternating. Each target's object (its link job) starts when its last group ends;
     one after another, the last target's object ran alone at the end, one CPU idle for about
     its length (1-2 s of a three-level portable compile); alternating, the last two objects
-    start together and the wait at the end is their difference. Replayed on the recorded jobs
-    of three corpus models at 2 cores (docs/performance.md, "Export time, round eleven"):
-    yolo11n_seg_nms 14.0 -> 13.0 s, yolov8n_320 12.7 -> 11.7, layout_cdla 9.9 -> 9.7 (the
-    bounds 12.9, 11.5, 9.3); the objects do not change (a target's groups link in their own
-    order)."""
+    start together and the wait at the end is their difference. The same recorded jobs of a
+    portable export (v4, v3, v2) replayed on 2 idle cores in the old and this order
+    (docs/performance.md, "Export time, round eleven"): yolo11n_seg_nms 14.9 -> 13.6 s,
+    yolov8n_320 13.5 -> 12.3, layout_cdla 10.5 -> 10.1 (bounds, all CPU / 2: 13.6, 12.2, 9.9).
+    The objects do not change (a target's groups link in their own order)."""
     each = [[(t, g) for g in sorted(range(len(cost)), key=lambda g: -cost[g])] for t in order]
     head, tail = each[:-2], each[-2:]
     alternating = [job for pair in zip(*tail) for job in pair] if len(tail) == 2 else \
