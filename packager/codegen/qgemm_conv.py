@@ -130,7 +130,12 @@ class QConv(QEmitter):
         else:
             w_bytes = align_workspace(n_words * 4) if wk.dtype == "int8" else 0
         p_bytes = align_workspace(len(phases) * cg * psz * 4)
-        s_bytes = align_workspace(o * qpad * (4 if self.float_out else 1))
+        # a fused chain on 512-bit tiles whose plane rows are the output's (wq == ow: 1x1
+        # windows, stride 1, no padding across): applied in the tile's epilogue, stored
+        # straight into the output (``tile_direct``), no staging rows
+        direct = (bool(nz) and self.chain is not None and self.float_out and wq == ow
+                  and quads and lut is None)
+        s_bytes = 0 if direct else align_workspace(o * qpad * (4 if self.float_out else 1))
         # Split over tasks by tiles of output channels when there is work enough: the widened
         # weights and the staging rows are shared (each task writes its own rows), the planes
         # are per task (a task may run ahead to the next image).
@@ -184,6 +189,7 @@ class QConv(QEmitter):
         gv.initializer = ir.Constant(tbl_ty, table)
         with for_range(b, const_i64(0), const_i64(batch), "b") as bi:
             xb = b.gep(buf[x.uid], [b.mul(bi, const_i64(c * h * w))])
+            yb = b.gep(buf[y.uid], [b.mul(bi, const_i64(o * oh * ow))])
             if vnni:
                 self._fill_quads(xb, b.bitcast(planes, I8.as_pointer()), phases, c, h, w, cg,
                                  prow, wq, psz, sh, sw, pt, pl, zpq, shift,
@@ -255,6 +261,8 @@ class QConv(QEmitter):
                 return out
 
             def tile(q0, oc0, nrows):
+                if direct:
+                    return tile_direct(q0, oc0, nrows)
                 if packed:
                     return tile_packed(q0, oc0, nrows)
                 if vnni:
@@ -317,6 +325,40 @@ class QConv(QEmitter):
                         at = b.add(dst, const_i64(g * PANEL)) if g else dst
                         b.store(self._pack(part), self._ptr(stage, at, ty), align=4)
 
+            def tile_direct(q0, oc0, nrows):
+                """512-bit, a fused chain, plane rows that are the output's (``direct``): each
+                16-pixel accumulator's epilogue (float32(acc + bias) * mult + y's offset
+                [relu]) and chain (``chain_vector``) on its 16 lanes as the tile ends, the
+                chain's result stored straight into the output (no float32 staging rows
+                written and read back by the copy out); the lanes past the image's last
+                pixel (``qpad`` > ``qn``) through a copy."""
+                accs = dp_tile(nrows, q0, oc0, None, whole=True)
+                v16f = ir.VectorType(F32, ZMM_LANES)
+                for r in range(nrows):
+                    ocr = b.add(oc0, const_i64(r))
+                    bv = self._splat(b.load(b.gep(buf[bias.uid], [ocr])), V16I32)
+                    mv = self._splat(b.load(buf[mult.uid] if tuple(mult.shape) == ()
+                                            else b.gep(buf[mult.uid], [ocr])), v16f)
+                    ov = self._splat(b.load(b.gep(buf[y_zp.uid], [ocr])), v16f)
+                    row = b.gep(yb, [b.mul(ocr, const_i64(qn))])
+                    for v, a in enumerate(accs[r]):
+                        f = b.fadd(b.fmul(b.sitofp(b.add(a, bv), v16f), mv), ov)
+                        if self.relu:
+                            zero = ir.Constant(v16f, None)
+                            f = b.select(b.fcmp_ordered(">", f, zero), f, zero)
+                        res = self.chain_vector(f, ocr)
+                        at = b.add(q0, const_i64(v * ZMM_LANES)) if v else q0
+                        if qpad == qn:
+                            b.store(res, self._ptr(row, at, res.type), align=1)
+                            continue
+                        whole = b.icmp_signed("<=", b.add(at, const_i64(ZMM_LANES)),
+                                              const_i64(qn))
+                        with b.if_else(whole, likely=True) as (yes, no):
+                            with yes:
+                                b.store(res, self._ptr(row, at, res.type), align=1)
+                            with no:
+                                self._store_lanes(res, row, at, b.sub(const_i64(qn), at))
+
             packed = self.avx2 and not self.float_out and self.nv == 2
             # pixels outer: one chunk's plane columns (all steps) stay in L1 for every tile
             with for_range(b, const_i64(0), const_i64(qpad // lanes), "qc") as qc:
@@ -331,34 +373,34 @@ class QConv(QEmitter):
                                 tile(q0, oc0, tail)
                     else:
                         tile(q0, oc0, mr)
-            # compact this task's rows of ow out of the staging rows of wq
-            yb = b.gep(buf[y.uid], [b.mul(bi, const_i64(o * oh * ow))])
-            oc_hi = b.mul(hi, const_i64(mr))
-            oc_hi = b.select(b.icmp_signed("<", oc_hi, const_i64(o)), oc_hi, const_i64(o))
-            # rows of ow, or whole channels where the staging rows are the output's (wq == ow)
-            per, n = (1, oh * ow) if wq == ow else (oh, ow)
-            with for_range(b, b.mul(b.mul(lo, const_i64(mr)), const_i64(per)),
-                           b.mul(oc_hi, const_i64(per)), "cr") as r:
-                oc = b.sdiv(r, const_i64(per))
-                oy = b.srem(r, const_i64(per))
-                src = b.gep(stage, [b.add(b.mul(oc, const_i64(qpad)), b.mul(oy, const_i64(wq)))])
-                dst = b.gep(yb, [b.mul(r, const_i64(n))])
-                # a lut8 folded in (passes/quantize_lut.py): the row's table
-                tb = None if lut is None else b.gep(buf[lut.uid], [
-                    b.mul(oc, const_i64(256)) if int(lut.shape[0]) != 1 else const_i64(0)])
-                if self.chain is not None:   # the fused chain (codegen/qchain.py)
-                    self.chain_copy(src, dst, n, oc)
-                elif tb is None:
-                    with for_range(b, const_i64(0), const_i64(n), "cx") as i:
-                        b.store(b.load(b.gep(src, [i])), b.gep(dst, [i]))
-                elif self.avx2 and n >= 32:
-                    self._lut_bytes(src, dst, tb, n)
-                else:
-                    with for_range(b, const_i64(0), const_i64(n), "cx") as i:
-                        v = b.load(b.gep(src, [i]))
-                        idx = (b.add(b.sext(v, I64), const_i64(128)) if self.dtype == "int8"
-                               else b.zext(v, I64))
-                        b.store(b.load(b.gep(tb, [idx])), b.gep(dst, [i]))
+            if not direct:      # else the tiles stored the output
+                # compact this task's rows of ow out of the staging rows of wq
+                oc_hi = b.mul(hi, const_i64(mr))
+                oc_hi = b.select(b.icmp_signed("<", oc_hi, const_i64(o)), oc_hi, const_i64(o))
+                # rows of ow, or whole channels where the staging rows are the output's (wq == ow)
+                per, n = (1, oh * ow) if wq == ow else (oh, ow)
+                with for_range(b, b.mul(b.mul(lo, const_i64(mr)), const_i64(per)),
+                               b.mul(oc_hi, const_i64(per)), "cr") as r:
+                    oc = b.sdiv(r, const_i64(per))
+                    oy = b.srem(r, const_i64(per))
+                    src = b.gep(stage, [b.add(b.mul(oc, const_i64(qpad)), b.mul(oy, const_i64(wq)))])
+                    dst = b.gep(yb, [b.mul(r, const_i64(n))])
+                    # a lut8 folded in (passes/quantize_lut.py): the row's table
+                    tb = None if lut is None else b.gep(buf[lut.uid], [
+                        b.mul(oc, const_i64(256)) if int(lut.shape[0]) != 1 else const_i64(0)])
+                    if self.chain is not None:   # the fused chain (codegen/qchain.py)
+                        self.chain_copy(src, dst, n, oc)
+                    elif tb is None:
+                        with for_range(b, const_i64(0), const_i64(n), "cx") as i:
+                            b.store(b.load(b.gep(src, [i])), b.gep(dst, [i]))
+                    elif self.avx2 and n >= 32:
+                        self._lut_bytes(src, dst, tb, n)
+                    else:
+                        with for_range(b, const_i64(0), const_i64(n), "cx") as i:
+                            v = b.load(b.gep(src, [i]))
+                            idx = (b.add(b.sext(v, I64), const_i64(128)) if self.dtype == "int8"
+                                   else b.zext(v, I64))
+                            b.store(b.load(b.gep(tb, [idx])), b.gep(dst, [i]))
         info = self._finish(body_fn, n_ptrs, ptr_types, workspace, parallel)
         if nz:      # `mlcpack inspect`: which quad kernel (the 256-bit ones keep the rule's row)
             return replace(info, choice=f"integer quad convolution, vpdpbusd on 512-bit "
@@ -578,6 +620,16 @@ class QConv(QEmitter):
                           workspace_expr=workspace_e,
                           choice="integer quad convolution, pixel lanes, planes sized at "
                                  "run time")
+
+    def _store_lanes(self, vec: ir.Value, dst: ir.Value, at: ir.Value, count: ir.Value) -> None:
+        """dst[at + k] = vec[k] for k < ``count`` (a run-time count under the vector's lanes):
+        the vector through a stack slot, element by element."""
+        b = self.builder
+        tmp = alloca_once(b, vec.type, "lanes_out")
+        b.store(vec, tmp)
+        elts = b.bitcast(tmp, vec.type.element.as_pointer())
+        with for_range(b, const_i64(0), count, "sl") as k:
+            b.store(b.load(b.gep(elts, [k])), b.gep(dst, [b.add(at, k)]))
 
     def _lut_open(self, src, dst, tb, n) -> None:
         """dst[i] = tb[src[i]] for i < n (a run-time count): ``_lut_bytes``' 32-byte chunks
