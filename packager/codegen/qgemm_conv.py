@@ -110,7 +110,12 @@ class QConv(QEmitter):
         phases = sorted({(ky % sh, kx % sw) for ky in range(kh) for kx in range(kw)})
         taps = [(ky, kx) for ky in range(kh) for kx in range(kw)]
         qn = oh * wq
-        # native vpdpbusd on a 512-bit level: tiles of 6 rows x nz 16-pixel vectors (``_zmm``)
+        # native vpdpbusd on a 512-bit level: tiles of 6 rows x nz 16-pixel vectors (``_zmm``);
+        # split weights there are merged back (main + residual: the int8 weights) into the
+        # workspace on each call (``_merge_residual``), no residual loops
+        merged = split and vnni and self._zmm()
+        if merged:
+            split = False
         nz = zmm_vectors(qn) if vnni and self._zmm() and not split else 0
         lanes = ZMM_LANES * nz if nz else PANEL * self.nv
         qpad = -(-qn // lanes) * lanes
@@ -123,7 +128,7 @@ class QConv(QEmitter):
         ot = int(wk.shape[0])
         n_words = ot * steps * rows6
         if quads:
-            w_bytes = 0
+            w_bytes = align_workspace(ot * ksteps * rows6 * 4) if merged else 0
         elif vnni:    # the weights as s8 quads [ot][ksteps][6] words, then sum_c,t w per row
             wsum_at = align_workspace(ot * ksteps * rows6 * 4)
             w_bytes = wsum_at + align_workspace(ot * rows6 * 4)
@@ -155,7 +160,10 @@ class QConv(QEmitter):
         if vnni:
             shift = self._quad_shift(x.dtype)
             zpq = b.add(xzp, ir.Constant(I32, shift))    # x's zero point as the planes hold it
-            if quads:
+            if merged:
+                wexp32, wsum = self._merge_residual(ws, buf[wk.uid], res, lo, hi, mr, ot,
+                                                    ksteps), None
+            elif quads:
                 wexp32, wsum = b.bitcast(buf[wk.uid], I32.as_pointer()), None
             else:
                 wexp32, wsum = self._vnni_weights(ws, buf[wk.uid], lo, hi, mr, ot, len(taps),
@@ -1235,6 +1243,39 @@ class QConv(QEmitter):
             for v, cell in enumerate(cells):
                 b.store(self._dpbusd(b.load(cell), b.bitcast(b_vec(v, e), v32i8), a), cell)
         return [b.load(c) for c in cells]
+
+    def _merge_residual(self, ws, wk, res, lo, hi, mr: int, ot: int, ksteps: int) -> ir.Value:
+        """Split quads (ops/qconv_quads.py ``split_quads``: main quads [ot][ksteps][6] words,
+        residual words listed per output channel row) merged back into the int8 weights at
+        the start of ``ws`` for this task's 6-row tiles: the main words copied, each residual
+        word added byte by byte (main + residual is the weight, within int8: no carry).
+        Returns the words as an i32 pointer, laid out as the main quads."""
+        b = self.builder
+        rows6 = CONV_ROWS
+        words = b.bitcast(ws, I32.as_pointer())
+        main = b.bitcast(wk, I32.as_pointer())
+        g_lo = b.sdiv(b.mul(lo, const_i64(mr)), const_i64(rows6))
+        g_hi = b.sdiv(b.add(b.mul(hi, const_i64(mr)), const_i64(rows6 - 1)), const_i64(rows6))
+        g_hi = b.select(b.icmp_signed("<", g_hi, const_i64(ot)), g_hi, const_i64(ot))
+        per = const_i64(ksteps * rows6)
+        with for_range(b, b.mul(g_lo, per), b.mul(g_hi, per), "mw") as i:
+            b.store(b.load(b.gep(main, [i])), b.gep(words, [i]))
+        index = self.buffers[res[0].uid]
+        rwords = b.bitcast(self.buffers[res[1].uid], I32.as_pointer())
+        first = const_i64(ot * rows6 + 1)     # the words' steps follow the pointers
+        v4i8 = ir.VectorType(I8, 4)
+        with for_range(b, b.mul(g_lo, const_i64(rows6)), b.mul(g_hi, const_i64(rows6)),
+                       "mr") as r:
+            base = b.add(b.mul(b.sdiv(r, const_i64(rows6)), per), b.srem(r, const_i64(rows6)))
+            e_lo = b.sext(b.load(b.gep(index, [r])), I64)
+            e_hi = b.sext(b.load(b.gep(index, [b.add(r, const_i64(1))])), I64)
+            with for_range(b, e_lo, e_hi, "me") as e:
+                j = b.sext(b.load(b.gep(index, [b.add(e, first)])), I64)
+                at = b.gep(words, [b.add(base, b.mul(j, const_i64(rows6)))])
+                total = b.add(b.bitcast(b.load(at), v4i8),
+                              b.bitcast(b.load(b.gep(rwords, [e])), v4i8))
+                b.store(b.bitcast(total, I32), at)
+        return words
 
     def _vnni_weights(self, ws, wk, lo, hi, mr, ot, ntaps, cp, cg, steps, ksteps, wsum_at):
         """The bundle's int8 k-pair weights [ot][taps * cp][6][2] regrouped as int8 channel
