@@ -156,7 +156,7 @@ def main() -> None:
             diff = float(np.abs(outs[n] - ref).max())
             conv = [(i, st) for i, st in enumerate(steps[n]) if "conv" in st.name]
             parts = []
-            for k, (i, st) in enumerate(conv):
+            for k, (i, _st) in enumerate(conv):
                 macs = (c if k == 0 else o) * o * hh * ww
                 g = macs / best[n][i] / 1e3
                 pk = f" {100 * g / a.peak:.0f}%" if a.peak else ""

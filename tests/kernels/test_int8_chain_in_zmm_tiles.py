@@ -27,7 +27,7 @@ from mlcpack.runtime.cpu import host_features
 
 pytest.importorskip("onnxruntime")
 X86 = platform.machine().lower() in ("x86_64", "amd64")
-C, O, H, W = 16, 20, 7, 10
+C, OUT, H, W = 16, 20, 7, 10
 
 
 def _model(path: Path, batch: int) -> Path:
@@ -51,7 +51,7 @@ def _model(path: Path, batch: int) -> Path:
     def paddle(x, y, t):
         inits.update({t + "a": np.float32(1.1), t + "b": np.float32(0.05),
                       t + "3": np.float32(3), t + "0": np.float32(0), t + "6": np.float32(6),
-                      t + "c": f(1, O, 1, 1) + 1, t + "d": np.float32(0.1)})
+                      t + "c": f(1, OUT, 1, 1) + 1, t + "d": np.float32(0.1)})
         nodes.extend([h.make_node("Mul", [t + "a", x], [t + "m"]),
                       h.make_node("Add", [t + "m", t + "b"], [t + "ab"]),
                       h.make_node("Add", [t + "ab", t + "3"], [t + "p3"]),
@@ -62,13 +62,13 @@ def _model(path: Path, batch: int) -> Path:
                       h.make_node("Add", [t + "m2", t + "d"], [y])])
 
     qdq("x", "x0", 0.02, 128)
-    dq_w("w1", f(O, C, 1, 1))
-    inits["b1"] = f(O, sd=0.1)
+    dq_w("w1", f(OUT, C, 1, 1))
+    inits["b1"] = f(OUT, sd=0.1)
     nodes.append(h.make_node("Conv", ["x0", "w1", "b1"], ["c1"]))
     paddle("c1", "h1", "k1")
     qdq("h1", "h1q", 0.03, 20)        # the chain ends in the next layer's quantize
-    dq_w("w2", f(O, O, 1, 1))
-    inits["b2"] = f(O, sd=0.1)
+    dq_w("w2", f(OUT, OUT, 1, 1))
+    inits["b2"] = f(OUT, sd=0.1)
     nodes.append(h.make_node("Conv", ["h1q", "w2", "b2"], ["c2"]))
     paddle("c2", "y", "k2")           # ... and in float32
     return qm._save(nodes, [h.make_tensor_value_info("x", T.FLOAT, [batch, C, H, W])],
@@ -102,7 +102,7 @@ def test_chain_in_the_zmm_tiles_emitted(tmp_path: Path) -> None:
         body = asm.split(f"\n{kernel.symbol}:", 1)[1].split("\n.Lfunc_end", 1)[0]
         assert re.search(r"\bvpdpbusd\s+[^\n]*%zmm", body), name
         assert re.search(r"\bvdivps\s+[^\n]*%zmm", body), name
-        assert kernel.workspace_bytes < O * 96 * 4, (name, kernel.workspace_bytes)
+        assert kernel.workspace_bytes < OUT * 96 * 4, (name, kernel.workspace_bytes)
         assert "pixel lanes: 6 x 48" in kernel.choice
     assert "vpmovdb" in asm
 
