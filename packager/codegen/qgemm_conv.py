@@ -26,6 +26,9 @@ from .qgemm import V8F32, V8I32, V16I8, V16I16, V16I32, QEmitter, align_workspac
 
 ZMM_LANES = 16      # int32 lanes of a 512-bit vector: pixels per vector of the zmm quad tile
 ZMM_TILES = (4, 3, 2)   # 16-pixel vectors per tile row (6 rows: 24, 18, 12 accumulators)
+# the run-time-size kernel's (``_emit_open``): its plane width is not known at export; 48
+# lanes pad whole rows of 16 k pixels to a multiple of 48 at most 32 lanes (64: up to 48)
+OPEN_ZMM_VECTORS = 3
 
 
 def zmm_vectors(qn: int) -> int:
@@ -445,12 +448,23 @@ class QConv(QEmitter):
         cg = -(-c // 4)
         phases = sorted({(ky % sh, kx % sw) for ky in range(kh) for kx in range(kw)})
         taps = [(ky, kx) for ky in range(kh) for kx in range(kw)]
-        lanes = PANEL * self.nv
+        # native vpdpbusd on a 512-bit level: emit's 6-row tiles of OPEN_ZMM_VECTORS 16-pixel
+        # vectors (the plane's width is not known here), split weights merged back
+        nz = OPEN_ZMM_VECTORS if self._zmm() else 0
+        merged = split and bool(nz)
+        if merged:
+            split = False
+        lanes = ZMM_LANES * nz if nz else PANEL * self.nv
         rows6 = CONV_ROWS
         ksteps = len(taps) * cg
         ot = int(wk.shape[0])
         esize = 4 if self.float_out else 1
         tbl_bytes = align_workspace(ksteps * 8)
+        wm_bytes = align_workspace(ot * ksteps * rows6 * 4) if merged else 0
+        whole_rows = (kw, sw, pl + pr) == (1, 1, 0)
+        # emit's ``direct``: the chain in the 512-bit tiles' epilogue, stored into the output
+        direct = (bool(nz) and self.chain is not None and self.float_out and whole_rows
+                  and lut is None)
         # the workspace's bound, a size expression: emit's plan with qpad <= oh * wq + lanes
         # and plane rows x wq <= hq * wq + qpad + offmax + wq, each part aligned
         wq_e = (w_dim + (pl + pr + sw - 1)) // sw
@@ -462,6 +476,10 @@ class QConv(QEmitter):
         regions = MAX_TASK_REGIONS if parallel else 1
         region_e = psz_e * (len(phases) * cg * 4) + (WORKSPACE_ALIGN + tbl_bytes)
         workspace_e = qpad_e * (o * esize) + WORKSPACE_ALIGN + region_e * regions
+        if direct:      # no staging rows
+            workspace_e = region_e * regions + (wm_bytes + WORKSPACE_ALIGN)
+        elif merged:
+            workspace_e = workspace_e + wm_bytes
         body_fn, ptr_types = self._begin_body(self.func.inputs + self.func.outputs, True)
         n_ptrs = len(ptr_types)
         ws = body_fn.args[len(self.func.inputs) + 1]
@@ -485,14 +503,18 @@ class QConv(QEmitter):
         prow = b.select(b.icmp_signed(">", hq, need), hq, need)
         psz = b.mul(prow, wq)
         p_bytes = aligned(b.mul(psz, const_i64(len(phases) * cg * 4)))
-        s_bytes = aligned(b.mul(qpad, const_i64(o * esize)))
+        s_bytes = const_i64(0) if direct else aligned(b.mul(qpad, const_i64(o * esize)))
         mr = self.mr
         full, tail = o // mr, o % mr
         n_tiles = full + (1 if tail else 0)
         lo, hi, region = self._task_span(parallel, regions, n_tiles, task, ntasks)
         shift = self._quad_shift(x.dtype)
         zpq = self._zero_points(x_zp, y_zp, shift)
-        wexp32 = b.bitcast(buf[wk.uid], I32.as_pointer())
+        if merged:      # the merged weights first, shared by the tasks (each its tiles')
+            wexp32 = self._merge_residual(ws, buf[wk.uid], res, lo, hi, mr, ot, ksteps)
+            ws = b.gep(ws, [const_i64(wm_bytes)])
+        else:
+            wexp32 = b.bitcast(buf[wk.uid], I32.as_pointer())
         stage = b.bitcast(ws, self.out_ty.as_pointer())               # [o][qpad] results
         planes = b.gep(ws, [b.add(s_bytes, b.mul(region, b.add(p_bytes,
                                                                 const_i64(tbl_bytes))))])
@@ -528,7 +550,11 @@ class QConv(QEmitter):
             def b_vec(v, j):
                 p = b.add(b.add(b.load(b.gep(table, [j])), q0), const_i64(v * PANEL))
                 return b.load(self._ptr(planes32, p, V16I16), align=4)
-            return b_vec
+
+            def b_vec16(v, j):     # 16 pixels' quads (``nz``)
+                p = b.add(b.add(b.load(b.gep(table, [j])), q0), const_i64(v * ZMM_LANES))
+                return b.load(self._ptr(planes32, p, V16I32), align=4)
+            return b_vec16 if nz else b_vec
 
         def residual(nrows, init, q0, oc0):
             """``emit``'s residual loops of a split's words (else ``init``)."""
@@ -558,6 +584,8 @@ class QConv(QEmitter):
 
         def tile(q0, oc0, nrows):
             ocs = [b.add(oc0, const_i64(r)) for r in range(nrows)]
+            if nz:
+                return tile_zmm(q0, oc0, ocs)
             if packed:    # emit's tile_packed: from the bias, vcvtps2dq and saturating packs
                 init = [self._splat(b.load(b.gep(buf[bias.uid], [ocr])), V8I32) for ocr in ocs]
                 accs = self._tile_dp(nrows, self.nv, ksteps, a_word_at(oc0), b_vec_at(q0),
@@ -581,11 +609,58 @@ class QConv(QEmitter):
                     dst = b.add(b.mul(ocr, qpad), b.add(q0, const_i64(v * PANEL)))
                     b.store(q, self._ptr(stage, dst, self.out_vec), align=4)
 
+        def tile_zmm(q0, oc0, ocs):
+            """emit's 512-bit tiles: the chain stored into the output (``direct``), 8-bit
+            results by ``_requant_zmm`` from the bias, else float32 results staged."""
+            nrows = len(ocs)
+            v16f = ir.VectorType(F32, ZMM_LANES)
+            if direct or self.float_out:
+                accs = self._tile_dp16(nrows, nz, ksteps, a_word_at(oc0), b_vec_at(q0))
+            else:
+                init = [self._splat(b.load(b.gep(buf[bias.uid], [ocr])), V16I32)
+                        for ocr in ocs]
+                accs = self._tile_dp16(nrows, nz, ksteps, a_word_at(oc0), b_vec_at(q0), init)
+            for r, ocr in enumerate(ocs):
+                m = b.load(b.gep(buf[mult.uid], [ocr]) if per_channel else buf[mult.uid])
+                if not self.float_out:
+                    dst = b.add(b.mul(ocr, qpad), q0)
+                    for v, a in enumerate(accs[r]):
+                        at = b.add(dst, const_i64(v * ZMM_LANES)) if v else dst
+                        b.store(self._requant_zmm(a, m), self._ptr(stage, at, V16I8), align=4)
+                    continue
+                if not direct:
+                    bv = self._splat(b.load(b.gep(buf[bias.uid], [ocr])), V8I32)
+                    ov = self._splat(b.load(b.gep(buf[y_zp.uid], [ocr])), V8F32)
+                    halves = [hv for a in accs[r] for hv in self._halves(a)]
+                    for v, a in enumerate(halves):
+                        q = self._requant(a, bv, self._splat(m, V8F32), ov)
+                        dst = b.add(b.mul(ocr, qpad), b.add(q0, const_i64(v * PANEL)))
+                        b.store(q, self._ptr(stage, dst, self.out_vec), align=4)
+                    continue
+                bv = self._splat(b.load(b.gep(buf[bias.uid], [ocr])), V16I32)
+                mv = self._splat(m, v16f)
+                ov = self._splat(b.load(b.gep(buf[y_zp.uid], [ocr])), v16f)
+                row = b.gep(yb, [b.mul(ocr, ohw)])
+                for v, a in enumerate(accs[r]):
+                    f = b.fadd(b.fmul(b.sitofp(b.add(a, bv), v16f), mv), ov)
+                    if self.relu:
+                        zero = ir.Constant(v16f, None)
+                        f = b.select(b.fcmp_ordered(">", f, zero), f, zero)
+                    res_v = self.chain_vector(f, ocr)
+                    at = b.add(q0, const_i64(v * ZMM_LANES)) if v else q0
+                    whole = b.icmp_signed("<=", b.add(at, const_i64(ZMM_LANES)), ohw)
+                    with b.if_else(whole, likely=True) as (yes, no):
+                        with yes:
+                            b.store(res_v, self._ptr(row, at, res_v.type), align=1)
+                        with no:
+                            self._store_lanes(res_v, row, at, b.sub(ohw, at))
+
         packed = self.avx2 and not self.float_out and self.nv == 2
         chw = b.mul(b.mul(h, w), const_i64(c))
         ohw = b.mul(oh, ow)
         with for_range(b, const_i64(0), batch, "b") as bi:
             xb = b.gep(buf[x.uid], [b.mul(bi, chw)])
+            yb = b.gep(buf[y.uid], [b.mul(bi, b.mul(ohw, const_i64(o)))])
             self._fill_quads_open(xb, planes, phases, c, h, w, cg, prow, wq, psz, sh, sw,
                                   pt, pl, zpq, shift, zero=any(self.tag.attrs["padding"]))
             with for_range(b, const_i64(0), b.udiv(qpad, const_i64(lanes)), "qc") as qc:
@@ -600,34 +675,35 @@ class QConv(QEmitter):
                                 tile(q0, oc0, tail)
                     else:
                         tile(q0, oc0, mr)
-            # this task's rows of ow out of the staging rows of wq, or whole channels where
-            # the staging rows are the output's (wq == ow: 1 x 1 windows, stride 1, no padding)
-            yb = b.gep(buf[y.uid], [b.mul(bi, b.mul(ohw, const_i64(o)))])
-            oc_hi = b.mul(hi, const_i64(mr))
-            oc_hi = b.select(b.icmp_signed("<", oc_hi, const_i64(o)), oc_hi, const_i64(o))
-            whole_rows = (kw, sw, pl + pr) == (1, 1, 0)
-            per, n = (one, ohw) if whole_rows else (oh, ow)
-            with for_range(b, b.mul(b.mul(lo, const_i64(mr)), per), b.mul(oc_hi, per),
-                           "cr") as r:
-                oc = b.udiv(r, per)
-                oy = b.sub(r, b.mul(oc, per))
-                src = b.gep(stage, [b.add(b.mul(oc, qpad), b.mul(oy, wq))])
-                dst = b.gep(yb, [b.mul(r, n)])
-                tb = None if lut is None else b.gep(buf[lut.uid], [
-                    b.mul(oc, const_i64(256)) if int(lut.shape[0]) != 1 else const_i64(0)])
-                if self.chain is not None:   # the fused chain (codegen/qchain.py)
-                    self.chain_copy(src, dst, n, oc)
-                elif tb is None:
-                    with for_range(b, const_i64(0), n, "cx") as i:
-                        b.store(b.load(b.gep(src, [i])), b.gep(dst, [i]))
-                else:
-                    self._lut_open(src, dst, tb, n)
+            if not direct:      # else the tiles stored the output
+                # this task's rows of ow out of the staging rows of wq, or whole channels where
+                # the staging rows are the output's (wq == ow: 1 x 1 windows, stride 1, no padding)
+                oc_hi = b.mul(hi, const_i64(mr))
+                oc_hi = b.select(b.icmp_signed("<", oc_hi, const_i64(o)), oc_hi, const_i64(o))
+                per, n = (one, ohw) if whole_rows else (oh, ow)
+                with for_range(b, b.mul(b.mul(lo, const_i64(mr)), per), b.mul(oc_hi, per),
+                               "cr") as r:
+                    oc = b.udiv(r, per)
+                    oy = b.sub(r, b.mul(oc, per))
+                    src = b.gep(stage, [b.add(b.mul(oc, qpad), b.mul(oy, wq))])
+                    dst = b.gep(yb, [b.mul(r, n)])
+                    tb = None if lut is None else b.gep(buf[lut.uid], [
+                        b.mul(oc, const_i64(256)) if int(lut.shape[0]) != 1 else const_i64(0)])
+                    if self.chain is not None:   # the fused chain (codegen/qchain.py)
+                        self.chain_copy(src, dst, n, oc)
+                    elif tb is None:
+                        with for_range(b, const_i64(0), n, "cx") as i:
+                            b.store(b.load(b.gep(src, [i])), b.gep(dst, [i]))
+                    else:
+                        self._lut_open(src, dst, tb, n)
         b.ret_void()
         self._emit_entry(body_fn, n_ptrs, ptr_types)
+        choice = "integer quad convolution, pixel lanes, planes sized at run time"
+        if nz:
+            choice = (f"integer quad convolution, vpdpbusd on 512-bit vectors, pixel lanes: "
+                      f"6 x {ZMM_LANES * nz} tile, planes sized at run time")
         return KernelInfo(self.symbol, len(self.func.inputs), 1, 0, parallel, symbolic=True,
-                          workspace_expr=workspace_e,
-                          choice="integer quad convolution, pixel lanes, planes sized at "
-                                 "run time")
+                          workspace_expr=workspace_e, choice=choice)
 
     def _store_lanes(self, vec: ir.Value, dst: ir.Value, at: ir.Value, count: ir.Value) -> None:
         """dst[at + k] = vec[k] for k < ``count`` (a run-time count under the vector's lanes):
