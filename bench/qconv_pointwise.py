@@ -6,7 +6,7 @@ int8`` writes for PP-OCRv4's 240 / 480-channel 1x1s (``qconv2d`` with a float32 
 chain fused into its copy out, codegen/qgemm_conv.py).
 
     .venv/bin/python bench/qconv_pointwise.py [SHAPE ...] [--rounds 8] [--runs 40]
-        [--bin NAME=PATH/mlcpack ...] [--asm DIR] [--peak GMACS]
+        [--bin NAME=PATH/mlcpack ...] [--asm DIR] [--peak GMACS] [--open]
 
 SHAPE: ``C,O,H,W`` (default the recognizer's 128,240,12,80 240,240,12,80 240,480,6,80
 480,480,6,80 480,480,3,80). Each shape's model is exported (``--target host``, golden check
@@ -14,7 +14,8 @@ off) by this checkout's ``mlcpack`` and by each ``--bin`` (another checkout: a b
 bundles are profiled in alternating rounds in one process (``Model.profile``, 1 thread) and
 each convolution's minimum over all rounds printed, in us and GMAC/s (and its share of
 ``--peak`` GMAC/s, the host's 512-bit vpdpbusd loop: bench/int8_peak.py). ``--asm DIR``: the
-host-level assembly of this checkout's kernels, one file per shape.
+host-level assembly of this checkout's kernels, one file per shape. ``--open``: the model's
+batch, height and width open (the run-time-size kernels), run at the shape's.
 """
 
 from __future__ import annotations
@@ -34,7 +35,8 @@ sys.path.insert(0, str(HERE.parent / "tests"))
 DEFAULT = ["128,240,12,80", "240,240,12,80", "240,480,6,80", "480,480,6,80", "480,480,3,80"]
 
 
-def model(path: Path, c: int, o: int, hh: int, ww: int, seed: int = 0) -> Path:
+def model(path: Path, c: int, o: int, hh: int, ww: int, seed: int = 0,
+          open_dims: bool = False) -> Path:
     import quant_models as qm
     from onnx import TensorProto as T
     from onnx import helper as h
@@ -81,7 +83,8 @@ def model(path: Path, c: int, o: int, hh: int, ww: int, seed: int = 0) -> Path:
             prev = f"q{i}"
         ch = o
     nodes.append(h.make_node("Identity", ["h2"], ["y"]))
-    return qm._save(nodes, [h.make_tensor_value_info("x", T.FLOAT, [1, c, hh, ww])],
+    dims = ["N", c, "H", "W"] if open_dims else [1, c, hh, ww]
+    return qm._save(nodes, [h.make_tensor_value_info("x", T.FLOAT, dims)],
                     [h.make_tensor_value_info("y", T.FLOAT, None)], inits, path)
 
 
@@ -95,6 +98,7 @@ def asm_of(onnx_path: Path) -> str:
     from mlcpack.packager.ir.graph import PrimFunc
     from mlcpack.packager.options import CompileOptions
     from mlcpack.packager.passes.pipeline import DEFAULT_PIPELINE, run_pipeline
+    from mlcpack.packager.vm_emit import main_size_vars
 
     mod, _ = import_onnx(str(onnx_path))
     target = resolve_target("host")
@@ -102,7 +106,8 @@ def asm_of(onnx_path: Path) -> str:
     mod = run_pipeline(mod, DEFAULT_PIPELINE, options=opts)
     funcs = [f for f in mod.functions.values() if isinstance(f, PrimFunc)
              and "conv2d" in f.name]
-    code = compile_prim_funcs(funcs, target, options=opts.for_targets([target]))
+    code = compile_prim_funcs(funcs, target, main_size_vars(mod),
+                              options=opts.for_targets([target]))
     return _target_machine(target).emit_assembly(llvm.parse_assembly(code.llvm_ir))
 
 
@@ -115,6 +120,7 @@ def main() -> None:
     ap.add_argument("--asm", default=None)
     ap.add_argument("--peak", type=float, default=None, help="GMAC/s of the vpdpbusd loop")
     ap.add_argument("--work", default=None)
+    ap.add_argument("--open", action="store_true", help="batch, height and width open")
     a = ap.parse_args()
 
     from mlcpack.runtime import load
@@ -126,7 +132,7 @@ def main() -> None:
     env = {k: v for k, v in os.environ.items() if k != "MLCPACK_CACHE_DIR"}
     for shape in a.shapes:
         c, o, hh, ww = (int(v) for v in shape.split(","))
-        src = model(work / f"pw_{c}_{o}_{hh}_{ww}.onnx", c, o, hh, ww)
+        src = model(work / f"pw_{c}_{o}_{hh}_{ww}.onnx", c, o, hh, ww, open_dims=a.open)
         if a.asm:
             Path(a.asm).mkdir(parents=True, exist_ok=True)
             (Path(a.asm) / f"{c}_{o}_{hh}_{ww}.s").write_text(asm_of(src))
