@@ -280,7 +280,8 @@ class QMatmul(QEmitter):
 
     def _emit_vnni(self, body_fn, ptr_types, n_ptrs, ws, workspace, parallel, groups, g_lo,
                    g_hi, rows, k, k2, k4, n, npn, xzp) -> None:
-        """``qmatmul`` with ``vpdpbusd`` (AVX-512 VNNI, 256-bit): u8 x s8 quads, 4 exact
+        """``qmatmul`` with ``vpdpbusd`` (AVX-512 VNNI, 256-bit; on 512-bit levels ``tile_zmm``:
+        a tile row is two zmm of two panels each, so 4 panels a group): u8 x s8 quads, 4 exact
         products summed into each int32 lane per instruction. x is packed as uint8 (int8 x
         shifted by +128) in rows of 4 * k4 bytes; the weights are the bundle's int8 panels,
         two k-pair rows interleaved into k-quads per step; sum(x_u8 w) - zp' * sum(w) with zp' =
