@@ -144,9 +144,10 @@ def bf16_guard(writer: Any, header: Any, golden: Any, opts: Any, bf16_bytes: int
 # alone) whose bf16 remainder, run together in the reference, errs at most this fraction of the
 # bound (the bundle is checked after, so the margin is for the kernels' summation order only);
 # its second choice, where the first fails the bundle's check, the conservative one (the others'
-# errors add up to at most half the bound). Prefixes of at most SELECT_EVALS sizes are run.
+# errors add up to at most half the bound). The first SELECT_LINEAR counts are tried in turn,
+# then the least count is bisected up to all but one (``_fewest``).
 SELECT_TARGET = 0.75
-SELECT_EVALS = 10
+SELECT_LINEAR = 4
 
 
 def _rounded(mod: Any, names: set, activations: bool) -> Any:
@@ -187,14 +188,23 @@ def _rounded(mod: Any, names: set, activations: bool) -> Any:
     return rounded
 
 
-def _prefix_sizes(n: int) -> list[int]:
-    """The numbers of kept layers the first choice tries: 1, 2, 3, ... then growing by about
-    a third, at most SELECT_EVALS of them, all below ``n``."""
-    sizes, k = [], 1
-    while k < n and len(sizes) < SELECT_EVALS:
-        sizes.append(k)
-        k = max(k + 1, round(k * 4 / 3))
-    return sizes
+def _fewest(n: int, fits) -> int | None:
+    """The least k in 1 .. n - 1 with ``fits(k)``: 1 .. SELECT_LINEAR in turn, then bisected
+    (the remainder's error falls about monotonically as k grows; the bundle's check decides);
+    None when not even n - 1 fits."""
+    for k in range(1, min(SELECT_LINEAR, n - 1) + 1):
+        if fits(k):
+            return k
+    lo, hi = SELECT_LINEAR + 1, n - 1
+    if lo > hi or not fits(hi):
+        return None
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if fits(mid):
+            hi = mid
+        else:
+            lo = mid + 1
+    return hi
 
 
 def sensitive_weights(mod: Any, params: Any, golden: Any, bound: float,
@@ -204,7 +214,7 @@ def sensitive_weights(mod: Any, params: Any, golden: Any, bound: float,
     ``activations``, its input too: the targets multiply with vdpbf16ps or bfdot), in the
     IR's numpy reference on the check's inputs, costs an error (as ``output_errors``, the
     worst output, against the unrounded reference). First: the fewest largest kept fp32 whose
-    remainder, rounded together, errs at most SELECT_TARGET of the bound (``_prefix_sizes``);
+    remainder, rounded together, errs at most SELECT_TARGET of the bound (``_fewest``);
     then: the largest kept fp32 until the others' errors add up to at most half the bound
     (errors of independent roundings add about so, or less). Empty when the reference cannot
     run or every weight would stay fp32."""
@@ -234,8 +244,8 @@ def sensitive_weights(mod: Any, params: Any, golden: Any, bound: float,
             base = evaluate_ir(mod, golden.inputs, params)
             costs = {name: error([name]) for name in weights}
             order = sorted(weights, key=lambda n: -costs[n])
-            fewest = next((frozenset(order[:k]) for k in _prefix_sizes(len(order))
-                           if error(order[k:]) <= SELECT_TARGET * bound), None)
+            k = _fewest(len(order), lambda k: error(order[k:]) <= SELECT_TARGET * bound)
+            fewest = frozenset(order[:k]) if k else None
     except _REFERENCE_ERRORS:   # the reference cannot run this model: no selection
         return []
     keep, rest = set(), sum(costs.values())

@@ -57,11 +57,18 @@ def _err(got, want) -> float:
     return float(np.abs(got - want).max()) / float(np.abs(want).max())
 
 
-def test_prefix_sizes():
-    from mlcpack.packager.precision import SELECT_EVALS, _prefix_sizes
+def test_fewest_tries_few_counts():
+    from mlcpack.packager.precision import _fewest
 
-    assert _prefix_sizes(1) == [] and _prefix_sizes(3) == [1, 2]
-    assert _prefix_sizes(100) == [1, 2, 3, 4, 5, 7, 9, 12, 16, 21][:SELECT_EVALS]
+    for n, least in ((1, None), (3, 2), (12, 4), (12, 5), (12, 11), (90, 7), (90, 58)):
+        tried = []
+
+        def fits(k, least=least, tried=tried):
+            tried.append(k)
+            return least is not None and k >= least
+        assert _fewest(n, fits) == (least if least is None or least < n else None)
+        assert len(tried) <= 5 + max(n, 2).bit_length(), (n, least, tried)
+    assert _fewest(12, lambda k: False) is None
 
 
 def test_rounded_reference_rounds_weights_and_activations():
