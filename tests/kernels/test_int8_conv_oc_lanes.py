@@ -42,7 +42,7 @@ def _main_ops(args, attrs, target: str, **fields):
     from mlcpack.packager.passes.pipeline import DEFAULT_PIPELINE, run_pipeline
 
     mod = build_op_module("qconv2d", args, [False] + [True] * (len(args) - 1), **attrs)
-    out = run_pipeline(mod, DEFAULT_PIPELINE[:-3], options=CompileOptions(target=target, **fields))
+    out = run_pipeline(mod, DEFAULT_PIPELINE[:[p.name for p in DEFAULT_PIPELINE].index("legalize")], options=CompileOptions(target=target, **fields))
     return [b.value for b in out.functions["main"].bindings() if isinstance(b.value, Call)]
 
 

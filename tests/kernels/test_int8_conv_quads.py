@@ -73,7 +73,7 @@ def _main_ops(args, attrs, target: str, **compile_fields):
 
     mod = build_op_module("qconv2d", args, MASK, **attrs)
     opts = CompileOptions(target=target, **compile_fields)
-    out = run_pipeline(mod, DEFAULT_PIPELINE[:-3], options=opts)   # up to legalize
+    out = run_pipeline(mod, DEFAULT_PIPELINE[:[p.name for p in DEFAULT_PIPELINE].index("legalize")], options=opts)   # up to legalize
     calls = [b.value for b in out.functions["main"].bindings() if isinstance(b.value, Call)]
     consts = {a.name: a.data for v in calls for a in v.args if isinstance(a, Constant)}
     return calls, consts, opts.for_targets()
