@@ -23,6 +23,7 @@ import platform
 from pathlib import Path
 
 import numpy as np
+import onnx
 import pytest
 from onnx import TensorProto as T
 from onnx import helper as h
@@ -254,3 +255,41 @@ def test_open_batch_1x1_image_convolution_is_integer_and_exact(se_bundle, level:
             got = model.run({"x": x})
             for name, exact in _se_exact(src, x).items():
                 np.testing.assert_array_equal(got[name], exact, err_msg=f"{name} batch {n}")
+
+
+# ---- global means with run-time extents ------------------------------------------------------
+
+def test_global_mean_with_run_time_extents(tmp_path: Path, monkeypatch) -> None:
+    """GlobalAveragePool (a run-time count: the sum divided by H * W) and a ReduceMean over the
+    open last axis of a [N, 5, L] tensor take the vector mean kernel (codegen/pool.py ``GlobalMeanEmitter._emit_open``), not the generic loop
+    nest: within float32 rounding of numpy's float64 mean at runs shorter than a vector, odd
+    and longer than 4 vectors, at x86-64-v2 / v3 / this host."""
+    nodes = [h.make_node("GlobalAveragePool", ["x"], ["g"]),
+             h.make_node("ReduceMean", ["z"], ["r"], axes=[2], keepdims=0)]
+    graph = h.make_graph(nodes, "means",
+                         [h.make_tensor_value_info("x", T.FLOAT, ["N", 6, "H", "W"]),
+                          h.make_tensor_value_info("z", T.FLOAT, ["N", 5, "L"])],
+                         [h.make_tensor_value_info(n, T.FLOAT, None) for n in ("g", "r")])
+    src = tmp_path / "means.onnx"
+    onnx.save(h.make_model(graph, opset_imports=[h.make_opsetid("", 17)], ir_version=8), src)
+    mod, _ = import_onnx(str(src))
+    path = tmp_path / "means.mlc"
+    export_module(mod, path, ExportOptions(target="x86-64-v2,x86-64-v3,host", check=False))
+    rng = np.random.default_rng(2)
+    for level, feats in (("x86-64-v2", X86_V2), ("x86-64-v3", X86_V3), ("host", None)):
+        if feats:
+            monkeypatch.setenv("MLCPACK_CPU_FEATURES", feats)
+        else:
+            monkeypatch.delenv("MLCPACK_CPU_FEATURES", raising=False)
+        with load(path, threads=2) as model:
+            kinds = [k.kernel for k in model.schema.plan.kernels]
+            assert all(k.startswith("global mean") for k in kinds), kinds
+            for n, hh, ww, length in ((1, 1, 1, 1), (2, 3, 5, 7), (1, 9, 13, 70),
+                                      (3, 12, 80, 129)):
+                x = rng.standard_normal((n, 6, hh, ww)).astype(np.float32)
+                z = rng.standard_normal((n, 5, length)).astype(np.float32)
+                got = model.run({"x": x, "z": z})
+                np.testing.assert_allclose(got["g"], x.astype(np.float64).mean(
+                    axis=(2, 3), keepdims=True), rtol=1e-5, atol=1e-6, err_msg=level)
+                np.testing.assert_allclose(got["r"], z.astype(np.float64).mean(axis=2),
+                                           rtol=1e-5, atol=1e-6, err_msg=level)
