@@ -7,13 +7,17 @@ own: its copy into tuple words takes each border chunk's lanes once and loads a 
 faults; the output is followed by a guard that must stay untouched; results bit for bit
 against integer numpy (``test_int8_depthwise._case``). Sizes with odd widths, rows narrower
 than a vector, planes smaller than one load, stride 1 and 2, 3x3 and 5x5 windows, 8-bit and
-float32 results; x86-64-v2 and v3 (pairs), and the VNNI quads (native where the host has
+float32 results; x86-64-v2 (pairs; AVX2 masks bytes as it does), and the VNNI quads (native where the host has
 avx512_vnni, else their arithmetic in portable IR, ``vnni_emulate``).
 
 ``qconv2d`` of 1x1 images with a run-time batch (a squeeze-and-excitation block of an
 open-dims ``--quantize int8`` model): the matrix-vector kernel with the batch read at run time
 (``QConv._open_vector``), not the generic loop nest; float32 + ReLU and requantizing results
-bit for bit against integer numpy, batches 1, 2 and 5, x86-64-v2 / v3 / this host."""
+bit for bit against integer numpy, batches 1, 2 and 5, x86-64-v2 and this host.
+
+Float pools and means with run-time extents (the recognizer's SE squeezes and its AveragePool
+before the neck, in fp32 and int8 bundles alike): the vector mean kernel and the symbolic
+depthwise kernel, not the generic loop nest."""
 
 from __future__ import annotations
 
@@ -29,7 +33,7 @@ from onnx import TensorProto as T
 from onnx import helper as h
 
 import quant_models as qm
-from conftest import X86_V2, X86_V3
+from conftest import X86_V2
 from test_int8_depthwise import _case
 from mlcpack.frontends.onnx import import_onnx
 from mlcpack.packager.codegen.build import emit_module
@@ -51,8 +55,8 @@ pytestmark = pytest.mark.skipif(not X86 or "avx2" not in host_features(),
 C = 3
 # kernel, strides, pads, result; sizes (n, h, w): odd widths, rows of 1-3 pixels, planes
 # smaller than a 16-byte load, a row of 83
-LAYERS = (((3, 3), (1, 1), (1, 1, 1, 1), "uint8"), ((5, 5), (1, 1), (2, 2, 2, 2), "float32"),
-          ((3, 3), (2, 2), (1, 1, 1, 1), "uint8"), ((5, 5), (2, 1), (2, 2, 2, 2), "uint8"))
+LAYERS = (((3, 3), (1, 1), (1, 1, 1, 1), "uint8"), ((5, 5), (2, 1), (2, 2, 2, 2), "float32"),
+          ((3, 3), (2, 2), (1, 1, 1, 1), "uint8"))
 SIZES = ((1, 1, 1), (1, 3, 5), (2, 2, 3), (1, 5, 2), (2, 7, 13), (1, 6, 83), (1, 4, 17))
 PAGE = mmap.PAGESIZE
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -110,7 +114,7 @@ def _kernel(attrs: dict, level: str, emulate: bool):
 
 
 def _levels() -> list[tuple[str, bool]]:
-    out = [("x86-64-v2", False), ("x86-64-v3", False)]
+    out = [("x86-64-v2", False)]
     if "avx512_vnni" in host_features():
         out.append(("x86-64-v4+vnni", False))
     else:
@@ -236,16 +240,16 @@ def se_bundle(tmp_path_factory) -> tuple[Path, Path]:
     src = _se_graph(folder / "se.onnx")
     path = folder / "se.mlc"
     mod, _ = import_onnx(str(src))
-    export_module(mod, path, ExportOptions(target="x86-64-v2,x86-64-v3,host", check=False))
+    export_module(mod, path, ExportOptions(target="x86-64-v2,host", check=False))
     return src, path
 
 
-@pytest.mark.parametrize("level", ["x86-64-v2", "x86-64-v3", "host"])
+@pytest.mark.parametrize("level", ["x86-64-v2", "host"])
 def test_open_batch_1x1_image_convolution_is_integer_and_exact(se_bundle, level: str,
                                                                monkeypatch) -> None:
     src, path = se_bundle
     if level != "host":
-        monkeypatch.setenv("MLCPACK_CPU_FEATURES", X86_V2 if level == "x86-64-v2" else X86_V3)
+        monkeypatch.setenv("MLCPACK_CPU_FEATURES", X86_V2)
     rng = np.random.default_rng(4)
     with load(path, threads=1) as model:
         kinds = [k.kernel for k in model.schema.plan.kernels]
@@ -257,39 +261,54 @@ def test_open_batch_1x1_image_convolution_is_integer_and_exact(se_bundle, level:
                 np.testing.assert_array_equal(got[name], exact, err_msg=f"{name} batch {n}")
 
 
-# ---- global means with run-time extents ------------------------------------------------------
+# ---- float pools and means with run-time extents ----------------------------------------------
 
-def test_global_mean_with_run_time_extents(tmp_path: Path, monkeypatch) -> None:
-    """GlobalAveragePool (a run-time count: the sum divided by H * W) and a ReduceMean over the
-    open last axis of a [N, 5, L] tensor take the vector mean kernel (codegen/pool.py ``GlobalMeanEmitter._emit_open``), not the generic loop
-    nest: within float32 rounding of numpy's float64 mean at runs shorter than a vector, odd
-    and longer than 4 vectors, at x86-64-v2 / v3 / this host."""
+def _pool(x: np.ndarray, kh: int, kw: int) -> np.ndarray:
+    n, c, hh, ww = x.shape
+    oh, ow = (hh - kh) // kh + 1, (ww - kw) // kw + 1
+    v = x[:, :, :oh * kh, :ow * kw].astype(np.float64).reshape(n, c, oh, kh, ow, kw)
+    return v.mean(axis=(3, 5))
+
+
+def test_open_means_and_average_pools(tmp_path: Path, monkeypatch) -> None:
+    """Run-time extents: GlobalAveragePool (the sum divided by the run-time H * W) and a
+    ReduceMean over an open last axis take the vector mean kernel (codegen/pool.py
+    ``GlobalMeanEmitter._emit_open``); AveragePools of whole windows (the recognizer's 3x2 /
+    (3, 2), a 2x2 / 2) a depthwise convolution with a constant window (passes/conv_nd.py
+    ``_open_avg_pool``, the symbolic depthwise kernel): no generic loop nest; within float32
+    rounding of numpy at runs shorter than a vector, odd and over 4 vectors, leftover rows and
+    columns, x86-64-v2 and this host, 2 threads."""
     nodes = [h.make_node("GlobalAveragePool", ["x"], ["g"]),
-             h.make_node("ReduceMean", ["z"], ["r"], axes=[2], keepdims=0)]
+             h.make_node("ReduceMean", ["z"], ["r"], axes=[2], keepdims=0),
+             h.make_node("AveragePool", ["x"], ["a"], kernel_shape=[3, 2], strides=[3, 2]),
+             h.make_node("AveragePool", ["x"], ["b"], kernel_shape=[2, 2], strides=[2, 2])]
     graph = h.make_graph(nodes, "means",
                          [h.make_tensor_value_info("x", T.FLOAT, ["N", 6, "H", "W"]),
                           h.make_tensor_value_info("z", T.FLOAT, ["N", 5, "L"])],
-                         [h.make_tensor_value_info(n, T.FLOAT, None) for n in ("g", "r")])
+                         [h.make_tensor_value_info(n, T.FLOAT, None) for n in "grab"])
     src = tmp_path / "means.onnx"
     onnx.save(h.make_model(graph, opset_imports=[h.make_opsetid("", 17)], ir_version=8), src)
     mod, _ = import_onnx(str(src))
     path = tmp_path / "means.mlc"
-    export_module(mod, path, ExportOptions(target="x86-64-v2,x86-64-v3,host", check=False))
+    export_module(mod, path, ExportOptions(target="x86-64-v2,host", check=False))
     rng = np.random.default_rng(2)
-    for level, feats in (("x86-64-v2", X86_V2), ("x86-64-v3", X86_V3), ("host", None)):
+    for level, feats in (("x86-64-v2", X86_V2), ("host", None)):
         if feats:
             monkeypatch.setenv("MLCPACK_CPU_FEATURES", feats)
         else:
             monkeypatch.delenv("MLCPACK_CPU_FEATURES", raising=False)
         with load(path, threads=2) as model:
             kinds = [k.kernel for k in model.schema.plan.kernels]
-            assert all(k.startswith("global mean") for k in kinds), kinds
-            for n, hh, ww, length in ((1, 1, 1, 1), (2, 3, 5, 7), (1, 9, 13, 70),
+            assert sorted(k.split(",")[0] for k in kinds) == \
+                ["depthwise convolution"] * 2 + ["global mean"] * 2, kinds
+            for n, hh, ww, length in ((1, 3, 2, 1), (2, 4, 5, 7), (1, 9, 13, 70),
                                       (3, 12, 80, 129)):
                 x = rng.standard_normal((n, 6, hh, ww)).astype(np.float32)
                 z = rng.standard_normal((n, 5, length)).astype(np.float32)
                 got = model.run({"x": x, "z": z})
-                np.testing.assert_allclose(got["g"], x.astype(np.float64).mean(
-                    axis=(2, 3), keepdims=True), rtol=1e-5, atol=1e-6, err_msg=level)
-                np.testing.assert_allclose(got["r"], z.astype(np.float64).mean(axis=2),
-                                           rtol=1e-5, atol=1e-6, err_msg=level)
+                want = {"g": x.astype(np.float64).mean(axis=(2, 3), keepdims=True),
+                        "r": z.astype(np.float64).mean(axis=2), "a": _pool(x, 3, 2),
+                        "b": _pool(x, 2, 2)}
+                for k, v in want.items():
+                    np.testing.assert_allclose(got[k], v, rtol=1e-5, atol=1e-6,
+                                               err_msg=f"{k} {level} {x.shape}")
