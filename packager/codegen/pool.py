@@ -31,6 +31,7 @@ from ..ir import te
 from ..ir.graph import PrimFunc
 from ..ir.patterns import reduction_tag
 from ..ir.sym import product
+from .conv_oc import OPEN_IMAGE_PIXELS
 from .helpers import F32, I1, I8, I32, alloca_once, const_i64, for_range, intrinsic
 from .lower import KernelEmitter, KernelInfo, _plan_stages
 
@@ -389,10 +390,11 @@ def b_f32(b: ir.IRBuilder, ws: ir.Value) -> ir.Value:
     return b.bitcast(ws, F32.as_pointer())
 
 
-def match_global_mean(func: PrimFunc):
+def match_global_mean(func: PrimFunc, sized: bool = False):
     """(output, scale op or None, scale constant) if ``func`` is exactly ``sum(x[outer...,
     r...]) [* or / c]`` over x's trailing axes, the output's leading axes indexing x's leading
-    ones in order (float32, nothing else fused)."""
+    ones in order (float32, nothing else fused). ``sized``: run-time extents too (a mean over a
+    run-time count divides by it: the scale a size expression, op "div")."""
     stage = _one_float32_stage(func)
     if stage is None:
         return None
@@ -401,38 +403,56 @@ def match_global_mean(func: PrimFunc):
     if isinstance(body, te.Binary) and body.op in ("mul", "div") \
             and isinstance(body.b, te.Const) and body.dtype == "float32":
         op, scale, body = body.op, float(body.b.value), body.a
+    elif sized and isinstance(body, te.Binary) and body.op == "div" \
+            and body.dtype == "float32" and isinstance(body.b, te.Cast) \
+            and isinstance(body.b.value, te.Const) and body.b.value.dtype == "int64":
+        op, scale, body = "div", body.b.value.value, body.a     # ops/nn.py's run-time count
     if not (isinstance(body, te.Reduce) and body.combiner == "sum"
             and isinstance(body.body, te.Read) and body.dtype == "float32"):
         return None
     x, read = func.inputs[0], body.body
-    if read.tensor.uid != x.uid or x.dtype != "float32" or \
-            not all(isinstance(d, int) and d > 0 for d in x.shape + out.shape):
-        return None   # run-time or empty extents: the loop nest
+    if read.tensor.uid != x.uid or x.dtype != "float32":
+        return None
+    if sized:
+        if all(isinstance(d, int) for d in x.shape + out.shape) or \
+                any(isinstance(d, int) and d <= 0 for d in x.shape + out.shape):
+            return None
+    elif not all(isinstance(d, int) and d > 0 for d in x.shape + out.shape):
+        return None   # run-time or empty extents: the loop nest (or ``sized``)
     k = len(x.shape) - len(body.axes)
     lead, trail = read.indices[:k], read.indices[k:]
     if k < 0 or tuple(trail) != tuple(body.axes) or \
             any(a.extent != d for a, d in zip(body.axes, x.shape[k:])):
         return None
     # the leading indices: the output's axes of extent > 1, in order, as x's leading dims
-    big = [a for a in out.axes if a.extent > 1]
+    # (with run-time extents: those not known to be 1)
+    big = [a for a in out.axes if not isinstance(a.extent, int) or a.extent > 1]
     if not all(isinstance(i, te.IndexVar) and i.extent == d or isinstance(i, te.Const) and d == 1
                for i, d in zip(lead, x.shape[:k])):
         return None
-    used = [i for i in lead if isinstance(i, te.IndexVar) and i.extent > 1]
+    used = [i for i in lead if isinstance(i, te.IndexVar)
+            and (not isinstance(i.extent, int) or i.extent > 1)]
     # x's leading dims in the output's order: element o of the output sums run o of x
     if [id(i) for i in used] != [id(a) for a in big]:
         return None
-    return out, op, scale
+    return (out, op, scale, k) if sized else (out, op, scale)
 
 
 class GlobalMeanEmitter(KernelEmitter):
+    """The global mean; with ``size_vars`` (run-time extents) the outputs and the run length
+    are read at run time (``_emit_open``)."""
+
     def __init__(self, module: ir.Module, func: PrimFunc, symbol: str, out: te.Tensor,
-                 op: str | None, scale: float, vl: int) -> None:
-        super().__init__(module, func, symbol)
+                 op: str | None, scale, vl: int, size_vars: tuple[str, ...] = (),
+                 lead: int = 0) -> None:
+        super().__init__(module, func, symbol, size_vars)
         self.out, self.op, self.scale, self.vl = out, op, scale, vl
+        self.lead = lead    # x's leading (not summed) dims: run-time extents
         self.vty = ir.VectorType(F32, vl)
 
     def emit(self) -> KernelInfo:
+        if self.symbolic:
+            return self._emit_open()
         x = self.func.inputs[0]
         body_fn, ptr_types = self._begin_body([x, self.out], workspace=False)
         x_ptr, out_ptr, task, ntasks = body_fn.args[:4]
@@ -457,6 +477,71 @@ class GlobalMeanEmitter(KernelEmitter):
         b.ret_void()
         self._emit_entry(body_fn, 2, ptr_types)
         return KernelInfo(self.symbol, 1, 1, 0, total >= MEAN_PARALLEL_MIN_INPUTS)
+
+    def _emit_open(self) -> KernelInfo:
+        """``emit`` with run-time extents: the outputs and each one's run length from the
+        sizes; the run summed ``_sum_open``; a mean over a run-time count divides by it.
+        Split over threads where an image of ``OPEN_IMAGE_PIXELS`` per output would be."""
+        x = self.func.inputs[0]
+        body_fn, ptr_types = self._begin_body([x, self.out], workspace=False)
+        n_ptrs = len(ptr_types)
+        x_ptr, out_ptr = body_fn.args[:2]
+        task, ntasks = body_fn.args[n_ptrs], body_fn.args[n_ptrs + 1]
+        b = self.builder
+        outer = self._dim_value(product(self.out.shape))
+        run_len = self._dim_value(product(x.shape[self.lead:]))
+        scale = (ir.Constant(F32, self.scale) if isinstance(self.scale, float)
+                 else b.sitofp(self._dim_value(self.scale), F32))
+        static = product(d for d in self.out.shape if isinstance(d, int))
+        parallel = static * OPEN_IMAGE_PIXELS >= MEAN_PARALLEL_MIN_INPUTS
+        lo = b.sdiv(b.mul(task, outer), ntasks)
+        hi = b.sdiv(b.mul(b.add(task, const_i64(1)), outer), ntasks)
+        with for_range(b, lo, hi, "o") as o:
+            run = b.gep(x_ptr, [b.mul(o, run_len)], inbounds=True)
+            total_v = self._sum_open(run, run_len)
+            if self.op == "mul":
+                total_v = b.fmul(total_v, scale)
+            elif self.op == "div":
+                total_v = b.fdiv(total_v, scale)
+            b.store(total_v, b.gep(out_ptr, [o], inbounds=True))
+        b.ret_void()
+        self._emit_entry(body_fn, n_ptrs, ptr_types)
+        return KernelInfo(self.symbol, 1, 1, 0, parallel, symbolic=True,
+                          choice="global mean, 4 vector accumulators, run length read at "
+                                 "run time")
+
+    def _sum_open(self, run: ir.Value, n: ir.Value) -> ir.Value:
+        """``_sum`` of a run of run-time length ``n``: blocks of 4 vectors, then vectors,
+        then the last n % vl values one by one."""
+        b, vl = self.builder, self.vl
+        zero = ir.Constant(self.vty, [0.0] * vl)
+
+        def load(offset):
+            ptr = b.bitcast(b.gep(run, [offset], inbounds=True), self.vty.as_pointer())
+            return b.load(ptr, align=4)
+
+        slots = [alloca_once(b, self.vty, name=f"macc{i}") for i in range(4)]
+        for slot in slots:
+            b.store(zero, slot)
+        blocks = b.udiv(n, const_i64(4 * vl))
+        with for_range(b, const_i64(0), blocks, "mb") as blk:
+            base = b.mul(blk, const_i64(4 * vl))
+            for i, slot in enumerate(slots):
+                b.store(b.fadd(b.load(slot), load(b.add(base, const_i64(i * vl)))), slot)
+        vecs = b.udiv(n, const_i64(vl))
+        with for_range(b, b.mul(blocks, const_i64(4)), vecs, "mv") as v:
+            b.store(b.fadd(b.load(slots[0]), load(b.mul(v, const_i64(vl)))), slots[0])
+        acc = b.load(slots[0])
+        for slot in slots[1:]:
+            acc = b.fadd(acc, b.load(slot))
+        total = b.extract_element(acc, ir.Constant(I32, 0))
+        for lane in range(1, vl):
+            total = b.fadd(total, b.extract_element(acc, ir.Constant(I32, lane)))
+        tot = alloca_once(b, F32, "mtail")
+        b.store(total, tot)
+        with for_range(b, b.mul(vecs, const_i64(vl)), n, "mt") as j:
+            b.store(b.fadd(b.load(tot), b.load(b.gep(run, [j], inbounds=True))), tot)
+        return b.load(tot)
 
     def _sum(self, run: ir.Value) -> ir.Value:
         b, vl, n = self.builder, self.vl, self.length
@@ -517,5 +602,10 @@ def emit_symbolic_max_pool(module: ir.Module, func: PrimFunc, symbol: str, vl: i
     threads) with its sizes read at run time."""
     match = match_max_pool(func)
     if match is None:
+        mean = match_global_mean(func, sized=True)
+        if mean is not None:
+            out, op, scale, lead = mean
+            return GlobalMeanEmitter(module, func, symbol, out, op, scale, vl, size_vars,
+                                     lead).emit()
         return None
     return MaxPoolEmitter(module, func, symbol, *match, vl, size_vars).emit()

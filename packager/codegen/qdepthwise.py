@@ -49,7 +49,7 @@ from llvmlite import ir
 from ..ir.graph import PrimFunc
 from .contraction.geometry import MAX_TASK_REGIONS, PARALLEL_MIN_MACS
 from .conv_oc import OPEN_IMAGE_PIXELS
-from .helpers import I1, I8, I16, I32, I64, alloca_once, const_i64, for_range
+from .helpers import I1, I8, I16, I32, I64, alloca_once, const_i64, for_range, intrinsic
 from .lower import WORKSPACE_ALIGN, KernelInfo
 from .qchain import match_chain
 from .qgemm import V8F32, V8I32, QEmitter, align_workspace, match_qgemm
@@ -435,8 +435,14 @@ class _QDepthwise(QEmitter):
                pad_v=None) -> ir.Value:
         """<8G x elt> tuple elements: ``load`` bytes from ``ptr + at``, element k its byte
         ``offs[k]``, converted (``_convert``); where ``keep[k]`` is false the padding."""
+        raw = self.builder.load(self._ptr(ptr, at, ir.VectorType(I8, load)), align=1)
+        return self._words_of(raw, offs, dtype, zp_v, keep, pad_v)
+
+    def _words_of(self, raw, offs: list[int], dtype: str, zp_v, keep=None, pad_v=None
+                  ) -> ir.Value:
+        """``_words`` of the loaded bytes ``raw``."""
         b = self.builder
-        raw = b.load(self._ptr(ptr, at, ir.VectorType(I8, load)), align=1)
+        load = raw.type.count
         if offs != list(range(load)):
             raw = b.shuffle_vector(raw, ir.Constant(raw.type, None),
                                    ir.Constant(ir.VectorType(I32, len(offs)), offs))
@@ -671,9 +677,20 @@ class _QDepthwise(QEmitter):
         zp_v = self._splat(b.trunc(xzp, I16), ir.VectorType(I16, VL * g))
         pad_v = self._splat(pad_elt, ir.VectorType(self.elt, VL * g))
         elt_plane = b.bitcast(plane, self.elt.as_pointer())
-        vec_i64 = ir.VectorType(I64, VL * g)
-        offs_v = ir.Constant(vec_i64, offsets)
-        zero_v = ir.Constant(vec_i64, [0] * (VL * g))
+        # element k of a chunk at column c0 is inside the row where -c0 <= offsets[k] < w - c0:
+        # compares of the offsets as bytes (int16 for strides over 15) against those bounds
+        # clamped to [0, top]
+        top = offsets[-1] + 1
+        lane_ty = I8 if top < 128 else I16
+        vec_off = ir.VectorType(lane_ty, VL * g)
+        offs_v = ir.Constant(vec_off, offsets)
+
+        def clamp(v, most: int):
+            v = b.select(b.icmp_signed("<", v, const_i64(0)), const_i64(0), v)
+            return b.select(b.icmp_signed(">", v, const_i64(most)), const_i64(most), v)
+
+        def bound(v):
+            return self._splat(b.trunc(clamp(v, top), lane_ty), vec_off)
 
         def store_words(words, dst_row, v0) -> None:
             b.store(words, self._ptr(elt_plane, b.mul(b.add(dst_row, v0), const_i64(g)),
@@ -686,33 +703,39 @@ class _QDepthwise(QEmitter):
                 v0 = b.add(const_i64(v_lo), b.mul(k, const_i64(VL)))
                 at = b.add(b.mul(v0, const_i64(sw)), const_i64(p - pl))
                 store_words(self._words(src, at, offsets, load, dtype, zp_v), dst_row, v0)
-            with for_range(b, const_i64(0), n_edges, "fe") as e:
-                k = b.select(b.icmp_signed("<", e, k_a_v), e, b.add(k_b, b.sub(e, k_a_v)))
-                v0 = b.add(const_i64(v_lo), b.mul(k, const_i64(VL)))
-                c0 = b.add(b.mul(v0, const_i64(sw)), const_i64(p - pl))
+        # the border chunks: each one's lanes inside the row once, then its rows
+        with for_range(b, const_i64(0), n_edges, "fe") as e:
+            k = b.select(b.icmp_signed("<", e, k_a_v), e, b.add(k_b, b.sub(e, k_a_v)))
+            v0 = b.add(const_i64(v_lo), b.mul(k, const_i64(VL)))
+            c0 = b.add(b.mul(v0, const_i64(sw)), const_i64(p - pl))
+            keep = b.and_(b.icmp_signed(">=", offs_v, bound(b.sub(const_i64(0), c0))),
+                          b.icmp_signed("<", offs_v, bound(b.sub(w, c0))))
+            with for_range(b, const_i64(0), rows, "fr") as iy:
+                src = b.gep(xb, [b.mul(iy, w)])
+                dst_row = b.add(base, b.mul(b.add(iy, const_i64(pt)), wq))
                 plane_at = b.add(b.mul(iy, w), c0)
                 inside = b.and_(b.icmp_signed(">=", plane_at, const_i64(0)),
                                 b.icmp_signed("<=", b.add(plane_at, const_i64(load)), hw))
-                cols = b.add(self._splat(c0, vec_i64), offs_v)
-                keep = b.and_(b.icmp_signed(">=", cols, zero_v),
-                              b.icmp_signed("<", cols, self._splat(w, vec_i64)))
-                with b.if_else(inside, likely=True) as (vec, scalar):
+                with b.if_else(inside, likely=True) as (vec, edge):
                     with vec:
                         val = self._words(xb, plane_at, offsets, load, dtype, zp_v)
                         store_words(b.select(keep, val, pad_v), dst_row, v0)
-                    with scalar:    # a plane smaller than one load, or its corner chunks
-                        last = b.sub(w, const_i64(1))
-                        for j in range(VL):
-                            for i in range(g):
-                                col = b.add(c0, const_i64(j * sw + i))
-                                ok = b.and_(b.icmp_signed(">=", col, const_i64(0)),
-                                            b.icmp_signed("<", col, w))
-                                cc = b.select(b.icmp_signed("<", col, const_i64(0)),
-                                              const_i64(0), col)
-                                cc = b.select(b.icmp_signed(">", cc, last), last, cc)
-                                raw = b.load(b.gep(src, [cc]))
-                                val = b.select(ok, self._convert(raw, dtype, b.trunc(xzp, I16)),
-                                               pad_elt)
-                                at = b.add(b.mul(b.add(dst_row, b.add(v0, const_i64(j))),
-                                                 const_i64(g)), const_i64(i))
-                                b.store(val, b.gep(elt_plane, [at]))
+                    with edge:      # the corner chunks, or a plane smaller than one load:
+                        # the bytes inside the plane (masked lanes are not read; those
+                        # outside it are outside the row too)
+                        lanes = ir.Constant(ir.VectorType(I32, load), list(range(load)))
+                        lo = self._splat(b.trunc(clamp(b.sub(const_i64(0), plane_at), load),
+                                                 I32), lanes.type)
+                        hi = self._splat(b.trunc(clamp(b.sub(hw, plane_at), load), I32),
+                                         lanes.type)
+                        in_plane = b.and_(b.icmp_signed(">=", lanes, lo),
+                                          b.icmp_signed("<", lanes, hi))
+                        raw_ty = ir.VectorType(I8, load)
+                        fn = intrinsic(self.module, f"llvm.masked.load.v{load}i8.p0", raw_ty,
+                                       [raw_ty.as_pointer(), I32, in_plane.type, raw_ty])
+                        # (the address may lie outside x: no inbounds)
+                        at_ptr = b.bitcast(b.gep(xb, [plane_at]), raw_ty.as_pointer())
+                        raw = b.call(fn, [at_ptr, ir.Constant(I32, 1), in_plane,
+                                          ir.Constant(raw_ty, None)])
+                        val = self._words_of(raw, offsets, dtype, zp_v)
+                        store_words(b.select(keep, val, pad_v), dst_row, v0)

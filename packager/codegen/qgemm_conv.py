@@ -66,13 +66,34 @@ class QConv(QEmitter):
     def takes_open(func, tag) -> bool:
         """Whether ``_emit_open`` takes a ``qconv2d`` with run-time extents: quads packed at
         export for the pixel-lane kernel (passes/quad_weights.py; not the sign kernel's
-        ``signed_x``, a channel-lane form), 8-bit x."""
+        ``signed_x``, a channel-lane form), 8-bit x; or a 1x1 convolution of 1x1 images with
+        a run-time batch (``_open_vector``)."""
+        if QConv._open_vector(func, tag):
+            return True
         return (bool(tag.attrs.get("quads")) and not tag.attrs.get("oc_lanes")
                 and not tag.attrs.get("signed_x")
                 and func.inputs[0].dtype in ("int8", "uint8")
                 and func.inputs[1].dtype == "int8")
 
+    @staticmethod
+    def _open_vector(func, tag) -> bool:
+        """A 1x1 convolution of 1x1 images (a squeeze-and-excitation block's) whose batch
+        alone is a run-time size: ``_emit_vector`` with the batch read at run time (its
+        k-pair weights: passes/quad_weights.py leaves the 1x1-image case unpacked)."""
+        x, y = func.inputs[0], func.outputs[0]
+        return (not tag.attrs.get("quads") and not tag.attrs.get("split")
+                and func.inputs[0].dtype in ("int8", "uint8")
+                and tuple(x.shape[1:]) == (x.shape[1], 1, 1) and isinstance(x.shape[1], int)
+                and tuple(y.shape[2:]) == (1, 1) and isinstance(y.shape[1], int)
+                and tuple(tag.attrs["kernel"]) == (1, 1) and not any(tag.attrs["padding"]))
+
     def emit(self) -> KernelInfo:
+        if self.symbolic and self._open_vector(self.func, self.tag):
+            x, wk, x_zp, bias, mult, y_zp = self.func.inputs[:6]
+            lut = self.func.inputs[6] if len(self.tag.operands) > 6 else None
+            return self._emit_vector(x, wk, x_zp, bias, mult, y_zp, lut, self.func.outputs[0],
+                                     x.shape[0], int(x.shape[1]),
+                                     int(self.tag.attrs["out_channels"]))
         if self.symbolic:
             return self._emit_open()
         x, wk, x_zp, bias, mult, y_zp = self.func.inputs[:6]
@@ -1129,7 +1150,7 @@ class QConv(QEmitter):
         for k, v in enumerate(vals):
             b.store(v, self._ptr(planes, b.add(base, const_i64(k * cg * 4)), v16i8), align=1)
 
-    def _emit_vector(self, x, wk, x_zp, bias, mult, y_zp, lut, y, batch: int, c: int,
+    def _emit_vector(self, x, wk, x_zp, bias, mult, y_zp, lut, y, batch, c: int,
                      o: int) -> KernelInfo:
         """A 1x1 convolution of a 1x1 image (a squeeze-and-excitation block's): a matrix-
         vector product, output channels as lanes. The planes' kernel would put the one pixel in
@@ -1153,7 +1174,8 @@ class QConv(QEmitter):
         to16 = ir.Constant(ir.VectorType(I32, 2 * PANEL),
                            list(range(2 * rows6)) + [2 * rows6] * (2 * (PANEL - rows6)))
         to8 = ir.Constant(V8I32, list(range(rows6)) + [rows6] * (PANEL - rows6))
-        with for_range(b, const_i64(0), const_i64(batch), "b") as bi:
+        batch_v = const_i64(batch) if isinstance(batch, int) else self._dim_value(batch)
+        with for_range(b, const_i64(0), batch_v, "b") as bi:
             xb = b.gep(buf[x.uid], [b.mul(bi, const_i64(c))])
             if c % 2:
                 b.store(ir.Constant(I16, 0), b.gep(xpairs, [const_i64(c)]))
@@ -1199,6 +1221,12 @@ class QConv(QEmitter):
                                    if self.dtype == "int8" else b.zext(val, I64))
                             val = b.load(b.gep(buf[lut.uid], [b.add(row, idx)]))
                         b.store(val, b.gep(yb, [oc]))
+        if self.symbolic:     # a run-time batch (``_open_vector``)
+            b.ret_void()
+            self._emit_entry(body_fn, n_ptrs, ptr_types)
+            return KernelInfo(self.symbol, len(self.func.inputs), 1, 0, False, symbolic=True,
+                              workspace_expr=workspace,
+                              choice="integer matrix-vector product, batch read at run time")
         return self._finish(body_fn, n_ptrs, ptr_types, workspace)
 
     def _lut_bytes(self, src, dst, tb, n: int) -> None:

@@ -401,6 +401,16 @@ def _rewrite_pool(binding: Binding, out: list[Binding]) -> None:
 def _rewrite_avg_pool2d(binding: Binding, out: list[Binding]) -> None:
     call = binding.value
     attrs = dict(call.attrs)
+    if not _static(call):     # run-time extents, every window whole (``_open_avg_pool``)
+        kh, kw = attrs["kernel"]
+        c = call.args[0].type.shape[1]
+        weight = Constant(f"{binding.var.name}_window1",
+                          np.full((c, 1, kh, kw), 1.0 / (kh * kw), np.float32))
+        out.append(dataclasses.replace(binding, value=Call(
+            "nn.conv2d", [call.args[0], weight],
+            {"strides": tuple(attrs["strides"]), "padding": (0, 0, 0, 0),
+             "dilation": (1, 1), "groups": c}, binding.var.type)))
+        return
     _avg_as_depthwise(_Emitter(binding, out), call.args[0], tuple(attrs.get("kernel", (1, 1))),
                       tuple(attrs.get("strides", (1, 1))),
                       tuple(attrs.get("padding", (0, 0, 0, 0))),
@@ -410,11 +420,29 @@ def _rewrite_avg_pool2d(binding: Binding, out: list[Binding]) -> None:
 
 # ---- the pass -----------------------------------------------------------------------------------
 
+def _static(v: Call) -> bool:
+    return all(isinstance(d, int) for a in v.args for d in a.type.shape + v.type.shape)
+
+
+def _open_avg_pool(v: Call) -> bool:
+    """A 2-D average pool with run-time extents whose windows are all whole (no padding, no
+    ceil_mode: its count is kh * kw everywhere, whatever the size): a depthwise convolution
+    with a constant window, the symbolic depthwise kernel's (codegen/depthwise/symbolic.py)."""
+    a = v.attrs
+    return (v.op == "nn.avg_pool2d" and len(v.type.shape) == 4
+            and isinstance(v.args[0].type.shape[1], int)
+            and not any(a.get("padding", (0, 0, 0, 0))) and not a.get("ceil_mode", False)
+            and all(d == 1 for d in a.get("dilation", (1, 1)))
+            and a.get("strides", (1, 1))[1] in (1, 2))
+
+
 def _rewritable(v: object) -> bool:
     if not isinstance(v, Call) or v.type.dtype != "float32" or not 3 <= len(v.type.shape) <= 5:
         return False
-    if not all(isinstance(d, int) for a in v.args for d in a.type.shape + v.type.shape):
-        return False   # symbolic extents: the generic loop nest until the 2-D rows take them
+    if not _static(v):
+        # symbolic extents: the generic loop nest until the 2-D rows take them (an average
+        # pool of whole windows does)
+        return _open_avg_pool(v)
     if v.op == "nn.conv":
         return len(v.args) == 2 and all(a.type.dtype == "float32" for a in v.args)
     if v.op == "nn.conv2d":   # dilated (the fast 2-D kernel takes no dilation) or long rows
