@@ -97,6 +97,11 @@ class PairConvEmitter(ContractionEmitter):
         self.emulate = emulate   # the dot path in portable IR (CompileOptions.bf16_emulate)
         self.kind = VDPBF16PS if emulate else dot   # bf16dot.DOT_KINDS: the dot instruction
         self.dot = emulate or (dot is not None and vl == KIND_LANES[dot])
+        # the input already as pair words (passes/bf16_pairs.py: a 1x1, stride 1, no padding):
+        # plane j is the H * W words of pair j, read in place (no pair planes copied)
+        self.pairs_in = bool(func.attrs.get("bf16_pairs_in"))
+        if self.pairs_in and not self.dot:
+            raise ValueError("nn.conv2d_bf16p with pair-word input needs the dot instruction")
 
     def _conv_geometry(self) -> dict:
         if self._geom_cache is None:
@@ -104,6 +109,9 @@ class PairConvEmitter(ContractionEmitter):
             attrs = self.match.tag.attrs
             self._geom_cache = pair_conv_geometry(x.shape, wp.shape, self.match.out.shape,
                                                   attrs["strides"], attrs["padding"], self.vl)
+            if self.pairs_in:   # (a 1x1 window: no shifted reads; wq = w)
+                g = self._geom_cache
+                g.update(rows=g["h"], pstride=g["h"] * g["w"], plane_elems=0)
         return self._geom_cache
 
     def _planes_bytes(self) -> int:
@@ -162,6 +170,9 @@ class PairConvEmitter(ContractionEmitter):
         with for_range(b, const_i64(0), const_i64(x_t.shape[0]), "n") as n:
             x_img = b.gep(x_ptr, [b.mul(n, const_i64(g["c"] * g["h"] * g["w"]))], inbounds=True)
             planes = b.gep(planes_all, [b.mul(n, const_i64(image_elems))], inbounds=True)
+            if self.pairs_in:
+                planes = b.gep(b.bitcast(x_ptr, I32.as_pointer()),
+                               [b.mul(n, const_i64(g["cp"] * g["pstride"]))], inbounds=True)
             # work items (panel, block row), the block row innermost: a panel's planes are
             # reused by every block of output channels
             lo, hi = self._split(g["panels"] * mblocks, task, ntasks)
@@ -173,7 +184,8 @@ class PairConvEmitter(ContractionEmitter):
                                     const_i64(g["shift_max"] + wq - 1)), const_i64(wq))
                 u_hi = b.select(b.icmp_signed("<", u_hi, const_i64(g["rows"])), u_hi,
                                 const_i64(g["rows"]))
-                self._fill_pair_planes(g, x_img, planes, u_lo, u_hi)
+                if not self.pairs_in:
+                    self._fill_pair_planes(g, x_img, planes, u_lo, u_hi)
                 tail = self._tail_geometry(g)
                 with for_range(b, lo, hi, "work") as work:
                     mb = b.srem(work, const_i64(mblocks))

@@ -76,6 +76,46 @@ def _index_used_as_value(body: te.Expr, skip: te.Expr) -> bool:
     return False
 
 
+def vector_epilogue_ok(match) -> bool:
+    """The epilogue can be evaluated a vector at a time along the output's last axis: only
+    float32 arithmetic, compares and selects, and reads of float32 tensors whose indices are
+    plain output loop indices or constants, the last axis (if read) as their last index."""
+    out, last = match.out, match.out.axes[-1]
+    axes = {id(a) for a in out.axes}
+    cast_inner = _vector_casts(match.body, match.reduce, last)
+    if cast_inner is None:
+        return False
+    for node in te.walk(match.body, skip=match.reduce):
+        if isinstance(node, te.Cast):
+            continue   # checked by _vector_casts
+        if isinstance(node, te.Binary):
+            if node.dtype != "float32" or node.op not in _VECTOR_BINARY:
+                return False
+        elif isinstance(node, te.Compare):
+            if node.a.dtype != "float32":
+                return False
+        elif isinstance(node, te.MathCall):   # sigmoid (SiLU), erf (GELU), tanh, exp
+            if node.dtype != "float32" or node.name not in VECTOR_MATH:
+                return False
+        elif is_table_read(node):   # a qlookup's gather: its row per channel, not per lane
+            row = node.indices[0]
+            if isinstance(row, te.IndexVar) and (id(row) not in axes or row is last):
+                return False
+        elif isinstance(node, te.Read):
+            if id(node) not in cast_inner and (node.dtype != "float32"
+                                               or node.tensor.dtype != "float32"):
+                return False
+            for d, idx in enumerate(node.indices):
+                if isinstance(idx, te.IndexVar):
+                    if id(idx) not in axes or (idx is last and d != len(node.indices) - 1):
+                        return False
+                elif not isinstance(idx, te.Const):
+                    return False
+        elif not isinstance(node, (te.Select, te.Const, te.IndexVar)):
+            return False   # casts, math calls, other reductions: the scalar epilogue
+    return not _index_used_as_value(match.body, match.reduce)
+
+
 class EpilogueMixin:
     """The epilogue part of ``kernel.ContractionEmitter``."""
 
@@ -94,43 +134,8 @@ class EpilogueMixin:
         return value
 
     def _vector_epilogue_ok(self) -> bool:
-        """The epilogue can be evaluated a vector at a time along the output's last axis: only
-        float32 arithmetic, compares and selects, and reads of float32 tensors whose indices are
-        plain output loop indices or constants, the last axis (if read) as their last index."""
-        out, last = self.match.out, self.match.out.axes[-1]
-        axes = {id(a) for a in out.axes}
-        cast_inner = _vector_casts(self.match.body, self.match.reduce, last)
-        if cast_inner is None:
-            return False
-        for node in te.walk(self.match.body, skip=self.match.reduce):
-            if isinstance(node, te.Cast):
-                continue   # checked by _vector_casts
-            if isinstance(node, te.Binary):
-                if node.dtype != "float32" or node.op not in _VECTOR_BINARY:
-                    return False
-            elif isinstance(node, te.Compare):
-                if node.a.dtype != "float32":
-                    return False
-            elif isinstance(node, te.MathCall):   # sigmoid (SiLU), erf (GELU), tanh, exp
-                if node.dtype != "float32" or node.name not in VECTOR_MATH:
-                    return False
-            elif is_table_read(node):   # a qlookup's gather: its row per channel, not per lane
-                row = node.indices[0]
-                if isinstance(row, te.IndexVar) and (id(row) not in axes or row is last):
-                    return False
-            elif isinstance(node, te.Read):
-                if id(node) not in cast_inner and (node.dtype != "float32"
-                                                   or node.tensor.dtype != "float32"):
-                    return False
-                for d, idx in enumerate(node.indices):
-                    if isinstance(idx, te.IndexVar):
-                        if id(idx) not in axes or (idx is last and d != len(node.indices) - 1):
-                            return False
-                    elif not isinstance(idx, te.Const):
-                        return False
-            elif not isinstance(node, (te.Select, te.Const, te.IndexVar)):
-                return False   # casts, math calls, other reductions: the scalar epilogue
-        return not _index_used_as_value(self.match.body, self.match.reduce)
+        """``vector_epilogue_ok`` of this kernel's contraction."""
+        return vector_epilogue_ok(self.match)
 
     def _rows_contiguous(self) -> bool:
         """Every read along the output's last axis also reads along the one before it, in its

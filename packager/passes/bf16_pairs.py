@@ -1,0 +1,152 @@
+"""bf16 pair words between two bf16 convolutions (``mlcpack export --precision bf16`` where every
+target has vdpbf16ps at 16 lanes; docs/precision.md).
+
+Both bf16 convolution kernels read their input as *pair words*: per input-channel pair j and
+pixel the 32-bit word (bf16(x[2j]), bf16(x[2j + 1])) that vdpbf16ps multiplies, made by a copy
+of the float32 input (codegen/bf16conv.py's pair planes, codegen/conv_oc.py's band copy). Where
+a tensor is written by a channel-lane bf16 convolution (``nn.conv2d_oc`` with ``pairs``) and read
+by nothing but one bf16 convolution's reduction, the producer's epilogue writes those words
+itself and the consumer reads them in place: the tensor's buffer (an arena buffer sized for the
+float32 tensor) holds ``[N, ceil(C / 2), H + pt + pb, W + pl + pr]`` words, the consumer's
+padding (pt, pl, pb, pr) as zero words, which needs at most half the bytes plus the border. The
+words are the ones the copy made (vcvtne2ps2bf16 of the same float32 values): the outputs are
+bit for bit those without this pass.
+
+Which pairs (after ``fuse_ops``, on the fused functions' attributes, ``PrimFunc.attrs``):
+
+- producer ``bf16_pairs_out`` = the padding: a channel-lane ``conv2d_oc`` with ``pairs`` (not
+  Winograd), static shapes, an epilogue the vector path computes, its only output the tensor;
+- consumer ``bf16_pairs_in``: an ``nn.conv2d_bf16p`` with a 1x1 window, stride 1 and no padding
+  (its pair planes are then the words themselves, one plane per pair of H * W words) or a
+  channel-lane ``conv2d_oc`` with ``pairs`` (channel pairs, not tap pairs, not Winograd: its band
+  reads the padded words in place);
+- the tensor is no output of the model and is read only by the consumer's reduction (not by its
+  epilogue, as a residual).
+
+``options.bf16_pair_activations`` False turns it off (for comparison)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import replace
+
+from ..ir.graph import Binding, CallTIR, Function, IRModule, PrimFunc, used_values
+from ..options import CompileOptions
+
+PAIRS_OUT = "bf16_pairs_out"
+PAIRS_IN = "bf16_pairs_in"
+
+
+def _static(shape) -> bool:
+    return all(isinstance(d, int) for d in shape)
+
+
+def _match(func):
+    from ..codegen.contraction.match import match_contraction
+    return match_contraction(func, kinds=("conv2d_oc", "conv2d_bf16p"))
+
+
+def _producer_ok(func: PrimFunc) -> bool:
+    from ..codegen.contraction.epilogue import vector_epilogue_ok
+    m = _match(func)
+    if m is None or m.tag.kind != "conv2d_oc" or not m.tag.attrs.get("pairs") \
+            or m.tag.attrs.get("winograd") or len(func.outputs) != 1 \
+            or func.outputs[0] is not m.out:
+        return False
+    shape = tuple(m.out.shape)
+    return (len(shape) == 4 and _static(shape) and _static(m.tag.operands[0].shape)
+            and shape[1] % 16 == 0 and vector_epilogue_ok(m))
+
+
+def _consumer_padding(func: PrimFunc, index: int) -> tuple[int, int, int, int] | None:
+    """The padding with which the consumer ``func`` reads its input ``index`` as pair words, or
+    None where it does not."""
+    from ..ir import te
+    m = _match(func)
+    if m is None or func.inputs[index] is not m.tag.operands[0]:
+        return None
+    x = m.tag.operands[0]
+    if len(x.shape) != 4 or not _static(x.shape) or not _static(m.out.shape):
+        return None
+    # the input read by the reduction only (no residual read of it in the epilogue)
+    if any(r.tensor is x for r in te.reads(m.body) if not _inside(r, m.reduce)):
+        return None
+    attrs = m.tag.attrs
+    padding = tuple(attrs.get("padding", (0, 0, 0, 0)))
+    if m.tag.kind == "conv2d_bf16p":
+        kh, kw = m.tag.operands[1].shape[2:4]
+        if (kh, kw) != (1, 1) or tuple(attrs.get("strides", (1, 1))) != (1, 1) or any(padding):
+            return None
+        return padding
+    if not attrs.get("pairs") or attrs.get("tap_pairs") or attrs.get("winograd"):
+        return None
+    return padding
+
+
+def _inside(read, reduce) -> bool:
+    from ..ir import te
+    return any(n is read for n in te.walk(reduce))
+
+
+def _fits(shape, padding) -> bool:
+    """The padded words (plus 16 words a 1x1 kernel's last vector may read past them) fit the
+    float32 tensor's buffer."""
+    n, c, h, w = shape
+    pt, pl, pb, pr = padding
+    words = n * -(-c // 2) * (h + pt + pb) * (w + pl + pr) + 16
+    return words <= n * c * h * w
+
+
+def bf16_pair_activations(mod: IRModule, options: CompileOptions) -> IRModule:
+    if options.precision != "bf16" or not options.bf16_pair_activations \
+            or not options.bf16_oc_targets or options.bf16_emulate:
+        return mod
+    out = mod.copy()
+    for fname, fn in mod.functions.items():
+        if isinstance(fn, Function):
+            out.functions[fname] = _rewrite(out, fn)
+    return out
+
+
+def _rewrite(mod: IRModule, fn: Function) -> Function:
+    bindings = list(fn.bindings())
+    uses = Counter(id(a) for b in bindings for a in used_values(b.value))
+    uses.update(id(o) for o in fn.outputs)
+    calls = Counter(b.value.func for b in bindings if isinstance(b.value, CallTIR))
+    value = {id(b): b.value for b in bindings}   # the calls as rewritten so far
+    producer = {id(b.var): b for b in bindings if isinstance(b.value, CallTIR)}
+    for b in bindings:
+        if not isinstance(b.value, CallTIR):
+            continue
+        for i, arg in enumerate(b.value.args):
+            prod = producer.get(id(arg))
+            if prod is None or uses[id(arg)] != 1:
+                continue
+            pcall, call = value[id(prod)], value[id(b)]
+            pfunc, func = mod.functions[pcall.func], mod.functions[call.func]
+            if not (isinstance(pfunc, PrimFunc) and isinstance(func, PrimFunc)) \
+                    or PAIRS_OUT in pfunc.attrs or not _producer_ok(pfunc):
+                continue
+            padding = _consumer_padding(func, i)
+            if padding is None or not _fits(tuple(pfunc.outputs[0].shape), padding):
+                continue
+            value[id(prod)] = _with_attr(mod, pcall, pfunc, calls, PAIRS_OUT, padding)
+            value[id(b)] = _with_attr(mod, call, func, calls, PAIRS_IN, True)
+            break   # one pair-word input per consumer
+    blocks = [type(block)([Binding(b.var, value[id(b)], b.source) for b in block.bindings])
+              for block in fn.blocks]
+    return Function(fn.name, list(fn.params), blocks, list(fn.outputs), list(fn.output_names))
+
+
+def _with_attr(mod: IRModule, call: CallTIR, func: PrimFunc, calls: Counter, key: str,
+               value) -> CallTIR:
+    """``call`` of a copy of ``func`` with ``attrs[key] = value`` (in place when ``call`` is
+    its only caller)."""
+    new = replace(func, attrs={**func.attrs, key: value})
+    if calls[call.func] == 1:
+        mod.functions[call.func] = new
+        return call
+    name = mod.add_prim_func(new)
+    calls[name] = 1
+    calls[call.func] -= 1
+    return CallTIR(name, call.args, call.type)
