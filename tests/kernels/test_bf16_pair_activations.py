@@ -1,0 +1,151 @@
+"""bf16 pair words between bf16 convolutions (passes/bf16_pairs.py): a channel-lane bf16
+convolution's epilogue writes the pair words (zero-padded for its reader) that the one bf16
+convolution reading it would have made by its copy, and that reader takes them in place.
+
+The words are those the copy made (the same vcvtne2ps2bf16 of the same float32 values), so a
+bundle with them is bit for bit the bundle without them: checked by running both on a host with
+avx512_bf16 (1 and 2 threads, two images); elsewhere by what the pass chooses and what the
+kernels emit."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from mlcpack.runtime.cpu import host_arch, host_features
+
+V4_BF16 = "x86-64-v4+bf16"
+
+
+def _chain():
+    """3x3 -> 3x3 -> 1x1 (16x16, the 1x1 on the pixel-lane kernel) -> 3x3 stride 2 -> 1x1 +
+    residual -> 3x3 stride 2 -> 1x1 (4x4, channel-lane), each with bias and (but the residual
+    one) ReLU; two images of 64 channels."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(3)
+    inits, nodes = [], []
+
+    def conv(x, y, o, c, k, s=1, relu=True):
+        w = (rng.standard_normal((o, c, k, k)) / np.sqrt(c * k * k)).astype(np.float32)
+        b = (rng.standard_normal(o) * 0.1).astype(np.float32)
+        inits.extend([numpy_helper.from_array(w, y + "_w"), numpy_helper.from_array(b, y + "_b")])
+        nodes.append(helper.make_node("Conv", [x, y + "_w", y + "_b"], [y + "_c" if relu else y],
+                                      pads=[k // 2] * 4, strides=[s, s]))
+        if relu:
+            nodes.append(helper.make_node("Relu", [y + "_c"], [y]))
+
+    conv("x", "a", 64, 64, 3)
+    conv("a", "b", 64, 64, 3)
+    conv("b", "d", 128, 64, 1)
+    conv("d", "e", 128, 128, 3, s=2)
+    conv("e", "f", 128, 128, 1, relu=False)
+    nodes.append(helper.make_node("Add", ["f", "e"], ["g"]))   # e read twice: stays float32
+    conv("g", "h", 64, 128, 3, s=2)
+    conv("h", "y", 32, 64, 1)
+    graph = helper.make_graph(
+        nodes, "chain", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 64, 16, 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 32, 4, 4])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+def _pipeline(target: str, **options):
+    from mlcpack.frontends.onnx import import_onnx
+    from mlcpack.packager.ir.graph import CallTIR
+    from mlcpack.packager.options import CompileOptions
+    from mlcpack.packager.passes.pipeline import DEFAULT_PIPELINE, run_pipeline
+
+    mod, _ = import_onnx(_chain())
+    mod = run_pipeline(mod, DEFAULT_PIPELINE, options=CompileOptions(target=target, **options))
+    calls = [b.value.func for b in mod.functions["main"].bindings()
+             if isinstance(b.value, CallTIR)]
+    return mod, calls
+
+
+def _pair_attrs(mod, calls):
+    return [(name.split("_")[2], {k: v for k, v in mod.functions[name].attrs.items()
+                                  if k.startswith("bf16_pairs")}) for name in calls]
+
+
+def test_which_tensors_take_pair_words():
+    mod, calls = _pipeline(V4_BF16, precision="bf16")
+    assert _pair_attrs(mod, calls) == [
+        ("oc", {"bf16_pairs_out": (1, 1, 1, 1)}),               # for the 3x3 after it
+        ("oc1", {"bf16_pairs_in": True, "bf16_pairs_out": (0, 0, 0, 0)}),
+        ("bf16p", {"bf16_pairs_in": True}),                       # 1x1, pixel lanes
+        ("oc2", {}),             # its input from the pixel-lane kernel; e also a residual
+        ("bf16p1", {}),
+        ("oc3", {"bf16_pairs_out": (0, 0, 0, 0)}),
+        ("oc4", {"bf16_pairs_in": True}),                         # 1x1, channel lanes
+    ]
+    # off, fp32, or a set with a level without vdpbf16ps: nothing
+    for target, options in ((V4_BF16, dict(precision="bf16", bf16_pair_activations=False)),
+                            (V4_BF16, dict(precision="fp32")),
+                            (f"x86-64-v4,{V4_BF16}", dict(precision="bf16"))):
+        mod, calls = _pipeline(target, **options)
+        assert all(not attrs for _, attrs in _pair_attrs(mod, calls)), (target, options)
+
+
+def test_kernels_emitted_for_pair_words():
+    """The v4+bf16 code (any host): the producer converts its epilogue's values
+    (vcvtne2ps2bf16), the 1x1 readers copy nothing (no conversion, no planes in the
+    workspace), the 3x3 reader no band (its workspace only the row buffer)."""
+    import llvmlite.binding as llvm
+
+    from mlcpack.packager.codegen.build import _target_machine
+    from mlcpack.packager.codegen.parallel import compile_prim_funcs
+    from mlcpack.packager.codegen.target import resolve_target
+    from mlcpack.packager.ir.graph import PrimFunc
+    from mlcpack.packager.options import CompileOptions
+
+    target = resolve_target(V4_BF16)
+    code = {}
+    for on in (True, False):
+        opts = CompileOptions(target=V4_BF16, precision="bf16", bf16_pair_activations=on)
+        mod, calls = _pipeline(V4_BF16, precision="bf16", bf16_pair_activations=on)
+        funcs = [mod.functions[name] for name in calls]
+        assert all(isinstance(f, PrimFunc) for f in funcs)
+        compiled = compile_prim_funcs(funcs, target, options=opts.for_targets([target]))
+        code[on] = (calls, compiled)
+    calls, on = code[True]
+    _, off = code[False]
+    ws_on = {n: on.kernels[n].workspace_bytes for n in calls}
+    ws_off = {n: off.kernels[n].workspace_bytes for n in code[False][0]}
+    by_kind = dict(zip([c.split("_")[2] for c in calls], calls))
+    # the pixel-lane 1x1 and the channel-lane 1x1 read the words in place
+    assert ws_on[by_kind["bf16p"]] == 0 < ws_off[code[False][0][2]]
+    assert ws_on[by_kind["oc1"]] < ws_off[code[False][0][1]]
+    assert "pair-word input" in on.kernels[by_kind["oc4"]].choice
+    assert "pair-word output" in on.kernels[by_kind["oc"]].choice
+    asm = _target_machine(target).emit_assembly(llvm.parse_assembly(on.llvm_ir))
+    assert "vdpbf16ps" in asm and "vcvtne2ps2bf16" in asm
+
+
+@pytest.mark.skipif(host_arch() != "x86_64" or not {"avx512f", "avx512_bf16"} <= host_features(),
+                    reason="runs vdpbf16ps: needs an x86-64 host with AVX-512 and avx512_bf16")
+def test_bit_identical_to_float32_tensors(tmp_path):
+    import dataclasses
+
+    from mlcpack.frontends.onnx import import_onnx
+    from mlcpack.packager.export import ExportOptions, export_module
+    from mlcpack.packager.options import CompileOptions
+    from mlcpack.runtime import load
+
+    x = np.random.default_rng(4).standard_normal((2, 64, 16, 16)).astype(np.float32)
+    got = {}
+    for on in (True, False):
+        mod, _ = import_onnx(_chain())
+        path = tmp_path / f"{on}.mlc"
+        report = export_module(mod, path, ExportOptions(
+            target=V4_BF16, precision="bf16",
+            compile=dataclasses.replace(CompileOptions(), bf16_pair_activations=on)))
+        assert report.precision == "bf16", report.precision_note
+        with load(path) as one, load(path, threads=2) as two:
+            got[on] = one.run({"x": x})["y"]
+            np.testing.assert_array_equal(two.run({"x": x})["y"], got[on])
+    np.testing.assert_array_equal(got[True], got[False])
+    import onnxruntime as ort
+    want = ort.InferenceSession(_chain().SerializeToString()).run(None, {"x": x})[0]
+    assert float(np.abs(got[True] - want).max()) < 0.02 * float(np.abs(want).max())
