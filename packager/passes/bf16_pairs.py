@@ -4,8 +4,8 @@ target has vdpbf16ps at 16 lanes; docs/precision.md).
 Both bf16 convolution kernels read their input as *pair words*: per input-channel pair j and
 pixel the 32-bit word (bf16(x[2j]), bf16(x[2j + 1])) that vdpbf16ps multiplies, made by a copy
 of the float32 input (codegen/bf16conv.py's pair planes, codegen/conv_oc.py's band copy). Where
-a tensor is written by a channel-lane bf16 convolution (``nn.conv2d_oc`` with ``pairs``) and read
-by nothing but one bf16 convolution's reduction, the producer's epilogue writes those words
+a tensor is written by a bf16 convolution and read by nothing but one bf16 convolution's
+reduction, the producer's epilogue writes those words
 itself and the consumer reads them in place: the tensor's buffer (an arena buffer sized for the
 float32 tensor) holds ``[N, ceil(C / 2), H + pt + pb, W + pl + pr]`` words, the consumer's
 padding (pt, pl, pb, pr) as zero words, which needs at most half the bytes plus the border. The
@@ -15,7 +15,9 @@ bit for bit those without this pass.
 Which pairs (after ``fuse_ops``, on the fused functions' attributes, ``PrimFunc.attrs``):
 
 - producer ``bf16_pairs_out`` = the padding: a channel-lane ``conv2d_oc`` with ``pairs`` (not
-  Winograd), static shapes, an epilogue the vector path computes, its only output the tensor;
+  Winograd) or an ``nn.conv2d_bf16p`` whose output rows its panels hold without dropped columns
+  (a 1x1, stride 1 or 2, no padding), static shapes, whole vectors of output channels, an
+  epilogue the vector path computes, its only output the tensor;
 - consumer ``bf16_pairs_in``: an ``nn.conv2d_bf16p`` with a 1x1 window, stride 1 and no padding
   (its pair planes are then the words themselves, one plane per pair of H * W words) or a
   channel-lane ``conv2d_oc`` with ``pairs`` (channel pairs, not tap pairs, not Winograd: its band
@@ -47,15 +49,21 @@ def _match(func):
 
 
 def _producer_ok(func: PrimFunc) -> bool:
-    from ..codegen.contraction.epilogue import vector_epilogue_ok
+    from ..codegen.contraction.epilogue import rows_contiguous, vector_epilogue_ok
     m = _match(func)
-    if m is None or m.tag.kind != "conv2d_oc" or not m.tag.attrs.get("pairs") \
-            or m.tag.attrs.get("winograd") or len(func.outputs) != 1 \
-            or func.outputs[0] is not m.out:
+    if m is None or len(func.outputs) != 1 or func.outputs[0] is not m.out:
         return False
-    shape = tuple(m.out.shape)
-    return (len(shape) == 4 and _static(shape) and _static(m.tag.operands[0].shape)
-            and shape[1] % 16 == 0 and vector_epilogue_ok(m))
+    shape, x = tuple(m.out.shape), m.tag.operands[0]
+    if not (len(shape) == 4 and _static(shape) and _static(x.shape) and shape[1] % 16 == 0
+            and vector_epilogue_ok(m)):
+        return False
+    if m.tag.kind == "conv2d_bf16p":
+        # the pixel-lane kernel: output rows flattened without dropped columns
+        from ..codegen.bf16conv import pair_conv_geometry
+        g = pair_conv_geometry(x.shape, m.tag.operands[1].shape, shape, m.tag.attrs["strides"],
+                               m.tag.attrs["padding"], 16)
+        return g["wq"] == g["ow"] and g["mr"] % 2 == 0 and rows_contiguous(m)
+    return bool(m.tag.attrs.get("pairs")) and not m.tag.attrs.get("winograd")
 
 
 def _consumer_padding(func: PrimFunc, index: int) -> tuple[int, int, int, int] | None:

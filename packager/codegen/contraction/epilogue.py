@@ -116,6 +116,19 @@ def vector_epilogue_ok(match) -> bool:
     return not _index_used_as_value(match.body, match.reduce)
 
 
+def rows_contiguous(match) -> bool:
+    """Every read along the output's last axis also reads along the one before it, in its
+    last two dimensions, with the output's row length: consecutive outputs across a row end
+    are then consecutive elements of that tensor too."""
+    out = match.out
+    for node in te.walk(match.body, skip=match.reduce):
+        if isinstance(node, te.Read) and node.indices and node.indices[-1] is out.axes[-1]:
+            if (len(node.indices) < 2 or node.indices[-2] is not out.axes[-2]
+                    or node.tensor.shape[-1] != out.shape[-1]):
+                return False
+    return True
+
+
 class EpilogueMixin:
     """The epilogue part of ``kernel.ContractionEmitter``."""
 
@@ -138,16 +151,8 @@ class EpilogueMixin:
         return vector_epilogue_ok(self.match)
 
     def _rows_contiguous(self) -> bool:
-        """Every read along the output's last axis also reads along the one before it, in its
-        last two dimensions, with the output's row length: consecutive outputs across a row end
-        are then consecutive elements of that tensor too."""
-        out = self.match.out
-        for node in te.walk(self.match.body, skip=self.match.reduce):
-            if isinstance(node, te.Read) and node.indices and node.indices[-1] is out.axes[-1]:
-                if (len(node.indices) < 2 or node.indices[-2] is not out.axes[-2]
-                        or node.tensor.shape[-1] != out.shape[-1]):
-                    return False
-        return True
+        """``rows_contiguous`` of this kernel's contraction."""
+        return rows_contiguous(self.match)
 
     def _vvalue(self, e: te.Expr, env: dict, mask: ir.Value | None,
                 memo: dict[int, ir.Value] | None = None) -> ir.Value:
