@@ -79,6 +79,10 @@ class CompileOptions:
     # reader multiplies (its copy into pair planes skipped; passes/bf16_pairs.py); False: every
     # tensor float32 as before
     bf16_pair_activations: bool = True
+    # with it: a tensor read by a 1x1 bf16 convolution and as the residual of a pixel-lane
+    # bf16 convolution's epilogue (a ResNet block's output) as pair words too, the residual
+    # widened from bf16 (outputs change, within the bf16 guard); False: such tensors float32
+    bf16_pair_residuals: bool = True
     # test only: the vdpbf16ps matmul's and convolution's data path (packing, loop order) with
     # vcvtne2ps2bf16 and vdpbf16ps written in portable IR (float32 FMAs, exact on normal
     # values), on any target: runs it on a CPU without avx512_bf16 (codegen/bf16dot.py,

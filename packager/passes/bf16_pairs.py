@@ -37,6 +37,7 @@ from ..options import CompileOptions
 
 PAIRS_OUT = "bf16_pairs_out"
 PAIRS_IN = "bf16_pairs_in"
+PAIRS_READ = "bf16_pairs_read"
 
 
 def _static(shape) -> bool:
@@ -112,11 +113,11 @@ def bf16_pair_activations(mod: IRModule, options: CompileOptions) -> IRModule:
     out = mod.copy()
     for fname, fn in mod.functions.items():
         if isinstance(fn, Function):
-            out.functions[fname] = _rewrite(out, fn)
+            out.functions[fname] = _rewrite(out, fn, options.bf16_pair_residuals)
     return out
 
 
-def _rewrite(mod: IRModule, fn: Function) -> Function:
+def _rewrite(mod: IRModule, fn: Function, residuals: bool) -> Function:
     bindings = list(fn.bindings())
     uses = Counter(id(a) for b in bindings for a in used_values(b.value))
     uses.update(id(o) for o in fn.outputs)
@@ -141,9 +142,72 @@ def _rewrite(mod: IRModule, fn: Function) -> Function:
             value[id(prod)] = _with_attr(mod, pcall, pfunc, calls, PAIRS_OUT, padding)
             value[id(b)] = _with_attr(mod, call, func, calls, PAIRS_IN, True)
             break   # one pair-word input per consumer
+    if residuals:
+        _residual_pairs(mod, bindings, uses, calls, value, producer)
     blocks = [type(block)([Binding(b.var, value[id(b)], b.source) for b in block.bindings])
               for block in fn.blocks]
     return Function(fn.name, list(fn.params), blocks, list(fn.outputs), list(fn.output_names))
+
+
+def _residual_read(func: PrimFunc, index: int) -> bool:
+    """Whether the pixel-lane bf16 convolution ``func`` reads its input ``index`` only in its
+    epilogue, at the output's own indices (a residual), along rows its vector epilogue takes
+    whole (so that it may read it as dense pair words)."""
+    from ..codegen.bf16conv import pair_conv_geometry
+    from ..codegen.contraction.epilogue import rows_contiguous, vector_epilogue_ok
+    from ..ir import te
+    m = _match(func)
+    if m is None or m.tag.kind != "conv2d_bf16p" or len(func.outputs) != 1:
+        return False
+    t = func.inputs[index]
+    if t is m.tag.operands[0] or t.shape != m.out.shape or not _static(m.out.shape):
+        return False
+    reads = [r for r in te.reads(m.body) if r.tensor is t]
+    if not reads or any(_inside(r, m.reduce) or list(r.indices) != list(m.out.axes)
+                        for r in reads):
+        return False
+    g = pair_conv_geometry(m.tag.operands[0].shape, m.tag.operands[1].shape, m.out.shape,
+                           m.tag.attrs["strides"], m.tag.attrs["padding"], 16)
+    return g["wq"] == g["ow"] and vector_epilogue_ok(m) and rows_contiguous(m)
+
+
+def _residual_pairs(mod: IRModule, bindings, uses: Counter, calls: Counter, value: dict,
+                    producer: dict) -> None:
+    """A tensor read by a 1x1 bf16 convolution (as its input, stride 1, no padding) and by one
+    pixel-lane bf16 convolution's epilogue (a residual, ``_residual_read``): written as dense
+    pair words too (``bf16_pairs_out`` (0, 0, 0, 0)), read in place by the first
+    (``bf16_pairs_in``) and widened from its half word by the second (``bf16_pairs_read``: the
+    input's index). The residual then adds the bf16-rounded value (OpenVINO's bf16 does the
+    same): outputs change, within the export's bf16 guard."""
+    readers: dict[int, list] = {}
+    for b in bindings:
+        if isinstance(b.value, CallTIR):
+            for i, arg in enumerate(b.value.args):
+                readers.setdefault(id(arg), []).append((b, i))
+    for b in bindings:
+        prod_b = producer.get(id(b.var))
+        if prod_b is None or uses[id(b.var)] != 2 or len(readers.get(id(b.var), ())) != 2:
+            continue
+        pcall = value[id(prod_b)]
+        pfunc = mod.functions[pcall.func]
+        if PAIRS_OUT in pfunc.attrs or not _producer_ok(pfunc):
+            continue
+        (r1, i1), (r2, i2) = readers[id(b.var)]
+        for (conv, ci), (res, ri) in (((r1, i1), (r2, i2)), ((r2, i2), (r1, i1))):
+            cfunc, rfunc = mod.functions[value[id(conv)].func], mod.functions[value[id(res)].func]
+            if conv is res or PAIRS_IN in cfunc.attrs:
+                continue
+            padding = _consumer_padding(cfunc, ci)
+            if padding is None or any(padding) or _match(cfunc).tag.kind != "conv2d_bf16p" \
+                    or not _residual_read(rfunc, ri) \
+                    or not _fits(tuple(pfunc.outputs[0].shape), padding):
+                continue
+            value[id(prod_b)] = _with_attr(mod, pcall, pfunc, calls, PAIRS_OUT, padding)
+            value[id(conv)] = _with_attr(mod, value[id(conv)], cfunc, calls, PAIRS_IN, True)
+            rfunc = mod.functions[value[id(res)].func]
+            value[id(res)] = _with_attr(mod, value[id(res)], rfunc, calls, PAIRS_READ,
+                                        tuple(rfunc.attrs.get(PAIRS_READ, ())) + (ri,))
+            break
 
 
 def _with_attr(mod: IRModule, call: CallTIR, func: PrimFunc, calls: Counter, key: str,

@@ -132,6 +132,33 @@ def rows_contiguous(match) -> bool:
 class EpilogueMixin:
     """The epilogue part of ``kernel.ContractionEmitter``."""
 
+    # uids of NCHW float32 tensors the epilogue reads that hold bf16 pair words instead
+    # ([N, C / 2, H, W] 32-bit words (bf16(x[2j]), bf16(x[2j + 1])): passes/bf16_pairs.py)
+    pair_word_reads: frozenset = frozenset()
+
+    def _pair_word_read(self, t: te.Tensor, idx: list, mask: ir.Value | None) -> ir.Value:
+        """vl values of pair-word tensor ``t`` from NCHW indices ``idx`` (along the last axis):
+        the words of channel pair c // 2, each widened from its low (even c) or high half."""
+        b = self.builder
+        n, c, h, w = t.shape
+        cp = -(-c // 2)
+        i32v = ir.VectorType(I32, self.vl)
+        pair = b.sdiv(idx[1], const_i64(2))
+        offset = b.add(b.mul(idx[0], const_i64(cp * h * w)),
+                       b.add(b.mul(pair, const_i64(h * w)),
+                             b.add(b.mul(idx[2], const_i64(w)), idx[3])))
+        ptr = b.bitcast(b.gep(self.buffers[t.uid], [offset], inbounds=True), i32v.as_pointer())
+        if mask is None:
+            words = b.load(ptr, align=4)
+        else:
+            fn = intrinsic(self.module, f"llvm.masked.load.v{self.vl}i32.p0", i32v,
+                           [i32v.as_pointer(), I32, ir.VectorType(I1, self.vl), i32v])
+            words = b.call(fn, [ptr, ir.Constant(I32, 4), mask, ir.Constant(i32v, None)])
+        low = b.shl(words, ir.Constant(i32v, [16] * self.vl))
+        high = b.and_(words, ir.Constant(i32v, [-65536] * self.vl))
+        odd = b.icmp_signed("!=", b.and_(idx[1], const_i64(1)), const_i64(0))
+        return b.bitcast(b.select(odd, high, low), self.vty)
+
     def epilogue_vector(self, acc: ir.Value, env: dict, mask: ir.Value | None, memo: dict | None,
                         opaque_constants: bool) -> ir.Value:
         """The fused epilogue's value, a vector, on the accumulators ``acc`` of the outputs at
@@ -184,6 +211,8 @@ class EpilogueMixin:
             last = self.match.out.axes[-1]
             idx = [const_i64(int(i.value)) if isinstance(i, te.Const) else env[id(i)]
                    for i in e.indices]
+            if e.tensor.uid in self.pair_word_reads and e.indices and e.indices[-1] is last:
+                return self._pair_word_read(e.tensor, idx, mask)
             offset = self._offset(e.tensor, idx)
             if e.indices and e.indices[-1] is last:
                 ptr = b.gep(self.buffers[e.tensor.uid], [offset], inbounds=True)
