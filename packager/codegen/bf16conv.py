@@ -101,8 +101,8 @@ class PairConvEmitter(ContractionEmitter):
         # plane j is the H * W words of pair j, read in place (no pair planes copied)
         self.pairs_in = bool(func.attrs.get("bf16_pairs_in"))
         # epilogue operands (a residual) held as dense pair words (passes/bf16_pairs.py)
-        self.pair_word_reads = frozenset(func.inputs[i].uid
-                                         for i in func.attrs.get("bf16_pairs_read", ()))
+        self.pair_word_reads = {func.inputs[i].uid: tuple(pad)
+                                for i, pad in func.attrs.get("bf16_pairs_read", ())}
         # the output written as pair words for the next bf16 convolution (padded by these)
         self.pairs_out = func.attrs.get("bf16_pairs_out")
         if (self.pairs_in or self.pairs_out is not None) and not self.dot:

@@ -247,6 +247,9 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
         # (padded by ``pairs_out``) that the next bf16 convolution reads
         self.pairs_in = bool(self.func.attrs.get("bf16_pairs_in"))
         self.pairs_out = self.func.attrs.get("bf16_pairs_out")
+        # epilogue operands (a residual) held as pair words, by padding
+        self.pair_word_reads = {self.func.inputs[i].uid: tuple(pad)
+                                for i, pad in self.func.attrs.get("bf16_pairs_read", ())}
         if self.pairs_in:
             assert self.pairs and not self.tap_pairs, "pair-word input needs channel pairs"
             self.copy = False

@@ -149,36 +149,41 @@ def _rewrite(mod: IRModule, fn: Function, residuals: bool) -> Function:
     return Function(fn.name, list(fn.params), blocks, list(fn.outputs), list(fn.output_names))
 
 
-def _residual_read(func: PrimFunc, index: int) -> bool:
-    """Whether the pixel-lane bf16 convolution ``func`` reads its input ``index`` only in its
-    epilogue, at the output's own indices (a residual), along rows its vector epilogue takes
-    whole (so that it may read it as dense pair words)."""
-    from ..codegen.bf16conv import pair_conv_geometry
+def _residual_read(func: PrimFunc, index: int, padding) -> bool:
+    """Whether the bf16 convolution ``func`` reads its input ``index`` only in its epilogue,
+    at the output's own indices (a residual), a vector along a row at a time (channel lanes),
+    or along rows its vector epilogue takes whole (pixel lanes, then only an unpadded
+    ``padding``): so that it may read it as pair words of that padding."""
     from ..codegen.contraction.epilogue import rows_contiguous, vector_epilogue_ok
     from ..ir import te
     m = _match(func)
-    if m is None or m.tag.kind != "conv2d_bf16p" or len(func.outputs) != 1:
+    if m is None or len(func.outputs) != 1 or func.outputs[0] is not m.out:
         return False
     t = func.inputs[index]
-    if t is m.tag.operands[0] or t.shape != m.out.shape or not _static(m.out.shape):
+    if t is m.tag.operands[0] or tuple(t.shape) != tuple(m.out.shape) \
+            or not _static(m.out.shape) or not vector_epilogue_ok(m):
         return False
     reads = [r for r in te.reads(m.body) if r.tensor is t]
     if not reads or any(_inside(r, m.reduce) or list(r.indices) != list(m.out.axes)
                         for r in reads):
         return False
+    if m.tag.kind == "conv2d_oc":
+        return bool(m.tag.attrs.get("pairs")) and not m.tag.attrs.get("winograd")
+    from ..codegen.bf16conv import pair_conv_geometry
     g = pair_conv_geometry(m.tag.operands[0].shape, m.tag.operands[1].shape, m.out.shape,
                            m.tag.attrs["strides"], m.tag.attrs["padding"], 16)
-    return g["wq"] == g["ow"] and vector_epilogue_ok(m) and rows_contiguous(m)
+    return not any(padding) and g["wq"] == g["ow"] and rows_contiguous(m)
 
 
 def _residual_pairs(mod: IRModule, bindings, uses: Counter, calls: Counter, value: dict,
                     producer: dict) -> None:
-    """A tensor read by a 1x1 bf16 convolution (as its input, stride 1, no padding) and by one
-    pixel-lane bf16 convolution's epilogue (a residual, ``_residual_read``): written as dense
-    pair words too (``bf16_pairs_out`` (0, 0, 0, 0)), read in place by the first
-    (``bf16_pairs_in``) and widened from its half word by the second (``bf16_pairs_read``: the
-    input's index). The residual then adds the bf16-rounded value (OpenVINO's bf16 does the
-    same): outputs change, within the export's bf16 guard."""
+    """A tensor read by a bf16 convolution that takes pair words (as its input) and by one
+    bf16 convolution's epilogue (a residual, ``_residual_read``): a ResNet block's output,
+    written as pair words too (``bf16_pairs_out``, the first reader's padding), read in place
+    by the first (``bf16_pairs_in``) and widened from its half word by the second
+    (``bf16_pairs_read``: (input index, padding) pairs). The residual then adds the
+    bf16-rounded value (as OpenVINO's bf16 does): outputs change, within the export's bf16
+    guard."""
     readers: dict[int, list] = {}
     for b in bindings:
         if isinstance(b.value, CallTIR):
@@ -198,15 +203,15 @@ def _residual_pairs(mod: IRModule, bindings, uses: Counter, calls: Counter, valu
             if conv is res or PAIRS_IN in cfunc.attrs:
                 continue
             padding = _consumer_padding(cfunc, ci)
-            if padding is None or any(padding) or _match(cfunc).tag.kind != "conv2d_bf16p" \
-                    or not _residual_read(rfunc, ri) \
+            if padding is None or not _residual_read(rfunc, ri, padding) \
                     or not _fits(tuple(pfunc.outputs[0].shape), padding):
                 continue
             value[id(prod_b)] = _with_attr(mod, pcall, pfunc, calls, PAIRS_OUT, padding)
             value[id(conv)] = _with_attr(mod, value[id(conv)], cfunc, calls, PAIRS_IN, True)
             rfunc = mod.functions[value[id(res)].func]
             value[id(res)] = _with_attr(mod, value[id(res)], rfunc, calls, PAIRS_READ,
-                                        tuple(rfunc.attrs.get(PAIRS_READ, ())) + (ri,))
+                                        tuple(rfunc.attrs.get(PAIRS_READ, ()))
+                                        + ((ri, padding),))
             break
 
 

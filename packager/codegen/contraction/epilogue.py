@@ -132,21 +132,26 @@ def rows_contiguous(match) -> bool:
 class EpilogueMixin:
     """The epilogue part of ``kernel.ContractionEmitter``."""
 
-    # uids of NCHW float32 tensors the epilogue reads that hold bf16 pair words instead
-    # ([N, C / 2, H, W] 32-bit words (bf16(x[2j]), bf16(x[2j + 1])): passes/bf16_pairs.py)
-    pair_word_reads: frozenset = frozenset()
+    # NCHW float32 tensors the epilogue reads that hold bf16 pair words instead: uid ->
+    # padding (pt, pl, pb, pr) of their [N, C / 2, H + pt + pb, W + pl + pr] 32-bit words
+    # (bf16(x[2j]), bf16(x[2j + 1])) (passes/bf16_pairs.py)
+    pair_word_reads: dict = {}
 
     def _pair_word_read(self, t: te.Tensor, idx: list, mask: ir.Value | None) -> ir.Value:
-        """vl values of pair-word tensor ``t`` from NCHW indices ``idx`` (along the last axis):
-        the words of channel pair c // 2, each widened from its low (even c) or high half."""
+        """vl values of pair-word tensor ``t`` from NCHW indices ``idx`` (along the last axis;
+        with padding, within one row): the words of channel pair c // 2, each widened from
+        its low (even c) or high half."""
         b = self.builder
         n, c, h, w = t.shape
+        pt, pl, pb, pr = self.pair_word_reads[t.uid]
+        hp, wp = h + pt + pb, w + pl + pr
         cp = -(-c // 2)
         i32v = ir.VectorType(I32, self.vl)
         pair = b.sdiv(idx[1], const_i64(2))
-        offset = b.add(b.mul(idx[0], const_i64(cp * h * w)),
-                       b.add(b.mul(pair, const_i64(h * w)),
-                             b.add(b.mul(idx[2], const_i64(w)), idx[3])))
+        offset = b.add(b.mul(idx[0], const_i64(cp * hp * wp)),
+                       b.add(b.mul(pair, const_i64(hp * wp)),
+                             b.add(b.mul(b.add(idx[2], const_i64(pt)), const_i64(wp)),
+                                   b.add(idx[3], const_i64(pl)))))
         ptr = b.bitcast(b.gep(self.buffers[t.uid], [offset], inbounds=True), i32v.as_pointer())
         if mask is None:
             words = b.load(ptr, align=4)
