@@ -232,6 +232,8 @@ class PairConvEmitter(ContractionEmitter):
         in it, where there is padding); then the rows' padding columns, and above the first
         and below the last row the padding rows, zero words."""
         b, vl = self.builder, self.vl
+        if g["wq"] != g["ow"] or not (self._vector_epilogue_ok() and self._rows_contiguous()):
+            raise ValueError("bf16 pair-word output needs whole rows and a vector epilogue")
         pt, pl, pb, pr = self.pairs_out
         oh, ow, o, nr, pflat = g["oh"], g["ow"], g["o"], g["nr"], g["pflat"]
         hp, wp = oh + pt + pb, ow + pl + pr
@@ -316,9 +318,9 @@ class PairConvEmitter(ContractionEmitter):
                                                                     const_i64(half)))
                             t_idx = b.add(b.mul(b.add(b.mul(i, const_i64(2)), const_i64(half)),
                                                 const_i64(nr)), const_i64(v * vl))
-                            self._tile_value = b.load(self._vec_ptr(tile, t_idx), align=4)
-                            vals.append(self._vvalue(self.match.body, env, mask))
-                            self._tile_value = None
+                            acc = b.load(self._vec_ptr(tile, t_idx), align=4)
+                            vals.append(self.epilogue_vector(acc, env, mask, None,
+                                                             opaque_constants=True))
                         put(self._pair_words(vals[0], vals[1]), base, p,
                             const_i64(vl) if full else left, full)
             if padded:

@@ -916,6 +916,8 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
         columns, and above the first row and below the last the padding rows, zero words."""
         b, vl = self.builder, self.vl
         out = self.match.out
+        if not self.vector_epilogue:
+            raise ValueError("bf16 pair-word output needs a vector epilogue")
         pt, pl, pb, pr = self.pairs_out
         hp, wp = self.oh + pt + pb, self.ow + pl + pr
         plane = hp * wp

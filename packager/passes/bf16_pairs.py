@@ -32,7 +32,9 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import replace
 
+from ..ir import te
 from ..ir.graph import Binding, CallTIR, Function, IRModule, PrimFunc, used_values
+from ..ir.patterns import reduction_tag
 from ..options import CompileOptions
 
 PAIRS_OUT = "bf16_pairs_out"
@@ -44,57 +46,117 @@ def _static(shape) -> bool:
     return all(isinstance(d, int) for d in shape)
 
 
-def _match(func):
-    from ..codegen.contraction.match import match_contraction
-    return match_contraction(func, kinds=("conv2d_oc", "conv2d_bf16p"))
+class _Conv:
+    """A fused function's bf16 convolution (its tagged reduction) and the stages after it."""
+
+    def __init__(self, func: PrimFunc, reduce, stage) -> None:
+        tag = reduction_tag(reduce)
+        self.kind, self.attrs, self.operands = tag.kind, tag.attrs, tag.operands
+        self.reduce, self.stage, self.out = reduce, stage, func.outputs[0]
+        self.epilogue = [s for s in te.stages(func.outputs) if s.body is not None
+                         and s is not stage]
+
+
+def _match(func: PrimFunc) -> _Conv | None:
+    """The one ``conv2d_oc`` / ``conv2d_bf16p`` reduction of ``func`` (one float32 output of
+    the reduction's shape, every other stage elementwise after it), or None."""
+    if len(func.outputs) != 1 or func.outputs[0].dtype != "float32":
+        return None
+    found = []
+    for s in te.stages(func.outputs):
+        if s.body is None:
+            continue
+        for n in te.walk(s.body):
+            if isinstance(n, te.Reduce):
+                found.append((n, s))
+    if len(found) != 1:
+        return None
+    reduce, stage = found[0]
+    tag = reduction_tag(reduce)
+    if tag is None or tag.kind not in ("conv2d_oc", "conv2d_bf16p") \
+            or tuple(stage.shape) != tuple(func.outputs[0].shape) \
+            or not all(any(t is i for i in func.inputs) for t in tag.operands):
+        return None
+    return _Conv(func, reduce, stage)
+
+
+def _vector_epilogue(m: _Conv, rows: bool) -> bool:
+    """The stages after the convolution are float32 arithmetic (+, -, *, max, min) of it,
+    constants and reads whose indices are the stage's own axes (the last one only last) or
+    constants, as codegen/contraction/epilogue.py ``vector_epilogue_ok`` takes them (a subset:
+    no casts, selects or math calls); ``rows``: also ``rows_contiguous`` (a read along the last
+    axis reads along the one before it, rows of the output's length)."""
+    for s in m.epilogue:
+        axes = {id(a) for a in s.axes}
+        last = s.axes[-1]
+        for n in te.walk(s.body):
+            if isinstance(n, te.Binary):
+                if n.dtype != "float32" or n.op not in ("add", "sub", "mul", "max", "min"):
+                    return False
+            elif isinstance(n, te.Read):
+                if n.dtype != "float32" or n.tensor.dtype != "float32":
+                    return False
+                for d, idx in enumerate(n.indices):
+                    if isinstance(idx, te.IndexVar):
+                        if id(idx) not in axes or (idx is last and d != len(n.indices) - 1):
+                            return False
+                    elif not isinstance(idx, te.Const):
+                        return False
+                if rows and n.indices and n.indices[-1] is last and (
+                        len(n.indices) < 2 or n.indices[-2] is not s.axes[-2]
+                        or n.tensor.shape[-1] != s.shape[-1]):
+                    return False
+            elif not isinstance(n, (te.Const, te.IndexVar)):
+                return False
+    return True
+
+
+def _whole_rows(m: _Conv) -> bool:
+    """The pixel-lane kernel's panels hold whole output rows (codegen/bf16conv.py
+    ``pair_conv_geometry``'s ``wq`` equals the output width: no dropped columns)."""
+    x, wp = m.operands
+    kw = wp.shape[3]
+    sw = m.attrs["strides"][1]
+    _, pl, _, pr = m.attrs["padding"]
+    ow = m.out.shape[3]
+    return max(-(-(x.shape[3] + pl + pr) // sw), ow + (kw - 1) // sw) == ow
 
 
 def _producer_ok(func: PrimFunc) -> bool:
-    from ..codegen.contraction.epilogue import rows_contiguous, vector_epilogue_ok
     m = _match(func)
-    if m is None or len(func.outputs) != 1 or func.outputs[0] is not m.out:
+    if m is None:
         return False
-    shape, x = tuple(m.out.shape), m.tag.operands[0]
-    if not (len(shape) == 4 and _static(shape) and _static(x.shape) and shape[1] % 16 == 0
-            and vector_epilogue_ok(m)):
+    shape, x = tuple(m.out.shape), m.operands[0]
+    if not (len(shape) == 4 and _static(shape) and _static(x.shape) and shape[1] % 16 == 0):
         return False
-    if m.tag.kind == "conv2d_bf16p":
-        # the pixel-lane kernel: output rows flattened without dropped columns
-        from ..codegen.bf16conv import pair_conv_geometry
-        g = pair_conv_geometry(x.shape, m.tag.operands[1].shape, shape, m.tag.attrs["strides"],
-                               m.tag.attrs["padding"], 16)
-        return g["wq"] == g["ow"] and g["mr"] % 2 == 0 and rows_contiguous(m)
-    return bool(m.tag.attrs.get("pairs")) and not m.tag.attrs.get("winograd")
+    if m.kind == "conv2d_bf16p":   # output rows flattened without dropped columns
+        return _whole_rows(m) and _vector_epilogue(m, rows=True)
+    return bool(m.attrs.get("pairs")) and not m.attrs.get("winograd") \
+        and _vector_epilogue(m, rows=False)
 
 
 def _consumer_padding(func: PrimFunc, index: int) -> tuple[int, int, int, int] | None:
     """The padding with which the consumer ``func`` reads its input ``index`` as pair words, or
     None where it does not."""
-    from ..ir import te
     m = _match(func)
-    if m is None or func.inputs[index] is not m.tag.operands[0]:
+    if m is None or func.inputs[index] is not m.operands[0]:
         return None
-    x = m.tag.operands[0]
+    x = m.operands[0]
     if len(x.shape) != 4 or not _static(x.shape) or not _static(m.out.shape):
         return None
     # the input read by the reduction only (no residual read of it in the epilogue)
-    if any(r.tensor is x for r in te.reads(m.body) if not _inside(r, m.reduce)):
+    if any(r.tensor is x for s in m.epilogue for r in te.reads(s.body)):
         return None
-    attrs = m.tag.attrs
-    padding = tuple(attrs.get("padding", (0, 0, 0, 0)))
-    if m.tag.kind == "conv2d_bf16p":
-        kh, kw = m.tag.operands[1].shape[2:4]
-        if (kh, kw) != (1, 1) or tuple(attrs.get("strides", (1, 1))) != (1, 1) or any(padding):
+    padding = tuple(m.attrs.get("padding", (0, 0, 0, 0)))
+    if m.kind == "conv2d_bf16p":
+        kh, kw = m.operands[1].shape[2:4]
+        if (kh, kw) != (1, 1) or tuple(m.attrs.get("strides", (1, 1))) != (1, 1) \
+                or any(padding):
             return None
         return padding
-    if not attrs.get("pairs") or attrs.get("tap_pairs") or attrs.get("winograd"):
+    if not m.attrs.get("pairs") or m.attrs.get("tap_pairs") or m.attrs.get("winograd"):
         return None
     return padding
-
-
-def _inside(read, reduce) -> bool:
-    from ..ir import te
-    return any(n is read for n in te.walk(reduce))
 
 
 def _fits(shape, padding) -> bool:
@@ -154,25 +216,19 @@ def _residual_read(func: PrimFunc, index: int, padding) -> bool:
     at the output's own indices (a residual), a vector along a row at a time (channel lanes),
     or along rows its vector epilogue takes whole (pixel lanes, then only an unpadded
     ``padding``): so that it may read it as pair words of that padding."""
-    from ..codegen.contraction.epilogue import rows_contiguous, vector_epilogue_ok
-    from ..ir import te
     m = _match(func)
-    if m is None or len(func.outputs) != 1 or func.outputs[0] is not m.out:
+    if m is None:
         return False
     t = func.inputs[index]
-    if t is m.tag.operands[0] or tuple(t.shape) != tuple(m.out.shape) \
-            or not _static(m.out.shape) or not vector_epilogue_ok(m):
+    if t is m.operands[0] or tuple(t.shape) != tuple(m.out.shape) or not _static(m.out.shape):
         return False
-    reads = [r for r in te.reads(m.body) if r.tensor is t]
-    if not reads or any(_inside(r, m.reduce) or list(r.indices) != list(m.out.axes)
-                        for r in reads):
+    reads = [(r, s) for s in m.epilogue for r in te.reads(s.body) if r.tensor is t]
+    if not reads or any(list(r.indices) != list(s.axes) for r, s in reads):
         return False
-    if m.tag.kind == "conv2d_oc":
-        return bool(m.tag.attrs.get("pairs")) and not m.tag.attrs.get("winograd")
-    from ..codegen.bf16conv import pair_conv_geometry
-    g = pair_conv_geometry(m.tag.operands[0].shape, m.tag.operands[1].shape, m.out.shape,
-                           m.tag.attrs["strides"], m.tag.attrs["padding"], 16)
-    return not any(padding) and g["wq"] == g["ow"] and rows_contiguous(m)
+    if m.kind == "conv2d_oc":
+        return bool(m.attrs.get("pairs")) and not m.attrs.get("winograd") \
+            and _vector_epilogue(m, rows=False)
+    return not any(padding) and _whole_rows(m) and _vector_epilogue(m, rows=True)
 
 
 def _residual_pairs(mod: IRModule, bindings, uses: Counter, calls: Counter, value: dict,
