@@ -137,6 +137,10 @@ class PairConvEmitter(ContractionEmitter):
         return self._planes_bytes() + regions
 
     def emit(self) -> KernelInfo:
+        g = self._conv_geometry()
+        if self.pair_word_reads and (g["wq"] != g["ow"] or not (
+                self._vector_epilogue_ok() and self._rows_contiguous())):
+            raise ValueError("a pair-word residual needs whole rows and a vector epilogue")
         params = self.func.inputs + self.func.outputs
         workspace = self._workspace_bytes()
         body_fn, ptr_types = self._begin_body(params, True)

@@ -250,6 +250,8 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
         # epilogue operands (a residual) held as pair words, by padding
         self.pair_word_reads = {self.func.inputs[i].uid: tuple(pad)
                                 for i, pad in self.func.attrs.get("bf16_pairs_read", ())}
+        if self.pair_word_reads and not self.vector_epilogue:
+            raise ValueError("a pair-word residual needs the vector epilogue")
         if self.pairs_in:
             assert self.pairs and not self.tap_pairs, "pair-word input needs channel pairs"
             self.copy = False
