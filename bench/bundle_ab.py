@@ -9,8 +9,9 @@ Each pair is loaded once (same random inputs, seeded), warmed up, then timed
 in alternating blocks (A, B, A, B, ...; a block is about 0.2 s of runs) until ``--budget``
 seconds per pair have passed. Printed per pair: median and min milliseconds per run of each,
 and B / A for the medians and the mins. ``--kernels N`` then profiles both (``model.profile``,
-alternating rounds of 10 runs) and prints the N kernels whose min time changed most (B / A; the
-two bundles must come from one model, so their programs match instruction by instruction).
+alternating rounds of 10 runs) and prints the N kernels whose min time changed most (B / A;
+kernels are paired by their source-model nodes, else by name, so a change that removes or adds
+kernels pairs the rest right), then the kernels only one bundle has and both bundles' copies.
 ``--level`` pins the code variant the runtime picks (``MLCPACK_CPU_FEATURES`` with that level's
 flags, set before loading), to time a portable bundle's lower variant on this host.
 ``--show TEXT`` also lists every kernel whose name holds TEXT (the kernels a change touched),
@@ -88,24 +89,68 @@ def compare(path_a: str, path_b: str, budget: float, threads: int) -> tuple[list
     return ta, tb
 
 
-def kernel_changes(path_a: str, path_b: str, threads: int, rounds: int = 6
-                   ) -> list[tuple[float, float, float, str]]:
-    """(B/A, A min us, B min us, kernel) per kernel instruction, from ``rounds`` alternating
-    profiles of 10 runs each, min over all of them."""
+def step_keys(steps) -> list[str]:
+    """A key per profiled instruction that names the same work in two bundles of one model:
+    a kernel by its source-model nodes (its name where the header has none), a library call by
+    its name; the n-th repeat of a key gets `` #n``. Instruction indices do not pair them once
+    a change removes or adds instructions (a concat made in place, a fusion)."""
+    seen: dict[str, int] = {}
+    keys = []
+    for s in steps:
+        key = " + ".join(n.name or n.op for n in s.sources) if s.sources else s.name
+        seen[key] = seen.get(key, 0) + 1
+        keys.append(key if seen[key] == 1 else f"{key} #{seen[key]}")
+    return keys
+
+
+def kernel_changes(path_a: str, path_b: str, threads: int, rounds: int = 6) -> dict:
+    """From ``rounds`` alternating profiles of 10 runs each, min over all of them: ``pairs``,
+    (B/A, A min us, B min us, kernel) per kernel of A matched to one of B (``step_keys``; a key
+    only one side has pairs by kernel name when that name is left on both sides once); the
+    kernels ``only_a`` and ``only_b`` ((min us, name, key), the work a change removed or
+    added); ``copies``: per bundle, (how many COPY / APPEND instructions, their min us)."""
     from mlcpack.runtime.model import load
 
     a, b = load(path_a, threads=threads), load(path_b, threads=threads)
     feeds = _inputs(a)
     best: dict[str, list] = {"a": [], "b": []}
+    steps = {}
     for _ in range(rounds):
         for key, m in (("a", a), ("b", b)):
-            best[key].append([t.min_us for t in m.profile(feeds, runs=10).instructions])
-    steps = a.profile(feeds, runs=1).instructions
-    mins_a = np.min(np.array(best["a"]), axis=0)
-    mins_b = np.min(np.array(best["b"]), axis=0)
-    rows = [(float(mb / ma), float(ma), float(mb), s.step.name)
-            for s, ma, mb in zip(steps, mins_a, mins_b) if s.step.kind == "kernel" and ma > 0]
-    return sorted(rows, key=lambda r: -abs(np.log(r[0])))
+            prof = m.profile(feeds, runs=10).instructions
+            best[key].append([t.min_us for t in prof])
+            steps[key] = [t.step for t in prof]
+    mins = {k: np.min(np.array(v), axis=0) for k, v in best.items()}
+    kernels = {}
+    for k in ("a", "b"):
+        rows = [(key, s, float(t)) for key, s, t in zip(step_keys(steps[k]), steps[k], mins[k])
+                if s.kind == "kernel"]
+        kernels[k] = {key: (s.name, t) for key, s, t in rows}
+    only_a = {k: v for k, v in kernels["a"].items() if k not in kernels["b"]}
+    only_b = {k: v for k, v in kernels["b"].items() if k not in kernels["a"]}
+    names_b: dict[str, list[str]] = {}
+    for key, (name, _) in only_b.items():
+        names_b.setdefault(name, []).append(key)
+    names_a = [name for name, _ in only_a.values()]
+    renamed = {}   # a key of A -> the key of B of the same kernel name (each unique on both sides)
+    for key, (name, _) in only_a.items():
+        if names_a.count(name) == 1 and len(names_b.get(name, ())) == 1:
+            renamed[key] = names_b[name][0]
+    pairs = []
+    for key, (name, ta) in kernels["a"].items():
+        kb = key if key in kernels["b"] else renamed.get(key)
+        if kb is not None and ta > 0:
+            pairs.append((kernels["b"][kb][1] / ta, ta, kernels["b"][kb][1], name))
+    matched_b = set(kernels["a"]) | set(renamed.values())
+    copies = {k: (sum(1 for s in steps[k] if s.kind == "copy"),
+                  float(sum(t for s, t in zip(steps[k], mins[k]) if s.kind == "copy")))
+              for k in ("a", "b")}
+    return {"pairs": sorted(pairs, key=lambda r: -abs(np.log(r[0]) if r[0] > 0 else 0)),
+            "only_a": sorted(((t, name, key) for key, (name, t) in only_a.items()
+                              if key not in renamed), reverse=True),
+            "only_b": sorted(((t, name, key) for key, (name, t) in kernels["b"].items()
+                              if key not in matched_b), reverse=True),
+            "copies": copies}
 
 
 def main() -> None:
@@ -154,20 +199,30 @@ def main() -> None:
         print(f"{os.path.basename(path_a):28s} {os.path.basename(path_b):28s} {ma:9.3f} "
               f"{mb:9.3f} {na:8.3f} {nb:8.3f} {mb / ma:8.3f} {nb / na:8.3f}", flush=True)
         if args.kernels:
-            rows = kernel_changes(path_a, path_b, args.threads)
-            total_a = sum(r[1] for r in rows)
-            total_b = sum(r[2] for r in rows)
-            print(f"  kernels' min times summed: A {total_a:.0f} us, B {total_b:.0f} us "
-                  f"(B/A {total_b / total_a:.3f}); most changed:")
+            changes = kernel_changes(path_a, path_b, args.threads)
+            rows = changes["pairs"]
+            (na, ta), (nb, tb) = changes["copies"]["a"], changes["copies"]["b"]
+            total_a = sum(r[1] for r in rows) + sum(r[0] for r in changes["only_a"]) + ta
+            total_b = sum(r[2] for r in rows) + sum(r[0] for r in changes["only_b"]) + tb
+            print(f"  kernels' and copies' min times summed: A {total_a:.0f} us, B "
+                  f"{total_b:.0f} us (B/A {total_b / total_a:.3f}); {len(rows)} kernels matched "
+                  "by source nodes or name; most changed:")
             for ratio, ma, mb, name in rows[:args.kernels]:
                 print(f"    {ratio:6.3f}  {ma:9.1f} -> {mb:9.1f} us  {name[:70]}")
+            for side, label in (("only_a", "only in A (removed)"), ("only_b", "only in B (added)")):
+                gone = changes[side]
+                if gone:
+                    print(f"  {len(gone)} kernels {label}, {sum(r[0] for r in gone):.0f} us:")
+                    for t, name, key in gone[:args.kernels]:
+                        print(f"    {t:9.1f} us  {name[:40]}  ({key[:60]})")
+            if na or nb:
+                print(f"  copies: A {na} ({ta:.0f} us), B {nb} ({tb:.0f} us)")
             shown = [r for r in rows if any(t in r[3] for t in args.show)]
             if shown:
                 print(f"  kernels named {', '.join(args.show)}: A {sum(r[1] for r in shown):.0f} "
                       f"us, B {sum(r[2] for r in shown):.0f} us")
             for ratio, ma, mb, name in shown:
                 print(f"    {ratio:6.3f}  {ma:9.1f} -> {mb:9.1f} us  {name[:70]}")
-
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -54,8 +54,10 @@ def build_shim(workdir: Path) -> int:
     return ctypes.cast(ctypes.CDLL(str(lib)).timed, ctypes.c_void_p).value
 
 
-def measure(path: str, threads: int, runs: int, shim: int) -> tuple[np.ndarray, list[str]]:
-    """(runs x kernel calls x tasks) thread CPU us, and each call's kernel name."""
+def measure(path: str, threads: int, runs: int, shim: int
+            ) -> tuple[np.ndarray, list[str], np.ndarray]:
+    """(runs x kernel calls x tasks) thread CPU us, each call's kernel name, and each call's
+    task count (0: run on the calling thread alone)."""
     from mlcpack.runtime import load
     from mlcpack.runtime.bench import random_feeds
     from mlcpack.runtime.header import OP_CALL_KERNEL
@@ -69,6 +71,7 @@ def measure(path: str, threads: int, runs: int, shim: int) -> tuple[np.ndarray, 
         sys.exit(f"{path}: no native step table (a symbolic plan, or a bundle without "
                  "mlcpack_pool_steps)")
     table = table.reshape(-1, 3)
+    ntasks = table[:, 2].astype(np.int64).copy()
     calls = []
     for k in range(table.shape[0]):
         c = Call(fn=int(table[k, 0]), args=int(table[k, 1]))
@@ -85,7 +88,20 @@ def measure(path: str, threads: int, runs: int, shim: int) -> tuple[np.ndarray, 
         for k, c in enumerate(calls):
             cpu[r, k] = c.cpu[:]
     model.close()
-    return cpu / 1e3, names
+    return cpu / 1e3, names, ntasks
+
+
+def home_path(cpu: np.ndarray, ntasks: np.ndarray, threads: int) -> np.ndarray:
+    """Per run and call, the larger of the threads' home ranges (thread t: tasks ``[t * n / T,
+    (t + 1) * n / T)``, codegen/threadpool.py): the call's critical path when the threads keep
+    pace; a call run on one thread (``ntasks`` 0) counts whole."""
+    out = cpu.sum(2).copy()
+    for k, n in enumerate(ntasks):
+        if n > 1:
+            parts = [cpu[:, k, t * n // threads:(t + 1) * n // threads].sum(1)
+                     for t in range(threads)]
+            out[:, k] = np.max(parts, axis=0)
+    return out
 
 
 def main() -> None:
@@ -98,8 +114,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         shim = build_shim(Path(tmp))
         t0 = time.perf_counter()
-        one, names = measure(args.bundle, 1, args.runs, shim)
-        many, _ = measure(args.bundle, args.threads, args.runs, shim)
+        one, names, _ = measure(args.bundle, 1, args.runs, shim)
+        many, _, ntasks = measure(args.bundle, args.threads, args.runs, shim)
     w1, wn = one.sum(2), many.sum(2)              # per run and call: the work
     crit = many.max(2)                             # the longest task of each call
     print(f"{args.bundle}: {args.runs} runs at 1 and {args.threads} threads "
@@ -109,6 +125,26 @@ def main() -> None:
           f"{np.median(wn.sum(1)) / 1e3:7.2f}")
     print(f"  longest task per call, summed ({args.threads} threads): "
           f"{crit.sum(1).min() / 1e3:7.2f} / {np.median(crit.sum(1)) / 1e3:7.2f}")
+    home = home_path(many, ntasks, args.threads)
+    serial = ntasks <= 1
+    print(f"  critical path by home ranges ({args.threads} threads): "
+          f"{home.sum(1).min() / 1e3:7.2f} / {np.median(home.sum(1)) / 1e3:7.2f}; half the "
+          f"1-thread work {w1.sum(1).min() / 2e3:7.2f} / {np.median(w1.sum(1)) / 2e3:7.2f}")
+    hm, h1 = np.median(home, 0), np.median(w1, 0)
+    print(f"  of the path (medians): {int(serial.sum())} calls on one thread "
+          f"{hm[serial].sum() / 1e3:6.2f} ms (1 thread {h1[serial].sum() / 1e3:6.2f}); "
+          f"{int((~serial).sum())} split calls {hm[~serial].sum() / 1e3:6.2f} ms against half "
+          f"their 1-thread work {h1[~serial].sum() / 2e3:6.2f}")
+    hw = np.median(wn, 0)
+    print(f"  split calls: uneven split {(hm - hw / 2)[~serial].sum() / 1e3:6.2f} ms (path "
+          f"beyond half their {args.threads}-thread work), work grown "
+          f"{(hw - h1)[~serial].sum() / 2e3:6.2f} ms (half the growth)")
+    gap = hm - np.where(serial, 0.0, h1 / 2)
+    print("calls with the longest path beyond half their 1-thread work (us; serial calls "
+          "whole):")
+    for k in np.argsort(-gap)[:args.top]:
+        print(f"  {k:4d} {h1[k]:8.1f} -> path {hm[k]:8.1f}  ntasks {ntasks[k]:2d}  "
+              f"{names[k][:60]}")
     m1, mn = np.median(w1, 0), np.median(wn, 0)
     print(f"kernel calls whose median work grew most at {args.threads} threads (us):")
     for k in np.argsort(-(mn - m1))[:args.top]:

@@ -49,7 +49,10 @@ the body (several rows at once).
 Tensors are rows of a table: ``[0, arena offset, shape, dtype]`` or ``[1, constant, shape,
 dtype]``. A reshape is a second row over the same bytes, so it costs no instruction; so is a
 ``slice_view`` (a leading-contiguous slice, passes/slice_views.py), at its offset into them. Each
-input record lists its ``views``: its own row and those of its reshapes.
+input record lists its ``views``: its own row and those of its reshapes. A ``concat_in_place``
+(passes/concat_views.py) has one buffer from its first part's kernel to its last reader: the
+kernels of its hosted parts write rows at their offsets in it (a nested one's parts at the
+outer one's), the other parts are COPY-ed in where the concat was, and it costs no kernel.
 
 The program's rows are the bundle header's records (``runtime/header.py``: ``TensorRow``,
 ``IORow``, ``LibraryCall``, ``Symbolic``), which the export puts in the plan as they are
@@ -69,6 +72,7 @@ from .ir.sym import (Dim, SymExpr, is_static, nondecreasing_in, product, relatio
                      size_var, substitute, to_record)
 from .ops import get_op
 from .ops.registry import VIEW
+from .passes.concat_views import hosted_parts, part_offsets
 from .passes.memory_plan import Buffer, plan_memory
 # SIZES rows (symbolic programs) hold the int64 values of the size variables
 from ..runtime.header import (ARENA, CONST, OP_APPEND, OP_BIND_SIZE, OP_CALL_KERNEL,
@@ -224,6 +228,25 @@ def emit_program(mod: IRModule, kernels: dict[str, KernelInfo], func: str = "mai
         storage_of_tensor[len(rows) - 1] = sid
         return len(rows) - 1
 
+    # concats made in place (passes/concat_views.py): a hosted value's id -> (its concat's id,
+    # its byte offset there); the outer-most concat's storage, made by its first part's kernel
+    hosts = hosted_parts(fn) if func == "main" and not size_vars else {}
+    var_of = {id(b.var): b.var for b in fn.bindings()} if hosts else {}
+    host_storage: dict[int, int] = {}
+
+    def placed_row(var: Var, step: int) -> int:
+        """A tensor row for ``var`` at its place in the outer-most concat hosting it."""
+        top, delta = id(var), 0
+        while top in hosts:
+            top, offset = hosts[top]
+            delta += offset
+        if top not in host_storage:
+            host_storage[top] = new_storage(var_of[top].type, step)
+        t = arena_tensor(var.type, host_storage[top])
+        if delta:
+            view_delta[t] = delta
+        return t
+
     def use(v: Value, step: int, output: bool = False) -> int:
         if isinstance(v, Constant):
             if id(v) not in const_index:
@@ -284,6 +307,24 @@ def emit_program(mod: IRModule, kernels: dict[str, KernelInfo], func: str = "mai
         if isinstance(v, (Var, Constant)):
             tensor_of[id(b.var)] = use(v, step)
             return
+        if isinstance(v, Call) and v.op == "concat_in_place":   # its hosted parts are in place
+            if size_vars:
+                raise VMEmitError(f"{b.var.name}: a concat in place in a symbolic program")
+            t = tensor_of[id(b.var)] = placed_row(b.var, step)
+            at = view_delta.get(t, 0)
+            for a, hosted, offset in zip(v.args, v.attrs["hosted"], part_offsets(v)):
+                src = use(a, step)
+                if hosted:
+                    if (storage_of_tensor.get(src) != storage_of_tensor[t]
+                            or view_delta.get(src, 0) != at + offset):
+                        raise VMEmitError(f"{b.var.name}: a part written in place is not at "
+                                          "its place in the concat's buffer")
+                    continue
+                dst = arena_tensor(a.type, storage_of_tensor[t])
+                if at + offset:
+                    view_delta[dst] = at + offset
+                prog.instructions.append([OP_COPY, src, dst])
+            return
         if isinstance(v, Call) and v.op == "bind_size":   # no kernel: the VM binds the size
             count = use(v.args[0], step)
             name = v.attrs["var"]
@@ -324,7 +365,10 @@ def emit_program(mod: IRModule, kernels: dict[str, KernelInfo], func: str = "mai
                               "before the kernel that counts it ran")
         args = [use(a, step) for a in v.args]
         into = into_state.pop(id(b.var), None)   # a resized carried value's copy (below)
-        out = arena_tensor(v.type, new_storage(v.type, step) if into is None else into)
+        if into is None and id(b.var) in hosts:   # written in place into a concat's buffer
+            out = placed_row(b.var, step)
+        else:
+            out = arena_tensor(v.type, new_storage(v.type, step) if into is None else into)
         tensor_of[id(b.var)] = out
         if isinstance(v, CallTIR):
             info = kernels[v.func]

@@ -84,6 +84,16 @@ REGISTERS = 16
 REGISTERS_32 = 32
 MAX_TILE_ROWS = 8
 MAX_TILE_ROWS_32 = 8
+# AVX-512, a block of one channel vector (16 output channels, or a last block of 16) in the
+# direct kernel at column stride 1 with at least ONE_VECTOR_MIN_STEPS reduction steps (input
+# channels x taps): 16 pixels of accumulators (8 left 23 of 32 registers idle), a group's rest
+# half a tile, then pixel by pixel. Kernel min, 1 thread, 8 -> 16 pixels: conv3d's folded 3 ->
+# 16 (81 steps) 420 -> 383 us, 16 -> 16 3x3 on 80x80 (YOLOv8n, YOLOX) 0.96-0.97, U-Net's 32 ->
+# 16 and 16 -> 16 on 128x128 0.95-0.96, EfficientNet-B0's last blocks of 16 (1x1s from 480 and
+# 672 channels) 0.99-1.01; slower, so kept at 8: C = 3 stems (27 steps; U-Net's 3x3 on 128x128
+# 1.03, the stride-2 stems of PP-LCNet and MobileNetV3 1.02-1.07).
+ONE_VECTOR_TILE_ROWS = 16
+ONE_VECTOR_MIN_STEPS = 64
 # Weight vectors per register tile (16 registers: 4 x 3 pixels of accumulators); a block's
 # vectors past it (4-lane targets: 8 per block) are computed in passes of up to this many.
 MAX_TILE_VECTORS = 4
@@ -513,6 +523,9 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
         """Pixels per register tile for a block of ``nv`` weight vectors: accumulators, the
         pixels' broadcasts and one weight vector in the registers (AVX-512: 32 registers, the
         broadcasts folded into the multiply-adds as memory operands)."""
+        if self.vl == 16 and nv == 1 and self.sw == 1 and not (self.wino or self.pairs) \
+                and self.c * self.kh * self.kw >= ONE_VECTOR_MIN_STEPS:
+            return ONE_VECTOR_TILE_ROWS
         if self.vl == 16:
             return max(1, min(MAX_TILE_ROWS_32, (REGISTERS_32 - nv) // nv))
         return max(1, min(MAX_TILE_ROWS, (REGISTERS - 1) // (nv + 1)))
@@ -687,7 +700,7 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
         blocks of 32 channels, or the last one's whole vectors."""
         b = self.builder
         full = self.o // OC_BLOCK
-        last_nv = (self.o % OC_BLOCK) // self.vl
+        last_nv = -(-(self.o % OC_BLOCK) // self.vl)   # its last vector partial: _row_columns
         if not last_nv:
             self._emit_band(nb, blk, oy_lo, planes, row0, OC_BLOCK // self.vl)
             return
@@ -744,8 +757,10 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
                         self._tile(planes, prow0, b.mul(tx, const_i64(mr)), mr, v0, nv, wblk,
                                    c0, c1, first, prefetch=tx)
                     rest = b.mul(full, const_i64(mr))
-                    if self.pairs and mr >= 4:   # bf16 pairs: half a tile first (a 1-pixel
-                        half = mr // 2           # tile is load-bound on vdpbf16ps)
+                    # bf16 pairs: half a tile first (a 1-pixel tile is load-bound on
+                    # vdpbf16ps); so for ONE_VECTOR_TILE_ROWS (up to 15 pixels left)
+                    if (self.pairs and mr >= 4) or mr > MAX_TILE_ROWS_32:
+                        half = mr // 2
                         with b.if_then(b.icmp_signed(">=", b.sub(npix, rest),
                                                      const_i64(half))):
                             self._tile(planes, prow0, rest, half, v0, nv, wblk, c0, c1, first)
@@ -1049,7 +1064,12 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
                            align=4) for i in range(vl)]
             for i, col in enumerate(_transpose(b, rows)):
                 b.store(col, b.gep(cols_buf, [zero, ir.Constant(I32, i)], inbounds=True))
-            with for_range(b, const_i64(0), const_i64(vl), "oci") as i:
+            count = const_i64(vl)
+            if self.o % vl:   # output channels not in whole vectors: the last one's lanes
+                left = b.sub(const_i64(self.o),   # past them are computed, not stored
+                             b.add(b.mul(blk, const_i64(OC_BLOCK)), c0))
+                count = b.select(b.icmp_signed("<", left, count), left, count)
+            with for_range(b, const_i64(0), count, "oci") as i:
                 col = b.load(b.gep(cols_buf, [zero, i], inbounds=True))
                 finish(col, b.add(b.mul(blk, const_i64(OC_BLOCK)), b.add(c0, i)))
 
@@ -1093,7 +1113,7 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
                     self._wino_input(region, ntr)
                     b.store(nb_band, copied)
                 full = self.o // OC_BLOCK
-                last_nv = (self.o % OC_BLOCK) // self.vl
+                last_nv = -(-(self.o % OC_BLOCK) // self.vl)
                 g = self.wgroups
                 blo = b.sdiv(b.mul(grp, const_i64(full)), const_i64(g))
                 bhi = b.sdiv(b.mul(b.add(grp, const_i64(1)), const_i64(full)), const_i64(g))
@@ -1355,6 +1375,7 @@ def emit_conv_oc(module: ir.Module, func: PrimFunc, symbol: str, vl: int,
     if match.tag.attrs.get("pairs") and vl != 16:
         raise ValueError("nn.conv2d_oc with bf16 pairs needs x86-64-v4+bf16 (vdpbf16ps) on "
                          f"16 lanes; this target has {vl}")
-    if vl == 16 and match.tag.attrs["out_channels"] % 16:
+    if vl == 16 and match.tag.attrs["out_channels"] % 16 and \
+            not geometry.oc_partial_lanes(match.tag.attrs["out_channels"]):
         vl = 8   # output channels in whole 8-lane vectors only: AVX-512VL's ymm registers
     return ChannelLaneConvEmitter(module, func, symbol, match, vl, size_vars, options).emit()

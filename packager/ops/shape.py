@@ -110,6 +110,23 @@ def concat(*xs: np.ndarray, axis: int = 0) -> np.ndarray:
     return np.concatenate(xs, axis=axis)
 
 
+def _infer_concat_in_place(*xs: TensorType, axis: int = 0, hosted=(), relations: list
+                           ) -> TensorType:
+    return _infer_concat(*xs, axis=axis, relations=relations)
+
+
+def _legalize_concat_in_place(*xs: te.Tensor, out_type: TensorType, name: str, axis: int = 0,
+                              hosted=()) -> te.Tensor:
+    return _legalize_concat(*xs, out_type=out_type, name=name, axis=axis)
+
+
+@register_op("concat_in_place", INJECTIVE, _infer_concat_in_place, _legalize_concat_in_place)
+def concat_in_place(*xs: np.ndarray, axis: int = 0, hosted=()) -> np.ndarray:
+    """A ``concat`` whose ``hosted`` parts their kernels wrote in place into its buffer
+    (passes/concat_views.py): no kernel; the VM copies the other parts in."""
+    return np.concatenate(xs, axis=axis)
+
+
 # ---- sizes as run-time values (shape arithmetic on symbolic dims, frontends/onnx/symvalue.py) ---
 
 def _infer_sym_values(values=(), shape=(), dtype="int64") -> TensorType:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..codegen.contraction.geometry import conv_geometry
+from ..codegen.contraction.geometry import conv_geometry, oc_partial_lanes
 from ..ir.graph import Call, Constant, IRModule
 from ..options import CompileOptions
 from .common import map_functions, rewrite_function
@@ -126,7 +126,9 @@ def pack_conv_weights(mod: IRModule, options: CompileOptions) -> IRModule:
         x, w = v.args
         # 16 lanes: other output channel counts keep the register-blocked kernel (the kernel's
         # 8-lane ymm fallback runs at half Zen 5's peak: PP-OCR det's 96 -> 24 3x3s 2x slower)
-        if w.data.shape[0] % (16 if options.conv_oc_wide else 8) or (
+        # unless a last, partial 16-lane vector wastes few lanes (_partial_lanes_ok)
+        if (w.data.shape[0] % (16 if options.conv_oc_wide else 8)
+                and not _partial_lanes_ok(w.data.shape, options)) or (
                 w.data.shape[2] * w.data.shape[3] == 1
                 and not _oc_1x1(w.data.shape, v.type.shape, options)):
             return None
@@ -142,6 +144,15 @@ def pack_conv_weights(mod: IRModule, options: CompileOptions) -> IRModule:
                     attrs, v.type)
 
     return map_functions(mod, lambda fn: rewrite_function(fn, visit))
+
+
+def _partial_lanes_ok(w_shape, options: CompileOptions) -> bool:
+    """Whether a convolution of ``w_shape`` whose output channels are not whole 16-lane
+    vectors takes nn.conv2d_oc at 16 lanes (``geometry.oc_partial_lanes``): windows
+    wider than 1x1 only (PP-OCR det's 384 -> 360 1x1 on 16x16 measured 71 -> 74 us, 1 thread:
+    it keeps the register-blocked kernel's packed panels)."""
+    return (bool(options.conv_oc_wide) and w_shape[2] * w_shape[3] > 1
+            and oc_partial_lanes(w_shape[0]))
 
 
 # 1x1 convolutions on nn.conv2d_oc (``options.conv_oc_wide``: AVX-512 targets) with at least

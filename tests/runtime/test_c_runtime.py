@@ -220,6 +220,20 @@ def test_channel_split_views_bit_identical(build, tmp_path) -> None:
     assert_bit_identical(build, tmp_path / "m.mlc", {"x": x}, tmp_path)
 
 
+def test_concats_in_place_bit_identical(build, tmp_path) -> None:
+    """A batch-1 plan whose channel Concats are made in place (kernels writing at offsets into
+    the concat's buffer, COPY instructions for the other parts; tests/passes/
+    test_concats_in_place.py): the C runtime gives the Python runtime's bytes."""
+    import onnx
+    from mlcpack.packager.api import Options, export
+    from test_concats_in_place import _model
+
+    onnx.save(_model(1), tmp_path / "m.onnx")
+    export(tmp_path / "m.onnx", tmp_path / "m.mlc", Options(cache=False, check=False))
+    x = np.random.default_rng(4).standard_normal((1, 8, 6, 6)).astype(np.float32)
+    assert_bit_identical(build, tmp_path / "m.mlc", {"x": x}, tmp_path)
+
+
 def test_conv_net_has_parallel_kernels_and_zero_copy(build, bundles) -> None:
     """So the 2-thread runs above go through the bundle's hand-off code and the C workers, and
     the kernels read the input where mlcrun holds it and write the output into its buffer."""

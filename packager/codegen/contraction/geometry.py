@@ -459,3 +459,23 @@ def conv_geometry(x_shape, w_shape, out_shape, attrs: dict, target_vl: int,
                 prefetch_panels=EPILOGUE_PREFETCH_PANELS if direct and panel_outer else 0,
                 prefetch_input=(INPUT_PREFETCH and direct and panel_outer
                                 and 4 * c * h * wd > L2_REUSE_BYTES))
+
+
+# The channel-lane convolution (codegen/conv_oc.py) at 16 lanes, output channels not in whole
+# vectors (``oc_partial_lanes``): at least this many, the last vector's unused lanes at most
+# 1 / OC_PARTIAL_LANES_WASTE of those computed. PP-OCRv4 recognizer's 1x3 convolutions to 60
+# channels on 1x40 (4 of 64 lanes unused), 1 thread: 127 -> 59 and 78 -> 40 us against the
+# register-blocked kernel (docs/performance.md, issue 35, 2026-12-07).
+OC_PARTIAL_LANES_MIN_CHANNELS = 48
+OC_PARTIAL_LANES_WASTE = 16
+
+
+def oc_partial_lanes(out_channels: int) -> bool:
+    """Whether a convolution to ``out_channels`` not in whole 16-lane vectors runs on the
+    channel-lane kernel at 16 lanes all the same (passes/layout.py packs it for that kernel on
+    AVX-512 targets, windows wider than 1x1): the last vector computed on the packed weights'
+    zeros, its lanes past the channels not stored. Others keep 8-lane vectors there, or
+    (passes/layout.py) the register-blocked kernel."""
+    lanes = -(-out_channels // 16) * 16
+    return (out_channels >= OC_PARTIAL_LANES_MIN_CHANNELS
+            and (lanes - out_channels) * OC_PARTIAL_LANES_WASTE <= lanes)

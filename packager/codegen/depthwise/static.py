@@ -14,6 +14,9 @@ that reads it). For a chunk starting at output column ``ox0``, tap kx needs the 
   3-wide window); taps beyond that reach are loaded and deinterleaved on their own.
 
 Rows narrower than half a vector use half-width vectors (7-wide rows: 8 lanes on AVX-512).
+Small planes skip the rows at AVX-512: stride 1 up to 8x8 as one flat run of vectors
+(``_emit_flat_plane``), stride 2 with output rows up to a vector wide from whole input-row
+vectors, each tap one two-source permute (``_emit_s2_plane``).
 
 Padding costs no bounds checks in the inner loops: output rows are grouped (at compile time)
 by which window rows lie inside the image, and chunks whose reads lie inside the row and whose
@@ -83,6 +86,12 @@ LAZY_COPY_BYTES = 16 * 1024
 # where rows took 7 masked 8-lane chunks).
 FLAT_MAX_OW = 8
 FLAT_MAX_VECTORS = 4
+# AVX-512, horizontal stride 2: output rows at most 16 wide from input rows under 32 wide
+# (two rows of at most 8 per 16-lane vector from input rows under 16) with at most this many
+# vectors per plane run unrolled from whole input-row vectors (``_emit_s2_plane``): each tap
+# one two-source permute of them, where rows took chunks with run-time masks (14x14 -> 7x7:
+# 8-lane rows).
+S2_MAX_VECTORS = 16
 
 
 def is_depthwise(match: Contraction | None) -> bool:
@@ -133,9 +142,10 @@ class DepthwiseEmitter(ContractionEmitter):
         _, _, self.oh, self.ow = self.match.out.shape
         self.sh, self.sw = attrs["strides"]
         self.flat = self._flat_ok()
+        self.s2_rows = 0 if self.flat else self._s2_rows()
         # rows narrower than half a vector: half-width vectors (on AVX-512, twice the throughput
         # of full ones, and otherwise half the lanes would be wasted)
-        while not self.flat and self.vl > 4 and self.vl // 2 >= self.ow:
+        while not (self.flat or self.s2_rows) and self.vl > 4 and self.vl // 2 >= self.ow:
             self.vl //= 2
         vl = self.vl
         self.vty = ir.VectorType(F32, vl)
@@ -143,7 +153,7 @@ class DepthwiseEmitter(ContractionEmitter):
         self.col_block = 1
         self.vector_epilogue = self._vector_epilogue_ok()
         self.pt, self.pl = attrs["padding"][0], attrs["padding"][1]
-        if self.flat:
+        if self.flat or self.s2_rows:
             self.padded, self.region_floats, self.segments = False, 0, []
             return
         # How each tap's vector is made: ("load", offset) or ("shuffle", a, b, lanes), where
@@ -239,6 +249,31 @@ class DepthwiseEmitter(ContractionEmitter):
         if not (self.ow == self.w and self.ow <= FLAT_MAX_OW
                 and -(-self.oh * self.ow // self.target_vl) <= FLAT_MAX_VECTORS):
             return False
+        return self._flat_epilogue_ok()
+
+    def _s2_rows(self) -> int:
+        """AVX-512, horizontal stride 2, output rows at most a vector wide read from input
+        rows narrower than two vectors, at most ``S2_MAX_VECTORS`` vectors per plane, an
+        epilogue that reads flat offsets (``_flat_epilogue_ok``): output rows per vector of
+        ``_emit_s2_plane`` (2 for output rows of at most half a vector from input rows
+        narrower than one, else 1); 0 where it does not apply."""
+        vl = self.target_vl
+        if vl < PADDED_BELOW_VL or self.sw != 2 or self.ow > vl:
+            return 0
+        rows = 2 if self.ow <= vl // 2 and self.w < vl else 1
+        # input rows narrower than their vectors (one of two rows, the two of one row): a
+        # lane past the row reads 0 for the taps' columns outside it
+        if self.w >= 2 * vl or -(-self.oh // rows) > S2_MAX_VECTORS:
+            return 0
+        return rows if self._flat_epilogue_ok() else 0
+
+    def _flat_epilogue_ok(self) -> bool:
+        """Every tensor the epilogue reads is indexed like the output over the plane or not at
+        all, so the epilogue may index the plane's outputs by flat offsets. Not for 1-wide
+        output rows: a per-channel tensor's last axis (1) then matches the output's and is read
+        at the lanes' flat offsets (a 7x1 plane's bias read as 7 channels' biases)."""
+        if self.ow == 1:
+            return False
         x, w = self.match.tag.operands
         for t in self.func.inputs:
             if t.uid in (x.uid, w.uid):
@@ -281,6 +316,81 @@ class DepthwiseEmitter(ContractionEmitter):
                 mask = ir.Constant(ir.VectorType(I1, vl), [o < total for o in outs])
             # oy 0, ox the flat offset: every tensor the epilogue reads is flat like the output
             emit_epilogue(self, acc, const_i64(0), const_i64(v * vl), mask, const_i64(total))
+
+    def _emit_s2_plane(self, x_plane: ir.Value) -> None:
+        """One plane of a horizontal stride 2 (``_s2_rows``): ``g`` = s2_rows output rows per
+        16-lane vector, lane j output row v * g + j // (vl / g), column j % (vl / g). Each
+        input row is loaded once as whole vectors from its column 0, masked to the row's own
+        columns (the lanes past them read 0). Tap (ky, kx) of a vector is one permute of two
+        vectors (two rows' with g = 2, one row's two with g = 1; a row outside the image a zero
+        vector): lane j takes input column 2 * (its column) + kx - pl, or a zero lane where
+        that lies outside the row, so the permute's lanes depend on kx only (kw constants).
+        The rows' lanes are then packed to flat outputs (two rows: one more permute) and stored
+        through the flat epilogue (``_flat_epilogue_ok``)."""
+        b, vl, ow, w = self.builder, self.vl, self.ow, self.w
+        g = self.s2_rows
+        per = vl // g
+        size = self.h * w
+        zero = ir.Constant(self.vty, [0.0] * vl)
+        rows: dict[tuple[int, int], ir.Value] = {}
+
+        def row_vector(iy: int, t: int) -> ir.Value:
+            """Input row iy's vector t, or zeros outside the image or the row."""
+            if not (0 <= iy < self.h and t * vl < w):
+                return zero
+            if (iy, t) not in rows:
+                off = iy * w + t * vl
+                ptr = b.bitcast(b.gep(x_plane, [const_i64(off)], inbounds=True),
+                                self.vty.as_pointer())
+                keep = [t * vl + j < w and off + j < size for j in range(vl)]
+                rows[iy, t] = b.load(ptr, align=4) if all(keep) else self._masked_load(
+                    ptr, ir.Constant(ir.VectorType(I1, vl), keep))
+            return rows[iy, t]
+
+        # lane j of tap kx: input column 2 * (j % per) + kx - pl of its source (g = 2: vector
+        # j // per; g = 1: the row's two vectors as one), else a lane that reads 0 (_s2_rows:
+        # the row's width leaves one)
+        index, used = {}, {}
+        for kx in range(self.kw):
+            lanes = []
+            for j in range(vl):
+                half, ix = j // per, 2 * (j % per) + kx - self.pl
+                inside = j % per < ow and 0 <= ix < w
+                base = half * vl if g == 2 else 0
+                lanes.append(base + (ix if inside else (w if g == 2 or w > vl else vl)))
+            index[kx] = ir.Constant(ir.VectorType(I32, vl), lanes)
+            used[kx] = any(0 <= 2 * c + kx - self.pl < w for c in range(ow))
+        total = self.oh * ow
+        for v in range(-(-self.oh // g)):
+            acc = None
+            for ky in range(self.kh):
+                if g == 2:
+                    iys = [(v * 2 + r) * self.sh + ky - self.pt if v * 2 + r < self.oh else -1
+                           for r in (0, 1)]
+                    srcs = [row_vector(iys[0], 0), row_vector(iys[1], 0)]
+                else:
+                    iy = v * self.sh + ky - self.pt
+                    srcs = [row_vector(iy, 0), row_vector(iy, 1)]
+                if all(src is zero for src in srcs):
+                    continue
+                for kx in range(self.kw):
+                    if not used[kx]:
+                        continue
+                    x = b.shuffle_vector(srcs[0], srcs[1], index[kx])
+                    wv = self.weights[ky][kx]
+                    acc = b.fmul(wv, x) if acc is None else self._fma(wv, x, acc)
+            if acc is None:
+                acc = zero
+            count = min(g, self.oh - v * g) * ow
+            packed = [r * per + c for r in range(count // ow) for c in range(ow)]
+            if packed != list(range(count)):   # the rows' outputs to the first lanes
+                acc = b.shuffle_vector(acc, ir.Constant(self.vty, None), ir.Constant(
+                    ir.VectorType(I32, vl), packed + [0] * (vl - count)))
+            mask = None
+            if count < vl:
+                mask = ir.Constant(ir.VectorType(I1, vl), [j < count for j in range(vl)])
+            emit_epilogue(self, acc, const_i64(0), const_i64(v * g * ow), mask,
+                          const_i64(total))
 
     # ---- emission -------------------------------------------------------------------------------
 
@@ -325,6 +435,8 @@ class DepthwiseEmitter(ContractionEmitter):
             begin_plane(self, w_ptr, nb, oc)
             if self.flat:   # no segments
                 self._emit_flat_plane(x_plane)
+            elif self.s2_rows:
+                self._emit_s2_plane(x_plane)
             for oy0, oy1, ky_lo, ky_hi in self.segments:
                 rows = oy1 - oy0
                 full = (ky_lo, ky_hi) == (0, self.kh)
