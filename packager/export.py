@@ -371,8 +371,11 @@ def _batched_names(rows_by_batch: dict[int, tuple[IORow, ...]], what: str) -> tu
 
 def _export(mods: dict[int | None, IRModule], path: str | os.PathLike,
             options: ExportOptions | None, params: Mapping[str, np.ndarray] | None,
-            on_stage: Callable[[str], None] | None) -> ExportReport:
-    """Check (the reference runs first), compile one plan per batch size, write the bundle."""
+            on_stage: Callable[[str], None] | None, fallback: bool = True
+            ) -> ExportReport | None:
+    """Check (the reference runs first), compile one plan per batch size, write the bundle.
+    ``fallback`` False (a bf16 export keeping the guard's choice of layers in fp32): None when
+    that bundle is past the bound too, instead of the guard's next choice or fp32."""
     opts = options or ExportOptions()
     if opts.precision not in PRECISIONS:
         raise ExportError(f"precision {opts.precision!r} is not supported; choose "
@@ -408,6 +411,7 @@ def _export(mods: dict[int | None, IRModule], path: str | os.PathLike,
     ir_text = None
     first_targets: list[Target] = []
     bf16_fp32 = ""   # the bf16 line's account of the layers left fp32 (precision.fp32_note)
+    bf16_dot = False   # the bf16 layers multiply bf16 activations (vdpbf16ps, bfdot)
     try:
         for batch, mod in mods.items():
             # several plans read one transposed W (no one-row GEMV): the weights stay stored once
@@ -435,8 +439,9 @@ def _export(mods: dict[int | None, IRModule], path: str | os.PathLike,
                 first_targets = targets
                 if bf16:
                     from .precision import fp32_note
-                    bf16_fp32 = fp32_note(optimized, compile_options.for_targets(targets),
-                                          tuple(t.name for t in targets))
+                    resolved = compile_options.for_targets(targets)
+                    bf16_fp32 = fp32_note(optimized, resolved, tuple(t.name for t in targets))
+                    bf16_dot = resolved.bf16_dot
     except BaseException:
         if reference is not None:
             reference.cancel()   # no worker is left running
@@ -458,14 +463,17 @@ def _export(mods: dict[int | None, IRModule], path: str | os.PathLike,
         ok, precision_note = bf16_guard(writer, header, golden, opts, constants.bf16_bytes,
                                         bf16_fp32)
         if not ok:
+            if not fallback:   # one of the guard's choices, past the bound too
+                return None
             from .precision import sensitive_weights
-            keep = None if opts.bf16_keep is not None or "not measured" in precision_note \
-                else sensitive_weights(mods[largest], params, golden, opts.bf16_max_error)
-            if keep:   # the layers whose bf16 weights cost the most stay fp32, once
+            choices = [] if opts.bf16_keep is not None or "not measured" in precision_note \
+                else sensitive_weights(mods[largest], params, golden, opts.bf16_max_error,
+                                       activations=bf16_dot)
+            for keep in choices:   # the layers whose bf16 weights cost the most stay fp32
                 report = _export(mods, path, dataclasses.replace(opts, bf16_keep=keep,
                                                          compile=compile_options),
-                                 params, on_stage)
-                if report.precision == "bf16":
+                                 params, on_stage, fallback=False)
+                if report is not None:
                     return report
             report = _export(mods, path, dataclasses.replace(opts, precision="fp32",
                                                      compile=compile_options), params,

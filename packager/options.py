@@ -250,11 +250,13 @@ class CompileOptions:
         names = {t.name for t in targets}
         changes: dict[str, object] = {}
         if self.pack_conv_weights is None:
-            # bf16 on AVX-512 levels keeps nn.conv2d for weights_to_bf16 (its pair kernel or
-            # the register-blocked one): the channel-lane kernel at 16 lanes is fp32's
+            # bf16 on AVX-512 levels without a bf16 dot keeps nn.conv2d (the register-blocked
+            # kernel); with one (x86-64-v4+bf16), the convolutions weights_to_bf16 leaves fp32
+            # (the guard's, run-time batches) take fp32's channel-lane kernels, the others
+            # stay nn.conv2d for it (passes/layout.py bf16_takes_conv)
             wide = any(geometry.vector_width(t.name) == 16 for t in targets)
             changes["pack_conv_weights"] = conv_oc.packs_conv_weights(targets) and not (
-                wide and self.precision == "bf16")
+                wide and self.precision == "bf16" and not has_bf16_dot(targets))
             if self.conv_oc_wide is None:
                 changes["conv_oc_wide"] = changes["pack_conv_weights"] and wide
         if self.conv_row_widths is None:

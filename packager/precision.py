@@ -140,46 +140,121 @@ def bf16_guard(writer: Any, header: Any, golden: Any, opts: Any, bf16_bytes: int
                   + (f"; kept in fp32 (the most sensitive): {', '.join(kept)}" if kept else ""))
 
 
-def sensitive_weights(mod: Any, params: Any, golden: Any, bound: float) -> frozenset | None:
-    """The weights to keep in fp32 so that bf16 stays within ``bound``: each matmul's or
-    convolution's constant weight rounded to bf16 alone, in the IR's numpy reference on the
-    check's inputs, costs an error (as ``output_errors``, the worst output, against the
-    unrounded reference); the largest are kept fp32 until the others' errors add up to at most
-    half the bound (errors of independent roundings add about so, or less). None when the
-    reference cannot run or every weight would stay fp32."""
+# The guard's first choice keeps in fp32 the fewest most sensitive layers (by their errors
+# alone) whose bf16 remainder, run together in the reference, errs at most this fraction of the
+# bound (the bundle is checked after, so the margin is for the kernels' summation order only);
+# its second choice, where the first fails the bundle's check, the conservative one (the others'
+# errors add up to at most half the bound). The first SELECT_LINEAR counts are tried in turn,
+# then the least count is bisected up to all but one (``_fewest``).
+SELECT_TARGET = 0.75
+SELECT_LINEAR = 4
+
+
+def _rounded(mod: Any, names: set, activations: bool) -> Any:
+    """``mod`` with the weights ``names`` (of ``matmul`` / ``nn.conv2d`` calls) rounded to
+    bf16 and, with ``activations``, those calls' inputs too (vdpbf16ps and bfdot multiply
+    bf16 activations: the kernels round them to nearest even before the dot products)."""
+    from .ir.graph import Binding, Call, Constant, DataflowBlock, Function, TensorType, Var
+    from .passes.layout import to_bfloat16
+
+    fn = mod.functions["main"]
+    subst: dict[int, Any] = {}
+    blocks = []
+    for block in fn.blocks:
+        out = DataflowBlock()
+        for b in block.bindings:
+            v = b.value
+            if not isinstance(v, Call):
+                out.bindings.append(b)
+                continue
+            args = [subst.get(id(a), a) for a in v.args]
+            w = args[1] if len(args) >= 2 else None
+            if v.op in ("matmul", "nn.conv2d") and isinstance(w, Constant) and w.name in names:
+                x = args[0]
+                if activations and x.type.dtype == "float32":
+                    half = Var(f"{x.name}_bf16", TensorType(x.type.shape, "bfloat16"))
+                    back = Var(f"{x.name}_bf16_f32", x.type)
+                    out.bindings += [Binding(half, Call("cast", [x], {"dtype": "bfloat16"},
+                                                        half.type)),
+                                     Binding(back, Call("cast", [half], {"dtype": "float32"},
+                                                        back.type))]
+                    args[0] = back
+                args[1] = Constant(w.name, to_bfloat16(w.data).astype(np.float32))
+            out.bindings.append(Binding(b.var, Call(v.op, args, v.attrs, v.type), b.source))
+        blocks.append(out)
+    rounded = mod.copy()
+    rounded.functions["main"] = Function(fn.name, list(fn.params), blocks, list(fn.outputs),
+                                         list(fn.output_names))
+    return rounded
+
+
+def _fewest(n: int, fits) -> int | None:
+    """The least k in 1 .. n - 1 with ``fits(k)``: 1 .. SELECT_LINEAR in turn, then bisected
+    (the remainder's error falls about monotonically as k grows; the bundle's check decides);
+    None when not even n - 1 fits."""
+    for k in range(1, min(SELECT_LINEAR, n - 1) + 1):
+        if fits(k):
+            return k
+    lo, hi = SELECT_LINEAR + 1, n - 1
+    if lo > hi or not fits(hi):
+        return None
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if fits(mid):
+            hi = mid
+        else:
+            lo = mid + 1
+    return hi
+
+
+def sensitive_weights(mod: Any, params: Any, golden: Any, bound: float,
+                      activations: bool = False) -> list[frozenset]:
+    """The sets of weights to keep in fp32 so that bf16 stays within ``bound``, to try in
+    order. Each matmul's or convolution's constant weight rounded to bf16 alone (with
+    ``activations``, its input too: the targets multiply with vdpbf16ps or bfdot), in the
+    IR's numpy reference on the check's inputs, costs an error (as ``output_errors``, the
+    worst output, against the unrounded reference). First: the fewest largest kept fp32 whose
+    remainder, rounded together, errs at most SELECT_TARGET of the bound (``_fewest``);
+    then: the largest kept fp32 until the others' errors add up to at most half the bound
+    (errors of independent roundings add about so, or less). Empty when the reference cannot
+    run or every weight would stay fp32."""
     from .golden import _REFERENCE_ERRORS, evaluate_ir
     from .ir.graph import Call, Constant, Function
-    from .passes.common import map_functions, rewrite_function
-    from .passes.layout import to_bfloat16
 
     fn = mod.functions.get("main")
     if not isinstance(fn, Function):
-        return None
-    weights = {}
+        return []
+    weights = []
     for b in fn.bindings():
         v = b.value
         if (isinstance(v, Call) and v.op in ("matmul", "nn.conv2d") and len(v.args) >= 2
                 and isinstance(v.args[1], Constant) and v.args[1].data.dtype == np.float32
                 and v.args[1].data.ndim >= 2 and int(v.attrs.get("groups", 1)) == 1):
-            weights[v.args[1].name] = v.args[1]
+            weights.append(v.args[1].name)
+    weights = list(dict.fromkeys(weights))
     if not weights:
-        return None
+        return []
+
+    def error(names) -> float:
+        got = evaluate_ir(_rounded(mod, set(names), activations), golden.inputs, params)
+        return max(output_errors(got, base).values())
+
     try:
         with np.errstate(all="ignore"):
             base = evaluate_ir(mod, golden.inputs, params)
-            costs = {}
-            for name, w in weights.items():
-                rounded = Constant(w.name, to_bfloat16(w.data).astype(np.float32))
-                one = map_functions(mod, lambda f, w=w, r=rounded: rewrite_function(
-                    f, lambda b, lookup: None, subst={id(w): r}))
-                got = evaluate_ir(one, golden.inputs, params)
-                costs[name] = max(output_errors(got, base).values())
+            costs = {name: error([name]) for name in weights}
+            order = sorted(weights, key=lambda n: -costs[n])
+            k = _fewest(len(order), lambda k: error(order[k:]) <= SELECT_TARGET * bound)
+            fewest = frozenset(order[:k]) if k else None
     except _REFERENCE_ERRORS:   # the reference cannot run this model: no selection
-        return None
+        return []
     keep, rest = set(), sum(costs.values())
-    for name in sorted(costs, key=lambda n: -costs[n]):
+    for name in order:
         if rest <= bound / 2:
             break
         keep.add(name)
         rest -= costs[name]
-    return frozenset(keep) if keep and len(keep) < len(weights) else None
+    choices = [fewest] if fewest else []
+    if keep and len(keep) < len(weights) and keep != fewest:
+        choices.append(frozenset(keep))
+    return choices

@@ -71,10 +71,14 @@ aarch64+dotprod: the same quad kernels with ``sdot`` (``llvm.aarch64.neon.sdot``
 8-lane accumulator; int8 x int8, so uint8 x is shifted by -128 instead: ``_quad_shift``), run
 under qemu-aarch64 in the tests.
 x86-64-v4+vnni (512-bit vectors, native vpdpbusd): the quad convolutions on zmm registers
-(codegen/qgemm_conv.py ``_tile_dp16``, ``tile_zmm``, ``_requant_zmm``): 64 multiply-adds an
-instruction at the 256-bit form's rate on Zen 5 (bench/int8_peak.py).
+(codegen/qgemm_conv.py ``_tile_dp16``, ``tile_zmm``, ``_requant_zmm``; static and run-time
+image sizes; split weights merged back into int8 on each call, ``_merge_residual``; a fused
+chain applied in the tile's epilogue and stored into the output where the plane rows are the
+output's, ``tile_direct``) and ``qmatmul``'s tile rows as two zmm of two panels each
+(codegen/qgemm_matmul.py ``tile_zmm``): 64 multiply-adds an instruction at the 256-bit form's
+rate on Zen 5 (bench/int8_peak.py).
 Not done: sdot depthwise (VNNI depthwise: codegen/qdepthwise.py), AVX-VNNI (VEX, no AVX-512),
-512-bit ``qmatmul``, ``udot``/``usdot``.
+``udot``/``usdot``.
 """
 
 from __future__ import annotations

@@ -7,10 +7,10 @@ from __future__ import annotations
 from llvmlite import ir
 
 from ..ops.qlinear import PANEL
-from .helpers import I8, I16, I32, alloca_once, const_i64, for_range
+from .helpers import I8, I16, I32, alloca_once, const_i64, for_range, intrinsic
 from .contraction.geometry import MAX_TASK_REGIONS, PARALLEL_MIN_MACS
 from .lower import WORKSPACE_ALIGN, KernelInfo, LoweringError
-from .qgemm import V8F32, V8I32, V16I8, V16I16, QEmitter, align_workspace
+from .qgemm import V8F32, V8I32, V16I8, V16I16, V16I32, QEmitter, align_workspace
 
 
 # Rows of qmatmul's VNNI tile on AVX-512 levels: 12 x 2 accumulators, 2 column sums, 2 weight
@@ -142,14 +142,16 @@ class QMatmul(QEmitter):
         npn, k2 = int(wp.shape[0]), int(wp.shape[1])
         if wp.dtype not in ("int8", "int16"):
             raise LoweringError(f"{self.func.name}: packed weights of dtype {wp.dtype}")
+        w_off = int(self.tag.attrs.get("w_offset", 0))
+        vnni = getattr(self, "vnni", False) and wp.dtype == "int8" and not w_off
+        if vnni and self._zmm():
+            self.nv = 4     # 512-bit: a tile row is 2 zmm, 4 panels (``_emit_vnni``)
         # Split over tasks by groups of column panels when there is work enough; every task
         # packs the rows into a region of its own.
         groups = list(range(0, npn, self.nv))
         open_rows = rows is None
         parallel = ((OPEN_ROWS if open_rows else rows) * k * n >= PARALLEL_MIN_MACS
                     and len(groups) > 1)
-        w_off = int(self.tag.attrs.get("w_offset", 0))
-        vnni = getattr(self, "vnni", False) and wp.dtype == "int8" and not w_off
         k4 = -(-k2 // 2)
         row_bytes = k4 * 4 if vnni else k2 * 4
         regions = MAX_TASK_REGIONS if parallel else 1
@@ -255,6 +257,14 @@ class QMatmul(QEmitter):
         return self._done(body_fn, n_ptrs, ptr_types, workspace, parallel,
                           workspace_e if open_rows else None)
 
+    def _zmm(self) -> bool:
+        """Native vpdpbusd on a level with 512-bit vectors (x86-64-v4+vnni): not its
+        emulation, sdot or the vpmaddubsw forms (as ``QConv._zmm``)."""
+        return (getattr(self, "vl", 8) >= 16 and getattr(self, "vnni", False)
+                and not getattr(self, "vnni_emulated", False)
+                and not getattr(self, "sdot", False) and not getattr(self, "madd7", False)
+                and not getattr(self, "signed_x", False))
+
     def _done(self, body_fn, n_ptrs, ptr_types, workspace: int, parallel: bool,
               workspace_e) -> KernelInfo:
         """``_finish``; with run-time rows (``workspace_e``, a size expression) a symbolic
@@ -270,7 +280,8 @@ class QMatmul(QEmitter):
 
     def _emit_vnni(self, body_fn, ptr_types, n_ptrs, ws, workspace, parallel, groups, g_lo,
                    g_hi, rows, k, k2, k4, n, npn, xzp) -> None:
-        """``qmatmul`` with ``vpdpbusd`` (AVX-512 VNNI, 256-bit): u8 x s8 quads, 4 exact
+        """``qmatmul`` with ``vpdpbusd`` (AVX-512 VNNI, 256-bit; on 512-bit levels ``tile_zmm``:
+        a tile row is two zmm of two panels each, so 4 panels a group): u8 x s8 quads, 4 exact
         products summed into each int32 lane per instruction. x is packed as uint8 (int8 x
         shifted by +128) in rows of 4 * k4 bytes; the weights are the bundle's int8 panels,
         two k-pair rows interleaved into k-quads per step; sum(x_u8 w) - zp' * sum(w) with zp' =
@@ -313,10 +324,82 @@ class QMatmul(QEmitter):
                   b.load(self._ptr(wbase, b.add(off, const_i64(16)), V16I8), align=1))
             return b.shuffle_vector(lo, hi, quad)
 
+        zmm = self._zmm()
+        v64i8 = ir.VectorType(I8, 64)
+        dp512 = intrinsic(self.module, "llvm.x86.avx512.vpdpbusd.512", V16I32,
+                          [V16I32, v64i8, v64i8]) if zmm else None
+        # two panels' k-quads as one zmm: lanes 0-7 from the first panel's 32 bytes, 8-15
+        # from the second's (shufflevector indices 32-63)
+        quad2 = ir.Constant(ir.VectorType(I32, 64),
+                            [32 * (c // PANEL) + i for c in range(2 * PANEL)
+                             for i in (2 * (c % PANEL), 2 * (c % PANEL) + 1,
+                                       16 + 2 * (c % PANEL), 17 + 2 * (c % PANEL))])
+        v32i8 = ir.VectorType(I8, 32)
+        cat16 = ir.Constant(ir.VectorType(I32, 32), list(range(32)))
+
+        def panel_rows(p, j, half: bool) -> ir.Value:
+            """Panel p's k-pair rows 2j and 2j + 1 (32 bytes; the second zero: ``half``)."""
+            at = b.mul(p, const_i64(k2 * 16)) if isinstance(p, ir.Value) \
+                else const_i64(p * k2 * 16)
+            off = b.add(at, b.mul(j, const_i64(32)))
+            if not half:
+                return b.load(self._ptr(wbase, off, v32i8), align=1)
+            lo = b.load(self._ptr(wbase, off, V16I8), align=1)
+            return b.shuffle_vector(lo, ir.Constant(V16I8, None), cat16)
+
+        def halves(v: ir.Value) -> list[ir.Value]:
+            return [b.shuffle_vector(v, v, ir.Constant(V8I32, list(range(h, h + PANEL))))
+                    for h in (0, PANEL)]
+
+        def tile_zmm(m0: ir.Value, nrows: int, pv: list, nvec: int) -> None:
+            """``tile_at`` on 512-bit vectors: rows x ceil(nvec / 2) zmm accumulators, each
+            two panels (the second zero past the last), the column sums likewise; the
+            epilogue per panel on the halves."""
+            nzv = -(-nvec // 2)
+            ones64 = b.bitcast(self._splat(ir.Constant(I32, 0x01010101), V16I32), v64i8)
+            accs = [[alloca_once(b, V16I32, f"zdacc{r}_{z}") for z in range(nzv)]
+                    for r in range(nrows)]
+            sums = [alloca_once(b, V16I32, f"zdsum{z}") for z in range(nzv)]
+            zero = ir.Constant(V16I32, None)
+            for a in [a for row in accs for a in row] + sums:
+                b.store(zero, a)
+
+            def step(j, half: bool) -> None:
+                wv = []
+                for z in range(nzv):
+                    first = panel_rows(pv[2 * z], j, half)
+                    second = (panel_rows(pv[2 * z + 1], j, half) if 2 * z + 1 < nvec
+                              else ir.Constant(v32i8, None))
+                    wv.append(b.shuffle_vector(first, second, quad2))
+                for z in range(nzv):
+                    b.store(b.call(dp512, [b.load(sums[z]), ones64, wv[z]]), sums[z])
+                for r in range(nrows):
+                    word = b.load(b.gep(a32, [b.add(b.mul(b.add(m0, const_i64(r)),
+                                                          const_i64(k4)), j)]))
+                    a = b.bitcast(self._splat(word, V16I32), v64i8)
+                    for z in range(nzv):
+                        b.store(b.call(dp512, [b.load(accs[r][z]), a, wv[z]]), accs[r][z])
+
+            if k2 // 2:
+                with for_range(b, const_i64(0), const_i64(k2 // 2), "kz") as j:
+                    step(j, False)
+            if k2 % 2:
+                step(const_i64(k2 // 2), True)
+            for v in range(nvec):
+                z, h = divmod(v, 2)
+                corr = b.mul(zpv, halves(b.load(sums[z]))[h])
+                col0 = (b.mul(pv[v], const_i64(PANEL)) if isinstance(pv[v], ir.Value)
+                        else pv[v] * PANEL)
+                self._store_panel(m0, nrows, n, col0,
+                                  lambda r, z=z, h=h, corr=corr:
+                                  b.sub(halves(b.load(accs[r][z]))[h], corr))
+
         def tile_at(m0: ir.Value, nrows: int, p0, nvec: int) -> None:
             # p0: a panel index, or an int64 value (``_groups``' loop over whole groups)
             pv = [b.add(p0, const_i64(v)) if isinstance(p0, ir.Value) else p0 + v
                   for v in range(nvec)]
+            if zmm:
+                return tile_zmm(m0, nrows, pv, nvec)
             accs = [[alloca_once(b, V8I32, f"dacc{r}_{v}") for v in range(nvec)]
                     for r in range(nrows)]
             sums = [alloca_once(b, V8I32, f"dsum{v}") for v in range(nvec)]

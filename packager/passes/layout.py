@@ -114,7 +114,8 @@ def pack_conv_weights(mod: IRModule, options: CompileOptions) -> IRModule:
     direct and Winograd kernels then plan their bands and tiles at run time).
     ``options.pack_conv_weights``: on for targets whose kernels take ``nn.conv2d_oc`` (AVX2's
     8-lane and AVX-512's 16-lane vectors: where the kernel is measured); off, every
-    convolution keeps ``nn.conv2d``."""
+    convolution keeps ``nn.conv2d``. Under bf16 the convolutions ``weights_to_bf16`` takes
+    (``bf16_takes_conv``) keep ``nn.conv2d`` for it."""
     if not options.pack_conv_weights:
         return mod
     from ..ops.layout import pack_oc_weights, pack_wino_weights
@@ -123,6 +124,8 @@ def pack_conv_weights(mod: IRModule, options: CompileOptions) -> IRModule:
         v = b.value
         if not _plain_conv(v, static_batch=False, static_image=not options.symbolic_conv_oc):
             return None
+        if bf16_takes_conv(v, options):
+            return None   # weights_to_bf16's (its bf16 pair kernels)
         x, w = v.args
         # 16 lanes: other output channel counts keep the register-blocked kernel (the kernel's
         # 8-lane ymm fallback runs at half Zen 5's peak: PP-OCR det's 96 -> 24 3x3s 2x slower)
@@ -406,6 +409,16 @@ def _bf16_tap_pairs(w_shape, options: CompileOptions) -> bool:
             and c * -(-kw // 2) < -(-c // 2) * kw)
 
 
+def bf16_takes_conv(v, options: CompileOptions) -> bool:
+    """Whether ``weights_to_bf16`` gives the call ``v`` bf16 pair weights: a plain
+    convolution of static shapes (``_plain_conv``) under bf16 with a dot instruction in the
+    targets (``options.bf16_pair_convs``), not of one output pixel (fp32's dot-product kernel,
+    codegen/gemv.py), its weight not one the guard keeps fp32 (``options.bf16_keep``)."""
+    return (options.bf16_pair_convs and _plain_conv(v, static_batch=True)
+            and tuple(v.type.shape[2:]) != (1, 1)
+            and not _kept(v.args[1].name, options.bf16_keep))
+
+
 def weights_to_bf16(mod: IRModule, options: CompileOptions) -> IRModule:
     """Under ``options.precision`` "bf16": the float32 packed weight of every ``BF16_OPS`` call
     but those ``options.bf16_keep`` names becomes bfloat16 (``to_bfloat16``), a convolution's
@@ -417,9 +430,7 @@ def weights_to_bf16(mod: IRModule, options: CompileOptions) -> IRModule:
 
     def visit(b, lookup):
         v = b.value
-        if (options.bf16_pair_convs and _plain_conv(v, static_batch=True)
-                and tuple(v.type.shape[2:]) != (1, 1) and not _kept(v.args[1].name, keep)):
-            # (one output pixel: fp32's dot-product kernel, codegen/gemv.py)
+        if bf16_takes_conv(v, options):
             # input-channel pairs (ops/bf16.py): vdpbf16ps's operand (codegen/bf16conv.py)
             from ..ops.bf16 import pack_conv_pairs
             w = v.args[1]

@@ -14,6 +14,8 @@ run by the same kernel give wrong results (the split is what makes it exact)."""
 
 from __future__ import annotations
 
+import platform
+
 import numpy as np
 import pytest
 
@@ -22,8 +24,11 @@ from helpers import build_op_module
 from mlcpack.packager.ops.qconv_quads import (folded_bias, pair_overflow, pairs_to_quads,
                                               split_quads, with_residual)
 from mlcpack.packager.ops.qlinear import pack_conv_weights
+from mlcpack.runtime.cpu import host_features
 from test_int8_conv_madd7 import AVX2_HOST, X86_V1, _main_ops
 from test_int8_gemm import MASK, _requant
+
+X86 = platform.machine().lower() in ("x86_64", "amd64")
 
 
 def _weights(rng, o: int, c: int, k: int, hot: int) -> np.ndarray:
@@ -200,3 +205,58 @@ def test_unsplit_quads_are_wrong(tmp_path, monkeypatch: pytest.MonkeyPatch) -> N
             got[name] = model.run({"x0": x})["y"]
     np.testing.assert_array_equal(got["split"], expect)
     assert (got["unsplit"] != expect).sum() > 0
+
+
+def test_split_merged_back_on_512bit_vnni() -> None:
+    """A bundle with a level without VNNI and x86-64-v4+vnni (the portable set's top) splits
+    full-range weights; its VNNI level merges them back into the int8 weights on each call
+    (codegen/qgemm_conv.py ``_merge_residual``) and runs the 512-bit tile: vpdpbusd on zmm
+    only, no residual loops on ymm. On any host (the emitted code)."""
+    import re
+
+    import llvmlite.binding as llvm
+
+    from mlcpack.packager.codegen.build import _target_machine
+    from mlcpack.packager.codegen.parallel import compile_prim_funcs
+    from mlcpack.packager.codegen.target import resolve_target
+    from mlcpack.packager.ir.graph import PrimFunc
+    from mlcpack.packager.options import CompileOptions
+    from mlcpack.packager.passes.pipeline import DEFAULT_PIPELINE, run_pipeline
+
+    args, attrs, _ = _case(*CASES["1x1_s1_u8"])
+    levels = "x86-64-v4,x86-64-v4+vnni"
+    opts = CompileOptions(target=levels)
+    mod = run_pipeline(build_op_module("qconv2d", args, MASK, **attrs), DEFAULT_PIPELINE,
+                       options=opts)
+    funcs = [f for f in mod.functions.values() if isinstance(f, PrimFunc)]
+    target = resolve_target("x86-64-v4+vnni")
+    code = compile_prim_funcs(funcs, target, options=opts.for_targets(
+        [resolve_target(t) for t in levels.split(",")]))
+    (kernel,) = code.kernels.values()
+    asm = _target_machine(target).emit_assembly(llvm.parse_assembly(code.llvm_ir))
+    assert re.search(r"\bvpdpbusd\s+[^\n]*%zmm", asm)
+    assert not re.search(r"\bvpdpbusd\s+[^\n]*%ymm", asm)
+    assert "vpdpbusd on 512-bit vectors" in kernel.choice
+
+
+@pytest.mark.skipif(not X86 or "avx512_vnni" not in host_features(),
+                    reason="runs 512-bit vpdpbusd natively: needs an x86-64 host with "
+                           "avx512_vnni")
+def test_split_merged_back_exact_natively(tmp_path) -> None:
+    """Each case's split weights (a bundle of x86-64-v4 and v4+vnni) on this host's VNNI
+    level, merged back, bit for bit against exact integer math, 1 and 2 threads."""
+    from mlcpack.packager.export import ExportOptions, export_module
+    from mlcpack.runtime import load
+    from mlcpack.runtime.describe import describe
+
+    for name, spec in CASES.items():
+        args, attrs, expect = _case(*spec)
+        path = tmp_path / f"{name}.mlc"
+        export_module(build_op_module("qconv2d", args, MASK, **attrs), path,
+                      ExportOptions(target="x86-64-v4,x86-64-v4+vnni", check=False))
+        (kernel,) = describe(path)["kernels"]
+        assert kernel["num_inputs"] == 8, kernel        # split: the residual's two inputs
+        for threads in (1, 2):
+            with load(path, threads=threads) as model:
+                np.testing.assert_array_equal(model.run({"x0": args[0]})["y"], expect,
+                                              err_msg=f"{name} {threads}")

@@ -136,4 +136,4 @@ def test_open_rows_matmul_emits_vpdpbusd(bundle) -> None:
     tm = llvm.Target.from_triple(target.triple).create_target_machine(
         cpu=target.llvm_cpu, features=target.llvm_features, opt=3, reloc="pic")
     asm = tm.emit_assembly(llvm.parse_assembly(code.llvm_ir))
-    assert re.search(r"\bvpdpbusd\s+%ymm", asm)
+    assert re.search(r"\bvpdpbusd\s+%zmm", asm)     # 512-bit tiles (2 zmm a row)

@@ -24,6 +24,7 @@ from onnx import numpy_helper as nh
 import quant_models as qm
 from conftest import X86_V2, X86_V3
 from mlcpack.runtime import load
+from mlcpack.runtime.cpu import host_features
 from mlcpack.runtime.describe import describe
 
 ort = pytest.importorskip("onnxruntime")
@@ -207,11 +208,23 @@ def test_every_conv_takes_the_open_quad_kernel(net) -> None:
                    for k in kernels)
 
 
-@pytest.mark.parametrize("level", ["x86-64-v3", "x86-64-v2"])
+@pytest.mark.parametrize("level", [
+    "x86-64-v3", "x86-64-v2",
+    # this host's own level where it is x86-64-v4+vnni (in a VNNI host's default portable
+    # set): the 512-bit tiles of the run-time-size kernel, the split weights merged back on
+    # each call, 8-bit results by ``_requant_zmm``, the SiLU table on the copy out
+    pytest.param("host", marks=pytest.mark.skipif(
+        "avx512_vnni" not in host_features(), reason="needs an avx512_vnni host"))])
 def test_equals_ort_as_written_and_integer_math(net, level: str,
                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     qfile, bundle = net
-    monkeypatch.setenv("MLCPACK_CPU_FEATURES", {"x86-64-v3": X86_V3, "x86-64-v2": X86_V2}[level])
+    if level == "host":
+        monkeypatch.delenv("MLCPACK_CPU_FEATURES", raising=False)
+        assert any(v["level"] == "x86-64-v4+vnni" and v["selected"]
+                   for v in describe(bundle)["code"])
+    else:
+        monkeypatch.setenv("MLCPACK_CPU_FEATURES",
+                           {"x86-64-v3": X86_V3, "x86-64-v2": X86_V2}[level])
     opts = ort.SessionOptions()
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     session = ort.InferenceSession(str(qfile), opts, providers=["CPUExecutionProvider"])
@@ -223,3 +236,4 @@ def test_equals_ort_as_written_and_integer_math(net, level: str,
             assert got.shape == (n, 16, (hh + 1) // 2, (ww + 1) // 2)
             np.testing.assert_array_equal(got, session.run(None, {"x": x})[0])
             np.testing.assert_array_equal(got, _integer_reference(qfile, x))
+
