@@ -74,6 +74,15 @@ class CompileOptions:
     # stems) pair a window row's adjacent taps instead of two input channels, on nn.conv2d_oc
     # at any plane size (passes/layout.py _bf16_tap_pairs); False: channel pairs as before
     bf16_tap_pairs: bool = True
+    # under "bf16" where ``bf16_oc_targets``: a tensor between a channel-lane bf16 convolution
+    # and one bf16 convolution that alone reads it is written as the bf16 pair words the
+    # reader multiplies (its copy into pair planes skipped; passes/bf16_pairs.py); False: every
+    # tensor float32 as before
+    bf16_pair_activations: bool = True
+    # with it: a tensor read by a 1x1 bf16 convolution and as the residual of a pixel-lane
+    # bf16 convolution's epilogue (a ResNet block's output) as pair words too, the residual
+    # widened from bf16 (outputs change, within the bf16 guard); False: such tensors float32
+    bf16_pair_residuals: bool = True
     # test only: the vdpbf16ps matmul's and convolution's data path (packing, loop order) with
     # vcvtne2ps2bf16 and vdpbf16ps written in portable IR (float32 FMAs, exact on normal
     # values), on any target: runs it on a CPU without avx512_bf16 (codegen/bf16dot.py,

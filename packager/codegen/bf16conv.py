@@ -97,6 +97,16 @@ class PairConvEmitter(ContractionEmitter):
         self.emulate = emulate   # the dot path in portable IR (CompileOptions.bf16_emulate)
         self.kind = VDPBF16PS if emulate else dot   # bf16dot.DOT_KINDS: the dot instruction
         self.dot = emulate or (dot is not None and vl == KIND_LANES[dot])
+        # the input already as pair words (passes/bf16_pairs.py: a 1x1, stride 1, no padding):
+        # plane j is the H * W words of pair j, read in place (no pair planes copied)
+        self.pairs_in = bool(func.attrs.get("bf16_pairs_in"))
+        # epilogue operands (a residual) held as dense pair words (passes/bf16_pairs.py)
+        self.pair_word_reads = {func.inputs[i].uid: tuple(pad)
+                                for i, pad in func.attrs.get("bf16_pairs_read", ())}
+        # the output written as pair words for the next bf16 convolution (padded by these)
+        self.pairs_out = func.attrs.get("bf16_pairs_out")
+        if (self.pairs_in or self.pairs_out is not None) and not self.dot:
+            raise ValueError("nn.conv2d_bf16p with pair words needs the dot instruction")
 
     def _conv_geometry(self) -> dict:
         if self._geom_cache is None:
@@ -104,6 +114,9 @@ class PairConvEmitter(ContractionEmitter):
             attrs = self.match.tag.attrs
             self._geom_cache = pair_conv_geometry(x.shape, wp.shape, self.match.out.shape,
                                                   attrs["strides"], attrs["padding"], self.vl)
+            if self.pairs_in:   # (a 1x1 window: no shifted reads; wq = w)
+                g = self._geom_cache
+                g.update(rows=g["h"], pstride=g["h"] * g["w"], plane_elems=0)
         return self._geom_cache
 
     def _planes_bytes(self) -> int:
@@ -124,6 +137,10 @@ class PairConvEmitter(ContractionEmitter):
         return self._planes_bytes() + regions
 
     def emit(self) -> KernelInfo:
+        g = self._conv_geometry()
+        if self.pair_word_reads and (g["wq"] != g["ow"] or not (
+                self._vector_epilogue_ok() and self._rows_contiguous())):
+            raise ValueError("a pair-word residual needs whole rows and a vector epilogue")
         params = self.func.inputs + self.func.outputs
         workspace = self._workspace_bytes()
         body_fn, ptr_types = self._begin_body(params, True)
@@ -162,6 +179,9 @@ class PairConvEmitter(ContractionEmitter):
         with for_range(b, const_i64(0), const_i64(x_t.shape[0]), "n") as n:
             x_img = b.gep(x_ptr, [b.mul(n, const_i64(g["c"] * g["h"] * g["w"]))], inbounds=True)
             planes = b.gep(planes_all, [b.mul(n, const_i64(image_elems))], inbounds=True)
+            if self.pairs_in:
+                planes = b.gep(b.bitcast(x_ptr, I32.as_pointer()),
+                               [b.mul(n, const_i64(g["cp"] * g["pstride"]))], inbounds=True)
             # work items (panel, block row), the block row innermost: a panel's planes are
             # reused by every block of output channels
             lo, hi = self._split(g["panels"] * mblocks, task, ntasks)
@@ -173,7 +193,8 @@ class PairConvEmitter(ContractionEmitter):
                                     const_i64(g["shift_max"] + wq - 1)), const_i64(wq))
                 u_hi = b.select(b.icmp_signed("<", u_hi, const_i64(g["rows"])), u_hi,
                                 const_i64(g["rows"]))
-                self._fill_pair_planes(g, x_img, planes, u_lo, u_hi)
+                if not self.pairs_in:
+                    self._fill_pair_planes(g, x_img, planes, u_lo, u_hi)
                 tail = self._tail_geometry(g)
                 with for_range(b, lo, hi, "work") as work:
                     mb = b.srem(work, const_i64(mblocks))
@@ -199,6 +220,115 @@ class PairConvEmitter(ContractionEmitter):
         if nv >= g["nv"]:
             return None
         return dict(g, nv=nv, nr=nv * self.vl, panel_nr=g["nr"])
+
+    def _conv_epilogue(self, g: dict, out, n, oc0, local0, p0, tile) -> None:
+        if self.pairs_out is None:
+            super()._conv_epilogue(g, out, n, oc0, local0, p0, tile)
+        else:
+            self._pair_epilogue(g, out, n, oc0, p0, tile)
+
+    def _pair_epilogue(self, g: dict, out, n, oc0, p0, tile) -> None:
+        """The epilogue writing pair words (``pairs_out``, passes/bf16_pairs.py; output rows of
+        ``wq == ow`` columns, an even tile of rows): tile rows 2i and 2i + 1 (channels oc0 + 2i,
+        + 1) through the fused epilogue, a vector of pixels at a time, made into the words
+        (bf16(even), bf16(odd)) by ``pair_words`` and stored at [n, oc / 2, oy + pt, ox + pl]
+        of the [N, O / 2, OH + pt + pb, OW + pl + pr] words (per output row the vector's lanes
+        in it, where there is padding); then the rows' padding columns, and above the first
+        and below the last row the padding rows, zero words."""
+        b, vl = self.builder, self.vl
+        if g["wq"] != g["ow"] or not (self._vector_epilogue_ok() and self._rows_contiguous()):
+            raise ValueError("bf16 pair-word output needs whole rows and a vector epilogue")
+        pt, pl, pb, pr = self.pairs_out
+        oh, ow, o, nr, pflat = g["oh"], g["ow"], g["o"], g["nr"], g["pflat"]
+        hp, wp = oh + pt + pb, ow + pl + pr
+        plane = hp * wp
+        padded = any(self.pairs_out)
+        ivec = ir.VectorType(I32, vl)
+        i64v = ir.VectorType(ir.IntType(64), vl)
+        lanes = ir.Constant(i64v, list(range(vl)))
+        words = b.bitcast(self.buffers[out.uid], I32.as_pointer())
+        img = b.gep(words, [b.mul(n, const_i64(o // 2 * plane))], inbounds=True)
+        store = intrinsic(self.module, f"llvm.masked.store.v{vl}i32.p0", ir.VoidType(),
+                          [ivec, ivec.as_pointer(), I32, ir.VectorType(I1, vl)])
+        rows = b.sub(const_i64(o), oc0)
+        rows = b.select(b.icmp_signed("<", rows, const_i64(g["mr"])), rows, const_i64(g["mr"]))
+        pair0 = b.sdiv(oc0, const_i64(2))
+
+        def put(words_v, base, p, count, full: bool) -> None:
+            """Lanes [0, count) of the words of pixels p .. p + vl - 1 into pair plane
+            ``base``."""
+            if not padded:
+                ptr = b.bitcast(b.gep(base, [p], inbounds=True), ivec.as_pointer())
+                if full:
+                    b.store(words_v, ptr, align=4)
+                else:
+                    b.call(store, [words_v, ptr, ir.Constant(I32, 4),
+                                   self._lane_mask(count, 0)])
+                return
+            pix = b.add(self._splat_i64(p), lanes)
+            inside = b.icmp_signed("<", lanes, self._splat_i64(count))
+            r0 = b.sdiv(p, const_i64(ow))
+            r1 = b.add(b.sdiv(b.sub(b.add(p, count), const_i64(1)), const_i64(ow)),
+                       const_i64(1))
+            with for_range(b, r0, r1, "prow") as r:
+                start = b.mul(r, const_i64(ow))
+                in_row = b.and_(b.icmp_signed(">=", pix, self._splat_i64(start)),
+                                b.icmp_signed("<", pix, self._splat_i64(
+                                    b.add(start, const_i64(ow)))))
+                # lane 0's word if it were in row r (the masked lanes are not written)
+                at = b.add(b.sub(p, start), b.add(b.mul(b.add(r, const_i64(pt)),
+                                                        const_i64(wp)), const_i64(pl)))
+                b.call(store, [words_v, b.bitcast(b.gep(base, [at]), ivec.as_pointer()),
+                               ir.Constant(I32, 4), b.and_(in_row, inside)])
+
+        def clear_padding(base) -> None:
+            """The padding of the rows this panel wrote, of one pair."""
+            p_end = b.add(p0, const_i64(nr))
+            p_end = b.select(b.icmp_signed("<", p_end, const_i64(pflat)), p_end,
+                             const_i64(pflat))
+            zero = ir.Constant(I32, 0)
+            with for_range(b, b.sdiv(p0, const_i64(ow)),
+                           b.add(b.sdiv(b.sub(p_end, const_i64(1)), const_i64(ow)),
+                                 const_i64(1)), "prz") as r:
+                row = b.gep(base, [b.mul(b.add(r, const_i64(pt)), const_i64(wp))],
+                            inbounds=True)
+                for x in list(range(pl)) + list(range(pl + ow, wp)):
+                    b.store(zero, b.gep(row, [const_i64(x)], inbounds=True))
+            if pt:
+                with b.if_then(b.icmp_signed("==", p0, const_i64(0))):
+                    with for_range(b, const_i64(0), const_i64(pt * wp), "pzt") as k:
+                        b.store(zero, b.gep(base, [k], inbounds=True))
+            if pb:
+                with b.if_then(b.icmp_signed(">=", p_end, const_i64(pflat))):
+                    with for_range(b, const_i64((pt + oh) * wp), const_i64(plane), "pzb") as k:
+                        b.store(zero, b.gep(base, [k], inbounds=True))
+
+        with for_range(b, const_i64(0), b.sdiv(rows, const_i64(2)), "pi") as i:
+            base = b.gep(img, [b.mul(b.add(pair0, i), const_i64(plane))], inbounds=True)
+            for v in range(g["nv"]):
+                p = b.add(p0, const_i64(v * vl))
+                left = b.sub(const_i64(pflat), p)
+                for full in (True, False):
+                    cond = b.icmp_signed(">=", left, const_i64(vl)) if full else b.and_(
+                        b.icmp_signed("<", left, const_i64(vl)),
+                        b.icmp_signed(">", left, const_i64(0)))
+                    with b.if_then(cond):
+                        mask = None if full else self._lane_mask(left, 0)
+                        env = {id(out.axes[0]): n, id(out.axes[2]): b.sdiv(p, const_i64(ow)),
+                               id(out.axes[3]): b.srem(p, const_i64(ow))}
+                        vals = []
+                        for half in range(2):
+                            env[id(out.axes[1])] = b.add(oc0, b.add(b.mul(i, const_i64(2)),
+                                                                    const_i64(half)))
+                            t_idx = b.add(b.mul(b.add(b.mul(i, const_i64(2)), const_i64(half)),
+                                                const_i64(nr)), const_i64(v * vl))
+                            acc = b.load(self._vec_ptr(tile, t_idx), align=4)
+                            vals.append(self.epilogue_vector(acc, env, mask, None,
+                                                             opaque_constants=True))
+                        put(self._pair_words(vals[0], vals[1]), base, p,
+                            const_i64(vl) if full else left, full)
+            if padded:
+                clear_padding(base)
 
     # ---- the planes ---------------------------------------------------------------------------
 

@@ -218,9 +218,12 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
                     f"{nv * self.vl} channels register tile, chunks of {self.chunk} input "
                     f"channels{prefetch}")
         if self.pairs:
+            words = "".join(s for s, on in ((", pair-word input", self.pairs_in),
+                                            (", pair-word output", self.pairs_out is not None))
+                            if on)
             return (f"channel-lane direct, bf16 pairs (vdpbf16ps): {mr} pixels x "
                     f"{nv * self.vl} channels register tile, chunks of {self.chunk} input "
-                    f"channel pairs{prefetch}")
+                    f"channel pairs{prefetch}{words}")
         return (f"channel-lane direct: {mr} pixels x {nv * self.vl} channels register tile, "
                 f"chunks of {self.chunk} input channels{prefetch}{sizes}")
 
@@ -249,6 +252,19 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
         self.kws = -(-self.kw // 2) if self.tap_pairs else self.kw
         self.kx_step = 2 if self.tap_pairs else 1
         self.copy = any(attrs["padding"]) or self.pairs
+        # bf16 pair words in and out (passes/bf16_pairs.py): the input already holds the words
+        # the band copy would make (zero-padded: no copy), the output is written as the words
+        # (padded by ``pairs_out``) that the next bf16 convolution reads
+        self.pairs_in = bool(self.func.attrs.get("bf16_pairs_in"))
+        self.pairs_out = self.func.attrs.get("bf16_pairs_out")
+        # epilogue operands (a residual) held as pair words, by padding
+        self.pair_word_reads = {self.func.inputs[i].uid: tuple(pad)
+                                for i, pad in self.func.attrs.get("bf16_pairs_read", ())}
+        if self.pair_word_reads and not self.vector_epilogue:
+            raise ValueError("a pair-word residual needs the vector epilogue")
+        if self.pairs_in:
+            assert self.pairs and not self.tap_pairs, "pair-word input needs channel pairs"
+            self.copy = False
         self.open_image = not all(isinstance(d, int) for d in (self.h, self.w, self.oh, self.ow))
         if self.open_image:
             self._open_geometry(pr)
@@ -276,6 +292,12 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
         self.nbands = -(-self.oh // self.band)
         self.band_in = rows_for(self.band) if self.copy else self.h
         self.plane_floats = self.band_in * self.wpc if self.copy else self.h * self.w
+        self.image_elems = self.c * self.h * self.w
+        if self.pairs_in:   # the input as the padded pair words, read in place
+            self.wpc = self.w + self.pl + pr
+            self.band_in = self.h + self.pt + pb
+            self.plane_floats = self.band_in * self.wpc
+            self.image_elems = self.cp * self.plane_floats
         plane_region = self.c * self.plane_floats + 16 if self.copy else 0
         # the last row's last transpose reads up to vl - 1 pixels past the group's end
         self.rowbuf_floats = (self.rows * self.ow + max(8, self.vl)) * OC_BLOCK
@@ -540,9 +562,9 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
                 nb = b.sdiv(nb_band, self._extent(self.nbands))
                 band = b.srem(nb_band, self._extent(self.nbands))
                 oy_lo = b.mul(band, self._extent(self.band))
-                x_img = b.gep(x_ptr, [b.mul(nb, self._extent(self._product(self.c, self.h,
-                                                                          self.w)))],
-                              inbounds=True)
+                image = self.image_elems if not self.open_image else \
+                    self._product(self.c, self.h, self.w)
+                x_img = b.gep(x_ptr, [b.mul(nb, self._extent(image))], inbounds=True)
                 if self.copy:
                     with b.if_then(b.icmp_signed("!=", b.load(copied), nb_band)):
                         self._copy_band(x_img, oy_lo, region)
@@ -878,6 +900,9 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
         if self.open_image:
             self._emit_open_row(nb, blk, oy, rowbuf, nv)
             return
+        if self.pairs_out is not None:
+            self._emit_pair_row(nb, blk, oy, rowbuf, nv)
+            return
         nq = -(-self.ow // vl)
         tail = self.ow % vl
 
@@ -899,6 +924,91 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
                 chunk(q, None)
         if tail:
             chunk(const_i64(nq - 1), tail)
+
+    def _emit_pair_row(self, nb, blk, oy, rowbuf, nv: int) -> None:
+        """``_emit_row`` writing bf16 pair words (``pairs_out``, passes/bf16_pairs.py): the
+        output as [N, O / 2, OH + pt + pb, OW + pl + pr] 32-bit words, the word of pair j at
+        padded row oy + pt, column ox + pl (bf16(out[2j]), bf16(out[2j + 1])) as
+        bf16conv.pair_words makes it from the epilogue's float32 values; the row's padding
+        columns, and above the first row and below the last the padding rows, zero words."""
+        b, vl = self.builder, self.vl
+        out = self.match.out
+        if not self.vector_epilogue:
+            raise ValueError("bf16 pair-word output needs a vector epilogue")
+        pt, pl, pb, pr = self.pairs_out
+        hp, wp = self.oh + pt + pb, self.ow + pl + pr
+        plane = hp * wp
+        words = b.bitcast(self.buffers[out.uid], I32.as_pointer())
+        img = b.gep(words, [b.mul(nb, const_i64(self.o // 2 * plane))], inbounds=True)
+        ivec = ir.VectorType(I32, vl)
+        opaque = self.target_vl >= PADDED_BELOW_VL
+        cols_buf = alloca_once(b, ir.ArrayType(self.vty, vl), name="oc_pcols")
+        zero = ir.Constant(I32, 0)
+        row_off = b.add(b.mul(b.add(oy, const_i64(pt)), const_i64(wp)), const_i64(pl))
+        store = intrinsic(self.module, f"llvm.masked.store.v{vl}i32.p0", ir.VoidType(),
+                          [ivec, ivec.as_pointer(), I32, ir.VectorType(I1, vl)])
+
+        def chunk(q, pieces):
+            ox0 = b.mul(q, const_i64(vl))
+            mask = None if pieces is None else \
+                ir.Constant(ir.VectorType(I1, vl), [j < pieces for j in range(vl)])
+            with for_range(b, const_i64(0), const_i64(nv), "ocv") as v:
+                c0 = b.mul(v, const_i64(vl))
+                rows = [b.load(self._vec_ptr(rowbuf, b.add(b.mul(b.add(ox0, const_i64(i)),
+                                                                 const_i64(OC_BLOCK)), c0)),
+                               align=4) for i in range(vl)]
+                for i, col in enumerate(_transpose(b, rows)):
+                    b.store(col, b.gep(cols_buf, [zero, ir.Constant(I32, i)], inbounds=True))
+                with for_range(b, const_i64(0), const_i64(vl // 2), "ocp") as i:
+                    oc = b.add(b.mul(blk, const_i64(OC_BLOCK)), b.add(c0, b.mul(i, const_i64(2))))
+                    vals = []
+                    for half in range(2):
+                        col = b.load(b.gep(cols_buf, [zero, b.trunc(
+                            b.add(b.mul(i, const_i64(2)), const_i64(half)), I32)],
+                            inbounds=True))
+                        env = {id(out.axes[0]): nb, id(out.axes[1]): b.add(oc, const_i64(half)),
+                               id(out.axes[2]): oy, id(out.axes[3]): ox0}
+                        vals.append(self.epilogue_vector(col, env, mask, None,
+                                                         opaque_constants=opaque))
+                    pair = pair_words(b, self.module, vals[0], vals[1])
+                    off = b.add(b.mul(b.sdiv(oc, const_i64(2)), const_i64(plane)),
+                                b.add(row_off, ox0))
+                    ptr = b.bitcast(b.gep(img, [off], inbounds=True), ivec.as_pointer())
+                    if mask is None:
+                        b.store(pair, ptr, align=4)
+                    else:
+                        b.call(store, [pair, ptr, ir.Constant(I32, 4), mask])
+
+        whole = self.ow // vl
+        if whole:
+            with for_range(b, const_i64(0), const_i64(whole), "oq") as q:
+                chunk(q, None)
+        if self.ow % vl:
+            chunk(const_i64(whole), self.ow % vl)
+        if not any(self.pairs_out):
+            return
+        # the padding of this row's pairs: columns, and rows above / below the image
+        zero_word = ir.Constant(I32, 0)
+        memset = intrinsic(self.module, "llvm.memset.p0i8.i64", ir.VoidType(),
+                           [ir.IntType(8).as_pointer(), ir.IntType(8), ir.IntType(64), I1])
+
+        def clear(ptr, count: int) -> None:
+            b.call(memset, [b.bitcast(ptr, ir.IntType(8).as_pointer()),
+                            ir.Constant(ir.IntType(8), 0), const_i64(4 * count),
+                            ir.Constant(I1, 0)])
+
+        first_pair = b.mul(blk, const_i64(OC_BLOCK // 2))
+        with for_range(b, const_i64(0), const_i64(nv * vl // 2), "ocz") as jj:
+            base = b.gep(img, [b.mul(b.add(first_pair, jj), const_i64(plane))], inbounds=True)
+            row = b.gep(base, [b.sub(row_off, const_i64(pl))], inbounds=True)
+            for x in list(range(pl)) + list(range(pl + self.ow, wp)):
+                b.store(zero_word, b.gep(row, [const_i64(x)], inbounds=True))
+            if pt:
+                with b.if_then(b.icmp_signed("==", oy, const_i64(0))):
+                    clear(base, pt * wp)
+            if pb:
+                with b.if_then(b.icmp_signed("==", oy, const_i64(self.oh - 1))):
+                    clear(b.gep(base, [const_i64((pt + self.oh) * wp)], inbounds=True), pb * wp)
 
     def _emit_open_row(self, nb, blk, oy, rowbuf, nv: int) -> None:
         """``_emit_row`` for a run-time row width: the row's vectors in one loop, the epilogue

@@ -11,6 +11,7 @@ from ..ir.graph import IRModule
 from ..ir.printer import module_text
 from ..ir.invariants import VerifyError, verify_module
 from ..options import CompileOptions
+from .bf16_pairs import bf16_pair_activations
 from .concat_views import concats_in_place
 from .conv_nd import decompose_conv_nd
 from .conv_transpose import decompose_conv_transpose
@@ -66,6 +67,7 @@ DEFAULT_PIPELINE: tuple[Pass, ...] = (
     Pass("slices_as_views", slices_as_views),
     Pass("legalize", legalize),
     Pass("fuse_ops", fuse_ops),
+    Pass("bf16_pair_activations", bf16_pair_activations, takes_options=True),
     Pass("eliminate_dead_code", eliminate_dead_code),
     Pass("concats_in_place", concats_in_place),
 )

@@ -66,8 +66,8 @@ def test_pipeline_is_named_list():
         "fold_dequantize",
         "drop_unread_cell_state", "decompose_conv_transpose", "decompose_conv_nd",
         "strided_frames_as_matmul", "pretranspose_weights", "pack_conv_weights", "pack_conv_rows", "pack_matmul_weights",
-        "weights_to_bf16", "pack_conv_quads", "slices_as_views", "legalize", "fuse_ops", "eliminate_dead_code",
-        "concats_in_place"]
+        "weights_to_bf16", "pack_conv_quads", "slices_as_views", "legalize", "fuse_ops",
+        "bf16_pair_activations", "eliminate_dead_code", "concats_in_place"]
 
 
 def test_fold_constants_evaluates_constant_subgraphs():

@@ -76,8 +76,93 @@ def _index_used_as_value(body: te.Expr, skip: te.Expr) -> bool:
     return False
 
 
+def vector_epilogue_ok(match) -> bool:
+    """The epilogue can be evaluated a vector at a time along the output's last axis: only
+    float32 arithmetic, compares and selects, and reads of float32 tensors whose indices are
+    plain output loop indices or constants, the last axis (if read) as their last index."""
+    out, last = match.out, match.out.axes[-1]
+    axes = {id(a) for a in out.axes}
+    cast_inner = _vector_casts(match.body, match.reduce, last)
+    if cast_inner is None:
+        return False
+    for node in te.walk(match.body, skip=match.reduce):
+        if isinstance(node, te.Cast):
+            continue   # checked by _vector_casts
+        if isinstance(node, te.Binary):
+            if node.dtype != "float32" or node.op not in _VECTOR_BINARY:
+                return False
+        elif isinstance(node, te.Compare):
+            if node.a.dtype != "float32":
+                return False
+        elif isinstance(node, te.MathCall):   # sigmoid (SiLU), erf (GELU), tanh, exp
+            if node.dtype != "float32" or node.name not in VECTOR_MATH:
+                return False
+        elif is_table_read(node):   # a qlookup's gather: its row per channel, not per lane
+            row = node.indices[0]
+            if isinstance(row, te.IndexVar) and (id(row) not in axes or row is last):
+                return False
+        elif isinstance(node, te.Read):
+            if id(node) not in cast_inner and (node.dtype != "float32"
+                                               or node.tensor.dtype != "float32"):
+                return False
+            for d, idx in enumerate(node.indices):
+                if isinstance(idx, te.IndexVar):
+                    if id(idx) not in axes or (idx is last and d != len(node.indices) - 1):
+                        return False
+                elif not isinstance(idx, te.Const):
+                    return False
+        elif not isinstance(node, (te.Select, te.Const, te.IndexVar)):
+            return False   # casts, math calls, other reductions: the scalar epilogue
+    return not _index_used_as_value(match.body, match.reduce)
+
+
+def rows_contiguous(match) -> bool:
+    """Every read along the output's last axis also reads along the one before it, in its
+    last two dimensions, with the output's row length: consecutive outputs across a row end
+    are then consecutive elements of that tensor too."""
+    out = match.out
+    for node in te.walk(match.body, skip=match.reduce):
+        if isinstance(node, te.Read) and node.indices and node.indices[-1] is out.axes[-1]:
+            if (len(node.indices) < 2 or node.indices[-2] is not out.axes[-2]
+                    or node.tensor.shape[-1] != out.shape[-1]):
+                return False
+    return True
+
+
 class EpilogueMixin:
     """The epilogue part of ``kernel.ContractionEmitter``."""
+
+    # NCHW float32 tensors the epilogue reads that hold bf16 pair words instead: uid ->
+    # padding (pt, pl, pb, pr) of their [N, C / 2, H + pt + pb, W + pl + pr] 32-bit words
+    # (bf16(x[2j]), bf16(x[2j + 1])) (passes/bf16_pairs.py)
+    pair_word_reads: dict = {}
+
+    def _pair_word_read(self, t: te.Tensor, idx: list, mask: ir.Value | None) -> ir.Value:
+        """vl values of pair-word tensor ``t`` from NCHW indices ``idx`` (along the last axis;
+        with padding, within one row): the words of channel pair c // 2, each widened from
+        its low (even c) or high half."""
+        b = self.builder
+        n, c, h, w = t.shape
+        pt, pl, pb, pr = self.pair_word_reads[t.uid]
+        hp, wp = h + pt + pb, w + pl + pr
+        cp = -(-c // 2)
+        i32v = ir.VectorType(I32, self.vl)
+        pair = b.sdiv(idx[1], const_i64(2))
+        offset = b.add(b.mul(idx[0], const_i64(cp * hp * wp)),
+                       b.add(b.mul(pair, const_i64(hp * wp)),
+                             b.add(b.mul(b.add(idx[2], const_i64(pt)), const_i64(wp)),
+                                   b.add(idx[3], const_i64(pl)))))
+        ptr = b.bitcast(b.gep(self.buffers[t.uid], [offset], inbounds=True), i32v.as_pointer())
+        if mask is None:
+            words = b.load(ptr, align=4)
+        else:
+            fn = intrinsic(self.module, f"llvm.masked.load.v{self.vl}i32.p0", i32v,
+                           [i32v.as_pointer(), I32, ir.VectorType(I1, self.vl), i32v])
+            words = b.call(fn, [ptr, ir.Constant(I32, 4), mask, ir.Constant(i32v, None)])
+        low = b.shl(words, ir.Constant(i32v, [16] * self.vl))
+        high = b.and_(words, ir.Constant(i32v, [-65536] * self.vl))
+        odd = b.icmp_signed("!=", b.and_(idx[1], const_i64(1)), const_i64(0))
+        return b.bitcast(b.select(odd, high, low), self.vty)
 
     def epilogue_vector(self, acc: ir.Value, env: dict, mask: ir.Value | None, memo: dict | None,
                         opaque_constants: bool) -> ir.Value:
@@ -94,55 +179,12 @@ class EpilogueMixin:
         return value
 
     def _vector_epilogue_ok(self) -> bool:
-        """The epilogue can be evaluated a vector at a time along the output's last axis: only
-        float32 arithmetic, compares and selects, and reads of float32 tensors whose indices are
-        plain output loop indices or constants, the last axis (if read) as their last index."""
-        out, last = self.match.out, self.match.out.axes[-1]
-        axes = {id(a) for a in out.axes}
-        cast_inner = _vector_casts(self.match.body, self.match.reduce, last)
-        if cast_inner is None:
-            return False
-        for node in te.walk(self.match.body, skip=self.match.reduce):
-            if isinstance(node, te.Cast):
-                continue   # checked by _vector_casts
-            if isinstance(node, te.Binary):
-                if node.dtype != "float32" or node.op not in _VECTOR_BINARY:
-                    return False
-            elif isinstance(node, te.Compare):
-                if node.a.dtype != "float32":
-                    return False
-            elif isinstance(node, te.MathCall):   # sigmoid (SiLU), erf (GELU), tanh, exp
-                if node.dtype != "float32" or node.name not in VECTOR_MATH:
-                    return False
-            elif is_table_read(node):   # a qlookup's gather: its row per channel, not per lane
-                row = node.indices[0]
-                if isinstance(row, te.IndexVar) and (id(row) not in axes or row is last):
-                    return False
-            elif isinstance(node, te.Read):
-                if id(node) not in cast_inner and (node.dtype != "float32"
-                                                   or node.tensor.dtype != "float32"):
-                    return False
-                for d, idx in enumerate(node.indices):
-                    if isinstance(idx, te.IndexVar):
-                        if id(idx) not in axes or (idx is last and d != len(node.indices) - 1):
-                            return False
-                    elif not isinstance(idx, te.Const):
-                        return False
-            elif not isinstance(node, (te.Select, te.Const, te.IndexVar)):
-                return False   # casts, math calls, other reductions: the scalar epilogue
-        return not _index_used_as_value(self.match.body, self.match.reduce)
+        """``vector_epilogue_ok`` of this kernel's contraction."""
+        return vector_epilogue_ok(self.match)
 
     def _rows_contiguous(self) -> bool:
-        """Every read along the output's last axis also reads along the one before it, in its
-        last two dimensions, with the output's row length: consecutive outputs across a row end
-        are then consecutive elements of that tensor too."""
-        out = self.match.out
-        for node in te.walk(self.match.body, skip=self.match.reduce):
-            if isinstance(node, te.Read) and node.indices and node.indices[-1] is out.axes[-1]:
-                if (len(node.indices) < 2 or node.indices[-2] is not out.axes[-2]
-                        or node.tensor.shape[-1] != out.shape[-1]):
-                    return False
-        return True
+        """``rows_contiguous`` of this kernel's contraction."""
+        return rows_contiguous(self.match)
 
     def _vvalue(self, e: te.Expr, env: dict, mask: ir.Value | None,
                 memo: dict[int, ir.Value] | None = None) -> ir.Value:
@@ -174,6 +216,8 @@ class EpilogueMixin:
             last = self.match.out.axes[-1]
             idx = [const_i64(int(i.value)) if isinstance(i, te.Const) else env[id(i)]
                    for i in e.indices]
+            if e.tensor.uid in self.pair_word_reads and e.indices and e.indices[-1] is last:
+                return self._pair_word_read(e.tensor, idx, mask)
             offset = self._offset(e.tensor, idx)
             if e.indices and e.indices[-1] is last:
                 ptr = b.gep(self.buffers[e.tensor.uid], [offset], inbounds=True)
