@@ -39,7 +39,7 @@ from .options import PRECISIONS, CompileOptions
 from .passes.memory_plan import UnboundedSizeError, bounded_plan
 from .passes.simplify import BindError
 from .timings import StageClock
-from .ir.sym import SymbolicShapeError, to_record
+from .ir.sym import SymbolicShapeError, SymExpr, to_record
 from .ir.sym import evaluate as sym_evaluate
 from .vm_emit import Program, VMEmitError, emit_program, main_size_vars, source_records
 
@@ -227,9 +227,37 @@ def _common_kernels(variants: list[CompiledCode]) -> dict[str, KernelInfo]:
         if len({(k.symbol, k.num_inputs, k.num_outputs, k.parallel) for k in infos}) != 1:
             raise CodegenError(f"kernel {name} differs between targets "
                                f"{', '.join(v.target.name for v in variants)}; export them apart")
-        merged[name] = dataclasses.replace(info, workspace_bytes=max(k.workspace_bytes
-                                                                     for k in infos))
+        merged[name] = dataclasses.replace(
+            info, workspace_bytes=max(k.workspace_bytes for k in infos),
+            workspace_expr=workspace_bound([k.workspace_expr for k in infos]))
     return merged
+
+
+def workspace_bound(exprs: list) -> Any:
+    """One size expression at least each variant's run-time workspace ``exprs`` (None where
+    a kernel has no symbolic workspace): the bundle holds one expression per kernel, and the
+    variant that runs may need more than the first's (a 512-bit tile's rows at small images:
+    the open integer quad convolution of x86-64-v4+vnni wrote past a workspace sized by
+    x86-64-v2's expression). Polynomials with no negative coefficient: the largest coefficient
+    of each term (at least each, the size variables being >= 0); else their sum (each >= 0)."""
+    exprs = [e for e in exprs if e is not None]
+    if not exprs:
+        return None
+    if all(isinstance(e, int) for e in exprs):
+        return max(exprs)
+    if all(e == exprs[0] for e in exprs[1:]):
+        return exprs[0]
+    polys = [SymExpr({(): e}) if isinstance(e, int) else e for e in exprs]
+    if all(c >= 0 for p in polys for c in p.terms.values()):
+        terms: dict = {}
+        for p in polys:
+            for m, c in p.terms.items():
+                terms[m] = max(terms.get(m, 0), c)
+        return SymExpr(terms)._norm()
+    total = polys[0]
+    for p in polys[1:]:
+        total = total + p
+    return total
 
 
 def _kernel_rows(program: Program, infos: list[KernelInfo], mod: IRModule
