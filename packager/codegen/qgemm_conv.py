@@ -15,6 +15,7 @@ from dataclasses import replace
 
 from llvmlite import ir
 
+from ..ir import te
 from ..ops.qlinear import CONV_ROWS, PANEL
 from ..ops.quant import saturation_range
 from .helpers import (F32, I8, I16, I32, I64, STORAGE_TYPES, alloca_once, const_i64, for_range,
@@ -365,22 +366,13 @@ class QConv(QEmitter):
                 written and read back by the copy out); the lanes past the image's last
                 pixel (``qpad`` > ``qn``) through a copy."""
                 accs = dp_tile(nrows, q0, oc0, None, whole=True)
-                v16f = ir.VectorType(F32, ZMM_LANES)
                 for r in range(nrows):
                     ocr = b.add(oc0, const_i64(r))
-                    bv = self._splat(b.load(b.gep(buf[bias.uid], [ocr])), V16I32)
-                    mv = self._splat(b.load(buf[mult.uid] if tuple(mult.shape) == ()
-                                            else b.gep(buf[mult.uid], [ocr])), v16f)
-                    ov = self._splat(b.load(b.gep(buf[y_zp.uid], [ocr])), v16f)
-                    row = b.gep(yb, [b.mul(ocr, const_i64(qn))])
-                    vals = []
-                    for a in accs[r]:
-                        f = b.fadd(b.fmul(b.sitofp(b.add(a, bv), v16f), mv), ov)
-                        if self.relu:
-                            zero = ir.Constant(v16f, None)
-                            f = b.select(b.fcmp_ordered(">", f, zero), f, zero)
-                        vals.append(self.chain_vector(f, ocr))
-                    self._store_row(vals, row, q0, None if qpad == qn else const_i64(qn))
+                    self._chain_row(accs[r], ocr, bias, lambda ocr=ocr: b.load(
+                        buf[mult.uid] if tuple(mult.shape) == () else b.gep(buf[mult.uid],
+                                                                            [ocr])),
+                                    y_zp, yb, const_i64(qn), q0,
+                                    None if qpad == qn else const_i64(qn))
 
             packed = self.avx2 and not self.float_out and self.nv == 2
             # pixels outer: one chunk's plane columns (all steps) stay in L1 for every tile
@@ -625,7 +617,6 @@ class QConv(QEmitter):
             """emit's 512-bit tiles: the chain stored into the output (``direct``), 8-bit
             results by ``_requant_zmm`` from the bias, else float32 results staged."""
             nrows = len(ocs)
-            v16f = ir.VectorType(F32, ZMM_LANES)
             if direct or self.float_out:
                 accs = self._tile_dp16(nrows, nz, ksteps, a_word_at(oc0), b_vec_at(q0))
             else:
@@ -649,18 +640,7 @@ class QConv(QEmitter):
                         dst = b.add(b.mul(ocr, qpad), b.add(q0, const_i64(v * PANEL)))
                         b.store(q, self._ptr(stage, dst, self.out_vec), align=4)
                     continue
-                bv = self._splat(b.load(b.gep(buf[bias.uid], [ocr])), V16I32)
-                mv = self._splat(m, v16f)
-                ov = self._splat(b.load(b.gep(buf[y_zp.uid], [ocr])), v16f)
-                row = b.gep(yb, [b.mul(ocr, ohw)])
-                vals = []
-                for a in accs[r]:
-                    f = b.fadd(b.fmul(b.sitofp(b.add(a, bv), v16f), mv), ov)
-                    if self.relu:
-                        zero = ir.Constant(v16f, None)
-                        f = b.select(b.fcmp_ordered(">", f, zero), f, zero)
-                    vals.append(self.chain_vector(f, ocr))
-                self._store_row(vals, row, q0, ohw)
+                self._chain_row(accs[r], ocr, bias, lambda m=m: m, y_zp, yb, ohw, q0, ohw)
 
         packed = self.avx2 and not self.float_out and self.nv == 2
         chw = b.mul(b.mul(h, w), const_i64(c))
@@ -711,6 +691,28 @@ class QConv(QEmitter):
                       f"6 x {ZMM_LANES * nz} tile, planes sized at run time")
         return KernelInfo(self.symbol, len(self.func.inputs), 1, 0, parallel, symbolic=True,
                           workspace_expr=workspace_e, choice=choice)
+
+    def _chain_row(self, accs: list[ir.Value], ocr: ir.Value, bias: te.Tensor, mult_of,
+                   y_zp: te.Tensor, y: ir.Value, stride: ir.Value, q0: ir.Value, n) -> None:
+        """A 512-bit tile row's epilogue stored into the output (``direct``, static and
+        run-time sizes): float32(acc + bias) * mult + y's offset [relu] on each 16-pixel
+        accumulator of output channel ``ocr``, the fused chain (``chain_vector``), then
+        ``_store_row`` into the channel's row ``y + ocr * stride`` from ``q0``, below ``n``.
+        ``mult_of()`` loads the multiplier (after the bias, as the kernels always did)."""
+        b, buf = self.builder, self.buffers
+        v16f = ir.VectorType(F32, ZMM_LANES)
+        bv = self._splat(b.load(b.gep(buf[bias.uid], [ocr])), V16I32)
+        mv = self._splat(mult_of(), v16f)
+        ov = self._splat(b.load(b.gep(buf[y_zp.uid], [ocr])), v16f)
+        row = b.gep(y, [b.mul(ocr, stride)])
+        vals = []
+        for a in accs:
+            f = b.fadd(b.fmul(b.sitofp(b.add(a, bv), v16f), mv), ov)
+            if self.relu:
+                zero = ir.Constant(v16f, None)
+                f = b.select(b.fcmp_ordered(">", f, zero), f, zero)
+            vals.append(self.chain_vector(f, ocr))
+        self._store_row(vals, row, q0, n)
 
     def _store_row(self, vals: list[ir.Value], row: ir.Value, q0: ir.Value, n) -> None:
         """row[q0 + 16 v + k] = vals[v][k] (16-lane vectors) where below ``n`` (an i64; None:
