@@ -6,7 +6,9 @@ the golden check's inputs and compares each output with the fp32 reference (ONNX
 the IR's numpy reference): the error is the largest |bf16 - fp32| over the output, divided by
 the output's scale (its largest finite |value|). Past ``ExportOptions.bf16_max_error`` (1 % by
 default) on any output, ``sensitive_weights`` picks the layers to keep in fp32 and the export
-compiles again; past it still, the whole model is exported in fp32, with a one-line note."""
+compiles again, unless they would leave under BF16_MIN_SHARE of the model's multiply-adds in
+bf16 (``bf16_share``: no speed to gain); past the bound still, or so, the whole model is
+exported in fp32, with a one-line note."""
 
 from __future__ import annotations
 
