@@ -34,13 +34,17 @@ from .lower import KernelEmitter, KernelInfo, _plan_stages, is_symbolic
 PARALLEL_MIN_OUTPUTS = 1 << 14
 # Rows of the gather shape whose tap vectors are built once (a block's input lines stay in L1).
 CHUNK_ROWS = 32
+# Taps per output the kernel unrolls (linear 2, cubic 4; an antialiased downscale's filter can be
+# far wider: the generic loop nest keeps those).
+MAX_TAPS = 8
 # The variable float permute per vector width (x86).
 PERMUTE = {16: "llvm.x86.avx512.permvar.sf.512", 8: "llvm.x86.avx2.permps"}
 
 
 def match_resize(func: PrimFunc):
     """(output, x, idx, w, fill, axis, taps) when ``func`` is exactly one float32 ``resize_axis``
-    (nothing fused before or after it) with a static tap count, else None."""
+    (nothing fused before or after it) with a static tap count of at most MAX_TAPS, else
+    None."""
     if len(func.outputs) != 1 or len(func.inputs) != 4:
         return None
     materialized, outputs = _plan_stages(func)
@@ -58,7 +62,7 @@ def match_resize(func: PrimFunc):
             or body.b.tensor.uid != fill.uid or x.dtype != "float32":
         return None
     taps = idx.shape[1]
-    if not isinstance(taps, int) or taps < 1:
+    if not isinstance(taps, int) or not 1 <= taps <= MAX_TAPS:
         return None
     return out, x, idx, w, fill, tag.attrs["along"], taps
 
