@@ -57,6 +57,38 @@ def split_quads_pays(share: float) -> bool:
     return share <= SPLIT_MAX_SHARE
 
 
+# Exact integer Winograd F(2x2, 3x3) on those x86 targets (``qconv2d`` ``winograd``, ops/qlinear.py
+# ``pack_winograd_weights``, codegen/qgemm_conv.py ``_emit_wino``): ``vpmaddwd`` on int16 transformed
+# inputs and weights, 16 products per 4 outputs and input channel against the direct kernel's 36,
+# for 3x3 stride-1 layers whose full-range weights neither the 7-bit nor the split quad kernel
+# takes (a split share past SPLIT_MAX_SHARE_FLOAT) and whose outputs are even and at least this
+# wide (2x2 tiles; 7x7 outputs keep the channel-lane sign kernel)
+WINO_INT_MIN_OUT = 8
+
+
+def int_winograd(w_shape: Sequence[int], strides: Sequence[int], out_shape: Sequence[int],
+                 groups: int, options: CompileOptions, split_share: float | None) -> bool:
+    """Whether a quantized convolution takes the exact integer Winograd kernel (see
+    ``WINO_INT_MIN_OUT``): x86 targets without an int8 dot instruction (``options.conv_quads7``,
+    not ``int8_dot_targets``; ``options.conv_int_winograd`` not False), a 3x3 stride-1 window,
+    groups 1, static even output sizes of at least ``WINO_INT_MIN_OUT``, at most
+    ``WINO_MAX_CHANNELS`` input channels, int8 weights with a split share over
+    ``SPLIT_MAX_SHARE_FLOAT`` (True with ``conv_int_winograd``: any int8 weights)."""
+    from ..ops.qlinear import WINO_MAX_CHANNELS
+
+    if (not options.conv_quads7 or options.int8_dot_targets or options.conv_int_winograd is False
+            or groups != 1 or split_share is None or len(w_shape) != 4 or len(out_shape) != 4):
+        return False
+    if tuple(w_shape[2:]) != (3, 3) or tuple(strides) != (1, 1) or w_shape[1] > WINO_MAX_CHANNELS:
+        return False
+    if not all(isinstance(d, int) for d in out_shape):
+        return False
+    oh, ow = out_shape[2:]
+    if oh % 2 or ow % 2 or min(oh, ow) < WINO_INT_MIN_OUT:
+        return False
+    return bool(options.conv_int_winograd) or split_share > SPLIT_MAX_SHARE_FLOAT
+
+
 def float_conv_reason(w_shape: Sequence[int], strides: Sequence[int],
                       out_shape: Sequence[int], groups: int, options: CompileOptions,
                       w7: bool = False, split_share: float | None = None,
@@ -72,6 +104,8 @@ def float_conv_reason(w_shape: Sequence[int], strides: Sequence[int],
     channel-lane sign kernel takes them (passes/quad_weights.py ``use_signed_x``), faster
     than fp32 there."""
     if not options.int8_float_convs or options.int8_dot_targets or groups != 1:
+        return None
+    if int_winograd(w_shape, strides, out_shape, groups, options, split_share):
         return None
     if options.conv_quads7 and (w7 or (split_share is not None
                                        and split_share <= SPLIT_MAX_SHARE_FLOAT)):
