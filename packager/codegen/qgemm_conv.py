@@ -1115,13 +1115,18 @@ class QConv(QEmitter):
         v8 = ir.VectorType(I32, PANEL)
 
         def transform_band(tr0, rows):
-            """V[(xi * cp + p) * vt + trl * ntp + tx] for the band's tile rows."""
+            """V[((xi * nch + tl // 16) * cp + p) * 16 + tl % 16] (nch = vt / 16 chunks, band
+            tile tl = trl * ntp + tx) for the band's tile rows."""
             with for_range(b, const_i64(0), const_i64(cp), "wp") as p:
                 with for_range(b, const_i64(0), rows, "wr") as trl:
                     prow0 = b.add(b.mul(p, const_i64(psz)),
                                   b.mul(b.mul(b.add(tr0, trl), const_i64(2)), const_i64(wq)))
-                    vrow = b.add(b.mul(p, const_i64(vt)), b.mul(trl, const_i64(ntp)))
                     with for_range(b, const_i64(0), const_i64(ntp // PANEL), "wv") as q:
+                        # tiles tl .. tl + 8 of the band: chunk tl // 16, its lanes tl % 16
+                        tl = b.add(b.mul(trl, const_i64(ntp)), b.mul(q, const_i64(PANEL)))
+                        vcell = b.add(b.mul(b.add(b.mul(b.sdiv(tl, const_i64(lanes)),
+                                                        const_i64(cp)), p), const_i64(lanes)),
+                                      b.srem(tl, const_i64(lanes)))
                         col = b.add(prow0, b.mul(q, const_i64(2 * PANEL)))
                         d = []
                         for i in range(4):
@@ -1136,13 +1141,12 @@ class QConv(QEmitter):
                              [b.add(d[1][j], d[2][j]) for j in range(4)],
                              [b.sub(d[2][j], d[1][j]) for j in range(4)],
                              [b.sub(d[1][j], d[3][j]) for j in range(4)]]
-                        at = b.add(vrow, b.mul(q, const_i64(PANEL)))
                         for a in range(4):
                             r_ = t[a]
                             vals = (b.sub(r_[0], r_[2]), b.add(r_[1], r_[2]),
                                     b.sub(r_[2], r_[1]), b.sub(r_[1], r_[3]))
                             for bb, val in enumerate(vals):
-                                dst = b.add(at, const_i64((a * 4 + bb) * cp * vt))
+                                dst = b.add(vcell, const_i64((a * 4 + bb) * cp * vt))
                                 b.store(val, self._ptr(vbuf, dst, V16I16), align=4)
 
         def epilogue(vals, ocr):
@@ -1230,15 +1234,17 @@ class QConv(QEmitter):
                           b.srem(oc0, const_i64(CONV_ROWS)))
             with for_range(b, const_i64(0), const_i64(16), "xi") as xi:
                 xoff = b.mul(xi, const_i64(cp))
+                # V's (xi, chunk) block: [cp][16] words from (xi * nch + chunk) * cp * 16
+                vbase = b.add(b.mul(xi, const_i64(vt // lanes * cp)),
+                              b.mul(b.sdiv(t0, const_i64(lanes)), const_i64(cp)))
 
                 def a_word(r, j):
                     at = b.add(b.add(gbase, const_i64(r)),
                                b.mul(b.add(xoff, j), const_i64(CONV_ROWS)))
                     return b.load(b.gep(w32, [at]))
 
-                def b_vec(v, j):
-                    at = b.add(b.add(b.mul(b.add(xoff, j), const_i64(vt)), t0),
-                               const_i64(v * PANEL))
+                def b_vec(v, j):     # the chunk's steps one after another (16 tiles each)
+                    at = b.add(b.mul(b.add(vbase, j), const_i64(lanes)), const_i64(v * PANEL))
                     return b.load(self._ptr(vbuf, at, V16I16), align=4)
                 accs = self._tile(nrows, nv, cp, a_word, b_vec)
                 for r in range(nrows):
