@@ -1071,13 +1071,14 @@ class QConv(QEmitter):
         _, _, oh, ow = (int(d) for d in y.shape)
         pt, pl, pb, pr = self.tag.attrs["padding"]
         if (tuple(self.tag.attrs["kernel"]) != (3, 3) or tuple(self.tag.attrs["strides"]) != (1, 1)
-                or oh % 2 or ow % 2 or wk.dtype != "int16"):
+                or wk.dtype != "int16"):
             raise LoweringError(f"{self.func.name}: Winograd weights need a 3x3 stride-1 "
-                                "window, even output sizes and int16 weights")
+                                "window and int16 weights")
         buf = self.buffers
         mr, nv = self.mr, self.nv
         lanes = PANEL * nv                              # tiles per chunk of the register tile
-        nt, ntr = ow // 2, oh // 2
+        nt, ntr = -(-ow // 2), -(-oh // 2)              # 2x2 tiles (odd sizes: one row /
+        # column of outputs past the last computed and dropped)
         ntp = -(-nt // PANEL) * PANEL                   # tiles per row of V: whole vectors
         cp = -(-c // 2)
         wq = max(w + pl + pr, 2 * ntp + 2)              # plane row width: reads stay inside
@@ -1187,6 +1188,19 @@ class QConv(QEmitter):
             for k in range(count):
                 b.store(b.load(b.gep(src, [const_i64(k)])), b.gep(dst, [const_i64(k)]))
 
+        last_count = ow - 2 * (ntp - PANEL)    # outputs of a row's last vector of tiles
+
+        def put(vec, dst, tx0):
+            """A row's 16 values from tile tx0 on: the row's last vector only its columns."""
+            if last_count == 2 * PANEL:
+                store(vec, dst, 2 * PANEL)
+                return
+            with b.if_else(b.icmp_signed("==", tx0, const_i64(ntp - PANEL))) as (part, whole):
+                with part:
+                    store(vec, dst, last_count)
+                with whole:
+                    store(vec, dst, 2 * PANEL)
+
         def output(nb, ocr, r, t0, tr0, rows):
             """Row ``r`` (channel ``ocr``) of the chunk's M: the output transform and
             epilogue of its 16 tiles, 8 at a time, where they lie in the band."""
@@ -1217,15 +1231,11 @@ class QConv(QEmitter):
                                                      const_i64(oh)), oy), const_i64(ow)),
                                    b.mul(tx0, const_i64(2)))
                         dst = b.gep(buf[y.uid], [at])
-                        if nt % PANEL:
-                            last = b.icmp_signed("==", tx0, const_i64(ntp - PANEL))
-                            with b.if_else(last) as (part, whole):
-                                with part:
-                                    store(vec, dst, 2 * (nt % PANEL))
-                                with whole:
-                                    store(vec, dst, 2 * PANEL)
+                        if i and oh % 2:        # the last tile row's second row is past oh
+                            with b.if_then(b.icmp_signed("<", oy, const_i64(oh))):
+                                put(vec, dst, tx0)
                         else:
-                            store(vec, dst, 2 * PANEL)
+                            put(vec, dst, tx0)
 
         def gemm(nb, oc0, nrows, t0, tr0, rows):
             """The 16 products of ``nrows`` channels from oc0 over tiles t0 .. t0 + 16 into

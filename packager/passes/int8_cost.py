@@ -83,10 +83,11 @@ def int_winograd(w_shape: Sequence[int], strides: Sequence[int], out_shape: Sequ
         return False
     if not all(isinstance(d, int) for d in out_shape):
         return False
-    oh, ow = out_shape[2:]
-    if oh % 2 or ow % 2 or min(oh, ow) < WINO_INT_MIN_OUT:
+    if options.conv_int_winograd:
+        return True
+    if min(out_shape[2:]) < WINO_INT_MIN_OUT:
         return False
-    return bool(options.conv_int_winograd) or split_share > SPLIT_MAX_SHARE_FLOAT
+    return split_share > SPLIT_MAX_SHARE_FLOAT
 
 
 def float_conv_reason(w_shape: Sequence[int], strides: Sequence[int],

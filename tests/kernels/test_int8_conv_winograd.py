@@ -5,7 +5,7 @@ int8 weights on x86 sets without VNNI (``qconv2d`` ``winograd``: ops/qlinear.py
 
 Exact integer math in numpy is the reference: the weights' transform and its inverse, the
 selection (on by default for full-range weights, off with the option, for 7-bit weights, odd
-or small outputs and sets with a VNNI level), and compiled bundles at x86-64-v3 and v2 (host
+small outputs and sets with a VNNI level), and compiled bundles at x86-64-v3 and v2 (host
 features pinned with MLCPACK_CPU_FEATURES), 1 and 2 threads, on weights at +-127 / -128 and
 activations at their extremes: 8-bit results (with and without a lut8 table), float32 results,
 a partial last vector per row, a tail tile of output channels, odd channel counts, uneven
@@ -71,6 +71,8 @@ CASES = {   # seed, C, H, W, O, pads, x dtype, x zp, result, table
     "s8_pad_lut": (2, 16, 16, 8, 12, (0, 1, 2, 1), "int8", -5, "uint8", True),
     # float32 results (a quantized product whose result stays float)
     "f32": (3, 12, 8, 12, 8, (1, 1, 1, 1), "uint8", 200, "float32", False),
+    # 9 x 11 outputs: odd, a row and a column of the last tiles dropped
+    "odd": (5, 9, 9, 11, 7, (1, 1, 1, 1), "uint8", 250, "uint8", False),
     # 40 x 40 outputs on 64 channels: two bands of tile rows (WINO_V_BYTES)
     "bands": (4, 64, 40, 40, 16, (1, 1, 1, 1), "uint8", 77, "uint8", False),
 }
@@ -88,9 +90,9 @@ def test_weight_transform_roundtrip() -> None:
 
 
 def test_selection_rule() -> None:
-    """Full-range weights on a 3x3 stride-1 layer with even outputs of 8 or more take the
-    Winograd weights on x86 sets without VNNI on every level; the option off, 7-bit weights,
-    odd or small outputs and a set with a VNNI level leave it. The pipeline only."""
+    """Full-range weights on a 3x3 stride-1 layer with outputs of 8 or more take the Winograd
+    weights on x86 sets without VNNI on every level; the option off, 7-bit weights, small
+    outputs and a set with a VNNI level leave it (the option on: any). The pipeline only."""
     args, attrs, _ = _case(*CASES["bands"])
     for target in ("x86-64-v3", "x86-64-v2,x86-64-v3"):
         (call,) = _main_ops(args, attrs, target)
@@ -107,9 +109,11 @@ def test_selection_rule() -> None:
     assert call.op == "qconv2d_quads" and not call.attrs.get("winograd")
     (call,) = _main_ops(small, attrs, "x86-64-v3", conv_int_winograd=True)
     assert call.attrs.get("winograd") is True
-    odd = _case(5, 16, 9, 9, 8, (1, 1, 1, 1), "uint8", 0)[:2]     # 9 x 9 outputs
-    (call,) = _main_ops(*odd, "x86-64-v3")
+    small = _case(5, 16, 7, 7, 16, (1, 1, 1, 1), "uint8", 0)[:2]     # 7 x 7 outputs
+    (call,) = _main_ops(*small, "x86-64-v3")
     assert not call.attrs.get("winograd")
+    (call,) = _main_ops(*small, "x86-64-v3", conv_int_winograd=True)
+    assert call.attrs.get("winograd") is True
 
 
 def test_numpy_op_matches_direct() -> None:
