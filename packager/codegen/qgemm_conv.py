@@ -33,6 +33,7 @@ OPEN_ZMM_VECTORS = 3
 # The integer Winograd kernel (``_emit_wino``): a band's transformed inputs (16 x C x its tiles,
 # int16) at most this many bytes, in L2 while every tile of output channels reads them
 WINO_V_BYTES = 512 * 1024
+_WINO_SKIP: set = set()   # DEBUG
 
 
 def zmm_vectors(qn: int) -> int:
@@ -1089,7 +1090,8 @@ class QConv(QEmitter):
         nbands = -(-ntr // nbr)
         vt = -(-nbr * ntp // lanes) * lanes             # V's tiles per (xi, pair), whole chunks
         p_bytes = align_workspace(cp * psz * 4)
-        v_bytes = align_workspace(16 * cp * vt * 4)
+        xs = cp * vt + lanes                            # V's words per position xi
+        v_bytes = align_workspace(16 * xs * 4)
         m_bytes = align_workspace(16 * mr * lanes * 4)
         region_bytes = p_bytes + v_bytes + m_bytes
         parallel = batch * o * oh * ow * c * 9 >= PARALLEL_MIN_MACS
@@ -1116,19 +1118,21 @@ class QConv(QEmitter):
         v8 = ir.VectorType(I32, PANEL)
 
         def transform_band(tr0, rows):
-            """V[((xi * nch + tl // 16) * cp + p) * 16 + tl % 16] (nch = vt / 16 chunks, band
-            tile tl = trl * ntp + tx) for the band's tile rows."""
-            with for_range(b, const_i64(0), const_i64(cp), "wp") as p:
-                with for_range(b, const_i64(0), rows, "wr") as trl:
-                    prow0 = b.add(b.mul(p, const_i64(psz)),
-                                  b.mul(b.mul(b.add(tr0, trl), const_i64(2)), const_i64(wq)))
-                    with for_range(b, const_i64(0), const_i64(ntp // PANEL), "wv") as q:
-                        # tiles tl .. tl + 8 of the band: chunk tl // 16, its lanes tl % 16
-                        tl = b.add(b.mul(trl, const_i64(ntp)), b.mul(q, const_i64(PANEL)))
-                        vcell = b.add(b.mul(b.add(b.mul(b.sdiv(tl, const_i64(lanes)),
-                                                        const_i64(cp)), p), const_i64(lanes)),
-                                      b.srem(tl, const_i64(lanes)))
-                        col = b.add(prow0, b.mul(q, const_i64(2 * PANEL)))
+            """V[xi * xs + (tl // 16 * cp + p) * 16 + tl % 16] (band tile tl = trl * ntp + tx)
+            for the band's tile rows: per 8 tiles the pairs innermost, so that each of the 16
+            streams of stores runs on (xs: one cache line more than a position's chunks, so
+            that the 16 streams do not share a cache set)."""
+            with for_range(b, const_i64(0), rows, "wr") as trl:
+                prow0 = b.mul(b.mul(b.add(tr0, trl), const_i64(2)), const_i64(wq))
+                with for_range(b, const_i64(0), const_i64(ntp // PANEL), "wv") as q:
+                    # tiles tl .. tl + 8 of the band: chunk tl // 16, its lanes tl % 16
+                    tl = b.add(b.mul(trl, const_i64(ntp)), b.mul(q, const_i64(PANEL)))
+                    vcell0 = b.add(b.mul(b.sdiv(tl, const_i64(lanes)), const_i64(cp * lanes)),
+                                   b.srem(tl, const_i64(lanes)))
+                    col0 = b.add(prow0, b.mul(q, const_i64(2 * PANEL)))
+                    with for_range(b, const_i64(0), const_i64(cp), "wp") as p:
+                        vcell = b.add(vcell0, b.mul(p, const_i64(lanes)))
+                        col = b.add(col0, b.mul(p, const_i64(psz)))
                         d = []
                         for i in range(4):
                             at = b.add(col, const_i64(i * wq))
@@ -1147,7 +1151,7 @@ class QConv(QEmitter):
                             vals = (b.sub(r_[0], r_[2]), b.add(r_[1], r_[2]),
                                     b.sub(r_[2], r_[1]), b.sub(r_[1], r_[3]))
                             for bb, val in enumerate(vals):
-                                dst = b.add(vcell, const_i64((a * 4 + bb) * cp * vt))
+                                dst = b.add(vcell, const_i64((a * 4 + bb) * xs))
                                 b.store(val, self._ptr(vbuf, dst, V16I16), align=4)
 
         def epilogue(vals, ocr):
@@ -1245,7 +1249,7 @@ class QConv(QEmitter):
             with for_range(b, const_i64(0), const_i64(16), "xi") as xi:
                 xoff = b.mul(xi, const_i64(cp))
                 # V's (xi, chunk) block: [cp][16] words from (xi * nch + chunk) * cp * 16
-                vbase = b.add(b.mul(xi, const_i64(vt // lanes * cp)),
+                vbase = b.add(b.mul(xi, const_i64(xs // lanes)),
                               b.mul(b.sdiv(t0, const_i64(lanes)), const_i64(cp)))
 
                 def a_word(r, j):
@@ -1262,19 +1266,21 @@ class QConv(QEmitter):
                         at = b.add(b.mul(xi, const_i64(mr * lanes)),
                                    const_i64(r * lanes + v * PANEL))
                         b.store(accs[r][v], self._ptr(mbuf, at, V8I32), align=4)
-            for r in range(nrows):
+            for r in range(nrows if "output" not in _WINO_SKIP else 0):
                 output(nb, b.add(oc0, const_i64(r)), r, t0, tr0, rows)
 
         with for_range(b, const_i64(0), const_i64(batch), "b") as bi:
             xb = b.gep(buf[x.uid], [b.mul(bi, const_i64(c * h * w))])
-            self._fill_planes(xb, planes, [(0, 0)], c, h, w, cp, prow, wq, psz, 1, 1, pt, pl,
-                              xzp, x.dtype, zero=True)
+            if "planes" not in _WINO_SKIP:
+                self._fill_planes(xb, planes, [(0, 0)], c, h, w, cp, prow, wq, psz, 1, 1, pt, pl,
+                                  xzp, x.dtype, zero=True)
             with for_range(b, const_i64(0), const_i64(nbands), "band") as band:
                 tr0 = b.mul(band, const_i64(nbr))
                 left = b.sub(const_i64(ntr), tr0)
                 rows = b.select(b.icmp_signed("<", left, const_i64(nbr)), left,
                                 const_i64(nbr))
-                transform_band(tr0, rows)
+                if "transform" not in _WINO_SKIP:
+                    transform_band(tr0, rows)
                 chunks = b.sdiv(b.add(b.mul(rows, const_i64(ntp)), const_i64(lanes - 1)),
                                 const_i64(lanes))
                 with for_range(b, lo, hi, "ot") as t:
