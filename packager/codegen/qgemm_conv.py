@@ -32,8 +32,7 @@ ZMM_TILES = (4, 3, 2)   # 16-pixel vectors per tile row (6 rows: 24, 18, 12 accu
 OPEN_ZMM_VECTORS = 3
 # The integer Winograd kernel (``_emit_wino``): a band's transformed inputs (16 x C x its tiles,
 # int16) at most this many bytes, in L2 while every tile of output channels reads them
-WINO_V_BYTES = 512 * 1024
-_WINO_SKIP: set = set()   # DEBUG
+WINO_V_BYTES = 256 * 1024
 
 
 def zmm_vectors(qn: int) -> int:
@@ -1266,21 +1265,19 @@ class QConv(QEmitter):
                         at = b.add(b.mul(xi, const_i64(mr * lanes)),
                                    const_i64(r * lanes + v * PANEL))
                         b.store(accs[r][v], self._ptr(mbuf, at, V8I32), align=4)
-            for r in range(nrows if "output" not in _WINO_SKIP else 0):
+            for r in range(nrows):
                 output(nb, b.add(oc0, const_i64(r)), r, t0, tr0, rows)
 
         with for_range(b, const_i64(0), const_i64(batch), "b") as bi:
             xb = b.gep(buf[x.uid], [b.mul(bi, const_i64(c * h * w))])
-            if "planes" not in _WINO_SKIP:
-                self._fill_planes(xb, planes, [(0, 0)], c, h, w, cp, prow, wq, psz, 1, 1, pt, pl,
-                                  xzp, x.dtype, zero=True)
+            self._fill_planes(xb, planes, [(0, 0)], c, h, w, cp, prow, wq, psz, 1, 1, pt, pl,
+                              xzp, x.dtype, zero=True)
             with for_range(b, const_i64(0), const_i64(nbands), "band") as band:
                 tr0 = b.mul(band, const_i64(nbr))
                 left = b.sub(const_i64(ntr), tr0)
                 rows = b.select(b.icmp_signed("<", left, const_i64(nbr)), left,
                                 const_i64(nbr))
-                if "transform" not in _WINO_SKIP:
-                    transform_band(tr0, rows)
+                transform_band(tr0, rows)
                 chunks = b.sdiv(b.add(b.mul(rows, const_i64(ntp)), const_i64(lanes - 1)),
                                 const_i64(lanes))
                 with for_range(b, lo, hi, "ot") as t:

@@ -172,8 +172,9 @@ def pack_conv_quads(mod: IRModule, options: CompileOptions) -> IRModule:
             made[six] = Constant(f"{wk.name}_q4", pairs_to_quads(wk.data, kh * kw))
         share = word_share(made[six].data, v.attrs["out_channels"]) if w7 else 0.0
         o, c = v.attrs["out_channels"], x.type.shape[1]
-        if w7 and int_winograd((o, c, kh, kw), v.attrs["strides"], v.type.shape, 1, options,
-                               share):
+        if (w7 and options.conv_signed_x is not True
+                and int_winograd((o, c, kh, kw), v.attrs["strides"], v.type.shape, 1, options,
+                                 share)):
             # the exact integer Winograd kernel: U' = (2G) w (2G)^T packed as int16 k-pairs
             key = ("wino", id(wk))
             if key not in made:
