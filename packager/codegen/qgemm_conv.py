@@ -3,6 +3,10 @@ padding; no im2col: int16 pair planes on AVX2 / generic targets, uint8 quad plan
 sdot; a 1x1 image as a matrix-vector product; an optional ``lut8`` table on the copy out); the
 family's design, packing and epilogue are described in ``codegen/qgemm.py``.
 
+3x3 stride-1 convolutions with full-range int8 weights on x86 sets without VNNI: the exact
+integer Winograd F(2x2, 3x3) kernel (``_emit_wino``; weights transformed at export, ``qconv2d``
+``winograd``).
+
 Run-time image sizes (an ONNX file's open batch, height or width): the pixel-lane quad kernel
 (weights packed as quads at export, 7-bit or split, a lut8 table folded in or not) with its
 size-dependent plan computed at the kernel's entry (``_emit_open``); ``passes/int8_cost.py``

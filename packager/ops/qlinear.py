@@ -27,6 +27,10 @@ multiplier ``[O]`` (the multiplier may be a float32 scalar; x_zp and both may be
 run time, as with ``qmatmul``); padding reads x_zp (contributes zero); groups 1, dilation 1.
 Result ``[B, O, OH, OW]``. An optional 7th input, a ``lut8`` table ``[O or 1, 256]``
 (``passes/quantize_lut.py`` folds one in), maps each 8-bit result through its channel's row.
+With ``winograd`` (3x3 stride 1, x86 sets without VNNI: passes/quad_weights.py) wk holds the
+weights transformed for the exact integer Winograd F(2x2, 3x3) kernel instead, U' = (2G) wd
+(2G)^T packed as a 4x4 window's 16 positions, int16 ``[ceil(O/6), 16*ceil(C/2), 6, 2]``
+(``pack_winograd_weights``; wd = L U' L^T / 4 exactly, ``unpack_winograd_weights``).
 
 ``qdwconv2d(x, wf, x_zp, bias, multiplier, y_zp, kernel, strides, padding, dtype, relu,
 bias_in_float)``: depthwise (one input channel per output channel), x int8/uint8 ``[B, C, H,

@@ -31,6 +31,16 @@ ResNet-18's layers and 1.08-1.46x faster than fp32 on its 3x3 stride-1 ones
 (docs/performance.md), so the split is taken for s <= ``SPLIT_MAX_SHARE`` (against the k-pair
 kernel, ``split_quads_pays``) and keeps a 3x3 stride-1 layer integer for s <=
 ``SPLIT_MAX_SHARE_FLOAT`` (against fp32, ``float_conv_reason``'s ``split_share``).
+
+3x3 stride-1 layers whose full-range weights take neither (a share past
+``SPLIT_MAX_SHARE_FLOAT``) run the exact integer Winograd F(2x2, 3x3) kernel instead of fp32's
+(``int_winograd``): int16 transformed inputs and weights, ``vpmaddwd``, 16 products per 2x2
+tile and input channel pair where the direct kernel takes 36. On Zen 5 under the AVX2 mask
+(bench/avx2_host.py) ``vpmaddwd`` + ``vpaddd`` runs at the ``vpmaddubsw`` loop's 131 GMAC/s
+(fp32 FMA 66), and ResNet-18's 56x56, 28x28 and 14x14 layers took 573-621 us against the
+k-pair kernel's 1044-1177 and ORT's saturating int8 kernel's 907-936 (docs/performance.md).
+Outputs under 8 wide (7x7: the channel-lane sign kernel, 1195 us; the Winograd kernel 1376 us
+there, its 8.4 MB of int16 weights streamed once per call) keep the choices above.
 """
 
 from __future__ import annotations
@@ -61,8 +71,9 @@ def split_quads_pays(share: float) -> bool:
 # ``pack_winograd_weights``, codegen/qgemm_conv.py ``_emit_wino``): ``vpmaddwd`` on int16 transformed
 # inputs and weights, 16 products per 4 outputs and input channel against the direct kernel's 36,
 # for 3x3 stride-1 layers whose full-range weights neither the 7-bit nor the split quad kernel
-# takes (a split share past SPLIT_MAX_SHARE_FLOAT) and whose outputs are even and at least this
-# wide (2x2 tiles; 7x7 outputs keep the channel-lane sign kernel)
+# takes (a split share past SPLIT_MAX_SHARE_FLOAT) and whose outputs are at least this wide
+# (2x2 tiles, odd sizes with the last row / column dropped; 7x7 outputs keep the channel-lane
+# sign kernel: module docstring)
 WINO_INT_MIN_OUT = 8
 
 
@@ -71,9 +82,10 @@ def int_winograd(w_shape: Sequence[int], strides: Sequence[int], out_shape: Sequ
     """Whether a quantized convolution takes the exact integer Winograd kernel (see
     ``WINO_INT_MIN_OUT``): x86 targets without an int8 dot instruction (``options.conv_quads7``,
     not ``int8_dot_targets``; ``options.conv_int_winograd`` not False), a 3x3 stride-1 window,
-    groups 1, static even output sizes of at least ``WINO_INT_MIN_OUT``, at most
+    groups 1, static output sizes of at least ``WINO_INT_MIN_OUT``, at most
     ``WINO_MAX_CHANNELS`` input channels, int8 weights with a split share over
-    ``SPLIT_MAX_SHARE_FLOAT`` (True with ``conv_int_winograd``: any int8 weights)."""
+    ``SPLIT_MAX_SHARE_FLOAT`` (``conv_int_winograd`` True: any int8 weights and output
+    size)."""
     from ..ops.qlinear import WINO_MAX_CHANNELS
 
     if (not options.conv_quads7 or options.int8_dot_targets or options.conv_int_winograd is False
