@@ -1212,6 +1212,7 @@ class QConv(QEmitter):
             """Row ``r`` (channel ``ocr``) of the chunk's M: the output transform and
             epilogue of its 16 tiles, 8 at a time, where they lie in the band."""
             bv = self._splat(b.load(b.gep(buf[bias.uid], [ocr])), V8I32)
+            rbase = b.mul(r, const_i64(lanes))          # row r's sums in M [16][mr][16]
             two = ir.Constant(V8I32, [2] * PANEL)
             lo_mix = ir.Constant(V8I32, [k for j in range(4) for k in (j, j + PANEL)])
             hi_mix = ir.Constant(V8I32, [k for j in range(4, 8) for k in (j, j + PANEL)])
@@ -1220,10 +1221,10 @@ class QConv(QEmitter):
                 trl = b.sdiv(tl, const_i64(ntp))
                 tx0 = b.srem(tl, const_i64(ntp))
                 with b.if_then(b.icmp_signed("<", trl, rows)):
-                    m = [[b.load(self._ptr(mbuf, const_i64(((a * 4 + k) * mr + r) * lanes
-                                                           + v * PANEL), V8I32), align=4)
+                    m = [[b.load(self._ptr(mbuf, b.add(rbase, const_i64((a * 4 + k) * mr * lanes
+                                                                        + v * PANEL)), V8I32),
+                                 align=4)
                           for k in range(4)] for a in range(4)]
-                    # the chunk's M sits at mbuf + r * lanes (``gemm``): r is static here
                     s_ = [[b.add(b.add(m[0][j], m[1][j]), m[2][j]) for j in range(4)],
                           [b.sub(b.sub(m[1][j], m[2][j]), m[3][j]) for j in range(4)]]
                     for i in range(2):
@@ -1269,8 +1270,8 @@ class QConv(QEmitter):
                         at = b.add(b.mul(xi, const_i64(mr * lanes)),
                                    const_i64(r * lanes + v * PANEL))
                         b.store(accs[r][v], self._ptr(mbuf, at, V8I32), align=4)
-            for r in range(nrows):
-                output(nb, b.add(oc0, const_i64(r)), r, t0, tr0, rows)
+            with for_range(b, const_i64(0), const_i64(nrows), "wo") as r:   # one copy
+                output(nb, b.add(oc0, r), r, t0, tr0, rows)
 
         with for_range(b, const_i64(0), const_i64(batch), "b") as bi:
             xb = b.gep(buf[x.uid], [b.mul(bi, const_i64(c * h * w))])
