@@ -129,6 +129,11 @@ class CompileOptions:
     # True: for all such weights (for comparison, MLCPACK_INT8_SIGNED_X=1); False: never
     # (MLCPACK_INT8_SIGNED_X=0)
     conv_signed_x: bool | None = None
+    # x86 targets without an int8 dot instruction: 3x3 stride-1 convolutions with full-range
+    # int8 weights (a split share past int8_cost.SPLIT_MAX_SHARE_FLOAT) on the exact integer
+    # Winograd F(2x2, 3x3) kernel (passes/int8_cost.py ``int_winograd``). None: there; True: for
+    # every such layer whatever its weights (MLCPACK_INT8_WINOGRAD=1); False: never (=0)
+    conv_int_winograd: bool | None = None
     # ``--quantize int8`` keeps activations 8-bit between layers (QDQ on conv outputs, ReLU /
     # ReLU6 folded into the quantize, residual adds and MaxPool on bytes: calibrate.py
     # ``_chain_plan``); False: only the int8 layers' inputs are quantized (MLCPACK_INT8_CHAIN=0)
@@ -303,6 +308,8 @@ class CompileOptions:
             env["conv_oc_lanes"] = False
         if environ.get("MLCPACK_INT8_SIGNED_X", "") in ("0", "1"):
             env["conv_signed_x"] = environ["MLCPACK_INT8_SIGNED_X"] == "1"
+        if environ.get("MLCPACK_INT8_WINOGRAD", "") in ("0", "1"):
+            env["conv_int_winograd"] = environ["MLCPACK_INT8_WINOGRAD"] == "1"
         if environ.get("MLCPACK_INT8_CHAIN", "1") == "0":
             env["int8_chain"] = False
         if environ.get("MLCPACK_VNNI_EMULATE", "") == "1":
