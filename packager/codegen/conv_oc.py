@@ -578,7 +578,7 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
         rest one tile at a time at WINO_SINGLE_TILE_COST), plus WINO_TRANSFORM_COST per padded
         tile and input channel for each band a task has items of. Two threads: the tasks the
         runtime posts for the kernel's multiply-adds (``runtime.vm.task_count``), each
-        thread its home range of them."""
+        thread its home range of them, then the other's (``_two_thread_path``)."""
         from ...runtime.vm import task_count
 
         mr = self._tile_rows(min(MAX_TILE_VECTORS, OC_BLOCK // self.vl))
@@ -605,8 +605,8 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
         ntasks = task_count(2, self.n * self.o * self.oh * self.ow * self.k, True)
         nt = min(ntasks, MAX_TASK_REGIONS, n)
         tasks = [cost(items[t * n // nt:(t + 1) * n // nt]) for t in range(nt)]
-        halves = [sum(tasks[:ntasks // 2]), sum(tasks[ntasks // 2:])]
-        return cost(items), max(max(halves), sum(tasks) / 2)
+        tasks += [0.0] * (ntasks - nt)
+        return cost(items), _two_thread_path(tasks)
 
     def _tile_rows(self, nv: int) -> int:
         """Pixels per register tile for a block of ``nv`` weight vectors: accumulators, the
@@ -1397,6 +1397,18 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
                     off = b.add(b.mul(b.add(self._extent(self._product(i, self.row_len)), ox),
                                       const_i64(OC_BLOCK)), c0)
                     b.store(y, self._vec_ptr(self.rowbuf, off), align=4)
+
+
+def _two_thread_path(tasks: list[float]) -> float:
+    """When the later of two threads finishes ``tasks`` (their costs) as the runtime's home
+    ranges run them (codegen/threadpool.py): each thread its half from the bottom, then the
+    other's from the top, the thread that is free first claiming next."""
+    ranges = [list(tasks[:len(tasks) // 2]), list(tasks[len(tasks) // 2:])]
+    clock = [0.0, 0.0]
+    while ranges[0] or ranges[1]:
+        t = 0 if clock[0] <= clock[1] else 1
+        clock[t] += ranges[t].pop(0) if ranges[t] else ranges[1 - t].pop()
+    return max(clock)
 
 
 def _opaque_i64(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
