@@ -32,6 +32,7 @@ from __future__ import annotations
 
 from llvmlite import ir
 
+from ..ir import te
 from ..ir.graph import PrimFunc
 from ..ops.bf16 import CONV_PAIR_KIND
 from .bf16dot import (BF16, BFDOT, DOT_LANES, KIND_LANES, VDPBF16PS, bf16_bits_portable,
@@ -48,6 +49,14 @@ I16 = ir.IntType(16)
 # broadcast; with 16 registers (the widened levels), contraction/geometry.py's AVX2 tiles.
 TILES_32_REGS = ((4, 4, 1.0), (6, 3, 1.0), (8, 2, 1.02), (12, 1, 1.1))
 TILES_16_REGS = ((4, 3, 1.0), (6, 2, 1.02))
+# vdpbf16ps, block rows innermost: after its epilogue each block row prefetches, for the panel
+# this many panels ahead, its rows' output runs (float32 or pair words, for writing) and the
+# runs of every operand its epilogue reads at the output's indices (a residual), and, for a 1x1
+# window, its share of the panel's input words (the pairs ``mb * per`` on, so that the block
+# rows of a panel together fetch all of it): in the network these runs are hundreds of streams
+# a plane apart, more than the hardware prefetcher follows (as contraction/geometry.py
+# EPILOGUE_PREFETCH_PANELS / INPUT_PREFETCH for the float32 1x1s). 0: none.
+DOT_PREFETCH_PANELS = 1
 
 
 def match_conv_pairs(func: PrimFunc) -> Contraction | None:
@@ -105,7 +114,11 @@ class PairConvEmitter(ContractionEmitter):
                                 for i, pad in func.attrs.get("bf16_pairs_read", ())}
         # the output written as pair words for the next bf16 convolution (padded by these)
         self.pairs_out = func.attrs.get("bf16_pairs_out")
-        if (self.pairs_in or self.pairs_out is not None) and not self.dot:
+        # the input as pair words of this padding (passes/bf16_pairs.py: a strided 1x1): the
+        # planes filled from the words, not from float32 values
+        self.pairs_fill = func.attrs.get("bf16_pairs_fill")
+        if (self.pairs_in or self.pairs_out is not None or self.pairs_fill is not None) \
+                and not self.dot:
             raise ValueError("nn.conv2d_bf16p with pair words needs the dot instruction")
 
     def _conv_geometry(self) -> dict:
@@ -178,6 +191,10 @@ class PairConvEmitter(ContractionEmitter):
             task = b.select(b.icmp_signed("<", task, ntasks), task, ntasks)
         with for_range(b, const_i64(0), const_i64(x_t.shape[0]), "n") as n:
             x_img = b.gep(x_ptr, [b.mul(n, const_i64(g["c"] * g["h"] * g["w"]))], inbounds=True)
+            if self.pairs_fill is not None:   # the words of image n (as floats: bits kept)
+                wpt, wpl, wpb, wpr = self.pairs_fill
+                x_img = b.gep(x_ptr, [b.mul(n, const_i64(
+                    g["cp"] * (g["h"] + wpt + wpb) * (g["w"] + wpl + wpr)))], inbounds=True)
             planes = b.gep(planes_all, [b.mul(n, const_i64(image_elems))], inbounds=True)
             if self.pairs_in:
                 planes = b.gep(b.bitcast(x_ptr, I32.as_pointer()),
@@ -334,6 +351,9 @@ class PairConvEmitter(ContractionEmitter):
 
     def _fill_pair_planes(self, g: dict, x_img, planes, u_lo, u_hi) -> None:
         """Plane rows [u_lo, u_hi) of every pair and phase, vl columns at a time."""
+        if self.pairs_fill is not None:
+            self._fill_from_words(g, x_img, planes, u_lo, u_hi)
+            return
         b = self.builder
         vl, wq, sw, w = self.vl, g["wq"], g["sw"], g["w"]
         ny, nx, pstride = g["ny"], g["nx"], g["pstride"]
@@ -377,6 +397,43 @@ class PairConvEmitter(ContractionEmitter):
                                                 b.add(b.mul(u, const_i64(wq)), v0))
                                     self._masked_store(b.gep(planes, [off]), vals[i], self.vty,
                                                        store_mask)
+
+    def _fill_from_words(self, g: dict, x_img, planes, u_lo, u_hi) -> None:
+        """``pairs_fill``: the planes' rows from the input's pair words ([C / 2, H + pt + pb,
+        W + pl + pr] of an image at ``x_img``, the padding ``pairs_fill``), the words of a
+        phase's columns picked as ``_source_vector`` picks values (bits kept: loads and
+        shuffles only); zero words outside the image. A 1x1 window without padding."""
+        b = self.builder
+        vl, wq, sw, w, h = self.vl, g["wq"], g["sw"], g["w"], g["h"]
+        ny, nx, pstride = g["ny"], g["nx"], g["pstride"]
+        wpt, wpl, wpb, wpr = self.pairs_fill
+        wrow = w + wpl + wpr
+        wplane = (h + wpt + wpb) * wrow
+        lanes = ir.Constant(ir.VectorType(ir.IntType(64), vl), list(range(vl)))
+        ivec = ir.VectorType(I32, vl)
+        with for_range(b, const_i64(0), const_i64(g["cp"]), "pj") as j:
+            for py in range(ny):
+                with for_range(b, u_lo, u_hi, "pu") as u:
+                    yy = b.sub(b.add(b.mul(u, const_i64(g["sh"])), const_i64(py)),
+                               const_i64(g["pt"]))
+                    row_ok = b.and_(b.icmp_signed(">=", yy, const_i64(0)),
+                                    b.icmp_signed("<", yy, const_i64(h)))
+                    yyc = b.select(row_ok, yy, const_i64(0))
+                    src = b.add(b.mul(j, const_i64(wplane)),
+                                b.add(b.mul(b.add(yyc, const_i64(wpt)), const_i64(wrow)),
+                                      const_i64(wpl)))
+                    for px in range(nx):
+                        with for_range(b, const_i64(0), const_i64(-(-wq // vl)), "pv") as q:
+                            v0 = b.mul(q, const_i64(vl))
+                            vs = b.add(self._splat_i64(v0), lanes)
+                            store_mask = b.icmp_signed("<", vs, self._splat_i64(const_i64(wq)))
+                            words = b.bitcast(self._source_vector(x_img, src, row_ok, v0, px,
+                                                                  sw, w), ivec)
+                            off = b.add(b.mul(b.add(b.mul(j, const_i64(ny * nx)),
+                                                    const_i64(py * nx + px)),
+                                              const_i64(pstride)),
+                                        b.add(b.mul(u, const_i64(wq)), v0))
+                            self._masked_store(b.gep(planes, [off]), words, ivec, store_mask)
 
     def _splat_i64(self, x: ir.Value) -> ir.Value:
         b = self.builder
@@ -462,6 +519,9 @@ class PairConvEmitter(ContractionEmitter):
 
         if self.dot:
             tile = self._dot_tile(mr, nv, cp, ntaps, rows, w_ptr, planes, plane_offset)
+            if DOT_PREFETCH_PANELS and "panel_nr" not in g and g["panels"] > 1:
+                self._prefetch_ahead(g, n, mb, oc0, b.add(p0, const_i64(DOT_PREFETCH_PANELS * nr)),
+                                     planes)
         else:
             # the block's rows widened once: row i's cp * ntaps * 2 weights at i * per_row
             per_row = cp * ntaps * 2
@@ -488,6 +548,75 @@ class PairConvEmitter(ContractionEmitter):
             steps = [(t, half) for t in range(ntaps) for half in (0, 1)]
             tile = self._microkernel(mr, nv, cp, a_scalar, b_vector, steps)
         self._conv_epilogue(g, self.match.out, n, oc0, oc0, p0, tile)
+
+    def _prefetch_ahead(self, g: dict, n, mb, oc0, p, planes) -> None:
+        """DOT_PREFETCH_PANELS: the lines of the panel at flattened output ``p`` that block
+        row ``mb`` (output channels oc0 ..) will write and read (a line per 16 words and the
+        run's last; outputs past the tensor are prefetched and never used: a prefetch does
+        not fault)."""
+        b = self.builder
+        nr, o, mr, pflat = g["nr"], g["o"], g["mr"], g["pflat"]
+        i8p = ir.IntType(8).as_pointer()
+        fn = intrinsic(self.module, "llvm.prefetch.p0", ir.VoidType(), [i8p, I32, I32, I32])
+        lines = sorted({*range(0, nr, 16), nr - 1})
+
+        def fetch(base, offset, write: int) -> None:
+            ptr = b.bitcast(b.gep(base, [offset]), i8p)
+            b.call(fn, [ptr, ir.Constant(I32, write), ir.Constant(I32, 3), ir.Constant(I32, 1)])
+
+        def run(base, row_start, pad, write: int) -> None:
+            """The run of nr outputs from p of a plane starting at ``row_start`` (a padded
+            plane of pair words: each output at its padded place)."""
+            for d in lines:
+                q = b.add(p, const_i64(d))
+                if pad is None or not any(pad):
+                    fetch(base, b.add(row_start, q), write)
+                else:
+                    pt, pl, _, pr = pad
+                    ow = g["ow"]
+                    at = b.add(b.mul(b.add(b.sdiv(q, const_i64(ow)), const_i64(pt)),
+                                     const_i64(ow + pl + pr)),
+                               b.add(b.srem(q, const_i64(ow)), const_i64(pl)))
+                    fetch(base, b.add(row_start, at), write)
+
+        if g["wq"] == g["ow"]:
+            out = self.match.out
+            operands = [(out, 1)] + [
+                (t, 0) for t in {e.tensor.uid: e.tensor for e in te.reads(self.match.body)
+                                 if tuple(e.tensor.shape) == tuple(out.shape)
+                                 and all(i is a for i, a in zip(e.indices, out.axes))}.values()
+                if t.uid != out.uid]
+            for t, write in operands:
+                pad = self.pairs_out if t is out else self.pair_word_reads.get(t.uid)
+                if pad is None:   # float32 [N, O, OH, OW]: one run per block row
+                    base = self.buffers[t.uid]
+                    for i in range(mr):
+                        ch = b.add(oc0, const_i64(i))
+                        ch = b.select(b.icmp_signed("<", ch, const_i64(o)), ch,
+                                      const_i64(o - 1))
+                        run(base, b.mul(b.add(b.mul(n, const_i64(o)), ch), const_i64(pflat)),
+                            None, write)
+                else:   # pair words [N, O / 2, OH + pt + pb, OW + pl + pr]
+                    pt, pl, pb, pr = pad
+                    plane = (g["oh"] + pt + pb) * (g["ow"] + pl + pr)
+                    base = b.bitcast(self.buffers[t.uid], I32.as_pointer())
+                    for i in range(0, mr, 2):
+                        pair = b.sdiv(b.add(oc0, const_i64(i)), const_i64(2))
+                        pair = b.select(b.icmp_signed("<", pair, const_i64(o // 2)), pair,
+                                        const_i64(o // 2 - 1))
+                        run(base, b.mul(b.add(b.mul(n, const_i64(o // 2)), pair),
+                                        const_i64(plane)), pad, write)
+        if g["kh"] * g["kw"] == 1 and g["sh"] * g["sw"] == 1:
+            # the input words of that panel, pair j at j * pstride + p (the planes or the
+            # pair-word input read in place)
+            mblocks = -(-o // mr)
+            per = -(-g["cp"] // mblocks)
+            k_lo = b.mul(mb, const_i64(per))
+            k_hi = b.add(k_lo, const_i64(per))
+            k_hi = b.select(b.icmp_signed("<", k_hi, const_i64(g["cp"])), k_hi,
+                            const_i64(g["cp"]))
+            with for_range(b, k_lo, k_hi, "pfk") as k:
+                run(planes, b.mul(k, const_i64(g["pstride"])), None, 0)
 
     def _dot_tile(self, mr: int, nv: int, cp: int, ntaps: int, rows, w_ptr, planes,
                   plane_offset) -> ir.Value:
