@@ -296,11 +296,13 @@ def _residual_pairs(mod: IRModule, bindings, uses: Counter, calls: Counter, valu
 def _shared_pairs(mod: IRModule, fn: Function, bindings, uses: Counter, calls: Counter,
                   value: dict, producer: dict) -> None:
     """A tensor still float32 whose every reader is a bf16 convolution's reduction that takes
-    pair words: in place (``_consumer_padding``, all of them the same padding) or through its
-    plane fill (``_fill_reader``: a strided 1x1 on pixel lanes, any padding): a ResNet stage's
-    first block input, read by the block's first convolution and by its downsample. The
-    producer writes the words (the in-place readers' padding, else none); the outputs are bit
-    for bit those without (the same words, made by the producer instead of each reader)."""
+    pair words: in place (``_consumer_padding``) or through its plane fill (``_fill_reader``:
+    a strided 1x1 on pixel lanes, any padding): a ResNet stage's first block input, read by
+    the block's first convolution and by its downsample. The producer writes the words with
+    the largest padding the in-place readers want (none where a pixel-lane 1x1 reads them in
+    place); a channel-lane reader of a smaller padding reads its frame within them
+    (``bf16_pairs_in`` = the words' padding, codegen/conv_oc.py). The outputs are bit for bit
+    those without (the same words, made by the producer instead of each reader)."""
     readers: dict[int, list] = {}
     for b in bindings:
         if isinstance(b.value, CallTIR):
@@ -317,7 +319,7 @@ def _shared_pairs(mod: IRModule, fn: Function, bindings, uses: Counter, calls: C
         pfunc = mod.functions[pcall.func]
         if PAIRS_OUT in pfunc.attrs or not _producer_ok(pfunc):
             continue
-        paddings, fills, ok = set(), [], True
+        own, exact, fills, ok = {}, False, [], True
         for r, i in found:
             rfunc = mod.functions[value[id(r)].func]
             if not isinstance(rfunc, PrimFunc) or PAIRS_IN in rfunc.attrs \
@@ -326,21 +328,24 @@ def _shared_pairs(mod: IRModule, fn: Function, bindings, uses: Counter, calls: C
                 break
             padding = _consumer_padding(rfunc, i)
             if padding is not None:
-                paddings.add(padding)
+                own[id(r)] = padding
+                # the pixel-lane 1x1 reads unpadded words only; the channel-lane kernel
+                # reads its own padding's frame within larger padded words
+                exact = exact or _match(rfunc).kind == "conv2d_bf16p"
             elif _fill_reader(rfunc, i):
                 fills.append(r)
             else:
                 ok = False
                 break
-        if not ok or len(paddings) > 1:
-            continue
-        padding = paddings.pop() if paddings else (0, 0, 0, 0)
-        if not _fits(tuple(pfunc.outputs[0].shape), padding):
+        padding = tuple(max(p[k] for p in own.values()) if own else 0 for k in range(4))
+        if not ok or (exact and any(padding)) \
+                or not _fits(tuple(pfunc.outputs[0].shape), padding):
             continue
         value[id(prod_b)] = _with_attr(mod, pcall, pfunc, calls, PAIRS_OUT, padding)
         for r, _ in found:
             rfunc = mod.functions[value[id(r)].func]
-            key, val = (PAIRS_FILL, padding) if r in fills else (PAIRS_IN, True)
+            key, val = (PAIRS_FILL, padding) if r in fills else \
+                (PAIRS_IN, True if own[id(r)] == padding else padding)
             value[id(r)] = _with_attr(mod, value[id(r)], rfunc, calls, key, val)
 
 

@@ -185,7 +185,9 @@ def _shared():
     padded words) read by a 3x3 stride 2 (channel lanes) and a 1x1 stride 2 (pixel lanes,
     its planes filled from the words) as a basic block's first block; then a 1x1's output
     (15x15, dense words) read by a 1x1 (in place) and a 1x1 stride 2 (filled), as a
-    bottleneck's first block with its downsample. Two images of 64 channels."""
+    bottleneck's first block with its downsample; then a 3x3's output (8x8) read by a 3x3
+    and a 1x1, both stride 2 on channel lanes, the 1x1 within the 3x3's padded words. Two
+    images of 64 channels."""
     from onnx import TensorProto, helper, numpy_helper
 
     rng = np.random.default_rng(6)
@@ -210,10 +212,14 @@ def _shared():
     conv("b1", "b2", 32, 32, 3, s=2)
     conv("b2", "b3", 128, 32, 1, relu=False)
     conv("p", "ds2", 128, 64, 1, s=2, relu=False)
-    nodes.append(helper.make_node("Add", ["b3", "ds2"], ["y"]))
+    nodes.append(helper.make_node("Add", ["b3", "ds2"], ["t"]))
+    conv("t", "q", 64, 128, 3)
+    conv("q", "q1", 64, 64, 3, s=2)
+    conv("q", "ds3", 64, 64, 1, s=2, relu=False)
+    nodes.append(helper.make_node("Add", ["q1", "ds3"], ["y"]))
     graph = helper.make_graph(
         nodes, "shared", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 64, 30, 30])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 128, 8, 8])], inits)
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 64, 4, 4])], inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
     return model
@@ -247,10 +253,13 @@ def test_shared_tensors_take_pair_words():
         ("bf16p2", {"bf16_pairs_out": padded, "bf16_pairs_in": True}),
         ("oc3", {"bf16_pairs_in": True, "bf16_pairs_out": dense}),
         ("bf16p4", {"bf16_pairs_fill": dense}),              # ds2
-        ("bf16p3", {"bf16_pairs_in": True}),
+        ("bf16p3", {"bf16_pairs_in": True, "bf16_pairs_out": padded}),
+        ("oc4", {"bf16_pairs_in": True, "bf16_pairs_out": padded}),   # q: for q1 and ds3
+        ("oc6", {"bf16_pairs_in": padded}),                  # ds3: its frame in q's words
+        ("oc5", {"bf16_pairs_in": True}),
     ]
     off = dict(attrs(bf16_pair_shared=False))
-    assert off["oc"] == off["bf16p"] == off["bf16p4"] == {}
+    assert off["oc"] == off["bf16p"] == off["bf16p4"] == off["oc6"] == {}
     assert off["bf16p1"] == {"bf16_pairs_in": True}
 
 
