@@ -32,7 +32,6 @@ from __future__ import annotations
 
 from llvmlite import ir
 
-from ..ir import te
 from ..ir.graph import PrimFunc
 from ..ops.bf16 import CONV_PAIR_KIND
 from .bf16dot import (BF16, BFDOT, DOT_LANES, KIND_LANES, VDPBF16PS, bf16_bits_portable,
@@ -49,14 +48,6 @@ I16 = ir.IntType(16)
 # broadcast; with 16 registers (the widened levels), contraction/geometry.py's AVX2 tiles.
 TILES_32_REGS = ((4, 4, 1.0), (6, 3, 1.0), (8, 2, 1.02), (12, 1, 1.1))
 TILES_16_REGS = ((4, 3, 1.0), (6, 2, 1.02))
-# vdpbf16ps, block rows innermost: after its epilogue each block row prefetches, for the panel
-# this many panels ahead, its rows' output runs (float32 or pair words, for writing) and the
-# runs of every operand its epilogue reads at the output's indices (a residual), and, for a 1x1
-# window, its share of the panel's input words (the pairs ``mb * per`` on, so that the block
-# rows of a panel together fetch all of it): in the network these runs are hundreds of streams
-# a plane apart, more than the hardware prefetcher follows (as contraction/geometry.py
-# EPILOGUE_PREFETCH_PANELS / INPUT_PREFETCH for the float32 1x1s). 0: none.
-DOT_PREFETCH_PANELS = 1
 
 
 def match_conv_pairs(func: PrimFunc) -> Contraction | None:
@@ -519,9 +510,6 @@ class PairConvEmitter(ContractionEmitter):
 
         if self.dot:
             tile = self._dot_tile(mr, nv, cp, ntaps, rows, w_ptr, planes, plane_offset)
-            if DOT_PREFETCH_PANELS and "panel_nr" not in g and g["panels"] > 1:
-                self._prefetch_ahead(g, n, mb, oc0, b.add(p0, const_i64(DOT_PREFETCH_PANELS * nr)),
-                                     planes)
         else:
             # the block's rows widened once: row i's cp * ntaps * 2 weights at i * per_row
             per_row = cp * ntaps * 2
@@ -548,75 +536,6 @@ class PairConvEmitter(ContractionEmitter):
             steps = [(t, half) for t in range(ntaps) for half in (0, 1)]
             tile = self._microkernel(mr, nv, cp, a_scalar, b_vector, steps)
         self._conv_epilogue(g, self.match.out, n, oc0, oc0, p0, tile)
-
-    def _prefetch_ahead(self, g: dict, n, mb, oc0, p, planes) -> None:
-        """DOT_PREFETCH_PANELS: the lines of the panel at flattened output ``p`` that block
-        row ``mb`` (output channels oc0 ..) will write and read (a line per 16 words and the
-        run's last; outputs past the tensor are prefetched and never used: a prefetch does
-        not fault)."""
-        b = self.builder
-        nr, o, mr, pflat = g["nr"], g["o"], g["mr"], g["pflat"]
-        i8p = ir.IntType(8).as_pointer()
-        fn = intrinsic(self.module, "llvm.prefetch.p0", ir.VoidType(), [i8p, I32, I32, I32])
-        lines = sorted({*range(0, nr, 16), nr - 1})
-
-        def fetch(base, offset, write: int) -> None:
-            ptr = b.bitcast(b.gep(base, [offset]), i8p)
-            b.call(fn, [ptr, ir.Constant(I32, write), ir.Constant(I32, 3), ir.Constant(I32, 1)])
-
-        def run(base, row_start, pad, write: int) -> None:
-            """The run of nr outputs from p of a plane starting at ``row_start`` (a padded
-            plane of pair words: each output at its padded place)."""
-            for d in lines:
-                q = b.add(p, const_i64(d))
-                if pad is None or not any(pad):
-                    fetch(base, b.add(row_start, q), write)
-                else:
-                    pt, pl, _, pr = pad
-                    ow = g["ow"]
-                    at = b.add(b.mul(b.add(b.sdiv(q, const_i64(ow)), const_i64(pt)),
-                                     const_i64(ow + pl + pr)),
-                               b.add(b.srem(q, const_i64(ow)), const_i64(pl)))
-                    fetch(base, b.add(row_start, at), write)
-
-        if g["wq"] == g["ow"]:
-            out = self.match.out
-            operands = [(out, 1)] + [
-                (t, 0) for t in {e.tensor.uid: e.tensor for e in te.reads(self.match.body)
-                                 if tuple(e.tensor.shape) == tuple(out.shape)
-                                 and all(i is a for i, a in zip(e.indices, out.axes))}.values()
-                if t.uid != out.uid]
-            for t, write in operands:
-                pad = self.pairs_out if t is out else self.pair_word_reads.get(t.uid)
-                if pad is None:   # float32 [N, O, OH, OW]: one run per block row
-                    base = self.buffers[t.uid]
-                    for i in range(mr):
-                        ch = b.add(oc0, const_i64(i))
-                        ch = b.select(b.icmp_signed("<", ch, const_i64(o)), ch,
-                                      const_i64(o - 1))
-                        run(base, b.mul(b.add(b.mul(n, const_i64(o)), ch), const_i64(pflat)),
-                            None, write)
-                else:   # pair words [N, O / 2, OH + pt + pb, OW + pl + pr]
-                    pt, pl, pb, pr = pad
-                    plane = (g["oh"] + pt + pb) * (g["ow"] + pl + pr)
-                    base = b.bitcast(self.buffers[t.uid], I32.as_pointer())
-                    for i in range(0, mr, 2):
-                        pair = b.sdiv(b.add(oc0, const_i64(i)), const_i64(2))
-                        pair = b.select(b.icmp_signed("<", pair, const_i64(o // 2)), pair,
-                                        const_i64(o // 2 - 1))
-                        run(base, b.mul(b.add(b.mul(n, const_i64(o // 2)), pair),
-                                        const_i64(plane)), pad, write)
-        if g["kh"] * g["kw"] == 1 and g["sh"] * g["sw"] == 1:
-            # the input words of that panel, pair j at j * pstride + p (the planes or the
-            # pair-word input read in place)
-            mblocks = -(-o // mr)
-            per = -(-g["cp"] // mblocks)
-            k_lo = b.mul(mb, const_i64(per))
-            k_hi = b.add(k_lo, const_i64(per))
-            k_hi = b.select(b.icmp_signed("<", k_hi, const_i64(g["cp"])), k_hi,
-                            const_i64(g["cp"]))
-            with for_range(b, k_lo, k_hi, "pfk") as k:
-                run(planes, b.mul(k, const_i64(g["pstride"])), None, 0)
 
     def _dot_tile(self, mr: int, nv: int, cp: int, ntaps: int, rows, w_ptr, planes,
                   plane_offset) -> ir.Value:
