@@ -47,15 +47,28 @@ I16 = ir.IntType(16)
 # output): with AVX-512's 32 registers, up to 24 accumulators beside the nv pixel vectors and a
 # broadcast; with 16 registers (the widened levels), contraction/geometry.py's AVX2 tiles.
 TILES_32_REGS = ((4, 4, 1.0), (6, 3, 1.0), (8, 2, 1.02), (12, 1, 1.1))
+DOT_8X3_COST = 0.95
 TILES_16_REGS = ((4, 3, 1.0), (6, 2, 1.02))
+# vdpbf16ps (the dot path) on planes of DOT_8X3_PIXELS output pixels (above the first, up to the
+# second) also: 8 x 3
+# (24 accumulators, 3 pixel vectors, the broadcast: 8 broadcasts and 3 loads per 24
+# vdpbf16ps, where 8 x 2 takes 10 per 16 and 4 x 4 8 per 16). ResNet-50 in the network, 1
+# thread, kernel CPU minima: its 1x1s at 28x28 0.95-0.98x; at 56x56 0.97-1.03x (level, kept on
+# 4 x 4); at 14x14 the 1024 -> 256 and 1024 -> 512 0.97x but the 256 -> 1024 with a pair-word
+# residual 1.10-1.15x (not understood: the next panel's output prefetch slowed the same five
+# by 1.2x), hence not there (docs/performance.md).
+TILES_DOT = TILES_32_REGS + ((8, 3, DOT_8X3_COST),)
+DOT_8X3_PIXELS = (14 * 14, 28 * 28)
 
 
 def match_conv_pairs(func: PrimFunc) -> Contraction | None:
     return match_contraction(func, kinds=(CONV_PAIR_KIND,))
 
 
-def pair_conv_geometry(x_shape, wp_shape, out_shape, strides, padding, vl: int) -> dict:
-    """The plane layout and register tile of a ``conv2d_bf16p`` for vectors of ``vl`` lanes."""
+def pair_conv_geometry(x_shape, wp_shape, out_shape, strides, padding, vl: int,
+                       dot: bool = False) -> dict:
+    """The plane layout and register tile of a ``conv2d_bf16p`` for vectors of ``vl`` lanes
+    (``dot``: vdpbf16ps's tiles)."""
     _, c, h, w = x_shape
     o, cp, kh, kw, _ = wp_shape
     oh, ow = out_shape[2:]
@@ -66,7 +79,9 @@ def pair_conv_geometry(x_shape, wp_shape, out_shape, strides, padding, vl: int) 
     wq = max(-(-(w + pl + pr) // sw), ow + (kw - 1) // sw)
     pflat = oh * wq
     best = None
-    for mr, nv, eff in TILES_32_REGS if vl == 16 else TILES_16_REGS:
+    tiles = TILES_DOT if dot and DOT_8X3_PIXELS[0] < oh * ow <= DOT_8X3_PIXELS[1] \
+        else TILES_32_REGS
+    for mr, nv, eff in tiles if vl == 16 else TILES_16_REGS:
         mr = min(mr, o)
         nr = nv * vl
         cost = -(-o // mr) * mr * -(-pflat // nr) * nr * eff
@@ -117,7 +132,8 @@ class PairConvEmitter(ContractionEmitter):
             x, wp = self.match.tag.operands
             attrs = self.match.tag.attrs
             self._geom_cache = pair_conv_geometry(x.shape, wp.shape, self.match.out.shape,
-                                                  attrs["strides"], attrs["padding"], self.vl)
+                                                  attrs["strides"], attrs["padding"], self.vl,
+                                                  dot=self.dot)
             if self.pairs_in:   # (a 1x1 window: no shifted reads; wq = w)
                 g = self._geom_cache
                 g.update(rows=g["h"], pstride=g["h"] * g["w"], plane_elems=0)
