@@ -83,6 +83,11 @@ class CompileOptions:
     # bf16 convolution's epilogue (a ResNet block's output) as pair words too, the residual
     # widened from bf16 (outputs change, within the bf16 guard); False: such tensors float32
     bf16_pair_residuals: bool = True
+    # with it: a tensor read by several bf16 convolutions' reductions (a ResNet stage's first
+    # block input: the block's first convolution and its downsample) as pair words too, read
+    # in place or, by a strided 1x1 on pixel lanes, through its plane fill (bit for bit the
+    # same outputs); False: such tensors float32
+    bf16_pair_shared: bool = True
     # test only: the vdpbf16ps matmul's and convolution's data path (packing, loop order) with
     # vcvtne2ps2bf16 and vdpbf16ps written in portable IR (float32 FMAs, exact on normal
     # values), on any target: runs it on a CPU without avx512_bf16 (codegen/bf16dot.py,

@@ -273,6 +273,11 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
         # the band copy would make (zero-padded: no copy), the output is written as the words
         # (padded by ``pairs_out``) that the next bf16 convolution reads
         self.pairs_in = bool(self.func.attrs.get("bf16_pairs_in"))
+        # the words' padding: the convolution's own, or (a tensor other readers read too) a
+        # larger one, read from its offset (the padded words past the own padding not read)
+        words_pad = self.func.attrs.get("bf16_pairs_in")
+        self.words_pad = tuple(words_pad) if isinstance(words_pad, (tuple, list)) \
+            else (self.pt, self.pl, pb, pr)
         self.pairs_out = self.func.attrs.get("bf16_pairs_out")
         # epilogue operands (a residual) held as pair words, by padding
         self.pair_word_reads = {self.func.inputs[i].uid: tuple(pad)
@@ -311,10 +316,13 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
         self.plane_floats = self.band_in * self.wpc if self.copy else self.h * self.w
         self.image_elems = self.c * self.h * self.w
         if self.pairs_in:   # the input as the padded pair words, read in place
-            self.wpc = self.w + self.pl + pr
-            self.band_in = self.h + self.pt + pb
+            wpt, wpl, wpb, wpr = self.words_pad
+            self.wpc = self.w + wpl + wpr
+            self.band_in = self.h + wpt + wpb
             self.plane_floats = self.band_in * self.wpc
             self.image_elems = self.cp * self.plane_floats
+            # the own padding's first row and column within the words' planes
+            self.words_origin = (wpt - self.pt) * self.wpc + (wpl - self.pl)
         plane_region = self.c * self.plane_floats + 16 if self.copy else 0
         # the last row's last transpose reads up to vl - 1 pixels past the group's end
         self.rowbuf_floats = (self.rows * self.ow + max(8, self.vl)) * OC_BLOCK
@@ -661,6 +669,8 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
                     planes, row0 = region, oy_lo   # plane row 0 is output row oy_lo's first
                 else:
                     planes, row0 = x_img, const_i64(0)
+                    if self.pairs_in and self.words_origin:
+                        planes = b.gep(x_img, [const_i64(self.words_origin)])
                 self._emit_block(nb, blk, oy_lo, planes, row0)
 
     def _copy_band(self, x_img: ir.Value, oy_lo: ir.Value, region: ir.Value) -> None:
