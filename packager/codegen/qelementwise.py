@@ -67,14 +67,26 @@ def emit_qelementwise(module: ir.Module, func: PrimFunc, symbol: str, vl: int,
 
 
 def emit_qelementwise_sized(module: ir.Module, func: PrimFunc, symbol: str, vl: int,
-                            size_vars: tuple[str, ...]) -> KernelInfo | None:
+                            size_vars: tuple[str, ...],
+                            options: SplitThresholds = DEFAULTS) -> KernelInfo | None:
     """The ``lut8`` kernel with run-time extents (batch and image sizes open, the table's
     axis static: QDQ files whose image size stays open), or ``qtable``'s (``codegen/
-    qtable.py``); None for anything else."""
+    qtable.py``); on AVX2 also a float32 tensor's ``quantize`` and an 8-bit tensor's
+    ``dequantize`` (one scale and zero point each, ``_QConvertSized``); None for anything
+    else."""
     avx2 = module.triple.startswith("x86_64") and vl >= 8
     tag = match_qtable(func)
     if tag is not None:
         return QTableEmitter(module, func, symbol, tag, avx2, size_vars).emit()
+    if avx2:
+        qdtype = match_quantize(func, symbolic=True)
+        kind = "quantize" if qdtype is not None else None
+        if kind is None:
+            qdtype = match_dequantize(func)
+            kind = "dequantize" if qdtype is not None else None
+        if kind is not None:
+            return _QConvertSized(module, func, symbol, _TableTag(qdtype, -1), avx2,
+                                  size_vars).emit(kind, options.parallel_min_outputs)
     table = match_lut8(func, symbolic=True)
     if table is None:
         return None
@@ -114,18 +126,19 @@ def match_lut8(func: PrimFunc, symbolic: bool = False) -> int | None:
     return None
 
 
-def match_quantize(func: PrimFunc) -> str | None:
+def match_quantize(func: PrimFunc, symbolic: bool = False) -> str | None:
     """The output dtype when ``func`` is exactly ops/quant.py's ``quantize`` of a float32
-    tensor of static shape to int8 / uint8 with one scale and one zero point:
-    ``cast(min(max(round(x / s) + float(z), lo), hi))``, or ``round(x)`` (``unit_scale``)."""
+    tensor of static shape (``symbolic``: of run-time extents) to int8 / uint8 with one scale
+    and one zero point: ``cast(min(max(round(x / s) + float(z), lo), hi))``, or ``round(x)``
+    (``unit_scale``)."""
     if len(func.inputs) != 3 or len(func.outputs) != 1:
         return None
     x, s, z = func.inputs
     out = func.outputs[0]
     if (x.dtype != "float32" or s.dtype != "float32" or z.dtype not in ("int8", "uint8")
             or out.dtype != z.dtype or tuple(out.shape) != tuple(x.shape)
-            or any(not isinstance(d, int) for d in x.shape)
-            or math.prod(s.shape) != 1 or math.prod(z.shape) != 1):
+            or symbolic == all(isinstance(d, int) for d in x.shape)
+            or product(s.shape) != 1 or product(z.shape) != 1):
         return None
     lo, hi = saturation_range(z.dtype)
     e = out.body
@@ -154,6 +167,39 @@ def match_quantize(func: PrimFunc) -> str | None:
             and tuple(x_read.indices) == tuple(out.axes)):
         return None
     return z.dtype
+
+
+def match_dequantize(func: PrimFunc) -> str | None:
+    """The input dtype when ``func`` is exactly ops/quant.py's ``dequantize`` of an int8 /
+    uint8 tensor of run-time extents to float32 with one scale and one zero point:
+    ``float32(x - z) * s``, the difference exact in float32."""
+    if len(func.inputs) != 3 or len(func.outputs) != 1:
+        return None
+    x, s, z = func.inputs
+    out = func.outputs[0]
+    if (x.dtype not in ("int8", "uint8") or z.dtype != x.dtype or s.dtype != "float32"
+            or out.dtype != "float32" or tuple(out.shape) != tuple(x.shape)
+            or all(isinstance(d, int) for d in x.shape)
+            or product(s.shape) != 1 or product(z.shape) != 1):
+        return None
+    e = out.body
+    if not (isinstance(e, te.Binary) and e.op == "mul" and isinstance(e.b, te.Read)
+            and e.b.tensor.uid == s.uid):
+        return None
+    e = e.a
+    if isinstance(e, te.Cast) and e.dtype == "float32":
+        e = e.value
+    # the difference in float32 (ops/quant.py ``_wide``) or int32: exact either way
+    if not (isinstance(e, te.Binary) and e.op == "sub" and isinstance(e.a, te.Cast)
+            and e.a.dtype in ("float32", "int32") and isinstance(e.b, te.Cast)
+            and e.b.dtype == e.a.dtype and isinstance(e.b.value, te.Read)
+            and e.b.value.tensor.uid == z.uid):
+        return None
+    x_read = e.a.value
+    if not (isinstance(x_read, te.Read) and x_read.tensor.uid == x.uid
+            and tuple(x_read.indices) == tuple(out.axes)):
+        return None
+    return x.dtype
 
 
 def _divides(func: PrimFunc) -> bool:
@@ -491,3 +537,89 @@ class _QQuantize(_QVector):
                                          ir.Constant(I32, j))
                 f = b.fdiv(v, s_v) if _divides(self.func) else v
             self._store([f], yb, const_i64(k), lanes)
+
+
+class _QConvertSized(_QVector):
+    """``quantize`` (float32 to 8 bits) or ``dequantize`` (8 bits to float32) of run-time
+    extents on AVX2, 32 values a step: the quantize as ``_QQuantize`` (``vdivps`` unless
+    ``unit_scale``, clamp, ``vcvtps2dq``, + z, saturating packs into one 32-byte store), the
+    dequantize 32 bytes widened (``vpmovzxbd`` / ``vpmovsxbd``), minus z in int32, converted
+    and times s in float32 (the reference's operations in its order, so both equal the
+    generic loop nest bit for bit). The tensor walked flat, its 32-value steps split between
+    tasks where the generic loop nest of the other levels splits (its static extents at least
+    ``parallel_min_outputs / 8``: a bundle's levels agree on every kernel's signature), the last
+    task taking the tail; the last values (fewer than 32) through a staging buffer."""
+
+    def emit(self, kind: str, parallel_min_outputs: int) -> KernelInfo:
+        x, s, z = self.func.inputs
+        y = self.func.outputs[0]
+        shape = tuple(x.shape)
+        static = product([d for d in shape if isinstance(d, int)])
+        parallel = static >= parallel_min_outputs // 8
+        body_fn, ptr_types, n_ptrs, _ = self._start(0)
+        b = self.builder
+        buf = self.buffers
+        xb, yb = buf[x.uid], buf[y.uid]
+        self.kind = kind
+        self.s_v = self._splat(b.load(buf[s.uid]), V8F32)
+        zp = self._widen(b.load(buf[z.uid]), z.dtype)
+        self.zp_i = self._splat(zp, V8I32)
+        self.y_zp = self._splat(b.sitofp(zp, F32), V8F32)
+        self.divides = kind == "quantize" and _divides(self.func)
+        in_ty, out_ty = (F32, I8) if kind == "quantize" else (I8, F32)
+        self.stage_in = b.bitcast(alloca_once(b, ir.ArrayType(in_ty, 32), "stage_in"),
+                                  in_ty.as_pointer())
+        self.stage_out = b.bitcast(alloca_once(b, ir.ArrayType(out_ty, 32), "stage_out"),
+                                   out_ty.as_pointer())
+        total = self._dim_value(product(shape))
+        chunks = b.sdiv(total, const_i64(32))
+        lo, hi, last = const_i64(0), chunks, None
+        if parallel:
+            task, ntasks = body_fn.args[n_ptrs], body_fn.args[n_ptrs + 1]
+            lo = b.sdiv(b.mul(task, chunks), ntasks)
+            hi = b.sdiv(b.mul(b.add(task, const_i64(1)), chunks), ntasks)
+            last = b.icmp_signed("==", b.add(task, const_i64(1)), ntasks)
+        with for_range(b, lo, hi, "cv") as i:
+            at = b.mul(i, const_i64(32))
+            self._chunk(b.gep(xb, [at]), b.gep(yb, [at]))
+        start = b.mul(chunks, const_i64(32))
+        if last is None:
+            self._tail(xb, yb, start, total, in_ty)
+        else:
+            with b.if_then(last):
+                self._tail(xb, yb, start, total, in_ty)
+        info = self._finish(body_fn, n_ptrs, ptr_types, 0, parallel)
+        return dataclasses.replace(info, symbolic=True, choice=kind)
+
+    def _chunk(self, src: ir.Value, dst: ir.Value) -> None:
+        """32 values from ``src`` to ``dst``."""
+        b = self.builder
+        if self.kind == "quantize":
+            qs = []
+            for k in range(4):
+                v = b.load(self._ptr(src, k * VL, V8F32), align=4)
+                if self.divides:
+                    v = b.fdiv(v, self.s_v)
+                qs.append(self._requant_int(v, None, wide=True))
+            packed = self._pack(qs)
+            b.store(packed, self._ptr(dst, 0, packed.type), align=1)
+            return
+        for k in range(4):
+            v = self._widen_vec(b.load(self._ptr(src, k * VL, V8I8), align=1), self.dtype)
+            f = b.fmul(b.sitofp(b.sub(v, self.zp_i), V8F32), self.s_v)
+            b.store(f, self._ptr(dst, k * VL, V8F32), align=4)
+
+    def _tail(self, xb: ir.Value, yb: ir.Value, start: ir.Value, stop: ir.Value,
+              in_ty: ir.Type) -> None:
+        """Values ``start`` .. ``stop`` (fewer than 32): copied into the staging buffer (the
+        rest zero), one step, copied out."""
+        b = self.builder
+        n = b.sub(stop, start)
+        with b.if_then(b.icmp_signed(">", n, const_i64(0))):
+            with for_range(b, const_i64(0), const_i64(32), "tz") as j:
+                b.store(ir.Constant(in_ty, 0), b.gep(self.stage_in, [j]))
+            with for_range(b, const_i64(0), n, "ti") as j:
+                b.store(b.load(b.gep(xb, [b.add(start, j)])), b.gep(self.stage_in, [j]))
+            self._chunk(self.stage_in, self.stage_out)
+            with for_range(b, const_i64(0), n, "to") as j:
+                b.store(b.load(b.gep(self.stage_out, [j])), b.gep(yb, [b.add(start, j)]))
