@@ -71,9 +71,9 @@ def emit_qelementwise_sized(module: ir.Module, func: PrimFunc, symbol: str, vl: 
                             options: SplitThresholds = DEFAULTS) -> KernelInfo | None:
     """The ``lut8`` kernel with run-time extents (batch and image sizes open, the table's
     axis static: QDQ files whose image size stays open), or ``qtable``'s (``codegen/
-    qtable.py``); on AVX2 also a float32 tensor's ``quantize`` and an 8-bit tensor's
-    ``dequantize`` (one scale and zero point each, ``_QConvertSized``); None for anything
-    else."""
+    qtable.py``); on AVX2 also a float32 tensor's ``quantize`` (after a squeeze-and-excitation
+    gate's multiply too) and an 8-bit tensor's ``dequantize`` (one scale and zero point each,
+    ``_QConvertSized``); None for anything else."""
     avx2 = module.triple.startswith("x86_64") and vl >= 8
     tag = match_qtable(func)
     if tag is not None:
@@ -87,6 +87,11 @@ def emit_qelementwise_sized(module: ir.Module, func: PrimFunc, symbol: str, vl: 
         if kind is not None:
             return _QConvertSized(module, func, symbol, _TableTag(qdtype, -1), avx2,
                                   size_vars).emit(kind, options.parallel_min_outputs)
+        gated = match_gated_quantize(func)
+        if gated is not None:
+            return _QConvertSized(module, func, symbol, _TableTag(gated[0], -1), avx2,
+                                  size_vars).emit_gated(gated[1], gated[2],
+                                                        options.parallel_min_outputs)
     table = match_lut8(func, symbolic=True)
     if table is None:
         return None
@@ -140,6 +145,17 @@ def match_quantize(func: PrimFunc, symbolic: bool = False) -> str | None:
             or symbolic == all(isinstance(d, int) for d in x.shape)
             or product(s.shape) != 1 or product(z.shape) != 1):
         return None
+    x_read = _quantized_read(out, s, z)
+    if not (isinstance(x_read, te.Read) and x_read.tensor.uid == x.uid
+            and tuple(x_read.indices) == tuple(out.axes)):
+        return None
+    return z.dtype
+
+
+def _quantized_read(out: te.Tensor, s: te.Tensor, z: te.Tensor) -> te.Expr | None:
+    """What ``out`` quantizes when its body is ops/quant.py's ``quantize`` with the scale
+    ``s`` and zero point ``z`` (``cast(min(max(round(v / s) + float(z), lo), hi))``, or
+    ``round(v)``): the expression v, else None."""
     lo, hi = saturation_range(z.dtype)
     e = out.body
     if not (isinstance(e, te.Cast) and e.dtype == z.dtype):
@@ -157,16 +173,50 @@ def match_quantize(func: PrimFunc, symbolic: bool = False) -> str | None:
         return None
     q = e.a.arg
     if isinstance(q, te.Read):   # unit_scale: x itself (passes/fuse_qdq.py's float32-exact chains)
-        x_read = q
-    elif (isinstance(q, te.Binary) and q.op == "div" and isinstance(q.b, te.Read)
-          and q.b.tensor.uid == s.uid):
-        x_read = q.a
-    else:
+        return q
+    if (isinstance(q, te.Binary) and q.op == "div" and isinstance(q.b, te.Read)
+            and q.b.tensor.uid == s.uid):
+        return q.a
+    return None
+
+
+def match_gated_quantize(func: PrimFunc) -> tuple[str, int, int] | None:
+    """(the output dtype, y's and the gate's input positions) when ``func`` is ``quantize(y *
+    gate)`` (what ``fuse_ops`` makes of a squeeze-and-excitation multiply read by a quantize
+    alone) of float32 y [N, C, H, W] with run-time extents and a float32 gate [N, C, 1, 1],
+    one scale and one zero point."""
+    if len(func.inputs) != 4 or len(func.outputs) != 1:
         return None
-    if not (isinstance(x_read, te.Read) and x_read.tensor.uid == x.uid
+    out = func.outputs[0]
+    ones = [t for t in func.inputs if product(t.shape) == 1]
+    s = next((t for t in ones if t.dtype == "float32"), None)
+    z = next((t for t in ones if t.dtype in ("int8", "uint8")), None)
+    if (s is None or z is None or out.dtype != z.dtype or len(out.shape) != 4
+            or all(isinstance(d, int) for d in out.shape)):
+        return None
+    x_read = _quantized_read(out, s, z)
+    if not (isinstance(x_read, te.Read) and x_read.tensor.body is not None
             and tuple(x_read.indices) == tuple(out.axes)):
         return None
-    return z.dtype
+    stage = x_read.tensor
+    m = stage.body
+    if not (isinstance(m, te.Binary) and m.op == "mul" and isinstance(m.a, te.Read)
+            and isinstance(m.b, te.Read)):
+        return None
+    ax = tuple(stage.axes)
+    for yr, gr in ((m.a, m.b), (m.b, m.a)):
+        y, g = yr.tensor, gr.tensor
+        if not (y.is_placeholder and g.is_placeholder and y.dtype == g.dtype == "float32"
+                and tuple(y.shape) == tuple(out.shape) and tuple(yr.indices) == ax
+                and len(g.shape) == 4 and tuple(g.shape[:2]) == tuple(y.shape[:2])
+                and tuple(g.shape[2:]) == (1, 1) and len(gr.indices) == 4
+                and tuple(gr.indices[:2]) == ax[:2]
+                and all(isinstance(i, te.Const) and i.value == 0 for i in gr.indices[2:])):
+            continue
+        uids = [t.uid for t in func.inputs]
+        if y.uid in uids and g.uid in uids:
+            return z.dtype, uids.index(y.uid), uids.index(g.uid)
+    return None
 
 
 def match_dequantize(func: PrimFunc) -> str | None:
@@ -550,6 +600,8 @@ class _QConvertSized(_QVector):
     ``parallel_min_outputs / 8``: a bundle's levels agree on every kernel's signature), the last
     task taking the tail; the last values (fewer than 32) through a staging buffer."""
 
+    g_v = None
+
     def emit(self, kind: str, parallel_min_outputs: int) -> KernelInfo:
         x, s, z = self.func.inputs
         y = self.func.outputs[0]
@@ -560,17 +612,8 @@ class _QConvertSized(_QVector):
         b = self.builder
         buf = self.buffers
         xb, yb = buf[x.uid], buf[y.uid]
-        self.kind = kind
-        self.s_v = self._splat(b.load(buf[s.uid]), V8F32)
-        zp = self._widen(b.load(buf[z.uid]), z.dtype)
-        self.zp_i = self._splat(zp, V8I32)
-        self.y_zp = self._splat(b.sitofp(zp, F32), V8F32)
-        self.divides = kind == "quantize" and _divides(self.func)
-        in_ty, out_ty = (F32, I8) if kind == "quantize" else (I8, F32)
-        self.stage_in = b.bitcast(alloca_once(b, ir.ArrayType(in_ty, 32), "stage_in"),
-                                  in_ty.as_pointer())
-        self.stage_out = b.bitcast(alloca_once(b, ir.ArrayType(out_ty, 32), "stage_out"),
-                                   out_ty.as_pointer())
+        self._constants(kind, s, z)
+        in_ty = F32 if kind == "quantize" else I8
         total = self._dim_value(product(shape))
         chunks = b.sdiv(total, const_i64(32))
         lo, hi, last = const_i64(0), chunks, None
@@ -591,6 +634,57 @@ class _QConvertSized(_QVector):
         info = self._finish(body_fn, n_ptrs, ptr_types, 0, parallel)
         return dataclasses.replace(info, symbolic=True, choice=kind)
 
+    def emit_gated(self, y_at: int, g_at: int, parallel_min_outputs: int) -> KernelInfo:
+        """``quantize(y * gate)`` (``match_gated_quantize``): rows of N * C, each value times
+        its row's gate (``vmulps``, the reference's float32 product) before the quantize,
+        rows split between tasks where the generic loop nest's split would be."""
+        x, g = self.func.inputs[y_at], self.func.inputs[g_at]
+        s, z = (t for i, t in enumerate(self.func.inputs) if i not in (y_at, g_at))
+        if s.dtype != "float32":
+            s, z = z, s
+        y = self.func.outputs[0]
+        shape = tuple(y.shape)
+        static = product([d for d in shape if isinstance(d, int)])
+        parallel = static >= parallel_min_outputs // 8
+        body_fn, ptr_types, n_ptrs, _ = self._start(0)
+        b = self.builder
+        buf = self.buffers
+        xb, yb, gb = buf[x.uid], buf[y.uid], buf[g.uid]
+        self._constants("quantize", s, z)
+        rows = self._dim_value(product(shape[:2]))
+        inner = self._dim_value(product(shape[2:]))
+        lo, hi = const_i64(0), rows
+        if parallel:
+            task, ntasks = body_fn.args[n_ptrs], body_fn.args[n_ptrs + 1]
+            lo = b.sdiv(b.mul(task, rows), ntasks)
+            hi = b.sdiv(b.mul(b.add(task, const_i64(1)), rows), ntasks)
+        chunks = b.sdiv(inner, const_i64(32))
+        with for_range(b, lo, hi, "row") as r:
+            base = b.mul(r, inner)
+            self.g_v = self._splat(b.load(b.gep(gb, [r])), V8F32)
+            with for_range(b, const_i64(0), chunks, "cv") as i:
+                at = b.add(base, b.mul(i, const_i64(32)))
+                self._chunk(b.gep(xb, [at]), b.gep(yb, [at]))
+            self._tail(xb, yb, b.add(base, b.mul(chunks, const_i64(32))), b.add(base, inner),
+                       F32)
+        info = self._finish(body_fn, n_ptrs, ptr_types, 0, parallel)
+        return dataclasses.replace(info, symbolic=True, choice="gate, quantize")
+
+    def _constants(self, kind: str, s, z) -> None:
+        b = self.builder
+        buf = self.buffers
+        self.kind = kind
+        self.s_v = self._splat(b.load(buf[s.uid]), V8F32)
+        zp = self._widen(b.load(buf[z.uid]), z.dtype)
+        self.zp_i = self._splat(zp, V8I32)
+        self.y_zp = self._splat(b.sitofp(zp, F32), V8F32)
+        self.divides = kind == "quantize" and _divides(self.func)
+        in_ty, out_ty = (F32, I8) if kind == "quantize" else (I8, F32)
+        self.stage_in = b.bitcast(alloca_once(b, ir.ArrayType(in_ty, 32), "stage_in"),
+                                  in_ty.as_pointer())
+        self.stage_out = b.bitcast(alloca_once(b, ir.ArrayType(out_ty, 32), "stage_out"),
+                                   out_ty.as_pointer())
+
     def _chunk(self, src: ir.Value, dst: ir.Value) -> None:
         """32 values from ``src`` to ``dst``."""
         b = self.builder
@@ -598,6 +692,8 @@ class _QConvertSized(_QVector):
             qs = []
             for k in range(4):
                 v = b.load(self._ptr(src, k * VL, V8F32), align=4)
+                if self.g_v is not None:
+                    v = b.fmul(v, self.g_v)
                 if self.divides:
                     v = b.fdiv(v, self.s_v)
                 qs.append(self._requant_int(v, None, wide=True))

@@ -4,7 +4,8 @@ with open image sizes run between a float convolution and an integer kernel (the
 classifier's expand 1x1 before its table and integer depthwise, the table's bytes before the
 squeeze-and-excitation mean). A QDQ graph with batch, height and width open: q = Q(x), a Relu
 between Q/DQ (a lut8 table of q) read twice, once dequantized (a dequantize kernel) and once
-through a MaxPool on bytes; with 8 channels (one task) and 2064 (split between tasks, as the
+through a MaxPool on bytes, and times a gate [N, C, 1, 1] before a quantize (the
+squeeze-and-excitation multiply: a "gate, quantize" kernel) and a MaxPool; with 8 channels (one task) and 2064 (split between tasks, as the
 generic loop nest of the v2 level splits), uint8 and int8. x86-64-v2 and x86-64-v3 (a bundle
 each: the header's kernel table names one level's kernels), features pinned, at sizes whose
 element counts leave tails past the last 32 values, values at and beside the rounding ties, on
@@ -65,15 +66,29 @@ def _branches(path: Path) -> Path:
                                   [f"pq_{t}"]),
                       h.make_node("DequantizeLinear", [f"pq_{t}", f"s2_{t}", f"z2_{t}"],
                                   [f"yp_{t}"])]
+            # the squeeze-and-excitation multiply read by a quantize alone, then bytes
+            nodes += [h.make_node("Mul", [f"y_{t}", f"g{i}"], [f"m_{t}"]),
+                      h.make_node("QuantizeLinear", [f"m_{t}", f"s_{t}", f"z_{t}"], [f"mq_{t}"]),
+                      h.make_node("DequantizeLinear", [f"mq_{t}", f"s_{t}", f"z_{t}"],
+                                  [f"md_{t}"]),
+                      h.make_node("MaxPool", [f"md_{t}"], [f"mp_{t}"], kernel_shape=[2, 2],
+                                  strides=[2, 2]),
+                      h.make_node("QuantizeLinear", [f"mp_{t}", f"s_{t}", f"z_{t}"],
+                                  [f"mpq_{t}"]),
+                      h.make_node("DequantizeLinear", [f"mpq_{t}", f"s_{t}", f"z_{t}"],
+                                  [f"ym_{t}"])]
             outs += [h.make_tensor_value_info(f"y_{t}", T.FLOAT, None),
-                     h.make_tensor_value_info(f"yp_{t}", T.FLOAT, None)]
+                     h.make_tensor_value_info(f"yp_{t}", T.FLOAT, None),
+                     h.make_tensor_value_info(f"ym_{t}", T.FLOAT, None)]
     ins = [h.make_tensor_value_info(f"x{i}", T.FLOAT, ["N", c, "H", "W"])
            for i, c in enumerate(CHANNELS)]
+    ins += [h.make_tensor_value_info(f"g{i}", T.FLOAT, ["N", c, 1, 1])
+            for i, c in enumerate(CHANNELS)]
     return qm._save(nodes, ins, outs, inits, path)
 
 
-def _exact(x: np.ndarray, key: str) -> tuple[np.ndarray, np.ndarray]:
-    """(y, yp) of a branch in exact float32 numpy (ONNX's definitions)."""
+def _exact(x: np.ndarray, g: np.ndarray, key: str) -> tuple[np.ndarray, ...]:
+    """(y, yp, ym) of a branch in exact float32 numpy (ONNX's definitions)."""
     f = np.float32
 
     def q(v, s, z):
@@ -84,11 +99,14 @@ def _exact(x: np.ndarray, key: str) -> tuple[np.ndarray, np.ndarray]:
         return ((v.astype(f) - f(z)) * s).astype(f)
 
     (s, z), (s2, z2) = QUANT[key], S2[key]
+    def pool(v):
+        n, c, hh, ww = v.shape
+        oh, ow = hh // 2, ww // 2
+        return v[:, :, :2 * oh, :2 * ow].reshape(n, c, oh, 2, ow, 2).max(axis=(3, 5))
+
     q2 = q(np.maximum(dq(q(x, s, z), s, z), f(0)), s2, z2)
-    n, c, hh, ww = q2.shape
-    oh, ow = hh // 2, ww // 2
-    p = q2[:, :, :2 * oh, :2 * ow].reshape(n, c, oh, 2, ow, 2).max(axis=(3, 5))
-    return dq(q2, s2, z2), dq(p, s2, z2)
+    y = dq(q2, s2, z2)
+    return y, dq(pool(q2), s2, z2), dq(pool(q((y * g).astype(f), s, z)), s, z)
 
 
 @pytest.fixture(scope="module")
@@ -113,9 +131,10 @@ def test_quantize_dequantize_with_run_time_extents(source, level: str, monkeypat
         with load(path, threads=threads) as model:
             kinds = [k.kernel for k in model.schema.plan.kernels]
             if level == "x86-64-v3":
-                assert kinds.count("quantize") == 4 and kinds.count("dequantize") == 4, kinds
+                assert (kinds.count("quantize") == 4 and kinds.count("dequantize") == 4
+                        and kinds.count("gate, quantize") == 4), kinds
                 split = {k.parallel for k in model.schema.plan.kernels
-                         if k.kernel in ("quantize", "dequantize")}
+                         if k.kernel in ("quantize", "dequantize", "gate, quantize")}
                 assert split == {False, True}, split
             for n, hh, ww in SIZES:
                 feed = {}
@@ -129,11 +148,12 @@ def test_quantize_dequantize_with_run_time_extents(source, level: str, monkeypat
                         flat[2 * j * k:(2 * j + 1) * k] = ties
                         flat[(2 * j + 1) * k:(2 * j + 2) * k] = np.nextafter(ties, np.float32(0))
                     feed[f"x{i}"] = x
+                    feed[f"g{i}"] = rng.uniform(0, 3, (n, c, 1, 1)).astype(np.float32)
                 got = model.run(feed)
                 want = dict(zip(names, sess.run(None, feed)))
                 for i in range(len(CHANNELS)):
                     for key in QUANT:
-                        for name, exact in zip((f"y_{key}{i}", f"yp_{key}{i}"),
-                                               _exact(feed[f"x{i}"], key)):
+                        outs = (f"y_{key}{i}", f"yp_{key}{i}", f"ym_{key}{i}")
+                        for name, exact in zip(outs, _exact(feed[f"x{i}"], feed[f"g{i}"], key)):
                             np.testing.assert_array_equal(got[name], want[name], err_msg=name)
                             np.testing.assert_array_equal(got[name], exact, err_msg=name)
