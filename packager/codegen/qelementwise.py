@@ -87,6 +87,11 @@ def emit_qelementwise_sized(module: ir.Module, func: PrimFunc, symbol: str, vl: 
         if kind is not None:
             return _QConvertSized(module, func, symbol, _TableTag(qdtype, -1), avx2,
                                   size_vars).emit(kind, options.parallel_min_outputs)
+        looked = match_table_dequantize(func)
+        if looked is not None:
+            return _QTableDequantize(module, func, symbol, _TableTag(looked[0], looked[1]),
+                                     avx2, size_vars).emit_table(
+                                         options.parallel_min_outputs)
         gated = match_gated_quantize(func)
         if gated is not None:
             return _QConvertSized(module, func, symbol, _TableTag(gated[0], -1), avx2,
@@ -106,7 +111,11 @@ def match_lut8(func: PrimFunc, symbolic: bool = False) -> int | None:
     if len(func.inputs) != 2 or len(func.outputs) != 1:
         return None
     x, table = func.inputs
-    out = func.outputs[0]
+    return _lut8_axis(x, table, func.outputs[0], symbolic)
+
+
+def _lut8_axis(x: te.Tensor, table: te.Tensor, out: te.Tensor, symbolic: bool) -> int | None:
+    """``match_lut8`` on the stage ``out``."""
     body = out.body
     if (x.dtype not in ("int8", "uint8") or table.dtype not in ("int8", "uint8")
             or len(table.shape) != 2 or table.shape[1] != 256 or tuple(out.shape) != tuple(x.shape)
@@ -226,10 +235,31 @@ def match_dequantize(func: PrimFunc) -> str | None:
     if len(func.inputs) != 3 or len(func.outputs) != 1:
         return None
     x, s, z = func.inputs
-    out = func.outputs[0]
-    if (x.dtype not in ("int8", "uint8") or z.dtype != x.dtype or s.dtype != "float32"
-            or out.dtype != "float32" or tuple(out.shape) != tuple(x.shape)
-            or all(isinstance(d, int) for d in x.shape)
+    read = _dequantized_read(func.outputs[0], s, z)
+    if not (isinstance(read, te.Read) and read.tensor.uid == x.uid):
+        return None
+    return x.dtype
+
+
+def match_table_dequantize(func: PrimFunc) -> tuple[str, int] | None:
+    """(the table's dtype, its axis) when ``func`` is ``dequantize(lut8(x, table))`` (the
+    two fused, ``fuse_ops``) of run-time extents, one scale and one zero point."""
+    if len(func.inputs) != 4 or len(func.outputs) != 1:
+        return None
+    x, table, s, z = func.inputs
+    read = _dequantized_read(func.outputs[0], s, z)
+    if not (isinstance(read, te.Read) and read.tensor.body is not None
+            and read.tensor.dtype == z.dtype):
+        return None
+    axis = _lut8_axis(x, table, read.tensor, True)
+    return None if axis is None else (table.dtype, axis)
+
+
+def _dequantized_read(out: te.Tensor, s: te.Tensor, z: te.Tensor) -> te.Read | None:
+    """The read of the 8-bit value ``out`` dequantizes (``float32(v - z) * s`` of run-time
+    extents, one scale and one zero point, v read at out's own indices), else None."""
+    if (z.dtype not in ("int8", "uint8") or s.dtype != "float32" or out.dtype != "float32"
+            or all(isinstance(d, int) for d in out.shape)
             or product(s.shape) != 1 or product(z.shape) != 1):
         return None
     e = out.body
@@ -246,10 +276,11 @@ def match_dequantize(func: PrimFunc) -> str | None:
             and e.b.value.tensor.uid == z.uid):
         return None
     x_read = e.a.value
-    if not (isinstance(x_read, te.Read) and x_read.tensor.uid == x.uid
+    if not (isinstance(x_read, te.Read) and x_read.tensor.dtype == z.dtype
+            and tuple(x_read.tensor.shape) == tuple(out.shape)
             and tuple(x_read.indices) == tuple(out.axes)):
         return None
-    return x.dtype
+    return x_read
 
 
 def _divides(func: PrimFunc) -> bool:
@@ -719,3 +750,86 @@ class _QConvertSized(_QVector):
             self._chunk(self.stage_in, self.stage_out)
             with for_range(b, const_i64(0), n, "to") as j:
                 b.store(b.load(b.gep(self.stage_out, [j])), b.gep(yb, [b.add(start, j)]))
+
+
+class _QTableDequantize(_QConvertSized):
+    """``dequantize(lut8(x, table))`` of run-time extents on AVX2 (the two fused): rows of the
+    table's axis (the tensor flat with one row), 32 bytes a step looked up with ``vpshufb`` on
+    the register (``QEmitter._lut_chunk``'s 16 chunks), widened, minus z in int32, converted
+    and times s in float32, stored; each row's last bytes one by one. Split between tasks where
+    the generic loop nest of the other levels splits (``_QConvertSized``)."""
+
+    def emit_table(self, parallel_min_outputs: int) -> KernelInfo:
+        x, table, s, z = self.func.inputs
+        y = self.func.outputs[0]
+        axis = self.tag.axis
+        shape = tuple(y.shape)
+        static = product([d for d in shape if isinstance(d, int)])
+        parallel = static >= parallel_min_outputs // 8
+        body_fn, ptr_types, n_ptrs, _ = self._start(0)
+        b = self.builder
+        buf = self.buffers
+        xb, tb, yb = buf[x.uid], buf[table.uid], buf[y.uid]
+        self._constants("dequantize", s, z)
+        self.signed = x.dtype == "int8"
+        rows = self._dim_value(product(shape[:axis + 1])) if axis >= 0 else const_i64(1)
+        inner = self._dim_value(product(shape[axis + 1:] if axis >= 0 else shape))
+        channels = int(shape[axis]) if axis >= 0 else 1
+        lo, hi = const_i64(0), rows
+        if parallel:
+            task, ntasks = body_fn.args[n_ptrs], body_fn.args[n_ptrs + 1]
+            if axis >= 0:
+                lo = b.sdiv(b.mul(task, rows), ntasks)
+                hi = b.sdiv(b.mul(b.add(task, const_i64(1)), rows), ntasks)
+        chunks = b.sdiv(inner, const_i64(32))
+        with for_range(b, lo, hi, "row") as r:
+            base = b.mul(r, inner)
+            row_tb = b.gep(tb, [b.mul(b.srem(r, const_i64(channels)), const_i64(256))])
+            c_lo, c_hi = const_i64(0), chunks
+            if parallel and axis < 0:    # one row: its chunks split, the tail in the last task
+                task, ntasks = body_fn.args[n_ptrs], body_fn.args[n_ptrs + 1]
+                c_lo = b.sdiv(b.mul(task, chunks), ntasks)
+                c_hi = b.sdiv(b.mul(b.add(task, const_i64(1)), chunks), ntasks)
+            with for_range(b, c_lo, c_hi, "lx") as i:
+                at = b.add(base, b.mul(i, const_i64(32)))
+                self._looked_chunk(xb, yb, row_tb, at)
+            tail = b.add(base, b.mul(chunks, const_i64(32)))
+
+            def tail_bytes() -> None:
+                with for_range(b, tail, b.add(base, inner), "tx") as i:
+                    v = b.load(b.gep(xb, [i]))
+                    idx = b.add(b.sext(v, I64), const_i64(128)) if self.signed else b.zext(v, I64)
+                    t = self._widen(b.load(b.gep(row_tb, [idx])), table.dtype)
+                    f = b.fmul(b.sitofp(b.sub(t, b.extract_element(self.zp_i, ir.Constant(
+                        I32, 0))), F32), b.extract_element(self.s_v, ir.Constant(I32, 0)))
+                    b.store(f, b.gep(yb, [i]))
+
+            if parallel and axis < 0:
+                with b.if_then(b.icmp_signed("==", b.add(task, const_i64(1)), ntasks)):
+                    tail_bytes()
+            else:
+                tail_bytes()
+        info = self._finish(body_fn, n_ptrs, ptr_types, 0, parallel)
+        return dataclasses.replace(info, symbolic=True, choice="table, dequantize")
+
+    def _looked_chunk(self, xb: ir.Value, yb: ir.Value, tb: ir.Value, at: ir.Value) -> None:
+        """32 bytes from ``xb[at]`` through the table row ``tb``, dequantized into ``yb[at]``."""
+        b = self.builder
+        v32i8 = ir.VectorType(I8, 32)
+        shuf = intrinsic(self.module, "llvm.x86.avx2.pshuf.b", v32i8, [v32i8, v32i8])
+        both = ir.Constant(ir.VectorType(I32, 32), list(range(16)) * 2)
+        v = b.load(self._ptr(xb, at, v32i8), align=1)
+        if self.signed:
+            v = b.xor(v, ir.Constant(v32i8, [0x80] * 32))
+        lo_n = b.and_(v, ir.Constant(v32i8, [0x0F] * 32))
+        hi_n = b.lshr(v, ir.Constant(v32i8, [4] * 32))
+        res = ir.Constant(v32i8, None)
+        for k in range(16):
+            t = b.load(self._ptr(tb, const_i64(16 * k), ir.VectorType(I8, 16)), align=1)
+            part = b.call(shuf, [b.shuffle_vector(t, t, both), lo_n])
+            res = b.select(b.icmp_unsigned("==", hi_n, ir.Constant(v32i8, [k] * 32)), part, res)
+        for k in range(4):
+            lanes = ir.Constant(ir.VectorType(I32, VL), list(range(8 * k, 8 * k + 8)))
+            part = self._widen_vec(b.shuffle_vector(res, res, lanes), self.func.inputs[1].dtype)
+            f = b.fmul(b.sitofp(b.sub(part, self.zp_i), V8F32), self.s_v)
+            b.store(f, self._ptr(yb, b.add(at, const_i64(k * VL)), V8F32), align=4)
