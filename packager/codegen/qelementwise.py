@@ -87,6 +87,10 @@ def emit_qelementwise_sized(module: ir.Module, func: PrimFunc, symbol: str, vl: 
         if kind is not None:
             return _QConvertSized(module, func, symbol, _TableTag(qdtype, -1), avx2,
                                   size_vars).emit(kind, options.parallel_min_outputs)
+        added = match_dequantized_add(func)
+        if added is not None:
+            return _QDequantizedAdd(module, func, symbol, _TableTag(added[0], -1), avx2,
+                                    size_vars).emit_add(added[1], options.parallel_min_outputs)
         looked = match_table_dequantize(func)
         if looked is not None:
             return _QTableDequantize(module, func, symbol, _TableTag(looked[0], looked[1]),
@@ -253,6 +257,59 @@ def match_table_dequantize(func: PrimFunc) -> tuple[str, int] | None:
         return None
     axis = _lut8_axis(x, table, read.tensor, True)
     return None if axis is None else (table.dtype, axis)
+
+
+def match_dequantized_add(func: PrimFunc) -> tuple[str, list[int]] | None:
+    """(the output dtype, the input positions of a, its scale and zero point, b's three and the
+    output's scale and zero point) when ``func`` is ``quantize(dequantize(a) + dequantize(b))``
+    (a QDQ residual add, ``fuse_ops``'s four stages) of 8-bit a and b of one shape with run-time
+    extents, every scale and zero point one value."""
+    if len(func.inputs) != 8 or len(func.outputs) != 1:
+        return None
+    out = func.outputs[0]
+    if out.dtype not in ("int8", "uint8") or all(isinstance(d, int) for d in out.shape):
+        return None
+    uids = [t.uid for t in func.inputs]
+    ones = [t for t in func.inputs if product(t.shape) == 1]
+    for s in (t for t in ones if t.dtype == "float32"):
+        for z in (t for t in ones if t.dtype == out.dtype):
+            add = _quantized_read(out, s, z)
+            if (isinstance(add, te.Read) and add.tensor.body is not None
+                    and tuple(add.indices) == tuple(out.axes)
+                    and isinstance(add.tensor.body, te.Binary) and add.tensor.body.op == "add"):
+                body = add.tensor.body
+                parts = [_dequantize_parts(r, add.tensor.axes) for r in (body.a, body.b)]
+                if None in parts or any(p[0].uid not in uids for p in parts):
+                    continue
+                at = [uids.index(t.uid) for p in parts for t in p] + [uids.index(s.uid),
+                                                                         uids.index(z.uid)]
+                if sorted(at) == list(range(8)):
+                    return out.dtype, at
+    return None
+
+
+def _dequantize_parts(r: te.Expr, axes) -> tuple[te.Tensor, te.Tensor, te.Tensor] | None:
+    """(x, scale, zero point) when ``r`` reads, at ``axes`` (its reader's own), a stage that
+    dequantizes placeholder x (8-bit, of the stage's shape, one scale and one zero point),
+    else None."""
+    if not (isinstance(r, te.Read) and r.tensor.body is not None):
+        return None
+    e = r.tensor.body
+    if not (isinstance(e, te.Binary) and e.op == "mul" and isinstance(e.b, te.Read)):
+        return None
+    s = e.b.tensor
+    e = e.a
+    if isinstance(e, te.Cast):
+        e = e.value
+    if not (isinstance(e, te.Binary) and e.op == "sub" and isinstance(e.b, te.Cast)
+            and isinstance(e.b.value, te.Read)):
+        return None
+    z = e.b.value.tensor
+    got = _dequantized_read(r.tensor, s, z)
+    if not (isinstance(got, te.Read) and got.tensor.is_placeholder
+            and tuple(r.indices) == tuple(axes)):
+        return None
+    return got.tensor, s, z
 
 
 def _dequantized_read(out: te.Tensor, s: te.Tensor, z: te.Tensor) -> te.Read | None:
@@ -833,3 +890,75 @@ class _QTableDequantize(_QConvertSized):
             part = self._widen_vec(b.shuffle_vector(res, res, lanes), self.func.inputs[1].dtype)
             f = b.fmul(b.sitofp(b.sub(part, self.zp_i), V8F32), self.s_v)
             b.store(f, self._ptr(yb, b.add(at, const_i64(k * VL)), V8F32), align=4)
+
+
+class _QDequantizedAdd(_QConvertSized):
+    """``quantize(dequantize(a) + dequantize(b))`` of run-time extents on AVX2 (a QDQ residual
+    add): 32 values a step, each operand's bytes widened, minus its zero point in int32,
+    converted and times its scale, the two added, then the quantize of ``_QConvertSized``
+    (``vdivps`` by the output's scale, clamp, ``vcvtps2dq``, + z, packs): the reference's
+    float32 operations in its order. Walked flat and split as ``_QConvertSized``."""
+
+    def emit_add(self, at: list[int], parallel_min_outputs: int) -> KernelInfo:
+        ins = self.func.inputs
+        a, sa, za, bt, sb, zb, s, z = (ins[i] for i in at)
+        y = self.func.outputs[0]
+        shape = tuple(y.shape)
+        static = product([d for d in shape if isinstance(d, int)])
+        parallel = static >= parallel_min_outputs // 8
+        body_fn, ptr_types, n_ptrs, _ = self._start(0)
+        b = self.builder
+        buf = self.buffers
+        self._constants("quantize", s, z)
+        self.divides = True
+        self.operands = []
+        for x, sx, zx in ((a, sa, za), (bt, sb, zb)):
+            zp = self._splat(self._widen(b.load(buf[zx.uid]), zx.dtype), V8I32)
+            self.operands.append((buf[x.uid], x.dtype, zp,
+                                  self._splat(b.load(buf[sx.uid]), V8F32)))
+        yb = buf[y.uid]
+        total = self._dim_value(product(shape))
+        chunks = b.sdiv(total, const_i64(32))
+        lo, hi, last = const_i64(0), chunks, None
+        if parallel:
+            task, ntasks = body_fn.args[n_ptrs], body_fn.args[n_ptrs + 1]
+            lo = b.sdiv(b.mul(task, chunks), ntasks)
+            hi = b.sdiv(b.mul(b.add(task, const_i64(1)), chunks), ntasks)
+            last = b.icmp_signed("==", b.add(task, const_i64(1)), ntasks)
+        with for_range(b, lo, hi, "av") as i:
+            self._add_chunk(b.mul(i, const_i64(32)), yb)
+        start = b.mul(chunks, const_i64(32))
+
+        def tail() -> None:
+            with for_range(b, start, total, "ta") as j:
+                f = None
+                for xb, dtype, zp, sv in self.operands:
+                    v = b.sub(self._widen(b.load(b.gep(xb, [j])), dtype),
+                              b.extract_element(zp, ir.Constant(I32, 0)))
+                    v = b.fmul(b.sitofp(v, F32), b.extract_element(sv, ir.Constant(I32, 0)))
+                    f = v if f is None else b.fadd(f, v)
+                vec = b.insert_element(ir.Constant(V8F32, None), f, ir.Constant(I32, 0))
+                q = self._requant_int(b.fdiv(vec, self.s_v), None)
+                b.store(b.extract_element(q, ir.Constant(I32, 0)), b.gep(yb, [j]))
+
+        if last is None:
+            tail()
+        else:
+            with b.if_then(last):
+                tail()
+        info = self._finish(body_fn, n_ptrs, ptr_types, 0, parallel)
+        return dataclasses.replace(info, symbolic=True, choice="dequantize, add, quantize")
+
+    def _add_chunk(self, at: ir.Value, yb: ir.Value) -> None:
+        b = self.builder
+        qs = []
+        for k in range(4):
+            pos = b.add(at, const_i64(k * VL))
+            f = None
+            for xb, dtype, zp, sv in self.operands:
+                v = self._widen_vec(b.load(self._ptr(xb, pos, V8I8), align=1), dtype)
+                v = b.fmul(b.sitofp(b.sub(v, zp), V8F32), sv)
+                f = v if f is None else b.fadd(f, v)
+            qs.append(self._requant_int(b.fdiv(f, self.s_v), None, wide=True))
+        packed = self._pack(qs)
+        b.store(packed, self._ptr(yb, at, packed.type), align=1)

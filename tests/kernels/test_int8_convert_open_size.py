@@ -7,7 +7,8 @@ between Q/DQ (a lut8 table of q) read twice, once dequantized (a dequantize kern
 through a MaxPool on bytes, and times a gate [N, C, 1, 1] before a quantize (the
 squeeze-and-excitation multiply: a "gate, quantize" kernel) and a MaxPool, and the pool's
 bytes through a table read by a dequantize alone (the two as one "table, dequantize"
-kernel); with 8 channels (one task) and 2064 (split between tasks, as the
+kernel), and a residual add of two dequantized byte tensors quantized (one "dequantize,
+add, quantize" kernel); with 8 channels (one task) and 2064 (split between tasks, as the
 generic loop nest of the v2 level splits), uint8 and int8. x86-64-v2 and x86-64-v3 (a bundle
 each: the header's kernel table names one level's kernels), features pinned, at sizes whose
 element counts leave tails past the last 32 values, values at and beside the rounding ties, on
@@ -91,6 +92,23 @@ def _branches(path: Path) -> Path:
             outs += [h.make_tensor_value_info(f"y_{t}", T.FLOAT, None),
                      h.make_tensor_value_info(f"yp_{t}", T.FLOAT, None),
                      h.make_tensor_value_info(f"ym_{t}", T.FLOAT, None)]
+            # a residual add of two dequantized byte tensors (the gated bytes and q2), quantized,
+            # then bytes
+            nodes += [h.make_node("DequantizeLinear", [f"mq_{t}", f"s_{t}", f"z_{t}"],
+                                  [f"ad_{t}"]),
+                      h.make_node("DequantizeLinear", [f"q2_{t}", f"s2_{t}", f"z2_{t}"],
+                                  [f"bd_{t}"]),
+                      h.make_node("Add", [f"ad_{t}", f"bd_{t}"], [f"ra_{t}"]),
+                      h.make_node("QuantizeLinear", [f"ra_{t}", f"s_{t}", f"z_{t}"], [f"raq_{t}"]),
+                      h.make_node("DequantizeLinear", [f"raq_{t}", f"s_{t}", f"z_{t}"],
+                                  [f"rad_{t}"]),
+                      h.make_node("MaxPool", [f"rad_{t}"], [f"rap_{t}"], kernel_shape=[2, 2],
+                                  strides=[2, 2]),
+                      h.make_node("QuantizeLinear", [f"rap_{t}", f"s_{t}", f"z_{t}"],
+                                  [f"rapq_{t}"]),
+                      h.make_node("DequantizeLinear", [f"rapq_{t}", f"s_{t}", f"z_{t}"],
+                                  [f"yr_{t}"])]
+            outs.append(h.make_tensor_value_info(f"yr_{t}", T.FLOAT, None))
     ins = [h.make_tensor_value_info(f"x{i}", T.FLOAT, ["N", c, "H", "W"])
            for i, c in enumerate(CHANNELS)]
     ins += [h.make_tensor_value_info(f"g{i}", T.FLOAT, ["N", c, 1, 1])
@@ -118,8 +136,9 @@ def _exact(x: np.ndarray, g: np.ndarray, key: str) -> tuple[np.ndarray, ...]:
     (s3, z3) = S3[key]
     q2 = q(np.maximum(dq(q(x, s, z), s, z), f(0)), s2, z2)
     y, yp = dq(q2, s2, z2), dq(pool(q2), s2, z2)
-    return (y, yp, dq(pool(q((y * g).astype(f), s, z)), s, z),
-            dq(q(np.maximum(yp, f(0)), s3, z3), s3, z3))
+    mq = q((y * g).astype(f), s, z)
+    return (y, yp, dq(pool(mq), s, z), dq(q(np.maximum(yp, f(0)), s3, z3), s3, z3),
+            dq(pool(q((dq(mq, s, z) + y).astype(f), s, z)), s, z))
 
 
 @pytest.fixture(scope="module")
@@ -144,11 +163,12 @@ def test_quantize_dequantize_with_run_time_extents(source, level: str, monkeypat
         with load(path, threads=threads) as model:
             kinds = [k.kernel for k in model.schema.plan.kernels]
             if level == "x86-64-v3":
-                for kind in ("quantize", "dequantize", "gate, quantize", "table, dequantize"):
+                for kind in ("quantize", "dequantize", "gate, quantize", "table, dequantize",
+                             "dequantize, add, quantize"):
                     assert kinds.count(kind) >= 4, kinds
                 split = {k.parallel for k in model.schema.plan.kernels
                          if k.kernel in ("quantize", "dequantize", "gate, quantize",
-                                         "table, dequantize")}
+                                         "table, dequantize", "dequantize, add, quantize")}
                 assert split == {False, True}, split
             for n, hh, ww in SIZES:
                 feed = {}
@@ -167,7 +187,7 @@ def test_quantize_dequantize_with_run_time_extents(source, level: str, monkeypat
                 want = dict(zip(names, sess.run(None, feed)))
                 for i in range(len(CHANNELS)):
                     for key in QUANT:
-                        outs = (f"y_{key}{i}", f"yp_{key}{i}", f"ym_{key}{i}", f"yl_{key}{i}")
+                        outs = [f"{o}_{key}{i}" for o in ("y", "yp", "ym", "yl", "yr")]
                         for name, exact in zip(outs, _exact(feed[f"x{i}"], feed[f"g{i}"], key)):
                             np.testing.assert_array_equal(got[name], want[name], err_msg=name)
                             np.testing.assert_array_equal(got[name], exact, err_msg=name)
