@@ -724,8 +724,10 @@ class _QConvertSized(_QVector):
 
     def emit_gated(self, y_at: int, g_at: int, parallel_min_outputs: int) -> KernelInfo:
         """``quantize(y * gate)`` (``match_gated_quantize``): rows of N * C, each value times
-        its row's gate (``vmulps``, the reference's float32 product) before the quantize,
-        rows split between tasks where the generic loop nest's split would be."""
+        its row's gate (``vmulps``, the reference's float32 product) before the quantize, 32
+        values a step, then 8 (rows of 3 x 48 = 4 x 32 + 2 x 8 on PP-OCR's classifier), the
+        last through the staging buffer; rows split between tasks where the generic loop nest's
+        split would be."""
         x, g = self.func.inputs[y_at], self.func.inputs[g_at]
         s, z = (t for i, t in enumerate(self.func.inputs) if i not in (y_at, g_at))
         if s.dtype != "float32":
@@ -753,8 +755,16 @@ class _QConvertSized(_QVector):
             with for_range(b, const_i64(0), chunks, "cv") as i:
                 at = b.add(base, b.mul(i, const_i64(32)))
                 self._chunk(b.gep(xb, [at]), b.gep(yb, [at]))
-            self._tail(xb, yb, b.add(base, b.mul(chunks, const_i64(32))), b.add(base, inner),
-                       F32)
+            # the row's last values: 8 at a time, then fewer than 8 through the staging buffer
+            rest = b.add(base, b.mul(chunks, const_i64(32)))
+            vecs = b.sdiv(b.sub(b.add(base, inner), rest), const_i64(VL))
+            with for_range(b, const_i64(0), vecs, "cv8") as i:
+                at = b.add(rest, b.mul(i, const_i64(VL)))
+                v = b.fmul(b.load(self._ptr(xb, at, V8F32), align=4), self.g_v)
+                if self.divides:
+                    v = b.fdiv(v, self.s_v)
+                b.store(self._requant_int(v, None), self._ptr(yb, at, V8I8), align=1)
+            self._tail(xb, yb, b.add(rest, b.mul(vecs, const_i64(VL))), b.add(base, inner), F32)
         info = self._finish(body_fn, n_ptrs, ptr_types, 0, parallel)
         return dataclasses.replace(info, symbolic=True, choice="gate, quantize")
 
