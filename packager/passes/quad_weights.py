@@ -170,9 +170,9 @@ def pack_conv_quads(mod: IRModule, options: CompileOptions) -> IRModule:
         signed = (share > 0 and int(wk.data.min()) >= -127
                   and use_signed_x(v, options, split_quads_pays(share)))
         split = share > 0 and not signed
-        # run-time image sizes: a 1x1's split against the float chain (int8_cost.py)
+        # run-time image sizes: the split against the float chain (int8_cost.py)
         open_ok = (not all(isinstance(d, int) for d in x.type.shape)
-                   and open_split_pays((kh, kw), share))
+                   and open_split_pays(share))
         if split and not split_quads_pays(share) and not open_ok:
             return None
         shift = quad_shift("aarch64" if signed else arch, x.type.dtype)
