@@ -165,7 +165,7 @@ KERNEL_RULES: tuple[KernelRule, ...] = (
     KernelRule("integer depthwise", None, _integer_depthwise,   # qdwconv2d
                _integer_depthwise_sized),   # with run-time image sizes (_emit_open)
     KernelRule("integer elementwise", None, _on_func(emit_qelementwise, True),   # qbinary, qgavgpool
-               _sized(emit_qelementwise_sized)),   # lut8 with run-time extents
+               _sized(emit_qelementwise_sized, True)),   # lut8, qtable, (de)quantize, open
     KernelRule("channel-lane convolution", None, _on_func(emit_conv_oc, True),   # nn.conv2d_oc
                _sized(emit_conv_oc, True)),
     KernelRule("depthwise convolution", is_depthwise, _with_match(emit_depthwise),

@@ -61,6 +61,18 @@ SPLIT_MAX_SHARE = (KPAIR_OVER_7BIT - 1) / SPLIT_WORD_COST
 SPLIT_MAX_SHARE_FLOAT = (FP32_OVER_7BIT - 1) / SPLIT_WORD_COST
 
 
+# With run-time image sizes the k-pair kernel (static shapes only) is no alternative: a
+# convolution whose split does not pay against it runs on the float chain instead (fp32's
+# kernel over the exact integers, then a quantize pass and the activation's lut8 table as
+# kernels of their own, where the integer kernel writes bytes with the table folded into its
+# copy out). On the open-size QDQ PP-OCR classifier under bench/avx2_host.py (Zen 5 as AVX2 +
+# FMA, kernel minimums): 1x1 88 x 16 at share 0.24-0.31, 10.3 us against 6.7 + 2.9 + 3.4;
+# 24 x 8 at 0.40, 5.7 against 5.5 + 1.9; 200 x 32 at 0.19, 20.9 against 18.9 + 6.0 + 4.9; its
+# first layer (3x3 / 2, 8 x 3, share 0.19) integer too: the whole bundle 0.94x. A 3x3 stride-1
+# layer keeps ``open_conv_integer``'s own bound (fp32's Winograd).
+OPEN_SPLIT_MAX_SHARE = 0.5
+
+
 def split_quads_pays(share: float) -> bool:
     """Whether the pair-split quad kernel with residual words in ``share`` of its (output
     channel, step) words beats the k-pair kernel (module docstring)."""
@@ -141,6 +153,12 @@ def float_conv_reason(w_shape: Sequence[int], strides: Sequence[int],
     return None
 
 
+def open_split_pays(share: float) -> bool:
+    """Whether a convolution with run-time image sizes takes the split quad kernel at
+    ``share`` (``OPEN_SPLIT_MAX_SHARE``, against the float chain)."""
+    return share <= OPEN_SPLIT_MAX_SHARE
+
+
 def open_conv_integer(w_shape: Sequence[int], strides: Sequence[int], groups: int,
                       options: CompileOptions, split_share: float | None) -> bool:
     """Whether a quantized convolution with run-time image sizes (an open batch, height or
@@ -153,7 +171,8 @@ def open_conv_integer(w_shape: Sequence[int], strides: Sequence[int], groups: in
         return False
     if options.conv_quads:
         return True
-    if not options.conv_quads7 or (split_share > 0 and not split_quads_pays(split_share)):
+    if not options.conv_quads7 or (split_share > 0 and not split_quads_pays(split_share)
+                                   and not open_split_pays(split_share)):
         return False
     slow3x3 = (tuple(w_shape[2:]) == (3, 3) and tuple(strides) == (1, 1)
                and split_share > SPLIT_MAX_SHARE_FLOAT and options.int8_float_convs

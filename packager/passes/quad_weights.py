@@ -153,7 +153,7 @@ def pack_conv_quads(mod: IRModule, options: CompileOptions) -> IRModule:
     from ..ops.qconv_quads import (QUADS_KIND, folded_bias, pairs_to_quads, quads_to_oc_lanes,
                                    split_quads, word_share)
     from ..ops.qlinear import pack_winograd_weights, unpack_conv_weights
-    from .int8_cost import int_winograd, split_quads_pays
+    from .int8_cost import int_winograd, open_split_pays, split_quads_pays
 
     made: dict = {}   # one quad constant per k-pair constant and layout (and its split)
 
@@ -187,7 +187,10 @@ def pack_conv_quads(mod: IRModule, options: CompileOptions) -> IRModule:
         signed = (share > 0 and int(wk.data.min()) >= -127
                   and use_signed_x(v, options, split_quads_pays(share)))
         split = share > 0 and not signed
-        if split and not split_quads_pays(share):
+        # run-time image sizes: the split against the float chain (int8_cost.py)
+        open_ok = (not all(isinstance(d, int) for d in x.type.shape)
+                   and open_split_pays(share))
+        if split and not split_quads_pays(share) and not open_ok:
             return None
         shift = quad_shift("aarch64" if signed else arch, x.type.dtype)
         # the split's residual rows are the 6-row tiles': its layers keep the pixel lanes
