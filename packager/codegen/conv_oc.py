@@ -94,6 +94,10 @@ MAX_TILE_ROWS_32 = 8
 # 1.03, the stride-2 stems of PP-LCNet and MobileNetV3 1.02-1.07).
 ONE_VECTOR_TILE_ROWS = 16
 ONE_VECTOR_MIN_STEPS = 64
+# AVX-512, fp32: a row group's pixels past its whole 8-pixel tiles run half a tile (4 pixels, 8
+# accumulators: enough chains for both FMA pipes) before single pixels (2 accumulators: the
+# FMA latency bounds them at a quarter of the tile's rate).
+REST_HALF_TILE = True
 # Weight vectors per register tile (16 registers: 4 x 3 pixels of accumulators); a block's
 # vectors past it (4-lane targets: 8 per block) are computed in passes of up to this many.
 MAX_TILE_VECTORS = 4
@@ -597,6 +601,9 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
         r_hi = b.select(b.icmp_signed("<", r_hi, self._extent(self.band_in)), r_hi,
                         self._extent(self.band_in))
         zeros = ir.Constant(F32, 0.0)
+        if self.open_image and self.vl >= 8:
+            self._copy_open_band(x_img, top, r_lo, r_hi, region, zero)
+            return
         with for_range(b, const_i64(0), const_i64(self.c), "cpc") as ic:
             src_plane = b.gep(x_img, [b.mul(ic, self._extent(self._product(self.h, self.w)))],
                               inbounds=True)
@@ -622,6 +629,48 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
                     for j in list(range(self.pl)) + list(range(self.pl + self.w, self.wpc)):
                         b.store(zeros, b.gep(row, [const_i64(j)], inbounds=True))
                     self._copy_run(src, 0, row, self.pl, self.w)
+
+    def _copy_open_band(self, x_img: ir.Value, top: ir.Value, r_lo: ir.Value, r_hi: ir.Value,
+                        region: ir.Value, zero) -> None:
+        """``_copy_band`` for a run-time image size at 8 or 16 lanes: each padded row written
+        as whole vectors from masked loads of the input row (its margins the masked-off lanes'
+        zeros; a masked lane is not read), the last vector's lanes past the row spilling zeros
+        into the next row's start, which is written after it (rows and channels in order; the
+        last channel's into the region's 16 floats of slack, ``_open_geometry``); the rows
+        above and below the image cleared only where there are any (the rows below after the
+        rows inside, over the last one's spill). Not one memset call per channel and scalar
+        margin stores per row: the SVTR neck's 960 channels of 1x42 took ~30 us that way."""
+        b, vl = self.builder, self.vl
+        ivec = ir.VectorType(I32, vl)
+
+        def splat32(x):
+            v = b.insert_element(ir.Constant(ivec, None), b.trunc(x, I32), ir.Constant(I32, 0))
+            return b.shuffle_vector(v, ir.Constant(ivec, None),
+                                    ir.Constant(ir.VectorType(I32, vl), [0] * vl))
+
+        wpc, w, band_in = self.wpc, self.w, self.band_in
+        nq = b.udiv(b.add(wpc, const_i64(vl - 1)), const_i64(vl))
+        # lane i of vector q reads input column q * vl + i - pl
+        first_cols = b.sub(ir.Constant(ivec, list(range(vl))), splat32(const_i64(self.pl)))
+        width = splat32(w)
+        with for_range(b, const_i64(0), const_i64(self.c), "cpc") as ic:
+            src_plane = b.gep(x_img, [b.mul(ic, b.mul(self.h, w))], inbounds=True)
+            dst_plane = b.gep(region, [b.mul(ic, self.plane_floats)], inbounds=True)
+            with b.if_then(b.icmp_signed(">", r_lo, const_i64(0))):
+                zero(dst_plane, b.mul(r_lo, wpc))
+            with for_range(b, r_lo, r_hi, "cpr") as r:
+                src = b.gep(src_plane, [b.mul(b.add(top, r), w)], inbounds=True)
+                row = b.gep(dst_plane, [b.mul(r, wpc)], inbounds=True)
+                with for_range(b, const_i64(0), nq, "cpq") as q:
+                    q0 = b.mul(q, const_i64(vl))
+                    cols = b.add(first_cols, splat32(q0))
+                    inside = b.icmp_unsigned("<", cols, width)
+                    ptr = b.gep(src, [b.sub(q0, const_i64(self.pl))])
+                    val = self._masked_load(b.bitcast(ptr, self.vty.as_pointer()), inside)
+                    b.store(val, self._vec_ptr(row, q0), align=4)
+            with b.if_then(b.icmp_signed("<", r_hi, band_in)):
+                zero(b.gep(dst_plane, [b.mul(r_hi, wpc)], inbounds=True),
+                     b.mul(b.sub(band_in, r_hi), wpc))
 
     def _copy_band_pairs(self, x_img: ir.Value, oy_lo: ir.Value, region: ir.Value) -> None:
         """``_copy_band`` for bf16 pairs: plane j of the region holds, per padded position, the
@@ -759,7 +808,8 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
                     rest = b.mul(full, const_i64(mr))
                     # bf16 pairs: half a tile first (a 1-pixel tile is load-bound on
                     # vdpbf16ps); so for ONE_VECTOR_TILE_ROWS (up to 15 pixels left)
-                    if (self.pairs and mr >= 4) or mr > MAX_TILE_ROWS_32:
+                    if (self.pairs and mr >= 4) or mr > MAX_TILE_ROWS_32 or (
+                            REST_HALF_TILE and self.vl == 16 and mr == MAX_TILE_ROWS_32):
                         half = mr // 2
                         with b.if_then(b.icmp_signed(">=", b.sub(npix, rest),
                                                      const_i64(half))):
@@ -797,17 +847,61 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
         for j in range(mr):
             for v in range(nv):
                 b.store(b.select(first, zero, b.load(buf_ptr(j, v), align=4)), accs[j * nv + v])
-        bases = []
-        if self.open_image:   # one division per tile, then pixel after pixel
-            for r, ox in self._row_major_steps(p0, self.ow, mr):
-                prow = b.add(prow0, b.mul(r, const_i64(self.sh)))
-                bases.append(b.gep(planes, [b.add(b.mul(prow, row_stride),
-                                                  b.mul(ox, const_i64(self.sw)))], inbounds=True))
-        for p in pix if not self.open_image else ():
-            r, ox = b.sdiv(p, const_i64(self.ow)), b.srem(p, const_i64(self.ow))
+        if self.open_image and mr > 1:
+            # a tile inside one output row (all but those that wrap): its pixels' inputs at
+            # constant offsets from one base, so that neighbouring pixels' taps share their
+            # broadcasts and no pointer per pixel is kept (or spilled) over the reduction;
+            # a tile that wraps takes a pointer per pixel (_row_major_steps)
+            r = b.udiv(p0, self.ow)
+            ox = b.sub(p0, b.mul(r, self.ow))
             prow = b.add(prow0, b.mul(r, const_i64(self.sh)))
-            bases.append(b.gep(planes, [b.add(b.mul(prow, const_i64(row_stride)),
-                                              b.mul(ox, const_i64(self.sw)))], inbounds=True))
+            base = b.gep(planes, [b.add(b.mul(prow, row_stride),
+                                        b.mul(ox, const_i64(self.sw)))], inbounds=True)
+            inside = b.icmp_signed("<=", b.add(ox, const_i64(mr)), self.ow)
+            with b.if_else(inside) as (one_row, wraps):
+                with one_row:
+                    self._tile_steps(accs, [base], mr, v0, nv, wblk, c0, c1, plane_stride,
+                                     row_stride, prefetch, row_base=True)
+                with wraps:
+                    bases = []
+                    for r, ox in self._row_major_steps(p0, self.ow, mr):
+                        prow = b.add(prow0, b.mul(r, const_i64(self.sh)))
+                        bases.append(b.gep(planes, [b.add(b.mul(prow, row_stride),
+                                                          b.mul(ox, const_i64(self.sw)))],
+                                           inbounds=True))
+                    self._tile_steps(accs, bases, mr, v0, nv, wblk, c0, c1, plane_stride,
+                                     row_stride, prefetch)
+        else:
+            bases = []
+            if self.open_image:   # a single pixel
+                for r, ox in self._row_major_steps(p0, self.ow, mr):
+                    prow = b.add(prow0, b.mul(r, const_i64(self.sh)))
+                    bases.append(b.gep(planes, [b.add(b.mul(prow, row_stride),
+                                                      b.mul(ox, const_i64(self.sw)))],
+                                       inbounds=True))
+            for p in pix if not self.open_image else ():
+                r, ox = b.sdiv(p, const_i64(self.ow)), b.srem(p, const_i64(self.ow))
+                prow = b.add(prow0, b.mul(r, const_i64(self.sh)))
+                bases.append(b.gep(planes, [b.add(b.mul(prow, const_i64(row_stride)),
+                                                  b.mul(ox, const_i64(self.sw)))], inbounds=True))
+            self._tile_steps(accs, bases, mr, v0, nv, wblk, c0, c1, plane_stride, row_stride,
+                             prefetch)
+        for j in range(mr):
+            for v in range(nv):
+                b.store(b.load(accs[j * nv + v]), buf_ptr(j, v), align=4)
+
+    def _tile_steps(self, accs, bases, mr: int, v0: int, nv: int, wblk, c0, c1, plane_stride,
+                    row_stride, prefetch: ir.Value | None, row_base: bool = False) -> None:
+        """``_tile``'s reduction over input channels c0 .. c1 - 1 into the accumulators
+        ``accs``, pixel j's inputs read from ``bases[j]``, or (``row_base``) from ``bases[0]``
+        + j * sw (the tile's pixels in one row). With one base, LLVM keeps a window row's
+        broadcasts for the next taps of neighbouring pixels where the registers allow it
+        (``_shares_taps``); where they do not, each tap reads through a pointer of its own that
+        LLVM cannot see through (``_opaque_ptr``), every broadcast loaded where it is used
+        (a 16-pixel tile of a 3x3 window kept 18 broadcasts and spilled: 60 stack accesses per
+        144 multiply-adds)."""
+        b, vl = self.builder, self.vl
+        share = row_base and self._shares_taps(mr, nv)
 
         def tap_offset(ky_row: int, kx: int) -> ir.Value:
             if self.open_image:
@@ -819,8 +913,16 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
             """One window row's taps (``ky`` the row's offset, ``ky_row`` its index in the
             unrolled rows) added to ``vals``."""
             for kx in range(self.kws):
-                xs = [self._splat(b.load(b.gep(xc, [b.add(ky, tap_offset(
-                    ky_row, kx * self.kx_step))], inbounds=True))) for xc in xcs]
+                if row_base:
+                    at = b.gep(xcs[0], [b.add(ky, tap_offset(ky_row, kx * self.kx_step))],
+                               inbounds=True)
+                    if not share and self.kws > 1:
+                        at = _opaque_ptr(b, at)
+                    xs = [self._splat(b.load(b.gep(at, [const_i64(j * self.sw)], inbounds=True)
+                                             if j else at)) for j in range(mr)]
+                else:
+                    xs = [self._splat(b.load(b.gep(xc, [b.add(ky, tap_offset(
+                        ky_row, kx * self.kx_step))], inbounds=True))) for xc in xcs]
                 if self.pairs:   # one vdpbf16ps per pixel and weight vector: 2 products
                     # (the planes' pair words loaded and broadcast as float32 bits)
                     for v in range(nv):
@@ -866,9 +968,13 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
                                 [b.load(a) for a in accs])
                     for a, val in zip(accs, vals):
                         b.store(val, a)
-        for j in range(mr):
-            for v in range(nv):
-                b.store(b.load(accs[j * nv + v]), buf_ptr(j, v), align=4)
+
+    def _shares_taps(self, mr: int, nv: int) -> bool:
+        """Whether a one-row tile of ``mr`` pixels and ``nv`` weight vectors keeps a window
+        row's distinct broadcasts ((mr - 1) * sw + kw of them) in registers beside its
+        accumulators and weight vectors."""
+        registers = REGISTERS_32 if self.vl == 16 else REGISTERS
+        return mr * nv + nv + (mr - 1) * self.sw + self.kws <= registers
 
     def _prefetch_lines(self, mr: int) -> int:
         """Cache lines of the next chunk's weights each reduction step of a full tile
@@ -1317,6 +1423,13 @@ def _opaque_i64(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
     multiples of a run-time stride there and hold, or spill, each)."""
     fnty = ir.FunctionType(I64, [I64])
     return b.asm(fnty, "", "=r,0", [x], side_effect=True)
+
+
+def _opaque_ptr(b: ir.IRBuilder, p: ir.Value) -> ir.Value:
+    """``p`` through an empty inline asm (``_opaque_i64`` for a pointer): loads from it and
+    from constant offsets of it are not merged with loads through other pointers."""
+    fnty = ir.FunctionType(p.type, [p.type])
+    return b.asm(fnty, "", "=r,0", [p], side_effect=False)
 
 
 def _transpose(b: ir.IRBuilder, rows: list[ir.Value]) -> list[ir.Value]:
