@@ -156,6 +156,7 @@ WINO_MIN_BAND_TILES = 24
 # PREFETCH_MIN_WEIGHT_BYTES (below, no gain measured: 128 -> 256 3x3 s2 on 28x28, the stem).
 PREFETCH_MIN_WEIGHT_BYTES = geometry.L2_REUSE_BYTES
 PREFETCH_LINES_MAX = 4
+OPEN_PREFETCH_PIXELS = 32
 
 
 def packs_conv_weights(targets) -> bool:
@@ -443,13 +444,18 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
     def _ceil_div(self, x: ir.Value, y: ir.Value) -> ir.Value:
         return self.builder.sdiv(self.builder.add(x, self.builder.sub(y, const_i64(1))), y)
 
-    def _row_major_steps(self, start: ir.Value, width: ir.Value, count: int):
+    def _row_major_steps(self, start: ir.Value, width: ir.Value, count: int,
+                         at: tuple | None = None):
         """(row, column) of the ``count`` consecutive row-major positions from ``start`` in
-        rows of run-time ``width``: one division for the first, then a step with a wrap for
-        each next one. A generator: each step is emitted just before it is used."""
+        rows of run-time ``width``: one division for the first (none where ``at`` gives its
+        row and column), then a step with a wrap for each next one. A generator: each step is
+        emitted just before it is used."""
         b = self.builder
-        r = b.udiv(start, width)
-        col = b.sub(start, b.mul(r, width))
+        if at is None:
+            r = b.udiv(start, width)
+            col = b.sub(start, b.mul(r, width))
+        else:
+            r, col = at
         for j in range(count):
             if j:
                 col = b.add(col, const_i64(1))
@@ -802,9 +808,26 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
                 for v0, nv in passes:
                     mr = self._tile_rows(nv)
                     full = b.sdiv(npix, const_i64(mr))
+                    if self.open_image and mr > 1:
+                        # the tile's (row, column) carried from tile to tile: no division by
+                        # the run-time width per tile, one where a tile wraps
+                        at_r = alloca_once(b, I64, name="oc_tile_row")
+                        at_c = alloca_once(b, I64, name="oc_tile_col")
+                        b.store(const_i64(0), at_r)
+                        b.store(const_i64(0), at_c)
                     with for_range(b, const_i64(0), full, "tx") as tx:
+                        at = None
+                        if self.open_image and mr > 1:
+                            at = (b.load(at_r), b.load(at_c))
                         self._tile(planes, prow0, b.mul(tx, const_i64(mr)), mr, v0, nv, wblk,
-                                   c0, c1, first, prefetch=tx)
+                                   c0, c1, first, prefetch=tx, at=at)
+                        if at is not None:
+                            col = b.add(at[1], const_i64(mr))
+                            b.store(col, at_c)
+                            with b.if_then(b.icmp_unsigned(">=", col, self.ow)):
+                                rows = b.udiv(col, self.ow)
+                                b.store(b.add(at[0], rows), at_r)
+                                b.store(b.sub(col, b.mul(rows, self.ow)), at_c)
                     rest = b.mul(full, const_i64(mr))
                     # bf16 pairs: half a tile first (a 1-pixel tile is load-bound on
                     # vdpbf16ps); so for ONE_VECTOR_TILE_ROWS (up to 15 pixels left)
@@ -826,7 +849,7 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
                 self._emit_row(nb, blk, b.add(oy0, r), rowbuf, nvb)
 
     def _tile(self, planes, prow0, p0, mr: int, v0: int, nv: int, wblk, c0, c1, first,
-              prefetch: ir.Value | None = None) -> None:
+              prefetch: ir.Value | None = None, at: tuple | None = None) -> None:
         """The group's pixels p0 .. p0 + mr - 1 (pixel p: row p // ow from plane row
         ``prow0``, column p % ow) times the block's channel vectors v0 .. v0 + nv - 1, over
         input channels c0 .. c1 - 1, added to (first chunk: stored in) the row buffer."""
@@ -852,8 +875,11 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
             # constant offsets from one base, so that neighbouring pixels' taps share their
             # broadcasts and no pointer per pixel is kept (or spilled) over the reduction;
             # a tile that wraps takes a pointer per pixel (_row_major_steps)
-            r = b.udiv(p0, self.ow)
-            ox = b.sub(p0, b.mul(r, self.ow))
+            if at is None:
+                r = b.udiv(p0, self.ow)
+                ox = b.sub(p0, b.mul(r, self.ow))
+            else:   # pixel p0's (row, column), known to the caller
+                r, ox = at
             prow = b.add(prow0, b.mul(r, const_i64(self.sh)))
             base = b.gep(planes, [b.add(b.mul(prow, row_stride),
                                         b.mul(ox, const_i64(self.sw)))], inbounds=True)
@@ -864,7 +890,7 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
                                      row_stride, prefetch, row_base=True)
                 with wraps:
                     bases = []
-                    for r, ox in self._row_major_steps(p0, self.ow, mr):
+                    for r, ox in self._row_major_steps(p0, self.ow, mr, at):
                         prow = b.add(prow0, b.mul(r, const_i64(self.sh)))
                         bases.append(b.gep(planes, [b.add(b.mul(prow, row_stride),
                                                           b.mul(ox, const_i64(self.sw)))],
@@ -982,7 +1008,9 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
         PREFETCH_MIN_WEIGHT_BYTES): enough that a group's tiles together cover the chunk."""
         if (2 if self.bf16 else 4) * self.nblocks * self.k * OC_BLOCK <= PREFETCH_MIN_WEIGHT_BYTES:
             return 0
-        pixels = ROW_PIXELS if self.open_image else self.rows * self.ow
+        # a run-time image size: row groups of at least OPEN_PREFETCH_PIXELS assumed (a
+        # group of ROW_PIXELS, on rows of 40, left a sixth of each next chunk unfetched)
+        pixels = OPEN_PREFETCH_PIXELS if self.open_image else self.rows * self.ow
         tiles = max(1, pixels // mr)
         # bytes per reduction unit's weight (a channel's, or a pair word: 4)
         unit = 4 if self.pairs or not self.bf16 else 2
