@@ -98,6 +98,10 @@ ONE_VECTOR_MIN_STEPS = 64
 # accumulators: enough chains for both FMA pipes) before single pixels (2 accumulators: the
 # FMA latency bounds them at a quarter of the tile's rate).
 REST_HALF_TILE = True
+# ... and (static image sizes) the row groups' height chosen for the fewest such pixels
+# (``_group_rows``): a single pixel costs about this many pixels of a tile, a group this many.
+SINGLE_PIXEL_COST = 4
+GROUP_COST = 8
 # Weight vectors per register tile (16 registers: 4 x 3 pixels of accumulators); a block's
 # vectors past it (4-lane targets: 8 per block) are computed in passes of up to this many.
 MAX_TILE_VECTORS = 4
@@ -295,6 +299,7 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
                           lambda nb: self._items_work(images, nb))
         self.band = -(-self.oh // nbands)
         self.nbands = -(-self.oh // self.band)
+        self.rows = self._group_rows(self.rows)
         self.band_in = rows_for(self.band) if self.copy else self.h
         self.plane_floats = self.band_in * self.wpc if self.copy else self.h * self.w
         self.image_elems = self.c * self.h * self.w
@@ -316,6 +321,32 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
         self.bf16 = self.match.tag.operands[1].dtype == "bfloat16"   # --precision bf16
         if self.wino:
             self._wino_geometry(pr)
+
+    def _group_rows(self, most: int) -> int:
+        """Output rows per row group, at most ``most``: at 16 lanes in fp32 (8-pixel tiles,
+        REST_HALF_TILE) the height whose groups leave the fewest pixels past whole tiles,
+        weighted by what they cost (a 4-pixel half tile about 4 pixels' time, a single pixel
+        about 4; GROUP_COST pixels a group), the tallest of equals. PP-LCNet's 14x14 planes:
+        groups of 8 and 6 rows (112 and 84 pixels: 24 tiles and a half tile) instead of 9 and 5
+        (126 and 70: 23 tiles, 2 half tiles and 4 single pixels)."""
+        if not (REST_HALF_TILE and self.vl == 16 and not self.pairs and self.o >= OC_BLOCK
+                and not self.match.tag.attrs.get("winograd")
+                and self._tile_rows(OC_BLOCK // 16) == MAX_TILE_ROWS_32):
+            return most
+        mr, half = MAX_TILE_ROWS_32, MAX_TILE_ROWS_32 // 2
+        heights = [min(self.band, self.oh - y) for y in range(0, self.oh, self.band)]
+
+        def cost(rows: int) -> int:
+            total = 0
+            for h in heights:
+                for y in range(0, h, rows):
+                    n = min(rows, h - y) * self.ow
+                    left = n % mr
+                    total += n - left + GROUP_COST + (half if left >= half else 0) + \
+                        SINGLE_PIXEL_COST * (left - half if left >= half else left)
+            return total
+
+        return min(range(most, 0, -1), key=cost)
 
     def _items_work(self, images: int, nbands: int) -> list[int]:
         """Each work item's multiply-adds over output pixels (rows x channels) in item order,

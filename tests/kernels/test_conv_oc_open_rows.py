@@ -99,13 +99,29 @@ def test_open_tiles_match_onnxruntime(tmp_path, c, o, k, s):
 
 
 def test_static_rest_half_tile(tmp_path):
-    """A fixed 14x14 image: row groups of 9 and 5 rows, 126 and 70 pixels, each ending in 6
-    pixels past its 8-pixel tiles (half a tile, then 2 single pixels)."""
+    """A fixed 13x13 image in bands of 4, 4, 4 and 1 rows (52 pixels: 6 tiles and half a
+    tile; 13: a tile, half a tile and a single pixel)."""
     if not avx512_host():
         pytest.skip("runs x86-64-v4 code: needs an x86-64 host with AVX-512")
-    path, bundle = _export(tmp_path, conv_model(1, 32, 14, 14, 64, 3, 1, act="hsig",
+    path, bundle = _export(tmp_path, conv_model(1, 32, 13, 13, 64, 3, 1, act="hsig",
                                                 residual=True))
-    _check(path, bundle, [conv_feeds(1, 32, 14, 14, 64, 3, 1, residual=True)])
+    _check(path, bundle, [conv_feeds(1, 32, 13, 13, 64, 3, 1, residual=True)])
+
+
+def test_static_group_rows():
+    """``_group_rows`` on PP-LCNet's 256 -> 256 1x1 on 14x14 (one band): 8 rows a group
+    (112 and 84 pixels, no single pixel), not the row buffer's 9."""
+    from types import SimpleNamespace
+
+    from mlcpack.packager.codegen import conv_oc
+
+    em = conv_oc.ChannelLaneConvEmitter.__new__(conv_oc.ChannelLaneConvEmitter)
+    em.vl, em.pairs, em.o, em.oh, em.ow, em.band, em.sw = 16, False, 256, 14, 14, 14, 1
+    em.wino, em.c, em.kh, em.kw = False, 256, 1, 1
+    em.match = SimpleNamespace(tag=SimpleNamespace(attrs={}))
+    assert em._group_rows(9) == 8
+    em.vl = 8   # AVX2: unchanged
+    assert em._group_rows(9) == 9
 
 
 @pytest.mark.parametrize("model,fmas,stack", [
