@@ -161,6 +161,9 @@ WINO_MIN_BAND_TILES = 24
 PREFETCH_MIN_WEIGHT_BYTES = geometry.L2_REUSE_BYTES
 PREFETCH_LINES_MAX = 4
 OPEN_PREFETCH_PIXELS = 32
+# A run-time image size with few input channels (see ``_open_geometry``).
+OPEN_BAND_ROWS = 8
+OPEN_WIDE_ROW = 1024
 
 
 def packs_conv_weights(targets) -> bool:
@@ -370,10 +373,19 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
         self.task_regions = MAX_TASK_REGIONS
         self.wpc = self.w + self.pl + pr if self.copy else self.w
         self.rows = None   # run-time values from here on (_runtime_geometry)
+        self.band_rows = None
         if self.wino:
             self._open_wino_geometry()
             return
         plane_bound = BAND_BYTES // 4 + self.c * self.kh * self.wpc + 16 if self.copy else 0
+        # few input channels (a C = 3 stem): bands of at most OPEN_BAND_ROWS output rows, and
+        # a bound of their rows (below BAND_BYTES' for rows up to OPEN_WIDE_ROW floats wide):
+        # the 8 regions of PP-OCRv4's stem took 2.5 MB (its bands are 3 rows: 27 KB of
+        # planes), and the kernel ran 1.2-1.3x its fixed-shape time in the model
+        self.band_rows = None
+        if self.copy and self.c * (OPEN_BAND_ROWS - 1) * self.sh * OPEN_WIDE_ROW <= BAND_BYTES // 4:
+            self.band_rows = OPEN_BAND_ROWS
+            plane_bound = self.c * ((OPEN_BAND_ROWS - 1) * self.sh + self.kh) * self.wpc + 16
         self.plane_region = plane_bound
         self.rowbuf_floats = (ROW_PIXELS + self.ow + 8) * OC_BLOCK
         self.region_floats = (plane_bound + self.rowbuf_floats + 15) // 16 * 16
@@ -450,6 +462,8 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
         if self.copy:
             fit = b.sdiv(const_i64(BAND_BYTES // 4), b.mul(self.wpc, const_i64(self.c)))
             band = b.add(b.sdiv(b.sub(fit, const_i64(self.kh)), const_i64(self.sh)), one)
+            if self.band_rows is not None:
+                band = lo(band, const_i64(self.band_rows))
             band = hi(lo(band, self.oh), one)
         else:
             band = self.oh

@@ -85,17 +85,20 @@ def test_row_conv_to_60_channels_open(tmp_path):
                           for n, h, w in [(1, 1, 40), (1, 1, 37), (2, 3, 13), (1, 2, 1)]])
 
 
-@pytest.mark.parametrize("c,o,k,s", [
-    (32, 16, 3, 1),    # 16-pixel tiles: a tap's broadcasts through an opaque pointer
-    (16, 48, 5, 1),    # rows above and below the image zeroed (2 of a 5-row window)
-    (24, 64, 3, 2),    # stride 2: 8 pixels 2 columns apart
+SIZES = [(1, 1), (2, 20), (5, 33), (3, 48)]
+
+
+@pytest.mark.parametrize("c,o,k,s,sizes", [
+    (32, 16, 3, 1, SIZES),    # 16-pixel tiles: a tap's broadcasts through an opaque pointer
+    (16, 48, 5, 1, SIZES),    # rows above and below the image zeroed (2 of a 5-row window)
+    (24, 64, 3, 2, SIZES),    # stride 2: 8 pixels 2 columns apart
+    (3, 256, 3, 1, [(40, 33), (9, 5)]),   # C = 3: bands of at most OPEN_BAND_ROWS rows
 ])
-def test_open_tiles_match_onnxruntime(tmp_path, c, o, k, s):
+def test_open_tiles_match_onnxruntime(tmp_path, c, o, k, s, sizes):
     if not avx512_host():
         pytest.skip("runs x86-64-v4 code: needs an x86-64 host with AVX-512")
     path, bundle = _export(tmp_path, _open(conv_model(1, c, 8, 8, o, k, s, act="silu")))
-    _check(path, bundle, [conv_feeds(1, c, h, w, o, k, s, seed=h)
-                          for h, w in [(1, 1), (2, 20), (5, 33), (3, 48)]])
+    _check(path, bundle, [conv_feeds(1, c, h, w, o, k, s, seed=h) for h, w in sizes])
 
 
 def test_static_rest_half_tile(tmp_path):
