@@ -59,7 +59,11 @@ plan's size-dependent part (bands, row groups, Winograd tile counts, the padded 
 computed from the sizes at the kernel's entry (``_runtime_geometry``) by the static plan's
 rules, a band at least one output row; the remainder tiles and the last vector of an output
 row handled at run time (that vector's epilogue masked); the workspace a size expression that
-bounds every region (``_open_geometry``), the same for every vector width of a bundle.
+bounds every region (``_open_geometry``), the same for every vector width of a bundle. A tile
+whose pixels lie in one output row reads them from one base pointer, as the static kernel does
+(``_tile_steps``' ``row_base``), its (row, column) carried from tile to tile; a tile that wraps
+into the next row keeps a pointer per pixel. The band copy writes whole padded rows from
+masked loads (``_copy_open_band``).
 """
 
 from __future__ import annotations
