@@ -142,6 +142,23 @@ BALANCE_BAND_PIXELS = 64
 # while every block of output channels reads them); at least this many work items.
 WINO_V_BYTES = 256 * 1024
 WINO_MIN_ITEMS = 4
+# V's planes (one per xi of the 16) whose stride is a multiple of this many bytes get
+# WINO_PLANE_PAD more floats each: the input transform stores a vector into each of the 16
+# planes per step, and 16 lines a multiple of 2 KB apart share a few L1 sets (and alias at 4
+# KB with the loads). Kernel CPU min, 1 thread, Zen 5: 128 -> 128 on 10x10 (planes 40 KB apart)
+# 94 -> 75 us, 64 -> 64 on 20x20 86 -> 71, 32 -> 32 on 40x40 116 -> 83, 64 -> 64 on 40x40
+# 331 -> 270. (M's planes padded the same way: no change measured.)
+# Choosing a Winograd layer's bands and groups for two threads (``_wino_split_plan``): a
+# padded tile's input transform per input channel costs about this many multiply-adds of the
+# products (128 -> 128 on 10x10: copy and transform 12.5 of 75 us), a tile left over from the
+# register tiles this many times a tiled one; a plan is taken for a two-thread share smaller by
+# more than WINO_SPLIT_GAIN, its one-thread cost at most WINO_ONE_THREAD_SLACK more.
+WINO_TRANSFORM_COST = 8
+WINO_SINGLE_TILE_COST = 2.5
+WINO_SPLIT_GAIN = 0.03
+WINO_ONE_THREAD_SLACK = 0.02
+WINO_ALIAS_BYTES = 2048
+WINO_PLANE_PAD = 16
 WINO_UNROLL = 4      # input channels per iteration of the products' reduction loop
 # Items per band (its blocks of output channels split in this many runs): on 2 threads
 # ResNet-18's 14x14 layers (7 tile rows: 4 bands, 2 + 2 against 2 + 1 rows) 1.10 -> 0.95 ms,
@@ -272,6 +289,11 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
         # the band copy would make (zero-padded: no copy), the output is written as the words
         # (padded by ``pairs_out``) that the next bf16 convolution reads
         self.pairs_in = bool(self.func.attrs.get("bf16_pairs_in"))
+        # the words' padding: the convolution's own, or (a tensor other readers read too) a
+        # larger one, read from its offset (the padded words past the own padding not read)
+        words_pad = self.func.attrs.get("bf16_pairs_in")
+        self.words_pad = tuple(words_pad) if isinstance(words_pad, (tuple, list)) \
+            else (self.pt, self.pl, pb, pr)
         self.pairs_out = self.func.attrs.get("bf16_pairs_out")
         # epilogue operands (a residual) held as pair words, by padding
         self.pair_word_reads = {self.func.inputs[i].uid: tuple(pad)
@@ -311,10 +333,13 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
         self.plane_floats = self.band_in * self.wpc if self.copy else self.h * self.w
         self.image_elems = self.c * self.h * self.w
         if self.pairs_in:   # the input as the padded pair words, read in place
-            self.wpc = self.w + self.pl + pr
-            self.band_in = self.h + self.pt + pb
+            wpt, wpl, wpb, wpr = self.words_pad
+            self.wpc = self.w + wpl + wpr
+            self.band_in = self.h + wpt + wpb
             self.plane_floats = self.band_in * self.wpc
             self.image_elems = self.cp * self.plane_floats
+            # the own padding's first row and column within the words' planes
+            self.words_origin = (wpt - self.pt) * self.wpc + (wpl - self.pl)
         plane_region = self.c * self.plane_floats + 16 if self.copy else 0
         # the last row's last transpose reads up to vl - 1 pixels past the group's end
         self.rowbuf_floats = (self.rows * self.ow + max(8, self.vl)) * OC_BLOCK
@@ -435,7 +460,8 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
         self.plane_floats = b.mul(self.band_in, self.wpc)
         plane = b.add(b.mul(self.plane_floats, const_i64(self.c)), const_i64(16 + 15))
         self.plane_region = b.mul(b.udiv(plane, const_i64(16)), const_i64(16))
-        self.v_floats = b.mul(b.mul(self.band_tr, self.ntp), const_i64(16 * self.c))
+        self.v_xi = b.mul(b.mul(self.band_tr, self.ntp), const_i64(self.c))
+        self.v_floats = b.mul(self.v_xi, const_i64(16))
         self.m_tiles = b.mul(self.band_tr, self.nt)
         self.m_floats = b.mul(self.m_tiles, const_i64(16 * OC_BLOCK))
         self.row_len = hi(b.mul(self.nt, const_i64(2)),
@@ -562,6 +588,8 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
             nb = max(1, self.ntr // -(-WINO_MIN_BAND_TILES // self.nt))
             nb -= nb % 2 if nb > 1 else 0
             band_tr = -(-self.ntr // nb)
+        if isinstance(self.n, int):
+            band_tr, self.wgroups = self._wino_split_plan(band_tr, u_bytes)
         self.band_tr = band_tr
         self.nbands = -(-self.ntr // band_tr)
         # no more task regions than items (one band of a large layer: two, not MAX_TASK_REGIONS)
@@ -570,13 +598,82 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
         self.band_in = 2 * band_tr + 2
         self.plane_floats = self.band_in * self.wpc
         self.plane_region = -(-(self.c * self.plane_floats + 16) // 16) * 16
-        self.v_floats = 16 * self.c * band_tr * self.ntp
+        # V's 16 planes (one per xi) a multiple of WINO_ALIAS_BYTES apart: padded (see there)
+        self.v_xi = self.c * band_tr * self.ntp
+        if (4 * self.v_xi) % WINO_ALIAS_BYTES == 0:
+            self.v_xi += WINO_PLANE_PAD
+        self.v_floats = 16 * self.v_xi
         self.m_tiles = band_tr * self.nt
         self.m_floats = 16 * self.m_tiles * OC_BLOCK
         self.row_len = max(2 * self.nt, -(-self.ow // vl) * vl)
         self.rowbuf_floats = 2 * self.row_len * OC_BLOCK
         self.region_floats = -(-(self.plane_region + self.v_floats + self.m_floats
                                  + self.rowbuf_floats) // 16) * 16
+
+    def _wino_split_plan(self, band_tr: int, u_bytes: int) -> tuple[int, int]:
+        """(tile rows per band, groups per band) for two threads: of the plans whose one-thread
+        cost is within WINO_ONE_THREAD_SLACK of the plan ``band_tr`` with ``self.wgroups``
+        groups, the one whose two threads' larger share (``_wino_costs``) is the least, if
+        it beats that plan's by more than WINO_SPLIT_GAIN. A task transforms each band it
+        has items of: two tasks sharing a band's groups both transform it (10x10 images, one
+        band in 2 groups), and bands of unequal heights or an odd count split unevenly. The
+        other plans keep the transformed inputs within WINO_V_BYTES (twice that at 16 lanes,
+        whose hosts have L2 of 1 MB or more) and read the transformed weights no more often
+        than the plan does where they pass L2."""
+        base = (band_tr, self.wgroups)
+        groups = {1, self.wgroups}
+        cap = WINO_V_BYTES * (2 if self.vl >= 16 else 1)
+        base_bands = -(-self.ntr // band_tr)
+        plans = [base]
+        for bt in range(1, self.ntr + 1):
+            nb = -(-self.ntr // bt)
+            if 16 * self.c * bt * self.ntp * 4 > max(cap, 16 * self.c * band_tr * self.ntp * 4):
+                continue
+            if u_bytes > geometry.L2_REUSE_BYTES and nb > base_bands:
+                continue
+            plans += [(bt, g) for g in sorted(groups) if (bt, g) != base]
+        costs = {p: self._wino_costs(*p) for p in plans}
+        one0, two0 = costs[base]
+        ok = [p for p in plans if costs[p][0] <= one0 * (1 + WINO_ONE_THREAD_SLACK)]
+        best = min(ok, key=lambda p: (costs[p][1], costs[p][0]))
+        return best if costs[best][1] < two0 * (1 - WINO_SPLIT_GAIN) else base
+
+    def _wino_costs(self, band_tr: int, groups: int) -> tuple[float, float]:
+        """(one thread's cost, the larger of two threads' shares) of the Winograd plan of
+        ``band_tr`` tile rows per band and ``groups`` items per band, in multiply-adds of the
+        products: a band's items' products (tiles in register tiles of ``_tile_rows``, the
+        rest one tile at a time at WINO_SINGLE_TILE_COST), plus WINO_TRANSFORM_COST per padded
+        tile and input channel for each band a task has items of. Two threads: the tasks the
+        runtime posts for the kernel's multiply-adds (``runtime.vm.task_count``), each
+        thread its home range of them, then the other's (``_two_thread_path``)."""
+        from ...runtime.vm import task_count
+
+        mr = self._tile_rows(min(MAX_TILE_VECTORS, OC_BLOCK // self.vl))
+        full = self.o // OC_BLOCK
+        chans = [OC_BLOCK * ((g + 1) * full // groups - g * full // groups)
+                 + (self.o % OC_BLOCK if g == groups - 1 else 0) for g in range(groups)]
+        rows = [min(band_tr, self.ntr - y) for y in range(0, self.ntr, band_tr)]
+        items = []
+        for i in range(self.n):
+            for bi, r in enumerate(rows):
+                tiles = r * self.nt
+                eff = tiles // mr * mr + tiles % mr * WINO_SINGLE_TILE_COST
+                for g in range(groups):
+                    items.append(((i, bi), eff * chans[g] * self.c,
+                                  r * self.ntp * self.c * WINO_TRANSFORM_COST))
+
+        def cost(run) -> float:
+            seen = {}
+            for band, _, t in run:
+                seen[band] = t
+            return sum(w for _, w, _ in run) + sum(seen.values())
+
+        n = len(items)
+        ntasks = task_count(2, self.n * self.o * self.oh * self.ow * self.k, True)
+        nt = min(ntasks, MAX_TASK_REGIONS, n)
+        tasks = [cost(items[t * n // nt:(t + 1) * n // nt]) for t in range(nt)]
+        tasks += [0.0] * (ntasks - nt)
+        return cost(items), _two_thread_path(tasks)
 
     def _tile_rows(self, nv: int) -> int:
         """Pixels per register tile for a block of ``nv`` weight vectors: accumulators, the
@@ -631,6 +728,8 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
                     planes, row0 = region, oy_lo   # plane row 0 is output row oy_lo's first
                 else:
                     planes, row0 = x_img, const_i64(0)
+                    if self.pairs_in and self.words_origin:
+                        planes = b.gep(x_img, [const_i64(self.words_origin)])
                 self._emit_block(nb, blk, oy_lo, planes, row0)
 
     def _copy_band(self, x_img: ir.Value, oy_lo: ir.Value, region: ir.Value) -> None:
@@ -1356,7 +1455,7 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
                                     dst = b.gep(dst, [xi_stride], inbounds=True)
                                 at = dst
                             else:
-                                off = v(self._product((a * 4 + bb) * self.c, row_stride))
+                                off = v(self._product(a * 4 + bb, self.v_xi))
                                 at = b.gep(vrow, [b.add(off, b.mul(q, const_i64(vl)))],
                                            inbounds=True)
                             b.store(val, b.bitcast(at, self.vty.as_pointer()), align=4)
@@ -1403,8 +1502,7 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
         times U[xi][c][:] (broadcast times weight vectors, mr x nv accumulators)."""
         b, vl = self.builder, self.vl
         row_stride = self._product(self.band_tr, self.ntp)
-        vx = b.gep(self.vbuf, [b.mul(xi, self._extent(self._product(self.c, row_stride)))],
-                   inbounds=True)
+        vx = b.gep(self.vbuf, [b.mul(xi, self._extent(self.v_xi))], inbounds=True)
         ux = b.gep(wblk, [b.mul(xi, const_i64(self.c * OC_BLOCK))], inbounds=True)
         tiles = [b.add(u0, const_i64(j)) if j else u0 for j in range(mr)]
         bases = []
@@ -1492,6 +1590,18 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
                     off = b.add(b.mul(b.add(self._extent(self._product(i, self.row_len)), ox),
                                       const_i64(OC_BLOCK)), c0)
                     b.store(y, self._vec_ptr(self.rowbuf, off), align=4)
+
+
+def _two_thread_path(tasks: list[float]) -> float:
+    """When the later of two threads finishes ``tasks`` (their costs) as the runtime's home
+    ranges run them (codegen/threadpool.py): each thread its half from the bottom, then the
+    other's from the top, the thread that is free first claiming next."""
+    ranges = [list(tasks[:len(tasks) // 2]), list(tasks[len(tasks) // 2:])]
+    clock = [0.0, 0.0]
+    while ranges[0] or ranges[1]:
+        t = 0 if clock[0] <= clock[1] else 1
+        clock[t] += ranges[t].pop(0) if ranges[t] else ranges[1 - t].pop()
+    return max(clock)
 
 
 def _opaque_i64(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
