@@ -338,7 +338,7 @@ def _layers(name: str, model, feeds: dict, onnx_path: Path, ort_feeds: dict, bun
 
     kinds: dict[str, float] = {}
     for ins, us in ours.values():
-        kind = chosen.get(ins.step.name) or ins.step.name.split("_")[1]
+        kind = chosen.get(ins.step.name) or (ins.step.name.split("_") + [ins.step.name])[1]
         kinds[kind] = kinds.get(kind, 0.0) + us
     print("    by kernel: " + ", ".join(f"{k} {us / 1e3:.2f} ms" for k, us in
                                           sorted(kinds.items(), key=lambda t: -t[1])[:8]))

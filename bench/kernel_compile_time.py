@@ -20,12 +20,21 @@ Printed: the ``--top`` kernels by opt + obj summed over the targets, with their 
 (``KernelInfo.choice``), then sums per target and per kernel family (the name's stem:
 ``fused_conv2d_oc``, ``concat``, ...). ``--json`` writes every row; ``--compare A.json`` prints
 this run's rows beside another run's (the same model, e.g. main's checkout against this one),
-kernel by kernel, where both hold the kernel's name.
+kernel by kernel, where both hold the kernel's name, and how many objects are the same bytes.
+``--pipeline`` compiles every kernel with another of LLVM's pipelines (``O2`` the default, as the
+export; ``O2-noloop`` without the loop vectorizer, ``O1-vec``, ``O1``: as ``codegen_phases.py``
+names them): with ``--compare`` against a default run it says which kernels' objects a cheaper
+pipeline leaves byte-identical (no speed risk) and what it saves. ``--classes`` prints, per
+family, how many distinct kernels would be left if image sizes were run-time values (kernels
+grouped by their tensors' shapes without the last two dims of 4-d ones, and by the name's stem,
+i.e. the fused epilogue), and the CPU seconds of the kernels past each class's first: the
+most that one compiled kernel per class could save.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import re
 import sys
@@ -81,9 +90,18 @@ def family(row: dict) -> str:
     return choice if choice else re.sub(r"\d+", "", row["kernel"])
 
 
-def measure(funcs, targets, size_vars, options, match: str = "") -> list[dict]:
+PIPELINES = {"O2": (2, True, True), "O2-noloop": (2, False, True), "O2-novec": (2, False, False),
+             "O1-vec": (1, True, True), "O1": (1, False, False)}
+
+
+def measure(funcs, targets, size_vars, options, match: str = "", pipeline_name: str = "O2"
+            ) -> list[dict]:
     from mlcpack.packager.ir.structure import structural_key
     from mlcpack.packager.codegen import build
+
+    level, loop_vec, slp = PIPELINES[pipeline_name]
+    chosen = replace(build.DEFAULT_PIPELINE, name=pipeline_name, speed_level=level,
+                     loop_vectorize=loop_vec, slp_vectorize=slp)
 
     distinct: dict[object, list] = {}
     for f in funcs:
@@ -98,22 +116,53 @@ def measure(funcs, targets, size_vars, options, match: str = "") -> list[dict]:
             t0 = time.process_time()
             emitted = build.emit_module([f], target, size_vars, False, options)
             t1 = time.process_time()
-            pipeline = build.DEFAULT_PIPELINE
+            pipeline = chosen
             mod = build._optimize(emitted.text, target, tm, pipeline)
             t2 = time.process_time()
             if not pipeline.winograd_lsr and build.winograd_kernels(emitted.kernels):
                 # a channel-lane Winograd convolution: no LSR, as the export makes it
                 pipeline = replace(pipeline, strength_reduction=False)
-            build._emit_object(tm, mod, pipeline)
+            obj = build._emit_object(tm, mod, pipeline)
             t3 = time.process_time()
             optimized = str(mod)
             info = emitted.kernels[f.name]
             rows.append(dict(target=target.name, kernel=f.name, uses=len(twins),
                              choice=getattr(info, "choice", "") or "",
                              emit=t1 - t0, opt=t2 - t1, obj=t3 - t2,
-                             ir=instructions(emitted.text), ir_opt=instructions(optimized)))
+                             ir=instructions(emitted.text), ir_opt=instructions(optimized),
+                             obj_sha=hashlib.sha256(obj).hexdigest()[:16],
+                             shapes=[_shape_class(t.shape) for t in (*f.inputs, *f.outputs)]))
             del mod
     return rows
+
+
+def _shape_class(shape) -> list:
+    """A tensor's shape without its last two dims when it has four (an image's height and
+    width): what stays fixed if image sizes were run-time values."""
+    shape = [str(d) for d in shape]
+    return shape[:-2] if len(shape) == 4 else shape
+
+
+def classes(rows: list[dict]) -> None:
+    """Per family: distinct kernels, classes with image sizes left out (``--classes``), and
+    CPU s (emit + opt + obj, all targets) of all of them and of those past each class's first."""
+    cost: dict[str, float] = {}
+    first: dict[str, dict] = {}
+    for r in rows:
+        cost[r["kernel"]] = cost.get(r["kernel"], 0.0) + r["emit"] + r["opt"] + r["obj"]
+        first.setdefault(r["kernel"], r)
+    fams: dict[str, dict[tuple, list[str]]] = {}
+    for name, r in first.items():
+        key = (json.dumps(r["shapes"]), re.sub(r"\d+", "", name))
+        fams.setdefault(family(r), {}).setdefault(key, []).append(name)
+    print("| family | distinct kernels | classes without image sizes | CPU s | CPU s past "
+          "each class's first |")
+    print("|---|---|---|---|---|")
+    for fam, cls in sorted(fams.items(), key=lambda kv: -sum(cost[n] for v in kv[1].values()
+                                                                for n in v)):
+        names = [n for v in cls.values() for n in v]
+        print(f"| {fam} | {len(names)} | {len(cls)} | {sum(cost[n] for n in names):.2f} | "
+              f"{sum(cost[n] for v in cls.values() for n in v[1:]):.2f} |")
 
 
 def report(rows: list[dict], top: int) -> None:
@@ -167,6 +216,8 @@ def compare(rows: list[dict], old: list[dict], top: int) -> None:
               f"{cb / ca if ca else float('nan'):.2f} | {ra['ir']} -> {rb['ir']} |")
     for t in dict.fromkeys(r["target"] for _, r in both):
         sa = [p for p in both if p[1]["target"] == t]
+        same = sum(1 for ra, rb in sa if ra.get("obj_sha") and ra.get("obj_sha") == rb.get("obj_sha"))
+        print(f"{t}: {same} of {len(sa)} objects the same bytes")
         print(f"{t}: A emit / opt / obj "
               f"{sum(p[0]['emit'] for p in sa):.2f} / {sum(p[0]['opt'] for p in sa):.2f} / "
               f"{sum(p[0]['obj'] for p in sa):.2f}, B "
@@ -184,6 +235,9 @@ def main() -> None:
     ap.add_argument("--top", type=int, default=25)
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--compare", type=Path, default=None, metavar="A.json")
+    ap.add_argument("--pipeline", default="O2", choices=sorted(PIPELINES))
+    ap.add_argument("--classes", action="store_true",
+                    help="per family: kernels left if image sizes were run-time values")
     args = ap.parse_args()
     shapes = {}
     for s in args.input_shape:
@@ -192,8 +246,11 @@ def main() -> None:
     funcs, targets, size_vars, options = capture(args.model, shapes, args.target)
     print(f"{len(funcs)} prim funcs, targets {', '.join(t.name for t in targets)}, "
           f"size vars {size_vars}", file=sys.stderr)
-    rows = measure(funcs, targets, size_vars, options, args.match)
+    rows = measure(funcs, targets, size_vars, options, args.match, args.pipeline)
     report(rows, args.top)
+    if args.classes:
+        print()
+        classes(rows)
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))
     if args.compare:

@@ -9,8 +9,9 @@ hand-off, the same tasks), once on 1 thread and once on ``--threads``, ``--runs`
 Thread CPU time does not count time a thread waits descheduled, so on a loaded host it still
 shows what running side by side costs the kernels (another core's data, write sharing,
 contention): per run, the work (every task's CPU time summed) against the 1-thread run's, and
-per kernel the median work at 1 and at N threads and each task's share. Needs a bundle with the
-native step loop (``mlcpack_pool_steps``) and a static plan.
+per kernel the median work at 1 and at N threads and each task's share; the critical path by
+home ranges, and with the hand-off's stealing simulated on the measured task times. Needs a
+bundle with the native step loop (``mlcpack_pool_steps``) and a static plan.
 """
 
 from __future__ import annotations
@@ -104,6 +105,31 @@ def home_path(cpu: np.ndarray, ntasks: np.ndarray, threads: int) -> np.ndarray:
     return out
 
 
+def steal_path(cpu: np.ndarray, ntasks: np.ndarray, threads: int) -> np.ndarray:
+    """``home_path`` with the hand-off's stealing (codegen/threadpool.py): each thread runs its
+    home range from the bottom, then the others' from the top, whichever thread is free first
+    claiming next (a late or idle thread's share is taken over: a kernel whose few work items
+    all lie in one thread's range still runs on both)."""
+    out = cpu.sum(2).copy()
+    for k, n in enumerate(ntasks):
+        if n <= 1:
+            continue
+        for r in range(cpu.shape[0]):
+            ranges = [list(cpu[r, k, t * n // threads:(t + 1) * n // threads])
+                      for t in range(threads)]
+            clock = [0.0] * threads
+            while any(ranges):
+                t = min(range(threads), key=lambda i: clock[i])
+                if ranges[t]:
+                    clock[t] += ranges[t].pop(0)
+                else:
+                    other = next(ranges[(t + j) % threads] for j in range(1, threads)
+                                 if ranges[(t + j) % threads])
+                    clock[t] += other.pop()
+            out[r, k] = max(clock)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("bundle")
@@ -130,6 +156,9 @@ def main() -> None:
     print(f"  critical path by home ranges ({args.threads} threads): "
           f"{home.sum(1).min() / 1e3:7.2f} / {np.median(home.sum(1)) / 1e3:7.2f}; half the "
           f"1-thread work {w1.sum(1).min() / 2e3:7.2f} / {np.median(w1.sum(1)) / 2e3:7.2f}")
+    steal = steal_path(many, ntasks, args.threads)
+    print(f"  critical path with stealing ({args.threads} threads): "
+          f"{steal.sum(1).min() / 1e3:7.2f} / {np.median(steal.sum(1)) / 1e3:7.2f}")
     hm, h1 = np.median(home, 0), np.median(w1, 0)
     print(f"  of the path (medians): {int(serial.sum())} calls on one thread "
           f"{hm[serial].sum() / 1e3:6.2f} ms (1 thread {h1[serial].sum() / 1e3:6.2f}); "

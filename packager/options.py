@@ -83,6 +83,11 @@ class CompileOptions:
     # bf16 convolution's epilogue (a ResNet block's output) as pair words too, the residual
     # widened from bf16 (outputs change, within the bf16 guard); False: such tensors float32
     bf16_pair_residuals: bool = True
+    # with it: a tensor read by several bf16 convolutions' reductions (a ResNet stage's first
+    # block input: the block's first convolution and its downsample) as pair words too, read
+    # in place or, by a strided 1x1 on pixel lanes, through its plane fill (bit for bit the
+    # same outputs); False: such tensors float32
+    bf16_pair_shared: bool = True
     # test only: the vdpbf16ps matmul's and convolution's data path (packing, loop order) with
     # vcvtne2ps2bf16 and vdpbf16ps written in portable IR (float32 FMAs, exact on normal
     # values), on any target: runs it on a CPU without avx512_bf16 (codegen/bf16dot.py,
@@ -129,6 +134,11 @@ class CompileOptions:
     # True: for all such weights (for comparison, MLCPACK_INT8_SIGNED_X=1); False: never
     # (MLCPACK_INT8_SIGNED_X=0)
     conv_signed_x: bool | None = None
+    # x86 targets without an int8 dot instruction: 3x3 stride-1 convolutions with full-range
+    # int8 weights (a split share past int8_cost.SPLIT_MAX_SHARE_FLOAT) on the exact integer
+    # Winograd F(2x2, 3x3) kernel (passes/int8_cost.py ``int_winograd``). None: there; True: for
+    # every such layer whatever its weights (MLCPACK_INT8_WINOGRAD=1); False: never (=0)
+    conv_int_winograd: bool | None = None
     # ``--quantize int8`` keeps activations 8-bit between layers (QDQ on conv outputs, ReLU /
     # ReLU6 folded into the quantize, residual adds and MaxPool on bytes: calibrate.py
     # ``_chain_plan``); False: only the int8 layers' inputs are quantized (MLCPACK_INT8_CHAIN=0)
@@ -303,6 +313,8 @@ class CompileOptions:
             env["conv_oc_lanes"] = False
         if environ.get("MLCPACK_INT8_SIGNED_X", "") in ("0", "1"):
             env["conv_signed_x"] = environ["MLCPACK_INT8_SIGNED_X"] == "1"
+        if environ.get("MLCPACK_INT8_WINOGRAD", "") in ("0", "1"):
+            env["conv_int_winograd"] = environ["MLCPACK_INT8_WINOGRAD"] == "1"
         if environ.get("MLCPACK_INT8_CHAIN", "1") == "0":
             env["int8_chain"] = False
         if environ.get("MLCPACK_VNNI_EMULATE", "") == "1":

@@ -47,15 +47,28 @@ I16 = ir.IntType(16)
 # output): with AVX-512's 32 registers, up to 24 accumulators beside the nv pixel vectors and a
 # broadcast; with 16 registers (the widened levels), contraction/geometry.py's AVX2 tiles.
 TILES_32_REGS = ((4, 4, 1.0), (6, 3, 1.0), (8, 2, 1.02), (12, 1, 1.1))
+DOT_8X3_COST = 0.95
 TILES_16_REGS = ((4, 3, 1.0), (6, 2, 1.02))
+# vdpbf16ps (the dot path) on planes of DOT_8X3_PIXELS output pixels (above the first, up to the
+# second) also: 8 x 3
+# (24 accumulators, 3 pixel vectors, the broadcast: 8 broadcasts and 3 loads per 24
+# vdpbf16ps, where 8 x 2 takes 10 per 16 and 4 x 4 8 per 16). ResNet-50 in the network, 1
+# thread, kernel CPU minima: its 1x1s at 28x28 0.95-0.98x; at 56x56 0.97-1.03x (level, kept on
+# 4 x 4); at 14x14 the 1024 -> 256 and 1024 -> 512 0.97x but the 256 -> 1024 with a pair-word
+# residual 1.10-1.15x (not understood: the next panel's output prefetch slowed the same five
+# by 1.2x), hence not there (docs/performance.md).
+TILES_DOT = TILES_32_REGS + ((8, 3, DOT_8X3_COST),)
+DOT_8X3_PIXELS = (14 * 14, 28 * 28)
 
 
 def match_conv_pairs(func: PrimFunc) -> Contraction | None:
     return match_contraction(func, kinds=(CONV_PAIR_KIND,))
 
 
-def pair_conv_geometry(x_shape, wp_shape, out_shape, strides, padding, vl: int) -> dict:
-    """The plane layout and register tile of a ``conv2d_bf16p`` for vectors of ``vl`` lanes."""
+def pair_conv_geometry(x_shape, wp_shape, out_shape, strides, padding, vl: int,
+                       dot: bool = False) -> dict:
+    """The plane layout and register tile of a ``conv2d_bf16p`` for vectors of ``vl`` lanes
+    (``dot``: vdpbf16ps's tiles)."""
     _, c, h, w = x_shape
     o, cp, kh, kw, _ = wp_shape
     oh, ow = out_shape[2:]
@@ -66,7 +79,9 @@ def pair_conv_geometry(x_shape, wp_shape, out_shape, strides, padding, vl: int) 
     wq = max(-(-(w + pl + pr) // sw), ow + (kw - 1) // sw)
     pflat = oh * wq
     best = None
-    for mr, nv, eff in TILES_32_REGS if vl == 16 else TILES_16_REGS:
+    tiles = TILES_DOT if dot and DOT_8X3_PIXELS[0] < oh * ow <= DOT_8X3_PIXELS[1] \
+        else TILES_32_REGS
+    for mr, nv, eff in tiles if vl == 16 else TILES_16_REGS:
         mr = min(mr, o)
         nr = nv * vl
         cost = -(-o // mr) * mr * -(-pflat // nr) * nr * eff
@@ -105,7 +120,11 @@ class PairConvEmitter(ContractionEmitter):
                                 for i, pad in func.attrs.get("bf16_pairs_read", ())}
         # the output written as pair words for the next bf16 convolution (padded by these)
         self.pairs_out = func.attrs.get("bf16_pairs_out")
-        if (self.pairs_in or self.pairs_out is not None) and not self.dot:
+        # the input as pair words of this padding (passes/bf16_pairs.py: a strided 1x1): the
+        # planes filled from the words, not from float32 values
+        self.pairs_fill = func.attrs.get("bf16_pairs_fill")
+        if (self.pairs_in or self.pairs_out is not None or self.pairs_fill is not None) \
+                and not self.dot:
             raise ValueError("nn.conv2d_bf16p with pair words needs the dot instruction")
 
     def _conv_geometry(self) -> dict:
@@ -113,7 +132,8 @@ class PairConvEmitter(ContractionEmitter):
             x, wp = self.match.tag.operands
             attrs = self.match.tag.attrs
             self._geom_cache = pair_conv_geometry(x.shape, wp.shape, self.match.out.shape,
-                                                  attrs["strides"], attrs["padding"], self.vl)
+                                                  attrs["strides"], attrs["padding"], self.vl,
+                                                  dot=self.dot)
             if self.pairs_in:   # (a 1x1 window: no shifted reads; wq = w)
                 g = self._geom_cache
                 g.update(rows=g["h"], pstride=g["h"] * g["w"], plane_elems=0)
@@ -178,6 +198,10 @@ class PairConvEmitter(ContractionEmitter):
             task = b.select(b.icmp_signed("<", task, ntasks), task, ntasks)
         with for_range(b, const_i64(0), const_i64(x_t.shape[0]), "n") as n:
             x_img = b.gep(x_ptr, [b.mul(n, const_i64(g["c"] * g["h"] * g["w"]))], inbounds=True)
+            if self.pairs_fill is not None:   # the words of image n (as floats: bits kept)
+                wpt, wpl, wpb, wpr = self.pairs_fill
+                x_img = b.gep(x_ptr, [b.mul(n, const_i64(
+                    g["cp"] * (g["h"] + wpt + wpb) * (g["w"] + wpl + wpr)))], inbounds=True)
             planes = b.gep(planes_all, [b.mul(n, const_i64(image_elems))], inbounds=True)
             if self.pairs_in:
                 planes = b.gep(b.bitcast(x_ptr, I32.as_pointer()),
@@ -334,6 +358,9 @@ class PairConvEmitter(ContractionEmitter):
 
     def _fill_pair_planes(self, g: dict, x_img, planes, u_lo, u_hi) -> None:
         """Plane rows [u_lo, u_hi) of every pair and phase, vl columns at a time."""
+        if self.pairs_fill is not None:
+            self._fill_from_words(g, x_img, planes, u_lo, u_hi)
+            return
         b = self.builder
         vl, wq, sw, w = self.vl, g["wq"], g["sw"], g["w"]
         ny, nx, pstride = g["ny"], g["nx"], g["pstride"]
@@ -377,6 +404,43 @@ class PairConvEmitter(ContractionEmitter):
                                                 b.add(b.mul(u, const_i64(wq)), v0))
                                     self._masked_store(b.gep(planes, [off]), vals[i], self.vty,
                                                        store_mask)
+
+    def _fill_from_words(self, g: dict, x_img, planes, u_lo, u_hi) -> None:
+        """``pairs_fill``: the planes' rows from the input's pair words ([C / 2, H + pt + pb,
+        W + pl + pr] of an image at ``x_img``, the padding ``pairs_fill``), the words of a
+        phase's columns picked as ``_source_vector`` picks values (bits kept: loads and
+        shuffles only); zero words outside the image. A 1x1 window without padding."""
+        b = self.builder
+        vl, wq, sw, w, h = self.vl, g["wq"], g["sw"], g["w"], g["h"]
+        ny, nx, pstride = g["ny"], g["nx"], g["pstride"]
+        wpt, wpl, wpb, wpr = self.pairs_fill
+        wrow = w + wpl + wpr
+        wplane = (h + wpt + wpb) * wrow
+        lanes = ir.Constant(ir.VectorType(ir.IntType(64), vl), list(range(vl)))
+        ivec = ir.VectorType(I32, vl)
+        with for_range(b, const_i64(0), const_i64(g["cp"]), "pj") as j:
+            for py in range(ny):
+                with for_range(b, u_lo, u_hi, "pu") as u:
+                    yy = b.sub(b.add(b.mul(u, const_i64(g["sh"])), const_i64(py)),
+                               const_i64(g["pt"]))
+                    row_ok = b.and_(b.icmp_signed(">=", yy, const_i64(0)),
+                                    b.icmp_signed("<", yy, const_i64(h)))
+                    yyc = b.select(row_ok, yy, const_i64(0))
+                    src = b.add(b.mul(j, const_i64(wplane)),
+                                b.add(b.mul(b.add(yyc, const_i64(wpt)), const_i64(wrow)),
+                                      const_i64(wpl)))
+                    for px in range(nx):
+                        with for_range(b, const_i64(0), const_i64(-(-wq // vl)), "pv") as q:
+                            v0 = b.mul(q, const_i64(vl))
+                            vs = b.add(self._splat_i64(v0), lanes)
+                            store_mask = b.icmp_signed("<", vs, self._splat_i64(const_i64(wq)))
+                            words = b.bitcast(self._source_vector(x_img, src, row_ok, v0, px,
+                                                                  sw, w), ivec)
+                            off = b.add(b.mul(b.add(b.mul(j, const_i64(ny * nx)),
+                                                    const_i64(py * nx + px)),
+                                              const_i64(pstride)),
+                                        b.add(b.mul(u, const_i64(wq)), v0))
+                            self._masked_store(b.gep(planes, [off]), words, ivec, store_mask)
 
     def _splat_i64(self, x: ir.Value) -> ir.Value:
         b = self.builder

@@ -59,7 +59,11 @@ plan's size-dependent part (bands, row groups, Winograd tile counts, the padded 
 computed from the sizes at the kernel's entry (``_runtime_geometry``) by the static plan's
 rules, a band at least one output row; the remainder tiles and the last vector of an output
 row handled at run time (that vector's epilogue masked); the workspace a size expression that
-bounds every region (``_open_geometry``), the same for every vector width of a bundle.
+bounds every region (``_open_geometry``), the same for every vector width of a bundle. A tile
+whose pixels lie in one output row reads them from one base pointer, as the static kernel does
+(``_tile_steps``' ``row_base``), its (row, column) carried from tile to tile; a tile that wraps
+into the next row keeps a pointer per pixel. The band copy writes whole padded rows from
+masked loads (``_copy_open_band``).
 """
 
 from __future__ import annotations
@@ -94,6 +98,14 @@ MAX_TILE_ROWS_32 = 8
 # 1.03, the stride-2 stems of PP-LCNet and MobileNetV3 1.02-1.07).
 ONE_VECTOR_TILE_ROWS = 16
 ONE_VECTOR_MIN_STEPS = 64
+# AVX-512, fp32: a row group's pixels past its whole 8-pixel tiles run half a tile (4 pixels, 8
+# accumulators: enough chains for both FMA pipes) before single pixels (2 accumulators: the
+# FMA latency bounds them at a quarter of the tile's rate).
+REST_HALF_TILE = True
+# ... and (static image sizes) the row groups' height chosen for the fewest such pixels
+# (``_group_rows``): a single pixel costs about this many pixels of a tile, a group this many.
+SINGLE_PIXEL_COST = 4
+GROUP_COST = 8
 # Weight vectors per register tile (16 registers: 4 x 3 pixels of accumulators); a block's
 # vectors past it (4-lane targets: 8 per block) are computed in passes of up to this many.
 MAX_TILE_VECTORS = 4
@@ -130,6 +142,23 @@ BALANCE_BAND_PIXELS = 64
 # while every block of output channels reads them); at least this many work items.
 WINO_V_BYTES = 256 * 1024
 WINO_MIN_ITEMS = 4
+# V's planes (one per xi of the 16) whose stride is a multiple of this many bytes get
+# WINO_PLANE_PAD more floats each: the input transform stores a vector into each of the 16
+# planes per step, and 16 lines a multiple of 2 KB apart share a few L1 sets (and alias at 4
+# KB with the loads). Kernel CPU min, 1 thread, Zen 5: 128 -> 128 on 10x10 (planes 40 KB apart)
+# 94 -> 75 us, 64 -> 64 on 20x20 86 -> 71, 32 -> 32 on 40x40 116 -> 83, 64 -> 64 on 40x40
+# 331 -> 270. (M's planes padded the same way: no change measured.)
+# Choosing a Winograd layer's bands and groups for two threads (``_wino_split_plan``): a
+# padded tile's input transform per input channel costs about this many multiply-adds of the
+# products (128 -> 128 on 10x10: copy and transform 12.5 of 75 us), a tile left over from the
+# register tiles this many times a tiled one; a plan is taken for a two-thread share smaller by
+# more than WINO_SPLIT_GAIN, its one-thread cost at most WINO_ONE_THREAD_SLACK more.
+WINO_TRANSFORM_COST = 8
+WINO_SINGLE_TILE_COST = 2.5
+WINO_SPLIT_GAIN = 0.03
+WINO_ONE_THREAD_SLACK = 0.02
+WINO_ALIAS_BYTES = 2048
+WINO_PLANE_PAD = 16
 WINO_UNROLL = 4      # input channels per iteration of the products' reduction loop
 # Items per band (its blocks of output channels split in this many runs): on 2 threads
 # ResNet-18's 14x14 layers (7 tile rows: 4 bands, 2 + 2 against 2 + 1 rows) 1.10 -> 0.95 ms,
@@ -152,6 +181,10 @@ WINO_MIN_BAND_TILES = 24
 # PREFETCH_MIN_WEIGHT_BYTES (below, no gain measured: 128 -> 256 3x3 s2 on 28x28, the stem).
 PREFETCH_MIN_WEIGHT_BYTES = geometry.L2_REUSE_BYTES
 PREFETCH_LINES_MAX = 4
+OPEN_PREFETCH_PIXELS = 32
+# A run-time image size with few input channels (see ``_open_geometry``).
+OPEN_BAND_ROWS = 8
+OPEN_WIDE_ROW = 1024
 
 
 def packs_conv_weights(targets) -> bool:
@@ -256,6 +289,11 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
         # the band copy would make (zero-padded: no copy), the output is written as the words
         # (padded by ``pairs_out``) that the next bf16 convolution reads
         self.pairs_in = bool(self.func.attrs.get("bf16_pairs_in"))
+        # the words' padding: the convolution's own, or (a tensor other readers read too) a
+        # larger one, read from its offset (the padded words past the own padding not read)
+        words_pad = self.func.attrs.get("bf16_pairs_in")
+        self.words_pad = tuple(words_pad) if isinstance(words_pad, (tuple, list)) \
+            else (self.pt, self.pl, pb, pr)
         self.pairs_out = self.func.attrs.get("bf16_pairs_out")
         # epilogue operands (a residual) held as pair words, by padding
         self.pair_word_reads = {self.func.inputs[i].uid: tuple(pad)
@@ -290,14 +328,18 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
                           lambda nb: self._items_work(images, nb))
         self.band = -(-self.oh // nbands)
         self.nbands = -(-self.oh // self.band)
+        self.rows = self._group_rows(self.rows)
         self.band_in = rows_for(self.band) if self.copy else self.h
         self.plane_floats = self.band_in * self.wpc if self.copy else self.h * self.w
         self.image_elems = self.c * self.h * self.w
         if self.pairs_in:   # the input as the padded pair words, read in place
-            self.wpc = self.w + self.pl + pr
-            self.band_in = self.h + self.pt + pb
+            wpt, wpl, wpb, wpr = self.words_pad
+            self.wpc = self.w + wpl + wpr
+            self.band_in = self.h + wpt + wpb
             self.plane_floats = self.band_in * self.wpc
             self.image_elems = self.cp * self.plane_floats
+            # the own padding's first row and column within the words' planes
+            self.words_origin = (wpt - self.pt) * self.wpc + (wpl - self.pl)
         plane_region = self.c * self.plane_floats + 16 if self.copy else 0
         # the last row's last transpose reads up to vl - 1 pixels past the group's end
         self.rowbuf_floats = (self.rows * self.ow + max(8, self.vl)) * OC_BLOCK
@@ -311,6 +353,32 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
         self.bf16 = self.match.tag.operands[1].dtype == "bfloat16"   # --precision bf16
         if self.wino:
             self._wino_geometry(pr)
+
+    def _group_rows(self, most: int) -> int:
+        """Output rows per row group, at most ``most``: at 16 lanes in fp32 (8-pixel tiles,
+        REST_HALF_TILE) the height whose groups leave the fewest pixels past whole tiles,
+        weighted by what they cost (a 4-pixel half tile about 4 pixels' time, a single pixel
+        about 4; GROUP_COST pixels a group), the tallest of equals. PP-LCNet's 14x14 planes:
+        groups of 8 and 6 rows (112 and 84 pixels: 24 tiles and a half tile) instead of 9 and 5
+        (126 and 70: 23 tiles, 2 half tiles and 4 single pixels)."""
+        if not (REST_HALF_TILE and self.vl == 16 and not self.pairs and self.o >= OC_BLOCK
+                and not self.match.tag.attrs.get("winograd")
+                and self._tile_rows(OC_BLOCK // 16) == MAX_TILE_ROWS_32):
+            return most
+        mr, half = MAX_TILE_ROWS_32, MAX_TILE_ROWS_32 // 2
+        heights = [min(self.band, self.oh - y) for y in range(0, self.oh, self.band)]
+
+        def cost(rows: int) -> int:
+            total = 0
+            for h in heights:
+                for y in range(0, h, rows):
+                    n = min(rows, h - y) * self.ow
+                    left = n % mr
+                    total += n - left + GROUP_COST + (half if left >= half else 0) + \
+                        SINGLE_PIXEL_COST * (left - half if left >= half else left)
+            return total
+
+        return min(range(most, 0, -1), key=cost)
 
     def _items_work(self, images: int, nbands: int) -> list[int]:
         """Each work item's multiply-adds over output pixels (rows x channels) in item order,
@@ -334,10 +402,19 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
         self.task_regions = MAX_TASK_REGIONS
         self.wpc = self.w + self.pl + pr if self.copy else self.w
         self.rows = None   # run-time values from here on (_runtime_geometry)
+        self.band_rows = None
         if self.wino:
             self._open_wino_geometry()
             return
         plane_bound = BAND_BYTES // 4 + self.c * self.kh * self.wpc + 16 if self.copy else 0
+        # few input channels (a C = 3 stem): bands of at most OPEN_BAND_ROWS output rows, and
+        # a bound of their rows (below BAND_BYTES' for rows up to OPEN_WIDE_ROW floats wide):
+        # the 8 regions of PP-OCRv4's stem took 2.5 MB (its bands are 3 rows: 27 KB of
+        # planes), and the kernel ran 1.2-1.3x its fixed-shape time in the model
+        self.band_rows = None
+        if self.copy and self.c * (OPEN_BAND_ROWS - 1) * self.sh * OPEN_WIDE_ROW <= BAND_BYTES // 4:
+            self.band_rows = OPEN_BAND_ROWS
+            plane_bound = self.c * ((OPEN_BAND_ROWS - 1) * self.sh + self.kh) * self.wpc + 16
         self.plane_region = plane_bound
         self.rowbuf_floats = (ROW_PIXELS + self.ow + 8) * OC_BLOCK
         self.region_floats = (plane_bound + self.rowbuf_floats + 15) // 16 * 16
@@ -383,7 +460,8 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
         self.plane_floats = b.mul(self.band_in, self.wpc)
         plane = b.add(b.mul(self.plane_floats, const_i64(self.c)), const_i64(16 + 15))
         self.plane_region = b.mul(b.udiv(plane, const_i64(16)), const_i64(16))
-        self.v_floats = b.mul(b.mul(self.band_tr, self.ntp), const_i64(16 * self.c))
+        self.v_xi = b.mul(b.mul(self.band_tr, self.ntp), const_i64(self.c))
+        self.v_floats = b.mul(self.v_xi, const_i64(16))
         self.m_tiles = b.mul(self.band_tr, self.nt)
         self.m_floats = b.mul(self.m_tiles, const_i64(16 * OC_BLOCK))
         self.row_len = hi(b.mul(self.nt, const_i64(2)),
@@ -414,6 +492,8 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
         if self.copy:
             fit = b.sdiv(const_i64(BAND_BYTES // 4), b.mul(self.wpc, const_i64(self.c)))
             band = b.add(b.sdiv(b.sub(fit, const_i64(self.kh)), const_i64(self.sh)), one)
+            if self.band_rows is not None:
+                band = lo(band, const_i64(self.band_rows))
             band = hi(lo(band, self.oh), one)
         else:
             band = self.oh
@@ -439,13 +519,18 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
     def _ceil_div(self, x: ir.Value, y: ir.Value) -> ir.Value:
         return self.builder.sdiv(self.builder.add(x, self.builder.sub(y, const_i64(1))), y)
 
-    def _row_major_steps(self, start: ir.Value, width: ir.Value, count: int):
+    def _row_major_steps(self, start: ir.Value, width: ir.Value, count: int,
+                         at: tuple | None = None):
         """(row, column) of the ``count`` consecutive row-major positions from ``start`` in
-        rows of run-time ``width``: one division for the first, then a step with a wrap for
-        each next one. A generator: each step is emitted just before it is used."""
+        rows of run-time ``width``: one division for the first (none where ``at`` gives its
+        row and column), then a step with a wrap for each next one. A generator: each step is
+        emitted just before it is used."""
         b = self.builder
-        r = b.udiv(start, width)
-        col = b.sub(start, b.mul(r, width))
+        if at is None:
+            r = b.udiv(start, width)
+            col = b.sub(start, b.mul(r, width))
+        else:
+            r, col = at
         for j in range(count):
             if j:
                 col = b.add(col, const_i64(1))
@@ -503,6 +588,8 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
             nb = max(1, self.ntr // -(-WINO_MIN_BAND_TILES // self.nt))
             nb -= nb % 2 if nb > 1 else 0
             band_tr = -(-self.ntr // nb)
+        if isinstance(self.n, int):
+            band_tr, self.wgroups = self._wino_split_plan(band_tr, u_bytes)
         self.band_tr = band_tr
         self.nbands = -(-self.ntr // band_tr)
         # no more task regions than items (one band of a large layer: two, not MAX_TASK_REGIONS)
@@ -511,13 +598,82 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
         self.band_in = 2 * band_tr + 2
         self.plane_floats = self.band_in * self.wpc
         self.plane_region = -(-(self.c * self.plane_floats + 16) // 16) * 16
-        self.v_floats = 16 * self.c * band_tr * self.ntp
+        # V's 16 planes (one per xi) a multiple of WINO_ALIAS_BYTES apart: padded (see there)
+        self.v_xi = self.c * band_tr * self.ntp
+        if (4 * self.v_xi) % WINO_ALIAS_BYTES == 0:
+            self.v_xi += WINO_PLANE_PAD
+        self.v_floats = 16 * self.v_xi
         self.m_tiles = band_tr * self.nt
         self.m_floats = 16 * self.m_tiles * OC_BLOCK
         self.row_len = max(2 * self.nt, -(-self.ow // vl) * vl)
         self.rowbuf_floats = 2 * self.row_len * OC_BLOCK
         self.region_floats = -(-(self.plane_region + self.v_floats + self.m_floats
                                  + self.rowbuf_floats) // 16) * 16
+
+    def _wino_split_plan(self, band_tr: int, u_bytes: int) -> tuple[int, int]:
+        """(tile rows per band, groups per band) for two threads: of the plans whose one-thread
+        cost is within WINO_ONE_THREAD_SLACK of the plan ``band_tr`` with ``self.wgroups``
+        groups, the one whose two threads' larger share (``_wino_costs``) is the least, if
+        it beats that plan's by more than WINO_SPLIT_GAIN. A task transforms each band it
+        has items of: two tasks sharing a band's groups both transform it (10x10 images, one
+        band in 2 groups), and bands of unequal heights or an odd count split unevenly. The
+        other plans keep the transformed inputs within WINO_V_BYTES (twice that at 16 lanes,
+        whose hosts have L2 of 1 MB or more) and read the transformed weights no more often
+        than the plan does where they pass L2."""
+        base = (band_tr, self.wgroups)
+        groups = {1, self.wgroups}
+        cap = WINO_V_BYTES * (2 if self.vl >= 16 else 1)
+        base_bands = -(-self.ntr // band_tr)
+        plans = [base]
+        for bt in range(1, self.ntr + 1):
+            nb = -(-self.ntr // bt)
+            if 16 * self.c * bt * self.ntp * 4 > max(cap, 16 * self.c * band_tr * self.ntp * 4):
+                continue
+            if u_bytes > geometry.L2_REUSE_BYTES and nb > base_bands:
+                continue
+            plans += [(bt, g) for g in sorted(groups) if (bt, g) != base]
+        costs = {p: self._wino_costs(*p) for p in plans}
+        one0, two0 = costs[base]
+        ok = [p for p in plans if costs[p][0] <= one0 * (1 + WINO_ONE_THREAD_SLACK)]
+        best = min(ok, key=lambda p: (costs[p][1], costs[p][0]))
+        return best if costs[best][1] < two0 * (1 - WINO_SPLIT_GAIN) else base
+
+    def _wino_costs(self, band_tr: int, groups: int) -> tuple[float, float]:
+        """(one thread's cost, the larger of two threads' shares) of the Winograd plan of
+        ``band_tr`` tile rows per band and ``groups`` items per band, in multiply-adds of the
+        products: a band's items' products (tiles in register tiles of ``_tile_rows``, the
+        rest one tile at a time at WINO_SINGLE_TILE_COST), plus WINO_TRANSFORM_COST per padded
+        tile and input channel for each band a task has items of. Two threads: the tasks the
+        runtime posts for the kernel's multiply-adds (``runtime.vm.task_count``), each
+        thread its home range of them, then the other's (``_two_thread_path``)."""
+        from ...runtime.vm import task_count
+
+        mr = self._tile_rows(min(MAX_TILE_VECTORS, OC_BLOCK // self.vl))
+        full = self.o // OC_BLOCK
+        chans = [OC_BLOCK * ((g + 1) * full // groups - g * full // groups)
+                 + (self.o % OC_BLOCK if g == groups - 1 else 0) for g in range(groups)]
+        rows = [min(band_tr, self.ntr - y) for y in range(0, self.ntr, band_tr)]
+        items = []
+        for i in range(self.n):
+            for bi, r in enumerate(rows):
+                tiles = r * self.nt
+                eff = tiles // mr * mr + tiles % mr * WINO_SINGLE_TILE_COST
+                for g in range(groups):
+                    items.append(((i, bi), eff * chans[g] * self.c,
+                                  r * self.ntp * self.c * WINO_TRANSFORM_COST))
+
+        def cost(run) -> float:
+            seen = {}
+            for band, _, t in run:
+                seen[band] = t
+            return sum(w for _, w, _ in run) + sum(seen.values())
+
+        n = len(items)
+        ntasks = task_count(2, self.n * self.o * self.oh * self.ow * self.k, True)
+        nt = min(ntasks, MAX_TASK_REGIONS, n)
+        tasks = [cost(items[t * n // nt:(t + 1) * n // nt]) for t in range(nt)]
+        tasks += [0.0] * (ntasks - nt)
+        return cost(items), _two_thread_path(tasks)
 
     def _tile_rows(self, nv: int) -> int:
         """Pixels per register tile for a block of ``nv`` weight vectors: accumulators, the
@@ -572,6 +728,8 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
                     planes, row0 = region, oy_lo   # plane row 0 is output row oy_lo's first
                 else:
                     planes, row0 = x_img, const_i64(0)
+                    if self.pairs_in and self.words_origin:
+                        planes = b.gep(x_img, [const_i64(self.words_origin)])
                 self._emit_block(nb, blk, oy_lo, planes, row0)
 
     def _copy_band(self, x_img: ir.Value, oy_lo: ir.Value, region: ir.Value) -> None:
@@ -597,6 +755,9 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
         r_hi = b.select(b.icmp_signed("<", r_hi, self._extent(self.band_in)), r_hi,
                         self._extent(self.band_in))
         zeros = ir.Constant(F32, 0.0)
+        if self.open_image and self.vl >= 8:
+            self._copy_open_band(x_img, top, r_lo, r_hi, region, zero)
+            return
         with for_range(b, const_i64(0), const_i64(self.c), "cpc") as ic:
             src_plane = b.gep(x_img, [b.mul(ic, self._extent(self._product(self.h, self.w)))],
                               inbounds=True)
@@ -622,6 +783,48 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
                     for j in list(range(self.pl)) + list(range(self.pl + self.w, self.wpc)):
                         b.store(zeros, b.gep(row, [const_i64(j)], inbounds=True))
                     self._copy_run(src, 0, row, self.pl, self.w)
+
+    def _copy_open_band(self, x_img: ir.Value, top: ir.Value, r_lo: ir.Value, r_hi: ir.Value,
+                        region: ir.Value, zero) -> None:
+        """``_copy_band`` for a run-time image size at 8 or 16 lanes: each padded row written
+        as whole vectors from masked loads of the input row (its margins the masked-off lanes'
+        zeros; a masked lane is not read), the last vector's lanes past the row spilling zeros
+        into the next row's start, which is written after it (rows and channels in order; the
+        last channel's into the region's 16 floats of slack, ``_open_geometry``); the rows
+        above and below the image cleared only where there are any (the rows below after the
+        rows inside, over the last one's spill). Not one memset call per channel and scalar
+        margin stores per row: the SVTR neck's 960 channels of 1x42 took ~30 us that way."""
+        b, vl = self.builder, self.vl
+        ivec = ir.VectorType(I32, vl)
+
+        def splat32(x):
+            v = b.insert_element(ir.Constant(ivec, None), b.trunc(x, I32), ir.Constant(I32, 0))
+            return b.shuffle_vector(v, ir.Constant(ivec, None),
+                                    ir.Constant(ir.VectorType(I32, vl), [0] * vl))
+
+        wpc, w, band_in = self.wpc, self.w, self.band_in
+        nq = b.udiv(b.add(wpc, const_i64(vl - 1)), const_i64(vl))
+        # lane i of vector q reads input column q * vl + i - pl
+        first_cols = b.sub(ir.Constant(ivec, list(range(vl))), splat32(const_i64(self.pl)))
+        width = splat32(w)
+        with for_range(b, const_i64(0), const_i64(self.c), "cpc") as ic:
+            src_plane = b.gep(x_img, [b.mul(ic, b.mul(self.h, w))], inbounds=True)
+            dst_plane = b.gep(region, [b.mul(ic, self.plane_floats)], inbounds=True)
+            with b.if_then(b.icmp_signed(">", r_lo, const_i64(0))):
+                zero(dst_plane, b.mul(r_lo, wpc))
+            with for_range(b, r_lo, r_hi, "cpr") as r:
+                src = b.gep(src_plane, [b.mul(b.add(top, r), w)], inbounds=True)
+                row = b.gep(dst_plane, [b.mul(r, wpc)], inbounds=True)
+                with for_range(b, const_i64(0), nq, "cpq") as q:
+                    q0 = b.mul(q, const_i64(vl))
+                    cols = b.add(first_cols, splat32(q0))
+                    inside = b.icmp_unsigned("<", cols, width)
+                    ptr = b.gep(src, [b.sub(q0, const_i64(self.pl))])
+                    val = self._masked_load(b.bitcast(ptr, self.vty.as_pointer()), inside)
+                    b.store(val, self._vec_ptr(row, q0), align=4)
+            with b.if_then(b.icmp_signed("<", r_hi, band_in)):
+                zero(b.gep(dst_plane, [b.mul(r_hi, wpc)], inbounds=True),
+                     b.mul(b.sub(band_in, r_hi), wpc))
 
     def _copy_band_pairs(self, x_img: ir.Value, oy_lo: ir.Value, region: ir.Value) -> None:
         """``_copy_band`` for bf16 pairs: plane j of the region holds, per padded position, the
@@ -753,13 +956,31 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
                 for v0, nv in passes:
                     mr = self._tile_rows(nv)
                     full = b.sdiv(npix, const_i64(mr))
+                    if self.open_image and mr > 1:
+                        # the tile's (row, column) carried from tile to tile: no division by
+                        # the run-time width per tile, one where a tile wraps
+                        at_r = alloca_once(b, I64, name="oc_tile_row")
+                        at_c = alloca_once(b, I64, name="oc_tile_col")
+                        b.store(const_i64(0), at_r)
+                        b.store(const_i64(0), at_c)
                     with for_range(b, const_i64(0), full, "tx") as tx:
+                        at = None
+                        if self.open_image and mr > 1:
+                            at = (b.load(at_r), b.load(at_c))
                         self._tile(planes, prow0, b.mul(tx, const_i64(mr)), mr, v0, nv, wblk,
-                                   c0, c1, first, prefetch=tx)
+                                   c0, c1, first, prefetch=tx, at=at)
+                        if at is not None:
+                            col = b.add(at[1], const_i64(mr))
+                            b.store(col, at_c)
+                            with b.if_then(b.icmp_unsigned(">=", col, self.ow)):
+                                rows = b.udiv(col, self.ow)
+                                b.store(b.add(at[0], rows), at_r)
+                                b.store(b.sub(col, b.mul(rows, self.ow)), at_c)
                     rest = b.mul(full, const_i64(mr))
                     # bf16 pairs: half a tile first (a 1-pixel tile is load-bound on
                     # vdpbf16ps); so for ONE_VECTOR_TILE_ROWS (up to 15 pixels left)
-                    if (self.pairs and mr >= 4) or mr > MAX_TILE_ROWS_32:
+                    if (self.pairs and mr >= 4) or mr > MAX_TILE_ROWS_32 or (
+                            REST_HALF_TILE and self.vl == 16 and mr == MAX_TILE_ROWS_32):
                         half = mr // 2
                         with b.if_then(b.icmp_signed(">=", b.sub(npix, rest),
                                                      const_i64(half))):
@@ -776,7 +997,7 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
                 self._emit_row(nb, blk, b.add(oy0, r), rowbuf, nvb)
 
     def _tile(self, planes, prow0, p0, mr: int, v0: int, nv: int, wblk, c0, c1, first,
-              prefetch: ir.Value | None = None) -> None:
+              prefetch: ir.Value | None = None, at: tuple | None = None) -> None:
         """The group's pixels p0 .. p0 + mr - 1 (pixel p: row p // ow from plane row
         ``prow0``, column p % ow) times the block's channel vectors v0 .. v0 + nv - 1, over
         input channels c0 .. c1 - 1, added to (first chunk: stored in) the row buffer."""
@@ -797,17 +1018,64 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
         for j in range(mr):
             for v in range(nv):
                 b.store(b.select(first, zero, b.load(buf_ptr(j, v), align=4)), accs[j * nv + v])
-        bases = []
-        if self.open_image:   # one division per tile, then pixel after pixel
-            for r, ox in self._row_major_steps(p0, self.ow, mr):
-                prow = b.add(prow0, b.mul(r, const_i64(self.sh)))
-                bases.append(b.gep(planes, [b.add(b.mul(prow, row_stride),
-                                                  b.mul(ox, const_i64(self.sw)))], inbounds=True))
-        for p in pix if not self.open_image else ():
-            r, ox = b.sdiv(p, const_i64(self.ow)), b.srem(p, const_i64(self.ow))
+        if self.open_image and mr > 1:
+            # a tile inside one output row (all but those that wrap): its pixels' inputs at
+            # constant offsets from one base, so that neighbouring pixels' taps share their
+            # broadcasts and no pointer per pixel is kept (or spilled) over the reduction;
+            # a tile that wraps takes a pointer per pixel (_row_major_steps)
+            if at is None:
+                r = b.udiv(p0, self.ow)
+                ox = b.sub(p0, b.mul(r, self.ow))
+            else:   # pixel p0's (row, column), known to the caller
+                r, ox = at
             prow = b.add(prow0, b.mul(r, const_i64(self.sh)))
-            bases.append(b.gep(planes, [b.add(b.mul(prow, const_i64(row_stride)),
-                                              b.mul(ox, const_i64(self.sw)))], inbounds=True))
+            base = b.gep(planes, [b.add(b.mul(prow, row_stride),
+                                        b.mul(ox, const_i64(self.sw)))], inbounds=True)
+            inside = b.icmp_signed("<=", b.add(ox, const_i64(mr)), self.ow)
+            with b.if_else(inside) as (one_row, wraps):
+                with one_row:
+                    self._tile_steps(accs, [base], mr, v0, nv, wblk, c0, c1, plane_stride,
+                                     row_stride, prefetch, row_base=True)
+                with wraps:
+                    bases = []
+                    for r, ox in self._row_major_steps(p0, self.ow, mr, at):
+                        prow = b.add(prow0, b.mul(r, const_i64(self.sh)))
+                        bases.append(b.gep(planes, [b.add(b.mul(prow, row_stride),
+                                                          b.mul(ox, const_i64(self.sw)))],
+                                           inbounds=True))
+                    self._tile_steps(accs, bases, mr, v0, nv, wblk, c0, c1, plane_stride,
+                                     row_stride, prefetch)
+        else:
+            bases = []
+            if self.open_image:   # a single pixel
+                for r, ox in self._row_major_steps(p0, self.ow, mr):
+                    prow = b.add(prow0, b.mul(r, const_i64(self.sh)))
+                    bases.append(b.gep(planes, [b.add(b.mul(prow, row_stride),
+                                                      b.mul(ox, const_i64(self.sw)))],
+                                       inbounds=True))
+            for p in pix if not self.open_image else ():
+                r, ox = b.sdiv(p, const_i64(self.ow)), b.srem(p, const_i64(self.ow))
+                prow = b.add(prow0, b.mul(r, const_i64(self.sh)))
+                bases.append(b.gep(planes, [b.add(b.mul(prow, const_i64(row_stride)),
+                                                  b.mul(ox, const_i64(self.sw)))], inbounds=True))
+            self._tile_steps(accs, bases, mr, v0, nv, wblk, c0, c1, plane_stride, row_stride,
+                             prefetch)
+        for j in range(mr):
+            for v in range(nv):
+                b.store(b.load(accs[j * nv + v]), buf_ptr(j, v), align=4)
+
+    def _tile_steps(self, accs, bases, mr: int, v0: int, nv: int, wblk, c0, c1, plane_stride,
+                    row_stride, prefetch: ir.Value | None, row_base: bool = False) -> None:
+        """``_tile``'s reduction over input channels c0 .. c1 - 1 into the accumulators
+        ``accs``, pixel j's inputs read from ``bases[j]``, or (``row_base``) from ``bases[0]``
+        + j * sw (the tile's pixels in one row). With one base, LLVM keeps a window row's
+        broadcasts for the next taps of neighbouring pixels where the registers allow it
+        (``_shares_taps``); where they do not, each tap reads through a pointer of its own that
+        LLVM cannot see through (``_opaque_ptr``), every broadcast loaded where it is used
+        (a 16-pixel tile of a 3x3 window kept 18 broadcasts and spilled: 60 stack accesses per
+        144 multiply-adds)."""
+        b, vl = self.builder, self.vl
+        share = row_base and self._shares_taps(mr, nv)
 
         def tap_offset(ky_row: int, kx: int) -> ir.Value:
             if self.open_image:
@@ -819,8 +1087,16 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
             """One window row's taps (``ky`` the row's offset, ``ky_row`` its index in the
             unrolled rows) added to ``vals``."""
             for kx in range(self.kws):
-                xs = [self._splat(b.load(b.gep(xc, [b.add(ky, tap_offset(
-                    ky_row, kx * self.kx_step))], inbounds=True))) for xc in xcs]
+                if row_base:
+                    at = b.gep(xcs[0], [b.add(ky, tap_offset(ky_row, kx * self.kx_step))],
+                               inbounds=True)
+                    if not share and self.kws > 1:
+                        at = _opaque_ptr(b, at)
+                    xs = [self._splat(b.load(b.gep(at, [const_i64(j * self.sw)], inbounds=True)
+                                             if j else at)) for j in range(mr)]
+                else:
+                    xs = [self._splat(b.load(b.gep(xc, [b.add(ky, tap_offset(
+                        ky_row, kx * self.kx_step))], inbounds=True))) for xc in xcs]
                 if self.pairs:   # one vdpbf16ps per pixel and weight vector: 2 products
                     # (the planes' pair words loaded and broadcast as float32 bits)
                     for v in range(nv):
@@ -866,9 +1142,13 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
                                 [b.load(a) for a in accs])
                     for a, val in zip(accs, vals):
                         b.store(val, a)
-        for j in range(mr):
-            for v in range(nv):
-                b.store(b.load(accs[j * nv + v]), buf_ptr(j, v), align=4)
+
+    def _shares_taps(self, mr: int, nv: int) -> bool:
+        """Whether a one-row tile of ``mr`` pixels and ``nv`` weight vectors keeps a window
+        row's distinct broadcasts ((mr - 1) * sw + kw of them) in registers beside its
+        accumulators and weight vectors."""
+        registers = REGISTERS_32 if self.vl == 16 else REGISTERS
+        return mr * nv + nv + (mr - 1) * self.sw + self.kws <= registers
 
     def _prefetch_lines(self, mr: int) -> int:
         """Cache lines of the next chunk's weights each reduction step of a full tile
@@ -876,7 +1156,9 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
         PREFETCH_MIN_WEIGHT_BYTES): enough that a group's tiles together cover the chunk."""
         if (2 if self.bf16 else 4) * self.nblocks * self.k * OC_BLOCK <= PREFETCH_MIN_WEIGHT_BYTES:
             return 0
-        pixels = ROW_PIXELS if self.open_image else self.rows * self.ow
+        # a run-time image size: row groups of at least OPEN_PREFETCH_PIXELS assumed (a
+        # group of ROW_PIXELS, on rows of 40, left a sixth of each next chunk unfetched)
+        pixels = OPEN_PREFETCH_PIXELS if self.open_image else self.rows * self.ow
         tiles = max(1, pixels // mr)
         # bytes per reduction unit's weight (a channel's, or a pair word: 4)
         unit = 4 if self.pairs or not self.bf16 else 2
@@ -1173,7 +1455,7 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
                                     dst = b.gep(dst, [xi_stride], inbounds=True)
                                 at = dst
                             else:
-                                off = v(self._product((a * 4 + bb) * self.c, row_stride))
+                                off = v(self._product(a * 4 + bb, self.v_xi))
                                 at = b.gep(vrow, [b.add(off, b.mul(q, const_i64(vl)))],
                                            inbounds=True)
                             b.store(val, b.bitcast(at, self.vty.as_pointer()), align=4)
@@ -1220,8 +1502,7 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
         times U[xi][c][:] (broadcast times weight vectors, mr x nv accumulators)."""
         b, vl = self.builder, self.vl
         row_stride = self._product(self.band_tr, self.ntp)
-        vx = b.gep(self.vbuf, [b.mul(xi, self._extent(self._product(self.c, row_stride)))],
-                   inbounds=True)
+        vx = b.gep(self.vbuf, [b.mul(xi, self._extent(self.v_xi))], inbounds=True)
         ux = b.gep(wblk, [b.mul(xi, const_i64(self.c * OC_BLOCK))], inbounds=True)
         tiles = [b.add(u0, const_i64(j)) if j else u0 for j in range(mr)]
         bases = []
@@ -1311,12 +1592,31 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
                     b.store(y, self._vec_ptr(self.rowbuf, off), align=4)
 
 
+def _two_thread_path(tasks: list[float]) -> float:
+    """When the later of two threads finishes ``tasks`` (their costs) as the runtime's home
+    ranges run them (codegen/threadpool.py): each thread its half from the bottom, then the
+    other's from the top, the thread that is free first claiming next."""
+    ranges = [list(tasks[:len(tasks) // 2]), list(tasks[len(tasks) // 2:])]
+    clock = [0.0, 0.0]
+    while ranges[0] or ranges[1]:
+        t = 0 if clock[0] <= clock[1] else 1
+        clock[t] += ranges[t].pop(0) if ranges[t] else ranges[1 - t].pop()
+    return max(clock)
+
+
 def _opaque_i64(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
     """``x`` through an empty inline asm that returns its operand: the same value, which LLVM
     can neither see through nor hoist out of the loop it is made in (so it cannot precompute
     multiples of a run-time stride there and hold, or spill, each)."""
     fnty = ir.FunctionType(I64, [I64])
     return b.asm(fnty, "", "=r,0", [x], side_effect=True)
+
+
+def _opaque_ptr(b: ir.IRBuilder, p: ir.Value) -> ir.Value:
+    """``p`` through an empty inline asm (``_opaque_i64`` for a pointer): loads from it and
+    from constant offsets of it are not merged with loads through other pointers."""
+    fnty = ir.FunctionType(p.type, [p.type])
+    return b.asm(fnty, "", "=r,0", [p], side_effect=False)
 
 
 def _transpose(b: ir.IRBuilder, rows: list[ir.Value]) -> list[ir.Value]:

@@ -67,14 +67,40 @@ def emit_qelementwise(module: ir.Module, func: PrimFunc, symbol: str, vl: int,
 
 
 def emit_qelementwise_sized(module: ir.Module, func: PrimFunc, symbol: str, vl: int,
-                            size_vars: tuple[str, ...]) -> KernelInfo | None:
+                            size_vars: tuple[str, ...],
+                            options: SplitThresholds = DEFAULTS) -> KernelInfo | None:
     """The ``lut8`` kernel with run-time extents (batch and image sizes open, the table's
     axis static: QDQ files whose image size stays open), or ``qtable``'s (``codegen/
-    qtable.py``); None for anything else."""
+    qtable.py``); on AVX2 also a float32 tensor's ``quantize`` (after a squeeze-and-excitation
+    gate's multiply too) and an 8-bit tensor's ``dequantize`` (one scale and zero point each,
+    ``_QConvertSized``); None for anything else."""
     avx2 = module.triple.startswith("x86_64") and vl >= 8
     tag = match_qtable(func)
     if tag is not None:
         return QTableEmitter(module, func, symbol, tag, avx2, size_vars).emit()
+    if avx2:
+        qdtype = match_quantize(func, symbolic=True)
+        kind = "quantize" if qdtype is not None else None
+        if kind is None:
+            qdtype = match_dequantize(func)
+            kind = "dequantize" if qdtype is not None else None
+        if kind is not None:
+            return _QConvertSized(module, func, symbol, _TableTag(qdtype, -1), avx2,
+                                  size_vars).emit(kind, options.parallel_min_outputs)
+        added = match_dequantized_add(func)
+        if added is not None:
+            return _QDequantizedAdd(module, func, symbol, _TableTag(added[0], -1), avx2,
+                                    size_vars).emit_add(added[1], options.parallel_min_outputs)
+        looked = match_table_dequantize(func)
+        if looked is not None:
+            return _QTableDequantize(module, func, symbol, _TableTag(looked[0], looked[1]),
+                                     avx2, size_vars).emit_table(
+                                         options.parallel_min_outputs)
+        gated = match_gated_quantize(func)
+        if gated is not None:
+            return _QConvertSized(module, func, symbol, _TableTag(gated[0], -1), avx2,
+                                  size_vars).emit_gated(gated[1], gated[2],
+                                                        options.parallel_min_outputs)
     table = match_lut8(func, symbolic=True)
     if table is None:
         return None
@@ -89,7 +115,11 @@ def match_lut8(func: PrimFunc, symbolic: bool = False) -> int | None:
     if len(func.inputs) != 2 or len(func.outputs) != 1:
         return None
     x, table = func.inputs
-    out = func.outputs[0]
+    return _lut8_axis(x, table, func.outputs[0], symbolic)
+
+
+def _lut8_axis(x: te.Tensor, table: te.Tensor, out: te.Tensor, symbolic: bool) -> int | None:
+    """``match_lut8`` on the stage ``out``."""
     body = out.body
     if (x.dtype not in ("int8", "uint8") or table.dtype not in ("int8", "uint8")
             or len(table.shape) != 2 or table.shape[1] != 256 or tuple(out.shape) != tuple(x.shape)
@@ -114,19 +144,31 @@ def match_lut8(func: PrimFunc, symbolic: bool = False) -> int | None:
     return None
 
 
-def match_quantize(func: PrimFunc) -> str | None:
+def match_quantize(func: PrimFunc, symbolic: bool = False) -> str | None:
     """The output dtype when ``func`` is exactly ops/quant.py's ``quantize`` of a float32
-    tensor of static shape to int8 / uint8 with one scale and one zero point:
-    ``cast(min(max(round(x / s) + float(z), lo), hi))``, or ``round(x)`` (``unit_scale``)."""
+    tensor of static shape (``symbolic``: of run-time extents) to int8 / uint8 with one scale
+    and one zero point: ``cast(min(max(round(x / s) + float(z), lo), hi))``, or ``round(x)``
+    (``unit_scale``)."""
     if len(func.inputs) != 3 or len(func.outputs) != 1:
         return None
     x, s, z = func.inputs
     out = func.outputs[0]
     if (x.dtype != "float32" or s.dtype != "float32" or z.dtype not in ("int8", "uint8")
             or out.dtype != z.dtype or tuple(out.shape) != tuple(x.shape)
-            or any(not isinstance(d, int) for d in x.shape)
-            or math.prod(s.shape) != 1 or math.prod(z.shape) != 1):
+            or symbolic == all(isinstance(d, int) for d in x.shape)
+            or product(s.shape) != 1 or product(z.shape) != 1):
         return None
+    x_read = _quantized_read(out, s, z)
+    if not (isinstance(x_read, te.Read) and x_read.tensor.uid == x.uid
+            and tuple(x_read.indices) == tuple(out.axes)):
+        return None
+    return z.dtype
+
+
+def _quantized_read(out: te.Tensor, s: te.Tensor, z: te.Tensor) -> te.Expr | None:
+    """What ``out`` quantizes when its body is ops/quant.py's ``quantize`` with the scale
+    ``s`` and zero point ``z`` (``cast(min(max(round(v / s) + float(z), lo), hi))``, or
+    ``round(v)``): the expression v, else None."""
     lo, hi = saturation_range(z.dtype)
     e = out.body
     if not (isinstance(e, te.Cast) and e.dtype == z.dtype):
@@ -144,16 +186,158 @@ def match_quantize(func: PrimFunc) -> str | None:
         return None
     q = e.a.arg
     if isinstance(q, te.Read):   # unit_scale: x itself (passes/fuse_qdq.py's float32-exact chains)
-        x_read = q
-    elif (isinstance(q, te.Binary) and q.op == "div" and isinstance(q.b, te.Read)
-          and q.b.tensor.uid == s.uid):
-        x_read = q.a
-    else:
+        return q
+    if (isinstance(q, te.Binary) and q.op == "div" and isinstance(q.b, te.Read)
+            and q.b.tensor.uid == s.uid):
+        return q.a
+    return None
+
+
+def match_gated_quantize(func: PrimFunc) -> tuple[str, int, int] | None:
+    """(the output dtype, y's and the gate's input positions) when ``func`` is ``quantize(y *
+    gate)`` (what ``fuse_ops`` makes of a squeeze-and-excitation multiply read by a quantize
+    alone) of float32 y [N, C, H, W] with run-time extents and a float32 gate [N, C, 1, 1],
+    one scale and one zero point."""
+    if len(func.inputs) != 4 or len(func.outputs) != 1:
         return None
-    if not (isinstance(x_read, te.Read) and x_read.tensor.uid == x.uid
+    out = func.outputs[0]
+    ones = [t for t in func.inputs if product(t.shape) == 1]
+    s = next((t for t in ones if t.dtype == "float32"), None)
+    z = next((t for t in ones if t.dtype in ("int8", "uint8")), None)
+    if (s is None or z is None or out.dtype != z.dtype or len(out.shape) != 4
+            or all(isinstance(d, int) for d in out.shape)):
+        return None
+    x_read = _quantized_read(out, s, z)
+    if not (isinstance(x_read, te.Read) and x_read.tensor.body is not None
             and tuple(x_read.indices) == tuple(out.axes)):
         return None
-    return z.dtype
+    stage = x_read.tensor
+    m = stage.body
+    if not (isinstance(m, te.Binary) and m.op == "mul" and isinstance(m.a, te.Read)
+            and isinstance(m.b, te.Read)):
+        return None
+    ax = tuple(stage.axes)
+    for yr, gr in ((m.a, m.b), (m.b, m.a)):
+        y, g = yr.tensor, gr.tensor
+        if not (y.is_placeholder and g.is_placeholder and y.dtype == g.dtype == "float32"
+                and tuple(y.shape) == tuple(out.shape) and tuple(yr.indices) == ax
+                and len(g.shape) == 4 and tuple(g.shape[:2]) == tuple(y.shape[:2])
+                and tuple(g.shape[2:]) == (1, 1) and len(gr.indices) == 4
+                and tuple(gr.indices[:2]) == ax[:2]
+                and all(isinstance(i, te.Const) and i.value == 0 for i in gr.indices[2:])):
+            continue
+        uids = [t.uid for t in func.inputs]
+        if y.uid in uids and g.uid in uids:
+            return z.dtype, uids.index(y.uid), uids.index(g.uid)
+    return None
+
+
+def match_dequantize(func: PrimFunc) -> str | None:
+    """The input dtype when ``func`` is exactly ops/quant.py's ``dequantize`` of an int8 /
+    uint8 tensor of run-time extents to float32 with one scale and one zero point:
+    ``float32(x - z) * s``, the difference exact in float32."""
+    if len(func.inputs) != 3 or len(func.outputs) != 1:
+        return None
+    x, s, z = func.inputs
+    read = _dequantized_read(func.outputs[0], s, z)
+    if not (isinstance(read, te.Read) and read.tensor.uid == x.uid):
+        return None
+    return x.dtype
+
+
+def match_table_dequantize(func: PrimFunc) -> tuple[str, int] | None:
+    """(the table's dtype, its axis) when ``func`` is ``dequantize(lut8(x, table))`` (the
+    two fused, ``fuse_ops``) of run-time extents, one scale and one zero point."""
+    if len(func.inputs) != 4 or len(func.outputs) != 1:
+        return None
+    x, table, s, z = func.inputs
+    read = _dequantized_read(func.outputs[0], s, z)
+    if not (isinstance(read, te.Read) and read.tensor.body is not None
+            and read.tensor.dtype == z.dtype):
+        return None
+    axis = _lut8_axis(x, table, read.tensor, True)
+    return None if axis is None else (table.dtype, axis)
+
+
+def match_dequantized_add(func: PrimFunc) -> tuple[str, list[int]] | None:
+    """(the output dtype, the input positions of a, its scale and zero point, b's three and the
+    output's scale and zero point) when ``func`` is ``quantize(dequantize(a) + dequantize(b))``
+    (a QDQ residual add, ``fuse_ops``'s four stages) of 8-bit a and b of one shape with run-time
+    extents, every scale and zero point one value."""
+    if len(func.inputs) != 8 or len(func.outputs) != 1:
+        return None
+    out = func.outputs[0]
+    if out.dtype not in ("int8", "uint8") or all(isinstance(d, int) for d in out.shape):
+        return None
+    uids = [t.uid for t in func.inputs]
+    ones = [t for t in func.inputs if product(t.shape) == 1]
+    for s in (t for t in ones if t.dtype == "float32"):
+        for z in (t for t in ones if t.dtype == out.dtype):
+            add = _quantized_read(out, s, z)
+            if (isinstance(add, te.Read) and add.tensor.body is not None
+                    and tuple(add.indices) == tuple(out.axes)
+                    and isinstance(add.tensor.body, te.Binary) and add.tensor.body.op == "add"):
+                body = add.tensor.body
+                parts = [_dequantize_parts(r, add.tensor.axes) for r in (body.a, body.b)]
+                if None in parts or any(p[0].uid not in uids for p in parts):
+                    continue
+                at = [uids.index(t.uid) for p in parts for t in p] + [uids.index(s.uid),
+                                                                         uids.index(z.uid)]
+                if sorted(at) == list(range(8)):
+                    return out.dtype, at
+    return None
+
+
+def _dequantize_parts(r: te.Expr, axes) -> tuple[te.Tensor, te.Tensor, te.Tensor] | None:
+    """(x, scale, zero point) when ``r`` reads, at ``axes`` (its reader's own), a stage that
+    dequantizes placeholder x (8-bit, of the stage's shape, one scale and one zero point),
+    else None."""
+    if not (isinstance(r, te.Read) and r.tensor.body is not None):
+        return None
+    e = r.tensor.body
+    if not (isinstance(e, te.Binary) and e.op == "mul" and isinstance(e.b, te.Read)):
+        return None
+    s = e.b.tensor
+    e = e.a
+    if isinstance(e, te.Cast):
+        e = e.value
+    if not (isinstance(e, te.Binary) and e.op == "sub" and isinstance(e.b, te.Cast)
+            and isinstance(e.b.value, te.Read)):
+        return None
+    z = e.b.value.tensor
+    got = _dequantized_read(r.tensor, s, z)
+    if not (isinstance(got, te.Read) and got.tensor.is_placeholder
+            and tuple(r.indices) == tuple(axes)):
+        return None
+    return got.tensor, s, z
+
+
+def _dequantized_read(out: te.Tensor, s: te.Tensor, z: te.Tensor) -> te.Read | None:
+    """The read of the 8-bit value ``out`` dequantizes (``float32(v - z) * s`` of run-time
+    extents, one scale and one zero point, v read at out's own indices), else None."""
+    if (z.dtype not in ("int8", "uint8") or s.dtype != "float32" or out.dtype != "float32"
+            or all(isinstance(d, int) for d in out.shape)
+            or product(s.shape) != 1 or product(z.shape) != 1):
+        return None
+    e = out.body
+    if not (isinstance(e, te.Binary) and e.op == "mul" and isinstance(e.b, te.Read)
+            and e.b.tensor.uid == s.uid):
+        return None
+    e = e.a
+    if isinstance(e, te.Cast) and e.dtype == "float32":
+        e = e.value
+    # the difference in float32 (ops/quant.py ``_wide``) or int32: exact either way
+    if not (isinstance(e, te.Binary) and e.op == "sub" and isinstance(e.a, te.Cast)
+            and e.a.dtype in ("float32", "int32") and isinstance(e.b, te.Cast)
+            and e.b.dtype == e.a.dtype and isinstance(e.b.value, te.Read)
+            and e.b.value.tensor.uid == z.uid):
+        return None
+    x_read = e.a.value
+    if not (isinstance(x_read, te.Read) and x_read.tensor.dtype == z.dtype
+            and tuple(x_read.tensor.shape) == tuple(out.shape)
+            and tuple(x_read.indices) == tuple(out.axes)):
+        return None
+    return x_read
 
 
 def _divides(func: PrimFunc) -> bool:
@@ -491,3 +675,300 @@ class _QQuantize(_QVector):
                                          ir.Constant(I32, j))
                 f = b.fdiv(v, s_v) if _divides(self.func) else v
             self._store([f], yb, const_i64(k), lanes)
+
+
+class _QConvertSized(_QVector):
+    """``quantize`` (float32 to 8 bits) or ``dequantize`` (8 bits to float32) of run-time
+    extents on AVX2, 32 values a step: the quantize as ``_QQuantize`` (``vdivps`` unless
+    ``unit_scale``, clamp, ``vcvtps2dq``, + z, saturating packs into one 32-byte store), the
+    dequantize 32 bytes widened (``vpmovzxbd`` / ``vpmovsxbd``), minus z in int32, converted
+    and times s in float32 (the reference's operations in its order, so both equal the
+    generic loop nest bit for bit). The tensor walked flat, its 32-value steps split between
+    tasks where the generic loop nest of the other levels splits (its static extents at least
+    ``parallel_min_outputs / 8``: a bundle's levels agree on every kernel's signature), the last
+    task taking the tail; the last values (fewer than 32) through a staging buffer."""
+
+    g_v = None
+
+    def emit(self, kind: str, parallel_min_outputs: int) -> KernelInfo:
+        x, s, z = self.func.inputs
+        y = self.func.outputs[0]
+        shape = tuple(x.shape)
+        static = product([d for d in shape if isinstance(d, int)])
+        parallel = static >= parallel_min_outputs // 8
+        body_fn, ptr_types, n_ptrs, _ = self._start(0)
+        b = self.builder
+        buf = self.buffers
+        xb, yb = buf[x.uid], buf[y.uid]
+        self._constants(kind, s, z)
+        in_ty = F32 if kind == "quantize" else I8
+        total = self._dim_value(product(shape))
+        chunks = b.sdiv(total, const_i64(32))
+        lo, hi, last = const_i64(0), chunks, None
+        if parallel:
+            task, ntasks = body_fn.args[n_ptrs], body_fn.args[n_ptrs + 1]
+            lo = b.sdiv(b.mul(task, chunks), ntasks)
+            hi = b.sdiv(b.mul(b.add(task, const_i64(1)), chunks), ntasks)
+            last = b.icmp_signed("==", b.add(task, const_i64(1)), ntasks)
+        with for_range(b, lo, hi, "cv") as i:
+            at = b.mul(i, const_i64(32))
+            self._chunk(b.gep(xb, [at]), b.gep(yb, [at]))
+        start = b.mul(chunks, const_i64(32))
+        if last is None:
+            self._tail(xb, yb, start, total, in_ty)
+        else:
+            with b.if_then(last):
+                self._tail(xb, yb, start, total, in_ty)
+        info = self._finish(body_fn, n_ptrs, ptr_types, 0, parallel)
+        return dataclasses.replace(info, symbolic=True, choice=kind)
+
+    def emit_gated(self, y_at: int, g_at: int, parallel_min_outputs: int) -> KernelInfo:
+        """``quantize(y * gate)`` (``match_gated_quantize``): rows of N * C, each value times
+        its row's gate (``vmulps``, the reference's float32 product) before the quantize, 32
+        values a step, then 8 (rows of 3 x 48 = 4 x 32 + 2 x 8 on PP-OCR's classifier), the
+        last through the staging buffer; rows split between tasks where the generic loop nest's
+        split would be."""
+        x, g = self.func.inputs[y_at], self.func.inputs[g_at]
+        s, z = (t for i, t in enumerate(self.func.inputs) if i not in (y_at, g_at))
+        if s.dtype != "float32":
+            s, z = z, s
+        y = self.func.outputs[0]
+        shape = tuple(y.shape)
+        static = product([d for d in shape if isinstance(d, int)])
+        parallel = static >= parallel_min_outputs // 8
+        body_fn, ptr_types, n_ptrs, _ = self._start(0)
+        b = self.builder
+        buf = self.buffers
+        xb, yb, gb = buf[x.uid], buf[y.uid], buf[g.uid]
+        self._constants("quantize", s, z)
+        rows = self._dim_value(product(shape[:2]))
+        inner = self._dim_value(product(shape[2:]))
+        lo, hi = const_i64(0), rows
+        if parallel:
+            task, ntasks = body_fn.args[n_ptrs], body_fn.args[n_ptrs + 1]
+            lo = b.sdiv(b.mul(task, rows), ntasks)
+            hi = b.sdiv(b.mul(b.add(task, const_i64(1)), rows), ntasks)
+        chunks = b.sdiv(inner, const_i64(32))
+        with for_range(b, lo, hi, "row") as r:
+            base = b.mul(r, inner)
+            self.g_v = self._splat(b.load(b.gep(gb, [r])), V8F32)
+            with for_range(b, const_i64(0), chunks, "cv") as i:
+                at = b.add(base, b.mul(i, const_i64(32)))
+                self._chunk(b.gep(xb, [at]), b.gep(yb, [at]))
+            # the row's last values: 8 at a time, then fewer than 8 through the staging buffer
+            rest = b.add(base, b.mul(chunks, const_i64(32)))
+            vecs = b.sdiv(b.sub(b.add(base, inner), rest), const_i64(VL))
+            with for_range(b, const_i64(0), vecs, "cv8") as i:
+                at = b.add(rest, b.mul(i, const_i64(VL)))
+                v = b.fmul(b.load(self._ptr(xb, at, V8F32), align=4), self.g_v)
+                if self.divides:
+                    v = b.fdiv(v, self.s_v)
+                b.store(self._requant_int(v, None), self._ptr(yb, at, V8I8), align=1)
+            self._tail(xb, yb, b.add(rest, b.mul(vecs, const_i64(VL))), b.add(base, inner), F32)
+        info = self._finish(body_fn, n_ptrs, ptr_types, 0, parallel)
+        return dataclasses.replace(info, symbolic=True, choice="gate, quantize")
+
+    def _constants(self, kind: str, s, z) -> None:
+        b = self.builder
+        buf = self.buffers
+        self.kind = kind
+        self.s_v = self._splat(b.load(buf[s.uid]), V8F32)
+        zp = self._widen(b.load(buf[z.uid]), z.dtype)
+        self.zp_i = self._splat(zp, V8I32)
+        self.y_zp = self._splat(b.sitofp(zp, F32), V8F32)
+        self.divides = kind == "quantize" and _divides(self.func)
+        in_ty, out_ty = (F32, I8) if kind == "quantize" else (I8, F32)
+        self.stage_in = b.bitcast(alloca_once(b, ir.ArrayType(in_ty, 32), "stage_in"),
+                                  in_ty.as_pointer())
+        self.stage_out = b.bitcast(alloca_once(b, ir.ArrayType(out_ty, 32), "stage_out"),
+                                   out_ty.as_pointer())
+
+    def _chunk(self, src: ir.Value, dst: ir.Value) -> None:
+        """32 values from ``src`` to ``dst``."""
+        b = self.builder
+        if self.kind == "quantize":
+            qs = []
+            for k in range(4):
+                v = b.load(self._ptr(src, k * VL, V8F32), align=4)
+                if self.g_v is not None:
+                    v = b.fmul(v, self.g_v)
+                if self.divides:
+                    v = b.fdiv(v, self.s_v)
+                qs.append(self._requant_int(v, None, wide=True))
+            packed = self._pack(qs)
+            b.store(packed, self._ptr(dst, 0, packed.type), align=1)
+            return
+        for k in range(4):
+            v = self._widen_vec(b.load(self._ptr(src, k * VL, V8I8), align=1), self.dtype)
+            f = b.fmul(b.sitofp(b.sub(v, self.zp_i), V8F32), self.s_v)
+            b.store(f, self._ptr(dst, k * VL, V8F32), align=4)
+
+    def _tail(self, xb: ir.Value, yb: ir.Value, start: ir.Value, stop: ir.Value,
+              in_ty: ir.Type) -> None:
+        """Values ``start`` .. ``stop`` (fewer than 32): copied into the staging buffer (the
+        rest zero), one step, copied out."""
+        b = self.builder
+        n = b.sub(stop, start)
+        with b.if_then(b.icmp_signed(">", n, const_i64(0))):
+            with for_range(b, const_i64(0), const_i64(32), "tz") as j:
+                b.store(ir.Constant(in_ty, 0), b.gep(self.stage_in, [j]))
+            with for_range(b, const_i64(0), n, "ti") as j:
+                b.store(b.load(b.gep(xb, [b.add(start, j)])), b.gep(self.stage_in, [j]))
+            self._chunk(self.stage_in, self.stage_out)
+            with for_range(b, const_i64(0), n, "to") as j:
+                b.store(b.load(b.gep(self.stage_out, [j])), b.gep(yb, [b.add(start, j)]))
+
+
+class _QTableDequantize(_QConvertSized):
+    """``dequantize(lut8(x, table))`` of run-time extents on AVX2 (the two fused): rows of the
+    table's axis (the tensor flat with one row), 32 bytes a step looked up with ``vpshufb`` on
+    the register (``QEmitter._lut_chunk``'s 16 chunks), widened, minus z in int32, converted
+    and times s in float32, stored; each row's last bytes one by one. Split between tasks where
+    the generic loop nest of the other levels splits (``_QConvertSized``)."""
+
+    def emit_table(self, parallel_min_outputs: int) -> KernelInfo:
+        x, table, s, z = self.func.inputs
+        y = self.func.outputs[0]
+        axis = self.tag.axis
+        shape = tuple(y.shape)
+        static = product([d for d in shape if isinstance(d, int)])
+        parallel = static >= parallel_min_outputs // 8
+        body_fn, ptr_types, n_ptrs, _ = self._start(0)
+        b = self.builder
+        buf = self.buffers
+        xb, tb, yb = buf[x.uid], buf[table.uid], buf[y.uid]
+        self._constants("dequantize", s, z)
+        self.signed = x.dtype == "int8"
+        rows = self._dim_value(product(shape[:axis + 1])) if axis >= 0 else const_i64(1)
+        inner = self._dim_value(product(shape[axis + 1:] if axis >= 0 else shape))
+        channels = int(shape[axis]) if axis >= 0 else 1
+        lo, hi = const_i64(0), rows
+        if parallel:
+            task, ntasks = body_fn.args[n_ptrs], body_fn.args[n_ptrs + 1]
+            if axis >= 0:
+                lo = b.sdiv(b.mul(task, rows), ntasks)
+                hi = b.sdiv(b.mul(b.add(task, const_i64(1)), rows), ntasks)
+        chunks = b.sdiv(inner, const_i64(32))
+        with for_range(b, lo, hi, "row") as r:
+            base = b.mul(r, inner)
+            row_tb = b.gep(tb, [b.mul(b.srem(r, const_i64(channels)), const_i64(256))])
+            c_lo, c_hi = const_i64(0), chunks
+            if parallel and axis < 0:    # one row: its chunks split, the tail in the last task
+                task, ntasks = body_fn.args[n_ptrs], body_fn.args[n_ptrs + 1]
+                c_lo = b.sdiv(b.mul(task, chunks), ntasks)
+                c_hi = b.sdiv(b.mul(b.add(task, const_i64(1)), chunks), ntasks)
+            with for_range(b, c_lo, c_hi, "lx") as i:
+                at = b.add(base, b.mul(i, const_i64(32)))
+                self._looked_chunk(xb, yb, row_tb, at)
+            tail = b.add(base, b.mul(chunks, const_i64(32)))
+
+            def tail_bytes() -> None:
+                with for_range(b, tail, b.add(base, inner), "tx") as i:
+                    v = b.load(b.gep(xb, [i]))
+                    idx = b.add(b.sext(v, I64), const_i64(128)) if self.signed else b.zext(v, I64)
+                    t = self._widen(b.load(b.gep(row_tb, [idx])), table.dtype)
+                    f = b.fmul(b.sitofp(b.sub(t, b.extract_element(self.zp_i, ir.Constant(
+                        I32, 0))), F32), b.extract_element(self.s_v, ir.Constant(I32, 0)))
+                    b.store(f, b.gep(yb, [i]))
+
+            if parallel and axis < 0:
+                with b.if_then(b.icmp_signed("==", b.add(task, const_i64(1)), ntasks)):
+                    tail_bytes()
+            else:
+                tail_bytes()
+        info = self._finish(body_fn, n_ptrs, ptr_types, 0, parallel)
+        return dataclasses.replace(info, symbolic=True, choice="table, dequantize")
+
+    def _looked_chunk(self, xb: ir.Value, yb: ir.Value, tb: ir.Value, at: ir.Value) -> None:
+        """32 bytes from ``xb[at]`` through the table row ``tb``, dequantized into ``yb[at]``."""
+        b = self.builder
+        v32i8 = ir.VectorType(I8, 32)
+        shuf = intrinsic(self.module, "llvm.x86.avx2.pshuf.b", v32i8, [v32i8, v32i8])
+        both = ir.Constant(ir.VectorType(I32, 32), list(range(16)) * 2)
+        v = b.load(self._ptr(xb, at, v32i8), align=1)
+        if self.signed:
+            v = b.xor(v, ir.Constant(v32i8, [0x80] * 32))
+        lo_n = b.and_(v, ir.Constant(v32i8, [0x0F] * 32))
+        hi_n = b.lshr(v, ir.Constant(v32i8, [4] * 32))
+        res = ir.Constant(v32i8, None)
+        for k in range(16):
+            t = b.load(self._ptr(tb, const_i64(16 * k), ir.VectorType(I8, 16)), align=1)
+            part = b.call(shuf, [b.shuffle_vector(t, t, both), lo_n])
+            res = b.select(b.icmp_unsigned("==", hi_n, ir.Constant(v32i8, [k] * 32)), part, res)
+        for k in range(4):
+            lanes = ir.Constant(ir.VectorType(I32, VL), list(range(8 * k, 8 * k + 8)))
+            part = self._widen_vec(b.shuffle_vector(res, res, lanes), self.func.inputs[1].dtype)
+            f = b.fmul(b.sitofp(b.sub(part, self.zp_i), V8F32), self.s_v)
+            b.store(f, self._ptr(yb, b.add(at, const_i64(k * VL)), V8F32), align=4)
+
+
+class _QDequantizedAdd(_QConvertSized):
+    """``quantize(dequantize(a) + dequantize(b))`` of run-time extents on AVX2 (a QDQ residual
+    add): 32 values a step, each operand's bytes widened, minus its zero point in int32,
+    converted and times its scale, the two added, then the quantize of ``_QConvertSized``
+    (``vdivps`` by the output's scale, clamp, ``vcvtps2dq``, + z, packs): the reference's
+    float32 operations in its order. Walked flat and split as ``_QConvertSized``."""
+
+    def emit_add(self, at: list[int], parallel_min_outputs: int) -> KernelInfo:
+        ins = self.func.inputs
+        a, sa, za, bt, sb, zb, s, z = (ins[i] for i in at)
+        y = self.func.outputs[0]
+        shape = tuple(y.shape)
+        static = product([d for d in shape if isinstance(d, int)])
+        parallel = static >= parallel_min_outputs // 8
+        body_fn, ptr_types, n_ptrs, _ = self._start(0)
+        b = self.builder
+        buf = self.buffers
+        self._constants("quantize", s, z)
+        self.divides = True
+        self.operands = []
+        for x, sx, zx in ((a, sa, za), (bt, sb, zb)):
+            zp = self._splat(self._widen(b.load(buf[zx.uid]), zx.dtype), V8I32)
+            self.operands.append((buf[x.uid], x.dtype, zp,
+                                  self._splat(b.load(buf[sx.uid]), V8F32)))
+        yb = buf[y.uid]
+        total = self._dim_value(product(shape))
+        chunks = b.sdiv(total, const_i64(32))
+        lo, hi, last = const_i64(0), chunks, None
+        if parallel:
+            task, ntasks = body_fn.args[n_ptrs], body_fn.args[n_ptrs + 1]
+            lo = b.sdiv(b.mul(task, chunks), ntasks)
+            hi = b.sdiv(b.mul(b.add(task, const_i64(1)), chunks), ntasks)
+            last = b.icmp_signed("==", b.add(task, const_i64(1)), ntasks)
+        with for_range(b, lo, hi, "av") as i:
+            self._add_chunk(b.mul(i, const_i64(32)), yb)
+        start = b.mul(chunks, const_i64(32))
+
+        def tail() -> None:
+            with for_range(b, start, total, "ta") as j:
+                f = None
+                for xb, dtype, zp, sv in self.operands:
+                    v = b.sub(self._widen(b.load(b.gep(xb, [j])), dtype),
+                              b.extract_element(zp, ir.Constant(I32, 0)))
+                    v = b.fmul(b.sitofp(v, F32), b.extract_element(sv, ir.Constant(I32, 0)))
+                    f = v if f is None else b.fadd(f, v)
+                vec = b.insert_element(ir.Constant(V8F32, None), f, ir.Constant(I32, 0))
+                q = self._requant_int(b.fdiv(vec, self.s_v), None)
+                b.store(b.extract_element(q, ir.Constant(I32, 0)), b.gep(yb, [j]))
+
+        if last is None:
+            tail()
+        else:
+            with b.if_then(last):
+                tail()
+        info = self._finish(body_fn, n_ptrs, ptr_types, 0, parallel)
+        return dataclasses.replace(info, symbolic=True, choice="dequantize, add, quantize")
+
+    def _add_chunk(self, at: ir.Value, yb: ir.Value) -> None:
+        b = self.builder
+        qs = []
+        for k in range(4):
+            pos = b.add(at, const_i64(k * VL))
+            f = None
+            for xb, dtype, zp, sv in self.operands:
+                v = self._widen_vec(b.load(self._ptr(xb, pos, V8I8), align=1), dtype)
+                v = b.fmul(b.sitofp(b.sub(v, zp), V8F32), sv)
+                f = v if f is None else b.fadd(f, v)
+            qs.append(self._requant_int(b.fdiv(f, self.s_v), None, wide=True))
+        packed = self._pack(qs)
+        b.store(packed, self._ptr(yb, at, packed.type), align=1)

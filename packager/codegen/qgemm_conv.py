@@ -3,6 +3,10 @@ padding; no im2col: int16 pair planes on AVX2 / generic targets, uint8 quad plan
 sdot; a 1x1 image as a matrix-vector product; an optional ``lut8`` table on the copy out); the
 family's design, packing and epilogue are described in ``codegen/qgemm.py``.
 
+3x3 stride-1 convolutions with full-range int8 weights on x86 sets without VNNI: the exact
+integer Winograd F(2x2, 3x3) kernel (``_emit_wino``; weights transformed at export, ``qconv2d``
+``winograd``).
+
 Run-time image sizes (an ONNX file's open batch, height or width): the pixel-lane quad kernel
 (weights packed as quads at export, 7-bit or split, a lut8 table folded in or not) with its
 size-dependent plan computed at the kernel's entry (``_emit_open``); ``passes/int8_cost.py``
@@ -30,6 +34,9 @@ ZMM_TILES = (4, 3, 2)   # 16-pixel vectors per tile row (6 rows: 24, 18, 12 accu
 # the run-time-size kernel's (``_emit_open``): its plane width is not known at export; 48
 # lanes pad whole rows of 16 k pixels to a multiple of 48 at most 32 lanes (64: up to 48)
 OPEN_ZMM_VECTORS = 3
+# The integer Winograd kernel (``_emit_wino``): a band's transformed inputs (16 x C x its tiles,
+# int16) at most this many bytes, in L2 while every tile of output channels reads them
+WINO_V_BYTES = 256 * 1024
 
 
 def zmm_vectors(qn: int) -> int:
@@ -120,6 +127,8 @@ class QConv(QEmitter):
             return self._emit_vector(x, wk, x_zp, bias, mult, y_zp, lut, y, batch, c, o)
         if self.tag.attrs.get("oc_lanes"):
             return self._emit_oc_lanes(x, wk, x_zp, bias, mult, y_zp, lut, y)
+        if self.tag.attrs.get("winograd"):
+            return self._emit_wino(x, wk, x_zp, bias, mult, y_zp, lut, y)
         hp, wpd = h + pt + pb, w + pl + pr
         hq, wq = -(-hp // sh), -(-wpd // sw)
         cp = -(-c // 2)
@@ -1045,6 +1054,253 @@ class QConv(QEmitter):
                                         f"vectors, output channels on lanes: {mr} x "
                                         f"{rows * gz} tile")
         return info
+
+    def _emit_wino(self, x, wk, x_zp, bias, mult, y_zp, lut, y) -> KernelInfo:
+        """Exact integer Winograd F(2x2, 3x3) for a 3x3 stride-1 ``qconv2d`` whose weights were
+        transformed at export (``winograd``: U' = (2G) w (2G)^T as int16 k-pairs of 16
+        positions, ops/qlinear.py ``pack_winograd_weights``; passes/int8_cost.py
+        ``int_winograd``). Per image the k-pair kernel's int16 planes of x - x_zp, zero-padded
+        (``_fill_planes``); per band of tile rows the input transform V = B^T d B of every
+        4x4 block (2x2 output tile; int16, |V| <= 1020) into [16][C / 2][tiles] pair words,
+        8 tiles a vector (a tile row padded to whole vectors); per tile of output channels
+        (the k-pair kernel's 6 rows, split over tasks) and 16 tiles, the 16 products M[xi] =
+        sum_c U'[xi] V[xi] with the k-pair kernel's register tile (``_tile``: ``vpmaddwd``,
+        int32 sums) into a small buffer, then per row the output transform A^T M A = 4 Y
+        (int32, exact while |4 Y| < 2**31: ``WINO_MAX_CHANNELS``), Y = 4 Y >> 2, plus the bias,
+        and the k-pair kernel's epilogue (8-bit, or float32 with a fused chain; a lut8 table
+        lane by lane), two output rows of 16 columns stored (a partial last vector of a row
+        through a copy). 16 products per tile and channel pair against the direct kernel's 36."""
+        batch, c, h, w = (int(d) for d in x.shape)
+        o = int(self.tag.attrs["out_channels"])
+        _, _, oh, ow = (int(d) for d in y.shape)
+        pt, pl, pb, pr = self.tag.attrs["padding"]
+        if (tuple(self.tag.attrs["kernel"]) != (3, 3) or tuple(self.tag.attrs["strides"]) != (1, 1)
+                or wk.dtype != "int16"):
+            raise LoweringError(f"{self.func.name}: Winograd weights need a 3x3 stride-1 "
+                                "window and int16 weights")
+        buf = self.buffers
+        mr, nv = self.mr, self.nv
+        lanes = PANEL * nv                              # tiles per chunk of the register tile
+        nt, ntr = -(-ow // 2), -(-oh // 2)              # 2x2 tiles (odd sizes: one row /
+        # column of outputs past the last computed and dropped)
+        ntp = -(-nt // PANEL) * PANEL                   # tiles per row of V: whole vectors
+        cp = -(-c // 2)
+        wq = max(w + pl + pr, 2 * ntp + 2)              # plane row width: reads stay inside
+        prow = max(h + pt + pb, 2 * ntr + 2)
+        psz = prow * wq
+        row_bytes = 16 * cp * ntp * 4
+        nbr = max(1, min(ntr, WINO_V_BYTES // row_bytes))   # tile rows per band
+        nbands = -(-ntr // nbr)
+        vt = -(-nbr * ntp // lanes) * lanes             # V's tiles per (xi, pair), whole chunks
+        p_bytes = align_workspace(cp * psz * 4)
+        xs = cp * vt + lanes                            # V's words per position xi
+        v_bytes = align_workspace(16 * xs * 4)
+        m_bytes = align_workspace(16 * mr * lanes * 4)
+        region_bytes = p_bytes + v_bytes + m_bytes
+        parallel = batch * o * oh * ow * c * 9 >= PARALLEL_MIN_MACS
+        regions = MAX_TASK_REGIONS if parallel else 1
+        workspace = region_bytes * regions
+        body_fn, ptr_types, n_ptrs, ws = self._start(workspace)
+        task, ntasks = body_fn.args[n_ptrs], body_fn.args[n_ptrs + 1]
+        b = self.builder
+        full, tail = o // mr, o % mr
+        n_tiles = full + (1 if tail else 0)
+        lo, hi, region = self._task_span(parallel, regions, n_tiles, task, ntasks)
+        xzp = self._zero_points(x_zp, y_zp)
+        base = b.gep(ws, [b.mul(region, const_i64(region_bytes))])
+        planes = b.bitcast(base, I16.as_pointer())
+        planes32 = b.bitcast(base, I32.as_pointer())
+        vbuf = b.bitcast(b.gep(base, [const_i64(p_bytes)]), I32.as_pointer())
+        mbuf = b.bitcast(b.gep(base, [const_i64(p_bytes + v_bytes)]), I32.as_pointer())
+        w32 = b.bitcast(buf[wk.uid], I32.as_pointer())
+        steps = 16 * cp
+        out_el = (STORAGE_TYPES[self.chain.out.dtype] if self.chain is not None
+                  else self.out_ty)
+        evens = ir.Constant(V8I32, list(range(0, 2 * PANEL, 2)))
+        odds = ir.Constant(V8I32, list(range(1, 2 * PANEL, 2)))
+        v8 = ir.VectorType(I32, PANEL)
+
+        def transform_band(tr0, rows):
+            """V[xi * xs + (tl // 16 * cp + p) * 16 + tl % 16] (band tile tl = trl * ntp + tx)
+            for the band's tile rows: per 8 tiles the pairs innermost, so that each of the 16
+            streams of stores runs on (xs: one cache line more than a position's chunks, so
+            that the 16 streams do not share a cache set)."""
+            with for_range(b, const_i64(0), rows, "wr") as trl:
+                prow0 = b.mul(b.mul(b.add(tr0, trl), const_i64(2)), const_i64(wq))
+                with for_range(b, const_i64(0), const_i64(ntp // PANEL), "wv") as q:
+                    # tiles tl .. tl + 8 of the band: chunk tl // 16, its lanes tl % 16
+                    tl = b.add(b.mul(trl, const_i64(ntp)), b.mul(q, const_i64(PANEL)))
+                    vcell0 = b.add(b.mul(b.sdiv(tl, const_i64(lanes)), const_i64(cp * lanes)),
+                                   b.srem(tl, const_i64(lanes)))
+                    col0 = b.add(prow0, b.mul(q, const_i64(2 * PANEL)))
+                    with for_range(b, const_i64(0), const_i64(cp), "wp") as p:
+                        vcell = b.add(vcell0, b.mul(p, const_i64(lanes)))
+                        col = b.add(col0, b.mul(p, const_i64(psz)))
+                        d = []
+                        for i in range(4):
+                            at = b.add(col, const_i64(i * wq))
+                            ws_ = [b.load(self._ptr(planes32, b.add(at, const_i64(k)), v8),
+                                          align=4) for k in (0, PANEL, 2, 2 + PANEL)]
+                            d.append([b.bitcast(b.shuffle_vector(ws_[0], ws_[1], evens), V16I16),
+                                      b.bitcast(b.shuffle_vector(ws_[0], ws_[1], odds), V16I16),
+                                      b.bitcast(b.shuffle_vector(ws_[2], ws_[3], evens), V16I16),
+                                      b.bitcast(b.shuffle_vector(ws_[2], ws_[3], odds), V16I16)])
+                        t = [[b.sub(d[0][j], d[2][j]) for j in range(4)],
+                             [b.add(d[1][j], d[2][j]) for j in range(4)],
+                             [b.sub(d[2][j], d[1][j]) for j in range(4)],
+                             [b.sub(d[1][j], d[3][j]) for j in range(4)]]
+                        for a in range(4):
+                            r_ = t[a]
+                            vals = (b.sub(r_[0], r_[2]), b.add(r_[1], r_[2]),
+                                    b.sub(r_[2], r_[1]), b.sub(r_[1], r_[3]))
+                            for bb, val in enumerate(vals):
+                                dst = b.add(vcell, const_i64((a * 4 + bb) * xs))
+                                b.store(val, self._ptr(vbuf, dst, V16I16), align=4)
+
+        def epilogue(vals, ocr):
+            """Two <8 x i32> sums (acc + bias) of channel ``ocr`` -> the 16 stored values."""
+            mv = self._splat(b.load(buf[mult.uid] if tuple(mult.shape) == ()
+                                    else b.gep(buf[mult.uid], [ocr])), V8F32)
+            fs = [b.fmul(b.sitofp(a, V8F32), mv) for a in vals]
+            if self.float_out:
+                ov = self._splat(b.load(b.gep(buf[y_zp.uid], [ocr])), V8F32)
+                outs = [self._requant_float(f, ov) for f in fs]
+                if self.chain is not None:
+                    outs = [self.chain_vector(f, ocr) for f in outs]
+            elif self.avx2:
+                return self._pack([self._requant_int(f, None, True) for f in fs])
+            else:
+                outs = [self._requant_float(f) for f in fs]
+            return b.shuffle_vector(outs[0], outs[1], ir.Constant(V16I32, list(range(16))))
+
+        def lookup(vec, ocr):
+            """A lut8 table's row of channel ``ocr`` on 16 bytes, lane by lane."""
+            tb = b.gep(buf[lut.uid], [b.mul(ocr, const_i64(256)) if int(lut.shape[0]) != 1
+                                      else const_i64(0)])
+            for k in range(16):
+                v = b.extract_element(vec, ir.Constant(I32, k))
+                idx = (b.add(b.sext(v, I64), const_i64(128)) if self.dtype == "int8"
+                       else b.zext(v, I64))
+                vec = b.insert_element(vec, b.load(b.gep(tb, [idx])), ir.Constant(I32, k))
+            return vec
+
+        def store(vec, dst, count: int):
+            """The first ``count`` of the 16 values ``vec`` at ``dst``."""
+            if count == 2 * PANEL:
+                b.store(vec, b.bitcast(dst, vec.type.as_pointer()), align=1)
+                return
+            tmp = alloca_once(b, vec.type, "wino_out")
+            b.store(vec, tmp)
+            src = b.bitcast(tmp, out_el.as_pointer())
+            for k in range(count):
+                b.store(b.load(b.gep(src, [const_i64(k)])), b.gep(dst, [const_i64(k)]))
+
+        last_count = ow - 2 * (ntp - PANEL)    # outputs of a row's last vector of tiles
+
+        def put(vec, dst, tx0):
+            """A row's 16 values from tile tx0 on: the row's last vector only its columns."""
+            if last_count == 2 * PANEL:
+                store(vec, dst, 2 * PANEL)
+                return
+            with b.if_else(b.icmp_signed("==", tx0, const_i64(ntp - PANEL))) as (part, whole):
+                with part:
+                    store(vec, dst, last_count)
+                with whole:
+                    store(vec, dst, 2 * PANEL)
+
+        def output(nb, ocr, r, t0, tr0, rows):
+            """Row ``r`` (channel ``ocr``) of the chunk's M: the output transform and
+            epilogue of its 16 tiles, 8 at a time, where they lie in the band."""
+            bv = self._splat(b.load(b.gep(buf[bias.uid], [ocr])), V8I32)
+            rbase = b.mul(r, const_i64(lanes))          # row r's sums in M [16][mr][16]
+            two = ir.Constant(V8I32, [2] * PANEL)
+            lo_mix = ir.Constant(V8I32, [k for j in range(4) for k in (j, j + PANEL)])
+            hi_mix = ir.Constant(V8I32, [k for j in range(4, 8) for k in (j, j + PANEL)])
+            for v in range(nv):
+                tl = b.add(t0, const_i64(v * PANEL))
+                trl = b.sdiv(tl, const_i64(ntp))
+                tx0 = b.srem(tl, const_i64(ntp))
+                with b.if_then(b.icmp_signed("<", trl, rows)):
+                    m = [[b.load(self._ptr(mbuf, b.add(rbase, const_i64((a * 4 + k) * mr * lanes
+                                                                        + v * PANEL)), V8I32),
+                                 align=4)
+                          for k in range(4)] for a in range(4)]
+                    s_ = [[b.add(b.add(m[0][j], m[1][j]), m[2][j]) for j in range(4)],
+                          [b.sub(b.sub(m[1][j], m[2][j]), m[3][j]) for j in range(4)]]
+                    for i in range(2):
+                        y0 = b.add(b.ashr(b.add(b.add(s_[i][0], s_[i][1]), s_[i][2]), two), bv)
+                        y1 = b.add(b.ashr(b.sub(b.sub(s_[i][1], s_[i][2]), s_[i][3]), two), bv)
+                        vec = epilogue([b.shuffle_vector(y0, y1, lo_mix),
+                                        b.shuffle_vector(y0, y1, hi_mix)], ocr)
+                        if lut is not None:
+                            vec = lookup(vec, ocr)
+                        oy = b.add(b.mul(b.add(tr0, trl), const_i64(2)), const_i64(i))
+                        at = b.add(b.mul(b.add(b.mul(b.add(b.mul(nb, const_i64(o)), ocr),
+                                                     const_i64(oh)), oy), const_i64(ow)),
+                                   b.mul(tx0, const_i64(2)))
+                        dst = b.gep(buf[y.uid], [at])
+                        if i and oh % 2:        # the last tile row's second row is past oh
+                            with b.if_then(b.icmp_signed("<", oy, const_i64(oh))):
+                                put(vec, dst, tx0)
+                        else:
+                            put(vec, dst, tx0)
+
+        def gemm(nb, oc0, nrows, t0, tr0, rows):
+            """The 16 products of ``nrows`` channels from oc0 over tiles t0 .. t0 + 16 into
+            M [16][mr][16], then each row's output."""
+            gbase = b.add(b.mul(b.sdiv(oc0, const_i64(CONV_ROWS)), const_i64(steps * CONV_ROWS)),
+                          b.srem(oc0, const_i64(CONV_ROWS)))
+            with for_range(b, const_i64(0), const_i64(16), "xi") as xi:
+                xoff = b.mul(xi, const_i64(cp))
+                # V's (xi, chunk) block: [cp][16] words from (xi * nch + chunk) * cp * 16
+                vbase = b.add(b.mul(xi, const_i64(xs // lanes)),
+                              b.mul(b.sdiv(t0, const_i64(lanes)), const_i64(cp)))
+
+                def a_word(r, j):
+                    at = b.add(b.add(gbase, const_i64(r)),
+                               b.mul(b.add(xoff, j), const_i64(CONV_ROWS)))
+                    return b.load(b.gep(w32, [at]))
+
+                def b_vec(v, j):     # the chunk's steps one after another (16 tiles each)
+                    at = b.add(b.mul(b.add(vbase, j), const_i64(lanes)), const_i64(v * PANEL))
+                    return b.load(self._ptr(vbuf, at, V16I16), align=4)
+                accs = self._tile(nrows, nv, cp, a_word, b_vec)
+                for r in range(nrows):
+                    for v in range(nv):
+                        at = b.add(b.mul(xi, const_i64(mr * lanes)),
+                                   const_i64(r * lanes + v * PANEL))
+                        b.store(accs[r][v], self._ptr(mbuf, at, V8I32), align=4)
+            with for_range(b, const_i64(0), const_i64(nrows), "wo") as r:   # one copy
+                output(nb, b.add(oc0, r), r, t0, tr0, rows)
+
+        with for_range(b, const_i64(0), const_i64(batch), "b") as bi:
+            xb = b.gep(buf[x.uid], [b.mul(bi, const_i64(c * h * w))])
+            self._fill_planes(xb, planes, [(0, 0)], c, h, w, cp, prow, wq, psz, 1, 1, pt, pl,
+                              xzp, x.dtype, zero=True)
+            with for_range(b, const_i64(0), const_i64(nbands), "band") as band:
+                tr0 = b.mul(band, const_i64(nbr))
+                left = b.sub(const_i64(ntr), tr0)
+                rows = b.select(b.icmp_signed("<", left, const_i64(nbr)), left,
+                                const_i64(nbr))
+                transform_band(tr0, rows)
+                chunks = b.sdiv(b.add(b.mul(rows, const_i64(ntp)), const_i64(lanes - 1)),
+                                const_i64(lanes))
+                with for_range(b, lo, hi, "ot") as t:
+                    oc0 = b.mul(t, const_i64(mr))
+                    with for_range(b, const_i64(0), chunks, "wc") as ch:
+                        t0 = b.mul(ch, const_i64(lanes))
+                        if tail:
+                            with b.if_else(b.icmp_signed("<", t, const_i64(full))) as (
+                                    whole, part):
+                                with whole:
+                                    gemm(bi, oc0, mr, t0, tr0, rows)
+                                with part:
+                                    gemm(bi, oc0, tail, t0, tr0, rows)
+                        else:
+                            gemm(bi, oc0, mr, t0, tr0, rows)
+        info = self._finish(body_fn, n_ptrs, ptr_types, workspace, parallel)
+        return replace(info, choice=f"integer Winograd F(2x2, 3x3), vpmaddwd on int16 "
+                                    f"transforms: {mr} x {lanes} tile")
 
     def _transpose_block(self, src, src_stride: int, dst, dst_stride: int, m: int) -> None:
         """dst[k * dst_stride + i] = src[i * src_stride + k] for i, k < m (16 bytes or 8

@@ -41,6 +41,7 @@ from .pool import emit_max_pool, emit_symbolic_max_pool
 from .qdepthwise import emit_qdepthwise
 from .qelementwise import emit_qelementwise, emit_qelementwise_sized
 from .qgemm_emit import emit_qgemm
+from .resize import emit_resize
 from .rnn import emit_recurrence
 from .softmax import emit_softmax, emit_symbolic_softmax
 from .target import Target
@@ -135,6 +136,16 @@ def _integer_depthwise_sized(module, func, symbol, vl, size_vars, target, option
                            size_vars=size_vars)
 
 
+def _resize(module, func, symbol, vl, match, target, options):
+    """resize_axis: permuted row blocks / weighted rows on x86 with AVX2 or AVX-512."""
+    return emit_resize(module, func, symbol, vl, target.arch)
+
+
+def _resize_sized(module, func, symbol, vl, size_vars, target, options):
+    """resize_axis with run-time extents (tables from resize_taps or constants)."""
+    return emit_resize(module, func, symbol, vl, target.arch, size_vars)
+
+
 def _symbolic_contraction(module, func, symbol, vl, size_vars, target, options):
     """A matmul (M, N, K, batch may be run-time sizes), else a conv2d with run-time image
     sizes (``contraction/conv_symbolic.py``)."""
@@ -155,7 +166,7 @@ KERNEL_RULES: tuple[KernelRule, ...] = (
     KernelRule("integer depthwise", None, _integer_depthwise,   # qdwconv2d
                _integer_depthwise_sized),   # with run-time image sizes (_emit_open)
     KernelRule("integer elementwise", None, _on_func(emit_qelementwise, True),   # qbinary, qgavgpool
-               _sized(emit_qelementwise_sized)),   # lut8 with run-time extents
+               _sized(emit_qelementwise_sized, True)),   # lut8, qtable, (de)quantize, open
     KernelRule("channel-lane convolution", None, _on_func(emit_conv_oc, True),   # nn.conv2d_oc
                _sized(emit_conv_oc, True)),
     KernelRule("depthwise convolution", is_depthwise, _with_match(emit_depthwise),
@@ -171,6 +182,7 @@ KERNEL_RULES: tuple[KernelRule, ...] = (
     KernelRule("normalization", None, _on_func(emit_normalize, True),
                _sized(emit_symbolic_normalize, True)),
     KernelRule("transpose", None, _on_func(emit_transpose), _sized(emit_transpose)),
+    KernelRule("resize", None, _resize, _resize_sized),   # resize_axis (ops/resize.py)
     KernelRule("pad", None, _on_func(emit_pad, True), None),   # reflect / edge / wrap borders
 )
 

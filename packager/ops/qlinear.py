@@ -27,6 +27,10 @@ multiplier ``[O]`` (the multiplier may be a float32 scalar; x_zp and both may be
 run time, as with ``qmatmul``); padding reads x_zp (contributes zero); groups 1, dilation 1.
 Result ``[B, O, OH, OW]``. An optional 7th input, a ``lut8`` table ``[O or 1, 256]``
 (``passes/quantize_lut.py`` folds one in), maps each 8-bit result through its channel's row.
+With ``winograd`` (3x3 stride 1, x86 sets without VNNI: passes/quad_weights.py) wk holds the
+weights transformed for the exact integer Winograd F(2x2, 3x3) kernel instead, U' = (2G) wd
+(2G)^T packed as a 4x4 window's 16 positions, int16 ``[ceil(O/6), 16*ceil(C/2), 6, 2]``
+(``pack_winograd_weights``; wd = L U' L^T / 4 exactly, ``unpack_winograd_weights``).
 
 ``qdwconv2d(x, wf, x_zp, bias, multiplier, y_zp, kernel, strides, padding, dtype, relu,
 bias_in_float)``: depthwise (one input channel per output channel), x int8/uint8 ``[B, C, H,
@@ -112,6 +116,34 @@ def unpack_conv_weights(wk: np.ndarray, o: int, c: int, kh: int, kw: int) -> np.
     cp = steps // (kh * kw)
     t = wk.reshape(ot, kh * kw, cp, CONV_ROWS, 2).transpose(0, 3, 1, 2, 4)
     return t.reshape(ot * CONV_ROWS, kh, kw, 2 * cp).transpose(0, 3, 1, 2)[:o, :c]
+
+
+# Exact integer Winograd F(2x2, 3x3) (``qconv2d`` with ``winograd``; codegen/qgemm_conv.py
+# ``_emit_wino``): the weights transformed at export by 2G (U' = (2G) g (2G)^T = 4 G g G^T,
+# integral, |U'| <= 9 * 128 = 1152: int16), and back by L (g = L U' L^T / 4, exact)
+WINO_G2 = np.array([[2, 0, 0], [1, 1, 1], [1, -1, 1], [0, 0, 2]], np.int64)
+WINO_L = np.array([[1, 0, 0, 0], [0, 1, -1, 0], [0, 0, 0, 1]], np.int64)
+# the input transform B^T and the output transform A^T of F(2x2, 3x3)
+WINO_BT = np.array([[1, 0, -1, 0], [0, 1, 1, 0], [0, -1, 1, 0], [0, 1, 0, -1]], np.int64)
+WINO_AT = np.array([[1, 1, 1, 0], [0, 1, -1, -1]], np.int64)
+# input channels up to which 4 Y (the output transform's result) fits int32 for any uint8 / int8
+# x and int8 weights: 4 * 9 * C * 255 * 128 < 2**31 (bench/int8_winograd_study.py: 1827)
+WINO_MAX_CHANNELS = 1827
+
+
+def pack_winograd_weights(wd: np.ndarray) -> np.ndarray:
+    """``wd`` [O, C, 3, 3] (integers within int8) -> U' = (2G) wd (2G)^T [O, C, 4, 4] packed as
+    ``pack_conv_weights`` packs a 4x4 window (the 16 positions xi = 4a + b as its taps), int16:
+    ``[ceil(O/6), 16 * ceil(C/2), 6, 2]``."""
+    u = np.einsum("ak,ockl,bl->ocab", WINO_G2, wd.astype(np.int64), WINO_G2)
+    return pack_conv_weights(u).astype(np.int16)
+
+
+def unpack_winograd_weights(wk: np.ndarray, o: int, c: int) -> np.ndarray:
+    """``pack_winograd_weights``' inverse: wd [O, C, 3, 3] (int64), g = L U' L^T / 4."""
+    u = unpack_conv_weights(wk, o, c, 4, 4).astype(np.int64)
+    g4 = np.einsum("ka,ocab,lb->ockl", WINO_L, u, WINO_L)
+    return g4 // 4
 
 
 def unpack_weights(wp: np.ndarray, k: int, n: int) -> np.ndarray:
@@ -240,14 +272,21 @@ def _apply_table(y: np.ndarray, table: tuple) -> np.ndarray:
 def _infer_qconv2d(x: TensorType, wk: TensorType, x_zp: TensorType, bias: TensorType,
                    multiplier: TensorType, y_zp: TensorType, *table: TensorType,
                    out_channels: int = 0, kernel=(1, 1), strides=(1, 1), padding=(0, 0, 0, 0),
-                   dtype: str = "uint8", relu: bool = False) -> TensorType:
+                   dtype: str = "uint8", relu: bool = False,
+                   winograd: bool = False) -> TensorType:
     if x.dtype not in ("int8", "uint8") or wk.dtype not in ("int8", "int16"):
         raise ValueError(f"qconv2d takes int8/uint8 x and int8/int16 weights, not "
                          f"{x.dtype} x {wk.dtype}")
     b, c, h, w = x.shape
     kh, kw = kernel
+    if winograd and (tuple(kernel) != (3, 3) or tuple(strides) != (1, 1) or wk.dtype != "int16"
+                     or not isinstance(c, int) or c > WINO_MAX_CHANNELS):
+        raise ValueError(f"qconv2d: Winograd weights are int16 of a 3x3 stride-1 window on at "
+                         f"most {WINO_MAX_CHANNELS} input channels, not {wk.dtype} {kernel} "
+                         f"{strides} on {c}")
+    taps = 16 if winograd else kh * kw
     if (len(wk.shape) != 4 or wk.shape[0] != -(-out_channels // CONV_ROWS)
-            or wk.shape[1] != kh * kw * -(-c // 2) or tuple(wk.shape[2:]) != (CONV_ROWS, 2)):
+            or wk.shape[1] != taps * -(-c // 2) or tuple(wk.shape[2:]) != (CONV_ROWS, 2)):
         raise ValueError(f"qconv2d: packed weights {wk.shape} do not fit x {x.shape}, "
                          f"{out_channels} outputs, kernel {kernel}")
     if x_zp.shape != () or x_zp.dtype not in ("int8", "uint8", "int32"):
@@ -266,14 +305,33 @@ def _legalize_qconv2d(x: te.Tensor, wk: te.Tensor, x_zp: te.Tensor, bias: te.Ten
                       out_type: TensorType, name: str,
                       out_channels: int = 0, kernel=(1, 1), strides=(1, 1),
                       padding=(0, 0, 0, 0), dtype: str = "uint8",
-                      relu: bool = False) -> te.Tensor:
+                      relu: bool = False, winograd: bool = False) -> te.Tensor:
     _, c, h, w = x.shape
     kh, kw = kernel
     cp = -(-c // 2)
     rc, ry, rx = te.reduce_axis(c, "rc"), te.reduce_axis(kh, "ry"), te.reduce_axis(kw, "rx")
     tag_reduction(rc, "qconv2d", (x, wk, x_zp, bias, multiplier, y_zp) + table,
                   out_channels=out_channels, kernel=tuple(kernel), strides=tuple(strides),
-                  padding=tuple(padding), dtype=dtype, relu=relu)
+                  padding=tuple(padding), dtype=dtype, relu=relu,
+                  **({"winograd": True} if winograd else {}))   # others' tags as before
+
+    def weight(oc, ky, kx):
+        if not winograd:
+            return te.cast(wk[oc // CONV_ROWS, (ky * kw + kx) * cp + rc // 2, oc % CONV_ROWS,
+                              rc % 2], "int32")
+
+        # 4 g = L U' L^T (WINO_L): L[k, a] is 1 at (0, 0), (1, 1), (2, 3), -1 at (1, 2)
+        def coef(k, a):
+            kk, sign = {0: (0, 1), 1: (1, 1), 2: (1, -1), 3: (2, 1)}[a]
+            return te.if_then_else(te.eq(k, kk), te.const(sign, "int32"), te.const(0, "int32"))
+
+        g4 = te.const(0, "int32")
+        for a in range(4):
+            for bb in range(4):
+                u = te.cast(wk[oc // CONV_ROWS, (a * 4 + bb) * cp + rc // 2, oc % CONV_ROWS,
+                               rc % 2], "int32")
+                g4 = g4 + coef(ky, a) * coef(kx, bb) * u
+        return g4 // te.const(4, "int32")
 
     def clamp(i, size):
         return te.minimum(te.maximum(i, 0), size - 1)
@@ -284,8 +342,7 @@ def _legalize_qconv2d(x: te.Tensor, wk: te.Tensor, x_zp: te.Tensor, bias: te.Ten
         inside = te.logical_and(te.logical_and(iy >= 0, iy < h), te.logical_and(ix >= 0, ix < w))
         xv = te.if_then_else(inside, te.cast(x[b, rc, clamp(iy, h), clamp(ix, w)], "int32")
                              - te.cast(x_zp[()], "int32"), te.const(0, "int32"))
-        wv = wk[oc // CONV_ROWS, (ry * kw + rx) * cp + rc // 2, oc % CONV_ROWS, rc % 2]
-        return te.sum_of(xv * te.cast(wv, "int32"), (rc, ry, rx))
+        return te.sum_of(xv * weight(oc, ry, rx), (rc, ry, rx))
 
     acc = te.compute(out_type.shape, acc_body, name=name + "_acc", dtype="int32")
     q = _epilogue(acc, bias, multiplier, y_zp, 1, out_type.shape,
@@ -297,11 +354,11 @@ def _legalize_qconv2d(x: te.Tensor, wk: te.Tensor, x_zp: te.Tensor, bias: te.Ten
 def qconv2d(x: np.ndarray, wk: np.ndarray, x_zp: np.ndarray, bias: np.ndarray,
             multiplier: np.ndarray, y_zp: np.ndarray, *table: np.ndarray, out_channels: int = 0,
             kernel=(1, 1), strides=(1, 1), padding=(0, 0, 0, 0), dtype: str = "uint8",
-            relu: bool = False) -> np.ndarray:
+            relu: bool = False, winograd: bool = False) -> np.ndarray:
     b, c, h, w = x.shape
     kh, kw = kernel
     o = out_channels
-    wd = unpack_conv_weights(wk, o, c, kh, kw)
+    wd = unpack_winograd_weights(wk, o, c) if winograd else unpack_conv_weights(wk, o, c, kh, kw)
     xz = int(x_zp)
     xp = np.pad(x.astype(np.int64) - xz, ((0, 0), (0, 0), (padding[0], padding[2]),
                                           (padding[1], padding[3])))

@@ -15,6 +15,7 @@ import numpy as np
 
 from ..ir import te
 from ..ir.graph import TensorType
+from ..ir.patterns import tag_reduction
 from .registry import REDUCTION, register_op, size_expr
 
 
@@ -38,6 +39,7 @@ def _legalize_resize_axis(x: te.Tensor, idx: te.Tensor, w: te.Tensor, fill: te.T
     axis %= x.ndim
     size = x.shape[axis]
     t = te.reduce_axis(idx.shape[1], "t")
+    tag_reduction(t, "resize_axis", (x, idx, w, fill), along=axis)   # codegen/resize.py
 
     def body(*i):
         o = i[axis]

@@ -40,6 +40,7 @@ from ..options import CompileOptions
 PAIRS_OUT = "bf16_pairs_out"
 PAIRS_IN = "bf16_pairs_in"
 PAIRS_READ = "bf16_pairs_read"
+PAIRS_FILL = "bf16_pairs_fill"
 
 
 def _static(shape) -> bool:
@@ -159,6 +160,24 @@ def _consumer_padding(func: PrimFunc, index: int) -> tuple[int, int, int, int] |
     return padding
 
 
+def _fill_reader(func: PrimFunc, index: int) -> bool:
+    """Whether ``func`` is a pixel-lane ``nn.conv2d_bf16p`` with a 1x1 window, a stride and no
+    padding reading its input ``index`` by its reduction only: its planes (one stride phase)
+    can be filled from pair words of any padding (``bf16_pairs_fill``, codegen/bf16conv.py)
+    instead of from the float32 input, a quarter of its pixels for a stride of 2."""
+    m = _match(func)
+    if m is None or m.kind != "conv2d_bf16p" or func.inputs[index] is not m.operands[0]:
+        return False
+    x = m.operands[0]
+    if len(x.shape) != 4 or not _static(x.shape) or not _static(m.out.shape):
+        return False
+    if any(r.tensor is x for s in m.epilogue for r in te.reads(s.body)):
+        return False
+    kh, kw = m.operands[1].shape[2:4]
+    return (kh, kw) == (1, 1) and tuple(m.attrs.get("strides", (1, 1))) != (1, 1) \
+        and not any(m.attrs.get("padding", (0, 0, 0, 0)))
+
+
 def _fits(shape, padding) -> bool:
     """The padded words (plus 16 words a 1x1 kernel's last vector may read past them) fit the
     float32 tensor's buffer."""
@@ -175,11 +194,12 @@ def bf16_pair_activations(mod: IRModule, options: CompileOptions) -> IRModule:
     out = mod.copy()
     for fname, fn in mod.functions.items():
         if isinstance(fn, Function):
-            out.functions[fname] = _rewrite(out, fn, options.bf16_pair_residuals)
+            out.functions[fname] = _rewrite(out, fn, options.bf16_pair_residuals,
+                                            options.bf16_pair_shared)
     return out
 
 
-def _rewrite(mod: IRModule, fn: Function, residuals: bool) -> Function:
+def _rewrite(mod: IRModule, fn: Function, residuals: bool, shared: bool) -> Function:
     bindings = list(fn.bindings())
     uses = Counter(id(a) for b in bindings for a in used_values(b.value))
     uses.update(id(o) for o in fn.outputs)
@@ -206,6 +226,8 @@ def _rewrite(mod: IRModule, fn: Function, residuals: bool) -> Function:
             break   # one pair-word input per consumer
     if residuals:
         _residual_pairs(mod, bindings, uses, calls, value, producer)
+    if shared:
+        _shared_pairs(mod, fn, bindings, uses, calls, value, producer)
     blocks = [type(block)([Binding(b.var, value[id(b)], b.source) for b in block.bindings])
               for block in fn.blocks]
     return Function(fn.name, list(fn.params), blocks, list(fn.outputs), list(fn.output_names))
@@ -269,6 +291,62 @@ def _residual_pairs(mod: IRModule, bindings, uses: Counter, calls: Counter, valu
                                         tuple(rfunc.attrs.get(PAIRS_READ, ()))
                                         + ((ri, padding),))
             break
+
+
+def _shared_pairs(mod: IRModule, fn: Function, bindings, uses: Counter, calls: Counter,
+                  value: dict, producer: dict) -> None:
+    """A tensor still float32 whose every reader is a bf16 convolution's reduction that takes
+    pair words: in place (``_consumer_padding``) or through its plane fill (``_fill_reader``:
+    a strided 1x1 on pixel lanes, any padding): a ResNet stage's first block input, read by
+    the block's first convolution and by its downsample. The producer writes the words with
+    the largest padding the in-place readers want (none where a pixel-lane 1x1 reads them in
+    place); a channel-lane reader of a smaller padding reads its frame within them
+    (``bf16_pairs_in`` = the words' padding, codegen/conv_oc.py). The outputs are bit for bit
+    those without (the same words, made by the producer instead of each reader)."""
+    readers: dict[int, list] = {}
+    for b in bindings:
+        if isinstance(b.value, CallTIR):
+            for i, arg in enumerate(b.value.args):
+                readers.setdefault(id(arg), []).append((b, i))
+    outputs = {id(o) for o in fn.outputs}
+    for b in bindings:
+        prod_b = producer.get(id(b.var))
+        found = readers.get(id(b.var), ())
+        if prod_b is None or id(b.var) in outputs or len(found) < 2 \
+                or uses[id(b.var)] != len(found) or len({id(r) for r, _ in found}) != len(found):
+            continue
+        pcall = value[id(prod_b)]
+        pfunc = mod.functions[pcall.func]
+        if PAIRS_OUT in pfunc.attrs or not _producer_ok(pfunc):
+            continue
+        own, exact, fills, ok = {}, False, [], True
+        for r, i in found:
+            rfunc = mod.functions[value[id(r)].func]
+            if not isinstance(rfunc, PrimFunc) or PAIRS_IN in rfunc.attrs \
+                    or PAIRS_FILL in rfunc.attrs:
+                ok = False
+                break
+            padding = _consumer_padding(rfunc, i)
+            if padding is not None:
+                own[id(r)] = padding
+                # the pixel-lane 1x1 reads unpadded words only; the channel-lane kernel
+                # reads its own padding's frame within larger padded words
+                exact = exact or _match(rfunc).kind == "conv2d_bf16p"
+            elif _fill_reader(rfunc, i):
+                fills.append(r)
+            else:
+                ok = False
+                break
+        padding = tuple(max(p[k] for p in own.values()) if own else 0 for k in range(4))
+        if not ok or (exact and any(padding)) \
+                or not _fits(tuple(pfunc.outputs[0].shape), padding):
+            continue
+        value[id(prod_b)] = _with_attr(mod, pcall, pfunc, calls, PAIRS_OUT, padding)
+        for r, _ in found:
+            rfunc = mod.functions[value[id(r)].func]
+            key, val = (PAIRS_FILL, padding) if r in fills else \
+                (PAIRS_IN, True if own[id(r)] == padding else padding)
+            value[id(r)] = _with_attr(mod, value[id(r)], rfunc, calls, key, val)
 
 
 def _with_attr(mod: IRModule, call: CallTIR, func: PrimFunc, calls: Counter, key: str,

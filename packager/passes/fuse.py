@@ -138,8 +138,8 @@ def _fuse_one(mod: IRModule, b: Binding, producer_of: dict[int, Binding], uses: 
             continue
         # a table lookup with run-time extents keeps its own kernel (codegen/qelementwise.py:
         # vpshufb, 32 bytes a step); fused with the dequantize after it, it fell to the scalar
-        # generic loop nest
-        if _is_sized_table_lookup(producer):
+        # generic loop nest, but for the vector kernel of the two (``_QTableDequantize``)
+        if _is_sized_table_lookup(producer) and not _is_dequantize(consumer):
             continue
         # the reduction kernels (softmax, global mean, normalization) take no quantize
         # epilogue: fused, a QDQ model's reduction and its QuantizeLinear fell to the generic
@@ -201,6 +201,18 @@ def _is_sized_table_lookup(func: PrimFunc) -> bool:
             and len(table.shape) == 2 and table.shape[1] == 256
             and not all(isinstance(d, int) for d in func.outputs[0].shape)
             and not func.is_elementwise)
+
+
+def _is_dequantize(func: PrimFunc) -> bool:
+    """``func`` has a ``dequantize``'s signature: 8-bit x, one float32 scale and one 8-bit zero
+    point, a float32 result of x's shape."""
+    if len(func.inputs) != 3 or len(func.outputs) != 1:
+        return False
+    x, s, z = func.inputs
+    out = func.outputs[0]
+    return (x.dtype in ("int8", "uint8") and z.dtype == x.dtype and s.dtype == "float32"
+            and out.dtype == "float32" and tuple(out.shape) == tuple(x.shape)
+            and len(s.shape) == 0 and len(z.shape) == 0)
 
 
 def _calls_math(func: PrimFunc, names: tuple[str, ...]) -> bool:

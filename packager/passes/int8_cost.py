@@ -31,6 +31,16 @@ ResNet-18's layers and 1.08-1.46x faster than fp32 on its 3x3 stride-1 ones
 (docs/performance.md), so the split is taken for s <= ``SPLIT_MAX_SHARE`` (against the k-pair
 kernel, ``split_quads_pays``) and keeps a 3x3 stride-1 layer integer for s <=
 ``SPLIT_MAX_SHARE_FLOAT`` (against fp32, ``float_conv_reason``'s ``split_share``).
+
+3x3 stride-1 layers whose full-range weights take neither (a share past
+``SPLIT_MAX_SHARE_FLOAT``) run the exact integer Winograd F(2x2, 3x3) kernel instead of fp32's
+(``int_winograd``): int16 transformed inputs and weights, ``vpmaddwd``, 16 products per 2x2
+tile and input channel pair where the direct kernel takes 36. On Zen 5 under the AVX2 mask
+(bench/avx2_host.py) ``vpmaddwd`` + ``vpaddd`` runs at the ``vpmaddubsw`` loop's 131 GMAC/s
+(fp32 FMA 66), and ResNet-18's 56x56, 28x28 and 14x14 layers took 573-621 us against the
+k-pair kernel's 1044-1177 and ORT's saturating int8 kernel's 907-936 (docs/performance.md).
+Outputs under 8 wide (7x7: the channel-lane sign kernel, 1195 us; the Winograd kernel 1376 us
+there, its 8.4 MB of int16 weights streamed once per call) keep the choices above.
 """
 
 from __future__ import annotations
@@ -51,10 +61,57 @@ SPLIT_MAX_SHARE = (KPAIR_OVER_7BIT - 1) / SPLIT_WORD_COST
 SPLIT_MAX_SHARE_FLOAT = (FP32_OVER_7BIT - 1) / SPLIT_WORD_COST
 
 
+# With run-time image sizes the k-pair kernel (static shapes only) is no alternative: a
+# convolution whose split does not pay against it runs on the float chain instead (fp32's
+# kernel over the exact integers, then a quantize pass and the activation's lut8 table as
+# kernels of their own, where the integer kernel writes bytes with the table folded into its
+# copy out). On the open-size QDQ PP-OCR classifier under bench/avx2_host.py (Zen 5 as AVX2 +
+# FMA, kernel minimums): 1x1 88 x 16 at share 0.24-0.31, 10.3 us against 6.7 + 2.9 + 3.4;
+# 24 x 8 at 0.40, 5.7 against 5.5 + 1.9; 200 x 32 at 0.19, 20.9 against 18.9 + 6.0 + 4.9; its
+# first layer (3x3 / 2, 8 x 3, share 0.19) integer too: the whole bundle 0.94x. A 3x3 stride-1
+# layer keeps ``open_conv_integer``'s own bound (fp32's Winograd).
+OPEN_SPLIT_MAX_SHARE = 0.5
+
+
 def split_quads_pays(share: float) -> bool:
     """Whether the pair-split quad kernel with residual words in ``share`` of its (output
     channel, step) words beats the k-pair kernel (module docstring)."""
     return share <= SPLIT_MAX_SHARE
+
+
+# Exact integer Winograd F(2x2, 3x3) on those x86 targets (``qconv2d`` ``winograd``, ops/qlinear.py
+# ``pack_winograd_weights``, codegen/qgemm_conv.py ``_emit_wino``): ``vpmaddwd`` on int16 transformed
+# inputs and weights, 16 products per 4 outputs and input channel against the direct kernel's 36,
+# for 3x3 stride-1 layers whose full-range weights neither the 7-bit nor the split quad kernel
+# takes (a split share past SPLIT_MAX_SHARE_FLOAT) and whose outputs are at least this wide
+# (2x2 tiles, odd sizes with the last row / column dropped; 7x7 outputs keep the channel-lane
+# sign kernel: module docstring)
+WINO_INT_MIN_OUT = 8
+
+
+def int_winograd(w_shape: Sequence[int], strides: Sequence[int], out_shape: Sequence[int],
+                 groups: int, options: CompileOptions, split_share: float | None) -> bool:
+    """Whether a quantized convolution takes the exact integer Winograd kernel (see
+    ``WINO_INT_MIN_OUT``): x86 targets without an int8 dot instruction (``options.conv_quads7``,
+    not ``int8_dot_targets``; ``options.conv_int_winograd`` not False), a 3x3 stride-1 window,
+    groups 1, static output sizes of at least ``WINO_INT_MIN_OUT``, at most
+    ``WINO_MAX_CHANNELS`` input channels, int8 weights with a split share over
+    ``SPLIT_MAX_SHARE_FLOAT`` (``conv_int_winograd`` True: any int8 weights and output
+    size)."""
+    from ..ops.qlinear import WINO_MAX_CHANNELS
+
+    if (not options.conv_quads7 or options.int8_dot_targets or options.conv_int_winograd is False
+            or groups != 1 or split_share is None or len(w_shape) != 4 or len(out_shape) != 4):
+        return False
+    if tuple(w_shape[2:]) != (3, 3) or tuple(strides) != (1, 1) or w_shape[1] > WINO_MAX_CHANNELS:
+        return False
+    if not all(isinstance(d, int) for d in out_shape):
+        return False
+    if options.conv_int_winograd:
+        return True
+    if min(out_shape[2:]) < WINO_INT_MIN_OUT:
+        return False
+    return split_share > SPLIT_MAX_SHARE_FLOAT
 
 
 def float_conv_reason(w_shape: Sequence[int], strides: Sequence[int],
@@ -72,6 +129,8 @@ def float_conv_reason(w_shape: Sequence[int], strides: Sequence[int],
     channel-lane sign kernel takes them (passes/quad_weights.py ``use_signed_x``), faster
     than fp32 there."""
     if not options.int8_float_convs or options.int8_dot_targets or groups != 1:
+        return None
+    if int_winograd(w_shape, strides, out_shape, groups, options, split_share):
         return None
     if options.conv_quads7 and (w7 or (split_share is not None
                                        and split_share <= SPLIT_MAX_SHARE_FLOAT)):
@@ -94,6 +153,12 @@ def float_conv_reason(w_shape: Sequence[int], strides: Sequence[int],
     return None
 
 
+def open_split_pays(share: float) -> bool:
+    """Whether a convolution with run-time image sizes takes the split quad kernel at
+    ``share`` (``OPEN_SPLIT_MAX_SHARE``, against the float chain)."""
+    return share <= OPEN_SPLIT_MAX_SHARE
+
+
 def open_conv_integer(w_shape: Sequence[int], strides: Sequence[int], groups: int,
                       options: CompileOptions, split_share: float | None) -> bool:
     """Whether a quantized convolution with run-time image sizes (an open batch, height or
@@ -106,7 +171,8 @@ def open_conv_integer(w_shape: Sequence[int], strides: Sequence[int], groups: in
         return False
     if options.conv_quads:
         return True
-    if not options.conv_quads7 or (split_share > 0 and not split_quads_pays(split_share)):
+    if not options.conv_quads7 or (split_share > 0 and not split_quads_pays(split_share)
+                                   and not open_split_pays(split_share)):
         return False
     slow3x3 = (tuple(w_shape[2:]) == (3, 3) and tuple(strides) == (1, 1)
                and split_share > SPLIT_MAX_SHARE_FLOAT and options.int8_float_convs

@@ -38,7 +38,12 @@ store the quads 16 output channels per step instead of 6 (``oc_lanes``): the cha
 kernel (codegen/qgemm_conv.py ``_emit_oc_lanes``) computes only the outputs, where the
 pixel-lane kernel computes each plane row's padding columns too (a 7x7 output: 64 lanes for 49
 outputs; 14x14: 224 for 196; 28x28: 848 for 784). Split weights stay in the 6-row tiles of the
-pixel-lane kernel, whose residual loops run per row of them."""
+pixel-lane kernel, whose residual loops run per row of them.
+
+The same x86 bundles: a 3x3 stride-1 ``qconv2d`` that ``int8_cost.int_winograd`` gives the exact
+integer Winograd kernel keeps the k-pair op with its weights transformed, U' = (2G) w (2G)^T
+(ops/qlinear.py ``pack_winograd_weights``: int16, 16 positions for 9 taps), marked
+``winograd`` (codegen/qgemm_conv.py ``_emit_wino``)."""
 
 from __future__ import annotations
 
@@ -147,7 +152,8 @@ def pack_conv_quads(mod: IRModule, options: CompileOptions) -> IRModule:
         return mod
     from ..ops.qconv_quads import (QUADS_KIND, folded_bias, pairs_to_quads, quads_to_oc_lanes,
                                    split_quads, word_share)
-    from .int8_cost import split_quads_pays
+    from ..ops.qlinear import pack_winograd_weights, unpack_conv_weights
+    from .int8_cost import int_winograd, open_split_pays, split_quads_pays
 
     made: dict = {}   # one quad constant per k-pair constant and layout (and its split)
 
@@ -165,12 +171,26 @@ def pack_conv_quads(mod: IRModule, options: CompileOptions) -> IRModule:
         if six not in made:
             made[six] = Constant(f"{wk.name}_q4", pairs_to_quads(wk.data, kh * kw))
         share = word_share(made[six].data, v.attrs["out_channels"]) if w7 else 0.0
+        o, c = v.attrs["out_channels"], x.type.shape[1]
+        if (w7 and options.conv_signed_x is not True
+                and int_winograd((o, c, kh, kw), v.attrs["strides"], v.type.shape, 1, options,
+                                 share)):
+            # the exact integer Winograd kernel: U' = (2G) w (2G)^T packed as int16 k-pairs
+            key = ("wino", id(wk))
+            if key not in made:
+                made[key] = Constant(f"{wk.name}_wino", pack_winograd_weights(
+                    unpack_conv_weights(wk.data, o, c, kh, kw)))
+            return Call("qconv2d", [lookup(x), made[key]] + [lookup(a) for a in v.args[2:]],
+                        {**v.attrs, "winograd": True}, v.type)
         # full-range weights: the sign kernel where they keep to [-127, 127] and it pays
         # (``use_signed_x``), else the split where it pays, else the k-pair kernel
         signed = (share > 0 and int(wk.data.min()) >= -127
                   and use_signed_x(v, options, split_quads_pays(share)))
         split = share > 0 and not signed
-        if split and not split_quads_pays(share):
+        # run-time image sizes: the split against the float chain (int8_cost.py)
+        open_ok = (not all(isinstance(d, int) for d in x.type.shape)
+                   and open_split_pays(share))
+        if split and not split_quads_pays(share) and not open_ok:
             return None
         shift = quad_shift("aarch64" if signed else arch, x.type.dtype)
         # the split's residual rows are the 6-row tiles': its layers keep the pixel lanes

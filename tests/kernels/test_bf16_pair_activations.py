@@ -178,3 +178,110 @@ def test_native_runs(tmp_path):
     import onnxruntime as ort
     want = ort.InferenceSession(_chain().SerializeToString()).run(None, {"x": x})[0]
     assert float(np.abs(got["all"] - want).max()) < 0.02 * float(np.abs(want).max())
+
+
+def _shared():
+    """Tensors with two convolution readers (``bf16_pair_shared``): a 3x3's output (30x30,
+    padded words) read by a 3x3 stride 2 (channel lanes) and a 1x1 stride 2 (pixel lanes,
+    its planes filled from the words) as a basic block's first block; then a 1x1's output
+    (15x15, dense words) read by a 1x1 (in place) and a 1x1 stride 2 (filled), as a
+    bottleneck's first block with its downsample; then a 3x3's output (8x8) read by a 3x3
+    and a 1x1, both stride 2 on channel lanes, the 1x1 within the 3x3's padded words. Two
+    images of 64 channels."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(6)
+    inits, nodes = [], []
+
+    def conv(x, y, o, c, k, s=1, relu=True):
+        w = (rng.standard_normal((o, c, k, k)) / np.sqrt(c * k * k)).astype(np.float32)
+        b = (rng.standard_normal(o) * 0.1).astype(np.float32)
+        inits.extend([numpy_helper.from_array(w, y + "_w"), numpy_helper.from_array(b, y + "_b")])
+        nodes.append(helper.make_node("Conv", [x, y + "_w", y + "_b"], [y + "_c" if relu else y],
+                                      pads=[k // 2] * 4, strides=[s, s]))
+        if relu:
+            nodes.append(helper.make_node("Relu", [y + "_c"], [y]))
+
+    conv("x", "a", 64, 64, 3)
+    conv("a", "c1", 128, 64, 3, s=2)
+    conv("c1", "c2", 128, 128, 3, relu=False)
+    conv("a", "ds", 128, 64, 1, s=2, relu=False)
+    nodes.append(helper.make_node("Add", ["c2", "ds"], ["r"]))
+    conv("r", "p", 64, 128, 1)
+    conv("p", "b1", 32, 64, 1)
+    conv("b1", "b2", 32, 32, 3, s=2)
+    conv("b2", "b3", 128, 32, 1, relu=False)
+    conv("p", "ds2", 128, 64, 1, s=2, relu=False)
+    nodes.append(helper.make_node("Add", ["b3", "ds2"], ["t"]))
+    conv("t", "q", 64, 128, 3)
+    conv("q", "q1", 64, 64, 3, s=2)
+    conv("q", "ds3", 64, 64, 1, s=2, relu=False)
+    nodes.append(helper.make_node("Add", ["q1", "ds3"], ["y"]))
+    graph = helper.make_graph(
+        nodes, "shared", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 64, 30, 30])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 64, 4, 4])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+def test_shared_tensors_take_pair_words():
+    """Both readers of a stage's first block input take the words: in place (the first
+    convolution), or through the strided 1x1's plane fill (``bf16_pairs_fill``: the words'
+    padding); the producer writes the in-place reader's padding (none where only fills read)."""
+    from mlcpack.frontends.onnx import import_onnx
+    from mlcpack.packager.options import CompileOptions
+    from mlcpack.packager.passes.pipeline import DEFAULT_PIPELINE, run_pipeline
+
+    def attrs(**options):
+        mod, _ = import_onnx(_shared())
+        mod = run_pipeline(mod, DEFAULT_PIPELINE, options=CompileOptions(
+            target=V4_BF16, precision="bf16", **options))
+        calls = [b.value.func for b in mod.functions["main"].bindings()
+                 if isinstance(b.value, CallTIR)]
+        return _pair_attrs(mod, calls)
+
+    from mlcpack.packager.ir.graph import CallTIR
+
+    dense, padded = (0, 0, 0, 0), (1, 1, 1, 1)
+    assert attrs() == [
+        ("oc", {"bf16_pairs_out": padded}),                 # a: for c1 (in place) and ds
+        ("oc1", {"bf16_pairs_out": padded, "bf16_pairs_in": True}),
+        ("bf16p", {"bf16_pairs_fill": padded}),             # ds: 1x1 stride 2, filled
+        ("oc2", {"bf16_pairs_in": True, "bf16_pairs_out": dense}),
+        ("bf16p1", {"bf16_pairs_in": True, "bf16_pairs_out": dense}),   # p: for b1 and ds2
+        ("bf16p2", {"bf16_pairs_out": padded, "bf16_pairs_in": True}),
+        ("oc3", {"bf16_pairs_in": True, "bf16_pairs_out": dense}),
+        ("bf16p4", {"bf16_pairs_fill": dense}),              # ds2
+        ("bf16p3", {"bf16_pairs_in": True, "bf16_pairs_out": padded}),
+        ("oc4", {"bf16_pairs_in": True, "bf16_pairs_out": padded}),   # q: for q1 and ds3
+        ("oc6", {"bf16_pairs_in": padded}),                  # ds3: its frame in q's words
+        ("oc5", {"bf16_pairs_in": True}),
+    ]
+    off = dict(attrs(bf16_pair_shared=False))
+    assert off["oc"] == off["bf16p"] == off["bf16p4"] == off["oc6"] == {}
+    assert off["bf16p1"] == {"bf16_pairs_in": True}
+
+
+@pytest.mark.skipif(host_arch() != "x86_64" or not {"avx512f", "avx512_bf16"} <= host_features(),
+                    reason="runs vdpbf16ps: needs an x86-64 host with AVX-512 and avx512_bf16")
+def test_shared_native_runs(tmp_path):
+    """Words for both readers: bit for bit the bundle without them, 1 and 2 threads."""
+    import dataclasses
+
+    from mlcpack.frontends.onnx import import_onnx
+    from mlcpack.packager.export import ExportOptions, export_module
+    from mlcpack.packager.options import CompileOptions
+    from mlcpack.runtime import load
+
+    x = np.random.default_rng(4).standard_normal((2, 64, 30, 30)).astype(np.float32)
+    got = {}
+    for on in (False, True):
+        mod, _ = import_onnx(_shared())
+        path = tmp_path / f"{on}.mlc"
+        export_module(mod, path, ExportOptions(target=V4_BF16, precision="bf16", compile=(
+            dataclasses.replace(CompileOptions(), bf16_pair_shared=on))))
+        with load(path) as one, load(path, threads=2) as two:
+            got[on] = one.run({"x": x})["y"]
+            np.testing.assert_array_equal(two.run({"x": x})["y"], got[on])
+    np.testing.assert_array_equal(got[True], got[False])

@@ -212,8 +212,8 @@ def test_small_planes_stay_integer() -> None:
     """The layer choice (passes/int8_cost.py ``float_conv_reason``): a 3x3 stride-1 layer of
     7x7 outputs with full-range weights over the bound stays float unless its weights lie in
     [-127, 127] (the channel-lane sign kernel takes it: 1.35x fp32's speed measured there),
-    with 16k output channels and the sign kernel not turned off; 14x14 outputs (Winograd)
-    stay float either way."""
+    with 16k output channels and the sign kernel not turned off; 14x14 outputs take the integer
+    Winograd kernel (passes/int8_cost.py ``int_winograd``), or with it off stay float."""
     from mlcpack.packager.options import CompileOptions
     from mlcpack.packager.passes.int8_cost import float_conv_reason
 
@@ -225,5 +225,9 @@ def test_small_planes_stay_integer() -> None:
     assert float_conv_reason(w, (1, 1), s7, 1, off, split_share=0.4, signed_ok=True) is not None
     assert float_conv_reason((500, 512, 3, 3), (1, 1), (1, 500, 7, 7), 1, options,
                              split_share=0.4, signed_ok=True) is not None
+    # 14x14 outputs: the integer Winograd kernel, else (turned off) fp32's Winograd
     assert float_conv_reason((256, 256, 3, 3), (1, 1), (1, 256, 14, 14), 1, options,
+                             split_share=0.4, signed_ok=True) is None
+    nowino = CompileOptions(target="x86-64-v2,x86-64-v3", conv_int_winograd=False).for_targets()
+    assert float_conv_reason((256, 256, 3, 3), (1, 1), (1, 256, 14, 14), 1, nowino,
                              split_share=0.4, signed_ok=True) is not None

@@ -22,7 +22,8 @@ def test_rule_table_rows_in_order() -> None:
                    "channel-lane convolution",
                    "depthwise convolution", "dot-product convolution", "bf16 pair matmul",
                    "bf16 pair convolution",
-                   "contraction", "max pool", "softmax", "normalization", "transpose", "pad"]
+                   "contraction", "max pool", "softmax", "normalization", "transpose",
+                   "resize", "pad"]
     symbolic = [r.op for r in rules.KERNEL_RULES if r.symbolic is not None]
     assert symbolic == ["recurrence", "non-maximum suppression", "tree ensemble", "nonzero index",
                         "unique by sorting", "integer GEMM",   # qconv2d quads, open sizes
@@ -30,7 +31,8 @@ def test_rule_table_rows_in_order() -> None:
                         "integer elementwise", "channel-lane convolution",
                         "depthwise convolution",
                         "bf16 pair matmul", "contraction", "max pool", "softmax", "normalization",
-                        "transpose"]   # a KV cache's T
+                        "transpose",   # a KV cache's T
+                        "resize"]   # resize_taps' tables, run-time extents
     assert all(r.static is not None for r in rules.KERNEL_RULES)
 
 

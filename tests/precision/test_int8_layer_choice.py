@@ -1,7 +1,8 @@
 """Per-layer precision on targets without an int8 dot instruction (passes/int8_cost.py): a
-quantized 3x3 stride-1 convolution that fp32 runs as Winograd stays float (its dequantized
-weights on the fp32 Winograd kernel), a strided one takes the integer kernel; a target set with
-x86-64-v4+vnni keeps both integer. ``--quantize int8`` leaves the first unquantized and says
+quantized 3x3 stride-1 convolution with full-range weights takes the exact integer Winograd
+kernel (with it off, ``conv_int_winograd=False``: it stays float, its dequantized weights on the
+fp32 Winograd kernel), a strided one takes the integer kernel; a target set with
+x86-64-v4+vnni keeps both on the quad kernels. ``--quantize int8`` leaves the first unquantized and says
 why. Small model (16 -> 32 channels on 10 x 10): seconds."""
 
 from __future__ import annotations
@@ -61,40 +62,50 @@ def _products(path: Path, options: CompileOptions) -> list[str]:
     for b in fn.bindings():
         op = getattr(b.value, "op", "")
         if op in ("qconv2d", "qconv2d_quads"):      # quads: the vpmaddubsw kernel's weights
-            out.append("int")
+            out.append("int winograd" if b.value.attrs.get("winograd") else "int")
         elif op.startswith("nn.conv2d"):
             out.append("float winograd" if b.value.attrs.get("winograd") else "float")
     return out
 
 
-@pytest.mark.parametrize("target,choice,expect", [
-    ("x86-64-v3", True, ["float winograd", "int"]),
-    ("x86-64-v2,x86-64-v3", True, ["float winograd", "int"]),
-    ("x86-64-v3", False, ["int", "int"]),
-    ("x86-64-v3,x86-64-v4,x86-64-v4+vnni", True, ["int", "int"]),
+@pytest.mark.parametrize("target,choice,wino,expect", [
+    ("x86-64-v3", True, None, ["int winograd", "int"]),
+    ("x86-64-v2,x86-64-v3", True, None, ["int winograd", "int"]),
+    ("x86-64-v3", False, None, ["int winograd", "int"]),
+    ("x86-64-v3", True, False, ["float winograd", "int"]),
+    ("x86-64-v2,x86-64-v3", True, False, ["float winograd", "int"]),
+    ("x86-64-v3", False, False, ["int", "int"]),
+    ("x86-64-v3,x86-64-v4,x86-64-v4+vnni", True, None, ["int", "int"]),
 ])
-def test_qdq_conv_precision_per_target(models, target: str, choice: bool, expect) -> None:
-    options = CompileOptions(target=target, int8_float_convs=choice)
+def test_qdq_conv_precision_per_target(models, target: str, choice: bool, wino, expect) -> None:
+    options = CompileOptions(target=target, int8_float_convs=choice, conv_int_winograd=wino)
     assert _products(models["qdq"], options) == expect
 
 
 def test_mixed_bundle_within_one_step_of_ort(models) -> None:
-    """The mixed bundle (x86-64-v3: AVX2 hosts, and AVX-512 ones) against ORT running the QDQ
-    file as written, and against the all-integer bundle: within one output quantization step."""
+    """The mixed bundle (x86-64-v3: AVX2 hosts, and AVX-512 ones; the integer Winograd kernel
+    off) against ORT running the QDQ file as written, and against the all-integer bundle:
+    within one output quantization step; the default bundle (integer Winograd) equal to the
+    all-integer one bit for bit."""
     tmp, qdq = models["tmp"], models["qdq"]
     step = qm.output_step(qdq)
     x = np.random.default_rng(3).normal(0, 1, SHAPE).astype(np.float32)
     ref = ort_outputs(qdq, {"x": x}, threads=1, as_written=True)["y"]
     got = {}
-    for label, choice in (("mixed", True), ("integer", False)):
+    for label, choice, wino in (("mixed", True, False), ("integer", False, False),
+                                ("default", True, None)):
         mod, _ = import_onnx(str(qdq))
         path = tmp / f"{label}.mlc"
         export_module(mod, path, ExportOptions(target="x86-64-v3", check=False, compile=CompileOptions(
-            int8_float_convs=choice)))
+            int8_float_convs=choice, conv_int_winograd=wino)))
         with load(path) as model:
             kernels = [k["kernel"] for k in model.header["kernels"]]
             got[label] = model.run({"x": x})["y"]
-        assert any("Winograd" in k for k in kernels) == choice, kernels
+        assert any(k.startswith("channel-lane Winograd") for k in kernels) == (label == "mixed"), \
+            kernels
+        assert any(k.startswith("integer Winograd") for k in kernels) == (label == "default"), \
+            kernels
+    np.testing.assert_array_equal(got["default"], got["integer"])
     assert np.abs(got["mixed"] - ref).max() <= step * 1.001
     assert np.abs(got["mixed"] - got["integer"]).max() <= step * 1.001
     assert np.mean(got["mixed"] == ref) > 0.95
