@@ -440,6 +440,7 @@ def _export(mods: dict[int | None, IRModule], path: str | os.PathLike,
     first_targets: list[Target] = []
     bf16_fp32 = ""   # the bf16 line's account of the layers left fp32 (precision.fp32_note)
     bf16_dot = False   # the bf16 layers multiply bf16 activations (vdpbf16ps, bfdot)
+    bf16_macs: tuple[dict[str, int], int] = ({}, 0)   # precision.bf16_work
     try:
         for batch, mod in mods.items():
             # several plans read one transposed W (no one-row GEMV): the weights stay stored once
@@ -466,9 +467,10 @@ def _export(mods: dict[int | None, IRModule], path: str | os.PathLike,
                 ir_text = module_text(optimized)
                 first_targets = targets
                 if bf16:
-                    from .precision import fp32_note
+                    from .precision import bf16_work, fp32_note
                     resolved = compile_options.for_targets(targets)
                     bf16_fp32 = fp32_note(optimized, resolved, tuple(t.name for t in targets))
+                    bf16_macs = bf16_work(optimized)
                     bf16_dot = resolved.bf16_dot
     except BaseException:
         if reference is not None:
@@ -493,11 +495,17 @@ def _export(mods: dict[int | None, IRModule], path: str | os.PathLike,
         if not ok:
             if not fallback:   # one of the guard's choices, past the bound too
                 return None
-            from .precision import sensitive_weights
+            from .precision import (BF16_MIN_SHARE, bf16_layers, bf16_share, low_share_note,
+                                    sensitive_weights)
             choices = [] if opts.bf16_keep is not None or "not measured" in precision_note \
                 else sensitive_weights(mods[largest], params, golden, opts.bf16_max_error,
                                        activations=bf16_dot)
+            low_share = None   # a choice that leaves bf16 too little work: none after it
             for keep in choices:   # the layers whose bf16 weights cost the most stay fp32
+                share = bf16_share(bf16_macs, keep)
+                if share is not None and share < BF16_MIN_SHARE:
+                    low_share = (keep, share)
+                    break
                 report = _export(mods, path, dataclasses.replace(opts, bf16_keep=keep,
                                                          compile=compile_options),
                                  params, on_stage, fallback=False)
@@ -506,7 +514,8 @@ def _export(mods: dict[int | None, IRModule], path: str | os.PathLike,
             report = _export(mods, path, dataclasses.replace(opts, precision="fp32",
                                                      compile=compile_options), params,
                              on_stage)
-            report.precision_note = precision_note
+            report.precision_note = precision_note if low_share is None else \
+                low_share_note(precision_note, *low_share, layers=bf16_layers(mods[largest]))
             return report
         golden.rtol, golden.atol = (max(golden.rtol, opts.bf16_max_error),
                                     max(golden.atol, opts.bf16_max_error))

@@ -6,7 +6,9 @@ the golden check's inputs and compares each output with the fp32 reference (ONNX
 the IR's numpy reference): the error is the largest |bf16 - fp32| over the output, divided by
 the output's scale (its largest finite |value|). Past ``ExportOptions.bf16_max_error`` (1 % by
 default) on any output, ``sensitive_weights`` picks the layers to keep in fp32 and the export
-compiles again; past it still, the whole model is exported in fp32, with a one-line note."""
+compiles again, unless they would leave under BF16_MIN_SHARE of the model's multiply-adds in
+bf16 (``bf16_share``: no speed to gain); past the bound still, or so, the whole model is
+exported in fp32, with a one-line note."""
 
 from __future__ import annotations
 
@@ -140,6 +142,15 @@ def bf16_guard(writer: Any, header: Any, golden: Any, opts: Any, bf16_bytes: int
                   + (f"; kept in fp32 (the most sensitive): {', '.join(kept)}" if kept else ""))
 
 
+# The guard's choice of layers kept fp32 must leave at least this share of the model's
+# multiply-adds (every contraction's, depthwise included) on bf16 kernels; else bf16 has no
+# speed to gain and the model is exported in fp32 (``bf16_share``). Measured (1 thread, CPU
+# minima, AVX-512 BF16 host): style transfer with 4 of 12 convolutions kept, 74 % in bf16,
+# 0.73x its fp32 bundle's time; layout_cdla with 31 of its 71 ungrouped convolutions kept,
+# 31 % in bf16, 1.02x (no gain, and 1.08 % of the output's scale off ONNX Runtime on a real
+# page where the check's random inputs gave 0.36-0.59 %).
+BF16_MIN_SHARE = 0.5
+
 # The guard's first choice keeps in fp32 the fewest most sensitive layers (by their errors
 # alone) whose bf16 remainder, run together in the reference, errs at most this fraction of the
 # bound (the bundle is checked after, so the margin is for the kernels' summation order only);
@@ -207,6 +218,29 @@ def _fewest(n: int, fits) -> int | None:
     return hi
 
 
+def _candidates(fn: Any) -> list[str]:
+    """The weights ``sensitive_weights`` weighs, in order: each ungrouped matmul's or
+    convolution's constant float32 weight (of the module before the passes)."""
+    from .ir.graph import Call, Constant
+
+    weights = []
+    for b in fn.bindings():
+        v = b.value
+        if (isinstance(v, Call) and v.op in ("matmul", "nn.conv2d") and len(v.args) >= 2
+                and isinstance(v.args[1], Constant) and v.args[1].data.dtype == np.float32
+                and v.args[1].data.ndim >= 2 and int(v.attrs.get("groups", 1)) == 1):
+            weights.append(v.args[1].name)
+    return list(dict.fromkeys(weights))
+
+
+def bf16_layers(mod: Any) -> int:
+    """How many layers the guard weighs (``_candidates``) in ``mod`` before the passes."""
+    from .ir.graph import Function
+
+    fn = mod.functions.get("main")
+    return len(_candidates(fn)) if isinstance(fn, Function) else 0
+
+
 def sensitive_weights(mod: Any, params: Any, golden: Any, bound: float,
                       activations: bool = False) -> list[frozenset]:
     """The sets of weights to keep in fp32 so that bf16 stays within ``bound``, to try in
@@ -219,19 +253,12 @@ def sensitive_weights(mod: Any, params: Any, golden: Any, bound: float,
     (errors of independent roundings add about so, or less). Empty when the reference cannot
     run or every weight would stay fp32."""
     from .golden import _REFERENCE_ERRORS, evaluate_ir
-    from .ir.graph import Call, Constant, Function
+    from .ir.graph import Function
 
     fn = mod.functions.get("main")
     if not isinstance(fn, Function):
         return []
-    weights = []
-    for b in fn.bindings():
-        v = b.value
-        if (isinstance(v, Call) and v.op in ("matmul", "nn.conv2d") and len(v.args) >= 2
-                and isinstance(v.args[1], Constant) and v.args[1].data.dtype == np.float32
-                and v.args[1].data.ndim >= 2 and int(v.attrs.get("groups", 1)) == 1):
-            weights.append(v.args[1].name)
-    weights = list(dict.fromkeys(weights))
+    weights = _candidates(fn)
     if not weights:
         return []
 
@@ -258,3 +285,52 @@ def sensitive_weights(mod: Any, params: Any, golden: Any, bound: float,
     if keep and len(keep) < len(weights) and keep != fewest:
         choices.append(frozenset(keep))
     return choices
+
+
+def bf16_work(mod: Any) -> tuple[dict[str, int], int]:
+    """(each bf16 layer's multiply-adds per run, by its bf16 weight's name; the multiply-adds
+    of every contraction) of a compiled ``main`` (after the passes: the prim functions'
+    ``macs``, fused ones their sum). Kernels whose work is known only at run time count 0."""
+    from .ir.graph import CallTIR, Constant, Function, PrimFunc
+
+    fn = mod.functions.get("main")
+    layers: dict[str, int] = {}
+    total = 0
+    if not isinstance(fn, Function):
+        return layers, total
+    for b in fn.bindings():
+        v = b.value
+        if not isinstance(v, CallTIR):
+            continue
+        func = mod.functions.get(v.func)
+        macs = func.attrs.get("macs", 0) if isinstance(func, PrimFunc) else 0
+        if not isinstance(macs, int) or not macs:
+            continue
+        total += macs
+        bf16 = [a.name for a in v.args
+                if isinstance(a, Constant) and str(a.data.dtype) == "bfloat16"]
+        if bf16:
+            layers[bf16[0]] = layers.get(bf16[0], 0) + macs
+    return layers, total
+
+
+def bf16_share(work: tuple[dict[str, int], int], keep: frozenset) -> float | None:
+    """The share of the multiply-adds ``bf16_work`` found on bf16 kernels that stays there
+    with the weights ``keep`` in fp32 (source names, as ``CompileOptions.bf16_keep``); None
+    when the module's work is not known at export."""
+    from .passes.layout import _kept
+
+    layers, total = work
+    if total <= 0:
+        return None
+    return sum(m for name, m in layers.items() if not _kept(name, keep)) / total
+
+
+def low_share_note(note: str, keep: frozenset, share: float, layers: int) -> str:
+    """The guard's fp32 line (``note``, past the bound) when its choice of ``keep`` leaves only
+    ``share`` of the multiply-adds in bf16 (under BF16_MIN_SHARE)."""
+    head = note.removesuffix(", so the model is exported in fp32")
+    return (f"{head}; the layers that would bring it under the bound ({len(keep)} of "
+            f"{layers} kept in fp32) leave {100 * share:.0f} % of the multiply-adds in bf16 "
+            f"(under {100 * BF16_MIN_SHARE:.0f} %: no speed to gain), so the model is exported "
+            f"in fp32 (--check-input with your own data measures bf16 on it)")

@@ -36,6 +36,7 @@ from .lower import KernelInfo, emit_kernel, is_symbolic
 from .compact import emit_nonzero_index
 from .nms import emit_nms
 from .norm import emit_normalize, emit_symbolic_normalize
+from .pad import emit_pad
 from .pool import emit_max_pool, emit_symbolic_max_pool
 from .qdepthwise import emit_qdepthwise
 from .qelementwise import emit_qelementwise, emit_qelementwise_sized
@@ -182,6 +183,7 @@ KERNEL_RULES: tuple[KernelRule, ...] = (
                _sized(emit_symbolic_normalize, True)),
     KernelRule("transpose", None, _on_func(emit_transpose), _sized(emit_transpose)),
     KernelRule("resize", None, _resize, _resize_sized),   # resize_axis (ops/resize.py)
+    KernelRule("pad", None, _on_func(emit_pad, True), None),   # reflect / edge / wrap borders
 )
 
 

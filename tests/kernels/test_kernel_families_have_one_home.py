@@ -23,7 +23,7 @@ def test_rule_table_rows_in_order() -> None:
                    "depthwise convolution", "dot-product convolution", "bf16 pair matmul",
                    "bf16 pair convolution",
                    "contraction", "max pool", "softmax", "normalization", "transpose",
-                   "resize"]
+                   "resize", "pad"]
     symbolic = [r.op for r in rules.KERNEL_RULES if r.symbolic is not None]
     assert symbolic == ["recurrence", "non-maximum suppression", "tree ensemble", "nonzero index",
                         "unique by sorting", "integer GEMM",   # qconv2d quads, open sizes

@@ -193,3 +193,27 @@ def test_kept_convolutions_take_fp32_kernels():
                     "w4": ("w4_bf16", "bfloat16")}, kept
     assert {v[1] for v in weights(V4_BF16).values()} == {"bfloat16"}
     assert weights("x86-64-v4") == {f"w{i}": (f"w{i}", "float32") for i in range(5)}
+
+
+@pytest.mark.skipif(host_arch() != "x86_64", reason="x86-64 bundles (native or emulated bf16)")
+def test_guard_refuses_bf16_that_gains_nothing(tmp_path):
+    """Under a 0.5 % bound the guard's fewest choice keeps w0, w1, w2 fp32: 32 % of the net's
+    multiply-adds would stay bf16 (under BF16_MIN_SHARE), no speed to gain, so the model is
+    exported in fp32 without compiling that choice, and the line says why; the bundle is the
+    fp32 export's, byte for byte. Under 0.7 % (w0, w1 kept, 59 % in bf16) it stays bf16."""
+    from mlcpack.packager import precision
+
+    macs = {"w0": 1200, "w1": 2304, "w2": 2304, "w3": 2304, "w4": 432}   # per pixel, 24x24
+    work = ({f"{k}_bf16": v for k, v in macs.items()}, sum(macs.values()))
+    assert precision.bf16_share(work, frozenset()) == 1.0
+    assert abs(precision.bf16_share(work, frozenset({"w0", "w1", "w2"})) - 2736 / 8544) < 1e-9
+    assert precision.bf16_share(({}, 0), frozenset()) is None
+
+    bundle, report = _export(tmp_path, _style_net(), "low", precision="bf16",
+                             bf16_max_error=0.005)
+    assert report.precision == "fp32", report.precision_note
+    note = report.precision_note
+    assert note.startswith("bf16: error against fp32") and "(3 of 5 kept in fp32) leave 32 %" \
+        in note and "no speed to gain), so the model is exported in fp32" in note, note
+    fp32, _ = _export(tmp_path, _style_net(), "fp32", precision="fp32")
+    assert bundle.read_bytes() == fp32.read_bytes()
