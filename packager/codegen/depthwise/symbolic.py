@@ -52,8 +52,10 @@ from ..threads import DEFAULTS, SplitThresholds
 # output row) and its copy's last, masked vector stay inside the row.
 MARGIN = 16
 
-# Independent sums a chunk's multiply-adds are spread over (see ``_emit_chunk``).
-CHAINS = 4
+# Independent sums a row block's multiply-adds are spread over (``_emit_chunk``), by vector
+# width: 8 with AVX-512's 32 registers (2 FMA pipes x 4 cycles of latency), 4 with 16.
+CHAINS = {16: 8}
+CHAINS_NARROW = 4
 
 
 class SymbolicDepthwiseEmitter(SymbolicConvEmitter):
@@ -330,7 +332,8 @@ class SymbolicDepthwiseEmitter(SymbolicConvEmitter):
         top = b.mul(oy0, const_i64(self.sh))
         # a row's sum split over window rows (ky % split) where fewer than CHAINS sums are in
         # flight: one row of one chunk was one chain of kh * kw dependent multiply-adds
-        split = min(self.kh, -(-CHAINS // (nrows * len(chunks))))
+        chains = CHAINS.get(self.vl, CHAINS_NARROW)
+        split = min(self.kh, -(-chains // (nrows * len(chunks))))
         # one row alone (a plane's leftover rows, all of a plane shorter than a row block)
         # skips its window rows in the padding, a branch per window row (3 of 5 rows of a
         # 5x5 window on a 3-row plane read data): its sums start at zero
