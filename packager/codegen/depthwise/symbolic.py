@@ -22,7 +22,10 @@ one it uses on AVX2, SSE and NEON) with every extent a run-time value:
   store, vmaskmovps, is slow on AMD's AVX2 cores), unless the row is narrower than a vector
   or the epilogue reads along it (a residual that could be the output itself, in place):
   then the partial chunk's lanes are stored with a mask. The leftover rows of a plane
-  (``OH % rows``) go one at a time;
+  (``OH % rows``, all of a plane shorter than a block) go one at a time, skipping the
+  window rows that lie in the padding (a branch each, the same for the whole row);
+* a chunk's sums are split over window rows (``ky % split``) until ``CHAINS`` are in flight:
+  a row alone was one chain of kh * kw dependent multiply-adds, latency-bound;
 * the fused epilogue (bias, folded batch norm, activation, residual) is the static kernel's,
   a vector at a time.
 
