@@ -169,3 +169,36 @@ def test_symbolic_depthwise_many_threads_and_wide_rows(tmp_path) -> None:
     with load(tmp_path / "dw.mlc", threads=3) as bundle:
         for shape in [(2, 8, 45, 130), (1, 8, 64, 3)]:
             _check(bundle, sess, outs, shape, 3)
+
+
+def _narrow_model():
+    """PP-OCRv4's recognizer's late depthwise layers on short planes: x (1, 16, H, W) ->
+    a: dw 5x5/1 pad 2 + bias, HardSwish; b: dw 5x5 strides (2, 1) pad 2 + bias, HardSwish;
+    c: dw 3x3/1 pads (0, 1, 2, 1) (padding below only, a lone row's bottom check alone)."""
+    nodes, inits = [], []
+    for name, k, strides, pads in (("a", 5, [1, 1], [2, 2, 2, 2]), ("b", 5, [2, 1], [2, 2, 2, 2]),
+                                   ("c", 3, [1, 1], [0, 1, 2, 1])):
+        nodes.append(helper.make_node("Conv", ["x", f"w{name}", f"b{name}"], [f"{name}_conv"],
+                                      group=16, strides=strides, pads=pads))
+        nodes.append(helper.make_node("HardSwish", [f"{name}_conv"], [name]))
+        inits += [_w(f"w{name}", 16, 1, k, k), _w(f"b{name}", 16)]
+    graph = helper.make_graph(
+        nodes, "dwn", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, "H", "W"])],
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in "abc"], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), list("abc")
+
+
+@pytest.mark.parametrize("target", ["host", "x86-64-v3"])
+def test_symbolic_depthwise_short_planes(tmp_path, target) -> None:
+    """Planes shorter than a row block and leftover rows (rows alone: their sums split over
+    window rows, window rows in the padding skipped, at the top, the bottom or both) on the
+    host's vectors (16 lanes here) and AVX2's, against ORT: heights 1-7, widths 80 (whole
+    vectors), 33 and 5 (partial, narrower than a vector)."""
+    model, outs = _narrow_model()
+    mod, _ = import_onnx(model)
+    export_module(mod, tmp_path / "dwn.mlc", ExportOptions(target=target))
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    with load(tmp_path / "dwn.mlc", threads=1) as bundle:
+        for h in range(1, 8):
+            for w in (80, 33, 5):
+                _check(bundle, sess, outs, (1, 16, h, w), 1)

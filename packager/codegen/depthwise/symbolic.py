@@ -22,7 +22,10 @@ one it uses on AVX2, SSE and NEON) with every extent a run-time value:
   store, vmaskmovps, is slow on AMD's AVX2 cores), unless the row is narrower than a vector
   or the epilogue reads along it (a residual that could be the output itself, in place):
   then the partial chunk's lanes are stored with a mask. The leftover rows of a plane
-  (``OH % rows``) go one at a time;
+  (``OH % rows``, all of a plane shorter than a block) go one at a time, skipping the
+  window rows that lie in the padding (a branch each, the same for the whole row);
+* a chunk's sums are split over window rows (``ky % split``) until ``CHAINS`` are in flight:
+  a row alone was one chain of kh * kw dependent multiply-adds, latency-bound;
 * the fused epilogue (bias, folded batch norm, activation, residual) is the static kernel's,
   a vector at a time.
 
@@ -51,6 +54,12 @@ from ..threads import DEFAULTS, SplitThresholds
 # variants share the workspace size), so that a row's last chunk (up to vl - 1 lanes past the
 # output row) and its copy's last, masked vector stay inside the row.
 MARGIN = 16
+
+# Independent sums a row block's multiply-adds are spread over (``_emit_chunk``), by vector
+# width: 8 with AVX-512's 32 registers (2 FMA pipes x 4 cycles of latency), 4 with 16; a row
+# alone 4 (Zen 5, 480 planes 3x80 5x5, 1 thread, min us: 5 sums 70, 4 sums 58).
+CHAINS = {16: 8}
+CHAINS_NARROW = 4
 
 
 class SymbolicDepthwiseEmitter(SymbolicConvEmitter):
@@ -325,7 +334,16 @@ class SymbolicDepthwiseEmitter(SymbolicConvEmitter):
         b = self.builder
         ox0s = [x for x, _ in chunks]
         top = b.mul(oy0, const_i64(self.sh))
-        accs: list[list[ir.Value | None]] = [[None] * len(chunks) for _ in range(nrows)]
+        # a row's sum split over window rows (ky % split) where fewer than CHAINS sums are in
+        # flight: one row of one chunk was one chain of kh * kw dependent multiply-adds
+        chains = CHAINS.get(self.vl, CHAINS_NARROW) if nrows > 1 else CHAINS_NARROW
+        split = min(self.kh, -(-chains // (nrows * len(chunks))))
+        # one row alone (a plane's leftover rows, all of a plane shorter than a row block)
+        # skips its window rows in the padding, a branch per window row (3 of 5 rows of a
+        # 5x5 window on a 3-row plane read data): its sums start at zero
+        guard = nrows == 1 and self.kh > 1 and (self.pt > 0 or self.pb > 0)
+        zero = ir.Constant(self.vty, [0.0] * self.vl)
+        accs = [[[zero if guard else None] * split for _ in chunks] for _ in range(nrows)]
         row = None   # the current input row, set at d == 0 and stepped down after
         for d in range((nrows - 1) * self.sh + self.kh):
             users = [(r, d - r * self.sh) for r in range(nrows) if 0 <= d - r * self.sh < self.kh]
@@ -335,25 +353,53 @@ class SymbolicDepthwiseEmitter(SymbolicConvEmitter):
                 if d == 0 else b.gep(row, [self.row_stride], inbounds=True)
             if not users:   # (a vertical stride wider than the window)
                 continue
-            if self.sw == 2:
-                phases = [row, b.gep(row, [self.phase], inbounds=True)]
-            for kx in range(self.kw):
-                if self.sw == 1:
-                    base, shift = row, kx
-                else:
-                    base, shift = phases[kx % 2], kx // 2
-                vs = [b.load(self._vec_ptr(base, b.add(ox0, const_i64(shift))), align=4)
-                      for ox0 in ox0s]
-                for r, ky in users:
-                    wv = self.weights[ky][kx]
-                    for c, v in enumerate(vs):
-                        acc = accs[r][c]
-                        accs[r][c] = b.fmul(wv, v) if acc is None else self._fma(wv, v, acc)
+            if not guard:
+                self._emit_taps(row, ox0s, users, accs, split)
+                continue
+            iy = b.add(top, const_i64(d))   # the padded row: data from pt to pt + H
+            inside = b.icmp_signed("<", iy, b.add(self.H, const_i64(self.pt)))
+            if d < self.pt:
+                inside = b.and_(inside, b.icmp_signed(">=", iy, const_i64(self.pt)))
+            g = d % split
+            before, pre = [accs[0][c][g] for c in range(len(chunks))], b.block
+            with b.if_then(inside):
+                self._emit_taps(row, ox0s, users, accs, split)
+                then = b.block
+            for c, old in enumerate(before):
+                phi = b.phi(self.vty)
+                phi.add_incoming(accs[0][c][g], then)
+                phi.add_incoming(old, pre)
+                accs[0][c][g] = phi
         for c, ((_, tail), ox0) in enumerate(zip(chunks, ox0s)):
             mask = None if tail is None else self._lane_mask(tail, 0)
             for r in range(nrows):
                 oy = b.add(oy0, const_i64(r)) if r else oy0
-                self._emit_epilogue(accs[r][c], oy, ox0, mask, tail)
+                parts = [a for a in accs[r][c] if a is not None]
+                while len(parts) > 1:   # pairwise: (p0 + p1) + (p2 + p3), ...
+                    parts = [b.fadd(parts[i], parts[i + 1]) if i + 1 < len(parts)
+                             else parts[i] for i in range(0, len(parts), 2)]
+                self._emit_epilogue(parts[0], oy, ox0, mask, tail)
+
+    def _emit_taps(self, row, ox0s: list, users: list, accs: list, split: int) -> None:
+        """The window row of padded row ``row`` for the ``users`` ((output row r, window row
+        ky)) of chunks at ``ox0s``: each input vector loaded once, multiply-added into
+        ``accs[r][c][ky % split]`` (None: not started)."""
+        b = self.builder
+        if self.sw == 2:
+            phases = [row, b.gep(row, [self.phase], inbounds=True)]
+        for kx in range(self.kw):
+            if self.sw == 1:
+                base, shift = row, kx
+            else:
+                base, shift = phases[kx % 2], kx // 2
+            vs = [b.load(self._vec_ptr(base, b.add(ox0, const_i64(shift))), align=4)
+                  for ox0 in ox0s]
+            for r, ky in users:
+                wv = self.weights[ky][kx]
+                for c, v in enumerate(vs):
+                    acc = accs[r][c][ky % split]
+                    accs[r][c][ky % split] = b.fmul(wv, v) if acc is None \
+                        else self._fma(wv, v, acc)
 
     def _emit_epilogue(self, acc: ir.Value, oy, ox0, mask: ir.Value | None,
                        tail: ir.Value | None = None) -> None:
