@@ -363,6 +363,15 @@ class _TableTag:
 class _QVector(QEmitter):
     """Shared by both kernels: widening loads and the requantized store of vectors."""
 
+    def _task_span(self, body_fn, n_ptrs: int, count: ir.Value):
+        """(task, ntasks, lo, hi): this task's share [lo, hi) of ``count`` items, split evenly
+        in task order (the parallel body's last two arguments are the task and the count)."""
+        b = self.builder
+        task, ntasks = body_fn.args[n_ptrs], body_fn.args[n_ptrs + 1]
+        lo = b.sdiv(b.mul(task, count), ntasks)
+        hi = b.sdiv(b.mul(b.add(task, const_i64(1)), count), ntasks)
+        return task, ntasks, lo, hi
+
     def _widen_vec(self, v: ir.Value, dtype: str) -> ir.Value:
         b = self.builder
         return b.zext(v, V8I32) if dtype == "uint8" else b.sext(v, V8I32)
@@ -568,9 +577,7 @@ class _QTable(_QVector):
         signed = x.dtype == "int8"
         lo, hi = const_i64(0), rows
         if parallel:
-            task, ntasks = body_fn.args[n_ptrs], body_fn.args[n_ptrs + 1]
-            lo = b.sdiv(b.mul(task, rows), ntasks)
-            hi = b.sdiv(b.mul(b.add(task, const_i64(1)), rows), ntasks)
+            task, ntasks, lo, hi = self._task_span(body_fn, n_ptrs, rows)
         with for_range(b, lo, hi, "row") as r:
             base = b.mul(r, inner)
             row_tb = b.gep(tb, [b.mul(b.srem(r, const_i64(channels)), const_i64(256))])
@@ -706,9 +713,7 @@ class _QConvertSized(_QVector):
         chunks = b.sdiv(total, const_i64(32))
         lo, hi, last = const_i64(0), chunks, None
         if parallel:
-            task, ntasks = body_fn.args[n_ptrs], body_fn.args[n_ptrs + 1]
-            lo = b.sdiv(b.mul(task, chunks), ntasks)
-            hi = b.sdiv(b.mul(b.add(task, const_i64(1)), chunks), ntasks)
+            task, ntasks, lo, hi = self._task_span(body_fn, n_ptrs, chunks)
             last = b.icmp_signed("==", b.add(task, const_i64(1)), ntasks)
         with for_range(b, lo, hi, "cv") as i:
             at = b.mul(i, const_i64(32))
@@ -745,9 +750,7 @@ class _QConvertSized(_QVector):
         inner = self._dim_value(product(shape[2:]))
         lo, hi = const_i64(0), rows
         if parallel:
-            task, ntasks = body_fn.args[n_ptrs], body_fn.args[n_ptrs + 1]
-            lo = b.sdiv(b.mul(task, rows), ntasks)
-            hi = b.sdiv(b.mul(b.add(task, const_i64(1)), rows), ntasks)
+            task, ntasks, lo, hi = self._task_span(body_fn, n_ptrs, rows)
         chunks = b.sdiv(inner, const_i64(32))
         with for_range(b, lo, hi, "row") as r:
             base = b.mul(r, inner)
@@ -854,9 +857,7 @@ class _QTableDequantize(_QConvertSized):
             row_tb = b.gep(tb, [b.mul(b.srem(r, const_i64(channels)), const_i64(256))])
             c_lo, c_hi = const_i64(0), chunks
             if parallel and axis < 0:    # one row: its chunks split, the tail in the last task
-                task, ntasks = body_fn.args[n_ptrs], body_fn.args[n_ptrs + 1]
-                c_lo = b.sdiv(b.mul(task, chunks), ntasks)
-                c_hi = b.sdiv(b.mul(b.add(task, const_i64(1)), chunks), ntasks)
+                task, ntasks, c_lo, c_hi = self._task_span(body_fn, n_ptrs, chunks)
             with for_range(b, c_lo, c_hi, "lx") as i:
                 at = b.add(base, b.mul(i, const_i64(32)))
                 self._looked_chunk(xb, yb, row_tb, at)
@@ -931,9 +932,7 @@ class _QDequantizedAdd(_QConvertSized):
         chunks = b.sdiv(total, const_i64(32))
         lo, hi, last = const_i64(0), chunks, None
         if parallel:
-            task, ntasks = body_fn.args[n_ptrs], body_fn.args[n_ptrs + 1]
-            lo = b.sdiv(b.mul(task, chunks), ntasks)
-            hi = b.sdiv(b.mul(b.add(task, const_i64(1)), chunks), ntasks)
+            task, ntasks, lo, hi = self._task_span(body_fn, n_ptrs, chunks)
             last = b.icmp_signed("==", b.add(task, const_i64(1)), ntasks)
         with for_range(b, lo, hi, "av") as i:
             self._add_chunk(b.mul(i, const_i64(32)), yb)
