@@ -701,9 +701,7 @@ class _QConvertSized(_QVector):
         x, s, z = self.func.inputs
         y = self.func.outputs[0]
         shape = tuple(x.shape)
-        static = product([d for d in shape if isinstance(d, int)])
-        parallel = static >= parallel_min_outputs // 8
-        body_fn, ptr_types, n_ptrs, _ = self._start(0)
+        parallel, body_fn, ptr_types, n_ptrs = self._sized_body(shape, parallel_min_outputs)
         b = self.builder
         buf = self.buffers
         xb, yb = buf[x.uid], buf[y.uid]
@@ -739,9 +737,7 @@ class _QConvertSized(_QVector):
             s, z = z, s
         y = self.func.outputs[0]
         shape = tuple(y.shape)
-        static = product([d for d in shape if isinstance(d, int)])
-        parallel = static >= parallel_min_outputs // 8
-        body_fn, ptr_types, n_ptrs, _ = self._start(0)
+        parallel, body_fn, ptr_types, n_ptrs = self._sized_body(shape, parallel_min_outputs)
         b = self.builder
         buf = self.buffers
         xb, yb, gb = buf[x.uid], buf[y.uid], buf[g.uid]
@@ -770,6 +766,14 @@ class _QConvertSized(_QVector):
             self._tail(xb, yb, b.add(rest, b.mul(vecs, const_i64(VL))), b.add(base, inner), F32)
         info = self._finish(body_fn, n_ptrs, ptr_types, 0, parallel)
         return dataclasses.replace(info, symbolic=True, choice="gate, quantize")
+
+    def _sized_body(self, shape: tuple, parallel_min_outputs: int):
+        """(parallel, body function, its pointer types, pointer count): the kernel's body,
+        split between tasks where the generic loop nest's would be (its known extents' product
+        at least an eighth of ``parallel_min_outputs``)."""
+        static = product([d for d in shape if isinstance(d, int)])
+        body_fn, ptr_types, n_ptrs, _ = self._start(0)
+        return static >= parallel_min_outputs // 8, body_fn, ptr_types, n_ptrs
 
     def _constants(self, kind: str, s, z) -> None:
         b = self.builder
@@ -834,9 +838,7 @@ class _QTableDequantize(_QConvertSized):
         y = self.func.outputs[0]
         axis = self.tag.axis
         shape = tuple(y.shape)
-        static = product([d for d in shape if isinstance(d, int)])
-        parallel = static >= parallel_min_outputs // 8
-        body_fn, ptr_types, n_ptrs, _ = self._start(0)
+        parallel, body_fn, ptr_types, n_ptrs = self._sized_body(shape, parallel_min_outputs)
         b = self.builder
         buf = self.buffers
         xb, tb, yb = buf[x.uid], buf[table.uid], buf[y.uid]
@@ -915,9 +917,7 @@ class _QDequantizedAdd(_QConvertSized):
         a, sa, za, bt, sb, zb, s, z = (ins[i] for i in at)
         y = self.func.outputs[0]
         shape = tuple(y.shape)
-        static = product([d for d in shape if isinstance(d, int)])
-        parallel = static >= parallel_min_outputs // 8
-        body_fn, ptr_types, n_ptrs, _ = self._start(0)
+        parallel, body_fn, ptr_types, n_ptrs = self._sized_body(shape, parallel_min_outputs)
         b = self.builder
         buf = self.buffers
         self._constants("quantize", s, z)
