@@ -769,11 +769,12 @@ def store_pair_half(em: ContractionEmitter, value: ir.Value, env: dict,
     """The epilogue's vl values (output channel c, row oy, columns ox0 ..: ``env``) rounded to
     bfloat16 and stored into c's half of the pair words ``[N, O / 2, OH, OW]`` that the reading
     bf16 convolution multiplies (``bf16_pairs_out``): channel 2j in the low half of pair j's
-    word of each pixel, 2j + 1 in the high half. ``vcvtne2ps2bf16`` rounds them (to nearest
-    even) as that convolution's own copy of a float32 input did, so its outputs are bit for
-    bit the same; the bf16 lanes are spread to every other 16-bit lane and stored with a mask
-    of those lanes (and ``mask``'s: the ones inside the row) from c's half of the first word,
-    so the other channel's halves are not written."""
+    word of each pixel, 2j + 1 in the high half. ``vcvtneps2bf16`` rounds them (to nearest
+    even) as that convolution's own copy of a float32 input did (``vcvtne2ps2bf16``), so its
+    outputs are bit for bit the same; the bf16 values are zero-extended to 32-bit lanes
+    (``vpmovzxwd``) and stored as 16-bit lanes with a mask of the even ones (and ``mask``'s:
+    the ones inside the row) from c's half of the first word, so the other channel's halves
+    are not written."""
     b, vl = em.builder, em.vl
     out = em.match.out
     n, c, oy, ox = (env[id(a)] for a in out.axes)
@@ -787,12 +788,15 @@ def store_pair_half(em: ContractionEmitter, value: ir.Value, env: dict,
     if vl != 16:
         value = b.shuffle_vector(value, ir.Constant(em.vty, None), ir.Constant(
             ir.VectorType(I32, 16), list(range(vl)) + [0] * (16 - vl)))
-    cvt = intrinsic(em.module, "llvm.x86.avx512bf16.cvtne2ps2bf16.512",
-                    ir.VectorType(BF16, 32), [v16, v16])
-    halves = b.bitcast(b.call(cvt, [value, value]), ir.VectorType(I16, 32))
+    cvt = intrinsic(em.module, "llvm.x86.avx512bf16.cvtneps2bf16.512",
+                    ir.VectorType(BF16, 16), [v16])
+    bits = b.bitcast(b.call(cvt, [value]), ir.VectorType(I16, 16))
+    if vl != 16:
+        bits = b.shuffle_vector(bits, ir.Constant(bits.type, None), ir.Constant(
+            ir.VectorType(I32, vl), list(range(vl))))
+    # each value in the low half of a 32-bit lane (vpmovzxwd), stored as 16-bit lanes
     wty = ir.VectorType(I16, 2 * vl)
-    spread = b.shuffle_vector(halves, halves, ir.Constant(ir.VectorType(I32, 2 * vl),
-                                                          [k // 2 for k in range(2 * vl)]))
+    spread = b.bitcast(b.zext(bits, ir.VectorType(I32, vl)), wty)
     mty = ir.VectorType(I1, 2 * vl)
     if mask is None:
         lanes = ir.Constant(mty, [k % 2 == 0 for k in range(2 * vl)])
