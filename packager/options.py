@@ -93,11 +93,6 @@ class CompileOptions:
     # values rounded in the depthwise epilogue into its half of the words (bit for bit the
     # same outputs); False: such tensors float32
     bf16_pair_depthwise: bool = True
-    # with it: a depthwise convolution's input written by a bf16 convolution that pair words
-    # may leave (a 1x1 before a depthwise) as unpadded pair words too, widened exactly in the
-    # depthwise kernel's loads (its input then bf16-rounded: outputs change, within the bf16
-    # guard, as OpenVINO's bf16 depthwise); False: such tensors float32
-    bf16_pair_depthwise_in: bool = True
     # test only: the vdpbf16ps matmul's and convolution's data path (packing, loop order) with
     # vcvtne2ps2bf16 and vdpbf16ps written in portable IR (float32 FMAs, exact on normal
     # values), on any target: runs it on a CPU without avx512_bf16 (codegen/bf16dot.py,

@@ -144,30 +144,14 @@ def _depthwise_producer_ok(func: PrimFunc) -> bool:
     channel's values rounded into its half of its pair's words (``bf16_pairs_out`` (0, 0, 0,
     0), ``bf16_pair_depthwise``)."""
     m = _match(func, kinds=("conv2d",))
-    return m is not None and _dw_shape_ok(m)
-
-
-def _depthwise_consumer_ok(func: PrimFunc, index: int) -> bool:
-    """``func`` is a depthwise convolution as ``_depthwise_producer_ok`` takes them, with a
-    channel multiplier of 1, reading its input ``index`` by its reduction only: it may read
-    that as unpadded pair words, widening each channel's half (``bf16_pairs_in``,
-    ``bf16_pair_depthwise_in``)."""
-    m = _match(func, kinds=("conv2d",))
-    if m is None or func.inputs[index] is not m.operands[0] or not _dw_shape_ok(m):
+    if m is None:
         return False
-    x = m.operands[0]
-    return m.out.shape[1] == x.shape[1] \
-        and not any(r.tensor is x for s in m.epilogue for r in te.reads(s.body))
-
-
-def _dw_shape_ok(m: _Conv) -> bool:
     x, w = m.operands
     shape = tuple(m.out.shape)
     if not (len(shape) == 4 and len(x.shape) == 4 and _static(shape) and _static(x.shape)):
         return False
     groups = m.attrs.get("groups", 1)
     return (w.shape[1] == 1 and groups == x.shape[1] and groups > 1 and shape[1] % 2 == 0
-            and x.shape[1] % 2 == 0
             and tuple(m.attrs.get("strides", (1, 1)))[1] in (1, 2)
             and all(d == 1 for d in m.attrs.get("dilation", (1, 1)))
             and _vector_epilogue(m, rows=False))
@@ -233,13 +217,12 @@ def bf16_pair_activations(mod: IRModule, options: CompileOptions) -> IRModule:
         if isinstance(fn, Function):
             out.functions[fname] = _rewrite(out, fn, options.bf16_pair_residuals,
                                             options.bf16_pair_shared,
-                                            options.bf16_pair_depthwise,
-                                            options.bf16_pair_depthwise_in)
+                                            options.bf16_pair_depthwise)
     return out
 
 
 def _rewrite(mod: IRModule, fn: Function, residuals: bool, shared: bool,
-             depthwise: bool = False, depthwise_in: bool = False) -> Function:
+             depthwise: bool = False) -> Function:
     bindings = list(fn.bindings())
     uses = Counter(id(a) for b in bindings for a in used_values(b.value))
     uses.update(id(o) for o in fn.outputs)
@@ -263,8 +246,6 @@ def _rewrite(mod: IRModule, fn: Function, residuals: bool, shared: bool,
             if not (dw or _producer_ok(pfunc)):
                 continue
             padding = _consumer_padding(func, i)
-            if padding is None and depthwise_in and _depthwise_consumer_ok(func, i):
-                padding = (0, 0, 0, 0)   # a depthwise reads unpadded words (widened)
             if padding is None or (dw and any(padding)) \
                     or not _fits(tuple(pfunc.outputs[0].shape), padding):
                 continue

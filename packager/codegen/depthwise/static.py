@@ -132,14 +132,6 @@ class DepthwiseEmitter(ContractionEmitter):
                 or self.target_vl != 16 or self.o % 2):
             raise ValueError("depthwise pair-word output needs unpadded words, a vector "
                              "epilogue and 16-lane vdpbf16ps targets")
-        # the input as unpadded bf16 pair words [N, C / 2, H, W] (bf16_pair_depthwise_in):
-        # each load widened to its channel's half (``_widen``)
-        self.pairs_in = bool(self.func.attrs.get("bf16_pairs_in"))
-        self._widen_ctrl = None
-        if self.pairs_in and (self.padded or self.o != self.c or self.c % 2
-                              or self.target_vl != 16):
-            raise ValueError("depthwise pair-word input needs one output channel per input "
-                             "channel, an even count and 16-lane vdpbf16ps targets")
         params = self.func.inputs + self.func.outputs
         workspace = MAX_TASK_REGIONS * self.region_floats * 4 if self.padded else 0
         body_fn, ptr_types = self._begin_body(params, workspace=bool(workspace))
@@ -148,9 +140,8 @@ class DepthwiseEmitter(ContractionEmitter):
         self._emit_planes(ws, body_fn.args[n_ptrs], body_fn.args[n_ptrs + 1])
         self.builder.ret_void()
         self._emit_entry(body_fn, n_ptrs, ptr_types)
-        words = [s for s, on in (("bf16 pair-word input", self.pairs_in),
-                                 ("bf16 pair-word output", self.pairs_out is not None)) if on]
-        choice = ", ".join(["depthwise convolution"] + words) if words else None
+        choice = None if self.pairs_out is None else \
+            "depthwise convolution, bf16 pair-word output"
         return KernelInfo(self.symbol, len(self.func.inputs), len(self.func.outputs), workspace,
                           self._macs() * DEPTHWISE_MAC_COST >= self.options.parallel_min_macs,
                           choice=choice)
@@ -327,10 +318,9 @@ class DepthwiseEmitter(ContractionEmitter):
                     off = v * vl + (ky - self.pt) * self.w + kx - self.pl
                     ptr = b.bitcast(b.gep(x_plane, [const_i64(off)]), self.vty.as_pointer())
                     if all(valid):
-                        x = self._widen(b.load(ptr, align=4))
+                        x = b.load(ptr, align=4)
                     else:
-                        x = self._widen(self._masked_load(
-                            ptr, ir.Constant(ir.VectorType(I1, vl), valid)))
+                        x = self._masked_load(ptr, ir.Constant(ir.VectorType(I1, vl), valid))
                     wv = self.weights[ky][kx]
                     acc = b.fmul(wv, x) if acc is None else self._fma(wv, x, acc)
             if acc is None:
@@ -367,9 +357,8 @@ class DepthwiseEmitter(ContractionEmitter):
                 ptr = b.bitcast(b.gep(x_plane, [const_i64(off)], inbounds=True),
                                 self.vty.as_pointer())
                 keep = [t * vl + j < w and off + j < size for j in range(vl)]
-                rows[iy, t] = self._widen(b.load(ptr, align=4) if all(keep) else
-                                          self._masked_load(ptr, ir.Constant(
-                                              ir.VectorType(I1, vl), keep)))
+                rows[iy, t] = b.load(ptr, align=4) if all(keep) else self._masked_load(
+                    ptr, ir.Constant(ir.VectorType(I1, vl), keep))
             return rows[iy, t]
 
         # lane j of tap kx: input column 2 * (j % per) + kx - pl of its source (g = 2: vector
@@ -447,11 +436,6 @@ class DepthwiseEmitter(ContractionEmitter):
             oc = b.srem(p, const_i64(self.o))
             ic = b.sdiv(oc, const_i64(mult)) if mult > 1 else oc
             plane = b.add(b.mul(nb, const_i64(self.c)), ic)
-            if self.pairs_in:   # pair ic // 2's words (as floats: the bits kept)
-                odd = b.and_(ic, const_i64(1))
-                plane = b.sub(b.mul(nb, const_i64(self.c)), odd)
-                plane = b.sdiv(b.add(plane, ic), const_i64(2))
-                self._widen_ctrl = b.select(b.trunc(odd, I1), *self._widen_controls())
             x_plane = b.gep(x_ptr, [b.mul(plane, const_i64(self.h * self.w))], inbounds=True)
             if region is not None:   # input row 0 after the zero rows
                 region = b.gep(region, [const_i64(self.pad_rows * self.row_stride)],
@@ -627,28 +611,6 @@ class DepthwiseEmitter(ContractionEmitter):
                 acc = accs[r][c]
                 self._emit_epilogue(zero if acc is None else acc, oy, ox0, mask, tail)
 
-    def _widen_controls(self) -> tuple[ir.Constant, ir.Constant]:
-        """vpshufb's byte indices taking each 32-bit word's high half (odd channel) or low
-        half (even) to the high half of a float32 lane, zero below: the bf16 value widened."""
-        def ctrl(half: int) -> ir.Constant:
-            idx = [-128, -128, 2 * half, 2 * half + 1]   # -128: a zero byte
-            return ir.Constant(ir.VectorType(ir.IntType(8), 4 * self.vl),
-                               [k if k < 0 else k + 4 * (j % 4) for j in range(self.vl)
-                                for k in idx])
-        return ctrl(1), ctrl(0)
-
-    def _widen(self, value: ir.Value) -> ir.Value:
-        """A vector loaded from the input plane as float32 (``pairs_in``: its lanes the pair
-        words, widened to this plane's channel with one vpshufb)."""
-        if not self.pairs_in:
-            return value
-        b, vl = self.builder, self.vl
-        i8v = ir.VectorType(ir.IntType(8), 4 * vl)
-        name = {16: "llvm.x86.avx512.pshuf.b.512", 8: "llvm.x86.avx2.pshuf.b",
-                4: "llvm.x86.ssse3.pshuf.b.128"}[vl]
-        fn = intrinsic(self.module, name, i8v, [i8v, i8v])
-        return b.bitcast(b.call(fn, [b.bitcast(value, i8v), self._widen_ctrl]), self.vty)
-
     def _tap(self, recipe, row, ix0, masked: bool, cache: dict) -> ir.Value:
         if recipe in cache:
             return cache[recipe]
@@ -662,9 +624,9 @@ class DepthwiseEmitter(ContractionEmitter):
                     b.icmp_signed(">=", idx, ir.Constant(idx.type, [0] * self.vl)),
                     b.icmp_signed("<", idx, ir.Constant(idx.type, [self.w] * self.vl)))
                 ptr = b.bitcast(b.gep(row, [start]), self.vty.as_pointer())
-                value = self._widen(self._masked_load(ptr, inside))
+                value = self._masked_load(ptr, inside)
             else:
-                value = self._widen(b.load(self._vec_ptr(row, start), align=4))
+                value = b.load(self._vec_ptr(row, start), align=4)
         else:
             _, ra, rb, lanes = recipe
             value = b.shuffle_vector(self._tap(ra, row, ix0, masked, cache),
