@@ -97,7 +97,7 @@ def test_depthwise_outputs_take_pair_words():
 
 def test_depthwise_pair_kernels_emitted():
     """The v4+bf16 code (any host): the depthwise kernels that write words round with
-    vcvtne2ps2bf16 and store 16-bit lanes, and say so; their 1x1 readers copy nothing."""
+    vcvtneps2bf16 and store 16-bit lanes, and say so; their 1x1 readers copy nothing."""
     import llvmlite.binding as llvm
 
     from mlcpack.packager.codegen.build import _target_machine
@@ -118,7 +118,7 @@ def test_depthwise_pair_kernels_emitted():
         if "bf16_pairs_in" in a:   # no planes (pixel lanes), no band copy (channel lanes)
             assert info.workspace_bytes == 0 or "pair-word input" in info.choice, name
     asm = _target_machine(target).emit_assembly(llvm.parse_assembly(compiled.llvm_ir))
-    assert "vcvtne2ps2bf16" in asm and "vmovdqu16" in asm
+    assert "vcvtneps2bf16" in asm and "vpmovzxwd" in asm and "vmovdqu16" in asm
 
 
 @pytest.mark.skipif(host_arch() != "x86_64" or not {"avx512f", "avx512_bf16"} <= host_features(),
