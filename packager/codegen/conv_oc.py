@@ -121,7 +121,18 @@ CHUNK_STEPS = 144
 # window's rows are a loop: LLVM's scheduler hoists the next taps' loads across a long unrolled
 # run and spills (ResNet's 7x7 stem: 367 stack accesses per 588 multiply-adds).
 UNROLLED_TAPS = 9
+# At 16 lanes, static sizes, windows past UNROLLED_TAPS (7x7 stems): where every tile lies in
+# one output row, its pixels read from one base (``_tile_steps``' ``row_base``: the taps'
+# broadcasts through opaque pointers where they do not fit the registers). With a pointer per
+# pixel LLVM shared the broadcasts across taps and spilled (ResNet's 3 -> 64 7x7 stride-2 stem:
+# 12 stack accesses per 112 multiply-adds; now none), kernel CPU min 0.97-0.98x. 3x3 windows
+# keep a pointer per pixel (32 -> 64 stride 2 on 80x80: 1.12x with one base).
 STATIC_ONE_ROW = True
+# At 16 lanes, a strided 1x1 without padding: the band copy keeps only the pixels the
+# convolution reads (``_copy_band_subsampled``), the tiles read it at stride 1, not the input
+# in place at stride 2 (each tile's broadcasts then a cache line per input channel, the layer
+# reading 4x the input it uses). Kernel CPU min, 1 thread, Zen 5: ResNet-50's 256 -> 512 on
+# 56x56 1003 -> 859 us, 512 -> 1024 on 28x28 890 -> 853, 1024 -> 2048 on 14x14 1018 -> 897.
 SUBSAMPLE_1X1 = True
 # The row buffer: output rows accumulated together, at most this many bytes.
 ROW_BUFFER_BYTES = 16 * 1024
@@ -1207,10 +1218,11 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
                         b.store(val, a)
 
     def _static_one_row(self, mr: int) -> bool:
-        """Whether (static sizes) every tile of ``mr`` pixels starts within a row it fits in:
-        rows of a whole number of tiles (row groups are whole rows)."""
-        return (not self.open_image and not self.pairs and mr > 1 and self.ow % mr == 0
-                and self.kh * self.kws > UNROLLED_TAPS and STATIC_ONE_ROW)
+        """Whether (static sizes, 16 lanes, a window whose rows are a loop: STATIC_ONE_ROW)
+        every tile of ``mr`` pixels lies in one output row (rows of whole tiles; row groups
+        are whole rows), read from one base as the open-size kernel's tiles are."""
+        return (STATIC_ONE_ROW and self.vl == 16 and not self.open_image and not self.pairs
+                and mr > 1 and self.ow % mr == 0 and self.kh * self.kws > UNROLLED_TAPS)
 
     def _shares_taps(self, mr: int, nv: int) -> bool:
         """Whether a one-row tile of ``mr`` pixels and ``nv`` weight vectors keeps a window
