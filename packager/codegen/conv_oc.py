@@ -28,7 +28,8 @@ Per task (a run of (image, band, block) items, the block innermost):
   (bias, BatchNorm, activation, residual add: depthwise.emit_epilogue) finishes and stores.
 
 With 4-lane vectors (the SSE levels of a portable bundle) a block's 8 vectors run in two passes
-of 4. With AVX-512's 16 lanes (x86-64-v4) a block is 2 zmm vectors and the tile 8 pixels (16
+of 4, one loop over the passes (``_pass_loops``), not a copy of the tile code each.
+With AVX-512's 16 lanes (x86-64-v4) a block is 2 zmm vectors and the tile 8 pixels (16
 accumulators of 32 registers; 10 pixels spill in the direct kernel, 12 in both: 244 stack accesses per
 216 multiply-adds), the row transposes 16 x 16; on Zen 5, whose 512-bit FMA pipes double the
 AVX2 peak, ResNet-18 1 thread 24.4 -> 14.0 ms (0.87x the best fp32 peer) against the
@@ -111,9 +112,13 @@ GROUP_COST = 8
 MAX_TILE_VECTORS = 4
 # A block's whole passes (4-lane vectors: 2 of 4 per block) run as a loop over the passes, not
 # as a copy of the tile code each (``_pass_loops``): the x86-64-v2 variant's channel-lane
-# kernels half their tile code (export time; measured in docs/performance.md, "Export time,
-# round thirteen").
+# kernels halve their tile code (yolo11n_seg_nms's v2 compile 8.7 -> 7.7 CPU-s, kernels alone;
+# v3 and v4 objects byte-identical; docs/performance.md, "Export time, round thirteen").
 PASS_LOOP = True
+# The static Winograd kernel's two output rows (a 2x2 tile's) as a loop of 2, as the run-time
+# size kernel has them: one copy of the row's fused epilogue, not two (a SiLU was ~30 % of the
+# optimized kernel; yolo11n_seg_nms's 17 Winograd kernels 0.3 CPU-s less per level, speed
+# level at v3 and v4: docs/performance.md, "Export time, round thirteen").
 WINO_ROW_LOOP = True
 MAX_TASK_REGIONS = 8
 # Reduction steps (input channels x taps) per chunk: a block's weights for a chunk (32 x 144
