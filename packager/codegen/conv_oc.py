@@ -28,7 +28,8 @@ Per task (a run of (image, band, block) items, the block innermost):
   (bias, BatchNorm, activation, residual add: depthwise.emit_epilogue) finishes and stores.
 
 With 4-lane vectors (the SSE levels of a portable bundle) a block's 8 vectors run in two passes
-of 4. With AVX-512's 16 lanes (x86-64-v4) a block is 2 zmm vectors and the tile 8 pixels (16
+of 4, one loop over the passes (``_pass_loops``), not a copy of the tile code each.
+With AVX-512's 16 lanes (x86-64-v4) a block is 2 zmm vectors and the tile 8 pixels (16
 accumulators of 32 registers; 10 pixels spill in the direct kernel, 12 in both: 244 stack accesses per
 216 multiply-adds), the row transposes 16 x 16; on Zen 5, whose 512-bit FMA pipes double the
 AVX2 peak, ResNet-18 1 thread 24.4 -> 14.0 ms (0.87x the best fp32 peer) against the
@@ -109,6 +110,16 @@ GROUP_COST = 8
 # Weight vectors per register tile (16 registers: 4 x 3 pixels of accumulators); a block's
 # vectors past it (4-lane targets: 8 per block) are computed in passes of up to this many.
 MAX_TILE_VECTORS = 4
+# A block's whole passes (4-lane vectors: 2 of 4 per block) run as a loop over the passes, not
+# as a copy of the tile code each (``_pass_loops``): the x86-64-v2 variant's channel-lane
+# kernels halve their tile code (yolo11n_seg_nms's v2 compile 8.7 -> 7.7 CPU-s, kernels alone;
+# v3 and v4 objects byte-identical; docs/performance.md, "Export time, round thirteen").
+PASS_LOOP = True
+# The static Winograd kernel's two output rows (a 2x2 tile's) as a loop of 2, as the run-time
+# size kernel has them: one copy of the row's fused epilogue, not two (a SiLU was ~30 % of the
+# optimized kernel; yolo11n_seg_nms's 17 Winograd kernels 0.3 CPU-s less per level, speed
+# level at v3 and v4: docs/performance.md, "Export time, round thirteen").
+WINO_ROW_LOOP = True
 MAX_TASK_REGIONS = 8
 # Reduction steps (input channels x taps) per chunk: a block's weights for a chunk (32 x 144
 # floats, 18 KB: 16 channels of a 3x3 window) stay in L1 over the group's tiles, and the
@@ -1018,7 +1029,7 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
                 # the group's pixels, row after row, mr at a time (a tile may span two rows)
                 prow0 = b.mul(b.sub(oy0, row0), const_i64(self.sh))
                 npix = b.mul(nrows, self._extent(self.ow))
-                for v0, nv in passes:
+                for v0, nv, wpass in self._pass_loops(passes, wblk):
                     mr = self._tile_rows(nv)
                     full = b.sdiv(npix, const_i64(mr))
                     if self.open_image and mr > 1:
@@ -1032,7 +1043,7 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
                         at = None
                         if self.open_image and mr > 1:
                             at = (b.load(at_r), b.load(at_c))
-                        self._tile(planes, prow0, b.mul(tx, const_i64(mr)), mr, v0, nv, wblk,
+                        self._tile(planes, prow0, b.mul(tx, const_i64(mr)), mr, v0, nv, wpass,
                                    c0, c1, first, prefetch=tx, at=at)
                         if at is not None:
                             col = b.add(at[1], const_i64(mr))
@@ -1049,17 +1060,38 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
                         half = mr // 2
                         with b.if_then(b.icmp_signed(">=", b.sub(npix, rest),
                                                      const_i64(half))):
-                            self._tile(planes, prow0, rest, half, v0, nv, wblk, c0, c1, first)
+                            self._tile(planes, prow0, rest, half, v0, nv, wpass, c0, c1, first)
                         rest = b.select(b.icmp_signed(">=", b.sub(npix, rest), const_i64(half)),
                                         b.add(rest, const_i64(half)), rest)
                     if mr > 1:   # the rest a pixel at a time: one more copy, not mr - 1
                         with for_range(b, rest, npix, "tp") as p:
-                            self._tile(planes, prow0, p, 1, v0, nv, wblk, c0, c1, first)
+                            self._tile(planes, prow0, p, 1, v0, nv, wpass, c0, c1, first)
             with for_range(b, const_i64(0), nrows, "orow") as r:
                 rowbuf = b.gep(self.rowbuf, [b.mul(r, self._extent(self._product(self.ow,
                                                                                 OC_BLOCK)))],
                                inbounds=True)
                 self._emit_row(nb, blk, b.add(oy0, r), rowbuf, nvb)
+
+    def _pass_loops(self, passes: list[tuple[int, int]], wblk, buffer: str = "rowbuf"):
+        """``passes`` ((v0, nv): a block's channel vectors in register tiles of MAX_TILE_VECTORS)
+        as (v0, nv, weights) for the caller to emit each; whole passes past the first (4-lane
+        targets: a block's 8 vectors in 2 passes) are one loop over the passes, not a copy of
+        the code each: the loop's body sees v0 = 0, the weights and the ``buffer`` attribute
+        (the row buffer, Winograd's M) moved on by the pass's channels. The same sums in the
+        same order as the copies (PASS_LOOP)."""
+        whole = [p for p in passes if p[1] == MAX_TILE_VECTORS]
+        if not PASS_LOOP or len(whole) < 2 or passes[:len(whole)] != whole:
+            for v0, nv in passes:
+                yield v0, nv, wblk
+            return
+        b, base = self.builder, getattr(self, buffer)
+        with for_range(b, const_i64(0), const_i64(len(whole)), "ocpass") as ps:
+            shift = b.mul(ps, const_i64(MAX_TILE_VECTORS * self.vl))
+            setattr(self, buffer, b.gep(base, [shift], inbounds=True))
+            yield 0, MAX_TILE_VECTORS, b.gep(wblk, [shift], inbounds=True)
+        setattr(self, buffer, base)
+        for v0, nv in passes[len(whole):]:
+            yield v0, nv, wblk
 
     def _tile(self, planes, prow0, p0, mr: int, v0: int, nv: int, wblk, c0, c1, first,
               prefetch: ir.Value | None = None, at: tuple | None = None) -> None:
@@ -1547,25 +1579,27 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
         w_ptr = self.buffers[self.match.tag.operands[1].uid]
         wblk = b.gep(w_ptr, [b.mul(blk, const_i64(16 * self.c * OC_BLOCK))], inbounds=True)
         ntiles = b.mul(ntr, self._extent(self.nt))
-        for v0 in range(0, nvb, MAX_TILE_VECTORS):
-            nv = min(MAX_TILE_VECTORS, nvb - v0)
+        passes = [(v0, min(MAX_TILE_VECTORS, nvb - v0))
+                  for v0 in range(0, nvb, MAX_TILE_VECTORS)]
+        for v0, nv, wpass in self._pass_loops(passes, wblk, "mbuf"):
             mr = self._tile_rows(nv)
             with for_range(b, const_i64(0), const_i64(16), "xi") as xi:
                 full = b.sdiv(ntiles, const_i64(mr))
                 with for_range(b, const_i64(0), full, "wg") as g:
-                    self._wino_gemm(xi, b.mul(g, const_i64(mr)), mr, v0, nv, wblk)
+                    self._wino_gemm(xi, b.mul(g, const_i64(mr)), mr, v0, nv, wpass)
                 if mr > 1:   # the rest a tile at a time: one more copy, not mr - 1
                     with for_range(b, b.mul(full, const_i64(mr)), ntiles, "wt") as u:
-                        self._wino_gemm(xi, u, 1, v0, nv, wblk)
+                        self._wino_gemm(xi, u, 1, v0, nv, wpass)
         v = self._extent
         with for_range(b, const_i64(0), ntr, "otr") as tr:
             with for_range(b, const_i64(0), v(self.nt), "otx") as tx:
                 self._wino_output(b.add(b.mul(tr, v(self.nt)), tx), tx, nvb)
-            if self.open_image:   # the two rows in a loop: one copy of the epilogue's code
+            if self.open_image or WINO_ROW_LOOP:   # the two rows in a loop: one copy of the
+                # epilogue's code
                 with for_range(b, const_i64(0), const_i64(2), "orow") as i:
                     oy = b.add(oy_lo, b.add(b.mul(tr, const_i64(2)), i))
-                    with b.if_then(b.icmp_signed("<", oy, self.oh)):
-                        row = b.gep(self.rowbuf, [b.mul(i, b.mul(self.row_len,
+                    with b.if_then(b.icmp_signed("<", oy, v(self.oh))):
+                        row = b.gep(self.rowbuf, [b.mul(i, b.mul(v(self.row_len),
                                                                  const_i64(OC_BLOCK)))],
                                     inbounds=True)
                         self._emit_row(nb, blk, oy, row, nvb)
