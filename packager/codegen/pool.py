@@ -108,6 +108,14 @@ class MaxPoolEmitter(KernelEmitter):
         # 10x10 planes ran every column of the vertical pass scalar: 17 us against OpenVINO's
         # 4). Floats at 8 lanes keep their pieces (x86-64-v3 bundles unchanged).
         self.overlap = self.ints or self.vl >= FLOAT_OVERLAP_LANES
+        # the input as bf16 pair words (passes/bf16_pairs.py: a bf16 convolution's output read
+        # by nothing but this pool): plane j of [N, C / 2, H, W] 32-bit words holds channels 2j
+        # (low half) and 2j + 1; each load widens its plane's half (exact), so the output is the
+        # float32 max pool of the bf16-rounded input, which equals bf16 of the float32 max pool
+        self.words = bool(func.attrs.get("bf16_pairs_in"))
+        if self.words and (self.ints or self.symbolic):
+            raise ValueError("a max pool of pair words needs float32 and static shapes")
+        self._half_shift = None   # (words) the plane's shift: 16 for the low half, 0 the high
 
     def emit(self) -> KernelInfo:
         x_t = self.tag.operands[0]
@@ -208,8 +216,9 @@ class MaxPoolEmitter(KernelEmitter):
 
         def vmax(i):
             return self._max_nan([
-                b.load(b.bitcast(b.gep(r, [i], inbounds=True), vty.as_pointer()),
-                       align=self.esize)
+                self._widen(b.load(b.bitcast(b.gep(r, [i], inbounds=True),
+                                             self._load_ty(vty).as_pointer()),
+                                   align=self.esize))
                 for r in rows])
 
         def one(i):
@@ -252,7 +261,10 @@ class MaxPoolEmitter(KernelEmitter):
         step = vl * sw
 
         def smax(x):
-            return self._max_nan([b.load(b.gep(r, [x], inbounds=True)) for r in rows])
+            ptrs = [b.gep(r, [x], inbounds=True) for r in rows]
+            if self.words:
+                ptrs = [b.bitcast(q, I32.as_pointer()) for q in ptrs]
+            return self._max_nan([self._widen(b.load(q)) for q in ptrs])
 
         if isinstance(w, int):
             for x in range(tail or w // step * step, w):   # < sw * vl columns, unrolled
@@ -269,6 +281,28 @@ class MaxPoolEmitter(KernelEmitter):
                 dst = b.gep(b.select(odd, bufs[1], bufs[0]), [b.ashr(j, const_i64(1))],
                             inbounds=True)
             b.store(smax(x), dst)
+
+    def _load_ty(self, vty: ir.VectorType) -> ir.VectorType:
+        return ir.VectorType(I32, vty.count) if self.words else vty
+
+    def _widen(self, value: ir.Value) -> ir.Value:
+        """A loaded input value (``words``: its pair words' half of this plane's channel as
+        float32, ``(word << shift) & 0xffff0000``); else unchanged."""
+        if not self.words:
+            return value
+        b = self.builder
+        shift, mask = self._half_shift, ir.Constant(I32, -65536)
+        if isinstance(value.type, ir.VectorType):
+            n = value.type.count
+            shift = b.shuffle_vector(
+                b.insert_element(ir.Constant(ir.VectorType(I32, n), None), shift,
+                                 ir.Constant(I32, 0)),
+                ir.Constant(ir.VectorType(I32, n), None),
+                ir.Constant(ir.VectorType(I32, n), [0] * n))
+            mask = ir.Constant(ir.VectorType(I32, n), [-65536] * n)
+        return b.bitcast(b.and_(b.shl(value, shift), mask),
+                         ir.VectorType(F32, value.type.count)
+                         if isinstance(value.type, ir.VectorType) else F32)
 
     def _tasks(self, ntasks: ir.Value, outputs: ir.Value) -> ir.Value:
         """Tasks that get planes: every task up to MAX_TASK_REGIONS (a static kernel is only
@@ -326,10 +360,26 @@ class MaxPoolEmitter(KernelEmitter):
             with for_range(b, const_i64(0), self._dim_value(self._region_floats()),
                            "fill") as j:
                 b.store(ninf, b.gep(region, [j], inbounds=True))
+            if self.words:   # the -inf row as words: bf16 -inf in both halves
+                inf_words = b.bitcast(inf_row, I32.as_pointer())
+                with for_range(b, const_i64(0), const_i64(self._inf_row_floats()),
+                               "fillw") as j:
+                    b.store(ir.Constant(I32, -8323200),   # 0xff80ff80
+                            b.gep(inf_words, [j], inbounds=True))
+                inf_row = b.bitcast(inf_row, F32.as_pointer())
             lo = b.sdiv(b.mul(task, planes), nt)
             hi = b.sdiv(b.mul(b.add(task, const_i64(1)), planes), nt)
             with for_range(b, lo, hi, "plane") as p:
-                x_plane = b.gep(x_ptr, [b.mul(p, b.mul(h, w))], inbounds=True)
+                if self.words:   # plane p: the words of pair p // 2, its half p % 2
+                    x_plane = b.gep(b.bitcast(x_ptr, I32.as_pointer()),
+                                    [b.mul(b.sdiv(p, const_i64(2)), b.mul(h, w))],
+                                    inbounds=True)
+                    x_plane = b.bitcast(x_plane, F32.as_pointer())
+                    odd = b.icmp_signed("!=", b.srem(p, const_i64(2)), const_i64(0))
+                    self._half_shift = b.select(odd, ir.Constant(I32, 0),
+                                                ir.Constant(I32, 16))
+                else:
+                    x_plane = b.gep(x_ptr, [b.mul(p, b.mul(h, w))], inbounds=True)
                 o_plane = b.gep(out_ptr, [b.mul(p, b.mul(oh, ow))], inbounds=True)
                 with for_range(b, const_i64(0), oh, "oy") as oy:
                     rows = []

@@ -32,6 +32,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import replace
 
+from ..codegen.pool import match_max_pool
 from ..ir import te
 from ..ir.graph import Binding, CallTIR, Function, IRModule, PrimFunc, used_values
 from ..ir.patterns import reduction_tag
@@ -160,6 +161,20 @@ def _consumer_padding(func: PrimFunc, index: int) -> tuple[int, int, int, int] |
     return padding
 
 
+def _pool_reader(func: PrimFunc, index: int) -> bool:
+    """Whether ``func`` is a float32 max pool of static shapes (codegen/pool.py) whose input
+    ``index`` can be unpadded pair words: it widens each plane's half as it loads it (ResNet's
+    stem pool: the stem's 112x112x64 output written and read as 1.6 MB of words, not 3.2 MB
+    of floats). Its output is bf16 of the float32 pool's (rounding to nearest even is
+    monotone), which the next bf16 convolution rounds to the same words."""
+    match = match_max_pool(func)
+    if match is None or func.inputs[index] is not match[1].operands[0]:
+        return False
+    x = func.inputs[index]
+    return x.dtype == "float32" and len(x.shape) == 4 and _static(x.shape) \
+        and _static(func.outputs[0].shape) and x.shape[1] % 2 == 0
+
+
 def _fill_reader(func: PrimFunc, index: int) -> bool:
     """Whether ``func`` is a pixel-lane ``nn.conv2d_bf16p`` with a 1x1 window, a stride and no
     padding reading its input ``index`` by its reduction only: its planes (one stride phase)
@@ -218,7 +233,7 @@ def _rewrite(mod: IRModule, fn: Function, residuals: bool, shared: bool) -> Func
             if not (isinstance(pfunc, PrimFunc) and isinstance(func, PrimFunc)) \
                     or PAIRS_OUT in pfunc.attrs or not _producer_ok(pfunc):
                 continue
-            padding = _consumer_padding(func, i)
+            padding = (0, 0, 0, 0) if _pool_reader(func, i) else _consumer_padding(func, i)
             if padding is None or not _fits(tuple(pfunc.outputs[0].shape), padding):
                 continue
             value[id(prod)] = _with_attr(mod, pcall, pfunc, calls, PAIRS_OUT, padding)
