@@ -32,7 +32,6 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import replace
 
-from ..codegen.pool import match_max_pool
 from ..ir import te
 from ..ir.graph import Binding, CallTIR, Function, IRModule, PrimFunc, used_values
 from ..ir.patterns import reduction_tag
@@ -167,12 +166,20 @@ def _pool_reader(func: PrimFunc, index: int) -> bool:
     stem pool: the stem's 112x112x64 output written and read as 1.6 MB of words, not 3.2 MB
     of floats). Its output is bf16 of the float32 pool's (rounding to nearest even is
     monotone), which the next bf16 convolution rounds to the same words."""
-    match = match_max_pool(func)
-    if match is None or func.inputs[index] is not match[1].operands[0]:
+    # what codegen/pool.py's match_max_pool takes: the one output stage is the tagged
+    # reduction of the one input (no stage before or after it), strides 1 or 2
+    if len(func.inputs) != 1 or len(func.outputs) != 1 or index != 0:
         return False
-    x = func.inputs[index]
-    return x.dtype == "float32" and len(x.shape) == 4 and _static(x.shape) \
-        and _static(func.outputs[0].shape) and x.shape[1] % 2 == 0
+    stages = [s for s in te.stages(func.outputs) if s.body is not None]
+    if len(stages) != 1 or stages[0] is not func.outputs[0] \
+            or not isinstance(stages[0].body, te.Reduce):
+        return False
+    tag = reduction_tag(stages[0].body)
+    x, out = func.inputs[0], func.outputs[0]
+    return tag is not None and tag.kind == "max_pool2d" and len(tag.operands) == 1 \
+        and tag.operands[0] is x and x.dtype == out.dtype == "float32" \
+        and len(x.shape) == 4 and _static(x.shape) and _static(out.shape) \
+        and x.shape[1] % 2 == 0 and all(s in (1, 2) for s in tag.attrs["strides"])
 
 
 def _fill_reader(func: PrimFunc, index: int) -> bool:
