@@ -115,7 +115,7 @@ class MaxPoolEmitter(KernelEmitter):
         self.words = bool(func.attrs.get("bf16_pairs_in"))
         if self.words and (self.ints or self.symbolic):
             raise ValueError("a max pool of pair words needs float32 and static shapes")
-        self._half_shift = None   # (words) the plane's shift: 16 for the low half, 0 the high
+        self._half = 0   # (words) the half of the plane being emitted: 0 low, 1 high
 
     def emit(self) -> KernelInfo:
         x_t = self.tag.operands[0]
@@ -286,23 +286,17 @@ class MaxPoolEmitter(KernelEmitter):
         return ir.VectorType(I32, vty.count) if self.words else vty
 
     def _widen(self, value: ir.Value) -> ir.Value:
-        """A loaded input value (``words``: its pair words' half of this plane's channel as
-        float32, ``(word << shift) & 0xffff0000``); else unchanged."""
+        """A loaded input value (``words``: its pair words' half ``_half`` as float32, the low
+        one shifted up, the high one masked); else unchanged."""
         if not self.words:
             return value
         b = self.builder
-        shift, mask = self._half_shift, ir.Constant(I32, -65536)
-        if isinstance(value.type, ir.VectorType):
-            n = value.type.count
-            shift = b.shuffle_vector(
-                b.insert_element(ir.Constant(ir.VectorType(I32, n), None), shift,
-                                 ir.Constant(I32, 0)),
-                ir.Constant(ir.VectorType(I32, n), None),
-                ir.Constant(ir.VectorType(I32, n), [0] * n))
-            mask = ir.Constant(ir.VectorType(I32, n), [-65536] * n)
-        return b.bitcast(b.and_(b.shl(value, shift), mask),
-                         ir.VectorType(F32, value.type.count)
-                         if isinstance(value.type, ir.VectorType) else F32)
+        vec = isinstance(value.type, ir.VectorType)
+        n = value.type.count if vec else 1
+        const = (lambda x: ir.Constant(ir.VectorType(I32, n), [x] * n)) if vec \
+            else (lambda x: ir.Constant(I32, x))
+        bits = b.and_(value, const(-65536)) if self._half else b.shl(value, const(16))
+        return b.bitcast(bits, ir.VectorType(F32, n) if vec else F32)
 
     def _tasks(self, ntasks: ir.Value, outputs: ir.Value) -> ir.Value:
         """Tasks that get planes: every task up to MAX_TASK_REGIONS (a static kernel is only
@@ -369,18 +363,8 @@ class MaxPoolEmitter(KernelEmitter):
                 inf_row = b.bitcast(inf_row, F32.as_pointer())
             lo = b.sdiv(b.mul(task, planes), nt)
             hi = b.sdiv(b.mul(b.add(task, const_i64(1)), planes), nt)
-            with for_range(b, lo, hi, "plane") as p:
-                if self.words:   # plane p: the words of pair p // 2, its half p % 2
-                    x_plane = b.gep(b.bitcast(x_ptr, I32.as_pointer()),
-                                    [b.mul(b.sdiv(p, const_i64(2)), b.mul(h, w))],
-                                    inbounds=True)
-                    x_plane = b.bitcast(x_plane, F32.as_pointer())
-                    odd = b.icmp_signed("!=", b.srem(p, const_i64(2)), const_i64(0))
-                    self._half_shift = b.select(odd, ir.Constant(I32, 0),
-                                                ir.Constant(I32, 16))
-                else:
-                    x_plane = b.gep(x_ptr, [b.mul(p, b.mul(h, w))], inbounds=True)
-                o_plane = b.gep(out_ptr, [b.mul(p, b.mul(oh, ow))], inbounds=True)
+
+            def plane_rows(x_plane, o_plane) -> None:
                 with for_range(b, const_i64(0), oh, "oy") as oy:
                     rows = []
                     for ky in range(kh):
@@ -434,6 +418,24 @@ class MaxPoolEmitter(KernelEmitter):
                         lanes = b.add(self._splat_i32(ox0), self._lanes(I32, range(vl)))
                         mask = b.icmp_signed("<", lanes, self._splat_i32(ow))
                         b.call(store, [acc, dst, ir.Constant(I32, self.esize), mask])
+            with for_range(b, lo, hi, "plane") as p:
+                if self.words:   # plane p: the words of pair p // 2, its half p % 2
+                    x_plane = b.gep(b.bitcast(x_ptr, I32.as_pointer()),
+                                    [b.mul(b.sdiv(p, const_i64(2)), b.mul(h, w))],
+                                    inbounds=True)
+                    x_plane = b.bitcast(x_plane, F32.as_pointer())
+                    odd = b.icmp_signed("!=", b.srem(p, const_i64(2)), const_i64(0))
+                else:
+                    x_plane = b.gep(x_ptr, [b.mul(p, b.mul(h, w))], inbounds=True)
+                o_plane = b.gep(out_ptr, [b.mul(p, b.mul(oh, ow))], inbounds=True)
+                if not self.words:
+                    plane_rows(x_plane, o_plane)
+                else:   # each half with code of its own: one instruction widens a load
+                    with b.if_else(odd) as (high, low):
+                        for branch, half in ((high, 1), (low, 0)):
+                            with branch:
+                                self._half = half
+                                plane_rows(x_plane, o_plane)
 
 
 def b_f32(b: ir.IRBuilder, ws: ir.Value) -> ir.Value:
