@@ -217,11 +217,12 @@ def bf16_pair_activations(mod: IRModule, options: CompileOptions) -> IRModule:
     for fname, fn in mod.functions.items():
         if isinstance(fn, Function):
             out.functions[fname] = _rewrite(out, fn, options.bf16_pair_residuals,
-                                            options.bf16_pair_shared)
+                                            options.bf16_pair_shared, options.bf16_pair_pools)
     return out
 
 
-def _rewrite(mod: IRModule, fn: Function, residuals: bool, shared: bool) -> Function:
+def _rewrite(mod: IRModule, fn: Function, residuals: bool, shared: bool,
+             pools: bool = False) -> Function:
     bindings = list(fn.bindings())
     uses = Counter(id(a) for b in bindings for a in used_values(b.value))
     uses.update(id(o) for o in fn.outputs)
@@ -240,7 +241,8 @@ def _rewrite(mod: IRModule, fn: Function, residuals: bool, shared: bool) -> Func
             if not (isinstance(pfunc, PrimFunc) and isinstance(func, PrimFunc)) \
                     or PAIRS_OUT in pfunc.attrs or not _producer_ok(pfunc):
                 continue
-            padding = (0, 0, 0, 0) if _pool_reader(func, i) else _consumer_padding(func, i)
+            padding = (0, 0, 0, 0) if pools and _pool_reader(func, i) \
+                else _consumer_padding(func, i)
             if padding is None or not _fits(tuple(pfunc.outputs[0].shape), padding):
                 continue
             value[id(prod)] = _with_attr(mod, pcall, pfunc, calls, PAIRS_OUT, padding)

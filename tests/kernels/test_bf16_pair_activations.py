@@ -313,9 +313,9 @@ def _stem_pool(h: int, w: int, relu: bool):
 
 
 def test_stem_pool_reads_pair_words():
-    """The stem's output, read by nothing but a max pool, is written as dense pair words that
-    the pool widens as it loads them (any host: the pass's choice, and the pool kernel's
-    code for v4+bf16); without the pass, float32."""
+    """With ``bf16_pair_pools`` the stem's output, read by nothing but a max pool, is written
+    as dense pair words that the pool widens as it loads them (any host: the pass's choice,
+    and the pool kernel's code for v4+bf16); by default float32."""
     from mlcpack.frontends.onnx import import_onnx
     from mlcpack.packager.codegen.parallel import compile_prim_funcs
     from mlcpack.packager.codegen.target import resolve_target
@@ -324,7 +324,7 @@ def test_stem_pool_reads_pair_words():
     from mlcpack.packager.passes.pipeline import DEFAULT_PIPELINE, run_pipeline
 
     for on in (True, False):
-        opts = CompileOptions(target=V4_BF16, precision="bf16", bf16_pair_activations=on)
+        opts = CompileOptions(target=V4_BF16, precision="bf16", bf16_pair_pools=on)
         mod, _ = import_onnx(_stem_pool(72, 76, relu=False))
         mod = run_pipeline(mod, DEFAULT_PIPELINE, options=opts)
         calls = [b.value.func for b in mod.functions["main"].bindings()
@@ -362,7 +362,7 @@ def test_stem_pool_native_runs(tmp_path, h, w, relu):
         mod, _ = import_onnx(_stem_pool(h, w, relu))
         path = tmp_path / f"{on}.mlc"
         export_module(mod, path, ExportOptions(target=V4_BF16, precision="bf16", compile=(
-            dataclasses.replace(CompileOptions(), bf16_pair_activations=on))))
+            dataclasses.replace(CompileOptions(), bf16_pair_pools=on))))
         with load(path) as one, load(path, threads=2) as two:
             got[on] = one.run({"x": x})["y"]
             np.testing.assert_array_equal(two.run({"x": x})["y"], got[on])
