@@ -93,6 +93,12 @@ class CompileOptions:
     # values rounded in the depthwise epilogue into its half of the words (bit for bit the
     # same outputs); False: such tensors float32
     bf16_pair_depthwise: bool = True
+    # with it: a bf16 convolution's output read by nothing but a float32 max pool (ResNet's
+    # stem) as pair words too, the pool widening each load (its output bf16 of the float32
+    # pool's; the next bf16 convolution rounds it to the same words). Off: on a loaded Zen 5
+    # host the stem gained 30-110 us but the pool lost 10-30 us in the network (ResNet-18 /
+    # -50 level, 0.99-1.02x; docs/performance.md)
+    bf16_pair_pools: bool = False
     # test only: the vdpbf16ps matmul's and convolution's data path (packing, loop order) with
     # vcvtne2ps2bf16 and vdpbf16ps written in portable IR (float32 FMAs, exact on normal
     # values), on any target: runs it on a CPU without avx512_bf16 (codegen/bf16dot.py,

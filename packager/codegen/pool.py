@@ -108,6 +108,14 @@ class MaxPoolEmitter(KernelEmitter):
         # 10x10 planes ran every column of the vertical pass scalar: 17 us against OpenVINO's
         # 4). Floats at 8 lanes keep their pieces (x86-64-v3 bundles unchanged).
         self.overlap = self.ints or self.vl >= FLOAT_OVERLAP_LANES
+        # the input as bf16 pair words (passes/bf16_pairs.py: a bf16 convolution's output read
+        # by nothing but this pool): plane j of [N, C / 2, H, W] 32-bit words holds channels 2j
+        # (low half) and 2j + 1; each load widens its plane's half (exact), so the output is the
+        # float32 max pool of the bf16-rounded input, which equals bf16 of the float32 max pool
+        self.words = bool(func.attrs.get("bf16_pairs_in"))
+        if self.words and (self.ints or self.symbolic):
+            raise ValueError("a max pool of pair words needs float32 and static shapes")
+        self._half = 0   # (words) the half of the plane being emitted: 0 low, 1 high
 
     def emit(self) -> KernelInfo:
         x_t = self.tag.operands[0]
@@ -208,8 +216,9 @@ class MaxPoolEmitter(KernelEmitter):
 
         def vmax(i):
             return self._max_nan([
-                b.load(b.bitcast(b.gep(r, [i], inbounds=True), vty.as_pointer()),
-                       align=self.esize)
+                self._widen(b.load(b.bitcast(b.gep(r, [i], inbounds=True),
+                                             self._load_ty(vty).as_pointer()),
+                                   align=self.esize))
                 for r in rows])
 
         def one(i):
@@ -252,7 +261,10 @@ class MaxPoolEmitter(KernelEmitter):
         step = vl * sw
 
         def smax(x):
-            return self._max_nan([b.load(b.gep(r, [x], inbounds=True)) for r in rows])
+            ptrs = [b.gep(r, [x], inbounds=True) for r in rows]
+            if self.words:
+                ptrs = [b.bitcast(q, I32.as_pointer()) for q in ptrs]
+            return self._max_nan([self._widen(b.load(q)) for q in ptrs])
 
         if isinstance(w, int):
             for x in range(tail or w // step * step, w):   # < sw * vl columns, unrolled
@@ -269,6 +281,22 @@ class MaxPoolEmitter(KernelEmitter):
                 dst = b.gep(b.select(odd, bufs[1], bufs[0]), [b.ashr(j, const_i64(1))],
                             inbounds=True)
             b.store(smax(x), dst)
+
+    def _load_ty(self, vty: ir.VectorType) -> ir.VectorType:
+        return ir.VectorType(I32, vty.count) if self.words else vty
+
+    def _widen(self, value: ir.Value) -> ir.Value:
+        """A loaded input value (``words``: its pair words' half ``_half`` as float32, the low
+        one shifted up, the high one masked); else unchanged."""
+        if not self.words:
+            return value
+        b = self.builder
+        vec = isinstance(value.type, ir.VectorType)
+        n = value.type.count if vec else 1
+        const = (lambda x: ir.Constant(ir.VectorType(I32, n), [x] * n)) if vec \
+            else (lambda x: ir.Constant(I32, x))
+        bits = b.and_(value, const(-65536)) if self._half else b.shl(value, const(16))
+        return b.bitcast(bits, ir.VectorType(F32, n) if vec else F32)
 
     def _tasks(self, ntasks: ir.Value, outputs: ir.Value) -> ir.Value:
         """Tasks that get planes: every task up to MAX_TASK_REGIONS (a static kernel is only
@@ -326,11 +354,17 @@ class MaxPoolEmitter(KernelEmitter):
             with for_range(b, const_i64(0), self._dim_value(self._region_floats()),
                            "fill") as j:
                 b.store(ninf, b.gep(region, [j], inbounds=True))
+            if self.words:   # the -inf row as words: bf16 -inf in both halves
+                inf_words = b.bitcast(inf_row, I32.as_pointer())
+                with for_range(b, const_i64(0), const_i64(self._inf_row_floats()),
+                               "fillw") as j:
+                    b.store(ir.Constant(I32, -8323200),   # 0xff80ff80
+                            b.gep(inf_words, [j], inbounds=True))
+                inf_row = b.bitcast(inf_row, F32.as_pointer())
             lo = b.sdiv(b.mul(task, planes), nt)
             hi = b.sdiv(b.mul(b.add(task, const_i64(1)), planes), nt)
-            with for_range(b, lo, hi, "plane") as p:
-                x_plane = b.gep(x_ptr, [b.mul(p, b.mul(h, w))], inbounds=True)
-                o_plane = b.gep(out_ptr, [b.mul(p, b.mul(oh, ow))], inbounds=True)
+
+            def plane_rows(x_plane, o_plane) -> None:
                 with for_range(b, const_i64(0), oh, "oy") as oy:
                     rows = []
                     for ky in range(kh):
@@ -384,6 +418,24 @@ class MaxPoolEmitter(KernelEmitter):
                         lanes = b.add(self._splat_i32(ox0), self._lanes(I32, range(vl)))
                         mask = b.icmp_signed("<", lanes, self._splat_i32(ow))
                         b.call(store, [acc, dst, ir.Constant(I32, self.esize), mask])
+            with for_range(b, lo, hi, "plane") as p:
+                if self.words:   # plane p: the words of pair p // 2, its half p % 2
+                    x_plane = b.gep(b.bitcast(x_ptr, I32.as_pointer()),
+                                    [b.mul(b.sdiv(p, const_i64(2)), b.mul(h, w))],
+                                    inbounds=True)
+                    x_plane = b.bitcast(x_plane, F32.as_pointer())
+                    odd = b.icmp_signed("!=", b.srem(p, const_i64(2)), const_i64(0))
+                else:
+                    x_plane = b.gep(x_ptr, [b.mul(p, b.mul(h, w))], inbounds=True)
+                o_plane = b.gep(out_ptr, [b.mul(p, b.mul(oh, ow))], inbounds=True)
+                if not self.words:
+                    plane_rows(x_plane, o_plane)
+                else:   # each half with code of its own: one instruction widens a load
+                    with b.if_else(odd) as (high, low):
+                        for branch, half in ((high, 1), (low, 0)):
+                            with branch:
+                                self._half = half
+                                plane_rows(x_plane, o_plane)
 
 
 def b_f32(b: ir.IRBuilder, ws: ir.Value) -> ir.Value:

@@ -181,6 +181,28 @@ def _consumer_padding(func: PrimFunc, index: int) -> tuple[int, int, int, int] |
     return padding
 
 
+def _pool_reader(func: PrimFunc, index: int) -> bool:
+    """Whether ``func`` is a float32 max pool of static shapes (codegen/pool.py) whose input
+    ``index`` can be unpadded pair words: it widens each plane's half as it loads it (ResNet's
+    stem pool: the stem's 112x112x64 output written and read as 1.6 MB of words, not 3.2 MB
+    of floats). Its output is bf16 of the float32 pool's (rounding to nearest even is
+    monotone), which the next bf16 convolution rounds to the same words."""
+    # what codegen/pool.py's match_max_pool takes: the one output stage is the tagged
+    # reduction of the one input (no stage before or after it), strides 1 or 2
+    if len(func.inputs) != 1 or len(func.outputs) != 1 or index != 0:
+        return False
+    stages = [s for s in te.stages(func.outputs) if s.body is not None]
+    if len(stages) != 1 or stages[0] is not func.outputs[0] \
+            or not isinstance(stages[0].body, te.Reduce):
+        return False
+    tag = reduction_tag(stages[0].body)
+    x, out = func.inputs[0], func.outputs[0]
+    return tag is not None and tag.kind == "max_pool2d" and len(tag.operands) == 1 \
+        and tag.operands[0] is x and x.dtype == out.dtype == "float32" \
+        and len(x.shape) == 4 and _static(x.shape) and _static(out.shape) \
+        and x.shape[1] % 2 == 0 and all(s in (1, 2) for s in tag.attrs["strides"])
+
+
 def _fill_reader(func: PrimFunc, index: int) -> bool:
     """Whether ``func`` is a pixel-lane ``nn.conv2d_bf16p`` with a 1x1 window, a stride and no
     padding reading its input ``index`` by its reduction only: its planes (one stride phase)
@@ -217,12 +239,12 @@ def bf16_pair_activations(mod: IRModule, options: CompileOptions) -> IRModule:
         if isinstance(fn, Function):
             out.functions[fname] = _rewrite(out, fn, options.bf16_pair_residuals,
                                             options.bf16_pair_shared,
-                                            options.bf16_pair_depthwise)
+                                            options.bf16_pair_depthwise, options.bf16_pair_pools)
     return out
 
 
 def _rewrite(mod: IRModule, fn: Function, residuals: bool, shared: bool,
-             depthwise: bool = False) -> Function:
+             depthwise: bool = False, pools: bool = False) -> Function:
     bindings = list(fn.bindings())
     uses = Counter(id(a) for b in bindings for a in used_values(b.value))
     uses.update(id(o) for o in fn.outputs)
@@ -245,7 +267,9 @@ def _rewrite(mod: IRModule, fn: Function, residuals: bool, shared: bool,
             dw = depthwise and not _producer_ok(pfunc) and _depthwise_producer_ok(pfunc)
             if not (dw or _producer_ok(pfunc)):
                 continue
-            padding = _consumer_padding(func, i)
+            # a depthwise producer's words go to a convolution's reduction only
+            padding = (0, 0, 0, 0) if pools and not dw and _pool_reader(func, i) \
+                else _consumer_padding(func, i)
             if padding is None or (dw and any(padding)) \
                     or not _fits(tuple(pfunc.outputs[0].shape), padding):
                 continue

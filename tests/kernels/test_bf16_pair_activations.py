@@ -285,3 +285,85 @@ def test_shared_native_runs(tmp_path):
             got[on] = one.run({"x": x})["y"]
             np.testing.assert_array_equal(two.run({"x": x})["y"], got[on])
     np.testing.assert_array_equal(got[True], got[False])
+
+
+def _stem_pool(h: int, w: int, relu: bool):
+    """A ResNet stem: 7x7 stride 2 of C = 3 (tap pairs) to 32 channels, with bias (and ReLU),
+    a 3x3 stride 2 max pool (padding 1), a 3x3 convolution of 32 channels; two images."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(7)
+    w1 = (rng.standard_normal((32, 3, 7, 7)) / np.sqrt(147)).astype(np.float32)
+    w2 = (rng.standard_normal((32, 32, 3, 3)) / np.sqrt(288)).astype(np.float32)
+    b1 = (rng.standard_normal(32) * 0.1).astype(np.float32)
+    nodes = [helper.make_node("Conv", ["x", "w1", "b1"], ["s" if relu else "r"], pads=[3] * 4,
+                              strides=[2, 2])]
+    if relu:
+        nodes.append(helper.make_node("Relu", ["s"], ["r"]))
+    nodes += [helper.make_node("MaxPool", ["r"], ["p"], kernel_shape=[3, 3], strides=[2, 2],
+                               pads=[1] * 4),
+              helper.make_node("Conv", ["p", "w2"], ["y"], pads=[1] * 4)]
+    graph = helper.make_graph(
+        nodes, "stem", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, h, w])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(a, n) for a, n in ((w1, "w1"), (w2, "w2"), (b1, "b1"))])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+def test_stem_pool_reads_pair_words():
+    """With ``bf16_pair_pools`` the stem's output, read by nothing but a max pool, is written
+    as dense pair words that the pool widens as it loads them (any host: the pass's choice,
+    and the pool kernel's code for v4+bf16); by default float32."""
+    from mlcpack.frontends.onnx import import_onnx
+    from mlcpack.packager.codegen.parallel import compile_prim_funcs
+    from mlcpack.packager.codegen.target import resolve_target
+    from mlcpack.packager.ir.graph import CallTIR
+    from mlcpack.packager.options import CompileOptions
+    from mlcpack.packager.passes.pipeline import DEFAULT_PIPELINE, run_pipeline
+
+    for on in (True, False):
+        opts = CompileOptions(target=V4_BF16, precision="bf16", bf16_pair_pools=on)
+        mod, _ = import_onnx(_stem_pool(72, 76, relu=False))
+        mod = run_pipeline(mod, DEFAULT_PIPELINE, options=opts)
+        calls = [b.value.func for b in mod.functions["main"].bindings()
+                 if isinstance(b.value, CallTIR)]
+        pool = next(c for c in calls if "max_pool" in c)
+        stem = calls[calls.index(pool) - 1]
+        words = mod.functions[pool].attrs.get("bf16_pairs_in")
+        assert words is (True if on else None)
+        assert mod.functions[stem].attrs.get("bf16_pairs_out") == ((0, 0, 0, 0) if on else None)
+        if on:
+            target = resolve_target(V4_BF16)
+            compiled = compile_prim_funcs([mod.functions[pool]], target,
+                                          options=opts.for_targets([target]))
+            assert "shl <16 x i32>" in compiled.llvm_ir   # the loads widened
+
+
+@pytest.mark.skipif(host_arch() != "x86_64" or not {"avx512f", "avx512_bf16"} <= host_features(),
+                    reason="runs vdpbf16ps: needs an x86-64 host with AVX-512 and avx512_bf16")
+@pytest.mark.parametrize("h, w, relu", [(40, 42, False), (72, 76, True)])
+def test_stem_pool_native_runs(tmp_path, h, w, relu):
+    """The pool of pair words (rows of 21 columns: element by element; of 38: whole vectors
+    and an overlapping last one; negative values at the -inf padding): bit for bit the bundle
+    without the words (the next convolution rounds the pool's output to the same bf16), 1 and
+    2 threads."""
+    import dataclasses
+
+    from mlcpack.frontends.onnx import import_onnx
+    from mlcpack.packager.export import ExportOptions, export_module
+    from mlcpack.packager.options import CompileOptions
+    from mlcpack.runtime import load
+
+    x = np.random.default_rng(5).standard_normal((2, 3, h, w)).astype(np.float32)
+    got = {}
+    for on in (False, True):
+        mod, _ = import_onnx(_stem_pool(h, w, relu))
+        path = tmp_path / f"{on}.mlc"
+        export_module(mod, path, ExportOptions(target=V4_BF16, precision="bf16", compile=(
+            dataclasses.replace(CompileOptions(), bf16_pair_pools=on))))
+        with load(path) as one, load(path, threads=2) as two:
+            got[on] = one.run({"x": x})["y"]
+            np.testing.assert_array_equal(two.run({"x": x})["y"], got[on])
+    np.testing.assert_array_equal(got[True], got[False])
