@@ -151,7 +151,7 @@ MIN_ITEMS = 8
 # pixels: EfficientNet-B0's 1x1s on 7x7 (up to 1.1 MB of weights) in bands of 4 and 3 rows took
 # 2.2x their time on one thread, 2.1x on two, the weights streamed once per band.
 BALANCE_BAND_PIXELS = 64
-# A static kernel that reads its input in place (no padding, so no band copies) orders its
+# A static fp32 kernel that reads its input in place (no padding, so no band copies) orders its
 # (band, block) items block-major, each task a run of blocks of output channels over every
 # band, where they then split more evenly on two threads (``balanced``): MobileNetV2's
 # projections on 7x7 (5 blocks in 2 bands of 4 and 3 rows: 20 : 15 rows x blocks -> 18 : 17)
@@ -365,6 +365,8 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
         # items block-major (each task a run of blocks, every band of them) where the input
         # is read in place and that splits more evenly on two threads (see BLOCK_MAJOR)
         self.block_major = (BLOCK_MAJOR and not self.copy and self.nbands > 1
+                            and not self.pairs and x.dtype == "float32"
+                            and self.match.tag.operands[1].dtype == "float32"
                             and balanced([False, True], lambda bm: self._items_work(
                                 images, self.nbands, bm)))
         self.rows = self._group_rows(self.rows)
