@@ -162,6 +162,13 @@ MIN_ITEMS = 8
 # pixels: EfficientNet-B0's 1x1s on 7x7 (up to 1.1 MB of weights) in bands of 4 and 3 rows took
 # 2.2x their time on one thread, 2.1x on two, the weights streamed once per band.
 BALANCE_BAND_PIXELS = 64
+# A static fp32 kernel that reads its input in place (no padding, so no band copies) orders its
+# (band, block) items block-major, each task a run of blocks of output channels over every
+# band, where they then split more evenly on two threads (``balanced``): MobileNetV2's
+# projections on 7x7 (5 blocks in 2 bands of 4 and 3 rows: 20 : 15 rows x blocks -> 18 : 17)
+# and on 14x14 (2 blocks in bands of 4, 4, 4 and 2 rows: 8 : 6 -> 7 : 7); each task then also
+# reads only its blocks' weights. See docs/performance.md (issue 35, mobilenet_v2 at 2 threads).
+BLOCK_MAJOR = True
 # Winograd: a band's transformed inputs (16 x C x its tiles) at most this many bytes (in L2
 # while every block of output channels reads them); at least this many work items.
 WINO_V_BYTES = 256 * 1024
@@ -232,6 +239,7 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
     """Emits a matched ``nn.conv2d_oc``; shares the depthwise kernel's epilogue store."""
 
     plans_conv = False
+    block_major = False   # the static plan's item order (``BLOCK_MAJOR``)
 
     def emit(self) -> KernelInfo:
         self._geometry()
@@ -365,6 +373,13 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
                           lambda nb: self._items_work(images, nb))
         self.band = -(-self.oh // nbands)
         self.nbands = -(-self.oh // self.band)
+        # items block-major (each task a run of blocks, every band of them) where the input
+        # is read in place and that splits more evenly on two threads (see BLOCK_MAJOR)
+        self.block_major = (BLOCK_MAJOR and not self.copy and self.nbands > 1
+                            and not self.pairs and x.dtype == "float32"
+                            and self.match.tag.operands[1].dtype == "float32"
+                            and balanced([False, True], lambda bm: self._items_work(
+                                images, self.nbands, bm)))
         self.rows = self._group_rows(self.rows)
         self.band_in = rows_for(self.band) if self.copy else self.h
         self.plane_floats = self.band_in * self.wpc if self.copy else self.h * self.w
@@ -417,12 +432,15 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
 
         return min(range(most, 0, -1), key=cost)
 
-    def _items_work(self, images: int, nbands: int) -> list[int]:
+    def _items_work(self, images: int, nbands: int, block_major: bool = False) -> list[int]:
         """Each work item's multiply-adds over output pixels (rows x channels) in item order,
-        for ``nbands`` bands of equal heights (the last one shorter)."""
+        for ``nbands`` bands of equal heights (the last one shorter), blocks innermost (or
+        bands innermost: ``block_major``)."""
         band = -(-self.oh // nbands)
         rows = [min(band, self.oh - y) for y in range(0, self.oh, band)]
         chans = [min(OC_BLOCK, self.o - k) for k in range(0, self.o, OC_BLOCK)]
+        if block_major:
+            return [r * c for _ in range(images) for c in chans for r in rows]
         return [r * c for _ in range(images) for r in rows for c in chans]
 
     def _open_geometry(self, pr: int) -> None:
@@ -750,10 +768,17 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
             copied = alloca_once(b, ir.IntType(64), name="copied_band")
             b.store(const_i64(-1), copied)
             with for_range(b, lo, hi, "item") as item:
-                nb_band = b.sdiv(item, const_i64(self.nblocks))
-                blk = b.srem(item, const_i64(self.nblocks))
-                nb = b.sdiv(nb_band, self._extent(self.nbands))
-                band = b.srem(nb_band, self._extent(self.nbands))
+                if self.block_major:   # (image, block, band)
+                    nb_blk = b.sdiv(item, const_i64(self.nbands))
+                    band = b.srem(item, const_i64(self.nbands))
+                    nb = b.sdiv(nb_blk, const_i64(self.nblocks))
+                    blk = b.srem(nb_blk, const_i64(self.nblocks))
+                    nb_band = b.add(b.mul(nb, const_i64(self.nbands)), band)
+                else:
+                    nb_band = b.sdiv(item, const_i64(self.nblocks))
+                    blk = b.srem(item, const_i64(self.nblocks))
+                    nb = b.sdiv(nb_band, self._extent(self.nbands))
+                    band = b.srem(nb_band, self._extent(self.nbands))
                 oy_lo = b.mul(band, self._extent(self.band))
                 image = self.image_elems if not self.open_image else \
                     self._product(self.c, self.h, self.w)

@@ -141,3 +141,33 @@ def test_channel_lane_conv_bands_split_evenly_on_two_threads(tmp_path) -> None:
         pytest.skip("runs x86-64-v3 code")
     _check_threads(path, bundle, feeds)
     assert _task_shares(bundle, feeds, "conv2d_oc", 2) == [0.5, 0.5]
+
+
+@pytest.mark.parametrize("c,hw,o,residual,design", [
+    # channel-lane, read in place: 5 blocks in bands of 4 and 3 rows, items block-major
+    # (``conv_oc.BLOCK_MAJOR``): 18 : 17 rows x blocks where band-major gave 20 : 15
+    (576, 7, 160, False, "channel-lane direct"),
+    # register-blocked, read in place, block rows innermost: 7 panels of 32 pixels, the last
+    # with 4, split by pixels (``_split_last_panel``) where by items one thread had 112 of 196
+    (64, 14, 384, False, "register-blocked conv: 6 channels x 32 pixels"),
+    # packed: one panel in 4 chunks of 60 block rows (``EVEN_CHUNKS``) where 102, 102 and 36
+    # split 102 : 138
+    (160, 7, 960, False, "chunks of 60"),
+])
+def test_mobilenet_v2_1x1s_split_evenly_on_two_threads(tmp_path, c, hw, o, residual,
+                                                       design) -> None:
+    """MobileNetV2's 1x1s on 7x7 and 14x14 (AVX-512 plans): each of two tasks writes about
+    half the outputs, and the outputs match ONNX Runtime at 1-3 threads, bit for bit alike."""
+    from mlcpack.runtime.cpu import host_features
+    from mlcpack.runtime.describe import describe
+
+    model = conv_model(1, c, hw, hw, o, 1, 1, residual=residual)
+    feeds = conv_feeds(1, c, hw, hw, o, 1, 1, residual=residual)
+    path, bundle = _export(tmp_path, model, target="x86-64-v4")
+    kernels = [k for k in describe(bundle)["kernels"] if "conv2d" in k["name"]]
+    assert len(kernels) == 1 and design in kernels[0]["kernel"], kernels
+    if not {"avx512f", "avx512bw", "avx512dq", "avx512vl"} <= set(host_features()):
+        pytest.skip("runs x86-64-v4 code (the design is checked above)")
+    _check_threads(path, bundle, feeds)
+    shares = _task_shares(bundle, feeds, "conv2d", 2)
+    assert max(shares) <= 0.52, shares

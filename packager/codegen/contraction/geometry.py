@@ -159,6 +159,10 @@ TAIL_PAIRS = True
 # (a third of the bytes) when planes and weights together pass this many bytes, unless by phase
 # drops more than 1/12 of its columns (``conv_geometry``).
 SHIFTED_REREAD_BYTES = 2 * L2_REUSE_BYTES
+# A packed 1x1 whose (panel, chunk) items are odd in number and fewer than 8 (one thread's
+# share at least 8 : 7) takes one chunk more (of equal sizes), so that two threads split them
+# evenly (``conv_geometry``).
+EVEN_CHUNKS = True
 # A block's reduction runs over chunks of input channels (partial sums kept in a tile buffer of
 # the task's workspace region) when the planes that the blocks sharing them read (one panel's
 # window with the block rows innermost, whole planes with the panels innermost) would not fit
@@ -445,6 +449,12 @@ def conv_geometry(x_shape, w_shape, out_shape, attrs: dict, target_vl: int,
               and (target_vl == PACKED_1X1_VL or (
                   PACKED_1X1_WIDE and target_vl == 16 and weight_bytes > L2_REUSE_BYTES)))
     mc_blocks = max(1, min(mblocks, PACK_A_BYTES // (4 * mr * cg))) if packed else 0
+    nch = -(-mblocks // mc_blocks) if packed else 0
+    if EVEN_CHUNKS and packed and panels * nch % 2 and panels * nch < 8 and mblocks > 1:
+        # an odd count of (panel, chunk) items splits unevenly on two threads (MobileNetV2's
+        # 160 -> 960 on 7x7: one panel, chunks of 102, 102 and 36 block rows, the threads'
+        # shares 102 : 138): one chunk more, all of equal size
+        mc_blocks = -(-mblocks // (nch + 1))
     return dict(c=c, h=h, w=wd, o=o, cg=cg, kh=kh, kw=kw, oh=oh, ow=ow, sh=sh, sw=sw,
                 packed=packed, mc_blocks=mc_blocks,
                 mchunks=-(-mblocks // mc_blocks) if packed else 0,
