@@ -61,12 +61,14 @@ def _pipeline(model, **fields):
     return run_pipeline(mod, DEFAULT_PIPELINE, options=opts), opts
 
 
-def _wino_calls(mod):
-    from mlcpack.packager.ir.graph import Call
+def _wino_weights(mod):
+    """The Winograd bf16 pair weights the calls of ``mod``'s main read (``pack_wino_pairs``'s,
+    named ``{weight}_wino_bf16``)."""
+    from mlcpack.packager.ir.graph import Constant
 
-    return [b.value for b in mod.functions["main"].bindings()
-            if isinstance(b.value, Call) and b.value.op == "nn.conv2d_oc"
-            and b.value.attrs.get("winograd") and b.value.attrs.get("pairs")]
+    return [a.data for b in mod.functions["main"].bindings()
+            for a in getattr(b.value, "args", ())
+            if isinstance(a, Constant) and a.name.endswith("_wino_bf16")]
 
 
 def test_which_convolutions_take_it():
@@ -77,14 +79,13 @@ def test_which_convolutions_take_it():
 
     m3 = _model("conv3d", 16, 32, (4, 10, 10))[0]
     m2 = _model("conv2d", C2, O2, (HW2, HW2))[0]
-    (call,) = _wino_calls(_pipeline(m3)[0])
     # depth folded: [O * D, C * D] = [128, 64], 32 channel pairs
-    assert call.args[1].data.shape == (4, 16 * 32, 32, 2)
-    assert str(call.args[1].data.dtype) == "bfloat16"
-    assert _wino_calls(_pipeline(m2)[0]) == []
-    (call,) = _wino_calls(_pipeline(m2, bf16_winograd=True)[0])
-    assert call.args[1].data.shape == (2, 16 * 10, 32, 2)
-    assert _wino_calls(_pipeline(m3, bf16_winograd=False)[0]) == []
+    (wp,) = _wino_weights(_pipeline(m3)[0])
+    assert wp.shape == (4, 16 * 32, 32, 2) and str(wp.dtype) == "bfloat16"
+    assert _wino_weights(_pipeline(m2)[0]) == []
+    (wp,) = _wino_weights(_pipeline(m2, bf16_winograd=True)[0])
+    assert wp.shape == (2, 16 * 10, 32, 2)
+    assert _wino_weights(_pipeline(m3, bf16_winograd=False)[0]) == []
     w = RNG.standard_normal((O2, C2, 3, 3)).astype(np.float32)
     wp = pack_wino_pairs(wino_transform(w))
     assert not wp[:, :, :, 1].reshape(2, 16, 10, 32)[:, :, 9].any()   # past C
