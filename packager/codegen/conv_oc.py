@@ -53,6 +53,10 @@ two channels: plane c holds per padded column the word (x[col], x[col + 1]), and
 step reads the word at its column + 2t (a 7x7 window: 4 pairs per row, the last against a zero
 weight; 3 x 28 steps for C = 3 where channel pairs take 2 x 49). Per channel, window
 row and tap pair in order, the odd tap's product first (test_bf16_dot_v4.py's tap model).
+With ``winograd`` and ``pairs`` (``CompileOptions.bf16_winograd``; weights ``ops.layout.
+pack_wino_pairs``) the Winograd path below copies its band as float32, transforms each
+channel's blocks in float32 and stores V as pair words of two channels (``_wino_input_pairs``),
+and its products are vdpbf16ps over channel pairs (test_bf16_winograd.py models it exactly).
 
 Run-time image sizes (a model exported with open height and width): the same kernels, with the
 plan's size-dependent part (bands, row groups, Winograd tile counts, the padded row width)
