@@ -283,6 +283,9 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
         # bf16 pairs (``pairs``): the planes hold pair words, made by the copy even unpadded
         self.pairs = bool(attrs.get("pairs"))
         self.cp = -(-self.c // 2)
+        # Winograd's reduction units per transform position: input channels, or (bf16 pairs)
+        # channel pairs, the transformed inputs held as pair words
+        self.wunits = self.cp if self.pairs else self.c
         # tap pairs (``tap_pairs``, with ``pairs``): a window row's taps kx, kx + 1 paired, the
         # planes one per channel holding the words (x[col], x[col + 1]); ``kws`` reduction steps
         # per window row, ``kx_step`` columns apart
@@ -355,9 +358,6 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
         self.chunk = min(self.units, max(1, CHUNK_STEPS // (self.kh * self.kws)))
         self.task_regions = MAX_TASK_REGIONS
         self.wino = bool(attrs.get("winograd"))
-        # Winograd's reduction units per transform position: input channels, or (bf16 pairs)
-        # channel pairs, the transformed inputs held as pair words
-        self.wunits = self.cp if self.pairs else self.c
         self.bf16 = self.match.tag.operands[1].dtype == "bfloat16"   # --precision bf16
         if self.wino:
             self._wino_geometry(pr)
