@@ -22,8 +22,9 @@ Printed: the ``--top`` kernels by opt + obj summed over the targets, with their 
 this run's rows beside another run's (the same model, e.g. main's checkout against this one),
 kernel by kernel, where both hold the kernel's name, and how many objects are the same bytes.
 ``--pipeline`` compiles every kernel with another of LLVM's pipelines (``O2`` the default, as the
-export; ``O2-noloop`` without the loop vectorizer, ``O1-vec``, ``O1``: as ``codegen_phases.py``
-names them): with ``--compare`` against a default run it says which kernels' objects a cheaper
+export's v3 and v4; ``O2-noloop`` without the loop vectorizer, ``O1-vec``, ``O1``: as
+``codegen_phases.py`` names them; ``export``: each target's own, a portable bundle's x86-64-v2
+the lean -O1 one): with ``--compare`` against a default run it says which kernels' objects a cheaper
 pipeline leaves byte-identical (no speed risk) and what it saves. ``--classes`` prints, per
 family, how many distinct kernels would be left if image sizes were run-time values (kernels
 grouped by their tensors' shapes without the last two dims of 4-d ones, and by the name's stem,
@@ -99,9 +100,13 @@ def measure(funcs, targets, size_vars, options, match: str = "", pipeline_name: 
     from mlcpack.packager.ir.structure import structural_key
     from mlcpack.packager.codegen import build
 
-    level, loop_vec, slp = PIPELINES[pipeline_name]
-    chosen = replace(build.DEFAULT_PIPELINE, name=pipeline_name, speed_level=level,
-                     loop_vectorize=loop_vec, slp_vectorize=slp)
+    if pipeline_name == "export":   # each target's pipeline as the export picks it
+        pipelines = dict(zip((t.name for t in targets), build.target_pipelines(targets)))
+    else:
+        level, loop_vec, slp = PIPELINES[pipeline_name]
+        chosen = replace(build.DEFAULT_PIPELINE, name=pipeline_name, speed_level=level,
+                         loop_vectorize=loop_vec, slp_vectorize=slp)
+        pipelines = {t.name: chosen for t in targets}
 
     distinct: dict[object, list] = {}
     for f in funcs:
@@ -116,10 +121,15 @@ def measure(funcs, targets, size_vars, options, match: str = "", pipeline_name: 
             t0 = time.process_time()
             emitted = build.emit_module([f], target, size_vars, False, options)
             t1 = time.process_time()
-            pipeline = chosen
-            mod = build._optimize(emitted.text, target, tm, pipeline)
+            pipeline = pipelines[target.name]
+            # a pipeline without the code generator's LSR (the lean x86-64-v2): the pass in
+            # the optimizer but for the channel-lane kernels, as the export runs it
+            mod = build._optimize(emitted.text, target, tm, pipeline, lsr_skip=None
+                                  if pipeline.strength_reduction
+                                  else build.lsr_skipped(emitted.kernels))
             t2 = time.process_time()
-            if not pipeline.winograd_lsr and build.winograd_kernels(emitted.kernels):
+            if pipeline.strength_reduction and not pipeline.winograd_lsr \
+                    and build.winograd_kernels(emitted.kernels):
                 # a channel-lane Winograd convolution: no LSR, as the export makes it
                 pipeline = replace(pipeline, strength_reduction=False)
             obj = build._emit_object(tm, mod, pipeline)
@@ -235,7 +245,9 @@ def main() -> None:
     ap.add_argument("--top", type=int, default=25)
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--compare", type=Path, default=None, metavar="A.json")
-    ap.add_argument("--pipeline", default="O2", choices=sorted(PIPELINES))
+    ap.add_argument("--pipeline", default="O2", choices=sorted(PIPELINES) + ["export"],
+                    help="export: each target's pipeline as the export picks it (a portable "
+                    "bundle's x86-64-v2 the lean one)")
     ap.add_argument("--classes", action="store_true",
                     help="per family: kernels left if image sizes were run-time values")
     args = ap.parse_args()

@@ -95,6 +95,11 @@ class CompileOptions:
     # in place or, by a strided 1x1 on pixel lanes, through its plane fill (bit for bit the
     # same outputs); False: such tensors float32
     bf16_pair_shared: bool = True
+    # with it: a depthwise convolution's output read by one bf16 convolution's reduction alone
+    # (a depthwise-separable block's depthwise -> 1x1) as pair words too, each channel's
+    # values rounded in the depthwise epilogue into its half of the words (bit for bit the
+    # same outputs); False: such tensors float32
+    bf16_pair_depthwise: bool = True
     # test only: the vdpbf16ps matmul's and convolution's data path (packing, loop order) with
     # vcvtne2ps2bf16 and vdpbf16ps written in portable IR (float32 FMAs, exact on normal
     # values), on any target: runs it on a CPU without avx512_bf16 (codegen/bf16dot.py,

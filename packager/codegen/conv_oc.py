@@ -28,7 +28,8 @@ Per task (a run of (image, band, block) items, the block innermost):
   (bias, BatchNorm, activation, residual add: depthwise.emit_epilogue) finishes and stores.
 
 With 4-lane vectors (the SSE levels of a portable bundle) a block's 8 vectors run in two passes
-of 4. With AVX-512's 16 lanes (x86-64-v4) a block is 2 zmm vectors and the tile 8 pixels (16
+of 4, one loop over the passes (``_pass_loops``), not a copy of the tile code each.
+With AVX-512's 16 lanes (x86-64-v4) a block is 2 zmm vectors and the tile 8 pixels (16
 accumulators of 32 registers; 10 pixels spill in the direct kernel, 12 in both: 244 stack accesses per
 216 multiply-adds), the row transposes 16 x 16; on Zen 5, whose 512-bit FMA pipes double the
 AVX2 peak, ResNet-18 1 thread 24.4 -> 14.0 ms (0.87x the best fp32 peer) against the
@@ -113,6 +114,16 @@ GROUP_COST = 8
 # Weight vectors per register tile (16 registers: 4 x 3 pixels of accumulators); a block's
 # vectors past it (4-lane targets: 8 per block) are computed in passes of up to this many.
 MAX_TILE_VECTORS = 4
+# A block's whole passes (4-lane vectors: 2 of 4 per block) run as a loop over the passes, not
+# as a copy of the tile code each (``_pass_loops``): the x86-64-v2 variant's channel-lane
+# kernels halve their tile code (yolo11n_seg_nms's v2 compile 8.7 -> 7.7 CPU-s, kernels alone;
+# v3 and v4 objects byte-identical; docs/performance.md, "Export time, round thirteen").
+PASS_LOOP = True
+# The static Winograd kernel's two output rows (a 2x2 tile's) as a loop of 2, as the run-time
+# size kernel has them: one copy of the row's fused epilogue, not two (a SiLU was ~30 % of the
+# optimized kernel; yolo11n_seg_nms's 17 Winograd kernels 0.3 CPU-s less per level, speed
+# level at v3 and v4: docs/performance.md, "Export time, round thirteen").
+WINO_ROW_LOOP = True
 MAX_TASK_REGIONS = 8
 # Reduction steps (input channels x taps) per chunk: a block's weights for a chunk (32 x 144
 # floats, 18 KB: 16 channels of a 3x3 window) stay in L1 over the group's tiles, and the
@@ -125,6 +136,19 @@ CHUNK_STEPS = 144
 # window's rows are a loop: LLVM's scheduler hoists the next taps' loads across a long unrolled
 # run and spills (ResNet's 7x7 stem: 367 stack accesses per 588 multiply-adds).
 UNROLLED_TAPS = 9
+# At 16 lanes, static sizes, windows past UNROLLED_TAPS (7x7 stems): where every tile lies in
+# one output row, its pixels read from one base (``_tile_steps``' ``row_base``: the taps'
+# broadcasts through opaque pointers where they do not fit the registers). With a pointer per
+# pixel LLVM shared the broadcasts across taps and spilled (ResNet's 3 -> 64 7x7 stride-2 stem:
+# 12 stack accesses per 112 multiply-adds; now none), kernel CPU min 0.97-0.98x. 3x3 windows
+# keep a pointer per pixel (32 -> 64 stride 2 on 80x80: 1.12x with one base).
+STATIC_ONE_ROW = True
+# At 16 lanes, a strided 1x1 without padding: the band copy keeps only the pixels the
+# convolution reads (``_copy_band_subsampled``), the tiles read it at stride 1, not the input
+# in place at stride 2 (each tile's broadcasts then a cache line per input channel, the layer
+# reading 4x the input it uses). Kernel CPU min, 1 thread, Zen 5: ResNet-50's 256 -> 512 on
+# 56x56 1003 -> 859 us, 512 -> 1024 on 28x28 890 -> 853, 1024 -> 2048 on 14x14 1018 -> 897.
+SUBSAMPLE_1X1 = True
 # The row buffer: output rows accumulated together, at most this many bytes.
 ROW_BUFFER_BYTES = 16 * 1024
 # A band's copied input rows: at most this many bytes (in L2 for all its blocks).
@@ -251,6 +275,8 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
                     f"channels register tile, {self.nbands} band(s)")
         prefetch = ", next weights prefetched" if self._prefetch_lines(mr) else ""
         sizes = ", bands and row groups planned at run time" if self.open_image else ""
+        if self.subsample:
+            sizes = ", strided input subsampled by the band copy"
         if self.tap_pairs:
             return (f"channel-lane direct, bf16 tap pairs (vdpbf16ps): {mr} pixels x "
                     f"{nv * self.vl} channels register tile, chunks of {self.chunk} input "
@@ -312,12 +338,23 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
             assert self.pairs and not self.tap_pairs, "pair-word input needs channel pairs"
             self.copy = False
         self.open_image = not all(isinstance(d, int) for d in (self.h, self.w, self.oh, self.ow))
+        self.subsample = None   # (sh, sw) of a strided 1x1 the band copy subsamples
         if self.open_image:
             self._open_geometry(pr)
             return
+        # a strided 1x1 without padding at 16 lanes (SUBSAMPLE_1X1): the band copy keeps only
+        # the pixels it reads (every sh-th row's every sw-th column), the tiles then read the
+        # copy at stride 1
+        if (SUBSAMPLE_1X1 and (self.kh, self.kw) == (1, 1) and (self.sh, self.sw) != (1, 1)
+                and not any(attrs["padding"]) and not self.pairs and self.vl == 16):
+            self.subsample = (self.sh, self.sw)
+            self.copy = True
+            self.sh = self.sw = 1
         # padded planes: the rows and columns the windows reach, zeros outside the image
         self.wpc = max(self.w + self.pl + pr, (self.ow - 1) * self.sw + self.kw) \
             if self.copy else self.w
+        if self.subsample:
+            self.wpc = self.ow
         rows_for = lambda r: (r - 1) * self.sh + self.kh   # noqa: E731 - input rows of r rows
         self.rows = max(1, min(self.oh, ROW_BUFFER_BYTES // (self.ow * OC_BLOCK * 4)))
         # bands of equal heights (tasks take equal runs of them), at least MIN_ITEMS items
@@ -749,6 +786,9 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
         if self.pairs and not self.wino:   # (Winograd pairs its transformed inputs)
             self._copy_band_pairs(x_img, oy_lo, region)
             return
+        if self.subsample:
+            self._copy_band_subsampled(x_img, oy_lo, region)
+            return
         memset = intrinsic(self.module, "llvm.memset.p0i8.i64", ir.VoidType(),
                                 [ir.IntType(8).as_pointer(), ir.IntType(8), ir.IntType(64), I1])
 
@@ -834,6 +874,42 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
             with b.if_then(b.icmp_signed("<", r_hi, band_in)):
                 zero(b.gep(dst_plane, [b.mul(r_hi, wpc)], inbounds=True),
                      b.mul(b.sub(band_in, r_hi), wpc))
+
+    def _copy_band_subsampled(self, x_img: ir.Value, oy_lo: ir.Value, region: ir.Value
+                              ) -> None:
+        """``_copy_band`` for ``subsample`` (a strided 1x1, static sizes): plane row r, column
+        ox of channel c holds input row (oy_lo + r) * sh, column ox * sw, the band's rows
+        inside the output only. At column stride 2, vl columns from two masked loads (lanes
+        past the input row not read) and their even lanes; each row's vectors stored whole,
+        the last one's lanes past the row spilling into the next row's start (written after
+        it) or the region's 16 floats of slack. Other strides: one float at a time."""
+        b, vl = self.builder, self.vl
+        sh, sw = self.subsample
+        rows = b.sub(const_i64(self.oh), oy_lo)
+        rows = b.select(b.icmp_signed("<", rows, const_i64(self.band_in)), rows,
+                        const_i64(self.band_in))
+        even = ir.Constant(ir.VectorType(I32, vl), [2 * j for j in range(vl)])
+        with for_range(b, const_i64(0), const_i64(self.c), "cpc") as ic:
+            src_plane = b.gep(x_img, [b.mul(ic, const_i64(self.h * self.w))], inbounds=True)
+            dst_plane = b.gep(region, [b.mul(ic, const_i64(self.plane_floats))], inbounds=True)
+            with for_range(b, const_i64(0), rows, "cpr") as r:
+                src = b.gep(src_plane, [b.mul(b.add(oy_lo, r), const_i64(sh * self.w))],
+                            inbounds=True)
+                dst = b.gep(dst_plane, [b.mul(r, const_i64(self.ow))], inbounds=True)
+                for ox in range(self.ow if sw != 2 else 0):
+                    b.store(b.load(b.gep(src, [const_i64(ox * sw)], inbounds=True)),
+                            b.gep(dst, [const_i64(ox)], inbounds=True))
+                for q in range(-(-self.ow // vl) if sw == 2 else 0):
+                    halves = []
+                    for half in range(2):
+                        col0 = 2 * q * vl + half * vl
+                        ptr = b.bitcast(b.gep(src, [const_i64(col0)]), self.vty.as_pointer())
+                        inside = [col0 + j < self.w for j in range(vl)]
+                        halves.append(b.load(ptr, align=4) if all(inside) else
+                                      self._masked_load(ptr, ir.Constant(
+                                          ir.VectorType(I1, vl), inside)))
+                    b.store(b.shuffle_vector(halves[0], halves[1], even),
+                            self._vec_ptr(dst, const_i64(q * vl)), align=4)
 
     def _copy_band_pairs(self, x_img: ir.Value, oy_lo: ir.Value, region: ir.Value) -> None:
         """``_copy_band`` for bf16 pairs: plane j of the region holds, per padded position, the
@@ -962,7 +1038,7 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
                 # the group's pixels, row after row, mr at a time (a tile may span two rows)
                 prow0 = b.mul(b.sub(oy0, row0), const_i64(self.sh))
                 npix = b.mul(nrows, self._extent(self.ow))
-                for v0, nv in passes:
+                for v0, nv, wpass in self._pass_loops(passes, wblk):
                     mr = self._tile_rows(nv)
                     full = b.sdiv(npix, const_i64(mr))
                     if self.open_image and mr > 1:
@@ -976,7 +1052,7 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
                         at = None
                         if self.open_image and mr > 1:
                             at = (b.load(at_r), b.load(at_c))
-                        self._tile(planes, prow0, b.mul(tx, const_i64(mr)), mr, v0, nv, wblk,
+                        self._tile(planes, prow0, b.mul(tx, const_i64(mr)), mr, v0, nv, wpass,
                                    c0, c1, first, prefetch=tx, at=at)
                         if at is not None:
                             col = b.add(at[1], const_i64(mr))
@@ -993,17 +1069,38 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
                         half = mr // 2
                         with b.if_then(b.icmp_signed(">=", b.sub(npix, rest),
                                                      const_i64(half))):
-                            self._tile(planes, prow0, rest, half, v0, nv, wblk, c0, c1, first)
+                            self._tile(planes, prow0, rest, half, v0, nv, wpass, c0, c1, first)
                         rest = b.select(b.icmp_signed(">=", b.sub(npix, rest), const_i64(half)),
                                         b.add(rest, const_i64(half)), rest)
                     if mr > 1:   # the rest a pixel at a time: one more copy, not mr - 1
                         with for_range(b, rest, npix, "tp") as p:
-                            self._tile(planes, prow0, p, 1, v0, nv, wblk, c0, c1, first)
+                            self._tile(planes, prow0, p, 1, v0, nv, wpass, c0, c1, first)
             with for_range(b, const_i64(0), nrows, "orow") as r:
                 rowbuf = b.gep(self.rowbuf, [b.mul(r, self._extent(self._product(self.ow,
                                                                                 OC_BLOCK)))],
                                inbounds=True)
                 self._emit_row(nb, blk, b.add(oy0, r), rowbuf, nvb)
+
+    def _pass_loops(self, passes: list[tuple[int, int]], wblk, buffer: str = "rowbuf"):
+        """``passes`` ((v0, nv): a block's channel vectors in register tiles of MAX_TILE_VECTORS)
+        as (v0, nv, weights) for the caller to emit each; whole passes past the first (4-lane
+        targets: a block's 8 vectors in 2 passes) are one loop over the passes, not a copy of
+        the code each: the loop's body sees v0 = 0, the weights and the ``buffer`` attribute
+        (the row buffer, Winograd's M) moved on by the pass's channels. The same sums in the
+        same order as the copies (PASS_LOOP)."""
+        whole = [p for p in passes if p[1] == MAX_TILE_VECTORS]
+        if not PASS_LOOP or len(whole) < 2 or passes[:len(whole)] != whole:
+            for v0, nv in passes:
+                yield v0, nv, wblk
+            return
+        b, base = self.builder, getattr(self, buffer)
+        with for_range(b, const_i64(0), const_i64(len(whole)), "ocpass") as ps:
+            shift = b.mul(ps, const_i64(MAX_TILE_VECTORS * self.vl))
+            setattr(self, buffer, b.gep(base, [shift], inbounds=True))
+            yield 0, MAX_TILE_VECTORS, b.gep(wblk, [shift], inbounds=True)
+        setattr(self, buffer, base)
+        for v0, nv in passes[len(whole):]:
+            yield v0, nv, wblk
 
     def _tile(self, planes, prow0, p0, mr: int, v0: int, nv: int, wblk, c0, c1, first,
               prefetch: ir.Value | None = None, at: tuple | None = None) -> None:
@@ -1054,6 +1151,15 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
                                            inbounds=True))
                     self._tile_steps(accs, bases, mr, v0, nv, wblk, c0, c1, plane_stride,
                                      row_stride, prefetch)
+        elif self._static_one_row(mr):
+            # every tile of a group lies in one output row (whole rows of whole tiles): one
+            # base, the taps' broadcasts shared or through opaque pointers (_tile_steps)
+            r, ox = b.sdiv(p0, const_i64(self.ow)), b.srem(p0, const_i64(self.ow))
+            prow = b.add(prow0, b.mul(r, const_i64(self.sh)))
+            base = b.gep(planes, [b.add(b.mul(prow, const_i64(row_stride)),
+                                        b.mul(ox, const_i64(self.sw)))], inbounds=True)
+            self._tile_steps(accs, [base], mr, v0, nv, wblk, c0, c1, plane_stride, row_stride,
+                             prefetch, row_base=True)
         else:
             bases = []
             if self.open_image:   # a single pixel
@@ -1151,6 +1257,13 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
                                 [b.load(a) for a in accs])
                     for a, val in zip(accs, vals):
                         b.store(val, a)
+
+    def _static_one_row(self, mr: int) -> bool:
+        """Whether (static sizes, 16 lanes, a window whose rows are a loop: STATIC_ONE_ROW)
+        every tile of ``mr`` pixels lies in one output row (rows of whole tiles; row groups
+        are whole rows), read from one base as the open-size kernel's tiles are."""
+        return (STATIC_ONE_ROW and self.vl == 16 and not self.open_image and not self.pairs
+                and mr > 1 and self.ow % mr == 0 and self.kh * self.kws > UNROLLED_TAPS)
 
     def _shares_taps(self, mr: int, nv: int) -> bool:
         """Whether a one-row tile of ``mr`` pixels and ``nv`` weight vectors keeps a window
@@ -1522,25 +1635,27 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
             w_ptr = b.bitcast(w_ptr, I32.as_pointer())
         wblk = b.gep(w_ptr, [b.mul(blk, const_i64(16 * self.wunits * OC_BLOCK))], inbounds=True)
         ntiles = b.mul(ntr, self._extent(self.nt))
-        for v0 in range(0, nvb, MAX_TILE_VECTORS):
-            nv = min(MAX_TILE_VECTORS, nvb - v0)
+        passes = [(v0, min(MAX_TILE_VECTORS, nvb - v0))
+                  for v0 in range(0, nvb, MAX_TILE_VECTORS)]
+        for v0, nv, wpass in self._pass_loops(passes, wblk, "mbuf"):
             mr = self._tile_rows(nv)
             with for_range(b, const_i64(0), const_i64(16), "xi") as xi:
                 full = b.sdiv(ntiles, const_i64(mr))
                 with for_range(b, const_i64(0), full, "wg") as g:
-                    self._wino_gemm(xi, b.mul(g, const_i64(mr)), mr, v0, nv, wblk)
+                    self._wino_gemm(xi, b.mul(g, const_i64(mr)), mr, v0, nv, wpass)
                 if mr > 1:   # the rest a tile at a time: one more copy, not mr - 1
                     with for_range(b, b.mul(full, const_i64(mr)), ntiles, "wt") as u:
-                        self._wino_gemm(xi, u, 1, v0, nv, wblk)
+                        self._wino_gemm(xi, u, 1, v0, nv, wpass)
         v = self._extent
         with for_range(b, const_i64(0), ntr, "otr") as tr:
             with for_range(b, const_i64(0), v(self.nt), "otx") as tx:
                 self._wino_output(b.add(b.mul(tr, v(self.nt)), tx), tx, nvb)
-            if self.open_image:   # the two rows in a loop: one copy of the epilogue's code
+            if self.open_image or WINO_ROW_LOOP:   # the two rows in a loop: one copy of the
+                # epilogue's code
                 with for_range(b, const_i64(0), const_i64(2), "orow") as i:
                     oy = b.add(oy_lo, b.add(b.mul(tr, const_i64(2)), i))
-                    with b.if_then(b.icmp_signed("<", oy, self.oh)):
-                        row = b.gep(self.rowbuf, [b.mul(i, b.mul(self.row_len,
+                    with b.if_then(b.icmp_signed("<", oy, v(self.oh))):
+                        row = b.gep(self.rowbuf, [b.mul(i, b.mul(v(self.row_len),
                                                                  const_i64(OC_BLOCK)))],
                                     inbounds=True)
                         self._emit_row(nb, blk, oy, row, nvb)

@@ -58,9 +58,9 @@ class _Conv:
                          and s is not stage]
 
 
-def _match(func: PrimFunc) -> _Conv | None:
-    """The one ``conv2d_oc`` / ``conv2d_bf16p`` reduction of ``func`` (one float32 output of
-    the reduction's shape, every other stage elementwise after it), or None."""
+def _match(func: PrimFunc, kinds=("conv2d_oc", "conv2d_bf16p")) -> _Conv | None:
+    """The one ``conv2d_oc`` / ``conv2d_bf16p`` (``kinds``) reduction of ``func`` (one float32
+    output of the reduction's shape, every other stage elementwise after it), or None."""
     if len(func.outputs) != 1 or func.outputs[0].dtype != "float32":
         return None
     found = []
@@ -74,7 +74,7 @@ def _match(func: PrimFunc) -> _Conv | None:
         return None
     reduce, stage = found[0]
     tag = reduction_tag(reduce)
-    if tag is None or tag.kind not in ("conv2d_oc", "conv2d_bf16p") \
+    if tag is None or tag.kind not in kinds \
             or tuple(stage.shape) != tuple(func.outputs[0].shape) \
             or not all(any(t is i for i in func.inputs) for t in tag.operands):
         return None
@@ -136,6 +136,27 @@ def _producer_ok(func: PrimFunc) -> bool:
         and _vector_epilogue(m, rows=False)
 
 
+def _depthwise_producer_ok(func: PrimFunc) -> bool:
+    """``func`` is a depthwise convolution (``conv2d``, one input channel per group, every
+    channel its own group, horizontal stride 1 or 2: codegen/depthwise/static.py's kernel)
+    with static shapes, an even number of output channels and an epilogue the vector path
+    computes, its only output the tensor: it may write that as unpadded pair words, each
+    channel's values rounded into its half of its pair's words (``bf16_pairs_out`` (0, 0, 0,
+    0), ``bf16_pair_depthwise``)."""
+    m = _match(func, kinds=("conv2d",))
+    if m is None:
+        return False
+    x, w = m.operands
+    shape = tuple(m.out.shape)
+    if not (len(shape) == 4 and len(x.shape) == 4 and _static(shape) and _static(x.shape)):
+        return False
+    groups = m.attrs.get("groups", 1)
+    return (w.shape[1] == 1 and groups == x.shape[1] and groups > 1 and shape[1] % 2 == 0
+            and tuple(m.attrs.get("strides", (1, 1)))[1] in (1, 2)
+            and all(d == 1 for d in m.attrs.get("dilation", (1, 1)))
+            and _vector_epilogue(m, rows=False))
+
+
 def _consumer_padding(func: PrimFunc, index: int) -> tuple[int, int, int, int] | None:
     """The padding with which the consumer ``func`` reads its input ``index`` as pair words, or
     None where it does not."""
@@ -195,11 +216,13 @@ def bf16_pair_activations(mod: IRModule, options: CompileOptions) -> IRModule:
     for fname, fn in mod.functions.items():
         if isinstance(fn, Function):
             out.functions[fname] = _rewrite(out, fn, options.bf16_pair_residuals,
-                                            options.bf16_pair_shared)
+                                            options.bf16_pair_shared,
+                                            options.bf16_pair_depthwise)
     return out
 
 
-def _rewrite(mod: IRModule, fn: Function, residuals: bool, shared: bool) -> Function:
+def _rewrite(mod: IRModule, fn: Function, residuals: bool, shared: bool,
+             depthwise: bool = False) -> Function:
     bindings = list(fn.bindings())
     uses = Counter(id(a) for b in bindings for a in used_values(b.value))
     uses.update(id(o) for o in fn.outputs)
@@ -216,10 +239,15 @@ def _rewrite(mod: IRModule, fn: Function, residuals: bool, shared: bool) -> Func
             pcall, call = value[id(prod)], value[id(b)]
             pfunc, func = mod.functions[pcall.func], mod.functions[call.func]
             if not (isinstance(pfunc, PrimFunc) and isinstance(func, PrimFunc)) \
-                    or PAIRS_OUT in pfunc.attrs or not _producer_ok(pfunc):
+                    or PAIRS_OUT in pfunc.attrs:
+                continue
+            # a depthwise producer writes unpadded words only
+            dw = depthwise and not _producer_ok(pfunc) and _depthwise_producer_ok(pfunc)
+            if not (dw or _producer_ok(pfunc)):
                 continue
             padding = _consumer_padding(func, i)
-            if padding is None or not _fits(tuple(pfunc.outputs[0].shape), padding):
+            if padding is None or (dw and any(padding)) \
+                    or not _fits(tuple(pfunc.outputs[0].shape), padding):
                 continue
             value[id(prod)] = _with_attr(mod, pcall, pfunc, calls, PAIRS_OUT, padding)
             value[id(b)] = _with_attr(mod, call, func, calls, PAIRS_IN, True)

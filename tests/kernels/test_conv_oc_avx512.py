@@ -70,13 +70,25 @@ def test_zmm_tile_stays_in_registers(tmp_path, monkeypatch, c, o, hw, s, choice,
         assert not any("(%rsp)" in i for i in body)
 
 
+def test_strided_1x1_subsampled_choice(tmp_path):
+    """A strided 1x1 at 16 lanes copies only the pixels it reads (``inspect`` says so); a
+    stride-1 one reads its input in place."""
+    for s, subsampled in ((2, True), (1, False)):
+        _, bundle = export_model(tmp_path, conv_model(1, 256, 14, 14, 64, 1, s))
+        kernels = _conv_kernels(bundle)
+        assert kernels and all(("subsampled" in kk["kernel"]) == subsampled for kk in kernels)
+
+
 CASES = [
     (1, 64, 20, 20, 64, 3, 1, None, True),        # Winograd, a residual
     (1, 32, 14, 14, 64, 3, 2, "silu", False),     # direct, stride 2, vector-math epilogue
     (1, 3, 30, 34, 64, 7, 2, None, False),        # a 7x7 stem (its window rows a loop)
     (2, 24, 9, 13, 48, 5, 2, "hsig", True),       # batch 2, a block and one vector
     (1, 256, 9, 7, 32, 1, 1, "silu", True),       # a 1x1 of 256 input channels
-    (1, 256, 9, 9, 64, 1, 2, None, False),        # ... stride 2, read in place
+    (1, 256, 9, 9, 64, 1, 2, None, False),        # ... stride 2, subsampled by the copy
+    (1, 256, 8, 40, 32, 1, 2, "silu", True),      # ... rows of 40: whole and masked loads
+    (1, 256, 10, 10, 32, 1, 3, None, False),      # ... stride 3: column by column
+    (1, 3, 31, 32, 64, 7, 2, None, False),        # a stem on rows of whole tiles: one base
     (1, 32, 9, 9, 48, 3, 1, None, True),          # a block and one 16-lane vector
     (1, 16, 20, 1, 32, 3, 1, None, False),        # 1-pixel rows: tiles span rows
     (1, 16, 17, 19, 32, 3, 1, "silu", False),     # odd sizes: a tail tile, a masked vector

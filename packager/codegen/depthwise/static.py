@@ -42,11 +42,14 @@ from llvmlite import ir
 
 from ...ir import te
 from ...ir.graph import PrimFunc
+from ..bf16dot import BF16
 from ..contraction.kernel import ContractionEmitter
 from ..contraction.match import Contraction, match_contraction
 from ..helpers import F32, I1, I32, I64, alloca_once, const_i64, for_range, intrinsic
 from ..lower import KernelInfo
 from ..threads import DEFAULTS, SplitThresholds
+
+I16 = ir.IntType(16)
 
 # Output rows computed together where no window row is padding, by vector width: 4 with
 # AVX-512's 32 registers, 2 with 16 (AVX2: 9 weights + 4 accumulators would spill). Measured on
@@ -121,6 +124,14 @@ class DepthwiseEmitter(ContractionEmitter):
 
     def emit(self) -> KernelInfo:
         self._geometry()
+        # the output as bf16 pair words for the bf16 convolution that alone reads it
+        # (passes/bf16_pairs.py, bf16_pair_depthwise: unpadded, [N, O / 2, OH, OW])
+        self.pairs_out = self.func.attrs.get("bf16_pairs_out")
+        if self.pairs_out is not None and (
+                any(self.pairs_out) or self.padded or not self.vector_epilogue
+                or self.target_vl != 16 or self.o % 2):
+            raise ValueError("depthwise pair-word output needs unpadded words, a vector "
+                             "epilogue and 16-lane vdpbf16ps targets")
         params = self.func.inputs + self.func.outputs
         workspace = MAX_TASK_REGIONS * self.region_floats * 4 if self.padded else 0
         body_fn, ptr_types = self._begin_body(params, workspace=bool(workspace))
@@ -129,8 +140,11 @@ class DepthwiseEmitter(ContractionEmitter):
         self._emit_planes(ws, body_fn.args[n_ptrs], body_fn.args[n_ptrs + 1])
         self.builder.ret_void()
         self._emit_entry(body_fn, n_ptrs, ptr_types)
+        choice = None if self.pairs_out is None else \
+            "depthwise convolution, bf16 pair-word output"
         return KernelInfo(self.symbol, len(self.func.inputs), len(self.func.outputs), workspace,
-                          self._macs() * DEPTHWISE_MAC_COST >= self.options.parallel_min_macs)
+                          self._macs() * DEPTHWISE_MAC_COST >= self.options.parallel_min_macs,
+                          choice=choice)
 
     # ---- static plan ----------------------------------------------------------------------------
 
@@ -685,6 +699,9 @@ def emit_epilogue(em: ContractionEmitter, acc: ir.Value, oy: ir.Value, ox0: ir.V
         # vector (dw 3x3 112x112 + SiLU: 1740 -> 1550 us, 1 thread)
         value = em.epilogue_vector(acc, env, mask, memo,
                                    opaque_constants=em.target_vl >= PADDED_BELOW_VL)
+        if getattr(em, "pairs_out", None) is not None:
+            store_pair_half(em, value, env, mask)
+            return
         ptr = b.gep(em.buffers[out.uid],
                     [em._offset(out, [env[id(a)] for a in out.axes])], inbounds=True)
         vptr = b.bitcast(ptr, em.vty.as_pointer())
@@ -707,6 +724,50 @@ def emit_epilogue(em: ContractionEmitter, acc: ir.Value, oy: ir.Value, ox0: ir.V
     with for_range(b, const_i64(0), count, "lane") as j:
         env[id(out.axes[3])] = b.add(ox0, j)
         em._store_epilogue(env, tile_f, j)
+
+
+def store_pair_half(em: ContractionEmitter, value: ir.Value, env: dict,
+                    mask: ir.Value | None) -> None:
+    """The epilogue's vl values (output channel c, row oy, columns ox0 ..: ``env``) rounded to
+    bfloat16 and stored into c's half of the pair words ``[N, O / 2, OH, OW]`` that the reading
+    bf16 convolution multiplies (``bf16_pairs_out``): channel 2j in the low half of pair j's
+    word of each pixel, 2j + 1 in the high half. ``vcvtneps2bf16`` rounds them (to nearest
+    even) as that convolution's own copy of a float32 input did (``vcvtne2ps2bf16``), so its
+    outputs are bit for bit the same; the bf16 values are zero-extended to 32-bit lanes
+    (``vpmovzxwd``) and stored as 16-bit lanes with a mask of the even ones (and ``mask``'s:
+    the ones inside the row) from c's half of the first word, so the other channel's halves
+    are not written."""
+    b, vl = em.builder, em.vl
+    out = em.match.out
+    n, c, oy, ox = (env[id(a)] for a in out.axes)
+    _, o, oh, ow = out.shape
+    half = b.and_(c, const_i64(1))
+    plane = b.mul(b.add(b.mul(n, const_i64(o)), b.sub(c, half)), const_i64(oh * ow))
+    pix = b.add(b.mul(oy, const_i64(ow)), ox)
+    idx = b.add(b.add(plane, b.mul(pix, const_i64(2))), half)
+    ptr = b.gep(b.bitcast(em.buffers[out.uid], I16.as_pointer()), [idx], inbounds=True)
+    v16 = ir.VectorType(F32, 16)
+    if vl != 16:
+        value = b.shuffle_vector(value, ir.Constant(em.vty, None), ir.Constant(
+            ir.VectorType(I32, 16), list(range(vl)) + [0] * (16 - vl)))
+    cvt = intrinsic(em.module, "llvm.x86.avx512bf16.cvtneps2bf16.512",
+                    ir.VectorType(BF16, 16), [v16])
+    bits = b.bitcast(b.call(cvt, [value]), ir.VectorType(I16, 16))
+    if vl != 16:
+        bits = b.shuffle_vector(bits, ir.Constant(bits.type, None), ir.Constant(
+            ir.VectorType(I32, vl), list(range(vl))))
+    # each value in the low half of a 32-bit lane (vpmovzxwd), stored as 16-bit lanes
+    wty = ir.VectorType(I16, 2 * vl)
+    spread = b.bitcast(b.zext(bits, ir.VectorType(I32, vl)), wty)
+    mty = ir.VectorType(I1, 2 * vl)
+    if mask is None:
+        lanes = ir.Constant(mty, [k % 2 == 0 for k in range(2 * vl)])
+    else:
+        lanes = b.shuffle_vector(mask, ir.Constant(mask.type, [False] * vl), ir.Constant(
+            ir.VectorType(I32, 2 * vl), [k // 2 if k % 2 == 0 else vl for k in range(2 * vl)]))
+    store = intrinsic(em.module, f"llvm.masked.store.v{2 * vl}i16.p0", ir.VoidType(),
+                      [wty, wty.as_pointer(), I32, mty])
+    b.call(store, [spread, b.bitcast(ptr, wty.as_pointer()), ir.Constant(I32, 2), lanes])
 
 
 def _pieces(count: int) -> list[int]:
