@@ -74,6 +74,13 @@ class CompileOptions:
     # stems) pair a window row's adjacent taps instead of two input channels, on nn.conv2d_oc
     # at any plane size (passes/layout.py _bf16_tap_pairs); False: channel pairs as before
     bf16_tap_pairs: bool = True
+    # under "bf16" where ``bf16_oc_targets``: 3x3 stride-1 convolutions that fp32 runs as
+    # Winograd F(2x2, 3x3) (passes/layout.py ``uses_winograd``) take it in bf16 too: the
+    # transformed weights and inputs as bf16 pairs in vdpbf16ps, float32 transforms and
+    # accumulation (codegen/conv_oc.py; passes/layout.py _bf16_winograd). None: the 2-D
+    # convolutions passes/conv_nd.py makes of 3-D ones only (the corpus's conv3d); True: every
+    # such convolution; False: none (direct bf16 pair kernels as before)
+    bf16_winograd: bool | None = None
     # under "bf16" where ``bf16_oc_targets``: a tensor between a channel-lane bf16 convolution
     # and one bf16 convolution that alone reads it is written as the bf16 pair words the
     # reader multiplies (its copy into pair planes skipped; passes/bf16_pairs.py); False: every

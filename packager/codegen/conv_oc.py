@@ -54,6 +54,10 @@ two channels: plane c holds per padded column the word (x[col], x[col + 1]), and
 step reads the word at its column + 2t (a 7x7 window: 4 pairs per row, the last against a zero
 weight; 3 x 28 steps for C = 3 where channel pairs take 2 x 49). Per channel, window
 row and tap pair in order, the odd tap's product first (test_bf16_dot_v4.py's tap model).
+With ``winograd`` and ``pairs`` (``CompileOptions.bf16_winograd``; weights ``ops.layout.
+pack_wino_pairs``) the Winograd path below copies its band as float32, transforms each
+channel's blocks in float32 and stores V as pair words of two channels (``_wino_input_pairs``),
+and its products are vdpbf16ps over channel pairs (test_bf16_winograd.py models it exactly).
 
 Run-time image sizes (a model exported with open height and width): the same kernels, with the
 plan's size-dependent part (bands, row groups, Winograd tile counts, the padded row width)
@@ -274,8 +278,9 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
             return (f"channel-lane Winograd F(2x2, 3x3): {mr} tiles x {nv * self.vl} channels "
                     "register tile, bands planned at run time")
         if self.wino:
-            return (f"channel-lane Winograd F(2x2, 3x3): {mr} tiles x {nv * self.vl} channels "
-                    f"register tile, {self.nbands} band(s)")
+            pairs = ", bf16 pairs (vdpbf16ps)" if self.pairs else ""
+            return (f"channel-lane Winograd F(2x2, 3x3){pairs}: {mr} tiles x {nv * self.vl} "
+                    f"channels register tile, {self.nbands} band(s)")
         prefetch = ", next weights prefetched" if self._prefetch_lines(mr) else ""
         sizes = ", bands and row groups planned at run time" if self.open_image else ""
         if self.subsample:
@@ -312,6 +317,9 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
         # bf16 pairs (``pairs``): the planes hold pair words, made by the copy even unpadded
         self.pairs = bool(attrs.get("pairs"))
         self.cp = -(-self.c // 2)
+        # Winograd's reduction units per transform position: input channels, or (bf16 pairs)
+        # channel pairs, the transformed inputs held as pair words
+        self.wunits = self.cp if self.pairs else self.c
         # tap pairs (``tap_pairs``, with ``pairs``): a window row's taps kx, kx + 1 paired, the
         # planes one per channel holding the words (x[col], x[col + 1]); ``kws`` reduction steps
         # per window row, ``kx_step`` columns apart
@@ -625,14 +633,14 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
         self.ntp = -(-self.nt // vl) * vl
         self.copy = True
         self.wpc = max(2 * self.ntp + 2, self.w + self.pl + pr)
-        per_row = 16 * self.c * self.ntp * 4
+        per_row = 16 * self.wunits * self.ntp * 4
         # each band's blocks of output channels in WINO_GROUPS items (the tasks' share of a
         # band no longer whole bands only); a task running both copies and transforms it once
         self.wgroups = WINO_GROUPS if -(-self.o // OC_BLOCK) >= WINO_GROUPS else 1
         images = self.n if isinstance(self.n, int) else 1
         by_v = max(1, WINO_V_BYTES // per_row)
         by_items = -(-self.ntr // min(self.ntr, -(-WINO_MIN_ITEMS // (images * self.wgroups))))
-        u_bytes = 16 * self.c * self.nblocks * OC_BLOCK * 4
+        u_bytes = 16 * self.wunits * self.nblocks * OC_BLOCK * 4
         by_u = -(-self.ntr // max(1, WINO_U_TRAFFIC // u_bytes))
         band_tr = min(self.ntr, max(by_u, min(by_v, by_items)))
         if vl >= 16 and u_bytes > geometry.L2_REUSE_BYTES and \
@@ -654,7 +662,7 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
         self.plane_floats = self.band_in * self.wpc
         self.plane_region = -(-(self.c * self.plane_floats + 16) // 16) * 16
         # V's 16 planes (one per xi) a multiple of WINO_ALIAS_BYTES apart: padded (see there)
-        self.v_xi = self.c * band_tr * self.ntp
+        self.v_xi = self.wunits * band_tr * self.ntp
         if (4 * self.v_xi) % WINO_ALIAS_BYTES == 0:
             self.v_xi += WINO_PLANE_PAD
         self.v_floats = 16 * self.v_xi
@@ -682,7 +690,8 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
         plans = [base]
         for bt in range(1, self.ntr + 1):
             nb = -(-self.ntr // bt)
-            if 16 * self.c * bt * self.ntp * 4 > max(cap, 16 * self.c * band_tr * self.ntp * 4):
+            if 16 * self.wunits * bt * self.ntp * 4 > max(
+                    cap, 16 * self.wunits * band_tr * self.ntp * 4):
                 continue
             if u_bytes > geometry.L2_REUSE_BYTES and nb > base_bands:
                 continue
@@ -714,7 +723,7 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
                 tiles = r * self.nt
                 eff = tiles // mr * mr + tiles % mr * WINO_SINGLE_TILE_COST
                 for g in range(groups):
-                    items.append(((i, bi), eff * chans[g] * self.c,
+                    items.append(((i, bi), eff * chans[g] * self.wunits,
                                   r * self.ntp * self.c * WINO_TRANSFORM_COST))
 
         def cost(run) -> float:
@@ -799,7 +808,7 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
         the region: padded row r at r * wpc (input row oy_lo * sh - pt + r, column ix at
         pl + ix), zeros outside the image."""
         b = self.builder
-        if self.pairs:
+        if self.pairs and not self.wino:   # (Winograd pairs its transformed inputs)
             self._copy_band_pairs(x_img, oy_lo, region)
             return
         if self.subsample:
@@ -1546,10 +1555,12 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
     def _wino_input(self, planes: ir.Value, ntr: ir.Value) -> None:
         """V[(xi * C + c) * band_tr * ntp + tr * ntp + tx] = (B^T d B)[xi // 4][xi % 4] for the
         4x4 block d of channel c's padded plane at rows 2 tr.., columns 2 tx..; vl tiles at a
-        time (the block's even and odd columns deinterleaved from two vector loads)."""
+        time (the block's even and odd columns deinterleaved from two vector loads). bf16
+        pairs: ``_wino_input_pairs``."""
+        if self.pairs:
+            self._wino_input_pairs(planes, ntr)
+            return
         b, vl = self.builder, self.vl
-        evens = ir.Constant(ir.VectorType(I32, vl), [2 * i for i in range(vl)])
-        odds = ir.Constant(ir.VectorType(I32, vl), [2 * i + 1 for i in range(vl)])
         v = self._extent
         row_stride = self._product(self.band_tr, self.ntp)
         with for_range(b, const_i64(0), ntr, "wtr") as tr:
@@ -1562,21 +1573,7 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
                 nq = b.udiv(self.ntp, const_i64(vl)) if self.open_image else \
                     const_i64(self.ntp // vl)
                 with for_range(b, const_i64(0), nq, "wq") as q:
-                    col = b.mul(q, const_i64(2 * vl))
-                    d = []
-                    for i in range(4):
-                        row = b.gep(plane, [b.add(col, v(self._product(i, self.wpc)))],
-                                    inbounds=True)
-                        vs = [b.load(self._vec_ptr(row, const_i64(k)), align=4)
-                              for k in (0, vl, 2, 2 + vl)]
-                        d.append([b.shuffle_vector(vs[0], vs[1], evens),
-                                  b.shuffle_vector(vs[0], vs[1], odds),
-                                  b.shuffle_vector(vs[2], vs[3], evens),
-                                  b.shuffle_vector(vs[2], vs[3], odds)])
-                    t = [[b.fsub(d[0][j], d[2][j]) for j in range(4)],
-                         [b.fadd(d[1][j], d[2][j]) for j in range(4)],
-                         [b.fsub(d[2][j], d[1][j]) for j in range(4)],
-                         [b.fsub(d[1][j], d[3][j]) for j in range(4)]]
+                    t = self._wino_bt(plane, b.mul(q, const_i64(2 * vl)))
                     if self.open_image:
                         dst = b.gep(vrow, [b.mul(q, const_i64(vl))], inbounds=True)
                         # xi's rows lie a run-time stride apart: one pointer stepped by it,
@@ -1584,10 +1581,7 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
                         # multiples out of the loop (they were spilled and reloaded)
                         xi_stride = _opaque_i64(b, v(self._product(self.c, row_stride)))
                     for a in range(4):
-                        r = t[a]
-                        vals = (b.fsub(r[0], r[2]), b.fadd(r[1], r[2]), b.fsub(r[2], r[1]),
-                                b.fsub(r[1], r[3]))
-                        for bb, val in enumerate(vals):
+                        for bb, val in enumerate(self._wino_bt_row(t[a])):
                             if self.open_image:
                                 if a or bb:
                                     dst = b.gep(dst, [xi_stride], inbounds=True)
@@ -1598,11 +1592,73 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
                                            inbounds=True)
                             b.store(val, b.bitcast(at, self.vty.as_pointer()), align=4)
 
+    def _wino_bt(self, plane: ir.Value, col: ir.Value) -> list:
+        """B^T d of vl 4x4 input blocks d (plane rows 0..3, columns ``col`` + 2 i ..): its 4
+        rows of 4 vectors (the blocks' even and odd columns deinterleaved from two loads)."""
+        b, vl = self.builder, self.vl
+        evens = ir.Constant(ir.VectorType(I32, vl), [2 * i for i in range(vl)])
+        odds = ir.Constant(ir.VectorType(I32, vl), [2 * i + 1 for i in range(vl)])
+        d = []
+        for i in range(4):
+            row = b.gep(plane, [b.add(col, self._extent(self._product(i, self.wpc)))],
+                        inbounds=True)
+            vs = [b.load(self._vec_ptr(row, const_i64(k)), align=4)
+                  for k in (0, vl, 2, 2 + vl)]
+            d.append([b.shuffle_vector(vs[0], vs[1], evens),
+                      b.shuffle_vector(vs[0], vs[1], odds),
+                      b.shuffle_vector(vs[2], vs[3], evens),
+                      b.shuffle_vector(vs[2], vs[3], odds)])
+        return [[b.fsub(d[0][j], d[2][j]) for j in range(4)],
+                [b.fadd(d[1][j], d[2][j]) for j in range(4)],
+                [b.fsub(d[2][j], d[1][j]) for j in range(4)],
+                [b.fsub(d[1][j], d[3][j]) for j in range(4)]]
+
+    def _wino_bt_row(self, r: list) -> tuple:
+        """One row of (B^T d) B from the row ``r`` of B^T d."""
+        b = self.builder
+        return (b.fsub(r[0], r[2]), b.fadd(r[1], r[2]), b.fsub(r[2], r[1]), b.fsub(r[1], r[3]))
+
+    def _wino_input_pairs(self, planes: ir.Value, ntr: ir.Value) -> None:
+        """``_wino_input`` for bf16 pairs (static sizes): V[(xi * cp + j) * band_tr * ntp + tr
+        * ntp + tx] the 32-bit word (bf16(V[xi] of channel 2j), bf16(V[xi] of channel 2j + 1))
+        (bf16conv.pair_words: the even channel in the low half, zero past C), the transform in
+        float32 on the band's float32 planes and rounded once."""
+        b, vl = self.builder, self.vl
+        assert not self.open_image, "Winograd bf16 pairs take static sizes"
+        row_stride = self.band_tr * self.ntp
+        zero = ir.Constant(self.vty, [0.0] * vl)
+        ivec = ir.VectorType(I32, vl)
+        with for_range(b, const_i64(0), ntr, "wtr") as tr:
+            with for_range(b, const_i64(0), const_i64(self.cp), "wcp") as j:
+                c0 = b.mul(j, const_i64(2))
+                # the odd channel past C (an odd C): its plane read, its values zero
+                second = b.icmp_signed("<", b.add(c0, const_i64(1)), const_i64(self.c))
+                c1 = b.select(second, b.add(c0, const_i64(1)), c0)
+                rows = b.mul(tr, const_i64(2 * self.wpc))
+                plane = [b.gep(planes, [b.add(b.mul(ch, const_i64(self.plane_floats)), rows)],
+                               inbounds=True) for ch in (c0, c1)]
+                vrow = b.gep(b.bitcast(self.vbuf, I32.as_pointer()),
+                             [b.add(b.mul(j, const_i64(row_stride)),
+                                    b.mul(tr, const_i64(self.ntp)))], inbounds=True)
+                with for_range(b, const_i64(0), const_i64(self.ntp // vl), "wq") as q:
+                    col = b.mul(q, const_i64(2 * vl))
+                    even = [val for r in self._wino_bt(plane[0], col)
+                            for val in self._wino_bt_row(r)]
+                    odd = [b.select(second, val, zero) for r in self._wino_bt(plane[1], col)
+                           for val in self._wino_bt_row(r)]
+                    for xi in range(16):
+                        at = b.gep(vrow, [b.add(const_i64(xi * self.v_xi),
+                                                b.mul(q, const_i64(vl)))], inbounds=True)
+                        b.store(pair_words(b, self.module, even[xi], odd[xi]),
+                                b.bitcast(at, ivec.as_pointer()), align=4)
+
     def _wino_block(self, nb, blk, oy_lo, ntr: ir.Value, nvb: int) -> None:
         """Block ``blk`` of output channels (``nvb`` vectors) over the band's ``ntr`` tile rows."""
         b = self.builder
         w_ptr = self.buffers[self.match.tag.operands[1].uid]
-        wblk = b.gep(w_ptr, [b.mul(blk, const_i64(16 * self.c * OC_BLOCK))], inbounds=True)
+        if self.pairs:   # 32-bit pair words
+            w_ptr = b.bitcast(w_ptr, I32.as_pointer())
+        wblk = b.gep(w_ptr, [b.mul(blk, const_i64(16 * self.wunits * OC_BLOCK))], inbounds=True)
         ntiles = b.mul(ntr, self._extent(self.nt))
         passes = [(v0, min(MAX_TILE_VECTORS, nvb - v0))
                   for v0 in range(0, nvb, MAX_TILE_VECTORS)]
@@ -1643,7 +1699,7 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
         b, vl = self.builder, self.vl
         row_stride = self._product(self.band_tr, self.ntp)
         vx = b.gep(self.vbuf, [b.mul(xi, self._extent(self.v_xi))], inbounds=True)
-        ux = b.gep(wblk, [b.mul(xi, const_i64(self.c * OC_BLOCK))], inbounds=True)
+        ux = b.gep(wblk, [b.mul(xi, const_i64(self.wunits * OC_BLOCK))], inbounds=True)
         tiles = [b.add(u0, const_i64(j)) if j else u0 for j in range(mr)]
         bases = []
         if self.open_image:   # one division per tile, then tile after tile
@@ -1675,6 +1731,16 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
                 else:
                     off = b.mul(c, self._extent(row_stride))
                 xs = [self._splat(b.load(b.gep(base, [off], inbounds=True))) for base in bases]
+                if self.pairs:   # the tiles' pair words (as float32 bits) in vdpbf16ps
+                    for v in range(nv):
+                        wv = b.load(b.bitcast(b.gep(ux, [b.add(b.mul(c, const_i64(OC_BLOCK)),
+                                                               const_i64((v0 + v) * vl))],
+                                                    inbounds=True),
+                                              ir.VectorType(I32, vl).as_pointer()), align=4)
+                        for j in range(mr):
+                            vals[j * nv + v] = dot_words(b, self.module, vals[j * nv + v], wv,
+                                                         xs[j], False)
+                    continue
                 for v in range(nv):
                     wv = load_weights(b, ux, b.add(b.mul(c, const_i64(OC_BLOCK)),
                                                    const_i64((v0 + v) * vl)), vl, self.bf16)
@@ -1684,12 +1750,12 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
                 b.store(val, a)
 
         unroll = WINO_UNROLL
-        whole = self.c // unroll
+        whole = self.wunits // unroll
         if whole:
             with for_range(b, const_i64(0), const_i64(whole), "wk") as kk:
                 steps(b.mul(kk, const_i64(unroll)), unroll)
-        if self.c % unroll:
-            steps(const_i64(whole * unroll), self.c % unroll)
+        if self.wunits % unroll:
+            steps(const_i64(whole * unroll), self.wunits % unroll)
         for j, u in enumerate(tiles):
             for v in range(nv):
                 off = b.add(b.mul(b.add(b.mul(xi, self._extent(self.m_tiles)), u),

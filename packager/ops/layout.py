@@ -168,16 +168,48 @@ def unpack_wino_weights(wp: np.ndarray, out_channels: int) -> np.ndarray:
     return np.einsum("ia,abco,jb->ocij", WINO_P, u, WINO_P).astype(np.float32)
 
 
+def wino_transform(w: np.ndarray) -> np.ndarray:
+    """``w`` [O, C, 3, 3] -> U [4, 4, C, O] float32, ``U[a, b, c, o] = (G w[o, c] G^T)[a,
+    b]`` (in float64, rounded once)."""
+    return np.einsum("ai,ocij,bj->abco", WINO_G, w.astype(np.float64), WINO_G).astype(
+        np.float32)
+
+
+def pack_wino_pairs(u: np.ndarray) -> np.ndarray:
+    """``u`` [4, 4, C, O] (``wino_transform``'s, as bfloat16) -> ``wp`` [ceil(O / OC_BLOCK),
+    16 * ceil(C / 2), OC_BLOCK, 2] with ``wp[o // OC_BLOCK, (a * 4 + b) * ceil(C / 2) + c //
+    2, o % OC_BLOCK, c % 2] = u[a, b, c, o]``, zero past C and O: ``nn.conv2d_oc`` with
+    ``winograd`` and ``pairs`` (``--precision bf16``): per transform position, a reduction
+    step's OC_BLOCK words (u[.., 2j, o], u[.., 2j + 1, o]), vdpbf16ps's operand against a
+    broadcast pair word of the transformed inputs (codegen/conv_oc.py)."""
+    _, _, c, o = u.shape
+    blocks, cp = -(-o // OC_BLOCK), -(-c // 2)
+    padded = np.zeros((16, cp * 2, blocks * OC_BLOCK), dtype=u.dtype)
+    padded[:, :c, :o] = u.reshape(16, c, o)
+    # [16, cp, 2, blocks, 32] -> [blocks, 16, cp, 32, 2]
+    return np.ascontiguousarray(padded.reshape(16, cp, 2, blocks, OC_BLOCK).transpose(
+        3, 0, 1, 4, 2).reshape(blocks, 16 * cp, OC_BLOCK, 2))
+
+
+def unpack_wino_pairs(wp: np.ndarray, out_channels: int, c: int) -> np.ndarray:
+    blocks, cp = wp.shape[0], wp.shape[1] // 16
+    u = wp.reshape(blocks, 16, cp, OC_BLOCK, 2).transpose(1, 2, 4, 0, 3).reshape(
+        4, 4, cp * 2, blocks * OC_BLOCK)[:, :, :c, :out_channels]
+    return np.einsum("ia,abco,jb->ocij", WINO_P, u.astype(np.float64), WINO_P).astype(
+        np.float32)
+
+
 def _infer_conv2d_oc(x: TensorType, wp: TensorType, out_channels: int, kernel=(1, 1),
                      strides=(1, 1), padding=(0, 0, 0, 0), dilation=(1, 1),
                      groups: int = 1, winograd: bool = False, pairs: bool = False,
                      tap_pairs: bool = False, *, relations: list) -> TensorType:
     n, c, h, wd = x.shape
     kh, kw = kernel
-    rows = 16 * c if winograd else (-(-c // 2) if pairs else c) * kh * kw
+    rows = 16 * (-(-c // 2) if pairs else c) if winograd else \
+        (-(-c // 2) if pairs else c) * kh * kw
     if tap_pairs:
         rows = c * kh * -(-kw // 2)
-    if winograd and (tuple(kernel) != (3, 3) or tuple(strides) != (1, 1) or pairs):
+    if winograd and (tuple(kernel) != (3, 3) or tuple(strides) != (1, 1) or tap_pairs):
         raise ValueError(f"conv2d_oc: Winograd weights for a {kernel} window, strides {strides}")
     want = (-(-out_channels // OC_BLOCK), rows, OC_BLOCK) + ((2,) if pairs else ())
     if groups != 1 or tuple(wp.shape) != want:
@@ -207,7 +239,9 @@ def _legalize_conv2d_oc(x: te.Tensor, wp: te.Tensor, out_type: TensorType, name:
             value = None
             for a, sa in terms[i]:
                 for b_, sb in terms[j]:
-                    u = _widened(wp[oc // OC_BLOCK, (a * 4 + b_) * c + rc, oc % OC_BLOCK])
+                    u = _widened(wp[oc // OC_BLOCK, (a * 4 + b_) * -(-c // 2) + rc // 2,
+                                    oc % OC_BLOCK, rc % 2]) if pairs else \
+                        _widened(wp[oc // OC_BLOCK, (a * 4 + b_) * c + rc, oc % OC_BLOCK])
                     u = u if sa * sb > 0 else u * -1.0
                     value = u if value is None else value + u
             return value
@@ -223,12 +257,13 @@ def _legalize_conv2d_oc(x: te.Tensor, wp: te.Tensor, out_type: TensorType, name:
         if tap_pairs:
             weight = _widened(wp[oc // OC_BLOCK, (rc * kh + ry) * -(-kw // 2) + rx // 2,
                                  oc % OC_BLOCK, rx % 2])
+        elif winograd:
+            weight = wino_weight(oc)
         elif pairs:
             weight = _widened(wp[oc // OC_BLOCK, ((rc // 2) * kh + ry) * kw + rx,
                                  oc % OC_BLOCK, rc % 2])
         else:
-            weight = wino_weight(oc) if winograd else \
-                _widened(wp[oc // OC_BLOCK, (rc * kh + ry) * kw + rx, oc % OC_BLOCK])
+            weight = _widened(wp[oc // OC_BLOCK, (rc * kh + ry) * kw + rx, oc % OC_BLOCK])
         return te.sum_of(value * weight, (rc, ry, rx))
 
     return te.compute(out_type.shape, body, name=name)
@@ -243,6 +278,9 @@ def conv2d_oc(x: np.ndarray, wp: np.ndarray, out_channels: int, kernel=(1, 1), s
     if tap_pairs:
         return conv2d(x, unpack_oc_tap_pairs(wp, out_channels, x.shape[1], kernel), strides,
                       padding, dilation, groups)
+    if winograd and pairs:
+        return conv2d(x, unpack_wino_pairs(wp, out_channels, x.shape[1]), strides, padding,
+                      dilation, groups)
     if pairs:
         return conv2d(x, unpack_oc_pairs(wp, out_channels, x.shape[1], kernel), strides,
                       padding, dilation, groups)

@@ -12,7 +12,11 @@ ONNX frontend emits for 3-D windows, and for 1-D/2-D ones the 2-D rows do not co
   viewed as ``[O, Cg * kd, kh, kw]`` then computes every depth slice at once (the reduction
   runs over channels and depth taps, as the 3-D one does); output rows ``od * Hs / sh + oh``
   with ``oh < OH`` are the result, the few rows between slices are dropped by a strided slice
-  (where the epilogue, bias and activation, then fuses). The unfold copies the input ``kd``
+  (where the epilogue, bias and activation, then fuses), or, where a max/avg pool whose
+  windows never reach those rows alone reads the result (after the bias and unary
+  activations, which then run in the convolution's epilogue), not at all: the pool reads the
+  stacked slices (``_pool_reads_slices``; conv3d's MaxPool3d after its first two layers). The
+  unfold copies the input ``kd``
   times, as the 2-D kernel's own planes copy does for its taps. Without depth taps, row
   padding or a row stride (a 1x1x1 or 1x1xk convolution), the input is only viewed as 2-D.
   A short clip (at most 4/3 as many input slices as depth taps, constant weights, one group)
@@ -39,8 +43,8 @@ from collections import Counter
 
 import numpy as np
 
-from ..ir.graph import (Binding, Call, Constant, DataflowBlock, Function, IRModule, Value, Var,
-                        used_values)
+from ..ir.graph import (Binding, Call, Constant, DataflowBlock, Function, IRModule, TensorType,
+                        Value, Var, used_values)
 from ..ops.registry import ELEMWISE, get_op
 from .common import infer_static, map_functions
 from .stored_int import derive
@@ -207,7 +211,41 @@ def _epilogue(bindings: list[Binding], i: int, uses: Counter) -> list[Binding]:
     return tail
 
 
-def _conv_3d(em: _Emitter, x: Value, w: Value, attrs: dict, tail: list[Binding]) -> int:
+def _pooled(bindings: list[Binding], i: int, tail: list[Binding], uses: Counter
+            ) -> Binding | None:
+    """The binding after ``bindings[i]`` (a 3-D convolution) and its epilogue ``tail`` that
+    alone reads the result: a float32 max or avg ``nn.pool`` of 3 spatial axes, else None."""
+    last = (tail[-1] if tail else bindings[i]).var
+    if uses[id(last)] != 1:
+        return None
+    for b in bindings[i + 1 + len(tail):]:
+        v = b.value
+        if isinstance(v, Call) and any(a is last for a in v.args):
+            ok = (v.op == "nn.pool" and len(v.args) == 1 and len(v.type.shape) == 5
+                  and v.attrs.get("mode") in ("max", "avg") and _static(v))
+            return b if ok else None
+    return None
+
+
+def _pool_reads_slices(pooled: Binding, stacked: tuple[int, ...], oh: int) -> bool:
+    """Whether the pool ``pooled`` computes the same from ``stacked`` ([N, O, OD, Hs, OW], each
+    slice's ``oh`` rows followed by rows between slices) as from the slices' rows alone: its
+    windows never reach a row past ``oh`` (not even as padding) and its output is the same."""
+    a = pooled.value.attrs
+    kh, sh = a["kernel"][1], (a.get("strides") or (1, 1, 1))[1]
+    dh, pt = (a.get("dilation") or (1, 1, 1))[1], (a.get("padding") or (0,) * 6)[1]
+    rows = pooled.var.type.shape[3]
+    if (rows - 1) * sh - pt + (kh - 1) * dh >= oh:
+        return False
+    try:
+        got = infer_static("nn.pool", TensorType(tuple(stacked), "float32"), **a)
+    except ValueError:
+        return False
+    return got == pooled.var.type
+
+
+def _conv_3d(em: _Emitter, x: Value, w: Value, attrs: dict, tail: list[Binding],
+             pooled: Binding | None = None) -> int:
     """See the module docstring; ``padding`` is (d, h, w begins, d, h, w ends). Taps of a
     dilated axis go to the channels too (the 2-D kernels take no dilation); so do the row taps
     when the columns are dilated, keeping the weight's folded axes a prefix (a view)."""
@@ -262,6 +300,20 @@ def _conv_3d(em: _Emitter, x: Value, w: Value, attrs: dict, tail: list[Binding])
     if slice_out == oh:
         em.reshape(y, out_shape, final=True)
         return 0
+    if pooled is not None and len(out_shape) == 5 \
+            and _pool_reads_slices(pooled, out_shape[:-2] + (slice_out, ow), oh):
+        # the epilogue on the stacked slices (bias per channel), then the pool reads them
+        for t in tail:
+            call = t.value
+            if len(call.args) == 2:   # the bias [1, O, 1, 1, 1]
+                y = em.emit("add", [y, em.reshape(call.args[1], (1, o, 1, 1))])
+            else:
+                y = em.emit(call.op, [y], **call.attrs)
+        y = em.reshape(y, out_shape[:-2] + (slice_out, ow))
+        pool = pooled.value
+        _rewrite_pool(dataclasses.replace(pooled, value=Call(pool.op, [y], pool.attrs,
+                                                                pool.type)), em.out)
+        return len(tail)
     # the slice binds the result (so that the epilogue fuses into it): in the result's rank
     y = em.reshape(y, out_shape[:-2] + (slice_out, ow))
     em.emit("strided_slice", [y], final=True, starts=(0,), ends=(oh,), axes=(len(out_shape) - 2,),
@@ -269,8 +321,10 @@ def _conv_3d(em: _Emitter, x: Value, w: Value, attrs: dict, tail: list[Binding])
     return 0
 
 
-def _rewrite_conv(binding: Binding, out: list[Binding], tail: list[Binding]) -> int:
-    """Rewrites ``binding``; how many of the bindings in ``tail`` (``_epilogue``) it took."""
+def _rewrite_conv(binding: Binding, out: list[Binding], tail: list[Binding],
+                  pooled: Binding | None = None) -> int:
+    """Rewrites ``binding``; how many of the bindings in ``tail`` (``_epilogue``) it took
+    (and, where it took them, also ``pooled``, ``_pooled``'s pool, rewritten here)."""
     call = binding.value
     x, w = call.args
     # a call built without an attribute takes the op's default (every stride/dilation 1, no pads)
@@ -286,7 +340,7 @@ def _rewrite_conv(binding: Binding, out: list[Binding], tail: list[Binding]) -> 
         return 0
     if len(x.type.shape) < 5:
         x, w, attrs = _as_3d(em, x, w, attrs)
-    return _conv_3d(em, x, w, attrs, tail)
+    return _conv_3d(em, x, w, attrs, tail, pooled)
 
 
 # ---- pooling ------------------------------------------------------------------------------------
@@ -469,13 +523,21 @@ def decompose_conv_nd(mod: IRModule) -> IRModule:
         for block in fn.blocks:
             bindings: list[Binding] = []
             skip = 0   # bindings a rewritten convolution took (its epilogue)
+            pooled: set[int] = set()   # pools a rewritten convolution took (``_pooled``)
             for i, b in enumerate(block.bindings):
                 if skip:
                     skip -= 1
+                elif id(b) in pooled:
+                    continue
                 elif not _rewritable(b.value):
                     bindings.append(b)
                 elif b.value.op in ("nn.conv", "nn.conv2d"):
-                    skip = _rewrite_conv(b, bindings, _epilogue(block.bindings, i, uses))
+                    tail = _epilogue(block.bindings, i, uses)
+                    pool = _pooled(block.bindings, i, tail, uses)
+                    before = len(bindings)
+                    skip = _rewrite_conv(b, bindings, tail, pool)
+                    if pool is not None and any(n.var is pool.var for n in bindings[before:]):
+                        pooled.add(id(pool))
                 elif b.value.op == "nn.avg_pool2d":
                     _rewrite_avg_pool2d(b, bindings)
                 else:

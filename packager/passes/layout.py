@@ -12,6 +12,8 @@ compiles for."""
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 
 from ..codegen.contraction.geometry import conv_geometry, oc_partial_lanes
@@ -409,6 +411,25 @@ def _bf16_tap_pairs(w_shape, options: CompileOptions) -> bool:
             and c * -(-kw // 2) < -(-c // 2) * kw)
 
 
+# A weight passes/conv_nd.py rearranged for the 2-D kernels (a 3-D convolution's depth taps
+# unfolded or folded into its channels) is named ``{source}_2d{n}`` (stored_int.derive).
+_FROM_ND = re.compile(r"_2d\d+$")
+
+
+def _bf16_winograd(w: Constant, strides, out_shape, options: CompileOptions) -> bool:
+    """Whether a convolution that takes bf16 pairs takes them in Winograd F(2x2, 3x3)
+    (``options.bf16_winograd``; nn.conv2d_oc with ``winograd`` and ``pairs``): vdpbf16ps on
+    every target, output channels in whole 16-lane vectors, a layer fp32 runs as Winograd
+    (``uses_winograd``); by default (None) only the convolutions of 3-D ones (``_FROM_ND``).
+    conv3d (8 frames of 64x64, 1 thread, Zen 5): see docs/performance.md."""
+    if options.bf16_winograd is False or not (
+            options.winograd and options.bf16_oc_targets and not options.bf16_emulate
+            and w.data.shape[0] % 16 == 0
+            and uses_winograd(w.data.shape, strides, out_shape)):
+        return False
+    return bool(options.bf16_winograd) or bool(_FROM_ND.search(w.name))
+
+
 def bf16_takes_conv(v, options: CompileOptions) -> bool:
     """Whether ``weights_to_bf16`` gives the call ``v`` bf16 pair weights: a plain
     convolution of static shapes (``_plain_conv``) under bf16 with a dot instruction in the
@@ -444,6 +465,16 @@ def weights_to_bf16(mod: IRModule, options: CompileOptions) -> IRModule:
                 return Call("nn.conv2d_oc",
                             [lookup(v.args[0]),
                              Constant(f"{w.name}_bf16", pack_oc_tap_pairs(to_bfloat16(w.data)))],
+                            attrs, v.type)
+            if _bf16_winograd(w, attrs["strides"], v.type.shape, options):
+                # 3x3 stride 1: the transformed weights rounded to bf16, in channel pairs
+                from ..ops.layout import pack_wino_pairs, wino_transform
+                attrs.update(out_channels=int(w.data.shape[0]), kernel=(3, 3), winograd=True,
+                             pairs=True)
+                return Call("nn.conv2d_oc",
+                            [lookup(v.args[0]),
+                             Constant(f"{w.name}_wino_bf16",
+                                      pack_wino_pairs(to_bfloat16(wino_transform(w.data))))],
                             attrs, v.type)
             if _bf16_oc(w.data.shape, v.type.shape, attrs["strides"], options):
                 # small planes: output channels on the lanes (ops/layout.py pack_oc_pairs)

@@ -251,6 +251,31 @@ def test_short_clip_folds_its_depth_into_one_conv2d() -> None:
         ["conv2d", "strided_slice", "window_unfold"]
 
 
+# a 3-D conv (unfolded: 8 slices) + bias + ReLU, then a pool: (pool attributes, whether the
+# pool reads the stacked slices, no slice: its windows never reach the rows between them)
+SLICE_POOLS = {
+    "max_122": (dict(kernel_shape=[1, 2, 2], strides=[1, 2, 2]), True),
+    "avg_222": (dict(kernel_shape=[2, 2, 2], strides=[2, 2, 2]), True),
+    "max_133_p1": (dict(kernel_shape=[1, 3, 3], pads=[0, 1, 1, 0, 1, 1]), False),
+}
+
+
+@pytest.mark.parametrize("case", sorted(SLICE_POOLS))
+def test_pool_reads_the_stacked_slices(case: str, tmp_path) -> None:
+    attrs, elided = SLICE_POOLS[case]
+    op = "AveragePool" if case.startswith("avg") else "MaxPool"
+    inits = {"w": rand(6, 3, 3, 3, 3), "b": rand(6)}
+    model = make_model([node("Conv", ["x", "w", "b"], ["c"], pads=[1] * 6),
+                        node("Relu", ["c"], ["r"]), node(op, ["r"], ["y"], **attrs)],
+                       {"x": [1, 3, 8, 6, 7]}, ["y"], inits)
+    from mlcpack.frontends.onnx import import_onnx
+
+    after = decompose_conv_nd(import_onnx(model)[0])
+    ops = [b.value.op for b in after.main.bindings() if isinstance(b.value, Call)]
+    assert ("strided_slice" not in ops) == elided, ops
+    check_against_ort(model, {"x": rand(1, 3, 8, 6, 7)}, tmp_path)
+
+
 def test_dilated_conv_is_an_unfold_and_a_fast_conv2d() -> None:
     mod = build_op_module("nn.conv2d", [rand(1, 4, 9, 9), rand(8, 4, 3, 3)], [False, True],
                           strides=(1, 1), padding=(2, 2, 2, 2), dilation=(2, 2), groups=1)
