@@ -281,7 +281,10 @@ class _RoundedRuns:
                                              [DataflowBlock(cone)], [o for _, o in outs],
                                              [n for n, _ in outs])
             got = evaluate_ir(sub, feeds, values=values) if cone else {}
-            values = {**known, **values}
+            # this run's values: of its own Vars only (a cast of a layer rounded in an earlier
+            # run, not in this one, would read as current in the next)
+            values = {id(v): values[id(v)] if id(v) in values else known[id(v)]
+                      for v in (*fn.params, *(b.var for b in fn.bindings()))}
             got = {n: got[n] if n in got else outputs[n] for n in fn.output_names}
         self.kept[1:] = [(names, values, got)]
         return got
