@@ -502,6 +502,7 @@ def _export(mods: dict[int | None, IRModule], path: str | os.PathLike,
                 else sensitive_weights(mods[largest], params, golden, opts.bf16_max_error,
                                        activations=bf16_dot)
             low_share = None   # a choice that leaves bf16 too little work: none after it
+            clock.stop()   # the exports below time their own stages (_whole_export adds them)
             for keep in choices:   # the layers whose bf16 weights cost the most stay fp32
                 share = bf16_share(bf16_macs, keep)
                 if share is not None and share < BF16_MIN_SHARE:
