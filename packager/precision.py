@@ -323,7 +323,15 @@ def _errors_of(report: Any, runs: _RoundedRuns, sets: list) -> list[float]:
 
 
 def _available_bytes() -> int:
-    """The memory the system can give without swapping (Linux), else 0 (no workers)."""
+    """The memory the system can give without swapping (Linux's MemAvailable: free pages and
+    the page cache it can drop), else the free pages, else 0 (no workers)."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
     try:
         return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     except (ValueError, OSError, AttributeError):
