@@ -298,11 +298,14 @@ class _RoundedRuns:
         than one CPU and the memory holds a run's values per worker (the kept run's values
         shared); a worker that dies leaves its sets to this process. The values are the
         same wherever they are computed."""
+        import multiprocessing
+
         from .codegen.parallel import _run, _usable_cpus
 
         need = sum(a.nbytes for a in self.kept[0][1].values() if isinstance(a, np.ndarray))
         workers = min(len(sets), _usable_cpus(), max(1, _available_bytes() // max(need, 1)))
-        if workers < 2 or not self.cut:
+        if workers < 2 or not self.cut or "fork" not in multiprocessing.get_all_start_methods() \
+                or multiprocessing.current_process().daemon:   # a daemon may not fork
             return [self.error(s) for s in sets]
         parts = [sets[i::workers] for i in range(workers)]
         outcomes = _run([(_errors_of, (self, part)) for part in parts], workers)
