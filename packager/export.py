@@ -490,6 +490,7 @@ def _export(mods: dict[int | None, IRModule], path: str | os.PathLike,
     precision_note = None
     if bf16:   # the accuracy guard: the bf16 bundle against the fp32 reference, or fp32
         from .precision import bf16_guard
+        clock("bf16 guard")   # its run of the bundle, and its choice of layers kept fp32
         ok, precision_note = bf16_guard(writer, header, golden, opts, constants.bf16_bytes,
                                         bf16_fp32)
         if not ok:
@@ -501,6 +502,7 @@ def _export(mods: dict[int | None, IRModule], path: str | os.PathLike,
                 else sensitive_weights(mods[largest], params, golden, opts.bf16_max_error,
                                        activations=bf16_dot)
             low_share = None   # a choice that leaves bf16 too little work: none after it
+            clock.stop()   # the exports below time their own stages (_whole_export adds them)
             for keep in choices:   # the layers whose bf16 weights cost the most stay fp32
                 share = bf16_share(bf16_macs, keep)
                 if share is not None and share < BF16_MIN_SHARE:
@@ -510,13 +512,13 @@ def _export(mods: dict[int | None, IRModule], path: str | os.PathLike,
                                                          compile=compile_options),
                                  params, on_stage, fallback=False)
                 if report is not None:
-                    return report
+                    return _whole_export(report, clock, t0)
             report = _export(mods, path, dataclasses.replace(opts, precision="fp32",
                                                      compile=compile_options), params,
                              on_stage)
             report.precision_note = precision_note if low_share is None else \
                 low_share_note(precision_note, *low_share, layers=bf16_layers(mods[largest]))
-            return report
+            return _whole_export(report, clock, t0)
         golden.rtol, golden.atol = (max(golden.rtol, opts.bf16_max_error),
                                     max(golden.atol, opts.bf16_max_error))
         if not opts.check:
@@ -551,6 +553,21 @@ def _export(mods: dict[int | None, IRModule], path: str | os.PathLike,
         compile_phases=[c for r in reports for c in r["phases"]],
         compile_warnings=list(dict.fromkeys(w for r in reports for w in r["warnings"])),
         precision=opts.precision, precision_note=precision_note)
+
+
+def _whole_export(report: ExportReport, clock: StageClock, t0: float) -> ExportReport:
+    """``report`` of the export the bf16 guard started again (its choice of layers, or fp32)
+    with this one's stages and time added: ``seconds`` and ``--timings`` count both (a stage
+    both ran, codegen say, sums them)."""
+    clock.stop()
+    for mine, theirs in ((clock.seconds, report.stages), (clock.cpu, report.stage_cpu)):
+        merged = dict(mine)
+        for name, spent in theirs.items():
+            merged[name] = merged.get(name, 0.0) + spent
+        theirs.clear()
+        theirs.update(merged)
+    report.seconds = time.perf_counter() - t0
+    return report
 
 
 class _GoldenRun:

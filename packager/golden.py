@@ -159,7 +159,8 @@ def evaluate_ir(mod: IRModule, feeds: Mapping[str, np.ndarray],
                 magnitudes: dict[str, float] | None = None,
                 steps: dict[str, float] | None = None,
                 float_activations: bool = False,
-                work: AdviceWork | None = None) -> dict[str, np.ndarray]:
+                work: AdviceWork | None = None,
+                values: dict[int, np.ndarray] | None = None) -> dict[str, np.ndarray]:
     """Run ``main`` with numpy: each high-level call through its op's reference. If
     ``magnitudes`` is a dict, fill it, per output, with the largest finite |value| among the
     output and the inputs of the call that computed it, looking through calls that only move
@@ -168,7 +169,9 @@ def evaluate_ir(mod: IRModule, feeds: Mapping[str, np.ndarray],
     quantizes, fill it with each output's quantization step. ``float_activations``: a
     ``dequantize`` of a ``quantize``'s result gives the quantize's float input back (the model
     without its activations' quantization; weights stay quantized). ``work``: counts what
-    onnx.reference would do for each call at these sizes (``AdviceWork.add``)."""
+    onnx.reference would do for each call at these sizes (``AdviceWork.add``). If ``values``
+    is a dict, fill it with every parameter's and binding's value, by the Var's id (the bf16
+    guard's runs that recompute only what a rounded layer reaches: precision.py)."""
     from ..runtime import library
     from .ir.concrete import SizeMismatch, bind_sizes, concrete, concrete_shape
     from .ops import get_op
@@ -278,6 +281,8 @@ def evaluate_ir(mod: IRModule, feeds: Mapping[str, np.ndarray],
         magnitudes.update({name: carried_by(o) for name, o in zip(fn.output_names, fn.outputs)})
     if quantized and steps is not None:
         steps.update({name: qstep.get(id(o), 0.0) for name, o in zip(fn.output_names, fn.outputs)})
+    if values is not None:
+        values.update(env)
     return {name: np.asarray(value(o)) for name, o in zip(fn.output_names, fn.outputs)}
 
 

@@ -161,15 +161,17 @@ SELECT_TARGET = 0.75
 SELECT_LINEAR = 4
 
 
-def _rounded(mod: Any, names: set, activations: bool) -> Any:
+def _rounded(mod: Any, names: set, activations: bool, made: dict | None = None) -> Any:
     """``mod`` with the weights ``names`` (of ``matmul`` / ``nn.conv2d`` calls) rounded to
     bf16 and, with ``activations``, those calls' inputs too (vdpbf16ps and bfdot multiply
-    bf16 activations: the kernels round them to nearest even before the dot products)."""
+    bf16 activations: the kernels round them to nearest even before the dot products).
+    ``made``: the rounded constants and the casts' Vars of earlier calls, reused (the same
+    objects for the same layer: ``_RoundedRuns`` keeps values by Var)."""
     from .ir.graph import Binding, Call, Constant, DataflowBlock, Function, TensorType, Var
     from .passes.layout import to_bfloat16
 
+    made = {} if made is None else made
     fn = mod.functions["main"]
-    subst: dict[int, Any] = {}
     blocks = []
     for block in fn.blocks:
         out = DataflowBlock()
@@ -178,25 +180,165 @@ def _rounded(mod: Any, names: set, activations: bool) -> Any:
             if not isinstance(v, Call):
                 out.bindings.append(b)
                 continue
-            args = [subst.get(id(a), a) for a in v.args]
+            args = list(v.args)
             w = args[1] if len(args) >= 2 else None
             if v.op in ("matmul", "nn.conv2d") and isinstance(w, Constant) and w.name in names:
                 x = args[0]
                 if activations and x.type.dtype == "float32":
-                    half = Var(f"{x.name}_bf16", TensorType(x.type.shape, "bfloat16"))
-                    back = Var(f"{x.name}_bf16_f32", x.type)
-                    out.bindings += [Binding(half, Call("cast", [x], {"dtype": "bfloat16"},
-                                                        half.type)),
-                                     Binding(back, Call("cast", [half], {"dtype": "float32"},
-                                                        back.type))]
-                    args[0] = back
-                args[1] = Constant(w.name, to_bfloat16(w.data).astype(np.float32))
+                    if ("x", id(b.var)) not in made:
+                        half = Var(f"{x.name}_bf16", TensorType(x.type.shape, "bfloat16"))
+                        back = Var(f"{x.name}_bf16_f32", x.type)
+                        made["x", id(b.var)] = [
+                            Binding(half, Call("cast", [x], {"dtype": "bfloat16"}, half.type)),
+                            Binding(back, Call("cast", [half], {"dtype": "float32"},
+                                               back.type))]
+                    casts = made["x", id(b.var)]
+                    out.bindings += casts
+                    args[0] = casts[-1].var
+                if ("w", id(w)) not in made:
+                    made["w", id(w)] = Constant(w.name, to_bfloat16(w.data).astype(np.float32))
+                args[1] = made["w", id(w)]
             out.bindings.append(Binding(b.var, Call(v.op, args, v.attrs, v.type), b.source))
         blocks.append(out)
     rounded = mod.copy()
     rounded.functions["main"] = Function(fn.name, list(fn.params), blocks, list(fn.outputs),
                                          list(fn.output_names))
     return rounded
+
+
+# ops whose reference runs read or set state outside their binding (branches, loops, sizes
+# bound at run time): a module with one is evaluated whole for each rounding
+_STATEFUL_OPS = frozenset(("if", "if_output", "check", "loop", "loop_output", "loop_rows",
+                           "bind_size"))
+
+
+class _RoundedRuns:
+    """The IR's numpy reference of ``_rounded(mod, names, activations)`` for many ``names``,
+    each run recomputing only the bindings whose value differs from a run kept (its cone:
+    the layers rounded in one and not the other, and what they reach), the others' values
+    taken from it: the unrounded run (``base``) or the last run, whichever leaves less to
+    compute. The values are a whole run's, bit for bit (the same numpy calls on the same
+    arrays). A module the cone cannot be cut from (branches, loops, sizes bound at run time
+    or from input values, symbolic inputs) runs whole each time."""
+
+    def __init__(self, mod: Any, inputs: Any, params: Any, activations: bool) -> None:
+        from .golden import evaluate_ir
+        from .ir.graph import Call, Function
+
+        self.mod, self.inputs, self.params, self.activations = mod, inputs, params, activations
+        self.made: dict = {}   # _rounded's constants and casts, the same objects every run
+        values: dict[int, np.ndarray] = {}
+        self.base = evaluate_ir(mod, inputs, params, values=values)
+        self.kept = [(frozenset(), values, self.base)]   # (names, values by Var id, outputs)
+        fn = mod.functions["main"]
+        self.cut = (isinstance(fn, Function) and not mod.dynamic_sizes and not mod.value_vars
+                    and all(isinstance(d, int) for p in fn.params for d in p.type.shape)
+                    and not any(isinstance(b.value, Call) and b.value.op in _STATEFUL_OPS
+                                for b in fn.bindings()))
+
+    @staticmethod
+    def _cone(fn: Any, changed: frozenset, values: dict) -> tuple[list, dict]:
+        """The bindings of ``fn`` whose values differ from ``values`` (a run with the layers
+        ``changed`` rounded the other way), and the Vars they read from it, by id."""
+        from .ir.graph import Call, Constant, Var, used_values
+
+        dirty: set[int] = set()
+        cone, frontier = [], {}
+        for b in fn.bindings():
+            v, args = b.value, used_values(b.value)
+            w = v.args[1] if isinstance(v, Call) and len(v.args) >= 2 else None
+            if (id(b.var) not in values   # a cast that run did not have
+                    or (isinstance(w, Constant) and v.op in ("matmul", "nn.conv2d")
+                        and w.name in changed)
+                    or any(id(a) in dirty for a in args)):
+                dirty.add(id(b.var))
+                cone.append(b)
+                frontier.update((id(a), a) for a in args
+                                if isinstance(a, Var) and id(a) not in dirty)
+        return cone, frontier
+
+    def __call__(self, names: Any) -> dict[str, np.ndarray]:
+        from .golden import evaluate_ir
+        from .ir.graph import DataflowBlock, Function
+
+        names = frozenset(names)
+        rounded = _rounded(self.mod, names, self.activations, self.made)
+        if not self.cut:
+            return evaluate_ir(rounded, self.inputs, self.params)
+        fn = rounded.functions["main"]
+        (cone, frontier), (_, known, outputs) = min(
+            ((self._cone(fn, names ^ k[0], k[1]), k) for k in self.kept),
+            key=lambda c: len(c[0][0]))
+        feeds = {a.name: known[i] for i, a in frontier.items()}
+        values: dict[int, np.ndarray] = {}
+        if len(feeds) < len(frontier):   # two Vars of one name: the whole run
+            got = evaluate_ir(rounded, self.inputs, self.params, values=values)
+        else:
+            ids = {id(b.var) for b in cone}
+            outs = [(n, o) for n, o in zip(fn.output_names, fn.outputs) if id(o) in ids]
+            sub = rounded.copy()
+            sub.functions["main"] = Function(fn.name, list(frontier.values()),
+                                             [DataflowBlock(cone)], [o for _, o in outs],
+                                             [n for n, _ in outs])
+            got = evaluate_ir(sub, feeds, values=values) if cone else {}
+            # this run's values: of its own Vars only (a cast of a layer rounded in an earlier
+            # run, not in this one, would read as current in the next)
+            values = {id(v): values[id(v)] if id(v) in values else known[id(v)]
+                      for v in (*fn.params, *(b.var for b in fn.bindings()))}
+            got = {n: got[n] if n in got else outputs[n] for n in fn.output_names}
+        self.kept[1:] = [(names, values, got)]
+        return got
+
+    def error(self, names: Any) -> float:
+        """The worst output's error (``output_errors``) of ``names`` rounded."""
+        return max(output_errors(self(names), self.base).values())
+
+    def errors(self, sets: list) -> list[float]:
+        """``error`` of each of ``sets``, in forked workers where this process may use more
+        than one CPU and the memory holds a run's values per worker (the kept run's values
+        shared); a worker that dies leaves its sets to this process. The values are the
+        same wherever they are computed."""
+        import multiprocessing
+
+        from .codegen.parallel import _run, _usable_cpus
+
+        need = sum(a.nbytes for a in self.kept[0][1].values() if isinstance(a, np.ndarray))
+        workers = min(len(sets), _usable_cpus(), max(1, _available_bytes() // max(need, 1)))
+        if workers < 2 or not self.cut or "fork" not in multiprocessing.get_all_start_methods() \
+                or multiprocessing.current_process().daemon:   # a daemon may not fork
+            return [self.error(s) for s in sets]
+        parts = [sets[i::workers] for i in range(workers)]
+        outcomes = _run([(_errors_of, (self, part)) for part in parts], workers)
+        got = []
+        for part, outcome in zip(parts, outcomes):
+            if outcome.error is not None:
+                raise outcome.error
+            got.append(outcome.value if outcome.died is None else _errors_of(None, self, part))
+        return [got[i % workers][i // workers] for i in range(len(sets))]
+
+
+def _errors_of(report: Any, runs: _RoundedRuns, sets: list) -> list[float]:
+    """A worker's part of ``_RoundedRuns.errors`` (``report``: the worker's progress call)."""
+    from .blas_threads import one_blas_thread
+
+    with np.errstate(all="ignore"), one_blas_thread():
+        return [runs.error(s) for s in sets]
+
+
+def _available_bytes() -> int:
+    """The memory the system can give without swapping (Linux's MemAvailable: free pages and
+    the page cache it can drop), else the free pages, else 0 (no workers)."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return 0
 
 
 def _fewest(n: int, fits) -> int | None:
@@ -252,7 +394,8 @@ def sensitive_weights(mod: Any, params: Any, golden: Any, bound: float,
     then: the largest kept fp32 until the others' errors add up to at most half the bound
     (errors of independent roundings add about so, or less). Empty when the reference cannot
     run or every weight would stay fp32."""
-    from .golden import _REFERENCE_ERRORS, evaluate_ir
+    from .blas_threads import one_blas_thread
+    from .golden import _REFERENCE_ERRORS
     from .ir.graph import Function
 
     fn = mod.functions.get("main")
@@ -262,16 +405,12 @@ def sensitive_weights(mod: Any, params: Any, golden: Any, bound: float,
     if not weights:
         return []
 
-    def error(names) -> float:
-        got = evaluate_ir(_rounded(mod, set(names), activations), golden.inputs, params)
-        return max(output_errors(got, base).values())
-
     try:
-        with np.errstate(all="ignore"):
-            base = evaluate_ir(mod, golden.inputs, params)
-            costs = {name: error([name]) for name in weights}
+        with np.errstate(all="ignore"), one_blas_thread():
+            runs = _RoundedRuns(mod, golden.inputs, params, activations)
+            costs = dict(zip(weights, runs.errors([[name] for name in weights])))
             order = sorted(weights, key=lambda n: -costs[n])
-            k = _fewest(len(order), lambda k: error(order[k:]) <= SELECT_TARGET * bound)
+            k = _fewest(len(order), lambda k: runs.error(order[k:]) <= SELECT_TARGET * bound)
             fewest = frozenset(order[:k]) if k else None
     except _REFERENCE_ERRORS:   # the reference cannot run this model: no selection
         return []

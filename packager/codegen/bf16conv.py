@@ -375,11 +375,13 @@ class PairConvEmitter(ContractionEmitter):
                                     b.icmp_signed("<", yy, const_i64(g["h"])))
                     yyc = b.select(row_ok, yy, const_i64(0))
                     c0 = b.mul(j, const_i64(2))
+                    # the pair's second channel past C (odd C): zero, its masked-off loads
+                    # from channel c0's row (not one plane past the input: a page never
+                    # touched costs each a fault-suppression assist)
+                    second = b.icmp_signed("<", b.add(c0, const_i64(1)), const_i64(g["c"]))
                     src = [b.add(b.mul(ch, const_i64(g["h"] * w)), b.mul(yyc, const_i64(w)))
-                           for ch in (c0, b.add(c0, const_i64(1)))]
-                    # the pair's second channel past C (odd C): zero
-                    ok = [row_ok, b.and_(row_ok, b.icmp_signed(
-                        "<", b.add(c0, const_i64(1)), const_i64(g["c"])))]
+                           for ch in (c0, b.select(second, b.add(c0, const_i64(1)), c0))]
+                    ok = [row_ok, b.and_(row_ok, second)]
                     for px in range(nx):
                         with for_range(b, const_i64(0), const_i64(-(-wq // vl)), "pv") as q:
                             v0 = b.mul(q, const_i64(vl))

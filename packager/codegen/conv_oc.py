@@ -974,9 +974,13 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
                 row_ok = b.and_(b.icmp_signed(">=", yy, const_i64(0)),
                                 b.icmp_signed("<", yy, const_i64(self.h)))
                 yyc = b.select(row_ok, yy, const_i64(0))
+                # a pair's second channel past C (odd C) reads nothing, from channel c0's
+                # row: masked-off lanes on a page never touched (one plane past the input)
+                # cost a fault-suppression assist each (Zen 5: the C = 3 stem 1.2 -> 25-80 ms)
                 srcs = [b.gep(x_img, [b.add(b.mul(ch, const_i64(self.h * self.w)),
                                              b.mul(yyc, const_i64(self.w)))], inbounds=True)
-                        for ch in ((c0, c0) if taps else (c0, b.add(c0, const_i64(1))))]
+                        for ch in ((c0, c0) if taps else
+                                   (c0, b.select(second, b.add(c0, const_i64(1)), c0)))]
                 oks = [row_ok, b.and_(row_ok, second)]
                 row = b.gep(dst_plane, [b.mul(r, const_i64(self.wpc))], inbounds=True)
                 for q in range(-(-self.wpc // vl)):

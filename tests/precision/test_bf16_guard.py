@@ -215,5 +215,9 @@ def test_guard_refuses_bf16_that_gains_nothing(tmp_path):
     note = report.precision_note
     assert note.startswith("bf16: error against fp32") and "(3 of 5 kept in fp32) leave 32 %" \
         in note and "no speed to gain), so the model is exported in fp32" in note, note
+    # the time of the bf16 attempt and the guard counts in the report (--timings), not only the
+    # fp32 export's
+    assert report.stages.get("bf16 guard", 0) > 0 and "codegen" in report.stages
+    assert sum(report.stages.values()) <= report.seconds
     fp32, _ = _export(tmp_path, _style_net(), "fp32", precision="fp32")
     assert bundle.read_bytes() == fp32.read_bytes()
