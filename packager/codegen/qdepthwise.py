@@ -549,14 +549,40 @@ class _QDepthwise(QEmitter):
                         iy = b.add(b.mul(b.add(oy0, const_i64(r)), const_i64(sh)),
                                    const_i64(ky))
                         row = b.mul(iy, wq)
-                        for kx0 in starts:
-                            at = b.add(b.mul(phase_words, const_i64(phases.index(kx0 % sw))),
-                                       const_i64(kx0 // sw))
-                            base = b.add(row, at)
-                            for j in range(n):
-                                col = b.mul(b.add(q0, const_i64(j)), const_i64(VL))
-                                v = b.load(self._ptr(plane, b.add(base, col), V8I32), align=4)
-                                accs[r][j] = self._product(accs[r][j], v, wt[ky, kx0])
+
+                        def taps(acc: list, ky=ky, row=row) -> list:
+                            acc = list(acc)
+                            for kx0 in starts:
+                                at = b.add(b.mul(phase_words,
+                                                 const_i64(phases.index(kx0 % sw))),
+                                           const_i64(kx0 // sw))
+                                base = b.add(row, at)
+                                for j in range(n):
+                                    col = b.mul(b.add(q0, const_i64(j)), const_i64(VL))
+                                    v = b.load(self._ptr(plane, b.add(base, col), V8I32),
+                                               align=4)
+                                    acc[j] = self._product(acc[j], v, wt[ky, kx0])
+                            return acc
+
+                        if self.quads or kh == 1:
+                            accs[r] = taps(accs[r])
+                            continue
+                        # pairs: a padding row's words are 0 and add nothing; its taps are
+                        # skipped (short planes: a 5x5 window on 2 rows reads 6 of 10
+                        # window rows in the padding)
+                        inside = b.and_(b.icmp_signed(">=", iy, const_i64(pt)),
+                                        b.icmp_signed("<", iy, b.add(h, const_i64(pt))))
+                        before = b.block
+                        with b.if_then(inside):
+                            added = taps(accs[r])
+                            after = b.block
+                        merged = []
+                        for j in range(n):
+                            phi = b.phi(V8I32)
+                            phi.add_incoming(accs[r][j], before)
+                            phi.add_incoming(added[j], after)
+                            merged.append(phi)
+                        accs[r] = merged
                 self._store_rows_open(accs, oy0, rows, q0, n, ends, mult_v, off_v, yb, ow,
                                       ohw)
 
