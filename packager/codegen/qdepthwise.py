@@ -543,20 +543,79 @@ class _QDepthwise(QEmitter):
             def group(oy0, rows: int, q0, n: int, ends: bool) -> None:
                 """``emit``'s group: output vectors q0 .. q0 + n of rows oy0 .. oy0 + rows;
                 ``ends``: the last is each row's last (partial where ow % 8)."""
-                accs = [[start] * n for _ in range(rows)]
-                for ky in range(kh):
-                    for r in range(rows):
-                        iy = b.add(b.mul(b.add(oy0, const_i64(r)), const_i64(sh)),
-                                   const_i64(ky))
-                        row = b.mul(iy, wq)
-                        for kx0 in starts:
-                            at = b.add(b.mul(phase_words, const_i64(phases.index(kx0 % sw))),
-                                       const_i64(kx0 // sw))
-                            base = b.add(row, at)
-                            for j in range(n):
-                                col = b.mul(b.add(q0, const_i64(j)), const_i64(VL))
-                                v = b.load(self._ptr(plane, b.add(base, col), V8I32), align=4)
-                                accs[r][j] = self._product(accs[r][j], v, wt[ky, kx0])
+                def sums(checked: bool) -> list:
+                    """The rows' accumulators; ``checked``: a padding row's taps skipped."""
+                    accs = [[start] * n for _ in range(rows)]
+                    for ky in range(kh):
+                        for r in range(rows):
+                            iy = b.add(b.mul(b.add(oy0, const_i64(r)), const_i64(sh)),
+                                       const_i64(ky))
+                            row = b.mul(iy, wq)
+
+                            def taps(acc: list, ky=ky, row=row) -> list:
+                                acc = list(acc)
+                                for kx0 in starts:
+                                    at = b.add(b.mul(phase_words,
+                                                     const_i64(phases.index(kx0 % sw))),
+                                               const_i64(kx0 // sw))
+                                    base = b.add(row, at)
+                                    for j in range(n):
+                                        col = b.mul(b.add(q0, const_i64(j)), const_i64(VL))
+                                        v = b.load(self._ptr(plane, b.add(base, col), V8I32),
+                                                   align=4)
+                                        acc[j] = self._product(acc[j], v, wt[ky, kx0])
+                                return acc
+
+                            if not checked:
+                                accs[r] = taps(accs[r])
+                                continue
+                            inside = b.and_(b.icmp_signed(">=", iy, const_i64(pt)),
+                                            b.icmp_signed("<", iy, b.add(h, const_i64(pt))))
+                            accs[r] = merge(accs[r], inside, lambda old=accs[r]: taps(old))
+                    return accs
+
+                def merge(old: list, cond, compute) -> list:
+                    """``compute()`` where ``cond`` holds, else ``old`` (phis)."""
+                    before = b.block
+                    with b.if_then(cond):
+                        new = compute()
+                        after = b.block
+                    out = []
+                    for o, v in zip(old, new):
+                        phi = b.phi(o.type)
+                        phi.add_incoming(o, before)
+                        phi.add_incoming(v, after)
+                        out.append(phi)
+                    return out
+
+                # pairs: a padding row's words are 0 and add nothing, so its taps may be
+                # skipped: on planes shorter than two windows (a 5x5 window on 2 rows reads 6
+                # of its 10 window rows in the padding), in the rows whose windows reach the
+                # padding; elsewhere no checks (a branch per window row slowed the PP-OCR
+                # detector's large planes 2-10 %)
+                if self.quads or kh == 1:
+                    accs = sums(False)
+                else:
+                    top = b.mul(oy0, const_i64(sh))
+                    interior = b.and_(
+                        b.icmp_signed(">=", top, const_i64(pt)),
+                        b.icmp_signed("<=", b.add(top, const_i64((rows - 1) * sh + kh)),
+                                      b.add(h, const_i64(pt))))
+                    tall = b.icmp_signed(">=", h, const_i64(2 * kh))
+                    flat = []
+                    with b.if_else(b.or_(interior, tall)) as (inner, border):
+                        with inner:
+                            fast = [v for acc in sums(False) for v in acc]
+                            fast_block = b.block
+                        with border:
+                            slow = [v for acc in sums(True) for v in acc]
+                            slow_block = b.block
+                    for u, c in zip(fast, slow):
+                        phi = b.phi(u.type)
+                        phi.add_incoming(u, fast_block)
+                        phi.add_incoming(c, slow_block)
+                        flat.append(phi)
+                    accs = [flat[r * n:(r + 1) * n] for r in range(rows)]
                 self._store_rows_open(accs, oy0, rows, q0, n, ends, mult_v, off_v, yb, ow,
                                       ohw)
 
