@@ -106,6 +106,11 @@ class CompileOptions:
     # host the stem gained 30-110 us but the pool lost 10-30 us in the network (ResNet-18 /
     # -50 level, 0.99-1.02x; docs/performance.md)
     bf16_pair_pools: bool = False
+    # under "bf16" where ``bf16_oc_targets``: a 1x1 convolution on a 1x1 image (a classifier
+    # head after global pooling) with output channels in whole 16-lane vectors takes bf16
+    # pair weights on the channel-lane kernel (passes/layout.py bf16_takes_conv) instead of
+    # fp32's dot-product kernel (codegen/contraction/dot.py); False: fp32 as before
+    bf16_one_pixel: bool = True
     # test only: the vdpbf16ps matmul's and convolution's data path (packing, loop order) with
     # vcvtne2ps2bf16 and vdpbf16ps written in portable IR (float32 FMAs, exact on normal
     # values), on any target: runs it on a CPU without avx512_bf16 (codegen/bf16dot.py,

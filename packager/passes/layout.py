@@ -434,10 +434,31 @@ def bf16_takes_conv(v, options: CompileOptions) -> bool:
     """Whether ``weights_to_bf16`` gives the call ``v`` bf16 pair weights: a plain
     convolution of static shapes (``_plain_conv``) under bf16 with a dot instruction in the
     targets (``options.bf16_pair_convs``), not of one output pixel (fp32's dot-product kernel,
-    codegen/gemv.py), its weight not one the guard keeps fp32 (``options.bf16_keep``)."""
+    codegen/contraction/dot.py) but a 1x1 on a 1x1 image ``_bf16_one_pixel`` takes, its
+    weight not one the guard keeps fp32 (``options.bf16_keep``)."""
     return (options.bf16_pair_convs and _plain_conv(v, static_batch=True)
-            and tuple(v.type.shape[2:]) != (1, 1)
+            and (tuple(v.type.shape[2:]) != (1, 1) or _bf16_one_pixel(v, options))
             and not _kept(v.args[1].name, options.bf16_keep))
+
+
+# A 1x1 convolution on a 1x1 image takes bf16 pairs with at least this many input channels:
+# with fewer the pair fill costs more than the halved weights save. Measured on Zen 5 (1
+# thread, kernel CPU minima, fp32 dot product -> bf16 channel-lane): PP-LCNet's 512 -> 1280
+# head 39 -> 24 us, SE blocks' 1x1s of 64-576 input channels 0.43-0.75x, those of 4-8 input
+# channels (EfficientNet-B0, MobileNetV3-small) 1.4-1.55x (about 1 -> 1.5 us).
+BF16_ONE_PIXEL_MIN_CHANNELS = 16
+
+
+def _bf16_one_pixel(v, options: CompileOptions) -> bool:
+    """A 1x1 convolution on a 1x1 image that takes bf16 pairs (``options.bf16_one_pixel``):
+    on the channel-lane kernel only (``_bf16_oc``), unpadded, output channels in 16-lane
+    vectors, at least BF16_ONE_PIXEL_MIN_CHANNELS input channels."""
+    w = v.args[1].data.shape
+    return (options.bf16_one_pixel and tuple(w[2:]) == (1, 1)
+            and w[1] >= BF16_ONE_PIXEL_MIN_CHANNELS
+            and tuple(v.args[0].type.shape[2:]) == (1, 1)
+            and not any(v.attrs.get("padding", (0, 0, 0, 0)))
+            and _bf16_oc(w, v.type.shape, tuple(v.attrs.get("strides", (1, 1))), options))
 
 
 def weights_to_bf16(mod: IRModule, options: CompileOptions) -> IRModule:
