@@ -414,6 +414,15 @@ def sensitive_weights(mod: Any, params: Any, golden: Any, bound: float,
             fewest = frozenset(order[:k]) if k else None
     except _REFERENCE_ERRORS:   # the reference cannot run this model: no selection
         return []
+    return _choices(order, costs, fewest, bound)
+
+
+def _choices(order: list[str], costs: dict[str, float], fewest: frozenset[str] | None,
+             bound: float) -> list[frozenset[str]]:
+    """The sets of layers to keep fp32 the selection offers, in order: ``fewest`` (the fewest
+    most sensitive layers whose rounding stays under the target), then the most sensitive
+    layers (``order``) until the others' single-layer errors (``costs``) sum to half the bound,
+    where that is another set and not every layer."""
     keep, rest = set(), sum(costs.values())
     for name in order:
         if rest <= bound / 2:
@@ -421,7 +430,7 @@ def sensitive_weights(mod: Any, params: Any, golden: Any, bound: float,
         keep.add(name)
         rest -= costs[name]
     choices = [fewest] if fewest else []
-    if keep and len(keep) < len(weights) and keep != fewest:
+    if keep and len(keep) < len(order) and keep != fewest:
         choices.append(frozenset(keep))
     return choices
 

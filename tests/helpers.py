@@ -63,6 +63,21 @@ def onnx_mlp(w1: np.ndarray, b1: np.ndarray, w2: np.ndarray, b2: np.ndarray,
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
 
 
+
+def pipeline_calls(model, target: str, **options):
+    """The ONNX ``model`` through the default pipeline for ``target`` with these
+    CompileOptions fields: (the module, its main function's kernel calls in order)."""
+    from mlcpack.frontends.onnx import import_onnx
+    from mlcpack.packager.ir.graph import CallTIR
+    from mlcpack.packager.options import CompileOptions
+    from mlcpack.packager.passes.pipeline import DEFAULT_PIPELINE, run_pipeline
+
+    mod, _ = import_onnx(model)
+    mod = run_pipeline(mod, DEFAULT_PIPELINE, options=CompileOptions(target=target, **options))
+    return mod, [b.value.func for b in mod.functions["main"].bindings()
+                 if isinstance(b.value, CallTIR)]
+
+
 def ort_outputs(path: Path, feeds: dict, threads: int | None = None,
                 as_written: bool = False) -> dict[str, np.ndarray]:
     """ONNX Runtime's (CPU provider) outputs of the model at ``path``, by name, in the graph's

@@ -15,6 +15,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from helpers import pipeline_calls
 from mlcpack.runtime.cpu import host_arch, host_features
 
 V4_BF16 = "x86-64-v4+bf16"
@@ -61,16 +62,7 @@ def _separable():
 
 
 def _pipeline(target: str, **options):
-    from mlcpack.frontends.onnx import import_onnx
-    from mlcpack.packager.ir.graph import CallTIR
-    from mlcpack.packager.options import CompileOptions
-    from mlcpack.packager.passes.pipeline import DEFAULT_PIPELINE, run_pipeline
-
-    mod, _ = import_onnx(_separable())
-    mod = run_pipeline(mod, DEFAULT_PIPELINE, options=CompileOptions(target=target, **options))
-    calls = [b.value.func for b in mod.functions["main"].bindings()
-             if isinstance(b.value, CallTIR)]
-    return mod, calls
+    return pipeline_calls(_separable(), target, **options)
 
 
 def _pairs(mod, calls):

@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from helpers import pipeline_calls
 from mlcpack.runtime.cpu import host_arch, host_features
 
 V4_BF16 = "x86-64-v4+bf16"
@@ -64,16 +65,7 @@ def _chain():
 
 
 def _pipeline(target: str, **options):
-    from mlcpack.frontends.onnx import import_onnx
-    from mlcpack.packager.ir.graph import CallTIR
-    from mlcpack.packager.options import CompileOptions
-    from mlcpack.packager.passes.pipeline import DEFAULT_PIPELINE, run_pipeline
-
-    mod, _ = import_onnx(_chain())
-    mod = run_pipeline(mod, DEFAULT_PIPELINE, options=CompileOptions(target=target, **options))
-    calls = [b.value.func for b in mod.functions["main"].bindings()
-             if isinstance(b.value, CallTIR)]
-    return mod, calls
+    return pipeline_calls(_chain(), target, **options)
 
 
 def _pair_attrs(mod, calls):

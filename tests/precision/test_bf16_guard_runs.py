@@ -53,11 +53,12 @@ def _module():
 
 
 def _whole_runs_choice(mod, feeds, bound, activations):
-    """sensitive_weights as it was: every rounding a whole run of the IR's numpy reference;
-    (the single layers' errors, the choices)."""
+    """sensitive_weights as it was: every rounding a whole run of the IR's numpy reference
+    (the sets offered from the errors: the same ``_choices``); (the single layers' errors, the
+    choices)."""
     from mlcpack.packager.golden import evaluate_ir
-    from mlcpack.packager.precision import (SELECT_TARGET, _candidates, _fewest, _rounded,
-                                            output_errors)
+    from mlcpack.packager.precision import (SELECT_TARGET, _candidates, _choices, _fewest,
+                                            _rounded, output_errors)
 
     weights = _candidates(mod.functions["main"])
     base = evaluate_ir(mod, feeds)
@@ -70,16 +71,7 @@ def _whole_runs_choice(mod, feeds, bound, activations):
     order = sorted(weights, key=lambda n: -costs[n])
     k = _fewest(len(order), lambda k: error(order[k:]) <= SELECT_TARGET * bound)
     fewest = frozenset(order[:k]) if k else None
-    keep, rest = set(), sum(costs.values())
-    for name in order:
-        if rest <= bound / 2:
-            break
-        keep.add(name)
-        rest -= costs[name]
-    choices = [fewest] if fewest else []
-    if keep and len(keep) < len(weights) and keep != fewest:
-        choices.append(frozenset(keep))
-    return costs, choices
+    return costs, _choices(order, costs, fewest, bound)
 
 
 def test_cone_runs_are_whole_runs_bit_for_bit():
