@@ -101,19 +101,25 @@ __attribute__((noinline)) static void tile_4x24(long K, const float *p, const fl
     __asm__ volatile(STORE12 : : [o] "r"(o) : CLOBBER);
 }
 
-static double fma_peak(int rounds)
+/* GFLOP/s of an FMA loop: n steps of 12 independent FMAs on `lanes` floats, the best of
+   `rounds` timings */
+static double peak_of(void (*loop)(long, float *), long n, int lanes, int rounds)
 {
-    static float o[96];
-    long n = 1L << 22;
+    static float o[96] __attribute__((aligned(64)));
     double best = 1e30;
     for (int r = 0; r < rounds; r++) {
         double t = now();
-        fma_reg(n, o);
+        loop(n, o);
         t = now() - t;
         if (t < best)
             best = t;
     }
-    return 12.0 * 8 * 2 * (double)n / best / 1e9;
+    return 12.0 * lanes * 2 * (double)n / best / 1e9;
+}
+
+static double fma_peak(int rounds)
+{
+    return peak_of(fma_reg, 1L << 22, 8, rounds);
 }
 
 static float *filled(size_t n, int mod)
@@ -185,17 +191,7 @@ __attribute__((noinline)) static void fma_reg512(long n, float *o)
 
 static double fma_peak512(int rounds)
 {
-    static float o[64] __attribute__((aligned(64)));
-    long n = 1L << 21;
-    double best = 1e30;
-    for (int r = 0; r < rounds; r++) {
-        double t = now();
-        fma_reg512(n, o);
-        t = now() - t;
-        if (t < best)
-            best = t;
-    }
-    return 12.0 * 16 * 2 * (double)n / best / 1e9;
+    return peak_of(fma_reg512, 1L << 21, 16, rounds);
 }
 
 #define ZB(j, off) "vbroadcastss " #off "(%[x]), %%zmm" #j "\n\t"

@@ -78,6 +78,31 @@ def pipeline_calls(model, target: str, **options):
                  if isinstance(b.value, CallTIR)]
 
 
+
+def bf16_option_runs(model, tmp_path: Path, x: np.ndarray, target: str, option: str
+                     ) -> dict[bool, np.ndarray]:
+    """The ONNX ``model`` (input x, output y) exported ``--precision bf16`` for ``target`` with
+    the CompileOptions field ``option`` on and off: {on: output}, each checked bit for bit
+    alike at 1 and 2 threads."""
+    import dataclasses
+
+    from mlcpack.frontends.onnx import import_onnx
+    from mlcpack.packager.options import CompileOptions
+
+    got = {}
+    for on in (True, False):
+        mod, _ = import_onnx(model)
+        path = tmp_path / f"{on}.mlc"
+        report = export_module(mod, path, ExportOptions(
+            target=target, precision="bf16",
+            compile=dataclasses.replace(CompileOptions(), **{option: on})))
+        assert report.precision == "bf16", report.precision_note
+        with load(path) as one, load(path, threads=2) as two:
+            got[on] = one.run({"x": x})["y"]
+            np.testing.assert_array_equal(two.run({"x": x})["y"], got[on])
+    return got
+
+
 def ort_outputs(path: Path, feeds: dict, threads: int | None = None,
                 as_written: bool = False) -> dict[str, np.ndarray]:
     """ONNX Runtime's (CPU provider) outputs of the model at ``path``, by name, in the graph's

@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from helpers import pipeline_calls
+from helpers import bf16_option_runs, pipeline_calls
 from mlcpack.runtime.cpu import host_arch, host_features
 
 V4_BF16 = "x86-64-v4+bf16"
@@ -118,27 +118,10 @@ def test_depthwise_pair_kernels_emitted():
 def test_depthwise_pairs_native(tmp_path):
     """Bit for bit the bundle without depthwise pair words, 1 and 2 threads; within the bf16
     bound of ONNX Runtime's fp32."""
-    import dataclasses
-
     import onnxruntime as ort
 
-    from mlcpack.frontends.onnx import import_onnx
-    from mlcpack.packager.export import ExportOptions, export_module
-    from mlcpack.packager.options import CompileOptions
-    from mlcpack.runtime import load
-
     x = np.random.default_rng(6).standard_normal((2, 32, 20, 20)).astype(np.float32)
-    got = {}
-    for on in (True, False):
-        mod, _ = import_onnx(_separable())
-        path = tmp_path / f"{on}.mlc"
-        report = export_module(mod, path, ExportOptions(
-            target=V4_BF16, precision="bf16",
-            compile=dataclasses.replace(CompileOptions(), bf16_pair_depthwise=on)))
-        assert report.precision == "bf16", report.precision_note
-        with load(path) as one, load(path, threads=2) as two:
-            got[on] = one.run({"x": x})["y"]
-            np.testing.assert_array_equal(two.run({"x": x})["y"], got[on])
+    got = bf16_option_runs(_separable(), tmp_path, x, V4_BF16, "bf16_pair_depthwise")
     np.testing.assert_array_equal(got[True], got[False])
     want = ort.InferenceSession(_separable().SerializeToString()).run(None, {"x": x})[0]
     assert float(np.abs(got[True] - want).max()) < 0.01 * float(np.abs(want).max())
