@@ -228,3 +228,38 @@ def _header(path):
 
     with BundleReader(str(path)) as r:
         return r.header
+
+
+def test_guard_retries_without_winograd(tmp_path):
+    """Three 3x3 convolutions of 32 channels: the guard's check errs 0.69 % of the output's
+    scale with Winograd, 0.50 % with the direct pair kernels; under a bound of 0.6 % the
+    default (None) makes the export again with Winograd off and keeps every layer bf16, where
+    ``bf16_winograd`` True keeps a layer fp32."""
+    if not _native():
+        pytest.skip(NEEDS_BF16)
+    from mlcpack.frontends.onnx import import_onnx
+    from mlcpack.packager.export import ExportOptions, export_module
+    from mlcpack.packager.options import CompileOptions
+
+    rng = np.random.default_rng(7)
+    c, nodes, inits, x = 32, [], [], "x"
+    for i in range(3):
+        w = (rng.standard_normal((c, c, 3, 3)) / np.sqrt(c * 9) * 1.4).astype(np.float32)
+        inits.append(numpy_helper.from_array(w, f"w{i}"))
+        nodes.append(helper.make_node("Conv", [x, f"w{i}"], [f"c{i}"], pads=[1] * 4))
+        x = f"c{i}"
+    graph = helper.make_graph(
+        nodes, "three", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, c, 10, 10])],
+        [helper.make_tensor_value_info(x, TensorProto.FLOAT, [1, c, 10, 10])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    notes = {}
+    for wino in (None, True):
+        mod, _ = import_onnx(model)
+        report = export_module(mod, tmp_path / "three.mlc", ExportOptions(
+            target=V4_BF16, precision="bf16", bf16_max_error=0.006,
+            compile=CompileOptions(bf16_winograd=wino)))
+        assert report.precision == "bf16", report.precision_note
+        notes[wino] = report.precision_note
+    assert "54.0 KiB of weights in bf16" in notes[None] and "kept in fp32" not in notes[None]
+    assert "kept in fp32" in notes[True]
