@@ -441,6 +441,7 @@ def _export(mods: dict[int | None, IRModule], path: str | os.PathLike,
     bf16_fp32 = ""   # the bf16 line's account of the layers left fp32 (precision.fp32_note)
     bf16_dot = False   # the bf16 layers multiply bf16 activations (vdpbf16ps, bfdot)
     bf16_macs: tuple[dict[str, int], int] = ({}, 0)   # precision.bf16_work
+    bf16_wino = False   # a bf16 layer runs as Winograd by default (precision.bf16_winograd_used)
     try:
         for batch, mod in mods.items():
             # several plans read one transposed W (no one-row GEMV): the weights stay stored once
@@ -467,11 +468,13 @@ def _export(mods: dict[int | None, IRModule], path: str | os.PathLike,
                 ir_text = module_text(optimized)
                 first_targets = targets
                 if bf16:
-                    from .precision import bf16_work, fp32_note
+                    from .precision import bf16_winograd_used, bf16_work, fp32_note
                     resolved = compile_options.for_targets(targets)
                     bf16_fp32 = fp32_note(optimized, resolved, tuple(t.name for t in targets))
                     bf16_macs = bf16_work(optimized)
                     bf16_dot = resolved.bf16_dot
+                    bf16_wino = compile_options.bf16_winograd is None \
+                        and bf16_winograd_used(optimized)
     except BaseException:
         if reference is not None:
             reference.cancel()   # no worker is left running
@@ -496,6 +499,11 @@ def _export(mods: dict[int | None, IRModule], path: str | os.PathLike,
         if not ok:
             if not fallback:   # one of the guard's choices, past the bound too
                 return None
+            if bf16_wino:   # Winograd's extra rounding first: its layers direct, then the rest
+                report = _export(mods, path, dataclasses.replace(
+                    opts, compile=dataclasses.replace(compile_options, bf16_winograd=False)),
+                    params, on_stage)
+                return _whole_export(report, clock, t0)
             from .precision import (BF16_MIN_SHARE, bf16_layers, bf16_share, low_share_note,
                                     sensitive_weights)
             choices = [] if opts.bf16_keep is not None or "not measured" in precision_note \

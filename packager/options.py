@@ -77,9 +77,10 @@ class CompileOptions:
     # under "bf16" where ``bf16_oc_targets``: 3x3 stride-1 convolutions that fp32 runs as
     # Winograd F(2x2, 3x3) (passes/layout.py ``uses_winograd``) take it in bf16 too: the
     # transformed weights and inputs as bf16 pairs in vdpbf16ps, float32 transforms and
-    # accumulation (codegen/conv_oc.py; passes/layout.py _bf16_winograd). None: the 2-D
-    # convolutions passes/conv_nd.py makes of 3-D ones only (the corpus's conv3d); True: every
-    # such convolution; False: none (direct bf16 pair kernels as before)
+    # accumulation (codegen/conv_oc.py; passes/layout.py _bf16_winograd). None (default):
+    # every such convolution, and where the bf16 guard's check fails on such a bundle the
+    # export is made again with False before any layer is kept fp32 (export.py); True: every
+    # such convolution, no retry; False: none (direct bf16 pair kernels)
     bf16_winograd: bool | None = None
     # under "bf16" where ``bf16_oc_targets``: a tensor between a channel-lane bf16 convolution
     # and one bf16 convolution that alone reads it is written as the bf16 pair words the

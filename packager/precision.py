@@ -435,6 +435,19 @@ def _choices(order: list[str], costs: dict[str, float], fewest: frozenset[str] |
     return choices
 
 
+def bf16_winograd_used(mod: Any) -> bool:
+    """Whether a compiled ``main`` (after the passes) runs a bf16 layer as Winograd (reads a
+    ``{weight}_wino_bf16`` constant, passes/layout.py ``weights_to_bf16``): where the guard's
+    check fails on such a bundle, the export is made again with ``bf16_winograd`` False (its
+    extra rounding of the transformed weights and inputs off) before any layer is kept fp32."""
+    from .ir.graph import Constant, Function
+
+    fn = mod.functions.get("main")
+    return isinstance(fn, Function) and any(
+        isinstance(a, Constant) and a.name.endswith("_wino_bf16")
+        for b in fn.bindings() for a in getattr(b.value, "args", ()))
+
+
 def bf16_work(mod: Any) -> tuple[dict[str, int], int]:
     """(each bf16 layer's multiply-adds per run, by its bf16 weight's name; the multiply-adds
     of every contraction) of a compiled ``main`` (after the passes: the prim functions'

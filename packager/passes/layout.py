@@ -12,7 +12,6 @@ compiles for."""
 
 from __future__ import annotations
 
-import re
 
 import numpy as np
 
@@ -411,23 +410,18 @@ def _bf16_tap_pairs(w_shape, options: CompileOptions) -> bool:
             and c * -(-kw // 2) < -(-c // 2) * kw)
 
 
-# A weight passes/conv_nd.py rearranged for the 2-D kernels (a 3-D convolution's depth taps
-# unfolded or folded into its channels) is named ``{source}_2d{n}`` (stored_int.derive).
-_FROM_ND = re.compile(r"_2d\d+$")
-
-
 def _bf16_winograd(w: Constant, strides, out_shape, options: CompileOptions) -> bool:
     """Whether a convolution that takes bf16 pairs takes them in Winograd F(2x2, 3x3)
-    (``options.bf16_winograd``; nn.conv2d_oc with ``winograd`` and ``pairs``): vdpbf16ps on
-    every target, output channels in whole 16-lane vectors, a layer fp32 runs as Winograd
-    (``uses_winograd``); by default (None) only the convolutions of 3-D ones (``_FROM_ND``).
-    conv3d (8 frames of 64x64, 1 thread, Zen 5): see docs/performance.md."""
-    if options.bf16_winograd is False or not (
-            options.winograd and options.bf16_oc_targets and not options.bf16_emulate
-            and w.data.shape[0] % 16 == 0
-            and uses_winograd(w.data.shape, strides, out_shape)):
-        return False
-    return bool(options.bf16_winograd) or bool(_FROM_ND.search(w.name))
+    (``options.bf16_winograd``, None or True; nn.conv2d_oc with ``winograd`` and ``pairs``):
+    vdpbf16ps on every target, output channels in whole 16-lane vectors, a layer fp32 runs as
+    Winograd (``uses_winograd``). 2-D and 3-D convolutions alike (conv3d, ResNet-18/50, U-Net,
+    yolox_neck, gan_upsampler, groupnorm_resnet 0.80-0.95x the direct pair kernels by median,
+    1 thread, Zen 5: docs/performance.md); the guard turns it off where its extra rounding
+    fails the check (export.py, ``precision.bf16_winograd_used``)."""
+    return options.bf16_winograd is not False and (
+        options.winograd and bool(options.bf16_oc_targets) and not options.bf16_emulate
+        and w.data.shape[0] % 16 == 0
+        and uses_winograd(w.data.shape, strides, out_shape))
 
 
 def bf16_takes_conv(v, options: CompileOptions) -> bool:

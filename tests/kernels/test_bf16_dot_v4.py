@@ -573,7 +573,8 @@ def _oc_pipeline(shape, target: str, **fields):
     model, w, bias, strides, padding = _conv_model(*shape)
     mod, _ = import_onnx(model)
     targets = [resolve_target(n) for n in target.split(",")]
-    opts = CompileOptions(target=target, precision="bf16", **fields).for_targets(targets)
+    opts = CompileOptions(target=target, precision="bf16",
+                          **{"bf16_winograd": False, **fields}).for_targets(targets)
     return run_pipeline(mod, DEFAULT_PIPELINE, options=opts), opts, model, w, bias
 
 
@@ -667,8 +668,11 @@ def test_oc_pairs_native_run_bit_exact(tmp_path, oc_compiled, case):
     w, bias = got_c["w"], got_c["bias"]
     c, _, k, hw, stride = OC_CASES[case]
     mod, _ = import_onnx(got_c["model"])
+    from mlcpack.packager.options import CompileOptions
+
     path = tmp_path / "oc.mlc"
-    report = export_module(mod, path, ExportOptions(target=V4_BF16, precision="bf16"))
+    report = export_module(mod, path, ExportOptions(
+        target=V4_BF16, precision="bf16", compile=CompileOptions(bf16_winograd=False)))
     assert report.precision == "bf16", report.precision_note
     x = RNG.standard_normal((1, c, hw, hw)).astype(np.float32)
     acc = vdpbf16ps_conv(x, pack_conv_pairs(to_bfloat16(w)).view(np.uint16), (stride,) * 2,

@@ -65,7 +65,7 @@ def _chain():
 
 
 def _pipeline(target: str, **options):
-    return pipeline_calls(_chain(), target, **options)
+    return pipeline_calls(_chain(), target, **{"bf16_winograd": False, **options})
 
 
 def _pair_attrs(mod, calls):
@@ -119,7 +119,8 @@ def test_kernels_emitted_for_pair_words():
     target = resolve_target(V4_BF16)
     code = {}
     for on in (True, False):
-        opts = CompileOptions(target=V4_BF16, precision="bf16", bf16_pair_activations=on)
+        opts = CompileOptions(target=V4_BF16, precision="bf16", bf16_pair_activations=on,
+                              bf16_winograd=False)
         mod, calls = _pipeline(V4_BF16, precision="bf16", bf16_pair_activations=on)
         funcs = [mod.functions[name] for name in calls]
         assert all(isinstance(f, PrimFunc) for f in funcs)
@@ -159,7 +160,7 @@ def test_native_runs(tmp_path):
         path = tmp_path / f"{key}.mlc"
         report = export_module(mod, path, ExportOptions(
             target=V4_BF16, precision="bf16",
-            compile=dataclasses.replace(CompileOptions(), **flags)))
+            compile=dataclasses.replace(CompileOptions(bf16_winograd=False), **flags)))
         assert report.precision == "bf16", report.precision_note
         with load(path) as one, load(path, threads=2) as two:
             got[key] = one.run({"x": x})["y"]
@@ -228,7 +229,7 @@ def test_shared_tensors_take_pair_words():
     def attrs(**options):
         mod, _ = import_onnx(_shared())
         mod = run_pipeline(mod, DEFAULT_PIPELINE, options=CompileOptions(
-            target=V4_BF16, precision="bf16", **options))
+            target=V4_BF16, precision="bf16", bf16_winograd=False, **options))
         calls = [b.value.func for b in mod.functions["main"].bindings()
                  if isinstance(b.value, CallTIR)]
         return _pair_attrs(mod, calls)
@@ -272,7 +273,7 @@ def test_shared_native_runs(tmp_path):
         mod, _ = import_onnx(_shared())
         path = tmp_path / f"{on}.mlc"
         export_module(mod, path, ExportOptions(target=V4_BF16, precision="bf16", compile=(
-            dataclasses.replace(CompileOptions(), bf16_pair_shared=on))))
+            dataclasses.replace(CompileOptions(bf16_winograd=False), bf16_pair_shared=on))))
         with load(path) as one, load(path, threads=2) as two:
             got[on] = one.run({"x": x})["y"]
             np.testing.assert_array_equal(two.run({"x": x})["y"], got[on])
@@ -316,7 +317,8 @@ def test_stem_pool_reads_pair_words():
     from mlcpack.packager.passes.pipeline import DEFAULT_PIPELINE, run_pipeline
 
     for on in (True, False):
-        opts = CompileOptions(target=V4_BF16, precision="bf16", bf16_pair_pools=on)
+        opts = CompileOptions(target=V4_BF16, precision="bf16", bf16_pair_pools=on,
+                              bf16_winograd=False)
         mod, _ = import_onnx(_stem_pool(72, 76, relu=False))
         mod = run_pipeline(mod, DEFAULT_PIPELINE, options=opts)
         calls = [b.value.func for b in mod.functions["main"].bindings()
@@ -354,7 +356,7 @@ def test_stem_pool_native_runs(tmp_path, h, w, relu):
         mod, _ = import_onnx(_stem_pool(h, w, relu))
         path = tmp_path / f"{on}.mlc"
         export_module(mod, path, ExportOptions(target=V4_BF16, precision="bf16", compile=(
-            dataclasses.replace(CompileOptions(), bf16_pair_pools=on))))
+            dataclasses.replace(CompileOptions(bf16_winograd=False), bf16_pair_pools=on))))
         with load(path) as one, load(path, threads=2) as two:
             got[on] = one.run({"x": x})["y"]
             np.testing.assert_array_equal(two.run({"x": x})["y"], got[on])
