@@ -159,13 +159,17 @@ def pack_wino_weights(w: np.ndarray) -> np.ndarray:
     OC_BLOCK, (a * 4 + b) * C + c, o % OC_BLOCK] = (G w[o, c] G^T)[a, b]``: for each of the 16
     transform positions, a block's [C, OC_BLOCK] weights contiguous."""
     o, c = w.shape[:2]
-    u = np.einsum("ai,ocij,bj->abco", WINO_G, w.astype(np.float64), WINO_G)
-    return pack_matmul_b(u.reshape(16 * c, o).astype(np.float32), OC_BLOCK)
+    return pack_matmul_b(wino_transform(w).reshape(16 * c, o), OC_BLOCK)
 
 
 def unpack_wino_weights(wp: np.ndarray, out_channels: int) -> np.ndarray:
-    u = unpack_matmul_b(wp, out_channels).astype(np.float64).reshape(4, 4, -1, out_channels)
-    return np.einsum("ia,abco,jb->ocij", WINO_P, u, WINO_P).astype(np.float32)
+    return _wino_untransform(unpack_matmul_b(wp, out_channels).reshape(4, 4, -1, out_channels))
+
+
+def _wino_untransform(u: np.ndarray) -> np.ndarray:
+    """U [4, 4, C, O] (``wino_transform``'s) -> w [O, C, 3, 3] float32 (WINO_P, in float64)."""
+    return np.einsum("ia,abco,jb->ocij", WINO_P, u.astype(np.float64), WINO_P).astype(
+        np.float32)
 
 
 def wino_transform(w: np.ndarray) -> np.ndarray:
@@ -195,8 +199,7 @@ def unpack_wino_pairs(wp: np.ndarray, out_channels: int, c: int) -> np.ndarray:
     blocks, cp = wp.shape[0], wp.shape[1] // 16
     u = wp.reshape(blocks, 16, cp, OC_BLOCK, 2).transpose(1, 2, 4, 0, 3).reshape(
         4, 4, cp * 2, blocks * OC_BLOCK)[:, :, :c, :out_channels]
-    return np.einsum("ia,abco,jb->ocij", WINO_P, u.astype(np.float64), WINO_P).astype(
-        np.float32)
+    return _wino_untransform(u)
 
 
 def _infer_conv2d_oc(x: TensorType, wp: TensorType, out_channels: int, kernel=(1, 1),

@@ -12,7 +12,6 @@ compiles for."""
 
 from __future__ import annotations
 
-
 import numpy as np
 
 from ..codegen.contraction.geometry import conv_geometry, oc_partial_lanes
