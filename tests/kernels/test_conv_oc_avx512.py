@@ -80,7 +80,8 @@ def test_1x1_tile_and_next_block_choice(tmp_path, c, hw, k, s, residual, tile, p
     """A 1x1 at 16 lanes whose row groups are whole 7-pixel tiles (and leave single pixels
     in 8-pixel ones) takes 7-pixel tiles; one with a residual prefetches the next block's
     output and residual rows (``inspect`` says both)."""
-    _, bundle = export_model(tmp_path, conv_model(1, c, hw, hw, 64, k, s, residual=residual))
+    # 256 outputs: 8 blocks, one band (blocks innermost)
+    _, bundle = export_model(tmp_path, conv_model(1, c, hw, hw, 256, k, s, residual=residual))
     kernels = _conv_kernels(bundle)
     assert kernels and all(kk["kernel"].startswith(f"channel-lane direct: {tile} pixels")
                            for kk in kernels)
@@ -105,7 +106,7 @@ CASES = [
     (1, 256, 9, 9, 64, 1, 2, None, False),        # ... stride 2, subsampled by the copy
     (1, 256, 8, 40, 32, 1, 2, "silu", True),      # ... rows of 40: whole and masked loads
     (1, 256, 10, 10, 32, 1, 3, None, False),      # ... stride 3: column by column
-    (1, 256, 7, 7, 64, 1, 1, None, True),         # ... 7-pixel tiles, next block prefetched
+    (1, 256, 7, 7, 256, 1, 1, None, True),        # ... 7-pixel tiles, next block prefetched
     (2, 256, 14, 13, 64, 1, 2, "silu", True),     # ... stride 2 to 7x7, batch 2
     (1, 3, 31, 32, 64, 7, 2, None, False),        # a stem on rows of whole tiles: one base
     (1, 32, 9, 9, 48, 3, 1, None, True),          # a block and one 16-lane vector
