@@ -149,6 +149,18 @@ STATIC_ONE_ROW = True
 # reading 4x the input it uses). Kernel CPU min, 1 thread, Zen 5: ResNet-50's 256 -> 512 on
 # 56x56 1003 -> 859 us, 512 -> 1024 on 28x28 890 -> 853, 1024 -> 2048 on 14x14 1018 -> 897.
 SUBSAMPLE_1X1 = True
+# At 16 lanes, fp32, static sizes, a 1x1 whose row groups all hold a multiple of 7 pixels and
+# where the 8-pixel tile leaves single pixels (``_group_cost``): tiles of 7 pixels (14
+# accumulators, still enough chains for both FMA pipes), no rest. On 7x7 planes (49 pixels:
+# six 8-pixel tiles and a pixel on 2 accumulators, FMA-latency bound at a quarter of the rate,
+# about 52 pixels' time): ResNet-50's 512 -> 2048, 2048 -> 512 and 1024 -> 2048 stride 2.
+SEVEN_PIXEL_1X1 = True
+# At 16 lanes, fp32, static sizes, a 1x1 whose epilogue reads an output-shaped operand (a
+# residual): each output row of a block, once stored, prefetches the same row of the next
+# block's 32 channels, of the output (for writing) and of those operands, a line per 16
+# floats (the next work item, blocks innermost; 32 rows a plane apart, more streams than the
+# hardware prefetcher follows).
+PREFETCH_NEXT_BLOCK_1X1 = True
 # The row buffer: output rows accumulated together, at most this many bytes.
 ROW_BUFFER_BYTES = 16 * 1024
 # A band's copied input rows: at most this many bytes (in L2 for all its blocks).
@@ -216,6 +228,12 @@ WINO_MIN_BAND_TILES = 24
 # PREFETCH_MIN_WEIGHT_BYTES (below, no gain measured: 128 -> 256 3x3 s2 on 28x28, the stem).
 PREFETCH_MIN_WEIGHT_BYTES = geometry.L2_REUSE_BYTES
 PREFETCH_LINES_MAX = 4
+# ... a 1x1 at 16 lanes (fp32, static sizes) past this many bytes of weights: in a network
+# they arrive cold from L3 or memory, and on a small plane each block's weights are read by
+# one row group only, so its tiles wait for every chunk's (YOLOv8n 320's 512 -> 256 on 10x10,
+# 512 KB of weights, 1 thread, kernel CPU min in the network: 120 -> 106 us; 384 -> 128 on
+# 20x20 168 -> 159 us).
+PREFETCH_MIN_WEIGHT_BYTES_1X1 = 32 * 1024
 OPEN_PREFETCH_PIXELS = 32
 # A run-time image size with few input channels (see ``_open_geometry``).
 OPEN_BAND_ROWS = 8
@@ -296,6 +314,8 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
             return (f"channel-lane direct, bf16 pairs (vdpbf16ps): {mr} pixels x "
                     f"{nv * self.vl} channels register tile, chunks of {self.chunk} input "
                     f"channel pairs{prefetch}{words}")
+        if self.next_block_prefetch:
+            prefetch += ", next block's output rows prefetched"
         return (f"channel-lane direct: {mr} pixels x {nv * self.vl} channels register tile, "
                 f"chunks of {self.chunk} input channels{prefetch}{sizes}")
 
@@ -305,6 +325,8 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
         x, wp = self.match.tag.operands
         attrs = self.match.tag.attrs
         assert self.vl in (4, 8, 16), "nn.conv2d_oc is packed for 4-, 8- and 16-lane targets"
+        self.tile_32 = MAX_TILE_ROWS_32   # pixels per 16-lane tile of a 2-vector block
+        self.next_block_prefetch = []     # (tensor, for writing) of _prefetch_next_block
         self.n, self.c, self.h, self.w = x.shape   # n: an int, or a run-time batch
         self.o = attrs["out_channels"]
         self.kh, self.kw = attrs["kernel"]
@@ -411,6 +433,8 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
         self.task_regions = MAX_TASK_REGIONS
         self.wino = bool(attrs.get("winograd"))
         self.bf16 = self.match.tag.operands[1].dtype == "bfloat16"   # --precision bf16
+        self.tile_32 = self._tile_1x1()
+        self.next_block_prefetch = self._next_block_operands()
         if self.wino:
             self._wino_geometry(pr)
 
@@ -439,6 +463,71 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
             return total
 
         return min(range(most, 0, -1), key=cost)
+
+    def _group_pixels(self) -> list[int]:
+        """The pixels of every row group of the static plan (bands of ``band`` rows, groups of
+        ``rows``)."""
+        heights = [min(self.band, self.oh - y) for y in range(0, self.oh, self.band)]
+        return [min(self.rows, h - y) * self.ow for h in heights for y in range(0, h, self.rows)]
+
+    def _tile_1x1(self) -> int:
+        """Pixels per 16-lane register tile of a 2-vector block (MAX_TILE_ROWS_32, or 7 where
+        SEVEN_PIXEL_1X1 takes the layer: a static fp32 1x1 whose row groups are whole 7-pixel
+        tiles and cost less so than in 8-pixel ones, ``_group_cost``)."""
+        if not (SEVEN_PIXEL_1X1 and self.vl == 16 and (self.kh, self.kw) == (1, 1)
+                and not (self.pairs or self.bf16 or self.wino or self.open_image)
+                and self.o >= OC_BLOCK and self._tile_rows(OC_BLOCK // 16) == MAX_TILE_ROWS_32):
+            return MAX_TILE_ROWS_32
+        groups = self._group_pixels()
+        if any(n % 7 for n in groups) or \
+                sum(map(self._group_cost, groups)) <= sum(groups):
+            return MAX_TILE_ROWS_32
+        return 7
+
+    def _next_block_operands(self) -> list:
+        """(tensor, 1 for writing / 0 for reading) whose rows ``_prefetch_next_block``
+        prefetches (PREFETCH_NEXT_BLOCK_1X1): the output and every output-shaped epilogue
+        operand, where there is one (a residual); else none."""
+        from ..ir import te
+
+        if not (PREFETCH_NEXT_BLOCK_1X1 and self.vl == 16 and (self.kh, self.kw) == (1, 1)
+                and not (self.pairs or self.bf16 or self.open_image or self.block_major)
+                and self.pairs_out is None and self.vector_epilogue and self.nblocks > 1):
+            return []
+        out = self.match.out
+        found, seen = [(out, 1)], {out.uid}
+        for e in te.reads(self.match.body):
+            if (e.tensor.uid not in seen and len(e.indices) == len(out.axes)
+                    and all(i is a for i, a in zip(e.indices, out.axes))):
+                seen.add(e.tensor.uid)
+                found.append((e.tensor, 0))
+        return found if len(found) > 1 else []
+
+    def _prefetch_next_block(self, nb, blk, oy) -> None:
+        """Prefetch output row ``oy`` of block ``blk`` + 1's channels in every tensor of
+        ``next_block_prefetch`` (the next item's rows; past the last block the lines lie past
+        the channels, and a prefetch does not fault)."""
+        b = self.builder
+        i8p = ir.IntType(8).as_pointer()
+        fn = intrinsic(self.module, "llvm.prefetch.p0", ir.VoidType(), [i8p, I32, I32, I32])
+        cols = sorted({*range(0, self.ow, 16), self.ow - 1})
+        with for_range(b, const_i64(0), const_i64(OC_BLOCK), "pfc") as ch:
+            oc = b.add(b.mul(b.add(blk, const_i64(1)), const_i64(OC_BLOCK)), ch)
+            for t, rw in self.next_block_prefetch:
+                for col in cols:
+                    ptr = b.gep(self.buffers[t.uid],
+                                [self._offset(t, [nb, oc, oy, const_i64(col)])])
+                    b.call(fn, [b.bitcast(ptr, i8p), ir.Constant(I32, rw), ir.Constant(I32, 2),
+                                ir.Constant(I32, 1)])
+
+    @staticmethod
+    def _group_cost(n: int) -> int:
+        """A row group of ``n`` pixels in 8-pixel tiles, in pixels' time: whole tiles, half a
+        tile (REST_HALF_TILE), single pixels at SINGLE_PIXEL_COST each."""
+        mr, half = MAX_TILE_ROWS_32, MAX_TILE_ROWS_32 // 2
+        left = n % mr
+        return n - left + (half if left >= half else 0) + \
+            SINGLE_PIXEL_COST * (left - half if left >= half else left)
 
     def _items_work(self, images: int, nbands: int, block_major: bool = False) -> list[int]:
         """Each work item's multiply-adds over output pixels (rows x channels) in item order,
@@ -747,7 +836,7 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
                 and self.c * self.kh * self.kw >= ONE_VECTOR_MIN_STEPS:
             return ONE_VECTOR_TILE_ROWS
         if self.vl == 16:
-            return max(1, min(MAX_TILE_ROWS_32, (REGISTERS_32 - nv) // nv))
+            return max(1, min(self.tile_32, (REGISTERS_32 - nv) // nv))
         return max(1, min(MAX_TILE_ROWS, (REGISTERS - 1) // (nv + 1)))
 
     # ---- emission -------------------------------------------------------------------------------
@@ -1109,6 +1198,8 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
                                                                                 OC_BLOCK)))],
                                inbounds=True)
                 self._emit_row(nb, blk, b.add(oy0, r), rowbuf, nvb)
+                if self.next_block_prefetch:
+                    self._prefetch_next_block(nb, blk, b.add(oy0, r))
 
     def _pass_loops(self, passes: list[tuple[int, int]], wblk, buffer: str = "rowbuf"):
         """``passes`` ((v0, nv): a block's channel vectors in register tiles of MAX_TILE_VECTORS)
@@ -1304,8 +1395,12 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
     def _prefetch_lines(self, mr: int) -> int:
         """Cache lines of the next chunk's weights each reduction step of a full tile
         prefetches (PREFETCH_LINES_MAX at most; 0: none, weights within
-        PREFETCH_MIN_WEIGHT_BYTES): enough that a group's tiles together cover the chunk."""
-        if (2 if self.bf16 else 4) * self.nblocks * self.k * OC_BLOCK <= PREFETCH_MIN_WEIGHT_BYTES:
+        PREFETCH_MIN_WEIGHT_BYTES, or PREFETCH_MIN_WEIGHT_BYTES_1X1 for a 1x1 at 16 lanes):
+        enough that a group's tiles together cover the chunk."""
+        least = PREFETCH_MIN_WEIGHT_BYTES_1X1 if (
+            self.vl == 16 and (self.kh, self.kw) == (1, 1)
+            and not (self.bf16 or self.pairs or self.open_image)) else PREFETCH_MIN_WEIGHT_BYTES
+        if (2 if self.bf16 else 4) * self.nblocks * self.k * OC_BLOCK <= least:
             return 0
         # a run-time image size: row groups of at least OPEN_PREFETCH_PIXELS assumed (a
         # group of ROW_PIXELS, on rows of 40, left a sixth of each next chunk unfetched)

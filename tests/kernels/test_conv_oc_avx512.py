@@ -70,6 +70,24 @@ def test_zmm_tile_stays_in_registers(tmp_path, monkeypatch, c, o, hw, s, choice,
         assert not any("(%rsp)" in i for i in body)
 
 
+@pytest.mark.parametrize("c,hw,k,s,residual,tile,prefetched", [
+    (256, 7, 1, 1, True, 7, True),      # 49 pixels: 7 tiles of 7, no single pixel
+    (256, 14, 1, 2, False, 7, False),   # stride 2 to 7x7; no residual: no next-block rows
+    (256, 14, 1, 1, True, 8, True),     # groups of 112 and 84 pixels: whole 8-pixel tiles
+    (64, 7, 3, 1, False, 8, False),     # a 3x3 keeps its tile
+])
+def test_1x1_tile_and_next_block_choice(tmp_path, c, hw, k, s, residual, tile, prefetched):
+    """A 1x1 at 16 lanes whose row groups are whole 7-pixel tiles (and leave single pixels
+    in 8-pixel ones) takes 7-pixel tiles; one with a residual prefetches the next block's
+    output and residual rows (``inspect`` says both)."""
+    # 256 outputs: 8 blocks, one band (blocks innermost)
+    _, bundle = export_model(tmp_path, conv_model(1, c, hw, hw, 256, k, s, residual=residual))
+    kernels = _conv_kernels(bundle)
+    assert kernels and all(kk["kernel"].startswith(f"channel-lane direct: {tile} pixels")
+                           for kk in kernels)
+    assert all(("next block's output rows" in kk["kernel"]) == prefetched for kk in kernels)
+
+
 def test_strided_1x1_subsampled_choice(tmp_path):
     """A strided 1x1 at 16 lanes copies only the pixels it reads (``inspect`` says so); a
     stride-1 one reads its input in place."""
@@ -88,6 +106,8 @@ CASES = [
     (1, 256, 9, 9, 64, 1, 2, None, False),        # ... stride 2, subsampled by the copy
     (1, 256, 8, 40, 32, 1, 2, "silu", True),      # ... rows of 40: whole and masked loads
     (1, 256, 10, 10, 32, 1, 3, None, False),      # ... stride 3: column by column
+    (1, 256, 7, 7, 256, 1, 1, None, True),        # ... 7-pixel tiles, next block prefetched
+    (2, 256, 14, 13, 64, 1, 2, "silu", True),     # ... stride 2 to 7x7, batch 2
     (1, 3, 31, 32, 64, 7, 2, None, False),        # a stem on rows of whole tiles: one base
     (1, 32, 9, 9, 48, 3, 1, None, True),          # a block and one 16-lane vector
     (1, 16, 20, 1, 32, 3, 1, None, False),        # 1-pixel rows: tiles span rows
