@@ -32,11 +32,13 @@ from .geometry import L2_REUSE_BYTES, MAX_TASK_REGIONS, TAIL_CHAINS, TAIL_PAIRS,
 LAST_PANEL_SPLIT = True
 
 # Whether a panel's epilogue over a tile row's vectors (a contiguous run of outputs,
-# ``_conv_epilogue``) is a loop over the vectors, one copy of the fused epilogue (and one of
-# its masked form), rather than a copy per vector: a SiLU is ~80 IR instructions a copy, and
-# at 4 vectors a row the 8 copies were 60 % of a 3x3 SiLU kernel's IR (yolo11n_seg_nms,
-# x86-64-v4: 685 of 1,124 instructions), so of its LLVM time. The run time is the exp's, not
-# the loop's.
+# ``_conv_epilogue``) that calls a math function is a loop over the vectors (its count opaque,
+# so that LLVM does not unroll it back), one copy of the fused epilogue and one of its masked
+# form, rather than both per vector: a SiLU is ~80 IR instructions a copy, and at 4 vectors a
+# row the 8 copies were 60 % of a 1x1 SiLU kernel's emitted IR (yolo11n_seg_nms, x86-64-v4:
+# 685 of 1,124 instructions). LLVM merged each vector's two copies itself, so the optimized
+# module shrinks less (yolo11n's 29 kernels: 16,308 -> 15,506 instructions at v4): Python's
+# emission and LLVM's optimizer each ~0.06-0.1 CPU-s less per level.
 EPILOGUE_VECTOR_LOOP = True
 # Whether a reduction in chunks (``_conv_chunked``) runs all its chunks in one loop, the last
 # chunk's sweep ending in the epilogue at run time, rather than the last sweep as a second
@@ -724,7 +726,7 @@ class ConvMixin:
                 env[id(out.axes[1])] = b.add(oc0, i)
                 if ahead:
                     self._prefetch_run(env, out, b.add(p0, const_i64(ahead)), nr)
-                if EPILOGUE_VECTOR_LOOP and g["nv"] > 1:
+                if EPILOGUE_VECTOR_LOOP and g["nv"] > 1 and self._costly_epilogue():
                     # the count through an empty asm: LLVM's full unrolling copied the
                     # epilogue back per vector (the optimized module as large as before)
                     nv = b.asm(ir.FunctionType(I64, [I64]), "", "=r,0", [const_i64(g["nv"])],
@@ -747,6 +749,12 @@ class ConvMixin:
                 env[id(out.axes[2])] = oy
                 self._store_row_span(env, out.axes[3], tile, i, nr, row0, p0, x_lo, x_hi,
                                      self._vector_epilogue_ok())
+
+    def _costly_epilogue(self) -> bool:
+        """Whether the fused epilogue calls a math function (SiLU's sigmoid, GELU's erf): a
+        copy per vector is then most of the kernel's code; a bias or residual add stays a
+        copy per vector (a loop's index arithmetic would be most of its work)."""
+        return any(isinstance(e, te.MathCall) for e in te.walk(self.match.body))
 
     def _epilogue_vector(self, g: dict, env: dict, tile, i, p0, at) -> None:
         """The epilogue on the vector ``at`` floats into tile row ``i`` of a panel that is a
