@@ -81,7 +81,8 @@ from .depthwise.static import PADDED_BELOW_VL, DepthwiseEmitter, emit_epilogue
 from .contraction.match import Contraction, match_contraction
 from .bf16conv import pair_words
 from .bf16dot import dot_words
-from .helpers import F32, I1, I32, I64, alloca_once, const_i64, for_range, intrinsic
+from .helpers import (F32, I1, I32, I64, alloca_once, const_i64, for_range, intrinsic,
+                      shared_constant)
 from .lower import KernelInfo
 from ..ir.graph import PrimFunc
 from .threads import DEFAULTS, SplitThresholds, balanced
@@ -1931,7 +1932,7 @@ def _transpose(b: ir.IRBuilder, rows: list[ir.Value]) -> list[ir.Value]:
     n = len(rows)
 
     def shuf(a, c, lanes):
-        return b.shuffle_vector(a, c, ir.Constant(ir.VectorType(I32, n), lanes))
+        return b.shuffle_vector(a, c, shared_constant(ir.VectorType(I32, n), lanes))
 
     if n == 16:
         half = n // 2

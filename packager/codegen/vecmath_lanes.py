@@ -15,7 +15,7 @@ import numpy as np
 from llvmlite import ir
 
 from . import vecmath
-from .helpers import intrinsic
+from .helpers import intrinsic, shared_constant
 from .vecmath import F32, I32
 
 # Functions this module emits on vectors: vecmath's polynomial ones whose bodies use only the
@@ -39,11 +39,11 @@ class _LaneOps(vecmath._Ops):
 
     def c(self, value: float) -> ir.Value:
         if self.opaque is None:
-            return ir.Constant(self.vty, [value] * self.vty.count)
+            return shared_constant(self.vty, [value] * self.vty.count)
         return opaque_constant(self.b, value, self.opaque)
 
     def ci(self, value: int) -> ir.Constant:
-        return ir.Constant(self.ity, [value] * self.ity.count)
+        return shared_constant(self.ity, [value] * self.ity.count)
 
     def _intrinsic(self, name: str, nargs: int) -> ir.Function:
         return intrinsic(self.module, f"{name}.v{self.vty.count}f32", self.vty,
@@ -67,8 +67,9 @@ def opaque_zero(builder: ir.IRBuilder) -> ir.Value:
 
 def splat_i32(builder: ir.IRBuilder, x: ir.Value, lanes: int) -> ir.Value:
     ity = ir.VectorType(I32, lanes)
-    v = builder.insert_element(ir.Constant(ity, None), x, ir.Constant(I32, 0))
-    return builder.shuffle_vector(v, ir.Constant(ity, None), ir.Constant(ity, [0] * lanes))
+    undef = shared_constant(ity, None)
+    v = builder.insert_element(undef, x, ir.Constant(I32, 0))
+    return builder.shuffle_vector(v, undef, shared_constant(ity, [0] * lanes))
 
 
 def opaque_constant(builder: ir.IRBuilder, value: float, opaque: ir.Value) -> ir.Value:
@@ -83,7 +84,7 @@ def opaque_constant(builder: ir.IRBuilder, value: float, opaque: ir.Value) -> ir
     live only during the epilogue, at one integer add each."""
     ity = opaque.type
     bits = int(np.array(value, dtype=np.float32).view(np.int32))
-    raw = ir.Constant(ity, [bits] * ity.count)
+    raw = shared_constant(ity, [bits] * ity.count)
     return builder.bitcast(builder.add(raw, opaque), ir.VectorType(F32, ity.count))
 
 

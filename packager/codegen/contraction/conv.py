@@ -24,12 +24,26 @@ from __future__ import annotations
 from llvmlite import ir
 
 from ...ir import te
-from ..helpers import F32, I1, I32, alloca_once, const_i64, for_range, intrinsic
+from ..helpers import F32, I1, I32, I64, alloca_once, const_i64, for_range, intrinsic
 from .geometry import L2_REUSE_BYTES, MAX_TASK_REGIONS, TAIL_CHAINS, TAIL_PAIRS, conv_geometry
 
 # Whether a 1x1 read in place, block rows innermost, with a partial last panel splits its
 # items by output pixels (``_split_last_panel``).
 LAST_PANEL_SPLIT = True
+
+# Whether a panel's epilogue over a tile row's vectors (a contiguous run of outputs,
+# ``_conv_epilogue``) that calls a math function is a loop over the vectors (its count opaque,
+# so that LLVM does not unroll it back), one copy of the fused epilogue and one of its masked
+# form, rather than both per vector: a SiLU is ~80 IR instructions a copy, and at 4 vectors a
+# row the 8 copies were 60 % of a 1x1 SiLU kernel's emitted IR (yolo11n_seg_nms, x86-64-v4:
+# 685 of 1,124 instructions). LLVM merged each vector's two copies itself, so the optimized
+# module shrinks less (yolo11n's 29 kernels: 16,308 -> 15,506 instructions at v4): Python's
+# emission and LLVM's optimizer each ~0.06-0.1 CPU-s less per level.
+EPILOGUE_VECTOR_LOOP = True
+# Whether a reduction in chunks (``_conv_chunked``) runs all its chunks in one loop, the last
+# chunk's sweep ending in the epilogue at run time, rather than the last sweep as a second
+# copy of the register tile's code (~970 IR instructions of a 3x3's at x86-64-v4).
+CHUNK_LOOP = True
 
 
 class ConvMixin:
@@ -351,7 +365,7 @@ class ConvMixin:
                     y_hi = b.select(b.icmp_signed("<", y_hi, const_i64(yc)), y_hi,
                                     const_i64(yc))
 
-                def sweep(kc: ir.Value, init: ir.Value, final: bool) -> None:
+                def sweep(kc: ir.Value, init: ir.Value, final) -> None:
                     with for_range(b, y_lo, y_hi, "cy") as y:
                         mb, jp = (y, x) if outer else (x, y)
                         tile = b.gep(region, [b.mul(y, const_i64(mr * nr))], inbounds=True)
@@ -359,23 +373,35 @@ class ConvMixin:
                                          chunk=(b.mul(kc, const_i64(kcg)), kcg, init, tile),
                                          final=final)
 
-                if nch > 1:
-                    with for_range(b, const_i64(0), const_i64(nch - 1), "kc") as kc:
-                        sweep(kc, b.icmp_signed(">", kc, const_i64(0)), False)
-                sweep(const_i64(nch - 1), ir.Constant(I1, nch > 1), True)
+                if CHUNK_LOOP and nch > 1 and not self._masks_last_panel(g):
+                    # every chunk in one loop, the last one's sweep ending in the epilogue
+                    with for_range(b, const_i64(0), const_i64(nch), "kc") as kc:
+                        sweep(kc, b.icmp_signed(">", kc, const_i64(0)),
+                              b.icmp_signed("==", kc, const_i64(nch - 1)))
+                else:
+                    if nch > 1:
+                        with for_range(b, const_i64(0), const_i64(nch - 1), "kc") as kc:
+                            sweep(kc, b.icmp_signed(">", kc, const_i64(0)), False)
+                    sweep(const_i64(nch - 1), ir.Constant(I1, nch > 1), True)
                 if not outer and not by_panel and self._fused_tail is not None:
                     # the task that ran the block row's last panel: its tail outputs
                     with b.if_then(b.icmp_signed("==", y_hi, const_i64(yc))):
                         self._tail_block(g, self._fused_tail[0], self._fused_tail[1],
                                          b.mul(x, const_i64(mr)), mr)
 
+    def _masks_last_panel(self, g: dict) -> bool:
+        """Whether a block's last reduction step masks its loads in a last, partial panel
+        (the input itself read, ``_conv_block``)."""
+        return bool(g["direct"]) and g["panels"] * g["nr"] > g["pflat"]
+
     def _conv_block(self, g: dict, n, grp, mb, jp, src, ic_base, chunk=None,
-                    final: bool = True) -> None:
+                    final: bool | ir.Value = True) -> None:
         """One mr x nr block of outputs: group ``grp``, block row ``mb``, panel ``jp``; ``src``
         holds the planes, the group's first channel at plane channel ``ic_base``. ``chunk``:
         (first channel, channels, init, tile) of a reduction chunk (``_conv_chunked``) whose
         partial sums go to ``tile``, starting from its values when ``init``; the epilogue
-        only when ``final``."""
+        only when ``final`` (an i1 value: when it is true at run time; then no load is
+        masked, ``_masks_last_panel`` false)."""
         b = self.builder
         out = self.match.out
         mr, nv, nr, og, cg = g["mr"], g["nv"], g["nr"], g["og"], g["cg"]
@@ -419,15 +445,22 @@ class ConvMixin:
             # step, in the last chunk): the lanes past the plane read the next channel, and
             # only feed outputs that are dropped.
             tile = self._microkernel(mr, nv, k_extent, a_scalar, plain, list(range(khw)),
-                                     b_last=b_masked if masked and final else None,
+                                     b_last=b_masked if masked and final is True else None,
                                      tile=tile_buf, init=init)
-            if final:
+
+            def epilogue() -> None:
                 self._conv_epilogue(g, out, n, oc0, local0, p0, tile)
                 if g.get("prefetch_panels", 0) and g.get("prefetch_input"):
                     self._prefetch_input_rows(g, src, ic_base if chunk is None else
                                               b.sub(ic_base, chunk[0]), mb, p0)
 
-        if not g["direct"] or g["panels"] * nr <= g["pflat"]:
+            if isinstance(final, ir.Value):
+                with b.if_then(final):
+                    epilogue()
+            elif final:
+                epilogue()
+
+        if not self._masks_last_panel(g):
             block(False)
         else:  # the input itself is read: mask the last loads of the last, partial panel
             full = b.icmp_signed("<=", b.add(p0, const_i64(nr)), const_i64(g["pflat"]))
@@ -693,18 +726,16 @@ class ConvMixin:
                 env[id(out.axes[1])] = b.add(oc0, i)
                 if ahead:
                     self._prefetch_run(env, out, b.add(p0, const_i64(ahead)), nr)
-                for v in range(g["nv"]):
-                    p = b.add(p0, const_i64(v * self.vl))
-                    left = b.sub(const_i64(g["pflat"]), p)
-                    env[id(out.axes[2])] = b.sdiv(p, const_i64(wq))
-                    env[id(out.axes[3])] = b.srem(p, const_i64(wq))
-                    t_idx = b.add(b.mul(i, const_i64(nr)), const_i64(v * self.vl))
-                    with b.if_else(b.icmp_signed(">=", left, const_i64(self.vl))) as (full, part):
-                        with full:
-                            self._store_vector(env, tile, t_idx, None)
-                        with part:
-                            with b.if_then(b.icmp_signed(">", left, const_i64(0))):
-                                self._store_vector(env, tile, t_idx, self._lane_mask(left, 0))
+                if EPILOGUE_VECTOR_LOOP and g["nv"] > 1 and self._costly_epilogue():
+                    # the count through an empty asm: LLVM's full unrolling copied the
+                    # epilogue back per vector (the optimized module as large as before)
+                    nv = b.asm(ir.FunctionType(I64, [I64]), "", "=r,0", [const_i64(g["nv"])],
+                               side_effect=True)
+                    with for_range(b, const_i64(0), nv, "tv") as v:
+                        self._epilogue_vector(g, env, tile, i, p0, b.mul(v, const_i64(self.vl)))
+                else:
+                    for v in range(g["nv"]):
+                        self._epilogue_vector(g, env, tile, i, p0, const_i64(v * self.vl))
             return
         with for_range(b, const_i64(0), rows, "ti") as i:
             env[id(out.axes[1])] = b.add(oc0, i)
@@ -718,6 +749,30 @@ class ConvMixin:
                 env[id(out.axes[2])] = oy
                 self._store_row_span(env, out.axes[3], tile, i, nr, row0, p0, x_lo, x_hi,
                                      self._vector_epilogue_ok())
+
+    def _costly_epilogue(self) -> bool:
+        """Whether the fused epilogue calls a math function (SiLU's sigmoid, GELU's erf): a
+        copy per vector is then most of the kernel's code; a bias or residual add stays a
+        copy per vector (a loop's index arithmetic would be most of its work)."""
+        return any(isinstance(e, te.MathCall) for e in te.walk(self.match.body))
+
+    def _epilogue_vector(self, g: dict, env: dict, tile, i, p0, at) -> None:
+        """The epilogue on the vector ``at`` floats into tile row ``i`` of a panel that is a
+        contiguous run of outputs from ``p0`` (vectors across row ends): whole, or its lanes
+        before the image's end, or none past it."""
+        b, out = self.builder, self.match.out
+        wq = g["wq"]
+        p = b.add(p0, at)
+        left = b.sub(const_i64(g["pflat"]), p)
+        env[id(out.axes[2])] = b.sdiv(p, const_i64(wq))
+        env[id(out.axes[3])] = b.srem(p, const_i64(wq))
+        t_idx = b.add(b.mul(i, const_i64(g["nr"])), at)
+        with b.if_else(b.icmp_signed(">=", left, const_i64(self.vl))) as (full, part):
+            with full:
+                self._store_vector(env, tile, t_idx, None)
+            with part:
+                with b.if_then(b.icmp_signed(">", left, const_i64(0))):
+                    self._store_vector(env, tile, t_idx, self._lane_mask(left, 0))
 
     def _prefetch_input_rows(self, g: dict, src, ic_base, mb, p0) -> None:
         """Direct 1x1, block rows innermost: block row ``mb`` prefetches its share (the

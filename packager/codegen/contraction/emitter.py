@@ -14,7 +14,8 @@ from llvmlite import ir
 from ...ir import te
 from ...ir.te import itemsize
 from ...ir.graph import PrimFunc
-from ..helpers import F32, I1, I32, I64, alloca_once, const_i64, for_range, intrinsic
+from ..helpers import (F32, I1, I32, I64, alloca_once, const_i64, for_range, intrinsic,
+                       shared_constant)
 from ..lower import KernelEmitter, LoweringError
 from ..vecmath_lanes import opaque_zero, splat_i32
 from .match import Contraction
@@ -115,9 +116,10 @@ class ContractionBase(KernelEmitter):
 
     def _splat(self, x: ir.Value) -> ir.Value:
         b = self.builder
-        v = b.insert_element(ir.Constant(self.vty, None), x, ir.Constant(I32, 0))
-        return b.shuffle_vector(v, ir.Constant(self.vty, None),
-                                ir.Constant(ir.VectorType(I32, self.vl), [0] * self.vl))
+        undef = shared_constant(self.vty, None)
+        v = b.insert_element(undef, x, ir.Constant(I32, 0))
+        return b.shuffle_vector(v, undef,
+                                shared_constant(ir.VectorType(I32, self.vl), [0] * self.vl))
 
     def _fma(self, a: ir.Value, x: ir.Value, acc: ir.Value) -> ir.Value:
         fn = intrinsic(self.module, f"llvm.fmuladd.v{self.vl}f32", self.vty,
@@ -129,7 +131,7 @@ class ContractionBase(KernelEmitter):
         fn = intrinsic(self.module, f"llvm.masked.load.v{self.vl}f32.p0", self.vty,
                        [vptr, I32, ir.VectorType(I1, self.vl), self.vty])
         return self.builder.call(fn, [ptr, ir.Constant(I32, 4), mask,
-                                      ir.Constant(self.vty, [0.0] * self.vl)])
+                                      shared_constant(self.vty, [0.0] * self.vl)])
 
     def _begin_epilogue(self) -> None:
         """Make the opaque zero the epilogue's constants derive from, after a reduction loop."""
@@ -139,11 +141,11 @@ class ContractionBase(KernelEmitter):
     def _lane_mask(self, remaining: ir.Value, v: int) -> ir.Value:
         """Lanes of vector ``v`` of a panel whose column index is < ``remaining``."""
         b = self.builder
-        lanes = ir.Constant(ir.VectorType(I64, self.vl), [v * self.vl + i for i in range(self.vl)])
-        rem = b.insert_element(ir.Constant(ir.VectorType(I64, self.vl), None), remaining,
-                               ir.Constant(I32, 0))
-        rem = b.shuffle_vector(rem, ir.Constant(ir.VectorType(I64, self.vl), None),
-                               ir.Constant(ir.VectorType(I32, self.vl), [0] * self.vl))
+        i64s = ir.VectorType(I64, self.vl)
+        lanes = shared_constant(i64s, [v * self.vl + i for i in range(self.vl)])
+        rem = b.insert_element(shared_constant(i64s, None), remaining, ir.Constant(I32, 0))
+        rem = b.shuffle_vector(rem, shared_constant(i64s, None),
+                               shared_constant(ir.VectorType(I32, self.vl), [0] * self.vl))
         return b.icmp_signed("<", lanes, rem)
 
     def _split(self, total: int, task: ir.Value, ntasks: ir.Value) -> tuple[ir.Value, ir.Value]:
