@@ -54,14 +54,14 @@ def test_packed_planes_match_onnxruntime(tmp_path):
 
 def test_packed_plan_and_emitted_code():
     """Packed at 16 lanes, stride 1, rows of at most two vectors (several rows a vector only
-    where the input rows are as wide), at most 64 vectors a plane; not where the flat plane,
-    the stride-2 plane or AVX2's padded rows take it. The 14x14 5x5 plane: straight-line code,
+    where the input rows are as wide), at most 64 vectors a plane; not at stride 2 nor on
+    AVX2's padded rows. The 14x14 5x5 plane: straight-line code,
     one load per input row and window column (70, 5 constant masks), no weights spilled."""
     for shape, k, s, pad, vl, g in (((1, 8, 14, 14), 5, 1, 2, 16, 1),
                                     ((1, 8, 28, 28), 3, 1, 1, 16, 1),
                                     ((1, 8, 20, 7), 3, 1, 1, 16, 2),
                                     ((1, 8, 14, 5), 5, 1, 2, 16, 3),
-                                    ((1, 8, 7, 7), 5, 1, 2, 16, 0),      # flat
+                                    ((1, 8, 7, 7), 5, 1, 2, 16, 2),      # two rows of 7
                                     ((1, 8, 14, 14), 5, 2, 2, 16, 0),    # stride 2
                                     ((1, 8, 56, 56), 3, 1, 1, 16, 0),    # 4 chunks: rows
                                     ((1, 8, 40, 28), 3, 1, 1, 16, 0),    # 80 vectors: rows

@@ -14,9 +14,13 @@ that reads it). For a chunk starting at output column ``ox0``, tap kx needs the 
   3-wide window); taps beyond that reach are loaded and deinterleaved on their own.
 
 Rows narrower than half a vector use half-width vectors (7-wide rows: 8 lanes on AVX-512).
-Small planes skip the rows at AVX-512: stride 1 up to 8x8 as one flat run of vectors
-(``_emit_flat_plane``), stride 2 with output rows up to a vector wide from whole input-row
-vectors, each tap one two-source permute (``_emit_s2_plane``).
+Small planes skip the rows at AVX-512: stride 1 with output rows of at most two vectors (or
+several rows a vector: 7x7 two rows of 7) unrolled in bands of 16 accumulators, a window column
+at a time, each input row loaded once per column with constant masks (``_emit_packed_plane``;
+it replaced 7x7 and 8x8 planes' flat runs of vectors, whose every tap was its own load:
+PP-LCNet's 5x5 on 7x7x512 12.6 -> 9.4 us, on 14x14x256 21.5 -> 12.3), stride 2 with output
+rows up to a vector wide from whole input-row vectors, each tap one two-source permute
+(``_emit_s2_plane``).
 
 Padding costs no bounds checks in the inner loops: output rows are grouped (at compile time)
 by which window rows lie inside the image, and chunks whose reads lie inside the row and whose
@@ -91,11 +95,6 @@ DEPTHWISE_MAC_COST = 2
 # -> 146, and on 14x14 and 7x7 planes (a few rows per block) the per-block copies cost more than
 # they save (29 -> 44).
 LAZY_COPY_BYTES = 16 * 1024
-# AVX-512, stride 1: planes at most this wide with at most this many 16-lane vectors of outputs
-# run as one flat run of vectors (``_emit_flat_plane``; 7x7: 4 vectors, 49 of 64 lanes used,
-# where rows took 7 masked 8-lane chunks).
-FLAT_MAX_OW = 8
-FLAT_MAX_VECTORS = 4
 # AVX-512, horizontal stride 2: output rows at most 16 wide from input rows under 32 wide
 # (two rows of at most 8 per 16-lane vector from input rows under 16) with at most this many
 # vectors per plane run unrolled from whole input-row vectors (``_emit_s2_plane``): each tap
@@ -168,13 +167,11 @@ class DepthwiseEmitter(ContractionEmitter):
         self.o, _, self.kh, self.kw = w.shape
         _, _, self.oh, self.ow = self.match.out.shape
         self.sh, self.sw = attrs["strides"]
-        self.flat = self._flat_ok()
-        self.s2_rows = 0 if self.flat else self._s2_rows()
-        self.packed = 0 if self.flat or self.s2_rows else self._packed_rows()
+        self.packed = self._packed_rows()
+        self.s2_rows = 0 if self.packed else self._s2_rows()
         # rows narrower than half a vector: half-width vectors (on AVX-512, twice the throughput
         # of full ones, and otherwise half the lanes would be wasted)
-        while not (self.flat or self.s2_rows or self.packed) and self.vl > 4 \
-                and self.vl // 2 >= self.ow:
+        while not (self.s2_rows or self.packed) and self.vl > 4 and self.vl // 2 >= self.ow:
             self.vl //= 2
         vl = self.vl
         self.vty = ir.VectorType(F32, vl)
@@ -184,7 +181,7 @@ class DepthwiseEmitter(ContractionEmitter):
         self.col_block = COL_BLOCK.get(vl, 1) if self.kh * self.kw <= COL_BLOCK_TAPS else 1
         self.vector_epilogue = self._vector_epilogue_ok()
         self.pt, self.pl = attrs["padding"][0], attrs["padding"][1]
-        if self.flat or self.s2_rows or self.packed:
+        if self.s2_rows or self.packed:
             self.padded, self.region_floats, self.segments = False, 0, []
             return
         # How each tap's vector is made: ("load", offset) or ("shuffle", a, b, lanes), where
@@ -268,19 +265,6 @@ class DepthwiseEmitter(ContractionEmitter):
             else:
                 segments.append([oy, oy + 1, *ky])
         self.segments = [tuple(s) for s in segments]
-
-    def _flat_ok(self) -> bool:
-        """AVX-512, stride 1, a plane as wide as its input and at most ``FLAT_MAX_OW`` wide
-        with at most ``FLAT_MAX_VECTORS`` vectors of outputs (7x7): the plane's outputs as one
-        flat run of 16-lane vectors (``_emit_flat_plane``), when every tensor the epilogue reads
-        is indexed like the output over the plane or not at all (flat offsets then stay
-        right)."""
-        if self.target_vl < PADDED_BELOW_VL or (self.sh, self.sw) != (1, 1):
-            return False
-        if not (self.ow == self.w and self.ow <= FLAT_MAX_OW
-                and -(-self.oh * self.ow // self.target_vl) <= FLAT_MAX_VECTORS):
-            return False
-        return self._flat_epilogue_ok()
 
     def _s2_rows(self) -> int:
         """AVX-512, horizontal stride 2, output rows at most a vector wide read from input
@@ -412,38 +396,6 @@ class DepthwiseEmitter(ContractionEmitter):
                 return False
         return True
 
-    def _emit_flat_plane(self, x_plane: ir.Value) -> None:
-        """One plane's oh*ow outputs as flat 16-lane vectors: output o (row o // ow, column
-        o % ow) reads input o + (ky - pt) * w + kx - pl, so every tap of a vector is one load
-        from the plane, masked (a constant mask) where lanes fall outside the window's rows or
-        columns; the vector stored whole (the last one masked)."""
-        b, vl, ow = self.builder, self.vl, self.ow
-        total = self.oh * ow
-        for v in range(-(-total // vl)):
-            acc = None
-            outs = [o for o in range(v * vl, (v + 1) * vl)]
-            for ky in range(self.kh):
-                for kx in range(self.kw):
-                    valid = [o < total and 0 <= o // ow + ky - self.pt < self.h
-                             and 0 <= o % ow + kx - self.pl < self.w for o in outs]
-                    if not any(valid):
-                        continue
-                    off = v * vl + (ky - self.pt) * self.w + kx - self.pl
-                    ptr = b.bitcast(b.gep(x_plane, [const_i64(off)]), self.vty.as_pointer())
-                    if all(valid):
-                        x = b.load(ptr, align=4)
-                    else:
-                        x = self._masked_load(ptr, ir.Constant(ir.VectorType(I1, vl), valid))
-                    wv = self.weights[ky][kx]
-                    acc = b.fmul(wv, x) if acc is None else self._fma(wv, x, acc)
-            if acc is None:
-                acc = ir.Constant(self.vty, [0.0] * vl)
-            mask = None
-            if (v + 1) * vl > total:
-                mask = ir.Constant(ir.VectorType(I1, vl), [o < total for o in outs])
-            # oy 0, ox the flat offset: every tensor the epilogue reads is flat like the output
-            emit_epilogue(self, acc, const_i64(0), const_i64(v * vl), mask, const_i64(total))
-
     def _emit_s2_plane(self, x_plane: ir.Value) -> None:
         """One plane of a horizontal stride 2 (``_s2_rows``): ``g`` = s2_rows output rows per
         16-lane vector, lane j output row v * g + j // (vl / g), column j % (vl / g). Each
@@ -560,9 +512,7 @@ class DepthwiseEmitter(ContractionEmitter):
                 self._copy_plane(x_plane, region)
                 x_plane = region
             begin_plane(self, w_ptr, nb, oc)
-            if self.flat:   # no segments
-                self._emit_flat_plane(x_plane)
-            elif self.s2_rows:
+            if self.s2_rows:   # no segments
                 self._emit_s2_plane(x_plane)
             elif self.packed:
                 self._emit_packed_plane(x_plane, w_ptr, oc)
