@@ -67,6 +67,10 @@ ROW_BLOCK = {16: 4}
 # 26.8, 56x56x64 27.8 -> 25.8, stride 2 112x112x32 24.5 -> 23.5, 56x56x64 12.2 -> 12.1.
 COL_BLOCK = {16: 2}
 COL_BLOCK_TAPS = 9
+# ... and where the row's interior chunks make at most this many pairs: with a loop over several
+# pairs LLVM loads the next pair's taps early and spills (112x112x16 with a BatchNorm and
+# HardSwish epilogue: 1 chunk 29.0 us, 2 chunks 36.9).
+COL_BLOCK_MAX_PAIRS = 1
 # Targets with vectors narrower than this (AVX2, SSE, NEON) pad each plane's rows in a task
 # workspace region instead of loading the border chunks with masks; tasks beyond
 # MAX_TASK_REGIONS get no planes.
@@ -215,6 +219,8 @@ class DepthwiseEmitter(ContractionEmitter):
         q_hi = min((self.w + self.pl - span) // step, self.ow // vl - 1) + 1 \
             if self.w + self.pl - span >= 0 else 0
         self.q_lo, self.q_hi = q_lo, max(q_lo, min(q_hi, self.nq))
+        if self.q_hi - self.q_lo > 2 * COL_BLOCK_MAX_PAIRS:
+            self.col_block = 1
         # Narrower vectors (AVX2, SSE, NEON): masked loads are slow or scalarized there, so a
         # convolution with border chunks copies each input plane into a zero-margined row
         # buffer of its task (row stride ``row_stride``, column ix at ix + pl) and runs every
