@@ -1,9 +1,9 @@
-"""The depthwise kernel's flat planes at AVX-512 (codegen/depthwise/static.py,
-``_emit_flat_plane``): stride-1 planes at most 8 wide and 4 vectors of outputs (7x7) run as one
-flat run of 16-lane vectors with constant tap masks, against ONNX Runtime where this host runs
-x86-64-v4, and the plan and emitted code on any host. Odd channel counts, 3x3/5x5/7x7 windows,
-asymmetric padding, a channel multiplier, batch 2, fused SiLU / HardSwish / residual (a
-same-shape tensor read at flat offsets) epilogues, 1 and 2 threads."""
+"""The depthwise kernel's small planes at AVX-512 (codegen/depthwise/static.py,
+``_emit_packed_plane``, which replaced the flat runs of 16-lane vectors): stride-1 planes at
+most 8 wide run several rows a vector with constant tap masks, against ONNX Runtime where
+this host runs x86-64-v4, and the plan and emitted code on any host. Odd channel counts,
+3x3/5x5/7x7 windows, asymmetric padding, a channel multiplier, batch 2, fused SiLU / HardSwish
+/ residual (a same-shape tensor read at flat offsets) epilogues, 1 and 2 threads."""
 
 from __future__ import annotations
 
@@ -67,24 +67,25 @@ def _emitter(x_shape, k, s, pad, vl, mult=1):
 
 
 def test_flat_plan_and_emitted_code():
-    """Flat at 16 lanes only, stride 1, planes <= 8 wide of <= 4 vectors; the 7x7 5x5 kernel
-    loads its taps as 16-lane vectors (masked where a lane's window leaves the plane) and
-    keeps no 8-lane rows; AVX2's 8 lanes keep the padded rows (their bundles unchanged)."""
+    """Planes at most 8 wide and as wide as their input take the packed planes at 16 lanes
+    (``_emit_packed_plane``, which replaced the flat runs of vectors): two 7-wide rows a
+    vector, each input row pair loaded once per window column; the 7x7 5x5 kernel keeps no
+    8-lane rows; AVX2's 8 lanes keep the padded rows (their bundles unchanged)."""
     e = _emitter((1, 13, 7, 7), 5, 1, 2, 16)
     e._geometry()
-    assert e.flat and e.vl == 16 and not e.padded
+    assert e.packed == 2 and e.vl == 16 and not e.padded
     for shape, k, s, pad, vl in (((1, 13, 7, 7), 5, 1, 2, 8), ((1, 8, 14, 14), 5, 2, 2, 16),
-                                 ((1, 8, 14, 14), 3, 1, 1, 16), ((1, 8, 9, 9), 3, 1, 1, 16),
                                  ((1, 8, 7, 7), 3, 1, 0, 16)):
         g = _emitter(shape, k, s, pad, vl)
         g._geometry()
-        assert not g.flat, (shape, k, s, pad, vl)
+        assert not g.packed, (shape, k, s, pad, vl)
     text = _emitted((1, 13, 7, 7), 5, 2)
     assert "llvm.masked.load.v16f32" in text and "<8 x float>" not in text
-    # 4 vectors x 25 taps, the taps wholly outside the plane skipped
+    # input rows -1 .. 6 (a row pair each, the pairs wholly outside skipped) x 5 columns,
+    # where the flat runs loaded 4 vectors x 25 taps
     taps = [line for line in text.splitlines() if "load <16 x float>" in line
             or ("call" in line and "masked.load.v16f32" in line)]
-    assert 60 <= len(taps) <= 100, len(taps)
+    assert len(taps) == 40, len(taps)
 
 
 def _emitted(shape, k, pad) -> str:

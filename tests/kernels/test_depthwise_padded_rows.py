@@ -161,6 +161,6 @@ def test_padded_geometry_on_narrow_targets():
     assert e.padded and e.x_step == 1 and e.row_stride == 2 * e.phase_len
     assert e.segments == [(0, 7, 0, 5)] and e.region_floats >= (2 + 14 + 1) * e.row_stride
     assert e.recipes == {kx: ("load", kx % 2 * e.phase_len + kx // 2) for kx in range(5)}
-    e = plan((1, 8, 14, 14), 5, 1, 2, 16)
+    e = plan((1, 8, 14, 40), 5, 1, 2, 16)   # 14 wide: a packed plane (its own test)
     assert not e.padded and len(e.segments) == 5                # AVX-512: masked borders
     assert not plan((1, 8, 6, 16), 1, 1, 0, 8).padded          # no border chunk: in place

@@ -63,7 +63,7 @@ def test_stride2_rows_plan_and_emitted_code():
                                 ((1, 8, 16, 16), 3, 1, 1), ((1, 8, 10, 32), 3, 1, 0)):
         e = _emitter(shape, k, 2, pad, 16)
         e._geometry()
-        assert (e.s2_rows, e.vl) == (rows, 16) and not e.flat, (shape, k, pad)
+        assert (e.s2_rows, e.vl) == (rows, 16) and not e.packed, (shape, k, pad)
     e = _emitter((1, 8, 14, 14), 5, 2, 2, 8)
     e._geometry()
     assert not e.s2_rows and e.padded

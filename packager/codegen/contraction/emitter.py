@@ -60,6 +60,9 @@ class ContractionBase(KernelEmitter):
         # constants of the vector epilogue derive from it (see vecmath_lanes.opaque_constant)
         self._opaque: ir.Value | None = None
         self._opaque_scalar: ir.Value | None = None
+        # (opaque zero, its splat) that epilogues share between share_epilogue_zero() and
+        # end_shared_epilogue_zero(), or None: a fresh one per epilogue
+        self._shared_opaque: tuple[ir.Value, ir.Value] | None = None
         self._packed_b: ir.Value | None = None   # the packed B panel _matmul_panel reads
         self._pack_region: ir.Value | None = None   # this task's region for it (workspace)
         # (chunk index, chunks) of the work item's rows (MatmulMixin._row_chunks), or None
@@ -134,9 +137,23 @@ class ContractionBase(KernelEmitter):
                                       shared_constant(self.vty, [0.0] * self.vl)])
 
     def _begin_epilogue(self) -> None:
-        """Make the opaque zero the epilogue's constants derive from, after a reduction loop."""
+        """Make the opaque zero the epilogue's constants derive from, after a reduction loop
+        (or take the one ``share_epilogue_zero`` made)."""
+        if self._shared_opaque is not None:
+            self._opaque_scalar, self._opaque = self._shared_opaque
+            return
         self._opaque_scalar = opaque_zero(self.builder)
         self._opaque = splat_i32(self.builder, self._opaque_scalar, self.vl)
+
+    def share_epilogue_zero(self) -> None:
+        """The vector epilogues emitted from here until ``end_shared_epilogue_zero`` share one
+        opaque zero (straight-line code after one reduction: their constants and per-channel
+        reads are then made once for all of them, not once per vector)."""
+        scalar = opaque_zero(self.builder)
+        self._shared_opaque = (scalar, splat_i32(self.builder, scalar, self.vl))
+
+    def end_shared_epilogue_zero(self) -> None:
+        self._shared_opaque = None
 
     def _lane_mask(self, remaining: ir.Value, v: int) -> ir.Value:
         """Lanes of vector ``v`` of a panel whose column index is < ``remaining``."""

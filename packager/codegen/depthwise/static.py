@@ -14,9 +14,13 @@ that reads it). For a chunk starting at output column ``ox0``, tap kx needs the 
   3-wide window); taps beyond that reach are loaded and deinterleaved on their own.
 
 Rows narrower than half a vector use half-width vectors (7-wide rows: 8 lanes on AVX-512).
-Small planes skip the rows at AVX-512: stride 1 up to 8x8 as one flat run of vectors
-(``_emit_flat_plane``), stride 2 with output rows up to a vector wide from whole input-row
-vectors, each tap one two-source permute (``_emit_s2_plane``).
+Small planes skip the rows at AVX-512: stride 1 with output rows of at most two vectors (or
+several rows a vector: 7x7 two rows of 7) unrolled in bands of 16 accumulators, a window column
+at a time, each input row loaded once per column with constant masks (``_emit_packed_plane``;
+it replaced 7x7 and 8x8 planes' flat runs of vectors, whose every tap was its own load:
+PP-LCNet's 5x5 on 7x7x512 12.6 -> 9.4 us, on 14x14x256 21.5 -> 12.3), stride 2 with output
+rows up to a vector wide from whole input-row vectors, each tap one two-source permute
+(``_emit_s2_plane``).
 
 Padding costs no bounds checks in the inner loops: output rows are grouped (at compile time)
 by which window rows lie inside the image, and chunks whose reads lie inside the row and whose
@@ -48,6 +52,7 @@ from ..contraction.match import Contraction, match_contraction
 from ..helpers import F32, I1, I32, I64, alloca_once, const_i64, for_range, intrinsic
 from ..lower import KernelInfo
 from ..threads import DEFAULTS, SplitThresholds
+from ..vecmath_lanes import opaque_zero
 
 I16 = ir.IntType(16)
 
@@ -56,6 +61,16 @@ I16 = ir.IntType(16)
 # MobileNetV2's layers (Zen 4): 1 -> 2 -> 4 rows 1.0 / 0.86 / 0.81 of the time with AVX-512,
 # 2 rows 0.9 of 1 or 3 with AVX2.
 ROW_BLOCK = {16: 4}
+# Chunks of a row computed together on AVX-512's rows where a window has at most
+# COL_BLOCK_TAPS taps (3x3: 9 weights and 4 x 2 accumulators in registers). Measured on Zen 5
+# (1 thread, min us, 1 -> 2 chunks, PP-LCNet's 3x3 layers with HardSwish): 112x112x16 27.3 ->
+# 26.8, 56x56x64 27.8 -> 25.8, stride 2 112x112x32 24.5 -> 23.5, 56x56x64 12.2 -> 12.1.
+COL_BLOCK = {16: 2}
+COL_BLOCK_TAPS = 9
+# ... and where the row's interior chunks make at most this many pairs: with a loop over several
+# pairs LLVM loads the next pair's taps early and spills (112x112x16 with a BatchNorm and
+# HardSwish epilogue: 1 chunk 29.0 us, 2 chunks 36.9).
+COL_BLOCK_MAX_PAIRS = 1
 # Targets with vectors narrower than this (AVX2, SSE, NEON) pad each plane's rows in a task
 # workspace region instead of loading the border chunks with masks; tasks beyond
 # MAX_TASK_REGIONS get no planes.
@@ -84,17 +99,18 @@ DEPTHWISE_MAC_COST = 2
 # -> 146, and on 14x14 and 7x7 planes (a few rows per block) the per-block copies cost more than
 # they save (29 -> 44).
 LAZY_COPY_BYTES = 16 * 1024
-# AVX-512, stride 1: planes at most this wide with at most this many 16-lane vectors of outputs
-# run as one flat run of vectors (``_emit_flat_plane``; 7x7: 4 vectors, 49 of 64 lanes used,
-# where rows took 7 masked 8-lane chunks).
-FLAT_MAX_OW = 8
-FLAT_MAX_VECTORS = 4
 # AVX-512, horizontal stride 2: output rows at most 16 wide from input rows under 32 wide
 # (two rows of at most 8 per 16-lane vector from input rows under 16) with at most this many
 # vectors per plane run unrolled from whole input-row vectors (``_emit_s2_plane``): each tap
 # one two-source permute of them, where rows took chunks with run-time masks (14x14 -> 7x7:
 # 8-lane rows).
 S2_MAX_VECTORS = 16
+# AVX-512, stride 1: planes whose output rows take at most this many 16-lane vectors (or several
+# rows a vector where they are at most half one wide), with at most PACKED_MAX_VECTORS vectors
+# per plane, run unrolled a band of PACKED_BAND accumulators at a time (``_emit_packed_plane``).
+PACKED_MAX_CHUNKS = 2
+PACKED_MAX_VECTORS = 64
+PACKED_BAND = 16
 
 
 def is_depthwise(match: Contraction | None) -> bool:
@@ -155,19 +171,21 @@ class DepthwiseEmitter(ContractionEmitter):
         self.o, _, self.kh, self.kw = w.shape
         _, _, self.oh, self.ow = self.match.out.shape
         self.sh, self.sw = attrs["strides"]
-        self.flat = self._flat_ok()
-        self.s2_rows = 0 if self.flat else self._s2_rows()
+        self.packed = self._packed_rows()
+        self.s2_rows = 0 if self.packed else self._s2_rows()
         # rows narrower than half a vector: half-width vectors (on AVX-512, twice the throughput
         # of full ones, and otherwise half the lanes would be wasted)
-        while not (self.flat or self.s2_rows) and self.vl > 4 and self.vl // 2 >= self.ow:
+        while not (self.s2_rows or self.packed) and self.vl > 4 and self.vl // 2 >= self.ow:
             self.vl //= 2
         vl = self.vl
         self.vty = ir.VectorType(F32, vl)
         self.row_block = ROW_BLOCK.get(vl, 2)
-        self.col_block = 1
+        # AVX-512 rows: two chunks a block where a window's weights leave the registers for
+        # their 8 accumulators (more independent multiply-add chains than 4 rows x 1 chunk)
+        self.col_block = COL_BLOCK.get(vl, 1) if self.kh * self.kw <= COL_BLOCK_TAPS else 1
         self.vector_epilogue = self._vector_epilogue_ok()
         self.pt, self.pl = attrs["padding"][0], attrs["padding"][1]
-        if self.flat or self.s2_rows:
+        if self.s2_rows or self.packed:
             self.padded, self.region_floats, self.segments = False, 0, []
             return
         # How each tap's vector is made: ("load", offset) or ("shuffle", a, b, lanes), where
@@ -201,6 +219,8 @@ class DepthwiseEmitter(ContractionEmitter):
         q_hi = min((self.w + self.pl - span) // step, self.ow // vl - 1) + 1 \
             if self.w + self.pl - span >= 0 else 0
         self.q_lo, self.q_hi = q_lo, max(q_lo, min(q_hi, self.nq))
+        if self.q_hi - self.q_lo > 2 * COL_BLOCK_MAX_PAIRS:
+            self.col_block = 1
         # Narrower vectors (AVX2, SSE, NEON): masked loads are slow or scalarized there, so a
         # convolution with border chunks copies each input plane into a zero-margined row
         # buffer of its task (row stride ``row_stride``, column ix at ix + pl) and runs every
@@ -252,19 +272,6 @@ class DepthwiseEmitter(ContractionEmitter):
                 segments.append([oy, oy + 1, *ky])
         self.segments = [tuple(s) for s in segments]
 
-    def _flat_ok(self) -> bool:
-        """AVX-512, stride 1, a plane as wide as its input and at most ``FLAT_MAX_OW`` wide
-        with at most ``FLAT_MAX_VECTORS`` vectors of outputs (7x7): the plane's outputs as one
-        flat run of 16-lane vectors (``_emit_flat_plane``), when every tensor the epilogue reads
-        is indexed like the output over the plane or not at all (flat offsets then stay
-        right)."""
-        if self.target_vl < PADDED_BELOW_VL or (self.sh, self.sw) != (1, 1):
-            return False
-        if not (self.ow == self.w and self.ow <= FLAT_MAX_OW
-                and -(-self.oh * self.ow // self.target_vl) <= FLAT_MAX_VECTORS):
-            return False
-        return self._flat_epilogue_ok()
-
     def _s2_rows(self) -> int:
         """AVX-512, horizontal stride 2, output rows at most a vector wide read from input
         rows narrower than two vectors, at most ``S2_MAX_VECTORS`` vectors per plane, an
@@ -280,6 +287,102 @@ class DepthwiseEmitter(ContractionEmitter):
         if self.w >= 2 * vl or -(-self.oh // rows) > S2_MAX_VECTORS:
             return 0
         return rows if self._flat_epilogue_ok() else 0
+
+    def _packed_rows(self) -> int:
+        """AVX-512, stride 1, output rows of at most ``PACKED_MAX_CHUNKS`` vectors, at most
+        ``PACKED_MAX_VECTORS`` vectors per plane: output rows per vector of
+        ``_emit_packed_plane`` (``vl // ow`` for rows at most half a vector wide read from input
+        rows as wide, whose epilogue reads flat offsets; else 1); 0 where it does not apply."""
+        vl = self.target_vl
+        if vl < PADDED_BELOW_VL or (self.sh, self.sw) != (1, 1):
+            return 0
+        g = 1
+        if self.ow <= vl // 2:
+            if self.w != self.ow or not self._flat_epilogue_ok():
+                return 0
+            g = vl // self.ow
+        chunks = -(-self.ow // vl)
+        if chunks > PACKED_MAX_CHUNKS or -(-self.oh // g) * chunks > PACKED_MAX_VECTORS:
+            return 0
+        return g
+
+    def _emit_packed_plane(self, x_plane: ir.Value, w_ptr: ir.Value, oc: ir.Value) -> None:
+        """One plane of a stride-1 convolution (``_packed_rows``), unrolled: vector (v, c) holds
+        output rows v * g .. v * g + g - 1 (g = ``packed``; lane j row v * g + j // ow, column
+        j % ow) or with g = 1 chunk c of row v (columns c * vl + j). Vectors are taken in bands
+        of ``PACKED_BAND`` accumulators; in a band, window column kx at a time, each input row a
+        is loaded once at column kx - pl (constant masks: lanes whose column or row falls
+        outside the image, or past the outputs, read 0; loads wholly outside skipped) and feeds
+        every vector of the band whose window row ky = a - v * g + pt reads it, with that
+        column's kh weights broadcast once per band (so only kh of them are live, not kh * kw:
+        a 5x5 window's 25 weights and four rows' accumulators spilled). Flat input offsets: with
+        g > 1 the input rows are as wide as the output's, so lane j of rows a.. is element
+        a * w + j + kx - pl of the plane."""
+        b, vl, g, ow, w = self.builder, self.vl, self.packed, self.ow, self.w
+        chunks = -(-ow // vl)
+        groups = -(-self.oh // g)
+        per_band = max(1, PACKED_BAND // chunks)
+        taps = self.kh * self.kw
+        for v0 in range(0, groups, per_band):
+            v1 = min(groups, v0 + per_band)
+            accs: dict[tuple[int, int], ir.Value] = {}
+            # a fresh zero per band: LLVM would otherwise keep every weight loaded once per
+            # plane (noalias) live across all bands
+            z = b.sext(opaque_zero(b), I64) if v0 else const_i64(0)
+            for kx in range(self.kw):
+                wcol: dict[int, ir.Value] = {}
+                for a in range(v0 * g - self.pt, (v1 - 1) * g + self.kh - self.pt):
+                    users = [(v, a - v * g + self.pt) for v in range(v0, v1)
+                             if 0 <= a - v * g + self.pt < self.kh]
+                    for c in range(chunks):
+                        valid = []
+                        for j in range(vl):
+                            row, col = (a + j // ow, j % ow) if g > 1 else (a, c * vl + j)
+                            out_ok = j < g * ow if g > 1 else col < ow
+                            valid.append(out_ok and 0 <= row < self.h
+                                         and 0 <= col + kx - self.pl < w)
+                        if not any(valid):
+                            continue
+                        off = a * w + c * vl + kx - self.pl
+                        ptr = b.bitcast(b.gep(x_plane, [const_i64(off)]), self.vty.as_pointer())
+                        x = b.load(ptr, align=4) if all(valid) else self._masked_load(
+                            ptr, ir.Constant(ir.VectorType(I1, vl), valid))
+                        for v, ky in users:
+                            if ky not in wcol:
+                                idx = b.add(b.add(b.mul(oc, const_i64(taps)),
+                                                  const_i64(ky * self.kw + kx)), z)
+                                wcol[ky] = self._splat(b.load(b.gep(w_ptr, [idx],
+                                                                    inbounds=True)))
+                            acc = accs.get((v, c))
+                            accs[v, c] = b.fmul(wcol[ky], x) if acc is None else \
+                                self._fma(wcol[ky], x, acc)
+            zero = ir.Constant(self.vty, [0.0] * vl)
+            self._share_opaque()
+            for v in range(v0, v1):
+                for c in range(chunks):
+                    acc = accs.get((v, c), zero)
+                    if g > 1:
+                        count = min(g, self.oh - v * g) * ow
+                        mask = None if count == vl else ir.Constant(
+                            ir.VectorType(I1, vl), [j < count for j in range(vl)])
+                        # oy 0, ox the flat offset (_flat_epilogue_ok)
+                        emit_epilogue(self, acc, const_i64(0), const_i64(v * g * ow), mask,
+                                      const_i64(self.oh * ow))
+                    else:
+                        count = min(vl, ow - c * vl)
+                        mask = None if count == vl else ir.Constant(
+                            ir.VectorType(I1, vl), [j < count for j in range(vl)])
+                        emit_epilogue(self, acc, const_i64(v), const_i64(c * vl), mask,
+                                      const_i64(ow))
+            self.end_shared_epilogue_zero()
+
+    def _share_opaque(self) -> None:
+        """The epilogues emitted until ``end_shared_epilogue_zero`` share one opaque zero (at
+        AVX-512, where the vector epilogue's constants derive from one): a packed band's or a
+        row block's, where a zero per vector cost 5 instructions each (28x28x128 3x3 +
+        HardSwish 15.4 -> 13.9 us)."""
+        if self.vector_epilogue and self.target_vl >= PADDED_BELOW_VL:
+            self.share_epilogue_zero()
 
     def _flat_epilogue_ok(self) -> bool:
         """Every tensor the epilogue reads is indexed like the output over the plane or not at
@@ -298,38 +401,6 @@ class DepthwiseEmitter(ContractionEmitter):
             if len(shape) >= 2 and shape[-2:] not in ((1, 1), (self.oh, self.ow)):
                 return False
         return True
-
-    def _emit_flat_plane(self, x_plane: ir.Value) -> None:
-        """One plane's oh*ow outputs as flat 16-lane vectors: output o (row o // ow, column
-        o % ow) reads input o + (ky - pt) * w + kx - pl, so every tap of a vector is one load
-        from the plane, masked (a constant mask) where lanes fall outside the window's rows or
-        columns; the vector stored whole (the last one masked)."""
-        b, vl, ow = self.builder, self.vl, self.ow
-        total = self.oh * ow
-        for v in range(-(-total // vl)):
-            acc = None
-            outs = [o for o in range(v * vl, (v + 1) * vl)]
-            for ky in range(self.kh):
-                for kx in range(self.kw):
-                    valid = [o < total and 0 <= o // ow + ky - self.pt < self.h
-                             and 0 <= o % ow + kx - self.pl < self.w for o in outs]
-                    if not any(valid):
-                        continue
-                    off = v * vl + (ky - self.pt) * self.w + kx - self.pl
-                    ptr = b.bitcast(b.gep(x_plane, [const_i64(off)]), self.vty.as_pointer())
-                    if all(valid):
-                        x = b.load(ptr, align=4)
-                    else:
-                        x = self._masked_load(ptr, ir.Constant(ir.VectorType(I1, vl), valid))
-                    wv = self.weights[ky][kx]
-                    acc = b.fmul(wv, x) if acc is None else self._fma(wv, x, acc)
-            if acc is None:
-                acc = ir.Constant(self.vty, [0.0] * vl)
-            mask = None
-            if (v + 1) * vl > total:
-                mask = ir.Constant(ir.VectorType(I1, vl), [o < total for o in outs])
-            # oy 0, ox the flat offset: every tensor the epilogue reads is flat like the output
-            emit_epilogue(self, acc, const_i64(0), const_i64(v * vl), mask, const_i64(total))
 
     def _emit_s2_plane(self, x_plane: ir.Value) -> None:
         """One plane of a horizontal stride 2 (``_s2_rows``): ``g`` = s2_rows output rows per
@@ -447,10 +518,10 @@ class DepthwiseEmitter(ContractionEmitter):
                 self._copy_plane(x_plane, region)
                 x_plane = region
             begin_plane(self, w_ptr, nb, oc)
-            if self.flat:   # no segments
-                self._emit_flat_plane(x_plane)
-            elif self.s2_rows:
+            if self.s2_rows:   # no segments
                 self._emit_s2_plane(x_plane)
+            elif self.packed:
+                self._emit_packed_plane(x_plane, w_ptr, oc)
             for oy0, oy1, ky_lo, ky_hi in self.segments:
                 rows = oy1 - oy0
                 full = (ky_lo, ky_hi) == (0, self.kh)
@@ -561,23 +632,24 @@ class DepthwiseEmitter(ContractionEmitter):
             for i in range(0, len(rest), cb):
                 self._emit_chunk(x_plane, oy0, nrows, ky_lo, ky_hi, rest[i:i + cb])
             return
-        for chunk in rest:
-            self._emit_chunk(x_plane, oy0, nrows, ky_lo, ky_hi, [chunk])
-        border = self.q_lo + self.nq - self.q_hi
-        if border:   # masked loads and stores (AVX-512)
-            with for_range(b, const_i64(0), const_i64(border), "qb") as qb:
-                q = qb if self.q_hi == self.q_lo else b.select(
-                    b.icmp_signed("<", qb, const_i64(self.q_lo)), qb,
-                    b.add(qb, const_i64(self.q_hi - self.q_lo)))
-                self._emit_chunk(x_plane, oy0, nrows, ky_lo, ky_hi, [(q, None)], masked=True)
+        # then the border chunks, with masked loads and stores (AVX-512), ``col_block`` at a
+        # time with the leftover interior ones, each at a constant column (its masks then
+        # constants: in one loop over them they were computed per tap)
+        rest = [(chunk, False) for chunk in rest] + [
+            ((const_i64(q), None), True) for q in [*range(self.q_lo), *range(self.q_hi, self.nq)]]
+        for i in range(0, len(rest), cb):
+            part = rest[i:i + cb]
+            self._emit_chunk(x_plane, oy0, nrows, ky_lo, ky_hi, [c for c, _ in part],
+                             masked=[m for _, m in part])
 
     def _emit_chunk(self, x_plane, oy0, nrows, ky_lo, ky_hi, chunks: list,
-                    masked: bool = False) -> None:
+                    masked: list[bool] | None = None) -> None:
         """``chunks`` ((q, tail): tail None for a whole chunk, else how many of its lanes are
         stored) of ``nrows`` output rows, each weight loaded once for all of them (with 16
-        registers a 5x5 or 7x7 window's weights live on the stack); ``masked``: one border
-        chunk, loaded and stored with masks."""
+        registers a 5x5 or 7x7 window's weights live on the stack); ``masked``: per chunk, a
+        border chunk, loaded and stored with masks."""
         b, vl = self.builder, self.vl
+        masked = masked or [False] * len(chunks)
         ox0s = [b.mul(q, const_i64(vl)) for q, _ in chunks]
         ix0s = [b.sub(b.mul(ox0, const_i64(self.x_step)), const_i64(self.x_left))
                 for ox0 in ox0s]
@@ -592,24 +664,26 @@ class DepthwiseEmitter(ContractionEmitter):
                         inbounds=True)
             caches: list[dict] = [{} for _ in chunks]
             for kx in range(self.kw):
-                vs = [self._tap(self.recipes[kx], row, ix0, masked, cache)
-                      for ix0, cache in zip(ix0s, caches)]
+                vs = [self._tap(self.recipes[kx], row, ix0, m, cache)
+                      for ix0, m, cache in zip(ix0s, masked, caches)]
                 for r, ky in users:
                     wv = self.weights[ky][kx]
                     for c, v in enumerate(vs):
                         acc = accs[r][c]
                         accs[r][c] = b.fmul(wv, v) if acc is None else self._fma(wv, v, acc)
         zero = ir.Constant(self.vty, [0.0] * vl)
+        self._share_opaque()
         for c, ((_, tail), ox0) in enumerate(zip(chunks, ox0s)):
             mask = None
             if tail is not None:
                 mask = ir.Constant(ir.VectorType(I1, vl), [j < tail for j in range(vl)])
-            elif masked:
+            elif masked[c]:
                 mask = self._lane_mask(b.sub(const_i64(self.ow), ox0), 0)
             for r in range(nrows):
                 oy = b.add(oy0, const_i64(r)) if r else oy0
                 acc = accs[r][c]
                 self._emit_epilogue(zero if acc is None else acc, oy, ox0, mask, tail)
+        self.end_shared_epilogue_zero()
 
     def _tap(self, recipe, row, ix0, masked: bool, cache: dict) -> ir.Value:
         if recipe in cache:
