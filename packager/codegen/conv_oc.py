@@ -1463,8 +1463,8 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
         row group's pixels run as tiles of ``mr`` and ``mr - 1`` pixels, as many of the short
         ones as make the count whole (a group of at least (mr - 1)^2 pixels; fewer keep the
         half tile and single pixels)."""
-        return (SHORT_TILES and self.vl == 16 and not self.open_image and not self.pairs
-                and mr == MAX_TILE_ROWS_32 and self.kh * self.kw > 1)
+        return (SHORT_TILES and self.kh * self.kw > 1 and self.vl == 16
+                and not self.open_image and not self.pairs and mr == MAX_TILE_ROWS_32)
 
     def _static_one_row(self, mr: int) -> bool:
         """Whether (static sizes, 16 lanes, a window whose rows are a loop: STATIC_ONE_ROW)
