@@ -280,6 +280,7 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
 
     plans_conv = False
     block_major = False   # the static plan's item order (``BLOCK_MAJOR``)
+    tile_32 = MAX_TILE_ROWS_32   # pixels per 16-lane tile of a 2-vector block (``_tile_1x1``)
 
     def emit(self) -> KernelInfo:
         self._geometry()
