@@ -162,6 +162,24 @@ SEVEN_PIXEL_1X1 = True
 # floats (the next work item, blocks innermost; 32 rows a plane apart, more streams than the
 # hardware prefetcher follows).
 PREFETCH_NEXT_BLOCK_1X1 = True
+# At 16 lanes (static sizes, fp32, windows wider than 1x1): a row group's pixels as tiles of 8
+# and of 7 pixels (14 accumulators: still enough chains for both FMA pipes), not 8-pixel tiles
+# and a rest of a half tile and single pixels (a single pixel's 2 accumulator chains run at a
+# quarter of the tile's rate): a 7x7 plane 7 tiles of 7, not 6 tiles and a single pixel; a
+# group of 98 pixels (14x14 planes in 2 bands) 7 + 6 tiles, not 12 and 2 single pixels. The
+# same sums in the same order per pixel. Kernel CPU min, 1 thread, Zen 5, alone: ResNet's
+# 256 -> 512 3x3 s2 on 7x7 463 -> 419 us, 512 -> 512 s2 on 7x7 940 -> 841, 512 -> 512 s1 on
+# 7x7 885 -> 824, 128 -> 256 s2 on 14x14 447 -> 424, YOLOv8n's 128 -> 128 s2 on 10x10 122 -> 111.
+SHORT_TILES = True
+# At 16 lanes (static sizes, fp32, windows wider than 1x1, whole blocks of 32 channels), an
+# output of at least this many bytes per image: past L2, so its lines come from L3 or memory
+# when the epilogue stores into them, each row's stores then waiting on their reads (ResNet's
+# 3.2 MB 7x7 stem output, 147 multiply-adds per output value). Each row group's tiles prefetch
+# its output lines (``_prefetch_output``: into L1, for reading: a line no other core holds then
+# arrives writable), a few per tile over all its chunks. Non-temporal stores instead ran the
+# stem as fast but its max pool then read the output from memory (55 -> 146 us). ResNet-18's
+# stem in the model, kernel CPU min: 1052 -> 970 us (alone, its output warm in L3: no change).
+OUT_PREFETCH_MIN_BYTES = 2 << 20
 # The row buffer: output rows accumulated together, at most this many bytes.
 ROW_BUFFER_BYTES = 16 * 1024
 # A band's copied input rows: at most this many bytes (in L2 for all its blocks).
@@ -263,6 +281,7 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
 
     plans_conv = False
     block_major = False   # the static plan's item order (``BLOCK_MAJOR``)
+    tile_32 = MAX_TILE_ROWS_32   # pixels per 16-lane tile of a 2-vector block (``_tile_1x1``)
 
     def emit(self) -> KernelInfo:
         self._geometry()
@@ -445,13 +464,15 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
         weighted by what they cost (a 4-pixel half tile about 4 pixels' time, a single pixel
         about 4; GROUP_COST pixels a group), the tallest of equals. PP-LCNet's 14x14 planes:
         groups of 8 and 6 rows (112 and 84 pixels: 24 tiles and a half tile) instead of 9 and 5
-        (126 and 70: 23 tiles, 2 half tiles and 4 single pixels)."""
+        (126 and 70: 23 tiles, 2 half tiles and 4 single pixels). With SHORT_TILES a group
+        whose pixels are whole tiles of 8 and 7 costs its pixels."""
         if not (REST_HALF_TILE and self.vl == 16 and not self.pairs and self.o >= OC_BLOCK
                 and not self.match.tag.attrs.get("winograd")
                 and self._tile_rows(OC_BLOCK // 16) == MAX_TILE_ROWS_32):
             return most
         mr, half = MAX_TILE_ROWS_32, MAX_TILE_ROWS_32 // 2
         heights = [min(self.band, self.oh - y) for y in range(0, self.oh, self.band)]
+        short = self._short_tiles(mr)
 
         def cost(rows: int) -> int:
             total = 0
@@ -459,6 +480,9 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
                 for y in range(0, h, rows):
                     n = min(rows, h - y) * self.ow
                     left = n % mr
+                    if short and left and (mr - left) * (mr - 1) <= n:
+                        total += n + GROUP_COST   # whole tiles of mr and mr - 1 (SHORT_TILES)
+                        continue
                     total += n - left + GROUP_COST + (half if left >= half else 0) + \
                         SINGLE_PIXEL_COST * (left - half if left >= half else left)
             return total
@@ -1159,7 +1183,17 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
                 npix = b.mul(nrows, self._extent(self.ow))
                 for v0, nv, wpass in self._pass_loops(passes, wblk):
                     mr = self._tile_rows(nv)
-                    full = b.sdiv(npix, const_i64(mr))
+                    short = self._short_tiles(mr)
+                    if short:
+                        # the group's pixels as whole tiles of mr and of mr - 1 (SHORT_TILES)
+                        nshort = b.and_(b.sub(const_i64(mr), b.srem(npix, const_i64(mr))),
+                                        const_i64(mr - 1))
+                        nshort = b.select(b.icmp_signed(
+                            "<=", b.mul(nshort, const_i64(mr - 1)), npix), nshort, const_i64(0))
+                        full = b.sdiv(b.sub(npix, b.mul(nshort, const_i64(mr - 1))),
+                                      const_i64(mr))
+                    else:
+                        full = b.sdiv(npix, const_i64(mr))
                     if self.open_image and mr > 1:
                         # the tile's (row, column) carried from tile to tile: no division by
                         # the run-time width per tile, one where a tile wraps
@@ -1167,7 +1201,10 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
                         at_c = alloca_once(b, I64, name="oc_tile_col")
                         b.store(const_i64(0), at_r)
                         b.store(const_i64(0), at_c)
+                    pfw = self._out_prefetch_lines(mr, nchunks) if v0 == 0 else 0
                     with for_range(b, const_i64(0), full, "tx") as tx:
+                        if pfw:
+                            self._prefetch_output(nb, blk, oy0, cc, tx, mr, pfw)
                         at = None
                         if self.open_image and mr > 1:
                             at = (b.load(at_r), b.load(at_c))
@@ -1181,6 +1218,15 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
                                 b.store(b.add(at[0], rows), at_r)
                                 b.store(b.sub(col, b.mul(rows, self.ow)), at_c)
                     rest = b.mul(full, const_i64(mr))
+                    if short:
+                        with for_range(b, const_i64(0), nshort, "ts") as ts:
+                            if pfw:
+                                self._prefetch_output(nb, blk, oy0, cc, b.add(full, ts), mr,
+                                                      pfw)
+                            self._tile(planes, prow0, b.add(rest, b.mul(ts, const_i64(mr - 1))),
+                                       mr - 1, v0, nv, wpass, c0, c1, first,
+                                       prefetch=b.add(full, ts))
+                        rest = b.add(rest, b.mul(nshort, const_i64(mr - 1)))
                     # bf16 pairs: half a tile first (a 1-pixel tile is load-bound on
                     # vdpbf16ps); so for ONE_VECTOR_TILE_ROWS (up to 15 pixels left)
                     if (self.pairs and mr >= 4) or mr > MAX_TILE_ROWS_32 or (
@@ -1379,6 +1425,49 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
                     for a, val in zip(accs, vals):
                         b.store(val, a)
 
+    def _out_prefetch_lines(self, mr: int, nchunks: int) -> int:
+        """Output cache lines each tile of ``mr`` pixels prefetches for the row group's
+        epilogue (OUT_PREFETCH_MIN_BYTES; 0: none): enough that a full group's tiles over its
+        ``nchunks`` chunks cover its 32 channels' rows."""
+        if not (self.vl == 16 and not self.open_image and not self.pairs and not self.bf16
+                and self.pairs_out is None and self.vector_epilogue and not self.wino
+                and self.kh * self.kw > 1 and self.o % OC_BLOCK == 0
+                and self.o * self.oh * self.ow * 4 >= OUT_PREFETCH_MIN_BYTES):
+            return 0
+        tiles = max(1, self.rows * self.ow // mr)
+        return -(-OC_BLOCK * self._out_lines() // (nchunks * tiles))
+
+    def _out_lines(self) -> int:
+        """Cache lines of one output channel's rows in a full row group (one more: the run
+        need not start on a line)."""
+        return -(-self.rows * self.ow * 4 // 64) + 1
+
+    def _prefetch_output(self, nb, blk, oy0, cc, tile, mr: int, lines: int) -> None:
+        """Prefetch ``lines`` cache lines of the row group's output (block ``blk``'s 32
+        channels' rows from ``oy0``, channel after channel) for the ``tile``-th tile of
+        chunk ``cc``: lines (cc * tiles + tile) * lines on, the last line for those past it."""
+        b = self.builder
+        out = self.match.out
+        per = self._out_lines()
+        last = const_i64(OC_BLOCK * per - 1)
+        tiles = max(1, self.rows * self.ow // mr)
+        first = b.mul(b.add(b.mul(cc, const_i64(tiles)), tile), const_i64(lines))
+        for q in range(lines):
+            k = b.add(first, const_i64(q)) if q else first
+            k = b.select(b.icmp_signed("<", k, last), k, last)
+            oc = b.add(b.mul(blk, const_i64(OC_BLOCK)), b.sdiv(k, const_i64(per)))
+            off = b.add(self._offset(out, [nb, oc, oy0, const_i64(0)]),
+                        b.mul(b.srem(k, const_i64(per)), const_i64(16)))
+            self._prefetch(b.gep(self.buffers[out.uid], [off]), l1=True)
+
+    def _short_tiles(self, mr: int) -> bool:
+        """Whether (SHORT_TILES: static sizes, 16 lanes, fp32, a window wider than 1x1) a
+        row group's pixels run as tiles of ``mr`` and ``mr - 1`` pixels, as many of the short
+        ones as make the count whole (a group of at least (mr - 1)^2 pixels; fewer keep the
+        half tile and single pixels)."""
+        return (SHORT_TILES and self.kh * self.kw > 1 and self.vl == 16
+                and not self.open_image and not self.pairs and mr == MAX_TILE_ROWS_32)
+
     def _static_one_row(self, mr: int) -> bool:
         """Whether (static sizes, 16 lanes, a window whose rows are a loop: STATIC_ONE_ROW)
         every tile of ``mr`` pixels lies in one output row (rows of whole tiles; row groups
@@ -1412,12 +1501,13 @@ class ChannelLaneConvEmitter(DepthwiseEmitter):
         lines_per_channel = self.kh * self.kw * OC_BLOCK * unit // 64
         return max(1, min(PREFETCH_LINES_MAX, -(-lines_per_channel // tiles)))
 
-    def _prefetch(self, ptr: ir.Value) -> None:
-        """Hint the cache line at ``ptr`` (a float pointer) into L2 for reading."""
+    def _prefetch(self, ptr: ir.Value, l1: bool = False) -> None:
+        """Hint the cache line at ``ptr`` (a float pointer) into L2 (``l1``: into L1) for
+        reading."""
         b = self.builder
         i8p = ir.IntType(8).as_pointer()
         fn = intrinsic(self.module, "llvm.prefetch.p0", ir.VoidType(), [i8p, I32, I32, I32])
-        b.call(fn, [b.bitcast(ptr, i8p), ir.Constant(I32, 0), ir.Constant(I32, 2),
+        b.call(fn, [b.bitcast(ptr, i8p), ir.Constant(I32, 0), ir.Constant(I32, 3 if l1 else 2),
                     ir.Constant(I32, 1)])
 
     def _emit_row(self, nb, blk, oy, rowbuf, nv: int) -> None:
