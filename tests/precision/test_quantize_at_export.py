@@ -5,6 +5,7 @@ one-line error for each bad option."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import numpy as np
@@ -191,9 +192,16 @@ def test_paddle_style_model_quantizes_through_the_cli(tmp_path: Path, run_cli) -
         np.save(folder / f"{i}.npy", rng.normal(0, 1, (1, 3, h, w)).astype(np.float32))
     out = tmp_path / "q.mlc"
     proc = run_cli("export", path, "-o", out, "--target", "host", "--quantize", "int8",
-                   "--calibration", folder, "--quantize-fallback", timeout=300)
+                   "--calibration", folder, "--quantize-fallback", "--timings", timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "quantized int8: 4 of 4 layers (Conv 3, Gemm 1)" in proc.stdout, proc.stdout
+    # --timings names the int8 stages (they were a quarter of "other" on PP-OCR's classifier)
+    rows = {m[1]: float(m[2]) for m in re.finditer(r"^(\S.*?)\s+(\d+\.\d+)\s",
+                                                   proc.stdout, re.M)}
+    for stage in ("calibrate", "float bundle", "codegen", "int8 vs float", "total"):
+        assert stage in rows, proc.stdout
+    named = sum(v for k, v in rows.items() if k not in ("other", "total"))
+    assert named >= 0.8 * rows["total"], proc.stdout
     assert "from percentile over 4 calibration samples" in proc.stdout
     assert "golden check passed" in proc.stdout
     assert "symbolic shapes" in proc.stdout
