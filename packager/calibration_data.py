@@ -1,7 +1,8 @@
 """Calibration data for ``--quantize int8``: the samples for one model input read from a folder
 of images and ``.npy`` files or one ``.npy`` file, each kept at its own size along the input's
-symbolic dims or resized bilinearly to its fixed height and width (``read_calibration``). Split
-out of calibrate.py, which computes the ranges and writes the quantized model."""
+symbolic dims or resized bilinearly to its fixed height and width (``read_calibration``); data
+it cannot read that way is a ``CalibrationError`` (a usage error, exit 2). Split out of
+calibrate.py, which computes the ranges and writes the quantized model."""
 
 from __future__ import annotations
 
@@ -11,7 +12,12 @@ from typing import Sequence
 
 import numpy as np
 
-from .errors import ExportError
+from ..runtime.errors import UsageError
+
+class CalibrationError(UsageError):
+    """The ``--calibration`` data cannot be read as samples of the model's input: one line, exit
+    2 like the command's other bad option values (docs/quantization.md), nothing written."""
+
 
 _IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm",
                    ".pgm")
@@ -86,9 +92,9 @@ def _as_samples(arr: np.ndarray, spec, where: str) -> list[np.ndarray]:
     resized = _resized(arr, shape)
     if resized is not None:
         return [resized.astype(spec.dtype, copy=False)]
-    raise ExportError(f"--calibration: {where} has shape {_shown(arr.shape)}; input "
-                      f"{spec.name!r} takes {_shown(shape)} (or a stack of them), and no resize "
-                      "maps one to the other")
+    raise CalibrationError(f"--calibration: {where} has shape {_shown(arr.shape)}; input "
+                           f"{spec.name!r} takes {_shown(shape)} (or a stack of them), and no "
+                           "resize maps one to the other")
 
 
 def read_calibration(data: str | os.PathLike, spec, preprocess: dict | None) -> list[np.ndarray]:
@@ -103,16 +109,16 @@ def read_calibration(data: str | os.PathLike, spec, preprocess: dict | None) -> 
 
     path = Path(data)
     if not path.exists():
-        raise ExportError(f"--calibration {data}: no such file or folder")
+        raise CalibrationError(f"--calibration {data}: no such file or folder")
     if path.is_file():
         if path.suffix.lower() != ".npy":
-            raise ExportError(f"--calibration {data}: give a folder of images or .npy files, "
-                              "or one .npy file")
+            raise CalibrationError(f"--calibration {data}: give a folder of images or .npy "
+                                   "files, or one .npy file")
         return _as_samples(_load_npy(path), spec, path.name)
     files = sorted(p for p in path.iterdir()
                    if p.is_file() and p.suffix.lower() in (".npy",) + _IMAGE_SUFFIXES)
     if not files:
-        raise ExportError(f"--calibration {data}: the folder has no images or .npy files")
+        raise CalibrationError(f"--calibration {data}: the folder has no images or .npy files")
     samples = []
     for f in files:
         if f.suffix.lower() == ".npy":
@@ -121,7 +127,7 @@ def read_calibration(data: str | os.PathLike, spec, preprocess: dict | None) -> 
         try:
             arr = np.asarray(load_input(f, spec, preprocess))
         except InputError as exc:
-            raise ExportError(f"--calibration: {exc}") from None
+            raise CalibrationError(f"--calibration: {exc}") from None
         samples += _as_samples(arr, spec, f.name)
     return samples
 
@@ -130,4 +136,5 @@ def _load_npy(path: Path) -> np.ndarray:
     try:
         return np.load(path, allow_pickle=False)
     except (ValueError, OSError, EOFError) as exc:
-        raise ExportError(f"--calibration {path} is not a readable .npy file ({exc})") from None
+        raise CalibrationError(f"--calibration {path} is not a readable .npy file "
+                               f"({exc})") from None

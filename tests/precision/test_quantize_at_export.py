@@ -15,9 +15,9 @@ import pytest
 import quant_models as qm
 from mlcpack.frontends.onnx import import_onnx
 from mlcpack.packager.export import ExportOptions, export_module
-from mlcpack.packager.errors import ExportError
 from mlcpack.packager.calibrate import entropy_threshold, quantize_onnx, read_calibration
 from mlcpack.runtime import load
+from mlcpack.runtime.errors import UsageError
 from mlcpack.runtime.model import TensorSpec
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -165,7 +165,7 @@ def test_read_calibration_at_each_files_own_shape_or_resized(tmp_path: Path) -> 
     np.testing.assert_allclose(wide[0, 0, 0], [0, 0.25, 0.75, 1.25, 1.75, 2.25, 2.75, 3])
     # neither fits nor resizes (channels differ): one line naming the file and both shapes
     np.save(folder / "3.npy", np.zeros((1, 4, 48, 160), np.float32))
-    with pytest.raises(ExportError, match=r"3\.npy has shape \(1, 4, 48, 160\); input 'x' "
+    with pytest.raises(UsageError, match=r"3\.npy has shape \(1, 4, 48, 160\); input 'x' "
                                           r"takes \(1, 3, 48, 160\)"):
         read_calibration(folder, fixed, None)
 
@@ -273,12 +273,16 @@ def test_int8_digits_match_float_predictions(tmp_path: Path) -> None:
      "use percentile or minmax or entropy"),
     (["--quantize", "int8", "--calibration", "MISSING"], "no such file or folder"),
     (["--quantize", "int8", "--calibration", "EMPTY"], "has no images or .npy files"),
+    # a sample no resize maps onto the input (was exit 11 where this file promises 2)
+    (["--quantize", "int8", "--calibration", "WRONG"], "no resize maps one to the other"),
 ])
 def test_bad_options_are_one_line_errors(args: list[str], expect: str, tmp_path: Path, run_cli,
                                          one_line_error) -> None:
     (tmp_path / "empty").mkdir()
+    (tmp_path / "wrong").mkdir()
+    np.save(tmp_path / "wrong" / "a.npy", np.zeros((1, 3, 100), np.float32))
     subst = {"SAMPLES": str(SAMPLES), "MISSING": str(tmp_path / "nope"),
-             "EMPTY": str(tmp_path / "empty")}
+             "EMPTY": str(tmp_path / "empty"), "WRONG": str(tmp_path / "wrong")}
     out = tmp_path / "x.mlc"
     proc = run_cli("export", ROOT / "artifacts" / "cnn.onnx", "-o", out, "--target", "host",
                    *[subst.get(a, a) for a in args])
