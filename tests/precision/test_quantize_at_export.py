@@ -316,3 +316,44 @@ def test_float_output_after_quantized_layers_gets_a_step_from_the_quantization_n
     step = golden.steps["y"]
     assert step > 0
     np.testing.assert_allclose(step, np.sqrt(np.mean(noise ** 2)) / 2, rtol=1e-3)
+
+
+@pytest.mark.parametrize("fallback", [False, True])
+def test_int8_slower_than_float_refuses_or_writes_the_float_bundle(
+        fallback: bool, conv_net, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """When the int8 bundle runs slower than the float one (beyond SLOWER_MARGIN): without
+    --quantize-fallback one line and nothing written (no temporary file left either); with it
+    the float bundle, and the speed line says so. Which is faster is the machine's to say, so
+    the measured int8 time is doubled here; everything else is a real export and run."""
+    from mlcpack.packager import calibrate
+    from mlcpack.packager.api import Options, export
+    from mlcpack.packager.errors import ExportError
+
+    real = calibrate.compare
+
+    def slower(quantized, bundle, runs: int = 21):
+        report = real(quantized, bundle, runs=3)
+        report.int8_ms = 2 * report.float_ms
+        return report
+
+    monkeypatch.setattr(calibrate, "compare", slower)
+    path, samples = conv_net
+    out = tmp_path / "out" / "q.mlc"
+    out.parent.mkdir()
+    options = Options(target="host", check=False, quantize="int8", calibration=tmp_path / "s.npy",
+                      quantize_fallback=fallback)
+    np.save(tmp_path / "s.npy", np.concatenate(samples[:4]))
+    if not fallback:
+        with pytest.raises(ExportError) as exc:
+            export(path, out, options)
+        assert "runs slower than the float one" in str(exc.value), exc.value
+        assert "nothing written" in str(exc.value) and "\n" not in str(exc.value)
+        assert list(out.parent.iterdir()) == []
+        return
+    text = "\n".join(export(path, out, options).quantization)
+    assert "--quantize-fallback: the int8 bundle runs slower" in text, text
+    assert "wrote the float bundle" in text
+    with load(out) as model:
+        names = [k["name"] for k in model.header["kernels"]]
+    assert not any(n.startswith(("q", "fused_q", "quantize")) for n in names), names
+    assert [p.name for p in out.parent.iterdir()] == ["q.mlc"]
