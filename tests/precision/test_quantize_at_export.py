@@ -151,12 +151,16 @@ def test_read_calibration_at_each_files_own_shape_or_resized(tmp_path: Path) -> 
         np.save(folder / f"{i}.npy", rng.normal(size=(1, 3, h, w)).astype(np.float32))
     # symbolic batch, height and width (a Paddle OCR model): each sample at its own size
     symbolic = TensorSpec("x", ("batch", 3, "h", "w"), "float32", 0)
-    got = read_calibration(folder, symbolic, None)
+    notes: list[str] = []
+    got = read_calibration(folder, symbolic, None, notes.append)
     assert [g.shape[2:] for g in got] == sizes
-    # the height fixed at 48: the odd one out is resized, bilinearly
+    assert notes == []
+    # the height fixed at 48: the other two are resized, bilinearly, and a note says so
     fixed = TensorSpec("x", (1, 3, 48, 160), "float32", 0)
-    got = read_calibration(folder, fixed, None)
+    got = read_calibration(folder, fixed, None, notes.append)
     assert [g.shape for g in got] == [(1, 3, 48, 160)] * 3
+    assert notes == ["--calibration: 2 of 3 samples resized bilinearly from (1, 3, 32, 100), "
+                     "(1, 3, 48, 320) to (1, 3, 48, 160), the size of input 'x'"], notes
     np.testing.assert_array_equal(got[0], np.load(folder / "0.npy"))
     ramp = np.broadcast_to(np.arange(4, dtype=np.float32), (1, 1, 2, 4))
     np.save(tmp_path / "ramp.npy", ramp)
