@@ -178,7 +178,8 @@ def export(model: str | os.PathLike, path: str | os.PathLike, options: Optional[
         compile=compile_options)
     quantization: list[str] = []
     if opts.quantize:
-        report = _export_int8(model, path, export_opts, mod, pre, shapes, opts, quantization)
+        report = _export_int8(model, path, export_opts, mod, pre, shapes, opts, quantization,
+                              note)
     elif sizes and onnx_file:
         try:
             report = _export_specialized(model, path, export_opts, shapes, mods, bind,
@@ -346,16 +347,17 @@ def _recorded_preprocess(mod: Any, given: dict[str, Any], labels: Optional[list[
 
 
 def _export_int8(model: Path, path: Path, export_opts: Any, mod: Any, pre: Any, shapes: dict,
-                 opts: Options, summary: list[str]) -> ExportReport:
+                 opts: Options, summary: list[str],
+                 note: Callable[[str], None] = lambda line: None) -> ExportReport:
     """Calibrate, quantize and export (``calibrate.py``); the quantization report's lines go to
-    ``summary``."""
+    ``summary``, a note on samples resized to the input's size to ``note``."""
     from ..frontends.loader import shapes_at_batch
     from ..runtime.model import TensorSpec
     from .calibrate import DEFAULT_METHOD, export_int8, read_calibration
 
     first = mod.main.params[0]
     spec = TensorSpec(first.name, tuple(first.type.shape), first.type.dtype, 0)
-    samples = read_calibration(opts.calibration, spec, pre)
+    samples = read_calibration(opts.calibration, spec, pre, note)
     report, qreport = export_int8(model, path, export_opts, samples,
                                   shapes_at_batch(shapes, None) or None,
                                   opts.calibration_method or DEFAULT_METHOD,

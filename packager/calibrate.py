@@ -1007,6 +1007,25 @@ def _qdq_reference(model: bytes, input_names: Mapping[str, str]):
     return Reference(run, name, second=getattr(fallback, "second", None) or fallback), name
 
 
+def _add_stages(report, seconds: Mapping[str, float], cpu: Mapping[str, float]) -> None:
+    """Add stages that ran before ``report``'s own (summed where a name repeats)."""
+    for theirs, mine in ((report.stages, seconds), (report.stage_cpu, cpu)):
+        merged = dict(mine)
+        for name, spent in theirs.items():
+            merged[name] = merged.get(name, 0.0) + spent
+        theirs.clear()
+        theirs.update(merged)
+
+
+def _around_stages(report, before, after) -> None:
+    """``report``'s stages with ``before``'s in front and ``after``'s behind, in the order
+    they ran (``export --timings``)."""
+    _add_stages(report, before.seconds, before.cpu)
+    for name, spent in after.seconds.items():
+        report.stages[name] = report.stages.get(name, 0.0) + spent
+        report.stage_cpu[name] = report.stage_cpu.get(name, 0.0) + after.cpu.get(name, 0.0)
+
+
 def export_int8(model_path: str | os.PathLike, out: str | os.PathLike, options,
                 samples: Sequence[np.ndarray], input_shapes: Mapping[str, Sequence[int]] | None,
                 method: str = DEFAULT_METHOD, fallback: bool = False, float_module=None,
@@ -1022,7 +1041,11 @@ def export_int8(model_path: str | os.PathLike, out: str | os.PathLike, options,
 
     from ..frontends.onnx import import_onnx
     from .export import ExportOptions, export_module
+    from .timings import StageClock
 
+    # `export --timings`: the int8 stages around the int8 model's own export
+    started, before, after = time.perf_counter(), StageClock(), StageClock()
+    before("calibrate")   # calibration bundle and runs, ranges, the accuracy guard
     # the export's targets decide which layers stay float for speed (passes/int8_cost.py)
     quantized = quantize_onnx(model_path, samples, input_shapes, method,
                               max_layer_error=None if guard else np.inf,
@@ -1036,9 +1059,11 @@ def export_int8(model_path: str | os.PathLike, out: str | os.PathLike, options,
         # the float model as the user's fp32 export compiles it, for the speed comparison
         plain_module, _ = import_onnx(str(model_path), input_shapes=input_shapes)
         plain = Path(quantized.workdir.name) / "plain.mlc"
+        before("float bundle")   # the float model for the speed comparison
         export_module(plain_module, plain, ExportOptions(target="host", check=False,
                                                          compile=options.compile_options()))
         quantized.plain_bundle = plain
+        before("import int8")
         mod, info = import_onnx(quantized.model, input_shapes=input_shapes)
         if options.check and options.check_inputs is None:
             # the check runs on a calibration sample: inputs in the range the model is
@@ -1050,7 +1075,9 @@ def export_int8(model_path: str | os.PathLike, out: str | os.PathLike, options,
             reference, name = _qdq_reference(quantized.model.SerializeToString(),
                                              info.input_names)
             opts = dataclasses.replace(options, reference=reference, reference_name=name)
+        before.stop()
         report = export_module(mod, tmp, opts)
+        after("int8 vs float")   # the int8 bundle's error and speed against the float one
         qreport = compare(quantized, tmp)
         if qreport.int8_ms > qreport.float_ms * SLOWER_MARGIN:
             why = (f"the int8 bundle runs slower than the float one on this machine (int8 "
@@ -1065,10 +1092,15 @@ def export_int8(model_path: str | os.PathLike, out: str | os.PathLike, options,
                 from ..frontends.reference import onnx_reference
                 reference, name = onnx_reference(model_path, info.input_names)
                 fopts = dataclasses.replace(options, reference=reference, reference_name=name)
-            report = export_module(float_module, tmp, fopts)
+            after.stop()
+            int8_report, report = report, export_module(float_module, tmp, fopts)
+            _add_stages(report, int8_report.stages, int8_report.stage_cpu)
             qreport.speed += f"\n  --quantize-fallback: {why}; wrote the float bundle"
+        after.stop()
         os.replace(tmp, out)
         report.path = str(out)
+        _around_stages(report, before, after)
+        report.seconds = time.perf_counter() - started
         return report, qreport
     finally:
         quantized.close()

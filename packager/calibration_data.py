@@ -1,17 +1,23 @@
 """Calibration data for ``--quantize int8``: the samples for one model input read from a folder
 of images and ``.npy`` files or one ``.npy`` file, each kept at its own size along the input's
-symbolic dims or resized bilinearly to its fixed height and width (``read_calibration``). Split
-out of calibrate.py, which computes the ranges and writes the quantized model."""
+symbolic dims or resized bilinearly to its fixed height and width (``read_calibration``); data
+it cannot read that way is a ``CalibrationError`` (a usage error, exit 2). Split out of
+calibrate.py, which computes the ranges and writes the quantized model."""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
-from .errors import ExportError
+from ..runtime.errors import UsageError
+
+class CalibrationError(UsageError):
+    """The ``--calibration`` data cannot be read as samples of the model's input: one line, exit
+    2 like the command's other bad option values (docs/quantization.md), nothing written."""
+
 
 _IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm",
                    ".pgm")
@@ -68,7 +74,8 @@ def _bilinear(arr: np.ndarray, h_axis: int, out_h: int, out_w: int) -> np.ndarra
     return out.astype(arr.dtype)
 
 
-def _as_samples(arr: np.ndarray, spec, where: str) -> list[np.ndarray]:
+def _as_samples(arr: np.ndarray, spec, where: str,
+                resized_from: list[tuple[int, ...]] | None = None) -> list[np.ndarray]:
     """The samples one calibration array gives for input ``spec``: itself at its own shape, a
     stack of them, or itself resized to the input's fixed height and width."""
     shape = tuple(spec.shape)
@@ -85,49 +92,71 @@ def _as_samples(arr: np.ndarray, spec, where: str) -> list[np.ndarray]:
         return [arr[None].astype(spec.dtype, copy=False)]
     resized = _resized(arr, shape)
     if resized is not None:
+        if resized_from is not None:
+            resized_from.append(tuple(arr.shape))
         return [resized.astype(spec.dtype, copy=False)]
-    raise ExportError(f"--calibration: {where} has shape {_shown(arr.shape)}; input "
-                      f"{spec.name!r} takes {_shown(shape)} (or a stack of them), and no resize "
-                      "maps one to the other")
+    raise CalibrationError(f"--calibration: {where} has shape {_shown(arr.shape)}; input "
+                           f"{spec.name!r} takes {_shown(shape)} (or a stack of them), and no "
+                           "resize maps one to the other")
 
 
-def read_calibration(data: str | os.PathLike, spec, preprocess: dict | None) -> list[np.ndarray]:
+def read_calibration(data: str | os.PathLike, spec, preprocess: dict | None,
+                     note: Callable[[str], None] | None = None) -> list[np.ndarray]:
     """The calibration samples for input ``spec`` (a runtime ``TensorSpec``, its dims ints or,
     where the model's are known only at run time, names): every image (read with
     ``preprocess``, the bundle's recorded preprocessing) and ``.npy`` file of folder ``data``,
     in name order; or one ``.npy`` file holding one sample or a stack of them. A sample keeps
     its own size along the input's symbolic dims; an NCHW/NHWC one whose height and width differ
-    from the input's fixed ones is resized bilinearly; anything else is a one-line error."""
+    from the input's fixed ones is resized bilinearly (``note`` gets one line saying how many
+    and from which shapes); anything else is a one-line error."""
     from ..runtime.errors import InputError
     from ..runtime.preprocess import load_input
 
     path = Path(data)
     if not path.exists():
-        raise ExportError(f"--calibration {data}: no such file or folder")
+        raise CalibrationError(f"--calibration {data}: no such file or folder")
     if path.is_file():
         if path.suffix.lower() != ".npy":
-            raise ExportError(f"--calibration {data}: give a folder of images or .npy files, "
-                              "or one .npy file")
-        return _as_samples(_load_npy(path), spec, path.name)
+            raise CalibrationError(f"--calibration {data}: give a folder of images or .npy "
+                                   "files, or one .npy file")
+        resized: list[tuple[int, ...]] = []
+        samples = _as_samples(_load_npy(path), spec, path.name, resized)
+        _note_resized(resized, len(samples), spec, note)
+        return samples
     files = sorted(p for p in path.iterdir()
                    if p.is_file() and p.suffix.lower() in (".npy",) + _IMAGE_SUFFIXES)
     if not files:
-        raise ExportError(f"--calibration {data}: the folder has no images or .npy files")
-    samples = []
+        raise CalibrationError(f"--calibration {data}: the folder has no images or .npy files")
+    samples: list[np.ndarray] = []
+    resized = []
     for f in files:
         if f.suffix.lower() == ".npy":
-            samples += _as_samples(_load_npy(f), spec, f.name)
+            samples += _as_samples(_load_npy(f), spec, f.name, resized)
             continue
         try:
             arr = np.asarray(load_input(f, spec, preprocess))
         except InputError as exc:
-            raise ExportError(f"--calibration: {exc}") from None
-        samples += _as_samples(arr, spec, f.name)
+            raise CalibrationError(f"--calibration: {exc}") from None
+        samples += _as_samples(arr, spec, f.name, resized)
+    _note_resized(resized, len(samples), spec, note)
     return samples
+
+
+def _note_resized(resized: list[tuple[int, ...]], total: int, spec,
+                  note: Callable[[str], None] | None) -> None:
+    """One line on the samples resized to the input's fixed size (as ``infer`` notes an image
+    it resizes): calibrating on resized data is the user's call to make knowingly."""
+    if not resized or note is None:
+        return
+    shapes = sorted(set(resized))
+    shown = ", ".join(_shown(s) for s in shapes[:3]) + (" ..." if len(shapes) > 3 else "")
+    note(f"--calibration: {len(resized)} of {total} samples resized bilinearly from {shown} to "
+         f"{_shown(spec.shape)}, the size of input {spec.name!r}")
 
 
 def _load_npy(path: Path) -> np.ndarray:
     try:
         return np.load(path, allow_pickle=False)
     except (ValueError, OSError, EOFError) as exc:
-        raise ExportError(f"--calibration {path} is not a readable .npy file ({exc})") from None
+        raise CalibrationError(f"--calibration {path} is not a readable .npy file "
+                               f"({exc})") from None

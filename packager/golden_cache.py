@@ -1,5 +1,6 @@
 """The golden check's reference run, kept in the compile cache (``codegen/cache.py``'s folder:
-``golden/``, entries of their own kind, capped at an eighth of the cache's size).
+``golden/``, entries of their own kind, capped at an eighth of the cache's size: the objects
+take the rest, ``cache.reference_limit`` / ``cache.object_limit``).
 
 A warm export compiles nothing, but without this it would still run the references again:
 ONNX Runtime, the IR's numpy reference (whole seconds on a large convolution network) and
@@ -31,10 +32,10 @@ from .ir.printer import module_text
 
 _KIND = b"mlcpack-golden-1\0"
 # Entries live in their own folder of the cache (``.ref`` files), trimmed apart from the
-# objects to 1 / SHARE of the cache's cap (least recently used first, as objects are).
+# objects to 1 / cache.REFERENCE_SHARE of the cache's cap (least recently used first, as
+# objects are; the objects to the rest).
 FOLDER = "golden"
 SUFFIX = ".ref"
-SHARE = 8
 
 
 @functools.cache
@@ -121,4 +122,4 @@ def store(directory: str | None, key: str | None, golden: Any, limit: int) -> No
               "steps": {k: float(v) for k, v in golden.steps.items()},
               "note": golden.note, "warnings": list(golden.warnings)}
     cache.store(Path(directory) / FOLDER, key, buf.getvalue(), json.dumps(record), [],
-                max(limit // SHARE, 1), suffix=SUFFIX)
+                cache.reference_limit(limit), suffix=SUFFIX)

@@ -384,7 +384,8 @@ def _finish(linked: llvm.ModuleRef, tm: llvm.TargetMachine, target: Target,
         notes = [{"kernel": fb.kernel, "serves": list(fb.serves), "pipeline": fb.pipeline.name,
                   "reason": fb.reason} for fb in fallbacks]
         cache.store(Path(options.cache_dir), key, obj, optimized, notes,
-                    options.cache_max_bytes, fingerprint.kernels_record(kernels))
+                    cache.object_limit(options.cache_max_bytes),
+                    fingerprint.kernels_record(kernels))
     return CompiledCode(target, obj, kernels, optimized,
                         seconds=time.perf_counter() - start, fallbacks=tuple(fallbacks),
                         phases=tuple(zip(PHASES, _add(spent, (0.0, 0.0,

@@ -9,7 +9,8 @@ before any IR is emitted, and the compile stores it after, like ccache.
 Where: ``MLCPACK_CACHE_DIR`` when set (``off`` or empty: no cache), else
 ``$XDG_CACHE_HOME/mlcpack/objects`` (``~/.cache/mlcpack/objects`` without it); ``mlcpack export
 --no-cache`` turns it off for one export. Its size is capped (``MLCPACK_CACHE_SIZE``, e.g.
-``500M`` or ``2G``; default ``DEFAULT_MAX_BYTES``): after a store that takes it over the cap,
+``500M`` or ``2G``; default ``DEFAULT_MAX_BYTES``; the objects take ``object_limit`` of it,
+the golden check's references the rest): after a store that takes them over their share,
 the least recently used entries (a hit touches its entry's mtime) are deleted until it is
 back under ``LOW_WATER`` of the cap.
 
@@ -53,6 +54,11 @@ SIZE_ENV = "MLCPACK_CACHE_SIZE"
 DEFAULT_MAX_BYTES = 1 << 30
 # Trimming goes down to this share of the cap, so that the next stores do not trim again.
 LOW_WATER = 0.8
+# The golden check's reference runs (``packager/golden_cache.py``) live in the same folder,
+# trimmed apart: 1 / REFERENCE_SHARE of the cap is theirs, the rest the objects', so that the
+# two together stay within MLCPACK_CACHE_SIZE (objects at the whole cap and references at an
+# eighth on top came to 1.1 GiB under the default 1 GiB).
+REFERENCE_SHARE = 8
 # A temporary file older than this is a writer's leftover (the process died): trimming deletes it.
 STALE_TMP_SECONDS = 3600
 # The optimization pipeline and code-generation options of build.py, as a version: part of
@@ -108,6 +114,16 @@ def max_bytes(environ: Mapping[str, str]) -> int:
         raise CacheSettingError(f"{SIZE_ENV}={env.get(SIZE_ENV)!r} is not a size: give bytes or "
                                 "a number with K, M or G (e.g. 500M, 2G)")
     return int(value * _UNITS[unit])
+
+
+def object_limit(limit: int) -> int:
+    """The bytes the compiled objects may take of a cache capped at ``limit``."""
+    return max(limit - limit // REFERENCE_SHARE, 1)
+
+
+def reference_limit(limit: int) -> int:
+    """The bytes the golden check's references may take of a cache capped at ``limit``."""
+    return max(limit // REFERENCE_SHARE, 1)
 
 
 def cache_key(text: str, target: Target, pipeline: str = "") -> str:

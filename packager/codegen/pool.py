@@ -528,7 +528,9 @@ class GlobalMeanEmitter(KernelEmitter):
             b.store(total_v, b.gep(out_ptr, [o], inbounds=True))
         b.ret_void()
         self._emit_entry(body_fn, 2, ptr_types)
-        return KernelInfo(self.symbol, 1, 1, 0, total >= MEAN_PARALLEL_MIN_INPUTS)
+        # its own choice: the rule's row ("max pool", the rule that tries both) misnamed it
+        return KernelInfo(self.symbol, 1, 1, 0, total >= MEAN_PARALLEL_MIN_INPUTS,
+                          choice="global mean, up to 4 vector accumulators")
 
     def _emit_open(self) -> KernelInfo:
         """``emit`` with run-time extents: the outputs and each one's run length from the

@@ -17,7 +17,7 @@ from cli_in_process import run_cli_in_process
 from onnx import TensorProto, helper, numpy_helper
 
 from mlcpack.frontends.onnx import import_onnx
-from mlcpack.packager.codegen import build, cache
+from mlcpack.packager.codegen import build, cache, parallel
 from mlcpack.packager.export import compile_module
 
 
@@ -270,3 +270,30 @@ def test_damaged_cache_never_breaks_the_command(tmp_path, run_cli):
     entry.mkdir()
     _export(run_cli, onnx_path, tmp_path / "third.mlc", env)
     assert (tmp_path / "third.mlc").read_bytes() == (tmp_path / "good.mlc").read_bytes()
+
+
+def test_objects_and_references_share_the_cap(tmp_path, monkeypatch):
+    """MLCPACK_CACHE_SIZE caps the objects and the golden check's cached references together:
+    an export stores each kind trimmed to its share (7/8 and 1/8), not the objects to the whole
+    cap with the references on top."""
+    from mlcpack.packager import api
+    from mlcpack.packager.options import CompileOptions
+
+    cap = 1 << 20
+    limits: dict[str, int] = {}
+    real = cache.store
+
+    def spy(directory, key, obj, ir_text, notes=None, limit=cache.DEFAULT_MAX_BYTES,
+            kernels=None, suffix=".obj"):
+        limits[suffix] = limit
+        return real(directory, key, obj, ir_text, notes, limit, kernels, suffix)
+
+    monkeypatch.setattr(cache, "store", spy)
+    # the objects compiled in this process (as without fork), so the spy sees their store
+    monkeypatch.setattr(parallel.multiprocessing, "get_all_start_methods", lambda: ["spawn"])
+    options = api.Options(target="host", compile=CompileOptions(
+        cache_dir=str(tmp_path / "cache"), cache_max_bytes=cap))
+    api.export(_model(tmp_path / "m.onnx"), tmp_path / "m.mlc", options)
+    assert set(limits) == {".obj", ".ref"}, limits
+    assert limits[".obj"] + limits[".ref"] == cap
+    assert limits[".ref"] == cap // 8

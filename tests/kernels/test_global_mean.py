@@ -15,6 +15,7 @@ from mlcpack.frontends.onnx import import_onnx
 from mlcpack.packager.options import UNPACKED
 from mlcpack.packager.export import ExportOptions, export_module
 from mlcpack.packager.passes import DEFAULT_PIPELINE, run_pipeline
+from mlcpack.runtime import load
 from mlcpack.runtime.cpu import best_level
 
 # (name, input shape, op, axes, keepdims, the kernel takes it)
@@ -71,6 +72,13 @@ def test_global_mean_matches_onnxruntime(target, model_path, tmp_path):
     want = ort_outputs(model_path, feeds)
     assert sorted(want) == sorted(f"{name}_y" for name, *_ in CASES)
     assert_runs_match(bundle, feeds, want, rtol=2e-6, atol=2e-6, label=target)
+    # the choice `mlcpack inspect` shows per kernel: the global mean by its own name (it was
+    # shown as the row of the rule that tries it, "max pool")
+    with load(bundle) as model:
+        choices = [k.get("kernel") for k in model.header["kernels"]]
+    assert "max pool" not in choices, choices
+    assert sum(str(c).startswith("global mean") for c in choices) == \
+        sum(case[-1] for case in CASES), choices
 
 
 def test_global_mean_matching(model_path):

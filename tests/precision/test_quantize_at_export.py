@@ -5,6 +5,7 @@ one-line error for each bad option."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import numpy as np
@@ -14,9 +15,9 @@ import pytest
 import quant_models as qm
 from mlcpack.frontends.onnx import import_onnx
 from mlcpack.packager.export import ExportOptions, export_module
-from mlcpack.packager.errors import ExportError
 from mlcpack.packager.calibrate import entropy_threshold, quantize_onnx, read_calibration
 from mlcpack.runtime import load
+from mlcpack.runtime.errors import UsageError
 from mlcpack.runtime.model import TensorSpec
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -150,12 +151,16 @@ def test_read_calibration_at_each_files_own_shape_or_resized(tmp_path: Path) -> 
         np.save(folder / f"{i}.npy", rng.normal(size=(1, 3, h, w)).astype(np.float32))
     # symbolic batch, height and width (a Paddle OCR model): each sample at its own size
     symbolic = TensorSpec("x", ("batch", 3, "h", "w"), "float32", 0)
-    got = read_calibration(folder, symbolic, None)
+    notes: list[str] = []
+    got = read_calibration(folder, symbolic, None, notes.append)
     assert [g.shape[2:] for g in got] == sizes
-    # the height fixed at 48: the odd one out is resized, bilinearly
+    assert notes == []
+    # the height fixed at 48: the other two are resized, bilinearly, and a note says so
     fixed = TensorSpec("x", (1, 3, 48, 160), "float32", 0)
-    got = read_calibration(folder, fixed, None)
+    got = read_calibration(folder, fixed, None, notes.append)
     assert [g.shape for g in got] == [(1, 3, 48, 160)] * 3
+    assert notes == ["--calibration: 2 of 3 samples resized bilinearly from (1, 3, 32, 100), "
+                     "(1, 3, 48, 320) to (1, 3, 48, 160), the size of input 'x'"], notes
     np.testing.assert_array_equal(got[0], np.load(folder / "0.npy"))
     ramp = np.broadcast_to(np.arange(4, dtype=np.float32), (1, 1, 2, 4))
     np.save(tmp_path / "ramp.npy", ramp)
@@ -164,7 +169,7 @@ def test_read_calibration_at_each_files_own_shape_or_resized(tmp_path: Path) -> 
     np.testing.assert_allclose(wide[0, 0, 0], [0, 0.25, 0.75, 1.25, 1.75, 2.25, 2.75, 3])
     # neither fits nor resizes (channels differ): one line naming the file and both shapes
     np.save(folder / "3.npy", np.zeros((1, 4, 48, 160), np.float32))
-    with pytest.raises(ExportError, match=r"3\.npy has shape \(1, 4, 48, 160\); input 'x' "
+    with pytest.raises(UsageError, match=r"3\.npy has shape \(1, 4, 48, 160\); input 'x' "
                                           r"takes \(1, 3, 48, 160\)"):
         read_calibration(folder, fixed, None)
 
@@ -191,9 +196,16 @@ def test_paddle_style_model_quantizes_through_the_cli(tmp_path: Path, run_cli) -
         np.save(folder / f"{i}.npy", rng.normal(0, 1, (1, 3, h, w)).astype(np.float32))
     out = tmp_path / "q.mlc"
     proc = run_cli("export", path, "-o", out, "--target", "host", "--quantize", "int8",
-                   "--calibration", folder, "--quantize-fallback", timeout=300)
+                   "--calibration", folder, "--quantize-fallback", "--timings", timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "quantized int8: 4 of 4 layers (Conv 3, Gemm 1)" in proc.stdout, proc.stdout
+    # --timings names the int8 stages (they were a quarter of "other" on PP-OCR's classifier)
+    rows = {m[1]: float(m[2]) for m in re.finditer(r"^(\S.*?)\s+(\d+\.\d+)\s",
+                                                   proc.stdout, re.M)}
+    for stage in ("calibrate", "float bundle", "codegen", "int8 vs float", "total"):
+        assert stage in rows, proc.stdout
+    named = sum(v for k, v in rows.items() if k not in ("other", "total"))
+    assert named >= 0.8 * rows["total"], proc.stdout
     assert "from percentile over 4 calibration samples" in proc.stdout
     assert "golden check passed" in proc.stdout
     assert "symbolic shapes" in proc.stdout
@@ -265,12 +277,16 @@ def test_int8_digits_match_float_predictions(tmp_path: Path) -> None:
      "use percentile or minmax or entropy"),
     (["--quantize", "int8", "--calibration", "MISSING"], "no such file or folder"),
     (["--quantize", "int8", "--calibration", "EMPTY"], "has no images or .npy files"),
+    # a sample no resize maps onto the input (was exit 11 where this file promises 2)
+    (["--quantize", "int8", "--calibration", "WRONG"], "no resize maps one to the other"),
 ])
 def test_bad_options_are_one_line_errors(args: list[str], expect: str, tmp_path: Path, run_cli,
                                          one_line_error) -> None:
     (tmp_path / "empty").mkdir()
+    (tmp_path / "wrong").mkdir()
+    np.save(tmp_path / "wrong" / "a.npy", np.zeros((1, 3, 100), np.float32))
     subst = {"SAMPLES": str(SAMPLES), "MISSING": str(tmp_path / "nope"),
-             "EMPTY": str(tmp_path / "empty")}
+             "EMPTY": str(tmp_path / "empty"), "WRONG": str(tmp_path / "wrong")}
     out = tmp_path / "x.mlc"
     proc = run_cli("export", ROOT / "artifacts" / "cnn.onnx", "-o", out, "--target", "host",
                    *[subst.get(a, a) for a in args])
@@ -304,3 +320,44 @@ def test_float_output_after_quantized_layers_gets_a_step_from_the_quantization_n
     step = golden.steps["y"]
     assert step > 0
     np.testing.assert_allclose(step, np.sqrt(np.mean(noise ** 2)) / 2, rtol=1e-3)
+
+
+@pytest.mark.parametrize("fallback", [False, True])
+def test_int8_slower_than_float_refuses_or_writes_the_float_bundle(
+        fallback: bool, conv_net, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """When the int8 bundle runs slower than the float one (beyond SLOWER_MARGIN): without
+    --quantize-fallback one line and nothing written (no temporary file left either); with it
+    the float bundle, and the speed line says so. Which is faster is the machine's to say, so
+    the measured int8 time is doubled here; everything else is a real export and run."""
+    from mlcpack.packager import calibrate
+    from mlcpack.packager.api import Options, export
+    from mlcpack.packager.errors import ExportError
+
+    real = calibrate.compare
+
+    def slower(quantized, bundle, runs: int = 21):
+        report = real(quantized, bundle, runs=3)
+        report.int8_ms = 2 * report.float_ms
+        return report
+
+    monkeypatch.setattr(calibrate, "compare", slower)
+    path, samples = conv_net
+    out = tmp_path / "out" / "q.mlc"
+    out.parent.mkdir()
+    options = Options(target="host", check=False, quantize="int8", calibration=tmp_path / "s.npy",
+                      quantize_fallback=fallback)
+    np.save(tmp_path / "s.npy", np.concatenate(samples[:4]))
+    if not fallback:
+        with pytest.raises(ExportError) as exc:
+            export(path, out, options)
+        assert "runs slower than the float one" in str(exc.value), exc.value
+        assert "nothing written" in str(exc.value) and "\n" not in str(exc.value)
+        assert list(out.parent.iterdir()) == []
+        return
+    text = "\n".join(export(path, out, options).quantization)
+    assert "--quantize-fallback: the int8 bundle runs slower" in text, text
+    assert "wrote the float bundle" in text
+    with load(out) as model:
+        names = [k["name"] for k in model.header["kernels"]]
+    assert not any(n.startswith(("q", "fused_q", "quantize")) for n in names), names
+    assert [p.name for p in out.parent.iterdir()] == ["q.mlc"]
