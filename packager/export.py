@@ -399,11 +399,14 @@ def _batched_names(rows_by_batch: dict[int, tuple[IORow, ...]], what: str) -> tu
 
 def _export(mods: dict[int | None, IRModule], path: str | os.PathLike,
             options: ExportOptions | None, params: Mapping[str, np.ndarray] | None,
-            on_stage: Callable[[str], None] | None, fallback: bool = True
-            ) -> ExportReport | None:
+            on_stage: Callable[[str], None] | None, fallback: bool = True,
+            golden: Any = None) -> ExportReport | None:
     """Check (the reference runs first), compile one plan per batch size, write the bundle.
     ``fallback`` False (a bf16 export keeping the guard's choice of layers in fp32): None when
-    that bundle is past the bound too, instead of the guard's next choice or fp32."""
+    that bundle is past the bound too, instead of the guard's next choice or fp32. ``golden``:
+    the reference's run an export the bf16 guard starts again was given (the first export's:
+    it depends on the source model and the check's options only, which the retries keep), so
+    a retry does not run the reference again."""
     opts = options or ExportOptions()
     if opts.precision not in PRECISIONS:
         raise ExportError(f"precision {opts.precision!r} is not supported; choose "
@@ -423,10 +426,9 @@ def _export(mods: dict[int | None, IRModule], path: str | os.PathLike,
                           "NonZero, NonMaxSuppression, TopK with a run-time k...): drop "
                           "--batch-sizes (the symbolic plan runs every batch)")
     largest = max(mods) if batched else None
-    golden = None
     bf16 = opts.precision == "bf16"
     reference = None
-    if opts.check or bf16:
+    if golden is None and (opts.check or bf16):
         # the reference runs on the source model, in a worker beside the passes and the
         # compile where it can (_GoldenRun); collected once the plans are compiled
         reference = _GoldenRun(mods[largest], params, opts, compile_options.cache_dir,
@@ -500,9 +502,10 @@ def _export(mods: dict[int | None, IRModule], path: str | os.PathLike,
             if not fallback:   # one of the guard's choices, past the bound too
                 return None
             if bf16_wino:   # Winograd's extra rounding first: its layers direct, then the rest
+                clock.stop()   # the export below times its own stages (_whole_export adds them)
                 report = _export(mods, path, dataclasses.replace(
                     opts, compile=dataclasses.replace(compile_options, bf16_winograd=False)),
-                    params, on_stage)
+                    params, on_stage, golden=golden)
                 return _whole_export(report, clock, t0)
             from .precision import (BF16_MIN_SHARE, bf16_layers, bf16_share, low_share_note,
                                     sensitive_weights)
@@ -518,12 +521,12 @@ def _export(mods: dict[int | None, IRModule], path: str | os.PathLike,
                     break
                 report = _export(mods, path, dataclasses.replace(opts, bf16_keep=keep,
                                                          compile=compile_options),
-                                 params, on_stage, fallback=False)
+                                 params, on_stage, fallback=False, golden=golden)
                 if report is not None:
                     return _whole_export(report, clock, t0)
             report = _export(mods, path, dataclasses.replace(opts, precision="fp32",
                                                      compile=compile_options), params,
-                             on_stage)
+                             on_stage, golden=golden if opts.check else None)
             report.precision_note = precision_note if low_share is None else \
                 low_share_note(precision_note, *low_share, layers=bf16_layers(mods[largest]))
             return _whole_export(report, clock, t0)

@@ -221,3 +221,29 @@ def test_guard_refuses_bf16_that_gains_nothing(tmp_path):
     assert sum(report.stages.values()) <= report.seconds
     fp32, _ = _export(tmp_path, _style_net(), "fp32", precision="fp32")
     assert bundle.read_bytes() == fp32.read_bytes()
+
+
+@pytest.mark.skipif(host_arch() != "x86_64", reason="x86-64 bundles (native or emulated bf16)")
+def test_guard_retries_reuse_the_reference_run(tmp_path, monkeypatch):
+    """The exports the guard starts again (its choice of layers kept fp32, or fp32 with the
+    check on) take the first export's reference run instead of running the reference again:
+    one reference per export, the same bundle as before (the reference depends on the source
+    model and the check's options only), and the check still runs on the fp32 fallback."""
+    from mlcpack.packager import export
+
+    made = []
+
+    class Counted(export._GoldenRun):
+        def __init__(self, *args, **kw):
+            made.append(args[2].precision)
+            super().__init__(*args, **kw)
+
+    monkeypatch.setattr(export, "_GoldenRun", Counted)
+    _, report = _export(tmp_path, _style_net(), "kept", precision="bf16", bf16_max_error=0.007)
+    assert report.precision_note.endswith("kept in fp32 (the most sensitive): w0, w1")
+    assert made == ["bf16"], made   # the retry keeping w0, w1 ran no reference of its own
+    made.clear()
+    _, report = _export(tmp_path, _style_net(), "fp32", precision="bf16",
+                        bf16_max_error=0.005, check=True)
+    assert report.precision == "fp32" and made == ["bf16"], made
+    assert report.check is not None and "passed" in report.check, report.check
