@@ -218,21 +218,3 @@ def test_tables_fold_into_open_depthwise_only(tmp_path: Path) -> None:
     assert "table_cols" not in conv["fixed"][0].attrs
     assert conv["open"][0].attrs["table_cols"][0] > 0, conv["open"][0].attrs
 
-
-def test_quotient_without_division_is_the_float32_quotient() -> None:
-    """``QEmitter._quotient``'s arithmetic (the open-size quantize kernels' x / s): RN32(RN64(v
-    * RN64(1 / s))) equals the float32 division for every float32 v of a binade (the argument
-    is the same in every binade) and scales that are and are not powers of two, and for values
-    at and beside k + 0.5 times the scale (the rounding ties the quantize reads)."""
-    v = np.arange(0x3F800000, 0x40000000, 4, dtype=np.uint32).view(np.float32)    # [1, 2)
-    rng = np.random.default_rng(2)
-    scales = [np.float32(0.1), np.float32(1 / 3), np.float32(0.0234375),
-              np.nextafter(np.float32(1), np.float32(0))] + list(
-        rng.uniform(1e-3, 1, 3).astype(np.float32))
-    for s in scales:
-        half = ((rng.integers(-300, 300, 20000) + 0.5) * np.float64(s)).astype(np.float32)
-        vals = np.concatenate([v, half, np.nextafter(half, np.float32(np.inf)),
-                               np.nextafter(half, np.float32(-np.inf)), -v])
-        want = vals / s
-        got = (vals.astype(np.float64) * (1.0 / np.float64(s))).astype(np.float32)
-        np.testing.assert_array_equal(got, want, err_msg=str(s))
