@@ -53,7 +53,9 @@ def tabulate_quantized_chains(mod: IRModule, options: CompileOptions) -> IRModul
 # Integer kernels that take a lut8's table as a 7th input and look their 8-bit results up in
 # it as they store them: codegen/qgemm.py's qconv2d, in the copy out of its staging rows (a
 # byte loop already). Not qdwconv2d: there a lookup per lane cost its packed stores, and the
-# recognizer ran no faster (15.8 / 16.1 ms CPU time without / with).
+# recognizer ran no faster (15.8 / 16.1 ms CPU time without / with); on open sizes a table
+# read by a dequantize alone goes into it with the dequantize (``_tables_into_depthwise``:
+# each plane's bytes staged, then looked up).
 _TAKES_TABLE = ("qconv2d",)
 
 
