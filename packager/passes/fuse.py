@@ -146,7 +146,8 @@ def _fuse_one(mod: IRModule, b: Binding, producer_of: dict[int, Binding], uses: 
         # epilogue: fused, a QDQ model's reduction and its QuantizeLinear fell to the generic
         # loop nest (PP-OCRv4 recognizer's attention softmax 0.55 ms, sixth in its profile;
         # MobileNetV3-small's SE means 0.14 ms)
-        if producer.attrs.get("op_kind") == REDUCTION and _calls_math(consumer, ("round",)):
+        if (producer.attrs.get("op_kind") == REDUCTION and _calls_math(consumer, ("round",))
+                and not _is_open_mean_quantize(producer, consumer, slots)):
             continue
         # nor does a float contraction take one (its fast kernels store float32): a float
         # convolution the quantization guard kept between quantized layers, fused with the next
@@ -216,6 +217,16 @@ def _is_gate_dequantize(producer: PrimFunc, consumer: PrimFunc, slots: list[int]
         return False
     from ..codegen.qelementwise import match_gated_quantize
     return match_gated_quantize(fuse_pair(producer, consumer, slots)) is not None
+
+
+def _is_open_mean_quantize(producer: PrimFunc, consumer: PrimFunc, slots: list[int]) -> bool:
+    """A global mean of run-time extents and the quantize after it: the open mean kernel
+    quantizes each mean as it stores it (codegen/pool.py ``match_global_mean_quantize``;
+    PP-OCR's classifier, open sizes: nine squeeze-and-excitation quantizes of 0.4 us)."""
+    if len(slots) != 1:
+        return False
+    from ..codegen.pool import match_global_mean_quantize
+    return match_global_mean_quantize(fuse_pair(producer, consumer, slots)) is not None
 
 
 def _is_dequantize(func: PrimFunc) -> bool:
