@@ -490,6 +490,32 @@ def match_global_mean(func: PrimFunc, sized: bool = False):
     return (out, op, scale, k) if sized else (out, op, scale)
 
 
+def match_global_mean_quantize(func: PrimFunc):
+    """(the mean's ``match_global_mean`` with run-time extents, whether the quantize divides)
+    when ``func`` is ops/quant.py's ``quantize(mean(x), s, z)`` of one scale and one zero
+    point (``fuse_ops`` fuses a squeeze-and-excitation mean's quantize in where the sizes are
+    open: passes/fuse.py ``_is_open_mean_quantize``), else None."""
+    from .qelementwise import _quantized_read   # the quantize's form, one home
+    if len(func.inputs) != 3 or len(func.outputs) != 1:
+        return None
+    x, s, z = func.inputs
+    out = func.outputs[0]
+    if (out.dtype not in ("int8", "uint8") or z.dtype != out.dtype or s.dtype != "float32"
+            or product(s.shape) != 1 or product(z.shape) != 1 or len(s.shape) != 0
+            or len(z.shape) != 0 or all(isinstance(d, int) for d in out.shape)):
+        return None
+    v = _quantized_read(out, s, z)
+    if not (isinstance(v, te.Read) and v.tensor.body is not None
+            and tuple(v.indices) == tuple(out.axes)):
+        return None
+    mean = match_global_mean(PrimFunc(func.name, [x], [v.tensor]), sized=True)
+    if mean is None:
+        return None
+    divides = any(isinstance(n, te.Binary) and n.op == "div" and isinstance(n.b, te.Read)
+                  and n.b.tensor.uid == s.uid for n in te.walk(out.body))
+    return mean, divides
+
+
 class GlobalMeanEmitter(KernelEmitter):
     """The global mean; with ``size_vars`` (run-time extents) the outputs and the run length
     are read at run time (``_emit_open``)."""
@@ -501,6 +527,7 @@ class GlobalMeanEmitter(KernelEmitter):
         self.out, self.op, self.scale, self.vl = out, op, scale, vl
         self.lead = lead    # x's leading (not summed) dims: run-time extents
         self.vty = ir.VectorType(F32, vl)
+        self.quant = None   # (divides,) when a quantize follows (``match_global_mean_quantize``)
 
     def emit(self) -> KernelInfo:
         if self.symbolic:
@@ -537,9 +564,15 @@ class GlobalMeanEmitter(KernelEmitter):
         sizes; the run summed ``_sum_open``; a mean over a run-time count divides by it.
         Split over threads where an image of ``OPEN_IMAGE_PIXELS`` per output would be."""
         x = self.func.inputs[0]
-        body_fn, ptr_types = self._begin_body([x, self.out], workspace=False)
+        if self.quant is None:
+            body_fn, ptr_types = self._begin_body([x, self.out], workspace=False)
+            x_ptr, out_ptr = body_fn.args[:2]
+        else:
+            qs, qz = self.func.inputs[1:]
+            y = self.func.outputs[0]
+            body_fn, ptr_types = self._begin_body([x, qs, qz, y], workspace=False)
+            x_ptr, s_ptr, z_ptr, out_ptr = body_fn.args[:4]
         n_ptrs = len(ptr_types)
-        x_ptr, out_ptr = body_fn.args[:2]
         task, ntasks = body_fn.args[n_ptrs], body_fn.args[n_ptrs + 1]
         b = self.builder
         outer = self._dim_value(product(self.out.shape))
@@ -557,12 +590,32 @@ class GlobalMeanEmitter(KernelEmitter):
                 total_v = b.fmul(total_v, scale)
             elif self.op == "div":
                 total_v = b.fdiv(total_v, scale)
+            if self.quant is not None:
+                total_v = self._quantize(total_v, s_ptr, z_ptr, y.dtype)
             b.store(total_v, b.gep(out_ptr, [o], inbounds=True))
         b.ret_void()
         self._emit_entry(body_fn, n_ptrs, ptr_types)
-        return KernelInfo(self.symbol, 1, 1, 0, parallel, symbolic=True,
-                          choice="global mean, 4 vector accumulators, run length read at "
-                                 "run time")
+        choice = "global mean, 4 vector accumulators, run length read at run time"
+        if self.quant is not None:
+            choice += ", quantized"
+        return KernelInfo(self.symbol, len(self.func.inputs), 1, 0, parallel, symbolic=True,
+                          choice=choice)
+
+    def _quantize(self, v: ir.Value, s_ptr: ir.Value, z_ptr: ir.Value, dtype: str
+                  ) -> ir.Value:
+        """ops/quant.py's quantize of one float32 mean, its operations in order:
+        min(max(roundeven(v / s) + float32(z), lo), hi), converted to the 8-bit type."""
+        b = self.builder
+        lo, hi = (-128.0, 127.0) if dtype == "int8" else (0.0, 255.0)
+        if self.quant[0]:
+            v = b.fdiv(v, b.load(s_ptr))
+        rnd = intrinsic(self.module, "llvm.roundeven.f32", F32, [F32])
+        zv = b.load(z_ptr)
+        zf = b.sitofp(zv, F32) if dtype == "int8" else b.uitofp(zv, F32)
+        r = b.fadd(b.call(rnd, [v]), zf)
+        r = b.select(b.fcmp_ordered(">", r, ir.Constant(F32, lo)), r, ir.Constant(F32, lo))
+        r = b.select(b.fcmp_ordered("<", r, ir.Constant(F32, hi)), r, ir.Constant(F32, hi))
+        return b.trunc(b.fptosi(r, I32), I8)
 
     def _sum_open(self, run: ir.Value, n: ir.Value) -> ir.Value:
         """``_sum`` of a run of run-time length ``n``: blocks of 4 vectors, then vectors,
@@ -661,5 +714,12 @@ def emit_symbolic_max_pool(module: ir.Module, func: PrimFunc, symbol: str, vl: i
             out, op, scale, lead = mean
             return GlobalMeanEmitter(module, func, symbol, out, op, scale, vl, size_vars,
                                      lead).emit()
+        quantized = match_global_mean_quantize(func)
+        if quantized is not None:
+            (out, op, scale, lead), divides = quantized
+            emitter = GlobalMeanEmitter(module, func, symbol, out, op, scale, vl, size_vars,
+                                        lead)
+            emitter.quant = (divides,)
+            return emitter.emit()
         return None
     return MaxPoolEmitter(module, func, symbol, *match, vl, size_vars).emit()

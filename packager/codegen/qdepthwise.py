@@ -49,7 +49,7 @@ from llvmlite import ir
 from ..ir.graph import PrimFunc
 from .contraction.geometry import MAX_TASK_REGIONS, PARALLEL_MIN_MACS
 from .conv_oc import OPEN_IMAGE_PIXELS
-from .helpers import I1, I8, I16, I32, I64, alloca_once, const_i64, for_range, intrinsic
+from .helpers import F32, I1, I8, I16, I32, I64, alloca_once, const_i64, for_range, intrinsic
 from .lower import WORKSPACE_ALIGN, KernelInfo
 from .qchain import match_chain
 from .qgemm import V8F32, V8I32, QEmitter, align_workspace, match_qgemm
@@ -87,6 +87,14 @@ def emit_qdepthwise(module: ir.Module, func: PrimFunc, symbol: str, vl: int,
     # results staged, then through the chain into y
     emitter.chain = match_chain(func, m[1])
     emitter.vl = vl     # the chain's lanes (``QEmitter.chain_copy``)
+    # a table and a dequantize after the 8-bit result (ops/qlinear.py): each plane's bytes
+    # staged, then looked up and dequantized into y (``_table_copy``); the requantize clamps
+    # to the table's columns that differ (``sat_range``)
+    emitter.looked = len(m[1].operands) == 9
+    if emitter.looked:
+        shift = 128 if m[1].attrs["dtype"] == "int8" else 0
+        emitter.cols = (int(m[1].attrs.get("col_lo", 0)), int(m[1].attrs.get("col_hi", 255)))
+        emitter.sat_range = (float(emitter.cols[0] - shift), float(emitter.cols[1] - shift))
     emitter.vnni_emulated = vnni_emulate and module.triple.startswith("x86_64")
     emitter.quads = bool(m[1].attrs.get("weights_int8")) and (
         emitter.vnni_emulated or (avx2 and "+avx512vnni" in features))
@@ -97,6 +105,7 @@ def emit_qdepthwise(module: ir.Module, func: PrimFunc, symbol: str, vl: int,
 
 class _QDepthwise(QEmitter):
     quads = False
+    looked = False
     wide_block, accumulators = WIDE_BLOCK, ACCUMULATORS
 
     def emit(self) -> KernelInfo:
@@ -128,6 +137,8 @@ class _QDepthwise(QEmitter):
         # through the chain into y 16 lanes a step (``chain_copy``): on the row blocks' 8-lane
         # vectors, beside their accumulators and weights, it ran 2x slower than its own pass
         s_bytes = align_workspace(oh * ow * 4) if self.chain is not None else 0
+        if self.looked:     # a table: each plane's bytes staged (``_table_copy``)
+            s_bytes = align_workspace(oh * ow)
         workspace = (p_bytes + s_bytes) * regions
         body_fn, ptr_types, n_ptrs, ws = self._start(workspace)
         task, ntasks = body_fn.args[n_ptrs], body_fn.args[n_ptrs + 1]
@@ -201,7 +212,9 @@ class _QDepthwise(QEmitter):
                 if oh % rows:
                     group(const_i64(oh - oh % rows), oh % rows, const_i64(0), nch,
                           bool(ow % VL), spill=True)
-            if s_bytes:
+            if self.looked:
+                self._table_copy(yb, out_y, const_i64(oh * ow), ch)
+            elif s_bytes:
                 self.chain_copy(yb, out_y, oh * ow, ch)
         return self._finish(body_fn, n_ptrs, ptr_types, workspace, parallel)
 
@@ -314,6 +327,58 @@ class _QDepthwise(QEmitter):
                 else:
                     b.store(q, self._ptr(yb, dst, self.out_vec), align=1)
                 j += 1
+
+    def _table_copy(self, src, dst, n, ch) -> None:
+        """dst[i] = float32(table[row, src[i]] - t_zp) * t_scale for i < ``n`` (an i64): a
+        plane's staged 8-bit results (already within the table's columns ``self.cols``)
+        through its table row (channel ``ch``'s, or the one row) and the dequantize after it
+        (ops/qlinear.py). On AVX2 32 bytes a step, looked up on the register over the columns'
+        chunks (``_lookup_cols``), widened, minus the zero point in int32, converted and times
+        the scale (the reference's float32 operations), stored as 4 vectors; a plane of 32
+        values or more ends with a whole step over its last 32 (the same values again), a
+        smaller one value by value (as the generic loop nest, and every value without AVX2)."""
+        b = self.builder
+        buf = self.buffers
+        table, ts, tz = self.func.inputs[6:9]
+        signed = self.dtype == "int8"
+        tb = buf[table.uid]
+        if int(table.shape[0]) != 1:
+            tb = b.gep(tb, [b.mul(ch, const_i64(256))])
+        zt = self._widen(b.load(buf[tz.uid]), tz.dtype)
+        st = b.load(buf[ts.uid])
+
+        def one(i) -> None:
+            v = b.load(b.gep(src, [i]))
+            idx = b.add(b.sext(v, I64), const_i64(128)) if signed else b.zext(v, I64)
+            t = self._widen(b.load(b.gep(tb, [idx])), table.dtype)
+            b.store(b.fmul(b.sitofp(b.sub(t, zt), F32), st), b.gep(dst, [i]))
+
+        if not self.avx2:
+            with for_range(b, const_i64(0), n, "tv") as i:
+                one(i)
+            return
+        v32i8 = ir.VectorType(I8, 32)
+        zt_v, st_v = self._splat(zt, V8I32), self._splat(st, V8F32)
+
+        def chunk(at) -> None:
+            looked = self._lookup_cols(b.load(self._ptr(src, at, v32i8), align=1), tb,
+                                       self.cols, signed)
+            for k in range(4):
+                part = b.shuffle_vector(looked, looked, ir.Constant(
+                    ir.VectorType(I32, VL), list(range(VL * k, VL * k + VL))))
+                wide = b.zext(part, V8I32) if table.dtype == "uint8" else b.sext(part, V8I32)
+                f = b.fmul(b.sitofp(b.sub(wide, zt_v), V8F32), st_v)
+                b.store(f, self._ptr(dst, b.add(at, const_i64(VL * k)), V8F32), align=4)
+
+        with b.if_else(b.icmp_signed(">=", n, const_i64(32))) as (wide, short):
+            with wide:
+                with for_range(b, const_i64(0), b.udiv(n, const_i64(32)), "tc") as i:
+                    chunk(b.mul(i, const_i64(32)))
+                with b.if_then(b.icmp_signed("!=", b.urem(n, const_i64(32)), const_i64(0))):
+                    chunk(b.sub(n, const_i64(32)))
+            with short:
+                with for_range(b, const_i64(0), n, "tv") as i:
+                    one(i)
 
     def _store_lanes(self, q, yb, dst, lanes: int) -> None:
         """The first ``lanes`` lanes of ``q``, in pieces of 4, 2 and 1."""
@@ -499,6 +564,8 @@ class _QDepthwise(QEmitter):
         workspace_e = region_e * regions
         if self.chain is not None:
             workspace_e = (region_e + (oh_dim * ow_dim * 4 + WORKSPACE_ALIGN)) * regions
+        elif self.looked:   # a table: each plane's bytes staged (``_table_copy``)
+            workspace_e = (region_e + (oh_dim * ow_dim + WORKSPACE_ALIGN)) * regions
         body_fn, ptr_types = self._begin_body(self.func.inputs + self.func.outputs, True)
         n_ptrs = len(ptr_types)
         ws = body_fn.args[len(self.func.inputs) + 1]
@@ -532,9 +599,9 @@ class _QDepthwise(QEmitter):
                                 pad_elt, geo)
             wt, start, mult_v, off_v = self._plane_constants(ch, kh, kw, starts, zq)
             yb = b.gep(buf[y.uid], [b.mul(pidx, ohw)])
-            if self.chain is not None:
+            if self.chain is not None or self.looked:
                 out_y = yb
-                s_bytes = b.mul(b.udiv(b.add(b.mul(ohw, const_i64(4)),
+                s_bytes = b.mul(b.udiv(b.add(b.mul(ohw, const_i64(1 if self.looked else 4)),
                                              const_i64(WORKSPACE_ALIGN - 1)),
                                        const_i64(WORKSPACE_ALIGN)), const_i64(WORKSPACE_ALIGN))
                 at = b.add(b.mul(p_bytes, const_i64(regions)), b.mul(region, s_bytes))
@@ -655,7 +722,9 @@ class _QDepthwise(QEmitter):
                             with for_range(b, b.mul(nb, const_i64(rows)), oh, "oyr") as oy:
                                 group(oy, 1, const_i64(0), n, True)
                     counted(nch, range(1, chunks), rows_of)
-            if self.chain is not None:
+            if self.looked:
+                self._table_copy(yb, out_y, ohw, ch)
+            elif self.chain is not None:
                 self.chain_copy(yb, out_y, ohw, ch)
         b.ret_void()
         self._emit_entry(body_fn, n_ptrs, ptr_types)

@@ -99,7 +99,7 @@ def emit_qelementwise_sized(module: ir.Module, func: PrimFunc, symbol: str, vl: 
         gated = match_gated_quantize(func)
         if gated is not None:
             return _QConvertSized(module, func, symbol, _TableTag(gated[0], -1), avx2,
-                                  size_vars).emit_gated(gated[1], gated[2],
+                                  size_vars).emit_gated(gated[1:],
                                                         options.parallel_min_outputs)
     table = match_lut8(func, symbolic=True)
     if table is None:
@@ -193,25 +193,42 @@ def _quantized_read(out: te.Tensor, s: te.Tensor, z: te.Tensor) -> te.Expr | Non
     return None
 
 
-def match_gated_quantize(func: PrimFunc) -> tuple[str, int, int] | None:
-    """(the output dtype, y's and the gate's input positions) when ``func`` is ``quantize(y *
-    gate)`` (what ``fuse_ops`` makes of a squeeze-and-excitation multiply read by a quantize
-    alone) of float32 y [N, C, H, W] with run-time extents and a float32 gate [N, C, 1, 1],
-    one scale and one zero point."""
-    if len(func.inputs) != 4 or len(func.outputs) != 1:
+def match_gated_quantize(func: PrimFunc) -> tuple[str, int, int, int, int, tuple] | None:
+    """(the output dtype, y's and the gate's input positions, the output's scale and zero
+    point positions, and the gate's scale and zero point positions or ()) when ``func`` is
+    ``quantize(y * gate)`` (what ``fuse_ops`` makes of a squeeze-and-excitation multiply read
+    by a quantize alone) of float32 y [N, C, H, W] with run-time extents and a gate [N, C, 1,
+    1], one scale and one zero point: a float32 gate, or ``dequantize(g)`` of an 8-bit g [N,
+    C, 1, 1] with its own scale and zero point (``fuse_ops`` fuses the gate's dequantize in
+    where the consumer is this kernel: passes/fuse.py ``_is_gate_dequantize``)."""
+    if len(func.inputs) not in (4, 6) or len(func.outputs) != 1:
         return None
     out = func.outputs[0]
-    ones = [t for t in func.inputs if product(t.shape) == 1]
-    s = next((t for t in ones if t.dtype == "float32"), None)
-    z = next((t for t in ones if t.dtype in ("int8", "uint8")), None)
-    if (s is None or z is None or out.dtype != z.dtype or len(out.shape) != 4
+    if (out.dtype not in ("int8", "uint8") or len(out.shape) != 4
             or all(isinstance(d, int) for d in out.shape)):
         return None
-    x_read = _quantized_read(out, s, z)
-    if not (isinstance(x_read, te.Read) and x_read.tensor.body is not None
-            and tuple(x_read.indices) == tuple(out.axes)):
-        return None
-    stage = x_read.tensor
+    ones = [t for t in func.inputs if product(t.shape) == 1]
+    uids = [t.uid for t in func.inputs]
+    for s in (t for t in ones if t.dtype == "float32"):
+        for z in (t for t in ones if t.dtype == out.dtype):
+            x_read = _quantized_read(out, s, z)
+            if not (isinstance(x_read, te.Read) and x_read.tensor.body is not None
+                    and tuple(x_read.indices) == tuple(out.axes)):
+                continue
+            got = _gated_product(x_read.tensor, out)
+            if got is None:
+                continue
+            y, g, gparts = got
+            at = [y.uid, g.uid, s.uid, z.uid] + [t.uid for t in gparts]
+            if all(u in uids for u in at) and len(set(at)) == len(func.inputs):
+                pos = [uids.index(u) for u in at]
+                return out.dtype, pos[0], pos[1], pos[2], pos[3], tuple(pos[4:])
+    return None
+
+
+def _gated_product(stage: te.Tensor, out: te.Tensor):
+    """(y, the gate's placeholder, () or the gate's dequantize scale and zero point) when
+    ``stage`` is y * gate (either order) as ``match_gated_quantize`` takes it, else None."""
     m = stage.body
     if not (isinstance(m, te.Binary) and m.op == "mul" and isinstance(m.a, te.Read)
             and isinstance(m.b, te.Read)):
@@ -219,16 +236,18 @@ def match_gated_quantize(func: PrimFunc) -> tuple[str, int, int] | None:
     ax = tuple(stage.axes)
     for yr, gr in ((m.a, m.b), (m.b, m.a)):
         y, g = yr.tensor, gr.tensor
-        if not (y.is_placeholder and g.is_placeholder and y.dtype == g.dtype == "float32"
+        if not (y.is_placeholder and y.dtype == g.dtype == "float32"
                 and tuple(y.shape) == tuple(out.shape) and tuple(yr.indices) == ax
                 and len(g.shape) == 4 and tuple(g.shape[:2]) == tuple(y.shape[:2])
                 and tuple(g.shape[2:]) == (1, 1) and len(gr.indices) == 4
                 and tuple(gr.indices[:2]) == ax[:2]
                 and all(isinstance(i, te.Const) and i.value == 0 for i in gr.indices[2:])):
             continue
-        uids = [t.uid for t in func.inputs]
-        if y.uid in uids and g.uid in uids:
-            return z.dtype, uids.index(y.uid), uids.index(g.uid)
+        if g.is_placeholder:
+            return y, g, ()
+        parts = _dequantize_stage(g)
+        if parts is not None:
+            return y, parts[0], parts[1:]
     return None
 
 
@@ -292,9 +311,18 @@ def _dequantize_parts(r: te.Expr, axes) -> tuple[te.Tensor, te.Tensor, te.Tensor
     """(x, scale, zero point) when ``r`` reads, at ``axes`` (its reader's own), a stage that
     dequantizes placeholder x (8-bit, of the stage's shape, one scale and one zero point),
     else None."""
-    if not (isinstance(r, te.Read) and r.tensor.body is not None):
+    if not (isinstance(r, te.Read) and r.tensor.body is not None
+            and tuple(r.indices) == tuple(axes)):
         return None
-    e = r.tensor.body
+    return _dequantize_stage(r.tensor)
+
+
+def _dequantize_stage(t: te.Tensor) -> tuple[te.Tensor, te.Tensor, te.Tensor] | None:
+    """(x, scale, zero point) when stage ``t`` dequantizes placeholder x (8-bit, of the
+    stage's shape, one scale and one zero point), else None."""
+    if t.body is None:
+        return None
+    e = t.body
     if not (isinstance(e, te.Binary) and e.op == "mul" and isinstance(e.b, te.Read)):
         return None
     s = e.b.tensor
@@ -305,9 +333,8 @@ def _dequantize_parts(r: te.Expr, axes) -> tuple[te.Tensor, te.Tensor, te.Tensor
             and isinstance(e.b.value, te.Read)):
         return None
     z = e.b.value.tensor
-    got = _dequantized_read(r.tensor, s, z)
-    if not (isinstance(got, te.Read) and got.tensor.is_placeholder
-            and tuple(r.indices) == tuple(axes)):
+    got = _dequantized_read(t, s, z)
+    if not (isinstance(got, te.Read) and got.tensor.is_placeholder):
         return None
     return got.tensor, s, z
 
@@ -725,16 +752,16 @@ class _QConvertSized(_QVector):
         info = self._finish(body_fn, n_ptrs, ptr_types, 0, parallel)
         return dataclasses.replace(info, symbolic=True, choice=kind)
 
-    def emit_gated(self, y_at: int, g_at: int, parallel_min_outputs: int) -> KernelInfo:
-        """``quantize(y * gate)`` (``match_gated_quantize``): rows of N * C, each value times
-        its row's gate (``vmulps``, the reference's float32 product) before the quantize, 32
-        values a step, then 8 (rows of 3 x 48 = 4 x 32 + 2 x 8 on PP-OCR's classifier), the
-        last through the staging buffer; rows split between tasks where the generic loop nest's
-        split would be."""
+    def emit_gated(self, at: tuple, parallel_min_outputs: int) -> KernelInfo:
+        """``quantize(y * gate)`` (``match_gated_quantize``: ``at`` its positions): rows of N *
+        C, each value times its row's gate (``vmulps``, the reference's float32 product) before
+        the quantize, 32 values a step, then 8 (rows of 3 x 48 = 4 x 32 + 2 x 8 on PP-OCR's
+        classifier), the last through the staging buffer; rows split between tasks where the
+        generic loop nest's split would be. An 8-bit gate is dequantized once per row (the
+        reference's ``float32(g - z) * s``, the difference exact in int32)."""
+        y_at, g_at, s_at, z_at, g_parts = at
         x, g = self.func.inputs[y_at], self.func.inputs[g_at]
-        s, z = (t for i, t in enumerate(self.func.inputs) if i not in (y_at, g_at))
-        if s.dtype != "float32":
-            s, z = z, s
+        s, z = self.func.inputs[s_at], self.func.inputs[z_at]
         y = self.func.outputs[0]
         shape = tuple(y.shape)
         parallel, body_fn, ptr_types, n_ptrs = self._sized_body(shape, parallel_min_outputs)
@@ -750,7 +777,13 @@ class _QConvertSized(_QVector):
         chunks = b.sdiv(inner, const_i64(32))
         with for_range(b, lo, hi, "row") as r:
             base = b.mul(r, inner)
-            self.g_v = self._splat(b.load(b.gep(gb, [r])), V8F32)
+            gv = b.load(b.gep(gb, [r]))
+            if g_parts:     # the gate's dequantize, once per row
+                gs, gz = (self.func.inputs[i] for i in g_parts)
+                diff = b.sub(self._widen(gv, g.dtype), self._widen(b.load(buf[gz.uid]),
+                                                                   gz.dtype))
+                gv = b.fmul(b.sitofp(diff, F32), b.load(buf[gs.uid]))
+            self.g_v = self._splat(gv, V8F32)
             with for_range(b, const_i64(0), chunks, "cv") as i:
                 at = b.add(base, b.mul(i, const_i64(32)))
                 self._chunk(b.gep(xb, [at]), b.gep(yb, [at]))

@@ -151,6 +151,10 @@ def align_workspace(n: int) -> int:
 
 
 class QEmitter(KernelEmitter):
+    # the 8-bit result's clamp, when narrower than its type's (codegen/qdepthwise.py: a table's
+    # columns that differ; the entries past them are the ends')
+    sat_range: tuple[float, float] | None = None
+
     def __init__(self, module: ir.Module, func: PrimFunc, symbol: str, tag, avx2: bool,
                  size_vars: tuple[str, ...] = ()):
         # size_vars: a kernel with run-time extents reads them (KernelEmitter._dim_value)
@@ -367,7 +371,7 @@ class QEmitter(KernelEmitter):
                 zero = ir.Constant(V8F32, None)
                 f = b.select(b.fcmp_ordered(">", f, zero), f, zero)
             return f
-        lo, hi = saturation_range(self.dtype)
+        lo, hi = self.sat_range or saturation_range(self.dtype)
         zp = self.y_zp
         lo_v = b.fsub(self._splat(ir.Constant(F32, float(lo)), V8F32), zp)
         hi_v = b.fsub(self._splat(ir.Constant(F32, float(hi)), V8F32), zp)
@@ -406,7 +410,7 @@ class QEmitter(KernelEmitter):
         if self.float_out or not self.avx2:
             return self._requant_float(f, off)
         b = self.builder
-        lo, hi = saturation_range(self.dtype)
+        lo, hi = self.sat_range or saturation_range(self.dtype)
         zp = self.y_zp
         lo_v = b.fsub(self._splat(ir.Constant(F32, float(lo)), V8F32), zp)
         hi_v = b.fsub(self._splat(ir.Constant(F32, float(hi)), V8F32), zp)
@@ -438,6 +442,27 @@ class QEmitter(KernelEmitter):
             sel = b.icmp_unsigned("==", hi_n, ir.Constant(v32i8, [k] * 32))
             res = b.select(sel, part, res)
         b.store(res, self._ptr(dst, at, v32i8), align=1)
+
+    def _lookup_cols(self, v: ir.Value, tb: ir.Value, cols: tuple[int, int],
+                     signed: bool) -> ir.Value:
+        """<32 x i8> ``tb[v]`` (int8 values index from tb + 128) on a register (a ``vpshufb``
+        + compare + blend per 16-byte chunk, as ``_lut_chunk``) over the chunks of the columns
+        ``cols`` (lo, hi) that ``v`` can hold (the first chunk needs no blend)."""
+        b = self.builder
+        v32i8 = ir.VectorType(I8, 32)
+        shuf = intrinsic(self.module, "llvm.x86.avx2.pshuf.b", v32i8, [v32i8, v32i8])
+        both = ir.Constant(ir.VectorType(I32, 32), list(range(16)) * 2)
+        if signed:
+            v = b.xor(v, ir.Constant(v32i8, [0x80] * 32))
+        lo_n = b.and_(v, ir.Constant(v32i8, [0x0F] * 32))
+        hi_n = b.lshr(v, ir.Constant(v32i8, [4] * 32))
+        res = None
+        for k in range(cols[0] // 16, cols[1] // 16 + 1):
+            t = b.load(self._ptr(tb, const_i64(16 * k), V16I8), align=1)
+            part = b.call(shuf, [b.shuffle_vector(t, t, both), lo_n])
+            res = part if res is None else b.select(
+                b.icmp_unsigned("==", hi_n, ir.Constant(v32i8, [k] * 32)), part, res)
+        return res
 
     def _tile(self, rows: int, nvec: int, steps, a_word, b_vec,
               init: list[ir.Value] | None = None) -> list[list[ir.Value]]:

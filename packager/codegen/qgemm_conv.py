@@ -761,11 +761,27 @@ class QConv(QEmitter):
         if not self.avx2:
             bytewise()
             return
+        cols = self.tag.attrs.get("table_cols")
+        if cols is None:
+            chunk = lambda at: self._lut_chunk(src, dst, tb, at, signed)  # noqa: E731
+        else:   # the columns that differ (passes/quantize_lut.py): clamped, their chunks
+            v32i8 = ir.VectorType(I8, 32)
+            lo_v = ir.Constant(v32i8, [cols[0]] * 32)
+            hi_v = ir.Constant(v32i8, [cols[1]] * 32)
+
+            def chunk(at) -> None:
+                v = b.load(self._ptr(src, at, v32i8), align=1)
+                if signed:
+                    v = b.xor(v, ir.Constant(v32i8, [0x80] * 32))
+                v = b.select(b.icmp_unsigned("<", v, lo_v), lo_v, v)
+                v = b.select(b.icmp_unsigned(">", v, hi_v), hi_v, v)
+                b.store(self._lookup_cols(v, tb, cols, False), self._ptr(dst, at, v32i8),
+                        align=1)
         with b.if_else(b.icmp_signed(">=", n, const_i64(32))) as (wide, short):
             with wide:
                 with for_range(b, const_i64(0), b.udiv(n, const_i64(32)), "lx") as i:
-                    self._lut_chunk(src, dst, tb, b.mul(i, const_i64(32)), signed)
-                self._lut_chunk(src, dst, tb, b.sub(n, const_i64(32)), signed)
+                    chunk(b.mul(i, const_i64(32)))
+                chunk(b.sub(n, const_i64(32)))
             with short:
                 bytewise()
 

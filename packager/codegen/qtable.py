@@ -16,9 +16,9 @@ from ..ir.patterns import reduction_tag
 from ..ir.sym import product
 from ..ops.quant import saturation_range
 from .contraction.geometry import PARALLEL_MIN_MACS
-from .helpers import F32, I8, I32, I64, alloca_once, const_i64, for_range, intrinsic
+from .helpers import F32, I32, I64, alloca_once, const_i64, for_range, intrinsic
 from .lower import KernelInfo
-from .qgemm import V8F32, V8I32, V16I8, QEmitter
+from .qgemm import V8F32, V8I32, QEmitter
 
 VL = 8
 # split between tasks where a lut8 kernel would (codegen/qelementwise.py: a value costs about
@@ -221,24 +221,9 @@ class QTableEmitter(QEmitter):
         b.store(b.fmul(b.fsub(f, self.oz), self.os), dst)
 
     def _lookup32(self, v: ir.Value, tb: ir.Value) -> ir.Value:
-        """<32 x i8> ``tb[v]`` (int8 values index from tb + 128): ``QEmitter._lut_chunk`` on a
-        register (a ``vpshufb`` + compare + blend per 16-byte chunk), over the chunks of the
-        columns ``v`` can hold (``self.cols``: the first chunk needs no blend)."""
-        b = self.builder
-        v32i8 = ir.VectorType(I8, 32)
-        shuf = intrinsic(self.module, "llvm.x86.avx2.pshuf.b", v32i8, [v32i8, v32i8])
-        both = ir.Constant(ir.VectorType(I32, 32), list(range(16)) * 2)
-        if self.signed:
-            v = b.xor(v, ir.Constant(v32i8, [0x80] * 32))
-        lo_n = b.and_(v, ir.Constant(v32i8, [0x0F] * 32))
-        hi_n = b.lshr(v, ir.Constant(v32i8, [4] * 32))
-        res = None
-        for k in range(self.cols[0] // 16, self.cols[1] // 16 + 1):
-            t = b.load(self._ptr(tb, const_i64(16 * k), V16I8), align=1)
-            part = b.call(shuf, [b.shuffle_vector(t, t, both), lo_n])
-            res = part if res is None else b.select(
-                b.icmp_unsigned("==", hi_n, ir.Constant(v32i8, [k] * 32)), part, res)
-        return res
+        """<32 x i8> ``tb[v]`` (int8 values index from tb + 128): ``QEmitter._lookup_cols``
+        over the chunks of the columns ``v`` can hold (``self.cols``)."""
+        return self._lookup_cols(v, tb, self.cols, self.signed)
 
     def _tail(self, start: ir.Value, stop: ir.Value, tb: ir.Value) -> None:
         """Values ``start`` .. ``stop`` (fewer than 32) through the staging buffers: copied in

@@ -55,7 +55,7 @@ from ..ir import te
 from ..ir.graph import TensorType
 from ..ir.patterns import tag_reduction
 from .qlinear import (CONV_ROWS, _apply_table, _epilogue, _infer_qconv2d, _lookup, _out_size,
-                      _requantize)
+                      _requantize, table_hints)
 from .registry import OPAQUE, register_op
 
 QUADS_KIND = "qconv2d_quads"
@@ -202,7 +202,7 @@ def _legalize(x: te.Tensor, wq: te.Tensor, x_zp: te.Tensor, bias: te.Tensor,
               out_type: TensorType, name: str, out_channels: int = 0, kernel=(1, 1),
               strides=(1, 1), padding=(0, 0, 0, 0), dtype: str = "uint8", relu: bool = False,
               shift: int = 0, w7: bool = False, oc_lanes: bool = False,
-              split: bool = False, signed_x: bool = False) -> te.Tensor:
+              split: bool = False, signed_x: bool = False, table_cols=None) -> te.Tensor:
     _, c, h, w = x.shape
     kh, kw = kernel
     cg = -(-c // 4)
@@ -213,7 +213,8 @@ def _legalize(x: te.Tensor, wq: te.Tensor, x_zp: te.Tensor, bias: te.Tensor,
                   out_channels=out_channels, kernel=tuple(kernel), strides=tuple(strides),
                   padding=tuple(padding), dtype=dtype, relu=relu, quads=True, shift=shift,
                   w7=w7, oc_lanes=oc_lanes, split=split,
-                  **({"signed_x": True} if signed_x else {}))   # others' tags as before
+                  **({"signed_x": True} if signed_x else {}),   # others' tags as before
+                  **table_hints(table_cols))
     res, table = _split_inputs(table, split)
 
     def clamp(i, size):
@@ -277,7 +278,7 @@ def qconv2d_quads(x: np.ndarray, wq: np.ndarray, x_zp: np.ndarray, bias: np.ndar
                   out_channels: int = 0, kernel=(1, 1), strides=(1, 1), padding=(0, 0, 0, 0),
                   dtype: str = "uint8", relu: bool = False, shift: int = 0,
                   w7: bool = False, oc_lanes: bool = False, split: bool = False,
-                  signed_x: bool = False) -> np.ndarray:
+                  signed_x: bool = False, table_cols=None) -> np.ndarray:
     b, c, h, w = x.shape
     kh, kw = kernel
     o = out_channels

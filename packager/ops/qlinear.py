@@ -38,6 +38,12 @@ W]``, wf = w - w_zp as float32 ``[C, KH*KW]``, x_zp int32 ``()``, bias int32 ``[
 multiplier float32 ``[C]``; the sums are exact in float32 (``passes/fuse_qdq_dw.py`` checks),
 the bias added in int32; ``bias_in_float``: it may join the float32 sums (still exact);
 ``weights_int8``: every weight fits int8 (the VNNI kernel takes them as vpdpbusd quads).
+Three more inputs ``table, t_scale, t_zp`` (``passes/quantize_lut.py``
+``fold_tables_into_depthwise``: the activation after the layer and the DequantizeLinear after
+it): the 8-bit result through ``lut8``'s table (``[C or 1, 256]``, its row per channel or the
+one row), dequantized, ``float32(t - t_zp) * t_scale``; the result is float32. ``col_lo`` /
+``col_hi``: the table's columns outside which every row is constant (hints for the kernel;
+``qconv2d``'s ``table_cols`` say the same of its table).
 
 ``lut8(x, table, axis)``: ``table[c, x (+128 for int8)]`` per element, c its index on ``axis``
 (-1: one row).
@@ -248,6 +254,14 @@ def _infer_table(table: tuple, rows: int, dtype: str) -> str:
     return t.dtype
 
 
+def table_hints(table_cols) -> dict:
+    """A product's tag attributes for its table's ``table_cols`` (lo, hi): the columns outside
+    which every row of the table is constant (``passes/quantize_lut.py`` sets them on open
+    sizes; the kernels clamp to them and look up only their chunks); none when not given."""
+    return {} if table_cols is None else {"table_cols": (int(table_cols[0]),
+                                                         int(table_cols[1]))}
+
+
 def _lookup(q: te.Tensor, table: tuple, channel: int, name: str) -> te.Tensor:
     """``q`` through ``lut8``'s table (its row per channel ``channel``), when there is one."""
     if not table:
@@ -273,7 +287,7 @@ def _infer_qconv2d(x: TensorType, wk: TensorType, x_zp: TensorType, bias: Tensor
                    multiplier: TensorType, y_zp: TensorType, *table: TensorType,
                    out_channels: int = 0, kernel=(1, 1), strides=(1, 1), padding=(0, 0, 0, 0),
                    dtype: str = "uint8", relu: bool = False,
-                   winograd: bool = False) -> TensorType:
+                   winograd: bool = False, table_cols=None) -> TensorType:
     if x.dtype not in ("int8", "uint8") or wk.dtype not in ("int8", "int16"):
         raise ValueError(f"qconv2d takes int8/uint8 x and int8/int16 weights, not "
                          f"{x.dtype} x {wk.dtype}")
@@ -305,7 +319,8 @@ def _legalize_qconv2d(x: te.Tensor, wk: te.Tensor, x_zp: te.Tensor, bias: te.Ten
                       out_type: TensorType, name: str,
                       out_channels: int = 0, kernel=(1, 1), strides=(1, 1),
                       padding=(0, 0, 0, 0), dtype: str = "uint8",
-                      relu: bool = False, winograd: bool = False) -> te.Tensor:
+                      relu: bool = False, winograd: bool = False,
+                      table_cols=None) -> te.Tensor:
     _, c, h, w = x.shape
     kh, kw = kernel
     cp = -(-c // 2)
@@ -313,7 +328,8 @@ def _legalize_qconv2d(x: te.Tensor, wk: te.Tensor, x_zp: te.Tensor, bias: te.Ten
     tag_reduction(rc, "qconv2d", (x, wk, x_zp, bias, multiplier, y_zp) + table,
                   out_channels=out_channels, kernel=tuple(kernel), strides=tuple(strides),
                   padding=tuple(padding), dtype=dtype, relu=relu,
-                  **({"winograd": True} if winograd else {}))   # others' tags as before
+                  **({"winograd": True} if winograd else {}),   # others' tags as before
+                  **table_hints(table_cols))
 
     def weight(oc, ky, kx):
         if not winograd:
@@ -354,7 +370,7 @@ def _legalize_qconv2d(x: te.Tensor, wk: te.Tensor, x_zp: te.Tensor, bias: te.Ten
 def qconv2d(x: np.ndarray, wk: np.ndarray, x_zp: np.ndarray, bias: np.ndarray,
             multiplier: np.ndarray, y_zp: np.ndarray, *table: np.ndarray, out_channels: int = 0,
             kernel=(1, 1), strides=(1, 1), padding=(0, 0, 0, 0), dtype: str = "uint8",
-            relu: bool = False, winograd: bool = False) -> np.ndarray:
+            relu: bool = False, winograd: bool = False, table_cols=None) -> np.ndarray:
     b, c, h, w = x.shape
     kh, kw = kernel
     o = out_channels
@@ -421,10 +437,11 @@ def lut8(x: np.ndarray, table: np.ndarray, axis: int = -1) -> np.ndarray:
 # ---- qdwconv2d ----------------------------------------------------------------------------------
 
 def _infer_qdwconv2d(x: TensorType, wf: TensorType, x_zp: TensorType, bias: TensorType,
-                     multiplier: TensorType, y_zp: TensorType, kernel=(1, 1), strides=(1, 1),
-                     padding=(0, 0, 0, 0), dtype: str = "uint8",
+                     multiplier: TensorType, y_zp: TensorType, *looked: TensorType,
+                     kernel=(1, 1), strides=(1, 1), padding=(0, 0, 0, 0), dtype: str = "uint8",
                      relu: bool = False, bias_in_float: bool = False,
-                     weights_int8: bool = False) -> TensorType:
+                     weights_int8: bool = False, col_lo: int = 0,
+                     col_hi: int = 255) -> TensorType:
     if x.dtype not in ("int8", "uint8") or wf.dtype != "float32":
         raise ValueError(f"qdwconv2d takes int8/uint8 x and float32 weights, not "
                          f"{x.dtype} x {wf.dtype}")
@@ -438,20 +455,42 @@ def _infer_qdwconv2d(x: TensorType, wf: TensorType, x_zp: TensorType, bias: Tens
         raise ValueError(f"qdwconv2d: x_zp must be an int32 scalar, not {x_zp}")
     oh = _out_size(h, kh, strides[0], padding[0], padding[2])
     ow = _out_size(w, kw, strides[1], padding[1], padding[3])
+    if looked:
+        return TensorType((b, c, oh, ow), _infer_looked(looked, c, dtype))
     return TensorType((b, c, oh, ow), dtype)
 
 
+def _infer_looked(looked: tuple, rows: int, dtype: str) -> str:
+    """The result dtype of a ``qdwconv2d`` with a table and a dequantize after it: float32
+    (``table`` [rows or 1, 256] 8-bit, one float32 scale, one zero point of its dtype)."""
+    if len(looked) != 3 or dtype not in ("int8", "uint8"):
+        raise ValueError(f"qdwconv2d takes a table, its scale and zero point after an 8-bit "
+                         f"result, not {[str(t) for t in looked]} after {dtype}")
+    table, scale, zp = looked
+    if (table.dtype not in ("int8", "uint8") or len(table.shape) != 2
+            or table.shape[0] not in (1, rows) or table.shape[1] != 256
+            or scale.dtype != "float32" or tuple(scale.shape) != () or zp.dtype != table.dtype
+            or tuple(zp.shape) != ()):
+        raise ValueError(f"qdwconv2d: a table [{rows} or 1, 256] int8/uint8, a float32 scale "
+                         f"and a zero point of its dtype, not {[str(t) for t in looked]}")
+    return "float32"
+
+
 def _legalize_qdwconv2d(x: te.Tensor, wf: te.Tensor, x_zp: te.Tensor, bias: te.Tensor,
-                        multiplier: te.Tensor, y_zp: te.Tensor, out_type: TensorType, name: str,
+                        multiplier: te.Tensor, y_zp: te.Tensor, *looked: te.Tensor,
+                        out_type: TensorType, name: str,
                         kernel=(1, 1), strides=(1, 1), padding=(0, 0, 0, 0),
                         dtype: str = "uint8", relu: bool = False,
-                        bias_in_float: bool = False, weights_int8: bool = False) -> te.Tensor:
+                        bias_in_float: bool = False, weights_int8: bool = False,
+                        col_lo: int = 0, col_hi: int = 255) -> te.Tensor:
     _, c, h, w = x.shape
     kh, kw = kernel
     ry, rx = te.reduce_axis(kh, "ry"), te.reduce_axis(kw, "rx")
-    tag_reduction(ry, "qdwconv2d", (x, wf, x_zp, bias, multiplier, y_zp), kernel=tuple(kernel),
-                  strides=tuple(strides), padding=tuple(padding), dtype=dtype, relu=relu,
-                  bias_in_float=bias_in_float, weights_int8=weights_int8)
+    extra = {"col_lo": int(col_lo), "col_hi": int(col_hi)} if looked else {}
+    tag_reduction(ry, "qdwconv2d", (x, wf, x_zp, bias, multiplier, y_zp, *looked),
+                  kernel=tuple(kernel), strides=tuple(strides), padding=tuple(padding),
+                  dtype=dtype, relu=relu, bias_in_float=bias_in_float,
+                  weights_int8=weights_int8, **extra)
 
     def clamp(i, size):
         return te.minimum(te.maximum(i, 0), size - 1)
@@ -477,14 +516,25 @@ def _legalize_qdwconv2d(x: te.Tensor, wf: te.Tensor, x_zp: te.Tensor, bias: te.T
         q = te.minimum(te.maximum(q, scalar_of(lo, "float32")), scalar_of(hi, "float32"))
         return te.cast(q, dtype)
 
-    return te.compute(out_type.shape, body, name=name, dtype=dtype)
+    if not looked:
+        return te.compute(out_type.shape, body, name=name, dtype=dtype)
+    q = te.compute(out_type.shape, body, name=name + "_q", dtype=dtype)
+    table, t_scale, t_zp = looked
+    t = _lookup(q, (table,), 1, name + "_t")
+
+    def dequantized(*i: te.IndexVar) -> te.Expr:
+        diff = te.cast(t[i], "float32") - te.cast(t_zp[()], "float32")
+        return diff * t_scale[()]
+
+    return te.compute(out_type.shape, dequantized, name=name, dtype="float32")
 
 
 @register_op("qdwconv2d", OPAQUE, _infer_qdwconv2d, _legalize_qdwconv2d)
 def qdwconv2d(x: np.ndarray, wf: np.ndarray, x_zp: np.ndarray, bias: np.ndarray,
-              multiplier: np.ndarray, y_zp: np.ndarray, kernel=(1, 1), strides=(1, 1),
-              padding=(0, 0, 0, 0), dtype: str = "uint8", relu: bool = False,
-              bias_in_float: bool = False, weights_int8: bool = False) -> np.ndarray:
+              multiplier: np.ndarray, y_zp: np.ndarray, *looked: np.ndarray, kernel=(1, 1),
+              strides=(1, 1), padding=(0, 0, 0, 0), dtype: str = "uint8", relu: bool = False,
+              bias_in_float: bool = False, weights_int8: bool = False, col_lo: int = 0,
+              col_hi: int = 255) -> np.ndarray:
     """Depthwise (one input channel per output channel): acc = sum (x - x_zp) * wf, exact
     (the fusion only emits it where every partial sum stays below 2**24, so the kernel's
     float32 accumulation is exact too), + bias in int32 (wrapping, as ONNX Runtime's int32
@@ -505,4 +555,9 @@ def qdwconv2d(x: np.ndarray, wf: np.ndarray, x_zp: np.ndarray, bias: np.ndarray,
             acc += patch * wd[:, ky, kx].reshape(1, c, 1, 1)
     acc += bias.astype(np.int64).reshape(1, c, 1, 1)
     off = y_zp.reshape(1, c, 1, 1) if dtype == "float32" else y_zp
-    return _requantize(acc, multiplier.reshape(1, c, 1, 1), off, dtype, relu)
+    y = _requantize(acc, multiplier.reshape(1, c, 1, 1), off, dtype, relu)
+    if not looked:
+        return y
+    table, t_scale, t_zp = looked
+    t = _apply_table(y, (table,))
+    return ((t.astype(np.float32) - np.float32(t_zp)) * np.float32(t_scale)).astype(np.float32)

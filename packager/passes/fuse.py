@@ -33,6 +33,11 @@ from ..ops.registry import OPAQUE, REDUCTION
 # (depthwise ones above all, which are memory-bound) keep it in their epilogue.
 EPILOGUE_EXCLUDED_MATH = frozenset({"erf"})
 
+# The attribute of a fused open global mean and its quantize (``_is_open_mean_quantize``): its
+# kernel (codegen/pool.py) stores the quantized means and takes nothing more (a dequantize
+# after it fused made it a generic loop nest).
+_NO_EPILOGUE = "no_epilogue"
+
 # The float contractions whose fast kernels (codegen/contraction, depthwise, conv_oc, bf16
 # pairs) store a float32 output: none takes an epilogue that ends in another dtype.
 FLOAT_CONTRACTIONS = ("conv2d", "conv2d_rows", "conv2d_oc", "conv2d_bf16p", "matmul",
@@ -117,10 +122,11 @@ def _fuse_one(mod: IRModule, b: Binding, producer_of: dict[int, Binding], uses: 
         slots = [i for i, a in enumerate(v.args) if a is arg]
         if prod is None or uses[id(arg)] != len(slots):
             continue
-        if not all(_reads_at_identity(consumer, consumer.inputs[i]) for i in slots):
-            continue
         pv = prod.value
         producer = mod.functions[pv.func]
+        if not (all(_reads_at_identity(consumer, consumer.inputs[i]) for i in slots)
+                or _is_gate_dequantize(producer, consumer, slots)):
+            continue
         if len(producer.outputs) != 1:
             continue
         # an opaque kernel (a recurrence's time loop) has no loop nest to take an epilogue, but
@@ -145,7 +151,12 @@ def _fuse_one(mod: IRModule, b: Binding, producer_of: dict[int, Binding], uses: 
         # epilogue: fused, a QDQ model's reduction and its QuantizeLinear fell to the generic
         # loop nest (PP-OCRv4 recognizer's attention softmax 0.55 ms, sixth in its profile;
         # MobileNetV3-small's SE means 0.14 ms)
+        no_epilogue = False
         if producer.attrs.get("op_kind") == REDUCTION and _calls_math(consumer, ("round",)):
+            if not _is_open_mean_quantize(producer, consumer, slots):
+                continue
+            no_epilogue = True
+        if producer.attrs.get(_NO_EPILOGUE):
             continue
         # nor does a float contraction take one (its fast kernels store float32): a float
         # convolution the quantization guard kept between quantized layers, fused with the next
@@ -154,7 +165,10 @@ def _fuse_one(mod: IRModule, b: Binding, producer_of: dict[int, Binding], uses: 
         # elementwise kernel, the rest of the epilogue fused.
         if consumer.outputs[0].dtype != "float32" and _has_tag(producer, FLOAT_CONTRACTIONS):
             continue
-        new_name = mod.add_prim_func(fuse_pair(producer, consumer, slots))
+        fused = fuse_pair(producer, consumer, slots)
+        if no_epilogue:
+            fused.attrs[_NO_EPILOGUE] = True
+        new_name = mod.add_prim_func(fused)
         args = list(pv.args) + [a for i, a in enumerate(v.args) if i not in slots]
         # the fused kernel comes from both nodes, in graph order
         return prod, Binding(b.var, CallTIR(new_name, args, v.type),
@@ -201,6 +215,47 @@ def _is_sized_table_lookup(func: PrimFunc) -> bool:
             and len(table.shape) == 2 and table.shape[1] == 256
             and not all(isinstance(d, int) for d in func.outputs[0].shape)
             and not func.is_elementwise)
+
+
+def _is_gate_dequantize(producer: PrimFunc, consumer: PrimFunc, slots: list[int]) -> bool:
+    """``producer`` dequantizes a squeeze-and-excitation gate [N, C, 1, 1] that ``consumer``, a
+    quantize of y * gate (float32 y of the output's run-time extents, one scale and zero
+    point), broadcasts over each plane: fused, the gate kernel dequantizes it once per row
+    (codegen/qelementwise.py ``match_gated_quantize``, the kernel's own match) instead of a
+    kernel of its own (PP-OCR's classifier, open sizes: ten of 0.4 us)."""
+    if not _is_dequantize(producer) or len(slots) != 1 or len(consumer.inputs) != 4:
+        return False
+    gate = tuple(producer.outputs[0].shape)
+    out = consumer.outputs[0]
+    shape = tuple(out.shape)
+    if (len(gate) != 4 or gate[2:] != (1, 1) or len(shape) != 4 or gate[:2] != shape[:2]
+            or out.dtype not in ("int8", "uint8") or all(isinstance(d, int) for d in shape)
+            or not _calls_math(consumer, ("round",))):
+        return False
+    others = [t for i, t in enumerate(consumer.inputs) if i not in slots]
+    return sum(t.dtype == "float32" and tuple(t.shape) == shape for t in others) == 1 and \
+        sum(len(t.shape) == 0 for t in others) == 2
+
+
+def _is_open_mean_quantize(producer: PrimFunc, consumer: PrimFunc, slots: list[int]) -> bool:
+    """``producer`` a global mean (a float32 sum over the trailing axes, scaled) of run-time
+    extents and ``consumer`` the quantize after it (one scale and zero point): the open mean
+    kernel quantizes each mean as it stores it (codegen/pool.py ``match_global_mean_quantize``;
+    PP-OCR's classifier, open sizes: nine squeeze-and-excitation quantizes of 0.4 us). The
+    pair then takes no further epilogue (``_NO_EPILOGUE``)."""
+    if (len(slots) != 1 or len(producer.inputs) != 1 or len(producer.outputs) != 1
+            or len(consumer.inputs) != 3):
+        return False
+    out = consumer.outputs[0]
+    mean = producer.outputs[0]
+    body = mean.body
+    if isinstance(body, te.Binary) and body.op in ("mul", "div"):
+        body = body.a
+    others = [t for i, t in enumerate(consumer.inputs) if i not in slots]
+    return (isinstance(body, te.Reduce) and body.combiner == "sum" and mean.dtype == "float32"
+            and out.dtype in ("int8", "uint8") and tuple(out.shape) == tuple(mean.shape)
+            and not all(isinstance(d, int) for d in out.shape)
+            and all(len(t.shape) == 0 for t in others) and _calls_math(consumer, ("round",)))
 
 
 def _is_dequantize(func: PrimFunc) -> bool:

@@ -53,7 +53,9 @@ def tabulate_quantized_chains(mod: IRModule, options: CompileOptions) -> IRModul
 # Integer kernels that take a lut8's table as a 7th input and look their 8-bit results up in
 # it as they store them: codegen/qgemm.py's qconv2d, in the copy out of its staging rows (a
 # byte loop already). Not qdwconv2d: there a lookup per lane cost its packed stores, and the
-# recognizer ran no faster (15.8 / 16.1 ms CPU time without / with).
+# recognizer ran no faster (15.8 / 16.1 ms CPU time without / with); on open sizes a table
+# read by a dequantize alone goes into it with the dequantize (``_tables_into_depthwise``:
+# each plane's bytes staged, then looked up).
 _TAKES_TABLE = ("qconv2d",)
 
 
@@ -78,7 +80,13 @@ def _fold_into_products(fn: Function) -> Function:
         if (p is None or p.op not in _TAKES_TABLE or len(p.args) != 6
                 or p.attrs.get("dtype") not in _I8 or uses.get(id(c.args[0])) != 1):
             continue
-        folded[id(b.var)] = Call(p.op, list(p.args) + [c.args[1]], p.attrs, b.var.type)
+        attrs = p.attrs
+        if not all(isinstance(d, int) for d in b.var.type.shape):
+            # run-time extents: the columns that differ, for the kernel's clamp and lookup
+            # (codegen/qgemm_conv.py ``_lut_open``; fixed shapes unchanged)
+            hints = _table_hints(c.args[1].data)
+            attrs = {**attrs, "table_cols": (hints["col_lo"], hints["col_hi"])}
+        folded[id(b.var)] = Call(p.op, list(p.args) + [c.args[1]], attrs, b.var.type)
     if not folded:
         return fn
 
@@ -360,7 +368,50 @@ def fuse_table_chains(mod: IRModule, options: CompileOptions) -> IRModule:
     for PP-OCR's classifier at 48 x 192)."""
     if not (options.int8_kernels and options.lut8 and options.qtable):
         return mod
-    return eliminate_dead_code(map_functions(mod, _table_chains_in_function))
+    mod = eliminate_dead_code(map_functions(mod, _table_chains_in_function))
+    return eliminate_dead_code(map_functions(mod, _tables_into_depthwise))
+
+
+def _tables_into_depthwise(fn: Function) -> Function:
+    """``dequantize(lut8(qdwconv2d(...)))`` -> ``qdwconv2d(..., table, scale, zp)`` (a
+    float32 result, ops/qlinear.py) where the depthwise's 8-bit result is of run-time extents
+    and each of the three is read by the next alone, the dequantize's scale and zero point
+    single constants: the activation after an integer depthwise layer (PP-OCR's classifier:
+    HardSwish, then the squeeze-and-excitation mean and gate read the float32 values) looked
+    up and dequantized as the kernel stores each plane (codegen/qdepthwise.py), one pass over
+    memory fewer. Fixed shapes keep the two kernels (static bundles unchanged)."""
+    defs, uses = calls_and_uses(fn)
+    new: dict[int, Call] = {}
+    for b in fn.bindings():
+        c = b.value
+        if not (isinstance(c, Call) and c.op == "dequantize" and len(c.args) == 3):
+            continue
+        shape = tuple(b.var.type.shape)
+        if all(isinstance(d, int) for d in shape) or not all(_single(a) for a in c.args[1:]):
+            continue
+        t = defs.get(id(c.args[0]))
+        if (t is None or t.op != "lut8" or uses.get(id(c.args[0])) != 1
+                or not isinstance(t.args[1], Constant) or t.attrs.get("axis", -1) not in (-1, 1)
+                or c.args[2].type.dtype != t.args[1].type.dtype):
+            continue
+        d = defs.get(id(t.args[0]))
+        if (d is None or d.op != "qdwconv2d" or len(d.args) != 6 or uses.get(id(t.args[0])) != 1
+                or d.attrs.get("dtype") not in _I8 or tuple(d.type.shape) != shape):
+            continue
+        hints = _table_hints(t.args[1].data)
+        attrs = {**d.attrs, "col_lo": hints["col_lo"], "col_hi": hints["col_hi"]}
+        new[id(b.var)] = Call("qdwconv2d", list(d.args) + [t.args[1], c.args[1], c.args[2]],
+                              attrs, b.var.type)
+    if not new:
+        return fn
+
+    def visit(binding: Binding, lookup):
+        call = new.get(id(binding.var))
+        if call is None:
+            return None
+        return Call("qdwconv2d", [lookup(a) for a in call.args], call.attrs, call.type)
+
+    return rewrite_function(fn, visit)
 
 
 def _single(v: Value) -> bool:
