@@ -61,6 +61,21 @@ def rewrite_function(fn: Function,
                     list(fn.output_names))
 
 
+def rebind_calls(fn: Function, new: dict[int, Call]) -> Function:
+    """``fn`` with each binding whose var's ``id`` is in ``new`` rebound to that call, its
+    arguments substituted as the rewrite goes (the form the fusion passes collect)."""
+    if not new:
+        return fn
+
+    def visit(binding: Binding, lookup):
+        call = new.get(id(binding.var))
+        if call is None:
+            return None
+        return with_args(call, [lookup(a) for a in call.args])
+
+    return rewrite_function(fn, visit)
+
+
 def map_functions(mod: IRModule, fn_pass: Callable[[Function], Function]) -> IRModule:
     out = mod.copy()
     for name, fn in mod.functions.items():

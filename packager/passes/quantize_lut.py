@@ -34,7 +34,7 @@ from ..ir.graph import Binding, Call, Constant, Function, IRModule, Value
 from ..ops.qlookup import gate_fits
 from ..ops.registry import ELEMWISE, OPS
 from ..options import CompileOptions
-from .common import map_functions, rewrite_function
+from .common import map_functions, rebind_calls, rewrite_function
 from .fuse_qdq_common import calls_and_uses
 from .simplify import eliminate_dead_code
 
@@ -281,16 +281,7 @@ def _lookup_in_function(fn: Function) -> Function:
                                           Constant(f"{b.var.name}_table", rows)],
                               {"dtype": q.attrs.get("dtype", "uint8"), "axis": axis,
                                "unit_scale": unit}, b.var.type)
-    if not new:
-        return fn
-
-    def visit(binding: Binding, lookup):
-        call = new.get(id(binding.var))
-        if call is None:
-            return None
-        return Call("qlookup", [lookup(a) for a in call.args], call.attrs, call.type)
-
-    return rewrite_function(fn, visit)
+    return rebind_calls(fn, new)
 
 
 def _from_product(v: Value, defs: dict) -> bool:
@@ -402,16 +393,7 @@ def _tables_into_depthwise(fn: Function) -> Function:
         attrs = {**d.attrs, "col_lo": hints["col_lo"], "col_hi": hints["col_hi"]}
         new[id(b.var)] = Call("qdwconv2d", list(d.args) + [t.args[1], c.args[1], c.args[2]],
                               attrs, b.var.type)
-    if not new:
-        return fn
-
-    def visit(binding: Binding, lookup):
-        call = new.get(id(binding.var))
-        if call is None:
-            return None
-        return Call("qdwconv2d", [lookup(a) for a in call.args], call.attrs, call.type)
-
-    return rewrite_function(fn, visit)
+    return rebind_calls(fn, new)
 
 
 def _single(v: Value) -> bool:
@@ -467,16 +449,7 @@ def _table_chains_in_function(fn: Function) -> Function:
                               {"dtype": q.attrs.get("dtype", "uint8"),
                                "axis": axis, "unit_scale": unit,
                                **_table_hints(table.data)}, b.var.type)
-    if not new:
-        return fn
-
-    def visit(binding: Binding, lookup):
-        call = new.get(id(binding.var))
-        if call is None:
-            return None
-        return Call("qtable", [lookup(a) for a in call.args], call.attrs, call.type)
-
-    return rewrite_function(fn, visit)
+    return rebind_calls(fn, new)
 
 
 def _gate_of(m: Call | None, shape: tuple, axis: int) -> tuple[Value, Value] | None:
