@@ -424,6 +424,7 @@ def quantize_onnx(model_path: str | os.PathLike, samples: Sequence[np.ndarray],
         work.cleanup()
         raise
     report = QuantizeReport(method, len(samples), chain=options.int8_chain)
+    report.axes = class_axes(model, originals)   # the per-output argmax lines' axes, guard or not
     if max_layer_error is None:   # the estimate's gate only where the guard cannot run
         max_layer_error = np.inf if guard and _have_onnxruntime() else MAX_LAYER_ERROR
     chosen = []
@@ -1039,12 +1040,11 @@ def compare(quantized: Quantized, bundle: str | os.PathLike, runs: int = 21) -> 
             line = (f"  output {out!r} vs the float model on the calibration data: max abs "
                     f"error {err.max():.4g} ({err.max() / scale:.2%} of its largest |value|), "
                     f"SNR {snr:.1f} dB")
-            axis = report.axes.get(out, -1) if report.axes else -1
+            axis = report.axes.get(out)   # only along a class axis (class_axes)
             if axis is not None and refs[0].ndim >= -axis and refs[0].shape[axis] > 1:
                 agree = float(np.mean(np.concatenate(
                     [_agreement(r, v, axis) for r, v in zip(refs, vals)])))
-                line += f", argmax agrees {agree:.1%}" + (
-                    f" (axis {axis})" if report.axes else "")
+                line += f", argmax agrees {agree:.1%} (axis {axis})"
             report.outputs.append(line)
         x = quantized.samples[0]
         times: dict[str, list[float]] = {"int8": [], "float": []}
