@@ -764,9 +764,11 @@ def _accuracy_guard(model, inits, chosen, params, onnx_input: str, names: Sequen
             layer.quantized, layer.sensitive, layer.local_snr = True, None, None
     acc = best[0]
     floated = len(chosen) - len(best[1])
-    report.guard = chained + (f"  accuracy guard: {targets(whole)} (targets {GUARD_SNR_DB:.0f} dB, "
-                    f"{GUARD_AGREEMENT:.1%}); {how}: with {floated} layer"
-                    f"{'s' * (floated != 1)} float: {acc[0]:.1f} dB, {acc[1]:.1%} on "
+    classes = any(a is not None for a in axes.values())
+    report.guard = chained + (f"  accuracy guard: {targets(whole)} (targets {GUARD_SNR_DB:.0f} dB"
+                    + (f", {GUARD_AGREEMENT:.1%}" if classes else "") + f"); {how}: with "
+                    f"{floated} layer{'s' * (floated != 1)} float: {acc[0]:.1f} dB"
+                    + (f", {acc[1]:.1%}" if classes else "") + " on "
                     f"{len(samples)} sample{'s' * (len(samples) != 1)}"
                     + ("" if good(acc) else " (targets not reached")
                     + (f"; stopped at its {GUARD_BUDGET_S:.0f} s CPU budget" if stopped else "")
