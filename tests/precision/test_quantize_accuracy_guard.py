@@ -224,3 +224,81 @@ def test_sweep_floats_the_cheapest_layer_that_meets_the_targets(tmp_path: Path,
     finally:
         off.close()
         on.close()
+
+
+def _anchor_head_model(path: Path) -> Path:
+    """x [1,3,16,16] -> Conv 8 3x3, Relu -> Conv 6 1x1 -> Reshape [1, 6, 256]: a detector-like
+    head (6 rows over 256 "anchors"), its last axis not a class axis: a smooth input makes the
+    anchors near ties, so int8 flips the argmax along them at a high SNR."""
+    rng = np.random.default_rng(8)
+    w1 = rng.normal(0, 0.3, (8, 3, 3, 3)).astype(np.float32)
+    w2 = rng.normal(0, 0.3, (6, 8, 1, 1)).astype(np.float32)
+    consts = [onnx.numpy_helper.from_array(w1, "w1"), onnx.numpy_helper.from_array(w2, "w2"),
+              onnx.numpy_helper.from_array(np.array([1, 6, 256], np.int64), "shape")]
+    nodes = [h.make_node("Conv", ["x", "w1"], ["c1"], pads=[1, 1, 1, 1]),
+             h.make_node("Relu", ["c1"], ["r1"]), h.make_node("Conv", ["r1", "w2"], ["c2"]),
+             h.make_node("Reshape", ["c2", "shape"], ["y"])]
+    g = h.make_graph(nodes, "head", [h.make_tensor_value_info("x", T.FLOAT, [1, 3, 16, 16])],
+                     [h.make_tensor_value_info("y", T.FLOAT, [1, 6, 256])], consts)
+    onnx.save(h.make_model(g, opset_imports=[h.make_opsetid("", 13)]), path)
+    return path
+
+
+def test_output_without_class_axis_is_judged_by_snr(tmp_path: Path) -> None:
+    """A [1, C, anchors] head (no Softmax / Gemm / MatMul before it) has no class axis: the
+    guard takes no argmax along its anchors (which flips at a high SNR) and keeps every layer
+    int8 when the SNR is met; the report says which criterion the output got."""
+    path = _anchor_head_model(tmp_path / "head.onnx")
+    rng = np.random.default_rng(9)
+    xs = [(1.0 + 0.01 * rng.normal(0, 1, (1, 3, 16, 16))).astype(np.float32)
+          for _ in range(8)]
+    q = quantize_onnx(path, xs, method="minmax")
+    try:
+        assert _agreement(path, q.model, xs) < GUARD_AGREEMENT   # the old criterion's miss
+        assert _snr(path, q.model, xs) >= 20.0
+        assert all(layer.quantized for layer in q.report.layers)
+        assert "every layer kept int8" in q.report.guard
+        assert "'y' SNR only (no class axis)" in "\n".join(q.report.summary())
+    finally:
+        q.close()
+
+
+def test_softmax_classifier_keeps_the_argmax_check(tmp_path: Path) -> None:
+    """The near-tie classifier with a Softmax after its logits: the softmax axis is the class
+    axis, the guard still floats the layer that flips its argmax."""
+    path = _near_tie_model(tmp_path / "tie.onnx")
+    m = onnx.load(path)
+    m.graph.node[-1].output[0] = "logits"
+    m.graph.node.append(h.make_node("Softmax", ["logits"], ["y"], axis=1))
+    onnx.save(m, path)
+    rng = np.random.default_rng(1)
+    xs = [rng.normal(0, 1, (8, 16)).astype(np.float32) for _ in range(8)]
+    q = quantize_onnx(path, xs, method="minmax")
+    try:
+        first, second = q.report.layers
+        assert first.quantized and not second.quantized
+        assert "'y' SNR and argmax along axis -1 (class axis)" in "\n".join(q.report.summary())
+    finally:
+        q.close()
+
+
+def test_class_axes_from_the_graph() -> None:
+    from mlcpack.packager.calibrate import class_axes
+
+    def model(nodes, outputs, shapes):
+        g = h.make_graph(nodes, "g", [h.make_tensor_value_info("x", T.FLOAT, [2, 5, 7])],
+                         [h.make_tensor_value_info(o, T.FLOAT, s)
+                          for o, s in zip(outputs, shapes)],
+                         [onnx.numpy_helper.from_array(np.ones((7, 4), np.float32), "w")])
+        return h.make_model(g, opset_imports=[h.make_opsetid("", 13)])
+
+    ctc = model([h.make_node("Softmax", ["x"], ["p"], axis=2),
+                 h.make_node("Softmax", ["x"], ["q"], axis=1),
+                 h.make_node("Transpose", ["q"], ["qt"], perm=[0, 2, 1]),
+                 h.make_node("MatMul", ["x", "w"], ["m"]),
+                 h.make_node("Relu", ["x"], ["r"]),
+                 h.make_node("Concat", ["p", "q"], ["c"], axis=2)],
+                ["p", "q", "qt", "m", "r", "c"],
+                [[2, 5, 7], [2, 5, 7], [2, 7, 5], [2, 5, 4], [2, 5, 7], [2, 5, 14]])
+    assert class_axes(ctc, ["p", "q", "qt", "m", "r", "c"]) == {
+        "p": -1, "q": -2, "qt": None, "m": -1, "r": None, "c": None}
