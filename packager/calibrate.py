@@ -671,8 +671,7 @@ def _accuracy_guard(model, inits, chosen, params, onnx_input: str, names: Sequen
         return chosen
 
     took = [0.0]   # the last measure's seconds
-    axes = class_axes(model, names)
-    report.axes = dict(axes)
+    axes = report.axes   # class_axes of ``names``, found by quantize_onnx
     report.criteria = _criteria(names, axes)
 
     def measure(subset) -> tuple[float, float]:

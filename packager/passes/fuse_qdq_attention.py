@@ -19,7 +19,7 @@ import numpy as np
 
 from ..ir.graph import Call, Constant, Function, IRModule
 from ..options import CompileOptions
-from .common import map_functions, rewrite_function
+from .common import map_functions, rebind_calls
 from .fuse_qdq_common import I8, calls_and_uses, const_of, quantize_of_dequantized
 from .simplify import eliminate_dead_code
 
@@ -62,13 +62,4 @@ def _fuse_in_function(fn: Function) -> Function:
                                              Constant("y_scale", ys.astype(np.float32)),
                                              Constant("y_zp", np.asarray(float(yz), np.float32))],
                                 {"dtype": q.attrs["dtype"]}, q.type)
-    if not plans:
-        return fn
-
-    def visit(binding, lookup):
-        c = plans.get(id(binding.var))
-        if c is None:
-            return None
-        return Call(c.op, [lookup(a) for a in c.args], c.attrs, c.type)
-
-    return rewrite_function(fn, visit)
+    return rebind_calls(fn, plans)

@@ -30,11 +30,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..ir.graph import Binding, Call, Constant, Function, IRModule, Value
+from ..ir.graph import Call, Constant, Function, IRModule, Value
 from ..ops.qlookup import gate_fits
 from ..ops.registry import ELEMWISE, OPS
 from ..options import CompileOptions
-from .common import map_functions, rebind_calls, rewrite_function
+from .common import map_functions, rebind_calls
 from .fuse_qdq_common import calls_and_uses
 from .simplify import eliminate_dead_code
 
@@ -87,16 +87,7 @@ def _fold_into_products(fn: Function) -> Function:
             hints = _table_hints(c.args[1].data)
             attrs = {**attrs, "table_cols": (hints["col_lo"], hints["col_hi"])}
         folded[id(b.var)] = Call(p.op, list(p.args) + [c.args[1]], attrs, b.var.type)
-    if not folded:
-        return fn
-
-    def visit(binding: Binding, lookup):
-        new = folded.get(id(binding.var))
-        if new is None:
-            return None
-        return Call(new.op, [lookup(a) for a in new.args], new.attrs, new.type)
-
-    return rewrite_function(fn, visit)
+    return rebind_calls(fn, folded)
 
 
 def _tabulate_in_function(fn: Function) -> Function:
@@ -128,16 +119,7 @@ def _tabulate_in_function(fn: Function) -> Function:
         source[id(b.var)] = (s, consts)
         tables[id(b.var)] = Call("lut8", [s, Constant(f"{b.var.name}_lut", table)],
                                  {"axis": axis}, b.var.type)
-    if not tables:
-        return fn
-
-    def visit(binding: Binding, lookup):
-        new = tables.get(id(binding.var))
-        if new is None:
-            return None
-        return Call("lut8", [lookup(new.args[0]), new.args[1]], new.attrs, new.type)
-
-    return rewrite_function(fn, visit)
+    return rebind_calls(fn, tables)
 
 
 def _leaves(v: Value, defs: dict, source: dict, leaves: set, consts: list, shape,
